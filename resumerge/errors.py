@@ -1,0 +1,131 @@
+"""The one exception hierarchy of resumerge, and the table that maps it to exit codes.
+
+::
+
+    ResumergeError                      exit 1  internal / unexpected
+    ├── InputError                      exit 2  the user's config or inputs are wrong
+    │   ├── ConfigError                         YAML syntax, schema, parameters, slices (carries yaml_path)
+    │   ├── ModelInputError                     a model directory, config.json, index or header is unusable
+    │   │   └── HostileFileError                a file that tries to escape, lie about sizes or execute code
+    │   └── UsageError                          the command line itself is wrong
+    ├── InterruptedMerge                exit 3  stopped at a safe point (signal); resumable
+    ├── RefusedError                    exit 4  state mismatch or damage resumerge will not paper over
+    │   ├── PlanChangedError                    config, options or input files differ from the recorded run
+    │   ├── OutputDirError                      OUT holds files resumerge did not write, or is locked
+    │   └── LedgerError                         the ledger cannot be read and cannot be rebuilt
+    └── StorageError                    exit 3  disk full, EIO, read-only: nothing committed is lost
+
+Every error carries the context a user needs (file, YAML path, tensor) and a message that says what to do.
+Only the CLI turns errors into exit codes, through :data:`EXIT_CODES`.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_INVALID = 2
+EXIT_INTERRUPTED = 3
+EXIT_REFUSED = 4
+
+
+class ResumergeError(Exception):
+    """Base of every error resumerge raises on purpose.
+
+    ``hint`` is the next step for the user; ``path``, ``yaml_path`` and ``tensor`` locate the problem.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        path: str | None = None,
+        yaml_path: str | None = None,
+        tensor: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.path = path
+        self.yaml_path = yaml_path
+        self.tensor = tensor
+
+    def one_line(self) -> str:
+        """Render the error as the single line the CLI prints."""
+        parts = []
+        if self.yaml_path:
+            parts.append(f"{self.yaml_path}: ")
+        elif self.path:
+            parts.append(f"{self.path}: ")
+        parts.append(self.message)
+        if self.tensor and self.tensor not in self.message:
+            parts.append(f" (tensor {self.tensor})")
+        if self.hint:
+            parts.append(f" — {self.hint}")
+        return "".join(parts)
+
+
+class InputError(ResumergeError):
+    """The user's config or input files are wrong; nothing has been written."""
+
+
+class ConfigError(InputError):
+    """The YAML config is malformed or inconsistent; ``yaml_path`` says where."""
+
+
+class ModelInputError(InputError):
+    """A model directory, its config.json, index or safetensors header is unusable."""
+
+
+class HostileFileError(ModelInputError):
+    """A file that would escape its directory, lies about sizes, or would execute code; refused unread."""
+
+
+class UsageError(InputError):
+    """The command line is wrong (bad option value, missing file)."""
+
+
+class InterruptedMerge(ResumergeError):
+    """The merge stopped at a safe point after a signal; ``resume_command`` finishes it."""
+
+    def __init__(self, message: str, *, resume_command: str) -> None:
+        super().__init__(message, hint=f"finish it with: {resume_command}")
+        self.resume_command = resume_command
+
+
+class RefusedError(ResumergeError):
+    """resumerge refuses to continue because state and request disagree."""
+
+
+class PlanChangedError(RefusedError):
+    """The recorded run was planned from other config, options or input files."""
+
+
+class OutputDirError(RefusedError):
+    """The output directory holds foreign files, or another process is merging into it."""
+
+
+class LedgerError(RefusedError):
+    """The ledger is unreadable and OUT has no manifest to rebuild it from."""
+
+
+class StorageError(ResumergeError):
+    """Writing failed (disk full, I/O error, read-only); committed work is intact and resumable."""
+
+
+# Most specific class first: the first isinstance match wins.
+EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (InputError, EXIT_INVALID),
+    (InterruptedMerge, EXIT_INTERRUPTED),
+    (StorageError, EXIT_INTERRUPTED),
+    (RefusedError, EXIT_REFUSED),
+    (ResumergeError, EXIT_INTERNAL),
+)
+
+
+def exit_code_for(error: BaseException) -> int:
+    """Return the process exit code for ``error`` (1 for anything not in the table)."""
+    for kind, code in EXIT_CODES:
+        if isinstance(error, kind):
+            return code
+    return EXIT_INTERNAL

@@ -1,0 +1,23 @@
+"""Merge methods: pure tensor functions registered under their mergekit names."""
+
+from resumerge.methods.registry import (
+    BasePolicy,
+    MergeContext,
+    MethodSpec,
+    ParamSpec,
+    Scope,
+    get_method,
+    method_names,
+    register,
+)
+
+__all__ = [
+    "BasePolicy",
+    "MergeContext",
+    "MethodSpec",
+    "ParamSpec",
+    "Scope",
+    "get_method",
+    "method_names",
+    "register",
+]

@@ -1,0 +1,51 @@
+"""``linear``: a weighted average of the inputs (Wortsman et al., model soups, arXiv 2203.05482)."""
+
+from __future__ import annotations
+
+import torch
+
+from resumerge.methods.registry import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+
+
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    # mergekit 0.1.5 accumulates in float32 (float64 for float64 inputs) and casts back to the input dtype.
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def linear(ctx: MergeContext) -> torch.Tensor:
+    """Return Σ wᵢ·θᵢ / Σ wᵢ (or Σ wᵢ·θᵢ without ``normalize``), in the inputs' dtype.
+
+    Accumulates from zero in config order in float32 (float64 for float64 inputs), as mergekit 0.1.5 does.
+    Raises ``ValueError`` for non-float tensors.
+    """
+    first = ctx.tensors[0]
+    if not first.is_floating_point():
+        raise ValueError(f"linear merge needs floating-point tensors, got {first.dtype}")
+    acc_dtype = _accumulation_dtype(first.dtype)
+    acc = torch.zeros(first.shape, dtype=acc_dtype)
+    total = 0.0
+    for tensor, params in zip(ctx.tensors, ctx.model_params):
+        weight = float(params["weight"])
+        acc.add_(tensor.to(acc_dtype), alpha=weight)
+        total += weight
+    if ctx.params.get("normalize", True):
+        if abs(total) < 1e-8:
+            raise ValueError("linear merge weights sum to zero; set normalize: false or change the weights")
+        acc.div_(total)
+    return acc.to(first.dtype)
+
+
+SPEC = register(
+    MethodSpec(
+        name="linear",
+        fn=linear,
+        params=(
+            ParamSpec("weight", Scope.PER_MODEL, float, required=True),
+            ParamSpec("normalize", Scope.GLOBAL, bool, default=True),
+        ),
+        base=BasePolicy.IGNORED,
+        min_inputs=1,
+        elementwise=True,
+        reference="https://arxiv.org/abs/2203.05482",
+    )
+)
