@@ -24,7 +24,7 @@ def linear(ctx: MergeContext) -> torch.Tensor:
     acc_dtype = _accumulation_dtype(first.dtype)
     acc = torch.zeros(first.shape, dtype=acc_dtype)
     total = 0.0
-    for tensor, params in zip(ctx.tensors, ctx.model_params):
+    for tensor, params in zip(ctx.tensors, ctx.model_params, strict=True):
         weight = float(params["weight"])
         acc.add_(tensor.to(acc_dtype), alpha=weight)
         total += weight

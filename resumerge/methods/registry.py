@@ -34,6 +34,18 @@ class BasePolicy(enum.Enum):
     FORBIDDEN = "forbidden"  # a base is a config error
 
 
+class OptionalTensorPolicy(enum.Enum):
+    """What to do with an optional weight (e.g. an untied ``lm_head``) that only some inputs have.
+
+    Mirrors mergekit 0.1.5's ``OptionalTensorPolicy``; the engine applies it before calling the method.
+    """
+
+    ERROR = "error"  # a missing input tensor is an error
+    PASSTHROUGH_SINGLETON = "passthrough_singleton"  # exactly one input has it: copy that one
+    PASSTHROUGH_BASE_SINGLETON = "passthrough_base_singleton"  # only the base has it: copy the base
+    BASE_OR_SKIP = "base_or_skip"  # too few inputs: copy the base if it alone has it, else omit the weight
+
+
 @dataclass(frozen=True)
 class ParamSpec:
     """One parameter of a method.
@@ -57,9 +69,10 @@ class MergeContext:
     """Everything a method sees for one output tensor (or one row chunk of it).
 
     ``tensors`` are in config order and already cast to the compute dtype; ``base_index`` points into them
-    (``None`` without a base). ``model_params[i]`` holds the resolved per-model parameters of input ``i`` (empty
-    for the base when a parameter is ``NON_BASE``); ``params`` the global ones. ``generator`` is seeded from
-    (random seed, output tensor name) for randomised methods, so results do not depend on execution order.
+    (``None`` without a base). ``model_params[i]`` holds the resolved per-model parameters of input ``i``
+    (empty for the base when a parameter is ``NON_BASE``); ``params`` the global ones. ``generator`` is seeded
+    from (random seed, output tensor name) for randomised methods, so results do not depend on execution
+    order.
     """
 
     tensors: Sequence[torch.Tensor]
@@ -90,7 +103,8 @@ ContractCheck = Callable[[Mapping[str, Any], Sequence[Mapping[str, Any]]], "str 
 class MethodSpec:
     """A registered merge method: its pure function and the contract the planner checks up front.
 
-    ``min_inputs``/``max_inputs`` count every input of a tensor, the base included. ``elementwise`` methods give
+    ``min_inputs``/``max_inputs`` count every input of a tensor, the base included; ``min_non_base``/
+    ``max_non_base`` (when set) count the inputs other than the base. ``elementwise`` methods give
     the same result when applied to row chunks independently, so the engine may stream large tensors through
     them; others need the whole tensor at once. ``randomized`` methods receive a generator.
     """
@@ -106,6 +120,9 @@ class MethodSpec:
     reference: str = ""
     check: ContractCheck | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    min_non_base: int | None = None
+    max_non_base: int | None = None
+    optional_tensors: OptionalTensorPolicy = OptionalTensorPolicy.ERROR
 
     def param(self, name: str) -> ParamSpec | None:
         """Return the spec of parameter ``name``, or None if the method has no such parameter."""

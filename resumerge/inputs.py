@@ -1,0 +1,171 @@
+"""Open a model input without reading weights: config.json, the index, every safetensors header.
+
+Hostile files are refused here: index entries that escape the model directory, headers that lie about sizes
+(see :mod:`resumerge.safetensors_format`), pickle-only checkpoints (never unpickled). Each input file also gets a
+cheap content identity (size, header hash, hash of sampled blocks) that survives copies and re-downloads —
+unlike mtimes — so a resume can tell whether an input changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from resumerge.errors import HostileFileError, ModelInputError
+from resumerge.modelref import ModelRef
+from resumerge.safetensors_format import TensorEntry, read_header
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+_SAMPLE_BLOCKS = 16
+_SAMPLE_SIZE = 64 * 1024
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """A weight file of an input model: name relative to the model directory, size, content identity."""
+
+    name: str
+    size: int
+    identity: str
+
+
+@dataclass(frozen=True)
+class TensorSource:
+    """Where one input tensor lives: file name (relative), its header entry."""
+
+    file: str
+    entry: TensorEntry
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """A model input opened for planning: its config, every tensor's location, its weight files."""
+
+    ref: ModelRef
+    directory: Path
+    config: Mapping[str, Any]
+    tensors: Mapping[str, TensorSource]
+    files: tuple[InputFile, ...]
+
+
+def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = None) -> ModelInput:
+    """Open the local model ``ref`` (reading only config.json, the index and headers).
+
+    ``directory`` overrides where the model is (a resume uses the directory recorded at planning); otherwise
+    ``ref.path`` is used, relative to the current directory, and recorded as an absolute path. Raises
+    :class:`ModelInputError` for a missing directory, config or weights, and :class:`HostileFileError` for files
+    that try to escape the directory or whose headers are inconsistent.
+    """
+    if ref.lora is not None:
+        raise ModelInputError(
+            f"LoRA adapter references ({ref.key}) are not supported by this version",
+            yaml_path=yaml_path,
+            hint="merge the adapter into its base first (PEFT merge_and_unload) and reference that folder",
+        )
+    directory = (directory or Path(ref.path)).absolute()
+    if not directory.is_dir():
+        raise ModelInputError(
+            f"model {ref.path!r} not found: no such directory",
+            yaml_path=yaml_path,
+            hint="check the path; Hugging Face Hub ids are not supported by this version",
+        )
+    config = _read_config(directory, yaml_path)
+    names = _weight_files(directory, yaml_path)
+    tensors: dict[str, TensorSource] = {}
+    files = []
+    for name in names:
+        path = directory / name
+        header = read_header(path)
+        for tname, entry in header.tensors.items():
+            if tname in tensors:
+                raise HostileFileError(
+                    f"tensor {tname!r} appears in both {tensors[tname].file} and {name}", path=str(directory)
+                )
+            tensors[tname] = TensorSource(name, entry)
+        files.append(InputFile(name, header.file_size, file_identity(path, header.raw)))
+    return ModelInput(ref, directory, config, tensors, tuple(files))
+
+
+def file_identity(path: Path, header_raw: bytes) -> str:
+    """A content identity of a weight file: sha256 over its size, header and 16 evenly spaced 64 KiB blocks.
+
+    Reads about 1 MiB whatever the file size; any re-trained or re-quantised model differs in all of these.
+    """
+    digest = hashlib.sha256()
+    size = path.stat().st_size
+    digest.update(str(size).encode())
+    digest.update(header_raw)
+    with open(path, "rb") as f:
+        for k in range(_SAMPLE_BLOCKS):
+            offset = (size - _SAMPLE_SIZE) * k // max(1, _SAMPLE_BLOCKS - 1) if size > _SAMPLE_SIZE else 0
+            digest.update(os.pread(f.fileno(), _SAMPLE_SIZE, max(0, offset)))
+    return digest.hexdigest()
+
+
+def _read_config(directory: Path, yaml_path: str) -> Mapping[str, Any]:
+    path = directory / "config.json"
+    if not path.is_file():
+        raise ModelInputError(f"{directory} has no config.json", yaml_path=yaml_path, path=str(path))
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelInputError(f"config.json is not valid JSON ({exc})", path=str(path)) from None
+    if not isinstance(config, dict):
+        raise ModelInputError("config.json must hold a JSON object", path=str(path))
+    return config
+
+
+def _weight_files(directory: Path, yaml_path: str) -> list[str]:
+    index = directory / INDEX_NAME
+    if index.is_file():
+        try:
+            doc = json.loads(index.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ModelInputError(f"index is not valid JSON ({exc})", path=str(index)) from None
+        weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ModelInputError("index has no weight_map", path=str(index))
+        names = sorted({_safe_name(v, index) for v in weight_map.values()})
+        for name in names:
+            if not (directory / name).is_file():
+                raise ModelInputError(
+                    f"index names {name} but the file is missing", path=str(index), hint="re-download the model"
+                )
+        return names
+    if (directory / SINGLE_NAME).is_file():
+        return [SINGLE_NAME]
+    singles = sorted(p.name for p in directory.glob("*.safetensors") if p.is_file())
+    if len(singles) == 1:
+        return singles
+    if any(directory.glob("*.bin")) or any(directory.glob("*.pt")) or any(directory.glob("*.pth")):
+        raise ModelInputError(
+            f"{directory} has only pickle weights (.bin/.pt); resumerge never unpickles files",
+            yaml_path=yaml_path,
+            hint="convert the model to safetensors first",
+        )
+    raise ModelInputError(f"Unable to find model files at {directory}", yaml_path=yaml_path)
+
+
+def _safe_name(value: object, index: Path) -> str:
+    # An index is data from the internet: a weight_map value must name a plain file beside the index.
+    if (
+        not isinstance(value, str)
+        or not value
+        or value in {".", ".."}
+        or "/" in value
+        or "\\" in value
+        or "\x00" in value
+        or os.path.isabs(value)
+    ):
+        raise HostileFileError(
+            f"index weight_map entry {value!r} escapes the model directory", path=str(index), hint="refusing to read it"
+        )
+    if not value.endswith(".safetensors"):
+        raise HostileFileError(f"index weight_map entry {value!r} is not a .safetensors file", path=str(index))
+    return value

@@ -1,0 +1,45 @@
+"""Named points of the commit protocol where a test can make the process die at once (SIGKILL itself).
+
+``RESUMERGE_KILL_AT=point`` kills at the first time ``point`` is reached; ``point:N`` at the N-th time. The
+test suite walks every point and checks that ``resume`` still ends with identical output. Unset, this is a
+single dictionary lookup per call.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+POINTS = (
+    "after_temp_write",
+    "after_fsync",
+    "after_rename",
+    "after_dir_fsync",
+    "after_ledger_commit",
+    "after_manifest_write",
+    "mid_shard_write",
+    "during_index_write",
+    "during_config_write",
+    "during_tokenizer_write",
+    "before_finalize",
+)
+
+_counts: dict[str, int] = {}
+
+
+def _target() -> tuple[str, int] | None:
+    spec = os.environ.get("RESUMERGE_KILL_AT")
+    if not spec:
+        return None
+    name, _, nth = spec.partition(":")
+    return name, int(nth) if nth else 1
+
+
+def reach(point: str) -> None:
+    """Die with SIGKILL if ``RESUMERGE_KILL_AT`` names ``point`` and this is its chosen occurrence."""
+    target = _target()
+    if target is None or target[0] != point:
+        return
+    _counts[point] = _counts.get(point, 0) + 1
+    if _counts[point] == target[1]:
+        os.kill(os.getpid(), signal.SIGKILL)

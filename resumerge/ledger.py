@@ -1,0 +1,225 @@
+"""The run ledger: SQLite (through sqlite-utils) in the local state directory, never in the output directory.
+
+Tables: ``run`` (one row: config text, fingerprint and its parts, options, model directories, state, peak
+memory), ``files`` (every planned output file: shards, index, config, tokenizer files; status, bytes, sha256),
+``tensors`` (every output tensor: shard, status, bytes, crc32, seconds) and ``events`` (an append-only log).
+Every state change is one transaction (``Database.atomic``); WAL with ``synchronous=FULL`` so a committed row
+survives power loss. The read-only view for ``status`` lives in :mod:`resumerge.ledger_view` (stdlib only).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from sqlite_utils import Database
+from sqlite_utils.migrations import Migrations
+
+from resumerge.errors import LedgerError
+
+LEDGER_NAME = "ledger.db"
+migrations = Migrations("resumerge")
+
+
+@migrations()
+def m001_initial(db: Database) -> None:
+    """The first schema."""
+    db["run"].create(
+        {
+            "id": int,
+            "out_dir": str,
+            "config_text": str,
+            "fingerprint": str,
+            "parts": str,
+            "inputs": str,
+            "options": str,
+            "model_dirs": str,
+            "state": str,
+            "version": str,
+            "created_at": float,
+            "updated_at": float,
+            "peak_rss": int,
+            "last_error": str,
+        },
+        pk="id",
+    )
+    db["files"].create(
+        {
+            "name": str,
+            "kind": str,
+            "position": int,
+            "status": str,
+            "bytes": int,
+            "sha256": str,
+            "tensors": int,
+            "seconds": float,
+            "committed_at": float,
+        },
+        pk="name",
+    )
+    db["tensors"].create(
+        {
+            "name": str,
+            "shard": str,
+            "status": str,
+            "bytes": int,
+            "crc32": int,
+            "seconds": float,
+        },
+        pk="name",
+    )
+    db["tensors"].create_index(["shard"])
+    db["events"].create({"id": int, "at": float, "kind": str, "message": str, "data": str}, pk="id")
+
+
+class Ledger:
+    """Write access to one output directory's ledger. Thread-safe: one lock guards the connection."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            self.db = Database(conn)
+            migrations.apply(self.db)
+            self.db["run"].count  # noqa: B018  (touch the schema: a corrupt file fails here, not later)
+        except sqlite3.DatabaseError as exc:
+            raise LedgerError(
+                f"the ledger {path} is unreadable ({exc})",
+                path=str(path),
+                hint="delete it; resumerge resume OUT rebuilds it from OUT's manifest",
+            ) from None
+        self._lock = threading.RLock()
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self.db.conn.close()
+
+    # -- run ---------------------------------------------------------------------------------------------
+    def run_row(self) -> dict[str, Any] | None:
+        """The run's row, or None for a fresh ledger."""
+        with self._lock:
+            rows = list(self.db["run"].rows_where("id = 1"))
+        return rows[0] if rows else None
+
+    def start_run(
+        self,
+        *,
+        out_dir: str,
+        config_text: str,
+        fingerprint: str,
+        parts: Mapping[str, str],
+        inputs: Mapping[str, Any],
+        options: Mapping[str, Any],
+        model_dirs: Mapping[str, str],
+        version: str,
+        files: Iterable[tuple[str, str, int, int]],
+        tensors: Iterable[tuple[str, str, int]],
+    ) -> None:
+        """Record a new plan in one transaction, replacing any earlier run.
+
+        ``files`` are (name, kind, position, tensor count); ``tensors`` are (name, shard, bytes).
+        """
+        now = time.time()
+        with self._lock, self.db.atomic():
+            for table in ("run", "files", "tensors"):
+                self.db.execute(f"DELETE FROM [{table}]")
+            self.db["run"].insert(
+                {
+                    "id": 1,
+                    "out_dir": out_dir,
+                    "config_text": config_text,
+                    "fingerprint": fingerprint,
+                    "parts": json.dumps(dict(parts), sort_keys=True),
+                    "inputs": json.dumps(dict(inputs), sort_keys=True),
+                    "options": json.dumps(dict(options), sort_keys=True),
+                    "model_dirs": json.dumps(dict(model_dirs), sort_keys=True),
+                    "state": "planned",
+                    "version": version,
+                    "created_at": now,
+                    "updated_at": now,
+                    "peak_rss": 0,
+                    "last_error": None,
+                }
+            )
+            self.db["files"].insert_all(
+                {"name": n, "kind": k, "position": p, "status": "pending", "bytes": None, "sha256": None,
+                 "tensors": c, "seconds": None, "committed_at": None}
+                for n, k, p, c in files
+            )
+            self.db["tensors"].insert_all(
+                {"name": n, "shard": s, "status": "pending", "bytes": b, "crc32": None, "seconds": None}
+                for n, s, b in tensors
+            )
+            self._event("planned", f"planned {self.db['files'].count} files")
+
+    def set_state(self, state: str, *, error: str | None = None, peak_rss: int | None = None) -> None:
+        """Move the run to ``state`` (planned|running|interrupted|failed|done), with the last error if any."""
+        with self._lock, self.db.atomic():
+            update: dict[str, Any] = {"state": state, "updated_at": time.time()}
+            if error is not None:
+                update["last_error"] = error
+            if peak_rss is not None:
+                row = self.run_row()
+                update["peak_rss"] = max(peak_rss, (row or {}).get("peak_rss") or 0)
+            self.db["run"].update(1, update)
+            self._event("state", state + (f": {error}" if error else ""))
+
+    # -- files and tensors --------------------------------------------------------------------------------
+    def files(self) -> list[dict[str, Any]]:
+        """Every planned output file, in write order."""
+        with self._lock:
+            return list(self.db["files"].rows_where(order_by="position"))
+
+    def commit_file(
+        self,
+        name: str,
+        *,
+        size: int,
+        sha256: str,
+        seconds: float,
+        tensor_crcs: Mapping[str, int] | None = None,
+        tensor_seconds: Mapping[str, float] | None = None,
+    ) -> None:
+        """Mark ``name`` (and its tensors) committed, in one transaction. Call only after the file is durable."""
+        now = time.time()
+        with self._lock, self.db.atomic():
+            self.db["files"].update(
+                name, {"status": "done", "bytes": size, "sha256": sha256, "seconds": seconds, "committed_at": now}
+            )
+            for tname, crc in (tensor_crcs or {}).items():
+                self.db["tensors"].update(
+                    tname, {"status": "done", "crc32": crc, "seconds": (tensor_seconds or {}).get(tname)}
+                )
+            self.db["run"].update(1, {"updated_at": now})
+
+    def reopen_file(self, name: str, reason: str) -> None:
+        """Mark a committed file pending again (it is missing or damaged) with its tensors, and log why."""
+        with self._lock, self.db.atomic():
+            self.db["files"].update(name, {"status": "pending", "bytes": None, "sha256": None})
+            self.db.execute("UPDATE tensors SET status = 'pending', crc32 = NULL WHERE shard = ?", [name])
+            self._event("repair", f"{name}: {reason}; it will be rebuilt")
+
+    def event(self, kind: str, message: str, data: Mapping[str, Any] | None = None) -> None:
+        """Append an event in its own transaction."""
+        with self._lock, self.db.atomic():
+            self._event(kind, message, data)
+
+    def events(self, limit: int = 50) -> list[dict[str, Any]]:
+        """The latest events, oldest first."""
+        with self._lock:
+            rows = list(self.db["events"].rows_where(order_by="id desc", limit=limit))
+        return rows[::-1]
+
+    def _event(self, kind: str, message: str, data: Mapping[str, Any] | None = None) -> None:
+        self.db["events"].insert(
+            {"at": time.time(), "kind": kind, "message": message, "data": json.dumps(dict(data or {}))}
+        )

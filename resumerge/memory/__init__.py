@@ -1,0 +1,54 @@
+"""Memory governance: budgets, container limits, admission of work, batch sizes that shrink under pressure.
+
+Typical use by the engine::
+
+    probe = SystemProbe()
+    budget = parse_size(args.max_memory, option="--max-memory") if args.max_memory else default_budget(probe)
+    require_fits(unit_bytes, budget, baseline_bytes=probe.rss(), tensor=name)   # at plan time
+    with MemoryGovernor(budget, probe) as governor:
+        with governor.admit(unit_bytes, what=name):
+            ...
+
+Importing this package never imports torch.
+"""
+
+from resumerge.memory.accounting import Usage
+from resumerge.memory.budget import (
+    DEFAULT_FRACTION,
+    SAFETY_MARGIN,
+    default_budget,
+    require_fits,
+    smallest_budget_for,
+)
+from resumerge.memory.cgroup import CgroupSnapshot, read_snapshot
+from resumerge.memory.cuda import CudaProbe
+from resumerge.memory.fake import FakeProbe
+from resumerge.memory.governor import MemoryGovernor, Reservation
+from resumerge.memory.pressure import Knobs, PressurePolicy
+from resumerge.memory.probe import MemoryProbe, SystemProbe, os_peak_rss
+from resumerge.memory.records import Adaptation, GovernorStats
+from resumerge.memory.sizes import format_size, parse_size
+
+__all__ = [
+    "DEFAULT_FRACTION",
+    "SAFETY_MARGIN",
+    "Adaptation",
+    "CgroupSnapshot",
+    "CudaProbe",
+    "FakeProbe",
+    "GovernorStats",
+    "Knobs",
+    "MemoryGovernor",
+    "MemoryProbe",
+    "PressurePolicy",
+    "Reservation",
+    "SystemProbe",
+    "Usage",
+    "default_budget",
+    "format_size",
+    "os_peak_rss",
+    "parse_size",
+    "read_snapshot",
+    "require_fits",
+    "smallest_budget_for",
+]

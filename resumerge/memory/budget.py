@@ -1,0 +1,89 @@
+"""The memory budget: its default when ``--max-memory`` is not given, and plan-time checks against it."""
+
+from __future__ import annotations
+
+import math
+
+from resumerge.errors import UsageError
+from resumerge.memory.probe import MemoryProbe
+from resumerge.memory.sizes import format_size
+
+__all__ = [
+    "DEFAULT_FRACTION",
+    "SAFETY_MARGIN",
+    "default_budget",
+    "require_fits",
+    "smallest_budget_for",
+]
+
+# 80 % of what we could get: torchsnapshot budgets 60 % of available (it shares the box with training;
+# earlier revisions used 80 %). A merge is the machine's main job, but the rest must absorb glibc heap that is
+# freed yet not returned, allocator fragmentation, Python objects, the page cache our reads need, and estimate
+# error.
+DEFAULT_FRACTION = 0.80
+
+# Admission stops this fraction short of the budget: estimates exclude small temporaries and RSS is sampled,
+# so the last few percent are kept for what the estimates cannot see.
+SAFETY_MARGIN = 0.05
+
+
+def default_budget(probe: MemoryProbe, fraction: float = DEFAULT_FRACTION) -> int:
+    """Return ``fraction`` of the memory this process could hold right now.
+
+    "Could hold" is what we hold already plus what is available: ``probe.rss() + probe.available()``, which
+    is the ceiling (physical RAM or the container limit, whichever :class:`SystemProbe` found smaller) minus
+    what other processes use — memory that is not ours. It is also capped at ``fraction`` of
+    ``probe.limit()``. Example: a free Colab VM (12.7 GB, ~1.4 GB used by the VM) gives about 9 GB.
+    """
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    ours = probe.rss() + probe.available()
+    ceiling = probe.limit()
+    if ceiling is not None:
+        ours = min(ours, ceiling)
+    return int(ours * fraction)
+
+
+def smallest_budget_for(
+    unit_bytes: int, *, baseline_bytes: int = 0, margin_fraction: float = SAFETY_MARGIN
+) -> int:
+    """Return the smallest budget under which a unit of ``unit_bytes`` fits with nothing else in flight.
+
+    ``baseline_bytes`` is the memory held before the unit starts (interpreter, torch, the write buffer);
+    the governor admits while ``baseline + unit`` fits the budget less its safety margin. The result is
+    rounded *up* to three significant digits so that :func:`~resumerge.memory.sizes.format_size` prints it
+    exactly and the printed figure still works.
+    """
+    if unit_bytes < 0 or baseline_bytes < 0:
+        raise ValueError("sizes must not be negative")
+    needed = math.ceil((unit_bytes + baseline_bytes) / (1 - margin_fraction))
+    if needed < 1000:
+        return needed
+    step = int(10 ** (len(str(needed)) - 3))
+    return -(-needed // step) * step
+
+
+def require_fits(
+    unit_bytes: int,
+    budget: int,
+    *,
+    baseline_bytes: int = 0,
+    tensor: str | None = None,
+    option: str = "--max-memory",
+) -> None:
+    """Raise :class:`~resumerge.errors.UsageError` at plan time if a unit cannot run under ``budget``.
+
+    The planner calls this for every unit a non-elementwise method must hold whole (elementwise methods are
+    row-chunked instead and check one row). The message names the smallest budget that works.
+    """
+    smallest = smallest_budget_for(unit_bytes, baseline_bytes=baseline_bytes)
+    if smallest <= budget:
+        return
+    what = f"tensor {tensor}" if tensor else "one unit of work"
+    overhead = f" on top of {format_size(baseline_bytes)} already in use" if baseline_bytes else ""
+    raise UsageError(
+        f"{what} needs {format_size(unit_bytes)}{overhead}, more than the memory budget of "
+        f"{format_size(budget)} allows; the smallest budget that works is {format_size(smallest)}",
+        hint=f"rerun with {option} {format_size(smallest, compact=True)} or more",
+        tensor=tensor,
+    )

@@ -1,0 +1,356 @@
+"""The memory governor: admits units of work only while their estimates fit, and shrinks the batch early.
+
+See :mod:`resumerge.memory.accounting` for how usage and headroom are computed and
+:mod:`resumerge.memory.pressure` for the levels at which the knobs come down.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import TracebackType
+from typing import NoReturn
+
+from resumerge.errors import UsageError
+from resumerge.memory.accounting import Usage, next_baseline
+from resumerge.memory.budget import SAFETY_MARGIN, smallest_budget_for
+from resumerge.memory.pressure import PressurePolicy, PressureTracker
+from resumerge.memory.probe import MemoryProbe, SystemProbe
+from resumerge.memory.records import Adaptation, GovernorStats
+from resumerge.memory.sizes import format_size
+
+__all__ = ["MemoryGovernor", "Reservation"]
+
+_MAX_ADAPTATIONS = 4096
+_WAIT = object()
+_RECLAIM = object()
+
+
+class Reservation:
+    """Bytes admitted for one unit. Release when the unit's memory is freed or handed to the write buffer.
+
+    A context manager; :meth:`release` is idempotent and may be called from any thread.
+    """
+
+    __slots__ = ("_governor", "nbytes", "released", "what")
+
+    def __init__(self, governor: MemoryGovernor, nbytes: int, what: str | None) -> None:
+        self._governor = governor
+        self.nbytes = nbytes
+        self.what = what
+        self.released = False
+
+    def release(self) -> None:
+        """Return the reservation to the governor and wake waiting admissions."""
+        self._governor._release(self)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+class MemoryGovernor:
+    """Keeps one memory pool (host RAM, or one GPU) under ``budget_bytes``. All methods are thread-safe.
+
+    Admission is first come, first served, so a large unit is not starved by small ones queued behind it. The
+    unit at the head is admitted when fewer than :attr:`in_flight_limit` units are in flight and its estimate
+    fits the headroom — or when nothing at all is in flight, since waiting could not help then; if it exceeds
+    the headroom in that case, the probe reclaims once and the admission is recorded as ``admit_alone``.
+    An estimate above the whole budget is refused at once.
+
+    The sampler thread (:meth:`start`) reads the probe every ``sample_interval`` seconds, tracks the peak and
+    moves the knobs. Waiting admissions poll the probe themselves, so admission stays correct without it.
+    ``budget_option`` names the command-line option in error hints.
+    """
+
+    def __init__(
+        self,
+        budget_bytes: int,
+        probe: MemoryProbe | None = None,
+        *,
+        sample_interval: float = 0.05,
+        max_in_flight: int = 4,
+        write_buffer_bytes: int | None = None,
+        margin_fraction: float = SAFETY_MARGIN,
+        policy: PressurePolicy | None = None,
+        pool: str = "host",
+        budget_option: str = "--max-memory",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if budget_bytes <= 0:
+            raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
+        if max_in_flight < 1 or sample_interval <= 0 or not 0 <= margin_fraction < 1:
+            raise ValueError("need max_in_flight >= 1, sample_interval > 0 and 0 <= margin_fraction < 1")
+        self.budget = budget_bytes
+        self.probe: MemoryProbe = probe if probe is not None else SystemProbe()
+        self.pool = pool
+        self.budget_option = budget_option
+        self._interval = sample_interval
+        self._max_in_flight = max_in_flight
+        self._buffer_max = budget_bytes // 4 if write_buffer_bytes is None else write_buffer_bytes
+        self._margin = margin_fraction
+        self._policy = policy if policy is not None else PressurePolicy()
+        self._clock = clock
+        self._cond = threading.Condition(threading.Lock())
+        self._tracker = PressureTracker(self._policy)
+        self._knobs = self._policy.knobs_for(0, max_in_flight, self._buffer_max)
+        self._rss = self._available = self._baseline = self._reserved = self._in_flight = self._peak = 0
+        self._queue: deque[object] = deque()
+        self._adaptations: deque[Adaptation] = deque(maxlen=_MAX_ADAPTATIONS)
+        self._seq = 0
+        self._sampler_error: str | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.sample()
+
+    # -- sampler -------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the background sampler (a daemon thread); a no-op when it is running."""
+        with self._cond:
+            if self._thread is not None:
+                return
+            self._stop = threading.Event()
+            name = f"resumerge-memory-{self.pool}"
+            self._thread = threading.Thread(target=self._run, args=(self._stop,), name=name, daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the sampler and wait for it; a no-op when it is not running. :meth:`start` may follow."""
+        with self._cond:
+            thread, self._thread = self._thread, None
+            self._stop.set()
+        if thread is not None:
+            thread.join(timeout=max(1.0, 10 * self._interval))
+
+    def __enter__(self) -> MemoryGovernor:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def sample(self) -> None:
+        """Take one reading now: update peak and knobs, wake waiting admissions. The sampler's step."""
+        rss, available = self.probe.rss(), self.probe.available()
+        with self._cond:
+            worse = self._absorb(rss, available)
+            self._cond.notify_all()
+        if worse:
+            # Entering the top levels: take back what glibc and reference cycles hold before squeezing more.
+            self.probe.reclaim()
+
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.wait(self._interval):
+            try:
+                self.sample()
+            except Exception as error:  # a vanished /proc or cgroup file must not end the sampling
+                with self._cond:
+                    self._sampler_error = self._sampler_error or f"{type(error).__name__}: {error}"
+
+    # -- admission -----------------------------------------------------------------------------------------
+
+    def acquire(
+        self, estimate_bytes: int, *, timeout: float | None = None, what: str | None = None
+    ) -> Reservation:
+        """Block until ``estimate_bytes`` may be used; return the :class:`Reservation` that holds them.
+
+        ``what`` (a tensor name) goes into errors and adaptations. Raises
+        :class:`~resumerge.errors.UsageError` at once when the estimate exceeds the whole budget (it could
+        never fit; the hint gives the smallest budget that would), :class:`TimeoutError` when ``timeout``
+        seconds pass first, and :class:`ValueError` for a negative estimate. Never waits while nothing is in
+        flight.
+        """
+        if estimate_bytes < 0:
+            raise ValueError(f"estimate_bytes must not be negative, got {estimate_bytes}")
+        if estimate_bytes > self.budget:
+            self._refuse(estimate_bytes, what)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ticket = object()
+        reclaimed = False
+        with self._cond:
+            self._queue.append(ticket)
+        try:
+            while True:
+                rss, available = self.probe.rss(), self.probe.available()
+                with self._cond:
+                    self._absorb(rss, available)
+                    outcome = self._try_grant(ticket, estimate_bytes, what, reclaimed)
+                    if isinstance(outcome, Reservation):
+                        return outcome
+                    if outcome is _WAIT:
+                        remaining = None if deadline is None else deadline - time.monotonic()
+                        if remaining is not None and remaining <= 0:
+                            raise TimeoutError(
+                                f"no room for {format_size(estimate_bytes)} of {self.pool} memory after "
+                                f"{timeout} s ({self._in_flight} units in flight)"
+                            )
+                        self._cond.wait(
+                            self._interval if remaining is None else min(self._interval, remaining)
+                        )
+                        continue
+                # Alone yet over the headroom: get freed memory back once, then look again.
+                self.probe.reclaim()
+                reclaimed = True
+        except BaseException:
+            with self._cond:
+                if ticket in self._queue:
+                    self._queue.remove(ticket)
+                self._cond.notify_all()
+            raise
+
+    @contextmanager
+    def admit(
+        self, estimate_bytes: int, *, timeout: float | None = None, what: str | None = None
+    ) -> Iterator[Reservation]:
+        """Context-manager form of :meth:`acquire`; the reservation is released when the block exits."""
+        reservation = self.acquire(estimate_bytes, timeout=timeout, what=what)
+        try:
+            yield reservation
+        finally:
+            reservation.release()
+
+    def chunk_rows(self, row_bytes: int, total_rows: int) -> int:
+        """Return how many rows of an elementwise tensor to process per chunk under the current headroom.
+
+        ``row_bytes`` is one row's working set (every input row at its dtype, the method's temporaries, the
+        output row). A chunk gets at most headroom / :attr:`in_flight_limit`; the result lies between 1 and
+        ``total_rows`` (0 only when ``total_rows`` is 0). Admit each chunk with ``rows * row_bytes``.
+        """
+        if row_bytes <= 0 or total_rows < 0:
+            raise ValueError("row_bytes must be positive and total_rows not negative")
+        if total_rows == 0:
+            return 0
+        rss, available = self.probe.rss(), self.probe.available()
+        with self._cond:
+            self._absorb(rss, available)
+            room = max(0, self._usage().headroom) // self._knobs.in_flight_limit
+        return max(1, min(total_rows, room // row_bytes))
+
+    # -- readings ------------------------------------------------------------------------------------------
+
+    @property
+    def in_flight_limit(self) -> int:
+        """How many units may be in flight now (1 to ``max_in_flight``)."""
+        with self._cond:
+            return self._knobs.in_flight_limit
+
+    @property
+    def write_buffer_bytes(self) -> int:
+        """How many output bytes the writer may hold before it must flush (0: flush after every tensor)."""
+        with self._cond:
+            return self._knobs.write_buffer_bytes
+
+    @property
+    def peak_rss(self) -> int:
+        """The highest ``probe.rss()`` reading seen (sampled; ``os_peak_rss()`` has the OS's exact peak)."""
+        with self._cond:
+            return self._peak
+
+    @property
+    def adaptations(self) -> tuple[Adaptation, ...]:
+        """The most recent adaptations (up to 4096), oldest first."""
+        with self._cond:
+            return tuple(self._adaptations)
+
+    def stats(self) -> GovernorStats:
+        """Return the latest reading and the knobs as one consistent value."""
+        with self._cond:
+            usage = self._usage()
+            return GovernorStats(
+                pool=self.pool,
+                budget=self.budget,
+                rss=self._rss,
+                available=self._available,
+                projected=usage.projected,
+                headroom=usage.headroom,
+                used_fraction=usage.used_fraction,
+                level=self._tracker.level,
+                in_flight=self._in_flight,
+                reserved=self._reserved,
+                in_flight_limit=self._knobs.in_flight_limit,
+                write_buffer_bytes=self._knobs.write_buffer_bytes,
+                peak_rss=self._peak,
+                adaptations=self._seq,
+                sampler_error=self._sampler_error,
+            )
+
+    # -- internals (the ones below take self._cond held) ----------------------------------------------------
+
+    def _usage(self) -> Usage:
+        return Usage(self.budget, self._rss, self._available, self._baseline, self._reserved, self._margin)
+
+    def _absorb(self, rss: int, available: int) -> bool:
+        """Fold a reading into the state; return True when pressure just rose to level 2 or above."""
+        self._rss, self._available = rss, available
+        self._peak = max(self._peak, rss)
+        self._baseline = next_baseline(self._baseline, rss, self._reserved, self._in_flight)
+        used = self._usage().used_fraction
+        before = self._tracker.level
+        level = self._tracker.update(used, self._clock())
+        if level == before:
+            return False
+        old, self._knobs = self._knobs, self._policy.knobs_for(level, self._max_in_flight, self._buffer_max)
+        reason = (
+            f"{self.pool} memory at {used:.0%} of the {format_size(self.budget)} budget "
+            f"(rss {format_size(rss)}, available {format_size(available)})"
+        )
+        if self._knobs.in_flight_limit != old.in_flight_limit:
+            self._record("in_flight_limit", old.in_flight_limit, self._knobs.in_flight_limit, reason)
+        if self._knobs.write_buffer_bytes != old.write_buffer_bytes:
+            self._record("write_buffer_bytes", old.write_buffer_bytes, self._knobs.write_buffer_bytes, reason)
+        return level > before and level >= 2
+
+    def _try_grant(self, ticket: object, estimate: int, what: str | None, reclaimed: bool) -> object:
+        """Return a Reservation, ``_WAIT`` (not admissible now) or ``_RECLAIM`` (alone but over headroom)."""
+        if self._queue[0] is not ticket:
+            return _WAIT
+        headroom = self._usage().headroom
+        if self._in_flight == 0:
+            if estimate > headroom and not reclaimed:
+                return _RECLAIM
+            if estimate > headroom:
+                reason = (
+                    f"admitted {what or 'a unit'} alone over the headroom: nothing else was in flight "
+                    f"(rss {format_size(self._rss)}, available {format_size(self._available)})"
+                )
+                self._record("admit_alone", max(0, headroom), estimate, reason)
+        elif self._in_flight >= self._knobs.in_flight_limit or estimate > headroom:
+            return _WAIT
+        self._queue.popleft()
+        self._in_flight += 1
+        self._reserved += estimate
+        # The next in line may fit as well; let it look now rather than at its next poll.
+        self._cond.notify_all()
+        return Reservation(self, estimate, what)
+
+    def _record(self, knob: str, old: int, new: int, reason: str) -> None:
+        self._seq += 1
+        self._adaptations.append(Adaptation(self._seq, self._clock(), self.pool, knob, old, new, reason))
+
+    def _release(self, reservation: Reservation) -> None:  # takes the lock itself
+        with self._cond:
+            if reservation.released:
+                return
+            reservation.released = True
+            self._in_flight -= 1
+            self._reserved -= reservation.nbytes
+            self._cond.notify_all()
+
+    def _refuse(self, estimate: int, what: str | None) -> NoReturn:
+        smallest = smallest_budget_for(estimate, margin_fraction=self._margin)
+        raise UsageError(
+            f"{what or 'one unit of work'} needs {format_size(estimate)} of {self.pool} memory, more than "
+            f"the whole budget of {format_size(self.budget)}",
+            hint=f"rerun with {self.budget_option} {format_size(smallest, compact=True)} or more",
+            tensor=what,
+        )

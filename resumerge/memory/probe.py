@@ -1,0 +1,143 @@
+"""Memory probes: where the governor learns how much memory we use and how much is left.
+
+The governor never reads the OS itself; it asks a :class:`MemoryProbe`. :class:`SystemProbe` reads host RAM
+(psutil) and the container's cgroup, :class:`~resumerge.memory.cuda.CudaProbe` a GPU, and
+:class:`~resumerge.memory.fake.FakeProbe` whatever a test scripts.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import psutil
+
+from resumerge.memory import cgroup
+
+__all__ = ["MemoryProbe", "SystemProbe", "os_peak_rss"]
+
+
+@runtime_checkable
+class MemoryProbe(Protocol):
+    """What the governor needs to know about one memory pool (host RAM or one GPU). Must be thread-safe."""
+
+    def rss(self) -> int:
+        """Bytes this process holds in the pool that count against its budget."""
+        ...
+
+    def available(self) -> int:
+        """Bytes that can still be allocated now without swapping, throttling or an OOM kill."""
+        ...
+
+    def limit(self) -> int | None:
+        """The pool's hard ceiling in bytes (physical RAM or the container limit), ``None`` if unknown."""
+        ...
+
+    def reclaim(self) -> None:
+        """Best effort: return freed memory to the OS (or driver) so that :meth:`rss` drops."""
+        ...
+
+
+class SystemProbe:
+    """Host memory as the kernel will enforce it: psutil for the machine, the cgroup for the container.
+
+    ``rss()`` is resident *anonymous and shared-memory* pages (``RssAnon + RssShmem`` from
+    ``/proc/self/status``), not the full RSS: clean file pages, such as memory-mapped safetensors and shared
+    libraries, are dropped by the kernel under pressure before anything is killed, so counting them would make
+    the governor throttle on memory it can always get back. Elsewhere (macOS, Windows) it is psutil's RSS.
+
+    ``available()`` is ``min(psutil available, cgroup limit − cgroup working set)`` because psutil reports the
+    host's memory inside containers. ``limit()`` is ``min(physical RAM, cgroup limit)``.
+    """
+
+    def __init__(self, root: str | Path = "/") -> None:
+        self._root = Path(root)
+        self._group = cgroup.locate(self._root)
+        self._process = psutil.Process()
+        self._status = self._root / "proc/self/status"
+        self._trim: Callable[[int], int] | None = _load_malloc_trim()
+
+    @property
+    def group(self) -> cgroup.CgroupMemory | None:
+        """The memory cgroup this probe reads, ``None`` when none was found."""
+        return self._group
+
+    def rss(self) -> int:
+        """See the class docstring: anonymous + shmem resident bytes on Linux, psutil RSS elsewhere."""
+        counted = _status_rss(self._status)
+        return counted if counted is not None else int(self._process.memory_info().rss)
+
+    def available(self) -> int:
+        """Host ``MemAvailable``, lowered to the cgroup's headroom when a container limit applies."""
+        host = int(psutil.virtual_memory().available)
+        if self._group is None:
+            return host
+        limit = cgroup.memory_limit(self._group)
+        used = cgroup.working_set(self._group)
+        if limit is None or used is None:
+            return host
+        return max(0, min(host, limit - used))
+
+    def limit(self) -> int:
+        """Physical RAM, or the cgroup limit when that is smaller."""
+        total = int(psutil.virtual_memory().total)
+        container = cgroup.memory_limit(self._group) if self._group is not None else None
+        return total if container is None else min(total, container)
+
+    def reclaim(self) -> None:
+        """Collect garbage cycles (they may hold tensors) and ask glibc to return free heap pages to the OS.
+
+        glibc keeps freed blocks below its mmap threshold (up to 32 MiB) in the heap, so RSS stays high after
+        tensors die; ``malloc_trim(0)`` gives those pages back. A no-op where glibc is absent.
+        """
+        gc.collect()
+        if self._trim is not None:
+            self._trim(0)
+
+
+def os_peak_rss() -> int | None:
+    """Return this process's lifetime peak RSS in bytes as the OS measured it (``ru_maxrss``), if known.
+
+    Unlike the governor's sampled peak this misses no spike, but it includes file pages and import overhead.
+    """
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports KiB, macOS bytes.
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+
+
+def _status_rss(path: Path) -> int | None:
+    try:
+        text = path.read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    total = 0
+    found = False
+    for line in text.splitlines():
+        if line.startswith(("RssAnon:", "RssShmem:")):
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                total += int(parts[1]) * 1024
+                found = True
+    return total if found else None
+
+
+def _load_malloc_trim() -> Callable[[int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):  # musl has no malloc_trim
+        return None
+    return trim

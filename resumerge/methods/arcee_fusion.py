@@ -1,0 +1,86 @@
+"""``arcee_fusion``: adopt the other model's value only where its change is unusually important.
+
+Importance = |θ − B| × KL(softmax θ ‖ softmax B) per row; the threshold is median + 1.5·IQR of the importance
+scores. Reference: https://arcee.ai (Arcee Fusion, as implemented in mergekit 0.1.5).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from resumerge.methods.registry import (
+    BasePolicy,
+    MergeContext,
+    MethodSpec,
+    OptionalTensorPolicy,
+    register,
+)
+
+# Quantiles of larger tensors are estimated from this many samples (drawn with replacement), which bounds
+# the sort.
+QUANTILE_SAMPLE_SIZE = 1_000_000
+_SOFTMAX_EPS = 1e-8
+
+
+def importance(other: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """Return |other − base| scaled by the row-wise KL divergence of softmax(other) from softmax(base).
+
+    Softmax runs along the last dimension (a 1-D tensor is one row), in the inputs' dtype.
+    """
+    p = F.softmax(other, dim=-1) + _SOFTMAX_EPS
+    q = F.softmax(base, dim=-1) + _SOFTMAX_EPS
+    kl = torch.sum(p * torch.log(p / q), dim=-1, keepdim=True)
+    return (other - base).abs() * kl
+
+
+def threshold(scores: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Return median + 1.5·(q3 − q1) of ``scores`` as a 0-d tensor of their dtype.
+
+    Quantiles are order statistics at index ⌊q·(n−1)⌋ (q in float32, as mergekit computes it). Above
+    :data:`QUANTILE_SAMPLE_SIZE` elements they come from a sample drawn with replacement from ``generator``.
+    """
+    flat = scores.reshape(-1)
+    if flat.numel() > QUANTILE_SAMPLE_SIZE:
+        picks = torch.randint(flat.numel(), (QUANTILE_SAMPLE_SIZE,), generator=generator, device=flat.device)
+        flat = flat[picks]
+    ordered = torch.sort(flat).values
+    positions = (torch.tensor([0.25, 0.5, 0.75], device=ordered.device) * (ordered.numel() - 1)).long()
+    q1, median, q3 = ordered[positions]
+    return median + 1.5 * (q3 - q1)
+
+
+def arcee_fusion(ctx: MergeContext) -> torch.Tensor:
+    """Return B + (θ − B)·[importance ≥ threshold].
+
+    The mask is float32, so half-precision inputs give a float32 result, as in mergekit (the engine casts it).
+    Raises ``ValueError`` without a generator (tensors above :data:`QUANTILE_SAMPLE_SIZE` elements sample
+    their quantiles; it is required always so that a missing one fails fast) or unless there is a base and
+    exactly one other input.
+    """
+    if ctx.generator is None:
+        raise ValueError("arcee_fusion needs an explicit torch.Generator (never the global RNG)")
+    others = ctx.others()
+    if len(others) != 1:
+        raise ValueError(
+            f"arcee_fusion needs a base and exactly one other input, got {len(ctx.tensors)} inputs"
+        )
+    base = ctx.base
+    other = ctx.tensors[others[0]]
+    scores = importance(other, base)
+    mask = (scores >= threshold(scores, ctx.generator)).float()
+    return base + (other - base) * mask
+
+
+SPEC = register(
+    MethodSpec(
+        name="arcee_fusion",
+        fn=arcee_fusion,
+        base=BasePolicy.REQUIRED,
+        min_inputs=2,
+        max_inputs=2,
+        randomized=True,
+        reference="https://arcee.ai",
+        optional_tensors=OptionalTensorPolicy.PASSTHROUGH_SINGLETON,
+    )
+)

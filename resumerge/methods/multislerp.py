@@ -1,0 +1,97 @@
+"""``multislerp``: weighted barycentric interpolation of any number of models on the hypersphere.
+
+Reference: https://goddard.blog/posts/multislerp-wow-what-a-cool-idea
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from resumerge.methods.registry import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+
+
+def multislerp(ctx: MergeContext) -> torch.Tensor:
+    """Return the weighted spherical mean of the non-base inputs (of their task vectors when there is a base).
+
+    Each flattened input (minus the base) gets a unit direction uᵢ = θᵢ/(‖θᵢ‖+eps); m is the normalised
+    weighted mean direction; the weighted tangent vectors T = Σwᵢ(uᵢ − (uᵢ·m)m) are mapped back with the
+    exponential map and scaled by Σwᵢ‖θᵢ‖, then the base is added back. Weights are normalised to sum to 1
+    unless ``normalize_weights`` is false. A single non-base input is returned as is (the base is then
+    unused). Computes in the inputs' dtype.
+
+    Raises ``ValueError`` when the weighted mean direction vanishes (antipodal inputs with balancing weights)
+    and there are more than two inputs; with exactly two it falls back to the weighted sum.
+    """
+    others = ctx.others()
+    if not others:
+        raise ValueError("multislerp needs at least one non-base input")
+    if len(others) == 1:
+        return ctx.tensors[others[0]].clone()
+    eps = float(ctx.params.get("eps", 1e-8))
+    base = ctx.base if ctx.base_index is not None else None
+
+    stacked = torch.stack([ctx.tensors[i] for i in others], dim=0)
+    if base is not None:
+        stacked -= base
+    flat = stacked.view(stacked.shape[0], -1)
+    weights = torch.tensor(
+        [float(ctx.model_params[i]["weight"]) for i in others], dtype=stacked.dtype, device=stacked.device
+    )
+    if ctx.params.get("normalize_weights", True):
+        weights = weights / weights.sum()
+
+    norms = torch.norm(flat, dim=-1, keepdim=True)
+    units = flat / (norms + eps)
+    mean = (units * weights.view(-1, 1)).sum(0)
+    mean_norm = torch.norm(mean)
+    if mean_norm < eps:
+        if len(others) != 2:
+            raise ValueError(
+                "multislerp: the weighted mean direction of the inputs is zero (antipodal inputs whose "
+                "weights balance out); change the weights."
+            )
+        fallback = (stacked[0] * weights[0] + stacked[1] * weights[1]).view(stacked.shape[1:])
+        return fallback + base if base is not None else fallback
+    mean = mean / mean_norm
+
+    tangents = units - (units * mean).sum(-1, keepdim=True) * mean
+    tangent = (tangents * weights.view(-1, 1)).sum(0)
+    # The eps keeps sin(x)/x finite when all inputs share one direction (tangent = 0).
+    tangent_norm = torch.norm(tangent) + eps
+    result = mean * torch.cos(tangent_norm) + tangent * (torch.sin(tangent_norm) / tangent_norm)
+    result = (result * (norms.squeeze(-1) * weights).sum()).view(stacked.shape[1:])
+    return result + base if base is not None else result
+
+
+def check_weight_sum(params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]]) -> str | None:
+    """Reject weights summing to zero under ``normalize_weights`` (mergekit silently writes NaN then)."""
+    if not params.get("normalize_weights", True):
+        return None
+    weights = [float(p["weight"]) for p in model_params if "weight" in p]
+    if len(weights) > 1 and abs(sum(weights)) < 1e-8:
+        return (
+            "multislerp weights sum to zero, so they cannot be normalised; "
+            "change them or set normalize_weights: false."
+        )
+    return None
+
+
+SPEC = register(
+    MethodSpec(
+        name="multislerp",
+        fn=multislerp,
+        params=(
+            ParamSpec("weight", Scope.NON_BASE, float, required=True),
+            ParamSpec("normalize_weights", Scope.GLOBAL, bool, default=True),
+            ParamSpec("eps", Scope.GLOBAL, float, default=1e-8, minimum=0.0),
+        ),
+        base=BasePolicy.OPTIONAL,
+        min_inputs=1,
+        min_non_base=1,
+        reference="https://goddard.blog/posts/multislerp-wow-what-a-cool-idea",
+        check=check_weight_sum,
+    )
+)

@@ -1,0 +1,49 @@
+"""``nearswap``: take the other model's value where it is close to the base, keep the base elsewhere.
+
+Reference: https://huggingface.co/alchemonaut/QuartetAnemoi-70B-t0.0001
+"""
+
+from __future__ import annotations
+
+import torch
+
+from resumerge.methods.registry import (
+    BasePolicy,
+    MergeContext,
+    MethodSpec,
+    OptionalTensorPolicy,
+    ParamSpec,
+    Scope,
+    register,
+)
+
+
+def nearswap(ctx: MergeContext) -> torch.Tensor:
+    """Return w·θ + (1−w)·B with w = clamp(t / max(|B−θ|, 1e-6), 0, 1), element-wise, in the inputs' dtype.
+
+    Positions where the models differ by at most ``t`` take θ; farther ones blend toward B in proportion to
+    t/|B−θ|. Raises ``ValueError`` unless there is a base and exactly one other input.
+    """
+    others = ctx.others()
+    if len(others) != 1:
+        raise ValueError(f"nearswap needs a base and exactly one other input, got {len(ctx.tensors)} inputs")
+    base = ctx.base
+    other = ctx.tensors[others[0]]
+    distance = torch.abs(base - other).clamp(min=1e-6)
+    weight = (float(ctx.params["t"]) / distance).clamp(min=0, max=1)
+    return weight * other + (1 - weight) * base
+
+
+SPEC = register(
+    MethodSpec(
+        name="nearswap",
+        fn=nearswap,
+        params=(ParamSpec("t", Scope.GLOBAL, float, required=True),),
+        base=BasePolicy.REQUIRED,
+        min_inputs=2,
+        max_inputs=2,
+        elementwise=True,
+        reference="https://huggingface.co/alchemonaut/QuartetAnemoi-70B-t0.0001",
+        optional_tensors=OptionalTensorPolicy.PASSTHROUGH_BASE_SINGLETON,
+    )
+)

@@ -1,0 +1,203 @@
+"""The generalized task-arithmetic family: ``task_arithmetic``, ``ties``, ``dare_ties``, ``dare_linear``,
+``breadcrumbs``, ``breadcrumbs_ties``, ``della`` and ``della_linear``.
+
+All eight are one computation with two switches, as in mergekit 0.1.5: an optional sparsifier applied to each
+task vector δᵢ = θᵢ − B (see :mod:`resumerge.methods.sparsify`), and an optional TIES sign election (see
+:mod:`resumerge.methods.consensus`). Every step runs in the inputs' dtype, which is what makes the results
+bit-identical to mergekit for the deterministic members.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Generator, Tensor
+
+from resumerge.methods import sparsify
+from resumerge.methods.consensus import sign_consensus_mask
+from resumerge.methods.registry import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+
+# (task vector, that model's resolved parameters, rescale, generator) -> sparsified task vector
+Sparsifier = Callable[[torch.Tensor, Mapping[str, Any], bool, "torch.Generator | None"], torch.Tensor]
+
+DEFAULT_DENSITY = 1.0
+DEFAULT_GAMMA = 0.01
+DEFAULT_EPSILON = 0.15
+
+
+def _magnitude(delta: Tensor, p: Mapping[str, Any], rescale: bool, _: Generator | None) -> Tensor:
+    return sparsify.magnitude(delta, float(p.get("density", DEFAULT_DENSITY)), rescale=rescale)
+
+
+def _outliers(delta: Tensor, p: Mapping[str, Any], rescale: bool, _: Generator | None) -> Tensor:
+    density = float(p.get("density", DEFAULT_DENSITY))
+    return sparsify.magnitude_outliers(delta, density, float(p.get("gamma", DEFAULT_GAMMA)), rescale=rescale)
+
+
+def _random(delta: Tensor, p: Mapping[str, Any], rescale: bool, gen: Generator | None) -> Tensor:
+    density = float(p.get("density", DEFAULT_DENSITY))
+    return sparsify.bernoulli(delta, density, rescale=rescale, generator=gen)
+
+
+def _della(delta: Tensor, p: Mapping[str, Any], rescale: bool, gen: Generator | None) -> Tensor:
+    density = float(p.get("density", DEFAULT_DENSITY))
+    epsilon = float(p.get("epsilon", DEFAULT_EPSILON))
+    return sparsify.della_magprune(delta, density, epsilon, rescale=rescale, generator=gen)
+
+
+def merge_task_vectors(
+    ctx: MergeContext, *, sparsifier: Sparsifier | None, consensus: bool, normalize: bool, rescale: bool
+) -> torch.Tensor:
+    """Return B + λ·Σ wᵢ·mᵢ·sparsify(δᵢ) / D, in the base's dtype.
+
+    ``mᵢ`` is the TIES sign-agreement mask when ``consensus`` (else 1). With ``normalize`` the divisor ``D``
+    is Σ wᵢ·mᵢ per position (a zero divisor becomes 1) or, without consensus, Σ wᵢ (treated as 1 when
+    ``|Σ wᵢ| < 1e-8``); otherwise ``D = 1``. ``normalize``/``rescale`` here are the method defaults,
+    overridden by ``ctx.params``. Without non-base inputs the result is a copy of the base. Raises
+    ``ValueError`` without a base, and whatever the sparsifier raises (a missing generator, DELLA's epsilon
+    range).
+    """
+    base = ctx.base
+    others = ctx.others()
+    if not others:
+        return base.clone()
+    rescale = bool(ctx.params.get("rescale", rescale))
+    deltas = base.new_empty((len(others), *base.shape))
+    for slot, index in enumerate(others):
+        delta = ctx.tensors[index] - base
+        if sparsifier is not None:
+            delta = sparsifier(delta, ctx.model_params[index], rescale, ctx.generator)
+        deltas[slot] = delta
+        del delta
+    # Weights are rounded to the inputs' dtype before use, exactly as mergekit builds its weight tensor.
+    weights = torch.tensor(
+        [float(ctx.model_params[i]["weight"]) for i in others], dtype=deltas.dtype, device=deltas.device
+    ).reshape((len(others),) + (1,) * base.dim())
+    deltas.mul_(weights)
+
+    if consensus:
+        mask = sign_consensus_mask(deltas, int8=bool(ctx.params.get("int8_mask", False)))
+        mixed = (deltas * mask).sum(dim=0)
+        divisor = (weights * mask).sum(dim=0)
+        divisor[divisor == 0] = 1
+    else:
+        mixed = deltas.sum(dim=0)
+        divisor = weights.sum(dim=0)
+        divisor[divisor.abs() < 1e-8] = 1
+    del deltas
+
+    if ctx.params.get("normalize", normalize):
+        mixed /= divisor
+    scale = float(ctx.params.get("lambda", 1.0))
+    if scale != 1:
+        mixed *= scale
+    return (base + mixed).to(base.dtype)
+
+
+def check_della_epsilon(params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]]) -> str | None:
+    """Reject a model whose 0 < density < 1 puts density ± epsilon outside (0, 1) (mergekit fails late)."""
+    for p in model_params:
+        if "density" not in p and "epsilon" not in p:
+            continue  # the base: DELLA's per-model parameters are never resolved for it
+        density = float(p.get("density", DEFAULT_DENSITY))
+        epsilon = float(p.get("epsilon", DEFAULT_EPSILON))
+        if 0 < density < 1 and (density + epsilon >= 1 or density - epsilon <= 0):
+            return (
+                f"DELLA needs density ± epsilon inside (0, 1), but density {density:g} with epsilon "
+                f"{epsilon:g} gives [{density - epsilon:g}, {density + epsilon:g}]; "
+                "lower epsilon or move density inward."
+            )
+    return None
+
+
+_SPARSIFIERS: dict[str, Sparsifier] = {
+    "magnitude": _magnitude,
+    "magnitude_outliers": _outliers,
+    "random": _random,
+    "della_magprune": _della,
+}
+
+
+@dataclass(frozen=True)
+class _Variant:
+    name: str
+    sparsifier: str | None  # a key of _SPARSIFIERS (mergekit's SparsificationMethod names)
+    consensus: bool
+    normalize: bool
+    rescale: bool
+    reference: str
+
+
+def _params(variant: _Variant) -> tuple[ParamSpec, ...]:
+    # Density is declared (and ignored) by plain task_arithmetic too, as in mergekit, so configs carrying it
+    # still validate; it is only bounded where a sparsifier reads it.
+    bounded = variant.sparsifier is not None
+    specs = [
+        ParamSpec("int8_mask", Scope.GLOBAL, bool, default=False),
+        ParamSpec("normalize", Scope.GLOBAL, bool, default=variant.normalize),
+        ParamSpec("rescale", Scope.GLOBAL, bool, default=variant.rescale),
+        ParamSpec("lambda", Scope.GLOBAL, float, default=1.0),
+        ParamSpec("weight", Scope.NON_BASE, float, required=True),
+        ParamSpec(
+            "density",
+            Scope.NON_BASE,
+            float,
+            default=DEFAULT_DENSITY,
+            minimum=0.0 if bounded else None,
+            maximum=1.0 if bounded else None,
+        ),
+    ]
+    if variant.sparsifier == "magnitude_outliers":
+        specs.append(
+            ParamSpec("gamma", Scope.NON_BASE, float, default=DEFAULT_GAMMA, minimum=0.0, maximum=1.0)
+        )
+    if variant.sparsifier == "della_magprune":
+        specs.append(ParamSpec("epsilon", Scope.NON_BASE, float, default=DEFAULT_EPSILON, minimum=0.0))
+    return tuple(specs)
+
+
+def _spec(variant: _Variant) -> MethodSpec:
+    sparsifier = _SPARSIFIERS[variant.sparsifier] if variant.sparsifier else None
+
+    def merge(ctx: MergeContext) -> torch.Tensor:
+        return merge_task_vectors(
+            ctx,
+            sparsifier=sparsifier,
+            consensus=variant.consensus,
+            normalize=variant.normalize,
+            rescale=variant.rescale,
+        )
+
+    merge.__name__ = merge.__qualname__ = variant.name
+    merge.__doc__ = f"``{variant.name}``: :func:`merge_task_vectors` with this method's sparsifier, defaults."
+    return MethodSpec(
+        name=variant.name,
+        fn=merge,
+        params=_params(variant),
+        base=BasePolicy.REQUIRED,
+        min_inputs=1,
+        # Only the unsparsified sum is a per-position function of its inputs; every sparsifier ranks, samples
+        # or rescales over the whole tensor.
+        elementwise=sparsifier is None,
+        randomized=variant.sparsifier in ("random", "della_magprune"),
+        reference=variant.reference,
+        check=check_della_epsilon if variant.sparsifier == "della_magprune" else None,
+        extra={"sparsifier": variant.sparsifier, "consensus": "sum" if variant.consensus else None},
+    )
+
+
+_VARIANTS = (
+    _Variant("task_arithmetic", None, False, False, False, "https://arxiv.org/abs/2212.04089"),
+    _Variant("ties", "magnitude", True, True, False, "https://arxiv.org/abs/2306.01708"),
+    _Variant("dare_ties", "random", True, False, True, "https://arxiv.org/abs/2311.03099"),
+    _Variant("dare_linear", "random", False, False, True, "https://arxiv.org/abs/2311.03099"),
+    _Variant("breadcrumbs", "magnitude_outliers", False, False, False, "https://arxiv.org/abs/2312.06795"),
+    _Variant("breadcrumbs_ties", "magnitude_outliers", True, False, False, "https://arxiv.org/abs/2312.06795"),
+    _Variant("della", "della_magprune", True, True, True, "https://arxiv.org/abs/2406.11617"),
+    _Variant("della_linear", "della_magprune", False, False, True, "https://arxiv.org/abs/2406.11617"),
+)
+
+SPECS = {variant.name: register(_spec(variant)) for variant in _VARIANTS}

@@ -1,0 +1,97 @@
+"""Make OUT agree with the ledger before work continues, and rebuild a lost ledger from OUT's manifest.
+
+Rules (crash-consistency.md §1): a committed file whose bytes still hash to the recorded sha256 is kept; a
+committed file that is missing, truncated or altered is reopened and rebuilt; a planned name with no committed
+record is garbage from an interrupted commit and is deleted, as are resumerge's own temp files. Nothing else
+in OUT is ever touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+
+from resumerge.durable import fsync_dir, is_temp_name
+from resumerge.engine import ManifestBook
+from resumerge.ledger import Ledger
+from resumerge.manifest import MANIFEST_NAME
+from resumerge.plan import Plan
+from resumerge.safetensors_format import read_header
+
+_BLOCK = 8 * 1024 * 1024
+
+
+def hash_file(path: Path) -> tuple[int, str]:
+    """(size, sha256) of the file at ``path``, read in 8 MiB blocks."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb", buffering=0) as f:
+        while block := f.read(_BLOCK):
+            digest.update(block)
+            size += len(block)
+    return size, digest.hexdigest()
+
+
+def tensor_crcs(path: Path) -> dict[str, int]:
+    """crc32 of every tensor in the safetensors file at ``path`` (used when a ledger is rebuilt)."""
+    header = read_header(path)
+    crcs = {}
+    with open(path, "rb") as f:
+        for name, entry in header.tensors.items():
+            f.seek(entry.start)
+            crcs[name] = zlib.crc32(f.read(entry.nbytes))
+    return crcs
+
+
+def check_committed(out_dir: Path, name: str, size: int, sha256: str) -> str | None:
+    """Why the committed file ``name`` can no longer be trusted, or None when its bytes are intact."""
+    path = out_dir / name
+    if not path.is_file():
+        return "missing"
+    actual = path.stat().st_size
+    if actual != size:
+        return f"size {actual} differs from the committed {size} bytes"
+    if hash_file(path)[1] != sha256:
+        return "contents differ from the committed checksum"
+    return None
+
+
+def reconcile(out_dir: Path, ledger: Ledger, book: ManifestBook, *, log: list[str]) -> None:
+    """Verify committed files, reopen damaged ones, delete uncommitted planned files and temp files."""
+    rows = ledger.files()
+    planned = {r["name"] for r in rows}
+    for row in rows:
+        if row["status"] != "done":
+            continue
+        problem = check_committed(out_dir, row["name"], row["bytes"], row["sha256"])
+        if problem:
+            log.append(f"{row['name']} {problem}: rebuilding it")
+            ledger.reopen_file(row["name"], problem)
+            (out_dir / row["name"]).unlink(missing_ok=True)
+            book.drop(row["name"])
+    done = {r["name"] for r in ledger.files() if r["status"] == "done"}
+    removed = False
+    for entry in sorted(out_dir.iterdir()):
+        name = entry.name
+        if is_temp_name(name, planned | {MANIFEST_NAME}) or (name in planned and name not in done):
+            if entry.is_file() and not entry.is_symlink():
+                entry.unlink()
+                removed = True
+    if removed:
+        fsync_dir(out_dir)
+
+
+def adopt_manifest(out_dir: Path, plan: Plan, ledger: Ledger, committed: Mapping[str, Mapping[str, object]],
+                   log: list[str]) -> None:
+    """Mark the manifest's committed files done in a fresh ledger, after re-hashing each one."""
+    for name, info in sorted(committed.items()):
+        size, sha = int(str(info["bytes"])), str(info["sha256"])
+        problem = check_committed(out_dir, name, size, sha)
+        if problem:
+            log.append(f"{name} {problem}: rebuilding it")
+            continue
+        crcs = tensor_crcs(out_dir / name) if any(s.name == name for s in plan.shards) else None
+        ledger.commit_file(name, size=size, sha256=sha, seconds=0.0, tensor_crcs=crcs)
+    log.append(f"ledger rebuilt from {MANIFEST_NAME}")

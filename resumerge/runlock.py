@@ -1,0 +1,69 @@
+"""One merge per output directory: an exclusive flock on the run's lock file, and on OUT itself.
+
+The lock on OUT catches two processes that use different state dirs; it is best-effort because some FUSE
+filesystems do not support flock on directories. Locks vanish with the process, so a SIGKILLed run never
+leaves a stale lock behind.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from pathlib import Path
+
+from resumerge.errors import OutputDirError
+
+LOCK_NAME = "lock"
+
+
+class RunLock:
+    """Holds the locks of one run until :meth:`release`."""
+
+    def __init__(self, run_dir: Path, out_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.out_dir = out_dir
+        self._fds: list[int] = []
+
+    def acquire(self) -> None:
+        """Take both locks; raises :class:`OutputDirError` when another process holds either."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        for path, is_dir in ((self.run_dir / LOCK_NAME, False), (self.out_dir, True)):
+            fd = os.open(path, os.O_RDONLY) if is_dir else os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                self.release()
+                raise OutputDirError(
+                    f"another resumerge process is merging into {self.out_dir}",
+                    path=str(self.out_dir),
+                    hint="wait for it to finish, or stop it (it can be resumed later)",
+                ) from None
+            except OSError as exc:
+                os.close(fd)
+                if not is_dir or exc.errno not in (errno.ENOTSUP, errno.EINVAL, errno.ENOLCK):
+                    raise
+                continue
+            self._fds.append(fd)
+
+    def release(self) -> None:
+        """Drop the locks (closing the descriptors releases them)."""
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+
+def is_locked(run_dir: Path) -> bool:
+    """True when a live process holds the run's lock (used by ``status`` to tell running from interrupted)."""
+    path = run_dir / LOCK_NAME
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False

@@ -1,0 +1,213 @@
+"""The safetensors file format, without torch: strict header parsing and byte-exact layout for writing.
+
+Reading validates everything a hostile file could lie about (header length, JSON, dtypes, shapes, offsets that
+overlap, leave gaps or run past the file) before a single tensor byte is touched. Writing reproduces the layout
+of ``safetensors.torch.save_file`` exactly — data ordered by element size (descending) then name, compact JSON
+header with ``__metadata__`` first, padded with spaces to a multiple of 8 — so a shard's bytes depend only on
+its tensor set and equal what safetensors (and so mergekit) would write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from resumerge.errors import HostileFileError
+
+# Largest header safetensors itself accepts; anything bigger is refused before allocating it.
+MAX_HEADER_BYTES = 100_000_000
+
+# dtype name -> element size in bytes (sub-byte float formats are not supported as merge inputs).
+DTYPE_SIZES: dict[str, int] = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+}
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor of a safetensors file: dtype name, shape, and absolute byte range in the file."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the tensor's data in bytes."""
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Header:
+    """A parsed safetensors header: tensors by name, the metadata map, and the header's own bytes."""
+
+    tensors: Mapping[str, TensorEntry]
+    metadata: Mapping[str, str]
+    data_start: int
+    file_size: int
+    raw: bytes
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    """Number of elements of ``shape`` (1 for a scalar)."""
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def read_header(path: str | os.PathLike[str]) -> Header:
+    """Parse and validate the header of the safetensors file at ``path``.
+
+    Raises :class:`HostileFileError` for a header length that is absurd or past the file, non-JSON or non-object
+    headers, unknown dtypes, negative or non-integer shapes, offsets whose size disagrees with dtype × shape,
+    and tensors that overlap, leave gaps or do not cover the data region exactly (truncated files).
+    """
+    where = os.fspath(path)
+    with open(where, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise HostileFileError("file is too short to be safetensors (no 8-byte header length)", path=where)
+        (length,) = struct.unpack("<Q", prefix)
+        if length > MAX_HEADER_BYTES or 8 + length > size:
+            raise HostileFileError(
+                f"safetensors header length {length} is larger than the file allows ({size} bytes)",
+                path=where,
+                hint="the file is truncated or not safetensors; re-download or regenerate it",
+            )
+        raw = f.read(length)
+    return parse_header(raw, file_size=size, path=where)
+
+
+def parse_header(raw: bytes, *, file_size: int, path: str = "") -> Header:
+    """Validate header bytes ``raw`` of a file of ``file_size`` bytes; see :func:`read_header`."""
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HostileFileError(f"safetensors header is not valid JSON ({exc})", path=path) from None
+    if not isinstance(doc, dict):
+        raise HostileFileError("safetensors header is not a JSON object", path=path)
+    data_start = 8 + len(raw)
+    metadata_doc = doc.pop("__metadata__", None) or {}
+    if not isinstance(metadata_doc, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata_doc.items()
+    ):
+        raise HostileFileError("safetensors __metadata__ must map strings to strings", path=path)
+    entries: dict[str, TensorEntry] = {}
+    for name, info in doc.items():
+        entries[name] = _entry(name, info, data_start, path)
+    ranges = sorted((e.start, e.end, e.name) for e in entries.values())
+    cursor = data_start
+    for start, end, name in ranges:
+        if start != cursor:
+            kind = "overlaps another tensor" if start < cursor else "leaves a gap before it"
+            raise HostileFileError(f"tensor {name!r} {kind} in the data region", path=path, tensor=name)
+        cursor = end
+    if cursor != file_size:
+        raise HostileFileError(
+            f"tensor data covers {cursor - data_start} bytes but the file holds {file_size - data_start}",
+            path=path,
+            hint="the file is truncated or padded; re-download or regenerate it",
+        )
+    return Header(tensors=entries, metadata=dict(metadata_doc), data_start=data_start, file_size=file_size, raw=raw)
+
+
+def _entry(name: str, info: object, data_start: int, path: str) -> TensorEntry:
+    if not name or "\x00" in name:
+        raise HostileFileError("tensor name is empty or contains NUL", path=path)
+    if not isinstance(info, dict):
+        raise HostileFileError(f"tensor {name!r}: entry is not an object", path=path, tensor=name)
+    dtype = info.get("dtype")
+    shape = info.get("shape")
+    offsets = info.get("data_offsets")
+    if dtype not in DTYPE_SIZES:
+        raise HostileFileError(f"tensor {name!r}: unsupported dtype {dtype!r}", path=path, tensor=name)
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise HostileFileError(f"tensor {name!r}: shape must be a list of non-negative ints", path=path, tensor=name)
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(type(o) is int and o >= 0 for o in offsets)
+        or offsets[0] > offsets[1]
+    ):
+        raise HostileFileError(f"tensor {name!r}: data_offsets must be two ordered ints", path=path, tensor=name)
+    expected = numel(tuple(shape)) * DTYPE_SIZES[str(dtype)]
+    if offsets[1] - offsets[0] != expected:
+        raise HostileFileError(
+            f"tensor {name!r}: {offsets[1] - offsets[0]} bytes stored but dtype and shape need {expected}",
+            path=path,
+            tensor=name,
+        )
+    return TensorEntry(name, str(dtype), tuple(shape), data_start + offsets[0], data_start + offsets[1])
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    """Where one tensor goes in a shard being written: byte range relative to the data region."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """The complete byte layout of a shard: header bytes, then tensors in ``order`` at their offsets."""
+
+    header: bytes
+    order: tuple[PlannedTensor, ...]
+
+    @property
+    def data_bytes(self) -> int:
+        """Total size of the tensor data region."""
+        return sum(t.nbytes for t in self.order)
+
+    @property
+    def file_size(self) -> int:
+        """Size of the finished file."""
+        return len(self.header) + self.data_bytes
+
+
+def layout_shard(
+    tensors: Mapping[str, tuple[str, tuple[int, ...]]], metadata: Mapping[str, str] | None = None
+) -> ShardLayout:
+    """Lay out ``tensors`` (name -> (dtype, shape)) exactly as ``safetensors.torch.save_file`` would.
+
+    Returns the full header (8-byte length + padded JSON) and the data order with offsets.
+    """
+    meta = {"format": "pt"} if metadata is None else dict(metadata)
+    names = sorted(tensors, key=lambda n: (-DTYPE_SIZES[tensors[n][0]], n))
+    order: list[PlannedTensor] = []
+    offset = 0
+    doc: dict[str, object] = {"__metadata__": meta} if meta else {}
+    for name in names:
+        dtype, shape = tensors[name]
+        nbytes = numel(shape) * DTYPE_SIZES[dtype]
+        order.append(PlannedTensor(name, dtype, shape, offset, nbytes))
+        doc[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text += b" " * ((8 - len(text) % 8) % 8)
+    return ShardLayout(header=struct.pack("<Q", len(text)) + text, order=tuple(order))

@@ -1,0 +1,308 @@
+"""Run and resume merges: validate, plan, take the locks, reconcile OUT with the ledger, execute, finish.
+
+Order matters and is the safety argument: nothing touches OUT until the config, every input header and the
+plan are valid; a non-empty OUT without resumerge's manifest is refused; the ledger records the plan and the
+manifest is written before the first shard; the state becomes ``done`` only after the final manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from resumerge import __version__
+from resumerge.config import MergeConfig, load_config_text
+from resumerge.engine import ManifestBook, Reporter, Stopped, execute
+from resumerge.errors import (
+    InterruptedMerge,
+    LedgerError,
+    OutputDirError,
+    PlanChangedError,
+    ResumergeError,
+    StorageError,
+    UsageError,
+)
+from resumerge.inputs import ModelInput, open_model
+from resumerge.ledger import LEDGER_NAME, Ledger
+from resumerge.locations import run_dir
+from resumerge.manifest import MANIFEST_NAME, Manifest, read_manifest
+from resumerge.modelref import ModelRef
+from resumerge.outputs import aux_files
+from resumerge.plan import Plan, PlanOptions, describe_changes, fingerprint_parts
+from resumerge.planner import build_plan
+from resumerge.reconcile import adopt_manifest, reconcile
+
+
+class NullReporter:
+    """A reporter that shows nothing (library use, ``--quiet``)."""
+
+    def tensor_done(self, name: str, nbytes: int) -> None:
+        """Ignore."""
+
+    def file_done(self, name: str, kind: str) -> None:
+        """Ignore."""
+
+    def message(self, text: str) -> None:
+        """Ignore."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a finished run did: the plan, what was already committed, and notes for the user."""
+
+    plan: Plan
+    out_dir: Path
+    resumed_files: int
+    notes: tuple[str, ...] = field(default=())
+
+
+def plan_from_config(config: MergeConfig, options: PlanOptions,
+                     model_dirs: Mapping[str, str] | None = None) -> Plan:
+    """Open every referenced model (headers only) and build the plan; raises InputError subclasses."""
+    models: dict[str, ModelInput] = {}
+    for ref in config.referenced_models():
+        directory = Path(model_dirs[ref.key]) if model_dirs and ref.key in model_dirs else None
+        models[ref.key] = open_model(ref, yaml_path=_yaml_path_of(config, ref), directory=directory)
+    return build_plan(config, models, options)
+
+
+def read_config_file(path: str | os.PathLike[str]) -> str:
+    """The text of the config file at ``path``; raises :class:`UsageError` when it cannot be read."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"config file {path} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read config file {path}: {exc}") from None
+
+
+def run_merge(
+    config_text: str,
+    out_dir: str | os.PathLike[str],
+    *,
+    options: PlanOptions = PlanOptions(),
+    state_dir: str | os.PathLike[str] | None = None,
+    restart: bool = False,
+    reporter: Reporter | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    workers: int = 2,
+) -> Outcome:
+    """Merge ``config_text`` into ``out_dir``; continue an unfinished run of the same plan there.
+
+    Raises InputError (exit 2) before touching OUT; PlanChangedError when OUT holds another run and
+    ``restart`` is false; InterruptedMerge when ``should_stop`` turned true; StorageError on write failures.
+    """
+    config = load_config_text(config_text)
+    plan = plan_from_config(config, options)
+    out = Path(out_dir).absolute()
+    manifest = _check_out_dir(out)
+    return _drive(plan, config_text, out, state_dir, manifest, restart=restart, reporter=reporter,
+                  should_stop=should_stop, workers=workers, command=f"resumerge resume {out_dir}")
+
+
+def resume_merge(
+    out_dir: str | os.PathLike[str],
+    *,
+    state_dir: str | os.PathLike[str] | None = None,
+    reporter: Reporter | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    workers: int = 2,
+) -> Outcome:
+    """Finish the merge recorded for ``out_dir`` (from the ledger, else from OUT's manifest).
+
+    Raises LedgerError when neither exists, PlanChangedError when the inputs or resumerge changed.
+    """
+    out = Path(out_dir).absolute()
+    manifest = read_manifest(out) if out.is_dir() else None
+    ledger_path = run_dir(out, state_dir) / LEDGER_NAME
+    row = None
+    if ledger_path.exists():
+        ledger = Ledger(ledger_path)
+        row = ledger.run_row()
+        ledger.close()
+    if row is not None:
+        text, opts, dirs = row["config_text"], json.loads(row["options"]), json.loads(row["model_dirs"])
+    elif manifest is not None:
+        text, opts, dirs = manifest.config_text, dict(manifest.options), dict(manifest.model_dirs)
+    else:
+        raise LedgerError(
+            f"nothing to resume in {out}: no ledger in the state dir and no {MANIFEST_NAME}",
+            path=str(out),
+            hint="start the merge with resumerge run CONFIG OUT (pass --state-dir if you used one)",
+        )
+    config = load_config_text(text)
+    plan = plan_from_config(config, PlanOptions(**opts), model_dirs=dirs)
+    return _drive(plan, text, out, state_dir, manifest, restart=False, reporter=reporter,
+                  should_stop=should_stop, workers=workers, command=f"resumerge resume {out_dir}",
+                  resuming=True)
+
+
+def _drive(
+    plan: Plan,
+    config_text: str,
+    out: Path,
+    state_dir: str | os.PathLike[str] | None,
+    manifest: Manifest | None,
+    *,
+    restart: bool,
+    reporter: Reporter | None,
+    should_stop: Callable[[], bool],
+    workers: int,
+    command: str,
+    resuming: bool = False,
+) -> Outcome:
+    from resumerge.runlock import RunLock
+
+    reporter = reporter or NullReporter()
+    out.mkdir(parents=True, exist_ok=True)
+    rdir = run_dir(out, state_dir)
+    lock = RunLock(rdir, out)
+    lock.acquire()
+    ledger = Ledger(rdir / LEDGER_NAME)
+    notes: list[str] = []
+    try:
+        book = _open_run(plan, config_text, out, ledger, manifest, restart=restart, resuming=resuming, notes=notes)
+        reconcile(out, ledger, book, log=notes)
+        resumed = sum(1 for r in ledger.files() if r["status"] == "done")
+        for note in notes:
+            reporter.message(note)
+        ledger.set_state("running")
+        try:
+            execute(plan, out, ledger, book, reporter, should_stop=should_stop, config_text=config_text,
+                    workers=workers)
+        except Stopped:
+            ledger.set_state("interrupted", error="stopped by signal")
+            raise InterruptedMerge("merge interrupted; every committed shard is kept", resume_command=command) from None
+        except StorageError as exc:
+            ledger.set_state("interrupted", error=exc.one_line())
+            raise
+        except ResumergeError as exc:
+            ledger.set_state("failed", error=exc.one_line())
+            raise
+        except Exception as exc:
+            ledger.set_state("failed", error=f"{type(exc).__name__}: {exc}")
+            raise
+        book.set_state("done")
+        ledger.set_state("done")
+        return Outcome(plan, out, resumed, tuple(notes))
+    finally:
+        ledger.close()
+        lock.release()
+
+
+def _open_run(
+    plan: Plan,
+    config_text: str,
+    out: Path,
+    ledger: Ledger,
+    manifest: Manifest | None,
+    *,
+    restart: bool,
+    resuming: bool,
+    notes: list[str],
+) -> ManifestBook:
+    """Decide between continuing, rebuilding the ledger, refusing, or starting over; returns the manifest book."""
+    row = ledger.run_row()
+    recorded = row["fingerprint"] if row else (manifest.fingerprint if manifest else None)
+    if recorded is not None and recorded != plan.fingerprint:
+        parts = json.loads(row["parts"]) if row else dict(manifest.parts if manifest else {})
+        inputs = json.loads(row["inputs"]) if row else dict(manifest.inputs if manifest else {})
+        changes = describe_changes(parts, inputs, plan) or ["the plan changed"]
+        if not restart:
+            what = "; ".join(changes)
+            raise PlanChangedError(
+                f"{out} holds a merge planned differently: {what}",
+                path=str(out),
+                hint="resume it unchanged, use another OUT, or pass --restart to start over"
+                if not resuming
+                else "restore the inputs as they were, or start over with resumerge run CONFIG OUT --restart",
+            )
+        _clean_previous(out, ledger, manifest)
+        notes.append("previous run in OUT discarded (--restart)")
+        row, manifest = None, None
+    if row is None:
+        _record_plan(plan, config_text, out, ledger)
+        if manifest is not None:
+            # The state dir was lost (a runtime reset) but OUT survived: trust only what re-hashes correctly.
+            adopt_manifest(out, plan, ledger, manifest.committed, notes)
+    committed = {r["name"]: {"bytes": r["bytes"], "sha256": r["sha256"]} for r in ledger.files() if r["status"] == "done"}
+    book = ManifestBook(out, _fresh_manifest(plan, config_text, committed))
+    book.set_state("running")
+    return book
+
+
+def _fresh_manifest(plan: Plan, config_text: str, committed: dict[str, Any] | None = None) -> Manifest:
+    return Manifest(
+        version=__version__,
+        fingerprint=plan.fingerprint,
+        parts=fingerprint_parts(plan),
+        inputs={k: [list(f) for f in v] for k, v in plan.inputs.items()},
+        options=asdict(plan.options),
+        model_dirs=dict(plan.model_dirs),
+        config_text=config_text,
+        planned=tuple(_planned_files(plan)),
+        committed=dict(committed or {}),
+    )
+
+
+def _planned_files(plan: Plan) -> list[str]:
+    return [s.name for s in plan.shards] + [a.name for a in aux_files(plan)]
+
+
+def _record_plan(plan: Plan, config_text: str, out: Path, ledger: Ledger) -> None:
+    files = [(s.name, "shard", i, len(s.tensors)) for i, s in enumerate(plan.shards)]
+    files += [(a.name, a.kind, len(files) + i, 0) for i, a in enumerate(aux_files(plan))]
+    ledger.start_run(
+        out_dir=str(out),
+        config_text=config_text,
+        fingerprint=plan.fingerprint,
+        parts=fingerprint_parts(plan),
+        inputs={k: [list(f) for f in v] for k, v in plan.inputs.items()},
+        options=asdict(plan.options),
+        model_dirs=plan.model_dirs,
+        version=__version__,
+        files=files,
+        tensors=[(t.name, t.shard, t.nbytes) for t in plan.tensors.values()],
+    )
+
+
+def _clean_previous(out: Path, ledger: Ledger, manifest: Manifest | None) -> None:
+    """Delete the files the previous run planned (and only those) before starting over."""
+    names = {r["name"] for r in ledger.files()} | set(manifest.planned if manifest else ())
+    for name in sorted(names):
+        path = out / name
+        if path.is_file() and not path.is_symlink() and "/" not in name:
+            path.unlink()
+
+
+def _check_out_dir(out: Path) -> Manifest | None:
+    """Refuse an OUT that is a file, or non-empty without resumerge's manifest; return its manifest if any."""
+    if out.exists() and not out.is_dir():
+        raise OutputDirError(f"{out} exists and is not a directory", path=str(out))
+    if not out.exists():
+        return None
+    manifest = read_manifest(out)
+    if manifest is None and any(out.iterdir()):
+        raise OutputDirError(
+            f"{out} is not empty and was not written by resumerge (no {MANIFEST_NAME})",
+            path=str(out),
+            hint="choose an empty or new output directory; resumerge never overwrites files it did not write",
+        )
+    return manifest
+
+
+def _yaml_path_of(config: MergeConfig, ref: ModelRef) -> str:
+    if config.base_model is not None and config.base_model.key == ref.key:
+        return "base_model"
+    for src in config.models or ():
+        if src.model.key == ref.key:
+            return f"{src.yaml_path}.model"
+    for sl in config.slices or ():
+        for src in sl.sources:
+            if src.model.key == ref.key:
+                return f"{src.yaml_path}.model"
+    return ""

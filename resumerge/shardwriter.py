@@ -1,0 +1,104 @@
+"""Stream one planned shard to disk and publish it durably.
+
+The header is known before the first tensor (the plan fixes every dtype and shape), so tensors are written
+straight to a temp file in data order — no shard is ever assembled in RAM, and two output tensors never share
+a buffer (the "Some tensors share memory" failure cannot happen). :meth:`ShardWriter.finish` runs the commit
+protocol up to the rename; the caller records the ledger row afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import zlib
+from pathlib import Path
+
+import torch
+
+from resumerge import killpoints
+from resumerge.durable import publish, storage_error, temp_path
+from resumerge.errors import ResumergeError
+from resumerge.safetensors_format import ShardLayout, read_header
+from resumerge.tensorio import TORCH_DTYPES, tensor_bytes
+
+
+class ShardWriter:
+    """Writes the tensors of one shard, in layout order, to a temp file beside ``final``."""
+
+    def __init__(self, final: Path, layout: ShardLayout) -> None:
+        self.final = final
+        self.layout = layout
+        self.temp = temp_path(final)
+        self._next = 0
+        self._sha = hashlib.sha256()
+        self._written = 0
+        try:
+            self._fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            self._write(memoryview(layout.header))
+        except OSError as exc:
+            self.abort()
+            raise storage_error(exc, final) from exc
+
+    @property
+    def expected_name(self) -> str | None:
+        """The tensor the writer needs next, or None when the shard is complete."""
+        return self.layout.order[self._next].name if self._next < len(self.layout.order) else None
+
+    def write(self, name: str, tensor: torch.Tensor) -> int:
+        """Append ``tensor`` as ``name``; returns its crc32. Raises if it is not the planned next tensor."""
+        planned = self.layout.order[self._next] if self._next < len(self.layout.order) else None
+        if planned is None or planned.name != name:
+            raise ResumergeError(f"internal: shard {self.final.name} expected {planned and planned.name}, got {name}")
+        if tensor.dtype != TORCH_DTYPES[planned.dtype] or tuple(tensor.shape) != planned.shape:
+            raise ResumergeError(
+                f"internal: {name} is {tensor.dtype} {tuple(tensor.shape)}, planned {planned.dtype} {planned.shape}"
+            )
+        data = tensor_bytes(tensor.contiguous())
+        try:
+            self._write(data)
+        except OSError as exc:
+            self.abort()
+            raise storage_error(exc, self.final) from exc
+        self._next += 1
+        if self._next == 1:
+            killpoints.reach("mid_shard_write")
+        return zlib.crc32(data)
+
+    def _write(self, data: memoryview) -> None:
+        self._sha.update(data)
+        done = 0
+        while done < len(data):
+            done += os.write(self._fd, data[done:])
+        self._written += len(data)
+
+    def finish(self) -> tuple[int, str]:
+        """fsync, verify the header and size, rename into place, fsync the directory.
+
+        Returns (size, sha256). After it returns the file is durable under its final name; only the ledger
+        row is missing, and resume deletes a final-named file that has none.
+        """
+        if self._next != len(self.layout.order):
+            raise ResumergeError(f"internal: shard {self.final.name} finished with tensors missing")
+        try:
+            killpoints.reach("after_temp_write")
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+            killpoints.reach("after_fsync")
+            header = read_header(self.temp)
+            if header.file_size != self.layout.file_size or self._written != self.layout.file_size:
+                raise ResumergeError(f"internal: {self.final.name} is {header.file_size} bytes, planned "
+                                     f"{self.layout.file_size}")
+            publish(self.temp, self.final)
+        except OSError as exc:
+            self.abort()
+            raise storage_error(exc, self.final) from exc
+        return self.layout.file_size, self._sha.hexdigest()
+
+    def abort(self) -> None:
+        """Close and delete the temp file (safe to call more than once)."""
+        fd = getattr(self, "_fd", -1)
+        if fd >= 0:
+            os.close(fd)
+            self._fd = -1
+        self.temp.unlink(missing_ok=True)
