@@ -16,7 +16,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -26,7 +25,7 @@ from resumerge import killpoints
 from resumerge.durable import write_file_atomic
 from resumerge.errors import ResumergeError
 from resumerge.ledger import Ledger
-from resumerge.manifest import Manifest, write_manifest
+from resumerge.manifest import ManifestBook
 from resumerge.methods.registry import MergeContext, get_method
 from resumerge.outputs import aux_files, render_aux
 from resumerge.plan import Plan, ShardPlan, TensorPlan
@@ -37,6 +36,8 @@ from resumerge.tensorio import NAME_DTYPES, TORCH_DTYPES, TensorReader
 class Reporter(Protocol):
     """Receives progress; the CLI's implementation draws it with rich, a notebook may log it."""
 
+    def start(self, *, total_tensors: int, done_tensors: int, total_bytes: int, done_bytes: int) -> None: ...
+
     def tensor_done(self, name: str, nbytes: int) -> None: ...
 
     def file_done(self, name: str, kind: str) -> None: ...
@@ -46,35 +47,6 @@ class Reporter(Protocol):
 
 class Stopped(Exception):
     """Raised inside the engine when a stop was requested; the caller turns it into InterruptedMerge."""
-
-
-@dataclass
-class ManifestBook:
-    """The manifest being kept up to date: rewritten atomically after every commit."""
-
-    out_dir: Path
-    manifest: Manifest
-
-    def commit(self, name: str, size: int, sha256: str) -> None:
-        """Record ``name`` as committed and rewrite the manifest."""
-        committed = dict(self.manifest.committed)
-        committed[name] = {"bytes": size, "sha256": sha256}
-        self._store(committed, self.manifest.state)
-
-    def drop(self, name: str) -> None:
-        """Forget a committed file (it is being rebuilt)."""
-        committed = {k: v for k, v in self.manifest.committed.items() if k != name}
-        self._store(committed, self.manifest.state)
-
-    def set_state(self, state: str) -> None:
-        """Rewrite the manifest with ``state`` (running|done)."""
-        self._store(dict(self.manifest.committed), state)
-
-    def _store(self, committed: dict[str, dict[str, object]], state: str) -> None:
-        from dataclasses import replace
-
-        self.manifest = replace(self.manifest, committed=committed, state=state)
-        write_manifest(self.out_dir, self.manifest)
 
 
 def tensor_seed(seed: int, name: str) -> int:

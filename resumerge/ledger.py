@@ -53,6 +53,7 @@ def m001_initial(db: Database) -> None:
             "name": str,
             "kind": str,
             "position": int,
+            "planned_bytes": int,
             "status": str,
             "bytes": int,
             "sha256": str,
@@ -121,12 +122,13 @@ class Ledger:
         options: Mapping[str, Any],
         model_dirs: Mapping[str, str],
         version: str,
-        files: Iterable[tuple[str, str, int, int]],
+        files: Iterable[tuple[str, str, int, int, int | None]],
         tensors: Iterable[tuple[str, str, int]],
     ) -> None:
         """Record a new plan in one transaction, replacing any earlier run.
 
-        ``files`` are (name, kind, position, tensor count); ``tensors`` are (name, shard, bytes).
+        ``files`` are (name, kind, position, tensor count, planned bytes or None); ``tensors`` are
+        (name, shard, bytes).
         """
         now = time.time()
         with self._lock, self.db.atomic():
@@ -151,9 +153,9 @@ class Ledger:
                 }
             )
             self.db["files"].insert_all(
-                {"name": n, "kind": k, "position": p, "status": "pending", "bytes": None, "sha256": None,
-                 "tensors": c, "seconds": None, "committed_at": None}
-                for n, k, p, c in files
+                {"name": n, "kind": k, "position": p, "planned_bytes": b, "status": "pending", "bytes": None,
+                 "sha256": None, "tensors": c, "seconds": None, "committed_at": None}
+                for n, k, p, c, b in files
             )
             self.db["tensors"].insert_all(
                 {"name": n, "shard": s, "status": "pending", "bytes": b, "crc32": None, "seconds": None}

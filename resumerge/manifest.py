@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,9 @@ class Manifest:
     model_dirs: Mapping[str, str]
     config_text: str
     planned: tuple[str, ...]
+    shard_sizes: Mapping[str, int] = field(default_factory=dict)
+    shard_tensors: Mapping[str, int] = field(default_factory=dict)
+    tensors_total: int = 0
     committed: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     state: str = "running"
 
@@ -48,6 +51,9 @@ class Manifest:
             "model_dirs": dict(self.model_dirs),
             "config_text": self.config_text,
             "planned": list(self.planned),
+            "shard_sizes": dict(self.shard_sizes),
+            "shard_tensors": dict(self.shard_tensors),
+            "tensors_total": self.tensors_total,
             "committed": {k: dict(v) for k, v in sorted(self.committed.items())},
             "state": self.state,
         }
@@ -82,6 +88,9 @@ def read_manifest(out_dir: Path) -> Manifest | None:
             model_dirs=dict(doc["model_dirs"]),
             config_text=str(doc["config_text"]),
             planned=tuple(doc["planned"]),
+            shard_sizes={str(k): int(v) for k, v in doc["shard_sizes"].items()},
+            shard_tensors={str(k): int(v) for k, v in doc["shard_tensors"].items()},
+            tensors_total=int(doc["tensors_total"]),
             committed={str(k): dict(v) for k, v in doc["committed"].items()},
             state=str(doc.get("state", "running")),
         )
@@ -91,3 +100,30 @@ def read_manifest(out_dir: Path) -> Manifest | None:
             path=str(path),
             hint="it was not written by this resumerge; use a new output directory",
         ) from None
+
+
+@dataclass
+class ManifestBook:
+    """The manifest being kept up to date: rewritten atomically after every commit."""
+
+    out_dir: Path
+    manifest: Manifest
+
+    def commit(self, name: str, size: int, sha256: str) -> None:
+        """Record ``name`` as committed and rewrite the manifest."""
+        committed = dict(self.manifest.committed)
+        committed[name] = {"bytes": size, "sha256": sha256}
+        self._store(committed, self.manifest.state)
+
+    def drop(self, name: str) -> None:
+        """Forget a committed file (it is being rebuilt)."""
+        committed = {k: v for k, v in self.manifest.committed.items() if k != name}
+        self._store(committed, self.manifest.state)
+
+    def set_state(self, state: str) -> None:
+        """Rewrite the manifest with ``state`` (running|done)."""
+        self._store(dict(self.manifest.committed), state)
+
+    def _store(self, committed: dict[str, dict[str, object]], state: str) -> None:
+        self.manifest = replace(self.manifest, committed=committed, state=state)
+        write_manifest(self.out_dir, self.manifest)

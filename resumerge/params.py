@@ -31,7 +31,7 @@ def check_setting(value: Any) -> str | None:
                 if entry.get("filter") is not None and not isinstance(entry["filter"], str):
                     return f"conditional entry {i}: filter must be a string"
                 inner = check_setting(entry["value"])
-                if inner or isinstance(entry["value"], list) and isinstance(entry["value"][0], dict):
+                if inner or (isinstance(entry["value"], list) and isinstance(entry["value"][0], dict)):
                     return f"conditional entry {i}: {inner or 'values cannot be nested conditionals'}"
             return None
         if all(_is_number(v) for v in value) or all(isinstance(v, (bool, str)) for v in value):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from resumerge.architecture import TIED_NAMES, Layout, infer_layout
-from resumerge.config import MergeConfig, SliceConfig, SourceConfig
+from resumerge.config import MergeConfig, SourceConfig
 from resumerge.errors import ConfigError, ModelInputError
 from resumerge.inputs import ModelInput
 from resumerge.methods.registry import BasePolicy, MethodSpec, Scope, get_method, method_names

@@ -8,30 +8,16 @@ in OUT is ever touched.
 
 from __future__ import annotations
 
-import hashlib
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
 
+from resumerge.checksums import check_committed
 from resumerge.durable import fsync_dir, is_temp_name
-from resumerge.engine import ManifestBook
 from resumerge.ledger import Ledger
-from resumerge.manifest import MANIFEST_NAME
+from resumerge.manifest import MANIFEST_NAME, ManifestBook
 from resumerge.plan import Plan
 from resumerge.safetensors_format import read_header
-
-_BLOCK = 8 * 1024 * 1024
-
-
-def hash_file(path: Path) -> tuple[int, str]:
-    """(size, sha256) of the file at ``path``, read in 8 MiB blocks."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb", buffering=0) as f:
-        while block := f.read(_BLOCK):
-            digest.update(block)
-            size += len(block)
-    return size, digest.hexdigest()
 
 
 def tensor_crcs(path: Path) -> dict[str, int]:
@@ -43,19 +29,6 @@ def tensor_crcs(path: Path) -> dict[str, int]:
             f.seek(entry.start)
             crcs[name] = zlib.crc32(f.read(entry.nbytes))
     return crcs
-
-
-def check_committed(out_dir: Path, name: str, size: int, sha256: str) -> str | None:
-    """Why the committed file ``name`` can no longer be trusted, or None when its bytes are intact."""
-    path = out_dir / name
-    if not path.is_file():
-        return "missing"
-    actual = path.stat().st_size
-    if actual != size:
-        return f"size {actual} differs from the committed {size} bytes"
-    if hash_file(path)[1] != sha256:
-        return "contents differ from the committed checksum"
-    return None
 
 
 def reconcile(out_dir: Path, ledger: Ledger, book: ManifestBook, *, log: list[str]) -> None:

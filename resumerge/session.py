@@ -16,7 +16,7 @@ from typing import Any
 
 from resumerge import __version__
 from resumerge.config import MergeConfig, load_config_text
-from resumerge.engine import ManifestBook, Reporter, Stopped, execute
+from resumerge.engine import Reporter, Stopped, execute
 from resumerge.errors import (
     InterruptedMerge,
     LedgerError,
@@ -29,7 +29,7 @@ from resumerge.errors import (
 from resumerge.inputs import ModelInput, open_model
 from resumerge.ledger import LEDGER_NAME, Ledger
 from resumerge.locations import run_dir
-from resumerge.manifest import MANIFEST_NAME, Manifest, read_manifest
+from resumerge.manifest import MANIFEST_NAME, Manifest, ManifestBook, read_manifest
 from resumerge.modelref import ModelRef
 from resumerge.outputs import aux_files
 from resumerge.plan import Plan, PlanOptions, describe_changes, fingerprint_parts
@@ -39,6 +39,9 @@ from resumerge.reconcile import adopt_manifest, reconcile
 
 class NullReporter:
     """A reporter that shows nothing (library use, ``--quiet``)."""
+
+    def start(self, *, total_tensors: int, done_tensors: int, total_bytes: int, done_bytes: int) -> None:
+        """Ignore."""
 
     def tensor_done(self, name: str, nbytes: int) -> None:
         """Ignore."""
@@ -170,6 +173,14 @@ def _drive(
         resumed = sum(1 for r in ledger.files() if r["status"] == "done")
         for note in notes:
             reporter.message(note)
+        rows = ledger.files()
+        done_shards = {r["name"] for r in rows if r["status"] == "done" and r["kind"] == "shard"}
+        reporter.start(
+            total_tensors=len(plan.tensors),
+            done_tensors=sum(len(s.tensors) for s in plan.shards if s.name in done_shards),
+            total_bytes=plan.total_bytes,
+            done_bytes=sum(s.file_size for s in plan.shards if s.name in done_shards),
+        )
         ledger.set_state("running")
         try:
             execute(plan, out, ledger, book, reporter, should_stop=should_stop, config_text=config_text,
@@ -245,6 +256,9 @@ def _fresh_manifest(plan: Plan, config_text: str, committed: dict[str, Any] | No
         model_dirs=dict(plan.model_dirs),
         config_text=config_text,
         planned=tuple(_planned_files(plan)),
+        shard_sizes={s.name: s.file_size for s in plan.shards},
+        shard_tensors={s.name: len(s.tensors) for s in plan.shards},
+        tensors_total=len(plan.tensors),
         committed=dict(committed or {}),
     )
 
@@ -254,8 +268,10 @@ def _planned_files(plan: Plan) -> list[str]:
 
 
 def _record_plan(plan: Plan, config_text: str, out: Path, ledger: Ledger) -> None:
-    files = [(s.name, "shard", i, len(s.tensors)) for i, s in enumerate(plan.shards)]
-    files += [(a.name, a.kind, len(files) + i, 0) for i, a in enumerate(aux_files(plan))]
+    files: list[tuple[str, str, int, int, int | None]] = [
+        (s.name, "shard", i, len(s.tensors), s.file_size) for i, s in enumerate(plan.shards)
+    ]
+    files += [(a.name, a.kind, len(files) + i, 0, None) for i, a in enumerate(aux_files(plan))]
     ledger.start_run(
         out_dir=str(out),
         config_text=config_text,

@@ -34,9 +34,11 @@ class HubSettings:
     ``HF_HOME``, ``HF_HUB_OFFLINE`` and ``HF_ENDPOINT`` set later in the process still count.
     """
 
+
     cache_dir: Path
     offline: bool
     endpoint: str
+    unreachable: bool = False  # offline because the hub did not answer during this call, not by choice
 
 
 def hub_settings(
@@ -49,22 +51,28 @@ def hub_settings(
     ``cache_dir`` is mergekit's ``--transformers-cache``; without it ``HF_HUB_CACHE``, then ``HF_HOME/hub``,
     then huggingface_hub's own default apply.
     """
-    if cache_dir is None:
-        env_cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
-        env_home = os.environ.get("HF_HOME")
-        if env_cache:
-            cache_dir = env_cache
-        elif env_home:
-            cache_dir = os.path.join(env_home, "hub")
-        else:
-            cache_dir = constants.HF_HUB_CACHE
     if offline is None:
         flag = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
         offline = flag.strip().lower() in _TRUE or constants.is_offline_mode()
     if endpoint is None:
         endpoint = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
-    path = Path(os.path.expandvars(os.fspath(cache_dir))).expanduser().resolve()
+    path = default_cache_dir() if cache_dir is None else _normalise(cache_dir)
     return HubSettings(cache_dir=path, offline=offline, endpoint=endpoint.rstrip("/"))
+
+
+def default_cache_dir() -> Path:
+    """The cache huggingface_hub would use now: ``HF_HUB_CACHE``, else ``HF_HOME/hub``, else its default."""
+    env_cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    env_home = os.environ.get("HF_HOME")
+    if env_cache:
+        return _normalise(env_cache)
+    if env_home:
+        return _normalise(os.path.join(env_home, "hub"))
+    return _normalise(constants.HF_HUB_CACHE)
+
+
+def _normalise(path: str | os.PathLike[str]) -> Path:
+    return Path(os.path.expandvars(os.fspath(path))).expanduser().resolve()
 
 
 @dataclass(frozen=True)

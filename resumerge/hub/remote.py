@@ -22,15 +22,10 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from huggingface_hub.hf_api import RepoFile
-from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
 from resumerge.errors import ModelInputError, ResumergeError
+from resumerge.hub._hf import build_hf_headers, get_session, hf_raise_for_status, http
 from resumerge.hub.cache import HubSettings, RemoteFile, check_repo_path
-
-try:  # huggingface_hub >= 2 ships its HTTP client as httpx2, 1.x used httpx
-    import httpx2 as _http
-except ImportError:  # pragma: no cover - depends on the installed huggingface_hub
-    import httpx as _http  # type: ignore[no-redef]
 
 LIBRARY = "resumerge"
 _RETRIES = 3
@@ -42,7 +37,7 @@ class HubUnavailableError(ResumergeError):
 
 def is_network_error(error: BaseException) -> bool:
     """Return whether ``error`` means "the hub is unreachable right now" rather than "the request is wrong"."""
-    if isinstance(error, (_http.TransportError, OfflineModeIsEnabled, LocalEntryNotFoundError)):
+    if isinstance(error, (http.TransportError, OfflineModeIsEnabled, LocalEntryNotFoundError)):
         return True
     if isinstance(error, HfHubHTTPError) and not isinstance(error, RepositoryNotFoundError):
         status = error.response.status_code if error.response is not None else 0
@@ -126,7 +121,7 @@ def read_range(settings: HubSettings, repo_id: str, commit: str, filename: str, 
         try:
             with hub_errors(settings, repo_id, commit):
                 return _read_range_once(url, headers, start, length, f"{repo_id}@{commit[:12]}/{filename}")
-        except _http.TransportError:
+        except http.TransportError:
             if attempt == _RETRIES - 1:
                 raise
             time.sleep(0.5 * (attempt + 1))

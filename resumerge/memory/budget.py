@@ -44,9 +44,7 @@ def default_budget(probe: MemoryProbe, fraction: float = DEFAULT_FRACTION) -> in
     return int(ours * fraction)
 
 
-def smallest_budget_for(
-    unit_bytes: int, *, baseline_bytes: int = 0, margin_fraction: float = SAFETY_MARGIN
-) -> int:
+def smallest_budget_for(unit_bytes: int, *, baseline_bytes: int = 0, margin_fraction: float = SAFETY_MARGIN) -> int:
     """Return the smallest budget under which a unit of ``unit_bytes`` fits with nothing else in flight.
 
     ``baseline_bytes`` is the memory held before the unit starts (interpreter, torch, the write buffer);

@@ -159,9 +159,7 @@ class MemoryGovernor:
 
     # -- admission -----------------------------------------------------------------------------------------
 
-    def acquire(
-        self, estimate_bytes: int, *, timeout: float | None = None, what: str | None = None
-    ) -> Reservation:
+    def acquire(self, estimate_bytes: int, *, timeout: float | None = None, what: str | None = None) -> Reservation:
         """Block until ``estimate_bytes`` may be used; return the :class:`Reservation` that holds them.
 
         ``what`` (a tensor name) goes into errors and adaptations. Raises
@@ -194,9 +192,7 @@ class MemoryGovernor:
                                 f"no room for {format_size(estimate_bytes)} of {self.pool} memory after "
                                 f"{timeout} s ({self._in_flight} units in flight)"
                             )
-                        self._cond.wait(
-                            self._interval if remaining is None else min(self._interval, remaining)
-                        )
+                        self._cond.wait(self._interval if remaining is None else min(self._interval, remaining))
                         continue
                 # Alone yet over the headroom: get freed memory back once, then look again.
                 self.probe.reclaim()

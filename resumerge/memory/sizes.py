@@ -1,9 +1,9 @@
 """Byte sizes on the command line: ``--max-memory 12GB``, ``--out-shard-size 5B``.
 
 Decimal suffixes follow mergekit's ``parse_kmb`` (``k`` = 10³, ``M`` = 10⁶, ``B`` = 10⁹ — "billion", so
-``--out-shard-size 5B`` means the same 5 × 10⁹ bytes in both tools), extended with ``G`` = 10⁹ and
-``T`` = 10¹², an optional trailing ``B`` after a decimal prefix (``kB``, ``MB``, ``GB``, ``TB``) and the
-binary prefixes ``Ki``/``Mi``/``Gi``/``Ti`` (with or without ``B``). Suffixes are case-insensitive.
+``--out-shard-size 5B`` means the same 5 × 10⁹ bytes in both tools), extended with ``G`` = 10⁹, ``T`` = 10¹²
+and ``P`` = 10¹⁵, an optional trailing ``B`` after a decimal prefix (``kB``, ``MB``, ``GB``, ...), the binary
+prefixes ``Ki`` to ``Pi`` (with or without ``B``) and ``bytes``. Suffixes are case-insensitive.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ __all__ = ["format_size", "parse_size"]
 
 _MULTIPLIERS: dict[str, int] = {
     "": 1,
+    "byte": 1,
+    "bytes": 1,
     "k": 10**3,
     "kb": 10**3,
     "m": 10**6,
@@ -27,6 +29,8 @@ _MULTIPLIERS: dict[str, int] = {
     "gb": 10**9,
     "t": 10**12,
     "tb": 10**12,
+    "p": 10**15,
+    "pb": 10**15,
     "ki": 2**10,
     "kib": 2**10,
     "mi": 2**20,
@@ -35,6 +39,8 @@ _MULTIPLIERS: dict[str, int] = {
     "gib": 2**30,
     "ti": 2**40,
     "tib": 2**40,
+    "pi": 2**50,
+    "pib": 2**50,
 }
 
 # A plain decimal number (no sign, no exponent, no underscores) and an optional unit, spaces allowed around.
@@ -42,7 +48,7 @@ _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*", re.ASCII)
 
 _HINT = "write a number with an optional unit, e.g. 500M, 1.5GB, 2GiB or 5B (= 5e9 bytes)"
 
-_UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
+_UNITS = ("bytes", "kB", "MB", "GB", "TB", "PB")
 
 
 def parse_size(value: str | int, *, option: str | None = None) -> int:
@@ -76,15 +82,16 @@ def parse_size(value: str | int, *, option: str | None = None) -> int:
 def format_size(n: int, *, compact: bool = False) -> str:
     """Render ``n`` bytes with decimal units and three significant digits: ``"1.74 GB"``, ``"512 MB"``.
 
-    Values below 1000 are printed exactly (``"999 B"``). ``compact=True`` drops the space (``"1.74GB"``) so
-    the result can be pasted after ``--max-memory``; :func:`parse_size` reads either form back to within
-    0.5 %. Negative values keep their sign.
+    Values below 1000 are printed exactly as ``"999 bytes"``, never ``"999 B"``, which :func:`parse_size`
+    would read as 999 × 10⁹. ``compact=True`` drops the space (``"1.74GB"``, ``"999"``) so the result can be
+    pasted after ``--max-memory``; :func:`parse_size` reads either form back to within 0.5 %. Negative
+    values keep their sign.
     """
     sign = "-" if n < 0 else ""
     magnitude = abs(n)
     sep = "" if compact else " "
     if magnitude < 1000:
-        return f"{sign}{magnitude}{sep}B"
+        return f"{sign}{magnitude}" if compact else f"{sign}{magnitude} bytes"
     index = 1
     while True:
         value = magnitude / 1000**index

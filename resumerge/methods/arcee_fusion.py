@@ -46,7 +46,7 @@ def threshold(scores: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         flat = flat[picks]
     ordered = torch.sort(flat).values
     positions = (torch.tensor([0.25, 0.5, 0.75], device=ordered.device) * (ordered.numel() - 1)).long()
-    q1, median, q3 = ordered[positions]
+    q1, median, q3 = ordered[positions].unbind()
     return median + 1.5 * (q3 - q1)
 
 

@@ -62,8 +62,8 @@ def multislerp(ctx: MergeContext) -> torch.Tensor:
     # The eps keeps sin(x)/x finite when all inputs share one direction (tangent = 0).
     tangent_norm = torch.norm(tangent) + eps
     result = mean * torch.cos(tangent_norm) + tangent * (torch.sin(tangent_norm) / tangent_norm)
-    result = (result * (norms.squeeze(-1) * weights).sum()).view(stacked.shape[1:])
-    return result + base if base is not None else result
+    scaled: torch.Tensor = (result * (norms.squeeze(-1) * weights).sum()).view(stacked.shape[1:])
+    return scaled + base if base is not None else scaled
 
 
 def check_weight_sum(params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]]) -> str | None:

@@ -16,7 +16,7 @@ def passthrough(ctx: MergeContext) -> torch.Tensor:
     scale = ctx.model_params[0].get("scale")
     if scale is None:
         return tensor.clone()
-    return tensor * scale
+    return tensor * float(scale)
 
 
 SPEC = register(

@@ -30,13 +30,17 @@ def _mask_and_rescale(delta: torch.Tensor, mask: torch.Tensor, rescale: bool) ->
     return masked * (before / after)
 
 
-def _random_work_dtype(dtype: torch.dtype) -> torch.dtype:
-    # torch.bernoulli has no float16 CPU kernel, so mergekit draws and rescales in float32, except for
-    # bfloat16, which it keeps. We keep float64 too: mergekit (on CPU) rounds float64 task vectors to float32
-    # here, which throws away the precision float64 was chosen for.
-    if dtype in (torch.bfloat16, torch.float64):
-        return dtype
-    return torch.float32
+def _draw_dtype(dtype: torch.dtype) -> torch.dtype:
+    # torch.bernoulli has no float16 CPU kernel, so mergekit draws (and rescales) in float32, except for
+    # bfloat16, which it keeps. Drawing from probabilities of the same dtype consumes the generator exactly as
+    # mergekit consumes its global RNG, so equally seeded runs give the same masks.
+    return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+
+
+def _rescale_dtype(dtype: torch.dtype) -> torch.dtype:
+    # Unlike mergekit on CPU, float64 task vectors are masked and rescaled in float64: rounding them to float32
+    # would throw away the precision float64 was chosen for. The masks are unaffected (0 and 1 are exact).
+    return torch.float64 if dtype == torch.float64 else _draw_dtype(dtype)
 
 
 def _require_generator(generator: torch.Generator | None) -> torch.Generator:
@@ -90,10 +94,10 @@ def bernoulli(
     gen = _require_generator(generator)
     if density >= 1:
         return delta
-    work = _random_work_dtype(delta.dtype)
-    # The probability is materialised in the work dtype, so bfloat16 keeps bfloat16's rounding of density.
-    mask = torch.bernoulli(torch.full_like(delta, density, dtype=work), generator=gen)
-    return _mask_and_rescale(delta.to(work), mask, rescale).to(delta.dtype)
+    # The probability is materialised in the draw dtype, so bfloat16 keeps bfloat16's rounding of density.
+    mask = torch.bernoulli(torch.full_like(delta, density, dtype=_draw_dtype(delta.dtype)), generator=gen)
+    work = _rescale_dtype(delta.dtype)
+    return _mask_and_rescale(delta.to(work), mask.to(work), rescale).to(delta.dtype)
 
 
 def della_magprune(
@@ -120,14 +124,15 @@ def della_magprune(
         raise ValueError("Epsilon must be chosen such that density +/- epsilon is in (0, 1)")
     shape = delta.shape
     rows = delta.reshape(1, -1) if delta.dim() < 2 else delta
-    work = _random_work_dtype(delta.dtype)
-    # Ranking uses the magnitudes in delta's own dtype, and 1-based ranks are converted to the work dtype,
+    draw = _draw_dtype(delta.dtype)
+    # Ranking uses the magnitudes in delta's own dtype, and 1-based ranks are converted to the draw dtype,
     # both as mergekit does (in bfloat16 large ranks round, which changes probabilities slightly).
-    ranks = torch.argsort(torch.argsort(rows.abs(), dim=1), dim=1).to(work) + 1
+    ranks = torch.argsort(torch.argsort(rows.abs(), dim=1), dim=1).to(draw) + 1
     low = ranks.min(dim=1, keepdim=True).values
     high = ranks.max(dim=1, keepdim=True).values
     single = rows.shape[1] == 1
     spread = torch.full_like(ranks, 0.5) if single else ((ranks - low) / (high - low)).clamp(0, 1)
     probabilities = (density - epsilon) + spread * 2 * epsilon
+    work = _rescale_dtype(delta.dtype)
     mask = torch.bernoulli(probabilities, generator=gen).to(work)
     return _mask_and_rescale(rows.to(work), mask, rescale).to(delta.dtype).reshape(shape)

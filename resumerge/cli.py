@@ -1,0 +1,309 @@
+"""The command line: parse arguments, call one library function per command, map errors to exit codes.
+
+The only module that knows about argv. Heavy modules (torch, sqlite-utils) are imported inside the commands
+that merge, so ``resumerge status`` stays fast. Exit codes: 0 done, 1 internal error, 2 invalid input,
+3 interrupted and resumable, 4 refused (see :data:`resumerge.errors.EXIT_CODES`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Sequence
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from resumerge import __version__
+from resumerge.errors import EXIT_INTERRUPTED, EXIT_OK, ResumergeError, UsageError, exit_code_for
+
+if TYPE_CHECKING:
+    from resumerge.render import ProgressReporter
+
+# mergekit-yaml flags that resumerge accepts so existing command lines work, and why each is not needed.
+UNNEEDED_FLAGS: dict[str, str] = {
+    "--cuda": "merges run on the CPU in this version",
+    "--no-cuda": "merges run on the CPU in this version",
+    "--lazy-unpickle": "resumerge never unpickles; safetensors are always read lazily",
+    "--clone-tensors": "output tensors never share memory here",
+    "--low-cpu-memory": "memory is bounded by streaming shards to disk",
+    "--read-to-gpu": "merges run on the CPU in this version",
+    "--multi-gpu": "merges run on the CPU in this version",
+    "--gpu-rich": "merges run on the CPU in this version",
+    "--async-write": "writes always overlap computation",
+    "--copy-tokenizer": "the tokenizer is copied by default",
+    "--safe-serialization": "output is always safetensors",
+    "--write-model-card": "the config is always written as mergekit_config.yml",
+    "--no-write-model-card": "only mergekit_config.yml is written",
+    "--trust-remote-code": "resumerge never executes code from model repositories",
+    "--allow-crimes": "architectures are checked tensor by tensor",
+    "--verbose": "progress is shown by default",
+}
+UNNEEDED_WITH_VALUE: dict[str, str] = {
+    "--device": "merges run on the CPU in this version",
+    "--num-threads": "resumerge sizes its thread pool itself",
+    "--write-threads": "one writer thread streams every shard",
+    "--transformers-cache": "local model paths only in this version",
+    "--lora-merge-cache": "no merge cache is needed",
+    "--lora-merge-dtype": "no merge cache is needed",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every command (also used by the docs test)."""
+    parser = argparse.ArgumentParser(
+        prog="resumerge",
+        description="Crash-safe, resumable merges of LLM weights from mergekit YAML configs.",
+    )
+    parser.add_argument("--version", action="version", version=f"resumerge {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="merge CONFIG into OUT (continues an unfinished run of the same config)",
+                         description="Merge a mergekit YAML config into OUT. Interrupted runs continue "
+                                     "where they stopped; output is byte-identical to an uninterrupted run.")
+    run.add_argument("config", metavar="CONFIG", help="mergekit YAML config")
+    run.add_argument("out", metavar="OUT", help="output directory (created; must be empty or resumerge's)")
+    _common(run)
+    run.add_argument("--out-shard-size", default="1B", metavar="SIZE",
+                     help="bytes per output shard (k/M/B = 1e3/1e6/1e9, or KiB/MiB/GiB) [default: 1B]; "
+                          "an interruption costs at most one shard of work")
+    run.add_argument("--random-seed", type=int, default=0, metavar="N",
+                     help="seed of randomised methods (drawn per tensor, so resume is exact) [default: 0]")
+    run.add_argument("--restart", action="store_true",
+                     help="discard a different earlier run in OUT (only files it wrote) and start over")
+    run.add_argument("--no-copy-tokenizer", action="store_true", help="do not copy tokenizer files")
+    for flag in UNNEEDED_FLAGS:
+        run.add_argument(flag, action="store_true", dest=_dest(flag), help=argparse.SUPPRESS)
+    run.add_argument("-v", action="store_true", dest="v_flag", help=argparse.SUPPRESS)
+    run.add_argument("-j", dest="num_threads", default=None, help=argparse.SUPPRESS)
+    for flag in UNNEEDED_WITH_VALUE:
+        if flag != "--num-threads":
+            run.add_argument(flag, dest=_dest(flag), default=None, help=argparse.SUPPRESS)
+    run.add_argument("--num-threads", dest="num_threads", default=None, help=argparse.SUPPRESS)
+
+    resume = sub.add_parser("resume", help="finish the merge recorded for OUT",
+                            description="Finish an interrupted merge. Works from OUT alone when the state dir "
+                                        "is gone (the ledger is rebuilt from OUT's manifest).")
+    resume.add_argument("out", metavar="OUT", help="output directory of the interrupted merge")
+    _common(resume)
+
+    status = sub.add_parser("status", help="show where the merge into OUT stands",
+                            description="Show the state of a merge (fast: reads the ledger only).")
+    status.add_argument("out", metavar="OUT")
+    status.add_argument("--state-dir", metavar="DIR", help="state directory used by the run")
+    status.add_argument("--json", action="store_true", help="print JSON")
+
+    verify = sub.add_parser("verify", help="re-hash OUT's files against their recorded checksums",
+                            description="Check every committed output file against its sha256; name damaged "
+                                        "files (exit 3: resume repairs them).")
+    verify.add_argument("out", metavar="OUT")
+    verify.add_argument("--state-dir", metavar="DIR", help="state directory used by the run")
+    verify.add_argument("--json", action="store_true", help="print JSON")
+
+    plan = sub.add_parser("plan", help="validate CONFIG and show what the merge will write, writing nothing",
+                          description="Validate a config against the models' headers and summarise the plan.")
+    plan.add_argument("config", metavar="CONFIG")
+    plan.add_argument("--out-shard-size", default="1B", metavar="SIZE", help="bytes per output shard")
+    plan.add_argument("--json", action="store_true", help="print JSON")
+
+    demo = sub.add_parser("demo", help="generate small models, merge, interrupt, resume, show status",
+                          description="A self-contained tour: generates tiny models, starts a merge that is "
+                                      "killed part-way, resumes it, and checks the output is byte-identical.")
+    demo.add_argument("dir", metavar="DIR", nargs="?", default="resumerge-demo", help="working directory")
+    return parser
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", metavar="DIR",
+                   help="where the ledger lives (local disk) [default: $RESUMERGE_STATE_DIR or ./state]")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+
+
+def _dest(flag: str) -> str:
+    return "unneeded_" + flag.lstrip("-").replace("-", "_")
+
+
+class _StopFlag:
+    """Set by SIGINT/SIGTERM; the engine stops at its next safe point."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def install(self) -> None:
+        def handler(signum: int, frame: FrameType | None) -> None:
+            if not self.event.is_set():
+                print(f"\n{signal.Signals(signum).name}: stopping at the next safe point...", file=sys.stderr)
+            self.event.set()
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+    def __call__(self) -> bool:
+        return self.event.is_set()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``resumerge`` console script; returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed its message
+        return 2 if exc.code not in (0, None) else 0
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return _dispatch(args)
+    except ResumergeError as exc:
+        from resumerge.render import show_error
+
+        show_error(exc.one_line())
+        return exit_code_for(exc)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # a bug: one line, and the traceback only on request
+        if os.environ.get("RESUMERGE_DEBUG"):
+            traceback.print_exc()
+        print(f"error: internal error: {type(exc).__name__}: {exc} (set RESUMERGE_DEBUG=1 for a traceback)",
+              file=sys.stderr)
+        return 1
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "status":
+        return _status(args)
+    if args.command == "verify":
+        return _verify(args)
+    if args.command == "run":
+        return _run(args)
+    if args.command == "resume":
+        return _resume(args)
+    if args.command == "plan":
+        return _plan(args)
+    if args.command == "demo":
+        from resumerge.demo import run_demo
+
+        return run_demo(args.dir)
+    raise UsageError(f"unknown command {args.command}")
+
+
+def _status(args: argparse.Namespace) -> int:
+    from resumerge.statusview import read_status
+
+    report = read_status(args.out, args.state_dir)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        from resumerge.render import show_status
+
+        show_status(report)
+    return EXIT_OK
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from resumerge.verify import report_json, verify_output
+
+    report = verify_output(args.out, args.state_dir)
+    if args.json:
+        print(report_json(report))
+    else:
+        from resumerge.render import show_verify
+
+        show_verify(report)
+    return EXIT_OK if report.ok else EXIT_INTERRUPTED
+
+
+def _run(args: argparse.Namespace) -> int:
+    from resumerge.memory.sizes import parse_size
+    from resumerge.plan import PlanOptions
+    from resumerge.session import read_config_file, run_merge
+
+    for flag, why in {**UNNEEDED_FLAGS, **UNNEEDED_WITH_VALUE}.items():
+        value = getattr(args, _dest(flag), None)
+        if value not in (None, False) and not args.quiet:
+            print(f"note: {flag} is not needed by resumerge ({why}); ignored", file=sys.stderr)
+    shard_size = parse_size(args.out_shard_size, option="--out-shard-size")
+    if shard_size <= 0:
+        raise UsageError("--out-shard-size must be positive")
+    text = read_config_file(args.config)
+    options = PlanOptions(out_shard_size=shard_size, random_seed=args.random_seed,
+                          copy_tokenizer=not args.no_copy_tokenizer)
+    stop = _StopFlag()
+    stop.install()
+    with _Progress(args.quiet) as progress:
+        outcome = run_merge(text, args.out, options=options, state_dir=args.state_dir, restart=args.restart,
+                            reporter=progress, should_stop=stop)
+    _finished(outcome, args.quiet)
+    return EXIT_OK
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from resumerge.session import resume_merge
+
+    stop = _StopFlag()
+    stop.install()
+    with _Progress(args.quiet) as progress:
+        outcome = resume_merge(args.out, state_dir=args.state_dir, reporter=progress, should_stop=stop)
+    _finished(outcome, args.quiet)
+    return EXIT_OK
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from resumerge.config import load_config_text
+    from resumerge.memory.sizes import format_size, parse_size
+    from resumerge.plan import PlanOptions
+    from resumerge.session import plan_from_config, read_config_file
+
+    config = load_config_text(read_config_file(args.config), source=args.config)
+    plan = plan_from_config(config, PlanOptions(out_shard_size=parse_size(args.out_shard_size)))
+    summary = {
+        "method": plan.method,
+        "tensors": len(plan.tensors),
+        "layers": plan.num_layers,
+        "shards": [s.name for s in plan.shards],
+        "output_bytes": plan.total_bytes,
+        "config_donor": plan.donor,
+        "tokenizer_donor": plan.tokenizer_donor,
+        "fingerprint": plan.fingerprint,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"{plan.method}: {len(plan.tensors)} tensors, {plan.num_layers} layers, "
+              f"{len(plan.shards)} shard(s), {format_size(plan.total_bytes)}; config from {plan.donor}, "
+              f"tokenizer from {plan.tokenizer_donor or 'nowhere'}")
+    return EXIT_OK
+
+
+def _finished(outcome: object, quiet: bool) -> None:
+    from resumerge.session import Outcome
+
+    assert isinstance(outcome, Outcome)
+    if quiet:
+        return
+    resumed = f" ({outcome.resumed_files} files were already committed)" if outcome.resumed_files else ""
+    print(f"done: {outcome.out_dir}{resumed}", file=sys.stderr)
+
+
+class _Progress:
+    """Context manager around the rich progress reporter: the live display always stops, even on errors."""
+
+    def __init__(self, quiet: bool) -> None:
+        from resumerge.render import ProgressReporter
+
+        self.reporter = ProgressReporter(quiet=quiet)
+
+    def __enter__(self) -> ProgressReporter:
+        return self.reporter
+
+    def __exit__(self, *exc: object) -> None:
+        self.reporter.close()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
