@@ -21,7 +21,6 @@ POINTS = (
     "during_index_write",
     "during_config_write",
     "during_tokenizer_write",
-    "before_finalize",
 )
 
 _counts: dict[str, int] = {}

@@ -2,7 +2,7 @@
 
 Reading validates everything a hostile file could lie about (header length, JSON, dtypes, shapes, offsets that
 overlap, leave gaps or run past the file) before a single tensor byte is touched. Writing reproduces the layout
-of ``safetensors.torch.save_file`` exactly — data ordered by element size (descending) then name, compact JSON
+of ``safetensors.torch.save_file`` exactly — data ordered by safetensors' dtype order (descending) then name, compact JSON
 header with ``__metadata__`` first, padded with spaces to a multiple of 8 — so a shard's bytes depend only on
 its tensor set and equal what safetensors (and so mergekit) would write.
 """
@@ -37,6 +37,17 @@ DTYPE_SIZES: dict[str, int] = {
     "F64": 8,
     "I64": 8,
     "U64": 8,
+}
+
+
+# safetensors sorts tensor data by its Rust ``Dtype`` enum, descending, then by name. The enum is declared in
+# ascending order of element size, so this also keeps every tensor aligned to its element size.
+DTYPE_RANK: dict[str, int] = {
+    name: rank
+    for rank, name in enumerate(
+        ["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64",
+         "I64", "U64"]
+    )
 }
 
 
@@ -198,7 +209,7 @@ def layout_shard(
     Returns the full header (8-byte length + padded JSON) and the data order with offsets.
     """
     meta = {"format": "pt"} if metadata is None else dict(metadata)
-    names = sorted(tensors, key=lambda n: (-DTYPE_SIZES[tensors[n][0]], n))
+    names = sorted(tensors, key=lambda n: (-DTYPE_RANK[tensors[n][0]], n))
     order: list[PlannedTensor] = []
     offset = 0
     doc: dict[str, object] = {"__metadata__": meta} if meta else {}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import torch
 
 from resumerge.methods.registry import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
@@ -22,17 +25,24 @@ def linear(ctx: MergeContext) -> torch.Tensor:
     if not first.is_floating_point():
         raise ValueError(f"linear merge needs floating-point tensors, got {first.dtype}")
     acc_dtype = _accumulation_dtype(first.dtype)
+    # Weights become a tensor of the accumulation dtype and are applied with addcmul_, as mergekit 0.1.5 does,
+    # so results agree bit for bit rather than within rounding.
+    weights = torch.tensor([float(p["weight"]) for p in ctx.model_params], dtype=acc_dtype)
     acc = torch.zeros(first.shape, dtype=acc_dtype)
-    total = 0.0
-    for tensor, params in zip(ctx.tensors, ctx.model_params, strict=True):
-        weight = float(params["weight"])
-        acc.add_(tensor.to(acc_dtype), alpha=weight)
-        total += weight
+    for tensor, weight in zip(ctx.tensors, weights.unbind(0)):
+        acc.addcmul_(tensor, weight)
     if ctx.params.get("normalize", True):
-        if abs(total) < 1e-8:
+        total = weights.sum()
+        if abs(float(total)) < 1e-8:
             raise ValueError("linear merge weights sum to zero; set normalize: false or change the weights")
         acc.div_(total)
     return acc.to(first.dtype)
+
+
+def _check(params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]]) -> str | None:
+    if params.get("normalize", True) and abs(sum(float(p.get("weight", 0)) for p in model_params)) < 1e-8:
+        return "linear merge weights sum to zero, so normalize would divide by zero; change them or set normalize: false"
+    return None
 
 
 SPEC = register(
@@ -47,5 +57,6 @@ SPEC = register(
         min_inputs=1,
         elementwise=True,
         reference="https://arxiv.org/abs/2203.05482",
+        check=_check,
     )
 )

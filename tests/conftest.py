@@ -1,0 +1,35 @@
+"""Shared fixtures: hermetic environment (state dir, HF cache, no network) and tiny generated models."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from resumerge.modelgen import ModelSpec, make_model
+
+
+@pytest.fixture(autouse=True)
+def hermetic(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Point every cache and the state dir at temp dirs; never touch the user's files or the network."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("RESUMERGE_STATE_DIR", str(home / "state"))
+    monkeypatch.setenv("HF_HOME", str(home / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.delenv("RESUMERGE_KILL_AT", raising=False)
+    yield
+
+
+ModelFactory = Callable[..., Path]
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> ModelFactory:
+    """Build a model under tmp_path/models/<name> from ModelSpec keyword arguments."""
+
+    def build(name: str, *, seed: int = 0, **spec: object) -> Path:
+        return make_model(tmp_path / "models" / name, ModelSpec(**spec), seed=seed)  # type: ignore[arg-type]
+
+    return build

@@ -1,0 +1,47 @@
+"""Helpers for tests that drive the real CLI in subprocesses."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+
+def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m resumerge ARGS`` and capture its output."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "resumerge", *map(str, args)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def digests(directory: Path) -> dict[str, str]:
+    """sha256 of every regular file directly in ``directory``."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def write_config(path: Path, doc: dict[str, object]) -> Path:
+    """Write a YAML config and return its path."""
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def linear_config(a: Path, b: Path, *, weights: tuple[object, object] = (0.3, 0.7)) -> dict[str, object]:
+    """A two-model linear merge."""
+    return {
+        "merge_method": "linear",
+        "models": [
+            {"model": str(a), "parameters": {"weight": weights[0]}},
+            {"model": str(b), "parameters": {"weight": weights[1]}},
+        ],
+    }

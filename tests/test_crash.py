@@ -1,0 +1,188 @@
+"""Crash consistency: real subprocesses killed with SIGKILL at every commit step and at random moments.
+
+Every scenario ends with ``resumerge resume`` and requires every output file — shards, index, config,
+tokenizer files and the manifest — to be byte-identical to an uninterrupted run of the same config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from resumerge.killpoints import POINTS
+from resumerge.modelgen import ModelSpec, make_model
+from support import cli, digests, linear_config, write_config
+
+SHARD = "400k"
+
+
+@dataclass(frozen=True)
+class Setup:
+    config: Path
+    reference: dict[str, str]
+    root: Path
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
+    root = tmp_path_factory.mktemp("crash")
+    spec = ModelSpec(layers=8, hidden=128, intermediate=384, vocab=1000, shard_bytes=1_500_000)
+    a = make_model(root / "a", spec, seed=1)
+    b = make_model(root / "b", spec, seed=2)
+    config = write_config(root / "merge.yml", linear_config(a, b, weights=([0.2, 0.8], 0.5)))
+    ref = root / "reference"
+    done = cli("run", config, ref, "--state-dir", root / "ref-state", "--out-shard-size", SHARD, "--quiet")
+    assert done.returncode == 0, done.stderr
+    return Setup(config, digests(ref), root)
+
+
+def _fresh(setup: Setup, name: str) -> tuple[Path, Path]:
+    out, state = setup.root / f"out-{name}", setup.root / f"state-{name}"
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(state, ignore_errors=True)
+    return out, state
+
+
+def _finish(setup: Setup, out: Path, state: Path) -> None:
+    done = cli("resume", out, "--state-dir", state, "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert digests(out) == setup.reference
+    check = cli("verify", out, "--state-dir", state)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_kill_point_resumes_identically(setup: Setup, point: str) -> None:
+    out, state = _fresh(setup, point)
+    nth = "2" if point in {"after_temp_write", "after_fsync", "mid_shard_write", "after_ledger_commit"} else "1"
+    killed = cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
+                 env={"RESUMERGE_KILL_AT": f"{point}:{nth}"})
+    assert killed.returncode == -signal.SIGKILL, f"{point} was never reached: {killed.stderr}"
+    _finish(setup, out, state)
+
+
+@pytest.mark.parametrize(("first", "second"), [("after_rename:3", "after_dir_fsync:2"),
+                                               ("mid_shard_write:3", "during_config_write:1")])
+def test_double_interruption_at_points(setup: Setup, first: str, second: str) -> None:
+    out, state = _fresh(setup, f"double-{first}")
+    args = ("--state-dir", state, "--out-shard-size", SHARD, "--quiet")
+    assert cli("run", setup.config, out, *args, env={"RESUMERGE_KILL_AT": first}).returncode == -9
+    assert cli("resume", out, "--state-dir", state, env={"RESUMERGE_KILL_AT": second}).returncode == -9
+    _finish(setup, out, state)
+
+
+def _start(setup: Setup, out: Path, state: Path, command: str) -> subprocess.Popen[bytes]:
+    args = ["run", str(setup.config), str(out)] if command == "run" else ["resume", str(out)]
+    args += ["--state-dir", str(state), "--quiet"]
+    if command == "run":
+        args += ["--out-shard-size", SHARD]
+    return subprocess.Popen([sys.executable, "-m", "resumerge", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def _kill_during_merge(proc: subprocess.Popen[bytes], out: Path, rng: random.Random) -> bool:
+    """SIGKILL ``proc`` at a random moment after its merge started; False if it finished first."""
+    manifest = out / "resumerge-manifest.json"
+    deadline = time.monotonic() + 60
+    while not manifest.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(rng.uniform(0.0, 0.6))
+    if proc.poll() is not None:
+        return False
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return True
+
+
+RANDOM_SCENARIOS = [(seed, seed % 3 == 0) for seed in range(10)]
+
+
+@pytest.mark.parametrize(("seed", "drop_state"), RANDOM_SCENARIOS)
+def test_random_sigkills_then_resume(setup: Setup, seed: int, drop_state: bool) -> None:
+    """Two random SIGKILLs per scenario (a double interruption); some lose the whole state dir in between."""
+    rng = random.Random(seed)
+    out, state = _fresh(setup, f"random-{seed}")
+    kills = 0
+    for attempt, command in enumerate(("run", "resume")):
+        if command == "resume" and not out.exists():
+            command = "run"
+        proc = _start(setup, out, state, command)
+        if _kill_during_merge(proc, out, rng):
+            kills += 1
+        if drop_state and attempt == 0:
+            shutil.rmtree(state, ignore_errors=True)
+    if out.exists():
+        _finish(setup, out, state)
+    else:
+        done = cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet")
+        assert done.returncode == 0 and digests(out) == setup.reference
+    assert kills >= 1
+
+
+def test_sigterm_stops_at_safe_point_with_exit_3(setup: Setup) -> None:
+    out, state = _fresh(setup, "sigterm")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "resumerge", "run", str(setup.config), str(out), "--state-dir", str(state),
+         "--out-shard-size", "100k", "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, RESUMERGE_KILL_AT=""),
+    )
+    manifest = out / "resumerge-manifest.json"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if manifest.exists() and json.loads(manifest.read_text() or "{}").get("committed"):
+            break
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    if proc.returncode == 0:
+        pytest.skip("the merge finished before the signal arrived")
+    assert proc.returncode == 3, err
+    assert f"resumerge resume {out}" in err
+    assert not list(out.glob(".*.part"))
+    status = json.loads(cli("status", out, "--state-dir", state, "--json").stdout)
+    assert status["state"] == "interrupted"
+    assert cli("resume", out, "--state-dir", state, "--quiet").returncode == 0
+    ref = setup.root / "ref-100k"
+    if not ref.exists():
+        assert cli("run", setup.config, ref, "--state-dir", setup.root / "ref100k-state", "--out-shard-size",
+                   "100k", "--quiet").returncode == 0
+    assert digests(out) == digests(ref)
+
+
+def test_verify_detects_damage_and_resume_repairs(setup: Setup) -> None:
+    out, state = _fresh(setup, "damage")
+    assert cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet").returncode == 0
+    shards = sorted(out.glob("model-*.safetensors"))
+    flipped, truncated = shards[1], shards[2]
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    flipped.write_bytes(bytes(data))
+    with open(truncated, "r+b") as f:
+        f.truncate(truncated.stat().st_size - 100)
+    report = cli("verify", out, "--state-dir", state, "--json")
+    assert report.returncode == 3
+    damaged = {d["name"] for d in json.loads(report.stdout)["damaged"]}
+    assert damaged == {flipped.name, truncated.name}
+    _finish(setup, out, state)
+
+
+def test_resume_from_out_alone_after_state_dir_loss(setup: Setup) -> None:
+    out, state = _fresh(setup, "lost-state")
+    killed = cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
+                 env={"RESUMERGE_KILL_AT": "after_manifest_write:4"})
+    assert killed.returncode == -9
+    shutil.rmtree(state)
+    status = json.loads(cli("status", out, "--state-dir", state, "--json").stdout)
+    assert status["source"] == "manifest" and status["shards_done"] == 4
+    _finish(setup, out, state)

@@ -1,0 +1,130 @@
+"""Bad input: one clear line naming the YAML path, exit code 2, no traceback, nothing written to OUT."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resumerge.cli import main
+from support import write_config
+from conftest import ModelFactory
+
+
+def _run(tmp_path: Path, doc: dict[str, Any] | str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    cfg = tmp_path / "bad.yml"
+    if isinstance(doc, str):
+        cfg.write_text(doc)
+    else:
+        write_config(cfg, doc)
+    code = main(["run", str(cfg), str(tmp_path / "out"), "--quiet"])
+    err = capsys.readouterr().err
+    assert not (tmp_path / "out").exists(), "nothing may be written for invalid input"
+    return code, err
+
+
+def _two(make: ModelFactory, **spec: Any) -> tuple[str, str]:
+    return str(make("a", seed=1, **spec)), str(make("b", seed=2, **spec))
+
+
+CASES: list[tuple[str, Any, str]] = [
+    ("unknown top-level key", lambda a, b: {"merge_method": "linear", "modles": [a], "models": [a]}, "modles"),
+    ("unknown method", lambda a, b: {"merge_method": "dare-ties", "models": [{"model": a}]}, "merge_method"),
+    ("missing weight", lambda a, b: {"merge_method": "linear", "models": [{"model": a}, {"model": b}]},
+     "models[0].parameters.weight"),
+    ("unknown parameter", lambda a, b: {"merge_method": "linear", "models": [
+        {"model": a, "parameters": {"wieght": 1}}]}, "models[0].parameters.wieght"),
+    ("layer range past end", lambda a, b: {"merge_method": "passthrough", "slices": [
+        {"sources": [{"model": a, "layer_range": [0, 9]}]}]}, "slices[0].sources[0].layer_range"),
+    ("layer range malformed", lambda a, b: {"merge_method": "passthrough", "slices": [
+        {"sources": [{"model": a, "layer_range": [3, 1]}]}]}, "slices[0].sources[0].layer_range"),
+    ("slice length mismatch", lambda a, b: {"merge_method": "linear", "parameters": {"weight": 1}, "slices": [
+        {"sources": [{"model": a, "layer_range": [0, 4]}, {"model": b, "layer_range": [0, 3]}]}]},
+     "slices[0].sources"),
+    ("missing model", lambda a, b: {"merge_method": "linear", "models": [
+        {"model": a + "-nope", "parameters": {"weight": 1}}]}, "models[0].model"),
+    ("bad dtype", lambda a, b: {"merge_method": "linear", "dtype": "float8", "models": [a]}, "dtype"),
+    ("two @ in reference", lambda a, b: {"merge_method": "linear", "models": [a + "@x@y"]}, "models[0].model"),
+    ("both model forms", lambda a, b: {"merge_method": "linear", "models": [a], "slices": []}, "slices"),
+    ("passthrough with two sources", lambda a, b: {"merge_method": "passthrough", "slices": [
+        {"sources": [{"model": a, "layer_range": [0, 2]}, {"model": b, "layer_range": [0, 2]}]}]},
+     "slices[0].sources"),
+    ("weight not a number", lambda a, b: {"merge_method": "linear", "models": [
+        {"model": a, "parameters": {"weight": "heavy"}}]}, "models[0].parameters.weight"),
+    ("conditional without value", lambda a, b: {"merge_method": "linear", "models": [
+        {"model": a, "parameters": {"weight": [{"filter": "mlp"}]}}]}, "models[0].parameters.weight"),
+]
+
+
+@pytest.mark.parametrize(("label", "build", "yaml_path"), CASES, ids=[c[0] for c in CASES])
+def test_invalid_config_exit_2_one_line(tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str],
+                                        label: str, build: Any, yaml_path: str) -> None:
+    a, b = _two(make)
+    code, err = _run(tmp_path, build(a, b), capsys)
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert yaml_path in lines[0], lines[0]
+
+
+def test_yaml_object_tags_are_refused_not_executed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    marker = tmp_path / "pwned"
+    doc = f"merge_method: !!python/object/apply:os.system ['touch {marker}']\nmodels: [x]\n"
+    code, err = _run(tmp_path, doc, capsys)
+    assert code == 2 and "not valid YAML" in err
+    assert not marker.exists()
+
+
+def test_syntax_error_names_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _run(tmp_path, "merge_method: linear\nmodels: [a\n", capsys)
+    assert code == 2 and "line" in err
+
+
+def test_layer_count_mismatch_in_models_form(tmp_path: Path, make: ModelFactory,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    a = make("a", layers=4)
+    b = make("b", layers=3)
+    doc = {"merge_method": "linear", "parameters": {"weight": 1}, "models": [str(a), str(b)]}
+    code, err = _run(tmp_path, doc, capsys)
+    assert code == 2 and "different layer counts" in err and "slices" in err
+
+
+def test_vocabulary_mismatch_is_reported_before_work(tmp_path: Path, make: ModelFactory,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    a = make("a", vocab=64)
+    b = make("b", vocab=66)
+    doc = {"merge_method": "linear", "parameters": {"weight": 1}, "models": [str(a), str(b)]}
+    code, err = _run(tmp_path, doc, capsys)
+    assert code == 2 and "embed_tokens" in err and "vocabularies differ" in err
+
+
+def test_pickle_only_model_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "pickled"
+    model.mkdir()
+    (model / "config.json").write_text('{"num_hidden_layers": 1}')
+    (model / "pytorch_model.bin").write_bytes(b"\x80\x04not really")
+    code, err = _run(tmp_path, {"merge_method": "passthrough", "models": [str(model)]}, capsys)
+    assert code == 2 and "never unpickles" in err
+
+
+def test_index_escaping_model_dir_is_refused(tmp_path: Path, make: ModelFactory,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    a = make("a")
+    index = a / "model.safetensors.index.json"
+    doc = index.read_text().replace("model-00001-of", "../../etc/model-00001-of")
+    index.write_text(doc)
+    code, err = _run(tmp_path, {"merge_method": "passthrough", "models": [str(a)]}, capsys)
+    assert code == 2 and "escapes the model directory" in err
+
+
+def test_missing_config_file_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(tmp_path / "nope.yml"), str(tmp_path / "out")]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_bad_shard_size_is_exit_2(tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = write_config(tmp_path / "c.yml", {"merge_method": "passthrough", "models": [str(make("a"))]})
+    assert main(["run", str(cfg), str(tmp_path / "out"), "--out-shard-size", "lots"]) == 2
+    assert "--out-shard-size" in capsys.readouterr().err
