@@ -19,7 +19,7 @@ from resumerge.memory.accounting import Usage, next_baseline
 from resumerge.memory.budget import SAFETY_MARGIN, smallest_budget_for
 from resumerge.memory.pressure import PressurePolicy, PressureTracker
 from resumerge.memory.probe import MemoryProbe, SystemProbe
-from resumerge.memory.records import Adaptation, GovernorStats
+from resumerge.memory.records import Adaptation, GovernorStats, Reservation
 from resumerge.memory.sizes import format_size
 
 __all__ = ["MemoryGovernor", "Reservation"]
@@ -27,33 +27,6 @@ __all__ = ["MemoryGovernor", "Reservation"]
 _MAX_ADAPTATIONS = 4096
 _WAIT = object()
 _RECLAIM = object()
-
-
-class Reservation:
-    """Bytes admitted for one unit. Release when the unit's memory is freed or handed to the write buffer.
-
-    A context manager; :meth:`release` is idempotent and may be called from any thread.
-    """
-
-    __slots__ = ("_governor", "nbytes", "released", "what")
-
-    def __init__(self, governor: MemoryGovernor, nbytes: int, what: str | None) -> None:
-        self._governor = governor
-        self.nbytes = nbytes
-        self.what = what
-        self.released = False
-
-    def release(self) -> None:
-        """Return the reservation to the governor and wake waiting admissions."""
-        self._governor._release(self)
-
-    def __enter__(self) -> Reservation:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.release()
 
 
 class MemoryGovernor:
@@ -67,7 +40,15 @@ class MemoryGovernor:
 
     The sampler thread (:meth:`start`) reads the probe every ``sample_interval`` seconds, tracks the peak and
     moves the knobs. Waiting admissions poll the probe themselves, so admission stays correct without it.
-    ``budget_option`` names the command-line option in error hints.
+
+    ``max_in_flight`` is the in-flight limit at level 0; ``write_buffer_bytes`` the writer's buffer at level 0
+    (default a quarter of the budget; the engine passes ``min(out_shard_size, budget // 4)``);
+    ``margin_fraction`` the part of the budget admission never hands out; ``pool`` names the pool in
+    adaptations (``"host"``, ``"cuda:0"``); ``budget_option`` the command-line option in error hints;
+    ``clock`` exists for tests.
+
+    A thread must not acquire while it holds a reservation of the same governor without a ``timeout``: the
+    second admission may wait for the first to be released.
     """
 
     def __init__(
@@ -327,7 +308,7 @@ class MemoryGovernor:
         self._reserved += estimate
         # The next in line may fit as well; let it look now rather than at its next poll.
         self._cond.notify_all()
-        return Reservation(self, estimate, what)
+        return Reservation(self._release, estimate, what)
 
     def _record(self, knob: str, old: int, new: int, reason: str) -> None:
         self._seq += 1

@@ -1,10 +1,40 @@
-"""What the governor reports: adaptations for the ledger, and a consistent state reading for ``status``."""
+"""What the governor hands out and reports: reservations, adaptations for the ledger, stats for ``status``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import TracebackType
 
-__all__ = ["Adaptation", "GovernorStats"]
+__all__ = ["Adaptation", "GovernorStats", "Reservation"]
+
+
+class Reservation:
+    """Bytes admitted for one unit. Release when the unit's memory is freed or handed to the write buffer.
+
+    A context manager; :meth:`release` is idempotent and may be called from any thread. ``released`` is set
+    by the governor; read it, do not write it.
+    """
+
+    __slots__ = ("_on_release", "nbytes", "released", "what")
+
+    def __init__(self, on_release: Callable[[Reservation], None], nbytes: int, what: str | None) -> None:
+        self._on_release = on_release
+        self.nbytes = nbytes
+        self.what = what
+        self.released = False
+
+    def release(self) -> None:
+        """Return the reservation to the governor and wake waiting admissions."""
+        self._on_release(self)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
 
 
 @dataclass(frozen=True)

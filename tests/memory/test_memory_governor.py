@@ -1,0 +1,324 @@
+"""MemoryGovernor with a scripted probe: early back-off, recovery, admission, blocking, fairness, records."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+from resumerge.errors import UsageError
+from resumerge.memory import FakeProbe, MemoryGovernor, PressurePolicy, Reservation, parse_size
+
+MB = 10**6
+BUDGET = 1000 * MB
+FAST = PressurePolicy(raise_delay=0.0)  # recover one level per sample, so tests need no sleeps
+
+
+def governor(probe: FakeProbe, **kwargs: object) -> MemoryGovernor:
+    kwargs.setdefault("policy", FAST)
+    return MemoryGovernor(BUDGET, probe, write_buffer_bytes=400 * MB, **kwargs)  # type: ignore[arg-type]
+
+
+def in_thread(target: object) -> tuple[threading.Thread, list[object]]:
+    """Run ``target`` in a daemon thread; its result (or exception) lands in the returned list."""
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(target())  # type: ignore[operator]
+        except BaseException as error:
+            out.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_lowers_the_batch_as_available_memory_falls_before_the_budget_is_reached() -> None:
+    probe = FakeProbe(rss=100 * MB, available=4000 * MB)
+    gov = governor(probe)
+    assert (gov.in_flight_limit, gov.write_buffer_bytes) == (4, 400 * MB)
+    seen = []
+    # Our own use stays at 10 % of the budget; only what the machine has left shrinks.
+    for available in (300 * MB, 240 * MB, 140 * MB, 90 * MB):
+        probe.set(available=available)
+        gov.sample()
+        seen.append((gov.in_flight_limit, gov.write_buffer_bytes, gov.stats().level))
+    assert seen == [(4, 400 * MB, 0), (2, 200 * MB, 1), (1, 100 * MB, 2), (1, 0, 3)]
+    assert gov.stats().projected < BUDGET
+    knobs = [(a.knob, a.old, a.new) for a in gov.adaptations]
+    assert knobs == [
+        ("in_flight_limit", 4, 2),
+        ("write_buffer_bytes", 400 * MB, 200 * MB),
+        ("in_flight_limit", 2, 1),
+        ("write_buffer_bytes", 200 * MB, 100 * MB),
+        ("write_buffer_bytes", 100 * MB, 0),
+    ]
+    assert [a.seq for a in gov.adaptations] == [1, 2, 3, 4, 5]
+    assert all(a.pool == "host" and "of the 1.00 GB budget" in a.reason for a in gov.adaptations)
+    assert probe.reclaim_calls == 2  # entering level 2 and level 3
+
+
+def test_lowers_the_batch_as_our_own_usage_grows() -> None:
+    probe = FakeProbe(rss=100 * MB)
+    gov = governor(probe)
+    for rss, limit in ((700 * MB, 4), (760 * MB, 2), (860 * MB, 1), (910 * MB, 1)):
+        probe.set(rss=rss)
+        gov.sample()
+        assert gov.in_flight_limit == limit
+    assert gov.peak_rss == 910 * MB
+
+
+def test_jumps_straight_to_the_level_of_a_sudden_drop() -> None:
+    probe = FakeProbe(rss=100 * MB)
+    gov = governor(probe)
+    probe.set(available=50 * MB)
+    gov.sample()
+    assert (gov.in_flight_limit, gov.write_buffer_bytes) == (1, 0)
+
+
+def test_raises_the_batch_again_one_level_at_a_time_when_there_is_room() -> None:
+    probe = FakeProbe(rss=100 * MB, available=50 * MB)
+    gov = governor(probe)
+    assert gov.in_flight_limit == 1
+    probe.set(available=4000 * MB)
+    limits = []
+    for _ in range(4):
+        gov.sample()
+        limits.append((gov.in_flight_limit, gov.write_buffer_bytes))
+    assert limits == [(1, 100 * MB), (2, 200 * MB), (4, 400 * MB), (4, 400 * MB)]
+    assert [(a.knob, a.old, a.new) for a in gov.adaptations][-2:] == [
+        ("in_flight_limit", 2, 4),
+        ("write_buffer_bytes", 200 * MB, 400 * MB),
+    ]
+
+
+def test_recovery_waits_for_calm_and_hysteresis() -> None:
+    now = [0.0]
+    probe = FakeProbe(rss=100 * MB, available=200 * MB)  # 80 %: level 1
+    gov = governor(probe, policy=PressurePolicy(raise_delay=1.0, hysteresis=0.05), clock=lambda: now[0])
+    assert gov.in_flight_limit == 2
+    probe.set(available=270 * MB)  # 73 %: below 75 % but inside the hysteresis band
+    for step in range(5):
+        now[0] = 10.0 * step
+        gov.sample()
+        assert gov.in_flight_limit == 2
+    probe.set(available=400 * MB)  # 60 %: calm
+    now[0] = 100.0
+    gov.sample()
+    assert gov.in_flight_limit == 2  # calm only just began
+    now[0] = 100.5
+    gov.sample()
+    assert gov.in_flight_limit == 2
+    now[0] = 101.0
+    gov.sample()
+    assert gov.in_flight_limit == 4
+    assert gov.adaptations[-1].at == 101.0
+
+
+def test_never_admits_a_unit_estimated_over_the_budget() -> None:
+    probe = FakeProbe()
+    gov = governor(probe)
+    with pytest.raises(UsageError) as info:
+        gov.acquire(BUDGET + 1, what="model.embed_tokens.weight")
+    line = info.value.one_line()
+    assert "model.embed_tokens.weight needs 1.00 GB" in line
+    assert "rerun with --max-memory 1.06GB or more" in line
+    assert parse_size("1.06GB") >= (BUDGET + 1) / 0.95
+    assert gov.stats().in_flight == 0 and gov.stats().reserved == 0
+    with pytest.raises(ValueError):
+        gov.acquire(-1)
+
+
+def test_admits_within_headroom_up_to_the_in_flight_limit() -> None:
+    gov = governor(FakeProbe())
+    held = [gov.acquire(100 * MB) for _ in range(4)]
+    with pytest.raises(TimeoutError):
+        gov.acquire(1 * MB, timeout=0.1)  # in flight == limit
+    held.pop().release()
+    gov.acquire(1 * MB, timeout=1.0).release()
+    for reservation in held:
+        reservation.release()
+    stats = gov.stats()
+    assert (stats.in_flight, stats.reserved) == (0, 0)
+
+
+def test_blocks_until_reservations_are_released_then_admits() -> None:
+    gov = governor(FakeProbe(), sample_interval=0.01)
+    first = gov.acquire(600 * MB)
+    thread, out = in_thread(lambda: gov.acquire(400 * MB, timeout=5.0))
+    time.sleep(0.2)
+    assert out == []  # 600 + 400 exceeds the 950 MB the margin leaves
+    first.release()
+    thread.join(timeout=5.0)
+    assert len(out) == 1 and isinstance(out[0], Reservation)
+    assert gov.stats().reserved == 400 * MB
+    out[0].release()
+
+
+def test_admission_is_first_come_first_served() -> None:
+    gov = governor(FakeProbe(), sample_interval=0.01)
+    first = gov.acquire(600 * MB)
+    order: list[str] = []
+
+    def take(name: str, nbytes: int) -> Reservation:
+        reservation = gov.acquire(nbytes, timeout=5.0)
+        order.append(name)
+        return reservation
+
+    big_thread, big = in_thread(lambda: take("big", 500 * MB))
+    time.sleep(0.1)
+    small_thread, small = in_thread(lambda: take("small", 10 * MB))  # fits now, but queues behind "big"
+    time.sleep(0.2)
+    assert order == []
+    first.release()
+    big_thread.join(timeout=5.0)
+    small_thread.join(timeout=5.0)
+    assert order == ["big", "small"]
+    for result in big + small:
+        assert isinstance(result, Reservation)
+        result.release()
+
+
+def test_a_timed_out_waiter_leaves_the_queue() -> None:
+    gov = governor(FakeProbe())
+    held = gov.acquire(900 * MB)
+    with pytest.raises(TimeoutError, match="no room for 500 MB"):
+        gov.acquire(500 * MB, timeout=0.05)
+    held.release()
+    gov.acquire(500 * MB, timeout=1.0).release()
+
+
+def test_alone_a_unit_within_the_budget_is_admitted_even_over_the_headroom() -> None:
+    probe = FakeProbe(rss=800 * MB)
+    gov = governor(probe)
+    with gov.admit(500 * MB, timeout=1.0, what="lm_head.weight") as reservation:
+        assert reservation.nbytes == 500 * MB
+    assert probe.reclaim_calls >= 1  # tried to get memory back first
+    alone = [a for a in gov.adaptations if a.knob == "admit_alone"]
+    assert len(alone) == 1
+    assert alone[0].new == 500 * MB and "lm_head.weight" in alone[0].reason
+
+
+def test_reclaim_that_frees_memory_avoids_admitting_alone() -> None:
+    probe = FakeProbe(rss=900 * MB, reclaim_to=100 * MB)
+    gov = governor(probe)
+    with gov.admit(500 * MB, timeout=1.0):
+        pass
+    assert probe.reclaim_calls >= 1
+    assert not [a for a in gov.adaptations if a.knob == "admit_alone"]
+
+
+def test_materialised_reservations_are_not_counted_twice() -> None:
+    probe = FakeProbe(rss=100 * MB)
+    gov = governor(probe)
+    reservation = gov.acquire(300 * MB)
+    assert gov.stats().projected == 400 * MB  # admitted, not yet allocated
+    probe.set(rss=400 * MB)  # the unit's tensors now exist
+    gov.sample()
+    assert gov.stats().projected == 400 * MB
+    assert gov.stats().headroom == 950 * MB - 400 * MB
+    probe.set(rss=700 * MB)  # something else grew (the write buffer): baseline follows
+    gov.sample()
+    assert gov.stats().projected == 700 * MB
+    reservation.release()
+    probe.set(rss=450 * MB)
+    gov.sample()
+    assert gov.stats().projected == 450 * MB
+
+
+def test_chunk_rows_follow_the_headroom() -> None:
+    probe = FakeProbe(rss=100 * MB)
+    gov = governor(probe)
+    assert gov.chunk_rows(1 * MB, 10_000) == 850 // 4  # headroom split over 4 units in flight
+    assert gov.chunk_rows(1 * MB, 50) == 50
+    probe.set(available=150 * MB)  # level 2: one unit in flight, but little room
+    gov.sample()
+    rows = gov.chunk_rows(1 * MB, 10_000)
+    assert 0 < rows < 150
+    probe.set(available=0)
+    assert gov.chunk_rows(1 * MB, 10_000) == 1  # never zero: one row always proceeds
+    assert gov.chunk_rows(1 * MB, 0) == 0
+    with pytest.raises(ValueError):
+        gov.chunk_rows(0, 10)
+
+
+def test_peak_tracks_the_highest_reading() -> None:
+    probe = FakeProbe(rss=10 * MB)
+    gov = governor(probe)
+    for rss in (300, 700, 200):
+        probe.set(rss=rss * MB)
+        gov.sample()
+    assert gov.peak_rss == 700 * MB
+    assert gov.stats().peak_rss == 700 * MB
+
+
+def test_sampler_thread_adapts_between_admissions_and_stops() -> None:
+    probe = FakeProbe(rss=100 * MB)
+    gov = governor(probe, sample_interval=0.01)
+    with gov:
+        probe.set(available=50 * MB)
+        deadline = time.monotonic() + 5.0
+        while gov.in_flight_limit != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert gov.in_flight_limit == 1
+        threads = [t for t in threading.enumerate() if t.name == "resumerge-memory-host"]
+        assert len(threads) == 1 and threads[0].daemon
+    assert not threads[0].is_alive()
+    gov.stop()  # idempotent
+
+
+def test_sampler_survives_a_failing_probe() -> None:
+    class Flaky(FakeProbe):
+        fail = False
+
+        def available(self) -> int:
+            if self.fail:
+                raise OSError("cgroup file vanished")
+            return super().available()
+
+    probe = Flaky()
+    gov = governor(probe, sample_interval=0.01)
+    probe.fail = True
+    with gov:
+        deadline = time.monotonic() + 5.0
+        while gov.stats().sampler_error is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert gov.stats().sampler_error == "OSError: cgroup file vanished"
+        assert gov._thread is not None and gov._thread.is_alive()
+
+
+def test_invalid_construction() -> None:
+    with pytest.raises(ValueError):
+        MemoryGovernor(0, FakeProbe())
+    with pytest.raises(ValueError):
+        MemoryGovernor(BUDGET, FakeProbe(), max_in_flight=0)
+
+
+def test_threads_hammering_the_governor_keep_reservations_within_the_budget() -> None:
+    gov = governor(FakeProbe(), sample_interval=0.005)
+    capacity = BUDGET - BUDGET * 5 // 100
+    violations: list[str] = []
+    rng = random.Random(7)
+    sizes = [rng.randrange(1, 700) * MB for _ in range(240)]
+
+    def worker(chunk: list[int]) -> None:
+        for nbytes in chunk:
+            with gov.admit(nbytes, timeout=10.0):
+                stats = gov.stats()
+                if stats.in_flight > 1 and stats.reserved > capacity:
+                    violations.append(f"reserved {stats.reserved} with {stats.in_flight} in flight")
+                time.sleep(0.0005)
+
+    with gov:
+        threads = [threading.Thread(target=worker, args=(sizes[i::8],), daemon=True) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=20.0)
+        assert not any(thread.is_alive() for thread in threads)
+    assert violations == []
+    stats = gov.stats()
+    assert (stats.in_flight, stats.reserved) == (0, 0)
