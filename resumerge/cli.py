@@ -206,7 +206,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from resumerge.verify import report_json, verify_output
+    from resumerge.integrity import report_json, verify_output
 
     report = verify_output(args.out, args.state_dir)
     if args.json:

@@ -26,7 +26,7 @@ from rich.table import Table
 
 from resumerge.memory.sizes import format_size
 from resumerge.statusview import StatusReport
-from resumerge.verify import VerifyReport
+from resumerge.integrity import VerifyReport
 
 _STATE_STYLE = {"done": "green", "running": "cyan", "interrupted": "yellow", "failed": "red", "planned": "white"}
 

@@ -1,0 +1,86 @@
+"""The Python API mirrors the CLI; every command is documented; status stays off the heavy imports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import resumerge
+from conftest import ModelFactory
+from resumerge.cli import build_parser, main
+from support import digests, linear_config, write_config
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = ("run", "resume", "status", "verify", "plan", "demo")
+
+
+def test_api_and_cli_give_identical_outputs(tmp_path: Path, make: ModelFactory) -> None:
+    a, b = make("a", seed=1), make("b", seed=2)
+    cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
+    outcome = resumerge.run(cfg, tmp_path / "api", out_shard_size="30k")
+    assert main(["run", str(cfg), str(tmp_path / "cli"), "--out-shard-size", "30k", "--quiet"]) == 0
+    assert digests(tmp_path / "api") == digests(tmp_path / "cli")
+    assert outcome.plan.fingerprint == resumerge.plan_merge(cfg, out_shard_size="30k").fingerprint
+    report = resumerge.status(tmp_path / "api")
+    assert report.state == "done" and report.shards_done == report.shards_total
+    assert resumerge.verify(tmp_path / "api").ok
+    assert resumerge.resume(tmp_path / "api").resumed_files == len(report.files)
+
+
+def test_public_names_are_exported() -> None:
+    assert sorted(resumerge.__all__) == ["__version__", "plan_merge", "resume", "run", "status", "verify"]
+    for name in resumerge.__all__:
+        assert getattr(resumerge, name) is not None
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_and_is_in_the_readme(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args([command, "--help"])
+    assert exc.value.code == 0
+    assert len(capsys.readouterr().out) > 100
+    assert f"resumerge {command}" in (ROOT / "README.md").read_text()
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    test_command = next(line.strip() for line in ci.splitlines() if "pytest" in line and "pip install" in line)
+    assert test_command in readme
+
+
+def test_status_never_imports_torch_or_sqlite_utils(tmp_path: Path, make: ModelFactory) -> None:
+    cfg = write_config(tmp_path / "c.yml", {"merge_method": "passthrough", "models": [str(make("a"))]})
+    assert main(["run", str(cfg), str(tmp_path / "out"), "--quiet"]) == 0
+    probe = (
+        "import sys, io, contextlib\n"
+        "from resumerge.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    code = main(['status', {str(tmp_path / 'out')!r}, '--json'])\n"
+        "heavy = sorted(m for m in ('torch', 'sqlite_utils', 'safetensors') if m in sys.modules)\n"
+        "print(code, heavy)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "0 []", done.stdout + done.stderr
+
+
+def test_plan_command_writes_nothing(tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    a = make("a")
+    cfg = write_config(tmp_path / "c.yml", {"merge_method": "passthrough", "models": [str(a)]})
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert main(["plan", str(cfg), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["tensors"] > 0 and doc["shards"] == ["model.safetensors"]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_mergekit_flags_are_accepted(tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = write_config(tmp_path / "c.yml", {"merge_method": "passthrough", "models": [str(make("a"))]})
+    args = ["run", str(cfg), str(tmp_path / "out"), "--cuda", "--lazy-unpickle", "--clone-tensors",
+            "--copy-tokenizer", "--allow-crimes", "-j", "2", "--write-threads", "2", "--trust-remote-code"]
+    assert main(args) == 0
+    assert "--lazy-unpickle is not needed" in capsys.readouterr().err
