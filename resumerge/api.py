@@ -10,11 +10,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from resumerge.integrity import VerifyReport, verify_output
 from resumerge.memory.sizes import parse_size
 from resumerge.plan import DEFAULT_SEED, DEFAULT_SHARD_SIZE, Plan, PlanOptions
 from resumerge.session import Outcome, plan_from_config, read_config_file, resume_merge, run_merge
 from resumerge.statusview import StatusReport, read_status
-from resumerge.integrity import VerifyReport, verify_output
 
 if TYPE_CHECKING:
     from resumerge.render import ProgressReporter

@@ -64,8 +64,8 @@ def infer_layout(names: Iterable[str], config: Mapping[str, Any], *, where: str)
         if parts is None:
             loose.append(name)
             continue
-        prefix, index, suffix = parts
-        prefixes.setdefault(prefix, set()).add(index)
+        group, index, suffix = parts
+        prefixes.setdefault(group, set()).add(index)
         if suffix not in suffixes:
             suffixes.append(suffix)
     if len(prefixes) > 1:

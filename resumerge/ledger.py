@@ -29,7 +29,7 @@ migrations = Migrations("resumerge")
 @migrations()
 def m001_initial(db: Database) -> None:
     """The first schema."""
-    db["run"].create(
+    db.table("run").create(
         {
             "id": int,
             "out_dir": str,
@@ -48,7 +48,7 @@ def m001_initial(db: Database) -> None:
         },
         pk="id",
     )
-    db["files"].create(
+    db.table("files").create(
         {
             "name": str,
             "kind": str,
@@ -63,7 +63,7 @@ def m001_initial(db: Database) -> None:
         },
         pk="name",
     )
-    db["tensors"].create(
+    db.table("tensors").create(
         {
             "name": str,
             "shard": str,
@@ -74,8 +74,8 @@ def m001_initial(db: Database) -> None:
         },
         pk="name",
     )
-    db["tensors"].create_index(["shard"])
-    db["events"].create({"id": int, "at": float, "kind": str, "message": str, "data": str}, pk="id")
+    db.table("tensors").create_index(["shard"])
+    db.table("events").create({"id": int, "at": float, "kind": str, "message": str, "data": str}, pk="id")
 
 
 class Ledger:
@@ -90,7 +90,7 @@ class Ledger:
             conn.execute("PRAGMA synchronous=FULL")
             self.db = Database(conn)
             migrations.apply(self.db)
-            self.db["run"].count  # noqa: B018  (touch the schema: a corrupt file fails here, not later)
+            self.db.table("run").count  # noqa: B018  (touch the schema: a corrupt file fails here, not later)
         except sqlite3.DatabaseError as exc:
             raise LedgerError(
                 f"the ledger {path} is unreadable ({exc})",
@@ -108,7 +108,7 @@ class Ledger:
     def run_row(self) -> dict[str, Any] | None:
         """The run's row, or None for a fresh ledger."""
         with self._lock:
-            rows = list(self.db["run"].rows_where("id = 1"))
+            rows = list(self.db.table("run").rows_where("id = 1"))
         return rows[0] if rows else None
 
     def start_run(
@@ -134,7 +134,7 @@ class Ledger:
         with self._lock, self.db.atomic():
             for table in ("run", "files", "tensors"):
                 self.db.execute(f"DELETE FROM [{table}]")
-            self.db["run"].insert(
+            self.db.table("run").insert(
                 {
                     "id": 1,
                     "out_dir": out_dir,
@@ -152,12 +152,12 @@ class Ledger:
                     "last_error": None,
                 }
             )
-            self.db["files"].insert_all(
+            self.db.table("files").insert_all(
                 {"name": n, "kind": k, "position": p, "planned_bytes": b, "status": "pending", "bytes": None,
                  "sha256": None, "tensors": c, "seconds": None, "committed_at": None}
                 for n, k, p, c, b in files
             )
-            self.db["tensors"].insert_all(
+            self.db.table("tensors").insert_all(
                 {"name": n, "shard": s, "status": "pending", "bytes": b, "crc32": None, "seconds": None}
                 for n, s, b in tensors
             )
@@ -172,14 +172,14 @@ class Ledger:
             if peak_rss is not None:
                 row = self.run_row()
                 update["peak_rss"] = max(peak_rss, (row or {}).get("peak_rss") or 0)
-            self.db["run"].update(1, update)
+            self.db.table("run").update(1, update)
             self._event("state", state + (f": {error}" if error else ""))
 
     # -- files and tensors --------------------------------------------------------------------------------
     def files(self) -> list[dict[str, Any]]:
         """Every planned output file, in write order."""
         with self._lock:
-            return list(self.db["files"].rows_where(order_by="position"))
+            return list(self.db.table("files").rows_where(order_by="position"))
 
     def commit_file(
         self,
@@ -194,19 +194,19 @@ class Ledger:
         """Mark ``name`` (and its tensors) committed, in one transaction. Call only after the file is durable."""
         now = time.time()
         with self._lock, self.db.atomic():
-            self.db["files"].update(
+            self.db.table("files").update(
                 name, {"status": "done", "bytes": size, "sha256": sha256, "seconds": seconds, "committed_at": now}
             )
             for tname, crc in (tensor_crcs or {}).items():
-                self.db["tensors"].update(
+                self.db.table("tensors").update(
                     tname, {"status": "done", "crc32": crc, "seconds": (tensor_seconds or {}).get(tname)}
                 )
-            self.db["run"].update(1, {"updated_at": now})
+            self.db.table("run").update(1, {"updated_at": now})
 
     def reopen_file(self, name: str, reason: str) -> None:
         """Mark a committed file pending again (it is missing or damaged) with its tensors, and log why."""
         with self._lock, self.db.atomic():
-            self.db["files"].update(name, {"status": "pending", "bytes": None, "sha256": None})
+            self.db.table("files").update(name, {"status": "pending", "bytes": None, "sha256": None})
             self.db.execute("UPDATE tensors SET status = 'pending', crc32 = NULL WHERE shard = ?", [name])
             self._event("repair", f"{name}: {reason}; it will be rebuilt")
 
@@ -218,10 +218,10 @@ class Ledger:
     def events(self, limit: int = 50) -> list[dict[str, Any]]:
         """The latest events, oldest first."""
         with self._lock:
-            rows = list(self.db["events"].rows_where(order_by="id desc", limit=limit))
+            rows = list(self.db.table("events").rows_where(order_by="id desc", limit=limit))
         return rows[::-1]
 
     def _event(self, kind: str, message: str, data: Mapping[str, Any] | None = None) -> None:
-        self.db["events"].insert(
+        self.db.table("events").insert(
             {"at": time.time(), "kind": kind, "message": message, "data": json.dumps(dict(data or {}))}
         )

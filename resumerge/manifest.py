@@ -124,6 +124,6 @@ class ManifestBook:
         """Rewrite the manifest with ``state`` (running|done)."""
         self._store(dict(self.manifest.committed), state)
 
-    def _store(self, committed: dict[str, dict[str, object]], state: str) -> None:
+    def _store(self, committed: dict[str, Mapping[str, Any]], state: str) -> None:
         self.manifest = replace(self.manifest, committed=committed, state=state)
         write_manifest(self.out_dir, self.manifest)

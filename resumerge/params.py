@@ -68,7 +68,7 @@ def gradient_value(points: list[float], t: float) -> float:
     if len(points) == 1:
         return points[0]
     s = t * (len(points) - 1)
-    i = min(int(math.floor(s)), len(points) - 1)
+    i = min(math.floor(s), len(points) - 1)
     frac = s - i
     j = min(i + 1, len(points) - 1)
     return (1 - frac) * points[i] + frac * points[j]

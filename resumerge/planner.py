@@ -74,7 +74,9 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
             origins.append((sl.sources[0].model.key, sl.ranges[0][0] + k))
             for suffix in first.layer_suffixes:
                 out_name = first.layer_name(out_layer, suffix)
-                names = [layouts[src.model.key].layer_name(rng[0] + k, suffix) for src, rng in zip(sl.sources, sl.ranges)]
+                names = [
+                    layouts[src.model.key].layer_name(rng[0] + k, suffix) for src, rng in zip(sl.sources, sl.ranges)
+                ]
                 tensors[out_name] = _tensor(out_name, names, sl, t, method, config, models, options)
         if s_index == 0:
             for name in first.pre:

@@ -48,10 +48,10 @@ def reconcile(out_dir: Path, ledger: Ledger, book: ManifestBook, *, log: list[st
     removed = False
     for entry in sorted(out_dir.iterdir()):
         name = entry.name
-        if is_temp_name(name, planned | {MANIFEST_NAME}) or (name in planned and name not in done):
-            if entry.is_file() and not entry.is_symlink():
-                entry.unlink()
-                removed = True
+        ours = is_temp_name(name, planned | {MANIFEST_NAME}) or (name in planned and name not in done)
+        if ours and entry.is_file() and not entry.is_symlink():
+            entry.unlink()
+            removed = True
     if removed:
         fsync_dir(out_dir)
 

@@ -24,9 +24,9 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from resumerge.integrity import VerifyReport
 from resumerge.memory.sizes import format_size
 from resumerge.statusview import StatusReport
-from resumerge.integrity import VerifyReport
 
 _STATE_STYLE = {"done": "green", "running": "cyan", "interrupted": "yellow", "failed": "red", "planned": "white"}
 

@@ -2,9 +2,9 @@
 
 Reading validates everything a hostile file could lie about (header length, JSON, dtypes, shapes, offsets that
 overlap, leave gaps or run past the file) before a single tensor byte is touched. Writing reproduces the layout
-of ``safetensors.torch.save_file`` exactly — data ordered by safetensors' dtype order (descending) then name, compact JSON
-header with ``__metadata__`` first, padded with spaces to a multiple of 8 — so a shard's bytes depend only on
-its tensor set and equal what safetensors (and so mergekit) would write.
+of ``safetensors.torch.save_file`` exactly — data ordered by safetensors' dtype order (descending) then name,
+compact JSON header with ``__metadata__`` first, padded with spaces to a multiple of 8 — so a shard's bytes
+depend only on its tensor set and equal what safetensors (and so mergekit) would write.
 """
 
 from __future__ import annotations

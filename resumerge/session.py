@@ -87,7 +87,7 @@ def run_merge(
     config_text: str,
     out_dir: str | os.PathLike[str],
     *,
-    options: PlanOptions = PlanOptions(),
+    options: PlanOptions | None = None,
     state_dir: str | os.PathLike[str] | None = None,
     restart: bool = False,
     reporter: Reporter | None = None,
@@ -100,7 +100,7 @@ def run_merge(
     ``restart`` is false; InterruptedMerge when ``should_stop`` turned true; StorageError on write failures.
     """
     config = load_config_text(config_text)
-    plan = plan_from_config(config, options)
+    plan = plan_from_config(config, options or PlanOptions())
     out = Path(out_dir).absolute()
     manifest = _check_out_dir(out)
     return _drive(plan, config_text, out, state_dir, manifest, restart=restart, reporter=reporter,
@@ -240,7 +240,9 @@ def _open_run(
         if manifest is not None:
             # The state dir was lost (a runtime reset) but OUT survived: trust only what re-hashes correctly.
             adopt_manifest(out, plan, ledger, manifest.committed, notes)
-    committed = {r["name"]: {"bytes": r["bytes"], "sha256": r["sha256"]} for r in ledger.files() if r["status"] == "done"}
+    committed = {
+        r["name"]: {"bytes": r["bytes"], "sha256": r["sha256"]} for r in ledger.files() if r["status"] == "done"
+    }
     book = ManifestBook(out, _fresh_manifest(plan, config_text, committed))
     book.set_state("running")
     return book

@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ModelFactory
+from support import digests, linear_config, write_config
 
 import resumerge
-from conftest import ModelFactory
 from resumerge.cli import build_parser, main
-from support import digests, linear_config, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ("run", "resume", "status", "verify", "plan", "demo")

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support import cli, digests, linear_config, write_config
 
 from resumerge.killpoints import POINTS
 from resumerge.modelgen import ModelSpec, make_model
-from support import cli, digests, linear_config, write_config
 
 SHARD = "400k"
 

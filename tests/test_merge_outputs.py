@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import ModelFactory
+from safetensors.torch import load_file
+from support import digests, linear_config, write_config
+
 from resumerge.cli import main
 from resumerge.locations import run_dir
 from resumerge.runlock import RunLock
-from support import digests, linear_config, write_config
 
 
 def load_model(directory: Path) -> dict[str, torch.Tensor]:

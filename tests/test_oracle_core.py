@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import ModelFactory
-from resumerge.cli import main
+from safetensors.torch import load_file
 from support import write_config
+
+from resumerge.cli import main
 
 pytestmark = pytest.mark.oracle
 MERGEKIT = shutil.which("mergekit-yaml")

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import ModelFactory
+
 from resumerge.config import load_config_text
 from resumerge.errors import ConfigError
 from resumerge.params import evaluate, gradient_value

@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import ModelFactory
+from support import write_config
 
 from resumerge.cli import main
-from support import write_config
-from conftest import ModelFactory
 
 
 def _run(tmp_path: Path, doc: dict[str, Any] | str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
