@@ -47,7 +47,7 @@ def make_inputs(work: Path) -> tuple[Path, Path]:
     """Generate the two input models once (skipped when present)."""
     from resumerge.modelgen import ModelSpec, make_model
 
-    spec = ModelSpec(layers=16, hidden=2048, intermediate=5632, vocab=8000, heads=16, kv_heads=16,
+    spec = ModelSpec(layers=16, hidden=2048, intermediate=1368, vocab=8000, heads=16, kv_heads=16,
                      shard_bytes=450_000_000, tokenizer=True)
     paths = []
     for name, seed in (("a", 1), ("b", 2)):

@@ -39,6 +39,7 @@ def run(
     restart: bool = False,
     copy_tokenizer: bool = True,
     progress: bool = False,
+    max_memory: int | str | None = None,
 ) -> Outcome:
     """Merge ``config`` (a YAML file path or YAML text) into ``out``, like ``resumerge run``."""
     options = PlanOptions(out_shard_size=parse_size(out_shard_size, option="out_shard_size"),
@@ -46,17 +47,18 @@ def run(
     reporter = _reporter(progress)
     try:
         return run_merge(_config_text(config), out, options=options, state_dir=state_dir, restart=restart,
-                         reporter=reporter)
+                         reporter=reporter, max_memory=_budget(max_memory))
     finally:
         if reporter is not None:
             reporter.close()
 
 
-def resume(out: PathLike, *, state_dir: PathLike | None = None, progress: bool = False) -> Outcome:
+def resume(out: PathLike, *, state_dir: PathLike | None = None, progress: bool = False,
+           max_memory: int | str | None = None) -> Outcome:
     """Finish the merge recorded for ``out``, like ``resumerge resume``."""
     reporter = _reporter(progress)
     try:
-        return resume_merge(out, state_dir=state_dir, reporter=reporter)
+        return resume_merge(out, state_dir=state_dir, reporter=reporter, max_memory=_budget(max_memory))
     finally:
         if reporter is not None:
             reporter.close()
@@ -81,6 +83,10 @@ def plan_merge(config: PathLike, *, out_shard_size: int | str = DEFAULT_SHARD_SI
                           random_seed=random_seed)
     source = str(config) if not (isinstance(config, str) and "\n" in config) else "config"
     return plan_from_config(load_config_text(_config_text(config), source=Path(source).name), options)
+
+
+def _budget(value: int | str | None) -> int | None:
+    return None if value is None else parse_size(value, option="max_memory")
 
 
 def _reporter(progress: bool) -> ProgressReporter | None:

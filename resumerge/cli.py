@@ -121,6 +121,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", metavar="DIR",
                    help="where the ledger lives (local disk) [default: $RESUMERGE_STATE_DIR or ./state]")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+    p.add_argument("--max-memory", metavar="SIZE",
+                   help="RAM budget for the whole process, e.g. 6GB [default: 80 %% of what the machine or "
+                        "container allows]; work in flight shrinks before the budget is reached")
 
 
 def _dest(flag: str) -> str:
@@ -237,7 +240,7 @@ def _run(args: argparse.Namespace) -> int:
     stop.install()
     with _Progress(args.quiet) as progress:
         outcome = run_merge(text, args.out, options=options, state_dir=args.state_dir, restart=args.restart,
-                            reporter=progress, should_stop=stop)
+                            reporter=progress, should_stop=stop, max_memory=_max_memory(args))
     _finished(outcome, args.quiet)
     return EXIT_OK
 
@@ -248,9 +251,21 @@ def _resume(args: argparse.Namespace) -> int:
     stop = _StopFlag()
     stop.install()
     with _Progress(args.quiet) as progress:
-        outcome = resume_merge(args.out, state_dir=args.state_dir, reporter=progress, should_stop=stop)
+        outcome = resume_merge(args.out, state_dir=args.state_dir, reporter=progress, should_stop=stop,
+                               max_memory=_max_memory(args))
     _finished(outcome, args.quiet)
     return EXIT_OK
+
+
+def _max_memory(args: argparse.Namespace) -> int | None:
+    if args.max_memory is None:
+        return None
+    from resumerge.memory.sizes import parse_size
+
+    value = parse_size(args.max_memory, option="--max-memory")
+    if value <= 0:
+        raise UsageError("--max-memory must be positive")
+    return value
 
 
 def _plan(args: argparse.Namespace) -> int:

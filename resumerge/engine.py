@@ -26,11 +26,13 @@ from resumerge.durable import write_file_atomic
 from resumerge.errors import ResumergeError
 from resumerge.ledger import Ledger
 from resumerge.manifest import ManifestBook
-from resumerge.methods.registry import MergeContext, get_method
+from resumerge.memory import MemoryGovernor, Reservation
+from resumerge.methods.registry import MergeContext, MethodSpec, get_method
 from resumerge.outputs import aux_files, render_aux
 from resumerge.plan import Plan, ShardPlan, TensorPlan
 from resumerge.shardwriter import ShardWriter
 from resumerge.tensorio import NAME_DTYPES, TORCH_DTYPES, TensorReader
+from resumerge.workunits import can_chunk, chunk_plan, estimate_bytes
 
 
 class Reporter(Protocol):
@@ -83,13 +85,16 @@ def compute_tensor(plan: Plan, tp: TensorPlan, reader: TensorReader) -> torch.Te
     return out.to(TORCH_DTYPES[tp.out_dtype]).contiguous()
 
 
+_Item = tuple[ShardPlan, str, torch.Tensor, "Reservation | None"]
+
+
 class _Writer(threading.Thread):
-    """Consumes (shard, name, tensor) items; commits each shard after its last tensor."""
+    """Consumes (shard, name, tensor or rows, reservation) items; commits each shard after its last tensor."""
 
     def __init__(self, plan: Plan, out_dir: Path, ledger: Ledger, book: ManifestBook, reporter: Reporter) -> None:
         super().__init__(name="resumerge-writer", daemon=True)
         self.plan, self.out_dir, self.ledger, self.book, self.reporter = plan, out_dir, ledger, book, reporter
-        self.items: queue.Queue[tuple[ShardPlan, str, torch.Tensor] | None] = queue.Queue(maxsize=2)
+        self.items: queue.Queue[_Item | None] = queue.Queue(maxsize=2)
         self.error: BaseException | None = None
         self._current: ShardWriter | None = None
 
@@ -101,11 +106,17 @@ class _Writer(threading.Thread):
                 item = self.items.get()
                 if item is None:
                     return
-                shard, name, tensor = item
+                shard, name, tensor, reservation = item
                 if self._current is None:
                     self._current = ShardWriter(self.out_dir / shard.name, self.plan.shard_layout(shard))
                     crcs, started = {}, time.monotonic()
-                crcs[name] = self._current.write(name, tensor)
+                crc = self._current.write(name, tensor)
+                del tensor, item
+                if reservation is not None:
+                    reservation.release()
+                if crc is None:
+                    continue
+                crcs[name] = crc
                 self.reporter.tensor_done(name, self.plan.tensors[name].nbytes)
                 if self._current.expected_name is None:
                     size, sha = self._current.finish()
@@ -120,13 +131,19 @@ class _Writer(threading.Thread):
         except BaseException as exc:
             self.error = exc
             self.abort()
-            # Drain so the producer never blocks on a full queue after a failure.
-            while True:
-                try:
-                    if self.items.get(timeout=0.2) is None:
-                        return
-                except queue.Empty:
-                    return
+            self.drain()
+
+    def drain(self) -> None:
+        """Drop queued items (releasing their reservations) until the end marker or a quiet queue."""
+        while True:
+            try:
+                item = self.items.get(timeout=0.2)
+            except queue.Empty:
+                return
+            if item is None:
+                return
+            if item[3] is not None:
+                item[3].release()
 
     def abort(self) -> None:
         """Delete the unfinished shard's temp file."""
@@ -143,6 +160,114 @@ def _pending_tensors(plan: Plan, done: set[str]) -> Iterator[tuple[ShardPlan, Te
             yield shard, plan.tensors[name]
 
 
+class _Pipeline:
+    """The calling thread's side: admit units, compute them on the pool, hand results to the writer in order."""
+
+    def __init__(self, plan: Plan, writer: _Writer, governor: MemoryGovernor | None, workers: int,
+                 should_stop: Callable[[], bool]) -> None:
+        self.plan, self.writer, self.governor, self.workers = plan, writer, governor, workers
+        self.should_stop = should_stop
+        self.reader = TensorReader()
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="resumerge-merge")
+        self.inflight: deque[tuple[ShardPlan, TensorPlan, Future[torch.Tensor], Reservation | None]] = deque()
+
+    def halted(self) -> bool:
+        return self.should_stop() or self.writer.error is not None or not self.writer.is_alive()
+
+    def limit(self) -> int:
+        return min(self.workers, self.governor.in_flight_limit) if self.governor else self.workers
+
+    def run(self, work: Iterator[tuple[ShardPlan, TensorPlan]]) -> bool:
+        """Process every unit of ``work``; returns False when stopped early."""
+        for shard, tp in work:
+            method = get_method(tp.method)
+            assert method is not None
+            if self.governor is not None and can_chunk(tp, method) and self._too_big(tp, method):
+                if not self.flush() or not self._stream_rows(shard, tp, method):
+                    return False
+                continue
+            while len(self.inflight) >= self.limit():
+                if not self.hand_over_oldest():
+                    return False
+            admitted, reservation = self._admit(tp, method, None)
+            if not admitted:
+                return False
+            self.inflight.append((shard, tp, self.pool.submit(compute_tensor, self.plan, tp, self.reader),
+                                  reservation))
+        return self.flush()
+
+    def _too_big(self, tp: TensorPlan, method: MethodSpec) -> bool:
+        assert self.governor is not None
+        return estimate_bytes(tp, method) > self.governor.budget // 4
+
+    def _admit(self, tp: TensorPlan, method: MethodSpec, rows: int | None) -> tuple[bool, Reservation | None]:
+        """(admitted, reservation): the reservation is None without a governor; admitted is False when stopped.
+
+        While waiting, finished units are handed to the writer: their reservations are what frees the room.
+        """
+        if self.governor is None:
+            return True, None
+        estimate = estimate_bytes(tp, method, rows)
+        while True:
+            try:
+                return True, self.governor.acquire(estimate, timeout=0.05, what=tp.name)
+            except TimeoutError:
+                if self.halted():
+                    return False, None
+                if self.inflight and not self.hand_over_oldest():
+                    return False, None
+
+    def hand_over_oldest(self) -> bool:
+        shard, tp, future, reservation = self.inflight.popleft()
+        tensor = future.result()
+        return self._put((shard, tp.name, tensor, reservation))
+
+    def flush(self) -> bool:
+        while self.inflight:
+            if not self.hand_over_oldest():
+                return False
+        return not self.halted()
+
+    def _put(self, item: _Item) -> bool:
+        while not self.halted():
+            try:
+                self.writer.items.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        if item[3] is not None:
+            item[3].release()
+        return False
+
+    def _stream_rows(self, shard: ShardPlan, tp: TensorPlan, method: MethodSpec) -> bool:
+        """Compute ``tp`` in row chunks sized to the current headroom and stream them to the writer."""
+        assert self.governor is not None
+        total = tp.shape[0]
+        row_estimate = max(1, estimate_bytes(tp, method, rows=1))
+        first = 0
+        while first < total:
+            rows = max(1, min(total - first, self.governor.chunk_rows(row_estimate, total - first)))
+            part = chunk_plan(tp, first, first + rows)
+            admitted, reservation = self._admit(tp, method, rows)
+            if not admitted:
+                return False
+            tensor = compute_tensor(self.plan, part, self.reader)
+            if not self._put((shard, tp.name, tensor, reservation)):
+                return False
+            del tensor
+            first += rows
+        return True
+
+    def close(self) -> None:
+        for _, _, future, reservation in self.inflight:
+            future.cancel()
+            if reservation is not None:
+                reservation.release()
+        self.inflight.clear()
+        self.pool.shutdown(wait=True)
+        self.reader.close()
+
+
 def execute(
     plan: Plan,
     out_dir: Path,
@@ -153,63 +278,33 @@ def execute(
     should_stop: Callable[[], bool],
     config_text: str,
     workers: int = 2,
+    governor: MemoryGovernor | None = None,
 ) -> None:
-    """Bring every pending file of ``plan`` to committed. Raises :class:`Stopped` when ``should_stop`` turns true."""
+    """Bring every pending file of ``plan`` to committed; raises :class:`Stopped` when ``should_stop`` turns true.
+
+    With a ``governor`` every unit is admitted against the memory budget, the number in flight follows its
+    limit, and elementwise tensors larger than a quarter of the budget are streamed in row chunks.
+    """
     done = {row["name"] for row in ledger.files() if row["status"] == "done"}
-    reader = TensorReader()
     writer = _Writer(plan, out_dir, ledger, book, reporter)
     writer.start()
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="resumerge-merge")
-    inflight: deque[tuple[ShardPlan, TensorPlan, Future[torch.Tensor]]] = deque()
-    stopped = False
+    pipeline = _Pipeline(plan, writer, governor, workers, should_stop)
+    finished = False
     try:
-        work = _pending_tensors(plan, done)
-        while True:
-            while len(inflight) < workers and not should_stop():
-                nxt = next(work, None)
-                if nxt is None:
-                    break
-                inflight.append((nxt[0], nxt[1], pool.submit(compute_tensor, plan, nxt[1], reader)))
-            if not inflight or should_stop() or writer.error is not None:
-                stopped = should_stop()
-                break
-            shard, tp, future = inflight.popleft()
-            tensor = future.result()
-            while writer.is_alive():
-                try:
-                    writer.items.put((shard, tp.name, tensor), timeout=0.2)
-                    break
-                except queue.Full:
-                    if should_stop() or writer.error is not None:
-                        break
+        finished = pipeline.run(_pending_tensors(plan, done))
     finally:
-        for _, _, future in inflight:
-            future.cancel()
-        pool.shutdown(wait=True)
-        if stopped or writer.error is not None:
-            _stop_writer(writer, abort=True)
-        else:
-            _stop_writer(writer, abort=False)
-        reader.close()
+        pipeline.close()
+        if not finished:
+            writer.drain()
+        writer.items.put(None)
+        writer.join()
+        if not finished:
+            writer.abort()
     if writer.error is not None:
         raise writer.error
-    if stopped:
+    if not finished:
         raise Stopped()
     _write_aux(plan, out_dir, ledger, book, reporter, done, config_text, should_stop)
-
-
-def _stop_writer(writer: _Writer, *, abort: bool) -> None:
-    if abort:
-        # Tell the writer to stop after what it holds, then throw away the unfinished shard.
-        while True:
-            try:
-                writer.items.get_nowait()
-            except queue.Empty:
-                break
-    writer.items.put(None)
-    writer.join()
-    if abort:
-        writer.abort()
 
 
 def _write_aux(

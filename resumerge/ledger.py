@@ -44,6 +44,7 @@ def m001_initial(db: Database) -> None:
             "created_at": float,
             "updated_at": float,
             "peak_rss": int,
+            "adaptations": int,
             "last_error": str,
         },
         pk="id",
@@ -149,6 +150,7 @@ class Ledger:
                     "created_at": now,
                     "updated_at": now,
                     "peak_rss": 0,
+                    "adaptations": 0,
                     "last_error": None,
                 }
             )
@@ -162,6 +164,13 @@ class Ledger:
                 for n, s, b in tensors
             )
             self._event("planned", f"planned {self.db['files'].count} files")
+
+    def record_peak(self, peak_rss: int, adaptations: int) -> None:
+        """Keep the highest peak RSS seen across the run's processes, and count memory adaptations."""
+        with self._lock, self.db.atomic():
+            row = self.run_row() or {}
+            self.db.table("run").update(1, {"peak_rss": max(peak_rss, row.get("peak_rss") or 0),
+                                            "adaptations": (row.get("adaptations") or 0) + adaptations})
 
     def set_state(self, state: str, *, error: str | None = None, peak_rss: int | None = None) -> None:
         """Move the run to ``state`` (planned|running|interrupted|failed|done), with the last error if any."""

@@ -127,7 +127,7 @@ def show_status(report: StatusReport, stream: TextIO | None = None) -> None:
         shown = ", ".join(pending[:6]) + (f" and {len(pending) - 6} more" if len(pending) > 6 else "")
         out.print(f"pending: {shown}")
     if report.peak_rss:
-        out.print(f"peak memory: {format_size(report.peak_rss)}")
+        out.print(f"peak memory: {format_size(report.peak_rss)}; memory adaptations: {report.adaptations}")
     if report.elapsed_seconds is not None:
         out.print(f"elapsed: {report.elapsed_seconds:.1f} s")
     if report.last_error:

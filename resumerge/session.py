@@ -30,11 +30,13 @@ from resumerge.inputs import ModelInput, open_model
 from resumerge.ledger import LEDGER_NAME, Ledger
 from resumerge.locations import run_dir
 from resumerge.manifest import MANIFEST_NAME, Manifest, ManifestBook, read_manifest
+from resumerge.memory import MemoryGovernor, SystemProbe, default_budget, format_size, os_peak_rss
 from resumerge.modelref import ModelRef
 from resumerge.outputs import aux_files
 from resumerge.plan import Plan, PlanOptions, describe_changes, fingerprint_parts
 from resumerge.planner import build_plan
 from resumerge.reconcile import adopt_manifest, reconcile
+from resumerge.workunits import largest, oversized_units
 
 
 class NullReporter:
@@ -93,18 +95,22 @@ def run_merge(
     reporter: Reporter | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     workers: int = 2,
+    max_memory: int | None = None,
 ) -> Outcome:
     """Merge ``config_text`` into ``out_dir``; continue an unfinished run of the same plan there.
 
     Raises InputError (exit 2) before touching OUT; PlanChangedError when OUT holds another run and
     ``restart`` is false; InterruptedMerge when ``should_stop`` turned true; StorageError on write failures.
+    ``max_memory`` is the RAM budget in bytes (default: a safe fraction of what the machine or container allows).
     """
     config = load_config_text(config_text)
     plan = plan_from_config(config, options or PlanOptions())
+    governor = make_governor(plan, max_memory)
     out = Path(out_dir).absolute()
     manifest = _check_out_dir(out)
     return _drive(plan, config_text, out, state_dir, manifest, restart=restart, reporter=reporter,
-                  should_stop=should_stop, workers=workers, command=f"resumerge resume {out_dir}")
+                  should_stop=should_stop, workers=workers, command=f"resumerge resume {out_dir}",
+                  governor=governor)
 
 
 def resume_merge(
@@ -114,6 +120,7 @@ def resume_merge(
     reporter: Reporter | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     workers: int = 2,
+    max_memory: int | None = None,
 ) -> Outcome:
     """Finish the merge recorded for ``out_dir`` (from the ledger, else from OUT's manifest).
 
@@ -139,9 +146,31 @@ def resume_merge(
         )
     config = load_config_text(text)
     plan = plan_from_config(config, PlanOptions(**opts), model_dirs=dirs)
+    governor = make_governor(plan, max_memory)
     return _drive(plan, text, out, state_dir, manifest, restart=False, reporter=reporter,
                   should_stop=should_stop, workers=workers, command=f"resumerge resume {out_dir}",
-                  resuming=True)
+                  resuming=True, governor=governor)
+
+
+def make_governor(plan: Plan, max_memory: int | None) -> MemoryGovernor:
+    """A governor for ``plan`` under ``max_memory`` (or the default budget).
+
+    Raises :class:`UsageError` (exit 2, before OUT is touched) when a tensor that must be held whole cannot fit,
+    naming the smallest budget that works.
+    """
+    probe = SystemProbe()
+    budget = max_memory if max_memory is not None else default_budget(probe)
+    baseline = probe.rss()
+    too_big = oversized_units(plan, budget, baseline)
+    if too_big:
+        worst = largest(too_big)
+        raise UsageError(
+            f"tensor {worst.tensor} ({worst.method}) needs more memory than the budget of {format_size(budget)}",
+            tensor=worst.tensor,
+            hint=f"the smallest budget that works is {format_size(worst.needed)}; rerun with --max-memory "
+            f"{format_size(worst.needed, compact=True)} or more",
+        )
+    return MemoryGovernor(budget, probe, write_buffer_bytes=0)
 
 
 def _drive(
@@ -157,9 +186,12 @@ def _drive(
     workers: int,
     command: str,
     resuming: bool = False,
+    governor: MemoryGovernor | None = None,
 ) -> Outcome:
     from resumerge.runlock import RunLock
+    from resumerge.workunits import tune_allocator
 
+    tune_allocator()
     reporter = reporter or NullReporter()
     out.mkdir(parents=True, exist_ok=True)
     rdir = run_dir(out, state_dir)
@@ -182,9 +214,12 @@ def _drive(
             done_bytes=sum(s.file_size for s in plan.shards if s.name in done_shards),
         )
         ledger.set_state("running")
+        if governor is not None:
+            ledger.event("memory", f"budget {format_size(governor.budget)}", {"budget": governor.budget})
+            governor.start()
         try:
             execute(plan, out, ledger, book, reporter, should_stop=should_stop, config_text=config_text,
-                    workers=workers)
+                    workers=workers, governor=governor)
         except Stopped:
             ledger.set_state("interrupted", error="stopped by signal")
             raise InterruptedMerge("merge interrupted; every committed shard is kept", resume_command=command) from None
@@ -197,12 +232,25 @@ def _drive(
         except Exception as exc:
             ledger.set_state("failed", error=f"{type(exc).__name__}: {exc}")
             raise
+        finally:
+            _record_memory(ledger, governor)
         book.set_state("done")
         ledger.set_state("done")
         return Outcome(plan, out, resumed, tuple(notes))
     finally:
         ledger.close()
         lock.release()
+
+
+def _record_memory(ledger: Ledger, governor: MemoryGovernor | None) -> None:
+    """Stop the governor and store its peak and adaptations in the ledger."""
+    if governor is None:
+        return
+    governor.stop()
+    peak = os_peak_rss() or governor.peak_rss
+    for a in governor.adaptations[-100:]:
+        ledger.event("adaptation", f"{a.knob} {a.old} -> {a.new}: {a.reason}")
+    ledger.record_peak(peak, len(governor.adaptations))
 
 
 def _open_run(

@@ -32,6 +32,8 @@ class ShardWriter:
         self._next = 0
         self._sha = hashlib.sha256()
         self._written = 0
+        self._part = 0
+        self._crc = 0
         try:
             self._fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             self._write(memoryview(layout.header))
@@ -44,25 +46,38 @@ class ShardWriter:
         """The tensor the writer needs next, or None when the shard is complete."""
         return self.layout.order[self._next].name if self._next < len(self.layout.order) else None
 
-    def write(self, name: str, tensor: torch.Tensor) -> int:
-        """Append ``tensor`` as ``name``; returns its crc32. Raises if it is not the planned next tensor."""
+    def write(self, name: str, tensor: torch.Tensor) -> int | None:
+        """Append ``tensor`` — all of output tensor ``name``, or its next rows — in planned order.
+
+        Returns the tensor's crc32 once all its bytes are written, None after a partial write. Raises if ``name``
+        is not the planned next tensor or the dtype, shape or size disagree with the plan.
+        """
         planned = self.layout.order[self._next] if self._next < len(self.layout.order) else None
         if planned is None or planned.name != name:
-            raise ResumergeError(f"internal: shard {self.final.name} expected {planned and planned.name}, got {name}")
-        if tensor.dtype != TORCH_DTYPES[planned.dtype] or tuple(tensor.shape) != planned.shape:
+            raise ResumergeError(f"internal: {self.final.name} expected {planned and planned.name}, got {name}")
+        shape = tuple(tensor.shape)
+        whole = self._part == 0 and shape == planned.shape
+        if tensor.dtype != TORCH_DTYPES[planned.dtype] or not (whole or shape[1:] == planned.shape[1:]):
             raise ResumergeError(
-                f"internal: {name} is {tensor.dtype} {tuple(tensor.shape)}, planned {planned.dtype} {planned.shape}"
+                f"internal: {name} is {tensor.dtype} {shape}, planned {planned.dtype} {planned.shape}"
             )
         data = tensor_bytes(tensor.contiguous())
+        if self._part + len(data) > planned.nbytes:
+            raise ResumergeError(f"internal: {name} got more bytes than planned")
         try:
             self._write(data)
         except OSError as exc:
             self.abort()
             raise storage_error(exc, self.final) from exc
+        self._crc = zlib.crc32(data, self._crc)
+        self._part += len(data)
+        if self._part < planned.nbytes:
+            return None
+        crc, self._crc, self._part = self._crc, 0, 0
         self._next += 1
         if self._next == 1:
             killpoints.reach("mid_shard_write")
-        return zlib.crc32(data)
+        return crc
 
     def _write(self, data: memoryview) -> None:
         self._sha.update(data)

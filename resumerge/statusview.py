@@ -47,6 +47,7 @@ class StatusReport:
     files: tuple[FileStatus, ...] = ()
     last_error: str | None = None
     peak_rss: int | None = None
+    adaptations: int = 0
     elapsed_seconds: float | None = None
     events: tuple[str, ...] = field(default=())
 
@@ -113,6 +114,7 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str) -> StatusReport | None:
         files=tuple(FileStatus(f["name"], f["kind"], f["status"], f["bytes"]) for f in files),
         last_error=run["last_error"],
         peak_rss=run["peak_rss"] or None,
+        adaptations=run["adaptations"] or 0,
         elapsed_seconds=max(0.0, (run["updated_at"] or time.time()) - (run["created_at"] or time.time())),
         events=tuple(f"{e['kind']}: {e['message']}" for e in reversed(events)),
     )
