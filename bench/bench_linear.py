@@ -31,16 +31,28 @@ dtype: float32
 """
 
 
+# Linux keeps a process's pre-exec RSS high-water mark in ru_maxrss, so a command forked straight from this
+# (torch-importing, model-generating) process would report our RSS. A tiny launcher forks the real command.
+_LAUNCHER = (
+    "import os, sys\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os.execv(sys.argv[1], sys.argv[1:])\n"
+    "_, status, usage = os.wait4(pid, 0)\n"
+    "print(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024)\n"
+)
+
+
 def run_measured(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int, int]:
-    """Run ``argv``; return (wall seconds, peak RSS bytes of that child, exit code)."""
+    """Run ``argv``; return (wall seconds, peak RSS bytes of that command alone, exit code)."""
     start = time.monotonic()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    done = subprocess.run([sys.executable, "-c", _LAUNCHER, *argv], env=env, capture_output=True, text=True,
+                          check=False)
     wall = time.monotonic() - start
-    code = os.waitstatus_to_exitcode(status)
-    if code != 0 and proc.stderr is not None:
-        sys.stderr.write(proc.stderr.read().decode()[-2000:])
-    return wall, usage.ru_maxrss * 1024, code
+    code, peak = (int(x) for x in done.stdout.split()[-2:])
+    if code != 0:
+        sys.stderr.write(done.stderr[-2000:])
+    return wall, peak, code
 
 
 def make_inputs(work: Path) -> tuple[Path, Path]:
@@ -113,6 +125,7 @@ def main() -> None:
                         "--state-dir", str(args.work / "state"), *shlex.split(args.resumerge_args)]
             else:
                 argv = [str(mergekit), str(config), str(out), "--random-seed", "0", "--quiet"]
+            argv[0] = shutil.which(argv[0]) or argv[0]
             wall, rss, code = run_measured(argv, env=dict(os.environ, PYTHONHASHSEED="0"))
             if code != 0:
                 raise SystemExit(f"{tool} failed with exit code {code}")

@@ -45,3 +45,23 @@ def linear_config(a: Path, b: Path, *, weights: tuple[object, object] = (0.3, 0.
             {"model": str(b), "parameters": {"weight": weights[1]}},
         ],
     }
+
+
+# Linux keeps a process's pre-exec RSS high-water mark in ru_maxrss, so a child forked from a large test process
+# would report the parent's RSS. A tiny launcher process forks the real command, so wait4 sees only its peak.
+_LAUNCHER = (
+    "import os, sys\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os.execv(sys.argv[1], sys.argv[1:])\n"
+    "_, status, usage = os.wait4(pid, 0)\n"
+    "print(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024)\n"
+)
+
+
+def peak_rss_run(argv: list[str], *, timeout: float = 600) -> tuple[int, int, str]:
+    """Run ``argv``; return (exit code, peak RSS bytes of that process alone, stderr)."""
+    done = subprocess.run([sys.executable, "-c", _LAUNCHER, *argv], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    code, peak = (int(x) for x in done.stdout.split()[-2:])
+    return code, peak, done.stderr

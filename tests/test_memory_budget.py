@@ -1,0 +1,59 @@
+"""A real merge of inputs several times larger than its memory budget stays under that budget.
+
+The child's peak RSS comes from ``wait4`` through a small launcher (see ``support.peak_rss_run``), so the figure
+covers everything the merge process did, imports included (importing torch alone takes about 225 MB here).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import ModelFactory
+from resumerge.cli import main
+from support import linear_config, peak_rss_run, write_config
+
+BUDGET = 600_000_000
+
+
+@pytest.mark.slow
+def test_two_gb_of_inputs_under_a_600_mb_budget(tmp_path: Path, make: ModelFactory) -> None:
+    spec = {"layers": 8, "hidden": 2048, "intermediate": 1536, "vocab": 16000, "heads": 16, "kv_heads": 16,
+            "shard_bytes": 400_000_000, "tokenizer": False}
+    a, b = make("a", seed=1, **spec), make("b", seed=2, **spec)
+    inputs = sum(p.stat().st_size for d in (a, b) for p in d.glob("*.safetensors"))
+    assert inputs > 1_900_000_000
+    cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
+    out = tmp_path / "out"
+    code, peak, err = peak_rss_run([sys.executable, "-m", "resumerge", "run", str(cfg), str(out), "--quiet",
+                                    "--max-memory", "600MB", "--out-shard-size", "300M"])
+    assert code == 0, err
+    assert peak < BUDGET, f"peak RSS {peak / 1e6:.0f} MB over the {BUDGET / 1e6:.0f} MB budget"
+    shard = sorted(out.glob("model-*.safetensors"))[0]
+    got = load_file(str(shard))
+    name = next(iter(got))
+    ta = next(load_file(str(p))[name] for p in a.glob("*.safetensors") if name in load_file(str(p)))
+    tb = next(load_file(str(p))[name] for p in b.glob("*.safetensors") if name in load_file(str(p)))
+    torch.testing.assert_close(got[name], (0.3 * ta + 0.7 * tb), rtol=1e-5, atol=1e-6)
+
+
+def test_whole_tensor_unit_over_budget_is_refused_before_work(tmp_path: Path, make: ModelFactory,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = make("a", seed=1, hidden=256, vocab=4000), make("b", seed=2, hidden=256, vocab=4000)
+    from resumerge.methods import get_method
+
+    whole = next(m for m in ("ties", "slerp", "model_stock") if (spec := get_method(m)) and not spec.elementwise)
+    doc = {"merge_method": whole, "base_model": str(a), "parameters": {"t": 0.5, "weight": 1.0, "density": 0.5},
+           "models": [{"model": str(a)}, {"model": str(b)}]}
+    if whole == "model_stock":
+        pytest.skip("needs three models")
+    cfg = write_config(tmp_path / "c.yml", doc)
+    code = main(["run", str(cfg), str(tmp_path / "out"), "--quiet", "--max-memory", "1MB"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "smallest budget that works" in err and "--max-memory" in err
+    assert not (tmp_path / "out").exists()
