@@ -62,11 +62,11 @@ def arcee_fusion(ctx: MergeContext) -> torch.Tensor:
         raise ValueError("arcee_fusion needs an explicit torch.Generator (never the global RNG)")
     others = ctx.others()
     if len(others) != 1:
-        raise ValueError(
-            f"arcee_fusion needs a base and exactly one other input, got {len(ctx.tensors)} inputs"
-        )
+        raise ValueError(f"arcee_fusion needs a base and exactly one other input, got {len(ctx.tensors)} inputs")
     base = ctx.base
     other = ctx.tensors[others[0]]
+    if base.numel() == 0:  # no quantiles exist; the float32 mask would still promote half inputs
+        return torch.empty(base.shape, dtype=torch.promote_types(base.dtype, torch.float32), device=base.device)
     scores = importance(other, base)
     mask = (scores >= threshold(scores, ctx.generator)).float()
     return base + (other - base) * mask

@@ -28,8 +28,7 @@ def karcher_mean(
     work = torch.float64 if tensors[0].dtype == torch.float64 else torch.float32
     norms = [torch.linalg.vector_norm(x.to(work)) for x in tensors]
     units = [
-        torch.zeros_like(x) if n.item() == 0.0 else (x / n).to(x.dtype)
-        for x, n in zip(tensors, norms, strict=True)
+        torch.zeros_like(x) if n.item() == 0.0 else (x / n).to(x.dtype) for x, n in zip(tensors, norms, strict=True)
     ]
 
     valid = [i for i, n in enumerate(norms) if n.item() > tol]
@@ -63,7 +62,7 @@ def karcher_mean(
         if unit_norm.item() > tol:
             mean = (mean / unit_norm).to(mean.dtype)
 
-    scale = sum((a * n for a, n in zip(alphas, norms, strict=True)), torch.zeros((), dtype=work))
+    scale = sum((a * n for a, n in zip(alphas, norms, strict=True)), torch.zeros((), dtype=work, device=mean.device))
     return scale * mean
 
 

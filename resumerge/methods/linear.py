@@ -41,7 +41,10 @@ def linear(ctx: MergeContext) -> torch.Tensor:
 
 def _check(params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]]) -> str | None:
     if params.get("normalize", True) and abs(sum(float(p.get("weight", 0)) for p in model_params)) < 1e-8:
-        return "linear merge weights sum to zero, so normalize would divide by zero; change them or set normalize: false"
+        return (
+            "linear merge weights sum to zero, so normalize would divide by zero; "
+            "change them or set normalize: false"
+        )
     return None
 
 

@@ -22,13 +22,18 @@ def multislerp(ctx: MergeContext) -> torch.Tensor:
     unless ``normalize_weights`` is false. A single non-base input is returned as is (the base is then
     unused). Computes in the inputs' dtype.
 
-    Raises ``ValueError`` when the weighted mean direction vanishes (antipodal inputs with balancing weights)
-    and there are more than two inputs; with exactly two it falls back to the weighted sum.
+    When every input equals the base (all task vectors zero) the result is the base. Raises ``ValueError``
+    when the weighted mean direction vanishes otherwise (antipodal inputs with balancing weights) and there
+    are more than two inputs; with exactly two it falls back to the weighted sum.
+
+    Differs from mergekit 0.1.5 only where mergekit fails: it raises for all-zero task vectors with three or
+    more models (any tensor no fine-tune changed), and in float16, where eps = 1e-8 rounds to 0, it returns
+    NaN for zero task vectors and for inputs sharing one direction (0/0).
     """
     others = ctx.others()
     if not others:
         raise ValueError("multislerp needs at least one non-base input")
-    if len(others) == 1:
+    if len(others) == 1 or ctx.tensors[0].numel() == 0:
         return ctx.tensors[others[0]].clone()
     eps = float(ctx.params.get("eps", 1e-8))
     base = ctx.base if ctx.base_index is not None else None
@@ -44,10 +49,14 @@ def multislerp(ctx: MergeContext) -> torch.Tensor:
         weights = weights / weights.sum()
 
     norms = torch.norm(flat, dim=-1, keepdim=True)
-    units = flat / (norms + eps)
+    if not bool(norms.any()):
+        return base.clone() if base is not None else torch.zeros_like(ctx.tensors[others[0]])
+    # A zero vector gets a zero direction; the where only matters in float16, where norm + eps can be 0.
+    padded = norms + eps
+    units = flat / torch.where(padded == 0, 1, padded)
     mean = (units * weights.view(-1, 1)).sum(0)
     mean_norm = torch.norm(mean)
-    if mean_norm < eps:
+    if mean_norm < eps or mean_norm == 0:
         if len(others) != 2:
             raise ValueError(
                 "multislerp: the weighted mean direction of the inputs is zero (antipodal inputs whose "
@@ -59,9 +68,11 @@ def multislerp(ctx: MergeContext) -> torch.Tensor:
 
     tangents = units - (units * mean).sum(-1, keepdim=True) * mean
     tangent = (tangents * weights.view(-1, 1)).sum(0)
-    # The eps keeps sin(x)/x finite when all inputs share one direction (tangent = 0).
+    # The eps keeps sin(x)/x finite when all inputs share one direction (tangent = 0), except in float16,
+    # where it rounds away; sin(x)/x → 1 there.
     tangent_norm = torch.norm(tangent) + eps
-    result = mean * torch.cos(tangent_norm) + tangent * (torch.sin(tangent_norm) / tangent_norm)
+    ratio = torch.where(tangent_norm == 0, 1, torch.sin(tangent_norm) / tangent_norm)
+    result = mean * torch.cos(tangent_norm) + tangent * ratio
     scaled: torch.Tensor = (result * (norms.squeeze(-1) * weights).sum()).view(stacked.shape[1:])
     return scaled + base if base is not None else scaled
 
@@ -73,8 +84,7 @@ def check_weight_sum(params: Mapping[str, Any], model_params: Sequence[Mapping[s
     weights = [float(p["weight"]) for p in model_params if "weight" in p]
     if len(weights) > 1 and abs(sum(weights)) < 1e-8:
         return (
-            "multislerp weights sum to zero, so they cannot be normalised; "
-            "change them or set normalize_weights: false."
+            "multislerp weights sum to zero, so they cannot be normalised; change them or set normalize_weights: false."
         )
     return None
 

@@ -18,9 +18,7 @@ _UNIT_EPS = 1e-7  # floor on the norm when computing directions
 _COLLINEAR_EPS = 1e-8  # lerp where 1 − cos²Ω ≤ this squared
 
 
-def nuslerp_tensors(
-    t: float, v0: torch.Tensor, v1: torch.Tensor, *, flatten: bool, row_wise: bool
-) -> torch.Tensor:
+def nuslerp_tensors(t: float, v0: torch.Tensor, v1: torch.Tensor, *, flatten: bool, row_wise: bool) -> torch.Tensor:
     """Slerp from ``v0`` (t = 0) to ``v1`` (t = 1), in the inputs' dtype.
 
     With ``flatten`` the tensors are one vector each; otherwise there is one slerp per vector along the last

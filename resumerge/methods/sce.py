@@ -51,7 +51,7 @@ def sce(ctx: MergeContext) -> torch.Tensor:
     """
     base = ctx.base
     others = ctx.others()
-    if not others:
+    if not others or base.numel() == 0:
         return base.clone()
     int8 = bool(ctx.params.get("int8_mask", False))
     fraction = float(ctx.params.get("select_topk", 1.0))

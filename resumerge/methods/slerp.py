@@ -53,10 +53,8 @@ def slerp_tensors(t: float, v0: torch.Tensor, v1: torch.Tensor) -> torch.Tensor:
     norm_a = torch.where(norm_a > _NORM_EPS, norm_a, 1)
     norm_b = torch.where(norm_b > _NORM_EPS, norm_b, 1)
     # Normalising before multiplying keeps the dot product from overflowing for large tensors.
-    dot = torch.stack(
-        [(chunk(a, s) / norm_a * (chunk(b, s) / norm_b)).sum(dim=1, keepdim=True) for s in starts]
-    ).sum(dim=0)
-    dot = dot.clamp(-1, 1)
+    parts = [(chunk(a, s) / norm_a * (chunk(b, s) / norm_b)).sum(dim=1, keepdim=True) for s in starts]
+    dot = torch.stack(parts).sum(dim=0).clamp(-1, 1)
     collinear = dot.abs() > _DOT_THRESHOLD
     # acos(0) on the collinear branch keeps sin Ω away from 0 even where that branch is not selected.
     theta = torch.acos(torch.where(collinear, 0, dot))

@@ -84,9 +84,7 @@ def magnitude_outliers(delta: torch.Tensor, density: float, gamma: float, *, res
     return _mask_and_rescale(delta, mask.reshape_as(delta), rescale)
 
 
-def bernoulli(
-    delta: torch.Tensor, density: float, *, rescale: bool, generator: torch.Generator | None
-) -> torch.Tensor:
+def bernoulli(delta: torch.Tensor, density: float, *, rescale: bool, generator: torch.Generator | None) -> torch.Tensor:
     """Keep each entry independently with probability ``density`` (DARE), drawing only from ``generator``.
 
     ``density ≥ 1`` returns ``delta`` unchanged. Raises ``ValueError`` when ``generator`` is None.

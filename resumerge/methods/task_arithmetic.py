@@ -21,7 +21,7 @@ from resumerge.methods.consensus import sign_consensus_mask
 from resumerge.methods.registry import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
 
 # (task vector, that model's resolved parameters, rescale, generator) -> sparsified task vector
-Sparsifier = Callable[[torch.Tensor, Mapping[str, Any], bool, "torch.Generator | None"], torch.Tensor]
+Sparsifier = Callable[[Tensor, Mapping[str, Any], bool, "Generator | None"], Tensor]
 
 DEFAULT_DENSITY = 1.0
 DEFAULT_GAMMA = 0.01
@@ -151,9 +151,7 @@ def _params(variant: _Variant) -> tuple[ParamSpec, ...]:
         ),
     ]
     if variant.sparsifier == "magnitude_outliers":
-        specs.append(
-            ParamSpec("gamma", Scope.NON_BASE, float, default=DEFAULT_GAMMA, minimum=0.0, maximum=1.0)
-        )
+        specs.append(ParamSpec("gamma", Scope.NON_BASE, float, default=DEFAULT_GAMMA, minimum=0.0, maximum=1.0))
     if variant.sparsifier == "della_magprune":
         specs.append(ParamSpec("epsilon", Scope.NON_BASE, float, default=DEFAULT_EPSILON, minimum=0.0))
     return tuple(specs)

@@ -1,0 +1,1 @@
+"""Tests of the merge methods (resumerge.methods), one module per method family."""

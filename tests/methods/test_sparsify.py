@@ -1,0 +1,128 @@
+"""Task-vector sparsifiers (TIES magnitude, breadcrumbs, DARE, DELLA) used by the task-arithmetic family."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from resumerge.methods import sparsify
+
+DELTA = torch.tensor([[3.0, -1.0, 0.5], [2.0, 0.0, -4.0]])
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def test_magnitude_keeps_the_largest_entries() -> None:
+    out = sparsify.magnitude(DELTA, 0.5, rescale=False)  # k = 3 of 6
+    assert torch.equal(out, torch.tensor([[3.0, 0.0, 0.0], [2.0, 0.0, -4.0]]))
+
+
+def test_magnitude_rescale_restores_the_l1_norm() -> None:
+    out = sparsify.magnitude(DELTA, 0.5, rescale=True)
+    # |δ|₁ = 10.5, kept |·|₁ = 9
+    assert torch.allclose(out, torch.tensor([[3.0, 0.0, 0.0], [2.0, 0.0, -4.0]]) * (10.5 / 9))
+
+
+def test_magnitude_keeps_at_least_one_and_density_bounds() -> None:
+    assert torch.count_nonzero(sparsify.magnitude(DELTA, 0.01, rescale=False)) == 1
+    assert torch.equal(sparsify.magnitude(DELTA, 0.0, rescale=False), torch.zeros(2, 3))
+    assert sparsify.magnitude(DELTA, 1.0, rescale=True) is DELTA
+
+
+def test_magnitude_outliers_drops_the_top_gamma_then_the_smallest() -> None:
+    # keep ⌊0.5·6⌋ = 3 after skipping max(0, 6 − 3 − ⌊0.2·6⌋) = 2 smallest: drops 0, 0.5 and the outlier −4
+    out = sparsify.magnitude_outliers(DELTA, 0.5, 0.2, rescale=False)
+    assert torch.equal(out, torch.tensor([[3.0, -1.0, 0.0], [2.0, 0.0, 0.0]]))
+
+
+def test_magnitude_outliers_keeps_outliers_when_density_needs_them() -> None:
+    # skipping 6 − 5 − 1 = 0 small entries: the window is the five smallest, so only the largest goes
+    out = sparsify.magnitude_outliers(DELTA, 5 / 6, 0.2, rescale=False)
+    assert torch.equal(out, torch.tensor([[3.0, -1.0, 0.5], [2.0, 0.0, 0.0]]))
+
+
+def test_bernoulli_keep_rate_and_l1_rescale() -> None:
+    delta = torch.ones(200_000)
+    out = sparsify.bernoulli(delta, 0.3, rescale=True, generator=gen())
+    kept = out != 0
+    assert abs(kept.float().mean().item() - 0.3) < 0.005
+    # every kept entry is scaled by N/kept, so the L1 norm is preserved (not 1/density)
+    assert torch.allclose(out[kept], torch.full_like(out[kept], 200_000 / kept.sum().item()))
+    assert out.abs().sum().item() == pytest.approx(200_000, rel=1e-5)
+
+
+def test_bernoulli_without_rescale_only_masks() -> None:
+    out = sparsify.bernoulli(DELTA, 0.5, rescale=False, generator=gen())
+    assert torch.equal(out[out != 0], DELTA[out != 0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_random_sparsifiers_keep_dtype_and_shape(dtype: torch.dtype) -> None:
+    delta = torch.randn(4, 5, generator=gen(1)).to(dtype)
+    for out in (
+        sparsify.bernoulli(delta, 0.5, rescale=True, generator=gen()),
+        sparsify.della_magprune(delta, 0.5, 0.2, rescale=True, generator=gen()),
+    ):
+        assert out.dtype == dtype and out.shape == delta.shape
+
+
+def test_random_sparsifiers_require_a_generator() -> None:
+    with pytest.raises(ValueError, match="Generator"):
+        sparsify.bernoulli(DELTA, 0.5, rescale=True, generator=None)
+    with pytest.raises(ValueError, match="Generator"):
+        sparsify.della_magprune(DELTA, 0.5, 0.1, rescale=True, generator=None)
+
+
+def test_random_sparsifiers_never_touch_the_global_rng() -> None:
+    state = torch.get_rng_state()
+    sparsify.bernoulli(DELTA, 0.5, rescale=True, generator=gen())
+    sparsify.della_magprune(DELTA, 0.5, 0.1, rescale=True, generator=gen())
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_della_keep_probability_rises_with_magnitude_rank() -> None:
+    row = torch.arange(1, 100_001, dtype=torch.float32)[torch.randperm(100_000, generator=gen(3))]
+    out = sparsify.della_magprune(row, 0.5, 0.4, rescale=False, generator=gen())
+    kept = (out != 0).float()
+    order = torch.argsort(row)
+    # p runs linearly from 0.1 (smallest) to 0.9 (largest): the bottom tenth keeps ≈ 0.14, the top ≈ 0.86
+    assert abs(kept[order[:10_000]].mean().item() - 0.14) < 0.02
+    assert abs(kept[order[-10_000:]].mean().item() - 0.86) < 0.02
+    assert abs(kept.mean().item() - 0.5) < 0.01
+
+
+def test_della_ranks_each_row_separately() -> None:
+    # Two rows of very different scale: per-row ranking keeps about half of each.
+    rows = torch.stack([torch.linspace(1, 2, 20_000), torch.linspace(1000, 2000, 20_000)])
+    kept = (sparsify.della_magprune(rows, 0.5, 0.3, rescale=False, generator=gen()) != 0).float()
+    assert abs(kept[0].mean().item() - 0.5) < 0.02
+    assert abs(kept[1].mean().item() - 0.5) < 0.02
+
+
+def test_della_single_entry_rows_use_density() -> None:
+    column = torch.ones(50_000, 1)
+    kept = (sparsify.della_magprune(column, 0.3, 0.2, rescale=False, generator=gen()) != 0).float()
+    assert abs(kept.mean().item() - 0.3) < 0.01
+
+
+def test_della_rejects_epsilon_leaving_the_unit_interval() -> None:
+    with pytest.raises(ValueError, match=r"density \+/- epsilon"):
+        sparsify.della_magprune(DELTA, 0.9, 0.15, rescale=True, generator=gen())
+    # density ≥ 1 disables pruning before the check, as in mergekit
+    assert sparsify.della_magprune(DELTA, 1.0, 0.15, rescale=True, generator=gen()) is DELTA
+
+
+@settings(deadline=None, max_examples=30)
+@given(seed=st.integers(0, 2**31 - 1), density=st.floats(0.05, 0.95))
+def test_random_sparsifiers_are_deterministic_per_seed(seed: int, density: float) -> None:
+    delta = torch.randn(8, 16, generator=gen(7))
+    epsilon = min(density, 1 - density) / 2
+    first = sparsify.bernoulli(delta, density, rescale=True, generator=gen(seed))
+    sparsify.bernoulli(torch.randn(5), 0.5, rescale=True, generator=gen(seed + 1))  # unrelated call between
+    assert torch.equal(first, sparsify.bernoulli(delta, density, rescale=True, generator=gen(seed)))
+    first = sparsify.della_magprune(delta, density, epsilon, rescale=True, generator=gen(seed))
+    assert torch.equal(first, sparsify.della_magprune(delta, density, epsilon, rescale=True, generator=gen(seed)))
