@@ -67,6 +67,12 @@ def compute_tensor(plan: Plan, tp: TensorPlan, reader: TensorReader) -> torch.Te
         if tp.compute_dtype is not None:
             t = t.to(NAME_DTYPES[tp.compute_dtype])
         tensors.append(t)
+    if tp.compute_dtype is None and len({t.dtype for t in tensors}) > 1:
+        # Like mergekit, inputs stored in different dtypes meet in their common (promoted) dtype.
+        common = tensors[0].dtype
+        for t in tensors[1:]:
+            common = torch.promote_types(common, t.dtype)
+        tensors = [t.to(common) for t in tensors]
     generator = None
     if method.randomized:
         generator = torch.Generator().manual_seed(tensor_seed(plan.options.random_seed, tp.name))

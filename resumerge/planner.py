@@ -160,6 +160,14 @@ def _check_slice(sl: _Slice, method: MethodSpec, layouts: Mapping[str, Layout]) 
             yaml_path=sl.yaml_path,
             hint="set base_model and list it among the slice's sources",
         )
+    others = n - (1 if base_in else 0)
+    low = method.min_non_base or 0
+    if others < low or (method.max_non_base is not None and others > method.max_non_base):
+        want = f"exactly {low}" if method.max_non_base == low else f"at least {low}"
+        raise ConfigError(
+            f"merge method {method.name} takes {want} models besides the base, got {others}",
+            yaml_path=f"{sl.yaml_path}.sources" if sl.yaml_path != "models" else "models",
+        )
     if n < method.min_inputs or (method.max_inputs is not None and n > method.max_inputs):
         want = (
             f"exactly {method.min_inputs}"
@@ -217,6 +225,8 @@ def _tensor(
     g_params, m_params = _resolve_params(out_name, in_names, sl, t, method, config, base_index)
     shape = inputs[0].shape
     out_code = _out_dtype(config, inputs, base_index)
+    if config.out_dtype is None and method.half_result_float32 and out_code in ("F16", "BF16"):
+        out_code = "F32"
     return TensorPlan(
         name=out_name,
         shard="",

@@ -81,6 +81,7 @@ SPEC = register(
         max_inputs=2,
         randomized=True,
         reference="https://arcee.ai",
+        half_result_float32=True,
         optional_tensors=OptionalTensorPolicy.PASSTHROUGH_SINGLETON,
     )
 )

@@ -93,5 +93,6 @@ SPEC_PLUS = register(
         base=BasePolicy.REQUIRED,
         min_inputs=1,
         reference="https://arxiv.org/abs/2601.13572",
+        half_result_float32=True,
     )
 )

@@ -120,6 +120,9 @@ class MethodSpec:
     reference: str = ""
     check: ContractCheck | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # True when the method returns float32 for float16/bfloat16 inputs (as mergekit's does); without out_dtype
+    # the output is then saved as float32, like mergekit saves it.
+    half_result_float32: bool = False
     min_non_base: int | None = None
     max_non_base: int | None = None
     optional_tensors: OptionalTensorPolicy = OptionalTensorPolicy.ERROR
