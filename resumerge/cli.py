@@ -47,7 +47,6 @@ UNNEEDED_WITH_VALUE: dict[str, str] = {
     "--device": "merges run on the CPU in this version",
     "--num-threads": "resumerge sizes its thread pool itself",
     "--write-threads": "one writer thread streams every shard",
-    "--transformers-cache": "local model paths only in this version",
     "--lora-merge-cache": "no merge cache is needed",
     "--lora-merge-dtype": "no merge cache is needed",
 }
@@ -76,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--restart", action="store_true",
                      help="discard a different earlier run in OUT (only files it wrote) and start over")
     run.add_argument("--no-copy-tokenizer", action="store_true", help="do not copy tokenizer files")
+    run.add_argument("--transformers-cache", metavar="DIR",
+                     help="Hugging Face cache directory for hub models [default: HF_HUB_CACHE / HF_HOME]")
     for flag in UNNEEDED_FLAGS:
         run.add_argument(flag, action="store_true", dest=_dest(flag), help=argparse.SUPPRESS)
     run.add_argument("-v", action="store_true", dest="v_flag", help=argparse.SUPPRESS)
@@ -240,7 +241,8 @@ def _run(args: argparse.Namespace) -> int:
     stop.install()
     with _Progress(args.quiet) as progress:
         outcome = run_merge(text, args.out, options=options, state_dir=args.state_dir, restart=args.restart,
-                            reporter=progress, should_stop=stop, max_memory=_max_memory(args))
+                            reporter=progress, should_stop=stop, max_memory=_max_memory(args),
+                            cache_dir=args.transformers_cache)
     _finished(outcome, args.quiet)
     return EXIT_OK
 

@@ -13,7 +13,8 @@
     │   ├── PlanChangedError                    config, options or input files differ from the recorded run
     │   ├── OutputDirError                      OUT holds files resumerge did not write, or is locked
     │   └── LedgerError                         the ledger cannot be read and cannot be rebuilt
-    └── StorageError                    exit 3  disk full, EIO, read-only: nothing committed is lost
+    ├── StorageError                    exit 3  disk full, EIO, read-only: nothing committed is lost
+    └── UnreachableError                exit 3  the hub cannot be reached and the cache cannot stand in
 
 Every error carries the context a user needs (file, YAML path, tensor) and a message that says what to do.
 Only the CLI turns errors into exit codes, through :data:`EXIT_CODES`.
@@ -113,11 +114,16 @@ class StorageError(ResumergeError):
     """Writing failed (disk full, I/O error, read-only); committed work is intact and resumable."""
 
 
+class UnreachableError(ResumergeError):
+    """A network source (the Hugging Face Hub) is unreachable right now; running again later continues."""
+
+
 # Most specific class first: the first isinstance match wins.
 EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (InputError, EXIT_INVALID),
     (InterruptedMerge, EXIT_INTERRUPTED),
     (StorageError, EXIT_INTERRUPTED),
+    (UnreachableError, EXIT_INTERRUPTED),
     (RefusedError, EXIT_REFUSED),
     (ResumergeError, EXIT_INTERNAL),
 )

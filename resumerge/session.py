@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resumerge import __version__
 from resumerge.config import MergeConfig, load_config_text
@@ -26,17 +26,19 @@ from resumerge.errors import (
     StorageError,
     UsageError,
 )
-from resumerge.inputs import ModelInput, open_model
 from resumerge.ledger import LEDGER_NAME, Ledger
 from resumerge.locations import run_dir
 from resumerge.manifest import MANIFEST_NAME, Manifest, ManifestBook, read_manifest
 from resumerge.memory import MemoryGovernor, SystemProbe, default_budget, format_size, os_peak_rss
-from resumerge.modelref import ModelRef
 from resumerge.outputs import aux_files
 from resumerge.plan import Plan, PlanOptions, describe_changes, fingerprint_parts
 from resumerge.planner import build_plan
 from resumerge.reconcile import adopt_manifest, reconcile
+from resumerge.sources import Inputs, fetch_inputs, open_inputs
 from resumerge.workunits import largest, oversized_units
+
+if TYPE_CHECKING:
+    from resumerge.hub import HubEvent
 
 
 class NullReporter:
@@ -65,14 +67,39 @@ class Outcome:
     notes: tuple[str, ...] = field(default=())
 
 
+def prepare(
+    config: MergeConfig,
+    options: PlanOptions,
+    *,
+    model_dirs: Mapping[str, str] | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    reporter: Reporter | None = None,
+) -> tuple[Plan, Inputs]:
+    """Open every referenced model (config.json and headers only) and build the plan; no weight is fetched."""
+    inputs = open_inputs(config, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
+                         on_progress=_hub_progress(reporter))
+    return build_plan(config, inputs.models, options), inputs
+
+
 def plan_from_config(config: MergeConfig, options: PlanOptions,
                      model_dirs: Mapping[str, str] | None = None) -> Plan:
-    """Open every referenced model (headers only) and build the plan; raises InputError subclasses."""
-    models: dict[str, ModelInput] = {}
-    for ref in config.referenced_models():
-        directory = Path(model_dirs[ref.key]) if model_dirs and ref.key in model_dirs else None
-        models[ref.key] = open_model(ref, yaml_path=_yaml_path_of(config, ref), directory=directory)
-    return build_plan(config, models, options)
+    """The plan of ``config`` (headers only); raises InputError subclasses for anything that would fail later."""
+    return prepare(config, options, model_dirs=model_dirs)[0]
+
+
+def _hub_progress(reporter: Reporter | None) -> Callable[[HubEvent], None] | None:
+    if reporter is None:
+        return None
+    target = reporter
+
+    def emit(event: HubEvent) -> None:
+        if event.kind in ("download", "verify") and (event.total is None or event.done < event.total):
+            return  # only the end of each transfer: the bar belongs to the merge
+        rate = f" at {format_size(int(event.rate))}/s" if event.rate else ""
+        target.message(f"{event.repo_id}: {event.message}{rate}")
+
+    return emit
 
 
 def read_config_file(path: str | os.PathLike[str]) -> str:
@@ -96,6 +123,7 @@ def run_merge(
     should_stop: Callable[[], bool] = lambda: False,
     workers: int = 2,
     max_memory: int | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
 ) -> Outcome:
     """Merge ``config_text`` into ``out_dir``; continue an unfinished run of the same plan there.
 
@@ -104,10 +132,12 @@ def run_merge(
     ``max_memory`` is the RAM budget in bytes (default: a safe fraction of what the machine or container allows).
     """
     config = load_config_text(config_text)
-    plan = plan_from_config(config, options or PlanOptions())
+    plan, inputs = prepare(config, options or PlanOptions(), state_dir=state_dir, cache_dir=cache_dir,
+                           reporter=reporter)
     governor = make_governor(plan, max_memory)
     out = Path(out_dir).absolute()
     manifest = _check_out_dir(out)
+    fetch_inputs(inputs, state_dir=state_dir, on_progress=_hub_progress(reporter))
     return _drive(plan, config_text, out, state_dir, manifest, restart=restart, reporter=reporter,
                   should_stop=should_stop, workers=workers, command=f"resumerge resume {out_dir}",
                   governor=governor)
@@ -145,8 +175,9 @@ def resume_merge(
             hint="start the merge with resumerge run CONFIG OUT (pass --state-dir if you used one)",
         )
     config = load_config_text(text)
-    plan = plan_from_config(config, PlanOptions(**opts), model_dirs=dirs)
+    plan, inputs = prepare(config, PlanOptions(**opts), model_dirs=dirs, state_dir=state_dir, reporter=reporter)
     governor = make_governor(plan, max_memory)
+    fetch_inputs(inputs, state_dir=state_dir, on_progress=_hub_progress(reporter))
     return _drive(plan, text, out, state_dir, manifest, restart=False, reporter=reporter,
                   should_stop=should_stop, workers=workers, command=f"resumerge resume {out_dir}",
                   resuming=True, governor=governor)
@@ -359,16 +390,3 @@ def _check_out_dir(out: Path) -> Manifest | None:
             hint="choose an empty or new output directory; resumerge never overwrites files it did not write",
         )
     return manifest
-
-
-def _yaml_path_of(config: MergeConfig, ref: ModelRef) -> str:
-    if config.base_model is not None and config.base_model.key == ref.key:
-        return "base_model"
-    for src in config.models or ():
-        if src.model.key == ref.key:
-            return f"{src.yaml_path}.model"
-    for sl in config.slices or ():
-        for src in sl.sources:
-            if src.model.key == ref.key:
-                return f"{src.yaml_path}.model"
-    return ""

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import ModelFactory
-from resumerge.cli import main
+from safetensors.torch import load_file
 from support import linear_config, peak_rss_run, write_config
+
+from resumerge.cli import main
 
 BUDGET = 600_000_000
 

@@ -53,7 +53,7 @@ def hub_settings(
     """
     if offline is None:
         flag = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-        offline = flag.strip().lower() in _TRUE or constants.is_offline_mode()
+        offline = flag.strip().lower() in _TRUE or bool(constants.HF_HUB_OFFLINE)
     if endpoint is None:
         endpoint = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
     path = default_cache_dir() if cache_dir is None else _normalise(cache_dir)

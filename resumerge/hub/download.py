@@ -15,16 +15,15 @@ import shutil
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
-from huggingface_hub import hf_hub_download, hf_hub_url
-from huggingface_hub.file_download import http_get
+from huggingface_hub import hf_hub_download
 
 from resumerge.errors import HostileFileError, StorageError
-from resumerge.hub._hf import WeakFileLock, build_hf_headers
+from resumerge.hub._hf import WeakFileLock, build_hf_headers, http_get, http_get_kwargs
 from resumerge.hub.cache import HubSettings, RemoteFile, RepoCache
 from resumerge.hub.events import ByteMeter, HubEvent, ProgressCallback
 from resumerge.hub.records import RACY_WINDOW_NS, VerifyRecords, now_ns
-from resumerge.hub.remote import LIBRARY, HubUnavailableError, hub_errors, is_network_error
-from resumerge.hub.verify import Hasher, hash_file, new_hasher
+from resumerge.hub.remote import LIBRARY, HubUnavailableError, hub_errors, is_network_error, resolve_url
+from resumerge.hub.verify import Hasher, check_cached, hash_file, new_hasher
 
 PARTIAL_SUFFIX = ".resumerge.incomplete"  # `hf cache prune` removes leftover *.incomplete files too
 
@@ -125,7 +124,7 @@ def download_blob(
 ) -> None:
     """Make ``blobs/<etag>`` hold ``remote``'s verified content, continuing any partial download.
 
-    Does nothing if the blob appeared meanwhile (another process); the caller verifies it. Raises
+    Keeps a blob that another process completed meanwhile if it verifies. Raises
     :class:`HubUnavailableError` when the transfer fails after huggingface_hub's retries (the partial file is
     kept for the next run), :class:`HostileFileError` when the hub's bytes do not match its own checksum twice.
     """
@@ -136,7 +135,10 @@ def download_blob(
     lock.parent.mkdir(parents=True, exist_ok=True)
     with WeakFileLock(lock):
         if blob.exists():
-            return
+            # Another process finished it while this one waited for the lock: trust it only once checked.
+            if check_cached(blob, remote, records, repo.repo_id, emit) is None:
+                return
+            blob.unlink()
         for attempt in range(2):
             digest = _stream(settings, repo, commit, remote, partial, emit)
             if digest == remote.etag:
@@ -192,7 +194,7 @@ def _stream(
 ) -> str:
     """Append the missing bytes of ``remote`` to ``partial`` and return the checksum of the whole file."""
     size = remote.size or 0
-    url = hf_hub_url(repo.repo_id, remote.path, revision=commit, endpoint=settings.endpoint)
+    url = resolve_url(settings, repo.repo_id, commit, remote.path)
     with open(partial, "a+b") as f:
         have = f.seek(0, os.SEEK_END)
         if have > size:
@@ -208,11 +210,13 @@ def _stream(
                 http_get(
                     url,
                     cast(BinaryIO, sink),
-                    resume_size=have,
-                    headers=build_hf_headers(library_name=LIBRARY),
-                    expected_size=size,
-                    displayed_filename=remote.path,
-                    tqdm_class=cast(Any, _SilentBar),
+                    **http_get_kwargs(
+                        resume_size=have,
+                        headers=build_hf_headers(library_name=LIBRARY),
+                        expected_size=size,
+                        displayed_filename=remote.path,
+                        tqdm_class=_SilentBar,
+                    ),
                 )
         except Exception as e:
             got = f.seek(0, os.SEEK_END)

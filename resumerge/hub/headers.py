@@ -8,16 +8,19 @@ reading kilobytes instead of gigabytes.
 
 from __future__ import annotations
 
-import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from resumerge.errors import HostileFileError, ModelInputError
-from resumerge.hub.cache import HubSettings, RemoteFile
-from resumerge.hub.remote import read_range
+from resumerge.hub.cache import HubSettings, RemoteFile, RepoCache
+from resumerge.hub.fetch import offline_error
+from resumerge.hub.remote import HubUnavailableError, is_network_error, read_range
+from resumerge.safetensors_format import Header
+from resumerge.safetensors_format import parse_header as strict_parse_header
 
 # safetensors itself refuses headers above 100 MB; a larger length is a corrupt or hostile file.
 MAX_HEADER_BYTES = 100_000_000
+_THREADS = 8  # header reads are latency-bound: a few in flight hide the round trips
 
 
 def header_length(first8: bytes, file_size: int | None, where: str) -> int:
@@ -37,34 +40,18 @@ def header_length(first8: bytes, file_size: int | None, where: str) -> int:
     return n
 
 
-def parse_header(raw: bytes, file_size: int | None, where: str) -> dict[str, Any]:
-    """Parse header JSON ``raw`` and check that every tensor's data lies inside the file.
+def parse_header(raw: bytes, file_size: int | None, where: str) -> Header:
+    """Parse header bytes ``raw`` of a ``file_size``-byte file with resumerge's strict safetensors parser.
 
-    Returns the header as a dict (``__metadata__`` included). Raises :class:`ModelInputError` for text that is
-    not a safetensors header, :class:`HostileFileError` for offsets or shapes that lie about sizes.
+    Raises :class:`ModelInputError` when the size is unknown, :class:`HostileFileError` (from
+    :func:`resumerge.safetensors_format.parse_header`) for text that is not a header or offsets that lie.
     """
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ModelInputError(f"{where} does not start with a safetensors header ({e})") from e
-    if not isinstance(header, dict):
-        raise ModelInputError(f"{where} does not start with a safetensors header (not a JSON object)")
-    data_size = None if file_size is None else file_size - 8 - len(raw)
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if not _well_formed(info):
-            raise ModelInputError(f"{where}: malformed header entry for tensor {name!r}", tensor=name)
-        begin, end = info["data_offsets"]
-        if begin > end or (data_size is not None and end > data_size):
-            raise HostileFileError(
-                f"{where}: tensor {name!r} claims bytes {begin}..{end} of a {data_size}-byte data section",
-                tensor=name,
-            )
-    return header
+    if file_size is None:
+        raise ModelInputError(f"{where}: the file size is unknown, so its header cannot be checked")
+    return strict_parse_header(raw, file_size=file_size, path=where)
 
 
-def read_local_header(path: Path, where: str) -> dict[str, Any]:
+def read_local_header(path: Path, where: str) -> Header:
     """Read and parse the header of the safetensors file at ``path``. Raises as :func:`parse_header`."""
     size = path.stat().st_size
     with path.open("rb") as f:
@@ -72,11 +59,53 @@ def read_local_header(path: Path, where: str) -> dict[str, Any]:
         return parse_header(f.read(n), size, where)
 
 
-def read_remote_header(settings: HubSettings, repo_id: str, commit: str, remote: RemoteFile) -> dict[str, Any]:
+def read_remote_header(settings: HubSettings, repo_id: str, commit: str, remote: RemoteFile) -> Header:
     """Fetch and parse the header of ``remote`` with two Range requests: 8 bytes, then exactly the header."""
     where = f"{repo_id}@{commit[:12]}/{remote.path}"
     n = header_length(read_range(settings, repo_id, commit, remote.path, 0, 8), remote.size, where)
     return parse_header(read_range(settings, repo_id, commit, remote.path, 8, n), remote.size, where)
+
+
+def read_shard_headers(
+    settings: HubSettings, repo: RepoCache, commit: str, shards: list[RemoteFile]
+) -> dict[str, Header]:
+    """Parse each shard's header from the cache when an intact-sized copy is there, else by HTTP Range.
+
+    A cached copy whose header does not parse is left for :func:`fetch_weights` to repair; its header comes
+    from the hub meanwhile.
+    """
+    headers: dict[str, Header] = {}
+    remote_needed: list[tuple[RemoteFile, str]] = []
+    for remote in shards:
+        pointer = repo.snapshot(commit, remote.path)
+        if not pointer.exists():
+            remote_needed.append((remote, "missing"))
+            continue
+        if remote.size is not None and pointer.stat().st_size != remote.size:
+            remote_needed.append((remote, f"{pointer.stat().st_size} bytes, expected {remote.size}"))
+            continue
+        try:
+            headers[remote.path] = read_local_header(pointer, f"{repo.repo_id}@{commit[:12]}/{remote.path}")
+        except (ModelInputError, OSError) as e:
+            remote_needed.append((remote, f"unreadable header: {e}"))
+    if remote_needed and settings.offline:
+        raise offline_error(settings, repo, commit, remote_needed)
+
+    def fetch(remote: RemoteFile) -> Header:
+        try:
+            return read_remote_header(settings, repo.repo_id, commit, remote)
+        except Exception as e:
+            if is_network_error(e):
+                raise HubUnavailableError(
+                    f"cannot read the header of {repo.repo_id}/{remote.path} from {settings.endpoint} ({e})"
+                ) from e
+            raise
+
+    todo = [remote for remote, _ in remote_needed]
+    if todo:
+        with ThreadPoolExecutor(max_workers=min(_THREADS, len(todo))) as pool:
+            headers.update(zip([r.path for r in todo], pool.map(fetch, todo)))
+    return {remote.path: headers[remote.path] for remote in shards}
 
 
 def _well_formed(info: object) -> bool:

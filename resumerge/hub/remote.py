@@ -10,8 +10,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from urllib.parse import quote
 
-from huggingface_hub import HfApi, constants, hf_hub_url
+from huggingface_hub import HfApi, constants
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -23,7 +24,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.hf_api import RepoFile
 
-from resumerge.errors import ModelInputError, ResumergeError
+from resumerge.errors import ModelInputError, UnreachableError
 from resumerge.hub._hf import build_hf_headers, get_session, hf_raise_for_status, http
 from resumerge.hub.cache import HubSettings, RemoteFile, check_repo_path
 
@@ -31,7 +32,7 @@ LIBRARY = "resumerge"
 _RETRIES = 3
 
 
-class HubUnavailableError(ResumergeError):
+class HubUnavailableError(UnreachableError):
     """The hub could not be reached and the cache cannot stand in; running again later resumes."""
 
 
@@ -81,6 +82,14 @@ def hub_errors(settings: HubSettings, repo_id: str, revision: str) -> Iterator[N
         raise
 
 
+def resolve_url(settings: HubSettings, repo_id: str, commit: str, filename: str) -> str:
+    """The ``resolve`` URL of ``filename`` at ``commit`` on ``settings.endpoint``.
+
+    Built here rather than with ``hf_hub_url``, whose template is fixed when huggingface_hub is imported.
+    """
+    return f"{settings.endpoint}/{repo_id}/resolve/{quote(commit, safe='')}/{quote(filename)}"
+
+
 def resolve_revision(settings: HubSettings, repo_id: str, revision: str) -> str:
     """Return the commit sha that ``revision`` (a branch or tag) points at now. One small API request."""
     with hub_errors(settings, repo_id, revision):
@@ -113,7 +122,7 @@ def read_range(settings: HubSettings, repo_id: str, commit: str, filename: str, 
     connection is dropped, so a multi-gigabyte file is never downloaded for its header. Retries transient
     network errors twice. Raises :class:`ModelInputError` if the file is shorter than asked.
     """
-    url = hf_hub_url(repo_id, filename, revision=commit, endpoint=settings.endpoint)
+    url = resolve_url(settings, repo_id, commit, filename)
     headers = build_hf_headers(library_name=LIBRARY)
     headers["Range"] = f"bytes={start}-{start + length - 1}"
     headers["Accept-Encoding"] = "identity"

@@ -10,31 +10,22 @@ needed file, verified.
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
-import json
 import os
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from resumerge.errors import ModelInputError
+from resumerge.errors import ModelInputError, ResumergeError
 from resumerge.hub._hf import validate_repo_id
-from resumerge.hub.cache import COMMIT_RE, HubSettings, RemoteFile, RepoCache, check_repo_path, hub_settings
+from resumerge.hub.cache import COMMIT_RE, HubSettings, RemoteFile, RepoCache, hub_settings
 from resumerge.hub.events import HubEvent, ProgressCallback, callback_or_noop
-from resumerge.hub.fetch import ensure_files, offline_error
-from resumerge.hub.headers import read_local_header, read_remote_header
+from resumerge.hub.fetch import ensure_files
+from resumerge.hub.headers import read_shard_headers
 from resumerge.hub.records import VerifyRecords
 from resumerge.hub.remote import HubUnavailableError, is_network_error, list_files, resolve_revision
+from resumerge.hub.selection import select_weights, small_files
 from resumerge.modelref import ModelRef
-
-# Top-level files a merge reads besides the weights: configs, index, tokenizer, chat template, tagalong JSON.
-SMALL_FILE_PATTERNS = (
-    "*.json", "tokenizer.model", "*.tiktoken", "merges.txt", "vocab.txt", "*.jinja", "spiece.model",
-)
-_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
-_HEADER_THREADS = 8
+from resumerge.safetensors_format import Header
 
 
 @dataclass(frozen=True)
@@ -56,7 +47,7 @@ class RepoMetadata:
     listing_complete: bool
     local_files: Mapping[str, Path]
     weight_files: tuple[str, ...]
-    headers: Mapping[str, Mapping[str, Any]]
+    headers: Mapping[str, Header]
 
     @property
     def config_path(self) -> Path | None:
@@ -97,7 +88,8 @@ def resolve_metadata(
     ``offline`` defaults to ``HF_HUB_OFFLINE``; ``records_dir`` (the resumerge state dir) keeps verification
     records so nothing verified is hashed again.
 
-    Raises :class:`ModelInputError` for a bad repo id, an unknown repo/revision/file, a repo without
+    Raises ``ValueError`` if ``ref`` is a local path (see :func:`is_local`);
+    :class:`ModelInputError` for a bad repo id, an unknown repo/revision/file, a repo without
     safetensors weights, a bad index, or files missing/damaged while offline (naming the repair command);
     :class:`~resumerge.errors.HostileFileError` for escaping paths or lying headers;
     :class:`HubUnavailableError` when the hub is unreachable and the cache cannot stand in;
@@ -110,11 +102,11 @@ def resolve_metadata(
     repo = RepoCache(settings.cache_dir, repo_id)
     settings, commit = _pin_commit(settings, repo, revision, pinned_commit, emit)
     settings, files, complete = _list_files(settings, repo, commit, emit)
-    small = [files[p] for p in sorted(files) if "/" not in p and _is_small(p)]
+    small = small_files(files)
     with VerifyRecords(records_dir) as records:
         local = ensure_files(settings, repo, commit, small, records, emit)
-    weights = _select_weights(settings, repo, commit, files, complete, local)
-    headers = _read_headers(settings, repo, commit, [files[name] for name in weights])
+    weights = select_weights(settings, repo, commit, files, complete, local)
+    headers = read_shard_headers(settings, repo, commit, [files[name] for name in weights])
     return RepoMetadata(ref, repo_id, revision, commit, settings, files, complete, local, weights, headers)
 
 
@@ -149,6 +141,8 @@ def is_local(ref: ModelRef) -> bool:
 
 
 def _check_repo_id(ref: ModelRef) -> str:
+    if is_local(ref):
+        raise ValueError(f"{ref.path!r} exists on disk: open it as a local model, not through the hub")
     try:
         validate_repo_id(ref.path)
     except ValueError as e:
@@ -186,12 +180,7 @@ def _pin_commit(
             return settings, commit
     cached = repo.read_ref(revision)
     if cached is None:
-        if settings.unreachable:
-            raise HubUnavailableError(f"cannot reach {settings.endpoint}, and {name} is not in the hub cache")
-        raise ModelInputError(
-            f"{name} is not in the hub cache {settings.cache_dir}, and offline mode is on",
-            hint="run once without HF_HUB_OFFLINE=1 so the model can be fetched",
-        )
+        raise _not_cached(settings, name)
     emit(HubEvent("resolve", repo.repo_id, f"{name} is commit {cached[:12]} (from the cache)", commit=cached))
     return settings, cached
 
@@ -215,93 +204,20 @@ def _list_files(
             return settings, files, True
     files = repo.scan_snapshot(commit)
     if not files:
-        raise offline_error(settings, repo, commit, [(RemoteFile("config.json", None, ""), "missing")])
+        raise _not_cached(settings, f"{repo.repo_id}@{commit}")
     return settings, files, False
+
+
+def _not_cached(settings: HubSettings, name: str) -> ResumergeError:
+    if settings.unreachable:
+        return HubUnavailableError(f"cannot reach {settings.endpoint}, and {name} is not in the hub cache")
+    return ModelInputError(
+        f"{name} is not in the hub cache {settings.cache_dir}, and offline mode is on",
+        hint="run once without HF_HUB_OFFLINE=1 so the model can be fetched",
+    )
 
 
 def _fall_back(settings: HubSettings, repo: RepoCache, why: str, emit: ProgressCallback) -> HubSettings:
     """Note that the hub did not answer and treat the rest of this call as offline."""
     emit(HubEvent("fallback", repo.repo_id, f"{why}; using the hub cache"))
     return dataclasses.replace(settings, offline=True, unreachable=True)
-
-
-def _is_small(path: str) -> bool:
-    return any(fnmatch.fnmatchcase(path, pattern) for pattern in SMALL_FILE_PATTERNS)
-
-
-def _select_weights(
-    settings: HubSettings,
-    repo: RepoCache,
-    commit: str,
-    files: Mapping[str, RemoteFile],
-    complete: bool,
-    local: Mapping[str, Path],
-) -> tuple[str, ...]:
-    """The shards the merge needs: those named by the safetensors index, else every top-level file."""
-    where = f"{repo.repo_id}@{commit[:12]}"
-    indexes = sorted(p for p in local if p.endswith(".safetensors.index.json"))
-    names: set[str] = set()
-    for index in indexes:
-        try:
-            weight_map = json.loads(local[index].read_text(encoding="utf-8"))["weight_map"]
-            shards = {check_repo_path(str(v), repo.repo_id) for v in weight_map.values()}
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ModelInputError(f"{where}: {index} is not a safetensors index ({e})") from e
-        names |= shards
-    if not indexes:
-        names = {p for p in files if "/" not in p and p.endswith(".safetensors")}
-    missing = sorted(n for n in names if n not in files)
-    if missing and complete:
-        raise ModelInputError(f"{where}: the index names shard(s) the repo does not have: {', '.join(missing)}")
-    if missing:
-        raise offline_error(settings, repo, commit, [(RemoteFile(n, None, ""), "missing") for n in missing])
-    if names:
-        return tuple(sorted(names))
-    if any(p.endswith(_PICKLE_SUFFIXES) for p in files):
-        raise ModelInputError(
-            f"{where} has only pickled weights (*.bin / *.pt), which resumerge never loads",
-            hint="pick a revision with *.safetensors weights (many repos have one under refs/pr/N) or convert them",
-        )
-    raise ModelInputError(f"{where} has no *.safetensors weights")
-
-
-def _read_headers(
-    settings: HubSettings, repo: RepoCache, commit: str, shards: list[RemoteFile]
-) -> dict[str, Mapping[str, Any]]:
-    """Parse each shard's header from the cache when an intact-sized copy is there, else by HTTP Range.
-
-    A cached copy whose header does not parse is left for :func:`fetch_weights` to repair; its header comes
-    from the hub meanwhile.
-    """
-    headers: dict[str, Mapping[str, Any]] = {}
-    remote_needed: list[tuple[RemoteFile, str]] = []
-    for remote in shards:
-        pointer = repo.snapshot(commit, remote.path)
-        if not pointer.exists():
-            remote_needed.append((remote, "missing"))
-            continue
-        if remote.size is not None and pointer.stat().st_size != remote.size:
-            remote_needed.append((remote, f"{pointer.stat().st_size} bytes, expected {remote.size}"))
-            continue
-        try:
-            headers[remote.path] = read_local_header(pointer, f"{repo.repo_id}@{commit[:12]}/{remote.path}")
-        except (ModelInputError, OSError) as e:
-            remote_needed.append((remote, f"unreadable header: {e}"))
-    if remote_needed and settings.offline:
-        raise offline_error(settings, repo, commit, remote_needed)
-
-    def fetch(remote: RemoteFile) -> Mapping[str, Any]:
-        try:
-            return read_remote_header(settings, repo.repo_id, commit, remote)
-        except Exception as e:
-            if is_network_error(e):
-                raise HubUnavailableError(
-                    f"cannot read the header of {repo.repo_id}/{remote.path} from {settings.endpoint} ({e})"
-                ) from e
-            raise
-
-    todo = [remote for remote, _ in remote_needed]
-    if todo:
-        with ThreadPoolExecutor(max_workers=min(_HEADER_THREADS, len(todo))) as pool:
-            headers.update(zip([r.path for r in todo], pool.map(fetch, todo)))
-    return {remote.path: headers[remote.path] for remote in shards}

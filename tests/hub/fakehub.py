@@ -1,0 +1,326 @@
+"""A stand-in Hugging Face Hub on 127.0.0.1 for tests: standard-library HTTP server in a thread.
+
+Serves model repos through the routes the real huggingface_hub client uses (see
+``shared/reference/hf-cache.md`` §7): model info by revision, the tree listing, and ``resolve`` with the
+hub's headers (``X-Repo-Commit``, ``ETag``, ``X-Linked-Etag``, ``X-Linked-Size``, ``Content-Length``) and
+``Range`` support. It counts the body bytes it serves per file, logs every request, and injects faults:
+cutting a file's body after N bytes, stalling after N bytes until released, ignoring ``Range``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import threading
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from contextlib import suppress
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
+
+LFS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".onnx", ".msgpack", ".h5", ".model", ".pt")
+_CHUNK = 64 * 1024
+
+
+def git_blob_sha1(data: bytes) -> str:
+    """The git blob id of ``data``."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def lfs_pointer(data: bytes) -> bytes:
+    """The git-lfs pointer file that stands for ``data`` in the repo."""
+    sha = hashlib.sha256(data).hexdigest()
+    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha}\nsize {len(data)}\n".encode()
+
+
+def files_of(directory: Path) -> dict[str, bytes]:
+    """Every file under ``directory`` as ``{posix relative path: content}``."""
+    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@dataclass
+class Request:
+    """One request the hub answered."""
+
+    method: str
+    path: str
+    range: str | None
+    authorization: str | None
+    status: int = 0
+
+
+@dataclass
+class _Repo:
+    branches: dict[str, str] = field(default_factory=dict)
+    commits: dict[str, dict[str, bytes]] = field(default_factory=dict)
+
+
+class FakeHub:
+    """The hub state, its counters and faults; :meth:`start` serves it on ``url``."""
+
+    def __init__(self) -> None:
+        self.repos: dict[str, _Repo] = {}
+        self.served: Counter[str] = Counter()  # file body bytes per "org/name/path"
+        self.api_bytes = 0  # JSON bodies of the API routes and error bodies
+        self.requests: list[Request] = []
+        self.drop_after: dict[str, int] = {}  # "org/name/path" -> cut the next body after N bytes (one shot)
+        self.hold_after: dict[str, tuple[int, threading.Event]] = {}  # stall after N bytes until the event
+        self.ignore_range = False
+        self.lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._sockets: set[socket.socket] = set()
+        self._counter = 0
+
+    # ---- repo contents -------------------------------------------------------------------------------------
+    def push(self, repo_id: str, files: Mapping[str, bytes], branch: str = "main") -> str:
+        """Create a commit of ``repo_id`` holding exactly ``files`` and move ``branch`` to it; return its sha."""
+        with self.lock:
+            self._counter += 1
+            digest = hashlib.sha1(f"{repo_id}:{self._counter}".encode())
+            for path in sorted(files):
+                digest.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
+            commit = digest.hexdigest()
+            repo = self.repos.setdefault(repo_id, _Repo())
+            repo.commits[commit] = dict(files)
+            repo.branches[branch] = commit
+            return commit
+
+    def reset_counters(self) -> None:
+        """Forget served bytes and the request log."""
+        with self.lock:
+            self.served.clear()
+            self.api_bytes = 0
+            self.requests.clear()
+
+    def file_bytes(self) -> dict[str, int]:
+        """Served body bytes per file, only files that were served at all."""
+        with self.lock:
+            return {k: v for k, v in self.served.items() if v}
+
+    # ---- server lifecycle ----------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start() the hub first"
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> FakeHub:
+        """Serve on 127.0.0.1 on a free port, in a daemon thread."""
+        handler = type("BoundHandler", (_Handler,), {"hub": self})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and cut every open connection (keep-alive ones included)."""
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        with self.lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        for _, event in self.hold_after.values():
+            event.set()
+        assert self._thread is not None
+        self._thread.join(timeout=5)
+        self._server = None
+
+    def __enter__(self) -> FakeHub:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- lookups used by the handler -----------------------------------------------------------------------
+    def commit_of(self, repo_id: str, revision: str) -> str | None:
+        repo = self.repos[repo_id]
+        if revision in repo.branches:
+            return repo.branches[revision]
+        return revision if revision in repo.commits else None
+
+    def tree(self, repo_id: str, commit: str, under: str, recursive: bool) -> list[dict[str, object]]:
+        files = self.repos[repo_id].commits[commit]
+        prefix = f"{under.strip('/')}/" if under.strip("/") else ""
+        entries: dict[str, dict[str, object]] = {}
+        for path in sorted(files):
+            if not path.startswith(prefix):
+                continue
+            rest = path[len(prefix) :].split("/")
+            depth = len(rest) if recursive else 1
+            for i in range(1, min(depth, len(rest) - 1) + 1):  # folders on the way
+                folder = prefix + "/".join(rest[:i])
+                entries.setdefault(folder, {"type": "directory", "path": folder, "oid": git_blob_sha1(folder.encode())})
+            if recursive or len(rest) == 1:
+                entries[path] = self.file_entry(path, files[path])
+        return list(entries.values())
+
+    @staticmethod
+    def file_entry(path: str, data: bytes) -> dict[str, object]:
+        if path.endswith(LFS_SUFFIXES):
+            pointer = lfs_pointer(data)
+            return {
+                "type": "file", "path": path, "size": len(data), "oid": git_blob_sha1(pointer),
+                "lfs": {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": len(pointer)},
+            }
+        return {"type": "file", "path": path, "size": len(data), "oid": git_blob_sha1(data)}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    hub: FakeHub
+
+    def setup(self) -> None:
+        super().setup()
+        with self.hub.lock:
+            self.hub._sockets.add(self.connection)
+
+    def finish(self) -> None:
+        with suppress(OSError):
+            super().finish()
+        with self.hub.lock:
+            self.hub._sockets.discard(self.connection)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self._dispatch(head=True)
+
+    def do_GET(self) -> None:
+        self._dispatch(head=False)
+
+    # ---- routing -------------------------------------------------------------------------------------------
+    def _dispatch(self, head: bool) -> None:
+        split = urlsplit(self.path)
+        parts = [unquote(p) for p in split.path.split("/")[1:]]
+        self._record = Request(self.command, split.path, self.headers.get("Range"), self.headers.get("Authorization"))
+        with self.hub.lock:
+            self.hub.requests.append(self._record)
+        query = {k.lower(): v[-1] for k, v in parse_qs(split.query).items()}
+        if len(parts) >= 3 and parts[0] == "api" and parts[1] == "models":
+            self._api(parts[2:], query)
+        elif len(parts) >= 5 and parts[2] == "resolve":
+            self._resolve(f"{parts[0]}/{parts[1]}", parts[3], "/".join(parts[4:]), head)
+        else:
+            self._error(404, "EntryNotFound", f"unknown route {split.path}")
+
+    def _api(self, parts: list[str], query: dict[str, str]) -> None:
+        if len(parts) < 2:
+            return self._error(404, "RepoNotFound", "no repo")
+        repo_id, rest = f"{parts[0]}/{parts[1]}", parts[2:]
+        if repo_id not in self.hub.repos:
+            return self._error(404, "RepoNotFound", f"{repo_id} not found")
+        revision = rest[1] if len(rest) >= 2 else "main"
+        commit = self.hub.commit_of(repo_id, revision)
+        if commit is None:
+            return self._error(404, "RevisionNotFound", f"{revision} not found")
+        if not rest or rest[0] == "revision":
+            files = self.hub.repos[repo_id].commits[commit]
+            body: object = {"_id": repo_id, "id": repo_id, "sha": commit, "private": False,
+                            "siblings": [{"rfilename": p} for p in sorted(files)]}
+        elif rest[0] == "tree":
+            recursive = query.get("recursive", "false").lower() == "true"
+            body = self.hub.tree(repo_id, commit, "/".join(rest[2:]), recursive)
+        else:
+            return self._error(404, "EntryNotFound", f"unknown api route {rest[0]}")
+        self._json(200, body)
+
+    def _resolve(self, repo_id: str, revision: str, path: str, head: bool) -> None:
+        if repo_id not in self.hub.repos:
+            return self._error(404, "RepoNotFound", f"{repo_id} not found")
+        commit = self.hub.commit_of(repo_id, revision)
+        if commit is None:
+            return self._error(404, "RevisionNotFound", f"{revision} not found")
+        data = self.hub.repos[repo_id].commits[commit].get(path)
+        if data is None:
+            return self._error(404, "EntryNotFound", f"{path} not found", commit=commit)
+        entry = FakeHub.file_entry(path, data)
+        headers = {"X-Repo-Commit": commit, "ETag": f'"{entry["oid"]}"', "Accept-Ranges": "bytes"}
+        if "lfs" in entry:
+            headers["X-Linked-Etag"] = f'"{hashlib.sha256(data).hexdigest()}"'
+            headers["X-Linked-Size"] = str(len(data))
+        start, end, status = 0, len(data), 200
+        wanted = self.headers.get("Range")
+        if wanted and not head and not self.hub.ignore_range:
+            first, _, last = wanted.removeprefix("bytes=").partition("-")
+            start = int(first)
+            end = min(len(data), int(last) + 1) if last else len(data)
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
+        self._record.status = status
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(end - start))
+        self.end_headers()
+        if not head:
+            self._send_body(f"{repo_id}/{path}", data[start:end])
+
+    def _send_body(self, key: str, body: bytes) -> None:
+        with self.hub.lock:
+            cut = self.hub.drop_after.pop(key, None)
+            hold = self.hub.hold_after.get(key)
+        limit = len(body) if cut is None else min(cut, len(body))
+        sent = 0
+        try:
+            while sent < limit:
+                if hold is not None and sent >= hold[0]:
+                    hold[1].wait(timeout=30)
+                    hold = None
+                step = min(_CHUNK, limit - sent, (hold[0] - sent) if hold is not None else _CHUNK)
+                self.wfile.write(body[sent : sent + step])
+                sent += step
+                with self.hub.lock:
+                    self.hub.served[key] += step
+        except OSError:
+            self.close_connection = True
+            return
+        if cut is not None:
+            # Drop the connection mid-body: the client sees fewer bytes than Content-Length promised.
+            self.close_connection = True
+            with suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _json(self, status: int, body: object) -> None:
+        raw = json.dumps(body).encode()
+        self._record.status = status
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(raw)
+            with self.hub.lock:
+                self.hub.api_bytes += len(raw)
+
+    def _error(self, status: int, code: str, message: str, commit: str | None = None) -> None:
+        raw = json.dumps({"error": message}).encode()
+        self._record.status = status
+        self.send_response(status)
+        self.send_header("X-Error-Code", code)
+        self.send_header("X-Error-Message", message)
+        if commit is not None:
+            self.send_header("X-Repo-Commit", commit)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(raw)
+            with self.hub.lock:
+                self.hub.api_bytes += len(raw)
+
+
+def iter_requests(hub: FakeHub, method: str | None = None) -> Iterator[Request]:
+    """The logged requests, optionally of one method."""
+    with hub.lock:
+        log = list(hub.requests)
+    return (r for r in log if method is None or r.method == method)
