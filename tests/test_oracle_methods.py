@@ -97,7 +97,8 @@ def test_method_matches_mergekit(tmp_path: Path, trio: tuple[str, str, str], met
         other = theirs[name]
         assert tensor.shape == other.shape and tensor.dtype == other.dtype, name
         if method not in RANDOMISED:
-            assert torch.equal(tensor, other), f"{method}: {name} differs by {(tensor.float() - other.float()).abs().max()}"
+            gap = (tensor.float() - other.float()).abs().max()
+            assert torch.equal(tensor, other), f"{method}: {name} differs by {gap}"
         elif name in base and tensor.numel() > 256:
             kept = (tensor != base[name].to(tensor.dtype)).float().mean().item()
             kept_theirs = (other != base[name].to(other.dtype)).float().mean().item()

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub import constants
+from support import digests, write_config
 
 from hub.conftest import REPO, SPEC
 from hub.fakehub import FakeHub
 from resumerge.cli import main
 from resumerge.modelgen import make_model
-from support import digests, write_config
 
 
 def _config(tmp_path: Path, local: Path) -> Path:
