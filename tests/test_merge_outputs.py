@@ -145,3 +145,19 @@ def test_status_and_verify_json(tmp_path: Path, make: ModelFactory, capsys: pyte
     assert doc["bytes_done"] == doc["bytes_total"] == sum(p.stat().st_size for p in out.glob("*.safetensors"))
     assert main(["verify", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ok"] is True
+
+
+def test_resume_refuses_changed_inputs_and_names_them(tmp_path: Path, make: ModelFactory,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from support import cli
+
+    a, b = make("a", seed=1), make("b", seed=2)
+    cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
+    out = tmp_path / "out"
+    killed = cli("run", cfg, out, "--out-shard-size", "20k", "--quiet",
+                 env={"RESUMERGE_KILL_AT": "after_manifest_write:2"})
+    assert killed.returncode == -9
+    make("b", seed=3)  # same shapes, retrained weights
+    assert main(["resume", str(out), "--quiet"]) == 4
+    err = capsys.readouterr().err
+    assert "changed" in err and str(b) in err and "model-0000" in err
