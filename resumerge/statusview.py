@@ -16,9 +16,10 @@ from typing import Any
 
 from resumerge.errors import LedgerError
 from resumerge.locations import run_dir
+from resumerge.manifest import MANIFEST_NAME
 
+# Not imported from resumerge.ledger: that module loads sqlite-utils, which status must not pay for.
 LEDGER_NAME = "ledger.db"
-MANIFEST_NAME = "resumerge-manifest.json"
 
 
 @dataclass(frozen=True)
