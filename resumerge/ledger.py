@@ -172,15 +172,12 @@ class Ledger:
             self.db.table("run").update(1, {"peak_rss": max(peak_rss, row.get("peak_rss") or 0),
                                             "adaptations": (row.get("adaptations") or 0) + adaptations})
 
-    def set_state(self, state: str, *, error: str | None = None, peak_rss: int | None = None) -> None:
+    def set_state(self, state: str, *, error: str | None = None) -> None:
         """Move the run to ``state`` (planned|running|interrupted|failed|done), with the last error if any."""
         with self._lock, self.db.atomic():
             update: dict[str, Any] = {"state": state, "updated_at": time.time()}
             if error is not None:
                 update["last_error"] = error
-            if peak_rss is not None:
-                row = self.run_row()
-                update["peak_rss"] = max(peak_rss, (row or {}).get("peak_rss") or 0)
             self.db.table("run").update(1, update)
             self._event("state", state + (f": {error}" if error else ""))
 
@@ -223,12 +220,6 @@ class Ledger:
         """Append an event in its own transaction."""
         with self._lock, self.db.atomic():
             self._event(kind, message, data)
-
-    def events(self, limit: int = 50) -> list[dict[str, Any]]:
-        """The latest events, oldest first."""
-        with self._lock:
-            rows = list(self.db.table("events").rows_where(order_by="id desc", limit=limit))
-        return rows[::-1]
 
     def _event(self, kind: str, message: str, data: Mapping[str, Any] | None = None) -> None:
         self.db.table("events").insert(

@@ -77,16 +77,16 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
                 names = [
                     layouts[src.model.key].layer_name(rng[0] + k, suffix) for src, rng in zip(sl.sources, sl.ranges)
                 ]
-                tensors[out_name] = _tensor(out_name, names, sl, t, method, config, models, options)
+                tensors[out_name] = _tensor(out_name, names, sl, t, method, config, models)
         if s_index == 0:
             for name in first.pre:
-                tensors[name] = _edge_tensor(name, sl, method, config, models, layouts, options)
+                tensors[name] = _edge_tensor(name, sl, method, config, models)
     last = slices[-1]
     post_names: list[str] = []
     for src in last.sources:
         post_names.extend(n for n in layouts[src.model.key].post if n not in post_names)
     for name in post_names:
-        tensors[name] = _edge_tensor(name, last, method, config, models, layouts, options)
+        tensors[name] = _edge_tensor(name, last, method, config, models)
     shards, tensors = assign_shards(tensors, options.out_shard_size)
     donor = _donor(config)
     tokenizer_donor = _tokenizer_donor(config, donor, options)
@@ -190,7 +190,6 @@ def _tensor(
     method: MethodSpec,
     config: MergeConfig,
     models: Mapping[str, ModelInput],
-    options: PlanOptions,
 ) -> TensorPlan:
     inputs = []
     for src, name in zip(sl.sources, in_names):
@@ -248,8 +247,6 @@ def _edge_tensor(
     method: MethodSpec,
     config: MergeConfig,
     models: Mapping[str, ModelInput],
-    layouts: Mapping[str, Layout],
-    options: PlanOptions,
 ) -> TensorPlan:
     """A pre- or post-layer tensor: t = 0, taken from the slice's models, tied names standing in."""
     in_names = []
@@ -260,7 +257,7 @@ def _edge_tensor(
             continue
         tied = next((alt for alt in TIED_NAMES.get(name, ()) if alt in have), None)
         in_names.append(tied or name)  # a missing tensor is reported by _tensor with the model's name
-    return _tensor(name, in_names, sl, 0.0, method, config, models, options)
+    return _tensor(name, in_names, sl, 0.0, method, config, models)
 
 
 def _resolve_params(

@@ -31,12 +31,17 @@ def tensor_crcs(path: Path) -> dict[str, int]:
     return crcs
 
 
-def reconcile(out_dir: Path, ledger: Ledger, book: ManifestBook, *, log: list[str]) -> None:
-    """Verify committed files, reopen damaged ones, delete uncommitted planned files and temp files."""
+def reconcile(out_dir: Path, ledger: Ledger, book: ManifestBook, *, log: list[str],
+              verified: frozenset[str] = frozenset()) -> None:
+    """Verify committed files, reopen damaged ones, delete uncommitted planned files and temp files.
+
+    ``verified`` names files already re-hashed by this process (a ledger just rebuilt from the manifest), which
+    are not hashed a second time.
+    """
     rows = ledger.files()
     planned = {r["name"] for r in rows}
     for row in rows:
-        if row["status"] != "done":
+        if row["status"] != "done" or row["name"] in verified:
             continue
         problem = check_committed(out_dir, row["name"], row["bytes"], row["sha256"])
         if problem:
@@ -57,8 +62,12 @@ def reconcile(out_dir: Path, ledger: Ledger, book: ManifestBook, *, log: list[st
 
 
 def adopt_manifest(out_dir: Path, plan: Plan, ledger: Ledger, committed: Mapping[str, Mapping[str, object]],
-                   log: list[str]) -> None:
-    """Mark the manifest's committed files done in a fresh ledger, after re-hashing each one."""
+                   log: list[str]) -> frozenset[str]:
+    """Mark the manifest's committed files done in a fresh ledger, after re-hashing each one.
+
+    Returns the names found intact (so the caller need not hash them again).
+    """
+    intact = set()
     for name, info in sorted(committed.items()):
         size, sha = int(str(info["bytes"])), str(info["sha256"])
         problem = check_committed(out_dir, name, size, sha)
@@ -67,4 +76,6 @@ def adopt_manifest(out_dir: Path, plan: Plan, ledger: Ledger, committed: Mapping
             continue
         crcs = tensor_crcs(out_dir / name) if any(s.name == name for s in plan.shards) else None
         ledger.commit_file(name, size=size, sha256=sha, seconds=0.0, tensor_crcs=crcs)
+        intact.add(name)
     log.append(f"ledger rebuilt from {MANIFEST_NAME}")
+    return frozenset(intact)

@@ -47,7 +47,6 @@ class ProgressReporter:
         self._started = time.monotonic()
         self._bytes = 0
         self._total = 0
-        self._files = 0
         self._progress: Progress | None = None
         self._task: TaskID | None = None
 
@@ -88,7 +87,6 @@ class ProgressReporter:
     def file_done(self, name: str, kind: str) -> None:
         """Note a committed file (a plain line when not live)."""
         with self._lock:
-            self._files += 1
             if self._quiet or self._live:
                 return
             rate = self._bytes / max(1e-6, time.monotonic() - self._started)

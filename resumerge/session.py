@@ -231,8 +231,9 @@ def _drive(
     ledger = Ledger(rdir / LEDGER_NAME)
     notes: list[str] = []
     try:
-        book = _open_run(plan, config_text, out, ledger, manifest, restart=restart, resuming=resuming, notes=notes)
-        reconcile(out, ledger, book, log=notes)
+        book, verified = _open_run(plan, config_text, out, ledger, manifest, restart=restart, resuming=resuming,
+                                   notes=notes)
+        reconcile(out, ledger, book, log=notes, verified=verified)
         resumed = sum(1 for r in ledger.files() if r["status"] == "done")
         for note in notes:
             reporter.message(note)
@@ -294,8 +295,11 @@ def _open_run(
     restart: bool,
     resuming: bool,
     notes: list[str],
-) -> ManifestBook:
-    """Decide between continuing, rebuilding the ledger, refusing, or starting over; returns the manifest book."""
+) -> tuple[ManifestBook, frozenset[str]]:
+    """Decide between continuing, rebuilding the ledger, refusing, or starting over.
+
+    Returns the manifest book and the files this call already re-hashed (when the ledger was rebuilt).
+    """
     row = ledger.run_row()
     recorded = row["fingerprint"] if row else (manifest.fingerprint if manifest else None)
     if recorded is not None and recorded != plan.fingerprint:
@@ -314,17 +318,18 @@ def _open_run(
         _clean_previous(out, ledger, manifest)
         notes.append("previous run in OUT discarded (--restart)")
         row, manifest = None, None
+    verified: frozenset[str] = frozenset()
     if row is None:
         _record_plan(plan, config_text, out, ledger)
         if manifest is not None:
             # The state dir was lost (a runtime reset) but OUT survived: trust only what re-hashes correctly.
-            adopt_manifest(out, plan, ledger, manifest.committed, notes)
+            verified = adopt_manifest(out, plan, ledger, manifest.committed, notes)
     committed = {
         r["name"]: {"bytes": r["bytes"], "sha256": r["sha256"]} for r in ledger.files() if r["status"] == "done"
     }
     book = ManifestBook(out, _fresh_manifest(plan, config_text, committed))
     book.set_state("running")
-    return book
+    return book, verified
 
 
 def _fresh_manifest(plan: Plan, config_text: str, committed: dict[str, Any] | None = None) -> Manifest:
