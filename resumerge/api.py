@@ -40,25 +40,31 @@ def run(
     copy_tokenizer: bool = True,
     progress: bool = False,
     max_memory: int | str | None = None,
+    device: str = "cpu",
+    max_gpu_memory: int | str | None = None,
 ) -> Outcome:
     """Merge ``config`` (a YAML file path or YAML text) into ``out``, like ``resumerge run``."""
+    from resumerge.devices import normalise_device
+
     options = PlanOptions(out_shard_size=parse_size(out_shard_size, option="out_shard_size"),
-                          random_seed=random_seed, copy_tokenizer=copy_tokenizer)
+                          random_seed=random_seed, copy_tokenizer=copy_tokenizer, device=normalise_device(device))
     reporter = _reporter(progress)
     try:
         return run_merge(_config_text(config), out, options=options, state_dir=state_dir, restart=restart,
-                         reporter=reporter, max_memory=_budget(max_memory))
+                         reporter=reporter, max_memory=_budget(max_memory),
+                         max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"))
     finally:
         if reporter is not None:
             reporter.close()
 
 
 def resume(out: PathLike, *, state_dir: PathLike | None = None, progress: bool = False,
-           max_memory: int | str | None = None) -> Outcome:
+           max_memory: int | str | None = None, max_gpu_memory: int | str | None = None) -> Outcome:
     """Finish the merge recorded for ``out``, like ``resumerge resume``."""
     reporter = _reporter(progress)
     try:
-        return resume_merge(out, state_dir=state_dir, reporter=reporter, max_memory=_budget(max_memory))
+        return resume_merge(out, state_dir=state_dir, reporter=reporter, max_memory=_budget(max_memory),
+                            max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"))
     finally:
         if reporter is not None:
             reporter.close()
@@ -85,8 +91,8 @@ def plan_merge(config: PathLike, *, out_shard_size: int | str = DEFAULT_SHARD_SI
     return plan_from_config(load_config_text(_config_text(config), source=Path(source).name), options)
 
 
-def _budget(value: int | str | None) -> int | None:
-    return None if value is None else parse_size(value, option="max_memory")
+def _budget(value: int | str | None, option: str = "max_memory") -> int | None:
+    return None if value is None else parse_size(value, option=option)
 
 
 def _reporter(progress: bool) -> ProgressReporter | None:

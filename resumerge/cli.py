@@ -26,14 +26,13 @@ if TYPE_CHECKING:
 
 # mergekit-yaml flags that resumerge accepts so existing command lines work, and why each is not needed.
 UNNEEDED_FLAGS: dict[str, str] = {
-    "--cuda": "merges run on the CPU in this version",
-    "--no-cuda": "merges run on the CPU in this version",
+    "--no-cuda": "merges run on the CPU unless --device cuda is given",
     "--lazy-unpickle": "resumerge never unpickles; safetensors are always read lazily",
     "--clone-tensors": "output tensors never share memory here",
     "--low-cpu-memory": "memory is bounded by streaming shards to disk",
-    "--read-to-gpu": "merges run on the CPU in this version",
-    "--multi-gpu": "merges run on the CPU in this version",
-    "--gpu-rich": "merges run on the CPU in this version",
+    "--read-to-gpu": "with --device cuda each unit's inputs are moved to the GPU as they are read",
+    "--multi-gpu": "one GPU is used (--device cuda:N picks which)",
+    "--gpu-rich": "GPU work in flight follows --max-gpu-memory",
     "--async-write": "writes always overlap computation",
     "--copy-tokenizer": "the tokenizer is copied by default",
     "--safe-serialization": "output is always safetensors",
@@ -44,7 +43,6 @@ UNNEEDED_FLAGS: dict[str, str] = {
     "--verbose": "progress is shown by default",
 }
 UNNEEDED_WITH_VALUE: dict[str, str] = {
-    "--device": "merges run on the CPU in this version",
     "--num-threads": "resumerge sizes its thread pool itself",
     "--write-threads": "one writer thread streams every shard",
     "--lora-merge-cache": "no merge cache is needed",
@@ -75,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--restart", action="store_true",
                      help="discard a different earlier run in OUT (only files it wrote) and start over")
     run.add_argument("--no-copy-tokenizer", action="store_true", help="do not copy tokenizer files")
+    run.add_argument("--device", default="cpu", metavar="DEVICE",
+                     help="where merge methods compute: cpu or cuda[:N] (reading and writing stay on the host; "
+                          "a resume keeps the device) [default: cpu]")
+    run.add_argument("--cuda", action="store_const", const="cuda", dest="device",
+                     help="same as --device cuda (mergekit's flag)")
     run.add_argument("--transformers-cache", metavar="DIR",
                      help="Hugging Face cache directory for hub models [default: HF_HUB_CACHE / HF_HOME]")
     for flag in UNNEEDED_FLAGS:
@@ -125,6 +128,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-memory", metavar="SIZE",
                    help="RAM budget for the whole process, e.g. 6GB [default: 80 %% of what the machine or "
                         "container allows]; work in flight shrinks before the budget is reached")
+    p.add_argument("--max-gpu-memory", metavar="SIZE",
+                   help="GPU memory budget when merging with --device cuda [default: 85 %% of the GPU's free "
+                        "memory]")
 
 
 def _dest(flag: str) -> str:
@@ -235,14 +241,16 @@ def _run(args: argparse.Namespace) -> int:
     if shard_size <= 0:
         raise UsageError("--out-shard-size must be positive")
     text = read_config_file(args.config)
+    from resumerge.devices import normalise_device
+
     options = PlanOptions(out_shard_size=shard_size, random_seed=args.random_seed,
-                          copy_tokenizer=not args.no_copy_tokenizer)
+                          copy_tokenizer=not args.no_copy_tokenizer, device=normalise_device(args.device))
     stop = _StopFlag()
     stop.install()
     with _Progress(args.quiet) as progress:
         outcome = run_merge(text, args.out, options=options, state_dir=args.state_dir, restart=args.restart,
                             reporter=progress, should_stop=stop, max_memory=_max_memory(args),
-                            cache_dir=args.transformers_cache)
+                            cache_dir=args.transformers_cache, max_gpu_memory=_max_memory(args, "--max-gpu-memory"))
     _finished(outcome, args.quiet)
     return EXIT_OK
 
@@ -254,20 +262,26 @@ def _resume(args: argparse.Namespace) -> int:
     stop.install()
     with _Progress(args.quiet) as progress:
         outcome = resume_merge(args.out, state_dir=args.state_dir, reporter=progress, should_stop=stop,
-                               max_memory=_max_memory(args))
+                               max_memory=_max_memory(args), max_gpu_memory=_max_memory(args, "--max-gpu-memory"))
     _finished(outcome, args.quiet)
     return EXIT_OK
 
 
-def _max_memory(args: argparse.Namespace) -> int | None:
-    if args.max_memory is None:
+def _max_memory(args: argparse.Namespace, option: str = "--max-memory") -> int | None:
+    """The budget given with ``option`` in bytes, or None when it was not given."""
+    text = getattr(args, _attr(option), None)
+    if text is None:
         return None
     from resumerge.memory.sizes import parse_size
 
-    value = parse_size(args.max_memory, option="--max-memory")
+    value = parse_size(text, option=option)
     if value <= 0:
-        raise UsageError("--max-memory must be positive")
+        raise UsageError(f"{option} must be positive")
     return value
+
+
+def _attr(option: str) -> str:
+    return option.lstrip("-").replace("-", "_")
 
 
 def _plan(args: argparse.Namespace) -> int:

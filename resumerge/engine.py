@@ -57,13 +57,18 @@ def tensor_seed(seed: int, name: str) -> int:
 
 
 def compute_tensor(plan: Plan, tp: TensorPlan, reader: TensorReader) -> torch.Tensor:
-    """Read the inputs of ``tp``, run its method, and return the result in the planned dtype (contiguous)."""
+    """Read the inputs of ``tp``, run its method on the plan's device, and return the result on the host in the
+    planned dtype (contiguous)."""
     method = get_method(tp.method)
     if method is None:
         raise ResumergeError(f"internal: unknown method {tp.method}")
+    device = torch.device(plan.options.device)
+    on_gpu = device.type != "cpu"
     tensors = []
     for ref in tp.inputs:
         t = reader.read(Path(plan.model_dirs[ref.model]) / ref.file, ref.start, ref.end, ref.dtype, ref.shape)
+        if on_gpu:
+            t = t.to(device)
         if tp.compute_dtype is not None:
             t = t.to(NAME_DTYPES[tp.compute_dtype])
         tensors.append(t)
@@ -75,7 +80,7 @@ def compute_tensor(plan: Plan, tp: TensorPlan, reader: TensorReader) -> torch.Te
         tensors = [t.to(common) for t in tensors]
     generator = None
     if method.randomized:
-        generator = torch.Generator().manual_seed(tensor_seed(plan.options.random_seed, tp.name))
+        generator = torch.Generator(device=device).manual_seed(tensor_seed(plan.options.random_seed, tp.name))
     ctx = MergeContext(
         tensors=tensors,
         base_index=tp.base_index,
@@ -88,7 +93,10 @@ def compute_tensor(plan: Plan, tp: TensorPlan, reader: TensorReader) -> torch.Te
         out = method.fn(ctx)
     except ValueError as exc:
         raise ResumergeError(f"{tp.method} failed on {tp.name}: {exc}", tensor=tp.name) from exc
-    return out.to(TORCH_DTYPES[tp.out_dtype]).contiguous()
+    out = out.to(TORCH_DTYPES[tp.out_dtype])
+    if on_gpu:
+        out = out.cpu()  # a blocking copy: the GPU memory of this unit is free once it returns
+    return out.contiguous()
 
 
 _Item = tuple[ShardPlan, str, torch.Tensor, "Reservation | None"]
@@ -170,8 +178,9 @@ class _Pipeline:
     """The calling thread's side: admit units, compute them on the pool, hand results to the writer in order."""
 
     def __init__(self, plan: Plan, writer: _Writer, governor: MemoryGovernor | None, workers: int,
-                 should_stop: Callable[[], bool]) -> None:
+                 should_stop: Callable[[], bool], gpu: MemoryGovernor | None = None) -> None:
         self.plan, self.writer, self.governor, self.workers = plan, writer, governor, workers
+        self.gpu = gpu
         self.should_stop = should_stop
         self.reader = TensorReader()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="resumerge-merge")
@@ -181,7 +190,8 @@ class _Pipeline:
         return self.should_stop() or self.writer.error is not None or not self.writer.is_alive()
 
     def limit(self) -> int:
-        return min(self.workers, self.governor.in_flight_limit) if self.governor else self.workers
+        limit = min(self.workers, self.governor.in_flight_limit) if self.governor else self.workers
+        return min(limit, self.gpu.in_flight_limit) if self.gpu else limit
 
     def run(self, work: Iterator[tuple[ShardPlan, TensorPlan]]) -> bool:
         """Process every unit of ``work``; returns False when stopped early."""
@@ -195,28 +205,44 @@ class _Pipeline:
             while len(self.inflight) >= self.limit():
                 if not self.hand_over_oldest():
                     return False
-            admitted, reservation = self._admit(tp, method, None)
+            admitted, reservation = self._admit(tp, method, None, self.governor)
             if not admitted:
                 return False
-            self.inflight.append((shard, tp, self.pool.submit(compute_tensor, self.plan, tp, self.reader),
-                                  reservation))
+            admitted, on_gpu = self._admit(tp, method, None, self.gpu)
+            if not admitted:
+                if reservation is not None:
+                    reservation.release()
+                return False
+            future = self.pool.submit(self._compute, tp, on_gpu)
+            self.inflight.append((shard, tp, future, reservation))
         return self.flush()
+
+    def _compute(self, tp: TensorPlan, on_gpu: Reservation | None) -> torch.Tensor:
+        """Compute ``tp``; its GPU reservation ends with the computation (the result is back on the host)."""
+        try:
+            return compute_tensor(self.plan, tp, self.reader)
+        finally:
+            if on_gpu is not None:
+                on_gpu.release()
 
     def _too_big(self, tp: TensorPlan, method: MethodSpec) -> bool:
         assert self.governor is not None
-        return estimate_bytes(tp, method) > self.governor.budget // 4
+        budget = min(self.governor.budget, self.gpu.budget) if self.gpu else self.governor.budget
+        return estimate_bytes(tp, method) > budget // 4
 
-    def _admit(self, tp: TensorPlan, method: MethodSpec, rows: int | None) -> tuple[bool, Reservation | None]:
-        """(admitted, reservation): the reservation is None without a governor; admitted is False when stopped.
+    def _admit(self, tp: TensorPlan, method: MethodSpec, rows: int | None,
+               pool: MemoryGovernor | None) -> tuple[bool, Reservation | None]:
+        """(admitted, reservation) from ``pool``; the reservation is None without a governor, and admitted is
+        False when stopped.
 
         While waiting, finished units are handed to the writer: their reservations are what frees the room.
         """
-        if self.governor is None:
+        if pool is None:
             return True, None
         estimate = estimate_bytes(tp, method, rows)
         while True:
             try:
-                return True, self.governor.acquire(estimate, timeout=0.05, what=tp.name)
+                return True, pool.acquire(estimate, timeout=0.05, what=tp.name)
             except TimeoutError:
                 if self.halted():
                     return False, None
@@ -253,11 +279,18 @@ class _Pipeline:
         first = 0
         while first < total:
             rows = max(1, min(total - first, self.governor.chunk_rows(row_estimate, total - first)))
+            if self.gpu is not None:
+                rows = max(1, min(rows, self.gpu.chunk_rows(row_estimate, total - first)))
             part = chunk_plan(tp, first, first + rows)
-            admitted, reservation = self._admit(tp, method, rows)
+            admitted, reservation = self._admit(tp, method, rows, self.governor)
             if not admitted:
                 return False
-            tensor = compute_tensor(self.plan, part, self.reader)
+            admitted, on_gpu = self._admit(tp, method, rows, self.gpu)
+            if not admitted:
+                if reservation is not None:
+                    reservation.release()
+                return False
+            tensor = self._compute(part, on_gpu)
             if not self._put((shard, tp.name, tensor, reservation)):
                 return False
             del tensor
@@ -285,16 +318,18 @@ def execute(
     config_text: str,
     workers: int = 2,
     governor: MemoryGovernor | None = None,
+    gpu: MemoryGovernor | None = None,
 ) -> None:
     """Bring every pending file of ``plan`` to committed; raises :class:`Stopped` when ``should_stop`` turns true.
 
     With a ``governor`` every unit is admitted against the memory budget, the number in flight follows its
-    limit, and elementwise tensors larger than a quarter of the budget are streamed in row chunks.
+    limit, and elementwise tensors larger than a quarter of the budget are streamed in row chunks. ``gpu``
+    governs the memory of the plan's GPU the same way (a unit holds its GPU reservation while it computes).
     """
     done = {row["name"] for row in ledger.files() if row["status"] == "done"}
     writer = _Writer(plan, out_dir, ledger, book, reporter)
     writer.start()
-    pipeline = _Pipeline(plan, writer, governor, workers, should_stop)
+    pipeline = _Pipeline(plan, writer, governor, workers, should_stop, gpu)
     finished = False
     try:
         finished = pipeline.run(_pending_tensors(plan, done))

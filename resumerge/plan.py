@@ -27,6 +27,8 @@ class PlanOptions:
     out_shard_size: int = DEFAULT_SHARD_SIZE
     random_seed: int = DEFAULT_SEED
     copy_tokenizer: bool = True
+    # Where methods run ("cpu" or "cuda:N"): a GPU may round differently, so it is part of the output's identity.
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,7 @@ def describe_changes(
     if recorded_parts.get("version") != now["version"]:
         changes.append(f"resumerge version changed ({recorded_parts.get('version')} -> {now['version']})")
     if recorded_parts.get("options") != now["options"]:
-        changes.append("output options changed (--out-shard-size, --random-seed or tokenizer copying)")
+        changes.append("output options changed (--out-shard-size, --random-seed, --device or tokenizer copying)")
     if recorded_parts.get("inputs") != now["inputs"]:
         for model, files in sorted(plan.inputs.items()):
             before = {f[0]: f for f in recorded_inputs.get(model, [])}

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge import __version__
 from resumerge.config import MergeConfig, load_config_text
+from resumerge.devices import gpu_governor
 from resumerge.engine import Reporter, Stopped, execute
 from resumerge.errors import (
     InterruptedMerge,
@@ -29,7 +30,7 @@ from resumerge.errors import (
 from resumerge.ledger import LEDGER_NAME, Ledger
 from resumerge.locations import run_dir
 from resumerge.manifest import MANIFEST_NAME, Manifest, ManifestBook, read_manifest
-from resumerge.memory import MemoryGovernor, SystemProbe, default_budget, format_size, os_peak_rss
+from resumerge.memory import CudaProbe, MemoryGovernor, SystemProbe, default_budget, format_size, os_peak_rss
 from resumerge.outputs import aux_files
 from resumerge.plan import Plan, PlanOptions, describe_changes, fingerprint_parts
 from resumerge.planner import build_plan
@@ -124,23 +125,26 @@ def run_merge(
     workers: int = 2,
     max_memory: int | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    max_gpu_memory: int | None = None,
 ) -> Outcome:
     """Merge ``config_text`` into ``out_dir``; continue an unfinished run of the same plan there.
 
     Raises InputError (exit 2) before touching OUT; PlanChangedError when OUT holds another run and
     ``restart`` is false; InterruptedMerge when ``should_stop`` turned true; StorageError on write failures.
-    ``max_memory`` is the RAM budget in bytes (default: a safe fraction of what the machine or container allows).
+    ``max_memory`` is the RAM budget in bytes (default: a safe fraction of what the machine or container allows);
+    ``max_gpu_memory`` the GPU's when ``options.device`` is a GPU (default: a safe fraction of its free memory).
     """
     config = load_config_text(config_text)
     plan, inputs = prepare(config, options or PlanOptions(), state_dir=state_dir, cache_dir=cache_dir,
                            reporter=reporter)
     governor = make_governor(plan, max_memory)
+    gpu = gpu_governor(plan, plan.options.device, max_gpu_memory)
     out = Path(out_dir).absolute()
     manifest = _check_out_dir(out)
     fetch_inputs(inputs, state_dir=state_dir, on_progress=_hub_progress(reporter))
     return _drive(plan, config_text, out, state_dir, manifest, restart=restart, reporter=reporter,
                   should_stop=should_stop, workers=workers, command=f"resumerge resume {out_dir}",
-                  governor=governor)
+                  governor=governor, gpu=gpu)
 
 
 def resume_merge(
@@ -151,10 +155,12 @@ def resume_merge(
     should_stop: Callable[[], bool] = lambda: False,
     workers: int = 2,
     max_memory: int | None = None,
+    max_gpu_memory: int | None = None,
 ) -> Outcome:
     """Finish the merge recorded for ``out_dir`` (from the ledger, else from OUT's manifest).
 
-    Raises LedgerError when neither exists, PlanChangedError when the inputs or resumerge changed.
+    Raises LedgerError when neither exists, PlanChangedError when the inputs or resumerge changed, UsageError
+    when the merge computes on a GPU that this machine lacks (the device is part of the output's identity).
     """
     out = Path(out_dir).absolute()
     manifest = read_manifest(out) if out.is_dir() else None
@@ -177,10 +183,11 @@ def resume_merge(
     config = load_config_text(text)
     plan, inputs = prepare(config, PlanOptions(**opts), model_dirs=dirs, state_dir=state_dir, reporter=reporter)
     governor = make_governor(plan, max_memory)
+    gpu = gpu_governor(plan, plan.options.device, max_gpu_memory)
     fetch_inputs(inputs, state_dir=state_dir, on_progress=_hub_progress(reporter))
     return _drive(plan, text, out, state_dir, manifest, restart=False, reporter=reporter,
                   should_stop=should_stop, workers=workers, command=f"resumerge resume {out_dir}",
-                  resuming=True, governor=governor)
+                  resuming=True, governor=governor, gpu=gpu)
 
 
 def make_governor(plan: Plan, max_memory: int | None) -> MemoryGovernor:
@@ -218,6 +225,7 @@ def _drive(
     command: str,
     resuming: bool = False,
     governor: MemoryGovernor | None = None,
+    gpu: MemoryGovernor | None = None,
 ) -> Outcome:
     from resumerge.runlock import RunLock
     from resumerge.workunits import tune_allocator
@@ -249,9 +257,13 @@ def _drive(
         if governor is not None:
             ledger.event("memory", f"budget {format_size(governor.budget)}", {"budget": governor.budget})
             governor.start()
+        if gpu is not None:
+            ledger.event("memory", f"{gpu.pool} budget {format_size(gpu.budget)}",
+                         {"pool": gpu.pool, "budget": gpu.budget})
+            gpu.start()
         try:
             execute(plan, out, ledger, book, reporter, should_stop=should_stop, config_text=config_text,
-                    workers=workers, governor=governor)
+                    workers=workers, governor=governor, gpu=gpu)
         except Stopped:
             ledger.set_state("interrupted", error="stopped by signal")
             raise InterruptedMerge("merge interrupted; every committed shard is kept", resume_command=command) from None
@@ -266,6 +278,7 @@ def _drive(
             raise
         finally:
             _record_memory(ledger, governor)
+            _record_gpu_memory(ledger, gpu)
         book.set_state("done")
         ledger.set_state("done")
         return Outcome(plan, out, resumed, tuple(notes))
@@ -283,6 +296,18 @@ def _record_memory(ledger: Ledger, governor: MemoryGovernor | None) -> None:
     for a in governor.adaptations[-100:]:
         ledger.event("adaptation", f"{a.knob} {a.old} -> {a.new}: {a.reason}")
     ledger.record_peak(peak, len(governor.adaptations))
+
+
+def _record_gpu_memory(ledger: Ledger, gpu: MemoryGovernor | None) -> None:
+    """Stop the GPU governor and store its exact allocator peak and adaptations as events."""
+    if gpu is None:
+        return
+    gpu.stop()
+    peak = gpu.probe.peak() if isinstance(gpu.probe, CudaProbe) else gpu.peak_rss
+    for a in gpu.adaptations[-100:]:
+        ledger.event("adaptation", f"{gpu.pool} {a.knob} {a.old} -> {a.new}: {a.reason}")
+    ledger.event("memory", f"{gpu.pool} peak {format_size(peak)}",
+                 {"pool": gpu.pool, "peak": peak, "adaptations": len(gpu.adaptations)})
 
 
 def _open_run(

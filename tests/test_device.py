@@ -1,0 +1,136 @@
+"""``--device``: GPU compute with its own memory budget, and the refusals around it.
+
+This machine has no GPU, so the GPU governor's admission is exercised with a scripted probe on CPU arithmetic
+(the engine's GPU path differs only in where tensors live), and a real CUDA run is checked when torch sees one.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from resumerge import api
+from resumerge.config import load_config_text
+from resumerge.devices import gpu_governor, normalise_device
+from resumerge.errors import UsageError
+from resumerge.memory import FakeProbe, MemoryGovernor, Reservation
+from resumerge.plan import PlanOptions
+from resumerge.session import plan_from_config
+from tests.conftest import ModelFactory
+from tests.support import cli, digests, linear_config, write_config
+
+
+@pytest.mark.parametrize(("text", "want"), [("cpu", "cpu"), ("CUDA", "cuda:0"), ("cuda:1", "cuda:1")])
+def test_device_names_are_normalised(text: str, want: str) -> None:
+    assert normalise_device(text) == want
+
+
+@pytest.mark.parametrize("text", ["mps", "cuda:x", "gpu", ""])
+def test_unknown_devices_are_refused(text: str) -> None:
+    with pytest.raises(UsageError, match="unknown device"):
+        normalise_device(text)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_without_a_gpu_is_refused_before_out_is_touched(tmp_path: Path, make: ModelFactory) -> None:
+    a, b = make("a", seed=1), make("b", seed=2)
+    config = write_config(tmp_path / "c.yml", linear_config(a, b))
+    out = tmp_path / "out"
+    done = cli("run", config, out, "--cuda")
+    assert done.returncode == 2, done.stderr
+    assert "torch sees no CUDA GPU" in done.stderr and "Traceback" not in done.stderr
+    assert not out.exists()
+    done = cli("run", config, out, "--device", "tpu")
+    assert done.returncode == 2 and "unknown device 'tpu'" in done.stderr
+
+
+class _CountingGovernor(MemoryGovernor):
+    """Records every reservation and the most bytes reserved at once."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.grants: list[int] = []
+        self.outstanding = 0
+        self.most = 0
+        self._count_lock = threading.Lock()
+
+    def acquire(self, estimate_bytes: int, *, timeout: float | None = None, what: str | None = None) -> Reservation:
+        reservation = super().acquire(estimate_bytes, timeout=timeout, what=what)
+        with self._count_lock:
+            self.grants.append(estimate_bytes)
+            self.outstanding += estimate_bytes
+            self.most = max(self.most, self.outstanding)
+        return reservation
+
+    def _release(self, reservation: Reservation) -> None:
+        with self._count_lock:
+            self.outstanding -= reservation.nbytes
+        super()._release(reservation)
+
+
+def test_gpu_budget_governs_units_and_streams_rows(tmp_path: Path, make: ModelFactory,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small GPU budget under a roomy host budget: every unit holds a GPU reservation while it computes, large
+    tensors are cut into row chunks to fit it, nothing is left reserved, and the bytes equal a plain CPU run."""
+    a = make("a", seed=1, hidden=64, intermediate=256, vocab=512, layers=2)
+    b = make("b", seed=2, hidden=64, intermediate=256, vocab=512, layers=2)
+    config = write_config(tmp_path / "c.yml", linear_config(a, b))
+    api.run(config, tmp_path / "plain", state_dir=tmp_path / "s1")
+
+    budget = 600_000  # the embedding (512 x 64 fp32 inputs + working set) needs ~1 MB whole
+    made: list[_CountingGovernor] = []
+
+    def fake_gpu(plan: object, device: str, max_gpu_memory: int | None) -> MemoryGovernor | None:
+        gov = _CountingGovernor(budget, FakeProbe(), write_buffer_bytes=0, pool="cuda:0",
+                                budget_option="--max-gpu-memory")
+        made.append(gov)
+        return gov
+
+    monkeypatch.setattr("resumerge.session.gpu_governor", fake_gpu)
+    api.run(config, tmp_path / "gpu", state_dir=tmp_path / "s2", max_memory="4GB")
+    gov = made[0]
+    plan = plan_from_config(load_config_text(config.read_text()), PlanOptions())
+    assert len(gov.grants) > len(plan.tensors)  # the two vocab tensors were streamed in chunks
+    assert max(gov.grants) <= budget and gov.most <= budget
+    assert gov.outstanding == 0
+    assert digests(tmp_path / "gpu") == digests(tmp_path / "plain")
+
+
+def test_a_whole_tensor_over_the_gpu_budget_names_the_smallest_that_works(tmp_path: Path,
+                                                                         make: ModelFactory) -> None:
+    a = make("a", seed=1, hidden=64, intermediate=256, vocab=512, layers=2)
+    b = make("b", seed=2, hidden=64, intermediate=256, vocab=512, layers=2)
+    c = make("c", seed=3, hidden=64, intermediate=256, vocab=512, layers=2)
+    doc: dict[str, object] = {"merge_method": "ties", "base_model": str(a),
+           "models": [{"model": str(m), "parameters": {"weight": 0.5, "density": 0.5}} for m in (b, c)]}
+    plan = plan_from_config(load_config_text(write_config(tmp_path / "t.yml", doc).read_text()), PlanOptions())
+    with pytest.raises(UsageError, match="needs more GPU memory") as caught:
+        gpu_governor(plan, "cuda:0", 100_000, probe=FakeProbe())
+    assert "--max-gpu-memory" in caught.value.one_line()
+    needed = caught.value.one_line().split("smallest GPU budget that works is ")[1].split(";")[0]
+    from resumerge.memory import parse_size
+
+    assert gpu_governor(plan, "cuda:0", parse_size(needed), probe=FakeProbe()) is not None
+    assert gpu_governor(plan, "cpu", 1, probe=FakeProbe()) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_merge_matches_cpu_and_resume_keeps_the_device(tmp_path: Path, make: ModelFactory) -> None:
+    a, b = make("a", seed=1), make("b", seed=2)
+    config = write_config(tmp_path / "c.yml", linear_config(a, b))
+    api.run(config, tmp_path / "cpu", state_dir=tmp_path / "s1")
+    done = cli("run", config, tmp_path / "gpu", "--device", "cuda", "--state-dir", tmp_path / "s2",
+               env={"RESUMERGE_KILL_AT": "after_shard_commit"})
+    assert done.returncode != 0
+    done = cli("resume", tmp_path / "gpu", "--state-dir", tmp_path / "s2")
+    assert done.returncode == 0, done.stderr
+    from safetensors.torch import load_file
+
+    for name in sorted(p.name for p in (tmp_path / "cpu").glob("*.safetensors")):
+        want, got = load_file(tmp_path / "cpu" / name), load_file(tmp_path / "gpu" / name)
+        assert want.keys() == got.keys()
+        for key in want:
+            torch.testing.assert_close(got[key], want[key])
