@@ -95,7 +95,23 @@ class MergeConfig:
 
 
 def load_config_text(text: str, *, source: str = "config") -> MergeConfig:
-    """Parse and validate YAML ``text``; raises :class:`ConfigError` naming the YAML path of the first problem."""
+    """Parse and validate YAML ``text``; raises :class:`ConfigError` naming the YAML path of the first problem.
+
+    ``text`` must hold one document; a multi-document (mergekit-multi) recipe is read by
+    :func:`resumerge.recipe.load_recipe_text`.
+    """
+    docs = parse_documents(text, source=source)
+    if len(docs) > 1:
+        raise ConfigError(
+            f"{source} holds {len(docs)} YAML documents (a mergekit-multi recipe)",
+            hint="resumerge run, resume and status take recipes as a whole; this command takes one merge config",
+        )
+    return config_from_document(docs[0], text, source=source)
+
+
+def parse_documents(text: str, *, source: str = "config") -> list[Any]:
+    """The non-empty YAML documents of ``text`` (safe loader only); raises :class:`ConfigError` for bad YAML
+    (with line and column) or when there is no document at all."""
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
@@ -108,12 +124,11 @@ def load_config_text(text: str, *, source: str = "config") -> MergeConfig:
         ) from None
     if not docs:
         raise ConfigError(f"{source} is empty", hint="give at least merge_method and models or slices")
-    if len(docs) > 1:
-        raise ConfigError(
-            f"{source} holds {len(docs)} YAML documents (a mergekit-multi recipe)",
-            hint="multi-stage recipes are not supported by this version; run each stage as its own config",
-        )
-    doc = docs[0]
+    return docs
+
+
+def config_from_document(doc: Any, text: str, *, source: str = "config") -> MergeConfig:
+    """Validate one parsed YAML document ``doc`` whose YAML text is ``text``; raises :class:`ConfigError`."""
     if not isinstance(doc, dict):
         raise ConfigError(f"{source} must be a YAML mapping, got {type(doc).__name__}")
     return _parse(doc, text)
