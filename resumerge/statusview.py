@@ -1,13 +1,15 @@
 """Where a merge stands, read without torch or sqlite-utils (``resumerge status`` answers in well under 0.5 s).
 
 Reads the ledger through the standard library's sqlite3 in read-only mode, or — when the state dir is gone —
-OUT's manifest. A run recorded as ``running`` whose lock no process holds is reported as ``interrupted``.
+OUT's manifest. A run recorded as ``running`` whose lock no process holds is reported as ``interrupted``; an
+unfinished run carries the exact command that finishes it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import sqlite3
 import time
 from dataclasses import asdict, dataclass, field
@@ -51,12 +53,18 @@ class StatusReport:
     adaptations: int = 0
     elapsed_seconds: float | None = None
     events: tuple[str, ...] = field(default=())
+    # The run's RAM budget (from its latest start), the latest governor adaptations, and for an unfinished
+    # run the command that finishes it (None while done, or while another process is merging).
+    budget: int | None = None
+    adaptation_events: tuple[str, ...] = ()
+    resume_command: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form printed by ``status --json``."""
         doc = asdict(self)
         doc["files"] = [asdict(f) for f in self.files]
         doc["events"] = list(self.events)
+        doc["adaptation_events"] = list(self.adaptation_events)
         return doc
 
 
@@ -64,13 +72,14 @@ def read_status(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[st
     """Status of the merge into ``out_dir``; raises :class:`LedgerError` when there is no record of one."""
     rdir = run_dir(out_dir, state_dir)
     ledger = rdir / LEDGER_NAME
+    command = resume_command(out_dir, state_dir)
     if ledger.exists():
-        report = _from_ledger(ledger, rdir, str(out_dir))
+        report = _from_ledger(ledger, rdir, str(out_dir), command)
         if report is not None:
             return report
     manifest = Path(out_dir) / MANIFEST_NAME
     if manifest.is_file():
-        return _from_manifest(manifest, str(out_dir))
+        return _from_manifest(manifest, str(out_dir), command)
     raise LedgerError(
         f"no merge recorded for {out_dir}",
         path=str(out_dir),
@@ -78,7 +87,13 @@ def read_status(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[st
     )
 
 
-def _from_ledger(path: Path, rdir: Path, out_dir: str) -> StatusReport | None:
+def resume_command(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None) -> str:
+    """The shell command that finishes the merge into ``out_dir`` (with ``--state-dir`` when one was given)."""
+    command = f"resumerge resume {shlex.quote(os.fspath(out_dir))}"
+    return command if state_dir is None else f"{command} --state-dir {shlex.quote(os.fspath(state_dir))}"
+
+
+def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusReport | None:
     from resumerge.runlock import is_locked
 
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -94,6 +109,10 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str) -> StatusReport | None:
             "SELECT COUNT(*), COALESCE(SUM(status = 'done'), 0) FROM tensors"
         ).fetchone()
         events = conn.execute("SELECT kind, message FROM events ORDER BY id DESC LIMIT 8").fetchall()
+        memory = conn.execute("SELECT data FROM events WHERE kind = 'memory' ORDER BY id DESC LIMIT 1").fetchone()
+        adaptations = conn.execute(
+            "SELECT message FROM events WHERE kind = 'adaptation' ORDER BY id DESC LIMIT 3"
+        ).fetchall()
     except sqlite3.DatabaseError as exc:
         raise LedgerError(f"the ledger {path} is unreadable ({exc})", path=str(path)) from None
     finally:
@@ -118,10 +137,21 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str) -> StatusReport | None:
         adaptations=run["adaptations"] or 0,
         elapsed_seconds=max(0.0, (run["updated_at"] or time.time()) - (run["created_at"] or time.time())),
         events=tuple(f"{e['kind']}: {e['message']}" for e in reversed(events)),
+        budget=_budget(memory["data"] if memory else None),
+        adaptation_events=tuple(a["message"] for a in reversed(adaptations)),
+        resume_command=None if state in ("done", "running") else command,
     )
 
 
-def _from_manifest(path: Path, out_dir: str) -> StatusReport:
+def _budget(data: str | None) -> int | None:
+    try:
+        value = json.loads(data or "{}").get("budget")
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _from_manifest(path: Path, out_dir: str, command: str) -> StatusReport:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
         planned = list(doc["planned"])
@@ -149,4 +179,5 @@ def _from_manifest(path: Path, out_dir: str) -> StatusReport:
             for n in planned
         ),
         events=("ledger not found: figures from the manifest in OUT",),
+        resume_command=None if state == "done" else command,
     )

@@ -1,0 +1,193 @@
+"""``resumerge plan`` estimates: exact output size, peak RSS close to a real run's, downloads from the hub
+metadata, and a verdict that refuses a merge whose output cannot fit (free space injected through the API).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ModelFactory
+from hub.conftest import REPO, SPEC, big_model, hf_env, hub, models, state  # noqa: F401  (fixtures for the hub test)
+from hub.fakehub import FakeHub
+from support import cli, linear_config, peak_rss_run, write_config
+
+from resumerge import api
+from resumerge.cli import main
+from resumerge.diskprobe import PROBE_PREFIX
+from resumerge.estimate import FITS, WILL_NOT_FIT
+from resumerge.manifest import MANIFEST_NAME
+from resumerge.modelgen import make_model
+
+# Big enough that the working set is a large part of the peak (embeddings of 16 MB per input), small enough to
+# generate and merge in a few seconds.
+MID = {"layers": 2, "hidden": 512, "intermediate": 1024, "vocab": 8000, "heads": 8, "kv_heads": 8,
+       "shard_bytes": 100_000_000, "tokenizer": False}
+
+
+def _plan_json(*args: str | Path) -> dict[str, object]:
+    done = cli("plan", *args, "--json", "--probe-size", "1MiB")
+    assert done.returncode == 0, done.stderr
+    doc: dict[str, object] = json.loads(done.stdout)
+    return doc
+
+
+def test_output_size_is_exact(tmp_path: Path, make: ModelFactory) -> None:
+    a, b = make("a", seed=1), make("b", seed=2)
+    cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
+    out = tmp_path / "out"
+    est = api.estimate(cfg, out, out_shard_size="30k", probe_size=0)
+    assert est.fits and est.verdict == FITS
+    api.run(cfg, out, out_shard_size="30k")
+    sizes = {p.name: p.stat().st_size for p in out.iterdir()}
+    shards = {n: s for n, s in sizes.items() if n.endswith(".safetensors")}
+    assert len(shards) > 1 and sum(shards.values()) == est.output.shard_bytes
+    assert max(shards.values()) == est.output.largest_shard_bytes
+    assert sizes[MANIFEST_NAME] == est.output.manifest_bytes
+    assert sum(sizes.values()) - sum(shards.values()) - sizes[MANIFEST_NAME] == est.output.aux_bytes
+    assert sum(sizes.values()) == est.output.total_bytes
+
+
+def test_a_resumable_out_needs_only_what_is_left(tmp_path: Path, make: ModelFactory) -> None:
+    a, b = make("a", seed=1), make("b", seed=2)
+    cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
+    out = tmp_path / "out"
+    killed = cli("run", cfg, out, "--out-shard-size", "30k", "--quiet",
+                 env={"RESUMERGE_KILL_AT": "after_manifest_write:2"})
+    assert killed.returncode == -signal.SIGKILL
+    committed = json.loads((out / MANIFEST_NAME).read_text())["committed"]
+    done_bytes = sum(int(f["bytes"]) for f in committed.values())
+    fresh = api.estimate(cfg, tmp_path / "elsewhere", out_shard_size="30k", probe_size=0)
+    est = api.estimate(cfg, out, out_shard_size="30k", probe_size=0)
+    assert len(committed) == 2 and est.output.committed_bytes == done_bytes
+    assert est.output.needed_bytes == fresh.output.needed_bytes - done_bytes
+    assert est.time.rehash_bytes == done_bytes  # resume re-hashes what is committed
+    assert est.time.read_bytes < fresh.time.read_bytes
+    other = api.estimate(cfg, out, out_shard_size="40k", probe_size=0)  # another plan: refused by run
+    assert other.output.committed_bytes == 0 and any("different merge" in n for n in other.notes)
+
+
+def test_output_that_cannot_fit_is_refused(tmp_path: Path, make: ModelFactory) -> None:
+    a, b = make("a", seed=1), make("b", seed=2)
+    cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
+    out = tmp_path / "out"
+    roomy = api.estimate(cfg, out, out_shard_size="30k", probe_size=0)
+    (disk,) = roomy.disks  # OUT and the state dir share tmp's filesystem
+    assert set(disk.roles) == {"output", "state"} and disk.needed_bytes > roomy.output.total_bytes
+
+    exact = api.estimate(cfg, out, out_shard_size="30k", probe_size=0,
+                                   disk_free=lambda path: disk.needed_bytes)
+    assert exact.fits
+    short = api.estimate(cfg, out, out_shard_size="30k", probe_size=0,
+                                   disk_free=lambda path: disk.needed_bytes - 1)
+    assert not short.fits and short.verdict == WILL_NOT_FIT
+    (reason,) = short.reasons
+    assert reason.startswith("disk: output + state need") and "choose an OUT on a disk with more room" in reason
+    doc = short.to_json()
+    assert doc["fits"] is False and doc["verdict"] == "will not fit" and doc["reasons"] == [reason]
+
+    staged = api.estimate(cfg, out, out_shard_size="30k", probe_size=0, staging=True,
+                                    disk_free=lambda path: disk.needed_bytes)
+    assert staged.output.staging_bytes == staged.output.largest_shard_bytes > 0
+    assert not staged.fits and "--out-shard-size" in staged.reasons[0]  # one shard more than the disk holds
+    assert not out.exists()
+
+
+def test_plan_exit_codes_and_json_schema(tmp_path: Path, make: ModelFactory,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = make("a", seed=1), make("b", seed=2)
+    cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
+    out = tmp_path / "out"
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert main(["plan", str(cfg), str(out), "--json", "--probe-size", "1MiB"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # the probe file is gone, nothing was written
+    assert not any(p.name.startswith(PROBE_PREFIX) for p in tmp_path.rglob("*"))
+    assert doc["schema"] == 1 and doc["verdict"] == "fits" and doc["fits"] is True and doc["reasons"] == []
+    for key in ("method", "tensors", "layers", "shards", "output_bytes", "config_donor", "tokenizer_donor",
+                "fingerprint", "notes", "output", "download", "memory", "disks", "time"):
+        assert key in doc, key
+    assert set(doc["output"]) == {"dir", "shard_bytes", "aux_bytes", "manifest_bytes", "total_bytes",
+                                  "largest_shard_bytes", "committed_bytes", "needed_bytes", "staging_dir",
+                                  "staging_bytes"}
+    assert doc["download"] == {"bytes": 0, "verify_bytes": 0, "cached_bytes": 0, "models": {}}
+    assert set(doc["memory"]) == {"budget", "budget_source", "machine_bytes", "baseline_bytes",
+                                  "counted_baseline_bytes", "working_set_bytes", "peak_bytes",
+                                  "largest_unit_bytes", "smallest_budget"}
+    assert doc["memory"]["budget_source"] == "default" and doc["memory"]["peak_bytes"] > 100_000_000
+    assert [d["roles"] for d in doc["disks"]] == [["output", "state"]]
+    time = doc["time"]
+    assert time["read_bytes_per_s"] > 0 and time["write_bytes_per_s"] > 0 and time["seconds"] > 0
+    assert time["read_bytes"] == sum(p.stat().st_size for d in (a, b) for p in d.glob("*.safetensors")) - sum(
+        8 + int.from_bytes(p.read_bytes()[:8], "little") for d in (a, b) for p in d.glob("*.safetensors"))
+
+    assert main(["plan", str(cfg), str(out), "--max-memory", "1MB", "--probe-size", "0"]) == 2
+    captured = capsys.readouterr()
+    assert "will not fit" in captured.out
+    assert captured.err.startswith("will not fit: memory: tensor ") and "--max-memory" in captured.err
+    assert main(["plan", str(cfg), "--max-memory", "1MB", "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["memory"]["smallest_budget"] > 1_000_000
+
+
+@pytest.mark.slow
+def test_peak_rss_estimate_is_within_25_percent_of_a_real_run(tmp_path: Path, make: ModelFactory) -> None:
+    a, b = make("a", seed=1, **MID), make("b", seed=2, **MID)
+    cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
+    free = _plan_json(cfg, tmp_path / "free")
+    # A budget that binds: 100 MB above what this machine's interpreter and torch hold (what the budget counts).
+    counted = free["memory"]["counted_baseline_bytes"]  # type: ignore[index]
+    bound_options = ["--max-memory", str(int(counted) + 100_000_000)]
+    bound = _plan_json(cfg, tmp_path / "bound", *bound_options)
+    assert bound["memory"]["working_set_bytes"] < 100_000_000 < free["memory"]["working_set_bytes"]  # type: ignore[index]
+    for name, doc, options in (("free", free, []), ("bound", bound, bound_options)):
+        out = tmp_path / name
+        code, peak, err = peak_rss_run([sys.executable, "-m", "resumerge", "run", str(cfg), str(out), "--quiet",
+                                        *options])
+        assert code == 0, err
+        assert sum(p.stat().st_size for p in out.iterdir()) == doc["output"]["total_bytes"]  # type: ignore[index]
+        memory = doc["memory"]
+        assert isinstance(memory, dict)
+        estimated = memory["peak_bytes"]
+        print(f"{name}: estimated {estimated / 1e6:.0f} MB ({memory['baseline_bytes'] / 1e6:.0f} + "
+              f"{memory['working_set_bytes'] / 1e6:.0f}), measured {peak / 1e6:.0f} MB")
+        assert 0.75 <= estimated / peak <= 1.25, f"{name}: estimated {estimated}, measured {peak}"
+
+
+def test_hub_downloads_are_estimated_from_metadata_and_drop_once_verified(
+    tmp_path: Path, hub: FakeHub, state: Path, models: tuple[object, ...]  # noqa: F811
+) -> None:
+    local = make_model(tmp_path / "local", SPEC, seed=7)
+    cfg = write_config(tmp_path / "c.yml", {
+        "merge_method": "task_arithmetic", "base_model": REPO,
+        "models": [{"model": REPO}, {"model": str(local), "parameters": {"weight": 0.7}}],
+    })
+    weights = {name: size for name, size in _served_sizes(models[0]).items() if name.endswith(".safetensors")
+               and "/" not in name}
+    est = api.estimate(cfg, tmp_path / "out", state_dir=state, probe_size=0)
+    assert est.download_bytes == sum(weights.values()) > 0
+    assert sum(hub.file_bytes().get(n, 0) for n in weights) < sum(weights.values())  # headers only so far
+    assert est.downloads[REPO].cached_bytes == 0 and est.downloads[REPO].repo == REPO
+    assert "hub cache" in est.disks[0].roles
+    assert any("download time is not included" in n for n in est.time.notes)
+    assert main(["run", str(cfg), str(tmp_path / "out"), "--state-dir", str(state), "--quiet"]) == 0
+    after = api.estimate(cfg, tmp_path / "out2", state_dir=state, probe_size=0)
+    assert after.download_bytes == 0 and after.downloads[REPO].verify_bytes == 0
+    assert after.downloads[REPO].cached_bytes == sum(weights.values())
+
+
+def _served_sizes(model: object) -> dict[str, int]:
+    files = getattr(model, "files")  # noqa: B009  (hub.conftest.Model, typed as object to keep imports light)
+    return {name: len(data) for name, data in files.items()}
+
+
+def test_status_rendering_stays_off_torch_sqlite_utils_and_the_estimator() -> None:
+    probe = "import sys; import resumerge.render, resumerge.statusview; print(sorted(m for m in ('torch', " \
+            "'sqlite_utils', 'resumerge.estimate') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                          env=dict(os.environ))
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
