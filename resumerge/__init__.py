@@ -1,6 +1,7 @@
 """resumerge: crash-safe, resumable, memory-bounded merges of LLM weights from mergekit YAML configs.
 
-The public Python API mirrors the CLI (``run``, ``resume``, ``status``, ``verify``, ``plan_merge``); it is
+The public Python API mirrors the CLI (``run``, ``resume``, ``status``, ``verify``, ``plan_merge``, ``estimate``,
+``recipe_status``); it is
 imported lazily so that ``import resumerge`` (and ``resumerge status``) never pays for importing torch.
 """
 
@@ -10,14 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "plan_merge", "resume", "run", "status", "verify"]
+__all__ = ["__version__", "estimate", "plan_merge", "recipe_status", "resume", "run", "status", "verify"]
+_API = frozenset(__all__) - {"__version__"}
 
 if TYPE_CHECKING:
-    from resumerge.api import plan_merge, resume, run, status, verify
+    from resumerge.api import estimate, plan_merge, recipe_status, resume, run, status, verify
 
 
 def __getattr__(name: str) -> Any:
-    if name in {"plan_merge", "resume", "run", "status", "verify"}:
+    if name in _API:
         from resumerge import api
 
         return getattr(api, name)

@@ -1,4 +1,5 @@
-"""The Python API, mirroring the CLI for notebook users: ``run``, ``resume``, ``status``, ``verify``, ``plan_merge``.
+"""The Python API, mirroring the CLI for notebook users: ``run``, ``resume``, ``status``, ``verify``, ``plan_merge``
+and ``estimate`` (what ``resumerge plan`` prints).
 
 Each function does what the command of the same name does and raises the same :mod:`resumerge.errors`
 exceptions instead of printing and exiting. ``progress=True`` draws the same rich progress as the CLI.
@@ -17,6 +18,10 @@ from resumerge.session import Outcome, plan_from_config, read_config_file, resum
 from resumerge.statusview import StatusReport, read_status
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from resumerge.estimate import Estimate
+    from resumerge.recipeview import RecipeStatus
     from resumerge.render import ProgressReporter
 
 PathLike = str | os.PathLike[str]
@@ -38,33 +43,66 @@ def run(
     random_seed: int = DEFAULT_SEED,
     restart: bool = False,
     copy_tokenizer: bool = True,
+    allow_crimes: bool = False,
     progress: bool = False,
     max_memory: int | str | None = None,
     device: str = "cpu",
     max_gpu_memory: int | str | None = None,
+    staging: bool | PathLike | None = None,
+    intermediate_dir: PathLike | None = None,
+    cleanup_intermediates: bool = False,
 ) -> Outcome:
-    """Merge ``config`` (a YAML file path or YAML text) into ``out``, like ``resumerge run``."""
+    """Merge ``config`` (a YAML file path or YAML text) into ``out``, like ``resumerge run``.
+
+    A multi-document ``config`` is a recipe (mergekit-multi): its named stages go to ``intermediate_dir``
+    (default ``OUT.intermediates``), deleted at the end with ``cleanup_intermediates``; the final stage's
+    outcome is returned.
+
+    ``staging``: None stages files on local disk only when ``out`` is on Drive or another remote filesystem,
+    True always, False never, or a local directory to stage in (``--staging-dir``).
+    """
     from resumerge.devices import normalise_device
 
     options = PlanOptions(out_shard_size=parse_size(out_shard_size, option="out_shard_size"),
-                          random_seed=random_seed, copy_tokenizer=copy_tokenizer, device=normalise_device(device))
+                          random_seed=random_seed, copy_tokenizer=copy_tokenizer, device=normalise_device(device),
+                          allow_crimes=allow_crimes)
     reporter = _reporter(progress)
+    text = _config_text(config)
     try:
-        return run_merge(_config_text(config), out, options=options, state_dir=state_dir, restart=restart,
+        from resumerge.recipe import is_recipe_text
+
+        if is_recipe_text(text):
+            from resumerge.recipe_run import run_recipe
+
+            return run_recipe(text, out, intermediate_dir=intermediate_dir, options=options, state_dir=state_dir,
+                              restart=restart, cleanup=cleanup_intermediates, reporter=reporter,
+                              max_memory=_budget(max_memory), max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"),
+                              staging=staging).final
+        return run_merge(text, out, options=options, state_dir=state_dir, restart=restart,
                          reporter=reporter, max_memory=_budget(max_memory),
-                         max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"))
+                         max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"), staging=staging)
     finally:
         if reporter is not None:
             reporter.close()
 
 
 def resume(out: PathLike, *, state_dir: PathLike | None = None, progress: bool = False,
-           max_memory: int | str | None = None, max_gpu_memory: int | str | None = None) -> Outcome:
-    """Finish the merge recorded for ``out``, like ``resumerge resume``."""
+           max_memory: int | str | None = None, max_gpu_memory: int | str | None = None,
+           staging: bool | PathLike | None = None, cleanup_intermediates: bool = False) -> Outcome:
+    """Finish the merge recorded for ``out``, like ``resumerge resume`` (for a recipe: every stage still to do,
+    returning the final stage's outcome)."""
+    from resumerge.recipe_manifest import is_recipe_out
+
     reporter = _reporter(progress)
     try:
+        if is_recipe_out(out, state_dir):
+            from resumerge.recipe_run import resume_recipe
+
+            return resume_recipe(out, state_dir=state_dir, cleanup=cleanup_intermediates, reporter=reporter,
+                                 max_memory=_budget(max_memory),
+                                 max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"), staging=staging).final
         return resume_merge(out, state_dir=state_dir, reporter=reporter, max_memory=_budget(max_memory),
-                            max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"))
+                            max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"), staging=staging)
     finally:
         if reporter is not None:
             reporter.close()
@@ -75,20 +113,62 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport:
     return read_status(out, state_dir)
 
 
+def recipe_status(out: PathLike, *, state_dir: PathLike | None = None) -> RecipeStatus:
+    """Where the recipe writing to ``out`` stands (every stage, and the one in progress), like ``resumerge status
+    --json`` on a recipe's OUT."""
+    from resumerge.recipeview import read_recipe_status
+
+    return read_recipe_status(out, state_dir)
+
+
 def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
     """Re-hash ``out``'s committed files, like ``resumerge verify``."""
     return verify_output(out, state_dir)
 
 
 def plan_merge(config: PathLike, *, out_shard_size: int | str = DEFAULT_SHARD_SIZE,
-               random_seed: int = DEFAULT_SEED) -> Plan:
+               random_seed: int = DEFAULT_SEED, allow_crimes: bool = False) -> Plan:
     """Validate ``config`` against the models' headers and return the frozen plan; writes nothing."""
     from resumerge.config import load_config_text
 
     options = PlanOptions(out_shard_size=parse_size(out_shard_size, option="out_shard_size"),
-                          random_seed=random_seed)
+                          random_seed=random_seed, allow_crimes=allow_crimes)
     source = str(config) if not (isinstance(config, str) and "\n" in config) else "config"
     return plan_from_config(load_config_text(_config_text(config), source=Path(source).name), options)
+
+
+def estimate(
+    config: PathLike,
+    out: PathLike | None = None,
+    *,
+    state_dir: PathLike | None = None,
+    out_shard_size: int | str = DEFAULT_SHARD_SIZE,
+    random_seed: int = DEFAULT_SEED,
+    copy_tokenizer: bool = True,
+    allow_crimes: bool = False,
+    max_memory: int | str | None = None,
+    cache_dir: PathLike | None = None,
+    staging: bool | PathLike | None = None,
+    probe_size: int | str = "32MiB",
+    disk_free: Callable[[Path], int] | None = None,
+) -> Estimate:
+    """Validate ``config`` and estimate disk, downloads, peak RAM and time of merging it into ``out``, like
+    ``resumerge plan CONFIG OUT``; ``.fits`` and ``.reasons`` give the verdict, ``.to_json()`` the document
+    ``plan --json`` prints. Writes nothing but the disk probe's temp file (deleted; ``probe_size=0`` skips it).
+
+    ``disk_free`` replaces the free-space reading (tests simulate small disks with it). Raises the same errors as
+    :func:`plan_merge` for an invalid merge; a merge that does not fit is not an error.
+    """
+    from resumerge.diskprobe import free_bytes
+    from resumerge.estimate import estimate_config
+
+    options = PlanOptions(out_shard_size=parse_size(out_shard_size, option="out_shard_size"),
+                          random_seed=random_seed, copy_tokenizer=copy_tokenizer, allow_crimes=allow_crimes)
+    source = str(config) if not (isinstance(config, str) and "\n" in config) else "config"
+    return estimate_config(_config_text(config), options, source=Path(source).name, out_dir=out,
+                           state_dir=state_dir, cache_dir=cache_dir, max_memory=_budget(max_memory),
+                           staging=staging, probe_bytes=parse_size(probe_size, option="probe_size"),
+                           disk_free=disk_free or free_bytes)
 
 
 def _budget(value: int | str | None, option: str = "max_memory") -> int | None:

@@ -19,7 +19,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from resumerge import __version__
-from resumerge.errors import EXIT_INTERRUPTED, EXIT_OK, ResumergeError, UsageError, exit_code_for
+from resumerge.errors import EXIT_INTERRUPTED, EXIT_INVALID, EXIT_OK, ResumergeError, UsageError, exit_code_for
 
 if TYPE_CHECKING:
     from resumerge.render import ProgressReporter
@@ -36,10 +36,9 @@ UNNEEDED_FLAGS: dict[str, str] = {
     "--async-write": "writes always overlap computation",
     "--copy-tokenizer": "the tokenizer is copied by default",
     "--safe-serialization": "output is always safetensors",
-    "--write-model-card": "the config is always written as mergekit_config.yml",
-    "--no-write-model-card": "only mergekit_config.yml is written",
+    "--write-model-card": "README.md and mergekit_config.yml are always written",
+    "--no-write-model-card": "README.md is always written (no network lookups, no timestamps)",
     "--trust-remote-code": "resumerge never executes code from model repositories",
-    "--allow-crimes": "architectures are checked tensor by tensor",
     "--verbose": "progress is shown by default",
 }
 UNNEEDED_WITH_VALUE: dict[str, str] = {
@@ -73,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--restart", action="store_true",
                      help="discard a different earlier run in OUT (only files it wrote) and start over")
     run.add_argument("--no-copy-tokenizer", action="store_true", help="do not copy tokenizer files")
+    run.add_argument("--allow-crimes", action="store_true",
+                     help="merge models of different architectures, tensor by tensor as names and shapes allow")
     run.add_argument("--device", default="cpu", metavar="DEVICE",
                      help="where merge methods compute: cpu or cuda[:N] (reading and writing stay on the host; "
                           "a resume keeps the device) [default: cpu]")
@@ -80,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="same as --device cuda (mergekit's flag)")
     run.add_argument("--transformers-cache", metavar="DIR",
                      help="Hugging Face cache directory for hub models [default: HF_HUB_CACHE / HF_HOME]")
+    run.add_argument("--intermediate-dir", "-I", metavar="DIR",
+                     help="recipes (several YAML documents): where named stages are written, one folder each "
+                          "[default: OUT.intermediates beside OUT]")
+    run.add_argument("--cleanup-intermediates", action="store_true",
+                     help="recipes: delete the named stages' outputs once the final output is verified")
     for flag in UNNEEDED_FLAGS:
         run.add_argument(flag, action="store_true", dest=_dest(flag), help=argparse.SUPPRESS)
     run.add_argument("-v", action="store_true", dest="v_flag", help=argparse.SUPPRESS)
@@ -94,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         "is gone (the ledger is rebuilt from OUT's manifest).")
     resume.add_argument("out", metavar="OUT", help="output directory of the interrupted merge")
     _common(resume)
+    resume.add_argument("--cleanup-intermediates", action="store_true",
+                        help="recipes: delete the named stages' outputs once the final output is verified")
 
     status = sub.add_parser("status", help="show where the merge into OUT stands",
                             description="Show the state of a merge (fast: reads the ledger only).")
@@ -108,11 +116,26 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--state-dir", metavar="DIR", help="state directory used by the run")
     verify.add_argument("--json", action="store_true", help="print JSON")
 
-    plan = sub.add_parser("plan", help="validate CONFIG and show what the merge will write, writing nothing",
-                          description="Validate a config against the models' headers and summarise the plan.")
+    plan = sub.add_parser("plan", help="validate CONFIG and estimate disk, download, RAM and time, writing nothing",
+                          description="Validate a config against the models' headers, estimate what the merge "
+                                      "needs here (disk for OUT, state and downloads, peak RAM, time from a short "
+                                      "disk probe) and say whether it fits. Exit 0 when it fits, 2 when it will not "
+                                      "(with the reasons and what to change).")
     plan.add_argument("config", metavar="CONFIG")
+    plan.add_argument("out", metavar="OUT", nargs="?", help="output directory to check the disk of [optional]")
     plan.add_argument("--out-shard-size", default="1B", metavar="SIZE", help="bytes per output shard")
-    plan.add_argument("--json", action="store_true", help="print JSON")
+    plan.add_argument("--random-seed", type=int, default=0, metavar="N", help="seed of randomised methods")
+    plan.add_argument("--no-copy-tokenizer", action="store_true", help="do not count tokenizer files")
+    plan.add_argument("--allow-crimes", action="store_true", help="as for run")
+    plan.add_argument("--state-dir", metavar="DIR", help="state directory the run will use")
+    plan.add_argument("--max-memory", metavar="SIZE", help="RAM budget the run will use [default: as for run]")
+    plan.add_argument("--transformers-cache", metavar="DIR", help="Hugging Face cache directory for hub models")
+    staging = plan.add_mutually_exclusive_group()
+    staging.add_argument("--staging-dir", metavar="DIR", help="as for run")
+    staging.add_argument("--no-staging", action="store_true", help="as for run")
+    plan.add_argument("--probe-size", default="32MiB", metavar="SIZE",
+                      help="bytes of the disk speed probe written (then deleted) beside OUT; 0 skips it")
+    plan.add_argument("--json", action="store_true", help="print JSON (schema in resumerge/estimate.py)")
 
     demo = sub.add_parser("demo", help="generate small models, merge, interrupt, resume, show status",
                           description="A self-contained tour: generates tiny models, starts a merge that is "
@@ -128,6 +151,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-memory", metavar="SIZE",
                    help="RAM budget for the whole process, e.g. 6GB [default: 80 %% of what the machine or "
                         "container allows]; work in flight shrinks before the budget is reached")
+    staging = p.add_mutually_exclusive_group()
+    staging.add_argument("--staging-dir", metavar="DIR",
+                         help="write each file on this local dir first, then publish it to OUT by copy + verify "
+                              "[default: only when OUT is on Drive/FUSE/network storage, in the state dir]")
+    staging.add_argument("--no-staging", action="store_true", help="always write straight into OUT")
     p.add_argument("--max-gpu-memory", metavar="SIZE",
                    help="GPU memory budget when merging with --device cuda [default: 85 %% of the GPU's free "
                         "memory]")
@@ -203,8 +231,11 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from resumerge.recipe_manifest import is_recipe_out
     from resumerge.statusview import read_status
 
+    if is_recipe_out(args.out, args.state_dir):
+        return _recipe_status(args)
     report = read_status(args.out, args.state_dir)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
@@ -244,25 +275,36 @@ def _run(args: argparse.Namespace) -> int:
     from resumerge.devices import normalise_device
 
     options = PlanOptions(out_shard_size=shard_size, random_seed=args.random_seed,
-                          copy_tokenizer=not args.no_copy_tokenizer, device=normalise_device(args.device))
+                          copy_tokenizer=not args.no_copy_tokenizer, device=normalise_device(args.device),
+                          allow_crimes=args.allow_crimes)
+    from resumerge.recipe import is_recipe_text
+
+    if is_recipe_text(text):
+        return _run_recipe(args, text, options)
+    _single_merge_only(args)
     stop = _StopFlag()
     stop.install()
     with _Progress(args.quiet) as progress:
         outcome = run_merge(text, args.out, options=options, state_dir=args.state_dir, restart=args.restart,
                             reporter=progress, should_stop=stop, max_memory=_max_memory(args),
-                            cache_dir=args.transformers_cache, max_gpu_memory=_max_memory(args, "--max-gpu-memory"))
+                            cache_dir=args.transformers_cache, max_gpu_memory=_max_memory(args, "--max-gpu-memory"),
+                            staging=_staging(args))
     _finished(outcome, args.quiet)
     return EXIT_OK
 
 
 def _resume(args: argparse.Namespace) -> int:
+    from resumerge.recipe_manifest import is_recipe_out
     from resumerge.session import resume_merge
 
+    if is_recipe_out(args.out, args.state_dir):
+        return _resume_recipe(args)
     stop = _StopFlag()
     stop.install()
     with _Progress(args.quiet) as progress:
         outcome = resume_merge(args.out, state_dir=args.state_dir, reporter=progress, should_stop=stop,
-                               max_memory=_max_memory(args), max_gpu_memory=_max_memory(args, "--max-gpu-memory"))
+                               max_memory=_max_memory(args), max_gpu_memory=_max_memory(args, "--max-gpu-memory"),
+                               staging=_staging(args))
     _finished(outcome, args.quiet)
     return EXIT_OK
 
@@ -280,35 +322,109 @@ def _max_memory(args: argparse.Namespace, option: str = "--max-memory") -> int |
     return value
 
 
+def _staging(args: argparse.Namespace) -> str | bool | None:
+    """--staging-dir DIR, --no-staging, or None (stage only when OUT is remote)."""
+    return False if args.no_staging else args.staging_dir
+
+
 def _attr(option: str) -> str:
     return option.lstrip("-").replace("-", "_")
 
 
-def _plan(args: argparse.Namespace) -> int:
-    from resumerge.config import load_config_text
-    from resumerge.memory.sizes import format_size, parse_size
+def _run_recipe(args: argparse.Namespace, text: str, options: object) -> int:
     from resumerge.plan import PlanOptions
-    from resumerge.session import plan_from_config, read_config_file
+    from resumerge.recipe_run import run_recipe
 
-    config = load_config_text(read_config_file(args.config), source=args.config)
-    plan = plan_from_config(config, PlanOptions(out_shard_size=parse_size(args.out_shard_size)))
-    summary = {
-        "method": plan.method,
-        "tensors": len(plan.tensors),
-        "layers": plan.num_layers,
-        "shards": [s.name for s in plan.shards],
-        "output_bytes": plan.total_bytes,
-        "config_donor": plan.donor,
-        "tokenizer_donor": plan.tokenizer_donor,
-        "fingerprint": plan.fingerprint,
-    }
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print(f"{plan.method}: {len(plan.tensors)} tensors, {plan.num_layers} layers, "
-              f"{len(plan.shards)} shard(s), {format_size(plan.total_bytes)}; config from {plan.donor}, "
-              f"tokenizer from {plan.tokenizer_donor or 'nowhere'}")
+    assert isinstance(options, PlanOptions)
+    stop = _StopFlag()
+    stop.install()
+    with _Progress(args.quiet) as progress:
+        outcome = run_recipe(text, args.out, intermediate_dir=args.intermediate_dir, options=options,
+                             state_dir=args.state_dir, restart=args.restart, cleanup=args.cleanup_intermediates,
+                             reporter=progress, should_stop=stop, max_memory=_max_memory(args),
+                             max_gpu_memory=_max_memory(args, "--max-gpu-memory"), cache_dir=args.transformers_cache,
+                             staging=_staging(args), source=os.path.basename(args.config))
+    _recipe_finished(outcome, args.quiet)
     return EXIT_OK
+
+
+def _resume_recipe(args: argparse.Namespace) -> int:
+    from resumerge.recipe_run import resume_recipe
+
+    stop = _StopFlag()
+    stop.install()
+    with _Progress(args.quiet) as progress:
+        outcome = resume_recipe(args.out, state_dir=args.state_dir, cleanup=args.cleanup_intermediates,
+                                reporter=progress, should_stop=stop, max_memory=_max_memory(args),
+                                max_gpu_memory=_max_memory(args, "--max-gpu-memory"), staging=_staging(args))
+    _recipe_finished(outcome, args.quiet)
+    return EXIT_OK
+
+
+def _recipe_status(args: argparse.Namespace) -> int:
+    from resumerge.recipeview import read_recipe_status
+
+    report = read_recipe_status(args.out, args.state_dir)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        from resumerge.render import show_recipe_status
+
+        show_recipe_status(report)
+    return EXIT_OK
+
+
+def _single_merge_only(args: argparse.Namespace) -> None:
+    """Refuse recipe-only flags with a one-document config, and a single merge into a recipe's OUT."""
+    from resumerge.errors import OutputDirError
+    from resumerge.recipe_manifest import RECIPE_MANIFEST_NAME
+
+    for flag in ("intermediate_dir", "cleanup_intermediates"):
+        if getattr(args, flag):
+            raise UsageError(f"--{flag.replace('_', '-')} applies to recipes only, and {args.config} holds one "
+                             "merge config", hint="separate a recipe's stages with --- lines")
+    if os.path.isfile(os.path.join(args.out, RECIPE_MANIFEST_NAME)):
+        raise OutputDirError(f"{args.out} holds the output of a recipe ({RECIPE_MANIFEST_NAME})", path=args.out,
+                             hint="use another OUT for a single merge")
+
+
+def _recipe_finished(outcome: object, quiet: bool) -> None:
+    from resumerge.recipe_run import RecipeOutcome
+
+    assert isinstance(outcome, RecipeOutcome)
+    if quiet:
+        return
+    merged = sum(1 for s in outcome.stages if s.action == "merged")
+    print(f"done: {outcome.final.out_dir} ({len(outcome.plan.stages)} stages, {merged} merged in this run)",
+          file=sys.stderr)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from resumerge.estimate import estimate_config
+    from resumerge.memory.sizes import parse_size
+    from resumerge.plan import PlanOptions
+    from resumerge.session import read_config_file
+
+    shard_size = parse_size(args.out_shard_size, option="--out-shard-size")
+    if shard_size <= 0:
+        raise UsageError("--out-shard-size must be positive")
+    options = PlanOptions(out_shard_size=shard_size, random_seed=args.random_seed,
+                          copy_tokenizer=not args.no_copy_tokenizer, allow_crimes=args.allow_crimes)
+    estimate = estimate_config(read_config_file(args.config), options, source=args.config, out_dir=args.out,
+                               state_dir=args.state_dir, cache_dir=args.transformers_cache,
+                               max_memory=_max_memory(args), staging=_staging(args),
+                               probe_bytes=parse_size(args.probe_size, option="--probe-size"), fresh_process=True)
+    if args.json:
+        print(json.dumps(estimate.to_json(), indent=2))
+    else:
+        from resumerge.render import show_plan
+
+        show_plan(estimate)
+    if estimate.fits:
+        return EXIT_OK
+    for reason in estimate.reasons:
+        print(f"will not fit: {reason}", file=sys.stderr)
+    return EXIT_INVALID
 
 
 def _finished(outcome: object, quiet: bool) -> None:

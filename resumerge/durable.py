@@ -6,15 +6,39 @@ not at all (a leftover ``.<name>.<random>.part`` temp file is garbage that resum
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
+import shutil
 from pathlib import Path
 
 from resumerge import killpoints
+from resumerge.checksums import hash_file
 from resumerge.errors import StorageError
 
 TEMP_SUFFIX = ".part"
+# Benchmarks only: set to 1 to skip every fsync (files, directories, the ledger's journal) and measure what
+# durability costs. A power loss or kernel crash can then lose or tear committed files. Never set it for real merges.
+UNSAFE_NO_FSYNC_ENV = "RESUMERGE_UNSAFE_NO_FSYNC"
+
+
+def durability_disabled() -> bool:
+    """True when ``RESUMERGE_UNSAFE_NO_FSYNC=1`` (benchmark-only; see :data:`UNSAFE_NO_FSYNC_ENV`)."""
+    return os.environ.get(UNSAFE_NO_FSYNC_ENV) == "1"
+
+
+def sync_file(fd: int) -> None:
+    """fsync ``fd``: its data is on disk when this returns (skipped only under ``RESUMERGE_UNSAFE_NO_FSYNC=1``)."""
+    if not durability_disabled():
+        os.fsync(fd)
+
+
+def discard(path: Path) -> None:
+    """Delete a temp file if possible. Failure is ignored: on a read-only or failing disk unlink fails too, and a
+    leftover temp file is garbage that the next resume deletes — the error that got us here is what matters."""
+    with contextlib.suppress(OSError):
+        path.unlink(missing_ok=True)
 
 
 def temp_path(final: Path) -> Path:
@@ -33,6 +57,8 @@ def is_temp_name(name: str, planned: set[str]) -> bool:
 
 def fsync_dir(directory: Path) -> None:
     """fsync a directory so that renames and unlinks in it survive a power loss."""
+    if durability_disabled():
+        return
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -52,6 +78,31 @@ def publish(temp: Path, final: Path) -> None:
     killpoints.reach("after_dir_fsync")
 
 
+def publish_copy(staged: Path, final: Path, sha256: str) -> None:
+    """Publish the fsynced local file ``staged`` as ``final`` on another filesystem, trusting nothing there.
+
+    Copy to a temp name beside ``final``, fsync it, read it back and compare its sha256 with ``sha256`` (the
+    hash of the bytes written to ``staged``), then rename and fsync the directory; ``staged`` is deleted last.
+    A mismatch raises :class:`StorageError` and leaves no file under ``final``'s name. Other OS errors propagate
+    as ``OSError`` after the temp copy is removed.
+    """
+    temp = temp_path(final)
+    try:
+        with open(staged, "rb") as src, open(temp, "xb") as dst:
+            shutil.copyfileobj(src, dst, 8 << 20)
+            dst.flush()
+            sync_file(dst.fileno())
+        killpoints.reach("after_publish_copy")
+        if hash_file(temp)[1] != sha256:
+            raise StorageError(f"{final.name} read back from {final.parent} differs from what was written",
+                               path=str(final), hint="the output filesystem lost data; check it, then resume")
+        publish(temp, final)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    staged.unlink(missing_ok=True)
+
+
 def write_file_atomic(final: Path, data: bytes, *, point: str | None = None) -> None:
     """Write ``data`` to ``final`` durably (temp, fsync, rename, fsync dir).
 
@@ -65,11 +116,31 @@ def write_file_atomic(final: Path, data: bytes, *, point: str | None = None) -> 
             f.flush()
             if point:
                 killpoints.reach(point)
-            os.fsync(f.fileno())
+            sync_file(f.fileno())
         publish(temp, final)
     except OSError as exc:
-        temp.unlink(missing_ok=True)
+        discard(temp)
         raise storage_error(exc, final) from exc
+
+
+def write_file_staged(final: Path, data: bytes, staging: Path, *, point: str | None = None) -> None:
+    """:func:`write_file_atomic` for a remote OUT: write and fsync ``data`` under ``staging``, then
+    :func:`publish_copy` it to ``final``. Raises :class:`StorageError` like :func:`write_file_atomic`."""
+    import hashlib
+
+    staged = staging / temp_path(final).name
+    try:
+        with open(staged, "xb") as f:
+            f.write(data)
+            f.flush()
+            if point:
+                killpoints.reach(point)
+            sync_file(f.fileno())
+        publish_copy(staged, final, hashlib.sha256(data).hexdigest())
+    except OSError as exc:
+        raise storage_error(exc, final) from exc
+    finally:
+        staged.unlink(missing_ok=True)
 
 
 def storage_error(exc: OSError, path: Path) -> StorageError:
@@ -79,7 +150,8 @@ def storage_error(exc: OSError, path: Path) -> StorageError:
         errno.EDQUOT: "free quota, then run resumerge resume",
         errno.EROFS: "the output filesystem is read-only; remount it writable, then resume",
         errno.EACCES: "check permissions on the output directory, then resume",
-        errno.EFBIG: "the file size limit was hit; raise it (ulimit -f) or lower --out-shard-size, then resume",
+        errno.EFBIG: "the file size limit (ulimit -f) was hit; raise it and run resumerge resume, or start over "
+        "with a smaller --out-shard-size (--restart)",
         errno.EIO: "the disk reported an I/O error; check it, then resume",
     }
     reason = os.strerror(exc.errno) if exc.errno else str(exc)

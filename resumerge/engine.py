@@ -22,16 +22,18 @@ from typing import Protocol
 import torch
 
 from resumerge import killpoints
-from resumerge.durable import write_file_atomic
+from resumerge.adapters import apply_lora_rows
+from resumerge.durable import write_file_atomic, write_file_staged
 from resumerge.errors import ResumergeError
 from resumerge.ledger import Ledger
 from resumerge.manifest import ManifestBook
 from resumerge.memory import MemoryGovernor, Reservation
 from resumerge.methods.registry import MergeContext, MethodSpec, get_method
 from resumerge.outputs import aux_files, render_aux
-from resumerge.plan import Plan, ShardPlan, TensorPlan
+from resumerge.plan import InputRef, Plan, ShardPlan, TensorPlan
 from resumerge.shardwriter import ShardWriter
 from resumerge.tensorio import NAME_DTYPES, TORCH_DTYPES, TensorReader
+from resumerge.vocab import align_rows
 from resumerge.workunits import can_chunk, chunk_plan, estimate_bytes
 
 
@@ -45,6 +47,10 @@ class Reporter(Protocol):
     def file_done(self, name: str, kind: str) -> None: ...
 
     def message(self, text: str) -> None: ...
+
+    def shard_started(self, name: str, nbytes: int, tensors: int) -> None: ...
+
+    def memory_budget(self, nbytes: int) -> None: ...
 
 
 class Stopped(Exception):
@@ -66,12 +72,18 @@ def compute_tensor(plan: Plan, tp: TensorPlan, reader: TensorReader) -> torch.Te
     on_gpu = device.type != "cpu"
     tensors = []
     for ref in tp.inputs:
-        t = reader.read(Path(plan.model_dirs[ref.model]) / ref.file, ref.start, ref.end, ref.dtype, ref.shape)
+        t = _read_input(plan, ref, reader)
         if on_gpu:
             t = t.to(device)
         if tp.compute_dtype is not None:
             t = t.to(NAME_DTYPES[tp.compute_dtype])
         tensors.append(t)
+    if tp.vocab_aligned:
+        # Re-index every input's vocabulary rows to the output tokenizer before the method sees them; the
+        # result shares one (promoted) dtype.
+        assert plan.vocab is not None
+        base = tp.inputs[tp.base_index].model if tp.base_index is not None else None
+        tensors = align_rows(plan.vocab, tensors, [ref.model for ref in tp.inputs], base=base)
     if tp.compute_dtype is None and len({t.dtype for t in tensors}) > 1:
         # Like mergekit, inputs stored in different dtypes meet in their common (promoted) dtype.
         common = tensors[0].dtype
@@ -99,15 +111,34 @@ def compute_tensor(plan: Plan, tp: TensorPlan, reader: TensorReader) -> torch.Te
     return out.contiguous()
 
 
+def _read_input(plan: Plan, ref: InputRef, reader: TensorReader) -> torch.Tensor:
+    """One input tensor as the method sees it: read, cast to ``ref.cast``, with its LoRA delta merged (in the
+    stored dtype, as PEFT's merge_and_unload does, before any ``dtype:`` of the config)."""
+
+    def read(r: InputRef) -> torch.Tensor:
+        return reader.read(Path(plan.model_dirs[r.model]) / r.file, r.start, r.end, r.dtype, r.shape)
+
+    t = read(ref)
+    if ref.cast is not None:
+        t = t.to(TORCH_DTYPES[ref.cast])
+    if ref.lora is not None:
+        lora = ref.lora
+        t = apply_lora_rows(t, read(lora.a), read(lora.b), lora.scale, lora.fan_in_fan_out,
+                            first_row=ref.first_row, embedding=lora.embedding)
+    return t
+
+
 _Item = tuple[ShardPlan, str, torch.Tensor, "Reservation | None"]
 
 
 class _Writer(threading.Thread):
     """Consumes (shard, name, tensor or rows, reservation) items; commits each shard after its last tensor."""
 
-    def __init__(self, plan: Plan, out_dir: Path, ledger: Ledger, book: ManifestBook, reporter: Reporter) -> None:
+    def __init__(self, plan: Plan, out_dir: Path, ledger: Ledger, book: ManifestBook, reporter: Reporter,
+                 staging: Path | None = None) -> None:
         super().__init__(name="resumerge-writer", daemon=True)
         self.plan, self.out_dir, self.ledger, self.book, self.reporter = plan, out_dir, ledger, book, reporter
+        self.staging = staging
         self.items: queue.Queue[_Item | None] = queue.Queue(maxsize=2)
         self.error: BaseException | None = None
         self._current: ShardWriter | None = None
@@ -122,7 +153,9 @@ class _Writer(threading.Thread):
                     return
                 shard, name, tensor, reservation = item
                 if self._current is None:
-                    self._current = ShardWriter(self.out_dir / shard.name, self.plan.shard_layout(shard))
+                    self._current = ShardWriter(self.out_dir / shard.name, self.plan.shard_layout(shard),
+                                                self.staging)
+                    self.reporter.shard_started(shard.name, shard.file_size, len(shard.tensors))
                     crcs, started = {}, time.monotonic()
                 crc = self._current.write(name, tensor)
                 del tensor, item
@@ -319,15 +352,18 @@ def execute(
     workers: int = 2,
     governor: MemoryGovernor | None = None,
     gpu: MemoryGovernor | None = None,
+    staging: Path | None = None,
 ) -> None:
     """Bring every pending file of ``plan`` to committed; raises :class:`Stopped` when ``should_stop`` turns true.
 
     With a ``governor`` every unit is admitted against the memory budget, the number in flight follows its
     limit, and elementwise tensors larger than a quarter of the budget are streamed in row chunks. ``gpu``
     governs the memory of the plan's GPU the same way (a unit holds its GPU reservation while it computes).
+    With ``staging`` (a local directory) every file is written there and published to ``out_dir`` by copy +
+    read-back verify.
     """
     done = {row["name"] for row in ledger.files() if row["status"] == "done"}
-    writer = _Writer(plan, out_dir, ledger, book, reporter)
+    writer = _Writer(plan, out_dir, ledger, book, reporter, staging)
     writer.start()
     pipeline = _Pipeline(plan, writer, governor, workers, should_stop, gpu)
     finished = False
@@ -345,7 +381,7 @@ def execute(
         raise writer.error
     if not finished:
         raise Stopped()
-    _write_aux(plan, out_dir, ledger, book, reporter, done, config_text, should_stop)
+    _write_aux(plan, out_dir, ledger, book, reporter, done, config_text, should_stop, staging)
 
 
 def _write_aux(
@@ -357,6 +393,7 @@ def _write_aux(
     done: set[str],
     config_text: str,
     should_stop: Callable[[], bool],
+    staging: Path | None,
 ) -> None:
     for aux in aux_files(plan):
         if aux.name in done:
@@ -364,7 +401,10 @@ def _write_aux(
         if should_stop():
             raise Stopped()
         data = render_aux(plan, aux, config_text)
-        write_file_atomic(out_dir / aux.name, data, point=aux.point)
+        if staging is None:
+            write_file_atomic(out_dir / aux.name, data, point=aux.point)
+        else:
+            write_file_staged(out_dir / aux.name, data, staging, point=aux.point)
         sha = hashlib.sha256(data).hexdigest()
         ledger.commit_file(aux.name, size=len(data), sha256=sha, seconds=0.0)
         killpoints.reach("after_ledger_commit")

@@ -11,14 +11,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from resumerge.errors import HostileFileError, ModelInputError
+from resumerge.errors import HostileFileError, ModelInputError, PlanChangedError
 from resumerge.modelref import ModelRef
+from resumerge.outputs import TOKENIZER_FILES
 from resumerge.safetensors_format import TensorEntry, read_header
+
+if TYPE_CHECKING:
+    from resumerge.adapters import Adapter
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -52,6 +56,8 @@ class ModelInput:
     config: Mapping[str, Any]
     tensors: Mapping[str, TensorSource]
     files: tuple[InputFile, ...]
+    # The LoRA adapter of a ``model+adapter`` reference, applied tensor by tensor while merging.
+    adapter: Adapter | None = None
 
 
 def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = None) -> ModelInput:
@@ -75,12 +81,14 @@ def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = N
             yaml_path=yaml_path,
             hint="check the path; Hugging Face Hub ids are not supported by this version",
         )
+    for name in ("config.json", INDEX_NAME, *TOKENIZER_FILES):
+        contained(directory, name)
     config = _read_config(directory, yaml_path)
     names = _weight_files(directory, yaml_path)
     tensors: dict[str, TensorSource] = {}
     files = []
     for name in names:
-        path = directory / name
+        path = contained(directory, name)
         header = read_header(path)
         for tname, entry in header.tensors.items():
             if tname in tensors:
@@ -114,7 +122,7 @@ def _read_config(directory: Path, yaml_path: str) -> Mapping[str, Any]:
         raise ModelInputError(f"{directory} has no config.json", yaml_path=yaml_path, path=str(path))
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ModelInputError(f"config.json is not valid JSON ({exc})", path=str(path)) from None
     if not isinstance(config, dict):
         raise ModelInputError("config.json must hold a JSON object", path=str(path))
@@ -126,7 +134,7 @@ def _weight_files(directory: Path, yaml_path: str) -> list[str]:
     if index.is_file():
         try:
             doc = json.loads(index.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise ModelInputError(f"index is not valid JSON ({exc})", path=str(index)) from None
         weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
@@ -169,3 +177,77 @@ def _safe_name(value: object, index: Path) -> str:
     if not value.endswith(".safetensors"):
         raise HostileFileError(f"index weight_map entry {value!r} is not a .safetensors file", path=str(index))
     return value
+
+
+def contained(directory: Path, name: str) -> Path:
+    """``directory / name``; raises :class:`HostileFileError` when it is a symbolic link leading outside.
+
+    A model folder is data from the internet: a link such as ``tokenizer.json -> ~/.ssh/id_rsa`` or
+    ``config.json -> ~/.docker/config.json`` would copy a private file into OUT. Links that stay inside the
+    folder are fine, and so are a Hugging Face cache snapshot's links (``snapshots/<commit>/x ->
+    ../../blobs/<sha>``) into that repository's ``blobs`` folder.
+    """
+    path = directory / name
+    if not path.is_symlink():
+        return path
+    try:
+        target = path.resolve()
+    except (OSError, RuntimeError):  # a link loop (RuntimeError before Python 3.13)
+        raise HostileFileError(f"{name} is a symbolic link loop", path=str(path)) from None
+    roots = [directory.resolve()]
+    if directory.parent.name == "snapshots":
+        roots.append((directory.parent.parent / "blobs").resolve())
+    if any(root in target.parents for root in roots):
+        return path
+    raise HostileFileError(
+        f"{name} is a symbolic link to {target}, outside the model directory",
+        path=str(path),
+        hint="refusing to read it; copy the file into the model directory if it is really part of the model",
+    )
+
+
+class InputWatch:
+    """Notices an input weight file modified in place, replaced or deleted while a merge reads it.
+
+    Taken when the run starts (the plan has just checked every file's content identity). :meth:`check` costs
+    one ``stat`` per file and runs before every commit: a file committed after a passing check was computed
+    only from bytes read before it, so from unchanged inputs — a change is caught at the first commit after it,
+    and the shards committed before it stay valid. Compares size and mtime: not ctime, which a mere chmod moves,
+    nor inode numbers, which some FUSE filesystems (Drive) do not keep stable.
+    """
+
+    def __init__(self, files: Iterable[Path]) -> None:
+        self._seen = {path: _stat_key(path) for path in files}
+
+    @classmethod
+    def of(cls, model_dirs: Mapping[str, str], inputs: Mapping[str, Iterable[tuple[str, int, str]]]) -> InputWatch:
+        """A watch over every weight file of a plan (``plan.model_dirs`` and ``plan.inputs``)."""
+        return cls(Path(model_dirs[key]) / f[0] for key, files in inputs.items() for f in files)
+
+    def changed(self) -> PlanChangedError | None:
+        """The error describing the first changed input file, or None when all are as they were."""
+        for path, before in self._seen.items():
+            now = _stat_key(path)
+            if now == before:
+                continue
+            what = "was deleted" if now is None else "changed"
+            return PlanChangedError(
+                f"input file {path} {what} during the merge; shards committed before that are kept",
+                path=str(path),
+                hint="restore it as it was and run resumerge resume OUT (or start over with --restart)",
+            )
+        return None
+
+    def check(self) -> None:
+        """Raise :meth:`changed`'s error, if any."""
+        error = self.changed()
+        if error is not None:
+            raise error
+
+
+def _stat_key(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_size, st.st_mtime_ns

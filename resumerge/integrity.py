@@ -12,7 +12,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from resumerge.checksums import check_committed
+from resumerge.checksums import check_many
 from resumerge.errors import LedgerError
 from resumerge.locations import run_dir
 from resumerge.manifest import read_manifest
@@ -46,13 +46,9 @@ def verify_output(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[
     """Check the committed files of ``out_dir`` (records from the ledger, else the manifest)."""
     out = Path(out_dir)
     records, pending = _records(out, state_dir)
-    damaged = []
-    total = 0
-    for name, (size, sha) in sorted(records.items()):
-        problem = check_committed(out, name, size, sha)
-        if problem:
-            damaged.append(Damage(name, problem))
-        total += size
+    problems = check_many(out, ((name, size, sha) for name, (size, sha) in records.items()))
+    damaged = [Damage(name, problem) for name in sorted(records) if (problem := problems[name])]
+    total = sum(size for size, _ in records.values())
     return VerifyReport(str(out_dir), len(records), total, pending, tuple(damaged))
 
 

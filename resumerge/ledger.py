@@ -9,18 +9,22 @@ survives power loss. The read-only view for ``status`` lives in :mod:`resumerge.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
-from resumerge.errors import LedgerError
+from resumerge.durable import durability_disabled
+from resumerge.errors import LedgerError, ResumergeError, StorageError
 
 LEDGER_NAME = "ledger.db"
 migrations = Migrations("resumerge")
@@ -79,26 +83,118 @@ def m001_initial(db: Database) -> None:
     db.table("events").create({"id": int, "at": float, "kind": str, "message": str, "data": str}, pk="id")
 
 
+# SQLite result codes (low byte of the extended code) that mean "the state dir's disk failed", not "the file is bad":
+# SQLITE_PERM, SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN.
+_STORAGE_CODES = frozenset({3, 8, 10, 13, 14})
+_STORAGE_WORDS = ("disk is full", "disk i/o error", "readonly", "read-only", "unable to open")
+
+
+def sqlite_failure(exc: sqlite3.DatabaseError, path: Path) -> ResumergeError:
+    """Classify a SQLite error on the ledger at ``path``.
+
+    Disk full, I/O errors, read-only or unopenable files give :class:`StorageError` (exit 3: fix the disk and
+    resume); anything else (not a database, malformed, wrong schema) gives :class:`LedgerError` (exit 4).
+    """
+    code = getattr(exc, "sqlite_errorcode", None)
+    storage = (code & 0xFF) in _STORAGE_CODES if isinstance(code, int) else any(
+        w in str(exc).lower() for w in _STORAGE_WORDS)
+    if storage:
+        limit = _file_size_limit()
+        hint = (f"a file size limit of {limit} bytes is set (ulimit -f); raise it, then run resumerge resume OUT"
+                if limit is not None else
+                "free space or fix the state dir's disk (see --state-dir), then run resumerge resume OUT")
+        return StorageError(f"the ledger could not be written ({exc})", path=str(path), hint=hint)
+    return LedgerError(f"the ledger {path} is damaged ({exc})", path=str(path),
+                       hint="resumerge resume OUT sets it aside and rebuilds it from OUT's manifest")
+
+
+def _file_size_limit() -> int | None:
+    """The process's RLIMIT_FSIZE in bytes, or None when unlimited: SQLite reports EFBIG as a mere I/O error."""
+    try:
+        import resource
+    except ImportError:  # not on Unix
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+@functools.cache
+def _expected_columns() -> dict[str, frozenset[str]]:
+    """Every table and column the migrations create (from a scratch in-memory database, so never out of date)."""
+    scratch = Database(memory=True)
+    migrations.apply(scratch)
+    columns = {t.name: frozenset(t.columns_dict) for t in scratch.tables}
+    scratch.close()
+    return columns
+
+
+def _check_ledger(db: Database, path: Path) -> None:
+    """Raise :class:`LedgerError` when ``db`` fails SQLite's quick_check or lacks a table or column we use."""
+    problems = [row[0] for row in db.execute("PRAGMA quick_check").fetchall() if row[0] != "ok"]
+    if problems:
+        raise LedgerError(f"the ledger {path} is damaged ({problems[0]})", path=str(path))
+    tables = {t.name: t for t in db.tables}
+    for name, columns in _expected_columns().items():
+        missing = columns - set(tables[name].columns_dict) if name in tables else {"(table)"}
+        if missing:
+            raise LedgerError(f"the ledger {path} has another schema (table {name} lacks {sorted(missing)[0]})",
+                              path=str(path))
+
+
+def set_aside(path: Path) -> Path:
+    """Move a damaged ledger and its WAL/shm files to ``<name>.damaged`` names; returns the new ledger path.
+
+    The WAL must go too: SQLite would replay a leftover ``-wal`` file into the fresh ledger created next.
+    """
+    target = path.with_name(path.name + ".damaged")
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        source = path.with_name(path.name + suffix)
+        if source.exists():
+            os.replace(source, target.with_name(target.name + suffix))
+    return target
+
+
 class Ledger:
     """Write access to one output directory's ledger. Thread-safe: one lock guards the connection."""
 
     def __init__(self, path: Path) -> None:
+        """Open (creating if needed) the ledger at ``path`` and check it.
+
+        Raises :class:`LedgerError` when the file is not a SQLite database, fails SQLite's ``quick_check`` or has
+        another schema (the session then sets it aside with :func:`set_aside` and rebuilds from OUT's manifest),
+        and :class:`StorageError` when the state dir cannot be written (full, read-only, I/O error).
+        """
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        conn = None
         try:
             conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
+            if durability_disabled():  # benchmarks only: no journal on disk, no fsync
+                conn.execute("PRAGMA journal_mode=MEMORY")
+                conn.execute("PRAGMA synchronous=OFF")
+            else:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=FULL")
             self.db = Database(conn)
             migrations.apply(self.db)
-            self.db.table("run").count  # noqa: B018  (touch the schema: a corrupt file fails here, not later)
-        except sqlite3.DatabaseError as exc:
-            raise LedgerError(
-                f"the ledger {path} is unreadable ({exc})",
-                path=str(path),
-                hint="delete it; resumerge resume OUT rebuilds it from OUT's manifest",
-            ) from None
+            _check_ledger(self.db, path)
+        except (sqlite3.DatabaseError, LedgerError) as exc:
+            if conn is not None:
+                conn.close()
+            raise (exc if isinstance(exc, LedgerError) else sqlite_failure(exc, path)) from None
         self._lock = threading.RLock()
+        # Run before every commit; raising refuses it (the session checks that no input changed mid-run).
+        self.commit_guard: Callable[[], None] | None = None
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One locked, atomic transaction; SQLite failures become :func:`sqlite_failure` errors."""
+        with self._lock:
+            try:
+                with self.db.atomic():
+                    yield
+            except sqlite3.DatabaseError as exc:
+                raise sqlite_failure(exc, self.path) from None
 
     def close(self) -> None:
         """Close the connection."""
@@ -108,7 +204,7 @@ class Ledger:
     # -- run ---------------------------------------------------------------------------------------------
     def run_row(self) -> dict[str, Any] | None:
         """The run's row, or None for a fresh ledger."""
-        with self._lock:
+        with self._transaction():
             rows = list(self.db.table("run").rows_where("id = 1"))
         return rows[0] if rows else None
 
@@ -132,7 +228,7 @@ class Ledger:
         (name, shard, bytes).
         """
         now = time.time()
-        with self._lock, self.db.atomic():
+        with self._transaction():
             for table in ("run", "files", "tensors"):
                 self.db.execute(f"DELETE FROM [{table}]")
             self.db.table("run").insert(
@@ -167,14 +263,14 @@ class Ledger:
 
     def record_peak(self, peak_rss: int, adaptations: int) -> None:
         """Keep the highest peak RSS seen across the run's processes, and count memory adaptations."""
-        with self._lock, self.db.atomic():
+        with self._transaction():
             row = self.run_row() or {}
             self.db.table("run").update(1, {"peak_rss": max(peak_rss, row.get("peak_rss") or 0),
                                             "adaptations": (row.get("adaptations") or 0) + adaptations})
 
     def set_state(self, state: str, *, error: str | None = None) -> None:
         """Move the run to ``state`` (planned|running|interrupted|failed|done), with the last error if any."""
-        with self._lock, self.db.atomic():
+        with self._transaction():
             update: dict[str, Any] = {"state": state, "updated_at": time.time()}
             if error is not None:
                 update["last_error"] = error
@@ -184,7 +280,7 @@ class Ledger:
     # -- files and tensors --------------------------------------------------------------------------------
     def files(self) -> list[dict[str, Any]]:
         """Every planned output file, in write order."""
-        with self._lock:
+        with self._transaction():
             return list(self.db.table("files").rows_where(order_by="position"))
 
     def commit_file(
@@ -197,9 +293,14 @@ class Ledger:
         tensor_crcs: Mapping[str, int] | None = None,
         tensor_seconds: Mapping[str, float] | None = None,
     ) -> None:
-        """Mark ``name`` (and its tensors) committed, in one transaction. Call only after the file is durable."""
+        """Mark ``name`` (and its tensors) committed, in one transaction. Call only after the file is durable.
+
+        Raises whatever :attr:`commit_guard` raises, committing nothing.
+        """
+        if self.commit_guard is not None:
+            self.commit_guard()
         now = time.time()
-        with self._lock, self.db.atomic():
+        with self._transaction():
             self.db.table("files").update(
                 name, {"status": "done", "bytes": size, "sha256": sha256, "seconds": seconds, "committed_at": now}
             )
@@ -211,14 +312,14 @@ class Ledger:
 
     def reopen_file(self, name: str, reason: str) -> None:
         """Mark a committed file pending again (it is missing or damaged) with its tensors, and log why."""
-        with self._lock, self.db.atomic():
+        with self._transaction():
             self.db.table("files").update(name, {"status": "pending", "bytes": None, "sha256": None})
             self.db.execute("UPDATE tensors SET status = 'pending', crc32 = NULL WHERE shard = ?", [name])
             self._event("repair", f"{name}: {reason}; it will be rebuilt")
 
     def event(self, kind: str, message: str, data: Mapping[str, Any] | None = None) -> None:
         """Append an event in its own transaction."""
-        with self._lock, self.db.atomic():
+        with self._transaction():
             self._event(kind, message, data)
 
     def _event(self, kind: str, message: str, data: Mapping[str, Any] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""The output files besides the shards: index, config.json, the config as YAML, tokenizer files.
+"""The output files besides the shards: index, config.json, the config as YAML, the model card, tokenizer files.
 
 Each is a planned, journaled unit like a shard: its name is fixed by the plan, its bytes are a pure function of
 the plan (tokenizer files are copied from the tokenizer donor and checked against the hash recorded at plan
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resumerge.errors import PlanChangedError
+from resumerge.modelcard import CARD_NAME, render_model_card
 from resumerge.outconfig import render_config
 from resumerge.plan import Plan
 
@@ -36,7 +37,7 @@ TOKENIZER_FILES = (
 
 @dataclass(frozen=True)
 class AuxFile:
-    """A non-shard output file: its name, kind (index|config|tokenizer) and the kill point of its write."""
+    """A non-shard output file: its name, kind (index|config|card|tokenizer) and the kill point of its write."""
 
     name: str
     kind: str
@@ -60,6 +61,7 @@ def aux_files(plan: Plan) -> list[AuxFile]:
         files.append(AuxFile(INDEX_NAME, "index", "during_index_write"))
     files.append(AuxFile(CONFIG_NAME, "config", "during_config_write"))
     files.append(AuxFile(CONFIG_YAML_NAME, "config", "during_config_write"))
+    files.append(AuxFile(CARD_NAME, "card", "during_config_write"))
     files.extend(AuxFile(name, "tokenizer", "during_tokenizer_write") for name, _ in plan.tokenizer_files)
     return files
 
@@ -74,6 +76,10 @@ def render_aux(plan: Plan, aux: AuxFile, config_text: str) -> bytes:
         return render_config(plan.out_config)
     if aux.name == CONFIG_YAML_NAME:
         return config_text.encode("utf-8")
+    if aux.name == CARD_NAME:
+        return render_model_card(plan, config_text)
+    if aux.name in plan.tokenizer_blobs:
+        return plan.tokenizer_blobs[aux.name]
     assert plan.tokenizer_donor is not None
     source = Path(plan.model_dirs[plan.tokenizer_donor]) / aux.name
     data = source.read_bytes()

@@ -11,10 +11,13 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resumerge import __version__
 from resumerge.safetensors_format import ShardLayout, layout_shard
+
+if TYPE_CHECKING:
+    from resumerge.vocab import VocabAlignment
 
 DEFAULT_SHARD_SIZE = 1_000_000_000
 DEFAULT_SEED = 0
@@ -27,13 +30,32 @@ class PlanOptions:
     out_shard_size: int = DEFAULT_SHARD_SIZE
     random_seed: int = DEFAULT_SEED
     copy_tokenizer: bool = True
+    # Lets models of different architectures be planned (mergekit's --allow-crimes). Recorded with the run so a
+    # resume plans the same way, but left out of the fingerprint: it changes no output byte.
+    allow_crimes: bool = False
     # Where methods run ("cpu" or "cuda:N"): a GPU may round differently, so it is part of the output's identity.
     device: str = "cpu"
 
 
 @dataclass(frozen=True)
+class LoraRef:
+    """A LoRA delta on an input tensor: factors A and B (read whole; small), ``scale`` and PEFT's merge flags."""
+
+    a: InputRef
+    b: InputRef
+    scale: float
+    fan_in_fan_out: bool
+    embedding: bool
+
+
+@dataclass(frozen=True)
 class InputRef:
-    """One input tensor of an output tensor: model key, weight file, tensor name, dtype, shape, byte range."""
+    """One input tensor of an output tensor: model key, weight file, tensor name, dtype, shape, byte range.
+
+    ``cast`` is the dtype the stored tensor is converted to when read (a LoRA adapter's replacement of a base
+    tensor takes the base's dtype, as PEFT loads it); ``lora`` a delta added after that; ``first_row`` the
+    tensor's first row within the whole tensor when this reference is a row chunk (the LoRA factors are whole).
+    """
 
     model: str
     file: str
@@ -42,6 +64,14 @@ class InputRef:
     shape: tuple[int, ...]
     start: int
     end: int
+    cast: str | None = None
+    lora: LoraRef | None = None
+    first_row: int = 0
+
+    @property
+    def value_dtype(self) -> str:
+        """The dtype of the tensor as the method sees it (after ``cast``)."""
+        return self.cast or self.dtype
 
 
 @dataclass(frozen=True)
@@ -59,6 +89,9 @@ class TensorPlan:
     compute_dtype: str | None
     out_dtype: str
     nbytes: int
+    # A vocabulary-axis tensor (embeddings, lm_head) whose inputs are re-indexed to the built output vocabulary
+    # (Plan.vocab) before the method runs; its inputs may then have different row counts.
+    vocab_aligned: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,6 +119,12 @@ class Plan:
     options: PlanOptions = PlanOptions()
     out_config: Mapping[str, Any] = field(default_factory=dict)
     tokenizer_files: tuple[tuple[str, str], ...] = ()
+    # Tokenizer files whose bytes the plan made (a built tokenizer, or a donor's with chat_template applied);
+    # files not here are copied from the tokenizer donor. Hashes are in tokenizer_files.
+    tokenizer_blobs: Mapping[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+    # How each input's vocabulary rows map to the built tokenizer's (None when no tokenizer is built).
+    vocab: VocabAlignment | None = field(default=None, compare=False, repr=False)
+    vocab_digest: str = ""
     fingerprint: str = ""
 
     @property
@@ -114,10 +153,11 @@ def fingerprint_parts(plan: Plan) -> dict[str, str]:
         "layer_origins": plan.layer_origins,
         "out_config": plan.out_config,
         "tokenizer_files": plan.tokenizer_files,
+        "vocab": plan.vocab_digest,
     }
     return {
         "plan": _sha(body),
-        "options": _sha(asdict(plan.options)),
+        "options": _sha({k: v for k, v in asdict(plan.options).items() if k != "allow_crimes"}),
         "inputs": _sha({k: list(v) for k, v in sorted(plan.inputs.items())}),
         "version": __version__,
     }
@@ -162,7 +202,17 @@ def describe_changes(
 
 def _tensor_doc(t: TensorPlan) -> dict[str, Any]:
     doc = asdict(t)
-    doc["inputs"] = [[i.model, i.file, i.tensor, i.dtype, list(i.shape)] for i in t.inputs]
+    doc["inputs"] = [_input_doc(i) for i in t.inputs]
+    return doc
+
+
+def _input_doc(i: InputRef) -> list[Any]:
+    doc: list[Any] = [i.model, i.file, i.tensor, i.dtype, list(i.shape)]
+    if i.cast is not None:
+        doc.append(["cast", i.cast])
+    if i.lora is not None:
+        lora = i.lora
+        doc.append(["lora", _input_doc(lora.a), _input_doc(lora.b), lora.scale, lora.fan_in_fan_out, lora.embedding])
     return doc
 
 

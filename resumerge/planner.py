@@ -8,22 +8,34 @@ final norm / lm_head come from follow mergekit (see ``shared/reference/mergekit-
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
-from resumerge.architecture import TIED_NAMES, Layout, infer_layout
+from resumerge.architecture import TIED_NAMES, Layout, check_architectures, infer_layout, is_head, is_input_embedding
 from resumerge.config import MergeConfig, SourceConfig
 from resumerge.errors import ConfigError, ModelInputError
-from resumerge.inputs import ModelInput
+from resumerge.inputs import ModelInput, TensorSource
 from resumerge.methods.registry import BasePolicy, MethodSpec, Scope, get_method, method_names
 from resumerge.modelref import ModelRef
 from resumerge.outconfig import build_out_config
 from resumerge.outputs import tokenizer_files
 from resumerge.params import Setting, coerce, evaluate, is_missing
-from resumerge.plan import InputRef, Plan, PlanOptions, TensorPlan, compute_fingerprint
+from resumerge.plan import InputRef, LoraRef, Plan, PlanOptions, TensorPlan, compute_fingerprint
 from resumerge.safetensors_format import DTYPE_SIZES, numel
 from resumerge.sharding import assign_shards
+from resumerge.sources import adapter_key
+from resumerge.vocab import (
+    BuiltTokenizer,
+    TokenizerSpec,
+    VocabInput,
+    apply_chat_template_files,
+    build_tokenizer,
+    parse_tokenizer_spec,
+    resolve_chat_template,
+)
 
 DTYPE_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64"}
 # Parameter names mergekit knows for some method: unused by the chosen method is fine (a switched method),
@@ -60,8 +72,11 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
             hint=f"known methods: {', '.join(method_names())}",
         )
     _check_parameter_names(config, method)
+    check_architectures(config, models, allow_crimes=options.allow_crimes)
     layouts = {key: infer_layout(m.tensors, m.config, where=str(m.directory)) for key, m in models.items()}
     slices = _normalise(config, method, layouts)
+    spec = parse_tokenizer_spec(config.tokenizer_source, config.tokenizer, config.chat_template)
+    built = _build_tokenizer(config, spec, models) if spec.builds else None
     tensors: dict[str, TensorPlan] = {}
     origins: list[tuple[str, int]] = []
     for s_index, sl in enumerate(slices):
@@ -72,7 +87,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
             t = 1.0 if length == 1 else k / (length - 1)
             out_layer = len(origins)
             origins.append((sl.sources[0].model.key, sl.ranges[0][0] + k))
-            for suffix in first.layer_suffixes:
+            for suffix in first.suffixes_of(sl.ranges[0][0] + k):  # MoE dense layers have no experts
                 out_name = first.layer_name(out_layer, suffix)
                 names = [
                     layouts[src.model.key].layer_name(rng[0] + k, suffix) for src, rng in zip(sl.sources, sl.ranges)
@@ -80,16 +95,16 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
                 tensors[out_name] = _tensor(out_name, names, sl, t, method, config, models)
         if s_index == 0:
             for name in first.pre:
-                tensors[name] = _edge_tensor(name, sl, method, config, models)
+                tensors[name] = _edge_tensor(name, sl, method, config, models, built)
     last = slices[-1]
     post_names: list[str] = []
     for src in last.sources:
         post_names.extend(n for n in layouts[src.model.key].post if n not in post_names)
     for name in post_names:
-        tensors[name] = _edge_tensor(name, last, method, config, models)
+        tensors[name] = _edge_tensor(name, last, method, config, models, built)
     shards, tensors = assign_shards(tensors, options.out_shard_size)
     donor = _donor(config)
-    tokenizer_donor = _tokenizer_donor(config, donor, options)
+    tokenizer_donor, blobs = _tokenizer_output(config, spec, built, donor, options, models)
     plan = Plan(
         method=method.name,
         tensors=tensors,
@@ -98,13 +113,99 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
         tokenizer_donor=tokenizer_donor,
         num_layers=len(origins),
         layer_origins=tuple(origins),
-        inputs={key: tuple((f.name, f.size, f.identity) for f in m.files) for key, m in sorted(models.items())},
-        model_dirs={key: str(m.directory) for key, m in models.items()},
+        inputs=_input_files(models),
+        model_dirs=_model_dirs(models),
         options=options,
         out_config=build_out_config(config, models, donor, tuple(origins), tensors),
-        tokenizer_files=tokenizer_files(models[tokenizer_donor].directory) if tokenizer_donor else (),
+        tokenizer_files=_tokenizer_hashes(models, tokenizer_donor, blobs),
+        tokenizer_blobs=blobs,
+        vocab=built.alignment if built else None,
+        vocab_digest=built.digest if built else "",
     )
     return replace(plan, fingerprint=compute_fingerprint(plan))
+
+
+def _input_files(models: Mapping[str, ModelInput]) -> dict[str, tuple[tuple[str, int, str], ...]]:
+    """(name, size, identity) of every input file, adapters' under their own key."""
+    files = {}
+    for key, m in sorted(models.items()):
+        files[key] = tuple((f.name, f.size, f.identity) for f in m.files)
+        if m.adapter is not None:
+            files[adapter_key(key)] = tuple((f.name, f.size, f.identity) for f in m.adapter.files)
+    return files
+
+
+def _model_dirs(models: Mapping[str, ModelInput]) -> dict[str, str]:
+    dirs = {}
+    for key, m in models.items():
+        dirs[key] = str(m.directory)
+        if m.adapter is not None:
+            dirs[adapter_key(key)] = str(m.adapter.directory)
+    return dirs
+
+
+def _build_tokenizer(config: MergeConfig, spec: TokenizerSpec, models: Mapping[str, ModelInput]) -> BuiltTokenizer:
+    """The output tokenizer of ``spec`` from the inputs' tokenizer files, inputs in config order."""
+    inputs = {}
+    for ref in config.referenced_models():
+        model = models[ref.key]
+        inputs[ref.key] = VocabInput(ref.key, tokenizer_dir(model), _embed_rows(model))
+    return build_tokenizer(spec, inputs, config.base_model.key if config.base_model else None)
+
+
+def _embed_rows(model: ModelInput) -> int:
+    """Rows of the model's token embedding (its vocabulary as the weights see it)."""
+    for name, found in sorted(model.tensors.items()):
+        if is_input_embedding(name) and found.entry.shape:
+            return found.entry.shape[0]
+    vocab = model.config.get("vocab_size")
+    if isinstance(vocab, int) and vocab > 0:
+        return vocab
+    raise ModelInputError(f"{model.ref.key} has no token embedding and no vocab_size in config.json",
+                          path=str(model.directory), hint="a tokenizer can only be built for language models")
+
+
+def _tokenizer_output(
+    config: MergeConfig,
+    spec: TokenizerSpec,
+    built: BuiltTokenizer | None,
+    donor: str,
+    options: PlanOptions,
+    models: Mapping[str, ModelInput],
+) -> tuple[str | None, dict[str, bytes]]:
+    """(model whose tokenizer files are copied, files whose bytes the plan makes)."""
+    if built is not None:
+        return None, dict(built.files)
+    tokenizer_donor = _tokenizer_donor(donor, options)
+    if tokenizer_donor is None:
+        return None, {}
+    model = models[tokenizer_donor]
+    directory = tokenizer_dir(model)
+    template = None
+    if spec.chat_template is not None:
+        template = resolve_chat_template(spec.chat_template, [tokenizer_dir(models[r.key])
+                                                              for r in config.referenced_models()])
+    if template is None and directory == model.directory:
+        return tokenizer_donor, {}  # copied from the donor's folder when written
+    # An adapter's tokenizer (its folder is not a model dir of the plan) or a changed template: the plan holds
+    # the bytes. These are small files, read once here.
+    files = [(name, (directory / name).read_bytes()) for name, _ in tokenizer_files(directory)]
+    return tokenizer_donor, dict(apply_chat_template_files(files, template) if template else files)
+
+
+def tokenizer_dir(model: ModelInput) -> Path:
+    """Where ``model``'s tokenizer files are: its LoRA adapter's folder when that ships a tokenizer (a fine-tune's
+    chat template and added tokens live there; mergekit's defect 5 dropped them), else the model's own."""
+    if model.adapter is not None and model.adapter.has_tokenizer:
+        return model.adapter.directory
+    return model.directory
+
+
+def _tokenizer_hashes(models: Mapping[str, ModelInput], donor: str | None,
+                      blobs: Mapping[str, bytes]) -> tuple[tuple[str, str], ...]:
+    if blobs:
+        return tuple((name, hashlib.sha256(data).hexdigest()) for name, data in sorted(blobs.items()))
+    return tokenizer_files(tokenizer_dir(models[donor])) if donor else ()
 
 
 def _normalise(config: MergeConfig, method: MethodSpec, layouts: Mapping[str, Layout]) -> list[_Slice]:
@@ -190,6 +291,7 @@ def _tensor(
     method: MethodSpec,
     config: MergeConfig,
     models: Mapping[str, ModelInput],
+    vocab_rows: int | None = None,
 ) -> TensorPlan:
     inputs = []
     for src, name in zip(sl.sources, in_names):
@@ -201,18 +303,18 @@ def _tensor(
                 yaml_path=src.yaml_path,
                 tensor=name,
             )
-        e = found.entry
-        inputs.append(InputRef(src.model.key, found.file, name, e.dtype, e.shape, e.start, e.end))
-    shapes = {i.shape for i in inputs}
+        inputs.append(_input_ref(src.model.key, model, name, found))
+    # Aligned vocabulary tensors may differ in rows (each model's own vocabulary), never in the other axes.
+    shapes = {i.shape[1:] if vocab_rows is not None else i.shape for i in inputs}
     if len(shapes) > 1:
         listing = ", ".join(f"{i.model}: {list(i.shape)}" for i in inputs)
-        vocab = any(m in out_name for m in ("embed", "lm_head", "wte"))
+        vocab = is_input_embedding(out_name) or is_head(out_name)
         raise ModelInputError(
             f"Tensor size mismatch for {out_name}: {listing}",
             yaml_path=sl.yaml_path,
             tensor=out_name,
             hint=(
-                "the vocabularies differ; tokenizer-based vocabulary alignment is not supported by this version"
+                "the vocabularies differ: align them with tokenizer_source: base (or union, or a model name)"
                 if vocab
                 else "these models have different architectures or sizes and cannot be merged tensor by tensor"
             ),
@@ -222,7 +324,7 @@ def _tensor(
         keys = [s.model.key for s in sl.sources]
         base_index = keys.index(sl.base.key) if sl.base.key in keys else None
     g_params, m_params = _resolve_params(out_name, in_names, sl, t, method, config, base_index)
-    shape = inputs[0].shape
+    shape = inputs[0].shape if vocab_rows is None else (vocab_rows, *inputs[0].shape[1:])
     out_code = _out_dtype(config, inputs, base_index)
     if config.out_dtype is None and method.half_result_float32 and out_code in ("F16", "BF16"):
         out_code = "F32"
@@ -238,7 +340,33 @@ def _tensor(
         compute_dtype=config.dtype,
         out_dtype=out_code,
         nbytes=numel(shape) * DTYPE_SIZES[out_code],
+        vocab_aligned=vocab_rows is not None,
     )
+
+
+def _input_ref(key: str, model: ModelInput, name: str, found: TensorSource) -> InputRef:
+    """Where input tensor ``name`` of ``model`` comes from, with its LoRA adapter's replacement or delta."""
+    e = found.entry
+    ref = InputRef(key, found.file, name, e.dtype, e.shape, e.start, e.end)
+    adapter = model.adapter
+    if adapter is None:
+        return ref
+    where = adapter_key(key)
+    replaced = adapter.replacements.get(name)
+    if replaced is not None:
+        r = replaced.entry
+        ref = InputRef(where, replaced.file, r.name, r.dtype, r.shape, r.start, r.end,
+                       cast=e.dtype if r.dtype != e.dtype else None)
+    target = adapter.targets.get(name)
+    if target is not None:
+        a, b = target.a, target.b
+        lora = LoraRef(
+            InputRef(where, a.file, a.entry.name, a.entry.dtype, a.entry.shape, a.entry.start, a.entry.end),
+            InputRef(where, b.file, b.entry.name, b.entry.dtype, b.entry.shape, b.entry.start, b.entry.end),
+            target.scale, target.fan_in_fan_out, target.embedding,
+        )
+        ref = replace(ref, lora=lora)
+    return ref
 
 
 def _edge_tensor(
@@ -247,8 +375,10 @@ def _edge_tensor(
     method: MethodSpec,
     config: MergeConfig,
     models: Mapping[str, ModelInput],
+    built: BuiltTokenizer | None,
 ) -> TensorPlan:
-    """A pre- or post-layer tensor: t = 0, taken from the slice's models, tied names standing in."""
+    """A pre- or post-layer tensor: t = 0, taken from the slice's models, tied names standing in. With a built
+    tokenizer, vocabulary tensors (embeddings, head) get the output vocabulary's rows."""
     in_names = []
     for src in sl.sources:
         have = models[src.model.key].tensors
@@ -257,7 +387,8 @@ def _edge_tensor(
             continue
         tied = next((alt for alt in TIED_NAMES.get(name, ()) if alt in have), None)
         in_names.append(tied or name)  # a missing tensor is reported by _tensor with the model's name
-    return _tensor(name, in_names, sl, 0.0, method, config, models)
+    vocab = built is not None and (is_input_embedding(name) or is_head(name))
+    return _tensor(name, in_names, sl, 0.0, method, config, models, built.vocab_size if vocab and built else None)
 
 
 def _resolve_params(
@@ -336,7 +467,7 @@ def _out_dtype(config: MergeConfig, inputs: list[InputRef], base_index: int | No
         return DTYPE_CODES[config.out_dtype]
     if config.dtype is not None:
         return DTYPE_CODES[config.dtype]
-    return inputs[base_index if base_index is not None else 0].dtype
+    return inputs[base_index if base_index is not None else 0].value_dtype
 
 
 def _check_parameter_names(config: MergeConfig, method: MethodSpec) -> None:
@@ -368,22 +499,6 @@ def _donor(config: MergeConfig) -> str:
     return config.slices[0].sources[0].model.key
 
 
-def _tokenizer_donor(config: MergeConfig, donor: str, options: PlanOptions) -> str | None:
-    if config.tokenizer is not None or config.tokenizer_source == "union":
-        path = "tokenizer" if config.tokenizer is not None else "tokenizer_source"
-        raise ConfigError(
-            "building a merged tokenizer (union / tokenizer: section) is not supported by this version",
-            yaml_path=path,
-            hint="remove it to copy the base model's tokenizer, or name one model as tokenizer_source",
-        )
-    if config.tokenizer_source not in (None, "base"):
-        if config.tokenizer_source not in {r.key for r in config.referenced_models()}:
-            raise ConfigError(
-                f"tokenizer_source {config.tokenizer_source!r} is not one of the merged models",
-                yaml_path="tokenizer_source",
-                hint="name a model exactly as it is written under models: or slices:",
-            )
-        return config.tokenizer_source
-    if config.tokenizer_source == "base" and config.base_model is None:
-        raise ConfigError("tokenizer_source: base needs a base_model", yaml_path="tokenizer_source")
+def _tokenizer_donor(donor: str, options: PlanOptions) -> str | None:
+    """Whose tokenizer files are copied when none is built: the config donor's, unless --no-copy-tokenizer."""
     return donor if options.copy_tokenizer else None

@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Mapping
 from pathlib import Path
 
-from resumerge.checksums import check_committed
+from resumerge.checksums import check_many
 from resumerge.durable import fsync_dir, is_temp_name
 from resumerge.ledger import Ledger
 from resumerge.manifest import MANIFEST_NAME, ManifestBook
@@ -40,10 +40,10 @@ def reconcile(out_dir: Path, ledger: Ledger, book: ManifestBook, *, log: list[st
     """
     rows = ledger.files()
     planned = {r["name"] for r in rows}
-    for row in rows:
-        if row["status"] != "done" or row["name"] in verified:
-            continue
-        problem = check_committed(out_dir, row["name"], row["bytes"], row["sha256"])
+    committed = [r for r in rows if r["status"] == "done" and r["name"] not in verified]
+    problems = check_many(out_dir, ((r["name"], r["bytes"], r["sha256"]) for r in committed))
+    for row in committed:
+        problem = problems[row["name"]]
         if problem:
             log.append(f"{row['name']} {problem}: rebuilding it")
             ledger.reopen_file(row["name"], problem)
@@ -68,9 +68,10 @@ def adopt_manifest(out_dir: Path, plan: Plan, ledger: Ledger, committed: Mapping
     Returns the names found intact (so the caller need not hash them again).
     """
     intact = set()
+    problems = check_many(out_dir, ((n, int(str(i["bytes"])), str(i["sha256"])) for n, i in committed.items()))
     for name, info in sorted(committed.items()):
         size, sha = int(str(info["bytes"])), str(info["sha256"])
-        problem = check_committed(out_dir, name, size, sha)
+        problem = problems[name]
         if problem:
             log.append(f"{name} {problem}: rebuilding it")
             continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from resumerge.errors import HostileFileError
 
 # Largest header safetensors itself accepts; anything bigger is refused before allocating it.
 MAX_HEADER_BYTES = 100_000_000
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 # dtype name -> element size in bytes (sub-byte float formats are not supported as merge inputs).
 DTYPE_SIZES: dict[str, int] = {
@@ -114,7 +116,7 @@ def parse_header(raw: bytes, *, file_size: int, path: str = "") -> Header:
     """Validate header bytes ``raw`` of a file of ``file_size`` bytes; see :func:`read_header`."""
     try:
         doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # deep nesting: RecursionError
         raise HostileFileError(f"safetensors header is not valid JSON ({exc})", path=path) from None
     if not isinstance(doc, dict):
         raise HostileFileError("safetensors header is not a JSON object", path=path)
@@ -144,8 +146,10 @@ def parse_header(raw: bytes, *, file_size: int, path: str = "") -> Header:
 
 
 def _entry(name: str, info: object, data_start: int, path: str) -> TensorEntry:
-    if not name or "\x00" in name:
-        raise HostileFileError("tensor name is empty or contains NUL", path=path)
+    if not name or _CONTROL.search(name):
+        # A NUL, newline or escape in a name would smuggle extra lines into logs and error messages.
+        raise HostileFileError(f"tensor name {name!r} is empty or contains a control character (NUL, newline, ...)",
+                               path=path)
     if not isinstance(info, dict):
         raise HostileFileError(f"tensor {name!r}: entry is not an object", path=path, tensor=name)
     dtype = info.get("dtype")

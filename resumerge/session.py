@@ -7,16 +7,20 @@ manifest is written before the first shard; the state becomes ``done`` only afte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from resumerge import __version__
 from resumerge.config import MergeConfig, load_config_text
 from resumerge.devices import gpu_governor
+from resumerge.durable import is_temp_name
 from resumerge.engine import Reporter, Stopped, execute
 from resumerge.errors import (
     InterruptedMerge,
@@ -27,7 +31,9 @@ from resumerge.errors import (
     StorageError,
     UsageError,
 )
-from resumerge.ledger import LEDGER_NAME, Ledger
+from resumerge.filesystems import filesystem_type, needs_staging
+from resumerge.inputs import InputWatch
+from resumerge.ledger import LEDGER_NAME, Ledger, set_aside
 from resumerge.locations import run_dir
 from resumerge.manifest import MANIFEST_NAME, Manifest, ManifestBook, read_manifest
 from resumerge.memory import CudaProbe, MemoryGovernor, SystemProbe, default_budget, format_size, os_peak_rss
@@ -37,6 +43,9 @@ from resumerge.planner import build_plan
 from resumerge.reconcile import adopt_manifest, reconcile
 from resumerge.sources import Inputs, fetch_inputs, open_inputs
 from resumerge.workunits import largest, oversized_units
+
+# How to stage output: None = only when OUT is remote (Drive), True/False = always/never, or a directory.
+Staging: TypeAlias = "bool | str | os.PathLike[str] | None"
 
 if TYPE_CHECKING:
     from resumerge.hub import HubEvent
@@ -55,6 +64,12 @@ class NullReporter:
         """Ignore."""
 
     def message(self, text: str) -> None:
+        """Ignore."""
+
+    def shard_started(self, name: str, nbytes: int, tensors: int) -> None:
+        """Ignore."""
+
+    def memory_budget(self, nbytes: int) -> None:
         """Ignore."""
 
 
@@ -126,6 +141,7 @@ def run_merge(
     max_memory: int | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     max_gpu_memory: int | None = None,
+    staging: Staging = None,
 ) -> Outcome:
     """Merge ``config_text`` into ``out_dir``; continue an unfinished run of the same plan there.
 
@@ -133,6 +149,8 @@ def run_merge(
     ``restart`` is false; InterruptedMerge when ``should_stop`` turned true; StorageError on write failures.
     ``max_memory`` is the RAM budget in bytes (default: a safe fraction of what the machine or container allows);
     ``max_gpu_memory`` the GPU's when ``options.device`` is a GPU (default: a safe fraction of its free memory).
+    ``staging``: None stages output on local disk only when OUT is on a remote or FUSE filesystem (Drive), True
+    always (in the run's state dir), False never, or a directory to stage in.
     """
     config = load_config_text(config_text)
     plan, inputs = prepare(config, options or PlanOptions(), state_dir=state_dir, cache_dir=cache_dir,
@@ -144,7 +162,7 @@ def run_merge(
     fetch_inputs(inputs, state_dir=state_dir, on_progress=_hub_progress(reporter))
     return _drive(plan, config_text, out, state_dir, manifest, restart=restart, reporter=reporter,
                   should_stop=should_stop, workers=workers, command=f"resumerge resume {out_dir}",
-                  governor=governor, gpu=gpu)
+                  governor=governor, gpu=gpu, staging=staging)
 
 
 def resume_merge(
@@ -156,20 +174,30 @@ def resume_merge(
     workers: int = 2,
     max_memory: int | None = None,
     max_gpu_memory: int | None = None,
+    staging: Staging = None,
 ) -> Outcome:
-    """Finish the merge recorded for ``out_dir`` (from the ledger, else from OUT's manifest).
+    """Finish the merge recorded for ``out_dir`` (from the ledger, else from OUT's manifest); ``staging`` as for
+    :func:`run_merge` (it does not change the output, so it may differ from the first run's).
 
     Raises LedgerError when neither exists, PlanChangedError when the inputs or resumerge changed, UsageError
     when the merge computes on a GPU that this machine lacks (the device is part of the output's identity).
     """
     out = Path(out_dir).absolute()
+    _check_out_path(out)
     manifest = read_manifest(out) if out.is_dir() else None
     ledger_path = run_dir(out, state_dir) / LEDGER_NAME
     row = None
     if ledger_path.exists():
-        ledger = Ledger(ledger_path)
-        row = ledger.run_row()
-        ledger.close()
+        try:
+            ledger = Ledger(ledger_path)
+        except LedgerError as exc:
+            if manifest is None:  # nothing to rebuild it from: refuse rather than guess
+                exc.hint = f"OUT has no {MANIFEST_NAME} to rebuild it from; start over with resumerge run --restart"
+                raise
+            # Damaged but OUT has a manifest: _drive sets the ledger aside and rebuilds it from the manifest.
+        else:
+            row = ledger.run_row()
+            ledger.close()
     if row is not None:
         text, opts, dirs = row["config_text"], json.loads(row["options"]), json.loads(row["model_dirs"])
     elif manifest is not None:
@@ -187,7 +215,51 @@ def resume_merge(
     fetch_inputs(inputs, state_dir=state_dir, on_progress=_hub_progress(reporter))
     return _drive(plan, text, out, state_dir, manifest, restart=False, reporter=reporter,
                   should_stop=should_stop, workers=workers, command=f"resumerge resume {out_dir}",
-                  resuming=True, governor=governor, gpu=gpu)
+                  resuming=True, governor=governor, gpu=gpu, staging=staging)
+
+
+def drive_plan(
+    plan: Plan,
+    config_text: str,
+    out_dir: str | os.PathLike[str],
+    *,
+    command: str,
+    state_dir: str | os.PathLike[str] | None = None,
+    restart: bool = False,
+    resuming: bool = False,
+    reporter: Reporter | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    workers: int = 2,
+    max_memory: int | None = None,
+    max_gpu_memory: int | None = None,
+    staging: Staging = None,
+    tolerate: frozenset[str] = frozenset(),
+) -> Outcome:
+    """Run an already built ``plan`` into ``out_dir``, journaled exactly like :func:`run_merge` (continuing an
+    unfinished run of the same plan there); its inputs must be present already.
+
+    For multi-stage recipes, which plan every stage up front and fetch inputs once. ``tolerate`` names files
+    OUT may hold besides resumerge's own (the recipe's record); ``command`` is what an interruption tells the
+    user to run. Raises like :func:`run_merge` once the plan exists.
+    """
+    governor = make_governor(plan, max_memory)
+    gpu = gpu_governor(plan, plan.options.device, max_gpu_memory)
+    out = Path(out_dir).absolute()
+    manifest = _check_out_dir(out, tolerate=tolerate)
+    return _drive(plan, config_text, out, state_dir, manifest, restart=restart, reporter=reporter,
+                  should_stop=should_stop, workers=workers, command=command, resuming=resuming,
+                  governor=governor, gpu=gpu, staging=staging)
+
+
+def hub_progress(reporter: Reporter | None) -> Callable[[HubEvent], None] | None:
+    """The hub progress callback that shows the end of each transfer on ``reporter`` (None without one)."""
+    return _hub_progress(reporter)
+
+
+def check_out_dir(out: Path, *, tolerate: frozenset[str] = frozenset()) -> Manifest | None:
+    """OUT's manifest, or None when OUT is absent or empty (bar ``tolerate``); raises :class:`UsageError` for a
+    link or a file, :class:`OutputDirError` for a non-empty folder resumerge did not write."""
+    return _check_out_dir(out, tolerate=tolerate)
 
 
 def make_governor(plan: Plan, max_memory: int | None) -> MemoryGovernor:
@@ -226,6 +298,7 @@ def _drive(
     resuming: bool = False,
     governor: MemoryGovernor | None = None,
     gpu: MemoryGovernor | None = None,
+    staging: Staging = None,
 ) -> Outcome:
     from resumerge.runlock import RunLock
     from resumerge.workunits import tune_allocator
@@ -236,12 +309,16 @@ def _drive(
     rdir = run_dir(out, state_dir)
     lock = RunLock(rdir, out)
     lock.acquire()
-    ledger = Ledger(rdir / LEDGER_NAME)
     notes: list[str] = []
+    ledger = _open_ledger(rdir / LEDGER_NAME, notes)
+    watch = InputWatch.of(plan.model_dirs, plan.inputs)
+    ledger.commit_guard = watch.check
+    xfsz = _ignore_sigxfsz()
     try:
         book, verified = _open_run(plan, config_text, out, ledger, manifest, restart=restart, resuming=resuming,
                                    notes=notes)
         reconcile(out, ledger, book, log=notes, verified=verified)
+        stage_dir = _staging_dir(staging, plan, out, rdir, notes)
         resumed = sum(1 for r in ledger.files() if r["status"] == "done")
         for note in notes:
             reporter.message(note)
@@ -256,6 +333,7 @@ def _drive(
         ledger.set_state("running")
         if governor is not None:
             ledger.event("memory", f"budget {format_size(governor.budget)}", {"budget": governor.budget})
+            reporter.memory_budget(governor.budget)
             governor.start()
         if gpu is not None:
             ledger.event("memory", f"{gpu.pool} budget {format_size(gpu.budget)}",
@@ -263,19 +341,15 @@ def _drive(
             gpu.start()
         try:
             execute(plan, out, ledger, book, reporter, should_stop=should_stop, config_text=config_text,
-                    workers=workers, governor=governor, gpu=gpu)
+                    workers=workers, governor=governor, gpu=gpu, staging=stage_dir)
         except Stopped:
             ledger.set_state("interrupted", error="stopped by signal")
             raise InterruptedMerge("merge interrupted; every committed shard is kept", resume_command=command) from None
-        except StorageError as exc:
-            ledger.set_state("interrupted", error=exc.one_line())
-            raise
-        except ResumergeError as exc:
-            ledger.set_state("failed", error=exc.one_line())
-            raise
         except Exception as exc:
-            ledger.set_state("failed", error=f"{type(exc).__name__}: {exc}")
-            raise
+            error = _failure(exc, ledger, watch)
+            if error is exc:
+                raise
+            raise error from exc
         finally:
             _record_memory(ledger, governor)
             _record_gpu_memory(ledger, gpu)
@@ -285,6 +359,60 @@ def _drive(
     finally:
         ledger.close()
         lock.release()
+        _restore_sigxfsz(xfsz)
+
+
+def _open_ledger(path: Path, notes: list[str]) -> Ledger:
+    """Open the run's ledger. A damaged one is never trusted: it is moved aside and a fresh ledger returned, which
+    :func:`_open_run` rebuilds from OUT's manifest (re-hashing every file the manifest lists) or fills with a new
+    plan when OUT has no manifest (then nothing was ever committed there)."""
+    try:
+        return Ledger(path)
+    except LedgerError as exc:
+        try:
+            aside = set_aside(path)
+        except OSError as failure:
+            raise StorageError(f"the ledger is damaged and cannot be moved aside ({failure.strerror})",
+                               path=str(path), hint="make the state dir writable, then run resumerge resume OUT"
+                               ) from None
+        notes.append(f"{exc.message}: set aside as {aside.name}, nothing in it is trusted")
+        return Ledger(path)
+
+
+def _failure(exc: Exception, ledger: Ledger, watch: InputWatch) -> Exception:
+    """Record in the ledger why the run stopped (best effort) and return the error to raise.
+
+    A changed input explains any failure that follows it (a deleted file cannot be opened, a truncated one ends
+    early), so that is reported instead; a bare ``OSError`` becomes a :class:`StorageError` (exit 3).
+    """
+    error: Exception = watch.changed() or exc
+    if isinstance(error, OSError):
+        reason = error.strerror or str(error)
+        error = StorageError(f"I/O error on {error.filename or 'a file'}: {reason}",
+                             path=str(error.filename) if error.filename else None,
+                             hint="check the disk, then run resumerge resume OUT")
+    if isinstance(error, ResumergeError):
+        state = "interrupted" if isinstance(error, StorageError) else "failed"
+        message = error.one_line()
+    else:
+        state, message = "failed", f"{type(error).__name__}: {error}"
+    with contextlib.suppress(ResumergeError):  # the ledger's own disk may be what failed; report the first error
+        ledger.set_state(state, error=message)
+    return error
+
+
+def _ignore_sigxfsz() -> Any:
+    """Ignore SIGXFSZ while merging, so that a write past the file size limit (``ulimit -f``) fails with EFBIG —
+    a clean StorageError, exit 3 — instead of killing the process. Returns the previous handler (None when not
+    on the main thread, where handlers cannot be changed)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGXFSZ"):
+        return None
+    return signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def _restore_sigxfsz(previous: Any) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGXFSZ, previous)
 
 
 def _record_memory(ledger: Ledger, governor: MemoryGovernor | None) -> None:
@@ -296,6 +424,26 @@ def _record_memory(ledger: Ledger, governor: MemoryGovernor | None) -> None:
     for a in governor.adaptations[-100:]:
         ledger.event("adaptation", f"{a.knob} {a.old} -> {a.new}: {a.reason}")
     ledger.record_peak(peak, len(governor.adaptations))
+
+
+def _staging_dir(choice: Staging, plan: Plan, out: Path, rdir: Path, notes: list[str]) -> Path | None:
+    """The local directory to stage output files in, or None to write into OUT directly.
+
+    Leftover temp files of earlier runs there are deleted (only resumerge's own temp names of planned files).
+    """
+    if choice is False or (choice is None and not needs_staging(out)):
+        return None
+    directory = rdir / "staging" if choice is None or choice is True else Path(choice).absolute()
+    if directory == out or out in directory.parents:
+        raise UsageError(f"the staging dir {directory} is inside OUT", hint="stage on local disk outside OUT")
+    directory.mkdir(parents=True, exist_ok=True)
+    planned = set(_planned_files(plan))
+    for leftover in directory.iterdir():
+        if is_temp_name(leftover.name, planned):
+            leftover.unlink()
+    why = f"OUT is on {filesystem_type(out)}" if choice is None else "as asked"
+    notes.append(f"staging output in {directory} and publishing to OUT by copy + verify ({why})")
+    return directory
 
 
 def _record_gpu_memory(ledger: Ledger, gpu: MemoryGovernor | None) -> None:
@@ -406,14 +554,30 @@ def _clean_previous(out: Path, ledger: Ledger, manifest: Manifest | None) -> Non
             path.unlink()
 
 
-def _check_out_dir(out: Path) -> Manifest | None:
-    """Refuse an OUT that is a file, or non-empty without resumerge's manifest; return its manifest if any."""
+def _check_out_path(out: Path) -> None:
+    """Refuse (exit 2) an OUT that is a symbolic link or not a directory.
+
+    A link could point elsewhere on the next run, and the lock, the state dir and "never touch what resumerge did
+    not write" all concern one directory: the user passes the real one instead.
+    """
+    if out.is_symlink():
+        raise UsageError(f"{out} is a symbolic link", path=str(out),
+                         hint=f"pass the directory itself: {os.path.realpath(out)}")
     if out.exists() and not out.is_dir():
-        raise OutputDirError(f"{out} exists and is not a directory", path=str(out))
+        raise UsageError(f"{out} exists and is not a directory", path=str(out),
+                         hint="choose a new or empty directory for the output")
+
+
+def _check_out_dir(out: Path, *, tolerate: frozenset[str] = frozenset()) -> Manifest | None:
+    """Refuse an OUT that is a link or a file (UsageError, exit 2), or non-empty without resumerge's manifest
+    (OutputDirError, exit 4); return its manifest if any."""
+    _check_out_path(out)
     if not out.exists():
         return None
     manifest = read_manifest(out)
-    if manifest is None and any(out.iterdir()):
+    # A process killed inside its first manifest write leaves only that temp file: still resumerge's OUT.
+    ours = {MANIFEST_NAME, *tolerate}
+    if manifest is None and any(p.name not in tolerate and not is_temp_name(p.name, ours) for p in out.iterdir()):
         raise OutputDirError(
             f"{out} is not empty and was not written by resumerge (no {MANIFEST_NAME})",
             path=str(out),

@@ -8,6 +8,7 @@ protocol up to the rename; the caller records the ledger row afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import zlib
@@ -16,19 +17,21 @@ from pathlib import Path
 import torch
 
 from resumerge import killpoints
-from resumerge.durable import publish, storage_error, temp_path
+from resumerge.durable import discard, publish, publish_copy, storage_error, sync_file, temp_path
 from resumerge.errors import ResumergeError
 from resumerge.safetensors_format import ShardLayout, read_header
 from resumerge.tensorio import TORCH_DTYPES, tensor_bytes
 
 
 class ShardWriter:
-    """Writes the tensors of one shard, in layout order, to a temp file beside ``final``."""
+    """Writes the tensors of one shard, in layout order, to a temp file beside ``final`` — or, with ``staging``,
+    in that local directory, to be published by copy + verify (for OUT on Drive and other remote filesystems)."""
 
-    def __init__(self, final: Path, layout: ShardLayout) -> None:
+    def __init__(self, final: Path, layout: ShardLayout, staging: Path | None = None) -> None:
         self.final = final
         self.layout = layout
-        self.temp = temp_path(final)
+        self.staging = staging
+        self.temp = temp_path(final) if staging is None else staging / temp_path(final).name
         self._next = 0
         self._sha = hashlib.sha256()
         self._written = 0
@@ -87,7 +90,8 @@ class ShardWriter:
         self._written += len(data)
 
     def finish(self) -> tuple[int, str]:
-        """fsync, verify the header and size, rename into place, fsync the directory.
+        """fsync, verify the header and size, rename into place (staged: copy, read back, verify, rename), fsync
+        the directory.
 
         Returns (size, sha256). After it returns the file is durable under its final name; only the ledger
         row is missing, and resume deletes a final-named file that has none.
@@ -96,7 +100,7 @@ class ShardWriter:
             raise ResumergeError(f"internal: shard {self.final.name} finished with tensors missing")
         try:
             killpoints.reach("after_temp_write")
-            os.fsync(self._fd)
+            sync_file(self._fd)
             os.close(self._fd)
             self._fd = -1
             killpoints.reach("after_fsync")
@@ -104,16 +108,21 @@ class ShardWriter:
             if header.file_size != self.layout.file_size or self._written != self.layout.file_size:
                 raise ResumergeError(f"internal: {self.final.name} is {header.file_size} bytes, planned "
                                      f"{self.layout.file_size}")
-            publish(self.temp, self.final)
+            if self.staging is None:
+                publish(self.temp, self.final)
+            else:
+                publish_copy(self.temp, self.final, self._sha.hexdigest())
         except OSError as exc:
             self.abort()
             raise storage_error(exc, self.final) from exc
         return self.layout.file_size, self._sha.hexdigest()
 
     def abort(self) -> None:
-        """Close and delete the temp file (safe to call more than once)."""
+        """Close and delete the temp file (safe to call more than once; never raises, so the error being
+        handled is the one reported)."""
         fd = getattr(self, "_fd", -1)
         if fd >= 0:
-            os.close(fd)
             self._fd = -1
-        self.temp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        discard(self.temp)

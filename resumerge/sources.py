@@ -13,10 +13,11 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from resumerge.adapters import Adapter, check_adapter, open_adapter
 from resumerge.config import MergeConfig
 from resumerge.errors import ModelInputError, ResumergeError
 from resumerge.inputs import InputFile, ModelInput, TensorSource, open_model
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from resumerge.hub import ProgressCallback, RepoMetadata
 
 _SNAPSHOT = re.compile(r"/snapshots/([0-9a-f]{40})$")
+# model_dirs / plan.inputs key suffix of a ``model+adapter`` input's adapter folder and files.
+ADAPTER_SUFFIX = "#adapter"
 
 
 @dataclass
@@ -44,41 +47,91 @@ def open_inputs(
     state_dir: str | os.PathLike[str] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     on_progress: ProgressCallback | None = None,
+    given: Mapping[str, ModelInput] | None = None,
 ) -> Inputs:
     """Open every referenced model for planning (config.json and headers only; no weights are downloaded).
 
-    ``model_dirs`` are the directories recorded by an earlier plan (a resume). Raises ``InputError`` subclasses
-    for missing or hostile models, ``HubUnavailableError`` when a hub model cannot be reached or found in cache.
+    ``model_dirs`` are the directories recorded by an earlier plan (a resume). ``given`` maps reference keys to
+    models that are already open (a recipe: earlier stages' planned outputs, and inputs another stage opened);
+    those are used as they are and not opened again. Raises ``InputError`` subclasses for missing or hostile
+    models, ``HubUnavailableError`` when a hub model cannot be reached or found in cache.
     """
     inputs = Inputs()
     for ref in config.referenced_models():
+        if given is not None and ref.key in given:
+            inputs.models[ref.key] = given[ref.key]
+            continue
         where = yaml_path_of(config, ref)
-        if ref.lora is not None:
-            raise ModelInputError(
-                f"LoRA adapter references ({ref.key}) are not supported by this version",
-                yaml_path=where,
-                hint="merge the adapter into its base first (PEFT merge_and_unload) and reference that folder",
-            )
-        recorded = (model_dirs or {}).get(ref.key)
-        pinned = _SNAPSHOT.search(recorded or "")
-        if recorded is not None and pinned is None:
-            inputs.models[ref.key] = open_model(ref, yaml_path=where, directory=Path(recorded))
+        recorded = model_dirs or {}
+        if ref.lora is None:
+            inputs.models[ref.key] = _open_one(ref, recorded.get(ref.key), where, inputs, state_dir, cache_dir,
+                                               on_progress)
             continue
-        from resumerge.hub import is_local, resolve_metadata
-
-        if pinned is None and is_local(ref):
-            inputs.models[ref.key] = open_model(ref, yaml_path=where)
-            continue
-        try:
-            meta = resolve_metadata(ref, cache_dir=Path(cache_dir) if cache_dir else None,
-                                    pinned_commit=pinned[1] if pinned else None,
-                                    records_dir=state_root(state_dir), on_progress=on_progress)
-        except ResumergeError as exc:
-            exc.yaml_path = exc.yaml_path or where  # the hub layer knows the repo, the config knows where
-            raise
-        inputs.hub[ref.key] = meta
-        inputs.models[ref.key] = _from_metadata(ref, meta, where)
+        base_ref = ModelRef(ref.path, ref.revision, override_architecture=ref.override_architecture)
+        base = _open_one(base_ref, recorded.get(ref.key), where, inputs, state_dir, cache_dir, on_progress)
+        adapter = _open_adapter(ref.lora, recorded.get(adapter_key(ref.key)), where, state_dir, cache_dir,
+                                on_progress)
+        check_adapter(adapter, {n: (t.entry.dtype, t.entry.shape) for n, t in base.tensors.items()}, yaml_path=where)
+        if base_ref.key in inputs.hub:  # fetch_inputs downloads the base's weights under the merged model's key
+            inputs.hub[ref.key] = inputs.hub.pop(base_ref.key)
+        inputs.models[ref.key] = replace(base, ref=ref, adapter=adapter)
     return inputs
+
+
+def adapter_key(key: str) -> str:
+    """The key under which a plan records the adapter folder and files of the ``model+adapter`` input ``key``."""
+    return key + ADAPTER_SUFFIX
+
+
+def _open_one(
+    ref: ModelRef,
+    recorded: str | None,
+    where: str,
+    inputs: Inputs,
+    state_dir: str | os.PathLike[str] | None,
+    cache_dir: str | os.PathLike[str] | None,
+    on_progress: ProgressCallback | None,
+) -> ModelInput:
+    """Open one model: from its recorded directory (a resume), as a local folder, or from the hub (two phases)."""
+    pinned = _SNAPSHOT.search(recorded or "")
+    if recorded is not None and pinned is None:
+        return open_model(ref, yaml_path=where, directory=Path(recorded))
+    from resumerge.hub import is_local, resolve_metadata
+
+    if pinned is None and is_local(ref):
+        return open_model(ref, yaml_path=where)
+    try:
+        meta = resolve_metadata(ref, cache_dir=Path(cache_dir) if cache_dir else None,
+                                pinned_commit=pinned[1] if pinned else None,
+                                records_dir=state_root(state_dir), on_progress=on_progress)
+    except ResumergeError as exc:
+        exc.yaml_path = exc.yaml_path or where  # the hub layer knows the repo, the config knows where
+        raise
+    inputs.hub[ref.key] = meta
+    return _from_metadata(ref, meta, where)
+
+
+def _open_adapter(
+    ref: ModelRef,
+    recorded: str | None,
+    where: str,
+    state_dir: str | os.PathLike[str] | None,
+    cache_dir: str | os.PathLike[str] | None,
+    on_progress: ProgressCallback | None,
+) -> Adapter:
+    """Open the LoRA adapter ``ref``: a local folder, or a hub repo fetched whole (it is small) and verified."""
+    pinned = _SNAPSHOT.search(recorded or "")
+    if recorded is not None and pinned is None:
+        return open_adapter(Path(recorded), yaml_path=where)
+    from resumerge.hub import is_local
+
+    if pinned is None and is_local(ref):
+        return open_adapter(Path(ref.path), yaml_path=where)
+    from resumerge.hub.adapters import open_hub_adapter
+
+    return open_hub_adapter(ref, yaml_path=where, cache_dir=Path(cache_dir) if cache_dir else None,
+                            pinned_commit=pinned[1] if pinned else None, records_dir=state_root(state_dir),
+                            on_progress=on_progress)
 
 
 def fetch_inputs(inputs: Inputs, *, state_dir: str | os.PathLike[str] | None = None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from resumerge.methods.registry import MethodSpec, get_method
 from resumerge.plan import InputRef, Plan, TensorPlan
@@ -30,25 +30,27 @@ def estimate_bytes(tp: TensorPlan, method: MethodSpec, rows: int | None = None) 
     # Methods compute in float32 (float64 for float64 inputs): an accumulator, and for whole-tensor methods
     # (sparsification, sorting, norms) about one temporary per input as well.
     work = count * 8 * (1 if method.elementwise else len(tp.inputs) + 1)
-    return int((stored + cast + work + tp.nbytes) * fraction)
+    # A LoRA delta: the merged copy of the input, plus the whole factors and their float64 copies.
+    lora = sum(count * 4 + 3 * (i.lora.a.end - i.lora.a.start + i.lora.b.end - i.lora.b.start)
+               for i in tp.inputs if i.lora is not None)
+    return int((stored + cast + work + tp.nbytes) * fraction) + lora
 
 
 def can_chunk(tp: TensorPlan, method: MethodSpec) -> bool:
-    """True when ``tp`` may be computed in row chunks (an elementwise method over a tensor with rows)."""
-    return method.elementwise and len(tp.shape) >= 1 and tp.shape[0] > 1
+    """True when ``tp`` may be computed in row chunks (an elementwise method over a tensor with rows whose
+    input rows are output rows — not a vocabulary-aligned tensor, whose rows are gathered and averaged)."""
+    return method.elementwise and len(tp.shape) >= 1 and tp.shape[0] > 1 and not tp.vocab_aligned
 
 
 def row_slice(ref: InputRef, first: int, stop: int) -> InputRef:
     """The part of ``ref`` holding rows ``[first, stop)`` (row-major storage keeps them contiguous)."""
     row_bytes = (ref.end - ref.start) // ref.shape[0]
-    return InputRef(ref.model, ref.file, ref.tensor, ref.dtype, (stop - first, *ref.shape[1:]),
-                    ref.start + first * row_bytes, ref.start + stop * row_bytes)
+    return replace(ref, shape=(stop - first, *ref.shape[1:]), start=ref.start + first * row_bytes,
+                   end=ref.start + stop * row_bytes, first_row=ref.first_row + first)
 
 
 def chunk_plan(tp: TensorPlan, first: int, stop: int) -> TensorPlan:
     """``tp`` restricted to rows ``[first, stop)`` (same name, parameters and dtypes)."""
-    from dataclasses import replace
-
     shape = (stop - first, *tp.shape[1:])
     return replace(tp, inputs=tuple(row_slice(i, first, stop) for i in tp.inputs), shape=shape,
                    nbytes=numel(shape) * DTYPE_SIZES[tp.out_dtype])

@@ -32,7 +32,8 @@ def test_api_and_cli_give_identical_outputs(tmp_path: Path, make: ModelFactory) 
 
 
 def test_public_names_are_exported() -> None:
-    assert sorted(resumerge.__all__) == ["__version__", "plan_merge", "resume", "run", "status", "verify"]
+    assert sorted(resumerge.__all__) == ["__version__", "estimate", "plan_merge", "recipe_status", "resume", "run",
+                                         "status", "verify"]
     for name in resumerge.__all__:
         assert getattr(resumerge, name) is not None
 
@@ -80,7 +81,7 @@ def test_plan_command_writes_nothing(tmp_path: Path, make: ModelFactory, capsys:
 
 def test_mergekit_flags_are_accepted(tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = write_config(tmp_path / "c.yml", {"merge_method": "passthrough", "models": [str(make("a"))]})
-    args = ["run", str(cfg), str(tmp_path / "out"), "--cuda", "--lazy-unpickle", "--clone-tensors",
+    args = ["run", str(cfg), str(tmp_path / "out"), "--no-cuda", "--lazy-unpickle", "--clone-tensors",
             "--copy-tokenizer", "--allow-crimes", "-j", "2", "--write-threads", "2", "--trust-remote-code"]
     assert main(args) == 0
     assert "--lazy-unpickle is not needed" in capsys.readouterr().err

@@ -138,5 +138,6 @@ def test_donor_is_base_else_first_model(make: ModelFactory) -> None:
 
 def test_tokenizer_source_must_be_a_merged_model(make: ModelFactory) -> None:
     a = make("a")
-    with pytest.raises(ConfigError, match="tokenizer_source"):
+    with pytest.raises(ConfigError, match="not one of the merged models") as caught:
         _plan(f"merge_method: passthrough\nmodels: [{a}]\ntokenizer_source: someone/else\n")
+    assert caught.value.yaml_path == "tokenizer_source"

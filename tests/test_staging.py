@@ -1,0 +1,110 @@
+"""Drive-safe output: files are written on local staging and published to OUT by copy + read-back verify."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from resumerge.durable import publish_copy
+from resumerge.errors import StorageError
+from resumerge.filesystems import filesystem_type, needs_staging, parse_mountinfo
+from tests.conftest import ModelFactory
+from tests.support import cli, digests, linear_config, write_config
+
+COLAB = """\
+22 27 0:21 / /proc rw,relatime - proc proc rw
+27 1 0:31 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u
+85 27 0:52 / /content/drive rw,nosuid,nodev,relatime - fuse.drive drive rw,user_id=0
+86 27 8:1 / /content/my\\040disk rw,relatime - ext4 /dev/sda1 rw
+90 27 0:60 / /mnt/share rw,relatime - nfs4 server:/export rw
+"""
+
+
+def test_mountinfo_types_and_escapes() -> None:
+    mounts = {m.point: m.fstype for m in parse_mountinfo(COLAB + "garbage line\n")}
+    assert mounts == {"/proc": "proc", "/": "overlay", "/content/drive": "fuse.drive",
+                      "/content/my disk": "ext4", "/mnt/share": "nfs4"}
+
+
+@pytest.mark.parametrize(("path", "fstype", "staged"), [
+    ("/content/drive/MyDrive/out", "fuse.drive", True),
+    ("/content/drive", "fuse.drive", True),
+    ("/content/drive2/out", "overlay", False),  # a sibling name is not under the mount
+    ("/content/my disk/out", "ext4", False),
+    ("/mnt/share/x", "nfs4", True),
+    ("/content/out", "overlay", False),
+])
+def test_which_outputs_are_staged(path: str, fstype: str, staged: bool) -> None:
+    assert filesystem_type(Path(path), COLAB) == fstype
+    assert needs_staging(Path(path), COLAB) is staged
+
+
+def test_a_copy_that_reads_back_differently_is_never_published(tmp_path: Path) -> None:
+    staged, final = tmp_path / "staged.bin", tmp_path / "out" / "model.safetensors"
+    final.parent.mkdir()
+    staged.write_bytes(b"x" * 1000)
+    with pytest.raises(StorageError, match="differs from what was written"):
+        publish_copy(staged, final, "0" * 64)
+    assert list(final.parent.iterdir()) == []  # neither the final name nor a temp copy
+    assert staged.exists()  # the good local copy is kept for the next try
+
+
+@pytest.fixture
+def merge(tmp_path: Path, make: ModelFactory) -> tuple[Path, dict[str, str]]:
+    spec = {"hidden": 32, "intermediate": 64, "vocab": 128, "layers": 4}
+    a, b = make("a", seed=1, **spec), make("b", seed=2, **spec)
+    config = write_config(tmp_path / "c.yml", linear_config(a, b))
+    ref = tmp_path / "ref"
+    done = cli("run", config, ref, "--out-shard-size", "40k", "--state-dir", tmp_path / "ref-state", "--quiet")
+    assert done.returncode == 0, done.stderr
+    return config, digests(ref)
+
+
+def test_staged_run_equals_a_direct_one_and_leaves_staging_empty(tmp_path: Path,
+                                                                 merge: tuple[Path, dict[str, str]]) -> None:
+    config, reference = merge
+    out, staging = tmp_path / "out", tmp_path / "staging"
+    done = cli("run", config, out, "--out-shard-size", "40k", "--staging-dir", staging)
+    assert done.returncode == 0, done.stderr
+    assert "publishing to OUT by copy + verify" in done.stderr
+    assert digests(out) == reference
+    assert list(staging.iterdir()) == []
+
+
+@pytest.mark.parametrize("point", ["after_temp_write:2", "after_fsync:2", "after_publish_copy:2",
+                                   "after_rename:2", "after_ledger_commit:3", "during_config_write:1"])
+def test_staged_kill_points_resume_identically(tmp_path: Path, merge: tuple[Path, dict[str, str]],
+                                              point: str) -> None:
+    config, reference = merge
+    out, staging, state = tmp_path / "out", tmp_path / "staging", tmp_path / "state"
+    args = ("--staging-dir", staging, "--state-dir", state, "--quiet")
+    killed = cli("run", config, out, "--out-shard-size", "40k", *args, env={"RESUMERGE_KILL_AT": point})
+    assert killed.returncode == -signal.SIGKILL, f"{point} was never reached: {killed.stderr}"
+    done = cli("resume", out, *args)
+    assert done.returncode == 0, done.stderr
+    assert digests(out) == reference
+    assert list(staging.iterdir()) == []
+
+
+def test_a_published_file_damaged_later_is_rewritten_on_resume(tmp_path: Path,
+                                                               merge: tuple[Path, dict[str, str]]) -> None:
+    """A half-synced Drive file is never taken as committed: resume re-verifies every published file."""
+    config, reference = merge
+    out, state = tmp_path / "out", tmp_path / "state"
+    assert cli("run", config, out, "--out-shard-size", "40k", "--state-dir", state, "--staging-dir",
+               tmp_path / "st", "--quiet").returncode == 0
+    shard = sorted(out.glob("model-*.safetensors"))[1]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    done = cli("resume", out, "--state-dir", state, "--staging-dir", tmp_path / "st")
+    assert done.returncode == 0, done.stderr
+    assert shard.name in done.stderr
+    assert digests(out) == reference
+
+
+def test_staging_inside_out_is_refused(tmp_path: Path, merge: tuple[Path, dict[str, str]]) -> None:
+    config, _ = merge
+    out = tmp_path / "out"
+    done = cli("run", config, out, "--staging-dir", out / "stage")
+    assert done.returncode == 2 and "inside OUT" in done.stderr
