@@ -1,0 +1,349 @@
+"""Fault injection: real merges in subprocesses meet the failures that disks, users and clocks really produce.
+
+Each scenario injects one fault — ENOSPC or EIO on shard writes or on the ledger's own SQLite I/O (through the
+LD_PRELOAD shim in tests/faultshim, so SQLite's C code fails too), a file size limit, OUT turning read-only or
+unwritable, an input shard deleted or rewritten mid-run, a damaged ledger between runs, the wall clock jumping —
+and requires: one clear error line and no traceback; exit 3 for storage faults (fix the disk, then resume) or 4
+when resumerge refuses (an input changed, nothing to rebuild a damaged ledger from); every file committed before
+the fault still byte-equal to the reference run's; and a later ``resumerge resume OUT`` without the fault ending
+byte-identical to an uninterrupted run, with no temp file left behind.
+
+Damaged ledgers (decision): a ledger that is not SQLite, fails SQLite's quick_check or has another schema is
+never trusted. ``resume`` moves it aside (``ledger.db.damaged``) and rebuilds the ledger from OUT's manifest after
+re-hashing every file the manifest lists, saying so; without a manifest it refuses with exit 4 and a hint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from faultshim import ShimUnavailable, build_shim, probe_shim, shim_env
+from support import cli, digests, linear_config, write_config
+
+from resumerge.integrity import verify_output
+from resumerge.locations import run_dir
+from resumerge.modelgen import ModelSpec, make_model
+
+SHARD = "100k"
+YEAR = 365 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class Setup:
+    root: Path
+    config: Path
+    a: Path
+    reference: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
+    root = tmp_path_factory.mktemp("faults")
+    spec = ModelSpec(layers=4, hidden=64, intermediate=128, vocab=200, shard_bytes=200_000)
+    a = make_model(root / "a", spec, seed=1)
+    b = make_model(root / "b", spec, seed=2)
+    config = write_config(root / "merge.yml", linear_config(a, b, weights=([0.2, 0.8], 0.5)))
+    ref = root / "reference"
+    done = cli("run", config, ref, "--state-dir", root / "ref-state", "--out-shard-size", SHARD, "--quiet")
+    assert done.returncode == 0, done.stderr
+    reference = digests(ref)
+    assert sum(n.startswith("model-") for n in reference) >= 6, "the scenarios need several output shards"
+    return Setup(root, config, a, reference)
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("shim")
+    try:
+        library = build_shim(directory)
+        probe_shim(library, directory)
+    except ShimUnavailable as exc:
+        pytest.skip(str(exc))
+    return library
+
+
+def _fresh(setup: Setup, name: str) -> tuple[Path, Path]:
+    out, state = setup.root / f"out-{name}", setup.root / f"state-{name}"
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(state, ignore_errors=True)
+    return out, state
+
+
+def _run(setup: Setup, out: Path, state: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet", env=env)
+
+
+def _one_error_line(done: subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:
+    """Assert exit ``code`` and exactly one stderr line, an ``error:`` line holding every fragment."""
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == code, done.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def _committed(out: Path, state: Path) -> dict[str, str]:
+    """name -> sha256 of every file the ledger records as committed."""
+    ledger = run_dir(out, state) / "ledger.db"
+    conn = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
+    try:
+        return dict(conn.execute("SELECT name, sha256 FROM files WHERE status = 'done'").fetchall())
+    finally:
+        conn.close()
+
+
+def _assert_committed_kept(setup: Setup, out: Path, state: Path, at_least: int) -> None:
+    """Every committed file is intact and equal to the reference's; at least ``at_least`` shards were committed."""
+    committed = _committed(out, state)
+    shards = [n for n in committed if n.startswith("model-")]
+    assert len(shards) >= at_least, committed
+    now = digests(out)
+    for name, sha in committed.items():
+        assert setup.reference[name] == sha == now[name], name
+    assert verify_output(out, state).ok
+
+
+def _resume_identical(setup: Setup, out: Path, state: Path, env: dict[str, str] | None = None) -> str:
+    done = cli("resume", out, "--state-dir", state, env=env)
+    assert done.returncode == 0, done.stderr
+    assert digests(out) == setup.reference
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".part")]
+    return done.stderr
+
+
+# (id, shim settings with {out}/{state} placeholders, text the error line must hold, shards committed at least)
+STORAGE_FAULTS: list[tuple[str, dict[str, object], str, int]] = [
+    ("enospc-shard-write", {"match": "{out}/", "ops": "write", "errno": "ENOSPC", "skip_bytes": 250_000},
+     "No space left on device", 2),
+    ("eio-shard-write", {"match": "{out}/", "ops": "write", "errno": "EIO", "arm_renames": 3,
+                         "arm_match": "{out}/model-"}, "Input/output error", 3),
+    ("eio-fsync-in-out", {"match": "{out}/", "ops": "fsync", "errno": "EIO", "arm_renames": 2,
+                          "arm_match": "{out}/model-"}, "Input/output error", 2),
+    ("enospc-ledger-commit", {"match": "{state}/", "ops": "write", "errno": "ENOSPC", "arm_renames": 2,
+                              "arm_match": "{out}/model-"}, "ledger could not be written", 1),
+    ("eio-ledger-fsync", {"match": "{state}/", "ops": "fsync", "errno": "EIO", "arm_renames": 2,
+                          "arm_match": "{out}/model-"}, "disk I/O error", 1),
+    ("erofs-out-mid-run", {"match": "{out}/", "ops": "open,write,fsync,rename,unlink", "errno": "EROFS",
+                           "arm_renames": 2, "arm_match": "{out}/model-"}, "Read-only file system", 2),
+    ("eacces-out-mid-run", {"match": "{out}/", "ops": "open,rename,unlink", "errno": "EACCES", "arm_renames": 3,
+                            "arm_match": "{out}/model-"}, "Permission denied", 3),
+]
+
+
+@pytest.mark.parametrize(("label", "settings", "fragment", "at_least"), STORAGE_FAULTS,
+                         ids=[f[0] for f in STORAGE_FAULTS])
+def test_storage_fault_exits_3_keeps_commits_and_resumes(setup: Setup, shim: Path, label: str,
+                                                         settings: dict[str, object], fragment: str,
+                                                         at_least: int) -> None:
+    out, state = _fresh(setup, label)
+    log = setup.root / f"{label}.log"
+    log.unlink(missing_ok=True)
+    values = {k: str(v).format(out=out, state=state) for k, v in settings.items()}
+    failed = _run(setup, out, state, env=shim_env(shim, log=log, **values))
+    line = _one_error_line(failed, 3, fragment)
+    assert log.exists(), "the fault was never injected"
+    assert "resume" in line
+    _assert_committed_kept(setup, out, state, at_least)
+    status = json.loads(cli("status", out, "--state-dir", state, "--json").stdout)
+    assert status["state"] == "interrupted"
+    if "{state}" not in str(settings["match"]):  # a failing ledger cannot record its own failure
+        assert fragment in status["last_error"]
+    stderr = _resume_identical(setup, out, state)
+    assert "files were already committed" in stderr
+
+
+@pytest.mark.parametrize(("shard", "limit", "fragment"), [
+    ("1M", 400_000, "File too large"),  # the single ~700 kB shard crosses the limit
+    (SHARD, 95_000, "file size limit of 95000 bytes"),  # the ledger's WAL outgrows it first: SQLite says "I/O error"
+])
+def test_file_size_limit_gives_efbig_not_sigxfsz(setup: Setup, shard: str, limit: int, fragment: str) -> None:
+    """RLIMIT_FSIZE: SIGXFSZ would kill the process (exit -25, no message, state left "running"); resumerge
+    ignores it while merging, so the oversized write fails with EFBIG and the run stops with exit 3 and a hint
+    naming ``ulimit -f``."""
+    out, state = _fresh(setup, f"fsize-{shard}")
+    launcher = ("import resource, os, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]),) * 2); "
+                "os.execv(sys.executable, [sys.executable, '-m', 'resumerge', *sys.argv[2:]])")
+    done = subprocess.run(
+        [sys.executable, "-c", launcher, str(limit), "run", str(setup.config), str(out), "--state-dir", str(state),
+         "--out-shard-size", shard, "--quiet"],
+        capture_output=True, text=True, timeout=120, check=False, env=dict(os.environ),
+    )
+    _one_error_line(done, 3, fragment, "ulimit -f")
+    assert verify_output(out, state).ok
+    resumed = cli("resume", out, "--state-dir", state, "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    if shard == SHARD:
+        assert digests(out) == setup.reference
+    else:
+        ref = setup.root / "reference-1M"
+        again = cli("run", setup.config, ref, "--state-dir", setup.root / "ref-1M-state", "--out-shard-size", shard,
+                    "--quiet")
+        assert again.returncode == 0 and digests(out) == digests(ref)
+
+
+def _paused_run(setup: Setup, shim: Path, out: Path, state: Path, after_shards: int,
+                meddle: Callable[[], None]) -> subprocess.CompletedProcess[str]:
+    """Run the merge, pause its writer right after shard ``after_shards`` is published, call ``meddle``, go on."""
+    flag = setup.root / f"pause-{out.name}"
+    flag.unlink(missing_ok=True)
+    env = dict(os.environ, **shim_env(shim, arm_renames=after_shards, arm_match=f"{out}/model-", pause_flag=flag))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "resumerge", "run", str(setup.config), str(out), "--state-dir", str(state),
+         "--out-shard-size", SHARD, "--quiet"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not flag.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the merge never reached the pause"
+        time.sleep(0.01)
+    meddle()
+    flag.unlink()
+    stdout, stderr = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def _input_shards(setup: Setup) -> list[Path]:
+    return sorted(setup.a.glob("model-*.safetensors"))
+
+
+def test_input_shard_deleted_mid_run_is_refused_then_resumes(setup: Setup, shim: Path) -> None:
+    out, state = _fresh(setup, "input-deleted")
+    victim = _input_shards(setup)[-1]
+    saved = victim.read_bytes()
+    try:
+        done = _paused_run(setup, shim, out, state, 2, victim.unlink)
+        _one_error_line(done, 4, str(victim), "was deleted during the merge")
+    finally:
+        victim.write_bytes(saved)
+    _assert_committed_kept(setup, out, state, 1)
+    _resume_identical(setup, out, state)
+
+
+def test_input_shard_rewritten_mid_run_is_refused_then_resumes(setup: Setup, shim: Path) -> None:
+    """An input changed in place mid-run must not leak into committed shards: the run stops with exit 4 before
+    committing anything computed after the change, a resume with the input still changed is refused, and once
+    the input is restored the resume ends byte-identical."""
+    out, state = _fresh(setup, "input-changed")
+    victim = _input_shards(setup)[0]
+    saved = victim.read_bytes()
+
+    def rewrite() -> None:
+        with open(victim, "r+b") as f:  # same size, same header, different weights: only the contents change
+            f.seek(len(saved) - 4096)
+            f.write(bytes(random.Random(0).randrange(256) for _ in range(4096)))
+
+    try:
+        done = _paused_run(setup, shim, out, state, 2, rewrite)
+        _one_error_line(done, 4, str(victim), "changed during the merge")
+        _assert_committed_kept(setup, out, state, 1)
+        refused = cli("resume", out, "--state-dir", state, "--quiet")
+        _one_error_line(refused, 4, "planned differently")
+    finally:
+        victim.write_bytes(saved)
+    _resume_identical(setup, out, state)
+
+
+@pytest.fixture(scope="module")
+def interrupted(setup: Setup) -> tuple[Path, Path]:
+    """OUT and state dir of a run SIGKILLed after its 3rd manifest write, WAL checkpointed into ledger.db."""
+    out, state = _fresh(setup, "interrupted")
+    killed = cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
+                 env={"RESUMERGE_KILL_AT": "after_manifest_write:3"})
+    assert killed.returncode == -9, killed.stderr
+    conn = sqlite3.connect(run_dir(out, state) / "ledger.db")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return out, state
+
+
+def _copy_interrupted(setup: Setup, interrupted: tuple[Path, Path], name: str) -> tuple[Path, Path, Path]:
+    out, state = _fresh(setup, name)
+    shutil.copytree(interrupted[0], out)
+    ledger = run_dir(out, state) / "ledger.db"
+    ledger.parent.mkdir(parents=True)
+    shutil.copyfile(run_dir(*interrupted) / "ledger.db", ledger)
+    return out, state, ledger
+
+
+def _wrong_schema(path: Path) -> None:
+    path.unlink()
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE run (id INTEGER PRIMARY KEY, notes TEXT)")
+    conn.execute("INSERT INTO run VALUES (1, 'not a resumerge ledger')")
+    conn.commit()
+    conn.close()
+
+
+def _overwrite(path: Path, offset: int, length: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(random.Random(7).randbytes(length))
+
+
+LEDGER_DAMAGE: list[tuple[str, Callable[[Path], object]]] = [
+    ("deleted", lambda p: p.unlink()),
+    ("empty", lambda p: p.write_bytes(b"")),
+    ("truncated", lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])),
+    ("header-overwritten", lambda p: _overwrite(p, 0, 100)),
+    ("pages-overwritten", lambda p: _overwrite(p, 4096, 8192)),
+    ("wrong-schema", _wrong_schema),
+]
+
+
+def test_status_and_verify_fall_back_to_the_manifest_when_the_ledger_is_damaged(
+        setup: Setup, interrupted: tuple[Path, Path]) -> None:
+    out, state, ledger = _copy_interrupted(setup, interrupted, "ledger-status")
+    _overwrite(ledger, 0, 100)
+    status = cli("status", out, "--state-dir", state, "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["source"] == "manifest"
+    check = cli("verify", out, "--state-dir", state, "--json")
+    assert check.returncode == 0, check.stderr
+    assert json.loads(check.stdout)["ok"] and json.loads(check.stdout)["checked"] >= 3
+
+
+@pytest.mark.parametrize(("label", "damage"), LEDGER_DAMAGE, ids=[d[0] for d in LEDGER_DAMAGE])
+def test_damaged_ledger_is_set_aside_and_rebuilt_from_out(setup: Setup, interrupted: tuple[Path, Path],
+                                                          label: str, damage: Callable[[Path], object]) -> None:
+    out, state, ledger = _copy_interrupted(setup, interrupted, f"ledger-{label}")
+    damage(ledger)
+    stderr = _resume_identical(setup, out, state)
+    assert "ledger rebuilt from resumerge-manifest.json" in stderr
+    if label not in ("deleted", "empty"):  # SQLite takes an empty file for a new database: nothing to distrust
+        assert "set aside as ledger.db.damaged" in stderr
+        assert ledger.with_name("ledger.db.damaged").exists()
+    assert verify_output(out, state).ok
+
+
+def test_damaged_ledger_without_manifest_is_refused_with_hint(setup: Setup, interrupted: tuple[Path, Path]) -> None:
+    out, state, ledger = _copy_interrupted(setup, interrupted, "ledger-no-manifest")
+    (out / "resumerge-manifest.json").unlink()
+    _overwrite(ledger, 0, 100)
+    refused = cli("resume", out, "--state-dir", state, "--quiet")
+    _one_error_line(refused, 4, "damaged", "--restart")
+    assert ledger.exists() and not ledger.with_name("ledger.db.damaged").exists()
+
+
+def test_clock_jumps_change_nothing(setup: Setup, shim: Path) -> None:
+    """The wall clock jumps back ten years mid-run, then the resume runs three years in the future: output bytes
+    never depend on the time, and status reports no negative durations."""
+    out, state = _fresh(setup, "clock")
+    back = shim_env(shim, clock_shift=-10 * YEAR, arm_renames=2, arm_match=f"{out}/model-")
+    killed = _run(setup, out, state, env={**back, "RESUMERGE_KILL_AT": "after_manifest_write:4"})
+    assert killed.returncode == -9, killed.stderr
+    _assert_committed_kept(setup, out, state, 3)
+    forward = shim_env(shim, clock_shift=3 * YEAR)
+    _resume_identical(setup, out, state, env=forward)
+    status = json.loads(cli("status", out, "--state-dir", state, "--json").stdout)
+    assert status["state"] == "done" and status["elapsed_seconds"] >= 0

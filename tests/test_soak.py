@@ -1,0 +1,39 @@
+"""A reduced crash soak in CI: random SIGKILLs and resumes on a randomised method (dare_ties, bfloat16) and a
+float16-output ties merge with small shards; every trial must end byte-identical to the reference run.
+
+The full soak (seven scenarios, hundreds of kills) is ``python bench/crash_soak.py``; this runs its code with
+two trials per scenario and a time budget.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "crash_soak.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("crash_soak", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["crash_soak"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_random_kills_then_resume_are_byte_identical(tmp_path: Path) -> None:
+    soak = _load()
+    lines: list[str] = []
+    rows = soak.soak(["dare_ties-bf16-60k", "ties-f16-40k"], trials=2, seed=11, work=tmp_path,
+                     deadline=time.monotonic() + 45, report=lines.append)
+    problems = [p for row in rows for p in row.problems]
+    assert not problems, "\n".join(problems)
+    assert all(row.trials >= 1 and row.identical == row.trials for row in rows), soak.table(rows)
+    assert sum(row.kills for row in rows) >= 2, soak.table(rows)
