@@ -98,9 +98,9 @@ def publish_copy(staged: Path, final: Path, sha256: str) -> None:
                                path=str(final), hint="the output filesystem lost data; check it, then resume")
         publish(temp, final)
     except BaseException:
-        temp.unlink(missing_ok=True)
+        discard(temp)
         raise
-    staged.unlink(missing_ok=True)
+    discard(staged)
 
 
 def write_file_atomic(final: Path, data: bytes, *, point: str | None = None) -> None:
@@ -140,7 +140,7 @@ def write_file_staged(final: Path, data: bytes, staging: Path, *, point: str | N
     except OSError as exc:
         raise storage_error(exc, final) from exc
     finally:
-        staged.unlink(missing_ok=True)
+        discard(staged)
 
 
 def storage_error(exc: OSError, path: Path) -> StorageError:

@@ -15,7 +15,7 @@ from pathlib import Path
 from resumerge.checksums import check_many
 from resumerge.errors import LedgerError
 from resumerge.locations import run_dir
-from resumerge.manifest import read_manifest
+from resumerge.manifest import MANIFEST_NAME, read_manifest
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,9 @@ def _records(out: Path, state_dir: str | os.PathLike[str] | None) -> tuple[dict[
         try:
             rows = conn.execute("SELECT name, status, bytes, sha256 FROM files").fetchall()
         except sqlite3.DatabaseError as exc:
-            raise LedgerError(f"the ledger {ledger} is unreadable ({exc})", path=str(ledger)) from None
+            if not (out / MANIFEST_NAME).is_file():
+                raise LedgerError(f"the ledger {ledger} is unreadable ({exc})", path=str(ledger)) from None
+            rows = []  # a damaged ledger is never trusted: verify against OUT's manifest instead
         finally:
             conn.close()
         if rows:

@@ -12,7 +12,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from resumerge.errors import OutputDirError
+from resumerge.errors import OutputDirError, StorageError
 
 LOCK_NAME = "lock"
 
@@ -26,10 +26,20 @@ class RunLock:
         self._fds: list[int] = []
 
     def acquire(self) -> None:
-        """Take both locks; raises :class:`OutputDirError` when another process holds either."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        """Take both locks; raises :class:`OutputDirError` when another process holds either, and
+        :class:`StorageError` when the state dir cannot be written (read-only, full, permissions)."""
         for path, is_dir in ((self.run_dir / LOCK_NAME, False), (self.out_dir, True)):
-            fd = os.open(path, os.O_RDONLY) if is_dir else os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                if not is_dir:
+                    self.run_dir.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDONLY) if is_dir else os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                self.release()
+                raise StorageError(
+                    f"cannot open {path}: {os.strerror(exc.errno) if exc.errno else exc}", path=str(path),
+                    hint="use a writable local state dir (--state-dir DIR or RESUMERGE_STATE_DIR)" if not is_dir
+                    else "check that OUT is a readable directory",
+                ) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -73,11 +73,16 @@ def read_status(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[st
     rdir = run_dir(out_dir, state_dir)
     ledger = rdir / LEDGER_NAME
     command = resume_command(out_dir, state_dir)
+    manifest = Path(out_dir) / MANIFEST_NAME
     if ledger.exists():
-        report = _from_ledger(ledger, rdir, str(out_dir), command)
+        try:
+            report = _from_ledger(ledger, rdir, str(out_dir), command)
+        except LedgerError:
+            if not manifest.is_file():
+                raise
+            report = None  # a damaged ledger is never trusted: OUT's manifest tells the same story
         if report is not None:
             return report
-    manifest = Path(out_dir) / MANIFEST_NAME
     if manifest.is_file():
         return _from_manifest(manifest, str(out_dir), command)
     raise LedgerError(
