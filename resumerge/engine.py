@@ -144,7 +144,7 @@ class _Writer(threading.Thread):
         self._current: ShardWriter | None = None
 
     def run(self) -> None:
-        crcs: dict[str, int] = {}
+        written: list[str] = []
         started = time.monotonic()
         try:
             while True:
@@ -156,20 +156,20 @@ class _Writer(threading.Thread):
                     self._current = ShardWriter(self.out_dir / shard.name, self.plan.shard_layout(shard),
                                                 self.staging)
                     self.reporter.shard_started(shard.name, shard.file_size, len(shard.tensors))
-                    crcs, started = {}, time.monotonic()
-                crc = self._current.write(name, tensor)
+                    written, started = [], time.monotonic()
+                complete = self._current.write(name, tensor)
                 del tensor, item
                 if reservation is not None:
                     reservation.release()
-                if crc is None:
+                if not complete:
                     continue
-                crcs[name] = crc
+                written.append(name)
                 self.reporter.tensor_done(name, self.plan.tensors[name].nbytes)
                 if self._current.expected_name is None:
                     size, sha = self._current.finish()
                     self._current = None
                     self.ledger.commit_file(
-                        shard.name, size=size, sha256=sha, seconds=time.monotonic() - started, tensor_crcs=crcs
+                        shard.name, size=size, sha256=sha, seconds=time.monotonic() - started, tensors=written
                     )
                     killpoints.reach("after_ledger_commit")
                     self.book.commit(shard.name, size, sha)

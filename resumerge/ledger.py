@@ -2,7 +2,9 @@
 
 Tables: ``run`` (one row: config text, fingerprint and its parts, options, model directories, state, peak
 memory), ``files`` (every planned output file: shards, index, config, tokenizer files; status, bytes, sha256),
-``tensors`` (every output tensor: shard, status, bytes, crc32, seconds) and ``events`` (an append-only log).
+``tensors`` (every output tensor: shard, status, bytes, seconds; the ``crc32`` column of the first schema is no
+longer filled: a per-tensor checksum cost the writer thread as much time as the shard's sha256, and nothing read
+it) and ``events`` (an append-only log).
 Every state change is one transaction (``Database.atomic``); WAL with ``synchronous=FULL`` so a committed row
 survives power loss. The read-only view for ``status`` lives in :mod:`resumerge.ledger_view` (stdlib only).
 """
@@ -290,10 +292,10 @@ class Ledger:
         size: int,
         sha256: str,
         seconds: float,
-        tensor_crcs: Mapping[str, int] | None = None,
+        tensors: Iterable[str] = (),
         tensor_seconds: Mapping[str, float] | None = None,
     ) -> None:
-        """Mark ``name`` (and its tensors) committed, in one transaction. Call only after the file is durable.
+        """Mark ``name`` and its ``tensors`` committed, in one transaction. Call only after the file is durable.
 
         Raises whatever :attr:`commit_guard` raises, committing nothing.
         """
@@ -304,9 +306,9 @@ class Ledger:
             self.db.table("files").update(
                 name, {"status": "done", "bytes": size, "sha256": sha256, "seconds": seconds, "committed_at": now}
             )
-            for tname, crc in (tensor_crcs or {}).items():
+            for tname in tensors:
                 self.db.table("tensors").update(
-                    tname, {"status": "done", "crc32": crc, "seconds": (tensor_seconds or {}).get(tname)}
+                    tname, {"status": "done", "seconds": (tensor_seconds or {}).get(tname)}
                 )
             self.db.table("run").update(1, {"updated_at": now})
 

@@ -8,7 +8,6 @@ in OUT is ever touched.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -17,18 +16,6 @@ from resumerge.durable import fsync_dir, is_temp_name
 from resumerge.ledger import Ledger
 from resumerge.manifest import MANIFEST_NAME, ManifestBook
 from resumerge.plan import Plan
-from resumerge.safetensors_format import read_header
-
-
-def tensor_crcs(path: Path) -> dict[str, int]:
-    """crc32 of every tensor in the safetensors file at ``path`` (used when a ledger is rebuilt)."""
-    header = read_header(path)
-    crcs = {}
-    with open(path, "rb") as f:
-        for name, entry in header.tensors.items():
-            f.seek(entry.start)
-            crcs[name] = zlib.crc32(f.read(entry.nbytes))
-    return crcs
 
 
 def reconcile(out_dir: Path, ledger: Ledger, book: ManifestBook, *, log: list[str],
@@ -75,8 +62,8 @@ def adopt_manifest(out_dir: Path, plan: Plan, ledger: Ledger, committed: Mapping
         if problem:
             log.append(f"{name} {problem}: rebuilding it")
             continue
-        crcs = tensor_crcs(out_dir / name) if any(s.name == name for s in plan.shards) else None
-        ledger.commit_file(name, size=size, sha256=sha, seconds=0.0, tensor_crcs=crcs)
+        shard = next((s for s in plan.shards if s.name == name), None)
+        ledger.commit_file(name, size=size, sha256=sha, seconds=0.0, tensors=shard.tensors if shard else ())
         intact.add(name)
     log.append(f"ledger rebuilt from {MANIFEST_NAME}")
     return frozenset(intact)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import zlib
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -21,6 +22,19 @@ from resumerge.durable import discard, publish, publish_copy, storage_error, syn
 from resumerge.errors import ResumergeError
 from resumerge.safetensors_format import ShardLayout, read_header
 from resumerge.tensorio import TORCH_DTYPES, tensor_bytes
+
+_PARALLEL_HASH_BYTES = 1 << 20
+_HASHER: ThreadPoolExecutor | None = None
+_HASHER_LOCK = threading.Lock()
+
+
+def _hasher() -> ThreadPoolExecutor:
+    """The process's one hashing thread (shards are written one at a time, by one writer thread)."""
+    global _HASHER
+    with _HASHER_LOCK:
+        if _HASHER is None:
+            _HASHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="resumerge-hash")
+        return _HASHER
 
 
 class ShardWriter:
@@ -36,7 +50,6 @@ class ShardWriter:
         self._sha = hashlib.sha256()
         self._written = 0
         self._part = 0
-        self._crc = 0
         try:
             self._fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             self._write(memoryview(layout.header))
@@ -49,10 +62,10 @@ class ShardWriter:
         """The tensor the writer needs next, or None when the shard is complete."""
         return self.layout.order[self._next].name if self._next < len(self.layout.order) else None
 
-    def write(self, name: str, tensor: torch.Tensor) -> int | None:
+    def write(self, name: str, tensor: torch.Tensor) -> bool:
         """Append ``tensor`` — all of output tensor ``name``, or its next rows — in planned order.
 
-        Returns the tensor's crc32 once all its bytes are written, None after a partial write. Raises if ``name``
+        Returns True once all the tensor's bytes are written, False after a partial write. Raises if ``name``
         is not the planned next tensor or the dtype, shape or size disagree with the plan.
         """
         planned = self.layout.order[self._next] if self._next < len(self.layout.order) else None
@@ -72,21 +85,28 @@ class ShardWriter:
         except OSError as exc:
             self.abort()
             raise storage_error(exc, self.final) from exc
-        self._crc = zlib.crc32(data, self._crc)
         self._part += len(data)
         if self._part < planned.nbytes:
-            return None
-        crc, self._crc, self._part = self._crc, 0, 0
+            return False
+        self._part = 0
         self._next += 1
         if self._next == 1:
             killpoints.reach("mid_shard_write")
-        return crc
+        return True
 
     def _write(self, data: memoryview) -> None:
-        self._sha.update(data)
-        done = 0
-        while done < len(data):
-            done += os.write(self._fd, data[done:])
+        # Hash on a helper thread while this one writes: both release the GIL, and sha256 alone costs as much CPU
+        # as the write. Waiting before returning keeps the hash in file order and ``data`` alive while it is read.
+        hashed = _hasher().submit(self._sha.update, data) if len(data) >= _PARALLEL_HASH_BYTES else None
+        if hashed is None:
+            self._sha.update(data)
+        try:
+            done = 0
+            while done < len(data):
+                done += os.write(self._fd, data[done:])
+        finally:
+            if hashed is not None:
+                hashed.result()
         self._written += len(data)
 
     def finish(self) -> tuple[int, str]:
