@@ -277,10 +277,17 @@ class _Handler(BaseHTTPRequestHandler):
                     hold[1].wait(timeout=30)
                     hold = None
                 step = min(_CHUNK, limit - sent, (hold[0] - sent) if hold is not None else _CHUNK)
-                self.wfile.write(body[sent : sent + step])
-                sent += step
+                # Count before writing: once the client has the bytes it may go on (and a test may reset the
+                # counters) before this thread runs again. A failed write is taken back.
                 with self.hub.lock:
                     self.hub.served[key] += step
+                try:
+                    self.wfile.write(body[sent : sent + step])
+                except OSError:
+                    with self.hub.lock:
+                        self.hub.served[key] -= step
+                    raise
+                sent += step
         except OSError:
             self.close_connection = True
             return
