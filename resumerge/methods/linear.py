@@ -27,8 +27,8 @@ def linear(ctx: MergeContext) -> torch.Tensor:
     acc_dtype = _accumulation_dtype(first.dtype)
     # Weights become a tensor of the accumulation dtype and are applied with addcmul_, as mergekit 0.1.5 does,
     # so results agree bit for bit rather than within rounding.
-    weights = torch.tensor([float(p["weight"]) for p in ctx.model_params], dtype=acc_dtype)
-    acc = torch.zeros(first.shape, dtype=acc_dtype)
+    weights = torch.tensor([float(p["weight"]) for p in ctx.model_params], dtype=acc_dtype, device=first.device)
+    acc = torch.zeros(first.shape, dtype=acc_dtype, device=first.device)
     for tensor, weight in zip(ctx.tensors, weights.unbind(0)):
         acc.addcmul_(tensor, weight)
     if ctx.params.get("normalize", True):
