@@ -22,6 +22,7 @@ from resumerge import __version__
 from resumerge.errors import EXIT_INTERRUPTED, EXIT_INVALID, EXIT_OK, ResumergeError, UsageError, exit_code_for
 
 if TYPE_CHECKING:
+    from resumerge.plan import PlanOptions
     from resumerge.render import ProgressReporter
 
 # mergekit-yaml flags that resumerge accepts so existing command lines work, and why each is not needed.
@@ -136,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--probe-size", default="32MiB", metavar="SIZE",
                       help="bytes of the disk speed probe written (then deleted) beside OUT; 0 skips it")
     plan.add_argument("--json", action="store_true", help="print JSON (schema in resumerge/estimate.py)")
+    plan.add_argument("--intermediate-dir", metavar="DIR",
+                      help="for a multi-document recipe (which needs OUT): where its named stages will go")
 
     demo = sub.add_parser("demo", help="generate small models, merge, interrupt, resume, show status",
                           description="A self-contained tour: generates tiny models, starts a merge that is "
@@ -410,7 +413,12 @@ def _plan(args: argparse.Namespace) -> int:
         raise UsageError("--out-shard-size must be positive")
     options = PlanOptions(out_shard_size=shard_size, random_seed=args.random_seed,
                           copy_tokenizer=not args.no_copy_tokenizer, allow_crimes=args.allow_crimes)
-    estimate = estimate_config(read_config_file(args.config), options, source=args.config, out_dir=args.out,
+    text = read_config_file(args.config)
+    from resumerge.recipe import is_recipe_text
+
+    if is_recipe_text(text):
+        return _plan_recipe(args, text, options)
+    estimate = estimate_config(text, options, source=args.config, out_dir=args.out,
                                state_dir=args.state_dir, cache_dir=args.transformers_cache,
                                max_memory=_max_memory(args), staging=_staging(args),
                                probe_bytes=parse_size(args.probe_size, option="--probe-size"), fresh_process=True)
@@ -423,6 +431,34 @@ def _plan(args: argparse.Namespace) -> int:
     if estimate.fits:
         return EXIT_OK
     for reason in estimate.reasons:
+        print(f"will not fit: {reason}", file=sys.stderr)
+    return EXIT_INVALID
+
+
+def _plan_recipe(args: argparse.Namespace, text: str, options: PlanOptions) -> int:
+    """``plan`` for a multi-document recipe: every stage validated and estimated; exit 2 when it will not fit."""
+    from resumerge.memory.sizes import parse_size
+    from resumerge.recipe_estimate import estimate_recipe
+
+    if args.out is None:
+        raise UsageError("planning a recipe needs OUT: its stages are placed relative to it",
+                         hint=f"resumerge plan {args.config} OUT")
+    result = estimate_recipe(text, options, out_dir=args.out, source=args.config,
+                             intermediate_dir=args.intermediate_dir, state_dir=args.state_dir,
+                             cache_dir=args.transformers_cache, max_memory=_max_memory(args),
+                             probe_bytes=parse_size(args.probe_size, option="--probe-size"))
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        from resumerge.render import show_plan
+
+        for stage in result.stages:
+            print(f"{stage.label}{' (final)' if stage.final else ''} -> {stage.out_dir}")
+            show_plan(stage.estimate)
+            print()
+    if result.fits:
+        return EXIT_OK
+    for reason in result.reasons:
         print(f"will not fit: {reason}", file=sys.stderr)
     return EXIT_INVALID
 

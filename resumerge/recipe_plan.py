@@ -173,7 +173,14 @@ def _with_producer_tokenizer(plan: Plan, planned: Mapping[str, StagePlan]) -> Pl
     donor = plan.tokenizer_donor
     if donor is None or donor not in planned:
         return plan
-    fixed = replace(plan, tokenizer_files=planned[donor].plan.tokenizer_files)
+    producer = planned[donor].plan
+    # The bytes too, so that the stage's plan can render (and plan can size) its tokenizer files before the
+    # producer has run: they are the producer's own blobs, or the files it will copy from its donor.
+    blobs = dict(producer.tokenizer_blobs)
+    if not blobs and producer.tokenizer_donor is not None:
+        source = Path(producer.model_dirs[producer.tokenizer_donor])
+        blobs = {name: (source / name).read_bytes() for name, _ in producer.tokenizer_files}
+    fixed = replace(plan, tokenizer_files=producer.tokenizer_files, tokenizer_blobs=blobs)
     return replace(fixed, fingerprint=compute_fingerprint(fixed))
 
 

@@ -485,3 +485,36 @@ def test_a_live_display_restarts_for_every_stage(tmp_path: Path, models: Models)
     shown = stream.getvalue()
     assert all(f"{label} ({i}/3): merging into" in shown
                for i, label in enumerate(("stage a", "stage b", "document 3"), start=1))
+
+
+def test_plan_estimates_every_stage_and_their_shared_disk_writing_nothing(tmp_path: Path, models: Models) -> None:
+    from resumerge.plan import PlanOptions
+    from resumerge.recipe_estimate import estimate_recipe
+    from resumerge.recipe_run import run_recipe
+
+    text = _local_recipe(models)
+    (tmp_path / "recipe.yml").write_text(text)
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "resumerge", "plan", str(tmp_path / "recipe.yml"), str(out),
+                           "--json", "--probe-size", "0"], capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["recipe"] and doc["fits"]
+    assert [s["stage"] for s in doc["stages"]] == ["stage a", "stage b", "document 3"]
+    assert [s["final"] for s in doc["stages"]] == [False, False, True]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recipe.yml"]  # plan writes nothing
+
+    run_recipe(text, out, state_dir=tmp_path / "state", options=PlanOptions())
+    for stage in doc["stages"]:
+        # The recipe's own record in OUT belongs to no stage (a few KB).
+        written = sum(f.stat().st_size for f in Path(stage["out_dir"]).iterdir()
+                      if f.is_file() and f.name != RECIPE_MANIFEST_NAME)
+        assert stage["estimate"]["output"]["total_bytes"] == written, stage["stage"]
+
+    # Each stage output fits on its own, but not all of them together: only the shared check can say so.
+    totals = [s["estimate"]["output"]["total_bytes"] for s in doc["stages"]]
+    free = sum(totals) - 1
+    short = estimate_recipe(text, PlanOptions(), out_dir=tmp_path / "out2", probe_bytes=0,
+                            disk_free=lambda path: free)
+    assert not short.fits and "need" in short.reasons[-1] and "--intermediate-dir" in short.reasons[-1]
+    assert main(["plan", str(tmp_path / "recipe.yml")]) == 2  # OUT is needed to place the stages
