@@ -111,12 +111,7 @@ def write_file_atomic(final: Path, data: bytes, *, point: str | None = None) -> 
     """
     temp = temp_path(final)
     try:
-        with open(temp, "wb") as f:
-            f.write(data)
-            f.flush()
-            if point:
-                killpoints.reach(point)
-            sync_file(f.fileno())
+        _write_synced(temp, data, point)
         publish(temp, final)
     except OSError as exc:
         discard(temp)
@@ -130,17 +125,22 @@ def write_file_staged(final: Path, data: bytes, staging: Path, *, point: str | N
 
     staged = staging / temp_path(final).name
     try:
-        with open(staged, "xb") as f:
-            f.write(data)
-            f.flush()
-            if point:
-                killpoints.reach(point)
-            sync_file(f.fileno())
+        _write_synced(staged, data, point)
         publish_copy(staged, final, hashlib.sha256(data).hexdigest())
     except OSError as exc:
         raise storage_error(exc, final) from exc
     finally:
         discard(staged)
+
+
+def _write_synced(path: Path, data: bytes, point: str | None) -> None:
+    """Create ``path`` (a fresh temp name) holding ``data``, fsynced; ``point`` is a kill point before the fsync."""
+    with open(path, "xb") as f:
+        f.write(data)
+        f.flush()
+        if point:
+            killpoints.reach(point)
+        sync_file(f.fileno())
 
 
 def storage_error(exc: OSError, path: Path) -> StorageError:

@@ -49,6 +49,7 @@ from resumerge.diskprobe import (
     probe_file_read,
 )
 from resumerge.errors import LedgerError
+from resumerge.filesystems import Staging, staging_dir
 from resumerge.locations import run_dir, state_root
 from resumerge.manifest import read_manifest
 from resumerge.memory import SAFETY_MARGIN, MemoryProbe, SystemProbe, default_budget, format_size
@@ -302,19 +303,9 @@ def _committed_here(plan: Plan, out: Path | None, notes: list[str]) -> dict[str,
     return {name: int(doc["bytes"]) for name, doc in manifest.committed.items()}
 
 
-def _staging_dir(choice: bool | str | os.PathLike[str] | None, out: Path | None,
-                 state_dir: str | os.PathLike[str] | None) -> Path | None:
-    """Where shards are written before they reach OUT, mirroring ``resumerge run``'s choice (None: into OUT)."""
-    if choice is False or out is None:
-        return None
-    if choice is None:
-        from resumerge.filesystems import needs_staging
-
-        if not needs_staging(out):
-            return None
-    if choice is None or choice is True:
-        return run_dir(out, state_dir) / "staging"
-    return Path(os.path.abspath(choice))
+def _staging_dir(choice: Staging, out: Path | None, state_dir: str | os.PathLike[str] | None) -> Path | None:
+    """Where shards are written before they reach OUT, as ``resumerge run`` decides (None: into OUT)."""
+    return staging_dir(choice, out, run_dir(out, state_dir)) if out is not None else None
 
 
 def _output_size(plan: Plan, config_text: str, out: Path | None, committed: Mapping[str, int],

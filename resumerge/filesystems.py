@@ -11,6 +11,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeAlias
+
+from resumerge.diskprobe import nearest_existing
+
+# How to stage output: None = only when OUT is remote (Drive), True/False = always/never, or a directory.
+Staging: TypeAlias = "bool | str | os.PathLike[str] | None"
 
 MOUNTINFO = Path("/proc/self/mountinfo")
 # Filesystem types whose durability or visibility resumerge does not take on trust.
@@ -65,14 +71,22 @@ def needs_staging(path: Path, mountinfo: str | None = None) -> bool:
     return fstype is not None and fstype.lower().startswith(_REMOTE_PREFIXES)
 
 
+def staging_dir(choice: Staging, out: Path, run_dir: Path) -> Path | None:
+    """Where output files are staged before they reach ``out``, or None to write into ``out`` directly.
+
+    ``choice``: None stages only when ``out`` is on a remote or FUSE filesystem, True always, False never, or a
+    directory to stage in; the default place is the run's state folder ``run_dir``.
+    """
+    if choice is False or (choice is None and not needs_staging(out)):
+        return None
+    return run_dir / "staging" if choice is None or choice is True else Path(os.path.abspath(choice))
+
+
 def _resolved(path: Path) -> Path:
     """``path`` with symlinks of its existing part resolved (OUT may not exist yet)."""
-    path = Path(os.path.abspath(path))
-    tail: list[str] = []
-    while not path.exists() and path != path.parent:
-        tail.insert(0, path.name)
-        path = path.parent
-    return Path(os.path.realpath(path), *tail)
+    absolute = Path(os.path.abspath(path))
+    existing = nearest_existing(absolute)
+    return Path(os.path.realpath(existing)) / absolute.relative_to(existing)
 
 
 def _unescape(text: str) -> str:

@@ -32,6 +32,7 @@ from resumerge.errors import (
     StorageError,
     UnreachableError,
 )
+from resumerge.filesystems import Staging
 from resumerge.integrity import verify_output
 from resumerge.locations import run_dir
 from resumerge.manifest import MANIFEST_NAME, read_manifest
@@ -54,7 +55,7 @@ from resumerge.recipe_manifest import (
 from resumerge.recipe_plan import RecipePlan, StagePlan, default_intermediate_dir, plan_recipe
 from resumerge.recipeview import stage_record
 from resumerge.runlock import LOCK_NAME, is_locked
-from resumerge.session import Outcome, Staging, check_out_dir, drive_plan, hub_progress, make_governor
+from resumerge.session import Outcome, check_out_dir, drive_plan, hub_progress, make_governor
 from resumerge.sources import fetch_inputs
 from resumerge.statusview import LEDGER_NAME
 

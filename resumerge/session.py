@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 from resumerge import __version__
 from resumerge.config import MergeConfig, load_config_text
@@ -31,7 +31,7 @@ from resumerge.errors import (
     StorageError,
     UsageError,
 )
-from resumerge.filesystems import filesystem_type, needs_staging
+from resumerge.filesystems import Staging, filesystem_type, staging_dir
 from resumerge.inputs import InputWatch
 from resumerge.ledger import LEDGER_NAME, Ledger, set_aside
 from resumerge.locations import run_dir
@@ -43,9 +43,6 @@ from resumerge.planner import build_plan
 from resumerge.reconcile import adopt_manifest, reconcile
 from resumerge.sources import Inputs, fetch_inputs, open_inputs
 from resumerge.workunits import largest, oversized_units
-
-# How to stage output: None = only when OUT is remote (Drive), True/False = always/never, or a directory.
-Staging: TypeAlias = "bool | str | os.PathLike[str] | None"
 
 if TYPE_CHECKING:
     from resumerge.hub import HubEvent
@@ -431,9 +428,9 @@ def _staging_dir(choice: Staging, plan: Plan, out: Path, rdir: Path, notes: list
 
     Leftover temp files of earlier runs there are deleted (only resumerge's own temp names of planned files).
     """
-    if choice is False or (choice is None and not needs_staging(out)):
+    directory = staging_dir(choice, out, rdir)
+    if directory is None:
         return None
-    directory = rdir / "staging" if choice is None or choice is True else Path(choice).absolute()
     if directory == out or out in directory.parents:
         raise UsageError(f"the staging dir {directory} is inside OUT", hint="stage on local disk outside OUT")
     directory.mkdir(parents=True, exist_ok=True)

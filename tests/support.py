@@ -10,6 +10,8 @@ from pathlib import Path
 
 import yaml
 
+from resumerge.modelgen import ModelSpec, make_model
+
 
 def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run ``python -m resumerge ARGS`` and capture its output."""
@@ -45,6 +47,21 @@ def linear_config(a: Path, b: Path, *, weights: tuple[object, object] = (0.3, 0.
             {"model": str(b), "parameters": {"weight": weights[1]}},
         ],
     }
+
+
+def reference_merge(root: Path, spec: ModelSpec, shard_size: str) -> tuple[Path, Path, dict[str, str]]:
+    """Two generated models, a linear config over them (with a gradient), and an uninterrupted reference run.
+
+    Returns (config path, first model's dir, digests of the reference output) for kill and fault tests to
+    compare their resumed outputs with.
+    """
+    a = make_model(root / "a", spec, seed=1)
+    b = make_model(root / "b", spec, seed=2)
+    config = write_config(root / "merge.yml", linear_config(a, b, weights=([0.2, 0.8], 0.5)))
+    ref = root / "reference"
+    done = cli("run", config, ref, "--state-dir", root / "ref-state", "--out-shard-size", shard_size, "--quiet")
+    assert done.returncode == 0, done.stderr
+    return config, a, digests(ref)
 
 
 # Linux keeps a process's pre-exec RSS high-water mark in ru_maxrss, so a child forked from a large test process

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support import cli, digests, linear_config, write_config
+from support import cli, digests, reference_merge
 
 from resumerge.killpoints import POINTS
-from resumerge.modelgen import ModelSpec, make_model
+from resumerge.modelgen import ModelSpec
 
 SHARD = "400k"
 
@@ -37,13 +37,8 @@ class Setup:
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
     root = tmp_path_factory.mktemp("crash")
     spec = ModelSpec(layers=8, hidden=128, intermediate=384, vocab=1000, shard_bytes=1_500_000)
-    a = make_model(root / "a", spec, seed=1)
-    b = make_model(root / "b", spec, seed=2)
-    config = write_config(root / "merge.yml", linear_config(a, b, weights=([0.2, 0.8], 0.5)))
-    ref = root / "reference"
-    done = cli("run", config, ref, "--state-dir", root / "ref-state", "--out-shard-size", SHARD, "--quiet")
-    assert done.returncode == 0, done.stderr
-    return Setup(config, digests(ref), root)
+    config, _, reference = reference_merge(root, spec, SHARD)
+    return Setup(config, reference, root)
 
 
 def _fresh(setup: Setup, name: str) -> tuple[Path, Path]:

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import pytest
 from faultshim import ShimUnavailable, build_shim, probe_shim, shim_env
-from support import cli, digests, linear_config, write_config
+from support import cli, digests, reference_merge
 
 from resumerge.integrity import verify_output
 from resumerge.locations import run_dir
-from resumerge.modelgen import ModelSpec, make_model
+from resumerge.modelgen import ModelSpec
 
 SHARD = "100k"
 YEAR = 365 * 24 * 3600
@@ -51,13 +51,7 @@ class Setup:
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
     root = tmp_path_factory.mktemp("faults")
     spec = ModelSpec(layers=4, hidden=64, intermediate=128, vocab=200, shard_bytes=200_000)
-    a = make_model(root / "a", spec, seed=1)
-    b = make_model(root / "b", spec, seed=2)
-    config = write_config(root / "merge.yml", linear_config(a, b, weights=([0.2, 0.8], 0.5)))
-    ref = root / "reference"
-    done = cli("run", config, ref, "--state-dir", root / "ref-state", "--out-shard-size", SHARD, "--quiet")
-    assert done.returncode == 0, done.stderr
-    reference = digests(ref)
+    config, a, reference = reference_merge(root, spec, SHARD)
     assert sum(n.startswith("model-") for n in reference) >= 6, "the scenarios need several output shards"
     return Setup(root, config, a, reference)
 
