@@ -57,7 +57,7 @@ def run_measured(argv: list[str], env: dict[str, str] | None = None) -> tuple[fl
 
 def make_inputs(work: Path) -> tuple[Path, Path]:
     """Generate the two input models once (skipped when present)."""
-    from resumerge.modelgen import ModelSpec, make_model
+    from resumerge.cli.modelgen import ModelSpec, make_model
 
     spec = ModelSpec(layers=16, hidden=2048, intermediate=1368, vocab=8000, heads=16, kv_heads=16,
                      shard_bytes=450_000_000, tokenizer=True)

@@ -39,8 +39,8 @@ ROOT = HERE.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from resumerge.killpoints import POINTS  # noqa: E402
-from resumerge.modelgen import ModelSpec, make_model  # noqa: E402
+from resumerge.cli.modelgen import ModelSpec, make_model  # noqa: E402
+from resumerge.store.killpoints import POINTS  # noqa: E402
 
 ConfigBuilder = Callable[[list[Path]], dict[str, object]]
 

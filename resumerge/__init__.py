@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from resumerge.config.version import __version__
 
 __all__ = ["__version__", "estimate", "plan_merge", "recipe_status", "resume", "run", "status", "verify"]
 _API = frozenset(__all__) - {"__version__"}

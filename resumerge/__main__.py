@@ -2,6 +2,6 @@
 
 import sys
 
-from resumerge.cli import main
+from resumerge.cli.commands import main
 
 sys.exit(main())

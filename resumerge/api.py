@@ -11,18 +11,18 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resumerge.integrity import VerifyReport, verify_output
+from resumerge.engine.session import Outcome, plan_from_config, read_config_file, resume_merge, run_merge
 from resumerge.memory.sizes import parse_size
-from resumerge.plan import DEFAULT_SEED, DEFAULT_SHARD_SIZE, Plan, PlanOptions
-from resumerge.session import Outcome, plan_from_config, read_config_file, resume_merge, run_merge
-from resumerge.statusview import StatusReport, read_status
+from resumerge.plan.merge_plan import DEFAULT_SEED, DEFAULT_SHARD_SIZE, Plan, PlanOptions
+from resumerge.store.integrity import VerifyReport, verify_output
+from resumerge.store.statusview import StatusReport, read_status
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from resumerge.estimate import Estimate
-    from resumerge.recipeview import RecipeStatus
-    from resumerge.render import ProgressReporter
+    from resumerge.cli.render import ProgressReporter
+    from resumerge.engine.estimate import Estimate
+    from resumerge.store.recipeview import RecipeStatus
 
 PathLike = str | os.PathLike[str]
 
@@ -61,7 +61,7 @@ def run(
     ``staging``: None stages files on local disk only when ``out`` is on Drive or another remote filesystem,
     True always, False never, or a local directory to stage in (``--staging-dir``).
     """
-    from resumerge.devices import normalise_device
+    from resumerge.engine.devices import normalise_device
 
     options = PlanOptions(out_shard_size=parse_size(out_shard_size, option="out_shard_size"),
                           random_seed=random_seed, copy_tokenizer=copy_tokenizer, device=normalise_device(device),
@@ -69,10 +69,10 @@ def run(
     reporter = _reporter(progress)
     text = _config_text(config)
     try:
-        from resumerge.recipe import is_recipe_text
+        from resumerge.config.recipe import is_recipe_text
 
         if is_recipe_text(text):
-            from resumerge.recipe_run import run_recipe
+            from resumerge.engine.recipe_run import run_recipe
 
             return run_recipe(text, out, intermediate_dir=intermediate_dir, options=options, state_dir=state_dir,
                               restart=restart, cleanup=cleanup_intermediates, reporter=reporter,
@@ -91,12 +91,12 @@ def resume(out: PathLike, *, state_dir: PathLike | None = None, progress: bool =
            staging: bool | PathLike | None = None, cleanup_intermediates: bool = False) -> Outcome:
     """Finish the merge recorded for ``out``, like ``resumerge resume`` (for a recipe: every stage still to do,
     returning the final stage's outcome)."""
-    from resumerge.recipe_manifest import is_recipe_out
+    from resumerge.store.recipe_manifest import is_recipe_out
 
     reporter = _reporter(progress)
     try:
         if is_recipe_out(out, state_dir):
-            from resumerge.recipe_run import resume_recipe
+            from resumerge.engine.recipe_run import resume_recipe
 
             return resume_recipe(out, state_dir=state_dir, cleanup=cleanup_intermediates, reporter=reporter,
                                  max_memory=_budget(max_memory),
@@ -116,7 +116,7 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport:
 def recipe_status(out: PathLike, *, state_dir: PathLike | None = None) -> RecipeStatus:
     """Where the recipe writing to ``out`` stands (every stage, and the one in progress), like ``resumerge status
     --json`` on a recipe's OUT."""
-    from resumerge.recipeview import read_recipe_status
+    from resumerge.store.recipeview import read_recipe_status
 
     return read_recipe_status(out, state_dir)
 
@@ -129,7 +129,7 @@ def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
 def plan_merge(config: PathLike, *, out_shard_size: int | str = DEFAULT_SHARD_SIZE,
                random_seed: int = DEFAULT_SEED, allow_crimes: bool = False) -> Plan:
     """Validate ``config`` against the models' headers and return the frozen plan; writes nothing."""
-    from resumerge.config import load_config_text
+    from resumerge.config.merge_config import load_config_text
 
     options = PlanOptions(out_shard_size=parse_size(out_shard_size, option="out_shard_size"),
                           random_seed=random_seed, allow_crimes=allow_crimes)
@@ -159,8 +159,8 @@ def estimate(
     ``disk_free`` replaces the free-space reading (tests simulate small disks with it). Raises the same errors as
     :func:`plan_merge` for an invalid merge; a merge that does not fit is not an error.
     """
-    from resumerge.diskprobe import free_bytes
-    from resumerge.estimate import estimate_config
+    from resumerge.engine.estimate import estimate_config
+    from resumerge.store.diskprobe import free_bytes
 
     options = PlanOptions(out_shard_size=parse_size(out_shard_size, option="out_shard_size"),
                           random_seed=random_seed, copy_tokenizer=copy_tokenizer, allow_crimes=allow_crimes)
@@ -178,6 +178,6 @@ def _budget(value: int | str | None, option: str = "max_memory") -> int | None:
 def _reporter(progress: bool) -> ProgressReporter | None:
     if not progress:
         return None
-    from resumerge.render import ProgressReporter
+    from resumerge.cli.render import ProgressReporter
 
     return ProgressReporter()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from resumerge.modelgen import ModelSpec, make_model
+from resumerge.cli.modelgen import ModelSpec, make_model
 
 
 @pytest.fixture(autouse=True)

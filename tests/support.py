@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from resumerge.modelgen import ModelSpec, make_model
+from resumerge.cli.modelgen import ModelSpec, make_model
 
 
 def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:

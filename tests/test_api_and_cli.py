@@ -12,7 +12,7 @@ from conftest import ModelFactory
 from support import digests, linear_config, write_config
 
 import resumerge
-from resumerge.cli import build_parser, main
+from resumerge.cli.commands import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ("run", "resume", "status", "verify", "plan", "demo")
@@ -59,7 +59,7 @@ def test_status_never_imports_torch_or_sqlite_utils(tmp_path: Path, make: ModelF
     assert main(["run", str(cfg), str(tmp_path / "out"), "--quiet"]) == 0
     probe = (
         "import sys, io, contextlib\n"
-        "from resumerge.cli import main\n"
+        "from resumerge.cli.commands import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         f"    code = main(['status', {str(tmp_path / 'out')!r}, '--json'])\n"
         "heavy = sorted(m for m in ('torch', 'sqlite_utils', 'safetensors') if m in sys.modules)\n"

@@ -23,12 +23,12 @@ from safetensors.torch import load_file
 from support import write_config
 
 from resumerge import api
-from resumerge.cli import main
-from resumerge.config import load_config_text
+from resumerge.cli.commands import main
+from resumerge.config.merge_config import load_config_text
+from resumerge.config.modelref import ModelRef
 from resumerge.errors import ConfigError, ModelInputError
-from resumerge.inputs import ModelInput
-from resumerge.modelref import ModelRef
-from resumerge.outconfig import build_out_config
+from resumerge.inputs.model import ModelInput
+from resumerge.plan.outconfig import build_out_config
 
 pytest.importorskip("transformers", reason="transformers (a dependency of the mergekit test extra) is needed")
 FAMILY_IDS = [f.name for f in FAMILIES]
@@ -293,7 +293,7 @@ def test_per_layer_lists_follow_source_layers_even_from_configs_without_them() -
 
 
 def test_different_vocabularies_at_embedding_and_head_are_refused(tmp_path: Path) -> None:
-    from resumerge.modelgen import ModelSpec, make_model
+    from resumerge.cli.modelgen import ModelSpec, make_model
 
     a = make_model(tmp_path / "a", ModelSpec(layers=2, vocab=64))
     b = make_model(tmp_path / "b", ModelSpec(layers=2, vocab=96))

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from support import cli, digests, reference_merge
 
-from resumerge.killpoints import POINTS
-from resumerge.modelgen import ModelSpec
+from resumerge.cli.modelgen import ModelSpec
+from resumerge.store.killpoints import POINTS
 
 SHARD = "400k"
 

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from resumerge import api
-from resumerge.config import load_config_text
-from resumerge.devices import gpu_governor, normalise_device
+from resumerge.config.merge_config import load_config_text
+from resumerge.engine.devices import gpu_governor, normalise_device
+from resumerge.engine.session import plan_from_config
 from resumerge.errors import UsageError
 from resumerge.memory import FakeProbe, MemoryGovernor, Reservation
-from resumerge.plan import PlanOptions
-from resumerge.session import plan_from_config
+from resumerge.plan.merge_plan import PlanOptions
 from tests.conftest import ModelFactory
 from tests.support import cli, digests, linear_config, write_config
 
@@ -89,7 +89,7 @@ def test_gpu_budget_governs_units_and_streams_rows(tmp_path: Path, make: ModelFa
         made.append(gov)
         return gov
 
-    monkeypatch.setattr("resumerge.session.gpu_governor", fake_gpu)
+    monkeypatch.setattr("resumerge.engine.session.gpu_governor", fake_gpu)
     api.run(config, tmp_path / "gpu", state_dir=tmp_path / "s2", max_memory="4GB")
     gov = made[0]
     plan = plan_from_config(load_config_text(config.read_text()), PlanOptions())

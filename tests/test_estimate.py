@@ -18,11 +18,11 @@ from hub.fakehub import FakeHub
 from support import cli, linear_config, peak_rss_run, write_config
 
 from resumerge import api
-from resumerge.cli import main
-from resumerge.diskprobe import PROBE_PREFIX
-from resumerge.estimate import FITS, WILL_NOT_FIT
-from resumerge.manifest import MANIFEST_NAME
-from resumerge.modelgen import make_model
+from resumerge.cli.commands import main
+from resumerge.cli.modelgen import make_model
+from resumerge.engine.estimate import FITS, WILL_NOT_FIT
+from resumerge.store.diskprobe import PROBE_PREFIX
+from resumerge.store.manifest import MANIFEST_NAME
 
 # Big enough that the working set is a large part of the peak (embeddings of 16 MB per input), small enough to
 # generate and merge in a few seconds.
@@ -186,8 +186,8 @@ def _served_sizes(model: object) -> dict[str, int]:
 
 
 def test_status_rendering_stays_off_torch_sqlite_utils_and_the_estimator() -> None:
-    probe = "import sys; import resumerge.render, resumerge.statusview; print(sorted(m for m in ('torch', " \
-            "'sqlite_utils', 'resumerge.estimate') if m in sys.modules))"
+    probe = "import sys; import resumerge.cli.render, resumerge.store.statusview; print(sorted(m for m in ('torch', " \
+            "'sqlite_utils', 'resumerge.engine.estimate') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                           env=dict(os.environ))
     assert done.stdout.strip() == "[]", done.stdout + done.stderr

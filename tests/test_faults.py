@@ -31,9 +31,9 @@ import pytest
 from faultshim import ShimUnavailable, build_shim, probe_shim, shim_env
 from support import cli, digests, reference_merge
 
-from resumerge.integrity import verify_output
-from resumerge.locations import run_dir
-from resumerge.modelgen import ModelSpec
+from resumerge.cli.modelgen import ModelSpec
+from resumerge.config.locations import run_dir
+from resumerge.store.integrity import verify_output
 
 SHARD = "100k"
 YEAR = 365 * 24 * 3600

@@ -26,7 +26,7 @@ import pytest
 from conftest import ModelFactory
 from support import write_config
 
-from resumerge.cli import main
+from resumerge.cli.commands import main
 
 
 def _tree(root: Path) -> dict[str, str]:

@@ -15,7 +15,7 @@ from conftest import ModelFactory
 from safetensors.torch import load_file
 from support import linear_config, peak_rss_run, write_config
 
-from resumerge.cli import main
+from resumerge.cli.commands import main
 
 BUDGET = 600_000_000
 

@@ -11,9 +11,9 @@ from conftest import ModelFactory
 from safetensors.torch import load_file
 from support import digests, linear_config, write_config
 
-from resumerge.cli import main
-from resumerge.locations import run_dir
-from resumerge.runlock import RunLock
+from resumerge.cli.commands import main
+from resumerge.config.locations import run_dir
+from resumerge.store.runlock import RunLock
 
 
 def load_model(directory: Path) -> dict[str, torch.Tensor]:

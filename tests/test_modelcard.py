@@ -15,12 +15,12 @@ from hub.fakehub import FakeHub, files_of
 from huggingface_hub import close_session, constants
 from support import cli, digests
 
-from resumerge.cli import main
-from resumerge.config import load_config_text
-from resumerge.modelcard import hub_commit, render_model_card
-from resumerge.modelgen import ModelSpec, make_model
-from resumerge.plan import PlanOptions
-from resumerge.session import plan_from_config
+from resumerge.cli.commands import main
+from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.config.merge_config import load_config_text
+from resumerge.engine.session import plan_from_config
+from resumerge.outputs.modelcard import hub_commit, render_model_card
+from resumerge.plan.merge_plan import PlanOptions
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 INTRO = ("This is a merge of pre-trained language models, made with resumerge from a "

@@ -18,7 +18,7 @@ from conftest import ModelFactory
 from safetensors.torch import load_file
 from support import write_config
 
-from resumerge.cli import main
+from resumerge.cli.commands import main
 
 pytestmark = pytest.mark.oracle
 MERGEKIT = shutil.which("mergekit-yaml")

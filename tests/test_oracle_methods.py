@@ -19,7 +19,7 @@ from conftest import ModelFactory
 from safetensors.torch import load_file
 from support import cli, digests, write_config
 
-from resumerge.cli import main
+from resumerge.cli.commands import main
 
 pytestmark = pytest.mark.oracle
 RANDOMISED = {"dare_ties", "dare_linear", "della", "della_linear"}

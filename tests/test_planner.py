@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from conftest import ModelFactory
 
-from resumerge.config import load_config_text
+from resumerge.config.merge_config import load_config_text
+from resumerge.config.params import evaluate, gradient_value
+from resumerge.engine.session import plan_from_config
 from resumerge.errors import ConfigError
-from resumerge.params import evaluate, gradient_value
-from resumerge.plan import Plan, PlanOptions
-from resumerge.session import plan_from_config
-from resumerge.sharding import shard_names
+from resumerge.plan.merge_plan import Plan, PlanOptions
+from resumerge.plan.sharding import shard_names
 
 
 def _plan(text: str, **options: Any) -> Plan:

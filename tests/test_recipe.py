@@ -30,11 +30,11 @@ from support import cli, digests
 
 import resumerge
 import resumerge.api
-from resumerge.cli import main
-from resumerge.modelgen import ModelSpec, make_model
-from resumerge.recipe import load_recipe_text
-from resumerge.recipe_manifest import RECIPE_MANIFEST_NAME
-from resumerge.recipeview import read_recipe_status
+from resumerge.cli.commands import main
+from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.config.recipe import load_recipe_text
+from resumerge.store.recipe_manifest import RECIPE_MANIFEST_NAME
+from resumerge.store.recipeview import read_recipe_status
 
 REMOTE = "org/remote"
 SHARD = "100k"
@@ -280,9 +280,9 @@ def _local_recipe(m: Models, *, weight: float = 0.6) -> str:
 
 def test_status_and_edited_recipe_refused_while_unfinished(tmp_path: Path, models: Models,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from resumerge.engine.recipe_run import run_recipe
     from resumerge.errors import InterruptedMerge
-    from resumerge.plan import PlanOptions
-    from resumerge.recipe_run import run_recipe
+    from resumerge.plan.merge_plan import PlanOptions
 
     out, state = tmp_path / "out", tmp_path / "state"
     b_manifest = tmp_path / "out.intermediates" / "b" / "resumerge-manifest.json"
@@ -419,7 +419,7 @@ def test_cleanup_intermediates_deletes_only_stage_files_and_rebuilds_when_needed
                  "--cleanup-intermediates", *args]) == 0
     assert _model_files(clean) == kept
     assert sorted(p.name for p in inter.iterdir()) == ["notes.txt"], "only resumerge's files are deleted"
-    probe = ("import sys, io, json, contextlib\nfrom resumerge.cli import main\nbuf = io.StringIO()\n"
+    probe = ("import sys, io, json, contextlib\nfrom resumerge.cli.commands import main\nbuf = io.StringIO()\n"
              "with contextlib.redirect_stdout(buf):\n"
              f"    code = main(['status', {str(clean)!r}, '--state-dir', {str(state)!r}, '--json'])\n"
              "heavy = [m for m in ('torch', 'sqlite_utils', 'safetensors', 'rich') if m in sys.modules]\n"
@@ -474,8 +474,8 @@ def test_out_left_by_a_kill_inside_the_first_manifest_write_is_resumable(tmp_pat
 
 
 def test_a_live_display_restarts_for_every_stage(tmp_path: Path, models: Models) -> None:
-    from resumerge.recipe_run import run_recipe
-    from resumerge.render import ProgressReporter
+    from resumerge.cli.render import ProgressReporter
+    from resumerge.engine.recipe_run import run_recipe
 
     stream = io.StringIO()
     reporter = ProgressReporter(mode="live", stream=stream, width=100)
@@ -488,9 +488,9 @@ def test_a_live_display_restarts_for_every_stage(tmp_path: Path, models: Models)
 
 
 def test_plan_estimates_every_stage_and_their_shared_disk_writing_nothing(tmp_path: Path, models: Models) -> None:
-    from resumerge.plan import PlanOptions
-    from resumerge.recipe_estimate import estimate_recipe
-    from resumerge.recipe_run import run_recipe
+    from resumerge.engine.recipe_estimate import estimate_recipe
+    from resumerge.engine.recipe_run import run_recipe
+    from resumerge.plan.merge_plan import PlanOptions
 
     text = _local_recipe(models)
     (tmp_path / "recipe.yml").write_text(text)

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from resumerge.errors import HostileFileError
-from resumerge.safetensors_format import layout_shard, read_header
-from resumerge.tensorio import TensorReader, tensor_bytes
+from resumerge.inputs.safetensors_format import layout_shard, read_header
+from resumerge.inputs.tensorio import TensorReader, tensor_bytes
 
 CODES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64",
          torch.float64: "F64", torch.int8: "I8", torch.bool: "BOOL", torch.uint8: "U8", torch.int16: "I16",

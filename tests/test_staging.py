@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from resumerge.durable import publish_copy
 from resumerge.errors import StorageError
-from resumerge.filesystems import filesystem_type, needs_staging, parse_mountinfo
+from resumerge.store.durable import publish_copy
+from resumerge.store.filesystems import filesystem_type, needs_staging, parse_mountinfo
 from tests.conftest import ModelFactory
 from tests.support import cli, digests, linear_config, write_config
 

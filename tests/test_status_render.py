@@ -21,9 +21,9 @@ from rich.console import Console
 from support import cli, linear_config, write_config
 
 from resumerge import api
-from resumerge.estimate import DiskNeed, Estimate, MemoryEstimate, ModelDownload, OutputSize, TimeEstimate
-from resumerge.render import ProgressReporter, progress_mode, show_plan, show_status
-from resumerge.statusview import FileStatus, StatusReport, read_status
+from resumerge.cli.render import ProgressReporter, progress_mode, show_plan, show_status
+from resumerge.engine.estimate import DiskNeed, Estimate, MemoryEstimate, ModelDownload, OutputSize, TimeEstimate
+from resumerge.store.statusview import FileStatus, StatusReport, read_status
 
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
 WIDTH = 100

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from resumerge.modelgen import ModelSpec, make_model
+from resumerge.cli.modelgen import ModelSpec, make_model
 from tests.support import cli, digests
 from tests.vocab.gen import make_tokenizer_dir
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import ModelFactory
 from support import write_config
 
-from resumerge.cli import main
+from resumerge.cli.commands import main
 
 
 def _run(tmp_path: Path, doc: dict[str, Any] | str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

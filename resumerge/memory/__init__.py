@@ -10,6 +10,8 @@ Typical use by the engine::
             ...
 
 Importing this package never imports torch.
+
+May import: errors.
 """
 
 from resumerge.memory.accounting import Usage

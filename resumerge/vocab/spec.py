@@ -4,7 +4,7 @@ mergekit reads three keys for this (``tokenizer_source``, ``tokenizer: {source, 
 ``chat_template``); :func:`parse_tokenizer_spec` turns them into one frozen :class:`TokenizerSpec` or raises a
 :class:`~resumerge.errors.ConfigError` whose ``yaml_path`` names the offending entry
 (``tokenizer.tokens.<|im_start|>.source``). Model references are stored as their canonical key
-(:attr:`resumerge.modelref.ModelRef.key`), so they compare equal to the keys the planner uses for inputs.
+(:attr:`resumerge.config.modelref.ModelRef.key`), so they compare equal to the keys the planner uses for inputs.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from resumerge.config.modelref import parse_model_ref
 from resumerge.errors import ConfigError
-from resumerge.modelref import parse_model_ref
 from resumerge.vocab.chat import check_chat_template
 
 TokenSourceKind = Literal["model", "model_token", "zero"]

@@ -1,1 +1,1 @@
-"""Tests of resumerge.hub against a stand-in hub on 127.0.0.1."""
+"""Tests of resumerge.inputs.hub against a stand-in hub on 127.0.0.1."""

@@ -13,7 +13,7 @@ import pytest
 from huggingface_hub import close_session, constants
 
 from hub.fakehub import FakeHub, files_of
-from resumerge.modelgen import ModelSpec, make_model
+from resumerge.cli.modelgen import ModelSpec, make_model
 
 # Files a merge must never fetch: pickles, GGUF, ONNX, Flax, TF, a safetensors outside the index, docs.
 DECOYS = {

@@ -12,15 +12,15 @@ import pytest
 
 from hub.conftest import REPO, Model
 from hub.fakehub import FakeHub, git_blob_sha1, iter_requests
+from resumerge.config.modelref import ModelRef
 from resumerge.errors import HostileFileError, ModelInputError
-from resumerge.hub import HubEvent, RemoteFile, fetch_weights, is_local, resolve_metadata
-from resumerge.hub import verify as verify_module
-from resumerge.hub.cache import RepoCache
-from resumerge.hub.events import ByteMeter
-from resumerge.hub.headers import header_length, parse_header
-from resumerge.hub.records import RACY_WINDOW_NS, VerifyRecords
-from resumerge.hub.verify import hash_file
-from resumerge.modelref import ModelRef
+from resumerge.inputs.hub import HubEvent, RemoteFile, fetch_weights, is_local, resolve_metadata
+from resumerge.inputs.hub import verify as verify_module
+from resumerge.inputs.hub.cache import RepoCache
+from resumerge.inputs.hub.events import ByteMeter
+from resumerge.inputs.hub.headers import header_length, parse_header
+from resumerge.inputs.hub.records import RACY_WINDOW_NS, VerifyRecords
+from resumerge.inputs.hub.verify import hash_file
 
 
 def _old(path: Path, seconds: float = 10) -> None:
@@ -162,7 +162,7 @@ def test_tree_listing_round_trips_in_huggingface_hub_format(tmp_path: Path) -> N
 
 
 def test_public_names_exist() -> None:
-    import resumerge.hub as hub_api
+    import resumerge.inputs.hub as hub_api
 
     assert sorted(hub_api.__all__) == hub_api.__all__
     assert all(hasattr(hub_api, name) for name in hub_api.__all__)

@@ -11,8 +11,8 @@ from support import digests, write_config
 
 from hub.conftest import REPO, SPEC
 from hub.fakehub import FakeHub
-from resumerge.cli import main
-from resumerge.modelgen import make_model
+from resumerge.cli.commands import main
+from resumerge.cli.modelgen import make_model
 
 
 def _config(tmp_path: Path, local: Path) -> Path:

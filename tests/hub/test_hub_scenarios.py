@@ -16,10 +16,10 @@ from huggingface_hub import constants, try_to_load_from_cache
 
 from hub.conftest import BIG_REPO, REPO, Model
 from hub.fakehub import FakeHub, iter_requests
+from resumerge.config.modelref import ModelRef
 from resumerge.errors import ModelInputError, StorageError
-from resumerge.hub import HubEvent, RepoMetadata, fetch_weights, resolve_metadata
-from resumerge.hub.headers import parse_header
-from resumerge.modelref import ModelRef
+from resumerge.inputs.hub import HubEvent, RepoMetadata, fetch_weights, resolve_metadata
+from resumerge.inputs.hub.headers import parse_header
 
 ALPHA = ModelRef(REPO)
 BIG = ModelRef(BIG_REPO)
@@ -211,8 +211,8 @@ def test_killed_download_resumes_in_the_next_process(hub: FakeHub, big_model: Mo
     hub.hold_after[f"{BIG_REPO}/model.safetensors"] = (CHUNK + CHUNK // 5, release)
     script = (
         "import sys\n"
-        "from resumerge.hub import fetch_weights, resolve_metadata\n"
-        "from resumerge.modelref import ModelRef\n"
+        "from resumerge.inputs.hub import fetch_weights, resolve_metadata\n"
+        "from resumerge.config.modelref import ModelRef\n"
         "meta = resolve_metadata(ModelRef('org/big'), records_dir=sys.argv[1])\n"
         "fetch_weights(meta, records_dir=sys.argv[1])\n"
     )
@@ -286,7 +286,7 @@ def test_free_disk_is_checked_before_downloading(
 ) -> None:
     meta = resolve_metadata(ALPHA, records_dir=state)
     hub.reset_counters()
-    monkeypatch.setattr("resumerge.hub.download.free_bytes", lambda path: 1_000)
+    monkeypatch.setattr("resumerge.inputs.hub.download.free_bytes", lambda path: 1_000)
 
     with pytest.raises(StorageError) as err:
         fetch_weights(meta, records_dir=state)

@@ -1,1 +1,1 @@
-"""Tests of resumerge.adapters: real PEFT LoRA adapters against PEFT's own merge, refusals, hub-hosted adapters."""
+"""Tests of resumerge.inputs.adapters: real PEFT LoRA adapters against PEFT's own merge, refusals, hub adapters."""

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lora.gen import make_adapter, make_gpt2, peft_merged
-from resumerge.modelgen import ModelSpec, make_model
+from resumerge.cli.modelgen import ModelSpec, make_model
 
 LLAMA_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

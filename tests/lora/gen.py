@@ -17,10 +17,9 @@ from typing import Any
 
 import torch
 
-from resumerge.adapters import Adapter
-from resumerge.inputs import TensorSource
-from resumerge.outputs import TOKENIZER_FILES
-from resumerge.tensorio import TensorReader
+from resumerge.inputs.adapters import Adapter
+from resumerge.inputs.files import TOKENIZER_FILES, TensorSource
+from resumerge.inputs.tensorio import TensorReader
 
 
 @contextmanager
@@ -137,8 +136,8 @@ def merge_with_adapter(base_dir: Path, adapter: Adapter) -> dict[str, torch.Tens
     """
     from safetensors.torch import load_file
 
-    from resumerge.adapters import apply_lora, check_adapter
-    from resumerge.tensorio import TensorReader
+    from resumerge.inputs.adapters import apply_lora, check_adapter
+    from resumerge.inputs.tensorio import TensorReader
 
     base: dict[str, torch.Tensor] = {}
     for path in sorted(base_dir.glob("*.safetensors")):

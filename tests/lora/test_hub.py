@@ -13,10 +13,10 @@ from hub.conftest import hf_env  # noqa: F401  (autouse here: a temp HF home, lo
 from hub.fakehub import FakeHub, files_of, iter_requests
 
 from lora.gen import make_adapter
-from resumerge.adapters import open_adapter
+from resumerge.config.modelref import ModelRef
 from resumerge.errors import ModelInputError, exit_code_for
-from resumerge.hub.adapters import open_hub_adapter
-from resumerge.modelref import ModelRef
+from resumerge.inputs.adapters import open_adapter
+from resumerge.inputs.hub.adapters import open_hub_adapter
 
 REPO = "org/lora"
 ALLOWED = {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json",

@@ -14,12 +14,12 @@ from safetensors.torch import load_file
 
 from lora.conftest import Case
 from lora.gen import make_adapter
-from resumerge.config import load_config_text
-from resumerge.engine import compute_tensor
-from resumerge.plan import PlanOptions
-from resumerge.session import plan_from_config
-from resumerge.tensorio import TensorReader
-from resumerge.workunits import chunk_plan
+from resumerge.config.merge_config import load_config_text
+from resumerge.engine.executor import compute_tensor
+from resumerge.engine.session import plan_from_config
+from resumerge.inputs.tensorio import TensorReader
+from resumerge.plan.merge_plan import PlanOptions
+from resumerge.plan.workunits import chunk_plan
 from tests.support import cli, digests
 
 

@@ -15,11 +15,11 @@ from safetensors.torch import load_file, save_file
 
 from lora.conftest import LLAMA_LINEAR, Case
 from lora.gen import make_adapter, read_source
-from resumerge.adapters import open_adapter
-from resumerge.adapters.settings import LoraSettings
-from resumerge.inputs import file_identity
-from resumerge.safetensors_format import read_header
-from resumerge.tensorio import TensorReader
+from resumerge.inputs.adapters import open_adapter
+from resumerge.inputs.adapters.settings import LoraSettings
+from resumerge.inputs.files import file_identity
+from resumerge.inputs.safetensors_format import read_header
+from resumerge.inputs.tensorio import TensorReader
 
 CHAT = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
 

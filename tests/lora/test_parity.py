@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from lora.conftest import CASES, Case
 from lora.gen import merge_with_adapter, read_source
-from resumerge.adapters import apply_lora, apply_lora_rows, open_adapter
-from resumerge.tensorio import TensorReader
+from resumerge.inputs.adapters import apply_lora, apply_lora_rows, open_adapter
+from resumerge.inputs.tensorio import TensorReader
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lora.gen import make_adapter
-from resumerge.adapters import Adapter, check_adapter, open_adapter
 from resumerge.errors import HostileFileError, ModelInputError, ResumergeError, exit_code_for
-from resumerge.safetensors_format import read_header
+from resumerge.inputs.adapters import Adapter, check_adapter, open_adapter
+from resumerge.inputs.safetensors_format import read_header
 
 PREFIX = "base_model.model."
 Q0 = "model.layers.0.self_attn.q_proj"

@@ -1,0 +1,492 @@
+"""The command line: parse arguments, call one library function per command, map errors to exit codes.
+
+The only module that knows about argv. Heavy modules (torch, sqlite-utils) are imported inside the commands
+that merge, so ``resumerge status`` stays fast. Exit codes: 0 done, 1 internal error, 2 invalid input,
+3 interrupted and resumable, 4 refused (see :data:`resumerge.errors.EXIT_CODES`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Sequence
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from resumerge.config.version import __version__
+from resumerge.errors import EXIT_INTERRUPTED, EXIT_INVALID, EXIT_OK, ResumergeError, UsageError, exit_code_for
+
+if TYPE_CHECKING:
+    from resumerge.cli.render import ProgressReporter
+    from resumerge.plan.merge_plan import PlanOptions
+
+# mergekit-yaml flags that resumerge accepts so existing command lines work, and why each is not needed.
+UNNEEDED_FLAGS: dict[str, str] = {
+    "--no-cuda": "merges run on the CPU unless --device cuda is given",
+    "--lazy-unpickle": "resumerge never unpickles; safetensors are always read lazily",
+    "--clone-tensors": "output tensors never share memory here",
+    "--low-cpu-memory": "memory is bounded by streaming shards to disk",
+    "--read-to-gpu": "with --device cuda each unit's inputs are moved to the GPU as they are read",
+    "--multi-gpu": "one GPU is used (--device cuda:N picks which)",
+    "--gpu-rich": "GPU work in flight follows --max-gpu-memory",
+    "--async-write": "writes always overlap computation",
+    "--copy-tokenizer": "the tokenizer is copied by default",
+    "--safe-serialization": "output is always safetensors",
+    "--write-model-card": "README.md and mergekit_config.yml are always written",
+    "--no-write-model-card": "README.md is always written (no network lookups, no timestamps)",
+    "--trust-remote-code": "resumerge never executes code from model repositories",
+    "--verbose": "progress is shown by default",
+}
+UNNEEDED_WITH_VALUE: dict[str, str] = {
+    "--num-threads": "resumerge sizes its thread pool itself",
+    "--write-threads": "one writer thread streams every shard",
+    "--lora-merge-cache": "no merge cache is needed",
+    "--lora-merge-dtype": "no merge cache is needed",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every command (also used by the docs test)."""
+    parser = argparse.ArgumentParser(
+        prog="resumerge",
+        description="Crash-safe, resumable merges of LLM weights from mergekit YAML configs.",
+    )
+    parser.add_argument("--version", action="version", version=f"resumerge {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="merge CONFIG into OUT (continues an unfinished run of the same config)",
+                         description="Merge a mergekit YAML config into OUT. Interrupted runs continue "
+                                     "where they stopped; output is byte-identical to an uninterrupted run.")
+    run.add_argument("config", metavar="CONFIG", help="mergekit YAML config")
+    run.add_argument("out", metavar="OUT", help="output directory (created; must be empty or resumerge's)")
+    _common(run)
+    run.add_argument("--out-shard-size", default="1B", metavar="SIZE",
+                     help="bytes per output shard (k/M/B = 1e3/1e6/1e9, or KiB/MiB/GiB) [default: 1B]; "
+                          "an interruption costs at most one shard of work")
+    run.add_argument("--random-seed", type=int, default=0, metavar="N",
+                     help="seed of randomised methods (drawn per tensor, so resume is exact) [default: 0]")
+    run.add_argument("--restart", action="store_true",
+                     help="discard a different earlier run in OUT (only files it wrote) and start over")
+    run.add_argument("--no-copy-tokenizer", action="store_true", help="do not copy tokenizer files")
+    run.add_argument("--allow-crimes", action="store_true",
+                     help="merge models of different architectures, tensor by tensor as names and shapes allow")
+    run.add_argument("--device", default="cpu", metavar="DEVICE",
+                     help="where merge methods compute: cpu or cuda[:N] (reading and writing stay on the host; "
+                          "a resume keeps the device) [default: cpu]")
+    run.add_argument("--cuda", action="store_const", const="cuda", dest="device",
+                     help="same as --device cuda (mergekit's flag)")
+    run.add_argument("--transformers-cache", metavar="DIR",
+                     help="Hugging Face cache directory for hub models [default: HF_HUB_CACHE / HF_HOME]")
+    run.add_argument("--intermediate-dir", "-I", metavar="DIR",
+                     help="recipes (several YAML documents): where named stages are written, one folder each "
+                          "[default: OUT.intermediates beside OUT]")
+    run.add_argument("--cleanup-intermediates", action="store_true",
+                     help="recipes: delete the named stages' outputs once the final output is verified")
+    for flag in UNNEEDED_FLAGS:
+        run.add_argument(flag, action="store_true", dest=_dest(flag), help=argparse.SUPPRESS)
+    run.add_argument("-v", action="store_true", dest="v_flag", help=argparse.SUPPRESS)
+    run.add_argument("-j", dest="num_threads", default=None, help=argparse.SUPPRESS)
+    for flag in UNNEEDED_WITH_VALUE:
+        if flag != "--num-threads":
+            run.add_argument(flag, dest=_dest(flag), default=None, help=argparse.SUPPRESS)
+    run.add_argument("--num-threads", dest="num_threads", default=None, help=argparse.SUPPRESS)
+
+    resume = sub.add_parser("resume", help="finish the merge recorded for OUT",
+                            description="Finish an interrupted merge. Works from OUT alone when the state dir "
+                                        "is gone (the ledger is rebuilt from OUT's manifest).")
+    resume.add_argument("out", metavar="OUT", help="output directory of the interrupted merge")
+    _common(resume)
+    resume.add_argument("--cleanup-intermediates", action="store_true",
+                        help="recipes: delete the named stages' outputs once the final output is verified")
+
+    status = sub.add_parser("status", help="show where the merge into OUT stands",
+                            description="Show the state of a merge (fast: reads the ledger only).")
+    status.add_argument("out", metavar="OUT")
+    status.add_argument("--state-dir", metavar="DIR", help="state directory used by the run")
+    status.add_argument("--json", action="store_true", help="print JSON")
+
+    verify = sub.add_parser("verify", help="re-hash OUT's files against their recorded checksums",
+                            description="Check every committed output file against its sha256; name damaged "
+                                        "files (exit 3: resume repairs them).")
+    verify.add_argument("out", metavar="OUT")
+    verify.add_argument("--state-dir", metavar="DIR", help="state directory used by the run")
+    verify.add_argument("--json", action="store_true", help="print JSON")
+
+    plan = sub.add_parser("plan", help="validate CONFIG and estimate disk, download, RAM and time, writing nothing",
+                          description="Validate a config against the models' headers, estimate what the merge "
+                                      "needs here (disk for OUT, state and downloads, peak RAM, time from a short "
+                                      "disk probe) and say whether it fits. Exit 0 when it fits, 2 when it will not "
+                                      "(with the reasons and what to change).")
+    plan.add_argument("config", metavar="CONFIG")
+    plan.add_argument("out", metavar="OUT", nargs="?", help="output directory to check the disk of [optional]")
+    plan.add_argument("--out-shard-size", default="1B", metavar="SIZE", help="bytes per output shard")
+    plan.add_argument("--random-seed", type=int, default=0, metavar="N", help="seed of randomised methods")
+    plan.add_argument("--no-copy-tokenizer", action="store_true", help="do not count tokenizer files")
+    plan.add_argument("--allow-crimes", action="store_true", help="as for run")
+    plan.add_argument("--state-dir", metavar="DIR", help="state directory the run will use")
+    plan.add_argument("--max-memory", metavar="SIZE", help="RAM budget the run will use [default: as for run]")
+    plan.add_argument("--transformers-cache", metavar="DIR", help="Hugging Face cache directory for hub models")
+    staging = plan.add_mutually_exclusive_group()
+    staging.add_argument("--staging-dir", metavar="DIR", help="as for run")
+    staging.add_argument("--no-staging", action="store_true", help="as for run")
+    plan.add_argument("--probe-size", default="32MiB", metavar="SIZE",
+                      help="bytes of the disk speed probe written (then deleted) beside OUT; 0 skips it")
+    plan.add_argument("--json", action="store_true", help="print JSON (schema in resumerge/estimate.py)")
+    plan.add_argument("--intermediate-dir", metavar="DIR",
+                      help="for a multi-document recipe (which needs OUT): where its named stages will go")
+
+    demo = sub.add_parser("demo", help="generate small models, merge, interrupt, resume, show status",
+                          description="A self-contained tour: generates tiny models, starts a merge that is "
+                                      "killed part-way, resumes it, and checks the output is byte-identical.")
+    demo.add_argument("dir", metavar="DIR", nargs="?", default="resumerge-demo", help="working directory")
+    return parser
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", metavar="DIR",
+                   help="where the ledger lives (local disk) [default: $RESUMERGE_STATE_DIR or ./state]")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+    p.add_argument("--max-memory", metavar="SIZE",
+                   help="RAM budget for the whole process, e.g. 6GB [default: 80 %% of what the machine or "
+                        "container allows]; work in flight shrinks before the budget is reached")
+    staging = p.add_mutually_exclusive_group()
+    staging.add_argument("--staging-dir", metavar="DIR",
+                         help="write each file on this local dir first, then publish it to OUT by copy + verify "
+                              "[default: only when OUT is on Drive/FUSE/network storage, in the state dir]")
+    staging.add_argument("--no-staging", action="store_true", help="always write straight into OUT")
+    p.add_argument("--max-gpu-memory", metavar="SIZE",
+                   help="GPU memory budget when merging with --device cuda [default: 85 %% of the GPU's free "
+                        "memory]")
+
+
+def _dest(flag: str) -> str:
+    return "unneeded_" + flag.lstrip("-").replace("-", "_")
+
+
+class _StopFlag:
+    """Set by SIGINT/SIGTERM; the engine stops at its next safe point."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def install(self) -> None:
+        def handler(signum: int, frame: FrameType | None) -> None:
+            if not self.event.is_set():
+                print(f"\n{signal.Signals(signum).name}: stopping at the next safe point...", file=sys.stderr)
+            self.event.set()
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+    def __call__(self) -> bool:
+        return self.event.is_set()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``resumerge`` console script; returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed its message
+        return 2 if exc.code not in (0, None) else 0
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return _dispatch(args)
+    except ResumergeError as exc:
+        from resumerge.cli.render import show_error
+
+        show_error(exc.one_line())
+        return exit_code_for(exc)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # a bug: one line, and the traceback only on request
+        if os.environ.get("RESUMERGE_DEBUG"):
+            traceback.print_exc()
+        print(f"error: internal error: {type(exc).__name__}: {exc} (set RESUMERGE_DEBUG=1 for a traceback)",
+              file=sys.stderr)
+        return 1
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "status":
+        return _status(args)
+    if args.command == "verify":
+        return _verify(args)
+    if args.command == "run":
+        return _run(args)
+    if args.command == "resume":
+        return _resume(args)
+    if args.command == "plan":
+        return _plan(args)
+    if args.command == "demo":
+        from resumerge.cli.demo import run_demo
+
+        return run_demo(args.dir)
+    raise UsageError(f"unknown command {args.command}")
+
+
+def _status(args: argparse.Namespace) -> int:
+    from resumerge.store.recipe_manifest import is_recipe_out
+    from resumerge.store.statusview import read_status
+
+    if is_recipe_out(args.out, args.state_dir):
+        return _recipe_status(args)
+    report = read_status(args.out, args.state_dir)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        from resumerge.cli.render import show_status
+
+        show_status(report)
+    return EXIT_OK
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from resumerge.store.integrity import report_json, verify_output
+
+    report = verify_output(args.out, args.state_dir)
+    if args.json:
+        print(report_json(report))
+    else:
+        from resumerge.cli.render import show_verify
+
+        show_verify(report)
+    return EXIT_OK if report.ok else EXIT_INTERRUPTED
+
+
+def _run(args: argparse.Namespace) -> int:
+    from resumerge.engine.session import read_config_file, run_merge
+    from resumerge.memory.sizes import parse_size
+    from resumerge.plan.merge_plan import PlanOptions
+
+    for flag, why in {**UNNEEDED_FLAGS, **UNNEEDED_WITH_VALUE}.items():
+        value = getattr(args, _dest(flag), None)
+        if value not in (None, False) and not args.quiet:
+            print(f"note: {flag} is not needed by resumerge ({why}); ignored", file=sys.stderr)
+    shard_size = parse_size(args.out_shard_size, option="--out-shard-size")
+    if shard_size <= 0:
+        raise UsageError("--out-shard-size must be positive")
+    text = read_config_file(args.config)
+    from resumerge.engine.devices import normalise_device
+
+    options = PlanOptions(out_shard_size=shard_size, random_seed=args.random_seed,
+                          copy_tokenizer=not args.no_copy_tokenizer, device=normalise_device(args.device),
+                          allow_crimes=args.allow_crimes)
+    from resumerge.config.recipe import is_recipe_text
+
+    if is_recipe_text(text):
+        return _run_recipe(args, text, options)
+    _single_merge_only(args)
+    stop = _StopFlag()
+    stop.install()
+    with _Progress(args.quiet) as progress:
+        outcome = run_merge(text, args.out, options=options, state_dir=args.state_dir, restart=args.restart,
+                            reporter=progress, should_stop=stop, max_memory=_max_memory(args),
+                            cache_dir=args.transformers_cache, max_gpu_memory=_max_memory(args, "--max-gpu-memory"),
+                            staging=_staging(args))
+    _finished(outcome, args.quiet)
+    return EXIT_OK
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from resumerge.engine.session import resume_merge
+    from resumerge.store.recipe_manifest import is_recipe_out
+
+    if is_recipe_out(args.out, args.state_dir):
+        return _resume_recipe(args)
+    stop = _StopFlag()
+    stop.install()
+    with _Progress(args.quiet) as progress:
+        outcome = resume_merge(args.out, state_dir=args.state_dir, reporter=progress, should_stop=stop,
+                               max_memory=_max_memory(args), max_gpu_memory=_max_memory(args, "--max-gpu-memory"),
+                               staging=_staging(args))
+    _finished(outcome, args.quiet)
+    return EXIT_OK
+
+
+def _max_memory(args: argparse.Namespace, option: str = "--max-memory") -> int | None:
+    """The budget given with ``option`` in bytes, or None when it was not given."""
+    text = getattr(args, _attr(option), None)
+    if text is None:
+        return None
+    from resumerge.memory.sizes import parse_size
+
+    value = parse_size(text, option=option)
+    if value <= 0:
+        raise UsageError(f"{option} must be positive")
+    return value
+
+
+def _staging(args: argparse.Namespace) -> str | bool | None:
+    """--staging-dir DIR, --no-staging, or None (stage only when OUT is remote)."""
+    return False if args.no_staging else args.staging_dir
+
+
+def _attr(option: str) -> str:
+    return option.lstrip("-").replace("-", "_")
+
+
+def _run_recipe(args: argparse.Namespace, text: str, options: object) -> int:
+    from resumerge.engine.recipe_run import run_recipe
+    from resumerge.plan.merge_plan import PlanOptions
+
+    assert isinstance(options, PlanOptions)
+    stop = _StopFlag()
+    stop.install()
+    with _Progress(args.quiet) as progress:
+        outcome = run_recipe(text, args.out, intermediate_dir=args.intermediate_dir, options=options,
+                             state_dir=args.state_dir, restart=args.restart, cleanup=args.cleanup_intermediates,
+                             reporter=progress, should_stop=stop, max_memory=_max_memory(args),
+                             max_gpu_memory=_max_memory(args, "--max-gpu-memory"), cache_dir=args.transformers_cache,
+                             staging=_staging(args), source=os.path.basename(args.config))
+    _recipe_finished(outcome, args.quiet)
+    return EXIT_OK
+
+
+def _resume_recipe(args: argparse.Namespace) -> int:
+    from resumerge.engine.recipe_run import resume_recipe
+
+    stop = _StopFlag()
+    stop.install()
+    with _Progress(args.quiet) as progress:
+        outcome = resume_recipe(args.out, state_dir=args.state_dir, cleanup=args.cleanup_intermediates,
+                                reporter=progress, should_stop=stop, max_memory=_max_memory(args),
+                                max_gpu_memory=_max_memory(args, "--max-gpu-memory"), staging=_staging(args))
+    _recipe_finished(outcome, args.quiet)
+    return EXIT_OK
+
+
+def _recipe_status(args: argparse.Namespace) -> int:
+    from resumerge.store.recipeview import read_recipe_status
+
+    report = read_recipe_status(args.out, args.state_dir)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        from resumerge.cli.render import show_recipe_status
+
+        show_recipe_status(report)
+    return EXIT_OK
+
+
+def _single_merge_only(args: argparse.Namespace) -> None:
+    """Refuse recipe-only flags with a one-document config, and a single merge into a recipe's OUT."""
+    from resumerge.errors import OutputDirError
+    from resumerge.store.recipe_manifest import RECIPE_MANIFEST_NAME
+
+    for flag in ("intermediate_dir", "cleanup_intermediates"):
+        if getattr(args, flag):
+            raise UsageError(f"--{flag.replace('_', '-')} applies to recipes only, and {args.config} holds one "
+                             "merge config", hint="separate a recipe's stages with --- lines")
+    if os.path.isfile(os.path.join(args.out, RECIPE_MANIFEST_NAME)):
+        raise OutputDirError(f"{args.out} holds the output of a recipe ({RECIPE_MANIFEST_NAME})", path=args.out,
+                             hint="use another OUT for a single merge")
+
+
+def _recipe_finished(outcome: object, quiet: bool) -> None:
+    from resumerge.engine.recipe_run import RecipeOutcome
+
+    assert isinstance(outcome, RecipeOutcome)
+    if quiet:
+        return
+    merged = sum(1 for s in outcome.stages if s.action == "merged")
+    print(f"done: {outcome.final.out_dir} ({len(outcome.plan.stages)} stages, {merged} merged in this run)",
+          file=sys.stderr)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from resumerge.engine.estimate import estimate_config
+    from resumerge.engine.session import read_config_file
+    from resumerge.memory.sizes import parse_size
+    from resumerge.plan.merge_plan import PlanOptions
+
+    shard_size = parse_size(args.out_shard_size, option="--out-shard-size")
+    if shard_size <= 0:
+        raise UsageError("--out-shard-size must be positive")
+    options = PlanOptions(out_shard_size=shard_size, random_seed=args.random_seed,
+                          copy_tokenizer=not args.no_copy_tokenizer, allow_crimes=args.allow_crimes)
+    text = read_config_file(args.config)
+    from resumerge.config.recipe import is_recipe_text
+
+    if is_recipe_text(text):
+        return _plan_recipe(args, text, options)
+    estimate = estimate_config(text, options, source=args.config, out_dir=args.out,
+                               state_dir=args.state_dir, cache_dir=args.transformers_cache,
+                               max_memory=_max_memory(args), staging=_staging(args),
+                               probe_bytes=parse_size(args.probe_size, option="--probe-size"), fresh_process=True)
+    if args.json:
+        print(json.dumps(estimate.to_json(), indent=2))
+    else:
+        from resumerge.cli.render import show_plan
+
+        show_plan(estimate)
+    if estimate.fits:
+        return EXIT_OK
+    for reason in estimate.reasons:
+        print(f"will not fit: {reason}", file=sys.stderr)
+    return EXIT_INVALID
+
+
+def _plan_recipe(args: argparse.Namespace, text: str, options: PlanOptions) -> int:
+    """``plan`` for a multi-document recipe: every stage validated and estimated; exit 2 when it will not fit."""
+    from resumerge.engine.recipe_estimate import estimate_recipe
+    from resumerge.memory.sizes import parse_size
+
+    if args.out is None:
+        raise UsageError("planning a recipe needs OUT: its stages are placed relative to it",
+                         hint=f"resumerge plan {args.config} OUT")
+    result = estimate_recipe(text, options, out_dir=args.out, source=args.config,
+                             intermediate_dir=args.intermediate_dir, state_dir=args.state_dir,
+                             cache_dir=args.transformers_cache, max_memory=_max_memory(args),
+                             probe_bytes=parse_size(args.probe_size, option="--probe-size"))
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        from resumerge.cli.render import show_plan
+
+        for stage in result.stages:
+            print(f"{stage.label}{' (final)' if stage.final else ''} -> {stage.out_dir}")
+            show_plan(stage.estimate)
+            print()
+    if result.fits:
+        return EXIT_OK
+    for reason in result.reasons:
+        print(f"will not fit: {reason}", file=sys.stderr)
+    return EXIT_INVALID
+
+
+def _finished(outcome: object, quiet: bool) -> None:
+    from resumerge.engine.session import Outcome
+
+    assert isinstance(outcome, Outcome)
+    if quiet:
+        return
+    resumed = f" ({outcome.resumed_files} files were already committed)" if outcome.resumed_files else ""
+    print(f"done: {outcome.out_dir}{resumed}", file=sys.stderr)
+
+
+class _Progress:
+    """Context manager around the rich progress reporter: the live display always stops, even on errors."""
+
+    def __init__(self, quiet: bool) -> None:
+        from resumerge.cli.render import ProgressReporter
+
+        self.reporter = ProgressReporter(quiet=quiet)
+
+    def __enter__(self) -> ProgressReporter:
+        return self.reporter
+
+    def __exit__(self, *exc: object) -> None:
+        self.reporter.close()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,413 @@
+"""Everything resumerge draws for a person: progress, status and plan tables, verify results. The only module
+using rich.
+
+Progress has three modes. ``live`` redraws bars in place (overall bytes with speed and ETA, the shard being
+written, RAM in use against the budget): on an interactive terminal, or in a notebook when rich can draw there
+(ipywidgets). ``plain`` prints one self-contained line at most every ``interval`` seconds (and when the merge
+ends), with no control codes, so log files and captured notebook output stay readable: whenever output is not an
+interactive terminal, when rich's ``TTY_INTERACTIVE=0`` or ``TERM=dumb`` says so, and for commands run from a
+notebook cell (``!resumerge ...`` gets a pseudo-terminal that cannot redraw lines). ``quiet`` prints nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import IO, TYPE_CHECKING, TextIO
+
+from rich import box
+from rich.console import Console, RenderableType
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TaskProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+from resumerge.memory.sizes import format_size
+
+if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
+    from resumerge.engine.estimate import Estimate
+    from resumerge.store.integrity import VerifyReport
+    from resumerge.store.recipeview import RecipeStatus
+    from resumerge.store.statusview import StatusReport
+
+_STATE_STYLE = {"done": "green", "running": "cyan", "interrupted": "yellow", "failed": "red", "planned": "white"}
+# Set in the environment of every process a Jupyter kernel (JPY_PARENT_PID) or Colab runtime starts.
+_NOTEBOOK_ENV = ("JPY_PARENT_PID", "COLAB_RELEASE_TAG")
+PLAIN_INTERVAL = 15.0
+
+
+def console(stream: TextIO | None = None, *, width: int | None = None) -> Console:
+    """A rich console on ``stream`` (stderr by default, so stdout stays machine-readable)."""
+    return Console(file=stream or sys.stderr, highlight=False, soft_wrap=True, width=width)
+
+
+def progress_mode(out: Console, quiet: bool = False) -> str:
+    """``"quiet"``, ``"live"`` or ``"plain"`` for progress drawn on ``out`` (see the module docstring)."""
+    if quiet:
+        return "quiet"
+    forced = os.environ.get("TTY_INTERACTIVE")  # rich's switch: 0 never animates, 1 always does
+    if forced in ("0", "1"):
+        return "live" if forced == "1" else "plain"
+    if out.is_jupyter:
+        # rich draws live output in notebooks through ipywidgets (Colab has it); without it, plain lines.
+        return "live" if importlib.util.find_spec("ipywidgets") is not None else "plain"
+    # FORCE_COLOR (set by Jupyter kernels, some CI systems) makes rich call any stream a terminal; colours are
+    # welcome there, but only a real TTY can redraw lines.
+    if out.is_interactive and _isatty(out.file) and not any(os.environ.get(v) for v in _NOTEBOOK_ENV):
+        return "live"
+    return "plain"
+
+
+def _isatty(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # closed or not a file
+        return False
+
+
+class _MergeProgress(Progress):
+    """Rich progress with a line under the bars for memory in use against the budget."""
+
+    def __init__(self, memory_line: Callable[[], str | None], *columns: object, **kwargs: object) -> None:
+        self._memory_line = memory_line  # before Progress.__init__, which may render already
+        super().__init__(*columns, **kwargs)  # type: ignore[arg-type]
+
+    def get_renderables(self) -> Iterable[RenderableType]:
+        yield self.make_tasks_table(self.tasks)
+        line = self._memory_line()
+        if line:
+            yield Text(line, style="dim")
+
+
+class ProgressReporter:
+    """The engine's Reporter for people: live bars, plain log lines, or nothing (see the module docstring).
+
+    Besides the Reporter protocol it accepts two optional hooks the engine may call: :meth:`shard_started` (adds
+    a bar for the shard being written) and :meth:`memory_budget` (RAM is then shown against the budget). RAM in
+    use is read with ``rss`` (default: the anonymous memory of this process, what the budget counts).
+    ``mode`` forces ``"live"``, ``"plain"`` or ``"quiet"``; ``clock`` exists for tests.
+    """
+
+    def __init__(
+        self,
+        *,
+        quiet: bool = False,
+        stream: TextIO | None = None,
+        mode: str | None = None,
+        interval: float = PLAIN_INTERVAL,
+        budget: int | None = None,
+        rss: Callable[[], int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        width: int | None = None,
+    ) -> None:
+        self._console = console(stream, width=width)
+        self.mode = mode or progress_mode(self._console, quiet)
+        if self.mode not in ("live", "plain", "quiet"):
+            raise ValueError(f"unknown progress mode {self.mode!r}")
+        self._interval = interval
+        self._budget = budget
+        self._rss = rss
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._started = clock()
+        self._last_line = self._started
+        self._dirty = False
+        self._bytes = self._session_bytes = self._total = 0
+        self._tensors = self._tensors_total = 0
+        self._shard: str | None = None
+        self._progress: _MergeProgress | None = None
+        self._overall: TaskID | None = None
+        self._shard_task: TaskID | None = None
+
+    # -- the Reporter protocol ------------------------------------------------------------------------------
+
+    def start(self, *, total_tensors: int, done_tensors: int, total_bytes: int, done_bytes: int) -> None:
+        """Show the bars (or a plain line) once the plan and what is already committed are known."""
+        with self._lock:
+            self._bytes, self._total = done_bytes, total_bytes
+            self._tensors, self._tensors_total = done_tensors, total_tensors
+            self._session_bytes = 0
+            self._started = self._last_line = self._clock()
+            if self.mode == "plain":
+                already = f"; {format_size(done_bytes)} already committed" if done_bytes else ""
+                self._print(f"merging {total_tensors - done_tensors} of {total_tensors} tensors, "
+                            f"{format_size(total_bytes - done_bytes)} to write{already}")
+            elif self.mode == "live":
+                self._start_live()
+
+    def tensor_done(self, name: str, nbytes: int) -> None:
+        """Count one finished output tensor of ``nbytes``."""
+        with self._lock:
+            self._bytes += nbytes
+            self._session_bytes += nbytes
+            self._tensors += 1
+            self._dirty = True
+            if self._progress is not None and self._overall is not None:
+                self._progress.update(self._overall, advance=nbytes, detail=self._tensor_detail())
+                if self._shard_task is not None:
+                    self._progress.update(self._shard_task, advance=nbytes)
+            elif self.mode == "plain" and self._clock() - self._last_line >= self._interval:
+                self._print(self._progress_line())
+
+    def file_done(self, name: str, kind: str) -> None:
+        """Note a committed file; in plain mode a line when ``interval`` has passed since the last one."""
+        with self._lock:
+            if self.mode == "plain" and kind == "shard" and self._clock() - self._last_line >= self._interval:
+                self._print(f"committed {name}; " + self._progress_line())
+
+    def message(self, text: str) -> None:
+        """Show a note from the engine (above the bars when live)."""
+        with self._lock:
+            if self.mode != "quiet":
+                self._console.print(text, markup=False, highlight=False)
+
+    def close(self) -> None:
+        """Stop the live display; in plain mode print where the merge got to if that was not printed yet."""
+        with self._lock:
+            if self._progress is not None:
+                if self._overall is not None and self._tensors >= self._tensors_total:
+                    # Shard headers are in the total but never in a tensor's bytes: show a finished bar as full.
+                    self._progress.update(self._overall, completed=max(1, self._total))
+                self._progress.stop()
+                # A recipe starts the display again for its next stage, on a new Progress with new task ids.
+                self._progress, self._overall, self._shard_task = None, None, None
+            elif self.mode == "plain" and self._dirty:
+                self._print(self._progress_line())
+
+    # -- optional hooks -------------------------------------------------------------------------------------
+
+    def shard_started(self, name: str, nbytes: int, tensors: int) -> None:
+        """The writer began shard ``name`` of ``nbytes`` bytes and ``tensors`` tensors."""
+        with self._lock:
+            self._shard = name
+            if self._progress is None:
+                return
+            if self._shard_task is None:
+                self._shard_task = self._progress.add_task("shard", total=nbytes, detail=name)
+            else:
+                self._progress.reset(self._shard_task, total=nbytes, detail=name)
+
+    def memory_budget(self, nbytes: int) -> None:
+        """The merge's RAM budget, shown beside RAM in use."""
+        self._budget = nbytes
+
+    # -- internals (called with the lock held) --------------------------------------------------------------
+
+    def _start_live(self) -> None:
+        self._progress = _MergeProgress(
+            self._memory_line,
+            TextColumn("[bold]{task.description:<5}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[detail]}"),
+            console=self._console,
+            transient=False,
+        )
+        self._overall = self._progress.add_task("merge", total=max(1, self._total), completed=self._bytes,
+                                                detail=self._tensor_detail())
+        self._progress.start()
+
+    def _tensor_detail(self) -> str:
+        return f"{self._tensors}/{self._tensors_total} tensors"
+
+    def _memory_line(self) -> str | None:
+        used = self._read_rss()
+        if used is None:
+            return None
+        budget = f" of a {format_size(self._budget)} budget" if self._budget else ""
+        return f"RAM {format_size(used)}{budget}"
+
+    def _read_rss(self) -> int | None:
+        if self._rss is None:
+            from resumerge.memory import SystemProbe
+
+            self._rss = SystemProbe().rss
+        try:
+            return self._rss()
+        except OSError:
+            return None
+
+    def _progress_line(self) -> str:
+        elapsed = max(1e-6, self._clock() - self._started)
+        rate = self._session_bytes / elapsed
+        complete = self._tensors >= self._tensors_total
+        # Shard headers count in the total but in no tensor's bytes: a finished merge shows the total.
+        done = self._total if complete else min(self._bytes, self._total)
+        pct = 100.0 * done / self._total if self._total else 100.0
+        parts = [f"{pct:.0f} % ({format_size(done)} of {format_size(self._total)}, "
+                 f"{self._tensors} of {self._tensors_total} tensors)"]
+        if self._session_bytes:
+            parts.append(f"{format_size(int(rate))}/s")
+            if self._tensors < self._tensors_total:
+                parts.append(f"about {_duration(max(0, self._total - self._bytes) / rate)} left")
+        memory = self._memory_line()
+        if memory:
+            parts.append(memory)
+        return "progress: " + ", ".join(parts)
+
+    def _print(self, line: str) -> None:
+        self._console.print(line, markup=False, highlight=False)
+        self._last_line = self._clock()
+        self._dirty = False
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+# -- status, plan, verify -----------------------------------------------------------------------------------
+
+
+def show_status(report: StatusReport, stream: TextIO | None = None, *, width: int | None = None) -> None:
+    """Print where a merge stands: counts, memory, elapsed time, what is pending, the last error, what to run."""
+    out = console(stream or sys.stdout, width=width)
+    style = _STATE_STYLE.get(report.state, "white")
+    out.print(f"[bold]{_escape(report.out_dir)}[/bold]: [{style}]{report.state}[/{style}] (from the {report.source})")
+    table = Table(box=box.SIMPLE_HEAD, show_header=True, header_style="bold", pad_edge=False, show_edge=False)
+    table.add_column("")
+    table.add_column("done", justify="right")
+    table.add_column("total", justify="right")
+    table.add_column("")
+    pct = 100.0 * report.bytes_done / report.bytes_total if report.bytes_total else 100.0
+    table.add_row("shards", str(report.shards_done), str(report.shards_total), f"{pct:.0f} % of bytes")
+    table.add_row("tensors", str(report.tensors_done), str(report.tensors_total), "")
+    table.add_row("bytes", format_size(report.bytes_done), format_size(report.bytes_total), "")
+    out.print(table)
+    if report.peak_rss or report.budget:
+        parts = [f"budget {format_size(report.budget)}"] if report.budget else []
+        # The peak is recorded when a process ends its run; a killed process leaves none.
+        parts.append(f"peak {format_size(report.peak_rss)}" if report.peak_rss else "peak not recorded")
+        parts.append(f"{report.adaptations} governor adaptation(s)")
+        _field(out, "memory", ", ".join(parts))
+    for line in report.adaptation_events:
+        _field(out, "", line)
+    if report.elapsed_seconds is not None:
+        seconds = report.elapsed_seconds
+        _field(out, "elapsed", _duration(seconds) if seconds >= 90 else f"{seconds:.1f} s")
+    pending = [f.name for f in report.files if f.status != "done"]
+    if pending:
+        _field(out, "pending", ", ".join(pending[:6]) + (f" and {len(pending) - 6} more" if len(pending) > 6 else ""))
+    if report.last_error:
+        _field(out, "last error", report.last_error, style="bold red")
+    if report.resume_command:
+        _field(out, "finish with", report.resume_command)
+
+
+def _field(out: Console, label: str, text: str, *, style: str = "bold") -> None:
+    """One ``label  text`` line; long text runs on rather than wrapping, so logs keep one line per fact."""
+    out.print(Text.assemble((f"{label:<13}", style), text))
+
+
+def show_recipe_status(report: RecipeStatus, stream: TextIO | None = None, *, width: int | None = None) -> None:
+    """Print where a recipe stands: one row per stage, then the details of the stage in progress."""
+    out = console(stream or sys.stdout, width=width)
+    style = _STATE_STYLE.get(report.state, "white")
+    out.print(f"[bold]{_escape(report.out_dir)}[/bold]: recipe [{style}]{report.state}[/{style}], "
+              f"{report.stages_done} of {len(report.stages)} stages done (from the {report.source})")
+    table = Table(box=box.SIMPLE_HEAD, show_header=True, header_style="bold", pad_edge=False)
+    for name, justify in (("stage", "left"), ("state", "left"), ("shards", "right"), ("bytes", "right"),
+                          ("output", "left")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for stage in report.stages:
+        shards = f"{stage.shards_done}/{stage.shards_total}" if stage.shards_total else ""
+        written = f"{format_size(stage.bytes_done)}/{format_size(stage.bytes_total)}" if stage.bytes_total else ""
+        table.add_row(stage.label + (" (final)" if stage.final else ""), stage.state, shards, written,
+                      _escape(stage.out_dir))
+    out.print(table)
+    if report.last_error:
+        out.print(Text.assemble(("last error: ", "bold red"), report.last_error))
+    if report.current is not None:
+        out.print("stage in progress:")
+        # The stage is finished by resuming the recipe, never the stage's own folder: drop its command.
+        show_status(replace(report.current, resume_command=None), stream or sys.stdout, width=width)
+
+
+def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | None = None) -> None:
+    """Print the plan summary, its costs here and the verdict with its reasons."""
+    out = console(stream or sys.stdout, width=width)
+    plan, output, memory = estimate.plan, estimate.output, estimate.memory
+    out.print(Text(f"{plan.method}: {len(plan.tensors)} tensors, {plan.num_layers} layers, {len(plan.shards)} "
+                   f"shard(s); config from {plan.donor}, tokenizer from {plan.tokenizer_donor or 'nowhere'}"))
+    committed = f"; {format_size(output.committed_bytes)} already committed" if output.committed_bytes else ""
+    _field(out, "output", f"{format_size(output.total_bytes)} ({len(plan.shards)} shard(s), the largest "
+           f"{format_size(output.largest_shard_bytes)}){committed}" + (f" in {output.dir}" if output.dir else ""))
+    if output.staging_dir:
+        _field(out, "staging", f"{format_size(output.staging_bytes)} at a time in {output.staging_dir}")
+    if estimate.downloads:
+        cached = sum(d.cached_bytes + d.verify_bytes for d in estimate.downloads.values())
+        _field(out, "download", f"{format_size(estimate.download_bytes)} from the hub "
+               f"({format_size(cached)} already cached)")
+    else:
+        _field(out, "download", "nothing (local models)")
+    _field(out, "memory", f"peak about {format_size(memory.peak_bytes)} ({format_size(memory.baseline_bytes)} "
+           f"process + {format_size(memory.working_set_bytes)} working set) under a {format_size(memory.budget)} "
+           f"budget ({memory.budget_source})")
+    for disk in estimate.disks:
+        mark = "" if disk.fits else " -- too small"
+        _field(out, "disk", f"{' + '.join(disk.roles)}: needs {format_size(disk.needed_bytes)}, "
+               f"{format_size(disk.free_bytes)} free on {disk.path}{mark}")
+    _field(out, "time", _time_text(estimate))
+    for note in (*estimate.notes, *estimate.time.notes):
+        _field(out, "note", note, style="dim")
+    if estimate.fits:
+        out.print(Text("fits", style="bold green"))
+        return
+    out.print(Text("will not fit", style="bold red"))
+    for reason in estimate.reasons:
+        out.print(Text(f"  - {reason}"))
+
+
+def _time_text(estimate: Estimate) -> str:
+    t = estimate.time
+    if t.seconds is None:
+        return "unknown (disk speed not measured)"
+    rates = []
+    if t.read_bytes_per_s:
+        rates.append(f"read {format_size(t.read_bytes + t.verify_bytes + t.rehash_bytes)} at "
+                     f"{format_size(int(t.read_bytes_per_s))}/s")
+    if t.write_bytes_per_s:
+        rates.append(f"write {format_size(t.write_bytes)} at {format_size(int(t.write_bytes_per_s))}/s")
+    return f"about {_duration(t.seconds)} of disk work: {', '.join(rates)}"
+
+
+def show_verify(report: VerifyReport, stream: TextIO | None = None) -> None:
+    """Print a verify report for a person."""
+    out = console(stream or sys.stdout)
+    if report.ok:
+        out.print(f"[green]ok[/green]: {report.checked} committed files ({format_size(report.bytes_checked)}) "
+                  f"match their checksums" + (f"; {report.pending} still pending" if report.pending else ""))
+        return
+    for d in report.damaged:
+        out.print(f"[red]damaged[/red]: {_escape(d.name)}: {_escape(d.problem)}")
+    out.print(f"repair with: resumerge resume {_escape(report.out_dir)}")
+
+
+def show_error(line: str, stream: TextIO | None = None) -> None:
+    """Print a one-line error."""
+    console(stream).print(Text.assemble(("error:", "red"), " ", line))
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)

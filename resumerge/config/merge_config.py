@@ -1,0 +1,338 @@
+"""Load and validate mergekit YAML configs, before any model file is opened.
+
+Everything that can be checked from the YAML alone is checked here: syntax (``yaml.safe_load`` only, so tags
+that construct objects are refused), unknown keys, the method name, parameter shapes, dtype names, layer range
+forms, model reference syntax, base-model placement. Each problem is a :class:`ConfigError` whose ``yaml_path``
+says where it is (``slices[1].sources[0].layer_range``). Checks that need the models' headers live in the planner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from resumerge.config.modelref import ModelRef, parse_model_ref
+from resumerge.config.params import Setting, check_setting
+from resumerge.errors import ConfigError
+
+TOP_LEVEL_KEYS = frozenset(
+    {
+        "merge_method",
+        "models",
+        "slices",
+        "modules",
+        "base_model",
+        "parameters",
+        "dtype",
+        "out_dtype",
+        "tokenizer_source",
+        "tokenizer",
+        "chat_template",
+        "name",
+    }
+)
+DTYPES = frozenset({"float32", "float16", "bfloat16", "float64", "int64"})
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """One input of a slice (or one entry of ``models:``), with its own parameters."""
+
+    model: ModelRef
+    layer_range: tuple[int, int] | None
+    parameters: Mapping[str, Setting]
+    yaml_path: str
+
+
+@dataclass(frozen=True)
+class SliceConfig:
+    """One output slice: sources merged layer by layer, with slice-level parameters and base."""
+
+    sources: tuple[SourceConfig, ...]
+    base_model: ModelRef | None
+    parameters: Mapping[str, Setting]
+    yaml_path: str
+
+
+@dataclass(frozen=True)
+class MergeConfig:
+    """A validated mergekit config. ``slices`` is None for the ``models:`` form (and vice versa)."""
+
+    text: str
+    merge_method: str
+    models: tuple[SourceConfig, ...] | None
+    slices: tuple[SliceConfig, ...] | None
+    base_model: ModelRef | None
+    parameters: Mapping[str, Setting]
+    dtype: str | None
+    out_dtype: str | None
+    tokenizer_source: str | None
+    tokenizer: Mapping[str, Any] | None
+    chat_template: str | None
+    name: str | None = None
+    warnings: tuple[str, ...] = field(default=())
+
+    def referenced_models(self) -> list[ModelRef]:
+        """Every model the config names, deduplicated, in YAML order with the base model first."""
+        refs: list[ModelRef] = []
+        if self.base_model is not None:
+            refs.append(self.base_model)
+        sources = self.models or tuple(s for sl in self.slices or () for s in sl.sources)
+        for sl in self.slices or ():
+            if sl.base_model is not None:
+                refs.append(sl.base_model)
+        refs.extend(s.model for s in sources)
+        seen: set[str] = set()
+        unique = []
+        for ref in refs:
+            if ref.key not in seen:
+                seen.add(ref.key)
+                unique.append(ref)
+        return unique
+
+
+def load_config_text(text: str, *, source: str = "config") -> MergeConfig:
+    """Parse and validate YAML ``text``; raises :class:`ConfigError` naming the YAML path of the first problem.
+
+    ``text`` must hold one document; a multi-document (mergekit-multi) recipe is read by
+    :func:`resumerge.config.recipe.load_recipe_text`.
+    """
+    docs = parse_documents(text, source=source)
+    if len(docs) > 1:
+        raise ConfigError(
+            f"{source} holds {len(docs)} YAML documents (a mergekit-multi recipe)",
+            hint="resumerge run, resume and status take recipes as a whole; this command takes one merge config",
+        )
+    return config_from_document(docs[0], text, source=source)
+
+
+def parse_documents(text: str, *, source: str = "config") -> list[Any]:
+    """The non-empty YAML documents of ``text`` (safe loader only); raises :class:`ConfigError` for bad YAML
+    (with line and column) or when there is no document at all."""
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(
+            f"{source} is not valid YAML{where}: {problem}",
+            hint="resumerge reads plain YAML only (no !!python tags)",
+        ) from None
+    if not docs:
+        raise ConfigError(f"{source} is empty", hint="give at least merge_method and models or slices")
+    return docs
+
+
+def config_from_document(doc: Any, text: str, *, source: str = "config") -> MergeConfig:
+    """Validate one parsed YAML document ``doc`` whose YAML text is ``text``; raises :class:`ConfigError`."""
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{source} must be a YAML mapping, got {type(doc).__name__}")
+    return _parse(doc, text)
+
+
+def _parse(doc: dict[str, Any], text: str) -> MergeConfig:
+    unknown = sorted(str(k) for k in doc if k not in TOP_LEVEL_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"unknown key {unknown[0]!r}",
+            yaml_path=unknown[0],
+            hint=f"allowed top-level keys: {', '.join(sorted(TOP_LEVEL_KEYS))}",
+        )
+    method = doc.get("merge_method")
+    if not isinstance(method, str) or not method:
+        raise ConfigError("merge_method is required and must be a string", yaml_path="merge_method")
+    forms = [k for k in ("models", "slices", "modules") if doc.get(k) is not None]
+    if len(forms) != 1:
+        raise ConfigError(
+            "Exactly one of 'models', 'slices', or 'modules' must be present",
+            yaml_path=forms[1] if len(forms) > 1 else "models",
+        )
+    if forms[0] == "modules":
+        raise ConfigError(
+            "'modules' (multi-module models such as VLMs) is not supported by this version",
+            yaml_path="modules",
+            hint="merge the text model with models: or slices:",
+        )
+    if doc.get("tokenizer_source") is not None and doc.get("tokenizer") is not None:
+        raise ConfigError("Cannot specify both tokenizer_source and tokenizer", yaml_path="tokenizer")
+    base = _model(doc["base_model"], "base_model") if doc.get("base_model") is not None else None
+    models = slices = None
+    if forms[0] == "models":
+        models = _models(doc["models"])
+    else:
+        slices = _slices(doc["slices"])
+    return MergeConfig(
+        text=text,
+        merge_method=method,
+        models=models,
+        slices=slices,
+        base_model=base,
+        parameters=_parameters(doc.get("parameters"), "parameters"),
+        dtype=_dtype(doc.get("dtype"), "dtype"),
+        out_dtype=_dtype(doc.get("out_dtype"), "out_dtype"),
+        tokenizer_source=_tokenizer_source(doc.get("tokenizer_source")),
+        tokenizer=_tokenizer_section(doc.get("tokenizer")),
+        chat_template=_optional_str(doc.get("chat_template"), "chat_template"),
+        name=_optional_str(doc.get("name"), "name"),
+    )
+
+
+def _model(value: Any, path: str) -> ModelRef:
+    if isinstance(value, str):
+        try:
+            return parse_model_ref(value)
+        except ValueError as exc:
+            raise ConfigError(str(exc), yaml_path=path) from None
+    if isinstance(value, dict):
+        allowed = {"model", "lora", "override_architecture"}
+        extra = sorted(set(value) - allowed)
+        if extra:
+            raise ConfigError(f"unknown key {extra[0]!r} in model reference", yaml_path=f"{path}.{extra[0]}")
+        inner = _model_path(value.get("model"), f"{path}.model")
+        lora = _model_path(value["lora"], f"{path}.lora") if value.get("lora") is not None else None
+        arch = _optional_str(value.get("override_architecture"), f"{path}.override_architecture")
+        return ModelRef(inner.path, inner.revision, lora=lora, override_architecture=arch)
+    raise ConfigError("a model must be a string or a mapping with 'model'", yaml_path=path)
+
+
+def _model_path(value: Any, path: str) -> ModelRef:
+    if isinstance(value, str):
+        return _model(value, path)
+    if isinstance(value, dict) and isinstance(value.get("path"), str):
+        rev = _optional_str(value.get("revision"), f"{path}.revision")
+        return ModelRef(value["path"], rev)
+    raise ConfigError("expected a path string or {path, revision}", yaml_path=path)
+
+
+def _models(value: Any) -> tuple[SourceConfig, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError("models must be a non-empty list", yaml_path="models")
+    out = []
+    for i, item in enumerate(value):
+        path = f"models[{i}]"
+        if isinstance(item, str):
+            item = {"model": item}
+        if not isinstance(item, dict) or "model" not in item:
+            raise ConfigError("each entry needs a 'model'", yaml_path=path)
+        extra = sorted(set(item) - {"model", "parameters"})
+        if extra:
+            raise ConfigError(f"unknown key {extra[0]!r}", yaml_path=f"{path}.{extra[0]}")
+        out.append(
+            SourceConfig(
+                model=_model(item["model"], f"{path}.model"),
+                layer_range=None,
+                parameters=_parameters(item.get("parameters"), f"{path}.parameters"),
+                yaml_path=path,
+            )
+        )
+    return tuple(out)
+
+
+def _slices(value: Any) -> tuple[SliceConfig, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError("slices must be a non-empty list", yaml_path="slices")
+    out = []
+    for i, item in enumerate(value):
+        path = f"slices[{i}]"
+        if not isinstance(item, dict):
+            raise ConfigError("each slice must be a mapping with 'sources'", yaml_path=path)
+        extra = sorted(set(item) - {"sources", "base_model", "parameters", "residual_weight"})
+        if extra:
+            raise ConfigError(f"unknown key {extra[0]!r}", yaml_path=f"{path}.{extra[0]}")
+        sources = item.get("sources")
+        if not isinstance(sources, list) or not sources:
+            raise ConfigError("a slice needs a non-empty 'sources' list", yaml_path=f"{path}.sources")
+        parsed = tuple(_source(s, f"{path}.sources[{j}]") for j, s in enumerate(sources))
+        base = _model(item["base_model"], f"{path}.base_model") if item.get("base_model") is not None else None
+        out.append(SliceConfig(parsed, base, _parameters(item.get("parameters"), f"{path}.parameters"), path))
+    return tuple(out)
+
+
+def _source(item: Any, path: str) -> SourceConfig:
+    if not isinstance(item, dict) or "model" not in item:
+        raise ConfigError("each source needs 'model' and 'layer_range'", yaml_path=path)
+    extra = sorted(set(item) - {"model", "layer_range", "parameters"})
+    if extra:
+        raise ConfigError(f"unknown key {extra[0]!r}", yaml_path=f"{path}.{extra[0]}")
+    lr = item.get("layer_range")
+    if (
+        not isinstance(lr, list)
+        or len(lr) != 2
+        or not all(type(x) is int for x in lr)
+        or lr[0] < 0
+        or lr[1] < lr[0]
+    ):
+        raise ConfigError(
+            f"layer_range must be [start, end] with 0 <= start <= end (end exclusive), got {lr!r}",
+            yaml_path=f"{path}.layer_range",
+        )
+    return SourceConfig(
+        model=_model(item["model"], f"{path}.model"),
+        layer_range=(lr[0], lr[1]),
+        parameters=_parameters(item.get("parameters"), f"{path}.parameters"),
+        yaml_path=path,
+    )
+
+
+def _parameters(value: Any, path: str) -> Mapping[str, Setting]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError("parameters must be a mapping of name to value", yaml_path=path)
+    out: dict[str, Setting] = {}
+    for name, setting in value.items():
+        where = f"{path}.{name}"
+        if not isinstance(name, str):
+            raise ConfigError("parameter names must be strings", yaml_path=where)
+        problem = check_setting(setting)
+        if problem:
+            raise ConfigError(problem, yaml_path=where)
+        out[name] = setting
+    return out
+
+
+def _dtype(value: Any, path: str) -> str | None:
+    if value is None:
+        return None
+    name = str(value).removeprefix("torch.")
+    if name not in DTYPES:
+        raise ConfigError(
+            f"Unimplemented dtype {value!r}", yaml_path=path, hint=f"use one of {', '.join(sorted(DTYPES))}"
+        )
+    return name
+
+
+def _optional_str(value: Any, path: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"expected a string, got {type(value).__name__}", yaml_path=path)
+    return value
+
+
+def _tokenizer_source(value: Any) -> str | None:
+    text = _optional_str(value, "tokenizer_source")
+    if text is not None and text != "base":
+        try:
+            parse_model_ref(text)
+        except ValueError as exc:
+            raise ConfigError(str(exc), yaml_path="tokenizer_source") from None
+    return text
+
+
+def _tokenizer_section(value: Any) -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ConfigError("tokenizer must be a mapping", yaml_path="tokenizer")
+    extra = sorted(set(value) - {"source", "tokens", "pad_to_multiple_of"})
+    if extra:
+        raise ConfigError(f"unknown key {extra[0]!r}", yaml_path=f"tokenizer.{extra[0]}")
+    pad = value.get("pad_to_multiple_of")
+    if pad is not None and (type(pad) is not int or pad <= 0):
+        raise ConfigError("pad_to_multiple_of must be a positive integer", yaml_path="tokenizer.pad_to_multiple_of")
+    return dict(value)

@@ -1,0 +1,68 @@
+"""Where merge methods run: the CPU, or one CUDA GPU with a memory budget of its own.
+
+The device is part of :class:`~resumerge.plan.merge_plan.PlanOptions` (and so of the fingerprint): a GPU's kernels
+may round differently from the CPU's, and an output must never mix tensors computed on both, so a resume keeps
+the device the merge started with. Reading and writing always happen on the host; only the method's arithmetic moves.
+
+torch is imported lazily, so this module is cheap to import for the CLI's argument checks.
+"""
+
+from __future__ import annotations
+
+from resumerge.errors import UsageError
+from resumerge.memory import CudaProbe, MemoryGovernor, MemoryProbe, default_budget
+from resumerge.memory.sizes import format_size
+from resumerge.plan.merge_plan import Plan
+from resumerge.plan.workunits import largest, oversized_units
+
+CPU = "cpu"
+GPU_BUDGET_OPTION = "--max-gpu-memory"
+# The CUDA context itself (~300-500 MB) lives outside the caching allocator that CudaProbe sees, and other
+# processes may share the card: stay well short of what is free.
+GPU_FRACTION = 0.85
+
+
+def normalise_device(text: str) -> str:
+    """Canonical device text: ``cpu``, or ``cuda:N`` (``cuda`` means ``cuda:0``).
+
+    Raises :class:`UsageError` for anything else (``mps``, ``cuda:x``, ...).
+    """
+    value = text.strip().lower()
+    if value == CPU:
+        return CPU
+    if value == "cuda":
+        return "cuda:0"
+    if value.startswith("cuda:") and value[5:].isdigit():
+        return f"cuda:{int(value[5:])}"
+    raise UsageError(f"unknown device {text!r}", hint="use --device cpu or --device cuda (or cuda:N)")
+
+
+def is_gpu(device: str) -> bool:
+    """True for a CUDA device."""
+    return device.startswith("cuda")
+
+
+def gpu_governor(plan: Plan, device: str, max_gpu_memory: int | None,
+                 probe: MemoryProbe | None = None) -> MemoryGovernor | None:
+    """The governor of ``device``'s memory for ``plan``, or None when the merge runs on the CPU.
+
+    ``probe`` defaults to a :class:`CudaProbe` of the device; that constructor raises :class:`UsageError`
+    (exit 2) when torch sees no GPU — also on resume, where the recorded device cannot change. Raises
+    :class:`UsageError` naming the smallest GPU budget that works when a tensor that must be held whole
+    cannot fit.
+    """
+    if not is_gpu(device):
+        return None
+    if probe is None:
+        probe = CudaProbe(device)
+    budget = max_gpu_memory if max_gpu_memory is not None else default_budget(probe, GPU_FRACTION)
+    too_big = oversized_units(plan, budget, probe.rss())
+    if too_big:
+        worst = largest(too_big)
+        raise UsageError(
+            f"tensor {worst.tensor} ({worst.method}) needs more GPU memory than the budget of {format_size(budget)}",
+            tensor=worst.tensor,
+            hint=f"the smallest GPU budget that works is {format_size(worst.needed)}; rerun with "
+            f"{GPU_BUDGET_OPTION} {format_size(worst.needed, compact=True)} or more, or use --device cpu",
+        )
+    return MemoryGovernor(budget, probe, write_buffer_bytes=0, pool=device, budget_option=GPU_BUDGET_OPTION)

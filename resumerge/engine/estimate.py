@@ -1,0 +1,581 @@
+"""What a merge will cost before it starts: disk, downloads, peak RAM and time, and whether it fits here.
+
+``resumerge plan`` prints this; :func:`resumerge.api.estimate` returns it. Everything comes from the plan (headers
+only), the hub metadata already fetched to build it, the machine's memory and a short disk speed probe (see
+:mod:`resumerge.store.diskprobe`). Nothing is written except the probe's own temp file, which is always deleted.
+
+The JSON document (:meth:`Estimate.to_json`, ``resumerge plan --json``), schema 1::
+
+    schema            1
+    method, tensors, layers, shards (file names), output_bytes (shards only), config_donor, tokenizer_donor,
+    fingerprint       the plan summary, as before estimates existed
+    verdict           "fits" | "will not fit"
+    fits              bool (exit code 0 / 2)
+    reasons           [str]  one line each: what does not fit and what to change; [] when it fits
+    notes             [str]  things worth knowing that do not decide the verdict
+    output            {dir, shard_bytes, aux_bytes, manifest_bytes, total_bytes, largest_shard_bytes,
+                       committed_bytes, needed_bytes, staging_dir, staging_bytes}
+    download          {bytes, verify_bytes, cached_bytes, models: {key: {repo, commit, bytes, verify_bytes,
+                       cached_bytes}}}
+    memory            {budget, budget_source ("--max-memory" | "default"), machine_bytes, baseline_bytes,
+                       counted_baseline_bytes, working_set_bytes, peak_bytes, largest_unit_bytes, smallest_budget}
+    disks             [{path, roles, free_bytes, needed_bytes, fits}]  one per filesystem
+    time              {seconds | null, startup_seconds, read_bytes, write_bytes, verify_bytes, rehash_bytes,
+                       read_bytes_per_s, write_bytes_per_s, download_bytes, notes: [str]}
+
+All sizes are bytes, speeds bytes per second, figures rounded to whole numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from resumerge.config.locations import run_dir, state_root
+from resumerge.errors import LedgerError
+from resumerge.inputs.catalog import Inputs
+from resumerge.memory import SAFETY_MARGIN, MemoryProbe, SystemProbe, default_budget, format_size
+from resumerge.methods.registry import get_method
+from resumerge.outputs.aux import aux_files, render_aux
+from resumerge.plan.merge_plan import Plan, PlanOptions
+from resumerge.plan.workunits import can_chunk, estimate_bytes, oversized_units
+from resumerge.store.diskprobe import (
+    DEFAULT_PROBE_BYTES,
+    DiskFree,
+    DiskSpeed,
+    device_of,
+    free_bytes,
+    nearest_existing,
+    probe_directory,
+    probe_file_read,
+)
+from resumerge.store.filesystems import Staging, staging_dir
+from resumerge.store.manifest import read_manifest
+
+SCHEMA = 1
+FITS = "fits"
+WILL_NOT_FIT = "will not fit"
+# The engine's default number of merge threads (session.run_merge ``workers``): units computed at once.
+CONCURRENCY = 2
+# A ledger row per tensor and per file, SQLite pages, and a WAL of the same size again: a generous bound.
+_LEDGER_FIXED = 256 * 1024
+_LEDGER_PER_ROW = 600
+
+
+@dataclass(frozen=True)
+class OutputSize:
+    """Bytes the output directory will hold, and what is still to be written there."""
+
+    dir: str | None
+    shard_bytes: int
+    aux_bytes: int
+    manifest_bytes: int
+    largest_shard_bytes: int
+    committed_bytes: int
+    staging_dir: str | None
+    staging_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        """Everything in OUT once finished: shards, side files and the manifest."""
+        return self.shard_bytes + self.aux_bytes + self.manifest_bytes
+
+    @property
+    def needed_bytes(self) -> int:
+        """Free space OUT's disk needs now: what is not committed yet, plus the manifest's atomic rewrite."""
+        return self.total_bytes - self.committed_bytes + self.manifest_bytes
+
+
+@dataclass(frozen=True)
+class ModelDownload:
+    """One hub input: bytes still to fetch, cached but never verified (to hash), and cached and verified."""
+
+    repo: str
+    commit: str
+    bytes: int
+    verify_bytes: int
+    cached_bytes: int
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Peak RAM of the merge process: ``baseline`` (interpreter, torch, resumerge) plus the working set.
+
+    ``counted_baseline_bytes`` is the part of the baseline the budget counts (anonymous memory; mapped library
+    files are not counted, yet they are in the OS's peak RSS).
+
+    ``working_set_bytes`` is the largest sum of unit estimates (:func:`resumerge.plan.workunits.estimate_bytes`) in
+    flight at once — :data:`CONCURRENCY` consecutive units, a row-chunked tensor alone — capped at the room the
+    budget leaves; ``smallest_budget`` is the least ``--max-memory`` under which every unit can run.
+    """
+
+    budget: int
+    budget_source: str
+    machine_bytes: int
+    baseline_bytes: int
+    counted_baseline_bytes: int
+    working_set_bytes: int
+    largest_unit_bytes: int
+    smallest_budget: int
+
+    @property
+    def peak_bytes(self) -> int:
+        """The expected peak RSS of the merge process."""
+        return self.baseline_bytes + self.working_set_bytes
+
+
+@dataclass(frozen=True)
+class DiskNeed:
+    """One filesystem: the roles it plays (output, state, staging, hub cache), its free space and what they need."""
+
+    path: str
+    roles: tuple[str, ...]
+    free_bytes: int
+    needed_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        """Whether the needs fit the free space."""
+        return self.needed_bytes <= self.free_bytes
+
+
+@dataclass(frozen=True)
+class TimeEstimate:
+    """Disk-bound time: reads at the inputs' measured speed, writes at OUT's; compute and downloads excluded."""
+
+    read_bytes: int
+    write_bytes: int
+    verify_bytes: int
+    rehash_bytes: int
+    read_bytes_per_s: float | None
+    write_bytes_per_s: float | None
+    download_bytes: int
+    startup_seconds: float = 0.0
+    notes: tuple[str, ...] = ()
+
+    @property
+    def seconds(self) -> float | None:
+        """Expected seconds: start-up (imports and planning, as measured here) plus the disk work; ``None`` when
+        a disk speed could not be measured."""
+        if self.read_bytes_per_s is None or self.write_bytes_per_s is None:
+            return None
+        reads = self.read_bytes + self.verify_bytes + self.rehash_bytes
+        return self.startup_seconds + reads / self.read_bytes_per_s + self.write_bytes / self.write_bytes_per_s
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The plan with its costs on this machine and the verdict. See the module docstring for the JSON form."""
+
+    plan: Plan
+    output: OutputSize
+    downloads: Mapping[str, ModelDownload]
+    memory: MemoryEstimate
+    disks: tuple[DiskNeed, ...]
+    time: TimeEstimate
+    reasons: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def fits(self) -> bool:
+        """True when nothing stands in the way (no reasons)."""
+        return not self.reasons
+
+    @property
+    def verdict(self) -> str:
+        """``"fits"`` or ``"will not fit"``."""
+        return FITS if self.fits else WILL_NOT_FIT
+
+    @property
+    def download_bytes(self) -> int:
+        """Bytes still to download from the hub."""
+        return sum(d.bytes for d in self.downloads.values())
+
+    def to_json(self) -> dict[str, Any]:
+        """The machine-readable document printed by ``resumerge plan --json`` (schema in the module docstring)."""
+        plan, t = self.plan, self.time
+        timing = {k: v for k, v in asdict(t).items() if not k.endswith("_per_s")} | {
+            "seconds": None if t.seconds is None else round(t.seconds, 1),
+            "startup_seconds": round(t.startup_seconds, 1),
+            "read_bytes_per_s": None if t.read_bytes_per_s is None else round(t.read_bytes_per_s),
+            "write_bytes_per_s": None if t.write_bytes_per_s is None else round(t.write_bytes_per_s),
+            "notes": list(t.notes),
+        }
+        return {
+            "schema": SCHEMA,
+            "method": plan.method,
+            "tensors": len(plan.tensors),
+            "layers": plan.num_layers,
+            "shards": [s.name for s in plan.shards],
+            "output_bytes": plan.total_bytes,
+            "config_donor": plan.donor,
+            "tokenizer_donor": plan.tokenizer_donor,
+            "fingerprint": plan.fingerprint,
+            "verdict": self.verdict,
+            "fits": self.fits,
+            "reasons": list(self.reasons),
+            "notes": list(self.notes),
+            "output": asdict(self.output) | {"total_bytes": self.output.total_bytes,
+                                             "needed_bytes": self.output.needed_bytes},
+            "download": {
+                "bytes": self.download_bytes,
+                "verify_bytes": sum(d.verify_bytes for d in self.downloads.values()),
+                "cached_bytes": sum(d.cached_bytes for d in self.downloads.values()),
+                "models": {k: asdict(d) for k, d in sorted(self.downloads.items())},
+            },
+            "memory": asdict(self.memory) | {"peak_bytes": self.memory.peak_bytes},
+            "disks": [asdict(d) | {"roles": list(d.roles), "fits": d.fits} for d in self.disks],
+            "time": timing,
+        }
+
+
+def estimate(
+    plan: Plan,
+    inputs: Inputs,
+    config_text: str,
+    *,
+    out_dir: str | os.PathLike[str] | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    max_memory: int | None = None,
+    staging: bool | str | os.PathLike[str] | None = None,
+    probe_bytes: int = DEFAULT_PROBE_BYTES,
+    disk_free: DiskFree = free_bytes,
+    memory_probe: MemoryProbe | None = None,
+    baseline_bytes: int | None = None,
+    workers: int = CONCURRENCY,
+    startup_seconds: float = 0.0,
+) -> Estimate:
+    """Estimate what merging ``plan`` into ``out_dir`` costs here, and decide whether it fits.
+
+    ``inputs`` are the opened models the plan was built from (their hub metadata gives download sizes);
+    ``state_dir``, ``max_memory`` and ``staging`` mean what they mean for ``resumerge run``. ``disk_free`` reads a
+    filesystem's free bytes and ``memory_probe`` the machine's memory (both injectable for tests);
+    ``baseline_bytes`` is the merge process's RSS before any tensor is read — by default this process's own
+    RSS, which is right when the merge runs in a process like this one (``resumerge plan`` before
+    ``resumerge run``, or :func:`resumerge.api.estimate` before :func:`resumerge.api.run` in one notebook).
+    ``probe_bytes`` sizes the disk speed probe (0 skips it); ``startup_seconds`` is what the merge spends before
+    its first tensor (imports, planning). Without ``out_dir`` the output's disk is not checked. Never raises for
+    a merge that does not fit: the reasons are in the result.
+    """
+    notes: list[str] = []
+    out = Path(os.path.abspath(out_dir)) if out_dir is not None else None
+    committed = _committed_here(plan, out, notes)
+    pending = [s for s in plan.shards if s.name not in committed]
+    staging_dir = _staging_dir(staging, out, state_dir)
+    output = _output_size(plan, config_text, out, committed, staging_dir, pending)
+    downloads = _downloads(inputs, state_dir)
+    probe = memory_probe if memory_probe is not None else SystemProbe()
+    memory, memory_reasons = _memory(plan, pending, probe, max_memory, baseline_bytes, workers)
+    disks = _disks(plan, output, downloads, inputs, out, state_dir, disk_free)
+    speed = probe_directory(_probe_dir(out), probe_bytes, disk_free=disk_free) if out is not None else None
+    timing = replace(_time(plan, pending, output, downloads, committed, speed, probe_bytes),
+                     startup_seconds=startup_seconds)
+    reasons = memory_reasons + [r for d in disks if not d.fits for r in [_disk_reason(d, output)]]
+    return Estimate(plan, output, downloads, memory, tuple(disks), timing, tuple(reasons), tuple(notes))
+
+
+# -- output -----------------------------------------------------------------------------------------------------
+
+
+def _committed_here(plan: Plan, out: Path | None, notes: list[str]) -> dict[str, int]:
+    """Files of this very plan already committed in OUT (a resumable run), by name -> bytes."""
+    if out is None or not out.is_dir():
+        return {}
+    try:
+        manifest = read_manifest(out)
+    except LedgerError as exc:
+        notes.append(f"{out} holds an unreadable manifest ({exc.one_line()}); run will refuse it")
+        return {}
+    if manifest is None:
+        if any(out.iterdir()):
+            notes.append(f"{out} is not empty and was not written by resumerge: run will refuse it")
+        return {}
+    if manifest.fingerprint != plan.fingerprint:
+        notes.append(f"{out} holds a different merge: run refuses it unless --restart (which deletes its files)")
+        return {}
+    return {name: int(doc["bytes"]) for name, doc in manifest.committed.items()}
+
+
+def _staging_dir(choice: Staging, out: Path | None, state_dir: str | os.PathLike[str] | None) -> Path | None:
+    """Where shards are written before they reach OUT, as ``resumerge run`` decides (None: into OUT)."""
+    return staging_dir(choice, out, run_dir(out, state_dir)) if out is not None else None
+
+
+def _output_size(plan: Plan, config_text: str, out: Path | None, committed: Mapping[str, int],
+                 staging_dir: Path | None, pending: Sequence[Any]) -> OutputSize:
+    from resumerge.engine.session import _fresh_manifest
+
+    aux = {a.name: len(render_aux(plan, a, config_text)) for a in aux_files(plan)}
+    sizes = {s.name: s.file_size for s in plan.shards} | aux
+    # The finished manifest lists every file with its size and a sha256 of fixed length: its size is exact.
+    final = _fresh_manifest(plan, config_text, {n: {"bytes": b, "sha256": "0" * 64} for n, b in sizes.items()})
+    manifest_bytes = len(replace(final, state="done").to_bytes())
+    largest = max((s.file_size for s in plan.shards), default=0)
+    return OutputSize(
+        dir=str(out) if out is not None else None,
+        shard_bytes=plan.total_bytes,
+        aux_bytes=sum(aux.values()),
+        manifest_bytes=manifest_bytes,
+        largest_shard_bytes=largest,
+        committed_bytes=sum(committed.get(n, 0) for n in sizes),
+        staging_dir=str(staging_dir) if staging_dir is not None else None,
+        staging_bytes=max((s.file_size for s in pending), default=0) if staging_dir is not None else 0,
+    )
+
+
+# -- downloads --------------------------------------------------------------------------------------------------
+
+
+def _downloads(inputs: Inputs, state_dir: str | os.PathLike[str] | None) -> dict[str, ModelDownload]:
+    """Per hub input: bytes to fetch (less what partial downloads hold), to verify, and already verified."""
+    if not inputs.hub:
+        return {}
+    from resumerge.inputs.hub.cache import RepoCache
+    from resumerge.inputs.hub.download import partial_size
+    from resumerge.inputs.hub.records import DB_NAME
+
+    records_db = state_root(state_dir) / DB_NAME
+    found: dict[str, ModelDownload] = {}
+    for key, meta in inputs.hub.items():
+        repo = RepoCache(meta.settings.cache_dir, meta.repo_id)
+        fetch = verify = cached = 0
+        for name in meta.weight_files:
+            remote = meta.files[name]
+            size = remote.size if remote.size is not None else meta.headers[name].file_size
+            present = [p for p in (repo.snapshot(meta.commit, name), repo.blob(remote.etag)) if p.exists()]
+            blob = present[0].resolve() if present else None  # the blob may be cached for another commit
+            if blob is not None and blob.stat().st_size == size:
+                if _trusted(records_db, blob, remote.algorithm, remote.etag):
+                    cached += size
+                else:
+                    verify += size
+            else:
+                fetch += max(0, size - partial_size(repo, remote))
+        found[key] = ModelDownload(meta.repo_id, meta.commit, fetch, verify, cached)
+    return found
+
+
+def _trusted(db: Path, blob: Path, algorithm: str, digest: str) -> bool:
+    """Whether the verification records trust ``blob``; opened only when they exist, so ``plan`` creates none."""
+    if not db.is_file():
+        return False
+    from resumerge.inputs.hub.records import VerifyRecords
+
+    try:
+        with VerifyRecords(db.parent) as records:
+            return records.trusted(blob, algorithm, digest)
+    except (sqlite3.Error, OSError):
+        return False
+
+
+# -- memory -----------------------------------------------------------------------------------------------------
+
+
+def _memory(plan: Plan, pending: Sequence[Any], probe: MemoryProbe, max_memory: int | None,
+            baseline: int | None, workers: int) -> tuple[MemoryEstimate, list[str]]:
+    budget = max_memory if max_memory is not None else default_budget(probe)
+    source = "--max-memory" if max_memory is not None else "default"
+    anon = probe.rss()
+    limit = probe.limit()
+    machine = anon + probe.available()
+    machine = min(machine, limit) if limit is not None else machine
+    effective = min(budget, machine)
+    if baseline is None:
+        # The budget counts anonymous memory; the OS's peak RSS also counts mapped files (torch's libraries).
+        baseline = int(psutil.Process().memory_info().rss)
+    room = max(0, effective - int(effective * SAFETY_MARGIN) - anon)
+    units = _units(plan, pending, budget)
+    working = _working_set(units, room, workers)
+    largest = max((u for u, _ in units), default=0)
+    reasons = []
+    too_big = oversized_units(plan, effective, anon)
+    smallest = max((u.needed for u in too_big), default=0)
+    if too_big:
+        worst = max(too_big, key=lambda u: u.needed)
+        if smallest > machine:
+            reasons.append(
+                f"memory: tensor {worst.tensor} ({worst.method}) needs a budget of {format_size(smallest)}, but this "
+                f"machine can give the merge at most {format_size(machine)}: merge on a machine with more memory"
+            )
+        else:
+            reasons.append(
+                f"memory: tensor {worst.tensor} ({worst.method}) needs a budget of {format_size(smallest)}, more "
+                f"than {format_size(effective)}: rerun with --max-memory {format_size(smallest, compact=True)} or more"
+            )
+    return MemoryEstimate(budget, source, machine, baseline, anon, working, largest, smallest), reasons
+
+
+def _units(plan: Plan, pending: Sequence[Any], budget: int) -> list[tuple[int, bool]]:
+    """(estimate, streamed in row chunks) of every pending tensor, in the order the engine computes them."""
+    units = []
+    for shard in pending:
+        for name in shard.tensors:
+            tp = plan.tensors[name]
+            method = get_method(tp.method)
+            assert method is not None
+            whole = estimate_bytes(tp, method)
+            # The engine streams an elementwise tensor in row chunks when it exceeds a quarter of the budget.
+            units.append((whole, can_chunk(tp, method) and whole > budget // 4))
+    return units
+
+
+def _working_set(units: Sequence[tuple[int, bool]], room: int, workers: int) -> int:
+    """The most bytes in flight at once: ``workers`` consecutive whole units, or one chunked tensor, within room.
+
+    A unit is admitted alone even above the room (waiting could not help), so a window never counts less than
+    its largest unit; a chunked tensor's chunks together stay within the room.
+    """
+    best = 0
+    window: list[int] = []
+    for size, chunked in units:
+        if chunked:
+            window = []  # the engine hands over everything in flight before streaming a tensor in chunks
+            best = max(best, min(size, room) if room > 0 else size)
+            continue
+        window = [*window, size][-max(1, workers):]
+        best = max(best, max(min(sum(window), room), max(window)))
+    return best
+
+
+# -- disks and time ---------------------------------------------------------------------------------------------
+
+
+def _disks(plan: Plan, output: OutputSize, downloads: Mapping[str, ModelDownload], inputs: Inputs, out: Path | None,
+           state_dir: str | os.PathLike[str] | None, disk_free: DiskFree) -> list[DiskNeed]:
+    """Group the needs by filesystem (paths on one filesystem share its free space)."""
+    needs: list[tuple[str, Path, int]] = []
+    if out is not None:
+        needs.append(("output", out, output.needed_bytes))
+        needs.append(("state", run_dir(out, state_dir), _ledger_bytes(plan)))
+    else:
+        needs.append(("state", state_root(state_dir), _ledger_bytes(plan)))
+    if output.staging_dir is not None:
+        needs.append(("staging", Path(output.staging_dir), output.staging_bytes))
+    for key, d in downloads.items():
+        if d.bytes:
+            needs.append(("hub cache", Path(inputs.hub[key].settings.cache_dir), d.bytes))
+    groups: dict[int, tuple[Path, list[str], int]] = {}
+    for role, path, nbytes in needs:
+        dev = device_of(path)
+        where, roles, total = groups.get(dev, (nearest_existing(path), [], 0))
+        groups[dev] = (where, roles if role in roles else [*roles, role], total + nbytes)
+    return [DiskNeed(str(where), tuple(roles), disk_free(where), total) for where, roles, total in groups.values()]
+
+
+def _ledger_bytes(plan: Plan) -> int:
+    rows = len(plan.tensors) + len(plan.shards) + len(aux_files(plan))
+    return _LEDGER_FIXED + _LEDGER_PER_ROW * rows
+
+
+def _probe_dir(out: Path) -> Path:
+    """Where to measure OUT's disk: beside OUT when that is the same filesystem, so OUT itself stays untouched
+    (a probe file left in an empty OUT by a kill would make ``run`` refuse it)."""
+    parent = nearest_existing(out.parent)
+    if not out.exists() or device_of(parent) == device_of(out):
+        return parent
+    return out
+
+
+def _disk_reason(disk: DiskNeed, output: OutputSize) -> str:
+    fixes = []
+    if "output" in disk.roles:
+        fixes.append("choose an OUT on a disk with more room")
+    if "staging" in disk.roles:
+        fixes.append(f"a smaller --out-shard-size (the largest shard is {format_size(output.largest_shard_bytes)}) "
+                     "or a --staging-dir on another disk")
+    if "state" in disk.roles and "output" not in disk.roles:
+        fixes.append("a --state-dir on another disk")
+    if "hub cache" in disk.roles:
+        fixes.append("point HF_HUB_CACHE (or --transformers-cache) at a larger disk")
+    short = disk.needed_bytes - disk.free_bytes
+    return (f"disk: {' + '.join(disk.roles)} need {format_size(disk.needed_bytes)} on the disk of {disk.path}, "
+            f"but only {format_size(disk.free_bytes)} is free: free {format_size(short)} there, or "
+            + " or ".join(fixes))
+
+
+def _time(plan: Plan, pending: Sequence[Any], output: OutputSize, downloads: Mapping[str, ModelDownload],
+          committed: Mapping[str, int], speed: DiskSpeed | None, probe_bytes: int) -> TimeEstimate:
+    notes = ["compute time is not included (it matters for ties, della, breadcrumbs, karcher and GPUs)"]
+    read_bytes = sum(i.end - i.start for s in pending for n in s.tensors for i in plan.tensors[n].inputs)
+    read_speed = _input_read_speed(plan, probe_bytes)
+    write_speed = speed.write_bytes_per_s if speed is not None else None
+    if read_speed is None and speed is not None and speed.read_bytes_per_s is not None:
+        read_speed = speed.read_bytes_per_s
+        notes.append("inputs are not on disk yet: their read speed is taken as OUT's")
+    if speed is None:
+        notes.append("no OUT given: write speed unknown")
+    elif speed.note:
+        notes.append(f"disk speed of {speed.path} not measured: {speed.note}")
+    fetch = sum(d.bytes for d in downloads.values())
+    if fetch:
+        notes.append(f"download time is not included ({format_size(fetch)} to download; it depends on the network)")
+    if output.staging_dir is not None:
+        notes.append("staged output is written twice (staging, then OUT) and read back once")
+    files = len(pending) + sum(1 for a in aux_files(plan) if a.name not in committed)
+    # Every commit rewrites the manifest (atomically), as do the start and the end of the run.
+    write = output.total_bytes - output.committed_bytes - output.manifest_bytes
+    manifests = output.manifest_bytes * (files + 2)
+    return TimeEstimate(
+        read_bytes=read_bytes,
+        write_bytes=write * (2 if output.staging_dir is not None else 1) + manifests,
+        verify_bytes=sum(d.verify_bytes for d in downloads.values()),
+        rehash_bytes=sum(committed.values()),
+        read_bytes_per_s=read_speed,
+        write_bytes_per_s=write_speed,
+        download_bytes=fetch,
+        notes=tuple(notes),
+    )
+
+
+def _input_read_speed(plan: Plan, probe_bytes: int) -> float | None:
+    """Cold read speed of the largest input file that is on disk now (``None`` if none is)."""
+    if probe_bytes <= 0:
+        return None
+    files = [(size, Path(plan.model_dirs[model]) / name) for model, entries in plan.inputs.items()
+             for name, size, _ in entries]
+    for _, path in sorted(files, key=lambda f: -f[0]):
+        if path.is_file():
+            return probe_file_read(path, probe_bytes)
+    return None
+
+
+def estimate_config(
+    config_text: str,
+    options: PlanOptions,
+    *,
+    source: str = "config",
+    out_dir: str | os.PathLike[str] | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    max_memory: int | None = None,
+    staging: bool | str | os.PathLike[str] | None = None,
+    probe_bytes: int = DEFAULT_PROBE_BYTES,
+    disk_free: DiskFree = free_bytes,
+    fresh_process: bool = False,
+) -> Estimate:
+    """Validate ``config_text`` fully (config, every input's config.json and headers) and :func:`estimate` it.
+
+    ``fresh_process`` says this process was started for this estimate, like the merge will be (``resumerge
+    plan``): its age then measures the merge's start-up, imports included; otherwise only planning is counted
+    (a notebook that merges in its own, already warm, process). Raises what :func:`resumerge.engine.session.prepare`
+    raises for an invalid merge (exit 2 errors); a merge that is valid but does not fit is not an error: see
+    :attr:`Estimate.reasons`.
+    """
+    started = time.time()
+    from resumerge.config.merge_config import load_config_text
+    from resumerge.engine.session import prepare
+
+    config = load_config_text(config_text, source=source)
+    plan, inputs = prepare(config, options, state_dir=state_dir, cache_dir=cache_dir)
+    if fresh_process:
+        started = psutil.Process().create_time()
+    return estimate(plan, inputs, config_text, out_dir=out_dir, state_dir=state_dir, max_memory=max_memory,
+                    staging=staging, probe_bytes=probe_bytes, disk_free=disk_free,
+                    startup_seconds=max(0.0, time.time() - started))

@@ -1,0 +1,412 @@
+"""Execute a plan: compute every pending tensor, stream it into its shard, commit shards and side files.
+
+Three stages overlap: worker threads read inputs and run the merge method (torch releases the GIL), the
+calling thread hands finished tensors over in plan order, and one writer thread streams them to disk, hashes
+them, and runs the commit protocol (fsync, verify, rename, fsync dir, ledger row, manifest) — so the fsync of
+shard k overlaps the computation of shard k+1. A stop request is honoured between tensors: the unfinished
+shard's temp file is deleted and everything committed stays committed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from resumerge.errors import ResumergeError
+from resumerge.inputs.adapters import apply_lora_rows
+from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES, TensorReader
+from resumerge.memory import MemoryGovernor, Reservation
+from resumerge.methods.registry import MergeContext, MethodSpec, get_method
+from resumerge.outputs.aux import aux_files, render_aux
+from resumerge.plan.merge_plan import InputRef, Plan, ShardPlan, TensorPlan
+from resumerge.plan.workunits import can_chunk, chunk_plan, estimate_bytes
+from resumerge.store import killpoints
+from resumerge.store.durable import write_file_atomic, write_file_staged
+from resumerge.store.ledger import Ledger
+from resumerge.store.manifest import ManifestBook
+from resumerge.store.shardwriter import ShardWriter
+from resumerge.vocab import align_rows
+
+
+class Reporter(Protocol):
+    """Receives progress; the CLI's implementation draws it with rich, a notebook may log it."""
+
+    def start(self, *, total_tensors: int, done_tensors: int, total_bytes: int, done_bytes: int) -> None: ...
+
+    def tensor_done(self, name: str, nbytes: int) -> None: ...
+
+    def file_done(self, name: str, kind: str) -> None: ...
+
+    def message(self, text: str) -> None: ...
+
+    def shard_started(self, name: str, nbytes: int, tensors: int) -> None: ...
+
+    def memory_budget(self, nbytes: int) -> None: ...
+
+
+class Stopped(Exception):
+    """Raised inside the engine when a stop was requested; the caller turns it into InterruptedMerge."""
+
+
+def tensor_seed(seed: int, name: str) -> int:
+    """The generator seed of one output tensor: depends only on (seed, name), never on execution order."""
+    return int.from_bytes(hashlib.sha256(f"{seed}\x00{name}".encode()).digest()[:8], "little") & (2**63 - 1)
+
+
+def compute_tensor(plan: Plan, tp: TensorPlan, reader: TensorReader) -> torch.Tensor:
+    """Read the inputs of ``tp``, run its method on the plan's device, and return the result on the host in the
+    planned dtype (contiguous)."""
+    method = get_method(tp.method)
+    if method is None:
+        raise ResumergeError(f"internal: unknown method {tp.method}")
+    device = torch.device(plan.options.device)
+    on_gpu = device.type != "cpu"
+    tensors = []
+    for ref in tp.inputs:
+        t = _read_input(plan, ref, reader)
+        if on_gpu:
+            t = t.to(device)
+        if tp.compute_dtype is not None:
+            t = t.to(NAME_DTYPES[tp.compute_dtype])
+        tensors.append(t)
+    if tp.vocab_aligned:
+        # Re-index every input's vocabulary rows to the output tokenizer before the method sees them; the
+        # result shares one (promoted) dtype.
+        assert plan.vocab is not None
+        base = tp.inputs[tp.base_index].model if tp.base_index is not None else None
+        tensors = align_rows(plan.vocab, tensors, [ref.model for ref in tp.inputs], base=base)
+    if tp.compute_dtype is None and len({t.dtype for t in tensors}) > 1:
+        # Like mergekit, inputs stored in different dtypes meet in their common (promoted) dtype.
+        common = tensors[0].dtype
+        for t in tensors[1:]:
+            common = torch.promote_types(common, t.dtype)
+        tensors = [t.to(common) for t in tensors]
+    generator = None
+    if method.randomized:
+        generator = torch.Generator(device=device).manual_seed(tensor_seed(plan.options.random_seed, tp.name))
+    ctx = MergeContext(
+        tensors=tensors,
+        base_index=tp.base_index,
+        model_params=[dict(p) for p in tp.model_params],
+        params=dict(tp.params),
+        tensor_name=tp.name,
+        generator=generator,
+    )
+    try:
+        out = method.fn(ctx)
+    except ValueError as exc:
+        raise ResumergeError(f"{tp.method} failed on {tp.name}: {exc}", tensor=tp.name) from exc
+    out = out.to(TORCH_DTYPES[tp.out_dtype])
+    if on_gpu:
+        out = out.cpu()  # a blocking copy: the GPU memory of this unit is free once it returns
+    return out.contiguous()
+
+
+def _read_input(plan: Plan, ref: InputRef, reader: TensorReader) -> torch.Tensor:
+    """One input tensor as the method sees it: read, cast to ``ref.cast``, with its LoRA delta merged (in the
+    stored dtype, as PEFT's merge_and_unload does, before any ``dtype:`` of the config)."""
+
+    def read(r: InputRef) -> torch.Tensor:
+        return reader.read(Path(plan.model_dirs[r.model]) / r.file, r.start, r.end, r.dtype, r.shape)
+
+    t = read(ref)
+    if ref.cast is not None:
+        t = t.to(TORCH_DTYPES[ref.cast])
+    if ref.lora is not None:
+        lora = ref.lora
+        t = apply_lora_rows(t, read(lora.a), read(lora.b), lora.scale, lora.fan_in_fan_out,
+                            first_row=ref.first_row, embedding=lora.embedding)
+    return t
+
+
+_Item = tuple[ShardPlan, str, torch.Tensor, "Reservation | None"]
+
+
+class _Writer(threading.Thread):
+    """Consumes (shard, name, tensor or rows, reservation) items; commits each shard after its last tensor."""
+
+    def __init__(self, plan: Plan, out_dir: Path, ledger: Ledger, book: ManifestBook, reporter: Reporter,
+                 staging: Path | None = None) -> None:
+        super().__init__(name="resumerge-writer", daemon=True)
+        self.plan, self.out_dir, self.ledger, self.book, self.reporter = plan, out_dir, ledger, book, reporter
+        self.staging = staging
+        self.items: queue.Queue[_Item | None] = queue.Queue(maxsize=2)
+        self.error: BaseException | None = None
+        self._current: ShardWriter | None = None
+
+    def run(self) -> None:
+        written: list[str] = []
+        started = time.monotonic()
+        try:
+            while True:
+                item = self.items.get()
+                if item is None:
+                    return
+                shard, name, tensor, reservation = item
+                if self._current is None:
+                    self._current = ShardWriter(self.out_dir / shard.name, self.plan.shard_layout(shard),
+                                                self.staging)
+                    self.reporter.shard_started(shard.name, shard.file_size, len(shard.tensors))
+                    written, started = [], time.monotonic()
+                complete = self._current.write(name, tensor)
+                del tensor, item
+                if reservation is not None:
+                    reservation.release()
+                if not complete:
+                    continue
+                written.append(name)
+                self.reporter.tensor_done(name, self.plan.tensors[name].nbytes)
+                if self._current.expected_name is None:
+                    size, sha = self._current.finish()
+                    self._current = None
+                    self.ledger.commit_file(
+                        shard.name, size=size, sha256=sha, seconds=time.monotonic() - started, tensors=written
+                    )
+                    killpoints.reach("after_ledger_commit")
+                    self.book.commit(shard.name, size, sha)
+                    killpoints.reach("after_manifest_write")
+                    self.reporter.file_done(shard.name, "shard")
+        except BaseException as exc:
+            self.error = exc
+            self.abort()
+            self.drain()
+
+    def drain(self) -> None:
+        """Drop queued items (releasing their reservations) until the end marker or a quiet queue."""
+        while True:
+            try:
+                item = self.items.get(timeout=0.2)
+            except queue.Empty:
+                return
+            if item is None:
+                return
+            if item[3] is not None:
+                item[3].release()
+
+    def abort(self) -> None:
+        """Delete the unfinished shard's temp file."""
+        if self._current is not None:
+            self._current.abort()
+            self._current = None
+
+
+def _pending_tensors(plan: Plan, done: set[str]) -> Iterator[tuple[ShardPlan, TensorPlan]]:
+    for shard in plan.shards:
+        if shard.name in done:
+            continue
+        for name in shard.tensors:
+            yield shard, plan.tensors[name]
+
+
+class _Pipeline:
+    """The calling thread's side: admit units, compute them on the pool, hand results to the writer in order."""
+
+    def __init__(self, plan: Plan, writer: _Writer, governor: MemoryGovernor | None, workers: int,
+                 should_stop: Callable[[], bool], gpu: MemoryGovernor | None = None) -> None:
+        self.plan, self.writer, self.governor, self.workers = plan, writer, governor, workers
+        self.gpu = gpu
+        self.should_stop = should_stop
+        self.reader = TensorReader()
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="resumerge-merge")
+        self.inflight: deque[tuple[ShardPlan, TensorPlan, Future[torch.Tensor], Reservation | None]] = deque()
+
+    def halted(self) -> bool:
+        return self.should_stop() or self.writer.error is not None or not self.writer.is_alive()
+
+    def limit(self) -> int:
+        limit = min(self.workers, self.governor.in_flight_limit) if self.governor else self.workers
+        return min(limit, self.gpu.in_flight_limit) if self.gpu else limit
+
+    def run(self, work: Iterator[tuple[ShardPlan, TensorPlan]]) -> bool:
+        """Process every unit of ``work``; returns False when stopped early."""
+        for shard, tp in work:
+            method = get_method(tp.method)
+            assert method is not None
+            if self.governor is not None and can_chunk(tp, method) and self._too_big(tp, method):
+                if not self.flush() or not self._stream_rows(shard, tp, method):
+                    return False
+                continue
+            while len(self.inflight) >= self.limit():
+                if not self.hand_over_oldest():
+                    return False
+            admitted, reservation = self._admit(tp, method, None, self.governor)
+            if not admitted:
+                return False
+            admitted, on_gpu = self._admit(tp, method, None, self.gpu)
+            if not admitted:
+                if reservation is not None:
+                    reservation.release()
+                return False
+            future = self.pool.submit(self._compute, tp, on_gpu)
+            self.inflight.append((shard, tp, future, reservation))
+        return self.flush()
+
+    def _compute(self, tp: TensorPlan, on_gpu: Reservation | None) -> torch.Tensor:
+        """Compute ``tp``; its GPU reservation ends with the computation (the result is back on the host)."""
+        try:
+            return compute_tensor(self.plan, tp, self.reader)
+        finally:
+            if on_gpu is not None:
+                on_gpu.release()
+
+    def _too_big(self, tp: TensorPlan, method: MethodSpec) -> bool:
+        assert self.governor is not None
+        budget = min(self.governor.budget, self.gpu.budget) if self.gpu else self.governor.budget
+        return estimate_bytes(tp, method) > budget // 4
+
+    def _admit(self, tp: TensorPlan, method: MethodSpec, rows: int | None,
+               pool: MemoryGovernor | None) -> tuple[bool, Reservation | None]:
+        """(admitted, reservation) from ``pool``; the reservation is None without a governor, and admitted is
+        False when stopped.
+
+        While waiting, finished units are handed to the writer: their reservations are what frees the room.
+        """
+        if pool is None:
+            return True, None
+        estimate = estimate_bytes(tp, method, rows)
+        while True:
+            try:
+                return True, pool.acquire(estimate, timeout=0.05, what=tp.name)
+            except TimeoutError:
+                if self.halted():
+                    return False, None
+                if self.inflight and not self.hand_over_oldest():
+                    return False, None
+
+    def hand_over_oldest(self) -> bool:
+        shard, tp, future, reservation = self.inflight.popleft()
+        tensor = future.result()
+        return self._put((shard, tp.name, tensor, reservation))
+
+    def flush(self) -> bool:
+        while self.inflight:
+            if not self.hand_over_oldest():
+                return False
+        return not self.halted()
+
+    def _put(self, item: _Item) -> bool:
+        while not self.halted():
+            try:
+                self.writer.items.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        if item[3] is not None:
+            item[3].release()
+        return False
+
+    def _stream_rows(self, shard: ShardPlan, tp: TensorPlan, method: MethodSpec) -> bool:
+        """Compute ``tp`` in row chunks sized to the current headroom and stream them to the writer."""
+        assert self.governor is not None
+        total = tp.shape[0]
+        row_estimate = max(1, estimate_bytes(tp, method, rows=1))
+        first = 0
+        while first < total:
+            rows = max(1, min(total - first, self.governor.chunk_rows(row_estimate, total - first)))
+            if self.gpu is not None:
+                rows = max(1, min(rows, self.gpu.chunk_rows(row_estimate, total - first)))
+            part = chunk_plan(tp, first, first + rows)
+            admitted, reservation = self._admit(tp, method, rows, self.governor)
+            if not admitted:
+                return False
+            admitted, on_gpu = self._admit(tp, method, rows, self.gpu)
+            if not admitted:
+                if reservation is not None:
+                    reservation.release()
+                return False
+            tensor = self._compute(part, on_gpu)
+            if not self._put((shard, tp.name, tensor, reservation)):
+                return False
+            del tensor
+            first += rows
+        return True
+
+    def close(self) -> None:
+        for _, _, future, reservation in self.inflight:
+            future.cancel()
+            if reservation is not None:
+                reservation.release()
+        self.inflight.clear()
+        self.pool.shutdown(wait=True)
+        self.reader.close()
+
+
+def execute(
+    plan: Plan,
+    out_dir: Path,
+    ledger: Ledger,
+    book: ManifestBook,
+    reporter: Reporter,
+    *,
+    should_stop: Callable[[], bool],
+    config_text: str,
+    workers: int = 2,
+    governor: MemoryGovernor | None = None,
+    gpu: MemoryGovernor | None = None,
+    staging: Path | None = None,
+) -> None:
+    """Bring every pending file of ``plan`` to committed; raises :class:`Stopped` when ``should_stop`` turns true.
+
+    With a ``governor`` every unit is admitted against the memory budget, the number in flight follows its
+    limit, and elementwise tensors larger than a quarter of the budget are streamed in row chunks. ``gpu``
+    governs the memory of the plan's GPU the same way (a unit holds its GPU reservation while it computes).
+    With ``staging`` (a local directory) every file is written there and published to ``out_dir`` by copy +
+    read-back verify.
+    """
+    done = {row["name"] for row in ledger.files() if row["status"] == "done"}
+    writer = _Writer(plan, out_dir, ledger, book, reporter, staging)
+    writer.start()
+    pipeline = _Pipeline(plan, writer, governor, workers, should_stop, gpu)
+    finished = False
+    try:
+        finished = pipeline.run(_pending_tensors(plan, done))
+    finally:
+        pipeline.close()
+        if not finished:
+            writer.drain()
+        writer.items.put(None)
+        writer.join()
+        if not finished:
+            writer.abort()
+    if writer.error is not None:
+        raise writer.error
+    if not finished:
+        raise Stopped()
+    _write_aux(plan, out_dir, ledger, book, reporter, done, config_text, should_stop, staging)
+
+
+def _write_aux(
+    plan: Plan,
+    out_dir: Path,
+    ledger: Ledger,
+    book: ManifestBook,
+    reporter: Reporter,
+    done: set[str],
+    config_text: str,
+    should_stop: Callable[[], bool],
+    staging: Path | None,
+) -> None:
+    for aux in aux_files(plan):
+        if aux.name in done:
+            continue
+        if should_stop():
+            raise Stopped()
+        data = render_aux(plan, aux, config_text)
+        if staging is None:
+            write_file_atomic(out_dir / aux.name, data, point=aux.point)
+        else:
+            write_file_staged(out_dir / aux.name, data, staging, point=aux.point)
+        sha = hashlib.sha256(data).hexdigest()
+        ledger.commit_file(aux.name, size=len(data), sha256=sha, seconds=0.0)
+        killpoints.reach("after_ledger_commit")
+        book.commit(aux.name, len(data), sha)
+        reporter.file_done(aux.name, aux.kind)

@@ -1,0 +1,116 @@
+"""``resumerge plan`` for a multi-stage recipe: every stage validated and estimated, and the disk they share.
+
+Each stage is estimated like a single merge into its own output dir (RAM, time, its own output on its disk).
+Stages run one after another, so RAM and time do not add up across stages, but their outputs do: the
+intermediates stay on disk until the final merge is verified (and after it, unless ``--cleanup-intermediates``),
+so every filesystem must hold the sum of the stage outputs written to it, not just the largest.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from resumerge.config.recipe import load_recipe_text
+from resumerge.engine.estimate import Estimate, estimate
+from resumerge.memory.sizes import format_size
+from resumerge.plan.merge_plan import PlanOptions
+from resumerge.plan.recipe_plan import default_intermediate_dir, plan_recipe
+from resumerge.store.diskprobe import DEFAULT_PROBE_BYTES, DiskFree, device_of, free_bytes, nearest_existing
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    """One stage's label, output dir, whether it is the final merge, and its estimate."""
+
+    label: str
+    out_dir: str
+    final: bool
+    estimate: Estimate
+
+
+@dataclass(frozen=True)
+class RecipeEstimate:
+    """Every stage's estimate in run order, plus the reasons the recipe as a whole will not fit."""
+
+    stages: tuple[StageEstimate, ...]
+    reasons: tuple[str, ...]
+    fingerprint: str
+
+    @property
+    def fits(self) -> bool:
+        """True when every stage fits and the stages' outputs fit their disks together."""
+        return not self.reasons
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"recipe": true, "fits", "verdict", "reasons", "fingerprint", "stages": [{"stage", "out_dir",
+        "final", "estimate": <single-merge plan JSON>}]}``."""
+        return {
+            "recipe": True,
+            "fits": self.fits,
+            "verdict": "fits" if self.fits else "will not fit",
+            "reasons": list(self.reasons),
+            "fingerprint": self.fingerprint,
+            "stages": [
+                {"stage": s.label, "out_dir": s.out_dir, "final": s.final, "estimate": s.estimate.to_json()}
+                for s in self.stages
+            ],
+        }
+
+
+def estimate_recipe(
+    text: str,
+    options: PlanOptions,
+    *,
+    out_dir: str | os.PathLike[str],
+    source: str = "recipe",
+    intermediate_dir: str | os.PathLike[str] | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    max_memory: int | None = None,
+    probe_bytes: int = DEFAULT_PROBE_BYTES,
+    disk_free: DiskFree = free_bytes,
+) -> RecipeEstimate:
+    """Validate the recipe ``text`` (every stage, against the planned outputs of the stages it reads) and
+    estimate each stage; writes nothing. Raises what :func:`resumerge.engine.recipe_run.run_recipe` raises before any
+    work (exit 2 errors); a recipe that is valid but does not fit is reported in :attr:`RecipeEstimate.reasons`.
+    """
+    recipe = load_recipe_text(text, source=source)
+    out = Path(out_dir).absolute()
+    inter = Path(intermediate_dir).absolute() if intermediate_dir is not None else default_intermediate_dir(out)
+    rplan = plan_recipe(recipe, out, inter, options, state_dir=state_dir, cache_dir=cache_dir)
+    stages = []
+    reasons: list[str] = []
+    for sp in rplan.stages:
+        est = estimate(sp.plan, rplan.inputs, sp.stage.text, out_dir=sp.out_dir, state_dir=state_dir,
+                       max_memory=max_memory, probe_bytes=probe_bytes if sp.final else 0, disk_free=disk_free)
+        stages.append(StageEstimate(sp.stage.label, str(sp.out_dir), sp.final, est))
+        reasons.extend(f"{sp.stage.label}: {reason}" for reason in est.reasons)
+    reasons.extend(_shared_disk_reasons(stages, disk_free))
+    return RecipeEstimate(tuple(stages), tuple(dict.fromkeys(reasons)), rplan.fingerprint)
+
+
+def _shared_disk_reasons(stages: list[StageEstimate], disk_free: DiskFree) -> list[str]:
+    """Stage outputs that share a filesystem must fit on it together (intermediates stay until the end)."""
+    by_device: dict[int, list[StageEstimate]] = defaultdict(list)
+    where: dict[int, Path] = {}
+    for stage in stages:
+        path = nearest_existing(Path(stage.out_dir))
+        device = device_of(path)
+        by_device[device].append(stage)
+        where.setdefault(device, path)
+    reasons = []
+    for device, group in by_device.items():
+        if len(group) < 2:
+            continue
+        needed = sum(s.estimate.output.total_bytes - s.estimate.output.committed_bytes for s in group)
+        free = disk_free(where[device])
+        if needed > free:
+            reasons.append(
+                f"the {len(group)} stage outputs on {where[device]} need {format_size(needed)} together but "
+                f"{format_size(free)} is free: free space, or put --intermediate-dir on another disk"
+            )
+    return reasons

@@ -1,0 +1,481 @@
+"""Run and resume multi-stage recipes: plan every stage, record the recipe, then bring each stage to done.
+
+Order is the safety argument, as for one merge: the whole recipe is parsed and every stage planned (headers only)
+before anything is written; every output dir is checked (foreign files, other runs) and every memory budget
+before the first byte; then the recipe record goes to the state dir and atomically into OUT, inputs are fetched
+once, and the stages run. Each stage is journaled exactly like a single merge (its own ledger, manifest and
+lock, through :func:`resumerge.engine.session.drive_plan`). A stage counts as done only when its own record says every
+planned file is committed *and* the files re-hash to their checksums — never because a config.json and a weight
+file exist (mergekit-multi's ``--lazy`` defect) — and a done stage is re-verified only when something still has
+to read it. A resume therefore continues mid-stage, repairs a damaged intermediate before a later stage reads
+it, and rebuilds intermediates deleted by ``--cleanup-intermediates`` if the final output ever needs repair.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from resumerge.config.locations import run_dir
+from resumerge.config.recipe import load_recipe_text
+from resumerge.config.version import __version__
+from resumerge.engine.executor import Reporter
+from resumerge.engine.session import Outcome, check_out_dir, drive_plan, hub_progress, make_governor
+from resumerge.errors import (
+    InterruptedMerge,
+    LedgerError,
+    OutputDirError,
+    PlanChangedError,
+    ResumergeError,
+    StorageError,
+    UnreachableError,
+)
+from resumerge.inputs.catalog import fetch_inputs
+from resumerge.outputs.aux import aux_files
+from resumerge.plan.merge_plan import PlanOptions, describe_changes, fingerprint_parts
+from resumerge.plan.recipe_plan import RecipePlan, StagePlan, default_intermediate_dir, plan_recipe
+from resumerge.store.durable import fsync_dir, is_temp_name
+from resumerge.store.filesystems import Staging
+from resumerge.store.integrity import verify_output
+from resumerge.store.manifest import MANIFEST_NAME, read_manifest
+from resumerge.store.recipe_ledger import RecipeLedger
+from resumerge.store.recipe_manifest import (
+    DELETED,
+    DELETING,
+    KEPT,
+    RECIPE_LEDGER_NAME,
+    RECIPE_MANIFEST_NAME,
+    RecipeRecord,
+    StageEntry,
+    read_recipe_record,
+    recipe_dir,
+    write_recipe_manifest,
+)
+from resumerge.store.recipeview import stage_record
+from resumerge.store.runlock import LOCK_NAME, is_locked
+from resumerge.store.statusview import LEDGER_NAME
+
+# A stage's files in the state dir: its SQLite ledger with WAL/journal companions, and its lock.
+_LEDGER_FILES = (LEDGER_NAME, f"{LEDGER_NAME}-wal", f"{LEDGER_NAME}-shm", f"{LEDGER_NAME}-journal", LOCK_NAME)
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    """What happened to one stage: ``merged`` (ran, or continued), ``verified`` (already done and intact) or
+    ``deleted`` (an intermediate removed by ``--cleanup-intermediates``)."""
+
+    label: str
+    out_dir: Path
+    action: str
+    resumed_files: int = 0
+
+
+@dataclass(frozen=True)
+class RecipeOutcome:
+    """A finished recipe: its plan, the final stage's outcome (OUT), and every stage's."""
+
+    plan: RecipePlan
+    final: Outcome
+    stages: tuple[StageOutcome, ...]
+
+
+@dataclass(frozen=True)
+class _Knobs:
+    state_dir: str | os.PathLike[str] | None
+    reporter: Reporter | None
+    should_stop: Callable[[], bool]
+    workers: int
+    max_memory: int | None
+    max_gpu_memory: int | None
+    staging: Staging
+    command: str
+
+
+def run_recipe(
+    text: str,
+    out_dir: str | os.PathLike[str],
+    *,
+    intermediate_dir: str | os.PathLike[str] | None = None,
+    options: PlanOptions | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    restart: bool = False,
+    cleanup: bool = False,
+    reporter: Reporter | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    workers: int = 2,
+    max_memory: int | None = None,
+    max_gpu_memory: int | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    staging: Staging = None,
+    source: str = "recipe",
+) -> RecipeOutcome:
+    """Run the recipe ``text`` (several YAML documents) into ``out_dir``; continue an unfinished run of the same
+    recipe there.
+
+    Named stages go to ``intermediate_dir/<name>`` (default: ``OUT.intermediates`` beside OUT, or the one the
+    recorded run used). ``cleanup`` deletes them once the final output is verified. Raises ConfigError /
+    InputError (exit 2) before anything is written; PlanChangedError when OUT holds a recipe planned
+    differently and ``restart`` is false (naming the stage that changed); OutputDirError for foreign files or
+    another process; InterruptedMerge / StorageError (exit 3) when stopped: ``resume_recipe`` continues.
+    """
+    recipe = load_recipe_text(text, source=source)
+    out = Path(out_dir).absolute()
+    previous = _recorded(out, state_dir)
+    if intermediate_dir is not None:
+        inter = Path(intermediate_dir).absolute()
+    elif previous is not None and not restart:
+        inter = Path(previous.intermediate_dir)
+    else:
+        inter = default_intermediate_dir(out)
+    rplan = plan_recipe(recipe, out, inter, options or PlanOptions(), state_dir=state_dir, cache_dir=cache_dir,
+                        on_progress=hub_progress(reporter))
+    knobs = _Knobs(state_dir, reporter, should_stop, workers, max_memory, max_gpu_memory, staging,
+                   f"resumerge resume {out_dir}")
+    return _Runner(rplan, previous, knobs, restart=restart, resuming=False, cleanup=cleanup).run()
+
+
+def resume_recipe(
+    out_dir: str | os.PathLike[str],
+    *,
+    state_dir: str | os.PathLike[str] | None = None,
+    cleanup: bool = False,
+    reporter: Reporter | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    workers: int = 2,
+    max_memory: int | None = None,
+    max_gpu_memory: int | None = None,
+    staging: Staging = None,
+) -> RecipeOutcome:
+    """Finish the recipe recorded for ``out_dir`` (recipe ledger, else ``OUT/resumerge-recipe.json``), with the
+    recorded text, options, intermediate dir and pinned inputs.
+
+    Raises LedgerError when no recipe is recorded, PlanChangedError (exit 4, naming the stage) when an input or
+    resumerge itself changed since the recipe was planned.
+    """
+    out = Path(out_dir).absolute()
+    previous = _recorded(out, state_dir)
+    if previous is None:
+        raise LedgerError(
+            f"nothing to resume in {out}: no recipe ledger in the state dir and no {RECIPE_MANIFEST_NAME}",
+            path=str(out),
+            hint="start it with resumerge run RECIPE OUT (pass --state-dir if you used one)",
+        )
+    recipe = load_recipe_text(previous.recipe_text)
+    rplan = plan_recipe(recipe, out, Path(previous.intermediate_dir), PlanOptions(**previous.options),
+                        model_dirs=previous.model_dirs, state_dir=state_dir, on_progress=hub_progress(reporter))
+    knobs = _Knobs(state_dir, reporter, should_stop, workers, max_memory, max_gpu_memory, staging,
+                   f"resumerge resume {out_dir}")
+    return _Runner(rplan, previous, knobs, restart=False, resuming=True, cleanup=cleanup).run()
+
+
+def discard_stage_output(out_dir: Path, names: Iterable[str], state_dir: str | os.PathLike[str] | None) -> int:
+    """Delete a stage's output: the files its plan names (and its manifest's), their temp files, the manifest,
+    then its ledger in the state dir; the folder too when that leaves it empty. Never any other file.
+
+    Returns the number of files deleted. Raises :class:`OutputDirError` when a process is merging into it.
+    """
+    rdir = run_dir(out_dir, state_dir)
+    if is_locked(rdir):
+        raise OutputDirError(f"another resumerge process is merging into {out_dir}", path=str(out_dir))
+    removed = 0
+    if out_dir.is_dir():
+        manifest = read_manifest(out_dir)
+        planned = set(names) | set(manifest.planned if manifest else ())
+        for entry in sorted(out_dir.iterdir()):
+            ours = entry.name in planned or is_temp_name(entry.name, planned | {MANIFEST_NAME})
+            if ours and entry.is_file() and not entry.is_symlink():
+                entry.unlink()
+                removed += 1
+        # The manifest goes last: until then the folder still says it is resumerge's.
+        if (out_dir / MANIFEST_NAME).is_file():
+            (out_dir / MANIFEST_NAME).unlink()
+            removed += 1
+        fsync_dir(out_dir)
+        _rmdir_if_empty(out_dir)
+    for name in _LEDGER_FILES:
+        (rdir / name).unlink(missing_ok=True)
+    _rmdir_if_empty(rdir)
+    return removed
+
+
+class _Runner:
+    """One pass over a planned recipe: check, record, fetch, settle every stage, finish, clean up."""
+
+    def __init__(self, rplan: RecipePlan, previous: RecipeRecord | None, knobs: _Knobs, *, restart: bool,
+                 resuming: bool, cleanup: bool) -> None:
+        self.rplan, self.previous, self.knobs = rplan, previous, knobs
+        self.restart, self.resuming = restart, resuming
+        same = previous is not None and previous.fingerprint == rplan.fingerprint
+        self.cleanup = cleanup or (same and previous is not None and previous.cleanup)
+        self.record = _record_of(rplan, self.cleanup, previous.intermediates if same and previous else KEPT)
+        self.settled: dict[str, StageOutcome] = {}
+        self.final_outcome: Outcome | None = None
+
+    def run(self) -> RecipeOutcome:
+        self._refuse_changes()
+        self._check_outputs()
+        rdir = recipe_dir(self.rplan.out_dir, self.knobs.state_dir)
+        lock = _RecipeLock(rdir, self.rplan.out_dir)
+        lock.acquire()
+        try:
+            # Downloads first, as for one merge: an interruption there leaves nothing in OUT, and a process
+            # killed after the record is written never reads a hub header a second time.
+            fetch_inputs(self.rplan.inputs, state_dir=self.knobs.state_dir,
+                         on_progress=hub_progress(self.knobs.reporter))
+            self.ledger = RecipeLedger(rdir / RECIPE_LEDGER_NAME)
+            try:
+                return self._run_stages()
+            finally:
+                self.ledger.close()
+        finally:
+            lock.release()
+
+    def _run_stages(self) -> RecipeOutcome:
+        self._discard_stale()
+        self._start()
+        try:
+            for root in self.rplan.recipe.roots:
+                self._settle(self.rplan.of(root))
+            self._store(replace(self.record, state="done"))
+            self.ledger.set_state("done")
+            if self.cleanup:
+                self._clean_intermediates()
+        except (InterruptedMerge, StorageError, UnreachableError, KeyboardInterrupt) as exc:
+            self.ledger.set_state("interrupted", error=_one_line(exc))
+            raise
+        except BaseException as exc:
+            self.ledger.set_state("failed", error=_one_line(exc))
+            raise
+        assert self.final_outcome is not None
+        order = [self.settled[sp.stage.key] for sp in self.rplan.stages if sp.stage.key in self.settled]
+        return RecipeOutcome(self.rplan, self.final_outcome, tuple(order))
+
+    # -- before anything is written -----------------------------------------------------------------------
+    def _refuse_changes(self) -> None:
+        if self.previous is None or self.restart:
+            return
+        changes = recipe_changes(self.previous, self.rplan)
+        if changes:
+            raise PlanChangedError(
+                f"{self.rplan.out_dir} holds a recipe planned differently: {'; '.join(changes)}",
+                path=str(self.rplan.out_dir),
+                hint="restore the recipe's inputs as they were, or start over with resumerge run RECIPE OUT --restart"
+                if self.resuming
+                else "resume it unchanged (resumerge resume OUT), use another OUT, or pass --restart to start over",
+            )
+
+    def _check_outputs(self) -> None:
+        """Refuse foreign output dirs, stage dirs holding other runs, and budgets too small for any stage."""
+        from resumerge.engine.devices import gpu_governor
+
+        for sp in self.rplan.stages:
+            check_out_dir(sp.out_dir, tolerate=_tolerated(sp))
+            own = stage_record(sp.out_dir, self.knobs.state_dir)
+            if own is not None and own.fingerprint != sp.plan.fingerprint and not self.restart:
+                what = "; ".join(describe_changes(own.parts, own.inputs, sp.plan)) or "the plan changed"
+                raise PlanChangedError(
+                    f"{sp.out_dir} holds a merge planned differently from {sp.stage.label}: {what}",
+                    path=str(sp.out_dir),
+                    hint="use another --intermediate-dir or OUT, or pass --restart to start over",
+                )
+            make_governor(sp.plan, self.knobs.max_memory)
+            gpu_governor(sp.plan, sp.plan.options.device, self.knobs.max_gpu_memory)
+
+    # -- recording -----------------------------------------------------------------------------------------
+    def _start(self) -> None:
+        out = self.rplan.out_dir
+        out.mkdir(parents=True, exist_ok=True)
+        for entry in out.iterdir():
+            if is_temp_name(entry.name, {RECIPE_MANIFEST_NAME}) and entry.is_file():
+                entry.unlink()
+        self.ledger.start(str(out), self.record)
+        write_recipe_manifest(out, self.record)
+
+    def _store(self, record: RecipeRecord) -> None:
+        self.record = record
+        self.ledger.update_record(record)
+        write_recipe_manifest(self.rplan.out_dir, record)
+
+    def _discard_stale(self) -> None:
+        """With --restart: delete the outputs of stages the new recipe no longer has (only their files)."""
+        if self.previous is None or not self.restart:
+            return
+        current = {str(sp.out_dir) for sp in self.rplan.stages}
+        for entry in self.previous.stages:
+            if entry.out_dir not in current and not entry.final:
+                discard_stage_output(Path(entry.out_dir), (), self.knobs.state_dir)
+                self.ledger.event("restart", f"deleted the output of the dropped {entry.label}")
+
+    # -- running -------------------------------------------------------------------------------------------
+    def _settle(self, sp: StagePlan) -> None:
+        """Make ``sp``'s output complete and intact: verify it if it is done, else settle what it reads and run it."""
+        key = sp.stage.key
+        if key in self.settled:
+            return
+        if self._intact(sp):
+            return
+        for producer in self.rplan.producers(sp):
+            self._settle(producer)
+        if self.knobs.should_stop():
+            raise InterruptedMerge("recipe stopped between stages; every finished stage is kept",
+                                   resume_command=self.knobs.command)
+        if not sp.final and self.record.intermediates != KEPT:
+            self._store(replace(self.record, intermediates=KEPT))  # the final output needs them again
+        self._drive(sp)
+
+    def _intact(self, sp: StagePlan) -> bool:
+        own = stage_record(sp.out_dir, self.knobs.state_dir)
+        if own is None or own.fingerprint != sp.plan.fingerprint or not own.complete:
+            return False
+        report = verify_output(sp.out_dir, self.knobs.state_dir)
+        if not report.ok or report.pending:
+            return False
+        self.settled[sp.stage.key] = StageOutcome(sp.stage.label, sp.out_dir, "verified", report.checked)
+        self._message(f"{sp.stage.label}: done, {report.checked} files verified ({sp.out_dir})")
+        if sp.final:
+            self.final_outcome = Outcome(sp.plan, sp.out_dir, report.checked, ("verified",))
+        self.ledger.stage_state(sp.stage.key, "done")
+        return True
+
+    def _drive(self, sp: StagePlan) -> None:
+        knobs, key = self.knobs, sp.stage.key
+        position = 1 + [s.stage.key for s in self.rplan.stages].index(key)
+        self._message(f"{sp.stage.label} ({position}/{len(self.rplan.stages)}): merging into {sp.out_dir}")
+        self.ledger.stage_state(key, "running")
+        try:
+            outcome = drive_plan(sp.plan, sp.stage.text, sp.out_dir, command=knobs.command, state_dir=knobs.state_dir,
+                                 restart=self.restart, resuming=self.resuming, reporter=knobs.reporter,
+                                 should_stop=knobs.should_stop, workers=knobs.workers, max_memory=knobs.max_memory,
+                                 max_gpu_memory=knobs.max_gpu_memory, staging=knobs.staging,
+                                 tolerate=_tolerated(sp))
+        except (InterruptedMerge, StorageError, UnreachableError, KeyboardInterrupt) as exc:
+            self.ledger.stage_state(key, "interrupted", error=_one_line(exc))
+            raise
+        except BaseException as exc:
+            self.ledger.stage_state(key, "failed", error=_one_line(exc))
+            raise
+        finally:
+            _close_display(knobs.reporter)
+        self.ledger.stage_state(key, "done")
+        self.settled[key] = StageOutcome(sp.stage.label, sp.out_dir, "merged", outcome.resumed_files)
+        if sp.final:
+            self.final_outcome = outcome
+
+    def _clean_intermediates(self) -> None:
+        """Delete every named stage's output now that the final output is verified; recorded before and after,
+        so an interrupted clean-up is finished by the next resume and status never trusts half-deleted stages."""
+        if self.record.intermediates == DELETED:
+            return
+        self._store(replace(self.record, intermediates=DELETING))
+        for sp in self.rplan.stages:
+            if sp.final:
+                continue
+            names = [s.name for s in sp.plan.shards] + [a.name for a in aux_files(sp.plan)]
+            removed = discard_stage_output(sp.out_dir, names, self.knobs.state_dir)
+            self.settled[sp.stage.key] = StageOutcome(sp.stage.label, sp.out_dir, "deleted", removed)
+            self.ledger.stage_state(sp.stage.key, "deleted")
+        _rmdir_if_empty(self.rplan.intermediate_dir)
+        self._store(replace(self.record, intermediates=DELETED))
+        self._message(f"intermediate stage outputs deleted from {self.rplan.intermediate_dir}")
+
+    def _message(self, text: str) -> None:
+        if self.knobs.reporter is not None:
+            self.knobs.reporter.message(text)
+
+
+def recipe_changes(previous: RecipeRecord, rplan: RecipePlan) -> list[str]:
+    """Sentences for what differs between the recorded recipe and ``rplan``, the first changed stage first
+    (with what changed in it); empty when they agree."""
+    changes = []
+    if previous.intermediate_dir != str(rplan.intermediate_dir):
+        changes.append(f"the intermediate dir changed ({previous.intermediate_dir} -> {rplan.intermediate_dir})")
+    before = {s.key: s for s in previous.stages}
+    now = {sp.stage.key: sp for sp in rplan.stages}
+    gone = [before[k].label for k in before if k not in now]
+    new = [now[k].stage.label for k in now if k not in before]
+    if gone:
+        changes.append(f"{', '.join(gone)} removed")
+    if new:
+        changes.append(f"{', '.join(new)} added")
+    changed: list[str] = []
+    for sp in rplan.stages:
+        old = before.get(sp.stage.key)
+        if old is None or old.fingerprint == sp.plan.fingerprint:
+            continue
+        if not changed:
+            what = describe_changes(old.parts, old.inputs, sp.plan) or ["its plan changed"]
+            changes.append(f"{sp.stage.label} changed: {', '.join(what)}")
+        changed.append(sp.stage.label)
+    if len(changed) > 1:
+        changes.append(f"so did {', '.join(changed[1:])}, which read it")
+    if not changes and previous.fingerprint != rplan.fingerprint:
+        changes.append("the recipe's stages changed")
+    return changes
+
+
+class _RecipeLock:
+    """An exclusive flock on the recipe's lock file for the whole run (each stage also takes its own locks; OUT
+    itself is locked by the final stage, so it cannot be locked here: flock conflicts between two descriptors
+    of one process)."""
+
+    def __init__(self, directory: Path, out_dir: Path) -> None:
+        self.directory, self.out_dir = directory, out_dir
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise OutputDirError(
+                f"another resumerge process is running the recipe into {self.out_dir}",
+                path=str(self.out_dir),
+                hint="wait for it to finish, or stop it (it can be resumed later)",
+            ) from None
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _recorded(out: Path, state_dir: str | os.PathLike[str] | None) -> RecipeRecord | None:
+    found = read_recipe_record(out, state_dir)
+    return found[0] if found is not None else None
+
+
+def _record_of(rplan: RecipePlan, cleanup: bool, intermediates: str) -> RecipeRecord:
+    stages = tuple(
+        StageEntry(sp.stage.key, sp.stage.name, sp.stage.document, str(sp.out_dir), sp.plan.fingerprint, sp.final,
+                   fingerprint_parts(sp.plan), {k: [list(f) for f in v] for k, v in sp.plan.inputs.items()})
+        for sp in rplan.stages
+    )
+    return RecipeRecord(__version__, rplan.fingerprint, rplan.recipe.text, str(rplan.intermediate_dir),
+                        asdict(rplan.options), rplan.model_dirs, cleanup, stages, "running", intermediates)
+
+
+def _tolerated(sp: StagePlan) -> frozenset[str]:
+    return frozenset({RECIPE_MANIFEST_NAME}) if sp.final else frozenset()
+
+
+def _rmdir_if_empty(directory: Path) -> None:
+    with contextlib.suppress(OSError):  # not empty (other files are never ours to delete) or already gone
+        directory.rmdir()
+
+
+def _close_display(reporter: Reporter | None) -> None:
+    # Each stage starts its own progress display; a live one must stop before the next can start.
+    close = getattr(reporter, "close", None)
+    if callable(close):
+        close()
+
+
+def _one_line(exc: BaseException) -> str:
+    return exc.one_line() if isinstance(exc, ResumergeError) else f"{type(exc).__name__}: {exc}"

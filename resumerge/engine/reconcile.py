@@ -1,0 +1,69 @@
+"""Make OUT agree with the ledger before work continues, and rebuild a lost ledger from OUT's manifest.
+
+Rules (crash-consistency.md §1): a committed file whose bytes still hash to the recorded sha256 is kept; a
+committed file that is missing, truncated or altered is reopened and rebuilt; a planned name with no committed
+record is garbage from an interrupted commit and is deleted, as are resumerge's own temp files. Nothing else
+in OUT is ever touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from resumerge.plan.merge_plan import Plan
+from resumerge.store.checksums import check_many
+from resumerge.store.durable import fsync_dir, is_temp_name
+from resumerge.store.ledger import Ledger
+from resumerge.store.manifest import MANIFEST_NAME, ManifestBook
+
+
+def reconcile(out_dir: Path, ledger: Ledger, book: ManifestBook, *, log: list[str],
+              verified: frozenset[str] = frozenset()) -> None:
+    """Verify committed files, reopen damaged ones, delete uncommitted planned files and temp files.
+
+    ``verified`` names files already re-hashed by this process (a ledger just rebuilt from the manifest), which
+    are not hashed a second time.
+    """
+    rows = ledger.files()
+    planned = {r["name"] for r in rows}
+    committed = [r for r in rows if r["status"] == "done" and r["name"] not in verified]
+    problems = check_many(out_dir, ((r["name"], r["bytes"], r["sha256"]) for r in committed))
+    for row in committed:
+        problem = problems[row["name"]]
+        if problem:
+            log.append(f"{row['name']} {problem}: rebuilding it")
+            ledger.reopen_file(row["name"], problem)
+            (out_dir / row["name"]).unlink(missing_ok=True)
+            book.drop(row["name"])
+    done = {r["name"] for r in ledger.files() if r["status"] == "done"}
+    removed = False
+    for entry in sorted(out_dir.iterdir()):
+        name = entry.name
+        ours = is_temp_name(name, planned | {MANIFEST_NAME}) or (name in planned and name not in done)
+        if ours and entry.is_file() and not entry.is_symlink():
+            entry.unlink()
+            removed = True
+    if removed:
+        fsync_dir(out_dir)
+
+
+def adopt_manifest(out_dir: Path, plan: Plan, ledger: Ledger, committed: Mapping[str, Mapping[str, object]],
+                   log: list[str]) -> frozenset[str]:
+    """Mark the manifest's committed files done in a fresh ledger, after re-hashing each one.
+
+    Returns the names found intact (so the caller need not hash them again).
+    """
+    intact = set()
+    problems = check_many(out_dir, ((n, int(str(i["bytes"])), str(i["sha256"])) for n, i in committed.items()))
+    for name, info in sorted(committed.items()):
+        size, sha = int(str(info["bytes"])), str(info["sha256"])
+        problem = problems[name]
+        if problem:
+            log.append(f"{name} {problem}: rebuilding it")
+            continue
+        shard = next((s for s in plan.shards if s.name == name), None)
+        ledger.commit_file(name, size=size, sha256=sha, seconds=0.0, tensors=shard.tensors if shard else ())
+        intact.add(name)
+    log.append(f"ledger rebuilt from {MANIFEST_NAME}")
+    return frozenset(intact)

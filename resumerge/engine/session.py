@@ -1,0 +1,583 @@
+"""Run and resume merges: validate, plan, take the locks, reconcile OUT with the ledger, execute, finish.
+
+Order matters and is the safety argument: nothing touches OUT until the config, every input header and the
+plan are valid; a non-empty OUT without resumerge's manifest is refused; the ledger records the plan and the
+manifest is written before the first shard; the state becomes ``done`` only after the final manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from resumerge.config.locations import run_dir
+from resumerge.config.merge_config import MergeConfig, load_config_text
+from resumerge.config.version import __version__
+from resumerge.engine.devices import gpu_governor
+from resumerge.engine.executor import Reporter, Stopped, execute
+from resumerge.engine.reconcile import adopt_manifest, reconcile
+from resumerge.errors import (
+    InterruptedMerge,
+    LedgerError,
+    OutputDirError,
+    PlanChangedError,
+    ResumergeError,
+    StorageError,
+    UsageError,
+)
+from resumerge.inputs.catalog import Inputs, fetch_inputs, open_inputs
+from resumerge.inputs.model import InputWatch
+from resumerge.memory import CudaProbe, MemoryGovernor, SystemProbe, default_budget, format_size, os_peak_rss
+from resumerge.outputs.aux import aux_files
+from resumerge.plan.merge_plan import Plan, PlanOptions, describe_changes, fingerprint_parts
+from resumerge.plan.planner import build_plan
+from resumerge.plan.workunits import largest, oversized_units
+from resumerge.store.durable import is_temp_name
+from resumerge.store.filesystems import Staging, filesystem_type, staging_dir
+from resumerge.store.ledger import LEDGER_NAME, Ledger, set_aside
+from resumerge.store.manifest import MANIFEST_NAME, Manifest, ManifestBook, read_manifest
+
+if TYPE_CHECKING:
+    from resumerge.inputs.hub import HubEvent
+
+
+class NullReporter:
+    """A reporter that shows nothing (library use, ``--quiet``)."""
+
+    def start(self, *, total_tensors: int, done_tensors: int, total_bytes: int, done_bytes: int) -> None:
+        """Ignore."""
+
+    def tensor_done(self, name: str, nbytes: int) -> None:
+        """Ignore."""
+
+    def file_done(self, name: str, kind: str) -> None:
+        """Ignore."""
+
+    def message(self, text: str) -> None:
+        """Ignore."""
+
+    def shard_started(self, name: str, nbytes: int, tensors: int) -> None:
+        """Ignore."""
+
+    def memory_budget(self, nbytes: int) -> None:
+        """Ignore."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a finished run did: the plan, what was already committed, and notes for the user."""
+
+    plan: Plan
+    out_dir: Path
+    resumed_files: int
+    notes: tuple[str, ...] = field(default=())
+
+
+def prepare(
+    config: MergeConfig,
+    options: PlanOptions,
+    *,
+    model_dirs: Mapping[str, str] | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    reporter: Reporter | None = None,
+) -> tuple[Plan, Inputs]:
+    """Open every referenced model (config.json and headers only) and build the plan; no weight is fetched."""
+    inputs = open_inputs(config, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
+                         on_progress=_hub_progress(reporter))
+    return build_plan(config, inputs.models, options), inputs
+
+
+def plan_from_config(config: MergeConfig, options: PlanOptions,
+                     model_dirs: Mapping[str, str] | None = None) -> Plan:
+    """The plan of ``config`` (headers only); raises InputError subclasses for anything that would fail later."""
+    return prepare(config, options, model_dirs=model_dirs)[0]
+
+
+def _hub_progress(reporter: Reporter | None) -> Callable[[HubEvent], None] | None:
+    if reporter is None:
+        return None
+    target = reporter
+
+    def emit(event: HubEvent) -> None:
+        if event.kind in ("download", "verify") and (event.total is None or event.done < event.total):
+            return  # only the end of each transfer: the bar belongs to the merge
+        rate = f" at {format_size(int(event.rate))}/s" if event.rate else ""
+        target.message(f"{event.repo_id}: {event.message}{rate}")
+
+    return emit
+
+
+def read_config_file(path: str | os.PathLike[str]) -> str:
+    """The text of the config file at ``path``; raises :class:`UsageError` when it cannot be read."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"config file {path} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read config file {path}: {exc}") from None
+
+
+def run_merge(
+    config_text: str,
+    out_dir: str | os.PathLike[str],
+    *,
+    options: PlanOptions | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    restart: bool = False,
+    reporter: Reporter | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    workers: int = 2,
+    max_memory: int | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    max_gpu_memory: int | None = None,
+    staging: Staging = None,
+) -> Outcome:
+    """Merge ``config_text`` into ``out_dir``; continue an unfinished run of the same plan there.
+
+    Raises InputError (exit 2) before touching OUT; PlanChangedError when OUT holds another run and
+    ``restart`` is false; InterruptedMerge when ``should_stop`` turned true; StorageError on write failures.
+    ``max_memory`` is the RAM budget in bytes (default: a safe fraction of what the machine or container allows);
+    ``max_gpu_memory`` the GPU's when ``options.device`` is a GPU (default: a safe fraction of its free memory).
+    ``staging``: None stages output on local disk only when OUT is on a remote or FUSE filesystem (Drive), True
+    always (in the run's state dir), False never, or a directory to stage in.
+    """
+    config = load_config_text(config_text)
+    plan, inputs = prepare(config, options or PlanOptions(), state_dir=state_dir, cache_dir=cache_dir,
+                           reporter=reporter)
+    governor = make_governor(plan, max_memory)
+    gpu = gpu_governor(plan, plan.options.device, max_gpu_memory)
+    out = Path(out_dir).absolute()
+    manifest = _check_out_dir(out)
+    fetch_inputs(inputs, state_dir=state_dir, on_progress=_hub_progress(reporter))
+    return _drive(plan, config_text, out, state_dir, manifest, restart=restart, reporter=reporter,
+                  should_stop=should_stop, workers=workers, command=f"resumerge resume {out_dir}",
+                  governor=governor, gpu=gpu, staging=staging)
+
+
+def resume_merge(
+    out_dir: str | os.PathLike[str],
+    *,
+    state_dir: str | os.PathLike[str] | None = None,
+    reporter: Reporter | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    workers: int = 2,
+    max_memory: int | None = None,
+    max_gpu_memory: int | None = None,
+    staging: Staging = None,
+) -> Outcome:
+    """Finish the merge recorded for ``out_dir`` (from the ledger, else from OUT's manifest); ``staging`` as for
+    :func:`run_merge` (it does not change the output, so it may differ from the first run's).
+
+    Raises LedgerError when neither exists, PlanChangedError when the inputs or resumerge changed, UsageError
+    when the merge computes on a GPU that this machine lacks (the device is part of the output's identity).
+    """
+    out = Path(out_dir).absolute()
+    _check_out_path(out)
+    manifest = read_manifest(out) if out.is_dir() else None
+    ledger_path = run_dir(out, state_dir) / LEDGER_NAME
+    row = None
+    if ledger_path.exists():
+        try:
+            ledger = Ledger(ledger_path)
+        except LedgerError as exc:
+            if manifest is None:  # nothing to rebuild it from: refuse rather than guess
+                exc.hint = f"OUT has no {MANIFEST_NAME} to rebuild it from; start over with resumerge run --restart"
+                raise
+            # Damaged but OUT has a manifest: _drive sets the ledger aside and rebuilds it from the manifest.
+        else:
+            row = ledger.run_row()
+            ledger.close()
+    if row is not None:
+        text, opts, dirs = row["config_text"], json.loads(row["options"]), json.loads(row["model_dirs"])
+    elif manifest is not None:
+        text, opts, dirs = manifest.config_text, dict(manifest.options), dict(manifest.model_dirs)
+    else:
+        raise LedgerError(
+            f"nothing to resume in {out}: no ledger in the state dir and no {MANIFEST_NAME}",
+            path=str(out),
+            hint="start the merge with resumerge run CONFIG OUT (pass --state-dir if you used one)",
+        )
+    config = load_config_text(text)
+    plan, inputs = prepare(config, PlanOptions(**opts), model_dirs=dirs, state_dir=state_dir, reporter=reporter)
+    governor = make_governor(plan, max_memory)
+    gpu = gpu_governor(plan, plan.options.device, max_gpu_memory)
+    fetch_inputs(inputs, state_dir=state_dir, on_progress=_hub_progress(reporter))
+    return _drive(plan, text, out, state_dir, manifest, restart=False, reporter=reporter,
+                  should_stop=should_stop, workers=workers, command=f"resumerge resume {out_dir}",
+                  resuming=True, governor=governor, gpu=gpu, staging=staging)
+
+
+def drive_plan(
+    plan: Plan,
+    config_text: str,
+    out_dir: str | os.PathLike[str],
+    *,
+    command: str,
+    state_dir: str | os.PathLike[str] | None = None,
+    restart: bool = False,
+    resuming: bool = False,
+    reporter: Reporter | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    workers: int = 2,
+    max_memory: int | None = None,
+    max_gpu_memory: int | None = None,
+    staging: Staging = None,
+    tolerate: frozenset[str] = frozenset(),
+) -> Outcome:
+    """Run an already built ``plan`` into ``out_dir``, journaled exactly like :func:`run_merge` (continuing an
+    unfinished run of the same plan there); its inputs must be present already.
+
+    For multi-stage recipes, which plan every stage up front and fetch inputs once. ``tolerate`` names files
+    OUT may hold besides resumerge's own (the recipe's record); ``command`` is what an interruption tells the
+    user to run. Raises like :func:`run_merge` once the plan exists.
+    """
+    governor = make_governor(plan, max_memory)
+    gpu = gpu_governor(plan, plan.options.device, max_gpu_memory)
+    out = Path(out_dir).absolute()
+    manifest = _check_out_dir(out, tolerate=tolerate)
+    return _drive(plan, config_text, out, state_dir, manifest, restart=restart, reporter=reporter,
+                  should_stop=should_stop, workers=workers, command=command, resuming=resuming,
+                  governor=governor, gpu=gpu, staging=staging)
+
+
+def hub_progress(reporter: Reporter | None) -> Callable[[HubEvent], None] | None:
+    """The hub progress callback that shows the end of each transfer on ``reporter`` (None without one)."""
+    return _hub_progress(reporter)
+
+
+def check_out_dir(out: Path, *, tolerate: frozenset[str] = frozenset()) -> Manifest | None:
+    """OUT's manifest, or None when OUT is absent or empty (bar ``tolerate``); raises :class:`UsageError` for a
+    link or a file, :class:`OutputDirError` for a non-empty folder resumerge did not write."""
+    return _check_out_dir(out, tolerate=tolerate)
+
+
+def make_governor(plan: Plan, max_memory: int | None) -> MemoryGovernor:
+    """A governor for ``plan`` under ``max_memory`` (or the default budget).
+
+    Raises :class:`UsageError` (exit 2, before OUT is touched) when a tensor that must be held whole cannot fit,
+    naming the smallest budget that works.
+    """
+    probe = SystemProbe()
+    budget = max_memory if max_memory is not None else default_budget(probe)
+    baseline = probe.rss()
+    too_big = oversized_units(plan, budget, baseline)
+    if too_big:
+        worst = largest(too_big)
+        raise UsageError(
+            f"tensor {worst.tensor} ({worst.method}) needs more memory than the budget of {format_size(budget)}",
+            tensor=worst.tensor,
+            hint=f"the smallest budget that works is {format_size(worst.needed)}; rerun with --max-memory "
+            f"{format_size(worst.needed, compact=True)} or more",
+        )
+    return MemoryGovernor(budget, probe, write_buffer_bytes=0)
+
+
+def _drive(
+    plan: Plan,
+    config_text: str,
+    out: Path,
+    state_dir: str | os.PathLike[str] | None,
+    manifest: Manifest | None,
+    *,
+    restart: bool,
+    reporter: Reporter | None,
+    should_stop: Callable[[], bool],
+    workers: int,
+    command: str,
+    resuming: bool = False,
+    governor: MemoryGovernor | None = None,
+    gpu: MemoryGovernor | None = None,
+    staging: Staging = None,
+) -> Outcome:
+    from resumerge.plan.workunits import tune_allocator
+    from resumerge.store.runlock import RunLock
+
+    tune_allocator()
+    reporter = reporter or NullReporter()
+    out.mkdir(parents=True, exist_ok=True)
+    rdir = run_dir(out, state_dir)
+    lock = RunLock(rdir, out)
+    lock.acquire()
+    notes: list[str] = []
+    ledger = _open_ledger(rdir / LEDGER_NAME, notes)
+    watch = InputWatch.of(plan.model_dirs, plan.inputs)
+    ledger.commit_guard = watch.check
+    xfsz = _ignore_sigxfsz()
+    try:
+        book, verified = _open_run(plan, config_text, out, ledger, manifest, restart=restart, resuming=resuming,
+                                   notes=notes)
+        reconcile(out, ledger, book, log=notes, verified=verified)
+        stage_dir = _staging_dir(staging, plan, out, rdir, notes)
+        resumed = sum(1 for r in ledger.files() if r["status"] == "done")
+        for note in notes:
+            reporter.message(note)
+        rows = ledger.files()
+        done_shards = {r["name"] for r in rows if r["status"] == "done" and r["kind"] == "shard"}
+        reporter.start(
+            total_tensors=len(plan.tensors),
+            done_tensors=sum(len(s.tensors) for s in plan.shards if s.name in done_shards),
+            total_bytes=plan.total_bytes,
+            done_bytes=sum(s.file_size for s in plan.shards if s.name in done_shards),
+        )
+        ledger.set_state("running")
+        if governor is not None:
+            ledger.event("memory", f"budget {format_size(governor.budget)}", {"budget": governor.budget})
+            reporter.memory_budget(governor.budget)
+            governor.start()
+        if gpu is not None:
+            ledger.event("memory", f"{gpu.pool} budget {format_size(gpu.budget)}",
+                         {"pool": gpu.pool, "budget": gpu.budget})
+            gpu.start()
+        try:
+            execute(plan, out, ledger, book, reporter, should_stop=should_stop, config_text=config_text,
+                    workers=workers, governor=governor, gpu=gpu, staging=stage_dir)
+        except Stopped:
+            ledger.set_state("interrupted", error="stopped by signal")
+            raise InterruptedMerge("merge interrupted; every committed shard is kept", resume_command=command) from None
+        except Exception as exc:
+            error = _failure(exc, ledger, watch)
+            if error is exc:
+                raise
+            raise error from exc
+        finally:
+            _record_memory(ledger, governor)
+            _record_gpu_memory(ledger, gpu)
+        book.set_state("done")
+        ledger.set_state("done")
+        return Outcome(plan, out, resumed, tuple(notes))
+    finally:
+        ledger.close()
+        lock.release()
+        _restore_sigxfsz(xfsz)
+
+
+def _open_ledger(path: Path, notes: list[str]) -> Ledger:
+    """Open the run's ledger. A damaged one is never trusted: it is moved aside and a fresh ledger returned, which
+    :func:`_open_run` rebuilds from OUT's manifest (re-hashing every file the manifest lists) or fills with a new
+    plan when OUT has no manifest (then nothing was ever committed there)."""
+    try:
+        return Ledger(path)
+    except LedgerError as exc:
+        try:
+            aside = set_aside(path)
+        except OSError as failure:
+            raise StorageError(f"the ledger is damaged and cannot be moved aside ({failure.strerror})",
+                               path=str(path), hint="make the state dir writable, then run resumerge resume OUT"
+                               ) from None
+        notes.append(f"{exc.message}: set aside as {aside.name}, nothing in it is trusted")
+        return Ledger(path)
+
+
+def _failure(exc: Exception, ledger: Ledger, watch: InputWatch) -> Exception:
+    """Record in the ledger why the run stopped (best effort) and return the error to raise.
+
+    A changed input explains any failure that follows it (a deleted file cannot be opened, a truncated one ends
+    early), so that is reported instead; a bare ``OSError`` becomes a :class:`StorageError` (exit 3).
+    """
+    error: Exception = watch.changed() or exc
+    if isinstance(error, OSError):
+        reason = error.strerror or str(error)
+        error = StorageError(f"I/O error on {error.filename or 'a file'}: {reason}",
+                             path=str(error.filename) if error.filename else None,
+                             hint="check the disk, then run resumerge resume OUT")
+    if isinstance(error, ResumergeError):
+        state = "interrupted" if isinstance(error, StorageError) else "failed"
+        message = error.one_line()
+    else:
+        state, message = "failed", f"{type(error).__name__}: {error}"
+    with contextlib.suppress(ResumergeError):  # the ledger's own disk may be what failed; report the first error
+        ledger.set_state(state, error=message)
+    return error
+
+
+def _ignore_sigxfsz() -> Any:
+    """Ignore SIGXFSZ while merging, so that a write past the file size limit (``ulimit -f``) fails with EFBIG —
+    a clean StorageError, exit 3 — instead of killing the process. Returns the previous handler (None when not
+    on the main thread, where handlers cannot be changed)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGXFSZ"):
+        return None
+    return signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def _restore_sigxfsz(previous: Any) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGXFSZ, previous)
+
+
+def _record_memory(ledger: Ledger, governor: MemoryGovernor | None) -> None:
+    """Stop the governor and store its peak and adaptations in the ledger."""
+    if governor is None:
+        return
+    governor.stop()
+    peak = os_peak_rss() or governor.peak_rss
+    for a in governor.adaptations[-100:]:
+        ledger.event("adaptation", f"{a.knob} {a.old} -> {a.new}: {a.reason}")
+    ledger.record_peak(peak, len(governor.adaptations))
+
+
+def _staging_dir(choice: Staging, plan: Plan, out: Path, rdir: Path, notes: list[str]) -> Path | None:
+    """The local directory to stage output files in, or None to write into OUT directly.
+
+    Leftover temp files of earlier runs there are deleted (only resumerge's own temp names of planned files).
+    """
+    directory = staging_dir(choice, out, rdir)
+    if directory is None:
+        return None
+    if directory == out or out in directory.parents:
+        raise UsageError(f"the staging dir {directory} is inside OUT", hint="stage on local disk outside OUT")
+    directory.mkdir(parents=True, exist_ok=True)
+    planned = set(_planned_files(plan))
+    for leftover in directory.iterdir():
+        if is_temp_name(leftover.name, planned):
+            leftover.unlink()
+    why = f"OUT is on {filesystem_type(out)}" if choice is None else "as asked"
+    notes.append(f"staging output in {directory} and publishing to OUT by copy + verify ({why})")
+    return directory
+
+
+def _record_gpu_memory(ledger: Ledger, gpu: MemoryGovernor | None) -> None:
+    """Stop the GPU governor and store its exact allocator peak and adaptations as events."""
+    if gpu is None:
+        return
+    gpu.stop()
+    peak = gpu.probe.peak() if isinstance(gpu.probe, CudaProbe) else gpu.peak_rss
+    for a in gpu.adaptations[-100:]:
+        ledger.event("adaptation", f"{gpu.pool} {a.knob} {a.old} -> {a.new}: {a.reason}")
+    ledger.event("memory", f"{gpu.pool} peak {format_size(peak)}",
+                 {"pool": gpu.pool, "peak": peak, "adaptations": len(gpu.adaptations)})
+
+
+def _open_run(
+    plan: Plan,
+    config_text: str,
+    out: Path,
+    ledger: Ledger,
+    manifest: Manifest | None,
+    *,
+    restart: bool,
+    resuming: bool,
+    notes: list[str],
+) -> tuple[ManifestBook, frozenset[str]]:
+    """Decide between continuing, rebuilding the ledger, refusing, or starting over.
+
+    Returns the manifest book and the files this call already re-hashed (when the ledger was rebuilt).
+    """
+    row = ledger.run_row()
+    recorded = row["fingerprint"] if row else (manifest.fingerprint if manifest else None)
+    if recorded is not None and recorded != plan.fingerprint:
+        parts = json.loads(row["parts"]) if row else dict(manifest.parts if manifest else {})
+        inputs = json.loads(row["inputs"]) if row else dict(manifest.inputs if manifest else {})
+        changes = describe_changes(parts, inputs, plan) or ["the plan changed"]
+        if not restart:
+            what = "; ".join(changes)
+            raise PlanChangedError(
+                f"{out} holds a merge planned differently: {what}",
+                path=str(out),
+                hint="resume it unchanged, use another OUT, or pass --restart to start over"
+                if not resuming
+                else "restore the inputs as they were, or start over with resumerge run CONFIG OUT --restart",
+            )
+        _clean_previous(out, ledger, manifest)
+        notes.append("previous run in OUT discarded (--restart)")
+        row, manifest = None, None
+    verified: frozenset[str] = frozenset()
+    if row is None:
+        _record_plan(plan, config_text, out, ledger)
+        if manifest is not None:
+            # The state dir was lost (a runtime reset) but OUT survived: trust only what re-hashes correctly.
+            verified = adopt_manifest(out, plan, ledger, manifest.committed, notes)
+    committed = {
+        r["name"]: {"bytes": r["bytes"], "sha256": r["sha256"]} for r in ledger.files() if r["status"] == "done"
+    }
+    book = ManifestBook(out, _fresh_manifest(plan, config_text, committed))
+    book.set_state("running")
+    return book, verified
+
+
+def _fresh_manifest(plan: Plan, config_text: str, committed: dict[str, Any] | None = None) -> Manifest:
+    return Manifest(
+        version=__version__,
+        fingerprint=plan.fingerprint,
+        parts=fingerprint_parts(plan),
+        inputs={k: [list(f) for f in v] for k, v in plan.inputs.items()},
+        options=asdict(plan.options),
+        model_dirs=dict(plan.model_dirs),
+        config_text=config_text,
+        planned=tuple(_planned_files(plan)),
+        shard_sizes={s.name: s.file_size for s in plan.shards},
+        shard_tensors={s.name: len(s.tensors) for s in plan.shards},
+        tensors_total=len(plan.tensors),
+        committed=dict(committed or {}),
+    )
+
+
+def _planned_files(plan: Plan) -> list[str]:
+    return [s.name for s in plan.shards] + [a.name for a in aux_files(plan)]
+
+
+def _record_plan(plan: Plan, config_text: str, out: Path, ledger: Ledger) -> None:
+    files: list[tuple[str, str, int, int, int | None]] = [
+        (s.name, "shard", i, len(s.tensors), s.file_size) for i, s in enumerate(plan.shards)
+    ]
+    files += [(a.name, a.kind, len(files) + i, 0, None) for i, a in enumerate(aux_files(plan))]
+    ledger.start_run(
+        out_dir=str(out),
+        config_text=config_text,
+        fingerprint=plan.fingerprint,
+        parts=fingerprint_parts(plan),
+        inputs={k: [list(f) for f in v] for k, v in plan.inputs.items()},
+        options=asdict(plan.options),
+        model_dirs=plan.model_dirs,
+        version=__version__,
+        files=files,
+        tensors=[(t.name, t.shard, t.nbytes) for t in plan.tensors.values()],
+    )
+
+
+def _clean_previous(out: Path, ledger: Ledger, manifest: Manifest | None) -> None:
+    """Delete the files the previous run planned (and only those) before starting over."""
+    names = {r["name"] for r in ledger.files()} | set(manifest.planned if manifest else ())
+    for name in sorted(names):
+        path = out / name
+        if path.is_file() and not path.is_symlink() and "/" not in name:
+            path.unlink()
+
+
+def _check_out_path(out: Path) -> None:
+    """Refuse (exit 2) an OUT that is a symbolic link or not a directory.
+
+    A link could point elsewhere on the next run, and the lock, the state dir and "never touch what resumerge did
+    not write" all concern one directory: the user passes the real one instead.
+    """
+    if out.is_symlink():
+        raise UsageError(f"{out} is a symbolic link", path=str(out),
+                         hint=f"pass the directory itself: {os.path.realpath(out)}")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out} exists and is not a directory", path=str(out),
+                         hint="choose a new or empty directory for the output")
+
+
+def _check_out_dir(out: Path, *, tolerate: frozenset[str] = frozenset()) -> Manifest | None:
+    """Refuse an OUT that is a link or a file (UsageError, exit 2), or non-empty without resumerge's manifest
+    (OutputDirError, exit 4); return its manifest if any."""
+    _check_out_path(out)
+    if not out.exists():
+        return None
+    manifest = read_manifest(out)
+    # A process killed inside its first manifest write leaves only that temp file: still resumerge's OUT.
+    ours = {MANIFEST_NAME, *tolerate}
+    if manifest is None and any(p.name not in tolerate and not is_temp_name(p.name, ours) for p in out.iterdir()):
+        raise OutputDirError(
+            f"{out} is not empty and was not written by resumerge (no {MANIFEST_NAME})",
+            path=str(out),
+            hint="choose an empty or new output directory; resumerge never overwrites files it did not write",
+        )
+    return manifest

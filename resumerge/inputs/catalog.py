@@ -1,0 +1,176 @@
+"""Open every model a config references: local directories as they are, hub ids through the normal HF cache.
+
+Hub inputs go in two phases so that a config mistake costs seconds, not a download: :func:`open_inputs` pins
+each repo's commit and reads config.json and the safetensors headers (HTTP Range when not cached) — enough to
+plan and validate the whole merge — and :func:`fetch_inputs` then downloads and verifies only the shards the
+plan needs. A resume passes the recorded snapshot directories, which pin the same commits even if a branch
+has moved since.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from resumerge.config.locations import state_root
+from resumerge.config.merge_config import MergeConfig
+from resumerge.config.modelref import ModelRef
+from resumerge.errors import ModelInputError, ResumergeError
+from resumerge.inputs.adapters import Adapter, check_adapter, open_adapter
+from resumerge.inputs.files import InputFile, TensorSource
+from resumerge.inputs.model import ModelInput, open_model
+
+if TYPE_CHECKING:
+    from resumerge.inputs.hub import ProgressCallback, RepoMetadata
+
+_SNAPSHOT = re.compile(r"/snapshots/([0-9a-f]{40})$")
+# model_dirs / plan.inputs key suffix of a ``model+adapter`` input's adapter folder and files.
+ADAPTER_SUFFIX = "#adapter"
+
+
+@dataclass
+class Inputs:
+    """The opened models by reference key, and the hub metadata of those that come from the hub."""
+
+    models: dict[str, ModelInput] = field(default_factory=dict)
+    hub: dict[str, RepoMetadata] = field(default_factory=dict)
+
+
+def open_inputs(
+    config: MergeConfig,
+    *,
+    model_dirs: Mapping[str, str] | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    on_progress: ProgressCallback | None = None,
+    given: Mapping[str, ModelInput] | None = None,
+) -> Inputs:
+    """Open every referenced model for planning (config.json and headers only; no weights are downloaded).
+
+    ``model_dirs`` are the directories recorded by an earlier plan (a resume). ``given`` maps reference keys to
+    models that are already open (a recipe: earlier stages' planned outputs, and inputs another stage opened);
+    those are used as they are and not opened again. Raises ``InputError`` subclasses for missing or hostile
+    models, ``HubUnavailableError`` when a hub model cannot be reached or found in cache.
+    """
+    inputs = Inputs()
+    for ref in config.referenced_models():
+        if given is not None and ref.key in given:
+            inputs.models[ref.key] = given[ref.key]
+            continue
+        where = yaml_path_of(config, ref)
+        recorded = model_dirs or {}
+        if ref.lora is None:
+            inputs.models[ref.key] = _open_one(ref, recorded.get(ref.key), where, inputs, state_dir, cache_dir,
+                                               on_progress)
+            continue
+        base_ref = ModelRef(ref.path, ref.revision, override_architecture=ref.override_architecture)
+        base = _open_one(base_ref, recorded.get(ref.key), where, inputs, state_dir, cache_dir, on_progress)
+        adapter = _open_adapter(ref.lora, recorded.get(adapter_key(ref.key)), where, state_dir, cache_dir,
+                                on_progress)
+        check_adapter(adapter, {n: (t.entry.dtype, t.entry.shape) for n, t in base.tensors.items()}, yaml_path=where)
+        if base_ref.key in inputs.hub:  # fetch_inputs downloads the base's weights under the merged model's key
+            inputs.hub[ref.key] = inputs.hub.pop(base_ref.key)
+        inputs.models[ref.key] = replace(base, ref=ref, adapter=adapter)
+    return inputs
+
+
+def adapter_key(key: str) -> str:
+    """The key under which a plan records the adapter folder and files of the ``model+adapter`` input ``key``."""
+    return key + ADAPTER_SUFFIX
+
+
+def _open_one(
+    ref: ModelRef,
+    recorded: str | None,
+    where: str,
+    inputs: Inputs,
+    state_dir: str | os.PathLike[str] | None,
+    cache_dir: str | os.PathLike[str] | None,
+    on_progress: ProgressCallback | None,
+) -> ModelInput:
+    """Open one model: from its recorded directory (a resume), as a local folder, or from the hub (two phases)."""
+    pinned = _SNAPSHOT.search(recorded or "")
+    if recorded is not None and pinned is None:
+        return open_model(ref, yaml_path=where, directory=Path(recorded))
+    from resumerge.inputs.hub import is_local, resolve_metadata
+
+    if pinned is None and is_local(ref):
+        return open_model(ref, yaml_path=where)
+    try:
+        meta = resolve_metadata(ref, cache_dir=Path(cache_dir) if cache_dir else None,
+                                pinned_commit=pinned[1] if pinned else None,
+                                records_dir=state_root(state_dir), on_progress=on_progress)
+    except ResumergeError as exc:
+        exc.yaml_path = exc.yaml_path or where  # the hub layer knows the repo, the config knows where
+        raise
+    inputs.hub[ref.key] = meta
+    return _from_metadata(ref, meta, where)
+
+
+def _open_adapter(
+    ref: ModelRef,
+    recorded: str | None,
+    where: str,
+    state_dir: str | os.PathLike[str] | None,
+    cache_dir: str | os.PathLike[str] | None,
+    on_progress: ProgressCallback | None,
+) -> Adapter:
+    """Open the LoRA adapter ``ref``: a local folder, or a hub repo fetched whole (it is small) and verified."""
+    pinned = _SNAPSHOT.search(recorded or "")
+    if recorded is not None and pinned is None:
+        return open_adapter(Path(recorded), yaml_path=where)
+    from resumerge.inputs.hub import is_local
+
+    if pinned is None and is_local(ref):
+        return open_adapter(Path(ref.path), yaml_path=where)
+    from resumerge.inputs.hub.adapters import open_hub_adapter
+
+    return open_hub_adapter(ref, yaml_path=where, cache_dir=Path(cache_dir) if cache_dir else None,
+                            pinned_commit=pinned[1] if pinned else None, records_dir=state_root(state_dir),
+                            on_progress=on_progress)
+
+
+def fetch_inputs(inputs: Inputs, *, state_dir: str | os.PathLike[str] | None = None,
+                 on_progress: ProgressCallback | None = None) -> None:
+    """Download (resuming partial files) and verify the weights of every hub input; local inputs need nothing."""
+    from resumerge.inputs.hub import fetch_weights
+
+    for meta in inputs.hub.values():
+        fetch_weights(meta, records_dir=state_root(state_dir), on_progress=on_progress)
+
+
+def _from_metadata(ref: ModelRef, meta: RepoMetadata, where: str) -> ModelInput:
+    if meta.config_path is None:
+        raise ModelInputError(f"hub model {ref.key} has no config.json", yaml_path=where)
+    config = json.loads(meta.config_path.read_text(encoding="utf-8"))
+    if not isinstance(config, dict):
+        raise ModelInputError(f"config.json of {ref.key} is not a JSON object", yaml_path=where)
+    tensors: dict[str, TensorSource] = {}
+    files = []
+    for name in meta.weight_files:
+        header = meta.headers[name]
+        for tname, entry in header.tensors.items():
+            tensors[tname] = TensorSource(name, entry)
+        remote = meta.files[name]
+        # The hub's own checksum is the content identity: stronger than sampling, and known before download.
+        files.append(InputFile(name, header.file_size, remote.sha256 or remote.blob_id or ""))
+    return ModelInput(ref, meta.snapshot_dir, config, tensors, tuple(files))
+
+
+def yaml_path_of(config: MergeConfig, ref: ModelRef) -> str:
+    """Where ``ref`` first appears in the YAML (for error messages)."""
+    if config.base_model is not None and config.base_model.key == ref.key:
+        return "base_model"
+    for src in config.models or ():
+        if src.model.key == ref.key:
+            return f"{src.yaml_path}.model"
+    for sl in config.slices or ():
+        for src in sl.sources:
+            if src.model.key == ref.key:
+                return f"{src.yaml_path}.model"
+    return ""

@@ -1,0 +1,223 @@
+"""Resolve a hub model in two phases: metadata first (configs, tokenizer, safetensors headers), weights later.
+
+:func:`resolve_metadata` pins the commit, lists the repo, fetches and verifies the small files and reads every
+weight shard's safetensors header (from the cache, else with HTTP Range requests), so the planner can validate
+layer counts, names and shapes in seconds. :func:`fetch_weights` then downloads and verifies the shards after
+a free-space check. Both use the normal huggingface_hub cache and make no request when it already holds every
+needed file, verified.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from resumerge.config.modelref import ModelRef
+from resumerge.errors import ModelInputError, ResumergeError
+from resumerge.inputs.hub._hf import validate_repo_id
+from resumerge.inputs.hub.cache import COMMIT_RE, HubSettings, RemoteFile, RepoCache, hub_settings
+from resumerge.inputs.hub.events import HubEvent, ProgressCallback, callback_or_noop
+from resumerge.inputs.hub.fetch import ensure_files
+from resumerge.inputs.hub.headers import read_shard_headers
+from resumerge.inputs.hub.records import VerifyRecords
+from resumerge.inputs.hub.remote import HubUnavailableError, is_network_error, list_files, resolve_revision
+from resumerge.inputs.hub.selection import select_weights, small_files
+from resumerge.inputs.safetensors_format import Header
+
+
+@dataclass(frozen=True)
+class RepoMetadata:
+    """What phase one learned about one hub model, enough to validate a merge without its weights.
+
+    ``files`` lists the whole repo at ``commit`` (size and checksum per path); ``listing_complete`` is false
+    when it had to be rebuilt offline from the snapshot folder. ``local_files`` maps each small file to its
+    verified snapshot path; ``weight_files`` are the shards the merge needs (from the safetensors index, else
+    every top-level ``*.safetensors``), and ``headers`` their parsed safetensors headers.
+    """
+
+    ref: ModelRef
+    repo_id: str
+    revision: str
+    commit: str
+    settings: HubSettings
+    files: Mapping[str, RemoteFile]
+    listing_complete: bool
+    local_files: Mapping[str, Path]
+    weight_files: tuple[str, ...]
+    headers: Mapping[str, Header]
+
+    @property
+    def config_path(self) -> Path | None:
+        """Verified local ``config.json`` (``None`` for repos without one, e.g. LoRA adapters)."""
+        return self.local_files.get("config.json")
+
+    @property
+    def index_path(self) -> Path | None:
+        """Verified local ``model.safetensors.index.json``, if the repo has one."""
+        return self.local_files.get("model.safetensors.index.json")
+
+    @property
+    def weight_bytes(self) -> int:
+        """Total size of :attr:`weight_files` in bytes (0 for sizes unknown offline)."""
+        return sum(self.files[name].size or 0 for name in self.weight_files)
+
+    @property
+    def snapshot_dir(self) -> Path:
+        """The snapshot folder of :attr:`commit` in the cache (the model's local directory once fetched)."""
+        return RepoCache(self.settings.cache_dir, self.repo_id).root / "snapshots" / self.commit
+
+
+def resolve_metadata(
+    ref: ModelRef,
+    *,
+    cache_dir: str | Path | None = None,
+    offline: bool | None = None,
+    pinned_commit: str | None = None,
+    records_dir: str | Path | None = None,
+    on_progress: ProgressCallback | None = None,
+    endpoint: str | None = None,
+) -> RepoMetadata:
+    """Phase one for the hub model ``ref.path@ref.revision`` (``ref.lora`` is ignored: resolve it separately).
+
+    Pins the commit (``pinned_commit`` as-is, for a resume; else the revision's current commit, from the hub or,
+    offline or unreachable, from the cache's ``refs/``), lists the repo, fetches and verifies the small files,
+    and reads the safetensors headers of the needed shards. ``cache_dir`` is ``--transformers-cache``;
+    ``offline`` defaults to ``HF_HUB_OFFLINE``; ``records_dir`` (the resumerge state dir) keeps verification
+    records so nothing verified is hashed again.
+
+    Raises ``ValueError`` if ``ref`` is a local path (see :func:`is_local`);
+    :class:`ModelInputError` for a bad repo id, an unknown repo/revision/file, a repo without
+    safetensors weights, a bad index, or files missing/damaged while offline (naming the repair command);
+    :class:`~resumerge.errors.HostileFileError` for escaping paths or lying headers;
+    :class:`HubUnavailableError` when the hub is unreachable and the cache cannot stand in;
+    :class:`~resumerge.errors.StorageError` when the small files do not fit on the disk.
+    """
+    settings = hub_settings(cache_dir, offline, endpoint)
+    emit = callback_or_noop(on_progress)
+    repo_id = _check_repo_id(ref)
+    revision = ref.revision or "main"
+    repo = RepoCache(settings.cache_dir, repo_id)
+    settings, commit = _pin_commit(settings, repo, revision, pinned_commit, emit)
+    settings, files, complete = _list_files(settings, repo, commit, emit)
+    small = small_files(files)
+    with VerifyRecords(records_dir) as records:
+        local = ensure_files(settings, repo, commit, small, records, emit)
+    weights = select_weights(settings, repo, commit, files, complete, local)
+    headers = read_shard_headers(settings, repo, commit, [files[name] for name in weights])
+    return RepoMetadata(ref, repo_id, revision, commit, settings, files, complete, local, weights, headers)
+
+
+def fetch_weights(
+    meta: RepoMetadata,
+    files: Iterable[str] | None = None,
+    *,
+    records_dir: str | Path | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> dict[str, Path]:
+    """Phase two: make ``files`` (default: ``meta.weight_files``) present and verified; return their paths.
+
+    Downloads only what is missing or damaged, at ``meta.commit``, after checking that the disk has room for
+    all of it; continues partial downloads of an interrupted run. Returns ``{repo path: snapshot path}``.
+    Raises :class:`~resumerge.errors.StorageError` (not enough space, with the numbers), :class:`ModelInputError`
+    (unknown file; missing or damaged while offline, with the repair command), :class:`HubUnavailableError`
+    (transfer failed after retries; the next run continues it).
+    """
+    names = list(meta.weight_files if files is None else files)
+    unknown = [name for name in names if name not in meta.files]
+    if unknown:
+        raise ModelInputError(f"{meta.repo_id}@{meta.commit[:12]} has no file(s) {', '.join(unknown)}")
+    repo = RepoCache(meta.settings.cache_dir, meta.repo_id)
+    with VerifyRecords(records_dir) as records:
+        wanted = [meta.files[name] for name in names]
+        return ensure_files(meta.settings, repo, meta.commit, wanted, records, callback_or_noop(on_progress))
+
+
+def is_local(ref: ModelRef) -> bool:
+    """Return whether ``ref.path`` exists on disk; mergekit's rule is that anything else is a hub repo id."""
+    return os.path.exists(os.path.expanduser(ref.path))
+
+
+def _check_repo_id(ref: ModelRef) -> str:
+    if is_local(ref):
+        raise ValueError(f"{ref.path!r} exists on disk: open it as a local model, not through the hub")
+    try:
+        validate_repo_id(ref.path)
+    except ValueError as e:
+        raise ModelInputError(
+            f"{ref.path!r} is neither an existing local path nor a valid hub repo id ({e})",
+            hint="check the path; hub ids look like org/name",
+        ) from e
+    return ref.path
+
+
+def _pin_commit(
+    settings: HubSettings, repo: RepoCache, revision: str, pinned: str | None, emit: ProgressCallback
+) -> tuple[HubSettings, str]:
+    """Return the commit to use, and the settings (switched to offline if the hub proved unreachable)."""
+    name = f"{repo.repo_id}@{revision}"
+    if pinned is not None:
+        if not COMMIT_RE.match(pinned):
+            raise ValueError(f"pinned_commit must be a 40-hex commit sha, not {pinned!r}")
+        note = "" if pinned == revision else f", even if {revision} has moved since"
+        emit(HubEvent("pinned", repo.repo_id, f"{name}: using commit {pinned[:12]} pinned at the start{note}",
+                      commit=pinned))
+        return settings, pinned
+    if COMMIT_RE.match(revision):
+        return settings, revision
+    if not settings.offline:
+        try:
+            commit = resolve_revision(settings, repo.repo_id, revision)
+        except Exception as e:
+            if not is_network_error(e):
+                raise
+            settings = _fall_back(settings, repo, f"cannot reach {settings.endpoint} ({e})", emit)
+        else:
+            repo.write_ref(revision, commit)
+            emit(HubEvent("resolve", repo.repo_id, f"{name} is commit {commit[:12]}", commit=commit))
+            return settings, commit
+    cached = repo.read_ref(revision)
+    if cached is None:
+        raise _not_cached(settings, name)
+    emit(HubEvent("resolve", repo.repo_id, f"{name} is commit {cached[:12]} (from the cache)", commit=cached))
+    return settings, cached
+
+
+def _list_files(
+    settings: HubSettings, repo: RepoCache, commit: str, emit: ProgressCallback
+) -> tuple[HubSettings, dict[str, RemoteFile], bool]:
+    """Return the commit's file list (cache first, then the hub, then the snapshot folder) and completeness."""
+    files = repo.read_tree(commit)
+    if files is not None:
+        return settings, files, True
+    if not settings.offline:
+        try:
+            files = list_files(settings, repo.repo_id, commit)
+        except Exception as e:
+            if not is_network_error(e):
+                raise
+            settings = _fall_back(settings, repo, f"cannot reach {settings.endpoint} ({e})", emit)
+        else:
+            repo.write_tree(commit, files)
+            return settings, files, True
+    files = repo.scan_snapshot(commit)
+    if not files:
+        raise _not_cached(settings, f"{repo.repo_id}@{commit}")
+    return settings, files, False
+
+
+def _not_cached(settings: HubSettings, name: str) -> ResumergeError:
+    if settings.unreachable:
+        return HubUnavailableError(f"cannot reach {settings.endpoint}, and {name} is not in the hub cache")
+    return ModelInputError(
+        f"{name} is not in the hub cache {settings.cache_dir}, and offline mode is on",
+        hint="run once without HF_HUB_OFFLINE=1 so the model can be fetched",
+    )
+
+
+def _fall_back(settings: HubSettings, repo: RepoCache, why: str, emit: ProgressCallback) -> HubSettings:
+    """Note that the hub did not answer and treat the rest of this call as offline."""
+    emit(HubEvent("fallback", repo.repo_id, f"{why}; using the hub cache"))
+    return dataclasses.replace(settings, offline=True, unreachable=True)

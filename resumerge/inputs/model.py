@@ -1,0 +1,196 @@
+"""Open a model input without reading weights: config.json, the index, every safetensors header.
+
+Hostile files are refused here: index entries that escape the model directory, headers that lie about sizes
+(see :mod:`resumerge.inputs.safetensors_format`), pickle-only checkpoints (never unpickled). Each input file also gets a
+cheap content identity (size, header hash, hash of sampled blocks) that survives copies and re-downloads —
+unlike mtimes — so a resume can tell whether an input changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from resumerge.config.modelref import ModelRef
+from resumerge.errors import HostileFileError, ModelInputError, PlanChangedError
+from resumerge.inputs.files import (
+    INDEX_NAME,
+    SINGLE_NAME,
+    TOKENIZER_FILES,
+    InputFile,
+    TensorSource,
+    contained,
+    file_identity,
+)
+from resumerge.inputs.safetensors_format import read_header
+
+if TYPE_CHECKING:
+    from resumerge.inputs.adapters import Adapter
+
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """A model input opened for planning: its config, every tensor's location, its weight files."""
+
+    ref: ModelRef
+    directory: Path
+    config: Mapping[str, Any]
+    tensors: Mapping[str, TensorSource]
+    files: tuple[InputFile, ...]
+    # The LoRA adapter of a ``model+adapter`` reference, applied tensor by tensor while merging.
+    adapter: Adapter | None = None
+
+
+def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = None) -> ModelInput:
+    """Open the local model ``ref`` (reading only config.json, the index and headers).
+
+    ``directory`` overrides where the model is (a resume uses the directory recorded at planning); otherwise
+    ``ref.path`` is used, relative to the current directory, and recorded as an absolute path. Raises
+    :class:`ModelInputError` for a missing directory, config or weights, and :class:`HostileFileError` for files
+    that try to escape the directory or whose headers are inconsistent.
+    """
+    if ref.lora is not None:
+        raise ModelInputError(
+            f"LoRA adapter references ({ref.key}) are not supported by this version",
+            yaml_path=yaml_path,
+            hint="merge the adapter into its base first (PEFT merge_and_unload) and reference that folder",
+        )
+    directory = (directory or Path(ref.path)).absolute()
+    if not directory.is_dir():
+        raise ModelInputError(
+            f"model {ref.path!r} not found: no such directory",
+            yaml_path=yaml_path,
+            hint="check the path; Hugging Face Hub ids are not supported by this version",
+        )
+    for name in ("config.json", INDEX_NAME, *TOKENIZER_FILES):
+        contained(directory, name)
+    config = _read_config(directory, yaml_path)
+    names = _weight_files(directory, yaml_path)
+    tensors: dict[str, TensorSource] = {}
+    files = []
+    for name in names:
+        path = contained(directory, name)
+        header = read_header(path)
+        for tname, entry in header.tensors.items():
+            if tname in tensors:
+                raise HostileFileError(
+                    f"tensor {tname!r} appears in both {tensors[tname].file} and {name}", path=str(directory)
+                )
+            tensors[tname] = TensorSource(name, entry)
+        files.append(InputFile(name, header.file_size, file_identity(path, header.raw)))
+    return ModelInput(ref, directory, config, tensors, tuple(files))
+
+
+def _read_config(directory: Path, yaml_path: str) -> Mapping[str, Any]:
+    path = directory / "config.json"
+    if not path.is_file():
+        raise ModelInputError(f"{directory} has no config.json", yaml_path=yaml_path, path=str(path))
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ModelInputError(f"config.json is not valid JSON ({exc})", path=str(path)) from None
+    if not isinstance(config, dict):
+        raise ModelInputError("config.json must hold a JSON object", path=str(path))
+    return config
+
+
+def _weight_files(directory: Path, yaml_path: str) -> list[str]:
+    index = directory / INDEX_NAME
+    if index.is_file():
+        try:
+            doc = json.loads(index.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise ModelInputError(f"index is not valid JSON ({exc})", path=str(index)) from None
+        weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ModelInputError("index has no weight_map", path=str(index))
+        names = sorted({_safe_name(v, index) for v in weight_map.values()})
+        for name in names:
+            if not (directory / name).is_file():
+                raise ModelInputError(
+                    f"index names {name} but the file is missing", path=str(index), hint="re-download the model"
+                )
+        return names
+    if (directory / SINGLE_NAME).is_file():
+        return [SINGLE_NAME]
+    singles = sorted(p.name for p in directory.glob("*.safetensors") if p.is_file())
+    if len(singles) == 1:
+        return singles
+    if any(directory.glob("*.bin")) or any(directory.glob("*.pt")) or any(directory.glob("*.pth")):
+        raise ModelInputError(
+            f"{directory} has only pickle weights (.bin/.pt); resumerge never unpickles files",
+            yaml_path=yaml_path,
+            hint="convert the model to safetensors first",
+        )
+    raise ModelInputError(f"Unable to find model files at {directory}", yaml_path=yaml_path)
+
+
+def _safe_name(value: object, index: Path) -> str:
+    # An index is data from the internet: a weight_map value must name a plain file beside the index.
+    if (
+        not isinstance(value, str)
+        or not value
+        or value in {".", ".."}
+        or "/" in value
+        or "\\" in value
+        or "\x00" in value
+        or os.path.isabs(value)
+    ):
+        raise HostileFileError(
+            f"index weight_map entry {value!r} escapes the model directory", path=str(index), hint="refusing to read it"
+        )
+    if not value.endswith(".safetensors"):
+        raise HostileFileError(f"index weight_map entry {value!r} is not a .safetensors file", path=str(index))
+    return value
+
+
+class InputWatch:
+    """Notices an input weight file modified in place, replaced or deleted while a merge reads it.
+
+    Taken when the run starts (the plan has just checked every file's content identity). :meth:`check` costs
+    one ``stat`` per file and runs before every commit: a file committed after a passing check was computed
+    only from bytes read before it, so from unchanged inputs — a change is caught at the first commit after it,
+    and the shards committed before it stay valid. Compares size and mtime: not ctime, which a mere chmod moves,
+    nor inode numbers, which some FUSE filesystems (Drive) do not keep stable.
+    """
+
+    def __init__(self, files: Iterable[Path]) -> None:
+        self._seen = {path: _stat_key(path) for path in files}
+
+    @classmethod
+    def of(cls, model_dirs: Mapping[str, str], inputs: Mapping[str, Iterable[tuple[str, int, str]]]) -> InputWatch:
+        """A watch over every weight file of a plan (``plan.model_dirs`` and ``plan.inputs``)."""
+        return cls(Path(model_dirs[key]) / f[0] for key, files in inputs.items() for f in files)
+
+    def changed(self) -> PlanChangedError | None:
+        """The error describing the first changed input file, or None when all are as they were."""
+        for path, before in self._seen.items():
+            now = _stat_key(path)
+            if now == before:
+                continue
+            what = "was deleted" if now is None else "changed"
+            return PlanChangedError(
+                f"input file {path} {what} during the merge; shards committed before that are kept",
+                path=str(path),
+                hint="restore it as it was and run resumerge resume OUT (or start over with --restart)",
+            )
+        return None
+
+    def check(self) -> None:
+        """Raise :meth:`changed`'s error, if any."""
+        error = self.changed()
+        if error is not None:
+            raise error
+
+
+def _stat_key(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_size, st.st_mtime_ns

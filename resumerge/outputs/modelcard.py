@@ -1,0 +1,184 @@
+"""The output's README.md: a Hugging Face model card describing the merge, made from the plan and the config.
+
+Like mergekit's card: YAML front matter (``base_model``, ``library_name``, ``tags``), the merge method, the models
+and the config as given. Unlike mergekit's (mergekit-semantics.md defect 7) it makes no network call — whether a
+model came from the hub is read from the plan (a hub input's directory is ``models--org--name/snapshots/<commit>``
+in the Hugging Face cache), which also gives the exact commit that was merged — and it holds no timestamps, so
+the bytes are a pure function of (plan, config text) and a resumed run writes the identical file. A donor
+model's own README.md is never copied.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
+
+import yaml
+
+from resumerge.config.merge_config import MergeConfig, load_config_text
+
+if TYPE_CHECKING:
+    from resumerge.config.modelref import ModelRef
+    from resumerge.plan.merge_plan import Plan
+
+CARD_NAME = "README.md"
+CARD_TAGS = ("mergekit", "merge", "resumerge")
+_HUB = "https://huggingface.co"
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+# merge_method -> (display name, one-line description, reference)
+METHODS: Mapping[str, tuple[str, str, str | None]] = {
+    "linear": ("Linear", "a weighted average of the models' parameters.", "https://arxiv.org/abs/2203.05482"),
+    "slerp": ("SLERP", "spherical linear interpolation between two models, from the base (t = 0) to the other "
+              "model (t = 1).", "https://en.wikipedia.org/wiki/Slerp"),
+    "nuslerp": ("NuSLERP", "spherical interpolation of two models (or of their task vectors from a base) with "
+                "weights instead of a single t.", None),
+    "multislerp": ("Multi-SLERP", "a weighted spherical average of any number of models, optionally around a "
+                   "base.", "https://goddard.blog/posts/multislerp-wow-what-a-cool-idea"),
+    "karcher": ("Karcher mean", "the Riemannian (Karcher) mean of the models' parameter directions.",
+                "https://en.wikipedia.org/wiki/Karcher_mean"),
+    "task_arithmetic": ("Task Arithmetic", "the base plus a weighted sum of each model's difference from it "
+                        "(task vectors).", "https://arxiv.org/abs/2212.04089"),
+    "ties": ("TIES", "task vectors trimmed to their largest entries, with a per-parameter sign election before "
+             "they are summed onto the base.", "https://arxiv.org/abs/2306.01708"),
+    "dare_ties": ("DARE TIES", "task vectors randomly dropped and rescaled (DARE), then combined with TIES sign "
+                  "election.", "https://arxiv.org/abs/2311.03099"),
+    "dare_linear": ("DARE linear", "task vectors randomly dropped and rescaled (DARE), then summed onto the base.",
+                    "https://arxiv.org/abs/2311.03099"),
+    "breadcrumbs": ("Model Breadcrumbs", "task vectors with both the smallest and the largest outlier entries "
+                    "removed, summed onto the base.", "https://arxiv.org/abs/2312.06795"),
+    "breadcrumbs_ties": ("Model Breadcrumbs with TIES", "Breadcrumbs masks combined with TIES sign election.",
+                         "https://arxiv.org/abs/2312.06795"),
+    "della": ("DELLA", "task vectors dropped with probabilities that fall with magnitude, rescaled, then combined "
+              "with TIES sign election.", "https://arxiv.org/abs/2406.11617"),
+    "della_linear": ("DELLA linear", "DELLA's magnitude-aware dropping, then a plain weighted sum onto the base.",
+                     "https://arxiv.org/abs/2406.11617"),
+    "sce": ("SCE", "select the task-vector entries that vary most across models, weight each model by its energy, "
+            "and erase sign conflicts.", "https://arxiv.org/abs/2408.07990"),
+    "ram": ("RAM", "each parameter takes the mean change of only the models that changed it (reinforced "
+            "agent merging).", "https://arxiv.org/abs/2601.13572"),
+    "ramplus_tl": ("RAM+ (tensor level)", "RAM with contributions unique to one model scaled up by how much the "
+                   "models overlap.", "https://arxiv.org/abs/2601.13572"),
+    "model_stock": ("Model Stock", "the average of the fine-tuned models pulled towards the base by a ratio "
+                    "derived from the angle between their task vectors.", "https://arxiv.org/abs/2403.19522"),
+    "nearswap": ("Nearswap", "the base's parameters, swapped towards the other model's where the two are close.",
+                 "https://huggingface.co/alchemonaut/QuartetAnemoi-70B-t0.0001"),
+    "arcee_fusion": ("Arcee Fusion", "the base, updated only where the other model's change is important (large "
+                     "difference and divergence).", "https://www.arcee.ai"),
+    "passthrough": ("Passthrough", "tensors copied unchanged (optionally scaled) from the listed layers, e.g. to "
+                    "stack layers of one or more models.", None),
+}
+
+
+def hub_commit(path: str, directory: str) -> str | None:
+    """The commit a hub model was merged at, or None for a local model.
+
+    ``directory`` is the model's entry in :attr:`Plan.model_dirs`; a hub input's is the Hugging Face cache
+    snapshot ``.../models--<org>--<name>/snapshots/<commit>`` of repo ``path``. A local path that happens to
+    point into a cache snapshot is still local (its ``path`` is not the repo id).
+    """
+    parts = PurePosixPath(directory.replace("\\", "/")).parts
+    if len(parts) < 3 or parts[-2] != "snapshots" or not _COMMIT.match(parts[-1]):
+        return None
+    if path.startswith(("/", ".", "~")) or parts[-3] != "models--" + path.replace("/", "--"):
+        return None
+    return parts[-1]
+
+
+def render_model_card(plan: Plan, config_text: str) -> bytes:
+    """The README.md bytes for ``plan`` merged from ``config_text`` (the YAML as given; it is shown verbatim).
+
+    Deterministic: depends only on the config, the plan's method and layer count, and the hub commits in
+    ``plan.model_dirs``. No network call, no clock.
+    """
+    config = load_config_text(config_text)
+    refs = config.referenced_models()
+    commits = {ref.key: hub_commit(ref.path, plan.model_dirs.get(ref.key, "")) for ref in refs}
+    hub_ids: list[str] = []
+    for ref in refs:
+        if commits[ref.key] is not None and ref.path not in hub_ids:
+            hub_ids.append(ref.path)
+    meta: dict[str, object] = {}
+    if hub_ids:
+        meta["base_model"] = hub_ids
+    meta["library_name"] = "transformers"
+    meta["tags"] = list(CARD_TAGS)
+    front = yaml.safe_dump(meta, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    lines = ["---", front.rstrip("\n"), "---", f"# {config.name or 'Merged model'}", ""]
+    lines += [
+        "This is a merge of pre-trained language models, made with resumerge from a "
+        "[mergekit](https://github.com/arcee-ai/mergekit) configuration.",
+        "",
+        "## Merge method",
+        "",
+        _method_line(plan.method),
+        "",
+        "## Models",
+        "",
+    ]
+    bases = _base_keys(config)
+    lines += [_model_line(ref, commits[ref.key], ref.key in bases) for ref in refs]
+    lines += [""]
+    if config.slices:
+        lines += ["## Layers", "", f"The output has {plan.num_layers} layers:", ""]
+        lines += _slice_lines(config)
+        lines += [""]
+    fence = _fence(config_text)
+    lines += ["## Configuration", "", "The following YAML configuration was used to produce this model:", ""]
+    lines += [f"{fence}yaml", config_text.rstrip("\n"), fence, ""]
+    return "\n".join(lines).encode("utf-8")
+
+
+def _method_line(method: str) -> str:
+    name, description, reference = METHODS.get(method, (method, "", None))
+    title = f"[{name}]({reference})" if reference else name
+    return f"{title} (`{method}`): {description}".rstrip(": ")
+
+
+def _base_keys(config: MergeConfig) -> set[str]:
+    keys = {config.base_model.key} if config.base_model is not None else set()
+    keys.update(sl.base_model.key for sl in config.slices or () if sl.base_model is not None)
+    return keys
+
+
+def _model_line(ref: ModelRef, commit: str | None, base: bool) -> str:
+    if commit is None:
+        return f"- {_code(ref.key)} (local{', base model' if base else ''})"
+    role = " (base model)" if base else ""
+    revision = f", revision {_code(ref.revision)}" if ref.revision else ""
+    return (f"- [{ref.path}]({_HUB}/{ref.path}){role}{revision}, "
+            f"commit [`{commit}`]({_HUB}/{ref.path}/tree/{commit})")
+
+
+def _slice_lines(config: MergeConfig) -> list[str]:
+    lines = []
+    start = 0
+    for sl in config.slices or ():
+        first = sl.sources[0].layer_range or (0, 0)
+        length = first[1] - first[0]
+        where = f"layer {start}" if length == 1 else f"layers {start}–{start + length - 1}"
+        if length == 0:
+            where = "no layers"
+        sources = ", ".join(
+            f"{_code(s.model.key)} layers [{(s.layer_range or (0, 0))[0]}, {(s.layer_range or (0, 0))[1]})"
+            for s in sl.sources
+        )
+        lines.append(f"- {where}: {sources}")
+        start += length
+    return lines
+
+
+def _code(text: str) -> str:
+    """``text`` as a Markdown code span, whatever backticks it contains."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    ticks = "`" * (longest + 1)
+    pad = " " if longest else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
+
+def _fence(text: str) -> str:
+    """A code fence longer than any backtick run at the start of a line of ``text``."""
+    longest = max((len(m) for m in re.findall(r"^\s*(`{3,})", text, flags=re.MULTILINE)), default=0)
+    return "`" * max(3, longest + 1)

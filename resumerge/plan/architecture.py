@@ -1,0 +1,307 @@
+"""What resumerge knows about model families: where tensors sit, and what config.json says per layer.
+
+The tensor layout is inferred from names, like mergekit's automatic architecture: a tensor name with a
+``.<digits>.`` part belongs to a layer (prefix, index, suffix: the first numbered part counts); others are
+pre-layer weights (embeddings) or post-layer weights (final norm, output head). Pre-layer weights come from the
+first slice's models, post-layer weights from the last slice's, as mergekit does. This covers the families
+people merge without a table per architecture: Llama, Mistral, Mixtral, Qwen2/2.5/3 and their MoE variants,
+Gemma 1/2/3, Phi-3/4 (``model.layers.N``), GPT-2 and Falcon (``transformer.h.N``), GPT-NeoX
+(``gpt_neox.layers.N``, untied head ``embed_out``).
+
+The per-layer knowledge is what transformers 5 derives from config.json for each layer: its attention type
+(:func:`layer_types_of`) and, for MoE models with some dense layers, whether it has experts
+(:func:`dense_mlp_layers`). :mod:`resumerge.plan.outconfig` uses both to describe the output's layers by the source
+layer each one was made from.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from resumerge.errors import ConfigError, ModelInputError
+
+if TYPE_CHECKING:
+    from resumerge.config.merge_config import MergeConfig
+    from resumerge.config.modelref import ModelRef
+    from resumerge.inputs.model import ModelInput
+
+_LAYER = re.compile(r"^(?P<prefix>.+?)\.(?P<index>\d+)\.(?P<suffix>.+)$")
+# Names of loose tensors that precede the layers (token and position embeddings across families).
+_PRE_MARKERS = ("embed", "wte", "wpe", "word_embeddings", "tok_embeddings")
+# Output heads: loose tensors under these top-level names follow the layers even when their name says "embed"
+# (GPT-NeoX's untied head is ``embed_out``).
+_HEAD_MODULES = ("lm_head", "embed_out")
+LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+# A model without its own head contributes the input embedding the head is tied to (tied embeddings).
+TIED_NAMES: Mapping[str, tuple[str, ...]] = {
+    "lm_head.weight": (
+        "model.embed_tokens.weight",  # Llama, Mistral, Qwen, Gemma, Phi-3
+        "transformer.wte.weight",  # GPT-2
+        "wte.weight",  # GPT-2 checkpoints saved without the ``transformer.`` prefix
+        "transformer.word_embeddings.weight",  # Falcon
+        "gpt_neox.embed_in.weight",
+    ),
+    "embed_out.weight": ("gpt_neox.embed_in.weight",),  # GPT-NeoX with tie_word_embeddings
+}
+# Per-layer lists in config.json that must follow the output's layers (transformers 5 validates their length):
+# attention type, SmolLM3/Llama-4 NoPE flags, dense/sparse MLP type, per-layer head counts.
+PER_LAYER_KEYS = (
+    "layer_types",
+    "no_rope_layers",
+    "mlp_layer_types",
+    "num_attention_heads_per_layer",
+    "num_key_value_heads_per_layer",
+)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A model's tensors split into pre-layer names, per-layer suffixes, and post-layer names.
+
+    ``layer_suffixes`` is the union over all layers; ``suffixes_by_layer[i]`` the suffixes layer ``i`` has
+    (they differ in MoE models whose dense layers have no experts).
+    """
+
+    layer_prefix: str | None
+    num_layers: int
+    pre: tuple[str, ...]
+    layer_suffixes: tuple[str, ...]
+    post: tuple[str, ...]
+    suffixes_by_layer: tuple[tuple[str, ...], ...] = ()
+
+    def layer_name(self, index: int, suffix: str) -> str:
+        """Full tensor name of ``suffix`` in layer ``index``."""
+        return f"{self.layer_prefix}.{index}.{suffix}"
+
+    def suffixes_of(self, index: int) -> tuple[str, ...]:
+        """The suffixes (sorted) of the tensors layer ``index`` holds."""
+        if index < len(self.suffixes_by_layer):
+            return self.suffixes_by_layer[index]
+        return self.layer_suffixes
+
+
+def split_layer_name(name: str) -> tuple[str, int, str] | None:
+    """Return (prefix, layer index, suffix) for a layer tensor name, or None for a loose tensor."""
+    match = _LAYER.match(name)
+    if match is None:
+        return None
+    return match["prefix"], int(match["index"]), match["suffix"]
+
+
+def is_head(name: str) -> bool:
+    """Whether ``name`` is a loose output-head tensor (``lm_head.*``, GPT-NeoX ``embed_out.*``)."""
+    return name.split(".", 1)[0] in _HEAD_MODULES
+
+
+def is_input_embedding(name: str) -> bool:
+    """Whether ``name`` is a model's token embedding (what a tied head shares)."""
+    return any(name in alts for alts in TIED_NAMES.values()) or name.endswith("embed_tokens.weight")
+
+
+def infer_layout(names: Iterable[str], config: Mapping[str, Any], *, where: str) -> Layout:
+    """Infer the layout of a model from its tensor ``names`` and ``config`` (config.json).
+
+    Raises :class:`ModelInputError` when layer tensors use more than one prefix (a multi-module model) or the
+    layer count in config.json disagrees with the tensors.
+    """
+    prefixes: dict[str, set[int]] = {}
+    per_layer: dict[int, list[str]] = {}
+    suffixes: set[str] = set()
+    loose: list[str] = []
+    for name in sorted(names):
+        parts = split_layer_name(name)
+        if parts is None:
+            loose.append(name)
+            continue
+        group, index, suffix = parts
+        prefixes.setdefault(group, set()).add(index)
+        per_layer.setdefault(index, []).append(suffix)
+        suffixes.add(suffix)
+    if len(prefixes) > 1:
+        raise ModelInputError(
+            f"tensors are numbered under several prefixes ({', '.join(sorted(prefixes))})",
+            path=where,
+            hint="Model has multiple modules, must use modules: config syntax to work with slices",
+        )
+    prefix = next(iter(prefixes), None)
+    found = max(prefixes[prefix]) + 1 if prefix is not None else 0
+    declared = layer_count(config)
+    if declared is not None and prefix is not None and declared != found:
+        raise ModelInputError(
+            f"config.json says {declared} layers but the weights hold layers 0..{found - 1}",
+            path=where,
+            hint="the model files are incomplete or config.json is wrong",
+        )
+    pre = tuple(n for n in loose if not is_head(n) and any(m in n for m in _PRE_MARKERS))
+    post = tuple(n for n in loose if n not in pre)
+    by_layer = tuple(tuple(sorted(per_layer.get(i, ()))) for i in range(found))
+    return Layout(prefix, found, pre, tuple(sorted(suffixes)), post, by_layer)
+
+
+def layer_count(config: Mapping[str, Any]) -> int | None:
+    """The number of layers config.json declares, or None when it has no known key."""
+    for key in LAYER_COUNT_KEYS:
+        value = config.get(key)
+        if type(value) is int:
+            return value
+    text = config.get("text_config")
+    if isinstance(text, dict):
+        return layer_count(text)
+    return None
+
+
+def layer_count_key(config: Mapping[str, Any]) -> str:
+    """The config.json key that holds the layer count (``num_hidden_layers`` when none is present)."""
+    for key in LAYER_COUNT_KEYS:
+        if type(config.get(key)) is int:
+            return key
+    return "num_hidden_layers"
+
+
+def layer_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The part of config.json that describes the decoder layers: ``text_config`` for wrapper configs
+    (Gemma 3 multimodal) whose top level has no layer count, else the config itself."""
+    text = config.get("text_config")
+    if any(type(config.get(k)) is int for k in LAYER_COUNT_KEYS) or not isinstance(text, dict):
+        return config
+    return text
+
+
+# ---- per-layer attention types -----------------------------------------------------------------------------
+# How transformers 5 fills ``layer_types`` when config.json has none (configuration_<family>.py), per family.
+_SLIDING, _FULL = "sliding_attention", "full_attention"
+
+
+def _qwen2_type(cfg: Mapping[str, Any], i: int) -> str:
+    # Qwen2 / Qwen3: the bottom max_window_layers use full attention, the rest a sliding window when enabled.
+    on = bool(cfg.get("use_sliding_window", False)) and cfg.get("sliding_window", 4096) is not None
+    return _SLIDING if on and i >= int(cfg.get("max_window_layers", 28)) else _FULL
+
+
+def _qwen2_moe_type(cfg: Mapping[str, Any], i: int) -> str:
+    on = bool(cfg.get("use_sliding_window", False))
+    return _SLIDING if on and (i + 1) % 2 and i < int(cfg.get("max_window_layers", 28)) else _FULL
+
+
+def _gemma2_type(cfg: Mapping[str, Any], i: int) -> str:
+    return _SLIDING if (i + 1) % 2 else _FULL
+
+
+def _gemma3_type(cfg: Mapping[str, Any], i: int) -> str:
+    # The legacy ``sliding_window_pattern`` (6 in hub configs of Gemma 3): every 6th layer is global.
+    return _SLIDING if (i + 1) % int(cfg.get("sliding_window_pattern", 6)) else _FULL
+
+
+_LAYER_TYPE_RULES: Mapping[str, Callable[[Mapping[str, Any], int], str]] = {
+    "qwen2": _qwen2_type,
+    "qwen3": _qwen2_type,
+    "qwen2_moe": _qwen2_moe_type,
+    "gemma2": _gemma2_type,
+    "gemma3_text": _gemma3_type,
+}
+
+
+def derives_layer_types(config: Mapping[str, Any]) -> bool:
+    """Whether transformers derives ``layer_types`` for this config's family when the list is absent."""
+    return layer_config(config).get("model_type") in _LAYER_TYPE_RULES
+
+
+def layer_types_of(config: Mapping[str, Any], count: int | None = None) -> list[str] | None:
+    """The attention type of each layer as transformers 5 reads ``config``: its explicit ``layer_types``,
+    else the family's rule for ``count`` layers (default: the declared layer count); None when neither."""
+    cfg = layer_config(config)
+    explicit = cfg.get("layer_types")
+    if isinstance(explicit, list):
+        return list(explicit)
+    rule = _LAYER_TYPE_RULES.get(str(cfg.get("model_type")))
+    n = count if count is not None else layer_count(cfg)
+    if rule is None or n is None:
+        return None
+    return [rule(cfg, i) for i in range(n)]
+
+
+# ---- MoE models with dense layers ----------------------------------------------------------------------------
+QWEN_MOE_SCHEME = "mlp_only_layers"  # Qwen2-MoE, Qwen3-MoE, Qwen3-Next: a list plus decoder_sparse_step
+PREFIX_SCHEME = "first_k_dense_replace"  # DeepSeek-V2/V3, GLM-4-MoE: the first k layers are dense
+
+
+def dense_mlp_layers(config: Mapping[str, Any]) -> tuple[str, frozenset[int]] | None:
+    """(scheme, dense layer indices) of an MoE config whose layers are not all sparse, as transformers 5
+    decides per layer (``Qwen2MoeDecoderLayer``, ``DeepseekV3DecoderLayer``); None when config.json does not
+    describe dense layers (dense models, Mixtral) or lists ``mlp_layer_types`` (a per-layer list instead)."""
+    cfg = layer_config(config)
+    n = layer_count(cfg)
+    if n is None or isinstance(cfg.get("mlp_layer_types"), list):
+        return None
+    if "mlp_only_layers" in cfg or "decoder_sparse_step" in cfg:
+        only = {int(i) for i in cfg.get("mlp_only_layers") or ()}
+        step = int(cfg.get("decoder_sparse_step", 1) or 1)
+        experts = int(cfg.get("num_experts", cfg.get("num_local_experts", 1)) or 0)
+        dense = {i for i in range(n) if i in only or not (experts > 0 and (i + 1) % step == 0)}
+        return QWEN_MOE_SCHEME, frozenset(dense)
+    first = cfg.get("first_k_dense_replace")
+    if type(first) is int:
+        return PREFIX_SCHEME, frozenset(range(min(first, n)))
+    return None
+
+
+# ---- mixing architectures ------------------------------------------------------------------------------------
+def architecture_of(config: Mapping[str, Any], override: str | None = None) -> str | None:
+    """The architecture name of a model: ``override_architecture`` if given, else ``architectures[0]``, else
+    ``model_type``; None when config.json names neither."""
+    if override:
+        return override
+    archs = config.get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        return archs[0]
+    model_type = config.get("model_type")
+    return model_type if isinstance(model_type, str) else None
+
+
+def check_architectures(
+    config: MergeConfig, models: Mapping[str, ModelInput], *, allow_crimes: bool
+) -> None:
+    """Refuse a config whose models have different architectures unless ``allow_crimes`` (mergekit's
+    ``--allow-crimes``): raises a one-line :class:`ConfigError` naming the first two models that differ.
+
+    Models whose config.json names no architecture are not compared (nothing to tell them apart by).
+    """
+    if allow_crimes:
+        return
+    overrides: dict[str, str] = {}
+    paths: dict[str, str] = {}
+    for ref, path in _mentions(config):
+        paths.setdefault(ref.key, path)
+        if ref.override_architecture and ref.key not in overrides:
+            overrides[ref.key] = ref.override_architecture
+    first: tuple[str, str] | None = None
+    for ref in config.referenced_models():
+        model = models.get(ref.key)
+        arch = architecture_of(model.config, overrides.get(ref.key)) if model is not None else None
+        if arch is None:
+            continue
+        if first is None:
+            first = (ref.key, arch)
+        elif arch != first[1]:
+            raise ConfigError(
+                f"models have different architectures: {first[0]} is {first[1]}, {ref.key} is {arch}",
+                yaml_path=paths.get(ref.key),
+                hint="pass --allow-crimes to merge them tensor by tensor as names and shapes allow",
+            )
+
+
+def _mentions(config: MergeConfig) -> list[tuple[ModelRef, str]]:
+    """Every model reference in the config with its YAML path, in YAML order."""
+    found: list[tuple[ModelRef, str]] = []
+    if config.base_model is not None:
+        found.append((config.base_model, "base_model"))
+    for src in config.models or ():
+        found.append((src.model, f"{src.yaml_path}.model"))
+    for sl in config.slices or ():
+        if sl.base_model is not None:
+            found.append((sl.base_model, f"{sl.yaml_path}.base_model"))
+        found.extend((src.model, f"{src.yaml_path}.model") for src in sl.sources)
+    return found

@@ -1,0 +1,221 @@
+"""The frozen merge plan: every output tensor, its inputs, method, parameters, dtype and shard, decided up front.
+
+A :class:`Plan` is pure data. The engine only executes it; its :attr:`Plan.fingerprint` (plan contents,
+resumerge version, input file identities) is stored with the run, and a resume whose freshly built plan has
+another fingerprint is refused with :func:`describe_changes` saying what differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from resumerge.config.version import __version__
+from resumerge.inputs.safetensors_format import ShardLayout, layout_shard
+
+if TYPE_CHECKING:
+    from resumerge.vocab import VocabAlignment
+
+DEFAULT_SHARD_SIZE = 1_000_000_000
+DEFAULT_SEED = 0
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """Command-line options that change output bytes (and so belong in the fingerprint)."""
+
+    out_shard_size: int = DEFAULT_SHARD_SIZE
+    random_seed: int = DEFAULT_SEED
+    copy_tokenizer: bool = True
+    # Lets models of different architectures be planned (mergekit's --allow-crimes). Recorded with the run so a
+    # resume plans the same way, but left out of the fingerprint: it changes no output byte.
+    allow_crimes: bool = False
+    # Where methods run ("cpu" or "cuda:N"): a GPU may round differently, so it is part of the output's identity.
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class LoraRef:
+    """A LoRA delta on an input tensor: factors A and B (read whole; small), ``scale`` and PEFT's merge flags."""
+
+    a: InputRef
+    b: InputRef
+    scale: float
+    fan_in_fan_out: bool
+    embedding: bool
+
+
+@dataclass(frozen=True)
+class InputRef:
+    """One input tensor of an output tensor: model key, weight file, tensor name, dtype, shape, byte range.
+
+    ``cast`` is the dtype the stored tensor is converted to when read (a LoRA adapter's replacement of a base
+    tensor takes the base's dtype, as PEFT loads it); ``lora`` a delta added after that; ``first_row`` the
+    tensor's first row within the whole tensor when this reference is a row chunk (the LoRA factors are whole).
+    """
+
+    model: str
+    file: str
+    tensor: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+    cast: str | None = None
+    lora: LoraRef | None = None
+    first_row: int = 0
+
+    @property
+    def value_dtype(self) -> str:
+        """The dtype of the tensor as the method sees it (after ``cast``)."""
+        return self.cast or self.dtype
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """How one output tensor is made and where it goes."""
+
+    name: str
+    shard: str
+    method: str
+    inputs: tuple[InputRef, ...]
+    base_index: int | None
+    model_params: tuple[tuple[tuple[str, Any], ...], ...]
+    params: tuple[tuple[str, Any], ...]
+    shape: tuple[int, ...]
+    compute_dtype: str | None
+    out_dtype: str
+    nbytes: int
+    # A vocabulary-axis tensor (embeddings, lm_head) whose inputs are re-indexed to the built output vocabulary
+    # (Plan.vocab) before the method runs; its inputs may then have different row counts.
+    vocab_aligned: bool = False
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """One output shard: final file name, tensors in on-disk data order, exact file size."""
+
+    name: str
+    tensors: tuple[str, ...]
+    file_size: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything the engine needs; nothing here depends on the machine, the time, or the output path."""
+
+    method: str
+    tensors: Mapping[str, TensorPlan]
+    shards: tuple[ShardPlan, ...]
+    donor: str
+    tokenizer_donor: str | None
+    num_layers: int
+    layer_origins: tuple[tuple[str, int], ...]
+    inputs: Mapping[str, tuple[tuple[str, int, str], ...]]
+    model_dirs: Mapping[str, str] = field(compare=False)
+    options: PlanOptions = PlanOptions()
+    out_config: Mapping[str, Any] = field(default_factory=dict)
+    tokenizer_files: tuple[tuple[str, str], ...] = ()
+    # Tokenizer files whose bytes the plan made (a built tokenizer, or a donor's with chat_template applied);
+    # files not here are copied from the tokenizer donor. Hashes are in tokenizer_files.
+    tokenizer_blobs: Mapping[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+    # How each input's vocabulary rows map to the built tokenizer's (None when no tokenizer is built).
+    vocab: VocabAlignment | None = field(default=None, compare=False, repr=False)
+    vocab_digest: str = ""
+    fingerprint: str = ""
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of all output shards together."""
+        return sum(s.file_size for s in self.shards)
+
+    def shard_layout(self, shard: ShardPlan) -> ShardLayout:
+        """The byte layout of ``shard`` (header and data order), as the writer must produce it."""
+        return layout_shard({n: (self.tensors[n].out_dtype, self.tensors[n].shape) for n in shard.tensors})
+
+    @property
+    def weight_map(self) -> dict[str, str]:
+        """Output tensor name -> shard file name, sorted by tensor name."""
+        return {name: self.tensors[name].shard for name in sorted(self.tensors)}
+
+
+def fingerprint_parts(plan: Plan) -> dict[str, str]:
+    """Hashes of the plan's separable parts; a mismatch in one part tells the user what changed."""
+    body = {
+        "method": plan.method,
+        "tensors": [_tensor_doc(plan.tensors[n]) for n in sorted(plan.tensors)],
+        "shards": [asdict(s) for s in plan.shards],
+        "donor": plan.donor,
+        "tokenizer_donor": plan.tokenizer_donor,
+        "layer_origins": plan.layer_origins,
+        "out_config": plan.out_config,
+        "tokenizer_files": plan.tokenizer_files,
+        "vocab": plan.vocab_digest,
+    }
+    return {
+        "plan": _sha(body),
+        "options": _sha({k: v for k, v in asdict(plan.options).items() if k != "allow_crimes"}),
+        "inputs": _sha({k: list(v) for k, v in sorted(plan.inputs.items())}),
+        "version": __version__,
+    }
+
+
+def compute_fingerprint(plan: Plan) -> str:
+    """The fingerprint of ``plan``: sha256 over its parts (plan body, options, input identities, version)."""
+    return _sha(fingerprint_parts(plan))
+
+
+def describe_changes(
+    recorded_parts: Mapping[str, str],
+    recorded_inputs: Mapping[str, list[list[Any]]],
+    plan: Plan,
+) -> list[str]:
+    """Human sentences for each difference between a recorded run and ``plan`` (empty when none)."""
+    now = fingerprint_parts(plan)
+    changes = []
+    if recorded_parts.get("version") != now["version"]:
+        changes.append(f"resumerge version changed ({recorded_parts.get('version')} -> {now['version']})")
+    if recorded_parts.get("options") != now["options"]:
+        changes.append("output options changed (--out-shard-size, --random-seed, --device or tokenizer copying)")
+    if recorded_parts.get("inputs") != now["inputs"]:
+        for model, files in sorted(plan.inputs.items()):
+            before = {f[0]: f for f in recorded_inputs.get(model, [])}
+            for name, size, ident in files:
+                old = before.get(name)
+                if old is None:
+                    changes.append(f"input {model}/{name} is new")
+                elif list(old) != [name, size, ident]:
+                    changes.append(f"input file {model}/{name} changed (size {old[1]} -> {size})")
+            for name in sorted(set(before) - {f[0] for f in files}):
+                changes.append(f"input file {model}/{name} is gone")
+        missing = sorted(set(recorded_inputs) - set(plan.inputs))
+        changes.extend(f"input model {m} is no longer used" for m in missing)
+        if not changes:
+            changes.append("input files changed")
+    if recorded_parts.get("plan") != now["plan"]:
+        changes.append("the merge plan changed (config, method parameters or input tensor layout)")
+    return changes
+
+
+def _tensor_doc(t: TensorPlan) -> dict[str, Any]:
+    doc = asdict(t)
+    doc["inputs"] = [_input_doc(i) for i in t.inputs]
+    return doc
+
+
+def _input_doc(i: InputRef) -> list[Any]:
+    doc: list[Any] = [i.model, i.file, i.tensor, i.dtype, list(i.shape)]
+    if i.cast is not None:
+        doc.append(["cast", i.cast])
+    if i.lora is not None:
+        lora = i.lora
+        doc.append(["lora", _input_doc(lora.a), _input_doc(lora.b), lora.scale, lora.fan_in_fan_out, lora.embedding])
+    return doc
+
+
+def _sha(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=list)
+    return hashlib.sha256(text.encode()).hexdigest()

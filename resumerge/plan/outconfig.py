@@ -1,0 +1,176 @@
+"""The output config.json: the donor's config with every per-layer fact, the vocabulary, dtype and tying made true.
+
+mergekit updates only the layer count; transformers 5 then refuses configs whose ``layer_types`` no longer
+match (mergekit-semantics.md §4, defect 11), and frankenmerges of families whose layers differ (Gemma 2/3
+sliding/global attention, Qwen-MoE dense layers) load with layers of the wrong kind. Here each output layer is
+described by the source layer it was made from (``origins``):
+
+- the layer count under the family's key (``num_hidden_layers``; ``n_layer`` for GPT-2 style configs; inside
+  ``text_config`` for wrapper configs);
+- per-layer lists (:data:`~resumerge.plan.architecture.PER_LAYER_KEYS`) rebuilt entry by entry from the source
+  layer's entry;
+- ``layer_types`` written explicitly when the donor has none but its family derives one (Qwen2/3, Qwen2-MoE,
+  Gemma 2, Gemma 3) and the derivation for the new layer count would give another list than the source layers
+  had. ``max_window_layers`` and ``sliding_window_pattern`` are left as the donor's: transformers 5 consults them
+  only when ``layer_types`` is absent, which is exactly when they still give the right list;
+- MoE dense layers: Qwen-MoE ``mlp_only_layers`` becomes the output indices whose source layer was dense
+  (``decoder_sparse_step`` is reset to 1 when the donor's step would make other layers dense); DeepSeek/GLM
+  ``first_k_dense_replace`` becomes the number of leading dense layers, and a dense layer after a sparse one is
+  refused (that family cannot express it);
+- ``vocab_size`` from the output embedding's rows; a head whose rows differ is refused;
+- ``dtype`` (and the legacy ``torch_dtype`` when present) from the output tensors' dtype;
+- ``tie_word_embeddings`` from whether an output head was written.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from resumerge.errors import ConfigError, ModelInputError
+from resumerge.plan.architecture import (
+    PER_LAYER_KEYS,
+    PREFIX_SCHEME,
+    QWEN_MOE_SCHEME,
+    dense_mlp_layers,
+    derives_layer_types,
+    is_head,
+    is_input_embedding,
+    layer_config,
+    layer_count_key,
+    layer_types_of,
+)
+
+if TYPE_CHECKING:
+    from resumerge.config.merge_config import MergeConfig
+    from resumerge.inputs.model import ModelInput
+    from resumerge.plan.merge_plan import TensorPlan
+
+_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+
+
+def build_out_config(
+    config: MergeConfig,
+    models: Mapping[str, ModelInput],
+    donor: str,
+    origins: tuple[tuple[str, int], ...],
+    tensors: Mapping[str, TensorPlan],
+) -> dict[str, Any]:
+    """Return the output config.json contents (a new dict; no input config is modified).
+
+    ``origins[i]`` is the (model key, source layer) output layer ``i`` was made from. Raises
+    :class:`ConfigError` when the output's dense/MoE layer order cannot be described in the donor's config
+    family, :class:`ModelInputError` when the output head and embedding have different vocabulary sizes.
+    """
+    out: dict[str, Any] = copy.deepcopy(dict(models[donor].config))
+    arch = next((s.model.override_architecture for s in _sources(config) if s.model.key == donor), None)
+    if arch:
+        out["architectures"] = [arch]
+    target = layer_config(out)
+    assert isinstance(target, dict)
+    target[layer_count_key(target)] = len(origins)
+    for key in PER_LAYER_KEYS:
+        if key != "layer_types" and isinstance(target.get(key), list):
+            target[key] = [_per_layer(models, donor, key, model, layer) for model, layer in origins]
+    if isinstance(target.get("layer_types"), list) or derives_layer_types(target):
+        # A source without the list (a config older than transformers' layer_types) counts with the types
+        # transformers derives for it; a derived output list is written only where derivation would go wrong.
+        wanted = [_layer_type(models, donor, model, layer) for model, layer in origins]
+        if isinstance(target.get("layer_types"), list) or wanted != layer_types_of(target, len(origins)):
+            target["layer_types"] = wanted
+    _set_dense_layers(target, models, origins)
+    _set_vocab(target, tensors)
+    dtype = _tensor_dtype(tensors) or config.out_dtype or config.dtype
+    if dtype is not None:
+        out["dtype"] = dtype
+        if "torch_dtype" in out:
+            out["torch_dtype"] = dtype
+    if any(is_input_embedding(n) for n in tensors):
+        tied = not any(is_head(n) for n in tensors)
+        out["tie_word_embeddings"] = tied
+        if target is not out and "tie_word_embeddings" in target:
+            target["tie_word_embeddings"] = tied
+    return out
+
+
+def render_config(out_config: Mapping[str, Any]) -> bytes:
+    """Serialise config.json deterministically (2-space indent, sorted keys, trailing newline)."""
+    return (json.dumps(out_config, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def _per_layer(models: Mapping[str, ModelInput], donor: str, key: str, model: str, layer: int) -> Any:
+    for source in (model, donor):
+        values = layer_config(models[source].config).get(key)
+        if isinstance(values, list) and layer < len(values):
+            return values[layer]
+    # Neither the source model nor the donor describes this layer: repeat the donor's last entry.
+    values = layer_config(models[donor].config).get(key)
+    return values[-1] if isinstance(values, list) and values else None
+
+
+def _layer_type(models: Mapping[str, ModelInput], donor: str, model: str, layer: int) -> str:
+    for source in (model, donor):
+        types = layer_types_of(models[source].config)
+        if types is not None and layer < len(types):
+            return types[layer]
+    return "full_attention"
+
+
+def _set_dense_layers(
+    target: dict[str, Any], models: Mapping[str, ModelInput], origins: tuple[tuple[str, int], ...]
+) -> None:
+    scheme = dense_mlp_layers(target)
+    if scheme is None:
+        return
+    sources = {key: dense_mlp_layers(models[key].config) for key in {m for m, _ in origins}}
+    dense = [i for i, (model, layer) in enumerate(origins) if _is_dense(sources[model], layer)]
+    if scheme[0] == QWEN_MOE_SCHEME:
+        step = int(target.get("decoder_sparse_step", 1) or 1)
+        # With the explicit list, the donor's step may stay only if it makes no other output layer dense.
+        if any((i + 1) % step for i in range(len(origins)) if i not in dense):
+            target["decoder_sparse_step"] = 1
+        target["mlp_only_layers"] = dense
+    elif scheme[0] == PREFIX_SCHEME:
+        if dense != list(range(len(dense))):
+            raise ConfigError(
+                f"output layers {dense} come from dense (non-MoE) layers, but {target.get('model_type')} configs "
+                "can only describe dense layers at the start (first_k_dense_replace)",
+                yaml_path="slices",
+                hint="order the slices so that every dense source layer comes before the first MoE layer",
+            )
+        target["first_k_dense_replace"] = len(dense)
+
+
+def _is_dense(scheme: tuple[str, frozenset[int]] | None, layer: int) -> bool:
+    # A source whose config describes no dense layers (Mixtral, a dense model mixed in with crimes) is not
+    # marked dense: its layer keeps whatever tensors it has.
+    return scheme is not None and layer in scheme[1]
+
+
+def _set_vocab(target: dict[str, Any], tensors: Mapping[str, TensorPlan]) -> None:
+    embeds = [tensors[n] for n in sorted(tensors) if is_input_embedding(n) and len(tensors[n].shape) == 2]
+    heads = [tensors[n] for n in sorted(tensors) if is_head(n) and n.endswith(".weight") and len(tensors[n].shape) == 2]
+    if embeds and heads and embeds[0].shape[0] != heads[0].shape[0]:
+        raise ModelInputError(
+            f"the output embedding {embeds[0].name} has {embeds[0].shape[0]} rows but the head {heads[0].name} "
+            f"(from {heads[0].inputs[0].model}) has {heads[0].shape[0]}",
+            tensor=heads[0].name,
+            hint="the first and last slices' models have different vocabularies: align them with "
+            "tokenizer_source: base (or union, or a model name)",
+        )
+    rows = embeds[0].shape[0] if embeds else heads[0].shape[0] if heads else None
+    if rows is not None and type(target.get("vocab_size")) is int and target["vocab_size"] != rows:
+        target["vocab_size"] = rows
+
+
+def _tensor_dtype(tensors: Mapping[str, TensorPlan]) -> str | None:
+    names = {_DTYPE_NAMES[t.out_dtype] for t in tensors.values() if t.out_dtype in _DTYPE_NAMES}
+    return names.pop() if len(names) == 1 else None
+
+
+def _sources(config: MergeConfig) -> list[Any]:
+    if config.models is not None:
+        return list(config.models)
+    return [s for sl in config.slices or () for s in sl.sources]

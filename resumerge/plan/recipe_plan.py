@@ -1,0 +1,238 @@
+"""Plan every stage of a recipe up front, before any weight is read or any output written.
+
+A later stage reads an earlier stage's output, which does not exist yet — but the earlier stage's plan already
+fixes every tensor's name, dtype, shape, shard file and byte offset, and its ``config.json``. So each stage
+output becomes a *virtual* :class:`~resumerge.inputs.model.ModelInput` built from its producer's plan, and the next
+stage is planned against it like any model: slice layer counts, shapes and parameters of the whole recipe are
+validated from the inputs' headers alone. A virtual file's identity is derived from the producer plan's
+fingerprint and the file name, so a consumer's fingerprint changes exactly when its producer's plan does.
+
+Inputs shared by stages (the same reference key) are opened once for the recipe; hub inputs get one metadata
+resolution here and one verified download later (:func:`resumerge.inputs.catalog.fetch_inputs` on :attr:`inputs`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from resumerge.config.modelref import ModelRef
+from resumerge.config.recipe import Recipe, Stage, near_stage_name, stage_errors
+from resumerge.errors import ConfigError, ResumergeError, UsageError
+from resumerge.inputs.catalog import Inputs, open_inputs
+from resumerge.inputs.files import InputFile, TensorSource
+from resumerge.inputs.model import ModelInput
+from resumerge.inputs.safetensors_format import TensorEntry
+from resumerge.plan.merge_plan import Plan, PlanOptions, compute_fingerprint
+from resumerge.plan.outconfig import render_config
+from resumerge.plan.planner import build_plan
+
+if TYPE_CHECKING:
+    from resumerge.inputs.hub import ProgressCallback
+
+INTERMEDIATE_SUFFIX = ".intermediates"
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One stage, its frozen plan, and where its output goes (OUT for the final merge)."""
+
+    stage: Stage
+    plan: Plan
+    out_dir: Path
+    final: bool
+
+
+@dataclass(frozen=True)
+class RecipePlan:
+    """Every stage planned, in dependency order, with the recipe's real inputs opened once."""
+
+    recipe: Recipe
+    stages: tuple[StagePlan, ...]
+    inputs: Inputs
+    out_dir: Path
+    intermediate_dir: Path
+    options: PlanOptions
+    fingerprint: str
+
+    @property
+    def final(self) -> StagePlan:
+        """The stage written to OUT."""
+        return next(s for s in self.stages if s.final)
+
+    def of(self, stage: Stage) -> StagePlan:
+        """The plan of ``stage``."""
+        return next(s for s in self.stages if s.stage is stage)
+
+    def producers(self, sp: StagePlan) -> tuple[StagePlan, ...]:
+        """The stages whose output ``sp`` reads."""
+        return tuple(self.of(self.recipe.stage(name)) for name in sp.stage.needs)
+
+    @property
+    def model_dirs(self) -> dict[str, str]:
+        """Directory of every real (non-stage) input, by reference key: recorded so a resume pins hub commits."""
+        return {key: str(m.directory) for key, m in sorted(self.inputs.models.items())}
+
+
+def default_intermediate_dir(out_dir: Path) -> Path:
+    """Where named stages go without ``--intermediate-dir``: ``OUT.intermediates`` beside OUT (same disk as OUT,
+    so a runtime reset that keeps OUT keeps the stages too; never inside OUT)."""
+    return out_dir.parent / f"{out_dir.name}{INTERMEDIATE_SUFFIX}"
+
+
+def stage_output_dir(stage: Stage, final: Stage, out_dir: Path, intermediate_dir: Path) -> Path:
+    """OUT for the final merge, else ``intermediate_dir/<name>``."""
+    if stage is final:
+        return out_dir
+    assert stage.name is not None
+    return intermediate_dir / stage.name
+
+
+def plan_recipe(
+    recipe: Recipe,
+    out_dir: Path,
+    intermediate_dir: Path,
+    options: PlanOptions,
+    *,
+    model_dirs: Mapping[str, str] | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> RecipePlan:
+    """Open the recipe's inputs (config.json and headers only) and plan every stage; writes nothing.
+
+    ``model_dirs`` are the input directories recorded by an earlier run (a resume pins the same hub commits).
+    Raises :class:`UsageError` when an output dir overlaps OUT, and the planner's errors (exit 2) prefixed with
+    the stage (``[stage NAME] slices[0].sources[1].layer_range``).
+    """
+    out_dir = out_dir.absolute()
+    intermediate_dir = intermediate_dir.absolute()
+    dirs = {s.key: stage_output_dir(s, recipe.final, out_dir, intermediate_dir) for s in recipe.stages}
+    _check_layout(out_dir, intermediate_dir, dirs, recipe)
+    _check_near_misses(recipe)
+    opened: dict[str, ModelInput] = {}
+    union = Inputs()
+    virtual: dict[str, ModelInput] = {}
+    planned: dict[str, StagePlan] = {}
+    for stage in recipe.stages:
+        with stage_errors(stage.label):
+            try:
+                inputs = open_inputs(stage.config, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
+                                     on_progress=on_progress, given={**opened, **virtual})
+            except ResumergeError as exc:
+                _hint_stage_name(exc, recipe, stage)
+                raise
+            plan = build_plan(stage.config, inputs.models, options)
+        plan = _with_producer_tokenizer(plan, planned)
+        for key, model in inputs.models.items():
+            if key not in virtual:
+                opened[key] = model
+        union.hub.update(inputs.hub)
+        sp = StagePlan(stage, plan, dirs[stage.key], stage is recipe.final)
+        planned[stage.key] = sp
+        if stage.name is not None:
+            virtual[stage.name] = stage_output_input(stage.name, plan, sp.out_dir)
+    union.models.update(opened)
+    stages = tuple(planned[s.key] for s in recipe.stages)
+    body = [[sp.stage.key, sp.plan.fingerprint, sp.final] for sp in stages]
+    fingerprint = hashlib.sha256(json.dumps(body, separators=(",", ":")).encode()).hexdigest()
+    return RecipePlan(recipe, stages, union, out_dir, intermediate_dir, options, fingerprint)
+
+
+def stage_output_input(name: str, plan: Plan, directory: Path) -> ModelInput:
+    """The model a stage will have written to ``directory``, as its plan says, before a byte of it exists.
+
+    Tensors sit at the byte ranges of :meth:`Plan.shard_layout` (what the shard writer produces), config.json is
+    the plan's output config as it will read back from disk, and each file's identity is
+    ``sha256("resumerge-stage", plan fingerprint, file name)``.
+    """
+    tensors: dict[str, TensorSource] = {}
+    files = []
+    for shard in plan.shards:
+        layout = plan.shard_layout(shard)
+        base = len(layout.header)
+        for t in layout.order:
+            start = base + t.offset
+            tensors[t.name] = TensorSource(shard.name, TensorEntry(t.name, t.dtype, t.shape, start, start + t.nbytes))
+        identity = hashlib.sha256(f"resumerge-stage\x00{plan.fingerprint}\x00{shard.name}".encode()).hexdigest()
+        files.append(InputFile(shard.name, layout.file_size, identity))
+    config = json.loads(render_config(plan.out_config))
+    return ModelInput(ModelRef(name), directory, config, tensors, tuple(files))
+
+
+def _with_producer_tokenizer(plan: Plan, planned: Mapping[str, StagePlan]) -> Plan:
+    """A stage whose tokenizer donor is another stage copies the files that stage will write.
+
+    The planner hashes the donor's tokenizer files on disk, which a stage that has not run yet does not have;
+    its plan knows them already (the same names and sha256, copied verbatim), so those are authoritative.
+    """
+    donor = plan.tokenizer_donor
+    if donor is None or donor not in planned:
+        return plan
+    producer = planned[donor].plan
+    # The bytes too, so that the stage's plan can render (and plan can size) its tokenizer files before the
+    # producer has run: they are the producer's own blobs, or the files it will copy from its donor.
+    blobs = dict(producer.tokenizer_blobs)
+    if not blobs and producer.tokenizer_donor is not None:
+        source = Path(producer.model_dirs[producer.tokenizer_donor])
+        blobs = {name: (source / name).read_bytes() for name, _ in producer.tokenizer_files}
+    fixed = replace(plan, tokenizer_files=producer.tokenizer_files, tokenizer_blobs=blobs)
+    return replace(fixed, fingerprint=compute_fingerprint(fixed))
+
+
+def _check_layout(out_dir: Path, intermediate_dir: Path, dirs: Mapping[str, Path], recipe: Recipe) -> None:
+    real_out = os.path.realpath(out_dir)
+    for stage in recipe.stages:
+        if stage is recipe.final:
+            continue
+        real = os.path.realpath(dirs[stage.key])
+        if real == real_out or _inside(real, real_out) or _inside(real_out, real):
+            raise UsageError(
+                f"the output of {stage.label} ({dirs[stage.key]}) would overlap OUT ({out_dir})",
+                path=str(intermediate_dir),
+                hint="choose an --intermediate-dir outside OUT (default: OUT.intermediates beside OUT)",
+            )
+
+
+def _inside(child: str, parent: str) -> bool:
+    return child.startswith(parent.rstrip(os.sep) + os.sep)
+
+
+def _check_near_misses(recipe: Recipe) -> None:
+    """Refuse, before any network request, a reference that is one typo away from a stage name and can be
+    neither a local folder nor an ``org/name`` hub repo."""
+    names = {s.name for s in recipe.stages}
+    for stage in recipe.stages:
+        for ref in stage.config.referenced_models():
+            if ref.path in names or "/" in ref.path or os.path.exists(os.path.expanduser(ref.path)):
+                continue
+            near = near_stage_name(recipe, ref.path)
+            if near is not None:
+                raise ConfigError(
+                    f"{ref.path!r} is not a stage of this recipe, a local folder or an org/name hub repo",
+                    yaml_path=f"[{stage.label}] {_where(stage, ref.path)}",
+                    hint=f"did you mean stage {near!r}?",
+                )
+
+
+def _where(stage: Stage, path: str) -> str:
+    from resumerge.inputs.catalog import yaml_path_of
+
+    ref = next(r for r in stage.config.referenced_models() if r.path == path)
+    return yaml_path_of(stage.config, ref)
+
+
+def _hint_stage_name(exc: ResumergeError, recipe: Recipe, stage: Stage) -> None:
+    names = {s.name for s in recipe.stages}
+    for ref in stage.config.referenced_models():
+        if ref.path in names:
+            continue
+        near = near_stage_name(recipe, ref.path)
+        if near is not None and ref.path in exc.one_line():
+            exc.hint = f"{ref.path!r} is not a stage of this recipe; did you mean {near!r}?"
+            return

@@ -1,0 +1,26 @@
+"""Where committed files go and how resumerge remembers them: the output sink, durable writes, the ledger, the
+manifest, checksums, and the status views read from them.
+
+The commit protocol lives here (temp, fsync, rename, fsync dir, then the ledger row); the engine writes every
+output file through an :class:`~resumerge.store.sink.OutputSink` and never learns whether OUT is a local
+directory or a staged remote mount.
+
+May import: errors, config, inputs (the safetensors format and tensor bytes).
+"""
+
+__all__ = [
+    "checksums",
+    "diskprobe",
+    "durable",
+    "filesystems",
+    "integrity",
+    "killpoints",
+    "ledger",
+    "manifest",
+    "recipe_ledger",
+    "recipe_manifest",
+    "recipeview",
+    "runlock",
+    "shardwriter",
+    "statusview",
+]

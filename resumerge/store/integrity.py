@@ -1,0 +1,89 @@
+"""``verify``: re-hash every committed output file against its recorded sha256 and report, never repair.
+
+Like huggingface_hub's cache scan, problems are collected into a report rather than raised one by one, so a
+single damaged shard does not hide another. ``resume`` repairs what the report lists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+from resumerge.config.locations import run_dir
+from resumerge.errors import LedgerError
+from resumerge.store.checksums import check_many
+from resumerge.store.manifest import MANIFEST_NAME, read_manifest
+
+
+@dataclass(frozen=True)
+class Damage:
+    """A committed file whose bytes no longer match its record."""
+
+    name: str
+    problem: str
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Files checked, committed bytes checked, and every damaged file found."""
+
+    out_dir: str
+    checked: int
+    bytes_checked: int
+    pending: int
+    damaged: tuple[Damage, ...]
+
+    @property
+    def ok(self) -> bool:
+        """True when every committed file is intact."""
+        return not self.damaged
+
+
+def verify_output(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None) -> VerifyReport:
+    """Check the committed files of ``out_dir`` (records from the ledger, else the manifest)."""
+    out = Path(out_dir)
+    records, pending = _records(out, state_dir)
+    problems = check_many(out, ((name, size, sha) for name, (size, sha) in records.items()))
+    damaged = [Damage(name, problem) for name in sorted(records) if (problem := problems[name])]
+    total = sum(size for size, _ in records.values())
+    return VerifyReport(str(out_dir), len(records), total, pending, tuple(damaged))
+
+
+def _records(out: Path, state_dir: str | os.PathLike[str] | None) -> tuple[dict[str, tuple[int, str]], int]:
+    ledger = run_dir(out, state_dir) / "ledger.db"
+    if ledger.exists():
+        conn = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
+        try:
+            rows = conn.execute("SELECT name, status, bytes, sha256 FROM files").fetchall()
+        except sqlite3.DatabaseError as exc:
+            if not (out / MANIFEST_NAME).is_file():
+                raise LedgerError(f"the ledger {ledger} is unreadable ({exc})", path=str(ledger)) from None
+            rows = []  # a damaged ledger is never trusted: verify against OUT's manifest instead
+        finally:
+            conn.close()
+        if rows:
+            done = {r[0]: (int(r[2]), str(r[3])) for r in rows if r[1] == "done"}
+            return done, sum(1 for r in rows if r[1] != "done")
+    manifest = read_manifest(out)
+    if manifest is None:
+        raise LedgerError(f"no merge recorded for {out}", path=str(out), hint="check the path and --state-dir")
+    done = {k: (int(v["bytes"]), str(v["sha256"])) for k, v in manifest.committed.items()}
+    return done, len(manifest.planned) - len(done)
+
+
+def report_json(report: VerifyReport) -> str:
+    """The report as JSON text."""
+    return json.dumps(
+        {
+            "out_dir": report.out_dir,
+            "ok": report.ok,
+            "checked": report.checked,
+            "bytes_checked": report.bytes_checked,
+            "pending": report.pending,
+            "damaged": [{"name": d.name, "problem": d.problem} for d in report.damaged],
+        },
+        indent=2,
+    )

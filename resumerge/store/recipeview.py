@@ -1,0 +1,196 @@
+"""Where a recipe stands, read without torch or sqlite-utils (like :mod:`resumerge.store.statusview`).
+
+The stage list comes from the recipe record (the recipe ledger, else ``OUT/resumerge-recipe.json``); each
+stage's state and progress from that stage's own ledger or manifest, through :func:`read_status`. A recipe
+recorded as running whose lock no process holds is reported as interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from resumerge.config.locations import run_dir
+from resumerge.errors import LedgerError
+from resumerge.store.manifest import read_manifest
+from resumerge.store.recipe_manifest import (
+    DELETED,
+    DELETING,
+    RECIPE_LEDGER_NAME,
+    RecipeRecord,
+    read_recipe_ledger,
+    read_recipe_manifest,
+    recipe_dir,
+)
+from resumerge.store.statusview import LEDGER_NAME, StatusReport, read_status, resume_command
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """What a stage's own ledger (else manifest) says: its plan's fingerprint (and parts, input identities),
+    its state, and how many planned files are committed."""
+
+    fingerprint: str
+    parts: dict[str, str]
+    inputs: dict[str, Any]
+    state: str
+    files_total: int
+    files_done: int
+    source: str
+
+    @property
+    def complete(self) -> bool:
+        """True when the stage says it finished and every planned file is committed."""
+        return self.state == "done" and self.files_done == self.files_total
+
+
+@dataclass(frozen=True)
+class StageStatus:
+    """One stage: where it writes, its state (pending|running|interrupted|failed|done|deleted) and progress."""
+
+    key: str
+    name: str | None
+    document: int
+    final: bool
+    out_dir: str
+    state: str
+    shards_done: int = 0
+    shards_total: int = 0
+    bytes_done: int = 0
+    bytes_total: int = 0
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def label(self) -> str:
+        """``stage NAME`` or ``document N``."""
+        return f"stage {self.name}" if self.name is not None else f"document {self.document}"
+
+
+@dataclass(frozen=True)
+class RecipeStatus:
+    """The state of a recipe writing to ``out_dir``; ``current`` details the first stage not yet done."""
+
+    out_dir: str
+    state: str
+    source: str
+    intermediate_dir: str
+    intermediates: str
+    stages: tuple[StageStatus, ...]
+    current: StatusReport | None = None
+    last_error: str | None = None
+    events: tuple[str, ...] = field(default=())
+    resume_command: str | None = None
+
+    @property
+    def stages_done(self) -> int:
+        """Stages whose output is complete (or was complete and deleted after the final merge)."""
+        return sum(1 for s in self.stages if s.state in ("done", "deleted"))
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form printed by ``status --json``."""
+        doc = asdict(self)
+        doc["kind"] = "recipe"
+        doc["stages"] = [asdict(s) | {"label": s.label} for s in self.stages]
+        doc["stages_done"] = self.stages_done
+        doc["current"] = self.current.to_json() if self.current is not None else None
+        doc["events"] = list(self.events)
+        return doc
+
+
+def stage_record(out_dir: str | os.PathLike[str],
+                 state_dir: str | os.PathLike[str] | None = None) -> StageRecord | None:
+    """The record of the merge into ``out_dir`` (its ledger, else its manifest), or None when there is none.
+
+    Raises :class:`LedgerError` when the ledger or the manifest is unreadable.
+    """
+    ledger = run_dir(out_dir, state_dir) / LEDGER_NAME
+    if ledger.exists():
+        conn = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
+        try:
+            conn.row_factory = sqlite3.Row
+            run = conn.execute("SELECT fingerprint, parts, inputs, state FROM run WHERE id = 1").fetchone()
+            total, done = conn.execute("SELECT COUNT(*), COALESCE(SUM(status = 'done'), 0) FROM files").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise LedgerError(f"the ledger {ledger} is unreadable ({exc})", path=str(ledger)) from None
+        finally:
+            conn.close()
+        if run is not None:
+            return StageRecord(run["fingerprint"], json.loads(run["parts"]), json.loads(run["inputs"]), run["state"],
+                               int(total), int(done), "ledger")
+    manifest = read_manifest(Path(out_dir)) if Path(out_dir).is_dir() else None
+    if manifest is None:
+        return None
+    committed = sum(1 for n in manifest.planned if n in manifest.committed)
+    return StageRecord(manifest.fingerprint, dict(manifest.parts), dict(manifest.inputs), manifest.state,
+                       len(manifest.planned), committed, "manifest")
+
+
+def read_recipe_status(out_dir: str | os.PathLike[str],
+                       state_dir: str | os.PathLike[str] | None = None) -> RecipeStatus:
+    """Status of the recipe writing to ``out_dir``; raises :class:`LedgerError` when no recipe is recorded."""
+    from resumerge.store.runlock import is_locked
+
+    rdir = recipe_dir(out_dir, state_dir)
+    found = read_recipe_ledger(rdir / RECIPE_LEDGER_NAME)
+    rows: dict[str, dict[str, Any]] = {}
+    events: tuple[str, ...] = ()
+    last_error = None
+    if found is not None:
+        record, row = found
+        source, state, last_error = "ledger", str(row["state"]), row["last_error"]
+        if state == "running" and not is_locked(rdir):
+            state = "interrupted"
+        rows, events = _stage_rows(rdir / RECIPE_LEDGER_NAME)
+    else:
+        manifest = read_recipe_manifest(Path(out_dir))
+        if manifest is None:
+            raise LedgerError(
+                f"no recipe recorded for {out_dir}",
+                path=str(out_dir),
+                hint="pass the --state-dir used by the run, or check the output path",
+            )
+        record, source = manifest, "manifest"
+        state = "done" if record.state == "done" else "interrupted"
+        events = ("recipe ledger not found: figures from OUT's resumerge-recipe.json and the stages' records",)
+    stages = tuple(_stage_status(record, s.key, rows.get(s.key, {}), state_dir) for s in record.stages)
+    command = None if state in ("done", "running") else resume_command(out_dir, state_dir)
+    current = None
+    pending = next((s for s in stages if s.state not in ("done", "deleted")), None)
+    if pending is not None and pending.state != "pending":
+        # A stage of a recipe is finished through the recipe's OUT, never on its own.
+        current = replace(read_status(pending.out_dir, state_dir), resume_command=command)
+    return RecipeStatus(str(out_dir), state, source, record.intermediate_dir, record.intermediates, stages, current,
+                        last_error, events, command)
+
+
+def _stage_status(record: RecipeRecord, key: str, row: dict[str, Any],
+                  state_dir: str | os.PathLike[str] | None) -> StageStatus:
+    entry = next(s for s in record.stages if s.key == key)
+    base = StageStatus(entry.key, entry.name, entry.document, entry.final, entry.out_dir, "pending",
+                       started_at=row.get("started_at"), finished_at=row.get("finished_at"))
+    if not entry.final and record.intermediates in (DELETING, DELETED):
+        return replace(base, state="deleted")
+    own = stage_record(entry.out_dir, state_dir)
+    if own is None or own.fingerprint != entry.fingerprint:
+        return base
+    report = read_status(entry.out_dir, state_dir)
+    return replace(base, state="done" if own.complete else report.state, shards_done=report.shards_done,
+                   shards_total=report.shards_total, bytes_done=report.bytes_done, bytes_total=report.bytes_total)
+
+
+def _stage_rows(path: Path) -> tuple[dict[str, dict[str, Any]], tuple[str, ...]]:
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        conn.row_factory = sqlite3.Row
+        rows = {r["key"]: dict(r) for r in conn.execute("SELECT * FROM stages")}
+        events = conn.execute("SELECT kind, message FROM events ORDER BY id DESC LIMIT 8").fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise LedgerError(f"the recipe ledger {path} is unreadable ({exc})", path=str(path)) from None
+    finally:
+        conn.close()
+    return rows, tuple(f"{e['kind']}: {e['message']}" for e in reversed(events))

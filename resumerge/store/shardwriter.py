@@ -1,0 +1,148 @@
+"""Stream one planned shard to disk and publish it durably.
+
+The header is known before the first tensor (the plan fixes every dtype and shape), so tensors are written
+straight to a temp file in data order — no shard is ever assembled in RAM, and two output tensors never share
+a buffer (the "Some tensors share memory" failure cannot happen). :meth:`ShardWriter.finish` runs the commit
+protocol up to the rename; the caller records the ledger row afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from resumerge.errors import ResumergeError
+from resumerge.inputs.safetensors_format import ShardLayout, read_header
+from resumerge.inputs.tensorio import TORCH_DTYPES, tensor_bytes
+from resumerge.store import killpoints
+from resumerge.store.durable import discard, publish, publish_copy, storage_error, sync_file, temp_path
+
+_PARALLEL_HASH_BYTES = 1 << 20
+_HASHER: ThreadPoolExecutor | None = None
+_HASHER_LOCK = threading.Lock()
+
+
+def _hasher() -> ThreadPoolExecutor:
+    """The process's one hashing thread (shards are written one at a time, by one writer thread)."""
+    global _HASHER
+    with _HASHER_LOCK:
+        if _HASHER is None:
+            _HASHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="resumerge-hash")
+        return _HASHER
+
+
+class ShardWriter:
+    """Writes the tensors of one shard, in layout order, to a temp file beside ``final`` — or, with ``staging``,
+    in that local directory, to be published by copy + verify (for OUT on Drive and other remote filesystems)."""
+
+    def __init__(self, final: Path, layout: ShardLayout, staging: Path | None = None) -> None:
+        self.final = final
+        self.layout = layout
+        self.staging = staging
+        self.temp = temp_path(final) if staging is None else staging / temp_path(final).name
+        self._next = 0
+        self._sha = hashlib.sha256()
+        self._written = 0
+        self._part = 0
+        try:
+            self._fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            self._write(memoryview(layout.header))
+        except OSError as exc:
+            self.abort()
+            raise storage_error(exc, final) from exc
+
+    @property
+    def expected_name(self) -> str | None:
+        """The tensor the writer needs next, or None when the shard is complete."""
+        return self.layout.order[self._next].name if self._next < len(self.layout.order) else None
+
+    def write(self, name: str, tensor: torch.Tensor) -> bool:
+        """Append ``tensor`` — all of output tensor ``name``, or its next rows — in planned order.
+
+        Returns True once all the tensor's bytes are written, False after a partial write. Raises if ``name``
+        is not the planned next tensor or the dtype, shape or size disagree with the plan.
+        """
+        planned = self.layout.order[self._next] if self._next < len(self.layout.order) else None
+        if planned is None or planned.name != name:
+            raise ResumergeError(f"internal: {self.final.name} expected {planned and planned.name}, got {name}")
+        shape = tuple(tensor.shape)
+        whole = self._part == 0 and shape == planned.shape
+        if tensor.dtype != TORCH_DTYPES[planned.dtype] or not (whole or shape[1:] == planned.shape[1:]):
+            raise ResumergeError(
+                f"internal: {name} is {tensor.dtype} {shape}, planned {planned.dtype} {planned.shape}"
+            )
+        data = tensor_bytes(tensor.contiguous())
+        if self._part + len(data) > planned.nbytes:
+            raise ResumergeError(f"internal: {name} got more bytes than planned")
+        try:
+            self._write(data)
+        except OSError as exc:
+            self.abort()
+            raise storage_error(exc, self.final) from exc
+        self._part += len(data)
+        if self._part < planned.nbytes:
+            return False
+        self._part = 0
+        self._next += 1
+        if self._next == 1:
+            killpoints.reach("mid_shard_write")
+        return True
+
+    def _write(self, data: memoryview) -> None:
+        # Hash on a helper thread while this one writes: both release the GIL, and sha256 alone costs as much CPU
+        # as the write. Waiting before returning keeps the hash in file order and ``data`` alive while it is read.
+        hashed = _hasher().submit(self._sha.update, data) if len(data) >= _PARALLEL_HASH_BYTES else None
+        if hashed is None:
+            self._sha.update(data)
+        try:
+            done = 0
+            while done < len(data):
+                done += os.write(self._fd, data[done:])
+        finally:
+            if hashed is not None:
+                hashed.result()
+        self._written += len(data)
+
+    def finish(self) -> tuple[int, str]:
+        """fsync, verify the header and size, rename into place (staged: copy, read back, verify, rename), fsync
+        the directory.
+
+        Returns (size, sha256). After it returns the file is durable under its final name; only the ledger
+        row is missing, and resume deletes a final-named file that has none.
+        """
+        if self._next != len(self.layout.order):
+            raise ResumergeError(f"internal: shard {self.final.name} finished with tensors missing")
+        try:
+            killpoints.reach("after_temp_write")
+            sync_file(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+            killpoints.reach("after_fsync")
+            header = read_header(self.temp)
+            if header.file_size != self.layout.file_size or self._written != self.layout.file_size:
+                raise ResumergeError(f"internal: {self.final.name} is {header.file_size} bytes, planned "
+                                     f"{self.layout.file_size}")
+            if self.staging is None:
+                publish(self.temp, self.final)
+            else:
+                publish_copy(self.temp, self.final, self._sha.hexdigest())
+        except OSError as exc:
+            self.abort()
+            raise storage_error(exc, self.final) from exc
+        return self.layout.file_size, self._sha.hexdigest()
+
+    def abort(self) -> None:
+        """Close and delete the temp file (safe to call more than once; never raises, so the error being
+        handled is the one reported)."""
+        fd = getattr(self, "_fd", -1)
+        if fd >= 0:
+            self._fd = -1
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        discard(self.temp)
