@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from resumerge.plan.merge_plan import PlanOptions
 
 # mergekit-yaml flags that resumerge accepts so existing command lines work, and why each is not needed.
+# What a shell shows for a process that SIGPIPE ended (128 + 13): a closed pipe is no error of ours.
+EXIT_BROKEN_PIPE = 141
 UNNEEDED_FLAGS: dict[str, str] = {
     "--no-cuda": "merges run on the CPU unless --device cuda is given",
     "--lazy-unpickle": "resumerge never unpickles; safetensors are always read lazily",
@@ -198,7 +200,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return _dispatch(args)
+        code = _dispatch(args)
+        sys.stdout.flush()  # a closed pipe shows here when the output was small enough to sit in the buffer
+        return code
+    except BrokenPipeError:
+        # The reader went away (`resumerge status OUT --json | head`): end quietly, as Unix tools do. stdout is
+        # pointed at /dev/null so that the interpreter's own flush at exit does not raise a second time.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except ResumergeError as exc:
         from resumerge.cli.render import show_error
 

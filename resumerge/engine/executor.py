@@ -16,24 +16,24 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Protocol
 
 import torch
 
 from resumerge.errors import ResumergeError
 from resumerge.inputs.adapters import apply_lora_rows
-from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES, TensorReader
+from resumerge.inputs.source import InputSources
+from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
 from resumerge.memory import MemoryGovernor, Reservation
 from resumerge.methods.registry import MergeContext, MethodSpec, get_method
 from resumerge.outputs.aux import aux_files, render_aux
 from resumerge.plan.merge_plan import InputRef, Plan, ShardPlan, TensorPlan
 from resumerge.plan.workunits import can_chunk, chunk_plan, estimate_bytes
 from resumerge.store import killpoints
-from resumerge.store.durable import write_file_atomic, write_file_staged
 from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import ManifestBook
 from resumerge.store.shardwriter import ShardWriter
+from resumerge.store.sink import OutputSink
 from resumerge.vocab import align_rows
 
 
@@ -62,7 +62,7 @@ def tensor_seed(seed: int, name: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}\x00{name}".encode()).digest()[:8], "little") & (2**63 - 1)
 
 
-def compute_tensor(plan: Plan, tp: TensorPlan, reader: TensorReader) -> torch.Tensor:
+def compute_tensor(plan: Plan, tp: TensorPlan, sources: InputSources) -> torch.Tensor:
     """Read the inputs of ``tp``, run its method on the plan's device, and return the result on the host in the
     planned dtype (contiguous)."""
     method = get_method(tp.method)
@@ -72,7 +72,7 @@ def compute_tensor(plan: Plan, tp: TensorPlan, reader: TensorReader) -> torch.Te
     on_gpu = device.type != "cpu"
     tensors = []
     for ref in tp.inputs:
-        t = _read_input(plan, ref, reader)
+        t = _read_input(ref, sources)
         if on_gpu:
             t = t.to(device)
         if tp.compute_dtype is not None:
@@ -111,12 +111,12 @@ def compute_tensor(plan: Plan, tp: TensorPlan, reader: TensorReader) -> torch.Te
     return out.contiguous()
 
 
-def _read_input(plan: Plan, ref: InputRef, reader: TensorReader) -> torch.Tensor:
+def _read_input(ref: InputRef, sources: InputSources) -> torch.Tensor:
     """One input tensor as the method sees it: read, cast to ``ref.cast``, with its LoRA delta merged (in the
     stored dtype, as PEFT's merge_and_unload does, before any ``dtype:`` of the config)."""
 
     def read(r: InputRef) -> torch.Tensor:
-        return reader.read(Path(plan.model_dirs[r.model]) / r.file, r.start, r.end, r.dtype, r.shape)
+        return sources.read(r.model, r.file, r.start, r.end, r.dtype, r.shape)
 
     t = read(ref)
     if ref.cast is not None:
@@ -134,11 +134,9 @@ _Item = tuple[ShardPlan, str, torch.Tensor, "Reservation | None"]
 class _Writer(threading.Thread):
     """Consumes (shard, name, tensor or rows, reservation) items; commits each shard after its last tensor."""
 
-    def __init__(self, plan: Plan, out_dir: Path, ledger: Ledger, book: ManifestBook, reporter: Reporter,
-                 staging: Path | None = None) -> None:
+    def __init__(self, plan: Plan, sink: OutputSink, ledger: Ledger, book: ManifestBook, reporter: Reporter) -> None:
         super().__init__(name="resumerge-writer", daemon=True)
-        self.plan, self.out_dir, self.ledger, self.book, self.reporter = plan, out_dir, ledger, book, reporter
-        self.staging = staging
+        self.plan, self.sink, self.ledger, self.book, self.reporter = plan, sink, ledger, book, reporter
         self.items: queue.Queue[_Item | None] = queue.Queue(maxsize=2)
         self.error: BaseException | None = None
         self._current: ShardWriter | None = None
@@ -153,8 +151,7 @@ class _Writer(threading.Thread):
                     return
                 shard, name, tensor, reservation = item
                 if self._current is None:
-                    self._current = ShardWriter(self.out_dir / shard.name, self.plan.shard_layout(shard),
-                                                self.staging)
+                    self._current = ShardWriter(self.sink, shard.name, self.plan.shard_layout(shard))
                     self.reporter.shard_started(shard.name, shard.file_size, len(shard.tensors))
                     written, started = [], time.monotonic()
                 complete = self._current.write(name, tensor)
@@ -210,12 +207,12 @@ def _pending_tensors(plan: Plan, done: set[str]) -> Iterator[tuple[ShardPlan, Te
 class _Pipeline:
     """The calling thread's side: admit units, compute them on the pool, hand results to the writer in order."""
 
-    def __init__(self, plan: Plan, writer: _Writer, governor: MemoryGovernor | None, workers: int,
-                 should_stop: Callable[[], bool], gpu: MemoryGovernor | None = None) -> None:
+    def __init__(self, plan: Plan, sources: InputSources, writer: _Writer, governor: MemoryGovernor | None,
+                 workers: int, should_stop: Callable[[], bool], gpu: MemoryGovernor | None = None) -> None:
         self.plan, self.writer, self.governor, self.workers = plan, writer, governor, workers
         self.gpu = gpu
         self.should_stop = should_stop
-        self.reader = TensorReader()
+        self.sources = sources
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="resumerge-merge")
         self.inflight: deque[tuple[ShardPlan, TensorPlan, Future[torch.Tensor], Reservation | None]] = deque()
 
@@ -253,7 +250,7 @@ class _Pipeline:
     def _compute(self, tp: TensorPlan, on_gpu: Reservation | None) -> torch.Tensor:
         """Compute ``tp``; its GPU reservation ends with the computation (the result is back on the host)."""
         try:
-            return compute_tensor(self.plan, tp, self.reader)
+            return compute_tensor(self.plan, tp, self.sources)
         finally:
             if on_gpu is not None:
                 on_gpu.release()
@@ -337,12 +334,12 @@ class _Pipeline:
                 reservation.release()
         self.inflight.clear()
         self.pool.shutdown(wait=True)
-        self.reader.close()
 
 
 def execute(
     plan: Plan,
-    out_dir: Path,
+    sources: InputSources,
+    sink: OutputSink,
     ledger: Ledger,
     book: ManifestBook,
     reporter: Reporter,
@@ -352,20 +349,19 @@ def execute(
     workers: int = 2,
     governor: MemoryGovernor | None = None,
     gpu: MemoryGovernor | None = None,
-    staging: Path | None = None,
 ) -> None:
     """Bring every pending file of ``plan`` to committed; raises :class:`Stopped` when ``should_stop`` turns true.
 
     With a ``governor`` every unit is admitted against the memory budget, the number in flight follows its
     limit, and elementwise tensors larger than a quarter of the budget are streamed in row chunks. ``gpu``
     governs the memory of the plan's GPU the same way (a unit holds its GPU reservation while it computes).
-    With ``staging`` (a local directory) every file is written there and published to ``out_dir`` by copy +
-    read-back verify.
+    Input tensors are read through ``sources`` and every output file is committed through ``sink``, whatever
+    they are.
     """
     done = {row["name"] for row in ledger.files() if row["status"] == "done"}
-    writer = _Writer(plan, out_dir, ledger, book, reporter, staging)
+    writer = _Writer(plan, sink, ledger, book, reporter)
     writer.start()
-    pipeline = _Pipeline(plan, writer, governor, workers, should_stop, gpu)
+    pipeline = _Pipeline(plan, sources, writer, governor, workers, should_stop, gpu)
     finished = False
     try:
         finished = pipeline.run(_pending_tensors(plan, done))
@@ -381,19 +377,18 @@ def execute(
         raise writer.error
     if not finished:
         raise Stopped()
-    _write_aux(plan, out_dir, ledger, book, reporter, done, config_text, should_stop, staging)
+    _write_aux(plan, sink, ledger, book, reporter, done, config_text, should_stop)
 
 
 def _write_aux(
     plan: Plan,
-    out_dir: Path,
+    sink: OutputSink,
     ledger: Ledger,
     book: ManifestBook,
     reporter: Reporter,
     done: set[str],
     config_text: str,
     should_stop: Callable[[], bool],
-    staging: Path | None,
 ) -> None:
     for aux in aux_files(plan):
         if aux.name in done:
@@ -401,11 +396,7 @@ def _write_aux(
         if should_stop():
             raise Stopped()
         data = render_aux(plan, aux, config_text)
-        if staging is None:
-            write_file_atomic(out_dir / aux.name, data, point=aux.point)
-        else:
-            write_file_staged(out_dir / aux.name, data, staging, point=aux.point)
-        sha = hashlib.sha256(data).hexdigest()
+        sha = sink.write_bytes(aux.name, data, point=aux.point)
         ledger.commit_file(aux.name, size=len(data), sha256=sha, seconds=0.0)
         killpoints.reach("after_ledger_commit")
         book.commit(aux.name, len(data), sha)

@@ -57,7 +57,7 @@ from resumerge.store.recipe_manifest import (
 )
 from resumerge.store.recipeview import stage_record
 from resumerge.store.runlock import LOCK_NAME, is_locked
-from resumerge.store.statusview import LEDGER_NAME
+from resumerge.store.statusview import LEDGER_NAME, resume_command
 
 # A stage's files in the state dir: its SQLite ledger with WAL/journal companions, and its lock.
 _LEDGER_FILES = (LEDGER_NAME, f"{LEDGER_NAME}-wal", f"{LEDGER_NAME}-shm", f"{LEDGER_NAME}-journal", LOCK_NAME)
@@ -134,7 +134,7 @@ def run_recipe(
     rplan = plan_recipe(recipe, out, inter, options or PlanOptions(), state_dir=state_dir, cache_dir=cache_dir,
                         on_progress=hub_progress(reporter))
     knobs = _Knobs(state_dir, reporter, should_stop, workers, max_memory, max_gpu_memory, staging,
-                   f"resumerge resume {out_dir}")
+                   resume_command(out_dir, state_dir))
     return _Runner(rplan, previous, knobs, restart=restart, resuming=False, cleanup=cleanup).run()
 
 
@@ -168,7 +168,7 @@ def resume_recipe(
     rplan = plan_recipe(recipe, out, Path(previous.intermediate_dir), PlanOptions(**previous.options),
                         model_dirs=previous.model_dirs, state_dir=state_dir, on_progress=hub_progress(reporter))
     knobs = _Knobs(state_dir, reporter, should_stop, workers, max_memory, max_gpu_memory, staging,
-                   f"resumerge resume {out_dir}")
+                   resume_command(out_dir, state_dir))
     return _Runner(rplan, previous, knobs, restart=False, resuming=True, cleanup=cleanup).run()
 
 

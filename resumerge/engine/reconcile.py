@@ -9,16 +9,15 @@ in OUT is ever touched.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 
 from resumerge.plan.merge_plan import Plan
-from resumerge.store.checksums import check_many
-from resumerge.store.durable import fsync_dir, is_temp_name
+from resumerge.store.durable import is_temp_name
 from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import MANIFEST_NAME, ManifestBook
+from resumerge.store.sink import OutputSink
 
 
-def reconcile(out_dir: Path, ledger: Ledger, book: ManifestBook, *, log: list[str],
+def reconcile(sink: OutputSink, ledger: Ledger, book: ManifestBook, *, log: list[str],
               verified: frozenset[str] = frozenset()) -> None:
     """Verify committed files, reopen damaged ones, delete uncommitted planned files and temp files.
 
@@ -28,34 +27,27 @@ def reconcile(out_dir: Path, ledger: Ledger, book: ManifestBook, *, log: list[st
     rows = ledger.files()
     planned = {r["name"] for r in rows}
     committed = [r for r in rows if r["status"] == "done" and r["name"] not in verified]
-    problems = check_many(out_dir, ((r["name"], r["bytes"], r["sha256"]) for r in committed))
+    problems = sink.check((r["name"], r["bytes"], r["sha256"]) for r in committed)
     for row in committed:
         problem = problems[row["name"]]
         if problem:
             log.append(f"{row['name']} {problem}: rebuilding it")
             ledger.reopen_file(row["name"], problem)
-            (out_dir / row["name"]).unlink(missing_ok=True)
+            sink.delete([row["name"]])
             book.drop(row["name"])
     done = {r["name"] for r in ledger.files() if r["status"] == "done"}
-    removed = False
-    for entry in sorted(out_dir.iterdir()):
-        name = entry.name
-        ours = is_temp_name(name, planned | {MANIFEST_NAME}) or (name in planned and name not in done)
-        if ours and entry.is_file() and not entry.is_symlink():
-            entry.unlink()
-            removed = True
-    if removed:
-        fsync_dir(out_dir)
+    sink.delete(name for name in sink.names()
+                if is_temp_name(name, planned | {MANIFEST_NAME}) or (name in planned and name not in done))
 
 
-def adopt_manifest(out_dir: Path, plan: Plan, ledger: Ledger, committed: Mapping[str, Mapping[str, object]],
+def adopt_manifest(sink: OutputSink, plan: Plan, ledger: Ledger, committed: Mapping[str, Mapping[str, object]],
                    log: list[str]) -> frozenset[str]:
     """Mark the manifest's committed files done in a fresh ledger, after re-hashing each one.
 
     Returns the names found intact (so the caller need not hash them again).
     """
     intact = set()
-    problems = check_many(out_dir, ((n, int(str(i["bytes"])), str(i["sha256"])) for n, i in committed.items()))
+    problems = sink.check((n, int(str(i["bytes"])), str(i["sha256"])) for n, i in committed.items())
     for name, info in sorted(committed.items()):
         size, sha = int(str(info["bytes"])), str(info["sha256"])
         problem = problems[name]

@@ -34,6 +34,7 @@ from resumerge.errors import (
 )
 from resumerge.inputs.catalog import Inputs, fetch_inputs, open_inputs
 from resumerge.inputs.model import InputWatch
+from resumerge.inputs.source import InputSources
 from resumerge.memory import CudaProbe, MemoryGovernor, SystemProbe, default_budget, format_size, os_peak_rss
 from resumerge.outputs.aux import aux_files
 from resumerge.plan.merge_plan import Plan, PlanOptions, describe_changes, fingerprint_parts
@@ -43,6 +44,8 @@ from resumerge.store.durable import is_temp_name
 from resumerge.store.filesystems import Staging, filesystem_type, staging_dir
 from resumerge.store.ledger import LEDGER_NAME, Ledger, set_aside
 from resumerge.store.manifest import MANIFEST_NAME, Manifest, ManifestBook, read_manifest
+from resumerge.store.sink import LocalDirSink, OutputSink, StagedDirSink
+from resumerge.store.statusview import resume_command
 
 if TYPE_CHECKING:
     from resumerge.inputs.hub import HubEvent
@@ -158,7 +161,7 @@ def run_merge(
     manifest = _check_out_dir(out)
     fetch_inputs(inputs, state_dir=state_dir, on_progress=_hub_progress(reporter))
     return _drive(plan, config_text, out, state_dir, manifest, restart=restart, reporter=reporter,
-                  should_stop=should_stop, workers=workers, command=f"resumerge resume {out_dir}",
+                  should_stop=should_stop, workers=workers, command=resume_command(out_dir, state_dir),
                   governor=governor, gpu=gpu, staging=staging)
 
 
@@ -211,7 +214,7 @@ def resume_merge(
     gpu = gpu_governor(plan, plan.options.device, max_gpu_memory)
     fetch_inputs(inputs, state_dir=state_dir, on_progress=_hub_progress(reporter))
     return _drive(plan, text, out, state_dir, manifest, restart=False, reporter=reporter,
-                  should_stop=should_stop, workers=workers, command=f"resumerge resume {out_dir}",
+                  should_stop=should_stop, workers=workers, command=resume_command(out_dir, state_dir),
                   resuming=True, governor=governor, gpu=gpu, staging=staging)
 
 
@@ -312,10 +315,13 @@ def _drive(
     ledger.commit_guard = watch.check
     xfsz = _ignore_sigxfsz()
     try:
-        book, verified = _open_run(plan, config_text, out, ledger, manifest, restart=restart, resuming=resuming,
-                                   notes=notes)
-        reconcile(out, ledger, book, log=notes, verified=verified)
-        stage_dir = _staging_dir(staging, plan, out, rdir, notes)
+        staged: list[str] = []
+        stage_dir = _staging_dir(staging, plan, out, rdir, staged)
+        sink = LocalDirSink(out) if stage_dir is None else StagedDirSink(out, stage_dir)
+        book, verified = _open_run(plan, config_text, out, sink, ledger, manifest, restart=restart,
+                                   resuming=resuming, notes=notes)
+        reconcile(sink, ledger, book, log=notes, verified=verified)
+        notes.extend(staged)
         resumed = sum(1 for r in ledger.files() if r["status"] == "done")
         for note in notes:
             reporter.message(note)
@@ -336,9 +342,10 @@ def _drive(
             ledger.event("memory", f"{gpu.pool} budget {format_size(gpu.budget)}",
                          {"pool": gpu.pool, "budget": gpu.budget})
             gpu.start()
+        sources = InputSources.local(plan.model_dirs)
         try:
-            execute(plan, out, ledger, book, reporter, should_stop=should_stop, config_text=config_text,
-                    workers=workers, governor=governor, gpu=gpu, staging=stage_dir)
+            execute(plan, sources, sink, ledger, book, reporter, should_stop=should_stop, config_text=config_text,
+                    workers=workers, governor=governor, gpu=gpu)
         except Stopped:
             ledger.set_state("interrupted", error="stopped by signal")
             raise InterruptedMerge("merge interrupted; every committed shard is kept", resume_command=command) from None
@@ -348,6 +355,7 @@ def _drive(
                 raise
             raise error from exc
         finally:
+            sources.close()
             _record_memory(ledger, governor)
             _record_gpu_memory(ledger, gpu)
         book.set_state("done")
@@ -459,6 +467,7 @@ def _open_run(
     plan: Plan,
     config_text: str,
     out: Path,
+    sink: OutputSink,
     ledger: Ledger,
     manifest: Manifest | None,
     *,
@@ -485,7 +494,7 @@ def _open_run(
                 if not resuming
                 else "restore the inputs as they were, or start over with resumerge run CONFIG OUT --restart",
             )
-        _clean_previous(out, ledger, manifest)
+        _clean_previous(sink, ledger, manifest)
         notes.append("previous run in OUT discarded (--restart)")
         row, manifest = None, None
     verified: frozenset[str] = frozenset()
@@ -493,11 +502,11 @@ def _open_run(
         _record_plan(plan, config_text, out, ledger)
         if manifest is not None:
             # The state dir was lost (a runtime reset) but OUT survived: trust only what re-hashes correctly.
-            verified = adopt_manifest(out, plan, ledger, manifest.committed, notes)
+            verified = adopt_manifest(sink, plan, ledger, manifest.committed, notes)
     committed = {
         r["name"]: {"bytes": r["bytes"], "sha256": r["sha256"]} for r in ledger.files() if r["status"] == "done"
     }
-    book = ManifestBook(out, _fresh_manifest(plan, config_text, committed))
+    book = ManifestBook(sink, _fresh_manifest(plan, config_text, committed))
     book.set_state("running")
     return book, verified
 
@@ -542,13 +551,10 @@ def _record_plan(plan: Plan, config_text: str, out: Path, ledger: Ledger) -> Non
     )
 
 
-def _clean_previous(out: Path, ledger: Ledger, manifest: Manifest | None) -> None:
+def _clean_previous(sink: OutputSink, ledger: Ledger, manifest: Manifest | None) -> None:
     """Delete the files the previous run planned (and only those) before starting over."""
     names = {r["name"] for r in ledger.files()} | set(manifest.planned if manifest else ())
-    for name in sorted(names):
-        path = out / name
-        if path.is_file() and not path.is_symlink() and "/" not in name:
-            path.unlink()
+    sink.delete(name for name in sorted(names) if "/" not in name)
 
 
 def _check_out_path(out: Path) -> None:

@@ -111,29 +111,14 @@ def write_file_atomic(final: Path, data: bytes, *, point: str | None = None) -> 
     """
     temp = temp_path(final)
     try:
-        _write_synced(temp, data, point)
+        write_synced(temp, data, point)
         publish(temp, final)
     except OSError as exc:
         discard(temp)
         raise storage_error(exc, final) from exc
 
 
-def write_file_staged(final: Path, data: bytes, staging: Path, *, point: str | None = None) -> None:
-    """:func:`write_file_atomic` for a remote OUT: write and fsync ``data`` under ``staging``, then
-    :func:`publish_copy` it to ``final``. Raises :class:`StorageError` like :func:`write_file_atomic`."""
-    import hashlib
-
-    staged = staging / temp_path(final).name
-    try:
-        _write_synced(staged, data, point)
-        publish_copy(staged, final, hashlib.sha256(data).hexdigest())
-    except OSError as exc:
-        raise storage_error(exc, final) from exc
-    finally:
-        discard(staged)
-
-
-def _write_synced(path: Path, data: bytes, point: str | None) -> None:
+def write_synced(path: Path, data: bytes, point: str | None = None) -> None:
     """Create ``path`` (a fresh temp name) holding ``data``, fsynced; ``point`` is a kill point before the fsync."""
     with open(path, "xb") as f:
         f.write(data)

@@ -16,6 +16,7 @@ from typing import Any
 
 from resumerge.errors import LedgerError
 from resumerge.store.durable import write_file_atomic
+from resumerge.store.sink import OutputSink
 
 MANIFEST_NAME = "resumerge-manifest.json"
 FORMAT = 1
@@ -106,7 +107,7 @@ def read_manifest(out_dir: Path) -> Manifest | None:
 class ManifestBook:
     """The manifest being kept up to date: rewritten atomically after every commit."""
 
-    out_dir: Path
+    sink: OutputSink
     manifest: Manifest
 
     def commit(self, name: str, size: int, sha256: str) -> None:
@@ -126,4 +127,4 @@ class ManifestBook:
 
     def _store(self, committed: dict[str, Mapping[str, Any]], state: str) -> None:
         self.manifest = replace(self.manifest, committed=committed, state=state)
-        write_manifest(self.out_dir, self.manifest)
+        self.sink.replace_small(MANIFEST_NAME, self.manifest.to_bytes())

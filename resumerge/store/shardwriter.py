@@ -13,7 +13,6 @@ import hashlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import torch
 
@@ -21,7 +20,8 @@ from resumerge.errors import ResumergeError
 from resumerge.inputs.safetensors_format import ShardLayout, read_header
 from resumerge.inputs.tensorio import TORCH_DTYPES, tensor_bytes
 from resumerge.store import killpoints
-from resumerge.store.durable import discard, publish, publish_copy, storage_error, sync_file, temp_path
+from resumerge.store.durable import discard, storage_error, sync_file
+from resumerge.store.sink import OutputSink
 
 _PARALLEL_HASH_BYTES = 1 << 20
 _HASHER: ThreadPoolExecutor | None = None
@@ -38,14 +38,14 @@ def _hasher() -> ThreadPoolExecutor:
 
 
 class ShardWriter:
-    """Writes the tensors of one shard, in layout order, to a temp file beside ``final`` — or, with ``staging``,
-    in that local directory, to be published by copy + verify (for OUT on Drive and other remote filesystems)."""
+    """Writes the tensors of one shard, in layout order, to the temp file its output sink hands out, and publishes
+    it through the sink (beside the final file on a local disk; staged and copied for Drive and other mounts)."""
 
-    def __init__(self, final: Path, layout: ShardLayout, staging: Path | None = None) -> None:
-        self.final = final
+    def __init__(self, sink: OutputSink, name: str, layout: ShardLayout) -> None:
+        self.sink, self.name = sink, name
+        self.final = sink.where(name)
         self.layout = layout
-        self.staging = staging
-        self.temp = temp_path(final) if staging is None else staging / temp_path(final).name
+        self.temp = sink.temp_for(name)
         self._next = 0
         self._sha = hashlib.sha256()
         self._written = 0
@@ -55,7 +55,7 @@ class ShardWriter:
             self._write(memoryview(layout.header))
         except OSError as exc:
             self.abort()
-            raise storage_error(exc, final) from exc
+            raise storage_error(exc, self.final) from exc
 
     @property
     def expected_name(self) -> str | None:
@@ -110,8 +110,8 @@ class ShardWriter:
         self._written += len(data)
 
     def finish(self) -> tuple[int, str]:
-        """fsync, verify the header and size, rename into place (staged: copy, read back, verify, rename), fsync
-        the directory.
+        """fsync, verify the header and size, and publish through the sink (local: rename, fsync the directory;
+        staged: copy, read back, verify, rename).
 
         Returns (size, sha256). After it returns the file is durable under its final name; only the ledger
         row is missing, and resume deletes a final-named file that has none.
@@ -128,10 +128,7 @@ class ShardWriter:
             if header.file_size != self.layout.file_size or self._written != self.layout.file_size:
                 raise ResumergeError(f"internal: {self.final.name} is {header.file_size} bytes, planned "
                                      f"{self.layout.file_size}")
-            if self.staging is None:
-                publish(self.temp, self.final)
-            else:
-                publish_copy(self.temp, self.final, self._sha.hexdigest())
+            self.sink.publish(self.temp, self.name, self._sha.hexdigest())
         except OSError as exc:
             self.abort()
             raise storage_error(exc, self.final) from exc

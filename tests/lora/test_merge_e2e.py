@@ -17,7 +17,7 @@ from lora.gen import make_adapter
 from resumerge.config.merge_config import load_config_text
 from resumerge.engine.executor import compute_tensor
 from resumerge.engine.session import plan_from_config
-from resumerge.inputs.tensorio import TensorReader
+from resumerge.inputs.source import InputSources
 from resumerge.plan.merge_plan import PlanOptions
 from resumerge.plan.workunits import chunk_plan
 from tests.support import cli, digests
@@ -80,7 +80,7 @@ def test_row_chunks_give_the_same_bytes_as_the_whole_tensor(tmp_path: Path, lora
     plan = plan_from_config(load_config_text(_passthrough(tmp_path / "c.yml", case).read_text()), PlanOptions())
     targeted = [tp for tp in plan.tensors.values() if any(i.lora is not None for i in tp.inputs)]
     assert targeted
-    reader = TensorReader()
+    reader = InputSources.local(plan.model_dirs)
     try:
         for tp in targeted:
             whole = compute_tensor(plan, tp, reader)

@@ -1,0 +1,80 @@
+"""The input source seam: the engine asks for "bytes [start, end) of file F of model M" and gets a tensor.
+
+Like httpx's transports, a small abstract class with one required method and small implementations behind it;
+the engine holds an :class:`InputSources` and never learns whether a model's bytes come from a local folder, a
+Hugging Face cache snapshot (a local folder too, once fetched and verified) or, later, HTTP byte ranges.
+Implementations must return exactly the requested bytes or raise :class:`~resumerge.errors.ResumergeError`;
+they are called from several worker threads at once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from resumerge.inputs.tensorio import TORCH_DTYPES, TensorReader
+
+
+class InputSource(ABC):
+    """Reads byte ranges of the weight files of one input model."""
+
+    @abstractmethod
+    def read_range(self, file: str, start: int, end: int) -> torch.Tensor:
+        """Bytes ``[start, end)`` of ``file`` (a name relative to the model) as a fresh uint8 CPU tensor."""
+
+    def read_tensor(self, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """The tensor stored at ``[start, end)`` of ``file``: a whole tensor or a row range of one."""
+        if end == start:
+            return torch.empty(shape, dtype=TORCH_DTYPES[dtype])
+        return self.read_range(file, start, end).view(TORCH_DTYPES[dtype]).reshape(shape)
+
+    def close(self) -> None:  # noqa: B027  (most sources hold nothing to release)
+        """Release what the source holds open (descriptors, connections)."""
+
+
+class LocalFiles(InputSource):
+    """A model folder on a local filesystem, read by ``pread`` (see :mod:`resumerge.inputs.tensorio` for why)."""
+
+    def __init__(self, directory: str | Path, reader: TensorReader | None = None) -> None:
+        self.directory = Path(directory)
+        self._reader = reader or TensorReader()
+        self._owns_reader = reader is None
+
+    def read_range(self, file: str, start: int, end: int) -> torch.Tensor:
+        return self._reader.read(self.directory / file, start, end, "U8", (end - start,))
+
+    def read_tensor(self, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+        # Straight to the reader: it views its buffer with the right dtype, one call instead of two.
+        return self._reader.read(self.directory / file, start, end, dtype, shape)
+
+    def close(self) -> None:
+        if self._owns_reader:
+            self._reader.close()
+
+
+class InputSources:
+    """The source of every input model of a plan, by model key: what the engine reads tensors through."""
+
+    def __init__(self, sources: Mapping[str, InputSource], *, shared: TensorReader | None = None) -> None:
+        self._sources = dict(sources)
+        self._shared = shared
+
+    @classmethod
+    def local(cls, model_dirs: Mapping[str, str]) -> InputSources:
+        """Every model read from its folder (``plan.model_dirs``), sharing one descriptor table."""
+        reader = TensorReader()
+        return cls({key: LocalFiles(directory, reader) for key, directory in model_dirs.items()}, shared=reader)
+
+    def read(self, model: str, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """The tensor at ``[start, end)`` of ``file`` of input ``model``."""
+        return self._sources[model].read_tensor(file, start, end, dtype, shape)
+
+    def close(self) -> None:
+        """Close every source."""
+        for source in self._sources.values():
+            source.close()
+        if self._shared is not None:
+            self._shared.close()
