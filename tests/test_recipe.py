@@ -296,7 +296,8 @@ def test_status_and_edited_recipe_refused_while_unfinished(tmp_path: Path, model
     with pytest.raises(InterruptedMerge) as stopped:
         run_recipe(_local_recipe(models), out, state_dir=state, options=PlanOptions(out_shard_size=100_000),
                    should_stop=b_has_three_shards)
-    assert stopped.value.resume_command == f"resumerge resume {out}"
+    # The exact command that continues from the ledgers in the state dir (not one that rebuilds them).
+    assert stopped.value.resume_command == f"resumerge resume {out} --state-dir {state}"
     assert main(["status", str(out), "--state-dir", str(state), "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert [(s["label"], s["state"]) for s in status["stages"]] == [
