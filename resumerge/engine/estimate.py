@@ -310,12 +310,12 @@ def _staging_dir(choice: Staging, out: Path | None, state_dir: str | os.PathLike
 
 def _output_size(plan: Plan, config_text: str, out: Path | None, committed: Mapping[str, int],
                  staging_dir: Path | None, pending: Sequence[Any]) -> OutputSize:
-    from resumerge.engine.session import _fresh_manifest
+    from resumerge.engine.outdir import fresh_manifest
 
     aux = {a.name: len(render_aux(plan, a, config_text)) for a in aux_files(plan)}
     sizes = {s.name: s.file_size for s in plan.shards} | aux
     # The finished manifest lists every file with its size and a sha256 of fixed length: its size is exact.
-    final = _fresh_manifest(plan, config_text, {n: {"bytes": b, "sha256": "0" * 64} for n, b in sizes.items()})
+    final = fresh_manifest(plan, config_text, {n: {"bytes": b, "sha256": "0" * 64} for n, b in sizes.items()})
     manifest_bytes = len(replace(final, state="done").to_bytes())
     largest = max((s.file_size for s in plan.shards), default=0)
     return OutputSize(

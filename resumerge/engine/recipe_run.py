@@ -24,7 +24,8 @@ from resumerge.config.locations import run_dir
 from resumerge.config.recipe import load_recipe_text
 from resumerge.config.version import __version__
 from resumerge.engine.executor import Reporter
-from resumerge.engine.session import Outcome, check_out_dir, drive_plan, hub_progress, make_governor
+from resumerge.engine.outdir import check_out_dir
+from resumerge.engine.session import Outcome, drive_plan, hub_progress, make_governor
 from resumerge.errors import (
     InterruptedMerge,
     LedgerError,

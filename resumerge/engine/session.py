@@ -13,21 +13,19 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resumerge.config.locations import run_dir
 from resumerge.config.merge_config import MergeConfig, load_config_text
-from resumerge.config.version import __version__
 from resumerge.engine.devices import gpu_governor
 from resumerge.engine.executor import Reporter, Stopped, execute
-from resumerge.engine.reconcile import adopt_manifest, reconcile
+from resumerge.engine.outdir import check_out_dir, check_out_path, open_run, planned_files
+from resumerge.engine.reconcile import reconcile
 from resumerge.errors import (
     InterruptedMerge,
     LedgerError,
-    OutputDirError,
-    PlanChangedError,
     ResumergeError,
     StorageError,
     UsageError,
@@ -36,15 +34,14 @@ from resumerge.inputs.catalog import Inputs, fetch_inputs, open_inputs
 from resumerge.inputs.model import InputWatch
 from resumerge.inputs.source import InputSources
 from resumerge.memory import CudaProbe, MemoryGovernor, SystemProbe, default_budget, format_size, os_peak_rss
-from resumerge.outputs.aux import aux_files
-from resumerge.plan.merge_plan import Plan, PlanOptions, describe_changes, fingerprint_parts
+from resumerge.plan.merge_plan import Plan, PlanOptions
 from resumerge.plan.planner import build_plan
 from resumerge.plan.workunits import largest, oversized_units
 from resumerge.store.durable import is_temp_name
 from resumerge.store.filesystems import Staging, filesystem_type, staging_dir
 from resumerge.store.ledger import LEDGER_NAME, Ledger, set_aside
-from resumerge.store.manifest import MANIFEST_NAME, Manifest, ManifestBook, read_manifest
-from resumerge.store.sink import LocalDirSink, OutputSink, StagedDirSink
+from resumerge.store.manifest import MANIFEST_NAME, Manifest, read_manifest
+from resumerge.store.sink import LocalDirSink, StagedDirSink
 from resumerge.store.statusview import resume_command
 
 if TYPE_CHECKING:
@@ -158,7 +155,7 @@ def run_merge(
     governor = make_governor(plan, max_memory)
     gpu = gpu_governor(plan, plan.options.device, max_gpu_memory)
     out = Path(out_dir).absolute()
-    manifest = _check_out_dir(out)
+    manifest = check_out_dir(out)
     fetch_inputs(inputs, state_dir=state_dir, on_progress=_hub_progress(reporter))
     return _drive(plan, config_text, out, state_dir, manifest, restart=restart, reporter=reporter,
                   should_stop=should_stop, workers=workers, command=resume_command(out_dir, state_dir),
@@ -183,7 +180,7 @@ def resume_merge(
     when the merge computes on a GPU that this machine lacks (the device is part of the output's identity).
     """
     out = Path(out_dir).absolute()
-    _check_out_path(out)
+    check_out_path(out)
     manifest = read_manifest(out) if out.is_dir() else None
     ledger_path = run_dir(out, state_dir) / LEDGER_NAME
     row = None
@@ -245,7 +242,7 @@ def drive_plan(
     governor = make_governor(plan, max_memory)
     gpu = gpu_governor(plan, plan.options.device, max_gpu_memory)
     out = Path(out_dir).absolute()
-    manifest = _check_out_dir(out, tolerate=tolerate)
+    manifest = check_out_dir(out, tolerate=tolerate)
     return _drive(plan, config_text, out, state_dir, manifest, restart=restart, reporter=reporter,
                   should_stop=should_stop, workers=workers, command=command, resuming=resuming,
                   governor=governor, gpu=gpu, staging=staging)
@@ -254,12 +251,6 @@ def drive_plan(
 def hub_progress(reporter: Reporter | None) -> Callable[[HubEvent], None] | None:
     """The hub progress callback that shows the end of each transfer on ``reporter`` (None without one)."""
     return _hub_progress(reporter)
-
-
-def check_out_dir(out: Path, *, tolerate: frozenset[str] = frozenset()) -> Manifest | None:
-    """OUT's manifest, or None when OUT is absent or empty (bar ``tolerate``); raises :class:`UsageError` for a
-    link or a file, :class:`OutputDirError` for a non-empty folder resumerge did not write."""
-    return _check_out_dir(out, tolerate=tolerate)
 
 
 def make_governor(plan: Plan, max_memory: int | None) -> MemoryGovernor:
@@ -318,7 +309,7 @@ def _drive(
         staged: list[str] = []
         stage_dir = _staging_dir(staging, plan, out, rdir, staged)
         sink = LocalDirSink(out) if stage_dir is None else StagedDirSink(out, stage_dir)
-        book, verified = _open_run(plan, config_text, out, sink, ledger, manifest, restart=restart,
+        book, verified = open_run(plan, config_text, out, sink, ledger, manifest, restart=restart,
                                    resuming=resuming, notes=notes)
         reconcile(sink, ledger, book, log=notes, verified=verified)
         notes.extend(staged)
@@ -369,7 +360,7 @@ def _drive(
 
 def _open_ledger(path: Path, notes: list[str]) -> Ledger:
     """Open the run's ledger. A damaged one is never trusted: it is moved aside and a fresh ledger returned, which
-    :func:`_open_run` rebuilds from OUT's manifest (re-hashing every file the manifest lists) or fills with a new
+    :func:`open_run` rebuilds from OUT's manifest (re-hashing every file the manifest lists) or fills with a new
     plan when OUT has no manifest (then nothing was ever committed there)."""
     try:
         return Ledger(path)
@@ -442,7 +433,7 @@ def _staging_dir(choice: Staging, plan: Plan, out: Path, rdir: Path, notes: list
     if directory == out or out in directory.parents:
         raise UsageError(f"the staging dir {directory} is inside OUT", hint="stage on local disk outside OUT")
     directory.mkdir(parents=True, exist_ok=True)
-    planned = set(_planned_files(plan))
+    planned = set(planned_files(plan))
     for leftover in directory.iterdir():
         if is_temp_name(leftover.name, planned):
             leftover.unlink()
@@ -461,129 +452,3 @@ def _record_gpu_memory(ledger: Ledger, gpu: MemoryGovernor | None) -> None:
         ledger.event("adaptation", f"{gpu.pool} {a.knob} {a.old} -> {a.new}: {a.reason}")
     ledger.event("memory", f"{gpu.pool} peak {format_size(peak)}",
                  {"pool": gpu.pool, "peak": peak, "adaptations": len(gpu.adaptations)})
-
-
-def _open_run(
-    plan: Plan,
-    config_text: str,
-    out: Path,
-    sink: OutputSink,
-    ledger: Ledger,
-    manifest: Manifest | None,
-    *,
-    restart: bool,
-    resuming: bool,
-    notes: list[str],
-) -> tuple[ManifestBook, frozenset[str]]:
-    """Decide between continuing, rebuilding the ledger, refusing, or starting over.
-
-    Returns the manifest book and the files this call already re-hashed (when the ledger was rebuilt).
-    """
-    row = ledger.run_row()
-    recorded = row["fingerprint"] if row else (manifest.fingerprint if manifest else None)
-    if recorded is not None and recorded != plan.fingerprint:
-        parts = json.loads(row["parts"]) if row else dict(manifest.parts if manifest else {})
-        inputs = json.loads(row["inputs"]) if row else dict(manifest.inputs if manifest else {})
-        changes = describe_changes(parts, inputs, plan) or ["the plan changed"]
-        if not restart:
-            what = "; ".join(changes)
-            raise PlanChangedError(
-                f"{out} holds a merge planned differently: {what}",
-                path=str(out),
-                hint="resume it unchanged, use another OUT, or pass --restart to start over"
-                if not resuming
-                else "restore the inputs as they were, or start over with resumerge run CONFIG OUT --restart",
-            )
-        _clean_previous(sink, ledger, manifest)
-        notes.append("previous run in OUT discarded (--restart)")
-        row, manifest = None, None
-    verified: frozenset[str] = frozenset()
-    if row is None:
-        _record_plan(plan, config_text, out, ledger)
-        if manifest is not None:
-            # The state dir was lost (a runtime reset) but OUT survived: trust only what re-hashes correctly.
-            verified = adopt_manifest(sink, plan, ledger, manifest.committed, notes)
-    committed = {
-        r["name"]: {"bytes": r["bytes"], "sha256": r["sha256"]} for r in ledger.files() if r["status"] == "done"
-    }
-    book = ManifestBook(sink, _fresh_manifest(plan, config_text, committed))
-    book.set_state("running")
-    return book, verified
-
-
-def _fresh_manifest(plan: Plan, config_text: str, committed: dict[str, Any] | None = None) -> Manifest:
-    return Manifest(
-        version=__version__,
-        fingerprint=plan.fingerprint,
-        parts=fingerprint_parts(plan),
-        inputs={k: [list(f) for f in v] for k, v in plan.inputs.items()},
-        options=asdict(plan.options),
-        model_dirs=dict(plan.model_dirs),
-        config_text=config_text,
-        planned=tuple(_planned_files(plan)),
-        shard_sizes={s.name: s.file_size for s in plan.shards},
-        shard_tensors={s.name: len(s.tensors) for s in plan.shards},
-        tensors_total=len(plan.tensors),
-        committed=dict(committed or {}),
-    )
-
-
-def _planned_files(plan: Plan) -> list[str]:
-    return [s.name for s in plan.shards] + [a.name for a in aux_files(plan)]
-
-
-def _record_plan(plan: Plan, config_text: str, out: Path, ledger: Ledger) -> None:
-    files: list[tuple[str, str, int, int, int | None]] = [
-        (s.name, "shard", i, len(s.tensors), s.file_size) for i, s in enumerate(plan.shards)
-    ]
-    files += [(a.name, a.kind, len(files) + i, 0, None) for i, a in enumerate(aux_files(plan))]
-    ledger.start_run(
-        out_dir=str(out),
-        config_text=config_text,
-        fingerprint=plan.fingerprint,
-        parts=fingerprint_parts(plan),
-        inputs={k: [list(f) for f in v] for k, v in plan.inputs.items()},
-        options=asdict(plan.options),
-        model_dirs=plan.model_dirs,
-        version=__version__,
-        files=files,
-        tensors=[(t.name, t.shard, t.nbytes) for t in plan.tensors.values()],
-    )
-
-
-def _clean_previous(sink: OutputSink, ledger: Ledger, manifest: Manifest | None) -> None:
-    """Delete the files the previous run planned (and only those) before starting over."""
-    names = {r["name"] for r in ledger.files()} | set(manifest.planned if manifest else ())
-    sink.delete(name for name in sorted(names) if "/" not in name)
-
-
-def _check_out_path(out: Path) -> None:
-    """Refuse (exit 2) an OUT that is a symbolic link or not a directory.
-
-    A link could point elsewhere on the next run, and the lock, the state dir and "never touch what resumerge did
-    not write" all concern one directory: the user passes the real one instead.
-    """
-    if out.is_symlink():
-        raise UsageError(f"{out} is a symbolic link", path=str(out),
-                         hint=f"pass the directory itself: {os.path.realpath(out)}")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{out} exists and is not a directory", path=str(out),
-                         hint="choose a new or empty directory for the output")
-
-
-def _check_out_dir(out: Path, *, tolerate: frozenset[str] = frozenset()) -> Manifest | None:
-    """Refuse an OUT that is a link or a file (UsageError, exit 2), or non-empty without resumerge's manifest
-    (OutputDirError, exit 4); return its manifest if any."""
-    _check_out_path(out)
-    if not out.exists():
-        return None
-    manifest = read_manifest(out)
-    # A process killed inside its first manifest write leaves only that temp file: still resumerge's OUT.
-    ours = {MANIFEST_NAME, *tolerate}
-    if manifest is None and any(p.name not in tolerate and not is_temp_name(p.name, ours) for p in out.iterdir()):
-        raise OutputDirError(
-            f"{out} is not empty and was not written by resumerge (no {MANIFEST_NAME})",
-            path=str(out),
-            hint="choose an empty or new output directory; resumerge never overwrites files it did not write",
-        )
-    return manifest

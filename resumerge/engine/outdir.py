@@ -1,0 +1,151 @@
+"""Open OUT for a run: refuse what resumerge did not write, decide between continuing, rebuilding the ledger from
+the manifest, refusing a changed plan or starting over (``--restart``), and record the plan.
+
+Nothing here computes a tensor; the session calls :func:`open_run` once, before reconcile and the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from resumerge.config.version import __version__
+from resumerge.engine.reconcile import adopt_manifest
+from resumerge.errors import OutputDirError, PlanChangedError, UsageError
+from resumerge.outputs.aux import aux_files
+from resumerge.plan.merge_plan import Plan, describe_changes, fingerprint_parts
+from resumerge.store.durable import is_temp_name
+from resumerge.store.ledger import Ledger
+from resumerge.store.manifest import MANIFEST_NAME, Manifest, ManifestBook, read_manifest
+from resumerge.store.sink import OutputSink
+
+
+def open_run(
+    plan: Plan,
+    config_text: str,
+    out: Path,
+    sink: OutputSink,
+    ledger: Ledger,
+    manifest: Manifest | None,
+    *,
+    restart: bool,
+    resuming: bool,
+    notes: list[str],
+) -> tuple[ManifestBook, frozenset[str]]:
+    """Decide between continuing, rebuilding the ledger, refusing, or starting over.
+
+    Returns the manifest book and the files this call already re-hashed (when the ledger was rebuilt).
+    """
+    row = ledger.run_row()
+    recorded = row["fingerprint"] if row else (manifest.fingerprint if manifest else None)
+    if recorded is not None and recorded != plan.fingerprint:
+        parts = json.loads(row["parts"]) if row else dict(manifest.parts if manifest else {})
+        inputs = json.loads(row["inputs"]) if row else dict(manifest.inputs if manifest else {})
+        changes = describe_changes(parts, inputs, plan) or ["the plan changed"]
+        if not restart:
+            what = "; ".join(changes)
+            raise PlanChangedError(
+                f"{out} holds a merge planned differently: {what}",
+                path=str(out),
+                hint="resume it unchanged, use another OUT, or pass --restart to start over"
+                if not resuming
+                else "restore the inputs as they were, or start over with resumerge run CONFIG OUT --restart",
+            )
+        _clean_previous(sink, ledger, manifest)
+        notes.append("previous run in OUT discarded (--restart)")
+        row, manifest = None, None
+    verified: frozenset[str] = frozenset()
+    if row is None:
+        _record_plan(plan, config_text, out, ledger)
+        if manifest is not None:
+            # The state dir was lost (a runtime reset) but OUT survived: trust only what re-hashes correctly.
+            verified = adopt_manifest(sink, plan, ledger, manifest.committed, notes)
+    committed = {
+        r["name"]: {"bytes": r["bytes"], "sha256": r["sha256"]} for r in ledger.files() if r["status"] == "done"
+    }
+    book = ManifestBook(sink, fresh_manifest(plan, config_text, committed))
+    book.set_state("running")
+    return book, verified
+
+
+def fresh_manifest(plan: Plan, config_text: str, committed: dict[str, Any] | None = None) -> Manifest:
+    return Manifest(
+        version=__version__,
+        fingerprint=plan.fingerprint,
+        parts=fingerprint_parts(plan),
+        inputs={k: [list(f) for f in v] for k, v in plan.inputs.items()},
+        options=asdict(plan.options),
+        model_dirs=dict(plan.model_dirs),
+        config_text=config_text,
+        planned=tuple(planned_files(plan)),
+        shard_sizes={s.name: s.file_size for s in plan.shards},
+        shard_tensors={s.name: len(s.tensors) for s in plan.shards},
+        tensors_total=len(plan.tensors),
+        committed=dict(committed or {}),
+    )
+
+
+def planned_files(plan: Plan) -> list[str]:
+    return [s.name for s in plan.shards] + [a.name for a in aux_files(plan)]
+
+
+def _record_plan(plan: Plan, config_text: str, out: Path, ledger: Ledger) -> None:
+    files: list[tuple[str, str, int, int, int | None]] = [
+        (s.name, "shard", i, len(s.tensors), s.file_size) for i, s in enumerate(plan.shards)
+    ]
+    files += [(a.name, a.kind, len(files) + i, 0, None) for i, a in enumerate(aux_files(plan))]
+    ledger.start_run(
+        out_dir=str(out),
+        config_text=config_text,
+        fingerprint=plan.fingerprint,
+        parts=fingerprint_parts(plan),
+        inputs={k: [list(f) for f in v] for k, v in plan.inputs.items()},
+        options=asdict(plan.options),
+        model_dirs=plan.model_dirs,
+        version=__version__,
+        files=files,
+        tensors=[(t.name, t.shard, t.nbytes) for t in plan.tensors.values()],
+    )
+
+
+def _clean_previous(sink: OutputSink, ledger: Ledger, manifest: Manifest | None) -> None:
+    """Delete the files the previous run planned (and only those) before starting over."""
+    names = {r["name"] for r in ledger.files()} | set(manifest.planned if manifest else ())
+    sink.delete(name for name in sorted(names) if "/" not in name)
+
+
+def check_out_path(out: Path) -> None:
+    """Refuse (exit 2) an OUT that is a symbolic link or not a directory.
+
+    A link could point elsewhere on the next run, and the lock, the state dir and "never touch what resumerge did
+    not write" all concern one directory: the user passes the real one instead.
+    """
+    if out.is_symlink():
+        raise UsageError(f"{out} is a symbolic link", path=str(out),
+                         hint=f"pass the directory itself: {os.path.realpath(out)}")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out} exists and is not a directory", path=str(out),
+                         hint="choose a new or empty directory for the output")
+
+
+def check_out_dir(out: Path, *, tolerate: frozenset[str] = frozenset()) -> Manifest | None:
+    """OUT's manifest, or None when OUT is absent or empty (bar ``tolerate``).
+
+    Raises :class:`UsageError` (exit 2) for a link or a file, :class:`OutputDirError` (exit 4) for a non-empty
+    folder without resumerge's manifest."""
+    check_out_path(out)
+    if not out.exists():
+        return None
+    manifest = read_manifest(out)
+    # A process killed inside its first manifest write leaves only that temp file: still resumerge's OUT.
+    ours = {MANIFEST_NAME, *tolerate}
+    if manifest is None and any(p.name not in tolerate and not is_temp_name(p.name, ours) for p in out.iterdir()):
+        raise OutputDirError(
+            f"{out} is not empty and was not written by resumerge (no {MANIFEST_NAME})",
+            path=str(out),
+            hint="choose an empty or new output directory; resumerge never overwrites files it did not write",
+        )
+    return manifest
