@@ -2,14 +2,16 @@
 
 Usage::
 
-    python bench/bench_vs_mergekit.py [--size 1.7GB] [--methods linear,ties,dare_ties,slerp] [--runs 3]
+    python bench/bench_vs_mergekit.py [--size 1.7GB] [--methods linear,ties,dare_ties,slerp | all] [--runs 3]
         [--out-shard-size 1B] [--work DIR] [--cold] [--skip-mergekit] [--resumerge-args "..."]
 
 Generates three Llama-style float32 models of about ``--size`` bytes each (once; kept in ``--work``), then for
-every method runs the same YAML through ``resumerge run`` (fully durable), ``resumerge run`` with
-``RESUMERGE_UNSAFE_NO_FSYNC=1`` (every fsync and the ledger's on-disk journal skipped: what durability costs)
-and ``mergekit-yaml``, alternating the order run by run, and reports for each: median wall time, peak RSS of the
-merge process alone (``ru_maxrss`` from ``wait4`` in a tiny launcher, so this script's own memory never counts),
+every method (any of the twenty both tools implement, each with a config both accept; ``--methods all`` runs
+them all and reports them side by side) runs the same YAML through ``resumerge run`` (fully durable),
+``resumerge run`` with ``RESUMERGE_UNSAFE_NO_FSYNC=1`` (every fsync and the ledger's on-disk journal skipped:
+what durability costs) and ``mergekit-yaml``, alternating the order run by run, and reports for each: median
+wall time, peak RSS of the merge process alone (``ru_maxrss`` from ``wait4`` in a tiny launcher, so this
+script's own memory never counts),
 bytes read and written (the launcher's ``/proc/self/io`` after reaping the merge, which the kernel credits with
 the child's I/O), the size of the output, and ``resumerge resume`` on the finished merge (which re-hashes every
 committed file).
@@ -55,51 +57,60 @@ _LAUNCHER = (
     "      io['read_bytes'], io['write_bytes'])\n"
 )
 
+def _config(method: str, body: str, parameters: str = "") -> str:
+    """A YAML config for both tools: ``body`` lists the models (``{a}``, ``{b}``, ``{c}`` are filled in later)."""
+    text = f"merge_method: {method}\n{body}"
+    if parameters:
+        text += f"parameters:\n{parameters}"
+    return text + "dtype: float32\n"
+
+
+_TWO = """models:
+  - model: {a}
+    parameters: {{weight: 0.5}}
+  - model: {b}
+    parameters: {{weight: 0.5}}
+"""
+# base a plus two fine-tunes; `extra` goes into each fine-tune's parameters
+_TASK = """base_model: {a}
+models:
+  - model: {b}
+    parameters: {{weight: 0.6%(extra)s}}
+  - model: {c}
+    parameters: {{weight: 0.4%(extra)s}}
+"""
+_BASE_AND = """base_model: {a}
+models:
+  - model: {a}
+%(others)s"""
+_B = "  - model: {b}\n"
+_C = "  - model: {c}\n"
+
+# Every method mergekit 0.1.5 and resumerge both implement, with a config each accepts as is.
 METHODS: dict[str, str] = {
-    "linear": """merge_method: linear
-models:
-  - model: {a}
-    parameters: {{weight: 0.5}}
-  - model: {b}
-    parameters: {{weight: 0.5}}
-dtype: float32
-""",
-    "slerp": """merge_method: slerp
-base_model: {a}
-models:
-  - model: {a}
-  - model: {b}
-parameters:
-  t: 0.4
-dtype: float32
-""",
-    "task_arithmetic": """merge_method: task_arithmetic
-base_model: {a}
-models:
-  - model: {b}
-    parameters: {{weight: 0.6}}
-  - model: {c}
-    parameters: {{weight: 0.4}}
-dtype: float32
-""",
-    "ties": """merge_method: ties
-base_model: {a}
-models:
-  - model: {b}
-    parameters: {{weight: 0.6, density: 0.5}}
-  - model: {c}
-    parameters: {{weight: 0.4, density: 0.5}}
-dtype: float32
-""",
-    "dare_ties": """merge_method: dare_ties
-base_model: {a}
-models:
-  - model: {b}
-    parameters: {{weight: 0.6, density: 0.5}}
-  - model: {c}
-    parameters: {{weight: 0.4, density: 0.5}}
-dtype: float32
-""",
+    "linear": _config("linear", _TWO),
+    "slerp": _config("slerp", _BASE_AND % {"others": _B}, "  t: 0.4\n"),
+    "nuslerp": _config(
+        "nuslerp",
+        "models:\n  - model: {b}\n    parameters: {{weight: 0.4}}\n  - model: {c}\n    parameters: {{weight: 0.6}}\n",
+    ),
+    "multislerp": _config("multislerp", _TASK % {"extra": ""}),
+    "karcher": _config("karcher", "models:\n  - model: {a}\n  - model: {b}\n  - model: {c}\n"),
+    "task_arithmetic": _config("task_arithmetic", _TASK % {"extra": ""}),
+    "ties": _config("ties", _TASK % {"extra": ", density: 0.5"}),
+    "dare_ties": _config("dare_ties", _TASK % {"extra": ", density: 0.5"}),
+    "dare_linear": _config("dare_linear", _TASK % {"extra": ", density: 0.5"}),
+    "breadcrumbs": _config("breadcrumbs", _TASK % {"extra": ", density: 0.5, gamma: 0.01"}),
+    "breadcrumbs_ties": _config("breadcrumbs_ties", _TASK % {"extra": ", density: 0.5, gamma: 0.01"}),
+    "della": _config("della", _TASK % {"extra": ", density: 0.5, epsilon: 0.1"}),
+    "della_linear": _config("della_linear", _TASK % {"extra": ", density: 0.5, epsilon: 0.1"}),
+    "sce": _config("sce", _BASE_AND % {"others": _B + _C}, "  select_topk: 0.5\n"),
+    "ram": _config("ram", _BASE_AND % {"others": _B + _C}),
+    "ramplus_tl": _config("ramplus_tl", _BASE_AND % {"others": _B + _C}),
+    "model_stock": _config("model_stock", _BASE_AND % {"others": _B + _C}),
+    "nearswap": _config("nearswap", _BASE_AND % {"others": _B}, "  t: 0.0001\n"),
+    "arcee_fusion": _config("arcee_fusion", _BASE_AND % {"others": _B}),
+    "passthrough": _config("passthrough", "models:\n  - model: {a}\n"),
 }
 
 
@@ -131,7 +142,7 @@ def run_measured(argv: list[str], env: dict[str, str] | None = None) -> Measure:
 
 def model_spec(size: int) -> tuple[object, int]:
     """A ModelSpec whose float32 weights take about ``size`` bytes, and that exact size."""
-    from resumerge.modelgen import ModelSpec, tensor_shapes
+    from resumerge.cli.modelgen import ModelSpec, tensor_shapes
 
     hidden, inter, vocab = (2048, 5504, 8000) if size >= 1_000_000_000 else (1024, 2816, 8000)
     per_layer = (4 * hidden * hidden + 3 * hidden * inter + 2 * hidden) * 4
@@ -150,7 +161,7 @@ def model_spec(size: int) -> tuple[object, int]:
 
 def make_inputs(work: Path, size: int) -> tuple[list[Path], int]:
     """Generate models a, b, c of about ``size`` bytes (kept between invocations of the same size)."""
-    from resumerge.modelgen import make_model
+    from resumerge.cli.modelgen import make_model
 
     spec, exact = model_spec(size)
     paths = []
@@ -317,7 +328,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="1.7GB", help="bytes per input model, e.g. 200MB, 1.7GB [default: 1.7GB]")
     parser.add_argument("--methods", default="linear,ties,dare_ties,slerp",
-                        help=f"comma list from {', '.join(METHODS)} [default: linear,ties,dare_ties,slerp]")
+                        help=f"comma list from {', '.join(METHODS)}, or 'all' [default: linear,ties,dare_ties,slerp]")
     parser.add_argument("--runs", type=int, default=3, help="alternating runs per tool [default: 3]")
     parser.add_argument("--out-shard-size", default="1B", help="for both tools [default: 1B]")
     parser.add_argument("--work", type=Path, default=HERE / "work" / "vs-mergekit")
@@ -326,7 +337,7 @@ def main() -> None:
     parser.add_argument("--no-unsafe", action="store_true", help="skip the RESUMERGE_UNSAFE_NO_FSYNC=1 runs")
     parser.add_argument("--resumerge-args", default="", help="extra flags for resumerge run")
     args = parser.parse_args()
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = list(METHODS) if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         parser.error(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")

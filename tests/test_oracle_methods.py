@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import ModelFactory
+from methods.tieparity import RANKED, mergekit_with_stable_sorts, threshold_ties
 from safetensors.torch import load_file
 from support import cli, digests, write_config
 
@@ -93,10 +94,23 @@ def test_method_matches_mergekit(tmp_path: Path, trio: tuple[str, str, str], met
     ours, theirs = _tensors(tmp_path / "ours"), _tensors(tmp_path / "theirs")
     assert ours.keys() == theirs.keys()
     base = _tensors(Path(trio[0]))
+    inputs = [base, _tensors(Path(trio[1])), _tensors(Path(trio[2]))]
     for name, tensor in ours.items():
         other = theirs[name]
         assert tensor.shape == other.shape and tensor.dtype == other.dtype, name
-        if method not in RANDOMISED:
+        if method in RANKED and name in base:
+            # Issue 17: equal magnitudes (sce: variances) straddling a threshold are kept in index order here and
+            # in torch's unstable-sort order by mergekit. ties/breadcrumbs must match everywhere else; sce's energy
+            # weights see the whole selection, so it must match mergekit run with stable sorts, bit for bit.
+            stack = [t[name].to(tensor.dtype) for t in inputs]
+            params = doc.get("parameters", {})
+            if method == "sce":
+                assert torch.equal(tensor, mergekit_with_stable_sorts(method, stack, 0, params)), name
+            else:
+                per_model = {k: [None, params[k], params[k]] for k in ("density", "gamma") if k in params}
+                off_ties = ~threshold_ties(method, stack, 0, params, per_model)
+                assert torch.equal(tensor[off_ties], other[off_ties]), f"{method}: {name} differs off threshold ties"
+        elif method not in RANDOMISED:
             gap = (tensor.float() - other.float()).abs().max()
             assert torch.equal(tensor, other), f"{method}: {name} differs by {gap}"
         elif name in base and tensor.numel() > 256:

@@ -1,4 +1,7 @@
-"""Merge methods: pure tensor functions registered under their mergekit names."""
+"""Merge methods: pure tensor functions registered under their mergekit names.
+
+May import: nothing (methods are pure tensor functions).
+"""
 
 from resumerge.methods.registry import (
     BasePolicy,

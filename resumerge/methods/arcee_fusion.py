@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from resumerge.methods.registry import (
+from resumerge.methods.ranking import order_statistics
+from resumerge.methods.spec import (
     BasePolicy,
     MergeContext,
     MethodSpec,
@@ -18,7 +19,7 @@ from resumerge.methods.registry import (
 )
 
 # Quantiles of larger tensors are estimated from this many samples (drawn with replacement), which bounds
-# the sort.
+# the selection.
 QUANTILE_SAMPLE_SIZE = 1_000_000
 _SOFTMAX_EPS = 1e-8
 
@@ -44,9 +45,10 @@ def threshold(scores: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     if flat.numel() > QUANTILE_SAMPLE_SIZE:
         picks = torch.randint(flat.numel(), (QUANTILE_SAMPLE_SIZE,), generator=generator, device=flat.device)
         flat = flat[picks]
-    ordered = torch.sort(flat).values
-    positions = (torch.tensor([0.25, 0.5, 0.75], device=ordered.device) * (ordered.numel() - 1)).long()
-    q1, median, q3 = ordered[positions].unbind()
+    positions = (torch.tensor([0.25, 0.5, 0.75]) * (flat.numel() - 1)).long().tolist()
+    # Order statistics are values, the same whichever order a sort gives equal scores: a selection finds them
+    # exactly, without sorting the sample.
+    q1, median, q3 = order_statistics(flat, positions).unbind()
     return median + 1.5 * (q3 - q1)
 
 

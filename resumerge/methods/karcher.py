@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from resumerge.methods.registry import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
 
 
 def karcher_mean(

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from resumerge.methods.registry import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
 
 
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from resumerge.methods.registry import (
+from resumerge.methods.spec import (
     BasePolicy,
     MergeContext,
     MethodSpec,

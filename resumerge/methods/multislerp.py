@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from resumerge.methods.registry import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
 
 
 def multislerp(ctx: MergeContext) -> torch.Tensor:

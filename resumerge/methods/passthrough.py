@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from resumerge.methods.registry import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
 
 
 def passthrough(ctx: MergeContext) -> torch.Tensor:

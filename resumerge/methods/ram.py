@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import torch
 
-from resumerge.methods.registry import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
 
 
 class _Touched(NamedTuple):

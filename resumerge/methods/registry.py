@@ -1,161 +1,46 @@
-"""The merge-method registry: each method is a pure tensor function plus a declarative contract.
+"""Look a merge method up by its mergekit name, loading the built-in methods on first use.
 
-A method never touches files, dtype policy of the output, devices or global RNG state. The planner reads the
-contract (:class:`MethodSpec`) to validate a config before any weight is read; the engine calls
-:attr:`MethodSpec.fn` with a :class:`MergeContext` per output tensor (or per row chunk when the method is
-``elementwise``) and casts the result to ``out_dtype`` itself.
+The method modules import :mod:`resumerge.methods.spec` and register themselves there; this module sits above
+them (it imports :mod:`resumerge.methods.builtin`), so lookups and registrations never form an import cycle. The
+contract types are re-exported here for callers outside the package.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from resumerge.methods.spec import (
+    BasePolicy,
+    MergeContext,
+    MethodSpec,
+    OptionalTensorPolicy,
+    ParamSpec,
+    Scope,
+    register,
+    registered,
+)
 
-if TYPE_CHECKING:
-    import torch
-
-
-class Scope(enum.Enum):
-    """Where a parameter's value lives and for which inputs it is resolved."""
-
-    GLOBAL = "global"  # one value per output tensor, matched against the output tensor name
-    PER_MODEL = "per_model"  # one value per input model (base included)
-    NON_BASE = "non_base"  # one value per input model, never resolved for the base model
-
-
-class BasePolicy(enum.Enum):
-    """What a method does with ``base_model``."""
-
-    REQUIRED = "required"  # the base must be one of the inputs
-    OPTIONAL = "optional"  # used when given
-    IGNORED = "ignored"  # accepted, but merged like any other input (e.g. linear)
-    FORBIDDEN = "forbidden"  # a base is a config error
-
-
-class OptionalTensorPolicy(enum.Enum):
-    """What to do with an optional weight (e.g. an untied ``lm_head``) that only some inputs have.
-
-    Mirrors mergekit 0.1.5's ``OptionalTensorPolicy``; the engine applies it before calling the method.
-    """
-
-    ERROR = "error"  # a missing input tensor is an error
-    PASSTHROUGH_SINGLETON = "passthrough_singleton"  # exactly one input has it: copy that one
-    PASSTHROUGH_BASE_SINGLETON = "passthrough_base_singleton"  # only the base has it: copy the base
-    BASE_OR_SKIP = "base_or_skip"  # too few inputs: copy the base if it alone has it, else omit the weight
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """One parameter of a method.
-
-    ``required`` parameters have no default; a missing value is a config error naming the YAML path.
-    ``minimum``/``maximum`` bound numeric values inclusively (``exclusive_min`` makes the lower bound strict).
-    """
-
-    name: str
-    scope: Scope
-    kind: type = float
-    default: Any = None
-    required: bool = False
-    minimum: float | None = None
-    maximum: float | None = None
-    exclusive_min: bool = False
-
-
-@dataclass(frozen=True)
-class MergeContext:
-    """Everything a method sees for one output tensor (or one row chunk of it).
-
-    ``tensors`` are in config order and already cast to the compute dtype; ``base_index`` points into them
-    (``None`` without a base). ``model_params[i]`` holds the resolved per-model parameters of input ``i``
-    (empty for the base when a parameter is ``NON_BASE``); ``params`` the global ones. ``generator`` is seeded
-    from (random seed, output tensor name) for randomised methods, so results do not depend on execution
-    order.
-    """
-
-    tensors: Sequence[torch.Tensor]
-    base_index: int | None
-    model_params: Sequence[Mapping[str, Any]]
-    params: Mapping[str, Any]
-    tensor_name: str = ""
-    generator: torch.Generator | None = None
-
-    @property
-    def base(self) -> torch.Tensor:
-        """The base tensor; raises ``ValueError`` when the method was called without one."""
-        if self.base_index is None:
-            raise ValueError("this merge needs a base tensor")
-        return self.tensors[self.base_index]
-
-    def others(self) -> list[int]:
-        """Indices of the non-base inputs, in config order."""
-        return [i for i in range(len(self.tensors)) if i != self.base_index]
-
-
-MergeFn = Callable[[MergeContext], "torch.Tensor"]
-# Returns a one-sentence problem description, or None when the resolved parameters are acceptable.
-ContractCheck = Callable[[Mapping[str, Any], Sequence[Mapping[str, Any]]], "str | None"]
-
-
-@dataclass(frozen=True)
-class MethodSpec:
-    """A registered merge method: its pure function and the contract the planner checks up front.
-
-    ``min_inputs``/``max_inputs`` count every input of a tensor, the base included; ``min_non_base``/
-    ``max_non_base`` (when set) count the inputs other than the base. ``elementwise`` methods give
-    the same result when applied to row chunks independently, so the engine may stream large tensors through
-    them; others need the whole tensor at once. ``randomized`` methods receive a generator.
-    """
-
-    name: str
-    fn: MergeFn
-    params: tuple[ParamSpec, ...] = ()
-    base: BasePolicy = BasePolicy.IGNORED
-    min_inputs: int = 1
-    max_inputs: int | None = None
-    elementwise: bool = False
-    randomized: bool = False
-    reference: str = ""
-    check: ContractCheck | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    # True when the method returns float32 for float16/bfloat16 inputs (as mergekit's does); without out_dtype
-    # the output is then saved as float32, like mergekit saves it.
-    half_result_float32: bool = False
-    min_non_base: int | None = None
-    max_non_base: int | None = None
-    optional_tensors: OptionalTensorPolicy = OptionalTensorPolicy.ERROR
-
-    def param(self, name: str) -> ParamSpec | None:
-        """Return the spec of parameter ``name``, or None if the method has no such parameter."""
-        for spec in self.params:
-            if spec.name == name:
-                return spec
-        return None
-
-
-_REGISTRY: dict[str, MethodSpec] = {}
-
-
-def register(spec: MethodSpec) -> MethodSpec:
-    """Add ``spec`` to the registry under its mergekit name; a name may be registered once."""
-    if spec.name in _REGISTRY:
-        raise ValueError(f"merge method {spec.name!r} is already registered")
-    _REGISTRY[spec.name] = spec
-    return spec
+__all__ = [
+    "BasePolicy",
+    "MergeContext",
+    "MethodSpec",
+    "OptionalTensorPolicy",
+    "ParamSpec",
+    "Scope",
+    "get_method",
+    "method_names",
+    "register",
+]
 
 
 def get_method(name: str) -> MethodSpec | None:
     """Return the method registered as ``name`` (loading the built-ins on first use), else None."""
     _load_builtins()
-    return _REGISTRY.get(name)
+    return registered().get(name)
 
 
 def method_names() -> list[str]:
     """All registered method names, sorted."""
     _load_builtins()
-    return sorted(_REGISTRY)
+    return sorted(registered())
 
 
 _loaded = False

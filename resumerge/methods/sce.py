@@ -8,14 +8,16 @@ from __future__ import annotations
 import torch
 
 from resumerge.methods.consensus import sign_consensus_mask
-from resumerge.methods.registry import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+from resumerge.methods.ranking import magnitude_keys, rank_window
+from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
 
 
 def variance_mask(task_vectors: torch.Tensor, fraction: float, dtype: torch.dtype) -> torch.Tensor:
     """Mark the ``int(fraction · #positions of nonzero variance)`` positions of top variance across models.
 
     ``task_vectors`` is stacked along dim 0; the mask has the shape of one task vector. ``fraction ≤ 0`` marks
-    nothing and ``fraction ≥ 1`` everything. Ties go to torch's ``topk`` order, as in mergekit.
+    nothing and ``fraction ≥ 1`` everything. Equal variances straddling the cut are kept lowest index first
+    (mergekit keeps whichever torch's ``topk`` returns, an order that differs between CPU and GPU).
     """
     if fraction <= 0:
         return torch.zeros_like(task_vectors[0], dtype=dtype)
@@ -24,12 +26,10 @@ def variance_mask(task_vectors: torch.Tensor, fraction: float, dtype: torch.dtyp
     variance = torch.var(task_vectors, dim=0, unbiased=False)
     # The count is scaled as a tensor (float32 arithmetic), as mergekit does; int() truncates.
     keep = int(torch.count_nonzero(variance) * fraction)
-    mask = torch.zeros_like(variance, dtype=dtype)
     if keep == 0:
-        return mask
-    _, indices = torch.topk(variance.abs().view(-1), k=keep, largest=True)
-    mask.view(-1)[indices] = 1
-    return mask
+        return torch.zeros_like(variance, dtype=dtype)
+    # Variances are compared in their own dtype (the keys of a half type widen exactly), as topk compares them.
+    return rank_window(magnitude_keys(variance.abs()), 0, keep, descending=True).to(dtype)
 
 
 def energy_weights(task_vectors: torch.Tensor) -> torch.Tensor:
@@ -46,7 +46,9 @@ def sce(ctx: MergeContext) -> torch.Tensor:
 
     δᵢ are the task vectors restricted to the top ``select_topk`` fraction of positions by variance (all
     positions when ``select_topk ≥ 1``), eᵢ their :func:`energy_weights`, and mᵢ the TIES sign-agreement mask.
-    There is no per-model weight. Without non-base inputs the result is a copy of the base; raises
+    There is no per-model weight. Equal variances straddling the ``select_topk`` cut are selected lowest index
+    first (:func:`variance_mask`), the one deliberate difference from mergekit. Without non-base inputs the
+    result is a copy of the base; raises
     ``ValueError`` without a base.
     """
     base = ctx.base

@@ -6,28 +6,43 @@ with some entries zeroed. With ``rescale`` the kept entries are scaled so that t
 sparsification *and* rescaling, and the function may then return δ itself; callers copy it into their own
 buffer.
 
-Ties in magnitude are broken by torch's default (unstable) sort, exactly as mergekit calls it; on CPU that
-order is deterministic for a given torch build and independent of the thread count, which makes TIES and
-breadcrumbs bit-identical to mergekit even in bfloat16, where equal magnitudes are common.
+Ranking never sorts a whole tensor: thresholds come from an O(n) selection and masks from comparisons (see
+:mod:`resumerge.methods.ranking`). Equal magnitudes competing for the last places are decided by index, as a
+stable sort would order them (TIES keeps the lowest indices first). That is the one deliberate difference from
+mergekit, which breaks such ties by torch's unstable sort, an order that differs between CPU and GPU; ours is the
+same on every device, thread count and row chunking. Without equal magnitudes at a threshold the results are
+bit-identical to mergekit's. Ties are rare in float32 (exact zeros aside, which change nothing) and common in
+bfloat16.
 """
 
 from __future__ import annotations
 
 import torch
 
+from resumerge.methods.ranking import magnitude_keys, rank_window, stable_ranks
+
 # Below this L1 norm (before or after masking) the masked tensor is returned unscaled, avoiding 0/0.
 _RESCALE_EPS = 1e-7
 
 
-def _mask_and_rescale(delta: torch.Tensor, mask: torch.Tensor, rescale: bool) -> torch.Tensor:
-    masked = delta * mask
-    if not rescale:
+def _mask_and_rescale(
+    delta: torch.Tensor,
+    mask: torch.Tensor,
+    rescale: bool,
+    inplace: bool = False,
+    magnitudes: torch.Tensor | None = None,
+) -> torch.Tensor:
+    # `magnitudes`, when given, is exactly delta.abs() (same dtype and shape) and may be overwritten: it saves
+    # both abs passes, and |δ|·m equals |δ·m| for a 0/1 mask, so the norms are the same numbers. The norm before
+    # masking is taken first, so that masking may overwrite delta.
+    before = (delta.abs() if magnitudes is None else magnitudes).sum() if rescale else None
+    masked = delta.mul_(mask) if inplace else delta * mask
+    if before is None:
         return masked
-    before = delta.abs().sum()
-    after = masked.abs().sum()
+    after = (masked.abs() if magnitudes is None else magnitudes.mul_(mask)).sum()
     if before < _RESCALE_EPS or after < _RESCALE_EPS:
         return masked
-    return masked * (before / after)
+    return masked.mul_(before / after) if inplace else masked * (before / after)
 
 
 def _draw_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -49,39 +64,52 @@ def _require_generator(generator: torch.Generator | None) -> torch.Generator:
     return generator
 
 
-def magnitude(delta: torch.Tensor, density: float, *, rescale: bool) -> torch.Tensor:
+def _float32_magnitudes(delta: torch.Tensor) -> torch.Tensor:
+    # Magnitudes are compared in float32 whatever delta's dtype (float64 rounds, so its near-equal magnitudes
+    # tie), exactly as mergekit ranks them on the CPU.
+    return delta.abs().float()
+
+
+def magnitude(delta: torch.Tensor, density: float, *, rescale: bool, inplace: bool = False) -> torch.Tensor:
     """Keep the ``k = max(1, ⌊density·N⌋)`` entries of largest magnitude (TIES).
 
-    ``density ≤ 0`` (or an empty tensor) gives zeros; ``density ≥ 1`` returns ``delta`` unchanged.
+    Magnitudes are compared in float32. Where equal magnitudes straddle the cut, the lowest indices are kept (the
+    first ``k`` of a stable descending sort); mergekit keeps whichever its unstable sort puts first. ``density ≤
+    0`` (or an empty tensor) gives zeros; ``density ≥ 1`` returns ``delta`` unchanged. With ``inplace`` the result
+    is written into ``delta``, which is returned.
     """
     if density >= 1:
         return delta
     if density <= 0 or delta.numel() == 0:
-        return torch.zeros_like(delta)
+        return delta.zero_() if inplace else torch.zeros_like(delta)
     keep = max(1, int(density * delta.numel()))
-    # Magnitudes are ranked in float32 on CPU, as in mergekit (sorting half types there is slow).
-    order = torch.argsort(delta.abs().reshape(-1).float(), descending=True)
-    mask = torch.zeros(delta.numel(), dtype=delta.dtype, device=delta.device)
-    mask[order[:keep]] = 1
-    return _mask_and_rescale(delta, mask.reshape_as(delta), rescale)
+    magnitudes = _float32_magnitudes(delta)
+    # The mask is 1/0 in delta's dtype, as mergekit's is, so masked negative entries become -0.0 alike.
+    mask = rank_window(magnitude_keys(magnitudes), 0, keep, descending=True, dtype=delta.dtype)
+    reusable = magnitudes if delta.dtype == torch.float32 else None  # otherwise not delta.abs() itself
+    return _mask_and_rescale(delta, mask.reshape(delta.shape), rescale, inplace, reusable)
 
 
-def magnitude_outliers(delta: torch.Tensor, density: float, gamma: float, *, rescale: bool) -> torch.Tensor:
+def magnitude_outliers(
+    delta: torch.Tensor, density: float, gamma: float, *, rescale: bool, inplace: bool = False
+) -> torch.Tensor:
     """Keep ``⌊density·N⌋`` entries after dropping the largest ``⌊gamma·N⌋`` outliers (model breadcrumbs).
 
-    Sorting magnitudes ascending, the kept window starts after the ``max(0, N − ⌊density·N⌋ − ⌊gamma·N⌋)``
-    smallest entries, so fewer outliers are dropped when dropping all of them would undercut ``density``.
-    ``density ≥ 1`` returns ``delta`` unchanged.
+    Sorting magnitudes (in float32) ascending, the kept window starts after the ``max(0, N − ⌊density·N⌋ −
+    ⌊gamma·N⌋)`` smallest entries, so fewer outliers are dropped when dropping all of them would undercut
+    ``density``. Equal magnitudes at either end of the window are ordered by index, as a stable ascending sort
+    orders them: at the lower end the highest indices are kept, at the upper end the lowest. ``density ≥ 1``
+    returns ``delta`` unchanged. With ``inplace`` the result is written into ``delta``, which is returned.
     """
     if density >= 1:
         return delta
     total = delta.numel()
     keep = int(density * total)
     skip_small = max(0, total - keep - int(gamma * total))
-    order = torch.sort(delta.abs().reshape(-1).float(), descending=False).indices
-    mask = torch.zeros(total, dtype=delta.dtype, device=delta.device)
-    mask[order[skip_small : skip_small + keep]] = 1
-    return _mask_and_rescale(delta, mask.reshape_as(delta), rescale)
+    magnitudes = _float32_magnitudes(delta)
+    mask = rank_window(magnitude_keys(magnitudes), skip_small, skip_small + keep, descending=False, dtype=delta.dtype)
+    reusable = magnitudes if delta.dtype == torch.float32 else None  # otherwise not delta.abs() itself
+    return _mask_and_rescale(delta, mask.reshape(delta.shape), rescale, inplace, reusable)
 
 
 def bernoulli(delta: torch.Tensor, density: float, *, rescale: bool, generator: torch.Generator | None) -> torch.Tensor:
@@ -105,32 +133,53 @@ def della_magprune(
     *,
     rescale: bool,
     generator: torch.Generator | None,
+    inplace: bool = False,
 ) -> torch.Tensor:
     """DELLA's MAGPRUNE: keep probability rises linearly with magnitude rank from density−ε to density+ε.
 
     Ranks are taken along dim 1 (1-D tensors are one row); the smallest entry of a row gets density−ε, the
-    largest density+ε. A row of one entry gets density (mergekit 0.1.5 divides 0 by 0 there and fails).
-    ``density ≥ 1`` returns ``delta`` unchanged; ``density ≤ 0`` gives zeros. Raises ``ValueError`` when
+    largest density+ε. Equal magnitudes in a row rank by index (lower index, lower rank), where mergekit ranks
+    them by its unstable sort; other ranks, and the generator's draws, are the same as mergekit's. A row of one
+    entry gets density (mergekit 0.1.5 divides 0 by 0 there and fails).
+    ``density ≥ 1`` returns ``delta`` unchanged; ``density ≤ 0`` gives zeros. With ``inplace`` ``delta`` may be
+    overwritten (the result is then returned in it where the dtypes allow). Raises ``ValueError`` when
     density ± ε leaves (0, 1) or when ``generator`` is None.
     """
     gen = _require_generator(generator)
     if density >= 1:
         return delta
     if density <= 0:
-        return torch.zeros_like(delta)
+        return delta.zero_() if inplace else torch.zeros_like(delta)
     if density + epsilon >= 1 or density - epsilon <= 0:
         raise ValueError("Epsilon must be chosen such that density +/- epsilon is in (0, 1)")
     shape = delta.shape
     rows = delta.reshape(1, -1) if delta.dim() < 2 else delta
     draw = _draw_dtype(delta.dtype)
-    # Ranking uses the magnitudes in delta's own dtype, and 1-based ranks are converted to the draw dtype,
+    # Ranking compares the magnitudes in delta's own dtype, and 1-based ranks are converted to the draw dtype,
     # both as mergekit does (in bfloat16 large ranks round, which changes probabilities slightly).
-    ranks = torch.argsort(torch.argsort(rows.abs(), dim=1), dim=1).to(draw) + 1
-    low = ranks.min(dim=1, keepdim=True).values
-    high = ranks.max(dim=1, keepdim=True).values
-    single = rows.shape[1] == 1
-    spread = torch.full_like(ranks, 0.5) if single else ((ranks - low) / (high - low)).clamp(0, 1)
-    probabilities = (density - epsilon) + spread * 2 * epsilon
+    magnitudes = rows.abs()
+    ranks = _row_ranks(magnitudes).to(draw).add_(1)
+    # Each row's ranks are a permutation of 1..n, so its lowest and highest are the conversions of 1 and n,
+    # computed by the same operations as every other rank (what mergekit's per-row min/max return).
+    ends = torch.tensor([0, rows.shape[1] - 1], device=rows.device).to(draw) + 1
+    low, high = ends[0], ends[1]
+    # mergekit's expression, evaluated in place in the same order: ((r − low)/(high − low)).clamp(0, 1)·2·ε
+    # + (density − ε), each step rounded to the draw dtype exactly as there.
+    spread = ranks.fill_(0.5) if rows.shape[1] == 1 else ranks.sub_(low).div_(high - low).clamp_(0, 1)
+    probabilities = spread.mul_(2).mul_(epsilon).add_(density - epsilon)
     work = _rescale_dtype(delta.dtype)
     mask = torch.bernoulli(probabilities, generator=gen).to(work)
-    return _mask_and_rescale(rows.to(work), mask, rescale).to(delta.dtype).reshape(shape)
+    del ranks, spread, probabilities
+    values = rows.to(work)
+    converted = work != delta.dtype  # then `values` is a fresh copy, ours to overwrite
+    reusable = None if converted else magnitudes
+    masked = _mask_and_rescale(values, mask, rescale, inplace or converted, reusable)
+    return masked.to(delta.dtype).reshape(shape)
+
+
+def _row_ranks(magnitudes: torch.Tensor) -> torch.Tensor:
+    # 0-based ranks along dim 1 of a tensor of two or more dims (dim 1 becomes the row, the other dims index
+    # rows): one sort per row and a scatter, where mergekit argsorts twice.
+    moved = magnitudes.movedim(1, -1)
+    ranks = stable_ranks(magnitude_keys(moved).reshape(-1, moved.shape[-1]))
+    return ranks.reshape(moved.shape).movedim(-1, 1)

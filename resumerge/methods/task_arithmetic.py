@@ -18,9 +18,10 @@ from torch import Generator, Tensor
 
 from resumerge.methods import sparsify
 from resumerge.methods.consensus import sign_consensus_mask
-from resumerge.methods.registry import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
 
-# (task vector, that model's resolved parameters, rescale, generator) -> sparsified task vector
+# (task vector, that model's resolved parameters, rescale, generator) -> sparsified task vector. The task vector
+# handed over is the caller's own buffer: a sparsifier may overwrite it and return it.
 Sparsifier = Callable[[Tensor, Mapping[str, Any], bool, "Generator | None"], Tensor]
 
 DEFAULT_DENSITY = 1.0
@@ -29,12 +30,13 @@ DEFAULT_EPSILON = 0.15
 
 
 def _magnitude(delta: Tensor, p: Mapping[str, Any], rescale: bool, _: Generator | None) -> Tensor:
-    return sparsify.magnitude(delta, float(p.get("density", DEFAULT_DENSITY)), rescale=rescale)
+    return sparsify.magnitude(delta, float(p.get("density", DEFAULT_DENSITY)), rescale=rescale, inplace=True)
 
 
 def _outliers(delta: Tensor, p: Mapping[str, Any], rescale: bool, _: Generator | None) -> Tensor:
     density = float(p.get("density", DEFAULT_DENSITY))
-    return sparsify.magnitude_outliers(delta, density, float(p.get("gamma", DEFAULT_GAMMA)), rescale=rescale)
+    gamma = float(p.get("gamma", DEFAULT_GAMMA))
+    return sparsify.magnitude_outliers(delta, density, gamma, rescale=rescale, inplace=True)
 
 
 def _random(delta: Tensor, p: Mapping[str, Any], rescale: bool, gen: Generator | None) -> Tensor:
@@ -45,7 +47,7 @@ def _random(delta: Tensor, p: Mapping[str, Any], rescale: bool, gen: Generator |
 def _della(delta: Tensor, p: Mapping[str, Any], rescale: bool, gen: Generator | None) -> Tensor:
     density = float(p.get("density", DEFAULT_DENSITY))
     epsilon = float(p.get("epsilon", DEFAULT_EPSILON))
-    return sparsify.della_magprune(delta, density, epsilon, rescale=rescale, generator=gen)
+    return sparsify.della_magprune(delta, density, epsilon, rescale=rescale, generator=gen, inplace=True)
 
 
 def merge_task_vectors(
@@ -56,9 +58,11 @@ def merge_task_vectors(
     ``mᵢ`` is the TIES sign-agreement mask when ``consensus`` (else 1). With ``normalize`` the divisor ``D``
     is Σ wᵢ·mᵢ per position (a zero divisor becomes 1) or, without consensus, Σ wᵢ (treated as 1 when
     ``|Σ wᵢ| < 1e-8``); otherwise ``D = 1``. ``normalize``/``rescale`` here are the method defaults,
-    overridden by ``ctx.params``. Without non-base inputs the result is a copy of the base. Raises
-    ``ValueError`` without a base, and whatever the sparsifier raises (a missing generator, DELLA's epsilon
-    range).
+    overridden by ``ctx.params``. The rank-based sparsifiers (TIES, breadcrumbs, DELLA) decide between equal
+    magnitudes at their threshold by index, where mergekit follows its unstable sort: the one deliberate
+    difference from mergekit (see :mod:`resumerge.methods.sparsify`). Without non-base inputs the result is a
+    copy of the base. Raises ``ValueError`` without a base, and whatever the sparsifier raises (a missing
+    generator, DELLA's epsilon range).
     """
     base = ctx.base
     others = ctx.others()
@@ -67,11 +71,13 @@ def merge_task_vectors(
     rescale = bool(ctx.params.get("rescale", rescale))
     deltas = base.new_empty((len(others), *base.shape))
     for slot, index in enumerate(others):
-        delta = ctx.tensors[index] - base
+        # Each task vector is computed, sparsified and weighted in its own slot: no full-size temporaries.
+        delta = torch.sub(ctx.tensors[index], base, out=deltas[slot])
         if sparsifier is not None:
-            delta = sparsifier(delta, ctx.model_params[index], rescale, ctx.generator)
-        deltas[slot] = delta
-        del delta
+            sparse = sparsifier(delta, ctx.model_params[index], rescale, ctx.generator)
+            if sparse.data_ptr() != delta.data_ptr():  # not already written in place (possibly as a view)
+                delta.copy_(sparse.reshape(delta.shape))
+            del sparse
     # Weights are rounded to the inputs' dtype before use, exactly as mergekit builds its weight tensor.
     weights = torch.tensor(
         [float(ctx.model_params[i]["weight"]) for i in others], dtype=deltas.dtype, device=deltas.device
@@ -79,9 +85,12 @@ def merge_task_vectors(
     deltas.mul_(weights)
 
     if consensus:
-        mask = sign_consensus_mask(deltas, int8=bool(ctx.params.get("int8_mask", False)))
-        mixed = (deltas * mask).sum(dim=0)
-        divisor = (weights * mask).sum(dim=0)
+        # A 1/0 mask of the deltas' dtype multiplies exactly like mergekit's bool mask (kept values unchanged,
+        # dropped ones ±0 by their sign) and much faster; both products are taken in place.
+        mask = sign_consensus_mask(deltas, int8=bool(ctx.params.get("int8_mask", False))).to(deltas.dtype)
+        mixed = deltas.mul_(mask).sum(dim=0)
+        divisor = mask.mul_(weights).sum(dim=0)
+        del mask
         divisor[divisor == 0] = 1
     else:
         mixed = deltas.sum(dim=0)

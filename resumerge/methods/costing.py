@@ -1,0 +1,115 @@
+"""How long a merge method computes, measured on a small sample of the plan's own tensors.
+
+A plan knows every output tensor's method, parameters and size, but not how fast the method runs on this machine:
+linear is a few passes over memory, TIES a selection per task vector, DELLA a sort per row, SCE a variance in
+double precision. :func:`measure_rate` times the registered method on a few row slices of the real inputs (a few
+MB in all, so seconds at most) and returns seconds per output element; :meth:`ComputeRate.seconds_for` scales it
+to a tensor, a shard or the whole plan. Slices keep whole rows (:func:`sample_rows`), so methods that work per
+row (DELLA, row-wise nuslerp) are timed on rows of the real length.
+
+The figure is for the thread count torch uses when it is measured, and for whatever else the machine is doing
+then; rank-based methods cost slightly more per element on large tensors than on samples (cache), so treat it as
+an estimate, not a bound.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from resumerge.methods.registry import MergeContext, MethodSpec, get_method
+
+DEFAULT_SAMPLE_ELEMENTS = 1 << 20  # per sampled tensor: 4 MB of float32, a few milliseconds for most methods
+
+
+@dataclass(frozen=True)
+class ComputeRate:
+    """A method's measured compute cost: ``seconds_per_element`` of output, from ``sample_elements`` outputs."""
+
+    method: str
+    seconds_per_element: float
+    sample_elements: int
+    threads: int
+
+    def seconds_for(self, elements: int) -> float:
+        """Estimated compute seconds for ``elements`` output elements."""
+        return self.seconds_per_element * elements
+
+
+def sample_rows(tensor: torch.Tensor, max_elements: int = DEFAULT_SAMPLE_ELEMENTS) -> torch.Tensor:
+    """Return a contiguous copy of the leading whole rows of ``tensor`` (dim 0), at most ``max_elements``.
+
+    At least one row is kept, however long; a 0-d tensor is returned as a copy. Every input of one output tensor
+    must be sampled with the same ``max_elements`` so the samples keep matching shapes.
+    """
+    if tensor.dim() == 0 or tensor.shape[0] == 0:
+        return tensor.clone()
+    row = tensor[0].numel()
+    rows = max(1, min(tensor.shape[0], max_elements // max(1, row)))
+    return tensor[:rows].contiguous()
+
+
+def measure_rate(
+    method: MethodSpec | str,
+    samples: Sequence[Sequence[torch.Tensor]],
+    *,
+    base_index: int | None,
+    model_params: Sequence[Mapping[str, Any]],
+    params: Mapping[str, Any],
+    repeats: int = 3,
+    seed: int = 0,
+) -> ComputeRate:
+    """Time ``method`` on each sample and return its seconds per output element.
+
+    ``samples`` holds one entry per sampled output tensor: its inputs in config order, already cast to the
+    compute dtype and on the compute device (e.g. :func:`sample_rows` of each input). ``base_index``,
+    ``model_params`` and ``params`` are the resolved parameters, as a :class:`MergeContext` takes them (one set for
+    all samples). Randomised methods get a fresh generator seeded with ``seed`` per call. After one untimed
+    warm-up call, each sample is run ``repeats`` times; the rate is the sum of the median times over the sum of
+    the output elements. CUDA work is synchronised before each clock reading. Raises ``ValueError`` for an
+    unknown method name, no samples, ``repeats < 1`` or samples without any output element, and whatever the
+    method raises for bad inputs.
+    """
+    spec = get_method(method) if isinstance(method, str) else method
+    if spec is None:
+        raise ValueError(f"unknown merge method {method!r}")
+    if not samples:
+        raise ValueError("measure_rate needs at least one sample")
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+
+    def run(tensors: Sequence[torch.Tensor]) -> int:
+        generator = torch.Generator(device=tensors[0].device).manual_seed(seed) if spec.randomized else None
+        ctx = MergeContext(list(tensors), base_index, model_params, params, "costing.sample", generator)
+        return spec.fn(ctx).numel()
+
+    # The first call pays one-off costs (lazy imports, allocator growth, first-touch page faults) that a long
+    # merge amortises, so it is not timed.
+    run(samples[0])
+    seconds = 0.0
+    elements = 0
+    for tensors in samples:
+        times = []
+        for _ in range(repeats):
+            _synchronize(tensors)
+            start = time.perf_counter()
+            produced = run(tensors)
+            _synchronize(tensors)
+            times.append(time.perf_counter() - start)
+        seconds += statistics.median(times)
+        elements += produced
+    if elements == 0:
+        raise ValueError("the samples produced no output elements to time")
+    return ComputeRate(spec.name, seconds / elements, elements, torch.get_num_threads())
+
+
+def _synchronize(tensors: Sequence[torch.Tensor]) -> None:
+    # CUDA kernels run asynchronously: without a barrier the clock would measure only the launches.
+    device = tensors[0].device if tensors else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

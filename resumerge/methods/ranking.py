@@ -1,0 +1,195 @@
+"""Exact, deterministic ranking for the rank-based methods: TIES, breadcrumbs, DELLA, SCE and arcee_fusion.
+
+Sorting a whole task vector to find one threshold costs O(n log n) and most of a merge's time; these helpers find
+the order statistics a method needs by an O(n) selection and build masks by comparison. Wherever equal values
+compete for a place, they are ordered **by index**, as a stable sort orders them, so every mask depends only on
+the values: the same on CPU and GPU, for any thread count. (mergekit ranks with torch's unstable sort, whose
+order among equal values is an accident of the kernel and differs between CPU and GPU.)
+
+Magnitudes are ranked through integer keys (:func:`magnitude_keys`): the IEEE-754 bit pattern of a
+non-negative float, read as a signed integer of the same width, orders exactly as the values do, with NaN
+above +inf as ``torch.sort`` places it. Integer selection has no NaN cases to handle and runs about twice as fast
+as float selection in numpy.
+
+On the CPU, selection and row sorting use numpy (``numpy.partition``, ``ndarray.sort``: vectorised introselect
+and quicksort, several times faster than ``torch.kthvalue`` / ``torch.sort`` there); on any other device the
+same functions run in torch, so ``--device cuda`` keeps the work on the GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+_KEY_DTYPES = {
+    torch.float64: torch.int64,
+    torch.float32: torch.int32,
+    # Half types widen to float32 exactly, so their keys order (and tie) exactly as the half values do.
+    torch.float16: torch.int32,
+    torch.bfloat16: torch.int32,
+}
+
+
+def magnitude_keys(magnitudes: torch.Tensor) -> torch.Tensor:
+    """Return integer keys that order (and tie) exactly as the non-negative ``magnitudes`` do.
+
+    float64 gives int64 keys, every other float type int32 keys (half types are widened to float32 first, which
+    is exact). Keys of a negative value order wrongly, so pass magnitudes (``abs()``), never signed values.
+    Raises ``TypeError`` for a non-float tensor.
+    """
+    key_dtype = _KEY_DTYPES.get(magnitudes.dtype)
+    if key_dtype is None:
+        raise TypeError(f"magnitudes must be a floating-point tensor, got {magnitudes.dtype}")
+    if magnitudes.dtype in (torch.float16, torch.bfloat16):
+        magnitudes = magnitudes.float()
+    return magnitudes.contiguous().view(key_dtype)
+
+
+def order_statistics(values: torch.Tensor, positions: Sequence[int]) -> torch.Tensor:
+    """Return the entries at the 0-based ``positions`` of the ascending sort of ``values`` (flattened).
+
+    The result is a 1-D tensor of ``values``' dtype and device, one entry per position. Values, not indices, are
+    returned, so the result is the same whatever order a sort would give equal values. NaN sorts above +inf, as
+    in ``torch.sort``. Raises ``IndexError`` for a position outside ``[0, numel)``.
+    """
+    flat = values.reshape(-1)
+    n = flat.numel()
+    for position in positions:
+        if not 0 <= position < n:
+            raise IndexError(f"order statistic {position} of {n} values")
+    if not positions:
+        return flat.new_empty(0)
+    if flat.device.type == "cpu":
+        return _select_numpy(flat, positions)
+    return _select_torch(flat, positions)
+
+
+def _select_numpy(flat: torch.Tensor, positions: Sequence[int]) -> torch.Tensor:
+    # numpy has no bfloat16 and its float16 selection is slow; widening to float32 is exact.
+    wide = flat.float() if flat.dtype in (torch.float16, torch.bfloat16) else flat
+    # One position per call: numpy's vectorised selection handles a single kth (several kth in one call take a
+    # generic path about five times slower). After selecting position p, the p entries before it are the p
+    # smallest, so each smaller position is selected within that prefix only.
+    descending = sorted(set(positions), reverse=True)
+    work = np.partition(wide.numpy(), [descending[0]])
+    for position, prefix in zip(descending[1:], descending):
+        work[:prefix].partition([position])
+    return torch.from_numpy(work[list(positions)]).to(flat.dtype)
+
+
+def _select_torch(flat: torch.Tensor, positions: Sequence[int]) -> torch.Tensor:
+    if not flat.dtype.is_floating_point:
+        # kthvalue is a radix selection on CUDA; integer keys have no NaN whose placement could differ.
+        return torch.stack([torch.kthvalue(flat, position + 1).values for position in positions])
+    # Float values: torch.sort's order (NaN last) is the contract, so use it.
+    return torch.sort(flat).values[list(positions)]
+
+
+def rank_window(
+    keys: torch.Tensor, start: int, stop: int, *, descending: bool, dtype: torch.dtype = torch.bool
+) -> torch.Tensor:
+    """Return a mask of the ``keys`` at positions ``[start, stop)`` of a stable sort of the flattened keys.
+
+    The sort is ascending, or descending with ``descending``; stable means equal keys keep index order in either
+    direction, so where a run of equal keys straddles an end of the window the lowest indices take the earlier
+    positions. ``start``/``stop`` are clamped to ``[0, numel]``; an empty window marks nothing. The mask has the
+    shape of ``keys`` and ``dtype`` (bool, or 1/0 of a numeric dtype, built directly in that dtype). Cost: one
+    O(n) selection and two or three O(n) passes, plus an index scan of the equal keys at the window's ends when
+    they straddle it.
+    """
+    flat = keys.reshape(-1)
+    n = flat.numel()
+    start, stop = max(0, start), min(n, stop)
+    if start >= stop:
+        return torch.zeros(keys.shape, dtype=dtype, device=keys.device)
+    if start == 0 and stop == n:
+        return torch.ones(keys.shape, dtype=dtype, device=keys.device)
+    # Ascending positions of the window's smallest and largest keys; an end at the edge of the order needs no
+    # comparison.
+    low_at, high_at = (n - stop, n - 1 - start) if descending else (start, stop - 1)
+    low, high = (int(v) for v in order_statistics(flat, [low_at, high_at]).tolist())
+    lower = low if low_at > 0 else None
+    upper = high if high_at < n - 1 else None
+    mask = _between(flat, lower, upper, dtype)
+    kept = _count(mask)
+    if kept != stop - start:
+        # Equal keys at a bounded end of the window straddle it (a run at an open end starts or ends with the
+        # order itself). Within such a run the j-th index (in index order) holds sort position `ahead + j`, where
+        # `ahead` counts the keys sorting before the run in the chosen direction.
+        for value in sorted({bound for bound in (lower, upper) if bound is not None}):
+            run = torch.nonzero(flat == value).reshape(-1)
+            if upper is None:  # the mask holds keys >= value: the run and every key above it
+                above, below = kept - run.numel(), n - kept
+            elif lower is None:  # the mask holds keys <= value: the run and every key below it
+                above, below = n - kept, kept - run.numel()
+            else:
+                above = below = int(torch.count_nonzero(flat > value if descending else flat < value))
+            ahead = above if descending else below
+            before, after = max(0, start - ahead), max(0, stop - ahead)
+            mask[run[:before]] = 0
+            mask[run[after:]] = 0
+    return mask.reshape(keys.shape)
+
+
+def _between(flat: torch.Tensor, lower: int | None, upper: int | None, dtype: torch.dtype) -> torch.Tensor:
+    # lower <= flat <= upper (a None bound is open) as a mask of `dtype`. One-sided masks are written straight
+    # into the output dtype, saving the conversion pass.
+    if lower is not None and upper is not None:
+        both = flat == lower if lower == upper else (flat >= lower).logical_and_(flat <= upper)
+        return both if dtype == torch.bool else both.to(dtype)
+    out = torch.empty(flat.shape, dtype=dtype, device=flat.device)
+    if lower is not None:
+        return torch.ge(flat, lower, out=out)
+    assert upper is not None
+    return torch.le(flat, upper, out=out)
+
+
+_SAME_WIDTH_INT = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+
+
+def _count(mask: torch.Tensor) -> int:
+    # count_nonzero is fast on bool and integer tensors but several times slower on floats; a 0/1 float mask has
+    # exactly its ones nonzero in the bit pattern, so count through an integer view of the same width.
+    if mask.dtype.is_floating_point:
+        mask = mask.view(_SAME_WIDTH_INT[mask.element_size()])
+    return int(torch.count_nonzero(mask))
+
+
+def stable_ranks(keys: torch.Tensor) -> torch.Tensor:
+    """Return each key's 0-based position in a stable ascending sort of its row (rows are dim 0 of a 2-D tensor).
+
+    Equal keys in a row rank by column, lower column first. The result has ``keys``' shape, device and an integer
+    dtype (int32 below 2³¹ columns). int32 keys are packed with their column into unique int64 keys, so one
+    unstable sort per row gives the stable order; other key types fall back to ``torch.sort(stable=True)``.
+    Raises ``ValueError`` unless ``keys`` is 2-D.
+    """
+    if keys.dim() != 2:
+        raise ValueError(f"stable_ranks needs a 2-D tensor of rows, got shape {tuple(keys.shape)}")
+    rows, cols = keys.shape
+    rank_dtype = torch.int32 if cols < 2**31 else torch.int64
+    ranks = torch.empty((rows, cols), dtype=rank_dtype, device=keys.device)
+    if keys.numel() == 0:
+        return ranks
+    columns = torch.arange(cols, device=keys.device)
+    index_bits = max(1, (cols - 1).bit_length())
+    if keys.dtype == torch.int32 and index_bits <= 32:
+        # |key| < 2³¹ and column < 2^index_bits ≤ 2³², so key·2^index_bits + column fits in int64 and orders by
+        # (key, column): every packed key is unique and any sort of them is the stable sort of the keys.
+        packed = keys.to(torch.int64)
+        packed <<= index_bits
+        packed |= columns
+        order = _sort_rows(packed).bitwise_and_((1 << index_bits) - 1)
+    else:
+        order = torch.sort(keys, dim=1, stable=True).indices
+    ranks.scatter_(1, order, columns.to(rank_dtype).expand(rows, cols))
+    return ranks
+
+
+def _sort_rows(packed: torch.Tensor) -> torch.Tensor:
+    # Sorts each row of unique int64 keys; on the CPU in place, where numpy's vectorised sort beats torch.sort.
+    if packed.device.type == "cpu":
+        packed.numpy().sort(axis=1)
+        return packed
+    return torch.sort(packed, dim=1).values

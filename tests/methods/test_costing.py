@@ -1,0 +1,75 @@
+"""Compute-time estimates from samples of the plan's own tensors."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from resumerge.methods import MergeContext, MethodSpec
+from resumerge.methods.costing import ComputeRate, measure_rate, sample_rows
+
+SLEEP = 0.02
+
+
+def _sleepy(ctx: MergeContext) -> torch.Tensor:
+    time.sleep(SLEEP)
+    return ctx.tensors[0].clone()
+
+
+def _needs_generator(ctx: MergeContext) -> torch.Tensor:
+    assert ctx.generator is not None
+    return torch.rand(ctx.tensors[0].shape, generator=ctx.generator)
+
+
+def test_sample_rows_keeps_whole_rows_within_the_limit() -> None:
+    tensor = torch.arange(100 * 30, dtype=torch.float32).reshape(100, 30)
+    sample = sample_rows(tensor, 1000)
+    assert sample.shape == (33, 30) and torch.equal(sample, tensor[:33]) and sample.is_contiguous()
+    assert sample_rows(tensor, 5).shape == (1, 30)  # one row at least, however long
+    assert sample_rows(tensor, 10**6).shape == (100, 30)
+    assert sample_rows(torch.arange(10.0), 4).shape == (4,)
+    scalar = torch.tensor(3.0)
+    assert torch.equal(sample_rows(scalar), scalar)
+
+
+def test_rate_is_the_median_time_per_output_element() -> None:
+    spec = MethodSpec(name="sleepy", fn=_sleepy)
+    samples = [[torch.zeros(10, 10)], [torch.zeros(30, 10)]]
+    rate = measure_rate(spec, samples, base_index=None, model_params=[{}], params={}, repeats=2)
+    assert rate.method == "sleepy" and rate.sample_elements == 400
+    assert rate.threads == torch.get_num_threads()
+    # two samples of one sleep each over 400 elements: at least 2·SLEEP/400, and nowhere near ten times that
+    assert 2 * SLEEP / 400 <= rate.seconds_per_element < 20 * SLEEP / 400
+    assert rate.seconds_for(4000) == pytest.approx(10 * rate.seconds_for(400))
+
+
+def test_randomised_methods_get_a_generator() -> None:
+    spec = MethodSpec(name="random", fn=_needs_generator, randomized=True)
+    rate = measure_rate(spec, [[torch.zeros(4, 4)]], base_index=None, model_params=[{}], params={}, repeats=1)
+    assert rate.sample_elements == 16 and rate.seconds_per_element > 0
+
+
+def test_registered_methods_are_found_by_name() -> None:
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randn(64, 96, generator=gen)
+    tensors = [base, base + 0.01 * torch.randn(64, 96, generator=gen), base + 0.01 * torch.randn(64, 96, generator=gen)]
+    per_model = [{}, {"weight": 0.5, "density": 0.3}, {"weight": 0.5, "density": 0.3}]
+    rate = measure_rate(
+        "ties", [[sample_rows(t, 2048) for t in tensors]], base_index=0, model_params=per_model, params={}
+    )
+    assert isinstance(rate, ComputeRate) and rate.method == "ties"
+    assert rate.sample_elements == 21 * 96 and rate.seconds_per_element > 0
+
+
+def test_bad_requests_are_refused() -> None:
+    spec = MethodSpec(name="sleepy", fn=_sleepy)
+    with pytest.raises(ValueError, match="unknown merge method"):
+        measure_rate("no_such_method", [[torch.zeros(2)]], base_index=None, model_params=[{}], params={})
+    with pytest.raises(ValueError, match="at least one sample"):
+        measure_rate(spec, [], base_index=None, model_params=[{}], params={})
+    with pytest.raises(ValueError, match="repeats"):
+        measure_rate(spec, [[torch.zeros(2)]], base_index=None, model_params=[{}], params={}, repeats=0)
+    with pytest.raises(ValueError, match="no output elements"):
+        measure_rate(spec, [[torch.zeros(0, 3)]], base_index=None, model_params=[{}], params={}, repeats=1)

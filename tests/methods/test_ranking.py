@@ -1,0 +1,158 @@
+"""Selection-based ranking: exact against stable sorts, deterministic across threads, devices' code paths agree."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from resumerge.methods import get_method, ranking, sparsify
+from resumerge.methods.sce import variance_mask
+
+RANK_BASED = ["ties", "breadcrumbs", "breadcrumbs_ties", "della", "della_linear", "sce"]
+
+
+def reference_window(keys: torch.Tensor, start: int, stop: int, *, descending: bool) -> torch.Tensor:
+    """The positions [start, stop) of a stable sort, the definition rank_window must meet."""
+    order = torch.sort(keys.reshape(-1), descending=descending, stable=True).indices
+    mask = torch.zeros(keys.numel(), dtype=torch.bool)
+    mask[order[max(0, start) : max(0, stop)]] = True
+    return mask.reshape(keys.shape)
+
+
+def reference_ranks(keys: torch.Tensor) -> torch.Tensor:
+    order = torch.sort(keys, dim=1, stable=True).indices
+    ranks = torch.empty_like(order)
+    ranks.scatter_(1, order, torch.arange(keys.shape[1]).expand_as(order))
+    return ranks
+
+
+@pytest.fixture
+def threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_magnitude_keys_order_and_tie_exactly_as_the_values(dtype: torch.dtype) -> None:
+    special = torch.tensor([0.0, float("inf"), float("nan"), 1e-40, 3.0, 3.0, 2.5], dtype=torch.float64)
+    values = torch.cat([special, torch.randn(500, generator=torch.Generator().manual_seed(0)).double()])
+    values = values.to(dtype).abs()  # magnitudes, as the contract asks (abs also clears a NaN's sign bit)
+    keys = ranking.magnitude_keys(values)
+    assert keys.dtype == (torch.int64 if dtype == torch.float64 else torch.int32)
+    by_value = torch.sort(values, stable=True).indices
+    assert torch.equal(torch.sort(keys, stable=True).indices, by_value)
+
+
+def test_magnitude_keys_reject_integers() -> None:
+    with pytest.raises(TypeError, match="floating-point"):
+        ranking.magnitude_keys(torch.arange(4))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32, torch.bfloat16, torch.float16])
+def test_order_statistics_equal_sorted_values_on_both_code_paths(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(1)
+    values = (torch.randn(1001, generator=gen) * 50).round().to(dtype)  # many equal values
+    if dtype.is_floating_point:
+        values[7] = float("nan")  # sorts last in both
+    positions = [0, 500, 250, 999, 1000, 500]
+    expected = torch.sort(values).values[positions]
+    for select in (ranking.order_statistics, ranking._select_numpy, ranking._select_torch):
+        got = select(values, positions)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+
+
+def test_order_statistics_rejects_positions_outside_the_tensor() -> None:
+    with pytest.raises(IndexError):
+        ranking.order_statistics(torch.arange(5, dtype=torch.int32), [5])
+    assert ranking.order_statistics(torch.arange(5, dtype=torch.int32), []).numel() == 0
+
+
+@settings(deadline=None, max_examples=200)
+@given(
+    values=st.lists(st.integers(0, 6), min_size=1, max_size=60),
+    start=st.integers(-2, 62),
+    length=st.integers(0, 62),
+    descending=st.booleans(),
+    dtype=st.sampled_from([torch.bool, torch.float32, torch.bfloat16]),
+)
+def test_rank_window_is_the_window_of_a_stable_sort(
+    values: list[int], start: int, length: int, descending: bool, dtype: torch.dtype
+) -> None:
+    keys = torch.tensor(values, dtype=torch.int32)
+    expected = reference_window(keys, start, start + length, descending=descending)
+    got = ranking.rank_window(keys, start, start + length, descending=descending, dtype=dtype)
+    assert got.dtype == dtype and torch.equal(got, expected.to(dtype))
+
+
+def test_rank_window_keeps_the_tie_rule_on_the_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Off the CPU the selection runs in torch; route the CPU there too and compare with the stable sort.
+    monkeypatch.setattr(ranking, "_select_numpy", ranking._select_torch)
+    keys = torch.randint(0, 9, (40, 33), generator=torch.Generator().manual_seed(2), dtype=torch.int32)
+    for start, stop, descending in [(0, 500, True), (300, 1100, False), (17, 18, False), (1319, 1320, True)]:
+        expected = reference_window(keys, start, stop, descending=descending)
+        assert torch.equal(ranking.rank_window(keys, start, stop, descending=descending), expected)
+
+
+@settings(deadline=None, max_examples=60)
+@given(rows=st.integers(1, 5), cols=st.integers(1, 40), top=st.integers(0, 5), seed=st.integers(0, 2**16))
+def test_stable_ranks_equal_a_stable_argsort(rows: int, cols: int, top: int, seed: int) -> None:
+    keys = torch.randint(0, top + 1, (rows, cols), generator=torch.Generator().manual_seed(seed), dtype=torch.int32)
+    assert torch.equal(ranking.stable_ranks(keys).long(), reference_ranks(keys))
+    wide = keys.long() << 40  # int64 keys take the torch.sort(stable=True) path
+    assert torch.equal(ranking.stable_ranks(wide).long(), reference_ranks(wide))
+
+
+def test_stable_ranks_need_rows() -> None:
+    with pytest.raises(ValueError, match="2-D"):
+        ranking.stable_ranks(torch.zeros(3, dtype=torch.int32))
+    assert ranking.stable_ranks(torch.zeros(0, 4, dtype=torch.int32)).shape == (0, 4)
+
+
+def test_ties_at_the_threshold_go_to_the_lowest_indices() -> None:
+    delta = torch.tensor([1.0, -2.0, 2.0, 2.0, 0.5, -2.0])
+    # TIES keeps k = 2 of four equal magnitudes 2: indices 1 and 2
+    assert torch.equal(sparsify.magnitude(delta, 2 / 6, rescale=False), torch.tensor([0, -2.0, 2, 0, 0, 0]))
+    # breadcrumbs keeps ascending positions [2, 5) (skipping 6 − 3 − 1 smallest): the first three of the four 2s;
+    # the last (index 5) is the dropped outlier
+    out = sparsify.magnitude_outliers(delta, 0.5, 1 / 6, rescale=False)
+    assert torch.equal(out, torch.tensor([0, -2.0, 2, 2, 0, 0]))
+
+
+def test_della_ranks_equal_magnitudes_by_index() -> None:
+    # Four equal magnitudes in one row get ranks 1..4 in index order, so keep probabilities rise left to right.
+    row = torch.full((20_000, 4), 3.0)
+    kept = (sparsify.della_magprune(row, 0.5, 0.4, rescale=False, generator=torch.Generator()) != 0).double()
+    rates = kept.mean(dim=0)
+    assert torch.allclose(rates, torch.tensor([0.1, 0.1 + 0.8 / 3, 0.9 - 0.8 / 3, 0.9]).double(), atol=0.015)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_masks_are_the_same_for_any_thread_count(threads: None, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(3)
+    deltas = (0.01 * torch.randn(3, 300, 257, generator=gen)).to(dtype)  # above torch's parallel grain
+    results = []
+    for count in (1, 2):
+        torch.set_num_threads(count)
+        results.append(
+            [
+                sparsify.magnitude(deltas[0], 0.3, rescale=False),
+                sparsify.magnitude_outliers(deltas[1], 0.4, 0.05, rescale=False),
+                sparsify.della_magprune(deltas[2], 0.4, 0.2, rescale=False, generator=torch.Generator().manual_seed(9)),
+                variance_mask(deltas, 0.3, torch.int8),
+            ]
+        )
+    for one, two in zip(*results):
+        assert torch.equal(one, two)
+
+
+def test_rank_based_methods_take_whole_tensors() -> None:
+    # A threshold is per tensor, as the methods define it; the engine must never hand them row chunks.
+    for name in RANK_BASED:
+        spec = get_method(name)
+        assert spec is not None and not spec.elementwise, name
