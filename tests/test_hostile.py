@@ -254,7 +254,72 @@ def test_pickle_only_model_is_refused_and_never_loaded(tmp_path: Path, capsys: p
     model.mkdir()
     (model / "config.json").write_text('{"num_hidden_layers": 1}')
     (model / "pytorch_model.bin").write_bytes(_malicious_pickle(marker, tmp_path / "probe"))
-    _refused(tmp_path, capsys, _passthrough(model), "never unpickles")
+    _refused(tmp_path, capsys, _passthrough(model), "pytorch_model.bin", "zip-format")  # a bare pickle: legacy
+    assert not marker.exists()
+
+
+class _Custom:
+    """A custom class whose unpickling creates the marker file named by its state."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __getstate__(self) -> str:
+        return self.marker
+
+    def __setstate__(self, state: str) -> None:
+        Path(state).touch()
+
+
+def _torch_payloads(marker: Path) -> dict[str, dict[str, object]]:
+    import torch
+
+    return {"code": {"w": torch.ones(2), "x": _Payload(marker)}, "custom-class": {"w": _Custom(marker)}}
+
+
+# (id, what goes in each .bin file, fragment of the error line)
+BINS: list[tuple[str, str, str]] = [
+    ("code", "code", "weights-only loader refuses"),
+    ("custom-class", "custom-class", "weights-only loader refuses"),
+    ("code-in-second-shard", "code", "weights-only loader refuses"),
+    ("legacy-non-zip", "legacy", "zip-format"),
+    ("state-dict-wrapper", "wrapped", "unwrapped first"),
+]
+
+
+@pytest.mark.parametrize(("label", "payload", "fragment"), BINS, ids=[b[0] for b in BINS])
+def test_malicious_bin_checkpoints_are_refused_and_nothing_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], label: str, payload: str, fragment: str
+) -> None:
+    """Zip-format ``.bin`` files go through PyTorch's weights-only loader: code and custom classes are refused
+    before they run (each payload is first shown to be live with an unrestricted load of a twin)."""
+    import torch
+
+    marker, probe = tmp_path / "pwned", tmp_path / "probe"
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text('{"num_hidden_layers": 1}')
+    good = {"model.layers.0.w": torch.ones(2)}
+    if payload in ("code", "custom-class"):
+        torch.save(_torch_payloads(probe)[payload], tmp_path / "twin.bin")
+        live = torch.load(tmp_path / "twin.bin", weights_only=False)  # the point: an unrestricted load runs it
+        if payload == "code":
+            live["x"].close()
+        assert probe.exists()
+        probe.unlink()
+        (tmp_path / "twin.bin").unlink()
+        bad: object = _torch_payloads(marker)[payload]
+    else:
+        bad = {"state_dict": good} if payload == "wrapped" else good
+    legacy = {"_use_new_zipfile_serialization": False} if payload == "legacy" else {}
+    if label == "code-in-second-shard":
+        torch.save(good, model / "pytorch_model-00001-of-00002.bin")
+        torch.save(bad, model / "pytorch_model-00002-of-00002.bin")
+        (model / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {
+            "model.layers.0.w": "pytorch_model-00001-of-00002.bin", "x": "pytorch_model-00002-of-00002.bin"}}))
+    else:
+        torch.save(bad, model / "pytorch_model.bin", **legacy)
+    _refused(tmp_path, capsys, _passthrough(model), fragment)
     assert not marker.exists()
 
 

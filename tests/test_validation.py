@@ -100,13 +100,22 @@ def test_vocabulary_mismatch_is_reported_before_work(tmp_path: Path, make: Model
     assert code == 2 and "embed_tokens" in err and "vocabularies differ" in err
 
 
-def test_pickle_only_model_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bin_that_is_not_a_zip_checkpoint_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = tmp_path / "pickled"
     model.mkdir()
     (model / "config.json").write_text('{"num_hidden_layers": 1}')
     (model / "pytorch_model.bin").write_bytes(b"\x80\x04not really")
     code, err = _run(tmp_path, {"merge_method": "passthrough", "models": [str(model)]}, capsys)
-    assert code == 2 and "never unpickles" in err
+    assert code == 2 and "not a readable zip-format PyTorch checkpoint" in err
+
+
+def test_other_pickles_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "pickled"
+    model.mkdir()
+    (model / "config.json").write_text('{"num_hidden_layers": 1}')
+    (model / "model.pt").write_bytes(b"\x80\x04not really")
+    code, err = _run(tmp_path, {"merge_method": "passthrough", "models": [str(model)]}, capsys)
+    assert code == 2 and "pickle weights resumerge does not recognise" in err
 
 
 def test_index_escaping_model_dir_is_refused(tmp_path: Path, make: ModelFactory,

@@ -58,6 +58,18 @@ class SliceConfig:
 
 
 @dataclass(frozen=True)
+class ModuleConfig:
+    """One entry of ``modules:``: a module of a multi-module model merged from its own ``models`` or ``slices``
+    (exactly one is set), with module-level parameters (between the slice's and the top level's)."""
+
+    name: str
+    models: tuple[SourceConfig, ...] | None
+    slices: tuple[SliceConfig, ...] | None
+    parameters: Mapping[str, Setting]
+    yaml_path: str
+
+
+@dataclass(frozen=True)
 class MergeConfig:
     """A validated mergekit config. ``slices`` is None for the ``models:`` form (and vice versa)."""
 
@@ -74,17 +86,27 @@ class MergeConfig:
     chat_template: str | None
     name: str | None = None
     warnings: tuple[str, ...] = field(default=())
+    # The ``modules:`` form (models and slices are then None).
+    modules: tuple[ModuleConfig, ...] | None = None
+
+    def all_models(self) -> tuple[SourceConfig, ...]:
+        """The ``models:`` entries, of the top level or of every ``modules:`` entry given that way."""
+        return (self.models or ()) + tuple(s for m in self.modules or () for s in m.models or ())
+
+    def all_slices(self) -> tuple[SliceConfig, ...]:
+        """The slices, of the top level or of every ``modules:`` entry given that way."""
+        return (self.slices or ()) + tuple(sl for m in self.modules or () for sl in m.slices or ())
 
     def referenced_models(self) -> list[ModelRef]:
         """Every model the config names, deduplicated, in YAML order with the base model first."""
         refs: list[ModelRef] = []
         if self.base_model is not None:
             refs.append(self.base_model)
-        sources = self.models or tuple(s for sl in self.slices or () for s in sl.sources)
-        for sl in self.slices or ():
+        for sl in self.all_slices():
             if sl.base_model is not None:
                 refs.append(sl.base_model)
-        refs.extend(s.model for s in sources)
+        refs.extend(s.model for s in self.all_models())
+        refs.extend(s.model for sl in self.all_slices() for s in sl.sources)
         seen: set[str] = set()
         unique = []
         for ref in refs:
@@ -151,20 +173,16 @@ def _parse(doc: dict[str, Any], text: str) -> MergeConfig:
             "Exactly one of 'models', 'slices', or 'modules' must be present",
             yaml_path=forms[1] if len(forms) > 1 else "models",
         )
-    if forms[0] == "modules":
-        raise ConfigError(
-            "'modules' (multi-module models such as VLMs) is not supported by this version",
-            yaml_path="modules",
-            hint="merge the text model with models: or slices:",
-        )
     if doc.get("tokenizer_source") is not None and doc.get("tokenizer") is not None:
         raise ConfigError("Cannot specify both tokenizer_source and tokenizer", yaml_path="tokenizer")
     base = _model(doc["base_model"], "base_model") if doc.get("base_model") is not None else None
-    models = slices = None
+    models = slices = modules = None
     if forms[0] == "models":
         models = _models(doc["models"])
-    else:
+    elif forms[0] == "slices":
         slices = _slices(doc["slices"])
+    else:
+        modules = _modules(doc["modules"])
     return MergeConfig(
         text=text,
         merge_method=method,
@@ -178,6 +196,7 @@ def _parse(doc: dict[str, Any], text: str) -> MergeConfig:
         tokenizer=_tokenizer_section(doc.get("tokenizer")),
         chat_template=_optional_str(doc.get("chat_template"), "chat_template"),
         name=_optional_str(doc.get("name"), "name"),
+        modules=modules,
     )
 
 
@@ -208,12 +227,37 @@ def _model_path(value: Any, path: str) -> ModelRef:
     raise ConfigError("expected a path string or {path, revision}", yaml_path=path)
 
 
-def _models(value: Any) -> tuple[SourceConfig, ...]:
+def _modules(value: Any) -> tuple[ModuleConfig, ...]:
+    # Unlike mergekit (which ignores them), an unknown key inside a module is an error: a merge_method or
+    # base_model written there would otherwise silently do nothing.
+    if not isinstance(value, dict) or not value:
+        raise ConfigError("modules must be a non-empty mapping of module name to module", yaml_path="modules")
+    out = []
+    for name, item in value.items():
+        path = f"modules.{name}"
+        if not isinstance(item, dict):
+            raise ConfigError("a module must be a mapping with 'models' or 'slices'", yaml_path=path)
+        extra = sorted(str(k) for k in set(item) - {"models", "slices", "parameters"})
+        if extra:
+            raise ConfigError(f"unknown key {extra[0]!r} in a module", yaml_path=f"{path}.{extra[0]}",
+                              hint="a module takes models or slices, and parameters; merge_method, base_model "
+                                   "and dtype are set at the top level")
+        if (item.get("models") is None) == (item.get("slices") is None):
+            raise ConfigError("Must specify either output slices or models to merge", yaml_path=path,
+                              hint="give the module exactly one of models: or slices:")
+        models = _models(item["models"], f"{path}.models") if item.get("models") is not None else None
+        slices = _slices(item["slices"], f"{path}.slices") if item.get("slices") is not None else None
+        out.append(ModuleConfig(str(name), models, slices, _parameters(item.get("parameters"), f"{path}.parameters"),
+                                path))
+    return tuple(out)
+
+
+def _models(value: Any, where: str = "models") -> tuple[SourceConfig, ...]:
     if not isinstance(value, list) or not value:
-        raise ConfigError("models must be a non-empty list", yaml_path="models")
+        raise ConfigError("models must be a non-empty list", yaml_path=where)
     out = []
     for i, item in enumerate(value):
-        path = f"models[{i}]"
+        path = f"{where}[{i}]"
         if isinstance(item, str):
             item = {"model": item}
         if not isinstance(item, dict) or "model" not in item:
@@ -232,12 +276,12 @@ def _models(value: Any) -> tuple[SourceConfig, ...]:
     return tuple(out)
 
 
-def _slices(value: Any) -> tuple[SliceConfig, ...]:
+def _slices(value: Any, where: str = "slices") -> tuple[SliceConfig, ...]:
     if not isinstance(value, list) or not value:
-        raise ConfigError("slices must be a non-empty list", yaml_path="slices")
+        raise ConfigError("slices must be a non-empty list", yaml_path=where)
     out = []
     for i, item in enumerate(value):
-        path = f"slices[{i}]"
+        path = f"{where}[{i}]"
         if not isinstance(item, dict):
             raise ConfigError("each slice must be a mapping with 'sources'", yaml_path=path)
         extra = sorted(set(item) - {"sources", "base_model", "parameters", "residual_weight"})

@@ -215,9 +215,9 @@ def _references(config: MergeConfig) -> Iterator[tuple[ModelRef, str]]:
     """Every model reference of ``config`` with its YAML path, in YAML order (repeats included)."""
     if config.base_model is not None:
         yield config.base_model, "base_model"
-    for src in config.models or ():
+    for src in config.all_models():
         yield src.model, f"{src.yaml_path}.model"
-    for sl in config.slices or ():
+    for sl in config.all_slices():
         if sl.base_model is not None:
             yield sl.base_model, f"{sl.yaml_path}.base_model"
         for src in sl.sources:

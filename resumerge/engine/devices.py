@@ -9,6 +9,8 @@ torch is imported lazily, so this module is cheap to import for the CLI's argume
 
 from __future__ import annotations
 
+import contextlib
+
 from resumerge.errors import UsageError
 from resumerge.memory import CudaProbe, MemoryGovernor, MemoryProbe, default_budget
 from resumerge.memory.sizes import format_size
@@ -23,18 +25,37 @@ GPU_FRACTION = 0.85
 
 
 def normalise_device(text: str) -> str:
-    """Canonical device text: ``cpu``, or ``cuda:N`` (``cuda`` means ``cuda:0``).
+    """Canonical device text: ``cpu``, or ``cuda:N`` (``cuda`` means ``cuda:0``; ``auto`` the first GPU when
+    torch sees one, else ``cpu``).
 
     Raises :class:`UsageError` for anything else (``mps``, ``cuda:x``, ...).
     """
     value = text.strip().lower()
     if value == CPU:
         return CPU
+    if value == "auto":  # mergekit's --device auto: the GPU when there is one (resumerge has no XPU path)
+        import torch
+
+        return "cuda:0" if torch.cuda.is_available() else CPU
     if value == "cuda":
         return "cuda:0"
     if value.startswith("cuda:") and value[5:].isdigit():
         return f"cuda:{int(value[5:])}"
-    raise UsageError(f"unknown device {text!r}", hint="use --device cpu or --device cuda (or cuda:N)")
+    raise UsageError(f"unknown device {text!r}", hint="use --device cpu, cuda (or cuda:N) or auto")
+
+
+def set_torch_threads(count: int | None) -> None:
+    """mergekit's ``-j/--num-threads``: torch's intra-op (and, while still settable, inter-op) thread count;
+    None leaves torch's choice. Raises :class:`UsageError` for a count below 1."""
+    if count is None:
+        return
+    if count < 1:
+        raise UsageError("--num-threads must be at least 1")
+    import torch
+
+    torch.set_num_threads(count)
+    with contextlib.suppress(RuntimeError):  # only settable before the first parallel work of the process
+        torch.set_num_interop_threads(count)
 
 
 def is_gpu(device: str) -> bool:

@@ -166,10 +166,10 @@ def yaml_path_of(config: MergeConfig, ref: ModelRef) -> str:
     """Where ``ref`` first appears in the YAML (for error messages)."""
     if config.base_model is not None and config.base_model.key == ref.key:
         return "base_model"
-    for src in config.models or ():
+    for src in config.all_models():
         if src.model.key == ref.key:
             return f"{src.yaml_path}.model"
-    for sl in config.slices or ():
+    for sl in config.all_slices():
         for src in sl.sources:
             if src.model.key == ref.key:
                 return f"{src.yaml_path}.model"

@@ -30,6 +30,10 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "chat_template.json",
     "generation_config.json",
+    # A VLM's image/video processor settings travel with its tokenizer (mergekit's tagalong files).
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
 )
 
 

@@ -27,6 +27,7 @@ from resumerge.inputs.files import (
     file_identity,
 )
 from resumerge.inputs.safetensors_format import read_header
+from resumerge.inputs.torch_bin import BIN_INDEX_NAME, BIN_SINGLE_NAME, is_pickle_checkpoint, read_bin_header
 
 if TYPE_CHECKING:
     from resumerge.inputs.adapters import Adapter
@@ -67,7 +68,7 @@ def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = N
             yaml_path=yaml_path,
             hint="check the path; Hugging Face Hub ids are not supported by this version",
         )
-    for name in ("config.json", INDEX_NAME, *TOKENIZER_FILES):
+    for name in ("config.json", INDEX_NAME, BIN_INDEX_NAME, *TOKENIZER_FILES):
         contained(directory, name)
     config = _read_config(directory, yaml_path)
     names = _weight_files(directory, yaml_path)
@@ -75,7 +76,7 @@ def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = N
     files = []
     for name in names:
         path = contained(directory, name)
-        header = read_header(path)
+        header = read_bin_header(path) if is_pickle_checkpoint(name) else read_header(path)
         for tname, entry in header.tensors.items():
             if tname in tensors:
                 raise HostileFileError(
@@ -100,7 +101,33 @@ def _read_config(directory: Path, yaml_path: str) -> Mapping[str, Any]:
 
 
 def _weight_files(directory: Path, yaml_path: str) -> list[str]:
-    index = directory / INDEX_NAME
+    # safetensors first, as mergekit: a folder with both formats is read as safetensors.
+    found = _indexed(directory / INDEX_NAME, ".safetensors")
+    if found:
+        return found
+    if (directory / SINGLE_NAME).is_file():
+        return [SINGLE_NAME]
+    singles = sorted(p.name for p in directory.glob("*.safetensors") if p.is_file())
+    if len(singles) == 1:
+        return singles
+    found = _indexed(directory / BIN_INDEX_NAME, ".bin")
+    if found:
+        return found
+    if (contained(directory, BIN_SINGLE_NAME)).is_file():
+        return [BIN_SINGLE_NAME]
+    if any(directory.glob("*.bin")) or any(directory.glob("*.pt")) or any(directory.glob("*.pth")):
+        raise ModelInputError(
+            f"{directory} has pickle weights resumerge does not recognise (only pytorch_model.bin, or the shards "
+            "pytorch_model.bin.index.json names, are read)",
+            yaml_path=yaml_path,
+            hint="convert the model to safetensors first",
+        )
+    raise ModelInputError(f"Unable to find model files at {directory}", yaml_path=yaml_path)
+
+
+def _indexed(index: Path, suffix: str) -> list[str]:
+    """The weight files ``index`` names (each checked to exist and end in ``suffix``), or [] without one."""
+    directory = index.parent
     if index.is_file():
         try:
             doc = json.loads(index.read_text(encoding="utf-8"))
@@ -109,28 +136,17 @@ def _weight_files(directory: Path, yaml_path: str) -> list[str]:
         weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             raise ModelInputError("index has no weight_map", path=str(index))
-        names = sorted({_safe_name(v, index) for v in weight_map.values()})
+        names = sorted({_safe_name(v, index, suffix) for v in weight_map.values()})
         for name in names:
             if not (directory / name).is_file():
                 raise ModelInputError(
                     f"index names {name} but the file is missing", path=str(index), hint="re-download the model"
                 )
         return names
-    if (directory / SINGLE_NAME).is_file():
-        return [SINGLE_NAME]
-    singles = sorted(p.name for p in directory.glob("*.safetensors") if p.is_file())
-    if len(singles) == 1:
-        return singles
-    if any(directory.glob("*.bin")) or any(directory.glob("*.pt")) or any(directory.glob("*.pth")):
-        raise ModelInputError(
-            f"{directory} has only pickle weights (.bin/.pt); resumerge never unpickles files",
-            yaml_path=yaml_path,
-            hint="convert the model to safetensors first",
-        )
-    raise ModelInputError(f"Unable to find model files at {directory}", yaml_path=yaml_path)
+    return []
 
 
-def _safe_name(value: object, index: Path) -> str:
+def _safe_name(value: object, index: Path, suffix: str) -> str:
     # An index is data from the internet: a weight_map value must name a plain file beside the index.
     if (
         not isinstance(value, str)
@@ -144,8 +160,8 @@ def _safe_name(value: object, index: Path) -> str:
         raise HostileFileError(
             f"index weight_map entry {value!r} escapes the model directory", path=str(index), hint="refusing to read it"
         )
-    if not value.endswith(".safetensors"):
-        raise HostileFileError(f"index weight_map entry {value!r} is not a .safetensors file", path=str(index))
+    if not value.endswith(suffix):
+        raise HostileFileError(f"index weight_map entry {value!r} is not a {suffix} file", path=str(index))
     return value
 
 

@@ -34,8 +34,9 @@ def aux_files(plan: Plan) -> list[AuxFile]:
     if len(plan.shards) > 1:
         files.append(AuxFile(INDEX_NAME, "index", "during_index_write"))
     files.append(AuxFile(CONFIG_NAME, "config", "during_config_write"))
-    files.append(AuxFile(CONFIG_YAML_NAME, "config", "during_config_write"))
-    files.append(AuxFile(CARD_NAME, "card", "during_config_write"))
+    if plan.options.write_model_card:  # mergekit's --no-write-model-card drops both
+        files.append(AuxFile(CONFIG_YAML_NAME, "config", "during_config_write"))
+        files.append(AuxFile(CARD_NAME, "card", "during_config_write"))
     files.extend(AuxFile(name, "tokenizer", "during_tokenizer_write") for name, _ in plan.tokenizer_files)
     return files
 

@@ -125,6 +125,8 @@ def render_model_card(plan: Plan, config_text: str) -> bytes:
         lines += ["## Layers", "", f"The output has {plan.num_layers} layers:", ""]
         lines += _slice_lines(config)
         lines += [""]
+    if plan.notes:
+        lines += ["## Notes", "", *(f"- {note}" for note in plan.notes), ""]
     fence = _fence(config_text)
     lines += ["## Configuration", "", "The following YAML configuration was used to produce this model:", ""]
     lines += [f"{fence}yaml", config_text.rstrip("\n"), fence, ""]
@@ -139,7 +141,7 @@ def _method_line(method: str) -> str:
 
 def _base_keys(config: MergeConfig) -> set[str]:
     keys = {config.base_model.key} if config.base_model is not None else set()
-    keys.update(sl.base_model.key for sl in config.slices or () if sl.base_model is not None)
+    keys.update(sl.base_model.key for sl in config.all_slices() if sl.base_model is not None)
     return keys
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import ConfigError, ModelInputError
+from resumerge.plan.modules import ModuleLayout, language_stack, layer_stacks, module_of
 
 if TYPE_CHECKING:
     from resumerge.config.merge_config import MergeConfig
@@ -43,7 +44,10 @@ TIED_NAMES: Mapping[str, tuple[str, ...]] = {
         "wte.weight",  # GPT-2 checkpoints saved without the ``transformer.`` prefix
         "transformer.word_embeddings.weight",  # Falcon
         "gpt_neox.embed_in.weight",
+        "model.language_model.embed_tokens.weight",  # VLMs in transformers 5's in-memory names
+        "model.text_model.embed_tokens.weight",  # Idefics3 / SmolVLM
     ),
+    "language_model.lm_head.weight": ("language_model.model.embed_tokens.weight",),  # Llava, Gemma 3, Mistral 3
     "embed_out.weight": ("gpt_neox.embed_in.weight",),  # GPT-NeoX with tie_word_embeddings
 }
 # Per-layer lists in config.json that must follow the output's layers (transformers 5 validates their length):
@@ -62,7 +66,8 @@ class Layout:
     """A model's tensors split into pre-layer names, per-layer suffixes, and post-layer names.
 
     ``layer_suffixes`` is the union over all layers; ``suffixes_by_layer[i]`` the suffixes layer ``i`` has
-    (they differ in MoE models whose dense layers have no experts).
+    (they differ in MoE models whose dense layers have no experts). In a multi-module model (a VLM) the layers
+    are the language model's; ``other_modules`` holds the other stacks (vision tower, audio encoder, …).
     """
 
     layer_prefix: str | None
@@ -71,6 +76,7 @@ class Layout:
     layer_suffixes: tuple[str, ...]
     post: tuple[str, ...]
     suffixes_by_layer: tuple[tuple[str, ...], ...] = ()
+    other_modules: tuple[ModuleLayout, ...] = ()
 
     def layer_name(self, index: int, suffix: str) -> str:
         """Full tensor name of ``suffix`` in layer ``index``."""
@@ -92,8 +98,12 @@ def split_layer_name(name: str) -> tuple[str, int, str] | None:
 
 
 def is_head(name: str) -> bool:
-    """Whether ``name`` is a loose output-head tensor (``lm_head.*``, GPT-NeoX ``embed_out.*``)."""
-    return name.split(".", 1)[0] in _HEAD_MODULES
+    """Whether ``name`` is a loose output-head tensor (``lm_head.*``, GPT-NeoX ``embed_out.*``, and a VLM's
+    ``language_model.lm_head.*`` as transformers 5 saves Llava, Gemma 3 and Mistral 3)."""
+    parts = name.split(".", 2)
+    if parts[0] == "language_model" and len(parts) > 1:
+        return parts[1] in _HEAD_MODULES
+    return parts[0] in _HEAD_MODULES
 
 
 def is_input_embedding(name: str) -> bool:
@@ -104,12 +114,12 @@ def is_input_embedding(name: str) -> bool:
 def infer_layout(names: Iterable[str], config: Mapping[str, Any], *, where: str) -> Layout:
     """Infer the layout of a model from its tensor ``names`` and ``config`` (config.json).
 
-    Raises :class:`ModelInputError` when layer tensors use more than one prefix (a multi-module model) or the
-    layer count in config.json disagrees with the tensors.
+    A multi-module model (a VLM) gets its language model's layers as the layout's layers and every other stack
+    of layers in ``other_modules`` (see :mod:`resumerge.plan.modules`). Raises :class:`ModelInputError` when
+    the language model's layer count in config.json disagrees with the tensors, or no stack can be told to be
+    the language model's.
     """
-    prefixes: dict[str, set[int]] = {}
-    per_layer: dict[int, list[str]] = {}
-    suffixes: set[str] = set()
+    numbered: dict[str, dict[int, list[str]]] = {}
     loose: list[str] = []
     for name in sorted(names):
         parts = split_layer_name(name)
@@ -117,17 +127,15 @@ def infer_layout(names: Iterable[str], config: Mapping[str, Any], *, where: str)
             loose.append(name)
             continue
         group, index, suffix = parts
-        prefixes.setdefault(group, set()).add(index)
-        per_layer.setdefault(index, []).append(suffix)
-        suffixes.add(suffix)
-    if len(prefixes) > 1:
-        raise ModelInputError(
-            f"tensors are numbered under several prefixes ({', '.join(sorted(prefixes))})",
-            path=where,
-            hint="Model has multiple modules, must use modules: config syntax to work with slices",
-        )
-    prefix = next(iter(prefixes), None)
-    found = max(prefixes[prefix]) + 1 if prefix is not None else 0
+        numbered.setdefault(group, {}).setdefault(index, []).append(suffix)
+    stacks, numbered_loose = layer_stacks(numbered)
+    loose = sorted(loose + numbered_loose)
+    prefix = next(iter(stacks), None)
+    if len(stacks) > 1:
+        embedding = next((n for n in loose if is_input_embedding(n)), None)
+        prefix = language_stack(stacks, embedding, where=where)
+    text = module_of(stacks[prefix], prefix) if prefix is not None else None
+    found = text.num_layers if text is not None else 0
     declared = layer_count(config)
     if declared is not None and prefix is not None and declared != found:
         raise ModelInputError(
@@ -137,8 +145,10 @@ def infer_layout(names: Iterable[str], config: Mapping[str, Any], *, where: str)
         )
     pre = tuple(n for n in loose if not is_head(n) and any(m in n for m in _PRE_MARKERS))
     post = tuple(n for n in loose if n not in pre)
-    by_layer = tuple(tuple(sorted(per_layer.get(i, ()))) for i in range(found))
-    return Layout(prefix, found, pre, tuple(sorted(suffixes)), post, by_layer)
+    by_layer = text.suffixes_by_layer if text is not None else ()
+    suffixes = tuple(sorted({s for layer in by_layer for s in layer}))
+    others = tuple(module_of(stacks[p], p) for p in sorted(stacks) if p != prefix)
+    return Layout(prefix, found, pre, suffixes, post, by_layer, others)
 
 
 def layer_count(config: Mapping[str, Any]) -> int | None:
@@ -298,9 +308,9 @@ def _mentions(config: MergeConfig) -> list[tuple[ModelRef, str]]:
     found: list[tuple[ModelRef, str]] = []
     if config.base_model is not None:
         found.append((config.base_model, "base_model"))
-    for src in config.models or ():
+    for src in config.all_models():
         found.append((src.model, f"{src.yaml_path}.model"))
-    for sl in config.slices or ():
+    for sl in config.all_slices():
         if sl.base_model is not None:
             found.append((sl.base_model, f"{sl.yaml_path}.base_model"))
         found.extend((src.model, f"{src.yaml_path}.model") for src in sl.sources)

@@ -171,6 +171,4 @@ def _tensor_dtype(tensors: Mapping[str, TensorPlan]) -> str | None:
 
 
 def _sources(config: MergeConfig) -> list[Any]:
-    if config.models is not None:
-        return list(config.models)
-    return [s for sl in config.slices or () for s in sl.sources]
+    return [*config.all_models(), *(s for sl in config.all_slices() for s in sl.sources)]

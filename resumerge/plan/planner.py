@@ -8,18 +8,16 @@ final norm / lm_head come from follow mergekit (see ``shared/reference/mergekit-
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from resumerge.config.merge_config import MergeConfig, SourceConfig
+from resumerge.config.merge_config import MergeConfig, SliceConfig, SourceConfig
 from resumerge.config.modelref import ModelRef
-from resumerge.config.params import Setting, coerce, evaluate, is_missing
+from resumerge.config.params import Setting
 from resumerge.errors import ConfigError, ModelInputError
 from resumerge.inputs.catalog import adapter_key
-from resumerge.inputs.files import TensorSource, tokenizer_files
+from resumerge.inputs.files import TensorSource
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
 from resumerge.methods.registry import BasePolicy, MethodSpec, Scope, get_method, method_names
@@ -32,28 +30,16 @@ from resumerge.plan.architecture import (
     is_input_embedding,
 )
 from resumerge.plan.merge_plan import InputRef, LoraRef, Plan, PlanOptions, TensorPlan, compute_fingerprint
+from resumerge.plan.module_views import MODULE_NAMES, TEXT, VISION, module_views, set_vision_layers
+from resumerge.plan.modules import plan_modules, refuse_sliced_modules
 from resumerge.plan.outconfig import build_out_config
+from resumerge.plan.parameters import check_parameter_names, parameter_value
 from resumerge.plan.sharding import assign_shards
-from resumerge.vocab import (
-    BuiltTokenizer,
-    TokenizerSpec,
-    VocabInput,
-    apply_chat_template_files,
-    build_tokenizer,
-    parse_tokenizer_spec,
-    resolve_chat_template,
-)
+from resumerge.plan.tokenizer_plan import build_output_tokenizer, tokenizer_hashes, tokenizer_output
+from resumerge.plan.truncation import common_rows, leading_rows, truncation_notes
+from resumerge.vocab import BuiltTokenizer, parse_tokenizer_spec
 
 DTYPE_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64"}
-# Parameter names mergekit knows for some method: unused by the chosen method is fine (a switched method),
-# unknown to all of them is a typo worth stopping for.
-KNOWN_PARAMETERS = frozenset(
-    {
-        "weight", "density", "gamma", "epsilon", "lambda", "normalize", "rescale", "int8_mask", "t",
-        "filter_wise", "select_topk", "nuslerp_flatten", "nuslerp_row_wise", "max_iter", "tol", "eps",
-        "scale", "normalize_weights", "r", "alpha",
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -63,6 +49,20 @@ class _Slice:
     base: ModelRef | None
     parameters: Mapping[str, Setting]
     yaml_path: str
+    # The ``modules:`` entry the slice belongs to: its parameters come between the slice's and the top level's.
+    module_parameters: Mapping[str, Setting] = field(default_factory=dict)
+    module_path: str = ""
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    """What planning one tensor needs besides its slice: the method, the config, the models, the tokenizer."""
+
+    method: MethodSpec
+    config: MergeConfig
+    models: Mapping[str, ModelInput]
+    built: BuiltTokenizer | None
+    truncate: bool
 
 
 def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: PlanOptions) -> Plan:
@@ -78,13 +78,65 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
             yaml_path="merge_method",
             hint=f"known methods: {', '.join(method_names())}",
         )
-    _check_parameter_names(config, method)
+    check_parameter_names(config, method)
     check_architectures(config, models, allow_crimes=options.allow_crimes)
     layouts = {key: infer_layout(m.tensors, m.config, where=str(m.directory)) for key, m in models.items()}
-    slices = _normalise(config, method, layouts)
+    if config.base_model is not None and method.base is BasePolicy.FORBIDDEN:
+        raise ConfigError(f"merge method {method.name} does not accept a base model", yaml_path="base_model")
     spec = parse_tokenizer_spec(config.tokenizer_source, config.tokenizer, config.chat_template)
-    built = _build_tokenizer(config, spec, models) if spec.builds else None
+    built = build_output_tokenizer(config, spec, models) if spec.builds else None
+    ctx = _Ctx(method, config, models, built, options.unsafe_truncate_embeddings and built is None)
     tensors: dict[str, TensorPlan] = {}
+    notes: list[str] = []
+    vision_layers = None
+    if config.modules is not None:
+        origins, vision_layers = _plan_module_form(ctx, layouts, tensors, notes)
+    else:
+        slices = _normalise(config.models, config.slices, config.base_model, layouts)
+        origins = _plan_stack(slices, layouts, ctx, tensors)
+    if config.models is not None:  # a VLM's vision tower, audio encoder, …: each module over its own layers
+        sl = slices[0]
+        keys = [src.model.key for src in sl.sources]
+        tensors.update(plan_modules(
+            keys, {k: layouts[k].other_modules for k in keys},
+            lambda name, names, t: _tensor(name, names, sl, t, method, config, models), yaml_path="models",
+        ))
+    if ctx.truncate:
+        notes.extend(truncation_notes(tensors, models))
+    shards, tensors = assign_shards(tensors, options.out_shard_size)
+    donor = _donor(config)
+    cut_rows = _embed_rows(tensors) if ctx.truncate and notes else None
+    tokenizer_donor, blobs = tokenizer_output(config, spec, built, donor, options, models, cut_rows)
+    out_config = build_out_config(config, models, donor, tuple(origins), tensors)
+    if vision_layers is not None:
+        set_vision_layers(out_config, vision_layers)
+    plan = Plan(
+        method=method.name,
+        tensors=tensors,
+        shards=shards,
+        donor=donor,
+        tokenizer_donor=tokenizer_donor,
+        num_layers=len(origins),
+        layer_origins=tuple(origins),
+        inputs=_input_files(models),
+        model_dirs=_model_dirs(models),
+        options=options,
+        out_config=out_config,
+        tokenizer_files=tokenizer_hashes(models, tokenizer_donor, blobs),
+        tokenizer_blobs=blobs,
+        vocab=built.alignment if built else None,
+        vocab_digest=built.digest if built else "",
+        notes=tuple(notes),
+    )
+    return replace(plan, fingerprint=compute_fingerprint(plan))
+
+
+def _plan_stack(slices: list[_Slice], layouts: Mapping[str, Layout], ctx: _Ctx,
+                tensors: dict[str, TensorPlan]) -> list[tuple[str, int]]:
+    """Plan ``slices`` over one stack of layers (``layouts``: each model's, or each model's module) into
+    ``tensors``; return the (model, source layer) of each output layer. Loose tensors before the layers come from
+    the first slice's models, the others from the last slice's."""
+    method, config, models, built, truncate = ctx.method, ctx.config, ctx.models, ctx.built, ctx.truncate
     origins: list[tuple[str, int]] = []
     for s_index, sl in enumerate(slices):
         _check_slice(sl, method, layouts)
@@ -101,35 +153,61 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
                 ]
                 tensors[out_name] = _tensor(out_name, names, sl, t, method, config, models)
         if s_index == 0:
-            for name in first.pre:
-                tensors[name] = _edge_tensor(name, sl, method, config, models, built)
+            # Pre-layer names of every source: one that some model lacks is reported, never dropped.
+            pre = sorted({n for src in sl.sources for n in layouts[src.model.key].pre})
+            for name in pre:
+                tensors[name] = _edge_tensor(name, sl, method, config, models, built, truncate)
     last = slices[-1]
     post_names: list[str] = []
     for src in last.sources:
         post_names.extend(n for n in layouts[src.model.key].post if n not in post_names)
     for name in post_names:
-        tensors[name] = _edge_tensor(name, last, method, config, models, built)
-    shards, tensors = assign_shards(tensors, options.out_shard_size)
+        tensors[name] = _edge_tensor(name, last, method, config, models, built, truncate)
+    return origins
+
+
+def _plan_module_form(ctx: _Ctx, layouts: Mapping[str, Layout], tensors: dict[str, TensorPlan],
+                      notes: list[str]) -> tuple[list[tuple[str, int]], int]:
+    """Plan a ``modules:`` config, module by module in mergekit's order, each with its own layer numbering;
+    a module the config does not list is copied unchanged from the donor (and ``notes`` says so). Returns the
+    language model's layer origins and the output's vision layer count."""
+    config = ctx.config
+    listed = {m.name: m for m in config.modules or ()}
+    for name, entry in listed.items():
+        if name not in MODULE_NAMES:
+            raise ConfigError(f"{name!r} is not a module of these models", yaml_path=entry.yaml_path,
+                              hint=f"the modules are {', '.join(MODULE_NAMES)}")
+    views = {key: module_views(layout, key, yaml_path="modules") for key, layout in layouts.items()}
     donor = _donor(config)
-    tokenizer_donor, blobs = _tokenizer_output(config, spec, built, donor, options, models)
-    plan = Plan(
-        method=method.name,
-        tensors=tensors,
-        shards=shards,
-        donor=donor,
-        tokenizer_donor=tokenizer_donor,
-        num_layers=len(origins),
-        layer_origins=tuple(origins),
-        inputs=_input_files(models),
-        model_dirs=_model_dirs(models),
-        options=options,
-        out_config=build_out_config(config, models, donor, tuple(origins), tensors),
-        tokenizer_files=_tokenizer_hashes(models, tokenizer_donor, blobs),
-        tokenizer_blobs=blobs,
-        vocab=built.alignment if built else None,
-        vocab_digest=built.digest if built else "",
-    )
-    return replace(plan, fingerprint=compute_fingerprint(plan))
+    text: list[tuple[str, int]] = []
+    vision = 0
+    for name in MODULE_NAMES:
+        module, own = listed.get(name), {key: view[name] for key, view in views.items()}
+        if module is None:
+            ref = next(r for r in config.referenced_models() if r.key == donor)
+            path = f"modules.{name}"
+            copy = _Slice((SourceConfig(ref, None, {}, path),), ((0, own[donor].num_layers),), None, {}, path)
+            passthrough = get_method("passthrough")
+            assert passthrough is not None
+            origins = _plan_stack([copy], own, replace(ctx, method=passthrough, truncate=False), tensors)
+            notes.append(f"module {name} is not listed under modules: it is copied unchanged from {donor}")
+        else:
+            slices = _normalise(module.models, module.slices, config.base_model, own,
+                                root=module.yaml_path, module_parameters=module.parameters)
+            origins = _plan_stack(slices, own, ctx, tensors)
+        if name == TEXT:
+            text = origins
+        elif name == VISION:
+            vision = len(origins)
+    return text, vision
+
+
+def _embed_rows(tensors: Mapping[str, TensorPlan]) -> int | None:
+    """Rows of the output's token embedding (else its head), or None without either."""
+    for name in sorted(tensors):
+        if (is_input_embedding(name) or is_head(name)) and len(tensors[name].shape) == 2:
+            return tensors[name].shape[0]
+    return None
 
 
 def _input_files(models: Mapping[str, ModelInput]) -> dict[str, tuple[tuple[str, int, str], ...]]:
@@ -151,76 +229,26 @@ def _model_dirs(models: Mapping[str, ModelInput]) -> dict[str, str]:
     return dirs
 
 
-def _build_tokenizer(config: MergeConfig, spec: TokenizerSpec, models: Mapping[str, ModelInput]) -> BuiltTokenizer:
-    """The output tokenizer of ``spec`` from the inputs' tokenizer files, inputs in config order."""
-    inputs = {}
-    for ref in config.referenced_models():
-        model = models[ref.key]
-        inputs[ref.key] = VocabInput(ref.key, tokenizer_dir(model), _embed_rows(model))
-    return build_tokenizer(spec, inputs, config.base_model.key if config.base_model else None)
 
 
-def _embed_rows(model: ModelInput) -> int:
-    """Rows of the model's token embedding (its vocabulary as the weights see it)."""
-    for name, found in sorted(model.tensors.items()):
-        if is_input_embedding(name) and found.entry.shape:
-            return found.entry.shape[0]
-    vocab = model.config.get("vocab_size")
-    if isinstance(vocab, int) and vocab > 0:
-        return vocab
-    raise ModelInputError(f"{model.ref.key} has no token embedding and no vocab_size in config.json",
-                          path=str(model.directory), hint="a tokenizer can only be built for language models")
 
 
-def _tokenizer_output(
-    config: MergeConfig,
-    spec: TokenizerSpec,
-    built: BuiltTokenizer | None,
-    donor: str,
-    options: PlanOptions,
-    models: Mapping[str, ModelInput],
-) -> tuple[str | None, dict[str, bytes]]:
-    """(model whose tokenizer files are copied, files whose bytes the plan makes)."""
-    if built is not None:
-        return None, dict(built.files)
-    tokenizer_donor = _tokenizer_donor(donor, options)
-    if tokenizer_donor is None:
-        return None, {}
-    model = models[tokenizer_donor]
-    directory = tokenizer_dir(model)
-    template = None
-    if spec.chat_template is not None:
-        template = resolve_chat_template(spec.chat_template, [tokenizer_dir(models[r.key])
-                                                              for r in config.referenced_models()])
-    if template is None and directory == model.directory:
-        return tokenizer_donor, {}  # copied from the donor's folder when written
-    # An adapter's tokenizer (its folder is not a model dir of the plan) or a changed template: the plan holds
-    # the bytes. These are small files, read once here.
-    files = [(name, (directory / name).read_bytes()) for name, _ in tokenizer_files(directory)]
-    return tokenizer_donor, dict(apply_chat_template_files(files, template) if template else files)
 
-
-def tokenizer_dir(model: ModelInput) -> Path:
-    """Where ``model``'s tokenizer files are: its LoRA adapter's folder when that ships a tokenizer (a fine-tune's
-    chat template and added tokens live there; mergekit's defect 5 dropped them), else the model's own."""
-    if model.adapter is not None and model.adapter.has_tokenizer:
-        return model.adapter.directory
-    return model.directory
-
-
-def _tokenizer_hashes(models: Mapping[str, ModelInput], donor: str | None,
-                      blobs: Mapping[str, bytes]) -> tuple[tuple[str, str], ...]:
-    if blobs:
-        return tuple((name, hashlib.sha256(data).hexdigest()) for name, data in sorted(blobs.items()))
-    return tokenizer_files(tokenizer_dir(models[donor])) if donor else ()
-
-
-def _normalise(config: MergeConfig, method: MethodSpec, layouts: Mapping[str, Layout]) -> list[_Slice]:
-    if config.base_model is not None and method.base is BasePolicy.FORBIDDEN:
-        raise ConfigError(f"merge method {method.name} does not accept a base model", yaml_path="base_model")
-    if config.models is not None:
-        sources = list(config.models)
-        base = config.base_model
+def _normalise(
+    models: tuple[SourceConfig, ...] | None,
+    slices: tuple[SliceConfig, ...] | None,
+    base: ModelRef | None,
+    layouts: Mapping[str, Layout],
+    *,
+    root: str = "",
+    module_parameters: Mapping[str, Setting] | None = None,
+) -> list[_Slice]:
+    """The slices of a ``models:`` or ``slices:`` form (of the config, or of the ``modules:`` entry at ``root``):
+    a models form becomes one slice over every layer of each model, the base model added when not listed."""
+    module_params = module_parameters or {}
+    if models is not None:
+        where = f"{root}.models" if root else "models"
+        sources = list(models)
         if base is not None and base.key not in {s.model.key for s in sources}:
             # mergekit: "Base model specified but not in input models - adding"
             sources.insert(0, SourceConfig(base, None, {}, "base_model"))
@@ -229,16 +257,19 @@ def _normalise(config: MergeConfig, method: MethodSpec, layouts: Mapping[str, La
             listing = ", ".join(f"{k}: {v}" for k, v in counts.items())
             raise ConfigError(
                 f"models have different layer counts ({listing})",
-                yaml_path="models",
+                yaml_path=where,
                 hint="use slices: with matching layer_range lengths per slice",
             )
         n = next(iter(counts.values()))
-        return [_Slice(tuple(sources), tuple((0, n) for _ in sources), base, {}, "models")]
+        return [_Slice(tuple(sources), tuple((0, n) for _ in sources), base, {}, where, module_params, root)]
     out = []
-    for sl in config.slices or ():
-        base = sl.base_model or config.base_model
+    for sl in slices or ():
+        for src in sl.sources:
+            layout = layouts[src.model.key]
+            refuse_sliced_modules(src.model.key, layout.layer_prefix, layout.other_modules, f"{src.yaml_path}.model")
         ranges = tuple(s.layer_range or (0, 0) for s in sl.sources)
-        out.append(_Slice(sl.sources, ranges, base, sl.parameters, sl.yaml_path))
+        out.append(_Slice(sl.sources, ranges, sl.base_model or base, sl.parameters, sl.yaml_path, module_params,
+                          root))
     return out
 
 
@@ -274,7 +305,7 @@ def _check_slice(sl: _Slice, method: MethodSpec, layouts: Mapping[str, Layout]) 
         want = f"exactly {low}" if method.max_non_base == low else f"at least {low}"
         raise ConfigError(
             f"merge method {method.name} takes {want} models besides the base, got {others}",
-            yaml_path=f"{sl.yaml_path}.sources" if sl.yaml_path != "models" else "models",
+            yaml_path=f"{sl.yaml_path}.sources" if not sl.yaml_path.endswith("models") else sl.yaml_path,
         )
     if n < method.min_inputs or (method.max_inputs is not None and n > method.max_inputs):
         want = (
@@ -286,7 +317,7 @@ def _check_slice(sl: _Slice, method: MethodSpec, layouts: Mapping[str, Layout]) 
         )
         raise ConfigError(
             f"merge method {method.name} takes {want} inputs (base included), got {n}",
-            yaml_path=f"{sl.yaml_path}.sources" if sl.yaml_path != "models" else "models",
+            yaml_path=f"{sl.yaml_path}.sources" if not sl.yaml_path.endswith("models") else sl.yaml_path,
         )
 
 
@@ -299,6 +330,8 @@ def _tensor(
     config: MergeConfig,
     models: Mapping[str, ModelInput],
     vocab_rows: int | None = None,
+    *,
+    keep_rows: int | None = None,
 ) -> TensorPlan:
     inputs = []
     for src, name in zip(sl.sources, in_names):
@@ -310,7 +343,8 @@ def _tensor(
                 yaml_path=src.yaml_path,
                 tensor=name,
             )
-        inputs.append(_input_ref(src.model.key, model, name, found))
+        ref = _input_ref(src.model.key, model, name, found)
+        inputs.append(ref if keep_rows is None else leading_rows(ref, keep_rows, yaml_path=src.yaml_path))
     # Aligned vocabulary tensors may differ in rows (each model's own vocabulary), never in the other axes.
     shapes = {i.shape[1:] if vocab_rows is not None else i.shape for i in inputs}
     if len(shapes) > 1:
@@ -383,9 +417,11 @@ def _edge_tensor(
     config: MergeConfig,
     models: Mapping[str, ModelInput],
     built: BuiltTokenizer | None,
+    truncate: bool = False,
 ) -> TensorPlan:
     """A pre- or post-layer tensor: t = 0, taken from the slice's models, tied names standing in. With a built
-    tokenizer, vocabulary tensors (embeddings, head) get the output vocabulary's rows."""
+    tokenizer, vocabulary tensors (embeddings, head) get the output vocabulary's rows; with ``truncate``
+    (--unsafe-truncate-embeddings) they keep the inputs' common leading rows."""
     in_names = []
     for src in sl.sources:
         have = models[src.model.key].tensors
@@ -394,8 +430,14 @@ def _edge_tensor(
             continue
         tied = next((alt for alt in TIED_NAMES.get(name, ()) if alt in have), None)
         in_names.append(tied or name)  # a missing tensor is reported by _tensor with the model's name
-    vocab = built is not None and (is_input_embedding(name) or is_head(name))
-    return _tensor(name, in_names, sl, 0.0, method, config, models, built.vocab_size if vocab and built else None)
+    is_vocab = is_input_embedding(name) or is_head(name)
+    vocab = built is not None and is_vocab
+    keep = None
+    if truncate and is_vocab:
+        found = [models[s.model.key].tensors.get(n) for s, n in zip(sl.sources, in_names)]
+        keep = common_rows([f.entry.shape for f in found if f is not None])
+    return _tensor(name, in_names, sl, 0.0, method, config, models, built.vocab_size if vocab and built else None,
+                   keep_rows=keep)
 
 
 def _resolve_params(
@@ -411,8 +453,9 @@ def _resolve_params(
     per_model: list[dict[str, Any]] = [{} for _ in sl.sources]
     for spec in method.params:
         if spec.scope is Scope.GLOBAL:
-            levels = [(sl.parameters, f"{sl.yaml_path}.parameters"), (config.parameters, "parameters")]
-            global_values[spec.name] = _value(spec, levels, out_name, t, out_name, "parameters")
+            levels = [(sl.parameters, f"{sl.yaml_path}.parameters"),
+                      (sl.module_parameters, f"{sl.module_path}.parameters"), (config.parameters, "parameters")]
+            global_values[spec.name] = parameter_value(spec, levels, out_name, t, out_name, "parameters")
             continue
         for i, (src, in_name) in enumerate(zip(sl.sources, in_names)):
             if spec.scope is Scope.NON_BASE and i == base_index:
@@ -420,9 +463,10 @@ def _resolve_params(
             levels = [
                 (src.parameters, f"{src.yaml_path}.parameters"),
                 (sl.parameters, f"{sl.yaml_path}.parameters"),
+                (sl.module_parameters, f"{sl.module_path}.parameters"),
                 (config.parameters, "parameters"),
             ]
-            per_model[i][spec.name] = _value(spec, levels, in_name, t, out_name, f"{src.yaml_path}.parameters")
+            per_model[i][spec.name] = parameter_value(spec, levels, in_name, t, out_name, f"{src.yaml_path}.parameters")
     if method.check is not None:
         problem = method.check(global_values, per_model)
         if problem:
@@ -433,41 +477,6 @@ def _resolve_params(
     )
 
 
-def _value(
-    spec: Any, levels: list[tuple[Mapping[str, Setting], str]], match_name: str, t: float, out_name: str, where: str
-) -> Any:
-    for params, path in levels:
-        if spec.name not in params:
-            continue
-        value = evaluate(params[spec.name], match_name, t)
-        if is_missing(value):
-            continue
-        try:
-            value = coerce(value, spec.kind)
-        except ValueError as exc:
-            raise ConfigError(f"parameter {spec.name}: {exc}", yaml_path=f"{path}.{spec.name}") from None
-        _check_range(spec, value, f"{path}.{spec.name}")
-        return value
-    if spec.required:
-        raise ConfigError(
-            f"Missing required parameter {spec.name} for {out_name}",
-            yaml_path=f"{where}.{spec.name}",
-            hint=f"set {spec.name} for this model, its slice, or globally under parameters:",
-        )
-    return spec.default
-
-
-def _check_range(spec: Any, value: Any, path: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return
-    low_bad = spec.minimum is not None and (value <= spec.minimum if spec.exclusive_min else value < spec.minimum)
-    high_bad = spec.maximum is not None and value > spec.maximum
-    if low_bad or high_bad:
-        low = "(" if spec.exclusive_min else "["
-        raise ConfigError(
-            f"{spec.name} = {value} is out of range {low}{spec.minimum}, {spec.maximum}]", yaml_path=path
-        )
-
 
 def _out_dtype(config: MergeConfig, inputs: list[InputRef], base_index: int | None) -> str:
     if config.out_dtype is not None:
@@ -477,24 +486,6 @@ def _out_dtype(config: MergeConfig, inputs: list[InputRef], base_index: int | No
     return inputs[base_index if base_index is not None else 0].value_dtype
 
 
-def _check_parameter_names(config: MergeConfig, method: MethodSpec) -> None:
-    own = {p.name for p in method.params}
-    known = KNOWN_PARAMETERS | own
-    places: list[tuple[str, Mapping[str, Setting]]] = [("parameters", config.parameters)]
-    for src in config.models or ():
-        places.append((f"{src.yaml_path}.parameters", src.parameters))
-    for sl in config.slices or ():
-        places.append((f"{sl.yaml_path}.parameters", sl.parameters))
-        places.extend((f"{s.yaml_path}.parameters", s.parameters) for s in sl.sources)
-    for path, params in places:
-        for name in params:
-            if name not in known:
-                raise ConfigError(
-                    f"unknown parameter {name!r}",
-                    yaml_path=f"{path}.{name}",
-                    hint=f"merge method {method.name} takes: {', '.join(sorted(own)) or 'no parameters'}",
-                )
-
 
 def _donor(config: MergeConfig) -> str:
     # Deterministic, unlike mergekit's set-ordered choice (defect 1): base model, else the first model listed.
@@ -502,10 +493,7 @@ def _donor(config: MergeConfig) -> str:
         return config.base_model.key
     if config.models:
         return config.models[0].model.key
-    assert config.slices
-    return config.slices[0].sources[0].model.key
-
-
-def _tokenizer_donor(donor: str, options: PlanOptions) -> str | None:
-    """Whose tokenizer files are copied when none is built: the config donor's, unless --no-copy-tokenizer."""
-    return donor if options.copy_tokenizer else None
+    if config.slices:
+        return config.slices[0].sources[0].model.key
+    first = (config.modules or ())[0]
+    return first.models[0].model.key if first.models else (first.slices or ())[0].sources[0].model.key

@@ -119,11 +119,14 @@ def test_offline_without_cache_is_an_input_error(monkeypatch: pytest.MonkeyPatch
         resolve_metadata(ModelRef(REPO))
 
 
-def test_pickle_only_repo_is_refused(hub: FakeHub, models: tuple[Model, Model]) -> None:
-    hub.push("org/pickled", {"config.json": b"{}", "pytorch_model.bin": b"\x80\x02" + b"0" * 100})
-    with pytest.raises(ModelInputError, match="only pickled weights"):
+def test_a_legacy_pickle_in_a_repo_without_safetensors_is_refused(hub: FakeHub,
+                                                                  models: tuple[Model, Model]) -> None:
+    """Without safetensors the repo's pytorch_model.bin is fetched, then refused unrun: not a zip checkpoint."""
+    hub.push("org/pickled", {"config.json": b"{}", "pytorch_model.bin": b"\x80\x02" + b"0" * 100,
+                             "training_args.bin": b"\x80\x02" + b"0" * 100})
+    with pytest.raises(ModelInputError, match="not a readable zip-format PyTorch checkpoint"):
         resolve_metadata(ModelRef("org/pickled"))
-    assert not any(r.path.endswith(".bin") for r in iter_requests(hub))
+    assert {r.path.rsplit("/", 1)[-1] for r in iter_requests(hub) if r.path.endswith(".bin")} == {"pytorch_model.bin"}
 
 
 def test_index_naming_a_path_outside_the_repo_is_hostile(hub: FakeHub, models: tuple[Model, Model]) -> None:

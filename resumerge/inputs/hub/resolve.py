@@ -26,6 +26,7 @@ from resumerge.inputs.hub.records import VerifyRecords
 from resumerge.inputs.hub.remote import HubUnavailableError, is_network_error, list_files, resolve_revision
 from resumerge.inputs.hub.selection import select_weights, small_files
 from resumerge.inputs.safetensors_format import Header
+from resumerge.inputs.torch_bin import is_pickle_checkpoint, read_bin_header
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,12 @@ def resolve_metadata(
     with VerifyRecords(records_dir) as records:
         local = ensure_files(settings, repo, commit, small, records, emit)
     weights = select_weights(settings, repo, commit, files, complete, local)
-    headers = read_shard_headers(settings, repo, commit, [files[name] for name in weights])
+    pickled = [name for name in weights if is_pickle_checkpoint(name)]
+    headers = read_shard_headers(settings, repo, commit, [files[name] for name in weights if name not in pickled])
+    if pickled:  # a pickle has no header to range-read: fetched whole, then indexed by the weights-only loader
+        with VerifyRecords(records_dir) as records:
+            fetched = ensure_files(settings, repo, commit, [files[name] for name in pickled], records, emit)
+        headers.update({name: read_bin_header(fetched[name]) for name in pickled})
     return RepoMetadata(ref, repo_id, revision, commit, settings, files, complete, local, weights, headers)
 
 

@@ -1,7 +1,10 @@
 """Which files of a repo a merge needs: small files (configs, tokenizer, index) and the weight shards.
 
-Only safetensors are ever fetched: never ``*.bin`` (pickles are never loaded), GGUF, ONNX, Flax or TF files,
-nor safetensors the index does not name (e.g. ``original/`` or ``consolidated.safetensors`` copies).
+Safetensors when the repo has any (never a ``*.bin`` beside them, nor safetensors the index does not name, e.g.
+``original/`` or ``consolidated.safetensors`` copies); only a repo without safetensors gets its
+``pytorch_model.bin`` (or the shards ``pytorch_model.bin.index.json`` names) fetched, to be read through PyTorch's
+weights-only loader (:mod:`resumerge.inputs.torch_bin`). Never GGUF, ONNX, Flax, TF files or other pickles
+(``training_args.bin``, ``optimizer.pt``).
 """
 
 from __future__ import annotations
@@ -11,15 +14,37 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from resumerge.errors import ModelInputError
+from resumerge.errors import HostileFileError, ModelInputError
 from resumerge.inputs.hub.cache import HubSettings, RemoteFile, RepoCache, check_repo_path
 from resumerge.inputs.hub.fetch import offline_error
+from resumerge.inputs.torch_bin import BIN_INDEX_NAME, BIN_SINGLE_NAME
 
 # Top-level files a merge reads besides the weights: configs, index, tokenizer, chat template, tagalong JSON.
 SMALL_FILE_PATTERNS = (
     "*.json", "tokenizer.model", "*.tiktoken", "merges.txt", "vocab.txt", "*.jinja", "spiece.model",
 )
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+
+
+def _bin_weights(where: str, repo: RepoCache, files: Mapping[str, RemoteFile],
+                 local: Mapping[str, Path]) -> tuple[str, ...]:
+    """The ``.bin`` shards of a repo without safetensors: those its ``.bin`` index names, else
+    ``pytorch_model.bin``; () when it has neither."""
+    index = local.get(BIN_INDEX_NAME)
+    if index is None:
+        return (BIN_SINGLE_NAME,) if BIN_SINGLE_NAME in files else ()
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        shards = {check_repo_path(str(v), repo.repo_id) for v in weight_map.values()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ModelInputError(f"{where}: {BIN_INDEX_NAME} is not a checkpoint index ({e})") from e
+    odd = sorted(s for s in shards if not s.endswith(".bin") or "/" in s)
+    if odd:
+        raise HostileFileError(f"{where}: {BIN_INDEX_NAME} names files that are not .bin shards: {', '.join(odd)}")
+    missing = sorted(s for s in shards if s not in files)
+    if missing:
+        raise ModelInputError(f"{where}: {BIN_INDEX_NAME} names shard(s) the repo does not have: {', '.join(missing)}")
+    return tuple(sorted(shards))
 
 
 def small_files(files: Mapping[str, RemoteFile]) -> list[RemoteFile]:
@@ -65,9 +90,13 @@ def select_weights(
         raise offline_error(settings, repo, commit, [(RemoteFile(n, None, ""), "missing") for n in missing])
     if names:
         return tuple(sorted(names))
+    pickled = _bin_weights(where, repo, files, local)
+    if pickled:
+        return pickled
     if any(p.endswith(_PICKLE_SUFFIXES) for p in files):
         raise ModelInputError(
-            f"{where} has only pickled weights (*.bin / *.pt), which resumerge never loads",
+            f"{where} has pickled weights but no pytorch_model.bin (or pytorch_model.bin.index.json), the only "
+            "pickled checkpoints resumerge reads",
             hint="pick a revision with *.safetensors weights (many repos have one under refs/pr/N) or convert them",
         )
     raise ModelInputError(f"{where} has no *.safetensors weights")

@@ -1,0 +1,81 @@
+"""The ``modules:`` form: a multi-module model's tensors split into the modules mergekit names.
+
+mergekit's JSON definitions of VLMs (Gemma 3, Mistral 3, Qwen2-VL, …) call them ``text_decoder`` (the language
+model: its layers, token embedding, final norm and head), ``vision_tower`` (the vision layers and the tensors
+beside them: patch and position embeddings, layer norms) and ``multi_modal_projector`` (everything else: the
+projector / connector, Qwen2-VL's ``visual.merger``; no layers). Here the same three are found from the tensor
+names of any two-stack model — so Llava and Idefics3 (no JSON definition in mergekit) get them too: each stack's
+*root* is its prefix down to the first part where the two stacks' prefixes differ (``language_model.`` and
+``vision_tower.``; ``model.text_model.`` and ``model.vision_model.``), and a loose tensor belongs to the module
+whose root it starts with, heads to the text decoder, the rest to the projector.
+
+Each module is given as a :class:`~resumerge.plan.architecture.Layout` of its own, so the planner merges a
+module's ``models`` or ``slices`` exactly as it merges a whole single-module model's: layer ``k`` of each slice at
+``t = k / (n - 1)``, loose tensors before the layers from the first slice's models, the others from the last
+slice's. Modules the config does not list are copied from the donor (see the planner).
+"""
+
+from __future__ import annotations
+
+from resumerge.errors import ConfigError
+from resumerge.plan.architecture import Layout, is_head
+from resumerge.plan.modules import ModuleLayout
+
+TEXT, VISION, PROJECTOR = "text_decoder", "vision_tower", "multi_modal_projector"
+MODULE_NAMES = (TEXT, VISION, PROJECTOR)
+# vision_config keys that hold the vision layer count, across families (Qwen2-VL: depth).
+VISION_COUNT_KEYS = ("num_hidden_layers", "depth", "num_layers")
+
+
+def module_views(layout: Layout, key: str, *, yaml_path: str) -> dict[str, Layout]:
+    """The layout of each module of ``layout`` (model ``key``), by module name, in mergekit's planning order.
+
+    Raises :class:`ConfigError` for a model that is not a two-stack (language + vision) model.
+    """
+    if layout.layer_prefix is None or len(layout.other_modules) != 1:
+        what = "a single-module model" if not layout.other_modules else "a model with more than two layer stacks"
+        raise ConfigError(
+            f"modules: needs a language model and a vision tower, but {key} is {what}",
+            yaml_path=yaml_path,
+            hint="merge single-module models with models: or slices:",
+        )
+    vision = layout.other_modules[0]
+    text_root, vision_root = _root(layout.layer_prefix, vision.prefix), _root(vision.prefix, layout.layer_prefix)
+    owner = {}
+    for name in (*layout.pre, *layout.post):
+        if name.startswith(text_root) or is_head(name):
+            owner[name] = TEXT
+        elif name.startswith(vision_root) and "merger" not in name.split("."):
+            owner[name] = VISION
+        else:
+            owner[name] = PROJECTOR
+    text = ModuleLayout(layout.layer_prefix, layout.num_layers, layout.suffixes_by_layer)
+    return {module: _view(layout, stack, owner, module)
+            for module, stack in ((TEXT, text), (VISION, vision), (PROJECTOR, None))}
+
+
+def _view(layout: Layout, stack: ModuleLayout | None, owner: dict[str, str], module: str) -> Layout:
+    pre = tuple(n for n in layout.pre if owner[n] == module)
+    post = tuple(n for n in layout.post if owner[n] == module)
+    if stack is None:
+        return Layout(None, 0, pre, (), post, ())
+    suffixes = tuple(sorted({s for layer in stack.suffixes_by_layer for s in layer}))
+    return Layout(stack.prefix, stack.num_layers, pre, suffixes, post, stack.suffixes_by_layer)
+
+
+def _root(prefix: str, other: str) -> str:
+    """``prefix`` down to the first part where it differs from ``other``, with a trailing dot."""
+    mine, theirs = prefix.split("."), other.split(".")
+    common = 0
+    while common < min(len(mine), len(theirs)) - 1 and mine[common] == theirs[common]:
+        common += 1
+    return ".".join(mine[: common + 1]) + "."
+
+
+def set_vision_layers(out_config: dict[str, object], count: int) -> None:
+    """Write the output's vision layer count into ``vision_config`` (under the key the donor uses)."""
+    vision = out_config.get("vision_config")
+    if isinstance(vision, dict):
+        key = next((k for k in VISION_COUNT_KEYS if type(vision.get(k)) is int), None)
+        if key is not None:
+            vision[key] = count

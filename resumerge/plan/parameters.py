@@ -1,0 +1,78 @@
+"""Merge-method parameters from YAML: the value a tensor gets at a level (``filter`` conditionals and gradients
+evaluated, coerced to the parameter's kind, range-checked), and names no method knows (typos) refused."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from resumerge.config.merge_config import MergeConfig
+from resumerge.config.params import Setting, coerce, evaluate, is_missing
+from resumerge.errors import ConfigError
+from resumerge.methods.registry import MethodSpec
+
+# Parameter names mergekit knows for some method: unused by the chosen method is fine (a switched method),
+# unknown to all of them is a typo worth stopping for.
+KNOWN_PARAMETERS = frozenset(
+    {
+        "weight", "density", "gamma", "epsilon", "lambda", "normalize", "rescale", "int8_mask", "t",
+        "filter_wise", "select_topk", "nuslerp_flatten", "nuslerp_row_wise", "max_iter", "tol", "eps",
+        "scale", "normalize_weights", "r", "alpha",
+    }
+)
+
+
+def parameter_value(
+    spec: Any, levels: list[tuple[Mapping[str, Setting], str]], match_name: str, t: float, out_name: str, where: str
+) -> Any:
+    for params, path in levels:
+        if spec.name not in params:
+            continue
+        value = evaluate(params[spec.name], match_name, t)
+        if is_missing(value):
+            continue
+        try:
+            value = coerce(value, spec.kind)
+        except ValueError as exc:
+            raise ConfigError(f"parameter {spec.name}: {exc}", yaml_path=f"{path}.{spec.name}") from None
+        _check_range(spec, value, f"{path}.{spec.name}")
+        return value
+    if spec.required:
+        raise ConfigError(
+            f"Missing required parameter {spec.name} for {out_name}",
+            yaml_path=f"{where}.{spec.name}",
+            hint=f"set {spec.name} for this model, its slice, or globally under parameters:",
+        )
+    return spec.default
+
+
+def _check_range(spec: Any, value: Any, path: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    low_bad = spec.minimum is not None and (value <= spec.minimum if spec.exclusive_min else value < spec.minimum)
+    high_bad = spec.maximum is not None and value > spec.maximum
+    if low_bad or high_bad:
+        low = "(" if spec.exclusive_min else "["
+        raise ConfigError(
+            f"{spec.name} = {value} is out of range {low}{spec.minimum}, {spec.maximum}]", yaml_path=path
+        )
+
+
+def check_parameter_names(config: MergeConfig, method: MethodSpec) -> None:
+    own = {p.name for p in method.params}
+    known = KNOWN_PARAMETERS | own
+    places: list[tuple[str, Mapping[str, Setting]]] = [("parameters", config.parameters)]
+    places.extend((f"{m.yaml_path}.parameters", m.parameters) for m in config.modules or ())
+    for src in config.all_models():
+        places.append((f"{src.yaml_path}.parameters", src.parameters))
+    for sl in config.all_slices():
+        places.append((f"{sl.yaml_path}.parameters", sl.parameters))
+        places.extend((f"{s.yaml_path}.parameters", s.parameters) for s in sl.sources)
+    for path, params in places:
+        for name in params:
+            if name not in known:
+                raise ConfigError(
+                    f"unknown parameter {name!r}",
+                    yaml_path=f"{path}.{name}",
+                    hint=f"merge method {method.name} takes: {', '.join(sorted(own)) or 'no parameters'}",
+                )
