@@ -85,6 +85,15 @@ def m001_initial(db: Database) -> None:
     db.table("events").create({"id": int, "at": float, "kind": str, "message": str, "data": str}, pk="id")
 
 
+@migrations()
+def m002_stream_reads(db: Database) -> None:
+    """The sha256 of every input byte range read by HTTP Range, first read wins (issue 15): a re-read after a
+    resume must give the same bytes."""
+    db.table("stream_reads").create(
+        {"model": str, "file": str, "start": int, "end": int, "sha256": str}, pk=("model", "file", "start", "end")
+    )
+
+
 # SQLite result codes (low byte of the extended code) that mean "the state dir's disk failed", not "the file is bad":
 # SQLITE_PERM, SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN.
 _STORAGE_CODES = frozenset({3, 8, 10, 13, 14})
@@ -318,6 +327,15 @@ class Ledger:
             self.db.table("files").update(name, {"status": "pending", "bytes": None, "sha256": None})
             self.db.execute("UPDATE tensors SET status = 'pending', crc32 = NULL WHERE shard = ?", [name])
             self._event("repair", f"{name}: {reason}; it will be rebuilt")
+
+    def remember_read(self, model: str, file: str, start: int, end: int, sha256: str) -> str:
+        """Record the sha256 of a streamed input range unless one is recorded; return the recorded one."""
+        with self._transaction():
+            self.db.execute("INSERT OR IGNORE INTO stream_reads VALUES (?, ?, ?, ?, ?)",
+                            [model, file, start, end, sha256])
+            row = self.db.execute("SELECT sha256 FROM stream_reads WHERE model = ? AND file = ? AND start = ? "
+                                  "AND \"end\" = ?", [model, file, start, end]).fetchone()
+        return str(row[0])
 
     def event(self, kind: str, message: str, data: Mapping[str, Any] | None = None) -> None:
         """Append an event in its own transaction."""

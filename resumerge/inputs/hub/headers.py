@@ -14,6 +14,7 @@ from pathlib import Path
 from resumerge.errors import HostileFileError, ModelInputError
 from resumerge.inputs.hub.cache import HubSettings, RemoteFile, RepoCache
 from resumerge.inputs.hub.fetch import offline_error
+from resumerge.inputs.hub.ranges import RangeClient
 from resumerge.inputs.hub.remote import HubUnavailableError, is_network_error, read_range
 from resumerge.inputs.safetensors_format import Header
 from resumerge.inputs.safetensors_format import parse_header as strict_parse_header
@@ -62,8 +63,13 @@ def read_local_header(path: Path, where: str) -> Header:
 def read_remote_header(settings: HubSettings, repo_id: str, commit: str, remote: RemoteFile) -> Header:
     """Fetch and parse the header of ``remote`` with two Range requests: 8 bytes, then exactly the header."""
     where = f"{repo_id}@{commit[:12]}/{remote.path}"
-    n = header_length(read_range(settings, repo_id, commit, remote.path, 0, 8), remote.size, where)
-    return parse_header(read_range(settings, repo_id, commit, remote.path, 8, n), remote.size, where)
+    if remote.size is None or remote.size < 8:
+        n = header_length(read_range(settings, repo_id, commit, remote.path, 0, 8), remote.size, where)
+        return parse_header(read_range(settings, repo_id, commit, remote.path, 8, n), remote.size, where)
+    # The range client that streams tensors: signed-URL reuse, Retry-After, resumed cuts, Range-ignoring servers.
+    client = RangeClient(settings, repo_id, commit, remote.path, remote.size)
+    n = header_length(bytes(client.read(0, 8)), remote.size, where)
+    return parse_header(bytes(client.read(8, 8 + n)), remote.size, where)
 
 
 def read_shard_headers(

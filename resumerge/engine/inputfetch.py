@@ -1,0 +1,246 @@
+"""Fetch what a plan needs from its hub inputs and open the sources the engine reads through.
+
+For each hub weight file the plan reads, :func:`~resumerge.plan.fetching.choose_fetch` decides: files already in
+the cache are verified there, files to download are downloaded and verified (as before this choice existed),
+and the rest are streamed by HTTP Range through a :class:`~resumerge.inputs.hub.stream.HubStream`, whose
+read-ahead the memory governor grants. Local inputs are read as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from resumerge.config.locations import state_root
+from resumerge.engine.executor import Reporter
+from resumerge.engine.streamdigest import FileDigest
+from resumerge.engine.streamhashes import StreamHashes
+from resumerge.errors import ResumergeError, UsageError
+from resumerge.inputs.catalog import Inputs
+from resumerge.inputs.hub import ProgressCallback, fetch_weights
+from resumerge.inputs.hub.cache import RepoCache
+from resumerge.inputs.hub.ranges import FetchCounters, RangeClient
+from resumerge.inputs.hub.stream import DEFAULT_COALESCE, Check, HubStream
+from resumerge.inputs.safetensors_format import Header
+from resumerge.inputs.source import InputSource, InputSources, LocalFiles
+from resumerge.inputs.tensorio import TensorReader
+from resumerge.memory import MemoryGovernor, format_size
+from resumerge.plan.fetching import DOWNLOAD, STREAM, FileFetch, choose_fetch, needed_ranges
+from resumerge.plan.merge_plan import Plan, PlanOptions
+from resumerge.store.ledger import Ledger
+
+
+def plan_fetch(plan: Plan, inputs: Inputs, *, max_disk: int | None = None,
+               done: Iterable[str] = ()) -> tuple[FileFetch, ...]:
+    """The fetch choice of every hub weight file ``plan`` reads (``--stream-inputs`` from ``plan.options``);
+    a file is ``cached`` when its snapshot entry exists (it is still verified before use).
+
+    Under ``max_disk`` (``--max-disk``, which also bounds the output's staged files) downloads may use what is
+    left once what the hub inputs' cache folders hold already and the largest output shard (the least the output
+    needs on local disk) have room.
+    """
+    cached = [(key, f) for key, meta in inputs.hub.items() for f in meta.weight_files
+              if (meta.snapshot_dir / f).exists()]
+    budget = None if max_disk is None else max(0, max_disk - _largest_shard(plan) - _small_bytes(inputs))
+    return choose_fetch(plan, inputs.hub, stream=plan.options.stream_inputs, max_disk=budget,
+                        cached=cached, done=done)
+
+
+PROGRESS_SECONDS = 5.0
+
+
+def refuse_streamed_recipe(options: PlanOptions | None) -> None:
+    """Raise :class:`UsageError` (exit 2) for ``--stream-inputs`` on a recipe, whose stages download their hub
+    inputs whole (once, for every stage): streaming them is not built, and a flag must not be ignored."""
+    if options is not None and options.stream_inputs:
+        raise UsageError("--stream-inputs applies to single merges; a recipe downloads its hub inputs whole",
+                         hint="drop --stream-inputs, or merge the stages one config at a time")
+
+
+def _check_room(plan: Plan, max_disk: int | None, disk_bytes: int) -> None:
+    """Raise :class:`UsageError` (exit 2) when ``max_disk`` less the inputs' ``disk_bytes`` cannot hold the
+    largest output shard."""
+    largest = _largest_shard(plan)
+    if max_disk is None or not disk_bytes or max_disk - disk_bytes >= largest:
+        return
+    raise UsageError(
+        f"--max-disk {format_size(max_disk)} leaves {format_size(max(0, max_disk - disk_bytes))} for the output "
+        f"once the hub inputs kept on disk ({format_size(disk_bytes)}) are counted, less than the largest output "
+        f"shard ({format_size(largest)})",
+        hint="pass --stream-inputs, a larger --max-disk, or a smaller --out-shard-size")
+
+
+def _largest_shard(plan: Plan) -> int:
+    return max((s.file_size for s in plan.shards), default=0)
+
+
+def _small_bytes(inputs: Inputs) -> int:
+    """Bytes the hub inputs' cache folders hold now (blobs, file lists, refs; links not counted twice)."""
+    roots = {RepoCache(meta.settings.cache_dir, meta.repo_id).root for meta in inputs.hub.values()}
+    return sum(p.stat().st_size for root in roots for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+class HubInputs:
+    """The inputs of one run once fetched: per-file choices, the sources, and the streamed-byte counters.
+
+    :meth:`open` downloads what is to be downloaded (before the run takes OUT's lock, as always);
+    :meth:`attach` binds the run's ledger, which records each streamed tensor's hash, and returns the sources.
+    """
+
+    def __init__(self, plan: Plan, choices: tuple[FileFetch, ...], sources: InputSources, counters: FetchCounters,
+                 hashes: StreamHashes) -> None:
+        self.choices, self.counters = choices, counters
+        self._plan, self._sources, self._hashes = plan, sources, hashes
+        self._streamed = {(c.model, c.file) for c in choices if c.how == STREAM}
+        self.needed = sum(c.needed for c in choices if c.how == STREAM)
+        self._ledger: Ledger | None = None
+        self._reporter: Reporter | None = None
+        self._started = self._last = time.monotonic()
+        self._lock = threading.Lock()
+        self.disk_bytes = 0  # hub input bytes kept on local disk by this run (set by open)
+        self._headers: dict[tuple[str, str], tuple[str, Header]] = {}
+
+    @classmethod
+    def open(
+        cls,
+        plan: Plan,
+        inputs: Inputs,
+        *,
+        state_dir: str | os.PathLike[str] | None = None,
+        on_progress: ProgressCallback | None = None,
+        governor: MemoryGovernor | None = None,
+        max_disk: int | None = None,
+    ) -> HubInputs:
+        """Choose per file, download and verify the files chosen for download, and open every input's source.
+
+        Raises what :func:`~resumerge.inputs.hub.fetch_weights` raises for downloads; streamed files are first
+        read when the engine asks for them.
+        """
+        choices = plan_fetch(plan, inputs, max_disk=max_disk)
+        # What the inputs will keep on local disk, known before any download so a refusal costs nothing.
+        disk_bytes = _small_bytes(inputs) + sum(c.size for c in choices if c.how == DOWNLOAD)
+        _check_room(plan, max_disk, disk_bytes)
+        counters, hashes = FetchCounters(), StreamHashes()
+        reader = TensorReader()
+        sources: dict[str, InputSource] = {}
+        for key, directory in plan.model_dirs.items():
+            meta = inputs.hub.get(key)
+            mine = [c for c in choices if c.model == key]
+            local = [c.file for c in mine if c.how != STREAM]
+            if meta is not None and local:
+                fetch_weights(meta, local, records_dir=state_root(state_dir), on_progress=on_progress)
+            streamed = {c.file: RangeClient(meta.settings, meta.repo_id, meta.commit, c.file, c.size,
+                                            counters=counters)
+                        for c in mine if c.how == STREAM and meta is not None}
+            if not streamed:
+                sources[key] = LocalFiles(directory, reader)
+                continue
+            sources[key] = HubStream(directory, streamed, reader=reader, reserve=_reserve(governor),
+                                     check=_bind(hashes, key), coalesce_bytes=_coalesce(governor))
+        inputs_ = cls(plan, choices, InputSources(sources, shared=reader), counters, hashes)
+        hashes.after = inputs_.tick
+        inputs_.disk_bytes = disk_bytes
+        inputs_._headers = {(c.model, c.file): (inputs.hub[c.model].repo_id, inputs.hub[c.model].headers[c.file])
+                            for c in choices if c.how == STREAM}
+        return inputs_
+
+    def output_budget(self, max_disk: int | None) -> int | None:
+        """What ``max_disk`` leaves for the output's staged files once the hub inputs kept in the cache (their
+        cache folders, downloads included) are counted; :meth:`open` refused a budget too small for that."""
+        return None if max_disk is None else max_disk - self.disk_bytes
+
+    def attach(self, ledger: Ledger, reporter: Reporter | None = None) -> InputSources:
+        """The sources to read through, with streamed tensors checked against (and recorded in) ``ledger``;
+        progress goes to ``reporter`` and, every few seconds, to the ledger (what ``status`` shows).
+
+        What this run still needs is counted from the shards ``ledger`` has not committed (a resume needs less).
+        """
+        done = [r["name"] for r in ledger.files() if r["status"] == "done"]
+        needed = needed_ranges(self._plan, done)
+        self.needed = sum(e - s for key, spans in needed.items() if key in self._streamed for s, e in spans)
+        self._hashes.digests = self._whole_files(needed, ledger)
+        self._hashes.ledger, self._ledger, self._reporter = ledger, ledger, reporter
+        self._started = self._last = time.monotonic()
+        return self._sources
+
+    def _whole_files(self, needed: dict[tuple[str, str], list[tuple[int, int]]],
+                     ledger: Ledger) -> dict[tuple[str, str], FileDigest]:
+        """A digest for every streamed file this run reads entirely (header bytes fed already)."""
+        identities = {(key, f[0]): f[2] for key, files in self._plan.inputs.items() for f in files}
+        digests = {}
+        for key in self._streamed:
+            repo_id, header = self._headers[key]
+            whole = [(header.data_start, header.file_size)]
+            if needed.get(key) != whole or header.data_start != 8 + len(header.raw) or not identities.get(key):
+                continue
+            where = f"{repo_id}/{key[1]}"
+
+            def verified(ok: bool, where: str = where) -> None:
+                if ok:
+                    ledger.event("verify", f"{where}: every byte streamed, checksum matches the hub's")
+
+            digest = FileDigest(where, header.file_size, identities[key], verified)
+            digest.feed(0, len(header.raw).to_bytes(8, "little") + header.raw)
+            digests[key] = digest
+        return digests
+
+    def figures(self) -> dict[str, float]:
+        """Streamed bytes fetched by this process, bytes it needs, requests, the rate, refreshes and retries."""
+        c = self.counters
+        elapsed = max(1e-6, time.monotonic() - self._started)
+        with c.lock:
+            return {"fetched": c.body_bytes, "needed": self.needed, "requests": c.requests,
+                    "rate": round(c.body_bytes / elapsed), "refreshed_urls": c.refreshed_urls, "retries": c.retries}
+
+    def tick(self, *, force: bool = False) -> None:
+        """Report progress (at most every :data:`PROGRESS_SECONDS`, or now with ``force``)."""
+        if not self._streamed or self._ledger is None:
+            return
+        with self._lock:
+            now = time.monotonic()
+            if not force and now - self._last < PROGRESS_SECONDS:
+                return
+            self._last = now
+        f = self.figures()
+        text = (f"streamed {format_size(int(f['fetched']))} of {format_size(int(f['needed']))} needed at "
+                f"{format_size(int(f['rate']))}/s")
+        self._ledger.event("stream", text, f)
+        if self._reporter is not None:
+            self._reporter.message(text)
+
+    def record(self, ledger: Ledger) -> None:
+        """Store the final streaming figures in the ledger (``status`` shows them); a ledger that cannot be
+        written now must not hide the error that ended the run."""
+        with contextlib.suppress(ResumergeError):
+            self.tick(force=True)
+
+
+def _bind(hashes: StreamHashes, key: str) -> Check:
+    def check(file: str, start: int, end: int, data: bytearray) -> None:
+        hashes.check(key, file, start, end, data)
+
+    return check
+
+
+def _coalesce(governor: MemoryGovernor | None) -> int:
+    # Read-ahead is at most an eighth of the budget, so it never crowds out the units the governor admits.
+    return DEFAULT_COALESCE if governor is None else max(1, min(DEFAULT_COALESCE, governor.budget // 8))
+
+
+def _reserve(governor: MemoryGovernor | None) -> Callable[[int], Callable[[], None] | None] | None:
+    """Read-ahead grants from ``governor``, never waiting: without room now, a tensor is fetched alone."""
+    if governor is None:
+        return None
+    pool = governor
+
+    def reserve(nbytes: int) -> Callable[[], None] | None:
+        try:
+            return pool.acquire(nbytes, timeout=0, what="read-ahead").release
+        except (TimeoutError, UsageError):
+            return None
+
+    return reserve
+

@@ -1,0 +1,207 @@
+"""HTTP byte ranges of one hub file at a pinned commit: the client that streamed inputs read through.
+
+The ``resolve`` URL of a file is asked once; when the hub redirects (LFS and Xet files go to a signed CDN URL)
+the signed URL is kept and reused for every later range, without the token (it is for the hub only), and
+asked for again when the CDN answers 401/403/410 (the signature expired). Every answer is checked before a
+byte is used: a 206 must carry the ``Content-Range`` asked for, a 200 (a server that ignores ``Range``) is read
+only from the requested offset and dropped once the range is complete, and a body that ends early is continued
+from the bytes received. Transient failures are retried with exponential backoff; 429 and 503 wait for
+``Retry-After`` (capped). Nothing here writes to disk, and no URL, header or token reaches an error message.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urljoin, urlsplit
+
+from huggingface_hub import constants
+
+from resumerge.errors import ModelInputError
+from resumerge.inputs.hub._hf import build_hf_headers, get_session, http
+from resumerge.inputs.hub.cache import HubSettings
+from resumerge.inputs.hub.remote import LIBRARY, HubUnavailableError, resolve_url
+
+_EXPIRED = (401, 403, 410)
+_THROTTLED = (429, 503)
+_RETRYABLE = (500, 502, 504)
+_MAX_DETOURS = 4
+MAX_RETRY_AFTER = 120.0  # seconds: a longer Retry-After is capped, so a run never sleeps for hours
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how long a range read retries before the run stops with exit 3 (resumable)."""
+
+    attempts: int = 6
+    backoff: float = 0.5  # seconds before the second attempt, doubled each time
+    max_backoff: float = 8.0
+
+
+@dataclass
+class FetchCounters:
+    """Bytes and requests of one source, shared by its threads (read under ``lock``)."""
+
+    body_bytes: int = 0  # bytes received, including any a server sent past a range (counted, never used)
+    requests: int = 0
+    refreshed_urls: int = 0
+    retries: int = 0
+
+    def __post_init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def add(self, *, body: int = 0, requests: int = 0, refreshed: int = 0, retries: int = 0) -> None:
+        """Add to the counters (thread-safe)."""
+        with self.lock:
+            self.body_bytes += body
+            self.requests += requests
+            self.refreshed_urls += refreshed
+            self.retries += retries
+
+
+class RangeClient:
+    """Reads byte ranges of ``filename`` of ``repo_id`` at ``commit`` (a 40-hex sha: never a moving branch).
+
+    Thread-safe: several threads may read at once, each on its own pooled connection. ``sleep`` is injectable
+    so a test can observe the waits without spending them.
+    """
+
+    def __init__(self, settings: HubSettings, repo_id: str, commit: str, filename: str, size: int, *,
+                 counters: FetchCounters | None = None, policy: RetryPolicy = RetryPolicy(),
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.repo_id, self.commit, self.filename, self.size = repo_id, commit, filename, size
+        self.where = f"{repo_id}@{commit[:12]}/{filename}"
+        self.counters = counters or FetchCounters()
+        self._resolve = resolve_url(settings, repo_id, commit, filename)
+        self._hub = urlsplit(self._resolve).netloc
+        self._signed: str | None = None
+        self._lock = threading.Lock()
+        self._policy, self._sleep = policy, sleep
+
+    def read(self, start: int, end: int) -> bytearray:
+        """Bytes ``[start, end)`` of the file. Raises :class:`HubUnavailableError` after the retries are spent
+        (exit 3: the run resumes), :class:`ModelInputError` when the hub no longer serves the file or the range
+        lies past its end."""
+        if start < 0 or end > self.size or start > end:
+            raise ModelInputError(f"{self.where}: range [{start}, {end}) lies outside the {self.size}-byte file")
+        data = bytearray()
+        attempt = detours = 0
+        while len(data) < end - start:
+            try:
+                self._read_into(data, start + len(data), end)
+            except _Detour:
+                # A redirect to the signed URL, or a fresh one after expiry: not a failure, but bounded.
+                detours += 1
+                if detours > _MAX_DETOURS:
+                    raise HubUnavailableError(f"reading {self.where}: the hub kept redirecting or refusing "
+                                              "its signed URL", hint="resumerge resume OUT continues later") from None
+            except _Retry as retry:
+                attempt += 1
+                if attempt >= self._policy.attempts:
+                    raise HubUnavailableError(
+                        f"reading {self.where} failed after {attempt} attempts ({retry.reason})",
+                        hint="check the connection; resumerge resume OUT continues where it stopped",
+                    ) from None
+                self.counters.add(retries=1)
+                self._sleep(retry.wait if retry.wait is not None else self._backoff(attempt))
+        return data
+
+    def _backoff(self, attempt: int) -> float:
+        return float(min(self._policy.max_backoff, self._policy.backoff * 2 ** (attempt - 1)))
+
+    def _url(self) -> tuple[str, bool]:
+        """The URL to ask and whether it is the signed one the hub redirected to."""
+        with self._lock:
+            return (self._signed, True) if self._signed else (self._resolve, False)
+
+    def _read_into(self, data: bytearray, start: int, end: int) -> None:
+        """Append to ``data`` what one request yields of ``[start, end)``; raise :class:`_Retry` to go again."""
+        url, signed = self._url()
+        # The token is for the hub only; like huggingface_hub, never send it to another host (the CDN).
+        headers = build_hf_headers(library_name=LIBRARY) if urlsplit(url).netloc == self._hub else {}
+        headers["Range"] = f"bytes={start}-{end - 1}"
+        headers["Accept-Encoding"] = "identity"
+        target = len(data) + end - start
+        got = 0
+        try:
+            with get_session().stream("GET", url, headers=headers, follow_redirects=False,
+                                      timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
+                self.counters.add(requests=1)
+                status = response.status_code
+                if status in (301, 302, 303, 307, 308) and "location" in response.headers:
+                    with self._lock:
+                        self._signed = urljoin(url, response.headers["location"])
+                    raise _Detour()
+                self._check_status(status, signed, response.headers.get("retry-after"))
+                # A 200 is the whole file whatever was asked: skip to the range, stop once it is complete.
+                skip = start if status == 200 else self._check_content_range(
+                    response.headers.get("content-range"), start, end)
+                for chunk in response.iter_bytes():
+                    got += len(chunk)
+                    if skip:
+                        dropped = min(skip, len(chunk))
+                        chunk, skip = chunk[dropped:], skip - dropped
+                    data += chunk[: target - len(data)]
+                    if len(data) >= target:
+                        break
+        except http.TransportError as exc:
+            raise _Retry(type(exc).__name__) from None
+        finally:
+            self.counters.add(body=got)
+        if len(data) < target:
+            raise _Retry("the connection ended mid-range")
+
+    def _check_status(self, status: int, signed: bool, retry_after: str | None) -> None:
+        """Raise :class:`_Retry` for an answer worth repeating, an error for one that is final."""
+        if status in (200, 206):
+            return
+        if status in _EXPIRED and signed:
+            with self._lock:
+                self._signed = None  # the signature expired: ask the hub for a fresh URL
+            self.counters.add(refreshed=1)
+            raise _Detour()
+        if status in _THROTTLED:
+            raise _Retry(f"HTTP {status}", wait=_retry_after(retry_after))
+        if status in _RETRYABLE:
+            raise _Retry(f"HTTP {status}")
+        if status == 416:
+            raise ModelInputError(f"{self.where} is shorter on the hub than its listing says (HTTP 416)")
+        if status in (401, 403):
+            raise ModelInputError(f"the hub refused access to {self.where} (HTTP {status})",
+                                  hint="set HF_TOKEN to a token that can read this repo")
+        if status == 404:
+            raise ModelInputError(f"{self.where} is no longer on the hub (HTTP 404)")
+        raise _Retry(f"HTTP {status}")
+
+    @staticmethod
+    def _check_content_range(value: str | None, start: int, end: int) -> int:
+        """Bytes to skip in a 206 body; raise :class:`_Retry` when it is not the range that was asked for."""
+        unit, _, rest = (value or "").partition(" ")
+        span = rest.partition("/")[0]
+        first, _, last = span.partition("-")
+        if unit != "bytes" or not first.isdigit() or not last.isdigit():
+            raise _Retry("a 206 answer without a usable Content-Range")
+        if int(first) > start or int(last) < end - 1:
+            raise _Retry(f"the server sent bytes {span} for {start}-{end - 1}")
+        return start - int(first)
+
+
+class _Detour(Exception):
+    """The request went to the hub for a (fresh) signed URL: ask again at once, without counting an attempt."""
+
+
+class _Retry(Exception):
+    """One attempt failed in a way that another may not; ``wait`` overrides the backoff (Retry-After)."""
+
+    def __init__(self, reason: str, *, wait: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.wait = reason, wait
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds form), capped; None to use the backoff."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return min(MAX_RETRY_AFTER, float(value.strip()))
