@@ -14,6 +14,7 @@ import json
 import random
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -519,3 +520,17 @@ def test_plan_estimates_every_stage_and_their_shared_disk_writing_nothing(tmp_pa
                             disk_free=lambda path: free)
     assert not short.fits and "need" in short.reasons[-1] and "--intermediate-dir" in short.reasons[-1]
     assert main(["plan", str(tmp_path / "recipe.yml")]) == 2  # OUT is needed to place the stages
+
+
+def test_a_stage_ledger_killed_while_being_created_reads_as_not_started(tmp_path: Path) -> None:
+    # A SIGKILL between creating ledger.db and committing its schema leaves a file without tables: the stage has
+    # committed nothing (its manifest comes first), so its status is "no record", not an unreadable-ledger error.
+    from resumerge.config.locations import run_dir
+    from resumerge.store.recipeview import stage_record
+
+    out, state = tmp_path / "stage", tmp_path / "state"
+    out.mkdir()
+    ledger = run_dir(out, state) / "ledger.db"
+    ledger.parent.mkdir(parents=True)
+    sqlite3.connect(ledger).close()
+    assert ledger.exists() and stage_record(out, state) is None

@@ -106,7 +106,8 @@ def stage_record(out_dir: str | os.PathLike[str],
                  state_dir: str | os.PathLike[str] | None = None) -> StageRecord | None:
     """The record of the merge into ``out_dir`` (its ledger, else its manifest), or None when there is none.
 
-    Raises :class:`LedgerError` when the ledger or the manifest is unreadable.
+    A ledger that cannot be read (killed while being created, damaged) is passed over for the manifest. Raises
+    :class:`LedgerError` when the manifest is unreadable.
     """
     ledger = run_dir(out_dir, state_dir) / LEDGER_NAME
     if ledger.exists():
@@ -115,8 +116,11 @@ def stage_record(out_dir: str | os.PathLike[str],
             conn.row_factory = sqlite3.Row
             run = conn.execute("SELECT fingerprint, parts, inputs, state FROM run WHERE id = 1").fetchone()
             total, done = conn.execute("SELECT COUNT(*), COALESCE(SUM(status = 'done'), 0) FROM files").fetchone()
-        except sqlite3.DatabaseError as exc:
-            raise LedgerError(f"the ledger {ledger} is unreadable ({exc})", path=str(ledger)) from None
+        except sqlite3.DatabaseError:
+            # A stage killed while creating its ledger (no tables yet), or a WAL a read-only reader cannot recover,
+            # or a damaged file: never trusted. The stage's manifest tells what is committed (without one,
+            # nothing is), and its resume sets such a ledger aside.
+            run = None
         finally:
             conn.close()
         if run is not None:
