@@ -20,7 +20,7 @@ from support import cli, linear_config, peak_rss_run, write_config
 from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import make_model
-from resumerge.engine.estimate import FITS, WILL_NOT_FIT
+from resumerge.engine.costs import FITS, WILL_NOT_FIT
 from resumerge.store.diskprobe import PROBE_PREFIX
 from resumerge.store.manifest import MANIFEST_NAME
 

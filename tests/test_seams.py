@@ -107,13 +107,13 @@ def test_the_engine_computes_the_same_tensors_from_any_input_source(tmp_path: Pa
 
 
 def test_local_files_read_ranges_and_whole_tensors(tmp_path: Path) -> None:
-    (tmp_path / "f.bin").write_bytes(bytes(range(16)))
+    (tmp_path / "f.raw").write_bytes(bytes(range(16)))
     source = LocalFiles(tmp_path)
     try:
-        assert source.read_range("f.bin", 4, 8).tolist() == [4, 5, 6, 7]
-        assert source.read_tensor("f.bin", 0, 8, "I32", (2,)).tolist() == [
+        assert source.read_range("f.raw", 4, 8).tolist() == [4, 5, 6, 7]
+        assert source.read_tensor("f.raw", 0, 8, "I32", (2,)).tolist() == [
             int.from_bytes(bytes(range(4)), "little"), int.from_bytes(bytes(range(4, 8)), "little")]
-        assert source.read_tensor("f.bin", 3, 3, "F32", (0, 4)).shape == (0, 4)
+        assert source.read_tensor("f.raw", 3, 3, "F32", (0, 4)).shape == (0, 4)
     finally:
         source.close()
 

@@ -24,13 +24,25 @@ from resumerge.errors import EXIT_INTERRUPTED, EXIT_INVALID, EXIT_OK, ResumergeE
 if TYPE_CHECKING:
     from resumerge.cli.render import ProgressReporter
     from resumerge.plan.merge_plan import PlanOptions
+    from resumerge.store.hubrepo import HubOutputOptions
 
 # mergekit-yaml flags that resumerge accepts so existing command lines work, and why each is not needed.
 # What a shell shows for a process that SIGPIPE ended (128 + 13): a closed pipe is no error of ours.
 EXIT_BROKEN_PIPE = 141
 UNNEEDED_FLAGS: dict[str, str] = {
     "--no-cuda": "merges run on the CPU unless --device cuda is given",
-    "--lazy-unpickle": "resumerge never unpickles; safetensors are always read lazily",
+    "--lazy-unpickle": ".bin checkpoints are always read tensor by tensor through PyTorch's weights-only loader",
+    "--no-lazy-unpickle": ".bin checkpoints are always read tensor by tensor through PyTorch's weights-only loader",
+    "--no-allow-crimes": "mixing architectures is refused by default",
+    "--no-unsafe-truncate-embeddings": "vocabulary mismatches are refused by default",
+    "--no-clone-tensors": "output tensors never share memory here",
+    "--no-low-cpu-memory": "memory is bounded by streaming shards to disk",
+    "--no-read-to-gpu": "inputs are read to the host by default",
+    "--no-multi-gpu": "one device is used",
+    "--no-async-write": "writes always overlap computation",
+    "--no-trust-remote-code": "resumerge never executes code from model repositories",
+    "--no-safe-serialization": "output is always safetensors (resumerge never writes pickles)",
+    "--no-quiet": "progress is shown by default",
     "--clone-tensors": "output tensors never share memory here",
     "--low-cpu-memory": "memory is bounded by streaming shards to disk",
     "--read-to-gpu": "with --device cuda each unit's inputs are moved to the GPU as they are read",
@@ -39,13 +51,11 @@ UNNEEDED_FLAGS: dict[str, str] = {
     "--async-write": "writes always overlap computation",
     "--copy-tokenizer": "the tokenizer is copied by default",
     "--safe-serialization": "output is always safetensors",
-    "--write-model-card": "README.md and mergekit_config.yml are always written",
-    "--no-write-model-card": "README.md is always written (no network lookups, no timestamps)",
+    "--write-model-card": "README.md and mergekit_config.yml are written by default",
     "--trust-remote-code": "resumerge never executes code from model repositories",
     "--verbose": "progress is shown by default",
 }
 UNNEEDED_WITH_VALUE: dict[str, str] = {
-    "--num-threads": "resumerge sizes its thread pool itself",
     "--write-threads": "one writer thread streams every shard",
     "--lora-merge-cache": "no merge cache is needed",
     "--lora-merge-dtype": "no merge cache is needed",
@@ -65,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Merge a mergekit YAML config into OUT. Interrupted runs continue "
                                      "where they stopped; output is byte-identical to an uninterrupted run.")
     run.add_argument("config", metavar="CONFIG", help="mergekit YAML config")
-    run.add_argument("out", metavar="OUT", help="output directory (created; must be empty or resumerge's)")
+    run.add_argument("out", metavar="OUT", help="output directory (created; must be empty or resumerge's), or a hub "
+                                                 "repo hf://NAMESPACE/NAME[@BRANCH]")
     _common(run)
     run.add_argument("--out-shard-size", default="1B", metavar="SIZE",
                      help="bytes per output shard (k/M/B = 1e3/1e6/1e9, or KiB/MiB/GiB) [default: 1B]; "
@@ -74,7 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seed of randomised methods (drawn per tensor, so resume is exact) [default: 0]")
     run.add_argument("--restart", action="store_true",
                      help="discard a different earlier run in OUT (only files it wrote) and start over")
+    run.add_argument("--public", action="store_true",
+                     help="hf:// OUT: create a missing repo public [default: private]")
     run.add_argument("--no-copy-tokenizer", action="store_true", help="do not copy tokenizer files")
+    run.add_argument("--no-write-model-card", action="store_true",
+                     help="write no README.md model card and no mergekit_config.yml")
+    run.add_argument("--unsafe-truncate-embeddings", action="store_true",
+                     help="merge models whose vocabularies differ in size by keeping the common leading rows of "
+                          "embeddings and heads (vocab_size and the tokenizer are cut to match)")
+    run.add_argument("-j", "--num-threads", dest="num_threads", type=int, default=None, metavar="N",
+                     help="threads torch uses for arithmetic [default: torch's choice]")
     run.add_argument("--allow-crimes", action="store_true",
                      help="merge models of different architectures, tensor by tensor as names and shapes allow")
     run.add_argument("--device", default="cpu", metavar="DEVICE",
@@ -84,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="same as --device cuda (mergekit's flag)")
     run.add_argument("--transformers-cache", metavar="DIR",
                      help="Hugging Face cache directory for hub models [default: HF_HUB_CACHE / HF_HOME]")
+    run.add_argument("--stream-inputs", action="store_true",
+                     help="read every hub input's tensors by HTTP Range instead of downloading files [default: "
+                          "stream a file when the merge needs less than half of it]")
     run.add_argument("--intermediate-dir", "-I", metavar="DIR",
                      help="recipes (several YAML documents): where named stages are written, one folder each "
                           "[default: OUT.intermediates beside OUT]")
@@ -91,12 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="recipes: delete the named stages' outputs once the final output is verified")
     for flag in UNNEEDED_FLAGS:
         run.add_argument(flag, action="store_true", dest=_dest(flag), help=argparse.SUPPRESS)
-    run.add_argument("-v", action="store_true", dest="v_flag", help=argparse.SUPPRESS)
-    run.add_argument("-j", dest="num_threads", default=None, help=argparse.SUPPRESS)
+    run.add_argument("-v", action="count", default=0, dest="v_flag", help=argparse.SUPPRESS)
     for flag in UNNEEDED_WITH_VALUE:
-        if flag != "--num-threads":
-            run.add_argument(flag, dest=_dest(flag), default=None, help=argparse.SUPPRESS)
-    run.add_argument("--num-threads", dest="num_threads", default=None, help=argparse.SUPPRESS)
+        run.add_argument(flag, dest=_dest(flag), default=None, help=argparse.SUPPRESS)
 
     resume = sub.add_parser("resume", help="finish the merge recorded for OUT",
                             description="Finish an interrupted merge. Works from OUT alone when the state dir "
@@ -125,14 +145,18 @@ def build_parser() -> argparse.ArgumentParser:
                                       "disk probe) and say whether it fits. Exit 0 when it fits, 2 when it will not "
                                       "(with the reasons and what to change).")
     plan.add_argument("config", metavar="CONFIG")
-    plan.add_argument("out", metavar="OUT", nargs="?", help="output directory to check the disk of [optional]")
+    plan.add_argument("out", metavar="OUT", nargs="?",
+                      help="output directory to check the disk of, or hf://NAMESPACE/NAME [optional]")
+    plan.add_argument("--max-disk", metavar="SIZE", help="as for run: the local disk bound of an hf:// OUT")
     plan.add_argument("--out-shard-size", default="1B", metavar="SIZE", help="bytes per output shard")
     plan.add_argument("--random-seed", type=int, default=0, metavar="N", help="seed of randomised methods")
     plan.add_argument("--no-copy-tokenizer", action="store_true", help="do not count tokenizer files")
     plan.add_argument("--allow-crimes", action="store_true", help="as for run")
+    plan.add_argument("--unsafe-truncate-embeddings", action="store_true", help="as for run")
     plan.add_argument("--state-dir", metavar="DIR", help="state directory the run will use")
     plan.add_argument("--max-memory", metavar="SIZE", help="RAM budget the run will use [default: as for run]")
     plan.add_argument("--transformers-cache", metavar="DIR", help="Hugging Face cache directory for hub models")
+    plan.add_argument("--stream-inputs", action="store_true", help="as for run")
     staging = plan.add_mutually_exclusive_group()
     staging.add_argument("--staging-dir", metavar="DIR", help="as for run")
     staging.add_argument("--no-staging", action="store_true", help="as for run")
@@ -164,6 +188,14 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-gpu-memory", metavar="SIZE",
                    help="GPU memory budget when merging with --device cuda [default: 85 %% of the GPU's free "
                         "memory]")
+    p.add_argument("--max-disk", metavar="SIZE",
+                   help="bytes resumerge may keep on the local disk for the output: with hf:// OUT, staged files "
+                        "not yet committed to the repo stay under it (work waits for commits) [default: no bound]")
+    p.add_argument("--commit-every", type=int, default=20, metavar="N",
+                   help="hf:// OUT: commit after N uploaded files [default: 20]")
+    p.add_argument("--commit-interval", type=float, default=60.0, metavar="SECONDS",
+                   help="hf:// OUT: commit files waiting this long even when fewer than N [default: 60]; commits "
+                        "stay under 100 an hour (the hub allows 128 per repo)")
 
 
 def _dest(flag: str) -> str:
@@ -284,23 +316,28 @@ def _run(args: argparse.Namespace) -> int:
     if shard_size <= 0:
         raise UsageError("--out-shard-size must be positive")
     text = read_config_file(args.config)
-    from resumerge.engine.devices import normalise_device
+    from resumerge.engine.devices import normalise_device, set_torch_threads
 
+    set_torch_threads(args.num_threads)
     options = PlanOptions(out_shard_size=shard_size, random_seed=args.random_seed,
                           copy_tokenizer=not args.no_copy_tokenizer, device=normalise_device(args.device),
-                          allow_crimes=args.allow_crimes)
+                          allow_crimes=args.allow_crimes, stream_inputs=args.stream_inputs,
+                          write_model_card=not args.no_write_model_card,
+                          unsafe_truncate_embeddings=args.unsafe_truncate_embeddings)
     from resumerge.config.recipe import is_recipe_text
 
     if is_recipe_text(text):
+        _local_out_only(args.out, "recipes")
         return _run_recipe(args, text, options)
     _single_merge_only(args)
+    _quiet_hub_uploads(args.out)
     stop = _StopFlag()
     stop.install()
     with _Progress(args.quiet) as progress:
         outcome = run_merge(text, args.out, options=options, state_dir=args.state_dir, restart=args.restart,
                             reporter=progress, should_stop=stop, max_memory=_max_memory(args),
                             cache_dir=args.transformers_cache, max_gpu_memory=_max_memory(args, "--max-gpu-memory"),
-                            staging=_staging(args))
+                            staging=_staging(args), max_disk=_max_memory(args, "--max-disk"), output=_output(args))
     _finished(outcome, args.quiet)
     return EXIT_OK
 
@@ -311,12 +348,14 @@ def _resume(args: argparse.Namespace) -> int:
 
     if is_recipe_out(args.out, args.state_dir):
         return _resume_recipe(args)
+    _quiet_hub_uploads(args.out)
     stop = _StopFlag()
     stop.install()
     with _Progress(args.quiet) as progress:
         outcome = resume_merge(args.out, state_dir=args.state_dir, reporter=progress, should_stop=stop,
                                max_memory=_max_memory(args), max_gpu_memory=_max_memory(args, "--max-gpu-memory"),
-                               staging=_staging(args))
+                               staging=_staging(args), max_disk=_max_memory(args, "--max-disk"),
+                               output=_output(args))
     _finished(outcome, args.quiet)
     return EXIT_OK
 
@@ -332,6 +371,17 @@ def _max_memory(args: argparse.Namespace, option: str = "--max-memory") -> int |
     if value <= 0:
         raise UsageError(f"{option} must be positive")
     return value
+
+
+def _output(args: argparse.Namespace) -> HubOutputOptions:
+    """How an hf:// OUT is created and committed to (ignored for a directory)."""
+    from resumerge.store.hubcommits import Batching
+    from resumerge.store.hubrepo import HubOutputOptions
+
+    if args.commit_every < 1 or args.commit_interval < 0:
+        raise UsageError("--commit-every must be at least 1 and --commit-interval at least 0")
+    return HubOutputOptions(public=getattr(args, "public", False),
+                            batching=Batching(every=args.commit_every, interval=args.commit_interval))
 
 
 def _staging(args: argparse.Namespace) -> str | bool | None:
@@ -386,6 +436,25 @@ def _recipe_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _quiet_hub_uploads(out: str) -> None:
+    """huggingface_hub draws a tqdm bar per uploaded file; with hf:// OUT the merge's own progress says it all."""
+    from resumerge.config.hubtarget import is_hub_target
+
+    if is_hub_target(out):
+        from huggingface_hub.utils.tqdm import disable_progress_bars
+
+        disable_progress_bars()
+
+
+def _local_out_only(out: str | None, what: str) -> None:
+    """Refuse (exit 2) an hf:// OUT where it is not supported yet."""
+    from resumerge.config.hubtarget import is_hub_target
+
+    if out is not None and is_hub_target(out):
+        raise UsageError(f"{what} cannot write to a hub repo yet ({out})",
+                         hint="write to a local OUT, then run the final merge alone with hf:// OUT")
+
+
 def _single_merge_only(args: argparse.Namespace) -> None:
     """Refuse recipe-only flags with a one-document config, and a single merge into a recipe's OUT."""
     from resumerge.errors import OutputDirError
@@ -421,16 +490,17 @@ def _plan(args: argparse.Namespace) -> int:
     if shard_size <= 0:
         raise UsageError("--out-shard-size must be positive")
     options = PlanOptions(out_shard_size=shard_size, random_seed=args.random_seed,
-                          copy_tokenizer=not args.no_copy_tokenizer, allow_crimes=args.allow_crimes)
+                          copy_tokenizer=not args.no_copy_tokenizer, allow_crimes=args.allow_crimes,
+                          stream_inputs=args.stream_inputs, unsafe_truncate_embeddings=args.unsafe_truncate_embeddings)
     text = read_config_file(args.config)
     from resumerge.config.recipe import is_recipe_text
 
     if is_recipe_text(text):
         return _plan_recipe(args, text, options)
-    estimate = estimate_config(text, options, source=args.config, out_dir=args.out,
-                               state_dir=args.state_dir, cache_dir=args.transformers_cache,
-                               max_memory=_max_memory(args), staging=_staging(args),
-                               probe_bytes=parse_size(args.probe_size, option="--probe-size"), fresh_process=True)
+    estimate = estimate_config(text, options, source=args.config, out_dir=args.out, state_dir=args.state_dir,
+                               cache_dir=args.transformers_cache, max_memory=_max_memory(args),
+                               staging=_staging(args), probe_bytes=parse_size(args.probe_size, option="--probe-size"),
+                               fresh_process=True, max_disk=_max_memory(args, "--max-disk"))
     if args.json:
         print(json.dumps(estimate.to_json(), indent=2))
     else:
@@ -452,6 +522,7 @@ def _plan_recipe(args: argparse.Namespace, text: str, options: PlanOptions) -> i
     if args.out is None:
         raise UsageError("planning a recipe needs OUT: its stages are placed relative to it",
                          hint=f"resumerge plan {args.config} OUT")
+    _local_out_only(args.out, "recipes")
     result = estimate_recipe(text, options, out_dir=args.out, source=args.config,
                              intermediate_dir=args.intermediate_dir, state_dir=args.state_dir,
                              cache_dir=args.transformers_cache, max_memory=_max_memory(args),
@@ -479,7 +550,7 @@ def _finished(outcome: object, quiet: bool) -> None:
     if quiet:
         return
     resumed = f" ({outcome.resumed_files} files were already committed)" if outcome.resumed_files else ""
-    print(f"done: {outcome.out_dir}{resumed}", file=sys.stderr)
+    print(f"done: {outcome.target or outcome.out_dir}{resumed}", file=sys.stderr)
 
 
 class _Progress:

@@ -38,7 +38,7 @@ from rich.text import Text
 from resumerge.memory.sizes import format_size
 
 if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
-    from resumerge.engine.estimate import Estimate
+    from resumerge.engine.costs import Estimate
     from resumerge.store.integrity import VerifyReport
     from resumerge.store.recipeview import RecipeStatus
     from resumerge.store.statusview import StatusReport
@@ -301,10 +301,20 @@ def show_status(report: StatusReport, stream: TextIO | None = None, *, width: in
         _field(out, "memory", ", ".join(parts))
     for line in report.adaptation_events:
         _field(out, "", line)
+    if report.streamed:
+        f = report.streamed
+        _field(out, "streamed", f"{format_size(int(f['fetched']))} fetched of {format_size(int(f['needed']))} "
+               f"needed at {format_size(int(f['rate']))}/s ({int(f['requests'])} range requests)")
+    for line in report.plan_notes:
+        _field(out, "note", line)
     if report.elapsed_seconds is not None:
         seconds = report.elapsed_seconds
         _field(out, "elapsed", _duration(seconds) if seconds >= 90 else f"{seconds:.1f} s")
-    pending = [f.name for f in report.files if f.status != "done"]
+    if report.url:
+        _field(out, "repo", report.url)
+    if report.uncommitted:
+        _field(out, "uploading", ", ".join(report.uncommitted) + " (staged here, not yet in a commit)")
+    pending = [f.name for f in report.files if f.status != "done" and f.name not in report.uncommitted]
     if pending:
         _field(out, "pending", ", ".join(pending[:6]) + (f" and {len(pending) - 6} more" if len(pending) > 6 else ""))
     if report.last_error:
@@ -359,6 +369,9 @@ def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | 
                f"({format_size(cached)} already cached)")
     else:
         _field(out, "download", "nothing (local models)")
+    for c in estimate.fetch:
+        _field(out, "input", f"{c.model}/{c.file}: {c.how} {format_size(c.fetch_bytes)} of "
+               f"{format_size(c.size)} ({c.reason})")
     _field(out, "memory", f"peak about {format_size(memory.peak_bytes)} ({format_size(memory.baseline_bytes)} "
            f"process + {format_size(memory.working_set_bytes)} working set) under a {format_size(memory.budget)} "
            f"budget ({memory.budget_source})")
@@ -366,6 +379,8 @@ def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | 
         mark = "" if disk.fits else " -- too small"
         _field(out, "disk", f"{' + '.join(disk.roles)}: needs {format_size(disk.needed_bytes)}, "
                f"{format_size(disk.free_bytes)} free on {disk.path}{mark}")
+    if estimate.hf_output is not None:
+        _field(out, "hf://", estimate.hf_output.line())
     _field(out, "time", _time_text(estimate))
     for note in (*estimate.notes, *estimate.time.notes):
         _field(out, "note", note, style="dim")

@@ -7,6 +7,7 @@ May import: errors.
 """
 
 __all__ = [
+    "hubtarget",
     "locations",
     "merge_config",
     "modelref",

@@ -10,6 +10,8 @@ import hashlib
 import os
 from pathlib import Path
 
+from resumerge.config.hubtarget import is_hub_target, parse_hub_target
+
 ENV_STATE_DIR = "RESUMERGE_STATE_DIR"
 
 
@@ -22,7 +24,10 @@ def state_root(state_dir: str | os.PathLike[str] | None = None) -> Path:
 
 
 def run_dir(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The folder holding the ledger and lock of ``out_dir``: ``<name>-<12 hex of its real path>``."""
+    """The folder holding the ledger and lock of ``out_dir``: ``<name>-<12 hex of its real path>`` (for an
+    ``hf://`` repo: ``hf-<namespace>--<name>-<12 hex of the target>``, the same on every machine)."""
+    if is_hub_target(out_dir):
+        return state_root(state_dir) / parse_hub_target(str(out_dir)).state_key()
     real = os.path.realpath(out_dir)
     digest = hashlib.sha256(real.encode()).hexdigest()[:12]
     return state_root(state_dir) / f"{Path(real).name or 'root'}-{digest}"

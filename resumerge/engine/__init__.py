@@ -11,6 +11,7 @@ __all__ = [
     "devices",
     "estimate",
     "executor",
+    "hubout",
     "recipe_estimate",
     "recipe_run",
     "reconcile",

@@ -3,27 +3,7 @@
 ``resumerge plan`` prints this; :func:`resumerge.api.estimate` returns it. Everything comes from the plan (headers
 only), the hub metadata already fetched to build it, the machine's memory and a short disk speed probe (see
 :mod:`resumerge.store.diskprobe`). Nothing is written except the probe's own temp file, which is always deleted.
-
-The JSON document (:meth:`Estimate.to_json`, ``resumerge plan --json``), schema 1::
-
-    schema            1
-    method, tensors, layers, shards (file names), output_bytes (shards only), config_donor, tokenizer_donor,
-    fingerprint       the plan summary, as before estimates existed
-    verdict           "fits" | "will not fit"
-    fits              bool (exit code 0 / 2)
-    reasons           [str]  one line each: what does not fit and what to change; [] when it fits
-    notes             [str]  things worth knowing that do not decide the verdict
-    output            {dir, shard_bytes, aux_bytes, manifest_bytes, total_bytes, largest_shard_bytes,
-                       committed_bytes, needed_bytes, staging_dir, staging_bytes}
-    download          {bytes, verify_bytes, cached_bytes, models: {key: {repo, commit, bytes, verify_bytes,
-                       cached_bytes}}}
-    memory            {budget, budget_source ("--max-memory" | "default"), machine_bytes, baseline_bytes,
-                       counted_baseline_bytes, working_set_bytes, peak_bytes, largest_unit_bytes, smallest_budget}
-    disks             [{path, roles, free_bytes, needed_bytes, fits}]  one per filesystem
-    time              {seconds | null, startup_seconds, read_bytes, write_bytes, verify_bytes, rehash_bytes,
-                       read_bytes_per_s, write_bytes_per_s, download_bytes, notes: [str]}
-
-All sizes are bytes, speeds bytes per second, figures rounded to whole numbers.
+The result and its JSON schema are in :mod:`resumerge.engine.costs`.
 """
 
 from __future__ import annotations
@@ -32,18 +12,30 @@ import os
 import sqlite3
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import run_dir, state_root
+from resumerge.engine.costs import (
+    DiskNeed,
+    Estimate,
+    MemoryEstimate,
+    ModelDownload,
+    OutputSize,
+    TimeEstimate,
+    hub_disk_need,
+)
+from resumerge.engine.inputfetch import plan_fetch
 from resumerge.errors import LedgerError
 from resumerge.inputs.catalog import Inputs
 from resumerge.memory import SAFETY_MARGIN, MemoryProbe, SystemProbe, default_budget, format_size
 from resumerge.methods.registry import get_method
 from resumerge.outputs.aux import aux_files, render_aux
+from resumerge.plan.fetching import STREAM
 from resumerge.plan.merge_plan import Plan, PlanOptions
 from resumerge.plan.workunits import can_chunk, estimate_bytes, oversized_units
 from resumerge.store.diskprobe import (
@@ -59,181 +51,11 @@ from resumerge.store.diskprobe import (
 from resumerge.store.filesystems import Staging, staging_dir
 from resumerge.store.manifest import read_manifest
 
-SCHEMA = 1
-FITS = "fits"
-WILL_NOT_FIT = "will not fit"
 # The engine's default number of merge threads (session.run_merge ``workers``): units computed at once.
 CONCURRENCY = 2
 # A ledger row per tensor and per file, SQLite pages, and a WAL of the same size again: a generous bound.
 _LEDGER_FIXED = 256 * 1024
 _LEDGER_PER_ROW = 600
-
-
-@dataclass(frozen=True)
-class OutputSize:
-    """Bytes the output directory will hold, and what is still to be written there."""
-
-    dir: str | None
-    shard_bytes: int
-    aux_bytes: int
-    manifest_bytes: int
-    largest_shard_bytes: int
-    committed_bytes: int
-    staging_dir: str | None
-    staging_bytes: int
-
-    @property
-    def total_bytes(self) -> int:
-        """Everything in OUT once finished: shards, side files and the manifest."""
-        return self.shard_bytes + self.aux_bytes + self.manifest_bytes
-
-    @property
-    def needed_bytes(self) -> int:
-        """Free space OUT's disk needs now: what is not committed yet, plus the manifest's atomic rewrite."""
-        return self.total_bytes - self.committed_bytes + self.manifest_bytes
-
-
-@dataclass(frozen=True)
-class ModelDownload:
-    """One hub input: bytes still to fetch, cached but never verified (to hash), and cached and verified."""
-
-    repo: str
-    commit: str
-    bytes: int
-    verify_bytes: int
-    cached_bytes: int
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """Peak RAM of the merge process: ``baseline`` (interpreter, torch, resumerge) plus the working set.
-
-    ``counted_baseline_bytes`` is the part of the baseline the budget counts (anonymous memory; mapped library
-    files are not counted, yet they are in the OS's peak RSS).
-
-    ``working_set_bytes`` is the largest sum of unit estimates (:func:`resumerge.plan.workunits.estimate_bytes`) in
-    flight at once — :data:`CONCURRENCY` consecutive units, a row-chunked tensor alone — capped at the room the
-    budget leaves; ``smallest_budget`` is the least ``--max-memory`` under which every unit can run.
-    """
-
-    budget: int
-    budget_source: str
-    machine_bytes: int
-    baseline_bytes: int
-    counted_baseline_bytes: int
-    working_set_bytes: int
-    largest_unit_bytes: int
-    smallest_budget: int
-
-    @property
-    def peak_bytes(self) -> int:
-        """The expected peak RSS of the merge process."""
-        return self.baseline_bytes + self.working_set_bytes
-
-
-@dataclass(frozen=True)
-class DiskNeed:
-    """One filesystem: the roles it plays (output, state, staging, hub cache), its free space and what they need."""
-
-    path: str
-    roles: tuple[str, ...]
-    free_bytes: int
-    needed_bytes: int
-
-    @property
-    def fits(self) -> bool:
-        """Whether the needs fit the free space."""
-        return self.needed_bytes <= self.free_bytes
-
-
-@dataclass(frozen=True)
-class TimeEstimate:
-    """Disk-bound time: reads at the inputs' measured speed, writes at OUT's; compute and downloads excluded."""
-
-    read_bytes: int
-    write_bytes: int
-    verify_bytes: int
-    rehash_bytes: int
-    read_bytes_per_s: float | None
-    write_bytes_per_s: float | None
-    download_bytes: int
-    startup_seconds: float = 0.0
-    notes: tuple[str, ...] = ()
-
-    @property
-    def seconds(self) -> float | None:
-        """Expected seconds: start-up (imports and planning, as measured here) plus the disk work; ``None`` when
-        a disk speed could not be measured."""
-        if self.read_bytes_per_s is None or self.write_bytes_per_s is None:
-            return None
-        reads = self.read_bytes + self.verify_bytes + self.rehash_bytes
-        return self.startup_seconds + reads / self.read_bytes_per_s + self.write_bytes / self.write_bytes_per_s
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """The plan with its costs on this machine and the verdict. See the module docstring for the JSON form."""
-
-    plan: Plan
-    output: OutputSize
-    downloads: Mapping[str, ModelDownload]
-    memory: MemoryEstimate
-    disks: tuple[DiskNeed, ...]
-    time: TimeEstimate
-    reasons: tuple[str, ...] = ()
-    notes: tuple[str, ...] = field(default=())
-
-    @property
-    def fits(self) -> bool:
-        """True when nothing stands in the way (no reasons)."""
-        return not self.reasons
-
-    @property
-    def verdict(self) -> str:
-        """``"fits"`` or ``"will not fit"``."""
-        return FITS if self.fits else WILL_NOT_FIT
-
-    @property
-    def download_bytes(self) -> int:
-        """Bytes still to download from the hub."""
-        return sum(d.bytes for d in self.downloads.values())
-
-    def to_json(self) -> dict[str, Any]:
-        """The machine-readable document printed by ``resumerge plan --json`` (schema in the module docstring)."""
-        plan, t = self.plan, self.time
-        timing = {k: v for k, v in asdict(t).items() if not k.endswith("_per_s")} | {
-            "seconds": None if t.seconds is None else round(t.seconds, 1),
-            "startup_seconds": round(t.startup_seconds, 1),
-            "read_bytes_per_s": None if t.read_bytes_per_s is None else round(t.read_bytes_per_s),
-            "write_bytes_per_s": None if t.write_bytes_per_s is None else round(t.write_bytes_per_s),
-            "notes": list(t.notes),
-        }
-        return {
-            "schema": SCHEMA,
-            "method": plan.method,
-            "tensors": len(plan.tensors),
-            "layers": plan.num_layers,
-            "shards": [s.name for s in plan.shards],
-            "output_bytes": plan.total_bytes,
-            "config_donor": plan.donor,
-            "tokenizer_donor": plan.tokenizer_donor,
-            "fingerprint": plan.fingerprint,
-            "verdict": self.verdict,
-            "fits": self.fits,
-            "reasons": list(self.reasons),
-            "notes": list(self.notes),
-            "output": asdict(self.output) | {"total_bytes": self.output.total_bytes,
-                                             "needed_bytes": self.output.needed_bytes},
-            "download": {
-                "bytes": self.download_bytes,
-                "verify_bytes": sum(d.verify_bytes for d in self.downloads.values()),
-                "cached_bytes": sum(d.cached_bytes for d in self.downloads.values()),
-                "models": {k: asdict(d) for k, d in sorted(self.downloads.items())},
-            },
-            "memory": asdict(self.memory) | {"peak_bytes": self.memory.peak_bytes},
-            "disks": [asdict(d) | {"roles": list(d.roles), "fits": d.fits} for d in self.disks],
-            "time": timing,
-        }
 
 
 def estimate(
@@ -251,6 +73,9 @@ def estimate(
     baseline_bytes: int | None = None,
     workers: int = CONCURRENCY,
     startup_seconds: float = 0.0,
+    choose_inputs: bool = True,
+    max_disk: int | None = None,
+    to_hub: bool = False,
 ) -> Estimate:
     """Estimate what merging ``plan`` into ``out_dir`` costs here, and decide whether it fits.
 
@@ -262,7 +87,10 @@ def estimate(
     ``resumerge run``, or :func:`resumerge.api.estimate` before :func:`resumerge.api.run` in one notebook).
     ``probe_bytes`` sizes the disk speed probe (0 skips it); ``startup_seconds`` is what the merge spends before
     its first tensor (imports, planning). Without ``out_dir`` the output's disk is not checked. Never raises for
-    a merge that does not fit: the reasons are in the result.
+    a merge that does not fit: the reasons are in the result. ``choose_inputs`` false counts every hub weight
+    file as downloaded (a recipe stage: recipes download their inputs whole). ``max_disk`` (``--max-disk``) bounds
+    the local disk: it decides which hub files are streamed and what an ``hf://`` OUT may stage; ``to_hub`` says
+    OUT is a hub repo, whose staging must then fit under it.
     """
     notes: list[str] = []
     out = Path(os.path.abspath(out_dir)) if out_dir is not None else None
@@ -270,7 +98,9 @@ def estimate(
     pending = [s for s in plan.shards if s.name not in committed]
     staging_dir = _staging_dir(staging, out, state_dir)
     output = _output_size(plan, config_text, out, committed, staging_dir, pending)
-    downloads = _downloads(inputs, state_dir)
+    fetch = plan_fetch(plan, inputs, max_disk=max_disk) if choose_inputs else ()
+    downloads = _downloads(inputs, state_dir, {(c.model, c.file) for c in fetch if c.how != STREAM}
+                           if choose_inputs else None)
     probe = memory_probe if memory_probe is not None else SystemProbe()
     memory, memory_reasons = _memory(plan, pending, probe, max_memory, baseline_bytes, workers)
     disks = _disks(plan, output, downloads, inputs, out, state_dir, disk_free)
@@ -278,7 +108,11 @@ def estimate(
     timing = replace(_time(plan, pending, output, downloads, committed, speed, probe_bytes),
                      startup_seconds=startup_seconds)
     reasons = memory_reasons + [r for d in disks if not d.fits for r in [_disk_reason(d, output)]]
-    return Estimate(plan, output, downloads, memory, tuple(disks), timing, tuple(reasons), tuple(notes))
+    hub = hub_disk_need(plan, max_disk)
+    if to_hub and hub.problem:
+        reasons.append(hub.problem)
+    return Estimate(plan, output, downloads, memory, tuple(disks), timing, tuple(reasons), tuple(notes), fetch,
+                    hub)
 
 
 # -- output -----------------------------------------------------------------------------------------------------
@@ -333,8 +167,10 @@ def _output_size(plan: Plan, config_text: str, out: Path | None, committed: Mapp
 # -- downloads --------------------------------------------------------------------------------------------------
 
 
-def _downloads(inputs: Inputs, state_dir: str | os.PathLike[str] | None) -> dict[str, ModelDownload]:
-    """Per hub input: bytes to fetch (less what partial downloads hold), to verify, and already verified."""
+def _downloads(inputs: Inputs, state_dir: str | os.PathLike[str] | None,
+               wanted: set[tuple[str, str]] | None) -> dict[str, ModelDownload]:
+    """Per hub input: bytes to fetch (less what partial downloads hold), to verify, and already verified, of the
+    ``wanted`` (model, file) pairs, those the plan reads and does not stream (None: every weight file)."""
     if not inputs.hub:
         return {}
     from resumerge.inputs.hub.cache import RepoCache
@@ -346,7 +182,7 @@ def _downloads(inputs: Inputs, state_dir: str | os.PathLike[str] | None) -> dict
     for key, meta in inputs.hub.items():
         repo = RepoCache(meta.settings.cache_dir, meta.repo_id)
         fetch = verify = cached = 0
-        for name in meta.weight_files:
+        for name in (n for n in meta.weight_files if wanted is None or (key, n) in wanted):
             remote = meta.files[name]
             size = remote.size if remote.size is not None else meta.headers[name].file_size
             present = [p for p in (repo.snapshot(meta.commit, name), repo.blob(remote.etag)) if p.exists()]
@@ -559,6 +395,7 @@ def estimate_config(
     probe_bytes: int = DEFAULT_PROBE_BYTES,
     disk_free: DiskFree = free_bytes,
     fresh_process: bool = False,
+    max_disk: int | None = None,
 ) -> Estimate:
     """Validate ``config_text`` fully (config, every input's config.json and headers) and :func:`estimate` it.
 
@@ -566,7 +403,7 @@ def estimate_config(
     plan``): its age then measures the merge's start-up, imports included; otherwise only planning is counted
     (a notebook that merges in its own, already warm, process). Raises what :func:`resumerge.engine.session.prepare`
     raises for an invalid merge (exit 2 errors); a merge that is valid but does not fit is not an error: see
-    :attr:`Estimate.reasons`.
+    :attr:`Estimate.reasons`. ``out_dir`` may be an ``hf://`` target: the output's local disk is then its staging.
     """
     started = time.time()
     from resumerge.config.merge_config import load_config_text
@@ -576,6 +413,7 @@ def estimate_config(
     plan, inputs = prepare(config, options, state_dir=state_dir, cache_dir=cache_dir)
     if fresh_process:
         started = psutil.Process().create_time()
-    return estimate(plan, inputs, config_text, out_dir=out_dir, state_dir=state_dir, max_memory=max_memory,
-                    staging=staging, probe_bytes=probe_bytes, disk_free=disk_free,
-                    startup_seconds=max(0.0, time.time() - started))
+    to_hub = out_dir is not None and is_hub_target(os.fspath(out_dir))
+    return estimate(plan, inputs, config_text, out_dir=None if to_hub else out_dir, state_dir=state_dir,
+                    max_memory=max_memory, staging=staging, probe_bytes=probe_bytes, disk_free=disk_free,
+                    startup_seconds=max(0.0, time.time() - started), max_disk=max_disk, to_hub=to_hub)

@@ -27,13 +27,14 @@ from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
 from resumerge.memory import MemoryGovernor, Reservation
 from resumerge.methods.registry import MergeContext, MethodSpec, get_method
 from resumerge.outputs.aux import aux_files, render_aux
+from resumerge.plan.fetching import read_order
 from resumerge.plan.merge_plan import InputRef, Plan, ShardPlan, TensorPlan
 from resumerge.plan.workunits import can_chunk, chunk_plan, estimate_bytes
 from resumerge.store import killpoints
 from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import ManifestBook
 from resumerge.store.shardwriter import ShardWriter
-from resumerge.store.sink import OutputSink
+from resumerge.store.sink import OutputSink, Settled
 from resumerge.vocab import align_rows
 
 
@@ -131,12 +132,55 @@ def _read_input(ref: InputRef, sources: InputSources) -> torch.Tensor:
 _Item = tuple[ShardPlan, str, torch.Tensor, "Reservation | None"]
 
 
+class _Journal:
+    """Records committed files: ledger row, then manifest, for a sink that commits at once; manifest at once and
+    ledger row when the sink reports the commit, for one that commits later (a hub repo batches commits and
+    carries the updated manifest in the same commit as the files)."""
+
+    def __init__(self, sink: OutputSink, ledger: Ledger, book: ManifestBook) -> None:
+        self.sink, self.ledger, self.book = sink, ledger, book
+        self.pending: dict[str, tuple[int, str, float, tuple[str, ...]]] = {}
+        self.lock = threading.Lock()
+
+    def record(self, name: str, size: int, sha: str, committed: bool, *, seconds: float = 0.0,
+               tensors: tuple[str, ...] = (), manifest_point: bool = True) -> None:
+        """Journal ``name`` after the sink published it (``committed``: the sink's answer)."""
+        if committed:
+            self.ledger.commit_file(name, size=size, sha256=sha, seconds=seconds, tensors=tensors)
+            killpoints.reach("after_ledger_commit")
+            self.book.commit(name, size, sha)
+            if manifest_point:
+                killpoints.reach("after_manifest_write")
+            return
+        with self.lock:
+            self.pending[name] = (size, sha, seconds, tensors)
+        self.book.commit(name, size, sha)
+        self.settle(self.sink.settled())
+
+    def settle(self, settled: list[Settled]) -> None:
+        """Write the ledger rows of files the sink reports committed, and each commit's id as an event."""
+        commits: dict[str, list[str]] = {}
+        for item in settled:
+            with self.lock:
+                size, sha, seconds, tensors = self.pending.pop(item.name)
+            self.ledger.commit_file(item.name, size=size, sha256=sha, seconds=seconds, tensors=tensors)
+            commits.setdefault(item.commit, []).append(item.name)
+        for commit, names in commits.items():
+            self.ledger.event("commit", f"commit {commit}: {', '.join(names)}", {"commit": commit, "files": names})
+
+    def finish(self) -> None:
+        """Wait for the sink to commit everything published; raises if a file was never reported committed."""
+        self.settle(self.sink.drain())
+        if self.pending:
+            raise ResumergeError(f"internal: the output sink never committed {', '.join(sorted(self.pending))}")
+
+
 class _Writer(threading.Thread):
     """Consumes (shard, name, tensor or rows, reservation) items; commits each shard after its last tensor."""
 
-    def __init__(self, plan: Plan, sink: OutputSink, ledger: Ledger, book: ManifestBook, reporter: Reporter) -> None:
+    def __init__(self, plan: Plan, sink: OutputSink, journal: _Journal, reporter: Reporter) -> None:
         super().__init__(name="resumerge-writer", daemon=True)
-        self.plan, self.sink, self.ledger, self.book, self.reporter = plan, sink, ledger, book, reporter
+        self.plan, self.sink, self.journal, self.reporter = plan, sink, journal, reporter
         self.items: queue.Queue[_Item | None] = queue.Queue(maxsize=2)
         self.error: BaseException | None = None
         self._current: ShardWriter | None = None
@@ -146,7 +190,11 @@ class _Writer(threading.Thread):
         started = time.monotonic()
         try:
             while True:
-                item = self.items.get()
+                try:
+                    item = self.items.get(timeout=0.5)
+                except queue.Empty:
+                    self.journal.settle(self.sink.settled())  # commits that finished while computation ran
+                    continue
                 if item is None:
                     return
                 shard, name, tensor, reservation = item
@@ -163,14 +211,10 @@ class _Writer(threading.Thread):
                 written.append(name)
                 self.reporter.tensor_done(name, self.plan.tensors[name].nbytes)
                 if self._current.expected_name is None:
-                    size, sha = self._current.finish()
+                    size, sha, committed = self._current.finish()
                     self._current = None
-                    self.ledger.commit_file(
-                        shard.name, size=size, sha256=sha, seconds=time.monotonic() - started, tensors=written
-                    )
-                    killpoints.reach("after_ledger_commit")
-                    self.book.commit(shard.name, size, sha)
-                    killpoints.reach("after_manifest_write")
+                    self.journal.record(shard.name, size, sha, committed, seconds=time.monotonic() - started,
+                                        tensors=tuple(written))
                     self.reporter.file_done(shard.name, "shard")
         except BaseException as exc:
             self.error = exc
@@ -359,7 +403,9 @@ def execute(
     they are.
     """
     done = {row["name"] for row in ledger.files() if row["status"] == "done"}
-    writer = _Writer(plan, sink, ledger, book, reporter)
+    sources.expect(read_order(plan, done))  # a streamed source coalesces the reads that come next
+    journal = _Journal(sink, ledger, book)
+    writer = _Writer(plan, sink, journal, reporter)
     writer.start()
     pipeline = _Pipeline(plan, sources, writer, governor, workers, should_stop, gpu)
     finished = False
@@ -377,14 +423,14 @@ def execute(
         raise writer.error
     if not finished:
         raise Stopped()
-    _write_aux(plan, sink, ledger, book, reporter, done, config_text, should_stop)
+    _write_aux(plan, sink, journal, reporter, done, config_text, should_stop)
+    journal.finish()
 
 
 def _write_aux(
     plan: Plan,
     sink: OutputSink,
-    ledger: Ledger,
-    book: ManifestBook,
+    journal: _Journal,
     reporter: Reporter,
     done: set[str],
     config_text: str,
@@ -396,8 +442,6 @@ def _write_aux(
         if should_stop():
             raise Stopped()
         data = render_aux(plan, aux, config_text)
-        sha = sink.write_bytes(aux.name, data, point=aux.point)
-        ledger.commit_file(aux.name, size=len(data), sha256=sha, seconds=0.0)
-        killpoints.reach("after_ledger_commit")
-        book.commit(aux.name, len(data), sha)
+        sha, committed = sink.write_small(aux.name, data, point=aux.point)
+        journal.record(aux.name, len(data), sha, committed, manifest_point=False)
         reporter.file_done(aux.name, aux.kind)

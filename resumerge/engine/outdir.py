@@ -26,7 +26,7 @@ from resumerge.store.sink import OutputSink
 def open_run(
     plan: Plan,
     config_text: str,
-    out: Path,
+    out: Path | str,  # a directory, or an hf:// repo as the user wrote it
     sink: OutputSink,
     ledger: Ledger,
     manifest: Manifest | None,
@@ -63,6 +63,13 @@ def open_run(
         if manifest is not None:
             # The state dir was lost (a runtime reset) but OUT survived: trust only what re-hashes correctly.
             verified = adopt_manifest(sink, plan, ledger, manifest.committed, notes)
+    elif manifest is not None:
+        # A sink that commits in batches (a hub repo) commits a file with the manifest before its ledger row: a
+        # process killed in between left files the manifest lists and the ledger does not. Adopt them after a check.
+        pending = {r["name"] for r in ledger.files() if r["status"] != "done"}
+        missed = {name: info for name, info in manifest.committed.items() if name in pending}
+        if missed:
+            verified = adopt_manifest(sink, plan, ledger, missed, notes, rebuilt=False)
     committed = {
         r["name"]: {"bytes": r["bytes"], "sha256": r["sha256"]} for r in ledger.files() if r["status"] == "done"
     }
@@ -92,7 +99,7 @@ def planned_files(plan: Plan) -> list[str]:
     return [s.name for s in plan.shards] + [a.name for a in aux_files(plan)]
 
 
-def _record_plan(plan: Plan, config_text: str, out: Path, ledger: Ledger) -> None:
+def _record_plan(plan: Plan, config_text: str, out: Path | str, ledger: Ledger) -> None:
     files: list[tuple[str, str, int, int, int | None]] = [
         (s.name, "shard", i, len(s.tensors), s.file_size) for i, s in enumerate(plan.shards)
     ]

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.config.recipe import load_recipe_text
-from resumerge.engine.estimate import Estimate, estimate
+from resumerge.engine.costs import Estimate
+from resumerge.engine.estimate import estimate
+from resumerge.engine.inputfetch import refuse_streamed_recipe
 from resumerge.memory.sizes import format_size
 from resumerge.plan.merge_plan import PlanOptions
 from resumerge.plan.recipe_plan import default_intermediate_dir, plan_recipe
@@ -78,6 +80,7 @@ def estimate_recipe(
     estimate each stage; writes nothing. Raises what :func:`resumerge.engine.recipe_run.run_recipe` raises before any
     work (exit 2 errors); a recipe that is valid but does not fit is reported in :attr:`RecipeEstimate.reasons`.
     """
+    refuse_streamed_recipe(options)
     recipe = load_recipe_text(text, source=source)
     out = Path(out_dir).absolute()
     inter = Path(intermediate_dir).absolute() if intermediate_dir is not None else default_intermediate_dir(out)
@@ -86,7 +89,8 @@ def estimate_recipe(
     reasons: list[str] = []
     for sp in rplan.stages:
         est = estimate(sp.plan, rplan.inputs, sp.stage.text, out_dir=sp.out_dir, state_dir=state_dir,
-                       max_memory=max_memory, probe_bytes=probe_bytes if sp.final else 0, disk_free=disk_free)
+                       max_memory=max_memory, probe_bytes=probe_bytes if sp.final else 0, disk_free=disk_free,
+                       choose_inputs=False)
         stages.append(StageEstimate(sp.stage.label, str(sp.out_dir), sp.final, est))
         reasons.extend(f"{sp.stage.label}: {reason}" for reason in est.reasons)
     reasons.extend(_shared_disk_reasons(stages, disk_free))

@@ -24,6 +24,7 @@ from resumerge.config.locations import run_dir
 from resumerge.config.recipe import load_recipe_text
 from resumerge.config.version import __version__
 from resumerge.engine.executor import Reporter
+from resumerge.engine.inputfetch import refuse_streamed_recipe
 from resumerge.engine.outdir import check_out_dir
 from resumerge.engine.session import Outcome, drive_plan, hub_progress, make_governor
 from resumerge.errors import (
@@ -123,6 +124,7 @@ def run_recipe(
     differently and ``restart`` is false (naming the stage that changed); OutputDirError for foreign files or
     another process; InterruptedMerge / StorageError (exit 3) when stopped: ``resume_recipe`` continues.
     """
+    refuse_streamed_recipe(options)
     recipe = load_recipe_text(text, source=source)
     out = Path(out_dir).absolute()
     previous = _recorded(out, state_dir)

@@ -41,8 +41,8 @@ def reconcile(sink: OutputSink, ledger: Ledger, book: ManifestBook, *, log: list
 
 
 def adopt_manifest(sink: OutputSink, plan: Plan, ledger: Ledger, committed: Mapping[str, Mapping[str, object]],
-                   log: list[str]) -> frozenset[str]:
-    """Mark the manifest's committed files done in a fresh ledger, after re-hashing each one.
+                   log: list[str], *, rebuilt: bool = True) -> frozenset[str]:
+    """Mark the manifest's committed files done in the ledger (a fresh one when ``rebuilt``), after checking each.
 
     Returns the names found intact (so the caller need not hash them again).
     """
@@ -57,5 +57,8 @@ def adopt_manifest(sink: OutputSink, plan: Plan, ledger: Ledger, committed: Mapp
         shard = next((s for s in plan.shards if s.name == name), None)
         ledger.commit_file(name, size=size, sha256=sha, seconds=0.0, tensors=shard.tensors if shard else ())
         intact.add(name)
-    log.append(f"ledger rebuilt from {MANIFEST_NAME}")
+    if rebuilt:
+        log.append(f"ledger rebuilt from {MANIFEST_NAME}")
+    elif intact:
+        log.append(f"{', '.join(sorted(intact))}: committed with {MANIFEST_NAME} before the process stopped")
     return frozenset(intact)

@@ -17,10 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import run_dir
 from resumerge.config.merge_config import MergeConfig, load_config_text
 from resumerge.engine.devices import gpu_governor
 from resumerge.engine.executor import Reporter, Stopped, execute
+from resumerge.engine.hubout import HubOutput, open_hub_output
+from resumerge.engine.inputfetch import HubInputs
 from resumerge.engine.outdir import check_out_dir, check_out_path, open_run, planned_files
 from resumerge.engine.reconcile import reconcile
 from resumerge.errors import (
@@ -30,7 +33,7 @@ from resumerge.errors import (
     StorageError,
     UsageError,
 )
-from resumerge.inputs.catalog import Inputs, fetch_inputs, open_inputs
+from resumerge.inputs.catalog import Inputs, open_inputs
 from resumerge.inputs.model import InputWatch
 from resumerge.inputs.source import InputSources
 from resumerge.memory import CudaProbe, MemoryGovernor, SystemProbe, default_budget, format_size, os_peak_rss
@@ -39,9 +42,10 @@ from resumerge.plan.planner import build_plan
 from resumerge.plan.workunits import largest, oversized_units
 from resumerge.store.durable import is_temp_name
 from resumerge.store.filesystems import Staging, filesystem_type, staging_dir
+from resumerge.store.hubrepo import HubOutputOptions
 from resumerge.store.ledger import LEDGER_NAME, Ledger, set_aside
 from resumerge.store.manifest import MANIFEST_NAME, Manifest, read_manifest
-from resumerge.store.sink import LocalDirSink, StagedDirSink
+from resumerge.store.sink import LocalDirSink, OutputSink, StagedDirSink
 from resumerge.store.statusview import resume_command
 
 if TYPE_CHECKING:
@@ -78,6 +82,7 @@ class Outcome:
     out_dir: Path
     resumed_files: int
     notes: tuple[str, ...] = field(default=())
+    target: str | None = None  # the hf:// repo when OUT is one (then out_dir is only its name)
 
 
 def prepare(
@@ -139,6 +144,8 @@ def run_merge(
     cache_dir: str | os.PathLike[str] | None = None,
     max_gpu_memory: int | None = None,
     staging: Staging = None,
+    max_disk: int | None = None,
+    output: HubOutputOptions | None = None,
 ) -> Outcome:
     """Merge ``config_text`` into ``out_dir``; continue an unfinished run of the same plan there.
 
@@ -148,18 +155,24 @@ def run_merge(
     ``max_gpu_memory`` the GPU's when ``options.device`` is a GPU (default: a safe fraction of its free memory).
     ``staging``: None stages output on local disk only when OUT is on a remote or FUSE filesystem (Drive), True
     always (in the run's state dir), False never, or a directory to stage in.
+    ``out_dir`` may be ``hf://NAMESPACE/NAME[@BRANCH]``: write access is checked (exit 2) before anything else is
+    read, and ``output`` says how the repo is created and commits batched. ``max_disk`` bounds the bytes kept on
+    the local disk for the output (staged, uncommitted files of a hub OUT).
     """
     config = load_config_text(config_text)
+    hub_out = open_hub_output(str(out_dir), state_dir=state_dir, options=output) if is_hub_target(out_dir) else None
     plan, inputs = prepare(config, options or PlanOptions(), state_dir=state_dir, cache_dir=cache_dir,
                            reporter=reporter)
     governor = make_governor(plan, max_memory)
     gpu = gpu_governor(plan, plan.options.device, max_gpu_memory)
-    out = Path(out_dir).absolute()
-    manifest = check_out_dir(out)
-    fetch_inputs(inputs, state_dir=state_dir, on_progress=_hub_progress(reporter))
+    out = Path(hub_out.url) if hub_out else Path(out_dir).absolute()
+    manifest = hub_out.manifest if hub_out else check_out_dir(out)
+    hub = HubInputs.open(plan, inputs, state_dir=state_dir, on_progress=_hub_progress(reporter), governor=governor,
+                         max_disk=max_disk)
     return _drive(plan, config_text, out, state_dir, manifest, restart=restart, reporter=reporter,
                   should_stop=should_stop, workers=workers, command=resume_command(out_dir, state_dir),
-                  governor=governor, gpu=gpu, staging=staging)
+                  governor=governor, gpu=gpu, staging=staging, hub=hub, hub_out=hub_out,
+                  max_disk=hub.output_budget(max_disk))
 
 
 def resume_merge(
@@ -172,16 +185,24 @@ def resume_merge(
     max_memory: int | None = None,
     max_gpu_memory: int | None = None,
     staging: Staging = None,
+    max_disk: int | None = None,
+    output: HubOutputOptions | None = None,
 ) -> Outcome:
-    """Finish the merge recorded for ``out_dir`` (from the ledger, else from OUT's manifest); ``staging`` as for
-    :func:`run_merge` (it does not change the output, so it may differ from the first run's).
+    """Finish the merge recorded for ``out_dir`` (from the ledger, else from OUT's manifest); ``staging``,
+    ``max_disk`` and ``output`` as for :func:`run_merge` (they do not change the output, so they may differ from
+    the first run's). An ``hf://`` OUT resumes from the repo alone when the state dir is gone.
 
     Raises LedgerError when neither exists, PlanChangedError when the inputs or resumerge changed, UsageError
     when the merge computes on a GPU that this machine lacks (the device is part of the output's identity).
     """
-    out = Path(out_dir).absolute()
-    check_out_path(out)
-    manifest = read_manifest(out) if out.is_dir() else None
+    hub_out = None
+    if is_hub_target(out_dir):
+        hub_out = open_hub_output(str(out_dir), state_dir=state_dir, options=output, create=False)
+        out, manifest = Path(hub_out.url), hub_out.manifest
+    else:
+        out = Path(out_dir).absolute()
+        check_out_path(out)
+        manifest = read_manifest(out) if out.is_dir() else None
     ledger_path = run_dir(out, state_dir) / LEDGER_NAME
     row = None
     if ledger_path.exists():
@@ -209,10 +230,12 @@ def resume_merge(
     plan, inputs = prepare(config, PlanOptions(**opts), model_dirs=dirs, state_dir=state_dir, reporter=reporter)
     governor = make_governor(plan, max_memory)
     gpu = gpu_governor(plan, plan.options.device, max_gpu_memory)
-    fetch_inputs(inputs, state_dir=state_dir, on_progress=_hub_progress(reporter))
+    hub = HubInputs.open(plan, inputs, state_dir=state_dir, on_progress=_hub_progress(reporter), governor=governor,
+                         max_disk=max_disk)
     return _drive(plan, text, out, state_dir, manifest, restart=False, reporter=reporter,
                   should_stop=should_stop, workers=workers, command=resume_command(out_dir, state_dir),
-                  resuming=True, governor=governor, gpu=gpu, staging=staging)
+                  resuming=True, governor=governor, gpu=gpu, staging=staging, hub=hub, hub_out=hub_out,
+                  max_disk=hub.output_budget(max_disk))
 
 
 def drive_plan(
@@ -290,31 +313,38 @@ def _drive(
     governor: MemoryGovernor | None = None,
     gpu: MemoryGovernor | None = None,
     staging: Staging = None,
+    hub: HubInputs | None = None,
+    hub_out: HubOutput | None = None,
+    max_disk: int | None = None,
 ) -> Outcome:
     from resumerge.plan.workunits import tune_allocator
     from resumerge.store.runlock import RunLock
 
     tune_allocator()
     reporter = reporter or NullReporter()
-    out.mkdir(parents=True, exist_ok=True)
-    rdir = run_dir(out, state_dir)
-    lock = RunLock(rdir, out)
+    if hub_out is None:
+        out.mkdir(parents=True, exist_ok=True)
+    rdir = run_dir(hub_out.url if hub_out else out, state_dir)
+    # A repo cannot be locked from here: the run's own folder is, so two processes on this machine never collide.
+    lock = RunLock(rdir, out if hub_out is None else rdir)
     lock.acquire()
     notes: list[str] = []
     ledger = _open_ledger(rdir / LEDGER_NAME, notes)
     watch = InputWatch.of(plan.model_dirs, plan.inputs)
     ledger.commit_guard = watch.check
     xfsz = _ignore_sigxfsz()
+    sink: OutputSink | None = None
     try:
         staged: list[str] = []
-        stage_dir = _staging_dir(staging, plan, out, rdir, staged)
-        sink = LocalDirSink(out) if stage_dir is None else StagedDirSink(out, stage_dir)
-        book, verified = open_run(plan, config_text, out, sink, ledger, manifest, restart=restart,
-                                   resuming=resuming, notes=notes)
+        sink = _make_sink(plan, out, rdir, staging, staged, hub_out, max_disk)
+        book, verified = open_run(plan, config_text, hub_out.url if hub_out else out, sink, ledger, manifest,
+                                  restart=restart, resuming=resuming, notes=notes)
         reconcile(sink, ledger, book, log=notes, verified=verified)
         notes.extend(staged)
         resumed = sum(1 for r in ledger.files() if r["status"] == "done")
-        for note in notes:
+        for note in plan.notes:  # what the plan decided that the user must hear (status and the card show it too)
+            ledger.event("plan", note)
+        for note in [*notes, *plan.notes]:
             reporter.message(note)
         rows = ledger.files()
         done_shards = {r["name"] for r in rows if r["status"] == "done" and r["kind"] == "shard"}
@@ -333,7 +363,7 @@ def _drive(
             ledger.event("memory", f"{gpu.pool} budget {format_size(gpu.budget)}",
                          {"pool": gpu.pool, "budget": gpu.budget})
             gpu.start()
-        sources = InputSources.local(plan.model_dirs)
+        sources = InputSources.local(plan.model_dirs) if hub is None else hub.attach(ledger, reporter)
         try:
             execute(plan, sources, sink, ledger, book, reporter, should_stop=should_stop, config_text=config_text,
                     workers=workers, governor=governor, gpu=gpu)
@@ -347,15 +377,28 @@ def _drive(
             raise error from exc
         finally:
             sources.close()
+            if hub is not None:
+                hub.record(ledger)
             _record_memory(ledger, governor)
             _record_gpu_memory(ledger, gpu)
         book.set_state("done")
         ledger.set_state("done")
-        return Outcome(plan, out, resumed, tuple(notes))
+        return Outcome(plan, out, resumed, tuple(notes), target=hub_out.url if hub_out else None)
     finally:
+        if sink is not None:
+            sink.close()
         ledger.close()
         lock.release()
         _restore_sigxfsz(xfsz)
+
+
+def _make_sink(plan: Plan, out: Path, rdir: Path, staging: Staging, notes: list[str], hub_out: HubOutput | None,
+               max_disk: int | None) -> OutputSink:
+    """The sink of this run: the hub repo, OUT staged on local disk (Drive and other mounts), or OUT itself."""
+    if hub_out is not None:
+        return hub_out.sink(plan, rdir, planned_files(plan), max_disk)
+    stage_dir = _staging_dir(staging, plan, out, rdir, notes)
+    return LocalDirSink(out) if stage_dir is None else StagedDirSink(out, stage_dir)
 
 
 def _open_ledger(path: Path, notes: list[str]) -> Ledger:

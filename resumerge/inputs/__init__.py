@@ -15,4 +15,5 @@ __all__ = [
     "model",
     "safetensors_format",
     "tensorio",
+    "torch_bin",
 ]

@@ -2,7 +2,8 @@
 
 Like httpx's transports, a small abstract class with one required method and small implementations behind it;
 the engine holds an :class:`InputSources` and never learns whether a model's bytes come from a local folder, a
-Hugging Face cache snapshot (a local folder too, once fetched and verified) or, later, HTTP byte ranges.
+Hugging Face cache snapshot (a local folder too, once fetched and verified) or HTTP byte ranges
+(:mod:`resumerge.inputs.hub.stream`).
 Implementations must return exactly the requested bytes or raise :class:`~resumerge.errors.ResumergeError`;
 they are called from several worker threads at once.
 """
@@ -10,12 +11,13 @@ they are called from several worker threads at once.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 
 from resumerge.inputs.tensorio import TORCH_DTYPES, TensorReader
+from resumerge.inputs.torch_bin import PickleReader, is_pickle_checkpoint
 
 
 class InputSource(ABC):
@@ -31,26 +33,37 @@ class InputSource(ABC):
             return torch.empty(shape, dtype=TORCH_DTYPES[dtype])
         return self.read_range(file, start, end).view(TORCH_DTYPES[dtype]).reshape(shape)
 
+    def expect(self, order: Sequence[tuple[str, int, int]]) -> None:  # noqa: B027  (local files need no hint)
+        """Learn the (file, start, end) ranges the engine will read, in order (a remote source coalesces
+        adjacent ones); reads outside it remain allowed."""
+
     def close(self) -> None:  # noqa: B027  (most sources hold nothing to release)
         """Release what the source holds open (descriptors, connections)."""
 
 
 class LocalFiles(InputSource):
-    """A model folder on a local filesystem, read by ``pread`` (see :mod:`resumerge.inputs.tensorio` for why)."""
+    """A model folder on a local filesystem, read by ``pread`` (see :mod:`resumerge.inputs.tensorio` for why);
+    PyTorch ``.bin`` files by their virtual byte ranges through :class:`~resumerge.inputs.torch_bin.PickleReader`."""
 
     def __init__(self, directory: str | Path, reader: TensorReader | None = None) -> None:
         self.directory = Path(directory)
         self._reader = reader or TensorReader()
         self._owns_reader = reader is None
+        self._pickles = PickleReader(self.directory)
 
     def read_range(self, file: str, start: int, end: int) -> torch.Tensor:
+        if is_pickle_checkpoint(file):
+            return self._pickles.read_range(file, start, end)
         return self._reader.read(self.directory / file, start, end, "U8", (end - start,))
 
     def read_tensor(self, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+        if is_pickle_checkpoint(file):
+            return super().read_tensor(file, start, end, dtype, shape)
         # Straight to the reader: it views its buffer with the right dtype, one call instead of two.
         return self._reader.read(self.directory / file, start, end, dtype, shape)
 
     def close(self) -> None:
+        self._pickles.close()
         if self._owns_reader:
             self._reader.close()
 
@@ -71,6 +84,16 @@ class InputSources:
     def read(self, model: str, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
         """The tensor at ``[start, end)`` of ``file`` of input ``model``."""
         return self._sources[model].read_tensor(file, start, end, dtype, shape)
+
+    def expect(self, order: Sequence[tuple[str, str, int, int]]) -> None:
+        """Tell each source the (model, file, start, end) reads the plan will make, in order (see
+        :meth:`InputSource.expect`)."""
+        by_model: dict[str, list[tuple[str, int, int]]] = {key: [] for key in self._sources}
+        for model, file, start, end in order:
+            if model in by_model:
+                by_model[model].append((file, start, end))
+        for key, source in self._sources.items():
+            source.expect(by_model[key])
 
     def close(self) -> None:
         """Close every source."""

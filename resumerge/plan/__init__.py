@@ -9,10 +9,16 @@ May import: errors, config, memory, methods, vocab, inputs.
 
 __all__ = [
     "architecture",
+    "fetching",
     "merge_plan",
+    "module_views",
+    "modules",
     "outconfig",
+    "parameters",
     "planner",
     "recipe_plan",
     "sharding",
+    "tokenizer_plan",
+    "truncation",
     "workunits",
 ]

@@ -35,6 +35,18 @@ class PlanOptions:
     allow_crimes: bool = False
     # Where methods run ("cpu" or "cuda:N"): a GPU may round differently, so it is part of the output's identity.
     device: str = "cpu"
+    # --stream-inputs: read every hub input by HTTP Range (else each file's choice is automatic, see
+    # plan/fetching.py). Recorded so a resume streams too; out of the fingerprint: it changes no output byte.
+    stream_inputs: bool = False
+    # --no-write-model-card: no README.md and no mergekit_config.yml in OUT, as mergekit.
+    write_model_card: bool = True
+    # --unsafe-truncate-embeddings: vocabulary tensors of different lengths keep their common leading rows.
+    unsafe_truncate_embeddings: bool = False
+
+
+# Options added after runs were first recorded: left out of the fingerprint at their default, so a run planned
+# before they existed resumes as the same plan.
+_LATER_OPTIONS = {"write_model_card": True, "unsafe_truncate_embeddings": False}
 
 
 @dataclass(frozen=True)
@@ -126,6 +138,9 @@ class Plan:
     vocab: VocabAlignment | None = field(default=None, compare=False, repr=False)
     vocab_digest: str = ""
     fingerprint: str = ""
+    # Facts the user must hear about (vocabulary rows cut by --unsafe-truncate-embeddings, …): logged when the
+    # run starts, shown by status, written in the model card. Derived from the rest of the plan.
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def total_bytes(self) -> int:
@@ -157,10 +172,16 @@ def fingerprint_parts(plan: Plan) -> dict[str, str]:
     }
     return {
         "plan": _sha(body),
-        "options": _sha({k: v for k, v in asdict(plan.options).items() if k != "allow_crimes"}),
+        "options": _sha(_output_options(plan.options)),
         "inputs": _sha({k: list(v) for k, v in sorted(plan.inputs.items())}),
         "version": __version__,
     }
+
+
+def _output_options(options: PlanOptions) -> dict[str, Any]:
+    """The options that change output bytes, as fingerprinted."""
+    return {k: v for k, v in asdict(options).items()
+            if k not in ("allow_crimes", "stream_inputs") and (k not in _LATER_OPTIONS or v != _LATER_OPTIONS[k])}
 
 
 def compute_fingerprint(plan: Plan) -> str:
@@ -179,7 +200,8 @@ def describe_changes(
     if recorded_parts.get("version") != now["version"]:
         changes.append(f"resumerge version changed ({recorded_parts.get('version')} -> {now['version']})")
     if recorded_parts.get("options") != now["options"]:
-        changes.append("output options changed (--out-shard-size, --random-seed, --device or tokenizer copying)")
+        changes.append("output options changed (--out-shard-size, --random-seed, --device, tokenizer copying, "
+                       "--no-write-model-card or --unsafe-truncate-embeddings)")
     if recorded_parts.get("inputs") != now["inputs"]:
         for model, files in sorted(plan.inputs.items()):
             before = {f[0]: f for f in recorded_inputs.get(model, [])}

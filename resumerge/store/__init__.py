@@ -3,9 +3,9 @@ manifest, checksums, and the status views read from them.
 
 The commit protocol lives here (temp, fsync, rename, fsync dir, then the ledger row); the engine writes every
 output file through an :class:`~resumerge.store.sink.OutputSink` and never learns whether OUT is a local
-directory or a staged remote mount.
+directory, a staged remote mount or a hub repo (``hub*.py``: access checks, batched uploads and commits).
 
-May import: errors, config, inputs (the safetensors format and tensor bytes).
+May import: errors, config, inputs (the safetensors format, tensor bytes, the hub client helpers).
 """
 
 __all__ = [
@@ -13,6 +13,10 @@ __all__ = [
     "diskprobe",
     "durable",
     "filesystems",
+    "hubaccess",
+    "hubcommits",
+    "hubrepo",
+    "hubstatus",
     "integrity",
     "killpoints",
     "ledger",

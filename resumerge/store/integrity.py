@@ -9,13 +9,16 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import run_dir
 from resumerge.errors import LedgerError
 from resumerge.store.checksums import check_many
 from resumerge.store.manifest import MANIFEST_NAME, read_manifest
+from resumerge.store.statusview import resume_command
 
 
 @dataclass(frozen=True)
@@ -43,30 +46,52 @@ class VerifyReport:
 
 
 def verify_output(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None) -> VerifyReport:
-    """Check the committed files of ``out_dir`` (records from the ledger, else the manifest)."""
-    out = Path(out_dir)
-    records, pending = _records(out, state_dir)
-    problems = check_many(out, ((name, size, sha) for name, (size, sha) in records.items()))
+    """Check the committed files of ``out_dir`` (records from the ledger, else the manifest).
+
+    For an ``hf://`` OUT the records come from this machine's ledger, else the repo's manifest, and each file is
+    checked against the hub's checksums (the sha256 of the tree listing for LFS files; small files read back).
+    """
+    problems: Mapping[str, str | None]
+    if is_hub_target(out_dir):
+        from resumerge.store.hubstatus import check_committed, manifest_records
+
+        command = resume_command(out_dir, state_dir)
+        found = _ledger_records(run_dir(out_dir, state_dir) / "ledger.db", None)
+        records, pending = found if found is not None else manifest_records(str(out_dir), command)
+        problems = check_committed(str(out_dir), records, command)
+    else:
+        out = Path(out_dir)
+        records, pending = _records(out, state_dir)
+        problems = check_many(out, ((name, size, sha) for name, (size, sha) in records.items()))
     damaged = [Damage(name, problem) for name in sorted(records) if (problem := problems[name])]
     total = sum(size for size, _ in records.values())
     return VerifyReport(str(out_dir), len(records), total, pending, tuple(damaged))
 
 
+def _ledger_records(ledger: Path, manifest: Path | None) -> tuple[dict[str, tuple[int, str]], int] | None:
+    """The ledger's committed files and pending count; None without a usable ledger (a damaged one is never
+    trusted when ``manifest`` exists, or for a hub OUT, whose repo manifest can stand in)."""
+    if not ledger.exists():
+        return None
+    conn = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
+    try:
+        rows = conn.execute("SELECT name, status, bytes, sha256 FROM files").fetchall()
+    except sqlite3.DatabaseError as exc:
+        if manifest is not None and not manifest.is_file():
+            raise LedgerError(f"the ledger {ledger} is unreadable ({exc})", path=str(ledger)) from None
+        return None
+    finally:
+        conn.close()
+    if not rows:
+        return None
+    done = {r[0]: (int(r[2]), str(r[3])) for r in rows if r[1] == "done"}
+    return done, sum(1 for r in rows if r[1] != "done")
+
+
 def _records(out: Path, state_dir: str | os.PathLike[str] | None) -> tuple[dict[str, tuple[int, str]], int]:
-    ledger = run_dir(out, state_dir) / "ledger.db"
-    if ledger.exists():
-        conn = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
-        try:
-            rows = conn.execute("SELECT name, status, bytes, sha256 FROM files").fetchall()
-        except sqlite3.DatabaseError as exc:
-            if not (out / MANIFEST_NAME).is_file():
-                raise LedgerError(f"the ledger {ledger} is unreadable ({exc})", path=str(ledger)) from None
-            rows = []  # a damaged ledger is never trusted: verify against OUT's manifest instead
-        finally:
-            conn.close()
-        if rows:
-            done = {r[0]: (int(r[2]), str(r[3])) for r in rows if r[1] == "done"}
-            return done, sum(1 for r in rows if r[1] != "done")
+    found = _ledger_records(run_dir(out, state_dir) / "ledger.db", out / MANIFEST_NAME)
+    if found is not None:
+        return found
     manifest = read_manifest(out)
     if manifest is None:
         raise LedgerError(f"no merge recorded for {out}", path=str(out), hint="check the path and --state-dir")

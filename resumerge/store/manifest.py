@@ -76,8 +76,16 @@ def read_manifest(out_dir: Path) -> Manifest | None:
     path = manifest_path(out_dir)
     if not path.is_file():
         return None
+    return parse_manifest(path.read_bytes(), str(path))
+
+
+def parse_manifest(data: bytes, where: str) -> Manifest:
+    """Parse manifest bytes read from ``where`` (a path or a hub URL, for the message).
+
+    Raises :class:`LedgerError` if they are not a manifest this resumerge can read.
+    """
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(data.decode("utf-8"))
         if doc.get("format") != FORMAT:
             raise ValueError(f"unknown manifest format {doc.get('format')!r}")
         return Manifest(
@@ -95,10 +103,10 @@ def read_manifest(out_dir: Path) -> Manifest | None:
             committed={str(k): dict(v) for k, v in doc["committed"].items()},
             state=str(doc.get("state", "running")),
         )
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
         raise LedgerError(
-            f"the manifest {path} is unreadable ({exc})",
-            path=str(path),
+            f"the manifest {where} is unreadable ({exc})",
+            path=where,
             hint="it was not written by this resumerge; use a new output directory",
         ) from None
 

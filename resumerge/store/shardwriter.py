@@ -109,12 +109,13 @@ class ShardWriter:
                 hashed.result()
         self._written += len(data)
 
-    def finish(self) -> tuple[int, str]:
+    def finish(self) -> tuple[int, str, bool]:
         """fsync, verify the header and size, and publish through the sink (local: rename, fsync the directory;
         staged: copy, read back, verify, rename).
 
-        Returns (size, sha256). After it returns the file is durable under its final name; only the ledger
-        row is missing, and resume deletes a final-named file that has none.
+        Returns (size, sha256, committed). When ``committed`` the file is durable under its final name; only the
+        ledger row is missing, and resume deletes a final-named file that has none. Otherwise the sink commits it
+        later (see :meth:`~resumerge.store.sink.OutputSink.publish`).
         """
         if self._next != len(self.layout.order):
             raise ResumergeError(f"internal: shard {self.final.name} finished with tensors missing")
@@ -128,11 +129,11 @@ class ShardWriter:
             if header.file_size != self.layout.file_size or self._written != self.layout.file_size:
                 raise ResumergeError(f"internal: {self.final.name} is {header.file_size} bytes, planned "
                                      f"{self.layout.file_size}")
-            self.sink.publish(self.temp, self.name, self._sha.hexdigest())
+            committed = self.sink.publish(self.temp, self.name, self._sha.hexdigest())
         except OSError as exc:
             self.abort()
             raise storage_error(exc, self.final) from exc
-        return self.layout.file_size, self._sha.hexdigest()
+        return self.layout.file_size, self._sha.hexdigest(), committed
 
     def abort(self) -> None:
         """Close and delete the temp file (safe to call more than once; never raises, so the error being

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import run_dir
 from resumerge.errors import LedgerError
 from resumerge.store.manifest import MANIFEST_NAME
@@ -58,6 +59,15 @@ class StatusReport:
     budget: int | None = None
     adaptation_events: tuple[str, ...] = ()
     resume_command: str | None = None
+    # hf:// OUT: the repo's web address, and planned files staged on this machine but not yet in a commit
+    # (uploading or uploaded).
+    url: str | None = None
+    uncommitted: tuple[str, ...] = ()
+    # Hub inputs read by HTTP Range (issue 15): the latest figures of the run — fetched, needed, requests, rate
+    # (bytes/s), refreshed_urls, retries — or None when nothing was streamed.
+    streamed: dict[str, float] | None = None
+    # What the plan decided that the user must hear (vocabulary rows cut by --unsafe-truncate-embeddings, …).
+    plan_notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form printed by ``status --json``."""
@@ -65,14 +75,21 @@ class StatusReport:
         doc["files"] = [asdict(f) for f in self.files]
         doc["events"] = list(self.events)
         doc["adaptation_events"] = list(self.adaptation_events)
+        doc["uncommitted"] = list(self.uncommitted)
+        doc["plan_notes"] = list(self.plan_notes)
         return doc
 
 
 def read_status(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None) -> StatusReport:
-    """Status of the merge into ``out_dir``; raises :class:`LedgerError` when there is no record of one."""
+    """Status of the merge into ``out_dir``; raises :class:`LedgerError` when there is no record of one.
+
+    For ``hf://`` OUT the ledger answers when this machine has it, else the repo's manifest (one small request).
+    """
     rdir = run_dir(out_dir, state_dir)
     ledger = rdir / LEDGER_NAME
     command = resume_command(out_dir, state_dir)
+    if is_hub_target(out_dir):
+        return _hub_status(str(out_dir), ledger, rdir, command)
     manifest = Path(out_dir) / MANIFEST_NAME
     if ledger.exists():
         try:
@@ -84,7 +101,7 @@ def read_status(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[st
         if report is not None:
             return report
     if manifest.is_file():
-        return _from_manifest(manifest, str(out_dir), command)
+        return _from_manifest(manifest, str(manifest), str(out_dir), command)
     raise LedgerError(
         f"no merge recorded for {out_dir}",
         path=str(out_dir),
@@ -118,6 +135,9 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusRe
         adaptations = conn.execute(
             "SELECT message FROM events WHERE kind = 'adaptation' ORDER BY id DESC LIMIT 3"
         ).fetchall()
+        stream = conn.execute("SELECT data FROM events WHERE kind = 'stream' ORDER BY id DESC LIMIT 1").fetchone()
+        plan_notes = [r[0] for r in conn.execute(
+            "SELECT message FROM events WHERE kind = 'plan' GROUP BY message ORDER BY MIN(id)").fetchall()]
     except sqlite3.DatabaseError as exc:
         raise LedgerError(f"the ledger {path} is unreadable ({exc})", path=str(path)) from None
     finally:
@@ -145,6 +165,8 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusRe
         budget=_budget(memory["data"] if memory else None),
         adaptation_events=tuple(a["message"] for a in reversed(adaptations)),
         resume_command=None if state in ("done", "running") else command,
+        streamed=json.loads(stream["data"]) if stream else None,
+        plan_notes=tuple(plan_notes),
     )
 
 
@@ -156,16 +178,35 @@ def _budget(data: str | None) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def _from_manifest(path: Path, out_dir: str, command: str) -> StatusReport:
+def _hub_status(out: str, ledger: Path, rdir: Path, command: str) -> StatusReport:
+    from dataclasses import replace
+
+    from resumerge.store.hubstatus import remote_manifest_bytes, repo_url, staged_names
+
+    report = None
+    if ledger.exists():
+        try:
+            report = _from_ledger(ledger, rdir, out, command)
+        except LedgerError:
+            report = None  # a damaged ledger is never trusted: the repo's manifest tells the same story
+    if report is None:
+        data, where = remote_manifest_bytes(out, command)
+        report = _from_manifest(data, where, out, command)
+    pending = [f.name for f in report.files if f.status != "done"]
+    return replace(report, url=repo_url(out), uncommitted=staged_names(rdir, pending))
+
+
+def _from_manifest(source: Path | bytes, where: str, out_dir: str, command: str) -> StatusReport:
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        data = source if isinstance(source, bytes) else source.read_bytes()
+        doc = json.loads(data.decode("utf-8"))
         planned = list(doc["planned"])
         committed = dict(doc["committed"])
         sizes = {str(k): int(v) for k, v in doc["shard_sizes"].items()}
         tensors_total = int(doc["tensors_total"])
         counts = {str(k): int(v) for k, v in doc["shard_tensors"].items()}
-    except (ValueError, KeyError, TypeError) as exc:
-        raise LedgerError(f"the manifest {path} is unreadable ({exc})", path=str(path)) from None
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        raise LedgerError(f"the manifest {where} is unreadable ({exc})", path=where) from None
     shards = [n for n in planned if n in sizes]
     state = "done" if doc.get("state") == "done" else "interrupted"
     return StatusReport(
@@ -183,6 +224,6 @@ def _from_manifest(path: Path, out_dir: str, command: str) -> StatusReport:
                        committed.get(n, {}).get("bytes"))
             for n in planned
         ),
-        events=("ledger not found: figures from the manifest in OUT",),
+        events=(f"ledger not found: figures from the manifest in {'OUT' if isinstance(source, Path) else 'the repo'}",),
         resume_command=None if state == "done" else command,
     )

@@ -3,12 +3,14 @@
 Serves model repos through the routes the real huggingface_hub client uses (see
 ``shared/reference/hf-cache.md`` §7): model info by revision, the tree listing, and ``resolve`` with the
 hub's headers (``X-Repo-Commit``, ``ETag``, ``X-Linked-Etag``, ``X-Linked-Size``, ``Content-Length``) and
-``Range`` support. It counts the body bytes it serves per file, logs every request, and injects faults:
-cutting a file's body after N bytes, stalling after N bytes until released, ignoring ``Range``.
+``Range`` support. It counts the body bytes it serves per file and per request (``Request.sent``), logs every
+request, and injects faults: cutting a file's body after N bytes, stalling after N bytes until released, ignoring
+``Range``, redirecting to signed URLs that expire after N bodies, answering 429 with ``Retry-After``.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import socket
@@ -19,10 +21,18 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".onnx", ".msgpack", ".h5", ".model", ".pt")
 _CHUNK = 64 * 1024
+
+
+@functools.lru_cache(maxsize=256)
+def sha256_of(data: bytes) -> str:
+    """The sha256 of ``data``, remembered: every ``resolve`` answer names it, and a range read of a large file
+    must not cost a hash of the whole file (the real hub stores it)."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -32,7 +42,7 @@ def git_blob_sha1(data: bytes) -> str:
 
 def lfs_pointer(data: bytes) -> bytes:
     """The git-lfs pointer file that stands for ``data`` in the repo."""
-    sha = hashlib.sha256(data).hexdigest()
+    sha = sha256_of(data)
     return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha}\nsize {len(data)}\n".encode()
 
 
@@ -50,6 +60,7 @@ class Request:
     range: str | None
     authorization: str | None
     status: int = 0
+    sent: int = 0  # body bytes of a file served for this request (per-range byte counting)
 
 
 @dataclass
@@ -69,7 +80,15 @@ class FakeHub:
         self.drop_after: dict[str, int] = {}  # "org/name/path" -> cut the next body after N bytes (one shot)
         self.hold_after: dict[str, tuple[int, threading.Event]] = {}  # stall after N bytes until the event
         self.ignore_range = False
+        # Issue-15 faults: resolve GETs redirect to a signed URL valid for this many bodies (then 403, like an
+        # expired CDN signature); the next N ranged GETs answer 429 with Retry-After.
+        self.signed_uses: int | None = None
+        self.throttle = 0
+        self.retry_after = "1"
+        self.expired = 0  # 403s sent for spent signatures
+        self._signatures: dict[str, tuple[str, str, str, int]] = {}
         self.lock = threading.Lock()
+        self.writer: Any = None  # the upload side (hub.fakehub_write.HubWriter) when attached
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._sockets: set[socket.socket] = set()
@@ -169,7 +188,7 @@ class FakeHub:
             pointer = lfs_pointer(data)
             return {
                 "type": "file", "path": path, "size": len(data), "oid": git_blob_sha1(pointer),
-                "lfs": {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": len(pointer)},
+                "lfs": {"oid": sha256_of(data), "size": len(data), "pointerSize": len(pointer)},
             }
         return {"type": "file", "path": path, "size": len(data), "oid": git_blob_sha1(data)}
 
@@ -180,6 +199,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        # Headers and body go out in separate writes: without this, Nagle and delayed ACKs add 40 ms per request.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self.hub.lock:
             self.hub._sockets.add(self.connection)
 
@@ -198,6 +219,12 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._dispatch(head=False)
 
+    def do_POST(self) -> None:
+        self._dispatch(head=False)
+
+    def do_PUT(self) -> None:
+        self._dispatch(head=False)
+
     # ---- routing -------------------------------------------------------------------------------------------
     def _dispatch(self, head: bool) -> None:
         split = urlsplit(self.path)
@@ -206,12 +233,52 @@ class _Handler(BaseHTTPRequestHandler):
         with self.hub.lock:
             self.hub.requests.append(self._record)
         query = {k.lower(): v[-1] for k, v in parse_qs(split.query).items()}
+        if self.hub.writer is not None and self.hub.writer.route(self, parts, query):
+            return
         if len(parts) >= 3 and parts[0] == "api" and parts[1] == "models":
             self._api(parts[2:], query)
         elif len(parts) >= 5 and parts[2] == "resolve":
+            if not head and self._detour(f"{parts[0]}/{parts[1]}", parts[3], "/".join(parts[4:])):
+                return
             self._resolve(f"{parts[0]}/{parts[1]}", parts[3], "/".join(parts[4:]), head)
+        elif len(parts) == 2 and parts[0] == "_signed":
+            self._signed(parts[1], head)
         else:
             self._error(404, "EntryNotFound", f"unknown route {split.path}")
+
+    def _detour(self, repo_id: str, revision: str, path: str) -> bool:
+        """Answer 429 (throttled) or a redirect to a signed URL instead of the body, when those faults are on."""
+        with self.hub.lock:
+            throttled = self.hub.throttle > 0 and self.headers.get("Range") is not None
+            if throttled:
+                self.hub.throttle -= 1
+            uses = self.hub.signed_uses
+            token = hashlib.sha1(f"{len(self.hub._signatures)}:{repo_id}:{path}".encode()).hexdigest()
+            if not throttled and uses is not None:
+                self.hub._signatures[token] = (repo_id, revision, path, uses)
+        if throttled:
+            self._error(429, "TooManyRequests", "slow down", retry_after=self.hub.retry_after)
+            return True
+        if uses is None:
+            return False
+        self._record.status = 302
+        self.send_response(302)
+        self.send_header("Location", f"/_signed/{token}")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        return True
+
+    def _signed(self, token: str, head: bool) -> None:
+        """The CDN side: serve the signed file while the signature has uses left, else 403."""
+        with self.hub.lock:
+            repo_id, revision, path, left = self.hub._signatures.get(token, ("", "", "", 0))
+            if left > 0:
+                self.hub._signatures[token] = (repo_id, revision, path, left - 1)
+            else:
+                self.hub.expired += 1
+        if left <= 0:
+            return self._error(403, "SignatureExpired", "signature expired")
+        self._resolve(repo_id, revision, path, head)
 
     def _api(self, parts: list[str], query: dict[str, str]) -> None:
         if len(parts) < 2:
@@ -246,7 +313,7 @@ class _Handler(BaseHTTPRequestHandler):
         entry = FakeHub.file_entry(path, data)
         headers = {"X-Repo-Commit": commit, "ETag": f'"{entry["oid"]}"', "Accept-Ranges": "bytes"}
         if "lfs" in entry:
-            headers["X-Linked-Etag"] = f'"{hashlib.sha256(data).hexdigest()}"'
+            headers["X-Linked-Etag"] = f'"{sha256_of(data)}"'
             headers["X-Linked-Size"] = str(len(data))
         start, end, status = 0, len(data), 200
         wanted = self.headers.get("Range")
@@ -281,11 +348,13 @@ class _Handler(BaseHTTPRequestHandler):
                 # counters) before this thread runs again. A failed write is taken back.
                 with self.hub.lock:
                     self.hub.served[key] += step
+                    self._record.sent += step
                 try:
                     self.wfile.write(body[sent : sent + step])
                 except OSError:
                     with self.hub.lock:
                         self.hub.served[key] -= step
+                        self._record.sent -= step
                     raise
                 sent += step
         except OSError:
@@ -309,10 +378,13 @@ class _Handler(BaseHTTPRequestHandler):
             with self.hub.lock:
                 self.hub.api_bytes += len(raw)
 
-    def _error(self, status: int, code: str, message: str, commit: str | None = None) -> None:
+    def _error(self, status: int, code: str, message: str, commit: str | None = None,
+               retry_after: str | None = None) -> None:
         raw = json.dumps({"error": message}).encode()
         self._record.status = status
         self.send_response(status)
+        if retry_after is not None:
+            self.send_header("Retry-After", retry_after)
         self.send_header("X-Error-Code", code)
         self.send_header("X-Error-Message", message)
         if commit is not None:

@@ -1,0 +1,250 @@
+"""What a merge costs, as frozen values: the result of an estimate and its JSON form (``resumerge plan --json``).
+
+Computed by :mod:`resumerge.engine.estimate`; read by the CLI's rendering and by notebooks through
+:func:`resumerge.api.estimate`. The JSON document, schema 1::
+
+    schema            1
+    method, tensors, layers, shards (file names), output_bytes (shards only), config_donor, tokenizer_donor,
+    fingerprint       the plan summary, as before estimates existed
+    verdict           "fits" | "will not fit"
+    fits              bool (exit code 0 / 2)
+    reasons           [str]  one line each: what does not fit and what to change; [] when it fits
+    notes             [str]  things worth knowing that do not decide the verdict
+    output            {dir, shard_bytes, aux_bytes, manifest_bytes, total_bytes, largest_shard_bytes,
+                       committed_bytes, needed_bytes, staging_dir, staging_bytes}
+    download          {bytes, verify_bytes, cached_bytes, models: {key: {repo, commit, bytes, verify_bytes,
+                       cached_bytes}}}  (only the hub files chosen for download)
+    input_files       [{model, file, size, needed, how ("download" | "stream" | "cached"), reason, fetch_bytes}]
+    memory            {budget, budget_source ("--max-memory" | "default"), machine_bytes, baseline_bytes,
+                       counted_baseline_bytes, working_set_bytes, peak_bytes, largest_unit_bytes, smallest_budget}
+    disks             [{path, roles, free_bytes, needed_bytes, fits}]  one per filesystem
+    time              {seconds | null, startup_seconds, read_bytes, write_bytes, verify_bytes, rehash_bytes,
+                       read_bytes_per_s, write_bytes_per_s, download_bytes, notes: [str]}
+
+    hf_output         {output_bytes, largest_file, max_disk, staging_bytes}  local disk an hf:// OUT needs
+
+All sizes are bytes, speeds bytes per second, figures rounded to whole numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from resumerge.memory import format_size
+from resumerge.plan.fetching import FileFetch
+from resumerge.plan.merge_plan import Plan
+
+SCHEMA = 1
+FITS = "fits"
+WILL_NOT_FIT = "will not fit"
+
+
+@dataclass(frozen=True)
+class OutputSize:
+    """Bytes the output directory will hold, and what is still to be written there."""
+
+    dir: str | None
+    shard_bytes: int
+    aux_bytes: int
+    manifest_bytes: int
+    largest_shard_bytes: int
+    committed_bytes: int
+    staging_dir: str | None
+    staging_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        """Everything in OUT once finished: shards, side files and the manifest."""
+        return self.shard_bytes + self.aux_bytes + self.manifest_bytes
+
+    @property
+    def needed_bytes(self) -> int:
+        """Free space OUT's disk needs now: what is not committed yet, plus the manifest's atomic rewrite."""
+        return self.total_bytes - self.committed_bytes + self.manifest_bytes
+
+
+@dataclass(frozen=True)
+class ModelDownload:
+    """One hub input: bytes still to fetch, cached but never verified (to hash), and cached and verified."""
+
+    repo: str
+    commit: str
+    bytes: int
+    verify_bytes: int
+    cached_bytes: int
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Peak RAM of the merge process: ``baseline`` (interpreter, torch, resumerge) plus the working set.
+
+    ``counted_baseline_bytes`` is the part of the baseline the budget counts (anonymous memory; mapped library
+    files are not counted, yet they are in the OS's peak RSS).
+
+    ``working_set_bytes`` is the largest sum of unit estimates (:func:`resumerge.plan.workunits.estimate_bytes`) in
+    flight at once — :data:`CONCURRENCY` consecutive units, a row-chunked tensor alone — capped at the room the
+    budget leaves; ``smallest_budget`` is the least ``--max-memory`` under which every unit can run.
+    """
+
+    budget: int
+    budget_source: str
+    machine_bytes: int
+    baseline_bytes: int
+    counted_baseline_bytes: int
+    working_set_bytes: int
+    largest_unit_bytes: int
+    smallest_budget: int
+
+    @property
+    def peak_bytes(self) -> int:
+        """The expected peak RSS of the merge process."""
+        return self.baseline_bytes + self.working_set_bytes
+
+
+@dataclass(frozen=True)
+class DiskNeed:
+    """One filesystem: the roles it plays (output, state, staging, hub cache), its free space and what they need."""
+
+    path: str
+    roles: tuple[str, ...]
+    free_bytes: int
+    needed_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        """Whether the needs fit the free space."""
+        return self.needed_bytes <= self.free_bytes
+
+
+@dataclass(frozen=True)
+class TimeEstimate:
+    """Disk-bound time: reads at the inputs' measured speed, writes at OUT's; compute and downloads excluded."""
+
+    read_bytes: int
+    write_bytes: int
+    verify_bytes: int
+    rehash_bytes: int
+    read_bytes_per_s: float | None
+    write_bytes_per_s: float | None
+    download_bytes: int
+    startup_seconds: float = 0.0
+    notes: tuple[str, ...] = ()
+
+    @property
+    def seconds(self) -> float | None:
+        """Expected seconds: start-up (imports and planning, as measured here) plus the disk work; ``None`` when
+        a disk speed could not be measured."""
+        if self.read_bytes_per_s is None or self.write_bytes_per_s is None:
+            return None
+        reads = self.read_bytes + self.verify_bytes + self.rehash_bytes
+        return self.startup_seconds + reads / self.read_bytes_per_s + self.write_bytes / self.write_bytes_per_s
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The plan with its costs on this machine and the verdict. See the module docstring for the JSON form."""
+
+    plan: Plan
+    output: OutputSize
+    downloads: Mapping[str, ModelDownload]
+    memory: MemoryEstimate
+    disks: tuple[DiskNeed, ...]
+    time: TimeEstimate
+    reasons: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+    fetch: tuple[FileFetch, ...] = ()  # per hub weight file: download, stream or cached, and its bytes
+    hf_output: HubDiskNeed | None = None  # the local disk an hf:// OUT would need
+
+    @property
+    def fits(self) -> bool:
+        """True when nothing stands in the way (no reasons)."""
+        return not self.reasons
+
+    @property
+    def verdict(self) -> str:
+        """``"fits"`` or ``"will not fit"``."""
+        return FITS if self.fits else WILL_NOT_FIT
+
+    @property
+    def download_bytes(self) -> int:
+        """Bytes still to download from the hub."""
+        return sum(d.bytes for d in self.downloads.values())
+
+    def to_json(self) -> dict[str, Any]:
+        """The machine-readable document printed by ``resumerge plan --json`` (schema in the module docstring)."""
+        plan, t = self.plan, self.time
+        timing = {k: v for k, v in asdict(t).items() if not k.endswith("_per_s")} | {
+            "seconds": None if t.seconds is None else round(t.seconds, 1),
+            "startup_seconds": round(t.startup_seconds, 1),
+            "read_bytes_per_s": None if t.read_bytes_per_s is None else round(t.read_bytes_per_s),
+            "write_bytes_per_s": None if t.write_bytes_per_s is None else round(t.write_bytes_per_s),
+            "notes": list(t.notes),
+        }
+        return {
+            "schema": SCHEMA,
+            "method": plan.method,
+            "tensors": len(plan.tensors),
+            "layers": plan.num_layers,
+            "shards": [s.name for s in plan.shards],
+            "output_bytes": plan.total_bytes,
+            "config_donor": plan.donor,
+            "tokenizer_donor": plan.tokenizer_donor,
+            "fingerprint": plan.fingerprint,
+            "verdict": self.verdict,
+            "fits": self.fits,
+            "reasons": list(self.reasons),
+            "notes": list(self.notes),
+            "output": asdict(self.output) | {"total_bytes": self.output.total_bytes,
+                                             "needed_bytes": self.output.needed_bytes},
+            "download": {
+                "bytes": self.download_bytes,
+                "verify_bytes": sum(d.verify_bytes for d in self.downloads.values()),
+                "cached_bytes": sum(d.cached_bytes for d in self.downloads.values()),
+                "models": {k: asdict(d) for k, d in sorted(self.downloads.items())},
+            },
+            "input_files": [asdict(c) | {"fetch_bytes": c.fetch_bytes} for c in self.fetch],
+            "memory": asdict(self.memory) | {"peak_bytes": self.memory.peak_bytes},
+            "disks": [asdict(d) | {"roles": list(d.roles), "fits": d.fits} for d in self.disks],
+            "time": timing,
+            "hf_output": None if self.hf_output is None else self.hf_output.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class HubDiskNeed:
+    """Local disk an ``hf://`` OUT needs: staged files wait there until their commit, so at most ``staging``
+    bytes (``--max-disk`` when given, else in the worst case the whole output, when uploads fall behind)."""
+
+    output_bytes: int
+    largest_file: int
+    max_disk: int | None
+
+    @property
+    def staging(self) -> int:
+        return self.max_disk if self.max_disk is not None else self.output_bytes
+
+    @property
+    def problem(self) -> str | None:
+        """Why ``max_disk`` cannot work, or None."""
+        if self.max_disk is not None and self.max_disk < self.largest_file:
+            return (f"--max-disk {format_size(self.max_disk)} is below the largest output shard "
+                    f"({format_size(self.largest_file)})")
+        return None
+
+    def line(self) -> str:
+        bound = f"--max-disk {format_size(self.max_disk)}" if self.max_disk is not None else "no --max-disk"
+        return (f"with hf:// OUT: local disk for staged output at most {format_size(self.staging)} ({bound}; "
+                f"the smallest that works is {format_size(self.largest_file)}, one shard); the "
+                f"{format_size(self.output_bytes)} output goes to the repo")
+
+    def to_json(self) -> dict[str, int | None]:
+        return {"output_bytes": self.output_bytes, "largest_file": self.largest_file, "max_disk": self.max_disk,
+                "staging_bytes": self.staging}
+
+
+def hub_disk_need(plan: Plan, max_disk: int | None) -> HubDiskNeed:
+    """The local disk merging ``plan`` into a hub repo needs, under ``max_disk``."""
+    sizes = [s.file_size for s in plan.shards]
+    return HubDiskNeed(sum(sizes), max(sizes, default=0), max_disk)

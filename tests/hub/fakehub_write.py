@@ -1,0 +1,252 @@
+"""The upload side of the stand-in hub: tokens and whoami, repo and branch creation, preupload, the LFS batch API
+and object PUT, the NDJSON commit, with counters and faults.
+
+Attach it to a :class:`~hub.fakehub.FakeHub` with :meth:`HubWriter.attach`; the hub's request handler hands every
+route to :meth:`HubWriter.route` first. New commits go through ``FakeHub.push`` so the read routes (tree listing
+with LFS sha256, resolve) serve them at once. Faults: answer the next commits with given statuses (with
+``Retry-After``), cut the next LFS PUT after N bytes, revoke a token, and run a hook when a commit arrives (the
+kill trials SIGKILL the merging process from it, before or after the commit is applied).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import socket
+from collections import Counter
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from hub.fakehub import LFS_SUFFIXES, FakeHub
+
+if TYPE_CHECKING:
+    from hub.fakehub import _Handler
+
+GITATTRIBUTES = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
+# Called with (n-th commit request, "received" | "applied"); returning False at "received" drops the request unapplied.
+CommitHook = Callable[[int, str], "bool | None"]
+
+
+@dataclass
+class HubWriter:
+    """Write routes, state and faults of one stand-in hub."""
+
+    hub: FakeHub
+    tokens: dict[str, tuple[str, str]] = field(default_factory=dict)  # token -> (user, role)
+    orgs: dict[str, list[str]] = field(default_factory=dict)  # user -> organisations
+    lfs: dict[str, dict[str, bytes]] = field(default_factory=dict)  # repo -> oid -> content
+    private: dict[str, bool] = field(default_factory=dict)
+    puts: Counter[str] = field(default_factory=Counter)  # "repo/oid" -> completed PUTs
+    commits: Counter[str] = field(default_factory=Counter)  # repo -> commits applied
+    deletes: Counter[str] = field(default_factory=Counter)  # repo -> files deleted by commits
+    commit_faults: list[int | None] = field(default_factory=list)  # statuses for the next commit requests (None: ok)
+    upload_faults: list[int] = field(default_factory=list)  # statuses for the next LFS PUTs
+    cut_put_after: int | None = None  # cut the next LFS PUT body after N bytes (one shot)
+    retry_after: str = "0"
+    on_commit: CommitHook | None = None
+    commit_requests: int = 0
+
+    @classmethod
+    def attach(cls, hub: FakeHub) -> HubWriter:
+        writer = cls(hub)
+        hub.writer = writer
+        return writer
+
+    def add_token(self, token: str, user: str, role: str = "write", orgs: tuple[str, ...] = ()) -> None:
+        self.tokens[token] = (user, role)
+        self.orgs[user] = list(orgs)
+
+    def create_repo(self, repo_id: str, files: dict[str, bytes] | None = None) -> str:
+        """A repo as the hub creates it (``.gitattributes`` only), or holding ``files``; returns the commit."""
+        return self.hub.push(repo_id, {".gitattributes": GITATTRIBUTES, **(files or {})})
+
+    def head_files(self, repo_id: str, branch: str = "main") -> dict[str, bytes]:
+        repo = self.hub.repos[repo_id]
+        return dict(repo.commits[repo.branches[branch]])
+
+    # ---- routing ---------------------------------------------------------------------------------------------
+    def route(self, h: _Handler, parts: list[str], query: dict[str, str]) -> bool:
+        """Answer the request if it is a write route (or whoami); False lets the read routes answer."""
+        method = h.command
+        if method == "GET" and parts == ["api", "whoami-v2"]:
+            self._whoami(h)
+        elif method == "POST" and parts == ["api", "validate-yaml"]:  # the client checks a README's metadata
+            self._body(h)
+            h._json(200, {"errors": [], "warnings": []})
+        elif method == "POST" and parts == ["api", "repos", "create"]:
+            self._create(h)
+        elif method == "POST" and len(parts) >= 6 and parts[:2] == ["api", "models"] and parts[4] == "branch":
+            self._branch(h, f"{parts[2]}/{parts[3]}", "/".join(parts[5:]))
+        elif method == "POST" and len(parts) >= 6 and parts[:2] == ["api", "models"] and parts[4] == "preupload":
+            self._preupload(h, f"{parts[2]}/{parts[3]}")
+        elif method == "POST" and len(parts) >= 6 and parts[:2] == ["api", "models"] and parts[4] == "commit":
+            self._commit(h, f"{parts[2]}/{parts[3]}", "/".join(parts[5:]))
+        elif method == "POST" and parts[-4:] == ["info", "lfs", "objects", "batch"] and parts[1].endswith(".git"):
+            self._batch(h, f"{parts[0]}/{parts[1].removesuffix('.git')}")
+        elif method == "PUT" and len(parts) == 4 and parts[0] == "_lfs":
+            self._put(h, f"{parts[1]}/{parts[2]}", parts[3])
+        else:
+            return False
+        return True
+
+    # ---- helpers ---------------------------------------------------------------------------------------------
+    def _user(self, h: _Handler, write: bool) -> str | None:
+        """The token's user, or None after answering 401/403."""
+        auth = h.headers.get("Authorization") or ""
+        entry = self.tokens.get(auth.removeprefix("Bearer ").strip())
+        if entry is None:
+            h._error(401, "Unauthorized", "Invalid credentials in Authorization header")
+            return None
+        if write and entry[1] == "read":
+            h._error(403, "Forbidden", "This token has read access only")
+            return None
+        return entry[0]
+
+    def _may_write(self, h: _Handler, repo_id: str) -> bool:
+        user = self._user(h, write=True)
+        if user is None:
+            return False
+        if repo_id.split("/")[0] not in (user, *self.orgs.get(user, [])):
+            h._error(403, "Forbidden", f"{user} cannot write {repo_id}")
+            return False
+        if repo_id not in self.hub.repos:
+            h._error(404, "RepoNotFound", f"{repo_id} not found")
+            return False
+        return True
+
+    @staticmethod
+    def _body(h: _Handler) -> bytes:
+        if "chunked" in (h.headers.get("Transfer-Encoding") or "").lower():
+            out = bytearray()
+            while True:
+                size = int(h.rfile.readline().strip().split(b";")[0], 16)
+                if size == 0:
+                    h.rfile.readline()
+                    return bytes(out)
+                out += h.rfile.read(size)
+                h.rfile.readline()
+        return h.rfile.read(int(h.headers.get("Content-Length") or 0))
+
+    # ---- routes ----------------------------------------------------------------------------------------------
+    def _whoami(self, h: _Handler) -> None:
+        auth = (h.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
+        entry = self.tokens.get(auth)
+        if entry is None:
+            return h._error(401, "Unauthorized", "Invalid credentials in Authorization header")
+        user, role = entry
+        h._json(200, {"type": "user", "name": user,
+                      "orgs": [{"name": o, "roleInOrg": "write"} for o in self.orgs.get(user, [])],
+                      "auth": {"type": "access_token", "accessToken": {"displayName": "t", "role": role}}})
+
+    def _create(self, h: _Handler) -> None:
+        doc = json.loads(self._body(h) or b"{}")
+        user = self._user(h, write=True)
+        if user is None:
+            return None
+        namespace = doc.get("organization") or user
+        repo_id = f"{namespace}/{doc['name']}"
+        if namespace not in (user, *self.orgs.get(user, [])):
+            return h._error(403, "Forbidden", f"{user} cannot create repos in {namespace}")
+        if repo_id in self.hub.repos:
+            return h._json(409, {"error": "You already created this model repo", "url": f"{self.hub.url}/{repo_id}"})
+        self.create_repo(repo_id)
+        self.private[repo_id] = doc.get("visibility", "private" if doc.get("private") else "public") == "private"
+        h._json(200, {"url": f"{self.hub.url}/{repo_id}", "name": repo_id, "id": repo_id})
+
+    def _branch(self, h: _Handler, repo_id: str, branch: str) -> None:
+        self._body(h)
+        if not self._may_write(h, repo_id):
+            return None
+        repo = self.hub.repos[repo_id]
+        if branch in repo.branches:
+            return h._error(409, "Conflict", "Reference already exists")
+        repo.branches[branch] = repo.branches["main"]
+        h._json(200, {})
+
+    def _preupload(self, h: _Handler, repo_id: str) -> None:
+        doc = json.loads(self._body(h))
+        if not self._may_write(h, repo_id):
+            return None
+        files = [{"path": f["path"], "uploadMode": "lfs" if f["path"].endswith(LFS_SUFFIXES) else "regular",
+                  "shouldIgnore": False} for f in doc["files"]]
+        h._json(200, {"files": files, "commitOid": self.hub.repos[repo_id].branches["main"]})
+
+    def _batch(self, h: _Handler, repo_id: str) -> None:
+        doc = json.loads(self._body(h))
+        if not self._may_write(h, repo_id):
+            return None
+        store = self.lfs.setdefault(repo_id, {})
+        objects: list[dict[str, Any]] = []
+        for obj in doc["objects"]:
+            entry: dict[str, Any] = {"oid": obj["oid"], "size": obj["size"], "authenticated": True}
+            if obj["oid"] not in store:  # an object the hub has already is never asked for again
+                entry["actions"] = {"upload": {"href": f"{self.hub.url}/_lfs/{repo_id}/{obj['oid']}", "header": {}}}
+            objects.append(entry)
+        h._json(200, {"transfer": "basic", "objects": objects})
+
+    def _put(self, h: _Handler, repo_id: str, oid: str) -> None:
+        with self.hub.lock:
+            fault = self.upload_faults.pop(0) if self.upload_faults else None
+            cut, self.cut_put_after = self.cut_put_after, None
+        if cut is not None:
+            self._body_prefix(h, cut)
+            h.close_connection = True
+            with suppress(OSError):
+                h.connection.shutdown(socket.SHUT_RDWR)
+            return None
+        data = self._body(h)
+        if fault is not None:
+            return h._error(fault, "ServerError", "upload failed", retry_after=self.retry_after)
+        if hashlib.sha256(data).hexdigest() != oid:
+            return h._error(400, "BadRequest", "sha256 mismatch")
+        with self.hub.lock:
+            self.lfs.setdefault(repo_id, {})[oid] = data
+            self.puts[f"{repo_id}/{oid}"] += 1
+        h._json(200, {})
+
+    @staticmethod
+    def _body_prefix(h: _Handler, n: int) -> None:
+        with suppress(OSError, ValueError):
+            h.rfile.read(n)
+
+    def _commit(self, h: _Handler, repo_id: str, revision: str) -> None:
+        lines = [json.loads(line) for line in self._body(h).splitlines() if line.strip()]
+        if not self._may_write(h, repo_id):
+            return None
+        with self.hub.lock:
+            self.commit_requests += 1
+            number = self.commit_requests
+            fault = self.commit_faults.pop(0) if self.commit_faults else None
+        if self.on_commit is not None and self.on_commit(number, "received") is False:
+            h.close_connection = True
+            with suppress(OSError):
+                h.connection.shutdown(socket.SHUT_RDWR)
+            return None
+        if fault is not None:
+            return h._error(fault, "ServerError", "commit failed", retry_after=self.retry_after)
+        repo = self.hub.repos[repo_id]
+        if revision not in repo.branches:
+            return h._error(404, "RevisionNotFound", f"{revision} not found")
+        files = dict(repo.commits[repo.branches[revision]])
+        store = self.lfs.get(repo_id, {})
+        for line in lines[1:]:
+            value = line["value"]
+            if line["key"] == "file":
+                files[value["path"]] = base64.b64decode(value["content"])
+            elif line["key"] == "lfsFile":
+                if value["oid"] not in store:
+                    return h._error(422, "BadRequest", f"LFS object {value['oid']} was never uploaded")
+                files[value["path"]] = store[value["oid"]]
+            elif line["key"] == "deletedFile":
+                files.pop(value["path"], None)
+                self.deletes[repo_id] += 1
+        commit = self.hub.push(repo_id, files, branch=revision)
+        with self.hub.lock:
+            self.commits[repo_id] += 1
+        if self.on_commit is not None:
+            self.on_commit(number, "applied")
+        h._json(200, {"commitUrl": f"{self.hub.url}/{repo_id}/commit/{commit}", "commitOid": commit,
+                      "success": True, "pullRequestUrl": None})

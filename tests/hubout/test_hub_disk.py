@@ -1,0 +1,80 @@
+"""``--max-disk``: staged, uncommitted output stays under the budget on a merge whose output is 10× larger."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from hub.fakehub_write import HubWriter
+
+from hubout.conftest import Merge, repo_files
+from resumerge import api
+from resumerge.config.locations import run_dir
+from resumerge.errors import UsageError
+
+SHARD = "1k"  # one tensor per shard: the largest is the 8 KiB embedding
+BUDGET = 9_000
+
+
+def _sample(directory: Path, stop: threading.Event, peaks: list[int]) -> None:
+    while not stop.is_set():
+        total = 0
+        if directory.is_dir():
+            for p in list(directory.iterdir()):
+                try:
+                    total += p.stat().st_size
+                except FileNotFoundError:
+                    continue
+        peaks.append(total)
+        stop.wait(0.002)
+
+
+def test_max_disk_holds_on_an_output_ten_times_larger(hub: HubWriter, merge: Merge, tmp_path: Path) -> None:
+    local = tmp_path / "local"
+    api.run(merge.config, local, state_dir=tmp_path / "ls", out_shard_size=SHARD)
+    output = sum(p.stat().st_size for p in local.iterdir())
+    assert output >= 10 * BUDGET
+    state = tmp_path / "state"
+    stop, peaks = threading.Event(), [0]
+    sampler = threading.Thread(target=_sample, args=(run_dir("hf://alice/small", state) / "staging", stop, peaks))
+    sampler.start()
+    try:
+        api.run(merge.config, "hf://alice/small", state_dir=state, out_shard_size=SHARD, max_disk=BUDGET,
+                commit_every=50, commit_interval=0.05)
+    finally:
+        stop.set()
+        sampler.join()
+    assert repo_files(hub, "alice/small") == {p.name: p.read_bytes() for p in local.iterdir()}
+    print(f"output {output} bytes, staging peak {max(peaks)} bytes, budget {BUDGET}, "
+          f"{hub.commits['alice/small']} commits, {len(peaks)} samples")
+    assert 0 < max(peaks) <= BUDGET
+
+
+def test_a_budget_below_the_largest_shard_is_refused(hub: HubWriter, merge: Merge, tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="smaller than the largest output shard"):
+        api.run(merge.config, "hf://alice/tiny", state_dir=tmp_path, out_shard_size=SHARD, max_disk=1000)
+
+
+def test_commits_are_paced_under_the_hourly_limit(hub: HubWriter, monkeypatch: pytest.MonkeyPatch) -> None:
+    from resumerge.config.hubtarget import parse_hub_target
+    from resumerge.store import hubcommits
+    from resumerge.store.hubaccess import open_hub_repo
+
+    clock = [1000.0]
+    monkeypatch.setattr(hubcommits.time, "monotonic", lambda: clock[0])
+    queue = hubcommits.CommitQueue(open_hub_repo(parse_hub_target("hf://alice/paced")),
+                                   hubcommits.Batching(hourly=2), resume="resumerge resume hf://alice/paced")
+    try:
+        queue.set_manifest(b"1")
+        queue.set_manifest(b"2")
+        third = threading.Thread(target=queue.set_manifest, args=(b"3",))
+        third.start()
+        third.join(timeout=0.5)
+        assert third.is_alive() and hub.commits["alice/paced"] == 2  # a third commit within the hour waits
+        clock[0] += hubcommits.WINDOW
+        queue._notify()  # the window moved: wake the waiting commit
+        third.join(timeout=10)
+        assert not third.is_alive() and hub.commits["alice/paced"] == 3
+    finally:
+        queue.close()

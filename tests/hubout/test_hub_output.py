@@ -1,0 +1,94 @@
+"""An hf:// output: the same bytes as a local run, committed in batches with the manifest, staged copies gone."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from hub.fakehub_write import HubWriter
+
+from hubout.conftest import SHARD, Merge, repo_files
+from resumerge import api
+from resumerge.cli.commands import main
+from resumerge.config.hubtarget import parse_hub_target
+from resumerge.config.locations import run_dir
+from tests.support import cli
+
+
+def test_an_hf_output_equals_a_local_run_byte_for_byte(hub: HubWriter, merge: Merge, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    outcome = api.run(merge.config, "hf://alice/merged", state_dir=state, out_shard_size=SHARD, commit_every=3,
+                      commit_interval=0.5)
+    assert outcome.target == "hf://alice/merged"
+    assert repo_files(hub, "alice/merged") == merge.reference
+    assert hub.private["alice/merged"] is True
+    shards = [n for n in merge.reference if n.endswith(".safetensors")]
+    assert len(shards) >= 4
+    # Batched: far fewer commits than files (first manifest, batches of 3, the rest, the final "done" manifest).
+    files = len(merge.reference) - 1
+    assert hub.commits["alice/merged"] <= 2 + -(-files // 3)
+    assert all(n == 1 for n in hub.puts.values()) and len(hub.puts) == len(shards)
+    rdir = run_dir("hf://alice/merged", state)
+    assert not any((rdir / "staging").iterdir())  # every staged copy deleted once committed
+    db = sqlite3.connect(rdir / "ledger.db")
+    assert {r[0] for r in db.execute("SELECT status FROM files")} == {"done"}
+    commits = [json.loads(r[0])["commit"] for r in db.execute("SELECT data FROM events WHERE kind = 'commit'")]
+    assert commits and set(commits) <= set(hub.hub.repos["alice/merged"].commits)
+    shown = cli("status", "hf://alice/merged", "--state-dir", state, "--json")
+    doc = json.loads(shown.stdout)
+    assert doc["state"] == "done" and doc["url"] == f"{hub.hub.url}/alice/merged" and doc["source"] == "ledger"
+
+
+def test_status_answers_from_the_repo_alone(hub: HubWriter, merge: Merge, tmp_path: Path) -> None:
+    api.run(merge.config, "hf://team/merged@dev", state_dir=tmp_path / "a", out_shard_size=SHARD)
+    assert repo_files(hub, "team/merged", "dev") == merge.reference
+    assert set(hub.head_files("team/merged")) == {".gitattributes"}  # main untouched
+    report = api.status("hf://team/merged@dev", state_dir=tmp_path / "elsewhere")
+    assert report.source == "manifest" and report.state == "done" and report.shards_done == report.shards_total
+
+
+def test_target_parsing() -> None:
+    assert parse_hub_target("hf://alice/m@feature/x").branch == "feature/x"
+    for bad in ("hf://alice", "hf://a/b/c", "hf://alice/m@", "hf://-a/m", "hf://alice/m..x"):
+        try:
+            parse_hub_target(bad)
+        except Exception as exc:
+            assert "hf://NAMESPACE/NAME" in str(getattr(exc, "hint", "")), bad
+        else:
+            raise AssertionError(bad)
+
+
+def test_verify_names_a_damaged_file_in_the_repo_and_resume_repairs_it(
+        hub: HubWriter, merge: Merge, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "state"
+    api.run(merge.config, "hf://alice/v", state_dir=state, out_shard_size=SHARD)
+    assert main(["verify", "hf://alice/v", "--state-dir", str(state), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["checked"] == len(merge.reference) - 1
+    files = hub.head_files("alice/v")
+    shard = sorted(n for n in files if n.endswith(".safetensors"))[1]
+    hub.hub.push("alice/v", {**files, shard: files[shard][:-1] + b"\0", "config.json": b"{}"})
+    assert main(["verify", "hf://alice/v", "--json"]) == 3  # no ledger here: the repo's manifest is the record
+    damaged = {d["name"] for d in json.loads(capsys.readouterr().out)["damaged"]}
+    assert damaged == {shard, "config.json"}
+    assert main(["resume", "hf://alice/v", "--state-dir", str(state), "--quiet"]) == 0
+    assert repo_files(hub, "alice/v") == merge.reference
+
+
+def test_plan_reports_the_disk_of_an_hf_output_and_recipes_are_refused(
+        merge: Merge, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["plan", str(merge.config), "hf://alice/p", "--out-shard-size", SHARD, "--probe-size", "0"]
+    assert main([*args, "--max-disk", "30k", "--json"]) == 0
+    need = json.loads(capsys.readouterr().out)["hf_output"]
+    shards = [len(v) for k, v in merge.reference.items() if k.endswith(".safetensors")]
+    assert need == {"output_bytes": sum(shards), "largest_file": max(shards), "max_disk": 30_000,
+                    "staging_bytes": 30_000}
+    assert main([*args, "--max-disk", "1k"]) == 2
+    assert "below the largest output shard" in capsys.readouterr().err
+    recipe = tmp_path / "recipe.yml"
+    recipe.write_text("name: a\n" + merge.config.read_text() + "---\n" + merge.config.read_text().replace(
+        "models:", "models:\n- model: a\n  parameters: {weight: 0.5}", 1))
+    assert main(["run", str(recipe), "hf://alice/r", "--quiet"]) == 2
+    assert "recipes cannot write to a hub repo yet" in capsys.readouterr().err
