@@ -43,7 +43,7 @@ def test_a_sink_writes_checks_lists_and_deletes_only_what_it_is_told(kind: str, 
     (out / "user-notes.txt").write_text("not ours")
     (out / "link.json").symlink_to(out / "user-notes.txt")
     data = b"x" * 1000
-    sha = sink.write_bytes("config.json", data)
+    sha = sink.write_small("config.json", data)[0]
     assert sha == hashlib.sha256(data).hexdigest() and (out / "config.json").read_bytes() == data
     assert sink.names() == ["config.json", "user-notes.txt"]  # links are never a sink's files
     assert sink.check([("config.json", 1000, sha)]) == {"config.json": None}

@@ -91,13 +91,6 @@ class OutputSink(ABC):
         """Stop background work (a run that failed or was stopped); what was committed stays committed."""
         return None  # a sink that commits at once has no background work
 
-    def write_bytes(self, name: str, data: bytes, *, point: str | None = None) -> str:
-        """Write ``data`` as ``name`` durably; returns its sha256. ``point`` is a kill point before the fsync.
-
-        Raises :class:`~resumerge.errors.StorageError` on ENOSPC, EIO, EROFS and similar.
-        """
-        return self.write_small(name, data, point=point)[0]
-
     def write_small(self, name: str, data: bytes, *, point: str | None = None) -> tuple[str, bool]:
         """Write ``data`` as ``name``; returns its sha256 and whether it is committed on return (see
         :meth:`publish`). ``point`` is a kill point before the fsync.
