@@ -1,11 +1,14 @@
 """The Colab notebook runs headlessly end to end, and its single "after a disconnect" cell finishes a merge
 whose runtime died: the merge process is SIGKILLed mid-merge, the kernel is shut down and the local state dir
 deleted (what a Colab runtime reset does), and a fresh kernel's resume cell ends byte-identical to an
-uninterrupted run. Drive and the hub are swapped for temp dirs through injected parameters (as papermill does).
+uninterrupted run. Both kinds of OUT go through the same kernels: a Drive folder (a temp dir) and, the notebook's
+first choice, an hf:// repo on the stand-in hub (``HF_ENDPOINT`` at it, the token through the notebook's own
+``HF_TOKEN`` parameter), resumed from the repo alone. Parameters are injected as papermill does.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -14,6 +17,8 @@ from pathlib import Path
 import nbformat
 import pytest
 from conftest import ModelFactory
+from hub.fakehub import FakeHub
+from hub.fakehub_write import HubWriter
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from support import digests
@@ -26,12 +31,18 @@ SHARD_SIZE = "30k"
 # The cells a new runtime re-runs before the resume cell (parameters first, then the injected overrides).
 AFTER_RESET = ("parameters", "injected-parameters", "install", "drive", "resume")
 FIRST_RUN = ("parameters", "injected-parameters", "install", "drive", "config", "plan", "run")
+TOKEN, REPO = "hf_write_alice", "alice/merged"
+# Cells the test adds: switch the same kernel to the hf:// OUT; make that merge die after its third upload (before
+# any batch commit: the resume must upload only what the hub lacks).
+HUB_CELLS = {"hub-out": f"OUT = 'hf://{REPO}'",
+             "die-after-upload": "os.environ['RESUMERGE_KILL_AT'] = 'hub_after_upload:3'"}
 # Jupyter kernels set FORCE_COLOR, so commands run from a cell colour their output; assertions read the text.
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def _notebook(overrides: dict[str, object]) -> nbformat.NotebookNode:
-    """The notebook with an ``injected-parameters`` cell right after the ``parameters`` cell."""
+def _notebook(overrides: dict[str, object], extra: dict[str, str]) -> nbformat.NotebookNode:
+    """The notebook with an ``injected-parameters`` cell right after the ``parameters`` cell, and the ``extra``
+    cells (id -> source) at the end."""
     nb: nbformat.NotebookNode = nbformat.read(NOTEBOOK, as_version=4)  # type: ignore[no-untyped-call]
     index = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
     injected = nbformat.v4.new_code_cell(  # type: ignore[no-untyped-call]
@@ -39,31 +50,55 @@ def _notebook(overrides: dict[str, object]) -> nbformat.NotebookNode:
     injected.metadata["tags"] = ["injected-parameters"]
     injected.id = "injected-parameters"
     nb.cells.insert(index + 1, injected)
+    for cell_id, source in extra.items():
+        cell = nbformat.v4.new_code_cell(source)  # type: ignore[no-untyped-call]
+        cell.id = cell_id
+        nb.cells.append(cell)
     return nb
 
 
-def _execute(nb: nbformat.NotebookNode, cell_ids: tuple[str, ...], workdir: Path) -> list[tuple[str, str]]:
+def _execute(nb: nbformat.NotebookNode, cell_ids: tuple[str, ...], workdir: Path,
+             expect_error: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
     """Run ``cell_ids`` in order in one fresh ``python3`` kernel; return (cell id, text output) per cell run.
 
-    A cell that raises ends the run; its error text follows as ``("error", text)``.
+    A cell that raises ends the run unless it is the ``expect_error``-th one of its id (counting from 1, as
+    ``"run:1"``); its error text follows as ``("error", text)``.
     """
+    seen: dict[str, int] = {}
     client = NotebookClient(nb, kernel_name="python3", timeout=120, resources={"metadata": {"path": str(workdir)}})
     texts: list[tuple[str, str]] = []
     with client.setup_kernel():
         for cell_id in cell_ids:
             index, cell = next((i, c) for i, c in enumerate(nb.cells) if c.id == cell_id)
+            seen[cell_id] = seen.get(cell_id, 0) + 1
             try:
                 client.execute_cell(cell, index)
             except CellExecutionError as exc:
                 texts.append((cell_id, _text(cell)))
                 texts.append(("error", str(exc)))
-                break
+                if f"{cell_id}:{seen[cell_id]}" not in expect_error:
+                    break
+                continue
             texts.append((cell_id, _text(cell)))
     return texts
 
 
 def _text(cell: nbformat.NotebookNode) -> str:
     return ANSI.sub("", "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream"))
+
+
+def _stand_in_hub(monkeypatch: pytest.MonkeyPatch, home: Path) -> tuple[FakeHub, HubWriter]:
+    """A stand-in hub taking uploads, and the environment every kernel and command inherits (an empty HF home;
+    huggingface_hub picks Xet whenever hf_xet is importable, which the stand-in does not speak)."""
+    fake = FakeHub()
+    writer = HubWriter.attach(fake)
+    writer.add_token(TOKEN, "alice")
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in {"HF_HOME": str(home), "HF_TOKEN_PATH": str(home / "token"), "HF_HUB_DISABLE_XET": "1",
+                       "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}.items():
+        monkeypatch.setenv(var, value)
+    return fake, writer
 
 
 def test_notebook_merges_and_its_resume_cell_survives_a_runtime_death(
@@ -80,25 +115,37 @@ def test_notebook_merges_and_its_resume_cell_survives_a_runtime_death(
     drive.mkdir()
     nb = _notebook({"OUT": str(out), "STATE_DIR": str(state), "CONFIG_PATH": str(tmp_path / "merge.yml"),
                     "CONFIG": config, "USE_DRIVE": False, "INSTALL": False, "OUT_SHARD_SIZE": SHARD_SIZE,
-                    "UPLOAD_REPO": None})
+                    "HF_TOKEN": TOKEN}, HUB_CELLS)
     # The kernel and every command it starts import this checkout's resumerge.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     # The merge process kills itself (SIGKILL) right after committing its third file, as a runtime death would.
     monkeypatch.setenv("RESUMERGE_KILL_AT", "after_manifest_write:3")
-    first = dict(_execute(nb, FIRST_RUN, tmp_path))
-    assert "fits" in first["plan"], first
-    assert "exit code -9" in first.get("error", ""), first
-    shards = {p.name for p in out.glob("model-*.safetensors")}
-    assert 3 <= len(shards) < len([n for n in digests(reference) if n.startswith("model-")])
+    fake, hub = _stand_in_hub(monkeypatch, tmp_path / "hf_home")
+    with fake:
+        monkeypatch.setenv("HF_ENDPOINT", fake.url)
+        # Then the same kernel merges into the hf:// repo, and that process dies after its third upload.
+        first = _execute(nb, (*FIRST_RUN, "hub-out", "die-after-upload", "run"), tmp_path,
+                         expect_error=frozenset({"run:1", "run:2"}))
+        cells = dict(first)
+        assert "fits" in cells["plan"], first
+        assert len([text for cell, text in first if cell == "error" and "exit code -9" in text]) == 2, first
+        shards = {p.name for p in out.glob("model-*.safetensors")}
+        assert 3 <= len(shards) < len([n for n in digests(reference) if n.startswith("model-")])
+        assert set(hub.head_files(REPO)) == {".gitattributes", "resumerge-manifest.json"}  # nothing committed yet
 
-    # A runtime reset: a new kernel, and the VM's local disk (the state dir) is gone; Drive (OUT) survived.
-    # The resume cell runs twice: it finishes the merge, then (already done) only reports the status.
-    shutil.rmtree(state)
-    monkeypatch.delenv("RESUMERGE_KILL_AT")
-    second = _execute(nb, (*AFTER_RESET, "resume"), tmp_path)
-    assert [cell for cell, _ in second] == [*AFTER_RESET, "resume"], second
-    finished, again = second[-2][1], second[-1][1]
-    assert "ledger rebuilt from resumerge-manifest.json" in finished, finished
-    assert ": done (from the ledger)" in finished, finished
-    assert "merging" not in again and ": done (from the ledger)" in again, again
-    assert digests(out) == digests(reference)
+        # A runtime reset: a new kernel, and the VM's local disk (the state dir, the staged uploads) is gone;
+        # Drive and the repo survived. The resume cell runs twice for the Drive OUT: it finishes the merge, then
+        # (already done) only reports the status; then once for the repo, which it finishes from the repo alone.
+        shutil.rmtree(state)
+        monkeypatch.delenv("RESUMERGE_KILL_AT")
+        second = _execute(nb, (*AFTER_RESET, "resume", "hub-out", "resume"), tmp_path)
+        assert [cell for cell, _ in second] == [*AFTER_RESET, "resume", "hub-out", "resume"], second
+        finished, again, from_repo = second[-4][1], second[-3][1], second[-1][1]
+        assert "ledger rebuilt from resumerge-manifest.json" in finished, finished
+        assert ": done (from the ledger)" in finished, finished
+        assert "merging" not in again and ": done (from the ledger)" in again, again
+        assert digests(out) == digests(reference)
+        assert f"hf://{REPO}: done (from the ledger)" in from_repo, from_repo
+        in_repo = {k: hashlib.sha256(v).hexdigest() for k, v in hub.head_files(REPO).items() if k != ".gitattributes"}
+        assert in_repo == digests(reference)
+        assert hub.puts and all(n == 1 for n in hub.puts.values())  # the three uploads before the death: not again

@@ -4,7 +4,8 @@ Three stages overlap: worker threads read inputs and run the merge method (torch
 calling thread hands finished tensors over in plan order, and one writer thread streams them to disk, hashes
 them, and runs the commit protocol (fsync, verify, rename, fsync dir, ledger row, manifest) — so the fsync of
 shard k overlaps the computation of shard k+1. A stop request is honoured between tensors: the unfinished
-shard's temp file is deleted and everything committed stays committed.
+shard's temp file is deleted and everything committed stays committed; files a batched sink (a hub repo) has
+uploaded already get one last, bounded commit first (:mod:`resumerge.engine.interrupts`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Protocol
 
 import torch
 
+from resumerge.engine.interrupts import commit_uploaded
 from resumerge.errors import ResumergeError
 from resumerge.inputs.adapters import apply_lora_rows
 from resumerge.inputs.source import InputSources
@@ -168,9 +170,12 @@ class _Journal:
         for commit, names in commits.items():
             self.ledger.event("commit", f"commit {commit}: {', '.join(names)}", {"commit": commit, "files": names})
 
-    def finish(self) -> None:
-        """Wait for the sink to commit everything published; raises if a file was never reported committed."""
+    def finish(self, should_stop: Callable[[], bool]) -> None:
+        """Wait for the sink to commit everything published; raises if a file was never reported committed, or
+        :class:`Stopped` when the wait ended because the run is stopping."""
         self.settle(self.sink.drain())
+        if self.pending and should_stop():
+            raise Stopped()
         if self.pending:
             raise ResumergeError(f"internal: the output sink never committed {', '.join(sorted(self.pending))}")
 
@@ -409,8 +414,11 @@ def execute(
     writer.start()
     pipeline = _Pipeline(plan, sources, writer, governor, workers, should_stop, gpu)
     finished = False
+    interrupt: KeyboardInterrupt | None = None  # Ctrl-C where Python's own handler stands (library use)
     try:
         finished = pipeline.run(_pending_tensors(plan, done))
+    except KeyboardInterrupt as exc:
+        interrupt = exc
     finally:
         pipeline.close()
         if not finished:
@@ -421,10 +429,16 @@ def execute(
             writer.abort()
     if writer.error is not None:
         raise writer.error
-    if not finished:
-        raise Stopped()
-    _write_aux(plan, sink, journal, reporter, done, config_text, should_stop)
-    journal.finish()
+    try:
+        if interrupt is not None:
+            raise interrupt
+        if not finished:
+            raise Stopped()
+        _write_aux(plan, sink, journal, reporter, done, config_text, should_stop)
+        journal.finish(should_stop)
+    except (Stopped, KeyboardInterrupt):
+        commit_uploaded(sink, journal.settle, reporter.message)
+        raise
 
 
 def _write_aux(

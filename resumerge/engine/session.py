@@ -254,21 +254,24 @@ def drive_plan(
     max_gpu_memory: int | None = None,
     staging: Staging = None,
     tolerate: frozenset[str] = frozenset(),
+    hub_out: HubOutput | None = None,
+    max_disk: int | None = None,
 ) -> Outcome:
     """Run an already built ``plan`` into ``out_dir``, journaled exactly like :func:`run_merge` (continuing an
     unfinished run of the same plan there); its inputs must be present already.
 
     For multi-stage recipes, which plan every stage up front and fetch inputs once. ``tolerate`` names files
     OUT may hold besides resumerge's own (the recipe's record); ``command`` is what an interruption tells the
-    user to run. Raises like :func:`run_merge` once the plan exists.
+    user to run. ``hub_out`` is an already opened hub repo OUT (a recipe's final stage; ``out_dir`` is then
+    ignored), ``max_disk`` bounds its staged files. Raises like :func:`run_merge` once the plan exists.
     """
     governor = make_governor(plan, max_memory)
     gpu = gpu_governor(plan, plan.options.device, max_gpu_memory)
-    out = Path(out_dir).absolute()
-    manifest = check_out_dir(out, tolerate=tolerate)
+    out = Path(hub_out.url) if hub_out else Path(out_dir).absolute()
+    manifest = hub_out.manifest if hub_out else check_out_dir(out, tolerate=tolerate)
     return _drive(plan, config_text, out, state_dir, manifest, restart=restart, reporter=reporter,
                   should_stop=should_stop, workers=workers, command=command, resuming=resuming,
-                  governor=governor, gpu=gpu, staging=staging)
+                  governor=governor, gpu=gpu, staging=staging, hub_out=hub_out, max_disk=max_disk)
 
 
 def hub_progress(reporter: Reporter | None) -> Callable[[HubEvent], None] | None:
@@ -336,7 +339,7 @@ def _drive(
     sink: OutputSink | None = None
     try:
         staged: list[str] = []
-        sink = _make_sink(plan, out, rdir, staging, staged, hub_out, max_disk)
+        sink = _make_sink(plan, out, rdir, staging, staged, hub_out, max_disk, should_stop)
         book, verified = open_run(plan, config_text, hub_out.url if hub_out else out, sink, ledger, manifest,
                                   restart=restart, resuming=resuming, notes=notes)
         reconcile(sink, ledger, book, log=notes, verified=verified)
@@ -393,10 +396,10 @@ def _drive(
 
 
 def _make_sink(plan: Plan, out: Path, rdir: Path, staging: Staging, notes: list[str], hub_out: HubOutput | None,
-               max_disk: int | None) -> OutputSink:
+               max_disk: int | None, should_stop: Callable[[], bool]) -> OutputSink:
     """The sink of this run: the hub repo, OUT staged on local disk (Drive and other mounts), or OUT itself."""
     if hub_out is not None:
-        return hub_out.sink(plan, rdir, planned_files(plan), max_disk)
+        return hub_out.sink(plan, rdir, planned_files(plan), max_disk, should_stop)
     stage_dir = _staging_dir(staging, plan, out, rdir, notes)
     return LocalDirSink(out) if stage_dir is None else StagedDirSink(out, stage_dir)
 

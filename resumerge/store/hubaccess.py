@@ -169,11 +169,21 @@ def _check_write_access(info: Mapping[str, Any], target: HubTarget) -> None:
                          hint=f"ask an admin of {target.namespace} for write access, or write under hf://{user}/…")
 
 
-def remote_files(repo: HubRepo, *, resume: str) -> dict[str, RemoteEntry]:
-    """The top-level files of the branch head with their hub checksums (one listing request, no download)."""
+def branch_head(repo: HubRepo, *, resume: str) -> str:
+    """The commit the branch points at now (one small request): the ``parent_commit`` of our next commit."""
+    api = repo.api()
+    info = hub_call(repo, "reading the branch head", lambda: api.repo_info(repo.target.repo_id,
+                                                                           revision=repo.target.branch),
+                    resume=resume)
+    return str(info.sha)
+
+
+def remote_files(repo: HubRepo, *, resume: str, revision: str | None = None) -> dict[str, RemoteEntry]:
+    """The top-level files of the branch head (or of commit ``revision``) with their hub checksums (one listing
+    request, no download)."""
     api = repo.api()
     entries = hub_call(repo, "listing the repo", lambda: list(api.list_repo_tree(
-        repo.target.repo_id, revision=repo.target.branch, recursive=False)), resume=resume)
+        repo.target.repo_id, revision=revision or repo.target.branch, recursive=False)), resume=resume)
     return {e.path: RemoteEntry(e.size, e.lfs.sha256 if e.lfs else None, e.blob_id)
             for e in entries if isinstance(e, RepoFile) and "/" not in e.path}
 
@@ -183,7 +193,8 @@ def read_file(repo: HubRepo, name: str, *, resume: str) -> bytes | None:
     url = f"{repo.endpoint}/{repo.target.repo_id}/resolve/{quote(repo.target.branch, safe='')}/{quote(name)}"
 
     def get() -> bytes | None:
-        response = get_session().get(url, headers=build_hf_headers(token=repo.token, library_name="resumerge"),
+        # No token (a reader of a public repo): no Authorization header, which an empty "Bearer " would break.
+        response = get_session().get(url, headers=build_hf_headers(token=repo.token or False, library_name="resumerge"),
                                      follow_redirects=True)
         if response.status_code == 404:
             return None

@@ -11,25 +11,43 @@ the committed names (with the commit id) to the caller, which writes the ledger 
 429, 5xx and network errors are retried with exponential backoff (``Retry-After`` honoured); a commit whose
 answer was lost is recognised from the tree listing instead of being sent twice. Commits are paced to at most
 ``Batching.hourly`` in any hour, under the hub's 128 commits per repo and hour.
+
+Two writers: every commit names the branch head this process last saw as its ``parent_commit`` (read when OUT was
+opened, then the oid each of our commits returns), so the hub refuses (HTTP 412) a commit on a branch another run
+moved, and the run stops with exit 4 instead of interleaving commits with it.
+
+A stopped run (:meth:`CommitQueue.stop`) makes one last commit of the files already uploaded, in the background,
+so the caller can bound the wait and abandon it; uploads run on daemon threads for the same reason: a stopped
+process never waits for a transfer in flight.
 """
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
-from resumerge.errors import ResumergeError
+from resumerge.errors import OutputDirError, ResumergeError
 from resumerge.store import killpoints
 from resumerge.store.durable import discard
-from resumerge.store.hubaccess import HubRepo, git_blob_sha1, hub_failure, is_retryable, remote_files
+from resumerge.store.hubaccess import (
+    HubRepo,
+    branch_head,
+    git_blob_sha1,
+    http_status,
+    hub_failure,
+    is_retryable,
+    remote_files,
+)
 from resumerge.store.manifest import MANIFEST_NAME
 from resumerge.store.sink import Settled
 
@@ -69,11 +87,16 @@ class _Entry:
 class _State:
     entries: list[_Entry] = field(default_factory=list)  # published, not committed, in publish order
     manifest: tuple[bytes, int] | None = None  # newest manifest and how many entries it covers
+    # Every manifest since the last commit, by how many files were ever published when it was set: a stopped run
+    # commits only the uploaded files, with the manifest that lists exactly those.
+    history: dict[int, bytes] = field(default_factory=dict)
+    done: int = 0  # files committed so far (history's keys count from the start of the run, like this)
     committed_manifest: bytes | None = None
     settled: list[Settled] = field(default_factory=list)
     error: BaseException | None = None
     urgent: bool = False  # staged bytes are over --max-disk: commit what is ready without waiting for a full batch
     draining: bool = False  # the run's last files: commit at once
+    stopping: bool = False  # the run was stopped: no new batch, only the last commit of stop()
     closed: bool = False
 
 
@@ -87,6 +110,8 @@ def with_retries(repo: HubRepo, what: str, call: Callable[[], T], *, resume: str
     for attempt in range(ATTEMPTS):
         try:
             return call()
+        except ResumergeError:
+            raise  # already the user's error (another writer moved the branch)
         except Exception as exc:
             if not is_retryable(exc) or attempt == ATTEMPTS - 1:
                 raise hub_failure(repo, what, exc, resume=resume) from exc
@@ -104,15 +129,65 @@ def _wait(exc: BaseException, attempt: int) -> float:
     return float(min(BASE_WAIT * 2**attempt, MAX_WAIT))
 
 
-class CommitQueue:
-    """The background uploads and commits of one run into one repo."""
+class _Uploads:
+    """A few daemon threads that run uploads: unlike a ThreadPoolExecutor's, they never hold up the exit of a
+    stopped process (an object cut short is sent again by the resume; one that arrived is not)."""
 
-    def __init__(self, repo: HubRepo, batching: Batching, *, resume: str, uploads: int = 2) -> None:
+    def __init__(self, workers: int) -> None:
+        self.jobs: queue.SimpleQueue[tuple[Future[None], Callable[[], None]] | None] = queue.SimpleQueue()
+        self.threads = [threading.Thread(target=self._work, name="resumerge-upload", daemon=True)
+                        for _ in range(workers)]
+        for thread in self.threads:
+            thread.start()
+
+    def submit(self, fn: Callable[[], None]) -> Future[None]:
+        future: Future[None] = Future()
+        self.jobs.put((future, fn))
+        return future
+
+    def _work(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            future, fn = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                fn()
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(None)
+
+    def shutdown(self, *, wait: bool) -> None:
+        """Cancel the uploads not started; with ``wait``, let the running ones finish."""
+        with contextlib.suppress(queue.Empty):
+            while True:
+                job = self.jobs.get_nowait()
+                if job is not None:
+                    job[0].cancel()
+        for _ in self.threads:
+            self.jobs.put(None)
+        if wait:
+            for thread in self.threads:
+                thread.join()
+
+
+class CommitQueue:
+    """The background uploads and commits of one run into one repo.
+
+    ``head`` is the branch head when OUT was opened (read now when None); ``should_stop`` ends :meth:`drain`'s
+    wait early (the run was interrupted: :meth:`stop` then commits what is uploaded)."""
+
+    def __init__(self, repo: HubRepo, batching: Batching, *, resume: str, uploads: int = 2, head: str | None = None,
+                 should_stop: Callable[[], bool] = lambda: False) -> None:
         self.repo, self.batching, self.resume = repo, batching, resume
+        self.should_stop = should_stop
+        self.head = head if head is not None else branch_head(repo, resume=resume)
         self.state = _State()
         self.cond = threading.Condition()
-        self.commit_lock = threading.Lock()
-        self.pool = ThreadPoolExecutor(max_workers=uploads, thread_name_prefix="resumerge-upload")
+        self.commit_lock = threading.RLock()  # reentrant: the last commit of stop() holds it around _commit
+        self.pool = _Uploads(uploads)
+        self.final_done = threading.Event()
+        self.final_error: BaseException | None = None
         self.commits = 0
         self.recent: deque[float] = deque()  # when this process's commits of the last hour were made
         self.thread = threading.Thread(target=self._loop, name="resumerge-committer", daemon=True)
@@ -127,7 +202,7 @@ class CommitQueue:
         with self.cond:
             self._raise_error()
             self.state.entries.append(entry)
-        entry.upload = self.pool.submit(self._upload, entry)
+        entry.upload = self.pool.submit(lambda: self._upload(entry))
         entry.upload.add_done_callback(lambda _: self._notify())
 
     def set_manifest(self, data: bytes) -> None:
@@ -135,6 +210,7 @@ class CommitQueue:
         with self.cond:
             self._raise_error()
             self.state.manifest = (data, len(self.state.entries))
+            self.state.history[self.state.done + len(self.state.entries)] = data
             waiting = bool(self.state.entries)
             self.cond.notify_all()
         if not waiting:
@@ -164,6 +240,9 @@ class CommitQueue:
                 raise ResumergeError("internal: files were published without a manifest that lists them")
             while self.state.entries:
                 self._raise_error()
+                if self.should_stop():  # the caller stops the run: stop() commits what is uploaded by then
+                    done, self.state.settled = self.state.settled, []
+                    return done
                 self.state.draining = True
                 self.cond.notify_all()
                 self.cond.wait(timeout=0.5)
@@ -180,12 +259,45 @@ class CommitQueue:
                 raise ResumergeError("internal: a delete while files wait for their commit")
         self._commit_now([CommitOperationDelete(path_in_repo=n) for n in names])
 
+    def stop(self) -> int:
+        """The run is stopping: commit no new batch, and start one last commit, in the background, of the files
+        already uploaded (with the manifest that lists exactly them). Returns how many files wait for it (0:
+        nothing to commit); :meth:`stopped` waits for it."""
+        with self.cond:
+            self.state.stopping = True
+            self.cond.notify_all()
+            count = 0 if self.state.error is not None else self._uploaded()
+        if count == 0:
+            self.final_done.set()
+        else:
+            threading.Thread(target=self._final, name="resumerge-final-commit", daemon=True).start()
+        return count
+
+    def stopped(self, timeout: float) -> tuple[list[Settled], str | None]:
+        """Wait up to ``timeout`` seconds for the last commit of :meth:`stop`; return every file committed and not
+        yet returned, and why the last commit did not happen (None when it did). Never raises the hub's error: the
+        run is being interrupted, and the resume redoes what was not committed."""
+        end = time.monotonic() + timeout
+        while not self.final_done.wait(0.1):  # short waits: a second Ctrl-C lands between them at once
+            if time.monotonic() >= end:
+                break
+        with self.cond:
+            done, self.state.settled = self.state.settled, []
+        if not self.final_done.is_set():
+            return done, f"it did not finish within {timeout:g} s"
+        error = self.final_error
+        if error is None:
+            return done, None
+        return done, error.one_line() if isinstance(error, ResumergeError) else f"{type(error).__name__}: {error}"
+
     def close(self) -> None:
         with self.cond:
             self.state.closed = True
+            stopping = self.state.stopping
             self.cond.notify_all()
-        self.pool.shutdown(wait=True, cancel_futures=True)
-        self.thread.join(timeout=30)
+        # A stopped run leaves at once: uploads and the last commit in flight are abandoned (daemon threads).
+        self.pool.shutdown(wait=not stopping)
+        self.thread.join(timeout=0 if stopping else 30)
 
     # ---- background ------------------------------------------------------------------------------------------
     def _notify(self) -> None:
@@ -236,7 +348,7 @@ class CommitQueue:
     def _due(self) -> tuple[list[_Entry], bytes] | None:
         """The next batch to commit (every file the newest manifest covers, all uploaded), when one is due."""
         state = self.state
-        if state.manifest is None or state.manifest[1] == 0:
+        if state.manifest is None or state.manifest[1] == 0 or state.stopping:
             return None
         data, count = state.manifest
         batch = state.entries[:count]
@@ -251,6 +363,32 @@ class CommitQueue:
             return batch, data
         return None
 
+    def _uploaded(self) -> int:
+        """How many leading files are uploaded and have a manifest listing exactly them plus what is committed."""
+        count = 0
+        for e in self.state.entries:
+            if e.upload is None or not e.upload.done() or e.upload.cancelled() or e.upload.exception() is not None:
+                break
+            count += 1
+        while count and self.state.done + count not in self.state.history:
+            count -= 1
+        return count
+
+    def _final(self) -> None:
+        """The last commit of a stopped run: what is uploaded once a batch commit in flight has finished."""
+        try:
+            with self.commit_lock:
+                with self.cond:
+                    count = self._uploaded()
+                    batch = self.state.entries[:count]
+                    manifest = self.state.history.get(self.state.done + count)
+                if batch and manifest is not None:
+                    self._commit(batch, manifest)
+        except BaseException as exc:
+            self.final_error = exc
+        finally:
+            self.final_done.set()
+
     def _commit(self, entries: list[_Entry], manifest: bytes) -> None:
         ops: list[CommitOperationAdd | CommitOperationDelete] = [e.op for e in entries]
         ops.append(CommitOperationAdd(path_in_repo=MANIFEST_NAME, path_or_fileobj=manifest))
@@ -264,6 +402,8 @@ class CommitQueue:
             del self.state.entries[:len(entries)]
             data, count = self.state.manifest or (manifest, len(entries))
             self.state.manifest = (data, count - len(entries))
+            self.state.done += len(entries)
+            self.state.history = {k: v for k, v in self.state.history.items() if k > self.state.done}
             self.state.committed_manifest = manifest
             self.state.urgent = False
             self.state.settled.extend(Settled(e.name, commit) for e in entries)
@@ -294,18 +434,33 @@ class CommitQueue:
         def once() -> str:
             nonlocal attempts
             attempts += 1
-            if attempts > 1 and self._landed(expect, manifest, deleted or set()):
-                return str(api.repo_info(target.repo_id, revision=target.branch).sha)
-            info = api.create_commit(target.repo_id, operations=ops, commit_message=message,
-                                     revision=target.branch)
+            landed = self._landed(expect, manifest, deleted or set()) if attempts > 1 else None
+            if landed is not None:
+                return landed
+            try:
+                info = api.create_commit(target.repo_id, operations=ops, commit_message=message,
+                                         revision=target.branch, parent_commit=self.head)
+            except Exception as exc:
+                if http_status(exc) == 412:  # the hub's answer when the branch head is not our parent_commit
+                    raise self._other_writer() from exc
+                raise
             return str(info.oid)
 
         with self.commit_lock:
             self._pace()
-            commit = with_retries(self.repo, "committing", once, resume=self.resume)
+            commit = with_retries(self.repo, "committing", once, resume=self.resume, sleep=self._backoff)
+            self.head = commit
             self.commits += 1
             self.recent.append(time.monotonic())
         return commit
+
+    def _backoff(self, seconds: float) -> None:
+        """The pause before a commit's next attempt; a stopped run that left (closed) abandons it instead."""
+        with self.cond:
+            if not self.state.closed:
+                self.cond.wait(timeout=seconds)
+            if self.state.closed and self.state.stopping:
+                raise ResumergeError("internal: the last commit of a stopped run was abandoned")
 
     def _pace(self) -> None:
         """Wait until one more commit stays within ``batching.hourly`` commits in any hour (the hub's limit)."""
@@ -320,19 +475,34 @@ class CommitQueue:
                     return
                 self.cond.wait(timeout=min(5.0, self.recent[0] + WINDOW - now))
 
-    def _landed(self, expect: dict[str, _Entry], manifest: bytes | None, deleted: set[str]) -> bool:
-        """Whether the branch head already holds this commit's content (its answer was lost, not the commit)."""
-        files = remote_files(self.repo, resume=self.resume)
+    def _other_writer(self) -> OutputDirError:
+        url = self.repo.target.url
+        try:
+            head = branch_head(self.repo, resume=self.resume)
+        except ResumergeError:
+            head = "(unknown: the hub did not say)"
+        return OutputDirError(f"another run is writing to {url}: its commit {head} moved the branch",
+                              hint=f"stop the other run, then {self.resume}")
+
+    def _landed(self, expect: dict[str, _Entry], manifest: bytes | None, deleted: set[str]) -> str | None:
+        """The branch head when it already holds this commit's content (its answer was lost, not the commit).
+
+        The head is read first and listed at that commit, so the answer is about one commit. Its content is our
+        manifest (which names this run's config and files) and our files: adopting it as our parent is sound —
+        a head that another writer moved past our commit no longer holds exactly that, and then the retry names
+        our old parent and the hub refuses it (412: another writer)."""
+        head = branch_head(self.repo, resume=self.resume)
+        files = remote_files(self.repo, resume=self.resume, revision=head)
         for name, entry in expect.items():
             remote = files.get(name)
             if remote is None or remote.size != entry.size:
-                return False
+                return None
             if remote.sha256 is None and remote.blob_id != git_blob_sha1(entry.path.read_bytes()):
-                return False
+                return None
             if remote.sha256 is not None and remote.sha256 != entry.sha256:
-                return False
+                return None
         if manifest is not None:
             remote = files.get(MANIFEST_NAME)
             if remote is None or remote.blob_id != git_blob_sha1(manifest):
-                return False
-        return not (deleted & set(files))
+                return None
+        return None if deleted & set(files) else head

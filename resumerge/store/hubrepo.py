@@ -9,11 +9,15 @@ listing (no download), small regular files (configs, tokenizer) by reading them 
 
 ``max_disk`` bounds staged, uncommitted bytes: before a new file is started, the sink waits (committing early)
 until what is staged plus the largest planned file fits in it.
+
+``head`` is the branch head read when OUT was opened: every commit names the head it expects, so a second writer
+on the same branch is refused (exit 4) instead of interleaving commits. A stopped run commits what is already
+uploaded (:meth:`HubRepoSink.stop_commits`) rather than leaving it to the resume to compute again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +40,8 @@ class HubRepoSink(OutputSink):
     """OUT is ``hf://NAMESPACE/NAME[@BRANCH]``: stage, upload, commit in batches with the manifest."""
 
     def __init__(self, repo: HubRepo, staging: Path, *, planned: Iterable[str], resume: str,
-                 batching: Batching | None = None, max_disk: int | None = None, reserve: int = 0) -> None:
+                 batching: Batching | None = None, max_disk: int | None = None, reserve: int = 0,
+                 head: str | None = None, should_stop: Callable[[], bool] = lambda: False) -> None:
         self.repo, self.staging, self.resume = repo, staging, resume
         self.max_disk, self.reserve = max_disk, reserve
         staging.mkdir(parents=True, exist_ok=True)
@@ -44,7 +49,7 @@ class HubRepoSink(OutputSink):
         for leftover in staging.iterdir():  # temp files of a run that died: only resumerge's own names
             if is_temp_name(leftover.name, names):
                 leftover.unlink()
-        self.queue = CommitQueue(repo, batching or Batching(), resume=resume)
+        self.queue = CommitQueue(repo, batching or Batching(), resume=resume, head=head, should_stop=should_stop)
 
     @property
     def commits(self) -> int:
@@ -87,6 +92,15 @@ class HubRepoSink(OutputSink):
 
     def drain(self) -> list[Settled]:
         return self.queue.drain()
+
+    def stop_commits(self) -> int:
+        """The run is stopping: commit the files already uploaded, in one last commit in the background; returns
+        how many (0: none)."""
+        return self.queue.stop()
+
+    def stopped_commits(self, timeout: float) -> tuple[list[Settled], str | None]:
+        """Wait up to ``timeout`` s for :meth:`stop_commits`; what got committed, and why not all (None: it did)."""
+        return self.queue.stopped(timeout)
 
     def close(self) -> None:
         self.queue.close()

@@ -5,7 +5,11 @@ Attach it to a :class:`~hub.fakehub.FakeHub` with :meth:`HubWriter.attach`; the 
 route to :meth:`HubWriter.route` first. New commits go through ``FakeHub.push`` so the read routes (tree listing
 with LFS sha256, resolve) serve them at once. Faults: answer the next commits with given statuses (with
 ``Retry-After``), cut the next LFS PUT after N bytes, revoke a token, and run a hook when a commit arrives (the
-kill trials SIGKILL the merging process from it, before or after the commit is applied).
+kill trials SIGKILL the merging process from it, before or after the commit is applied; returning False drops the
+request unapplied, or the answer of an applied commit) and when an LFS PUT arrives (it may block, stalling the PUT).
+
+Like the real hub, a commit whose header names a ``parentCommit`` other than the branch head is refused with
+412 Precondition Failed (optimistic concurrency between two writers).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import base64
 import hashlib
 import json
 import socket
+import threading
 from collections import Counter
 from collections.abc import Callable
 from contextlib import suppress
@@ -26,8 +31,12 @@ if TYPE_CHECKING:
     from hub.fakehub import _Handler
 
 GITATTRIBUTES = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
-# Called with (n-th commit request, "received" | "applied"); returning False at "received" drops the request unapplied.
+# Called with (n-th commit request, "received" | "applied"); returning False at "received" drops the request unapplied,
+# at "applied" drops the answer (the commit happened, the client never hears it).
 CommitHook = Callable[[int, str], "bool | None"]
+# Called with the n-th LFS PUT of the hub, body read, before it is stored: it may block to stall the upload.
+PutHook = Callable[[int], None]
+PRECONDITION_FAILED = "A commit has happened since. Please refresh and try again."
 
 
 @dataclass
@@ -47,7 +56,11 @@ class HubWriter:
     cut_put_after: int | None = None  # cut the next LFS PUT body after N bytes (one shot)
     retry_after: str = "0"
     on_commit: CommitHook | None = None
+    on_put: PutHook | None = None
     commit_requests: int = 0
+    put_requests: int = 0
+    refused: int = 0  # commits refused because their parentCommit was not the branch head
+    commit_lock: threading.Lock = field(default_factory=threading.Lock)  # check-and-apply of one commit at a time
 
     @classmethod
     def attach(cls, hub: FakeHub) -> HubWriter:
@@ -198,6 +211,11 @@ class HubWriter:
                 h.connection.shutdown(socket.SHUT_RDWR)
             return None
         data = self._body(h)
+        if self.on_put is not None:
+            with self.hub.lock:
+                self.put_requests += 1
+                number = self.put_requests
+            self.on_put(number)
         if fault is not None:
             return h._error(fault, "ServerError", "upload failed", retry_after=self.retry_after)
         if hashlib.sha256(data).hexdigest() != oid:
@@ -230,23 +248,34 @@ class HubWriter:
         repo = self.hub.repos[repo_id]
         if revision not in repo.branches:
             return h._error(404, "RevisionNotFound", f"{revision} not found")
-        files = dict(repo.commits[repo.branches[revision]])
-        store = self.lfs.get(repo_id, {})
-        for line in lines[1:]:
-            value = line["value"]
-            if line["key"] == "file":
-                files[value["path"]] = base64.b64decode(value["content"])
-            elif line["key"] == "lfsFile":
-                if value["oid"] not in store:
-                    return h._error(422, "BadRequest", f"LFS object {value['oid']} was never uploaded")
-                files[value["path"]] = store[value["oid"]]
-            elif line["key"] == "deletedFile":
-                files.pop(value["path"], None)
-                self.deletes[repo_id] += 1
-        commit = self.hub.push(repo_id, files, branch=revision)
+        parent = lines[0]["value"].get("parentCommit") if lines and lines[0]["key"] == "header" else None
+        with self.commit_lock:  # the head check and the move of the branch are one step, as on the real hub
+            head = repo.branches[revision]
+            if parent is not None and not head.startswith(parent):
+                self.refused += 1
+                return h._error(412, "PreconditionFailed", PRECONDITION_FAILED)
+            files = dict(repo.commits[head])
+            store = self.lfs.get(repo_id, {})
+            deleted = 0
+            for line in lines[1:]:
+                value = line["value"]
+                if line["key"] == "file":
+                    files[value["path"]] = base64.b64decode(value["content"])
+                elif line["key"] == "lfsFile":
+                    if value["oid"] not in store:
+                        return h._error(422, "BadRequest", f"LFS object {value['oid']} was never uploaded")
+                    files[value["path"]] = store[value["oid"]]
+                elif line["key"] == "deletedFile":
+                    files.pop(value["path"], None)
+                    deleted += 1
+            commit = self.hub.push(repo_id, files, branch=revision)
         with self.hub.lock:
             self.commits[repo_id] += 1
-        if self.on_commit is not None:
-            self.on_commit(number, "applied")
+            self.deletes[repo_id] += deleted
+        if self.on_commit is not None and self.on_commit(number, "applied") is False:
+            h.close_connection = True
+            with suppress(OSError):
+                h.connection.shutdown(socket.SHUT_RDWR)
+            return None
         h._json(200, {"commitUrl": f"{self.hub.url}/{repo_id}/commit/{commit}", "commitOid": commit,
                       "success": True, "pullRequestUrl": None})
