@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from resumerge.engine.session import Outcome, plan_from_config, read_config_file, resume_merge, run_merge
-from resumerge.errors import UsageError
 from resumerge.memory.sizes import parse_size
 from resumerge.plan.merge_plan import DEFAULT_SEED, DEFAULT_SHARD_SIZE, Plan, PlanOptions
 from resumerge.store.integrity import VerifyReport, verify_output
@@ -68,8 +67,9 @@ def run(
     would break ``max_disk``.
 
     A multi-document ``config`` is a recipe (mergekit-multi): its named stages go to ``intermediate_dir``
-    (default ``OUT.intermediates``), deleted at the end with ``cleanup_intermediates``; the final stage's
-    outcome is returned.
+    (default ``OUT.intermediates``, or under the state dir for an ``hf://`` OUT), deleted at the end with
+    ``cleanup_intermediates``; the final stage's outcome is returned. With an ``hf://`` OUT only the final stage
+    is committed to the repo, with the recipe's record.
 
     ``staging``: None stages files on local disk only when ``out`` is on Drive or another remote filesystem,
     True always, False never, or a local directory to stage in (``--staging-dir``).
@@ -94,17 +94,13 @@ def run(
         from resumerge.config.recipe import is_recipe_text
 
         if is_recipe_text(text):
-            from resumerge.config.hubtarget import is_hub_target
             from resumerge.engine.recipe_run import run_recipe
-
-            if is_hub_target(out):
-                raise UsageError(f"recipes cannot write to a hub repo yet ({out})",
-                                 hint="write to a local OUT, then run the final merge alone with hf:// OUT")
 
             return run_recipe(text, out, intermediate_dir=intermediate_dir, options=options, state_dir=state_dir,
                               restart=restart, cleanup=cleanup_intermediates, reporter=reporter,
                               max_memory=_budget(max_memory), max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"),
-                              staging=staging).final
+                              staging=staging, max_disk=_budget(max_disk, "max_disk"),
+                              output=_output(public, commit_every, commit_interval)).final
         return run_merge(text, out, options=options, state_dir=state_dir, restart=restart,
                          reporter=reporter, max_memory=_budget(max_memory),
                          max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"), staging=staging,
@@ -120,7 +116,7 @@ def resume(out: PathLike, *, state_dir: PathLike | None = None, progress: bool =
            max_disk: int | str | None = None, commit_every: int = 20, commit_interval: float = 60.0) -> Outcome:
     """Finish the merge recorded for ``out``, like ``resumerge resume`` (for a recipe: every stage still to do,
     returning the final stage's outcome); an ``hf://`` OUT resumes from the repo alone."""
-    from resumerge.store.recipe_manifest import is_recipe_out
+    from resumerge.store.recipeview import is_recipe_out
 
     reporter = _reporter(progress)
     try:
@@ -129,7 +125,9 @@ def resume(out: PathLike, *, state_dir: PathLike | None = None, progress: bool =
 
             return resume_recipe(out, state_dir=state_dir, cleanup=cleanup_intermediates, reporter=reporter,
                                  max_memory=_budget(max_memory),
-                                 max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"), staging=staging).final
+                                 max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"), staging=staging,
+                                 max_disk=_budget(max_disk, "max_disk"),
+                                 output=_output(False, commit_every, commit_interval)).final
         return resume_merge(out, state_dir=state_dir, reporter=reporter, max_memory=_budget(max_memory),
                             max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"), staging=staging,
                             max_disk=_budget(max_disk, "max_disk"),

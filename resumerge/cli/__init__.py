@@ -10,6 +10,8 @@ May import: errors, config, memory, store, plan, engine.
 __all__ = [
     "commands",
     "demo",
+    "knobs",
     "modelgen",
+    "recipes",
     "render",
 ]

@@ -10,21 +10,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
-import threading
 import traceback
 from collections.abc import Sequence
-from types import FrameType
-from typing import TYPE_CHECKING
 
+from resumerge.cli.knobs import (
+    Progress,
+    hub_output,
+    installed_stop_flag,
+    quiet_hub_uploads,
+    size_option,
+    staging_choice,
+)
 from resumerge.config.version import __version__
 from resumerge.errors import EXIT_INTERRUPTED, EXIT_INVALID, EXIT_OK, ResumergeError, UsageError, exit_code_for
-
-if TYPE_CHECKING:
-    from resumerge.cli.render import ProgressReporter
-    from resumerge.plan.merge_plan import PlanOptions
-    from resumerge.store.hubrepo import HubOutputOptions
 
 # mergekit-yaml flags that resumerge accepts so existing command lines work, and why each is not needed.
 # What a shell shows for a process that SIGPIPE ended (128 + 13): a closed pipe is no error of ours.
@@ -109,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "stream a file when the merge needs less than half of it]")
     run.add_argument("--intermediate-dir", "-I", metavar="DIR",
                      help="recipes (several YAML documents): where named stages are written, one folder each "
-                          "[default: OUT.intermediates beside OUT]")
+                          "[default: OUT.intermediates beside OUT; for hf:// OUT, in the state dir]")
     run.add_argument("--cleanup-intermediates", action="store_true",
                      help="recipes: delete the named stages' outputs once the final output is verified")
     for flag in UNNEEDED_FLAGS:
@@ -202,25 +201,6 @@ def _dest(flag: str) -> str:
     return "unneeded_" + flag.lstrip("-").replace("-", "_")
 
 
-class _StopFlag:
-    """Set by SIGINT/SIGTERM; the engine stops at its next safe point."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-
-    def install(self) -> None:
-        def handler(signum: int, frame: FrameType | None) -> None:
-            if not self.event.is_set():
-                print(f"\n{signal.Signals(signum).name}: stopping at the next safe point...", file=sys.stderr)
-            self.event.set()
-
-        signal.signal(signal.SIGINT, handler)
-        signal.signal(signal.SIGTERM, handler)
-
-    def __call__(self) -> bool:
-        return self.event.is_set()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``resumerge`` console script; returns the exit code."""
     parser = build_parser()
@@ -275,11 +255,13 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from resumerge.store.recipe_manifest import is_recipe_out
+    from resumerge.store.recipeview import is_recipe_out
     from resumerge.store.statusview import read_status
 
     if is_recipe_out(args.out, args.state_dir):
-        return _recipe_status(args)
+        from resumerge.cli.recipes import recipe_status_command
+
+        return recipe_status_command(args)
     report = read_status(args.out, args.state_dir)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
@@ -327,132 +309,39 @@ def _run(args: argparse.Namespace) -> int:
     from resumerge.config.recipe import is_recipe_text
 
     if is_recipe_text(text):
-        _local_out_only(args.out, "recipes")
-        return _run_recipe(args, text, options)
+        from resumerge.cli.recipes import run_recipe_command
+
+        return run_recipe_command(args, text, options)
     _single_merge_only(args)
-    _quiet_hub_uploads(args.out)
-    stop = _StopFlag()
-    stop.install()
-    with _Progress(args.quiet) as progress:
+    quiet_hub_uploads(args.out)
+    stop = installed_stop_flag()
+    with Progress(args.quiet) as progress:
         outcome = run_merge(text, args.out, options=options, state_dir=args.state_dir, restart=args.restart,
-                            reporter=progress, should_stop=stop, max_memory=_max_memory(args),
-                            cache_dir=args.transformers_cache, max_gpu_memory=_max_memory(args, "--max-gpu-memory"),
-                            staging=_staging(args), max_disk=_max_memory(args, "--max-disk"), output=_output(args))
+                            reporter=progress, should_stop=stop, max_memory=size_option(args),
+                            cache_dir=args.transformers_cache, max_gpu_memory=size_option(args, "--max-gpu-memory"),
+                            staging=staging_choice(args), max_disk=size_option(args, "--max-disk"),
+                            output=hub_output(args))
     _finished(outcome, args.quiet)
     return EXIT_OK
 
 
 def _resume(args: argparse.Namespace) -> int:
     from resumerge.engine.session import resume_merge
-    from resumerge.store.recipe_manifest import is_recipe_out
+    from resumerge.store.recipeview import is_recipe_out
 
     if is_recipe_out(args.out, args.state_dir):
-        return _resume_recipe(args)
-    _quiet_hub_uploads(args.out)
-    stop = _StopFlag()
-    stop.install()
-    with _Progress(args.quiet) as progress:
+        from resumerge.cli.recipes import resume_recipe_command
+
+        return resume_recipe_command(args)
+    quiet_hub_uploads(args.out)
+    stop = installed_stop_flag()
+    with Progress(args.quiet) as progress:
         outcome = resume_merge(args.out, state_dir=args.state_dir, reporter=progress, should_stop=stop,
-                               max_memory=_max_memory(args), max_gpu_memory=_max_memory(args, "--max-gpu-memory"),
-                               staging=_staging(args), max_disk=_max_memory(args, "--max-disk"),
-                               output=_output(args))
+                               max_memory=size_option(args), max_gpu_memory=size_option(args, "--max-gpu-memory"),
+                               staging=staging_choice(args), max_disk=size_option(args, "--max-disk"),
+                               output=hub_output(args))
     _finished(outcome, args.quiet)
     return EXIT_OK
-
-
-def _max_memory(args: argparse.Namespace, option: str = "--max-memory") -> int | None:
-    """The budget given with ``option`` in bytes, or None when it was not given."""
-    text = getattr(args, _attr(option), None)
-    if text is None:
-        return None
-    from resumerge.memory.sizes import parse_size
-
-    value = parse_size(text, option=option)
-    if value <= 0:
-        raise UsageError(f"{option} must be positive")
-    return value
-
-
-def _output(args: argparse.Namespace) -> HubOutputOptions:
-    """How an hf:// OUT is created and committed to (ignored for a directory)."""
-    from resumerge.store.hubcommits import Batching
-    from resumerge.store.hubrepo import HubOutputOptions
-
-    if args.commit_every < 1 or args.commit_interval < 0:
-        raise UsageError("--commit-every must be at least 1 and --commit-interval at least 0")
-    return HubOutputOptions(public=getattr(args, "public", False),
-                            batching=Batching(every=args.commit_every, interval=args.commit_interval))
-
-
-def _staging(args: argparse.Namespace) -> str | bool | None:
-    """--staging-dir DIR, --no-staging, or None (stage only when OUT is remote)."""
-    return False if args.no_staging else args.staging_dir
-
-
-def _attr(option: str) -> str:
-    return option.lstrip("-").replace("-", "_")
-
-
-def _run_recipe(args: argparse.Namespace, text: str, options: object) -> int:
-    from resumerge.engine.recipe_run import run_recipe
-    from resumerge.plan.merge_plan import PlanOptions
-
-    assert isinstance(options, PlanOptions)
-    stop = _StopFlag()
-    stop.install()
-    with _Progress(args.quiet) as progress:
-        outcome = run_recipe(text, args.out, intermediate_dir=args.intermediate_dir, options=options,
-                             state_dir=args.state_dir, restart=args.restart, cleanup=args.cleanup_intermediates,
-                             reporter=progress, should_stop=stop, max_memory=_max_memory(args),
-                             max_gpu_memory=_max_memory(args, "--max-gpu-memory"), cache_dir=args.transformers_cache,
-                             staging=_staging(args), source=os.path.basename(args.config))
-    _recipe_finished(outcome, args.quiet)
-    return EXIT_OK
-
-
-def _resume_recipe(args: argparse.Namespace) -> int:
-    from resumerge.engine.recipe_run import resume_recipe
-
-    stop = _StopFlag()
-    stop.install()
-    with _Progress(args.quiet) as progress:
-        outcome = resume_recipe(args.out, state_dir=args.state_dir, cleanup=args.cleanup_intermediates,
-                                reporter=progress, should_stop=stop, max_memory=_max_memory(args),
-                                max_gpu_memory=_max_memory(args, "--max-gpu-memory"), staging=_staging(args))
-    _recipe_finished(outcome, args.quiet)
-    return EXIT_OK
-
-
-def _recipe_status(args: argparse.Namespace) -> int:
-    from resumerge.store.recipeview import read_recipe_status
-
-    report = read_recipe_status(args.out, args.state_dir)
-    if args.json:
-        print(json.dumps(report.to_json(), indent=2))
-    else:
-        from resumerge.cli.render import show_recipe_status
-
-        show_recipe_status(report)
-    return EXIT_OK
-
-
-def _quiet_hub_uploads(out: str) -> None:
-    """huggingface_hub draws a tqdm bar per uploaded file; with hf:// OUT the merge's own progress says it all."""
-    from resumerge.config.hubtarget import is_hub_target
-
-    if is_hub_target(out):
-        from huggingface_hub.utils.tqdm import disable_progress_bars
-
-        disable_progress_bars()
-
-
-def _local_out_only(out: str | None, what: str) -> None:
-    """Refuse (exit 2) an hf:// OUT where it is not supported yet."""
-    from resumerge.config.hubtarget import is_hub_target
-
-    if out is not None and is_hub_target(out):
-        raise UsageError(f"{what} cannot write to a hub repo yet ({out})",
-                         hint="write to a local OUT, then run the final merge alone with hf:// OUT")
 
 
 def _single_merge_only(args: argparse.Namespace) -> None:
@@ -464,20 +353,14 @@ def _single_merge_only(args: argparse.Namespace) -> None:
         if getattr(args, flag):
             raise UsageError(f"--{flag.replace('_', '-')} applies to recipes only, and {args.config} holds one "
                              "merge config", hint="separate a recipe's stages with --- lines")
-    if os.path.isfile(os.path.join(args.out, RECIPE_MANIFEST_NAME)):
+    from resumerge.config.hubtarget import is_hub_target
+    from resumerge.store.recipeview import is_recipe_out
+
+    # A repo is asked (one small request): a single merge must not take over, or --restart away, a recipe's repo.
+    if is_recipe_out(args.out, args.state_dir) if is_hub_target(args.out) else \
+            os.path.isfile(os.path.join(args.out, RECIPE_MANIFEST_NAME)):
         raise OutputDirError(f"{args.out} holds the output of a recipe ({RECIPE_MANIFEST_NAME})", path=args.out,
                              hint="use another OUT for a single merge")
-
-
-def _recipe_finished(outcome: object, quiet: bool) -> None:
-    from resumerge.engine.recipe_run import RecipeOutcome
-
-    assert isinstance(outcome, RecipeOutcome)
-    if quiet:
-        return
-    merged = sum(1 for s in outcome.stages if s.action == "merged")
-    print(f"done: {outcome.final.out_dir} ({len(outcome.plan.stages)} stages, {merged} merged in this run)",
-          file=sys.stderr)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -496,11 +379,14 @@ def _plan(args: argparse.Namespace) -> int:
     from resumerge.config.recipe import is_recipe_text
 
     if is_recipe_text(text):
-        return _plan_recipe(args, text, options)
+        from resumerge.cli.recipes import plan_recipe_command
+
+        return plan_recipe_command(args, text, options)
     estimate = estimate_config(text, options, source=args.config, out_dir=args.out, state_dir=args.state_dir,
-                               cache_dir=args.transformers_cache, max_memory=_max_memory(args),
-                               staging=_staging(args), probe_bytes=parse_size(args.probe_size, option="--probe-size"),
-                               fresh_process=True, max_disk=_max_memory(args, "--max-disk"))
+                               cache_dir=args.transformers_cache, max_memory=size_option(args),
+                               staging=staging_choice(args),
+                               probe_bytes=parse_size(args.probe_size, option="--probe-size"),
+                               fresh_process=True, max_disk=size_option(args, "--max-disk"))
     if args.json:
         print(json.dumps(estimate.to_json(), indent=2))
     else:
@@ -514,35 +400,6 @@ def _plan(args: argparse.Namespace) -> int:
     return EXIT_INVALID
 
 
-def _plan_recipe(args: argparse.Namespace, text: str, options: PlanOptions) -> int:
-    """``plan`` for a multi-document recipe: every stage validated and estimated; exit 2 when it will not fit."""
-    from resumerge.engine.recipe_estimate import estimate_recipe
-    from resumerge.memory.sizes import parse_size
-
-    if args.out is None:
-        raise UsageError("planning a recipe needs OUT: its stages are placed relative to it",
-                         hint=f"resumerge plan {args.config} OUT")
-    _local_out_only(args.out, "recipes")
-    result = estimate_recipe(text, options, out_dir=args.out, source=args.config,
-                             intermediate_dir=args.intermediate_dir, state_dir=args.state_dir,
-                             cache_dir=args.transformers_cache, max_memory=_max_memory(args),
-                             probe_bytes=parse_size(args.probe_size, option="--probe-size"))
-    if args.json:
-        print(json.dumps(result.to_json(), indent=2))
-    else:
-        from resumerge.cli.render import show_plan
-
-        for stage in result.stages:
-            print(f"{stage.label}{' (final)' if stage.final else ''} -> {stage.out_dir}")
-            show_plan(stage.estimate)
-            print()
-    if result.fits:
-        return EXIT_OK
-    for reason in result.reasons:
-        print(f"will not fit: {reason}", file=sys.stderr)
-    return EXIT_INVALID
-
-
 def _finished(outcome: object, quiet: bool) -> None:
     from resumerge.engine.session import Outcome
 
@@ -551,21 +408,6 @@ def _finished(outcome: object, quiet: bool) -> None:
         return
     resumed = f" ({outcome.resumed_files} files were already committed)" if outcome.resumed_files else ""
     print(f"done: {outcome.target or outcome.out_dir}{resumed}", file=sys.stderr)
-
-
-class _Progress:
-    """Context manager around the rich progress reporter: the live display always stops, even on errors."""
-
-    def __init__(self, quiet: bool) -> None:
-        from resumerge.cli.render import ProgressReporter
-
-        self.reporter = ProgressReporter(quiet=quiet)
-
-    def __enter__(self) -> ProgressReporter:
-        return self.reporter
-
-    def __exit__(self, *exc: object) -> None:
-        self.reporter.close()
 
 
 if __name__ == "__main__":  # pragma: no cover

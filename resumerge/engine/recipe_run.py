@@ -9,6 +9,11 @@ planned file is committed *and* the files re-hash to their checksums — never b
 file exist (mergekit-multi's ``--lazy`` defect) — and a done stage is re-verified only when something still has
 to read it. A resume therefore continues mid-stage, repairs a damaged intermediate before a later stage reads
 it, and rebuilds intermediates deleted by ``--cleanup-intermediates`` if the final output ever needs repair.
+
+OUT may be a hub repo (``hf://NAMESPACE/NAME[@BRANCH]``): it is opened (write access, creation, foreign files)
+before anything else is read, the named stages are written locally as always, only the final stage commits to the
+repo (the single-merge sink), and the record is committed to the repo beside it, so a fresh machine resumes from
+the repo alone and recomputes the intermediates it lacks (they are deterministic).
 """
 
 from __future__ import annotations
@@ -20,12 +25,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import run_dir
 from resumerge.config.recipe import load_recipe_text
 from resumerge.config.version import __version__
 from resumerge.engine.executor import Reporter
+from resumerge.engine.hubout import check_max_disk
 from resumerge.engine.inputfetch import refuse_streamed_recipe
 from resumerge.engine.outdir import check_out_dir
+from resumerge.engine.recipe_hub import RecipeHub, open_recipe_hub
 from resumerge.engine.session import Outcome, drive_plan, hub_progress, make_governor
 from resumerge.errors import (
     InterruptedMerge,
@@ -42,6 +50,7 @@ from resumerge.plan.merge_plan import PlanOptions, describe_changes, fingerprint
 from resumerge.plan.recipe_plan import RecipePlan, StagePlan, default_intermediate_dir, plan_recipe
 from resumerge.store.durable import fsync_dir, is_temp_name
 from resumerge.store.filesystems import Staging
+from resumerge.store.hubrepo import HubOutputOptions
 from resumerge.store.integrity import verify_output
 from resumerge.store.manifest import MANIFEST_NAME, read_manifest
 from resumerge.store.recipe_ledger import RecipeLedger
@@ -53,11 +62,12 @@ from resumerge.store.recipe_manifest import (
     RECIPE_MANIFEST_NAME,
     RecipeRecord,
     StageEntry,
+    read_recipe_ledger,
     read_recipe_record,
     recipe_dir,
     write_recipe_manifest,
 )
-from resumerge.store.recipeview import stage_record
+from resumerge.store.recipeview import StageRecord, stage_record
 from resumerge.store.runlock import LOCK_NAME, is_locked
 from resumerge.store.statusview import LEDGER_NAME, resume_command
 
@@ -95,6 +105,8 @@ class _Knobs:
     max_gpu_memory: int | None
     staging: Staging
     command: str
+    hub: RecipeHub | None = None
+    max_disk: int | None = None
 
 
 def run_recipe(
@@ -114,6 +126,8 @@ def run_recipe(
     cache_dir: str | os.PathLike[str] | None = None,
     staging: Staging = None,
     source: str = "recipe",
+    max_disk: int | None = None,
+    output: HubOutputOptions | None = None,
 ) -> RecipeOutcome:
     """Run the recipe ``text`` (several YAML documents) into ``out_dir``; continue an unfinished run of the same
     recipe there.
@@ -123,21 +137,26 @@ def run_recipe(
     InputError (exit 2) before anything is written; PlanChangedError when OUT holds a recipe planned
     differently and ``restart`` is false (naming the stage that changed); OutputDirError for foreign files or
     another process; InterruptedMerge / StorageError (exit 3) when stopped: ``resume_recipe`` continues.
+
+    ``out_dir`` may be ``hf://NAMESPACE/NAME[@BRANCH]`` (then the named stages default to the state dir, and
+    ``output`` and ``max_disk`` mean what they mean for :func:`resumerge.engine.session.run_merge`; ``max_disk``
+    bounds the final stage's staged files, not the intermediates).
     """
     refuse_streamed_recipe(options)
     recipe = load_recipe_text(text, source=source)
-    out = Path(out_dir).absolute()
-    previous = _recorded(out, state_dir)
+    hub = open_recipe_hub(str(out_dir), state_dir=state_dir, options=output) if is_hub_target(out_dir) else None
+    out: str | Path = hub.url if hub else Path(out_dir).absolute()
+    previous = _recorded(out, state_dir, hub)
     if intermediate_dir is not None:
         inter = Path(intermediate_dir).absolute()
     elif previous is not None and not restart:
-        inter = Path(previous.intermediate_dir)
+        previous, inter = _recorded_intermediates(previous, out, state_dir)
     else:
-        inter = default_intermediate_dir(out)
+        inter = default_intermediate_dir(out, state_dir)
     rplan = plan_recipe(recipe, out, inter, options or PlanOptions(), state_dir=state_dir, cache_dir=cache_dir,
                         on_progress=hub_progress(reporter))
     knobs = _Knobs(state_dir, reporter, should_stop, workers, max_memory, max_gpu_memory, staging,
-                   resume_command(out_dir, state_dir))
+                   resume_command(out_dir, state_dir), hub, max_disk)
     return _Runner(rplan, previous, knobs, restart=restart, resuming=False, cleanup=cleanup).run()
 
 
@@ -152,15 +171,21 @@ def resume_recipe(
     max_memory: int | None = None,
     max_gpu_memory: int | None = None,
     staging: Staging = None,
+    max_disk: int | None = None,
+    output: HubOutputOptions | None = None,
 ) -> RecipeOutcome:
     """Finish the recipe recorded for ``out_dir`` (recipe ledger, else ``OUT/resumerge-recipe.json``), with the
-    recorded text, options, intermediate dir and pinned inputs.
+    recorded text, options, intermediate dir and pinned inputs. An ``hf://`` OUT resumes from the repo alone when
+    the state dir is gone: the intermediates are recomputed (in the recorded intermediate dir, or under this state
+    dir when that one is gone too) and the final stage continues without sending committed files again.
 
     Raises LedgerError when no recipe is recorded, PlanChangedError (exit 4, naming the stage) when an input or
     resumerge itself changed since the recipe was planned.
     """
-    out = Path(out_dir).absolute()
-    previous = _recorded(out, state_dir)
+    hub = open_recipe_hub(str(out_dir), state_dir=state_dir, options=output, create=False) \
+        if is_hub_target(out_dir) else None
+    out: str | Path = hub.url if hub else Path(out_dir).absolute()
+    previous = _recorded(out, state_dir, hub)
     if previous is None:
         raise LedgerError(
             f"nothing to resume in {out}: no recipe ledger in the state dir and no {RECIPE_MANIFEST_NAME}",
@@ -168,10 +193,11 @@ def resume_recipe(
             hint="start it with resumerge run RECIPE OUT (pass --state-dir if you used one)",
         )
     recipe = load_recipe_text(previous.recipe_text)
-    rplan = plan_recipe(recipe, out, Path(previous.intermediate_dir), PlanOptions(**previous.options),
+    previous, inter = _recorded_intermediates(previous, out, state_dir)
+    rplan = plan_recipe(recipe, out, inter, PlanOptions(**previous.options),
                         model_dirs=previous.model_dirs, state_dir=state_dir, on_progress=hub_progress(reporter))
     knobs = _Knobs(state_dir, reporter, should_stop, workers, max_memory, max_gpu_memory, staging,
-                   resume_command(out_dir, state_dir))
+                   resume_command(out_dir, state_dir), hub, max_disk)
     return _Runner(rplan, previous, knobs, restart=False, resuming=True, cleanup=cleanup).run()
 
 
@@ -221,8 +247,8 @@ class _Runner:
     def run(self) -> RecipeOutcome:
         self._refuse_changes()
         self._check_outputs()
-        rdir = recipe_dir(self.rplan.out_dir, self.knobs.state_dir)
-        lock = _RecipeLock(rdir, self.rplan.out_dir)
+        rdir = recipe_dir(self.rplan.out, self.knobs.state_dir)
+        lock = _RecipeLock(rdir, self.rplan.out)
         lock.acquire()
         try:
             # Downloads first, as for one merge: an interruption there leaves nothing in OUT, and a process
@@ -264,8 +290,8 @@ class _Runner:
         changes = recipe_changes(self.previous, self.rplan)
         if changes:
             raise PlanChangedError(
-                f"{self.rplan.out_dir} holds a recipe planned differently: {'; '.join(changes)}",
-                path=str(self.rplan.out_dir),
+                f"{self.rplan.out} holds a recipe planned differently: {'; '.join(changes)}",
+                path=str(self.rplan.out),
                 hint="restore the recipe's inputs as they were, or start over with resumerge run RECIPE OUT --restart"
                 if self.resuming
                 else "resume it unchanged (resumerge resume OUT), use another OUT, or pass --restart to start over",
@@ -276,13 +302,17 @@ class _Runner:
         from resumerge.engine.devices import gpu_governor
 
         for sp in self.rplan.stages:
-            check_out_dir(sp.out_dir, tolerate=_tolerated(sp))
-            own = stage_record(sp.out_dir, self.knobs.state_dir)
+            where = self.rplan.out_of(sp)
+            if isinstance(where, Path):  # a repo OUT was checked when it was opened
+                check_out_dir(where, tolerate=_tolerated(sp))
+            else:
+                check_max_disk(sp.plan, self.knobs.max_disk)
+            own = self._stage_record(sp)
             if own is not None and own.fingerprint != sp.plan.fingerprint and not self.restart:
                 what = "; ".join(describe_changes(own.parts, own.inputs, sp.plan)) or "the plan changed"
                 raise PlanChangedError(
-                    f"{sp.out_dir} holds a merge planned differently from {sp.stage.label}: {what}",
-                    path=str(sp.out_dir),
+                    f"{where} holds a merge planned differently from {sp.stage.label}: {what}",
+                    path=str(where),
                     hint="use another --intermediate-dir or OUT, or pass --restart to start over",
                 )
             make_governor(sp.plan, self.knobs.max_memory)
@@ -290,18 +320,28 @@ class _Runner:
 
     # -- recording -----------------------------------------------------------------------------------------
     def _start(self) -> None:
-        out = self.rplan.out_dir
-        out.mkdir(parents=True, exist_ok=True)
-        for entry in out.iterdir():
-            if is_temp_name(entry.name, {RECIPE_MANIFEST_NAME}) and entry.is_file():
-                entry.unlink()
-        self.ledger.start(str(out), self.record)
-        write_recipe_manifest(out, self.record)
+        hub = self.knobs.hub
+        if hub is None:
+            out = self.rplan.out_dir
+            out.mkdir(parents=True, exist_ok=True)
+            for entry in out.iterdir():
+                if is_temp_name(entry.name, {RECIPE_MANIFEST_NAME}) and entry.is_file():
+                    entry.unlink()
+        self.ledger.start(str(self.rplan.out), self.record)
+        self._publish(self.record)
 
     def _store(self, record: RecipeRecord) -> None:
         self.record = record
         self.ledger.update_record(record)
-        write_recipe_manifest(self.rplan.out_dir, record)
+        self._publish(record)
+
+    def _publish(self, record: RecipeRecord) -> None:
+        """Put the record into OUT: atomically into the folder, or as a commit to the repo (only when it changed:
+        the final stage's own commits never carry it, so a repo's record is always whole)."""
+        if self.knobs.hub is not None:
+            self.knobs.hub.store(record)
+        else:
+            write_recipe_manifest(self.rplan.out_dir, record)
 
     def _discard_stale(self) -> None:
         """With --restart: delete the outputs of stages the new recipe no longer has (only their files)."""
@@ -331,30 +371,41 @@ class _Runner:
         self._drive(sp)
 
     def _intact(self, sp: StagePlan) -> bool:
-        own = stage_record(sp.out_dir, self.knobs.state_dir)
+        where = self.rplan.out_of(sp)
+        own = self._stage_record(sp)
         if own is None or own.fingerprint != sp.plan.fingerprint or not own.complete:
             return False
-        report = verify_output(sp.out_dir, self.knobs.state_dir)
+        report = verify_output(where, self.knobs.state_dir)
         if not report.ok or report.pending:
             return False
         self.settled[sp.stage.key] = StageOutcome(sp.stage.label, sp.out_dir, "verified", report.checked)
-        self._message(f"{sp.stage.label}: done, {report.checked} files verified ({sp.out_dir})")
+        self._message(f"{sp.stage.label}: done, {report.checked} files verified ({where})")
         if sp.final:
-            self.final_outcome = Outcome(sp.plan, sp.out_dir, report.checked, ("verified",))
+            target = where if isinstance(where, str) else None
+            self.final_outcome = Outcome(sp.plan, sp.out_dir, report.checked, ("verified",), target=target)
         self.ledger.stage_state(sp.stage.key, "done")
         return True
+
+    def _stage_record(self, sp: StagePlan) -> StageRecord | None:
+        # The repo's manifest was read when it was opened, and nothing has written the final stage since.
+        hub = self.knobs.hub
+        remote = hub.output.manifest if hub is not None and sp.final else None
+        return stage_record(self.rplan.out_of(sp), self.knobs.state_dir, repo_manifest=remote)
 
     def _drive(self, sp: StagePlan) -> None:
         knobs, key = self.knobs, sp.stage.key
         position = 1 + [s.stage.key for s in self.rplan.stages].index(key)
-        self._message(f"{sp.stage.label} ({position}/{len(self.rplan.stages)}): merging into {sp.out_dir}")
+        where = self.rplan.out_of(sp)
+        self._message(f"{sp.stage.label} ({position}/{len(self.rplan.stages)}): merging into {where}")
         self.ledger.stage_state(key, "running")
+        hub_out = knobs.hub.final_output() if knobs.hub is not None and sp.final else None
         try:
             outcome = drive_plan(sp.plan, sp.stage.text, sp.out_dir, command=knobs.command, state_dir=knobs.state_dir,
                                  restart=self.restart, resuming=self.resuming, reporter=knobs.reporter,
                                  should_stop=knobs.should_stop, workers=knobs.workers, max_memory=knobs.max_memory,
                                  max_gpu_memory=knobs.max_gpu_memory, staging=knobs.staging,
-                                 tolerate=_tolerated(sp))
+                                 tolerate=_tolerated(sp), hub_out=hub_out,
+                                 max_disk=knobs.max_disk if hub_out is not None else None)
         except (InterruptedMerge, StorageError, UnreachableError, KeyboardInterrupt) as exc:
             self.ledger.stage_state(key, "interrupted", error=_one_line(exc))
             raise
@@ -425,7 +476,7 @@ class _RecipeLock:
     itself is locked by the final stage, so it cannot be locked here: flock conflicts between two descriptors
     of one process)."""
 
-    def __init__(self, directory: Path, out_dir: Path) -> None:
+    def __init__(self, directory: Path, out_dir: str | Path) -> None:
         self.directory, self.out_dir = directory, out_dir
         self.fd: int | None = None
 
@@ -449,15 +500,35 @@ class _RecipeLock:
             self.fd = None
 
 
-def _recorded(out: Path, state_dir: str | os.PathLike[str] | None) -> RecipeRecord | None:
-    found = read_recipe_record(out, state_dir)
-    return found[0] if found is not None else None
+def _recorded(out: str | Path, state_dir: str | os.PathLike[str] | None,
+              hub: RecipeHub | None = None) -> RecipeRecord | None:
+    """The recipe recorded for ``out``: the recipe ledger in the state dir, else OUT's record (a repo's, read when
+    the repo was opened)."""
+    if hub is not None:
+        found = read_recipe_ledger(recipe_dir(hub.url, state_dir) / RECIPE_LEDGER_NAME)
+        return found[0] if found is not None else hub.record
+    recorded = read_recipe_record(out, state_dir)
+    return recorded[0] if recorded is not None else None
+
+
+def _recorded_intermediates(previous: RecipeRecord, out: str | Path,
+                            state_dir: str | os.PathLike[str] | None) -> tuple[RecipeRecord, Path]:
+    """The record and the intermediate dir a continued run uses: the recorded one. A repo OUT resumed on a fresh
+    machine whose recorded default dir (under the first machine's state dir) is gone uses this state dir's default
+    instead: nothing there was kept, the stages are recomputed, and their place is not part of any plan."""
+    recorded = Path(previous.intermediate_dir)
+    if not isinstance(out, str) or recorded.exists():
+        return previous, recorded
+    here = default_intermediate_dir(out, state_dir)
+    if here == recorded or here.name != recorded.name:
+        return previous, recorded
+    return replace(previous, intermediate_dir=str(here)), here
 
 
 def _record_of(rplan: RecipePlan, cleanup: bool, intermediates: str) -> RecipeRecord:
     stages = tuple(
-        StageEntry(sp.stage.key, sp.stage.name, sp.stage.document, str(sp.out_dir), sp.plan.fingerprint, sp.final,
-                   fingerprint_parts(sp.plan), {k: [list(f) for f in v] for k, v in sp.plan.inputs.items()})
+        StageEntry(sp.stage.key, sp.stage.name, sp.stage.document, str(rplan.out_of(sp)), sp.plan.fingerprint,
+                   sp.final, fingerprint_parts(sp.plan), {k: [list(f) for f in v] for k, v in sp.plan.inputs.items()})
         for sp in rplan.stages
     )
     return RecipeRecord(__version__, rplan.fingerprint, rplan.recipe.text, str(rplan.intermediate_dir),

@@ -21,6 +21,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from resumerge.config.hubtarget import is_hub_target, parse_hub_target
+from resumerge.config.locations import state_root
 from resumerge.config.modelref import ModelRef
 from resumerge.config.recipe import Recipe, Stage, near_stage_name, stage_errors
 from resumerge.errors import ConfigError, ResumergeError, UsageError
@@ -59,6 +61,16 @@ class RecipePlan:
     intermediate_dir: Path
     options: PlanOptions
     fingerprint: str
+    target: str | None = None  # the hf:// repo when OUT is one (then out_dir is only its name)
+
+    @property
+    def out(self) -> str | Path:
+        """OUT as runs and messages name it: the ``hf://`` target, else the output directory."""
+        return self.target if self.target is not None else self.out_dir
+
+    def out_of(self, sp: StagePlan) -> str | Path:
+        """Where ``sp`` writes: the ``hf://`` target for the final stage of a hub OUT, else its output dir."""
+        return self.target if sp.final and self.target is not None else sp.out_dir
 
     @property
     def final(self) -> StagePlan:
@@ -79,10 +91,15 @@ class RecipePlan:
         return {key: str(m.directory) for key, m in sorted(self.inputs.models.items())}
 
 
-def default_intermediate_dir(out_dir: Path) -> Path:
+def default_intermediate_dir(out_dir: str | os.PathLike[str],
+                             state_dir: str | os.PathLike[str] | None = None) -> Path:
     """Where named stages go without ``--intermediate-dir``: ``OUT.intermediates`` beside OUT (same disk as OUT,
-    so a runtime reset that keeps OUT keeps the stages too; never inside OUT)."""
-    return out_dir.parent / f"{out_dir.name}{INTERMEDIATE_SUFFIX}"
+    so a runtime reset that keeps OUT keeps the stages too; never inside OUT). For an ``hf://`` OUT, which has no
+    "beside", ``<state dir>/hf-<namespace>--<name>-<hash>.intermediates``: local disk, next to the run's state."""
+    if is_hub_target(out_dir):
+        return state_root(state_dir).absolute() / f"{parse_hub_target(str(out_dir)).state_key()}{INTERMEDIATE_SUFFIX}"
+    out = Path(out_dir).absolute()
+    return out.parent / f"{out.name}{INTERMEDIATE_SUFFIX}"
 
 
 def stage_output_dir(stage: Stage, final: Stage, out_dir: Path, intermediate_dir: Path) -> Path:
@@ -95,7 +112,7 @@ def stage_output_dir(stage: Stage, final: Stage, out_dir: Path, intermediate_dir
 
 def plan_recipe(
     recipe: Recipe,
-    out_dir: Path,
+    out_dir: str | os.PathLike[str],
     intermediate_dir: Path,
     options: PlanOptions,
     *,
@@ -107,13 +124,16 @@ def plan_recipe(
     """Open the recipe's inputs (config.json and headers only) and plan every stage; writes nothing.
 
     ``model_dirs`` are the input directories recorded by an earlier run (a resume pins the same hub commits).
+    ``out_dir`` may be an ``hf://`` target: the final stage then writes there (see :attr:`RecipePlan.target`).
     Raises :class:`UsageError` when an output dir overlaps OUT, and the planner's errors (exit 2) prefixed with
     the stage (``[stage NAME] slices[0].sources[1].layer_range``).
     """
-    out_dir = out_dir.absolute()
+    target = parse_hub_target(str(out_dir)).url if is_hub_target(out_dir) else None
+    out = Path(target) if target is not None else Path(out_dir).absolute()
     intermediate_dir = intermediate_dir.absolute()
-    dirs = {s.key: stage_output_dir(s, recipe.final, out_dir, intermediate_dir) for s in recipe.stages}
-    _check_layout(out_dir, intermediate_dir, dirs, recipe)
+    dirs = {s.key: stage_output_dir(s, recipe.final, out, intermediate_dir) for s in recipe.stages}
+    if target is None:  # a repo cannot overlap a local folder
+        _check_layout(out, intermediate_dir, dirs, recipe)
     _check_near_misses(recipe)
     opened: dict[str, ModelInput] = {}
     union = Inputs()
@@ -141,7 +161,7 @@ def plan_recipe(
     stages = tuple(planned[s.key] for s in recipe.stages)
     body = [[sp.stage.key, sp.plan.fingerprint, sp.final] for sp in stages]
     fingerprint = hashlib.sha256(json.dumps(body, separators=(",", ":")).encode()).hexdigest()
-    return RecipePlan(recipe, stages, union, out_dir, intermediate_dir, options, fingerprint)
+    return RecipePlan(recipe, stages, union, out, intermediate_dir, options, fingerprint, target)
 
 
 def stage_output_input(name: str, plan: Plan, directory: Path) -> ModelInput:

@@ -172,10 +172,3 @@ def read_recipe_record(out_dir: str | os.PathLike[str],
         return found[0], "ledger"
     record = read_recipe_manifest(Path(out_dir))
     return (record, "manifest") if record is not None else None
-
-
-def is_recipe_out(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None) -> bool:
-    """True when ``out_dir`` is (or is being) written by a recipe: its record is in OUT or in the state dir."""
-    if (Path(out_dir) / RECIPE_MANIFEST_NAME).is_file():
-        return True
-    return (recipe_dir(out_dir, state_dir) / RECIPE_LEDGER_NAME).exists()

@@ -2,7 +2,8 @@
 
 The stage list comes from the recipe record (the recipe ledger, else ``OUT/resumerge-recipe.json``); each
 stage's state and progress from that stage's own ledger or manifest, through :func:`read_status`. A recipe
-recorded as running whose lock no process holds is reported as interrupted.
+recorded as running whose lock no process holds is reported as interrupted. For an ``hf://`` OUT without a
+recipe ledger here, the record and the final stage's manifest are read from the repo (a few small requests).
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import run_dir
-from resumerge.errors import LedgerError
-from resumerge.store.manifest import read_manifest
+from resumerge.errors import LedgerError, StorageError
+from resumerge.store.manifest import Manifest, read_manifest
 from resumerge.store.recipe_manifest import (
     DELETED,
     DELETING,
     RECIPE_LEDGER_NAME,
+    RECIPE_MANIFEST_NAME,
     RecipeRecord,
     read_recipe_ledger,
     read_recipe_manifest,
@@ -102,12 +105,13 @@ class RecipeStatus:
         return doc
 
 
-def stage_record(out_dir: str | os.PathLike[str],
-                 state_dir: str | os.PathLike[str] | None = None) -> StageRecord | None:
+def stage_record(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None, *,
+                 repo_manifest: Manifest | None = None) -> StageRecord | None:
     """The record of the merge into ``out_dir`` (its ledger, else its manifest), or None when there is none.
 
-    A ledger that cannot be read (killed while being created, damaged) is passed over for the manifest. Raises
-    :class:`LedgerError` when the manifest is unreadable.
+    For an ``hf://`` OUT the manifest is the repo's: ``repo_manifest`` when the caller read it already, else read
+    (one small request). A ledger that cannot be read (killed while being created, damaged) is passed over for the
+    manifest. Raises :class:`LedgerError` when the manifest is unreadable.
     """
     ledger = run_dir(out_dir, state_dir) / LEDGER_NAME
     if ledger.exists():
@@ -126,12 +130,28 @@ def stage_record(out_dir: str | os.PathLike[str],
         if run is not None:
             return StageRecord(run["fingerprint"], json.loads(run["parts"]), json.loads(run["inputs"]), run["state"],
                                int(total), int(done), "ledger")
-    manifest = read_manifest(Path(out_dir)) if Path(out_dir).is_dir() else None
+    if is_hub_target(out_dir):
+        manifest = repo_manifest if repo_manifest is not None else _repo_manifest(str(out_dir), state_dir)
+    else:
+        manifest = read_manifest(Path(out_dir)) if Path(out_dir).is_dir() else None
     if manifest is None:
         return None
     committed = sum(1 for n in manifest.planned if n in manifest.committed)
     return StageRecord(manifest.fingerprint, dict(manifest.parts), dict(manifest.inputs), manifest.state,
                        len(manifest.planned), committed, "manifest")
+
+
+def is_recipe_out(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None) -> bool:
+    """True when ``out_dir`` is (or is being) written by a recipe: its record is in the state dir or in OUT (for
+    an ``hf://`` OUT without a recipe ledger here: in the repo, one small request)."""
+    if (recipe_dir(out_dir, state_dir) / RECIPE_LEDGER_NAME).exists():
+        return True
+    if is_hub_target(out_dir):
+        try:
+            return _out_record(out_dir, state_dir) is not None
+        except StorageError:  # the hub refused the token: the single-merge path says what to do about it
+            return False
+    return (Path(out_dir) / RECIPE_MANIFEST_NAME).is_file()
 
 
 def read_recipe_status(out_dir: str | os.PathLike[str],
@@ -151,7 +171,7 @@ def read_recipe_status(out_dir: str | os.PathLike[str],
             state = "interrupted"
         rows, events = _stage_rows(rdir / RECIPE_LEDGER_NAME)
     else:
-        manifest = read_recipe_manifest(Path(out_dir))
+        manifest = _out_record(out_dir, state_dir)
         if manifest is None:
             raise LedgerError(
                 f"no recipe recorded for {out_dir}",
@@ -160,7 +180,8 @@ def read_recipe_status(out_dir: str | os.PathLike[str],
             )
         record, source = manifest, "manifest"
         state = "done" if record.state == "done" else "interrupted"
-        events = ("recipe ledger not found: figures from OUT's resumerge-recipe.json and the stages' records",)
+        where = "the repo's" if is_hub_target(out_dir) else "OUT's"
+        events = (f"recipe ledger not found: figures from {where} resumerge-recipe.json and the stages' records",)
     stages = tuple(_stage_status(record, s.key, rows.get(s.key, {}), state_dir) for s in record.stages)
     command = None if state in ("done", "running") else resume_command(out_dir, state_dir)
     current = None
@@ -170,6 +191,26 @@ def read_recipe_status(out_dir: str | os.PathLike[str],
         current = replace(read_status(pending.out_dir, state_dir), resume_command=command)
     return RecipeStatus(str(out_dir), state, source, record.intermediate_dir, record.intermediates, stages, current,
                         last_error, events, command)
+
+
+def _out_record(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None) -> RecipeRecord | None:
+    """OUT's ``resumerge-recipe.json``: the folder's, or the repo's for an ``hf://`` OUT."""
+    if not is_hub_target(out_dir):
+        return read_recipe_manifest(Path(out_dir))
+    from resumerge.store.recipe_hub import remote_recipe_record
+
+    return remote_recipe_record(str(out_dir), resume_command(out_dir, state_dir))
+
+
+def _repo_manifest(out: str, state_dir: str | os.PathLike[str] | None) -> Manifest | None:
+    from resumerge.store.hubstatus import remote_manifest_bytes
+    from resumerge.store.manifest import parse_manifest
+
+    try:
+        data, where = remote_manifest_bytes(out, resume_command(out, state_dir))
+    except LedgerError:  # the repo holds no manifest: nothing of this stage is committed
+        return None
+    return parse_manifest(data, where)
 
 
 def _stage_status(record: RecipeRecord, key: str, row: dict[str, Any],

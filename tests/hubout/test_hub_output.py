@@ -77,8 +77,7 @@ def test_verify_names_a_damaged_file_in_the_repo_and_resume_repairs_it(
     assert repo_files(hub, "alice/v") == merge.reference
 
 
-def test_plan_reports_the_disk_of_an_hf_output_and_recipes_are_refused(
-        merge: Merge, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_reports_the_disk_of_an_hf_output(merge: Merge, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["plan", str(merge.config), "hf://alice/p", "--out-shard-size", SHARD, "--probe-size", "0"]
     assert main([*args, "--max-disk", "30k", "--json"]) == 0
     need = json.loads(capsys.readouterr().out)["hf_output"]
@@ -87,8 +86,3 @@ def test_plan_reports_the_disk_of_an_hf_output_and_recipes_are_refused(
                     "staging_bytes": 30_000}
     assert main([*args, "--max-disk", "1k"]) == 2
     assert "below the largest output shard" in capsys.readouterr().err
-    recipe = tmp_path / "recipe.yml"
-    recipe.write_text("name: a\n" + merge.config.read_text() + "---\n" + merge.config.read_text().replace(
-        "models:", "models:\n- model: a\n  parameters: {weight: 0.5}", 1))
-    assert main(["run", str(recipe), "hf://alice/r", "--quiet"]) == 2
-    assert "recipes cannot write to a hub repo yet" in capsys.readouterr().err
