@@ -54,6 +54,40 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert test_command in readme
 
 
+def test_the_resumerge_command_points_at_the_cli() -> None:
+    # The README's first command is `resumerge demo`: the console script must name a function that exists (a
+    # package move once left it pointing at `resumerge.cli:main`, and every test ran `python -m resumerge`).
+    import importlib
+    import re
+    from importlib.metadata import entry_points
+
+    declared = re.search(r'^resumerge = "([\w.]+):(\w+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert declared is not None
+    assert getattr(importlib.import_module(declared.group(1)), declared.group(2)) is main
+    installed = [e for e in entry_points(group="console_scripts") if e.name == "resumerge"]
+    assert [e.value for e in installed] == [f"{declared.group(1)}:{declared.group(2)}"]
+    assert installed[0].load() is main
+
+
+def test_plan_times_compute_with_the_runs_threads_and_refuses_a_missing_gpu(
+        tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    a, b = make("a", seed=1), make("b", seed=2)
+    cfg = write_config(tmp_path / "c.yml", {"merge_method": "ties", "base_model": str(a), "dtype": "float32",
+                                            "models": [{"model": str(b), "parameters": {"weight": 1, "density": 0.5}}]})
+    threads = torch.get_num_threads()
+    try:
+        assert main(["plan", str(cfg), "--json", "--probe-size", "0", "-j", "1"]) == 0
+        groups = json.loads(capsys.readouterr().out)["time"]["compute"]
+    finally:
+        torch.set_num_threads(threads)
+    assert [(g["method"], g["device"], g["threads"]) for g in groups] == [("ties", "cpu", 1)]
+    if not torch.cuda.is_available():
+        assert main(["plan", str(cfg), "--cuda"]) == 2
+        assert "torch sees no CUDA GPU" in capsys.readouterr().err
+
+
 def test_status_never_imports_torch_or_sqlite_utils(tmp_path: Path, make: ModelFactory) -> None:
     cfg = write_config(tmp_path / "c.yml", {"merge_method": "passthrough", "models": [str(make("a"))]})
     assert main(["run", str(cfg), str(tmp_path / "out"), "--quiet"]) == 0
