@@ -14,7 +14,8 @@ wall time, peak RSS of the merge process alone (``ru_maxrss`` from ``wait4`` in 
 script's own memory never counts),
 bytes read and written (the launcher's ``/proc/self/io`` after reaping the merge, which the kernel credits with
 the child's I/O), the size of the output, and ``resumerge resume`` on the finished merge (which re-hashes every
-committed file).
+committed file). Before the runs, ``resumerge plan --json`` estimates each method's wall time (start-up, disk work
+and the compute it times on a sample of the inputs); the estimate is printed next to the measured median.
 
 The floor for the same bytes: ``import torch`` in a fresh interpreter; a warm read of every input file the
 method reads (page cache primed first); a cold read of them (only with ``--cold``, which drops the page cache
@@ -27,6 +28,7 @@ rows and the exact command line, ready for bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -233,12 +235,26 @@ def _output_bytes(out: Path) -> int:
 
 @dataclass(frozen=True)
 class MethodResult:
-    """Everything measured for one method: runs per label, resumes of the finished merge, floors, input bytes."""
+    """Everything measured for one method: runs per label, resumes of the finished merge, floors, input bytes,
+    and ``resumerge plan``'s time estimate (its ``time`` document)."""
 
     measures: dict[str, list[Measure]]
     resumes: list[Measure]
     floor: dict[str, float | str]
     inputs: int
+    planned: dict[str, object] | None = None
+
+
+def plan_estimate(config: Path, out: Path, state: Path, shard: str) -> dict[str, object]:
+    """``resumerge plan CONFIG OUT --json``'s time estimate, in a fresh process like the run (start-up counts)."""
+    shutil.rmtree(out, ignore_errors=True)
+    done = subprocess.run([sys.executable, "-m", "resumerge", "plan", str(config), str(out), "--json", "--state-dir",
+                           str(state), "--out-shard-size", shard], capture_output=True, text=True, check=False,
+                          cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"resumerge plan {config} failed:\n{done.stderr[-3000:]}")
+    timing: dict[str, object] = json.loads(done.stdout)["time"]
+    return timing
 
 
 @dataclass(frozen=True)
@@ -264,6 +280,8 @@ def bench_method(method: str, models: list[Path], args: argparse.Namespace, tool
     config.write_text(METHODS[method].format(a=models[0], b=models[1], c=models[2]))
     used = [m for m, key in zip(models, "abc") if "{" + key + "}" in METHODS[method]]
     extra = shlex.split(args.resumerge_args)
+    planned = plan_estimate(config, args.work / "out-plan", args.work / "state-plan", args.out_shard_size)
+    print(f"{method} plan estimate {_planned_text(planned)}", flush=True)
     measures: dict[str, list[Measure]] = {t.name + ("-unsafe" if t.unsafe else ""): [] for t in tools}
     for run in range(args.runs):
         order = tools if run % 2 == 0 else list(reversed(tools))
@@ -284,7 +302,16 @@ def bench_method(method: str, models: list[Path], args: argparse.Namespace, tool
                              "--quiet", "--state-dir", str(args.work / "state-resumerge")]) for _ in range(2)]
     out_bytes = measures["resumerge"][-1].out_bytes
     return MethodResult(measures, resumes, floors(used, out_bytes, args.work, args.cold),
-                        sum(p.stat().st_size for d in used for p in d.glob("*.safetensors")))
+                        sum(p.stat().st_size for d in used for p in d.glob("*.safetensors")), planned)
+
+
+def _planned_text(timing: dict[str, object]) -> str:
+    def num(key: str) -> float:
+        value = timing.get(key)
+        return float(value) if isinstance(value, (int, float)) else float("nan")
+
+    return (f"{num('seconds'):.1f} s (start-up {num('startup_seconds'):.1f}, compute {num('compute_seconds'):.1f}, "
+            f"disk {num('disk_seconds'):.1f}, last shard's flush {num('tail_seconds'):.1f})")
 
 
 def _median(rows: list[Measure], attr: str) -> float:
@@ -317,6 +344,11 @@ def report(method: str, result: MethodResult) -> list[str]:
         cost = _median(safe, "wall") - _median(unsafe, "wall")
         notes.append(f"- {method}: durability costs {cost:.2f} s ({cost / _median(safe, 'wall') * 100:.0f} % of the "
                      f"durable run's {_median(safe, 'wall'):.2f} s)")
+    if result.planned is not None and safe:
+        estimated, wall = result.planned.get("seconds"), _median(safe, "wall")
+        ratio = f" = {float(estimated) / wall:.2f}× the measured" if isinstance(estimated, (int, float)) else ""
+        notes.append(f"- {method}: `resumerge plan` estimated {_planned_text(result.planned)} against {wall:.2f} s "
+                     f"measured (durable run){ratio}")
     resume_wall = statistics.median(r.wall for r in resumes)
     resume_rss = statistics.median(r.peak_rss for r in resumes)
     notes.append(f"- {method}: `resumerge resume` of the finished merge (re-hashes every committed file): "

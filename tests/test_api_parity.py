@@ -17,7 +17,10 @@ from resumerge.store.integrity import report_json
 
 # What the machine says at the moment of asking (free RAM and disk, this process's own size, elapsed time).
 MEASURED = {("memory", "baseline_bytes"), ("memory", "counted_baseline_bytes"), ("memory", "peak_bytes"),
-            ("memory", "machine_bytes"), ("time", "startup_seconds"), ("time", "seconds")}
+            ("memory", "machine_bytes"), ("time", "startup_seconds"), ("time", "seconds"),
+            ("time", "compute_seconds")}
+# Per method group: the timings of the sample, not what was sampled.
+MEASURED_COMPUTE = ("seconds_per_element", "seconds_per_call", "seconds", "measure_seconds")
 
 
 def _json_of(capsys: pytest.CaptureFixture[str], argv: list[str]) -> Any:
@@ -29,6 +32,10 @@ def _without_measured(doc: dict[str, Any]) -> dict[str, Any]:
     doc = json.loads(json.dumps(doc))
     for section, key in MEASURED:
         doc[section].pop(key)
+    for group in doc["time"]["compute"]:
+        for key in MEASURED_COMPUTE:
+            group.pop(key)
+    doc["time"]["notes"] = [n for n in doc["time"]["notes"] if not n.startswith("compute:")]
     for disk in doc["disks"]:
         disk.pop("free_bytes")
     return doc

@@ -9,9 +9,12 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import ModelFactory
 from hub.conftest import REPO, SPEC, big_model, hf_env, hub, models, state  # noqa: F401  (fixtures for the hub test)
 from hub.fakehub import FakeHub
@@ -20,7 +23,12 @@ from support import cli, linear_config, peak_rss_run, write_config
 from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import make_model
-from resumerge.engine.costs import FITS, WILL_NOT_FIT
+from resumerge.engine.compute_estimate import measure_compute
+from resumerge.engine.costs import FITS, WILL_NOT_FIT, ComputeGroup, TimeEstimate
+from resumerge.inputs.safetensors_format import numel
+from resumerge.inputs.source import InputSources, LocalFiles
+from resumerge.inputs.tensorio import TensorReader
+from resumerge.plan.merge_plan import Plan
 from resumerge.store.diskprobe import PROBE_PREFIX
 from resumerge.store.manifest import MANIFEST_NAME
 
@@ -51,6 +59,8 @@ def test_output_size_is_exact(tmp_path: Path, make: ModelFactory) -> None:
     assert sizes[MANIFEST_NAME] == est.output.manifest_bytes
     assert sum(sizes.values()) - sum(shards.values()) - sizes[MANIFEST_NAME] == est.output.aux_bytes
     assert sum(sizes.values()) == est.output.total_bytes
+    finished = api.estimate(cfg, out, out_shard_size="30k", probe_size=0)
+    assert finished.time.compute == () and finished.time.compute_seconds == 0  # nothing pending: nothing timed
 
 
 def test_a_resumable_out_needs_only_what_is_left(tmp_path: Path, make: ModelFactory) -> None:
@@ -123,6 +133,10 @@ def test_plan_exit_codes_and_json_schema(tmp_path: Path, make: ModelFactory,
     assert [d["roles"] for d in doc["disks"]] == [["output", "state"]]
     time = doc["time"]
     assert time["read_bytes_per_s"] > 0 and time["write_bytes_per_s"] > 0 and time["seconds"] > 0
+    (group,) = time["compute"]
+    assert group["method"] == "linear" and group["seconds_per_element"] > 0 and group["sample_bytes"] > 0
+    assert time["compute_seconds"] >= 0 and time["disk_seconds"] >= 0 and time["tail_seconds"] >= 0
+    assert not any("not included" in n for n in time["notes"]) and time["notes"][0].startswith("compute: linear")
     assert time["read_bytes"] == sum(p.stat().st_size for d in (a, b) for p in d.glob("*.safetensors")) - sum(
         8 + int.from_bytes(p.read_bytes()[:8], "little") for d in (a, b) for p in d.glob("*.safetensors"))
 
@@ -191,3 +205,70 @@ def test_status_rendering_stays_off_torch_sqlite_utils_and_the_estimator() -> No
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                           env=dict(os.environ))
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+class _Counting(InputSources):
+    """Local inputs that count the bytes read through them."""
+
+    def __init__(self, model_dirs: Mapping[str, str]) -> None:
+        reader = TensorReader()
+        super().__init__({k: LocalFiles(d, reader) for k, d in model_dirs.items()}, shared=reader)
+        self.bytes = 0
+
+    def read(self, model: str, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+        self.bytes += end - start
+        return super().read(model, file, start, end, dtype, shape)
+
+
+def _ties_plan(make: ModelFactory, tmp_path: Path) -> Plan:
+    base, a, b = (make(n, seed=i, hidden=64, intermediate=128) for i, n in enumerate("xab"))
+    cfg = write_config(tmp_path / "ties.yml", {
+        "merge_method": "ties", "base_model": str(base), "dtype": "float32",
+        "models": [{"model": str(m), "parameters": {"weight": 0.5, "density": 0.5}} for m in (a, b)],
+    })
+    return api.plan_merge(cfg, out_shard_size="60k")
+
+
+def test_ties_compute_is_measured_on_the_inputs_and_scales_with_pending_work(tmp_path: Path,
+                                                                           make: ModelFactory) -> None:
+    plan = _ties_plan(make, tmp_path)
+    assert len(plan.shards) >= 4
+    elements = {s.name: sum(numel(plan.tensors[n].shape) for n in s.tensors) for s in plan.shards}
+    counting = _Counting(plan.model_dirs)
+    (full,) = measure_compute(plan, plan.shards, sources=counting)
+    assert full.method == "ties" and full.elements == sum(elements.values()) and not full.synthetic
+    assert full.seconds is not None and full.seconds > 0 and full.sample_bytes == counting.bytes > 0
+    half = plan.shards[len(plan.shards) // 2:]  # the first half committed, as in a resumed run
+    (rest,) = measure_compute(plan, half)
+    assert rest.elements == sum(elements[s.name] for s in half) < full.elements
+    assert rest.seconds == pytest.approx(rest.seconds_per_element * rest.elements)
+
+    # A budget of 48 kB reads at most 48 kB, not the 3 x 32 kB inputs of each sampled MLP matrix.
+    small = _Counting(plan.model_dirs)
+    (capped,) = measure_compute(plan, plan.shards, sources=small, max_bytes=48_000)
+    assert 0 < small.bytes == capped.sample_bytes <= 48_000 and capped.seconds_per_element is not None
+
+
+def test_inputs_not_on_disk_are_timed_on_synthetic_tensors(tmp_path: Path, make: ModelFactory) -> None:
+    plan = _ties_plan(make, tmp_path)
+    elsewhere = replace(plan, model_dirs={k: str(tmp_path / "not-downloaded") for k in plan.model_dirs})
+    (group,) = measure_compute(elsewhere, plan.shards)
+    assert group.synthetic and group.sample_bytes == 0 and group.seconds_per_element is not None
+    assert "synthetic" in group.line()
+    (off,) = measure_compute(plan, plan.shards, max_seconds=0)
+    assert off.seconds is None and off.seconds_per_element is None and "not measured" in off.line()
+    if not torch.cuda.is_available():
+        on_gpu = replace(plan, options=replace(plan.options, device="cuda"))
+        (gpu,) = measure_compute(on_gpu, plan.shards)
+        assert gpu.seconds is None and "no GPU" in gpu.note
+
+
+def test_compute_and_disk_work_overlap_in_the_total() -> None:
+    group = ComputeGroup("ties", "float32", "cpu", 10, 1_000_000, 1000, 4000, 1e-5, 2)  # 10 s of compute
+    disk = TimeEstimate(100_000_000, 100_000_000, 0, 0, 100e6, 100e6, 0, 1.0, tail_bytes=50_000_000)  # 2 s
+    assert disk.seconds == pytest.approx(3.0) and disk.compute_seconds == 0
+    both = replace(disk, compute=(group,))
+    # compute hides the disk work except the last shard's flush (0.5 s), which waits for the last tensor
+    assert both.compute_seconds == pytest.approx(10) and both.seconds == pytest.approx(1 + 10 + 0.5)
+    fixed = replace(group, seconds_per_call=0.1)  # plus a fixed 0.1 s for each of the 10 tensors
+    assert fixed.seconds == pytest.approx(11) and "100.0 ms per tensor" in fixed.line()

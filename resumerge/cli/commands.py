@@ -156,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--max-memory", metavar="SIZE", help="RAM budget the run will use [default: as for run]")
     plan.add_argument("--transformers-cache", metavar="DIR", help="Hugging Face cache directory for hub models")
     plan.add_argument("--stream-inputs", action="store_true", help="as for run")
+    plan.add_argument("--device", default="cpu", metavar="DEVICE",
+                      help="as for run: compute time is measured there [default: cpu]")
+    plan.add_argument("--cuda", action="store_const", const="cuda", dest="device", help="same as --device cuda")
+    plan.add_argument("-j", "--num-threads", dest="num_threads", type=int, default=None, metavar="N",
+                      help="as for run: compute time is measured with this many torch threads")
     staging = plan.add_mutually_exclusive_group()
     staging.add_argument("--staging-dir", metavar="DIR", help="as for run")
     staging.add_argument("--no-staging", action="store_true", help="as for run")
@@ -364,6 +369,7 @@ def _single_merge_only(args: argparse.Namespace) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from resumerge.engine.devices import normalise_device, set_torch_threads
     from resumerge.engine.estimate import estimate_config
     from resumerge.engine.session import read_config_file
     from resumerge.memory.sizes import parse_size
@@ -372,9 +378,17 @@ def _plan(args: argparse.Namespace) -> int:
     shard_size = parse_size(args.out_shard_size, option="--out-shard-size")
     if shard_size <= 0:
         raise UsageError("--out-shard-size must be positive")
+    # The compute estimate times the method here: on the run's device and with its thread count. A GPU the run
+    # would refuse is refused here too (exit 2), rather than a plan that "fits".
+    set_torch_threads(args.num_threads)
+    if normalise_device(args.device) != "cpu":
+        from resumerge.memory.cuda import CudaProbe
+
+        CudaProbe(normalise_device(args.device))
     options = PlanOptions(out_shard_size=shard_size, random_seed=args.random_seed,
                           copy_tokenizer=not args.no_copy_tokenizer, allow_crimes=args.allow_crimes,
-                          stream_inputs=args.stream_inputs, unsafe_truncate_embeddings=args.unsafe_truncate_embeddings)
+                          stream_inputs=args.stream_inputs, unsafe_truncate_embeddings=args.unsafe_truncate_embeddings,
+                          device=normalise_device(args.device))
     text = read_config_file(args.config)
     from resumerge.config.recipe import is_recipe_text
 

@@ -394,15 +394,22 @@ def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | 
 
 def _time_text(estimate: Estimate) -> str:
     t = estimate.time
+    compute = f"{_duration(t.compute_seconds)} of compute" if t.compute else ""
     if t.seconds is None:
-        return "unknown (disk speed not measured)"
+        return "unknown (disk speed not measured)" + (f"; {compute}" if compute else "")
     rates = []
     if t.read_bytes_per_s:
         rates.append(f"read {format_size(t.read_bytes + t.verify_bytes + t.rehash_bytes)} at "
                      f"{format_size(int(t.read_bytes_per_s))}/s")
     if t.write_bytes_per_s:
         rates.append(f"write {format_size(t.write_bytes)} at {format_size(int(t.write_bytes_per_s))}/s")
-    return f"about {_duration(t.seconds)} of disk work: {', '.join(rates)}"
+    if not compute:
+        return f"about {_duration(t.seconds)} of disk work: {', '.join(rates)}"
+    # Compute and disk work overlap in the engine, so the total is not their sum: say both, and what bounds it.
+    disk = t.disk_seconds or 0.0
+    bound = "compute-bound" if t.compute_seconds > disk else "disk-bound"
+    return (f"about {_duration(t.seconds)} ({bound}): {compute} overlapped with {_duration(disk)} of disk work "
+            f"({', '.join(rates)})")
 
 
 def show_verify(report: VerifyReport, stream: TextIO | None = None) -> None:

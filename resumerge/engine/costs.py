@@ -18,8 +18,13 @@ Computed by :mod:`resumerge.engine.estimate`; read by the CLI's rendering and by
     memory            {budget, budget_source ("--max-memory" | "default"), machine_bytes, baseline_bytes,
                        counted_baseline_bytes, working_set_bytes, peak_bytes, largest_unit_bytes, smallest_budget}
     disks             [{path, roles, free_bytes, needed_bytes, fits}]  one per filesystem
-    time              {seconds | null, startup_seconds, read_bytes, write_bytes, verify_bytes, rehash_bytes,
-                       read_bytes_per_s, write_bytes_per_s, download_bytes, notes: [str]}
+    time              {seconds | null, startup_seconds, disk_seconds | null, compute_seconds, tail_seconds,
+                       read_bytes, write_bytes, verify_bytes, rehash_bytes, tail_bytes, read_bytes_per_s,
+                       write_bytes_per_s, download_bytes, notes: [str],
+                       compute: [{method, dtype, device, tensors, elements, sample_elements, sample_bytes,
+                                  seconds_per_element | null, seconds_per_call, seconds | null, threads,
+                                  synthetic, note, measure_seconds}]}
+                      compute: one entry per (method, dtype, flags) group of pending tensors
 
     hf_output         {output_bytes, largest_file, max_disk, staging_bytes}  local disk an hf:// OUT needs
 
@@ -119,8 +124,65 @@ class DiskNeed:
 
 
 @dataclass(frozen=True)
+class ComputeGroup:
+    """The compute time of one group of pending tensors (same method, compute dtype and non-numeric parameters),
+    measured on ``sample_elements`` outputs made from ``sample_bytes`` of the plan's own inputs (synthetic inputs
+    of the same shapes when ``synthetic``); ``seconds_per_element`` is None when not measured (``note`` says
+    why). ``measure_seconds`` is what measuring took."""
+
+    method: str
+    dtype: str
+    device: str
+    tensors: int
+    elements: int
+    sample_elements: int
+    sample_bytes: int
+    seconds_per_element: float | None
+    threads: int
+    synthetic: bool = False
+    note: str = ""
+    measure_seconds: float = 0.0
+    seconds_per_call: float = 0.0  # the fixed part of each tensor's compute (thread wake-ups, kernel launches)
+
+    @property
+    def seconds(self) -> float | None:
+        """Estimated compute seconds of the group's pending elements (None when not measured)."""
+        if self.seconds_per_element is None:
+            return None
+        return self.seconds_per_element * self.elements + self.seconds_per_call * self.tensors
+
+    def line(self) -> str:
+        """One line for ``plan``: what was measured on what, and what it scales to."""
+        where = f"{self.dtype} on {self.device}, {self.threads} thread(s)"
+        rate = self.seconds_per_element
+        if rate is None:
+            return f"compute: {self.method} ({where}) {self.note}"
+        sample = (f"{self.sample_elements / 1e6:.2f} M synthetic elements (inputs not on disk yet)" if self.synthetic
+                  else f"{self.sample_elements / 1e6:.2f} M elements from {format_size(self.sample_bytes)} of the "
+                  "inputs")
+        per_call = f" + {self.seconds_per_call * 1e3:.1f} ms per tensor" if self.seconds_per_call else ""
+        total = rate * self.elements + self.seconds_per_call * self.tensors
+        return (f"compute: {self.method} ({where}) measured on {sample}: {rate * 1e9:.1f} ns/element{per_call}, "
+                f"so about {_seconds_text(total)} for {self.elements / 1e6:.1f} M elements in {self.tensors} "
+                "tensor(s)")
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["seconds"] = None if self.seconds is None else round(self.seconds, 2)
+        doc["measure_seconds"] = round(self.measure_seconds, 3)
+        return doc
+
+
+@dataclass(frozen=True)
 class TimeEstimate:
-    """Disk-bound time: reads at the inputs' measured speed, writes at OUT's; compute and downloads excluded."""
+    """Wall time: disk work (reads at the inputs' measured speed, writes at OUT's) overlapped with the methods'
+    compute (measured on samples, see :mod:`resumerge.engine.compute_estimate`); downloads excluded.
+
+    The engine reads and computes in worker threads while a writer thread streams finished tensors to disk and
+    commits shards, so compute and disk work overlap and the slower of the two sets the pace. What cannot
+    overlap is the commit of the last shard: its bytes sit in the page cache until its fsync, which only starts
+    after its last tensor is computed (``tail_bytes``, written at OUT's speed after everything else).
+    """
 
     read_bytes: int
     write_bytes: int
@@ -131,15 +193,36 @@ class TimeEstimate:
     download_bytes: int
     startup_seconds: float = 0.0
     notes: tuple[str, ...] = ()
+    compute: tuple[ComputeGroup, ...] = ()
+    tail_bytes: int = 0
 
     @property
-    def seconds(self) -> float | None:
-        """Expected seconds: start-up (imports and planning, as measured here) plus the disk work; ``None`` when
-        a disk speed could not be measured."""
+    def disk_seconds(self) -> float | None:
+        """Seconds of disk work (reads, verification, re-hashing, writes); None when a speed is unknown."""
         if self.read_bytes_per_s is None or self.write_bytes_per_s is None:
             return None
         reads = self.read_bytes + self.verify_bytes + self.rehash_bytes
-        return self.startup_seconds + reads / self.read_bytes_per_s + self.write_bytes / self.write_bytes_per_s
+        return reads / self.read_bytes_per_s + self.write_bytes / self.write_bytes_per_s
+
+    @property
+    def compute_seconds(self) -> float:
+        """Seconds the methods compute, summed over the measured groups (0 when none was measured)."""
+        return sum(g.seconds or 0.0 for g in self.compute)
+
+    @property
+    def tail_seconds(self) -> float:
+        """The last shard's flush, after all computation (0 when OUT's write speed is unknown)."""
+        return self.tail_bytes / self.write_bytes_per_s if self.write_bytes_per_s else 0.0
+
+    @property
+    def seconds(self) -> float | None:
+        """Expected seconds: start-up (imports and planning, as measured here), then disk work and compute
+        overlapped, then the last shard's flush; ``None`` when a disk speed could not be measured."""
+        disk = self.disk_seconds
+        if disk is None:
+            return None
+        tail = min(self.tail_seconds, disk)
+        return self.startup_seconds + max(disk - tail, self.compute_seconds) + tail
 
 
 @dataclass(frozen=True)
@@ -178,6 +261,10 @@ class Estimate:
         timing = {k: v for k, v in asdict(t).items() if not k.endswith("_per_s")} | {
             "seconds": None if t.seconds is None else round(t.seconds, 1),
             "startup_seconds": round(t.startup_seconds, 1),
+            "disk_seconds": None if t.disk_seconds is None else round(t.disk_seconds, 2),
+            "compute_seconds": round(t.compute_seconds, 2),
+            "tail_seconds": round(t.tail_seconds, 2),
+            "compute": [g.to_json() for g in t.compute],
             "read_bytes_per_s": None if t.read_bytes_per_s is None else round(t.read_bytes_per_s),
             "write_bytes_per_s": None if t.write_bytes_per_s is None else round(t.write_bytes_per_s),
             "notes": list(t.notes),
@@ -248,3 +335,11 @@ def hub_disk_need(plan: Plan, max_disk: int | None) -> HubDiskNeed:
     """The local disk merging ``plan`` into a hub repo needs, under ``max_disk``."""
     sizes = [s.file_size for s in plan.shards]
     return HubDiskNeed(sum(sizes), max(sizes, default=0), max_disk)
+
+
+def _seconds_text(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -20,7 +20,9 @@ import psutil
 
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import run_dir, state_root
+from resumerge.engine.compute_estimate import SAMPLE_SECONDS, measure_compute
 from resumerge.engine.costs import (
+    ComputeGroup,
     DiskNeed,
     Estimate,
     MemoryEstimate,
@@ -76,6 +78,7 @@ def estimate(
     choose_inputs: bool = True,
     max_disk: int | None = None,
     to_hub: bool = False,
+    compute_budget: float = SAMPLE_SECONDS,
 ) -> Estimate:
     """Estimate what merging ``plan`` into ``out_dir`` costs here, and decide whether it fits.
 
@@ -90,7 +93,8 @@ def estimate(
     a merge that does not fit: the reasons are in the result. ``choose_inputs`` false counts every hub weight
     file as downloaded (a recipe stage: recipes download their inputs whole). ``max_disk`` (``--max-disk``) bounds
     the local disk: it decides which hub files are streamed and what an ``hf://`` OUT may stage; ``to_hub`` says
-    OUT is a hub repo, whose staging must then fit under it.
+    OUT is a hub repo, whose staging must then fit under it. ``compute_budget`` bounds the seconds spent timing the
+    methods on samples of the pending tensors (0 skips it; see :mod:`resumerge.engine.compute_estimate`).
     """
     notes: list[str] = []
     out = Path(os.path.abspath(out_dir)) if out_dir is not None else None
@@ -105,7 +109,9 @@ def estimate(
     memory, memory_reasons = _memory(plan, pending, probe, max_memory, baseline_bytes, workers)
     disks = _disks(plan, output, downloads, inputs, out, state_dir, disk_free)
     speed = probe_directory(_probe_dir(out), probe_bytes, disk_free=disk_free) if out is not None else None
-    timing = replace(_time(plan, pending, output, downloads, committed, speed, probe_bytes),
+    # Nothing pending (a finished merge): no sample is read and no method is timed.
+    compute = measure_compute(plan, pending, max_seconds=compute_budget) if pending else ()
+    timing = replace(_time(plan, pending, output, downloads, committed, speed, probe_bytes, compute),
                      startup_seconds=startup_seconds)
     reasons = memory_reasons + [r for d in disks if not d.fits for r in [_disk_reason(d, output)]]
     hub = hub_disk_need(plan, max_disk)
@@ -337,8 +343,9 @@ def _disk_reason(disk: DiskNeed, output: OutputSize) -> str:
 
 
 def _time(plan: Plan, pending: Sequence[Any], output: OutputSize, downloads: Mapping[str, ModelDownload],
-          committed: Mapping[str, int], speed: DiskSpeed | None, probe_bytes: int) -> TimeEstimate:
-    notes = ["compute time is not included (it matters for ties, della, breadcrumbs, karcher and GPUs)"]
+          committed: Mapping[str, int], speed: DiskSpeed | None, probe_bytes: int,
+          compute: Sequence[ComputeGroup] = ()) -> TimeEstimate:
+    notes = [g.line() for g in compute]
     read_bytes = sum(i.end - i.start for s in pending for n in s.tensors for i in plan.tensors[n].inputs)
     read_speed = _input_read_speed(plan, probe_bytes)
     write_speed = speed.write_bytes_per_s if speed is not None else None
@@ -367,6 +374,9 @@ def _time(plan: Plan, pending: Sequence[Any], output: OutputSize, downloads: Map
         write_bytes_per_s=write_speed,
         download_bytes=fetch,
         notes=tuple(notes),
+        compute=tuple(compute),
+        # The last shard is fsynced after its last tensor is computed: that flush overlaps nothing.
+        tail_bytes=pending[-1].file_size if pending else 0,
     )
 
 
@@ -396,6 +406,7 @@ def estimate_config(
     disk_free: DiskFree = free_bytes,
     fresh_process: bool = False,
     max_disk: int | None = None,
+    compute_budget: float = SAMPLE_SECONDS,
 ) -> Estimate:
     """Validate ``config_text`` fully (config, every input's config.json and headers) and :func:`estimate` it.
 
@@ -416,4 +427,5 @@ def estimate_config(
     to_hub = out_dir is not None and is_hub_target(os.fspath(out_dir))
     return estimate(plan, inputs, config_text, out_dir=None if to_hub else out_dir, state_dir=state_dir,
                     max_memory=max_memory, staging=staging, probe_bytes=probe_bytes, disk_free=disk_free,
-                    startup_seconds=max(0.0, time.time() - started), max_disk=max_disk, to_hub=to_hub)
+                    startup_seconds=max(0.0, time.time() - started), max_disk=max_disk, to_hub=to_hub,
+                    compute_budget=compute_budget)

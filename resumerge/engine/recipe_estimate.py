@@ -4,6 +4,10 @@ Each stage is estimated like a single merge into its own output dir (RAM, time, 
 Stages run one after another, so RAM and time do not add up across stages, but their outputs do: the
 intermediates stay on disk until the final merge is verified (and after it, unless ``--cleanup-intermediates``),
 so every filesystem must hold the sum of the stage outputs written to it, not just the largest.
+
+Each stage's compute is timed on samples of its own inputs where they exist already; a stage that reads an
+earlier stage's output (not written yet) is timed on synthetic tensors of the same shapes and dtype, which its
+note says (see :mod:`resumerge.engine.compute_estimate`). The stages share the timing budget.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.recipe import load_recipe_text
+from resumerge.engine.compute_estimate import SAMPLE_SECONDS
 from resumerge.engine.costs import Estimate
 from resumerge.engine.estimate import estimate
 from resumerge.engine.inputfetch import refuse_streamed_recipe
@@ -75,23 +81,32 @@ def estimate_recipe(
     max_memory: int | None = None,
     probe_bytes: int = DEFAULT_PROBE_BYTES,
     disk_free: DiskFree = free_bytes,
+    max_disk: int | None = None,
 ) -> RecipeEstimate:
     """Validate the recipe ``text`` (every stage, against the planned outputs of the stages it reads) and
     estimate each stage; writes nothing. Raises what :func:`resumerge.engine.recipe_run.run_recipe` raises before any
     work (exit 2 errors); a recipe that is valid but does not fit is reported in :attr:`RecipeEstimate.reasons`.
+    ``out_dir`` may be an ``hf://`` target: the final stage is then estimated as a single merge to the hub (its
+    local disk is its staging, bounded by ``max_disk``) and the named stages go under the state dir by default.
     """
     refuse_streamed_recipe(options)
     recipe = load_recipe_text(text, source=source)
-    out = Path(out_dir).absolute()
-    inter = Path(intermediate_dir).absolute() if intermediate_dir is not None else default_intermediate_dir(out)
+    to_hub = is_hub_target(out_dir)
+    out = str(out_dir) if to_hub else Path(out_dir).absolute()
+    inter = Path(intermediate_dir).absolute() if intermediate_dir is not None else default_intermediate_dir(out,
+                                                                                                            state_dir)
     rplan = plan_recipe(recipe, out, inter, options, state_dir=state_dir, cache_dir=cache_dir)
     stages = []
     reasons: list[str] = []
+    # `plan` stays quick however many stages there are: they share the timing budget, a second each at least.
+    per_stage = max(1.0, SAMPLE_SECONDS / max(1, len(rplan.stages)))
     for sp in rplan.stages:
-        est = estimate(sp.plan, rplan.inputs, sp.stage.text, out_dir=sp.out_dir, state_dir=state_dir,
-                       max_memory=max_memory, probe_bytes=probe_bytes if sp.final else 0, disk_free=disk_free,
-                       choose_inputs=False)
-        stages.append(StageEstimate(sp.stage.label, str(sp.out_dir), sp.final, est))
+        hub = to_hub and sp.final
+        est = estimate(sp.plan, rplan.inputs, sp.stage.text, out_dir=None if hub else sp.out_dir, state_dir=state_dir,
+                       max_memory=max_memory, probe_bytes=probe_bytes if sp.final and not hub else 0,
+                       disk_free=disk_free, choose_inputs=False, max_disk=max_disk if hub else None, to_hub=hub,
+                       compute_budget=per_stage)
+        stages.append(StageEstimate(sp.stage.label, str(rplan.out_of(sp)), sp.final, est))
         reasons.extend(f"{sp.stage.label}: {reason}" for reason in est.reasons)
     reasons.extend(_shared_disk_reasons(stages, disk_free))
     return RecipeEstimate(tuple(stages), tuple(dict.fromkeys(reasons)), rplan.fingerprint)
@@ -102,6 +117,8 @@ def _shared_disk_reasons(stages: list[StageEstimate], disk_free: DiskFree) -> li
     by_device: dict[int, list[StageEstimate]] = defaultdict(list)
     where: dict[int, Path] = {}
     for stage in stages:
+        if is_hub_target(stage.out_dir):  # a repo is not on a local disk
+            continue
         path = nearest_existing(Path(stage.out_dir))
         device = device_of(path)
         by_device[device].append(stage)

@@ -63,6 +63,10 @@ def measure_rate(
     params: Mapping[str, Any],
     repeats: int = 3,
     seed: int = 0,
+    warmup: bool = True,
+    max_seconds: float | None = None,
+    min_seconds: float = 0.0,
+    max_calls: int = 1000,
 ) -> ComputeRate:
     """Time ``method`` on each sample and return its seconds per output element.
 
@@ -70,10 +74,16 @@ def measure_rate(
     compute dtype and on the compute device (e.g. :func:`sample_rows` of each input). ``base_index``,
     ``model_params`` and ``params`` are the resolved parameters, as a :class:`MergeContext` takes them (one set for
     all samples). Randomised methods get a fresh generator seeded with ``seed`` per call. After one untimed
-    warm-up call, each sample is run ``repeats`` times; the rate is the sum of the median times over the sum of
-    the output elements. CUDA work is synchronised before each clock reading. Raises ``ValueError`` for an
-    unknown method name, no samples, ``repeats < 1`` or samples without any output element, and whatever the
-    method raises for bad inputs.
+    warm-up call, each sample is run ``repeats`` times, and again while its calls together took less than
+    ``min_seconds`` (at most ``max_calls`` calls); the rate is the sum of the mean times over the sum of the output
+    elements. The mean over a window, not the median of a few calls: on a busy machine a call of a millisecond
+    that loses the CPU for a scheduler slice counts ten times its cost, and a median of three such calls says
+    little, while the mean over a window is the share of the CPU a long merge gets too. ``warmup`` false skips
+    the warm-up (a caller timing several sets of samples in a row warms up once); with ``max_seconds``, calls
+    stop once that much time has gone into timing, so a slow method costs one timed call per sample (never
+    fewer). CUDA work is synchronised before each clock reading. Raises ``ValueError`` for an unknown method
+    name, no samples, ``repeats < 1`` or samples without any output element, and whatever the method raises for
+    bad inputs.
     """
     spec = get_method(method) if isinstance(method, str) else method
     if spec is None:
@@ -90,18 +100,22 @@ def measure_rate(
 
     # The first call pays one-off costs (lazy imports, allocator growth, first-touch page faults) that a long
     # merge amortises, so it is not timed.
-    run(samples[0])
+    if warmup:
+        run(samples[0])
     seconds = 0.0
     elements = 0
+    began = time.perf_counter()
     for tensors in samples:
-        times = []
-        for _ in range(repeats):
+        times: list[float] = []
+        while len(times) < max(1, max_calls) and (len(times) < repeats or sum(times) < min_seconds):
+            if times and max_seconds is not None and time.perf_counter() - began > max_seconds:
+                break
             _synchronize(tensors)
             start = time.perf_counter()
             produced = run(tensors)
             _synchronize(tensors)
             times.append(time.perf_counter() - start)
-        seconds += statistics.median(times)
+        seconds += statistics.fmean(times)
         elements += produced
     if elements == 0:
         raise ValueError("the samples produced no output elements to time")

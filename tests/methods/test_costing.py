@@ -34,7 +34,7 @@ def test_sample_rows_keeps_whole_rows_within_the_limit() -> None:
     assert torch.equal(sample_rows(scalar), scalar)
 
 
-def test_rate_is_the_median_time_per_output_element() -> None:
+def test_rate_is_the_mean_time_per_output_element() -> None:
     spec = MethodSpec(name="sleepy", fn=_sleepy)
     samples = [[torch.zeros(10, 10)], [torch.zeros(30, 10)]]
     rate = measure_rate(spec, samples, base_index=None, model_params=[{}], params={}, repeats=2)
@@ -73,3 +73,26 @@ def test_bad_requests_are_refused() -> None:
         measure_rate(spec, [[torch.zeros(2)]], base_index=None, model_params=[{}], params={}, repeats=0)
     with pytest.raises(ValueError, match="no output elements"):
         measure_rate(spec, [[torch.zeros(0, 3)]], base_index=None, model_params=[{}], params={}, repeats=1)
+
+
+def test_warm_up_and_repeats_can_be_capped() -> None:
+    calls: list[int] = []
+
+    def counted(ctx: MergeContext) -> torch.Tensor:
+        calls.append(ctx.tensors[0].numel())
+        return ctx.tensors[0].clone()
+
+    spec = MethodSpec(name="counted", fn=counted)
+    samples = [[torch.zeros(2, 2)], [torch.zeros(3, 2)]]
+    measure_rate(spec, samples, base_index=None, model_params=[{}], params={}, repeats=5)
+    assert calls == [4] + [4] * 5 + [6] * 5  # one warm-up on the first sample, then every repeat
+    calls.clear()
+    # No warm-up, and once the time budget is spent each sample still gets its one timed call.
+    rate = measure_rate(spec, samples, base_index=None, model_params=[{}], params={}, repeats=5, warmup=False,
+                        max_seconds=0.0)
+    assert calls == [4, 6] and rate.sample_elements == 10
+    calls.clear()
+    # A window: calls go on until they took min_seconds together (here: until max_calls).
+    measure_rate(spec, samples[:1], base_index=None, model_params=[{}], params={}, repeats=1, warmup=False,
+                 min_seconds=60.0, max_calls=7)
+    assert calls == [4] * 7

@@ -1,0 +1,246 @@
+"""How long the merge methods of a plan will compute here, measured on a sample of the plan's own tensors.
+
+The pending tensors are grouped by what decides a method's cost per element: the method, the dtype it computes
+in, the device, and its non-numeric parameters (a ``normalize`` flag changes the work; a density from a gradient
+does not change how much there is). In each group the tensor shapes that hold most of its elements (one tensor
+per row length: the 2-D projection and MLP matrices dominate) are sampled — their leading whole rows, read
+through the same :class:`~resumerge.inputs.source.InputSources` and preparation the engine uses, with that
+tensor's own resolved parameters — and :func:`~resumerge.methods.costing.measure_rate` times the method on them.
+The group's seconds per element times its pending elements is its compute time.
+
+Everything is bounded: at most :data:`SAMPLE_BYTES` read from the inputs and about :data:`SAMPLE_SECONDS` of
+timing for the whole plan, split between the groups. Inputs that are not on disk (hub files not downloaded, a
+recipe's earlier stage not run yet) are not fetched: the method is timed on synthetic tensors of the same shape
+and dtype (a random base and small deltas, like a fine-tune), which every result says, since a method's cost
+depends on the shapes, not the values — except iterative ones (karcher) that stop when they converge.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from resumerge.engine.costs import ComputeGroup
+from resumerge.engine.executor import _read_input
+from resumerge.inputs.safetensors_format import numel
+from resumerge.inputs.source import InputSources
+from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
+from resumerge.methods.costing import DEFAULT_SAMPLE_ELEMENTS, measure_rate
+from resumerge.methods.registry import MethodSpec, get_method
+from resumerge.plan.merge_plan import InputRef, Plan, ShardPlan, TensorPlan
+from resumerge.plan.workunits import chunk_plan
+
+# Input bytes read for all samples of a plan together: a few tens of MB reads in well under a second from any
+# disk the merge itself could use.
+SAMPLE_BYTES = 32 * 1024 * 1024
+# Seconds of timing for a whole plan (warm-ups and repeats included, roughly): `plan` must stay quick.
+SAMPLE_SECONDS = 3.0
+# Shape classes sampled per group at most; the largest few hold nearly all elements of a transformer.
+MAX_SHAPES = 3
+# Stop adding shape classes once the sampled ones hold this share of the group's elements.
+COVERAGE = 0.9
+# Each sample is timed over a window of calls this long (the mean over a window survives a busy machine; see
+# measure_rate), for groups large enough that their compute time matters.
+WINDOW_SECONDS = 0.3
+# Below this many pending elements a group computes in about a second even at 100 ns per element: a few calls
+# are precise enough, and `plan` on small models (the tests') stays instant.
+PRECISE_ELEMENTS = 10_000_000
+# One row at least is sampled even when the byte budget is spent, so every group gets a rate.
+_MIN_ROWS = 1
+
+
+@dataclass
+class _Group:
+    """The pending tensors of one cost group, and its shape classes by pending elements."""
+
+    method: str
+    dtype: str
+    tensors: list[TensorPlan]
+
+    @property
+    def elements(self) -> int:
+        return sum(numel(tp.shape) for tp in self.tensors)
+
+    def representatives(self) -> list[TensorPlan]:
+        """One tensor per row shape, largest classes first, until they cover :data:`COVERAGE` of the group.
+
+        Vocabulary-aligned tensors are left out (their rows are gathered from other rows first: a slice of
+        them is not a smaller instance of the same work); they are priced at the group's rate.
+        """
+        classes: dict[tuple[int, ...], list[TensorPlan]] = defaultdict(list)
+        for tp in self.tensors:
+            if not tp.vocab_aligned and tp.shape and numel(tp.shape) > 0:
+                key = (len(tp.inputs), *tp.shape[1:])
+                classes[key].append(tp)
+        ranked = sorted(classes.values(), key=lambda c: -sum(numel(tp.shape) for tp in c))
+        chosen: list[TensorPlan] = []
+        covered, total = 0, max(1, self.elements)
+        for members in ranked[:MAX_SHAPES]:
+            if chosen and covered >= COVERAGE * total:
+                break
+            chosen.append(members[0])
+            covered += sum(numel(tp.shape) for tp in members)
+        return chosen
+
+
+def measure_compute(plan: Plan, pending: Sequence[ShardPlan], *, sources: InputSources | None = None,
+                    max_bytes: int = SAMPLE_BYTES, max_seconds: float = SAMPLE_SECONDS) -> tuple[ComputeGroup, ...]:
+    """Time the methods of the ``pending`` shards of ``plan`` on samples and scale to their pending elements.
+
+    ``sources`` reads the inputs (default: every model from its folder, as ``resumerge run`` reads local
+    models); at most ``max_bytes`` are read through it. ``max_seconds`` 0 measures nothing (every group comes
+    back unmeasured). Never raises for a method that fails on a sample: that group is left unmeasured with the
+    reason, and the run will report the failure itself.
+    """
+    groups = _groups(plan, pending)
+    if not groups:
+        return ()
+    device = torch.device(plan.options.device)
+    if max_seconds <= 0:
+        return tuple(_unmeasured(g, plan, "not measured (switched off)") for g in groups)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return tuple(_unmeasured(g, plan, "not measured: no GPU visible here") for g in groups)
+    own = sources is None
+    reader = InputSources.local(plan.model_dirs) if sources is None else sources
+    try:
+        results = []
+        for index, group in enumerate(groups):
+            left = len(groups) - index
+            results.append(_measure(plan, group, reader, device, max_bytes // len(groups), max_seconds / left))
+            max_seconds = max(0.0, max_seconds - results[-1].measure_seconds)
+        return tuple(results)
+    finally:
+        if own:
+            reader.close()
+
+
+def _groups(plan: Plan, pending: Sequence[ShardPlan]) -> list[_Group]:
+    """Pending tensors by (method, compute dtype, non-numeric parameters), the group with most elements first."""
+    found: dict[tuple[Any, ...], _Group] = {}
+    for shard in pending:
+        for name in shard.tensors:
+            tp = plan.tensors[name]
+            dtype = tp.compute_dtype or _stored_dtype_name(tp)
+            flags = tuple(sorted((k, v) for k, v in tp.params if isinstance(v, (bool, str))))
+            found.setdefault((tp.method, dtype, flags), _Group(tp.method, dtype, [])).tensors.append(tp)
+    return sorted(found.values(), key=lambda g: -g.elements)
+
+
+def _stored_dtype_name(tp: TensorPlan) -> str:
+    dtypes = [TORCH_DTYPES[i.value_dtype] for i in tp.inputs] or [TORCH_DTYPES[tp.out_dtype]]
+    common = dtypes[0]
+    for d in dtypes[1:]:
+        common = torch.promote_types(common, d)
+    return str(common).removeprefix("torch.")
+
+
+def _unmeasured(group: _Group, plan: Plan, why: str) -> ComputeGroup:
+    return ComputeGroup(group.method, group.dtype, plan.options.device, len(group.tensors), group.elements,
+                        0, 0, None, torch.get_num_threads(), False, why)
+
+
+def _measure(plan: Plan, group: _Group, sources: InputSources, device: torch.device, max_bytes: int,
+             max_seconds: float) -> ComputeGroup:
+    """Sample ``group``'s representatives within ``max_bytes`` of input and time the method on them."""
+    chosen = group.representatives()
+    if not chosen:
+        return _unmeasured(group, plan, "not measured: no tensor with rows to sample")
+    spec = get_method(group.method)
+    assert spec is not None
+    started = time.perf_counter()
+    per_sample = max_bytes // len(chosen)
+    full: list[tuple[int, float]] = []  # (elements, seconds) of each whole sample
+    calls: list[float] = []  # per-call overheads fitted from a sample and its leading quarter
+    read = 0
+    synthetic = False
+    try:
+        for index, tp in enumerate(chosen):
+            part = chunk_plan(tp, 0, _rows(tp, per_sample))
+            tensors, nbytes, made_up = _prepare(plan, part, sources, device)
+            read += nbytes
+            synthetic = synthetic or made_up
+            budget = max(0.0, max_seconds - (time.perf_counter() - started)) / (len(chosen) - index)
+            window = min(WINDOW_SECONDS, budget / 3) if group.elements >= PRECISE_ELEMENTS else 0.0
+            n1, t1 = _timed(spec, part, tensors, index == 0, budget / 2, window)
+            full.append((n1, t1))
+            quarter = part.shape[0] // 4
+            if quarter >= 1 and window > 0:
+                # A call costs a fixed overhead plus a cost per element: waking torch's threads (long on a busy
+                # machine), kernel launches on a GPU. A second, smaller sample separates the two, so tensors
+                # of other sizes than the sample's are priced right.
+                n2, t2 = _timed(spec, part, [t[:quarter].contiguous() for t in tensors], False, budget / 2, window)
+                calls.append(max(0.0, min(t1, t1 - (t1 - t2) / (n1 - n2) * n1)) if n1 > n2 and t1 > t2 else 0.0)
+            del tensors
+    except Exception as exc:  # any failure only means no estimate here; the run reports it properly
+        return _unmeasured(group, plan, f"not measured: {group.method} failed on a sample ({type(exc).__name__})")
+    per_call = sum(calls) / len(calls) if calls else 0.0
+    elements = sum(n for n, _ in full)
+    per_element = max(0.0, sum(t - per_call for _, t in full)) / elements if elements else None
+    return ComputeGroup(group.method, group.dtype, plan.options.device, len(group.tensors), group.elements,
+                        elements, read, per_element, torch.get_num_threads(), synthetic, "",
+                        measure_seconds=time.perf_counter() - started, seconds_per_call=per_call)
+
+
+def _timed(spec: MethodSpec, tp: TensorPlan, inputs: list[torch.Tensor], warmup: bool, max_seconds: float,
+           window: float) -> tuple[int, float]:
+    """(output elements, seconds) of one call of ``spec`` on ``inputs`` with ``tp``'s resolved parameters."""
+    rate = measure_rate(spec, [inputs], base_index=tp.base_index, model_params=[dict(p) for p in tp.model_params],
+                        params=dict(tp.params), warmup=warmup, max_seconds=max_seconds, min_seconds=window)
+    return rate.sample_elements, rate.seconds_per_element * rate.sample_elements
+
+
+def _rows(tp: TensorPlan, max_bytes: int) -> int:
+    """Leading rows of ``tp`` to sample: within ``max_bytes`` of stored input and the costing sample size."""
+    rows = tp.shape[0]
+    row_elements = max(1, numel(tp.shape) // max(1, rows))
+    row_bytes = max(1, sum((i.end - i.start) // max(1, i.shape[0]) for i in tp.inputs if i.shape))
+    fit = min(max_bytes // row_bytes, DEFAULT_SAMPLE_ELEMENTS // row_elements)
+    return max(_MIN_ROWS, min(rows, fit))
+
+
+def _prepare(plan: Plan, tp: TensorPlan, sources: InputSources,
+             device: torch.device) -> tuple[list[torch.Tensor], int, bool]:
+    """The inputs of ``tp`` as the method sees them, on ``device``; the bytes read and whether they are synthetic.
+
+    Read and cast as :func:`~resumerge.engine.executor.compute_tensor` does (LoRA deltas merged, ``dtype:``
+    applied, mixed dtypes promoted); synthetic when any input file is not on disk.
+    """
+    if not all(_on_disk(plan, ref) for ref in tp.inputs):
+        return _synthetic(tp, device), 0, True
+    tensors = [_read_input(ref, sources) for ref in tp.inputs]
+    nbytes = sum(_ref_bytes(ref) for ref in tp.inputs)
+    tensors = [t.to(device) for t in tensors]
+    if tp.compute_dtype is not None:
+        tensors = [t.to(NAME_DTYPES[tp.compute_dtype]) for t in tensors]
+    elif len({t.dtype for t in tensors}) > 1:
+        common = tensors[0].dtype
+        for t in tensors[1:]:
+            common = torch.promote_types(common, t.dtype)
+        tensors = [t.to(common) for t in tensors]
+    return tensors, nbytes, False
+
+
+def _ref_bytes(ref: InputRef) -> int:
+    lora = (ref.lora.a.end - ref.lora.a.start + ref.lora.b.end - ref.lora.b.start) if ref.lora else 0
+    return ref.end - ref.start + lora
+
+
+def _on_disk(plan: Plan, ref: InputRef) -> bool:
+    refs: Iterable[InputRef] = (ref, ref.lora.a, ref.lora.b) if ref.lora is not None else (ref,)
+    return all((Path(plan.model_dirs[r.model]) / r.file).is_file() for r in refs)
+
+
+def _synthetic(tp: TensorPlan, device: torch.device) -> list[torch.Tensor]:
+    """Random inputs of ``tp``'s shapes and dtype: a base and small deltas from it, like fine-tunes of one model."""
+    dtype = NAME_DTYPES[tp.compute_dtype] if tp.compute_dtype else getattr(torch, _stored_dtype_name(tp))
+    generator = torch.Generator().manual_seed(0)
+    base = torch.randn(tp.inputs[0].shape, generator=generator)
+    made = [base if i == 0 else base + 0.01 * torch.randn(ref.shape, generator=generator)
+            for i, ref in enumerate(tp.inputs)]
+    return [t.to(device=device, dtype=dtype) for t in made]
