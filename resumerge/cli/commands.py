@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from resumerge.cli.knobs import (
     Progress,
+    fits_exit_code,
     hub_output,
     installed_stop_flag,
     quiet_hub_uploads,
@@ -23,7 +24,7 @@ from resumerge.cli.knobs import (
     staging_choice,
 )
 from resumerge.config.version import __version__
-from resumerge.errors import EXIT_INTERRUPTED, EXIT_INVALID, EXIT_OK, ResumergeError, UsageError, exit_code_for
+from resumerge.errors import EXIT_INTERRUPTED, EXIT_OK, ResumergeError, UsageError, exit_code_for
 
 # mergekit-yaml flags that resumerge accepts so existing command lines work, and why each is not needed.
 # What a shell shows for a process that SIGPIPE ended (128 + 13): a closed pipe is no error of ours.
@@ -407,11 +408,7 @@ def _plan(args: argparse.Namespace) -> int:
         from resumerge.cli.render import show_plan
 
         show_plan(estimate)
-    if estimate.fits:
-        return EXIT_OK
-    for reason in estimate.reasons:
-        print(f"will not fit: {reason}", file=sys.stderr)
-    return EXIT_INVALID
+    return fits_exit_code(estimate.fits, estimate.reasons)
 
 
 def _finished(outcome: object, quiet: bool) -> None:

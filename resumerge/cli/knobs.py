@@ -11,10 +11,11 @@ import argparse
 import signal
 import sys
 import threading
+from collections.abc import Iterable
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from resumerge.errors import UsageError
+from resumerge.errors import EXIT_INVALID, EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from resumerge.cli.render import ProgressReporter
@@ -101,3 +102,12 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         self.reporter.close()
+
+
+def fits_exit_code(fits: bool, reasons: Iterable[str]) -> int:
+    """``plan``'s exit code: 0 when the merge fits, else exit 2 after one ``will not fit:`` line per reason."""
+    if fits:
+        return EXIT_OK
+    for reason in reasons:
+        print(f"will not fit: {reason}", file=sys.stderr)
+    return EXIT_INVALID

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING
 
 from resumerge.cli.knobs import (
     Progress,
+    fits_exit_code,
     hub_output,
     installed_stop_flag,
     quiet_hub_uploads,
     size_option,
     staging_choice,
 )
-from resumerge.errors import EXIT_INVALID, EXIT_OK, UsageError
+from resumerge.errors import EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from resumerge.plan.merge_plan import PlanOptions
@@ -96,11 +97,7 @@ def plan_recipe_command(args: argparse.Namespace, text: str, options: PlanOption
             print(f"{stage.label}{' (final)' if stage.final else ''} -> {stage.out_dir}")
             show_plan(stage.estimate)
             print()
-    if result.fits:
-        return EXIT_OK
-    for reason in result.reasons:
-        print(f"will not fit: {reason}", file=sys.stderr)
-    return EXIT_INVALID
+    return fits_exit_code(result.fits, result.reasons)
 
 
 def _finished(outcome: object, quiet: bool) -> None:

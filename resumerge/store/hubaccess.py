@@ -222,11 +222,13 @@ def read_remote_manifest(repo: HubRepo, *, resume: str) -> Manifest | None:
     return None if data is None else parse_manifest(data, f"{repo.target.url}/{MANIFEST_NAME}")
 
 
-def check_repo_is_ours(repo: HubRepo, manifest: Manifest | None, *, resume: str) -> None:
-    """Refuse (exit 4) a repo that holds files besides the hub's initial ones and no resumerge manifest."""
+def check_repo_is_ours(repo: HubRepo, manifest: Manifest | None, *, resume: str,
+                       ours: frozenset[str] = frozenset()) -> None:
+    """Refuse (exit 4) a repo that holds files besides the hub's initial ones (and ``ours``, files resumerge wrote
+    before any manifest, such as a recipe's record) and no resumerge manifest."""
     if manifest is not None:
         return
-    foreign = sorted(set(remote_files(repo, resume=resume)) - INITIAL_FILES)
+    foreign = sorted(set(remote_files(repo, resume=resume)) - INITIAL_FILES - ours)
     if foreign:
         shown = ", ".join(foreign[:5]) + (", …" if len(foreign) > 5 else "")
         raise OutputDirError(f"{repo.target.url} holds files resumerge did not write ({shown}) and no {MANIFEST_NAME}",

@@ -14,11 +14,10 @@ import json
 from huggingface_hub import CommitOperationAdd, get_token
 
 from resumerge.config.hubtarget import parse_hub_target
-from resumerge.errors import LedgerError, OutputDirError
+from resumerge.errors import LedgerError
 from resumerge.inputs.hub.cache import hub_settings
-from resumerge.store.hubaccess import INITIAL_FILES, HubRepo, read_file, remote_files
+from resumerge.store.hubaccess import HubRepo, check_repo_is_ours, read_file
 from resumerge.store.hubcommits import with_retries
-from resumerge.store.manifest import MANIFEST_NAME
 from resumerge.store.recipe_manifest import RECIPE_MANIFEST_NAME, RecipeRecord, record_from_doc
 
 
@@ -42,13 +41,7 @@ def read_remote_recipe(repo: HubRepo, *, resume: str) -> tuple[RecipeRecord, byt
 def check_recipe_repo_is_ours(repo: HubRepo, *, resume: str) -> None:
     """Refuse (exit 4) a repo holding a recipe record but no final-stage manifest, and files besides the hub's
     initial ones and that record: resumerge wrote the record, not those files."""
-    foreign = sorted(set(remote_files(repo, resume=resume)) - INITIAL_FILES - {RECIPE_MANIFEST_NAME})
-    if foreign:
-        shown = ", ".join(foreign[:5]) + (", …" if len(foreign) > 5 else "")
-        raise OutputDirError(f"{repo.target.url} holds files resumerge did not write ({shown}) and no {MANIFEST_NAME}",
-                             path=repo.target.url,
-                             hint="write to a new repo or branch (hf://NAMESPACE/NAME@BRANCH); resumerge never "
-                                  "overwrites files it did not write")
+    check_repo_is_ours(repo, None, resume=resume, ours=frozenset({RECIPE_MANIFEST_NAME}))
 
 
 def commit_recipe_record(repo: HubRepo, data: bytes, *, resume: str) -> None:
