@@ -128,6 +128,14 @@ def _old_sign_consensus_mask(deltas: torch.Tensor, *, int8: bool = False) -> tor
     return signs == elected
 
 
+def _old_sign_consensus_weights(deltas: torch.Tensor) -> torch.Tensor:
+    return _old_sign_consensus_mask(deltas).to(deltas.dtype)
+
+
+def _old_population_variance(stacked: torch.Tensor) -> torch.Tensor:
+    return torch.var(stacked, dim=0, unbiased=False)
+
+
 def _old_merge_task_vectors(
     ctx: MergeContext,
     *,
@@ -176,7 +184,8 @@ def old_ranking() -> Iterator[None]:
         (sparsify, "magnitude_outliers", _old_outliers),
         (sparsify, "della_magprune", _old_della),
         (sce, "variance_mask", _old_variance_mask),
-        (sce, "sign_consensus_mask", _old_sign_consensus_mask),
+        (sce, "sign_consensus_weights", _old_sign_consensus_weights),
+        (sce, "population_variance", _old_population_variance),
         (arcee_fusion, "threshold", _old_threshold),
         (task_arithmetic, "merge_task_vectors", _old_merge_task_vectors),
     ]

@@ -19,3 +19,15 @@ def sign_consensus_mask(deltas: torch.Tensor, *, int8: bool = False) -> torch.Te
     positive = deltas.sum(dim=0) >= 0
     agree = (deltas > 0).logical_and_(positive)
     return agree.logical_or_((deltas < 0).logical_and_(positive.logical_not_()))
+
+
+def sign_consensus_weights(deltas: torch.Tensor) -> torch.Tensor:
+    """Return :func:`sign_consensus_mask` as 1/0 in ``deltas``' dtype (a float dtype), built without a bool pass.
+
+    Multiplying by it equals mergekit's multiplication by its bool mask bit for bit (kept entries unchanged,
+    dropped ones ±0 by their sign); converting a bool mask costs a pass as long as building it.
+    """
+    # The elected sign as ±1 (a NaN sum elects −1, as `sum >= 0` is false for it); an entry agrees exactly when
+    # its product with ±1 (exact: a sign flip) is strictly positive, so zeros and NaN never agree.
+    elected = deltas.sum(dim=0).ge_(0).mul_(2).sub_(1)
+    return torch.mul(deltas, elected).gt_(0)

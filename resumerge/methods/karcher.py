@@ -38,32 +38,55 @@ def karcher_mean(
     weights = [alphas[i] / total for i in valid]
     points = [units[i] for i in valid]
 
+    # The loops below write every product and sum into two reused buffers, where the plain expressions allocate
+    # four full-size temporaries per input and step; each gives the same numbers (see _scaled).
+    buffer = torch.empty_like(points[0])
     mean = torch.zeros_like(points[0])
     for weight, point in zip(weights, points, strict=True):
-        mean += weight * point
+        mean += torch.mul(point, weight, out=buffer)  # weight * point
     mean_norm = torch.linalg.vector_norm(mean.to(work))
     # A vanishing average direction (e.g. two antipodal inputs) has no normalisation; start from an input.
-    mean = points[0].clone() if mean_norm.item() < tol else (mean / mean_norm).to(mean.dtype)
+    if mean_norm.item() < tol:
+        mean = points[0].clone()
+    else:  # mean / mean_norm
+        mean, buffer = torch.div(mean, mean_norm, out=buffer), mean
 
+    tangent = torch.empty_like(mean)
     for _ in range(max_iter):
-        tangent = torch.zeros_like(mean)
+        tangent.zero_()
         for weight, point in zip(weights, points, strict=True):
             dot = torch.clamp(torch.dot(mean.flatten(), point.flatten()), -1.0, 1.0)
             theta = torch.arccos(dot)
             if theta.item() < tol:
                 continue  # the log map of a point at the mean is zero (and θ/sin θ is 0/0)
-            tangent += weight * (theta / torch.sin(theta)) * (point - dot * mean)
+            # weight * (θ / sin θ) * (point − dot * mean)
+            log_map = torch.sub(point, _scaled(dot, mean, out=buffer), out=buffer)
+            tangent += _scaled(weight * (theta / torch.sin(theta)), log_map)
         tangent_norm = torch.linalg.vector_norm(tangent.to(work))
         if tangent_norm.item() < tol:
             break
-        step = torch.cos(tangent_norm) * mean + torch.sin(tangent_norm) * (tangent / tangent_norm)
-        mean = step.to(mean.dtype)
+        # cos‖t‖ * mean + sin‖t‖ * (t / ‖t‖); tangent is rebuilt from zero next step, so it holds the second term.
+        along = _scaled(torch.sin(tangent_norm), torch.div(tangent, tangent_norm, out=tangent))
+        step = _scaled(torch.cos(tangent_norm), mean, out=buffer).add_(along)
+        mean, buffer = step, mean
         unit_norm = torch.linalg.vector_norm(mean.to(work))
         if unit_norm.item() > tol:
-            mean = (mean / unit_norm).to(mean.dtype)
+            mean, buffer = torch.div(mean, unit_norm, out=buffer), mean
 
+    del buffer, tangent
     scale = sum((a * n for a, n in zip(alphas, norms, strict=True)), torch.zeros((), dtype=work, device=mean.device))
-    return scale * mean
+    return _scaled(scale, mean)  # scale * mean, in place: mean is ours (a fresh buffer or a clone)
+
+
+def _scaled(factor: torch.Tensor, tensor: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    # factor * tensor (factor 0-d) into `out`, or into `tensor` itself. With equal dtypes the product commutes
+    # exactly and is taken in place. A 0-d float32 factor of a half tensor is applied differently as first or
+    # second operand, so it stays first; torch then computes into a temporary and copies it out (still one
+    # fewer allocation kept alive).
+    target = tensor if out is None else out
+    if factor.dtype == tensor.dtype:
+        return torch.mul(tensor, factor, out=target)
+    return torch.mul(factor, tensor, out=target)
 
 
 def karcher(ctx: MergeContext) -> torch.Tensor:

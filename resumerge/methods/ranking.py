@@ -161,30 +161,40 @@ def stable_ranks(keys: torch.Tensor) -> torch.Tensor:
     """Return each key's 0-based position in a stable ascending sort of its row (rows are dim 0 of a 2-D tensor).
 
     Equal keys in a row rank by column, lower column first. The result has ``keys``' shape, device and an integer
-    dtype (int32 below 2³¹ columns). int32 keys are packed with their column into unique int64 keys, so one
-    unstable sort per row gives the stable order; other key types fall back to ``torch.sort(stable=True)``.
-    Raises ``ValueError`` unless ``keys`` is 2-D.
+    dtype (int32 below 2³¹ columns). Raises ``ValueError`` unless ``keys`` is 2-D.
     """
-    if keys.dim() != 2:
-        raise ValueError(f"stable_ranks needs a 2-D tensor of rows, got shape {tuple(keys.shape)}")
+    order = stable_order(keys)
     rows, cols = keys.shape
     rank_dtype = torch.int32 if cols < 2**31 else torch.int64
     ranks = torch.empty((rows, cols), dtype=rank_dtype, device=keys.device)
     if keys.numel() == 0:
         return ranks
-    columns = torch.arange(cols, device=keys.device)
+    columns = torch.arange(cols, dtype=rank_dtype, device=keys.device)
+    return ranks.scatter_(1, order, columns.expand(rows, cols))
+
+
+def stable_order(keys: torch.Tensor) -> torch.Tensor:
+    """Return, for each row of a 2-D tensor, the columns of its keys in stable ascending order (int64).
+
+    ``order[r, j]`` is the column holding row ``r``'s ``j``-th smallest key; equal keys keep column order. int32
+    keys are packed with their column into unique int64 keys, so one unstable sort per row gives the stable
+    order; other key types fall back to ``torch.sort(stable=True)``. Raises ``ValueError`` unless ``keys`` is
+    2-D.
+    """
+    if keys.dim() != 2:
+        raise ValueError(f"ranking by row needs a 2-D tensor of rows, got shape {tuple(keys.shape)}")
+    rows, cols = keys.shape
+    if keys.numel() == 0:
+        return torch.empty((rows, cols), dtype=torch.int64, device=keys.device)
     index_bits = max(1, (cols - 1).bit_length())
     if keys.dtype == torch.int32 and index_bits <= 32:
         # |key| < 2³¹ and column < 2^index_bits ≤ 2³², so key·2^index_bits + column fits in int64 and orders by
         # (key, column): every packed key is unique and any sort of them is the stable sort of the keys.
         packed = keys.to(torch.int64)
         packed <<= index_bits
-        packed |= columns
-        order = _sort_rows(packed).bitwise_and_((1 << index_bits) - 1)
-    else:
-        order = torch.sort(keys, dim=1, stable=True).indices
-    ranks.scatter_(1, order, columns.to(rank_dtype).expand(rows, cols))
-    return ranks
+        packed |= torch.arange(cols, device=keys.device)
+        return _sort_rows(packed).bitwise_and_((1 << index_bits) - 1)
+    return torch.sort(keys, dim=1, stable=True).indices
 
 
 def _sort_rows(packed: torch.Tensor) -> torch.Tensor:

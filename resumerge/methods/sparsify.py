@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from resumerge.methods.ranking import magnitude_keys, rank_window, stable_ranks
+from resumerge.methods.ranking import magnitude_keys, rank_window, stable_order
 
 # Below this L1 norm (before or after masking) the masked tensor is returned unscaled, avoiding 0/0.
 _RESCALE_EPS = 1e-7
@@ -112,18 +112,44 @@ def magnitude_outliers(
     return _mask_and_rescale(delta, mask.reshape(delta.shape), rescale, inplace, reusable)
 
 
-def bernoulli(delta: torch.Tensor, density: float, *, rescale: bool, generator: torch.Generator | None) -> torch.Tensor:
+def bernoulli(
+    delta: torch.Tensor, density: float, *, rescale: bool, generator: torch.Generator | None, inplace: bool = False
+) -> torch.Tensor:
     """Keep each entry independently with probability ``density`` (DARE), drawing only from ``generator``.
 
-    ``density ≥ 1`` returns ``delta`` unchanged. Raises ``ValueError`` when ``generator`` is None.
+    ``density ≥ 1`` returns ``delta`` unchanged. With ``inplace`` ``delta`` may be overwritten (the result is then
+    returned in it where the dtypes allow). Raises ``ValueError`` when ``generator`` is None.
     """
     gen = _require_generator(generator)
     if density >= 1:
         return delta
-    # The probability is materialised in the draw dtype, so bfloat16 keeps bfloat16's rounding of density.
-    mask = torch.bernoulli(torch.full_like(delta, density, dtype=_draw_dtype(delta.dtype)), generator=gen)
     work = _rescale_dtype(delta.dtype)
-    return _mask_and_rescale(delta.to(work), mask.to(work), rescale).to(delta.dtype)
+    # The probability is rounded to the draw dtype, so bfloat16 keeps bfloat16's rounding of density; expanded,
+    # not filled, as the CPU draw only compares against it.
+    probability = torch.tensor(density, dtype=_draw_dtype(delta.dtype), device=delta.device)
+    mask = bernoulli_mask(probability.expand(delta.shape), gen, work)
+    values = delta.to(work)
+    converted = values is not delta  # then `values` is a fresh copy, ours to overwrite
+    magnitudes = values.abs() if rescale else None
+    masked = _mask_and_rescale(values, mask, rescale, inplace or converted, magnitudes)
+    return masked.to(delta.dtype)
+
+
+def bernoulli_mask(probabilities: torch.Tensor, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    """Return ``torch.bernoulli(probabilities, generator=generator).to(dtype)``, bit for bit, a third of the time.
+
+    ``probabilities`` is float32 or bfloat16 (contiguous or expanded). The generator advances exactly as
+    ``torch.bernoulli`` advances it, so later draws are unchanged too.
+    """
+    if probabilities.device.type != "cpu":
+        return torch.bernoulli(probabilities.contiguous(), generator=generator).to(dtype)
+    # On the CPU, torch.bernoulli with a float32/bfloat16 probability tensor draws one 32-bit word per entry, in
+    # the order of its contiguous output, turns its low 24 bits into u = k/2²⁴ and keeps the entry when u < p;
+    # uniform_ on float32 draws the same words in the same order and builds the same u, and a comparison in
+    # place writes the 1/0 mask without bernoulli's per-entry distribution object
+    # (tests/methods/test_fast_kernels.py pins the equality for the installed torch).
+    uniform = torch.empty(probabilities.shape, dtype=torch.float32).uniform_(generator=generator)
+    return uniform.lt_(probabilities).to(dtype)
 
 
 def della_magprune(
@@ -155,21 +181,13 @@ def della_magprune(
     shape = delta.shape
     rows = delta.reshape(1, -1) if delta.dim() < 2 else delta
     draw = _draw_dtype(delta.dtype)
-    # Ranking compares the magnitudes in delta's own dtype, and 1-based ranks are converted to the draw dtype,
-    # both as mergekit does (in bfloat16 large ranks round, which changes probabilities slightly).
+    # Ranking compares the magnitudes in delta's own dtype, as mergekit does.
     magnitudes = rows.abs()
-    ranks = _row_ranks(magnitudes).to(draw).add_(1)
-    # Each row's ranks are a permutation of 1..n, so its lowest and highest are the conversions of 1 and n,
-    # computed by the same operations as every other rank (what mergekit's per-row min/max return).
-    ends = torch.tensor([0, rows.shape[1] - 1], device=rows.device).to(draw) + 1
-    low, high = ends[0], ends[1]
-    # mergekit's expression, evaluated in place in the same order: ((r − low)/(high − low)).clamp(0, 1)·2·ε
-    # + (density − ε), each step rounded to the draw dtype exactly as there.
-    spread = ranks.fill_(0.5) if rows.shape[1] == 1 else ranks.sub_(low).div_(high - low).clamp_(0, 1)
-    probabilities = spread.mul_(2).mul_(epsilon).add_(density - epsilon)
     work = _rescale_dtype(delta.dtype)
-    mask = torch.bernoulli(probabilities, generator=gen).to(work)
-    del ranks, spread, probabilities
+    if rows.dim() == 2 and rows.device.type == "cpu":
+        mask = _row_block_mask(magnitudes, density, epsilon, draw, work, gen)
+    else:
+        mask = bernoulli_mask(_rank_probabilities(magnitudes, density, epsilon, draw), gen, work)
     values = rows.to(work)
     converted = work != delta.dtype  # then `values` is a fresh copy, ours to overwrite
     reusable = None if converted else magnitudes
@@ -177,9 +195,56 @@ def della_magprune(
     return masked.to(delta.dtype).reshape(shape)
 
 
-def _row_ranks(magnitudes: torch.Tensor) -> torch.Tensor:
-    # 0-based ranks along dim 1 of a tensor of two or more dims (dim 1 becomes the row, the other dims index
-    # rows): one sort per row and a scatter, where mergekit argsorts twice.
+# Elements per block of rows in _row_block_mask: the block's int64 sort keys and probabilities stay in cache.
+_ROW_BLOCK_ELEMENTS = 1 << 17
+
+
+def _probability_table(n: int, density: float, epsilon: float, draw: torch.dtype, device: torch.device) -> torch.Tensor:
+    # The keep probability of each 0-based rank in a row of n, in the draw dtype. 1-based ranks are converted to
+    # the draw dtype, as mergekit converts them (in bfloat16 large ranks round, which changes probabilities
+    # slightly); each row's are a permutation of 1..n, so its lowest and highest are the conversions of 1 and n,
+    # computed by the same operations as every other rank (mergekit's per-row min/max).
+    ranks = torch.arange(n, dtype=torch.int32, device=device).to(draw).add_(1)
+    low, high = ranks[0].clone(), ranks[-1].clone()
+    # mergekit's expression, evaluated in place in the same order: ((r − low)/(high − low)).clamp(0, 1)·2·ε
+    # + (density − ε), each step rounded to the draw dtype exactly as there.
+    spread = ranks.fill_(0.5) if n == 1 else ranks.sub_(low).div_(high - low).clamp_(0, 1)
+    return spread.mul_(2).mul_(epsilon).add_(density - epsilon)
+
+
+def _row_block_mask(
+    magnitudes: torch.Tensor, density: float, epsilon: float, draw: torch.dtype, work: torch.dtype, gen: torch.Generator
+) -> torch.Tensor:
+    # bernoulli_mask(_rank_probabilities(...)) for a contiguous 2-D CPU tensor, a block of whole rows at a time:
+    # ranks are per row, and the draws of consecutive blocks consume the generator in the order one draw over
+    # the whole tensor does, so the mask is the same while the sort keys and probabilities (three tensors'
+    # worth at once) stay block-sized.
+    rows, n = magnitudes.shape
+    mask = torch.empty(magnitudes.shape, dtype=work)
+    if mask.numel() == 0:
+        return mask
+    table = _probability_table(n, density, epsilon, draw, magnitudes.device)
+    step = max(1, _ROW_BLOCK_ELEMENTS // n)
+    for start in range(0, rows, step):
+        order = stable_order(magnitude_keys(magnitudes[start : start + step]))
+        probabilities = torch.empty(order.shape, dtype=draw).scatter_(1, order, table.expand(order.shape))
+        mask[start : start + step] = bernoulli_mask(probabilities, gen, work)
+    return mask
+
+
+def _rank_probabilities(
+    magnitudes: torch.Tensor, density: float, epsilon: float, draw: torch.dtype
+) -> torch.Tensor:
+    # Keep probabilities by rank along dim 1 (a tensor of two or more dims; the other dims index rows), in the
+    # draw dtype. A probability depends on the rank alone, so mergekit's expression is evaluated once per rank
+    # (a table of n entries) and scattered through each row's stable order: one pass over the tensor where
+    # ranking, converting and six elementwise steps took eight.
     moved = magnitudes.movedim(1, -1)
-    ranks = stable_ranks(magnitude_keys(moved).reshape(-1, moved.shape[-1]))
-    return ranks.reshape(moved.shape).movedim(-1, 1)
+    n = moved.shape[-1]
+    if moved.numel() == 0:
+        return torch.empty(magnitudes.shape, dtype=draw, device=magnitudes.device)
+    order = stable_order(magnitude_keys(moved).reshape(-1, n))
+    table = _probability_table(n, density, epsilon, draw, magnitudes.device)
+    probabilities = torch.empty(order.shape, dtype=draw, device=magnitudes.device)
+    probabilities.scatter_(1, order, table.expand(order.shape))
+    return probabilities.reshape(moved.shape).movedim(-1, 1)

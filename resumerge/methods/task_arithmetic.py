@@ -17,7 +17,7 @@ import torch
 from torch import Generator, Tensor
 
 from resumerge.methods import sparsify
-from resumerge.methods.consensus import sign_consensus_mask
+from resumerge.methods.consensus import sign_consensus_weights
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
 
 # (task vector, that model's resolved parameters, rescale, generator) -> sparsified task vector. The task vector
@@ -41,7 +41,7 @@ def _outliers(delta: Tensor, p: Mapping[str, Any], rescale: bool, _: Generator |
 
 def _random(delta: Tensor, p: Mapping[str, Any], rescale: bool, gen: Generator | None) -> Tensor:
     density = float(p.get("density", DEFAULT_DENSITY))
-    return sparsify.bernoulli(delta, density, rescale=rescale, generator=gen)
+    return sparsify.bernoulli(delta, density, rescale=rescale, generator=gen, inplace=True)
 
 
 def _della(delta: Tensor, p: Mapping[str, Any], rescale: bool, gen: Generator | None) -> Tensor:
@@ -78,6 +78,7 @@ def merge_task_vectors(
             if sparse.data_ptr() != delta.data_ptr():  # not already written in place (possibly as a view)
                 delta.copy_(sparse.reshape(delta.shape))
             del sparse
+        del delta  # a view: it would keep every task vector alive until the end
     # Weights are rounded to the inputs' dtype before use, exactly as mergekit builds its weight tensor.
     weights = torch.tensor(
         [float(ctx.model_params[i]["weight"]) for i in others], dtype=deltas.dtype, device=deltas.device
@@ -87,23 +88,27 @@ def merge_task_vectors(
     if consensus:
         # A 1/0 mask of the deltas' dtype multiplies exactly like mergekit's bool mask (kept values unchanged,
         # dropped ones ±0 by their sign) and much faster; both products are taken in place.
-        mask = sign_consensus_mask(deltas, int8=bool(ctx.params.get("int8_mask", False))).to(deltas.dtype)
+        mask = sign_consensus_weights(deltas)
         mixed = deltas.mul_(mask).sum(dim=0)
+        del deltas  # freed before the divisor is summed: one tensor of task vectors less at the peak
         divisor = mask.mul_(weights).sum(dim=0)
+        # A zero divisor becomes 1: adding 1 where it is ±0 and 0 elsewhere (exact, NaN stays NaN) is two fast
+        # float passes into the dead mask's memory, where masked_fill_ over a bool mask is three times slower.
+        divisor.add_(torch.eq(divisor, 0, out=mask[0]))
         del mask
-        divisor[divisor == 0] = 1
     else:
         mixed = deltas.sum(dim=0)
         divisor = weights.sum(dim=0)
         divisor[divisor.abs() < 1e-8] = 1
-    del deltas
+        del deltas
 
     if ctx.params.get("normalize", normalize):
         mixed /= divisor
     scale = float(ctx.params.get("lambda", 1.0))
     if scale != 1:
         mixed *= scale
-    return (base + mixed).to(base.dtype)
+    # mixed + base is base + mixed bit for bit (IEEE addition commutes), without a new tensor.
+    return mixed.add_(base) if mixed.dtype == base.dtype else (base + mixed).to(base.dtype)
 
 
 def check_della_epsilon(params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]]) -> str | None:
