@@ -270,5 +270,17 @@ def test_compute_and_disk_work_overlap_in_the_total() -> None:
     both = replace(disk, compute=(group,))
     # compute hides the disk work except the last shard's flush (0.5 s), which waits for the last tensor
     assert both.compute_seconds == pytest.approx(10) and both.seconds == pytest.approx(1 + 10 + 0.5)
+    # where the engine's threads fill the cores (2 here), page-cache copies, hashing and writes take CPU from the
+    # methods: the two add up (the last shard's flush is part of the disk work)
+    assert replace(both, shared_cores=True).seconds == pytest.approx(1 + 2 + 10)
     fixed = replace(group, seconds_per_call=0.1)  # plus a fixed 0.1 s for each of the 10 tensors
     assert fixed.seconds == pytest.approx(11) and "100.0 ms per tensor" in fixed.line()
+
+
+def test_compute_and_disk_work_add_up_where_the_engine_fills_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    from resumerge.engine import estimate as est
+
+    monkeypatch.setattr(est.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert est.cores_are_shared()
+    monkeypatch.setattr(est.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert not est.cores_are_shared()

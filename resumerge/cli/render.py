@@ -405,10 +405,12 @@ def _time_text(estimate: Estimate) -> str:
         rates.append(f"write {format_size(t.write_bytes)} at {format_size(int(t.write_bytes_per_s))}/s")
     if not compute:
         return f"about {_duration(t.seconds)} of disk work: {', '.join(rates)}"
-    # Compute and disk work overlap in the engine, so the total is not their sum: say both, and what bounds it.
+    # With cores to spare compute and disk work overlap, so the total is not their sum: say both, and what bounds
+    # it; on a machine whose cores the engine's threads fill, they add up (see TimeEstimate).
     disk = t.disk_seconds or 0.0
     bound = "compute-bound" if t.compute_seconds > disk else "disk-bound"
-    return (f"about {_duration(t.seconds)} ({bound}): {compute} overlapped with {_duration(disk)} of disk work "
+    joined = "plus (they share this machine's cores)" if t.shared_cores else "overlapped with"
+    return (f"about {_duration(t.seconds)} ({bound}): {compute} {joined} {_duration(disk)} of disk work "
             f"({', '.join(rates)})")
 
 

@@ -19,6 +19,7 @@ Computed by :mod:`resumerge.engine.estimate`; read by the CLI's rendering and by
                        counted_baseline_bytes, working_set_bytes, peak_bytes, largest_unit_bytes, smallest_budget}
     disks             [{path, roles, free_bytes, needed_bytes, fits}]  one per filesystem
     time              {seconds | null, startup_seconds, disk_seconds | null, compute_seconds, tail_seconds,
+                       shared_cores,
                        read_bytes, write_bytes, verify_bytes, rehash_bytes, tail_bytes, read_bytes_per_s,
                        write_bytes_per_s, download_bytes, notes: [str],
                        compute: [{method, dtype, device, tensors, elements, sample_elements, sample_bytes,
@@ -179,9 +180,13 @@ class TimeEstimate:
     compute (measured on samples, see :mod:`resumerge.engine.compute_estimate`); downloads excluded.
 
     The engine reads and computes in worker threads while a writer thread streams finished tensors to disk and
-    commits shards, so compute and disk work overlap and the slower of the two sets the pace. What cannot
-    overlap is the commit of the last shard: its bytes sit in the page cache until its fsync, which only starts
-    after its last tensor is computed (``tail_bytes``, written at OUT's speed after everything else).
+    commits shards, so with cores to spare compute and disk work overlap and the slower of the two sets the pace.
+    With no more cores than the engine's busy threads (two workers and the writer: ``shared_cores``), reading
+    from the page cache, hashing and writing take CPU from the methods, and the two add up instead: on the
+    project's 2-core machine the overlapped figure came out 1.2–2.5× below every one of the 20 methods' measured
+    wall time at 1.75 GB, the sum 0.66–1.66× (median 1.2×; bench/RESULTS.md). What never overlaps is the commit
+    of the last shard: its bytes sit in the page cache until its fsync, which only starts after its last tensor
+    is computed (``tail_bytes``, written at OUT's speed after everything else).
     """
 
     read_bytes: int
@@ -195,6 +200,7 @@ class TimeEstimate:
     notes: tuple[str, ...] = ()
     compute: tuple[ComputeGroup, ...] = ()
     tail_bytes: int = 0
+    shared_cores: bool = False
 
     @property
     def disk_seconds(self) -> float | None:
@@ -217,11 +223,14 @@ class TimeEstimate:
     @property
     def seconds(self) -> float | None:
         """Expected seconds: start-up (imports and planning, as measured here), then disk work and compute
-        overlapped, then the last shard's flush; ``None`` when a disk speed could not be measured."""
+        (overlapped, or added where they share the cores), then the last shard's flush; ``None`` when a disk speed
+        could not be measured."""
         disk = self.disk_seconds
         if disk is None:
             return None
         tail = min(self.tail_seconds, disk)
+        if self.shared_cores:
+            return self.startup_seconds + disk + self.compute_seconds
         return self.startup_seconds + max(disk - tail, self.compute_seconds) + tail
 
 
@@ -264,6 +273,7 @@ class Estimate:
             "disk_seconds": None if t.disk_seconds is None else round(t.disk_seconds, 2),
             "compute_seconds": round(t.compute_seconds, 2),
             "tail_seconds": round(t.tail_seconds, 2),
+            "shared_cores": t.shared_cores,
             "compute": [g.to_json() for g in t.compute],
             "read_bytes_per_s": None if t.read_bytes_per_s is None else round(t.read_bytes_per_s),
             "write_bytes_per_s": None if t.write_bytes_per_s is None else round(t.write_bytes_per_s),

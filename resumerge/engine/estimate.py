@@ -377,7 +377,22 @@ def _time(plan: Plan, pending: Sequence[Any], output: OutputSize, downloads: Map
         compute=tuple(compute),
         # The last shard is fsynced after its last tensor is computed: that flush overlaps nothing.
         tail_bytes=pending[-1].file_size if pending else 0,
+        shared_cores=cores_are_shared(),
     )
+
+
+# The engine's threads that stay busy through a merge: two compute workers and the writer (see executor.py).
+ENGINE_BUSY_THREADS = 3
+
+
+def cores_are_shared() -> bool:
+    """True when this process may use no more cores than the engine keeps busy, so compute and disk work (page
+    cache copies, sha256, writes) compete for them rather than overlap."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return cores <= ENGINE_BUSY_THREADS
 
 
 def _input_read_speed(plan: Plan, probe_bytes: int) -> float | None:
