@@ -183,8 +183,8 @@ class TimeEstimate:
     commits shards, so with cores to spare compute and disk work overlap and the slower of the two sets the pace.
     With no more cores than the engine's busy threads (two workers and the writer: ``shared_cores``), reading
     from the page cache, hashing and writing take CPU from the methods, and the two add up instead: on the
-    project's 2-core machine the overlapped figure came out 1.2–2.5× below every one of the 20 methods' measured
-    wall time at 1.75 GB, the sum 0.66–1.66× (median 1.2×; bench/RESULTS.md). What never overlaps is the commit
+    project's 2-core machine the overlapped figure came to 0.40–0.85× of the measured wall time for 19 of the
+    20 methods at 1.75 GB, the sum to 0.60–1.52× (median 0.82×; bench/RESULTS.md). What never overlaps is the commit
     of the last shard: its bytes sit in the page cache until its fsync, which only starts after its last tensor
     is computed (``tail_bytes``, written at OUT's speed after everything else).
     """
