@@ -1,7 +1,7 @@
 """Memory estimates of the engine's units of work, and row chunks for tensors too large to hold at once.
 
 An estimate counts what one output tensor keeps alive while it is computed: every input at its stored dtype,
-the copies cast to the compute dtype, the method's float32 working set, and the output buffer until the writer
+the copies cast to the compute dtype, the method's measured working set, and the output buffer until the writer
 has written it. Elementwise methods may process a tensor in row chunks (rows are contiguous on disk), so their
 unit is one chunk; other methods need the whole tensor, and a tensor whose estimate exceeds the budget is
 refused at plan time with the smallest budget that works.
@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
+from resumerge.methods.footprint import working_bytes
 from resumerge.methods.registry import MethodSpec, get_method
 from resumerge.plan.merge_plan import InputRef, Plan, TensorPlan
 
@@ -22,18 +23,43 @@ _COMPUTE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int6
 
 
 def estimate_bytes(tp: TensorPlan, method: MethodSpec, rows: int | None = None) -> int:
-    """Bytes kept alive while computing ``tp`` (or ``rows`` of its rows), a deliberately generous bound."""
-    fraction = 1.0 if rows is None or not tp.shape else rows / max(1, tp.shape[0])
-    count = numel(tp.shape)
+    """Bytes kept alive while computing ``tp`` (or ``rows`` of its rows): the stored inputs, a copy of each input
+    that reaches the method in another dtype or re-indexed to the output vocabulary, the method's measured working
+    set (:func:`~resumerge.methods.footprint.working_bytes`: its result included, with a margin), the output
+    buffer, and a LoRA delta's factors."""
+    shape, fraction = tp.shape, 1.0
+    if rows is not None and tp.shape:
+        shape, fraction = (rows, *tp.shape[1:]), rows / max(1, tp.shape[0])
+    count = numel(shape)
+    seen = _seen_dtype(tp)
+    # `.to()` to a tensor's own dtype returns that tensor, and a local read is one buffer viewed in the stored
+    # dtype (measured: no copy), so only an input whose dtype changes on its way to the method costs a copy; a
+    # vocabulary-aligned input is gathered into a new tensor whatever its dtype.
+    copies = sum(1 for i in tp.inputs if tp.vocab_aligned or i.cast not in (None, i.dtype)
+                 or _SEEN.get(i.value_dtype, i.value_dtype) != seen)
+    cast = copies * count * _COMPUTE_SIZES.get(seen, 8)
+    work = working_bytes(method.name, seen, shape, len(tp.inputs), base=tp.base_index is not None)
     stored = sum(i.end - i.start for i in tp.inputs)
-    cast = len(tp.inputs) * count * _COMPUTE_SIZES[tp.compute_dtype] if tp.compute_dtype else 0
-    # Methods compute in float32 (float64 for float64 inputs): an accumulator, and for whole-tensor methods
-    # (sparsification, sorting, norms) about one temporary per input as well.
-    work = count * 8 * (1 if method.elementwise else len(tp.inputs) + 1)
+    whole = numel(tp.shape)
     # A LoRA delta: the merged copy of the input, plus the whole factors and their float64 copies.
-    lora = sum(count * 4 + 3 * (i.lora.a.end - i.lora.a.start + i.lora.b.end - i.lora.b.start)
+    lora = sum(whole * 4 + 3 * (i.lora.a.end - i.lora.a.start + i.lora.b.end - i.lora.b.start)
                for i in tp.inputs if i.lora is not None)
-    return int((stored + cast + work + tp.nbytes) * fraction) + lora
+    return int((stored + tp.nbytes) * fraction) + cast + work + lora
+
+
+# The dtype a method sees, by its inputs' safetensors dtype, when the config sets none.
+_SEEN = {"F64": "float64", "F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+def _seen_dtype(tp: TensorPlan) -> str:
+    """The dtype ``tp``'s method computes in: the config's ``dtype``, else the inputs' own (float32 when they
+    differ and none is float64: torch promotes a float16 and a bfloat16 to float32)."""
+    if tp.compute_dtype is not None:
+        return tp.compute_dtype
+    names = {_SEEN.get(i.value_dtype, i.value_dtype) for i in tp.inputs}
+    if len(names) == 1:
+        return names.pop()
+    return "float64" if "float64" in names else "float32"
 
 
 def can_chunk(tp: TensorPlan, method: MethodSpec) -> bool:

@@ -40,10 +40,13 @@ def test_system_probe_counts_anonymous_memory_but_not_mapped_file_pages(tmp_path
     probe = SystemProbe()
     assert probe.available() > 0
     assert probe.limit() >= probe.available()
-    before = probe.rss()
-    block = b"\x01" * (64 * MB)
-    assert probe.rss() - before >= 60 * MB
-    del block
+    # Fresh anonymous pages, each touched: a heap allocation could reuse pages an earlier test freed but left
+    # resident (glibc keeps them), and then RSS would not move at all.
+    with mmap.mmap(-1, 64 * MB) as block:
+        before = probe.rss()
+        for offset in range(0, 64 * MB, 4096):
+            block[offset] = 1
+        assert probe.rss() - before >= 60 * MB
 
     path = tmp_path / "weights.bin"
     path.write_bytes(b"\x02" * (64 * MB))

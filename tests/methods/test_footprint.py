@@ -1,0 +1,114 @@
+"""Each merge method's measured working memory against what the memory governor reserves for it.
+
+The figures of :mod:`resumerge.methods.footprint` must cover every registered method, in every compute dtype, with
+and without a base, on a 2-D and a 1-D tensor — and must not be generous beyond 1.6× the measurement, or ``plan``
+over-states RAM and refuses merges that fit. Measured by ``footprint_cases`` (torch's profiler, replayed), whose
+own replay is checked first against allocations computed by hand. Small tensors stand for large ones because
+the per-element working set is the same (``bench/method_footprint.py`` shows it on a 2048×2048 tensor): what does
+not scale — the bounded scratch of SCE, DELLA, RAM and half-precision dot products — is modelled by block and
+exercised here (slerp's 2²⁰-element chunks only by the bench, on tensors past them).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from methods.footprint_cases import DTYPES, Case, cases, measure, peaks, variants
+from resumerge.methods import method_names
+from resumerge.methods.footprint import CALL_BYTES, MARGIN, measured, working_bytes
+
+SHAPES = ((64, 256), (16384,))
+NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float64: "float64"}
+GENEROUS = 1.6
+
+Job = tuple[Case, tuple[int, ...], torch.dtype]
+
+
+def _jobs() -> tuple[list[Job], list[Job]]:
+    """(representative calls on every shape, other code paths on the first shape), every method and dtype."""
+    typical = [(c, s, d) for m in method_names() for d in DTYPES for s in SHAPES for c in cases(m)]
+    other = [(c, SHAPES[0], d) for m in method_names() for d in DTYPES for c in variants(m)]
+    return typical, other
+
+
+@pytest.fixture(scope="module")
+def peaks_by_group() -> dict[str, Any]:
+    typical, other = _jobs()
+    got = measure(typical + other)
+    return {"typical": list(zip(typical, got[: len(typical)])), "other": list(zip(other, got[len(typical) :]))}
+
+
+def _reserved(job: Job) -> int:
+    case, shape, dtype = job
+    return working_bytes(case.method, NAMES[dtype], shape, case.inputs, base=case.base is not None)
+
+
+def test_the_replay_gives_hand_computed_peaks() -> None:
+    from resumerge.methods import ranking
+
+    def three_buffers() -> torch.Tensor:
+        a = torch.empty(1000, dtype=torch.float32)  # 4000 live
+        b = torch.empty(2000, dtype=torch.float32)  # 12000 live: the peak
+        del a
+        return b  # 8000 stay live as the result
+
+    values = torch.arange(10_000, dtype=torch.int32)
+    # order_statistics selects in numpy: a copy of the 40000-byte keys the profiler cannot see. tracemalloc also
+    # counts the Python objects a call makes (about 100 bytes a tensor), never more than a few kB here.
+    got = peaks([three_buffers, lambda: torch.empty(3, dtype=torch.float64),
+                 lambda: ranking.order_statistics(values, [5])])
+    assert [g - e for g, e in zip(got, [12000, 24, 40_000], strict=True)] < [4096] * 3, got
+    assert all(g >= e for g, e in zip(got, [12000, 24, 40_000], strict=True)), got
+
+
+def test_linear_peaks_at_its_accumulator(peaks_by_group: dict[str, Any]) -> None:
+    # linear accumulates in float32 (float64 for float64) and returns the accumulator cast back, which for float32
+    # is the accumulator itself; a half-precision input is widened to float32 inside addcmul_, one at a time.
+    per_element = {torch.float32: 4, torch.float64: 8, torch.bfloat16: 8, torch.float16: 8}
+    for (case, shape, dtype), peak in peaks_by_group["typical"]:
+        if case.method == "linear":
+            expected = per_element[dtype] * math.prod(shape)
+            assert expected <= peak <= expected + CALL_BYTES, (case.label, dtype, peak)
+
+
+@pytest.mark.parametrize("group", ["typical", "other"])
+def test_no_method_outgrows_its_footprint(peaks_by_group: dict[str, Any], group: str) -> None:
+    over = [f"{c.label} {NAMES[d]} {s}: measured {p}, reserved {_reserved((c, s, d))}"
+            for (c, s, d), p in peaks_by_group[group] if p > _reserved((c, s, d))]
+    assert not over, "\n".join(over)
+
+
+def test_no_footprint_is_far_above_its_measurement(peaks_by_group: dict[str, Any]) -> None:
+    # The estimate does not read parameters, so it must cover the most demanding variant of a call (breadcrumbs'
+    # rescale in float64 takes a fifth more): each representative call is compared with the largest of it and
+    # its variants with the same inputs. A variant that skips work (no sparsification) may use much less.
+    # Variants run on the first shape only; their excess per element is carried over to the second.
+    excess: dict[tuple[str, int, bool, torch.dtype], float] = {}
+    typical = {(c.method, c.inputs, c.base is None, s, d): p for (c, s, d), p in peaks_by_group["typical"]}
+    for (c, s, d), p in peaks_by_group["other"]:
+        key = (c.method, c.inputs, c.base is None, d)
+        excess[key] = max(excess.get(key, 0.0), (p - typical[(*key[:3], s, d)]) / math.prod(s))
+    generous = []
+    for (c, s, d), p in peaks_by_group["typical"]:
+        most = p + max(0.0, excess.get((c.method, c.inputs, c.base is None, d), 0.0)) * math.prod(s)
+        if _reserved((c, s, d)) > GENEROUS * most:
+            generous.append(f"{c.label} {NAMES[d]} {s}: measured {most}, reserved {_reserved((c, s, d))}")
+    assert not generous, "\n".join(generous)
+
+
+def test_every_registered_method_and_dtype_is_measured() -> None:
+    missing = [(m, d) for m in method_names() for d in NAMES.values() if not measured(m, d)]
+    assert not missing, missing
+    assert all(cases(m) for m in method_names())
+    assert MARGIN < GENEROUS
+
+
+def test_the_blocks_match_the_methods() -> None:
+    from resumerge.methods import footprint, ram, sce, slerp, sparsify
+
+    assert (sce._VARIANCE_BLOCK, sparsify._ROW_BLOCK_ELEMENTS, ram._GRAIN, slerp._CHUNK_ELEMENTS) == (
+        footprint._SCE_BLOCK, footprint._DELLA_BLOCK, footprint._RAM_GRAIN, footprint._SLERP_CHUNK)
