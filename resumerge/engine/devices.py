@@ -77,7 +77,7 @@ def gpu_governor(plan: Plan, device: str, max_gpu_memory: int | None,
     if probe is None:
         probe = CudaProbe(device)
     budget = max_gpu_memory if max_gpu_memory is not None else default_budget(probe, GPU_FRACTION)
-    too_big = oversized_units(plan, budget, probe.rss())
+    too_big = oversized_units(plan, budget, probe.rss(), device)
     if too_big:
         worst = largest(too_big)
         raise UsageError(

@@ -12,11 +12,13 @@ import os
 import sqlite3
 import time
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import psutil
+import torch
 
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import run_dir, state_root
@@ -39,7 +41,7 @@ from resumerge.methods.registry import get_method
 from resumerge.outputs.aux import aux_files, render_aux
 from resumerge.plan.fetching import STREAM
 from resumerge.plan.merge_plan import Plan, PlanOptions
-from resumerge.plan.workunits import can_chunk, estimate_bytes, oversized_units
+from resumerge.plan.workunits import ROWS, estimate_bytes, oversized_units, unit_bytes, unit_mode
 from resumerge.store.diskprobe import (
     DEFAULT_PROBE_BYTES,
     DiskFree,
@@ -106,7 +108,8 @@ def estimate(
     downloads = _downloads(inputs, state_dir, {(c.model, c.file) for c in fetch if c.how != STREAM}
                            if choose_inputs else None)
     probe = memory_probe if memory_probe is not None else SystemProbe()
-    memory, memory_reasons = _memory(plan, pending, probe, max_memory, baseline_bytes, workers)
+    remote = {(c.model, c.file) for c in fetch if c.how == STREAM}
+    memory, memory_reasons = _memory(plan, pending, probe, max_memory, baseline_bytes, workers, remote)
     disks = _disks(plan, output, downloads, inputs, out, state_dir, disk_free)
     speed = probe_directory(_probe_dir(out), probe_bytes, disk_free=disk_free) if out is not None else None
     # Nothing pending (a finished merge): no sample is read and no method is timed.
@@ -221,7 +224,8 @@ def _trusted(db: Path, blob: Path, algorithm: str, digest: str) -> bool:
 
 
 def _memory(plan: Plan, pending: Sequence[Any], probe: MemoryProbe, max_memory: int | None,
-            baseline: int | None, workers: int) -> tuple[MemoryEstimate, list[str]]:
+            baseline: int | None, workers: int,
+            remote: AbstractSet[tuple[str, str]] = frozenset()) -> tuple[MemoryEstimate, list[str]]:
     budget = max_memory if max_memory is not None else default_budget(probe)
     source = "--max-memory" if max_memory is not None else "default"
     anon = probe.rss()
@@ -233,7 +237,7 @@ def _memory(plan: Plan, pending: Sequence[Any], probe: MemoryProbe, max_memory: 
         # The budget counts anonymous memory; the OS's peak RSS also counts mapped files (torch's libraries).
         baseline = int(psutil.Process().memory_info().rss)
     room = max(0, effective - int(effective * SAFETY_MARGIN) - anon)
-    units = _units(plan, pending, budget)
+    units = _units(plan, pending, budget, remote, serial=torch.get_num_threads() <= workers)
     working = _working_set(units, room, workers)
     largest = max((u for u, _ in units), default=0)
     reasons = []
@@ -254,17 +258,25 @@ def _memory(plan: Plan, pending: Sequence[Any], probe: MemoryProbe, max_memory: 
     return MemoryEstimate(budget, source, machine, baseline, anon, working, largest, smallest), reasons
 
 
-def _units(plan: Plan, pending: Sequence[Any], budget: int) -> list[tuple[int, bool]]:
-    """(estimate, streamed in row chunks) of every pending tensor, in the order the engine computes them."""
+def _units(plan: Plan, pending: Sequence[Any], budget: int, remote: AbstractSet[tuple[str, str]] = frozenset(),
+           *, serial: bool = True) -> list[tuple[int, bool]]:
+    """(estimate, streamed in row chunks) of every pending tensor, in the order the engine computes them.
+
+    The engine's own rule (:func:`~resumerge.plan.workunits.unit_mode`) decides: a tensor streamed to the writer
+    in row chunks counts its whole estimate (the chunks together fill the room), one computed in passes over
+    chunks counts a chunk and its output, any other its whole estimate. ``remote`` holds the (model, file) pairs
+    streamed from the hub, which the engine does not read more than once when it has a choice; ``serial`` says
+    whether the engine's workers fill torch's threads (see :func:`~resumerge.plan.workunits.unit_mode`).
+    """
     units = []
     for shard in pending:
         for name in shard.tensors:
             tp = plan.tensors[name]
             method = get_method(tp.method)
             assert method is not None
-            whole = estimate_bytes(tp, method)
-            # The engine streams an elementwise tensor in row chunks when it exceeds a quarter of the budget.
-            units.append((whole, can_chunk(tp, method) and whole > budget // 4))
+            local = not any((ref.model, ref.file) in remote for ref in tp.inputs)
+            mode = unit_mode(tp, method, budget, plan.options.device, rereadable=local, serial=serial)
+            units.append((estimate_bytes(tp, method) if mode == ROWS else unit_bytes(tp, method, mode), mode == ROWS))
     return units
 
 

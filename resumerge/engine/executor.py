@@ -10,7 +10,6 @@ uploaded already get one last, bounded commit first (:mod:`resumerge.engine.inte
 
 from __future__ import annotations
 
-import hashlib
 import queue
 import threading
 import time
@@ -21,23 +20,33 @@ from typing import Protocol
 
 import torch
 
+# _read_input is re-exported for resumerge.engine.compute_estimate, which reads inputs as the engine does.
+from resumerge.engine.compute import _read_input as _read_input
+from resumerge.engine.compute import apply_rows, compute_in_passes, compute_tensor, observe_rows
 from resumerge.engine.interrupts import commit_uploaded
+from resumerge.engine.kernels import serial_kernels
 from resumerge.errors import ResumergeError
-from resumerge.inputs.adapters import apply_lora_rows
 from resumerge.inputs.source import InputSources
-from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
 from resumerge.memory import MemoryGovernor, Reservation
-from resumerge.methods.registry import MergeContext, MethodSpec, get_method
+from resumerge.methods.registry import MethodSpec, get_method
+from resumerge.methods.spec import RowStream
 from resumerge.outputs.aux import aux_files, render_aux
 from resumerge.plan.fetching import read_order
-from resumerge.plan.merge_plan import InputRef, Plan, ShardPlan, TensorPlan
-from resumerge.plan.workunits import can_chunk, chunk_plan, estimate_bytes
+from resumerge.plan.merge_plan import Plan, ShardPlan, TensorPlan
+from resumerge.plan.workunits import (
+    PASSES,
+    ROWS,
+    chunk_plan,
+    estimate_bytes,
+    row_stream,
+    unit_bytes,
+    unit_mode,
+)
 from resumerge.store import killpoints
 from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import ManifestBook
 from resumerge.store.shardwriter import ShardWriter
 from resumerge.store.sink import OutputSink, Settled
-from resumerge.vocab import align_rows
 
 
 class Reporter(Protocol):
@@ -58,77 +67,6 @@ class Reporter(Protocol):
 
 class Stopped(Exception):
     """Raised inside the engine when a stop was requested; the caller turns it into InterruptedMerge."""
-
-
-def tensor_seed(seed: int, name: str) -> int:
-    """The generator seed of one output tensor: depends only on (seed, name), never on execution order."""
-    return int.from_bytes(hashlib.sha256(f"{seed}\x00{name}".encode()).digest()[:8], "little") & (2**63 - 1)
-
-
-def compute_tensor(plan: Plan, tp: TensorPlan, sources: InputSources) -> torch.Tensor:
-    """Read the inputs of ``tp``, run its method on the plan's device, and return the result on the host in the
-    planned dtype (contiguous)."""
-    method = get_method(tp.method)
-    if method is None:
-        raise ResumergeError(f"internal: unknown method {tp.method}")
-    device = torch.device(plan.options.device)
-    on_gpu = device.type != "cpu"
-    tensors = []
-    for ref in tp.inputs:
-        t = _read_input(ref, sources)
-        if on_gpu:
-            t = t.to(device)
-        if tp.compute_dtype is not None:
-            t = t.to(NAME_DTYPES[tp.compute_dtype])
-        tensors.append(t)
-    if tp.vocab_aligned:
-        # Re-index every input's vocabulary rows to the output tokenizer before the method sees them; the
-        # result shares one (promoted) dtype.
-        assert plan.vocab is not None
-        base = tp.inputs[tp.base_index].model if tp.base_index is not None else None
-        tensors = align_rows(plan.vocab, tensors, [ref.model for ref in tp.inputs], base=base)
-    if tp.compute_dtype is None and len({t.dtype for t in tensors}) > 1:
-        # Like mergekit, inputs stored in different dtypes meet in their common (promoted) dtype.
-        common = tensors[0].dtype
-        for t in tensors[1:]:
-            common = torch.promote_types(common, t.dtype)
-        tensors = [t.to(common) for t in tensors]
-    generator = None
-    if method.randomized:
-        generator = torch.Generator(device=device).manual_seed(tensor_seed(plan.options.random_seed, tp.name))
-    ctx = MergeContext(
-        tensors=tensors,
-        base_index=tp.base_index,
-        model_params=[dict(p) for p in tp.model_params],
-        params=dict(tp.params),
-        tensor_name=tp.name,
-        generator=generator,
-    )
-    try:
-        out = method.fn(ctx)
-    except ValueError as exc:
-        raise ResumergeError(f"{tp.method} failed on {tp.name}: {exc}", tensor=tp.name) from exc
-    out = out.to(TORCH_DTYPES[tp.out_dtype])
-    if on_gpu:
-        out = out.cpu()  # a blocking copy: the GPU memory of this unit is free once it returns
-    return out.contiguous()
-
-
-def _read_input(ref: InputRef, sources: InputSources) -> torch.Tensor:
-    """One input tensor as the method sees it: read, cast to ``ref.cast``, with its LoRA delta merged (in the
-    stored dtype, as PEFT's merge_and_unload does, before any ``dtype:`` of the config)."""
-
-    def read(r: InputRef) -> torch.Tensor:
-        return sources.read(r.model, r.file, r.start, r.end, r.dtype, r.shape)
-
-    t = read(ref)
-    if ref.cast is not None:
-        t = t.to(TORCH_DTYPES[ref.cast])
-    if ref.lora is not None:
-        lora = ref.lora
-        t = apply_lora_rows(t, read(lora.a), read(lora.b), lora.scale, lora.fan_in_fan_out,
-                            first_row=ref.first_row, embedding=lora.embedding)
-    return t
 
 
 _Item = tuple[ShardPlan, str, torch.Tensor, "Reservation | None"]
@@ -277,22 +215,30 @@ class _Pipeline:
         for shard, tp in work:
             method = get_method(tp.method)
             assert method is not None
-            if self.governor is not None and can_chunk(tp, method) and self._too_big(tp, method):
-                if not self.flush() or not self._stream_rows(shard, tp, method):
+            budget = self._budget() if self.governor is not None else None
+            mode = unit_mode(tp, method, budget, self.plan.options.device, rereadable=self._local(tp),
+                             serial=torch.get_num_threads() <= self.workers)
+            stream = row_stream(tp, method, self.plan.options.device) if mode in (ROWS, PASSES) else None
+            if mode == ROWS:
+                if not self.flush() or not self._stream_rows(shard, tp, method, stream):
                     return False
                 continue
             while len(self.inflight) >= self.limit():
                 if not self.hand_over_oldest():
                     return False
-            admitted, reservation = self._admit(tp, method, None, self.governor)
+            estimate = unit_bytes(tp, method, mode)
+            admitted, reservation = self._admit(tp, estimate, self.governor)
             if not admitted:
                 return False
-            admitted, on_gpu = self._admit(tp, method, None, self.gpu)
+            admitted, on_gpu = self._admit(tp, estimate, self.gpu)
             if not admitted:
                 if reservation is not None:
                     reservation.release()
                 return False
-            future = self.pool.submit(self._compute, tp, on_gpu)
+            if stream is not None:
+                future = self.pool.submit(self._compute_passes, tp, stream, on_gpu)
+            else:
+                future = self.pool.submit(self._compute, tp, on_gpu)
             self.inflight.append((shard, tp, future, reservation))
         return self.flush()
 
@@ -304,21 +250,31 @@ class _Pipeline:
             if on_gpu is not None:
                 on_gpu.release()
 
-    def _too_big(self, tp: TensorPlan, method: MethodSpec) -> bool:
-        assert self.governor is not None
-        budget = min(self.governor.budget, self.gpu.budget) if self.gpu else self.governor.budget
-        return estimate_bytes(tp, method) > budget // 4
+    def _compute_passes(self, tp: TensorPlan, stream: RowStream, on_gpu: Reservation | None) -> torch.Tensor:
+        try:
+            return compute_in_passes(self.plan, tp, self.sources, stream)
+        finally:
+            if on_gpu is not None:
+                on_gpu.release()
 
-    def _admit(self, tp: TensorPlan, method: MethodSpec, rows: int | None,
-               pool: MemoryGovernor | None) -> tuple[bool, Reservation | None]:
-        """(admitted, reservation) from ``pool``; the reservation is None without a governor, and admitted is
-        False when stopped.
+    def _local(self, tp: TensorPlan) -> bool:
+        """Whether every input of ``tp`` reads again at local cost (a hub file streamed by range would be fetched
+        again by each pass: such a tensor is computed whole unless it cannot fit)."""
+        refs = [r for ref in tp.inputs for r in (ref, *((ref.lora.a, ref.lora.b) if ref.lora else ()))]
+        return all(self.sources.rereads_cheaply(r.model, r.file) for r in refs)
+
+    def _budget(self) -> int:
+        assert self.governor is not None
+        return min(self.governor.budget, self.gpu.budget) if self.gpu else self.governor.budget
+
+    def _admit(self, tp: TensorPlan, estimate: int, pool: MemoryGovernor | None) -> tuple[bool, Reservation | None]:
+        """(admitted, reservation) of ``estimate`` bytes from ``pool``; the reservation is None without a governor,
+        and admitted is False when stopped.
 
         While waiting, finished units are handed to the writer: their reservations are what frees the room.
         """
         if pool is None:
             return True, None
-        estimate = estimate_bytes(tp, method, rows)
         while True:
             try:
                 return True, pool.acquire(estimate, timeout=0.05, what=tp.name)
@@ -350,8 +306,55 @@ class _Pipeline:
             item[3].release()
         return False
 
-    def _stream_rows(self, shard: ShardPlan, tp: TensorPlan, method: MethodSpec) -> bool:
-        """Compute ``tp`` in row chunks sized to the current headroom and stream them to the writer."""
+    def _stream_rows(self, shard: ShardPlan, tp: TensorPlan, method: MethodSpec, stream: RowStream | None) -> bool:
+        """Compute ``tp`` in row chunks sized to the current headroom and stream them to the writer; a ``stream``
+        first runs its statistics passes over chunks admitted the same way."""
+        if stream is not None:
+            # Kernels of chunk size run serially (see resumerge.engine.kernels), here as in the workers.
+            with serial_kernels():
+                return self._stream_passes(shard, tp, method, stream)
+
+        def emit(first: int, stop: int, reservation: Reservation | None, on_gpu: Reservation | None) -> bool:
+            return self._put((shard, tp.name, self._compute(chunk_plan(tp, first, stop), on_gpu), reservation))
+
+        return self._each_chunk(tp, method, emit)
+
+    def _stream_passes(self, shard: ShardPlan, tp: TensorPlan, method: MethodSpec, stream: RowStream) -> bool:
+        """``stream``'s statistics passes over ``tp``'s rows, then its output rows to the writer, every chunk
+        admitted as it comes; False when stopped."""
+        pass_index = 0
+        while stream.wants(pass_index):
+            if not self._observe_pass(tp, method, stream, pass_index):
+                return False
+            pass_index += 1
+
+        def emit(first: int, stop: int, reservation: Reservation | None, on_gpu: Reservation | None) -> bool:
+            tensor = apply_rows(self.plan, tp, self.sources, stream, first, stop)
+            if on_gpu is not None:
+                on_gpu.release()
+            return self._put((shard, tp.name, tensor, reservation))
+
+        return self._each_chunk(tp, method, emit)
+
+    def _observe_pass(self, tp: TensorPlan, method: MethodSpec, stream: RowStream, pass_index: int) -> bool:
+        """Statistics pass ``pass_index`` of ``stream`` over ``tp``'s rows, chunk by chunk; False when stopped."""
+
+        def observe(first: int, stop: int, reservation: Reservation | None, on_gpu: Reservation | None) -> bool:
+            try:
+                observe_rows(self.plan, tp, self.sources, stream, pass_index, first, stop)
+            finally:
+                for held in (reservation, on_gpu):
+                    if held is not None:
+                        held.release()
+            return not self.halted()
+
+        return self._each_chunk(tp, method, observe)
+
+    def _each_chunk(self, tp: TensorPlan, method: MethodSpec,
+                    use: Callable[[int, int, Reservation | None, Reservation | None], bool]) -> bool:
+        """Admit ``tp``'s rows chunk by chunk, first rows first, each sized to the current headroom, and hand each
+        chunk's rows ``[first, stop)`` with its host and GPU reservations to ``use`` (which releases them or passes
+        them on, and returns False to stop). False when stopped."""
         assert self.governor is not None
         total = tp.shape[0]
         row_estimate = max(1, estimate_bytes(tp, method, rows=1))
@@ -360,19 +363,17 @@ class _Pipeline:
             rows = max(1, min(total - first, self.governor.chunk_rows(row_estimate, total - first)))
             if self.gpu is not None:
                 rows = max(1, min(rows, self.gpu.chunk_rows(row_estimate, total - first)))
-            part = chunk_plan(tp, first, first + rows)
-            admitted, reservation = self._admit(tp, method, rows, self.governor)
+            estimate = estimate_bytes(tp, method, rows)
+            admitted, reservation = self._admit(tp, estimate, self.governor)
             if not admitted:
                 return False
-            admitted, on_gpu = self._admit(tp, method, rows, self.gpu)
+            admitted, on_gpu = self._admit(tp, estimate, self.gpu)
             if not admitted:
                 if reservation is not None:
                     reservation.release()
                 return False
-            tensor = self._compute(part, on_gpu)
-            if not self._put((shard, tp.name, tensor, reservation)):
+            if not use(first, first + rows, reservation, on_gpu):
                 return False
-            del tensor
             first += rows
         return True
 
@@ -402,7 +403,9 @@ def execute(
     """Bring every pending file of ``plan`` to committed; raises :class:`Stopped` when ``should_stop`` turns true.
 
     With a ``governor`` every unit is admitted against the memory budget, the number in flight follows its
-    limit, and elementwise tensors larger than a quarter of the budget are streamed in row chunks. ``gpu``
+    limit, and tensors of elementwise or streamed methods larger than a quarter of the budget are streamed in row
+    chunks to the writer; streamed methods' tensors of several chunks are computed chunk by chunk in any case
+    (:func:`~resumerge.plan.workunits.unit_mode` decides). ``gpu``
     governs the memory of the plan's GPU the same way (a unit holds its GPU reservation while it computes).
     Input tensors are read through ``sources`` and every output file is committed through ``sink``, whatever
     they are.

@@ -33,6 +33,10 @@ class InputSource(ABC):
             return torch.empty(shape, dtype=TORCH_DTYPES[dtype])
         return self.read_range(file, start, end).view(TORCH_DTYPES[dtype]).reshape(shape)
 
+    def rereads_cheaply(self, file: str) -> bool:
+        """Whether reading bytes of ``file`` again costs a local read, not another network fetch."""
+        return True
+
     def expect(self, order: Sequence[tuple[str, int, int]]) -> None:  # noqa: B027  (local files need no hint)
         """Learn the (file, start, end) ranges the engine will read, in order (a remote source coalesces
         adjacent ones); reads outside it remain allowed."""
@@ -84,6 +88,11 @@ class InputSources:
     def read(self, model: str, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
         """The tensor at ``[start, end)`` of ``file`` of input ``model``."""
         return self._sources[model].read_tensor(file, start, end, dtype, shape)
+
+    def rereads_cheaply(self, model: str, file: str) -> bool:
+        """Whether reading bytes of ``file`` of input ``model`` again costs a local read (see
+        :meth:`InputSource.rereads_cheaply`)."""
+        return self._sources[model].rereads_cheaply(file)
 
     def expect(self, order: Sequence[tuple[str, str, int, int]]) -> None:
         """Tell each source the (model, file, start, end) reads the plan will make, in order (see

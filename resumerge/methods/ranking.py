@@ -47,6 +47,17 @@ def magnitude_keys(magnitudes: torch.Tensor) -> torch.Tensor:
     return magnitudes.contiguous().view(key_dtype)
 
 
+def exact_key_shift(dtype: torch.dtype) -> int | None:
+    """How many low bits are zero in every :func:`magnitude_keys` key of magnitudes of ``dtype`` widened to
+    float32, when that many make a 2¹⁵-bucket histogram of ``key >> shift`` exact; else None.
+
+    A bfloat16 is the upper half of a float32, so its keys shifted right by 16 lose nothing and order and tie
+    exactly as the keys do. (A float16's keys have 13 zero bits, which leaves 2¹⁸ buckets: too many to count
+    per chunk, so float16 ranks like float32, in two histograms.)
+    """
+    return 16 if dtype == torch.bfloat16 else None
+
+
 def order_statistics(values: torch.Tensor, positions: Sequence[int]) -> torch.Tensor:
     """Return the entries at the 0-based ``positions`` of the ascending sort of ``values`` (flattened).
 
@@ -112,7 +123,7 @@ def rank_window(
     low, high = (int(v) for v in order_statistics(flat, [low_at, high_at]).tolist())
     lower = low if low_at > 0 else None
     upper = high if high_at < n - 1 else None
-    mask = _between(flat, lower, upper, dtype)
+    mask = key_range_mask(flat, lower, upper, dtype)
     kept = _count(mask)
     if kept != stop - start:
         # Equal keys at a bounded end of the window straddle it (a run at an open end starts or ends with the
@@ -133,9 +144,9 @@ def rank_window(
     return mask.reshape(keys.shape)
 
 
-def _between(flat: torch.Tensor, lower: int | None, upper: int | None, dtype: torch.dtype) -> torch.Tensor:
-    # lower <= flat <= upper (a None bound is open) as a mask of `dtype`. One-sided masks are written straight
-    # into the output dtype, saving the conversion pass.
+def key_range_mask(flat: torch.Tensor, lower: int | None, upper: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """``lower <= flat <= upper`` (a None bound is open; not both None) as a mask of ``dtype``."""
+    # One-sided masks are written straight into the output dtype, saving the conversion pass.
     if lower is not None and upper is not None:
         both = flat == lower if lower == upper else (flat >= lower).logical_and_(flat <= upper)
         return both if dtype == torch.bool else both.to(dtype)

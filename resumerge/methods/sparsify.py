@@ -17,6 +17,9 @@ bfloat16.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Final, Literal
+
 import torch
 
 from resumerge.methods.ranking import magnitude_keys, rank_window, stable_order
@@ -70,6 +73,64 @@ def _float32_magnitudes(delta: torch.Tensor) -> torch.Tensor:
     return delta.abs().float()
 
 
+@dataclass(frozen=True)
+class Window:
+    """Keep the entries at positions ``[start, stop)`` of a stable sort of the magnitudes (descending or not).
+
+    A window is decided by the tensor's size and the method's parameters alone, so the same window applies to a
+    whole tensor (:func:`select`) and to its row chunks (:mod:`resumerge.methods.rankstream`).
+    """
+
+    start: int
+    stop: int
+    descending: bool
+
+
+# A selection: keep everything untouched, zero everything (``zero_``, so NaN becomes 0 too), or a rank window.
+KEEP: Final = "keep"
+ZERO: Final = "zero"
+Selection = Window | Literal["keep", "zero"]
+
+
+def magnitude_selection(numel: int, density: float) -> Selection:
+    """What :func:`magnitude` keeps of a tensor of ``numel`` entries."""
+    if density >= 1:
+        return KEEP
+    if density <= 0 or numel == 0:
+        return ZERO
+    return Window(0, max(1, int(density * numel)), descending=True)
+
+
+def outlier_selection(numel: int, density: float, gamma: float) -> Selection:
+    """What :func:`magnitude_outliers` keeps of a tensor of ``numel`` entries."""
+    if density >= 1:
+        return KEEP
+    keep = int(density * numel)
+    skip_small = max(0, numel - keep - int(gamma * numel))
+    return Window(skip_small, skip_small + keep, descending=False)
+
+
+def delta_keys(delta: torch.Tensor) -> torch.Tensor:
+    """The integer keys by which the rank windows order ``delta``'s magnitudes (compared in float32)."""
+    return magnitude_keys(_float32_magnitudes(delta))
+
+
+def select(delta: torch.Tensor, selection: Selection, *, rescale: bool, inplace: bool = False) -> torch.Tensor:
+    """Apply ``selection`` to the whole of ``delta``: ``KEEP`` returns ``delta`` itself, ``ZERO`` zeros, a
+    :class:`Window` masks by rank (the mask is 1/0 in delta's dtype, as mergekit's is, so masked negative entries
+    become -0.0 alike). With ``inplace`` the result is written into ``delta``, which is returned."""
+    if selection == KEEP:
+        return delta
+    if selection == ZERO:
+        return delta.zero_() if inplace else torch.zeros_like(delta)
+    assert isinstance(selection, Window)
+    magnitudes = _float32_magnitudes(delta)
+    keys = magnitude_keys(magnitudes)
+    mask = rank_window(keys, selection.start, selection.stop, descending=selection.descending, dtype=delta.dtype)
+    reusable = magnitudes if delta.dtype == torch.float32 else None  # otherwise not delta.abs() itself
+    return _mask_and_rescale(delta, mask.reshape(delta.shape), rescale, inplace, reusable)
+
+
 def magnitude(delta: torch.Tensor, density: float, *, rescale: bool, inplace: bool = False) -> torch.Tensor:
     """Keep the ``k = max(1, ⌊density·N⌋)`` entries of largest magnitude (TIES).
 
@@ -78,16 +139,7 @@ def magnitude(delta: torch.Tensor, density: float, *, rescale: bool, inplace: bo
     0`` (or an empty tensor) gives zeros; ``density ≥ 1`` returns ``delta`` unchanged. With ``inplace`` the result
     is written into ``delta``, which is returned.
     """
-    if density >= 1:
-        return delta
-    if density <= 0 or delta.numel() == 0:
-        return delta.zero_() if inplace else torch.zeros_like(delta)
-    keep = max(1, int(density * delta.numel()))
-    magnitudes = _float32_magnitudes(delta)
-    # The mask is 1/0 in delta's dtype, as mergekit's is, so masked negative entries become -0.0 alike.
-    mask = rank_window(magnitude_keys(magnitudes), 0, keep, descending=True, dtype=delta.dtype)
-    reusable = magnitudes if delta.dtype == torch.float32 else None  # otherwise not delta.abs() itself
-    return _mask_and_rescale(delta, mask.reshape(delta.shape), rescale, inplace, reusable)
+    return select(delta, magnitude_selection(delta.numel(), density), rescale=rescale, inplace=inplace)
 
 
 def magnitude_outliers(
@@ -101,15 +153,7 @@ def magnitude_outliers(
     orders them: at the lower end the highest indices are kept, at the upper end the lowest. ``density ≥ 1``
     returns ``delta`` unchanged. With ``inplace`` the result is written into ``delta``, which is returned.
     """
-    if density >= 1:
-        return delta
-    total = delta.numel()
-    keep = int(density * total)
-    skip_small = max(0, total - keep - int(gamma * total))
-    magnitudes = _float32_magnitudes(delta)
-    mask = rank_window(magnitude_keys(magnitudes), skip_small, skip_small + keep, descending=False, dtype=delta.dtype)
-    reusable = magnitudes if delta.dtype == torch.float32 else None  # otherwise not delta.abs() itself
-    return _mask_and_rescale(delta, mask.reshape(delta.shape), rescale, inplace, reusable)
+    return select(delta, outlier_selection(delta.numel(), density, gamma), rescale=rescale, inplace=inplace)
 
 
 def bernoulli(

@@ -3,7 +3,8 @@
 A method never touches files, dtype policy of the output, devices or global RNG state. The planner reads the
 contract (:class:`MethodSpec`) to validate a config before any weight is read; the engine calls
 :attr:`MethodSpec.fn` with a :class:`MergeContext` per output tensor (or per row chunk when the method is
-``elementwise``) and casts the result to ``out_dtype`` itself.
+``elementwise``, or through its :class:`RowStream` when it has one) and casts the result to ``out_dtype``
+itself.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -96,6 +97,38 @@ class MergeContext:
 
 
 MergeFn = Callable[[MergeContext], "torch.Tensor"]
+
+
+class RowStream(Protocol):
+    """One output tensor of a method that is not elementwise, computed from row chunks of its inputs.
+
+    The engine asks :meth:`wants` for ``k = 0, 1, ...`` (each once, in order) and, while it says yes, calls
+    :meth:`observe` with a :class:`MergeContext` of every row chunk, first rows first (statistics pass ``k``);
+    then it calls :meth:`apply` with every chunk again, first rows first, and each call returns that chunk's output
+    rows — together the very bits :attr:`MethodSpec.fn` returns for the whole tensor. The chunks of different
+    passes may be cut differently; a chunk's context is what the whole tensor's would hold, restricted to rows.
+    """
+
+    def wants(self, pass_index: int) -> bool:
+        """Whether statistics pass ``pass_index`` must run before the output pass."""
+        ...
+
+    def observe(self, pass_index: int, ctx: MergeContext) -> None:
+        """Take one chunk's statistics in pass ``pass_index``."""
+        ...
+
+    def apply(self, ctx: MergeContext) -> torch.Tensor:
+        """The output rows of the next chunk."""
+        ...
+
+
+class RowStreamFactory(Protocol):
+    """Returns a fresh :class:`RowStream` for one output tensor, or None when this tensor's parameters need the
+    whole tensor at once (then :attr:`MethodSpec.fn` computes it). Arguments are those of :class:`MergeContext`,
+    with the tensors' ``shape`` instead of the tensors."""
+
+    def __call__(self, shape: tuple[int, ...], base_index: int | None, model_params: Sequence[Mapping[str, Any]],
+                 params: Mapping[str, Any]) -> RowStream | None: ...
 # Returns a one-sentence problem description, or None when the resolved parameters are acceptable.
 ContractCheck = Callable[[Mapping[str, Any], Sequence[Mapping[str, Any]]], "str | None"]
 
@@ -107,7 +140,8 @@ class MethodSpec:
     ``min_inputs``/``max_inputs`` count every input of a tensor, the base included; ``min_non_base``/
     ``max_non_base`` (when set) count the inputs other than the base. ``elementwise`` methods give
     the same result when applied to row chunks independently, so the engine may stream large tensors through
-    them; others need the whole tensor at once. ``randomized`` methods receive a generator.
+    them; ``streamed`` ones give it from row chunks in several passes (:class:`RowStream`); others need the whole
+    tensor at once. ``randomized`` methods receive a generator.
     """
 
     name: str
@@ -121,6 +155,8 @@ class MethodSpec:
     reference: str = ""
     check: ContractCheck | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # A method that is not elementwise but can still run on row chunks, in several passes (see RowStream).
+    streamed: RowStreamFactory | None = None
     # True when the method returns float32 for float16/bfloat16 inputs (as mergekit's does); without out_dtype
     # the output is then saved as float32, like mergekit saves it.
     half_result_float32: bool = False

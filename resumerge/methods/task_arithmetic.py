@@ -4,7 +4,8 @@
 All eight are one computation with two switches, as in mergekit 0.1.5: an optional sparsifier applied to each
 task vector δᵢ = θᵢ − B (see :mod:`resumerge.methods.sparsify`), and an optional TIES sign election (see
 :mod:`resumerge.methods.consensus`). Every step runs in the inputs' dtype, which is what makes the results
-bit-identical to mergekit for the deterministic members.
+bit-identical to mergekit for the deterministic members. ``ties``, ``breadcrumbs`` and ``breadcrumbs_ties``
+also run over row chunks of a tensor (:mod:`resumerge.methods.task_stream`), with the same bits.
 """
 
 from __future__ import annotations
@@ -17,16 +18,21 @@ import torch
 from torch import Generator, Tensor
 
 from resumerge.methods import sparsify
-from resumerge.methods.consensus import sign_consensus_weights
-from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+from resumerge.methods.spec import (
+    BasePolicy,
+    MergeContext,
+    MethodSpec,
+    ParamSpec,
+    RowStreamFactory,
+    Scope,
+    register,
+)
+from resumerge.methods.task_stream import magnitude_selector, outlier_selector, task_vector_stream
+from resumerge.methods.task_vectors import DEFAULT_DENSITY, DEFAULT_EPSILON, DEFAULT_GAMMA, combine_task_vectors
 
 # (task vector, that model's resolved parameters, rescale, generator) -> sparsified task vector. The task vector
 # handed over is the caller's own buffer: a sparsifier may overwrite it and return it.
 Sparsifier = Callable[[Tensor, Mapping[str, Any], bool, "Generator | None"], Tensor]
-
-DEFAULT_DENSITY = 1.0
-DEFAULT_GAMMA = 0.01
-DEFAULT_EPSILON = 0.15
 
 
 def _magnitude(delta: Tensor, p: Mapping[str, Any], rescale: bool, _: Generator | None) -> Tensor:
@@ -64,51 +70,15 @@ def merge_task_vectors(
     copy of the base. Raises ``ValueError`` without a base, and whatever the sparsifier raises (a missing
     generator, DELLA's epsilon range).
     """
-    base = ctx.base
-    others = ctx.others()
-    if not others:
-        return base.clone()
+    if sparsifier is None:
+        return combine_task_vectors(ctx, None, consensus=consensus, normalize=normalize)
+    chosen = sparsifier
     rescale = bool(ctx.params.get("rescale", rescale))
-    deltas = base.new_empty((len(others), *base.shape))
-    for slot, index in enumerate(others):
-        # Each task vector is computed, sparsified and weighted in its own slot: no full-size temporaries.
-        delta = torch.sub(ctx.tensors[index], base, out=deltas[slot])
-        if sparsifier is not None:
-            sparse = sparsifier(delta, ctx.model_params[index], rescale, ctx.generator)
-            if sparse.data_ptr() != delta.data_ptr():  # not already written in place (possibly as a view)
-                delta.copy_(sparse.reshape(delta.shape))
-            del sparse
-        del delta  # a view: it would keep every task vector alive until the end
-    # Weights are rounded to the inputs' dtype before use, exactly as mergekit builds its weight tensor.
-    weights = torch.tensor(
-        [float(ctx.model_params[i]["weight"]) for i in others], dtype=deltas.dtype, device=deltas.device
-    ).reshape((len(others),) + (1,) * base.dim())
-    deltas.mul_(weights)
 
-    if consensus:
-        # A 1/0 mask of the deltas' dtype multiplies exactly like mergekit's bool mask (kept values unchanged,
-        # dropped ones ±0 by their sign) and much faster; both products are taken in place.
-        mask = sign_consensus_weights(deltas)
-        mixed = deltas.mul_(mask).sum(dim=0)
-        del deltas  # freed before the divisor is summed: one tensor of task vectors less at the peak
-        divisor = mask.mul_(weights).sum(dim=0)
-        # A zero divisor becomes 1: adding 1 where it is ±0 and 0 elsewhere (exact, NaN stays NaN) is two fast
-        # float passes into the dead mask's memory, where masked_fill_ over a bool mask is three times slower.
-        divisor.add_(torch.eq(divisor, 0, out=mask[0]))
-        del mask
-    else:
-        mixed = deltas.sum(dim=0)
-        divisor = weights.sum(dim=0)
-        divisor[divisor.abs() < 1e-8] = 1
-        del deltas
+    def sparsify_one(index: int, delta: Tensor) -> Tensor:
+        return chosen(delta, ctx.model_params[index], rescale, ctx.generator)
 
-    if ctx.params.get("normalize", normalize):
-        mixed /= divisor
-    scale = float(ctx.params.get("lambda", 1.0))
-    if scale != 1:
-        mixed *= scale
-    # mixed + base is base + mixed bit for bit (IEEE addition commutes), without a new tensor.
-    return mixed.add_(base) if mixed.dtype == base.dtype else (base + mixed).to(base.dtype)
+    return combine_task_vectors(ctx, sparsify_one, consensus=consensus, normalize=normalize)
 
 
 def check_della_epsilon(params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]]) -> str | None:
@@ -171,6 +141,18 @@ def _params(variant: _Variant) -> tuple[ParamSpec, ...]:
     return tuple(specs)
 
 
+# The deterministic rank-window sparsifiers also run over row chunks (resumerge.methods.task_stream).
+_SELECTORS = {"magnitude": magnitude_selector, "magnitude_outliers": outlier_selector}
+
+
+def _streamed(variant: _Variant) -> RowStreamFactory | None:
+    selector = _SELECTORS.get(variant.sparsifier or "")
+    if selector is None:
+        return None
+    return task_vector_stream(selector, consensus=variant.consensus, normalize=variant.normalize,
+                              rescale=variant.rescale)
+
+
 def _spec(variant: _Variant) -> MethodSpec:
     sparsifier = _SPARSIFIERS[variant.sparsifier] if variant.sparsifier else None
 
@@ -197,6 +179,7 @@ def _spec(variant: _Variant) -> MethodSpec:
         randomized=variant.sparsifier in ("random", "della_magprune"),
         reference=variant.reference,
         check=check_della_epsilon if variant.sparsifier == "della_magprune" else None,
+        streamed=_streamed(variant),
         extra={"sparsifier": variant.sparsifier, "consensus": "sum" if variant.consensus else None},
     )
 

@@ -3,8 +3,10 @@
 An estimate counts what one output tensor keeps alive while it is computed: every input at its stored dtype,
 the copies cast to the compute dtype, the method's measured working set, and the output buffer until the writer
 has written it. Elementwise methods may process a tensor in row chunks (rows are contiguous on disk), so their
-unit is one chunk; other methods need the whole tensor, and a tensor whose estimate exceeds the budget is
-refused at plan time with the smallest budget that works.
+unit is one chunk; so may methods with a streamed form (``ties``, ``breadcrumbs``: a few passes over the chunks,
+see :class:`~resumerge.methods.spec.RowStream`); other methods need the whole tensor, and a tensor whose estimate
+exceeds the budget is refused at plan time with the smallest budget that works. :func:`unit_mode` is the one rule
+for how the engine computes each tensor, which ``plan``'s estimate follows too.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, replace
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
 from resumerge.methods.footprint import working_bytes
 from resumerge.methods.registry import MethodSpec, get_method
+from resumerge.methods.spec import RowStream
 from resumerge.plan.merge_plan import InputRef, Plan, TensorPlan
 
 _COMPUTE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8}
@@ -68,6 +71,71 @@ def can_chunk(tp: TensorPlan, method: MethodSpec) -> bool:
     return method.elementwise and len(tp.shape) >= 1 and tp.shape[0] > 1 and not tp.vocab_aligned
 
 
+def row_stream(tp: TensorPlan, method: MethodSpec, device: str) -> RowStream | None:
+    """A fresh :class:`~resumerge.methods.spec.RowStream` computing ``tp`` from row chunks, or None: the method has
+    no streamed form or refuses these parameters (say ``rescale``), the tensor has no rows to cut, its rows are
+    gathered (vocabulary-aligned), or the merge runs on a GPU (streams run on the CPU only)."""
+    if method.streamed is None or device != "cpu" or not tp.shape or tp.shape[0] < 2 or tp.vocab_aligned:
+        return None
+    return method.streamed(tuple(tp.shape), tp.base_index, [dict(p) for p in tp.model_params], dict(tp.params))
+
+
+def can_stream(tp: TensorPlan, method: MethodSpec, device: str) -> bool:
+    """True when ``tp`` may be computed from row chunks in passes (see :func:`row_stream`)."""
+    return row_stream(tp, method, device) is not None
+
+
+# How the engine computes one tensor (see unit_mode).
+WHOLE, ROWS, PASSES = "whole", "rows", "passes"
+
+# Entries per row chunk of a streamed (multi-pass) tensor, per input and over its stacked task vectors. A chunk's
+# buffers stay at or under the 1 MiB mmap threshold tune_allocator sets (128 Ki float32 entries are 512 KiB), so
+# they reuse heap memory instead of faulting fresh pages in; and a chunk is large enough that the Python between its
+# kernels, which holds the GIL, costs the engine's other worker little. Measured on the 1.75 GB float32 bench
+# (breadcrumbs, two workers, 2 cores): 24.5 / 18.6 / 15.3 / 18.8 / 21.6 s for chunks of 32 / 64 / 128 / 256 /
+# 512 Ki entries, against 15.7-16.1 s holding every tensor whole.
+CHUNK_ELEMENTS = 1 << 17
+STACKED_ELEMENTS = 1 << 18
+
+
+def unit_mode(tp: TensorPlan, method: MethodSpec, budget: int | None, device: str, *, rereadable: bool = True,
+              serial: bool = True) -> str:
+    """How the engine computes ``tp`` under ``budget`` (None: no memory governor).
+
+    ``PASSES``: a streamed method's tensor of more than one chunk (:func:`pass_rows`), computed chunk by chunk into
+    its whole output and admitted like any unit, when that unit (a chunk and the output) takes at most a quarter of
+    the budget, its inputs are ``rereadable`` at local cost (each pass reads them again) and ``serial`` kernels
+    cost no cores (the engine's workers are at least torch's threads: chunk kernels run serially, see
+    :mod:`resumerge.engine.kernels`). ``ROWS``: otherwise, a tensor an elementwise or streamed method can cut into
+    rows whose whole estimate exceeds a quarter of the budget streams row chunks to the writer one at a time,
+    nothing else in flight. Otherwise ``WHOLE``.
+    """
+    quarter = None if budget is None else budget // 4
+    streams = can_stream(tp, method, device)
+    passes = streams and rereadable and serial and tp.shape[0] > pass_rows(tp)
+    if passes and (quarter is None or unit_bytes(tp, method, PASSES) <= quarter):
+        return PASSES
+    if quarter is not None and (can_chunk(tp, method) or streams) and estimate_bytes(tp, method) > quarter:
+        return ROWS
+    return WHOLE
+
+
+def pass_rows(tp: TensorPlan) -> int:
+    """Rows per chunk of a streamed tensor: at most :data:`CHUNK_ELEMENTS` entries per input and
+    :data:`STACKED_ELEMENTS` over the inputs other than the base, at least one row."""
+    row = max(1, numel(tp.shape[1:]))
+    entries = min(CHUNK_ELEMENTS, STACKED_ELEMENTS // max(1, len(tp.inputs) - 1))
+    return max(1, min(tp.shape[0], entries // row))
+
+
+def unit_bytes(tp: TensorPlan, method: MethodSpec, mode: str) -> int:
+    """What the admission of ``tp`` as one unit reserves: a chunk's estimate plus the assembled output for
+    ``PASSES``, else the whole estimate (``ROWS`` tensors are admitted chunk by chunk instead)."""
+    if mode == PASSES:
+        return estimate_bytes(tp, method, rows=pass_rows(tp)) + tp.nbytes
+    return estimate_bytes(tp, method)
+
+
 def row_slice(ref: InputRef, first: int, stop: int) -> InputRef:
     """The part of ``ref`` holding rows ``[first, stop)`` (row-major storage keeps them contiguous)."""
     row_bytes = (ref.end - ref.start) // ref.shape[0]
@@ -91,15 +159,17 @@ class Oversized:
     needed: int
 
 
-def oversized_units(plan: Plan, budget: int, baseline: int) -> list[Oversized]:
-    """Tensors that no amount of waiting can fit under ``budget`` (given ``baseline`` bytes already in use)."""
+def oversized_units(plan: Plan, budget: int, baseline: int, device: str | None = None) -> list[Oversized]:
+    """Tensors that no amount of waiting can fit under ``budget`` (given ``baseline`` bytes already in use) on
+    ``device`` (default the plan's): a tensor that can be cut into rows needs room for one row."""
     from resumerge.memory import smallest_budget_for
 
     found = []
     for tp in plan.tensors.values():
         method = get_method(tp.method)
         assert method is not None
-        unit = estimate_bytes(tp, method, rows=1 if can_chunk(tp, method) else None)
+        chunkable = can_chunk(tp, method) or can_stream(tp, method, device or plan.options.device)
+        unit = estimate_bytes(tp, method, rows=1 if chunkable else None)
         need = smallest_budget_for(unit, baseline_bytes=baseline)
         if need > budget:
             found.append(Oversized(tp.name, tp.method, need))

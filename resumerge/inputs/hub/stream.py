@@ -80,6 +80,9 @@ class HubStream(InputSource):
                     streamed.position[(start, end)] = len(streamed.order)
                     streamed.order.append((start, end))
 
+    def rereads_cheaply(self, file: str) -> bool:
+        return file not in self._files  # a streamed file is fetched again by every read
+
     def read_range(self, file: str, start: int, end: int) -> torch.Tensor:
         state = self._files.get(file)
         if state is None:

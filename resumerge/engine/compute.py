@@ -1,0 +1,152 @@
+"""One tensor from its inputs: read, cast and moved to the plan's device, merged by its method, in the planned dtype.
+
+:func:`compute_tensor` holds the whole tensor; :func:`compute_in_passes`, :func:`observe_rows` and
+:func:`apply_rows` run a method's :class:`~resumerge.methods.spec.RowStream` over row chunks of it, re-reading
+each chunk's inputs from the sources in every pass (see :mod:`resumerge.plan.workunits` for when the engine does
+which).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from resumerge.engine.kernels import serial_kernels
+from resumerge.errors import ResumergeError
+from resumerge.inputs.adapters import apply_lora_rows
+from resumerge.inputs.source import InputSources
+from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
+from resumerge.methods.registry import MergeContext, MethodSpec, get_method
+from resumerge.methods.spec import RowStream
+from resumerge.plan.merge_plan import InputRef, Plan, TensorPlan
+from resumerge.plan.workunits import chunk_plan, pass_rows
+from resumerge.vocab import align_rows
+
+
+def tensor_seed(seed: int, name: str) -> int:
+    """The generator seed of one output tensor: depends only on (seed, name), never on execution order."""
+    return int.from_bytes(hashlib.sha256(f"{seed}\x00{name}".encode()).digest()[:8], "little") & (2**63 - 1)
+
+
+def compute_tensor(plan: Plan, tp: TensorPlan, sources: InputSources) -> torch.Tensor:
+    """Read the inputs of ``tp``, run its method on the plan's device, and return the result on the host in the
+    planned dtype (contiguous)."""
+    method = _method(tp)
+    ctx = load_context(plan, tp, sources, method)
+    try:
+        out = method.fn(ctx)
+    except ValueError as exc:
+        raise ResumergeError(f"{tp.method} failed on {tp.name}: {exc}", tensor=tp.name) from exc
+    return _finish(tp, out)
+
+
+def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: MethodSpec) -> MergeContext:
+    """The :class:`MergeContext` of ``tp`` (a whole tensor or a row chunk): its inputs read, cast and moved to the
+    plan's device, its parameters resolved."""
+    device = torch.device(plan.options.device)
+    on_gpu = device.type != "cpu"
+    tensors = []
+    for ref in tp.inputs:
+        t = _read_input(ref, sources)
+        if on_gpu:
+            t = t.to(device)
+        if tp.compute_dtype is not None:
+            t = t.to(NAME_DTYPES[tp.compute_dtype])
+        tensors.append(t)
+    if tp.vocab_aligned:
+        # Re-index every input's vocabulary rows to the output tokenizer before the method sees them; the
+        # result shares one (promoted) dtype.
+        assert plan.vocab is not None
+        base = tp.inputs[tp.base_index].model if tp.base_index is not None else None
+        tensors = align_rows(plan.vocab, tensors, [ref.model for ref in tp.inputs], base=base)
+    if tp.compute_dtype is None and len({t.dtype for t in tensors}) > 1:
+        # Like mergekit, inputs stored in different dtypes meet in their common (promoted) dtype.
+        common = tensors[0].dtype
+        for t in tensors[1:]:
+            common = torch.promote_types(common, t.dtype)
+        tensors = [t.to(common) for t in tensors]
+    generator = None
+    if method.randomized:
+        generator = torch.Generator(device=device).manual_seed(tensor_seed(plan.options.random_seed, tp.name))
+    return MergeContext(
+        tensors=tensors,
+        base_index=tp.base_index,
+        model_params=[dict(p) for p in tp.model_params],
+        params=dict(tp.params),
+        tensor_name=tp.name,
+        generator=generator,
+    )
+
+
+def _method(tp: TensorPlan) -> MethodSpec:
+    method = get_method(tp.method)
+    if method is None:
+        raise ResumergeError(f"internal: unknown method {tp.method}")
+    return method
+
+
+def _finish(tp: TensorPlan, out: torch.Tensor) -> torch.Tensor:
+    """A method's result on the host, in the planned dtype, contiguous."""
+    out = out.to(TORCH_DTYPES[tp.out_dtype])
+    if out.device.type != "cpu":
+        out = out.cpu()  # a blocking copy: the GPU memory of this unit is free once it returns
+    return out.contiguous()
+
+
+def compute_in_passes(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowStream) -> torch.Tensor:
+    """``tp`` computed by ``stream`` from row chunks (each pass re-reads them from ``sources``) into its whole
+    output: the bits :func:`compute_tensor` gives, with a chunk's working set instead of a tensor's."""
+    with serial_kernels():  # this thread's kernels alone: the other workers fill the other cores
+        pass_index = 0
+        while stream.wants(pass_index):
+            observe_rows(plan, tp, sources, stream, pass_index, 0, tp.shape[0])
+            pass_index += 1
+        return apply_rows(plan, tp, sources, stream, 0, tp.shape[0])
+
+
+def observe_rows(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowStream, pass_index: int,
+                 first: int, stop: int) -> None:
+    """Statistics pass ``pass_index`` of ``stream`` over rows ``[first, stop)`` of ``tp``, in chunks of
+    :func:`~resumerge.plan.workunits.pass_rows` rows."""
+    step = pass_rows(tp)
+    for start in range(first, stop, step):
+        part = chunk_plan(tp, start, min(stop, start + step))
+        ctx = load_context(plan, part, sources, _method(part))
+        try:
+            stream.observe(pass_index, ctx)
+        except ValueError as exc:
+            raise ResumergeError(f"{tp.method} failed on {tp.name}: {exc}", tensor=tp.name) from exc
+
+
+def apply_rows(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowStream, first: int,
+               stop: int) -> torch.Tensor:
+    """Output rows ``[first, stop)`` of ``tp`` (the next ones of ``stream``), computed in chunks of
+    :func:`~resumerge.plan.workunits.pass_rows` rows, on the host in the planned dtype."""
+    out = torch.empty((stop - first, *tp.shape[1:]), dtype=TORCH_DTYPES[tp.out_dtype])
+    step = pass_rows(tp)
+    for start in range(first, stop, step):
+        part = chunk_plan(tp, start, min(stop, start + step))
+        ctx = load_context(plan, part, sources, _method(part))
+        try:
+            out[start - first : start - first + part.shape[0]] = _finish(part, stream.apply(ctx))
+        except ValueError as exc:
+            raise ResumergeError(f"{tp.method} failed on {tp.name}: {exc}", tensor=tp.name) from exc
+    return out
+
+
+def _read_input(ref: InputRef, sources: InputSources) -> torch.Tensor:
+    """One input tensor as the method sees it: read, cast to ``ref.cast``, with its LoRA delta merged (in the
+    stored dtype, as PEFT's merge_and_unload does, before any ``dtype:`` of the config)."""
+
+    def read(r: InputRef) -> torch.Tensor:
+        return sources.read(r.model, r.file, r.start, r.end, r.dtype, r.shape)
+
+    t = read(ref)
+    if ref.cast is not None:
+        t = t.to(TORCH_DTYPES[ref.cast])
+    if ref.lora is not None:
+        lora = ref.lora
+        t = apply_lora_rows(t, read(lora.a), read(lora.b), lora.scale, lora.fan_in_fan_out,
+                            first_row=ref.first_row, embedding=lora.embedding)
+    return t

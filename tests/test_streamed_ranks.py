@@ -1,0 +1,204 @@
+"""``ties`` and ``breadcrumbs`` on tensors computed from row chunks: runs that a whole-tensor unit could not fit
+complete, and every streamed output — under a tight budget, in passes at the default budget, after a kill — is
+byte-identical to the whole-tensor run's.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import pytest
+import torch
+from support import cli, digests, linear_config, write_config
+
+from resumerge.cli.commands import main
+from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.config.merge_config import load_config_text
+from resumerge.engine import estimate, executor, session
+from resumerge.engine.session import plan_from_config
+from resumerge.inputs.hub.ranges import RangeClient
+from resumerge.inputs.hub.stream import HubStream
+from resumerge.inputs.source import InputSources, LocalFiles
+from resumerge.memory import FakeProbe
+from resumerge.methods import get_method
+from resumerge.plan import workunits
+from resumerge.plan.merge_plan import PlanOptions
+
+# bfloat16 inputs: equal magnitudes at the thresholds are common, so the chunked tie rules are exercised.
+SPEC = ModelSpec(layers=1, hidden=512, intermediate=1024, vocab=8000, heads=8, kv_heads=8, shard_bytes=100_000_000,
+                 tokenizer=False, dtype=torch.bfloat16)
+SHARD = "9M"  # embed_tokens and lm_head (8.2 MB each) in shards of their own
+
+
+@dataclass(frozen=True)
+class Merge:
+    root: Path
+    configs: dict[str, Path]
+    reference: dict[str, dict[str, str]]
+
+
+@pytest.fixture(scope="module")
+def merge(tmp_path_factory: pytest.TempPathFactory) -> Merge:
+    root = tmp_path_factory.mktemp("streamed")
+    a, b, c = (make_model(root / name, SPEC, seed=seed) for seed, name in enumerate("abc"))
+    configs, reference = {}, {}
+    with pytest.MonkeyPatch.context() as patch:
+        # The reference holds every tensor whole: no method streams.
+        patch.setattr(workunits, "row_stream", lambda *args: None)
+        for method in ("ties", "breadcrumbs"):
+            configs[method], configs[f"{method}-rescale"] = _configs(root, method, a, b, c)
+            out = root / f"reference-{method}"
+            assert _run(configs[method], out, root / "state-ref") == 0
+            reference[method] = digests(out)
+    configs["linear"] = write_config(root / "linear.yml", linear_config(a, b))
+    assert _run(configs["linear"], root / "reference-linear", root / "state-ref") == 0
+    reference["linear"] = digests(root / "reference-linear")
+    return Merge(root, configs, reference)
+
+
+def _configs(root: Path, method: str, a: Path, b: Path, c: Path) -> tuple[Path, Path]:
+    doc: dict[str, object] = {
+        "merge_method": method, "base_model": str(a),
+        "models": [{"model": str(b), "parameters": {"weight": 0.6, "density": 0.3, "gamma": 0.02}},
+                   {"model": str(c), "parameters": {"weight": 0.4, "density": 0.5, "gamma": 0.02}}]}
+    rescale = doc | {"parameters": {"rescale": True}}
+    return write_config(root / f"{method}.yml", doc), write_config(root / f"{method}-rescale.yml", rescale)
+
+
+def _run(config: Path, out: Path, state: Path, *options: str) -> int:
+    return main(["run", str(config), str(out), "--quiet", "--state-dir", str(state), "--out-shard-size", SHARD,
+                 *options])
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
+    """Counts of the engine's streamed entry points during the test."""
+    counts = {"apply_rows": 0, "compute_in_passes": 0, "compute_tensor": 0}
+    for name in counts:
+        original = getattr(executor, name)
+
+        def counted(*args: object, _name: str = name, _original: object = original) -> object:
+            counts[_name] += 1
+            return _original(*args)  # type: ignore[operator]
+
+        monkeypatch.setattr(executor, name, counted)
+    yield counts
+
+
+# What the scripted probe says the process holds before any tensor: every budget below is relative to it, so the
+# test does not depend on this process's real RSS.
+BASELINE = 10_000_000
+
+
+@pytest.fixture
+def scripted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's and the plan's memory readings come from a fixed probe (and plan times no compute)."""
+    monkeypatch.setattr(session, "SystemProbe", lambda: FakeProbe(rss=BASELINE))
+    monkeypatch.setattr(estimate, "SystemProbe", lambda: FakeProbe(rss=BASELINE))
+    monkeypatch.setattr(estimate, "measure_compute", lambda *args, **kwargs: ())
+
+
+def _whole_tensor_need(config: Path, capsys: pytest.CaptureFixture[str]) -> int:
+    """The smallest budget ``plan`` names for ``config`` (a merge whose tensors must be held whole)."""
+    main(["plan", str(config), "--max-memory", "1MB", "--json", "--probe-size", "0"])
+    return int(json.loads(capsys.readouterr().out)["memory"]["smallest_budget"])
+
+
+@pytest.mark.usefixtures("scripted")
+def test_a_budget_too_small_for_whole_tensors_streams_rows_with_the_same_bytes(
+        merge: Merge, calls: dict[str, int], capsys: pytest.CaptureFixture[str]) -> None:
+    # The same merge with rescale needs whole tensors (L1 sums over the tensor), as ties itself did before it could
+    # stream. With room for an eighth of the embeddings' whole unit, that merge is refused, and the streamed one
+    # has too little even for a tensor's output in one piece (its unit in passes): row chunks go to the writer.
+    need = _whole_tensor_need(merge.configs["ties-rescale"], capsys)
+    budget = str(BASELINE + (need - BASELINE) // 8)
+    for method in ("ties", "breadcrumbs"):
+        tag = f"tight-{method}"
+        assert _run(merge.configs[f"{method}-rescale"], merge.root / f"{tag}-rescale", merge.root / "st",
+                    "--max-memory", budget) == 2
+        assert "smallest budget that works" in capsys.readouterr().err
+        main(["plan", str(merge.configs[method]), "--max-memory", budget, "--json", "--probe-size", "0"])
+        memory = json.loads(capsys.readouterr().out)["memory"]
+        assert memory["smallest_budget"] <= int(budget)
+        # Streamed in rows, the embeddings fill the room the budget leaves, never more.
+        assert memory["working_set_bytes"] <= int(budget) - BASELINE
+        assert _run(merge.configs[method], merge.root / tag, merge.root / "st", "--max-memory", budget) == 0
+        assert digests(merge.root / tag) == merge.reference[method]
+    assert calls["apply_rows"] > 10  # row chunks, not whole tensors
+
+
+@pytest.mark.usefixtures("scripted")
+def test_elementwise_tensors_still_stream_rows_under_a_tight_budget(merge: Merge, calls: dict[str, int]) -> None:
+    # The embeddings' linear unit (about 60 MB) is over a quarter of this budget: its rows stream as before.
+    out = merge.root / "tight-linear"
+    assert _run(merge.configs["linear"], out, merge.root / "st", "--max-memory", str(BASELINE + 90_000_000)) == 0
+    assert digests(out) == merge.reference["linear"]
+    assert calls["compute_tensor"] > 12 + 2  # 12 tensors, the embeddings and head in several row chunks each
+
+
+@pytest.mark.usefixtures("scripted")
+def test_passes_at_the_default_budget_give_the_same_bytes(merge: Merge, calls: dict[str, int],
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    # Chunk kernels run serially, so passes are chosen where the engine's two workers fill torch's threads:
+    # one thread here, whatever this machine's cores. Every 2-D tensor then streams, over chunks of 1 to 20 rows;
+    # the 1-D norms (one chunk) are held whole.
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(workunits, "CHUNK_ELEMENTS", 10_000)
+    largest = {}
+    for config in ("ties", "ties-rescale"):
+        main(["plan", str(merge.configs[config]), "--json", "--probe-size", "0"])
+        largest[config] = json.loads(capsys.readouterr().out)["memory"]["largest_unit_bytes"]
+    # A unit in passes holds a chunk and its output; the whole embeddings' unit needs several times that.
+    assert largest["ties"] * 3 < largest["ties-rescale"]
+    for method in ("ties", "breadcrumbs"):
+        out = merge.root / f"passes-{method}"
+        assert _run(merge.configs[method], out, merge.root / "st") == 0
+        assert digests(out) == merge.reference[method]
+    assert calls["compute_in_passes"] >= 2 * 9  # every 2-D tensor of both merges
+
+
+def test_a_kill_while_streaming_resumes_to_the_same_bytes(merge: Merge) -> None:
+    # A fresh process (one torch thread, so that streams run at any core count) dies once the first tensor of a
+    # shard, streamed in passes, is written; resume rewrites that shard.
+    out, state = merge.root / "killed", merge.root / "st-killed"
+    killed = cli("run", merge.configs["ties"], out, "--quiet", "--state-dir", state, "--out-shard-size", SHARD,
+                 "--num-threads", "1", env={"RESUMERGE_KILL_AT": "mid_shard_write:2"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert main(["resume", str(out), "--quiet", "--state-dir", str(state)]) == 0
+    assert digests(out) == merge.reference["ties"]
+
+
+def test_the_rule_streams_what_it_can_and_reads_hub_ranges_once_when_it_has_the_choice(merge: Merge,
+                                                                                      tmp_path: Path) -> None:
+    plan = plan_from_config(load_config_text(merge.configs["ties"].read_text()), PlanOptions())
+    rescaled = plan_from_config(load_config_text(merge.configs["ties-rescale"].read_text()), PlanOptions())
+    embed, norm = "model.embed_tokens.weight", "model.norm.weight"
+    method = get_method("ties")
+    assert method is not None
+    default, fair, tight = 10**12, 100_000_000, 20_000_000
+    mode = workunits.unit_mode
+    assert mode(plan.tensors[embed], method, default, "cpu") == workunits.PASSES
+    assert mode(plan.tensors[embed], method, fair, "cpu") == workunits.PASSES  # a chunk and the 8 MB output
+    assert mode(plan.tensors[embed], method, tight, "cpu") == workunits.ROWS
+    assert mode(plan.tensors[norm], method, default, "cpu") == workunits.WHOLE  # one chunk: nothing to gain
+    assert mode(rescaled.tensors[embed], method, tight, "cpu") == workunits.WHOLE  # rescale needs it whole
+    assert mode(plan.tensors[embed], method, default, "cuda:0") == workunits.WHOLE  # streams run on the CPU
+    assert mode(plan.tensors[embed], method, default, "cpu", serial=False) == workunits.WHOLE  # cores to use
+    assert mode(plan.tensors[embed], method, fair, "cpu", serial=False) == workunits.ROWS
+    # An input streamed from the hub would be fetched again by every pass: held whole unless it cannot fit.
+    assert mode(plan.tensors[embed], method, default, "cpu", rereadable=False) == workunits.WHOLE
+    assert mode(plan.tensors[embed], method, fair, "cpu", rereadable=False) == workunits.ROWS
+    hub = HubStream(tmp_path, {"model.safetensors": cast(RangeClient, object())})
+    sources = InputSources({"hub": hub, "local": LocalFiles(tmp_path)})
+    try:
+        assert not sources.rereads_cheaply("hub", "model.safetensors")
+        assert sources.rereads_cheaply("hub", "other.safetensors")  # downloaded: read from the cache
+        assert sources.rereads_cheaply("local", "model.safetensors")
+    finally:
+        sources.close()
