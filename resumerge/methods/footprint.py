@@ -71,18 +71,13 @@ def _dtypes(*columns: Column) -> dict[str, Footprint]:
 _TABLE: dict[str, dict[str, Footprint]] = {
     # method: float32, bfloat16, float16, float64
     "arcee_fusion": _dtypes((16, 0), (18, 0), (18, 0), (36, 0)),
-    "breadcrumbs": _dtypes((5, 4), (6.25, 2), (6.25, 2), (-9, 15)),
-    "breadcrumbs_ties": _dtypes((-3, 8), (6.25, 2), (6.25, 2), (-8, 16)),
+    "breadcrumbs": _dtypes((5, 4), (6.25, 2), (6.25, 2), (-6, 15)),
+    "breadcrumbs_ties": _dtypes((4, 8.25), (2.25, 4), (2.25, 4), (8, 16)),
     "dare_linear": _dtypes((4, 4), (6, 2), (12, 2), (8, 8)),
-    "dare_ties": _dtypes((-4, 8), (6, 2), (12, 2), (-8, 16)),
-    "della": _dtypes(
-        (3, 7, 11.5, 4, None, (8.75, 4)),
-        (3.5, 2, 16.75, 4),
-        (9.5, 2, 10.75, 8.25),
-        (-1, 16, 15.25, 4, None, (16.75, 8)),
-    ),
-    "della_linear": _dtypes((5.5, 4, 14.75, 4), (3.5, 2, 16.75, 4), (9.5, 2, 10.75, 8.25), (9.5, 8, 22.75, 4)),
-    "karcher": _dtypes((12, 4), (6.5, 2), (9.5, 2), (24, 8)),
+    "dare_ties": _dtypes((4, 8), (2.25, 4), (12, 2), (8, 16)),
+    "della": _dtypes((-1.25, 5.25, 17.25, 6.25), (3.5, 2, 16.75, 4), (10.75, 2, 5.5, 12), (3.75, 10.5, 27.25, 0.75)),
+    "della_linear": _dtypes((1.5, 4, 14.75, 8.25), (3.5, 2, 16.75, 4), (10.75, 2, 5.5, 12), (9.5, 8, 22.75, 4)),
+    "karcher": _dtypes((12, 4), (6.25, 2), (9.5, 2), (24, 8)),
     "linear": _dtypes((4, 0), (8, 0), (8, 0), (8, 0)),
     "model_stock": _dtypes((11.5, 4.25), (6, 2.25), (6, 2.25), (23, 8.5)),
     "multislerp": _dtypes((12, 16, 0, 0, 4), (6, 8, 0, 0, 2), (6, 8, 0, 0, 2), (24, 32, 0, 0, 8)),
@@ -98,8 +93,8 @@ _TABLE: dict[str, dict[str, Footprint]] = {
         (-8, 16, 39.75, 0, None, (0.25, 8)),
     ),
     "slerp": _dtypes((4, 0, 12, 0), (2, 0, 12, 0), (2, 0, 12, 0), (8, 0, 24, 0)),
-    "task_arithmetic": _dtypes((0, 4), (0, 2), (0, 2), (0, 8)),
-    "ties": _dtypes((0, 8), (8, 2), (8, 2), (-8, 16)),
+    "task_arithmetic": _dtypes((4, 4), (2, 2), (2, 2), (8, 8)),
+    "ties": _dtypes((3.75, 8.25), (6, 3), (6, 3), (8, 16)),
 }
 
 # A method never measured (a plugin): the old rule of thumb, a float64-sized temporary per input and one more.

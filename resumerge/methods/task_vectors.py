@@ -49,30 +49,56 @@ def combine_task_vectors(
     # Weights are rounded to the inputs' dtype before use, exactly as mergekit builds its weight tensor.
     weights = torch.tensor(
         [float(ctx.model_params[i]["weight"]) for i in others], dtype=deltas.dtype, device=deltas.device
-    ).reshape((len(others),) + (1,) * base.dim())
-    deltas.mul_(weights)
+    ).reshape(len(others), 1)
+    normalized = bool(ctx.params.get("normalize", normalize))
+    scale = float(ctx.params.get("lambda", 1.0))
+    flat_base = base.reshape(-1)
+    flat_deltas = deltas.reshape(len(others), -1)
+    out = torch.empty(flat_base.shape, dtype=base.dtype, device=base.device)
+    # What is left is a function of each position alone, so it runs one block of positions at a time: its
+    # dozen passes then stay in the core's cache instead of streaming whole tensors through memory each
+    # (della's combine took 13 ns per entry whole, ~4 in blocks), and every entry gets the same operations
+    # whatever the block size, the same bits.
+    step = _BLOCK_ENTRIES if flat_base.device.type == "cpu" else max(1, flat_base.numel())
+    for start in range(0, flat_base.numel(), step):
+        stop = start + step
+        _combine_block(
+            flat_deltas[:, start:stop], weights, flat_base[start:stop], out[start:stop],
+            consensus=consensus, normalize=normalized, scale=scale,
+        )
+    return out.reshape(base.shape)
 
+
+# Positions per block in combine_task_vectors: a few task vectors, their mask and two sums of this many entries
+# fit in a core's L2 cache.
+_BLOCK_ENTRIES = 1 << 16
+
+
+def _combine_block(
+    deltas: Tensor, weights: Tensor, base: Tensor, out: Tensor, *, consensus: bool, normalize: bool, scale: float
+) -> None:
+    # deltas (models × positions) are the caller's sparsified task vectors, overwritten here; `out` receives
+    # B + λ·Σ wᵢ·mᵢ·δᵢ / D for these positions.
+    deltas.mul_(weights)
     if consensus:
         # A 1/0 mask of the deltas' dtype multiplies exactly like mergekit's bool mask (kept values unchanged,
         # dropped ones ±0 by their sign) and much faster; both products are taken in place.
         mask = sign_consensus_weights(deltas)
         mixed = deltas.mul_(mask).sum(dim=0)
-        del deltas  # freed before the divisor is summed: one tensor of task vectors less at the peak
         divisor = mask.mul_(weights).sum(dim=0)
         # A zero divisor becomes 1: adding 1 where it is ±0 and 0 elsewhere (exact, NaN stays NaN) is two fast
         # float passes into the dead mask's memory, where masked_fill_ over a bool mask is three times slower.
         divisor.add_(torch.eq(divisor, 0, out=mask[0]))
-        del mask
     else:
         mixed = deltas.sum(dim=0)
         divisor = weights.sum(dim=0)
         divisor[divisor.abs() < 1e-8] = 1
-        del deltas
-
-    if ctx.params.get("normalize", normalize):
+    if normalize:
         mixed /= divisor
-    scale = float(ctx.params.get("lambda", 1.0))
     if scale != 1:
         mixed *= scale
-    # mixed + base is base + mixed bit for bit (IEEE addition commutes), without a new tensor.
-    return mixed.add_(base) if mixed.dtype == base.dtype else (base + mixed).to(base.dtype)
+    # mixed + base is base + mixed bit for bit (IEEE addition commutes).
+    if mixed.dtype == base.dtype:
+        torch.add(mixed, base, out=out)
+    else:
+        out.copy_(base + mixed)

@@ -126,3 +126,35 @@ def test_random_sparsifiers_are_deterministic_per_seed(seed: int, density: float
     assert torch.equal(first, sparsify.bernoulli(delta, density, rescale=True, generator=gen(seed)))
     first = sparsify.della_magprune(delta, density, epsilon, rescale=True, generator=gen(seed))
     assert torch.equal(first, sparsify.della_magprune(delta, density, epsilon, rescale=True, generator=gen(seed)))
+
+
+def _della_unfused(delta: torch.Tensor, density: float, epsilon: float, seed: int, rescale: bool) -> torch.Tensor:
+    # The float32 path as it ran before masks were applied block by block: the whole mask first, then the mask and
+    # the L1 rescale over the whole tensor.
+    rows = delta if delta.dim() == 2 else delta.reshape(1, -1)
+    probabilities = sparsify._rank_probabilities(rows.abs(), density, epsilon, torch.float32)
+    mask = sparsify.bernoulli_mask(probabilities, gen(seed), torch.float32)
+    return sparsify._mask_and_rescale(rows.clone(), mask, rescale).reshape(delta.shape)
+
+
+@pytest.mark.parametrize("block", [1, 37, 1 << 17])
+@pytest.mark.parametrize("rescale", [True, False])
+@pytest.mark.parametrize("shape", [(48, 31), (5, 1), (1, 200), (300,)], ids=str)
+def test_della_float32_masks_in_blocks_with_the_unfused_bits(
+    monkeypatch: pytest.MonkeyPatch, block: int, rescale: bool, shape: tuple[int, ...]
+) -> None:
+    # Equal magnitudes (rounded values) and exact zeros in every row: the tie rule and the zero rows are exercised.
+    delta = (torch.randn(shape, generator=gen(7)) * 4).round() / 4
+    monkeypatch.setattr(sparsify, "_ROW_BLOCK_ELEMENTS", block)
+    ours = sparsify.della_magprune(delta, 0.4, 0.15, rescale=rescale, generator=gen(3))
+    assert ours.dtype == torch.float32 and ours.shape == delta.shape
+    assert torch.equal(ours.view(torch.int32), _della_unfused(delta, 0.4, 0.15, 3, rescale).view(torch.int32))
+
+
+def test_della_float32_leaves_its_input_alone_unless_in_place() -> None:
+    delta = torch.randn(16, 16, generator=gen(1))
+    before = delta.clone()
+    out = sparsify.della_magprune(delta, 0.5, 0.1, rescale=True, generator=gen(2))
+    assert torch.equal(delta, before) and out.data_ptr() != delta.data_ptr()
+    again = sparsify.della_magprune(delta, 0.5, 0.1, rescale=True, generator=gen(2), inplace=True)
+    assert again.data_ptr() == delta.data_ptr() and torch.equal(again, out)

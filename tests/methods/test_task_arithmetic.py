@@ -174,3 +174,23 @@ def test_della_epsilon_check_matches_the_runtime_error(merge: Merge) -> None:
     assert spec.check({}, [{}, {"weight": 1.0, "density": 1.0, "epsilon": 0.15}]) is None  # no pruning
     with pytest.raises(ValueError, match="epsilon"):
         merge("della", [BASE, BASE + D1], base=0, per_model={**weights(1.0), "density": [None, 0.9]})
+
+
+@pytest.mark.parametrize("method", FAMILY)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_combining_block_by_block_gives_the_whole_tensors_bits(
+    merge: Merge, monkeypatch: pytest.MonkeyPatch, method: str, dtype: torch.dtype
+) -> None:
+    # The weighted, elected and normalised sum runs over blocks of positions; no block size may change a bit,
+    # including blocks that end inside a row and a last block shorter than the others.
+    from resumerge.methods import task_vectors
+
+    gen = torch.Generator().manual_seed(11)
+    tensors = [torch.randn(13, 29, generator=gen).to(dtype) for _ in range(4)]
+    per_model = {"weight": [None, 0.5, -0.3, 0.9], "density": [None, 0.6, 0.4, 0.7]}
+    params = {"normalize": True, "lambda": 0.7}
+    whole = merge(method, tensors, base=0, per_model=per_model, params=params, seed=5)
+    monkeypatch.setattr(task_vectors, "_BLOCK_ENTRIES", 10)
+    blocked = merge(method, tensors, base=0, per_model=per_model, params=params, seed=5)
+    assert torch.equal(whole.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                       blocked.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
