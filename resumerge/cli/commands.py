@@ -217,6 +217,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    if "torch" not in sys.modules:
+        # torch reads this once, at its first allocation: tensors of 2 MiB and more are then aligned to, and
+        # faulted in as, transparent huge pages where the kernel offers them (madvise). A merge allocates its
+        # buffers afresh for every tensor, and their 4 KiB page faults cost a della merge of 5 GB of inputs 1.7 s
+        # of system time (bench/RESULTS.md); where huge pages are off this changes nothing. A notebook that
+        # imported torch first keeps its own setting.
+        os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     try:
         code = _dispatch(args)
         sys.stdout.flush()  # a closed pipe shows here when the output was small enough to sit in the buffer

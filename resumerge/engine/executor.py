@@ -23,6 +23,7 @@ import torch
 # _read_input is re-exported for resumerge.engine.compute_estimate, which reads inputs as the engine does.
 from resumerge.engine.compute import _read_input as _read_input
 from resumerge.engine.compute import apply_rows, compute_in_passes, compute_tensor, observe_rows
+from resumerge.engine.devices import is_gpu
 from resumerge.engine.interrupts import commit_uploaded
 from resumerge.engine.kernels import serial_kernels
 from resumerge.errors import ResumergeError
@@ -216,8 +217,9 @@ class _Pipeline:
             method = get_method(tp.method)
             assert method is not None
             budget = self._budget() if self.governor is not None else None
+            serial = torch.get_num_threads() <= self.workers
             mode = unit_mode(tp, method, budget, self.plan.options.device, rereadable=self._local(tp),
-                             serial=torch.get_num_threads() <= self.workers)
+                             serial=serial)
             stream = row_stream(tp, method, self.plan.options.device) if mode in (ROWS, PASSES) else None
             if mode == ROWS:
                 if not self.flush() or not self._stream_rows(shard, tp, method, stream):
@@ -238,14 +240,25 @@ class _Pipeline:
             if stream is not None:
                 future = self.pool.submit(self._compute_passes, tp, stream, on_gpu)
             else:
-                future = self.pool.submit(self._compute, tp, on_gpu)
+                # Where the workers fill the cores, a whole tensor's kernels run on its worker's thread alone
+                # too: methods that work block by block issue thousands of small kernels, and each one split
+                # over torch's threads waits on a core another worker holds (della: 580,000 context switches a
+                # merge, 3 s of 23). Decided by the run's settings alone, never by the moment's memory: a
+                # whole-tensor sum's bits depend on the threads it is split over, and a resumed run must
+                # compute every tensor as the first run would.
+                alone = serial and not is_gpu(self.plan.options.device)
+                future = self.pool.submit(self._compute, tp, on_gpu, alone)
             self.inflight.append((shard, tp, future, reservation))
         return self.flush()
 
-    def _compute(self, tp: TensorPlan, on_gpu: Reservation | None) -> torch.Tensor:
-        """Compute ``tp``; its GPU reservation ends with the computation (the result is back on the host)."""
+    def _compute(self, tp: TensorPlan, on_gpu: Reservation | None, serial: bool = False) -> torch.Tensor:
+        """Compute ``tp``, its kernels on this thread alone when ``serial``; its GPU reservation ends with the
+        computation (the result is back on the host)."""
         try:
-            return compute_tensor(self.plan, tp, self.sources)
+            if not serial:
+                return compute_tensor(self.plan, tp, self.sources)
+            with serial_kernels():
+                return compute_tensor(self.plan, tp, self.sources)
         finally:
             if on_gpu is not None:
                 on_gpu.release()

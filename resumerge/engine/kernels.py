@@ -3,13 +3,18 @@
 A tensor streamed in row chunks runs a few dozen kernels per chunk of about 128 Ki entries. Split over torch's
 OpenMP threads, each of those kernels waits for a second thread that other work keeps busy: on a busy 2-core
 machine two bfloat16 tensors of 4 Mi entries took 17 s streamed with two threads and 0.4 s with one. The engine's
-own worker threads already fill the cores, so a chunked computation runs its kernels serially instead.
+own worker threads already fill the cores, so a chunked computation runs its kernels serially instead, and so does
+a whole tensor's when the workers are at least torch's threads (the blocked methods, DELLA's ranking and the
+task-vector combine, issue thousands of block-sized kernels per tensor).
 
 torch's ``set_num_threads`` also changes the default of every thread started later, so this sets the calling
 thread's OpenMP thread count alone, through the OpenMP runtime torch loaded (``omp_set_num_threads`` is per
 thread). Where that runtime is not found (another threading backend, no ``/proc``), nothing changes: the kernels
-stay parallel, which is slower but gives the same bits (every output entry is computed by the same operations
-whatever the number of threads: the methods streamed this way reduce only across inputs, never along a tensor).
+stay parallel, which is slower. Row chunks get the same bits either way (the methods streamed this way reduce
+only across inputs, never along a tensor); a reduction along a whole tensor (a rescale's L1 norms, slerp's norms)
+does not, as torch splits a long sum into one part per thread. So the engine decides where kernels run from the
+run's settings alone (its workers, torch's threads, the device), never from the moment's load or memory: a resumed
+run then computes every tensor exactly as the first one did.
 """
 
 from __future__ import annotations

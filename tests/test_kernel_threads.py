@@ -1,0 +1,75 @@
+"""Where a whole tensor's kernels run: on its worker's thread alone when the engine's workers fill torch's threads,
+spread over torch's threads otherwise, decided by the run's settings alone; and the CLI's huge-page setting."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from support import write_config
+
+from resumerge.cli.commands import main
+from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.engine import executor, kernels
+
+SPEC = ModelSpec(layers=1, hidden=64, intermediate=128, vocab=256, heads=4, kv_heads=4, shard_bytes=10_000_000,
+                 tokenizer=False, dtype=torch.float32)
+
+
+@pytest.fixture
+def threads_seen(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """torch's thread count as each whole-tensor computation saw it; torch's own setting is restored after."""
+    seen: list[int] = []
+    real = executor.compute_tensor
+
+    def recording(*args: object, **kwargs: object) -> torch.Tensor:
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(executor, "compute_tensor", recording)
+    before = torch.get_num_threads()
+    try:
+        yield seen
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def della_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("threads")
+    a, b, c = (make_model(root / name, SPEC, seed=seed) for seed, name in enumerate("abc"))
+    return write_config(root / "della.yml", {
+        "merge_method": "della", "base_model": str(a),
+        "models": [{"model": str(m), "parameters": {"weight": 0.5, "density": 0.5, "epsilon": 0.1}} for m in (b, c)],
+    })
+
+
+@pytest.mark.skipif(kernels._openmp() is None, reason="torch's OpenMP runtime is not reachable here")
+@pytest.mark.parametrize(("threads", "expected"), [(2, 1), (4, 4)])
+def test_whole_tensors_run_serially_when_the_workers_fill_torchs_threads(
+    della_config: Path, tmp_path: Path, threads_seen: list[int], threads: int, expected: int
+) -> None:
+    # Two workers (the default): with -j 2 they are torch's threads, so each computes on its own thread; with -j 4
+    # torch has threads to spare and each tensor's kernels use them.
+    code = main(["run", str(della_config), str(tmp_path / "out"), "--state-dir", str(tmp_path / "state"),
+                 "--quiet", "-j", str(threads)])
+    assert code == 0
+    assert threads_seen and set(threads_seen) == {expected}
+
+
+def test_the_cli_asks_torch_for_huge_pages_unless_told_otherwise(tmp_path: Path) -> None:
+    probe = ("import os, sys; from resumerge.cli.commands import main; main(['status', sys.argv[1]]); "
+             "import torch; print(os.environ.get('THP_MEM_ALLOC_ENABLE'))")
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    ran = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert ran.stdout.strip().splitlines()[-1] == "1", ran.stderr
+    env["THP_MEM_ALLOC_ENABLE"] = "0"  # a user's own choice stands
+    ran = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert ran.stdout.strip().splitlines()[-1] == "0", ran.stderr
