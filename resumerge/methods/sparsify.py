@@ -167,6 +167,8 @@ def bernoulli(
     gen = _require_generator(generator)
     if density >= 1:
         return delta
+    if delta.dtype == torch.float32 and delta.device.type == "cpu" and delta.is_contiguous():
+        return _bernoulli_in_blocks(delta if inplace else delta.clone(), density, rescale, gen)
     work = _rescale_dtype(delta.dtype)
     # The probability is rounded to the draw dtype, so bfloat16 keeps bfloat16's rounding of density; expanded,
     # not filled, as the CPU draw only compares against it.
@@ -177,6 +179,33 @@ def bernoulli(
     magnitudes = values.abs() if rescale else None
     masked = _mask_and_rescale(values, mask, rescale, inplace or converted, magnitudes)
     return masked.to(delta.dtype)
+
+
+def _bernoulli_in_blocks(values: torch.Tensor, density: float, rescale: bool, gen: torch.Generator) -> torch.Tensor:
+    # The float32 CPU case of bernoulli, in place in the contiguous `values`: each block's mask is drawn into a
+    # scratch block and applied (to the values and, for the rescale, to their magnitudes) while in cache, so the
+    # whole mask never exists. The draws consume the generator block after block as one draw over the tensor
+    # does, and the two L1 norms are sums over the same whole tensors as in _mask_and_rescale: the same bits.
+    flat = values.view(-1)
+    if flat.numel() == 0:
+        return values
+    magnitudes = flat.abs() if rescale else None
+    before = magnitudes.sum() if magnitudes is not None else None
+    probability = torch.tensor(density, dtype=torch.float32)
+    step = min(_ROW_BLOCK_ELEMENTS, flat.numel())
+    scratch = torch.empty(step, dtype=torch.float32)
+    for start in range(0, flat.numel(), step):
+        part = flat[start : start + step]
+        mask = scratch[: part.numel()].uniform_(generator=gen).lt_(probability)
+        part.mul_(mask)
+        if magnitudes is not None:
+            magnitudes[start : start + step].mul_(mask)
+    if magnitudes is None or before is None:
+        return values
+    after = magnitudes.sum()
+    if before < _RESCALE_EPS or after < _RESCALE_EPS:
+        return values
+    return values.mul_(before / after)
 
 
 def bernoulli_mask(probabilities: torch.Tensor, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:

@@ -158,3 +158,24 @@ def test_della_float32_leaves_its_input_alone_unless_in_place() -> None:
     assert torch.equal(delta, before) and out.data_ptr() != delta.data_ptr()
     again = sparsify.della_magprune(delta, 0.5, 0.1, rescale=True, generator=gen(2), inplace=True)
     assert again.data_ptr() == delta.data_ptr() and torch.equal(again, out)
+
+
+@pytest.mark.parametrize("block", [1, 37, 1 << 17])
+@pytest.mark.parametrize("rescale", [True, False])
+@pytest.mark.parametrize("shape", [(48, 31), (300,), (2, 3, 5)], ids=str)
+def test_bernoulli_float32_masks_in_blocks_with_the_unfused_bits(
+    monkeypatch: pytest.MonkeyPatch, block: int, rescale: bool, shape: tuple[int, ...]
+) -> None:
+    delta = torch.randn(shape, generator=gen(4))
+    probabilities = torch.tensor(0.35, dtype=torch.float32).expand(shape)
+    mask = sparsify.bernoulli_mask(probabilities, gen(9), torch.float32)
+    unfused = sparsify._mask_and_rescale(delta.clone(), mask, rescale)
+    monkeypatch.setattr(sparsify, "_ROW_BLOCK_ELEMENTS", block)
+    ours = sparsify.bernoulli(delta, 0.35, rescale=rescale, generator=gen(9))
+    assert torch.equal(ours.view(torch.int32), unfused.view(torch.int32))
+    # The generator has advanced by exactly one draw per entry, as one draw over the whole tensor advances it.
+    follower = gen(9)
+    torch.empty(delta.numel()).uniform_(generator=follower)
+    after = gen(9)
+    sparsify.bernoulli(delta, 0.35, rescale=rescale, generator=after)
+    assert torch.equal(torch.rand(4, generator=after), torch.rand(4, generator=follower))
