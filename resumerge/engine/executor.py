@@ -16,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import Protocol
 
 import torch
@@ -213,11 +214,18 @@ class _Pipeline:
 
     def run(self, work: Iterator[tuple[ShardPlan, TensorPlan]]) -> bool:
         """Process every unit of ``work``; returns False when stopped early."""
+        # Whether the workers fill torch's threads: a setting of the run, fixed before the first unit.
+        serial = torch.get_num_threads() <= self.workers
+        # Where they do, a whole tensor's kernels run on its worker's thread alone too: methods that work block
+        # by block issue thousands of small kernels, and each one split over torch's threads waits on a core
+        # another worker holds (della: 580,000 context switches a merge, 3 s of 23). Decided by the run's
+        # settings alone, never by the moment's memory: a whole-tensor sum's bits depend on the threads it is
+        # split over, and a resumed run must compute every tensor as the first run would.
+        alone = serial and not is_gpu(self.plan.options.device)
         for shard, tp in work:
             method = get_method(tp.method)
             assert method is not None
             budget = self._budget() if self.governor is not None else None
-            serial = torch.get_num_threads() <= self.workers
             mode = unit_mode(tp, method, budget, self.plan.options.device, rereadable=self._local(tp),
                              serial=serial)
             stream = row_stream(tp, method, self.plan.options.device) if mode in (ROWS, PASSES) else None
@@ -240,13 +248,6 @@ class _Pipeline:
             if stream is not None:
                 future = self.pool.submit(self._compute_passes, tp, stream, on_gpu)
             else:
-                # Where the workers fill the cores, a whole tensor's kernels run on its worker's thread alone
-                # too: methods that work block by block issue thousands of small kernels, and each one split
-                # over torch's threads waits on a core another worker holds (della: 580,000 context switches a
-                # merge, 3 s of 23). Decided by the run's settings alone, never by the moment's memory: a
-                # whole-tensor sum's bits depend on the threads it is split over, and a resumed run must
-                # compute every tensor as the first run would.
-                alone = serial and not is_gpu(self.plan.options.device)
                 future = self.pool.submit(self._compute, tp, on_gpu, alone)
             self.inflight.append((shard, tp, future, reservation))
         return self.flush()
@@ -255,9 +256,7 @@ class _Pipeline:
         """Compute ``tp``, its kernels on this thread alone when ``serial``; its GPU reservation ends with the
         computation (the result is back on the host)."""
         try:
-            if not serial:
-                return compute_tensor(self.plan, tp, self.sources)
-            with serial_kernels():
+            with serial_kernels() if serial else nullcontext():
                 return compute_tensor(self.plan, tp, self.sources)
         finally:
             if on_gpu is not None:

@@ -43,9 +43,15 @@ def _mask_and_rescale(
     if before is None:
         return masked
     after = (masked.abs() if magnitudes is None else magnitudes.mul_(mask)).sum()
+    return _rescaled(masked, before, after)  # `masked` is delta itself or a fresh product: ours to scale
+
+
+def _rescaled(masked: torch.Tensor, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    # `masked` scaled in place so that its L1 norm `after` becomes `before`, the norm before masking; unscaled
+    # when either is below _RESCALE_EPS (no 0/0).
     if before < _RESCALE_EPS or after < _RESCALE_EPS:
         return masked
-    return masked.mul_(before / after) if inplace else masked * (before / after)
+    return masked.mul_(before / after)
 
 
 def _draw_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -202,10 +208,7 @@ def _bernoulli_in_blocks(values: torch.Tensor, density: float, rescale: bool, ge
             magnitudes[start : start + step].mul_(mask)
     if magnitudes is None or before is None:
         return values
-    after = magnitudes.sum()
-    if before < _RESCALE_EPS or after < _RESCALE_EPS:
-        return values
-    return values.mul_(before / after)
+    return _rescaled(values, before, magnitudes.sum())
 
 
 def bernoulli_mask(probabilities: torch.Tensor, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
@@ -304,11 +307,7 @@ def _row_block_mask(
     for start in range(0, rows, step):
         order = stable_order(magnitude_keys(magnitudes[start : start + step]))
         probabilities = torch.empty(order.shape, dtype=draw).scatter_(1, order, table.expand(order.shape))
-        if work == torch.float32:
-            # bernoulli_mask's draw and comparison, written straight into the mask (no block-sized copy).
-            mask[start : start + step].uniform_(generator=gen).lt_(probabilities)
-        else:
-            mask[start : start + step] = bernoulli_mask(probabilities, gen, work)
+        mask[start : start + step] = bernoulli_mask(probabilities, gen, work)
     return mask
 
 
@@ -338,12 +337,7 @@ def _mask_rows_in_blocks(
         rows[start : start + step].mul_(mask)
         if before is not None:
             block.mul_(mask)
-    if before is None:
-        return rows
-    after = magnitudes.sum()
-    if before < _RESCALE_EPS or after < _RESCALE_EPS:
-        return rows
-    return rows.mul_(before / after)
+    return rows if before is None else _rescaled(rows, before, magnitudes.sum())
 
 
 def _rank_probabilities(

@@ -97,8 +97,6 @@ def _combine_block(
         mixed /= divisor
     if scale != 1:
         mixed *= scale
-    # mixed + base is base + mixed bit for bit (IEEE addition commutes).
-    if mixed.dtype == base.dtype:
-        torch.add(mixed, base, out=out)
-    else:
-        out.copy_(base + mixed)
+    # mixed + base is base + mixed bit for bit (IEEE addition commutes); the task vectors, and so `mixed`, have
+    # the base's dtype.
+    torch.add(mixed, base, out=out)
