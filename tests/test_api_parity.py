@@ -48,12 +48,12 @@ def test_run_status_verify_and_plan_agree(tmp_path: Path, make: ModelFactory,
     state = tmp_path / "state"
     via_api, via_cli = tmp_path / "api", tmp_path / "cli"
 
-    planned = api.estimate(cfg, via_api, state_dir=state, out_shard_size="30k", max_memory="1GB", probe_size=0)
+    planned = api.estimate(cfg, via_api, state_dir=state, out_shard_size="30k", max_memory="16GB", probe_size=0)
     doc = _json_of(capsys, ["plan", str(cfg), str(via_api), "--state-dir", str(state), "--out-shard-size", "30k",
-                            "--max-memory", "1GB", "--probe-size", "0", "--json"])
+                            "--max-memory", "16GB", "--probe-size", "0", "--json"])
     assert _without_measured(doc) == _without_measured(planned.to_json())
     assert doc["fingerprint"] == api.plan_merge(cfg, out_shard_size="30k").fingerprint
-    assert doc["memory"]["budget"] == 1_000_000_000 and doc["memory"]["budget_source"] == "--max-memory"
+    assert doc["memory"]["budget"] == 16_000_000_000 and doc["memory"]["budget_source"] == "--max-memory"
 
     outcome = api.run(cfg, via_api, state_dir=state, out_shard_size="30k")
     assert main(["run", str(cfg), str(via_cli), "--state-dir", str(state), "--out-shard-size", "30k", "--quiet"]) == 0

@@ -50,7 +50,7 @@ def merge(tmp_path_factory: pytest.TempPathFactory) -> Merge:
     with pytest.MonkeyPatch.context() as patch:
         # The reference holds every tensor whole: no method streams.
         patch.setattr(workunits, "row_stream", lambda *args: None)
-        for method in ("ties", "breadcrumbs"):
+        for method in ("ties", "breadcrumbs", "dare_ties", "della"):
             configs[method], configs[f"{method}-rescale"] = _configs(root, method, a, b, c)
             out = root / f"reference-{method}"
             assert _run(configs[method], out, root / "state-ref") == 0
@@ -130,6 +130,25 @@ def test_a_budget_too_small_for_whole_tensors_streams_rows_with_the_same_bytes(
         assert _run(merge.configs[method], merge.root / tag, merge.root / "st", "--max-memory", budget) == 0
         assert digests(merge.root / tag) == merge.reference[method]
     assert calls["apply_rows"] > 10  # row chunks, not whole tensors
+
+
+@pytest.mark.usefixtures("scripted")
+def test_dare_and_della_stream_only_what_does_not_fit_whole_with_the_same_bytes(
+        merge: Merge, calls: dict[str, int], capsys: pytest.CaptureFixture[str]) -> None:
+    # Their streams are slower than the whole tensor, so at the default budget nothing streams; under a budget an
+    # eighth of the whole embeddings' unit, the masks are drawn chunk by chunk from per-task-vector generators and
+    # the rescale's norms summed in order: the same bytes as the whole-tensor run (rescale on: their default).
+    need = _whole_tensor_need(merge.configs["ties-rescale"], capsys)
+    budget = str(BASELINE + (need - BASELINE) // 8)
+    for method in ("dare_ties", "della"):
+        assert _run(merge.configs[method], merge.root / f"default-{method}", merge.root / "st") == 0
+        assert digests(merge.root / f"default-{method}") == merge.reference[method]
+        assert calls["apply_rows"] == calls["compute_in_passes"] == 0
+        assert _run(merge.configs[method], merge.root / f"tight-{method}", merge.root / "st",
+                    "--max-memory", budget) == 0
+        assert digests(merge.root / f"tight-{method}") == merge.reference[method]
+        assert calls["apply_rows"] > 10
+        calls["apply_rows"] = calls["compute_in_passes"] = 0
 
 
 @pytest.mark.usefixtures("scripted")

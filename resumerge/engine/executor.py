@@ -322,9 +322,18 @@ class _Pipeline:
         """Compute ``tp`` in row chunks sized to the current headroom and stream them to the writer; a ``stream``
         first runs its statistics passes over chunks admitted the same way."""
         if stream is not None:
-            # Kernels of chunk size run serially (see resumerge.engine.kernels), here as in the workers.
-            with serial_kernels():
-                return self._stream_passes(shard, tp, method, stream)
+            # What the stream keeps across its passes (sampled masks) is held from the first chunk to the last.
+            held = stream.held_bytes()
+            admitted, reservation = self._admit(tp, held, self.governor) if held else (True, None)
+            if not admitted:
+                return False
+            try:
+                # Kernels of chunk size run serially (see resumerge.engine.kernels), here as in the workers.
+                with serial_kernels():
+                    return self._stream_passes(shard, tp, method, stream)
+            finally:
+                if reservation is not None:
+                    reservation.release()
 
         def emit(first: int, stop: int, reservation: Reservation | None, on_gpu: Reservation | None) -> bool:
             return self._put((shard, tp.name, self._compute(chunk_plan(tp, first, stop), on_gpu), reservation))

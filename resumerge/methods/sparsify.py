@@ -23,9 +23,10 @@ from typing import Final, Literal
 import torch
 
 from resumerge.methods.ranking import magnitude_keys, rank_window, stable_order
+from resumerge.methods.summation import ordered_sum
 
 # Below this L1 norm (before or after masking) the masked tensor is returned unscaled, avoiding 0/0.
-_RESCALE_EPS = 1e-7
+RESCALE_EPS = 1e-7
 
 
 def _mask_and_rescale(
@@ -37,19 +38,21 @@ def _mask_and_rescale(
 ) -> torch.Tensor:
     # `magnitudes`, when given, is exactly delta.abs() (same dtype and shape) and may be overwritten: it saves
     # both abs passes, and |δ|·m equals |δ·m| for a 0/1 mask, so the norms are the same numbers. The norm before
-    # masking is taken first, so that masking may overwrite delta.
-    before = (delta.abs() if magnitudes is None else magnitudes).sum() if rescale else None
+    # masking is taken first, so that masking may overwrite delta. Both norms are ordered sums
+    # (resumerge.methods.summation): the same bits for any thread count or device, and from row chunks
+    # (resumerge.methods.sample_stream).
+    before = ordered_sum(delta.abs() if magnitudes is None else magnitudes) if rescale else None
     masked = delta.mul_(mask) if inplace else delta * mask
     if before is None:
         return masked
-    after = (masked.abs() if magnitudes is None else magnitudes.mul_(mask)).sum()
+    after = ordered_sum(masked.abs() if magnitudes is None else magnitudes.mul_(mask))
     return _rescaled(masked, before, after)  # `masked` is delta itself or a fresh product: ours to scale
 
 
 def _rescaled(masked: torch.Tensor, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     # `masked` scaled in place so that its L1 norm `after` becomes `before`, the norm before masking; unscaled
-    # when either is below _RESCALE_EPS (no 0/0).
-    if before < _RESCALE_EPS or after < _RESCALE_EPS:
+    # when either is below RESCALE_EPS (no 0/0).
+    if before < RESCALE_EPS or after < RESCALE_EPS:
         return masked
     return masked.mul_(before / after)
 
@@ -191,12 +194,12 @@ def _bernoulli_in_blocks(values: torch.Tensor, density: float, rescale: bool, ge
     # The float32 CPU case of bernoulli, in place in the contiguous `values`: each block's mask is drawn into a
     # scratch block and applied (to the values and, for the rescale, to their magnitudes) while in cache, so the
     # whole mask never exists. The draws consume the generator block after block as one draw over the tensor
-    # does, and the two L1 norms are sums over the same whole tensors as in _mask_and_rescale: the same bits.
+    # does, and the two L1 norms are the same ordered sums as in _mask_and_rescale: the same bits.
     flat = values.view(-1)
     if flat.numel() == 0:
         return values
     magnitudes = flat.abs() if rescale else None
-    before = magnitudes.sum() if magnitudes is not None else None
+    before = ordered_sum(magnitudes) if magnitudes is not None else None
     probability = torch.tensor(density, dtype=torch.float32)
     step = min(_ROW_BLOCK_ELEMENTS, flat.numel())
     scratch = torch.empty(step, dtype=torch.float32)
@@ -208,7 +211,7 @@ def _bernoulli_in_blocks(values: torch.Tensor, density: float, rescale: bool, ge
             magnitudes[start : start + step].mul_(mask)
     if magnitudes is None or before is None:
         return values
-    return _rescaled(values, before, magnitudes.sum())
+    return _rescaled(values, before, ordered_sum(magnitudes))
 
 
 def bernoulli_mask(probabilities: torch.Tensor, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
@@ -318,11 +321,11 @@ def _mask_rows_in_blocks(
     # The float32 CPU case of della_magprune, in place in `rows`: _row_block_mask and _mask_and_rescale fused,
     # so each block's mask is applied while it is in cache and never exists whole (a tensor-size less memory,
     # and two whole-tensor passes fewer). `magnitudes` is rows.abs(), overwritten. Every entry meets the same
-    # operations as there and the two L1 norms are sums over the same whole tensors, so the bits are the same.
+    # operations as there and the two L1 norms are the same ordered sums, so the bits are the same.
     n = rows.shape[1]
     if rows.numel() == 0:
         return rows
-    before = magnitudes.sum() if rescale else None
+    before = ordered_sum(magnitudes) if rescale else None
     table = _probability_table(n, density, epsilon, torch.float32, rows.device)
     step = max(1, _ROW_BLOCK_ELEMENTS // n)
     scratch = torch.empty(min(step, rows.shape[0]) * n, dtype=torch.float32)
@@ -337,7 +340,7 @@ def _mask_rows_in_blocks(
         rows[start : start + step].mul_(mask)
         if before is not None:
             block.mul_(mask)
-    return rows if before is None else _rescaled(rows, before, magnitudes.sum())
+    return rows if before is None else _rescaled(rows, before, ordered_sum(magnitudes))
 
 
 def _rank_probabilities(
@@ -356,3 +359,47 @@ def _rank_probabilities(
     probabilities = torch.empty(order.shape, dtype=draw, device=magnitudes.device)
     probabilities.scatter_(1, order, table.expand(order.shape))
     return probabilities.reshape(moved.shape).movedim(-1, 1)
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """A randomized sparsifier's draw for one task vector: DARE's (``epsilon`` None) or DELLA's MAGPRUNE.
+
+    :func:`sampled_mask` draws its masks for consecutive parts of a task vector (row chunks, first rows first)
+    exactly as :func:`bernoulli` and :func:`della_magprune` draw them for the whole, consuming the generator the
+    same way; :mod:`resumerge.methods.sample_stream` builds their row-chunk form on it.
+    """
+
+    density: float
+    epsilon: float | None = None
+
+
+def sampled_draws(sampled: Sampled) -> bool:
+    """Whether ``sampled`` draws from the generator at all (a density of 1 or more keeps everything, and DELLA's
+    of 0 or less zeros everything, without drawing)."""
+    if sampled.density >= 1:
+        return False
+    return sampled.epsilon is None or sampled.density > 0
+
+
+def rescale_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a randomized sparsifier masks and rescales a task vector of ``dtype`` in."""
+    return _rescale_dtype(dtype)
+
+
+def sampled_mask(delta: torch.Tensor, sampled: Sampled, generator: torch.Generator) -> torch.Tensor:
+    """The 1/0 keep mask (dtype :func:`rescale_dtype`) of the next entries of a task vector, ``delta`` holding
+    them in its shape (whole rows for DELLA, which ranks along dim 1), drawn from ``generator`` as the
+    whole-tensor sparsifier draws them. Only for a ``sampled`` that draws (:func:`sampled_draws`) on the CPU."""
+    work = _rescale_dtype(delta.dtype)
+    draw = _draw_dtype(delta.dtype)
+    if sampled.epsilon is None:
+        probability = torch.tensor(sampled.density, dtype=draw)
+        return bernoulli_mask(probability.expand(delta.shape), generator, work)
+    if sampled.density + sampled.epsilon >= 1 or sampled.density - sampled.epsilon <= 0:
+        raise ValueError("Epsilon must be chosen such that density +/- epsilon is in (0, 1)")
+    magnitudes = delta.abs()
+    if delta.dim() == 2:
+        return _row_block_mask(magnitudes, sampled.density, sampled.epsilon, draw, work, generator)
+    probabilities = _rank_probabilities(magnitudes, sampled.density, sampled.epsilon, draw)
+    return bernoulli_mask(probabilities, generator, work)

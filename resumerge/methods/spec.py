@@ -109,6 +109,9 @@ class RowStream(Protocol):
     passes may be cut differently; a chunk's context is what the whole tensor's would hold, restricted to rows.
     """
 
+    # True when computing the tensor whole is faster, so the engine streams it only when it does not fit whole.
+    prefer_whole: bool
+
     def wants(self, pass_index: int) -> bool:
         """Whether statistics pass ``pass_index`` must run before the output pass."""
         ...
@@ -119,6 +122,11 @@ class RowStream(Protocol):
 
     def apply(self, ctx: MergeContext) -> torch.Tensor:
         """The output rows of the next chunk."""
+        ...
+
+    def held_bytes(self) -> int:
+        """Bytes the stream keeps from its first chunk to its last, beyond each chunk's own buffers (the memory
+        governor reserves them for the whole tensor's passes)."""
         ...
 
 

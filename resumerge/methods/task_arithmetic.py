@@ -4,8 +4,9 @@
 All eight are one computation with two switches, as in mergekit 0.1.5: an optional sparsifier applied to each
 task vector δᵢ = θᵢ − B (see :mod:`resumerge.methods.sparsify`), and an optional TIES sign election (see
 :mod:`resumerge.methods.consensus`). Every step runs in the inputs' dtype, which is what makes the results
-bit-identical to mergekit for the deterministic members. ``ties``, ``breadcrumbs`` and ``breadcrumbs_ties``
-also run over row chunks of a tensor (:mod:`resumerge.methods.task_stream`), with the same bits.
+bit-identical to mergekit for the deterministic members. The sparsified members also run over row chunks of a
+tensor with the same bits: ``ties`` and ``breadcrumbs(_ties)`` through :mod:`resumerge.methods.task_stream`, the
+DARE and DELLA pairs through :mod:`resumerge.methods.sample_stream`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from torch import Generator, Tensor
 
 from resumerge.methods import sparsify
+from resumerge.methods.sample_stream import sampled_stream
 from resumerge.methods.spec import (
     BasePolicy,
     MergeContext,
@@ -141,11 +143,15 @@ def _params(variant: _Variant) -> tuple[ParamSpec, ...]:
     return tuple(specs)
 
 
-# The deterministic rank-window sparsifiers also run over row chunks (resumerge.methods.task_stream).
+# Every sparsifier also runs over row chunks: the deterministic rank windows in resumerge.methods.task_stream,
+# the randomized draws in resumerge.methods.sample_stream.
 _SELECTORS = {"magnitude": magnitude_selector, "magnitude_outliers": outlier_selector}
 
 
 def _streamed(variant: _Variant) -> RowStreamFactory | None:
+    if variant.sparsifier in ("random", "della_magprune"):
+        return sampled_stream(della=variant.sparsifier == "della_magprune", consensus=variant.consensus,
+                              normalize=variant.normalize, rescale=variant.rescale)
     selector = _SELECTORS.get(variant.sparsifier or "")
     if selector is None:
         return None

@@ -80,9 +80,11 @@ def row_stream(tp: TensorPlan, method: MethodSpec, device: str) -> RowStream | N
     return method.streamed(tuple(tp.shape), tp.base_index, [dict(p) for p in tp.model_params], dict(tp.params))
 
 
-def can_stream(tp: TensorPlan, method: MethodSpec, device: str) -> bool:
-    """True when ``tp`` may be computed from row chunks in passes (see :func:`row_stream`)."""
-    return row_stream(tp, method, device) is not None
+def held_bytes(tp: TensorPlan, method: MethodSpec) -> int:
+    """What ``tp``'s stream keeps from its first chunk to its last (its sampled masks, say): reserved for the whole
+    of a streamed tensor's passes, on top of its chunks. 0 when it has no stream."""
+    stream = row_stream(tp, method, "cpu")
+    return stream.held_bytes() if stream is not None else 0
 
 
 # How the engine computes one tensor (see unit_mode).
@@ -102,6 +104,9 @@ def unit_mode(tp: TensorPlan, method: MethodSpec, budget: int | None, device: st
               serial: bool = True) -> str:
     """How the engine computes ``tp`` under ``budget`` (None: no memory governor).
 
+    A stream that prefers the whole tensor (:attr:`~resumerge.methods.spec.RowStream.prefer_whole`) is used only
+    when the whole tensor's estimate exceeds a quarter of the budget.
+
     ``PASSES``: a streamed method's tensor of more than one chunk (:func:`pass_rows`), computed chunk by chunk into
     its whole output and admitted like any unit, when that unit (a chunk and the output) takes at most a quarter of
     the budget, its inputs are ``rereadable`` at local cost (each pass reads them again) and ``serial`` kernels
@@ -111,7 +116,10 @@ def unit_mode(tp: TensorPlan, method: MethodSpec, budget: int | None, device: st
     nothing else in flight. Otherwise ``WHOLE``.
     """
     quarter = None if budget is None else budget // 4
-    streams = can_stream(tp, method, device)
+    stream = row_stream(tp, method, device)
+    streams = stream is not None
+    if stream is not None and stream.prefer_whole and (quarter is None or estimate_bytes(tp, method) <= quarter):
+        return WHOLE  # streaming it would be slower, and it fits whole
     passes = streams and rereadable and serial and tp.shape[0] > pass_rows(tp)
     if passes and (quarter is None or unit_bytes(tp, method, PASSES) <= quarter):
         return PASSES
@@ -129,10 +137,11 @@ def pass_rows(tp: TensorPlan) -> int:
 
 
 def unit_bytes(tp: TensorPlan, method: MethodSpec, mode: str) -> int:
-    """What the admission of ``tp`` as one unit reserves: a chunk's estimate plus the assembled output for
-    ``PASSES``, else the whole estimate (``ROWS`` tensors are admitted chunk by chunk instead)."""
+    """What the admission of ``tp`` as one unit reserves: a chunk's estimate, the assembled output and what its
+    stream holds across passes (:func:`held_bytes`) for ``PASSES``, else the whole estimate (``ROWS`` tensors are
+    admitted chunk by chunk instead)."""
     if mode == PASSES:
-        return estimate_bytes(tp, method, rows=pass_rows(tp)) + tp.nbytes
+        return estimate_bytes(tp, method, rows=pass_rows(tp)) + tp.nbytes + held_bytes(tp, method)
     return estimate_bytes(tp, method)
 
 
@@ -168,8 +177,11 @@ def oversized_units(plan: Plan, budget: int, baseline: int, device: str | None =
     for tp in plan.tensors.values():
         method = get_method(tp.method)
         assert method is not None
-        chunkable = can_chunk(tp, method) or can_stream(tp, method, device or plan.options.device)
+        streams = row_stream(tp, method, device or plan.options.device) is not None
+        chunkable = can_chunk(tp, method) or streams
         unit = estimate_bytes(tp, method, rows=1 if chunkable else None)
+        if streams and not can_chunk(tp, method):
+            unit += held_bytes(tp, method)
         need = smallest_budget_for(unit, baseline_bytes=baseline)
         if need > budget:
             found.append(Oversized(tp.name, tp.method, need))

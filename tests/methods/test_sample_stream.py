@@ -1,0 +1,118 @@
+"""DARE and DELLA over row chunks: bit-identical to the whole-tensor path for every chunking, generator included."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from resumerge.methods import MergeContext, get_method
+
+SAMPLED = ["dare_ties", "dare_linear", "della", "della_linear"]
+SEED = 1234
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()])
+
+
+def cuts(rows: int, sizes: Sequence[int]) -> list[tuple[int, int]]:
+    out, first = [], 0
+    for size in itertools.cycle(sizes):
+        if first >= rows:
+            return out
+        out.append((first, min(rows, first + size)))
+        first += size
+    raise AssertionError("unreachable")
+
+
+def context(tensors: Sequence[torch.Tensor], base: int, model_params: Sequence[Mapping[str, Any]],
+            params: Mapping[str, Any]) -> MergeContext:
+    # As the engine builds each chunk's context: a generator freshly seeded for the tensor.
+    return MergeContext(list(tensors), base, model_params, params, "t", torch.Generator().manual_seed(SEED))
+
+
+def whole(method: str, tensors: Sequence[torch.Tensor], model_params: Sequence[Mapping[str, Any]],
+          params: Mapping[str, Any]) -> torch.Tensor:
+    spec = get_method(method)
+    assert spec is not None
+    return spec.fn(context([t.clone() for t in tensors], 0, model_params, params))
+
+
+def streamed(method: str, tensors: Sequence[torch.Tensor], model_params: Sequence[Mapping[str, Any]],
+             params: Mapping[str, Any], observe_sizes: Sequence[int], apply_sizes: Sequence[int]) -> torch.Tensor:
+    spec = get_method(method)
+    assert spec is not None and spec.streamed is not None
+    stream = spec.streamed(tuple(tensors[0].shape), 0, model_params, params)
+    assert stream is not None
+    rows = tensors[0].shape[0]
+    k = 0
+    while stream.wants(k):
+        for a, b in cuts(rows, observe_sizes):
+            stream.observe(k, context([t[a:b].clone() for t in tensors], 0, model_params, params))
+        k += 1
+    return torch.cat([stream.apply(context([t[a:b].clone() for t in tensors], 0, model_params, params))
+                      for a, b in cuts(rows, apply_sizes)])
+
+
+def inputs(dtype: torch.dtype, shape: tuple[int, ...], seed: int, models: int = 2) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(shape, generator=g)
+    return [t.to(dtype) for t in [base, *(base + 0.1 * torch.randn(shape, generator=g) for _ in range(models))]]
+
+
+CHUNKINGS = [([1], [1]), ([3, 1, 2], [5]), ([1000], [1000]), ([7], [2, 9])]
+
+
+@pytest.mark.parametrize("method", SAMPLED)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_chunks_give_the_whole_tensors_bits(method: str, dtype: torch.dtype) -> None:
+    tensors = inputs(dtype, (23, 37), seed=len(method))
+    model_params = [{}, {"weight": 0.6, "density": 0.4, "epsilon": 0.1}, {"weight": 0.5, "density": 0.7}]
+    expected = whole(method, tensors, model_params, {})
+    for observe_sizes, apply_sizes in CHUNKINGS:
+        got = streamed(method, tensors, model_params, {}, observe_sizes, apply_sizes)
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        assert torch.equal(bits(got), bits(expected)), (method, dtype, observe_sizes, apply_sizes)
+
+
+@pytest.mark.parametrize("method", SAMPLED)
+@pytest.mark.parametrize("params", [{"rescale": False}, {"rescale": True, "normalize": True, "lambda": 0.7}])
+def test_switches_and_degenerate_densities(method: str, params: dict[str, Any]) -> None:
+    # A density of 1 draws nothing, DELLA's 0 zeros without drawing, DARE's 0 still draws: the models after them
+    # must see the generator exactly where the whole-tensor path leaves it. Three models, 3-D rows too.
+    for shape in [(9, 4, 6), (40, 33)]:
+        tensors = inputs(torch.float32, shape, seed=7, models=4)
+        model_params = [{}, {"weight": 1.0, "density": 1.0}, {"weight": 0.3, "density": 0.0},
+                        {"weight": 0.4, "density": 0.3, "epsilon": 0.2}, {"weight": 0.2, "density": 0.8}]
+        expected = whole(method, tensors, model_params, params)
+        for observe_sizes, apply_sizes in CHUNKINGS:
+            got = streamed(method, tensors, model_params, params, observe_sizes, apply_sizes)
+            assert torch.equal(bits(got), bits(expected)), (method, params, shape, observe_sizes)
+
+
+def test_a_chunk_drawn_from_a_shared_generator_would_differ() -> None:
+    # The test above can fail: interleaving the task vectors' draws chunk by chunk from one generator (the
+    # obvious streaming) gives other masks than drawing each task vector whole in turn.
+    tensors = inputs(torch.float32, (16, 16), seed=3)
+    model_params = [{}, {"weight": 0.5, "density": 0.5}, {"weight": 0.5, "density": 0.5}]
+    expected = whole("dare_linear", tensors, model_params, {})
+    spec = get_method("dare_linear")
+    assert spec is not None
+    shared = torch.Generator().manual_seed(SEED)
+    parts = [spec.fn(MergeContext([t[a:a + 4].clone() for t in tensors], 0, model_params, {}, "t", shared))
+             for a in range(0, 16, 4)]
+    assert not torch.equal(torch.cat(parts), expected)
+
+
+def test_della_leaves_one_dimensional_tensors_whole() -> None:
+    spec = get_method("della")
+    assert spec is not None and spec.streamed is not None
+    assert spec.streamed((64,), 0, [{}, {"weight": 1.0, "density": 0.5}], {}) is None
+    dare = get_method("dare_ties")
+    assert dare is not None and dare.streamed is not None
+    stream = dare.streamed((64,), 0, [{}, {"weight": 1.0, "density": 0.5}, {"weight": 1.0, "density": 1.0}], {})
+    assert stream is not None and stream.held_bytes() == 64  # one mask byte per entry, for the sampled model only

@@ -1,0 +1,93 @@
+"""The ordered sum: torch's single-thread bits, the same bits from any pieces, and from any thread count."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from resumerge.methods.summation import OrderedSum, ordered_sum
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+# Around every boundary of the order: lanes, vectors, rows of four vectors, level steps, torch's parallel grain.
+SIZES = [0, 1, 3, 5, 7, 8, 12, 15, 16, 17, 31, 33, 64, 511, 513, 4095, 8193, 32768, 40001, 262147, 1_048_583]
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def sample(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, generator=g) * torch.rand(n, generator=g) * 3).to(dtype)
+
+
+def bits(t: torch.Tensor) -> int:
+    return int(t.reshape(1).view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()]).item())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_sums_in_this_order_on_one_thread(dtype: torch.dtype, one_thread: None) -> None:
+    # What keeps rescaled DARE/DELLA/TIES results on mergekit's bits (on one thread of the installed torch).
+    for n in SIZES:
+        values = sample(n, dtype, seed=n)
+        assert bits(ordered_sum(values)) == bits(values.sum()), (dtype, n)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pieces_of_any_size_give_the_same_bits(dtype: torch.dtype) -> None:
+    for n in SIZES[1:]:
+        values = sample(n, dtype, seed=2 * n + 1)
+        expected = bits(ordered_sum(values))
+        rng = random.Random(n)
+        for _ in range(3):
+            summer = OrderedSum(n, dtype)
+            position = 0
+            while position < n:
+                size = rng.choice([1, 2, 31, 64, 100, 4096, 70000])
+                summer.add(values[position : position + size])
+                position += size
+            assert bits(summer.result()) == expected, (dtype, n)
+
+
+_CHILD = """
+import sys, torch
+torch.set_num_threads(int(sys.argv[1]))
+from resumerge.methods.summation import ordered_sum
+g = torch.Generator().manual_seed(5)
+values = torch.rand(11_000_001, generator=g)
+print(values.sum().view(torch.int32).item(), ordered_sum(values).view(torch.int32).item())
+"""
+
+
+def test_thread_count_changes_torch_but_not_the_ordered_sum() -> None:
+    # The reason for the ordered sum: torch splits a long sum over the threads a process starts with. If this
+    # machine's torch ever stops splitting, the first assertion says so (the rest then proves nothing).
+    runs = {threads: subprocess.run([sys.executable, "-c", _CHILD, str(threads)], capture_output=True, text=True,
+                                    check=True).stdout.split() for threads in (1, 2)}
+    (serial_torch, serial_ours), (parallel_torch, parallel_ours) = runs[1], runs[2]
+    assert serial_torch != parallel_torch
+    assert serial_ours == parallel_ours == serial_torch
+
+
+def test_misuse_is_refused() -> None:
+    summer = OrderedSum(4, torch.float32)
+    with pytest.raises(ValueError, match="fed"):
+        summer.add(torch.ones(2, dtype=torch.float64))
+    summer.add(torch.ones(3))
+    with pytest.raises(ValueError, match="read after 3"):
+        summer.result()
+    with pytest.raises(ValueError, match="fed 5"):
+        summer.add(torch.ones(2))
+    with pytest.raises(ValueError, match="no ordered sum"):
+        OrderedSum(1, torch.int32)
