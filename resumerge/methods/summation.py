@@ -61,7 +61,7 @@ class OrderedSum:
         self._block = self._row_width * self._step ** (_LEVELS - 1)
         # Cascade numbers wait in a buffer until this many (whole blocks, a few MiB) can be folded at once, so
         # pieces as small as a row chunk cost no more than one whole add.
-        self._fold_at = max(1, _FOLD_AT // self._block) * self._block
+        self._fold_at = min(max(1, _FOLD_AT // self._block) * self._block, self._cascade_end)
         self._buffer: torch.Tensor | None = None
         self._filled = 0
         self._tails: list[torch.Tensor] = []
@@ -81,6 +81,9 @@ class OrderedSum:
         cascade = max(0, min(self._fed, self._cascade_end) - start)
         head = flat[:cascade]
         while head.numel():
+            if not self._filled and self._fed >= self._cascade_end:  # the last of the cascade: no copy
+                self._fold_rows(head)
+                break
             if not self._filled and head.numel() >= self._block:  # straight from the piece, no copy
                 whole = head.numel() // self._block * self._block
                 self._fold_rows(head[:whole])
@@ -158,9 +161,17 @@ class OrderedSum:
         return wide[:, : self.lanes] + wide[:, self.lanes :]
 
     def _fold_rows(self, numbers: torch.Tensor) -> None:
-        # Whole rows into level 0, as consecutive _ILP-vector loads (torch's ILP accumulators side by side).
-        rows = self._lanes_of(numbers.view(-1, self.per_vector)).view(-1, _ILP * self.lanes)
-        self._fold(0, rows)
+        # Whole rows into level 0, as consecutive _ILP-vector loads (torch's ILP accumulators side by side). Half
+        # precision is widened a quarter at a time (whole level-0 groups), so its float32 copy stays small; folding
+        # consecutive parts is folding the whole.
+        width = self._row_width
+        part = numbers.numel()
+        if self.per_vector != self.lanes:
+            group = width * self._step
+            part = max(group, numbers.numel() // 4 // group * group)
+        for start in range(0, numbers.numel(), part):
+            piece = numbers[start : start + part]
+            self._fold(0, self._lanes_of(piece.view(-1, self.per_vector)).view(-1, _ILP * self.lanes))
 
     def _fold(self, level: int, values: torch.Tensor) -> None:
         # Fold `values` (m × width, in order) into `level`: each value is added to the level's accumulator, and
@@ -195,11 +206,6 @@ class OrderedSum:
         self._count[level] += count - position
 
 
-# Half precision is widened to float32 for summing, 6 bytes a number, so ordered_sum feeds it in pieces of a
-# quarter of the tensor (1.5 bytes a number at most), no fewer than _MIN_PIECE numbers and no more than
-# _MAX_PIECE (6 MiB). Each piece costs some Python, so wider dtypes, summed in place, go whole.
-_MIN_PIECE = 1 << 12
-_MAX_PIECE = 1 << 20
 # Numbers an OrderedSum lets wait before folding them (4 MiB of float32).
 _FOLD_AT = 1 << 20
 
@@ -207,10 +213,5 @@ _FOLD_AT = 1 << 20
 def ordered_sum(values: torch.Tensor) -> torch.Tensor:
     """``values.sum()`` in :class:`OrderedSum`'s order, a 0-dim tensor of ``values``' dtype."""
     summer = OrderedSum(values.numel(), values.dtype, values.device)
-    flat = values.reshape(-1)
-    piece = max(1, flat.numel())
-    if summer.per_vector != summer.lanes:
-        piece = min(_MAX_PIECE, max(_MIN_PIECE, piece // 4))
-    for start in range(0, flat.numel(), piece):
-        summer.add(flat[start : start + piece])
+    summer.add(values)
     return summer.result()
