@@ -109,14 +109,19 @@ def _whole_tensor_need(config: Path, capsys: pytest.CaptureFixture[str]) -> int:
     return int(json.loads(capsys.readouterr().out)["memory"]["smallest_budget"])
 
 
+def _eighth_of_whole(merge: Merge, capsys: pytest.CaptureFixture[str]) -> str:
+    """A budget with room for an eighth of the whole-tensor embeddings' unit (of ties with rescale)."""
+    need = _whole_tensor_need(merge.configs["ties-rescale"], capsys)
+    return str(BASELINE + (need - BASELINE) // 8)
+
+
 @pytest.mark.usefixtures("scripted")
 def test_a_budget_too_small_for_whole_tensors_streams_rows_with_the_same_bytes(
         merge: Merge, calls: dict[str, int], capsys: pytest.CaptureFixture[str]) -> None:
     # The same merge with rescale needs whole tensors (L1 sums over the tensor), as ties itself did before it could
     # stream. With room for an eighth of the embeddings' whole unit, that merge is refused, and the streamed one
     # has too little even for a tensor's output in one piece (its unit in passes): row chunks go to the writer.
-    need = _whole_tensor_need(merge.configs["ties-rescale"], capsys)
-    budget = str(BASELINE + (need - BASELINE) // 8)
+    budget = _eighth_of_whole(merge, capsys)
     for method in ("ties", "breadcrumbs"):
         tag = f"tight-{method}"
         assert _run(merge.configs[f"{method}-rescale"], merge.root / f"{tag}-rescale", merge.root / "st",
@@ -138,8 +143,7 @@ def test_dare_and_della_stream_only_what_does_not_fit_whole_with_the_same_bytes(
     # Their streams are slower than the whole tensor, so at the default budget nothing streams; under a budget an
     # eighth of the whole embeddings' unit, the masks are drawn chunk by chunk from per-task-vector generators and
     # the rescale's norms summed in order: the same bytes as the whole-tensor run (rescale on: their default).
-    need = _whole_tensor_need(merge.configs["ties-rescale"], capsys)
-    budget = str(BASELINE + (need - BASELINE) // 8)
+    budget = _eighth_of_whole(merge, capsys)
     for method in ("dare_ties", "della"):
         assert _run(merge.configs[method], merge.root / f"default-{method}", merge.root / "st") == 0
         assert digests(merge.root / f"default-{method}") == merge.reference[method]

@@ -36,8 +36,7 @@ class _Drawn:
 
     generator: torch.Generator
     mask: Tensor  # uint8, one entry per task-vector entry, filled by the statistics pass
-    before: OrderedSum | None
-    after: OrderedSum | None
+    norms: tuple[OrderedSum, OrderedSum] | None  # L1 before and after masking, with rescale
     ratio: Tensor | None = None  # before / after, once known (None: the mask is applied unscaled)
 
 
@@ -73,10 +72,11 @@ class SampledStream:
             delta = ctx.tensors[index] - base
             mask = sparsify.sampled_mask(delta, self._samples[index], drawn.generator)
             drawn.mask[self._position : self._position + count].copy_(mask.reshape(-1))
-            if drawn.before is not None and drawn.after is not None:
+            if drawn.norms is not None:
+                before, after = drawn.norms
                 magnitudes = delta.to(mask.dtype).abs_()
-                drawn.before.add(magnitudes)
-                drawn.after.add(magnitudes.mul_(mask))
+                before.add(magnitudes)
+                after.add(magnitudes.mul_(mask))
         self._position += count
         if self._position == self._total:
             self._position = 0
@@ -118,17 +118,17 @@ class SampledStream:
                 continue
             own = torch.Generator()
             own.set_state(source.get_state())
-            sums = (OrderedSum(self._total, work), OrderedSum(self._total, work)) if self._rescale else (None, None)
-            self._drawn[index] = _Drawn(own, torch.empty(self._total, dtype=torch.uint8), *sums)
+            norms = (OrderedSum(self._total, work), OrderedSum(self._total, work)) if self._rescale else None
+            self._drawn[index] = _Drawn(own, torch.empty(self._total, dtype=torch.uint8), norms)
             for start in range(0, self._total, _SKIP_BLOCK):  # the words this task vector's mask will take
                 scratch[: min(_SKIP_BLOCK, self._total - start)].uniform_(generator=source)
 
     @staticmethod
     def _ratio(drawn: _Drawn) -> Tensor | None:
         # The whole-tensor rescale's rule (sparsify._rescaled): unscaled where either norm is below its epsilon.
-        if drawn.before is None or drawn.after is None:
+        if drawn.norms is None:
             return None
-        before, after = drawn.before.result(), drawn.after.result()
+        before, after = (norm.result() for norm in drawn.norms)
         if before < sparsify.RESCALE_EPS or after < sparsify.RESCALE_EPS:
             return None
         return before / after
@@ -150,7 +150,8 @@ def sampled_stream(*, della: bool, consensus: bool, normalize: bool, rescale: bo
             density = float(p.get("density", DEFAULT_DENSITY))
             epsilon = float(p.get("epsilon", DEFAULT_EPSILON)) if della else None
             samples[index] = sparsify.Sampled(density, epsilon)
-        return SampledStream(samples, total, consensus=consensus, normalize=bool(params.get("normalize", normalize)),
+        # `normalize` is the method's default: the combine reads the tensor's own setting from each context.
+        return SampledStream(samples, total, consensus=consensus, normalize=normalize,
                              rescale=bool(params.get("rescale", rescale)))
 
     return factory

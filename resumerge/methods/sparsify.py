@@ -64,7 +64,8 @@ def _draw_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
 
 
-def _rescale_dtype(dtype: torch.dtype) -> torch.dtype:
+def rescale_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a randomized sparsifier masks and rescales a task vector of ``dtype`` in."""
     # Unlike mergekit on CPU, float64 task vectors are masked and rescaled in float64: rounding them to float32
     # would throw away the precision float64 was chosen for. The masks are unaffected (0 and 1 are exact).
     return torch.float64 if dtype == torch.float64 else _draw_dtype(dtype)
@@ -178,16 +179,20 @@ def bernoulli(
         return delta
     if delta.dtype == torch.float32 and delta.device.type == "cpu" and delta.is_contiguous():
         return _bernoulli_in_blocks(delta if inplace else delta.clone(), density, rescale, gen)
-    work = _rescale_dtype(delta.dtype)
-    # The probability is rounded to the draw dtype, so bfloat16 keeps bfloat16's rounding of density; expanded,
-    # not filled, as the CPU draw only compares against it.
-    probability = torch.tensor(density, dtype=_draw_dtype(delta.dtype), device=delta.device)
-    mask = bernoulli_mask(probability.expand(delta.shape), gen, work)
+    work = rescale_dtype(delta.dtype)
+    mask = _dare_mask(delta, density, gen)
     values = delta.to(work)
     converted = values is not delta  # then `values` is a fresh copy, ours to overwrite
     magnitudes = values.abs() if rescale else None
     masked = _mask_and_rescale(values, mask, rescale, inplace or converted, magnitudes)
     return masked.to(delta.dtype)
+
+
+def _dare_mask(delta: torch.Tensor, density: float, gen: torch.Generator) -> torch.Tensor:
+    # DARE's 1/0 mask for delta's entries, in rescale_dtype. The probability is rounded to the draw dtype, so
+    # bfloat16 keeps bfloat16's rounding of density; expanded, not filled, as the CPU draw only compares against it.
+    probability = torch.tensor(density, dtype=_draw_dtype(delta.dtype), device=delta.device)
+    return bernoulli_mask(probability.expand(delta.shape), gen, rescale_dtype(delta.dtype))
 
 
 def _bernoulli_in_blocks(values: torch.Tensor, density: float, rescale: bool, gen: torch.Generator) -> torch.Tensor:
@@ -255,26 +260,35 @@ def della_magprune(
         return delta
     if density <= 0:
         return delta.zero_() if inplace else torch.zeros_like(delta)
-    if density + epsilon >= 1 or density - epsilon <= 0:
-        raise ValueError("Epsilon must be chosen such that density +/- epsilon is in (0, 1)")
+    _check_epsilon(density, epsilon)
     shape = delta.shape
     rows = delta.reshape(1, -1) if delta.dim() < 2 else delta
     draw = _draw_dtype(delta.dtype)
     # Ranking compares the magnitudes in delta's own dtype, as mergekit does.
     magnitudes = rows.abs()
-    work = _rescale_dtype(delta.dtype)
+    work = rescale_dtype(delta.dtype)
     if rows.dim() == 2 and rows.device.type == "cpu" and delta.dtype == work == draw == torch.float32:
         return _mask_rows_in_blocks(rows if inplace else rows.clone(), magnitudes, density, epsilon, rescale,
                                     gen).reshape(shape)
-    if rows.dim() == 2 and rows.device.type == "cpu":
-        mask = _row_block_mask(magnitudes, density, epsilon, draw, work, gen)
-    else:
-        mask = bernoulli_mask(_rank_probabilities(magnitudes, density, epsilon, draw), gen, work)
+    mask = _della_mask(magnitudes, density, epsilon, draw, work, gen)
     values = rows.to(work)
     converted = work != delta.dtype  # then `values` is a fresh copy, ours to overwrite
     reusable = None if converted else magnitudes
     masked = _mask_and_rescale(values, mask, rescale, inplace or converted, reusable)
     return masked.to(delta.dtype).reshape(shape)
+
+
+def _check_epsilon(density: float, epsilon: float) -> None:
+    if density + epsilon >= 1 or density - epsilon <= 0:
+        raise ValueError("Epsilon must be chosen such that density +/- epsilon is in (0, 1)")
+
+
+def _della_mask(magnitudes: torch.Tensor, density: float, epsilon: float, draw: torch.dtype, work: torch.dtype,
+                gen: torch.Generator) -> torch.Tensor:
+    # MAGPRUNE's 1/0 mask (dtype `work`) from the magnitudes of whole rows (two or more dims; ranks along dim 1).
+    if magnitudes.dim() == 2 and magnitudes.device.type == "cpu":
+        return _row_block_mask(magnitudes, density, epsilon, draw, work, gen)
+    return bernoulli_mask(_rank_probabilities(magnitudes, density, epsilon, draw), gen, work)
 
 
 # Elements per block of rows in _row_block_mask: the block's int64 sort keys and probabilities stay in cache.
@@ -382,24 +396,12 @@ def sampled_draws(sampled: Sampled) -> bool:
     return sampled.epsilon is None or sampled.density > 0
 
 
-def rescale_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype a randomized sparsifier masks and rescales a task vector of ``dtype`` in."""
-    return _rescale_dtype(dtype)
-
-
 def sampled_mask(delta: torch.Tensor, sampled: Sampled, generator: torch.Generator) -> torch.Tensor:
     """The 1/0 keep mask (dtype :func:`rescale_dtype`) of the next entries of a task vector, ``delta`` holding
     them in its shape (whole rows for DELLA, which ranks along dim 1), drawn from ``generator`` as the
-    whole-tensor sparsifier draws them. Only for a ``sampled`` that draws (:func:`sampled_draws`) on the CPU."""
-    work = _rescale_dtype(delta.dtype)
-    draw = _draw_dtype(delta.dtype)
+    whole-tensor sparsifier draws them. Only for a ``sampled`` that draws (:func:`sampled_draws`)."""
     if sampled.epsilon is None:
-        probability = torch.tensor(sampled.density, dtype=draw)
-        return bernoulli_mask(probability.expand(delta.shape), generator, work)
-    if sampled.density + sampled.epsilon >= 1 or sampled.density - sampled.epsilon <= 0:
-        raise ValueError("Epsilon must be chosen such that density +/- epsilon is in (0, 1)")
-    magnitudes = delta.abs()
-    if delta.dim() == 2:
-        return _row_block_mask(magnitudes, sampled.density, sampled.epsilon, draw, work, generator)
-    probabilities = _rank_probabilities(magnitudes, sampled.density, sampled.epsilon, draw)
-    return bernoulli_mask(probabilities, generator, work)
+        return _dare_mask(delta, sampled.density, generator)
+    _check_epsilon(sampled.density, sampled.epsilon)
+    return _della_mask(delta.abs(), sampled.density, sampled.epsilon, _draw_dtype(delta.dtype),
+                       rescale_dtype(delta.dtype), generator)

@@ -25,6 +25,8 @@ import torch
 _ILP: Final = 4  # independent vector accumulators per level (torch's ilp_factor)
 _LEVELS: Final = 4  # cascade levels (torch's num_levels)
 _VECTOR_BYTES: Final = 32  # one 256-bit vector register
+# Numbers an OrderedSum fed in pieces lets wait before folding them (4 MiB of float32).
+_FOLD_AT: Final = 1 << 20
 
 
 def _ceil_log2(value: int) -> int:
@@ -51,8 +53,7 @@ class OrderedSum:
         self._rows = vectors // _ILP  # rows of _ILP vectors folded by the cascade
         self._row_width = _ILP * self.per_vector
         self._cascade_end = self._rows * self._row_width  # numbers after it form the tails
-        self._power = max(4, _ceil_log2(self._rows) // _LEVELS)
-        self._step = 1 << self._power
+        self._step = 1 << max(4, _ceil_log2(self._rows) // _LEVELS)
         width = _ILP * self.lanes
         self._acc = [torch.zeros(width, dtype=self.acc_dtype, device=device) for _ in range(_LEVELS)]
         self._count = [0] * _LEVELS  # values folded into each level since it last passed its sum on
@@ -75,9 +76,9 @@ class OrderedSum:
             raise ValueError(f"an ordered sum of {self.total} numbers was fed {self._fed + flat.numel()}")
         start = self._fed
         self._fed += flat.numel()
-        # The part that belongs to the cascade is folded in whole blocks of the level below the top, so that no
-        # level but the top ever holds a group begun by an earlier piece (finishing one takes a Python step per
-        # value); the rest waits for the next piece. Numbers past the cascade form the tails, for result().
+        # The part that belongs to the cascade is folded straight from the piece where it can be: its last part,
+        # or whole blocks while nothing waits. Anything else waits in the buffer. Numbers past the cascade form the
+        # tails, summed by result().
         cascade = max(0, min(self._fed, self._cascade_end) - start)
         head = flat[:cascade]
         while head.numel():
@@ -111,7 +112,7 @@ class OrderedSum:
         if self._filled and self._buffer is not None:  # whole rows short of a buffer: folded once, at the end
             self._fold_rows(self._buffer[: self._filled])
             self._filled = 0
-        rows = self._acc[0].clone()
+        rows = self._acc[0]
         for level in range(1, _LEVELS):
             rows = rows + self._acc[level]
         partial = rows.view(_ILP, self.lanes)
@@ -155,19 +156,16 @@ class OrderedSum:
 
     def _lanes_of(self, vectors: torch.Tensor) -> torch.Tensor:
         # (n, per_vector) numbers -> (n, lanes) accumulator values as one vector load gives them.
-        if self.per_vector == self.lanes:
-            return vectors.to(self.acc_dtype)
         wide = vectors.to(self.acc_dtype)
-        return wide[:, : self.lanes] + wide[:, self.lanes :]
+        return wide if self.per_vector == self.lanes else wide[:, : self.lanes] + wide[:, self.lanes :]
 
     def _fold_rows(self, numbers: torch.Tensor) -> None:
         # Whole rows into level 0, as consecutive _ILP-vector loads (torch's ILP accumulators side by side). Half
         # precision is widened a quarter at a time (whole level-0 groups), so its float32 copy stays small; folding
         # consecutive parts is folding the whole.
-        width = self._row_width
         part = numbers.numel()
         if self.per_vector != self.lanes:
-            group = width * self._step
+            group = self._row_width * self._step
             part = max(group, numbers.numel() // 4 // group * group)
         for start in range(0, numbers.numel(), part):
             piece = numbers[start : start + part]
@@ -204,10 +202,6 @@ class OrderedSum:
         for value in values[position:]:
             acc[level] = acc[level] + value
         self._count[level] += count - position
-
-
-# Numbers an OrderedSum lets wait before folding them (4 MiB of float32).
-_FOLD_AT = 1 << 20
 
 
 def ordered_sum(values: torch.Tensor) -> torch.Tensor:

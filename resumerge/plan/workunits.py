@@ -177,11 +177,11 @@ def oversized_units(plan: Plan, budget: int, baseline: int, device: str | None =
     for tp in plan.tensors.values():
         method = get_method(tp.method)
         assert method is not None
-        streams = row_stream(tp, method, device or plan.options.device) is not None
-        chunkable = can_chunk(tp, method) or streams
+        stream = row_stream(tp, method, device or plan.options.device)
+        chunkable = can_chunk(tp, method) or stream is not None
         unit = estimate_bytes(tp, method, rows=1 if chunkable else None)
-        if streams and not can_chunk(tp, method):
-            unit += held_bytes(tp, method)
+        if stream is not None and not can_chunk(tp, method):
+            unit += stream.held_bytes()
         need = smallest_budget_for(unit, baseline_bytes=baseline)
         if need > budget:
             found.append(Oversized(tp.name, tp.method, need))

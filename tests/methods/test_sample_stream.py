@@ -2,31 +2,17 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
 import torch
 
+from methods.test_task_stream import bits, cuts
 from resumerge.methods import MergeContext, get_method
 
 SAMPLED = ["dare_ties", "dare_linear", "della", "della_linear"]
 SEED = 1234
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()])
-
-
-def cuts(rows: int, sizes: Sequence[int]) -> list[tuple[int, int]]:
-    out, first = [], 0
-    for size in itertools.cycle(sizes):
-        if first >= rows:
-            return out
-        out.append((first, min(rows, first + size)))
-        first += size
-    raise AssertionError("unreachable")
 
 
 def context(tensors: Sequence[torch.Tensor], base: int, model_params: Sequence[Mapping[str, Any]],
