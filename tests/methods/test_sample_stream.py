@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from methods.test_task_stream import bits, cuts
-from resumerge.methods import MergeContext, get_method
+from resumerge.methods import MergeContext, get_method, sample_stream
 
 SAMPLED = ["dare_ties", "dare_linear", "della", "della_linear"]
 SEED = 1234
@@ -102,3 +102,12 @@ def test_della_leaves_one_dimensional_tensors_whole() -> None:
     assert dare is not None and dare.streamed is not None
     stream = dare.streamed((64,), 0, [{}, {"weight": 1.0, "density": 0.5}, {"weight": 1.0, "density": 1.0}], {})
     assert stream is not None and stream.held_bytes() == 64  # one mask byte per entry, for the sampled model only
+
+
+@pytest.mark.parametrize("words", [0, 1, 2, 7, 2 * 65536 + 3, 3 * 65536])
+def test_skipping_words_leaves_the_generator_where_drawing_them_does(words: int) -> None:
+    # Pins the installed torch's float64 uniform_ to two 32-bit words an entry (the skip's fast path).
+    drawn, skipped = torch.Generator().manual_seed(SEED), torch.Generator().manual_seed(SEED)
+    torch.empty(words).uniform_(generator=drawn)
+    sample_stream._skip_words(skipped, words)
+    assert torch.equal(torch.empty(9).uniform_(generator=drawn), torch.empty(9).uniform_(generator=skipped))
