@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from resumerge.methods import MergeContext, arcee_fusion, get_method, sce, sparsify, task_arithmetic  # noqa: E402
+from resumerge.methods import MergeContext, arcee_fusion, get_method, sce, sce_steps, sparsify, task_arithmetic  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # method -> (global params, per-model params of each fine-tune)
@@ -184,8 +184,8 @@ def old_ranking() -> Iterator[None]:
         (sparsify, "magnitude_outliers", _old_outliers),
         (sparsify, "della_magprune", _old_della),
         (sce, "variance_mask", _old_variance_mask),
-        (sce, "sign_consensus_weights", _old_sign_consensus_weights),
-        (sce, "population_variance", _old_population_variance),
+        (sce_steps, "sign_consensus_weights", _old_sign_consensus_weights),
+        (sce_steps, "population_variance", _old_population_variance),
         (arcee_fusion, "threshold", _old_threshold),
         (task_arithmetic, "merge_task_vectors", _old_merge_task_vectors),
     ]

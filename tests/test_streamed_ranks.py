@@ -55,6 +55,11 @@ def merge(tmp_path_factory: pytest.TempPathFactory) -> Merge:
             out = root / f"reference-{method}"
             assert _run(configs[method], out, root / "state-ref") == 0
             reference[method] = digests(out)
+        configs["sce"] = write_config(root / "sce.yml", {
+            "merge_method": "sce", "base_model": str(a), "models": [{"model": str(b)}, {"model": str(c)}],
+            "parameters": {"select_topk": 0.4}})
+        assert _run(configs["sce"], root / "reference-sce", root / "state-ref") == 0
+        reference["sce"] = digests(root / "reference-sce")
     configs["linear"] = write_config(root / "linear.yml", linear_config(a, b))
     assert _run(configs["linear"], root / "reference-linear", root / "state-ref") == 0
     reference["linear"] = digests(root / "reference-linear")
@@ -138,13 +143,14 @@ def test_a_budget_too_small_for_whole_tensors_streams_rows_with_the_same_bytes(
 
 
 @pytest.mark.usefixtures("scripted")
-def test_dare_and_della_stream_only_what_does_not_fit_whole_with_the_same_bytes(
+def test_dare_della_and_sce_stream_only_what_does_not_fit_whole_with_the_same_bytes(
         merge: Merge, calls: dict[str, int], capsys: pytest.CaptureFixture[str]) -> None:
     # Their streams are slower than the whole tensor, so at the default budget nothing streams; under a budget an
     # eighth of the whole embeddings' unit, the masks are drawn chunk by chunk from per-task-vector generators and
-    # the rescale's norms summed in order: the same bytes as the whole-tensor run (rescale on: their default).
+    # the rescale's norms summed in order (rescale on: their default), and SCE's variance window and energies are
+    # taken over chunks: the same bytes as the whole-tensor run.
     budget = _eighth_of_whole(merge, capsys)
-    for method in ("dare_ties", "della"):
+    for method in ("dare_ties", "della", "sce"):
         assert _run(merge.configs[method], merge.root / f"default-{method}", merge.root / "st") == 0
         assert digests(merge.root / f"default-{method}") == merge.reference[method]
         assert calls["apply_rows"] == calls["compute_in_passes"] == 0

@@ -61,12 +61,16 @@ class StreamedWindow:
     :meth:`observe`; then pass them again, in index order, to :meth:`mask`. The chunks of different passes may
     be cut differently. Keys must be non-negative (:func:`~resumerge.methods.ranking.magnitude_keys` of
     magnitudes); with ``shift`` (at least 13) they must have that many low bits zero, and one pass is enough.
-    ``start``/``stop`` are clamped to ``[0, total]``.
+    ``start``/``stop`` are clamped to ``[0, total]``. A ``deferred`` window learns them from its first pass:
+    :meth:`retarget` sets them after it, and until then ``start``/``stop`` are a forecast that only steers which
+    buckets the first pass counts the low bits of (a wrong one costs the second pass, never a wrong mask).
     """
 
-    def __init__(self, total: int, start: int, stop: int, *, descending: bool, shift: int | None = None) -> None:
+    def __init__(self, total: int, start: int, stop: int, *, descending: bool, shift: int | None = None,
+                 deferred: bool = False) -> None:
         self.total, self.descending = total, descending
         self.start, self.stop = max(0, start), min(total, stop)
+        self._deferred = deferred
         self._shift = _COARSE_SHIFT if shift is None else shift
         self._exact = shift is not None
         self._counts: np.ndarray | None = None
@@ -82,19 +86,32 @@ class StreamedWindow:
 
     @property
     def trivial(self) -> bool:
-        """True when the window is empty or everything: its mask needs no statistics."""
+        """True when the window is empty or everything: its mask needs no statistics (never while deferred)."""
+        if self._deferred:
+            return False
         return self.start >= self.stop or (self.start == 0 and self.stop == self.total)
+
+    def retarget(self, start: int, stop: int) -> None:
+        """Set a deferred window's positions, after statistics pass 0 and before :meth:`wants` ``(1)``."""
+        if not self._deferred or self._asked != 0:
+            raise ValueError("only a deferred window is retargeted, once, after statistics pass 0")
+        self.start, self.stop = max(0, start), min(self.total, stop)
+        self._deferred = False
 
     def wants(self, pass_index: int) -> bool:
         """Whether statistics pass ``pass_index`` must run (ask for 0, 1, ... in order, after each pass)."""
         if pass_index != self._asked + 1:
             raise ValueError(f"passes are asked once each, in order: {pass_index} after {self._asked}")
         self._asked = pass_index
+        if pass_index == 0:
+            if self.trivial:
+                self._ready = True
+            return not self._ready
+        if self._deferred:
+            raise ValueError("a deferred window is retargeted before statistics pass 1")
         if self.trivial or pass_index > 1:
             self._ready = True
             return False
-        if pass_index == 0:
-            return True
         if not self._exact:
             self._fine = {b: found for b in self._buckets() if (found := self._guessed(b)) is not None}
             self._pending = {b: np.zeros(1 << _COARSE_SHIFT, dtype=np.int64) for b in self._buckets()

@@ -67,6 +67,11 @@ class OrderedSum:
         self._filled = 0
         self._tails: list[torch.Tensor] = []
 
+    @staticmethod
+    def buffer_bytes(total: int, dtype: torch.dtype) -> int:
+        """At most what an ordered sum of ``total`` numbers fed in pieces keeps waiting to be folded."""
+        return min(total, _FOLD_AT) * dtype.itemsize
+
     def add(self, values: torch.Tensor) -> None:
         """Feed the next ``values.numel()`` numbers (in ``values``' row-major order)."""
         flat = values.reshape(-1)
@@ -105,6 +110,11 @@ class OrderedSum:
 
     def result(self) -> torch.Tensor:
         """The sum, a 0-dim tensor of ``dtype`` (the pieces fed are not needed any more)."""
+        return self.wide_result().to(self.dtype)
+
+    def wide_result(self) -> torch.Tensor:
+        """The sum before its rounding to ``dtype``: a 0-dim tensor of the accumulator's dtype (float32 for the
+        half types), as ``torch.sum(values, dtype=torch.float32)`` gives it (what ``torch.mean`` divides)."""
         if self._fed != self.total:
             raise ValueError(f"an ordered sum of {self.total} numbers read after {self._fed}")
         if self.total < self.per_vector:
@@ -128,7 +138,7 @@ class OrderedSum:
             total = total + value
         for lane in first:
             total = total + lane
-        return total.to(self.dtype)
+        return total
 
     def _short_result(self) -> torch.Tensor:
         # Fewer numbers than one vector load: torch's scalar loop, four interleaved accumulators (numbers i, i+4,
@@ -146,7 +156,7 @@ class OrderedSum:
             partial[0] = partial[0] + value
         for value in partial[1:]:
             partial[0] = partial[0] + value
-        return partial[0].to(self.dtype)
+        return partial[0]
 
     def _take(self, pieces: list[torch.Tensor]) -> torch.Tensor:
         joined = (torch.cat(pieces) if len(pieces) > 1 else pieces[0]) if pieces else \

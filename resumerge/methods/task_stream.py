@@ -103,7 +103,7 @@ def task_vector_stream(selector: Selector, *, consensus: bool, normalize: bool, 
     """The :class:`~resumerge.methods.spec.RowStreamFactory` of a rank-window method with these defaults."""
 
     def factory(shape: tuple[int, ...], base_index: int | None, model_params: Sequence[Mapping[str, Any]],
-                params: Mapping[str, Any]) -> RowStream | None:
+                params: Mapping[str, Any], *, dtype: torch.dtype | None = None) -> RowStream | None:
         total = math.prod(shape)
         if base_index is None or total == 0 or bool(params.get("rescale", rescale)):
             return None

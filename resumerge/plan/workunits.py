@@ -16,7 +16,10 @@ import ctypes.util
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+import torch
+
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
+from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.footprint import working_bytes
 from resumerge.methods.registry import MethodSpec, get_method
 from resumerge.methods.spec import RowStream
@@ -77,7 +80,18 @@ def row_stream(tp: TensorPlan, method: MethodSpec, device: str) -> RowStream | N
     gathered (vocabulary-aligned), or the merge runs on a GPU (streams run on the CPU only)."""
     if method.streamed is None or device != "cpu" or not tp.shape or tp.shape[0] < 2 or tp.vocab_aligned:
         return None
-    return method.streamed(tuple(tp.shape), tp.base_index, [dict(p) for p in tp.model_params], dict(tp.params))
+    return method.streamed(tuple(tp.shape), tp.base_index, [dict(p) for p in tp.model_params], dict(tp.params),
+                           dtype=method_dtype(tp))
+
+
+def method_dtype(tp: TensorPlan) -> torch.dtype:
+    """The dtype the method sees ``tp``'s inputs in: the config's ``dtype``, else their common (promoted) one."""
+    if tp.compute_dtype is not None:
+        return NAME_DTYPES[tp.compute_dtype]
+    common = TORCH_DTYPES[tp.inputs[0].value_dtype]
+    for ref in tp.inputs[1:]:
+        common = torch.promote_types(common, TORCH_DTYPES[ref.value_dtype])
+    return common
 
 
 def held_bytes(tp: TensorPlan, method: MethodSpec) -> int:

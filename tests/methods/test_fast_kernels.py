@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from resumerge.methods import sce, sparsify
+from resumerge.methods import sce_steps, sparsify
 from resumerge.methods.consensus import sign_consensus_mask, sign_consensus_weights
 
 SPECIALS = [0.0, -0.0, float("inf"), float("-inf"), float("nan")]
@@ -51,10 +51,10 @@ def test_bernoulli_mask_draws_what_torch_bernoulli_draws(draw: torch.dtype) -> N
 def test_population_variance_is_torch_var(
     dtype: torch.dtype, count: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sce, "_VARIANCE_BLOCK", 64)  # several blocks and a partial last one
+    monkeypatch.setattr(sce_steps, "_VARIANCE_BLOCK", 64)  # several blocks and a partial last one
     stacked = _with_specials((count, 7, 45), dtype, seed=count)
     expected = torch.var(stacked, dim=0, unbiased=False)
-    got = sce.population_variance(stacked)
+    got = sce_steps.population_variance(stacked)
     assert got.shape == expected.shape and got.dtype == dtype
     # Bit for bit but for a NaN's sign, which SCE drops (it ranks |variance|).
     assert torch.equal(_bits(got.abs()), _bits(expected.abs()))

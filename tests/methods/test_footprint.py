@@ -108,7 +108,7 @@ def test_every_registered_method_and_dtype_is_measured() -> None:
 
 
 def test_the_blocks_match_the_methods() -> None:
-    from resumerge.methods import footprint, ram, sce, slerp, sparsify
+    from resumerge.methods import footprint, ram, sce_steps, slerp, sparsify
 
-    assert (sce._VARIANCE_BLOCK, sparsify._ROW_BLOCK_ELEMENTS, ram._GRAIN, slerp._CHUNK_ELEMENTS) == (
+    assert (sce_steps._VARIANCE_BLOCK, sparsify._ROW_BLOCK_ELEMENTS, ram._GRAIN, slerp._CHUNK_ELEMENTS) == (
         footprint._SCE_BLOCK, footprint._DELLA_BLOCK, footprint._RAM_GRAIN, footprint._SLERP_CHUNK)

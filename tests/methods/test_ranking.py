@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from resumerge.methods import get_method, ranking, sparsify
-from resumerge.methods.sce import variance_mask
+from resumerge.methods.sce_steps import variance_mask
 
 RANK_BASED = ["ties", "breadcrumbs", "breadcrumbs_ties", "della", "della_linear", "sce"]
 

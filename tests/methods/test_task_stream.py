@@ -159,7 +159,7 @@ def test_rescale_and_missing_base_stay_whole_tensor() -> None:
         assert spec.streamed((4, 4), 0, per_model, {"rescale": True}) is None
         assert spec.streamed((4, 4), None, per_model, {}) is None
         assert spec.streamed((0, 4), 0, per_model, {}) is None
-    for method in ("task_arithmetic", "sce", "slerp"):
+    for method in ("task_arithmetic", "slerp"):
         spec = get_method(method)
         assert spec is not None and spec.streamed is None
 

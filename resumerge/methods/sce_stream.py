@@ -1,0 +1,158 @@
+"""``sce`` over row chunks: the :class:`~resumerge.methods.spec.RowStream` of SCE.
+
+SCE has three whole-tensor steps: how many positions have a nonzero variance across the task vectors (which sets
+the ``select_topk`` window), the window itself over the variances, and each task vector's energy (mean square
+after the selection). Everything else is per position. So the stream
+
+1. counts the nonzero variances and histograms their keys (the window's first pass, deferred until the count
+   gives its size: :class:`~resumerge.methods.rankstream.StreamedWindow`);
+2. for float32 and float16 variances, counts the low bits of the keys at the window's ends (bfloat16 keys are
+   exact after step 1);
+3. masks each chunk, keeps the mask (a byte a position) and feeds every task vector's squares to an ordered sum
+   (:class:`~resumerge.methods.summation.OrderedSum`, the order the whole-tensor path sums them in too);
+4. in the output pass, masks each chunk again and runs SCE's per-position tail (:func:`~resumerge.methods.sce.
+   sce_tail`).
+
+Without a window (``select_topk`` ≥ 1 or ≤ 0) only steps 3 and 4 run. Float64 variances rank by int64 keys, which
+the streamed window does not count, so float64 tensors are left to the whole-tensor path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from resumerge.methods.ranking import exact_key_shift, magnitude_keys
+from resumerge.methods.rankstream import StreamedWindow
+from resumerge.methods.sce_steps import normalised_energy, population_variance, sce_tail, variance_count
+from resumerge.methods.spec import MergeContext, RowStream
+from resumerge.methods.summation import OrderedSum
+
+
+class SceStream:
+    """One tensor of ``sce`` over row chunks (a :class:`~resumerge.methods.spec.RowStream`)."""
+
+    def __init__(self, total: int, models: int, fraction: float, *, int8: bool,
+                 dtype: torch.dtype | None = None) -> None:
+        self._total, self._models, self._fraction, self._int8 = total, models, fraction, int8
+        self._dtype = torch.float64 if dtype is None else dtype  # for held_bytes: the widest, when not known
+        self._window: StreamedWindow | None = None  # built at the first chunk (its keys' dtype), when ranking
+        self._nonzero = 0
+        self._energy: list[OrderedSum] = []
+        self._weights: Tensor | None = None  # the normalised energies, after the energy pass
+        self._mask: Tensor | None = None  # the window's mask, one byte a position, kept for the output pass
+        self._position = 0
+        # The pass that sums the energies: the first without a window, else the one after the window's passes.
+        self._energy_pass = -1 if self._ranks else 0
+
+    # Four passes over the inputs where the whole tensor takes one: for tensors that do not fit whole.
+    prefer_whole = True
+
+    @property
+    def _ranks(self) -> bool:
+        return 0 < self._fraction < 1
+
+    def held_bytes(self) -> int:
+        """The window's mask (a byte a position) and the ordered sums' fold buffers."""
+        return (self._total if self._ranks else 0) + self._models * OrderedSum.buffer_bytes(self._total, self._dtype)
+
+    def wants(self, pass_index: int) -> bool:
+        """The window's passes (while ranking), then the energy pass."""
+        if not self._ranks:
+            return pass_index == 0
+        if pass_index == 0:
+            return True  # the count and the coarse histogram
+        window = self._window
+        if window is None:
+            raise ValueError("a statistics pass was asked for before any chunk was seen")
+        if pass_index == 1:
+            window.retarget(0, variance_count(self._nonzero, self._fraction))
+        if self._energy_pass < 0:
+            if window.wants(pass_index):
+                return True
+            self._energy_pass = pass_index
+            self._mask = torch.empty(self._total, dtype=torch.uint8)
+        return pass_index == self._energy_pass
+
+    def observe(self, pass_index: int, ctx: MergeContext) -> None:
+        """One chunk's statistics for pass ``pass_index``."""
+        task_vectors = self._task_vectors(ctx)
+        if not self._energy:
+            self._start(task_vectors.dtype)
+        if pass_index != self._energy_pass:
+            if task_vectors.dtype == torch.float64:
+                raise ValueError("sce ranks float64 variances by 64-bit keys, which its stream does not count")
+            variance = population_variance(task_vectors)
+            nonzero = int(torch.count_nonzero(variance))
+            if pass_index == 0:
+                self._nonzero += nonzero
+            keys = magnitude_keys(variance.abs())
+            self._built(variance.dtype, nonzero, variance.numel()).observe(pass_index, keys)
+            return
+        selected = self._select(task_vectors, store=True)
+        for energy, vector in zip(self._energy, selected, strict=True):
+            energy.add(vector.square())
+        self._position += selected[0].numel()
+        if self._position == self._total:
+            self._position = 0
+            self._weights = normalised_energy(self._energy, self._total, task_vectors.dtype)
+
+    def apply(self, ctx: MergeContext) -> Tensor:
+        """The merged rows of the next chunk."""
+        if self._weights is None:
+            raise ValueError("the output pass was asked for before the energy pass")
+        selected = self._select(self._task_vectors(ctx), store=False)
+        self._position += selected[0].numel()
+        return sce_tail(selected, self._weights, ctx.base)
+
+    def _task_vectors(self, ctx: MergeContext) -> Tensor:
+        base = ctx.base
+        others = ctx.others()
+        stacked = base.new_empty((len(others), *base.shape))
+        for slot, index in enumerate(others):
+            torch.sub(ctx.tensors[index], base, out=stacked[slot])
+        return stacked
+
+    def _select(self, task_vectors: Tensor, *, store: bool) -> Tensor:
+        # task_vectors × the window's mask, in place, as the whole tensor's variance_mask multiplies them.
+        dtype = torch.int8 if self._int8 else task_vectors.dtype
+        if self._fraction >= 1:
+            return task_vectors
+        if self._fraction <= 0:
+            return task_vectors.mul_(torch.zeros(task_vectors.shape[1:], dtype=dtype))
+        count = task_vectors[0].numel()
+        assert self._mask is not None and self._window is not None
+        stored = self._mask[self._position : self._position + count]
+        if store:
+            keys = magnitude_keys(population_variance(task_vectors).abs())
+            stored.copy_(self._window.mask(keys, torch.uint8).reshape(-1))
+        return task_vectors.mul_(stored.view(task_vectors.shape[1:]).to(dtype))
+
+    def _start(self, dtype: torch.dtype) -> None:
+        self._energy = [OrderedSum(self._total, dtype) for _ in range(self._models)]
+
+    def _built(self, dtype: torch.dtype, nonzero: int, count: int) -> StreamedWindow:
+        if self._window is None:
+            # The first chunk forecasts the window (its share of nonzero variances, scaled to the tensor), so the
+            # first pass counts the low bits around its end and float32 keys rarely need a second pass.
+            forecast = variance_count(round(nonzero / count * self._total), self._fraction)
+            self._window = StreamedWindow(self._total, 0, forecast, descending=True, shift=exact_key_shift(dtype),
+                                          deferred=True)
+            self._window.wants(0)
+        return self._window
+
+
+def sce_stream(shape: tuple[int, ...], base_index: int | None, model_params: Sequence[Mapping[str, Any]],
+               params: Mapping[str, Any], *, dtype: torch.dtype | None = None) -> RowStream | None:
+    """The :class:`~resumerge.methods.spec.RowStreamFactory` of ``sce`` (None: the whole-tensor path, for a
+    tensor without a base, non-base inputs or entries, or float64 ranked by variance)."""
+    total = math.prod(shape)
+    models = len(model_params) - 1
+    fraction = float(params.get("select_topk", 1.0))
+    if base_index is None or total == 0 or models < 1 or (dtype == torch.float64 and 0 < fraction < 1):
+        return None
+    return SceStream(total, models, fraction, int8=bool(params.get("int8_mask", False)), dtype=dtype)
