@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from resumerge.methods.sce_steps import energy_weights, sce_tail, variance_mask
+from resumerge.methods.sce_steps import agreement_mean, agreement_sum, energy_weights, variance_mask
 from resumerge.methods.sce_stream import sce_stream
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
 
@@ -35,7 +35,9 @@ def sce(ctx: MergeContext) -> torch.Tensor:
         torch.sub(ctx.tensors[index], base, out=task_vectors[slot])
     if fraction < 1:
         task_vectors.mul_(variance_mask(task_vectors, fraction, torch.int8 if int8 else base.dtype))
-    return sce_tail(task_vectors, energy_weights(task_vectors), base)
+    merged, kept = agreement_sum(task_vectors, energy_weights(task_vectors))
+    del task_vectors  # a stack of tensor-sizes, not needed for the division
+    return agreement_mean(merged, kept, base)
 
 
 SPEC = register(

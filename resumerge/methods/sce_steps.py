@@ -100,9 +100,15 @@ def normalised_energy(sums: Sequence[OrderedSum], count: int, dtype: torch.dtype
     return energy / total
 
 
-def sce_tail(task_vectors: torch.Tensor, energy: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-    """SCE's per-position steps, from the selected task vectors (stacked along dim 0, overwritten) and the
-    energy weights: B + Σᵢ eᵢ·mᵢ·δᵢ / max(Σᵢ eᵢ·mᵢ, 1e-6), mᵢ the TIES sign-agreement mask."""
-    kept = sign_consensus_weights(task_vectors).mul_(energy.reshape((energy.shape[0],) + (1,) * base.dim()))
-    merged = task_vectors.mul_(kept).sum(dim=0)
+def agreement_sum(task_vectors: torch.Tensor, energy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Σᵢ eᵢ·mᵢ·δᵢ over the selected task vectors (stacked along dim 0, overwritten) and the weights eᵢ·mᵢ, mᵢ the
+    TIES sign-agreement mask: the first of SCE's per-position steps. The caller drops the stack before
+    :func:`agreement_mean`, as it is not needed there."""
+    shape = (energy.shape[0],) + (1,) * (task_vectors.dim() - 1)
+    kept = sign_consensus_weights(task_vectors).mul_(energy.reshape(shape))
+    return task_vectors.mul_(kept).sum(dim=0), kept
+
+
+def agreement_mean(merged: torch.Tensor, kept: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """B + Σᵢ eᵢ·mᵢ·δᵢ / max(Σᵢ eᵢ·mᵢ, 1e-6), in ``merged`` (taken as merged + base, as the products commute)."""
     return merged.div_(torch.sum(kept, dim=0).clamp_(min=1e-6)).add_(base)

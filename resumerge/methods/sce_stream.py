@@ -10,8 +10,8 @@ after the selection). Everything else is per position. So the stream
    exact after step 1);
 3. masks each chunk, keeps the mask (a byte a position) and feeds every task vector's squares to an ordered sum
    (:class:`~resumerge.methods.summation.OrderedSum`, the order the whole-tensor path sums them in too);
-4. in the output pass, masks each chunk again and runs SCE's per-position tail (:func:`~resumerge.methods.sce.
-   sce_tail`).
+4. in the output pass, masks each chunk again and runs SCE's per-position steps
+   (:func:`~resumerge.methods.sce_steps.agreement_sum`, :func:`~resumerge.methods.sce_steps.agreement_mean`).
 
 Without a window (``select_topk`` ≥ 1 or ≤ 0) only steps 3 and 4 run. Float64 variances rank by int64 keys, which
 the streamed window does not count, so float64 tensors are left to the whole-tensor path.
@@ -28,7 +28,13 @@ from torch import Tensor
 
 from resumerge.methods.ranking import exact_key_shift, magnitude_keys
 from resumerge.methods.rankstream import StreamedWindow
-from resumerge.methods.sce_steps import normalised_energy, population_variance, sce_tail, variance_count
+from resumerge.methods.sce_steps import (
+    agreement_mean,
+    agreement_sum,
+    normalised_energy,
+    population_variance,
+    variance_count,
+)
 from resumerge.methods.spec import MergeContext, RowStream
 from resumerge.methods.summation import OrderedSum
 
@@ -107,7 +113,9 @@ class SceStream:
             raise ValueError("the output pass was asked for before the energy pass")
         selected = self._select(self._task_vectors(ctx), store=False)
         self._position += selected[0].numel()
-        return sce_tail(selected, self._weights, ctx.base)
+        merged, kept = agreement_sum(selected, self._weights)
+        del selected
+        return agreement_mean(merged, kept, ctx.base)
 
     def _task_vectors(self, ctx: MergeContext) -> Tensor:
         base = ctx.base
