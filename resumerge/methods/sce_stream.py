@@ -55,7 +55,9 @@ class SceStream:
         # The pass that sums the energies: the first without a window, else the one after the window's passes.
         self._energy_pass = -1 if self._ranks else 0
 
-    # Four passes over the inputs where the whole tensor takes one: for tensors that do not fit whole.
+    # Three passes over the inputs (four when the first chunk forecasts the window's ends wrong, two without a
+    # window) where the whole tensor takes one: 34.3 s against 20.7 s whole on the bench. For tensors that do not
+    # fit whole.
     prefer_whole = True
 
     @property
@@ -93,11 +95,12 @@ class SceStream:
             if task_vectors.dtype == torch.float64:
                 raise ValueError("sce ranks float64 variances by 64-bit keys, which its stream does not count")
             variance = population_variance(task_vectors)
-            nonzero = int(torch.count_nonzero(variance))
             if pass_index == 0:
+                nonzero = int(torch.count_nonzero(variance))
                 self._nonzero += nonzero
-            keys = magnitude_keys(variance.abs())
-            self._built(variance.dtype, nonzero, variance.numel()).observe(pass_index, keys)
+                self._built(variance.dtype, nonzero, variance.numel())
+            assert self._window is not None
+            self._window.observe(pass_index, magnitude_keys(variance.abs()))
             return
         selected = self._select(task_vectors, store=True)
         for energy, vector in zip(self._energy, selected, strict=True):
