@@ -20,7 +20,7 @@ from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.registry import MergeContext, MethodSpec, get_method
 from resumerge.methods.spec import RowStream
 from resumerge.plan.merge_plan import InputRef, Plan, TensorPlan
-from resumerge.plan.workunits import chunk_plan, pass_rows
+from resumerge.plan.workunits import chunk_plan, method_dtype, pass_rows
 from resumerge.vocab import align_rows
 
 
@@ -62,9 +62,7 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
         tensors = align_rows(plan.vocab, tensors, [ref.model for ref in tp.inputs], base=base)
     if tp.compute_dtype is None and len({t.dtype for t in tensors}) > 1:
         # Like mergekit, inputs stored in different dtypes meet in their common (promoted) dtype.
-        common = tensors[0].dtype
-        for t in tensors[1:]:
-            common = torch.promote_types(common, t.dtype)
+        common = method_dtype(tp)
         tensors = [t.to(common) for t in tensors]
     generator = None
     if method.randomized:

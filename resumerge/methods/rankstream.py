@@ -104,8 +104,7 @@ class StreamedWindow:
             raise ValueError(f"passes are asked once each, in order: {pass_index} after {self._asked}")
         self._asked = pass_index
         if pass_index == 0:
-            if self.trivial:
-                self._ready = True
+            self._ready = self.trivial
             return not self._ready
         if self._deferred:
             raise ValueError("a deferred window is retargeted before statistics pass 1")

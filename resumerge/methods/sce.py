@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import torch
 
-from resumerge.methods.sce_steps import agreement_mean, agreement_sum, energy_weights, variance_mask
+from resumerge.methods.sce_steps import (
+    agreement_mean,
+    agreement_sum,
+    energy_weights,
+    stacked_task_vectors,
+    variance_mask,
+)
 from resumerge.methods.sce_stream import sce_stream
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
 
@@ -23,16 +29,13 @@ def sce(ctx: MergeContext) -> torch.Tensor:
     ``ValueError`` without a base.
     """
     base = ctx.base
-    others = ctx.others()
-    if not others or base.numel() == 0:
+    if not ctx.others() or base.numel() == 0:
         return base.clone()
     int8 = bool(ctx.params.get("int8_mask", False))
     fraction = float(ctx.params.get("select_topk", 1.0))
     # Every step below is mergekit's, in the same order and dtype; only the temporaries are gone (products are
     # taken in place, the sign mask is built as numbers, base + merged is taken as merged + base).
-    task_vectors = base.new_empty((len(others), *base.shape))
-    for slot, index in enumerate(others):
-        torch.sub(ctx.tensors[index], base, out=task_vectors[slot])
+    task_vectors = stacked_task_vectors(ctx)
     if fraction < 1:
         task_vectors.mul_(variance_mask(task_vectors, fraction, torch.int8 if int8 else base.dtype))
     merged, kept = agreement_sum(task_vectors, energy_weights(task_vectors))

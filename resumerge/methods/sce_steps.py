@@ -9,7 +9,18 @@ import torch
 
 from resumerge.methods.consensus import sign_consensus_weights
 from resumerge.methods.ranking import magnitude_keys, rank_window
+from resumerge.methods.spec import MergeContext
 from resumerge.methods.summation import OrderedSum
+
+
+def stacked_task_vectors(ctx: MergeContext) -> torch.Tensor:
+    """The task vectors (each non-base input minus the base) stacked along dim 0, in the base's dtype."""
+    base = ctx.base
+    others = ctx.others()
+    stacked = base.new_empty((len(others), *base.shape))
+    for slot, index in enumerate(others):
+        torch.sub(ctx.tensors[index], base, out=stacked[slot])
+    return stacked
 
 
 def variance_mask(task_vectors: torch.Tensor, fraction: float, dtype: torch.dtype) -> torch.Tensor:

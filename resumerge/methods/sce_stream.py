@@ -33,6 +33,7 @@ from resumerge.methods.sce_steps import (
     agreement_sum,
     normalised_energy,
     population_variance,
+    stacked_task_vectors,
     variance_count,
 )
 from resumerge.methods.spec import MergeContext, RowStream
@@ -88,7 +89,7 @@ class SceStream:
 
     def observe(self, pass_index: int, ctx: MergeContext) -> None:
         """One chunk's statistics for pass ``pass_index``."""
-        task_vectors = self._task_vectors(ctx)
+        task_vectors = stacked_task_vectors(ctx)
         if not self._energy:
             self._start(task_vectors.dtype)
         if pass_index != self._energy_pass:
@@ -98,7 +99,8 @@ class SceStream:
             if pass_index == 0:
                 nonzero = int(torch.count_nonzero(variance))
                 self._nonzero += nonzero
-                self._built(variance.dtype, nonzero, variance.numel())
+                if self._window is None:
+                    self._window = self._forecast_window(variance.dtype, nonzero, variance.numel())
             assert self._window is not None
             self._window.observe(pass_index, magnitude_keys(variance.abs()))
             return
@@ -114,19 +116,11 @@ class SceStream:
         """The merged rows of the next chunk."""
         if self._weights is None:
             raise ValueError("the output pass was asked for before the energy pass")
-        selected = self._select(self._task_vectors(ctx), store=False)
+        selected = self._select(stacked_task_vectors(ctx), store=False)
         self._position += selected[0].numel()
         merged, kept = agreement_sum(selected, self._weights)
         del selected
         return agreement_mean(merged, kept, ctx.base)
-
-    def _task_vectors(self, ctx: MergeContext) -> Tensor:
-        base = ctx.base
-        others = ctx.others()
-        stacked = base.new_empty((len(others), *base.shape))
-        for slot, index in enumerate(others):
-            torch.sub(ctx.tensors[index], base, out=stacked[slot])
-        return stacked
 
     def _select(self, task_vectors: Tensor, *, store: bool) -> Tensor:
         # task_vectors × the window's mask, in place, as the whole tensor's variance_mask multiplies them.
@@ -146,15 +140,14 @@ class SceStream:
     def _start(self, dtype: torch.dtype) -> None:
         self._energy = [OrderedSum(self._total, dtype) for _ in range(self._models)]
 
-    def _built(self, dtype: torch.dtype, nonzero: int, count: int) -> StreamedWindow:
-        if self._window is None:
-            # The first chunk forecasts the window (its share of nonzero variances, scaled to the tensor), so the
-            # first pass counts the low bits around its end and float32 keys rarely need a second pass.
-            forecast = variance_count(round(nonzero / count * self._total), self._fraction)
-            self._window = StreamedWindow(self._total, 0, forecast, descending=True, shift=exact_key_shift(dtype),
-                                          deferred=True)
-            self._window.wants(0)
-        return self._window
+    def _forecast_window(self, dtype: torch.dtype, nonzero: int, count: int) -> StreamedWindow:
+        # The first chunk (`nonzero` of its `count` variances nonzero) forecasts the window, scaled to the tensor,
+        # so the first pass counts the low bits around its end and float32 keys rarely need a second pass.
+        forecast = variance_count(round(nonzero / count * self._total), self._fraction)
+        window = StreamedWindow(self._total, 0, forecast, descending=True, shift=exact_key_shift(dtype),
+                                deferred=True)
+        window.wants(0)
+        return window
 
 
 def sce_stream(shape: tuple[int, ...], base_index: int | None, model_params: Sequence[Mapping[str, Any]],
