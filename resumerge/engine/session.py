@@ -320,7 +320,7 @@ def _drive(
     hub_out: HubOutput | None = None,
     max_disk: int | None = None,
 ) -> Outcome:
-    from resumerge.plan.workunits import tune_allocator
+    from resumerge.memory.allocator import tune_allocator
     from resumerge.store.runlock import RunLock
 
     tune_allocator()

@@ -7,8 +7,6 @@ The governor never reads the OS itself; it asks a :class:`MemoryProbe`. :class:`
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import sys
 from collections.abc import Callable
@@ -17,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 import psutil
 
-from resumerge.memory import cgroup
+from resumerge.memory import allocator, cgroup
 
 __all__ = ["MemoryProbe", "SystemProbe", "os_peak_rss"]
 
@@ -60,7 +58,7 @@ class SystemProbe:
         self._group = cgroup.locate(self._root)
         self._process = psutil.Process()
         self._status = self._root / "proc/self/status"
-        self._trim: Callable[[int], int] | None = _load_malloc_trim()
+        self._trim: Callable[[int], int] | None = allocator.malloc_trim()
 
     @property
     def group(self) -> cgroup.CgroupMemory | None:
@@ -128,16 +126,3 @@ def _status_rss(path: Path) -> int | None:
                 total += int(parts[1]) * 1024
                 found = True
     return total if found else None
-
-
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        trim: Callable[[int], int] = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):  # musl has no malloc_trim
-        return None
-    return trim

@@ -11,8 +11,6 @@ for how the engine computes each tensor, which ``plan``'s estimate follows too.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -105,11 +103,11 @@ def held_bytes(tp: TensorPlan, method: MethodSpec) -> int:
 WHOLE, ROWS, PASSES = "whole", "rows", "passes"
 
 # Entries per row chunk of a streamed (multi-pass) tensor, per input and over its stacked task vectors. A chunk's
-# buffers stay at or under the 1 MiB mmap threshold tune_allocator sets (128 Ki float32 entries are 512 KiB), so
-# they reuse heap memory instead of faulting fresh pages in; and a chunk is large enough that the Python between its
-# kernels, which holds the GIL, costs the engine's other worker little. Measured on the 1.75 GB float32 bench
-# (breadcrumbs, two workers, 2 cores): 24.5 / 18.6 / 15.3 / 18.8 / 21.6 s for chunks of 32 / 64 / 128 / 256 /
-# 512 Ki entries, against 15.7-16.1 s holding every tensor whole.
+# buffers stay at or under the 1 MiB mmap threshold :func:`~resumerge.memory.allocator.tune_allocator` sets (128 Ki
+# float32 entries are 512 KiB), so they reuse heap memory that glibc keeps instead of faulting fresh pages in; and a
+# chunk is large enough that the Python between its kernels, which holds the GIL, costs the engine's other worker
+# little. Measured on the 1.75 GB float32 bench (breadcrumbs, two workers, 2 cores): 24.5 / 18.6 / 15.3 / 18.8 /
+# 21.6 s for chunks of 32 / 64 / 128 / 256 / 512 Ki entries, against 15.7-16.1 s holding every tensor whole.
 CHUNK_ELEMENTS = 1 << 17
 STACKED_ELEMENTS = 1 << 18
 
@@ -205,21 +203,3 @@ def oversized_units(plan: Plan, budget: int, baseline: int, device: str | None =
 def largest(units: Iterable[Oversized]) -> Oversized:
     """The unit needing the most memory."""
     return max(units, key=lambda u: u.needed)
-
-
-def tune_allocator() -> None:
-    """Make glibc return large freed buffers to the OS at once (best effort; no-op elsewhere).
-
-    glibc raises its mmap threshold after each large free, so later tensor-sized buffers come from the heap and
-    stay in RSS after they are freed. Pinning the threshold at 1 MiB keeps RSS following the tensors in flight.
-    """
-    name = ctypes.util.find_library("c")
-    if not name:
-        return
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return
-    m_mmap_threshold = -3
-    mallopt(m_mmap_threshold, 1 << 20)
