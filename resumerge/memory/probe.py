@@ -90,8 +90,9 @@ class SystemProbe:
     def reclaim(self) -> None:
         """Collect garbage cycles (they may hold tensors) and ask glibc to return free heap pages to the OS.
 
-        glibc keeps freed blocks below its mmap threshold (up to 32 MiB) in the heap, so RSS stays high after
-        tensors die; ``malloc_trim(0)`` gives those pages back. A no-op where glibc is absent.
+        glibc keeps freed heap blocks for reuse (a run keeps row chunks' buffers on purpose, see
+        :mod:`resumerge.memory.allocator`), so RSS stays above what is in use; ``malloc_trim(0)`` gives those pages
+        back. A no-op where glibc is absent.
         """
         gc.collect()
         if self._trim is not None:
