@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from resumerge.cli.render import ProgressReporter
     from resumerge.engine.costs import Estimate
-    from resumerge.store.hubrepo import HubOutputOptions
+    from resumerge.store.hubsink import HubOutputOptions
     from resumerge.store.recipeview import RecipeStatus
 
 PathLike = str | os.PathLike[str]
@@ -206,7 +206,7 @@ def estimate(
 
 def _output(public: bool, every: int, interval: float) -> HubOutputOptions:
     from resumerge.store.hubcommits import Batching
-    from resumerge.store.hubrepo import HubOutputOptions
+    from resumerge.store.hubsink import HubOutputOptions
 
     return HubOutputOptions(public=public, batching=Batching(every=every, interval=interval))
 

@@ -19,7 +19,7 @@ from resumerge.errors import EXIT_INVALID, EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from resumerge.cli.render import ProgressReporter
-    from resumerge.store.hubrepo import HubOutputOptions
+    from resumerge.store.hubsink import HubOutputOptions
 
 
 class StopFlag:
@@ -66,7 +66,7 @@ def size_option(args: argparse.Namespace, option: str = "--max-memory") -> int |
 def hub_output(args: argparse.Namespace) -> HubOutputOptions:
     """How an hf:// OUT is created and committed to (ignored for a directory)."""
     from resumerge.store.hubcommits import Batching
-    from resumerge.store.hubrepo import HubOutputOptions
+    from resumerge.store.hubsink import HubOutputOptions
 
     if args.commit_every < 1 or args.commit_interval < 0:
         raise UsageError("--commit-every must be at least 1 and --commit-interval at least 0")

@@ -18,14 +18,14 @@ from resumerge.config.hubtarget import parse_hub_target
 from resumerge.errors import UsageError
 from resumerge.memory import format_size
 from resumerge.plan.merge_plan import Plan
-from resumerge.store.hubaccess import (
+from resumerge.store.hubrepo import (
     HubRepo,
     branch_head,
     check_repo_is_ours,
     open_hub_repo,
     read_remote_manifest,
 )
-from resumerge.store.hubrepo import HubOutputOptions, HubRepoSink
+from resumerge.store.hubsink import HubOutputOptions, HubRepoSink
 from resumerge.store.manifest import Manifest
 from resumerge.store.statusview import resume_command
 

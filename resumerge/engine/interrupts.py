@@ -24,7 +24,7 @@ FINAL_COMMIT_WAIT = 25.0
 
 @runtime_checkable
 class BatchedSink(Protocol):
-    """A sink whose published files wait for a later commit (:class:`~resumerge.store.hubrepo.HubRepoSink`)."""
+    """A sink whose published files wait for a later commit (:class:`~resumerge.store.hubsink.HubRepoSink`)."""
 
     def stop_commits(self) -> int: ...
 

@@ -12,8 +12,8 @@ import os
 
 from resumerge.config.hubtarget import parse_hub_target
 from resumerge.engine.hubout import HubOutput
-from resumerge.store.hubaccess import check_repo_is_ours, open_hub_repo, read_remote_manifest
-from resumerge.store.hubrepo import HubOutputOptions
+from resumerge.store.hubrepo import check_repo_is_ours, open_hub_repo, read_remote_manifest
+from resumerge.store.hubsink import HubOutputOptions
 from resumerge.store.recipe_hub import check_recipe_repo_is_ours, commit_recipe_record, read_remote_recipe
 from resumerge.store.recipe_manifest import RecipeRecord
 from resumerge.store.statusview import resume_command

@@ -50,7 +50,7 @@ from resumerge.plan.merge_plan import PlanOptions, describe_changes, fingerprint
 from resumerge.plan.recipe_plan import RecipePlan, StagePlan, default_intermediate_dir, plan_recipe
 from resumerge.store.durable import fsync_dir, is_temp_name
 from resumerge.store.filesystems import Staging
-from resumerge.store.hubrepo import HubOutputOptions
+from resumerge.store.hubsink import HubOutputOptions
 from resumerge.store.integrity import verify_output
 from resumerge.store.manifest import MANIFEST_NAME, read_manifest
 from resumerge.store.recipe_ledger import RecipeLedger

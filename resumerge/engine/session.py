@@ -42,7 +42,7 @@ from resumerge.plan.planner import build_plan
 from resumerge.plan.workunits import largest, oversized_units
 from resumerge.store.durable import is_temp_name
 from resumerge.store.filesystems import Staging, filesystem_type, staging_dir
-from resumerge.store.hubrepo import HubOutputOptions
+from resumerge.store.hubsink import HubOutputOptions
 from resumerge.store.ledger import LEDGER_NAME, Ledger, set_aside
 from resumerge.store.manifest import MANIFEST_NAME, Manifest, read_manifest
 from resumerge.store.sink import LocalDirSink, OutputSink, StagedDirSink

@@ -39,7 +39,7 @@ from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 from resumerge.errors import OutputDirError, ResumergeError
 from resumerge.store import killpoints
 from resumerge.store.durable import discard
-from resumerge.store.hubaccess import (
+from resumerge.store.hubrepo import (
     HubRepo,
     branch_head,
     git_blob_sha1,
@@ -104,7 +104,7 @@ def with_retries(repo: HubRepo, what: str, call: Callable[[], T], *, resume: str
                  sleep: Callable[[float], None] = time.sleep) -> T:
     """``call()``, retried on 429/5xx/network errors with exponential backoff (``Retry-After`` wins when sent).
 
-    Raises the exit-3 error of :func:`~resumerge.store.hubaccess.hub_failure` when it keeps failing or the token
+    Raises the exit-3 error of :func:`~resumerge.store.hubrepo.hub_failure` when it keeps failing or the token
     is refused.
     """
     for attempt in range(ATTEMPTS):

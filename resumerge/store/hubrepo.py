@@ -1,106 +1,263 @@
-"""A hub repo as the output sink: files are staged on local disk, uploaded, and committed to the repo in batches.
+"""A hub repo opened as an output: the write-access check, repo creation, its file listing and its manifest.
 
-A planned file is written and fsynced under ``staging`` (in the run's state dir), handed to the
-:class:`~resumerge.store.hubcommits.CommitQueue` (uploaded at once, committed with the next batch together with
-the manifest that lists it) and deleted from staging only after that commit succeeded. :meth:`HubRepoSink.publish`
-therefore answers False ("committed later"), and the engine writes the ledger row when :meth:`HubRepoSink.settled`
-names the file. Committed files are checked against the hub's own checksums: the sha256 of LFS files from the tree
-listing (no download), small regular files (configs, tokenizer) by reading them back.
-
-``max_disk`` bounds staged, uncommitted bytes: before a new file is started, the sink waits (committing early)
-until what is staged plus the largest planned file fits in it.
-
-``head`` is the branch head read when OUT was opened: every commit names the head it expects, so a second writer
-on the same branch is refused (exit 4) instead of interleaving commits. A stopped run commits what is already
-uploaded (:meth:`HubRepoSink.stop_commits`) rather than leaving it to the resume to compute again.
+Everything goes through huggingface_hub's public client with the usual environment (``HF_TOKEN`` or the saved
+login, ``HF_ENDPOINT``). The token is held only in :class:`HubRepo` (never printed: ``repr=False``) and never
+appears in a message, the ledger or the manifest.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import quote
 
-from resumerge.store.durable import is_temp_name, temp_path
-from resumerge.store.hubaccess import HubRepo, check_remote, remote_files
-from resumerge.store.hubcommits import Batching, CommitQueue
-from resumerge.store.manifest import MANIFEST_NAME
-from resumerge.store.sink import OutputSink, Settled
+from huggingface_hub import HfApi, get_token
+from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.hf_api import RepoFile
+
+from resumerge.config.hubtarget import HubTarget
+from resumerge.errors import OutputDirError, StorageError, UnreachableError, UsageError
+from resumerge.inputs.hub._hf import build_hf_headers, get_session, http
+from resumerge.inputs.hub.cache import hub_settings
+from resumerge.store.manifest import MANIFEST_NAME, Manifest, parse_manifest
+
+# What a freshly created hub repo holds before anyone writes to it.
+INITIAL_FILES = frozenset({".gitattributes"})
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class HubOutputOptions:
-    """How a hub repo OUT is written: created public or private (the default), and how commits are batched."""
+class HubRepo:
+    """A hub repo resumerge may write: the target, the endpoint, and the token (never shown)."""
 
-    public: bool = False
-    batching: Batching = field(default_factory=Batching)
+    target: HubTarget
+    endpoint: str
+    token: str = field(repr=False)
 
-
-class HubRepoSink(OutputSink):
-    """OUT is ``hf://NAMESPACE/NAME[@BRANCH]``: stage, upload, commit in batches with the manifest."""
-
-    def __init__(self, repo: HubRepo, staging: Path, *, planned: Iterable[str], resume: str,
-                 batching: Batching | None = None, max_disk: int | None = None, reserve: int = 0,
-                 head: str | None = None, should_stop: Callable[[], bool] = lambda: False) -> None:
-        self.repo, self.staging, self.resume = repo, staging, resume
-        self.max_disk, self.reserve = max_disk, reserve
-        staging.mkdir(parents=True, exist_ok=True)
-        names = set(planned) | {MANIFEST_NAME}
-        for leftover in staging.iterdir():  # temp files of a run that died: only resumerge's own names
-            if is_temp_name(leftover.name, names):
-                leftover.unlink()
-        self.queue = CommitQueue(repo, batching or Batching(), resume=resume, head=head, should_stop=should_stop)
+    def api(self) -> HfApi:
+        return HfApi(endpoint=self.endpoint, token=self.token, library_name="resumerge")
 
     @property
-    def commits(self) -> int:
-        """Commits this sink made so far."""
-        return self.queue.commits
+    def web_url(self) -> str:
+        return f"{self.endpoint}/{self.target.repo_id}"
 
-    def where(self, name: str) -> Path:
-        return self.staging / name
 
-    def temp_for(self, name: str) -> Path:
-        if self.max_disk is not None:
-            self.queue.wait_room(max(0, self.max_disk - self.reserve))
-        return self.staging / temp_path(self.staging / name).name
+@dataclass(frozen=True)
+class RemoteEntry:
+    """One top-level file of the repo at the branch head: size, and the hub's own checksum."""
 
-    def publish(self, temp: Path, name: str, sha256: str) -> bool:
-        self.queue.add(name, temp, sha256, temp.stat().st_size)
-        return False
+    size: int
+    sha256: str | None  # LFS files: the content's sha256 from the tree listing
+    blob_id: str  # git blob sha1 (of the LFS pointer for LFS files)
 
-    def replace_small(self, name: str, data: bytes) -> None:
-        if name != MANIFEST_NAME:
-            raise ValueError(f"internal: a hub repo keeps only {MANIFEST_NAME} as a small file, not {name}")
-        self.queue.set_manifest(data)
 
-    def check(self, files: Iterable[tuple[str, int, str]]) -> Mapping[str, str | None]:
-        return check_remote(self.repo, files, resume=self.resume)
+def git_blob_sha1(data: bytes) -> str:
+    """The git blob id of ``data`` (what the tree listing gives for a regular file)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
-    def names(self) -> list[str]:
-        return sorted(remote_files(self.repo, resume=self.resume))
 
-    def delete(self, names: Iterable[str]) -> None:
-        wanted = set(names)
-        if not wanted:
-            return
-        present = sorted(wanted & set(remote_files(self.repo, resume=self.resume)))
-        if present:
-            self.queue.delete(present)
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status of a huggingface_hub error, else None."""
+    response = getattr(exc, "response", None)
+    return getattr(response, "status_code", None) if isinstance(exc, HfHubHTTPError) else None
 
-    def settled(self) -> list[Settled]:
-        return self.queue.settled()
 
-    def drain(self) -> list[Settled]:
-        return self.queue.drain()
+def is_retryable(exc: BaseException) -> bool:
+    """True for rate limits, server faults and network errors (worth another try after a pause)."""
+    status = http_status(exc)
+    if status is not None:
+        return status in (408, 429) or status >= 500
+    if isinstance(exc, (http.TransportError, ConnectionError, TimeoutError)):
+        return True
+    # huggingface_hub wraps a failed LFS upload in RuntimeError("Error while uploading ...") from the real cause.
+    cause = exc.__cause__
+    return isinstance(exc, RuntimeError) and cause is not None and is_retryable(cause)
 
-    def stop_commits(self) -> int:
-        """The run is stopping: commit the files already uploaded, in one last commit in the background; returns
-        how many (0: none)."""
-        return self.queue.stop()
 
-    def stopped_commits(self, timeout: float) -> tuple[list[Settled], str | None]:
-        """Wait up to ``timeout`` s for :meth:`stop_commits`; what got committed, and why not all (None: it did)."""
-        return self.queue.stopped(timeout)
+def auth_failed(exc: BaseException) -> bool:
+    """True when the hub refused the token (401/403), directly or under huggingface_hub's wrapper."""
+    if http_status(exc) in (401, 403):
+        return True
+    cause = exc.__cause__
+    return isinstance(exc, RuntimeError) and cause is not None and auth_failed(cause)
 
-    def close(self) -> None:
-        self.queue.close()
+
+def hub_call(repo: HubRepo, what: str, call: Callable[[], T], *, resume: str) -> T:
+    """Run one request that is not retried here; turn a refused token or an unreachable hub into exit-3 errors."""
+    try:
+        return call()
+    except Exception as exc:
+        raise hub_failure(repo, what, exc, resume=resume) from exc
+
+
+def hub_failure(repo: HubRepo, what: str, exc: BaseException, *, resume: str) -> Exception:
+    """The resumerge error for a hub request that failed for good (never quoting the token)."""
+    url = repo.target.url
+    if auth_failed(exc):
+        return StorageError(f"the hub refused the token while {what} on {url} (HTTP {http_status(exc) or 401})",
+                            path=url, hint=f"set HF_TOKEN to a valid token with write access, then run {resume}")
+    if is_retryable(exc):
+        status = http_status(exc)
+        why = f"HTTP {status}" if status else type(exc).__name__
+        return UnreachableError(f"the hub kept failing while {what} on {url} ({why})", path=url,
+                                hint=f"everything committed stays committed; run {resume} when the hub answers")
+    return StorageError(f"the hub refused {what} on {url}: {_reason(exc)}", path=url, hint=f"then run {resume}")
+
+
+def _reason(exc: BaseException) -> str:
+    status = http_status(exc)
+    return f"HTTP {status}" if status else f"{type(exc).__name__}: {exc}"
+
+
+def open_hub_repo(target: HubTarget, *, public: bool = False, create: bool = True) -> HubRepo:
+    """Check that the token may write ``target`` and make sure the repo (and branch) exist.
+
+    Raises :class:`UsageError` (exit 2) without a token, with an invalid or read-only token, or for a namespace
+    the token's user does not belong to; :class:`UnreachableError` (exit 3) when the hub does not answer.
+    A missing repo is created private unless ``public``; a missing branch is created from ``main``.
+    """
+    settings = hub_settings(offline=False)
+    token = get_token()
+    url = target.url
+    if not token:
+        raise UsageError(f"writing to {url} needs a Hugging Face token with write access, and none is set",
+                         path=url, hint="set HF_TOKEN (or run `hf auth login`) with a write token, then run again")
+    repo = HubRepo(target, settings.endpoint, token)
+    api = repo.api()
+    try:
+        info = api.whoami()
+    except Exception as exc:
+        if auth_failed(exc):
+            raise UsageError(f"the hub does not accept the token set for {url}", path=url,
+                             hint="set HF_TOKEN to a valid write token (https://huggingface.co/settings/tokens)"
+                             ) from None
+        raise hub_failure(repo, "checking the token", exc, resume="the same command") from None
+    _check_write_access(info, target)
+    if create:
+        hub_call(repo, "creating the repo", lambda: api.create_repo(target.repo_id, private=not public,
+                                                                    exist_ok=True), resume="the same command")
+        if target.branch != "main":
+            hub_call(repo, "creating the branch", lambda: api.create_branch(target.repo_id, branch=target.branch,
+                                                                            exist_ok=True), resume="the same command")
+    return repo
+
+
+def _check_write_access(info: Mapping[str, Any], target: HubTarget) -> None:
+    """Refuse (exit 2) a read-only token or a namespace the token cannot write to."""
+    user = str(info.get("name", ""))
+    orgs = {str(o.get("name")): str(o.get("roleInOrg", "write")) for o in info.get("orgs", []) or []}
+    token_info = (info.get("auth") or {}).get("accessToken") or {}
+    role = str(token_info.get("role", "write"))
+    url = target.url
+    if role == "read":
+        raise UsageError(f"the token set for {url} is read-only", path=url,
+                         hint="create a token with write access and set HF_TOKEN to it")
+    if role == "fineGrained":
+        scoped = (token_info.get("fineGrained") or {}).get("scoped") or []
+        if not any(str((s.get("entity") or {}).get("name")) == target.namespace
+                   and "repo.write" in (s.get("permissions") or []) for s in scoped):
+            raise UsageError(f"the fine-grained token set for {url} cannot write repos of {target.namespace}",
+                             path=url, hint=f"give the token repo.write on {target.namespace}, or use a write token")
+    if target.namespace != user and target.namespace not in orgs:
+        raise UsageError(f"the token belongs to {user or 'a user'}, who cannot create or write repos under "
+                         f"{target.namespace}", path=url,
+                         hint=f"write to hf://{user}/{target.name} or to an organisation you belong to")
+    if orgs.get(target.namespace) == "read":
+        raise UsageError(f"{user} may only read repos of {target.namespace}", path=url,
+                         hint=f"ask an admin of {target.namespace} for write access, or write under hf://{user}/…")
+
+
+def branch_head(repo: HubRepo, *, resume: str) -> str:
+    """The commit the branch points at now (one small request): the ``parent_commit`` of our next commit."""
+    api = repo.api()
+    info = hub_call(repo, "reading the branch head", lambda: api.repo_info(repo.target.repo_id,
+                                                                           revision=repo.target.branch),
+                    resume=resume)
+    return str(info.sha)
+
+
+def remote_files(repo: HubRepo, *, resume: str, revision: str | None = None) -> dict[str, RemoteEntry]:
+    """The top-level files of the branch head (or of commit ``revision``) with their hub checksums (one listing
+    request, no download)."""
+    api = repo.api()
+    entries = hub_call(repo, "listing the repo", lambda: list(api.list_repo_tree(
+        repo.target.repo_id, revision=revision or repo.target.branch, recursive=False)), resume=resume)
+    return {e.path: RemoteEntry(e.size, e.lfs.sha256 if e.lfs else None, e.blob_id)
+            for e in entries if isinstance(e, RepoFile) and "/" not in e.path}
+
+
+def read_file(repo: HubRepo, name: str, *, resume: str) -> bytes | None:
+    """The bytes of the top-level file ``name`` at the branch head, or None when the repo has no such file."""
+    url = f"{repo.endpoint}/{repo.target.repo_id}/resolve/{quote(repo.target.branch, safe='')}/{quote(name)}"
+
+    def get() -> bytes | None:
+        # No token (a reader of a public repo): no Authorization header, which an empty "Bearer " would break.
+        response = get_session().get(url, headers=build_hf_headers(token=repo.token or False, library_name="resumerge"),
+                                     follow_redirects=True)
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        return bytes(response.content)
+
+    try:
+        return get()
+    except http.HTTPStatusError as exc:
+        status = exc.response.status_code
+        if status in (401, 403):
+            raise StorageError(f"the hub refused the token while reading {name} from {repo.target.url}",
+                               path=repo.target.url, hint=f"set HF_TOKEN to a valid write token, then run {resume}"
+                               ) from None
+        raise UnreachableError(f"reading {name} from {repo.target.url} failed (HTTP {status})",
+                               path=repo.target.url, hint=f"run {resume} when the hub answers") from None
+    except http.TransportError as exc:
+        raise UnreachableError(f"the hub at {repo.endpoint} cannot be reached ({type(exc).__name__})",
+                               path=repo.target.url, hint=f"run {resume} when the hub answers") from None
+
+
+def read_remote_manifest(repo: HubRepo, *, resume: str) -> Manifest | None:
+    """The repo's ``resumerge-manifest.json`` at the branch head, or None (one small request)."""
+    data = read_file(repo, MANIFEST_NAME, resume=resume)
+    return None if data is None else parse_manifest(data, f"{repo.target.url}/{MANIFEST_NAME}")
+
+
+def check_repo_is_ours(repo: HubRepo, manifest: Manifest | None, *, resume: str,
+                       ours: frozenset[str] = frozenset()) -> None:
+    """Refuse (exit 4) a repo that holds files besides the hub's initial ones (and ``ours``, files resumerge wrote
+    before any manifest, such as a recipe's record) and no resumerge manifest."""
+    if manifest is not None:
+        return
+    foreign = sorted(set(remote_files(repo, resume=resume)) - INITIAL_FILES - ours)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (", …" if len(foreign) > 5 else "")
+        raise OutputDirError(f"{repo.target.url} holds files resumerge did not write ({shown}) and no {MANIFEST_NAME}",
+                             path=repo.target.url,
+                             hint="write to a new repo or branch (hf://NAMESPACE/NAME@BRANCH); resumerge never "
+                                  "overwrites files it did not write")
+
+
+def check_remote(repo: HubRepo, files: Iterable[tuple[str, int, str]], *, resume: str) -> dict[str, str | None]:
+    """For each committed ``(name, size, sha256)``: why the repo's copy cannot be trusted, or None when intact.
+
+    LFS files are checked against the sha256 of the tree listing (no download); small regular files, for which the
+    hub gives only a git blob id, are read back and hashed.
+    """
+    wanted = list(files)
+    if not wanted:
+        return {}
+    remote = remote_files(repo, resume=resume)
+    problems: dict[str, str | None] = {}
+    for name, size, sha in wanted:
+        entry = remote.get(name)
+        if entry is None:
+            problems[name] = "is missing from the repo"
+        elif entry.size != size:
+            problems[name] = f"has {entry.size} bytes in the repo, {size} committed"
+        elif entry.sha256 is not None:
+            problems[name] = None if entry.sha256 == sha else "differs from the committed checksum in the repo"
+        else:
+            data = read_file(repo, name, resume=resume)
+            same = data is not None and hashlib.sha256(data).hexdigest() == sha
+            problems[name] = None if same else "differs from the committed checksum in the repo"
+    return problems

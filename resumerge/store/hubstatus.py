@@ -13,7 +13,7 @@ from resumerge.config.hubtarget import parse_hub_target
 from resumerge.errors import LedgerError
 from resumerge.inputs.hub.cache import hub_settings
 from resumerge.store.durable import TEMP_SUFFIX
-from resumerge.store.hubaccess import HubRepo, check_remote, read_file
+from resumerge.store.hubrepo import HubRepo, check_remote, read_file
 from resumerge.store.manifest import MANIFEST_NAME, parse_manifest
 
 

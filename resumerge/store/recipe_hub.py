@@ -4,7 +4,7 @@ The record sits in the repo beside the final stage's files and manifest, exactly
 OUT, so ``resumerge resume hf://…`` on a fresh machine finds the whole recipe from the repo alone. It is committed
 on its own (never inside the final stage's batches): before the first stage runs, and when its state changes.
 A commit is made only when the repo's copy differs, and it names nothing but the record, so replaying one after a
-crash is harmless. The token never reaches the record: it lives only in :class:`~resumerge.store.hubaccess.HubRepo`.
+crash is harmless. The token never reaches the record: it lives only in :class:`~resumerge.store.hubrepo.HubRepo`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from huggingface_hub import CommitOperationAdd, get_token
 from resumerge.config.hubtarget import parse_hub_target
 from resumerge.errors import LedgerError
 from resumerge.inputs.hub.cache import hub_settings
-from resumerge.store.hubaccess import HubRepo, check_repo_is_ours, read_file
 from resumerge.store.hubcommits import with_retries
+from resumerge.store.hubrepo import HubRepo, check_repo_is_ours, read_file
 from resumerge.store.recipe_manifest import RECIPE_MANIFEST_NAME, RecipeRecord, record_from_doc
 
 

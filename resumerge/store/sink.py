@@ -10,7 +10,7 @@ names the file — so "done" is recorded only after the file is durable, whateve
 
 Implementations: :class:`LocalDirSink` (temp beside the file, rename, fsync dir) and :class:`StagedDirSink`
 (temp on local disk, copy to OUT, read back and compare, rename — for Drive and other FUSE mounts), and
-:class:`~resumerge.store.hubrepo.HubRepoSink` (staged locally, uploaded, committed to a hub repo in batches).
+:class:`~resumerge.store.hubsink.HubRepoSink` (staged locally, uploaded, committed to a hub repo in batches).
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def test_a_budget_below_the_largest_shard_is_refused(hub: HubWriter, merge: Merg
 def test_commits_are_paced_under_the_hourly_limit(hub: HubWriter, monkeypatch: pytest.MonkeyPatch) -> None:
     from resumerge.config.hubtarget import parse_hub_target
     from resumerge.store import hubcommits
-    from resumerge.store.hubaccess import open_hub_repo
+    from resumerge.store.hubrepo import open_hub_repo
 
     clock = [1000.0]
     monkeypatch.setattr(hubcommits.time, "monotonic", lambda: clock[0])

@@ -1,0 +1,106 @@
+"""A hub repo as the output sink: files are staged on local disk, uploaded, and committed to the repo in batches.
+
+A planned file is written and fsynced under ``staging`` (in the run's state dir), handed to the
+:class:`~resumerge.store.hubcommits.CommitQueue` (uploaded at once, committed with the next batch together with
+the manifest that lists it) and deleted from staging only after that commit succeeded. :meth:`HubRepoSink.publish`
+therefore answers False ("committed later"), and the engine writes the ledger row when :meth:`HubRepoSink.settled`
+names the file. Committed files are checked against the hub's own checksums: the sha256 of LFS files from the tree
+listing (no download), small regular files (configs, tokenizer) by reading them back.
+
+``max_disk`` bounds staged, uncommitted bytes: before a new file is started, the sink waits (committing early)
+until what is staged plus the largest planned file fits in it.
+
+``head`` is the branch head read when OUT was opened: every commit names the head it expects, so a second writer
+on the same branch is refused (exit 4) instead of interleaving commits. A stopped run commits what is already
+uploaded (:meth:`HubRepoSink.stop_commits`) rather than leaving it to the resume to compute again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from resumerge.store.durable import is_temp_name, temp_path
+from resumerge.store.hubcommits import Batching, CommitQueue
+from resumerge.store.hubrepo import HubRepo, check_remote, remote_files
+from resumerge.store.manifest import MANIFEST_NAME
+from resumerge.store.sink import OutputSink, Settled
+
+
+@dataclass(frozen=True)
+class HubOutputOptions:
+    """How a hub repo OUT is written: created public or private (the default), and how commits are batched."""
+
+    public: bool = False
+    batching: Batching = field(default_factory=Batching)
+
+
+class HubRepoSink(OutputSink):
+    """OUT is ``hf://NAMESPACE/NAME[@BRANCH]``: stage, upload, commit in batches with the manifest."""
+
+    def __init__(self, repo: HubRepo, staging: Path, *, planned: Iterable[str], resume: str,
+                 batching: Batching | None = None, max_disk: int | None = None, reserve: int = 0,
+                 head: str | None = None, should_stop: Callable[[], bool] = lambda: False) -> None:
+        self.repo, self.staging, self.resume = repo, staging, resume
+        self.max_disk, self.reserve = max_disk, reserve
+        staging.mkdir(parents=True, exist_ok=True)
+        names = set(planned) | {MANIFEST_NAME}
+        for leftover in staging.iterdir():  # temp files of a run that died: only resumerge's own names
+            if is_temp_name(leftover.name, names):
+                leftover.unlink()
+        self.queue = CommitQueue(repo, batching or Batching(), resume=resume, head=head, should_stop=should_stop)
+
+    @property
+    def commits(self) -> int:
+        """Commits this sink made so far."""
+        return self.queue.commits
+
+    def where(self, name: str) -> Path:
+        return self.staging / name
+
+    def temp_for(self, name: str) -> Path:
+        if self.max_disk is not None:
+            self.queue.wait_room(max(0, self.max_disk - self.reserve))
+        return self.staging / temp_path(self.staging / name).name
+
+    def publish(self, temp: Path, name: str, sha256: str) -> bool:
+        self.queue.add(name, temp, sha256, temp.stat().st_size)
+        return False
+
+    def replace_small(self, name: str, data: bytes) -> None:
+        if name != MANIFEST_NAME:
+            raise ValueError(f"internal: a hub repo keeps only {MANIFEST_NAME} as a small file, not {name}")
+        self.queue.set_manifest(data)
+
+    def check(self, files: Iterable[tuple[str, int, str]]) -> Mapping[str, str | None]:
+        return check_remote(self.repo, files, resume=self.resume)
+
+    def names(self) -> list[str]:
+        return sorted(remote_files(self.repo, resume=self.resume))
+
+    def delete(self, names: Iterable[str]) -> None:
+        wanted = set(names)
+        if not wanted:
+            return
+        present = sorted(wanted & set(remote_files(self.repo, resume=self.resume)))
+        if present:
+            self.queue.delete(present)
+
+    def settled(self) -> list[Settled]:
+        return self.queue.settled()
+
+    def drain(self) -> list[Settled]:
+        return self.queue.drain()
+
+    def stop_commits(self) -> int:
+        """The run is stopping: commit the files already uploaded, in one last commit in the background; returns
+        how many (0: none)."""
+        return self.queue.stop()
+
+    def stopped_commits(self, timeout: float) -> tuple[list[Settled], str | None]:
+        """Wait up to ``timeout`` s for :meth:`stop_commits`; what got committed, and why not all (None: it did)."""
+        return self.queue.stopped(timeout)
+
+    def close(self) -> None:
+        self.queue.close()
