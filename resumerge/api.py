@@ -1,5 +1,5 @@
-"""The Python API, mirroring the CLI for notebook users: ``run``, ``resume``, ``status``, ``verify``, ``plan_merge``
-and ``estimate`` (what ``resumerge plan`` prints).
+"""The Python API, mirroring the CLI for notebook users: ``run``, ``resume``, ``status``, ``verify``, ``plan_merge``,
+``estimate`` (what ``resumerge plan`` prints) and ``extract_lora``.
 
 Each function does what the command of the same name does and raises the same :mod:`resumerge.errors`
 exceptions instead of printing and exiting. ``progress=True`` draws the same rich progress as the CLI.
@@ -18,10 +18,11 @@ from resumerge.store.integrity import VerifyReport, verify_output
 from resumerge.store.statusview import StatusReport, read_status
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from resumerge.cli.render import ProgressReporter
     from resumerge.engine.costs import Estimate
+    from resumerge.engine.executor import Reporter
     from resumerge.store.hubsink import HubOutputOptions
     from resumerge.store.recipeview import RecipeStatus
 
@@ -108,6 +109,64 @@ def run(
     finally:
         if reporter is not None:
             reporter.close()
+
+
+def extract_lora(
+    model: str,
+    base_model: str,
+    out: PathLike,
+    *,
+    max_rank: int = 128,
+    sv_epsilon: float = 0.0,
+    distribute_scale: bool = True,
+    embed_lora: bool = False,
+    save_modules: Sequence[str] = (),
+    exclude_regexes: Sequence[str] = (),
+    include_regexes: Sequence[str] = (),
+    skip_undecomposable: bool = False,
+    exact: bool = False,
+    allow_crimes: bool = False,
+    unsafe_truncate_embeddings: bool = False,
+    random_seed: int = DEFAULT_SEED,
+    write_model_card: bool = True,
+    state_dir: PathLike | None = None,
+    restart: bool = False,
+    progress: bool = False,
+    max_memory: int | str | None = None,
+    device: str = "cpu",
+    max_gpu_memory: int | str | None = None,
+    staging: bool | PathLike | None = None,
+    max_disk: int | str | None = None,
+    public: bool = False,
+    commit_every: int = 20,
+    commit_interval: float = 60.0,
+    cache_dir: PathLike | None = None,
+    reporter: Reporter | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> Outcome:
+    """Extract a PEFT LoRA adapter of ``model`` (the fine-tune) against ``base_model`` into ``out``, like
+    ``resumerge extract-lora`` (mergekit-extract-lora's options and meanings; ``exact`` computes mergekit's full
+    SVD instead of the seeded randomized truncation). Journaled like a merge: :func:`resume` finishes it."""
+    from resumerge.engine.devices import normalise_device
+    from resumerge.extract.spec import ExtractSpec, spec_text
+
+    spec = ExtractSpec(model=model, base_model=base_model, max_rank=max_rank, sv_epsilon=sv_epsilon,
+                       distribute_scale=distribute_scale, embed_lora=embed_lora, save_modules=tuple(save_modules),
+                       exclude_regexes=tuple(exclude_regexes), include_regexes=tuple(include_regexes),
+                       skip_undecomposable=skip_undecomposable, exact=exact)
+    options = PlanOptions(random_seed=random_seed, device=normalise_device(device), allow_crimes=allow_crimes,
+                          copy_tokenizer=False, write_model_card=write_model_card,
+                          unsafe_truncate_embeddings=unsafe_truncate_embeddings)
+    own = _reporter(progress) if reporter is None else None
+    try:
+        return run_merge(spec_text(spec), out, options=options, state_dir=state_dir, restart=restart,
+                         reporter=reporter or own, should_stop=should_stop or (lambda: False),
+                         max_memory=_budget(max_memory), max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"),
+                         staging=staging, max_disk=_budget(max_disk, "max_disk"), cache_dir=cache_dir,
+                         output=_output(public, commit_every, commit_interval))
+    finally:
+        if own is not None:
+            own.close()
 
 
 def resume(out: PathLike, *, state_dir: PathLike | None = None, progress: bool = False,

@@ -171,11 +171,56 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--intermediate-dir", metavar="DIR",
                       help="for a multi-document recipe (which needs OUT): where its named stages will go")
 
+    _extract_parser(sub)
+
     demo = sub.add_parser("demo", help="generate small models, merge, interrupt, resume, show status",
                           description="A self-contained tour: generates tiny models, starts a merge that is "
                                       "killed part-way, resumes it, and checks the output is byte-identical.")
     demo.add_argument("dir", metavar="DIR", nargs="?", default="resumerge-demo", help="working directory")
     return parser
+
+
+def _extract_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``extract-lora``: mergekit-extract-lora's options, plus --exact and the shared ones."""
+    ex = sub.add_parser("extract-lora", help="extract a PEFT LoRA adapter from a fine-tune and its base",
+                        description="Extract a LoRA adapter (mergekit-extract-lora's options and meanings): each "
+                                    "module's task vector FT - BASE truncated to --max-rank. Journaled: an "
+                                    "interrupted extraction finishes with resumerge resume OUT.")
+    ex.add_argument("--model", required=True, metavar="FT", help="fine-tuned model (folder or hub id)")
+    ex.add_argument("--base-model", required=True, metavar="BASE", help="base model (folder or hub id)")
+    ex.add_argument("--out-path", required=True, metavar="OUT", help="output folder, or hf://NAMESPACE/NAME")
+    ex.add_argument("--max-rank", type=int, default=128, metavar="R", help="maximum rank [default: 128]")
+    ex.add_argument("--sv-epsilon", type=float, default=0.0, metavar="EPS",
+                    help="drop singular values at or below EPS (a module's rank may then be lower) [default: 0]")
+    ex.add_argument("--distribute-scale", action=argparse.BooleanOptionalAction, default=True,
+                    help="split the singular values between A and B (√s each) [default: on]")
+    ex.add_argument("--embed-lora", action=argparse.BooleanOptionalAction, default=False,
+                    help="LoRA for embeddings and head instead of saving them whole [default: off]")
+    ex.add_argument("--save-module", action="append", default=[], dest="save_modules", metavar="NAME",
+                    help="save this module (full name or last part) whole, in modules_to_save")
+    ex.add_argument("-e", "--exclude-regex", action="append", default=[], dest="exclude_regexes", metavar="RE",
+                    help="do not extract modules matching RE")
+    ex.add_argument("-i", "--include-regex", action="append", default=[], dest="include_regexes", metavar="RE",
+                    help="extract only modules matching RE")
+    ex.add_argument("--skip-undecomposable", action="store_true",
+                    help="leave out modules that are not matrices (norms) instead of saving them whole")
+    ex.add_argument("--exact", action="store_true",
+                    help="full SVD of every task vector (mergekit's numbers) instead of the faster randomized "
+                         "truncation (within 0.5%% of its error)")
+    ex.add_argument("--allow-crimes", action="store_true", help="allow models of different architectures")
+    ex.add_argument("--unsafe-truncate-embeddings", action="store_true",
+                    help="with --embed-lora, cut embeddings and head of different vocabularies to the common rows")
+    ex.add_argument("--random-seed", type=int, default=0, metavar="N",
+                    help="seed of the randomized truncation (drawn per module) [default: 0]")
+    ex.add_argument("--restart", action="store_true", help="discard a different earlier run in OUT")
+    ex.add_argument("--no-write-model-card", action="store_true", help="write no README.md")
+    ex.add_argument("--device", default="cpu", metavar="DEVICE", help="cpu or cuda[:N] [default: cpu]")
+    ex.add_argument("--cuda", action="store_const", const="cuda", dest="device", help="same as --device cuda")
+    ex.add_argument("-j", "--num-threads", dest="num_threads", type=int, default=None, metavar="N",
+                    help="threads torch uses for arithmetic [default: torch's choice]")
+    ex.add_argument("--transformers-cache", metavar="DIR", help="Hugging Face cache directory for hub models")
+    ex.add_argument("--public", action="store_true", help="hf:// OUT: create a missing repo public")
+    _common(ex)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -260,6 +305,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _resume(args)
     if args.command == "plan":
         return _plan(args)
+    if args.command == "extract-lora":
+        return _extract_lora(args)
     if args.command == "demo":
         from resumerge.cli.demo import run_demo
 
@@ -353,6 +400,29 @@ def _resume(args: argparse.Namespace) -> int:
                                max_memory=size_option(args), max_gpu_memory=size_option(args, "--max-gpu-memory"),
                                staging=staging_choice(args), max_disk=size_option(args, "--max-disk"),
                                output=hub_output(args))
+    _finished(outcome, args.quiet)
+    return EXIT_OK
+
+
+def _extract_lora(args: argparse.Namespace) -> int:
+    from resumerge.api import extract_lora
+    from resumerge.engine.devices import set_torch_threads
+
+    set_torch_threads(args.num_threads)
+    quiet_hub_uploads(args.out_path)
+    stop = installed_stop_flag()
+    with Progress(args.quiet) as progress:
+        outcome = extract_lora(
+            args.model, args.base_model, args.out_path, max_rank=args.max_rank, sv_epsilon=args.sv_epsilon,
+            distribute_scale=args.distribute_scale, embed_lora=args.embed_lora, save_modules=args.save_modules,
+            exclude_regexes=args.exclude_regexes, include_regexes=args.include_regexes,
+            skip_undecomposable=args.skip_undecomposable, exact=args.exact, allow_crimes=args.allow_crimes,
+            unsafe_truncate_embeddings=args.unsafe_truncate_embeddings, random_seed=args.random_seed,
+            write_model_card=not args.no_write_model_card, state_dir=args.state_dir, restart=args.restart,
+            max_memory=size_option(args), device=args.device, max_gpu_memory=size_option(args, "--max-gpu-memory"),
+            staging=staging_choice(args), max_disk=size_option(args, "--max-disk"), public=args.public,
+            commit_every=hub_output(args).batching.every, commit_interval=hub_output(args).batching.interval,
+            cache_dir=args.transformers_cache, reporter=progress, should_stop=stop)
     _finished(outcome, args.quiet)
     return EXIT_OK
 

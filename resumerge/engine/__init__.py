@@ -4,7 +4,7 @@ estimates, and the multi-stage recipe runner.
 The only stage that reads weights and writes output files — through the input sources and the output sink,
 whichever they are.
 
-May import: errors, config, memory, methods, vocab, inputs, store, plan, outputs.
+May import: errors, config, memory, methods, vocab, inputs, store, plan, outputs, extract (its planner).
 """
 
 __all__ = [

@@ -33,6 +33,7 @@ from resumerge.errors import (
     StorageError,
     UsageError,
 )
+from resumerge.extract.spec import is_extraction_text
 from resumerge.inputs.catalog import Inputs, open_inputs
 from resumerge.inputs.model import InputWatch
 from resumerge.inputs.source import InputSources
@@ -100,6 +101,27 @@ def prepare(
     return build_plan(config, inputs.models, options), inputs
 
 
+def prepare_text(
+    text: str,
+    options: PlanOptions,
+    *,
+    model_dirs: Mapping[str, str] | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    reporter: Reporter | None = None,
+    config: MergeConfig | None = None,
+) -> tuple[Plan, Inputs]:
+    """The plan of a run's text: a LoRA extraction's recorded spec (:mod:`resumerge.extract`), else a merge config
+    (``config``: already parsed)."""
+    if is_extraction_text(text):
+        from resumerge.extract.prepare import prepare_extraction
+
+        return prepare_extraction(text, options, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
+                                  on_progress=_hub_progress(reporter))
+    return prepare(config or load_config_text(text), options, model_dirs=model_dirs, state_dir=state_dir,
+                   cache_dir=cache_dir, reporter=reporter)
+
+
 def plan_from_config(config: MergeConfig, options: PlanOptions,
                      model_dirs: Mapping[str, str] | None = None) -> Plan:
     """The plan of ``config`` (headers only); raises InputError subclasses for anything that would fail later."""
@@ -159,10 +181,10 @@ def run_merge(
     read, and ``output`` says how the repo is created and commits batched. ``max_disk`` bounds the bytes kept on
     the local disk for the output (staged, uncommitted files of a hub OUT).
     """
-    config = load_config_text(config_text)
+    config = None if is_extraction_text(config_text) else load_config_text(config_text)
     hub_out = open_hub_output(str(out_dir), state_dir=state_dir, options=output) if is_hub_target(out_dir) else None
-    plan, inputs = prepare(config, options or PlanOptions(), state_dir=state_dir, cache_dir=cache_dir,
-                           reporter=reporter)
+    plan, inputs = prepare_text(config_text, options or PlanOptions(), state_dir=state_dir, cache_dir=cache_dir,
+                                reporter=reporter, config=config)
     governor = make_governor(plan, max_memory)
     gpu = gpu_governor(plan, plan.options.device, max_gpu_memory)
     out = Path(hub_out.url) if hub_out else Path(out_dir).absolute()
@@ -226,8 +248,7 @@ def resume_merge(
             path=str(out),
             hint="start the merge with resumerge run CONFIG OUT (pass --state-dir if you used one)",
         )
-    config = load_config_text(text)
-    plan, inputs = prepare(config, PlanOptions(**opts), model_dirs=dirs, state_dir=state_dir, reporter=reporter)
+    plan, inputs = prepare_text(text, PlanOptions(**opts), model_dirs=dirs, state_dir=state_dir, reporter=reporter)
     governor = make_governor(plan, max_memory)
     gpu = gpu_governor(plan, plan.options.device, max_gpu_memory)
     hub = HubInputs.open(plan, inputs, state_dir=state_dir, on_progress=_hub_progress(reporter), governor=governor,

@@ -30,6 +30,8 @@ class AuxFile:
 
 def aux_files(plan: Plan) -> list[AuxFile]:
     """Every non-shard output file of ``plan``, in write order."""
+    if plan.side_files:  # a plan that makes its own side files (an extracted adapter) writes those alone
+        return [AuxFile(name, "config", "during_config_write") for name in plan.side_files]
     files = []
     if len(plan.shards) > 1:
         files.append(AuxFile(INDEX_NAME, "index", "during_index_write"))
@@ -43,6 +45,8 @@ def aux_files(plan: Plan) -> list[AuxFile]:
 
 def render_aux(plan: Plan, aux: AuxFile, config_text: str) -> bytes:
     """The exact bytes of ``aux``. Raises :class:`PlanChangedError` if a tokenizer file changed since planning."""
+    if aux.name in plan.side_files:
+        return plan.side_files[aux.name]
     if aux.name == INDEX_NAME:
         total = sum(t.nbytes for t in plan.tensors.values())
         doc = {"metadata": {"total_size": total, "format": "pt"}, "weight_map": plan.weight_map}

@@ -141,6 +141,10 @@ class Plan:
     # Facts the user must hear about (vocabulary rows cut by --unsafe-truncate-embeddings, …): logged when the
     # run starts, shown by status, written in the model card. Derived from the rest of the plan.
     notes: tuple[str, ...] = field(default=(), compare=False)
+    # The output's files besides the shards when the plan makes them itself (an extracted LoRA adapter's
+    # adapter_config.json and README.md), by name; empty for a merge, whose side files are config.json, the card
+    # and the tokenizer (resumerge.outputs.aux). Fingerprinted by their hashes.
+    side_files: Mapping[str, bytes] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def total_bytes(self) -> int:
@@ -170,6 +174,8 @@ def fingerprint_parts(plan: Plan) -> dict[str, str]:
         "tokenizer_files": plan.tokenizer_files,
         "vocab": plan.vocab_digest,
     }
+    if plan.side_files:  # only when present, so a merge's fingerprint is unchanged
+        body["side_files"] = {n: hashlib.sha256(b).hexdigest() for n, b in sorted(plan.side_files.items())}
     return {
         "plan": _sha(body),
         "options": _sha(_output_options(plan.options)),

@@ -1,0 +1,109 @@
+"""The extraction's registered tensor functions: LoRA factor A, factor B, and a bias delta, from (BASE, FT).
+
+Each is a pure function of its two inputs and parameters, like a merge method, so the engine journals, resumes
+and governs them as it does merge tensors. A and B of one module come from the same truncation: the first of the
+two to run computes it and leaves the other factor here for its sibling (a worker asking for it meanwhile waits),
+so the SVD runs once per module; a factor not collected (a stopped run) is dropped after a few more modules.
+Recomputing gives the same bytes: the randomized truncation is seeded per module (``seed``), never by run order.
+
+Importing this module registers the functions (the extraction planner imports it).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from resumerge.extract.decompose import factors, kept_rank, truncate
+from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+
+FACTOR_A = "lora_extract_a"
+FACTOR_B = "lora_extract_b"
+DELTA = "lora_extract_delta"
+
+# Pending sibling factors: (module key) -> future of (A, B). Bounded: a stopped run's leftovers age out.
+_KEEP = 8
+_pending: OrderedDict[tuple[Any, ...], Future[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
+_lock = threading.Lock()
+
+
+def task_vector(ctx: MergeContext) -> torch.Tensor:
+    """FT − BASE in the inputs' (common) dtype, as mergekit subtracts them; transposed for an embedding."""
+    delta = ctx.tensors[1] - ctx.tensors[0]
+    return delta.T if ctx.params.get("embedding") else delta
+
+
+def decompose(ctx: MergeContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A, B) of the module, float32, of exactly ``rank`` components (zero rows/columns beyond the matrix's own
+    rank cannot occur: ``rank`` ≤ min(shape) by planning)."""
+    p = ctx.params
+    delta = task_vector(ctx)
+    rank = int(p["rank"])
+    t = truncate(delta, rank, exact=bool(p["exact"]), seed=int(p["seed"]))
+    keep = kept_rank(t.s, rank, float(p["sv_epsilon"]))
+    if keep != rank:
+        raise ValueError(f"the truncation kept {keep} components where {rank} were planned")
+    return factors(t, rank, bool(p["distribute_scale"]))
+
+
+def _shared(ctx: MergeContext, which: int) -> torch.Tensor:
+    """Factor ``which`` (0: A, 1: B) of the module, computing the pair once for both sibling tensors."""
+    key = (ctx.params["module"], tuple(sorted(ctx.params.items())), tuple(tuple(t.shape) for t in ctx.tensors),
+           str(ctx.tensors[0].device))
+    with _lock:
+        future = _pending.get(key)
+        mine = future is None
+        if future is None:
+            future = Future()
+            _pending[key] = future
+            while len(_pending) > _KEEP:
+                _pending.popitem(last=False)
+        else:
+            del _pending[key]  # the sibling collects it: nobody else will
+    if mine:
+        try:
+            future.set_result(decompose(ctx))
+        except BaseException as exc:
+            future.set_exception(exc)
+            with _lock:
+                _pending.pop(key, None)
+            raise
+    return future.result()[which]
+
+
+def factor_a(ctx: MergeContext) -> torch.Tensor:
+    """LoRA factor A (r × in): √s·Vh, or s·Vh without ``distribute_scale``."""
+    return _shared(ctx, 0)
+
+
+def factor_b(ctx: MergeContext) -> torch.Tensor:
+    """LoRA factor B (out × r): U·√s, or U without ``distribute_scale``."""
+    return _shared(ctx, 1)
+
+
+def bias_delta(ctx: MergeContext) -> torch.Tensor:
+    """FT's bias − BASE's (mergekit saves it as ``lora_B.bias``)."""
+    return ctx.tensors[1] - ctx.tensors[0]
+
+
+_PARAMS = (
+    ParamSpec("module", Scope.GLOBAL, str, required=True),
+    # Digest of the two models' file identities: a factor left here by another run is never taken for this one's.
+    ParamSpec("source", Scope.GLOBAL, str, required=True),
+    ParamSpec("rank", Scope.GLOBAL, int, required=True, minimum=1),
+    ParamSpec("exact", Scope.GLOBAL, bool, default=False),
+    ParamSpec("seed", Scope.GLOBAL, int, required=True),
+    ParamSpec("sv_epsilon", Scope.GLOBAL, float, default=0.0),
+    ParamSpec("distribute_scale", Scope.GLOBAL, bool, default=True),
+    ParamSpec("embedding", Scope.GLOBAL, bool, default=False),
+)
+
+for _name, _fn in ((FACTOR_A, factor_a), (FACTOR_B, factor_b)):
+    register(MethodSpec(name=_name, fn=_fn, params=_PARAMS, base=BasePolicy.REQUIRED, min_inputs=2, max_inputs=2,
+                        reference="mergekit-extract-lora"))
+register(MethodSpec(name=DELTA, fn=bias_delta, base=BasePolicy.REQUIRED, min_inputs=2, max_inputs=2,
+                    elementwise=True, reference="mergekit-extract-lora"))

@@ -1,0 +1,66 @@
+"""From an extraction's recorded text to its plan: the one entry the session path calls for an extraction.
+
+``--sv-epsilon`` makes a module's rank depend on its singular values, and a plan fixes every shape before a shard
+is written, so a run with it first computes each module's truncation once to count the values above epsilon (the
+same seeded computation the factors use, so the counts agree); a resume recomputes the same counts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+import torch
+
+from resumerge.extract.decompose import kept_rank, truncate
+from resumerge.extract.modules import LoraModule, ModuleChoice
+from resumerge.extract.planner import build_extraction_plan, module_choice, module_seed, open_pair
+from resumerge.extract.spec import ExtractSpec, load_spec_text
+from resumerge.inputs.catalog import Inputs
+from resumerge.inputs.hub import HubEvent
+from resumerge.inputs.source import InputSources
+from resumerge.plan.merge_plan import Plan, PlanOptions
+
+
+def prepare_extraction(text: str, options: PlanOptions, *, model_dirs: Mapping[str, str] | None = None,
+                       state_dir: str | os.PathLike[str] | None = None,
+                       cache_dir: str | os.PathLike[str] | None = None,
+                       on_progress: Callable[[HubEvent], None] | None = None) -> tuple[Plan, Inputs]:
+    """Open the models of the extraction recorded as ``text`` and build its plan (reading weights only for
+    ``--sv-epsilon``'s ranks, after every check has passed)."""
+    spec = load_spec_text(text)
+    inputs, ft_key, base_key = open_pair(spec, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
+                                         on_progress=on_progress)
+    if spec.sv_epsilon > 0 and not spec.ranks:
+        choice = module_choice(spec, inputs, ft_key, base_key, options)
+        build_extraction_plan(spec, inputs, ft_key, base_key, options)  # every refusal before a weight is read
+        spec = replace(spec, ranks=_probe_ranks(spec, choice, inputs, ft_key, base_key, options))
+    return build_extraction_plan(spec, inputs, ft_key, base_key, options), inputs
+
+
+def _probe_ranks(spec: ExtractSpec, choice: ModuleChoice, inputs: Inputs, ft_key: str, base_key: str,
+                 options: PlanOptions) -> tuple[tuple[str, int], ...]:
+    """Each LoRA module's rank under ``spec.sv_epsilon`` (0 drops the module)."""
+    sources = InputSources.local({k: str(m.directory) for k, m in inputs.models.items()})
+    ranks = []
+    try:
+        for m in choice.lora:
+            delta = _read(sources, inputs, ft_key, m) - _read(sources, inputs, base_key, m)
+            if m.embedding:
+                delta = delta.T
+            if options.device != "cpu":
+                delta = delta.to(options.device)
+            t = truncate(delta, m.rank, exact=spec.exact, seed=module_seed(options.random_seed, m.name))
+            ranks.append((m.name, kept_rank(t.s, m.rank, spec.sv_epsilon)))
+    finally:
+        sources.close()
+    return tuple(sorted(ranks))
+
+
+def _read(sources: InputSources, inputs: Inputs, key: str, m: LoraModule) -> torch.Tensor:
+    """Module ``m``'s weight in model ``key``, cut to its kept rows."""
+    found = inputs.models[key].tensors[m.weight]
+    e = found.entry
+    t = sources.read(key, found.file, e.start, e.end, e.dtype, tuple(e.shape))
+    return t[: m.keep_rows] if m.keep_rows is not None else t
