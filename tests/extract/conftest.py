@@ -18,6 +18,8 @@ from resumerge.cli.modelgen import ModelSpec, make_model
 # name -> model spec of the pair
 PAIRS: dict[str, ModelSpec] = {
     "llama": ModelSpec(layers=2, hidden=32, intermediate=48, vocab=64),
+    # Wide enough for the randomized truncation to run at rank 8 (not the exact fallback of tiny matrices).
+    "llama-wide": ModelSpec(layers=2, hidden=128, intermediate=352, vocab=64, shard_bytes=1_000_000),
     "qwen2-tied-bf16": ModelSpec(layers=2, hidden=32, intermediate=48, vocab=64, arch="qwen2", tied=True,
                                  dtype=torch.bfloat16),
 }

@@ -1,0 +1,55 @@
+"""Bad input is refused with exit 2 before any weight is read (OUT is never created)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from support import cli
+
+from resumerge import api
+from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.errors import ResumergeError, exit_code_for
+
+
+def _refused(out: Path, call: Callable[[], object], words: str) -> None:
+    with pytest.raises(ResumergeError) as caught:
+        call()
+    assert exit_code_for(caught.value) == 2
+    assert words in caught.value.one_line()
+    assert not out.exists()
+
+
+def test_rank_below_one(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]]) -> None:
+    base, ft = pair("llama")
+    out = tmp_path / "out"
+    _refused(out, lambda: api.extract_lora(str(ft), str(base), out, max_rank=0), "--max-rank must be at least 1")
+
+
+def test_regex_matching_nothing(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]]) -> None:
+    base, ft = pair("llama")
+    out = tmp_path / "out"
+    _refused(out, lambda: api.extract_lora(str(ft), str(base), out, include_regexes=["q_porj"]), "matches no module")
+    _refused(out, lambda: api.extract_lora(str(ft), str(base), out, exclude_regexes=["nope"]), "matches no module")
+
+
+def test_save_module_that_does_not_exist(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]]) -> None:
+    base, ft = pair("llama")
+    out = tmp_path / "out"
+    _refused(out, lambda: api.extract_lora(str(ft), str(base), out, save_modules=["lm_haed"]), "names no module")
+
+
+def test_shapes_that_differ(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]]) -> None:
+    base, _ = pair("llama")
+    other = make_model(tmp_path / "wider", ModelSpec(layers=2, hidden=32, intermediate=40, vocab=64), seed=1)
+    out = tmp_path / "out"
+    _refused(out, lambda: api.extract_lora(str(other), str(base), out), "in the fine-tuned model and")
+
+
+def test_cli_exit_code(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]]) -> None:
+    base, ft = pair("llama")
+    done = cli("extract-lora", "--model", ft, "--base-model", base, "--out-path", tmp_path / "out", "--max-rank", "0")
+    assert done.returncode == 2, done.stderr
+    assert "--max-rank must be at least 1" in done.stderr
+    assert not (tmp_path / "out").exists()
