@@ -114,7 +114,7 @@ def module_seed(seed: int, module: str) -> int:
 
 def _lora_tensors(spec: ExtractSpec, m: LoraModule, ft: ModelInput, base: ModelInput, ft_key: str, base_key: str,
                   source: str, seed: int) -> list[TensorPlan]:
-    refs = (_ref(base_key, base, m.weight), _ref(ft_key, ft, m.weight))
+    refs: tuple[InputRef, ...] = (_ref(base_key, base, m.weight), _ref(ft_key, ft, m.weight))
     if m.keep_rows is not None:
         refs = tuple(leading_rows(r, m.keep_rows, yaml_path="") for r in refs)
     dtype = _common(refs)
