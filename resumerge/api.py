@@ -1,5 +1,5 @@
 """The Python API, mirroring the CLI for notebook users: ``run``, ``resume``, ``status``, ``verify``, ``plan_merge``,
-``estimate`` (what ``resumerge plan`` prints) and ``extract_lora``.
+``estimate`` (what ``resumerge plan`` prints), ``extract_lora`` and ``estimate_extraction``.
 
 Each function does what the command of the same name does and raises the same :mod:`resumerge.errors`
 exceptions instead of printing and exiting. ``progress=True`` draws the same rich progress as the CLI.
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from resumerge.cli.render import ProgressReporter
     from resumerge.engine.costs import Estimate
     from resumerge.engine.executor import Reporter
+    from resumerge.extract.spec import ExtractSpec
     from resumerge.store.hubsink import HubOutputOptions
     from resumerge.store.recipeview import RecipeStatus
 
@@ -167,6 +168,26 @@ def extract_lora(
     finally:
         if own is not None:
             own.close()
+
+
+def estimate_extraction(spec: ExtractSpec, out: PathLike | None = None, *, state_dir: PathLike | None = None,
+                        random_seed: int = DEFAULT_SEED, device: str = "cpu", allow_crimes: bool = False,
+                        unsafe_truncate_embeddings: bool = False, max_memory: int | str | None = None,
+                        cache_dir: PathLike | None = None, probe_size: int | str = "32MiB",
+                        max_disk: int | str | None = None) -> Estimate:
+    """Validate the extraction ``spec`` against the models' headers and estimate disk, downloads, peak RAM and time
+    of running it into ``out``, like ``resumerge extract-lora --plan``; writes nothing but the disk probe's temp
+    file."""
+    from resumerge.engine.devices import normalise_device
+    from resumerge.engine.estimate import estimate_config
+    from resumerge.extract.spec import spec_text
+
+    options = PlanOptions(random_seed=random_seed, device=normalise_device(device), allow_crimes=allow_crimes,
+                          copy_tokenizer=False, unsafe_truncate_embeddings=unsafe_truncate_embeddings)
+    return estimate_config(spec_text(spec), options, source="extraction", out_dir=out, state_dir=state_dir,
+                           cache_dir=cache_dir, max_memory=_budget(max_memory),
+                           probe_bytes=parse_size(probe_size, option="probe_size"),
+                           max_disk=_budget(max_disk, "max_disk"))
 
 
 def resume(out: PathLike, *, state_dir: PathLike | None = None, progress: bool = False,

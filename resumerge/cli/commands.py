@@ -220,6 +220,10 @@ def _extract_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     help="threads torch uses for arithmetic [default: torch's choice]")
     ex.add_argument("--transformers-cache", metavar="DIR", help="Hugging Face cache directory for hub models")
     ex.add_argument("--public", action="store_true", help="hf:// OUT: create a missing repo public")
+    ex.add_argument("--plan", action="store_true",
+                    help="validate and estimate disk, RAM and time as resumerge plan does, writing nothing "
+                         "(exit 0 when it fits, 2 when not)")
+    ex.add_argument("--json", action="store_true", help="with --plan: print JSON")
     _common(ex)
 
 
@@ -405,10 +409,29 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _extract_lora(args: argparse.Namespace) -> int:
-    from resumerge.api import extract_lora
+    from resumerge.api import estimate_extraction, extract_lora
     from resumerge.engine.devices import set_torch_threads
+    from resumerge.extract.spec import ExtractSpec
 
     set_torch_threads(args.num_threads)
+    if args.plan:
+        spec = ExtractSpec(
+            model=args.model, base_model=args.base_model, max_rank=args.max_rank, sv_epsilon=args.sv_epsilon,
+            distribute_scale=args.distribute_scale, embed_lora=args.embed_lora,
+            save_modules=tuple(args.save_modules), exclude_regexes=tuple(args.exclude_regexes),
+            include_regexes=tuple(args.include_regexes), skip_undecomposable=args.skip_undecomposable,
+            exact=args.exact)
+        estimate = estimate_extraction(
+            spec, args.out_path, state_dir=args.state_dir, random_seed=args.random_seed, device=args.device,
+            allow_crimes=args.allow_crimes, unsafe_truncate_embeddings=args.unsafe_truncate_embeddings,
+            max_memory=size_option(args), cache_dir=args.transformers_cache, max_disk=size_option(args, "--max-disk"))
+        if args.json:
+            print(json.dumps(estimate.to_json(), indent=2))
+        else:
+            from resumerge.cli.render import show_plan
+
+            show_plan(estimate)
+        return fits_exit_code(estimate.fits, estimate.reasons)
     quiet_hub_uploads(args.out_path)
     stop = installed_stop_flag()
     with Progress(args.quiet) as progress:

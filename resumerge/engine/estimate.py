@@ -445,10 +445,11 @@ def estimate_config(
     """
     started = time.time()
     from resumerge.config.merge_config import load_config_text
-    from resumerge.engine.session import prepare
+    from resumerge.engine.session import prepare_text
+    from resumerge.extract.spec import is_extraction_text
 
-    config = load_config_text(config_text, source=source)
-    plan, inputs = prepare(config, options, state_dir=state_dir, cache_dir=cache_dir)
+    config = None if is_extraction_text(config_text) else load_config_text(config_text, source=source)
+    plan, inputs = prepare_text(config_text, options, state_dir=state_dir, cache_dir=cache_dir, config=config)
     if fresh_process:
         started = psutil.Process().create_time()
     to_hub = out_dir is not None and is_hub_target(os.fspath(out_dir))

@@ -53,3 +53,19 @@ def test_cli_exit_code(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]])
     assert done.returncode == 2, done.stderr
     assert "--max-rank must be at least 1" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_plan_estimates_without_writing(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]]) -> None:
+    """``extract-lora --plan`` validates and estimates the adapter's exact size, writing nothing."""
+    import json
+
+    base, ft = pair("llama")
+    out = tmp_path / "out"
+    done = cli("extract-lora", "--model", ft, "--base-model", base, "--out-path", out, "--max-rank", "4", "--plan",
+               "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["method"] == "extract_lora" and doc["fits"]
+    assert not out.exists()
+    api.extract_lora(str(ft), str(base), out, max_rank=4)
+    assert doc["output_bytes"] == (out / "adapter_model.safetensors").stat().st_size
