@@ -26,12 +26,12 @@ def test_kill_then_resume_is_identical(point: str, keep_state: bool, tmp_path: P
     api.extract_lora(str(ft), str(base), reference, max_rank=8, state_dir=tmp_path / "ref-state")
     out, state = tmp_path / "out", tmp_path / "state"
     killed = cli("extract-lora", "--model", ft, "--base-model", base, "--out-path", out, "--max-rank", "8",
-                 "--state-dir", state, "-q", env={"RESUMERGE_KILL_AT": point})
+                 "--state-dir", state, "-q", env={"RESUMERGE_KILL_AT": point}, timeout=300)
     assert killed.returncode == -9, killed.stderr
     assert not all((out / name).exists() for name in ADAPTER)
     if not keep_state:
         shutil.rmtree(state)
-    done = cli("resume", out, "--state-dir", state, "-q")
+    done = cli("resume", out, "--state-dir", state, "-q", timeout=300)
     assert done.returncode == 0, done.stderr
     want, got = digests(reference), digests(out)
     assert {n: got[n] for n in ADAPTER} == {n: want[n] for n in ADAPTER}
