@@ -15,7 +15,7 @@ import resumerge
 from resumerge.cli.commands import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = ("run", "resume", "status", "verify", "plan", "demo")
+COMMANDS = ("run", "resume", "status", "verify", "plan", "demo", "extract-lora")
 
 
 def test_api_and_cli_give_identical_outputs(tmp_path: Path, make: ModelFactory) -> None:
@@ -32,8 +32,8 @@ def test_api_and_cli_give_identical_outputs(tmp_path: Path, make: ModelFactory) 
 
 
 def test_public_names_are_exported() -> None:
-    assert sorted(resumerge.__all__) == ["__version__", "estimate", "plan_merge", "recipe_status", "resume", "run",
-                                         "status", "verify"]
+    assert sorted(resumerge.__all__) == ["__version__", "estimate", "extract_lora", "plan_merge", "recipe_status",
+                                         "resume", "run", "status", "verify"]
     for name in resumerge.__all__:
         assert getattr(resumerge, name) is not None
 

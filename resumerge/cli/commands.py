@@ -207,7 +207,8 @@ def _extract_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     ex.add_argument("--exact", action="store_true",
                     help="full SVD of every task vector (mergekit's numbers) instead of the faster randomized "
                          "truncation (within 0.5%% of its error)")
-    ex.add_argument("--allow-crimes", action="store_true", help="allow models of different architectures")
+    ex.add_argument("--allow-crimes", action="store_true",
+                    help="accepted for mergekit command lines: modules are matched by name and shape only")
     ex.add_argument("--unsafe-truncate-embeddings", action="store_true",
                     help="with --embed-lora, cut embeddings and head of different vocabularies to the common rows")
     ex.add_argument("--random-seed", type=int, default=0, metavar="N",
