@@ -160,14 +160,26 @@ def extract_lora(
                           unsafe_truncate_embeddings=unsafe_truncate_embeddings)
     own = _reporter(progress) if reporter is None else None
     try:
-        return run_merge(spec_text(spec), out, options=options, state_dir=state_dir, restart=restart,
-                         reporter=reporter or own, should_stop=should_stop or (lambda: False),
-                         max_memory=_budget(max_memory), max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"),
-                         staging=staging, max_disk=_budget(max_disk, "max_disk"), cache_dir=cache_dir,
-                         output=_output(public, commit_every, commit_interval))
+        outcome = run_merge(spec_text(spec), out, options=options, state_dir=state_dir, restart=restart,
+                            reporter=reporter or own, should_stop=should_stop or (lambda: False),
+                            max_memory=_budget(max_memory), max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"),
+                            staging=staging, max_disk=_budget(max_disk, "max_disk"), cache_dir=cache_dir,
+                            output=_output(public, commit_every, commit_interval))
+        finished_extraction(outcome, state_dir)
+        return outcome
     finally:
         if own is not None:
             own.close()
+
+
+def finished_extraction(outcome: Outcome, state_dir: PathLike | None) -> None:
+    """After a run: an extraction's cached factors are deleted once its adapter is committed."""
+    from resumerge.extract.planner import METHOD
+
+    if outcome.plan.method == METHOD:
+        from resumerge.extract.prepare import forget_factors
+
+        forget_factors(outcome.plan, state_dir)
 
 
 def estimate_extraction(spec: ExtractSpec, out: PathLike | None = None, *, state_dir: PathLike | None = None,
@@ -208,10 +220,12 @@ def resume(out: PathLike, *, state_dir: PathLike | None = None, progress: bool =
                                  max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"), staging=staging,
                                  max_disk=_budget(max_disk, "max_disk"),
                                  output=_output(False, commit_every, commit_interval)).final
-        return resume_merge(out, state_dir=state_dir, reporter=reporter, max_memory=_budget(max_memory),
-                            max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"), staging=staging,
-                            max_disk=_budget(max_disk, "max_disk"),
-                            output=_output(False, commit_every, commit_interval))
+        outcome = resume_merge(out, state_dir=state_dir, reporter=reporter, max_memory=_budget(max_memory),
+                               max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"), staging=staging,
+                               max_disk=_budget(max_disk, "max_disk"),
+                               output=_output(False, commit_every, commit_interval))
+        finished_extraction(outcome, state_dir)
+        return outcome
     finally:
         if reporter is not None:
             reporter.close()

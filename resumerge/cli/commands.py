@@ -405,6 +405,9 @@ def _resume(args: argparse.Namespace) -> int:
                                max_memory=size_option(args), max_gpu_memory=size_option(args, "--max-gpu-memory"),
                                staging=staging_choice(args), max_disk=size_option(args, "--max-disk"),
                                output=hub_output(args))
+    from resumerge.api import finished_extraction
+
+    finished_extraction(outcome, args.state_dir)
     _finished(outcome, args.quiet)
     return EXIT_OK
 

@@ -3,7 +3,9 @@
 Each is a pure function of its two inputs and parameters, like a merge method, so the engine journals, resumes
 and governs them as it does merge tensors. A and B of one module come from the same truncation: the first of the
 two to run computes it and leaves the other factor here for its sibling (a worker asking for it meanwhile waits),
-so the SVD runs once per module; a factor not collected (a stopped run) is dropped after a few more modules.
+so the SVD runs once per module; a factor not collected (a stopped run) is dropped after a few more modules. With a
+:class:`~resumerge.extract.factor_cache.FactorCache` in use, each module's factors are also kept on disk until the
+adapter is committed, so a resumed run decomposes only the modules the killed one had not finished.
 Recomputing gives the same bytes: the randomized truncation is seeded per module (``seed``), never by run order.
 
 Importing this module registers the functions (the extraction planner imports it).
@@ -13,17 +15,22 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 import torch
 
 from resumerge.extract.decompose import factors, kept_rank, truncate
+from resumerge.extract.factor_cache import FactorCache
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
 
 FACTOR_A = "lora_extract_a"
 FACTOR_B = "lora_extract_b"
 DELTA = "lora_extract_delta"
+
+# Where finished modules' factors are kept for a resumed run (set by the extraction's planning; None: nowhere).
+_cache: FactorCache | None = None
 
 # Pending sibling factors: (module key) -> future of (A, B). Bounded: a stopped run's leftovers age out.
 _KEEP = 8
@@ -66,13 +73,39 @@ def _shared(ctx: MergeContext, which: int) -> torch.Tensor:
             del _pending[key]  # the sibling collects it: nobody else will
     if mine:
         try:
-            future.set_result(decompose(ctx))
+            future.set_result(_cached_decompose(ctx))
         except BaseException as exc:
             future.set_exception(exc)
             with _lock:
                 _pending.pop(key, None)
             raise
     return future.result()[which]
+
+
+def use_cache(cache: FactorCache | None) -> None:
+    """Keep finished modules' factors in ``cache`` from now on (None: keep none)."""
+    global _cache
+    _cache = cache
+
+
+def cache_key(params: Mapping[str, Any], shapes: Sequence[tuple[int, ...]], device: str) -> str:
+    """The cache entry of a module's factors: the module's parameters (the models' file identities among them),
+    its inputs' shapes and the device."""
+    return FactorCache.key(params, [tuple(s) for s in shapes], None, device)
+
+
+def _cached_decompose(ctx: MergeContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`decompose`, or the factors a stopped run of the same module left in the cache."""
+    cache = _cache
+    if cache is None:
+        return decompose(ctx)
+    key = cache_key(ctx.params, [tuple(t.shape) for t in ctx.tensors], str(ctx.tensors[0].device))
+    found = cache.load(key)
+    if found is not None:
+        return found[0].to(ctx.tensors[0].device), found[1].to(ctx.tensors[0].device)
+    a, b = decompose(ctx)
+    cache.store(key, a.cpu(), b.cpu())
+    return a, b
 
 
 def factor_a(ctx: MergeContext) -> torch.Tensor:

@@ -13,7 +13,10 @@ from dataclasses import replace
 
 import torch
 
+from resumerge.config.locations import state_root
 from resumerge.extract.decompose import kept_rank, truncate
+from resumerge.extract.factor_cache import FactorCache
+from resumerge.extract.factors import FACTOR_A, cache_key, use_cache
 from resumerge.extract.modules import LoraModule, ModuleChoice
 from resumerge.extract.planner import build_extraction_plan, module_choice, module_seed, open_pair
 from resumerge.extract.spec import ExtractSpec, load_spec_text
@@ -30,6 +33,7 @@ def prepare_extraction(text: str, options: PlanOptions, *, model_dirs: Mapping[s
     """Open the models of the extraction recorded as ``text`` and build its plan (reading weights only for
     ``--sv-epsilon``'s ranks, after every check has passed)."""
     spec = load_spec_text(text)
+    use_cache(factor_cache(state_dir))
     inputs, ft_key, base_key = open_pair(spec, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
                                          on_progress=on_progress)
     if spec.sv_epsilon > 0 and not spec.ranks:
@@ -37,6 +41,18 @@ def prepare_extraction(text: str, options: PlanOptions, *, model_dirs: Mapping[s
         build_extraction_plan(spec, inputs, ft_key, base_key, options)  # every refusal before a weight is read
         spec = replace(spec, ranks=_probe_ranks(spec, choice, inputs, ft_key, base_key, options))
     return build_extraction_plan(spec, inputs, ft_key, base_key, options), inputs
+
+
+def factor_cache(state_dir: str | os.PathLike[str] | None) -> FactorCache:
+    """Where extractions keep finished modules' factors: ``extract-factors`` in the state dir."""
+    return FactorCache(state_root(state_dir) / "extract-factors")
+
+
+def forget_factors(plan: Plan, state_dir: str | os.PathLike[str] | None) -> None:
+    """Delete the cached factors of ``plan``'s modules (its adapter is committed: nobody needs them again)."""
+    keys = [cache_key(dict(tp.params), [ref.shape for ref in tp.inputs], plan.options.device)
+            for tp in plan.tensors.values() if tp.method == FACTOR_A]
+    factor_cache(state_dir).forget(keys)
 
 
 def _probe_ranks(spec: ExtractSpec, choice: ModuleChoice, inputs: Inputs, ft_key: str, base_key: str,

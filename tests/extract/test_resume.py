@@ -37,3 +37,36 @@ def test_kill_then_resume_is_identical(point: str, keep_state: bool, tmp_path: P
     assert {n: got[n] for n in ADAPTER} == {n: want[n] for n in ADAPTER}
     report = api.status(out, state_dir=state)
     assert report.to_json()["state"] == "done"
+
+
+def test_resume_decomposes_only_unfinished_modules(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopped after three modules were decomposed (the adapter file not committed), the resumed run decomposes
+    only the others; the adapter equals an uninterrupted run's and the cached factors are gone afterwards."""
+    import resumerge.extract.factors as factors
+    from resumerge.errors import InterruptedMerge
+
+    base, ft = pair("llama-wide")
+    reference = tmp_path / "reference"
+    api.extract_lora(str(ft), str(base), reference, max_rank=8, state_dir=tmp_path / "ref-state")
+    out, state = tmp_path / "out", tmp_path / "state"
+    cache = state / "extract-factors"
+    with pytest.raises(InterruptedMerge):
+        api.extract_lora(str(ft), str(base), out, max_rank=8, state_dir=state,
+                         should_stop=lambda: len(list(cache.glob("*.factors"))) >= 3)
+    cached = len(list(cache.glob("*.factors")))
+    assert cached >= 3
+    calls: list[str] = []
+    real = factors.decompose
+
+    def counting(ctx: factors.MergeContext) -> tuple[object, object]:
+        calls.append(str(ctx.params["module"]))
+        return real(ctx)
+
+    monkeypatch.setattr(factors, "decompose", counting)
+    api.resume(out, state_dir=state)
+    modules = 2 * 7  # two layers of seven linear modules (embeddings, head and norms are saved whole)
+    assert len(calls) == modules - cached
+    want, got = digests(reference), digests(out)
+    assert {n: got[n] for n in ADAPTER} == {n: want[n] for n in ADAPTER}
+    assert not list(cache.glob("*.factors"))
