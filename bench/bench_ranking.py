@@ -216,7 +216,7 @@ def call(method: str, tensors: list[torch.Tensor]) -> Callable[[], torch.Tensor]
     model_params = [{}] + [dict(per_model) for _ in tensors[1:]]
 
     def run() -> torch.Tensor:
-        ctx = MergeContext(tensors, 0, model_params, params, "bench.weight", torch.Generator().manual_seed(1))
+        ctx = MergeContext(tensors, 0, model_params, params, torch.Generator().manual_seed(1))
         return spec.fn(ctx)
 
     return run

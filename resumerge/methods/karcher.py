@@ -10,6 +10,7 @@ from types import EllipsisType
 
 import torch
 
+from resumerge.methods.footprint import measured
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
 
 
@@ -138,6 +139,8 @@ SPEC = register(
     MethodSpec(
         name="karcher",
         fn=karcher,
+        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+        footprint=measured((12, 4), (6.5, 2), (9.5, 2), (24, 8), half_dot=True),
         params=(
             ParamSpec("max_iter", Scope.GLOBAL, int, default=10, minimum=0),
             ParamSpec("tol", Scope.GLOBAL, float, default=1e-5, minimum=0.0),

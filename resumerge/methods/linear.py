@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from resumerge.methods.footprint import measured
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
 
 
@@ -52,6 +53,8 @@ SPEC = register(
     MethodSpec(
         name="linear",
         fn=linear,
+        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+        footprint=measured((4, 0), (8, 0), (8, 0), (8, 0)),
         params=(
             ParamSpec("weight", Scope.PER_MODEL, float, required=True),
             ParamSpec("normalize", Scope.GLOBAL, bool, default=True),

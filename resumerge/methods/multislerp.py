@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from resumerge.methods.footprint import measured
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
 
 
@@ -93,6 +94,8 @@ SPEC = register(
     MethodSpec(
         name="multislerp",
         fn=multislerp,
+        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+        footprint=measured((12, 16, 0, 0, 4), (6, 8, 0, 0, 2), (6, 8, 0, 0, 2), (24, 32, 0, 0, 8), by_models=True),
         params=(
             ParamSpec("weight", Scope.NON_BASE, float, required=True),
             ParamSpec("normalize_weights", Scope.GLOBAL, bool, default=True),

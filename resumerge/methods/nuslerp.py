@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from resumerge.methods.footprint import measured
 from resumerge.methods.spec import (
     BasePolicy,
     MergeContext,
     MethodSpec,
-    OptionalTensorPolicy,
     ParamSpec,
     Scope,
     register,
@@ -70,6 +70,8 @@ SPEC = register(
     MethodSpec(
         name="nuslerp",
         fn=nuslerp,
+        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+        footprint=measured((8, 8), (4, 4), (4, 4), (16, 16.25)),
         params=(
             ParamSpec("weight", Scope.NON_BASE, float, required=True),
             ParamSpec("nuslerp_row_wise", Scope.GLOBAL, bool, default=False),
@@ -80,6 +82,5 @@ SPEC = register(
         max_inputs=3,
         min_non_base=2,
         max_non_base=2,
-        optional_tensors=OptionalTensorPolicy.PASSTHROUGH_SINGLETON,
     )
 )

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import torch
 
+from resumerge.methods.footprint import block_scratch, measured
 from resumerge.methods.sce_steps import (
+    _VARIANCE_BLOCK,
     agreement_mean,
     agreement_sum,
     energy_weights,
@@ -47,6 +49,14 @@ SPEC = register(
     MethodSpec(
         name="sce",
         fn=sce,
+        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+        footprint=measured(
+            (-4, 8, 40, 0, None, (0.25, 4)),
+            (-8, 8, 40, 0, None, (1, 2)),
+            (-8, 8, 40, 0, None, (0, 2)),
+            (-8, 16, 39.75, 0, None, (0.25, 8)),
+            scratch=block_scratch(_VARIANCE_BLOCK),
+        ),
         params=(
             ParamSpec("int8_mask", Scope.GLOBAL, bool, default=False),
             ParamSpec("select_topk", Scope.GLOBAL, float, default=1.0, minimum=0.0, maximum=1.0),

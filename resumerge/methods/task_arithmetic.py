@@ -19,6 +19,7 @@ import torch
 from torch import Generator, Tensor
 
 from resumerge.methods import sparsify
+from resumerge.methods.footprint import MethodFootprint, measured, row_block_scratch
 from resumerge.methods.sample_stream import sampled_stream
 from resumerge.methods.spec import (
     BasePolicy,
@@ -115,6 +116,7 @@ class _Variant:
     normalize: bool
     rescale: bool
     reference: str
+    footprint: MethodFootprint
 
 
 def _params(variant: _Variant) -> tuple[ParamSpec, ...]:
@@ -186,19 +188,32 @@ def _spec(variant: _Variant) -> MethodSpec:
         reference=variant.reference,
         check=check_della_epsilon if variant.sparsifier == "della_magprune" else None,
         streamed=_streamed(variant),
-        extra={"sparsifier": variant.sparsifier, "consensus": "sum" if variant.consensus else None},
+        footprint=variant.footprint,
     )
 
 
+# Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64); DELLA ranks rows
+# in blocks (sparsify._ROW_BLOCK_ELEMENTS).
+_DELLA_ROWS = row_block_scratch(sparsify._ROW_BLOCK_ELEMENTS)
 _VARIANTS = (
-    _Variant("task_arithmetic", None, False, False, False, "https://arxiv.org/abs/2212.04089"),
-    _Variant("ties", "magnitude", True, True, False, "https://arxiv.org/abs/2306.01708"),
-    _Variant("dare_ties", "random", True, False, True, "https://arxiv.org/abs/2311.03099"),
-    _Variant("dare_linear", "random", False, False, True, "https://arxiv.org/abs/2311.03099"),
-    _Variant("breadcrumbs", "magnitude_outliers", False, False, False, "https://arxiv.org/abs/2312.06795"),
-    _Variant("breadcrumbs_ties", "magnitude_outliers", True, False, False, "https://arxiv.org/abs/2312.06795"),
-    _Variant("della", "della_magprune", True, True, True, "https://arxiv.org/abs/2406.11617"),
-    _Variant("della_linear", "della_magprune", False, False, True, "https://arxiv.org/abs/2406.11617"),
+    _Variant("task_arithmetic", None, False, False, False, "https://arxiv.org/abs/2212.04089",
+             measured((4, 4), (2, 2), (2, 2), (8, 8))),
+    _Variant("ties", "magnitude", True, True, False, "https://arxiv.org/abs/2306.01708",
+             measured((3.75, 8.25), (6, 3), (6, 3), (8, 16))),
+    _Variant("dare_ties", "random", True, False, True, "https://arxiv.org/abs/2311.03099",
+             measured((4, 8), (2, 4), (12, 2), (8, 16))),
+    _Variant("dare_linear", "random", False, False, True, "https://arxiv.org/abs/2311.03099",
+             measured((4.25, 4.25), (6, 2), (12, 2), (8.75, 8))),
+    _Variant("breadcrumbs", "magnitude_outliers", False, False, False, "https://arxiv.org/abs/2312.06795",
+             measured((5, 4), (3.25, 3.5), (3.25, 3.5), (-7, 15.5))),
+    _Variant("breadcrumbs_ties", "magnitude_outliers", True, False, False, "https://arxiv.org/abs/2312.06795",
+             measured((3.75, 8.25), (2.25, 4), (2.25, 4), (8, 16))),
+    _Variant("della", "della_magprune", True, True, True, "https://arxiv.org/abs/2406.11617",
+             measured((5, 4, 17.75, 7.5, None, (-4.25, 5.75)), (3.25, 2, 16.75, 4), (9.75, 2, 10.25, 8),
+                      (3.75, 10.5, 27.25, 0.75), scratch=_DELLA_ROWS)),
+    _Variant("della_linear", "della_magprune", False, False, True, "https://arxiv.org/abs/2406.11617",
+             measured((1.25, 4, 14.75, 8.25), (3.25, 2, 16.75, 4), (9.75, 2, 10.25, 8), (9.5, 8, 22.75, 4),
+                      scratch=_DELLA_ROWS)),
 )
 
 SPECS = {variant.name: register(_spec(variant)) for variant in _VARIANTS}

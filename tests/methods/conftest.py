@@ -42,7 +42,7 @@ def _merge(
         for i in range(len(tensors))
     ]
     generator = None if seed is None else torch.Generator().manual_seed(seed)
-    ctx = MergeContext(list(tensors), base, model_params, dict(params or {}), "test.weight", generator)
+    ctx = MergeContext(list(tensors), base, model_params, dict(params or {}), generator)
     return spec.fn(ctx)
 
 

@@ -18,7 +18,7 @@ SEED = 1234
 def context(tensors: Sequence[torch.Tensor], base: int, model_params: Sequence[Mapping[str, Any]],
             params: Mapping[str, Any]) -> MergeContext:
     # As the engine builds each chunk's context: a generator freshly seeded for the tensor.
-    return MergeContext(list(tensors), base, model_params, params, "t", torch.Generator().manual_seed(SEED))
+    return MergeContext(list(tensors), base, model_params, params, torch.Generator().manual_seed(SEED))
 
 
 def whole(method: str, tensors: Sequence[torch.Tensor], model_params: Sequence[Mapping[str, Any]],
@@ -89,7 +89,7 @@ def test_a_chunk_drawn_from_a_shared_generator_would_differ() -> None:
     spec = get_method("dare_linear")
     assert spec is not None
     shared = torch.Generator().manual_seed(SEED)
-    parts = [spec.fn(MergeContext([t[a:a + 4].clone() for t in tensors], 0, model_params, {}, "t", shared))
+    parts = [spec.fn(MergeContext([t[a:a + 4].clone() for t in tensors], 0, model_params, {}, shared))
              for a in range(0, 16, 4)]
     assert not torch.equal(torch.cat(parts), expected)
 
