@@ -130,8 +130,8 @@ def karcher(ctx: MergeContext) -> torch.Tensor:
     return karcher_mean(
         ctx.tensors,
         [1.0 / count] * count,
-        max_iter=int(ctx.params.get("max_iter", 10)),
-        tol=float(ctx.params.get("tol", 1e-5)),
+        max_iter=int(ctx.params["max_iter"]),
+        tol=float(ctx.params["tol"]),
     )
 
 

@@ -32,7 +32,7 @@ def linear(ctx: MergeContext) -> torch.Tensor:
     acc = torch.zeros(first.shape, dtype=acc_dtype, device=first.device)
     for tensor, weight in zip(ctx.tensors, weights.unbind(0)):
         acc.addcmul_(tensor, weight)
-    if ctx.params.get("normalize", True):
+    if ctx.params["normalize"]:
         total = weights.sum()
         if abs(float(total)) < 1e-8:
             raise ValueError("linear merge weights sum to zero; set normalize: false or change the weights")
@@ -41,7 +41,7 @@ def linear(ctx: MergeContext) -> torch.Tensor:
 
 
 def _check(params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]]) -> str | None:
-    if params.get("normalize", True) and abs(sum(float(p.get("weight", 0)) for p in model_params)) < 1e-8:
+    if params["normalize"] and abs(sum(float(p["weight"]) for p in model_params)) < 1e-8:
         return (
             "linear merge weights sum to zero, so normalize would divide by zero; "
             "change them or set normalize: false"

@@ -31,7 +31,7 @@ def model_stock(ctx: MergeContext) -> torch.Tensor:
     if len(others) < 2:
         raise ValueError(f"model_stock needs a base and at least two other inputs, got {len(others)} others")
     shape = base.shape
-    if ctx.params.get("filter_wise", False):
+    if ctx.params["filter_wise"]:
         if base.dim() == 1:
             base = base.unsqueeze(0)
             others = [w.unsqueeze(0) for w in others]

@@ -58,8 +58,8 @@ def nuslerp(ctx: MergeContext) -> torch.Tensor:
     w_first, w_second = (float(ctx.model_params[i]["weight"]) for i in others)
     total = w_first + w_second
     t = 0.5 if abs(total) < 1e-6 else w_second / total
-    flatten = bool(ctx.params.get("nuslerp_flatten", True))
-    row_wise = bool(ctx.params.get("nuslerp_row_wise", False))
+    flatten = bool(ctx.params["nuslerp_flatten"])
+    row_wise = bool(ctx.params["nuslerp_row_wise"])
     if ctx.base_index is None:
         return nuslerp_tensors(t, first, second, flatten=flatten, row_wise=row_wise)
     base = ctx.base

@@ -14,7 +14,7 @@ def passthrough(ctx: MergeContext) -> torch.Tensor:
     The result never aliases the input (a layer used twice must not share storage in the output).
     """
     (tensor,) = ctx.tensors
-    scale = ctx.model_params[0].get("scale")
+    scale = ctx.model_params[0]["scale"]
     if scale is None:
         return tensor.clone()
     return tensor * float(scale)

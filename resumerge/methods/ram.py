@@ -173,7 +173,7 @@ def ram(ctx: MergeContext) -> torch.Tensor:
     base = ctx.base
     if not ctx.others():
         return base.clone()
-    epsilon = float(ctx.params.get("epsilon", 1e-5))
+    epsilon = float(ctx.params["epsilon"])
     blocks = _Blocks(ctx)
     out = torch.empty(blocks.base.numel(), dtype=blocks.dtype, device=blocks.device)
     widen = blocks.dtype in _HALF and 2 < blocks.models <= _FOLD_ROWS
@@ -214,9 +214,9 @@ def ramplus_tl(ctx: MergeContext) -> torch.Tensor:
     base = ctx.base
     if not ctx.others():
         return base.clone()
-    epsilon = float(ctx.params.get("epsilon", 1e-5))
-    r = float(ctx.params.get("r", 0.1))
-    alpha = float(ctx.params.get("alpha", 0.2))
+    epsilon = float(ctx.params["epsilon"])
+    r = float(ctx.params["r"])
+    alpha = float(ctx.params["alpha"])
     blocks = _Blocks(ctx)
     # A first pass counts the touches; λ is then the reference's expression on the same int64 counts.
     touches, alone = _count_touches(blocks, epsilon)

@@ -33,8 +33,8 @@ def sce(ctx: MergeContext) -> torch.Tensor:
     base = ctx.base
     if not ctx.others() or base.numel() == 0:
         return base.clone()
-    int8 = bool(ctx.params.get("int8_mask", False))
-    fraction = float(ctx.params.get("select_topk", 1.0))
+    int8 = bool(ctx.params["int8_mask"])
+    fraction = float(ctx.params["select_topk"])
     # Every step below is mergekit's, in the same order and dtype; only the temporaries are gone (products are
     # taken in place, the sign mask is built as numbers, base + merged is taken as merged + base).
     task_vectors = stacked_task_vectors(ctx)
