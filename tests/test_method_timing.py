@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
+from resumerge.engine.method_timing import ComputeRate, measure_rate, sample_rows
 from resumerge.methods import MergeContext, MethodSpec
-from resumerge.methods.costing import ComputeRate, measure_rate, sample_rows
 
 SLEEP = 0.02
 
