@@ -84,7 +84,7 @@ def test_gpu_budget_governs_units_and_streams_rows(tmp_path: Path, make: ModelFa
     made: list[_CountingGovernor] = []
 
     def fake_gpu(plan: object, device: str, max_gpu_memory: int | None) -> MemoryGovernor | None:
-        gov = _CountingGovernor(budget, FakeProbe(), write_buffer_bytes=0, pool="cuda:0",
+        gov = _CountingGovernor(budget, FakeProbe(), pool="cuda:0",
                                 budget_option="--max-gpu-memory")
         made.append(gov)
         return gov

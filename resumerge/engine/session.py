@@ -297,7 +297,7 @@ def make_governor(plan: Plan, max_memory: int | None) -> MemoryGovernor:
             hint=f"the smallest budget that works is {format_size(worst.needed)}; rerun with --max-memory "
             f"{format_size(worst.needed, compact=True)} or more",
         )
-    return MemoryGovernor(budget, probe, write_buffer_bytes=0)
+    return MemoryGovernor(budget, probe)
 
 
 def _drive(

@@ -56,16 +56,6 @@ class RepoMetadata:
         return self.local_files.get("config.json")
 
     @property
-    def index_path(self) -> Path | None:
-        """Verified local ``model.safetensors.index.json``, if the repo has one."""
-        return self.local_files.get("model.safetensors.index.json")
-
-    @property
-    def weight_bytes(self) -> int:
-        """Total size of :attr:`weight_files` in bytes (0 for sizes unknown offline)."""
-        return sum(self.files[name].size or 0 for name in self.weight_files)
-
-    @property
     def snapshot_dir(self) -> Path:
         """The snapshot folder of :attr:`commit` in the cache (the model's local directory once fetched)."""
         return RepoCache(self.settings.cache_dir, self.repo_id).root / "snapshots" / self.commit
