@@ -60,11 +60,11 @@ class ParamSpec:
 class MergeContext:
     """Everything a method sees for one output tensor (or one row chunk of it).
 
-    ``tensors`` are in config order and already cast to the compute dtype; ``base_index`` points into them
-    (``None`` without a base). ``model_params[i]`` holds the resolved per-model parameters of input ``i``
-    (empty for the base when a parameter is ``NON_BASE``); ``params`` the global ones. ``generator`` is seeded
-    from (random seed, output tensor name) for randomised methods, so results do not depend on execution
-    order.
+    ``tensors`` are in config order and already cast to the compute dtype; ``base_index`` points into them (``None``
+    without a base). ``model_params[i]`` holds the resolved per-model parameters of input ``i`` (none for the base
+    when a parameter is ``NON_BASE``); ``params`` the global ones. Every parameter is there, unset ones at their
+    default (:meth:`MethodSpec.bind`), so a method reads ``params["name"]``. ``generator`` is seeded from (random
+    seed, output tensor name) for randomised methods, so results do not depend on execution order.
     """
 
     tensors: Sequence[torch.Tensor]
@@ -139,7 +139,8 @@ class MethodSpec:
     ``max_non_base`` (when set) count the inputs other than the base. ``elementwise`` methods give
     the same result when applied to row chunks independently, so the engine may stream large tensors through
     them; ``streamed`` ones give it from row chunks in several passes (:class:`RowStream`); others need the whole
-    tensor at once. ``randomized`` methods receive a generator.
+    tensor at once. ``randomized`` methods receive a generator. ``footprint`` is the method's measured working
+    memory (see :mod:`resumerge.methods.footprint`), which :func:`register` requires.
     """
 
     name: str
