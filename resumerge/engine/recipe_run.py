@@ -19,7 +19,6 @@ the repo alone and recomputes the intermediates it lacks (they are deterministic
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
@@ -53,7 +52,7 @@ from resumerge.store.filesystems import Staging
 from resumerge.store.hubsink import HubOutputOptions
 from resumerge.store.integrity import verify_output
 from resumerge.store.manifest import MANIFEST_NAME, read_manifest
-from resumerge.store.recipe_ledger import RecipeLedger
+from resumerge.store.recipe_ledger import open_recipe_ledger
 from resumerge.store.recipe_manifest import (
     DELETED,
     DELETING,
@@ -68,7 +67,7 @@ from resumerge.store.recipe_manifest import (
     write_recipe_manifest,
 )
 from resumerge.store.recipeview import StageRecord, stage_record
-from resumerge.store.runlock import LOCK_NAME, is_locked
+from resumerge.store.runlock import LOCK_NAME, RunLock, is_locked
 from resumerge.store.statusview import LEDGER_NAME, resume_command
 
 # A stage's files in the state dir: its SQLite ledger with WAL/journal companions, and its lock.
@@ -248,14 +247,14 @@ class _Runner:
         self._refuse_changes()
         self._check_outputs()
         rdir = recipe_dir(self.rplan.out, self.knobs.state_dir)
-        lock = _RecipeLock(rdir, self.rplan.out)
+        lock = RunLock(rdir, self.rplan.out, lock_out=False)
         lock.acquire()
         try:
             # Downloads first, as for one merge: an interruption there leaves nothing in OUT, and a process
             # killed after the record is written never reads a hub header a second time.
             fetch_inputs(self.rplan.inputs, state_dir=self.knobs.state_dir,
                          on_progress=hub_progress(self.knobs.reporter))
-            self.ledger = RecipeLedger(rdir / RECIPE_LEDGER_NAME)
+            self.ledger = open_recipe_ledger(rdir / RECIPE_LEDGER_NAME)
             try:
                 return self._run_stages()
             finally:
@@ -469,35 +468,6 @@ def recipe_changes(previous: RecipeRecord, rplan: RecipePlan) -> list[str]:
     if not changes and previous.fingerprint != rplan.fingerprint:
         changes.append("the recipe's stages changed")
     return changes
-
-
-class _RecipeLock:
-    """An exclusive flock on the recipe's lock file for the whole run (each stage also takes its own locks; OUT
-    itself is locked by the final stage, so it cannot be locked here: flock conflicts between two descriptors
-    of one process)."""
-
-    def __init__(self, directory: Path, out_dir: str | Path) -> None:
-        self.directory, self.out_dir = directory, out_dir
-        self.fd: int | None = None
-
-    def acquire(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise OutputDirError(
-                f"another resumerge process is running the recipe into {self.out_dir}",
-                path=str(self.out_dir),
-                hint="wait for it to finish, or stop it (it can be resumed later)",
-            ) from None
-        self.fd = fd
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
 
 
 def _recorded(out: str | Path, state_dir: str | os.PathLike[str] | None,

@@ -1,5 +1,6 @@
 """Where committed files go and how resumerge remembers them: the output sink, durable writes, the ledger, the
-manifest, checksums, and the status views read from them.
+manifest, checksums, and the status views read from them (the ledgers read-only: ``ledger_read``, standard
+library only).
 
 The commit protocol lives here (temp, fsync, rename, fsync dir, then the ledger row); the engine writes every
 output file through an :class:`~resumerge.store.sink.OutputSink` and never learns whether OUT is a local
@@ -18,8 +19,10 @@ __all__ = [
     "hubsink",
     "hubstatus",
     "integrity",
+    "journal",
     "killpoints",
     "ledger",
+    "ledger_read",
     "manifest",
     "recipe_ledger",
     "recipe_manifest",
