@@ -123,7 +123,7 @@ def test_cuda_merge_matches_cpu_and_resume_keeps_the_device(tmp_path: Path, make
     config = write_config(tmp_path / "c.yml", linear_config(a, b))
     api.run(config, tmp_path / "cpu", state_dir=tmp_path / "s1")
     done = cli("run", config, tmp_path / "gpu", "--device", "cuda", "--state-dir", tmp_path / "s2",
-               env={"RESUMERGE_KILL_AT": "after_shard_commit"})
+               env={"RESUMERGE_KILL_AT": "after_ledger_commit:2"})
     assert done.returncode != 0
     done = cli("resume", tmp_path / "gpu", "--state-dir", tmp_path / "s2")
     assert done.returncode == 0, done.stderr

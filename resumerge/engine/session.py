@@ -336,60 +336,58 @@ def _drive(
     watch = InputWatch.of(plan.model_dirs, plan.inputs)
     ledger.commit_guard = watch.check
     xfsz = _ignore_sigxfsz()
-    sink: OutputSink | None = None
     try:
         staged: list[str] = []
-        sink = _make_sink(plan, out, rdir, staging, staged, hub_out, max_disk, should_stop)
-        book, verified = open_run(plan, config_text, hub_out.url if hub_out else out, sink, ledger, manifest,
-                                  restart=restart, resuming=resuming, notes=notes)
-        reconcile(sink, ledger, book, log=notes, verified=verified)
-        notes.extend(staged)
-        resumed = sum(1 for r in ledger.files() if r["status"] == "done")
-        for note in plan.notes:  # what the plan decided that the user must hear (status and the card show it too)
-            ledger.event("plan", note)
-        for note in [*notes, *plan.notes]:
-            reporter.message(note)
-        rows = ledger.files()
-        done_shards = {r["name"] for r in rows if r["status"] == "done" and r["kind"] == "shard"}
-        reporter.start(
-            total_tensors=len(plan.tensors),
-            done_tensors=sum(len(s.tensors) for s in plan.shards if s.name in done_shards),
-            total_bytes=plan.total_bytes,
-            done_bytes=sum(s.file_size for s in plan.shards if s.name in done_shards),
-        )
-        ledger.set_state("running")
-        if governor is not None:
-            ledger.event("memory", f"budget {format_size(governor.budget)}", {"budget": governor.budget})
-            reporter.memory_budget(governor.budget)
-            governor.start()
-        if gpu is not None:
-            ledger.event("memory", f"{gpu.pool} budget {format_size(gpu.budget)}",
-                         {"pool": gpu.pool, "budget": gpu.budget})
-            gpu.start()
-        sources = InputSources.local(plan.model_dirs) if hub is None else hub.attach(ledger, reporter)
-        try:
-            execute(plan, sources, sink, ledger, book, reporter, should_stop=should_stop, config_text=config_text,
-                    workers=workers, governor=governor, gpu=gpu)
-        except Stopped:
-            ledger.set_state("interrupted", error="stopped by signal")
-            raise InterruptedMerge("merge interrupted; every committed shard is kept", resume_command=command) from None
-        except Exception as exc:
-            error = _failure(exc, ledger, watch)
-            if error is exc:
-                raise
-            raise error from exc
-        finally:
-            sources.close()
-            if hub is not None:
-                hub.record(ledger)
-            _record_memory(ledger, governor)
-            _record_gpu_memory(ledger, gpu)
-        book.set_state("done")
-        ledger.set_state("done")
-        return Outcome(plan, out, resumed, tuple(notes), target=hub_out.url if hub_out else None)
+        with _make_sink(plan, out, rdir, staging, staged, hub_out, max_disk, should_stop) as sink:
+            book, verified = open_run(plan, config_text, hub_out.url if hub_out else out, sink, ledger, manifest,
+                                      restart=restart, resuming=resuming, notes=notes)
+            reconcile(sink, ledger, book, log=notes, verified=verified)
+            notes.extend(staged)
+            resumed = sum(1 for r in ledger.files() if r["status"] == "done")
+            for note in plan.notes:  # what the plan decided that the user must hear (status and the card show it too)
+                ledger.event("plan", note)
+            for note in [*notes, *plan.notes]:
+                reporter.message(note)
+            rows = ledger.files()
+            done_shards = {r["name"] for r in rows if r["status"] == "done" and r["kind"] == "shard"}
+            reporter.start(
+                total_tensors=len(plan.tensors),
+                done_tensors=sum(len(s.tensors) for s in plan.shards if s.name in done_shards),
+                total_bytes=plan.total_bytes,
+                done_bytes=sum(s.file_size for s in plan.shards if s.name in done_shards),
+            )
+            ledger.set_state("running")
+            if governor is not None:
+                ledger.event("memory", f"budget {format_size(governor.budget)}", {"budget": governor.budget})
+                reporter.memory_budget(governor.budget)
+                governor.start()
+            if gpu is not None:
+                ledger.event("memory", f"{gpu.pool} budget {format_size(gpu.budget)}",
+                             {"pool": gpu.pool, "budget": gpu.budget})
+                gpu.start()
+            sources = InputSources.local(plan.model_dirs) if hub is None else hub.attach(ledger, reporter)
+            try:
+                with sources:
+                    execute(plan, sources, sink, ledger, book, reporter, should_stop=should_stop,
+                            config_text=config_text, workers=workers, governor=governor, gpu=gpu)
+            except Stopped:
+                ledger.set_state("interrupted", error="stopped by signal")
+                raise InterruptedMerge("merge interrupted; every committed shard is kept",
+                                       resume_command=command) from None
+            except Exception as exc:
+                error = _failure(exc, ledger, watch)
+                if error is exc:
+                    raise
+                raise error from exc
+            finally:
+                if hub is not None:
+                    hub.record(ledger)
+                _record_memory(ledger, governor)
+                _record_gpu_memory(ledger, gpu)
+            book.set_state("done")
+            ledger.set_state("done")
+            return Outcome(plan, out, resumed, tuple(notes), target=hub_out.url if hub_out else None)
     finally:
-        if sink is not None:
-            sink.close()
         ledger.close()
         lock.release()
         _restore_sigxfsz(xfsz)

@@ -5,8 +5,9 @@ which objects the hub already has, and those are never sent again), while the en
 A committer thread turns uploaded files into commits (``create_commit``) by count (``every`` files) and by time
 (``interval`` seconds since the oldest waiting file), always together with the newest manifest that lists exactly
 the committed files plus that batch — so the repo's manifest never names a file the repo lacks. A commit counts
-only when the hub answered it; the staged copies are deleted after that, and :meth:`CommitQueue.settled` hands
-the committed names (with the commit id) to the caller, which writes the ledger rows.
+only when the hub answered it; the staged copies are deleted after that, and each file's
+:class:`~resumerge.store.sink.Receipt` is settled with the commit id (the caller then writes the ledger rows). A
+commit or upload that fails for good fails every waiting receipt with its error.
 
 429, 5xx and network errors are retried with exponential backoff (``Retry-After`` honoured); a commit whose
 answer was lost is recognised from the tree listing instead of being sent twice. Commits are paced to at most
@@ -16,9 +17,9 @@ Two writers: every commit names the branch head this process last saw as its ``p
 opened, then the oid each of our commits returns), so the hub refuses (HTTP 412) a commit on a branch another run
 moved, and the run stops with exit 4 instead of interleaving commits with it.
 
-A stopped run (:meth:`CommitQueue.stop`) makes one last commit of the files already uploaded, in the background,
-so the caller can bound the wait and abandon it; uploads run on daemon threads for the same reason: a stopped
-process never waits for a transfer in flight.
+A stopped run (:meth:`CommitQueue.stop`) makes one last commit of the files already uploaded, in the background, so
+the caller can bound its wait on their receipts and abandon it; uploads run on daemon threads for the same reason: a
+stopped process never waits for a transfer in flight.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from resumerge.store.hubrepo import (
     remote_files,
 )
 from resumerge.store.manifest import MANIFEST_NAME
-from resumerge.store.sink import Settled
+from resumerge.store.sink import Receipt
 
 T = TypeVar("T")
 ATTEMPTS = 6
@@ -80,6 +81,7 @@ class _Entry:
     size: int
     op: CommitOperationAdd
     since: float
+    receipt: Receipt
     upload: Future[None] | None = None
 
 
@@ -92,7 +94,6 @@ class _State:
     history: dict[int, bytes] = field(default_factory=dict)
     done: int = 0  # files committed so far (history's keys count from the start of the run, like this)
     committed_manifest: bytes | None = None
-    settled: list[Settled] = field(default_factory=list)
     error: BaseException | None = None
     urgent: bool = False  # staged bytes are over --max-disk: commit what is ready without waiting for a full batch
     draining: bool = False  # the run's last files: commit at once
@@ -174,7 +175,7 @@ class _Uploads:
 class CommitQueue:
     """The background uploads and commits of one run into one repo.
 
-    ``head`` is the branch head when OUT was opened (read now when None); ``should_stop`` ends :meth:`drain`'s
+    ``head`` is the branch head when OUT was opened (read now when None); ``should_stop`` ends :meth:`flush`'s
     wait early (the run was interrupted: :meth:`stop` then commits what is uploaded)."""
 
     def __init__(self, repo: HubRepo, batching: Batching, *, resume: str, uploads: int = 2, head: str | None = None,
@@ -186,24 +187,24 @@ class CommitQueue:
         self.cond = threading.Condition()
         self.commit_lock = threading.RLock()  # reentrant: the last commit of stop() holds it around _commit
         self.pool = _Uploads(uploads)
-        self.final_done = threading.Event()
-        self.final_error: BaseException | None = None
         self.commits = 0
         self.recent: deque[float] = deque()  # when this process's commits of the last hour were made
         self.thread = threading.Thread(target=self._loop, name="resumerge-committer", daemon=True)
         self.thread.start()
 
     # ---- the engine's side -------------------------------------------------------------------------------
-    def add(self, name: str, path: Path, sha256: str, size: int) -> None:
-        """Take over the staged file ``path`` (``name`` in the repo) and start uploading it."""
+    def add(self, name: str, path: Path, sha256: str, size: int) -> Receipt:
+        """Take over the staged file ``path`` (``name`` in the repo) and start uploading it; the receipt is settled
+        by the commit that holds it."""
         op = CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(path))
         op.upload_info.sha256 = bytes.fromhex(sha256)  # known already: the client need not hash it again
-        entry = _Entry(name, path, sha256, size, op, time.monotonic())
+        entry = _Entry(name, path, sha256, size, op, time.monotonic(), Receipt(name))
         with self.cond:
             self._raise_error()
             self.state.entries.append(entry)
         entry.upload = self.pool.submit(lambda: self._upload(entry))
         entry.upload.add_done_callback(lambda _: self._notify())
+        return entry.receipt
 
     def set_manifest(self, data: bytes) -> None:
         """The newest manifest: committed with the next batch, or at once when no file is waiting."""
@@ -226,30 +227,25 @@ class CommitQueue:
                 self.cond.wait(timeout=0.5)
             self._raise_error()
 
-    def settled(self) -> list[Settled]:
-        with self.cond:
-            self._raise_error()
-            done, self.state.settled = self.state.settled, []
-            return done
-
-    def drain(self) -> list[Settled]:
-        """Commit every waiting file and the newest manifest; return what was not yet returned by settled()."""
+    def flush(self) -> None:
+        """Commit every waiting file and the newest manifest, and wait for it; returns early when the run is
+        stopping (then :meth:`stop` commits what is uploaded by then)."""
         with self.cond:
             covered = self.state.manifest[1] if self.state.manifest else 0
             if covered < len(self.state.entries):
                 raise ResumergeError("internal: files were published without a manifest that lists them")
             while self.state.entries:
                 self._raise_error()
-                if self.should_stop():  # the caller stops the run: stop() commits what is uploaded by then
-                    done, self.state.settled = self.state.settled, []
-                    return done
+                if self.should_stop():
+                    return
                 self.state.draining = True
                 self.cond.notify_all()
                 self.cond.wait(timeout=0.5)
             pending = self.state.manifest is not None and self.state.manifest[0] != self.state.committed_manifest
         if pending:
             self._commit_now([])
-        return self.settled()
+        with self.cond:
+            self._raise_error()
 
     def delete(self, names: list[str]) -> None:
         """Delete ``names`` from the repo in one commit, with the newest manifest. Only before files are published
@@ -259,36 +255,18 @@ class CommitQueue:
                 raise ResumergeError("internal: a delete while files wait for their commit")
         self._commit_now([CommitOperationDelete(path_in_repo=n) for n in names])
 
-    def stop(self) -> int:
+    def stop(self) -> list[Receipt]:
         """The run is stopping: commit no new batch, and start one last commit, in the background, of the files
-        already uploaded (with the manifest that lists exactly them). Returns how many files wait for it (0:
-        nothing to commit); :meth:`stopped` waits for it."""
+        already uploaded (with the manifest that lists exactly them). Returns their receipts (none: nothing to
+        commit), which that commit settles, or fails with its error; never raises the hub's error."""
         with self.cond:
             self.state.stopping = True
             self.cond.notify_all()
             count = 0 if self.state.error is not None else self._uploaded()
-        if count == 0:
-            self.final_done.set()
-        else:
+            receipts = [e.receipt for e in self.state.entries[:count]]
+        if receipts:
             threading.Thread(target=self._final, name="resumerge-final-commit", daemon=True).start()
-        return count
-
-    def stopped(self, timeout: float) -> tuple[list[Settled], str | None]:
-        """Wait up to ``timeout`` seconds for the last commit of :meth:`stop`; return every file committed and not
-        yet returned, and why the last commit did not happen (None when it did). Never raises the hub's error: the
-        run is being interrupted, and the resume redoes what was not committed."""
-        end = time.monotonic() + timeout
-        while not self.final_done.wait(0.1):  # short waits: a second Ctrl-C lands between them at once
-            if time.monotonic() >= end:
-                break
-        with self.cond:
-            done, self.state.settled = self.state.settled, []
-        if not self.final_done.is_set():
-            return done, f"it did not finish within {timeout:g} s"
-        error = self.final_error
-        if error is None:
-            return done, None
-        return done, error.one_line() if isinstance(error, ResumergeError) else f"{type(error).__name__}: {error}"
+        return receipts
 
     def close(self) -> None:
         with self.cond:
@@ -308,6 +286,13 @@ class CommitQueue:
         if self.state.error is not None:
             raise self.state.error
 
+    def _fail(self, exc: BaseException) -> None:
+        """Record the queue's first error and fail every waiting receipt with it (under ``cond``)."""
+        self.state.error = self.state.error or exc
+        for entry in self.state.entries:
+            entry.receipt.fail(self.state.error)
+        self.cond.notify_all()
+
     def _upload(self, entry: _Entry) -> None:
         api = self.repo.api()
         try:
@@ -316,8 +301,7 @@ class CommitQueue:
                 free_memory=False), resume=self.resume)
         except BaseException as exc:
             with self.cond:
-                self.state.error = self.state.error or exc
-                self.cond.notify_all()
+                self._fail(exc)
             raise
         killpoints.reach("hub_after_upload")
 
@@ -335,8 +319,7 @@ class CommitQueue:
                 self._commit(entries, manifest)
             except BaseException as exc:
                 with self.cond:
-                    self.state.error = self.state.error or exc
-                    self.cond.notify_all()
+                    self._fail(exc)
                 return
 
     def _timeout(self) -> float:
@@ -385,9 +368,9 @@ class CommitQueue:
                 if batch and manifest is not None:
                     self._commit(batch, manifest)
         except BaseException as exc:
-            self.final_error = exc
-        finally:
-            self.final_done.set()
+            with self.cond:  # the receipts this commit was to settle; the others wait for no commit anyway
+                for entry in self.state.entries:
+                    entry.receipt.fail(exc)
 
     def _commit(self, entries: list[_Entry], manifest: bytes) -> None:
         ops: list[CommitOperationAdd | CommitOperationDelete] = [e.op for e in entries]
@@ -406,7 +389,8 @@ class CommitQueue:
             self.state.history = {k: v for k, v in self.state.history.items() if k > self.state.done}
             self.state.committed_manifest = manifest
             self.state.urgent = False
-            self.state.settled.extend(Settled(e.name, commit) for e in entries)
+            for e in entries:
+                e.receipt.settle(commit)
             self.cond.notify_all()
 
     def _commit_now(self, deletes: list[CommitOperationDelete]) -> None:
