@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from resumerge.engine.session import Outcome, plan_from_config, read_config_file, resume_merge, run_merge
+from resumerge.engine.settings import RunSettings
 from resumerge.memory.sizes import parse_size
 from resumerge.plan.merge_plan import DEFAULT_SEED, DEFAULT_SHARD_SIZE, Plan, PlanOptions
 from resumerge.store.integrity import VerifyReport, verify_output
@@ -88,6 +89,10 @@ def run(
                           random_seed=random_seed, copy_tokenizer=copy_tokenizer, device=normalise_device(device),
                           allow_crimes=allow_crimes, stream_inputs=stream_inputs, write_model_card=write_model_card,
                           unsafe_truncate_embeddings=unsafe_truncate_embeddings)
+    settings = RunSettings(state_dir=state_dir, max_memory=_budget(max_memory),
+                           max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"), staging=staging,
+                           max_disk=_budget(max_disk, "max_disk"),
+                           output=_output(public, commit_every, commit_interval))
     reporter = _reporter(progress)
     text = _config_text(config)
     try:
@@ -96,15 +101,9 @@ def run(
         if is_recipe_text(text):
             from resumerge.engine.recipe_run import run_recipe
 
-            return run_recipe(text, out, intermediate_dir=intermediate_dir, options=options, state_dir=state_dir,
-                              restart=restart, cleanup=cleanup_intermediates, reporter=reporter,
-                              max_memory=_budget(max_memory), max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"),
-                              staging=staging, max_disk=_budget(max_disk, "max_disk"),
-                              output=_output(public, commit_every, commit_interval)).final
-        return run_merge(text, out, options=options, state_dir=state_dir, restart=restart,
-                         reporter=reporter, max_memory=_budget(max_memory),
-                         max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"), staging=staging,
-                         max_disk=_budget(max_disk, "max_disk"), output=_output(public, commit_every, commit_interval))
+            return run_recipe(text, out, options, settings, intermediate_dir=intermediate_dir, restart=restart,
+                              cleanup=cleanup_intermediates, reporter=reporter).final
+        return run_merge(text, out, options, settings, restart=restart, reporter=reporter)
     finally:
         if reporter is not None:
             reporter.close()
@@ -118,20 +117,16 @@ def resume(out: PathLike, *, state_dir: PathLike | None = None, progress: bool =
     returning the final stage's outcome); an ``hf://`` OUT resumes from the repo alone."""
     from resumerge.store.recipeview import is_recipe_out
 
+    settings = RunSettings(state_dir=state_dir, max_memory=_budget(max_memory),
+                           max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"), staging=staging,
+                           max_disk=_budget(max_disk, "max_disk"), output=_output(False, commit_every, commit_interval))
     reporter = _reporter(progress)
     try:
         if is_recipe_out(out, state_dir):
             from resumerge.engine.recipe_run import resume_recipe
 
-            return resume_recipe(out, state_dir=state_dir, cleanup=cleanup_intermediates, reporter=reporter,
-                                 max_memory=_budget(max_memory),
-                                 max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"), staging=staging,
-                                 max_disk=_budget(max_disk, "max_disk"),
-                                 output=_output(False, commit_every, commit_interval)).final
-        return resume_merge(out, state_dir=state_dir, reporter=reporter, max_memory=_budget(max_memory),
-                            max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"), staging=staging,
-                            max_disk=_budget(max_disk, "max_disk"),
-                            output=_output(False, commit_every, commit_interval))
+            return resume_recipe(out, settings, cleanup=cleanup_intermediates, reporter=reporter).final
+        return resume_merge(out, settings, reporter=reporter)
     finally:
         if reporter is not None:
             reporter.close()
@@ -198,10 +193,10 @@ def estimate(
     options = PlanOptions(out_shard_size=parse_size(out_shard_size, option="out_shard_size"),
                           random_seed=random_seed, copy_tokenizer=copy_tokenizer, allow_crimes=allow_crimes)
     source = str(config) if not (isinstance(config, str) and "\n" in config) else "config"
-    return estimate_config(_config_text(config), options, source=Path(source).name, out_dir=out,
-                           state_dir=state_dir, cache_dir=cache_dir, max_memory=_budget(max_memory),
-                           staging=staging, probe_bytes=parse_size(probe_size, option="probe_size"),
-                           disk_free=disk_free or free_bytes, max_disk=_budget(max_disk, "max_disk"))
+    settings = RunSettings(state_dir=state_dir, cache_dir=cache_dir, max_memory=_budget(max_memory), staging=staging,
+                           max_disk=_budget(max_disk, "max_disk"))
+    return estimate_config(_config_text(config), options, settings, source=Path(source).name, out_dir=out,
+                           probe_bytes=parse_size(probe_size, option="probe_size"), disk_free=disk_free or free_bytes)
 
 
 def _output(public: bool, every: int, interval: float) -> HubOutputOptions:

@@ -34,6 +34,8 @@ import resumerge.api
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.recipe import load_recipe_text
+from resumerge.engine.settings import RunSettings
+from resumerge.plan.merge_plan import PlanOptions
 from resumerge.store.recipe_manifest import RECIPE_MANIFEST_NAME
 from resumerge.store.recipeview import read_recipe_status
 
@@ -283,7 +285,6 @@ def test_status_and_edited_recipe_refused_while_unfinished(tmp_path: Path, model
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     from resumerge.engine.recipe_run import run_recipe
     from resumerge.errors import InterruptedMerge
-    from resumerge.plan.merge_plan import PlanOptions
 
     out, state = tmp_path / "out", tmp_path / "state"
     b_manifest = tmp_path / "out.intermediates" / "b" / "resumerge-manifest.json"
@@ -295,7 +296,7 @@ def test_status_and_edited_recipe_refused_while_unfinished(tmp_path: Path, model
             return False
 
     with pytest.raises(InterruptedMerge) as stopped:
-        run_recipe(_local_recipe(models), out, state_dir=state, options=PlanOptions(out_shard_size=100_000),
+        run_recipe(_local_recipe(models), out, PlanOptions(out_shard_size=100_000), RunSettings(state_dir=state),
                    should_stop=b_has_three_shards)
     # The exact command that continues from the ledgers in the state dir (not one that rebuilds them).
     assert stopped.value.resume_command == f"resumerge resume {out} --state-dir {state}"
@@ -481,7 +482,8 @@ def test_a_live_display_restarts_for_every_stage(tmp_path: Path, models: Models)
 
     stream = io.StringIO()
     reporter = ProgressReporter(mode="live", stream=stream, width=100)
-    outcome = run_recipe(_local_recipe(models), tmp_path / "out", state_dir=tmp_path / "state", reporter=reporter)
+    outcome = run_recipe(_local_recipe(models), tmp_path / "out", PlanOptions(),
+                         RunSettings(state_dir=tmp_path / "state"), reporter=reporter)
     reporter.close()
     assert [s.action for s in outcome.stages] == ["merged", "merged", "merged"]
     shown = stream.getvalue()
@@ -492,7 +494,6 @@ def test_a_live_display_restarts_for_every_stage(tmp_path: Path, models: Models)
 def test_plan_estimates_every_stage_and_their_shared_disk_writing_nothing(tmp_path: Path, models: Models) -> None:
     from resumerge.engine.recipe_estimate import estimate_recipe
     from resumerge.engine.recipe_run import run_recipe
-    from resumerge.plan.merge_plan import PlanOptions
 
     text = _local_recipe(models)
     (tmp_path / "recipe.yml").write_text(text)
@@ -506,7 +507,7 @@ def test_plan_estimates_every_stage_and_their_shared_disk_writing_nothing(tmp_pa
     assert [s["final"] for s in doc["stages"]] == [False, False, True]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recipe.yml"]  # plan writes nothing
 
-    run_recipe(text, out, state_dir=tmp_path / "state", options=PlanOptions())
+    run_recipe(text, out, PlanOptions(), RunSettings(state_dir=tmp_path / "state"))
     for stage in doc["stages"]:
         # The recipe's own record in OUT belongs to no stage (a few KB).
         written = sum(f.stat().st_size for f in Path(stage["out_dir"]).iterdir()
@@ -516,7 +517,7 @@ def test_plan_estimates_every_stage_and_their_shared_disk_writing_nothing(tmp_pa
     # Each stage output fits on its own, but not all of them together: only the shared check can say so.
     totals = [s["estimate"]["output"]["total_bytes"] for s in doc["stages"]]
     free = sum(totals) - 1
-    short = estimate_recipe(text, PlanOptions(), out_dir=tmp_path / "out2", probe_bytes=0,
+    short = estimate_recipe(text, PlanOptions(), RunSettings(), out_dir=tmp_path / "out2", probe_bytes=0,
                             disk_free=lambda path: free)
     assert not short.fits and "need" in short.reasons[-1] and "--intermediate-dir" in short.reasons[-1]
     assert main(["plan", str(tmp_path / "recipe.yml")]) == 2  # OUT is needed to place the stages

@@ -17,11 +17,9 @@ from collections.abc import Sequence
 from resumerge.cli.knobs import (
     Progress,
     fits_exit_code,
-    hub_output,
     installed_stop_flag,
     quiet_hub_uploads,
-    size_option,
-    staging_choice,
+    run_settings,
 )
 from resumerge.config.version import __version__
 from resumerge.errors import EXIT_INTERRUPTED, EXIT_OK, ResumergeError, UsageError, exit_code_for
@@ -329,11 +327,8 @@ def _run(args: argparse.Namespace) -> int:
     quiet_hub_uploads(args.out)
     stop = installed_stop_flag()
     with Progress(args.quiet) as progress:
-        outcome = run_merge(text, args.out, options=options, state_dir=args.state_dir, restart=args.restart,
-                            reporter=progress, should_stop=stop, max_memory=size_option(args),
-                            cache_dir=args.transformers_cache, max_gpu_memory=size_option(args, "--max-gpu-memory"),
-                            staging=staging_choice(args), max_disk=size_option(args, "--max-disk"),
-                            output=hub_output(args))
+        outcome = run_merge(text, args.out, options, run_settings(args), restart=args.restart, reporter=progress,
+                            should_stop=stop)
     _finished(outcome, args.quiet)
     return EXIT_OK
 
@@ -349,10 +344,7 @@ def _resume(args: argparse.Namespace) -> int:
     quiet_hub_uploads(args.out)
     stop = installed_stop_flag()
     with Progress(args.quiet) as progress:
-        outcome = resume_merge(args.out, state_dir=args.state_dir, reporter=progress, should_stop=stop,
-                               max_memory=size_option(args), max_gpu_memory=size_option(args, "--max-gpu-memory"),
-                               staging=staging_choice(args), max_disk=size_option(args, "--max-disk"),
-                               output=hub_output(args))
+        outcome = resume_merge(args.out, run_settings(args), reporter=progress, should_stop=stop)
     _finished(outcome, args.quiet)
     return EXIT_OK
 
@@ -404,11 +396,9 @@ def _plan(args: argparse.Namespace) -> int:
         from resumerge.cli.recipes import plan_recipe_command
 
         return plan_recipe_command(args, text, options)
-    estimate = estimate_config(text, options, source=args.config, out_dir=args.out, state_dir=args.state_dir,
-                               cache_dir=args.transformers_cache, max_memory=size_option(args),
-                               staging=staging_choice(args),
-                               probe_bytes=parse_size(args.probe_size, option="--probe-size"),
-                               fresh_process=True, max_disk=size_option(args, "--max-disk"))
+    estimate = estimate_config(text, options, run_settings(args, output=False), source=args.config,
+                               out_dir=args.out, probe_bytes=parse_size(args.probe_size, option="--probe-size"),
+                               fresh_process=True)
     if args.json:
         print(json.dumps(estimate.to_json(), indent=2))
     else:

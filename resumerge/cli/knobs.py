@@ -19,6 +19,7 @@ from resumerge.errors import EXIT_INVALID, EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from resumerge.cli.render import ProgressReporter
+    from resumerge.engine.settings import RunSettings
     from resumerge.store.hubsink import HubOutputOptions
 
 
@@ -72,6 +73,17 @@ def hub_output(args: argparse.Namespace) -> HubOutputOptions:
         raise UsageError("--commit-every must be at least 1 and --commit-interval at least 0")
     return HubOutputOptions(public=getattr(args, "public", False),
                             batching=Batching(every=args.commit_every, interval=args.commit_interval))
+
+
+def run_settings(args: argparse.Namespace, *, output: bool = True) -> RunSettings:
+    """The run's settings from the parsed options (``output`` false: the command has no hub commit options)."""
+    from resumerge.engine.settings import RunSettings
+    from resumerge.store.hubsink import HubOutputOptions
+
+    return RunSettings(state_dir=args.state_dir, cache_dir=getattr(args, "transformers_cache", None),
+                       max_memory=size_option(args), max_gpu_memory=size_option(args, "--max-gpu-memory"),
+                       staging=staging_choice(args), max_disk=size_option(args, "--max-disk"),
+                       output=hub_output(args) if output else HubOutputOptions())
 
 
 def staging_choice(args: argparse.Namespace) -> str | bool | None:

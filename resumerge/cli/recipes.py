@@ -17,11 +17,9 @@ from typing import TYPE_CHECKING
 from resumerge.cli.knobs import (
     Progress,
     fits_exit_code,
-    hub_output,
     installed_stop_flag,
     quiet_hub_uploads,
-    size_option,
-    staging_choice,
+    run_settings,
 )
 from resumerge.errors import EXIT_OK, UsageError
 
@@ -36,12 +34,9 @@ def run_recipe_command(args: argparse.Namespace, text: str, options: PlanOptions
     quiet_hub_uploads(args.out)
     stop = installed_stop_flag()
     with Progress(args.quiet) as progress:
-        outcome = run_recipe(text, args.out, intermediate_dir=args.intermediate_dir, options=options,
-                             state_dir=args.state_dir, restart=args.restart, cleanup=args.cleanup_intermediates,
-                             reporter=progress, should_stop=stop, max_memory=size_option(args),
-                             max_gpu_memory=size_option(args, "--max-gpu-memory"), cache_dir=args.transformers_cache,
-                             staging=staging_choice(args), source=os.path.basename(args.config),
-                             max_disk=size_option(args, "--max-disk"), output=hub_output(args))
+        outcome = run_recipe(text, args.out, options, run_settings(args), intermediate_dir=args.intermediate_dir,
+                             restart=args.restart, cleanup=args.cleanup_intermediates, reporter=progress,
+                             should_stop=stop, source=os.path.basename(args.config))
     _finished(outcome, args.quiet)
     return EXIT_OK
 
@@ -53,10 +48,8 @@ def resume_recipe_command(args: argparse.Namespace) -> int:
     quiet_hub_uploads(args.out)
     stop = installed_stop_flag()
     with Progress(args.quiet) as progress:
-        outcome = resume_recipe(args.out, state_dir=args.state_dir, cleanup=args.cleanup_intermediates,
-                                reporter=progress, should_stop=stop, max_memory=size_option(args),
-                                max_gpu_memory=size_option(args, "--max-gpu-memory"), staging=staging_choice(args),
-                                max_disk=size_option(args, "--max-disk"), output=hub_output(args))
+        outcome = resume_recipe(args.out, run_settings(args), cleanup=args.cleanup_intermediates,
+                                reporter=progress, should_stop=stop)
     _finished(outcome, args.quiet)
     return EXIT_OK
 
@@ -83,11 +76,9 @@ def plan_recipe_command(args: argparse.Namespace, text: str, options: PlanOption
     if args.out is None:
         raise UsageError("planning a recipe needs OUT: its stages are placed relative to it",
                          hint=f"resumerge plan {args.config} OUT")
-    result = estimate_recipe(text, options, out_dir=args.out, source=args.config,
-                             intermediate_dir=args.intermediate_dir, state_dir=args.state_dir,
-                             cache_dir=args.transformers_cache, max_memory=size_option(args),
-                             probe_bytes=parse_size(args.probe_size, option="--probe-size"),
-                             max_disk=size_option(args, "--max-disk"))
+    result = estimate_recipe(text, options, run_settings(args, output=False), out_dir=args.out, source=args.config,
+                             intermediate_dir=args.intermediate_dir,
+                             probe_bytes=parse_size(args.probe_size, option="--probe-size"))
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:

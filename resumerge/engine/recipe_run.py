@@ -34,7 +34,9 @@ from resumerge.engine.hubout import check_max_disk
 from resumerge.engine.inputfetch import refuse_streamed_recipe
 from resumerge.engine.outdir import check_out_dir
 from resumerge.engine.recipe_hub import RecipeHub, open_recipe_hub
-from resumerge.engine.session import Outcome, drive_plan, hub_progress, make_governor
+from resumerge.engine.session import Outcome, hub_progress, make_governor, run_plan
+from resumerge.engine.settings import RunSettings
+from resumerge.engine.target import Target
 from resumerge.errors import (
     InterruptedMerge,
     LedgerError,
@@ -49,8 +51,6 @@ from resumerge.outputs.aux import aux_files
 from resumerge.plan.merge_plan import PlanOptions, describe_changes, fingerprint_parts
 from resumerge.plan.recipe_plan import RecipePlan, StagePlan, default_intermediate_dir, plan_recipe
 from resumerge.store.durable import fsync_dir, is_temp_name
-from resumerge.store.filesystems import Staging
-from resumerge.store.hubsink import HubOutputOptions
 from resumerge.store.integrity import verify_output
 from resumerge.store.manifest import MANIFEST_NAME, read_manifest
 from resumerge.store.recipe_ledger import RecipeLedger
@@ -95,39 +95,18 @@ class RecipeOutcome:
     stages: tuple[StageOutcome, ...]
 
 
-@dataclass(frozen=True)
-class _Knobs:
-    state_dir: str | os.PathLike[str] | None
-    reporter: Reporter | None
-    should_stop: Callable[[], bool]
-    workers: int
-    max_memory: int | None
-    max_gpu_memory: int | None
-    staging: Staging
-    command: str
-    hub: RecipeHub | None = None
-    max_disk: int | None = None
-
-
 def run_recipe(
     text: str,
     out_dir: str | os.PathLike[str],
+    options: PlanOptions,
+    settings: RunSettings,
     *,
     intermediate_dir: str | os.PathLike[str] | None = None,
-    options: PlanOptions | None = None,
-    state_dir: str | os.PathLike[str] | None = None,
     restart: bool = False,
     cleanup: bool = False,
     reporter: Reporter | None = None,
     should_stop: Callable[[], bool] = lambda: False,
-    workers: int = 2,
-    max_memory: int | None = None,
-    max_gpu_memory: int | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    staging: Staging = None,
     source: str = "recipe",
-    max_disk: int | None = None,
-    output: HubOutputOptions | None = None,
 ) -> RecipeOutcome:
     """Run the recipe ``text`` (several YAML documents) into ``out_dir``; continue an unfinished run of the same
     recipe there.
@@ -138,13 +117,15 @@ def run_recipe(
     differently and ``restart`` is false (naming the stage that changed); OutputDirError for foreign files or
     another process; InterruptedMerge / StorageError (exit 3) when stopped: ``resume_recipe`` continues.
 
-    ``out_dir`` may be ``hf://NAMESPACE/NAME[@BRANCH]`` (then the named stages default to the state dir, and
-    ``output`` and ``max_disk`` mean what they mean for :func:`resumerge.engine.session.run_merge`; ``max_disk``
-    bounds the final stage's staged files, not the intermediates).
+    ``out_dir`` may be ``hf://NAMESPACE/NAME[@BRANCH]`` (then the named stages default to the state dir);
+    ``settings`` mean what they mean for :func:`resumerge.engine.session.run_merge`, except that
+    ``settings.max_disk`` bounds the final stage's staged files, not the intermediates.
     """
     refuse_streamed_recipe(options)
     recipe = load_recipe_text(text, source=source)
-    hub = open_recipe_hub(str(out_dir), state_dir=state_dir, options=output) if is_hub_target(out_dir) else None
+    state_dir = settings.state_dir
+    hub = open_recipe_hub(str(out_dir), state_dir=state_dir, options=settings.output) \
+        if is_hub_target(out_dir) else None
     out: str | Path = hub.url if hub else Path(out_dir).absolute()
     previous = _recorded(out, state_dir, hub)
     if intermediate_dir is not None:
@@ -153,26 +134,20 @@ def run_recipe(
         previous, inter = _recorded_intermediates(previous, out, state_dir)
     else:
         inter = default_intermediate_dir(out, state_dir)
-    rplan = plan_recipe(recipe, out, inter, options or PlanOptions(), state_dir=state_dir, cache_dir=cache_dir,
+    rplan = plan_recipe(recipe, out, inter, options, state_dir=state_dir, cache_dir=settings.cache_dir,
                         on_progress=hub_progress(reporter))
-    knobs = _Knobs(state_dir, reporter, should_stop, workers, max_memory, max_gpu_memory, staging,
-                   resume_command(out_dir, state_dir), hub, max_disk)
-    return _Runner(rplan, previous, knobs, restart=restart, resuming=False, cleanup=cleanup).run()
+    runner = _Runner(rplan, previous, settings, hub, resume_command(out_dir, state_dir), restart=restart,
+                     resuming=False, cleanup=cleanup)
+    return runner.run(reporter, should_stop)
 
 
 def resume_recipe(
     out_dir: str | os.PathLike[str],
+    settings: RunSettings,
     *,
-    state_dir: str | os.PathLike[str] | None = None,
     cleanup: bool = False,
     reporter: Reporter | None = None,
     should_stop: Callable[[], bool] = lambda: False,
-    workers: int = 2,
-    max_memory: int | None = None,
-    max_gpu_memory: int | None = None,
-    staging: Staging = None,
-    max_disk: int | None = None,
-    output: HubOutputOptions | None = None,
 ) -> RecipeOutcome:
     """Finish the recipe recorded for ``out_dir`` (recipe ledger, else ``OUT/resumerge-recipe.json``), with the
     recorded text, options, intermediate dir and pinned inputs. An ``hf://`` OUT resumes from the repo alone when
@@ -182,7 +157,8 @@ def resume_recipe(
     Raises LedgerError when no recipe is recorded, PlanChangedError (exit 4, naming the stage) when an input or
     resumerge itself changed since the recipe was planned.
     """
-    hub = open_recipe_hub(str(out_dir), state_dir=state_dir, options=output, create=False) \
+    state_dir = settings.state_dir
+    hub = open_recipe_hub(str(out_dir), state_dir=state_dir, options=settings.output, create=False) \
         if is_hub_target(out_dir) else None
     out: str | Path = hub.url if hub else Path(out_dir).absolute()
     previous = _recorded(out, state_dir, hub)
@@ -196,9 +172,9 @@ def resume_recipe(
     previous, inter = _recorded_intermediates(previous, out, state_dir)
     rplan = plan_recipe(recipe, out, inter, PlanOptions(**previous.options),
                         model_dirs=previous.model_dirs, state_dir=state_dir, on_progress=hub_progress(reporter))
-    knobs = _Knobs(state_dir, reporter, should_stop, workers, max_memory, max_gpu_memory, staging,
-                   resume_command(out_dir, state_dir), hub, max_disk)
-    return _Runner(rplan, previous, knobs, restart=False, resuming=True, cleanup=cleanup).run()
+    runner = _Runner(rplan, previous, settings, hub, resume_command(out_dir, state_dir), restart=False,
+                     resuming=True, cleanup=cleanup)
+    return runner.run(reporter, should_stop)
 
 
 def discard_stage_output(out_dir: Path, names: Iterable[str], state_dir: str | os.PathLike[str] | None) -> int:
@@ -234,9 +210,12 @@ def discard_stage_output(out_dir: Path, names: Iterable[str], state_dir: str | o
 class _Runner:
     """One pass over a planned recipe: check, record, fetch, settle every stage, finish, clean up."""
 
-    def __init__(self, rplan: RecipePlan, previous: RecipeRecord | None, knobs: _Knobs, *, restart: bool,
-                 resuming: bool, cleanup: bool) -> None:
-        self.rplan, self.previous, self.knobs = rplan, previous, knobs
+    def __init__(self, rplan: RecipePlan, previous: RecipeRecord | None, settings: RunSettings,
+                 hub: RecipeHub | None, command: str, *, restart: bool, resuming: bool, cleanup: bool) -> None:
+        self.rplan, self.previous, self.settings = rplan, previous, settings
+        self.hub, self.command = hub, command
+        self.reporter: Reporter | None = None
+        self.should_stop: Callable[[], bool] = lambda: False
         self.restart, self.resuming = restart, resuming
         same = previous is not None and previous.fingerprint == rplan.fingerprint
         self.cleanup = cleanup or (same and previous is not None and previous.cleanup)
@@ -244,17 +223,18 @@ class _Runner:
         self.settled: dict[str, StageOutcome] = {}
         self.final_outcome: Outcome | None = None
 
-    def run(self) -> RecipeOutcome:
+    def run(self, reporter: Reporter | None, should_stop: Callable[[], bool]) -> RecipeOutcome:
+        self.reporter, self.should_stop = reporter, should_stop
         self._refuse_changes()
         self._check_outputs()
-        rdir = recipe_dir(self.rplan.out, self.knobs.state_dir)
+        rdir = recipe_dir(self.rplan.out, self.settings.state_dir)
         lock = _RecipeLock(rdir, self.rplan.out)
         lock.acquire()
         try:
             # Downloads first, as for one merge: an interruption there leaves nothing in OUT, and a process
             # killed after the record is written never reads a hub header a second time.
-            fetch_inputs(self.rplan.inputs, state_dir=self.knobs.state_dir,
-                         on_progress=hub_progress(self.knobs.reporter))
+            fetch_inputs(self.rplan.inputs, state_dir=self.settings.state_dir,
+                         on_progress=hub_progress(self.reporter))
             self.ledger = RecipeLedger(rdir / RECIPE_LEDGER_NAME)
             try:
                 return self._run_stages()
@@ -306,7 +286,7 @@ class _Runner:
             if isinstance(where, Path):  # a repo OUT was checked when it was opened
                 check_out_dir(where, tolerate=_tolerated(sp))
             else:
-                check_max_disk(sp.plan, self.knobs.max_disk)
+                check_max_disk(sp.plan, self.settings.max_disk)
             own = self._stage_record(sp)
             if own is not None and own.fingerprint != sp.plan.fingerprint and not self.restart:
                 what = "; ".join(describe_changes(own.parts, own.inputs, sp.plan)) or "the plan changed"
@@ -315,12 +295,12 @@ class _Runner:
                     path=str(where),
                     hint="use another --intermediate-dir or OUT, or pass --restart to start over",
                 )
-            make_governor(sp.plan, self.knobs.max_memory)
-            gpu_governor(sp.plan, sp.plan.options.device, self.knobs.max_gpu_memory)
+            make_governor(sp.plan, self.settings.max_memory)
+            gpu_governor(sp.plan, sp.plan.options.device, self.settings.max_gpu_memory)
 
     # -- recording -----------------------------------------------------------------------------------------
     def _start(self) -> None:
-        hub = self.knobs.hub
+        hub = self.hub
         if hub is None:
             out = self.rplan.out_dir
             out.mkdir(parents=True, exist_ok=True)
@@ -338,8 +318,8 @@ class _Runner:
     def _publish(self, record: RecipeRecord) -> None:
         """Put the record into OUT: atomically into the folder, or as a commit to the repo (only when it changed:
         the final stage's own commits never carry it, so a repo's record is always whole)."""
-        if self.knobs.hub is not None:
-            self.knobs.hub.store(record)
+        if self.hub is not None:
+            self.hub.store(record)
         else:
             write_recipe_manifest(self.rplan.out_dir, record)
 
@@ -350,7 +330,7 @@ class _Runner:
         current = {str(sp.out_dir) for sp in self.rplan.stages}
         for entry in self.previous.stages:
             if entry.out_dir not in current and not entry.final:
-                discard_stage_output(Path(entry.out_dir), (), self.knobs.state_dir)
+                discard_stage_output(Path(entry.out_dir), (), self.settings.state_dir)
                 self.ledger.event("restart", f"deleted the output of the dropped {entry.label}")
 
     # -- running -------------------------------------------------------------------------------------------
@@ -363,9 +343,9 @@ class _Runner:
             return
         for producer in self.rplan.producers(sp):
             self._settle(producer)
-        if self.knobs.should_stop():
+        if self.should_stop():
             raise InterruptedMerge("recipe stopped between stages; every finished stage is kept",
-                                   resume_command=self.knobs.command)
+                                   resume_command=self.command)
         if not sp.final and self.record.intermediates != KEPT:
             self._store(replace(self.record, intermediates=KEPT))  # the final output needs them again
         self._drive(sp)
@@ -375,7 +355,7 @@ class _Runner:
         own = self._stage_record(sp)
         if own is None or own.fingerprint != sp.plan.fingerprint or not own.complete:
             return False
-        report = verify_output(where, self.knobs.state_dir)
+        report = verify_output(where, self.settings.state_dir)
         if not report.ok or report.pending:
             return False
         self.settled[sp.stage.key] = StageOutcome(sp.stage.label, sp.out_dir, "verified", report.checked)
@@ -388,24 +368,24 @@ class _Runner:
 
     def _stage_record(self, sp: StagePlan) -> StageRecord | None:
         # The repo's manifest was read when it was opened, and nothing has written the final stage since.
-        hub = self.knobs.hub
+        hub = self.hub
         remote = hub.output.manifest if hub is not None and sp.final else None
-        return stage_record(self.rplan.out_of(sp), self.knobs.state_dir, repo_manifest=remote)
+        return stage_record(self.rplan.out_of(sp), self.settings.state_dir, repo_manifest=remote)
 
     def _drive(self, sp: StagePlan) -> None:
-        knobs, key = self.knobs, sp.stage.key
+        key = sp.stage.key
         position = 1 + [s.stage.key for s in self.rplan.stages].index(key)
         where = self.rplan.out_of(sp)
         self._message(f"{sp.stage.label} ({position}/{len(self.rplan.stages)}): merging into {where}")
         self.ledger.stage_state(key, "running")
-        hub_out = knobs.hub.final_output() if knobs.hub is not None and sp.final else None
+        # Every stage goes through the single-merge session path; the final one of a repo OUT writes to the repo.
+        if self.hub is not None and sp.final:
+            target = Target.of_hub(self.hub.final_output(), self.command)
+        else:
+            target = Target(Path(sp.out_dir).absolute(), self.command, tolerate=_tolerated(sp))
         try:
-            outcome = drive_plan(sp.plan, sp.stage.text, sp.out_dir, command=knobs.command, state_dir=knobs.state_dir,
-                                 restart=self.restart, resuming=self.resuming, reporter=knobs.reporter,
-                                 should_stop=knobs.should_stop, workers=knobs.workers, max_memory=knobs.max_memory,
-                                 max_gpu_memory=knobs.max_gpu_memory, staging=knobs.staging,
-                                 tolerate=_tolerated(sp), hub_out=hub_out,
-                                 max_disk=knobs.max_disk if hub_out is not None else None)
+            outcome = run_plan(sp.plan, sp.stage.text, target, self.settings, restart=self.restart,
+                               resuming=self.resuming, reporter=self.reporter, should_stop=self.should_stop)
         except (InterruptedMerge, StorageError, UnreachableError, KeyboardInterrupt) as exc:
             self.ledger.stage_state(key, "interrupted", error=_one_line(exc))
             raise
@@ -413,7 +393,7 @@ class _Runner:
             self.ledger.stage_state(key, "failed", error=_one_line(exc))
             raise
         finally:
-            _close_display(knobs.reporter)
+            _close_display(self.reporter)
         self.ledger.stage_state(key, "done")
         self.settled[key] = StageOutcome(sp.stage.label, sp.out_dir, "merged", outcome.resumed_files)
         if sp.final:
@@ -429,7 +409,7 @@ class _Runner:
             if sp.final:
                 continue
             names = [s.name for s in sp.plan.shards] + [a.name for a in aux_files(sp.plan)]
-            removed = discard_stage_output(sp.out_dir, names, self.knobs.state_dir)
+            removed = discard_stage_output(sp.out_dir, names, self.settings.state_dir)
             self.settled[sp.stage.key] = StageOutcome(sp.stage.label, sp.out_dir, "deleted", removed)
             self.ledger.stage_state(sp.stage.key, "deleted")
         _rmdir_if_empty(self.rplan.intermediate_dir)
@@ -437,8 +417,8 @@ class _Runner:
         self._message(f"intermediate stage outputs deleted from {self.rplan.intermediate_dir}")
 
     def _message(self, text: str) -> None:
-        if self.knobs.reporter is not None:
-            self.knobs.reporter.message(text)
+        if self.reporter is not None:
+            self.reporter.message(text)
 
 
 def recipe_changes(previous: RecipeRecord, rplan: RecipePlan) -> list[str]:
