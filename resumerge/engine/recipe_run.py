@@ -94,6 +94,11 @@ class RecipeOutcome:
     final: Outcome
     stages: tuple[StageOutcome, ...]
 
+    def outcome(self) -> Outcome:
+        """The final stage's outcome (OUT), saying how many stages the recipe has and how many ran now."""
+        merged = sum(1 for s in self.stages if s.action == "merged")
+        return replace(self.final, detail=f"{len(self.plan.stages)} stages, {merged} merged in this run")
+
 
 def run_recipe(
     text: str,

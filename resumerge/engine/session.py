@@ -91,6 +91,7 @@ class Outcome:
     resumed_files: int
     notes: tuple[str, ...] = field(default=())
     target: str | None = None  # the hf:// repo when OUT is one (then out_dir is only its name)
+    detail: str | None = None  # what else the run did, for its "done" line (a recipe: its stages)
 
 
 def prepare(
