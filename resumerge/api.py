@@ -30,13 +30,13 @@ from resumerge.plan.merge_plan import DEFAULT_SEED, DEFAULT_SHARD_SIZE
 if TYPE_CHECKING:
     from resumerge.engine.costs import Estimate
     from resumerge.engine.executor import Reporter
-    from resumerge.engine.recipe_estimate import RecipeEstimate
     from resumerge.engine.session import Outcome
     from resumerge.engine.settings import RunSettings
     from resumerge.plan.merge_plan import Plan, PlanOptions
+    from resumerge.recipes.estimate import RecipeEstimate
+    from resumerge.recipes.view import RecipeStatus
     from resumerge.store.hubsink import HubOutputOptions
     from resumerge.store.integrity import VerifyReport
-    from resumerge.store.recipeview import RecipeStatus
     from resumerge.store.statusview import StatusReport
 
 PathLike = str | os.PathLike[str]
@@ -104,7 +104,7 @@ def run(
                              max_gpu_memory=max_gpu_memory, staging=staging, max_disk=max_disk,
                              output=_output(public, commit_every, commit_interval), num_threads=num_threads)
     text = _config_text(config)
-    from resumerge.config.recipe import is_recipe_text
+    from resumerge.recipes.recipe import is_recipe_text
 
     recipe = is_recipe_text(text)
     if not recipe:
@@ -112,7 +112,7 @@ def run(
                            cleanup_intermediates=cleanup_intermediates)
     with _Progress(progress) as reporter:
         if recipe:
-            from resumerge.engine.recipe_run import run_recipe
+            from resumerge.recipes.run import run_recipe
 
             return run_recipe(text, out, options, settings, intermediate_dir=intermediate_dir, restart=restart,
                               cleanup=cleanup_intermediates, reporter=reporter, should_stop=_stop(should_stop),
@@ -141,14 +141,14 @@ def resume(
     """Finish the merge recorded for ``out``, like ``resumerge resume`` (for a recipe: every stage still to do,
     returning the final stage's outcome); an ``hf://`` OUT resumes from the repo alone. The options mean what they
     mean for :func:`run`; none of them changes the output, so they may differ from the first run's."""
-    from resumerge.store.recipeview import is_recipe_out
+    from resumerge.recipes.view import is_recipe_out
 
     settings = _run_settings(state_dir=state_dir, max_memory=max_memory, max_gpu_memory=max_gpu_memory,
                              staging=staging, max_disk=max_disk, output=_output(False, commit_every, commit_interval),
                              num_threads=num_threads)
     with _Progress(progress) as reporter:
         if is_recipe_out(out, state_dir):
-            from resumerge.engine.recipe_run import resume_recipe
+            from resumerge.recipes.run import resume_recipe
 
             return resume_recipe(out, settings, cleanup=cleanup_intermediates, reporter=reporter,
                                  should_stop=_stop(should_stop)).outcome()
@@ -159,8 +159,8 @@ def resume(
 
 def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport | RecipeStatus:
     """Where the merge into ``out`` stands, like ``resumerge status --json``: a :class:`StatusReport`, or for a
-    recipe's OUT a :class:`~resumerge.store.recipeview.RecipeStatus` (every stage, and the one in progress)."""
-    from resumerge.store.recipeview import is_recipe_out
+    recipe's OUT a :class:`~resumerge.recipes.view.RecipeStatus` (every stage, and the one in progress)."""
+    from resumerge.recipes.view import is_recipe_out
     from resumerge.store.statusview import read_status
 
     if is_recipe_out(out, state_dir):
@@ -171,7 +171,7 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport 
 def recipe_status(out: PathLike, *, state_dir: PathLike | None = None) -> RecipeStatus:
     """Where the recipe writing to ``out`` stands (every stage, and the one in progress); raises LedgerError when
     ``out`` holds no recipe. :func:`status` answers this for a recipe's OUT too."""
-    from resumerge.store.recipeview import read_recipe_status
+    from resumerge.recipes.view import read_recipe_status
 
     return read_recipe_status(out, state_dir)
 
@@ -224,7 +224,7 @@ def estimate(
     The options mean what they mean for :func:`run`: compute is timed on ``device`` with ``num_threads`` threads
     (a GPU this machine lacks is refused, exit 2). ``out`` may be an ``hf://`` target and ``max_disk`` bounds the
     local disk. A multi-document ``config`` is a recipe: every stage is estimated (a
-    :class:`~resumerge.engine.recipe_estimate.RecipeEstimate`), which needs ``out`` to place them
+    :class:`~resumerge.recipes.estimate.RecipeEstimate`), which needs ``out`` to place them
     (``intermediate_dir`` as for :func:`run`). ``disk_free`` replaces the free-space reading (tests simulate small
     disks with it); ``fresh_process`` says this process was started for this estimate, as the merge's will be (the
     CLI), so its age counts as the merge's start-up. Raises the same errors as :func:`plan_merge` for an invalid
@@ -245,10 +245,10 @@ def estimate(
         CudaProbe(options.device)
     probe_bytes = parse_size(probe_size, option="--probe-size")
     text = _config_text(config)
-    from resumerge.config.recipe import is_recipe_text
+    from resumerge.recipes.recipe import is_recipe_text
 
     if is_recipe_text(text):
-        from resumerge.engine.recipe_estimate import estimate_recipe
+        from resumerge.recipes.estimate import estimate_recipe
 
         if out is None:
             raise UsageError("planning a recipe needs OUT: its stages are placed relative to it",
@@ -322,8 +322,8 @@ def _single_merge_only(config: PathLike, out: PathLike, settings: RunSettings, *
     """Refuse recipe-only options with a one-document config, and a single merge into a recipe's OUT (even with
     ``restart``: the recipe's record would be left stale)."""
     from resumerge.config.hubtarget import is_hub_target
-    from resumerge.store.recipe_manifest import RECIPE_MANIFEST_NAME
-    from resumerge.store.recipeview import is_recipe_out
+    from resumerge.recipes.manifest import RECIPE_MANIFEST_NAME
+    from resumerge.recipes.view import is_recipe_out
 
     for flag, given in (("intermediate-dir", intermediate_dir is not None), ("cleanup-intermediates",
                                                                              cleanup_intermediates)):

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "resumerge"
-MAX_ENTRIES = 15
+# The stage packages, the recipes package above the engine, the API edge, errors, and the package's own files.
+MAX_ENTRIES = 16
 MAX_LINES = 600
 MAX_MEDIAN_LINES = 150
 # The edge: the Python API and the root package (which re-exports it lazily) may import anything.

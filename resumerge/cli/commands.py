@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="bytes of the disk speed probe written (then deleted) beside OUT; 0 skips it")
     plan.add_argument("--json", action="store_true",
                       help="print JSON (schema in resumerge/engine/costs.py; a recipe's in "
-                           "resumerge/engine/recipe_estimate.py)")
+                           "resumerge/recipes/estimate.py)")
     plan.add_argument("--intermediate-dir", metavar="DIR",
                       help="for a multi-document recipe (which needs OUT): where its named stages will go")
 

@@ -39,9 +39,9 @@ from resumerge.memory.sizes import format_size
 
 if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
     from resumerge.engine.costs import Estimate
-    from resumerge.engine.recipe_estimate import RecipeEstimate
+    from resumerge.recipes.estimate import RecipeEstimate
+    from resumerge.recipes.view import RecipeStatus
     from resumerge.store.integrity import VerifyReport
-    from resumerge.store.recipeview import RecipeStatus
     from resumerge.store.statusview import StatusReport
 
 _STATE_STYLE = {"done": "green", "running": "cyan", "interrupted": "yellow", "failed": "red", "planned": "white"}
@@ -281,7 +281,7 @@ def _duration(seconds: float) -> str:
 
 def show_any_status(report: StatusReport | RecipeStatus, stream: TextIO | None = None) -> None:
     """``resumerge status``: a recipe's stages (:func:`show_recipe_status`) or one merge's (:func:`show_status`)."""
-    from resumerge.store.recipeview import RecipeStatus
+    from resumerge.recipes.view import RecipeStatus
 
     if isinstance(report, RecipeStatus):
         show_recipe_status(report, stream)
@@ -365,7 +365,7 @@ def show_recipe_status(report: RecipeStatus, stream: TextIO | None = None, *, wi
 
 def show_estimate(result: Estimate | RecipeEstimate, stream: TextIO | None = None) -> None:
     """``resumerge plan``: one merge's estimate, or a recipe's, stage by stage."""
-    from resumerge.engine.recipe_estimate import RecipeEstimate
+    from resumerge.recipes.estimate import RecipeEstimate
 
     if not isinstance(result, RecipeEstimate):
         show_plan(result, stream)

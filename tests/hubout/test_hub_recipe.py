@@ -18,12 +18,12 @@ from hub.fakehub_write import HubWriter
 from hubout.conftest import SHARD, Merge, repo_files
 from resumerge import api
 from resumerge.cli.commands import main
-from resumerge.engine.recipe_run import run_recipe
 from resumerge.engine.settings import RunSettings
 from resumerge.errors import InterruptedMerge
 from resumerge.plan.merge_plan import PlanOptions
-from resumerge.plan.recipe_plan import default_intermediate_dir
-from resumerge.store.recipe_manifest import RECIPE_MANIFEST_NAME
+from resumerge.recipes.manifest import RECIPE_MANIFEST_NAME
+from resumerge.recipes.plan import default_intermediate_dir
+from resumerge.recipes.run import run_recipe
 from tests.support import cli
 
 BATCH = ("--commit-every", "2", "--commit-interval", "0.2")

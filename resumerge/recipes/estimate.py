@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.config.recipe import load_recipe_text
 from resumerge.engine.compute_estimate import SAMPLE_SECONDS
 from resumerge.engine.costs import Estimate
 from resumerge.engine.estimate import estimate
@@ -27,7 +26,8 @@ from resumerge.engine.inputfetch import refuse_streamed_recipe
 from resumerge.engine.settings import RunSettings
 from resumerge.memory.sizes import format_size
 from resumerge.plan.merge_plan import PlanOptions
-from resumerge.plan.recipe_plan import default_intermediate_dir, plan_recipe
+from resumerge.recipes.plan import default_intermediate_dir, plan_recipe
+from resumerge.recipes.recipe import load_recipe_text
 from resumerge.store.diskprobe import DEFAULT_PROBE_BYTES, DiskFree, device_of, free_bytes, nearest_existing
 
 
@@ -83,7 +83,7 @@ def estimate_recipe(
 ) -> RecipeEstimate:
     """Validate the recipe ``text`` (every stage, against the planned outputs of the stages it reads) and
     estimate each stage under ``settings``; writes nothing. Raises what
-    :func:`resumerge.engine.recipe_run.run_recipe` raises before any work (exit 2 errors); a recipe that is valid
+    :func:`resumerge.recipes.run.run_recipe` raises before any work (exit 2 errors); a recipe that is valid
     but does not fit is reported in :attr:`RecipeEstimate.reasons`. ``out_dir`` may be an ``hf://`` target: the
     final stage is then estimated as a single merge to the hub (its local disk is its staging, bounded by
     ``settings.max_disk``) and the named stages go under the state dir by default.

@@ -4,7 +4,7 @@ Order is the safety argument, as for one merge: the whole recipe is parsed and e
 before anything is written; every output dir is checked (foreign files, other runs) and every memory budget
 before the first byte; then the recipe record goes to the state dir and atomically into OUT, inputs are fetched
 once, and the stages run. Each stage is journaled exactly like a single merge (its own ledger, manifest and
-lock, through :func:`resumerge.engine.session.drive_plan`). A stage counts as done only when its own record says every
+lock, through :func:`resumerge.engine.session.run_plan`). A stage counts as done only when its own record says every
 planned file is committed *and* the files re-hash to their checksums — never because a config.json and a weight
 file exist (mergekit-multi's ``--lazy`` defect) — and a done stage is re-verified only when something still has
 to read it. A resume therefore continues mid-stage, repairs a damaged intermediate before a later stage reads
@@ -27,13 +27,11 @@ from pathlib import Path
 
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import run_dir
-from resumerge.config.recipe import load_recipe_text
 from resumerge.config.version import __version__
 from resumerge.engine.executor import Reporter
 from resumerge.engine.hubout import check_max_disk
 from resumerge.engine.inputfetch import refuse_streamed_recipe
 from resumerge.engine.outdir import check_out_dir
-from resumerge.engine.recipe_hub import RecipeHub, open_recipe_hub
 from resumerge.engine.session import Outcome, hub_progress, make_governor, run_plan
 from resumerge.engine.settings import RunSettings
 from resumerge.engine.target import Target
@@ -49,12 +47,9 @@ from resumerge.errors import (
 from resumerge.inputs.catalog import fetch_inputs
 from resumerge.outputs.aux import aux_files
 from resumerge.plan.merge_plan import PlanOptions, describe_changes, fingerprint_parts
-from resumerge.plan.recipe_plan import RecipePlan, StagePlan, default_intermediate_dir, plan_recipe
-from resumerge.store.durable import fsync_dir, is_temp_name
-from resumerge.store.integrity import verify_output
-from resumerge.store.manifest import MANIFEST_NAME, read_manifest
-from resumerge.store.recipe_ledger import RecipeLedger
-from resumerge.store.recipe_manifest import (
+from resumerge.recipes.hub import RecipeHub, open_recipe_hub
+from resumerge.recipes.ledger import RecipeLedger
+from resumerge.recipes.manifest import (
     DELETED,
     DELETING,
     KEPT,
@@ -67,7 +62,12 @@ from resumerge.store.recipe_manifest import (
     recipe_dir,
     write_recipe_manifest,
 )
-from resumerge.store.recipeview import StageRecord, stage_record
+from resumerge.recipes.plan import RecipePlan, StagePlan, default_intermediate_dir, plan_recipe
+from resumerge.recipes.recipe import load_recipe_text
+from resumerge.recipes.view import StageRecord, stage_record
+from resumerge.store.durable import fsync_dir, is_temp_name
+from resumerge.store.integrity import verify_output
+from resumerge.store.manifest import MANIFEST_NAME, read_manifest
 from resumerge.store.runlock import LOCK_NAME, is_locked
 from resumerge.store.statusview import LEDGER_NAME, resume_command
 
@@ -129,8 +129,7 @@ def run_recipe(
     refuse_streamed_recipe(options)
     recipe = load_recipe_text(text, source=source)
     state_dir = settings.state_dir
-    hub = open_recipe_hub(str(out_dir), state_dir=state_dir, options=settings.output) \
-        if is_hub_target(out_dir) else None
+    hub = open_recipe_hub(str(out_dir), settings) if is_hub_target(out_dir) else None
     out: str | Path = hub.url if hub else Path(out_dir).absolute()
     previous = _recorded(out, state_dir, hub)
     if intermediate_dir is not None:
@@ -163,8 +162,7 @@ def resume_recipe(
     resumerge itself changed since the recipe was planned.
     """
     state_dir = settings.state_dir
-    hub = open_recipe_hub(str(out_dir), state_dir=state_dir, options=settings.output, create=False) \
-        if is_hub_target(out_dir) else None
+    hub = open_recipe_hub(str(out_dir), settings, create=False) if is_hub_target(out_dir) else None
     out: str | Path = hub.url if hub else Path(out_dir).absolute()
     previous = _recorded(out, state_dir, hub)
     if previous is None:
