@@ -20,6 +20,7 @@ from resumerge.cli.commands import EXIT_BROKEN_PIPE, main
 from resumerge.config.merge_config import load_config_text
 from resumerge.engine.executor import compute_tensor
 from resumerge.engine.session import plan_from_config, run_merge
+from resumerge.engine.settings import RunSettings
 from resumerge.errors import InterruptedMerge
 from resumerge.inputs.source import InputSource, InputSources, LocalFiles
 from resumerge.plan.merge_plan import PlanOptions
@@ -131,7 +132,7 @@ def test_the_interrupt_hint_is_the_exact_command_that_continues_from_the_ledger(
     cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
     out, state = tmp_path / "big out", tmp_path / "state-big"
     with pytest.raises(InterruptedMerge) as stopped:
-        run_merge(cfg.read_text(), out, state_dir=state, options=PlanOptions(out_shard_size=30_000),
+        run_merge(cfg.read_text(), out, PlanOptions(out_shard_size=30_000), RunSettings(state_dir=state),
                   should_stop=lambda: True)
     command = stopped.value.resume_command
     assert command == f"resumerge resume {shlex.quote(str(out))} --state-dir {shlex.quote(str(state))}"

@@ -39,8 +39,9 @@ from resumerge.memory.sizes import format_size
 
 if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
     from resumerge.engine.costs import Estimate
+    from resumerge.recipes.estimate import RecipeEstimate
+    from resumerge.recipes.view import RecipeStatus
     from resumerge.store.integrity import VerifyReport
-    from resumerge.store.recipeview import RecipeStatus
     from resumerge.store.statusview import StatusReport
 
 _STATE_STYLE = {"done": "green", "running": "cyan", "interrupted": "yellow", "failed": "red", "planned": "white"}
@@ -278,6 +279,16 @@ def _duration(seconds: float) -> str:
 # -- status, plan, verify -----------------------------------------------------------------------------------
 
 
+def show_any_status(report: StatusReport | RecipeStatus, stream: TextIO | None = None) -> None:
+    """``resumerge status``: a recipe's stages (:func:`show_recipe_status`) or one merge's (:func:`show_status`)."""
+    from resumerge.recipes.view import RecipeStatus
+
+    if isinstance(report, RecipeStatus):
+        show_recipe_status(report, stream)
+    else:
+        show_status(report, stream)
+
+
 def show_status(report: StatusReport, stream: TextIO | None = None, *, width: int | None = None) -> None:
     """Print where a merge stands: counts, memory, elapsed time, what is pending, the last error, what to run."""
     out = console(stream or sys.stdout, width=width)
@@ -350,6 +361,19 @@ def show_recipe_status(report: RecipeStatus, stream: TextIO | None = None, *, wi
         out.print("stage in progress:")
         # The stage is finished by resuming the recipe, never the stage's own folder: drop its command.
         show_status(replace(report.current, resume_command=None), stream or sys.stdout, width=width)
+
+
+def show_estimate(result: Estimate | RecipeEstimate, stream: TextIO | None = None) -> None:
+    """``resumerge plan``: one merge's estimate, or a recipe's, stage by stage."""
+    from resumerge.recipes.estimate import RecipeEstimate
+
+    if not isinstance(result, RecipeEstimate):
+        show_plan(result, stream)
+        return
+    for stage in result.stages:
+        print(f"{stage.label}{' (final)' if stage.final else ''} -> {stage.out_dir}", file=stream or sys.stdout)
+        show_plan(stage.estimate, stream)
+        print(file=stream or sys.stdout)
 
 
 def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | None = None) -> None:

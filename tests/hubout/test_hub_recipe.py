@@ -18,11 +18,12 @@ from hub.fakehub_write import HubWriter
 from hubout.conftest import SHARD, Merge, repo_files
 from resumerge import api
 from resumerge.cli.commands import main
-from resumerge.engine.recipe_run import run_recipe
+from resumerge.engine.settings import RunSettings
 from resumerge.errors import InterruptedMerge
 from resumerge.plan.merge_plan import PlanOptions
-from resumerge.plan.recipe_plan import default_intermediate_dir
-from resumerge.store.recipe_manifest import RECIPE_MANIFEST_NAME
+from resumerge.recipes.manifest import RECIPE_MANIFEST_NAME
+from resumerge.recipes.plan import default_intermediate_dir
+from resumerge.recipes.run import run_recipe
 from tests.support import cli
 
 BATCH = ("--commit-every", "2", "--commit-interval", "0.2")
@@ -131,7 +132,7 @@ def test_stopped_in_a_named_stage_resumes_on_another_machine_from_the_record(hub
     url, first, second = "hf://alice/early", tmp_path / "first", tmp_path / "second"
     mid = default_intermediate_dir(url, first) / "mid"
     with pytest.raises(InterruptedMerge):  # stopped once stage mid has written a shard (no process start needed)
-        run_recipe(recipe.path.read_text(), url, state_dir=first, options=PlanOptions(out_shard_size=20_000),
+        run_recipe(recipe.path.read_text(), url, PlanOptions(out_shard_size=20_000), RunSettings(state_dir=first),
                    should_stop=lambda: any(mid.glob("model-*.safetensors")))
     assert set(repo_files(hub, "alice/early")) == {RECIPE_MANIFEST_NAME}
     # Another machine, another state dir: the default intermediate dir (under the first one) is gone with it.

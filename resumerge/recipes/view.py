@@ -16,9 +16,7 @@ from typing import Any
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import run_dir
 from resumerge.errors import LedgerError, StorageError
-from resumerge.store.ledger_read import LEDGER_NAME, RECIPE_LEDGER_NAME, StageRow, read_merge_record, read_recipe_stages
-from resumerge.store.manifest import Manifest, read_manifest
-from resumerge.store.recipe_manifest import (
+from resumerge.recipes.manifest import (
     DELETED,
     DELETING,
     RECIPE_MANIFEST_NAME,
@@ -27,6 +25,8 @@ from resumerge.store.recipe_manifest import (
     recipe_dir,
     recipe_ledger_record,
 )
+from resumerge.store.ledger_read import LEDGER_NAME, RECIPE_LEDGER_NAME, StageRow, read_merge_record, read_recipe_stages
+from resumerge.store.manifest import Manifest, read_manifest
 from resumerge.store.statusview import StatusReport, read_status, resume_command
 
 
@@ -198,7 +198,7 @@ def _out_record(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[st
     """OUT's ``resumerge-recipe.json``: the folder's, or the repo's for an ``hf://`` OUT."""
     if not is_hub_target(out_dir):
         return read_recipe_manifest(Path(out_dir))
-    from resumerge.store.recipe_hub import remote_recipe_record
+    from resumerge.recipes.hub import remote_recipe_record
 
     return remote_recipe_record(str(out_dir), resume_command(out_dir, state_dir))
 

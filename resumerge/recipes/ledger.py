@@ -1,6 +1,6 @@
 """The recipe ledger: one SQLite file per recipe OUT in the state dir, beside (never inside) the stage ledgers.
 
-Tables: ``recipe`` (one row: the record document of :mod:`resumerge.store.recipe_manifest`, state, times, last error),
+Tables: ``recipe`` (one row: the record document of :mod:`resumerge.recipes.manifest`, state, times, last error),
 ``stages`` (one row per stage: position, output dir, fingerprint, state pending|running|done|interrupted|failed,
 started and finished times) and ``events``. It is a journal for ``status``: whether a stage is complete is
 decided by that stage's own ledger and checksums, never by this table.
@@ -16,8 +16,8 @@ from typing import Any
 from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
+from resumerge.recipes.manifest import RECIPE_MANIFEST_NAME, RecipeRecord
 from resumerge.store.journal import Journal
-from resumerge.store.recipe_manifest import RECIPE_MANIFEST_NAME, RecipeRecord
 
 migrations = Migrations("resumerge-recipe")
 
