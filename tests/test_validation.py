@@ -159,3 +159,12 @@ def test_unknown_keys_are_refused_saying_mergekit_would_ignore_them(
     code, err = _run(tmp_path, build(str(make("a"))), capsys)
     assert code == 2 and fragment in err, err
     assert "mergekit would ignore it, so removing it changes nothing" in err
+
+
+def test_a_missing_local_model_is_no_such_directory(
+        tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = str(tmp_path / "models" / "nope")
+    code, err = _run(tmp_path, {"merge_method": "linear", "models": [{"model": missing, "parameters": {"weight": 1}}]},
+                     capsys)
+    assert code == 2 and f"models[0].model: no such directory: {missing!r}" in err, err
+    assert "Repo id must" not in err
