@@ -212,3 +212,16 @@ def test_plan_report_matches_its_snapshot(tmp_path: Path, make: ModelFactory) ->
     text = stream.getvalue()
     assert ESC not in text and text.rstrip().endswith("but only 3.00 GB is free")
     _matches_snapshot("plan_will_not_fit.txt", text)
+
+
+@pytest.mark.parametrize(("tokenizer", "said"), [
+    ({"tokenizer_source": "union"}, "tokenizer built from the inputs' tokenizers"),
+    ({}, "tokenizer from "),
+], ids=["union", "donor"])
+def test_plan_says_where_the_tokenizer_comes_from(tmp_path: Path, make: ModelFactory,
+                                                  tokenizer: dict[str, str], said: str) -> None:
+    """A built tokenizer (tokenizer_source: union) was shown as "tokenizer from nowhere"."""
+    cfg = write_config(tmp_path / "c.yml", {**linear_config(make("a", seed=1), make("b", seed=2)), **tokenizer})
+    stream = io.StringIO()
+    show_plan(api.estimate(cfg, probe_size=0), stream, width=WIDTH)
+    assert said in stream.getvalue() and "nowhere" not in stream.getvalue()

@@ -39,6 +39,7 @@ from resumerge.memory.sizes import format_size
 
 if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
     from resumerge.engine.costs import Estimate
+    from resumerge.plan.merge_plan import MergePlan
     from resumerge.store.integrity import VerifyReport
     from resumerge.store.recipeview import RecipeStatus
     from resumerge.store.statusview import StatusReport
@@ -352,12 +353,22 @@ def show_recipe_status(report: RecipeStatus, stream: TextIO | None = None, *, wi
         show_status(replace(report.current, resume_command=None), stream or sys.stdout, width=width)
 
 
+def _tokenizer_origin(plan: MergePlan) -> str:
+    """Where the output's tokenizer comes from: a donor's copy, built by the plan (``tokenizer_source: union``,
+    ``tokenizer:``), or none at all (--no-copy-tokenizer)."""
+    if plan.tokenizer_donor is not None:
+        return f"tokenizer from {plan.tokenizer_donor}"
+    if plan.tokenizer_files:
+        return "tokenizer built from the inputs' tokenizers"
+    return "no tokenizer (--no-copy-tokenizer)"
+
+
 def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | None = None) -> None:
     """Print the plan summary, its costs here and the verdict with its reasons."""
     out = console(stream or sys.stdout, width=width)
     plan, output, memory = estimate.plan, estimate.output, estimate.memory
     out.print(Text(f"{plan.method}: {len(plan.tensors)} tensors, {plan.num_layers} layers, {len(plan.shards)} "
-                   f"shard(s); config from {plan.donor}, tokenizer from {plan.tokenizer_donor or 'nowhere'}"))
+                   f"shard(s); config from {plan.donor}, {_tokenizer_origin(plan)}"))
     committed = f"; {format_size(output.committed_bytes)} already committed" if output.committed_bytes else ""
     _field(out, "output", f"{format_size(output.total_bytes)} ({len(plan.shards)} shard(s), the largest "
            f"{format_size(output.largest_shard_bytes)}){committed}" + (f" in {output.dir}" if output.dir else ""))
