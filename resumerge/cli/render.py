@@ -22,6 +22,7 @@ from typing import IO, TYPE_CHECKING, TextIO
 
 from rich import box
 from rich.console import Console, RenderableType
+from rich.constrain import Constrain
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -32,7 +33,7 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from resumerge.memory.sizes import format_size
@@ -79,15 +80,27 @@ def _isatty(stream: IO[str]) -> bool:
         return False
 
 
+# Cells the live rows need besides their detail: label, the bar at its narrowest, percentage, bytes, speed, time
+# left, and the spaces between them; one more so a row never ends in the last column.
+_FIXED_COLUMNS_WIDTH = 5 + 8 + 4 + len("141.1/141.1 MB") + len("123.4 MB/s") + len("0:00:00") + 6 + 1
+_DETAIL_MIN = 8
+
+
 class _MergeProgress(Progress):
     """Rich progress with a line under the bars for memory in use against the budget."""
 
-    def __init__(self, memory_line: Callable[[], str | None], *columns: object, **kwargs: object) -> None:
-        self._memory_line = memory_line  # before Progress.__init__, which may render already
-        super().__init__(*columns, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, memory_line: Callable[[], str | None], out: Console, *columns: object,
+                 **kwargs: object) -> None:
+        self._memory_line, self._out = memory_line, out  # before Progress.__init__, which may render already
+        super().__init__(*columns, console=out, **kwargs)  # type: ignore[arg-type]
 
     def get_renderables(self) -> Iterable[RenderableType]:
-        yield self.make_tasks_table(self.tasks)
+        table = self.make_tasks_table(self.tasks)
+        # Every row must fit on one terminal line: a row the terminal wraps is taller than rich counts, so the
+        # redraw leaves a stale copy behind (and at 80 columns "141.1/141.1 MB" was split over two lines). The
+        # figures never wrap; the bar gives way first, then the detail (a shard's name) is cut with an ellipsis.
+        table.columns[-1].max_width = max(_DETAIL_MIN, self._out.width - _FIXED_COLUMNS_WIDTH)
+        yield Constrain(table, self._out.width - 1)
         line = self._memory_line()
         if line:
             yield Text(line, style="dim")
@@ -182,6 +195,9 @@ class ProgressReporter:
                 if self._overall is not None and self._tensors >= self._tensors_total:
                     # Shard headers are in the total but never in a tensor's bytes: show a finished bar as full.
                     self._progress.update(self._overall, completed=max(1, self._total))
+                    for task in self._progress.tasks:  # the last shard too: it is written, header and all
+                        if task.id == self._shard_task:
+                            self._progress.update(task.id, completed=task.total)
                 self._progress.stop()
                 # A recipe starts the display again for its next stage, on a new Progress with new task ids.
                 self._progress, self._overall, self._shard_task = None, None, None
@@ -210,14 +226,14 @@ class ProgressReporter:
     def _start_live(self) -> None:
         self._progress = _MergeProgress(
             self._memory_line,
-            TextColumn("[bold]{task.description:<5}"),
-            BarColumn(),
-            TaskProgressColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[detail]}"),
-            console=self._console,
+            self._console,
+            TextColumn("[bold]{task.description:<5}", table_column=Column(no_wrap=True)),
+            BarColumn(table_column=Column(min_width=8)),
+            TaskProgressColumn(table_column=Column(no_wrap=True)),
+            DownloadColumn(table_column=Column(no_wrap=True)),
+            TransferSpeedColumn(table_column=Column(no_wrap=True)),
+            TimeRemainingColumn(table_column=Column(no_wrap=True)),
+            TextColumn("{task.fields[detail]}", table_column=Column(no_wrap=True, overflow="ellipsis")),
             transient=False,
         )
         self._overall = self._progress.add_task("merge", total=max(1, self._total), completed=self._bytes,
