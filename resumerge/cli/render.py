@@ -40,7 +40,7 @@ from resumerge.memory.sizes import format_size
 
 if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
     from resumerge.engine.costs import Estimate
-    from resumerge.plan.merge_plan import MergePlan
+    from resumerge.plan.merge_plan import Plan
     from resumerge.store.integrity import VerifyReport
     from resumerge.store.recipeview import RecipeStatus
     from resumerge.store.statusview import StatusReport
@@ -369,7 +369,7 @@ def show_recipe_status(report: RecipeStatus, stream: TextIO | None = None, *, wi
         show_status(replace(report.current, resume_command=None), stream or sys.stdout, width=width)
 
 
-def _tokenizer_origin(plan: MergePlan) -> str:
+def _tokenizer_origin(plan: Plan) -> str:
     """Where the output's tokenizer comes from: a donor's copy, built by the plan (``tokenizer_source: union``,
     ``tokenizer:``), or none at all (--no-copy-tokenizer)."""
     if plan.tokenizer_donor is not None:
