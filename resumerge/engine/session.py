@@ -323,7 +323,6 @@ def _drive(
     from resumerge.memory.allocator import tune_allocator
     from resumerge.store.runlock import RunLock
 
-    tune_allocator()
     reporter = reporter or NullReporter()
     if hub_out is None:
         out.mkdir(parents=True, exist_ok=True)
@@ -336,6 +335,7 @@ def _drive(
     watch = InputWatch.of(plan.model_dirs, plan.inputs)
     ledger.commit_guard = watch.check
     xfsz = _ignore_sigxfsz()
+    restore_allocator = tune_allocator()  # process-wide: put back when the run ends (a notebook goes on)
     sink: OutputSink | None = None
     try:
         staged: list[str] = []
@@ -393,6 +393,8 @@ def _drive(
         ledger.close()
         lock.release()
         _restore_sigxfsz(xfsz)
+        if restore_allocator is not None:
+            restore_allocator()
 
 
 def _make_sink(plan: Plan, out: Path, rdir: Path, staging: Staging, notes: list[str], hub_out: HubOutput | None,
