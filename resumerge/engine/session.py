@@ -287,7 +287,6 @@ def _drive(
     from resumerge.memory.allocator import tune_allocator
     from resumerge.store.runlock import RunLock
 
-    tune_allocator()
     out, hub_out, command, state_dir = target.out, target.hub, target.command, settings.state_dir
     governor, gpu = governors
     # What the output may keep on the local disk once the hub inputs kept in the cache are counted.
@@ -303,6 +302,7 @@ def _drive(
     watch = InputWatch.of(plan.model_dirs, plan.inputs)
     ledger.commit_guard = watch.check
     xfsz = _ignore_sigxfsz()
+    restore_allocator = tune_allocator()  # process-wide: put back when the run ends (a notebook goes on)
     try:
         staged: list[str] = []
         with _make_sink(plan, out, rdir, settings.staging, staged, hub_out, max_disk, should_stop) as sink:
@@ -357,6 +357,8 @@ def _drive(
         ledger.close()
         lock.release()
         _restore_sigxfsz(xfsz)
+        if restore_allocator is not None:
+            restore_allocator()
 
 
 def _make_sink(plan: Plan, out: Path, rdir: Path, staging: Staging, notes: list[str], hub_out: HubOutput | None,

@@ -25,11 +25,12 @@ stopped process never waits for a transfer in flight.
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,6 +171,24 @@ class _Uploads:
         if wait:
             for thread in self.threads:
                 thread.join()
+
+
+class _DropEmptyCommitWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("No files have been modified since last commit")
+
+
+@contextlib.contextmanager
+def _no_empty_commit_warning() -> Iterator[None]:
+    """Silence huggingface_hub's warning for a commit it skips because nothing changed: a resumed run's first
+    manifest commit repeats the killed run's last one, and the skipped commit is what we want (its answer is the
+    branch head, as for any commit)."""
+    logger, quiet = logging.getLogger("huggingface_hub.hf_api"), _DropEmptyCommitWarning()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 class CommitQueue:
@@ -422,8 +441,9 @@ class CommitQueue:
             if landed is not None:
                 return landed
             try:
-                info = api.create_commit(target.repo_id, operations=ops, commit_message=message,
-                                         revision=target.branch, parent_commit=self.head)
+                with _no_empty_commit_warning():
+                    info = api.create_commit(target.repo_id, operations=ops, commit_message=message,
+                                             revision=target.branch, parent_commit=self.head)
             except Exception as exc:
                 if http_status(exc) == 412:  # the hub's answer when the branch head is not our parent_commit
                     raise self._other_writer() from exc

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.config.locations import run_dir
+from resumerge.config.locations import is_default_state_root, run_dir
 from resumerge.errors import LedgerError
 from resumerge.store.ledger_read import LEDGER_NAME as LEDGER_NAME
 from resumerge.store.ledger_read import read_merge_status
@@ -108,9 +108,12 @@ def read_status(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[st
 
 
 def resume_command(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None) -> str:
-    """The shell command that finishes the merge into ``out_dir`` (with ``--state-dir`` when one was given)."""
+    """The shell command that finishes the merge into ``out_dir`` (with ``--state-dir`` when it is not the one a
+    command finds by itself)."""
     command = f"resumerge resume {shlex.quote(os.fspath(out_dir))}"
-    return command if state_dir is None else f"{command} --state-dir {shlex.quote(os.fspath(state_dir))}"
+    if state_dir is None or is_default_state_root(state_dir):
+        return command
+    return f"{command} --state-dir {shlex.quote(os.fspath(state_dir))}"
 
 
 def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusReport | None:

@@ -24,8 +24,9 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
-from hub.fakehub import LFS_SUFFIXES, FakeHub
+from hub.fakehub import LFS_SUFFIXES, FakeHub, git_blob_sha1
 
 if TYPE_CHECKING:
     from hub.fakehub import _Handler
@@ -94,7 +95,7 @@ class HubWriter:
         elif method == "POST" and len(parts) >= 6 and parts[:2] == ["api", "models"] and parts[4] == "branch":
             self._branch(h, f"{parts[2]}/{parts[3]}", "/".join(parts[5:]))
         elif method == "POST" and len(parts) >= 6 and parts[:2] == ["api", "models"] and parts[4] == "preupload":
-            self._preupload(h, f"{parts[2]}/{parts[3]}")
+            self._preupload(h, f"{parts[2]}/{parts[3]}", "/".join(parts[5:]))
         elif method == "POST" and len(parts) >= 6 and parts[:2] == ["api", "models"] and parts[4] == "commit":
             self._commit(h, f"{parts[2]}/{parts[3]}", "/".join(parts[5:]))
         elif method == "POST" and parts[-4:] == ["info", "lfs", "objects", "batch"] and parts[1].endswith(".git"):
@@ -179,12 +180,18 @@ class HubWriter:
         repo.branches[branch] = repo.branches["main"]
         h._json(200, {})
 
-    def _preupload(self, h: _Handler, repo_id: str) -> None:
+    def _preupload(self, h: _Handler, repo_id: str, revision: str) -> None:
         doc = json.loads(self._body(h))
         if not self._may_write(h, repo_id):
             return None
+        repo = self.hub.repos[repo_id]
+        head = repo.commits.get(repo.branches.get(unquote(revision), ""), {})
+        # As the hub does, the blob id of a regular file the revision already holds: the client drops an unchanged
+        # file from the commit (and skips a commit left empty, with a warning).
         files = [{"path": f["path"], "uploadMode": "lfs" if f["path"].endswith(LFS_SUFFIXES) else "regular",
-                  "shouldIgnore": False} for f in doc["files"]]
+                  "shouldIgnore": False,
+                  **({"oid": git_blob_sha1(head[f["path"]])}
+                     if f["path"] in head and not f["path"].endswith(LFS_SUFFIXES) else {})} for f in doc["files"]]
         h._json(200, {"files": files, "commitOid": self.hub.repos[repo_id].branches["main"]})
 
     def _batch(self, h: _Handler, repo_id: str) -> None:

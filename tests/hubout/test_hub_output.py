@@ -86,3 +86,16 @@ def test_plan_reports_the_disk_of_an_hf_output(merge: Merge, capsys: pytest.Capt
                     "staging_bytes": 30_000}
     assert main([*args, "--max-disk", "1k"]) == 2
     assert "below the largest output shard" in capsys.readouterr().err
+
+
+def test_resuming_an_hf_output_prints_no_empty_commit_warning(hub: HubWriter, merge: Merge, tmp_path: Path) -> None:
+    """huggingface_hub warned "No files have been modified since last commit. Skipping to prevent empty commit."
+    on every resume hf://…: the resume's first manifest commit repeats the killed run's last one."""
+    state = tmp_path / "state"
+    killed = cli("run", merge.config, "hf://alice/again", "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
+                 "--commit-every", "2", env={"RESUMERGE_KILL_AT": "hub_after_commit:2"})
+    assert killed.returncode == -9, killed.stderr
+    resumed = cli("resume", "hf://alice/again", "--state-dir", state, "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "No files have been modified" not in resumed.stderr, resumed.stderr
+    assert repo_files(hub, "alice/again") == merge.reference
