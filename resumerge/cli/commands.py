@@ -188,7 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", metavar="DIR",
-                   help="where the ledger lives (local disk) [default: $RESUMERGE_STATE_DIR or ./state]")
+                   help="where the ledger lives (local disk) [default: $RESUMERGE_STATE_DIR, else "
+                        "$XDG_STATE_HOME/resumerge or ~/.local/state/resumerge; runs recorded in ./state are "
+                        "still found there]")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
     p.add_argument("--max-memory", metavar="SIZE",
                    help="RAM budget for the whole process, e.g. 6GB [default: 80 %% of what the machine or "

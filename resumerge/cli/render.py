@@ -40,9 +40,9 @@ from resumerge.memory.sizes import format_size
 
 if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
     from resumerge.engine.costs import Estimate
+    from resumerge.plan.merge_plan import Plan
     from resumerge.recipes.estimate import RecipeEstimate
     from resumerge.recipes.view import RecipeStatus
-    from resumerge.plan.merge_plan import Plan
     from resumerge.store.integrity import VerifyReport
     from resumerge.store.statusview import StatusReport
 
