@@ -195,7 +195,7 @@ def open_hub_repo(target: HubTarget, *, public: bool = False, create: bool = Tru
         info = api.whoami()
     except Exception as exc:
         if auth_failed(exc):
-            raise UsageError(f"the hub does not accept the token set for {url}", path=url,
+            raise UsageError(f"the hub does not accept the token set for {url} ({_reason(exc, 401)})", path=url,
                              hint="set HF_TOKEN to a valid write token (https://huggingface.co/settings/tokens)"
                              ) from None
         raise hub_failure(repo, "checking the token", exc, resume="the same command") from None
@@ -270,11 +270,13 @@ def read_file(repo: HubRepo, name: str, *, resume: str) -> bytes | None:
         return get()
     except http.HTTPStatusError as exc:
         status = exc.response.status_code
+        said = " ".join(exc.response.headers.get("X-Error-Message", "").split())[:_SHOWN]
+        answer = f"HTTP {status}: {said}" if said else f"HTTP {status}"
         if status in (401, 403):
-            raise StorageError(f"the hub refused the token while reading {name} from {repo.target.url}",
+            raise StorageError(f"the hub refused the token while reading {name} from {repo.target.url} ({answer})",
                                path=repo.target.url, hint=f"set HF_TOKEN to a valid write token, then run {resume}"
                                ) from None
-        raise UnreachableError(f"reading {name} from {repo.target.url} failed (HTTP {status})",
+        raise UnreachableError(f"reading {name} from {repo.target.url} failed ({answer})",
                                path=repo.target.url, hint=f"run {resume} when the hub answers") from None
     except http.TransportError as exc:
         raise UnreachableError(f"the hub at {repo.endpoint} cannot be reached ({type(exc).__name__})",
