@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from huggingface_hub import HfApi, get_token
-from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 from huggingface_hub.hf_api import RepoFile
 
 from resumerge.config.hubtarget import HubTarget
@@ -151,6 +151,9 @@ def hub_call(repo: HubRepo, what: str, call: Callable[[], T], *, resume: str) ->
 def hub_failure(repo: HubRepo, what: str, exc: BaseException, *, resume: str) -> Exception:
     """The resumerge error for a hub request that failed for good (never quoting the token), with what the hub said."""
     url = repo.target.url
+    if isinstance(exc, RepositoryNotFoundError) and http_status(exc) == 404:  # never "try again later"
+        return UsageError(f"{url} does not exist on the hub ({_reason(exc)})", path=url,
+                          hint=f"start it with: resumerge run CONFIG {url} (a resume continues a repo that exists)")
     if storage_quota(exc):
         return UsageError(f"the hub refused {what} on {url}: the account's storage quota is full ({_reason(exc)})",
                           path=url, hint="a free account holds 100 GB of private storage in all: make the repo "

@@ -26,9 +26,11 @@ commit requests: the commit-quota 429 and storage-quota 403 are :data:`COMMIT_QU
 ``upload_faults`` (statuses for the next LFS PUTs); ``cut_put_after`` (cut the next PUT after N bytes);
 ``xet_token_faults`` (statuses for the next Xet token requests); ``recreated`` (repos deleted and recreated on the
 Hub: their commits refuse objects that only Xet holds, as the Hub does, huggingface_hub #3829, until they arrive
-by LFS PUT); ``revoke`` a token; and hooks when a commit arrives (the kill trials SIGKILL the merging process from
-it, before or after the commit is applied; returning False drops the request unapplied, or the answer of an applied
-commit) and when an upload arrives (``on_upload``; it may block, stalling the upload).
+by LFS PUT); a token taken out of ``tokens`` (revoked); and hooks: when a commit arrives (``on_commit``: the
+kill trials SIGKILL the merging process from it, before or after the commit is applied; returning False drops the
+request unapplied, or the answer of an applied commit), when an upload arrives (``on_upload``; it may block,
+stalling the upload), and when any request arrives
+(``on_request``: the start-up kill trials SIGKILL the process at its token check or repo creation).
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ GITATTRIBUTES = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
 # Called with (n-th commit request, "received" | "applied"); returning False at "received" drops the request unapplied,
 # at "applied" drops the answer (the commit happened, the client never hears it).
 CommitHook = Callable[[int, str], "bool | None"]
+# Called with (method, path parts) of every request before it is routed; returning False drops it unanswered.
+RequestHook = Callable[[str, list[str]], "bool | None"]
 # Called with the n-th upload the hub sees, and may block to stall it: an LFS PUT (its body read, before it is stored),
 # or in the Xet tier a write-token request, which every upload session (one per preupload call) makes first.
 UploadHook = Callable[[int], None]
@@ -99,6 +103,7 @@ class HubWriter:
     recreated: set[str] = field(default_factory=set)  # repos whose Xet-only objects a commit refuses (400)
     xet_tokens: int = 0  # Xet token requests answered
     on_commit: CommitHook | None = None
+    on_request: RequestHook | None = None
     on_upload: UploadHook | None = None
     commit_requests: int = 0
     upload_requests: int = 0  # uploads seen by on_upload
@@ -127,6 +132,11 @@ class HubWriter:
     def route(self, h: _Handler, parts: list[str], query: dict[str, str]) -> bool:
         """Answer the request if it is a write route (or whoami); False lets the read routes answer."""
         method = h.command
+        if self.on_request is not None and self.on_request(method, parts) is False:
+            h.close_connection = True  # dropped unanswered (the client was killed meanwhile)
+            with suppress(OSError):
+                h.connection.shutdown(socket.SHUT_RDWR)
+            return True
         if method == "GET" and parts == ["api", "whoami-v2"]:
             self._whoami(h)
         elif method == "POST" and parts == ["api", "validate-yaml"]:  # the client checks a README's metadata
