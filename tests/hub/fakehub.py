@@ -6,6 +6,9 @@ hub's headers (``X-Repo-Commit``, ``ETag``, ``X-Linked-Etag``, ``X-Linked-Size``
 ``Range`` support. It counts the body bytes it serves per file and per request (``Request.sent``), logs every
 request, and injects faults: cutting a file's body after N bytes, stalling after N bytes until released, ignoring
 ``Range``, redirecting to signed URLs that expire after N bodies, answering 429 with ``Retry-After``.
+
+The upload routes and their faults are :mod:`hub.fakehub_write`'s (its docstring lists every route); files
+committed through Xet (:mod:`hub.fakehub_xet`) are listed with their ``xetHash`` here, as the Hub lists them.
 """
 
 from __future__ import annotations
