@@ -1,7 +1,8 @@
 """The hub's quotas and refusals, as the real Hub words them (shared/reference/hub-real.md §1, §3): the commit quota
 (429) is waited out, not failed; a full private storage (403) is exit 2 naming the quota, not the token; every
 refusal shows what the hub said; a Xet token refused is a token problem; and a commit refused because the hub lost
-what Xet uploaded (a recreated repo) is uploaded once more without Xet."""
+what Xet uploaded (a recreated repo) is uploaded once more without Xet; plan warns of a private output larger than
+a free account's private storage."""
 
 from __future__ import annotations
 
@@ -93,3 +94,11 @@ def test_a_recreated_repo_gets_its_uploads_once_more_without_xet(
     assert all(v == 1 for v in hub.puts.values()) and hub.commits["alice/again"] >= 2
     refused = [r for r in iter_requests(hub.hub, "POST") if "/commit/" in r.path and r.status == 400]
     assert refused and len(refused) < hub.commits["alice/again"]  # each refused commit landed on its one retry
+
+
+def test_plan_warns_when_a_private_output_exceeds_a_free_accounts_storage() -> None:
+    from resumerge.engine.costs import FREE_PRIVATE_STORAGE, HubDiskNeed
+
+    assert "--public" not in HubDiskNeed(FREE_PRIVATE_STORAGE, 5 * 10**9, None).line()
+    line = HubDiskNeed(FREE_PRIVATE_STORAGE + 1, 5 * 10**9, None).line()
+    assert "private (the default) it exceeds a free account's 100 GB of private storage: pass --public" in line
