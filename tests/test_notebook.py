@@ -21,6 +21,7 @@ import pytest
 from conftest import ModelFactory
 from hub.fakehub import FakeHub
 from hub.fakehub_write import HubWriter
+from hub.fakehub_xet import XetCas
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from support import digests
@@ -90,14 +91,15 @@ def _text(cell: nbformat.NotebookNode) -> str:
 
 
 def _stand_in_hub(monkeypatch: pytest.MonkeyPatch, home: Path) -> tuple[FakeHub, HubWriter]:
-    """A stand-in hub taking uploads, and the environment every kernel and command inherits (an empty HF home;
-    huggingface_hub picks Xet whenever hf_xet is importable, which the stand-in does not speak)."""
+    """A stand-in hub taking uploads, and the environment every kernel and command inherits (an empty HF home).
+    Uploads go through Xet, as on Colab (hf-xet is installed there): to the stand-in's ``local://`` CAS."""
     fake = FakeHub()
     writer = HubWriter.attach(fake)
     writer.add_token(TOKEN, "alice")
-    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE"):
+    writer.cas = XetCas(home.parent / "cas")
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "HF_HUB_DISABLE_XET"):
         monkeypatch.delenv(var, raising=False)
-    for var, value in {"HF_HOME": str(home), "HF_TOKEN_PATH": str(home / "token"), "HF_HUB_DISABLE_XET": "1",
+    for var, value in {"HF_HOME": str(home), "HF_TOKEN_PATH": str(home / "token"), "HF_XET_CACHE": str(home / "xet"),
                        "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}.items():
         monkeypatch.setenv(var, value)
     return fake, writer
@@ -150,7 +152,11 @@ def test_notebook_merges_and_its_resume_cell_survives_a_runtime_death(
         assert f"hf://{REPO}: done (from the ledger)" in from_repo, from_repo
         in_repo = {k: hashlib.sha256(v).hexdigest() for k, v in hub.head_files(REPO).items() if k != ".gitattributes"}
         assert in_repo == digests(reference)
-        assert hub.puts and all(n == 1 for n in hub.puts.values())  # the three uploads before the death: not again
+        # The uploads before the death: their chunks were not sent again (the resume registered them once more).
+        assert hub.cas is not None and not hub.puts and set(hub.cas.registrations()) == {
+            v for k, v in in_repo.items() if k.endswith(".safetensors")}
+        xorbs = sum(size for name, (size, _) in hub.cas.snapshot().items() if name.startswith("xorbs/"))
+        assert xorbs <= 1.02 * sum(len(v) for k, v in hub.head_files(REPO).items() if k.endswith(".safetensors"))
 
 
 def _wheel(tmp_path: Path) -> Path:

@@ -1,7 +1,16 @@
 """Uploads and batched commits to a hub repo, in the background, with retries.
 
-Each published file is uploaded at once on a small thread pool (``preupload_lfs_files``: the LFS batch API tells
-which objects the hub already has, and those are never sent again), while the engine computes the next files.
+Each published file is uploaded at once on a small thread pool (``preupload_lfs_files``), while the engine computes
+the next files. What "never sent twice" means depends on huggingface_hub's path:
+
+- Xet (hf-xet installed, the default of current installs): every upload is a Xet session that chunks the whole file
+  again and sends only the chunks the CAS does not know; nothing is skipped per file. A resume re-reads the files
+  the killed run had not committed and registers them again, but their chunks are deduplicated (measured against
+  the stand-in's ``local://`` CAS with its client caches deleted, as on a fresh machine: across SIGKILL trials the
+  CAS received each object's chunk bytes once; a re-ingested object costs a shard of about 540 bytes).
+- Git LFS (``HF_HUB_DISABLE_XET=1``): the batch API says which objects the hub already has, and those are not sent
+  again; an object cut short is sent whole again.
+
 A committer thread turns uploaded files into commits (``create_commit``) by count (``every`` files) and by time
 (``interval`` seconds since the oldest waiting file), always together with the newest manifest that lists exactly
 the committed files plus that batch — so the repo's manifest never names a file the repo lacks. A commit counts
@@ -11,7 +20,10 @@ commit or upload that fails for good fails every waiting receipt with its error.
 
 429, 5xx and network errors are retried with exponential backoff (``Retry-After`` honoured); a commit whose
 answer was lost is recognised from the tree listing instead of being sent twice. Commits are paced to at most
-``Batching.hourly`` in any hour, under the hub's 128 commits per repo and hour.
+``Batching.hourly`` in any hour, under the hub's 128 commits per repo and hour; when the hub refuses a commit for
+its commit quota anyway, the user is told until when and the commit waits for the window. A commit the hub refuses
+because it does not hold what Xet uploaded (a repo deleted and recreated) has its files uploaded once more through
+the LFS batch API. Every refusal shows the hub's own message.
 
 Two writers: every commit names the branch head this process last saw as its ``parent_commit`` (read when OUT was
 opened, then the oid each of our commits returns), so the hub refuses (HTTP 412) a commit on a branch another run
@@ -27,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -36,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, constants
 
 from resumerge.errors import OutputDirError, ResumergeError
 from resumerge.store import killpoints
@@ -44,10 +57,13 @@ from resumerge.store.durable import discard
 from resumerge.store.hubrepo import (
     HubRepo,
     branch_head,
+    commit_quota,
     git_blob_sha1,
     http_status,
     hub_failure,
     is_retryable,
+    missing_object,
+    quota_wait,
     remote_files,
 )
 from resumerge.store.manifest import MANIFEST_NAME
@@ -58,6 +74,8 @@ ATTEMPTS = 6
 BASE_WAIT = 1.0
 MAX_WAIT = 60.0
 
+
+_WITHOUT_XET = threading.Lock()  # one upload at a time turns Xet off (a process-wide switch of huggingface_hub)
 
 # The hub allows 128 commits per repo and hour ("You have exceeded the rate limit for repository commits (128 per
 # hour)"). This process makes at most HOURLY_COMMITS in any hour, leaving room for retries and other writers.
@@ -84,6 +102,7 @@ class _Entry:
     since: float
     receipt: Receipt
     upload: Future[None] | None = None
+    without_xet: bool = False  # uploaded again through the LFS batch API after the hub lost its Xet upload
 
 
 @dataclass
@@ -103,22 +122,37 @@ class _State:
 
 
 def with_retries(repo: HubRepo, what: str, call: Callable[[], T], *, resume: str,
-                 sleep: Callable[[float], None] = time.sleep) -> T:
+                 sleep: Callable[[float], None] = time.sleep, tell: Callable[[str], None] | None = None) -> T:
     """``call()``, retried on 429/5xx/network errors with exponential backoff (``Retry-After`` wins when sent).
 
-    Raises the exit-3 error of :func:`~resumerge.store.hubrepo.hub_failure` when it keeps failing or the token
-    is refused.
+    The hub's commit quota (429 "…rate limit for repository commits (N per hour)…") is no failure: ``tell`` (the
+    user, on stderr by default) hears when the window lets a commit through, ``sleep`` waits for it, and the call
+    is tried again, as often as the hub asks (a stopped run abandons the wait: its ``sleep`` raises). Raises the
+    exit-3 error of :func:`~resumerge.store.hubrepo.hub_failure` when it keeps failing or the token is refused.
     """
-    for attempt in range(ATTEMPTS):
+    attempt = 0
+    while True:
         try:
             return call()
         except ResumergeError:
             raise  # already the user's error (another writer moved the branch)
         except Exception as exc:
+            quota = commit_quota(exc)
+            if quota is not None:
+                wait = quota_wait(exc)
+                until = time.strftime("%H:%M", time.localtime(time.time() + wait))
+                (tell or _to_stderr)(f"the hub allows {quota} commits an hour to {repo.target.url}; waiting until "
+                                     f"{until}, Ctrl-C is safe (then {resume})")
+                sleep(wait)
+                continue
             if not is_retryable(exc) or attempt == ATTEMPTS - 1:
                 raise hub_failure(repo, what, exc, resume=resume) from exc
             sleep(_wait(exc, attempt))
-    raise AssertionError("unreachable")
+            attempt += 1
+
+
+def _to_stderr(text: str) -> None:
+    print(f"resumerge: {text}", file=sys.stderr, flush=True)
 
 
 def _wait(exc: BaseException, attempt: int) -> float:
@@ -133,7 +167,8 @@ def _wait(exc: BaseException, attempt: int) -> float:
 
 class _Uploads:
     """A few daemon threads that run uploads: unlike a ThreadPoolExecutor's, they never hold up the exit of a
-    stopped process (an object cut short is sent again by the resume; one that arrived is not)."""
+    stopped process (the resume sends again what was cut short: the whole object through LFS, the chunks the CAS
+    lacks through Xet)."""
 
     def __init__(self, workers: int) -> None:
         self.jobs: queue.SimpleQueue[tuple[Future[None], Callable[[], None]] | None] = queue.SimpleQueue()
@@ -198,8 +233,9 @@ class CommitQueue:
     wait early (the run was interrupted: :meth:`stop` then commits what is uploaded)."""
 
     def __init__(self, repo: HubRepo, batching: Batching, *, resume: str, uploads: int = 2, head: str | None = None,
-                 should_stop: Callable[[], bool] = lambda: False) -> None:
+                 should_stop: Callable[[], bool] = lambda: False, tell: Callable[[str], None] | None = None) -> None:
         self.repo, self.batching, self.resume = repo, batching, resume
+        self.tell = tell or _to_stderr  # what the user must hear while the run goes on (a quota's wait)
         self.should_stop = should_stop
         self.head = head if head is not None else branch_head(repo, resume=resume)
         self.state = _State()
@@ -434,12 +470,7 @@ class CommitQueue:
         target = self.repo.target
         attempts = 0
 
-        def once() -> str:
-            nonlocal attempts
-            attempts += 1
-            landed = self._landed(expect, manifest, deleted or set()) if attempts > 1 else None
-            if landed is not None:
-                return landed
+        def create() -> str:
             try:
                 with _no_empty_commit_warning():
                     info = api.create_commit(target.repo_id, operations=ops, commit_message=message,
@@ -450,19 +481,61 @@ class CommitQueue:
                 raise
             return str(info.oid)
 
+        def once() -> str:
+            nonlocal attempts
+            attempts += 1
+            landed = self._landed(expect, manifest, deleted or set()) if attempts > 1 else None
+            if landed is not None:
+                return landed
+            try:
+                return create()
+            except Exception as exc:
+                if not missing_object(exc) or not expect or any(e.without_xet for e in expect.values()):
+                    raise
+            old = {id(e.op): e for e in expect.values()}
+            self._upload_without_xet(list(expect.values()))  # once; then the same commit names what it sent
+            ops[:] = [old[id(op)].op if id(op) in old else op for op in ops]
+            return create()
+
         with self.commit_lock:
             self._pace()
-            commit = with_retries(self.repo, "committing", once, resume=self.resume, sleep=self._backoff)
+            commit = with_retries(self.repo, "committing", once, resume=self.resume, sleep=self._backoff,
+                                  tell=self.tell)
             self.head = commit
             self.commits += 1
             self.recent.append(time.monotonic())
         return commit
 
+    def _upload_without_xet(self, entries: list[_Entry]) -> None:
+        """Upload ``entries`` once more through the Git-LFS batch API: the hub refused a commit naming objects it
+        does not hold although Xet took them, as after a repo was deleted and recreated (Xet deduplicated them
+        against the old repo's chunks). huggingface_hub reads ``HF_HUB_DISABLE_XET`` on every upload, so only these
+        uploads (and any that start meanwhile, which LFS serves as well) leave Xet aside."""
+        self.tell(f"the hub does not hold {len(entries)} file(s) Xet uploaded to {self.repo.target.url} (was the "
+                  "repo deleted and recreated?): uploading them once more without Xet")
+        api = self.repo.api()
+        ops = []
+        for e in entries:
+            e.op = CommitOperationAdd(path_in_repo=e.name, path_or_fileobj=str(e.path))
+            e.op.upload_info.sha256 = bytes.fromhex(e.sha256)
+            e.without_xet = True
+            ops.append(e.op)
+        with _WITHOUT_XET:
+            saved, constants.HF_HUB_DISABLE_XET = constants.HF_HUB_DISABLE_XET, True
+            try:
+                with_retries(self.repo, "uploading without Xet", lambda: api.preupload_lfs_files(
+                    self.repo.target.repo_id, additions=ops, revision=self.repo.target.branch, free_memory=False),
+                    resume=self.resume, sleep=self._backoff, tell=self.tell)
+            finally:
+                constants.HF_HUB_DISABLE_XET = saved
+
     def _backoff(self, seconds: float) -> None:
-        """The pause before a commit's next attempt; a stopped run that left (closed) abandons it instead."""
+        """The pause before a commit's next attempt (an hour, for the commit quota); a stopped run that left
+        (closed) abandons it instead."""
+        end = time.monotonic() + seconds
         with self.cond:
-            if not self.state.closed:
-                self.cond.wait(timeout=seconds)
+            while not self.state.closed and (left := end - time.monotonic()) > 0:
+                self.cond.wait(timeout=left)  # woken by every upload and manifest: wait out the rest
             if self.state.closed and self.state.stopping:
                 raise ResumergeError("internal: the last commit of a stopped run was abandoned")
 

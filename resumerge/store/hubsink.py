@@ -5,7 +5,9 @@ A planned file is written and fsynced under ``staging`` (in the run's state dir)
 manifest that lists it) and deleted from staging only after that commit succeeded. :meth:`HubRepoSink.publish`
 therefore answers with a receipt that the commit settles later, and the journal writes the ledger row then.
 Committed files are checked against the hub's own checksums: the sha256 of LFS files from the tree listing (no
-download), small regular files (configs, tokenizer) by reading them back.
+download; files uploaded through Xet are listed with it too), small regular files (configs, tokenizer) by reading
+them back. How uploads avoid sending anything twice (Xet or Git LFS) is told in
+:mod:`~resumerge.store.hubcommits`.
 
 ``max_disk`` bounds staged, uncommitted bytes: before a new file is started, the sink waits (committing early)
 until what is staged plus the largest planned file fits in it.

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from hub.fakehub_write import HubWriter
 
-from hubout.conftest import SHARD, Merge, repo_files
+from hubout.conftest import SHARD, TIERS, Merge, repo_files, uploads
 from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.engine.settings import RunSettings
@@ -69,6 +69,7 @@ def _same_as_local(files: dict[str, bytes], recipe: Recipe, url: str) -> None:
     assert ours == local
 
 
+@pytest.mark.parametrize("tier", TIERS, indirect=True)
 def test_a_recipe_to_the_hub_equals_a_local_recipe_run(hub: HubWriter, recipe: Recipe, merge: Merge, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     url = "hf://alice/recipe"
@@ -76,7 +77,7 @@ def test_a_recipe_to_the_hub_equals_a_local_recipe_run(hub: HubWriter, recipe: R
                       out_shard_size=SHARD, commit_every=3, commit_interval=0.2)
     assert outcome.target == url
     _same_as_local(repo_files(hub, "alice/recipe"), recipe, url)
-    assert hub.private["alice/recipe"] is True and all(n == 1 for n in hub.puts.values())
+    assert hub.private["alice/recipe"] is True and all(n == 1 for n in uploads(hub, "alice/recipe").values())
     assert main(["verify", url, "--json"]) == 0  # no ledger here: the repo's manifest is the record
     assert json.loads(capsys.readouterr().out)["ok"]
     # A changed recipe against this repo is refused before anything is read or written, saying what differs.
