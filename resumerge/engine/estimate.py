@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
@@ -34,6 +34,7 @@ from resumerge.engine.costs import (
     hub_disk_need,
 )
 from resumerge.engine.inputfetch import plan_fetch
+from resumerge.engine.settings import RunSettings
 from resumerge.errors import LedgerError
 from resumerge.inputs.catalog import Inputs
 from resumerge.memory import SAFETY_MARGIN, MemoryProbe, SystemProbe, default_budget, format_size
@@ -55,8 +56,9 @@ from resumerge.store.diskprobe import (
 from resumerge.store.filesystems import Staging, staging_dir
 from resumerge.store.manifest import read_manifest
 
-# The engine's default number of merge threads (session.run_merge ``workers``): units computed at once.
-CONCURRENCY = 2
+if TYPE_CHECKING:
+    from resumerge.engine.session import TextPlanner
+
 # A ledger row per tensor and per file, SQLite pages, and a WAL of the same size again: a generous bound.
 _LEDGER_FIXED = 256 * 1024
 _LEDGER_PER_ROW = 600
@@ -66,50 +68,48 @@ def estimate(
     plan: Plan,
     inputs: Inputs,
     config_text: str,
+    settings: RunSettings,
     *,
     out_dir: str | os.PathLike[str] | None = None,
-    state_dir: str | os.PathLike[str] | None = None,
-    max_memory: int | None = None,
-    staging: bool | str | os.PathLike[str] | None = None,
     probe_bytes: int = DEFAULT_PROBE_BYTES,
     disk_free: DiskFree = free_bytes,
     memory_probe: MemoryProbe | None = None,
     baseline_bytes: int | None = None,
-    workers: int = CONCURRENCY,
     startup_seconds: float = 0.0,
     choose_inputs: bool = True,
-    max_disk: int | None = None,
     to_hub: bool = False,
     compute_budget: float = SAMPLE_SECONDS,
 ) -> Estimate:
-    """Estimate what merging ``plan`` into ``out_dir`` costs here, and decide whether it fits.
+    """Estimate what merging ``plan`` into ``out_dir`` costs here under ``settings``, and decide whether it fits.
 
     ``inputs`` are the opened models the plan was built from (their hub metadata gives download sizes);
-    ``state_dir``, ``max_memory`` and ``staging`` mean what they mean for ``resumerge run``. ``disk_free`` reads a
-    filesystem's free bytes and ``memory_probe`` the machine's memory (both injectable for tests);
-    ``baseline_bytes`` is the merge process's RSS before any tensor is read — by default this process's own
-    RSS, which is right when the merge runs in a process like this one (``resumerge plan`` before
+    ``settings`` (state dir, memory budget, staging, disk budget, workers) mean what they mean for ``resumerge
+    run``. ``disk_free`` reads a filesystem's free bytes and ``memory_probe`` the machine's memory (both injectable
+    for tests); ``baseline_bytes`` is the merge process's RSS before any tensor is read — by default this process's
+    own RSS, which is right when the merge runs in a process like this one (``resumerge plan`` before
     ``resumerge run``, or :func:`resumerge.api.estimate` before :func:`resumerge.api.run` in one notebook).
     ``probe_bytes`` sizes the disk speed probe (0 skips it); ``startup_seconds`` is what the merge spends before
     its first tensor (imports, planning). Without ``out_dir`` the output's disk is not checked. Never raises for
     a merge that does not fit: the reasons are in the result. ``choose_inputs`` false counts every hub weight
-    file as downloaded (a recipe stage: recipes download their inputs whole). ``max_disk`` (``--max-disk``) bounds
-    the local disk: it decides which hub files are streamed and what an ``hf://`` OUT may stage; ``to_hub`` says
-    OUT is a hub repo, whose staging must then fit under it. ``compute_budget`` bounds the seconds spent timing the
-    methods on samples of the pending tensors (0 skips it; see :mod:`resumerge.engine.compute_estimate`).
+    file as downloaded (a recipe stage: recipes download their inputs whole). ``settings.max_disk``
+    (``--max-disk``) bounds the local disk: it decides which hub files are streamed and what an ``hf://`` OUT may
+    stage; ``to_hub`` says OUT is a hub repo, whose staging must then fit under it. ``compute_budget`` bounds the
+    seconds spent timing the methods on samples of the pending tensors (0 skips it; see
+    :mod:`resumerge.engine.compute_estimate`).
     """
+    state_dir, max_disk, workers = settings.state_dir, settings.max_disk, settings.workers
     notes: list[str] = []
     out = Path(os.path.abspath(out_dir)) if out_dir is not None else None
     committed = _committed_here(plan, out, notes)
     pending = [s for s in plan.shards if s.name not in committed]
-    staging_dir = _staging_dir(staging, out, state_dir)
+    staging_dir = _staging_dir(settings.staging, out, state_dir)
     output = _output_size(plan, config_text, out, committed, staging_dir, pending)
     fetch = plan_fetch(plan, inputs, max_disk=max_disk) if choose_inputs else ()
     downloads = _downloads(inputs, state_dir, {(c.model, c.file) for c in fetch if c.how != STREAM}
                            if choose_inputs else None)
     probe = memory_probe if memory_probe is not None else SystemProbe()
     remote = {(c.model, c.file) for c in fetch if c.how == STREAM}
-    memory, memory_reasons = _memory(plan, pending, probe, max_memory, baseline_bytes, workers, remote)
+    memory, memory_reasons = _memory(plan, pending, probe, settings.max_memory, baseline_bytes, workers, remote)
     disks = _disks(plan, output, downloads, inputs, out, state_dir, disk_free)
     speed = probe_directory(_probe_dir(out), probe_bytes, disk_free=disk_free) if out is not None else None
     # Nothing pending (a finished merge): no sample is read and no method is timed.
@@ -422,38 +422,40 @@ def _input_read_speed(plan: Plan, probe_bytes: int) -> float | None:
 def estimate_config(
     config_text: str,
     options: PlanOptions,
+    settings: RunSettings,
     *,
     source: str = "config",
     out_dir: str | os.PathLike[str] | None = None,
-    state_dir: str | os.PathLike[str] | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    max_memory: int | None = None,
-    staging: bool | str | os.PathLike[str] | None = None,
     probe_bytes: int = DEFAULT_PROBE_BYTES,
     disk_free: DiskFree = free_bytes,
     fresh_process: bool = False,
-    max_disk: int | None = None,
     compute_budget: float = SAMPLE_SECONDS,
+    planner: TextPlanner | None = None,
 ) -> Estimate:
-    """Validate ``config_text`` fully (config, every input's config.json and headers) and :func:`estimate` it.
+    """Validate ``config_text`` fully (config, every input's config.json and headers) and :func:`estimate` it;
+    ``planner`` plans a text that is not a merge config (another kind of run, chosen by :mod:`resumerge.api`).
 
     ``fresh_process`` says this process was started for this estimate, like the merge will be (``resumerge
     plan``): its age then measures the merge's start-up, imports included; otherwise only planning is counted
     (a notebook that merges in its own, already warm, process). Raises what :func:`resumerge.engine.session.prepare`
     raises for an invalid merge (exit 2 errors); a merge that is valid but does not fit is not an error: see
     :attr:`Estimate.reasons`. ``out_dir`` may be an ``hf://`` target: the output's local disk is then its staging.
+    The compute estimate times the methods with ``settings.num_threads`` torch threads, as the run will.
     """
     started = time.time()
     from resumerge.config.merge_config import load_config_text
-    from resumerge.engine.session import prepare_text
-    from resumerge.extract.spec import is_extraction_text
+    from resumerge.engine.devices import set_torch_threads
+    from resumerge.engine.session import prepare
 
-    config = None if is_extraction_text(config_text) else load_config_text(config_text, source=source)
-    plan, inputs = prepare_text(config_text, options, state_dir=state_dir, cache_dir=cache_dir, config=config)
+    set_torch_threads(settings.num_threads)
+    if planner is None:
+        config = load_config_text(config_text, source=source)
+        plan, inputs = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir)
+    else:
+        plan, inputs = planner(config_text, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir)
     if fresh_process:
         started = psutil.Process().create_time()
     to_hub = out_dir is not None and is_hub_target(os.fspath(out_dir))
-    return estimate(plan, inputs, config_text, out_dir=None if to_hub else out_dir, state_dir=state_dir,
-                    max_memory=max_memory, staging=staging, probe_bytes=probe_bytes, disk_free=disk_free,
-                    startup_seconds=max(0.0, time.time() - started), max_disk=max_disk, to_hub=to_hub,
-                    compute_budget=compute_budget)
+    return estimate(plan, inputs, config_text, settings, out_dir=None if to_hub else out_dir,
+                    probe_bytes=probe_bytes, disk_free=disk_free, startup_seconds=max(0.0, time.time() - started),
+                    to_hub=to_hub, compute_budget=compute_budget)

@@ -6,7 +6,9 @@ factors, computed by pure functions registered here — so the engine's session 
 resumable byte for byte, memory-governed, hub inputs and ``hf://`` output included. Weights are read only by the
 engine (and, for ``--sv-epsilon``, by the rank probe in :mod:`~resumerge.extract.prepare`).
 
-May import: errors, config, inputs, plan, methods (to register its functions); torch for the math.
+Its factor functions are registered with ``methods`` like merge methods; torch does the math.
+
+May import: errors, config, inputs, plan, methods.
 """
 
 __all__ = ["adapter_files", "decompose", "factors", "modules", "planner", "prepare", "spec"]

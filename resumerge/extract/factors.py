@@ -23,6 +23,7 @@ import torch
 
 from resumerge.extract.decompose import factors, kept_rank, truncate
 from resumerge.extract.factor_cache import FactorCache
+from resumerge.methods.footprint import measured
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
 
 FACTOR_A = "lora_extract_a"
@@ -41,7 +42,7 @@ _lock = threading.Lock()
 def task_vector(ctx: MergeContext) -> torch.Tensor:
     """FT − BASE in the inputs' (common) dtype, as mergekit subtracts them; transposed for an embedding."""
     delta = ctx.tensors[1] - ctx.tensors[0]
-    return delta.T if ctx.params.get("embedding") else delta
+    return delta.T if ctx.params["embedding"] else delta
 
 
 def decompose(ctx: MergeContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,8 +136,19 @@ _PARAMS = (
     ParamSpec("embedding", Scope.GLOBAL, bool, default=False),
 )
 
+# The SVD workspace, per element of the module's weight (out × in), whichever factor's unit computes the pair:
+# the task vector, its float32 copy, U and Vh and LAPACK's work arrays. Measured with the profiler replay of
+# tests/methods/footprint_cases.py (torch 2.x CPU, 2 threads) on 1024² to 2048², 1024×2816, 2816×1024, 256×4096 and
+# 4096×256 weights, ranks 8 and 128, exact and randomized: the exact SVD peaks highest, at 4.0 × m·n·4 bytes from
+# float32 weights and 4.5 × from bfloat16 ones (square weights; wider ones less); the randomized truncation peaks
+# at 1.1–3.6 × (the top being the exact fallback of thin matrices). float16 is taken as bfloat16; float64 adds the
+# wider task vector (8 bytes) to float32's figure. MARGIN is added on top.
+_SVD_WORKSPACE = measured((16, 0), (18, 0), (18, 0), (24, 0), of_inputs=True)
+# The bias delta: one subtraction, linear's figures.
+_SUBTRACTION = measured((4, 0), (8, 0), (8, 0), (8, 0))
+
 for _name, _fn in ((FACTOR_A, factor_a), (FACTOR_B, factor_b)):
     register(MethodSpec(name=_name, fn=_fn, params=_PARAMS, base=BasePolicy.REQUIRED, min_inputs=2, max_inputs=2,
-                        reference="mergekit-extract-lora"))
+                        reference="mergekit-extract-lora", footprint=_SVD_WORKSPACE))
 register(MethodSpec(name=DELTA, fn=bias_delta, base=BasePolicy.REQUIRED, min_inputs=2, max_inputs=2,
-                    elementwise=True, reference="mergekit-extract-lora"))
+                    elementwise=True, reference="mergekit-extract-lora", footprint=_SUBTRACTION))

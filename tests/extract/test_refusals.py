@@ -6,9 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import cli
 
 from resumerge import api
+from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.errors import ResumergeError, exit_code_for
 
@@ -47,24 +47,30 @@ def test_shapes_that_differ(tmp_path: Path, pair: Callable[[str], tuple[Path, Pa
     _refused(out, lambda: api.extract_lora(str(other), str(base), out), "in the fine-tuned model and")
 
 
-def test_cli_exit_code(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]]) -> None:
+def test_cli_exit_code(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]],
+                       capsys: pytest.CaptureFixture[str]) -> None:
+    # In process: the CLI's exit code and message are what main() returns and prints (a subprocess only adds
+    # interpreter start-up, which the resume tests' subprocesses cover).
     base, ft = pair("llama")
-    done = cli("extract-lora", "--model", ft, "--base-model", base, "--out-path", tmp_path / "out", "--max-rank", "0")
-    assert done.returncode == 2, done.stderr
-    assert "--max-rank must be at least 1" in done.stderr
+    code = main(["extract-lora", "--model", str(ft), "--base-model", str(base), "--out-path", str(tmp_path / "out"),
+                 "--max-rank", "0"])
+    assert code == 2
+    assert "--max-rank must be at least 1" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
-def test_plan_estimates_without_writing(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]]) -> None:
+def test_plan_estimates_without_writing(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]],
+                                        capsys: pytest.CaptureFixture[str]) -> None:
     """``extract-lora --plan`` validates and estimates the adapter's exact size, writing nothing."""
     import json
 
     base, ft = pair("llama")
     out = tmp_path / "out"
-    done = cli("extract-lora", "--model", ft, "--base-model", base, "--out-path", out, "--max-rank", "4", "--plan",
-               "--json")
-    assert done.returncode == 0, done.stderr
-    doc = json.loads(done.stdout)
+    code = main(["extract-lora", "--model", str(ft), "--base-model", str(base), "--out-path", str(out),
+                 "--max-rank", "4", "--plan", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    doc = json.loads(captured.out)
     assert doc["method"] == "extract_lora" and doc["fits"]
     assert not out.exists()
     api.extract_lora(str(ft), str(base), out, max_rank=4)

@@ -15,18 +15,25 @@ from resumerge import api
 ADAPTER = ("adapter_model.safetensors", "adapter_config.json", "README.md")
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, pair: Callable[[str], tuple[Path, Path]]) -> Path:
+    """The uninterrupted extraction both kill points are compared with (one run serves them)."""
+    base, ft = pair("llama-wide")
+    root = tmp_path_factory.mktemp("extract-reference")
+    # The reference runs in a fresh process like the killed and resumed runs: under pytest-xdist an in-process run
+    # after other tests once gave other bits (open: see the issue's notes), which a fresh process never did.
+    assert cli("extract-lora", "--model", ft, "--base-model", base, "--out-path", root / "out", "--max-rank", "8",
+               "--state-dir", root / "state", "-q", timeout=300).returncode == 0
+    return root / "out"
+
+
 @pytest.mark.parametrize(("point", "keep_state"), [
     ("mid_shard_write", True),
     ("during_config_write:2", False),  # adapter committed, adapter_config.json written, README.md not
 ])
-def test_kill_then_resume_is_identical(point: str, keep_state: bool, tmp_path: Path,
+def test_kill_then_resume_is_identical(point: str, keep_state: bool, tmp_path: Path, reference: Path,
                                        pair: Callable[[str], tuple[Path, Path]]) -> None:
     base, ft = pair("llama-wide")
-    reference = tmp_path / "reference"
-    # The reference runs in a fresh process like the killed and resumed runs: under pytest-xdist an in-process run
-    # after other tests once gave other bits (open: see the issue's notes), which a fresh process never did.
-    assert cli("extract-lora", "--model", ft, "--base-model", base, "--out-path", reference, "--max-rank", "8",
-               "--state-dir", tmp_path / "ref-state", "-q", timeout=300).returncode == 0
     out, state = tmp_path / "out", tmp_path / "state"
     killed = cli("extract-lora", "--model", ft, "--base-model", base, "--out-path", out, "--max-rank", "8",
                  "--state-dir", state, "-q", env={"RESUMERGE_KILL_AT": point}, timeout=300)
