@@ -300,8 +300,9 @@ def _drive(
     if hub_out is None:
         out.mkdir(parents=True, exist_ok=True)
     rdir = run_dir(hub_out.url if hub_out else out, state_dir)
-    # A repo cannot be locked from here: the run's own folder is, so two processes on this machine never collide.
-    lock = RunLock(rdir, out if hub_out is None else rdir)
+    # A repo cannot be locked from here: the run's lock file is, so two processes on this machine never collide
+    # (and the refusal names the repo as written, hf://…).
+    lock = RunLock(rdir, out) if hub_out is None else RunLock(rdir, hub_out.url, lock_out=False)
     lock.acquire()
     notes: list[str] = []
     ledger = _open_ledger(rdir / LEDGER_NAME, notes)
