@@ -19,7 +19,7 @@ from pathlib import Path
 
 from resumerge.config.hubtarget import parse_hub_target
 from resumerge.engine.outdir import record_plan
-from resumerge.errors import OutputDirError, UsageError
+from resumerge.errors import OutputDirError, ResumergeError, UsageError
 from resumerge.memory import format_size
 from resumerge.plan.merge_plan import Plan
 from resumerge.store.hubrepo import (
@@ -59,7 +59,7 @@ class HubOutput:
         wait for the last commits ends early when ``should_stop`` turns true; ``tell`` shows the user what the
         commits wait for (the hub's commit quota)."""
         if not self.exists:
-            raise UsageError(f"internal: {self.url} is written before it was created")
+            raise ResumergeError(f"internal: {self.url} is written before it was created")
         check_max_disk(plan, max_disk)
         reserve = max((s.file_size for s in plan.shards), default=0)
         return HubRepoSink(self.repo, run_dir / "staging", planned=planned, resume=self.resume,
@@ -84,7 +84,7 @@ def create_recorded(hub: HubOutput, plan: Plan, config_text: str, ledger: Ledger
         record_plan(plan, config_text, hub.url, ledger)
     recorded = ledger.last_event_data(CREATED) or {}
     public = hub.options.public or bool(recorded.get("public"))
-    if not recorded:
+    if recorded.get("public") != public:  # a later --public wins over the recorded private
         ledger.event(CREATED, f"creating {hub.url} ({'public' if public else 'private'})", {"public": public})
     create_repo(hub.repo, public=public, resume=hub.resume)
     head = branch_head(hub.repo, resume=hub.resume)

@@ -199,7 +199,7 @@ def resume_merge(
         text, opts, dirs = manifest.config_text, dict(manifest.options), dict(manifest.model_dirs)
     elif target.hub is not None:  # nothing anywhere holds the run: only `run` can start it (never "try later")
         url = target.hub.url
-        where = "the repo does not exist" if not target.hub.exists else f"the repo holds no {MANIFEST_NAME}"
+        where = "it does not exist on the hub" if not target.hub.exists else f"the repo holds no {MANIFEST_NAME}"
         raise UsageError(f"nothing to resume in {url}: {where} and the state dir holds no ledger of it", path=url,
                          hint=f"start it with: resumerge run CONFIG {url} (pass the killed run's --state-dir if it "
                               "used one)")
