@@ -45,6 +45,8 @@ def _killed_in(hub: HubWriter, merge: Merge, out: str, state: Path, phase: str, 
             return kill()
         if phase == "repo created" and created:  # the request after the repo's creation was answered
             return kill()
+        if phase == "first upload" and parts[-2:-1] == ["xet-write-token"]:  # Xet: an upload asks for its token
+            return kill()
         if parts == ["api", "repos", "create"]:
             created.append(True)
         return None
@@ -67,6 +69,19 @@ def _killed_in(hub: HubWriter, merge: Merge, out: str, state: Path, phase: str, 
 @pytest.mark.parametrize("phase", PHASES)
 def test_a_run_killed_while_starting_resumes_or_names_the_command_that_starts_it(
         hub: HubWriter, merge: Merge, tmp_path: Path, phase: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _kill_and_resume(hub, merge, tmp_path, phase, capsys)
+
+
+@pytest.mark.parametrize("tier", ["xet"], indirect=True)
+def test_a_run_killed_at_its_first_xet_upload_resumes(hub: HubWriter, merge: Merge, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """The Xet tier's first upload (its token request), where the run's users are: the same ending."""
+    assert hub.cas is not None
+    _kill_and_resume(hub, merge, tmp_path, "first upload", capsys)
+
+
+def _kill_and_resume(hub: HubWriter, merge: Merge, tmp_path: Path, phase: str,
+                     capsys: pytest.CaptureFixture[str]) -> None:
     ended: list[str] = []
     for fresh in (False, True):
         out, state = f"hf://alice/start{int(fresh)}", tmp_path / f"state{int(fresh)}"
