@@ -26,7 +26,7 @@ from resumerge.config.locations import run_dir
 from resumerge.config.merge_config import MergeConfig, load_config_text
 from resumerge.engine.devices import gpu_governor
 from resumerge.engine.executor import Reporter, Stopped, execute
-from resumerge.engine.hubout import HubOutput
+from resumerge.engine.hubout import HubOutput, create_recorded
 from resumerge.engine.inputfetch import HubInputs
 from resumerge.engine.outdir import open_run, planned_files
 from resumerge.engine.reconcile import reconcile
@@ -180,7 +180,7 @@ def resume_merge(
     """
     target = Target.open(out_dir, settings, create=False).read_recorded()
     out, manifest, state_dir = target.out, target.manifest(), settings.state_dir
-    ledger_path = run_dir(out, state_dir) / LEDGER_NAME
+    ledger_path = run_dir(target.url, state_dir) / LEDGER_NAME
     row = None
     if ledger_path.exists():
         try:
@@ -197,6 +197,12 @@ def resume_merge(
         text, opts, dirs = row["config_text"], json.loads(row["options"]), json.loads(row["model_dirs"])
     elif manifest is not None:
         text, opts, dirs = manifest.config_text, dict(manifest.options), dict(manifest.model_dirs)
+    elif target.hub is not None:  # nothing anywhere holds the run: only `run` can start it (never "try later")
+        url = target.hub.url
+        where = "it does not exist on the hub" if not target.hub.exists else f"the repo holds no {MANIFEST_NAME}"
+        raise UsageError(f"nothing to resume in {url}: {where} and the state dir holds no ledger of it", path=url,
+                         hint=f"start it with: resumerge run CONFIG {url} (pass the killed run's --state-dir if it "
+                              "used one)")
     else:
         raise LedgerError(
             f"nothing to resume in {out}: no ledger in the state dir and no {MANIFEST_NAME}",
@@ -294,8 +300,9 @@ def _drive(
     if hub_out is None:
         out.mkdir(parents=True, exist_ok=True)
     rdir = run_dir(hub_out.url if hub_out else out, state_dir)
-    # A repo cannot be locked from here: the run's own folder is, so two processes on this machine never collide.
-    lock = RunLock(rdir, out if hub_out is None else rdir)
+    # A repo cannot be locked from here: the run's lock file is, so two processes on this machine never collide
+    # (and the refusal names the repo as written, hf://…).
+    lock = RunLock(rdir, out) if hub_out is None else RunLock(rdir, hub_out.url, lock_out=False)
     lock.acquire()
     notes: list[str] = []
     ledger = _open_ledger(rdir / LEDGER_NAME, notes)
@@ -304,8 +311,11 @@ def _drive(
     xfsz = _ignore_sigxfsz()
     restore_allocator = tune_allocator()  # process-wide: put back when the run ends (a notebook goes on)
     try:
+        if hub_out is not None and not hub_out.exists:  # the plan is recorded before the repo exists, never after
+            hub_out = create_recorded(hub_out, plan, config_text, ledger, restart=restart)
         staged: list[str] = []
-        with _make_sink(plan, out, rdir, settings.staging, staged, hub_out, max_disk, should_stop) as sink:
+        with _make_sink(plan, out, rdir, settings.staging, staged, hub_out, max_disk, should_stop,
+                        _telling(reporter, ledger)) as sink:
             book, verified = open_run(plan, config_text, hub_out.url if hub_out else out, sink, ledger, manifest,
                                       restart=restart, resuming=resuming, notes=notes)
             reconcile(sink, ledger, book, log=notes, verified=verified)
@@ -362,12 +372,24 @@ def _drive(
 
 
 def _make_sink(plan: Plan, out: Path, rdir: Path, staging: Staging, notes: list[str], hub_out: HubOutput | None,
-               max_disk: int | None, should_stop: Callable[[], bool]) -> OutputSink:
+               max_disk: int | None, should_stop: Callable[[], bool], tell: Callable[[str], None]) -> OutputSink:
     """The sink of this run: the hub repo, OUT staged on local disk (Drive and other mounts), or OUT itself."""
     if hub_out is not None:
-        return hub_out.sink(plan, rdir, planned_files(plan), max_disk, should_stop)
+        return hub_out.sink(plan, rdir, planned_files(plan), max_disk, should_stop, tell)
     stage_dir = _staging_dir(staging, plan, out, rdir, notes)
     return LocalDirSink(out) if stage_dir is None else StagedDirSink(out, stage_dir)
+
+
+def _telling(reporter: Reporter, ledger: Ledger) -> Callable[[str], None]:
+    """What a sink tells the user while the run goes on (a hub's commit-quota wait): shown on ``reporter`` and kept
+    as a ``hub`` event of the ledger, which ``status`` shows."""
+
+    def tell(text: str) -> None:
+        reporter.message(text)
+        with contextlib.suppress(ResumergeError):  # the message is shown; the ledger's disk may be what fails
+            ledger.event("hub", text)
+
+    return tell
 
 
 def _open_ledger(path: Path, notes: list[str]) -> Ledger:
