@@ -291,14 +291,26 @@ def _drive(
     governor, gpu = governors
     # What the output may keep on the local disk once the hub inputs kept in the cache are counted.
     max_disk = hub.output_budget(settings.max_disk) if hub is not None else settings.max_disk
+    created = hub_out is None and not out.exists()  # removed again if the run is refused before writing to it
     if hub_out is None:
         out.mkdir(parents=True, exist_ok=True)
     rdir = run_dir(hub_out.url if hub_out else out, state_dir)
     # A repo cannot be locked from here: the run's own folder is, so two processes on this machine never collide.
     lock = RunLock(rdir, out if hub_out is None else rdir)
-    lock.acquire()
+    try:
+        lock.acquire()
+    except BaseException:
+        _remove_if_empty(out, created)
+        raise
     notes: list[str] = []
-    ledger = _open_ledger(rdir / LEDGER_NAME, notes)
+    try:
+        ledger = _open_ledger(rdir / LEDGER_NAME, notes)
+        if hub_out is None and manifest is None and not (restart or resuming):
+            ledger = _set_aside_stale(ledger, rdir / LEDGER_NAME, plan, notes)
+    except BaseException:
+        lock.release()
+        _remove_if_empty(out, created)
+        raise
     watch = InputWatch.of(plan.model_dirs, plan.inputs)
     ledger.commit_guard = watch.check
     xfsz = _ignore_sigxfsz()
@@ -352,10 +364,12 @@ def _drive(
                 _record_gpu_memory(ledger, gpu)
             book.set_state("done")
             ledger.set_state("done")
+            created = False
             return Outcome(plan, out, resumed, tuple(notes), target=hub_out.url if hub_out else None)
     finally:
         ledger.close()
         lock.release()
+        _remove_if_empty(out, created)
         _restore_sigxfsz(xfsz)
         if restore_allocator is not None:
             restore_allocator()
@@ -385,6 +399,26 @@ def _open_ledger(path: Path, notes: list[str]) -> Ledger:
                                ) from None
         notes.append(f"{exc.message}: set aside as {aside.name}, nothing in it is trusted")
         return Ledger(path)
+
+
+def _set_aside_stale(ledger: Ledger, path: Path, plan: Plan, notes: list[str]) -> Ledger:
+    """A new run into an absent or empty OUT: a ledger recorded for another plan there describes a merge that is
+    no longer in OUT (it was deleted, or moved) and is set aside rather than refused as "a merge planned
+    differently"; returns the ledger to use."""
+    row = ledger.run_row()
+    if row is None or row["fingerprint"] == plan.fingerprint:
+        return ledger
+    ledger.close()
+    aside = set_aside(path, suffix=".stale")
+    notes.append(f"OUT holds no merge: the record of an earlier, different run into it was set aside as {aside.name}")
+    return Ledger(path)
+
+
+def _remove_if_empty(out: Path, created: bool) -> None:
+    """Remove OUT when this run created it and stopped before writing to it: a refused run leaves nothing."""
+    if created:
+        with contextlib.suppress(OSError):
+            out.rmdir()
 
 
 def _failure(exc: Exception, ledger: Ledger, watch: InputWatch) -> Exception:

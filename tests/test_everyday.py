@@ -1,0 +1,50 @@
+"""Everyday use as a new user tries it (issue 31): a deleted or moved OUT, and the rough edges of the front door."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import ModelFactory
+from support import linear_config, write_config
+
+from resumerge.cli.commands import main
+from resumerge.config.locations import run_dir
+from resumerge.store.runlock import RunLock
+
+
+def _configs(tmp_path: Path, make: ModelFactory) -> tuple[Path, Path]:
+    a, b = make("a", seed=1), make("b", seed=2)
+    return (write_config(tmp_path / "a.yml", linear_config(a, b)),
+            write_config(tmp_path / "b.yml", linear_config(a, b, weights=(0.4, 0.6))))
+
+
+def test_a_deleted_out_takes_a_changed_config(tmp_path: Path, make: ModelFactory,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """run a.yml out, rm -rf out, run b.yml out: OUT holds nothing, so the stale record is set aside (one line)."""
+    first, second = _configs(tmp_path, make)
+    out = tmp_path / "out"
+    assert main(["run", str(first), str(out), "--quiet"]) == 0
+    shutil.rmtree(out)
+    capsys.readouterr()
+    assert main(["run", str(second), str(out)]) == 0
+    said = capsys.readouterr()
+    assert "planned differently" not in said.err
+    assert said.err.count("set aside") == 1 and "OUT holds no merge" in said.err
+    assert (out / "resumerge-manifest.json").is_file()
+
+
+def test_a_refused_run_leaves_no_empty_out(tmp_path: Path, make: ModelFactory) -> None:
+    """A run refused after OUT was named (here: another process holds the run's lock) leaves no empty OUT."""
+    first, _ = _configs(tmp_path, make)
+    out, state = tmp_path / "out", tmp_path / "state"
+    rdir = run_dir(out, state)
+    rdir.mkdir(parents=True)
+    other = RunLock(rdir, out, lock_out=False)
+    other.acquire()
+    try:
+        assert main(["run", str(first), str(out), "--state-dir", str(state), "--quiet"]) == 4
+    finally:
+        other.release()
+    assert not out.exists()
