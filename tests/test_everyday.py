@@ -48,3 +48,18 @@ def test_a_refused_run_leaves_no_empty_out(tmp_path: Path, make: ModelFactory) -
     finally:
         other.release()
     assert not out.exists()
+
+
+def test_a_resume_whose_out_moved_refuses(tmp_path: Path, make: ModelFactory,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """mv out out2; resume out re-created out/ and redid the whole merge: it refuses and says where to resume."""
+    first, _ = _configs(tmp_path, make)
+    out, moved = tmp_path / "out", tmp_path / "out2"
+    assert main(["run", str(first), str(out), "--quiet"]) == 0
+    out.rename(moved)
+    capsys.readouterr()
+    assert main(["resume", str(out)]) == 4
+    err = capsys.readouterr().err
+    assert "may have moved" in err and "resumerge resume NEW_PATH" in err
+    assert not out.exists()
+    assert main(["resume", str(moved), "--quiet"]) == 0

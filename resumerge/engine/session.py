@@ -35,6 +35,7 @@ from resumerge.engine.target import Target
 from resumerge.errors import (
     InterruptedMerge,
     LedgerError,
+    OutputDirError,
     ResumergeError,
     StorageError,
     UsageError,
@@ -51,6 +52,7 @@ from resumerge.store.filesystems import Staging, filesystem_type, staging_dir
 from resumerge.store.ledger import LEDGER_NAME, Ledger, set_aside
 from resumerge.store.manifest import MANIFEST_NAME, Manifest
 from resumerge.store.sink import LocalDirSink, OutputSink, StagedDirSink
+from resumerge.store.statusview import resume_command
 
 if TYPE_CHECKING:
     from resumerge.inputs.hub import HubEvent
@@ -192,7 +194,10 @@ def resume_merge(
             # Damaged but OUT has a manifest: _drive sets the ledger aside and rebuilds it from the manifest.
         else:
             row = ledger.run_row()
+            committed = sum(1 for r in ledger.files() if r["status"] == "done")
             ledger.close()
+            if row is not None and committed and target.hub is None and not out.exists():
+                raise _moved(out, committed, resume_command("NEW_PATH", state_dir))
     if row is not None:
         text, opts, dirs = row["config_text"], json.loads(row["options"]), json.loads(row["model_dirs"])
     elif manifest is not None:
@@ -207,6 +212,16 @@ def resume_merge(
     plan, inputs = prepare(config, PlanOptions(**opts), model_dirs=dirs, state_dir=state_dir, reporter=reporter)
     return run_plan(plan, text, target, settings, inputs=inputs, resuming=True, reporter=reporter,
                     should_stop=should_stop)
+
+
+def _moved(out: Path, committed: int, where: str) -> OutputDirError:
+    """A resume whose OUT vanished though the ledger records files committed there: the output was moved or
+    deleted, and re-creating it would redo the whole merge in the wrong place."""
+    return OutputDirError(
+        f"{out} does not exist, though {committed} file(s) were committed there: the output may have moved",
+        path=str(out),
+        hint=f"resume it where it is now with {where}, or start over with resumerge run CONFIG {out} --restart",
+    )
 
 
 def run_plan(
