@@ -97,6 +97,7 @@ def run(
     ``progress=True`` draws the CLI's rich progress; a reporter object is used as given (the caller closes it).
     ``should_stop`` is polled at safe points: once true, the run stops and raises InterruptedMerge (exit 3).
     """
+    _named(out)
     options = _plan_options(out_shard_size=out_shard_size, random_seed=random_seed, copy_tokenizer=copy_tokenizer,
                             device=device, allow_crimes=allow_crimes, stream_inputs=stream_inputs,
                             write_model_card=write_model_card, unsafe_truncate_embeddings=unsafe_truncate_embeddings)
@@ -143,6 +144,7 @@ def resume(
     mean for :func:`run`; none of them changes the output, so they may differ from the first run's."""
     from resumerge.recipes.view import is_recipe_out
 
+    _named(out)
     settings = _run_settings(state_dir=state_dir, max_memory=max_memory, max_gpu_memory=max_gpu_memory,
                              staging=staging, max_disk=max_disk, output=_output(False, commit_every, commit_interval),
                              num_threads=num_threads)
@@ -163,6 +165,7 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport 
     from resumerge.recipes.view import is_recipe_out
     from resumerge.store.statusview import read_status
 
+    _named(out)
     if is_recipe_out(out, state_dir):
         return recipe_status(out, state_dir=state_dir)
     return read_status(out, state_dir)
@@ -180,6 +183,7 @@ def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
     """Re-hash ``out``'s committed files, like ``resumerge verify``."""
     from resumerge.store.integrity import verify_output
 
+    _named(out)
     return verify_output(out, state_dir)
 
 
@@ -232,6 +236,8 @@ def estimate(
     """
     from resumerge.store.diskprobe import free_bytes
 
+    if out is not None:
+        _named(out)
     options = _plan_options(out_shard_size=out_shard_size, random_seed=random_seed, copy_tokenizer=copy_tokenizer,
                             device=device, allow_crimes=allow_crimes, stream_inputs=stream_inputs,
                             unsafe_truncate_embeddings=unsafe_truncate_embeddings)
@@ -335,6 +341,12 @@ def _single_merge_only(config: PathLike, out: PathLike, settings: RunSettings, *
             os.path.isfile(os.path.join(out, RECIPE_MANIFEST_NAME)):
         raise OutputDirError(f"{out} holds the output of a recipe ({RECIPE_MANIFEST_NAME})", path=str(out),
                              hint="use another OUT for a single merge")
+
+
+def _named(out: PathLike) -> None:
+    """Refuse an empty OUT (``run cfg.yml ""``): as a path it would be the current directory, never what was meant."""
+    if not os.fspath(out).strip():
+        raise UsageError("OUT is empty", hint="name an output directory, or a hub repo hf://NAMESPACE/NAME")
 
 
 def _config_text(config: PathLike) -> str:

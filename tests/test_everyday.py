@@ -63,3 +63,16 @@ def test_a_resume_whose_out_moved_refuses(tmp_path: Path, make: ModelFactory,
     assert "may have moved" in err and "resumerge resume NEW_PATH" in err
     assert not out.exists()
     assert main(["resume", str(moved), "--quiet"]) == 0
+
+
+@pytest.mark.parametrize("command", ["run", "resume", "status", "verify", "plan"])
+def test_an_empty_out_is_a_usage_error(command: str, tmp_path: Path, make: ModelFactory,
+                                       monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """run cfg.yml "" took the current directory as OUT."""
+    first, _ = _configs(tmp_path, make)
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    args = [str(first), ""] if command in ("run", "plan") else [""]
+    assert main([command, *args, "--probe-size", "0"] if command == "plan" else [command, *args]) == 2
+    assert "OUT is empty" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
