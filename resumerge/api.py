@@ -70,7 +70,9 @@ def run(
     progress: bool | Reporter = False,
     should_stop: Callable[[], bool] | None = None,
 ) -> Outcome:
-    """Merge ``config`` (a YAML file path or YAML text) into ``out``, like ``resumerge run``.
+    """Merge ``config`` into ``out``, like ``resumerge run``. ``config`` is a YAML file (a ``Path``, or a ``str``
+    naming one) or YAML text (a ``str`` holding a newline or a one-line YAML mapping); the same holds for every
+    ``config`` parameter here.
 
     ``stream_inputs`` (``--stream-inputs``) reads every hub input's tensors by HTTP Range instead of downloading
     its files; by default a file is streamed when the merge needs less than half of it, or when downloading it
@@ -349,9 +351,27 @@ def _named(out: PathLike) -> None:
         raise UsageError("OUT is empty", hint="name an output directory, or a hub repo hf://NAMESPACE/NAME")
 
 
+def _is_yaml_text(config: PathLike) -> bool:
+    """The rule for every ``config`` parameter: a ``Path`` (any ``os.PathLike``) names a file; a ``str`` is YAML
+    text when it holds a newline or is a YAML mapping on one line (``"{merge_method: linear, models: [...]}"``) and
+    names no existing file; any other ``str`` names a file."""
+    if not isinstance(config, str):
+        return False
+    if "\n" in config:
+        return True
+    if os.path.isfile(config):
+        return False
+    import yaml
+
+    try:
+        return isinstance(yaml.safe_load(config), dict)
+    except yaml.YAMLError:
+        return False
+
+
 def _config_text(config: PathLike) -> str:
-    # A string with a newline is YAML text; anything else names a file.
-    if isinstance(config, str) and "\n" in config:
+    """The YAML text of ``config`` (see :func:`_is_yaml_text`); raises UsageError for a file that cannot be read."""
+    if isinstance(config, str) and _is_yaml_text(config):
         return config
     from resumerge.engine.session import read_config_file
 
@@ -360,7 +380,7 @@ def _config_text(config: PathLike) -> str:
 
 def _source(config: PathLike, text_name: str) -> str:
     """The name errors about ``config`` start with: its file name, or ``text_name`` for YAML text."""
-    return text_name if isinstance(config, str) and "\n" in config else Path(config).name
+    return text_name if _is_yaml_text(config) else Path(config).name
 
 
 def _stop(should_stop: Callable[[], bool] | None) -> Callable[[], bool]:

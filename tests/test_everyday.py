@@ -6,11 +6,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import ModelFactory
 from support import linear_config, write_config
 
+from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.config.locations import run_dir
+from resumerge.errors import UsageError
 from resumerge.store.runlock import RunLock
 
 
@@ -76,3 +79,15 @@ def test_an_empty_out_is_a_usage_error(command: str, tmp_path: Path, make: Model
     assert main([command, *args, "--probe-size", "0"] if command == "plan" else [command, *args]) == 2
     assert "OUT is empty" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_one_line_yaml_text_is_a_config_not_a_missing_file(tmp_path: Path, make: ModelFactory) -> None:
+    """api._config_text took any str without a newline for a path: a one-line YAML config was "not found"."""
+    a, b = make("a", seed=1), make("b", seed=2)
+    one_line = yaml.safe_dump(linear_config(a, b), default_flow_style=True, width=10_000).strip()
+    assert "\n" not in one_line
+    assert len(api.plan_merge(one_line).shards) >= 1
+    named = write_config(tmp_path / "c.yml", linear_config(a, b))
+    assert api.plan_merge(str(named)).fingerprint == api.plan_merge(one_line).fingerprint
+    with pytest.raises(UsageError, match="not found"):
+        api.plan_merge(str(tmp_path / "missing.yml"))
