@@ -91,3 +91,18 @@ def test_one_line_yaml_text_is_a_config_not_a_missing_file(tmp_path: Path, make:
     assert api.plan_merge(str(named)).fingerprint == api.plan_merge(one_line).fingerprint
     with pytest.raises(UsageError, match="not found"):
         api.plan_merge(str(tmp_path / "missing.yml"))
+
+
+def test_an_unknown_flag_shows_the_commands_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    """run --bogus printed the top-level usage (resumerge [-h] [--version] COMMAND ...) instead of run's."""
+    assert main(["run", "c.yml", "out", "--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "usage: resumerge run " in err and "unrecognized arguments: --bogus" in err
+
+
+@pytest.mark.parametrize("command", ["resume", "status", "verify"])
+def test_help_describes_out_and_names_hub_repos(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """resume --help did not mention hf://; status --help and verify --help did not describe OUT."""
+    assert main([command, "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "OUT output directory" in help_text and "hf://NAMESPACE/NAME" in help_text
