@@ -1,7 +1,5 @@
 """``python -m resumerge`` runs the CLI."""
 
-import sys
+from resumerge.cli.commands import console
 
-from resumerge.cli.commands import main
-
-sys.exit(main())
+console()

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -106,3 +110,19 @@ def test_help_describes_out_and_names_hub_repos(command: str, capsys: pytest.Cap
     assert main([command, "--help"]) == 0
     help_text = " ".join(capsys.readouterr().out.split())
     assert "OUT output directory" in help_text and "hf://NAMESPACE/NAME" in help_text
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_after_done_keeps_exit_0(signum: int, tmp_path: Path, make: ModelFactory) -> None:
+    """A SIGTERM or SIGINT while the interpreter exits after "done:" (torch's teardown) gave 143/130."""
+    first, _ = _configs(tmp_path, make)
+    with subprocess.Popen([sys.executable, "-m", "resumerge", "run", str(first), str(tmp_path / "out")],
+                          stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True) as process:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if line.startswith("done:"):
+                time.sleep(0.2)  # past main()'s return: into the interpreter's exit
+                process.send_signal(signum)
+                break
+        rest = process.stderr.read()
+        assert process.wait(timeout=60) == 0, rest
