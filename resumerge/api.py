@@ -102,7 +102,8 @@ def run(
     _named(out)
     options = _plan_options(out_shard_size=out_shard_size, random_seed=random_seed, copy_tokenizer=copy_tokenizer,
                             device=device, allow_crimes=allow_crimes, stream_inputs=stream_inputs,
-                            write_model_card=write_model_card, unsafe_truncate_embeddings=unsafe_truncate_embeddings)
+                            write_model_card=write_model_card, unsafe_truncate_embeddings=unsafe_truncate_embeddings,
+                            num_threads=num_threads)
     settings = _run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory,
                              max_gpu_memory=max_gpu_memory, staging=staging, max_disk=max_disk,
                              output=_output(public, commit_every, commit_interval), num_threads=num_threads)
@@ -143,7 +144,9 @@ def resume(
 ) -> Outcome:
     """Finish the merge recorded for ``out``, like ``resumerge resume`` (for a recipe: every stage still to do,
     returning the final stage's outcome); an ``hf://`` OUT resumes from the repo alone. The options mean what they
-    mean for :func:`run`; none of them changes the output, so they may differ from the first run's."""
+    mean for :func:`run`; none of them changes the output, so they may differ from the first run's — but
+    ``num_threads``: a run whose methods' bytes depend on it (slerp, karcher, model_stock, nuslerp) reuses the
+    recorded count, and a different one is refused (UsageError)."""
     from resumerge.recipes.view import is_recipe_out
 
     _named(out)
@@ -275,8 +278,9 @@ def estimate(
 
 def _plan_options(*, out_shard_size: int | str, random_seed: int, copy_tokenizer: bool = True, device: str = "cpu",
                   allow_crimes: bool = False, stream_inputs: bool = False, write_model_card: bool = True,
-                  unsafe_truncate_embeddings: bool = False) -> PlanOptions:
-    """What changes the output's bytes (the plan's fingerprint); raises UsageError (exit 2) for a bad value."""
+                  unsafe_truncate_embeddings: bool = False, num_threads: int | None = None) -> PlanOptions:
+    """What changes the output's bytes (the plan's fingerprint; ``num_threads`` only for the methods whose bytes
+    depend on it, the planner drops it for the others); raises UsageError (exit 2) for a bad value."""
     from resumerge.engine.devices import normalise_device
     from resumerge.plan.merge_plan import PlanOptions
 
@@ -285,7 +289,8 @@ def _plan_options(*, out_shard_size: int | str, random_seed: int, copy_tokenizer
         raise UsageError("--out-shard-size must be positive")
     return PlanOptions(out_shard_size=shard_size, random_seed=random_seed, copy_tokenizer=copy_tokenizer,
                        device=normalise_device(device), allow_crimes=allow_crimes, stream_inputs=stream_inputs,
-                       write_model_card=write_model_card, unsafe_truncate_embeddings=unsafe_truncate_embeddings)
+                       write_model_card=write_model_card, unsafe_truncate_embeddings=unsafe_truncate_embeddings,
+                       num_threads=num_threads)
 
 
 def _run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = None,

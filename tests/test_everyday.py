@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -126,3 +128,39 @@ def test_a_signal_after_done_keeps_exit_0(signum: int, tmp_path: Path, make: Mod
                 break
         rest = process.stderr.read()
         assert process.wait(timeout=60) == 0, rest
+
+
+def _recorded_options(out: Path) -> dict[str, object]:
+    options: dict[str, object] = json.loads((out / "resumerge-manifest.json").read_text())["options"]
+    return options
+
+
+def test_the_thread_count_is_recorded_reused_and_a_different_one_refused(
+        tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    """-j changes slerp's bytes but was not recorded: a resume could silently compute with another count."""
+    a, b = make("a", seed=1), make("b", seed=2)
+    slerp = write_config(tmp_path / "s.yml", {"merge_method": "slerp", "base_model": str(a), "models": [
+        {"model": str(a)}, {"model": str(b)}], "parameters": {"t": 0.5}})
+    out = tmp_path / "out"
+    assert main(["run", str(slerp), str(out), "-j", "2", "--quiet"]) == 0
+    assert _recorded_options(out)["num_threads"] == 2
+    with sqlite3.connect(run_dir(out) / "ledger.db") as db:
+        assert json.loads(db.execute("SELECT options FROM run").fetchone()[0])["num_threads"] == 2
+    capsys.readouterr()
+    assert main(["resume", str(out), "-j", "3"]) == 2
+    assert "started with -j 2" in capsys.readouterr().err
+    assert main(["resume", str(out)]) == 0
+    assert "using -j 2, as the run was started with" in capsys.readouterr().err
+    assert main(["run", str(slerp), str(out), "-j", "3", "--quiet"]) == 4
+
+
+def test_the_thread_count_leaves_other_methods_fingerprints_alone(tmp_path: Path, make: ModelFactory) -> None:
+    a, b = make("a", seed=1), make("b", seed=2)
+    linear = write_config(tmp_path / "l.yml", linear_config(a, b))
+    plain, threaded = tmp_path / "plain", tmp_path / "threaded"
+    assert main(["run", str(linear), str(plain), "--quiet"]) == 0
+    assert main(["run", str(linear), str(threaded), "-j", "2", "--quiet"]) == 0
+    assert _recorded_options(threaded)["num_threads"] is None
+    fingerprints = {json.loads((o / "resumerge-manifest.json").read_text())["fingerprint"] for o in (plain, threaded)}
+    assert len(fingerprints) == 1
+    assert main(["resume", str(threaded), "-j", "3", "--quiet"]) == 0

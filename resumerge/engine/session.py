@@ -18,7 +18,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +45,7 @@ from resumerge.inputs.model import InputWatch
 from resumerge.inputs.source import InputSources
 from resumerge.memory import CudaProbe, MemoryGovernor, SystemProbe, default_budget, format_size, os_peak_rss
 from resumerge.plan.merge_plan import Plan, PlanOptions
-from resumerge.plan.planner import build_plan
+from resumerge.plan.planner import build_plan, threads_matter
 from resumerge.plan.workunits import largest, oversized_units
 from resumerge.store.durable import is_temp_name
 from resumerge.store.filesystems import Staging, filesystem_type, staging_dir
@@ -210,8 +210,24 @@ def resume_merge(
         )
     config = load_config_text(text)
     plan, inputs = prepare(config, PlanOptions(**opts), model_dirs=dirs, state_dir=state_dir, reporter=reporter)
+    settings = _recorded_threads(plan, settings, reporter)
     return run_plan(plan, text, target, settings, inputs=inputs, resuming=True, reporter=reporter,
                     should_stop=should_stop)
+
+
+def _recorded_threads(plan: Plan, settings: RunSettings, reporter: Reporter | None) -> RunSettings:
+    """The settings a resume computes with: the thread count recorded with a plan whose bytes depend on it
+    (None when they do not, or the run left it to torch), and a different -j refused."""
+    recorded, asked = plan.options.num_threads, settings.num_threads
+    if not threads_matter({t.method for t in plan.tensors.values()}) or asked == recorded:
+        return settings
+    if asked is not None:
+        was = f"-j {recorded}" if recorded is not None else "torch's default thread count (no -j)"
+        raise UsageError(f"this merge was started with {was}, and its methods' bytes depend on the thread count",
+                         hint=f"resume without -j (it reuses {was})")
+    if reporter is not None:
+        reporter.message(f"using -j {recorded}, as the run was started with (the output's bytes depend on it)")
+    return replace(settings, num_threads=recorded)
 
 
 def _moved(out: Path, committed: int, where: str) -> OutputDirError:
@@ -303,6 +319,8 @@ def _drive(
     from resumerge.store.runlock import RunLock
 
     out, hub_out, command, state_dir = target.out, target.hub, target.command, settings.state_dir
+    if plan.options.num_threads is not None:  # the resume reuses it anyway; the command says what it will do
+        command = f"{command} -j {plan.options.num_threads}"
     governor, gpu = governors
     # What the output may keep on the local disk once the hub inputs kept in the cache are counted.
     max_disk = hub.output_budget(settings.max_disk) if hub is not None else settings.max_disk
