@@ -164,3 +164,20 @@ def test_the_thread_count_leaves_other_methods_fingerprints_alone(tmp_path: Path
     fingerprints = {json.loads((o / "resumerge-manifest.json").read_text())["fingerprint"] for o in (plain, threaded)}
     assert len(fingerprints) == 1
     assert main(["resume", str(threaded), "-j", "3", "--quiet"]) == 0
+
+
+def test_an_unreachable_hub_before_anything_started_is_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A hub id with no network was exit 3 ("resume finishes it") though nothing was started."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: connection refused
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    cfg = write_config(tmp_path / "c.yml", {"merge_method": "linear", "models": [
+        {"model": "someorg/one", "parameters": {"weight": 0.5}},
+        {"model": "someorg/two", "parameters": {"weight": 0.5}}]})
+    out = tmp_path / "out"
+    assert main(["run", str(cfg), str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot reach http://127.0.0.1:9" in err and "nothing was started" in err
+    assert not out.exists()

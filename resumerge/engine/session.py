@@ -38,6 +38,8 @@ from resumerge.errors import (
     OutputDirError,
     ResumergeError,
     StorageError,
+    UnreachableError,
+    UnreachableInputError,
     UsageError,
 )
 from resumerge.inputs.catalog import Inputs, open_inputs
@@ -160,8 +162,14 @@ def run_merge(
     """
     config = load_config_text(config_text)
     target = Target.open(out_dir, settings)
-    plan, inputs = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
-                           reporter=reporter)
+    try:
+        plan, inputs = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
+                               reporter=reporter)
+    except UnreachableError as exc:
+        # Nothing is recorded yet: exit 3's "resume finishes it" would be wrong (resume finds nothing to resume).
+        raise UnreachableInputError(exc.message, path=exc.path, yaml_path=exc.yaml_path,
+                                    hint="nothing was started: check the network (or HF_ENDPOINT), then run the "
+                                         "same command again") from None
     return run_plan(plan, config_text, target, settings, inputs=inputs, restart=restart, reporter=reporter,
                     should_stop=should_stop)
 
