@@ -181,3 +181,22 @@ def test_an_unreachable_hub_before_anything_started_is_exit_2(tmp_path: Path, mo
     err = capsys.readouterr().err
     assert "cannot reach http://127.0.0.1:9" in err and "nothing was started" in err
     assert not out.exists()
+
+
+def test_status_of_a_moved_recipe_out_finds_its_final_stage(tmp_path: Path, make: ModelFactory) -> None:
+    """With OUT moved and the state dir gone, status said "1 of 2 stages done" with the final stage pending at the
+    old path: the final stage always writes to OUT, wherever OUT is now."""
+    a, b = make("a", seed=1), make("b", seed=2)
+    first = {"name": "first", **linear_config(a, b)}
+    second = {"merge_method": "linear", "models": [{"model": "first", "parameters": {"weight": 0.5}},
+                                                    {"model": str(b), "parameters": {"weight": 0.5}}]}
+    recipe = tmp_path / "r.yml"
+    recipe.write_text(yaml.safe_dump(first) + "---\n" + yaml.safe_dump(second))
+    out, moved, state = tmp_path / "out", tmp_path / "out2", tmp_path / "state"
+    assert main(["run", str(recipe), str(out), "--state-dir", str(state), "--quiet"]) == 0
+    out.rename(moved)
+    shutil.rmtree(state)
+    report = api.recipe_status(moved, state_dir=state)
+    final = report.stages[-1]
+    assert (final.state, final.out_dir) == ("done", str(moved))
+    assert report.stages_done == 2
