@@ -1,5 +1,7 @@
 """``python -m resumerge`` runs the CLI."""
 
-from resumerge.cli.commands import console
+import sys
 
-console()
+from resumerge.cli.commands import main
+
+sys.exit(main())

@@ -11,11 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from resumerge.cli.knobs import (
     Progress,
@@ -278,19 +277,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-def console() -> NoReturn:
-    """The ``resumerge`` console script (and ``python -m resumerge``): :func:`main`, then exit with its code.
-
-    Once :func:`main` returns the work is over (a merge has printed "done:"), but the interpreter's exit still
-    takes most of a second (torch's teardown), during which Python has put SIGINT and SIGTERM back to their
-    defaults: a signal then ended a finished merge with 130/143 and no message. They are ignored for that tail.
-    """
-    code = main()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    sys.exit(code)
-
-
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "status":
         return _status(args)
@@ -390,4 +376,4 @@ def _finished(outcome: Outcome, quiet: bool) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    console()
+    sys.exit(main())
