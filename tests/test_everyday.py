@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import ModelFactory
-from support import linear_config, write_config
+from support import cli, linear_config, write_config
 
 from resumerge import api
 from resumerge.cli.commands import main
@@ -166,20 +166,19 @@ def test_the_thread_count_leaves_other_methods_fingerprints_alone(tmp_path: Path
     assert main(["resume", str(threaded), "-j", "3", "--quiet"]) == 0
 
 
-def test_an_unreachable_hub_before_anything_started_is_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unreachable_hub_before_anything_started_is_exit_2(tmp_path: Path) -> None:
     """A hub id with no network was exit 3 ("resume finishes it") though nothing was started."""
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: connection refused
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    home = tmp_path / "hf"
+    env = {"HF_ENDPOINT": "http://127.0.0.1:9",  # the discard port: connection refused
+           "HF_HOME": str(home), "HF_HUB_CACHE": str(home / "hub"), "HF_TOKEN_PATH": str(home / "token"),
+           "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1"}
     cfg = write_config(tmp_path / "c.yml", {"merge_method": "linear", "models": [
         {"model": "someorg/one", "parameters": {"weight": 0.5}},
         {"model": "someorg/two", "parameters": {"weight": 0.5}}]})
     out = tmp_path / "out"
-    assert main(["run", str(cfg), str(out), "--quiet"]) == 2
-    err = capsys.readouterr().err
-    assert "cannot reach http://127.0.0.1:9" in err and "nothing was started" in err
+    done = cli("run", cfg, out, "--state-dir", tmp_path / "state", "--quiet", env=env)
+    assert done.returncode == 2, done.stderr
+    assert "cannot reach http://127.0.0.1:9" in done.stderr and "nothing was started" in done.stderr
     assert not out.exists()
 
 
