@@ -70,7 +70,9 @@ def run(
     progress: bool | Reporter = False,
     should_stop: Callable[[], bool] | None = None,
 ) -> Outcome:
-    """Merge ``config`` (a YAML file path or YAML text) into ``out``, like ``resumerge run``.
+    """Merge ``config`` into ``out``, like ``resumerge run``. ``config`` is a YAML file (a ``Path``, or a ``str``
+    naming one) or YAML text (a ``str`` holding a newline or a one-line YAML mapping); the same holds for every
+    ``config`` parameter here.
 
     ``stream_inputs`` (``--stream-inputs``) reads every hub input's tensors by HTTP Range instead of downloading
     its files; by default a file is streamed when the merge needs less than half of it, or when downloading it
@@ -97,9 +99,11 @@ def run(
     ``progress=True`` draws the CLI's rich progress; a reporter object is used as given (the caller closes it).
     ``should_stop`` is polled at safe points: once true, the run stops and raises InterruptedMerge (exit 3).
     """
+    _named(out)
     options = _plan_options(out_shard_size=out_shard_size, random_seed=random_seed, copy_tokenizer=copy_tokenizer,
                             device=device, allow_crimes=allow_crimes, stream_inputs=stream_inputs,
-                            write_model_card=write_model_card, unsafe_truncate_embeddings=unsafe_truncate_embeddings)
+                            write_model_card=write_model_card, unsafe_truncate_embeddings=unsafe_truncate_embeddings,
+                            num_threads=num_threads)
     settings = _run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory,
                              max_gpu_memory=max_gpu_memory, staging=staging, max_disk=max_disk,
                              output=_output(public, commit_every, commit_interval), num_threads=num_threads)
@@ -140,9 +144,12 @@ def resume(
 ) -> Outcome:
     """Finish the merge recorded for ``out``, like ``resumerge resume`` (for a recipe: every stage still to do,
     returning the final stage's outcome); an ``hf://`` OUT resumes from the repo alone. The options mean what they
-    mean for :func:`run`; none of them changes the output, so they may differ from the first run's."""
+    mean for :func:`run`; none of them changes the output, so they may differ from the first run's — but
+    ``num_threads``: a run whose methods' bytes depend on it (slerp, karcher, model_stock, nuslerp) reuses the
+    recorded count, and a different one is refused (UsageError)."""
     from resumerge.recipes.view import is_recipe_out
 
+    _named(out)
     settings = _run_settings(state_dir=state_dir, max_memory=max_memory, max_gpu_memory=max_gpu_memory,
                              staging=staging, max_disk=max_disk, output=_output(False, commit_every, commit_interval),
                              num_threads=num_threads)
@@ -163,6 +170,7 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport 
     from resumerge.recipes.view import is_recipe_out
     from resumerge.store.statusview import read_status
 
+    _named(out)
     if is_recipe_out(out, state_dir):
         return recipe_status(out, state_dir=state_dir)
     return read_status(out, state_dir)
@@ -180,6 +188,7 @@ def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
     """Re-hash ``out``'s committed files, like ``resumerge verify``."""
     from resumerge.store.integrity import verify_output
 
+    _named(out)
     return verify_output(out, state_dir)
 
 
@@ -232,6 +241,8 @@ def estimate(
     """
     from resumerge.store.diskprobe import free_bytes
 
+    if out is not None:
+        _named(out)
     options = _plan_options(out_shard_size=out_shard_size, random_seed=random_seed, copy_tokenizer=copy_tokenizer,
                             device=device, allow_crimes=allow_crimes, stream_inputs=stream_inputs,
                             unsafe_truncate_embeddings=unsafe_truncate_embeddings)
@@ -267,8 +278,9 @@ def estimate(
 
 def _plan_options(*, out_shard_size: int | str, random_seed: int, copy_tokenizer: bool = True, device: str = "cpu",
                   allow_crimes: bool = False, stream_inputs: bool = False, write_model_card: bool = True,
-                  unsafe_truncate_embeddings: bool = False) -> PlanOptions:
-    """What changes the output's bytes (the plan's fingerprint); raises UsageError (exit 2) for a bad value."""
+                  unsafe_truncate_embeddings: bool = False, num_threads: int | None = None) -> PlanOptions:
+    """What changes the output's bytes (the plan's fingerprint; ``num_threads`` only for the methods whose bytes
+    depend on it, the planner drops it for the others); raises UsageError (exit 2) for a bad value."""
     from resumerge.engine.devices import normalise_device
     from resumerge.plan.merge_plan import PlanOptions
 
@@ -277,7 +289,8 @@ def _plan_options(*, out_shard_size: int | str, random_seed: int, copy_tokenizer
         raise UsageError("--out-shard-size must be positive")
     return PlanOptions(out_shard_size=shard_size, random_seed=random_seed, copy_tokenizer=copy_tokenizer,
                        device=normalise_device(device), allow_crimes=allow_crimes, stream_inputs=stream_inputs,
-                       write_model_card=write_model_card, unsafe_truncate_embeddings=unsafe_truncate_embeddings)
+                       write_model_card=write_model_card, unsafe_truncate_embeddings=unsafe_truncate_embeddings,
+                       num_threads=num_threads)
 
 
 def _run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = None,
@@ -337,9 +350,33 @@ def _single_merge_only(config: PathLike, out: PathLike, settings: RunSettings, *
                              hint="use another OUT for a single merge")
 
 
+def _named(out: PathLike) -> None:
+    """Refuse an empty OUT (``run cfg.yml ""``): as a path it would be the current directory, never what was meant."""
+    if not os.fspath(out).strip():
+        raise UsageError("OUT is empty", hint="name an output directory, or a hub repo hf://NAMESPACE/NAME")
+
+
+def _is_yaml_text(config: PathLike) -> bool:
+    """The rule for every ``config`` parameter: a ``Path`` (any ``os.PathLike``) names a file; a ``str`` is YAML
+    text when it holds a newline or is a YAML mapping on one line (``"{merge_method: linear, models: [...]}"``) and
+    names no existing file; any other ``str`` names a file."""
+    if not isinstance(config, str):
+        return False
+    if "\n" in config:
+        return True
+    if os.path.isfile(config):
+        return False
+    import yaml
+
+    try:
+        return isinstance(yaml.safe_load(config), dict)
+    except yaml.YAMLError:
+        return False
+
+
 def _config_text(config: PathLike) -> str:
-    # A string with a newline is YAML text; anything else names a file.
-    if isinstance(config, str) and "\n" in config:
+    """The YAML text of ``config`` (see :func:`_is_yaml_text`); raises UsageError for a file that cannot be read."""
+    if isinstance(config, str) and _is_yaml_text(config):
         return config
     from resumerge.engine.session import read_config_file
 
@@ -348,7 +385,7 @@ def _config_text(config: PathLike) -> str:
 
 def _source(config: PathLike, text_name: str) -> str:
     """The name errors about ``config`` start with: its file name, or ``text_name`` for YAML text."""
-    return text_name if isinstance(config, str) and "\n" in config else Path(config).name
+    return text_name if _is_yaml_text(config) else Path(config).name
 
 
 def _stop(should_stop: Callable[[], bool] | None) -> Callable[[], bool]:

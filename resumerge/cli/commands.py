@@ -125,21 +125,25 @@ def build_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="finish the merge recorded for OUT",
                             description="Finish an interrupted merge. Works from OUT alone when the state dir "
                                         "is gone (the ledger is rebuilt from OUT's manifest).")
-    resume.add_argument("out", metavar="OUT", help="output directory of the interrupted merge")
+    resume.add_argument("out", metavar="OUT", help="output directory of the interrupted merge, or its hub repo "
+                                                    "hf://NAMESPACE/NAME[@BRANCH] (resumes from the repo alone "
+                                                    "when the state dir is gone)")
     _common(resume)
     resume.add_argument("--cleanup-intermediates", action="store_true",
                         help="recipes: delete the named stages' outputs once the final output is verified")
 
     status = sub.add_parser("status", help="show where the merge into OUT stands",
                             description="Show the state of a merge (fast: reads the ledger only).")
-    status.add_argument("out", metavar="OUT")
+    status.add_argument("out", metavar="OUT", help="output directory of the merge (or recipe), or its hub repo "
+                                                    "hf://NAMESPACE/NAME[@BRANCH]")
     status.add_argument("--state-dir", metavar="DIR", help="state directory used by the run")
     status.add_argument("--json", action="store_true", help="print JSON")
 
     verify = sub.add_parser("verify", help="re-hash OUT's files against their recorded checksums",
                             description="Check every committed output file against its sha256; name damaged "
                                         "files (exit 3: resume repairs them).")
-    verify.add_argument("out", metavar="OUT")
+    verify.add_argument("out", metavar="OUT", help="output directory of the merge, or its hub repo "
+                                                    "hf://NAMESPACE/NAME[@BRANCH]")
     verify.add_argument("--state-dir", metavar="DIR", help="state directory used by the run")
     verify.add_argument("--json", action="store_true", help="print JSON")
 
@@ -216,6 +220,15 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="threads torch uses for arithmetic [default: torch's choice]")
 
 
+def _command_parser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The parser of ``command`` (the top-level one when no command was given)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            chosen: argparse.ArgumentParser = action.choices[command]
+            return chosen
+    return parser
+
+
 def _dest(flag: str) -> str:
     return "unneeded_" + flag.lstrip("-").replace("-", "_")
 
@@ -224,7 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``resumerge`` console script; returns the exit code."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # a command's unknown option: its own usage, not the top-level one parse_args would print
+            _command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # argparse already printed its message
         return 2 if exc.code not in (0, None) else 0
     if args.command is None:

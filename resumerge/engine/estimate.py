@@ -111,7 +111,7 @@ def estimate(
     speed = probe_directory(_probe_dir(out), probe_bytes, disk_free=disk_free) if out is not None else None
     # Nothing pending (a finished merge): no sample is read and no method is timed.
     compute = measure_compute(plan, pending, max_seconds=compute_budget) if pending else ()
-    timing = replace(_time(plan, pending, output, downloads, committed, speed, probe_bytes, compute),
+    timing = replace(_time(plan, pending, output, downloads, committed, speed, probe_bytes, compute, to_hub),
                      startup_seconds=startup_seconds)
     reasons = memory_reasons + [r for d in disks if not d.fits for r in [_disk_reason(d, output)]]
     hub = hub_disk_need(plan, max_disk)
@@ -353,7 +353,7 @@ def _disk_reason(disk: DiskNeed, output: OutputSize) -> str:
 
 def _time(plan: Plan, pending: Sequence[Any], output: OutputSize, downloads: Mapping[str, ModelDownload],
           committed: Mapping[str, int], speed: DiskSpeed | None, probe_bytes: int,
-          compute: Sequence[ComputeGroup] = ()) -> TimeEstimate:
+          compute: Sequence[ComputeGroup] = (), to_hub: bool = False) -> TimeEstimate:
     notes = [g.line() for g in compute]
     read_bytes = sum(i.end - i.start for s in pending for n in s.tensors for i in plan.tensors[n].inputs)
     read_speed = _input_read_speed(plan, probe_bytes)
@@ -362,7 +362,9 @@ def _time(plan: Plan, pending: Sequence[Any], output: OutputSize, downloads: Map
         read_speed = speed.read_bytes_per_s
         notes.append("inputs are not on disk yet: their read speed is taken as OUT's")
     if speed is None:
-        notes.append("no OUT given: write speed unknown")
+        # An hf:// OUT is given but has no local disk to probe: its speed is the upload's, which is not estimated.
+        notes.append("OUT is a hub repo: upload time is not included" if to_hub else "no OUT given: write speed "
+                     "unknown")
     elif speed.note:
         notes.append(f"disk speed of {speed.path} not measured: {speed.note}")
     fetch = sum(d.bytes for d in downloads.values())

@@ -18,7 +18,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,8 +35,11 @@ from resumerge.engine.target import Target
 from resumerge.errors import (
     InterruptedMerge,
     LedgerError,
+    OutputDirError,
     ResumergeError,
     StorageError,
+    UnreachableError,
+    UnreachableInputError,
     UsageError,
 )
 from resumerge.inputs.catalog import Inputs, open_inputs
@@ -44,13 +47,14 @@ from resumerge.inputs.model import InputWatch
 from resumerge.inputs.source import InputSources
 from resumerge.memory import CudaProbe, MemoryGovernor, SystemProbe, default_budget, format_size, os_peak_rss
 from resumerge.plan.merge_plan import Plan, PlanOptions
-from resumerge.plan.planner import build_plan
+from resumerge.plan.planner import build_plan, threads_matter
 from resumerge.plan.workunits import largest, oversized_units
 from resumerge.store.durable import is_temp_name
 from resumerge.store.filesystems import Staging, filesystem_type, staging_dir
 from resumerge.store.ledger import LEDGER_NAME, Ledger, set_aside
 from resumerge.store.manifest import MANIFEST_NAME, Manifest
 from resumerge.store.sink import LocalDirSink, OutputSink, StagedDirSink
+from resumerge.store.statusview import resume_command
 
 if TYPE_CHECKING:
     from resumerge.inputs.hub import HubEvent
@@ -158,8 +162,14 @@ def run_merge(
     """
     config = load_config_text(config_text)
     target = Target.open(out_dir, settings)
-    plan, inputs = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
-                           reporter=reporter)
+    try:
+        plan, inputs = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
+                               reporter=reporter)
+    except UnreachableError as exc:
+        # Nothing is recorded yet: exit 3's "resume finishes it" would be wrong (resume finds nothing to resume).
+        raise UnreachableInputError(exc.message, path=exc.path, yaml_path=exc.yaml_path,
+                                    hint="nothing was started: check the network (or HF_ENDPOINT), then run the "
+                                         "same command again") from None
     return run_plan(plan, config_text, target, settings, inputs=inputs, restart=restart, reporter=reporter,
                     should_stop=should_stop)
 
@@ -192,7 +202,10 @@ def resume_merge(
             # Damaged but OUT has a manifest: _drive sets the ledger aside and rebuilds it from the manifest.
         else:
             row = ledger.run_row()
+            committed = sum(1 for r in ledger.files() if r["status"] == "done")
             ledger.close()
+            if row is not None and committed and target.hub is None and not out.exists():
+                raise _moved(out, committed, resume_command("NEW_PATH", state_dir))
     if row is not None:
         text, opts, dirs = row["config_text"], json.loads(row["options"]), json.loads(row["model_dirs"])
     elif manifest is not None:
@@ -211,8 +224,34 @@ def resume_merge(
         )
     config = load_config_text(text)
     plan, inputs = prepare(config, PlanOptions(**opts), model_dirs=dirs, state_dir=state_dir, reporter=reporter)
+    settings = _recorded_threads(plan, settings, reporter)
     return run_plan(plan, text, target, settings, inputs=inputs, resuming=True, reporter=reporter,
                     should_stop=should_stop)
+
+
+def _recorded_threads(plan: Plan, settings: RunSettings, reporter: Reporter | None) -> RunSettings:
+    """The settings a resume computes with: the thread count recorded with a plan whose bytes depend on it
+    (None when they do not, or the run left it to torch), and a different -j refused."""
+    recorded, asked = plan.options.num_threads, settings.num_threads
+    if not threads_matter({t.method for t in plan.tensors.values()}) or asked == recorded:
+        return settings
+    if asked is not None:
+        was = f"-j {recorded}" if recorded is not None else "torch's default thread count (no -j)"
+        raise UsageError(f"this merge was started with {was}, and its methods' bytes depend on the thread count",
+                         hint=f"resume without -j (it reuses {was})")
+    if reporter is not None:
+        reporter.message(f"using -j {recorded}, as the run was started with (the output's bytes depend on it)")
+    return replace(settings, num_threads=recorded)
+
+
+def _moved(out: Path, committed: int, where: str) -> OutputDirError:
+    """A resume whose OUT vanished though the ledger records files committed there: the output was moved or
+    deleted, and re-creating it would redo the whole merge in the wrong place."""
+    return OutputDirError(
+        f"{out} does not exist, though {committed} file(s) were committed there: the output may have moved",
+        path=str(out),
+        hint=f"resume it where it is now with {where}, or start over with resumerge run CONFIG {out} --restart",
+    )
 
 
 def run_plan(
@@ -294,18 +333,32 @@ def _drive(
     from resumerge.store.runlock import RunLock
 
     out, hub_out, command, state_dir = target.out, target.hub, target.command, settings.state_dir
+    if plan.options.num_threads is not None:  # the resume reuses it anyway; the command says what it will do
+        command = f"{command} -j {plan.options.num_threads}"
     governor, gpu = governors
     # What the output may keep on the local disk once the hub inputs kept in the cache are counted.
     max_disk = hub.output_budget(settings.max_disk) if hub is not None else settings.max_disk
+    created = hub_out is None and not out.exists()  # removed again if the run is refused before writing to it
     if hub_out is None:
         out.mkdir(parents=True, exist_ok=True)
     rdir = run_dir(hub_out.url if hub_out else out, state_dir)
     # A repo cannot be locked from here: the run's lock file is, so two processes on this machine never collide
     # (and the refusal names the repo as written, hf://…).
     lock = RunLock(rdir, out) if hub_out is None else RunLock(rdir, hub_out.url, lock_out=False)
-    lock.acquire()
+    try:
+        lock.acquire()
+    except BaseException:
+        _remove_if_empty(out, created)
+        raise
     notes: list[str] = []
-    ledger = _open_ledger(rdir / LEDGER_NAME, notes)
+    try:
+        ledger = _open_ledger(rdir / LEDGER_NAME, notes)
+        if hub_out is None and manifest is None and not (restart or resuming):
+            ledger = _set_aside_stale(ledger, rdir / LEDGER_NAME, plan, notes)
+    except BaseException:
+        lock.release()
+        _remove_if_empty(out, created)
+        raise
     watch = InputWatch.of(plan.model_dirs, plan.inputs)
     ledger.commit_guard = watch.check
     xfsz = _ignore_sigxfsz()
@@ -362,10 +415,12 @@ def _drive(
                 _record_gpu_memory(ledger, gpu)
             book.set_state("done")
             ledger.set_state("done")
+            created = False
             return Outcome(plan, out, resumed, tuple(notes), target=hub_out.url if hub_out else None)
     finally:
         ledger.close()
         lock.release()
+        _remove_if_empty(out, created)
         _restore_sigxfsz(xfsz)
         if restore_allocator is not None:
             restore_allocator()
@@ -407,6 +462,26 @@ def _open_ledger(path: Path, notes: list[str]) -> Ledger:
                                ) from None
         notes.append(f"{exc.message}: set aside as {aside.name}, nothing in it is trusted")
         return Ledger(path)
+
+
+def _set_aside_stale(ledger: Ledger, path: Path, plan: Plan, notes: list[str]) -> Ledger:
+    """A new run into an absent or empty OUT: a ledger recorded for another plan there describes a merge that is
+    no longer in OUT (it was deleted, or moved) and is set aside rather than refused as "a merge planned
+    differently"; returns the ledger to use."""
+    row = ledger.run_row()
+    if row is None or row["fingerprint"] == plan.fingerprint:
+        return ledger
+    ledger.close()
+    aside = set_aside(path, suffix=".stale")
+    notes.append(f"OUT holds no merge: the record of an earlier, different run into it was set aside as {aside.name}")
+    return Ledger(path)
+
+
+def _remove_if_empty(out: Path, created: bool) -> None:
+    """Remove OUT when this run created it and stopped before writing to it: a refused run leaves nothing."""
+    if created:
+        with contextlib.suppress(OSError):
+            out.rmdir()
 
 
 def _failure(exc: Exception, ledger: Ledger, watch: InputWatch) -> Exception:
