@@ -54,6 +54,9 @@ UNNEEDED_FLAGS: dict[str, str] = {
     "--write-model-card": "README.md and mergekit_config.yml are written by default",
     "--trust-remote-code": "resumerge never executes code from model repositories",
     "--verbose": "progress is shown by default",
+    # mergekit-moe's: it quantises the whole base model to fit the hidden-state routers in memory.
+    "--load-in-4bit": "MoE routers are computed one decoder layer at a time within --max-memory",
+    "--load-in-8bit": "MoE routers are computed one decoder layer at a time within --max-memory",
 }
 UNNEEDED_WITH_VALUE: dict[str, str] = {
     "--write-threads": "one writer thread streams every shard",
@@ -97,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="threads torch uses for arithmetic [default: torch's choice]")
     run.add_argument("--allow-crimes", action="store_true",
                      help="merge models of different architectures, tensor by tensor as names and shapes allow")
+    run.add_argument("--i-understand-this-is-not-useful-without-training", action="store_true",
+                     dest="allow_same_experts",
+                     help="mergekit-moe configs: let every expert be the same model (as mergekit-moe)")
     run.add_argument("--device", default="cpu", metavar="DEVICE",
                      help="where merge methods compute: cpu or cuda[:N] (reading and writing stay on the host; "
                           "a resume keeps the device) [default: cpu]")
@@ -316,8 +322,8 @@ def _run(args: argparse.Namespace) -> int:
     set_torch_threads(args.num_threads)
     options = PlanOptions(out_shard_size=shard_size, random_seed=args.random_seed,
                           copy_tokenizer=not args.no_copy_tokenizer, device=normalise_device(args.device),
-                          allow_crimes=args.allow_crimes, stream_inputs=args.stream_inputs,
-                          write_model_card=not args.no_write_model_card,
+                          allow_crimes=args.allow_crimes or args.allow_same_experts,
+                          stream_inputs=args.stream_inputs, write_model_card=not args.no_write_model_card,
                           unsafe_truncate_embeddings=args.unsafe_truncate_embeddings)
     from resumerge.config.recipe import is_recipe_text
 

@@ -37,6 +37,7 @@ from resumerge.inputs.catalog import Inputs, open_inputs
 from resumerge.inputs.model import InputWatch
 from resumerge.inputs.source import InputSources
 from resumerge.memory import CudaProbe, MemoryGovernor, SystemProbe, default_budget, format_size, os_peak_rss
+from resumerge.moe import MoeConfig, is_moe_text, load_moe_text
 from resumerge.plan.merge_plan import Plan, PlanOptions
 from resumerge.plan.planner import build_plan
 from resumerge.plan.workunits import largest, oversized_units
@@ -86,7 +87,7 @@ class Outcome:
 
 
 def prepare(
-    config: MergeConfig,
+    config: MergeConfig | MoeConfig,
     options: PlanOptions,
     *,
     model_dirs: Mapping[str, str] | None = None,
@@ -95,12 +96,17 @@ def prepare(
     reporter: Reporter | None = None,
 ) -> tuple[Plan, Inputs]:
     """Open every referenced model (config.json and headers only) and build the plan; no weight is fetched."""
+    if isinstance(config, MoeConfig):  # a mergekit-moe config plans through its own package
+        from resumerge.moe.prepare import prepare_moe
+
+        return prepare_moe(config, options, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
+                           on_progress=_hub_progress(reporter))
     inputs = open_inputs(config, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
                          on_progress=_hub_progress(reporter))
     return build_plan(config, inputs.models, options), inputs
 
 
-def plan_from_config(config: MergeConfig, options: PlanOptions,
+def plan_from_config(config: MergeConfig | MoeConfig, options: PlanOptions,
                      model_dirs: Mapping[str, str] | None = None) -> Plan:
     """The plan of ``config`` (headers only); raises InputError subclasses for anything that would fail later."""
     return prepare(config, options, model_dirs=model_dirs)[0]
@@ -118,6 +124,14 @@ def _hub_progress(reporter: Reporter | None) -> Callable[[HubEvent], None] | Non
         target.message(f"{event.repo_id}: {event.message}{rate}")
 
     return emit
+
+
+def load_any_config(text: str, options: PlanOptions) -> MergeConfig | MoeConfig:
+    """A merge config, or a mergekit-moe config (``base_model`` + ``experts``, recognised as a recipe is);
+    ``options.allow_crimes`` lets all experts be one model (--i-understand-this-is-not-useful-without-training)."""
+    if is_moe_text(text):
+        return load_moe_text(text, allow_all_same=options.allow_crimes)
+    return load_config_text(text)
 
 
 def read_config_file(path: str | os.PathLike[str]) -> str:
@@ -159,7 +173,7 @@ def run_merge(
     read, and ``output`` says how the repo is created and commits batched. ``max_disk`` bounds the bytes kept on
     the local disk for the output (staged, uncommitted files of a hub OUT).
     """
-    config = load_config_text(config_text)
+    config = load_any_config(config_text, options or PlanOptions())
     hub_out = open_hub_output(str(out_dir), state_dir=state_dir, options=output) if is_hub_target(out_dir) else None
     plan, inputs = prepare(config, options or PlanOptions(), state_dir=state_dir, cache_dir=cache_dir,
                            reporter=reporter)
@@ -226,7 +240,7 @@ def resume_merge(
             path=str(out),
             hint="start the merge with resumerge run CONFIG OUT (pass --state-dir if you used one)",
         )
-    config = load_config_text(text)
+    config = load_any_config(text, PlanOptions(**opts))
     plan, inputs = prepare(config, PlanOptions(**opts), model_dirs=dirs, state_dir=state_dir, reporter=reporter)
     governor = make_governor(plan, max_memory)
     gpu = gpu_governor(plan, plan.options.device, max_gpu_memory)
