@@ -160,12 +160,16 @@ def plan_merge(config: PathLike, *, out_shard_size: int | str = DEFAULT_SHARD_SI
                unsafe_truncate_embeddings: bool = False) -> Plan:
     """Validate ``config`` against the models' headers and return the frozen plan; writes nothing."""
     from resumerge.config.merge_config import load_config_text
+    from resumerge.moe import is_moe_text, load_moe_text
 
     options = PlanOptions(out_shard_size=parse_size(out_shard_size, option="out_shard_size"),
                           random_seed=random_seed, allow_crimes=allow_crimes,
                           unsafe_truncate_embeddings=unsafe_truncate_embeddings)
     source = str(config) if not (isinstance(config, str) and "\n" in config) else "config"
-    return plan_from_config(load_config_text(_config_text(config), source=Path(source).name), options)
+    text = _config_text(config)
+    if is_moe_text(text):  # a mergekit-moe config (base_model + experts)
+        return plan_from_config(load_moe_text(text, allow_all_same=allow_crimes), options)
+    return plan_from_config(load_config_text(text, source=Path(source).name), options)
 
 
 def estimate(

@@ -446,9 +446,13 @@ def estimate_config(
     started = time.time()
     from resumerge.config.merge_config import load_config_text
     from resumerge.engine.session import prepare
+    from resumerge.moe import is_moe_text, load_moe_text
 
-    config = load_config_text(config_text, source=source)
-    plan, inputs = prepare(config, options, state_dir=state_dir, cache_dir=cache_dir)
+    if is_moe_text(config_text):  # a mergekit-moe config; its prompt forward pass is not run to estimate it
+        config: Any = load_moe_text(config_text, allow_all_same=options.allow_crimes, source=source)
+    else:
+        config = load_config_text(config_text, source=source)
+    plan, inputs = prepare(config, options, state_dir=state_dir, cache_dir=cache_dir, forward=False)
     if fresh_process:
         started = psutil.Process().create_time()
     to_hub = out_dir is not None and is_hub_target(os.fspath(out_dir))

@@ -94,13 +94,15 @@ def prepare(
     state_dir: str | os.PathLike[str] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     reporter: Reporter | None = None,
+    forward: bool = True,
 ) -> tuple[Plan, Inputs]:
-    """Open every referenced model (config.json and headers only) and build the plan; no weight is fetched."""
+    """Open every referenced model (config.json and headers only) and build the plan; no weight is fetched
+    (but for the prompt forward pass of a mergekit-moe config's hidden-state gates, run when ``forward``)."""
     if isinstance(config, MoeConfig):  # a mergekit-moe config plans through its own package
         from resumerge.moe.prepare import prepare_moe
 
         return prepare_moe(config, options, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
-                           on_progress=_hub_progress(reporter))
+                           on_progress=_hub_progress(reporter), forward=forward)
     inputs = open_inputs(config, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
                          on_progress=_hub_progress(reporter))
     return build_plan(config, inputs.models, options), inputs
@@ -109,7 +111,7 @@ def prepare(
 def plan_from_config(config: MergeConfig | MoeConfig, options: PlanOptions,
                      model_dirs: Mapping[str, str] | None = None) -> Plan:
     """The plan of ``config`` (headers only); raises InputError subclasses for anything that would fail later."""
-    return prepare(config, options, model_dirs=model_dirs)[0]
+    return prepare(config, options, model_dirs=model_dirs, forward=False)[0]
 
 
 def _hub_progress(reporter: Reporter | None) -> Callable[[HubEvent], None] | None:

@@ -12,7 +12,8 @@ decoder layer at a time), :mod:`.outconfig` (the output config.json) and :mod:`.
 its pad token).
 
 May import: :mod:`resumerge.config`, :mod:`resumerge.errors`, :mod:`resumerge.inputs`, :mod:`resumerge.methods`,
-:mod:`resumerge.plan` (plan types, sharding, fingerprints) and torch; transformers only inside :mod:`.prompts`
+:mod:`resumerge.plan` (plan types, sharding, fingerprints), :mod:`resumerge.store.killpoints` (the tests' kill
+hook) and torch; transformers only inside :mod:`.prompts`
 and :mod:`.forward`, and only for the prompt gate modes. Never the engine, the store or the CLI.
 """
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from resumerge.errors import ModelInputError
 from resumerge.inputs.model import ModelInput
-from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
+from resumerge.inputs.safetensors_format import DTYPE_SIZES, Header, numel
 from resumerge.moe import experts as expert_methods
 from resumerge.moe import routers
 from resumerge.moe.architectures import DEEPSEEK, MIXTRAL, QWEN, QWEN3, check_experts, choose_output
@@ -28,6 +29,9 @@ from resumerge.plan.sharding import assign_shards
 METHOD = "moe"
 DTYPE_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64"}
 EMBED = "model.embed_tokens.weight"
+# The plan's input key and file name of the routers the prompt forward pass computed.
+ROUTERS_KEY = "moe-routers"
+ROUTERS_NAME = "routers.safetensors"
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 # Base tensors each output keeps (mergekit takes its architecture template's names outside the MLPs).
@@ -41,11 +45,22 @@ _SHARED_PREFIX = {QWEN: "shared_expert", DEEPSEEK: "shared_experts"}
 _PARTS = ("gate_proj", "up_proj", "down_proj")
 
 
+@dataclass(frozen=True)
+class RoutersFile:
+    """The routers the prompt forward pass computed (hidden-state gate modes): an input of the plan like a
+    model's weight file. ``header`` is None when the pass has not run (``plan`` shows the merge without it)."""
+
+    directory: Path
+    header: Header | None
+    identity: str
+
+
 def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options: PlanOptions, *,
-                   encoded: tuple[tuple[Any, Any], ...] | None = None) -> Plan:
+                   encoded: tuple[tuple[Any, Any], ...] | None = None,
+                   routers_file: RoutersFile | None = None) -> Plan:
     """Plan ``config`` over the opened ``models`` (keyed by ``ModelRef.key``); raises ``InputError`` subclasses
     for anything that would fail later. ``encoded`` holds each gated expert's tokenised (positive, negative)
-    prompt sets for ``cheap_embed``."""
+    prompt sets for ``cheap_embed``; ``routers_file`` the hidden-state modes' routers."""
     choice = choose_output(config, models)
     kind = choice.kind
     check_experts(config, kind, models)
@@ -74,7 +89,7 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
                     name = f"{prefix}.{_SHARED_PREFIX[kind]}.{part}.weight"
                     tensors[name] = _expert(name, shared, part, layer, models, out_code)
         tensors.update(_routers(config, kind, layer, (layers, len(config.gated), hidden), base, options,
-                                encoded, out_code or "F32"))
+                                encoded, routers_file, out_code or "F32"))
     notes = list(choice.notes)
     power = not_power_of_two(len(config.experts))
     if power:
@@ -88,6 +103,12 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
     out_config = moe_config(kind, base.config, experts=len(config.experts), shared=len(config.shared_experts),
                             per_token=config.experts_per_token, dtype=out_name if out_code else None)
     blobs = tokenizer_blobs(base.directory) if options.copy_tokenizer else {}
+    inputs = {key: tuple((f.name, f.size, f.identity) for f in m.files) for key, m in sorted(models.items())}
+    dirs = {key: str(m.directory) for key, m in models.items()}
+    if routers_file is not None:
+        size = routers_file.header.file_size if routers_file.header else 0
+        inputs[ROUTERS_KEY] = ((ROUTERS_NAME, size, routers_file.identity),)
+        dirs[ROUTERS_KEY] = str(routers_file.directory)
     plan = Plan(
         method=METHOD,
         tensors=tensors,
@@ -96,8 +117,8 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
         tokenizer_donor=config.base_model.key if blobs else None,
         num_layers=layers,
         layer_origins=tuple((config.base_model.key, i) for i in range(layers)),
-        inputs={key: tuple((f.name, f.size, f.identity) for f in m.files) for key, m in sorted(models.items())},
-        model_dirs={key: str(m.directory) for key, m in models.items()},
+        inputs=inputs,
+        model_dirs=dirs,
         options=options,
         out_config=out_config,
         tokenizer_files=tuple((n, hashlib.sha256(d).hexdigest()) for n, d in sorted(blobs.items())),
@@ -211,7 +232,7 @@ def _zero_biases(cfg: Mapping[str, Any], layers: int, hidden: int, tensors: dict
 
 
 def _routers(config: MoeConfig, kind: str, layer: int, block: tuple[int, int, int], base: ModelInput,
-             options: PlanOptions, encoded: tuple[tuple[Any, Any], ...] | None,
+             options: PlanOptions, encoded: tuple[tuple[Any, Any], ...] | None, routers_file: RoutersFile | None,
              out_code: str) -> dict[str, TensorPlan]:
     """The router tensors of one layer: ``mlp.gate.weight`` (routed experts) and, for Qwen MoE,
     ``mlp.shared_expert_gate.weight`` (the shared expert's row)."""
@@ -232,6 +253,20 @@ def _routers(config: MoeConfig, kind: str, layer: int, block: tuple[int, int, in
             params = (("first", first), ("sets", encoded), ("stop", stop))
             out[name] = _tensor(name, routers.CHEAP_EMBED, (embed,), shape, out_code, params=params)
         else:
-            assert config.gate_mode in PROMPT_MODES
-            raise NotImplementedError  # replaced by the hidden-state routers below
+            assert config.gate_mode in PROMPT_MODES and routers_file is not None
+            out[name] = _tensor(name, routers.COPY, (_router_ref(routers_file, layer, block, first, stop),),
+                                shape, out_code)
     return out
+
+
+def _router_ref(routers_file: RoutersFile, layer: int, block: tuple[int, int, int], first: int,
+                stop: int) -> InputRef:
+    """Rows ``[first, stop)`` of layer ``layer``'s routers in the routers file (bfloat16 rows are contiguous)."""
+    name, hidden = f"layers.{layer}", block[2]
+    row = hidden * DTYPE_SIZES["BF16"]
+    if routers_file.header is None:  # not computed yet: where it will be, for plan's figures
+        start = (layer * block[1] + first) * row
+    else:
+        start = routers_file.header.tensors[name].start + first * row
+    return InputRef(ROUTERS_KEY, ROUTERS_NAME, name, "BF16", (stop - first, hidden), start,
+                    start + (stop - first) * row)

@@ -1,5 +1,6 @@
-"""Open a mergekit-moe config's models (config.json and headers only, local or hub, as any merge opens them)
-and plan it: the MoE counterpart of the session's ``prepare``."""
+"""Open a mergekit-moe config's models (config.json and headers only, local or hub, as any merge opens them),
+run the prompt forward pass when the gate mode needs it, and plan it: the MoE counterpart of the session's
+``prepare``."""
 
 from __future__ import annotations
 
@@ -7,25 +8,35 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from resumerge.config.locations import state_root
+from resumerge.errors import InputError
 from resumerge.inputs.catalog import Inputs, open_inputs
 from resumerge.moe.config import MoeConfig
-from resumerge.moe.planner import build_moe_plan
+from resumerge.moe.planner import ROUTERS_NAME, RoutersFile, build_moe_plan
 from resumerge.plan.merge_plan import Plan, PlanOptions
 
 if TYPE_CHECKING:
     from resumerge.inputs.hub import ProgressCallback
 
+HIDDEN_MODES = frozenset({"hidden", "hidden_avg", "hidden_last"})
+
 
 def prepare_moe(config: MoeConfig, options: PlanOptions, *, model_dirs: Mapping[str, str] | None = None,
                 state_dir: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None,
-                on_progress: ProgressCallback | None = None) -> tuple[Plan, Inputs]:
-    """The plan of ``config`` and its opened inputs; no weight is read. Raises ``InputError`` subclasses."""
+                on_progress: ProgressCallback | None = None, forward: bool = True) -> tuple[Plan, Inputs]:
+    """The plan of ``config`` and its opened inputs. No weight is read, except by the prompt forward pass of the
+    hidden-state gate modes, which runs (or is found finished in the state dir) only when ``forward`` and after
+    every check. Raises ``InputError`` subclasses."""
     inputs = open_inputs(config.as_merge_config(), model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
                          on_progress=on_progress)
     encoded = None
-    if config.gate_mode == "cheap_embed":
+    if config.gate_mode in ("cheap_embed", *HIDDEN_MODES):
         encoded = encode_prompts(config, inputs)
-    return build_moe_plan(config, inputs.models, options, encoded=encoded), inputs
+    routers_file = None
+    if config.gate_mode in HIDDEN_MODES:
+        build_moe_plan(config, inputs.models, options, routers_file=_pending(config, inputs, encoded, state_dir))
+        routers_file = _routers_file(config, inputs, encoded, state_dir, forward)
+    return build_moe_plan(config, inputs.models, options, encoded=encoded, routers_file=routers_file), inputs
 
 
 def encode_prompts(config: MoeConfig, inputs: Inputs) -> tuple[tuple[Any, Any], ...]:
@@ -35,3 +46,33 @@ def encode_prompts(config: MoeConfig, inputs: Inputs) -> tuple[tuple[Any, Any], 
     tokenizer = load_tokenizer(inputs.models[config.base_model.key].directory, config.gate_mode)
     return tuple((encode(tokenizer, e.positive_prompts or ()),
                   encode(tokenizer, e.negative_prompts) if e.negative_prompts else None) for e in config.gated)
+
+
+def _pending(config: MoeConfig, inputs: Inputs, encoded: Any, state_dir: str | os.PathLike[str] | None) -> RoutersFile:
+    from resumerge.moe.forward import routers_key
+
+    base = inputs.models[config.base_model.key]
+    return RoutersFile(state_root(state_dir) / "moe-routers" / routers_key(base, config.gate_mode, encoded), None, "")
+
+
+def _routers_file(config: MoeConfig, inputs: Inputs, encoded: Any, state_dir: str | os.PathLike[str] | None,
+                  forward: bool) -> RoutersFile:
+    """The routers of the hidden-state modes: computed by the forward pass (or found from an earlier run)."""
+    from resumerge.inputs.files import file_identity
+    from resumerge.inputs.safetensors_format import read_header
+    from resumerge.moe.forward import hidden_routers
+
+    pending = _pending(config, inputs, encoded, state_dir)
+    base = inputs.models[config.base_model.key]
+    if not forward:
+        return pending
+    if config.base_model.key in inputs.hub:
+        raise InputError("hidden-state gate modes read the base model's weights while planning; a hub base model "
+                         "is not supported for them yet", yaml_path="base_model",
+                         hint="download the base model and give its local path, or use cheap_embed or random gates")
+    path = hidden_routers(base, config.gate_mode, encoded, pending.directory)
+    header = read_header(path)
+    return RoutersFile(pending.directory, header, file_identity(path, header.raw))
+
+
+__all__ = ["ROUTERS_NAME", "prepare_moe"]

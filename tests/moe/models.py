@@ -16,9 +16,9 @@ from resumerge.cli.modelgen import ModelSpec, make_model, write_tokenizer
 SEED = 3
 
 
-def llamas(root: Path, count: int = 3, *, dtype: torch.dtype = torch.float32, prefix: str = "m") -> list[Path]:
-    """``count`` tiny Llamas (hidden 32, 2 layers, vocab 64) of different weights."""
-    return [make_model(root / f"{prefix}{i}", ModelSpec(layers=2, dtype=dtype), seed=30 + i) for i in range(count)]
+def llamas(root: Path, count: int = 3, *, dtype: torch.dtype = torch.float32, layers: int = 2) -> list[Path]:
+    """``count`` tiny Llamas (hidden 32, vocab 64) of different weights."""
+    return [make_model(root / f"m{i}", ModelSpec(layers=layers, dtype=dtype), seed=30 + i) for i in range(count)]
 
 
 def qwen3s(root: Path, count: int = 2) -> list[Path]:

@@ -17,11 +17,22 @@ from tests.moe.models import SEED, llamas, oracle, qwen3s, same_bits, tensors, w
 pytestmark = pytest.mark.oracle
 
 # name -> (config builder over (llamas, bf16 llamas, qwen3s), the class transformers loads, or None: remote code)
-CASES = ("mixtral_random", "mixtral_uniform", "mixtral_cheap_embed", "qwen_moe", "deepseek", "qwen3_moe")
+CASES = ("mixtral_random", "mixtral_uniform", "mixtral_cheap_embed", "qwen_moe", "deepseek", "qwen3_moe",
+         "mixtral_hidden", "mixtral_hidden_avg", "qwen_moe_hidden_last")
 
 
-def _configs(m: list[Path], b: list[Path], q: list[Path]) -> dict[str, dict[str, Any]]:
+def _configs(m: list[Path], b: list[Path], q: list[Path], d: list[Path]) -> dict[str, dict[str, Any]]:
+    prompted = [{"source_model": str(d[1]), "positive_prompts": ["hello world", "ab cd ef gh"],
+                 "negative_prompts": ["xyz"]},
+                {"source_model": str(d[2]), "positive_prompts": ["Zq rs"]},
+                {"source_model": str(d[0]), "positive_prompts": ["Ab", "cd ef"]}]
     return {
+        "mixtral_hidden": {"base_model": str(d[0]), "gate_mode": "hidden", "experts": prompted},
+        "mixtral_hidden_avg": {"base_model": str(d[0]), "gate_mode": "hidden_avg", "dtype": "bfloat16",
+                               "experts": prompted},
+        "qwen_moe_hidden_last": {"base_model": str(d[0]), "gate_mode": "hidden_last", "architecture": "qwen",
+                                 "experts": prompted[:2],
+                                 "shared_experts": [{"source_model": str(d[0]), "positive_prompts": ["q r s"]}]},
         "mixtral_random": {"base_model": str(m[0]), "gate_mode": "random", "dtype": "float32",
                            "experts": [{"source_model": str(m[1])}, {"source_model": str(m[2])},
                                        {"source_model": str(m[1])}]},
@@ -51,7 +62,8 @@ def _configs(m: list[Path], b: list[Path], q: list[Path]) -> dict[str, dict[str,
 def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
     """(mergekit's output, resumerge's output) of every case."""
     root = tmp_path_factory.mktemp("moe")
-    configs = _configs(llamas(root / "f32"), llamas(root / "bf16", dtype=torch.bfloat16), qwen3s(root / "q3"))
+    configs = _configs(llamas(root / "f32"), llamas(root / "bf16", dtype=torch.bfloat16), qwen3s(root / "q3"),
+                       llamas(root / "deep", layers=4))
     paths = {name: write(root / f"{name}.yml", doc) for name, doc in configs.items()}
     oracle([(paths[n], root / "mk" / n, ["--random-seed", str(SEED)]) for n in CASES])
     for name in CASES:
