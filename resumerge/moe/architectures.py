@@ -30,7 +30,7 @@ class Choice:
 def choose_output(config: MoeConfig, models: Mapping[str, ModelInput]) -> Choice:
     """The output kind of ``config``: ``architecture:`` filters by name prefix, Mixtral wins whenever it
     qualifies, else the first that does. Raises :class:`ConfigError` (exit 2) when none does, with the reasons."""
-    names = KINDS
+    names: tuple[str, ...] = KINDS
     if config.architecture is not None:
         names = tuple(k for k in KINDS if k.lower().startswith(config.architecture.lower()))
         if not names:

@@ -89,7 +89,8 @@ def hidden_routers(base: ModelInput, mode: str, sets: ExpertSets, workdir: Path,
 
 def _run(layer: torch.nn.Module, hidden: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
     out = layer(hidden, **kwargs)
-    return out[0] if isinstance(out, tuple) else out
+    result: torch.Tensor = out[0] if isinstance(out, tuple) else out
+    return result
 
 
 def _attention_setup(transformers: Any, config: Any, embedded: torch.Tensor, mask: torch.Tensor,

@@ -10,13 +10,14 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
+
+import torch
 
 from resumerge.errors import ModelInputError
 from resumerge.inputs.model import ModelInput
-from resumerge.inputs.safetensors_format import DTYPE_SIZES, Header, numel
+from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
 from resumerge.moe import experts as expert_methods
 from resumerge.moe import routers
 from resumerge.moe.architectures import DEEPSEEK, MIXTRAL, QWEN, QWEN3, check_experts, choose_output
@@ -29,9 +30,6 @@ from resumerge.plan.sharding import assign_shards
 METHOD = "moe"
 DTYPE_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64"}
 EMBED = "model.embed_tokens.weight"
-# The plan's input key and file name of the routers the prompt forward pass computed.
-ROUTERS_KEY = "moe-routers"
-ROUTERS_NAME = "routers.safetensors"
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 # Base tensors each output keeps (mergekit takes its architecture template's names outside the MLPs).
@@ -45,22 +43,13 @@ _SHARED_PREFIX = {QWEN: "shared_expert", DEEPSEEK: "shared_experts"}
 _PARTS = ("gate_proj", "up_proj", "down_proj")
 
 
-@dataclass(frozen=True)
-class RoutersFile:
-    """The routers the prompt forward pass computed (hidden-state gate modes): an input of the plan like a
-    model's weight file. ``header`` is None when the pass has not run (``plan`` shows the merge without it)."""
-
-    directory: Path
-    header: Header | None
-    identity: str
-
-
 def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options: PlanOptions, *,
                    encoded: tuple[tuple[Any, Any], ...] | None = None,
-                   routers_file: RoutersFile | None = None) -> Plan:
+                   hidden_gates: torch.Tensor | None = None) -> Plan:
     """Plan ``config`` over the opened ``models`` (keyed by ``ModelRef.key``); raises ``InputError`` subclasses
     for anything that would fail later. ``encoded`` holds each gated expert's tokenised (positive, negative)
-    prompt sets for ``cheap_embed``; ``routers_file`` the hidden-state modes' routers."""
+    prompt sets for ``cheap_embed``; ``hidden_gates`` the hidden-state modes' routers ``(layers, gated experts,
+    hidden)`` from the prompt forward pass (None: not run, for ``plan``'s figures)."""
     choice = choose_output(config, models)
     kind = choice.kind
     check_experts(config, kind, models)
@@ -89,7 +78,7 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
                     name = f"{prefix}.{_SHARED_PREFIX[kind]}.{part}.weight"
                     tensors[name] = _expert(name, shared, part, layer, models, out_code)
         tensors.update(_routers(config, kind, layer, (layers, len(config.gated), hidden), base, options,
-                                encoded, routers_file, out_code or "F32"))
+                                encoded, hidden_gates, out_code or "F32"))
     notes = list(choice.notes)
     power = not_power_of_two(len(config.experts))
     if power:
@@ -105,10 +94,6 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
     blobs = tokenizer_blobs(base.directory) if options.copy_tokenizer else {}
     inputs = {key: tuple((f.name, f.size, f.identity) for f in m.files) for key, m in sorted(models.items())}
     dirs = {key: str(m.directory) for key, m in models.items()}
-    if routers_file is not None:
-        size = routers_file.header.file_size if routers_file.header else 0
-        inputs[ROUTERS_KEY] = ((ROUTERS_NAME, size, routers_file.identity),)
-        dirs[ROUTERS_KEY] = str(routers_file.directory)
     plan = Plan(
         method=METHOD,
         tensors=tensors,
@@ -232,7 +217,7 @@ def _zero_biases(cfg: Mapping[str, Any], layers: int, hidden: int, tensors: dict
 
 
 def _routers(config: MoeConfig, kind: str, layer: int, block: tuple[int, int, int], base: ModelInput,
-             options: PlanOptions, encoded: tuple[tuple[Any, Any], ...] | None, routers_file: RoutersFile | None,
+             options: PlanOptions, encoded: tuple[tuple[Any, Any], ...] | None, hidden_gates: torch.Tensor | None,
              out_code: str) -> dict[str, TensorPlan]:
     """The router tensors of one layer: ``mlp.gate.weight`` (routed experts) and, for Qwen MoE,
     ``mlp.shared_expert_gate.weight`` (the shared expert's row)."""
@@ -241,6 +226,7 @@ def _routers(config: MoeConfig, kind: str, layer: int, block: tuple[int, int, in
     if kind == QWEN:
         rows[f"model.layers.{layer}.mlp.shared_expert_gate.weight"] = (count, count + 1)
     out = {}
+    params: tuple[tuple[str, Any], ...]
     for name, (first, stop) in rows.items():
         shape = (stop - first, hidden)
         if config.gate_mode in ("random", "uniform_random"):
@@ -253,20 +239,8 @@ def _routers(config: MoeConfig, kind: str, layer: int, block: tuple[int, int, in
             params = (("first", first), ("sets", encoded), ("stop", stop))
             out[name] = _tensor(name, routers.CHEAP_EMBED, (embed,), shape, out_code, params=params)
         else:
-            assert config.gate_mode in PROMPT_MODES and routers_file is not None
-            out[name] = _tensor(name, routers.COPY, (_router_ref(routers_file, layer, block, first, stop),),
-                                shape, out_code)
+            assert config.gate_mode in PROMPT_MODES
+            values = None if hidden_gates is None else routers.to_hex(hidden_gates[layer, first:stop])
+            out[name] = _tensor(name, routers.VALUES, (), shape, out_code,
+                                params=(("hidden", hidden), ("values", values)))
     return out
-
-
-def _router_ref(routers_file: RoutersFile, layer: int, block: tuple[int, int, int], first: int,
-                stop: int) -> InputRef:
-    """Rows ``[first, stop)`` of layer ``layer``'s routers in the routers file (bfloat16 rows are contiguous)."""
-    name, hidden = f"layers.{layer}", block[2]
-    row = hidden * DTYPE_SIZES["BF16"]
-    if routers_file.header is None:  # not computed yet: where it will be, for plan's figures
-        start = (layer * block[1] + first) * row
-    else:
-        start = routers_file.header.tensors[name].start + first * row
-    return InputRef(ROUTERS_KEY, ROUTERS_NAME, name, "BF16", (stop - first, hidden), start,
-                    start + (stop - first) * row)

@@ -8,11 +8,13 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from resumerge.config.locations import state_root
 from resumerge.errors import InputError
 from resumerge.inputs.catalog import Inputs, open_inputs
 from resumerge.moe.config import MoeConfig
-from resumerge.moe.planner import ROUTERS_NAME, RoutersFile, build_moe_plan
+from resumerge.moe.planner import build_moe_plan
 from resumerge.plan.merge_plan import Plan, PlanOptions
 
 if TYPE_CHECKING:
@@ -32,11 +34,12 @@ def prepare_moe(config: MoeConfig, options: PlanOptions, *, model_dirs: Mapping[
     encoded = None
     if config.gate_mode in ("cheap_embed", *HIDDEN_MODES):
         encoded = encode_prompts(config, inputs)
-    routers_file = None
+    gates = None
     if config.gate_mode in HIDDEN_MODES:
-        build_moe_plan(config, inputs.models, options, routers_file=_pending(config, inputs, encoded, state_dir))
-        routers_file = _routers_file(config, inputs, encoded, state_dir, forward)
-    return build_moe_plan(config, inputs.models, options, encoded=encoded, routers_file=routers_file), inputs
+        build_moe_plan(config, inputs.models, options)  # every check, before the pass reads any weight
+        if forward:
+            gates = _hidden_gates(config, inputs, encoded, state_dir)
+    return build_moe_plan(config, inputs.models, options, encoded=encoded, hidden_gates=gates), inputs
 
 
 def encode_prompts(config: MoeConfig, inputs: Inputs) -> tuple[tuple[Any, Any], ...]:
@@ -48,31 +51,21 @@ def encode_prompts(config: MoeConfig, inputs: Inputs) -> tuple[tuple[Any, Any], 
                   encode(tokenizer, e.negative_prompts) if e.negative_prompts else None) for e in config.gated)
 
 
-def _pending(config: MoeConfig, inputs: Inputs, encoded: Any, state_dir: str | os.PathLike[str] | None) -> RoutersFile:
-    from resumerge.moe.forward import routers_key
+def _hidden_gates(config: MoeConfig, inputs: Inputs, encoded: Any,
+                  state_dir: str | os.PathLike[str] | None) -> torch.Tensor:
+    """The routers of the hidden-state modes ``(layers, gated experts, hidden)``: computed by the forward pass
+    in the state dir (or found there, finished by an earlier run)."""
+    from safetensors.torch import load_file
 
-    base = inputs.models[config.base_model.key]
-    return RoutersFile(state_root(state_dir) / "moe-routers" / routers_key(base, config.gate_mode, encoded), None, "")
+    from resumerge.moe.forward import hidden_routers, routers_key
 
-
-def _routers_file(config: MoeConfig, inputs: Inputs, encoded: Any, state_dir: str | os.PathLike[str] | None,
-                  forward: bool) -> RoutersFile:
-    """The routers of the hidden-state modes: computed by the forward pass (or found from an earlier run)."""
-    from resumerge.inputs.files import file_identity
-    from resumerge.inputs.safetensors_format import read_header
-    from resumerge.moe.forward import hidden_routers
-
-    pending = _pending(config, inputs, encoded, state_dir)
-    base = inputs.models[config.base_model.key]
-    if not forward:
-        return pending
     if config.base_model.key in inputs.hub:
         raise InputError("hidden-state gate modes read the base model's weights while planning; a hub base model "
                          "is not supported for them yet", yaml_path="base_model",
                          hint="download the base model and give its local path, or use cheap_embed or random gates")
-    path = hidden_routers(base, config.gate_mode, encoded, pending.directory)
-    header = read_header(path)
-    return RoutersFile(pending.directory, header, file_identity(path, header.raw))
+    base = inputs.models[config.base_model.key]
+    workdir = state_root(state_dir) / "moe-routers" / routers_key(base, config.gate_mode, encoded)
+    data = load_file(str(hidden_routers(base, config.gate_mode, encoded, workdir)))
+    return torch.stack([data[f"layers.{i}"] for i in range(len(data))])
 
 
-__all__ = ["ROUTERS_NAME", "prepare_moe"]

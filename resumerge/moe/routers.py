@@ -3,7 +3,8 @@
 mergekit draws every layer's routers at once from its seeded global generator, ``(layers, gated experts,
 hidden)``; each router tensor here redraws that same block from a generator seeded with the run's seed and keeps
 its own layer's rows, so any one tensor can be computed (or recomputed after a kill) alone. ``cheap_embed`` sums
-the prompts' token embeddings; the hidden-state modes take routers computed by :mod:`resumerge.moe.forward`.
+the prompts' token embeddings; the hidden-state modes take routers computed by :mod:`resumerge.moe.forward`,
+held in the plan.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from resumerge.methods.spec import MergeContext, MethodSpec, register
 
 RANDOM = "moe_router_random"
 CHEAP_EMBED = "moe_router_cheap_embed"
-COPY = "moe_router_copy"
+VALUES = "moe_router_values"
 
 # One prompt set, tokenised: (input_ids rows, attention_mask rows), left-padded to the set's longest prompt.
 Encoded = tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]
@@ -48,8 +49,9 @@ def prompt_vector(embed: torch.Tensor, encoded: Encoded) -> torch.Tensor:
     Gathering rows is the one-hot product mergekit computes, exactly: every other term of each sum is zero."""
     ids, mask = torch.tensor(encoded[0], dtype=torch.int64), torch.tensor(encoded[1], dtype=torch.int64)
     h = embed[ids].float()
-    summed = (h * mask.unsqueeze(-1)).sum(dim=1).sum(dim=0, keepdim=True)
-    return summed / summed.norm(dim=-1, keepdim=True).clamp(min=1e-8)
+    summed: torch.Tensor = (h * mask.unsqueeze(-1)).sum(dim=1).sum(dim=0, keepdim=True)
+    normed: torch.Tensor = summed / summed.norm(dim=-1, keepdim=True).clamp(min=1e-8)
+    return normed
 
 
 def cheap_embed_rows(embed: torch.Tensor, sets: Sequence[Sequence[Any]], layers: int) -> torch.Tensor:
@@ -72,10 +74,18 @@ def cheap_embed_router(ctx: MergeContext) -> torch.Tensor:
     return cheap_embed_rows(embed, p["sets"], 1)[0, p["first"]:p["stop"]].clone()
 
 
-def router_copy(ctx: MergeContext) -> torch.Tensor:
-    """A router computed before the merge (hidden-state modes): read from the run's router file, copied."""
-    (tensor,) = ctx.tensors
-    return tensor.clone()
+def to_hex(rows: torch.Tensor) -> str:
+    """bfloat16 router rows as the plan stores them (hex of their bytes: exact, and part of the fingerprint)."""
+    return bytes(rows.to(torch.bfloat16).contiguous().reshape(-1).view(torch.uint8).numpy()).hex()
+
+
+def router_values(ctx: MergeContext) -> torch.Tensor:
+    """A router the prompt forward pass computed before the plan was made, from the plan's own bytes."""
+    values = ctx.params["values"]
+    if values is None:
+        raise ValueError("the prompt forward pass has not run")
+    data = torch.frombuffer(bytearray(bytes.fromhex(values)), dtype=torch.bfloat16)
+    return data.reshape(-1, ctx.params["hidden"]).clone()
 
 
 def degenerate_layers(block: torch.Tensor, threshold: float = 5.0) -> list[int]:
@@ -104,6 +114,7 @@ for _spec in (
     MethodSpec(name=RANDOM, fn=random_router, min_inputs=0, max_inputs=0, reference="mergekit-moe router.py"),
     MethodSpec(name=CHEAP_EMBED, fn=cheap_embed_router, min_inputs=1, max_inputs=1,
                reference="mergekit-moe router.py get_cheap_embedding"),
-    MethodSpec(name=COPY, fn=router_copy, min_inputs=1, max_inputs=1),
+    MethodSpec(name=VALUES, fn=router_values, min_inputs=0, max_inputs=0,
+               reference="mergekit-moe router.py get_hidden_states"),
 ):
     register(_spec)

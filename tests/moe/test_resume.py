@@ -60,3 +60,33 @@ def test_noise_is_per_tensor_and_scaled(setup: tuple[Path, dict[str, str], Path]
     down = out["model.layers.0.mlp.experts.down_proj"]
     assert torch.equal(down[1], 2.0 * m2["model.layers.0.mlp.down_proj.weight"])
     assert torch.equal(down[2], m0["model.layers.0.mlp.down_proj.weight"])
+
+
+def test_kill_during_the_forward_pass_resumes_there(tmp_path: Path) -> None:
+    m = llamas(tmp_path, layers=4)
+    config = write(tmp_path / "hidden.yml", {
+        "base_model": str(m[0]), "gate_mode": "hidden",
+        "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab cd"], "negative_prompts": ["xy"]},
+                    {"source_model": str(m[2]), "positive_prompts": ["Zq rs tu"]}]})
+    reference = tmp_path / "reference"
+    api.run(config, reference, state_dir=tmp_path / "ref-state")
+    out, state = tmp_path / "out", tmp_path / "state"
+    killed = cli("run", config, out, "--state-dir", state, "--quiet", env={"RESUMERGE_KILL_AT": "after_router_layer:2"})
+    assert killed.returncode == -9, killed.stderr
+    (work,) = (state / "moe-routers").iterdir()
+    assert sorted(p.name for p in work.iterdir()) == ["layer-00000.safetensors", "layer-00001.safetensors"]
+    assert not out.exists()  # nothing touches OUT before the plan exists
+    # the kill point is reached once per layer: continued at layer 2 it is reached twice more (layers 2 and 3),
+    # started again from layer 0 it would die at layer 2
+    again = cli("run", config, out, "--state-dir", state, "--quiet", env={"RESUMERGE_KILL_AT": "after_router_layer:3"})
+    assert again.returncode == 0, again.stderr
+    assert digests(out) == digests(reference)
+    routers = work / "routers.safetensors"
+    before = routers.stat().st_mtime_ns
+    shutil.rmtree(out)
+    killed = cli("run", config, out, "--state-dir", state, "--quiet",
+                 env={"RESUMERGE_KILL_AT": "after_ledger_commit:1"})
+    assert killed.returncode == -9
+    done = cli("resume", out, "--state-dir", state, "--quiet", env={"RESUMERGE_KILL_AT": "after_router_layer:1"})
+    assert done.returncode == 0, done.stderr  # the pass is not run again (it would be killed)
+    assert routers.stat().st_mtime_ns == before and digests(out) == digests(reference)
