@@ -45,11 +45,13 @@ _PARTS = ("gate_proj", "up_proj", "down_proj")
 
 def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options: PlanOptions, *,
                    encoded: tuple[tuple[Any, Any], ...] | None = None,
-                   hidden_gates: torch.Tensor | None = None) -> Plan:
+                   hidden_gates: torch.Tensor | None = None, gates_preview: torch.Tensor | None = None) -> Plan:
     """Plan ``config`` over the opened ``models`` (keyed by ``ModelRef.key``); raises ``InputError`` subclasses
     for anything that would fail later. ``encoded`` holds each gated expert's tokenised (positive, negative)
     prompt sets for ``cheap_embed``; ``hidden_gates`` the hidden-state modes' routers ``(layers, gated experts,
-    hidden)`` from the prompt forward pass (None: not run, for ``plan``'s figures)."""
+    hidden)`` from the prompt forward pass (None: not run, for ``plan``'s figures); ``gates_preview`` the
+    ``cheap_embed`` routers, computed to warn about degenerate routing (the plan's router tensors recompute them
+    from the embedding)."""
     choice = choose_output(config, models)
     kind = choice.kind
     check_experts(config, kind, models)
@@ -83,11 +85,12 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
     power = not_power_of_two(len(config.experts))
     if power:
         notes.append(power)
+    block = hidden_gates if hidden_gates is not None else gates_preview
     if config.gate_mode in ("random", "uniform_random"):
         block = routers.random_block(config.gate_mode, options.random_seed, (layers, len(config.gated), hidden))
-        degenerate = routers.degenerate_note(routers.degenerate_layers(block), layers)
-        if degenerate:
-            notes.append(degenerate)
+    degenerate = routers.degenerate_note(routers.degenerate_layers(block), layers) if block is not None else None
+    if degenerate:
+        notes.append(degenerate)
     shards, tensors = assign_shards(tensors, options.out_shard_size)
     out_config = moe_config(kind, base.config, experts=len(config.experts), shared=len(config.shared_experts),
                             per_token=config.experts_per_token, dtype=out_name if out_code else None)

@@ -34,12 +34,16 @@ def prepare_moe(config: MoeConfig, options: PlanOptions, *, model_dirs: Mapping[
     encoded = None
     if config.gate_mode in ("cheap_embed", *HIDDEN_MODES):
         encoded = encode_prompts(config, inputs)
-    gates = None
+    gates = preview = None
+    if config.gate_mode == "cheap_embed" and forward and config.base_model.key not in inputs.hub:
+        build_moe_plan(config, inputs.models, options, encoded=encoded)  # every check, before reading a weight
+        preview = _cheap_embed_gates(config, inputs, encoded)
     if config.gate_mode in HIDDEN_MODES:
         build_moe_plan(config, inputs.models, options)  # every check, before the pass reads any weight
         if forward:
             gates = _hidden_gates(config, inputs, encoded, state_dir)
-    return build_moe_plan(config, inputs.models, options, encoded=encoded, hidden_gates=gates), inputs
+    return build_moe_plan(config, inputs.models, options, encoded=encoded, hidden_gates=gates,
+                          gates_preview=preview), inputs
 
 
 def encode_prompts(config: MoeConfig, inputs: Inputs) -> tuple[tuple[Any, Any], ...]:
@@ -49,6 +53,23 @@ def encode_prompts(config: MoeConfig, inputs: Inputs) -> tuple[tuple[Any, Any], 
     tokenizer = load_tokenizer(inputs.models[config.base_model.key].directory, config.gate_mode)
     return tuple((encode(tokenizer, e.positive_prompts or ()),
                   encode(tokenizer, e.negative_prompts) if e.negative_prompts else None) for e in config.gated)
+
+
+def _cheap_embed_gates(config: MoeConfig, inputs: Inputs, encoded: Any) -> torch.Tensor:
+    """The ``cheap_embed`` routers of every layer (one read of the base's embedding), for the degenerate-routing
+    warning."""
+    from resumerge.inputs.source import InputSources
+    from resumerge.moe.routers import cheap_embed_rows
+
+    base = inputs.models[config.base_model.key]
+    found = base.tensors["model.embed_tokens.weight"]
+    e = found.entry
+    sources = InputSources.local({base.ref.key: str(base.directory)})
+    try:
+        embed = sources.read(base.ref.key, found.file, e.start, e.end, e.dtype, e.shape)
+        return cheap_embed_rows(embed, encoded, int(base.config["num_hidden_layers"]))
+    finally:
+        sources.close()
 
 
 def _hidden_gates(config: MoeConfig, inputs: Inputs, encoded: Any,
