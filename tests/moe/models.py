@@ -21,6 +21,11 @@ def llamas(root: Path, count: int = 3, *, dtype: torch.dtype = torch.float32, la
     return [make_model(root / f"m{i}", ModelSpec(layers=layers, dtype=dtype), seed=30 + i) for i in range(count)]
 
 
+def qwen2s(root: Path, count: int = 2) -> list[Path]:
+    """``count`` tiny Qwen2 models (q/k/v biases; hidden 32, 2 layers, vocab 64)."""
+    return [make_model(root / f"q{i}", ModelSpec(layers=2, arch="qwen2"), seed=50 + i) for i in range(count)]
+
+
 def qwen3s(root: Path, count: int = 2) -> list[Path]:
     """``count`` tiny tied Qwen3 models (hidden 32, 2 layers, vocab 64), saved by transformers."""
     import transformers

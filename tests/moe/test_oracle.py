@@ -12,21 +12,27 @@ import pytest
 import torch
 
 from resumerge import api
-from tests.moe.models import SEED, llamas, oracle, qwen3s, same_bits, tensors, write
+from tests.moe.models import SEED, llamas, oracle, qwen2s, qwen3s, same_bits, tensors, write
 
 pytestmark = pytest.mark.oracle
 
 # name -> (config builder over (llamas, bf16 llamas, qwen3s), the class transformers loads, or None: remote code)
 CASES = ("mixtral_random", "mixtral_uniform", "mixtral_cheap_embed", "qwen_moe", "deepseek", "qwen3_moe",
-         "mixtral_hidden", "mixtral_hidden_avg", "qwen_moe_hidden_last")
+         "mixtral_hidden", "mixtral_hidden_avg", "qwen_moe_hidden_last", "qwen_moe_from_qwen2")
 
 
-def _configs(m: list[Path], b: list[Path], q: list[Path], d: list[Path]) -> dict[str, dict[str, Any]]:
+def _configs(m: list[Path], b: list[Path], q: list[Path], d: list[Path],
+             q2: list[Path]) -> dict[str, dict[str, Any]]:
     prompted = [{"source_model": str(d[1]), "positive_prompts": ["hello world", "ab cd ef gh"],
                  "negative_prompts": ["xyz"]},
                 {"source_model": str(d[2]), "positive_prompts": ["Zq rs"]},
                 {"source_model": str(d[0]), "positive_prompts": ["Ab", "cd ef"]}]
     return {
+        "qwen_moe_from_qwen2": {"base_model": str(q2[0]), "gate_mode": "uniform_random", "architecture": "qwen",
+                                "experts": [{"source_model": str(q2[1]), "positive_prompts": ["a"]},
+                                            {"source_model": str(q2[0]), "positive_prompts": ["b"]}],
+                                "shared_experts": [{"source_model": str(q2[1]), "positive_prompts": ["c"],
+                                                    "noise_scale": 0.0}]},
         "mixtral_hidden": {"base_model": str(d[0]), "gate_mode": "hidden", "experts": prompted},
         "mixtral_hidden_avg": {"base_model": str(d[0]), "gate_mode": "hidden_avg", "dtype": "bfloat16",
                                "experts": prompted},
@@ -63,7 +69,7 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, P
     """(mergekit's output, resumerge's output) of every case."""
     root = tmp_path_factory.mktemp("moe")
     configs = _configs(llamas(root / "f32"), llamas(root / "bf16", dtype=torch.bfloat16), qwen3s(root / "q3"),
-                       llamas(root / "deep", layers=4))
+                       llamas(root / "deep", layers=4), qwen2s(root / "q2"))
     paths = {name: write(root / f"{name}.yml", doc) for name, doc in configs.items()}
     oracle([(paths[n], root / "mk" / n, ["--random-seed", str(SEED)]) for n in CASES])
     for name in CASES:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from resumerge import api
+from resumerge.config.locations import state_root
 from tests.moe.models import llamas, write
 from tests.support import cli
 
@@ -45,3 +46,15 @@ def test_prompt_modes_without_transformers_exit_2(tmp_path: Path) -> None:
     assert len(lines) == 2 and lines[1].startswith("error: gate_mode: gate_mode cheap_embed needs transformers")
     assert "pip install" in lines[1]
     assert not (tmp_path / "out").exists()
+
+
+def test_plan_merge_plans_without_running_anything(tmp_path: Path) -> None:
+    m = llamas(tmp_path)
+    config = write(tmp_path / "hidden.yml", {
+        "base_model": str(m[0]), "gate_mode": "hidden",
+        "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab"]},
+                    {"source_model": str(m[2]), "positive_prompts": ["cd"]}]})
+    plan = api.plan_merge(config, random_seed=5)
+    assert plan.method == "moe" and len(plan.tensors) == 21 and plan.out_config["num_local_experts"] == 2
+    assert dict(plan.tensors["model.layers.1.mlp.gate.weight"].params)["values"] is None
+    assert not (state_root() / "moe-routers").exists()  # the forward pass did not run
