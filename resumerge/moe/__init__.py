@@ -6,10 +6,11 @@ into ``experts.N`` or stacked into transformers' fused expert tensors), routers 
 tensor functions, and the engine executes and journals them like any other output tensor.
 
 Files, by job: :mod:`.config` (schema and validation, from the YAML alone), :mod:`.architectures` (which output
-kind, from the inputs' config.json files), :mod:`.planner` (the tensors), :mod:`.routers` (router maths, as
-registered methods), :mod:`.prompts` (tokenising the prompts), :mod:`.forward` (the prompt forward pass, one
-decoder layer at a time), :mod:`.outconfig` (the output config.json) and :mod:`.tokenizer` (the tokenizer with
-its pad token).
+kind, from the inputs' config.json files), :mod:`.prepare` (open the inputs, run the forward pass, plan),
+:mod:`.planner` (the tensors), :mod:`.experts` (expert tensors: copies, fused stacks, noise and scale, as
+registered methods), :mod:`.routers` (router maths, as registered methods), :mod:`.prompts` (tokenising the
+prompts), :mod:`.forward` (the prompt forward pass, one decoder layer at a time), :mod:`.outconfig` (the output
+config.json) and :mod:`.tokenizer` (the tokenizer with its pad token).
 
 May import: :mod:`resumerge.config`, :mod:`resumerge.errors`, :mod:`resumerge.inputs`, :mod:`resumerge.methods`,
 :mod:`resumerge.plan` (plan types, sharding, fingerprints), :mod:`resumerge.store.killpoints` (the tests' kill
