@@ -100,6 +100,11 @@ _TABLE: dict[str, dict[str, Footprint]] = {
     "slerp": _dtypes((4, 0, 12, 0), (2, 0, 12, 0), (2, 0, 12, 0), (8, 0, 24, 0)),
     "task_arithmetic": _dtypes((4, 4), (2, 2), (2, 2), (8, 8)),
     "ties": _dtypes((3.75, 8.25), (6, 3), (6, 3), (8, 16)),
+    # MoE upcycling's units (resumerge/moe): not measured by the harness, figured by hand with room to spare. A
+    # copy with noise holds the draw, the product and the sum (three tensors); a fused expert tensor its output in
+    # the output dtype (at most float64's 8 bytes) and one input's noised copy at a time.
+    "moe_expert": _dtypes((12, 0), (6, 0), (6, 0), (24, 0)),
+    "moe_fused_experts": _dtypes((12, 0), (12, 0), (12, 0), (24, 0)),
 }
 
 # A method never measured (a plugin): the old rule of thumb, a float64-sized temporary per input and one more.

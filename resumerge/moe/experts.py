@@ -18,11 +18,15 @@ from resumerge.methods.spec import MergeContext, MethodSpec, register
 COPY = "moe_expert"
 FUSED = "moe_fused_experts"
 ZEROS = "moe_zeros"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+# Marks the MoE functions as the engine's own units, not merge methods a config may name.
+INTERNAL = {"internal": True}
 
 
-def scaled(tensor: torch.Tensor, params: Mapping[str, Any], generator: torch.Generator | None) -> torch.Tensor:
-    """``tensor`` with its expert's noise added and, for a ``down_proj``, its residual scale applied; never the
-    input itself (an expert used twice must not share storage in the output)."""
+def scaled(tensor: torch.Tensor, params: Mapping[str, Any], generator: torch.Generator | None, *,
+           copy: bool = True) -> torch.Tensor:
+    """``tensor`` with its expert's noise added and, for a ``down_proj``, its residual scale applied; with
+    ``copy`` never the input itself (an expert used twice must not share storage in the output)."""
     noise = params.get("noise_scale")
     if noise is not None:
         if generator is None:
@@ -32,7 +36,7 @@ def scaled(tensor: torch.Tensor, params: Mapping[str, Any], generator: torch.Gen
     residual = params.get("residual_scale")
     if residual is not None:
         tensor = tensor * residual
-    return tensor.clone() if noise is None and residual is None else tensor
+    return tensor.clone() if copy and noise is None and residual is None else tensor
 
 
 def expert_copy(ctx: MergeContext) -> torch.Tensor:
@@ -42,13 +46,20 @@ def expert_copy(ctx: MergeContext) -> torch.Tensor:
 
 
 def fused_experts(ctx: MergeContext) -> torch.Tensor:
-    """transformers' fused expert tensor of one layer: ``gate_up`` stacks each expert's ``cat([gate, up])`` (the
-    inputs are gate, up of expert 0, then of expert 1, ...), ``down`` stacks each expert's ``down_proj``. Each
-    input is noised and scaled first, in input order."""
-    parts = [scaled(t, p, ctx.generator) for t, p in zip(ctx.tensors, ctx.model_params)]
-    if ctx.params["part"] == "gate_up":
-        return torch.stack([torch.cat([parts[i], parts[i + 1]], dim=0) for i in range(0, len(parts), 2)])
-    return torch.stack(parts)
+    """transformers' fused expert tensor of one layer, in the output dtype ``dtype``: ``gate_up`` stacks each
+    expert's ``cat([gate, up])`` (the inputs are gate, up of expert 0, then of expert 1, ...), ``down`` stacks each
+    expert's ``down_proj``. Each input is noised and scaled first, in input order, then copied into its place:
+    casting element by element gives the bits of mergekit's cast of the stacked tensor, without its float32
+    stack."""
+    per = 2 if ctx.params["part"] == "gate_up" else 1
+    first = ctx.tensors[0]
+    rows = first.shape[0]
+    out = torch.empty((len(ctx.tensors) // per, rows * per, *first.shape[1:]), dtype=_DTYPES[ctx.params["dtype"]],
+                      device=first.device)
+    for i, (tensor, params) in enumerate(zip(ctx.tensors, ctx.model_params)):
+        expert, k = divmod(i, per)
+        out[expert, k * rows : (k + 1) * rows] = scaled(tensor, params, ctx.generator, copy=False)
+    return out
 
 
 def zeros(ctx: MergeContext) -> torch.Tensor:
@@ -58,9 +69,9 @@ def zeros(ctx: MergeContext) -> torch.Tensor:
 
 for _spec in (
     MethodSpec(name=COPY, fn=expert_copy, min_inputs=1, max_inputs=1, randomized=True,
-               reference="mergekit-moe copy_tensor_out / noise_and_scale"),
+               reference="mergekit-moe copy_tensor_out / noise_and_scale", extra=INTERNAL),
     MethodSpec(name=FUSED, fn=fused_experts, min_inputs=1, randomized=True,
-               reference="transformers' mixtral / qwen3_moe checkpoint conversion"),
-    MethodSpec(name=ZEROS, fn=zeros, min_inputs=0, max_inputs=0, reference="mergekit-moe qwen.py"),
+               reference="transformers' mixtral / qwen3_moe checkpoint conversion", extra=INTERNAL),
+    MethodSpec(name=ZEROS, fn=zeros, min_inputs=0, max_inputs=0, reference="mergekit-moe qwen.py", extra=INTERNAL),
 ):
     register(_spec)

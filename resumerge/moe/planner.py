@@ -29,6 +29,7 @@ from resumerge.plan.sharding import assign_shards
 
 METHOD = "moe"
 DTYPE_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64"}
+_NAMES = {code: name for name, code in DTYPE_CODES.items()}
 EMBED = "model.embed_tokens.weight"
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -200,7 +201,7 @@ def _fused(prefix: str, layer: int, experts: tuple[ExpertConfig, ...], models: M
         code = out_code or refs[0].dtype
         out[f"{prefix}.experts.{part}_proj"] = _tensor(f"{prefix}.experts.{part}_proj", expert_methods.FUSED,
                                                        tuple(refs), shape, code, model_params=tuple(params),
-                                                       params=(("part", part),))
+                                                       params=(("dtype", _NAMES[code]), ("part", part)))
     return out
 
 
