@@ -101,10 +101,11 @@ _TABLE: dict[str, dict[str, Footprint]] = {
     "task_arithmetic": _dtypes((4, 4), (2, 2), (2, 2), (8, 8)),
     "ties": _dtypes((3.75, 8.25), (6, 3), (6, 3), (8, 16)),
     # MoE upcycling's units (resumerge/moe): not measured by the harness, figured by hand with room to spare. A
-    # copy with noise holds the draw, the product and the sum (three tensors); a fused expert tensor its output in
-    # the output dtype (at most float64's 8 bytes) and one input's noised copy at a time.
+    # copy with noise holds the draw, the product and the sum (three tensors); a fused expert tensor its output
+    # (at most 4 bytes an element: float32 output; float64's 8) and one input's noised copy at a time (three
+    # tensors of an input's size, at most half the output's elements).
     "moe_expert": _dtypes((12, 0), (6, 0), (6, 0), (24, 0)),
-    "moe_fused_experts": _dtypes((12, 0), (12, 0), (12, 0), (24, 0)),
+    "moe_fused_experts": _dtypes((10, 0), (7, 0), (7, 0), (20, 0)),
 }
 
 # A method never measured (a plugin): the old rule of thumb, a float64-sized temporary per input and one more.
