@@ -53,7 +53,8 @@ def _unit(method: str, tensors: list[torch.Tensor]) -> None:
     params, per_model = PARAMS[method]
     spec = get_method(method)
     assert spec is not None
-    context = MergeContext(tensors, 0, [{}, per_model, per_model], params, "t", torch.Generator().manual_seed(1))
+    bound = spec.bind([{}, per_model, per_model], params, 0)
+    context = MergeContext(tensors, 0, *bound, torch.Generator().manual_seed(1))
     spec.fn(context)
 
 

@@ -141,12 +141,10 @@ def _old_merge_task_vectors(
     *,
     sparsifier: task_arithmetic.Sparsifier | None,
     consensus: bool,
-    normalize: bool,
-    rescale: bool,
 ) -> torch.Tensor:
     base = ctx.base
     others = ctx.others()
-    rescale = bool(ctx.params.get("rescale", rescale))
+    rescale = bool(ctx.params["rescale"])
     deltas = base.new_empty((len(others), *base.shape))
     for slot, index in enumerate(others):
         delta = ctx.tensors[index] - base
@@ -168,7 +166,7 @@ def _old_merge_task_vectors(
         divisor = weights.sum(dim=0)
         divisor[divisor.abs() < 1e-8] = 1
     del deltas
-    if ctx.params.get("normalize", normalize):
+    if ctx.params["normalize"]:
         mixed /= divisor
     scale = float(ctx.params.get("lambda", 1.0))
     if scale != 1:
@@ -213,10 +211,10 @@ def call(method: str, tensors: list[torch.Tensor]) -> Callable[[], torch.Tensor]
     spec = get_method(method)
     assert spec is not None
     params, per_model = CASES[method]
-    model_params = [{}] + [dict(per_model) for _ in tensors[1:]]
+    model_params, params = spec.bind([{}] + [dict(per_model) for _ in tensors[1:]], params, 0)
 
     def run() -> torch.Tensor:
-        ctx = MergeContext(tensors, 0, model_params, params, "bench.weight", torch.Generator().manual_seed(1))
+        ctx = MergeContext(tensors, 0, model_params, params, torch.Generator().manual_seed(1))
         return spec.fn(ctx)
 
     return run

@@ -14,10 +14,11 @@ element) and what :func:`resumerge.methods.footprint.working_bytes` reserves now
 measurement per element on ``--large`` over the one on ``--shape`` (float32): 1.00 means the working set scales
 linearly, so the small tensors of the test stand for large ones.
 
-``--fit`` instead measures every case and variant on the fitting shapes and prints the coefficient table of
-``resumerge/methods/footprint.py`` derived from them (per element: the largest slope over the input counts, the
-offset that covers every count, scratch per block from the shapes whose blocks are not diluted; each × 1.25 and
-rounded up to a quarter byte; :data:`~resumerge.methods.footprint.MARGIN` is applied where they are used).
+``--fit`` instead measures every case and variant on the fitting shapes and prints, per method, the figures of
+the ``footprint=measured(...)`` argument of its registration derived from them (per element: the largest slope
+over the input counts, the offset that covers every count, scratch per block from the shapes whose blocks are
+not diluted; each × 1.25 and rounded up to a quarter byte; :data:`~resumerge.methods.footprint.MARGIN` is
+applied where they are used).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from methods.footprint_cases import DTYPES, Case, cases, measure, variants  # no
 from resumerge.methods import get_method, method_names  # noqa: E402
 from resumerge.methods.footprint import (  # noqa: E402
     CALL_BYTES,
+    MethodFootprint,
     counted_inputs,
     dot_scratch,
     scratch_elements,
@@ -60,6 +62,12 @@ def _shape(text: str) -> tuple[int, ...]:
 
 def _elements(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
+
+
+def _footprint(method: str) -> MethodFootprint:
+    spec = get_method(method)
+    assert spec is not None and spec.footprint is not None, method
+    return spec.footprint
 
 
 def _pick(method: str, inputs: int) -> Case:
@@ -90,7 +98,8 @@ def table(shape: tuple[int, ...], large: tuple[int, ...], inputs: int) -> None:
         for dtype in DTYPES:
             size = torch.empty((), dtype=dtype).element_size()
             measured = by_job[(method, shape, dtype)] / (el * size)
-            new = working_bytes(method, NAMES[dtype], shape, case.inputs, base=case.base is not None) / (el * size)
+            new = working_bytes(_footprint(method), NAMES[dtype], shape, case.inputs,
+                                base=case.base is not None) / (el * size)
             old = _old(method, case.inputs, size) / size
             cells.append(f"{measured:.2f} / {old:.1f} / {new:.2f}")
         ratio = (by_job[(method, large, torch.float32)] / _elements(large)) / (
@@ -112,7 +121,7 @@ def _terms(point: Point, method: str, dtype: str) -> list[float]:
     """A point's coefficients of (1, counted inputs, block share, line share)."""
     count, inputs, shape, _, _ = point
     el = _elements(shape)
-    block, line = scratch_elements(method, dtype, shape, inputs)
+    block, line = scratch_elements(_footprint(method), dtype, shape, inputs)
     return [1.0, float(count), block / el, line / el]
 
 
@@ -201,8 +210,8 @@ def fit(saved: Path | None) -> None:
         peak = known[_key((case, shape, dtype, typical))]
         key = (case.method, NAMES[dtype])
         el = _elements(shape)
-        value = (peak - CALL_BYTES - dot_scratch(case.method, NAMES[dtype], el, threads)) / el
-        count = counted_inputs(case.method, case.inputs, base=case.base is not None)
+        value = (peak - CALL_BYTES - dot_scratch(_footprint(case.method), NAMES[dtype], el, threads)) / el
+        count = counted_inputs(_footprint(case.method), case.inputs, base=case.base is not None)
         if case.method in LONE and count == 1 and case.base is not None:
             lone[key] = max(lone.get(key, 0.0), value)
         else:
@@ -228,13 +237,10 @@ def fit(saved: Path | None) -> None:
         rows[method][dtype] = "(" + ", ".join(figures) + ")"
     print("    # worst estimate / measurement before the margin: " + "; ".join(
         f"{m} {', '.join(r)}" for m, r in ratios.items()), file=sys.stderr)
-    print("    # method: float32, bfloat16, float16, float64")
+    print("# each method's registration: footprint=measured(float32, bfloat16, float16, float64, ...)")
     for method, by_dtype in rows.items():
         columns = [by_dtype[NAMES[d]] for d in DTYPES]
-        line = f'    "{method}": _dtypes(' + ", ".join(columns) + "),"
-        if len(line) > 120:
-            line = f'    "{method}": _dtypes(\n' + "".join(f"        {c},\n" for c in columns) + "    ),"
-        print(line)
+        print(f"{method}: measured(" + ", ".join(columns) + ")")
 
 
 def main() -> None:

@@ -91,7 +91,7 @@ def run_resumerge(case: Case, tensors: list[torch.Tensor], seed: int) -> torch.T
     spec = get_method(case.method)
     assert spec is not None, case.method
     generator = torch.Generator().manual_seed(seed) if spec.randomized else None
-    ctx = MergeContext(tensors, case.base, model_params(case), dict(case.params), "bench", generator)
+    ctx = MergeContext(tensors, case.base, *spec.bind(model_params(case), case.params, case.base), generator)
     return spec.fn(ctx)
 
 

@@ -68,7 +68,7 @@ def ours(method: str, tensors: list[torch.Tensor]) -> torch.Tensor:
     assert spec is not None
     params, per_model = CASES[method]
     model_params = [{k: v[i] for k, v in per_model.items() if v[i] is not None} for i in range(len(tensors))]
-    return spec.fn(MergeContext(tensors, 0, model_params, params, "bench.weight", torch.Generator()))
+    return spec.fn(MergeContext(tensors, 0, *spec.bind(model_params, params, 0), torch.Generator()))
 
 
 def theirs(method: str, tensors: list[torch.Tensor]) -> torch.Tensor:

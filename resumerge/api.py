@@ -1,38 +1,47 @@
-"""The Python API, mirroring the CLI for notebook users: ``run``, ``resume``, ``status``, ``verify``, ``plan_merge``
-and ``estimate`` (what ``resumerge plan`` prints).
+"""The front door: ``run``, ``resume``, ``status``, ``verify``, ``estimate`` (what ``resumerge plan`` prints) and
+``plan_merge``, for the CLI and for notebooks alike.
 
-Each function does what the command of the same name does and raises the same :mod:`resumerge.errors`
-exceptions instead of printing and exiting. ``progress=True`` draws the same rich progress as the CLI.
+This is the only place that decides what a run is — a single merge, a recipe (several YAML documents) or an MoE
+upcycling (a mergekit-moe config, planned by :mod:`resumerge.moe`) — and it owns every guard and option: each CLI
+command parses its arguments and makes one call here, so a notebook gets the very tool the README describes.
+Every function takes flat keyword parameters and packs them, in :func:`_plan_options` and :func:`_run_settings`
+alone, into the :class:`~resumerge.plan.merge_plan.PlanOptions` that change output bytes and the
+:class:`~resumerge.engine.settings.RunSettings` that do not. Errors are the :mod:`resumerge.errors` exceptions
+that the CLI maps to exit codes.
+
+A new kind of run plugs in here (which planner makes its :class:`~resumerge.plan.merge_plan.Plan`) and then goes
+through the one session path, :func:`resumerge.engine.session.run_plan`.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resumerge.engine.session import Outcome, plan_from_config, read_config_file, resume_merge, run_merge
+from resumerge.errors import OutputDirError, UsageError
 from resumerge.memory.sizes import parse_size
-from resumerge.plan.merge_plan import DEFAULT_SEED, DEFAULT_SHARD_SIZE, Plan, PlanOptions
-from resumerge.store.integrity import VerifyReport, verify_output
-from resumerge.store.statusview import StatusReport, read_status
+from resumerge.plan.merge_plan import DEFAULT_SEED, DEFAULT_SHARD_SIZE
 
+# Only what ``status`` and ``verify`` need is imported here, so that they stay fast (no torch): the merging
+# commands import the engine inside the function.
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from resumerge.cli.render import ProgressReporter
     from resumerge.engine.costs import Estimate
+    from resumerge.engine.executor import Reporter
+    from resumerge.engine.session import Outcome
+    from resumerge.engine.settings import RunSettings
+    from resumerge.inputs.catalog import Inputs
+    from resumerge.moe import MoeConfig
+    from resumerge.plan.merge_plan import Plan, PlanOptions
+    from resumerge.recipes.estimate import RecipeEstimate
+    from resumerge.recipes.view import RecipeStatus
     from resumerge.store.hubsink import HubOutputOptions
-    from resumerge.store.recipeview import RecipeStatus
+    from resumerge.store.integrity import VerifyReport
+    from resumerge.store.statusview import StatusReport
 
 PathLike = str | os.PathLike[str]
-
-
-def _config_text(config: PathLike) -> str:
-    # A string with a newline is YAML text; anything else names a file.
-    if isinstance(config, str) and "\n" in config:
-        return config
-    return read_config_file(config)
 
 
 def run(
@@ -45,7 +54,7 @@ def run(
     restart: bool = False,
     copy_tokenizer: bool = True,
     allow_crimes: bool = False,
-    progress: bool = False,
+    allow_same_experts: bool = False,
     max_memory: int | str | None = None,
     device: str = "cpu",
     max_gpu_memory: int | str | None = None,
@@ -59,17 +68,23 @@ def run(
     stream_inputs: bool = False,
     write_model_card: bool = True,
     unsafe_truncate_embeddings: bool = False,
+    cache_dir: PathLike | None = None,
+    num_threads: int | None = None,
+    progress: bool | Reporter = False,
+    should_stop: Callable[[], bool] | None = None,
 ) -> Outcome:
     """Merge ``config`` (a YAML file path or YAML text) into ``out``, like ``resumerge run``.
 
     ``stream_inputs`` (``--stream-inputs``) reads every hub input's tensors by HTTP Range instead of downloading
     its files; by default a file is streamed when the merge needs less than half of it, or when downloading it
-    would break ``max_disk``.
+    would break ``max_disk``. ``cache_dir`` (``--transformers-cache``) is the Hugging Face cache for hub models;
+    ``num_threads`` (``-j``) torch's thread count.
 
     A multi-document ``config`` is a recipe (mergekit-multi): its named stages go to ``intermediate_dir``
     (default ``OUT.intermediates``, or under the state dir for an ``hf://`` OUT), deleted at the end with
     ``cleanup_intermediates``; the final stage's outcome is returned. With an ``hf://`` OUT only the final stage
-    is committed to the repo, with the recipe's record.
+    is committed to the repo, with the recipe's record. A single merge is refused (exit 4) into a recipe's OUT,
+    even with ``restart``: it would leave the recipe's record stale.
 
     ``staging``: None stages files on local disk only when ``out`` is on Drive or another remote filesystem,
     True always, False never, or a local directory to stage in (``--staging-dir``).
@@ -78,98 +93,125 @@ def run(
     unless ``public``), in commits of ``commit_every`` files or every ``commit_interval`` seconds, keeping at most
     ``max_disk`` bytes of uncommitted output on the local disk.
 
+    A mergekit-moe config (``base_model`` and ``experts``) is upcycled into a mixture of experts, as
+    ``mergekit-moe`` does; ``allow_same_experts`` (``--i-understand-this-is-not-useful-without-training``) lets
+    every expert be the same model, as there, and is refused for any other config.
+
     ``write_model_card=False`` (``--no-write-model-card``) writes no README.md and no mergekit_config.yml;
     ``unsafe_truncate_embeddings`` (``--unsafe-truncate-embeddings``) merges models whose vocabularies differ in
     size by keeping the common leading rows (config.json and the tokenizer are cut to match).
+
+    ``progress=True`` draws the CLI's rich progress; a reporter object is used as given (the caller closes it).
+    ``should_stop`` is polled at safe points: once true, the run stops and raises InterruptedMerge (exit 3).
     """
-    from resumerge.engine.devices import normalise_device
-
-    options = PlanOptions(out_shard_size=parse_size(out_shard_size, option="out_shard_size"),
-                          random_seed=random_seed, copy_tokenizer=copy_tokenizer, device=normalise_device(device),
-                          allow_crimes=allow_crimes, stream_inputs=stream_inputs, write_model_card=write_model_card,
-                          unsafe_truncate_embeddings=unsafe_truncate_embeddings)
-    reporter = _reporter(progress)
+    options = _plan_options(out_shard_size=out_shard_size, random_seed=random_seed, copy_tokenizer=copy_tokenizer,
+                            device=device, allow_crimes=allow_crimes, stream_inputs=stream_inputs,
+                            write_model_card=write_model_card, unsafe_truncate_embeddings=unsafe_truncate_embeddings)
+    settings = _run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory,
+                             max_gpu_memory=max_gpu_memory, staging=staging, max_disk=max_disk,
+                             output=_output(public, commit_every, commit_interval), num_threads=num_threads)
     text = _config_text(config)
-    try:
-        from resumerge.config.recipe import is_recipe_text
+    from resumerge.recipes.recipe import is_recipe_text
 
-        if is_recipe_text(text):
-            from resumerge.engine.recipe_run import run_recipe
+    recipe = is_recipe_text(text)
+    if not recipe:
+        _single_merge_only(config, out, settings, intermediate_dir=intermediate_dir,
+                           cleanup_intermediates=cleanup_intermediates)
+    moe = None if recipe else _moe_config(text, _source(config, "config"), allow_same_experts=allow_same_experts)
+    with _Progress(progress) as reporter:
+        if recipe:
+            from resumerge.recipes.run import run_recipe
 
-            return run_recipe(text, out, intermediate_dir=intermediate_dir, options=options, state_dir=state_dir,
-                              restart=restart, cleanup=cleanup_intermediates, reporter=reporter,
-                              max_memory=_budget(max_memory), max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"),
-                              staging=staging, max_disk=_budget(max_disk, "max_disk"),
-                              output=_output(public, commit_every, commit_interval)).final
-        return run_merge(text, out, options=options, state_dir=state_dir, restart=restart,
-                         reporter=reporter, max_memory=_budget(max_memory),
-                         max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"), staging=staging,
-                         max_disk=_budget(max_disk, "max_disk"), output=_output(public, commit_every, commit_interval))
-    finally:
-        if reporter is not None:
-            reporter.close()
+            return run_recipe(text, out, options, settings, intermediate_dir=intermediate_dir, restart=restart,
+                              cleanup=cleanup_intermediates, reporter=reporter, should_stop=_stop(should_stop),
+                              source=_source(config, "recipe")).outcome()
+        if moe is not None:
+            return _run_moe(moe, text, out, options, settings, restart=restart, reporter=reporter,
+                            should_stop=_stop(should_stop))
+        from resumerge.engine.session import run_merge
+
+        return run_merge(text, out, options, settings, restart=restart, reporter=reporter,
+                         should_stop=_stop(should_stop))
 
 
-def resume(out: PathLike, *, state_dir: PathLike | None = None, progress: bool = False,
-           max_memory: int | str | None = None, max_gpu_memory: int | str | None = None,
-           staging: bool | PathLike | None = None, cleanup_intermediates: bool = False,
-           max_disk: int | str | None = None, commit_every: int = 20, commit_interval: float = 60.0) -> Outcome:
+def resume(
+    out: PathLike,
+    *,
+    state_dir: PathLike | None = None,
+    max_memory: int | str | None = None,
+    max_gpu_memory: int | str | None = None,
+    staging: bool | PathLike | None = None,
+    cleanup_intermediates: bool = False,
+    max_disk: int | str | None = None,
+    commit_every: int = 20,
+    commit_interval: float = 60.0,
+    num_threads: int | None = None,
+    progress: bool | Reporter = False,
+    should_stop: Callable[[], bool] | None = None,
+) -> Outcome:
     """Finish the merge recorded for ``out``, like ``resumerge resume`` (for a recipe: every stage still to do,
-    returning the final stage's outcome); an ``hf://`` OUT resumes from the repo alone."""
-    from resumerge.store.recipeview import is_recipe_out
+    returning the final stage's outcome); an ``hf://`` OUT resumes from the repo alone. The options mean what they
+    mean for :func:`run`; none of them changes the output, so they may differ from the first run's."""
+    from resumerge.recipes.view import is_recipe_out
 
-    reporter = _reporter(progress)
-    try:
+    settings = _run_settings(state_dir=state_dir, max_memory=max_memory, max_gpu_memory=max_gpu_memory,
+                             staging=staging, max_disk=max_disk, output=_output(False, commit_every, commit_interval),
+                             num_threads=num_threads)
+    with _Progress(progress) as reporter:
         if is_recipe_out(out, state_dir):
-            from resumerge.engine.recipe_run import resume_recipe
+            from resumerge.recipes.run import resume_recipe
 
-            return resume_recipe(out, state_dir=state_dir, cleanup=cleanup_intermediates, reporter=reporter,
-                                 max_memory=_budget(max_memory),
-                                 max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"), staging=staging,
-                                 max_disk=_budget(max_disk, "max_disk"),
-                                 output=_output(False, commit_every, commit_interval)).final
-        return resume_merge(out, state_dir=state_dir, reporter=reporter, max_memory=_budget(max_memory),
-                            max_gpu_memory=_budget(max_gpu_memory, "max_gpu_memory"), staging=staging,
-                            max_disk=_budget(max_disk, "max_disk"),
-                            output=_output(False, commit_every, commit_interval))
-    finally:
-        if reporter is not None:
-            reporter.close()
+            return resume_recipe(out, settings, cleanup=cleanup_intermediates, reporter=reporter,
+                                 should_stop=_stop(should_stop)).outcome()
+        from resumerge.engine.session import resume_merge
+
+        return resume_merge(out, settings, reporter=reporter, should_stop=_stop(should_stop),
+                            other_kind=_recorded_moe)
 
 
-def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport:
-    """Where the merge into ``out`` stands, like ``resumerge status --json``."""
+def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport | RecipeStatus:
+    """Where the merge into ``out`` stands, like ``resumerge status --json``: a :class:`StatusReport`, or for a
+    recipe's OUT a :class:`~resumerge.recipes.view.RecipeStatus` (every stage, and the one in progress)."""
+    from resumerge.recipes.view import is_recipe_out
+    from resumerge.store.statusview import read_status
+
+    if is_recipe_out(out, state_dir):
+        return recipe_status(out, state_dir=state_dir)
     return read_status(out, state_dir)
 
 
 def recipe_status(out: PathLike, *, state_dir: PathLike | None = None) -> RecipeStatus:
-    """Where the recipe writing to ``out`` stands (every stage, and the one in progress), like ``resumerge status
-    --json`` on a recipe's OUT."""
-    from resumerge.store.recipeview import read_recipe_status
+    """Where the recipe writing to ``out`` stands (every stage, and the one in progress); raises LedgerError when
+    ``out`` holds no recipe. :func:`status` answers this for a recipe's OUT too."""
+    from resumerge.recipes.view import read_recipe_status
 
     return read_recipe_status(out, state_dir)
 
 
 def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
     """Re-hash ``out``'s committed files, like ``resumerge verify``."""
+    from resumerge.store.integrity import verify_output
+
     return verify_output(out, state_dir)
 
 
 def plan_merge(config: PathLike, *, out_shard_size: int | str = DEFAULT_SHARD_SIZE,
                random_seed: int = DEFAULT_SEED, allow_crimes: bool = False,
-               unsafe_truncate_embeddings: bool = False) -> Plan:
-    """Validate ``config`` against the models' headers and return the frozen plan; writes nothing."""
+               unsafe_truncate_embeddings: bool = False, allow_same_experts: bool = False) -> Plan:
+    """Validate ``config`` against the models' headers and return the frozen plan; writes nothing (a
+    mergekit-moe config's hidden-state routers are not computed)."""
     from resumerge.config.merge_config import load_config_text
-    from resumerge.moe import is_moe_text, load_moe_text
+    from resumerge.engine.session import plan_from_config
 
-    options = PlanOptions(out_shard_size=parse_size(out_shard_size, option="out_shard_size"),
-                          random_seed=random_seed, allow_crimes=allow_crimes,
-                          unsafe_truncate_embeddings=unsafe_truncate_embeddings)
-    source = str(config) if not (isinstance(config, str) and "\n" in config) else "config"
-    text = _config_text(config)
-    if is_moe_text(text):  # a mergekit-moe config (base_model + experts)
-        return plan_from_config(load_moe_text(text, allow_all_same=allow_crimes), options)
-    return plan_from_config(load_config_text(text, source=Path(source).name), options)
+    options = _plan_options(out_shard_size=out_shard_size, random_seed=random_seed, allow_crimes=allow_crimes,
+                            unsafe_truncate_embeddings=unsafe_truncate_embeddings)
+    text, source = _config_text(config), _source(config, "config")
+    moe = _moe_config(text, source, allow_same_experts=allow_same_experts)
+    if moe is not None:
+        from resumerge.moe.prepare import prepare_moe
+
+        return prepare_moe(moe, options, forward=False)[0]
+    return plan_from_config(load_config_text(text, source=source), options)
 
 
 def estimate(
@@ -181,47 +223,233 @@ def estimate(
     random_seed: int = DEFAULT_SEED,
     copy_tokenizer: bool = True,
     allow_crimes: bool = False,
+    allow_same_experts: bool = False,
+    unsafe_truncate_embeddings: bool = False,
     max_memory: int | str | None = None,
     cache_dir: PathLike | None = None,
+    stream_inputs: bool = False,
+    device: str = "cpu",
+    num_threads: int | None = None,
     staging: bool | PathLike | None = None,
     probe_size: int | str = "32MiB",
-    disk_free: Callable[[Path], int] | None = None,
+    intermediate_dir: PathLike | None = None,
     max_disk: int | str | None = None,
-) -> Estimate:
+    disk_free: Callable[[Path], int] | None = None,
+    fresh_process: bool = False,
+) -> Estimate | RecipeEstimate:
     """Validate ``config`` and estimate disk, downloads, peak RAM and time of merging it into ``out``, like
     ``resumerge plan CONFIG OUT``; ``.fits`` and ``.reasons`` give the verdict, ``.to_json()`` the document
     ``plan --json`` prints. Writes nothing but the disk probe's temp file (deleted; ``probe_size=0`` skips it).
 
-    ``out`` may be an ``hf://`` target and ``max_disk`` bounds the local disk, as for ``resumerge plan``.
-    ``disk_free`` replaces the free-space reading (tests simulate small disks with it). Raises the same errors as
-    :func:`plan_merge` for an invalid merge; a merge that does not fit is not an error.
+    The options mean what they mean for :func:`run`: compute is timed on ``device`` with ``num_threads`` threads
+    (a GPU this machine lacks is refused, exit 2). ``out`` may be an ``hf://`` target and ``max_disk`` bounds the
+    local disk. A multi-document ``config`` is a recipe: every stage is estimated (a
+    :class:`~resumerge.recipes.estimate.RecipeEstimate`), which needs ``out`` to place them
+    (``intermediate_dir`` as for :func:`run`). ``disk_free`` replaces the free-space reading (tests simulate small
+    disks with it); ``fresh_process`` says this process was started for this estimate, as the merge's will be (the
+    CLI), so its age counts as the merge's start-up. Raises the same errors as :func:`plan_merge` for an invalid
+    merge; a merge that does not fit is not an error.
     """
-    from resumerge.engine.estimate import estimate_config
     from resumerge.store.diskprobe import free_bytes
 
-    options = PlanOptions(out_shard_size=parse_size(out_shard_size, option="out_shard_size"),
-                          random_seed=random_seed, copy_tokenizer=copy_tokenizer, allow_crimes=allow_crimes)
-    source = str(config) if not (isinstance(config, str) and "\n" in config) else "config"
-    return estimate_config(_config_text(config), options, source=Path(source).name, out_dir=out,
-                           state_dir=state_dir, cache_dir=cache_dir, max_memory=_budget(max_memory),
-                           staging=staging, probe_bytes=parse_size(probe_size, option="probe_size"),
-                           disk_free=disk_free or free_bytes, max_disk=_budget(max_disk, "max_disk"))
+    options = _plan_options(out_shard_size=out_shard_size, random_seed=random_seed, copy_tokenizer=copy_tokenizer,
+                            device=device, allow_crimes=allow_crimes, stream_inputs=stream_inputs,
+                            unsafe_truncate_embeddings=unsafe_truncate_embeddings)
+    settings = _run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory, staging=staging,
+                             max_disk=max_disk, num_threads=num_threads)
+    if options.device != "cpu":
+        # The compute estimate times the methods on the run's device: a GPU the run would refuse is refused here
+        # too (exit 2), rather than a plan that "fits".
+        from resumerge.memory.cuda import CudaProbe
+
+        CudaProbe(options.device)
+    probe_bytes = parse_size(probe_size, option="--probe-size")
+    text = _config_text(config)
+    from resumerge.recipes.recipe import is_recipe_text
+
+    if is_recipe_text(text):
+        from resumerge.recipes.estimate import estimate_recipe
+
+        if allow_same_experts:
+            _moe_only(_source(config, "the config"))
+        if out is None:
+            raise UsageError("planning a recipe needs OUT: its stages are placed relative to it",
+                             hint=f"resumerge plan {config} OUT")
+        return estimate_recipe(text, options, settings, out_dir=out, source=_source(config, "recipe"),
+                               intermediate_dir=intermediate_dir, probe_bytes=probe_bytes,
+                               disk_free=disk_free or free_bytes)
+    from resumerge.engine.estimate import estimate_config
+
+    source = _source(config, "config")
+    moe = _moe_config(text, source, allow_same_experts=allow_same_experts)
+    planner = None
+    if moe is not None:  # planned without its prompt forward pass (the estimate counts it, not runs it)
+        from resumerge.moe.prepare import prepare_moe
+
+        def planner() -> tuple[Plan, Inputs]:
+            return prepare_moe(moe, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
+                               forward=False)
+
+    return estimate_config(text, options, settings, source=source, out_dir=out, probe_bytes=probe_bytes,
+                           disk_free=disk_free or free_bytes, fresh_process=fresh_process, planner=planner)
+
+
+# -- the one place flat parameters become PlanOptions and RunSettings --------------------------------------------
+
+
+def _plan_options(*, out_shard_size: int | str, random_seed: int, copy_tokenizer: bool = True, device: str = "cpu",
+                  allow_crimes: bool = False, stream_inputs: bool = False, write_model_card: bool = True,
+                  unsafe_truncate_embeddings: bool = False) -> PlanOptions:
+    """What changes the output's bytes (the plan's fingerprint); raises UsageError (exit 2) for a bad value."""
+    from resumerge.engine.devices import normalise_device
+    from resumerge.plan.merge_plan import PlanOptions
+
+    shard_size = parse_size(out_shard_size, option="--out-shard-size")
+    if shard_size <= 0:
+        raise UsageError("--out-shard-size must be positive")
+    return PlanOptions(out_shard_size=shard_size, random_seed=random_seed, copy_tokenizer=copy_tokenizer,
+                       device=normalise_device(device), allow_crimes=allow_crimes, stream_inputs=stream_inputs,
+                       write_model_card=write_model_card, unsafe_truncate_embeddings=unsafe_truncate_embeddings)
+
+
+def _run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = None,
+                  max_memory: int | str | None = None, max_gpu_memory: int | str | None = None,
+                  staging: bool | PathLike | None = None, max_disk: int | str | None = None,
+                  output: HubOutputOptions | None = None, num_threads: int | None = None) -> RunSettings:
+    """What never changes the output's bytes; raises UsageError (exit 2) for a bad value, before any work."""
+    from resumerge.engine.settings import RunSettings
+
+    if num_threads is not None and num_threads < 1:
+        raise UsageError("--num-threads must be at least 1")
+    settings = RunSettings(state_dir=state_dir, cache_dir=cache_dir, max_memory=_size(max_memory, "--max-memory"),
+                           max_gpu_memory=_size(max_gpu_memory, "--max-gpu-memory"), staging=staging,
+                           max_disk=_size(max_disk, "--max-disk"), num_threads=num_threads)
+    return settings if output is None else replace(settings, output=output)
 
 
 def _output(public: bool, every: int, interval: float) -> HubOutputOptions:
     from resumerge.store.hubcommits import Batching
     from resumerge.store.hubsink import HubOutputOptions
 
+    if every < 1 or interval < 0:
+        raise UsageError("--commit-every must be at least 1 and --commit-interval at least 0")
     return HubOutputOptions(public=public, batching=Batching(every=every, interval=interval))
 
 
-def _budget(value: int | str | None, option: str = "max_memory") -> int | None:
-    return None if value is None else parse_size(value, option=option)
-
-
-def _reporter(progress: bool) -> ProgressReporter | None:
-    if not progress:
+def _size(value: int | str | None, option: str) -> int | None:
+    """A size option in bytes (None: not given); raises UsageError for a size that is not positive."""
+    if value is None:
         return None
-    from resumerge.cli.render import ProgressReporter
+    size = parse_size(value, option=option)
+    if size <= 0:
+        raise UsageError(f"{option} must be positive")
+    return size
 
-    return ProgressReporter()
+
+# -- guards and helpers ------------------------------------------------------------------------------------------
+
+
+def _single_merge_only(config: PathLike, out: PathLike, settings: RunSettings, *,
+                       intermediate_dir: PathLike | None, cleanup_intermediates: bool) -> None:
+    """Refuse recipe-only options with a one-document config, and a single merge into a recipe's OUT (even with
+    ``restart``: the recipe's record would be left stale)."""
+    from resumerge.config.hubtarget import is_hub_target
+    from resumerge.recipes.manifest import RECIPE_MANIFEST_NAME
+    from resumerge.recipes.view import is_recipe_out
+
+    for flag, given in (("intermediate-dir", intermediate_dir is not None), ("cleanup-intermediates",
+                                                                             cleanup_intermediates)):
+        if given:
+            raise UsageError(f"--{flag} applies to recipes only, and {_source(config, 'the config')} holds one "
+                             "merge config", hint="separate a recipe's stages with --- lines")
+    # A repo is asked (one small request): a single merge must not take over, or --restart away, a recipe's repo.
+    if is_recipe_out(out, settings.state_dir) if is_hub_target(out) else \
+            os.path.isfile(os.path.join(out, RECIPE_MANIFEST_NAME)):
+        raise OutputDirError(f"{out} holds the output of a recipe ({RECIPE_MANIFEST_NAME})", path=str(out),
+                             hint="use another OUT for a single merge")
+
+
+def _moe_config(text: str, source: str, *, allow_same_experts: bool) -> MoeConfig | None:
+    """``text`` loaded as a mergekit-moe config (``base_model`` + ``experts``: MoE upcycling, planned by
+    :mod:`resumerge.moe`), or None for a merge config (which the session loads); ``allow_same_experts`` is refused
+    (exit 2) for the latter. Raises ConfigError naming the YAML path before any model is opened."""
+    from resumerge.moe import is_moe_text, load_moe_text
+
+    if is_moe_text(text):
+        return load_moe_text(text, allow_all_same=allow_same_experts, source=source)
+    if allow_same_experts:
+        _moe_only(source)
+    return None
+
+
+def _run_moe(config: MoeConfig, text: str, out: PathLike, options: PlanOptions, settings: RunSettings, *,
+             restart: bool, reporter: Reporter | None, should_stop: Callable[[], bool]) -> Outcome:
+    """MoE upcycling: its planner (:mod:`resumerge.moe`, which runs the prompt forward pass of the hidden-state
+    gate modes), then the one session path. Nothing is read before the config and OUT are checked."""
+    from resumerge.engine.session import hub_progress, run_plan
+    from resumerge.engine.target import Target
+    from resumerge.moe.prepare import prepare_moe
+
+    target = Target.open(out, settings)
+    plan, inputs = prepare_moe(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
+                               on_progress=hub_progress(reporter))
+    return run_plan(plan, text, target, settings, inputs=inputs, restart=restart, reporter=reporter,
+                    should_stop=should_stop)
+
+
+def _recorded_moe(text: str, options: PlanOptions, model_dirs: Mapping[str, str], settings: RunSettings,
+                  reporter: Reporter | None) -> tuple[Plan, Inputs] | None:
+    """The plan of a recorded mergekit-moe config, for its resume (None for a merge config). Its experts may all
+    be one model: that was allowed when the run started (the rule is about intent; it changes no byte)."""
+    from resumerge.moe import is_moe_text, load_moe_text
+
+    if not is_moe_text(text):
+        return None
+    from resumerge.engine.session import hub_progress
+    from resumerge.moe.prepare import prepare_moe
+
+    return prepare_moe(load_moe_text(text, allow_all_same=True), options, model_dirs=model_dirs,
+                       state_dir=settings.state_dir, cache_dir=settings.cache_dir, on_progress=hub_progress(reporter))
+
+
+def _moe_only(source: str) -> None:
+    raise UsageError("--i-understand-this-is-not-useful-without-training applies to mergekit-moe configs "
+                     f"(base_model and experts) only, and {source} is not one")
+
+
+def _config_text(config: PathLike) -> str:
+    # A string with a newline is YAML text; anything else names a file.
+    if isinstance(config, str) and "\n" in config:
+        return config
+    from resumerge.engine.session import read_config_file
+
+    return read_config_file(config)
+
+
+def _source(config: PathLike, text_name: str) -> str:
+    """The name errors about ``config`` start with: its file name, or ``text_name`` for YAML text."""
+    return text_name if isinstance(config, str) and "\n" in config else Path(config).name
+
+
+def _stop(should_stop: Callable[[], bool] | None) -> Callable[[], bool]:
+    return should_stop if should_stop is not None else (lambda: False)
+
+
+class _Progress:
+    """The reporter of one call: the caller's own, the CLI's rich display (``progress=True``, closed here even on
+    errors), or None."""
+
+    def __init__(self, progress: bool | Reporter) -> None:
+        self.given = progress if not isinstance(progress, bool) else None
+        self.owned = None
+        if progress is True:
+            from resumerge.cli.render import ProgressReporter
+
+            self.owned = ProgressReporter()
+
+    def __enter__(self) -> Reporter | None:
+        return self.given if self.given is not None else self.owned
+
+    def __exit__(self, *exc: object) -> None:
+        if self.owned is not None:
+            self.owned.close()

@@ -15,6 +15,7 @@ def hermetic(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monke
     """Point every cache and the state dir at temp dirs; never touch the user's files or the network."""
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("RESUMERGE_STATE_DIR", str(home / "state"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / "xdg-state"))  # for tests that unset the one above
     monkeypatch.setenv("HF_HOME", str(home / "hf"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")

@@ -21,7 +21,7 @@ import pytest
 from support import cli, digests, reference_merge
 
 from resumerge.cli.modelgen import ModelSpec
-from resumerge.store.killpoints import POINTS
+from resumerge.store.killpoints import LOCAL_POINTS as POINTS
 
 SHARD = "400k"
 

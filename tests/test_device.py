@@ -84,7 +84,7 @@ def test_gpu_budget_governs_units_and_streams_rows(tmp_path: Path, make: ModelFa
     made: list[_CountingGovernor] = []
 
     def fake_gpu(plan: object, device: str, max_gpu_memory: int | None) -> MemoryGovernor | None:
-        gov = _CountingGovernor(budget, FakeProbe(), write_buffer_bytes=0, pool="cuda:0",
+        gov = _CountingGovernor(budget, FakeProbe(), pool="cuda:0",
                                 budget_option="--max-gpu-memory")
         made.append(gov)
         return gov
@@ -123,7 +123,7 @@ def test_cuda_merge_matches_cpu_and_resume_keeps_the_device(tmp_path: Path, make
     config = write_config(tmp_path / "c.yml", linear_config(a, b))
     api.run(config, tmp_path / "cpu", state_dir=tmp_path / "s1")
     done = cli("run", config, tmp_path / "gpu", "--device", "cuda", "--state-dir", tmp_path / "s2",
-               env={"RESUMERGE_KILL_AT": "after_shard_commit"})
+               env={"RESUMERGE_KILL_AT": "after_ledger_commit:2"})
     assert done.returncode != 0
     done = cli("resume", tmp_path / "gpu", "--state-dir", tmp_path / "s2")
     assert done.returncode == 0, done.stderr

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from faultshim import ShimUnavailable, build_shim, probe_shim, shim_env
-from support import cli, digests, reference_merge
+from support import cli, digests, linear_config, reference_merge
 
 from resumerge.cli.modelgen import ModelSpec
 from resumerge.config.locations import run_dir
@@ -161,8 +162,9 @@ def test_storage_fault_exits_3_keeps_commits_and_resumes(setup: Setup, shim: Pat
 
 @pytest.mark.parametrize(("shard", "limit", "fragment"), [
     ("1M", 400_000, "File too large"),  # the single ~700 kB shard crosses the limit
-    (SHARD, 110_000, "file size limit of 110000 bytes"),  # the ledger's WAL outgrows it first (100 kB shards
-    # cannot): SQLite says "I/O error". Above the ledger's starting size, so a manifest is written before it fails.
+    (SHARD, 180_000, "file size limit of 180000 bytes"),  # the ledger's WAL outgrows it first (100 kB shards
+    # cannot): SQLite says "I/O error". Above the ledger's size when the first manifest is written (its migrations
+    # and plan leave a WAL of about 165 kB), so a manifest is written before it fails.
 ])
 def test_file_size_limit_gives_efbig_not_sigxfsz(setup: Setup, shard: str, limit: int, fragment: str) -> None:
     """RLIMIT_FSIZE: SIGXFSZ would kill the process (exit -25, no message, state left "running"); resumerge
@@ -342,3 +344,125 @@ def test_clock_jumps_change_nothing(setup: Setup, shim: Path) -> None:
     _resume_identical(setup, out, state, env=forward)
     status = json.loads(cli("status", out, "--state-dir", state, "--json").stdout)
     assert status["state"] == "done" and status["elapsed_seconds"] >= 0
+
+
+def test_a_ledger_of_the_previous_schema_is_migrated_and_resumes(setup: Setup,
+                                                                 interrupted: tuple[Path, Path]) -> None:
+    """A ledger written before migration m003 (``tensors`` still with its never-filled ``crc32`` and ``seconds``)
+    opens, loses the two columns and resumes to the reference bytes, trusting the files it recorded."""
+    from sqlite_utils import Database
+
+    from resumerge.store.ledger import migrations
+
+    out, state, ledger = _copy_interrupted(setup, interrupted, "ledger-previous-schema")
+    current = ledger.with_name("current.db")
+    ledger.rename(current)
+    old = Database(ledger)
+    migrations.apply(old, stop_before="m003_drop_unfilled_tensor_columns")  # the schema as released before m003
+    old.execute("ATTACH DATABASE ? AS cur", [str(current)])
+    for table in ("run", "files", "tensors", "events", "stream_reads"):
+        names = [d[0] for d in old.execute(f"SELECT * FROM cur.[{table}] LIMIT 0").description]
+        columns = ", ".join(f"[{c}]" for c in names)
+        old.execute(f"INSERT INTO main.[{table}] ({columns}) SELECT {columns} FROM cur.[{table}]")
+    old.conn.commit()
+    old.execute("DETACH DATABASE cur")
+    assert {"crc32", "seconds"} <= set(old["tensors"].columns_dict)
+    committed = dict(old.execute("SELECT name, sha256 FROM files WHERE status = 'done'").fetchall())
+    assert sum(n.startswith("model-") for n in committed) >= 2
+    old.close()
+    current.unlink()
+
+    stderr = _resume_identical(setup, out, state)
+    assert "files were already committed" in stderr and "set aside" not in stderr
+    assert not ledger.with_name("ledger.db.damaged").exists()
+    migrated = sqlite3.connect(ledger)
+    try:
+        columns = {row[1] for row in migrated.execute("PRAGMA table_info(tensors)")}
+        applied = {row[0] for row in migrated.execute("SELECT name FROM _sqlite_migrations")}
+    finally:
+        migrated.close()
+    assert columns == {"name", "shard", "status", "bytes"}
+    assert "m003_drop_unfilled_tensor_columns" in applied
+
+
+# A recipe over the two models: a named stage, then the final merge reading it.
+def _recipe(setup: Setup) -> Path:
+    a, b = str(setup.a), str(setup.root / "b")
+    first = linear_config(Path(a), Path(b), weights=(0.5, 0.5))
+    final = {"merge_method": "linear", "models": [{"model": "first", "parameters": {"weight": 0.7}},
+                                                  {"model": a, "parameters": {"weight": 0.3}}]}
+    docs = [{"name": "first", **first}, final]
+    path = setup.root / "recipe.yml"
+    path.write_text("---\n".join(yaml.safe_dump(d, sort_keys=False) for d in docs))
+    return path
+
+
+def _weights(directory: Path) -> dict[str, str]:
+    return {k: v for k, v in digests(directory).items() if k.endswith((".safetensors", ".json")) and
+            not k.startswith("resumerge-")}
+
+
+@pytest.fixture(scope="module")
+def recipe_reference(setup: Setup) -> dict[str, str]:
+    """The weight files of an uninterrupted run of :func:`_recipe`."""
+    out, state = _fresh(setup, "recipe-reference")
+    done = cli("run", _recipe(setup), out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet")
+    assert done.returncode == 0, done.stderr
+    return _weights(out)
+
+
+# (id, shim settings): the whole state dir's disk fills (a stage's ledger fails first, then the recipe ledger
+# cannot record why), or only the recipe ledger's writes fail (after the named stage published two shards).
+RECIPE_STORAGE_FAULTS: list[tuple[str, dict[str, object]]] = [
+    ("enospc-state-dir", {"match": "{state}/", "ops": "write", "errno": "ENOSPC", "arm_renames": 2,
+                          "arm_match": "{out}/model-"}),
+    ("enospc-recipe-ledger", {"match": "{state}/recipe-", "ops": "write", "errno": "ENOSPC", "arm_renames": 2,
+                              "arm_match": "/first/model-"}),
+]
+
+
+@pytest.mark.parametrize(("label", "settings"), RECIPE_STORAGE_FAULTS, ids=[f[0] for f in RECIPE_STORAGE_FAULTS])
+def test_a_full_disk_during_a_recipe_exits_3_and_resumes(setup: Setup, shim: Path, recipe_reference: dict[str, str],
+                                                         label: str, settings: dict[str, object]) -> None:
+    """A recipe meets a full state dir as a single merge does: exit 3 and one line naming the ledger that could
+    not be written (never an internal error, never "delete the ledger"); the resume ends identical."""
+    out, state = _fresh(setup, label)
+    shutil.rmtree(setup.root / f"out-{label}.intermediates", ignore_errors=True)
+    log = setup.root / f"{label}.log"
+    log.unlink(missing_ok=True)
+    values = {k: str(v).format(out=out, state=state) for k, v in settings.items()}
+    failed = cli("run", _recipe(setup), out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
+                 env=shim_env(shim, log=log, **values))
+    line = _one_error_line(failed, 3, "ledger could not be written", "disk is full")
+    assert log.exists(), "the fault was never injected"
+    assert "resume" in line
+    resumed = cli("resume", out, "--state-dir", state, "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    assert _weights(out) == recipe_reference
+    assert cli("verify", out, "--state-dir", state).returncode == 0
+
+
+def test_a_damaged_recipe_ledger_is_set_aside_and_the_recipe_resumes(setup: Setup,
+                                                                      recipe_reference: dict[str, str]) -> None:
+    out, state = _fresh(setup, "recipe-ledger-damaged")
+    shutil.rmtree(setup.root / "out-recipe-ledger-damaged.intermediates", ignore_errors=True)
+    killed = cli("run", _recipe(setup), out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
+                 env={"RESUMERGE_KILL_AT": "after_manifest_write:3"})
+    assert killed.returncode == -9, killed.stderr
+    ledgers = list(state.glob("recipe-*/recipe.db"))
+    assert len(ledgers) == 1
+    ledger = ledgers[0]
+    conn = sqlite3.connect(ledger)  # the killed run's WAL into the file, so the damage is not read around
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    _overwrite(ledger, 0, 100)
+    status = cli("status", out, "--state-dir", state, "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["source"] == "manifest"
+    resumed = cli("resume", out, "--state-dir", state, "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    assert _weights(out) == recipe_reference
+    assert ledger.with_name("recipe.db.damaged").exists()
+    status = json.loads(cli("status", out, "--state-dir", state, "--json").stdout)
+    assert status["state"] == "done" and status["source"] == "ledger"
+    assert any("set aside as recipe.db.damaged" in e for e in status["events"])

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "resumerge"
-MAX_ENTRIES = 15
+# The stage packages, the recipes package above the engine, MoE upcycling's planner, the API edge, errors, and the
+# package's own files.
+MAX_ENTRIES = 17
 MAX_LINES = 600
 MAX_MEDIAN_LINES = 150
 # The edge: the Python API and the root package (which re-exports it lazily) may import anything.
@@ -167,11 +169,19 @@ def test_no_module_import_cycle() -> None:
     assert not cycles, "import cycles between modules:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
+# The CLI calls the API, and ``api.run(progress=True)`` draws the terminal's progress, which only ``cli.render``
+# may draw (it alone imports rich): that one import, from the edge back to the renderer, is the only edge left out
+# of the package graph. The renderer imports neither the API nor the commands (the module graph has no cycle).
+EDGE_TO_RENDERER = ("resumerge.api", "resumerge.cli.render")
+
+
 def test_no_package_import_cycle() -> None:
     graph: dict[str, set[str]] = {}
     for module, targets in _graph().items():
-        graph.setdefault(_top(module), set()).update(_top(t) for t in targets if _top(t) != _top(module))
+        kept = {t for t in targets if (module, t) != EDGE_TO_RENDERER}
+        graph.setdefault(_top(module), set()).update(_top(t) for t in kept if _top(t) != _top(module))
     assert not _cycles(graph)
+    assert not {"resumerge.api", "resumerge.cli.commands"} & _graph()[EDGE_TO_RENDERER[1]]
 
 
 def test_sizes() -> None:

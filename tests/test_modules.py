@@ -147,6 +147,47 @@ def test_unlisted_modules_are_copied_from_the_donor_and_said(
     _load("llava", out)
 
 
+def test_mergekit_inferred_module_names_are_accepted_for_what_they_denote(
+    pairs: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    """mergekit has no JSON definition of Llava: it names the modules ``default`` (every loose tensor) and the
+    layer prefixes as transformers 5 holds them (``mergekit-modules-moe.md`` §2.5 c); such configs run here."""
+    a, b = pairs["llava"]
+    out = _run(tmp_path, {"merge_method": "passthrough", "dtype": "float32", "modules": {
+        "default": {"models": [{"model": str(a)}]},
+        "model.language_model.layers": {"slices": [{"sources": [{"model": str(a), "layer_range": [0, 2]}]},
+                                                   {"sources": [{"model": str(a), "layer_range": [1, 2]}]}]},
+        "model.vision_tower.encoder.layers": {"models": [{"model": str(b)}]}}})
+    got, ta, tb = _tensors(out), _tensors(a), _tensors(b)
+    text_layers, vision_layers = "language_model.model.layers.", "vision_tower.encoder.layers."
+    assert {n for n in got if not n.startswith(text_layers)} == {n for n in ta if not n.startswith(text_layers)}
+    for name, tensor in got.items():
+        if name.startswith(text_layers):
+            index, suffix = name[len(text_layers):].split(".", 1)
+            assert torch.equal(tensor, ta[f"{text_layers}{(0, 1, 1)[int(index)]}.{suffix}"]), name
+        else:  # vision layers from B; every loose tensor (vision embeddings too) from default's model, A
+            assert torch.equal(tensor, (tb if name.startswith(vision_layers) else ta)[name]), name
+    assert sum(n.startswith(text_layers) for n in got) == 3 * sum(n.startswith(f"{text_layers}0.") for n in ta)
+
+
+@pytest.mark.parametrize(("modules", "fragment"), [
+    ({"default": {"models": ["A"]}, "text_decoder": {"models": ["A"]}}, "they split the model differently"),
+    ({"language_model.model.layers": {"models": ["A"]}, "model.language_model.layers": {"models": ["A"]}},
+     "name the same module"),
+    ({"model.audio_tower.layers": {"models": ["A"]}}, "mergekit's inferred names: default, language_model.model"),
+], ids=["mixed", "twice", "unknown"])
+def test_inferred_module_names_refused_when_mixed_repeated_or_unknown(
+    pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    modules: dict[str, Any], fragment: str,
+) -> None:
+    a, _ = pairs["llava"]
+    text = yaml.safe_dump({"merge_method": "passthrough", "modules": modules}).replace("- A\n", f"- {a}\n")
+    (tmp_path / "c.yml").write_text(text)
+    assert main(["run", str(tmp_path / "c.yml"), str(tmp_path / "out"), "--quiet"]) == 2
+    assert fragment in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(("module", "fragment"), [
     ({"text_decoder": {"merge_method": "slerp", "models": ["A"]}}, "modules.text_decoder.merge_method"),
     ({"text_decoder": {"models": ["A"], "slices": []}}, "Must specify either output slices or models"),

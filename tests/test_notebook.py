@@ -12,6 +12,8 @@ import hashlib
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -19,6 +21,7 @@ import pytest
 from conftest import ModelFactory
 from hub.fakehub import FakeHub
 from hub.fakehub_write import HubWriter
+from hub.fakehub_xet import XetCas
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from support import digests
@@ -88,14 +91,15 @@ def _text(cell: nbformat.NotebookNode) -> str:
 
 
 def _stand_in_hub(monkeypatch: pytest.MonkeyPatch, home: Path) -> tuple[FakeHub, HubWriter]:
-    """A stand-in hub taking uploads, and the environment every kernel and command inherits (an empty HF home;
-    huggingface_hub picks Xet whenever hf_xet is importable, which the stand-in does not speak)."""
+    """A stand-in hub taking uploads, and the environment every kernel and command inherits (an empty HF home).
+    Uploads go through Xet, as on Colab (hf-xet is installed there): to the stand-in's ``local://`` CAS."""
     fake = FakeHub()
     writer = HubWriter.attach(fake)
     writer.add_token(TOKEN, "alice")
-    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE"):
+    writer.cas = XetCas(home.parent / "cas")
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "HF_HUB_DISABLE_XET"):
         monkeypatch.delenv(var, raising=False)
-    for var, value in {"HF_HOME": str(home), "HF_TOKEN_PATH": str(home / "token"), "HF_HUB_DISABLE_XET": "1",
+    for var, value in {"HF_HOME": str(home), "HF_TOKEN_PATH": str(home / "token"), "HF_XET_CACHE": str(home / "xet"),
                        "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}.items():
         monkeypatch.setenv(var, value)
     return fake, writer
@@ -148,4 +152,59 @@ def test_notebook_merges_and_its_resume_cell_survives_a_runtime_death(
         assert f"hf://{REPO}: done (from the ledger)" in from_repo, from_repo
         in_repo = {k: hashlib.sha256(v).hexdigest() for k, v in hub.head_files(REPO).items() if k != ".gitattributes"}
         assert in_repo == digests(reference)
-        assert hub.puts and all(n == 1 for n in hub.puts.values())  # the three uploads before the death: not again
+        # The uploads before the death: their chunks were not sent again (the resume registered them once more).
+        assert hub.cas is not None and not hub.puts and set(hub.cas.registrations()) == {
+            v for k, v in in_repo.items() if k.endswith(".safetensors")}
+        xorbs = sum(size for name, (size, _) in hub.cas.snapshot().items() if name.startswith("xorbs/"))
+        assert xorbs <= 1.02 * sum(len(v) for k, v in hub.head_files(REPO).items() if k.endswith(".safetensors"))
+
+
+def _wheel(tmp_path: Path) -> Path:
+    """A wheel of this checkout (a copy of it, so the build leaves nothing in the tree), standing in for what the
+    install cell fetches from the repository URL."""
+    source = tmp_path / "source"
+    shutil.copytree(ROOT / "resumerge", source / "resumerge", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            "--no-index", "-w", str(tmp_path / "wheels"), str(source)],
+                           capture_output=True, text=True, timeout=300, check=False)
+    assert built.returncode == 0, built.stderr
+    return next((tmp_path / "wheels").glob("resumerge-*.whl"))
+
+
+def test_install_cell_installs_from_the_repository_or_a_wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pip install resumerge` failed: no index has it. The cell installs INSTALL_FROM (a git+https URL or an
+    uploaded wheel), and says what to set while it is the placeholder."""
+    wheel = _wheel(tmp_path)
+    target = tmp_path / "site"
+    # pip reads its options from the environment: into a temp folder, this wheel alone, never the network.
+    for var, value in {"PIP_TARGET": str(target), "PIP_NO_DEPS": "1", "PIP_NO_INDEX": "1",
+                       "PIP_DISABLE_PIP_VERSION_CHECK": "1"}.items():
+        monkeypatch.setenv(var, value)
+    common = {"STATE_DIR": str(tmp_path / "state"), "USE_DRIVE": False, "INSTALL": True}
+    placeholder = _execute(_notebook(common, {}), ("parameters", "injected-parameters", "install"), tmp_path)
+    assert placeholder[-1][0] == "error" and "set INSTALL_FROM" in placeholder[-1][1], placeholder
+    installed = _execute(_notebook({**common, "INSTALL_FROM": str(wheel)}, {}),
+                         ("parameters", "injected-parameters", "install"), tmp_path)
+    assert [cell for cell, _ in installed] == ["parameters", "injected-parameters", "install"], installed
+    assert (target / "resumerge" / "api.py").is_file() and list(target.glob("resumerge-*.dist-info"))
+
+
+def test_resume_cell_starts_a_merge_whose_runtime_died_before_any_commit(
+    tmp_path: Path, make: ModelFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """api.status raised "LedgerError: no merge recorded" when OUT held no merge yet; the cell now starts it."""
+    a, b = make("a", seed=1), make("b", seed=2)
+    config = f"merge_method: linear\nmodels:\n  - model: {a}\n    parameters: {{weight: 0.3}}\n" \
+             f"  - model: {b}\n    parameters: {{weight: 0.7}}\ndtype: float32\n"
+    reference = tmp_path / "reference"
+    resumerge.run(config, reference, out_shard_size=SHARD_SIZE, state_dir=tmp_path / "reference-state")
+    out = tmp_path / "drive" / "merged"
+    nb = _notebook({"OUT": str(out), "STATE_DIR": str(tmp_path / "state"), "CONFIG_PATH": str(tmp_path / "merge.yml"),
+                    "CONFIG": config, "USE_DRIVE": False, "INSTALL": False, "OUT_SHARD_SIZE": SHARD_SIZE}, {})
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    ran = _execute(nb, AFTER_RESET, tmp_path)
+    assert [cell for cell, _ in ran] == list(AFTER_RESET), ran
+    assert "holds no merge yet" in ran[-1][1] and ": done (from the ledger)" in ran[-1][1], ran[-1][1]
+    assert digests(out) == digests(reference)

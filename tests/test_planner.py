@@ -141,3 +141,27 @@ def test_tokenizer_source_must_be_a_merged_model(make: ModelFactory) -> None:
     with pytest.raises(ConfigError, match="not one of the merged models") as caught:
         _plan(f"merge_method: passthrough\nmodels: [{a}]\ntokenizer_source: someone/else\n")
     assert caught.value.yaml_path == "tokenizer_source"
+
+
+def test_the_planner_binds_every_default_as_method_spec_bind_does(make: ModelFactory) -> None:
+    # Method bodies read their parameters by name (p["density"]): the planner must hand them every parameter, the
+    # unset ones at their ParamSpec default, exactly as MethodSpec.bind does for callers that run a method directly.
+    from resumerge.methods import get_method
+
+    a, b = make("a", layers=2, seed=1), make("b", layers=2, seed=2)
+    plan = _plan(f"""
+merge_method: breadcrumbs_ties
+base_model: {a}
+models:
+  - model: {a}
+  - model: {b}
+    parameters: {{weight: 0.5, gamma: 0.02}}
+""")
+    spec = get_method("breadcrumbs_ties")
+    assert spec is not None
+    tp = plan.tensors["model.layers.1.mlp.up_proj.weight"]
+    assert tp.base_index == 0
+    model_params, params = spec.bind([{}, {"weight": 0.5, "gamma": 0.02}], {}, 0)
+    assert dict(tp.params) == params and [dict(p) for p in tp.model_params] == model_params
+    assert set(model_params[1]) == {"weight", "density", "gamma"} and model_params[0] == {}
+    assert params == {"int8_mask": False, "normalize": False, "rescale": False, "lambda": 1.0}

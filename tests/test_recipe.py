@@ -33,9 +33,11 @@ import resumerge
 import resumerge.api
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
-from resumerge.config.recipe import load_recipe_text
-from resumerge.store.recipe_manifest import RECIPE_MANIFEST_NAME
-from resumerge.store.recipeview import read_recipe_status
+from resumerge.engine.settings import RunSettings
+from resumerge.plan.merge_plan import PlanOptions
+from resumerge.recipes.manifest import RECIPE_MANIFEST_NAME
+from resumerge.recipes.recipe import load_recipe_text
+from resumerge.recipes.view import read_recipe_status
 
 REMOTE = "org/remote"
 SHARD = "100k"
@@ -281,9 +283,8 @@ def _local_recipe(m: Models, *, weight: float = 0.6) -> str:
 
 def test_status_and_edited_recipe_refused_while_unfinished(tmp_path: Path, models: Models,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    from resumerge.engine.recipe_run import run_recipe
     from resumerge.errors import InterruptedMerge
-    from resumerge.plan.merge_plan import PlanOptions
+    from resumerge.recipes.run import run_recipe
 
     out, state = tmp_path / "out", tmp_path / "state"
     b_manifest = tmp_path / "out.intermediates" / "b" / "resumerge-manifest.json"
@@ -295,7 +296,7 @@ def test_status_and_edited_recipe_refused_while_unfinished(tmp_path: Path, model
             return False
 
     with pytest.raises(InterruptedMerge) as stopped:
-        run_recipe(_local_recipe(models), out, state_dir=state, options=PlanOptions(out_shard_size=100_000),
+        run_recipe(_local_recipe(models), out, PlanOptions(out_shard_size=100_000), RunSettings(state_dir=state),
                    should_stop=b_has_three_shards)
     # The exact command that continues from the ledgers in the state dir (not one that rebuilds them).
     assert stopped.value.resume_command == f"resumerge resume {out} --state-dir {state}"
@@ -477,11 +478,12 @@ def test_out_left_by_a_kill_inside_the_first_manifest_write_is_resumable(tmp_pat
 
 def test_a_live_display_restarts_for_every_stage(tmp_path: Path, models: Models) -> None:
     from resumerge.cli.render import ProgressReporter
-    from resumerge.engine.recipe_run import run_recipe
+    from resumerge.recipes.run import run_recipe
 
     stream = io.StringIO()
     reporter = ProgressReporter(mode="live", stream=stream, width=100)
-    outcome = run_recipe(_local_recipe(models), tmp_path / "out", state_dir=tmp_path / "state", reporter=reporter)
+    outcome = run_recipe(_local_recipe(models), tmp_path / "out", PlanOptions(),
+                         RunSettings(state_dir=tmp_path / "state"), reporter=reporter)
     reporter.close()
     assert [s.action for s in outcome.stages] == ["merged", "merged", "merged"]
     shown = stream.getvalue()
@@ -490,9 +492,8 @@ def test_a_live_display_restarts_for_every_stage(tmp_path: Path, models: Models)
 
 
 def test_plan_estimates_every_stage_and_their_shared_disk_writing_nothing(tmp_path: Path, models: Models) -> None:
-    from resumerge.engine.recipe_estimate import estimate_recipe
-    from resumerge.engine.recipe_run import run_recipe
-    from resumerge.plan.merge_plan import PlanOptions
+    from resumerge.recipes.estimate import estimate_recipe
+    from resumerge.recipes.run import run_recipe
 
     text = _local_recipe(models)
     (tmp_path / "recipe.yml").write_text(text)
@@ -506,7 +507,7 @@ def test_plan_estimates_every_stage_and_their_shared_disk_writing_nothing(tmp_pa
     assert [s["final"] for s in doc["stages"]] == [False, False, True]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recipe.yml"]  # plan writes nothing
 
-    run_recipe(text, out, state_dir=tmp_path / "state", options=PlanOptions())
+    run_recipe(text, out, PlanOptions(), RunSettings(state_dir=tmp_path / "state"))
     for stage in doc["stages"]:
         # The recipe's own record in OUT belongs to no stage (a few KB).
         written = sum(f.stat().st_size for f in Path(stage["out_dir"]).iterdir()
@@ -516,7 +517,7 @@ def test_plan_estimates_every_stage_and_their_shared_disk_writing_nothing(tmp_pa
     # Each stage output fits on its own, but not all of them together: only the shared check can say so.
     totals = [s["estimate"]["output"]["total_bytes"] for s in doc["stages"]]
     free = sum(totals) - 1
-    short = estimate_recipe(text, PlanOptions(), out_dir=tmp_path / "out2", probe_bytes=0,
+    short = estimate_recipe(text, PlanOptions(), RunSettings(), out_dir=tmp_path / "out2", probe_bytes=0,
                             disk_free=lambda path: free)
     assert not short.fits and "need" in short.reasons[-1] and "--intermediate-dir" in short.reasons[-1]
     assert main(["plan", str(tmp_path / "recipe.yml")]) == 2  # OUT is needed to place the stages
@@ -526,7 +527,7 @@ def test_a_stage_ledger_killed_while_being_created_reads_as_not_started(tmp_path
     # A SIGKILL between creating ledger.db and committing its schema leaves a file without tables: the stage has
     # committed nothing (its manifest comes first), so its status is "no record", not an unreadable-ledger error.
     from resumerge.config.locations import run_dir
-    from resumerge.store.recipeview import stage_record
+    from resumerge.recipes.view import stage_record
 
     out, state = tmp_path / "stage", tmp_path / "state"
     out.mkdir()

@@ -1,4 +1,6 @@
-"""The two seams the engine works through: output sinks and input sources, each held to one contract."""
+"""The two seams the engine works through: output sinks and input sources, each held to one contract (the contract
+every sink keeps, a hub repo's and the memory sink's included, is tests/test_sink_contract.py; here what folders
+add to it)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from resumerge.cli.commands import EXIT_BROKEN_PIPE, main
 from resumerge.config.merge_config import load_config_text
 from resumerge.engine.executor import compute_tensor
 from resumerge.engine.session import plan_from_config, run_merge
+from resumerge.engine.settings import RunSettings
 from resumerge.errors import InterruptedMerge
 from resumerge.inputs.source import InputSource, InputSources, LocalFiles
 from resumerge.plan.merge_plan import PlanOptions
@@ -37,22 +40,25 @@ def _sink(kind: str, tmp_path: Path) -> OutputSink:
 
 
 @pytest.mark.parametrize("kind", SINKS)
-def test_a_sink_writes_checks_lists_and_deletes_only_what_it_is_told(kind: str, tmp_path: Path) -> None:
-    sink = _sink(kind, tmp_path)
+def test_a_folder_sink_lists_no_link_and_deletes_only_what_it_is_told(kind: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    (out / "user-notes.txt").write_text("not ours")
-    (out / "link.json").symlink_to(out / "user-notes.txt")
-    data = b"x" * 1000
-    sha = sink.write_small("config.json", data)[0]
-    assert sha == hashlib.sha256(data).hexdigest() and (out / "config.json").read_bytes() == data
-    assert sink.names() == ["config.json", "user-notes.txt"]  # links are never a sink's files
-    assert sink.check([("config.json", 1000, sha)]) == {"config.json": None}
-    (out / "config.json").write_bytes(b"y" * 1000)
-    assert sink.check([("config.json", 1000, sha)])["config.json"] == "contents differ from the committed checksum"
-    sink.delete(["config.json", "link.json", "never-written.bin"])
-    assert sorted(p.name for p in out.iterdir()) == ["link.json", "user-notes.txt"]
-    leftovers = [p.name for p in tmp_path.rglob("*.part")]
-    assert leftovers == []
+    with _sink(kind, tmp_path) as sink:
+        (out / "user-notes.txt").write_text("not ours")
+        (out / "link.json").symlink_to(out / "user-notes.txt")
+        data = b"x" * 1000
+        sha = hashlib.sha256(data).hexdigest()
+        temp = sink.temp_for("config.json")
+        temp.write_bytes(data)
+        assert sink.publish(temp, "config.json", sha).done()  # a folder commits at once
+        assert (out / "config.json").read_bytes() == data
+        assert sink.names() == ["config.json", "user-notes.txt"]  # links are never a sink's files
+        assert sink.check([("config.json", 1000, sha)]) == {"config.json": None}
+        (out / "config.json").write_bytes(b"y" * 1000)
+        assert sink.check([("config.json", 1000, sha)])["config.json"] == "contents differ from the committed checksum"
+        sink.delete(["config.json", "link.json", "never-written.bin"])
+        assert sorted(p.name for p in out.iterdir()) == ["link.json", "user-notes.txt"]
+        leftovers = [p.name for p in tmp_path.rglob("*.part")]
+        assert leftovers == []
 
 
 @pytest.mark.parametrize("kind", SINKS)
@@ -81,10 +87,14 @@ class _InMemory(InputSource):
     def __init__(self, files: dict[str, bytes]) -> None:
         self.files = files
         self.ranges: list[tuple[str, int, int]] = []
+        self.closed = False
 
     def read_range(self, file: str, start: int, end: int) -> torch.Tensor:
         self.ranges.append((file, start, end))
         return torch.frombuffer(bytearray(self.files[file][start:end]), dtype=torch.uint8)
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def test_the_engine_computes_the_same_tensors_from_any_input_source(tmp_path: Path, make: ModelFactory) -> None:
@@ -94,13 +104,10 @@ def test_the_engine_computes_the_same_tensors_from_any_input_source(tmp_path: Pa
     local = InputSources.local(plan.model_dirs)
     memories = {key: _InMemory({p.name: p.read_bytes() for p in Path(d).glob("*.safetensors")})
                 for key, d in plan.model_dirs.items()}
-    remote = InputSources(memories)
-    try:
+    with local, InputSources(memories) as remote:
         for tp in plan.tensors.values():
             assert torch.equal(compute_tensor(plan, tp, local), compute_tensor(plan, tp, remote)), tp.name
-    finally:
-        local.close()
-        remote.close()
+    assert all(source.closed for source in memories.values())  # leaving the block closed every source
     # Only the byte ranges of the tensors were asked for: never a header, never a whole file.
     for source in memories.values():
         assert source.ranges and all(start > 8 for _, start, _ in source.ranges)
@@ -125,7 +132,7 @@ def test_the_interrupt_hint_is_the_exact_command_that_continues_from_the_ledger(
     cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
     out, state = tmp_path / "big out", tmp_path / "state-big"
     with pytest.raises(InterruptedMerge) as stopped:
-        run_merge(cfg.read_text(), out, state_dir=state, options=PlanOptions(out_shard_size=30_000),
+        run_merge(cfg.read_text(), out, PlanOptions(out_shard_size=30_000), RunSettings(state_dir=state),
                   should_stop=lambda: True)
     command = stopped.value.resume_command
     assert command == f"resumerge resume {shlex.quote(str(out))} --state-dir {shlex.quote(str(state))}"

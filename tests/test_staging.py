@@ -10,6 +10,7 @@ import pytest
 from resumerge.errors import StorageError
 from resumerge.store.durable import publish_copy
 from resumerge.store.filesystems import filesystem_type, needs_staging, parse_mountinfo
+from resumerge.store.killpoints import STAGED_POINTS
 from tests.conftest import ModelFactory
 from tests.support import cli, digests, linear_config, write_config
 
@@ -73,7 +74,7 @@ def test_staged_run_equals_a_direct_one_and_leaves_staging_empty(tmp_path: Path,
     assert list(staging.iterdir()) == []
 
 
-@pytest.mark.parametrize("point", ["after_temp_write:2", "after_fsync:2", "after_publish_copy:2",
+@pytest.mark.parametrize("point", ["after_temp_write:2", "after_fsync:2", *(f"{p}:2" for p in STAGED_POINTS),
                                    "after_rename:2", "after_ledger_commit:3", "during_config_write:1"])
 def test_staged_kill_points_resume_identically(tmp_path: Path, merge: tuple[Path, dict[str, str]],
                                               point: str) -> None:

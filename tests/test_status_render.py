@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import select
 import signal
 from dataclasses import replace
@@ -212,3 +213,59 @@ def test_plan_report_matches_its_snapshot(tmp_path: Path, make: ModelFactory) ->
     text = stream.getvalue()
     assert ESC not in text and text.rstrip().endswith("but only 3.00 GB is free")
     _matches_snapshot("plan_will_not_fit.txt", text)
+
+
+@pytest.mark.parametrize(("tokenizer", "said"), [
+    ({"tokenizer_source": "union"}, "tokenizer built from the inputs' tokenizers"),
+    ({}, "tokenizer from "),
+], ids=["union", "donor"])
+def test_plan_says_where_the_tokenizer_comes_from(tmp_path: Path, make: ModelFactory,
+                                                  tokenizer: dict[str, str], said: str) -> None:
+    """A built tokenizer (tokenizer_source: union) was shown as "tokenizer from nowhere"."""
+    cfg = write_config(tmp_path / "c.yml", {**linear_config(make("a", seed=1), make("b", seed=2)), **tokenizer})
+    stream = io.StringIO()
+    show_plan(api.estimate(cfg, probe_size=0), stream, width=WIDTH)
+    assert said in stream.getvalue() and "nowhere" not in stream.getvalue()
+
+
+def _screen(drawn: str, width: int) -> list[str]:
+    """What a terminal ``width`` columns wide shows after ``drawn``: it wraps long lines and obeys the few
+    controls rich's live display sends (carriage return, erase line, cursor up)."""
+    rows: list[list[str]] = [[]]
+    row = col = 0
+    pending = False  # a character in the last column: the next one wraps
+    for match in re.finditer(r"\x1b\[([0-9;?]*)([A-Za-z])|(.)", drawn, re.S):
+        arg, command, char = match.groups()
+        if command == "A":
+            row, pending = max(0, row - int(arg or 1)), False
+        elif command == "K" and arg == "2":
+            rows[row] = []
+        elif char == "\r":
+            col, pending = 0, False
+        elif char == "\n" or (char is not None and pending):
+            row, col, pending = row + 1, 0, False
+            rows.extend([] for _ in range(row + 1 - len(rows)))
+        if char is not None and char not in "\r\n":
+            rows[row].extend(" " * (col - len(rows[row])))
+            rows[row][col:col + 1] = [char]
+            col, pending = (width - 1, True) if col + 1 >= width else (col + 1, False)
+    return ["".join(r).rstrip() for r in rows if "".join(r).strip()]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_live_bars_fit_the_terminal_and_leave_one_final_frame(monkeypatch: pytest.MonkeyPatch, width: int) -> None:
+    """At 80 columns "141.1/14…" wrapped to "MB" on the next line; a wrapped row also leaves a stale frame."""
+    monkeypatch.setenv("FORCE_COLOR", "1")  # a terminal for rich, drawn into a string
+    stream = io.StringIO()
+    reporter = ProgressReporter(stream=stream, mode="live", rss=lambda: 1_500_000_000, width=width)
+    reporter.start(total_tensors=291, done_tensors=0, total_bytes=141_100_000, done_bytes=0)
+    reporter.memory_budget(9_870_000_000)
+    reporter.shard_started("model-00010-of-00010.safetensors", 141_000_000, 291)
+    for i in range(291):
+        reporter.tensor_done(f"t{i}", 141_000_000 // 291)
+    reporter.close()
+    screen = _screen(stream.getvalue(), width)
+    assert [line.split()[0] for line in screen] == ["merge", "shard", "RAM"], "\n".join(screen)
+    assert all(len(line) < width for line in screen), "\n".join(screen)
+    assert "100% 141.1/141.1 MB" in screen[0] and "291/291 tensors" in screen[0]
+    assert "100% 141.0/141.0 MB" in screen[1] and "model-00010-of-00010" in screen[1]

@@ -137,3 +137,34 @@ def test_bad_shard_size_is_exit_2(tmp_path: Path, make: ModelFactory, capsys: py
     cfg = write_config(tmp_path / "c.yml", {"merge_method": "passthrough", "models": [str(make("a"))]})
     assert main(["run", str(cfg), str(tmp_path / "out"), "--out-shard-size", "lots"]) == 2
     assert "--out-shard-size" in capsys.readouterr().err
+
+
+def test_a_models_config_json_as_config_is_said_for_what_it_is(
+        tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _run(tmp_path, (make("a") / "config.json").read_text(), capsys)
+    assert code == 2 and "looks like a model's config.json" in err and "'architectures'" in err, err
+    assert "unknown key" not in err
+
+
+@pytest.mark.parametrize(("build", "fragment"), [
+    (lambda a: {"merge_method": "linear", "model_name": "mine", "models": [{"model": a, "parameters": {"weight": 1}}]},
+     "model_name: unknown key 'model_name'"),
+    (lambda a: {"merge_method": "passthrough", "slices": [
+        {"sources": [{"model": a, "layer_range": [0, 2], "density": 1}]}]}, "unknown key 'density'"),
+    (lambda a: {"merge_method": "passthrough", "models": [{"model": a, "weight": 1}]}, "unknown key 'weight'"),
+], ids=["top-level", "source", "model"])
+def test_unknown_keys_are_refused_saying_mergekit_would_ignore_them(
+        tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str], build: Any, fragment: str) -> None:
+    """A public template with model_name: runs in mergekit, which ignores unknown keys: say so, and keep refusing."""
+    code, err = _run(tmp_path, build(str(make("a"))), capsys)
+    assert code == 2 and fragment in err, err
+    assert "mergekit would ignore it, so removing it changes nothing" in err
+
+
+def test_a_missing_local_model_is_no_such_directory(
+        tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = str(tmp_path / "models" / "nope")
+    code, err = _run(tmp_path, {"merge_method": "linear", "models": [{"model": missing, "parameters": {"weight": 1}}]},
+                     capsys)
+    assert code == 2 and f"models[0].model: no such directory: {missing!r}" in err, err
+    assert "Repo id must" not in err

@@ -1,10 +1,11 @@
-"""The command line and the terminal: argument parsing, one library call per command, and the only module that imports
-rich (``render``).
+"""The command line and the terminal: argument parsing, one :mod:`resumerge.api` call per command, and the only
+module that imports rich (``render``).
 
-``resumerge demo`` and the tiny-model generator it uses live here too. A notebook calls the same library
-functions through :mod:`resumerge.api`.
+The API decides what a run is and owns every option and guard; a command only parses argv, makes its one call and
+shows the result (``render`` reads the result types of store, engine and recipes). ``resumerge demo`` and the
+tiny-model generator it uses live here too.
 
-May import: errors, config, memory, store, plan, engine.
+May import: api, errors, config, memory, store, plan, engine, recipes.
 """
 
 __all__ = [
@@ -12,6 +13,5 @@ __all__ = [
     "demo",
     "knobs",
     "modelgen",
-    "recipes",
     "render",
 ]

@@ -1,7 +1,8 @@
-"""The command line: parse arguments, call one library function per command, map errors to exit codes.
+"""The command line: parse arguments, make one :mod:`resumerge.api` call per command, map errors to exit codes.
 
-The only module that knows about argv. Heavy modules (torch, sqlite-utils) are imported inside the commands
-that merge, so ``resumerge status`` stays fast. Exit codes: 0 done, 1 internal error, 2 invalid input,
+The only module that knows about argv; what a run is, and every guard on its options, is decided in the API.
+Heavy modules (torch, sqlite-utils) are imported inside the commands that merge, so ``resumerge status`` stays
+fast. Exit codes: 0 done, 1 internal error, 2 invalid input,
 3 interrupted and resumable, 4 refused (see :data:`resumerge.errors.EXIT_CODES`).
 """
 
@@ -13,22 +14,23 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from resumerge.cli.knobs import (
     Progress,
     fits_exit_code,
-    hub_output,
     installed_stop_flag,
     quiet_hub_uploads,
-    size_option,
-    staging_choice,
 )
 from resumerge.config.version import __version__
 from resumerge.errors import EXIT_INTERRUPTED, EXIT_OK, ResumergeError, UsageError, exit_code_for
 
-# mergekit-yaml flags that resumerge accepts so existing command lines work, and why each is not needed.
+if TYPE_CHECKING:
+    from resumerge.engine.session import Outcome
+
 # What a shell shows for a process that SIGPIPE ended (128 + 13): a closed pipe is no error of ours.
 EXIT_BROKEN_PIPE = 141
+# mergekit-yaml flags that resumerge accepts so existing command lines work, and why each is not needed.
 UNNEEDED_FLAGS: dict[str, str] = {
     "--no-cuda": "merges run on the CPU unless --device cuda is given",
     "--lazy-unpickle": ".bin checkpoints are always read tensor by tensor through PyTorch's weights-only loader",
@@ -58,6 +60,9 @@ UNNEEDED_FLAGS: dict[str, str] = {
     "--load-in-4bit": "MoE routers are computed one decoder layer at a time within --max-memory",
     "--load-in-8bit": "MoE routers are computed one decoder layer at a time within --max-memory",
 }
+# Options that shape what the terminal shows, not what the API does (the rest of each command's options are
+# keyword arguments of its API function): the command itself, progress and JSON output, and mergekit's -v.
+CLI_ONLY = frozenset({"command", "quiet", "json", "v_flag"})
 UNNEEDED_WITH_VALUE: dict[str, str] = {
     "--write-threads": "one writer thread streams every shard",
     "--lora-merge-cache": "no merge cache is needed",
@@ -90,25 +95,24 @@ def build_parser() -> argparse.ArgumentParser:
                      help="discard a different earlier run in OUT (only files it wrote) and start over")
     run.add_argument("--public", action="store_true",
                      help="hf:// OUT: create a missing repo public [default: private]")
-    run.add_argument("--no-copy-tokenizer", action="store_true", help="do not copy tokenizer files")
-    run.add_argument("--no-write-model-card", action="store_true",
+    run.add_argument("--no-copy-tokenizer", action="store_false", dest="copy_tokenizer",
+                     help="do not copy tokenizer files")
+    run.add_argument("--no-write-model-card", action="store_false", dest="write_model_card",
                      help="write no README.md model card and no mergekit_config.yml")
     run.add_argument("--unsafe-truncate-embeddings", action="store_true",
                      help="merge models whose vocabularies differ in size by keeping the common leading rows of "
                           "embeddings and heads (vocab_size and the tokenizer are cut to match)")
-    run.add_argument("-j", "--num-threads", dest="num_threads", type=int, default=None, metavar="N",
-                     help="threads torch uses for arithmetic [default: torch's choice]")
     run.add_argument("--allow-crimes", action="store_true",
                      help="merge models of different architectures, tensor by tensor as names and shapes allow")
     run.add_argument("--i-understand-this-is-not-useful-without-training", action="store_true",
                      dest="allow_same_experts",
-                     help="mergekit-moe configs: let every expert be the same model (as mergekit-moe)")
+                     help="mergekit-moe configs: let every expert be the same model (as mergekit-moe does)")
     run.add_argument("--device", default="cpu", metavar="DEVICE",
                      help="where merge methods compute: cpu or cuda[:N] (reading and writing stay on the host; "
                           "a resume keeps the device) [default: cpu]")
     run.add_argument("--cuda", action="store_const", const="cuda", dest="device",
                      help="same as --device cuda (mergekit's flag)")
-    run.add_argument("--transformers-cache", metavar="DIR",
+    run.add_argument("--transformers-cache", metavar="DIR", dest="cache_dir",
                      help="Hugging Face cache directory for hub models [default: HF_HUB_CACHE / HF_HOME]")
     run.add_argument("--stream-inputs", action="store_true",
                      help="read every hub input's tensors by HTTP Range instead of downloading files [default: "
@@ -156,12 +160,16 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--max-disk", metavar="SIZE", help="as for run: the local disk bound of an hf:// OUT")
     plan.add_argument("--out-shard-size", default="1B", metavar="SIZE", help="bytes per output shard")
     plan.add_argument("--random-seed", type=int, default=0, metavar="N", help="seed of randomised methods")
-    plan.add_argument("--no-copy-tokenizer", action="store_true", help="do not count tokenizer files")
+    plan.add_argument("--no-copy-tokenizer", action="store_false", dest="copy_tokenizer",
+                      help="do not count tokenizer files")
     plan.add_argument("--allow-crimes", action="store_true", help="as for run")
+    plan.add_argument("--i-understand-this-is-not-useful-without-training", action="store_true",
+                      dest="allow_same_experts", help="as for run")
     plan.add_argument("--unsafe-truncate-embeddings", action="store_true", help="as for run")
     plan.add_argument("--state-dir", metavar="DIR", help="state directory the run will use")
     plan.add_argument("--max-memory", metavar="SIZE", help="RAM budget the run will use [default: as for run]")
-    plan.add_argument("--transformers-cache", metavar="DIR", help="Hugging Face cache directory for hub models")
+    plan.add_argument("--transformers-cache", metavar="DIR", dest="cache_dir",
+                      help="Hugging Face cache directory for hub models")
     plan.add_argument("--stream-inputs", action="store_true", help="as for run")
     plan.add_argument("--device", default="cpu", metavar="DEVICE",
                       help="as for run: compute time is measured there [default: cpu]")
@@ -169,11 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("-j", "--num-threads", dest="num_threads", type=int, default=None, metavar="N",
                       help="as for run: compute time is measured with this many torch threads")
     staging = plan.add_mutually_exclusive_group()
-    staging.add_argument("--staging-dir", metavar="DIR", help="as for run")
-    staging.add_argument("--no-staging", action="store_true", help="as for run")
+    staging.add_argument("--staging-dir", metavar="DIR", dest="staging", help="as for run")
+    staging.add_argument("--no-staging", action="store_const", const=False, dest="staging", help="as for run")
     plan.add_argument("--probe-size", default="32MiB", metavar="SIZE",
                       help="bytes of the disk speed probe written (then deleted) beside OUT; 0 skips it")
-    plan.add_argument("--json", action="store_true", help="print JSON (schema in resumerge/estimate.py)")
+    plan.add_argument("--json", action="store_true",
+                      help="print JSON (schema in resumerge/engine/costs.py; a recipe's in "
+                           "resumerge/recipes/estimate.py)")
     plan.add_argument("--intermediate-dir", metavar="DIR",
                       help="for a multi-document recipe (which needs OUT): where its named stages will go")
 
@@ -186,16 +196,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", metavar="DIR",
-                   help="where the ledger lives (local disk) [default: $RESUMERGE_STATE_DIR or ./state]")
+                   help="where the ledger lives (local disk) [default: $RESUMERGE_STATE_DIR, else "
+                        "$XDG_STATE_HOME/resumerge or ~/.local/state/resumerge; runs recorded in ./state are "
+                        "still found there]")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
     p.add_argument("--max-memory", metavar="SIZE",
                    help="RAM budget for the whole process, e.g. 6GB [default: 80 %% of what the machine or "
                         "container allows]; work in flight shrinks before the budget is reached")
     staging = p.add_mutually_exclusive_group()
-    staging.add_argument("--staging-dir", metavar="DIR",
+    staging.add_argument("--staging-dir", metavar="DIR", dest="staging",
                          help="write each file on this local dir first, then publish it to OUT by copy + verify "
                               "[default: only when OUT is on Drive/FUSE/network storage, in the state dir]")
-    staging.add_argument("--no-staging", action="store_true", help="always write straight into OUT")
+    staging.add_argument("--no-staging", action="store_const", const=False, dest="staging",
+                         help="always write straight into OUT")
     p.add_argument("--max-gpu-memory", metavar="SIZE",
                    help="GPU memory budget when merging with --device cuda [default: 85 %% of the GPU's free "
                         "memory]")
@@ -207,6 +220,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--commit-interval", type=float, default=60.0, metavar="SECONDS",
                    help="hf:// OUT: commit files waiting this long even when fewer than N [default: 60]; commits "
                         "stay under 100 an hour (the hub allows 128 per repo)")
+    p.add_argument("-j", "--num-threads", dest="num_threads", type=int, default=None, metavar="N",
+                   help="threads torch uses for arithmetic [default: torch's choice]")
 
 
 def _dest(flag: str) -> str:
@@ -274,27 +289,23 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from resumerge.store.recipeview import is_recipe_out
-    from resumerge.store.statusview import read_status
+    from resumerge.api import status
 
-    if is_recipe_out(args.out, args.state_dir):
-        from resumerge.cli.recipes import recipe_status_command
-
-        return recipe_status_command(args)
-    report = read_status(args.out, args.state_dir)
+    report = status(args.out, state_dir=args.state_dir)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
-        from resumerge.cli.render import show_status
+        from resumerge.cli.render import show_any_status
 
-        show_status(report)
+        show_any_status(report)
     return EXIT_OK
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from resumerge.store.integrity import report_json, verify_output
+    from resumerge.api import verify
+    from resumerge.store.integrity import report_json
 
-    report = verify_output(args.out, args.state_dir)
+    report = verify(args.out, state_dir=args.state_dir)
     if args.json:
         print(report_json(report))
     else:
@@ -305,133 +316,56 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from resumerge.engine.session import read_config_file, run_merge
-    from resumerge.memory.sizes import parse_size
-    from resumerge.plan.merge_plan import PlanOptions
+    from resumerge.api import run
 
     for flag, why in {**UNNEEDED_FLAGS, **UNNEEDED_WITH_VALUE}.items():
         value = getattr(args, _dest(flag), None)
         if value not in (None, False) and not args.quiet:
             print(f"note: {flag} is not needed by resumerge ({why}); ignored", file=sys.stderr)
-    shard_size = parse_size(args.out_shard_size, option="--out-shard-size")
-    if shard_size <= 0:
-        raise UsageError("--out-shard-size must be positive")
-    text = read_config_file(args.config)
-    from resumerge.engine.devices import normalise_device, set_torch_threads
-
-    set_torch_threads(args.num_threads)
-    options = PlanOptions(out_shard_size=shard_size, random_seed=args.random_seed,
-                          copy_tokenizer=not args.no_copy_tokenizer, device=normalise_device(args.device),
-                          allow_crimes=args.allow_crimes or args.allow_same_experts,
-                          stream_inputs=args.stream_inputs, write_model_card=not args.no_write_model_card,
-                          unsafe_truncate_embeddings=args.unsafe_truncate_embeddings)
-    from resumerge.config.recipe import is_recipe_text
-
-    if is_recipe_text(text):
-        from resumerge.cli.recipes import run_recipe_command
-
-        return run_recipe_command(args, text, options)
-    _single_merge_only(args)
     quiet_hub_uploads(args.out)
-    stop = installed_stop_flag()
     with Progress(args.quiet) as progress:
-        outcome = run_merge(text, args.out, options=options, state_dir=args.state_dir, restart=args.restart,
-                            reporter=progress, should_stop=stop, max_memory=size_option(args),
-                            cache_dir=args.transformers_cache, max_gpu_memory=size_option(args, "--max-gpu-memory"),
-                            staging=staging_choice(args), max_disk=size_option(args, "--max-disk"),
-                            output=hub_output(args))
+        outcome = run(progress=progress, should_stop=installed_stop_flag(), **_api_options(args))
     _finished(outcome, args.quiet)
     return EXIT_OK
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from resumerge.engine.session import resume_merge
-    from resumerge.store.recipeview import is_recipe_out
+    from resumerge.api import resume
 
-    if is_recipe_out(args.out, args.state_dir):
-        from resumerge.cli.recipes import resume_recipe_command
-
-        return resume_recipe_command(args)
     quiet_hub_uploads(args.out)
-    stop = installed_stop_flag()
     with Progress(args.quiet) as progress:
-        outcome = resume_merge(args.out, state_dir=args.state_dir, reporter=progress, should_stop=stop,
-                               max_memory=size_option(args), max_gpu_memory=size_option(args, "--max-gpu-memory"),
-                               staging=staging_choice(args), max_disk=size_option(args, "--max-disk"),
-                               output=hub_output(args))
+        outcome = resume(progress=progress, should_stop=installed_stop_flag(), **_api_options(args))
     _finished(outcome, args.quiet)
     return EXIT_OK
 
 
-def _single_merge_only(args: argparse.Namespace) -> None:
-    """Refuse recipe-only flags with a one-document config, and a single merge into a recipe's OUT."""
-    from resumerge.errors import OutputDirError
-    from resumerge.store.recipe_manifest import RECIPE_MANIFEST_NAME
-
-    for flag in ("intermediate_dir", "cleanup_intermediates"):
-        if getattr(args, flag):
-            raise UsageError(f"--{flag.replace('_', '-')} applies to recipes only, and {args.config} holds one "
-                             "merge config", hint="separate a recipe's stages with --- lines")
-    from resumerge.config.hubtarget import is_hub_target
-    from resumerge.store.recipeview import is_recipe_out
-
-    # A repo is asked (one small request): a single merge must not take over, or --restart away, a recipe's repo.
-    if is_recipe_out(args.out, args.state_dir) if is_hub_target(args.out) else \
-            os.path.isfile(os.path.join(args.out, RECIPE_MANIFEST_NAME)):
-        raise OutputDirError(f"{args.out} holds the output of a recipe ({RECIPE_MANIFEST_NAME})", path=args.out,
-                             hint="use another OUT for a single merge")
-
-
 def _plan(args: argparse.Namespace) -> int:
-    from resumerge.engine.devices import normalise_device, set_torch_threads
-    from resumerge.engine.estimate import estimate_config
-    from resumerge.engine.session import read_config_file
-    from resumerge.memory.sizes import parse_size
-    from resumerge.plan.merge_plan import PlanOptions
+    from resumerge.api import estimate
 
-    shard_size = parse_size(args.out_shard_size, option="--out-shard-size")
-    if shard_size <= 0:
-        raise UsageError("--out-shard-size must be positive")
-    # The compute estimate times the method here: on the run's device and with its thread count. A GPU the run
-    # would refuse is refused here too (exit 2), rather than a plan that "fits".
-    set_torch_threads(args.num_threads)
-    if normalise_device(args.device) != "cpu":
-        from resumerge.memory.cuda import CudaProbe
-
-        CudaProbe(normalise_device(args.device))
-    options = PlanOptions(out_shard_size=shard_size, random_seed=args.random_seed,
-                          copy_tokenizer=not args.no_copy_tokenizer, allow_crimes=args.allow_crimes,
-                          stream_inputs=args.stream_inputs, unsafe_truncate_embeddings=args.unsafe_truncate_embeddings,
-                          device=normalise_device(args.device))
-    text = read_config_file(args.config)
-    from resumerge.config.recipe import is_recipe_text
-
-    if is_recipe_text(text):
-        from resumerge.cli.recipes import plan_recipe_command
-
-        return plan_recipe_command(args, text, options)
-    estimate = estimate_config(text, options, source=args.config, out_dir=args.out, state_dir=args.state_dir,
-                               cache_dir=args.transformers_cache, max_memory=size_option(args),
-                               staging=staging_choice(args),
-                               probe_bytes=parse_size(args.probe_size, option="--probe-size"),
-                               fresh_process=True, max_disk=size_option(args, "--max-disk"))
+    result = estimate(fresh_process=True, **_api_options(args))
     if args.json:
-        print(json.dumps(estimate.to_json(), indent=2))
+        print(json.dumps(result.to_json(), indent=2))
     else:
-        from resumerge.cli.render import show_plan
+        from resumerge.cli.render import show_estimate
 
-        show_plan(estimate)
-    return fits_exit_code(estimate.fits, estimate.reasons)
+        show_estimate(result)
+    return fits_exit_code(result.fits, result.reasons)
 
 
-def _finished(outcome: object, quiet: bool) -> None:
-    from resumerge.engine.session import Outcome
+def _api_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed options that are the API call's keyword arguments (every dest but presentation and the
+    mergekit flags accepted only to be ignored; tests/test_front_door.py holds the two sets equal)."""
+    return {k: v for k, v in vars(args).items() if k not in CLI_ONLY and not k.startswith("unneeded_")}
 
-    assert isinstance(outcome, Outcome)
+
+def _finished(outcome: Outcome, quiet: bool) -> None:
     if quiet:
         return
-    resumed = f" ({outcome.resumed_files} files were already committed)" if outcome.resumed_files else ""
-    print(f"done: {outcome.target or outcome.out_dir}{resumed}", file=sys.stderr)
+    if outcome.detail:
+        done = f" ({outcome.detail})"
+    else:
+        done = f" ({outcome.resumed_files} files were already committed)" if outcome.resumed_files else ""
+    print(f"done: {outcome.target or outcome.out_dir}{done}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

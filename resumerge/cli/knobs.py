@@ -1,13 +1,11 @@
-"""What every merging command shares: turning parsed options into the engine's knobs (sizes, staging, how an
-``hf://`` OUT is committed), the stop flag that SIGINT/SIGTERM set, and the progress display's lifetime.
+"""What the merging commands share at the terminal: the stop flag that SIGINT/SIGTERM set, the progress
+display's lifetime, quiet hub uploads and ``plan``'s exit code.
 
-Used by :mod:`resumerge.cli.commands` and :mod:`resumerge.cli.recipes`; argv itself is parsed only in
-``commands``.
+Used by :mod:`resumerge.cli.commands`. Options are not turned into settings here: :mod:`resumerge.api` owns them.
 """
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 import threading
@@ -15,11 +13,10 @@ from collections.abc import Iterable
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from resumerge.errors import EXIT_INVALID, EXIT_OK, UsageError
+from resumerge.errors import EXIT_INVALID, EXIT_OK
 
 if TYPE_CHECKING:
     from resumerge.cli.render import ProgressReporter
-    from resumerge.store.hubsink import HubOutputOptions
 
 
 class StopFlag:
@@ -47,36 +44,6 @@ def installed_stop_flag() -> StopFlag:
     stop = StopFlag()
     stop.install()
     return stop
-
-
-def size_option(args: argparse.Namespace, option: str = "--max-memory") -> int | None:
-    """The size given with ``option`` in bytes, or None when it was not given; raises :class:`UsageError` (exit 2)
-    for a size that is not positive."""
-    text = getattr(args, option.lstrip("-").replace("-", "_"), None)
-    if text is None:
-        return None
-    from resumerge.memory.sizes import parse_size
-
-    value = parse_size(text, option=option)
-    if value <= 0:
-        raise UsageError(f"{option} must be positive")
-    return value
-
-
-def hub_output(args: argparse.Namespace) -> HubOutputOptions:
-    """How an hf:// OUT is created and committed to (ignored for a directory)."""
-    from resumerge.store.hubcommits import Batching
-    from resumerge.store.hubsink import HubOutputOptions
-
-    if args.commit_every < 1 or args.commit_interval < 0:
-        raise UsageError("--commit-every must be at least 1 and --commit-interval at least 0")
-    return HubOutputOptions(public=getattr(args, "public", False),
-                            batching=Batching(every=args.commit_every, interval=args.commit_interval))
-
-
-def staging_choice(args: argparse.Namespace) -> str | bool | None:
-    """--staging-dir DIR, --no-staging, or None (stage only when OUT is remote)."""
-    return False if args.no_staging else args.staging_dir
 
 
 def quiet_hub_uploads(out: str) -> None:

@@ -22,6 +22,7 @@ from typing import IO, TYPE_CHECKING, TextIO
 
 from rich import box
 from rich.console import Console, RenderableType
+from rich.constrain import Constrain
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -32,15 +33,17 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from resumerge.memory.sizes import format_size
 
 if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
     from resumerge.engine.costs import Estimate
+    from resumerge.plan.merge_plan import Plan
+    from resumerge.recipes.estimate import RecipeEstimate
+    from resumerge.recipes.view import RecipeStatus
     from resumerge.store.integrity import VerifyReport
-    from resumerge.store.recipeview import RecipeStatus
     from resumerge.store.statusview import StatusReport
 
 _STATE_STYLE = {"done": "green", "running": "cyan", "interrupted": "yellow", "failed": "red", "planned": "white"}
@@ -78,15 +81,27 @@ def _isatty(stream: IO[str]) -> bool:
         return False
 
 
+# Cells the live rows need besides their detail: label, the bar at its narrowest, percentage, bytes, speed, time
+# left, and the spaces between them; one more so a row never ends in the last column.
+_FIXED_COLUMNS_WIDTH = 5 + 8 + 4 + len("141.1/141.1 MB") + len("123.4 MB/s") + len("0:00:00") + 6 + 1
+_DETAIL_MIN = 8
+
+
 class _MergeProgress(Progress):
     """Rich progress with a line under the bars for memory in use against the budget."""
 
-    def __init__(self, memory_line: Callable[[], str | None], *columns: object, **kwargs: object) -> None:
-        self._memory_line = memory_line  # before Progress.__init__, which may render already
-        super().__init__(*columns, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, memory_line: Callable[[], str | None], out: Console, *columns: object,
+                 **kwargs: object) -> None:
+        self._memory_line, self._out = memory_line, out  # before Progress.__init__, which may render already
+        super().__init__(*columns, console=out, **kwargs)  # type: ignore[arg-type]
 
     def get_renderables(self) -> Iterable[RenderableType]:
-        yield self.make_tasks_table(self.tasks)
+        table = self.make_tasks_table(self.tasks)
+        # Every row must fit on one terminal line: a row the terminal wraps is taller than rich counts, so the
+        # redraw leaves a stale copy behind (and at 80 columns "141.1/141.1 MB" was split over two lines). The
+        # figures never wrap; the bar gives way first, then the detail (a shard's name) is cut with an ellipsis.
+        table.columns[-1].max_width = max(_DETAIL_MIN, self._out.width - _FIXED_COLUMNS_WIDTH)
+        yield Constrain(table, self._out.width - 1)
         line = self._memory_line()
         if line:
             yield Text(line, style="dim")
@@ -181,6 +196,9 @@ class ProgressReporter:
                 if self._overall is not None and self._tensors >= self._tensors_total:
                     # Shard headers are in the total but never in a tensor's bytes: show a finished bar as full.
                     self._progress.update(self._overall, completed=max(1, self._total))
+                    for task in self._progress.tasks:  # the last shard too: it is written, header and all
+                        if task.id == self._shard_task:
+                            self._progress.update(task.id, completed=task.total)
                 self._progress.stop()
                 # A recipe starts the display again for its next stage, on a new Progress with new task ids.
                 self._progress, self._overall, self._shard_task = None, None, None
@@ -209,14 +227,14 @@ class ProgressReporter:
     def _start_live(self) -> None:
         self._progress = _MergeProgress(
             self._memory_line,
-            TextColumn("[bold]{task.description:<5}"),
-            BarColumn(),
-            TaskProgressColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[detail]}"),
-            console=self._console,
+            self._console,
+            TextColumn("[bold]{task.description:<5}", table_column=Column(no_wrap=True)),
+            BarColumn(table_column=Column(min_width=8)),
+            TaskProgressColumn(table_column=Column(no_wrap=True)),
+            DownloadColumn(table_column=Column(no_wrap=True)),
+            TransferSpeedColumn(table_column=Column(no_wrap=True)),
+            TimeRemainingColumn(table_column=Column(no_wrap=True)),
+            TextColumn("{task.fields[detail]}", table_column=Column(no_wrap=True, overflow="ellipsis")),
             transient=False,
         )
         self._overall = self._progress.add_task("merge", total=max(1, self._total), completed=self._bytes,
@@ -276,6 +294,16 @@ def _duration(seconds: float) -> str:
 
 
 # -- status, plan, verify -----------------------------------------------------------------------------------
+
+
+def show_any_status(report: StatusReport | RecipeStatus, stream: TextIO | None = None) -> None:
+    """``resumerge status``: a recipe's stages (:func:`show_recipe_status`) or one merge's (:func:`show_status`)."""
+    from resumerge.recipes.view import RecipeStatus
+
+    if isinstance(report, RecipeStatus):
+        show_recipe_status(report, stream)
+    else:
+        show_status(report, stream)
 
 
 def show_status(report: StatusReport, stream: TextIO | None = None, *, width: int | None = None) -> None:
@@ -352,12 +380,35 @@ def show_recipe_status(report: RecipeStatus, stream: TextIO | None = None, *, wi
         show_status(replace(report.current, resume_command=None), stream or sys.stdout, width=width)
 
 
+def show_estimate(result: Estimate | RecipeEstimate, stream: TextIO | None = None) -> None:
+    """``resumerge plan``: one merge's estimate, or a recipe's, stage by stage."""
+    from resumerge.recipes.estimate import RecipeEstimate
+
+    if not isinstance(result, RecipeEstimate):
+        show_plan(result, stream)
+        return
+    for stage in result.stages:
+        print(f"{stage.label}{' (final)' if stage.final else ''} -> {stage.out_dir}", file=stream or sys.stdout)
+        show_plan(stage.estimate, stream)
+        print(file=stream or sys.stdout)
+
+
+def _tokenizer_origin(plan: Plan) -> str:
+    """Where the output's tokenizer comes from: a donor's copy, built by the plan (``tokenizer_source: union``,
+    ``tokenizer:``), or none at all (--no-copy-tokenizer)."""
+    if plan.tokenizer_donor is not None:
+        return f"tokenizer from {plan.tokenizer_donor}"
+    if plan.tokenizer_files:
+        return "tokenizer built from the inputs' tokenizers"
+    return "no tokenizer (--no-copy-tokenizer)"
+
+
 def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | None = None) -> None:
     """Print the plan summary, its costs here and the verdict with its reasons."""
     out = console(stream or sys.stdout, width=width)
     plan, output, memory = estimate.plan, estimate.output, estimate.memory
     out.print(Text(f"{plan.method}: {len(plan.tensors)} tensors, {plan.num_layers} layers, {len(plan.shards)} "
-                   f"shard(s); config from {plan.donor}, tokenizer from {plan.tokenizer_donor or 'nowhere'}"))
+                   f"shard(s); config from {plan.donor}, {_tokenizer_origin(plan)}"))
     committed = f"; {format_size(output.committed_bytes)} already committed" if output.committed_bytes else ""
     _field(out, "output", f"{format_size(output.total_bytes)} ({len(plan.shards)} shard(s), the largest "
            f"{format_size(output.largest_shard_bytes)}){committed}" + (f" in {output.dir}" if output.dir else ""))

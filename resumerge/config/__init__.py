@@ -1,7 +1,8 @@
-"""What the user asked: the mergekit YAML (a merge or a multi-stage recipe), model references, parameters, and where
+"""What the user asked: the mergekit YAML of one merge, model references, parameters, and where
 resumerge keeps its state.
 
-Everything here is parsing and validation of text the user wrote; nothing reads a weight or touches OUT.
+Everything here is parsing and validation of text the user wrote; nothing reads a weight or touches OUT. A
+multi-stage recipe is parsed in :mod:`resumerge.recipes.recipe`, from the documents parsed here.
 
 May import: errors.
 """
@@ -12,6 +13,5 @@ __all__ = [
     "merge_config",
     "modelref",
     "params",
-    "recipe",
     "version",
 ]

@@ -1,7 +1,9 @@
 """Where a run keeps its state: one folder per output directory under the state dir (never inside OUT).
 
-The state dir is ``--state-dir``, else ``$RESUMERGE_STATE_DIR``, else ``./state`` (the checkout's top-level
-``state/`` when run from a checkout). Keep it on a local disk: SQLite fails on FUSE mounts such as Drive.
+The state dir is ``--state-dir``, else ``$RESUMERGE_STATE_DIR``, else the user's own one,
+``$XDG_STATE_HOME/resumerge`` (``~/.local/state/resumerge`` without it), so ``status OUT`` and ``resume OUT`` find
+the ledger from any working directory. Runs recorded under ``./state`` (the default of earlier versions) keep
+being found there from that directory. Keep it on a local disk: SQLite fails on FUSE mounts such as Drive.
 """
 
 from __future__ import annotations
@@ -15,19 +17,44 @@ from resumerge.config.hubtarget import is_hub_target, parse_hub_target
 ENV_STATE_DIR = "RESUMERGE_STATE_DIR"
 
 
+# The default state dir of earlier versions, relative to the working directory; still read for runs recorded there.
+LEGACY_STATE_DIR = "state"
+
+
+def default_state_root() -> Path:
+    """The user's own state dir: ``$XDG_STATE_HOME/resumerge``, else ``~/.local/state/resumerge``."""
+    xdg = os.environ.get("XDG_STATE_HOME")
+    # The XDG spec: a relative path is invalid and is ignored.
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".local" / "state"
+    return base / "resumerge"
+
+
 def state_root(state_dir: str | os.PathLike[str] | None = None) -> Path:
     """The state directory in force for this process."""
     if state_dir is not None:
         return Path(state_dir)
     env = os.environ.get(ENV_STATE_DIR)
-    return Path(env) if env else Path.cwd() / "state"
+    return Path(env) if env else default_state_root()
+
+
+def is_default_state_root(state_dir: str | os.PathLike[str] | None) -> bool:
+    """Whether ``state_dir`` is where a command given no ``--state-dir`` looks (so a printed command may omit it)."""
+    return state_dir is None or os.path.abspath(state_dir) == os.path.abspath(state_root())
 
 
 def run_dir(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None) -> Path:
     """The folder holding the ledger and lock of ``out_dir``: ``<name>-<12 hex of its real path>`` (for an
-    ``hf://`` repo: ``hf-<namespace>--<name>-<12 hex of the target>``, the same on every machine)."""
+    ``hf://`` repo: ``hf-<namespace>--<name>-<12 hex of the target>``, the same on every machine).
+
+    With no state dir given or set in the environment, a run recorded under ``./state`` (the earlier default)
+    is found there."""
     if is_hub_target(out_dir):
-        return state_root(state_dir) / parse_hub_target(str(out_dir)).state_key()
-    real = os.path.realpath(out_dir)
-    digest = hashlib.sha256(real.encode()).hexdigest()[:12]
-    return state_root(state_dir) / f"{Path(real).name or 'root'}-{digest}"
+        name = parse_hub_target(str(out_dir)).state_key()
+    else:
+        real = os.path.realpath(out_dir)
+        name = f"{Path(real).name or 'root'}-{hashlib.sha256(real.encode()).hexdigest()[:12]}"
+    if state_dir is None and not os.environ.get(ENV_STATE_DIR):
+        legacy = Path.cwd() / LEGACY_STATE_DIR / name
+        if legacy.is_dir():
+            return legacy
+    return state_root(state_dir) / name

@@ -35,6 +35,15 @@ TOP_LEVEL_KEYS = frozenset(
     }
 )
 DTYPES = frozenset({"float32", "float16", "bfloat16", "float64", "int64"})
+# Keys of a model's config.json: such a file given as CONFIG gets said for what it is.
+MODEL_CONFIG_KEYS = ("architectures", "model_type", "hidden_size", "num_hidden_layers")
+
+
+def unknown_key_error(key: str, yaml_path: str, *, where: str = "", hint: str | None = None) -> ConfigError:
+    """The error for an unknown key. mergekit ignores unknown keys silently; resumerge refuses them (a misspelt
+    key would otherwise do nothing), and says that mergekit would ignore it, so that removing it changes nothing."""
+    return ConfigError(f"unknown key {key!r}{where}: mergekit would ignore it, so removing it changes nothing",
+                       yaml_path=yaml_path, hint=hint)
 
 
 @dataclass(frozen=True)
@@ -120,7 +129,7 @@ def load_config_text(text: str, *, source: str = "config") -> MergeConfig:
     """Parse and validate YAML ``text``; raises :class:`ConfigError` naming the YAML path of the first problem.
 
     ``text`` must hold one document; a multi-document (mergekit-multi) recipe is read by
-    :func:`resumerge.config.recipe.load_recipe_text`.
+    :func:`resumerge.recipes.recipe.load_recipe_text`.
     """
     docs = parse_documents(text, source=source)
     if len(docs) > 1:
@@ -157,13 +166,18 @@ def config_from_document(doc: Any, text: str, *, source: str = "config") -> Merg
 
 
 def _parse(doc: dict[str, Any], text: str) -> MergeConfig:
+    model_keys = [k for k in MODEL_CONFIG_KEYS if k in doc]
+    if model_keys and "merge_method" not in doc:
+        raise ConfigError(
+            f"this looks like a model's config.json (it has {', '.join(repr(k) for k in model_keys)}), "
+            "not a merge config",
+            hint="CONFIG is a mergekit YAML (merge_method, and models, slices or modules); "
+                 "the model's directory goes under models:",
+        )
     unknown = sorted(str(k) for k in doc if k not in TOP_LEVEL_KEYS)
     if unknown:
-        raise ConfigError(
-            f"unknown key {unknown[0]!r}",
-            yaml_path=unknown[0],
-            hint=f"allowed top-level keys: {', '.join(sorted(TOP_LEVEL_KEYS))}",
-        )
+        raise unknown_key_error(unknown[0], unknown[0],
+                                hint=f"allowed top-level keys: {', '.join(sorted(TOP_LEVEL_KEYS))}")
     method = doc.get("merge_method")
     if not isinstance(method, str) or not method:
         raise ConfigError("merge_method is required and must be a string", yaml_path="merge_method")
@@ -210,7 +224,7 @@ def _model(value: Any, path: str) -> ModelRef:
         allowed = {"model", "lora", "override_architecture"}
         extra = sorted(set(value) - allowed)
         if extra:
-            raise ConfigError(f"unknown key {extra[0]!r} in model reference", yaml_path=f"{path}.{extra[0]}")
+            raise unknown_key_error(extra[0], f"{path}.{extra[0]}", where=" in model reference")
         inner = _model_path(value.get("model"), f"{path}.model")
         lora = _model_path(value["lora"], f"{path}.lora") if value.get("lora") is not None else None
         arch = _optional_str(value.get("override_architecture"), f"{path}.override_architecture")
@@ -239,9 +253,9 @@ def _modules(value: Any) -> tuple[ModuleConfig, ...]:
             raise ConfigError("a module must be a mapping with 'models' or 'slices'", yaml_path=path)
         extra = sorted(str(k) for k in set(item) - {"models", "slices", "parameters"})
         if extra:
-            raise ConfigError(f"unknown key {extra[0]!r} in a module", yaml_path=f"{path}.{extra[0]}",
-                              hint="a module takes models or slices, and parameters; merge_method, base_model "
-                                   "and dtype are set at the top level")
+            raise unknown_key_error(extra[0], f"{path}.{extra[0]}", where=" in a module",
+                                    hint="a module takes models or slices, and parameters; merge_method, base_model "
+                                         "and dtype are set at the top level")
         if (item.get("models") is None) == (item.get("slices") is None):
             raise ConfigError("Must specify either output slices or models to merge", yaml_path=path,
                               hint="give the module exactly one of models: or slices:")
@@ -264,7 +278,7 @@ def _models(value: Any, where: str = "models") -> tuple[SourceConfig, ...]:
             raise ConfigError("each entry needs a 'model'", yaml_path=path)
         extra = sorted(set(item) - {"model", "parameters"})
         if extra:
-            raise ConfigError(f"unknown key {extra[0]!r}", yaml_path=f"{path}.{extra[0]}")
+            raise unknown_key_error(extra[0], f"{path}.{extra[0]}")
         out.append(
             SourceConfig(
                 model=_model(item["model"], f"{path}.model"),
@@ -286,7 +300,7 @@ def _slices(value: Any, where: str = "slices") -> tuple[SliceConfig, ...]:
             raise ConfigError("each slice must be a mapping with 'sources'", yaml_path=path)
         extra = sorted(set(item) - {"sources", "base_model", "parameters", "residual_weight"})
         if extra:
-            raise ConfigError(f"unknown key {extra[0]!r}", yaml_path=f"{path}.{extra[0]}")
+            raise unknown_key_error(extra[0], f"{path}.{extra[0]}")
         sources = item.get("sources")
         if not isinstance(sources, list) or not sources:
             raise ConfigError("a slice needs a non-empty 'sources' list", yaml_path=f"{path}.sources")
@@ -301,7 +315,7 @@ def _source(item: Any, path: str) -> SourceConfig:
         raise ConfigError("each source needs 'model' and 'layer_range'", yaml_path=path)
     extra = sorted(set(item) - {"model", "layer_range", "parameters"})
     if extra:
-        raise ConfigError(f"unknown key {extra[0]!r}", yaml_path=f"{path}.{extra[0]}")
+        raise unknown_key_error(extra[0], f"{path}.{extra[0]}")
     lr = item.get("layer_range")
     if (
         not isinstance(lr, list)
@@ -375,7 +389,7 @@ def _tokenizer_section(value: Any) -> Mapping[str, Any] | None:
         raise ConfigError("tokenizer must be a mapping", yaml_path="tokenizer")
     extra = sorted(set(value) - {"source", "tokens", "pad_to_multiple_of"})
     if extra:
-        raise ConfigError(f"unknown key {extra[0]!r}", yaml_path=f"tokenizer.{extra[0]}")
+        raise unknown_key_error(extra[0], f"tokenizer.{extra[0]}")
     pad = value.get("pad_to_multiple_of")
     if pad is not None and (type(pad) is not int or pad <= 0):
         raise ConfigError("pad_to_multiple_of must be a positive integer", yaml_path="tokenizer.pad_to_multiple_of")

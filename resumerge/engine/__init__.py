@@ -1,8 +1,11 @@
-"""Execute a plan: sessions that start, resume and stop merges, the pipeline that computes tensors and commits files,
-estimates, and the multi-stage recipe runner.
+"""Execute a plan: the one session path that starts, resumes and stops a merge (``target`` opens OUT, ``session``
+runs a frozen plan into it under one ``settings`` object), the pipeline that computes tensors and commits files,
+and estimates.
 
 The only stage that reads weights and writes output files — through the input sources and the output sink,
-whichever they are.
+whichever they are. Every kind of run (a single merge, each stage of a recipe, the kinds later issues add) is a
+planner that makes a plan, then :func:`resumerge.engine.session.run_plan`; the kinds themselves live above
+(``resumerge.recipes``) and are chosen by :mod:`resumerge.api`.
 
 May import: errors, config, memory, methods, vocab, inputs, store, plan, outputs.
 """
@@ -12,8 +15,8 @@ __all__ = [
     "estimate",
     "executor",
     "hubout",
-    "recipe_estimate",
-    "recipe_run",
     "reconcile",
     "session",
+    "settings",
+    "target",
 ]

@@ -72,7 +72,6 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
         base_index=tp.base_index,
         model_params=[dict(p) for p in tp.model_params],
         params=dict(tp.params),
-        tensor_name=tp.name,
         generator=generator,
     )
 

@@ -5,7 +5,7 @@ in, the device, and its non-numeric parameters (a ``normalize`` flag changes the
 does not change how much there is). In each group the tensor shapes that hold most of its elements (one tensor
 per row length: the 2-D projection and MLP matrices dominate) are sampled — their leading whole rows, read
 through the same :class:`~resumerge.inputs.source.InputSources` and preparation the engine uses, with that
-tensor's own resolved parameters — and :func:`~resumerge.methods.costing.measure_rate` times the method on them.
+tensor's own resolved parameters — and :func:`~resumerge.engine.method_timing.measure_rate` times the method on them.
 The group's seconds per element times its pending elements is its compute time.
 
 Everything is bounded: at most :data:`SAMPLE_BYTES` read from the inputs and about :data:`SAMPLE_SECONDS` of
@@ -28,10 +28,10 @@ import torch
 
 from resumerge.engine.costs import ComputeGroup
 from resumerge.engine.executor import _read_input
+from resumerge.engine.method_timing import DEFAULT_SAMPLE_ELEMENTS, measure_rate
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
-from resumerge.methods.costing import DEFAULT_SAMPLE_ELEMENTS, measure_rate
 from resumerge.methods.registry import MethodSpec, get_method
 from resumerge.plan.merge_plan import InputRef, Plan, ShardPlan, TensorPlan
 from resumerge.plan.workunits import chunk_plan
@@ -196,7 +196,7 @@ def _timed(spec: MethodSpec, tp: TensorPlan, inputs: list[torch.Tensor], warmup:
 
 
 def _rows(tp: TensorPlan, max_bytes: int) -> int:
-    """Leading rows of ``tp`` to sample: within ``max_bytes`` of stored input and the costing sample size."""
+    """Leading rows of ``tp`` to sample: within ``max_bytes`` of stored input and the timing sample size."""
     rows = tp.shape[0]
     row_elements = max(1, numel(tp.shape) // max(1, rows))
     row_bytes = max(1, sum((i.end - i.start) // max(1, i.shape[0]) for i in tp.inputs if i.shape))

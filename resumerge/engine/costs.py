@@ -309,6 +309,10 @@ class Estimate:
         }
 
 
+# What a free Hugging Face account may keep in private repos, all of them together (since December 2024).
+FREE_PRIVATE_STORAGE = 100 * 10**9
+
+
 @dataclass(frozen=True)
 class HubDiskNeed:
     """Local disk an ``hf://`` OUT needs: staged files wait there until their commit, so at most ``staging``
@@ -332,9 +336,14 @@ class HubDiskNeed:
 
     def line(self) -> str:
         bound = f"--max-disk {format_size(self.max_disk)}" if self.max_disk is not None else "no --max-disk"
-        return (f"with hf:// OUT: local disk for staged output at most {format_size(self.staging)} ({bound}; "
+        line = (f"with hf:// OUT: local disk for staged output at most {format_size(self.staging)} ({bound}; "
                 f"the smallest that works is {format_size(self.largest_file)}, one shard); the "
                 f"{format_size(self.output_bytes)} output goes to the repo")
+        if self.output_bytes > FREE_PRIVATE_STORAGE:
+            # The hub refuses it at the commit, after the upload (403 "Private repository storage limit reached").
+            line += (f"; private (the default) it exceeds a free account's {format_size(FREE_PRIVATE_STORAGE)} of "
+                     "private storage: pass --public, or check the account's storage")
+        return line
 
     def to_json(self) -> dict[str, int | None]:
         return {"output_bytes": self.output_bytes, "largest_file": self.largest_file, "max_disk": self.max_disk,

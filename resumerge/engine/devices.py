@@ -86,4 +86,4 @@ def gpu_governor(plan: Plan, device: str, max_gpu_memory: int | None,
             hint=f"the smallest GPU budget that works is {format_size(worst.needed)}; rerun with "
             f"{GPU_BUDGET_OPTION} {format_size(worst.needed, compact=True)} or more, or use --device cpu",
         )
-    return MemoryGovernor(budget, probe, write_buffer_bytes=0, pool=device, budget_option=GPU_BUDGET_OPTION)
+    return MemoryGovernor(budget, probe, pool=device, budget_option=GPU_BUDGET_OPTION)

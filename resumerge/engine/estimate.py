@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from pathlib import Path
@@ -34,6 +34,7 @@ from resumerge.engine.costs import (
     hub_disk_need,
 )
 from resumerge.engine.inputfetch import plan_fetch
+from resumerge.engine.settings import RunSettings
 from resumerge.errors import LedgerError
 from resumerge.inputs.catalog import Inputs
 from resumerge.memory import SAFETY_MARGIN, MemoryProbe, SystemProbe, default_budget, format_size
@@ -55,8 +56,6 @@ from resumerge.store.diskprobe import (
 from resumerge.store.filesystems import Staging, staging_dir
 from resumerge.store.manifest import read_manifest
 
-# The engine's default number of merge threads (session.run_merge ``workers``): units computed at once.
-CONCURRENCY = 2
 # A ledger row per tensor and per file, SQLite pages, and a WAL of the same size again: a generous bound.
 _LEDGER_FIXED = 256 * 1024
 _LEDGER_PER_ROW = 600
@@ -66,50 +65,48 @@ def estimate(
     plan: Plan,
     inputs: Inputs,
     config_text: str,
+    settings: RunSettings,
     *,
     out_dir: str | os.PathLike[str] | None = None,
-    state_dir: str | os.PathLike[str] | None = None,
-    max_memory: int | None = None,
-    staging: bool | str | os.PathLike[str] | None = None,
     probe_bytes: int = DEFAULT_PROBE_BYTES,
     disk_free: DiskFree = free_bytes,
     memory_probe: MemoryProbe | None = None,
     baseline_bytes: int | None = None,
-    workers: int = CONCURRENCY,
     startup_seconds: float = 0.0,
     choose_inputs: bool = True,
-    max_disk: int | None = None,
     to_hub: bool = False,
     compute_budget: float = SAMPLE_SECONDS,
 ) -> Estimate:
-    """Estimate what merging ``plan`` into ``out_dir`` costs here, and decide whether it fits.
+    """Estimate what merging ``plan`` into ``out_dir`` costs here under ``settings``, and decide whether it fits.
 
     ``inputs`` are the opened models the plan was built from (their hub metadata gives download sizes);
-    ``state_dir``, ``max_memory`` and ``staging`` mean what they mean for ``resumerge run``. ``disk_free`` reads a
-    filesystem's free bytes and ``memory_probe`` the machine's memory (both injectable for tests);
-    ``baseline_bytes`` is the merge process's RSS before any tensor is read — by default this process's own
-    RSS, which is right when the merge runs in a process like this one (``resumerge plan`` before
+    ``settings`` (state dir, memory budget, staging, disk budget, workers) mean what they mean for ``resumerge
+    run``. ``disk_free`` reads a filesystem's free bytes and ``memory_probe`` the machine's memory (both injectable
+    for tests); ``baseline_bytes`` is the merge process's RSS before any tensor is read — by default this process's
+    own RSS, which is right when the merge runs in a process like this one (``resumerge plan`` before
     ``resumerge run``, or :func:`resumerge.api.estimate` before :func:`resumerge.api.run` in one notebook).
     ``probe_bytes`` sizes the disk speed probe (0 skips it); ``startup_seconds`` is what the merge spends before
     its first tensor (imports, planning). Without ``out_dir`` the output's disk is not checked. Never raises for
     a merge that does not fit: the reasons are in the result. ``choose_inputs`` false counts every hub weight
-    file as downloaded (a recipe stage: recipes download their inputs whole). ``max_disk`` (``--max-disk``) bounds
-    the local disk: it decides which hub files are streamed and what an ``hf://`` OUT may stage; ``to_hub`` says
-    OUT is a hub repo, whose staging must then fit under it. ``compute_budget`` bounds the seconds spent timing the
-    methods on samples of the pending tensors (0 skips it; see :mod:`resumerge.engine.compute_estimate`).
+    file as downloaded (a recipe stage: recipes download their inputs whole). ``settings.max_disk``
+    (``--max-disk``) bounds the local disk: it decides which hub files are streamed and what an ``hf://`` OUT may
+    stage; ``to_hub`` says OUT is a hub repo, whose staging must then fit under it. ``compute_budget`` bounds the
+    seconds spent timing the methods on samples of the pending tensors (0 skips it; see
+    :mod:`resumerge.engine.compute_estimate`).
     """
+    state_dir, max_disk, workers = settings.state_dir, settings.max_disk, settings.workers
     notes: list[str] = []
     out = Path(os.path.abspath(out_dir)) if out_dir is not None else None
     committed = _committed_here(plan, out, notes)
     pending = [s for s in plan.shards if s.name not in committed]
-    staging_dir = _staging_dir(staging, out, state_dir)
+    staging_dir = _staging_dir(settings.staging, out, state_dir)
     output = _output_size(plan, config_text, out, committed, staging_dir, pending)
     fetch = plan_fetch(plan, inputs, max_disk=max_disk) if choose_inputs else ()
     downloads = _downloads(inputs, state_dir, {(c.model, c.file) for c in fetch if c.how != STREAM}
                            if choose_inputs else None)
     probe = memory_probe if memory_probe is not None else SystemProbe()
     remote = {(c.model, c.file) for c in fetch if c.how == STREAM}
-    memory, memory_reasons = _memory(plan, pending, probe, max_memory, baseline_bytes, workers, remote)
+    memory, memory_reasons = _memory(plan, pending, probe, settings.max_memory, baseline_bytes, workers, remote)
     disks = _disks(plan, output, downloads, inputs, out, state_dir, disk_free)
     speed = probe_directory(_probe_dir(out), probe_bytes, disk_free=disk_free) if out is not None else None
     # Nothing pending (a finished merge): no sample is read and no method is timed.
@@ -422,18 +419,15 @@ def _input_read_speed(plan: Plan, probe_bytes: int) -> float | None:
 def estimate_config(
     config_text: str,
     options: PlanOptions,
+    settings: RunSettings,
     *,
     source: str = "config",
     out_dir: str | os.PathLike[str] | None = None,
-    state_dir: str | os.PathLike[str] | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    max_memory: int | None = None,
-    staging: bool | str | os.PathLike[str] | None = None,
     probe_bytes: int = DEFAULT_PROBE_BYTES,
     disk_free: DiskFree = free_bytes,
     fresh_process: bool = False,
-    max_disk: int | None = None,
     compute_budget: float = SAMPLE_SECONDS,
+    planner: Callable[[], tuple[Plan, Inputs]] | None = None,
 ) -> Estimate:
     """Validate ``config_text`` fully (config, every input's config.json and headers) and :func:`estimate` it.
 
@@ -442,21 +436,24 @@ def estimate_config(
     (a notebook that merges in its own, already warm, process). Raises what :func:`resumerge.engine.session.prepare`
     raises for an invalid merge (exit 2 errors); a merge that is valid but does not fit is not an error: see
     :attr:`Estimate.reasons`. ``out_dir`` may be an ``hf://`` target: the output's local disk is then its staging.
+    The compute estimate times the methods with ``settings.num_threads`` torch threads, as the run will.
+    ``planner`` plans a config of another kind than a merge config (:mod:`resumerge.api` passes MoE upcycling's,
+    which skips the prompt forward pass); None plans ``config_text`` as a merge config.
     """
     started = time.time()
     from resumerge.config.merge_config import load_config_text
+    from resumerge.engine.devices import set_torch_threads
     from resumerge.engine.session import prepare
-    from resumerge.moe import is_moe_text, load_moe_text
 
-    if is_moe_text(config_text):  # a mergekit-moe config; its prompt forward pass is not run to estimate it
-        config: Any = load_moe_text(config_text, allow_all_same=options.allow_crimes, source=source)
+    set_torch_threads(settings.num_threads)
+    if planner is not None:
+        plan, inputs = planner()
     else:
         config = load_config_text(config_text, source=source)
-    plan, inputs = prepare(config, options, state_dir=state_dir, cache_dir=cache_dir, forward=False)
+        plan, inputs = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir)
     if fresh_process:
         started = psutil.Process().create_time()
     to_hub = out_dir is not None and is_hub_target(os.fspath(out_dir))
-    return estimate(plan, inputs, config_text, out_dir=None if to_hub else out_dir, state_dir=state_dir,
-                    max_memory=max_memory, staging=staging, probe_bytes=probe_bytes, disk_free=disk_free,
-                    startup_seconds=max(0.0, time.time() - started), max_disk=max_disk, to_hub=to_hub,
-                    compute_budget=compute_budget)
+    return estimate(plan, inputs, config_text, settings, out_dir=None if to_hub else out_dir,
+                    probe_bytes=probe_bytes, disk_free=disk_free, startup_seconds=max(0.0, time.time() - started),
+                    to_hub=to_hub, compute_budget=compute_budget)

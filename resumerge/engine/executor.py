@@ -2,10 +2,11 @@
 
 Three stages overlap: worker threads read inputs and run the merge method (torch releases the GIL), the
 calling thread hands finished tensors over in plan order, and one writer thread streams them to disk, hashes
-them, and runs the commit protocol (fsync, verify, rename, fsync dir, ledger row, manifest) — so the fsync of
-shard k overlaps the computation of shard k+1. A stop request is honoured between tensors: the unfinished
-shard's temp file is deleted and everything committed stays committed; files a batched sink (a hub repo) has
-uploaded already get one last, bounded commit first (:mod:`resumerge.engine.interrupts`).
+them, and publishes each finished file through the sink; the commit protocol's ledger rows and manifest are
+:class:`~resumerge.store.journal_commit.CommitJournal`'s — so the fsync of shard k overlaps the computation of
+shard k+1. A stop request is honoured between tensors: the unfinished shard's temp file is deleted and everything
+committed stays committed; files a sink has uploaded but not committed yet (a hub repo's) get one last, bounded
+commit first (:mod:`resumerge.engine.interrupts`).
 """
 
 from __future__ import annotations
@@ -44,11 +45,11 @@ from resumerge.plan.workunits import (
     unit_bytes,
     unit_mode,
 )
-from resumerge.store import killpoints
+from resumerge.store.journal_commit import CommitJournal
 from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import ManifestBook
 from resumerge.store.shardwriter import ShardWriter
-from resumerge.store.sink import OutputSink, Settled
+from resumerge.store.sink import OutputSink
 
 
 class Reporter(Protocol):
@@ -74,56 +75,10 @@ class Stopped(Exception):
 _Item = tuple[ShardPlan, str, torch.Tensor, "Reservation | None"]
 
 
-class _Journal:
-    """Records committed files: ledger row, then manifest, for a sink that commits at once; manifest at once and
-    ledger row when the sink reports the commit, for one that commits later (a hub repo batches commits and
-    carries the updated manifest in the same commit as the files)."""
-
-    def __init__(self, sink: OutputSink, ledger: Ledger, book: ManifestBook) -> None:
-        self.sink, self.ledger, self.book = sink, ledger, book
-        self.pending: dict[str, tuple[int, str, float, tuple[str, ...]]] = {}
-        self.lock = threading.Lock()
-
-    def record(self, name: str, size: int, sha: str, committed: bool, *, seconds: float = 0.0,
-               tensors: tuple[str, ...] = (), manifest_point: bool = True) -> None:
-        """Journal ``name`` after the sink published it (``committed``: the sink's answer)."""
-        if committed:
-            self.ledger.commit_file(name, size=size, sha256=sha, seconds=seconds, tensors=tensors)
-            killpoints.reach("after_ledger_commit")
-            self.book.commit(name, size, sha)
-            if manifest_point:
-                killpoints.reach("after_manifest_write")
-            return
-        with self.lock:
-            self.pending[name] = (size, sha, seconds, tensors)
-        self.book.commit(name, size, sha)
-        self.settle(self.sink.settled())
-
-    def settle(self, settled: list[Settled]) -> None:
-        """Write the ledger rows of files the sink reports committed, and each commit's id as an event."""
-        commits: dict[str, list[str]] = {}
-        for item in settled:
-            with self.lock:
-                size, sha, seconds, tensors = self.pending.pop(item.name)
-            self.ledger.commit_file(item.name, size=size, sha256=sha, seconds=seconds, tensors=tensors)
-            commits.setdefault(item.commit, []).append(item.name)
-        for commit, names in commits.items():
-            self.ledger.event("commit", f"commit {commit}: {', '.join(names)}", {"commit": commit, "files": names})
-
-    def finish(self, should_stop: Callable[[], bool]) -> None:
-        """Wait for the sink to commit everything published; raises if a file was never reported committed, or
-        :class:`Stopped` when the wait ended because the run is stopping."""
-        self.settle(self.sink.drain())
-        if self.pending and should_stop():
-            raise Stopped()
-        if self.pending:
-            raise ResumergeError(f"internal: the output sink never committed {', '.join(sorted(self.pending))}")
-
-
 class _Writer(threading.Thread):
     """Consumes (shard, name, tensor or rows, reservation) items; commits each shard after its last tensor."""
 
-    def __init__(self, plan: Plan, sink: OutputSink, journal: _Journal, reporter: Reporter) -> None:
+    def __init__(self, plan: Plan, sink: OutputSink, journal: CommitJournal, reporter: Reporter) -> None:
         super().__init__(name="resumerge-writer", daemon=True)
         self.plan, self.sink, self.journal, self.reporter = plan, sink, journal, reporter
         self.items: queue.Queue[_Item | None] = queue.Queue(maxsize=2)
@@ -138,7 +93,7 @@ class _Writer(threading.Thread):
                 try:
                     item = self.items.get(timeout=0.5)
                 except queue.Empty:
-                    self.journal.settle(self.sink.settled())  # commits that finished while computation ran
+                    self.journal.settle()  # commits that finished while computation ran
                     continue
                 if item is None:
                     return
@@ -156,9 +111,9 @@ class _Writer(threading.Thread):
                 written.append(name)
                 self.reporter.tensor_done(name, self.plan.tensors[name].nbytes)
                 if self._current.expected_name is None:
-                    size, sha, committed = self._current.finish()
+                    size, sha, receipt = self._current.finish()
                     self._current = None
-                    self.journal.record(shard.name, size, sha, committed, seconds=time.monotonic() - started,
+                    self.journal.record(receipt, size, sha, seconds=time.monotonic() - started,
                                         tensors=tuple(written))
                     self.reporter.file_done(shard.name, "shard")
         except BaseException as exc:
@@ -433,7 +388,7 @@ def execute(
     """
     done = {row["name"] for row in ledger.files() if row["status"] == "done"}
     sources.expect(read_order(plan, done))  # a streamed source coalesces the reads that come next
-    journal = _Journal(sink, ledger, book)
+    journal = CommitJournal(sink, ledger, book)
     writer = _Writer(plan, sink, journal, reporter)
     writer.start()
     pipeline = _Pipeline(plan, sources, writer, governor, workers, should_stop, gpu)
@@ -458,17 +413,20 @@ def execute(
             raise interrupt
         if not finished:
             raise Stopped()
-        _write_aux(plan, sink, journal, reporter, done, config_text, should_stop)
-        journal.finish(should_stop)
+        _write_aux(plan, journal, reporter, done, config_text, should_stop)
+        waiting = journal.finish()
+        if waiting and should_stop():
+            raise Stopped()
+        if waiting:
+            raise ResumergeError(f"internal: the output sink never committed {', '.join(waiting)}")
     except (Stopped, KeyboardInterrupt):
-        commit_uploaded(sink, journal.settle, reporter.message)
+        commit_uploaded(journal, reporter.message)
         raise
 
 
 def _write_aux(
     plan: Plan,
-    sink: OutputSink,
-    journal: _Journal,
+    journal: CommitJournal,
     reporter: Reporter,
     done: set[str],
     config_text: str,
@@ -480,6 +438,5 @@ def _write_aux(
         if should_stop():
             raise Stopped()
         data = render_aux(plan, aux, config_text)
-        sha, committed = sink.write_small(aux.name, data, point=aux.point)
-        journal.record(aux.name, len(data), sha, committed, manifest_point=False)
+        journal.write_small(aux.name, data, point=aux.point)
         reporter.file_done(aux.name, aux.kind)

@@ -56,16 +56,18 @@ class HubOutput:
 
 
 def open_hub_output(out: str, *, state_dir: str | os.PathLike[str] | None,
-                    options: HubOutputOptions | None = None, create: bool = True) -> HubOutput:
+                    options: HubOutputOptions | None = None, create: bool = True,
+                    ours: frozenset[str] = frozenset()) -> HubOutput:
     """Open ``out`` (``hf://…``) for writing; raises UsageError (exit 2) for a bad target or token,
-    OutputDirError (exit 4) for a repo holding files resumerge did not write, UnreachableError (exit 3)."""
+    OutputDirError (exit 4) for a repo holding files resumerge did not write, UnreachableError (exit 3).
+    ``ours`` names files resumerge may have written before any manifest (a recipe's record)."""
     target = parse_hub_target(out)
     repo = open_hub_repo(target, public=bool(options and options.public), create=create)
     resume = resume_command(target.url, state_dir)
     # The head first: a commit another run makes after this read is then refused to us (412), never missed.
     head = branch_head(repo, resume=resume)
     manifest = read_remote_manifest(repo, resume=resume)
-    check_repo_is_ours(repo, manifest, resume=resume)
+    check_repo_is_ours(repo, manifest, resume=resume, ours=ours)
     return HubOutput(repo, manifest, resume, options or HubOutputOptions(), head)
 
 

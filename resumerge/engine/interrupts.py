@@ -1,9 +1,10 @@
 """What a stopped run does with files that are uploaded but wait for their batch commit (a hub repo OUT).
 
-Ctrl-C (or SIGTERM) stops the pipeline at a safe point. A sink that commits in batches then gets one last commit of
-what it has already uploaded, so the resume does not compute those files again; the wait for it is bounded
-(:data:`FINAL_COMMIT_WAIT`), and a second Ctrl-C abandons it at once. Abandoning loses nothing: the ledger records
-only what a commit holds, and the resume adopts a commit that landed after all, as after a kill.
+Ctrl-C (or SIGTERM) stops the pipeline at a safe point. The sink then gets one last commit of what it has already
+uploaded and not committed (only a sink that commits in batches has any), so the resume does not compute those files
+again; the wait for it is bounded (:data:`FINAL_COMMIT_WAIT`), and a second Ctrl-C abandons it at once. Abandoning
+loses nothing: the ledger records only what a commit holds, and the resume adopts a commit that landed after all, as
+after a kill.
 """
 
 from __future__ import annotations
@@ -13,41 +14,28 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Protocol, runtime_checkable
 
-from resumerge.store.sink import Settled
+from resumerge.store.journal_commit import CommitJournal
 
 # Long enough for a commit of many files on a slow link (it only names objects already uploaded), short enough for
 # the grace period before SIGKILL of the places people merge in (30 s on a preemptible VM, Docker's 10 s aside).
 FINAL_COMMIT_WAIT = 25.0
 
 
-@runtime_checkable
-class BatchedSink(Protocol):
-    """A sink whose published files wait for a later commit (:class:`~resumerge.store.hubsink.HubRepoSink`)."""
-
-    def stop_commits(self) -> int: ...
-
-    def stopped_commits(self, timeout: float) -> tuple[list[Settled], str | None]: ...
-
-
-def commit_uploaded(sink: object, settle: Callable[[list[Settled]], None], message: Callable[[str], None], *,
+def commit_uploaded(journal: CommitJournal, message: Callable[[str], None], *,
                     wait: float = FINAL_COMMIT_WAIT) -> None:
-    """Have a batched ``sink`` commit what it already uploaded (``settle`` journals what got committed), telling
-    the user through ``message``; returns at once for a sink that commits every file as it is published."""
-    if not isinstance(sink, BatchedSink):
-        return
-    count = sink.stop_commits()
+    """Have the sink commit what it already uploaded and ``journal`` record what got committed, telling the user
+    through ``message``; returns at once for a sink that commits every file as it is published."""
+    count = journal.stop()
     if count:
         message(f"committing {count} uploaded file{'s' if count != 1 else ''}… (at most {wait:g} s; Ctrl-C again "
                 "to skip: the resume makes them again)")
     try:
         with _second_interrupt_raises():
-            settled, problem = sink.stopped_commits(wait)
+            problem = journal.stopped(wait)
     except KeyboardInterrupt:
-        settled, problem = sink.stopped_commits(0)
+        journal.stopped(0)
         problem = "abandoned by a second interrupt"
-    settle(settled)
     if count and problem is not None:
         message(f"the last commit did not happen ({problem}); the resume makes those files again")
 

@@ -3,6 +3,11 @@
 Order matters and is the safety argument: nothing touches OUT until the config, every input header and the
 plan are valid; a non-empty OUT without resumerge's manifest is refused; the ledger records the plan and the
 manifest is written before the first shard; the state becomes ``done`` only after the final manifest.
+
+The session path is one path: :func:`run_merge`, :func:`resume_merge` and every stage of a recipe open OUT with
+:meth:`~resumerge.engine.target.Target.open` and end in :func:`run_plan`, which builds the governors and drives
+the plan. A new kind of run is a planner that produces a :class:`~resumerge.plan.merge_plan.Plan`, then that same
+call; how it is carried out travels as one :class:`~resumerge.engine.settings.RunSettings`.
 """
 
 from __future__ import annotations
@@ -17,15 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import run_dir
 from resumerge.config.merge_config import MergeConfig, load_config_text
 from resumerge.engine.devices import gpu_governor
 from resumerge.engine.executor import Reporter, Stopped, execute
-from resumerge.engine.hubout import HubOutput, open_hub_output
+from resumerge.engine.hubout import HubOutput
 from resumerge.engine.inputfetch import HubInputs
-from resumerge.engine.outdir import check_out_dir, check_out_path, open_run, planned_files
+from resumerge.engine.outdir import open_run, planned_files
 from resumerge.engine.reconcile import reconcile
+from resumerge.engine.settings import RunSettings
+from resumerge.engine.target import Target
 from resumerge.errors import (
     InterruptedMerge,
     LedgerError,
@@ -37,20 +43,27 @@ from resumerge.inputs.catalog import Inputs, open_inputs
 from resumerge.inputs.model import InputWatch
 from resumerge.inputs.source import InputSources
 from resumerge.memory import CudaProbe, MemoryGovernor, SystemProbe, default_budget, format_size, os_peak_rss
-from resumerge.moe import MoeConfig, is_moe_text, load_moe_text
 from resumerge.plan.merge_plan import Plan, PlanOptions
 from resumerge.plan.planner import build_plan
 from resumerge.plan.workunits import largest, oversized_units
 from resumerge.store.durable import is_temp_name
 from resumerge.store.filesystems import Staging, filesystem_type, staging_dir
-from resumerge.store.hubsink import HubOutputOptions
 from resumerge.store.ledger import LEDGER_NAME, Ledger, set_aside
-from resumerge.store.manifest import MANIFEST_NAME, Manifest, read_manifest
+from resumerge.store.manifest import MANIFEST_NAME, Manifest
 from resumerge.store.sink import LocalDirSink, OutputSink, StagedDirSink
-from resumerge.store.statusview import resume_command
 
 if TYPE_CHECKING:
     from resumerge.inputs.hub import HubEvent
+
+
+def _never() -> bool:
+    return False
+
+
+# Plans a run's recorded config text of another kind than a merge config (MoE upcycling's), from the recorded
+# options and model directories, under the resume's settings and reporter; None when the text is a merge config.
+RecordedPlanner = Callable[[str, PlanOptions, Mapping[str, str], RunSettings, "Reporter | None"],
+                           "tuple[Plan, Inputs] | None"]
 
 
 class NullReporter:
@@ -84,34 +97,28 @@ class Outcome:
     resumed_files: int
     notes: tuple[str, ...] = field(default=())
     target: str | None = None  # the hf:// repo when OUT is one (then out_dir is only its name)
+    detail: str | None = None  # what else the run did, for its "done" line (a recipe: its stages)
 
 
 def prepare(
-    config: MergeConfig | MoeConfig,
+    config: MergeConfig,
     options: PlanOptions,
     *,
     model_dirs: Mapping[str, str] | None = None,
     state_dir: str | os.PathLike[str] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     reporter: Reporter | None = None,
-    forward: bool = True,
 ) -> tuple[Plan, Inputs]:
-    """Open every referenced model (config.json and headers only) and build the plan; no weight is fetched
-    (but for the prompt forward pass of a mergekit-moe config's hidden-state gates, run when ``forward``)."""
-    if isinstance(config, MoeConfig):  # a mergekit-moe config plans through its own package
-        from resumerge.moe.prepare import prepare_moe
-
-        return prepare_moe(config, options, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
-                           on_progress=_hub_progress(reporter), forward=forward)
+    """Open every referenced model (config.json and headers only) and build the plan; no weight is fetched."""
     inputs = open_inputs(config, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
                          on_progress=_hub_progress(reporter))
     return build_plan(config, inputs.models, options), inputs
 
 
-def plan_from_config(config: MergeConfig | MoeConfig, options: PlanOptions,
+def plan_from_config(config: MergeConfig, options: PlanOptions,
                      model_dirs: Mapping[str, str] | None = None) -> Plan:
     """The plan of ``config`` (headers only); raises InputError subclasses for anything that would fail later."""
-    return prepare(config, options, model_dirs=model_dirs, forward=False)[0]
+    return prepare(config, options, model_dirs=model_dirs)[0]
 
 
 def _hub_progress(reporter: Reporter | None) -> Callable[[HubEvent], None] | None:
@@ -128,14 +135,6 @@ def _hub_progress(reporter: Reporter | None) -> Callable[[HubEvent], None] | Non
     return emit
 
 
-def load_any_config(text: str, options: PlanOptions) -> MergeConfig | MoeConfig:
-    """A merge config, or a mergekit-moe config (``base_model`` + ``experts``, recognised as a recipe is);
-    ``options.allow_crimes`` lets all experts be one model (--i-understand-this-is-not-useful-without-training)."""
-    if is_moe_text(text):
-        return load_moe_text(text, allow_all_same=options.allow_crimes)
-    return load_config_text(text)
-
-
 def read_config_file(path: str | os.PathLike[str]) -> str:
     """The text of the config file at ``path``; raises :class:`UsageError` when it cannot be read."""
     try:
@@ -149,76 +148,47 @@ def read_config_file(path: str | os.PathLike[str]) -> str:
 def run_merge(
     config_text: str,
     out_dir: str | os.PathLike[str],
+    options: PlanOptions,
+    settings: RunSettings,
     *,
-    options: PlanOptions | None = None,
-    state_dir: str | os.PathLike[str] | None = None,
     restart: bool = False,
     reporter: Reporter | None = None,
-    should_stop: Callable[[], bool] = lambda: False,
-    workers: int = 2,
-    max_memory: int | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    max_gpu_memory: int | None = None,
-    staging: Staging = None,
-    max_disk: int | None = None,
-    output: HubOutputOptions | None = None,
+    should_stop: Callable[[], bool] = _never,
 ) -> Outcome:
     """Merge ``config_text`` into ``out_dir``; continue an unfinished run of the same plan there.
 
     Raises InputError (exit 2) before touching OUT; PlanChangedError when OUT holds another run and
     ``restart`` is false; InterruptedMerge when ``should_stop`` turned true; StorageError on write failures.
-    ``max_memory`` is the RAM budget in bytes (default: a safe fraction of what the machine or container allows);
-    ``max_gpu_memory`` the GPU's when ``options.device`` is a GPU (default: a safe fraction of its free memory).
-    ``staging``: None stages output on local disk only when OUT is on a remote or FUSE filesystem (Drive), True
-    always (in the run's state dir), False never, or a directory to stage in.
     ``out_dir`` may be ``hf://NAMESPACE/NAME[@BRANCH]``: write access is checked (exit 2) before anything else is
-    read, and ``output`` says how the repo is created and commits batched. ``max_disk`` bounds the bytes kept on
-    the local disk for the output (staged, uncommitted files of a hub OUT).
+    read. ``settings`` (budgets, staging, the hub's commits) are described on :class:`RunSettings`.
     """
-    config = load_any_config(config_text, options or PlanOptions())
-    hub_out = open_hub_output(str(out_dir), state_dir=state_dir, options=output) if is_hub_target(out_dir) else None
-    plan, inputs = prepare(config, options or PlanOptions(), state_dir=state_dir, cache_dir=cache_dir,
+    config = load_config_text(config_text)
+    target = Target.open(out_dir, settings)
+    plan, inputs = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
                            reporter=reporter)
-    governor = make_governor(plan, max_memory)
-    gpu = gpu_governor(plan, plan.options.device, max_gpu_memory)
-    out = Path(hub_out.url) if hub_out else Path(out_dir).absolute()
-    manifest = hub_out.manifest if hub_out else check_out_dir(out)
-    hub = HubInputs.open(plan, inputs, state_dir=state_dir, on_progress=_hub_progress(reporter), governor=governor,
-                         max_disk=max_disk)
-    return _drive(plan, config_text, out, state_dir, manifest, restart=restart, reporter=reporter,
-                  should_stop=should_stop, workers=workers, command=resume_command(out_dir, state_dir),
-                  governor=governor, gpu=gpu, staging=staging, hub=hub, hub_out=hub_out,
-                  max_disk=hub.output_budget(max_disk))
+    return run_plan(plan, config_text, target, settings, inputs=inputs, restart=restart, reporter=reporter,
+                    should_stop=should_stop)
 
 
 def resume_merge(
     out_dir: str | os.PathLike[str],
+    settings: RunSettings,
     *,
-    state_dir: str | os.PathLike[str] | None = None,
     reporter: Reporter | None = None,
-    should_stop: Callable[[], bool] = lambda: False,
-    workers: int = 2,
-    max_memory: int | None = None,
-    max_gpu_memory: int | None = None,
-    staging: Staging = None,
-    max_disk: int | None = None,
-    output: HubOutputOptions | None = None,
+    should_stop: Callable[[], bool] = _never,
+    other_kind: RecordedPlanner | None = None,
 ) -> Outcome:
-    """Finish the merge recorded for ``out_dir`` (from the ledger, else from OUT's manifest); ``staging``,
-    ``max_disk`` and ``output`` as for :func:`run_merge` (they do not change the output, so they may differ from
-    the first run's). An ``hf://`` OUT resumes from the repo alone when the state dir is gone.
+    """Finish the merge recorded for ``out_dir`` (from the ledger, else from OUT's manifest) with ``settings`` (they
+    do not change the output, so they may differ from the first run's). An ``hf://`` OUT resumes from the repo
+    alone when the state dir is gone.
 
     Raises LedgerError when neither exists, PlanChangedError when the inputs or resumerge changed, UsageError
     when the merge computes on a GPU that this machine lacks (the device is part of the output's identity).
+    ``other_kind`` plans a recorded config of another kind than a merge config (:mod:`resumerge.api`, which
+    decides what a run is, passes it).
     """
-    hub_out = None
-    if is_hub_target(out_dir):
-        hub_out = open_hub_output(str(out_dir), state_dir=state_dir, options=output, create=False)
-        out, manifest = Path(hub_out.url), hub_out.manifest
-    else:
-        out = Path(out_dir).absolute()
-        check_out_path(out)
-        manifest = read_manifest(out) if out.is_dir() else None
+    target = Target.open(out_dir, settings, create=False).read_recorded()
+    out, manifest, state_dir = target.out, target.manifest(), settings.state_dir
     ledger_path = run_dir(out, state_dir) / LEDGER_NAME
     row = None
     if ledger_path.exists():
@@ -242,52 +212,46 @@ def resume_merge(
             path=str(out),
             hint="start the merge with resumerge run CONFIG OUT (pass --state-dir if you used one)",
         )
-    config = load_any_config(text, PlanOptions(**opts))
-    plan, inputs = prepare(config, PlanOptions(**opts), model_dirs=dirs, state_dir=state_dir, reporter=reporter)
-    governor = make_governor(plan, max_memory)
-    gpu = gpu_governor(plan, plan.options.device, max_gpu_memory)
-    hub = HubInputs.open(plan, inputs, state_dir=state_dir, on_progress=_hub_progress(reporter), governor=governor,
-                         max_disk=max_disk)
-    return _drive(plan, text, out, state_dir, manifest, restart=False, reporter=reporter,
-                  should_stop=should_stop, workers=workers, command=resume_command(out_dir, state_dir),
-                  resuming=True, governor=governor, gpu=gpu, staging=staging, hub=hub, hub_out=hub_out,
-                  max_disk=hub.output_budget(max_disk))
+    other = other_kind(text, PlanOptions(**opts), dirs, settings, reporter) if other_kind is not None else None
+    plan, inputs = other or prepare(load_config_text(text), PlanOptions(**opts), model_dirs=dirs,
+                                    state_dir=state_dir, reporter=reporter)
+    return run_plan(plan, text, target, settings, inputs=inputs, resuming=True, reporter=reporter,
+                    should_stop=should_stop)
 
 
-def drive_plan(
+def run_plan(
     plan: Plan,
     config_text: str,
-    out_dir: str | os.PathLike[str],
+    target: Target,
+    settings: RunSettings,
     *,
-    command: str,
-    state_dir: str | os.PathLike[str] | None = None,
+    inputs: Inputs | None = None,
     restart: bool = False,
     resuming: bool = False,
     reporter: Reporter | None = None,
-    should_stop: Callable[[], bool] = lambda: False,
-    workers: int = 2,
-    max_memory: int | None = None,
-    max_gpu_memory: int | None = None,
-    staging: Staging = None,
-    tolerate: frozenset[str] = frozenset(),
-    hub_out: HubOutput | None = None,
-    max_disk: int | None = None,
+    should_stop: Callable[[], bool] = _never,
 ) -> Outcome:
-    """Run an already built ``plan`` into ``out_dir``, journaled exactly like :func:`run_merge` (continuing an
-    unfinished run of the same plan there); its inputs must be present already.
+    """The session path every kind of run ends in: run the frozen ``plan`` (of ``config_text``) into ``target``,
+    journaled (continuing an unfinished run of the same plan there), under ``settings``.
 
-    For multi-stage recipes, which plan every stage up front and fetch inputs once. ``tolerate`` names files
-    OUT may hold besides resumerge's own (the recipe's record); ``command`` is what an interruption tells the
-    user to run. ``hub_out`` is an already opened hub repo OUT (a recipe's final stage; ``out_dir`` is then
-    ignored), ``max_disk`` bounds its staged files. Raises like :func:`run_merge` once the plan exists.
+    A new kind of run is a planner that makes a :class:`Plan`, then this call. It builds the memory and GPU
+    governors (UsageError, exit 2, for a budget too small), checks OUT, opens the hub inputs of ``inputs`` (the
+    models the plan was built from; None when they are present already, as for a recipe's stages, which fetch
+    theirs once), then takes the lock, reconciles OUT with the ledger and executes. ``restart`` discards a
+    different earlier run in OUT; ``resuming`` says the run was asked to continue one.
     """
-    governor = make_governor(plan, max_memory)
-    gpu = gpu_governor(plan, plan.options.device, max_gpu_memory)
-    out = Path(hub_out.url) if hub_out else Path(out_dir).absolute()
-    manifest = hub_out.manifest if hub_out else check_out_dir(out, tolerate=tolerate)
-    return _drive(plan, config_text, out, state_dir, manifest, restart=restart, reporter=reporter,
-                  should_stop=should_stop, workers=workers, command=command, resuming=resuming,
-                  governor=governor, gpu=gpu, staging=staging, hub_out=hub_out, max_disk=max_disk)
+    from resumerge.engine.devices import set_torch_threads
+
+    set_torch_threads(settings.num_threads)
+    governors = (make_governor(plan, settings.max_memory),
+                 gpu_governor(plan, plan.options.device, settings.max_gpu_memory))
+    manifest = target.manifest()
+    hub = None
+    if inputs is not None:
+        hub = HubInputs.open(plan, inputs, state_dir=settings.state_dir, on_progress=_hub_progress(reporter),
+                             governor=governors[0], max_disk=settings.max_disk)
+    return _drive(plan, config_text, target, manifest, settings, governors, hub, restart=restart,
+                  resuming=resuming, reporter=reporter or NullReporter(), should_stop=should_stop)
 
 
 def hub_progress(reporter: Reporter | None) -> Callable[[HubEvent], None] | None:
@@ -313,34 +277,30 @@ def make_governor(plan: Plan, max_memory: int | None) -> MemoryGovernor:
             hint=f"the smallest budget that works is {format_size(worst.needed)}; rerun with --max-memory "
             f"{format_size(worst.needed, compact=True)} or more",
         )
-    return MemoryGovernor(budget, probe, write_buffer_bytes=0)
+    return MemoryGovernor(budget, probe)
 
 
 def _drive(
     plan: Plan,
     config_text: str,
-    out: Path,
-    state_dir: str | os.PathLike[str] | None,
+    target: Target,
     manifest: Manifest | None,
+    settings: RunSettings,
+    governors: tuple[MemoryGovernor, MemoryGovernor | None],
+    hub: HubInputs | None,
     *,
     restart: bool,
-    reporter: Reporter | None,
+    resuming: bool,
+    reporter: Reporter,
     should_stop: Callable[[], bool],
-    workers: int,
-    command: str,
-    resuming: bool = False,
-    governor: MemoryGovernor | None = None,
-    gpu: MemoryGovernor | None = None,
-    staging: Staging = None,
-    hub: HubInputs | None = None,
-    hub_out: HubOutput | None = None,
-    max_disk: int | None = None,
 ) -> Outcome:
     from resumerge.memory.allocator import tune_allocator
     from resumerge.store.runlock import RunLock
 
-    tune_allocator()
-    reporter = reporter or NullReporter()
+    out, hub_out, command, state_dir = target.out, target.hub, target.command, settings.state_dir
+    governor, gpu = governors
+    # What the output may keep on the local disk once the hub inputs kept in the cache are counted.
+    max_disk = hub.output_budget(settings.max_disk) if hub is not None else settings.max_disk
     if hub_out is None:
         out.mkdir(parents=True, exist_ok=True)
     rdir = run_dir(hub_out.url if hub_out else out, state_dir)
@@ -352,63 +312,63 @@ def _drive(
     watch = InputWatch.of(plan.model_dirs, plan.inputs)
     ledger.commit_guard = watch.check
     xfsz = _ignore_sigxfsz()
-    sink: OutputSink | None = None
+    restore_allocator = tune_allocator()  # process-wide: put back when the run ends (a notebook goes on)
     try:
         staged: list[str] = []
-        sink = _make_sink(plan, out, rdir, staging, staged, hub_out, max_disk, should_stop)
-        book, verified = open_run(plan, config_text, hub_out.url if hub_out else out, sink, ledger, manifest,
-                                  restart=restart, resuming=resuming, notes=notes)
-        reconcile(sink, ledger, book, log=notes, verified=verified)
-        notes.extend(staged)
-        resumed = sum(1 for r in ledger.files() if r["status"] == "done")
-        for note in plan.notes:  # what the plan decided that the user must hear (status and the card show it too)
-            ledger.event("plan", note)
-        for note in [*notes, *plan.notes]:
-            reporter.message(note)
-        rows = ledger.files()
-        done_shards = {r["name"] for r in rows if r["status"] == "done" and r["kind"] == "shard"}
-        reporter.start(
-            total_tensors=len(plan.tensors),
-            done_tensors=sum(len(s.tensors) for s in plan.shards if s.name in done_shards),
-            total_bytes=plan.total_bytes,
-            done_bytes=sum(s.file_size for s in plan.shards if s.name in done_shards),
-        )
-        ledger.set_state("running")
-        if governor is not None:
+        with _make_sink(plan, out, rdir, settings.staging, staged, hub_out, max_disk, should_stop) as sink:
+            book, verified = open_run(plan, config_text, hub_out.url if hub_out else out, sink, ledger, manifest,
+                                      restart=restart, resuming=resuming, notes=notes)
+            reconcile(sink, ledger, book, log=notes, verified=verified)
+            notes.extend(staged)
+            resumed = sum(1 for r in ledger.files() if r["status"] == "done")
+            for note in plan.notes:  # what the plan decided that the user must hear (status and the card show it too)
+                ledger.event("plan", note)
+            for note in [*notes, *plan.notes]:
+                reporter.message(note)
+            rows = ledger.files()
+            done_shards = {r["name"] for r in rows if r["status"] == "done" and r["kind"] == "shard"}
+            reporter.start(
+                total_tensors=len(plan.tensors),
+                done_tensors=sum(len(s.tensors) for s in plan.shards if s.name in done_shards),
+                total_bytes=plan.total_bytes,
+                done_bytes=sum(s.file_size for s in plan.shards if s.name in done_shards),
+            )
+            ledger.set_state("running")
             ledger.event("memory", f"budget {format_size(governor.budget)}", {"budget": governor.budget})
             reporter.memory_budget(governor.budget)
             governor.start()
-        if gpu is not None:
-            ledger.event("memory", f"{gpu.pool} budget {format_size(gpu.budget)}",
-                         {"pool": gpu.pool, "budget": gpu.budget})
-            gpu.start()
-        sources = InputSources.local(plan.model_dirs) if hub is None else hub.attach(ledger, reporter)
-        try:
-            execute(plan, sources, sink, ledger, book, reporter, should_stop=should_stop, config_text=config_text,
-                    workers=workers, governor=governor, gpu=gpu)
-        except Stopped:
-            ledger.set_state("interrupted", error="stopped by signal")
-            raise InterruptedMerge("merge interrupted; every committed shard is kept", resume_command=command) from None
-        except Exception as exc:
-            error = _failure(exc, ledger, watch)
-            if error is exc:
-                raise
-            raise error from exc
-        finally:
-            sources.close()
-            if hub is not None:
-                hub.record(ledger)
-            _record_memory(ledger, governor)
-            _record_gpu_memory(ledger, gpu)
-        book.set_state("done")
-        ledger.set_state("done")
-        return Outcome(plan, out, resumed, tuple(notes), target=hub_out.url if hub_out else None)
+            if gpu is not None:
+                ledger.event("memory", f"{gpu.pool} budget {format_size(gpu.budget)}",
+                             {"pool": gpu.pool, "budget": gpu.budget})
+                gpu.start()
+            sources = InputSources.local(plan.model_dirs) if hub is None else hub.attach(ledger, reporter)
+            try:
+                with sources:
+                    execute(plan, sources, sink, ledger, book, reporter, should_stop=should_stop,
+                            config_text=config_text, workers=settings.workers, governor=governor, gpu=gpu)
+            except Stopped:
+                ledger.set_state("interrupted", error="stopped by signal")
+                raise InterruptedMerge("merge interrupted; every committed shard is kept",
+                                       resume_command=command) from None
+            except Exception as exc:
+                error = _failure(exc, ledger, watch)
+                if error is exc:
+                    raise
+                raise error from exc
+            finally:
+                if hub is not None:
+                    hub.record(ledger)
+                _record_memory(ledger, governor)
+                _record_gpu_memory(ledger, gpu)
+            book.set_state("done")
+            ledger.set_state("done")
+            return Outcome(plan, out, resumed, tuple(notes), target=hub_out.url if hub_out else None)
     finally:
-        if sink is not None:
-            sink.close()
         ledger.close()
         lock.release()
         _restore_sigxfsz(xfsz)
+        if restore_allocator is not None:
+            restore_allocator()
 
 
 def _make_sink(plan: Plan, out: Path, rdir: Path, staging: Staging, notes: list[str], hub_out: HubOutput | None,

@@ -5,7 +5,8 @@ the engine holds an :class:`InputSources` and never learns whether a model's byt
 Hugging Face cache snapshot (a local folder too, once fetched and verified) or HTTP byte ranges
 (:mod:`resumerge.inputs.hub.stream`).
 Implementations must return exactly the requested bytes or raise :class:`~resumerge.errors.ResumergeError`;
-they are called from several worker threads at once.
+they are called from several worker threads at once. Sources are context managers: leaving the ``with`` block
+closes them.
 """
 
 from __future__ import annotations
@@ -13,15 +14,25 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import TracebackType
+from typing import TypeVar
 
 import torch
 
 from resumerge.inputs.tensorio import TORCH_DTYPES, TensorReader
 from resumerge.inputs.torch_bin import PickleReader, is_pickle_checkpoint
 
+_T = TypeVar("_T")
 
 class InputSource(ABC):
     """Reads byte ranges of the weight files of one input model."""
+
+    def __enter__(self: _T) -> _T:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
 
     @abstractmethod
     def read_range(self, file: str, start: int, end: int) -> torch.Tensor:
@@ -78,6 +89,13 @@ class InputSources:
     def __init__(self, sources: Mapping[str, InputSource], *, shared: TensorReader | None = None) -> None:
         self._sources = dict(sources)
         self._shared = shared
+
+    def __enter__(self: _T) -> _T:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
 
     @classmethod
     def local(cls, model_dirs: Mapping[str, str]) -> InputSources:

@@ -13,6 +13,13 @@ Two settings, made once per run by :func:`tune_allocator`:
   in flight (peak RSS +11 MiB there), and the governor's :meth:`~resumerge.memory.probe.MemoryProbe.reclaim`
   hands it back (``malloc_trim``) when memory runs short.
 
+The settings are the whole process's, so a run puts them back when it ends (a notebook that called ``api.run``
+keeps its own allocator behaviour): :func:`tune_allocator` returns the function that does, and only the outermost
+of overlapping runs restores. glibc has no getter for these thresholds, so what is restored is what the process
+started with: glibc's defaults (128 KiB each) or the ``MALLOC_*_THRESHOLD_`` / ``GLIBC_TUNABLES`` values it was
+started with. (glibc's default mmap threshold then rises after large frees; once set by ``mallopt`` it stays put,
+so the restored one stays at its starting value.)
+
 May import: nothing from resumerge.
 """
 
@@ -21,7 +28,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 import sys
+import threading
 from collections.abc import Callable
 
 __all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "malloc_trim", "tune_allocator"]
@@ -48,14 +57,50 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
-def tune_allocator() -> bool:
-    """Set both thresholds (see the module's docstring); return whether the C library took them."""
-    libc = _libc()
-    mallopt = getattr(libc, "mallopt", None)
+# glibc's thresholds when nothing sets them (malloc.h: DEFAULT_MMAP_THRESHOLD_MIN, DEFAULT_TRIM_THRESHOLD).
+_GLIBC_DEFAULT = 128 << 10
+_lock = threading.Lock()
+_tuned = 0  # runs holding the settings now
+
+
+def tune_allocator() -> Callable[[], None] | None:
+    """Set both thresholds (see the module's docstring). Return the function that puts back the process's own
+    settings once no other run holds these (call it when the run ends), or None when the C library did not take
+    them."""
+    global _tuned
+    mallopt = getattr(_libc(), "mallopt", None)
     if mallopt is None:
-        return False
-    # mallopt returns 1 on success; musl has the symbol and ignores every parameter (returns 0).
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+        return None
+    with _lock:
+        # mallopt returns 1 on success; musl has the symbol and ignores every parameter (returns 0).
+        if not (mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
+            return None
+        _tuned += 1
+    released = threading.Event()
+
+    def restore() -> None:
+        global _tuned
+        with _lock:
+            if released.is_set():
+                return
+            released.set()
+            _tuned -= 1
+            if _tuned == 0:
+                mallopt(_M_MMAP_THRESHOLD, _startup_setting("MALLOC_MMAP_THRESHOLD_", "mmap_threshold"))
+                mallopt(_M_TRIM_THRESHOLD, _startup_setting("MALLOC_TRIM_THRESHOLD_", "trim_threshold"))
+
+    return restore
+
+
+def _startup_setting(variable: str, tunable: str) -> int:
+    """The threshold glibc started this process with: its ``GLIBC_TUNABLES`` entry, the older ``MALLOC_…_``
+    variable, else glibc's default."""
+    for entry in os.environ.get("GLIBC_TUNABLES", "").replace(":", " ").split():
+        name, _, value = entry.partition("=")
+        if name == f"glibc.malloc.{tunable}" and value.isdigit():
+            return int(value)
+    value = os.environ.get(variable, "")
+    return int(value) if value.isdigit() else _GLIBC_DEFAULT
 
 
 def malloc_trim() -> Callable[[int], int] | None:

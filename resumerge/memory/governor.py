@@ -41,11 +41,9 @@ class MemoryGovernor:
     The sampler thread (:meth:`start`) reads the probe every ``sample_interval`` seconds, tracks the peak and
     moves the knobs. Waiting admissions poll the probe themselves, so admission stays correct without it.
 
-    ``max_in_flight`` is the in-flight limit at level 0; ``write_buffer_bytes`` the writer's buffer at level 0
-    (default a quarter of the budget; the engine passes ``min(out_shard_size, budget // 4)``);
-    ``margin_fraction`` the part of the budget admission never hands out; ``pool`` names the pool in
-    adaptations (``"host"``, ``"cuda:0"``); ``budget_option`` the command-line option in error hints;
-    ``clock`` exists for tests.
+    ``max_in_flight`` is the in-flight limit at level 0; ``margin_fraction`` the part of the budget admission never
+    hands out; ``pool`` names the pool in adaptations (``"host"``, ``"cuda:0"``); ``budget_option`` the command-line
+    option in error hints; ``clock`` exists for tests.
 
     A thread must not acquire while it holds a reservation of the same governor without a ``timeout``: the
     second admission may wait for the first to be released.
@@ -58,7 +56,6 @@ class MemoryGovernor:
         *,
         sample_interval: float = 0.05,
         max_in_flight: int = 4,
-        write_buffer_bytes: int | None = None,
         margin_fraction: float = SAFETY_MARGIN,
         policy: PressurePolicy | None = None,
         pool: str = "host",
@@ -75,13 +72,12 @@ class MemoryGovernor:
         self.budget_option = budget_option
         self._interval = sample_interval
         self._max_in_flight = max_in_flight
-        self._buffer_max = budget_bytes // 4 if write_buffer_bytes is None else write_buffer_bytes
         self._margin = margin_fraction
         self._policy = policy if policy is not None else PressurePolicy()
         self._clock = clock
         self._cond = threading.Condition(threading.Lock())
         self._tracker = PressureTracker(self._policy)
-        self._knobs = self._policy.knobs_for(0, max_in_flight, self._buffer_max)
+        self._knobs = self._policy.knobs_for(0, max_in_flight)
         self._rss = self._available = self._baseline = self._reserved = self._in_flight = self._peak = 0
         self._queue: deque[object] = deque()
         self._adaptations: deque[Adaptation] = deque(maxlen=_MAX_ADAPTATIONS)
@@ -222,12 +218,6 @@ class MemoryGovernor:
             return self._knobs.in_flight_limit
 
     @property
-    def write_buffer_bytes(self) -> int:
-        """How many output bytes the writer may hold before it must flush (0: flush after every tensor)."""
-        with self._cond:
-            return self._knobs.write_buffer_bytes
-
-    @property
     def peak_rss(self) -> int:
         """The highest ``probe.rss()`` reading seen (sampled; ``os_peak_rss()`` has the OS's exact peak)."""
         with self._cond:
@@ -255,7 +245,6 @@ class MemoryGovernor:
                 in_flight=self._in_flight,
                 reserved=self._reserved,
                 in_flight_limit=self._knobs.in_flight_limit,
-                write_buffer_bytes=self._knobs.write_buffer_bytes,
                 peak_rss=self._peak,
                 adaptations=self._seq,
                 sampler_error=self._sampler_error,
@@ -276,15 +265,13 @@ class MemoryGovernor:
         level = self._tracker.update(used, self._clock())
         if level == before:
             return False
-        old, self._knobs = self._knobs, self._policy.knobs_for(level, self._max_in_flight, self._buffer_max)
+        old, self._knobs = self._knobs, self._policy.knobs_for(level, self._max_in_flight)
         reason = (
             f"{self.pool} memory at {used:.0%} of the {format_size(self.budget)} budget "
             f"(rss {format_size(rss)}, available {format_size(available)})"
         )
         if self._knobs.in_flight_limit != old.in_flight_limit:
             self._record("in_flight_limit", old.in_flight_limit, self._knobs.in_flight_limit, reason)
-        if self._knobs.write_buffer_bytes != old.write_buffer_bytes:
-            self._record("write_buffer_bytes", old.write_buffer_bytes, self._knobs.write_buffer_bytes, reason)
         return level > before and level >= 2
 
     def _try_grant(self, ticket: object, estimate: int, what: str | None, reclaimed: bool) -> object:

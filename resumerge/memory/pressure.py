@@ -2,14 +2,14 @@
 
 The governor turns each memory reading into a *used fraction* of the budget and the fraction into a level:
 
-====== ================= ================== =====================
-level  used fraction     tensors in flight  write buffer
-====== ================= ================== =====================
-0      below 75 %        ``max_in_flight``  ``write_buffer_max``
-1      75 % – 85 %       half of that       half
-2      85 % – 90 %       1                  a quarter
-3      90 % and above    1                  0 (flush every tensor)
-====== ================= ================== =====================
+====== ================= ==================
+level  used fraction     tensors in flight
+====== ================= ==================
+0      below 75 %        ``max_in_flight``
+1      75 % – 85 %       half of that
+2      85 % – 90 %       1
+3      90 % and above    1
+====== ================= ==================
 
 Admission itself stops at 95 % (the governor's 5 % safety margin), so the knobs come down while there is
 still room to finish the work already admitted. Levels rise at once; they fall one step at a time, and only
@@ -29,7 +29,6 @@ class Knobs:
     """The batch sizes the engine must respect at one moment."""
 
     in_flight_limit: int
-    write_buffer_bytes: int
 
 
 @dataclass(frozen=True)
@@ -51,15 +50,13 @@ class PressurePolicy:
         """Return the level (0–3) whose band contains ``used_fraction``, with no damping."""
         return sum(1 for threshold in self.thresholds if used_fraction >= threshold)
 
-    def knobs_for(self, level: int, max_in_flight: int, write_buffer_max: int) -> Knobs:
+    def knobs_for(self, level: int, max_in_flight: int) -> Knobs:
         """Return the knob values for ``level`` (see the module table); in flight never drops below 1."""
         if level <= 0:
-            return Knobs(max_in_flight, write_buffer_max)
+            return Knobs(max_in_flight)
         if level == 1:
-            return Knobs(max(1, max_in_flight // 2), write_buffer_max // 2)
-        if level == 2:
-            return Knobs(1, write_buffer_max // 4)
-        return Knobs(1, 0)
+            return Knobs(max(1, max_in_flight // 2))
+        return Knobs(1)
 
 
 class PressureTracker:

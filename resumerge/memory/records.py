@@ -41,7 +41,7 @@ class Reservation:
 class Adaptation:
     """One change the governor made.
 
-    ``knob`` is ``"in_flight_limit"``, ``"write_buffer_bytes"`` or ``"admit_alone"`` (a unit admitted with
+    ``knob`` is ``"in_flight_limit"`` or ``"admit_alone"`` (a unit admitted with
     nothing else in flight although it exceeded the headroom; ``old`` is then the headroom, ``new`` the
     estimate). ``seq`` counts adaptations from 1, so the engine persists those above the last one it wrote;
     ``at`` is the governor's clock (``time.monotonic()`` unless a test injects another); ``pool`` is
@@ -72,7 +72,6 @@ class GovernorStats:
     in_flight: int
     reserved: int
     in_flight_limit: int
-    write_buffer_bytes: int
     peak_rss: int
     adaptations: int
     sampler_error: str | None

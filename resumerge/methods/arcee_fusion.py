@@ -9,12 +9,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from resumerge.methods.footprint import measured
 from resumerge.methods.ranking import order_statistics
 from resumerge.methods.spec import (
     BasePolicy,
     MergeContext,
     MethodSpec,
-    OptionalTensorPolicy,
     register,
 )
 
@@ -78,12 +78,13 @@ SPEC = register(
     MethodSpec(
         name="arcee_fusion",
         fn=arcee_fusion,
+        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+        footprint=measured((16, 0), (18, 0), (18, 0), (36, 0)),
         base=BasePolicy.REQUIRED,
         min_inputs=2,
         max_inputs=2,
         randomized=True,
         reference="https://arcee.ai",
         half_result_float32=True,
-        optional_tensors=OptionalTensorPolicy.PASSTHROUGH_SINGLETON,
     )
 )

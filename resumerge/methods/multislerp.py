@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from resumerge.methods.footprint import measured
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
 
 
@@ -35,7 +36,7 @@ def multislerp(ctx: MergeContext) -> torch.Tensor:
         raise ValueError("multislerp needs at least one non-base input")
     if len(others) == 1 or ctx.tensors[0].numel() == 0:
         return ctx.tensors[others[0]].clone()
-    eps = float(ctx.params.get("eps", 1e-8))
+    eps = float(ctx.params["eps"])
     base = ctx.base if ctx.base_index is not None else None
 
     stacked = torch.stack([ctx.tensors[i] for i in others], dim=0)
@@ -45,7 +46,7 @@ def multislerp(ctx: MergeContext) -> torch.Tensor:
     weights = torch.tensor(
         [float(ctx.model_params[i]["weight"]) for i in others], dtype=stacked.dtype, device=stacked.device
     )
-    if ctx.params.get("normalize_weights", True):
+    if ctx.params["normalize_weights"]:
         weights = weights / weights.sum()
 
     norms = torch.norm(flat, dim=-1, keepdim=True)
@@ -79,7 +80,7 @@ def multislerp(ctx: MergeContext) -> torch.Tensor:
 
 def check_weight_sum(params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]]) -> str | None:
     """Reject weights summing to zero under ``normalize_weights`` (mergekit silently writes NaN then)."""
-    if not params.get("normalize_weights", True):
+    if not params["normalize_weights"]:
         return None
     weights = [float(p["weight"]) for p in model_params if "weight" in p]
     if len(weights) > 1 and abs(sum(weights)) < 1e-8:
@@ -93,6 +94,8 @@ SPEC = register(
     MethodSpec(
         name="multislerp",
         fn=multislerp,
+        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+        footprint=measured((12, 16, 0, 0, 4), (6, 8, 0, 0, 2), (6, 8, 0, 0, 2), (24, 32, 0, 0, 8), by_models=True),
         params=(
             ParamSpec("weight", Scope.NON_BASE, float, required=True),
             ParamSpec("normalize_weights", Scope.GLOBAL, bool, default=True),

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
+from resumerge.methods.footprint import measured
 from resumerge.methods.spec import (
     BasePolicy,
     MergeContext,
     MethodSpec,
-    OptionalTensorPolicy,
     ParamSpec,
     Scope,
     register,
@@ -38,12 +38,13 @@ SPEC = register(
     MethodSpec(
         name="nearswap",
         fn=nearswap,
+        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+        footprint=measured((20, 0), (10, 0), (10, 0), (40, 0)),
         params=(ParamSpec("t", Scope.GLOBAL, float, required=True),),
         base=BasePolicy.REQUIRED,
         min_inputs=2,
         max_inputs=2,
         elementwise=True,
         reference="https://huggingface.co/alchemonaut/QuartetAnemoi-70B-t0.0001",
-        optional_tensors=OptionalTensorPolicy.PASSTHROUGH_BASE_SINGLETON,
     )
 )

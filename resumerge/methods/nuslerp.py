@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from resumerge.methods.footprint import measured
 from resumerge.methods.spec import (
     BasePolicy,
     MergeContext,
     MethodSpec,
-    OptionalTensorPolicy,
     ParamSpec,
     Scope,
     register,
@@ -58,8 +58,8 @@ def nuslerp(ctx: MergeContext) -> torch.Tensor:
     w_first, w_second = (float(ctx.model_params[i]["weight"]) for i in others)
     total = w_first + w_second
     t = 0.5 if abs(total) < 1e-6 else w_second / total
-    flatten = bool(ctx.params.get("nuslerp_flatten", True))
-    row_wise = bool(ctx.params.get("nuslerp_row_wise", False))
+    flatten = bool(ctx.params["nuslerp_flatten"])
+    row_wise = bool(ctx.params["nuslerp_row_wise"])
     if ctx.base_index is None:
         return nuslerp_tensors(t, first, second, flatten=flatten, row_wise=row_wise)
     base = ctx.base
@@ -70,6 +70,8 @@ SPEC = register(
     MethodSpec(
         name="nuslerp",
         fn=nuslerp,
+        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+        footprint=measured((8, 8), (4, 4), (4, 4), (16, 16.25)),
         params=(
             ParamSpec("weight", Scope.NON_BASE, float, required=True),
             ParamSpec("nuslerp_row_wise", Scope.GLOBAL, bool, default=False),
@@ -80,6 +82,5 @@ SPEC = register(
         max_inputs=3,
         min_non_base=2,
         max_non_base=2,
-        optional_tensors=OptionalTensorPolicy.PASSTHROUGH_SINGLETON,
     )
 )

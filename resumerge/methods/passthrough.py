@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from resumerge.methods.footprint import measured
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
 
 
@@ -13,7 +14,7 @@ def passthrough(ctx: MergeContext) -> torch.Tensor:
     The result never aliases the input (a layer used twice must not share storage in the output).
     """
     (tensor,) = ctx.tensors
-    scale = ctx.model_params[0].get("scale")
+    scale = ctx.model_params[0]["scale"]
     if scale is None:
         return tensor.clone()
     return tensor * float(scale)
@@ -23,6 +24,8 @@ SPEC = register(
     MethodSpec(
         name="passthrough",
         fn=passthrough,
+        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+        footprint=measured((4, 0), (2, 0), (2, 0), (8, 0)),
         params=(ParamSpec("scale", Scope.PER_MODEL, float, default=None),),
         base=BasePolicy.IGNORED,
         min_inputs=1,

@@ -32,6 +32,7 @@ import math
 
 import torch
 
+from resumerge.methods.footprint import measured, model_block_scratch
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
 
 # torch runs an operation on the calling thread below this many elements: blocks stay under it, so a merge does
@@ -172,7 +173,7 @@ def ram(ctx: MergeContext) -> torch.Tensor:
     base = ctx.base
     if not ctx.others():
         return base.clone()
-    epsilon = float(ctx.params.get("epsilon", 1e-5))
+    epsilon = float(ctx.params["epsilon"])
     blocks = _Blocks(ctx)
     out = torch.empty(blocks.base.numel(), dtype=blocks.dtype, device=blocks.device)
     widen = blocks.dtype in _HALF and 2 < blocks.models <= _FOLD_ROWS
@@ -213,9 +214,9 @@ def ramplus_tl(ctx: MergeContext) -> torch.Tensor:
     base = ctx.base
     if not ctx.others():
         return base.clone()
-    epsilon = float(ctx.params.get("epsilon", 1e-5))
-    r = float(ctx.params.get("r", 0.1))
-    alpha = float(ctx.params.get("alpha", 0.2))
+    epsilon = float(ctx.params["epsilon"])
+    r = float(ctx.params["r"])
+    alpha = float(ctx.params["alpha"])
     blocks = _Blocks(ctx)
     # A first pass counts the touches; λ is then the reference's expression on the same int64 counts.
     touches, alone = _count_touches(blocks, epsilon)
@@ -256,6 +257,9 @@ SPEC = register(
     MethodSpec(
         name="ram",
         fn=ram,
+        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+        footprint=measured((4, 0, 8, 8), (1.75, 0.25, 4, 4, None, (2, 0)), (1.75, 0.25, 4, 4, None, (2, 0)),
+                           (8, 0, 16, 16), scratch=model_block_scratch(_GRAIN, widen_half=True)),
         params=(ParamSpec("epsilon", Scope.GLOBAL, float, default=1e-5, minimum=0.0),),
         base=BasePolicy.REQUIRED,
         min_inputs=1,
@@ -268,6 +272,9 @@ SPEC_PLUS = register(
     MethodSpec(
         name="ramplus_tl",
         fn=ramplus_tl,
+        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+        footprint=measured((4, 0, 16.25, 20), (4, 0, 16.25, 22.25), (4, 0, 16.25, 22.25), (8, 0, 28.25, 36.25),
+                           scratch=model_block_scratch(_GRAIN, widen_half=False)),
         params=(
             ParamSpec("r", Scope.GLOBAL, float, default=0.1),
             ParamSpec("alpha", Scope.GLOBAL, float, default=0.2, minimum=0.0),

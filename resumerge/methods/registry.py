@@ -11,7 +11,6 @@ from resumerge.methods.spec import (
     BasePolicy,
     MergeContext,
     MethodSpec,
-    OptionalTensorPolicy,
     ParamSpec,
     Scope,
     register,
@@ -22,7 +21,6 @@ __all__ = [
     "BasePolicy",
     "MergeContext",
     "MethodSpec",
-    "OptionalTensorPolicy",
     "ParamSpec",
     "Scope",
     "get_method",
@@ -39,9 +37,9 @@ def get_method(name: str) -> MethodSpec | None:
 
 def method_names() -> list[str]:
     """All registered method names a config may name, sorted (not the engine's own units, such as MoE
-    upcycling's expert and router functions, marked ``extra={"internal": True}``)."""
+    upcycling's expert and router functions, marked :attr:`MethodSpec.internal`)."""
     _load_builtins()
-    return sorted(name for name, spec in registered().items() if not spec.extra.get("internal"))
+    return sorted(name for name, spec in registered().items() if not spec.internal)
 
 
 _loaded = False

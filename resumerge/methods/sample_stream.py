@@ -24,7 +24,7 @@ from torch import Tensor
 from resumerge.methods import sparsify
 from resumerge.methods.spec import MergeContext, RowStream, RowStreamFactory
 from resumerge.methods.summation import OrderedSum
-from resumerge.methods.task_vectors import DEFAULT_DENSITY, DEFAULT_EPSILON, combine_task_vectors
+from resumerge.methods.task_vectors import combine_task_vectors
 
 # Entries drawn per call while moving a generator on past another task vector's draws.
 _SKIP_BLOCK = 1 << 16
@@ -43,10 +43,9 @@ class _Drawn:
 class SampledStream:
     """One tensor of a randomized task-vector method over row chunks (a :class:`~resumerge.methods.spec.RowStream`)."""
 
-    def __init__(self, samples: Mapping[int, sparsify.Sampled], total: int, *, consensus: bool, normalize: bool,
-                 rescale: bool) -> None:
+    def __init__(self, samples: Mapping[int, sparsify.Sampled], total: int, *, consensus: bool, rescale: bool) -> None:
         self._samples, self._total = dict(samples), total
-        self._consensus, self._normalize, self._rescale = consensus, normalize, rescale
+        self._consensus, self._rescale = consensus, rescale
         self._drawn: dict[int, _Drawn] = {}
         self._position = 0  # entries of the task vectors seen so far in the current pass
 
@@ -100,7 +99,7 @@ class SampledStream:
                 values.mul_(drawn.ratio)
             return values.to(delta.dtype)
 
-        out = combine_task_vectors(ctx, sparsify_one, consensus=self._consensus, normalize=self._normalize)
+        out = combine_task_vectors(ctx, sparsify_one, consensus=self._consensus)
         self._position += count
         return out
 
@@ -144,7 +143,7 @@ def _skip_words(generator: torch.Generator, words: int) -> None:
         torch.empty(1, dtype=torch.float32).uniform_(generator=generator)
 
 
-def sampled_stream(*, della: bool, consensus: bool, normalize: bool, rescale: bool) -> RowStreamFactory:
+def sampled_stream(*, della: bool, consensus: bool) -> RowStreamFactory:
     """The :class:`~resumerge.methods.spec.RowStreamFactory` of a randomized task-vector method with these
     defaults (DELLA's ranks run along dim 1, so its tensors need two dimensions or more)."""
 
@@ -157,11 +156,10 @@ def sampled_stream(*, della: bool, consensus: bool, normalize: bool, rescale: bo
         for index, p in enumerate(model_params):
             if index == base_index:
                 continue
-            density = float(p.get("density", DEFAULT_DENSITY))
-            epsilon = float(p.get("epsilon", DEFAULT_EPSILON)) if della else None
+            density = float(p["density"])
+            epsilon = float(p["epsilon"]) if della else None
             samples[index] = sparsify.Sampled(density, epsilon)
-        # `normalize` is the method's default: the combine reads the tensor's own setting from each context.
-        return SampledStream(samples, total, consensus=consensus, normalize=normalize,
-                             rescale=bool(params.get("rescale", rescale)))
+        # The combine reads `normalize` from each chunk's context; `rescale` decides the statistics pass.
+        return SampledStream(samples, total, consensus=consensus, rescale=bool(params["rescale"]))
 
     return factory

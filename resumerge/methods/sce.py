@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import torch
 
+from resumerge.methods.footprint import block_scratch, measured
 from resumerge.methods.sce_steps import (
+    _VARIANCE_BLOCK,
     agreement_mean,
     agreement_sum,
     energy_weights,
@@ -31,8 +33,8 @@ def sce(ctx: MergeContext) -> torch.Tensor:
     base = ctx.base
     if not ctx.others() or base.numel() == 0:
         return base.clone()
-    int8 = bool(ctx.params.get("int8_mask", False))
-    fraction = float(ctx.params.get("select_topk", 1.0))
+    int8 = bool(ctx.params["int8_mask"])
+    fraction = float(ctx.params["select_topk"])
     # Every step below is mergekit's, in the same order and dtype; only the temporaries are gone (products are
     # taken in place, the sign mask is built as numbers, base + merged is taken as merged + base).
     task_vectors = stacked_task_vectors(ctx)
@@ -47,6 +49,14 @@ SPEC = register(
     MethodSpec(
         name="sce",
         fn=sce,
+        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+        footprint=measured(
+            (-4, 8, 40, 0, None, (0.25, 4)),
+            (-8, 8, 40, 0, None, (1, 2)),
+            (-8, 8, 40, 0, None, (0, 2)),
+            (-8, 16, 39.75, 0, None, (0.25, 8)),
+            scratch=block_scratch(_VARIANCE_BLOCK),
+        ),
         params=(
             ParamSpec("int8_mask", Scope.GLOBAL, bool, default=False),
             ParamSpec("select_topk", Scope.GLOBAL, float, default=1.0, minimum=0.0, maximum=1.0),

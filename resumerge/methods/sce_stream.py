@@ -156,7 +156,7 @@ def sce_stream(shape: tuple[int, ...], base_index: int | None, model_params: Seq
     tensor without a base, non-base inputs or entries, or float64 ranked by variance)."""
     total = math.prod(shape)
     models = len(model_params) - 1
-    fraction = float(params.get("select_topk", 1.0))
+    fraction = float(params["select_topk"])
     if base_index is None or total == 0 or models < 1 or (dtype == torch.float64 and 0 < fraction < 1):
         return None
-    return SceStream(total, models, fraction, int8=bool(params.get("int8_mask", False)), dtype=dtype)
+    return SceStream(total, models, fraction, int8=bool(params["int8_mask"]), dtype=dtype)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
+from resumerge.methods.footprint import block_scratch, measured
 from resumerge.methods.spec import (
     BasePolicy,
     MergeContext,
     MethodSpec,
-    OptionalTensorPolicy,
     ParamSpec,
     Scope,
     register,
@@ -83,11 +83,13 @@ SPEC = register(
     MethodSpec(
         name="slerp",
         fn=slerp,
+        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+        footprint=measured((4, 0, 12, 0), (2, 0, 12, 0), (2, 0, 12, 0), (8, 0, 24, 0),
+                           scratch=block_scratch(_CHUNK_ELEMENTS)),
         params=(ParamSpec("t", Scope.GLOBAL, float, required=True),),
         base=BasePolicy.REQUIRED,
         min_inputs=2,
         max_inputs=2,
         reference="https://en.wikipedia.org/wiki/Slerp",
-        optional_tensors=OptionalTensorPolicy.PASSTHROUGH_SINGLETON,
     )
 )

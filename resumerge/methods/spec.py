@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
+
+from resumerge.methods.footprint import MethodFootprint
 
 if TYPE_CHECKING:
     import torch
@@ -34,18 +36,6 @@ class BasePolicy(enum.Enum):
     OPTIONAL = "optional"  # used when given
     IGNORED = "ignored"  # accepted, but merged like any other input (e.g. linear)
     FORBIDDEN = "forbidden"  # a base is a config error
-
-
-class OptionalTensorPolicy(enum.Enum):
-    """What to do with an optional weight (e.g. an untied ``lm_head``) that only some inputs have.
-
-    Mirrors mergekit 0.1.5's ``OptionalTensorPolicy``; the engine applies it before calling the method.
-    """
-
-    ERROR = "error"  # a missing input tensor is an error
-    PASSTHROUGH_SINGLETON = "passthrough_singleton"  # exactly one input has it: copy that one
-    PASSTHROUGH_BASE_SINGLETON = "passthrough_base_singleton"  # only the base has it: copy the base
-    BASE_OR_SKIP = "base_or_skip"  # too few inputs: copy the base if it alone has it, else omit the weight
 
 
 @dataclass(frozen=True)
@@ -70,18 +60,17 @@ class ParamSpec:
 class MergeContext:
     """Everything a method sees for one output tensor (or one row chunk of it).
 
-    ``tensors`` are in config order and already cast to the compute dtype; ``base_index`` points into them
-    (``None`` without a base). ``model_params[i]`` holds the resolved per-model parameters of input ``i``
-    (empty for the base when a parameter is ``NON_BASE``); ``params`` the global ones. ``generator`` is seeded
-    from (random seed, output tensor name) for randomised methods, so results do not depend on execution
-    order.
+    ``tensors`` are in config order and already cast to the compute dtype; ``base_index`` points into them (``None``
+    without a base). ``model_params[i]`` holds the resolved per-model parameters of input ``i`` (none for the base
+    when a parameter is ``NON_BASE``); ``params`` the global ones. Every parameter is there, unset ones at their
+    default (:meth:`MethodSpec.bind`), so a method reads ``params["name"]``. ``generator`` is seeded from (random
+    seed, output tensor name) for randomised methods, so results do not depend on execution order.
     """
 
     tensors: Sequence[torch.Tensor]
     base_index: int | None
     model_params: Sequence[Mapping[str, Any]]
     params: Mapping[str, Any]
-    tensor_name: str = ""
     generator: torch.Generator | None = None
 
     @property
@@ -150,7 +139,8 @@ class MethodSpec:
     ``max_non_base`` (when set) count the inputs other than the base. ``elementwise`` methods give
     the same result when applied to row chunks independently, so the engine may stream large tensors through
     them; ``streamed`` ones give it from row chunks in several passes (:class:`RowStream`); others need the whole
-    tensor at once. ``randomized`` methods receive a generator.
+    tensor at once. ``randomized`` methods receive a generator. ``footprint`` is the method's measured working
+    memory (see :mod:`resumerge.methods.footprint`), which :func:`register` requires.
     """
 
     name: str
@@ -163,7 +153,6 @@ class MethodSpec:
     randomized: bool = False
     reference: str = ""
     check: ContractCheck | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
     # A method that is not elementwise but can still run on row chunks, in several passes (see RowStream).
     streamed: RowStreamFactory | None = None
     # True when the method returns float32 for float16/bfloat16 inputs (as mergekit's does); without out_dtype
@@ -171,7 +160,13 @@ class MethodSpec:
     half_result_float32: bool = False
     min_non_base: int | None = None
     max_non_base: int | None = None
-    optional_tensors: OptionalTensorPolicy = OptionalTensorPolicy.ERROR
+    # The working memory the method allocates per element, by dtype, and its scratch rule, declared beside its
+    # function (see resumerge.methods.footprint); the planner and the memory governor admit its units by it.
+    # Required: register() refuses a method without one, so no method is ever admitted by a guess.
+    footprint: MethodFootprint | None = None
+    # The engine's own unit functions (MoE upcycling's expert and router tensors): registered so the engine can
+    # run them like any method, but not merge methods a config may name (method_names() and the planner skip them).
+    internal: bool = False
 
     def param(self, name: str) -> ParamSpec | None:
         """Return the spec of parameter ``name``, or None if the method has no such parameter."""
@@ -179,6 +174,21 @@ class MethodSpec:
             if spec.name == name:
                 return spec
         return None
+
+    def bind(self, model_params: Sequence[Mapping[str, Any]], params: Mapping[str, Any], base_index: int | None
+             ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """``model_params`` and ``params`` with every parameter the caller left out set to its default, as the
+        planner resolves them: global ones once, per-model ones for every input (``NON_BASE`` ones for every
+        input but the base). Method bodies read their parameters by name and rely on this. A required parameter
+        left out stays out (the planner refuses it before any method runs)."""
+        bound = {s.name: s.default for s in self.params if s.scope is Scope.GLOBAL and not s.required}
+        bound.update(params)
+        per_model = []
+        for i, own in enumerate(model_params):
+            defaults = {s.name: s.default for s in self.params if not s.required and (
+                s.scope is Scope.PER_MODEL or (s.scope is Scope.NON_BASE and i != base_index))}
+            per_model.append(defaults | dict(own))
+        return per_model, bound
 
 
 _REGISTRY: dict[str, MethodSpec] = {}
@@ -191,6 +201,9 @@ def register(spec: MethodSpec) -> MethodSpec:
     """
     if spec.name in _REGISTRY:
         raise ValueError(f"merge method {spec.name!r} is already registered")
+    if spec.footprint is None:
+        raise ValueError(f"merge method {spec.name!r} declares no footprint: measure it with "
+                         "bench/method_footprint.py --fit and pass footprint=measured(...)")
     _REGISTRY[spec.name] = spec
     return spec
 

@@ -19,6 +19,7 @@ import torch
 from torch import Generator, Tensor
 
 from resumerge.methods import sparsify
+from resumerge.methods.footprint import MethodFootprint, measured, row_block_scratch
 from resumerge.methods.sample_stream import sampled_stream
 from resumerge.methods.spec import (
     BasePolicy,
@@ -30,7 +31,7 @@ from resumerge.methods.spec import (
     register,
 )
 from resumerge.methods.task_stream import magnitude_selector, outlier_selector, task_vector_stream
-from resumerge.methods.task_vectors import DEFAULT_DENSITY, DEFAULT_EPSILON, DEFAULT_GAMMA, combine_task_vectors
+from resumerge.methods.task_vectors import combine_task_vectors
 
 # (task vector, that model's resolved parameters, rescale, generator) -> sparsified task vector. The task vector
 # handed over is the caller's own buffer: a sparsifier may overwrite it and return it.
@@ -38,49 +39,45 @@ Sparsifier = Callable[[Tensor, Mapping[str, Any], bool, "Generator | None"], Ten
 
 
 def _magnitude(delta: Tensor, p: Mapping[str, Any], rescale: bool, _: Generator | None) -> Tensor:
-    return sparsify.magnitude(delta, float(p.get("density", DEFAULT_DENSITY)), rescale=rescale, inplace=True)
+    return sparsify.magnitude(delta, float(p["density"]), rescale=rescale, inplace=True)
 
 
 def _outliers(delta: Tensor, p: Mapping[str, Any], rescale: bool, _: Generator | None) -> Tensor:
-    density = float(p.get("density", DEFAULT_DENSITY))
-    gamma = float(p.get("gamma", DEFAULT_GAMMA))
-    return sparsify.magnitude_outliers(delta, density, gamma, rescale=rescale, inplace=True)
+    return sparsify.magnitude_outliers(delta, float(p["density"]), float(p["gamma"]), rescale=rescale, inplace=True)
 
 
 def _random(delta: Tensor, p: Mapping[str, Any], rescale: bool, gen: Generator | None) -> Tensor:
-    density = float(p.get("density", DEFAULT_DENSITY))
-    return sparsify.bernoulli(delta, density, rescale=rescale, generator=gen, inplace=True)
+    return sparsify.bernoulli(delta, float(p["density"]), rescale=rescale, generator=gen, inplace=True)
 
 
 def _della(delta: Tensor, p: Mapping[str, Any], rescale: bool, gen: Generator | None) -> Tensor:
-    density = float(p.get("density", DEFAULT_DENSITY))
-    epsilon = float(p.get("epsilon", DEFAULT_EPSILON))
+    density, epsilon = float(p["density"]), float(p["epsilon"])
     return sparsify.della_magprune(delta, density, epsilon, rescale=rescale, generator=gen, inplace=True)
 
 
 def merge_task_vectors(
-    ctx: MergeContext, *, sparsifier: Sparsifier | None, consensus: bool, normalize: bool, rescale: bool
+    ctx: MergeContext, *, sparsifier: Sparsifier | None, consensus: bool
 ) -> torch.Tensor:
     """Return B + λ·Σ wᵢ·mᵢ·sparsify(δᵢ) / D, in the base's dtype.
 
-    ``mᵢ`` is the TIES sign-agreement mask when ``consensus`` (else 1). With ``normalize`` the divisor ``D``
-    is Σ wᵢ·mᵢ per position (a zero divisor becomes 1) or, without consensus, Σ wᵢ (treated as 1 when
-    ``|Σ wᵢ| < 1e-8``); otherwise ``D = 1``. ``normalize``/``rescale`` here are the method defaults,
-    overridden by ``ctx.params``. The rank-based sparsifiers (TIES, breadcrumbs, DELLA) decide between equal
-    magnitudes at their threshold by index, where mergekit follows its unstable sort: the one deliberate
-    difference from mergekit (see :mod:`resumerge.methods.sparsify`). Without non-base inputs the result is a
-    copy of the base. Raises ``ValueError`` without a base, and whatever the sparsifier raises (a missing
-    generator, DELLA's epsilon range).
+    ``mᵢ`` is the TIES sign-agreement mask when ``consensus`` (else 1). With ``normalize`` the divisor ``D`` is Σ
+    wᵢ·mᵢ per position (a zero divisor becomes 1) or, without consensus, Σ wᵢ (treated as 1 when ``|Σ wᵢ| < 1e-8``);
+    otherwise ``D = 1``. ``normalize``, ``rescale`` and ``lambda`` come from ``ctx.params`` (the method's defaults
+    bound there, see :meth:`~resumerge.methods.spec.MethodSpec.bind`). The rank-based sparsifiers (TIES,
+    breadcrumbs, DELLA) decide between equal magnitudes at their threshold by index, where mergekit follows its
+    unstable sort: the one deliberate difference from mergekit (see :mod:`resumerge.methods.sparsify`). Without non-
+    base inputs the result is a copy of the base. Raises ``ValueError`` without a base, and whatever the sparsifier
+    raises (a missing generator, DELLA's epsilon range).
     """
     if sparsifier is None:
-        return combine_task_vectors(ctx, None, consensus=consensus, normalize=normalize)
+        return combine_task_vectors(ctx, None, consensus=consensus)
     chosen = sparsifier
-    rescale = bool(ctx.params.get("rescale", rescale))
+    rescale = bool(ctx.params["rescale"])
 
     def sparsify_one(index: int, delta: Tensor) -> Tensor:
         return chosen(delta, ctx.model_params[index], rescale, ctx.generator)
 
-    return combine_task_vectors(ctx, sparsify_one, consensus=consensus, normalize=normalize)
+    return combine_task_vectors(ctx, sparsify_one, consensus=consensus)
 
 
 def check_della_epsilon(params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]]) -> str | None:
@@ -88,8 +85,7 @@ def check_della_epsilon(params: Mapping[str, Any], model_params: Sequence[Mappin
     for p in model_params:
         if "density" not in p and "epsilon" not in p:
             continue  # the base: DELLA's per-model parameters are never resolved for it
-        density = float(p.get("density", DEFAULT_DENSITY))
-        epsilon = float(p.get("epsilon", DEFAULT_EPSILON))
+        density, epsilon = float(p["density"]), float(p["epsilon"])
         if 0 < density < 1 and (density + epsilon >= 1 or density - epsilon <= 0):
             return (
                 f"DELLA needs density ± epsilon inside (0, 1), but density {density:g} with epsilon "
@@ -115,6 +111,7 @@ class _Variant:
     normalize: bool
     rescale: bool
     reference: str
+    footprint: MethodFootprint
 
 
 def _params(variant: _Variant) -> tuple[ParamSpec, ...]:
@@ -131,15 +128,15 @@ def _params(variant: _Variant) -> tuple[ParamSpec, ...]:
             "density",
             Scope.NON_BASE,
             float,
-            default=DEFAULT_DENSITY,
+            default=1.0,
             minimum=0.0 if bounded else None,
             maximum=1.0 if bounded else None,
         ),
     ]
     if variant.sparsifier == "magnitude_outliers":
-        specs.append(ParamSpec("gamma", Scope.NON_BASE, float, default=DEFAULT_GAMMA, minimum=0.0, maximum=1.0))
+        specs.append(ParamSpec("gamma", Scope.NON_BASE, float, default=0.01, minimum=0.0, maximum=1.0))
     if variant.sparsifier == "della_magprune":
-        specs.append(ParamSpec("epsilon", Scope.NON_BASE, float, default=DEFAULT_EPSILON, minimum=0.0))
+        specs.append(ParamSpec("epsilon", Scope.NON_BASE, float, default=0.15, minimum=0.0))
     return tuple(specs)
 
 
@@ -150,26 +147,18 @@ _SELECTORS = {"magnitude": magnitude_selector, "magnitude_outliers": outlier_sel
 
 def _streamed(variant: _Variant) -> RowStreamFactory | None:
     if variant.sparsifier in ("random", "della_magprune"):
-        return sampled_stream(della=variant.sparsifier == "della_magprune", consensus=variant.consensus,
-                              normalize=variant.normalize, rescale=variant.rescale)
+        return sampled_stream(della=variant.sparsifier == "della_magprune", consensus=variant.consensus)
     selector = _SELECTORS.get(variant.sparsifier or "")
     if selector is None:
         return None
-    return task_vector_stream(selector, consensus=variant.consensus, normalize=variant.normalize,
-                              rescale=variant.rescale)
+    return task_vector_stream(selector, consensus=variant.consensus)
 
 
 def _spec(variant: _Variant) -> MethodSpec:
     sparsifier = _SPARSIFIERS[variant.sparsifier] if variant.sparsifier else None
 
     def merge(ctx: MergeContext) -> torch.Tensor:
-        return merge_task_vectors(
-            ctx,
-            sparsifier=sparsifier,
-            consensus=variant.consensus,
-            normalize=variant.normalize,
-            rescale=variant.rescale,
-        )
+        return merge_task_vectors(ctx, sparsifier=sparsifier, consensus=variant.consensus)
 
     merge.__name__ = merge.__qualname__ = variant.name
     merge.__doc__ = f"``{variant.name}``: :func:`merge_task_vectors` with this method's sparsifier, defaults."
@@ -186,19 +175,32 @@ def _spec(variant: _Variant) -> MethodSpec:
         reference=variant.reference,
         check=check_della_epsilon if variant.sparsifier == "della_magprune" else None,
         streamed=_streamed(variant),
-        extra={"sparsifier": variant.sparsifier, "consensus": "sum" if variant.consensus else None},
+        footprint=variant.footprint,
     )
 
 
+# Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64); DELLA ranks rows
+# in blocks (sparsify._ROW_BLOCK_ELEMENTS).
+_DELLA_ROWS = row_block_scratch(sparsify._ROW_BLOCK_ELEMENTS)
 _VARIANTS = (
-    _Variant("task_arithmetic", None, False, False, False, "https://arxiv.org/abs/2212.04089"),
-    _Variant("ties", "magnitude", True, True, False, "https://arxiv.org/abs/2306.01708"),
-    _Variant("dare_ties", "random", True, False, True, "https://arxiv.org/abs/2311.03099"),
-    _Variant("dare_linear", "random", False, False, True, "https://arxiv.org/abs/2311.03099"),
-    _Variant("breadcrumbs", "magnitude_outliers", False, False, False, "https://arxiv.org/abs/2312.06795"),
-    _Variant("breadcrumbs_ties", "magnitude_outliers", True, False, False, "https://arxiv.org/abs/2312.06795"),
-    _Variant("della", "della_magprune", True, True, True, "https://arxiv.org/abs/2406.11617"),
-    _Variant("della_linear", "della_magprune", False, False, True, "https://arxiv.org/abs/2406.11617"),
+    _Variant("task_arithmetic", None, False, False, False, "https://arxiv.org/abs/2212.04089",
+             measured((4, 4), (2, 2), (2, 2), (8, 8))),
+    _Variant("ties", "magnitude", True, True, False, "https://arxiv.org/abs/2306.01708",
+             measured((3.75, 8.25), (6, 3), (6, 3), (8, 16))),
+    _Variant("dare_ties", "random", True, False, True, "https://arxiv.org/abs/2311.03099",
+             measured((4, 8), (2, 4), (12, 2), (8, 16))),
+    _Variant("dare_linear", "random", False, False, True, "https://arxiv.org/abs/2311.03099",
+             measured((4.25, 4.25), (6, 2), (12, 2), (8.75, 8))),
+    _Variant("breadcrumbs", "magnitude_outliers", False, False, False, "https://arxiv.org/abs/2312.06795",
+             measured((5, 4), (3.25, 3.5), (3.25, 3.5), (-7, 15.5))),
+    _Variant("breadcrumbs_ties", "magnitude_outliers", True, False, False, "https://arxiv.org/abs/2312.06795",
+             measured((3.75, 8.25), (2.25, 4), (2.25, 4), (8, 16))),
+    _Variant("della", "della_magprune", True, True, True, "https://arxiv.org/abs/2406.11617",
+             measured((5, 4, 17.75, 7.5, None, (-4.25, 5.75)), (3.25, 2, 16.75, 4), (9.75, 2, 10.25, 8),
+                      (3.75, 10.5, 27.25, 0.75), scratch=_DELLA_ROWS)),
+    _Variant("della_linear", "della_magprune", False, False, True, "https://arxiv.org/abs/2406.11617",
+             measured((1.25, 4, 14.75, 8.25), (3.25, 2, 16.75, 4), (9.75, 2, 10.25, 8), (9.5, 8, 22.75, 4),
+                      scratch=_DELLA_ROWS)),
 )
 
 SPECS = {variant.name: register(_spec(variant)) for variant in _VARIANTS}

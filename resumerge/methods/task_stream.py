@@ -21,7 +21,7 @@ from resumerge.methods import sparsify
 from resumerge.methods.ranking import exact_key_shift
 from resumerge.methods.rankstream import StreamedWindow
 from resumerge.methods.spec import MergeContext, RowStream, RowStreamFactory
-from resumerge.methods.task_vectors import DEFAULT_DENSITY, DEFAULT_GAMMA, combine_task_vectors
+from resumerge.methods.task_vectors import combine_task_vectors
 
 # (number of entries, one model's resolved parameters) -> what its sparsifier keeps.
 Selector = Callable[[int, Mapping[str, Any]], sparsify.Selection]
@@ -29,22 +29,20 @@ Selector = Callable[[int, Mapping[str, Any]], sparsify.Selection]
 
 def magnitude_selector(numel: int, p: Mapping[str, Any]) -> sparsify.Selection:
     """TIES: :func:`~resumerge.methods.sparsify.magnitude`'s selection."""
-    return sparsify.magnitude_selection(numel, float(p.get("density", DEFAULT_DENSITY)))
+    return sparsify.magnitude_selection(numel, float(p["density"]))
 
 
 def outlier_selector(numel: int, p: Mapping[str, Any]) -> sparsify.Selection:
     """Breadcrumbs: :func:`~resumerge.methods.sparsify.magnitude_outliers`' selection."""
-    density = float(p.get("density", DEFAULT_DENSITY))
-    return sparsify.outlier_selection(numel, density, float(p.get("gamma", DEFAULT_GAMMA)))
+    return sparsify.outlier_selection(numel, float(p["density"]), float(p["gamma"]))
 
 
 class TaskVectorStream:
     """One tensor of a rank-window method over row chunks (a :class:`~resumerge.methods.spec.RowStream`)."""
 
-    def __init__(self, selections: Mapping[int, sparsify.Selection], total: int, *, consensus: bool,
-                 normalize: bool) -> None:
+    def __init__(self, selections: Mapping[int, sparsify.Selection], total: int, *, consensus: bool) -> None:
         self._selections, self._total = dict(selections), total
-        self._consensus, self._normalize = consensus, normalize
+        self._consensus = consensus
         self._windows: dict[int, StreamedWindow] | None = None  # built at the first chunk, which fixes the dtype
         self._active: list[int] = []
 
@@ -83,7 +81,7 @@ class TaskVectorStream:
             # The product a whole-tensor select takes (rescale off): delta × its 1/0 mask, in place.
             return delta.mul_(window.mask(sparsify.delta_keys(delta), delta.dtype).reshape(delta.shape))
 
-        return combine_task_vectors(ctx, sparsify_one, consensus=self._consensus, normalize=self._normalize)
+        return combine_task_vectors(ctx, sparsify_one, consensus=self._consensus)
 
     def _window(self, selection: sparsify.Window, dtype: torch.dtype | None) -> StreamedWindow:
         shift = exact_key_shift(dtype) if dtype is not None else None
@@ -99,17 +97,17 @@ class TaskVectorStream:
         return self._windows
 
 
-def task_vector_stream(selector: Selector, *, consensus: bool, normalize: bool, rescale: bool) -> RowStreamFactory:
-    """The :class:`~resumerge.methods.spec.RowStreamFactory` of a rank-window method with these defaults."""
+def task_vector_stream(selector: Selector, *, consensus: bool) -> RowStreamFactory:
+    """The :class:`~resumerge.methods.spec.RowStreamFactory` of a rank-window method."""
 
     def factory(shape: tuple[int, ...], base_index: int | None, model_params: Sequence[Mapping[str, Any]],
                 params: Mapping[str, Any], *, dtype: torch.dtype | None = None) -> RowStream | None:
         total = math.prod(shape)
-        if base_index is None or total == 0 or bool(params.get("rescale", rescale)):
+        if base_index is None or total == 0 or bool(params["rescale"]):
             return None
         others = [i for i in range(len(model_params)) if i != base_index]
         selections = {i: selector(total, model_params[i]) for i in others}
-        return TaskVectorStream(selections, total, consensus=consensus, normalize=normalize)
+        return TaskVectorStream(selections, total, consensus=consensus)
 
     return factory
 

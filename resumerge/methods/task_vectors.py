@@ -16,21 +16,17 @@ from torch import Tensor
 from resumerge.methods.consensus import sign_consensus_weights
 from resumerge.methods.spec import MergeContext
 
-DEFAULT_DENSITY = 1.0
-DEFAULT_GAMMA = 0.01
-DEFAULT_EPSILON = 0.15
-
 # (input index, its task vector) -> the sparsified task vector. The task vector handed over is the caller's own
 # buffer: the function may overwrite it and return it.
 SparsifyOne = Callable[[int, Tensor], Tensor]
 
 
 def combine_task_vectors(
-    ctx: MergeContext, sparsify_one: SparsifyOne | None, *, consensus: bool, normalize: bool
+    ctx: MergeContext, sparsify_one: SparsifyOne | None, *, consensus: bool
 ) -> Tensor:
     """Return B + λ·Σ wᵢ·mᵢ·sparsify_one(i, δᵢ) / D in the base's dtype, δᵢ = θᵢ − B (see
-    :func:`resumerge.methods.task_arithmetic.merge_task_vectors` for ``mᵢ`` and ``D``; ``normalize`` is the
-    method's default, overridden by ``ctx.params``). Without non-base inputs the result is a copy of the base;
+    :func:`resumerge.methods.task_arithmetic.merge_task_vectors` for ``mᵢ`` and ``D``, and for ``normalize`` and
+    ``lambda``, read from ``ctx.params``). Without non-base inputs the result is a copy of the base;
     raises ``ValueError`` without a base."""
     base = ctx.base
     others = ctx.others()
@@ -50,8 +46,8 @@ def combine_task_vectors(
     weights = torch.tensor(
         [float(ctx.model_params[i]["weight"]) for i in others], dtype=deltas.dtype, device=deltas.device
     ).reshape(len(others), 1)
-    normalized = bool(ctx.params.get("normalize", normalize))
-    scale = float(ctx.params.get("lambda", 1.0))
+    normalized = bool(ctx.params["normalize"])
+    scale = float(ctx.params["lambda"])
     flat_base = base.reshape(-1)
     flat_deltas = deltas.reshape(len(others), -1)
     out = torch.empty(flat_base.shape, dtype=base.dtype, device=base.device)

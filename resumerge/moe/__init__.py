@@ -12,10 +12,11 @@ registered methods), :mod:`.routers` (router maths, as registered methods), :mod
 prompts), :mod:`.forward` (the prompt forward pass, one decoder layer at a time), :mod:`.outconfig` (the output
 config.json) and :mod:`.tokenizer` (the tokenizer with its pad token).
 
-May import: :mod:`resumerge.config`, :mod:`resumerge.errors`, :mod:`resumerge.inputs`, :mod:`resumerge.methods`,
-:mod:`resumerge.plan` (plan types, sharding, fingerprints), :mod:`resumerge.store.killpoints` (the tests' kill
-hook) and torch; transformers only inside :mod:`.prompts`
-and :mod:`.forward`, and only for the prompt gate modes. Never the engine, the store or the CLI.
+Chosen by :mod:`resumerge.api` (which tells a mergekit-moe config from a merge config) and run through the one
+session path, :func:`resumerge.engine.session.run_plan`; the engine never imports this package. transformers is
+imported only inside :mod:`.prompts` and :mod:`.forward`, and only for the prompt gate modes.
+
+May import: errors, config, inputs, methods, plan (plan types, sharding, fingerprints), store (killpoints only).
 """
 
 from __future__ import annotations

@@ -13,14 +13,22 @@ from typing import Any
 
 import torch
 
+from resumerge.methods.footprint import MethodFootprint, measured
 from resumerge.methods.spec import MergeContext, MethodSpec, register
 
 COPY = "moe_expert"
 FUSED = "moe_fused_experts"
 ZEROS = "moe_zeros"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-# Marks the MoE functions as the engine's own units, not merge methods a config may name.
-INTERNAL = {"internal": True}
+# Not measured by the harness (internal units have no config cases); figured by hand with room to spare, in bytes
+# per element for float32, bfloat16, float16, float64. A copy with noise holds the draw, the product and the sum
+# (three tensors); a fused expert tensor its output (at most 4 bytes an element: float32 output; float64's 8) and
+# one input's noised copy at a time (three tensors of an input's size, at most half the output's elements).
+COPY_FOOTPRINT = measured((12, 0), (6, 0), (6, 0), (24, 0))
+FUSED_FOOTPRINT = measured((10, 0), (7, 0), (7, 0), (20, 0))
+# The routers and zero biases (small tensors): the rule of thumb a method never measured used to get, a
+# float64-sized temporary per input and one more.
+SMALL_FOOTPRINT: MethodFootprint = measured((8, 8), (8, 8), (8, 8), (8, 8))
 
 
 def scaled(tensor: torch.Tensor, params: Mapping[str, Any], generator: torch.Generator | None, *,
@@ -69,9 +77,12 @@ def zeros(ctx: MergeContext) -> torch.Tensor:
 
 for _spec in (
     MethodSpec(name=COPY, fn=expert_copy, min_inputs=1, max_inputs=1, randomized=True,
-               reference="mergekit-moe copy_tensor_out / noise_and_scale", extra=INTERNAL),
+               reference="mergekit-moe copy_tensor_out / noise_and_scale", footprint=COPY_FOOTPRINT,
+               internal=True),
     MethodSpec(name=FUSED, fn=fused_experts, min_inputs=1, randomized=True,
-               reference="transformers' mixtral / qwen3_moe checkpoint conversion", extra=INTERNAL),
-    MethodSpec(name=ZEROS, fn=zeros, min_inputs=0, max_inputs=0, reference="mergekit-moe qwen.py", extra=INTERNAL),
+               reference="transformers' mixtral / qwen3_moe checkpoint conversion", footprint=FUSED_FOOTPRINT,
+               internal=True),
+    MethodSpec(name=ZEROS, fn=zeros, min_inputs=0, max_inputs=0, reference="mergekit-moe qwen.py",
+               footprint=SMALL_FOOTPRINT, internal=True),
 ):
     register(_spec)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from resumerge.methods.spec import MergeContext, MethodSpec, register
-from resumerge.moe.experts import INTERNAL
+from resumerge.moe.experts import SMALL_FOOTPRINT
 
 RANDOM = "moe_router_random"
 CHEAP_EMBED = "moe_router_cheap_embed"
@@ -113,10 +113,10 @@ def degenerate_note(layers: list[int], total: int) -> str | None:
 
 for _spec in (
     MethodSpec(name=RANDOM, fn=random_router, min_inputs=0, max_inputs=0, reference="mergekit-moe router.py",
-               extra=INTERNAL),
+               footprint=SMALL_FOOTPRINT, internal=True),
     MethodSpec(name=CHEAP_EMBED, fn=cheap_embed_router, min_inputs=1, max_inputs=1,
-               reference="mergekit-moe router.py get_cheap_embedding", extra=INTERNAL),
+               reference="mergekit-moe router.py get_cheap_embedding", footprint=SMALL_FOOTPRINT, internal=True),
     MethodSpec(name=VALUES, fn=router_values, min_inputs=0, max_inputs=0,
-               reference="mergekit-moe router.py get_hidden_states", extra=INTERNAL),
+               reference="mergekit-moe router.py get_hidden_states", footprint=SMALL_FOOTPRINT, internal=True),
 ):
     register(_spec)

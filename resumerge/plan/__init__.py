@@ -16,7 +16,6 @@ __all__ = [
     "outconfig",
     "parameters",
     "planner",
-    "recipe_plan",
     "sharding",
     "tokenizer_plan",
     "truncation",

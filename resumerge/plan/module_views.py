@@ -13,16 +13,32 @@ Each module is given as a :class:`~resumerge.plan.architecture.Layout` of its ow
 module's ``models`` or ``slices`` exactly as it merges a whole single-module model's: layer ``k`` of each slice at
 ``t = k / (n - 1)``, loose tensors before the layers from the first slice's models, the others from the last
 slice's. Modules the config does not list are copied from the donor (see the planner).
+
+For a model with no JSON definition (Llava) mergekit *infers* the modules and names them by their layer prefix in
+transformers 5's in-memory layout (``model.language_model.layers``, ``model.vision_tower.encoder.layers``) plus
+``default``, which holds every loose tensor (``mergekit-modules-moe.md`` §1.4, §2.3). Configs written with those
+names are accepted with what the names denote there: each stack module holds only its layers and ``default`` every
+loose tensor, as pre-layer tensors of a 0-layer module (:func:`inferred_views`). The prefix may be written as the
+checkpoint names it too (``language_model.model.layers``).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from resumerge.errors import ConfigError
 from resumerge.plan.architecture import Layout, is_head
-from resumerge.plan.modules import ModuleLayout
+from resumerge.plan.modules import LAYER_CONTAINERS, ModuleLayout
 
 TEXT, VISION, PROJECTOR = "text_decoder", "vision_tower", "multi_modal_projector"
 MODULE_NAMES = (TEXT, VISION, PROJECTOR)
+# mergekit's module of an inferred architecture's loose tensors.
+DEFAULT = "default"
+# Parts of a layer prefix that say which stack it is, whatever the layout (in-memory, saved, hub).
+_TEXT_PARTS, _VISION_PARTS = frozenset({"language_model", "text_model"}), frozenset({"vision_tower", "vision_model",
+                                                                                     "visual"})
+# Parts that one layout adds and another leaves out (``language_model.model.layers``, ``model.language_model.layers``).
+_FILLER_PARTS = frozenset({"model", "vision_model"})
 # vision_config keys that hold the vision layer count, across families (Qwen2-VL: depth).
 VISION_COUNT_KEYS = ("num_hidden_layers", "depth", "num_layers")
 
@@ -52,6 +68,43 @@ def module_views(layout: Layout, key: str, *, yaml_path: str) -> dict[str, Layou
     text = ModuleLayout(layout.layer_prefix, layout.num_layers, layout.suffixes_by_layer)
     return {module: _view(layout, stack, owner, module)
             for module, stack in ((TEXT, text), (VISION, vision), (PROJECTOR, None))}
+
+
+def inferred_module(name: str, layout: Layout) -> str | None:
+    """The module (:data:`TEXT`, :data:`VISION` or :data:`DEFAULT`) that mergekit's inferred module name ``name``
+    denotes in ``layout``, or None when ``name`` is not one of them.
+
+    A stack is named by its layer prefix, as the checkpoint writes it or as transformers 5 holds it in memory
+    (``model.language_model.layers`` for a checkpoint's ``language_model.model.layers``).
+    """
+    if name == DEFAULT:
+        return DEFAULT
+    if layout.layer_prefix is None or len(layout.other_modules) != 1:
+        return None
+    stacks = ((TEXT, layout.layer_prefix), (VISION, layout.other_modules[0].prefix))
+    for module, prefix in stacks:
+        if _core(name) == _core(prefix):
+            return module
+    parts = set(name.split("."))
+    if name.rsplit(".", 1)[-1] not in LAYER_CONTAINERS or bool(parts & _TEXT_PARTS) == bool(parts & _VISION_PARTS):
+        return None
+    return TEXT if parts & _TEXT_PARTS else VISION
+
+
+def _core(prefix: str) -> tuple[str, ...]:
+    return tuple(p for p in prefix.split(".") if p not in _FILLER_PARTS)
+
+
+def inferred_views(layout: Layout, key: str, *, yaml_path: str) -> dict[str, Layout]:
+    """The modules of ``layout`` (model ``key``) as mergekit infers them: :data:`DEFAULT` (every loose tensor, as
+    the pre-layer tensors of a 0-layer module), then the language model's layers, then the vision layers.
+
+    Raises :class:`ConfigError` for a model that is not a two-stack (language + vision) model.
+    """
+    views = module_views(layout, key, yaml_path=yaml_path)
+    loose = (*layout.pre, *layout.post)
+    layers_only = {m: replace(views[m], pre=(), post=()) for m in (TEXT, VISION)}
+    return {DEFAULT: Layout(None, 0, loose, (), (), ()), **layers_only}
 
 
 def _view(layout: Layout, stack: ModuleLayout | None, owner: dict[str, str], module: str) -> Layout:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from resumerge.config.merge_config import MergeConfig, SliceConfig, SourceConfig
+from resumerge.config.merge_config import MergeConfig, ModuleConfig, SliceConfig, SourceConfig
 from resumerge.config.modelref import ModelRef
 from resumerge.config.params import Setting
 from resumerge.errors import ConfigError, ModelInputError
@@ -30,7 +30,16 @@ from resumerge.plan.architecture import (
     is_input_embedding,
 )
 from resumerge.plan.merge_plan import InputRef, LoraRef, Plan, PlanOptions, TensorPlan, compute_fingerprint
-from resumerge.plan.module_views import MODULE_NAMES, TEXT, VISION, module_views, set_vision_layers
+from resumerge.plan.module_views import (
+    DEFAULT,
+    MODULE_NAMES,
+    TEXT,
+    VISION,
+    inferred_module,
+    inferred_views,
+    module_views,
+    set_vision_layers,
+)
 from resumerge.plan.modules import plan_modules, refuse_sliced_modules
 from resumerge.plan.outconfig import build_out_config
 from resumerge.plan.parameters import check_parameter_names, parameter_value
@@ -72,7 +81,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     later; returns a plan with its fingerprint set.
     """
     method = get_method(config.merge_method)
-    if method is None or method.extra.get("internal"):  # the engine's own units (MoE upcycling) are not methods
+    if method is None or method.internal:  # the engine's own units (MoE upcycling) are not methods
         raise ConfigError(
             f"Unimplemented merge method {config.merge_method!r}",
             yaml_path="merge_method",
@@ -172,25 +181,23 @@ def _plan_module_form(ctx: _Ctx, layouts: Mapping[str, Layout], tensors: dict[st
     a module the config does not list is copied unchanged from the donor (and ``notes`` says so). Returns the
     language model's layer origins and the output's vision layer count."""
     config = ctx.config
-    listed = {m.name: m for m in config.modules or ()}
-    for name, entry in listed.items():
-        if name not in MODULE_NAMES:
-            raise ConfigError(f"{name!r} is not a module of these models", yaml_path=entry.yaml_path,
-                              hint=f"the modules are {', '.join(MODULE_NAMES)}")
-    views = {key: module_views(layout, key, yaml_path="modules") for key, layout in layouts.items()}
     donor = _donor(config)
+    order, names, listed = _module_names(config, layouts[donor], donor)
+    inferred = DEFAULT in order
+    views = {key: (inferred_views if inferred else module_views)(layout, key, yaml_path="modules")
+             for key, layout in layouts.items()}
     text: list[tuple[str, int]] = []
     vision = 0
-    for name in MODULE_NAMES:
+    for name in order:
         module, own = listed.get(name), {key: view[name] for key, view in views.items()}
         if module is None:
             ref = next(r for r in config.referenced_models() if r.key == donor)
-            path = f"modules.{name}"
+            path = f"modules.{names[name]}"
             copy = _Slice((SourceConfig(ref, None, {}, path),), ((0, own[donor].num_layers),), None, {}, path)
             passthrough = get_method("passthrough")
             assert passthrough is not None
             origins = _plan_stack([copy], own, replace(ctx, method=passthrough, truncate=False), tensors)
-            notes.append(f"module {name} is not listed under modules: it is copied unchanged from {donor}")
+            notes.append(f"module {names[name]} is not listed under modules: it is copied unchanged from {donor}")
         else:
             slices = _normalise(module.models, module.slices, config.base_model, own,
                                 root=module.yaml_path, module_parameters=module.parameters)
@@ -200,6 +207,40 @@ def _plan_module_form(ctx: _Ctx, layouts: Mapping[str, Layout], tensors: dict[st
         elif name == VISION:
             vision = len(origins)
     return text, vision
+
+
+def _module_names(config: MergeConfig, layout: Layout, donor: str
+                  ) -> tuple[tuple[str, ...], dict[str, str], dict[str, ModuleConfig]]:
+    """The modules to plan, in order; the name each is shown by; and the listed ``modules:`` entries, all keyed
+    by module (mergekit's JSON names, or its inferred names — ``default`` and the layer prefixes — taken as what
+    they denote). Raises :class:`ConfigError` for an unknown name, or for the two kinds of names mixed."""
+    entries = config.modules or ()
+    inferred = {m.name: inferred_module(m.name, layout) for m in entries if m.name not in MODULE_NAMES}
+    for entry in entries:
+        if entry.name not in MODULE_NAMES and inferred[entry.name] is None:
+            stacks = (layout.layer_prefix, *(m.prefix for m in layout.other_modules))
+            raise ConfigError(f"{entry.name!r} is not a module of these models", yaml_path=entry.yaml_path,
+                              hint=f"the modules are {', '.join(MODULE_NAMES)} (or mergekit's inferred names: "
+                                   f"{', '.join(str(p) for p in (DEFAULT, *stacks) if p)})")
+    if not inferred:
+        return MODULE_NAMES, {n: n for n in MODULE_NAMES}, {m.name: m for m in entries}
+    mixed = [m for m in entries if m.name in MODULE_NAMES]
+    if mixed:
+        raise ConfigError(f"{mixed[0].name!r} is one of mergekit's defined module names, but {next(iter(inferred))!r} "
+                          "is one of its inferred ones: they split the model differently",
+                          yaml_path=mixed[0].yaml_path,
+                          hint=f"use {', '.join(MODULE_NAMES)}, or default and the layer prefixes, not both")
+    listed: dict[str, ModuleConfig] = {}
+    for entry in entries:
+        module = inferred[entry.name]
+        assert module is not None
+        if module in listed:
+            raise ConfigError(f"{entry.name!r} and {listed[module].name!r} name the same module",
+                              yaml_path=entry.yaml_path, hint="list each module once")
+        listed[module] = entry
+    shown = {DEFAULT: DEFAULT, TEXT: str(layout.layer_prefix), VISION: layout.other_modules[0].prefix}
+    shown.update({module: entry.name for module, entry in listed.items()})
+    return (DEFAULT, TEXT, VISION), shown, listed
 
 
 def _embed_rows(tensors: Mapping[str, TensorPlan]) -> int | None:

@@ -29,7 +29,8 @@ _COMPUTE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int6
 def estimate_bytes(tp: TensorPlan, method: MethodSpec, rows: int | None = None) -> int:
     """Bytes kept alive while computing ``tp`` (or ``rows`` of its rows): the stored inputs, a copy of each input
     that reaches the method in another dtype or re-indexed to the output vocabulary, the method's measured working
-    set (:func:`~resumerge.methods.footprint.working_bytes`: its result included, with a margin), the output
+    set (its declared :attr:`~resumerge.methods.spec.MethodSpec.footprint`, evaluated by
+    :func:`~resumerge.methods.footprint.working_bytes`: its result included, with a margin), the output
     buffer, and a LoRA delta's factors."""
     shape, fraction = tp.shape, 1.0
     if rows is not None and tp.shape:
@@ -42,7 +43,9 @@ def estimate_bytes(tp: TensorPlan, method: MethodSpec, rows: int | None = None) 
     copies = sum(1 for i in tp.inputs if tp.vocab_aligned or i.cast not in (None, i.dtype)
                  or _SEEN.get(i.value_dtype, i.value_dtype) != seen)
     cast = copies * count * _COMPUTE_SIZES.get(seen, 8)
-    work = working_bytes(method.name, seen, shape, len(tp.inputs), base=tp.base_index is not None)
+    if method.footprint is None:  # register() refuses such a method; only a hand-made spec gets here
+        raise ValueError(f"merge method {method.name!r} declares no footprint")
+    work = working_bytes(method.footprint, seen, shape, len(tp.inputs), base=tp.base_index is not None)
     stored = sum(i.end - i.start for i in tp.inputs)
     whole = numel(tp.shape)
     # A LoRA delta: the merged copy of the input, plus the whole factors and their float64 copies.

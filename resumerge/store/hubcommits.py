@@ -1,40 +1,55 @@
 """Uploads and batched commits to a hub repo, in the background, with retries.
 
-Each published file is uploaded at once on a small thread pool (``preupload_lfs_files``: the LFS batch API tells
-which objects the hub already has, and those are never sent again), while the engine computes the next files.
+Each published file is uploaded at once on a small thread pool (``preupload_lfs_files``), while the engine computes
+the next files. What "never sent twice" means depends on huggingface_hub's path:
+
+- Xet (hf-xet installed, the default of current installs): every upload is a Xet session that chunks the whole file
+  again and sends only the chunks the CAS does not know; nothing is skipped per file. A resume re-reads the files
+  the killed run had not committed and registers them again, but their chunks are deduplicated (measured against
+  the stand-in's ``local://`` CAS with its client caches deleted, as on a fresh machine: across SIGKILL trials the
+  CAS received each object's chunk bytes once; a re-ingested object costs a shard of about 540 bytes).
+- Git LFS (``HF_HUB_DISABLE_XET=1``): the batch API says which objects the hub already has, and those are not sent
+  again; an object cut short is sent whole again.
+
 A committer thread turns uploaded files into commits (``create_commit``) by count (``every`` files) and by time
 (``interval`` seconds since the oldest waiting file), always together with the newest manifest that lists exactly
 the committed files plus that batch — so the repo's manifest never names a file the repo lacks. A commit counts
-only when the hub answered it; the staged copies are deleted after that, and :meth:`CommitQueue.settled` hands
-the committed names (with the commit id) to the caller, which writes the ledger rows.
+only when the hub answered it; the staged copies are deleted after that, and each file's
+:class:`~resumerge.store.sink.Receipt` is settled with the commit id (the caller then writes the ledger rows). A
+commit or upload that fails for good fails every waiting receipt with its error.
 
 429, 5xx and network errors are retried with exponential backoff (``Retry-After`` honoured); a commit whose
 answer was lost is recognised from the tree listing instead of being sent twice. Commits are paced to at most
-``Batching.hourly`` in any hour, under the hub's 128 commits per repo and hour.
+``Batching.hourly`` in any hour, under the hub's 128 commits per repo and hour; when the hub refuses a commit for
+its commit quota anyway, the user is told until when and the commit waits for the window. A commit the hub refuses
+because it does not hold what Xet uploaded (a repo deleted and recreated) has its files uploaded once more through
+the LFS batch API. Every refusal shows the hub's own message.
 
 Two writers: every commit names the branch head this process last saw as its ``parent_commit`` (read when OUT was
 opened, then the oid each of our commits returns), so the hub refuses (HTTP 412) a commit on a branch another run
 moved, and the run stops with exit 4 instead of interleaving commits with it.
 
-A stopped run (:meth:`CommitQueue.stop`) makes one last commit of the files already uploaded, in the background,
-so the caller can bound the wait and abandon it; uploads run on daemon threads for the same reason: a stopped
-process never waits for a transfer in flight.
+A stopped run (:meth:`CommitQueue.stop`) makes one last commit of the files already uploaded, in the background, so
+the caller can bound its wait on their receipts and abandon it; uploads run on daemon threads for the same reason: a
+stopped process never waits for a transfer in flight.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
+import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, constants
 
 from resumerge.errors import OutputDirError, ResumergeError
 from resumerge.store import killpoints
@@ -42,20 +57,25 @@ from resumerge.store.durable import discard
 from resumerge.store.hubrepo import (
     HubRepo,
     branch_head,
+    commit_quota,
     git_blob_sha1,
     http_status,
     hub_failure,
     is_retryable,
+    missing_object,
+    quota_wait,
     remote_files,
 )
 from resumerge.store.manifest import MANIFEST_NAME
-from resumerge.store.sink import Settled
+from resumerge.store.sink import Receipt
 
 T = TypeVar("T")
 ATTEMPTS = 6
 BASE_WAIT = 1.0
 MAX_WAIT = 60.0
 
+
+_WITHOUT_XET = threading.Lock()  # one upload at a time turns Xet off (a process-wide switch of huggingface_hub)
 
 # The hub allows 128 commits per repo and hour ("You have exceeded the rate limit for repository commits (128 per
 # hour)"). This process makes at most HOURLY_COMMITS in any hour, leaving room for retries and other writers.
@@ -80,7 +100,9 @@ class _Entry:
     size: int
     op: CommitOperationAdd
     since: float
+    receipt: Receipt
     upload: Future[None] | None = None
+    without_xet: bool = False  # uploaded again through the LFS batch API after the hub lost its Xet upload
 
 
 @dataclass
@@ -92,7 +114,6 @@ class _State:
     history: dict[int, bytes] = field(default_factory=dict)
     done: int = 0  # files committed so far (history's keys count from the start of the run, like this)
     committed_manifest: bytes | None = None
-    settled: list[Settled] = field(default_factory=list)
     error: BaseException | None = None
     urgent: bool = False  # staged bytes are over --max-disk: commit what is ready without waiting for a full batch
     draining: bool = False  # the run's last files: commit at once
@@ -101,22 +122,37 @@ class _State:
 
 
 def with_retries(repo: HubRepo, what: str, call: Callable[[], T], *, resume: str,
-                 sleep: Callable[[float], None] = time.sleep) -> T:
+                 sleep: Callable[[float], None] = time.sleep, tell: Callable[[str], None] | None = None) -> T:
     """``call()``, retried on 429/5xx/network errors with exponential backoff (``Retry-After`` wins when sent).
 
-    Raises the exit-3 error of :func:`~resumerge.store.hubrepo.hub_failure` when it keeps failing or the token
-    is refused.
+    The hub's commit quota (429 "…rate limit for repository commits (N per hour)…") is no failure: ``tell`` (the
+    user, on stderr by default) hears when the window lets a commit through, ``sleep`` waits for it, and the call
+    is tried again, as often as the hub asks (a stopped run abandons the wait: its ``sleep`` raises). Raises the
+    exit-3 error of :func:`~resumerge.store.hubrepo.hub_failure` when it keeps failing or the token is refused.
     """
-    for attempt in range(ATTEMPTS):
+    attempt = 0
+    while True:
         try:
             return call()
         except ResumergeError:
             raise  # already the user's error (another writer moved the branch)
         except Exception as exc:
+            quota = commit_quota(exc)
+            if quota is not None:
+                wait = quota_wait(exc)
+                until = time.strftime("%H:%M", time.localtime(time.time() + wait))
+                (tell or _to_stderr)(f"the hub allows {quota} commits an hour to {repo.target.url}; waiting until "
+                                     f"{until}, Ctrl-C is safe (then {resume})")
+                sleep(wait)
+                continue
             if not is_retryable(exc) or attempt == ATTEMPTS - 1:
                 raise hub_failure(repo, what, exc, resume=resume) from exc
             sleep(_wait(exc, attempt))
-    raise AssertionError("unreachable")
+            attempt += 1
+
+
+def _to_stderr(text: str) -> None:
+    print(f"resumerge: {text}", file=sys.stderr, flush=True)
 
 
 def _wait(exc: BaseException, attempt: int) -> float:
@@ -131,7 +167,8 @@ def _wait(exc: BaseException, attempt: int) -> float:
 
 class _Uploads:
     """A few daemon threads that run uploads: unlike a ThreadPoolExecutor's, they never hold up the exit of a
-    stopped process (an object cut short is sent again by the resume; one that arrived is not)."""
+    stopped process (the resume sends again what was cut short: the whole object through LFS, the chunks the CAS
+    lacks through Xet)."""
 
     def __init__(self, workers: int) -> None:
         self.jobs: queue.SimpleQueue[tuple[Future[None], Callable[[], None]] | None] = queue.SimpleQueue()
@@ -171,39 +208,58 @@ class _Uploads:
                 thread.join()
 
 
+class _DropEmptyCommitWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("No files have been modified since last commit")
+
+
+@contextlib.contextmanager
+def _no_empty_commit_warning() -> Iterator[None]:
+    """Silence huggingface_hub's warning for a commit it skips because nothing changed: a resumed run's first
+    manifest commit repeats the killed run's last one, and the skipped commit is what we want (its answer is the
+    branch head, as for any commit)."""
+    logger, quiet = logging.getLogger("huggingface_hub.hf_api"), _DropEmptyCommitWarning()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
 class CommitQueue:
     """The background uploads and commits of one run into one repo.
 
-    ``head`` is the branch head when OUT was opened (read now when None); ``should_stop`` ends :meth:`drain`'s
+    ``head`` is the branch head when OUT was opened (read now when None); ``should_stop`` ends :meth:`flush`'s
     wait early (the run was interrupted: :meth:`stop` then commits what is uploaded)."""
 
     def __init__(self, repo: HubRepo, batching: Batching, *, resume: str, uploads: int = 2, head: str | None = None,
-                 should_stop: Callable[[], bool] = lambda: False) -> None:
+                 should_stop: Callable[[], bool] = lambda: False, tell: Callable[[str], None] | None = None) -> None:
         self.repo, self.batching, self.resume = repo, batching, resume
+        self.tell = tell or _to_stderr  # what the user must hear while the run goes on (a quota's wait)
         self.should_stop = should_stop
         self.head = head if head is not None else branch_head(repo, resume=resume)
         self.state = _State()
         self.cond = threading.Condition()
         self.commit_lock = threading.RLock()  # reentrant: the last commit of stop() holds it around _commit
         self.pool = _Uploads(uploads)
-        self.final_done = threading.Event()
-        self.final_error: BaseException | None = None
         self.commits = 0
         self.recent: deque[float] = deque()  # when this process's commits of the last hour were made
         self.thread = threading.Thread(target=self._loop, name="resumerge-committer", daemon=True)
         self.thread.start()
 
     # ---- the engine's side -------------------------------------------------------------------------------
-    def add(self, name: str, path: Path, sha256: str, size: int) -> None:
-        """Take over the staged file ``path`` (``name`` in the repo) and start uploading it."""
+    def add(self, name: str, path: Path, sha256: str, size: int) -> Receipt:
+        """Take over the staged file ``path`` (``name`` in the repo) and start uploading it; the receipt is settled
+        by the commit that holds it."""
         op = CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(path))
         op.upload_info.sha256 = bytes.fromhex(sha256)  # known already: the client need not hash it again
-        entry = _Entry(name, path, sha256, size, op, time.monotonic())
+        entry = _Entry(name, path, sha256, size, op, time.monotonic(), Receipt(name))
         with self.cond:
             self._raise_error()
             self.state.entries.append(entry)
         entry.upload = self.pool.submit(lambda: self._upload(entry))
         entry.upload.add_done_callback(lambda _: self._notify())
+        return entry.receipt
 
     def set_manifest(self, data: bytes) -> None:
         """The newest manifest: committed with the next batch, or at once when no file is waiting."""
@@ -226,30 +282,25 @@ class CommitQueue:
                 self.cond.wait(timeout=0.5)
             self._raise_error()
 
-    def settled(self) -> list[Settled]:
-        with self.cond:
-            self._raise_error()
-            done, self.state.settled = self.state.settled, []
-            return done
-
-    def drain(self) -> list[Settled]:
-        """Commit every waiting file and the newest manifest; return what was not yet returned by settled()."""
+    def flush(self) -> None:
+        """Commit every waiting file and the newest manifest, and wait for it; returns early when the run is
+        stopping (then :meth:`stop` commits what is uploaded by then)."""
         with self.cond:
             covered = self.state.manifest[1] if self.state.manifest else 0
             if covered < len(self.state.entries):
                 raise ResumergeError("internal: files were published without a manifest that lists them")
             while self.state.entries:
                 self._raise_error()
-                if self.should_stop():  # the caller stops the run: stop() commits what is uploaded by then
-                    done, self.state.settled = self.state.settled, []
-                    return done
+                if self.should_stop():
+                    return
                 self.state.draining = True
                 self.cond.notify_all()
                 self.cond.wait(timeout=0.5)
             pending = self.state.manifest is not None and self.state.manifest[0] != self.state.committed_manifest
         if pending:
             self._commit_now([])
-        return self.settled()
+        with self.cond:
+            self._raise_error()
 
     def delete(self, names: list[str]) -> None:
         """Delete ``names`` from the repo in one commit, with the newest manifest. Only before files are published
@@ -259,36 +310,18 @@ class CommitQueue:
                 raise ResumergeError("internal: a delete while files wait for their commit")
         self._commit_now([CommitOperationDelete(path_in_repo=n) for n in names])
 
-    def stop(self) -> int:
+    def stop(self) -> list[Receipt]:
         """The run is stopping: commit no new batch, and start one last commit, in the background, of the files
-        already uploaded (with the manifest that lists exactly them). Returns how many files wait for it (0:
-        nothing to commit); :meth:`stopped` waits for it."""
+        already uploaded (with the manifest that lists exactly them). Returns their receipts (none: nothing to
+        commit), which that commit settles, or fails with its error; never raises the hub's error."""
         with self.cond:
             self.state.stopping = True
             self.cond.notify_all()
             count = 0 if self.state.error is not None else self._uploaded()
-        if count == 0:
-            self.final_done.set()
-        else:
+            receipts = [e.receipt for e in self.state.entries[:count]]
+        if receipts:
             threading.Thread(target=self._final, name="resumerge-final-commit", daemon=True).start()
-        return count
-
-    def stopped(self, timeout: float) -> tuple[list[Settled], str | None]:
-        """Wait up to ``timeout`` seconds for the last commit of :meth:`stop`; return every file committed and not
-        yet returned, and why the last commit did not happen (None when it did). Never raises the hub's error: the
-        run is being interrupted, and the resume redoes what was not committed."""
-        end = time.monotonic() + timeout
-        while not self.final_done.wait(0.1):  # short waits: a second Ctrl-C lands between them at once
-            if time.monotonic() >= end:
-                break
-        with self.cond:
-            done, self.state.settled = self.state.settled, []
-        if not self.final_done.is_set():
-            return done, f"it did not finish within {timeout:g} s"
-        error = self.final_error
-        if error is None:
-            return done, None
-        return done, error.one_line() if isinstance(error, ResumergeError) else f"{type(error).__name__}: {error}"
+        return receipts
 
     def close(self) -> None:
         with self.cond:
@@ -308,6 +341,13 @@ class CommitQueue:
         if self.state.error is not None:
             raise self.state.error
 
+    def _fail(self, exc: BaseException) -> None:
+        """Record the queue's first error and fail every waiting receipt with it (under ``cond``)."""
+        self.state.error = self.state.error or exc
+        for entry in self.state.entries:
+            entry.receipt.fail(self.state.error)
+        self.cond.notify_all()
+
     def _upload(self, entry: _Entry) -> None:
         api = self.repo.api()
         try:
@@ -316,8 +356,7 @@ class CommitQueue:
                 free_memory=False), resume=self.resume)
         except BaseException as exc:
             with self.cond:
-                self.state.error = self.state.error or exc
-                self.cond.notify_all()
+                self._fail(exc)
             raise
         killpoints.reach("hub_after_upload")
 
@@ -335,8 +374,7 @@ class CommitQueue:
                 self._commit(entries, manifest)
             except BaseException as exc:
                 with self.cond:
-                    self.state.error = self.state.error or exc
-                    self.cond.notify_all()
+                    self._fail(exc)
                 return
 
     def _timeout(self) -> float:
@@ -385,9 +423,9 @@ class CommitQueue:
                 if batch and manifest is not None:
                     self._commit(batch, manifest)
         except BaseException as exc:
-            self.final_error = exc
-        finally:
-            self.final_done.set()
+            with self.cond:  # the receipts this commit was to settle; the others wait for no commit anyway
+                for entry in self.state.entries:
+                    entry.receipt.fail(exc)
 
     def _commit(self, entries: list[_Entry], manifest: bytes) -> None:
         ops: list[CommitOperationAdd | CommitOperationDelete] = [e.op for e in entries]
@@ -406,7 +444,8 @@ class CommitQueue:
             self.state.history = {k: v for k, v in self.state.history.items() if k > self.state.done}
             self.state.committed_manifest = manifest
             self.state.urgent = False
-            self.state.settled.extend(Settled(e.name, commit) for e in entries)
+            for e in entries:
+                e.receipt.settle(commit)
             self.cond.notify_all()
 
     def _commit_now(self, deletes: list[CommitOperationDelete]) -> None:
@@ -431,6 +470,17 @@ class CommitQueue:
         target = self.repo.target
         attempts = 0
 
+        def create() -> str:
+            try:
+                with _no_empty_commit_warning():
+                    info = api.create_commit(target.repo_id, operations=ops, commit_message=message,
+                                             revision=target.branch, parent_commit=self.head)
+            except Exception as exc:
+                if http_status(exc) == 412:  # the hub's answer when the branch head is not our parent_commit
+                    raise self._other_writer() from exc
+                raise
+            return str(info.oid)
+
         def once() -> str:
             nonlocal attempts
             attempts += 1
@@ -438,27 +488,54 @@ class CommitQueue:
             if landed is not None:
                 return landed
             try:
-                info = api.create_commit(target.repo_id, operations=ops, commit_message=message,
-                                         revision=target.branch, parent_commit=self.head)
+                return create()
             except Exception as exc:
-                if http_status(exc) == 412:  # the hub's answer when the branch head is not our parent_commit
-                    raise self._other_writer() from exc
-                raise
-            return str(info.oid)
+                if not missing_object(exc) or not expect or any(e.without_xet for e in expect.values()):
+                    raise
+            old = {id(e.op): e for e in expect.values()}
+            self._upload_without_xet(list(expect.values()))  # once; then the same commit names what it sent
+            ops[:] = [old[id(op)].op if id(op) in old else op for op in ops]
+            return create()
 
         with self.commit_lock:
             self._pace()
-            commit = with_retries(self.repo, "committing", once, resume=self.resume, sleep=self._backoff)
+            commit = with_retries(self.repo, "committing", once, resume=self.resume, sleep=self._backoff,
+                                  tell=self.tell)
             self.head = commit
             self.commits += 1
             self.recent.append(time.monotonic())
         return commit
 
+    def _upload_without_xet(self, entries: list[_Entry]) -> None:
+        """Upload ``entries`` once more through the Git-LFS batch API: the hub refused a commit naming objects it
+        does not hold although Xet took them, as after a repo was deleted and recreated (Xet deduplicated them
+        against the old repo's chunks). huggingface_hub reads ``HF_HUB_DISABLE_XET`` on every upload, so only these
+        uploads (and any that start meanwhile, which LFS serves as well) leave Xet aside."""
+        self.tell(f"the hub does not hold {len(entries)} file(s) Xet uploaded to {self.repo.target.url} (was the "
+                  "repo deleted and recreated?): uploading them once more without Xet")
+        api = self.repo.api()
+        ops = []
+        for e in entries:
+            e.op = CommitOperationAdd(path_in_repo=e.name, path_or_fileobj=str(e.path))
+            e.op.upload_info.sha256 = bytes.fromhex(e.sha256)
+            e.without_xet = True
+            ops.append(e.op)
+        with _WITHOUT_XET:
+            saved, constants.HF_HUB_DISABLE_XET = constants.HF_HUB_DISABLE_XET, True
+            try:
+                with_retries(self.repo, "uploading without Xet", lambda: api.preupload_lfs_files(
+                    self.repo.target.repo_id, additions=ops, revision=self.repo.target.branch, free_memory=False),
+                    resume=self.resume, sleep=self._backoff, tell=self.tell)
+            finally:
+                constants.HF_HUB_DISABLE_XET = saved
+
     def _backoff(self, seconds: float) -> None:
-        """The pause before a commit's next attempt; a stopped run that left (closed) abandons it instead."""
+        """The pause before a commit's next attempt (an hour, for the commit quota); a stopped run that left
+        (closed) abandons it instead."""
+        end = time.monotonic() + seconds
         with self.cond:
-            if not self.state.closed:
-                self.cond.wait(timeout=seconds)
+            while not self.state.closed and (left := end - time.monotonic()) > 0:
+                self.cond.wait(timeout=left)  # woken by every upload and manifest: wait out the rest
             if self.state.closed and self.state.stopping:
                 raise ResumergeError("internal: the last commit of a stopped run was abandoned")
 

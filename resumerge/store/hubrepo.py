@@ -8,13 +8,14 @@ appears in a message, the ledger or the manifest.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 from huggingface_hub import HfApi, get_token
-from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 from huggingface_hub.hf_api import RepoFile
 
 from resumerge.config.hubtarget import HubTarget
@@ -25,6 +26,13 @@ from resumerge.store.manifest import MANIFEST_NAME, Manifest, parse_manifest
 
 # What a freshly created hub repo holds before anyone writes to it.
 INITIAL_FILES = frozenset({".gitattributes"})
+# How the hub words its refusals (shared/reference/hub-real.md §1, §3; observed, not documented).
+_COMMIT_QUOTA = re.compile(r"rate limit for repository commits \((\d+) per hour\)", re.IGNORECASE)
+_RETRY_IN = re.compile(r"retry this action in about (\d+) (hour|minute|second)", re.IGNORECASE)
+_STORAGE_QUOTA = ("storage limit", "storage patterns")
+_MISSING_OBJECT = "pointer pointed to a file that does not exist"
+_XET_REFUSED = ("(401 Unauthorized)", "(403 Forbidden)")
+_SHOWN = 300  # characters of a server message shown in an error line
 T = TypeVar("T")
 
 
@@ -64,8 +72,50 @@ def http_status(exc: BaseException) -> int | None:
     return getattr(response, "status_code", None) if isinstance(exc, HfHubHTTPError) else None
 
 
+def server_message(exc: BaseException) -> str | None:
+    """What the hub said about a refused request (``HfHubHTTPError.server_message``), on one line, else None."""
+    if not isinstance(exc, HfHubHTTPError) or not exc.server_message:
+        return None
+    text = " ".join(exc.server_message.split())
+    return text if len(text) <= _SHOWN else text[:_SHOWN - 1] + "…"
+
+
+def commit_quota(exc: BaseException) -> int | None:
+    """The hub's commits per hour when ``exc`` is its commit-quota refusal (429 "You have exceeded the rate limit
+    for repository commits (128 per hour)…"), else None. Its ``RateLimit`` headers describe another bucket."""
+    if http_status(exc) != 429:
+        return None
+    found = _COMMIT_QUOTA.search(server_message(exc) or "")
+    return int(found[1]) if found else None
+
+
+def quota_wait(exc: BaseException) -> float:
+    """Seconds until the commit quota's window lets a commit through, from the refusal's "retry this action in about
+    N hour(s)/minute(s)" (an hour when it does not say)."""
+    found = _RETRY_IN.search(server_message(exc) or "")
+    if found is None:
+        return 3600.0
+    return float(int(found[1]) * {"hour": 3600, "minute": 60, "second": 1}[found[2].lower()])
+
+
+def storage_quota(exc: BaseException) -> bool:
+    """True for the hub's storage-quota refusal (403 "Private repository storage limit reached…", or "Your storage
+    patterns tripped our internal systems!"): the token is fine, the account is full."""
+    message = (server_message(exc) or "").lower()
+    return http_status(exc) == 403 and any(s in message for s in _STORAGE_QUOTA)
+
+
+def missing_object(exc: BaseException) -> bool:
+    """True for the commit refusal "an LFS pointer pointed to a file that does not exist" (400): the hub does not
+    hold an object the commit names, as after a repo was deleted and recreated and Xet deduplicated the upload
+    against the old repo's chunks (huggingface_hub #3829)."""
+    return http_status(exc) == 400 and _MISSING_OBJECT in (server_message(exc) or "").lower()
+
+
 def is_retryable(exc: BaseException) -> bool:
     """True for rate limits, server faults and network errors (worth another try after a pause)."""
+    if auth_failed(exc):
+        return False
     status = http_status(exc)
     if status is not None:
         return status in (408, 429) or status >= 500
@@ -77,8 +127,14 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 def auth_failed(exc: BaseException) -> bool:
-    """True when the hub refused the token (401/403), directly or under huggingface_hub's wrapper."""
+    """True when the hub refused the token (401/403 other than a storage quota), directly, under huggingface_hub's
+    wrapper, or from hf_xet: its ``XetAuthenticationError``, or (hf_xet 1.8 asking for its Xet token) a
+    ``ConnectionError`` that quotes the 401/403 answer."""
     if http_status(exc) in (401, 403):
+        return not storage_quota(exc)
+    if type(exc).__name__ == "XetAuthenticationError":  # hf_xet's (a PermissionError); hf_xet may be absent
+        return True
+    if isinstance(exc, ConnectionError) and any(s in str(exc) for s in _XET_REFUSED):
         return True
     cause = exc.__cause__
     return isinstance(exc, RuntimeError) and cause is not None and auth_failed(cause)
@@ -93,22 +149,34 @@ def hub_call(repo: HubRepo, what: str, call: Callable[[], T], *, resume: str) ->
 
 
 def hub_failure(repo: HubRepo, what: str, exc: BaseException, *, resume: str) -> Exception:
-    """The resumerge error for a hub request that failed for good (never quoting the token)."""
+    """The resumerge error for a hub request that failed for good (never quoting the token), with what the hub said."""
     url = repo.target.url
+    if isinstance(exc, RepositoryNotFoundError) and http_status(exc) == 404:  # never "try again later"
+        return UsageError(f"{url} does not exist on the hub ({_reason(exc)})", path=url,
+                          hint=f"start it with: resumerge run CONFIG {url} (a resume continues a repo that exists)")
+    if storage_quota(exc):
+        return UsageError(f"the hub refused {what} on {url}: the account's storage quota is full ({_reason(exc)})",
+                          path=url, hint="a free account holds 100 GB of private storage in all: make the repo "
+                          "public on the hub (or start over with --public) or free private storage on the account, "
+                          f"then run {resume}")
     if auth_failed(exc):
-        return StorageError(f"the hub refused the token while {what} on {url} (HTTP {http_status(exc) or 401})",
+        return StorageError(f"the hub refused the token while {what} on {url} ({_reason(exc, 401)})",
                             path=url, hint=f"set HF_TOKEN to a valid token with write access, then run {resume}")
     if is_retryable(exc):
-        status = http_status(exc)
-        why = f"HTTP {status}" if status else type(exc).__name__
-        return UnreachableError(f"the hub kept failing while {what} on {url} ({why})", path=url,
+        return UnreachableError(f"the hub kept failing while {what} on {url} ({_reason(exc)})", path=url,
                                 hint=f"everything committed stays committed; run {resume} when the hub answers")
     return StorageError(f"the hub refused {what} on {url}: {_reason(exc)}", path=url, hint=f"then run {resume}")
 
 
-def _reason(exc: BaseException) -> str:
-    status = http_status(exc)
-    return f"HTTP {status}" if status else f"{type(exc).__name__}: {exc}"
+def _reason(exc: BaseException, status: int | None = None) -> str:
+    """``HTTP 403: <what the hub said>``, or the exception's type and text when no HTTP answer came."""
+    status = http_status(exc) or status
+    said = server_message(exc)
+    if status and said:
+        return f"HTTP {status}: {said}"
+    if status:
+        return f"HTTP {status}"
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:_SHOWN]}"
 
 
 def open_hub_repo(target: HubTarget, *, public: bool = False, create: bool = True) -> HubRepo:
@@ -130,7 +198,7 @@ def open_hub_repo(target: HubTarget, *, public: bool = False, create: bool = Tru
         info = api.whoami()
     except Exception as exc:
         if auth_failed(exc):
-            raise UsageError(f"the hub does not accept the token set for {url}", path=url,
+            raise UsageError(f"the hub does not accept the token set for {url} ({_reason(exc, 401)})", path=url,
                              hint="set HF_TOKEN to a valid write token (https://huggingface.co/settings/tokens)"
                              ) from None
         raise hub_failure(repo, "checking the token", exc, resume="the same command") from None
@@ -205,11 +273,13 @@ def read_file(repo: HubRepo, name: str, *, resume: str) -> bytes | None:
         return get()
     except http.HTTPStatusError as exc:
         status = exc.response.status_code
+        said = " ".join(exc.response.headers.get("X-Error-Message", "").split())[:_SHOWN]
+        answer = f"HTTP {status}: {said}" if said else f"HTTP {status}"
         if status in (401, 403):
-            raise StorageError(f"the hub refused the token while reading {name} from {repo.target.url}",
+            raise StorageError(f"the hub refused the token while reading {name} from {repo.target.url} ({answer})",
                                path=repo.target.url, hint=f"set HF_TOKEN to a valid write token, then run {resume}"
                                ) from None
-        raise UnreachableError(f"reading {name} from {repo.target.url} failed (HTTP {status})",
+        raise UnreachableError(f"reading {name} from {repo.target.url} failed ({answer})",
                                path=repo.target.url, hint=f"run {resume} when the hub answers") from None
     except http.TransportError as exc:
         raise UnreachableError(f"the hub at {repo.endpoint} cannot be reached ({type(exc).__name__})",

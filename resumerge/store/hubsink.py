@@ -1,18 +1,20 @@
 """A hub repo as the output sink: files are staged on local disk, uploaded, and committed to the repo in batches.
 
 A planned file is written and fsynced under ``staging`` (in the run's state dir), handed to the
-:class:`~resumerge.store.hubcommits.CommitQueue` (uploaded at once, committed with the next batch together with
-the manifest that lists it) and deleted from staging only after that commit succeeded. :meth:`HubRepoSink.publish`
-therefore answers False ("committed later"), and the engine writes the ledger row when :meth:`HubRepoSink.settled`
-names the file. Committed files are checked against the hub's own checksums: the sha256 of LFS files from the tree
-listing (no download), small regular files (configs, tokenizer) by reading them back.
+:class:`~resumerge.store.hubcommits.CommitQueue` (uploaded at once, committed with the next batch together with the
+manifest that lists it) and deleted from staging only after that commit succeeded. :meth:`HubRepoSink.publish`
+therefore answers with a receipt that the commit settles later, and the journal writes the ledger row then.
+Committed files are checked against the hub's own checksums: the sha256 of LFS files from the tree listing (no
+download; files uploaded through Xet are listed with it too), small regular files (configs, tokenizer) by reading
+them back. How uploads avoid sending anything twice (Xet or Git LFS) is told in
+:mod:`~resumerge.store.hubcommits`.
 
 ``max_disk`` bounds staged, uncommitted bytes: before a new file is started, the sink waits (committing early)
 until what is staged plus the largest planned file fits in it.
 
 ``head`` is the branch head read when OUT was opened: every commit names the head it expects, so a second writer
 on the same branch is refused (exit 4) instead of interleaving commits. A stopped run commits what is already
-uploaded (:meth:`HubRepoSink.stop_commits`) rather than leaving it to the resume to compute again.
+uploaded (:meth:`HubRepoSink.stop`) rather than leaving it to the resume to compute again.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from resumerge.store.durable import is_temp_name, temp_path
 from resumerge.store.hubcommits import Batching, CommitQueue
 from resumerge.store.hubrepo import HubRepo, check_remote, remote_files
 from resumerge.store.manifest import MANIFEST_NAME
-from resumerge.store.sink import OutputSink, Settled
+from resumerge.store.sink import OutputSink, Receipt
 
 
 @dataclass(frozen=True)
@@ -64,9 +66,8 @@ class HubRepoSink(OutputSink):
             self.queue.wait_room(max(0, self.max_disk - self.reserve))
         return self.staging / temp_path(self.staging / name).name
 
-    def publish(self, temp: Path, name: str, sha256: str) -> bool:
-        self.queue.add(name, temp, sha256, temp.stat().st_size)
-        return False
+    def publish(self, temp: Path, name: str, sha256: str) -> Receipt:
+        return self.queue.add(name, temp, sha256, temp.stat().st_size)
 
     def replace_small(self, name: str, data: bytes) -> None:
         if name != MANIFEST_NAME:
@@ -87,20 +88,11 @@ class HubRepoSink(OutputSink):
         if present:
             self.queue.delete(present)
 
-    def settled(self) -> list[Settled]:
-        return self.queue.settled()
+    def flush(self) -> None:
+        self.queue.flush()
 
-    def drain(self) -> list[Settled]:
-        return self.queue.drain()
-
-    def stop_commits(self) -> int:
-        """The run is stopping: commit the files already uploaded, in one last commit in the background; returns
-        how many (0: none)."""
+    def stop(self) -> list[Receipt]:
         return self.queue.stop()
-
-    def stopped_commits(self, timeout: float) -> tuple[list[Settled], str | None]:
-        """Wait up to ``timeout`` s for :meth:`stop_commits`; what got committed, and why not all (None: it did)."""
-        return self.queue.stopped(timeout)
 
     def close(self) -> None:
         self.queue.close()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import run_dir
 from resumerge.errors import LedgerError
 from resumerge.store.checksums import check_many
+from resumerge.store.ledger_read import LEDGER_NAME, read_merge_record
 from resumerge.store.manifest import MANIFEST_NAME, read_manifest
 from resumerge.store.statusview import resume_command
 
@@ -56,7 +56,7 @@ def verify_output(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[
         from resumerge.store.hubstatus import check_committed, manifest_records
 
         command = resume_command(out_dir, state_dir)
-        found = _ledger_records(run_dir(out_dir, state_dir) / "ledger.db", None)
+        found = _ledger_records(run_dir(out_dir, state_dir) / LEDGER_NAME, None)
         records, pending = found if found is not None else manifest_records(str(out_dir), command)
         problems = check_committed(str(out_dir), records, command)
     else:
@@ -73,23 +73,20 @@ def _ledger_records(ledger: Path, manifest: Path | None) -> tuple[dict[str, tupl
     trusted when ``manifest`` exists, or for a hub OUT, whose repo manifest can stand in)."""
     if not ledger.exists():
         return None
-    conn = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
     try:
-        rows = conn.execute("SELECT name, status, bytes, sha256 FROM files").fetchall()
-    except sqlite3.DatabaseError as exc:
+        record = read_merge_record(ledger)
+    except LedgerError:
         if manifest is not None and not manifest.is_file():
-            raise LedgerError(f"the ledger {ledger} is unreadable ({exc})", path=str(ledger)) from None
+            raise
         return None
-    finally:
-        conn.close()
-    if not rows:
+    if record is None or not record.files:
         return None
-    done = {r[0]: (int(r[2]), str(r[3])) for r in rows if r[1] == "done"}
-    return done, sum(1 for r in rows if r[1] != "done")
+    done = {f.name: (int(f.bytes or 0), str(f.sha256)) for f in record.files if f.status == "done"}
+    return done, len(record.files) - len(done)
 
 
 def _records(out: Path, state_dir: str | os.PathLike[str] | None) -> tuple[dict[str, tuple[int, str]], int]:
-    found = _ledger_records(run_dir(out, state_dir) / "ledger.db", out / MANIFEST_NAME)
+    found = _ledger_records(run_dir(out, state_dir) / LEDGER_NAME, out / MANIFEST_NAME)
     if found is not None:
         return found
     manifest = read_manifest(out)

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.errors import LedgerError
-from resumerge.store.durable import write_file_atomic
 from resumerge.store.sink import OutputSink
 
 MANIFEST_NAME = "resumerge-manifest.json"
@@ -64,11 +63,6 @@ class Manifest:
 def manifest_path(out_dir: Path) -> Path:
     """Where the manifest of ``out_dir`` lives."""
     return out_dir / MANIFEST_NAME
-
-
-def write_manifest(out_dir: Path, manifest: Manifest) -> None:
-    """Atomically replace the manifest of ``out_dir``."""
-    write_file_atomic(manifest_path(out_dir), manifest.to_bytes())
 
 
 def read_manifest(out_dir: Path) -> Manifest | None:

@@ -18,17 +18,26 @@ LOCK_NAME = "lock"
 
 
 class RunLock:
-    """Holds the locks of one run until :meth:`release`."""
+    """Holds the locks of one run until :meth:`release`.
 
-    def __init__(self, run_dir: Path, out_dir: Path) -> None:
+    ``lock_out=False`` takes only the lock file: a recipe holds its own for the whole run while each stage takes
+    a stage's locks, and OUT itself is locked by the final stage (two descriptors of one process conflict under
+    flock, so the recipe must not hold OUT's).
+    """
+
+    def __init__(self, run_dir: Path, out_dir: str | os.PathLike[str], *, lock_out: bool = True) -> None:
         self.run_dir = run_dir
         self.out_dir = out_dir
+        self.lock_out = lock_out
         self._fds: list[int] = []
 
     def acquire(self) -> None:
-        """Take both locks; raises :class:`OutputDirError` when another process holds either, and
+        """Take the locks; raises :class:`OutputDirError` when another process holds one, and
         :class:`StorageError` when the state dir cannot be written (read-only, full, permissions)."""
-        for path, is_dir in ((self.run_dir / LOCK_NAME, False), (self.out_dir, True)):
+        targets = [(self.run_dir / LOCK_NAME, False)]
+        if self.lock_out:
+            targets.append((Path(self.out_dir), True))
+        for path, is_dir in targets:
             try:
                 if not is_dir:
                     self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,8 @@
 The header is known before the first tensor (the plan fixes every dtype and shape), so tensors are written
 straight to a temp file in data order — no shard is ever assembled in RAM, and two output tensors never share
 a buffer (the "Some tensors share memory" failure cannot happen). :meth:`ShardWriter.finish` runs the commit
-protocol up to the rename; the caller records the ledger row afterwards.
+protocol up to the sink's publish; the caller journals the file from the receipt
+(:class:`~resumerge.store.journal_commit.CommitJournal`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from resumerge.inputs.safetensors_format import ShardLayout, read_header
 from resumerge.inputs.tensorio import TORCH_DTYPES, tensor_bytes
 from resumerge.store import killpoints
 from resumerge.store.durable import discard, storage_error, sync_file
-from resumerge.store.sink import OutputSink
+from resumerge.store.sink import OutputSink, Receipt
 
 _PARALLEL_HASH_BYTES = 1 << 20
 _HASHER: ThreadPoolExecutor | None = None
@@ -109,13 +110,13 @@ class ShardWriter:
                 hashed.result()
         self._written += len(data)
 
-    def finish(self) -> tuple[int, str, bool]:
+    def finish(self) -> tuple[int, str, Receipt]:
         """fsync, verify the header and size, and publish through the sink (local: rename, fsync the directory;
         staged: copy, read back, verify, rename).
 
-        Returns (size, sha256, committed). When ``committed`` the file is durable under its final name; only the
-        ledger row is missing, and resume deletes a final-named file that has none. Otherwise the sink commits it
-        later (see :meth:`~resumerge.store.sink.OutputSink.publish`).
+        Returns (size, sha256, receipt). When the receipt is settled already the file is durable under its final
+        name; only the ledger row is missing, and resume deletes a final-named file that has none. Otherwise the
+        sink commits it later (see :meth:`~resumerge.store.sink.OutputSink.publish`).
         """
         if self._next != len(self.layout.order):
             raise ResumergeError(f"internal: shard {self.final.name} finished with tensors missing")
@@ -129,11 +130,11 @@ class ShardWriter:
             if header.file_size != self.layout.file_size or self._written != self.layout.file_size:
                 raise ResumergeError(f"internal: {self.final.name} is {header.file_size} bytes, planned "
                                      f"{self.layout.file_size}")
-            committed = self.sink.publish(self.temp, self.name, self._sha.hexdigest())
+            receipt = self.sink.publish(self.temp, self.name, self._sha.hexdigest())
         except OSError as exc:
             self.abort()
             raise storage_error(exc, self.final) from exc
-        return self.layout.file_size, self._sha.hexdigest(), committed
+        return self.layout.file_size, self._sha.hexdigest(), receipt
 
     def abort(self) -> None:
         """Close and delete the temp file (safe to call more than once; never raises, so the error being

@@ -2,48 +2,92 @@
 
 The engine writes every planned file through an :class:`OutputSink` and does not know what is behind it. A
 file is streamed to a local temp path the sink hands out (:meth:`OutputSink.temp_for`), fsynced by the writer,
-then :meth:`OutputSink.publish`\\ ed. A sink that commits at once (a directory) returns True: the file is durable
-under its final name and only the ledger row is missing (the caller writes it next, then the manifest). A sink that
-commits later, in batches (a hub repo), returns False: the caller updates the manifest at once (the sink commits it
-together with the file) and writes the ledger row only when :meth:`OutputSink.settled` or :meth:`OutputSink.drain`
-names the file — so "done" is recorded only after the file is durable, whatever the sink.
+then :meth:`OutputSink.publish`\\ ed, which answers with a :class:`Receipt`: already committed for a sink that
+commits at once (a folder), committed later for one that commits in batches (a hub repo). What to record when
+(ledger row, manifest) is not the sink's business: :class:`~resumerge.store.journal_commit.CommitJournal` runs
+that protocol from the receipts alone, so nothing above the sink asks which kind it has.
 
-Implementations: :class:`LocalDirSink` (temp beside the file, rename, fsync dir) and :class:`StagedDirSink`
-(temp on local disk, copy to OUT, read back and compare, rename — for Drive and other FUSE mounts), and
-:class:`~resumerge.store.hubsink.HubRepoSink` (staged locally, uploaded, committed to a hub repo in batches).
+A sink is a context manager: leaving the ``with`` block stops its background work (what was committed stays).
+
+Implementations: :class:`LocalDirSink` (temp beside the file, rename, fsync dir), :class:`StagedDirSink` (temp
+on local disk, copy to OUT, read back and compare, rename — for Drive and other FUSE mounts),
+:class:`~resumerge.store.hubsink.HubRepoSink` (staged locally, uploaded, committed to a hub repo in batches) and
+:class:`~resumerge.store.memsink.MemorySink` (files in a dict, for tests and notebooks).
 """
 
 from __future__ import annotations
 
-import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from concurrent import futures
 from pathlib import Path
+from types import TracebackType
+from typing import TypeVar
 
 from resumerge.store.checksums import check_many
-from resumerge.store.durable import (
-    discard,
-    fsync_dir,
-    publish,
-    publish_copy,
-    storage_error,
-    temp_path,
-    write_file_atomic,
-    write_synced,
-)
+from resumerge.store.durable import fsync_dir, publish, publish_copy, temp_path, write_file_atomic
 
+_T = TypeVar("_T")
 
-@dataclass(frozen=True)
-class Settled:
-    """A file a deferred sink has committed since it was published: ``commit`` names the commit holding it."""
+class Receipt:
+    """What publishing ``name`` returns: a handle on the commit that makes it durable, now or later.
 
-    name: str
-    commit: str
+    The sink resolves it — :meth:`settle` with the id of the commit holding the file (None where a commit has no
+    id: a folder), or :meth:`fail` with the error that ended its commit; the first answer stands. The journal
+    waits on it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._future: futures.Future[str | None] = futures.Future()
+
+    @classmethod
+    def committed(cls, name: str, commit: str | None = None) -> Receipt:
+        """A receipt for a file that is durable already (a sink that commits at once)."""
+        receipt = cls(name)
+        receipt.settle(commit)
+        return receipt
+
+    def settle(self, commit: str | None) -> None:
+        """The sink committed the file (in ``commit``, when commits have ids); a receipt already resolved keeps its
+        answer (a stopped run's last commit may land after its batch was given up: the resume adopts it)."""
+        if not self._future.done():
+            self._future.set_result(commit)
+
+    def fail(self, error: BaseException) -> None:
+        """The sink's commit of the file failed for good; a receipt already resolved keeps its answer."""
+        if not self._future.done():
+            self._future.set_exception(error)
+
+    def done(self) -> bool:
+        """Whether the sink has answered (committed or failed)."""
+        return self._future.done()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds (None: for ever) for the answer; whether there is one."""
+        return not futures.wait([self._future], timeout).not_done
+
+    def error(self) -> BaseException | None:
+        """The error that ended the commit, or None (committed). Only once :meth:`done`."""
+        return self._future.exception(timeout=0)
+
+    def commit(self) -> str | None:
+        """The id of the commit holding the file (None for a folder); raises the commit's error. Only once
+        :meth:`done`."""
+        return self._future.result(timeout=0)
 
 
 class OutputSink(ABC):
-    """Where one output's files are committed: write durably, check, list, delete what resumerge owns."""
+    """Where one output's files are committed: write durably, check, list, delete what resumerge owns.
+
+    Besides the seven methods every sink implements, a sink that commits later overrides :meth:`flush` and
+    :meth:`stop`; one that holds background work or resources overrides :meth:`close`."""
+
+    def __enter__(self: _T) -> _T:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
 
     @abstractmethod
     def where(self, name: str) -> Path:
@@ -54,12 +98,13 @@ class OutputSink(ABC):
         """A fresh local path (not yet existing) to write the bytes of planned file ``name`` to."""
 
     @abstractmethod
-    def publish(self, temp: Path, name: str, sha256: str) -> bool:
+    def publish(self, temp: Path, name: str, sha256: str) -> Receipt:
         """Make the fully written, fsynced ``temp`` (whose bytes hash to ``sha256``) durable as ``name``.
 
-        Returns True when ``name`` is committed on return; False when the sink took ``temp`` over and commits it
-        later (then :meth:`settled` or :meth:`drain` names it once it is). Raises ``OSError`` (or a
-        :class:`~resumerge.errors.ResumergeError`) and leaves no file under ``name``'s temp names on failure.
+        The receipt is settled on return when ``name`` is committed then; otherwise the sink took ``temp`` over and
+        settles the receipt once a commit holds it (with the newest manifest :meth:`replace_small` was given).
+        Raises ``OSError`` (or a :class:`~resumerge.errors.ResumergeError`) and leaves no file under ``name``'s
+        temp names on failure.
         """
 
     @abstractmethod
@@ -78,38 +123,19 @@ class OutputSink(ABC):
     def delete(self, names: Iterable[str]) -> None:
         """Delete the files ``names``, which the caller knows resumerge wrote; absent ones are skipped."""
 
-    def settled(self) -> list[Settled]:
-        """Files committed since the last call, without waiting (a sink that commits at once has none)."""
-        return []
+    def flush(self) -> None:
+        """Commit everything published now, with the newest manifest, and wait for it (the run's last files); may
+        return early when the run is stopping. Raises like :meth:`publish` when a commit fails for good."""
+        return None  # a sink that commits at once has nothing waiting
 
-    def drain(self) -> list[Settled]:
-        """Commit everything published and not yet committed, wait for it, and return what :meth:`settled` has not
-        returned yet. Raises like :meth:`publish` when a commit fails for good."""
-        return []
+    def stop(self) -> list[Receipt]:
+        """The run is stopping: commit no new batch, but start one last commit of what is already uploaded; returns
+        the receipts that commit settles (or fails). Never raises: the run is being interrupted."""
+        return []  # a sink that commits at once has nothing waiting
 
     def close(self) -> None:
         """Stop background work (a run that failed or was stopped); what was committed stays committed."""
         return None  # a sink that commits at once has no background work
-
-    def write_small(self, name: str, data: bytes, *, point: str | None = None) -> tuple[str, bool]:
-        """Write ``data`` as ``name``; returns its sha256 and whether it is committed on return (see
-        :meth:`publish`). ``point`` is a kill point before the fsync.
-
-        Raises :class:`~resumerge.errors.StorageError` on ENOSPC, EIO, EROFS and similar.
-        """
-        sha = hashlib.sha256(data).hexdigest()
-        temp = self.temp_for(name)
-        try:
-            write_synced(temp, data, point)
-            durable = self.publish(temp, name, sha)
-        except BaseException as exc:
-            discard(temp)
-            if isinstance(exc, OSError):
-                raise storage_error(exc, self.where(name)) from exc
-            raise
-        if durable:
-            discard(temp)
-        return sha, durable
 
 
 class LocalDirSink(OutputSink):
@@ -124,9 +150,9 @@ class LocalDirSink(OutputSink):
     def temp_for(self, name: str) -> Path:
         return temp_path(self.out_dir / name)
 
-    def publish(self, temp: Path, name: str, sha256: str) -> bool:
+    def publish(self, temp: Path, name: str, sha256: str) -> Receipt:
         publish(temp, self.out_dir / name)
-        return True
+        return Receipt.committed(name)
 
     def replace_small(self, name: str, data: bytes) -> None:
         write_file_atomic(self.out_dir / name, data)
@@ -159,6 +185,6 @@ class StagedDirSink(LocalDirSink):
     def temp_for(self, name: str) -> Path:
         return self.staging / temp_path(self.out_dir / name).name
 
-    def publish(self, temp: Path, name: str, sha256: str) -> bool:
+    def publish(self, temp: Path, name: str, sha256: str) -> Receipt:
         publish_copy(temp, self.out_dir / name, sha256)
-        return True
+        return Receipt.committed(name)

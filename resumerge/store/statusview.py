@@ -1,7 +1,7 @@
 """Where a merge stands, read without torch or sqlite-utils (``resumerge status`` answers in well under 0.5 s).
 
-Reads the ledger through the standard library's sqlite3 in read-only mode, or — when the state dir is gone —
-OUT's manifest. A run recorded as ``running`` whose lock no process holds is reported as ``interrupted``; an
+Reads the ledger through :mod:`resumerge.store.ledger_read` (standard library only), or — when the state dir is
+gone — OUT's manifest. A run recorded as ``running`` whose lock no process holds is reported as ``interrupted``; an
 unfinished run carries the exact command that finishes it.
 """
 
@@ -10,19 +10,17 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import sqlite3
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.config.locations import run_dir
+from resumerge.config.locations import is_default_state_root, run_dir
 from resumerge.errors import LedgerError
+from resumerge.store.ledger_read import LEDGER_NAME as LEDGER_NAME
+from resumerge.store.ledger_read import read_merge_status
 from resumerge.store.manifest import MANIFEST_NAME
-
-# Not imported from resumerge.store.ledger: that module loads sqlite-utils, which status must not pay for.
-LEDGER_NAME = "ledger.db"
 
 
 @dataclass(frozen=True)
@@ -110,64 +108,55 @@ def read_status(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[st
 
 
 def resume_command(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None) -> str:
-    """The shell command that finishes the merge into ``out_dir`` (with ``--state-dir`` when one was given)."""
+    """The shell command that finishes the merge into ``out_dir`` (with ``--state-dir`` when it is not the one a
+    command finds by itself)."""
     command = f"resumerge resume {shlex.quote(os.fspath(out_dir))}"
-    return command if state_dir is None else f"{command} --state-dir {shlex.quote(os.fspath(state_dir))}"
+    if state_dir is None or is_default_state_root(state_dir):
+        return command
+    return f"{command} --state-dir {shlex.quote(os.fspath(state_dir))}"
 
 
 def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusReport | None:
     from resumerge.store.runlock import is_locked
 
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        conn.row_factory = sqlite3.Row
-        run = conn.execute("SELECT * FROM run WHERE id = 1").fetchone()
-        if run is None:
-            return None
-        files = conn.execute(
-            "SELECT name, kind, status, bytes, planned_bytes FROM files ORDER BY position"
-        ).fetchall()
-        t_total, t_done = conn.execute(
-            "SELECT COUNT(*), COALESCE(SUM(status = 'done'), 0) FROM tensors"
-        ).fetchone()
-        events = conn.execute("SELECT kind, message FROM events ORDER BY id DESC LIMIT 8").fetchall()
-        memory = conn.execute("SELECT data FROM events WHERE kind = 'memory' ORDER BY id DESC LIMIT 1").fetchone()
-        adaptations = conn.execute(
-            "SELECT message FROM events WHERE kind = 'adaptation' ORDER BY id DESC LIMIT 3"
-        ).fetchall()
-        stream = conn.execute("SELECT data FROM events WHERE kind = 'stream' ORDER BY id DESC LIMIT 1").fetchone()
-        plan_notes = [r[0] for r in conn.execute(
-            "SELECT message FROM events WHERE kind = 'plan' GROUP BY message ORDER BY MIN(id)").fetchall()]
-    except sqlite3.DatabaseError as exc:
-        raise LedgerError(f"the ledger {path} is unreadable ({exc})", path=str(path)) from None
-    finally:
-        conn.close()
-    state = run["state"]
+    rows = read_merge_status(path)
+    if rows is None:
+        return None
+    run, files = rows.record.run, rows.record.files
+    state = run.state
     if state == "running" and not is_locked(rdir):
         state = "interrupted"
-    shards = [f for f in files if f["kind"] == "shard"]
+    shards = [f for f in files if f.kind == "shard"]
     return StatusReport(
         out_dir=out_dir,
         state=state,
         source="ledger",
-        tensors_total=t_total,
-        tensors_done=t_done,
+        tensors_total=rows.tensors_total,
+        tensors_done=rows.tensors_done,
         shards_total=len(shards),
-        shards_done=sum(1 for f in shards if f["status"] == "done"),
-        bytes_total=sum(f["planned_bytes"] or 0 for f in shards),
-        bytes_done=sum(f["bytes"] or 0 for f in shards if f["status"] == "done"),
-        files=tuple(FileStatus(f["name"], f["kind"], f["status"], f["bytes"]) for f in files),
-        last_error=run["last_error"],
-        peak_rss=run["peak_rss"] or None,
-        adaptations=run["adaptations"] or 0,
-        elapsed_seconds=max(0.0, (run["updated_at"] or time.time()) - (run["created_at"] or time.time())),
-        events=tuple(f"{e['kind']}: {e['message']}" for e in reversed(events)),
-        budget=_budget(memory["data"] if memory else None),
-        adaptation_events=tuple(a["message"] for a in reversed(adaptations)),
+        shards_done=sum(1 for f in shards if f.status == "done"),
+        bytes_total=sum(f.planned_bytes or 0 for f in shards),
+        bytes_done=sum(f.bytes or 0 for f in shards if f.status == "done"),
+        files=tuple(FileStatus(f.name, f.kind, f.status, f.bytes) for f in files),
+        last_error=run.last_error,
+        peak_rss=run.peak_rss or None,
+        adaptations=run.adaptations,
+        elapsed_seconds=max(0.0, (run.updated_at or time.time()) - (run.created_at or time.time())),
+        events=tuple(f"{e.kind}: {e.message}" for e in rows.events),
+        budget=_budget(rows.memory.data if rows.memory else None),
+        adaptation_events=tuple(a.message for a in rows.adaptations),
         resume_command=None if state in ("done", "running") else command,
-        streamed=json.loads(stream["data"]) if stream else None,
-        plan_notes=tuple(plan_notes),
+        streamed=_streamed(rows.stream.data if rows.stream else None),
+        plan_notes=rows.plan_notes,
     )
+
+
+def _streamed(data: str | None) -> dict[str, float] | None:
+    try:
+        value = json.loads(data) if data else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _budget(data: str | None) -> int | None:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from resumerge.config.merge_config import unknown_key_error
 from resumerge.config.modelref import parse_model_ref
 from resumerge.errors import ConfigError
 from resumerge.vocab.chat import check_chat_template
@@ -100,7 +101,7 @@ def parse_tokenizer_spec(
         raise ConfigError("tokenizer must be a mapping", yaml_path="tokenizer")
     extra = sorted(str(k) for k in tokenizer_section if k not in ("source", "tokens", "pad_to_multiple_of"))
     if extra:
-        raise ConfigError(f"unknown key {extra[0]!r}", yaml_path=f"tokenizer.{extra[0]}")
+        raise unknown_key_error(extra[0], f"tokenizer.{extra[0]}")
     raw_source = tokenizer_section.get("source")
     source = "union" if raw_source is None else _source(raw_source, "tokenizer.source")
     pad = tokenizer_section.get("pad_to_multiple_of")
@@ -152,7 +153,7 @@ def _tokens(value: Any) -> tuple[TokenSpec, ...]:
             raise ConfigError("a token entry must be a mapping with 'source' and/or 'force'", yaml_path=path)
         extra = sorted(str(k) for k in entry if k not in ("source", "force"))
         if extra:
-            raise ConfigError(f"unknown key {extra[0]!r}", yaml_path=f"{path}.{extra[0]}")
+            raise unknown_key_error(extra[0], f"{path}.{extra[0]}")
         force = entry.get("force", False)
         if type(force) is not bool:
             raise ConfigError("force must be true or false", yaml_path=f"{path}.force")
@@ -175,12 +176,12 @@ def _token_source(value: Any, path: str) -> TokenSource | None:
     if kind == "zero":
         extra = sorted(str(k) for k in value if k != "kind")
         if extra:
-            raise ConfigError(f"unknown key {extra[0]!r} for kind: zero", yaml_path=f"{path}.{extra[0]}")
+            raise unknown_key_error(extra[0], f"{path}.{extra[0]}", where=" for kind: zero")
         return TokenSource("zero")
     if kind == "model_token":
         extra = sorted(str(k) for k in value if k not in ("kind", "model", "token", "token_id"))
         if extra:
-            raise ConfigError(f"unknown key {extra[0]!r} for kind: model_token", yaml_path=f"{path}.{extra[0]}")
+            raise unknown_key_error(extra[0], f"{path}.{extra[0]}", where=" for kind: model_token")
         if value.get("model") is None:
             raise ConfigError("kind: model_token needs a model", yaml_path=f"{path}.model")
         model = _model_key(value["model"], f"{path}.model")

@@ -6,6 +6,9 @@ hub's headers (``X-Repo-Commit``, ``ETag``, ``X-Linked-Etag``, ``X-Linked-Size``
 ``Range`` support. It counts the body bytes it serves per file and per request (``Request.sent``), logs every
 request, and injects faults: cutting a file's body after N bytes, stalling after N bytes until released, ignoring
 ``Range``, redirecting to signed URLs that expire after N bodies, answering 429 with ``Retry-After``.
+
+The upload routes and their faults are :mod:`hub.fakehub_write`'s (its docstring lists every route); files
+committed through Xet (:mod:`hub.fakehub_xet`) are listed with their ``xetHash`` here, as the Hub lists them.
 """
 
 from __future__ import annotations
@@ -106,6 +109,7 @@ class FakeHub:
         self._signatures: dict[str, tuple[str, str, str, int]] = {}
         self.lock = threading.Lock()
         self.writer: Any = None  # the upload side (hub.fakehub_write.HubWriter) when attached
+        self.xet_hashes: dict[str, str] = {}  # sha256 -> Xet hash of the objects committed through Xet
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._sockets: set[socket.socket] = set()
@@ -199,14 +203,17 @@ class FakeHub:
                 entries[path] = self.file_entry(path, files[path])
         return list(entries.values())
 
-    @staticmethod
-    def file_entry(path: str, data: bytes) -> dict[str, object]:
+    def file_entry(self, path: str, data: bytes) -> dict[str, object]:
         if path.endswith(LFS_SUFFIXES):
             pointer = lfs_pointer(data)
-            return {
+            entry: dict[str, object] = {
                 "type": "file", "path": path, "size": len(data), "oid": git_blob_sha1(pointer),
                 "lfs": {"oid": sha256_of(data), "size": len(data), "pointerSize": len(pointer)},
             }
+            xet_hash = self.xet_hashes.get(sha256_of(data))
+            if xet_hash is not None:  # the real Hub lists it beside the LFS sha256 for Xet-stored files
+                entry["xetHash"] = xet_hash
+            return entry
         return {"type": "file", "path": path, "size": len(data), "oid": git_blob_sha1(data)}
 
 
@@ -327,7 +334,7 @@ class _Handler(BaseHTTPRequestHandler):
         data = self.hub.repos[repo_id].commits[commit].get(path)
         if data is None:
             return self._error(404, "EntryNotFound", f"{path} not found", commit=commit)
-        entry = FakeHub.file_entry(path, data)
+        entry = self.hub.file_entry(path, data)
         headers = {"X-Repo-Commit": commit, "ETag": f'"{entry["oid"]}"', "Accept-Ranges": "bytes"}
         if "lfs" in entry:
             headers["X-Linked-Etag"] = f'"{sha256_of(data)}"'
@@ -383,10 +390,12 @@ class _Handler(BaseHTTPRequestHandler):
             with suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RDWR)
 
-    def _json(self, status: int, body: object) -> None:
+    def _json(self, status: int, body: object, headers: Mapping[str, str] | None = None) -> None:
         raw = json.dumps(body).encode()
         self._record.status = status
         self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(raw)))
         self.end_headers()
@@ -396,10 +405,12 @@ class _Handler(BaseHTTPRequestHandler):
                 self.hub.api_bytes += len(raw)
 
     def _error(self, status: int, code: str, message: str, commit: str | None = None,
-               retry_after: str | None = None) -> None:
+               retry_after: str | None = None, headers: Mapping[str, str] | None = None) -> None:
         raw = json.dumps({"error": message}).encode()
         self._record.status = status
         self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         if retry_after is not None:
             self.send_header("Retry-After", retry_after)
         self.send_header("X-Error-Code", code)

@@ -1,15 +1,36 @@
-"""The upload side of the stand-in hub: tokens and whoami, repo and branch creation, preupload, the LFS batch API
-and object PUT, the NDJSON commit, with counters and faults.
+"""The upload side of the stand-in hub: tokens and whoami, repo and branch creation, preupload, Xet tokens, the
+LFS batch API and object PUT, the NDJSON commit, with counters and faults.
 
 Attach it to a :class:`~hub.fakehub.FakeHub` with :meth:`HubWriter.attach`; the hub's request handler hands every
 route to :meth:`HubWriter.route` first. New commits go through ``FakeHub.push`` so the read routes (tree listing
-with LFS sha256, resolve) serve them at once. Faults: answer the next commits with given statuses (with
-``Retry-After``), cut the next LFS PUT after N bytes, revoke a token, and run a hook when a commit arrives (the
-kill trials SIGKILL the merging process from it, before or after the commit is applied; returning False drops the
-request unapplied, or the answer of an applied commit) and when an LFS PUT arrives (it may block, stalling the PUT).
+with LFS sha256 and ``xetHash``, resolve) serve them at once.
 
-Like the real hub, a commit whose header names a ``parentCommit`` other than the branch head is refused with
-412 Precondition Failed (optimistic concurrency between two writers).
+Routes (``REPO`` is ``NAMESPACE/NAME``):
+
+- ``GET /api/whoami-v2``; ``POST /api/validate-yaml``; ``POST /api/repos/create``;
+  ``POST /api/models/REPO/branch/BRANCH``;
+- ``POST /api/models/REPO/preupload/REV`` (at most :data:`PREUPLOAD_MAX_FILES` files a call, as on the Hub);
+- ``GET /api/models/REPO/xet-write-token/REV`` and ``xet-read-token/REV``: only with a :class:`~hub.fakehub_xet.XetCas`
+  attached (``cas``, the Xet tier), answered with its ``local://`` folder as ``casUrl`` (JSON and ``X-Xet-*``
+  headers); without one, 404, and the client must not ask (``HF_HUB_DISABLE_XET=1``: the LFS tier);
+- ``POST /REPO.git/info/lfs/objects/batch`` (at most :data:`BATCH_MAX_OBJECTS` objects) and ``PUT /_lfs/REPO/OID``;
+- ``POST /api/models/REPO/commit/REV``.
+
+What the Hub enforces and the stand-in does too: a commit whose header names a ``parentCommit`` other than the
+branch head is refused with 412 (optimistic concurrency between two writers); an ``lfsFile`` whose object the hub
+does not hold (neither PUT to this repo nor registered by a shard of the Xet CAS) is refused with 400 and the Hub's
+text; the per-call file limits above; a write token for the namespace on every write route.
+
+Faults, all on this class: ``commit_faults`` (statuses, or :class:`Refusal` with the Hub's own text, for the next
+commit requests: the commit-quota 429 and storage-quota 403 are :data:`COMMIT_QUOTA` and :data:`STORAGE_QUOTA`);
+``upload_faults`` (statuses for the next LFS PUTs); ``cut_put_after`` (cut the next PUT after N bytes);
+``xet_token_faults`` (statuses for the next Xet token requests); ``recreated`` (repos deleted and recreated on the
+Hub: their commits refuse objects that only Xet holds, as the Hub does, huggingface_hub #3829, until they arrive
+by LFS PUT); a token taken out of ``tokens`` (revoked); and hooks: when a commit arrives (``on_commit``: the
+kill trials SIGKILL the merging process from it, before or after the commit is applied; returning False drops the
+request unapplied, or the answer of an applied commit), when an upload arrives (``on_upload``; it may block,
+stalling the upload), and when any request arrives
+(``on_request``: the start-up kill trials SIGKILL the process at its token check or repo creation).
 """
 
 from __future__ import annotations
@@ -19,13 +40,16 @@ import hashlib
 import json
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
-from hub.fakehub import LFS_SUFFIXES, FakeHub
+from hub.fakehub import LFS_SUFFIXES, FakeHub, git_blob_sha1, sha256_of
+from hub.fakehub_xet import XetCas
 
 if TYPE_CHECKING:
     from hub.fakehub import _Handler
@@ -34,9 +58,29 @@ GITATTRIBUTES = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
 # Called with (n-th commit request, "received" | "applied"); returning False at "received" drops the request unapplied,
 # at "applied" drops the answer (the commit happened, the client never hears it).
 CommitHook = Callable[[int, str], "bool | None"]
-# Called with the n-th LFS PUT of the hub, body read, before it is stored: it may block to stall the upload.
-PutHook = Callable[[int], None]
-PRECONDITION_FAILED = "A commit has happened since. Please refresh and try again."
+# Called with (method, path parts) of every request before it is routed; returning False drops it unanswered.
+RequestHook = Callable[[str, list[str]], "bool | None"]
+# Called with the n-th upload the hub sees, and may block to stall it: an LFS PUT (its body read, before it is stored),
+# or in the Xet tier a write-token request, which every upload session (one per preupload call) makes first.
+UploadHook = Callable[[int], None]
+PRECONDITION_FAILED = "The branch was updated since you opened this page. Please refresh and try again."
+# The Hub's texts (shared/reference/hub-real.md §1, §3).
+COMMIT_QUOTA = ("You have exceeded the rate limit for repository commits (128 per hour). You can retry this action "
+                "in about 1 hour. If you're a new user, your limits will raise progressively over time.")
+STORAGE_QUOTA = "Private repository storage limit reached, please upgrade your plan to increase your storage quota."
+MISSING_OBJECT = "Your push was rejected because an LFS pointer pointed to a file that does not exist"
+PREUPLOAD_MAX_FILES = 256
+BATCH_MAX_OBJECTS = 256
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A commit fault with the Hub's own message (and, for a 429, the 5-minute bucket's ``RateLimit`` headers, which
+    say nothing about the commit quota: a client that trusts them retries far too early)."""
+
+    status: int
+    message: str
+    ratelimit: bool = False
 
 
 @dataclass
@@ -51,14 +95,19 @@ class HubWriter:
     puts: Counter[str] = field(default_factory=Counter)  # "repo/oid" -> completed PUTs
     commits: Counter[str] = field(default_factory=Counter)  # repo -> commits applied
     deletes: Counter[str] = field(default_factory=Counter)  # repo -> files deleted by commits
-    commit_faults: list[int | None] = field(default_factory=list)  # statuses for the next commit requests (None: ok)
+    commit_faults: list[int | Refusal | None] = field(default_factory=list)  # the next commit requests (None: ok)
     upload_faults: list[int] = field(default_factory=list)  # statuses for the next LFS PUTs
     cut_put_after: int | None = None  # cut the next LFS PUT body after N bytes (one shot)
     retry_after: str = "0"
+    cas: XetCas | None = None  # the Xet tier: uploads go to this local:// CAS folder
+    xet_token_faults: list[int] = field(default_factory=list)  # statuses for the next Xet token requests
+    recreated: set[str] = field(default_factory=set)  # repos whose Xet-only objects a commit refuses (400)
+    xet_tokens: int = 0  # Xet token requests answered
     on_commit: CommitHook | None = None
-    on_put: PutHook | None = None
+    on_request: RequestHook | None = None
+    on_upload: UploadHook | None = None
     commit_requests: int = 0
-    put_requests: int = 0
+    upload_requests: int = 0  # uploads seen by on_upload
     refused: int = 0  # commits refused because their parentCommit was not the branch head
     commit_lock: threading.Lock = field(default_factory=threading.Lock)  # check-and-apply of one commit at a time
 
@@ -84,6 +133,11 @@ class HubWriter:
     def route(self, h: _Handler, parts: list[str], query: dict[str, str]) -> bool:
         """Answer the request if it is a write route (or whoami); False lets the read routes answer."""
         method = h.command
+        if self.on_request is not None and self.on_request(method, parts) is False:
+            h.close_connection = True  # dropped unanswered (the client was killed meanwhile)
+            with suppress(OSError):
+                h.connection.shutdown(socket.SHUT_RDWR)
+            return True
         if method == "GET" and parts == ["api", "whoami-v2"]:
             self._whoami(h)
         elif method == "POST" and parts == ["api", "validate-yaml"]:  # the client checks a README's metadata
@@ -94,7 +148,10 @@ class HubWriter:
         elif method == "POST" and len(parts) >= 6 and parts[:2] == ["api", "models"] and parts[4] == "branch":
             self._branch(h, f"{parts[2]}/{parts[3]}", "/".join(parts[5:]))
         elif method == "POST" and len(parts) >= 6 and parts[:2] == ["api", "models"] and parts[4] == "preupload":
-            self._preupload(h, f"{parts[2]}/{parts[3]}")
+            self._preupload(h, f"{parts[2]}/{parts[3]}", "/".join(parts[5:]))
+        elif method == "GET" and len(parts) >= 6 and parts[:2] == ["api", "models"] and parts[4] in (
+                "xet-write-token", "xet-read-token"):
+            self._xet_token(h, f"{parts[2]}/{parts[3]}", write=parts[4] == "xet-write-token")
         elif method == "POST" and len(parts) >= 6 and parts[:2] == ["api", "models"] and parts[4] == "commit":
             self._commit(h, f"{parts[2]}/{parts[3]}", "/".join(parts[5:]))
         elif method == "POST" and parts[-4:] == ["info", "lfs", "objects", "batch"] and parts[1].endswith(".git"):
@@ -179,18 +236,48 @@ class HubWriter:
         repo.branches[branch] = repo.branches["main"]
         h._json(200, {})
 
-    def _preupload(self, h: _Handler, repo_id: str) -> None:
+    def _preupload(self, h: _Handler, repo_id: str, revision: str) -> None:
         doc = json.loads(self._body(h))
         if not self._may_write(h, repo_id):
             return None
+        if len(doc["files"]) > PREUPLOAD_MAX_FILES:
+            return h._error(400, "BadRequest", f"at most {PREUPLOAD_MAX_FILES} files per preupload call")
+        repo = self.hub.repos[repo_id]
+        head = repo.commits.get(repo.branches.get(unquote(revision), ""), {})
+        # As the hub does, the blob id of a regular file the revision already holds: the client drops an unchanged
+        # file from the commit (and skips a commit left empty, with a warning).
         files = [{"path": f["path"], "uploadMode": "lfs" if f["path"].endswith(LFS_SUFFIXES) else "regular",
-                  "shouldIgnore": False} for f in doc["files"]]
+                  "shouldIgnore": False,
+                  **({"oid": git_blob_sha1(head[f["path"]])}
+                     if f["path"] in head and not f["path"].endswith(LFS_SUFFIXES) else {})} for f in doc["files"]]
         h._json(200, {"files": files, "commitOid": self.hub.repos[repo_id].branches["main"]})
+
+    def _xet_token(self, h: _Handler, repo_id: str, write: bool) -> None:
+        """The CAS endpoint and a short-lived token for it, as JSON and as the ``X-Xet-*`` headers."""
+        if write and not self._may_write(h, repo_id):
+            return None
+        if not write and self._user(h, write=False) is None:
+            return None
+        with self.hub.lock:
+            fault = self.xet_token_faults.pop(0) if self.xet_token_faults else None
+            self.xet_tokens += 1
+        if fault is not None:
+            return h._error(fault, "Unauthorized" if fault in (401, 403) else "ServerError", "Xet token refused")
+        if write:
+            self._uploading()
+        if self.cas is None:
+            return h._error(404, "EntryNotFound", "this hub has no Xet storage")
+        expires = int(time.time()) + 3600
+        h._json(200, {"accessToken": "xet-local", "exp": expires, "casUrl": self.cas.endpoint},
+                headers={"X-Xet-Endpoint": self.cas.endpoint, "X-Xet-Access-Token": "xet-local",
+                         "X-Xet-Expiration": str(expires)})
 
     def _batch(self, h: _Handler, repo_id: str) -> None:
         doc = json.loads(self._body(h))
         if not self._may_write(h, repo_id):
             return None
+        if len(doc["objects"]) > BATCH_MAX_OBJECTS:
+            return h._error(400, "BadRequest", f"at most {BATCH_MAX_OBJECTS} objects per batch call")
         store = self.lfs.setdefault(repo_id, {})
         objects: list[dict[str, Any]] = []
         for obj in doc["objects"]:
@@ -211,11 +298,7 @@ class HubWriter:
                 h.connection.shutdown(socket.SHUT_RDWR)
             return None
         data = self._body(h)
-        if self.on_put is not None:
-            with self.hub.lock:
-                self.put_requests += 1
-                number = self.put_requests
-            self.on_put(number)
+        self._uploading()
         if fault is not None:
             return h._error(fault, "ServerError", "upload failed", retry_after=self.retry_after)
         if hashlib.sha256(data).hexdigest() != oid:
@@ -224,6 +307,27 @@ class HubWriter:
             self.lfs.setdefault(repo_id, {})[oid] = data
             self.puts[f"{repo_id}/{oid}"] += 1
         h._json(200, {})
+
+    def _uploading(self) -> None:
+        if self.on_upload is not None:
+            with self.hub.lock:
+                self.upload_requests += 1
+                number = self.upload_requests
+            self.on_upload(number)
+
+    def _from_cas(self, repo_id: str, oid: str) -> bytes | None:
+        """The object ``oid`` rebuilt from the Xet CAS when a shard registers it (and the repo may use it)."""
+        if self.cas is None or repo_id in self.recreated:
+            return None
+        found = self.cas.lookup(oid)
+        if found is None:
+            return None
+        data = self.cas.read(*found)
+        if sha256_of(data) != oid:
+            raise AssertionError(f"the CAS rebuilt {oid} as other bytes")
+        with self.hub.lock:
+            self.hub.xet_hashes[oid] = found[0]
+        return data
 
     @staticmethod
     def _body_prefix(h: _Handler, n: int) -> None:
@@ -243,6 +347,9 @@ class HubWriter:
             with suppress(OSError):
                 h.connection.shutdown(socket.SHUT_RDWR)
             return None
+        if isinstance(fault, Refusal):
+            limits = {"RateLimit": '"api";r=0;t=1', "RateLimit-Policy": '"fixed window";"api";q=1000;w=300'}
+            return h._error(fault.status, "Refused", fault.message, headers=limits if fault.ratelimit else None)
         if fault is not None:
             return h._error(fault, "ServerError", "commit failed", retry_after=self.retry_after)
         repo = self.hub.repos[repo_id]
@@ -262,9 +369,10 @@ class HubWriter:
                 if line["key"] == "file":
                     files[value["path"]] = base64.b64decode(value["content"])
                 elif line["key"] == "lfsFile":
-                    if value["oid"] not in store:
-                        return h._error(422, "BadRequest", f"LFS object {value['oid']} was never uploaded")
-                    files[value["path"]] = store[value["oid"]]
+                    data = store.get(value["oid"]) or self._from_cas(repo_id, value["oid"])
+                    if data is None:
+                        return h._error(400, "BadRequest", MISSING_OBJECT)
+                    files[value["path"]] = data
                 elif line["key"] == "deletedFile":
                     files.pop(value["path"], None)
                     deleted += 1

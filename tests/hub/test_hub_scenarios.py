@@ -77,6 +77,9 @@ def test_first_run_fetches_only_needed_files(hub: FakeHub, models: tuple[Model, 
 
     downloads = [e for e in events if e.kind == "download" and e.filename == model.shards[0]]
     assert downloads[-1].done == downloads[-1].total == len(model.files[model.shards[0]])
+    # Each file's end is told once: a small file arrives in one chunk, and its "downloading X" was shown twice.
+    finished = [e.filename for e in events if e.kind == "download" and e.done == e.total]
+    assert len(finished) == len(set(finished)) and set(model.small) <= set(finished)
     assert not list((meta.snapshot_dir.parents[1] / "blobs").glob("*.incomplete"))
 
 

@@ -3,6 +3,8 @@ of a local run of the same merge to compare every hub output with."""
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +13,8 @@ import pytest
 from hub.conftest import hf_env  # noqa: F401  (autouse: an isolated HF home, loopback only)
 from hub.fakehub import FakeHub
 from hub.fakehub_write import HubWriter
+from hub.fakehub_xet import XetCas
+from huggingface_hub import constants
 
 from resumerge import api
 from resumerge.cli.modelgen import ModelSpec, make_model
@@ -41,13 +45,32 @@ def merge(tmp_path_factory: pytest.TempPathFactory) -> Merge:
     return Merge(config, {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()})
 
 
+# The two upload paths of huggingface_hub: the Git-LFS batch API (HF_HUB_DISABLE_XET=1) and Xet (what a current
+# install with hf-xet takes). A test runs in both with ``@pytest.mark.parametrize("tier", TIERS, indirect=True)``;
+# every other hub-output test runs in the LFS tier only (the suite's time budget).
+TIERS = ("lfs", "xet")
+
+
 @pytest.fixture
-def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[HubWriter]:
-    """A started stand-in hub that accepts uploads; ``HF_TOKEN`` holds alice's write token (alice is in ``team``)."""
+def tier(request: pytest.FixtureRequest) -> str:
+    return str(getattr(request, "param", "lfs"))
+
+
+@pytest.fixture
+def hub(monkeypatch: pytest.MonkeyPatch, tier: str, tmp_path: Path) -> Iterator[HubWriter]:
+    """A started stand-in hub that accepts uploads; ``HF_TOKEN`` holds alice's write token (alice is in ``team``).
+    In the Xet tier it hands out a ``local://`` CAS folder and the client uploads through hf_xet."""
     fake = FakeHub()
     writer = HubWriter.attach(fake)
     writer.add_token(TOKEN, "alice", orgs=("team",))
     writer.add_token(READ_TOKEN, "alice", "read", orgs=("team",))
+    if tier == "xet":
+        writer.cas = XetCas(tmp_path / "cas")
+        monkeypatch.delenv("HF_HUB_DISABLE_XET")
+        monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", False)
+        monkeypatch.setenv("HF_XET_CACHE", str(Path(os.environ["HF_HOME"]) / "xet"))  # hf_env's home
+        # hf_xet's progress bars (the CLI turns them off); the package exports a class under the module's name.
+        monkeypatch.setattr(sys.modules["huggingface_hub.utils.tqdm"], "HF_HUB_DISABLE_PROGRESS_BARS", True)
     with fake:
         monkeypatch.setenv("HF_ENDPOINT", fake.url)
         monkeypatch.setenv("HF_TOKEN", TOKEN)
@@ -57,6 +80,15 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[HubWriter]:
 def repo_files(hub: HubWriter, repo_id: str, branch: str = "main") -> dict[str, bytes]:
     """What the branch head holds, minus the hub's own ``.gitattributes``."""
     return {k: v for k, v in hub.head_files(repo_id, branch).items() if k != ".gitattributes"}
+
+
+def uploads(hub: HubWriter, repo_id: str) -> dict[str, int]:
+    """How many times each object (by sha256) was sent to the hub: LFS PUTs to ``repo_id`` in the LFS tier; in the
+    Xet tier, the shards of the CAS that register it (one per upload session that ingested it, its chunks sent or
+    deduplicated; the CAS is the test's own, so it holds only this test's objects)."""
+    if hub.cas is not None:
+        return hub.cas.registrations()
+    return {k.split("/")[-1]: v for k, v in hub.puts.items() if k.startswith(repo_id + "/")}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

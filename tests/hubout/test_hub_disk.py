@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hub.fakehub_write import HubWriter
 
-from hubout.conftest import Merge, repo_files
+from hubout.conftest import TIERS, Merge, repo_files
 from resumerge import api
 from resumerge.config.locations import run_dir
 from resumerge.errors import UsageError
@@ -30,6 +30,7 @@ def _sample(directory: Path, stop: threading.Event, peaks: list[int]) -> None:
         stop.wait(0.002)
 
 
+@pytest.mark.parametrize("tier", TIERS, indirect=True)
 def test_max_disk_holds_on_an_output_ten_times_larger(hub: HubWriter, merge: Merge, tmp_path: Path) -> None:
     local = tmp_path / "local"
     api.run(merge.config, local, state_dir=tmp_path / "ls", out_shard_size=SHARD)

@@ -1,9 +1,12 @@
 """Random SIGKILL trials of hf:// merges, each resumed on a "fresh machine" (state dir, staging and HF cache
 deleted): between an upload and its commit, right before and after a commit, and during a commit (applied or
-not). Every trial must end with the repo a local run writes, and no LFS object may be PUT twice."""
+not). Every trial must end with the repo a local run writes. In the LFS tier no object is PUT twice; in the Xet tier
+a resume ingests again the files the killed run had not committed, but sends no chunk twice (the CAS's xorb bytes
+stay those of each object once)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import shutil
@@ -13,13 +16,16 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from hub.fakehub_write import HubWriter
+from hub.fakehub_xet import XetCas
 
-from hubout.conftest import SHARD, Merge, repo_files
+from hubout.conftest import SHARD, TIERS, Merge, repo_files, uploads
 from resumerge import api
+from resumerge.store.killpoints import HUB_POINTS
 from tests.support import cli
 
-TRIALS = 10
+TRIALS = {"lfs": 10, "xet": 5}  # the Xet tier: each kind once (the suite's time budget)
 BATCH = ("--commit-every", "2", "--commit-interval", "0.2")
 
 
@@ -50,12 +56,14 @@ def _killed_in_commit(hub: HubWriter, merge: Merge, out: str, state: Path, nth: 
     return proc.returncode
 
 
+@pytest.mark.parametrize("tier", TIERS, indirect=True)
 def test_random_sigkills_resume_from_the_repo_alone(hub: HubWriter, merge: Merge, tmp_path: Path,
-                                                    hf_env: Path) -> None:
+                                                    hf_env: Path, tier: str) -> None:
     rng = random.Random(14)
-    kinds = ["hub_after_upload", "hub_before_commit", "hub_after_commit", "commit_lost", "commit_applied"]
+    kinds = [*HUB_POINTS, "commit_lost", "commit_applied"]  # the first trials walk each kind once
     report: list[str] = []
-    for trial in range(TRIALS):
+    shards = {hashlib.sha256(v).hexdigest(): len(v) for k, v in merge.reference.items() if k.endswith(".safetensors")}
+    for trial in range(TRIALS[tier]):
         started = time.monotonic()
         kind = kinds[trial % len(kinds)] if trial < len(kinds) else rng.choice(kinds)
         # Uploads in a run: one per file (10); commit requests: the first manifest, then batches (each holds every
@@ -63,24 +71,42 @@ def test_random_sigkills_resume_from_the_repo_alone(hub: HubWriter, merge: Merge
         nth = {"hub_after_upload": rng.randint(1, 8), "commit_lost": 2, "commit_applied": 2}.get(kind, 1)
         repo, state = f"alice/kill{trial}", tmp_path / f"state{trial}"
         out = f"hf://{repo}"
+        if hub.cas is not None:  # each trial its own CAS: what it received is this trial's alone
+            hub.cas = XetCas(tmp_path / f"cas{trial}")
         if kind.startswith("commit_"):
             code = _killed_in_commit(hub, merge, out, state, nth, applied=kind == "commit_applied")
         else:
             code = _killed_at_point(merge, out, state, f"{kind}:{nth}")
         assert code == -signal.SIGKILL, f"trial {trial} ({kind}:{nth}) was not killed"
-        before = dict(hub.puts)
-        # A fresh machine: no state dir, no staging (inside it), no HF cache.
+        before = uploads(hub, repo)
+        # A fresh machine: no state dir, no staging (inside it), no HF cache, no Xet cache (local:// keeps the
+        # client's shard cache in the CAS folder: that goes too).
         shutil.rmtree(state)
         shutil.rmtree(hf_env, ignore_errors=True)
+        snapshot = {}
+        if hub.cas is not None:
+            hub.cas.forget_clients()
+            snapshot = hub.cas.snapshot()
         # The resume runs in this process (the kill above is what needs a real process): it saves a start-up.
         outcome = api.resume(out, state_dir=tmp_path / f"fresh{trial}", commit_every=2, commit_interval=0.2)
         assert outcome.target == out
         assert repo_files(hub, repo) == merge.reference, f"trial {trial} ({kind}:{nth})"
-        puts = {k: v for k, v in hub.puts.items() if k.startswith(repo + "/")}
-        assert all(v == 1 for v in puts.values()), f"trial {trial}: an object was PUT twice: {puts}"
-        after = sum(v - before.get(k, 0) for k, v in puts.items())
-        report.append(f"{time.monotonic() - started:.1f} s {kind}:{nth}: {hub.commits[repo]} commits, "
-                      f"{len(puts)} LFS objects PUT once each, {after} of them after the kill")
+        sent = uploads(hub, repo)
+        assert set(sent) == set(shards), f"trial {trial}: {sent}"
+        again = sum(v - before.get(k, 0) for k, v in sent.items())
+        line = f"{time.monotonic() - started:.1f} s {kind}:{nth}: {hub.commits[repo]} commits, " \
+               f"uploads per object {sorted(sent.values())}, {again} after the kill"
+        if hub.cas is None:
+            assert all(v == 1 for v in sent.values()), f"trial {trial}: an object was PUT twice: {sent}"
+        else:
+            # Under Xet a resume ingests again every file it did not commit (a new shard registers it), but only
+            # chunks the CAS lacks are sent: the xorb bytes of the whole trial stay those of each object once.
+            xorbs = sum(size for name, (size, _) in hub.cas.snapshot().items() if name.startswith("xorbs/"))
+            received = hub.cas.received(snapshot)
+            assert xorbs <= sum(shards.values()) * 1.02, f"trial {trial}: chunks sent twice ({xorbs} xorb bytes)"
+            line += f"; xorb bytes {xorbs} for {sum(shards.values())} object bytes, resume sent " \
+                    f"{received['xorbs']} xorb + {received['shards']} shard bytes"
+        report.append(line)
     print("\n".join(report))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 from hub.fakehub_write import HubWriter
 
-from hubout.conftest import SHARD, Merge, repo_files
+from hubout.conftest import SHARD, TIERS, Merge, repo_files, uploads
 from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.config.hubtarget import parse_hub_target
@@ -17,6 +18,7 @@ from resumerge.config.locations import run_dir
 from tests.support import cli
 
 
+@pytest.mark.parametrize("tier", TIERS, indirect=True)
 def test_an_hf_output_equals_a_local_run_byte_for_byte(hub: HubWriter, merge: Merge, tmp_path: Path) -> None:
     state = tmp_path / "state"
     outcome = api.run(merge.config, "hf://alice/merged", state_dir=state, out_shard_size=SHARD, commit_every=3,
@@ -29,7 +31,8 @@ def test_an_hf_output_equals_a_local_run_byte_for_byte(hub: HubWriter, merge: Me
     # Batched: far fewer commits than files (first manifest, batches of 3, the rest, the final "done" manifest).
     files = len(merge.reference) - 1
     assert hub.commits["alice/merged"] <= 2 + -(-files // 3)
-    assert all(n == 1 for n in hub.puts.values()) and len(hub.puts) == len(shards)
+    assert uploads(hub, "alice/merged") == {hashlib.sha256(merge.reference[n]).hexdigest(): 1 for n in shards}
+    assert hub.puts if hub.cas is None else not hub.puts and hub.hub.xet_hashes
     rdir = run_dir("hf://alice/merged", state)
     assert not any((rdir / "staging").iterdir())  # every staged copy deleted once committed
     db = sqlite3.connect(rdir / "ledger.db")
@@ -86,3 +89,16 @@ def test_plan_reports_the_disk_of_an_hf_output(merge: Merge, capsys: pytest.Capt
                     "staging_bytes": 30_000}
     assert main([*args, "--max-disk", "1k"]) == 2
     assert "below the largest output shard" in capsys.readouterr().err
+
+
+def test_resuming_an_hf_output_prints_no_empty_commit_warning(hub: HubWriter, merge: Merge, tmp_path: Path) -> None:
+    """huggingface_hub warned "No files have been modified since last commit. Skipping to prevent empty commit."
+    on every resume hf://…: the resume's first manifest commit repeats the killed run's last one."""
+    state = tmp_path / "state"
+    killed = cli("run", merge.config, "hf://alice/again", "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
+                 "--commit-every", "2", env={"RESUMERGE_KILL_AT": "hub_after_commit:2"})
+    assert killed.returncode == -9, killed.stderr
+    resumed = cli("resume", "hf://alice/again", "--state-dir", state, "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "No files have been modified" not in resumed.stderr, resumed.stderr
+    assert repo_files(hub, "alice/again") == merge.reference

@@ -15,14 +15,15 @@ import pytest
 import yaml
 from hub.fakehub_write import HubWriter
 
-from hubout.conftest import SHARD, Merge, repo_files
+from hubout.conftest import SHARD, TIERS, Merge, repo_files, uploads
 from resumerge import api
 from resumerge.cli.commands import main
-from resumerge.engine.recipe_run import run_recipe
+from resumerge.engine.settings import RunSettings
 from resumerge.errors import InterruptedMerge
 from resumerge.plan.merge_plan import PlanOptions
-from resumerge.plan.recipe_plan import default_intermediate_dir
-from resumerge.store.recipe_manifest import RECIPE_MANIFEST_NAME
+from resumerge.recipes.manifest import RECIPE_MANIFEST_NAME
+from resumerge.recipes.plan import default_intermediate_dir
+from resumerge.recipes.run import run_recipe
 from tests.support import cli
 
 BATCH = ("--commit-every", "2", "--commit-interval", "0.2")
@@ -68,6 +69,7 @@ def _same_as_local(files: dict[str, bytes], recipe: Recipe, url: str) -> None:
     assert ours == local
 
 
+@pytest.mark.parametrize("tier", TIERS, indirect=True)
 def test_a_recipe_to_the_hub_equals_a_local_recipe_run(hub: HubWriter, recipe: Recipe, merge: Merge, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     url = "hf://alice/recipe"
@@ -75,7 +77,7 @@ def test_a_recipe_to_the_hub_equals_a_local_recipe_run(hub: HubWriter, recipe: R
                       out_shard_size=SHARD, commit_every=3, commit_interval=0.2)
     assert outcome.target == url
     _same_as_local(repo_files(hub, "alice/recipe"), recipe, url)
-    assert hub.private["alice/recipe"] is True and all(n == 1 for n in hub.puts.values())
+    assert hub.private["alice/recipe"] is True and all(n == 1 for n in uploads(hub, "alice/recipe").values())
     assert main(["verify", url, "--json"]) == 0  # no ledger here: the repo's manifest is the record
     assert json.loads(capsys.readouterr().out)["ok"]
     # A changed recipe against this repo is refused before anything is read or written, saying what differs.
@@ -131,7 +133,7 @@ def test_stopped_in_a_named_stage_resumes_on_another_machine_from_the_record(hub
     url, first, second = "hf://alice/early", tmp_path / "first", tmp_path / "second"
     mid = default_intermediate_dir(url, first) / "mid"
     with pytest.raises(InterruptedMerge):  # stopped once stage mid has written a shard (no process start needed)
-        run_recipe(recipe.path.read_text(), url, state_dir=first, options=PlanOptions(out_shard_size=20_000),
+        run_recipe(recipe.path.read_text(), url, PlanOptions(out_shard_size=20_000), RunSettings(state_dir=first),
                    should_stop=lambda: any(mid.glob("model-*.safetensors")))
     assert set(repo_files(hub, "alice/early")) == {RECIPE_MANIFEST_NAME}
     # Another machine, another state dir: the default intermediate dir (under the first one) is gone with it.

@@ -22,7 +22,16 @@ _PROBE = textwrap.dedent("""
     libc.malloc.restype = ctypes.c_void_p
     libc.free.argtypes = [ctypes.c_void_p]
     if sys.argv[1] == "tuned":
-        took = allocator.tune_allocator()
+        took = allocator.tune_allocator() is not None
+    elif sys.argv[1] == "restored":  # a run that ended: the process's own settings are back
+        restore = allocator.tune_allocator()
+        took = restore is not None
+        restore()
+    elif sys.argv[1] == "overlapping":  # of two overlapping runs, the first ends: the second keeps the settings
+        first, second = allocator.tune_allocator(), allocator.tune_allocator()
+        took = first is not None and second is not None
+        first()
+        first()  # twice is once
     else:  # the mmap threshold alone, as runs set it before
         took = bool(libc.mallopt(-3, allocator.MMAP_THRESHOLD))
 
@@ -70,3 +79,13 @@ def test_freed_chunks_are_reused_without_new_page_faults_and_tensors_still_go_ba
     for result in (tuned, before):
         assert result["grew"] >= 60 << 20
         assert result["kept"] <= 4 << 20
+
+
+def test_a_run_puts_the_process_allocator_settings_back_when_it_ends() -> None:
+    """tune_allocator changed glibc's thresholds for the whole process and never restored them (a notebook kept
+    the merge's settings after api.run returned)."""
+    restored, overlapping = _probe("restored"), _probe("overlapping")
+    assert restored["took"] and overlapping["took"]
+    pages = (512 << 10) // 4096
+    assert restored["faults"] >= 100 * pages  # glibc's 128 KiB thresholds again: every chunk faults its pages in
+    assert overlapping["faults"] <= 10 * pages  # still held by the run that goes on

@@ -18,7 +18,7 @@ FAST = PressurePolicy(raise_delay=0.0)  # recover one level per sample, so tests
 
 def governor(probe: FakeProbe, **kwargs: object) -> MemoryGovernor:
     kwargs.setdefault("policy", FAST)
-    return MemoryGovernor(BUDGET, probe, write_buffer_bytes=400 * MB, **kwargs)  # type: ignore[arg-type]
+    return MemoryGovernor(BUDGET, probe, **kwargs)  # type: ignore[arg-type]
 
 
 def in_thread(target: object) -> tuple[threading.Thread, list[object]]:
@@ -39,24 +39,18 @@ def in_thread(target: object) -> tuple[threading.Thread, list[object]]:
 def test_lowers_the_batch_as_available_memory_falls_before_the_budget_is_reached() -> None:
     probe = FakeProbe(rss=100 * MB, available=4000 * MB)
     gov = governor(probe)
-    assert (gov.in_flight_limit, gov.write_buffer_bytes) == (4, 400 * MB)
+    assert gov.in_flight_limit == 4
     seen = []
     # Our own use stays at 10 % of the budget; only what the machine has left shrinks.
     for available in (300 * MB, 240 * MB, 140 * MB, 90 * MB):
         probe.set(available=available)
         gov.sample()
-        seen.append((gov.in_flight_limit, gov.write_buffer_bytes, gov.stats().level))
-    assert seen == [(4, 400 * MB, 0), (2, 200 * MB, 1), (1, 100 * MB, 2), (1, 0, 3)]
+        seen.append((gov.in_flight_limit, gov.stats().level))
+    assert seen == [(4, 0), (2, 1), (1, 2), (1, 3)]
     assert gov.stats().projected < BUDGET
     knobs = [(a.knob, a.old, a.new) for a in gov.adaptations]
-    assert knobs == [
-        ("in_flight_limit", 4, 2),
-        ("write_buffer_bytes", 400 * MB, 200 * MB),
-        ("in_flight_limit", 2, 1),
-        ("write_buffer_bytes", 200 * MB, 100 * MB),
-        ("write_buffer_bytes", 100 * MB, 0),
-    ]
-    assert [a.seq for a in gov.adaptations] == [1, 2, 3, 4, 5]
+    assert knobs == [("in_flight_limit", 4, 2), ("in_flight_limit", 2, 1)]
+    assert [a.seq for a in gov.adaptations] == [1, 2]
     assert all(a.pool == "host" and "of the 1.00 GB budget" in a.reason for a in gov.adaptations)
     assert probe.reclaim_calls == 2  # entering level 2 and level 3
 
@@ -76,7 +70,7 @@ def test_jumps_straight_to_the_level_of_a_sudden_drop() -> None:
     gov = governor(probe)
     probe.set(available=50 * MB)
     gov.sample()
-    assert (gov.in_flight_limit, gov.write_buffer_bytes) == (1, 0)
+    assert (gov.in_flight_limit, gov.stats().level) == (1, 3)
 
 
 def test_raises_the_batch_again_one_level_at_a_time_when_there_is_room() -> None:
@@ -87,11 +81,11 @@ def test_raises_the_batch_again_one_level_at_a_time_when_there_is_room() -> None
     limits = []
     for _ in range(4):
         gov.sample()
-        limits.append((gov.in_flight_limit, gov.write_buffer_bytes))
-    assert limits == [(1, 100 * MB), (2, 200 * MB), (4, 400 * MB), (4, 400 * MB)]
+        limits.append((gov.in_flight_limit, gov.stats().level))
+    assert limits == [(1, 2), (2, 1), (4, 0), (4, 0)]
     assert [(a.knob, a.old, a.new) for a in gov.adaptations][-2:] == [
+        ("in_flight_limit", 1, 2),
         ("in_flight_limit", 2, 4),
-        ("write_buffer_bytes", 200 * MB, 400 * MB),
     ]
 
 

@@ -32,13 +32,13 @@ def test_levels(fraction: float, level: int) -> None:
 
 def test_knobs_per_level() -> None:
     policy = PressurePolicy()
-    assert [policy.knobs_for(level, 4, 800) for level in range(4)] == [
-        Knobs(4, 800),
-        Knobs(2, 400),
-        Knobs(1, 200),
-        Knobs(1, 0),
+    assert [policy.knobs_for(level, 4) for level in range(4)] == [
+        Knobs(4),
+        Knobs(2),
+        Knobs(1),
+        Knobs(1),
     ]
-    assert policy.knobs_for(1, 1, 800).in_flight_limit == 1  # never below one
+    assert policy.knobs_for(1, 1).in_flight_limit == 1  # never below one
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,9 @@ def _merge(
         for i in range(len(tensors))
     ]
     generator = None if seed is None else torch.Generator().manual_seed(seed)
-    ctx = MergeContext(list(tensors), base, model_params, dict(params or {}), "test.weight", generator)
+    # The planner binds every default before a method runs; so does this helper, the same way.
+    bound_models, bound = spec.bind(model_params, params or {}, base)
+    ctx = MergeContext(list(tensors), base, bound_models, bound, generator)
     return spec.fn(ctx)
 
 

@@ -158,7 +158,8 @@ def call(case: Case, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         for i in range(case.inputs)
     ]
     generator = torch.Generator().manual_seed(7) if spec.randomized else None
-    ctx = MergeContext(list(tensors), case.base, model_params, dict(case.params), "m.weight", generator)
+    bound_models, bound = spec.bind(model_params, case.params, case.base)
+    ctx = MergeContext(list(tensors), case.base, bound_models, bound, generator)
     return spec.fn(ctx)
 
 

@@ -34,7 +34,6 @@ def _context(name: str) -> MergeContext:
         base_index=None if method.base is BasePolicy.FORBIDDEN else 0,
         model_params=per_model,
         params=params,
-        tensor_name="model.layers.0.mlp.up_proj.weight",
         # meta has no generator of its own; random ops on meta tensors ignore a CPU one
         generator=torch.Generator().manual_seed(0) if method.randomized else None,
     )

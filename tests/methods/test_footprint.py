@@ -1,25 +1,31 @@
 """Each merge method's measured working memory against what the memory governor reserves for it.
 
-The figures of :mod:`resumerge.methods.footprint` must cover every registered method, in every compute dtype, with
-and without a base, on a 2-D and a 1-D tensor — and must not be generous beyond 1.6× the measurement, or ``plan``
-over-states RAM and refuses merges that fit. Measured by ``footprint_cases`` (torch's profiler, replayed), whose
-own replay is checked first against allocations computed by hand. Small tensors stand for large ones because
-the per-element working set is the same (``bench/method_footprint.py`` shows it on a 2048×2048 tensor): what does
-not scale — the bounded scratch of SCE, DELLA, RAM and half-precision dot products — is modelled by block and
-exercised here (slerp's 2²⁰-element chunks only by the bench, on tensors past them).
+The figures each method declares (``MethodSpec.footprint``, evaluated by :mod:`resumerge.methods.footprint`) must
+cover every registered method, in every compute dtype, with and without a base, on a 2-D and a 1-D tensor — and must
+not be generous beyond 1.6× the measurement, or ``plan`` over-states RAM and refuses merges that fit. Measured by
+``footprint_cases`` (torch's profiler, replayed), whose own replay is checked first against allocations computed by
+hand. Small tensors stand for large ones because the per-element working set is the same
+(``bench/method_footprint.py`` shows it on a 2048×2048 tensor): what does not scale — the bounded scratch of SCE,
+DELLA, RAM and half-precision dot products — is modelled by block and exercised here (slerp's 2²⁰-element chunks
+only by the bench, on tensors past them). The estimates themselves are pinned: ``footprint_pinned.json`` holds what
+every method's footprint gave over a grid of dtypes, shapes, input counts and base/no base when the figures moved
+from a table in methods/footprint.py into each method's registration; a changed figure must change that file too
+(re-measure with ``bench/method_footprint.py --fit`` first).
 """
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 from methods.footprint_cases import DTYPES, Case, cases, measure, peaks, variants
-from resumerge.methods import method_names
-from resumerge.methods.footprint import CALL_BYTES, MARGIN, measured, working_bytes
+from resumerge.methods import MergeContext, MethodSpec, get_method, method_names, register
+from resumerge.methods.footprint import CALL_BYTES, MARGIN, MEASURED_DTYPES, MethodFootprint, working_bytes
 
 SHAPES = ((64, 256), (16384,))
 NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float64: "float64"}
@@ -42,9 +48,15 @@ def peaks_by_group() -> dict[str, Any]:
     return {"typical": list(zip(typical, got[: len(typical)])), "other": list(zip(other, got[len(typical) :]))}
 
 
+def _footprint(method: str) -> MethodFootprint:
+    spec = get_method(method)
+    assert spec is not None and spec.footprint is not None, method
+    return spec.footprint
+
+
 def _reserved(job: Job) -> int:
     case, shape, dtype = job
-    return working_bytes(case.method, NAMES[dtype], shape, case.inputs, base=case.base is not None)
+    return working_bytes(_footprint(case.method), NAMES[dtype], shape, case.inputs, base=case.base is not None)
 
 
 def test_the_replay_gives_hand_computed_peaks() -> None:
@@ -101,14 +113,32 @@ def test_no_footprint_is_far_above_its_measurement(peaks_by_group: dict[str, Any
 
 
 def test_every_registered_method_and_dtype_is_measured() -> None:
-    missing = [(m, d) for m in method_names() for d in NAMES.values() if not measured(m, d)]
+    assert tuple(NAMES.values()) == MEASURED_DTYPES
+    missing = [(m, d) for m in method_names() for d in MEASURED_DTYPES if d not in _footprint(m).by_dtype]
     assert not missing, missing
     assert all(cases(m) for m in method_names())
     assert MARGIN < GENEROUS
 
 
-def test_the_blocks_match_the_methods() -> None:
-    from resumerge.methods import footprint, ram, sce_steps, slerp, sparsify
+def test_every_footprint_gives_its_pinned_estimates() -> None:
+    pinned = json.loads((Path(__file__).parent / "footprint_pinned.json").read_text())
+    grid = pinned["grid"]
+    assert sorted(pinned["bytes"]) == method_names()
+    changed = []
+    for method in method_names():
+        got = [working_bytes(_footprint(method), dtype, shape, inputs, base=base, threads=grid["threads"])
+               for dtype in grid["dtypes"] for shape in grid["shapes"] for inputs in grid["inputs"]
+               for base in grid["base"]]
+        if got != pinned["bytes"][method]:
+            changed.append(method)
+    assert not changed, changed
+    assert {"int64", *MEASURED_DTYPES} <= set(grid["dtypes"])  # an unmeasured dtype's rule is pinned too
 
-    assert (sce_steps._VARIANCE_BLOCK, sparsify._ROW_BLOCK_ELEMENTS, ram._GRAIN, slerp._CHUNK_ELEMENTS) == (
-        footprint._SCE_BLOCK, footprint._DELLA_BLOCK, footprint._RAM_GRAIN, footprint._SLERP_CHUNK)
+
+def test_a_method_without_a_footprint_is_refused_at_registration() -> None:
+    def identity(ctx: MergeContext) -> torch.Tensor:
+        return ctx.tensors[0].clone()
+
+    with pytest.raises(ValueError, match="declares no footprint"):
+        register(MethodSpec(name="footprintless_test_method", fn=identity))
+    assert get_method("footprintless_test_method") is None

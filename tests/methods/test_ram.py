@@ -104,6 +104,12 @@ def reference_ramplus_tl(ctx: MergeContext) -> torch.Tensor:
 
 REFERENCES = {"ram": reference_ram, "ramplus_tl": reference_ramplus_tl}
 METHODS = {"ram": ram.ram, "ramplus_tl": ram.ramplus_tl}
+SPECS = {"ram": ram.SPEC, "ramplus_tl": ram.SPEC_PLUS}
+
+
+def _context(method: str, tensors: list[torch.Tensor], params: Mapping[str, Any]) -> MergeContext:
+    """The context the engine gives ``method``: base first, its defaults bound as the planner binds them."""
+    return MergeContext(tensors, 0, *SPECS[method].bind([{} for _ in tensors], params, 0))
 
 
 def _assert_same_bits(got: torch.Tensor, expected: torch.Tensor, label: str) -> None:
@@ -116,7 +122,7 @@ def _assert_same_bits(got: torch.Tensor, expected: torch.Tensor, label: str) -> 
 
 
 def _check(method: str, tensors: list[torch.Tensor], params: Mapping[str, Any], label: str) -> None:
-    ctx = MergeContext(tensors, 0, [{} for _ in tensors], dict(params), "test.weight")
+    ctx = _context(method, tensors, params)
     _assert_same_bits(METHODS[method](ctx), REFERENCES[method](ctx), f"{method} {label} {dict(params)}")
 
 
@@ -228,7 +234,7 @@ def test_signed_zeros_match_the_reference() -> None:
         tensors = [row.to(dtype) for row in combos]
         for method, epsilon in itertools.product(METHODS, [0.0, 1e-5, -1.0]):
             _check(method, tensors, {"epsilon": epsilon}, f"zeros {dtype}")
-        out = ram.ram(MergeContext(tensors, 0, [{}] * 3, {}, "z"))
+        out = ram.ram(_context("ram", tensors, {}))
         assert not bool(torch.signbit(out[out == 0]).any())
 
 
@@ -269,7 +275,7 @@ def _peak_bytes(call: Callable[[], torch.Tensor]) -> int:
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_working_memory_is_the_result_and_a_few_blocks(method: str) -> None:
     tensors = _inputs((512, 1024), 3, torch.bfloat16, seed=0)
-    ctx = MergeContext(tensors, 0, [{}] * 4, {}, "w")
+    ctx = _context(method, tensors, {})
     result_bytes = tensors[0].numel() * (2 if method == "ram" else 4)
     # Blocks stay under 32 768 elements: a handful of block buffers is well under a MiB; the whole-tensor
     # expression holds several float copies of every input at once (over 10 MiB here).

@@ -18,20 +18,21 @@ SEED = 1234
 def context(tensors: Sequence[torch.Tensor], base: int, model_params: Sequence[Mapping[str, Any]],
             params: Mapping[str, Any]) -> MergeContext:
     # As the engine builds each chunk's context: a generator freshly seeded for the tensor.
-    return MergeContext(list(tensors), base, model_params, params, "t", torch.Generator().manual_seed(SEED))
+    return MergeContext(list(tensors), base, model_params, params, torch.Generator().manual_seed(SEED))
 
 
 def whole(method: str, tensors: Sequence[torch.Tensor], model_params: Sequence[Mapping[str, Any]],
           params: Mapping[str, Any]) -> torch.Tensor:
     spec = get_method(method)
     assert spec is not None
-    return spec.fn(context([t.clone() for t in tensors], 0, model_params, params))
+    return spec.fn(context([t.clone() for t in tensors], 0, *spec.bind(model_params, params, 0)))
 
 
 def streamed(method: str, tensors: Sequence[torch.Tensor], model_params: Sequence[Mapping[str, Any]],
              params: Mapping[str, Any], observe_sizes: Sequence[int], apply_sizes: Sequence[int]) -> torch.Tensor:
     spec = get_method(method)
     assert spec is not None and spec.streamed is not None
+    model_params, params = spec.bind(model_params, params, 0)  # as the planner resolves them
     stream = spec.streamed(tuple(tensors[0].shape), 0, model_params, params)
     assert stream is not None
     rows = tensors[0].shape[0]
@@ -89,7 +90,7 @@ def test_a_chunk_drawn_from_a_shared_generator_would_differ() -> None:
     spec = get_method("dare_linear")
     assert spec is not None
     shared = torch.Generator().manual_seed(SEED)
-    parts = [spec.fn(MergeContext([t[a:a + 4].clone() for t in tensors], 0, model_params, {}, "t", shared))
+    parts = [spec.fn(MergeContext([t[a:a + 4].clone() for t in tensors], 0, *spec.bind(model_params, {}, 0), shared))
              for a in range(0, 16, 4)]
     assert not torch.equal(torch.cat(parts), expected)
 
@@ -97,10 +98,11 @@ def test_a_chunk_drawn_from_a_shared_generator_would_differ() -> None:
 def test_della_leaves_one_dimensional_tensors_whole() -> None:
     spec = get_method("della")
     assert spec is not None and spec.streamed is not None
-    assert spec.streamed((64,), 0, [{}, {"weight": 1.0, "density": 0.5}], {}) is None
+    assert spec.streamed((64,), 0, *spec.bind([{}, {"weight": 1.0, "density": 0.5}], {}, 0)) is None
     dare = get_method("dare_ties")
     assert dare is not None and dare.streamed is not None
-    stream = dare.streamed((64,), 0, [{}, {"weight": 1.0, "density": 0.5}, {"weight": 1.0, "density": 1.0}], {})
+    per_model = [{}, {"weight": 1.0, "density": 0.5}, {"weight": 1.0, "density": 1.0}]
+    stream = dare.streamed((64,), 0, *dare.bind(per_model, {}, 0))
     assert stream is not None and stream.held_bytes() == 64  # one mask byte per entry, for the sampled model only
 
 

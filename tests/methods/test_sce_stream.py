@@ -58,9 +58,9 @@ def test_float64_ranked_by_variance_is_left_whole() -> None:
     spec = get_method("sce")
     assert spec is not None and spec.streamed is not None
     model_params: list[dict[str, Any]] = [{}, {}, {}]
-    assert spec.streamed((8, 8), 0, model_params, {"select_topk": 0.5}, dtype=torch.float64) is None
-    assert spec.streamed((8, 8), 0, model_params, {}, dtype=torch.float64) is not None
-    assert spec.streamed((8, 8), 0, model_params, {"select_topk": 0.5}, dtype=torch.float32) is not None
+    assert spec.streamed((8, 8), 0, *spec.bind(model_params, {"select_topk": 0.5}, 0), dtype=torch.float64) is None
+    assert spec.streamed((8, 8), 0, *spec.bind(model_params, {}, 0), dtype=torch.float64) is not None
+    assert spec.streamed((8, 8), 0, *spec.bind(model_params, {"select_topk": 0.5}, 0), dtype=torch.float32) is not None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
@@ -82,11 +82,12 @@ def test_energy_weights_are_torch_means_on_one_thread(dtype: torch.dtype) -> Non
 def statistics_passes(tensors: list[torch.Tensor], params: dict[str, Any], rows: int) -> int:
     spec = get_method("sce")
     assert spec is not None and spec.streamed is not None
-    stream = spec.streamed(tuple(tensors[0].shape), 0, [{} for _ in tensors], params)
+    model_params, bound = spec.bind([{} for _ in tensors], params, 0)
+    stream = spec.streamed(tuple(tensors[0].shape), 0, model_params, bound)
     assert stream is not None
     k = 0
     while stream.wants(k):
-        for ctx in contexts(tensors, cuts(tensors[0].shape[0], [rows]), 0, [{} for _ in tensors], params):
+        for ctx in contexts(tensors, cuts(tensors[0].shape[0], [rows]), 0, model_params, bound):
             stream.observe(k, ctx)
         k += 1
     return k

@@ -41,6 +41,7 @@ def run_streamed(method: str, tensors: Sequence[torch.Tensor], model_params: Seq
     """Drive the method's RowStream as the engine does; pass k is cut by ``sizes[k]`` (the last one repeats)."""
     spec = get_method(method)
     assert spec is not None and spec.streamed is not None
+    model_params, params = spec.bind(model_params, params, base)  # as the planner resolves them
     stream = spec.streamed(tuple(tensors[0].shape), base, model_params, params)
     assert stream is not None
     rows = tensors[0].shape[0]
@@ -57,7 +58,7 @@ def whole(method: str, tensors: Sequence[torch.Tensor], model_params: Sequence[M
           params: Mapping[str, Any], base: int = 0) -> torch.Tensor:
     spec = get_method(method)
     assert spec is not None
-    return spec.fn(MergeContext(list(tensors), base, model_params, params))
+    return spec.fn(MergeContext(list(tensors), base, *spec.bind(model_params, params, base)))
 
 
 def assert_chunkings_agree(method: str, tensors: Sequence[torch.Tensor], model_params: Sequence[Mapping[str, Any]],
@@ -156,9 +157,9 @@ def test_rescale_and_missing_base_stay_whole_tensor() -> None:
         spec = get_method(method)
         assert spec is not None and spec.streamed is not None
         per_model = model_params(0.5)
-        assert spec.streamed((4, 4), 0, per_model, {"rescale": True}) is None
-        assert spec.streamed((4, 4), None, per_model, {}) is None
-        assert spec.streamed((0, 4), 0, per_model, {}) is None
+        assert spec.streamed((4, 4), 0, *spec.bind(per_model, {"rescale": True}, 0)) is None
+        assert spec.streamed((4, 4), None, *spec.bind(per_model, {}, None)) is None
+        assert spec.streamed((0, 4), 0, *spec.bind(per_model, {}, 0)) is None
     for method in ("task_arithmetic", "slerp"):
         spec = get_method(method)
         assert spec is not None and spec.streamed is None

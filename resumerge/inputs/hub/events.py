@@ -73,6 +73,7 @@ class ByteMeter:
         self._last = 0.0
         self._initial = done
         self.done = done
+        self._sent: int | None = None  # the count of the last event sent
 
     def add(self, n: int) -> None:
         """Count ``n`` more bytes; emit an event if the interval has passed."""
@@ -89,13 +90,16 @@ class ByteMeter:
         self._start = time.monotonic()
 
     def finish(self) -> None:
-        """Emit the final event for this file."""
-        self._send(time.monotonic())
+        """Emit the final event for this file, unless the last one sent already had its count (a small file
+        arrives in one chunk: its first event is its last, and the user would read it twice)."""
+        if self._sent != self.done:
+            self._send(time.monotonic())
 
     def _send(self, now: float) -> None:
         elapsed = now - self._start
         rate = (self.done - self._initial) / elapsed if elapsed > 0 else None
         verb = "downloading" if self._kind == "download" else "verifying"
+        self._sent = self.done
         self._emit(
             HubEvent(
                 self._kind,

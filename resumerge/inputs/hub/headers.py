@@ -112,16 +112,3 @@ def read_shard_headers(
         with ThreadPoolExecutor(max_workers=min(_THREADS, len(todo))) as pool:
             headers.update(zip([r.path for r in todo], pool.map(fetch, todo)))
     return {remote.path: headers[remote.path] for remote in shards}
-
-
-def _well_formed(info: object) -> bool:
-    if not isinstance(info, dict) or not isinstance(info.get("dtype"), str):
-        return False
-    shape, offsets = info.get("shape"), info.get("data_offsets")
-    return (
-        isinstance(shape, list)
-        and all(isinstance(d, int) and d >= 0 for d in shape)
-        and isinstance(offsets, list)
-        and len(offsets) == 2
-        and all(isinstance(o, int) and o >= 0 for o in offsets)
-    )

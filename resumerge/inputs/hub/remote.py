@@ -63,7 +63,8 @@ def hub_errors(settings: HubSettings, repo_id: str, revision: str) -> Iterator[N
         ) from e
     except RepositoryNotFoundError as e:
         raise ModelInputError(
-            f"{repo_id!r} is neither an existing local path nor a model repo on {settings.endpoint}",
+            f"no such directory {repo_id!r}, nor a model repo of that name (a hub id like org/name) on "
+            f"{settings.endpoint}",
             hint="check the spelling; for a private repo set HF_TOKEN (or run `hf auth login`)",
         ) from e
     except RevisionNotFoundError as e:

@@ -56,16 +56,6 @@ class RepoMetadata:
         return self.local_files.get("config.json")
 
     @property
-    def index_path(self) -> Path | None:
-        """Verified local ``model.safetensors.index.json``, if the repo has one."""
-        return self.local_files.get("model.safetensors.index.json")
-
-    @property
-    def weight_bytes(self) -> int:
-        """Total size of :attr:`weight_files` in bytes (0 for sizes unknown offline)."""
-        return sum(self.files[name].size or 0 for name in self.weight_files)
-
-    @property
     def snapshot_dir(self) -> Path:
         """The snapshot folder of :attr:`commit` in the cache (the model's local directory once fetched)."""
         return RepoCache(self.settings.cache_dir, self.repo_id).root / "snapshots" / self.commit
@@ -151,11 +141,12 @@ def _check_repo_id(ref: ModelRef) -> str:
         raise ValueError(f"{ref.path!r} exists on disk: open it as a local model, not through the hub")
     try:
         validate_repo_id(ref.path)
-    except ValueError as e:
-        raise ModelInputError(
-            f"{ref.path!r} is neither an existing local path nor a valid hub repo id ({e})",
-            hint="check the path; hub ids look like org/name",
-        ) from e
+    except ValueError:
+        # Not a hub id either, so it was meant as a path: huggingface_hub's wording ("Repo id must be in the
+        # form …") would only mislead.
+        relative = "" if os.path.isabs(os.path.expanduser(ref.path)) else f" (relative to {os.getcwd()})"
+        raise ModelInputError(f"no such directory: {ref.path!r}{relative}",
+                              hint="check the path; a hub model is named like org/name") from None
     return ref.path
 
 

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 from resumerge.config.hubtarget import is_hub_target, parse_hub_target
 from resumerge.config.locations import state_root
 from resumerge.config.modelref import ModelRef
-from resumerge.config.recipe import Recipe, Stage, near_stage_name, stage_errors
 from resumerge.errors import ConfigError, ResumergeError, UsageError
 from resumerge.inputs.catalog import Inputs, open_inputs
 from resumerge.inputs.files import InputFile, TensorSource
@@ -33,6 +32,7 @@ from resumerge.inputs.safetensors_format import TensorEntry
 from resumerge.plan.merge_plan import Plan, PlanOptions, compute_fingerprint
 from resumerge.plan.outconfig import render_config
 from resumerge.plan.planner import build_plan
+from resumerge.recipes.recipe import Recipe, Stage, near_stage_name, stage_errors
 
 if TYPE_CHECKING:
     from resumerge.inputs.hub import ProgressCallback

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +19,10 @@ from typing import Any
 from resumerge.config.locations import run_dir, state_root
 from resumerge.errors import LedgerError
 from resumerge.store.durable import write_file_atomic
+from resumerge.store.ledger_read import RECIPE_LEDGER_NAME as RECIPE_LEDGER_NAME
+from resumerge.store.ledger_read import RecipeRow, read_recipe_row
 
 RECIPE_MANIFEST_NAME = "resumerge-recipe.json"
-RECIPE_LEDGER_NAME = "recipe.db"
 FORMAT = 1
 # What happened to the named stages' outputs after the final merge was verified (--cleanup-intermediates).
 KEPT, DELETING, DELETED = "kept", "deleting", "deleted"
@@ -147,21 +147,22 @@ def read_recipe_manifest(out_dir: Path) -> RecipeRecord | None:
     return record_from_doc(doc, str(path))
 
 
-def read_recipe_ledger(path: Path) -> tuple[RecipeRecord, dict[str, Any]] | None:
-    """The record and the ``recipe`` row of the recipe ledger at ``path`` (read-only); None without a row."""
+def recipe_ledger_record(path: Path) -> tuple[RecipeRecord, RecipeRow] | None:
+    """The record and the ``recipe`` row of the recipe ledger at ``path`` (read-only); None without a file or a
+    row. Raises :class:`LedgerError` when the ledger cannot be read."""
     if not path.exists():
         return None
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    row = read_recipe_row(path)
+    return (record_from_doc(row.record, str(path)), row) if row is not None else None
+
+
+def read_recipe_ledger(path: Path) -> tuple[RecipeRecord, RecipeRow] | None:
+    """:func:`recipe_ledger_record`, but None when the ledger cannot be read: a damaged recipe ledger is never
+    trusted (OUT's record stands in, and the next run or resume sets the file aside)."""
     try:
-        conn.row_factory = sqlite3.Row
-        row = conn.execute("SELECT * FROM recipe WHERE id = 1").fetchone()
-    except sqlite3.DatabaseError as exc:
-        raise LedgerError(f"the recipe ledger {path} is unreadable ({exc})", path=str(path)) from None
-    finally:
-        conn.close()
-    if row is None:
+        return recipe_ledger_record(path)
+    except LedgerError:
         return None
-    return record_from_doc(json.loads(row["record"]), str(path)), dict(row)
 
 
 def read_recipe_record(out_dir: str | os.PathLike[str],

@@ -14,19 +14,20 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.config.recipe import load_recipe_text
 from resumerge.engine.compute_estimate import SAMPLE_SECONDS
 from resumerge.engine.costs import Estimate
 from resumerge.engine.estimate import estimate
 from resumerge.engine.inputfetch import refuse_streamed_recipe
+from resumerge.engine.settings import RunSettings
 from resumerge.memory.sizes import format_size
 from resumerge.plan.merge_plan import PlanOptions
-from resumerge.plan.recipe_plan import default_intermediate_dir, plan_recipe
+from resumerge.recipes.plan import default_intermediate_dir, plan_recipe
+from resumerge.recipes.recipe import load_recipe_text
 from resumerge.store.diskprobe import DEFAULT_PROBE_BYTES, DiskFree, device_of, free_bytes, nearest_existing
 
 
@@ -72,40 +73,39 @@ class RecipeEstimate:
 def estimate_recipe(
     text: str,
     options: PlanOptions,
+    settings: RunSettings,
     *,
     out_dir: str | os.PathLike[str],
     source: str = "recipe",
     intermediate_dir: str | os.PathLike[str] | None = None,
-    state_dir: str | os.PathLike[str] | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    max_memory: int | None = None,
     probe_bytes: int = DEFAULT_PROBE_BYTES,
     disk_free: DiskFree = free_bytes,
-    max_disk: int | None = None,
 ) -> RecipeEstimate:
     """Validate the recipe ``text`` (every stage, against the planned outputs of the stages it reads) and
-    estimate each stage; writes nothing. Raises what :func:`resumerge.engine.recipe_run.run_recipe` raises before any
-    work (exit 2 errors); a recipe that is valid but does not fit is reported in :attr:`RecipeEstimate.reasons`.
-    ``out_dir`` may be an ``hf://`` target: the final stage is then estimated as a single merge to the hub (its
-    local disk is its staging, bounded by ``max_disk``) and the named stages go under the state dir by default.
+    estimate each stage under ``settings``; writes nothing. Raises what
+    :func:`resumerge.recipes.run.run_recipe` raises before any work (exit 2 errors); a recipe that is valid
+    but does not fit is reported in :attr:`RecipeEstimate.reasons`. ``out_dir`` may be an ``hf://`` target: the
+    final stage is then estimated as a single merge to the hub (its local disk is its staging, bounded by
+    ``settings.max_disk``) and the named stages go under the state dir by default.
     """
     refuse_streamed_recipe(options)
     recipe = load_recipe_text(text, source=source)
-    to_hub = is_hub_target(out_dir)
+    to_hub, state_dir = is_hub_target(out_dir), settings.state_dir
     out = str(out_dir) if to_hub else Path(out_dir).absolute()
     inter = Path(intermediate_dir).absolute() if intermediate_dir is not None else default_intermediate_dir(out,
                                                                                                             state_dir)
-    rplan = plan_recipe(recipe, out, inter, options, state_dir=state_dir, cache_dir=cache_dir)
+    rplan = plan_recipe(recipe, out, inter, options, state_dir=state_dir, cache_dir=settings.cache_dir)
     stages = []
     reasons: list[str] = []
     # `plan` stays quick however many stages there are: they share the timing budget, a second each at least.
     per_stage = max(1.0, SAMPLE_SECONDS / max(1, len(rplan.stages)))
     for sp in rplan.stages:
         hub = to_hub and sp.final
-        est = estimate(sp.plan, rplan.inputs, sp.stage.text, out_dir=None if hub else sp.out_dir, state_dir=state_dir,
-                       max_memory=max_memory, probe_bytes=probe_bytes if sp.final and not hub else 0,
-                       disk_free=disk_free, choose_inputs=False, max_disk=max_disk if hub else None, to_hub=hub,
-                       compute_budget=per_stage)
+        # --max-disk bounds only what the final stage stages for a repo OUT (the intermediates are written whole).
+        stage_settings = settings if hub else replace(settings, max_disk=None)
+        est = estimate(sp.plan, rplan.inputs, sp.stage.text, stage_settings, out_dir=None if hub else sp.out_dir,
+                       probe_bytes=probe_bytes if sp.final and not hub else 0, disk_free=disk_free,
+                       choose_inputs=False, to_hub=hub, compute_budget=per_stage)
         stages.append(StageEstimate(sp.stage.label, str(rplan.out_of(sp)), sp.final, est))
         reasons.extend(f"{sp.stage.label}: {reason}" for reason in est.reasons)
     reasons.extend(_shared_disk_reasons(stages, disk_free))

@@ -4,7 +4,7 @@ Order is the safety argument, as for one merge: the whole recipe is parsed and e
 before anything is written; every output dir is checked (foreign files, other runs) and every memory budget
 before the first byte; then the recipe record goes to the state dir and atomically into OUT, inputs are fetched
 once, and the stages run. Each stage is journaled exactly like a single merge (its own ledger, manifest and
-lock, through :func:`resumerge.engine.session.drive_plan`). A stage counts as done only when its own record says every
+lock, through :func:`resumerge.engine.session.run_plan`). A stage counts as done only when its own record says every
 planned file is committed *and* the files re-hash to their checksums — never because a config.json and a weight
 file exist (mergekit-multi's ``--lazy`` defect) — and a done stage is re-verified only when something still has
 to read it. A resume therefore continues mid-stage, repairs a damaged intermediate before a later stage reads
@@ -19,7 +19,6 @@ the repo alone and recomputes the intermediates it lacks (they are deterministic
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
@@ -27,14 +26,14 @@ from pathlib import Path
 
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import run_dir
-from resumerge.config.recipe import load_recipe_text
 from resumerge.config.version import __version__
 from resumerge.engine.executor import Reporter
 from resumerge.engine.hubout import check_max_disk
 from resumerge.engine.inputfetch import refuse_streamed_recipe
 from resumerge.engine.outdir import check_out_dir
-from resumerge.engine.recipe_hub import RecipeHub, open_recipe_hub
-from resumerge.engine.session import Outcome, drive_plan, hub_progress, make_governor
+from resumerge.engine.session import Outcome, hub_progress, make_governor, run_plan
+from resumerge.engine.settings import RunSettings
+from resumerge.engine.target import Target
 from resumerge.errors import (
     InterruptedMerge,
     LedgerError,
@@ -47,14 +46,9 @@ from resumerge.errors import (
 from resumerge.inputs.catalog import fetch_inputs
 from resumerge.outputs.aux import aux_files
 from resumerge.plan.merge_plan import PlanOptions, describe_changes, fingerprint_parts
-from resumerge.plan.recipe_plan import RecipePlan, StagePlan, default_intermediate_dir, plan_recipe
-from resumerge.store.durable import fsync_dir, is_temp_name
-from resumerge.store.filesystems import Staging
-from resumerge.store.hubsink import HubOutputOptions
-from resumerge.store.integrity import verify_output
-from resumerge.store.manifest import MANIFEST_NAME, read_manifest
-from resumerge.store.recipe_ledger import RecipeLedger
-from resumerge.store.recipe_manifest import (
+from resumerge.recipes.hub import RecipeHub, open_recipe_hub
+from resumerge.recipes.ledger import open_recipe_ledger
+from resumerge.recipes.manifest import (
     DELETED,
     DELETING,
     KEPT,
@@ -67,8 +61,13 @@ from resumerge.store.recipe_manifest import (
     recipe_dir,
     write_recipe_manifest,
 )
-from resumerge.store.recipeview import StageRecord, stage_record
-from resumerge.store.runlock import LOCK_NAME, is_locked
+from resumerge.recipes.plan import RecipePlan, StagePlan, default_intermediate_dir, plan_recipe
+from resumerge.recipes.recipe import load_recipe_text
+from resumerge.recipes.view import StageRecord, stage_record
+from resumerge.store.durable import fsync_dir, is_temp_name
+from resumerge.store.integrity import verify_output
+from resumerge.store.manifest import MANIFEST_NAME, read_manifest
+from resumerge.store.runlock import LOCK_NAME, RunLock, is_locked
 from resumerge.store.statusview import LEDGER_NAME, resume_command
 
 # A stage's files in the state dir: its SQLite ledger with WAL/journal companions, and its lock.
@@ -94,40 +93,24 @@ class RecipeOutcome:
     final: Outcome
     stages: tuple[StageOutcome, ...]
 
-
-@dataclass(frozen=True)
-class _Knobs:
-    state_dir: str | os.PathLike[str] | None
-    reporter: Reporter | None
-    should_stop: Callable[[], bool]
-    workers: int
-    max_memory: int | None
-    max_gpu_memory: int | None
-    staging: Staging
-    command: str
-    hub: RecipeHub | None = None
-    max_disk: int | None = None
+    def outcome(self) -> Outcome:
+        """The final stage's outcome (OUT), saying how many stages the recipe has and how many ran now."""
+        merged = sum(1 for s in self.stages if s.action == "merged")
+        return replace(self.final, detail=f"{len(self.plan.stages)} stages, {merged} merged in this run")
 
 
 def run_recipe(
     text: str,
     out_dir: str | os.PathLike[str],
+    options: PlanOptions,
+    settings: RunSettings,
     *,
     intermediate_dir: str | os.PathLike[str] | None = None,
-    options: PlanOptions | None = None,
-    state_dir: str | os.PathLike[str] | None = None,
     restart: bool = False,
     cleanup: bool = False,
     reporter: Reporter | None = None,
     should_stop: Callable[[], bool] = lambda: False,
-    workers: int = 2,
-    max_memory: int | None = None,
-    max_gpu_memory: int | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    staging: Staging = None,
     source: str = "recipe",
-    max_disk: int | None = None,
-    output: HubOutputOptions | None = None,
 ) -> RecipeOutcome:
     """Run the recipe ``text`` (several YAML documents) into ``out_dir``; continue an unfinished run of the same
     recipe there.
@@ -138,13 +121,14 @@ def run_recipe(
     differently and ``restart`` is false (naming the stage that changed); OutputDirError for foreign files or
     another process; InterruptedMerge / StorageError (exit 3) when stopped: ``resume_recipe`` continues.
 
-    ``out_dir`` may be ``hf://NAMESPACE/NAME[@BRANCH]`` (then the named stages default to the state dir, and
-    ``output`` and ``max_disk`` mean what they mean for :func:`resumerge.engine.session.run_merge`; ``max_disk``
-    bounds the final stage's staged files, not the intermediates).
+    ``out_dir`` may be ``hf://NAMESPACE/NAME[@BRANCH]`` (then the named stages default to the state dir);
+    ``settings`` mean what they mean for :func:`resumerge.engine.session.run_merge`, except that
+    ``settings.max_disk`` bounds the final stage's staged files, not the intermediates.
     """
     refuse_streamed_recipe(options)
     recipe = load_recipe_text(text, source=source)
-    hub = open_recipe_hub(str(out_dir), state_dir=state_dir, options=output) if is_hub_target(out_dir) else None
+    state_dir = settings.state_dir
+    hub = open_recipe_hub(str(out_dir), settings) if is_hub_target(out_dir) else None
     out: str | Path = hub.url if hub else Path(out_dir).absolute()
     previous = _recorded(out, state_dir, hub)
     if intermediate_dir is not None:
@@ -153,26 +137,20 @@ def run_recipe(
         previous, inter = _recorded_intermediates(previous, out, state_dir)
     else:
         inter = default_intermediate_dir(out, state_dir)
-    rplan = plan_recipe(recipe, out, inter, options or PlanOptions(), state_dir=state_dir, cache_dir=cache_dir,
+    rplan = plan_recipe(recipe, out, inter, options, state_dir=state_dir, cache_dir=settings.cache_dir,
                         on_progress=hub_progress(reporter))
-    knobs = _Knobs(state_dir, reporter, should_stop, workers, max_memory, max_gpu_memory, staging,
-                   resume_command(out_dir, state_dir), hub, max_disk)
-    return _Runner(rplan, previous, knobs, restart=restart, resuming=False, cleanup=cleanup).run()
+    runner = _Runner(rplan, previous, settings, hub, resume_command(out_dir, state_dir), restart=restart,
+                     resuming=False, cleanup=cleanup)
+    return runner.run(reporter, should_stop)
 
 
 def resume_recipe(
     out_dir: str | os.PathLike[str],
+    settings: RunSettings,
     *,
-    state_dir: str | os.PathLike[str] | None = None,
     cleanup: bool = False,
     reporter: Reporter | None = None,
     should_stop: Callable[[], bool] = lambda: False,
-    workers: int = 2,
-    max_memory: int | None = None,
-    max_gpu_memory: int | None = None,
-    staging: Staging = None,
-    max_disk: int | None = None,
-    output: HubOutputOptions | None = None,
 ) -> RecipeOutcome:
     """Finish the recipe recorded for ``out_dir`` (recipe ledger, else ``OUT/resumerge-recipe.json``), with the
     recorded text, options, intermediate dir and pinned inputs. An ``hf://`` OUT resumes from the repo alone when
@@ -182,8 +160,8 @@ def resume_recipe(
     Raises LedgerError when no recipe is recorded, PlanChangedError (exit 4, naming the stage) when an input or
     resumerge itself changed since the recipe was planned.
     """
-    hub = open_recipe_hub(str(out_dir), state_dir=state_dir, options=output, create=False) \
-        if is_hub_target(out_dir) else None
+    state_dir = settings.state_dir
+    hub = open_recipe_hub(str(out_dir), settings, create=False) if is_hub_target(out_dir) else None
     out: str | Path = hub.url if hub else Path(out_dir).absolute()
     previous = _recorded(out, state_dir, hub)
     if previous is None:
@@ -196,9 +174,9 @@ def resume_recipe(
     previous, inter = _recorded_intermediates(previous, out, state_dir)
     rplan = plan_recipe(recipe, out, inter, PlanOptions(**previous.options),
                         model_dirs=previous.model_dirs, state_dir=state_dir, on_progress=hub_progress(reporter))
-    knobs = _Knobs(state_dir, reporter, should_stop, workers, max_memory, max_gpu_memory, staging,
-                   resume_command(out_dir, state_dir), hub, max_disk)
-    return _Runner(rplan, previous, knobs, restart=False, resuming=True, cleanup=cleanup).run()
+    runner = _Runner(rplan, previous, settings, hub, resume_command(out_dir, state_dir), restart=False,
+                     resuming=True, cleanup=cleanup)
+    return runner.run(reporter, should_stop)
 
 
 def discard_stage_output(out_dir: Path, names: Iterable[str], state_dir: str | os.PathLike[str] | None) -> int:
@@ -234,9 +212,12 @@ def discard_stage_output(out_dir: Path, names: Iterable[str], state_dir: str | o
 class _Runner:
     """One pass over a planned recipe: check, record, fetch, settle every stage, finish, clean up."""
 
-    def __init__(self, rplan: RecipePlan, previous: RecipeRecord | None, knobs: _Knobs, *, restart: bool,
-                 resuming: bool, cleanup: bool) -> None:
-        self.rplan, self.previous, self.knobs = rplan, previous, knobs
+    def __init__(self, rplan: RecipePlan, previous: RecipeRecord | None, settings: RunSettings,
+                 hub: RecipeHub | None, command: str, *, restart: bool, resuming: bool, cleanup: bool) -> None:
+        self.rplan, self.previous, self.settings = rplan, previous, settings
+        self.hub, self.command = hub, command
+        self.reporter: Reporter | None = None
+        self.should_stop: Callable[[], bool] = lambda: False
         self.restart, self.resuming = restart, resuming
         same = previous is not None and previous.fingerprint == rplan.fingerprint
         self.cleanup = cleanup or (same and previous is not None and previous.cleanup)
@@ -244,18 +225,19 @@ class _Runner:
         self.settled: dict[str, StageOutcome] = {}
         self.final_outcome: Outcome | None = None
 
-    def run(self) -> RecipeOutcome:
+    def run(self, reporter: Reporter | None, should_stop: Callable[[], bool]) -> RecipeOutcome:
+        self.reporter, self.should_stop = reporter, should_stop
         self._refuse_changes()
         self._check_outputs()
-        rdir = recipe_dir(self.rplan.out, self.knobs.state_dir)
-        lock = _RecipeLock(rdir, self.rplan.out)
+        rdir = recipe_dir(self.rplan.out, self.settings.state_dir)
+        lock = RunLock(rdir, self.rplan.out, lock_out=False)
         lock.acquire()
         try:
             # Downloads first, as for one merge: an interruption there leaves nothing in OUT, and a process
             # killed after the record is written never reads a hub header a second time.
-            fetch_inputs(self.rplan.inputs, state_dir=self.knobs.state_dir,
-                         on_progress=hub_progress(self.knobs.reporter))
-            self.ledger = RecipeLedger(rdir / RECIPE_LEDGER_NAME)
+            fetch_inputs(self.rplan.inputs, state_dir=self.settings.state_dir,
+                         on_progress=hub_progress(self.reporter))
+            self.ledger = open_recipe_ledger(rdir / RECIPE_LEDGER_NAME)
             try:
                 return self._run_stages()
             finally:
@@ -306,7 +288,7 @@ class _Runner:
             if isinstance(where, Path):  # a repo OUT was checked when it was opened
                 check_out_dir(where, tolerate=_tolerated(sp))
             else:
-                check_max_disk(sp.plan, self.knobs.max_disk)
+                check_max_disk(sp.plan, self.settings.max_disk)
             own = self._stage_record(sp)
             if own is not None and own.fingerprint != sp.plan.fingerprint and not self.restart:
                 what = "; ".join(describe_changes(own.parts, own.inputs, sp.plan)) or "the plan changed"
@@ -315,12 +297,12 @@ class _Runner:
                     path=str(where),
                     hint="use another --intermediate-dir or OUT, or pass --restart to start over",
                 )
-            make_governor(sp.plan, self.knobs.max_memory)
-            gpu_governor(sp.plan, sp.plan.options.device, self.knobs.max_gpu_memory)
+            make_governor(sp.plan, self.settings.max_memory)
+            gpu_governor(sp.plan, sp.plan.options.device, self.settings.max_gpu_memory)
 
     # -- recording -----------------------------------------------------------------------------------------
     def _start(self) -> None:
-        hub = self.knobs.hub
+        hub = self.hub
         if hub is None:
             out = self.rplan.out_dir
             out.mkdir(parents=True, exist_ok=True)
@@ -338,8 +320,8 @@ class _Runner:
     def _publish(self, record: RecipeRecord) -> None:
         """Put the record into OUT: atomically into the folder, or as a commit to the repo (only when it changed:
         the final stage's own commits never carry it, so a repo's record is always whole)."""
-        if self.knobs.hub is not None:
-            self.knobs.hub.store(record)
+        if self.hub is not None:
+            self.hub.store(record)
         else:
             write_recipe_manifest(self.rplan.out_dir, record)
 
@@ -350,7 +332,7 @@ class _Runner:
         current = {str(sp.out_dir) for sp in self.rplan.stages}
         for entry in self.previous.stages:
             if entry.out_dir not in current and not entry.final:
-                discard_stage_output(Path(entry.out_dir), (), self.knobs.state_dir)
+                discard_stage_output(Path(entry.out_dir), (), self.settings.state_dir)
                 self.ledger.event("restart", f"deleted the output of the dropped {entry.label}")
 
     # -- running -------------------------------------------------------------------------------------------
@@ -363,9 +345,9 @@ class _Runner:
             return
         for producer in self.rplan.producers(sp):
             self._settle(producer)
-        if self.knobs.should_stop():
+        if self.should_stop():
             raise InterruptedMerge("recipe stopped between stages; every finished stage is kept",
-                                   resume_command=self.knobs.command)
+                                   resume_command=self.command)
         if not sp.final and self.record.intermediates != KEPT:
             self._store(replace(self.record, intermediates=KEPT))  # the final output needs them again
         self._drive(sp)
@@ -375,7 +357,7 @@ class _Runner:
         own = self._stage_record(sp)
         if own is None or own.fingerprint != sp.plan.fingerprint or not own.complete:
             return False
-        report = verify_output(where, self.knobs.state_dir)
+        report = verify_output(where, self.settings.state_dir)
         if not report.ok or report.pending:
             return False
         self.settled[sp.stage.key] = StageOutcome(sp.stage.label, sp.out_dir, "verified", report.checked)
@@ -388,24 +370,24 @@ class _Runner:
 
     def _stage_record(self, sp: StagePlan) -> StageRecord | None:
         # The repo's manifest was read when it was opened, and nothing has written the final stage since.
-        hub = self.knobs.hub
+        hub = self.hub
         remote = hub.output.manifest if hub is not None and sp.final else None
-        return stage_record(self.rplan.out_of(sp), self.knobs.state_dir, repo_manifest=remote)
+        return stage_record(self.rplan.out_of(sp), self.settings.state_dir, repo_manifest=remote)
 
     def _drive(self, sp: StagePlan) -> None:
-        knobs, key = self.knobs, sp.stage.key
+        key = sp.stage.key
         position = 1 + [s.stage.key for s in self.rplan.stages].index(key)
         where = self.rplan.out_of(sp)
         self._message(f"{sp.stage.label} ({position}/{len(self.rplan.stages)}): merging into {where}")
         self.ledger.stage_state(key, "running")
-        hub_out = knobs.hub.final_output() if knobs.hub is not None and sp.final else None
+        # Every stage goes through the single-merge session path; the final one of a repo OUT writes to the repo.
+        if self.hub is not None and sp.final:
+            target = Target.of_hub(self.hub.final_output(), self.command)
+        else:
+            target = Target(Path(sp.out_dir).absolute(), self.command, tolerate=_tolerated(sp))
         try:
-            outcome = drive_plan(sp.plan, sp.stage.text, sp.out_dir, command=knobs.command, state_dir=knobs.state_dir,
-                                 restart=self.restart, resuming=self.resuming, reporter=knobs.reporter,
-                                 should_stop=knobs.should_stop, workers=knobs.workers, max_memory=knobs.max_memory,
-                                 max_gpu_memory=knobs.max_gpu_memory, staging=knobs.staging,
-                                 tolerate=_tolerated(sp), hub_out=hub_out,
-                                 max_disk=knobs.max_disk if hub_out is not None else None)
+            outcome = run_plan(sp.plan, sp.stage.text, target, self.settings, restart=self.restart,
+                               resuming=self.resuming, reporter=self.reporter, should_stop=self.should_stop)
         except (InterruptedMerge, StorageError, UnreachableError, KeyboardInterrupt) as exc:
             self.ledger.stage_state(key, "interrupted", error=_one_line(exc))
             raise
@@ -413,7 +395,7 @@ class _Runner:
             self.ledger.stage_state(key, "failed", error=_one_line(exc))
             raise
         finally:
-            _close_display(knobs.reporter)
+            _close_display(self.reporter)
         self.ledger.stage_state(key, "done")
         self.settled[key] = StageOutcome(sp.stage.label, sp.out_dir, "merged", outcome.resumed_files)
         if sp.final:
@@ -429,7 +411,7 @@ class _Runner:
             if sp.final:
                 continue
             names = [s.name for s in sp.plan.shards] + [a.name for a in aux_files(sp.plan)]
-            removed = discard_stage_output(sp.out_dir, names, self.knobs.state_dir)
+            removed = discard_stage_output(sp.out_dir, names, self.settings.state_dir)
             self.settled[sp.stage.key] = StageOutcome(sp.stage.label, sp.out_dir, "deleted", removed)
             self.ledger.stage_state(sp.stage.key, "deleted")
         _rmdir_if_empty(self.rplan.intermediate_dir)
@@ -437,8 +419,8 @@ class _Runner:
         self._message(f"intermediate stage outputs deleted from {self.rplan.intermediate_dir}")
 
     def _message(self, text: str) -> None:
-        if self.knobs.reporter is not None:
-            self.knobs.reporter.message(text)
+        if self.reporter is not None:
+            self.reporter.message(text)
 
 
 def recipe_changes(previous: RecipeRecord, rplan: RecipePlan) -> list[str]:
@@ -469,35 +451,6 @@ def recipe_changes(previous: RecipeRecord, rplan: RecipePlan) -> list[str]:
     if not changes and previous.fingerprint != rplan.fingerprint:
         changes.append("the recipe's stages changed")
     return changes
-
-
-class _RecipeLock:
-    """An exclusive flock on the recipe's lock file for the whole run (each stage also takes its own locks; OUT
-    itself is locked by the final stage, so it cannot be locked here: flock conflicts between two descriptors
-    of one process)."""
-
-    def __init__(self, directory: Path, out_dir: str | Path) -> None:
-        self.directory, self.out_dir = directory, out_dir
-        self.fd: int | None = None
-
-    def acquire(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise OutputDirError(
-                f"another resumerge process is running the recipe into {self.out_dir}",
-                path=str(self.out_dir),
-                hint="wait for it to finish, or stop it (it can be resumed later)",
-            ) from None
-        self.fd = fd
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
 
 
 def _recorded(out: str | Path, state_dir: str | os.PathLike[str] | None,

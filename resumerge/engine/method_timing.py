@@ -95,7 +95,7 @@ def measure_rate(
 
     def run(tensors: Sequence[torch.Tensor]) -> int:
         generator = torch.Generator(device=tensors[0].device).manual_seed(seed) if spec.randomized else None
-        ctx = MergeContext(list(tensors), base_index, model_params, params, "costing.sample", generator)
+        ctx = MergeContext(list(tensors), base_index, model_params, params, generator)
         return spec.fn(ctx).numel()
 
     # The first call pays one-off costs (lazy imports, allocator growth, first-touch page faults) that a long

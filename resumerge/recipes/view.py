@@ -8,9 +8,7 @@ recipe ledger here, the record and the final stage's manifest are read from the 
 
 from __future__ import annotations
 
-import json
 import os
-import sqlite3
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -18,18 +16,18 @@ from typing import Any
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import run_dir
 from resumerge.errors import LedgerError, StorageError
-from resumerge.store.manifest import Manifest, read_manifest
-from resumerge.store.recipe_manifest import (
+from resumerge.recipes.manifest import (
     DELETED,
     DELETING,
-    RECIPE_LEDGER_NAME,
     RECIPE_MANIFEST_NAME,
     RecipeRecord,
-    read_recipe_ledger,
     read_recipe_manifest,
     recipe_dir,
+    recipe_ledger_record,
 )
-from resumerge.store.statusview import LEDGER_NAME, StatusReport, read_status, resume_command
+from resumerge.store.ledger_read import LEDGER_NAME, RECIPE_LEDGER_NAME, StageRow, read_merge_record, read_recipe_stages
+from resumerge.store.manifest import Manifest, read_manifest
+from resumerge.store.statusview import StatusReport, read_status, resume_command
 
 
 @dataclass(frozen=True)
@@ -115,21 +113,17 @@ def stage_record(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[s
     """
     ledger = run_dir(out_dir, state_dir) / LEDGER_NAME
     if ledger.exists():
-        conn = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
         try:
-            conn.row_factory = sqlite3.Row
-            run = conn.execute("SELECT fingerprint, parts, inputs, state FROM run WHERE id = 1").fetchone()
-            total, done = conn.execute("SELECT COUNT(*), COALESCE(SUM(status = 'done'), 0) FROM files").fetchone()
-        except sqlite3.DatabaseError:
+            found = read_merge_record(ledger)
+        except LedgerError:
             # A stage killed while creating its ledger (no tables yet), or a WAL a read-only reader cannot recover,
             # or a damaged file: never trusted. The stage's manifest tells what is committed (without one,
             # nothing is), and its resume sets such a ledger aside.
-            run = None
-        finally:
-            conn.close()
-        if run is not None:
-            return StageRecord(run["fingerprint"], json.loads(run["parts"]), json.loads(run["inputs"]), run["state"],
-                               int(total), int(done), "ledger")
+            found = None
+        if found is not None:
+            run = found.run
+            return StageRecord(run.fingerprint, dict(run.parts), dict(run.inputs), run.state, len(found.files),
+                               found.files_done, "ledger")
     if is_hub_target(out_dir):
         manifest = repo_manifest if repo_manifest is not None else _repo_manifest(str(out_dir), state_dir)
     else:
@@ -160,19 +154,25 @@ def read_recipe_status(out_dir: str | os.PathLike[str],
     from resumerge.store.runlock import is_locked
 
     rdir = recipe_dir(out_dir, state_dir)
-    found = read_recipe_ledger(rdir / RECIPE_LEDGER_NAME)
-    rows: dict[str, dict[str, Any]] = {}
+    rows: dict[str, StageRow] = {}
     events: tuple[str, ...] = ()
     last_error = None
+    damage: LedgerError | None = None
+    try:
+        found = recipe_ledger_record(rdir / RECIPE_LEDGER_NAME)
+    except LedgerError as exc:  # a damaged recipe ledger is never trusted: OUT's record stands in for it
+        found, damage = None, exc
     if found is not None:
-        record, row = found
-        source, state, last_error = "ledger", str(row["state"]), row["last_error"]
+        record, source, state, last_error = found[0], "ledger", found[1].state, found[1].last_error
         if state == "running" and not is_locked(rdir):
             state = "interrupted"
-        rows, events = _stage_rows(rdir / RECIPE_LEDGER_NAME)
+        rows, event_rows = read_recipe_stages(rdir / RECIPE_LEDGER_NAME)
+        events = tuple(f"{e.kind}: {e.message}" for e in event_rows)
     else:
         manifest = _out_record(out_dir, state_dir)
         if manifest is None:
+            if damage is not None:
+                raise damage
             raise LedgerError(
                 f"no recipe recorded for {out_dir}",
                 path=str(out_dir),
@@ -181,8 +181,9 @@ def read_recipe_status(out_dir: str | os.PathLike[str],
         record, source = manifest, "manifest"
         state = "done" if record.state == "done" else "interrupted"
         where = "the repo's" if is_hub_target(out_dir) else "OUT's"
-        events = (f"recipe ledger not found: figures from {where} resumerge-recipe.json and the stages' records",)
-    stages = tuple(_stage_status(record, s.key, rows.get(s.key, {}), state_dir) for s in record.stages)
+        why = "recipe ledger not found" if damage is None else damage.message
+        events = (f"{why}: figures from {where} resumerge-recipe.json and the stages' records",)
+    stages = tuple(_stage_status(record, s.key, rows.get(s.key), state_dir) for s in record.stages)
     command = None if state in ("done", "running") else resume_command(out_dir, state_dir)
     current = None
     pending = next((s for s in stages if s.state not in ("done", "deleted")), None)
@@ -197,7 +198,7 @@ def _out_record(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[st
     """OUT's ``resumerge-recipe.json``: the folder's, or the repo's for an ``hf://`` OUT."""
     if not is_hub_target(out_dir):
         return read_recipe_manifest(Path(out_dir))
-    from resumerge.store.recipe_hub import remote_recipe_record
+    from resumerge.recipes.hub import remote_recipe_record
 
     return remote_recipe_record(str(out_dir), resume_command(out_dir, state_dir))
 
@@ -213,11 +214,11 @@ def _repo_manifest(out: str, state_dir: str | os.PathLike[str] | None) -> Manife
     return parse_manifest(data, where)
 
 
-def _stage_status(record: RecipeRecord, key: str, row: dict[str, Any],
+def _stage_status(record: RecipeRecord, key: str, row: StageRow | None,
                   state_dir: str | os.PathLike[str] | None) -> StageStatus:
     entry = next(s for s in record.stages if s.key == key)
     base = StageStatus(entry.key, entry.name, entry.document, entry.final, entry.out_dir, "pending",
-                       started_at=row.get("started_at"), finished_at=row.get("finished_at"))
+                       started_at=row.started_at if row else None, finished_at=row.finished_at if row else None)
     if not entry.final and record.intermediates in (DELETING, DELETED):
         return replace(base, state="deleted")
     own = stage_record(entry.out_dir, state_dir)
@@ -226,16 +227,3 @@ def _stage_status(record: RecipeRecord, key: str, row: dict[str, Any],
     report = read_status(entry.out_dir, state_dir)
     return replace(base, state="done" if own.complete else report.state, shards_done=report.shards_done,
                    shards_total=report.shards_total, bytes_done=report.bytes_done, bytes_total=report.bytes_total)
-
-
-def _stage_rows(path: Path) -> tuple[dict[str, dict[str, Any]], tuple[str, ...]]:
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        conn.row_factory = sqlite3.Row
-        rows = {r["key"]: dict(r) for r in conn.execute("SELECT * FROM stages")}
-        events = conn.execute("SELECT kind, message FROM events ORDER BY id DESC LIMIT 8").fetchall()
-    except sqlite3.DatabaseError as exc:
-        raise LedgerError(f"the recipe ledger {path} is unreadable ({exc})", path=str(path)) from None
-    finally:
-        conn.close()
-    return rows, tuple(f"{e['kind']}: {e['message']}" for e in reversed(events))

@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from resumerge.methods import MergeContext, MethodSpec
-from resumerge.methods.costing import ComputeRate, measure_rate, sample_rows
+from resumerge.engine.method_timing import ComputeRate, measure_rate, sample_rows
+from resumerge.methods import MergeContext, MethodSpec, get_method
 
 SLEEP = 0.02
 
@@ -55,9 +55,12 @@ def test_registered_methods_are_found_by_name() -> None:
     gen = torch.Generator().manual_seed(0)
     base = torch.randn(64, 96, generator=gen)
     tensors = [base, base + 0.01 * torch.randn(64, 96, generator=gen), base + 0.01 * torch.randn(64, 96, generator=gen)]
-    per_model = [{}, {"weight": 0.5, "density": 0.3}, {"weight": 0.5, "density": 0.3}]
+    ties = get_method("ties")
+    assert ties is not None
+    # As the planner resolves them: every parameter bound, defaults included.
+    per_model, params = ties.bind([{}, {"weight": 0.5, "density": 0.3}, {"weight": 0.5, "density": 0.3}], {}, 0)
     rate = measure_rate(
-        "ties", [[sample_rows(t, 2048) for t in tensors]], base_index=0, model_params=per_model, params={}
+        "ties", [[sample_rows(t, 2048) for t in tensors]], base_index=0, model_params=per_model, params=params
     )
     assert isinstance(rate, ComputeRate) and rate.method == "ties"
     assert rate.sample_elements == 21 * 96 and rate.seconds_per_element > 0

@@ -1,6 +1,6 @@
 """The recipe ledger: one SQLite file per recipe OUT in the state dir, beside (never inside) the stage ledgers.
 
-Tables: ``recipe`` (one row: the record document of :mod:`resumerge.store.recipe_manifest`, state, times, last error),
+Tables: ``recipe`` (one row: the record document of :mod:`resumerge.recipes.manifest`, state, times, last error),
 ``stages`` (one row per stage: position, output dir, fingerprint, state pending|running|done|interrupted|failed,
 started and finished times) and ``events``. It is a journal for ``status``: whether a stage is complete is
 decided by that stage's own ledger and checksums, never by this table.
@@ -9,8 +9,6 @@ decided by that stage's own ledger and checksums, never by this table.
 from __future__ import annotations
 
 import json
-import sqlite3
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,8 +16,8 @@ from typing import Any
 from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
-from resumerge.errors import LedgerError
-from resumerge.store.recipe_manifest import RecipeRecord
+from resumerge.recipes.manifest import RECIPE_MANIFEST_NAME, RecipeRecord
+from resumerge.store.journal import Journal
 
 migrations = Migrations("resumerge-recipe")
 
@@ -40,33 +38,18 @@ def m001_initial(db: Database) -> None:
     db.table("events").create({"id": int, "at": float, "kind": str, "message": str}, pk="id")
 
 
-class RecipeLedger:
-    """Write access to one recipe's ledger (WAL, ``synchronous=FULL``, one transaction per change)."""
+class RecipeLedger(Journal):
+    """Write access to one recipe's ledger (the :class:`~resumerge.store.journal.Journal` base: WAL,
+    ``synchronous=FULL``, checks on open, one transaction per change, SQLite failures as StorageError or
+    LedgerError). Open it with :func:`open_recipe_ledger`, which sets a damaged one aside."""
 
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            self.db = Database(conn)
-            migrations.apply(self.db)
-        except sqlite3.DatabaseError as exc:
-            raise LedgerError(
-                f"the recipe ledger {path} is unreadable ({exc})",
-                path=str(path),
-                hint="delete it; resumerge resume OUT rebuilds it from OUT's resumerge-recipe.json",
-            ) from None
-        self._lock = threading.RLock()
-
-    def close(self) -> None:
-        """Close the connection."""
-        with self._lock:
-            self.db.conn.close()
+    migrations = migrations
+    what = "recipe ledger"
+    rebuilt_from = f"OUT's {RECIPE_MANIFEST_NAME}"
 
     def row(self) -> dict[str, Any] | None:
         """The recipe row, or None for a fresh ledger."""
-        with self._lock:
+        with self._transaction():
             rows = list(self.db.table("recipe").rows_where("id = 1"))
         return rows[0] if rows else None
 
@@ -74,7 +57,7 @@ class RecipeLedger:
         """Record ``record`` as the recipe of ``out_dir``; keeps stage rows (and their times) whose key and
         fingerprint did not change, replaces the rest, in one transaction."""
         now = time.time()
-        with self._lock, self.db.atomic():
+        with self._transaction():
             old = {r["key"]: r for r in self.db.table("stages").rows}
             previous = self.row()
             self.db.execute("DELETE FROM recipe")
@@ -99,13 +82,13 @@ class RecipeLedger:
 
     def update_record(self, record: RecipeRecord) -> None:
         """Store a new version of the record document (state, intermediates)."""
-        with self._lock, self.db.atomic():
+        with self._transaction():
             self.db.table("recipe").update(1, {"record": json.dumps(record.to_doc(), sort_keys=True),
                                                "updated_at": time.time()})
 
     def set_state(self, state: str, *, error: str | None = None) -> None:
         """Move the recipe to ``state`` (running|interrupted|failed|done)."""
-        with self._lock, self.db.atomic():
+        with self._transaction():
             update: dict[str, Any] = {"state": state, "updated_at": time.time()}
             if error is not None:
                 update["last_error"] = error
@@ -115,7 +98,7 @@ class RecipeLedger:
     def stage_state(self, key: str, state: str, *, error: str | None = None) -> None:
         """Move stage ``key`` to ``state``; ``running`` stamps its start, ``done`` its finish."""
         now = time.time()
-        with self._lock, self.db.atomic():
+        with self._transaction():
             update: dict[str, Any] = {"state": state, "last_error": error}
             if state == "running":
                 update["started_at"] = now
@@ -127,8 +110,19 @@ class RecipeLedger:
 
     def event(self, kind: str, message: str) -> None:
         """Append an event."""
-        with self._lock, self.db.atomic():
+        with self._transaction():
             self._event(kind, message)
 
     def _event(self, kind: str, message: str) -> None:
         self.db.table("events").insert({"at": time.time(), "kind": kind, "message": message})
+
+
+def open_recipe_ledger(path: Path) -> RecipeLedger:
+    """Open the recipe ledger at ``path``. A damaged one is never trusted: it is moved aside
+    (``recipe.db.damaged``) and a fresh one opened, saying so in its events. Nothing is lost that matters: the
+    run records the whole recipe again (:meth:`RecipeLedger.start`), and whether a stage is done is decided by
+    that stage's own ledger and checksums."""
+    ledger, note = RecipeLedger.open_setting_aside(path)
+    if note is not None:
+        ledger.event("repair", note)
+    return ledger

@@ -1,0 +1,74 @@
+"""OUT of one run, opened: a local folder or an ``hf://`` repo, the manifest it holds, and the command that
+resumes into it.
+
+Every kind of run goes through :meth:`Target.open` (or :meth:`Target.of_hub` for a repo opened already), so a
+repo is always opened the same way — write access checked and foreign files refused before any weight is read
+(:func:`resumerge.engine.hubout.open_hub_output`) — and a folder is always checked the same way
+(:func:`resumerge.engine.outdir.check_out_dir`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from resumerge.config.hubtarget import is_hub_target
+from resumerge.engine.hubout import HubOutput, open_hub_output
+from resumerge.engine.outdir import check_out_dir, check_out_path
+from resumerge.engine.settings import RunSettings
+from resumerge.store.manifest import Manifest, read_manifest
+from resumerge.store.statusview import resume_command
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a run writes: ``out`` (the folder, or the repo's ``hf://`` URL as a path) and, for a repo, the opened
+    ``hub`` output. ``command`` is what an interruption tells the user to run; ``tolerate`` names files the folder
+    may hold besides resumerge's own (a recipe's record beside its final stage)."""
+
+    out: Path
+    command: str
+    hub: HubOutput | None = None
+    tolerate: frozenset[str] = frozenset()
+    # A resume reads OUT's manifest before it can plan; it is kept here rather than read (and checked) twice.
+    recorded: tuple[Manifest | None] | None = None
+
+    @classmethod
+    def open(cls, out_dir: str | os.PathLike[str], settings: RunSettings, *, create: bool = True,
+             tolerate: frozenset[str] = frozenset(), command: str | None = None) -> Target:
+        """Open ``out_dir``: an ``hf://`` repo is opened now (created when missing and ``create``; raises
+        UsageError, OutputDirError or UnreachableError as :func:`~resumerge.engine.hubout.open_hub_output` does);
+        a folder is only named (it is checked when the run has a plan)."""
+        command = command or resume_command(out_dir, settings.state_dir)
+        if is_hub_target(out_dir):
+            hub = open_hub_output(str(out_dir), state_dir=settings.state_dir, options=settings.output, create=create)
+            return cls.of_hub(hub, command)
+        return cls(Path(out_dir).absolute(), command, tolerate=tolerate)
+
+    @classmethod
+    def of_hub(cls, hub: HubOutput, command: str) -> Target:
+        """The target of a repo opened already (a recipe opens its repo before planning its stages)."""
+        return cls(Path(hub.url), command, hub)
+
+    @property
+    def url(self) -> str | Path:
+        """OUT as the run records it: the ``hf://`` URL of a repo, else the folder's absolute path."""
+        return self.hub.url if self.hub is not None else self.out
+
+    def manifest(self) -> Manifest | None:
+        """OUT's manifest (None: a new or empty OUT). A folder holding files resumerge did not write is refused
+        (OutputDirError, exit 4), a link or a file too (UsageError, exit 2)."""
+        if self.hub is not None:
+            return self.hub.manifest
+        if self.recorded is not None:
+            return self.recorded[0]
+        return check_out_dir(self.out, tolerate=self.tolerate)
+
+    def read_recorded(self) -> Target:
+        """This target with OUT's manifest read as a resume needs it: a folder must be one (not a link), and may
+        hold other files — the ledger decides what to do with them."""
+        if self.hub is not None or self.recorded is not None:
+            return self
+        check_out_path(self.out)
+        return replace(self, recorded=(read_manifest(self.out) if self.out.is_dir() else None,))

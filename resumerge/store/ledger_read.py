@@ -1,0 +1,184 @@
+"""The ledgers read-only: row types and the queries ``status``, ``verify`` and recipe ``status`` need.
+
+The one place outside the writers (:mod:`resumerge.store.ledger`, :mod:`resumerge.store.recipe_ledger`) that knows
+the ledgers' tables and columns. Standard library only (sqlite3, json, dataclasses): ``resumerge status`` must not
+pay for torch or sqlite-utils. Every reader opens the file read-only (``mode=ro``, never creating or migrating
+it) and raises :class:`LedgerError` when SQLite cannot read it (damaged, no tables yet, a WAL a read-only reader
+cannot recover); each caller decides whether another record (OUT's manifest) can stand in.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from resumerge.errors import LedgerError
+
+LEDGER_NAME = "ledger.db"  # a merge's ledger, in its run dir
+RECIPE_LEDGER_NAME = "recipe.db"  # a recipe's ledger, in its recipe dir
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """The ``run`` row of a merge's ledger (the JSON columns decoded)."""
+
+    fingerprint: str
+    parts: dict[str, str]
+    inputs: dict[str, Any]
+    state: str
+    last_error: str | None
+    peak_rss: int
+    adaptations: int
+    created_at: float | None
+    updated_at: float | None
+
+
+@dataclass(frozen=True)
+class FileRow:
+    """One planned output file: status ``pending`` or ``done``; bytes and sha256 once committed."""
+
+    name: str
+    kind: str
+    status: str
+    bytes: int | None
+    planned_bytes: int | None
+    sha256: str | None
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """One event of a ledger's append-only log; ``data`` is the JSON text (the merge ledger only)."""
+
+    kind: str
+    message: str
+    data: str | None = None
+
+
+@dataclass(frozen=True)
+class MergeRecord:
+    """A merge ledger's run and planned files, in write order (what ``verify`` and a recipe's stage check read)."""
+
+    run: RunRow
+    files: tuple[FileRow, ...]
+
+    @property
+    def files_done(self) -> int:
+        """How many planned files are committed."""
+        return sum(1 for f in self.files if f.status == "done")
+
+
+@dataclass(frozen=True)
+class MergeStatusRows:
+    """What ``status`` shows of a merge ledger: its record, tensor counts and the latest events of each kind."""
+
+    record: MergeRecord
+    tensors_total: int
+    tensors_done: int
+    events: tuple[EventRow, ...]  # the latest 8, oldest first
+    memory: EventRow | None  # the latest ``memory`` event (its data holds the budget)
+    adaptations: tuple[EventRow, ...]  # the latest 3 ``adaptation`` events, oldest first
+    stream: EventRow | None  # the latest ``stream`` event (hub inputs read by HTTP Range)
+    plan_notes: tuple[str, ...]  # every distinct ``plan`` message, first seen first
+
+
+@dataclass(frozen=True)
+class RecipeRow:
+    """The ``recipe`` row of a recipe ledger; ``record`` is the recipe record document (decoded JSON)."""
+
+    record: dict[str, Any]
+    state: str
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """One stage row of a recipe ledger (what ``status`` takes from it: its times; the rest comes from the
+    stage's own ledger)."""
+
+    key: str
+    state: str
+    started_at: float | None
+    finished_at: float | None
+
+
+@contextmanager
+def _reading(path: Path, what: str) -> Iterator[sqlite3.Connection]:
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        conn.row_factory = sqlite3.Row
+        yield conn
+    except (sqlite3.DatabaseError, ValueError, TypeError) as exc:  # ValueError, TypeError: a JSON column is bad
+        raise LedgerError(f"the {what} {path} is unreadable ({exc})", path=str(path)) from None
+    finally:
+        conn.close()
+
+
+def _run_row(conn: sqlite3.Connection) -> RunRow | None:
+    row = conn.execute("SELECT fingerprint, parts, inputs, state, last_error, peak_rss, adaptations, created_at, "
+                       "updated_at FROM run WHERE id = 1").fetchone()
+    if row is None:
+        return None
+    return RunRow(str(row["fingerprint"]), dict(json.loads(row["parts"])), dict(json.loads(row["inputs"])),
+                  str(row["state"]), row["last_error"], int(row["peak_rss"] or 0), int(row["adaptations"] or 0),
+                  row["created_at"], row["updated_at"])
+
+
+def _files(conn: sqlite3.Connection) -> tuple[FileRow, ...]:
+    rows = conn.execute("SELECT name, kind, status, bytes, planned_bytes, sha256 FROM files ORDER BY position")
+    return tuple(FileRow(r["name"], r["kind"], r["status"], r["bytes"], r["planned_bytes"], r["sha256"]) for r in rows)
+
+
+def read_merge_record(path: Path) -> MergeRecord | None:
+    """The run and files of the merge ledger at ``path``; None when it holds no run (a fresh ledger)."""
+    with _reading(path, "ledger") as conn:
+        run = _run_row(conn)
+        return MergeRecord(run, _files(conn)) if run is not None else None
+
+
+def read_merge_status(path: Path) -> MergeStatusRows | None:
+    """What ``status`` shows of the merge ledger at ``path``; None when it holds no run."""
+    with _reading(path, "ledger") as conn:
+        run = _run_row(conn)
+        if run is None:
+            return None
+        total, done = conn.execute("SELECT COUNT(*), COALESCE(SUM(status = 'done'), 0) FROM tensors").fetchone()
+
+        def latest(kind: str | None, limit: int) -> tuple[EventRow, ...]:
+            where = "" if kind is None else "WHERE kind = ? "
+            rows = conn.execute(f"SELECT kind, message, data FROM events {where}ORDER BY id DESC LIMIT {limit}",
+                                () if kind is None else (kind,)).fetchall()
+            return tuple(EventRow(r["kind"], r["message"], r["data"]) for r in reversed(rows))
+
+        memory, stream = latest("memory", 1), latest("stream", 1)
+        notes = conn.execute("SELECT message FROM events WHERE kind = 'plan' GROUP BY message ORDER BY MIN(id)")
+        return MergeStatusRows(
+            record=MergeRecord(run, _files(conn)),
+            tensors_total=int(total),
+            tensors_done=int(done),
+            events=latest(None, 8),
+            memory=memory[0] if memory else None,
+            adaptations=latest("adaptation", 3),
+            stream=stream[0] if stream else None,
+            plan_notes=tuple(r[0] for r in notes.fetchall()),
+        )
+
+
+def read_recipe_row(path: Path) -> RecipeRow | None:
+    """The ``recipe`` row of the recipe ledger at ``path``; None when it holds none."""
+    with _reading(path, "recipe ledger") as conn:
+        row = conn.execute("SELECT record, state, last_error FROM recipe WHERE id = 1").fetchone()
+        return RecipeRow(json.loads(row["record"]), str(row["state"]), row["last_error"]) if row else None
+
+
+def read_recipe_stages(path: Path) -> tuple[dict[str, StageRow], tuple[EventRow, ...]]:
+    """The stage rows (by key) of the recipe ledger at ``path`` and its latest 8 events, oldest first."""
+    with _reading(path, "recipe ledger") as conn:
+        stages = {r["key"]: StageRow(r["key"], r["state"], r["started_at"], r["finished_at"])
+                  for r in conn.execute("SELECT key, state, started_at, finished_at FROM stages")}
+        events = conn.execute("SELECT kind, message FROM events ORDER BY id DESC LIMIT 8").fetchall()
+        return stages, tuple(EventRow(e["kind"], e["message"]) for e in reversed(events))

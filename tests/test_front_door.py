@@ -1,0 +1,102 @@
+"""One front door: every CLI command is one :mod:`resumerge.api` call, so each command's options are its API
+function's parameters (read from the parser and the signatures, never typed out here), and the API keeps every
+guard the CLI has."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import write_config
+
+from resumerge import api
+from resumerge.cli import commands
+from resumerge.cli.commands import build_parser, main
+from resumerge.errors import EXIT_REFUSED, OutputDirError, UsageError
+
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "run": api.run,
+    "resume": api.resume,
+    "status": api.status,
+    "verify": api.verify,
+    "plan": api.estimate,
+}
+# Options that change what the terminal shows, not what is done: the command's name, --quiet, --json and
+# mergekit's -v. The mergekit flags resumerge accepts only to ignore them have dests named unneeded_*.
+CLI_ONLY = {"command", "quiet", "json", "v_flag"}
+# Parameters that are objects, not options: the caller's progress display and stop flag (the CLI passes its own),
+# the free-space reading tests replace, and whether this process was started for the estimate (the CLI's was).
+API_ONLY = {"progress", "should_stop", "disk_free", "fresh_process"}
+
+
+def _subparser(command: str) -> argparse.ArgumentParser:
+    actions = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    parser = actions[0].choices[command]
+    assert isinstance(parser, argparse.ArgumentParser)
+    return parser
+
+
+def _dests(command: str) -> set[str]:
+    dests = {a.dest for a in _subparser(command)._actions if not isinstance(a, argparse._HelpAction)}
+    return {d for d in dests if not d.startswith("unneeded_")} - CLI_ONLY
+
+
+def _parameters(function: Callable[..., Any]) -> set[str]:
+    return set(inspect.signature(function).parameters) - API_ONLY
+
+
+@pytest.mark.parametrize("command", sorted(FUNCTIONS))
+def test_cli_options_match_api_parameters(command: str) -> None:
+    dests, parameters = _dests(command), _parameters(FUNCTIONS[command])
+    assert dests == parameters, (f"{command}: only the CLI has {sorted(dests - parameters)}, "
+                                 f"only the API has {sorted(parameters - dests)}")
+
+
+def test_the_cli_leaves_out_exactly_the_presentation_options() -> None:
+    # The command passes every other parsed option to the API by name: the two lists are one.
+    assert commands.CLI_ONLY == CLI_ONLY
+    args = build_parser().parse_args(["run", "c.yml", "out", "--quiet", "--no-cuda", "-j", "2", "--no-staging"])
+    passed = commands._api_options(args)
+    inspect.signature(api.run).bind(**passed)  # raises TypeError on any name api.run does not take
+    assert passed["num_threads"] == 2 and passed["staging"] is False and "quiet" not in passed
+
+
+def _recipe_out(tmp_path: Path) -> tuple[Path, Path, str]:
+    out = tmp_path / "out"
+    out.mkdir()
+    record = out / "resumerge-recipe.json"
+    text = json.dumps({"recipe": "a stand-in: only its presence matters to the refusal"})
+    record.write_text(text)
+    # Models that do not exist: the refusal comes before anything is read or planned.
+    cfg = write_config(tmp_path / "c.yml", {"merge_method": "linear", "models": [
+        {"model": str(tmp_path / "a"), "parameters": {"weight": 1.0}},
+        {"model": str(tmp_path / "b"), "parameters": {"weight": 1.0}}]})
+    return out, cfg, text
+
+
+def test_api_run_refuses_a_single_merge_into_a_recipes_out_even_with_restart(tmp_path: Path) -> None:
+    out, cfg, text = _recipe_out(tmp_path)
+    with pytest.raises(OutputDirError, match="holds the output of a recipe"):
+        api.run(cfg, out, state_dir=tmp_path / "state", restart=True)
+    assert main(["run", str(cfg), str(out), "--state-dir", str(tmp_path / "state"), "--restart"]) == EXIT_REFUSED
+    assert sorted(p.name for p in out.iterdir()) == ["resumerge-recipe.json"]
+    assert (out / "resumerge-recipe.json").read_text() == text
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"commit_every": 0}, "--commit-every must be at least 1"),
+    ({"num_threads": 0}, "--num-threads must be at least 1"),
+    ({"max_memory": "0"}, "--max-memory must be positive"),
+    ({"intermediate_dir": "stages"}, "applies to recipes only"),
+])
+def test_the_api_keeps_the_guards_the_cli_had(tmp_path: Path, options: dict[str, Any], message: str) -> None:
+    cfg = write_config(tmp_path / "c.yml", {"merge_method": "linear", "models": [
+        {"model": str(tmp_path / "a"), "parameters": {"weight": 1.0}}]})
+    with pytest.raises(UsageError, match=message):
+        api.run(cfg, tmp_path / "out", state_dir=tmp_path / "state", **options)
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,75 @@
+"""Where the ledger lives when no --state-dir is given: the user's own state dir, found from any working directory;
+runs recorded under ./state (the earlier default) keep being found from their directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import ModelFactory
+from support import linear_config, write_config
+
+from resumerge.cli.commands import main
+from resumerge.config.locations import run_dir, state_root
+from resumerge.store.statusview import resume_command
+
+
+@pytest.fixture
+def no_state_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No RESUMERGE_STATE_DIR; XDG_STATE_HOME in tmp (the suite never writes to the real home)."""
+    monkeypatch.delenv("RESUMERGE_STATE_DIR")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    return tmp_path / "xdg" / "resumerge"
+
+
+def test_the_default_state_dir_is_per_user(no_state_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert state_root() == no_state_env
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert state_root() == tmp_path / "home" / ".local" / "state" / "resumerge"
+    monkeypatch.setenv("RESUMERGE_STATE_DIR", str(tmp_path / "mine"))
+    assert state_root() == tmp_path / "mine" and state_root(tmp_path / "flag") == tmp_path / "flag"
+
+
+def _status(out: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
+    capsys.readouterr()
+    assert main(["status", str(out), "--json"]) == 0
+    doc: dict[str, object] = json.loads(capsys.readouterr().out)
+    return doc
+
+
+def test_status_finds_the_ledger_from_another_directory(
+        no_state_env: Path, tmp_path: Path, make: ModelFactory, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """With ./state, status from another directory missed the ledger and fell back to the manifest."""
+    cfg = write_config(tmp_path / "c.yml", linear_config(make("a", seed=1), make("b", seed=2)))
+    out, here, there = tmp_path / "out", tmp_path / "here", tmp_path / "there"
+    here.mkdir()
+    there.mkdir()
+    monkeypatch.chdir(here)
+    assert main(["run", str(cfg), str(out), "--quiet"]) == 0
+    assert run_dir(out).parent == no_state_env and (run_dir(out) / "ledger.db").is_file()
+    assert not (here / "state").exists()
+    monkeypatch.chdir(there)
+    assert _status(out, capsys)["source"] == "ledger"
+
+
+def test_a_run_recorded_under_dot_state_keeps_being_found_there(
+        no_state_env: Path, tmp_path: Path, make: ModelFactory, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = write_config(tmp_path / "c.yml", linear_config(make("a", seed=1), make("b", seed=2)))
+    out = tmp_path / "out"
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(cfg), str(out), "--quiet", "--state-dir", "state"]) == 0  # where earlier versions wrote
+    assert run_dir(out) == tmp_path / "state" / run_dir(out, tmp_path / "state").name
+    assert _status(out, capsys)["source"] == "ledger"
+    assert main(["run", str(cfg), str(out), "--quiet"]) == 0  # the same run, found: nothing to redo
+    assert not no_state_env.exists()
+
+
+def test_the_resume_hint_names_the_state_dir_only_when_it_is_not_the_default(
+        no_state_env: Path, tmp_path: Path) -> None:
+    assert resume_command("/m/out", no_state_env) == "resumerge resume /m/out"
+    assert resume_command("/m/out") == "resumerge resume /m/out"
+    assert resume_command("/m/out", tmp_path / "s") == f"resumerge resume /m/out --state-dir {tmp_path / 's'}"
