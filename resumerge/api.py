@@ -1,11 +1,11 @@
 """The front door: ``run``, ``resume``, ``status``, ``verify``, ``estimate`` (what ``resumerge plan`` prints) and
 ``plan_merge``, for the CLI and for notebooks alike.
 
-This is the only place that decides what a run is — a single merge or a recipe (several YAML documents), and the
-kinds of run later issues add — and it owns every guard and option: each CLI command parses its arguments and
-makes one call here, so a notebook gets the very tool the README describes. Every function takes flat keyword
-parameters and packs them, in :func:`_plan_options` and :func:`_run_settings` alone, into the
-:class:`~resumerge.plan.merge_plan.PlanOptions` that change output bytes and the
+This is the only place that decides what a run is — a single merge, a recipe (several YAML documents) or an MoE
+upcycling (a mergekit-moe config, planned by :mod:`resumerge.moe`) — and it owns every guard and option: each CLI
+command parses its arguments and makes one call here, so a notebook gets the very tool the README describes.
+Every function takes flat keyword parameters and packs them, in :func:`_plan_options` and :func:`_run_settings`
+alone, into the :class:`~resumerge.plan.merge_plan.PlanOptions` that change output bytes and the
 :class:`~resumerge.engine.settings.RunSettings` that do not. Errors are the :mod:`resumerge.errors` exceptions
 that the CLI maps to exit codes.
 
@@ -16,7 +16,7 @@ through the one session path, :func:`resumerge.engine.session.run_plan`.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from resumerge.engine.executor import Reporter
     from resumerge.engine.session import Outcome
     from resumerge.engine.settings import RunSettings
+    from resumerge.inputs.catalog import Inputs
+    from resumerge.moe import MoeConfig
     from resumerge.plan.merge_plan import Plan, PlanOptions
     from resumerge.recipes.estimate import RecipeEstimate
     from resumerge.recipes.view import RecipeStatus
@@ -52,6 +54,7 @@ def run(
     restart: bool = False,
     copy_tokenizer: bool = True,
     allow_crimes: bool = False,
+    allow_same_experts: bool = False,
     max_memory: int | str | None = None,
     device: str = "cpu",
     max_gpu_memory: int | str | None = None,
@@ -92,6 +95,10 @@ def run(
     unless ``public``), in commits of ``commit_every`` files or every ``commit_interval`` seconds, keeping at most
     ``max_disk`` bytes of uncommitted output on the local disk.
 
+    A mergekit-moe config (``base_model`` and ``experts``) is upcycled into a mixture of experts, as
+    ``mergekit-moe`` does; ``allow_same_experts`` (``--i-understand-this-is-not-useful-without-training``) lets
+    every expert be the same model, as there, and is refused for any other config.
+
     ``write_model_card=False`` (``--no-write-model-card``) writes no README.md and no mergekit_config.yml;
     ``unsafe_truncate_embeddings`` (``--unsafe-truncate-embeddings``) merges models whose vocabularies differ in
     size by keeping the common leading rows (config.json and the tokenizer are cut to match).
@@ -114,6 +121,7 @@ def run(
     if not recipe:
         _single_merge_only(config, out, settings, intermediate_dir=intermediate_dir,
                            cleanup_intermediates=cleanup_intermediates)
+    moe = None if recipe else _moe_config(text, _source(config, "config"), allow_same_experts=allow_same_experts)
     with _Progress(progress) as reporter:
         if recipe:
             from resumerge.recipes.run import run_recipe
@@ -121,6 +129,9 @@ def run(
             return run_recipe(text, out, options, settings, intermediate_dir=intermediate_dir, restart=restart,
                               cleanup=cleanup_intermediates, reporter=reporter, should_stop=_stop(should_stop),
                               source=_source(config, "recipe")).outcome()
+        if moe is not None:
+            return _run_moe(moe, text, out, options, settings, restart=restart, reporter=reporter,
+                            should_stop=_stop(should_stop))
         from resumerge.engine.session import run_merge
 
         return run_merge(text, out, options, settings, restart=restart, reporter=reporter,
@@ -161,7 +172,8 @@ def resume(
                                  should_stop=_stop(should_stop)).outcome()
         from resumerge.engine.session import resume_merge
 
-        return resume_merge(out, settings, reporter=reporter, should_stop=_stop(should_stop))
+        return resume_merge(out, settings, reporter=reporter, should_stop=_stop(should_stop),
+                            other_kind=_recorded_moe)
 
 
 def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport | RecipeStatus:
@@ -194,14 +206,21 @@ def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
 
 def plan_merge(config: PathLike, *, out_shard_size: int | str = DEFAULT_SHARD_SIZE,
                random_seed: int = DEFAULT_SEED, allow_crimes: bool = False,
-               unsafe_truncate_embeddings: bool = False) -> Plan:
-    """Validate ``config`` against the models' headers and return the frozen plan; writes nothing."""
+               unsafe_truncate_embeddings: bool = False, allow_same_experts: bool = False) -> Plan:
+    """Validate ``config`` against the models' headers and return the frozen plan; writes nothing (a
+    mergekit-moe config's hidden-state routers are not computed)."""
     from resumerge.config.merge_config import load_config_text
     from resumerge.engine.session import plan_from_config
 
     options = _plan_options(out_shard_size=out_shard_size, random_seed=random_seed, allow_crimes=allow_crimes,
                             unsafe_truncate_embeddings=unsafe_truncate_embeddings)
-    return plan_from_config(load_config_text(_config_text(config), source=_source(config, "config")), options)
+    text, source = _config_text(config), _source(config, "config")
+    moe = _moe_config(text, source, allow_same_experts=allow_same_experts)
+    if moe is not None:
+        from resumerge.moe.prepare import prepare_moe
+
+        return prepare_moe(moe, options, forward=False)[0]
+    return plan_from_config(load_config_text(text, source=source), options)
 
 
 def estimate(
@@ -213,6 +232,7 @@ def estimate(
     random_seed: int = DEFAULT_SEED,
     copy_tokenizer: bool = True,
     allow_crimes: bool = False,
+    allow_same_experts: bool = False,
     unsafe_truncate_embeddings: bool = False,
     max_memory: int | str | None = None,
     cache_dir: PathLike | None = None,
@@ -261,6 +281,8 @@ def estimate(
     if is_recipe_text(text):
         from resumerge.recipes.estimate import estimate_recipe
 
+        if allow_same_experts:
+            _moe_only(_source(config, "the config"))
         if out is None:
             raise UsageError("planning a recipe needs OUT: its stages are placed relative to it",
                              hint=f"resumerge plan {config} OUT")
@@ -269,8 +291,18 @@ def estimate(
                                disk_free=disk_free or free_bytes)
     from resumerge.engine.estimate import estimate_config
 
-    return estimate_config(text, options, settings, source=_source(config, "config"), out_dir=out,
-                           probe_bytes=probe_bytes, disk_free=disk_free or free_bytes, fresh_process=fresh_process)
+    source = _source(config, "config")
+    moe = _moe_config(text, source, allow_same_experts=allow_same_experts)
+    planner = None
+    if moe is not None:  # planned without its prompt forward pass (the estimate counts it, not runs it)
+        from resumerge.moe.prepare import prepare_moe
+
+        def planner() -> tuple[Plan, Inputs]:
+            return prepare_moe(moe, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
+                               forward=False)
+
+    return estimate_config(text, options, settings, source=source, out_dir=out, probe_bytes=probe_bytes,
+                           disk_free=disk_free or free_bytes, fresh_process=fresh_process, planner=planner)
 
 
 # -- the one place flat parameters become PlanOptions and RunSettings --------------------------------------------
@@ -372,6 +404,54 @@ def _is_yaml_text(config: PathLike) -> bool:
         return isinstance(yaml.safe_load(config), dict)
     except yaml.YAMLError:
         return False
+
+
+def _moe_config(text: str, source: str, *, allow_same_experts: bool) -> MoeConfig | None:
+    """``text`` loaded as a mergekit-moe config (``base_model`` + ``experts``: MoE upcycling, planned by
+    :mod:`resumerge.moe`), or None for a merge config (which the session loads); ``allow_same_experts`` is refused
+    (exit 2) for the latter. Raises ConfigError naming the YAML path before any model is opened."""
+    from resumerge.moe import is_moe_text, load_moe_text
+
+    if is_moe_text(text):
+        return load_moe_text(text, allow_all_same=allow_same_experts, source=source)
+    if allow_same_experts:
+        _moe_only(source)
+    return None
+
+
+def _run_moe(config: MoeConfig, text: str, out: PathLike, options: PlanOptions, settings: RunSettings, *,
+             restart: bool, reporter: Reporter | None, should_stop: Callable[[], bool]) -> Outcome:
+    """MoE upcycling: its planner (:mod:`resumerge.moe`, which runs the prompt forward pass of the hidden-state
+    gate modes), then the one session path. Nothing is read before the config and OUT are checked."""
+    from resumerge.engine.session import hub_progress, run_plan
+    from resumerge.engine.target import Target
+    from resumerge.moe.prepare import prepare_moe
+
+    target = Target.open(out, settings)
+    plan, inputs = prepare_moe(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
+                               on_progress=hub_progress(reporter))
+    return run_plan(plan, text, target, settings, inputs=inputs, restart=restart, reporter=reporter,
+                    should_stop=should_stop)
+
+
+def _recorded_moe(text: str, options: PlanOptions, model_dirs: Mapping[str, str], settings: RunSettings,
+                  reporter: Reporter | None) -> tuple[Plan, Inputs] | None:
+    """The plan of a recorded mergekit-moe config, for its resume (None for a merge config). Its experts may all
+    be one model: that was allowed when the run started (the rule is about intent; it changes no byte)."""
+    from resumerge.moe import is_moe_text, load_moe_text
+
+    if not is_moe_text(text):
+        return None
+    from resumerge.engine.session import hub_progress
+    from resumerge.moe.prepare import prepare_moe
+
+    return prepare_moe(load_moe_text(text, allow_all_same=True), options, model_dirs=model_dirs,
+                       state_dir=settings.state_dir, cache_dir=settings.cache_dir, on_progress=hub_progress(reporter))
+
+
+def _moe_only(source: str) -> None:
+    raise UsageError("--i-understand-this-is-not-useful-without-training applies to mergekit-moe configs "
+                     f"(base_model and experts) only, and {source} is not one")
 
 
 def _config_text(config: PathLike) -> str:

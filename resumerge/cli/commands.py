@@ -56,6 +56,9 @@ UNNEEDED_FLAGS: dict[str, str] = {
     "--write-model-card": "README.md and mergekit_config.yml are written by default",
     "--trust-remote-code": "resumerge never executes code from model repositories",
     "--verbose": "progress is shown by default",
+    # mergekit-moe's: it quantises the whole base model to fit the hidden-state routers in memory.
+    "--load-in-4bit": "MoE routers are computed one decoder layer at a time within --max-memory",
+    "--load-in-8bit": "MoE routers are computed one decoder layer at a time within --max-memory",
 }
 # Options that shape what the terminal shows, not what the API does (the rest of each command's options are
 # keyword arguments of its API function): the command itself, progress and JSON output, and mergekit's -v.
@@ -101,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "embeddings and heads (vocab_size and the tokenizer are cut to match)")
     run.add_argument("--allow-crimes", action="store_true",
                      help="merge models of different architectures, tensor by tensor as names and shapes allow")
+    run.add_argument("--i-understand-this-is-not-useful-without-training", action="store_true",
+                     dest="allow_same_experts",
+                     help="mergekit-moe configs: let every expert be the same model (as mergekit-moe does)")
     run.add_argument("--device", default="cpu", metavar="DEVICE",
                      help="where merge methods compute: cpu or cuda[:N] (reading and writing stay on the host; "
                           "a resume keeps the device) [default: cpu]")
@@ -161,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--no-copy-tokenizer", action="store_false", dest="copy_tokenizer",
                       help="do not count tokenizer files")
     plan.add_argument("--allow-crimes", action="store_true", help="as for run")
+    plan.add_argument("--i-understand-this-is-not-useful-without-training", action="store_true",
+                      dest="allow_same_experts", help="as for run")
     plan.add_argument("--unsafe-truncate-embeddings", action="store_true", help="as for run")
     plan.add_argument("--state-dir", metavar="DIR", help="state directory the run will use")
     plan.add_argument("--max-memory", metavar="SIZE", help="RAM budget the run will use [default: as for run]")

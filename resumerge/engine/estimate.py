@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from pathlib import Path
@@ -429,6 +429,7 @@ def estimate_config(
     disk_free: DiskFree = free_bytes,
     fresh_process: bool = False,
     compute_budget: float = SAMPLE_SECONDS,
+    planner: Callable[[], tuple[Plan, Inputs]] | None = None,
 ) -> Estimate:
     """Validate ``config_text`` fully (config, every input's config.json and headers) and :func:`estimate` it.
 
@@ -438,6 +439,8 @@ def estimate_config(
     raises for an invalid merge (exit 2 errors); a merge that is valid but does not fit is not an error: see
     :attr:`Estimate.reasons`. ``out_dir`` may be an ``hf://`` target: the output's local disk is then its staging.
     The compute estimate times the methods with ``settings.num_threads`` torch threads, as the run will.
+    ``planner`` plans a config of another kind than a merge config (:mod:`resumerge.api` passes MoE upcycling's,
+    which skips the prompt forward pass); None plans ``config_text`` as a merge config.
     """
     started = time.time()
     from resumerge.config.merge_config import load_config_text
@@ -445,8 +448,11 @@ def estimate_config(
     from resumerge.engine.session import prepare
 
     set_torch_threads(settings.num_threads)
-    config = load_config_text(config_text, source=source)
-    plan, inputs = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir)
+    if planner is not None:
+        plan, inputs = planner()
+    else:
+        config = load_config_text(config_text, source=source)
+        plan, inputs = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir)
     if fresh_process:
         started = psutil.Process().create_time()
     to_hub = out_dir is not None and is_hub_target(os.fspath(out_dir))

@@ -64,6 +64,12 @@ def _never() -> bool:
     return False
 
 
+# Plans a run's recorded config text of another kind than a merge config (MoE upcycling's), from the recorded
+# options and model directories, under the resume's settings and reporter; None when the text is a merge config.
+RecordedPlanner = Callable[[str, PlanOptions, Mapping[str, str], RunSettings, "Reporter | None"],
+                           "tuple[Plan, Inputs] | None"]
+
+
 class NullReporter:
     """A reporter that shows nothing (library use, ``--quiet``)."""
 
@@ -180,6 +186,7 @@ def resume_merge(
     *,
     reporter: Reporter | None = None,
     should_stop: Callable[[], bool] = _never,
+    other_kind: RecordedPlanner | None = None,
 ) -> Outcome:
     """Finish the merge recorded for ``out_dir`` (from the ledger, else from OUT's manifest) with ``settings`` (they
     do not change the output, so they may differ from the first run's). An ``hf://`` OUT resumes from the repo
@@ -187,6 +194,8 @@ def resume_merge(
 
     Raises LedgerError when neither exists, PlanChangedError when the inputs or resumerge changed, UsageError
     when the merge computes on a GPU that this machine lacks (the device is part of the output's identity).
+    ``other_kind`` plans a recorded config of another kind than a merge config (:mod:`resumerge.api`, which
+    decides what a run is, passes it).
     """
     target = Target.open(out_dir, settings, create=False).read_recorded()
     out, manifest, state_dir = target.out, target.manifest(), settings.state_dir
@@ -222,8 +231,9 @@ def resume_merge(
             path=str(out),
             hint="start the merge with resumerge run CONFIG OUT (pass --state-dir if you used one)",
         )
-    config = load_config_text(text)
-    plan, inputs = prepare(config, PlanOptions(**opts), model_dirs=dirs, state_dir=state_dir, reporter=reporter)
+    other = other_kind(text, PlanOptions(**opts), dirs, settings, reporter) if other_kind is not None else None
+    plan, inputs = other or prepare(load_config_text(text), PlanOptions(**opts), model_dirs=dirs,
+                                    state_dir=state_dir, reporter=reporter)
     settings = _recorded_threads(plan, settings, reporter)
     return run_plan(plan, text, target, settings, inputs=inputs, resuming=True, reporter=reporter,
                     should_stop=should_stop)

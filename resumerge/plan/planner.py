@@ -81,7 +81,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     later; returns a plan with its fingerprint set.
     """
     method = get_method(config.merge_method)
-    if method is None:
+    if method is None or method.internal:  # the engine's own units (MoE upcycling) are not methods
         raise ConfigError(
             f"Unimplemented merge method {config.merge_method!r}",
             yaml_path="merge_method",
