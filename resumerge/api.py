@@ -1,13 +1,14 @@
 """The front door: ``run``, ``resume``, ``status``, ``verify``, ``estimate`` (what ``resumerge plan`` prints),
 ``plan_merge`` and ``extract_lora``, for the CLI and for notebooks alike.
 
-This is the only place that decides what a run is — a single merge, a recipe (several YAML documents) or a LoRA
-extraction, and the kinds of run later issues add — and it owns every guard and option: each CLI command parses its
-arguments and makes one call here, so a notebook gets the very tool the README describes. Every function takes flat
-keyword parameters and packs them, in :func:`_plan_options` and :func:`_run_settings` alone, into the
-:class:`~resumerge.plan.merge_plan.PlanOptions` that change output bytes and the
-:class:`~resumerge.engine.settings.RunSettings` that do not. Errors are the :mod:`resumerge.errors` exceptions that the
-CLI maps to exit codes.
+This is the only place that decides what a run is — a single merge, a recipe (several YAML documents), an MoE
+upcycling (a mergekit-moe config, planned by :mod:`resumerge.moe`) or a LoRA extraction (:func:`extract_lora`,
+planned by :mod:`resumerge.extract`) — and it owns every guard and option: each CLI
+command parses its arguments and makes one call here, so a notebook gets the very tool the README describes.
+Every function takes flat keyword parameters and packs them, in :func:`_plan_options` and :func:`_run_settings`
+alone, into the :class:`~resumerge.plan.merge_plan.PlanOptions` that change output bytes and the
+:class:`~resumerge.engine.settings.RunSettings` that do not. Errors are the :mod:`resumerge.errors` exceptions
+that the CLI maps to exit codes.
 
 A new kind of run plugs in here (which planner makes its :class:`~resumerge.plan.merge_plan.Plan`) and then goes
 through the one session path, :func:`resumerge.engine.session.run_plan`.
@@ -16,7 +17,7 @@ through the one session path, :func:`resumerge.engine.session.run_plan`.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,13 +29,14 @@ from resumerge.plan.merge_plan import DEFAULT_SEED, DEFAULT_SHARD_SIZE
 # Only what ``status`` and ``verify`` need is imported here, so that they stay fast (no torch): the merging
 # commands import the engine inside the function.
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
 
     from resumerge.engine.costs import Estimate
     from resumerge.engine.executor import Reporter
     from resumerge.engine.session import Outcome
     from resumerge.engine.settings import RunSettings
     from resumerge.inputs.catalog import Inputs
+    from resumerge.moe import MoeConfig
     from resumerge.plan.merge_plan import Plan, PlanOptions
     from resumerge.recipes.estimate import RecipeEstimate
     from resumerge.recipes.view import RecipeStatus
@@ -55,6 +57,7 @@ def run(
     restart: bool = False,
     copy_tokenizer: bool = True,
     allow_crimes: bool = False,
+    allow_same_experts: bool = False,
     max_memory: int | str | None = None,
     device: str = "cpu",
     max_gpu_memory: int | str | None = None,
@@ -73,7 +76,9 @@ def run(
     progress: bool | Reporter = False,
     should_stop: Callable[[], bool] | None = None,
 ) -> Outcome:
-    """Merge ``config`` (a YAML file path or YAML text) into ``out``, like ``resumerge run``.
+    """Merge ``config`` into ``out``, like ``resumerge run``. ``config`` is a YAML file (a ``Path``, or a ``str``
+    naming one) or YAML text (a ``str`` holding a newline or a one-line YAML mapping); the same holds for every
+    ``config`` parameter here.
 
     ``stream_inputs`` (``--stream-inputs``) reads every hub input's tensors by HTTP Range instead of downloading
     its files; by default a file is streamed when the merge needs less than half of it, or when downloading it
@@ -93,6 +98,10 @@ def run(
     unless ``public``), in commits of ``commit_every`` files or every ``commit_interval`` seconds, keeping at most
     ``max_disk`` bytes of uncommitted output on the local disk.
 
+    A mergekit-moe config (``base_model`` and ``experts``) is upcycled into a mixture of experts, as
+    ``mergekit-moe`` does; ``allow_same_experts`` (``--i-understand-this-is-not-useful-without-training``) lets
+    every expert be the same model, as there, and is refused for any other config.
+
     ``write_model_card=False`` (``--no-write-model-card``) writes no README.md and no mergekit_config.yml;
     ``unsafe_truncate_embeddings`` (``--unsafe-truncate-embeddings``) merges models whose vocabularies differ in
     size by keeping the common leading rows (config.json and the tokenizer are cut to match).
@@ -100,9 +109,11 @@ def run(
     ``progress=True`` draws the CLI's rich progress; a reporter object is used as given (the caller closes it).
     ``should_stop`` is polled at safe points: once true, the run stops and raises InterruptedMerge (exit 3).
     """
+    _named(out)
     options = _plan_options(out_shard_size=out_shard_size, random_seed=random_seed, copy_tokenizer=copy_tokenizer,
                             device=device, allow_crimes=allow_crimes, stream_inputs=stream_inputs,
-                            write_model_card=write_model_card, unsafe_truncate_embeddings=unsafe_truncate_embeddings)
+                            write_model_card=write_model_card, unsafe_truncate_embeddings=unsafe_truncate_embeddings,
+                            num_threads=num_threads)
     settings = _run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory,
                              max_gpu_memory=max_gpu_memory, staging=staging, max_disk=max_disk,
                              output=_output(public, commit_every, commit_interval), num_threads=num_threads)
@@ -113,6 +124,7 @@ def run(
     if not recipe:
         _single_merge_only(config, out, settings, intermediate_dir=intermediate_dir,
                            cleanup_intermediates=cleanup_intermediates)
+    moe = None if recipe else _moe_config(text, _source(config, "config"), allow_same_experts=allow_same_experts)
     with _Progress(progress) as reporter:
         if recipe:
             from resumerge.recipes.run import run_recipe
@@ -120,6 +132,9 @@ def run(
             return run_recipe(text, out, options, settings, intermediate_dir=intermediate_dir, restart=restart,
                               cleanup=cleanup_intermediates, reporter=reporter, should_stop=_stop(should_stop),
                               source=_source(config, "recipe")).outcome()
+        if moe is not None:
+            return _run_moe(moe, text, out, options, settings, restart=restart, reporter=reporter,
+                            should_stop=_stop(should_stop))
         from resumerge.engine.session import run_merge
 
         return run_merge(text, out, options, settings, restart=restart, reporter=reporter,
@@ -143,9 +158,12 @@ def resume(
 ) -> Outcome:
     """Finish the merge recorded for ``out``, like ``resumerge resume`` (for a recipe: every stage still to do,
     returning the final stage's outcome); an ``hf://`` OUT resumes from the repo alone. The options mean what they
-    mean for :func:`run`; none of them changes the output, so they may differ from the first run's."""
+    mean for :func:`run`; none of them changes the output, so they may differ from the first run's — but
+    ``num_threads``: a run whose methods' bytes depend on it (slerp, karcher, model_stock, nuslerp) reuses the
+    recorded count, and a different one is refused (UsageError)."""
     from resumerge.recipes.view import is_recipe_out
 
+    _named(out)
     settings = _run_settings(state_dir=state_dir, max_memory=max_memory, max_gpu_memory=max_gpu_memory,
                              staging=staging, max_disk=max_disk, output=_output(False, commit_every, commit_interval),
                              num_threads=num_threads)
@@ -158,45 +176,22 @@ def resume(
         from resumerge.engine.session import resume_merge
 
         outcome = resume_merge(out, settings, reporter=reporter, should_stop=_stop(should_stop),
-                               planner=_plan_text)
+                               other_kind=_recorded_kind)
     _finished_extraction(outcome, state_dir)
     return outcome
 
 
 def extract_lora(
-    model: str,
-    base_model: str,
-    out: PathLike,
-    *,
-    max_rank: int = 128,
-    sv_epsilon: float = 0.0,
-    distribute_scale: bool = True,
-    embed_lora: bool = False,
-    save_modules: Sequence[str] = (),
-    exclude_regexes: Sequence[str] = (),
-    include_regexes: Sequence[str] = (),
-    skip_undecomposable: bool = False,
-    exact: bool = False,
-    allow_crimes: bool = False,
-    unsafe_truncate_embeddings: bool = False,
-    random_seed: int = DEFAULT_SEED,
-    write_model_card: bool = True,
-    state_dir: PathLike | None = None,
-    restart: bool = False,
-    max_memory: int | str | None = None,
-    device: str = "cpu",
-    max_gpu_memory: int | str | None = None,
-    staging: bool | PathLike | None = None,
-    max_disk: int | str | None = None,
-    public: bool = False,
-    commit_every: int = 20,
-    commit_interval: float = 60.0,
-    cache_dir: PathLike | None = None,
-    num_threads: int | None = None,
-    plan: bool = False,
-    progress: bool | Reporter = False,
-    should_stop: Callable[[], bool] | None = None,
-    fresh_process: bool = False,
+    model: str, base_model: str, out: PathLike, *, max_rank: int = 128, sv_epsilon: float = 0.0,
+    distribute_scale: bool = True, embed_lora: bool = False, save_modules: Sequence[str] = (),
+    exclude_regexes: Sequence[str] = (), include_regexes: Sequence[str] = (), skip_undecomposable: bool = False,
+    exact: bool = False, allow_crimes: bool = False, unsafe_truncate_embeddings: bool = False,
+    random_seed: int = DEFAULT_SEED, write_model_card: bool = True, state_dir: PathLike | None = None,
+    restart: bool = False, max_memory: int | str | None = None, device: str = "cpu",
+    max_gpu_memory: int | str | None = None, staging: bool | PathLike | None = None,
+    max_disk: int | str | None = None, public: bool = False, commit_every: int = 20, commit_interval: float = 60.0,
+    cache_dir: PathLike | None = None, num_threads: int | None = None, plan: bool = False,
+    progress: bool | Reporter = False, should_stop: Callable[[], bool] | None = None, fresh_process: bool = False,
 ) -> Outcome | Estimate:
     """Extract a PEFT LoRA adapter of ``model`` (the fine-tune) against ``base_model`` into ``out``, like
     ``resumerge extract-lora`` (mergekit-extract-lora's options and meanings; ``exact`` computes mergekit's full
@@ -226,19 +221,21 @@ def extract_lora(
 
         _usable_device(options.device)
         return estimate_config(text, options, settings, source="extraction", out_dir=out, disk_free=free_bytes,
-                               fresh_process=fresh_process, planner=_plan_text)
+                               fresh_process=fresh_process,
+                               planner=lambda: _plan_extraction(text, options, settings=settings))
+    _named(out)
     _single_merge_only(text, out, settings, intermediate_dir=None, cleanup_intermediates=False)
     from resumerge.engine.session import run_plan
     from resumerge.engine.target import Target
 
     with _Progress(progress) as reporter:
         target = Target.open(out, settings)
-        prepared, inputs = _plan_text(text, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
-                                      reporter=reporter)
+        prepared, inputs = _plan_extraction(text, options, settings=settings, reporter=reporter)
         outcome = run_plan(prepared, text, target, settings, inputs=inputs, restart=restart, reporter=reporter,
                            should_stop=_stop(should_stop))
     _finished_extraction(outcome, state_dir)
     return outcome
+
 
 
 def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport | RecipeStatus:
@@ -247,6 +244,7 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport 
     from resumerge.recipes.view import is_recipe_out
     from resumerge.store.statusview import read_status
 
+    _named(out)
     if is_recipe_out(out, state_dir):
         return recipe_status(out, state_dir=state_dir)
     return read_status(out, state_dir)
@@ -264,19 +262,27 @@ def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
     """Re-hash ``out``'s committed files, like ``resumerge verify``."""
     from resumerge.store.integrity import verify_output
 
+    _named(out)
     return verify_output(out, state_dir)
 
 
 def plan_merge(config: PathLike, *, out_shard_size: int | str = DEFAULT_SHARD_SIZE,
                random_seed: int = DEFAULT_SEED, allow_crimes: bool = False,
-               unsafe_truncate_embeddings: bool = False) -> Plan:
-    """Validate ``config`` against the models' headers and return the frozen plan; writes nothing."""
+               unsafe_truncate_embeddings: bool = False, allow_same_experts: bool = False) -> Plan:
+    """Validate ``config`` against the models' headers and return the frozen plan; writes nothing (a
+    mergekit-moe config's hidden-state routers are not computed)."""
     from resumerge.config.merge_config import load_config_text
     from resumerge.engine.session import plan_from_config
 
     options = _plan_options(out_shard_size=out_shard_size, random_seed=random_seed, allow_crimes=allow_crimes,
                             unsafe_truncate_embeddings=unsafe_truncate_embeddings)
-    return plan_from_config(load_config_text(_config_text(config), source=_source(config, "config")), options)
+    text, source = _config_text(config), _source(config, "config")
+    moe = _moe_config(text, source, allow_same_experts=allow_same_experts)
+    if moe is not None:
+        from resumerge.moe.prepare import prepare_moe
+
+        return prepare_moe(moe, options, forward=False)[0]
+    return plan_from_config(load_config_text(text, source=source), options)
 
 
 def estimate(
@@ -288,6 +294,7 @@ def estimate(
     random_seed: int = DEFAULT_SEED,
     copy_tokenizer: bool = True,
     allow_crimes: bool = False,
+    allow_same_experts: bool = False,
     unsafe_truncate_embeddings: bool = False,
     max_memory: int | str | None = None,
     cache_dir: PathLike | None = None,
@@ -316,6 +323,8 @@ def estimate(
     """
     from resumerge.store.diskprobe import free_bytes
 
+    if out is not None:
+        _named(out)
     options = _plan_options(out_shard_size=out_shard_size, random_seed=random_seed, copy_tokenizer=copy_tokenizer,
                             device=device, allow_crimes=allow_crimes, stream_inputs=stream_inputs,
                             unsafe_truncate_embeddings=unsafe_truncate_embeddings)
@@ -329,6 +338,8 @@ def estimate(
     if is_recipe_text(text):
         from resumerge.recipes.estimate import estimate_recipe
 
+        if allow_same_experts:
+            _moe_only(_source(config, "the config"))
         if out is None:
             raise UsageError("planning a recipe needs OUT: its stages are placed relative to it",
                              hint=f"resumerge plan {config} OUT")
@@ -337,8 +348,18 @@ def estimate(
                                disk_free=disk_free or free_bytes)
     from resumerge.engine.estimate import estimate_config
 
-    return estimate_config(text, options, settings, source=_source(config, "config"), out_dir=out,
-                           probe_bytes=probe_bytes, disk_free=disk_free or free_bytes, fresh_process=fresh_process)
+    source = _source(config, "config")
+    moe = _moe_config(text, source, allow_same_experts=allow_same_experts)
+    planner = None
+    if moe is not None:  # planned without its prompt forward pass (the estimate counts it, not runs it)
+        from resumerge.moe.prepare import prepare_moe
+
+        def planner() -> tuple[Plan, Inputs]:
+            return prepare_moe(moe, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
+                               forward=False)
+
+    return estimate_config(text, options, settings, source=source, out_dir=out, probe_bytes=probe_bytes,
+                           disk_free=disk_free or free_bytes, fresh_process=fresh_process, planner=planner)
 
 
 # -- the one place flat parameters become PlanOptions and RunSettings --------------------------------------------
@@ -346,8 +367,9 @@ def estimate(
 
 def _plan_options(*, out_shard_size: int | str, random_seed: int, copy_tokenizer: bool = True, device: str = "cpu",
                   allow_crimes: bool = False, stream_inputs: bool = False, write_model_card: bool = True,
-                  unsafe_truncate_embeddings: bool = False) -> PlanOptions:
-    """What changes the output's bytes (the plan's fingerprint); raises UsageError (exit 2) for a bad value."""
+                  unsafe_truncate_embeddings: bool = False, num_threads: int | None = None) -> PlanOptions:
+    """What changes the output's bytes (the plan's fingerprint; ``num_threads`` only for the methods whose bytes
+    depend on it, the planner drops it for the others); raises UsageError (exit 2) for a bad value."""
     from resumerge.engine.devices import normalise_device
     from resumerge.plan.merge_plan import PlanOptions
 
@@ -356,7 +378,8 @@ def _plan_options(*, out_shard_size: int | str, random_seed: int, copy_tokenizer
         raise UsageError("--out-shard-size must be positive")
     return PlanOptions(out_shard_size=shard_size, random_seed=random_seed, copy_tokenizer=copy_tokenizer,
                        device=normalise_device(device), allow_crimes=allow_crimes, stream_inputs=stream_inputs,
-                       write_model_card=write_model_card, unsafe_truncate_embeddings=unsafe_truncate_embeddings)
+                       write_model_card=write_model_card, unsafe_truncate_embeddings=unsafe_truncate_embeddings,
+                       num_threads=num_threads)
 
 
 def _run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = None,
@@ -416,45 +439,122 @@ def _single_merge_only(config: PathLike, out: PathLike, settings: RunSettings, *
                              hint="use another OUT for a single merge")
 
 
+def _named(out: PathLike) -> None:
+    """Refuse an empty OUT (``run cfg.yml ""``): as a path it would be the current directory, never what was meant."""
+    if not os.fspath(out).strip():
+        raise UsageError("OUT is empty", hint="name an output directory, or a hub repo hf://NAMESPACE/NAME")
+
+
+def _is_yaml_text(config: PathLike) -> bool:
+    """The rule for every ``config`` parameter: a ``Path`` (any ``os.PathLike``) names a file; a ``str`` is YAML
+    text when it holds a newline or is a YAML mapping on one line (``"{merge_method: linear, models: [...]}"``) and
+    names no existing file; any other ``str`` names a file."""
+    if not isinstance(config, str):
+        return False
+    if "\n" in config:
+        return True
+    if os.path.isfile(config):
+        return False
+    import yaml
+
+    try:
+        return isinstance(yaml.safe_load(config), dict)
+    except yaml.YAMLError:
+        return False
+
+
+def _moe_config(text: str, source: str, *, allow_same_experts: bool) -> MoeConfig | None:
+    """``text`` loaded as a mergekit-moe config (``base_model`` + ``experts``: MoE upcycling, planned by
+    :mod:`resumerge.moe`), or None for a merge config (which the session loads); ``allow_same_experts`` is refused
+    (exit 2) for the latter. Raises ConfigError naming the YAML path before any model is opened."""
+    from resumerge.moe import is_moe_text, load_moe_text
+
+    if is_moe_text(text):
+        return load_moe_text(text, allow_all_same=allow_same_experts, source=source)
+    if allow_same_experts:
+        _moe_only(source)
+    return None
+
+
+def _run_moe(config: MoeConfig, text: str, out: PathLike, options: PlanOptions, settings: RunSettings, *,
+             restart: bool, reporter: Reporter | None, should_stop: Callable[[], bool]) -> Outcome:
+    """MoE upcycling: its planner (:mod:`resumerge.moe`, which runs the prompt forward pass of the hidden-state
+    gate modes), then the one session path. Nothing is read before the config and OUT are checked."""
+    from resumerge.engine.session import hub_progress, run_plan
+    from resumerge.engine.target import Target
+    from resumerge.moe.prepare import prepare_moe
+
+    target = Target.open(out, settings)
+    plan, inputs = prepare_moe(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
+                               on_progress=hub_progress(reporter))
+    return run_plan(plan, text, target, settings, inputs=inputs, restart=restart, reporter=reporter,
+                    should_stop=should_stop)
+
+
+def _recorded_moe(text: str, options: PlanOptions, model_dirs: Mapping[str, str], settings: RunSettings,
+                  reporter: Reporter | None) -> tuple[Plan, Inputs] | None:
+    """The plan of a recorded mergekit-moe config, for its resume (None for a merge config). Its experts may all
+    be one model: that was allowed when the run started (the rule is about intent; it changes no byte)."""
+    from resumerge.moe import is_moe_text, load_moe_text
+
+    if not is_moe_text(text):
+        return None
+    from resumerge.engine.session import hub_progress
+    from resumerge.moe.prepare import prepare_moe
+
+    return prepare_moe(load_moe_text(text, allow_all_same=True), options, model_dirs=model_dirs,
+                       state_dir=settings.state_dir, cache_dir=settings.cache_dir, on_progress=hub_progress(reporter))
+
+
+def _recorded_kind(text: str, options: PlanOptions, model_dirs: Mapping[str, str], settings: RunSettings,
+                   reporter: Reporter | None) -> tuple[Plan, Inputs] | None:
+    """The plan of a recorded run of another kind than a merge config, for its resume: a LoRA extraction's spec or
+    a mergekit-moe config (None for a merge config)."""
+    from resumerge.extract.spec import is_extraction_text
+
+    if is_extraction_text(text):
+        return _plan_extraction(text, options, model_dirs=model_dirs, settings=settings, reporter=reporter)
+    return _recorded_moe(text, options, model_dirs, settings, reporter)
+
+
+def _plan_extraction(text: str, options: PlanOptions, *, settings: RunSettings,
+                     model_dirs: Mapping[str, str] | None = None,
+                     reporter: Reporter | None = None) -> tuple[Plan, Inputs]:
+    """The plan of the LoRA extraction recorded as ``text`` (:mod:`resumerge.extract`) and its opened inputs."""
+    from resumerge.engine.session import hub_progress
+    from resumerge.extract.prepare import prepare_extraction
+
+    return prepare_extraction(text, options, model_dirs=model_dirs, state_dir=settings.state_dir,
+                              cache_dir=settings.cache_dir, on_progress=hub_progress(reporter))
+
+
 def _usable_device(device: str) -> None:
-    """An estimate times the methods on the run's device: a GPU the run would refuse is refused here too (exit 2),
-    rather than a plan that "fits"."""
+    """The compute estimate times the methods on the run's device: a GPU the run would refuse is refused here too
+    (exit 2), rather than a plan that "fits"."""
     if device != "cpu":
         from resumerge.memory.cuda import CudaProbe
 
         CudaProbe(device)
 
 
-def _plan_text(text: str, options: PlanOptions, *, model_dirs: Mapping[str, str] | None = None,
-               state_dir: PathLike | None = None, cache_dir: PathLike | None = None,
-               reporter: Reporter | None = None) -> tuple[Plan, Inputs]:
-    """The plan of a run's text, whichever kind of run it records: a LoRA extraction's spec
-    (:mod:`resumerge.extract`) or a merge config (the session's :class:`~resumerge.engine.session.TextPlanner`)."""
-    from resumerge.engine.session import hub_progress, prepare_text
-    from resumerge.extract.spec import is_extraction_text
-
-    if is_extraction_text(text):
-        from resumerge.extract.prepare import prepare_extraction
-
-        return prepare_extraction(text, options, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
-                                  on_progress=hub_progress(reporter))
-    return prepare_text(text, options, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
-                        reporter=reporter)
-
-
 def _finished_extraction(outcome: Outcome, state_dir: PathLike | None) -> None:
     """After an extraction's adapter is committed nobody needs its modules' cached factors: delete them."""
-    from resumerge.extract.planner import METHOD
+    from resumerge.extract.spec import EXTRACTION_METHOD
 
-    if outcome.plan.method == METHOD:
+    if outcome.plan.method == EXTRACTION_METHOD:  # a merge's resume never imports the extraction
         from resumerge.extract.prepare import forget_factors
 
         forget_factors(outcome.plan, state_dir)
 
 
+def _moe_only(source: str) -> None:
+    raise UsageError("--i-understand-this-is-not-useful-without-training applies to mergekit-moe configs "
+                     f"(base_model and experts) only, and {source} is not one")
+
+
 def _config_text(config: PathLike) -> str:
-    # A string with a newline is YAML text; anything else names a file.
-    if isinstance(config, str) and "\n" in config:
+    """The YAML text of ``config`` (see :func:`_is_yaml_text`); raises UsageError for a file that cannot be read."""
+    if isinstance(config, str) and _is_yaml_text(config):
         return config
     from resumerge.engine.session import read_config_file
 
@@ -463,7 +563,7 @@ def _config_text(config: PathLike) -> str:
 
 def _source(config: PathLike, text_name: str) -> str:
     """The name errors about ``config`` start with: its file name, or ``text_name`` for YAML text."""
-    return text_name if isinstance(config, str) and "\n" in config else Path(config).name
+    return text_name if _is_yaml_text(config) else Path(config).name
 
 
 def _stop(should_stop: Callable[[], bool] | None) -> Callable[[], bool]:

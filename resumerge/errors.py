@@ -7,7 +7,8 @@
     │   ├── ConfigError                         YAML syntax, schema, parameters, slices (carries yaml_path)
     │   ├── ModelInputError                     a model directory, config.json, index or header is unusable
     │   │   └── HostileFileError                a file that tries to escape, lie about sizes or execute code
-    │   └── UsageError                          the command line itself is wrong
+    │   ├── UsageError                          the command line itself is wrong
+    │   └── UnreachableInputError               a hub input unreachable before a run recorded anything
     ├── InterruptedMerge                exit 3  stopped at a safe point (signal); resumable
     ├── RefusedError                    exit 4  state mismatch or damage resumerge will not paper over
     │   ├── PlanChangedError                    config, options or input files differ from the recorded run
@@ -68,6 +69,11 @@ class ResumergeError(Exception):
 
 class InputError(ResumergeError):
     """The user's config or input files are wrong; nothing has been written."""
+
+
+class UnreachableInputError(InputError):
+    """A hub input could not be reached while planning a new run: nothing was recorded, so there is nothing to
+    resume (an :class:`UnreachableError` met later, mid-run, stays exit 3)."""
 
 
 class ConfigError(InputError):

@@ -56,6 +56,9 @@ UNNEEDED_FLAGS: dict[str, str] = {
     "--write-model-card": "README.md and mergekit_config.yml are written by default",
     "--trust-remote-code": "resumerge never executes code from model repositories",
     "--verbose": "progress is shown by default",
+    # mergekit-moe's: it quantises the whole base model to fit the hidden-state routers in memory.
+    "--load-in-4bit": "MoE routers are computed one decoder layer at a time within --max-memory",
+    "--load-in-8bit": "MoE routers are computed one decoder layer at a time within --max-memory",
 }
 # Options that shape what the terminal shows, not what the API does (the rest of each command's options are
 # keyword arguments of its API function): the command itself, progress and JSON output, and mergekit's -v.
@@ -101,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "embeddings and heads (vocab_size and the tokenizer are cut to match)")
     run.add_argument("--allow-crimes", action="store_true",
                      help="merge models of different architectures, tensor by tensor as names and shapes allow")
+    run.add_argument("--i-understand-this-is-not-useful-without-training", action="store_true",
+                     dest="allow_same_experts",
+                     help="mergekit-moe configs: let every expert be the same model (as mergekit-moe does)")
     run.add_argument("--device", default="cpu", metavar="DEVICE",
                      help="where merge methods compute: cpu or cuda[:N] (reading and writing stay on the host; "
                           "a resume keeps the device) [default: cpu]")
@@ -125,21 +131,25 @@ def build_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="finish the merge recorded for OUT",
                             description="Finish an interrupted merge. Works from OUT alone when the state dir "
                                         "is gone (the ledger is rebuilt from OUT's manifest).")
-    resume.add_argument("out", metavar="OUT", help="output directory of the interrupted merge")
+    resume.add_argument("out", metavar="OUT", help="output directory of the interrupted merge, or its hub repo "
+                                                    "hf://NAMESPACE/NAME[@BRANCH] (resumes from the repo alone "
+                                                    "when the state dir is gone)")
     _common(resume)
     resume.add_argument("--cleanup-intermediates", action="store_true",
                         help="recipes: delete the named stages' outputs once the final output is verified")
 
     status = sub.add_parser("status", help="show where the merge into OUT stands",
                             description="Show the state of a merge (fast: reads the ledger only).")
-    status.add_argument("out", metavar="OUT")
+    status.add_argument("out", metavar="OUT", help="output directory of the merge (or recipe), or its hub repo "
+                                                    "hf://NAMESPACE/NAME[@BRANCH]")
     status.add_argument("--state-dir", metavar="DIR", help="state directory used by the run")
     status.add_argument("--json", action="store_true", help="print JSON")
 
     verify = sub.add_parser("verify", help="re-hash OUT's files against their recorded checksums",
                             description="Check every committed output file against its sha256; name damaged "
                                         "files (exit 3: resume repairs them).")
-    verify.add_argument("out", metavar="OUT")
+    verify.add_argument("out", metavar="OUT", help="output directory of the merge, or its hub repo "
+                                                    "hf://NAMESPACE/NAME[@BRANCH]")
     verify.add_argument("--state-dir", metavar="DIR", help="state directory used by the run")
     verify.add_argument("--json", action="store_true", help="print JSON")
 
@@ -157,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--no-copy-tokenizer", action="store_false", dest="copy_tokenizer",
                       help="do not count tokenizer files")
     plan.add_argument("--allow-crimes", action="store_true", help="as for run")
+    plan.add_argument("--i-understand-this-is-not-useful-without-training", action="store_true",
+                      dest="allow_same_experts", help="as for run")
     plan.add_argument("--unsafe-truncate-embeddings", action="store_true", help="as for run")
     plan.add_argument("--state-dir", metavar="DIR", help="state directory the run will use")
     plan.add_argument("--max-memory", metavar="SIZE", help="RAM budget the run will use [default: as for run]")
@@ -267,6 +279,15 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="threads torch uses for arithmetic [default: torch's choice]")
 
 
+def _command_parser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The parser of ``command`` (the top-level one when no command was given)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            chosen: argparse.ArgumentParser = action.choices[command]
+            return chosen
+    return parser
+
+
 def _dest(flag: str) -> str:
     return "unneeded_" + flag.lstrip("-").replace("-", "_")
 
@@ -275,7 +296,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``resumerge`` console script; returns the exit code."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # a command's unknown option: its own usage, not the top-level one parse_args would print
+            _command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # argparse already printed its message
         return 2 if exc.code not in (0, None) else 0
     if args.command is None:

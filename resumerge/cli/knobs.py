@@ -6,6 +6,7 @@ Used by :mod:`resumerge.cli.commands`. Options are not turned into settings here
 
 from __future__ import annotations
 
+import atexit
 import signal
 import sys
 import threading
@@ -40,10 +41,30 @@ class StopFlag:
 
 
 def installed_stop_flag() -> StopFlag:
-    """A :class:`StopFlag` already receiving SIGINT and SIGTERM."""
+    """A :class:`StopFlag` already receiving SIGINT and SIGTERM (and ignoring them once the interpreter exits)."""
     stop = StopFlag()
     stop.install()
+    _ignore_signals_at_exit()
     return stop
+
+
+_EXIT_HOOK: list[bool] = []
+
+
+def _ignore_signals_at_exit() -> None:
+    """Once the command is over, the interpreter's exit still takes most of a second (torch's teardown), during
+    which Python puts its SIGINT and SIGTERM handlers back to the defaults: a signal then ended a finished merge,
+    after its "done:" line, with 130/143 and no message. The exit ignores them instead (registered once)."""
+    if _EXIT_HOOK:
+        return
+    _EXIT_HOOK.append(True)
+
+    def ignore() -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    atexit.register(ignore)
 
 
 def quiet_hub_uploads(out: str) -> None:

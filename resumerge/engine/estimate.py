@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 import torch
@@ -55,9 +55,6 @@ from resumerge.store.diskprobe import (
 )
 from resumerge.store.filesystems import Staging, staging_dir
 from resumerge.store.manifest import read_manifest
-
-if TYPE_CHECKING:
-    from resumerge.engine.session import TextPlanner
 
 # A ledger row per tensor and per file, SQLite pages, and a WAL of the same size again: a generous bound.
 _LEDGER_FIXED = 256 * 1024
@@ -114,7 +111,7 @@ def estimate(
     speed = probe_directory(_probe_dir(out), probe_bytes, disk_free=disk_free) if out is not None else None
     # Nothing pending (a finished merge): no sample is read and no method is timed.
     compute = measure_compute(plan, pending, max_seconds=compute_budget) if pending else ()
-    timing = replace(_time(plan, pending, output, downloads, committed, speed, probe_bytes, compute),
+    timing = replace(_time(plan, pending, output, downloads, committed, speed, probe_bytes, compute, to_hub),
                      startup_seconds=startup_seconds)
     reasons = memory_reasons + [r for d in disks if not d.fits for r in [_disk_reason(d, output)]]
     hub = hub_disk_need(plan, max_disk)
@@ -356,7 +353,7 @@ def _disk_reason(disk: DiskNeed, output: OutputSize) -> str:
 
 def _time(plan: Plan, pending: Sequence[Any], output: OutputSize, downloads: Mapping[str, ModelDownload],
           committed: Mapping[str, int], speed: DiskSpeed | None, probe_bytes: int,
-          compute: Sequence[ComputeGroup] = ()) -> TimeEstimate:
+          compute: Sequence[ComputeGroup] = (), to_hub: bool = False) -> TimeEstimate:
     notes = [g.line() for g in compute]
     read_bytes = sum(i.end - i.start for s in pending for n in s.tensors for i in plan.tensors[n].inputs)
     read_speed = _input_read_speed(plan, probe_bytes)
@@ -365,7 +362,9 @@ def _time(plan: Plan, pending: Sequence[Any], output: OutputSize, downloads: Map
         read_speed = speed.read_bytes_per_s
         notes.append("inputs are not on disk yet: their read speed is taken as OUT's")
     if speed is None:
-        notes.append("no OUT given: write speed unknown")
+        # An hf:// OUT is given but has no local disk to probe: its speed is the upload's, which is not estimated.
+        notes.append("OUT is a hub repo: upload time is not included" if to_hub else "no OUT given: write speed "
+                     "unknown")
     elif speed.note:
         notes.append(f"disk speed of {speed.path} not measured: {speed.note}")
     fetch = sum(d.bytes for d in downloads.values())
@@ -430,10 +429,9 @@ def estimate_config(
     disk_free: DiskFree = free_bytes,
     fresh_process: bool = False,
     compute_budget: float = SAMPLE_SECONDS,
-    planner: TextPlanner | None = None,
+    planner: Callable[[], tuple[Plan, Inputs]] | None = None,
 ) -> Estimate:
-    """Validate ``config_text`` fully (config, every input's config.json and headers) and :func:`estimate` it;
-    ``planner`` plans a text that is not a merge config (another kind of run, chosen by :mod:`resumerge.api`).
+    """Validate ``config_text`` fully (config, every input's config.json and headers) and :func:`estimate` it.
 
     ``fresh_process`` says this process was started for this estimate, like the merge will be (``resumerge
     plan``): its age then measures the merge's start-up, imports included; otherwise only planning is counted
@@ -441,6 +439,8 @@ def estimate_config(
     raises for an invalid merge (exit 2 errors); a merge that is valid but does not fit is not an error: see
     :attr:`Estimate.reasons`. ``out_dir`` may be an ``hf://`` target: the output's local disk is then its staging.
     The compute estimate times the methods with ``settings.num_threads`` torch threads, as the run will.
+    ``planner`` plans a config of another kind than a merge config (:mod:`resumerge.api` passes MoE upcycling's,
+    which skips the prompt forward pass); None plans ``config_text`` as a merge config.
     """
     started = time.time()
     from resumerge.config.merge_config import load_config_text
@@ -448,11 +448,11 @@ def estimate_config(
     from resumerge.engine.session import prepare
 
     set_torch_threads(settings.num_threads)
-    if planner is None:
+    if planner is not None:
+        plan, inputs = planner()
+    else:
         config = load_config_text(config_text, source=source)
         plan, inputs = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir)
-    else:
-        plan, inputs = planner(config_text, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir)
     if fresh_process:
         started = psutil.Process().create_time()
     to_hub = out_dir is not None and is_hub_target(os.fspath(out_dir))

@@ -59,7 +59,7 @@ def open_run(
         row, manifest = None, None
     verified: frozenset[str] = frozenset()
     if row is None:
-        _record_plan(plan, config_text, out, ledger)
+        record_plan(plan, config_text, out, ledger)
         if manifest is not None:
             # The state dir was lost (a runtime reset) but OUT survived: trust only what re-hashes correctly.
             verified = adopt_manifest(sink, plan, ledger, manifest.committed, notes)
@@ -99,7 +99,8 @@ def planned_files(plan: Plan) -> list[str]:
     return [s.name for s in plan.shards] + [a.name for a in aux_files(plan)]
 
 
-def _record_plan(plan: Plan, config_text: str, out: Path | str, ledger: Ledger) -> None:
+def record_plan(plan: Plan, config_text: str, out: Path | str, ledger: Ledger) -> None:
+    """Record ``plan`` in ``ledger`` as a new run of OUT (every file pending)."""
     files: list[tuple[str, str, int, int, int | None]] = [
         (s.name, "shard", i, len(s.tensors), s.file_size) for i, s in enumerate(plan.shards)
     ]

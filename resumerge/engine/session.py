@@ -18,15 +18,15 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from resumerge.config.locations import run_dir
 from resumerge.config.merge_config import MergeConfig, load_config_text
 from resumerge.engine.devices import gpu_governor
 from resumerge.engine.executor import Reporter, Stopped, execute
-from resumerge.engine.hubout import HubOutput
+from resumerge.engine.hubout import HubOutput, create_recorded
 from resumerge.engine.inputfetch import HubInputs
 from resumerge.engine.outdir import open_run, planned_files
 from resumerge.engine.reconcile import reconcile
@@ -35,8 +35,11 @@ from resumerge.engine.target import Target
 from resumerge.errors import (
     InterruptedMerge,
     LedgerError,
+    OutputDirError,
     ResumergeError,
     StorageError,
+    UnreachableError,
+    UnreachableInputError,
     UsageError,
 )
 from resumerge.inputs.catalog import Inputs, open_inputs
@@ -44,13 +47,14 @@ from resumerge.inputs.model import InputWatch
 from resumerge.inputs.source import InputSources
 from resumerge.memory import CudaProbe, MemoryGovernor, SystemProbe, default_budget, format_size, os_peak_rss
 from resumerge.plan.merge_plan import Plan, PlanOptions
-from resumerge.plan.planner import build_plan
+from resumerge.plan.planner import build_plan, threads_matter
 from resumerge.plan.workunits import largest, oversized_units
 from resumerge.store.durable import is_temp_name
 from resumerge.store.filesystems import Staging, filesystem_type, staging_dir
 from resumerge.store.ledger import LEDGER_NAME, Ledger, set_aside
 from resumerge.store.manifest import MANIFEST_NAME, Manifest
 from resumerge.store.sink import LocalDirSink, OutputSink, StagedDirSink
+from resumerge.store.statusview import resume_command
 
 if TYPE_CHECKING:
     from resumerge.inputs.hub import HubEvent
@@ -58,6 +62,12 @@ if TYPE_CHECKING:
 
 def _never() -> bool:
     return False
+
+
+# Plans a run's recorded config text of another kind than a merge config (MoE upcycling's), from the recorded
+# options and model directories, under the resume's settings and reporter; None when the text is a merge config.
+RecordedPlanner = Callable[[str, PlanOptions, Mapping[str, str], RunSettings, "Reporter | None"],
+                           "tuple[Plan, Inputs] | None"]
 
 
 class NullReporter:
@@ -109,23 +119,6 @@ def prepare(
     return build_plan(config, inputs.models, options), inputs
 
 
-class TextPlanner(Protocol):
-    """How a run's recorded text becomes its plan and opened inputs (headers only): :func:`prepare_text` for a
-    merge config; :mod:`resumerge.api` passes the planner of the kind of run it recorded."""
-
-    def __call__(self, text: str, options: PlanOptions, *, model_dirs: Mapping[str, str] | None = None,
-                 state_dir: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None,
-                 reporter: Reporter | None = None) -> tuple[Plan, Inputs]: ...
-
-
-def prepare_text(text: str, options: PlanOptions, *, model_dirs: Mapping[str, str] | None = None,
-                 state_dir: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None,
-                 reporter: Reporter | None = None) -> tuple[Plan, Inputs]:
-    """:func:`prepare` of a merge config's text (the :class:`TextPlanner` of a merge)."""
-    return prepare(load_config_text(text), options, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
-                   reporter=reporter)
-
-
 def plan_from_config(config: MergeConfig, options: PlanOptions,
                      model_dirs: Mapping[str, str] | None = None) -> Plan:
     """The plan of ``config`` (headers only); raises InputError subclasses for anything that would fail later."""
@@ -175,8 +168,14 @@ def run_merge(
     """
     config = load_config_text(config_text)
     target = Target.open(out_dir, settings)
-    plan, inputs = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
-                           reporter=reporter)
+    try:
+        plan, inputs = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
+                               reporter=reporter)
+    except UnreachableError as exc:
+        # Nothing is recorded yet: exit 3's "resume finishes it" would be wrong (resume finds nothing to resume).
+        raise UnreachableInputError(exc.message, path=exc.path, yaml_path=exc.yaml_path,
+                                    hint="nothing was started: check the network (or HF_ENDPOINT), then run the "
+                                         "same command again") from None
     return run_plan(plan, config_text, target, settings, inputs=inputs, restart=restart, reporter=reporter,
                     should_stop=should_stop)
 
@@ -187,18 +186,20 @@ def resume_merge(
     *,
     reporter: Reporter | None = None,
     should_stop: Callable[[], bool] = _never,
-    planner: TextPlanner = prepare_text,
+    other_kind: RecordedPlanner | None = None,
 ) -> Outcome:
     """Finish the merge recorded for ``out_dir`` (from the ledger, else from OUT's manifest) with ``settings`` (they
     do not change the output, so they may differ from the first run's). An ``hf://`` OUT resumes from the repo
-    alone when the state dir is gone. ``planner`` plans the recorded text (the API's knows every kind of run).
+    alone when the state dir is gone.
 
     Raises LedgerError when neither exists, PlanChangedError when the inputs or resumerge changed, UsageError
     when the merge computes on a GPU that this machine lacks (the device is part of the output's identity).
+    ``other_kind`` plans a recorded config of another kind than a merge config (:mod:`resumerge.api`, which
+    decides what a run is, passes it).
     """
     target = Target.open(out_dir, settings, create=False).read_recorded()
     out, manifest, state_dir = target.out, target.manifest(), settings.state_dir
-    ledger_path = run_dir(out, state_dir) / LEDGER_NAME
+    ledger_path = run_dir(target.url, state_dir) / LEDGER_NAME
     row = None
     if ledger_path.exists():
         try:
@@ -210,20 +211,57 @@ def resume_merge(
             # Damaged but OUT has a manifest: _drive sets the ledger aside and rebuilds it from the manifest.
         else:
             row = ledger.run_row()
+            committed = sum(1 for r in ledger.files() if r["status"] == "done")
             ledger.close()
+            if row is not None and committed and target.hub is None and not out.exists():
+                raise _moved(out, committed, resume_command("NEW_PATH", state_dir))
     if row is not None:
         text, opts, dirs = row["config_text"], json.loads(row["options"]), json.loads(row["model_dirs"])
     elif manifest is not None:
         text, opts, dirs = manifest.config_text, dict(manifest.options), dict(manifest.model_dirs)
+    elif target.hub is not None:  # nothing anywhere holds the run: only `run` can start it (never "try later")
+        url = target.hub.url
+        where = "it does not exist on the hub" if not target.hub.exists else f"the repo holds no {MANIFEST_NAME}"
+        raise UsageError(f"nothing to resume in {url}: {where} and the state dir holds no ledger of it", path=url,
+                         hint=f"start it with: resumerge run CONFIG {url} (pass the killed run's --state-dir if it "
+                              "used one)")
     else:
         raise LedgerError(
             f"nothing to resume in {out}: no ledger in the state dir and no {MANIFEST_NAME}",
             path=str(out),
             hint="start the merge with resumerge run CONFIG OUT (pass --state-dir if you used one)",
         )
-    plan, inputs = planner(text, PlanOptions(**opts), model_dirs=dirs, state_dir=state_dir, reporter=reporter)
+    other = other_kind(text, PlanOptions(**opts), dirs, settings, reporter) if other_kind is not None else None
+    plan, inputs = other or prepare(load_config_text(text), PlanOptions(**opts), model_dirs=dirs,
+                                    state_dir=state_dir, reporter=reporter)
+    settings = _recorded_threads(plan, settings, reporter)
     return run_plan(plan, text, target, settings, inputs=inputs, resuming=True, reporter=reporter,
                     should_stop=should_stop)
+
+
+def _recorded_threads(plan: Plan, settings: RunSettings, reporter: Reporter | None) -> RunSettings:
+    """The settings a resume computes with: the thread count recorded with a plan whose bytes depend on it
+    (None when they do not, or the run left it to torch), and a different -j refused."""
+    recorded, asked = plan.options.num_threads, settings.num_threads
+    if not threads_matter({t.method for t in plan.tensors.values()}) or asked == recorded:
+        return settings
+    if asked is not None:
+        was = f"-j {recorded}" if recorded is not None else "torch's default thread count (no -j)"
+        raise UsageError(f"this merge was started with {was}, and its methods' bytes depend on the thread count",
+                         hint=f"resume without -j (it reuses {was})")
+    if reporter is not None:
+        reporter.message(f"using -j {recorded}, as the run was started with (the output's bytes depend on it)")
+    return replace(settings, num_threads=recorded)
+
+
+def _moved(out: Path, committed: int, where: str) -> OutputDirError:
+    """A resume whose OUT vanished though the ledger records files committed there: the output was moved or
+    deleted, and re-creating it would redo the whole merge in the wrong place."""
+    return OutputDirError(
+        f"{out} does not exist, though {committed} file(s) were committed there: the output may have moved",
+        path=str(out),
+        hint=f"resume it where it is now with {where}, or start over with resumerge run CONFIG {out} --restart",
+    )
 
 
 def run_plan(
@@ -305,24 +343,42 @@ def _drive(
     from resumerge.store.runlock import RunLock
 
     out, hub_out, command, state_dir = target.out, target.hub, target.command, settings.state_dir
+    if plan.options.num_threads is not None:  # the resume reuses it anyway; the command says what it will do
+        command = f"{command} -j {plan.options.num_threads}"
     governor, gpu = governors
     # What the output may keep on the local disk once the hub inputs kept in the cache are counted.
     max_disk = hub.output_budget(settings.max_disk) if hub is not None else settings.max_disk
+    created = hub_out is None and not out.exists()  # removed again if the run is refused before writing to it
     if hub_out is None:
         out.mkdir(parents=True, exist_ok=True)
     rdir = run_dir(hub_out.url if hub_out else out, state_dir)
-    # A repo cannot be locked from here: the run's own folder is, so two processes on this machine never collide.
-    lock = RunLock(rdir, out if hub_out is None else rdir)
-    lock.acquire()
+    # A repo cannot be locked from here: the run's lock file is, so two processes on this machine never collide
+    # (and the refusal names the repo as written, hf://…).
+    lock = RunLock(rdir, out) if hub_out is None else RunLock(rdir, hub_out.url, lock_out=False)
+    try:
+        lock.acquire()
+    except BaseException:
+        _remove_if_empty(out, created)
+        raise
     notes: list[str] = []
-    ledger = _open_ledger(rdir / LEDGER_NAME, notes)
+    try:
+        ledger = _open_ledger(rdir / LEDGER_NAME, notes)
+        if hub_out is None and manifest is None and not (restart or resuming):
+            ledger = _set_aside_stale(ledger, rdir / LEDGER_NAME, plan, notes)
+    except BaseException:
+        lock.release()
+        _remove_if_empty(out, created)
+        raise
     watch = InputWatch.of(plan.model_dirs, plan.inputs)
     ledger.commit_guard = watch.check
     xfsz = _ignore_sigxfsz()
     restore_allocator = tune_allocator()  # process-wide: put back when the run ends (a notebook goes on)
     try:
+        if hub_out is not None and not hub_out.exists:  # the plan is recorded before the repo exists, never after
+            hub_out = create_recorded(hub_out, plan, config_text, ledger, restart=restart)
         staged: list[str] = []
-        with _make_sink(plan, out, rdir, settings.staging, staged, hub_out, max_disk, should_stop) as sink:
+        with _make_sink(plan, out, rdir, settings.staging, staged, hub_out, max_disk, should_stop,
+                        _telling(reporter, ledger)) as sink:
             book, verified = open_run(plan, config_text, hub_out.url if hub_out else out, sink, ledger, manifest,
                                       restart=restart, resuming=resuming, notes=notes)
             reconcile(sink, ledger, book, log=notes, verified=verified)
@@ -369,22 +425,36 @@ def _drive(
                 _record_gpu_memory(ledger, gpu)
             book.set_state("done")
             ledger.set_state("done")
+            created = False
             return Outcome(plan, out, resumed, tuple(notes), target=hub_out.url if hub_out else None)
     finally:
         ledger.close()
         lock.release()
+        _remove_if_empty(out, created)
         _restore_sigxfsz(xfsz)
         if restore_allocator is not None:
             restore_allocator()
 
 
 def _make_sink(plan: Plan, out: Path, rdir: Path, staging: Staging, notes: list[str], hub_out: HubOutput | None,
-               max_disk: int | None, should_stop: Callable[[], bool]) -> OutputSink:
+               max_disk: int | None, should_stop: Callable[[], bool], tell: Callable[[str], None]) -> OutputSink:
     """The sink of this run: the hub repo, OUT staged on local disk (Drive and other mounts), or OUT itself."""
     if hub_out is not None:
-        return hub_out.sink(plan, rdir, planned_files(plan), max_disk, should_stop)
+        return hub_out.sink(plan, rdir, planned_files(plan), max_disk, should_stop, tell)
     stage_dir = _staging_dir(staging, plan, out, rdir, notes)
     return LocalDirSink(out) if stage_dir is None else StagedDirSink(out, stage_dir)
+
+
+def _telling(reporter: Reporter, ledger: Ledger) -> Callable[[str], None]:
+    """What a sink tells the user while the run goes on (a hub's commit-quota wait): shown on ``reporter`` and kept
+    as a ``hub`` event of the ledger, which ``status`` shows."""
+
+    def tell(text: str) -> None:
+        reporter.message(text)
+        with contextlib.suppress(ResumergeError):  # the message is shown; the ledger's disk may be what fails
+            ledger.event("hub", text)
+
+    return tell
 
 
 def _open_ledger(path: Path, notes: list[str]) -> Ledger:
@@ -402,6 +472,26 @@ def _open_ledger(path: Path, notes: list[str]) -> Ledger:
                                ) from None
         notes.append(f"{exc.message}: set aside as {aside.name}, nothing in it is trusted")
         return Ledger(path)
+
+
+def _set_aside_stale(ledger: Ledger, path: Path, plan: Plan, notes: list[str]) -> Ledger:
+    """A new run into an absent or empty OUT: a ledger recorded for another plan there describes a merge that is
+    no longer in OUT (it was deleted, or moved) and is set aside rather than refused as "a merge planned
+    differently"; returns the ledger to use."""
+    row = ledger.run_row()
+    if row is None or row["fingerprint"] == plan.fingerprint:
+        return ledger
+    ledger.close()
+    aside = set_aside(path, suffix=".stale")
+    notes.append(f"OUT holds no merge: the record of an earlier, different run into it was set aside as {aside.name}")
+    return Ledger(path)
+
+
+def _remove_if_empty(out: Path, created: bool) -> None:
+    """Remove OUT when this run created it and stopped before writing to it: a refused run leaves nothing."""
+    if created:
+        with contextlib.suppress(OSError):
+            out.rmdir()
 
 
 def _failure(exc: Exception, ledger: Ledger, watch: InputWatch) -> Exception:

@@ -23,13 +23,13 @@ CONCURRENCY = 2
 class RunSettings:
     """The settings of one run that never change its output bytes (a resume may pass others than the first run).
 
-    ``state_dir`` holds ledgers (default: see :func:`resumerge.config.locations.state_root`); ``cache_dir`` is the
-    Hugging Face cache for hub models (``--transformers-cache``). ``max_memory`` and ``max_gpu_memory`` are budgets in
-    bytes (None: a safe fraction of what the machine, container or GPU allows). ``staging``: None stages output on local
-    disk only when OUT is remote (Drive), True always, False never, or a directory to stage in. ``max_disk`` bounds the
-    bytes kept on the local disk for the output (an ``hf://`` OUT's uncommitted files); ``output`` says how an ``hf://``
-    OUT is created and its commits batched. ``num_threads`` is torch's thread count (None: torch's choice) and
-    ``workers`` the units computed at once.
+    ``state_dir`` holds ledgers (default: :func:`resumerge.config.locations.state_root`'s); ``cache_dir`` is the
+    Hugging Face cache for hub models (``--transformers-cache``). ``max_memory`` and ``max_gpu_memory`` are budgets
+    in bytes (None: a safe fraction of what the machine, container or GPU allows). ``staging``: None stages output
+    on local disk only when OUT is remote (Drive), True always, False never, or a directory to stage in.
+    ``max_disk`` bounds the bytes kept on the local disk for the output (an ``hf://`` OUT's uncommitted files);
+    ``output`` says how an ``hf://`` OUT is created and its commits batched. ``num_threads`` is torch's thread count
+    (None: torch's choice) and ``workers`` the units computed at once.
     """
 
     state_dir: str | os.PathLike[str] | None = None

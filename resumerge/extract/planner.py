@@ -21,7 +21,7 @@ from resumerge.config.modelref import parse_model_ref
 from resumerge.errors import UsageError
 from resumerge.extract.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS, CARD, adapter_config, model_card
 from resumerge.extract.modules import LoraModule, ModuleChoice, choose_modules
-from resumerge.extract.spec import ExtractSpec
+from resumerge.extract.spec import EXTRACTION_METHOD, ExtractSpec
 from resumerge.inputs.catalog import Inputs, adapter_key, open_inputs
 from resumerge.inputs.hub import HubEvent
 from resumerge.inputs.model import ModelInput
@@ -29,7 +29,7 @@ from resumerge.inputs.safetensors_format import DTYPE_SIZES, layout_shard, numel
 from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, ShardPlan, TensorPlan, compute_fingerprint
 from resumerge.plan.truncation import leading_rows
 
-METHOD = "extract_lora"
+METHOD = EXTRACTION_METHOD
 _PROMOTE = {"F64": 3, "F32": 2, "BF16": 1, "F16": 1}
 
 

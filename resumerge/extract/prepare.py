@@ -18,7 +18,7 @@ from resumerge.extract.decompose import kept_rank, truncate
 from resumerge.extract.factor_cache import FactorCache
 from resumerge.extract.factors import FACTOR_A, cache_key, use_cache
 from resumerge.extract.modules import LoraModule, ModuleChoice
-from resumerge.extract.planner import build_extraction_plan, module_choice, module_seed, open_pair
+from resumerge.extract.planner import METHOD, build_extraction_plan, module_choice, module_seed, open_pair
 from resumerge.extract.spec import ExtractSpec, load_spec_text
 from resumerge.inputs.catalog import Inputs
 from resumerge.inputs.hub import HubEvent
@@ -49,7 +49,10 @@ def factor_cache(state_dir: str | os.PathLike[str] | None) -> FactorCache:
 
 
 def forget_factors(plan: Plan, state_dir: str | os.PathLike[str] | None) -> None:
-    """Delete the cached factors of ``plan``'s modules (its adapter is committed: nobody needs them again)."""
+    """Delete the cached factors of ``plan``'s modules (its adapter is committed: nobody needs them again); nothing
+    for a plan that is not an extraction's."""
+    if plan.method != METHOD:
+        return
     keys = [cache_key(dict(tp.params), [ref.shape for ref in tp.inputs], plan.options.device)
             for tp in plan.tensors.values() if tp.method == FACTOR_A]
     factor_cache(state_dir).forget(keys)

@@ -13,6 +13,9 @@ from typing import Any
 from resumerge.errors import UsageError
 
 _MARK = "extract_lora"
+# The method name an extraction's plan carries (resumerge.extract.planner.METHOD; here for callers that must not
+# import torch to recognise one).
+EXTRACTION_METHOD = "extract_lora"
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,7 @@ def karcher(ctx: MergeContext) -> torch.Tensor:
 SPEC = register(
     MethodSpec(
         name="karcher",
+        thread_dependent=True,  # a whole-tensor sum: torch splits it over its threads
         fn=karcher,
         # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
         footprint=measured((12, 4), (6.5, 2), (9.5, 2), (24, 8), half_dot=True),

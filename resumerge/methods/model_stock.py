@@ -63,6 +63,7 @@ def model_stock(ctx: MergeContext) -> torch.Tensor:
 SPEC = register(
     MethodSpec(
         name="model_stock",
+        thread_dependent=True,  # a whole-tensor sum: torch splits it over its threads
         fn=model_stock,
         # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
         footprint=measured((11.5, 4.25), (6, 2.25), (6, 2.25), (23, 8.5)),

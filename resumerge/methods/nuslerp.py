@@ -69,6 +69,7 @@ def nuslerp(ctx: MergeContext) -> torch.Tensor:
 SPEC = register(
     MethodSpec(
         name="nuslerp",
+        thread_dependent=True,  # a whole-tensor sum: torch splits it over its threads
         fn=nuslerp,
         # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
         footprint=measured((8, 8), (4, 4), (4, 4), (16, 16.25)),

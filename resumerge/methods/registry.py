@@ -36,9 +36,10 @@ def get_method(name: str) -> MethodSpec | None:
 
 
 def method_names() -> list[str]:
-    """All registered method names, sorted."""
+    """All registered method names a config may name, sorted (not the engine's own units, such as MoE
+    upcycling's expert and router functions, marked :attr:`MethodSpec.internal`)."""
     _load_builtins()
-    return sorted(registered())
+    return sorted(name for name, spec in registered().items() if not spec.internal)
 
 
 _loaded = False

@@ -82,6 +82,7 @@ def slerp(ctx: MergeContext) -> torch.Tensor:
 SPEC = register(
     MethodSpec(
         name="slerp",
+        thread_dependent=True,  # a whole-tensor sum: torch splits it over its threads
         fn=slerp,
         # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
         footprint=measured((4, 0, 12, 0), (2, 0, 12, 0), (2, 0, 12, 0), (8, 0, 24, 0),

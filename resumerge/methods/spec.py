@@ -164,6 +164,13 @@ class MethodSpec:
     # function (see resumerge.methods.footprint); the planner and the memory governor admit its units by it.
     # Required: register() refuses a method without one, so no method is ever admitted by a guess.
     footprint: MethodFootprint | None = None
+    # True when the output's bytes depend on torch's thread count (a whole-tensor sum torch splits over its
+    # threads): the run's -j/--num-threads is then recorded with the plan, reused on resume and a different one
+    # refused. False keeps -j out of the plan's fingerprint.
+    thread_dependent: bool = False
+    # The engine's own unit functions (MoE upcycling's expert and router tensors): registered so the engine can
+    # run them like any method, but not merge methods a config may name (method_names() and the planner skip them).
+    internal: bool = False
 
     def param(self, name: str) -> ParamSpec | None:
         """Return the spec of parameter ``name``, or None if the method has no such parameter."""

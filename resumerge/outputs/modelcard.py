@@ -67,6 +67,8 @@ METHODS: Mapping[str, tuple[str, str, str | None]] = {
                  "https://huggingface.co/alchemonaut/QuartetAnemoi-70B-t0.0001"),
     "arcee_fusion": ("Arcee Fusion", "the base, updated only where the other model's change is important (large "
                      "difference and divergence).", "https://www.arcee.ai"),
+    "moe": ("Mixture of Experts", "a mixture of experts upcycled from dense models (mergekit-moe): the base "
+            "model's attention and embeddings, each expert's MLPs, and routers chosen by gate_mode.", None),
     "passthrough": ("Passthrough", "tensors copied unchanged (optionally scaled) from the listed layers, e.g. to "
                     "stack layers of one or more models.", None),
 }
@@ -93,7 +95,12 @@ def render_model_card(plan: Plan, config_text: str) -> bytes:
     Deterministic: depends only on the config, the plan's method and layer count, and the hub commits in
     ``plan.model_dirs``. No network call, no clock.
     """
-    config = load_config_text(config_text)
+    if plan.method == "moe":  # a mergekit-moe config: its models, listed as a models: merge lists them
+        from resumerge.moe import load_moe_text
+
+        config = load_moe_text(config_text, allow_all_same=True).as_merge_config()
+    else:
+        config = load_config_text(config_text)
     refs = config.referenced_models()
     commits = {ref.key: hub_commit(ref.path, plan.model_dirs.get(ref.key, "")) for ref in refs}
     hub_ids: list[str] = []

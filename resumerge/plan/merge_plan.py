@@ -42,11 +42,15 @@ class PlanOptions:
     write_model_card: bool = True
     # --unsafe-truncate-embeddings: vocabulary tensors of different lengths keep their common leading rows.
     unsafe_truncate_embeddings: bool = False
+    # -j/--num-threads, kept only when a method of the plan is thread_dependent (the planner drops it otherwise,
+    # so it never changes the fingerprint of a plan whose bytes do not depend on it); None: torch's choice.
+    num_threads: int | None = None
 
 
 # Options added after runs were first recorded: left out of the fingerprint at their default, so a run planned
 # before they existed resumes as the same plan.
-_LATER_OPTIONS = {"write_model_card": True, "unsafe_truncate_embeddings": False}
+_LATER_OPTIONS: dict[str, object] = {"write_model_card": True, "unsafe_truncate_embeddings": False,
+                                     "num_threads": None}
 
 
 @dataclass(frozen=True)
@@ -207,7 +211,8 @@ def describe_changes(
         changes.append(f"resumerge version changed ({recorded_parts.get('version')} -> {now['version']})")
     if recorded_parts.get("options") != now["options"]:
         changes.append("output options changed (--out-shard-size, --random-seed, --device, tokenizer copying, "
-                       "--no-write-model-card or --unsafe-truncate-embeddings)")
+                       "--no-write-model-card, --unsafe-truncate-embeddings or, for slerp, karcher, model_stock "
+                       "and nuslerp, -j/--num-threads)")
     if recorded_parts.get("inputs") != now["inputs"]:
         for model, files in sorted(plan.inputs.items()):
             before = {f[0]: f for f in recorded_inputs.get(model, [])}

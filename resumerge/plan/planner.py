@@ -8,7 +8,7 @@ final norm / lm_head come from follow mergekit (see ``shared/reference/mergekit-
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -81,7 +81,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     later; returns a plan with its fingerprint set.
     """
     method = get_method(config.merge_method)
-    if method is None:
+    if method is None or method.internal:  # the engine's own units (MoE upcycling) are not methods
         raise ConfigError(
             f"Unimplemented merge method {config.merge_method!r}",
             yaml_path="merge_method",
@@ -119,6 +119,8 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     out_config = build_out_config(config, models, donor, tuple(origins), tensors)
     if vision_layers is not None:
         set_vision_layers(out_config, vision_layers)
+    if options.num_threads is not None and not threads_matter({method.name, *(t.method for t in tensors.values())}):
+        options = replace(options, num_threads=None)
     plan = Plan(
         method=method.name,
         tensors=tensors,
@@ -538,3 +540,8 @@ def _donor(config: MergeConfig) -> str:
         return config.slices[0].sources[0].model.key
     first = (config.modules or ())[0]
     return first.models[0].model.key if first.models else (first.slices or ())[0].sources[0].model.key
+
+
+def threads_matter(methods: Iterable[str]) -> bool:
+    """True when the output of any of ``methods`` depends on torch's thread count (see MethodSpec)."""
+    return any(spec.thread_dependent for spec in map(get_method, methods) if spec is not None)

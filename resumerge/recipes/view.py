@@ -183,7 +183,7 @@ def read_recipe_status(out_dir: str | os.PathLike[str],
         where = "the repo's" if is_hub_target(out_dir) else "OUT's"
         why = "recipe ledger not found" if damage is None else damage.message
         events = (f"{why}: figures from {where} resumerge-recipe.json and the stages' records",)
-    stages = tuple(_stage_status(record, s.key, rows.get(s.key), state_dir) for s in record.stages)
+    stages = tuple(_stage_status(record, s.key, rows.get(s.key), state_dir, out_dir) for s in record.stages)
     command = None if state in ("done", "running") else resume_command(out_dir, state_dir)
     current = None
     pending = next((s for s in stages if s.state not in ("done", "deleted")), None)
@@ -215,8 +215,11 @@ def _repo_manifest(out: str, state_dir: str | os.PathLike[str] | None) -> Manife
 
 
 def _stage_status(record: RecipeRecord, key: str, row: StageRow | None,
-                  state_dir: str | os.PathLike[str] | None) -> StageStatus:
+                  state_dir: str | os.PathLike[str] | None, out_dir: str | os.PathLike[str]) -> StageStatus:
     entry = next(s for s in record.stages if s.key == key)
+    if entry.final and not is_hub_target(out_dir):
+        # The final stage writes to OUT, wherever OUT is now: a moved OUT's record still names the old path.
+        entry = replace(entry, out_dir=os.path.abspath(out_dir))
     base = StageStatus(entry.key, entry.name, entry.document, entry.final, entry.out_dir, "pending",
                        started_at=row.started_at if row else None, finished_at=row.finished_at if row else None)
     if not entry.final and record.intermediates in (DELETING, DELETED):

@@ -85,7 +85,19 @@ WINDOW = 3600.0
 
 @dataclass(frozen=True)
 class Batching:
-    """When to commit: once ``every`` uploaded files wait, or ``interval`` seconds after the oldest waiting one."""
+    """When to commit: once ``every`` uploaded files wait, or ``interval`` seconds after the oldest waiting one.
+
+    The bound on commits: a batch is due at ``every`` files or ``interval`` seconds, so with the defaults (20 files,
+    60 s) and the default 1 GB shards an hour holds at most about 61 commits when files come slower than one every
+    3 s, and one per 20 files when faster: a 405B model (about 820 files) stays at 61 or fewer in any hour,
+    whatever its pace. Only above 2,560 files an hour (a small ``--out-shard-size``, or 1 GB shards uploaded at a
+    sustained 0.7 GB/s) would
+    batching exceed the lowest observed quota of 128 an hour. What bounds every case is ``hourly``: every commit
+    of the run (batches, manifest-only commits, deletions) first waits (:func:`pace_wait`) until at most
+    ``hourly`` (100) commits of this process fall in any hour; files then wait longer and go into bigger commits.
+    A resume counts afresh: the killed run's commits of the last hour use the margin of 28, and beyond it the
+    hub's 429 is waited out (:func:`with_retries`). Tested on a simulated clock in ``tests/hubout/test_hub_quotas.py``.
+    """
 
     every: int = 20
     interval: float = 60.0
@@ -149,6 +161,14 @@ def with_retries(repo: HubRepo, what: str, call: Callable[[], T], *, resume: str
                 raise hub_failure(repo, what, exc, resume=resume) from exc
             sleep(_wait(exc, attempt))
             attempt += 1
+
+
+def pace_wait(recent: deque[float], now: float, hourly: int) -> float:
+    """Seconds from ``now`` until one more commit keeps at most ``hourly`` commits in any hour (0: at once), given
+    the times of this process's ``recent`` commits, oldest first; the times that left the hour are dropped."""
+    while recent and recent[0] <= now - WINDOW:
+        recent.popleft()
+    return 0.0 if len(recent) < hourly else recent[0] + WINDOW - now
 
 
 def _to_stderr(text: str) -> None:
@@ -540,17 +560,19 @@ class CommitQueue:
                 raise ResumergeError("internal: the last commit of a stopped run was abandoned")
 
     def _pace(self) -> None:
-        """Wait until one more commit stays within ``batching.hourly`` commits in any hour (the hub's limit)."""
-        while True:
-            now = time.monotonic()
-            while self.recent and self.recent[0] <= now - WINDOW:
-                self.recent.popleft()
-            if len(self.recent) < self.batching.hourly:
-                return
+        """Wait until one more commit stays within ``batching.hourly`` commits in any hour (the hub's limit); the
+        user hears of a wait longer than a minute."""
+        told = False
+        while (wait := pace_wait(self.recent, time.monotonic(), self.batching.hourly)) > 0:
+            if not told and wait > 60:
+                until = time.strftime("%H:%M", time.localtime(time.time() + wait))
+                self.tell(f"{len(self.recent)} commits to {self.repo.target.url} in the last hour: the next one waits "
+                          f"until {until} to stay under the hub's commits per hour; Ctrl-C is safe")
+                told = True
             with self.cond:
                 if self.state.closed:
                     return
-                self.cond.wait(timeout=min(5.0, self.recent[0] + WINDOW - now))
+                self.cond.wait(timeout=min(5.0, wait))
 
     def _other_writer(self) -> OutputDirError:
         url = self.repo.target.url

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from huggingface_hub import HfApi, get_token
-from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 from huggingface_hub.hf_api import RepoFile
 
 from resumerge.config.hubtarget import HubTarget
@@ -204,12 +204,18 @@ def open_hub_repo(target: HubTarget, *, public: bool = False, create: bool = Tru
         raise hub_failure(repo, "checking the token", exc, resume="the same command") from None
     _check_write_access(info, target)
     if create:
-        hub_call(repo, "creating the repo", lambda: api.create_repo(target.repo_id, private=not public,
-                                                                    exist_ok=True), resume="the same command")
-        if target.branch != "main":
-            hub_call(repo, "creating the branch", lambda: api.create_branch(target.repo_id, branch=target.branch,
-                                                                            exist_ok=True), resume="the same command")
+        create_repo(repo, public=public, resume="the same command")
     return repo
+
+
+def create_repo(repo: HubRepo, *, public: bool, resume: str) -> None:
+    """Create the repo (private unless ``public``) and its branch when missing; an existing one is left as it is."""
+    api, target = repo.api(), repo.target
+    hub_call(repo, "creating the repo", lambda: api.create_repo(target.repo_id, private=not public, exist_ok=True),
+             resume=resume)
+    if target.branch != "main":
+        hub_call(repo, "creating the branch", lambda: api.create_branch(target.repo_id, branch=target.branch,
+                                                                        exist_ok=True), resume=resume)
 
 
 def _check_write_access(info: Mapping[str, Any], target: HubTarget) -> None:
@@ -243,6 +249,21 @@ def branch_head(repo: HubRepo, *, resume: str) -> str:
     info = hub_call(repo, "reading the branch head", lambda: api.repo_info(repo.target.repo_id,
                                                                            revision=repo.target.branch),
                     resume=resume)
+    return str(info.sha)
+
+
+def existing_head(repo: HubRepo, *, resume: str) -> str | None:
+    """The branch head, or None when the repo or the branch does not exist (a run killed before it created them:
+    never a reason to try again later)."""
+    api = repo.api()
+    try:
+        info = api.repo_info(repo.target.repo_id, revision=repo.target.branch)
+    except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
+        if http_status(exc) == 404:
+            return None
+        raise hub_failure(repo, "reading the branch head", exc, resume=resume) from exc
+    except Exception as exc:
+        raise hub_failure(repo, "reading the branch head", exc, resume=resume) from exc
     return str(info.sha)
 
 

@@ -43,7 +43,8 @@ class HubRepoSink(OutputSink):
 
     def __init__(self, repo: HubRepo, staging: Path, *, planned: Iterable[str], resume: str,
                  batching: Batching | None = None, max_disk: int | None = None, reserve: int = 0,
-                 head: str | None = None, should_stop: Callable[[], bool] = lambda: False) -> None:
+                 head: str | None = None, should_stop: Callable[[], bool] = lambda: False,
+                 tell: Callable[[str], None] | None = None) -> None:
         self.repo, self.staging, self.resume = repo, staging, resume
         self.max_disk, self.reserve = max_disk, reserve
         staging.mkdir(parents=True, exist_ok=True)
@@ -51,7 +52,9 @@ class HubRepoSink(OutputSink):
         for leftover in staging.iterdir():  # temp files of a run that died: only resumerge's own names
             if is_temp_name(leftover.name, names):
                 leftover.unlink()
-        self.queue = CommitQueue(repo, batching or Batching(), resume=resume, head=head, should_stop=should_stop)
+        # ``tell``: the run's reporter (and ledger), so a commit-quota wait shows in the progress display and status.
+        self.queue = CommitQueue(repo, batching or Batching(), resume=resume, head=head, should_stop=should_stop,
+                                 tell=tell)
 
     @property
     def commits(self) -> int:

@@ -63,12 +63,12 @@ def _file_size_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else soft
 
 
-def set_aside(path: Path) -> Path:
-    """Move a damaged journal and its WAL/shm files to ``<name>.damaged`` names; returns the new path.
+def set_aside(path: Path, suffix: str = ".damaged") -> Path:
+    """Move a damaged (or stale) journal and its WAL/shm files to ``<name><suffix>`` names; returns the new path.
 
     The WAL must go too: SQLite would replay a leftover ``-wal`` file into the fresh journal created next.
     """
-    target = path.with_name(path.name + ".damaged")
+    target = path.with_name(path.name + suffix)
     for suffix in ("", "-wal", "-shm", "-journal"):
         source = path.with_name(path.name + suffix)
         if source.exists():

@@ -1,7 +1,7 @@
 """Named points of the commit protocol where a test can make the process die at once (SIGKILL itself).
 
 ``RESUMERGE_KILL_AT=point`` kills at the first time ``point`` is reached; ``point:N`` at the N-th time. The
-test suite walks every point (the local ones, the staged one and the hub ones, each with the output it needs)
+test suite walks every point (the local ones, the staged one, the hub ones and MoE's, each with the run it needs)
 and checks that ``resume`` still ends with identical output. Unset, this is a single dictionary lookup per call.
 """
 
@@ -27,8 +27,11 @@ LOCAL_POINTS = (
 STAGED_POINTS = ("after_publish_copy",)
 # Reached only when OUT is a hub repo (the hub kill trials walk each).
 HUB_POINTS = ("hub_after_upload", "hub_before_commit", "hub_after_commit")
+# Reached only by the prompt forward pass of a mergekit-moe config's hidden-state gates, after each decoder
+# layer's hidden states are saved (tests/moe/test_resume.py kills there).
+MOE_POINTS = ("after_router_layer",)
 # Every point the package reaches; a test derived from the code holds this equal to the points used.
-POINTS = LOCAL_POINTS + STAGED_POINTS + HUB_POINTS
+POINTS = LOCAL_POINTS + STAGED_POINTS + HUB_POINTS + MOE_POINTS
 
 _counts: dict[str, int] = {}
 

@@ -241,6 +241,12 @@ class Ledger(Journal):
         with self._transaction():
             self._event(kind, message, data)
 
+    def last_event_data(self, kind: str) -> dict[str, Any] | None:
+        """The data of the newest ``kind`` event, or None when there is none."""
+        with self._transaction():
+            rows = list(self.db.query("SELECT data FROM events WHERE kind = ? ORDER BY id DESC LIMIT 1", [kind]))
+        return dict(json.loads(rows[0]["data"] or "{}")) if rows else None
+
     def _event(self, kind: str, message: str, data: Mapping[str, Any] | None = None) -> None:
         self.db.table("events").insert(
             {"at": time.time(), "kind": kind, "message": message, "data": json.dumps(dict(data or {}))}

@@ -47,10 +47,13 @@ def test_shapes_that_differ(tmp_path: Path, pair: Callable[[str], tuple[Path, Pa
     _refused(out, lambda: api.extract_lora(str(other), str(base), out), "in the fine-tuned model and")
 
 
-def test_cli_exit_code(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]],
-                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_exit_code(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]], capsys: pytest.CaptureFixture[str],
+                       monkeypatch: pytest.MonkeyPatch) -> None:
     # In process: the CLI's exit code and message are what main() returns and prints (a subprocess only adds
-    # interpreter start-up, which the resume tests' subprocesses cover).
+    # interpreter start-up, which the resume tests' subprocesses cover). The test process keeps its signal handlers.
+    from resumerge.cli import commands
+
+    monkeypatch.setattr(commands, "installed_stop_flag", lambda: (lambda: False))
     base, ft = pair("llama")
     code = main(["extract-lora", "--model", str(ft), "--base-model", str(base), "--out-path", str(tmp_path / "out"),
                  "--max-rank", "0"])

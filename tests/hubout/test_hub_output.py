@@ -102,3 +102,12 @@ def test_resuming_an_hf_output_prints_no_empty_commit_warning(hub: HubWriter, me
     assert resumed.returncode == 0, resumed.stderr
     assert "No files have been modified" not in resumed.stderr, resumed.stderr
     assert repo_files(hub, "alice/again") == merge.reference
+
+
+def test_plan_into_an_hf_output_does_not_say_no_out_was_given(merge: Merge,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """plan CONFIG hf://… printed "no OUT given: write speed unknown" though an OUT was given."""
+    assert main(["plan", str(merge.config), "hf://alice/p", "--out-shard-size", SHARD, "--probe-size", "0"]) == 0
+    said = capsys.readouterr()
+    assert "no OUT given" not in said.out + said.err
+    assert "OUT is a hub repo: upload time is not included" in said.out + said.err

@@ -7,6 +7,8 @@ a free account's private storage."""
 from __future__ import annotations
 
 import re
+import sqlite3
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -16,14 +18,27 @@ from hub.fakehub_write import COMMIT_QUOTA, STORAGE_QUOTA, HubWriter, Refusal
 from hubout.conftest import SHARD, Merge, repo_files, uploads
 from resumerge import api
 from resumerge.cli.commands import main
+from resumerge.config.locations import run_dir
+from resumerge.engine.session import NullReporter
 from resumerge.errors import EXIT_INVALID, StorageError, exit_code_for
 from resumerge.store import hubcommits
 from resumerge.store.hubrepo import auth_failed, is_retryable
+from resumerge.store.ledger import LEDGER_NAME
 
 
 def _run(merge: Merge, out: str, state: Path) -> int:
     return main(["run", str(merge.config), out, "--state-dir", str(state), "--out-shard-size", SHARD, "--quiet",
                  "--commit-every", "2", "--commit-interval", "0.2"])
+
+
+class _Told(NullReporter):
+    """A reporter that keeps the engine's notes."""
+
+    def __init__(self) -> None:
+        self.told: list[str] = []
+
+    def message(self, text: str) -> None:
+        self.told.append(text)
 
 
 def test_the_commit_quota_is_waited_out_and_the_user_told_when(
@@ -34,13 +49,26 @@ def test_the_commit_quota_is_waited_out_and_the_user_told_when(
     # More refusals in a row than a failing hub gets attempts: the quota is no failure, however long it lasts.
     quota = Refusal(429, COMMIT_QUOTA, ratelimit=True)
     hub.commit_faults = [None, *[quota] * (hubcommits.ATTEMPTS + 1)]
-    assert _run(merge, "hf://alice/quota", tmp_path) == 0
+    reporter = _Told()
+    api.run(merge.config, "hf://alice/quota", state_dir=tmp_path, out_shard_size=SHARD, commit_every=2,
+            commit_interval=0.2, progress=reporter)
     assert repo_files(hub, "alice/quota") == merge.reference
     assert waits == [3600.0] * (hubcommits.ATTEMPTS + 1)  # the hour it names, not the RateLimit bucket's 1 s
-    told = [line for line in capsys.readouterr().err.splitlines() if "commits an hour" in line]
-    assert len(told) == len(waits)
+    # Told through the run's reporter (the progress display), not printed past it, and kept for `status`.
+    told = [line for line in reporter.told if "commits an hour" in line]
+    assert len(told) == len(waits) and "commits an hour" not in capsys.readouterr().err
     assert re.search(r"the hub allows 128 commits an hour to hf://alice/quota; waiting until \d\d:\d\d, Ctrl-C is "
                      r"safe \(then resumerge resume hf://alice/quota", told[0]), told[0]
+    assert [m for m in _hub_events("hf://alice/quota", tmp_path) if "commits an hour" in m] == told
+
+
+def _hub_events(out: str, state: Path) -> list[str]:
+    """The ``hub`` events of the run's ledger (what the hub made the run tell the user), oldest first."""
+    ledger = sqlite3.connect(run_dir(out, state) / LEDGER_NAME)
+    try:
+        return [m for (m,) in ledger.execute("SELECT message FROM events WHERE kind = 'hub' ORDER BY id")]
+    finally:
+        ledger.close()
 
 
 def test_a_full_private_storage_is_exit_2_naming_the_quota_not_the_token(
@@ -81,13 +109,13 @@ def test_hf_xets_authentication_error_is_a_token_problem() -> None:
 
 @pytest.mark.parametrize("tier", ["xet"], indirect=True)
 def test_a_recreated_repo_gets_its_uploads_once_more_without_xet(
-        hub: HubWriter, merge: Merge, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        hub: HubWriter, merge: Merge, tmp_path: Path) -> None:
     assert hub.cas is not None
     hub.recreated.add("alice/again")  # the Hub's commits refuse what only Xet holds for this repo (#3829)
     assert _run(merge, "hf://alice/again", tmp_path) == 0
     assert repo_files(hub, "alice/again") == merge.reference
-    err = capsys.readouterr().err
-    assert "uploading them once more without Xet" in err, err
+    said = _hub_events("hf://alice/again", tmp_path)  # what the run's display showed, kept for `status`
+    assert any("uploading them once more without Xet" in m for m in said), said
     shards = [n for n in merge.reference if n.endswith(".safetensors")]
     # Each shard went through Xet once, was refused at the commit, and was PUT once through the LFS batch API.
     assert all(v == 1 for v in uploads(hub, "alice/again").values()) and len(hub.puts) == len(shards)
@@ -102,3 +130,62 @@ def test_plan_warns_when_a_private_output_exceeds_a_free_accounts_storage() -> N
     assert "--public" not in HubDiskNeed(FREE_PRIVATE_STORAGE, 5 * 10**9, None).line()
     line = HubDiskNeed(FREE_PRIVATE_STORAGE + 1, 5 * 10**9, None).line()
     assert "private (the default) it exceeds a free account's 100 GB of private storage: pass --public" in line
+
+
+def _commit_times(files: int, seconds_per_file: float, batching: hubcommits.Batching, *, paced: bool) -> list[float]:
+    """When a run commits, on a simulated clock: a file is published (and uploaded) every ``seconds_per_file``; a
+    batch is due at ``every`` waiting files or ``interval`` seconds after the oldest; each commit first waits for
+    :func:`~resumerge.store.hubcommits.pace_wait` when ``paced``; a commit takes no time."""
+    recent: deque[float] = deque()
+    times: list[float] = []
+    waiting: list[float] = []  # publish times of the files not committed yet
+    clock, published = 0.0, 0
+    while published < files or waiting:
+        nxt = published * seconds_per_file
+        due = (waiting[0] + batching.interval if waiting else float("inf"))
+        if len(waiting) >= batching.every or published == files:
+            due = min(due, clock)
+        if published < files and nxt < due:
+            clock = max(clock, nxt)
+            waiting.append(clock)
+            published += 1
+            continue
+        clock = max(clock, due)
+        if paced:
+            clock += hubcommits.pace_wait(recent, clock, batching.hourly)
+        # Every file published by the time the commit goes out goes into it (the committer takes what waits).
+        while published < files and published * seconds_per_file <= clock:
+            waiting.append(published * seconds_per_file)
+            published += 1
+        recent.append(clock)
+        times.append(clock)
+        waiting.clear()
+    return times
+
+
+def _most_in_an_hour(times: list[float]) -> int:
+    return max(sum(1 for u in times if t <= u < t + hubcommits.WINDOW) for t in times)
+
+
+def test_a_large_merge_stays_under_the_lowest_commit_quota_with_the_default_batching() -> None:
+    """A 405B model in the default 1 GB shards (810 shards and the small files), at any pace from two files a second
+    to one every two minutes: the default batching (20 files, 60 s) never makes more than 61 commits in an hour. The
+    hourly cap bounds what batching does not: 5000 small files (a small ``--out-shard-size``) at two a second ask
+    for 360 commits an hour unpaced; paced, no hour holds more than ``Batching.hourly`` (100), under the hub's 128,
+    and every file is still committed (in fewer, bigger commits)."""
+    batching = hubcommits.Batching()
+    assert batching.hourly == hubcommits.HOURLY_COMMITS < 128
+    for seconds in (0.5, 1.0, 3.0, 10.0, 45.0, 120.0):
+        assert _most_in_an_hour(_commit_times(820, seconds, batching, paced=False)) <= 61, seconds
+    unpaced = _commit_times(5000, 0.5, batching, paced=False)
+    assert _most_in_an_hour(unpaced) > 128  # the pacing is what keeps this one under, not the batching
+    paced = _commit_times(5000, 0.5, batching, paced=True)
+    assert _most_in_an_hour(paced) <= batching.hourly
+    assert len(paced) < len(unpaced)
+
+
+def test_pace_wait_counts_the_commits_of_the_last_hour_only() -> None:
+    recent = deque([0.0, 10.0, 20.0])
+    assert hubcommits.pace_wait(recent, 30.0, 4) == 0.0
+    assert hubcommits.pace_wait(recent, 30.0, 3) == 3570.0  # until the commit at 0 s leaves the hour
+    assert hubcommits.pace_wait(recent, 3600.0, 3) == 0.0 and list(recent) == [10.0, 20.0]

@@ -23,9 +23,11 @@ from hub.fakehub_write import HubWriter
 from hubout.conftest import SHARD, TIERS, Merge, repo_files
 from resumerge import api
 from resumerge.cli.commands import main
+from resumerge.config.locations import run_dir
 from resumerge.engine.interrupts import FINAL_COMMIT_WAIT
 from resumerge.errors import EXIT_REFUSED, OutputDirError, exit_code_for
 from resumerge.store.manifest import MANIFEST_NAME
+from resumerge.store.runlock import RunLock
 
 
 @pytest.mark.parametrize("tier", TIERS, indirect=True)
@@ -134,3 +136,17 @@ def test_a_second_ctrl_c_abandons_the_last_commit_at_once(hub: HubWriter, merge:
     assert code == 3 and time.monotonic() - started < FINAL_COMMIT_WAIT, err
     assert "abandoned by a second interrupt" in err and "resumerge resume hf://alice/twice" in err, err
     assert list(repo_files(hub, "alice/twice")) == [MANIFEST_NAME]
+
+
+def test_a_second_process_on_this_machine_is_refused_naming_the_repo(
+        hub: HubWriter, merge: Merge, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = "hf://alice/locked"
+    lock = RunLock(run_dir(out, tmp_path), out, lock_out=False)  # what the first process holds
+    lock.acquire()
+    try:
+        assert main(["run", str(merge.config), out, "--state-dir", str(tmp_path), "--out-shard-size", SHARD,
+                     "--quiet"]) == EXIT_REFUSED
+    finally:
+        lock.release()
+    assert f"another resumerge process is merging into {out}" in capsys.readouterr().err  # not hf:/… nor a folder
+    assert "alice/locked" not in hub.private  # refused before the repo was created

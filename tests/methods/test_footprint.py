@@ -25,7 +25,14 @@ import torch
 
 from methods.footprint_cases import DTYPES, Case, cases, measure, peaks, variants
 from resumerge.methods import MergeContext, MethodSpec, get_method, method_names, register
-from resumerge.methods.footprint import CALL_BYTES, MARGIN, MEASURED_DTYPES, MethodFootprint, working_bytes
+from resumerge.methods.footprint import (
+    CALL_BYTES,
+    MARGIN,
+    MEASURED_DTYPES,
+    MethodFootprint,
+    dot_scratch,
+    working_bytes,
+)
 
 SHAPES = ((64, 256), (16384,))
 NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float64: "float64"}
@@ -34,10 +41,17 @@ GENEROUS = 1.6
 Job = tuple[Case, tuple[int, ...], torch.dtype]
 
 
+def _merge_methods() -> list[str]:
+    """The merge methods of :mod:`resumerge.methods`: other packages' registered functions (LoRA extraction's
+    factors, registered once resumerge.extract is imported in this process) are measured by their own tests."""
+    return [m for m in method_names() if str(getattr(get_method(m), "fn", None).__module__)
+            .startswith("resumerge.methods.")]
+
+
 def _jobs() -> tuple[list[Job], list[Job]]:
     """(representative calls on every shape, other code paths on the first shape), every method and dtype."""
-    typical = [(c, s, d) for m in method_names() for d in DTYPES for s in SHAPES for c in cases(m)]
-    other = [(c, SHAPES[0], d) for m in method_names() for d in DTYPES for c in variants(m)]
+    typical = [(c, s, d) for m in _merge_methods() for d in DTYPES for s in SHAPES for c in cases(m)]
+    other = [(c, SHAPES[0], d) for m in _merge_methods() for d in DTYPES for c in variants(m)]
     return typical, other
 
 
@@ -94,6 +108,18 @@ def test_no_method_outgrows_its_footprint(peaks_by_group: dict[str, Any], group:
     assert not over, "\n".join(over)
 
 
+def _dot_scratch_unused(dtype: torch.dtype, elements: int) -> bool:
+    """Whether this machine's torch takes none of the half-precision ``dot`` scratch the footprint reserves.
+
+    The reservation is what torch's CPU kernel allocates on the CPUs it was measured on (bench/method_footprint.py);
+    other CPUs take another kernel that allocates nothing (an AMD EPYC with torch 2.13 here). The footprint keeps
+    the reservation, an upper bound wherever the merge runs; only the "not far above" check leaves it out where
+    this machine's measurement cannot see it."""
+    a, b = torch.ones(elements, dtype=dtype), torch.ones(elements, dtype=dtype)
+    (peak,) = peaks([lambda: torch.dot(a, b)])
+    return peak < 64 * torch.get_num_threads()
+
+
 def test_no_footprint_is_far_above_its_measurement(peaks_by_group: dict[str, Any]) -> None:
     # The estimate does not read parameters, so it must cover the most demanding variant of a call (breadcrumbs'
     # rescale in float64 takes a fifth more): each representative call is compared with the largest of it and
@@ -107,25 +133,29 @@ def test_no_footprint_is_far_above_its_measurement(peaks_by_group: dict[str, Any
     generous = []
     for (c, s, d), p in peaks_by_group["typical"]:
         most = p + max(0.0, excess.get((c.method, c.inputs, c.base is None, d), 0.0)) * math.prod(s)
-        if _reserved((c, s, d)) > GENEROUS * most:
-            generous.append(f"{c.label} {NAMES[d]} {s}: measured {most}, reserved {_reserved((c, s, d))}")
+        reserved = _reserved((c, s, d))
+        unseen = dot_scratch(_footprint(c.method), NAMES[d], math.prod(s), torch.get_num_threads())
+        if unseen and _dot_scratch_unused(d, math.prod(s)):
+            reserved -= math.ceil(unseen * MARGIN)
+        if reserved > GENEROUS * most:
+            generous.append(f"{c.label} {NAMES[d]} {s}: measured {most}, reserved {reserved}")
     assert not generous, "\n".join(generous)
 
 
 def test_every_registered_method_and_dtype_is_measured() -> None:
     assert tuple(NAMES.values()) == MEASURED_DTYPES
-    missing = [(m, d) for m in method_names() for d in MEASURED_DTYPES if d not in _footprint(m).by_dtype]
+    missing = [(m, d) for m in _merge_methods() for d in MEASURED_DTYPES if d not in _footprint(m).by_dtype]
     assert not missing, missing
-    assert all(cases(m) for m in method_names())
+    assert all(cases(m) for m in _merge_methods())
     assert MARGIN < GENEROUS
 
 
 def test_every_footprint_gives_its_pinned_estimates() -> None:
     pinned = json.loads((Path(__file__).parent / "footprint_pinned.json").read_text())
     grid = pinned["grid"]
-    assert sorted(pinned["bytes"]) == method_names()
+    assert sorted(pinned["bytes"]) == _merge_methods()
     changed = []
-    for method in method_names():
+    for method in _merge_methods():
         got = [working_bytes(_footprint(method), dtype, shape, inputs, base=base, threads=grid["threads"])
                for dtype in grid["dtypes"] for shape in grid["shapes"] for inputs in grid["inputs"]
                for base in grid["base"]]

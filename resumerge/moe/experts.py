@@ -1,0 +1,88 @@
+"""The expert tensors as registered pure methods: one expert's MLP tensor copied (Qwen MoE and DeepSeek MoE
+layouts), or every expert's stacked into transformers' fused pair (Mixtral and Qwen3 MoE), each with its
+expert's ``noise_scale`` and ``residual_scale`` applied as mergekit-moe does, in the stored dtype.
+
+Noise is drawn from the tensor's own generator (seeded from the run's seed and the output tensor's name), so a
+resumed run draws the same noise; mergekit draws it from one global generator in write order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from resumerge.methods.footprint import MethodFootprint, measured
+from resumerge.methods.spec import MergeContext, MethodSpec, register
+
+COPY = "moe_expert"
+FUSED = "moe_fused_experts"
+ZEROS = "moe_zeros"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+# Not measured by the harness (internal units have no config cases); figured by hand with room to spare, in bytes
+# per element for float32, bfloat16, float16, float64. A copy with noise holds the draw, the product and the sum
+# (three tensors); a fused expert tensor its output (at most 4 bytes an element: float32 output; float64's 8) and
+# one input's noised copy at a time (three tensors of an input's size, at most half the output's elements).
+COPY_FOOTPRINT = measured((12, 0), (6, 0), (6, 0), (24, 0))
+FUSED_FOOTPRINT = measured((10, 0), (7, 0), (7, 0), (20, 0))
+# The routers and zero biases (small tensors): the rule of thumb a method never measured used to get, a
+# float64-sized temporary per input and one more.
+SMALL_FOOTPRINT: MethodFootprint = measured((8, 8), (8, 8), (8, 8), (8, 8))
+
+
+def scaled(tensor: torch.Tensor, params: Mapping[str, Any], generator: torch.Generator | None, *,
+           copy: bool = True) -> torch.Tensor:
+    """``tensor`` with its expert's noise added and, for a ``down_proj``, its residual scale applied; with
+    ``copy`` never the input itself (an expert used twice must not share storage in the output)."""
+    noise = params.get("noise_scale")
+    if noise is not None:
+        if generator is None:
+            raise ValueError("noise needs an explicit torch.Generator (never the global RNG)")
+        drawn = torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype, device=tensor.device)
+        tensor = tensor + drawn * noise
+    residual = params.get("residual_scale")
+    if residual is not None:
+        tensor = tensor * residual
+    return tensor.clone() if copy and noise is None and residual is None else tensor
+
+
+def expert_copy(ctx: MergeContext) -> torch.Tensor:
+    """One expert's MLP tensor (or a base tensor, with no parameters): a copy, noised and scaled."""
+    (tensor,) = ctx.tensors
+    return scaled(tensor, ctx.model_params[0], ctx.generator)
+
+
+def fused_experts(ctx: MergeContext) -> torch.Tensor:
+    """transformers' fused expert tensor of one layer, in the output dtype ``dtype``: ``gate_up`` stacks each
+    expert's ``cat([gate, up])`` (the inputs are gate, up of expert 0, then of expert 1, ...), ``down`` stacks each
+    expert's ``down_proj``. Each input is noised and scaled first, in input order, then copied into its place:
+    casting element by element gives the bits of mergekit's cast of the stacked tensor, without its float32
+    stack."""
+    per = 2 if ctx.params["part"] == "gate_up" else 1
+    first = ctx.tensors[0]
+    rows = first.shape[0]
+    out = torch.empty((len(ctx.tensors) // per, rows * per, *first.shape[1:]), dtype=_DTYPES[ctx.params["dtype"]],
+                      device=first.device)
+    for i, (tensor, params) in enumerate(zip(ctx.tensors, ctx.model_params)):
+        expert, k = divmod(i, per)
+        out[expert, k * rows : (k + 1) * rows] = scaled(tensor, params, ctx.generator, copy=False)
+    return out
+
+
+def zeros(ctx: MergeContext) -> torch.Tensor:
+    """The zero attention bias Qwen2-MoE requires when the base has none."""
+    return torch.zeros(tuple(ctx.params["shape"]), dtype=torch.float32)
+
+
+for _spec in (
+    MethodSpec(name=COPY, fn=expert_copy, min_inputs=1, max_inputs=1, randomized=True,
+               reference="mergekit-moe copy_tensor_out / noise_and_scale", footprint=COPY_FOOTPRINT,
+               internal=True),
+    MethodSpec(name=FUSED, fn=fused_experts, min_inputs=1, randomized=True,
+               reference="transformers' mixtral / qwen3_moe checkpoint conversion", footprint=FUSED_FOOTPRINT,
+               internal=True),
+    MethodSpec(name=ZEROS, fn=zeros, min_inputs=0, max_inputs=0, reference="mergekit-moe qwen.py",
+               footprint=SMALL_FOOTPRINT, internal=True),
+):
+    register(_spec)

@@ -1,0 +1,189 @@
+"""The prompt forward pass of the hidden-state gate modes, one decoder layer at a time.
+
+mergekit-moe loads the whole base model in bfloat16 and runs every prompt set through it; here transformers' own
+modules for the base's architecture are built without weights (on the meta device), and each one gets its
+weights read from the base's files only while it runs, then drops them. Between layers only the prompt sets'
+hidden states are carried; they are saved after every layer (temp file, fsync, rename), so a killed pass resumes
+at the layer it reached, and the finished routers are kept, so a later resume never reruns the pass.
+
+Routers follow mergekit-moe 0.1.5: the input of layer ``i`` of each prompt (the embeddings for layer 0) at the
+last position (``hidden``, ``hidden_last``) or averaged over all positions, padding included (``hidden_avg``),
+averaged over the set's prompts; a negative set's vector subtracted; each layer's vector divided by its L2 norm;
+all in bfloat16.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from resumerge.inputs.model import ModelInput
+from resumerge.inputs.source import InputSources
+from resumerge.moe.prompts import require_transformers
+from resumerge.moe.routers import Encoded
+from resumerge.store.killpoints import reach
+
+ROUTERS_NAME = "routers.safetensors"
+_LAYER_PREFIX = "layer-"
+
+# (positive, negative or None) encoded prompt sets of each gated expert
+ExpertSets = Sequence[tuple[Encoded, Encoded | None]]
+
+
+def routers_key(base: ModelInput, mode: str, sets: ExpertSets) -> str:
+    """The content key of a pass: the base's weight files, the mode, the prompts' tokens and the versions of the
+    code that computes it."""
+    transformers = require_transformers(mode)
+    doc = [[(f.name, f.size, f.identity) for f in base.files], mode, sets, transformers.__version__,
+           torch.__version__]
+    return hashlib.sha256(json.dumps(doc, default=list).encode()).hexdigest()[:32]
+
+
+def hidden_routers(base: ModelInput, mode: str, sets: ExpertSets, workdir: Path,
+                   on_layer: Callable[[int, int], None] | None = None) -> Path:
+    """Compute (or find, when an earlier run finished it) the routers of every layer into ``workdir`` and return
+    the file: tensor ``layers.<i>`` of shape (gated experts, hidden), bfloat16."""
+    done = workdir / ROUTERS_NAME
+    if done.is_file():
+        return done
+    workdir.mkdir(parents=True, exist_ok=True)
+    transformers = require_transformers(mode)
+    config = transformers.AutoConfig.from_pretrained(str(base.directory))
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    inner = model.base_model
+    rotary = type(inner.rotary_emb)(config=config)  # its buffers are computed, not read: build them for real
+    sources = InputSources.local({base.ref.key: str(base.directory)})
+    try:
+        flat = [s for pair in sets for s in pair if s is not None]
+        layers = int(config.num_hidden_layers)
+        start, states = _restart_point(workdir, len(flat))
+        with torch.no_grad():
+            if states is None:
+                embed = _load(inner.embed_tokens, "model.embed_tokens.", base, sources)
+                states = {"vectors": [], "hidden": [embed(torch.tensor(s[0])) for s in flat]}
+                _unload(inner.embed_tokens)
+            setup = [_attention_setup(transformers, config, h, torch.tensor(s[1]), rotary)
+                     for h, s in zip(states["hidden"], flat)]
+            for i in range(start, layers):
+                vectors = [_vector(h, mode) for h in states["hidden"]]
+                if i + 1 < layers:  # the last layer's output is no router's input
+                    layer = _load(inner.layers[i], f"model.layers.{i}.", base, sources)
+                    states["hidden"] = [_run(layer, h, kw) for h, kw in zip(states["hidden"], setup)]
+                    _unload(inner.layers[i])
+                _save_layer(workdir, i, vectors, states["hidden"] if i + 1 < layers else [])
+                reach("after_router_layer")  # tests kill here to check that the pass resumes at this layer
+                if on_layer is not None:
+                    on_layer(i, layers)
+        _finish(workdir, sets, layers)
+    finally:
+        sources.close()
+    return done
+
+
+def _run(layer: torch.nn.Module, hidden: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+    out = layer(hidden, **kwargs)
+    result: torch.Tensor = out[0] if isinstance(out, tuple) else out
+    return result
+
+
+def _attention_setup(transformers: Any, config: Any, embedded: torch.Tensor, mask: torch.Tensor,
+                     rotary: torch.nn.Module) -> dict[str, Any]:
+    """The keyword arguments every decoder layer gets for one prompt set, made as the model's forward makes
+    them (causal mask with the padding, positions, rotary embeddings)."""
+    from transformers.masking_utils import create_causal_mask
+
+    cache = transformers.DynamicCache(config=config)
+    positions = torch.arange(embedded.shape[1]).unsqueeze(0)
+    causal = create_causal_mask(config=config, inputs_embeds=embedded, attention_mask=mask,
+                                past_key_values=cache, position_ids=positions)
+    return {"attention_mask": causal, "position_embeddings": rotary(embedded, position_ids=positions),
+            "position_ids": positions, "past_key_values": cache, "use_cache": True}
+
+
+def _vector(hidden: torch.Tensor, mode: str) -> torch.Tensor:
+    """One prompt set's vector at one layer: (batch, seq, hidden) -> (hidden,), as mergekit reduces it."""
+    per_prompt = hidden.sum(dim=1) / hidden.shape[1] if mode == "hidden_avg" else hidden[:, -1, :]
+    return per_prompt.sum(dim=0) / per_prompt.shape[0]
+
+
+def _load(module: torch.nn.Module, prefix: str, base: ModelInput, sources: InputSources) -> torch.nn.Module:
+    """``module`` with its weights read from the base (cast to bfloat16, as the model is loaded)."""
+    module.to_empty(device="cpu")
+    state = {}
+    for name in module.state_dict():
+        found = base.tensors[prefix + name]
+        e = found.entry
+        state[name] = sources.read(base.ref.key, found.file, e.start, e.end, e.dtype, e.shape).to(torch.bfloat16)
+    module.load_state_dict(state, strict=True)
+    return module
+
+
+def _unload(module: torch.nn.Module) -> None:
+    module.to("meta")
+
+
+def _restart_point(workdir: Path, sets: int) -> tuple[int, dict[str, Any] | None]:
+    """The layer to continue at and the saved state (None: start from the embeddings)."""
+    from safetensors.torch import load_file
+
+    saved = sorted(workdir.glob(f"{_LAYER_PREFIX}*.safetensors"))
+    if not saved:
+        return 0, None
+    last = saved[-1]
+    layer = int(last.stem.removeprefix(_LAYER_PREFIX))
+    data = load_file(str(last))
+    hidden = [data[f"hidden.{s}"] for s in range(sets)] if "hidden.0" in data else []
+    return layer + 1, {"hidden": hidden}
+
+
+def _save_layer(workdir: Path, layer: int, vectors: list[torch.Tensor], hidden: list[torch.Tensor]) -> None:
+    """Layer ``layer``'s prompt vectors and the hidden states after it, written durably; earlier layers' files
+    then hold nothing needed but their vectors, which are kept."""
+    tensors = {f"vector.{s}": v.contiguous() for s, v in enumerate(vectors)}
+    tensors.update({f"hidden.{s}": h.contiguous() for s, h in enumerate(hidden)})
+    _durable_save(tensors, workdir / f"{_LAYER_PREFIX}{layer:05d}.safetensors")
+
+
+def _finish(workdir: Path, sets: ExpertSets, layers: int) -> None:
+    """Each layer's routers from its saved vectors into ``routers.safetensors``; the layer files deleted."""
+    from safetensors.torch import load_file
+
+    routers = {}
+    for i in range(layers):
+        data = load_file(str(workdir / f"{_LAYER_PREFIX}{i:05d}.safetensors"))
+        index, rows = 0, []
+        for _, negative in sets:
+            vector = data[f"vector.{index}"].clone()
+            index += 1
+            if negative is not None:
+                vector -= data[f"vector.{index}"]
+                index += 1
+            rows.append(vector.unsqueeze(0))
+        gates = torch.cat(rows, dim=0)
+        gates /= gates.norm(p=2, dim=-1, keepdim=True).clamp(min=1e-8)
+        routers[f"layers.{i}"] = gates.contiguous()
+    _durable_save(routers, workdir / ROUTERS_NAME)
+    for i in range(layers):
+        (workdir / f"{_LAYER_PREFIX}{i:05d}.safetensors").unlink(missing_ok=True)
+
+
+def _durable_save(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    temp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(temp))
+    with open(temp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(temp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

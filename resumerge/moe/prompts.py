@@ -1,0 +1,47 @@
+"""The experts' prompts tokenised as mergekit-moe does it, with the base model's tokenizer through transformers
+(the one dependency of the prompt gate modes): left padding, the pad token set to BOS (else EOS), every prompt
+``bos_token + prompt`` without added special tokens, each set padded to its longest prompt."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from resumerge.errors import InputError
+from resumerge.moe.routers import Encoded
+
+INSTALL_HINT = "pip install 'resumerge[moe]' (or pip install transformers)"
+
+
+def require_transformers(gate_mode: str) -> Any:
+    """The transformers module; raises :class:`InputError` (exit 2) naming the install command when it is
+    missing."""
+    try:
+        import transformers
+    except ImportError:
+        raise InputError(f"gate_mode {gate_mode} needs transformers to read the prompts", yaml_path="gate_mode",
+                         hint=f"{INSTALL_HINT}, or use gate_mode random or uniform_random") from None
+    return transformers
+
+
+def load_tokenizer(directory: Path, gate_mode: str) -> Any:
+    """The base model's tokenizer, set up for the prompts as mergekit-moe sets it up."""
+    transformers = require_transformers(gate_mode)
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot load the base model's tokenizer from {directory}: {exc}",
+                         yaml_path="base_model") from None
+    tokenizer.padding_side = "left"
+    tokenizer.pad_token_id = tokenizer.bos_token_id
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def encode(tokenizer: Any, prompts: Sequence[str]) -> Encoded:
+    """One prompt set as (input_ids rows, attention_mask rows)."""
+    batch = tokenizer([(tokenizer.bos_token or "") + p for p in prompts], padding=True, add_special_tokens=False)
+    return (tuple(tuple(int(i) for i in row) for row in batch["input_ids"]),
+            tuple(tuple(int(m) for m in row) for row in batch["attention_mask"]))

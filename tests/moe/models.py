@@ -1,0 +1,91 @@
+"""Tiny models and configs for the MoE tests, and mergekit-moe 0.1.5 (the test-only oracle) run on many configs
+in one process (its start-up, transformers' import, costs more than the merges)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+
+from resumerge.cli.modelgen import ModelSpec, make_model, write_tokenizer
+
+SEED = 3
+
+
+def llamas(root: Path, count: int = 3, *, dtype: torch.dtype = torch.float32, layers: int = 2) -> list[Path]:
+    """``count`` tiny Llamas (hidden 32, vocab 64) of different weights."""
+    return [make_model(root / f"m{i}", ModelSpec(layers=layers, dtype=dtype), seed=30 + i) for i in range(count)]
+
+
+def qwen2s(root: Path, count: int = 2) -> list[Path]:
+    """``count`` tiny Qwen2 models (q/k/v biases; hidden 32, 2 layers, vocab 64)."""
+    return [make_model(root / f"q{i}", ModelSpec(layers=2, arch="qwen2"), seed=50 + i) for i in range(count)]
+
+
+def qwen3s(root: Path, count: int = 2) -> list[Path]:
+    """``count`` tiny tied Qwen3 models (hidden 32, 2 layers, vocab 64), saved by transformers."""
+    import transformers
+
+    paths = []
+    for i in range(count):
+        torch.manual_seed(40 + i)
+        config = transformers.Qwen3Config(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=64,
+                                          max_position_embeddings=128, tie_word_embeddings=True,
+                                          bos_token_id=1, eos_token_id=2)
+        model = transformers.Qwen3ForCausalLM(config)
+        with torch.no_grad():
+            for p in model.parameters():  # visible weights: the default init leaves norms at exactly 1
+                p.add_(0.02 * torch.randn_like(p))
+        path = root / f"qwen3_{i}"
+        model.save_pretrained(path)
+        write_tokenizer(path, 64)
+        paths.append(path)
+    return paths
+
+
+def write(path: Path, doc: dict[str, object]) -> Path:
+    """Write a YAML config and return its path."""
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+_ORACLE = """
+import sys, json
+from mergekit.scripts.moe import main
+for config, out, *flags in json.loads(sys.argv[1]):
+    try:
+        main([config, out, *flags], standalone_mode=False)
+    except SystemExit as exc:
+        if exc.code:
+            raise
+"""
+
+
+def oracle(runs: list[tuple[Path, Path, list[str]]]) -> None:
+    """Run ``mergekit-moe CONFIG OUT FLAGS`` for every run, in one process."""
+    doc = json.dumps([[str(c), str(o), *f] for c, o, f in runs])
+    done = subprocess.run([sys.executable, "-c", _ORACLE, doc], capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def tensors(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the safetensors shards in ``directory``."""
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for shard in sorted(directory.glob("*.safetensors")):
+        out.update(load_file(shard))
+    return out
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal dtype, shape and bytes."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return bool(torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)))

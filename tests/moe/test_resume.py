@@ -1,0 +1,93 @@
+"""A MoE merge is journaled like any merge: SIGKILL between shards or inside one, then ``resume`` (with the state
+dir, or from OUT's manifest alone) ends byte-identical to an uninterrupted run; noise is drawn per tensor from the
+run's seed, so it is the same after a resume."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from resumerge import api
+from tests.moe.models import llamas, tensors, write
+from tests.support import cli, digests
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str], Path]:
+    root = tmp_path_factory.mktemp("moe_resume")
+    m = llamas(root)
+    config = write(root / "moe.yml", {
+        "base_model": str(m[0]), "gate_mode": "uniform_random",
+        "experts": [{"source_model": str(m[1]), "positive_prompts": ["a"], "noise_scale": 0.01},
+                    {"source_model": str(m[2]), "positive_prompts": ["b"], "residual_scale": 2.0},
+                    {"source_model": str(m[0]), "positive_prompts": ["c"]}]})
+    reference = root / "reference"
+    api.run(config, reference, out_shard_size="20KB", random_seed=7, state_dir=root / "ref-state")
+    return config, digests(reference), reference
+
+
+def test_kill_then_resume_is_identical(setup: tuple[Path, dict[str, str], Path], tmp_path: Path) -> None:
+    """Killed inside a shard's write, resumed with the state dir and killed again after a ledger commit, then
+    resumed from OUT's manifest alone (state dir deleted): the output is the uninterrupted run's."""
+    config, expected, _ = setup
+    out, state = tmp_path / "out", tmp_path / "state"
+    killed = cli("run", config, out, "--out-shard-size", "20KB", "--random-seed", "7", "--state-dir", state,
+                 "--quiet", env={"RESUMERGE_KILL_AT": "mid_shard_write:2"})
+    assert killed.returncode == -9, killed.stderr
+    assert digests(out) != expected
+    again = cli("resume", out, "--state-dir", state, "--quiet", env={"RESUMERGE_KILL_AT": "after_ledger_commit:2"})
+    assert again.returncode == -9, again.stderr
+    shutil.rmtree(state)
+    done = cli("resume", out, "--state-dir", state, "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert digests(out) == expected
+
+
+def test_noise_is_per_tensor_and_scaled(setup: tuple[Path, dict[str, str], Path]) -> None:
+    _, _, reference = setup
+    out = tensors(reference)
+    m1 = tensors(Path(str(reference).replace("reference", "m1")))
+    m0 = tensors(Path(str(reference).replace("reference", "m0")))
+    m2 = tensors(Path(str(reference).replace("reference", "m2")))
+    gate_up = out["model.layers.0.mlp.experts.gate_up_proj"]
+    rows = m1["model.layers.0.mlp.gate_proj.weight"].shape[0]
+    noise = gate_up[0, :rows] - m1["model.layers.0.mlp.gate_proj.weight"]
+    assert 0.008 < float(noise.std()) < 0.012 and abs(float(noise.mean())) < 0.002
+    other = out["model.layers.1.mlp.experts.gate_up_proj"][0, :rows] - m1["model.layers.1.mlp.gate_proj.weight"]
+    assert not torch.equal(noise, other)  # each tensor draws its own noise
+    down = out["model.layers.0.mlp.experts.down_proj"]
+    assert torch.equal(down[1], 2.0 * m2["model.layers.0.mlp.down_proj.weight"])
+    assert torch.equal(down[2], m0["model.layers.0.mlp.down_proj.weight"])
+
+
+def test_kill_during_the_forward_pass_resumes_there(tmp_path: Path) -> None:
+    m = llamas(tmp_path, layers=4)
+    config = write(tmp_path / "hidden.yml", {
+        "base_model": str(m[0]), "gate_mode": "hidden",
+        "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab cd"], "negative_prompts": ["xy"]},
+                    {"source_model": str(m[2]), "positive_prompts": ["Zq rs tu"]}]})
+    reference = tmp_path / "reference"
+    api.run(config, reference, state_dir=tmp_path / "ref-state")
+    out, state = tmp_path / "out", tmp_path / "state"
+    killed = cli("run", config, out, "--state-dir", state, "--quiet", env={"RESUMERGE_KILL_AT": "after_router_layer:2"})
+    assert killed.returncode == -9, killed.stderr
+    (work,) = (state / "moe-routers").iterdir()
+    assert sorted(p.name for p in work.iterdir()) == ["layer-00000.safetensors", "layer-00001.safetensors"]
+    assert not out.exists()  # nothing touches OUT before the plan exists
+    # the kill point is reached once per layer: continued at layer 2 it is reached twice more (layers 2 and 3),
+    # started again from layer 0 it would die at layer 2
+    again = cli("run", config, out, "--state-dir", state, "--quiet", env={"RESUMERGE_KILL_AT": "after_router_layer:3"})
+    assert again.returncode == 0, again.stderr
+    assert digests(out) == digests(reference)
+    routers = work / "routers.safetensors"
+    before = routers.stat().st_mtime_ns
+    shutil.rmtree(out)
+    killed = cli("run", config, out, "--state-dir", state, "--quiet",
+                 env={"RESUMERGE_KILL_AT": "after_ledger_commit:1"})
+    assert killed.returncode == -9
+    done = cli("resume", out, "--state-dir", state, "--quiet", env={"RESUMERGE_KILL_AT": "after_router_layer:1"})
+    assert done.returncode == 0, done.stderr  # the pass is not run again (it would be killed)
+    assert routers.stat().st_mtime_ns == before and digests(out) == digests(reference)

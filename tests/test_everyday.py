@@ -1,0 +1,201 @@
+"""Everyday use as a new user tries it (issue 31): a deleted or moved OUT, and the rough edges of the front door."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ModelFactory
+from support import cli, linear_config, write_config
+
+from resumerge import api
+from resumerge.cli.commands import main
+from resumerge.config.locations import run_dir
+from resumerge.errors import UsageError
+from resumerge.store.runlock import RunLock
+
+
+def _configs(tmp_path: Path, make: ModelFactory) -> tuple[Path, Path]:
+    a, b = make("a", seed=1), make("b", seed=2)
+    return (write_config(tmp_path / "a.yml", linear_config(a, b)),
+            write_config(tmp_path / "b.yml", linear_config(a, b, weights=(0.4, 0.6))))
+
+
+def test_a_deleted_out_takes_a_changed_config(tmp_path: Path, make: ModelFactory,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """run a.yml out, rm -rf out, run b.yml out: OUT holds nothing, so the stale record is set aside (one line)."""
+    first, second = _configs(tmp_path, make)
+    out = tmp_path / "out"
+    assert main(["run", str(first), str(out), "--quiet"]) == 0
+    shutil.rmtree(out)
+    capsys.readouterr()
+    assert main(["run", str(second), str(out)]) == 0
+    said = capsys.readouterr()
+    assert "planned differently" not in said.err
+    assert said.err.count("set aside") == 1 and "OUT holds no merge" in said.err
+    assert (out / "resumerge-manifest.json").is_file()
+
+
+def test_a_refused_run_leaves_no_empty_out(tmp_path: Path, make: ModelFactory) -> None:
+    """A run refused after OUT was named (here: another process holds the run's lock) leaves no empty OUT."""
+    first, _ = _configs(tmp_path, make)
+    out, state = tmp_path / "out", tmp_path / "state"
+    rdir = run_dir(out, state)
+    rdir.mkdir(parents=True)
+    other = RunLock(rdir, out, lock_out=False)
+    other.acquire()
+    try:
+        assert main(["run", str(first), str(out), "--state-dir", str(state), "--quiet"]) == 4
+    finally:
+        other.release()
+    assert not out.exists()
+
+
+def test_a_resume_whose_out_moved_refuses(tmp_path: Path, make: ModelFactory,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """mv out out2; resume out re-created out/ and redid the whole merge: it refuses and says where to resume."""
+    first, _ = _configs(tmp_path, make)
+    out, moved = tmp_path / "out", tmp_path / "out2"
+    assert main(["run", str(first), str(out), "--quiet"]) == 0
+    out.rename(moved)
+    capsys.readouterr()
+    assert main(["resume", str(out)]) == 4
+    err = capsys.readouterr().err
+    assert "may have moved" in err and "resumerge resume NEW_PATH" in err
+    assert not out.exists()
+    assert main(["resume", str(moved), "--quiet"]) == 0
+
+
+@pytest.mark.parametrize("command", ["run", "resume", "status", "verify", "plan"])
+def test_an_empty_out_is_a_usage_error(command: str, tmp_path: Path, make: ModelFactory,
+                                       monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """run cfg.yml "" took the current directory as OUT."""
+    first, _ = _configs(tmp_path, make)
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    args = [str(first), ""] if command in ("run", "plan") else [""]
+    assert main([command, *args, "--probe-size", "0"] if command == "plan" else [command, *args]) == 2
+    assert "OUT is empty" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_one_line_yaml_text_is_a_config_not_a_missing_file(tmp_path: Path, make: ModelFactory) -> None:
+    """api._config_text took any str without a newline for a path: a one-line YAML config was "not found"."""
+    a, b = make("a", seed=1), make("b", seed=2)
+    one_line = yaml.safe_dump(linear_config(a, b), default_flow_style=True, width=10_000).strip()
+    assert "\n" not in one_line
+    assert len(api.plan_merge(one_line).shards) >= 1
+    named = write_config(tmp_path / "c.yml", linear_config(a, b))
+    assert api.plan_merge(str(named)).fingerprint == api.plan_merge(one_line).fingerprint
+    with pytest.raises(UsageError, match="not found"):
+        api.plan_merge(str(tmp_path / "missing.yml"))
+
+
+def test_an_unknown_flag_shows_the_commands_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    """run --bogus printed the top-level usage (resumerge [-h] [--version] COMMAND ...) instead of run's."""
+    assert main(["run", "c.yml", "out", "--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "usage: resumerge run " in err and "unrecognized arguments: --bogus" in err
+
+
+@pytest.mark.parametrize("command", ["resume", "status", "verify"])
+def test_help_describes_out_and_names_hub_repos(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """resume --help did not mention hf://; status --help and verify --help did not describe OUT."""
+    assert main([command, "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "OUT output directory" in help_text and "hf://NAMESPACE/NAME" in help_text
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_after_done_keeps_exit_0(signum: int, tmp_path: Path, make: ModelFactory) -> None:
+    """A SIGTERM or SIGINT while the interpreter exits after "done:" (torch's teardown) gave 143/130."""
+    first, _ = _configs(tmp_path, make)
+    with subprocess.Popen([sys.executable, "-m", "resumerge", "run", str(first), str(tmp_path / "out")],
+                          stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True) as process:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if line.startswith("done:"):
+                time.sleep(0.2)  # past main()'s return: into the interpreter's exit
+                process.send_signal(signum)
+                break
+        rest = process.stderr.read()
+        assert process.wait(timeout=60) == 0, rest
+
+
+def _recorded_options(out: Path) -> dict[str, object]:
+    options: dict[str, object] = json.loads((out / "resumerge-manifest.json").read_text())["options"]
+    return options
+
+
+def test_the_thread_count_is_recorded_reused_and_a_different_one_refused(
+        tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    """-j changes slerp's bytes but was not recorded: a resume could silently compute with another count."""
+    a, b = make("a", seed=1), make("b", seed=2)
+    slerp = write_config(tmp_path / "s.yml", {"merge_method": "slerp", "base_model": str(a), "models": [
+        {"model": str(a)}, {"model": str(b)}], "parameters": {"t": 0.5}})
+    out = tmp_path / "out"
+    assert main(["run", str(slerp), str(out), "-j", "2", "--quiet"]) == 0
+    assert _recorded_options(out)["num_threads"] == 2
+    with sqlite3.connect(run_dir(out) / "ledger.db") as db:
+        assert json.loads(db.execute("SELECT options FROM run").fetchone()[0])["num_threads"] == 2
+    capsys.readouterr()
+    assert main(["resume", str(out), "-j", "3"]) == 2
+    assert "started with -j 2" in capsys.readouterr().err
+    assert main(["resume", str(out)]) == 0
+    assert "using -j 2, as the run was started with" in capsys.readouterr().err
+    assert main(["run", str(slerp), str(out), "-j", "3", "--quiet"]) == 4
+
+
+def test_the_thread_count_leaves_other_methods_fingerprints_alone(tmp_path: Path, make: ModelFactory) -> None:
+    a, b = make("a", seed=1), make("b", seed=2)
+    linear = write_config(tmp_path / "l.yml", linear_config(a, b))
+    plain, threaded = tmp_path / "plain", tmp_path / "threaded"
+    assert main(["run", str(linear), str(plain), "--quiet"]) == 0
+    assert main(["run", str(linear), str(threaded), "-j", "2", "--quiet"]) == 0
+    assert _recorded_options(threaded)["num_threads"] is None
+    fingerprints = {json.loads((o / "resumerge-manifest.json").read_text())["fingerprint"] for o in (plain, threaded)}
+    assert len(fingerprints) == 1
+    assert main(["resume", str(threaded), "-j", "3", "--quiet"]) == 0
+
+
+def test_an_unreachable_hub_before_anything_started_is_exit_2(tmp_path: Path) -> None:
+    """A hub id with no network was exit 3 ("resume finishes it") though nothing was started."""
+    home = tmp_path / "hf"
+    env = {"HF_ENDPOINT": "http://127.0.0.1:9",  # the discard port: connection refused
+           "HF_HOME": str(home), "HF_HUB_CACHE": str(home / "hub"), "HF_TOKEN_PATH": str(home / "token"),
+           "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1"}
+    cfg = write_config(tmp_path / "c.yml", {"merge_method": "linear", "models": [
+        {"model": "someorg/one", "parameters": {"weight": 0.5}},
+        {"model": "someorg/two", "parameters": {"weight": 0.5}}]})
+    out = tmp_path / "out"
+    done = cli("run", cfg, out, "--state-dir", tmp_path / "state", "--quiet", env=env)
+    assert done.returncode == 2, done.stderr
+    assert "cannot reach http://127.0.0.1:9" in done.stderr and "nothing was started" in done.stderr
+    assert not out.exists()
+
+
+def test_status_of_a_moved_recipe_out_finds_its_final_stage(tmp_path: Path, make: ModelFactory) -> None:
+    """With OUT moved and the state dir gone, status said "1 of 2 stages done" with the final stage pending at the
+    old path: the final stage always writes to OUT, wherever OUT is now."""
+    a, b = make("a", seed=1), make("b", seed=2)
+    first = {"name": "first", **linear_config(a, b)}
+    second = {"merge_method": "linear", "models": [{"model": "first", "parameters": {"weight": 0.5}},
+                                                    {"model": str(b), "parameters": {"weight": 0.5}}]}
+    recipe = tmp_path / "r.yml"
+    recipe.write_text(yaml.safe_dump(first) + "---\n" + yaml.safe_dump(second))
+    out, moved, state = tmp_path / "out", tmp_path / "out2", tmp_path / "state"
+    assert main(["run", str(recipe), str(out), "--state-dir", str(state), "--quiet"]) == 0
+    out.rename(moved)
+    shutil.rmtree(state)
+    report = api.recipe_status(moved, state_dir=state)
+    final = report.stages[-1]
+    assert (final.state, final.out_dir) == ("done", str(moved))
+    assert report.stages_done == 2
