@@ -25,8 +25,8 @@ from resumerge.engine.settings import RunSettings
 from resumerge.errors import LedgerError
 from resumerge.inputs.hub.cache import hub_settings
 from resumerge.recipes.manifest import RECIPE_MANIFEST_NAME, RecipeRecord, record_from_doc
-from resumerge.store.hubcommits import with_retries
 from resumerge.store.hubrepo import HubRepo, read_file, read_remote_manifest
+from resumerge.store.hubretry import with_retries
 
 
 class RecipeHub:
@@ -84,7 +84,7 @@ def read_remote_recipe(repo: HubRepo, *, resume: str) -> tuple[RecipeRecord, byt
 
 def commit_recipe_record(repo: HubRepo, data: bytes, *, resume: str) -> None:
     """Commit ``data`` as the repo's ``resumerge-recipe.json`` (retried like every hub commit; exit 3 when the hub
-    keeps failing). Raises like :func:`~resumerge.store.hubcommits.with_retries`."""
+    keeps failing). Raises like :func:`~resumerge.store.hubretry.with_retries`."""
     api = repo.api()
     target = repo.target
     operation = CommitOperationAdd(path_in_repo=RECIPE_MANIFEST_NAME, path_or_fileobj=data)

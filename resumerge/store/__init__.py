@@ -18,6 +18,7 @@ __all__ = [
     "filesystems",
     "hubcommits",
     "hubrepo",
+    "hubretry",
     "hubsink",
     "hubstatus",
     "integrity",

@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
-import sys
 import threading
 import time
 from collections import deque
@@ -47,7 +46,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, constants
 
@@ -57,30 +55,17 @@ from resumerge.store.durable import discard
 from resumerge.store.hubrepo import (
     HubRepo,
     branch_head,
-    commit_quota,
     git_blob_sha1,
     http_status,
-    hub_failure,
-    is_retryable,
     missing_object,
-    quota_wait,
     remote_files,
 )
+from resumerge.store.hubretry import HOURLY_COMMITS, pace_wait, to_stderr, with_retries
 from resumerge.store.manifest import MANIFEST_NAME
 from resumerge.store.sink import Receipt
 
-T = TypeVar("T")
-ATTEMPTS = 6
-BASE_WAIT = 1.0
-MAX_WAIT = 60.0
-
-
 _WITHOUT_XET = threading.Lock()  # one upload at a time turns Xet off (a process-wide switch of huggingface_hub)
 
-# The hub allows 128 commits per repo and hour ("You have exceeded the rate limit for repository commits (128 per
-# hour)"). This process makes at most HOURLY_COMMITS in any hour, leaving room for retries and other writers.
-HOURLY_COMMITS = 100
-WINDOW = 3600.0
 
 
 @dataclass(frozen=True)
@@ -131,58 +116,6 @@ class _State:
     draining: bool = False  # the run's last files: commit at once
     stopping: bool = False  # the run was stopped: no new batch, only the last commit of stop()
     closed: bool = False
-
-
-def with_retries(repo: HubRepo, what: str, call: Callable[[], T], *, resume: str,
-                 sleep: Callable[[float], None] = time.sleep, tell: Callable[[str], None] | None = None) -> T:
-    """``call()``, retried on 429/5xx/network errors with exponential backoff (``Retry-After`` wins when sent).
-
-    The hub's commit quota (429 "…rate limit for repository commits (N per hour)…") is no failure: ``tell`` (the
-    user, on stderr by default) hears when the window lets a commit through, ``sleep`` waits for it, and the call
-    is tried again, as often as the hub asks (a stopped run abandons the wait: its ``sleep`` raises). Raises the
-    exit-3 error of :func:`~resumerge.store.hubrepo.hub_failure` when it keeps failing or the token is refused.
-    """
-    attempt = 0
-    while True:
-        try:
-            return call()
-        except ResumergeError:
-            raise  # already the user's error (another writer moved the branch)
-        except Exception as exc:
-            quota = commit_quota(exc)
-            if quota is not None:
-                wait = quota_wait(exc)
-                until = time.strftime("%H:%M", time.localtime(time.time() + wait))
-                (tell or _to_stderr)(f"the hub allows {quota} commits an hour to {repo.target.url}; waiting until "
-                                     f"{until}, Ctrl-C is safe (then {resume})")
-                sleep(wait)
-                continue
-            if not is_retryable(exc) or attempt == ATTEMPTS - 1:
-                raise hub_failure(repo, what, exc, resume=resume) from exc
-            sleep(_wait(exc, attempt))
-            attempt += 1
-
-
-def pace_wait(recent: deque[float], now: float, hourly: int) -> float:
-    """Seconds from ``now`` until one more commit keeps at most ``hourly`` commits in any hour (0: at once), given
-    the times of this process's ``recent`` commits, oldest first; the times that left the hour are dropped."""
-    while recent and recent[0] <= now - WINDOW:
-        recent.popleft()
-    return 0.0 if len(recent) < hourly else recent[0] + WINDOW - now
-
-
-def _to_stderr(text: str) -> None:
-    print(f"resumerge: {text}", file=sys.stderr, flush=True)
-
-
-def _wait(exc: BaseException, attempt: int) -> float:
-    """Seconds to wait before the next attempt: the server's ``Retry-After`` (seconds form) when it sent one."""
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None)
-    header = str(headers.get("Retry-After", "")) if headers is not None else ""
-    if header.strip().isdigit():
-        return min(float(header), MAX_WAIT)
-    return float(min(BASE_WAIT * 2**attempt, MAX_WAIT))
 
 
 class _Uploads:
@@ -255,7 +188,7 @@ class CommitQueue:
     def __init__(self, repo: HubRepo, batching: Batching, *, resume: str, uploads: int = 2, head: str | None = None,
                  should_stop: Callable[[], bool] = lambda: False, tell: Callable[[str], None] | None = None) -> None:
         self.repo, self.batching, self.resume = repo, batching, resume
-        self.tell = tell or _to_stderr  # what the user must hear while the run goes on (a quota's wait)
+        self.tell = tell or to_stderr  # what the user must hear while the run goes on (a quota's wait)
         self.should_stop = should_stop
         self.head = head if head is not None else branch_head(repo, resume=resume)
         self.state = _State()

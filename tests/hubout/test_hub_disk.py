@@ -59,7 +59,7 @@ def test_a_budget_below_the_largest_shard_is_refused(hub: HubWriter, merge: Merg
 
 def test_commits_are_paced_under_the_hourly_limit(hub: HubWriter, monkeypatch: pytest.MonkeyPatch) -> None:
     from resumerge.config.hubtarget import parse_hub_target
-    from resumerge.store import hubcommits
+    from resumerge.store import hubcommits, hubretry
     from resumerge.store.hubrepo import open_hub_repo
 
     clock = [1000.0]
@@ -73,7 +73,7 @@ def test_commits_are_paced_under_the_hourly_limit(hub: HubWriter, monkeypatch: p
         third.start()
         third.join(timeout=0.5)
         assert third.is_alive() and hub.commits["alice/paced"] == 2  # a third commit within the hour waits
-        clock[0] += hubcommits.WINDOW
+        clock[0] += hubretry.WINDOW
         queue._notify()  # the window moved: wake the waiting commit
         third.join(timeout=10)
         assert not third.is_alive() and hub.commits["alice/paced"] == 3

@@ -21,7 +21,7 @@ from resumerge.cli.commands import main
 from resumerge.config.locations import run_dir
 from resumerge.engine.session import NullReporter
 from resumerge.errors import EXIT_INVALID, StorageError, exit_code_for
-from resumerge.store import hubcommits
+from resumerge.store import hubcommits, hubretry
 from resumerge.store.hubrepo import auth_failed, is_retryable
 from resumerge.store.ledger import LEDGER_NAME
 
@@ -48,12 +48,12 @@ def test_the_commit_quota_is_waited_out_and_the_user_told_when(
     monkeypatch.setattr(hubcommits.CommitQueue, "_backoff", lambda self, seconds: waits.append(seconds))
     # More refusals in a row than a failing hub gets attempts: the quota is no failure, however long it lasts.
     quota = Refusal(429, COMMIT_QUOTA, ratelimit=True)
-    hub.commit_faults = [None, *[quota] * (hubcommits.ATTEMPTS + 1)]
+    hub.commit_faults = [None, *[quota] * (hubretry.ATTEMPTS + 1)]
     reporter = _Told()
     api.run(merge.config, "hf://alice/quota", state_dir=tmp_path, out_shard_size=SHARD, commit_every=2,
             commit_interval=0.2, progress=reporter)
     assert repo_files(hub, "alice/quota") == merge.reference
-    assert waits == [3600.0] * (hubcommits.ATTEMPTS + 1)  # the hour it names, not the RateLimit bucket's 1 s
+    assert waits == [3600.0] * (hubretry.ATTEMPTS + 1)  # the hour it names, not the RateLimit bucket's 1 s
     # Told through the run's reporter (the progress display), not printed past it, and kept for `status`.
     told = [line for line in reporter.told if "commits an hour" in line]
     assert len(told) == len(waits) and "commits an hour" not in capsys.readouterr().err
@@ -135,7 +135,7 @@ def test_plan_warns_when_a_private_output_exceeds_a_free_accounts_storage() -> N
 def _commit_times(files: int, seconds_per_file: float, batching: hubcommits.Batching, *, paced: bool) -> list[float]:
     """When a run commits, on a simulated clock: a file is published (and uploaded) every ``seconds_per_file``; a
     batch is due at ``every`` waiting files or ``interval`` seconds after the oldest; each commit first waits for
-    :func:`~resumerge.store.hubcommits.pace_wait` when ``paced``; a commit takes no time."""
+    :func:`~resumerge.store.hubretry.pace_wait` when ``paced``; a commit takes no time."""
     recent: deque[float] = deque()
     times: list[float] = []
     waiting: list[float] = []  # publish times of the files not committed yet
@@ -152,7 +152,7 @@ def _commit_times(files: int, seconds_per_file: float, batching: hubcommits.Batc
             continue
         clock = max(clock, due)
         if paced:
-            clock += hubcommits.pace_wait(recent, clock, batching.hourly)
+            clock += hubretry.pace_wait(recent, clock, batching.hourly)
         # Every file published by the time the commit goes out goes into it (the committer takes what waits).
         while published < files and published * seconds_per_file <= clock:
             waiting.append(published * seconds_per_file)
@@ -164,7 +164,7 @@ def _commit_times(files: int, seconds_per_file: float, batching: hubcommits.Batc
 
 
 def _most_in_an_hour(times: list[float]) -> int:
-    return max(sum(1 for u in times if t <= u < t + hubcommits.WINDOW) for t in times)
+    return max(sum(1 for u in times if t <= u < t + hubretry.WINDOW) for t in times)
 
 
 def test_a_large_merge_stays_under_the_lowest_commit_quota_with_the_default_batching() -> None:
@@ -174,7 +174,7 @@ def test_a_large_merge_stays_under_the_lowest_commit_quota_with_the_default_batc
     for 360 commits an hour unpaced; paced, no hour holds more than ``Batching.hourly`` (100), under the hub's 128,
     and every file is still committed (in fewer, bigger commits)."""
     batching = hubcommits.Batching()
-    assert batching.hourly == hubcommits.HOURLY_COMMITS < 128
+    assert batching.hourly == hubretry.HOURLY_COMMITS < 128
     for seconds in (0.5, 1.0, 3.0, 10.0, 45.0, 120.0):
         assert _most_in_an_hour(_commit_times(820, seconds, batching, paced=False)) <= 61, seconds
     unpaced = _commit_times(5000, 0.5, batching, paced=False)
@@ -186,6 +186,6 @@ def test_a_large_merge_stays_under_the_lowest_commit_quota_with_the_default_batc
 
 def test_pace_wait_counts_the_commits_of_the_last_hour_only() -> None:
     recent = deque([0.0, 10.0, 20.0])
-    assert hubcommits.pace_wait(recent, 30.0, 4) == 0.0
-    assert hubcommits.pace_wait(recent, 30.0, 3) == 3570.0  # until the commit at 0 s leaves the hour
-    assert hubcommits.pace_wait(recent, 3600.0, 3) == 0.0 and list(recent) == [10.0, 20.0]
+    assert hubretry.pace_wait(recent, 30.0, 4) == 0.0
+    assert hubretry.pace_wait(recent, 30.0, 3) == 3570.0  # until the commit at 0 s leaves the hour
+    assert hubretry.pace_wait(recent, 3600.0, 3) == 0.0 and list(recent) == [10.0, 20.0]
