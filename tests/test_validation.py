@@ -168,3 +168,20 @@ def test_a_missing_local_model_is_no_such_directory(
                      capsys)
     assert code == 2 and f"models[0].model: no such directory: {missing!r}" in err, err
     assert "Repo id must" not in err
+
+
+@pytest.mark.parametrize("unit", ["moe_expert", "moe_router_random", "lora_extract_a", "lora_extract_delta"])
+def test_a_config_cannot_name_an_internal_unit_as_its_method(
+    tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str], unit: str
+) -> None:
+    """MoE upcycling and LoRA extraction register their tensor functions beside the merge methods so the engine runs
+    them like any unit; a merge config naming one is an unknown method, as in mergekit, and they are not listed."""
+    import resumerge.extract.factors
+    import resumerge.moe.experts
+    import resumerge.moe.routers  # noqa: F401  (registers the units, as a run of that kind would)
+
+    a, b = _two(make)
+    code, err = _run(tmp_path, {"merge_method": unit, "models": [{"model": a}, {"model": b}]}, capsys)
+    assert code == 2 and "merge_method" in err and f"Unimplemented merge method '{unit}'" in err, err
+    known = err.split("known methods:")[1]
+    assert "linear" in known and "moe_" not in known and "lora_extract" not in known, err

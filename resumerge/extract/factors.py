@@ -149,6 +149,7 @@ _SUBTRACTION = measured((4, 0), (8, 0), (8, 0), (8, 0))
 
 for _name, _fn in ((FACTOR_A, factor_a), (FACTOR_B, factor_b)):
     register(MethodSpec(name=_name, fn=_fn, params=_PARAMS, base=BasePolicy.REQUIRED, min_inputs=2, max_inputs=2,
-                        reference="mergekit-extract-lora", footprint=_SVD_WORKSPACE))
+                        reference="mergekit-extract-lora", footprint=_SVD_WORKSPACE, internal=True))
 register(MethodSpec(name=DELTA, fn=bias_delta, base=BasePolicy.REQUIRED, min_inputs=2, max_inputs=2,
-                    elementwise=True, reference="mergekit-extract-lora", footprint=_SUBTRACTION))
+                    elementwise=True, reference="mergekit-extract-lora", footprint=_SUBTRACTION,
+                    internal=True))
