@@ -73,3 +73,25 @@ def test_the_cli_asks_torch_for_huge_pages_unless_told_otherwise(tmp_path: Path)
     ran = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], env=env, capture_output=True, text=True,
                          timeout=120)
     assert ran.stdout.strip().splitlines()[-1] == "0", ran.stderr
+
+
+def test_serial_kernels_set_torchs_own_openmp_runtime_when_another_is_loaded_later() -> None:
+    """sentencepiece (which transformers loads) maps its own libgomp copy; loaded after torch it sits at a lower
+    address, first in /proc/self/maps. Taking the first runtime found set that copy's threads, torch kept splitting
+    whole-tensor sums over its threads, and a notebook that imported transformers computed other bits than a fresh
+    process (seen as an extraction whose adapter differed inside a test worker)."""
+    pytest.importorskip("sentencepiece")
+    code = (
+        "import torch\n"
+        "import sentencepiece\n"  # after torch, as a notebook or a test worker loads it
+        "from resumerge.engine import kernels\n"
+        "runtime = kernels._openmp()\n"
+        "torch.set_num_threads(2)\n"
+        "with kernels.serial_kernels():\n"
+        "    inside = torch.get_num_threads()\n"
+        "print(runtime._name, inside, torch.get_num_threads())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    name, inside, after = done.stdout.split()
+    assert "sentencepiece" not in name and int(inside) == 1 and int(after) == 2, done.stdout

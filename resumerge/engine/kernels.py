@@ -30,20 +30,29 @@ import torch
 
 @functools.cache
 def _openmp() -> ctypes.CDLL | None:
-    """The OpenMP runtime among this process's loaded libraries (the one torch uses), or None."""
+    """The OpenMP runtime torch uses among this process's loaded libraries, or None.
+
+    Other wheels bring their own copy (sentencepiece, which transformers loads, maps ``libgomp-….so`` from its
+    ``.libs`` folder); setting that copy's thread count changes nothing for torch, so the run would silently split
+    whole-tensor sums over torch's threads — other bits than a fresh process computes. torch's own copy (under its
+    package, or the ``torch.libs`` folder beside it) is taken first; another runtime only when torch's is not found
+    by name (a build linked against the system's).
+    """
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return None
-    for line in maps.splitlines():
-        path = line.split()[-1] if line.split() else ""
-        if Path(path).name.startswith(("libgomp", "libiomp")):
-            try:
-                runtime = ctypes.CDLL(path)
-                runtime.omp_get_max_threads.restype = ctypes.c_int
-                return runtime
-            except (OSError, AttributeError):
-                return None
+    found = [path for path in dict.fromkeys(line.split()[-1] for line in maps.splitlines() if line.split())
+             if Path(path).name.startswith(("libgomp", "libiomp"))]
+    home = Path(torch.__file__).resolve().parent
+    ours = [path for path in found if Path(path).resolve().parent in (home / "lib", home.parent / "torch.libs")]
+    for path in ours or found[:1]:
+        try:
+            runtime = ctypes.CDLL(path)
+            runtime.omp_get_max_threads.restype = ctypes.c_int
+            return runtime
+        except (OSError, AttributeError):
+            return None
     return None
 
 

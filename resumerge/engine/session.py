@@ -461,17 +461,10 @@ def _open_ledger(path: Path, notes: list[str]) -> Ledger:
     """Open the run's ledger. A damaged one is never trusted: it is moved aside and a fresh ledger returned, which
     :func:`open_run` rebuilds from OUT's manifest (re-hashing every file the manifest lists) or fills with a new
     plan when OUT has no manifest (then nothing was ever committed there)."""
-    try:
-        return Ledger(path)
-    except LedgerError as exc:
-        try:
-            aside = set_aside(path)
-        except OSError as failure:
-            raise StorageError(f"the ledger is damaged and cannot be moved aside ({failure.strerror})",
-                               path=str(path), hint="make the state dir writable, then run resumerge resume OUT"
-                               ) from None
-        notes.append(f"{exc.message}: set aside as {aside.name}, nothing in it is trusted")
-        return Ledger(path)
+    ledger, note = Ledger.open_setting_aside(path)
+    if note is not None:
+        notes.append(note)
+    return ledger
 
 
 def _set_aside_stale(ledger: Ledger, path: Path, plan: Plan, notes: list[str]) -> Ledger:
