@@ -83,8 +83,13 @@ def test_ctrl_c_commits_the_uploaded_files_then_exits_3(hub: HubWriter, merge: M
 
     def stall(number: int) -> None:
         # The third upload arrives (LFS: its body; Xet: its token request): one or two are uploaded. Ctrl-C, and
-        # hold this upload (and any later) in flight.
+        # hold this upload (and any later) in flight. A Xet upload has registered its file only once its shard is
+        # in the CAS, after its token request: on a busy machine the first one may still be on its way, so the
+        # interrupt waits (a few seconds at most) for one to be there, as it is for the LFS body counted here.
         if number == 3:
+            deadline = time.monotonic() + 10
+            while hub.cas is not None and not hub.cas.registrations() and time.monotonic() < deadline:
+                time.sleep(0.05)
             proc.send_signal(signal.SIGINT)
         if number >= 3:
             release.wait(30)
