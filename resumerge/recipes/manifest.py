@@ -28,6 +28,11 @@ FORMAT = 1
 KEPT, DELETING, DELETED = "kept", "deleting", "deleted"
 
 
+def stage_label(name: str | None, document: int) -> str:
+    """How a person names a stage: ``stage NAME``, or ``document N`` for an unnamed one."""
+    return f"stage {name}" if name is not None else f"document {document}"
+
+
 @dataclass(frozen=True)
 class StageEntry:
     """One stage as planned: key (name, or ``#N`` for the unnamed document), output dir, fingerprint."""
@@ -43,8 +48,7 @@ class StageEntry:
 
     @property
     def label(self) -> str:
-        """``stage NAME`` or ``document N``."""
-        return f"stage {self.name}" if self.name is not None else f"document {self.document}"
+        return stage_label(self.name, self.document)
 
 
 @dataclass(frozen=True)

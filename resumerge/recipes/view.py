@@ -24,6 +24,7 @@ from resumerge.recipes.manifest import (
     read_recipe_manifest,
     recipe_dir,
     recipe_ledger_record,
+    stage_label,
 )
 from resumerge.store.ledger_read import LEDGER_NAME, RECIPE_LEDGER_NAME, StageRow, read_merge_record, read_recipe_stages
 from resumerge.store.manifest import Manifest, read_manifest
@@ -68,8 +69,7 @@ class StageStatus:
 
     @property
     def label(self) -> str:
-        """``stage NAME`` or ``document N``."""
-        return f"stage {self.name}" if self.name is not None else f"document {self.document}"
+        return stage_label(self.name, self.document)
 
 
 @dataclass(frozen=True)
