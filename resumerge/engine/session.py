@@ -197,7 +197,7 @@ def resume_merge(
     ``other_kind`` plans a recorded config of another kind than a merge config (:mod:`resumerge.api`, which
     decides what a run is, passes it).
     """
-    target = Target.open(out_dir, settings, create=False).read_recorded()
+    target = Target.open(out_dir, settings).read_recorded()
     out, manifest, state_dir = target.out, target.manifest(), settings.state_dir
     ledger_path = run_dir(target.url, state_dir) / LEDGER_NAME
     row = None

@@ -35,16 +35,16 @@ class Target:
     recorded: tuple[Manifest | None] | None = None
 
     @classmethod
-    def open(cls, out_dir: str | os.PathLike[str], settings: RunSettings, *, create: bool = True,
+    def open(cls, out_dir: str | os.PathLike[str], settings: RunSettings, *,
              tolerate: frozenset[str] = frozenset(), command: str | None = None) -> Target:
         """Open ``out_dir``: an ``hf://`` repo is opened now (raises UsageError, OutputDirError or UnreachableError
         as :func:`~resumerge.engine.hubout.open_hub_output` does); a missing one is opened as missing and created
-        by the session once the plan is recorded (:func:`~resumerge.engine.hubout.create_recorded`), whatever
-        ``create`` says: a resume creates it only from a recorded plan. A folder is only named (it is checked when
+        by the session once the plan is recorded (:func:`~resumerge.engine.hubout.create_recorded`), so a resume
+        creates it only from a recorded plan. A folder is only named (it is checked when
         the run has a plan)."""
         command = command or resume_command(out_dir, settings.state_dir)
         if is_hub_target(out_dir):
-            hub = open_hub_output(str(out_dir), state_dir=settings.state_dir, options=settings.output, create=create,
+            hub = open_hub_output(str(out_dir), state_dir=settings.state_dir, options=settings.output,
                                   deferred=True)
             return cls.of_hub(hub, command)
         return cls(Path(out_dir).absolute(), command, tolerate=tolerate)
