@@ -40,20 +40,7 @@ def open_run(
     Returns the manifest book and the files this call already re-hashed (when the ledger was rebuilt).
     """
     row = ledger.run_row()
-    recorded = row["fingerprint"] if row else (manifest.fingerprint if manifest else None)
-    if recorded is not None and recorded != plan.fingerprint:
-        parts = json.loads(row["parts"]) if row else dict(manifest.parts if manifest else {})
-        inputs = json.loads(row["inputs"]) if row else dict(manifest.inputs if manifest else {})
-        changes = describe_changes(parts, inputs, plan) or ["the plan changed"]
-        if not restart:
-            what = "; ".join(changes)
-            raise PlanChangedError(
-                f"{out} holds a merge planned differently: {what}",
-                path=str(out),
-                hint="resume it unchanged, use another OUT, or pass --restart to start over"
-                if not resuming
-                else "restore the inputs as they were, or start over with resumerge run CONFIG OUT --restart",
-            )
+    if refuse_changed_plan(plan, out, ledger, manifest, restart=restart, resuming=resuming):
         _clean_previous(sink, ledger, manifest)
         notes.append("previous run in OUT discarded (--restart)")
         row, manifest = None, None
@@ -76,6 +63,29 @@ def open_run(
     book = ManifestBook(sink, fresh_manifest(plan, config_text, committed))
     book.set_state("running")
     return book, verified
+
+
+def refuse_changed_plan(plan: Plan, out: Path | str, ledger: Ledger, manifest: Manifest | None, *, restart: bool,
+                        resuming: bool) -> bool:
+    """Whether the ledger (or, without one, OUT's manifest) records a plan other than ``plan``: with ``restart`` the
+    caller starts over; without, :class:`PlanChangedError` (exit 2) says what changed. Called before anything is
+    written for the new plan — before a missing repo is created too."""
+    row = ledger.run_row()
+    recorded = row["fingerprint"] if row else (manifest.fingerprint if manifest else None)
+    if recorded is None or recorded == plan.fingerprint:
+        return False
+    parts = json.loads(row["parts"]) if row else dict(manifest.parts if manifest else {})
+    inputs = json.loads(row["inputs"]) if row else dict(manifest.inputs if manifest else {})
+    if restart:
+        return True
+    what = "; ".join(describe_changes(parts, inputs, plan) or ["the plan changed"])
+    raise PlanChangedError(
+        f"{out} holds a merge planned differently: {what}",
+        path=str(out),
+        hint="resume it unchanged, use another OUT, or pass --restart to start over"
+        if not resuming
+        else "restore the inputs as they were, or start over with resumerge run CONFIG OUT --restart",
+    )
 
 
 def fresh_manifest(plan: Plan, config_text: str, committed: dict[str, Any] | None = None) -> Manifest:

@@ -28,7 +28,7 @@ from resumerge.engine.devices import gpu_governor
 from resumerge.engine.executor import Reporter, Stopped, execute
 from resumerge.engine.hubout import HubOutput, create_recorded
 from resumerge.engine.inputfetch import HubInputs
-from resumerge.engine.outdir import open_run, planned_files
+from resumerge.engine.outdir import open_run, planned_files, refuse_changed_plan
 from resumerge.engine.reconcile import reconcile
 from resumerge.engine.settings import RunSettings
 from resumerge.engine.target import Target
@@ -375,6 +375,8 @@ def _drive(
     restore_allocator = tune_allocator()  # process-wide: put back when the run ends (a notebook goes on)
     try:
         if hub_out is not None and not hub_out.exists:  # the plan is recorded before the repo exists, never after
+            # A state dir holding another plan for this repo is refused before the repo is created, not after.
+            refuse_changed_plan(plan, hub_out.url, ledger, None, restart=restart, resuming=resuming)
             hub_out = create_recorded(hub_out, plan, config_text, ledger, restart=restart)
         staged: list[str] = []
         with _make_sink(plan, out, rdir, settings.staging, staged, hub_out, max_disk, should_stop,
