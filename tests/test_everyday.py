@@ -199,3 +199,22 @@ def test_status_of_a_moved_recipe_out_finds_its_final_stage(tmp_path: Path, make
     final = report.stages[-1]
     assert (final.state, final.out_dir) == ("done", str(moved))
     assert report.stages_done == 2
+
+
+def test_a_recipe_records_the_thread_count_of_its_stages_and_its_resume_reuses_it(
+        tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    """A recipe's resume computed with whatever -j it was given, though its slerp stage's bytes depend on it."""
+    a, b = make("a", seed=1), make("b", seed=2)
+    stage = {"name": "mid", "merge_method": "slerp", "base_model": str(a),
+             "models": [{"model": str(a)}, {"model": str(b)}], "parameters": {"t": 0.5}}
+    final = {"merge_method": "linear", "models": [{"model": "mid", "parameters": {"weight": 0.5}},
+                                                  {"model": str(b), "parameters": {"weight": 0.5}}]}
+    recipe = tmp_path / "recipe.yml"
+    recipe.write_text(yaml.safe_dump_all([stage, final]))
+    out = tmp_path / "out"
+    assert main(["run", str(recipe), str(out), "-j", "2", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["resume", str(out), "-j", "3"]) == 2
+    assert "started with -j 2" in capsys.readouterr().err
+    assert main(["resume", str(out)]) == 0
+    assert "using -j 2, as the run was started with" in capsys.readouterr().err

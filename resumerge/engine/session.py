@@ -17,7 +17,7 @@ import json
 import os
 import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -234,16 +234,19 @@ def resume_merge(
     other = other_kind(text, PlanOptions(**opts), dirs, settings, reporter) if other_kind is not None else None
     plan, inputs = other or prepare(load_config_text(text), PlanOptions(**opts), model_dirs=dirs,
                                     state_dir=state_dir, reporter=reporter)
-    settings = _recorded_threads(plan, settings, reporter)
+    settings = recorded_threads(plan.options.num_threads, {t.method for t in plan.tensors.values()}, settings,
+                                reporter)
     return run_plan(plan, text, target, settings, inputs=inputs, resuming=True, reporter=reporter,
                     should_stop=should_stop)
 
 
-def _recorded_threads(plan: Plan, settings: RunSettings, reporter: Reporter | None) -> RunSettings:
-    """The settings a resume computes with: the thread count recorded with a plan whose bytes depend on it
-    (None when they do not, or the run left it to torch), and a different -j refused."""
-    recorded, asked = plan.options.num_threads, settings.num_threads
-    if not threads_matter({t.method for t in plan.tensors.values()}) or asked == recorded:
+def recorded_threads(recorded: int | None, methods: Iterable[str], settings: RunSettings,
+                     reporter: Reporter | None) -> RunSettings:
+    """The settings a resume computes with: the thread count ``recorded`` with a plan (or a recipe) whose
+    ``methods``' bytes depend on it (None when they do not, or the run left it to torch), and a different -j
+    refused."""
+    asked = settings.num_threads
+    if not threads_matter(methods) or asked == recorded:
         return settings
     if asked is not None:
         was = f"-j {recorded}" if recorded is not None else "torch's default thread count (no -j)"

@@ -31,7 +31,7 @@ from resumerge.engine.executor import Reporter
 from resumerge.engine.hubout import check_max_disk
 from resumerge.engine.inputfetch import refuse_streamed_recipe
 from resumerge.engine.outdir import check_out_dir
-from resumerge.engine.session import Outcome, hub_progress, make_governor, run_plan
+from resumerge.engine.session import Outcome, hub_progress, make_governor, recorded_threads, run_plan
 from resumerge.engine.settings import RunSettings
 from resumerge.engine.target import Target
 from resumerge.errors import (
@@ -174,6 +174,10 @@ def resume_recipe(
     previous, inter = _recorded_intermediates(previous, out, state_dir)
     rplan = plan_recipe(recipe, out, inter, PlanOptions(**previous.options),
                         model_dirs=previous.model_dirs, state_dir=state_dir, on_progress=hub_progress(reporter))
+    # The stages compute with the -j the recipe was started with where their bytes depend on it, as a merge does.
+    settings = recorded_threads(rplan.options.num_threads,
+                                {t.method for sp in rplan.stages for t in sp.plan.tensors.values()}, settings,
+                                reporter)
     runner = _Runner(rplan, previous, settings, hub, resume_command(out_dir, state_dir), restart=False,
                      resuming=True, cleanup=cleanup)
     return runner.run(reporter, should_stop)
