@@ -75,6 +75,12 @@ class UnreachableInputError(InputError):
     """A hub input could not be reached while planning a new run: nothing was recorded, so there is nothing to
     resume (an :class:`UnreachableError` met later, mid-run, stays exit 3)."""
 
+    @classmethod
+    def before_start(cls, exc: UnreachableError) -> UnreachableInputError:
+        """``exc``, met before anything was recorded: exit 3's "resume finishes it" would be wrong there."""
+        return cls(exc.message, path=exc.path, yaml_path=exc.yaml_path,
+                   hint="nothing was started: check the network (or HF_ENDPOINT), then run the same command again")
+
 
 class ConfigError(InputError):
     """The YAML config is malformed or inconsistent; ``yaml_path`` says where."""

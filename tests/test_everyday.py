@@ -166,7 +166,8 @@ def test_the_thread_count_leaves_other_methods_fingerprints_alone(tmp_path: Path
     assert main(["resume", str(threaded), "-j", "3", "--quiet"]) == 0
 
 
-def test_an_unreachable_hub_before_anything_started_is_exit_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["merge", "recipe"])
+def test_an_unreachable_hub_before_anything_started_is_exit_2(tmp_path: Path, kind: str) -> None:
     """A hub id with no network was exit 3 ("resume finishes it") though nothing was started."""
     home = tmp_path / "hf"
     env = {"HF_ENDPOINT": "http://127.0.0.1:9",  # the discard port: connection refused
@@ -175,6 +176,11 @@ def test_an_unreachable_hub_before_anything_started_is_exit_2(tmp_path: Path) ->
     cfg = write_config(tmp_path / "c.yml", {"merge_method": "linear", "models": [
         {"model": "someorg/one", "parameters": {"weight": 0.5}},
         {"model": "someorg/two", "parameters": {"weight": 0.5}}]})
+    if kind == "recipe":  # a stage named "mid", then a final merge of it
+        stage = {"name": "mid", **yaml.safe_load(cfg.read_text())}
+        final = {"merge_method": "linear", "models": [{"model": "mid", "parameters": {"weight": 0.5}},
+                                                      {"model": "someorg/two", "parameters": {"weight": 0.5}}]}
+        cfg.write_text(yaml.safe_dump_all([stage, final]))
     out = tmp_path / "out"
     done = cli("run", cfg, out, "--state-dir", tmp_path / "state", "--quiet", env=env)
     assert done.returncode == 2, done.stderr

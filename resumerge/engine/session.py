@@ -172,10 +172,7 @@ def run_merge(
         plan, inputs = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
                                reporter=reporter)
     except UnreachableError as exc:
-        # Nothing is recorded yet: exit 3's "resume finishes it" would be wrong (resume finds nothing to resume).
-        raise UnreachableInputError(exc.message, path=exc.path, yaml_path=exc.yaml_path,
-                                    hint="nothing was started: check the network (or HF_ENDPOINT), then run the "
-                                         "same command again") from None
+        raise UnreachableInputError.before_start(exc) from None
     return run_plan(plan, config_text, target, settings, inputs=inputs, restart=restart, reporter=reporter,
                     should_stop=should_stop)
 

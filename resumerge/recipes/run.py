@@ -42,6 +42,7 @@ from resumerge.errors import (
     ResumergeError,
     StorageError,
     UnreachableError,
+    UnreachableInputError,
 )
 from resumerge.inputs.catalog import fetch_inputs
 from resumerge.outputs.aux import aux_files
@@ -137,8 +138,13 @@ def run_recipe(
         previous, inter = _recorded_intermediates(previous, out, state_dir)
     else:
         inter = default_intermediate_dir(out, state_dir)
-    rplan = plan_recipe(recipe, out, inter, options, state_dir=state_dir, cache_dir=settings.cache_dir,
-                        on_progress=hub_progress(reporter))
+    try:
+        rplan = plan_recipe(recipe, out, inter, options, state_dir=state_dir, cache_dir=settings.cache_dir,
+                            on_progress=hub_progress(reporter))
+    except UnreachableError as exc:
+        if previous is not None:  # a recorded recipe: resume finishes it once the hub answers (exit 3)
+            raise
+        raise UnreachableInputError.before_start(exc) from None
     runner = _Runner(rplan, previous, settings, hub, resume_command(out_dir, state_dir), restart=restart,
                      resuming=False, cleanup=cleanup)
     return runner.run(reporter, should_stop)
