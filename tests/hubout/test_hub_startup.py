@@ -124,7 +124,8 @@ def test_a_resume_creates_the_repo_public_when_the_killed_run_said_so(hub: HubWr
 def test_another_plan_for_a_repo_not_yet_created_is_refused_before_creating_it(
         hub: HubWriter, merge: Merge, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The state dir holds the killed run's plan and the repo does not exist: a run of another plan is refused
-    (exit 4, saying what changed, as for a repo that exists) and creates no repo; the killed run's own resume still finishes it."""
+    (exit 4, saying what changed, as for a repo that exists) and creates no repo; the killed run's own resume
+    still finishes it."""
     out, state = "hf://alice/other-plan", tmp_path / "state"
     assert _killed_in(hub, merge, out, state, "repo creation") == -signal.SIGKILL
     code = main(["run", str(merge.config), out, "--state-dir", str(state), "--out-shard-size", "30k", "--quiet"])
