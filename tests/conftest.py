@@ -10,6 +10,16 @@ import pytest
 from resumerge.cli.modelgen import ModelSpec, make_model
 
 
+@pytest.fixture(scope="session", autouse=True)
+def bytecode_kept() -> Iterator[None]:
+    """Let the suite's CLI subprocesses keep compiled bytecode. With PYTHONDONTWRITEBYTECODE set (as some CI and
+    container images do), every ``python -m resumerge`` of the several hundred the suite starts compiled the whole
+    package again (0.3-0.5 s each); written as usual (``__pycache__``, git-ignored), only the first one compiles."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def hermetic(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Point every cache and the state dir at temp dirs; never touch the user's files or the network."""
