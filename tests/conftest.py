@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from mergekit_oracle import Mergekit, installed
 
 from resumerge.cli.modelgen import ModelSpec, make_model
 
@@ -44,3 +45,13 @@ def make(tmp_path: Path) -> ModelFactory:
         return make_model(tmp_path / "models" / name, ModelSpec(**spec), seed=seed)  # type: ignore[arg-type]
 
     return build
+
+
+@pytest.fixture(scope="session")
+def mergekit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mergekit]:
+    """``mergekit-yaml`` 0.1.5 (the differential tests' oracle) in one process for this worker's whole session."""
+    if not installed():
+        pytest.skip("mergekit 0.1.5 is not installed (pip install -e '.[test]')")
+    oracle = Mergekit(tmp_path_factory.mktemp("mergekit") / "mergekit.log")
+    yield oracle
+    oracle.close()
