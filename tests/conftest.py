@@ -6,8 +6,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from mergekit_oracle import Mergekit, installed
 
 from resumerge.cli.modelgen import ModelSpec, make_model
+
+
+@pytest.fixture(scope="session", autouse=True)
+def bytecode_kept() -> Iterator[None]:
+    """Let the suite's CLI subprocesses keep compiled bytecode. With PYTHONDONTWRITEBYTECODE set (as some CI and
+    container images do), every ``python -m resumerge`` of the several hundred the suite starts compiled the whole
+    package again (0.3-0.5 s each); written as usual (``__pycache__``, git-ignored), only the first one compiles."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -34,3 +45,13 @@ def make(tmp_path: Path) -> ModelFactory:
         return make_model(tmp_path / "models" / name, ModelSpec(**spec), seed=seed)  # type: ignore[arg-type]
 
     return build
+
+
+@pytest.fixture(scope="session")
+def mergekit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mergekit]:
+    """``mergekit-yaml`` 0.1.5 (the differential tests' oracle) in one process for this worker's whole session."""
+    if not installed():
+        pytest.skip("mergekit 0.1.5 is not installed (pip install -e '.[test]')")
+    oracle = Mergekit(tmp_path_factory.mktemp("mergekit") / "mergekit.log")
+    yield oracle
+    oracle.close()

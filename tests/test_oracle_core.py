@@ -7,31 +7,23 @@ deterministic methods every shard file must be byte-identical, not merely close.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from conftest import ModelFactory
+from mergekit_oracle import Mergekit
 from safetensors.torch import load_file
 from support import write_config
 
 from resumerge.cli.commands import main
 
 pytestmark = pytest.mark.oracle
-MERGEKIT = shutil.which("mergekit-yaml")
 
 
-def _mergekit(config: Path, out: Path, shard_size: int) -> None:
-    if MERGEKIT is None:
-        pytest.skip("mergekit 0.1.5 is not installed (pip install -e '.[test]')")
-    done = subprocess.run(
-        [MERGEKIT, str(config), str(out), "--out-shard-size", str(shard_size), "--random-seed", "0", "--quiet"],
-        capture_output=True, text=True, timeout=300, check=False, env={**__import__("os").environ,
-                                                                        "PYTHONHASHSEED": "0"},
-    )
+def _mergekit(mergekit: Mergekit, config: Path, out: Path, shard_size: int) -> None:
+    done = mergekit.run(config, out, "--out-shard-size", str(shard_size), "--random-seed", "0", "--quiet")
     assert done.returncode == 0, done.stderr[-2000:]
 
 
@@ -42,11 +34,12 @@ def _tensors(directory: Path) -> dict[str, torch.Tensor]:
     return found
 
 
-def _compare(tmp_path: Path, doc: dict[str, Any], shard_size: int, *, same_layout: bool = True) -> None:
+def _compare(mergekit: Mergekit, tmp_path: Path, doc: dict[str, Any], shard_size: int, *,
+             same_layout: bool = True) -> None:
     cfg = write_config(tmp_path / "c.yml", doc)
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     assert main(["run", str(cfg), str(ours), "--out-shard-size", str(shard_size), "--quiet"]) == 0
-    _mergekit(cfg, theirs, shard_size)
+    _mergekit(mergekit, cfg, theirs, shard_size)
     mine, other = _tensors(ours), _tensors(theirs)
     assert mine.keys() == other.keys()
     for name, tensor in mine.items():
@@ -66,17 +59,18 @@ def _compare(tmp_path: Path, doc: dict[str, Any], shard_size: int, *, same_layou
     assert our_cfg["num_hidden_layers"] == their_cfg["num_hidden_layers"]
 
 
-def test_linear_fp32_matches_mergekit_bytes(tmp_path: Path, make: ModelFactory) -> None:
+def test_linear_fp32_matches_mergekit_bytes(tmp_path: Path, make: ModelFactory, mergekit: Mergekit) -> None:
     a, b, c = (make(n, seed=i) for i, n in enumerate("abc"))
     doc = {"merge_method": "linear", "models": [
         {"model": str(a), "parameters": {"weight": 0.2}},
         {"model": str(b), "parameters": {"weight": 0.5}},
         {"model": str(c), "parameters": {"weight": 0.3}},
     ], "dtype": "float32"}
-    _compare(tmp_path, doc, 30_000)
+    _compare(mergekit, tmp_path, doc, 30_000)
 
 
-def test_linear_bf16_gradient_and_filters_match_mergekit_bytes(tmp_path: Path, make: ModelFactory) -> None:
+def test_linear_bf16_gradient_and_filters_match_mergekit_bytes(tmp_path: Path, make: ModelFactory,
+                                                              mergekit: Mergekit) -> None:
     a = make("a", seed=1, dtype=torch.bfloat16)
     b = make("b", seed=2, dtype=torch.bfloat16)
     doc = {"merge_method": "linear", "parameters": {"normalize": False}, "slices": [{"sources": [
@@ -84,10 +78,11 @@ def test_linear_bf16_gradient_and_filters_match_mergekit_bytes(tmp_path: Path, m
          "parameters": {"weight": [{"filter": "mlp", "value": [0.1, 0.9]}, {"value": 0.5}]}},
         {"model": str(b), "layer_range": [0, 4], "parameters": {"weight": [0.7, 0.2, 0.4]}},
     ]}], "dtype": "bfloat16"}
-    _compare(tmp_path, doc, 20_000)
+    _compare(mergekit, tmp_path, doc, 20_000)
 
 
-def test_passthrough_frankenmerge_matches_mergekit_bytes(tmp_path: Path, make: ModelFactory) -> None:
+def test_passthrough_frankenmerge_matches_mergekit_bytes(tmp_path: Path, make: ModelFactory,
+                                                        mergekit: Mergekit) -> None:
     a = make("a", seed=1, layers=4)
     b = make("b", seed=2, layers=6)
     doc = {"merge_method": "passthrough", "slices": [
@@ -97,4 +92,4 @@ def test_passthrough_frankenmerge_matches_mergekit_bytes(tmp_path: Path, make: M
     ], "dtype": "float16"}
     # mergekit schedules every output that reads an already-loaded input next (layer 7 reuses layer 1 here),
     # so its shard membership differs from plain name order; the tensors themselves must still be identical.
-    _compare(tmp_path, doc, 25_000, same_layout=False)
+    _compare(mergekit, tmp_path, doc, 25_000, same_layout=False)

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from resumerge.cli.commands import main
+from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.errors import StorageError
 from resumerge.store.durable import publish_copy
 from resumerge.store.filesystems import filesystem_type, needs_staging, parse_mountinfo
 from resumerge.store.killpoints import STAGED_POINTS
-from tests.conftest import ModelFactory
 from tests.support import cli, digests, linear_config, write_config
 
 COLAB = """\
@@ -52,14 +53,17 @@ def test_a_copy_that_reads_back_differently_is_never_published(tmp_path: Path) -
     assert staged.exists()  # the good local copy is kept for the next try
 
 
-@pytest.fixture
-def merge(tmp_path: Path, make: ModelFactory) -> tuple[Path, dict[str, str]]:
-    spec = {"hidden": 32, "intermediate": 64, "vocab": 128, "layers": 4}
-    a, b = make("a", seed=1, **spec), make("b", seed=2, **spec)
-    config = write_config(tmp_path / "c.yml", linear_config(a, b))
-    ref = tmp_path / "ref"
-    done = cli("run", config, ref, "--out-shard-size", "40k", "--state-dir", tmp_path / "ref-state", "--quiet")
-    assert done.returncode == 0, done.stderr
+@pytest.fixture(scope="module")
+def merge(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """The config and the reference output's digests, made once: no test writes into the models or the config.
+    The reference runs the CLI in this process (one start-up fewer); the runs compared with it are subprocesses."""
+    root = tmp_path_factory.mktemp("staging-merge")
+    spec = ModelSpec(hidden=32, intermediate=64, vocab=128, layers=4)
+    a, b = make_model(root / "a", spec, seed=1), make_model(root / "b", spec, seed=2)
+    config = write_config(root / "c.yml", linear_config(a, b))
+    ref = root / "ref"
+    assert main(["run", str(config), str(ref), "--out-shard-size", "40k", "--state-dir", str(root / "ref-state"),
+                 "--quiet"]) == 0
     return config, digests(ref)
 
 
@@ -83,8 +87,8 @@ def test_staged_kill_points_resume_identically(tmp_path: Path, merge: tuple[Path
     args = ("--staging-dir", staging, "--state-dir", state, "--quiet")
     killed = cli("run", config, out, "--out-shard-size", "40k", *args, env={"RESUMERGE_KILL_AT": point})
     assert killed.returncode == -signal.SIGKILL, f"{point} was never reached: {killed.stderr}"
-    done = cli("resume", out, *args)
-    assert done.returncode == 0, done.stderr
+    # The kill needs a real process; the resume runs the same CLI in this one.
+    assert main(["resume", *map(str, (out, *args))]) == 0
     assert digests(out) == reference
     assert list(staging.iterdir()) == []
 
@@ -94,8 +98,8 @@ def test_a_published_file_damaged_later_is_rewritten_on_resume(tmp_path: Path,
     """A half-synced Drive file is never taken as committed: resume re-verifies every published file."""
     config, reference = merge
     out, state = tmp_path / "out", tmp_path / "state"
-    assert cli("run", config, out, "--out-shard-size", "40k", "--state-dir", state, "--staging-dir",
-               tmp_path / "st", "--quiet").returncode == 0
+    assert main(["run", str(config), str(out), "--out-shard-size", "40k", "--state-dir", str(state), "--staging-dir",
+                 str(tmp_path / "st"), "--quiet"]) == 0
     shard = sorted(out.glob("model-*.safetensors"))[1]
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     done = cli("resume", out, "--state-dir", state, "--staging-dir", tmp_path / "st")
@@ -104,8 +108,9 @@ def test_a_published_file_damaged_later_is_rewritten_on_resume(tmp_path: Path,
     assert digests(out) == reference
 
 
-def test_staging_inside_out_is_refused(tmp_path: Path, merge: tuple[Path, dict[str, str]]) -> None:
+def test_staging_inside_out_is_refused(tmp_path: Path, merge: tuple[Path, dict[str, str]],
+                                       capsys: pytest.CaptureFixture[str]) -> None:
     config, _ = merge
     out = tmp_path / "out"
-    done = cli("run", config, out, "--staging-dir", out / "stage")
-    assert done.returncode == 2 and "inside OUT" in done.stderr
+    assert main(["run", str(config), str(out), "--staging-dir", str(out / "stage")]) == 2
+    assert "inside OUT" in capsys.readouterr().err

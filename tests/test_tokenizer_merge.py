@@ -3,7 +3,7 @@
 The function-level rules are tested in ``tests/vocab`` (against mergekit's own code); here real merges of
 generated models with different vocabularies go through the CLI and the outputs are checked row by row against
 the inputs, loaded with transformers, compared with mergekit where its ids are deterministic, and killed and
-resumed.
+resumed. Only killed runs start a process; the others run the CLI's ``main`` here (no Python and torch start-up).
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from mergekit_oracle import Mergekit
 from safetensors.torch import load_file
 
+from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from tests.support import cli, digests
 from tests.vocab.gen import make_tokenizer_dir
@@ -73,8 +74,7 @@ def test_union_aligns_every_row_and_pads(tmp_path: Path, pair: tuple[Path, Path]
     a, b = pair
     config = _config(tmp_path / "c.yml", a, b, "tokenizer:\n  source: union\n  pad_to_multiple_of: 16\n")
     out = tmp_path / "out"
-    done = cli("run", config, out, "--quiet")
-    assert done.returncode == 0, done.stderr
+    assert main(["run", str(config), str(out), "--quiet"]) == 0
     va, vb, vo = _vocab(a), _vocab(b), _vocab(out)
     assert set(vo) == set(va) | set(vb)
     real = len(vo)
@@ -101,7 +101,7 @@ def test_union_output_loads_and_chats_in_transformers(tmp_path: Path, pair: tupl
     a, b = pair
     config = _config(tmp_path / "c.yml", a, b, "tokenizer_source: union\nchat_template: chatml\n")
     out = tmp_path / "out"
-    assert cli("run", config, out, "--quiet").returncode == 0
+    assert main(["run", str(config), str(out), "--quiet"]) == 0
     tok = transformers.AutoTokenizer.from_pretrained(out)
     model, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
@@ -114,17 +114,14 @@ def test_union_output_loads_and_chats_in_transformers(tmp_path: Path, pair: tupl
     assert logits.shape[-1] == model.config.vocab_size and bool(torch.isfinite(logits).all())
 
 
-def test_base_source_matches_mergekit_tensor_for_tensor(tmp_path: Path) -> None:
+def test_base_source_matches_mergekit_tensor_for_tensor(tmp_path: Path, mergekit: Mergekit) -> None:
     """The same words with shuffled ids: aligning b to a's vocabulary must undo the shuffle exactly as mergekit
     does (no union, so mergekit's ids are deterministic)."""
     a = _model(tmp_path, "a", WORDS_A, weights_seed=1)
     b = _model(tmp_path, "b", [*WORDS_A, "sun"], seed=5, weights_seed=2)
     config = _config(tmp_path / "c.yml", a, b, "tokenizer_source: base\n")
-    assert cli("run", config, tmp_path / "ours", "--quiet").returncode == 0
-    mk = subprocess.run(["mergekit-yaml", str(config), str(tmp_path / "mk")], capture_output=True, text=True,
-                        check=False, timeout=300)
-    if mk.returncode != 0 and "No module named" in mk.stderr:
-        pytest.skip("mergekit is not installed")
+    assert main(["run", str(config), str(tmp_path / "ours"), "--quiet"]) == 0
+    mk = mergekit.run(config, tmp_path / "mk")
     assert mk.returncode == 0, mk.stderr[-2000:]
     ours, theirs = load_file(tmp_path / "ours" / "model.safetensors"), load_file(tmp_path / "mk" / "model.safetensors")
     assert ours.keys() == theirs.keys()
@@ -145,8 +142,7 @@ def test_tokens_section_force_zero_and_model_token(tmp_path: Path, pair: tuple[P
         f"    <copy>: {{source: {{kind: model_token, model: {a}, token: {donor}}}}}\n"
     )
     out = tmp_path / "out"
-    done = cli("run", _config(tmp_path / "c.yml", a, b, tail), out, "--quiet")
-    assert done.returncode == 0, done.stderr
+    assert main(["run", str(_config(tmp_path / "c.yml", a, b, tail)), str(out), "--quiet"]) == 0
     vo = _vocab(out)
     ea, eb = _weights(a), _weights(b)
     rows = _weights(out)["model.embed_tokens.weight"]
@@ -163,7 +159,7 @@ def test_chat_template_reaches_a_copied_tokenizer(tmp_path: Path, pair: tuple[Pa
     tail = "chat_template: \"{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\\n{% endfor %}\"\n"
     config = tmp_path / "c.yml"
     config.write_text(f"merge_method: linear\nmodels:\n  - model: {a}\n    parameters: {{weight: 1.0}}\n" + tail)
-    assert cli("run", config, out, "--quiet").returncode == 0
+    assert main(["run", str(config), str(out), "--quiet"]) == 0
     template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
     assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == template
     assert (out / "chat_template.jinja").read_text() == template
@@ -174,21 +170,21 @@ def test_union_merge_killed_and_resumed_is_identical(tmp_path: Path, pair: tuple
     a, b = pair
     config = _config(tmp_path / "c.yml", a, b, "tokenizer_source: union\n")
     ref = tmp_path / "ref"
-    assert cli("run", config, ref, "--out-shard-size", "5k", "--quiet").returncode == 0
+    assert main(["run", str(config), str(ref), "--out-shard-size", "5k", "--quiet"]) == 0
     for point in ("after_ledger_commit:2", "during_tokenizer_write:1"):
         out = tmp_path / f"out-{point}"
         state = tmp_path / f"state-{point}"
         killed = cli("run", config, out, "--out-shard-size", "5k", "--state-dir", state, "--quiet",
                      env={"RESUMERGE_KILL_AT": point})
         assert killed.returncode == -signal.SIGKILL, point
-        done = cli("resume", out, "--state-dir", state, "--quiet")
-        assert done.returncode == 0, done.stderr
+        assert main(["resume", str(out), "--state-dir", str(state), "--quiet"]) == 0
         assert digests(out) == digests(ref)
 
 
-def test_different_vocabularies_without_a_tokenizer_say_how_to_align(tmp_path: Path, pair: tuple[Path, Path]) -> None:
+def test_different_vocabularies_without_a_tokenizer_say_how_to_align(tmp_path: Path, pair: tuple[Path, Path],
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     a, b = pair
-    done = cli("run", _config(tmp_path / "c.yml", a, b, ""), tmp_path / "out")
-    assert done.returncode == 2
-    assert "Tensor size mismatch" in done.stderr and "tokenizer_source: base" in done.stderr
+    assert main(["run", str(_config(tmp_path / "c.yml", a, b, "")), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "Tensor size mismatch" in err and "tokenizer_source: base" in err
     assert not (tmp_path / "out").exists()

@@ -9,15 +9,13 @@ the smaller model as donor the tensors equal mergekit's.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from conftest import ModelFactory
+from mergekit_oracle import Mergekit
 from safetensors.torch import load_file
 from support import write_config
 
@@ -92,16 +90,12 @@ def test_a_special_token_past_the_kept_rows_is_refused(tmp_path: Path, make: Mod
 
 
 @pytest.mark.oracle
-def test_equal_to_mergekit_with_the_smaller_model_as_base(tmp_path: Path, make: ModelFactory) -> None:
-    exe = shutil.which("mergekit-yaml")
-    if exe is None:
-        pytest.skip("mergekit 0.1.5 is not installed (pip install -e '.[test]')")
+def test_equal_to_mergekit_with_the_smaller_model_as_base(tmp_path: Path, make: ModelFactory,
+                                                          mergekit: Mergekit) -> None:
     small, large = make("small", vocab=64, seed=1), make("large", vocab=66, seed=2)
     cfg = write_config(tmp_path / "c.yml", _doc(small, large, small))
     ours = api.run(cfg, tmp_path / "ours", state_dir=tmp_path / "state", unsafe_truncate_embeddings=True).out_dir
-    done = subprocess.run([exe, str(cfg), str(tmp_path / "theirs"), "--unsafe-truncate-embeddings", "--quiet"],
-                          capture_output=True, text=True, timeout=300, check=False,
-                          env={**os.environ, "PYTHONHASHSEED": "0"})
+    done = mergekit.run(cfg, tmp_path / "theirs", "--unsafe-truncate-embeddings", "--quiet")
     assert done.returncode == 0, done.stderr[-2000:]
     mine, theirs = _tensors(Path(ours)), _tensors(tmp_path / "theirs")
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[n], theirs[n]) for n in mine)

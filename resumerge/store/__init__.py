@@ -31,5 +31,6 @@ __all__ = [
     "memsink",
     "runlock",
     "shardwriter",
+    "sqlitedb",
     "statusview",
 ]

@@ -1,4 +1,7 @@
-"""``model+adapter`` merges end to end: PEFT parity through the CLI, the adapter's tokenizer, chunks, resume."""
+"""``model+adapter`` merges end to end: PEFT parity through the CLI, the adapter's tokenizer, chunks, resume.
+
+Only runs that must be killed start a process; the others run the CLI's ``main`` in this one (the same code without
+a Python and torch start-up)."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from safetensors.torch import load_file
 
 from lora.conftest import Case
 from lora.gen import make_adapter
+from resumerge.cli.commands import main
 from resumerge.config.merge_config import load_config_text
 from resumerge.engine.executor import compute_tensor
 from resumerge.engine.session import plan_from_config
@@ -40,8 +44,7 @@ def test_merged_weights_equal_peft_merge_and_unload(tmp_path: Path, lora_case: C
                                                     name: str) -> None:
     case = lora_case(name)
     out = tmp_path / "out"
-    done = cli("run", _passthrough(tmp_path / "c.yml", case), out, "--quiet")
-    assert done.returncode == 0, done.stderr
+    assert main(["run", str(_passthrough(tmp_path / "c.yml", case)), str(out), "--quiet"]) == 0
     merged = _weights(out)
     base = _weights(case.base)
     # Tied heads are not written (the output is tied too); everything else is there.
@@ -66,10 +69,10 @@ def test_the_adapters_tokenizer_and_chat_template_reach_the_output(tmp_path: Pat
     config = tmp_path / "c.yml"
     config.write_text(f"merge_method: passthrough\nmodels:\n  - model: {case.base}+{adapter}\n")
     out = tmp_path / "out"
-    assert cli("run", config, out, "--quiet").returncode == 0
+    assert main(["run", str(config), str(out), "--quiet"]) == 0
     assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == template
     assert json.loads((case.base / "tokenizer_config.json").read_text()).get("chat_template") != template
-    assert cli("verify", out).returncode == 0
+    assert main(["verify", str(out)]) == 0
 
 
 @pytest.mark.parametrize("name", ["llama-f32", "gpt2-f32-bias"])
@@ -102,17 +105,17 @@ def test_lora_merge_killed_and_resumed_is_identical(tmp_path: Path, lora_case: C
         f"  - model: {case.base}\n    parameters: {{weight: 0.4}}\n"
     )
     ref = tmp_path / "ref"
-    assert cli("run", config, ref, "--out-shard-size", "200k", "--quiet").returncode == 0
+    assert main(["run", str(config), str(ref), "--out-shard-size", "200k", "--quiet"]) == 0
     out, state = tmp_path / "out", tmp_path / "state"
     killed = cli("run", config, out, "--out-shard-size", "200k", "--state-dir", state, "--quiet",
                  env={"RESUMERGE_KILL_AT": "after_ledger_commit:2"})
     assert killed.returncode == -signal.SIGKILL
-    done = cli("resume", out, "--state-dir", state, "--quiet")
-    assert done.returncode == 0, done.stderr
+    assert main(["resume", str(out), "--state-dir", str(state), "--quiet"]) == 0
     assert digests(out) == digests(ref)
 
 
-def test_a_changed_adapter_is_refused_on_resume(tmp_path: Path, lora_case: Callable[[str], Case]) -> None:
+def test_a_changed_adapter_is_refused_on_resume(tmp_path: Path, lora_case: Callable[[str], Case],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
     case = lora_case("llama-f16")
     adapter = tmp_path / "adapter"
     make_adapter(case.base, adapter, r=2, alpha=4, targets=["q_proj", "v_proj"], seed=9)
@@ -123,6 +126,6 @@ def test_a_changed_adapter_is_refused_on_resume(tmp_path: Path, lora_case: Calla
                  env={"RESUMERGE_KILL_AT": "after_ledger_commit:1"})
     assert killed.returncode == -signal.SIGKILL
     make_adapter(case.base, adapter, r=2, alpha=4, targets=["q_proj", "v_proj"], seed=10)
-    done = cli("resume", out, "--state-dir", state)
-    assert done.returncode == 4, done.stderr
-    assert "adapter_model.safetensors" in done.stderr
+    capsys.readouterr()
+    assert main(["resume", str(out), "--state-dir", str(state)]) == 4
+    assert "adapter_model.safetensors" in capsys.readouterr().err
