@@ -189,6 +189,7 @@ class HubWriter:
 
     @staticmethod
     def _body(h: _Handler) -> bytes:
+        """The request body, read through the link's upload bucket (:meth:`~hub.fakehub._Handler.read_paced`)."""
         if "chunked" in (h.headers.get("Transfer-Encoding") or "").lower():
             out = bytearray()
             while True:
@@ -196,9 +197,9 @@ class HubWriter:
                 if size == 0:
                     h.rfile.readline()
                     return bytes(out)
-                out += h.rfile.read(size)
+                out += h.read_paced(size)
                 h.rfile.readline()
-        return h.rfile.read(int(h.headers.get("Content-Length") or 0))
+        return h.read_paced(int(h.headers.get("Content-Length") or 0))
 
     # ---- routes ----------------------------------------------------------------------------------------------
     def _whoami(self, h: _Handler) -> None:
@@ -332,7 +333,7 @@ class HubWriter:
     @staticmethod
     def _body_prefix(h: _Handler, n: int) -> None:
         with suppress(OSError, ValueError):
-            h.rfile.read(n)
+            h.read_paced(n)
 
     def _commit(self, h: _Handler, repo_id: str, revision: str) -> None:
         lines = [json.loads(line) for line in self._body(h).splitlines() if line.strip()]
@@ -380,6 +381,7 @@ class HubWriter:
         with self.hub.lock:
             self.commits[repo_id] += 1
             self.deletes[repo_id] += deleted
+            self.hub.commit_times.append((repo_id, time.monotonic()))
         if self.on_commit is not None and self.on_commit(number, "applied") is False:
             h.close_connection = True
             with suppress(OSError):
