@@ -308,6 +308,7 @@ def estimate(
     probe_size: int | str = "32MiB",
     intermediate_dir: PathLike | None = None,
     max_disk: int | str | None = None,
+    bandwidth: str | None = None,
     disk_free: Callable[[Path], int] | None = None,
     fresh_process: bool = False,
 ) -> Estimate | RecipeEstimate:
@@ -323,11 +324,18 @@ def estimate(
     disks with it); ``fresh_process`` says this process was started for this estimate, as the merge's will be (the
     CLI), so its age counts as the merge's start-up. Raises the same errors as :func:`plan_merge` for an invalid
     merge; a merge that does not fit is not an error.
+
+    A merge that fetches hub inputs or writes an ``hf://`` OUT gets a network estimate (``.network``): bytes each
+    way, at ``bandwidth`` (``"DOWN[/UP]"`` per second, e.g. ``"150MB/75MB"``) or else at a download rate measured
+    with two range reads of a hub input (``probe_size=0`` skips that; the upload rate is then unknown), and the
+    wall time of a run that downloads, merges and uploads at once, with what bounds it.
     """
+    from resumerge.engine.netestimate import parse_bandwidth
     from resumerge.store.diskprobe import free_bytes
 
     if out is not None:
         _named(out)
+    link = parse_bandwidth(bandwidth) if bandwidth is not None else None
     options = _plan_options(out_shard_size=_shard_size(out_shard_size, out), random_seed=random_seed,
                             copy_tokenizer=copy_tokenizer, device=device, allow_crimes=allow_crimes,
                             stream_inputs=stream_inputs, unsafe_truncate_embeddings=unsafe_truncate_embeddings)
@@ -362,7 +370,8 @@ def estimate(
                                forward=False)
 
     result = estimate_config(text, options, settings, source=source, out_dir=out, probe_bytes=probe_bytes,
-                             disk_free=disk_free or free_bytes, fresh_process=fresh_process, planner=planner)
+                             disk_free=disk_free or free_bytes, fresh_process=fresh_process, planner=planner,
+                             bandwidth=link)
     if out_shard_size is None:  # the planner chose the shard size for this OUT: plan says why
         from dataclasses import replace
 

@@ -164,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("out", metavar="OUT", nargs="?",
                       help="output directory to check the disk of, or hf://NAMESPACE/NAME [optional]")
     plan.add_argument("--max-disk", metavar="SIZE", help="as for run: the local disk bound of an hf:// OUT")
+    plan.add_argument("--bandwidth", metavar="DOWN[/UP]",
+                      help="the link's rates per second for the network estimate, e.g. 150MB/75MB [default: the "
+                           "download rate measured on a hub input; the upload rate unknown]")
     plan.add_argument("--out-shard-size", default=None, metavar="SIZE",
                       help="bytes per output shard [default: as for run: 1B, 200M for an hf:// OUT]")
     plan.add_argument("--random-seed", type=int, default=0, metavar="N", help="seed of randomised methods")

@@ -55,7 +55,12 @@ from resumerge.store.sink import OutputSink
 
 
 class Reporter(Protocol):
-    """Receives progress; the CLI's implementation draws it with rich, a notebook may log it."""
+    """Receives progress; the CLI's implementation draws it with rich, a notebook may log it.
+
+    One more hook is optional (looked up, so reporters written before it keep working): ``traffic(read)``, given
+    once for a run on the network, where ``read()`` returns the run's :class:`~resumerge.engine.traffic.Traffic`
+    so far (bytes fetched and committed, both directions), to be read whenever progress is drawn.
+    """
 
     def start(self, *, total_tensors: int, done_tensors: int, total_bytes: int, done_bytes: int) -> None: ...
 

@@ -209,6 +209,7 @@ class CommitQueue:
         self.commit_lock = threading.RLock()  # reentrant: the last commit of stop() holds it around _commit
         self.pool = _Uploads(uploads)
         self.commits = 0
+        self.uploaded_bytes = self.committed_bytes = 0  # of the staged files (progress shows both)
         self.recent: deque[float] = deque()  # when this process's commits of the last hour were made
         self.thread = threading.Thread(target=self._loop, name="resumerge-committer", daemon=True)
         self.thread.start()
@@ -324,6 +325,8 @@ class CommitQueue:
             with self.cond:
                 self._fail(exc)
             raise
+        with self.cond:
+            self.uploaded_bytes += entry.size
         killpoints.reach("hub_after_upload")
 
     def _loop(self) -> None:
@@ -425,6 +428,7 @@ class CommitQueue:
             data, count = self.state.manifest or (manifest, len(entries))
             self.state.manifest = (data, count - len(entries))
             self.state.done += len(entries)
+            self.committed_bytes += sum(e.size for e in entries)
             self.state.history = {k: v for k, v in self.state.history.items() if k > self.state.done}
             self.state.committed_manifest = manifest
             self.state.urgent = False

@@ -64,6 +64,11 @@ class HubRepoSink(OutputSink):
         """Commits this sink made so far."""
         return self.queue.commits
 
+    def transferred(self) -> tuple[int, int]:
+        """Bytes of staged files uploaded so far, and of those a commit holds (the progress display's "up")."""
+        with self.queue.cond:
+            return self.queue.uploaded_bytes, self.queue.committed_bytes
+
     def where(self, name: str) -> Path:
         return self.staging / name
 
