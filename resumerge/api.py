@@ -52,7 +52,7 @@ def run(
     out: PathLike,
     *,
     state_dir: PathLike | None = None,
-    out_shard_size: int | str = DEFAULT_SHARD_SIZE,
+    out_shard_size: int | str | None = None,
     random_seed: int = DEFAULT_SEED,
     restart: bool = False,
     copy_tokenizer: bool = True,
@@ -66,8 +66,8 @@ def run(
     cleanup_intermediates: bool = False,
     max_disk: int | str | None = None,
     public: bool = False,
-    commit_every: int = 20,
-    commit_interval: float = 60.0,
+    commit_every: int | None = None,
+    commit_interval: float | None = None,
     stream_inputs: bool = False,
     write_model_card: bool = True,
     unsafe_truncate_embeddings: bool = False,
@@ -95,8 +95,10 @@ def run(
     True always, False never, or a local directory to stage in (``--staging-dir``).
 
     ``out`` may be ``"hf://NAMESPACE/NAME[@BRANCH]"``: the merge is committed to that hub repo (created private
-    unless ``public``), in commits of ``commit_every`` files or every ``commit_interval`` seconds, keeping at most
-    ``max_disk`` bytes of uncommitted output on the local disk.
+    unless ``public``), keeping at most ``max_disk`` bytes of uncommitted output on the local disk. By default its
+    shards are 200 MB (``out_shard_size`` None: 1 GB for a local OUT), each uploaded while the next are merged and
+    committed once uploaded, paced under the hub's commit quota; ``commit_every`` files or ``commit_interval``
+    seconds batch commits instead. Hub inputs are downloaded into the cache while the merge reads them.
 
     A mergekit-moe config (``base_model`` and ``experts``) is upcycled into a mixture of experts, as
     ``mergekit-moe`` does; ``allow_same_experts`` (``--i-understand-this-is-not-useful-without-training``) lets
@@ -110,10 +112,10 @@ def run(
     ``should_stop`` is polled at safe points: once true, the run stops and raises InterruptedMerge (exit 3).
     """
     _named(out)
-    options = _plan_options(out_shard_size=out_shard_size, random_seed=random_seed, copy_tokenizer=copy_tokenizer,
-                            device=device, allow_crimes=allow_crimes, stream_inputs=stream_inputs,
-                            write_model_card=write_model_card, unsafe_truncate_embeddings=unsafe_truncate_embeddings,
-                            num_threads=num_threads)
+    options = _plan_options(out_shard_size=_shard_size(out_shard_size, out), random_seed=random_seed,
+                            copy_tokenizer=copy_tokenizer, device=device, allow_crimes=allow_crimes,
+                            stream_inputs=stream_inputs, write_model_card=write_model_card,
+                            unsafe_truncate_embeddings=unsafe_truncate_embeddings, num_threads=num_threads)
     settings = _run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory,
                              max_gpu_memory=max_gpu_memory, staging=staging, max_disk=max_disk,
                              output=_output(public, commit_every, commit_interval), num_threads=num_threads)
@@ -150,8 +152,8 @@ def resume(
     staging: bool | PathLike | None = None,
     cleanup_intermediates: bool = False,
     max_disk: int | str | None = None,
-    commit_every: int = 20,
-    commit_interval: float = 60.0,
+    commit_every: int | None = None,
+    commit_interval: float | None = None,
     num_threads: int | None = None,
     progress: bool | Reporter = False,
     should_stop: Callable[[], bool] | None = None,
@@ -189,7 +191,8 @@ def extract_lora(
     random_seed: int = DEFAULT_SEED, write_model_card: bool = True, state_dir: PathLike | None = None,
     restart: bool = False, max_memory: int | str | None = None, device: str = "cpu",
     max_gpu_memory: int | str | None = None, staging: bool | PathLike | None = None,
-    max_disk: int | str | None = None, public: bool = False, commit_every: int = 20, commit_interval: float = 60.0,
+    max_disk: int | str | None = None, public: bool = False, commit_every: int | None = None,
+    commit_interval: float | None = None,
     cache_dir: PathLike | None = None, num_threads: int | None = None, plan: bool = False,
     progress: bool | Reporter = False, should_stop: Callable[[], bool] | None = None, fresh_process: bool = False,
 ) -> Outcome | Estimate:
@@ -290,7 +293,7 @@ def estimate(
     out: PathLike | None = None,
     *,
     state_dir: PathLike | None = None,
-    out_shard_size: int | str = DEFAULT_SHARD_SIZE,
+    out_shard_size: int | str | None = None,
     random_seed: int = DEFAULT_SEED,
     copy_tokenizer: bool = True,
     allow_crimes: bool = False,
@@ -333,9 +336,9 @@ def estimate(
     if out is not None:
         _named(out)
     link = parse_bandwidth(bandwidth) if bandwidth is not None else None
-    options = _plan_options(out_shard_size=out_shard_size, random_seed=random_seed, copy_tokenizer=copy_tokenizer,
-                            device=device, allow_crimes=allow_crimes, stream_inputs=stream_inputs,
-                            unsafe_truncate_embeddings=unsafe_truncate_embeddings)
+    options = _plan_options(out_shard_size=_shard_size(out_shard_size, out), random_seed=random_seed,
+                            copy_tokenizer=copy_tokenizer, device=device, allow_crimes=allow_crimes,
+                            stream_inputs=stream_inputs, unsafe_truncate_embeddings=unsafe_truncate_embeddings)
     settings = _run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory, staging=staging,
                              max_disk=max_disk, num_threads=num_threads)
     _usable_device(options.device)
@@ -366,9 +369,17 @@ def estimate(
             return prepare_moe(moe, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
                                forward=False)
 
-    return estimate_config(text, options, settings, source=source, out_dir=out, probe_bytes=probe_bytes,
-                           disk_free=disk_free or free_bytes, fresh_process=fresh_process, planner=planner,
-                           bandwidth=link)
+    result = estimate_config(text, options, settings, source=source, out_dir=out, probe_bytes=probe_bytes,
+                             disk_free=disk_free or free_bytes, fresh_process=fresh_process, planner=planner,
+                             bandwidth=link)
+    if out_shard_size is None:  # the planner chose the shard size for this OUT: plan says why
+        from dataclasses import replace
+
+        from resumerge.config.hubtarget import is_hub_target
+        from resumerge.plan.sharding import default_shard_size
+
+        result = replace(result, shard_choice=default_shard_size(out is not None and is_hub_target(out))[1])
+    return result
 
 
 # -- the one place flat parameters become PlanOptions and RunSettings --------------------------------------------
@@ -406,13 +417,30 @@ def _run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = No
     return settings if output is None else replace(settings, output=output)
 
 
-def _output(public: bool, every: int, interval: float) -> HubOutputOptions:
+def _output(public: bool, every: int | None, interval: float | None) -> HubOutputOptions:
+    """How an hf:// OUT is written: by default each file is committed once uploaded, paced under the hub's quota
+    (:meth:`~resumerge.store.hubcommits.Batching.pipelined`); ``every``/``interval`` batch commits as asked."""
     from resumerge.store.hubcommits import Batching
     from resumerge.store.hubsink import HubOutputOptions
 
-    if every < 1 or interval < 0:
+    if (every is not None and every < 1) or (interval is not None and interval < 0):
         raise UsageError("--commit-every must be at least 1 and --commit-interval at least 0")
-    return HubOutputOptions(public=public, batching=Batching(every=every, interval=interval))
+    if every is None and interval is None:
+        return HubOutputOptions(public=public, batching=Batching.pipelined())
+    default = Batching()
+    return HubOutputOptions(public=public, batching=Batching(every=default.every if every is None else every,
+                                                             interval=default.interval if interval is None
+                                                             else interval))
+
+
+def _shard_size(asked: int | str | None, out: PathLike | None) -> int | str:
+    """``--out-shard-size`` as asked, else the planner's default for this OUT (smaller for an hf:// repo)."""
+    from resumerge.config.hubtarget import is_hub_target
+    from resumerge.plan.sharding import default_shard_size
+
+    if asked is not None:
+        return asked
+    return default_shard_size(out is not None and is_hub_target(out))[0]
 
 
 def _size(value: int | str | None, option: str) -> int | None:

@@ -39,6 +39,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from resumerge.memory.sizes import format_size
+from resumerge.plan.fetching import fetch_summary
 
 if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
     from resumerge.engine.costs import Estimate
@@ -476,6 +477,8 @@ def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | 
     committed = f"; {format_size(output.committed_bytes)} already committed" if output.committed_bytes else ""
     _field(out, "output", f"{format_size(output.total_bytes)} ({len(plan.shards)} shard(s), the largest "
            f"{format_size(output.largest_shard_bytes)}){committed}" + (f" in {output.dir}" if output.dir else ""))
+    if estimate.shard_choice:
+        _field(out, "shards", f"up to {format_size(plan.options.out_shard_size)} each ({estimate.shard_choice})")
     if output.staging_dir:
         _field(out, "staging", f"{format_size(output.staging_bytes)} at a time in {output.staging_dir}")
     if estimate.downloads:
@@ -484,6 +487,9 @@ def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | 
                f"({format_size(cached)} already cached)")
     else:
         _field(out, "download", "nothing (local models)")
+    summary = fetch_summary(estimate.fetch)
+    if summary:
+        _field(out, "fetch", summary)
     for c in estimate.fetch:
         _field(out, "input", f"{c.model}/{c.file}: {c.how} {format_size(c.fetch_bytes)} of "
                f"{format_size(c.size)} ({c.reason})")

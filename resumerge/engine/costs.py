@@ -254,6 +254,7 @@ class Estimate:
     fetch: tuple[FileFetch, ...] = ()  # per hub weight file: download, stream or cached, and its bytes
     hf_output: HubDiskNeed | None = None  # the local disk an hf:// OUT would need
     network: NetworkEstimate | None = None  # bytes each way at the link's rates, when the merge uses the network
+    shard_choice: str | None = None  # why the output shards have their size, when no --out-shard-size was given
 
     @property
     def fits(self) -> bool:
@@ -291,6 +292,7 @@ class Estimate:
             "tensors": len(plan.tensors),
             "layers": plan.num_layers,
             "shards": [s.name for s in plan.shards],
+            "shard_size": {"bytes": plan.options.out_shard_size, "why": self.shard_choice or "--out-shard-size"},
             "output_bytes": plan.total_bytes,
             "config_donor": plan.donor,
             "tokenizer_donor": plan.tokenizer_donor,

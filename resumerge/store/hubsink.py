@@ -41,6 +41,8 @@ class HubOutputOptions:
 class HubRepoSink(OutputSink):
     """OUT is ``hf://NAMESPACE/NAME[@BRANCH]``: stage, upload, commit in batches with the manifest."""
 
+    commits_later = True
+
     def __init__(self, repo: HubRepo, staging: Path, *, planned: Iterable[str], resume: str,
                  batching: Batching | None = None, max_disk: int | None = None, reserve: int = 0,
                  head: str | None = None, should_stop: Callable[[], bool] = lambda: False,
@@ -55,6 +57,7 @@ class HubRepoSink(OutputSink):
         # ``tell``: the run's reporter (and ledger), so a commit-quota wait shows in the progress display and status.
         self.queue = CommitQueue(repo, batching or Batching(), resume=resume, head=head, should_stop=should_stop,
                                  tell=tell)
+        self._ready: dict[str, Callable[[], bool]] = {}  # files to upload now but commit only once ready
 
     @property
     def commits(self) -> int:
@@ -74,8 +77,11 @@ class HubRepoSink(OutputSink):
             self.queue.wait_room(max(0, self.max_disk - self.reserve))
         return self.staging / temp_path(self.staging / name).name
 
+    def commit_when(self, name: str, ready: Callable[[], bool]) -> None:
+        self._ready[name] = ready
+
     def publish(self, temp: Path, name: str, sha256: str) -> Receipt:
-        return self.queue.add(name, temp, sha256, temp.stat().st_size)
+        return self.queue.add(name, temp, sha256, temp.stat().st_size, ready=self._ready.pop(name, None))
 
     def replace_small(self, name: str, data: bytes) -> None:
         if name != MANIFEST_NAME:
