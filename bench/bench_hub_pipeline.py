@@ -160,8 +160,12 @@ def plan_network(hub: FakeHub, config: Path, root: Path, down: float, up: float)
     if done.returncode not in (0, 2):
         print(f"  plan failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}", flush=True)
         return None
-    network = json.loads(done.stdout).get("network")
-    return network if isinstance(network, dict) else None
+    doc = json.loads(done.stdout)
+    network, timing = doc.get("network"), doc.get("time", {})
+    if not isinstance(network, dict):
+        return None
+    # What the local part of the estimate is made of (start-up includes planning's header reads over the link).
+    return network | {key: timing.get(key) for key in ("startup_seconds", "compute_seconds")}
 
 
 def main() -> None:
