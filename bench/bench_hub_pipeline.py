@@ -4,7 +4,7 @@ Usage::
 
     python bench/bench_hub_pipeline.py [--rates 50/25,150/75,500/250] [--methods linear,ties] [--runs 1]
         [--models /tmp/bench/models-1750212608] [--flags "--stream-inputs --out-shard-size 100M --commit-every 1"]
-        [--skip-mergekit] [--no-plan] [--work DIR]
+        [--before DIR] [--skip-mergekit] [--no-plan] [--work DIR]
 
 The stand-in hub of ``tests/hub`` (in this process, on 127.0.0.1) serves the models ``a`` and ``b`` of
 ``--models`` as ``bench/a`` and ``bench/b`` (held in memory, pushed once), behind a simulated link
@@ -16,7 +16,9 @@ run from an empty HF cache, in fresh processes, alternating the order run by run
 - ``mergekit``: ``mergekit-yaml`` on the hub ids (it downloads), then ``HfApi().upload_folder`` to a new repo:
   mergekit's three phases as a user chains them (download+merge and upload are timed apart too);
 - ``resumerge``: ``resumerge run cfg.yml hf://bench/merged-N`` with its defaults;
-- ``flags`` (only with ``--flags``): the same with those options added.
+- ``flags`` (only with ``--flags``): the same with those options added;
+- ``before`` (only with ``--before DIR``): ``resumerge run`` with its defaults from the code in DIR (say, an
+  export of an earlier commit: ``git archive COMMIT | tar -x -C DIR``), paired with today's under the same load.
 
 Reported per row: wall; the link floor ``max(bytes down / down rate, bytes up / up rate)`` from the bytes the
 stand-in counted; the ratio to the floor and to mergekit's three phases; bytes down and up; commits; the peak of
@@ -111,12 +113,11 @@ class DiskPeak(threading.Thread):
         self.peak = max(self.peak, _du(self.root))
 
 
-def _env(hub: FakeHub, root: Path) -> dict[str, str]:
+def _env(hub: FakeHub, root: Path, code: Path = ROOT) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
     return env | {"HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN, "HF_HOME": str(root / "hf"),
                   "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-                  "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-                  "PYTHONHASHSEED": "0"}
+                  "PYTHONPATH": str(code), "PYTHONHASHSEED": "0"}
 
 
 def _check(done: subprocess.CompletedProcess[str], what: str) -> None:
@@ -128,10 +129,10 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def run_tool(tool: str, hub: FakeHub, writer: HubWriter, config: Path, root: Path, repo: str,
-             flags: list[str]) -> tuple[float, str]:
+def run_tool(tool: str, hub: FakeHub, config: Path, root: Path, repo: str, flags: list[str],
+             before: Path | None) -> tuple[float, str]:
     """Run one tool from an empty HF cache; returns its wall time and, for mergekit, its two phases."""
-    env = _env(hub, root)
+    env = _env(hub, root, before if tool == "before" and before is not None else ROOT)
     if tool == "mergekit":
         exe = shutil.which("mergekit-yaml")
         assert exe is not None, "mergekit-yaml is not on PATH"
@@ -159,8 +160,12 @@ def plan_network(hub: FakeHub, config: Path, root: Path, down: float, up: float)
     if done.returncode not in (0, 2):
         print(f"  plan failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}", flush=True)
         return None
-    network = json.loads(done.stdout).get("network")
-    return network if isinstance(network, dict) else None
+    doc = json.loads(done.stdout)
+    network, timing = doc.get("network"), doc.get("time", {})
+    if not isinstance(network, dict):
+        return None
+    # What the local part of the estimate is made of (start-up includes planning's header reads over the link).
+    return network | {key: timing.get(key) for key in ("startup_seconds", "compute_seconds")}
 
 
 def main() -> None:
@@ -170,12 +175,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--models", type=Path, default=Path("/tmp/bench/models-1750212608"))
     parser.add_argument("--flags", default="", help="also run resumerge with these options (the 'flags' row)")
+    parser.add_argument("--before", type=Path, default=None,
+                        help="also run resumerge's defaults from the code in this folder (the 'before' row)")
     parser.add_argument("--skip-mergekit", action="store_true")
     parser.add_argument("--no-plan", action="store_true", help="skip resumerge plan's network estimate")
     parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-hub-pipeline-"))
-    tools = ([] if args.skip_mergekit else ["mergekit"]) + ["resumerge"] + (["flags"] if args.flags else [])
+    tools = (([] if args.skip_mergekit else ["mergekit"]) + (["before"] if args.before else []) + ["resumerge"]
+             + (["flags"] if args.flags else []))
     flags = shlex.split(args.flags)
     hub = FakeHub()
     writer = HubWriter.attach(hub)
@@ -211,7 +219,7 @@ def main() -> None:
                         hub.reset_counters()
                         load = _load()
                         with DiskPeak(root) as disk:
-                            wall, phases = run_tool(tool, hub, writer, config, root, repo, flags)
+                            wall, phases = run_tool(tool, hub, config, root, repo, flags, args.before)
                         row = Row(rate, method, tool, wall, hub.link.down_bytes, hub.link.up_bytes,
                                   writer.commits[repo], disk.peak,
                                   max(hub.link.down_bytes / down, hub.link.up_bytes / up), phases, load)
@@ -251,7 +259,7 @@ def _table(rows: list[Row], estimates: dict[tuple[str, str], dict[str, object] |
             planned = f"{float(str(estimate['seconds'])):.1f} s ({estimate.get('bound')})"
         last = runs[-1]
         label = {"mergekit": "mergekit-yaml + upload_folder", "resumerge": "resumerge run (defaults)",
-                 "flags": f"resumerge run {args.flags}"}[tool]
+                 "before": "resumerge run (defaults), before", "flags": f"resumerge run {args.flags}"}[tool]
         print(f"| {rate} | {method} | {label} | {wall:.1f} | {floor:.1f} | {wall / floor:.2f}× | {versus} | "
               f"{last.down / 1e9:.2f} | {last.up / 1e9:.2f} | {last.commits} | {last.disk_peak / 1e9:.2f} | "
               f"{planned} | {last.load} |")

@@ -4,6 +4,8 @@ progress display of both directions, fed by hand."""
 from __future__ import annotations
 
 import io
+import os
+import select
 
 import pytest
 
@@ -159,3 +161,29 @@ def test_plain_progress_carries_the_network_line() -> None:
     # 20 MB down and 5 MB uploaded every 5 s: 4 MB/s and 1 MB/s over the window.
     assert "network: down 4.00 MB/s, 80.0 MB of 100 MB fetched; up 1.00 MB/s, 10.0 MB of 50.0 MB committed" in (
         lines[-1]), lines[-1]
+
+
+def test_live_progress_draws_the_network_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TERM", "xterm-256color")
+    meter = TrafficMeter(to_fetch=100 * MB, to_commit=50 * MB)
+    meter.file_progress("org/a/model.safetensors", 60 * MB)
+    meter.watch_uploads(lambda: (30 * MB, 20 * MB))
+    master, slave = os.openpty()
+    with os.fdopen(slave, "w") as tty:
+        reporter = ProgressReporter(stream=tty, mode="live", rss=lambda: 1 * GB, width=120)
+        reporter.start(total_tensors=1, done_tensors=0, total_bytes=50 * MB, done_bytes=0)
+        reporter.traffic(meter.snapshot)
+        reporter.tensor_done("t", 50 * MB)
+        reporter.close()
+    drawn = b""
+    while select.select([master], [], [], 0.2)[0]:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    os.close(master)
+    text = drawn.decode("utf-8", "replace")
+    assert "network: down" in text and "60.0 MB of 100 MB fetched" in text and "20.0 MB of 50.0 MB committed" in text

@@ -55,6 +55,14 @@ def sha256_of(data: bytes) -> str:
     return digest
 
 
+def remember_digest(data: bytes, digest: str) -> None:
+    """Note the sha256 of ``data`` computed elsewhere (an upload hashed as it arrived)."""
+    with _DIGESTS_LOCK:
+        _DIGESTS[data] = digest
+        while len(_DIGESTS) > 256:
+            _DIGESTS.popitem(last=False)
+
+
 def forget_digests(contents: Iterable[bytes]) -> None:
     """Drop remembered digests (the cache keeps the bytes it hashed alive), leaving the others'."""
     with _DIGESTS_LOCK:
@@ -144,11 +152,14 @@ class FakeHub:
     # ---- repo contents -------------------------------------------------------------------------------------
     def push(self, repo_id: str, files: Mapping[str, bytes], branch: str = "main") -> str:
         """Create a commit of ``repo_id`` holding exactly ``files`` and move ``branch`` to it; return its sha."""
+        # Remembered digests, outside the lock: a commit of many large files must not rehash them all (nor stall
+        # every transfer meanwhile), as each of a run's commits repeats the files of the ones before.
+        digests = {path: sha256_of(data) for path, data in files.items()}
         with self.lock:
             self._counter += 1
             digest = hashlib.sha1(f"{repo_id}:{self._counter}".encode())
             for path in sorted(files):
-                digest.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
+                digest.update(path.encode() + b"\0" + digests[path].encode())
             commit = digest.hexdigest()
             repo = self.repos.setdefault(repo_id, _Repo())
             repo.commits[commit] = dict(files)
@@ -404,13 +415,16 @@ class _Handler(BaseHTTPRequestHandler):
                 self.hub.link.unsend(len(piece))
                 raise
 
-    def read_paced(self, n: int) -> bytes:
-        """Read ``n`` request-body bytes (fewer at EOF) through the link's upload bucket, a chunk at a time."""
+    def read_paced(self, n: int, digest: Any = None) -> bytes:
+        """Read ``n`` request-body bytes (fewer at EOF) through the link's upload bucket, a chunk at a time, fed to
+        ``digest`` (a hashlib object) as they arrive, so checking a large upload costs no time after its end."""
         out = bytearray()
         while len(out) < n:
             step = min(CHUNK, n - len(out))
             self.hub.link.receive(step)
             piece = self.rfile.read(step)
+            if digest is not None:
+                digest.update(piece)
             out += piece
             if len(piece) < step:
                 break
