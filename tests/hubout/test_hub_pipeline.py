@@ -126,6 +126,8 @@ def test_hub_to_hub_through_a_throttled_link_overlaps_both_directions(hub: HubWr
     inputs_bytes = sum((d / f).stat().st_size for d in linked.dirs.values() for f in os.listdir(d)
                        if f.endswith(".safetensors"))
     floor = max(inputs_bytes / DOWN, sum(len(v) for v in files.values()) / UP)
+    print(f"hub to hub: {wall:.1f} s, link floor {floor:.1f} s, first shard commit {last_in - commits[1]:.1f} s "
+          "before the last input byte")
     assert wall < 4 * floor + 30, (wall, floor)
     assert all(v == 1 for v in uploads(hub, "alice/linked").values())
 
