@@ -182,6 +182,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-hub-pipeline-"))
+    work.mkdir(parents=True, exist_ok=True)
     tools = (([] if args.skip_mergekit else ["mergekit"]) + (["before"] if args.before else []) + ["resumerge"]
              + (["flags"] if args.flags else []))
     flags = shlex.split(args.flags)
