@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from resumerge.errors import OutputDirError, UsageError
 from resumerge.memory.sizes import parse_size
 from resumerge.plan.merge_plan import DEFAULT_SEED, DEFAULT_SHARD_SIZE
+from resumerge.plan.sharding import shard_size_choice
 
 # Only what ``status`` and ``verify`` need is imported here, so that they stay fast (no torch): the merging
 # commands import the engine inside the function.
@@ -94,11 +95,9 @@ def run(
     ``staging``: None stages files on local disk only when ``out`` is on Drive or another remote filesystem,
     True always, False never, or a local directory to stage in (``--staging-dir``).
 
-    ``out`` may be ``"hf://NAMESPACE/NAME[@BRANCH]"``: the merge is committed to that hub repo (created private
-    unless ``public``), keeping at most ``max_disk`` bytes of uncommitted output on the local disk. By default its
-    shards are 200 MB (``out_shard_size`` None: 1 GB for a local OUT), each uploaded while the next are merged and
-    committed once uploaded, paced under the hub's commit quota; ``commit_every`` files or ``commit_interval``
-    seconds batch commits instead. Hub inputs are downloaded into the cache while the merge reads them.
+    ``out`` may be ``"hf://NAMESPACE/NAME[@BRANCH]"``: the merge goes to that hub repo (created private unless
+    ``public``), 200 MB shards by default, each committed once uploaded (``commit_every`` files or ``commit_interval``
+    seconds batch them), keeping at most ``max_disk`` bytes of uncommitted output on the local disk.
 
     A mergekit-moe config (``base_model`` and ``experts``) is upcycled into a mixture of experts, as
     ``mergekit-moe`` does; ``allow_same_experts`` (``--i-understand-this-is-not-useful-without-training``) lets
@@ -112,7 +111,7 @@ def run(
     ``should_stop`` is polled at safe points: once true, the run stops and raises InterruptedMerge (exit 3).
     """
     _named(out)
-    options = _plan_options(out_shard_size=_shard_size(out_shard_size, out), random_seed=random_seed,
+    options = _plan_options(out_shard_size=shard_size_choice(out_shard_size, out)[0], random_seed=random_seed,
                             copy_tokenizer=copy_tokenizer, device=device, allow_crimes=allow_crimes,
                             stream_inputs=stream_inputs, write_model_card=write_model_card,
                             unsafe_truncate_embeddings=unsafe_truncate_embeddings, num_threads=num_threads)
@@ -336,7 +335,7 @@ def estimate(
     if out is not None:
         _named(out)
     link = parse_bandwidth(bandwidth) if bandwidth is not None else None
-    options = _plan_options(out_shard_size=_shard_size(out_shard_size, out), random_seed=random_seed,
+    options = _plan_options(out_shard_size=shard_size_choice(out_shard_size, out)[0], random_seed=random_seed,
                             copy_tokenizer=copy_tokenizer, device=device, allow_crimes=allow_crimes,
                             stream_inputs=stream_inputs, unsafe_truncate_embeddings=unsafe_truncate_embeddings)
     settings = _run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory, staging=staging,
@@ -372,14 +371,7 @@ def estimate(
     result = estimate_config(text, options, settings, source=source, out_dir=out, probe_bytes=probe_bytes,
                              disk_free=disk_free or free_bytes, fresh_process=fresh_process, planner=planner,
                              bandwidth=link)
-    if out_shard_size is None:  # the planner chose the shard size for this OUT: plan says why
-        from dataclasses import replace
-
-        from resumerge.config.hubtarget import is_hub_target
-        from resumerge.plan.sharding import default_shard_size
-
-        result = replace(result, shard_choice=default_shard_size(out is not None and is_hub_target(out))[1])
-    return result
+    return replace(result, shard_choice=shard_size_choice(out_shard_size, out)[1])  # plan says why, when it chose
 
 
 # -- the one place flat parameters become PlanOptions and RunSettings --------------------------------------------
@@ -418,29 +410,8 @@ def _run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = No
 
 
 def _output(public: bool, every: int | None, interval: float | None) -> HubOutputOptions:
-    """How an hf:// OUT is written: by default each file is committed once uploaded, paced under the hub's quota
-    (:meth:`~resumerge.store.hubcommits.Batching.pipelined`); ``every``/``interval`` batch commits as asked."""
-    from resumerge.store.hubcommits import Batching
-    from resumerge.store.hubsink import HubOutputOptions
-
-    if (every is not None and every < 1) or (interval is not None and interval < 0):
-        raise UsageError("--commit-every must be at least 1 and --commit-interval at least 0")
-    if every is None and interval is None:
-        return HubOutputOptions(public=public, batching=Batching.pipelined())
-    default = Batching()
-    return HubOutputOptions(public=public, batching=Batching(every=default.every if every is None else every,
-                                                             interval=default.interval if interval is None
-                                                             else interval))
-
-
-def _shard_size(asked: int | str | None, out: PathLike | None) -> int | str:
-    """``--out-shard-size`` as asked, else the planner's default for this OUT (smaller for an hf:// repo)."""
-    from resumerge.config.hubtarget import is_hub_target
-    from resumerge.plan.sharding import default_shard_size
-
-    if asked is not None:
-        return asked
-    return default_shard_size(out is not None and is_hub_target(out))[0]
+    from resumerge.store.hubsink import HubOutputOptions  # huggingface_hub: only for runs that need it
+    return HubOutputOptions.of(public=public, every=every, interval=interval)
 
 
 def _size(value: int | str | None, option: str) -> int | None:

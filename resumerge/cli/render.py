@@ -39,7 +39,6 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from resumerge.memory.sizes import format_size
-from resumerge.plan.fetching import fetch_summary
 
 if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
     from resumerge.engine.costs import Estimate
@@ -487,6 +486,8 @@ def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | 
                f"({format_size(cached)} already cached)")
     else:
         _field(out, "download", "nothing (local models)")
+    from resumerge.plan.fetching import fetch_summary  # torch (via .bin inputs): not for status's rendering
+
     summary = fetch_summary(estimate.fetch)
     if summary:
         _field(out, "fetch", summary)

@@ -8,9 +8,11 @@ cap gets a shard of its own. Names are ``model.safetensors`` for one shard, else
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import replace
 
+from resumerge.config.hubtarget import is_hub_target
 from resumerge.inputs.safetensors_format import layout_shard
 from resumerge.plan.merge_plan import DEFAULT_SHARD_SIZE, ShardPlan, TensorPlan
 
@@ -28,6 +30,12 @@ def default_shard_size(to_hub: bool) -> tuple[int, str]:
         return HUB_SHARD_SIZE, ("the default for an hf:// OUT: each shard uploads while the next are merged, so "
                                 "the run ends one short upload after the merge")
     return DEFAULT_SHARD_SIZE, "the default for a local OUT"
+
+
+def shard_size_choice(asked: int | str | None, out: str | os.PathLike[str] | None) -> tuple[int | str, str | None]:
+    """``--out-shard-size`` as ``asked``, else the default for ``out`` (None: no OUT, as for a local one), and why
+    (None when asked)."""
+    return (asked, None) if asked is not None else default_shard_size(out is not None and is_hub_target(out))
 
 
 def shard_names(count: int) -> list[str]:

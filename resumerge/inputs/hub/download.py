@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, cast
+from typing import Any, BinaryIO, Protocol, cast
 
 from huggingface_hub import hf_hub_download
 
@@ -25,10 +25,22 @@ from resumerge.inputs.hub.records import RACY_WINDOW_NS, VerifyRecords, now_ns
 from resumerge.inputs.hub.remote import LIBRARY, HubUnavailableError, hub_errors, is_network_error, resolve_url
 from resumerge.inputs.hub.verify import Hasher, check_cached, hash_file, new_hasher
 
-if TYPE_CHECKING:
-    from resumerge.inputs.hub.landing import Landing
-
 PARTIAL_SUFFIX = ".resumerge.incomplete"  # `hf cache prune` removes leftover *.incomplete files too
+
+
+class Landing(Protocol):
+    """Told of a download's bytes as they are written, for a merge that reads them before the end
+    (:class:`resumerge.inputs.hub.landing.Landing`)."""
+
+    def opened(self, fileno: int, have: int) -> None: ...
+
+    def grew(self, size: int) -> None: ...
+
+    def rewound(self, size: int) -> None: ...
+
+    def before_retry(self) -> None: ...
+
+    def finished(self, path: Path) -> None: ...
 
 
 class _SilentBar:

@@ -8,18 +8,14 @@ command that repairs them. Nothing touches the network when every file is cached
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from resumerge.errors import ModelInputError, ResumergeError
 from resumerge.inputs.hub.cache import HubSettings, RemoteFile, RepoCache, default_cache_dir
-from resumerge.inputs.hub.download import check_free_space, download_blob, link_snapshot, refetch_event
+from resumerge.inputs.hub.download import Landing, check_free_space, download_blob, link_snapshot, refetch_event
 from resumerge.inputs.hub.events import ProgressCallback
 from resumerge.inputs.hub.records import VerifyRecords
 from resumerge.inputs.hub.remote import HubUnavailableError
 from resumerge.inputs.hub.verify import check_cached
-
-if TYPE_CHECKING:
-    from resumerge.inputs.hub.landing import Landing
 
 
 def ensure_files(
