@@ -147,7 +147,9 @@ def run_tool(tool: str, hub: FakeHub, config: Path, root: Path, repo: str, flags
     argv = [sys.executable, "-m", "resumerge", "run", str(config), f"hf://{repo}", "--quiet",
             "--state-dir", str(root / "state"), *(flags if tool == "flags" else [])]
     started = time.perf_counter()
-    _check(subprocess.run(argv, env=env, capture_output=True, text=True), "resumerge run")
+    # In the code's own folder: ``python -m`` puts the working directory first on the path, before PYTHONPATH.
+    code = before if tool == "before" and before is not None else ROOT
+    _check(subprocess.run(argv, env=env, capture_output=True, text=True, cwd=code), "resumerge run")
     return time.perf_counter() - started, ""
 
 
@@ -182,6 +184,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-hub-pipeline-"))
+    work.mkdir(parents=True, exist_ok=True)
     tools = (([] if args.skip_mergekit else ["mergekit"]) + (["before"] if args.before else []) + ["resumerge"]
              + (["flags"] if args.flags else []))
     flags = shlex.split(args.flags)
