@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from resumerge.errors import OutputDirError, UsageError
 from resumerge.memory.sizes import parse_size
 from resumerge.plan.merge_plan import DEFAULT_SEED, DEFAULT_SHARD_SIZE
+from resumerge.plan.sharding import shard_size_choice
 
 # Only what ``status`` and ``verify`` need is imported here, so that they stay fast (no torch): the merging
 # commands import the engine inside the function.
@@ -52,7 +53,7 @@ def run(
     out: PathLike,
     *,
     state_dir: PathLike | None = None,
-    out_shard_size: int | str = DEFAULT_SHARD_SIZE,
+    out_shard_size: int | str | None = None,
     random_seed: int = DEFAULT_SEED,
     restart: bool = False,
     copy_tokenizer: bool = True,
@@ -66,8 +67,8 @@ def run(
     cleanup_intermediates: bool = False,
     max_disk: int | str | None = None,
     public: bool = False,
-    commit_every: int = 20,
-    commit_interval: float = 60.0,
+    commit_every: int | None = None,
+    commit_interval: float | None = None,
     stream_inputs: bool = False,
     write_model_card: bool = True,
     unsafe_truncate_embeddings: bool = False,
@@ -94,9 +95,9 @@ def run(
     ``staging``: None stages files on local disk only when ``out`` is on Drive or another remote filesystem,
     True always, False never, or a local directory to stage in (``--staging-dir``).
 
-    ``out`` may be ``"hf://NAMESPACE/NAME[@BRANCH]"``: the merge is committed to that hub repo (created private
-    unless ``public``), in commits of ``commit_every`` files or every ``commit_interval`` seconds, keeping at most
-    ``max_disk`` bytes of uncommitted output on the local disk.
+    ``out`` may be ``"hf://NAMESPACE/NAME[@BRANCH]"``: the merge goes to that hub repo (created private unless
+    ``public``), 200 MB shards by default, each committed once uploaded (``commit_every`` files or ``commit_interval``
+    seconds batch them), keeping at most ``max_disk`` bytes of uncommitted output on the local disk.
 
     A mergekit-moe config (``base_model`` and ``experts``) is upcycled into a mixture of experts, as
     ``mergekit-moe`` does; ``allow_same_experts`` (``--i-understand-this-is-not-useful-without-training``) lets
@@ -110,10 +111,10 @@ def run(
     ``should_stop`` is polled at safe points: once true, the run stops and raises InterruptedMerge (exit 3).
     """
     _named(out)
-    options = _plan_options(out_shard_size=out_shard_size, random_seed=random_seed, copy_tokenizer=copy_tokenizer,
-                            device=device, allow_crimes=allow_crimes, stream_inputs=stream_inputs,
-                            write_model_card=write_model_card, unsafe_truncate_embeddings=unsafe_truncate_embeddings,
-                            num_threads=num_threads)
+    options = _plan_options(out_shard_size=shard_size_choice(out_shard_size, out)[0], random_seed=random_seed,
+                            copy_tokenizer=copy_tokenizer, device=device, allow_crimes=allow_crimes,
+                            stream_inputs=stream_inputs, write_model_card=write_model_card,
+                            unsafe_truncate_embeddings=unsafe_truncate_embeddings, num_threads=num_threads)
     settings = _run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory,
                              max_gpu_memory=max_gpu_memory, staging=staging, max_disk=max_disk,
                              output=_output(public, commit_every, commit_interval), num_threads=num_threads)
@@ -150,8 +151,8 @@ def resume(
     staging: bool | PathLike | None = None,
     cleanup_intermediates: bool = False,
     max_disk: int | str | None = None,
-    commit_every: int = 20,
-    commit_interval: float = 60.0,
+    commit_every: int | None = None,
+    commit_interval: float | None = None,
     num_threads: int | None = None,
     progress: bool | Reporter = False,
     should_stop: Callable[[], bool] | None = None,
@@ -189,7 +190,8 @@ def extract_lora(
     random_seed: int = DEFAULT_SEED, write_model_card: bool = True, state_dir: PathLike | None = None,
     restart: bool = False, max_memory: int | str | None = None, device: str = "cpu",
     max_gpu_memory: int | str | None = None, staging: bool | PathLike | None = None,
-    max_disk: int | str | None = None, public: bool = False, commit_every: int = 20, commit_interval: float = 60.0,
+    max_disk: int | str | None = None, public: bool = False, commit_every: int | None = None,
+    commit_interval: float | None = None,
     cache_dir: PathLike | None = None, num_threads: int | None = None, plan: bool = False,
     progress: bool | Reporter = False, should_stop: Callable[[], bool] | None = None, fresh_process: bool = False,
 ) -> Outcome | Estimate:
@@ -290,7 +292,7 @@ def estimate(
     out: PathLike | None = None,
     *,
     state_dir: PathLike | None = None,
-    out_shard_size: int | str = DEFAULT_SHARD_SIZE,
+    out_shard_size: int | str | None = None,
     random_seed: int = DEFAULT_SEED,
     copy_tokenizer: bool = True,
     allow_crimes: bool = False,
@@ -305,6 +307,7 @@ def estimate(
     probe_size: int | str = "32MiB",
     intermediate_dir: PathLike | None = None,
     max_disk: int | str | None = None,
+    bandwidth: str | None = None,
     disk_free: Callable[[Path], int] | None = None,
     fresh_process: bool = False,
 ) -> Estimate | RecipeEstimate:
@@ -320,14 +323,21 @@ def estimate(
     disks with it); ``fresh_process`` says this process was started for this estimate, as the merge's will be (the
     CLI), so its age counts as the merge's start-up. Raises the same errors as :func:`plan_merge` for an invalid
     merge; a merge that does not fit is not an error.
+
+    A merge that fetches hub inputs or writes an ``hf://`` OUT gets a network estimate (``.network``): bytes each
+    way, at ``bandwidth`` (``"DOWN[/UP]"`` per second, e.g. ``"150MB/75MB"``) or else at a download rate measured
+    with two range reads of a hub input (``probe_size=0`` skips that; the upload rate is then unknown), and the
+    wall time of a run that downloads, merges and uploads at once, with what bounds it.
     """
+    from resumerge.engine.netestimate import parse_bandwidth
     from resumerge.store.diskprobe import free_bytes
 
     if out is not None:
         _named(out)
-    options = _plan_options(out_shard_size=out_shard_size, random_seed=random_seed, copy_tokenizer=copy_tokenizer,
-                            device=device, allow_crimes=allow_crimes, stream_inputs=stream_inputs,
-                            unsafe_truncate_embeddings=unsafe_truncate_embeddings)
+    link = parse_bandwidth(bandwidth) if bandwidth is not None else None
+    options = _plan_options(out_shard_size=shard_size_choice(out_shard_size, out)[0], random_seed=random_seed,
+                            copy_tokenizer=copy_tokenizer, device=device, allow_crimes=allow_crimes,
+                            stream_inputs=stream_inputs, unsafe_truncate_embeddings=unsafe_truncate_embeddings)
     settings = _run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory, staging=staging,
                              max_disk=max_disk, num_threads=num_threads)
     _usable_device(options.device)
@@ -358,8 +368,10 @@ def estimate(
             return prepare_moe(moe, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
                                forward=False)
 
-    return estimate_config(text, options, settings, source=source, out_dir=out, probe_bytes=probe_bytes,
-                           disk_free=disk_free or free_bytes, fresh_process=fresh_process, planner=planner)
+    result = estimate_config(text, options, settings, source=source, out_dir=out, probe_bytes=probe_bytes,
+                             disk_free=disk_free or free_bytes, fresh_process=fresh_process, planner=planner,
+                             bandwidth=link)
+    return replace(result, shard_choice=shard_size_choice(out_shard_size, out)[1])  # plan says why, when it chose
 
 
 # -- the one place flat parameters become PlanOptions and RunSettings --------------------------------------------
@@ -397,13 +409,9 @@ def _run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = No
     return settings if output is None else replace(settings, output=output)
 
 
-def _output(public: bool, every: int, interval: float) -> HubOutputOptions:
-    from resumerge.store.hubcommits import Batching
-    from resumerge.store.hubsink import HubOutputOptions
-
-    if every < 1 or interval < 0:
-        raise UsageError("--commit-every must be at least 1 and --commit-interval at least 0")
-    return HubOutputOptions(public=public, batching=Batching(every=every, interval=interval))
+def _output(public: bool, every: int | None, interval: float | None) -> HubOutputOptions:
+    from resumerge.store.hubsink import HubOutputOptions  # huggingface_hub: only for runs that need it
+    return HubOutputOptions.of(public=public, every=every, interval=interval)
 
 
 def _size(value: int | str | None, option: str) -> int | None:

@@ -86,9 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("out", metavar="OUT", help="output directory (created; must be empty or resumerge's), or a hub "
                                                  "repo hf://NAMESPACE/NAME[@BRANCH]")
     _common(run)
-    run.add_argument("--out-shard-size", default="1B", metavar="SIZE",
-                     help="bytes per output shard (k/M/B = 1e3/1e6/1e9, or KiB/MiB/GiB) [default: 1B]; "
-                          "an interruption costs at most one shard of work")
+    run.add_argument("--out-shard-size", default=None, metavar="SIZE",
+                     help="bytes per output shard (k/M/B = 1e3/1e6/1e9, or KiB/MiB/GiB) [default: 1B; 200M for an "
+                          "hf:// OUT, whose shards upload while the next are merged]; an interruption costs at most "
+                          "one shard of work")
     run.add_argument("--random-seed", type=int, default=0, metavar="N",
                      help="seed of randomised methods (drawn per tensor, so resume is exact) [default: 0]")
     run.add_argument("--restart", action="store_true",
@@ -116,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Hugging Face cache directory for hub models [default: HF_HUB_CACHE / HF_HOME]")
     run.add_argument("--stream-inputs", action="store_true",
                      help="read every hub input's tensors by HTTP Range instead of downloading files [default: "
-                          "stream a file when the merge needs less than half of it]")
+                          "download into the HF cache in the order the merge reads, merging as the bytes land; "
+                          "stream a file the merge needs less than half of, or that --max-disk has no room for]")
     run.add_argument("--intermediate-dir", "-I", metavar="DIR",
                      help="recipes (several YAML documents): where named stages are written, one folder each "
                           "[default: OUT.intermediates beside OUT; for hf:// OUT, in the state dir]")
@@ -162,7 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("out", metavar="OUT", nargs="?",
                       help="output directory to check the disk of, or hf://NAMESPACE/NAME [optional]")
     plan.add_argument("--max-disk", metavar="SIZE", help="as for run: the local disk bound of an hf:// OUT")
-    plan.add_argument("--out-shard-size", default="1B", metavar="SIZE", help="bytes per output shard")
+    plan.add_argument("--bandwidth", metavar="DOWN[/UP]",
+                      help="the link's rates per second for the network estimate, e.g. 150MB/75MB [default: the "
+                           "download rate measured on a hub input; the upload rate unknown]")
+    plan.add_argument("--out-shard-size", default=None, metavar="SIZE",
+                      help="bytes per output shard [default: as for run: 1B, 200M for an hf:// OUT]")
     plan.add_argument("--random-seed", type=int, default=0, metavar="N", help="seed of randomised methods")
     plan.add_argument("--no-copy-tokenizer", action="store_false", dest="copy_tokenizer",
                       help="do not count tokenizer files")
@@ -270,11 +276,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-disk", metavar="SIZE",
                    help="bytes resumerge may keep on the local disk for the output: with hf:// OUT, staged files "
                         "not yet committed to the repo stay under it (work waits for commits) [default: no bound]")
-    p.add_argument("--commit-every", type=int, default=20, metavar="N",
-                   help="hf:// OUT: commit after N uploaded files [default: 20]")
-    p.add_argument("--commit-interval", type=float, default=60.0, metavar="SECONDS",
-                   help="hf:// OUT: commit files waiting this long even when fewer than N [default: 60]; commits "
-                        "stay under 100 an hour (the hub allows 128 per repo)")
+    p.add_argument("--commit-every", type=int, default=None, metavar="N",
+                   help="hf:// OUT: commit after N uploaded files [default: each file once uploaded, the first 20 "
+                        "in an hour at once, then at most one commit a minute holding every file uploaded by then]")
+    p.add_argument("--commit-interval", type=float, default=None, metavar="SECONDS",
+                   help="hf:// OUT: commit files waiting this long even when fewer than N [default: 60 with "
+                        "--commit-every]; commits stay under 100 an hour (the hub allows 128 per repo)")
     p.add_argument("-j", "--num-threads", dest="num_threads", type=int, default=None, metavar="N",
                    help="threads torch uses for arithmetic [default: torch's choice]")
 

@@ -2,7 +2,8 @@
 using rich.
 
 Progress has three modes. ``live`` redraws bars in place (overall bytes with speed and ETA, the shard being
-written, RAM in use against the budget): on an interactive terminal, or in a notebook when rich can draw there
+written, RAM in use against the budget, and for a run on the network both directions: MB/s down and up, bytes
+fetched and committed, the network's ETA): on an interactive terminal, or in a notebook when rich can draw there
 (ipywidgets). ``plain`` prints one self-contained line at most every ``interval`` seconds (and when the merge
 ends), with no control codes, so log files and captured notebook output stay readable: whenever output is not an
 interactive terminal, when rich's ``TTY_INTERACTIVE=0`` or ``TERM=dumb`` says so, and for commands run from a
@@ -16,6 +17,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import IO, TYPE_CHECKING, TextIO
@@ -40,6 +42,7 @@ from resumerge.memory.sizes import format_size
 
 if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
     from resumerge.engine.costs import Estimate
+    from resumerge.engine.traffic import Traffic
     from resumerge.plan.merge_plan import Plan
     from resumerge.recipes.estimate import RecipeEstimate
     from resumerge.recipes.view import RecipeStatus
@@ -88,11 +91,11 @@ _DETAIL_MIN = 8
 
 
 class _MergeProgress(Progress):
-    """Rich progress with a line under the bars for memory in use against the budget."""
+    """Rich progress with lines under the bars: the network's two directions, memory in use against the budget."""
 
-    def __init__(self, memory_line: Callable[[], str | None], out: Console, *columns: object,
+    def __init__(self, lines: Callable[[], list[str]], out: Console, *columns: object,
                  **kwargs: object) -> None:
-        self._memory_line, self._out = memory_line, out  # before Progress.__init__, which may render already
+        self._lines, self._out = lines, out  # before Progress.__init__, which may render already
         super().__init__(*columns, console=out, **kwargs)  # type: ignore[arg-type]
 
     def get_renderables(self) -> Iterable[RenderableType]:
@@ -102,16 +105,16 @@ class _MergeProgress(Progress):
         # figures never wrap; the bar gives way first, then the detail (a shard's name) is cut with an ellipsis.
         table.columns[-1].max_width = max(_DETAIL_MIN, self._out.width - _FIXED_COLUMNS_WIDTH)
         yield Constrain(table, self._out.width - 1)
-        line = self._memory_line()
-        if line:
+        for line in self._lines():
             yield Text(line, style="dim")
 
 
 class ProgressReporter:
     """The engine's Reporter for people: live bars, plain log lines, or nothing (see the module docstring).
 
-    Besides the Reporter protocol it accepts two optional hooks the engine may call: :meth:`shard_started` (adds
-    a bar for the shard being written) and :meth:`memory_budget` (RAM is then shown against the budget). RAM in
+    Besides the Reporter protocol it accepts optional hooks the engine may call: :meth:`shard_started` (adds
+    a bar for the shard being written), :meth:`memory_budget` (RAM is then shown against the budget) and
+    :meth:`traffic` (a run on the network: both directions are shown, read from the snapshots it gives). RAM in
     use is read with ``rss`` (default: the anonymous memory of this process, what the budget counts).
     ``mode`` forces ``"live"``, ``"plain"`` or ``"quiet"``; ``clock`` exists for tests.
     """
@@ -146,6 +149,8 @@ class ProgressReporter:
         self._progress: _MergeProgress | None = None
         self._overall: TaskID | None = None
         self._shard_task: TaskID | None = None
+        self._traffic: Callable[[], Traffic] | None = None
+        self._rates = TrafficRates()
 
     # -- the Reporter protocol ------------------------------------------------------------------------------
 
@@ -222,11 +227,15 @@ class ProgressReporter:
         """The merge's RAM budget, shown beside RAM in use."""
         self._budget = nbytes
 
+    def traffic(self, read: Callable[[], Traffic]) -> None:
+        """The run's network counters, read whenever progress is drawn."""
+        self._traffic = read
+
     # -- internals (called with the lock held) --------------------------------------------------------------
 
     def _start_live(self) -> None:
         self._progress = _MergeProgress(
-            self._memory_line,
+            self._lines,
             self._console,
             TextColumn("[bold]{task.description:<5}", table_column=Column(no_wrap=True)),
             BarColumn(table_column=Column(min_width=8)),
@@ -243,6 +252,15 @@ class ProgressReporter:
 
     def _tensor_detail(self) -> str:
         return f"{self._tensors}/{self._tensors_total} tensors"
+
+    def _lines(self) -> list[str]:
+        return [line for line in (self._traffic_line(), self._memory_line()) if line]
+
+    def _traffic_line(self) -> str | None:
+        if self._traffic is None:
+            return None
+        now = self._traffic()
+        return traffic_line(now, *self._rates.add(self._clock(), now))
 
     def _memory_line(self) -> str | None:
         used = self._read_rss()
@@ -277,12 +295,58 @@ class ProgressReporter:
         memory = self._memory_line()
         if memory:
             parts.append(memory)
-        return "progress: " + ", ".join(parts)
+        network = self._traffic_line()
+        return "progress: " + ", ".join(parts) + (f"; {network}" if network else "")
 
     def _print(self, line: str) -> None:
         self._console.print(line, markup=False, highlight=False)
         self._last_line = self._clock()
         self._dirty = False
+
+
+class TrafficRates:
+    """Rates down and up over the last ``window`` seconds of the snapshots it is given (since the first one while
+    the window is young)."""
+
+    def __init__(self, window: float = 5.0) -> None:
+        self._window = window
+        self._samples: deque[tuple[float, int, int]] = deque()
+
+    def add(self, when: float, now: Traffic) -> tuple[float | None, float | None]:
+        """Record ``now`` at ``when``; return (bytes per second down, up), None before two samples."""
+        samples = self._samples
+        samples.append((when, now.fetched, now.uploaded))
+        while len(samples) > 2 and when - samples[1][0] >= self._window:
+            samples.popleft()
+        first = samples[0]
+        elapsed = when - first[0]
+        if elapsed <= 0:
+            return None, None
+        return (now.fetched - first[1]) / elapsed, (now.uploaded - first[2]) / elapsed
+
+
+def traffic_line(now: Traffic, down: float | None, up: float | None) -> str | None:
+    """``network: down … MB/s, … of … fetched; up … MB/s, … of … committed; about … left`` (None when the run
+    uses no network)."""
+    if not now.active:
+        return None
+    parts: list[str] = []
+    left: list[float | None] = []  # seconds each unfinished direction still needs (None: no rate yet)
+    if now.to_fetch or now.fetched:
+        rate = f" {format_size(int(down))}/s," if down is not None else ""
+        total = f" of {format_size(now.to_fetch)}" if now.to_fetch else ""
+        parts.append(f"down{rate} {format_size(now.fetched)}{total} fetched")
+        if now.to_fetch > now.fetched:
+            left.append((now.to_fetch - now.fetched) / down if down else None)
+    if now.to_commit or now.uploaded:
+        rate = f" {format_size(int(up))}/s," if up is not None else ""
+        total = f" of {format_size(now.to_commit)}" if now.to_commit else ""
+        parts.append(f"up{rate} {format_size(now.committed)}{total} committed")
+        if now.to_commit > now.committed:
+            left.append((now.to_commit - now.committed) / up if up else None)
+    known = [seconds for seconds in left if seconds is not None]
+    eta = f"; about {_duration(max(known))} left" if known and len(known) == len(left) else ""
+    return "network: " + "; ".join(parts) + eta
 
 
 def _duration(seconds: float) -> str:
@@ -412,6 +476,8 @@ def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | 
     committed = f"; {format_size(output.committed_bytes)} already committed" if output.committed_bytes else ""
     _field(out, "output", f"{format_size(output.total_bytes)} ({len(plan.shards)} shard(s), the largest "
            f"{format_size(output.largest_shard_bytes)}){committed}" + (f" in {output.dir}" if output.dir else ""))
+    if estimate.shard_choice:
+        _field(out, "shards", f"up to {format_size(plan.options.out_shard_size)} each ({estimate.shard_choice})")
     if output.staging_dir:
         _field(out, "staging", f"{format_size(output.staging_bytes)} at a time in {output.staging_dir}")
     if estimate.downloads:
@@ -420,6 +486,11 @@ def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | 
                f"({format_size(cached)} already cached)")
     else:
         _field(out, "download", "nothing (local models)")
+    from resumerge.plan.fetching import fetch_summary  # torch (via .bin inputs): not for status's rendering
+
+    summary = fetch_summary(estimate.fetch)
+    if summary:
+        _field(out, "fetch", summary)
     for c in estimate.fetch:
         _field(out, "input", f"{c.model}/{c.file}: {c.how} {format_size(c.fetch_bytes)} of "
                f"{format_size(c.size)} ({c.reason})")
@@ -433,6 +504,8 @@ def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | 
     if estimate.hf_output is not None:
         _field(out, "hf://", estimate.hf_output.line())
     _field(out, "time", _time_text(estimate))
+    if estimate.network is not None:
+        _field(out, "network", estimate.network.line())
     for note in (*estimate.notes, *estimate.time.notes):
         _field(out, "note", note, style="dim")
     if estimate.fits:

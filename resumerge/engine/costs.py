@@ -28,6 +28,10 @@ Computed by :mod:`resumerge.engine.estimate`; read by the CLI's rendering and by
                       compute: one entry per (method, dtype, flags) group of pending tensors
 
     hf_output         {output_bytes, largest_file, max_disk, staging_bytes}  local disk an hf:// OUT needs
+    network           null (no hub input to fetch, no hf:// OUT) or {down_bytes, up_bytes, down_bytes_per_s,
+                       up_bytes_per_s (null: unknown), source ("--bandwidth" | "measured"), down_seconds,
+                       up_seconds, local_seconds, seconds (pipelined wall; null: a rate is unknown), bound
+                       ("download" | "upload" | "compute" | null), note}  (resumerge/engine/netestimate.py)
 
 All sizes are bytes, speeds bytes per second, figures rounded to whole numbers.
 """
@@ -38,6 +42,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from resumerge.engine.netestimate import NetworkEstimate
 from resumerge.memory import format_size
 from resumerge.plan.fetching import FileFetch
 from resumerge.plan.merge_plan import Plan
@@ -248,6 +253,8 @@ class Estimate:
     notes: tuple[str, ...] = field(default=())
     fetch: tuple[FileFetch, ...] = ()  # per hub weight file: download, stream or cached, and its bytes
     hf_output: HubDiskNeed | None = None  # the local disk an hf:// OUT would need
+    network: NetworkEstimate | None = None  # bytes each way at the link's rates, when the merge uses the network
+    shard_choice: str | None = None  # why the output shards have their size, when no --out-shard-size was given
 
     @property
     def fits(self) -> bool:
@@ -285,6 +292,7 @@ class Estimate:
             "tensors": len(plan.tensors),
             "layers": plan.num_layers,
             "shards": [s.name for s in plan.shards],
+            "shard_size": {"bytes": plan.options.out_shard_size, "why": self.shard_choice or "--out-shard-size"},
             "output_bytes": plan.total_bytes,
             "config_donor": plan.donor,
             "tokenizer_donor": plan.tokenizer_donor,
@@ -306,6 +314,7 @@ class Estimate:
             "disks": [asdict(d) | {"roles": list(d.roles), "fits": d.fits} for d in self.disks],
             "time": timing,
             "hf_output": None if self.hf_output is None else self.hf_output.to_json(),
+            "network": None if self.network is None else self.network.to_json(),
         }
 
 

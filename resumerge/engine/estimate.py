@@ -34,13 +34,14 @@ from resumerge.engine.costs import (
     hub_disk_need,
 )
 from resumerge.engine.inputfetch import plan_fetch
+from resumerge.engine.netestimate import MEASURED, Bandwidth, NetworkEstimate, measure_download
 from resumerge.engine.settings import RunSettings
 from resumerge.errors import LedgerError
 from resumerge.inputs.catalog import Inputs
 from resumerge.memory import SAFETY_MARGIN, MemoryProbe, SystemProbe, default_budget, format_size
 from resumerge.methods.registry import get_method
 from resumerge.outputs.aux import aux_files, render_aux
-from resumerge.plan.fetching import STREAM
+from resumerge.plan.fetching import STREAM, FileFetch
 from resumerge.plan.merge_plan import Plan, PlanOptions
 from resumerge.plan.workunits import ROWS, estimate_bytes, oversized_units, unit_bytes, unit_mode
 from resumerge.store.diskprobe import (
@@ -76,6 +77,7 @@ def estimate(
     choose_inputs: bool = True,
     to_hub: bool = False,
     compute_budget: float = SAMPLE_SECONDS,
+    bandwidth: Bandwidth | None = None,
 ) -> Estimate:
     """Estimate what merging ``plan`` into ``out_dir`` costs here under ``settings``, and decide whether it fits.
 
@@ -92,7 +94,9 @@ def estimate(
     (``--max-disk``) bounds the local disk: it decides which hub files are streamed and what an ``hf://`` OUT may
     stage; ``to_hub`` says OUT is a hub repo, whose staging must then fit under it. ``compute_budget`` bounds the
     seconds spent timing the methods on samples of the pending tensors (0 skips it; see
-    :mod:`resumerge.engine.compute_estimate`).
+    :mod:`resumerge.engine.compute_estimate`). ``bandwidth`` is the link (``--bandwidth``) the network estimate
+    uses; without it the download rate is measured on a hub input (unless ``probe_bytes`` is 0) and the upload
+    rate stays unknown (see :mod:`resumerge.engine.netestimate`).
     """
     state_dir, max_disk, workers = settings.state_dir, settings.max_disk, settings.workers
     notes: list[str] = []
@@ -117,8 +121,43 @@ def estimate(
     hub = hub_disk_need(plan, max_disk)
     if to_hub and hub.problem:
         reasons.append(hub.problem)
+    network = _network(plan, inputs, output, downloads, fetch, timing, to_hub, bandwidth, probe_bytes)
     return Estimate(plan, output, downloads, memory, tuple(disks), timing, tuple(reasons), tuple(notes), fetch,
-                    hub)
+                    hub, network)
+
+
+def _network(plan: Plan, inputs: Inputs, output: OutputSize, downloads: Mapping[str, ModelDownload],
+             fetch: Sequence[FileFetch], timing: TimeEstimate, to_hub: bool, bandwidth: Bandwidth | None,
+             probe_bytes: int) -> NetworkEstimate | None:
+    """Bytes each way and the pipelined wall time; None when the merge touches no network."""
+    down = sum(d.bytes for d in downloads.values()) + sum(c.fetch_bytes for c in fetch if c.how == STREAM)
+    up = output.total_bytes - output.committed_bytes if to_hub else 0
+    if not down and not up:
+        return None
+    link = bandwidth
+    if link is None:
+        rate = _measure_link(inputs, fetch) if down and probe_bytes > 0 else None
+        link = Bandwidth(rate, None, MEASURED)
+    # An hf:// OUT has no local disk to probe: the local merge is then start-up and compute.
+    local = timing.seconds if timing.seconds is not None else timing.startup_seconds + timing.compute_seconds
+    total = max(1, plan.total_bytes)
+    first = plan.shards[0].file_size / total if plan.shards else 0.0
+    return NetworkEstimate(down, up, link, local, first_share=min(1.0, first),
+                           tail_bytes=plan.shards[-1].file_size if plan.shards else 0)
+
+
+def _measure_link(inputs: Inputs, fetch: Sequence[FileFetch]) -> float | None:
+    """The download rate measured on the largest hub weight file the merge fetches (two range reads)."""
+    from resumerge.inputs.hub.ranges import RangeClient, RetryPolicy
+
+    fetched = [c for c in fetch if c.fetch_bytes and c.model in inputs.hub]
+    if not fetched:
+        return None
+    largest = max(fetched, key=lambda c: c.size)
+    meta = inputs.hub[largest.model]
+    client = RangeClient(meta.settings, meta.repo_id, meta.commit, largest.file, largest.size,
+                         policy=RetryPolicy(attempts=1))
+    return measure_download(client.read, largest.size)
 
 
 # -- output -----------------------------------------------------------------------------------------------------
@@ -430,6 +469,7 @@ def estimate_config(
     fresh_process: bool = False,
     compute_budget: float = SAMPLE_SECONDS,
     planner: Callable[[], tuple[Plan, Inputs]] | None = None,
+    bandwidth: Bandwidth | None = None,
 ) -> Estimate:
     """Validate ``config_text`` fully (config, every input's config.json and headers) and :func:`estimate` it.
 
@@ -440,7 +480,8 @@ def estimate_config(
     :attr:`Estimate.reasons`. ``out_dir`` may be an ``hf://`` target: the output's local disk is then its staging.
     The compute estimate times the methods with ``settings.num_threads`` torch threads, as the run will.
     ``planner`` plans a config of another kind than a merge config (:mod:`resumerge.api` passes MoE upcycling's,
-    which skips the prompt forward pass); None plans ``config_text`` as a merge config.
+    which skips the prompt forward pass); None plans ``config_text`` as a merge config. ``bandwidth`` as for
+    :func:`estimate`.
     """
     started = time.time()
     from resumerge.config.merge_config import load_config_text
@@ -458,4 +499,4 @@ def estimate_config(
     to_hub = out_dir is not None and is_hub_target(os.fspath(out_dir))
     return estimate(plan, inputs, config_text, settings, out_dir=None if to_hub else out_dir,
                     probe_bytes=probe_bytes, disk_free=disk_free, startup_seconds=max(0.0, time.time() - started),
-                    to_hub=to_hub, compute_budget=compute_budget)
+                    to_hub=to_hub, compute_budget=compute_budget, bandwidth=bandwidth)

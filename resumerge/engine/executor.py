@@ -4,9 +4,11 @@ Three stages overlap: worker threads read inputs and run the merge method (torch
 calling thread hands finished tensors over in plan order, and one writer thread streams them to disk, hashes
 them, and publishes each finished file through the sink; the commit protocol's ledger rows and manifest are
 :class:`~resumerge.store.journal_commit.CommitJournal`'s — so the fsync of shard k overlaps the computation of
-shard k+1. A stop request is honoured between tensors: the unfinished shard's temp file is deleted and everything
-committed stays committed; files a sink has uploaded but not committed yet (a hub repo's) get one last, bounded
-commit first (:mod:`resumerge.engine.interrupts`).
+shard k+1. Inputs may still be arriving (hub downloads read as they land): a shard is committed only once every
+input file it read is checked — a folder OUT waits before publishing it, an hf:// OUT uploads it at once and
+commits it after (:meth:`~resumerge.store.sink.OutputSink.commit_when`). A stop request is honoured between
+tensors: the unfinished shard's temp file is deleted and everything committed stays committed; files a sink has
+uploaded but not committed yet (a hub repo's) get one last, bounded commit first (:mod:`resumerge.engine.interrupts`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from resumerge.memory import MemoryGovernor, Reservation
 from resumerge.methods.registry import MethodSpec, get_method
 from resumerge.methods.spec import RowStream
 from resumerge.outputs.aux import aux_files, render_aux
-from resumerge.plan.fetching import read_order
+from resumerge.plan.fetching import read_order, shard_input_files
 from resumerge.plan.merge_plan import Plan, ShardPlan, TensorPlan
 from resumerge.plan.workunits import (
     PASSES,
@@ -53,7 +55,12 @@ from resumerge.store.sink import OutputSink
 
 
 class Reporter(Protocol):
-    """Receives progress; the CLI's implementation draws it with rich, a notebook may log it."""
+    """Receives progress; the CLI's implementation draws it with rich, a notebook may log it.
+
+    One more hook is optional (looked up, so reporters written before it keep working): ``traffic(read)``, given
+    once for a run on the network, where ``read()`` returns the run's :class:`~resumerge.engine.traffic.Traffic`
+    so far (bytes fetched and committed, both directions), to be read whenever progress is drawn.
+    """
 
     def start(self, *, total_tensors: int, done_tensors: int, total_bytes: int, done_bytes: int) -> None: ...
 
@@ -78,11 +85,14 @@ _Item = tuple[ShardPlan, str, torch.Tensor, "Reservation | None"]
 class _Writer(threading.Thread):
     """Consumes (shard, name, tensor or rows, reservation) items; commits each shard after its last tensor."""
 
-    def __init__(self, plan: Plan, sink: OutputSink, journal: CommitJournal, reporter: Reporter) -> None:
+    def __init__(self, plan: Plan, sink: OutputSink, journal: CommitJournal, reporter: Reporter,
+                 sources: InputSources | None = None) -> None:
         super().__init__(name="resumerge-writer", daemon=True)
         self.plan, self.sink, self.journal, self.reporter = plan, sink, journal, reporter
+        self.sources = sources
         self.items: queue.Queue[_Item | None] = queue.Queue(maxsize=2)
         self.error: BaseException | None = None
+        self.leaving = threading.Event()  # the run stops: a wait for input checks ends
         self._current: ShardWriter | None = None
 
     def run(self) -> None:
@@ -111,6 +121,11 @@ class _Writer(threading.Thread):
                 written.append(name)
                 self.reporter.tensor_done(name, self.plan.tensors[name].nbytes)
                 if self._current.expected_name is None:
+                    if self.sink.commits_later and self.sources is not None:
+                        self.sink.commit_when(shard.name, self._checked_now(shard))  # upload now, commit after
+                    elif not self._inputs_checked(shard):
+                        self.abort()
+                        return
                     size, sha, receipt = self._current.finish()
                     self._current = None
                     self.journal.record(receipt, size, sha, seconds=time.monotonic() - started,
@@ -120,6 +135,25 @@ class _Writer(threading.Thread):
             self.error = exc
             self.abort()
             self.drain()
+
+    def _inputs_checked(self, shard: ShardPlan) -> bool:
+        """Wait until every input file ``shard`` read from is checked against its checksum (a hub download still
+        landing is checked at its end), so that nothing computed from unchecked bytes is ever committed; False
+        when the run stops first. Raises the error that failed a check."""
+        if self.sources is None:
+            return True
+        for model, file in shard_input_files(self.plan, shard):
+            while not self.sources.checked(model, file, 0.2):
+                if self.leaving.is_set():
+                    return False
+        return True
+
+    def _checked_now(self, shard: ShardPlan) -> Callable[[], bool]:
+        """Whether every input file ``shard`` read from is checked, without waiting (a sink that commits later asks
+        before committing it)."""
+        files, sources = shard_input_files(self.plan, shard), self.sources
+        assert sources is not None
+        return lambda: all(sources.checked(model, file, 0) for model, file in files)
 
     def drain(self) -> None:
         """Drop queued items (releasing their reservations) until the end marker or a quiet queue."""
@@ -389,7 +423,7 @@ def execute(
     done = {row["name"] for row in ledger.files() if row["status"] == "done"}
     sources.expect(read_order(plan, done))  # a streamed source coalesces the reads that come next
     journal = CommitJournal(sink, ledger, book)
-    writer = _Writer(plan, sink, journal, reporter)
+    writer = _Writer(plan, sink, journal, reporter, sources)
     writer.start()
     pipeline = _Pipeline(plan, sources, writer, governor, workers, should_stop, gpu)
     finished = False
@@ -399,6 +433,9 @@ def execute(
     except KeyboardInterrupt as exc:
         interrupt = exc
     finally:
+        if not finished:
+            writer.leaving.set()
+            sources.stop()  # workers waiting for input bytes still downloading give up
         pipeline.close()
         if not finished:
             writer.drain()

@@ -1,9 +1,11 @@
 """Fetch what a plan needs from its hub inputs and open the sources the engine reads through.
 
 For each hub weight file the plan reads, :func:`~resumerge.plan.fetching.choose_fetch` decides: files already in
-the cache are verified there, files to download are downloaded and verified (as before this choice existed),
-and the rest are streamed by HTTP Range through a :class:`~resumerge.inputs.hub.stream.HubStream`, whose
-read-ahead the memory governor grants. Local inputs are read as they are.
+the cache are verified there; files to download are downloaded into the cache while the merge runs, in the order
+the plan first reads them, and read as their bytes land (:mod:`resumerge.inputs.hub.landing`; the engine commits
+no output file before the input files it read are checked); the rest are streamed by HTTP Range through a
+:class:`~resumerge.inputs.hub.stream.HubStream`, whose read-ahead the memory governor grants. Local inputs are read
+as they are.
 """
 
 from __future__ import annotations
@@ -22,13 +24,15 @@ from resumerge.errors import ResumergeError, UsageError
 from resumerge.inputs.catalog import Inputs
 from resumerge.inputs.hub import ProgressCallback, fetch_weights
 from resumerge.inputs.hub.cache import RepoCache
+from resumerge.inputs.hub.fetch import check_downloads
+from resumerge.inputs.hub.landing import Downloads, LandingFiles
 from resumerge.inputs.hub.ranges import FetchCounters, RangeClient
 from resumerge.inputs.hub.stream import DEFAULT_COALESCE, Check, HubStream
 from resumerge.inputs.safetensors_format import Header
 from resumerge.inputs.source import InputSource, InputSources, LocalFiles
 from resumerge.inputs.tensorio import TensorReader
 from resumerge.memory import MemoryGovernor, format_size
-from resumerge.plan.fetching import DOWNLOAD, STREAM, FileFetch, choose_fetch, needed_ranges
+from resumerge.plan.fetching import CACHED, DOWNLOAD, STREAM, FileFetch, choose_fetch, first_reads, needed_ranges
 from resumerge.plan.merge_plan import Plan, PlanOptions
 from resumerge.store.ledger import Ledger
 
@@ -91,8 +95,8 @@ class HubInputs:
     """
 
     def __init__(self, plan: Plan, choices: tuple[FileFetch, ...], sources: InputSources, counters: FetchCounters,
-                 hashes: StreamHashes) -> None:
-        self.choices, self.counters = choices, counters
+                 hashes: StreamHashes, downloads: Downloads | None = None) -> None:
+        self.choices, self.counters, self.downloads = choices, counters, downloads
         self._plan, self._sources, self._hashes = plan, sources, hashes
         self._streamed = {(c.model, c.file) for c in choices if c.how == STREAM}
         self.needed = sum(c.needed for c in choices if c.how == STREAM)
@@ -114,10 +118,11 @@ class HubInputs:
         governor: MemoryGovernor | None = None,
         max_disk: int | None = None,
     ) -> HubInputs:
-        """Choose per file, download and verify the files chosen for download, and open every input's source.
+        """Choose per file, verify the cached files, check that the downloads can happen (offline mode, free
+        space) and open every input's source; downloads start with :meth:`attach`.
 
-        Raises what :func:`~resumerge.inputs.hub.fetch_weights` raises for downloads; streamed files are first
-        read when the engine asks for them.
+        Raises what :func:`~resumerge.inputs.hub.fetch_weights` raises for cached files and refused downloads;
+        downloaded and streamed files are first read when the engine asks for them.
         """
         choices = plan_fetch(plan, inputs, max_disk=max_disk)
         # What the inputs will keep on local disk, known before any download so a refusal costs nothing.
@@ -126,21 +131,34 @@ class HubInputs:
         counters, hashes = FetchCounters(), StreamHashes()
         reader = TensorReader()
         sources: dict[str, InputSource] = {}
+        jobs = []
+        for key in plan.model_dirs:
+            meta = inputs.hub.get(key)
+            mine = [c for c in choices if c.model == key]
+            cached = [c.file for c in mine if c.how == CACHED]
+            if meta is not None and cached:
+                fetch_weights(meta, cached, records_dir=state_root(state_dir), on_progress=on_progress)
+            downloads = [c.file for c in mine if c.how == DOWNLOAD]
+            if meta is not None and downloads:
+                check_downloads(meta.settings, RepoCache(meta.settings.cache_dir, meta.repo_id), meta.commit,
+                                [meta.files[f] for f in downloads])
+                jobs += [(key, meta, f) for f in downloads]
+        # One download per input model at a time: the plan reads the models in step, so their files are needed
+        # together, and more at once would only split the link between files needed later.
+        landing = Downloads(jobs, records_dir=state_root(state_dir), on_progress=on_progress,
+                            workers=min(4, len({key for key, _, _ in jobs}))) if jobs else None
         for key, directory in plan.model_dirs.items():
             meta = inputs.hub.get(key)
             mine = [c for c in choices if c.model == key]
-            local = [c.file for c in mine if c.how != STREAM]
-            if meta is not None and local:
-                fetch_weights(meta, local, records_dir=state_root(state_dir), on_progress=on_progress)
             streamed = {c.file: RangeClient(meta.settings, meta.repo_id, meta.commit, c.file, c.size,
                                             counters=counters)
                         for c in mine if c.how == STREAM and meta is not None}
-            if not streamed:
-                sources[key] = LocalFiles(directory, reader)
-                continue
-            sources[key] = HubStream(directory, streamed, reader=reader, reserve=_reserve(governor),
-                                     check=_bind(hashes, key), coalesce_bytes=_coalesce(governor))
-        inputs_ = cls(plan, choices, InputSources(sources, shared=reader), counters, hashes)
+            inner: InputSource = LocalFiles(directory, reader) if not streamed else HubStream(
+                directory, streamed, reader=reader, reserve=_reserve(governor), check=_bind(hashes, key),
+                coalesce_bytes=_coalesce(governor))
+            arriving = {f: ld for (k, f), ld in landing.landings.items() if k == key} if landing else {}
+            sources[key] = LandingFiles(inner, arriving) if arriving else inner
+        inputs_ = cls(plan, choices, InputSources(sources, shared=reader), counters, hashes, landing)
         hashes.after = inputs_.tick
         inputs_.disk_bytes = disk_bytes
         inputs_._headers = {(c.model, c.file): (inputs.hub[c.model].repo_id, inputs.hub[c.model].headers[c.file])
@@ -159,6 +177,8 @@ class HubInputs:
         What this run still needs is counted from the shards ``ledger`` has not committed (a resume needs less).
         """
         done = [r["name"] for r in ledger.files() if r["status"] == "done"]
+        if self.downloads is not None:
+            self.downloads.start(first_reads(self._plan, done))
         needed = needed_ranges(self._plan, done)
         self.needed = sum(e - s for key, spans in needed.items() if key in self._streamed for s, e in spans)
         self._hashes.digests = self._whole_files(needed, ledger)

@@ -32,6 +32,7 @@ from resumerge.engine.outdir import open_run, planned_files, refuse_changed_plan
 from resumerge.engine.reconcile import reconcile
 from resumerge.engine.settings import RunSettings
 from resumerge.engine.target import Target
+from resumerge.engine.traffic import TrafficMeter, watch_run
 from resumerge.errors import (
     InterruptedMerge,
     LedgerError,
@@ -125,16 +126,19 @@ def plan_from_config(config: MergeConfig, options: PlanOptions,
     return prepare(config, options, model_dirs=model_dirs)[0]
 
 
-def _hub_progress(reporter: Reporter | None) -> Callable[[HubEvent], None] | None:
-    if reporter is None:
+def _hub_progress(reporter: Reporter | None, meter: TrafficMeter | None = None) -> Callable[[HubEvent], None] | None:
+    if reporter is None and meter is None:
         return None
-    target = reporter
 
     def emit(event: HubEvent) -> None:
+        if meter is not None and event.kind == "download":
+            meter.file_progress(f"{event.repo_id}/{event.filename}", event.done)
+        if reporter is None:
+            return
         if event.kind in ("download", "verify") and (event.total is None or event.done < event.total):
             return  # only the end of each transfer: the bar belongs to the merge
         rate = f" at {format_size(int(event.rate))}/s" if event.rate else ""
-        target.message(f"{event.repo_id}: {event.message}{rate}")
+        reporter.message(f"{event.repo_id}: {event.message}{rate}")
 
     return emit
 
@@ -292,11 +296,12 @@ def run_plan(
                  gpu_governor(plan, plan.options.device, settings.max_gpu_memory))
     manifest = target.manifest()
     hub = None
+    meter = TrafficMeter()  # both directions of the network, for the progress display
     if inputs is not None:
-        hub = HubInputs.open(plan, inputs, state_dir=settings.state_dir, on_progress=_hub_progress(reporter),
+        hub = HubInputs.open(plan, inputs, state_dir=settings.state_dir, on_progress=_hub_progress(reporter, meter),
                              governor=governors[0], max_disk=settings.max_disk)
     return _drive(plan, config_text, target, manifest, settings, governors, hub, restart=restart,
-                  resuming=resuming, reporter=reporter or NullReporter(), should_stop=should_stop)
+                  resuming=resuming, reporter=reporter or NullReporter(), should_stop=should_stop, meter=meter)
 
 
 def hub_progress(reporter: Reporter | None) -> Callable[[HubEvent], None] | None:
@@ -338,6 +343,7 @@ def _drive(
     resuming: bool,
     reporter: Reporter,
     should_stop: Callable[[], bool],
+    meter: TrafficMeter | None = None,
 ) -> Outcome:
     from resumerge.memory.allocator import tune_allocator
     from resumerge.store.runlock import RunLock
@@ -392,11 +398,12 @@ def _drive(
                 reporter.message(note)
             rows = ledger.files()
             done_shards = {r["name"] for r in rows if r["status"] == "done" and r["kind"] == "shard"}
+            done_bytes = sum(s.file_size for s in plan.shards if s.name in done_shards)
             reporter.start(
                 total_tensors=len(plan.tensors),
                 done_tensors=sum(len(s.tensors) for s in plan.shards if s.name in done_shards),
                 total_bytes=plan.total_bytes,
-                done_bytes=sum(s.file_size for s in plan.shards if s.name in done_shards),
+                done_bytes=done_bytes,
             )
             ledger.set_state("running")
             ledger.event("memory", f"budget {format_size(governor.budget)}", {"budget": governor.budget})
@@ -407,6 +414,10 @@ def _drive(
                              {"pool": gpu.pool, "budget": gpu.budget})
                 gpu.start()
             sources = InputSources.local(plan.model_dirs) if hub is None else hub.attach(ledger, reporter)
+            meter = meter or TrafficMeter()
+            shown = getattr(reporter, "traffic", None)  # an optional hook: a reporter may not draw the network
+            if shown is not None and watch_run(meter, plan, hub, sink, done_bytes):
+                shown(meter.snapshot)
             try:
                 with sources:
                     execute(plan, sources, sink, ledger, book, reporter, should_stop=should_stop,

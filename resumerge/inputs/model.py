@@ -186,6 +186,8 @@ class InputWatch:
     def changed(self) -> PlanChangedError | None:
         """The error describing the first changed input file, or None when all are as they were."""
         for path, before in self._seen.items():
+            if before is None:
+                continue  # not on disk when the run started: a hub file streamed, or downloaded while merging
             now = _stat_key(path)
             if now == before:
                 continue

@@ -52,6 +52,14 @@ class InputSource(ABC):
         """Learn the (file, start, end) ranges the engine will read, in order (a remote source coalesces
         adjacent ones); reads outside it remain allowed."""
 
+    def checked(self, file: str, timeout: float) -> bool:
+        """Whether every byte read from ``file`` is checked against its source's checksum, waiting up to ``timeout``
+        seconds (a file still downloading is checked at its end); raises what stopped the check."""
+        return True
+
+    def stop(self) -> None:  # noqa: B027  (most sources never wait)
+        """The run is leaving: reads waiting for bytes that have not arrived yet fail now instead."""
+
     def close(self) -> None:  # noqa: B027  (most sources hold nothing to release)
         """Release what the source holds open (descriptors, connections)."""
 
@@ -121,6 +129,15 @@ class InputSources:
                 by_model[model].append((file, start, end))
         for key, source in self._sources.items():
             source.expect(by_model[key])
+
+    def checked(self, model: str, file: str, timeout: float) -> bool:
+        """Whether every byte read from ``file`` of input ``model`` is checked (see :meth:`InputSource.checked`)."""
+        return self._sources[model].checked(file, timeout)
+
+    def stop(self) -> None:
+        """The run is leaving: end every source's waits (see :meth:`InputSource.stop`)."""
+        for source in self._sources.values():
+            source.stop()
 
     def close(self) -> None:
         """Close every source."""

@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from resumerge.inputs.torch_bin import is_pickle_checkpoint
-from resumerge.plan.merge_plan import InputRef, Plan
+from resumerge.memory.sizes import format_size
+from resumerge.plan.merge_plan import InputRef, Plan, ShardPlan
 
 DOWNLOAD, STREAM, CACHED = "download", "stream", "cached"
 
@@ -57,6 +58,23 @@ def read_order(plan: Plan, done: Iterable[str] = ()) -> list[tuple[str, str, int
     return [(r.model, r.file, r.start, r.end) for r in _refs(plan, done) if r.end > r.start]
 
 
+def first_reads(plan: Plan, done: Iterable[str] = ()) -> list[tuple[str, str]]:
+    """Every (model, file) the shards not in ``done`` read, in the order the engine first reads from it: the order
+    downloads run in, so the merge can start on the first files while the later ones arrive."""
+    return list(dict.fromkeys((model, file) for model, file, _, _ in read_order(plan, done)))
+
+
+def shard_input_files(plan: Plan, shard: ShardPlan) -> list[tuple[str, str]]:
+    """The (model, file) pairs the tensors of ``shard`` read, sorted: what must be checked before it is published."""
+    files = set()
+    for name in shard.tensors:
+        for ref in plan.tensors[name].inputs:
+            files.add((ref.model, ref.file))
+            if ref.lora is not None:
+                files.update({(ref.lora.a.model, ref.lora.a.file), (ref.lora.b.model, ref.lora.b.file)})
+    return sorted(files)
+
+
 def needed_ranges(plan: Plan, done: Iterable[str] = ()) -> dict[tuple[str, str], list[tuple[int, int]]]:
     """The merged byte ranges of each (model, file) that the shards not in ``done`` read, sorted."""
     spans: dict[tuple[str, str], list[tuple[int, int]]] = {}
@@ -88,7 +106,9 @@ def choose_fetch(
     Rule: a file already complete in the cache (``cached``) is read from it; ``stream`` (``--stream-inputs``)
     streams every other file; otherwise (``auto``) a file is streamed when the plan needs less than half of its
     bytes, or when downloading it would take the downloads of this merge past ``max_disk`` bytes (files are
-    considered in plan order; ``None`` means no disk limit). Files the plan does not read are left out.
+    considered in plan order; ``None`` means no disk limit), and downloaded into the cache otherwise: the engine
+    downloads in :func:`first_reads` order while it merges, each byte read once it has landed, so the download
+    costs no wait beyond the link and a later run reads the cache. Files the plan does not read are left out.
     """
     hub, have = set(hub_models), set(cached)
     needed = needed_ranges(plan, done)
@@ -108,6 +128,29 @@ def choose_fetch(
     return tuple(choices)
 
 
+def fetch_summary(choices: Iterable[FileFetch]) -> str | None:
+    """One line for ``plan``: what the run's default fetch does with its hub input files (None: no hub input)."""
+    by: dict[str, list[FileFetch]] = {}
+    for c in choices:
+        by.setdefault(c.how, []).append(c)
+    if not by:
+        return None
+
+    def size(how: str) -> str:
+        total = sum(c.fetch_bytes if how != CACHED else c.size for c in by[how])
+        return f"{len(by[how])} file(s) ({format_size(total)})"
+
+    parts = []
+    if DOWNLOAD in by:
+        parts.append(f"download {size(DOWNLOAD)} into the HF cache in the order the merge reads them, merging each "
+                     "shard as its bytes land (a later run reads the cache)")
+    if STREAM in by:
+        parts.append(f"stream {size(STREAM)} by HTTP Range (nothing kept on disk)")
+    if CACHED in by:
+        parts.append(f"read {size(CACHED)} from the HF cache")
+    return "; ".join(parts)
+
+
 def _choose(size: int, need: int, cached: bool, stream: bool, max_disk: int | None,
             on_disk: int, *, whole: bool = False) -> tuple[str, str]:
     if cached:
@@ -120,5 +163,5 @@ def _choose(size: int, need: int, cached: bool, stream: bool, max_disk: int | No
         return STREAM, f"the merge reads {100 * need // max(1, size)} % of it"
     if max_disk is not None and on_disk + size > max_disk:
         return STREAM, "downloading it would exceed --max-disk"
-    return DOWNLOAD, f"the merge reads {100 * need // max(1, size)} % of it"
+    return DOWNLOAD, f"the merge reads {100 * need // max(1, size)} % of it; merged as it lands in the cache"
 

@@ -12,9 +12,10 @@ the next files. What "never sent twice" means depends on huggingface_hub's path:
   again; an object cut short is sent whole again.
 
 A committer thread turns uploaded files into commits (``create_commit``) by count (``every`` files) and by time
-(``interval`` seconds since the oldest waiting file), always together with the newest manifest that lists exactly
-the committed files plus that batch — so the repo's manifest never names a file the repo lacks. A commit counts
-only when the hub answered it; the staged copies are deleted after that, and each file's
+(``interval`` seconds since the oldest waiting file), always together with the manifest that lists exactly the
+committed files plus that batch — so the repo's manifest never names a file the repo lacks. A batch is the leading
+files already uploaded: it never waits for a file still uploading, so commits land while the next uploads run.
+A commit counts only when the hub answered it; the staged copies are deleted after that, and each file's
 :class:`~resumerge.store.sink.Receipt` is settled with the commit id (the caller then writes the ledger rows). A
 commit or upload that fails for good fails every waiting receipt with its error.
 
@@ -87,6 +88,17 @@ class Batching:
     every: int = 20
     interval: float = 60.0
     hourly: int = HOURLY_COMMITS  # commits allowed in any hour; a commit beyond it waits for the window to move
+    # Past ``burst`` commits in the last hour, each commit waits ``spacing`` seconds after the one before.
+    burst: int = HOURLY_COMMITS
+    spacing: float = 0.0
+
+    @classmethod
+    def pipelined(cls) -> Batching:
+        """The default of ``resumerge run``: every file is committed as soon as it is uploaded (a kill then loses
+        at most the files in flight), the first 20 in an hour at once, then one commit a minute at most, each taking
+        every file uploaded meanwhile. An hour holds at most 20 + 60 = 80 commits, and a run killed and resumed
+        within one hour at most 100 between them: under the hub's 128 without relying on the ``hourly`` cap."""
+        return cls(every=1, interval=60.0, burst=20, spacing=60.0)
 
 
 @dataclass
@@ -99,6 +111,7 @@ class _Entry:
     since: float
     receipt: Receipt
     upload: Future[None] | None = None
+    ready: Callable[[], bool] | None = None  # the file may be committed only once this is true (inputs checked)
     without_xet: bool = False  # uploaded again through the LFS batch API after the hub lost its Xet upload
 
 
@@ -196,17 +209,18 @@ class CommitQueue:
         self.commit_lock = threading.RLock()  # reentrant: the last commit of stop() holds it around _commit
         self.pool = _Uploads(uploads)
         self.commits = 0
+        self.uploaded_bytes = self.committed_bytes = 0  # of the staged files (progress shows both)
         self.recent: deque[float] = deque()  # when this process's commits of the last hour were made
         self.thread = threading.Thread(target=self._loop, name="resumerge-committer", daemon=True)
         self.thread.start()
 
     # ---- the engine's side -------------------------------------------------------------------------------
-    def add(self, name: str, path: Path, sha256: str, size: int) -> Receipt:
+    def add(self, name: str, path: Path, sha256: str, size: int, *, ready: Callable[[], bool] | None = None) -> Receipt:
         """Take over the staged file ``path`` (``name`` in the repo) and start uploading it; the receipt is settled
-        by the commit that holds it."""
+        by the commit that holds it, which waits until ``ready()`` (when given) is true."""
         op = CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(path))
         op.upload_info.sha256 = bytes.fromhex(sha256)  # known already: the client need not hash it again
-        entry = _Entry(name, path, sha256, size, op, time.monotonic(), Receipt(name))
+        entry = _Entry(name, path, sha256, size, op, time.monotonic(), Receipt(name), ready=ready)
         with self.cond:
             self._raise_error()
             self.state.entries.append(entry)
@@ -311,6 +325,8 @@ class CommitQueue:
             with self.cond:
                 self._fail(exc)
             raise
+        with self.cond:
+            self.uploaded_bytes += entry.size
         killpoints.reach("hub_after_upload")
 
     def _loop(self) -> None:
@@ -337,20 +353,23 @@ class CommitQueue:
         return max(0.05, min(1.0, entries[0].since + self.batching.interval - time.monotonic()))
 
     def _due(self) -> tuple[list[_Entry], bytes] | None:
-        """The next batch to commit (every file the newest manifest covers, all uploaded), when one is due."""
+        """The next batch to commit, when one is due: the leading files already uploaded, with the manifest that
+        listed exactly them (and what is committed). Files still uploading wait for a later commit: a batch
+        never waits for the newest file's upload, so commits land while uploads go on."""
         state = self.state
         if state.manifest is None or state.manifest[1] == 0 or state.stopping:
             return None
-        data, count = state.manifest
-        batch = state.entries[:count]
-        if not all(e.upload is not None and e.upload.done() for e in batch):
+        count = min(self._uploaded(), state.manifest[1])
+        if count == 0:
             return None
-        for e in batch:
-            assert e.upload is not None
-            if e.upload.exception() is not None:
-                return None  # the upload's error is reported through state.error
-        old = time.monotonic() - batch[0].since >= self.batching.interval
-        if state.draining or state.urgent or len(batch) >= self.batching.every or old:
+        batch, data = state.entries[:count], state.history[state.done + count]
+        if state.draining or state.urgent:
+            return batch, data
+        now = time.monotonic()
+        if pace_wait(self.recent, now, len(self.recent) + 1, burst=self.batching.burst,
+                     spacing=self.batching.spacing) > 0:
+            return None  # spaced out: the files uploaded meanwhile join this batch (the run's end never waits)
+        if len(batch) >= self.batching.every or now - batch[0].since >= self.batching.interval:
             return batch, data
         return None
 
@@ -360,10 +379,25 @@ class CommitQueue:
         for e in self.state.entries:
             if e.upload is None or not e.upload.done() or e.upload.cancelled() or e.upload.exception() is not None:
                 break
+            if not self._ready(e):
+                break
             count += 1
         while count and self.state.done + count not in self.state.history:
             count -= 1
         return count
+
+    def _ready(self, entry: _Entry) -> bool:
+        """Whether ``entry`` may be committed (under ``cond``): a failed check fails the queue."""
+        if entry.ready is None:
+            return True
+        try:
+            ready = entry.ready()
+        except Exception as exc:
+            self._fail(exc)
+            return False
+        if ready:
+            entry.ready = None  # checked once for good
+        return ready
 
     def _final(self) -> None:
         """The last commit of a stopped run: what is uploaded once a batch commit in flight has finished."""
@@ -394,6 +428,7 @@ class CommitQueue:
             data, count = self.state.manifest or (manifest, len(entries))
             self.state.manifest = (data, count - len(entries))
             self.state.done += len(entries)
+            self.committed_bytes += sum(e.size for e in entries)
             self.state.history = {k: v for k, v in self.state.history.items() if k > self.state.done}
             self.state.committed_manifest = manifest
             self.state.urgent = False

@@ -58,12 +58,17 @@ def with_retries(repo: HubRepo, what: str, call: Callable[[], T], *, resume: str
             attempt += 1
 
 
-def pace_wait(recent: deque[float], now: float, hourly: int) -> float:
+def pace_wait(recent: deque[float], now: float, hourly: int, *, burst: int | None = None,
+              spacing: float = 0.0) -> float:
     """Seconds from ``now`` until one more commit keeps at most ``hourly`` commits in any hour (0: at once), given
-    the times of this process's ``recent`` commits, oldest first; the times that left the hour are dropped."""
+    the times of this process's ``recent`` commits, oldest first; the times that left the hour are dropped. Past
+    ``burst`` commits in the last hour, a commit also waits until ``spacing`` seconds after the latest one."""
     while recent and recent[0] <= now - WINDOW:
         recent.popleft()
-    return 0.0 if len(recent) < hourly else recent[0] + WINDOW - now
+    wait = 0.0 if len(recent) < hourly else recent[0] + WINDOW - now
+    if burst is not None and spacing and len(recent) >= burst:
+        wait = max(wait, recent[-1] + spacing - now)
+    return max(0.0, wait)
 
 
 def to_stderr(text: str) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from resumerge.errors import UsageError
 from resumerge.store.durable import is_temp_name, temp_path
 from resumerge.store.hubcommits import Batching, CommitQueue
 from resumerge.store.hubrepo import HubRepo, check_remote, remote_files
@@ -37,9 +38,24 @@ class HubOutputOptions:
     public: bool = False
     batching: Batching = field(default_factory=Batching)
 
+    @classmethod
+    def of(cls, *, public: bool, every: int | None, interval: float | None) -> HubOutputOptions:
+        """The options of ``--public``, ``--commit-every`` and ``--commit-interval`` (None: not given). Without
+        either, each file is committed once uploaded, paced under the hub's quota (:meth:`Batching.pipelined`);
+        with one, commits are batched (the other at :class:`Batching`'s default). Raises UsageError (exit 2)."""
+        if (every is not None and every < 1) or (interval is not None and interval < 0):
+            raise UsageError("--commit-every must be at least 1 and --commit-interval at least 0")
+        if every is None and interval is None:
+            return cls(public=public, batching=Batching.pipelined())
+        default = Batching()
+        return cls(public=public, batching=Batching(every=every or default.every,
+                                                    interval=default.interval if interval is None else interval))
+
 
 class HubRepoSink(OutputSink):
     """OUT is ``hf://NAMESPACE/NAME[@BRANCH]``: stage, upload, commit in batches with the manifest."""
+
+    commits_later = True
 
     def __init__(self, repo: HubRepo, staging: Path, *, planned: Iterable[str], resume: str,
                  batching: Batching | None = None, max_disk: int | None = None, reserve: int = 0,
@@ -55,11 +71,17 @@ class HubRepoSink(OutputSink):
         # ``tell``: the run's reporter (and ledger), so a commit-quota wait shows in the progress display and status.
         self.queue = CommitQueue(repo, batching or Batching(), resume=resume, head=head, should_stop=should_stop,
                                  tell=tell)
+        self._ready: dict[str, Callable[[], bool]] = {}  # files to upload now but commit only once ready
 
     @property
     def commits(self) -> int:
         """Commits this sink made so far."""
         return self.queue.commits
+
+    def transferred(self) -> tuple[int, int]:
+        """Bytes of staged files uploaded so far, and of those a commit holds (the progress display's "up")."""
+        with self.queue.cond:
+            return self.queue.uploaded_bytes, self.queue.committed_bytes
 
     def where(self, name: str) -> Path:
         return self.staging / name
@@ -69,8 +91,11 @@ class HubRepoSink(OutputSink):
             self.queue.wait_room(max(0, self.max_disk - self.reserve))
         return self.staging / temp_path(self.staging / name).name
 
+    def commit_when(self, name: str, ready: Callable[[], bool]) -> None:
+        self._ready[name] = ready
+
     def publish(self, temp: Path, name: str, sha256: str) -> Receipt:
-        return self.queue.add(name, temp, sha256, temp.stat().st_size)
+        return self.queue.add(name, temp, sha256, temp.stat().st_size, ready=self._ready.pop(name, None))
 
     def replace_small(self, name: str, data: bytes) -> None:
         if name != MANIFEST_NAME:

@@ -18,7 +18,7 @@ on local disk, copy to OUT, read back and compare, rename — for Drive and othe
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent import futures
 from pathlib import Path
 from types import TracebackType
@@ -79,8 +79,13 @@ class Receipt:
 class OutputSink(ABC):
     """Where one output's files are committed: write durably, check, list, delete what resumerge owns.
 
-    Besides the seven methods every sink implements, a sink that commits later overrides :meth:`flush` and
-    :meth:`stop`; one that holds background work or resources overrides :meth:`close`."""
+    Besides the seven methods every sink implements, a sink that commits later overrides :meth:`flush`,
+    :meth:`stop` and :meth:`commit_when` (and sets :attr:`commits_later`); one that holds background work or
+    resources overrides :meth:`close`."""
+
+    # Whether published files are committed later (in batches), so that a file may be published (say, uploaded)
+    # before it may be committed: see :meth:`commit_when`.
+    commits_later = False
 
     def __enter__(self: _T) -> _T:
         return self
@@ -122,6 +127,12 @@ class OutputSink(ABC):
     @abstractmethod
     def delete(self, names: Iterable[str]) -> None:
         """Delete the files ``names``, which the caller knows resumerge wrote; absent ones are skipped."""
+
+    def commit_when(self, name: str, ready: Callable[[], bool]) -> None:
+        """Commit the file ``name``, about to be published, only once ``ready()`` is true (the input files it was
+        computed from are checked); ``ready`` may raise the error that failed them. Only for a sink that
+        :attr:`commits_later`: the engine waits before publishing to any other."""
+        raise NotImplementedError(f"{type(self).__name__} commits at once: wait before publishing")
 
     def flush(self) -> None:
         """Commit everything published now, with the newest manifest, and wait for it (the run's last files); may

@@ -3,9 +3,11 @@
 Serves model repos through the routes the real huggingface_hub client uses (see
 ``shared/reference/hf-cache.md`` §7): model info by revision, the tree listing, and ``resolve`` with the
 hub's headers (``X-Repo-Commit``, ``ETag``, ``X-Linked-Etag``, ``X-Linked-Size``, ``Content-Length``) and
-``Range`` support. It counts the body bytes it serves per file and per request (``Request.sent``), logs every
-request, and injects faults: cutting a file's body after N bytes, stalling after N bytes until released, ignoring
-``Range``, redirecting to signed URLs that expire after N bodies, answering 429 with ``Retry-After``.
+``Range`` support. It counts the body bytes it serves per file and per request (``Request.sent``), notes when each
+file's last byte went out (``served_at``) and when each commit landed (``commit_times``), logs every request, paces
+every body through a simulated link (:mod:`hub.fakehub_link`; unlimited unless given a rate), and injects faults:
+cutting a file's body after N bytes, stalling after N bytes until released, ignoring ``Range``, redirecting to
+signed URLs that expire after N bodies, answering 429 with ``Retry-After``.
 
 The upload routes and their faults are :mod:`hub.fakehub_write`'s (its docstring lists every route); files
 committed through Xet (:mod:`hub.fakehub_xet`) are listed with their ``xetHash`` here, as the Hub lists them.
@@ -13,14 +15,14 @@ committed through Xet (:mod:`hub.fakehub_xet`) are listed with their ``xetHash``
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import socket
 import sys
 import threading
-from collections import Counter
-from collections.abc import Iterator, Mapping
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,15 +30,44 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from hub.fakehub_link import CHUNK, Link
+
 LFS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".onnx", ".msgpack", ".h5", ".model", ".pt")
-_CHUNK = 64 * 1024
 
 
-@functools.lru_cache(maxsize=256)
+_DIGESTS: OrderedDict[bytes, str] = OrderedDict()  # the most recent 256, keyed by the content itself
+_DIGESTS_LOCK = threading.Lock()
+
+
 def sha256_of(data: bytes) -> str:
     """The sha256 of ``data``, remembered: every ``resolve`` answer names it, and a range read of a large file
     must not cost a hash of the whole file (the real hub stores it)."""
-    return hashlib.sha256(data).hexdigest()
+    with _DIGESTS_LOCK:
+        known = _DIGESTS.get(data)
+        if known is not None:
+            _DIGESTS.move_to_end(data)
+            return known
+    digest = hashlib.sha256(data).hexdigest()
+    with _DIGESTS_LOCK:
+        _DIGESTS[data] = digest
+        while len(_DIGESTS) > 256:
+            _DIGESTS.popitem(last=False)
+    return digest
+
+
+def remember_digest(data: bytes, digest: str) -> None:
+    """Note the sha256 of ``data`` computed elsewhere (an upload hashed as it arrived)."""
+    with _DIGESTS_LOCK:
+        _DIGESTS[data] = digest
+        while len(_DIGESTS) > 256:
+            _DIGESTS.popitem(last=False)
+
+
+def forget_digests(contents: Iterable[bytes]) -> None:
+    """Drop remembered digests (the cache keeps the bytes it hashed alive), leaving the others'."""
+    with _DIGESTS_LOCK:
+        for data in contents:
+            _DIGESTS.pop(data, None)
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -92,9 +123,12 @@ class _Repo:
 class FakeHub:
     """The hub state, its counters and faults; :meth:`start` serves it on ``url``."""
 
-    def __init__(self) -> None:
+    def __init__(self, link: Link | None = None) -> None:
         self.repos: dict[str, _Repo] = {}
+        self.link = link or Link()  # paces and counts every body; set before start() (or between requests)
         self.served: Counter[str] = Counter()  # file body bytes per "org/name/path"
+        self.served_at: dict[str, float] = {}  # "org/name/path" -> monotonic time its last body byte went out
+        self.commit_times: list[tuple[str, float]] = []  # (repo, monotonic time) of every commit applied
         self.api_bytes = 0  # JSON bodies of the API routes and error bodies
         self.requests: list[Request] = []
         self.drop_after: dict[str, int] = {}  # "org/name/path" -> cut the next body after N bytes (one shot)
@@ -118,11 +152,14 @@ class FakeHub:
     # ---- repo contents -------------------------------------------------------------------------------------
     def push(self, repo_id: str, files: Mapping[str, bytes], branch: str = "main") -> str:
         """Create a commit of ``repo_id`` holding exactly ``files`` and move ``branch`` to it; return its sha."""
+        # Remembered digests, outside the lock: a commit of many large files must not rehash them all (nor stall
+        # every transfer meanwhile), as each of a run's commits repeats the files of the ones before.
+        digests = {path: sha256_of(data) for path, data in files.items()}
         with self.lock:
             self._counter += 1
             digest = hashlib.sha1(f"{repo_id}:{self._counter}".encode())
             for path in sorted(files):
-                digest.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
+                digest.update(path.encode() + b"\0" + digests[path].encode())
             commit = digest.hexdigest()
             repo = self.repos.setdefault(repo_id, _Repo())
             repo.commits[commit] = dict(files)
@@ -130,11 +167,22 @@ class FakeHub:
             return commit
 
     def reset_counters(self) -> None:
-        """Forget served bytes and the request log."""
+        """Forget served bytes, their times, commit times, the link's byte counts and the request log."""
         with self.lock:
             self.served.clear()
+            self.served_at.clear()
+            self.commit_times.clear()
             self.api_bytes = 0
             self.requests.clear()
+        self.link.reset()
+
+    def drop(self, repo_id: str) -> None:
+        """Forget a repo and the objects uploaded to it (a bench frees a merged output's bytes this way)."""
+        with self.lock:
+            repo = self.repos.pop(repo_id, None)
+            uploaded = self.writer.lfs.pop(repo_id, {}) if self.writer is not None else {}
+        commits = repo.commits.values() if repo is not None else ()
+        forget_digests([*uploaded.values(), *(data for files in commits for data in files.values())])
 
     def file_bytes(self) -> dict[str, int]:
         """Served body bytes per file, only files that were served at all."""
@@ -354,9 +402,35 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(end - start))
         self.end_headers()
         if not head:
-            self._send_body(f"{repo_id}/{path}", data[start:end])
+            self._send_body(f"{repo_id}/{path}", memoryview(data)[start:end])  # a view: no copy of a large file
 
-    def _send_body(self, key: str, body: bytes) -> None:
+    def write_paced(self, raw: bytes | memoryview) -> None:
+        """Write a response body through the link's download bucket, a chunk at a time."""
+        for at in range(0, len(raw), CHUNK):
+            piece = raw[at : at + CHUNK]
+            self.hub.link.send(len(piece))
+            try:
+                self.wfile.write(piece)
+            except OSError:
+                self.hub.link.unsend(len(piece))
+                raise
+
+    def read_paced(self, n: int, digest: Any = None) -> bytes:
+        """Read ``n`` request-body bytes (fewer at EOF) through the link's upload bucket, a chunk at a time, fed to
+        ``digest`` (a hashlib object) as they arrive, so checking a large upload costs no time after its end."""
+        out = bytearray()
+        while len(out) < n:
+            step = min(CHUNK, n - len(out))
+            self.hub.link.receive(step)
+            piece = self.rfile.read(step)
+            if digest is not None:
+                digest.update(piece)
+            out += piece
+            if len(piece) < step:
+                break
+        return bytes(out)
+
+    def _send_body(self, key: str, body: bytes | memoryview) -> None:
         with self.hub.lock:
             cut = self.hub.drop_after.pop(key, None)
             hold = self.hub.hold_after.get(key)
@@ -367,15 +441,18 @@ class _Handler(BaseHTTPRequestHandler):
                 if hold is not None and sent >= hold[0]:
                     hold[1].wait(timeout=30)
                     hold = None
-                step = min(_CHUNK, limit - sent, (hold[0] - sent) if hold is not None else _CHUNK)
+                step = min(CHUNK, limit - sent, (hold[0] - sent) if hold is not None else CHUNK)
+                self.hub.link.send(step)  # wait for the link first: the bytes go out when it grants them
                 # Count before writing: once the client has the bytes it may go on (and a test may reset the
                 # counters) before this thread runs again. A failed write is taken back.
                 with self.hub.lock:
                     self.hub.served[key] += step
+                    self.hub.served_at[key] = time.monotonic()
                     self._record.sent += step
                 try:
                     self.wfile.write(body[sent : sent + step])
                 except OSError:
+                    self.hub.link.unsend(step)
                     with self.hub.lock:
                         self.hub.served[key] -= step
                         self._record.sent -= step
@@ -400,7 +477,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(raw)))
         self.end_headers()
         if self.command != "HEAD":
-            self.wfile.write(raw)
+            self.write_paced(raw)
             with self.hub.lock:
                 self.hub.api_bytes += len(raw)
 
@@ -421,7 +498,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(raw)))
         self.end_headers()
         if self.command != "HEAD":
-            self.wfile.write(raw)
+            self.write_paced(raw)
             with self.hub.lock:
                 self.hub.api_bytes += len(raw)
 

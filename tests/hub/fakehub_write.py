@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from hub.fakehub import LFS_SUFFIXES, FakeHub, git_blob_sha1, sha256_of
+from hub.fakehub import LFS_SUFFIXES, FakeHub, git_blob_sha1, remember_digest, sha256_of
 from hub.fakehub_xet import XetCas
 
 if TYPE_CHECKING:
@@ -188,7 +188,9 @@ class HubWriter:
         return True
 
     @staticmethod
-    def _body(h: _Handler) -> bytes:
+    def _body(h: _Handler, digest: Any = None) -> bytes:
+        """The request body, read through the link's upload bucket (:meth:`~hub.fakehub._Handler.read_paced`) and
+        fed to ``digest`` when given."""
         if "chunked" in (h.headers.get("Transfer-Encoding") or "").lower():
             out = bytearray()
             while True:
@@ -196,9 +198,9 @@ class HubWriter:
                 if size == 0:
                     h.rfile.readline()
                     return bytes(out)
-                out += h.rfile.read(size)
+                out += h.read_paced(size, digest)
                 h.rfile.readline()
-        return h.rfile.read(int(h.headers.get("Content-Length") or 0))
+        return h.read_paced(int(h.headers.get("Content-Length") or 0), digest)
 
     # ---- routes ----------------------------------------------------------------------------------------------
     def _whoami(self, h: _Handler) -> None:
@@ -297,12 +299,14 @@ class HubWriter:
             with suppress(OSError):
                 h.connection.shutdown(socket.SHUT_RDWR)
             return None
-        data = self._body(h)
+        sha = hashlib.sha256()
+        data = self._body(h, sha)
         self._uploading()
         if fault is not None:
             return h._error(fault, "ServerError", "upload failed", retry_after=self.retry_after)
-        if hashlib.sha256(data).hexdigest() != oid:
+        if sha.hexdigest() != oid:
             return h._error(400, "BadRequest", "sha256 mismatch")
+        remember_digest(data, oid)  # the commit that names it will not hash it again
         with self.hub.lock:
             self.lfs.setdefault(repo_id, {})[oid] = data
             self.puts[f"{repo_id}/{oid}"] += 1
@@ -332,7 +336,7 @@ class HubWriter:
     @staticmethod
     def _body_prefix(h: _Handler, n: int) -> None:
         with suppress(OSError, ValueError):
-            h.rfile.read(n)
+            h.read_paced(n)
 
     def _commit(self, h: _Handler, repo_id: str, revision: str) -> None:
         lines = [json.loads(line) for line in self._body(h).splitlines() if line.strip()]
@@ -380,6 +384,7 @@ class HubWriter:
         with self.hub.lock:
             self.commits[repo_id] += 1
             self.deletes[repo_id] += deleted
+            self.hub.commit_times.append((repo_id, time.monotonic()))
         if self.on_commit is not None and self.on_commit(number, "applied") is False:
             h.close_connection = True
             with suppress(OSError):

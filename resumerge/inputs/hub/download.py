@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO, Protocol, cast
 
 from huggingface_hub import hf_hub_download
 
@@ -26,6 +26,21 @@ from resumerge.inputs.hub.remote import LIBRARY, HubUnavailableError, hub_errors
 from resumerge.inputs.hub.verify import Hasher, check_cached, hash_file, new_hasher
 
 PARTIAL_SUFFIX = ".resumerge.incomplete"  # `hf cache prune` removes leftover *.incomplete files too
+
+
+class Landing(Protocol):
+    """Told of a download's bytes as they are written, for a merge that reads them before the end
+    (:class:`resumerge.inputs.hub.landing.Landing`)."""
+
+    def opened(self, fileno: int, have: int) -> None: ...
+
+    def grew(self, size: int) -> None: ...
+
+    def rewound(self, size: int) -> None: ...
+
+    def before_retry(self) -> None: ...
+
+    def finished(self, path: Path) -> None: ...
 
 
 class _SilentBar:
@@ -51,8 +66,10 @@ class _Sink:
     hash then starts over with the file.
     """
 
-    def __init__(self, f: BinaryIO, remote: RemoteFile, hasher: Hasher, meter: ByteMeter) -> None:
+    def __init__(self, f: BinaryIO, remote: RemoteFile, hasher: Hasher, meter: ByteMeter,
+                 landing: Landing | None = None) -> None:
         self._f = f
+        self._landing = landing
         self._remote = remote
         self.hasher = hasher
         self.hash_valid = True
@@ -65,6 +82,8 @@ class _Sink:
         if self.hash_valid:
             self.hasher.update(data)
         self._meter.add(len(data))
+        if self._landing is not None:
+            self._landing.grew(self._f.tell())  # readers of the merge may use these bytes now
         return n
 
     def tell(self) -> int:
@@ -78,6 +97,8 @@ class _Sink:
 
     def truncate(self, size: int | None = None) -> int:
         n = self._f.truncate(size)
+        if self._landing is not None:
+            self._landing.rewound(n)
         if n == 0:
             self.hasher, self.hash_valid = new_hasher(self._remote, self._remote.size or 0), True
         else:
@@ -121,10 +142,14 @@ def download_blob(
     remote: RemoteFile,
     records: VerifyRecords,
     emit: ProgressCallback,
+    landing: Landing | None = None,
 ) -> None:
     """Make ``blobs/<etag>`` hold ``remote``'s verified content, continuing any partial download.
 
-    Keeps a blob that another process completed meanwhile if it verifies. Raises
+    ``landing`` follows the bytes as they are written, for a merge that reads them before the end
+    (:mod:`~resumerge.inputs.hub.landing`); then a download that fails its checksum after bytes were read is not
+    fetched again here: the landing fails instead. Keeps a blob that another process completed meanwhile if it
+    verifies. Raises
     :class:`HubUnavailableError` when the transfer fails after huggingface_hub's retries (the partial file is
     kept for the next run), :class:`HostileFileError` when the hub's bytes do not match its own checksum twice.
     """
@@ -140,11 +165,13 @@ def download_blob(
                 return
             blob.unlink()
         for attempt in range(2):
-            digest = _stream(settings, repo, commit, remote, partial, emit)
+            digest = _stream(settings, repo, commit, remote, partial, emit, landing)
             if digest == remote.etag:
                 break
             # A partial torn by a crash, or bad bytes in transit: drop it and fetch the whole file once more.
             partial.unlink(missing_ok=True)
+            if landing is not None:
+                landing.before_retry()  # raises when the merge read from the bad bytes
             if attempt == 0:
                 emit(refetch_event(repo.repo_id, remote, f"downloaded content fails its {remote.algorithm} check"))
         else:
@@ -190,7 +217,8 @@ def link_snapshot(settings: HubSettings, repo: RepoCache, commit: str, remote: R
 
 
 def _stream(
-    settings: HubSettings, repo: RepoCache, commit: str, remote: RemoteFile, partial: Path, emit: ProgressCallback
+    settings: HubSettings, repo: RepoCache, commit: str, remote: RemoteFile, partial: Path, emit: ProgressCallback,
+    landing: Landing | None = None,
 ) -> str:
     """Append the missing bytes of ``remote`` to ``partial`` and return the checksum of the whole file."""
     size = remote.size or 0
@@ -203,8 +231,10 @@ def _stream(
         f.seek(0)
         while have and (chunk := f.read(min(8 << 20, have - f.tell()))):
             hasher.update(chunk)  # the bytes of an earlier run count towards the checksum
+        if landing is not None:
+            landing.opened(f.fileno(), have)
         meter = ByteMeter(emit, "download", repo.repo_id, remote.path, done=have, total=size)
-        sink = _Sink(f, remote, hasher, meter)
+        sink = _Sink(f, remote, hasher, meter, landing)
         try:
             with hub_errors(settings, repo.repo_id, commit):
                 http_get(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from resumerge.errors import ModelInputError, ResumergeError
 from resumerge.inputs.hub.cache import HubSettings, RemoteFile, RepoCache, default_cache_dir
-from resumerge.inputs.hub.download import check_free_space, download_blob, link_snapshot, refetch_event
+from resumerge.inputs.hub.download import Landing, check_free_space, download_blob, link_snapshot, refetch_event
 from resumerge.inputs.hub.events import ProgressCallback
 from resumerge.inputs.hub.records import VerifyRecords
 from resumerge.inputs.hub.remote import HubUnavailableError
@@ -58,6 +58,35 @@ def ensure_files(
     for remote in link_only:
         ready[remote.path] = link_snapshot(settings, repo, commit, remote)
     return {remote.path: ready[remote.path] for remote in wanted}
+
+
+def land_file(settings: HubSettings, repo: RepoCache, commit: str, remote: RemoteFile, records: VerifyRecords,
+              emit: ProgressCallback, landing: Landing) -> Path:
+    """Download ``remote`` into the cache while ``landing`` tells readers which bytes have arrived; returns its
+    verified snapshot path (and tells ``landing``). A blob already cached for another commit is only linked.
+
+    The caller checked free space and offline mode for every file first (:func:`check_downloads`).
+    """
+    pointer = repo.snapshot(commit, remote.path)
+    reason = check_cached(pointer, remote, records, repo.repo_id, emit)
+    if reason is not None and check_cached(repo.blob(remote.etag), remote, records, repo.repo_id, emit) is not None:
+        if reason != "missing":
+            emit(refetch_event(repo.repo_id, remote, f"cached copy is damaged ({reason})"))
+            _discard(pointer)
+        download_blob(settings, repo, commit, remote, records, emit, landing)
+    path = link_snapshot(settings, repo, commit, remote) if reason is not None else pointer
+    landing.finished(path)
+    return path
+
+
+def check_downloads(settings: HubSettings, repo: RepoCache, commit: str, todo: list[RemoteFile]) -> None:
+    """Refuse, before any byte is fetched, downloads that cannot happen: offline mode (naming the files and the
+    repair command) or a cache disk too small for them."""
+    if not todo:
+        return
+    if settings.offline:
+        raise offline_error(settings, repo, commit, [(r, "missing") for r in todo])
+    check_free_space(repo, todo)
 
 
 def offline_error(

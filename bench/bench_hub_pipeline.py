@@ -1,0 +1,273 @@
+"""Hub to hub behind a simulated link: ``resumerge run cfg.yml hf://…`` against mergekit's three phases (issue 27).
+
+Usage::
+
+    python bench/bench_hub_pipeline.py [--rates 50/25,150/75,500/250] [--methods linear,ties] [--runs 1]
+        [--models /tmp/bench/models-1750212608] [--flags "--stream-inputs --out-shard-size 100M --commit-every 1"]
+        [--before DIR] [--skip-mergekit] [--no-plan] [--work DIR]
+
+The stand-in hub of ``tests/hub`` (in this process, on 127.0.0.1) serves the models ``a`` and ``b`` of
+``--models`` as ``bench/a`` and ``bench/b`` (held in memory, pushed once), behind a simulated link
+(``tests/hub/fakehub_link.py``): every response body shares the download rate, every upload body the upload rate,
+``DOWN/UP`` in MB/s. The LFS tier (``HF_HUB_DISABLE_XET=1``): in the Xet tier uploads would bypass the stand-in's
+HTTP and so the link. For every rate and method (linear: a and b at 0.5; ties: base a, b at density 0.5), each
+run from an empty HF cache, in fresh processes, alternating the order run by run:
+
+- ``mergekit``: ``mergekit-yaml`` on the hub ids (it downloads), then ``HfApi().upload_folder`` to a new repo:
+  mergekit's three phases as a user chains them (download+merge and upload are timed apart too);
+- ``resumerge``: ``resumerge run cfg.yml hf://bench/merged-N`` with its defaults;
+- ``flags`` (only with ``--flags``): the same with those options added;
+- ``before`` (only with ``--before DIR``): ``resumerge run`` with its defaults from the code in DIR (say, an
+  export of an earlier commit: ``git archive COMMIT | tar -x -C DIR``), paired with today's under the same load.
+
+Reported per row: wall; the link floor ``max(bytes down / down rate, bytes up / up rate)`` from the bytes the
+stand-in counted; the ratio to the floor and to mergekit's three phases; bytes down and up; commits; the peak of
+local disk the run used (HF cache, state and staging, OUT; sampled every 0.1 s). Before the runs, ``resumerge
+plan cfg.yml hf://… --bandwidth DOWN/UP --json`` gives its network estimate, printed beside the measured wall.
+Ends with the rows as a markdown table, with the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
+
+from hub.fakehub import FakeHub, files_of, sha256_of  # noqa: E402
+from hub.fakehub_link import Link  # noqa: E402
+from hub.fakehub_write import HubWriter  # noqa: E402
+
+MB = 10**6
+TOKEN = "bench-token"
+CONFIGS = {
+    "linear": ("merge_method: linear\ndtype: float32\nmodels:\n  - model: bench/a\n    parameters: {weight: 0.5}\n"
+               "  - model: bench/b\n    parameters: {weight: 0.5}\n"),
+    "ties": ("merge_method: ties\ndtype: float32\nbase_model: bench/a\nmodels:\n  - model: bench/b\n"
+             "    parameters: {weight: 1.0, density: 0.5}\nparameters: {normalize: true}\n"),
+}
+_UPLOAD = ("import sys\nfrom huggingface_hub import HfApi\napi = HfApi()\napi.create_repo(sys.argv[1])\n"
+           "api.upload_folder(repo_id=sys.argv[1], folder_path=sys.argv[2])\n")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measured run."""
+
+    rate: str
+    method: str
+    tool: str
+    wall: float
+    down: int
+    up: int
+    commits: int
+    disk_peak: int
+    floor: float
+    phases: str = ""
+    load: str = ""
+
+
+def _du(root: Path) -> int:
+    total = 0
+    for where, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(where, name)
+            try:
+                if not os.path.islink(path):
+                    total += os.stat(path).st_size
+            except FileNotFoundError:
+                continue
+    return total
+
+
+class DiskPeak(threading.Thread):
+    """The largest size ``root`` reached while running, sampled every 0.1 s."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(daemon=True)
+        self.root, self.peak, self.stop = root, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.peak = max(self.peak, _du(self.root))
+            self.stop.wait(0.1)
+
+    def __enter__(self) -> DiskPeak:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.join()
+        self.peak = max(self.peak, _du(self.root))
+
+
+def _env(hub: FakeHub, root: Path, code: Path = ROOT) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    return env | {"HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN, "HF_HOME": str(root / "hf"),
+                  "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                  "PYTHONPATH": str(code), "PYTHONHASHSEED": "0"}
+
+
+def _check(done: subprocess.CompletedProcess[str], what: str) -> None:
+    if done.returncode != 0:
+        raise SystemExit(f"{what} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def run_tool(tool: str, hub: FakeHub, config: Path, root: Path, repo: str, flags: list[str],
+             before: Path | None) -> tuple[float, str]:
+    """Run one tool from an empty HF cache; returns its wall time and, for mergekit, its two phases."""
+    env = _env(hub, root, before if tool == "before" and before is not None else ROOT)
+    if tool == "mergekit":
+        exe = shutil.which("mergekit-yaml")
+        assert exe is not None, "mergekit-yaml is not on PATH"
+        started = time.perf_counter()
+        _check(subprocess.run([exe, str(config), str(root / "out"), "--random-seed", "0"], env=env,
+                              capture_output=True, text=True), "mergekit-yaml")
+        merged = time.perf_counter()
+        _check(subprocess.run([sys.executable, "-c", _UPLOAD, repo, str(root / "out")], env=env,
+                              capture_output=True, text=True), "upload_folder")
+        ended = time.perf_counter()
+        return ended - started, f"download+merge {merged - started:.1f} s, upload {ended - merged:.1f} s"
+    argv = [sys.executable, "-m", "resumerge", "run", str(config), f"hf://{repo}", "--quiet",
+            "--state-dir", str(root / "state"), *(flags if tool == "flags" else [])]
+    started = time.perf_counter()
+    # In the code's own folder: ``python -m`` puts the working directory first on the path, before PYTHONPATH.
+    code = before if tool == "before" and before is not None else ROOT
+    _check(subprocess.run(argv, env=env, capture_output=True, text=True, cwd=code), "resumerge run")
+    return time.perf_counter() - started, ""
+
+
+def plan_network(hub: FakeHub, config: Path, root: Path, down: float, up: float) -> dict[str, object] | None:
+    """``resumerge plan``'s network estimate at this link (fresh cache: everything is to download)."""
+    argv = [sys.executable, "-m", "resumerge", "plan", str(config), "hf://bench/planned", "--json",
+            "--state-dir", str(root / "state"), "--bandwidth", f"{down / MB:g}MB/{up / MB:g}MB"]
+    done = subprocess.run(argv, env=_env(hub, root), capture_output=True, text=True)
+    shutil.rmtree(root, ignore_errors=True)
+    if done.returncode not in (0, 2):
+        print(f"  plan failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}", flush=True)
+        return None
+    doc = json.loads(done.stdout)
+    network, timing = doc.get("network"), doc.get("time", {})
+    if not isinstance(network, dict):
+        return None
+    # What the local part of the estimate is made of (start-up includes planning's header reads over the link).
+    return network | {key: timing.get(key) for key in ("startup_seconds", "compute_seconds")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rates", default="50/25,150/75,500/250", help="DOWN/UP in MB/s, comma-separated")
+    parser.add_argument("--methods", default="linear,ties")
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--models", type=Path, default=Path("/tmp/bench/models-1750212608"))
+    parser.add_argument("--flags", default="", help="also run resumerge with these options (the 'flags' row)")
+    parser.add_argument("--before", type=Path, default=None,
+                        help="also run resumerge's defaults from the code in this folder (the 'before' row)")
+    parser.add_argument("--skip-mergekit", action="store_true")
+    parser.add_argument("--no-plan", action="store_true", help="skip resumerge plan's network estimate")
+    parser.add_argument("--work", type=Path, default=None)
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-hub-pipeline-"))
+    work.mkdir(parents=True, exist_ok=True)
+    tools = (([] if args.skip_mergekit else ["mergekit"]) + (["before"] if args.before else []) + ["resumerge"]
+             + (["flags"] if args.flags else []))
+    flags = shlex.split(args.flags)
+    hub = FakeHub()
+    writer = HubWriter.attach(hub)
+    writer.add_token(TOKEN, "bench")
+    sizes = {}
+    for name in ("a", "b"):
+        files = files_of(args.models / name)
+        for data in files.values():
+            sha256_of(data)  # hashed once here, never inside a timed run
+        sizes[name] = sum(len(v) for k, v in files.items() if k.endswith(".safetensors"))
+        hub.push(f"bench/{name}", files)
+    print(f"inputs: bench/a {sizes['a'] / 1e9:.2f} GB, bench/b {sizes['b'] / 1e9:.2f} GB (fp32); tools {tools}",
+          flush=True)
+    rows: list[Row] = []
+    estimates: dict[tuple[str, str], dict[str, object] | None] = {}
+    counter = 0
+    with hub:
+        for rate in args.rates.split(","):
+            down, up = (float(x) * MB for x in rate.split("/"))
+            hub.link = Link(down=down, up=up)
+            for method in args.methods.split(","):
+                config = work / f"{method}.yml"
+                config.write_text(CONFIGS[method])
+                if not args.no_plan:
+                    estimates[rate, method] = plan_network(hub, config, work / "plan", down, up)
+                    print(f"{rate} {method} plan: {estimates[rate, method]}", flush=True)
+                for run in range(args.runs):
+                    for tool in tools if run % 2 == 0 else list(reversed(tools)):
+                        counter += 1
+                        repo, root = f"bench/merged-{counter}", work / f"run-{counter}"
+                        shutil.rmtree(root, ignore_errors=True)
+                        root.mkdir(parents=True)
+                        hub.reset_counters()
+                        load = _load()
+                        with DiskPeak(root) as disk:
+                            wall, phases = run_tool(tool, hub, config, root, repo, flags, args.before)
+                        row = Row(rate, method, tool, wall, hub.link.down_bytes, hub.link.up_bytes,
+                                  writer.commits[repo], disk.peak,
+                                  max(hub.link.down_bytes / down, hub.link.up_bytes / up), phases, load)
+                        rows.append(row)
+                        print(f"{rate} {method} run {run + 1} {tool:9s} wall {wall:6.1f} s  floor {row.floor:5.1f} s "
+                              f"({wall / row.floor:.2f}x)  down {row.down / 1e9:.2f} GB  up {row.up / 1e9:.2f} GB  "
+                              f"commits {row.commits}  disk peak {disk.peak / 1e9:.2f} GB  {phases}  load {load}",
+                              flush=True)
+                        hub.drop(repo)
+                        shutil.rmtree(root, ignore_errors=True)
+    _table(rows, estimates, args)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _table(rows: list[Row], estimates: dict[tuple[str, str], dict[str, object] | None],
+           args: argparse.Namespace) -> None:
+    print()
+    print("| link MB/s | method | run | wall s | link floor s | × floor | × mergekit | down GB | up GB | commits | "
+          "disk peak GB | plan estimate | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    groups: dict[tuple[str, str, str], list[Row]] = {}
+    for row in rows:
+        groups.setdefault((row.rate, row.method, row.tool), []).append(row)
+    for (rate, method, tool), runs in groups.items():
+        wall = _median([r.wall for r in runs])
+        floor = _median([r.floor for r in runs])
+        mergekit = groups.get((rate, method, "mergekit"))
+        versus = f"{wall / _median([r.wall for r in mergekit]):.2f}×" if mergekit else "–"
+        estimate = estimates.get((rate, method))
+        planned = "–"
+        if tool != "mergekit" and estimate and estimate.get("seconds") is not None:
+            planned = f"{float(str(estimate['seconds'])):.1f} s ({estimate.get('bound')})"
+        last = runs[-1]
+        label = {"mergekit": "mergekit-yaml + upload_folder", "resumerge": "resumerge run (defaults)",
+                 "before": "resumerge run (defaults), before", "flags": f"resumerge run {args.flags}"}[tool]
+        print(f"| {rate} | {method} | {label} | {wall:.1f} | {floor:.1f} | {wall / floor:.2f}× | {versus} | "
+              f"{last.down / 1e9:.2f} | {last.up / 1e9:.2f} | {last.commits} | {last.disk_peak / 1e9:.2f} | "
+              f"{planned} | {last.load} |")
+    print(f"\nCommand: `python bench/bench_hub_pipeline.py {shlex.join(sys.argv[1:])}` ({args.runs} run(s) each)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""Hub input files read while they download: the merge reads each byte as soon as it has landed in the cache.
+
+A weight file chosen for download is fetched whole into the Hugging Face cache, as before, so a later run of the
+same inputs fetches nothing; but the merge no longer waits for every download to finish. :class:`Landing` follows
+one file's download (the bytes written and flushed so far to ``blobs/<etag>.resumerge.incomplete``, appended in
+file order) and :class:`LandingFiles` serves a range once the download has passed its end, by ``pread`` on a
+duplicate descriptor of that file, which stays valid when the finished file is renamed into ``blobs/``.
+
+Bytes read early are not yet checked: the download is hashed as it arrives and compared with the hub's checksum
+at its end, as every download is. :meth:`Landing.checked` says when that happened; the engine commits no output
+file before every input file it read from is checked (a folder OUT: it is not published before; an hf:// OUT: it
+is uploaded at once, committed after), so nothing computed from unchecked bytes is ever committed. A download
+whose bytes were read and that then fails its check, or restarts from zero (a server that ignored ``Range``),
+fails the run (exit 3, nothing of it committed): the resume fetches the file again.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from resumerge.inputs.hub.cache import RepoCache
+from resumerge.inputs.hub.events import ProgressCallback, callback_or_noop
+from resumerge.inputs.hub.fetch import land_file
+from resumerge.inputs.hub.records import VerifyRecords
+from resumerge.inputs.hub.remote import HubUnavailableError
+from resumerge.inputs.hub.resolve import RepoMetadata
+from resumerge.inputs.source import InputSource
+from resumerge.inputs.tensorio import TORCH_DTYPES
+from resumerge.inputs.torch_bin import is_pickle_checkpoint
+
+
+class DownloadCancelled(BaseException):
+    """Raised inside a download whose run is closing; a BaseException so no retry or error mapping takes it."""
+
+
+class Landing:
+    """The landed bytes of one file being downloaded, shared by the download thread and the readers.
+
+    The download calls :meth:`opened`, :meth:`grew`, :meth:`rewound`, then :meth:`finished` or :meth:`failed`;
+    readers call :meth:`read` and :meth:`checked`.
+    """
+
+    def __init__(self, where: str, size: int) -> None:
+        self.where, self.size = where, size
+        self._cond = threading.Condition()
+        self._fd = -1
+        self.available = 0
+        self.verified = False
+        self.error: BaseException | None = None
+        self.consumed = False  # bytes of the current attempt were handed to the merge
+        self.cancelled = False
+
+    # ---- the download's side ---------------------------------------------------------------------------------
+    def opened(self, fileno: int, have: int) -> None:
+        """The partial file is open (``have`` bytes from an earlier run already in it): readers may use it."""
+        with self._cond:
+            self._check_cancelled()
+            self._close_fd()
+            self._fd = os.dup(fileno)
+            self.available = have
+            self._cond.notify_all()
+
+    def grew(self, size: int) -> None:
+        """``size`` bytes are written and flushed; raises :class:`DownloadCancelled` when the run is leaving."""
+        with self._cond:
+            self._check_cancelled()
+            self.available = size
+            self._cond.notify_all()
+
+    def rewound(self, size: int) -> None:
+        """The download starts over from ``size`` bytes: bytes already read may be rewritten, so the run fails."""
+        with self._cond:
+            if self.consumed and size < self.available:
+                self.error = self.error or HubUnavailableError(
+                    f"the download of {self.where} restarted after the merge read from it; nothing merged from it "
+                    "was committed", hint="run resumerge resume OUT: the file is fetched again")
+            self.available = min(self.available, size)
+            self._cond.notify_all()
+
+    def before_retry(self) -> None:
+        """The download failed its checksum and is to be fetched again: harmless when nothing was read from it;
+        otherwise the landing fails with the error raised here (the resume fetches the file again)."""
+        with self._cond:
+            if self.consumed:
+                self.error = self.error or HubUnavailableError(
+                    f"{self.where}: the downloaded bytes fail the hub's checksum; nothing merged from them was "
+                    "committed", hint="run resumerge resume OUT: the file is fetched again")
+                self._cond.notify_all()
+                raise self.error
+            self.available = 0
+
+    def finished(self, path: Path) -> None:
+        """The file is complete and checked, at ``path`` (its cache snapshot entry)."""
+        with self._cond:
+            if self._fd < 0 and not self.cancelled:  # another process had downloaded it: read the cached file
+                self._fd = os.open(path, os.O_RDONLY)
+            self.available, self.verified = self.size, True
+            self._cond.notify_all()
+
+    def failed(self, error: BaseException) -> None:
+        """The download stopped for good with ``error`` (readers and the publication gate raise it)."""
+        with self._cond:
+            self.error = self.error or error
+            self._cond.notify_all()
+
+    def cancel(self) -> None:
+        """The run is leaving: the download stops at its next chunk (its partial file is kept for the next run)."""
+        with self._cond:
+            self.cancelled = True
+            self._cond.notify_all()
+
+    # ---- the readers' side -----------------------------------------------------------------------------------
+    def read(self, start: int, end: int) -> torch.Tensor:
+        """Bytes ``[start, end)`` once landed, as a fresh uint8 tensor; raises the download's error."""
+        with self._cond:
+            while self.error is None and not self.cancelled and self.available < end:
+                self._cond.wait(timeout=1.0)
+            self._raise()
+            if self.cancelled and self.available < end:
+                raise HubUnavailableError(f"{self.where}: the run stopped before these bytes landed")
+            if self._fd < 0:
+                raise HubUnavailableError(f"{self.where}: the run stopped before these bytes landed")
+            self.consumed = True
+            fd = os.dup(self._fd)  # the download may reopen its file meanwhile: read through our own descriptor
+        try:
+            buf = torch.empty(end - start, dtype=torch.uint8)
+            view = buf.numpy().data
+            done = 0
+            while done < end - start:
+                n = os.preadv(fd, [view[done:]], start + done)
+                if n <= 0:
+                    raise HubUnavailableError(f"{self.where} ended early while reading the landed bytes")
+                done += n
+            return buf
+        finally:
+            os.close(fd)
+
+    def checked(self, timeout: float) -> bool:
+        """Whether the whole file landed and matched the hub's checksum, waiting up to ``timeout`` seconds;
+        raises the download's error."""
+        with self._cond:
+            if not self.verified and self.error is None:
+                self._cond.wait(timeout=timeout)
+            self._raise()
+            return self.verified
+
+    def close(self) -> None:
+        with self._cond:
+            self.cancelled = True
+            self._close_fd()
+            self._cond.notify_all()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _check_cancelled(self) -> None:
+        if self.cancelled:
+            raise DownloadCancelled()
+
+    def _close_fd(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class LandingFiles(InputSource):
+    """A hub model whose ``landing`` files are read as they download; its other files come from ``inner`` (the
+    cache snapshot, or HTTP Range for streamed ones)."""
+
+    def __init__(self, inner: InputSource, landing: dict[str, Landing]) -> None:
+        self._inner, self._landing = inner, landing
+
+    def read_range(self, file: str, start: int, end: int) -> torch.Tensor:
+        landing = self._landing.get(file)
+        if landing is None:
+            return self._inner.read_range(file, start, end)
+        if is_pickle_checkpoint(file):  # read by virtual offsets through its pickle: only once complete
+            while not landing.checked(1.0):
+                pass
+            return self._inner.read_range(file, start, end)
+        return landing.read(start, end)
+
+    def read_tensor(self, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+        if file not in self._landing or is_pickle_checkpoint(file):
+            return self._inner.read_tensor(file, start, end, dtype, shape)
+        if end == start:
+            return torch.empty(shape, dtype=TORCH_DTYPES[dtype])
+        return self.read_range(file, start, end).view(TORCH_DTYPES[dtype]).reshape(shape)
+
+    def rereads_cheaply(self, file: str) -> bool:
+        return file in self._landing or self._inner.rereads_cheaply(file)
+
+    def expect(self, order: Sequence[tuple[str, int, int]]) -> None:
+        self._inner.expect(order)
+
+    def checked(self, file: str, timeout: float) -> bool:
+        landing = self._landing.get(file)
+        return landing is None or landing.checked(timeout)
+
+    def stop(self) -> None:
+        for landing in self._landing.values():
+            landing.cancel()
+        self._inner.stop()
+
+    def close(self) -> None:
+        for landing in self._landing.values():
+            landing.close()
+        self._inner.close()
+
+
+class Downloads:
+    """The downloads of one run: each file into the hub cache, in the order the plan first reads them, a few at a
+    time on daemon threads (a stopped run never waits for a transfer; its partial files are continued next time).
+
+    ``jobs`` are (model key, metadata, file); :attr:`landings` follow them by (model key, file).
+    """
+
+    def __init__(self, jobs: list[tuple[str, RepoMetadata, str]], *, records_dir: Path,
+                 on_progress: ProgressCallback | None = None, workers: int = 2) -> None:
+        self._jobs = {(key, file): meta for key, meta, file in jobs}
+        self.landings = {(key, file): Landing(f"{meta.repo_id}@{meta.commit[:12]}/{file}", meta.files[file].size
+                                              or 0) for key, meta, file in jobs}
+        self._records_dir, self._emit = records_dir, callback_or_noop(on_progress)
+        self._workers = max(1, workers)
+        self._queue: deque[tuple[str, str]] = deque()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def start(self, order: Sequence[tuple[str, str]]) -> None:
+        """Start downloading, files in ``order`` (model key, file) first, then any others."""
+        first = [k for k in dict.fromkeys(order) if k in self._jobs]
+        self._queue.extend(first + [k for k in self._jobs if k not in set(first)])
+        for _ in range(min(self._workers, len(self._queue))):
+            thread = threading.Thread(target=self._work, name="resumerge-download", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _work(self) -> None:
+        with VerifyRecords(self._records_dir) as records:
+            while True:
+                with self._lock:
+                    if not self._queue:
+                        return
+                    key = self._queue.popleft()
+                meta, landing = self._jobs[key], self.landings[key]
+                if landing.cancelled:
+                    return
+                try:
+                    land_file(meta.settings, RepoCache(meta.settings.cache_dir, meta.repo_id), meta.commit,
+                              meta.files[key[1]], records, self._emit, landing)
+                except DownloadCancelled:
+                    return
+                except BaseException as exc:  # the readers and the publication gate raise it
+                    landing.failed(exc)
+
+    def close(self) -> None:
+        """Stop the downloads at their next chunk and release the landed files' descriptors."""
+        for landing in self.landings.values():
+            landing.close()
+        for thread in self._threads:
+            thread.join(timeout=0.5)

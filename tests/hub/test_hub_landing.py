@@ -1,0 +1,152 @@
+"""Hub inputs downloaded while the merge runs (issue 27): the merge reads each byte once it has landed in the cache,
+and publishes no output shard before every input file it read is checked against the hub's checksum."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from huggingface_hub import constants
+from support import digests, linear_config, write_config
+
+from hub.fakehub import FakeHub, files_of
+from resumerge import api
+from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.inputs.hub import HubUnavailableError
+from resumerge.inputs.hub.landing import Landing
+
+# One weight file per model (so a hold on it holds the whole input), read in file order by small output shards.
+SPEC = ModelSpec(layers=4, hidden=64, intermediate=96, vocab=128, shard_bytes=10**9)
+A, B = "org/land-a", "org/land-b"
+WEIGHTS = "model.safetensors"
+SHARD = "100k"
+
+
+def _weights(out: Path) -> dict[str, str]:
+    """Digests of the shards, index and config.json (the card and YAML name the models as the config gave them)."""
+    return {k: v for k, v in digests(out).items() if k.endswith((".safetensors", ".index.json", "config.json"))}
+
+
+class _Seen:
+    """A reporter that remembers which tensors were computed and which files were published, with an event for
+    "this many tensors are done"."""
+
+    def __init__(self, wanted: int) -> None:
+        self.tensors: list[str] = []
+        self.files: list[str] = []
+        self.enough = threading.Event()
+        self._wanted = wanted
+
+    def start(self, **_: int) -> None: ...
+
+    def tensor_done(self, name: str, nbytes: int) -> None:
+        self.tensors.append(name)
+        if len(self.tensors) >= self._wanted:
+            self.enough.set()
+
+    def file_done(self, name: str, kind: str) -> None:
+        self.files.append(name)
+
+    def message(self, text: str) -> None: ...
+
+    def shard_started(self, name: str, nbytes: int, tensors: int) -> None: ...
+
+    def memory_budget(self, nbytes: int) -> None: ...
+
+
+@pytest.fixture
+def pair(tmp_path_factory: pytest.TempPathFactory, hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("landing")
+    models = {A: make_model(root / "a", SPEC, seed=5), B: make_model(root / "b", SPEC, seed=6)}
+    for repo, directory in models.items():
+        hub.push(repo, files_of(directory))
+    # Downloads write what arrives chunk by chunk; the test's files are small, so make the chunks small too.
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 16 * 1024)
+    return models
+
+
+def test_the_merge_reads_a_download_as_it_lands_and_publishes_nothing_unchecked(
+        tmp_path: Path, hub: FakeHub, pair: dict[str, Path]) -> None:
+    """While the last fifth of ``A``'s weights is held back by the hub, the first output shards are merged from
+    the bytes that landed (today's engine downloaded every input before merging), but none is published: each
+    waits until ``A``'s file has landed whole and matched its checksum. Released, the run ends equal to the merge
+    of the local copies."""
+    reference = tmp_path / "reference"
+    local = write_config(tmp_path / "local.yml", linear_config(pair[A], pair[B]))
+    api.run(local, reference, state_dir=tmp_path / "ref-state", out_shard_size=SHARD)
+    first = api.plan_merge(local, out_shard_size=SHARD).shards[0]
+    size = (pair[A] / WEIGHTS).stat().st_size
+    release = threading.Event()
+    hub.hold_after[f"{A}/{WEIGHTS}"] = (size * 4 // 5, release)
+    seen = _Seen(wanted=len(first.tensors))
+    out = tmp_path / "out"
+    config = write_config(tmp_path / "hub.yml", linear_config(Path(A), Path(B)))
+    errors: list[BaseException] = []
+
+    def merge() -> None:
+        try:
+            api.run(config, out, state_dir=tmp_path / "state", out_shard_size=SHARD, progress=seen)
+        except BaseException as exc:
+            errors.append(exc)
+
+    worker = threading.Thread(target=merge)
+    worker.start()
+    try:
+        assert seen.enough.wait(20), f"the first shard was not merged while an input downloaded: {seen.tensors}"
+        worker.join(0.5)  # time enough to publish it, were the writer not waiting for the check
+        assert hub.served[f"{A}/{WEIGHTS}"] < size
+        assert not [f for f in seen.files if f.endswith(".safetensors")], seen.files
+        assert not list(out.glob("*.safetensors"))
+    finally:
+        release.set()
+        worker.join(60)
+    assert not errors, errors
+    assert _weights(out) == _weights(reference)
+    # The download went into the cache as always: a second run of the same inputs fetches no weight byte.
+    hub.reset_counters()
+    api.run(config, tmp_path / "again", state_dir=tmp_path / "state2", out_shard_size=SHARD)
+    assert not {k: v for k, v in hub.file_bytes().items() if k.endswith(".safetensors")}
+    assert _weights(tmp_path / "again") == _weights(reference)
+
+
+def test_a_landing_read_before_a_failed_check_fails_instead_of_refetching(tmp_path: Path) -> None:
+    """Bytes handed to the merge and then found not to be the hub's: the download is not silently fetched again
+    (the merge would have used the bad bytes); the landing fails, and so does every later read and check."""
+    path = tmp_path / "partial"
+    landing = Landing("org/x@0123/model.safetensors", 8)
+    with open(path, "a+b") as f:  # as the download opens its partial file
+        landing.opened(f.fileno(), 0)
+        f.write(b"abcdefgh")
+        f.flush()
+        landing.grew(8)
+    assert bytes(landing.read(2, 5).numpy()) == b"cde"
+    with pytest.raises(HubUnavailableError, match="fail the hub's checksum"):
+        landing.before_retry()
+    with pytest.raises(HubUnavailableError):
+        landing.checked(0.01)
+    landing.close()
+
+
+def test_a_landing_read_waits_for_its_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "partial"
+    landing = Landing("org/x@0123/model.safetensors", 8)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    landing.opened(fd, 0)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(bytes(landing.read(4, 8).numpy())))
+    reader.start()
+    os.write(fd, b"abcd")
+    landing.grew(4)
+    reader.join(0.3)
+    assert reader.is_alive() and not got  # the range ends past what landed
+    os.write(fd, b"efgh")
+    landing.grew(8)
+    reader.join(5)
+    assert got == [b"efgh"]
+    assert not landing.checked(0.01)  # landed, not yet checked
+    landing.finished(path)
+    assert landing.checked(0.01)
+    landing.close()
+    os.close(fd)
