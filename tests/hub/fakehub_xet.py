@@ -22,6 +22,7 @@ from __future__ import annotations
 import shutil
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,8 +100,17 @@ class XetCas:
         """The bytes of a registered object, rebuilt from its chunks by hf_xet."""
         import hf_xet
 
-        group = hf_xet.XetSession().new_download_stream_group(endpoint=self.endpoint)
-        return b"".join(group.download_stream(hf_xet.XetFileInfo(xet_hash, size)))
+        for attempt in range(200):
+            try:
+                group = hf_xet.XetSession().new_download_stream_group(endpoint=self.endpoint)
+                return b"".join(group.download_stream(hf_xet.XetFileInfo(xet_hash, size)))
+            except RuntimeError as exc:
+                # A client uploading at this moment holds the local CAS's database (commits now land while the
+                # next files upload): wait for it, as the real CAS serves readers and writers at once.
+                if "Cannot acquire lock" not in str(exc) or attempt == 199:
+                    raise
+                time.sleep(0.05)
+        raise AssertionError("unreachable")
 
     def snapshot(self) -> dict[str, tuple[int, int]]:
         """``{xorb or shard file: (size, mtime_ns)}`` of what the CAS holds now."""

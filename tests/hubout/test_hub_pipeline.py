@@ -12,7 +12,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,8 @@ from hubout.conftest import repo_files, uploads
 from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.store.hubcommits import Batching
+from resumerge.store.hubretry import WINDOW, pace_wait
 from tests.support import linear_config, write_config
 
 # Several weight files per input (about one decoder layer each), so downloads, merge and uploads can overlap.
@@ -122,6 +126,8 @@ def test_hub_to_hub_through_a_throttled_link_overlaps_both_directions(hub: HubWr
     inputs_bytes = sum((d / f).stat().st_size for d in linked.dirs.values() for f in os.listdir(d)
                        if f.endswith(".safetensors"))
     floor = max(inputs_bytes / DOWN, sum(len(v) for v in files.values()) / UP)
+    print(f"hub to hub: {wall:.1f} s, link floor {floor:.1f} s, first shard commit {last_in - commits[1]:.1f} s "
+          "before the last input byte")
     assert wall < 4 * floor + 30, (wall, floor)
     assert all(v == 1 for v in uploads(hub, "alice/linked").values())
 
@@ -205,3 +211,21 @@ def test_plan_shows_the_default_fetch_and_the_hub_shard_size(hub: HubWriter, inp
     assert main(["plan", str(inputs.config), "hf://alice/planned", "--out-shard-size", "50k", "--state-dir",
                  str(tmp_path / "s")]) == 0
     assert "shards" not in [line.split(":")[0].strip() for line in capsys.readouterr().out.splitlines()]
+
+
+def test_the_default_commits_each_file_at_once_then_stays_well_under_the_hourly_quota() -> None:
+    """``Batching.pipelined`` on a simulated clock: a file uploaded every 2 s for two hours. The first 20 files are
+    committed as they come (a short merge commits every shard at once); after that commits are a minute apart, each
+    holding what was uploaded meanwhile, so no hour holds more than 80 (the hub refuses past 128)."""
+    batching = Batching.pipelined()
+    recent: deque[float] = deque()
+    commits: list[float] = []
+    for i in range(3600):
+        clock = 2.0 * i
+        if pace_wait(recent, clock, len(recent) + 1, burst=batching.burst, spacing=batching.spacing) > 0:
+            continue  # this file waits for the next commit
+        recent.append(clock)
+        commits.append(clock)
+    assert commits[:20] == [2.0 * i for i in range(20)]
+    assert all(b - a >= batching.spacing for a, b in pairwise(commits[19:]))
+    assert max(sum(1 for u in commits if t <= u < t + WINDOW) for t in commits) <= 80

@@ -100,12 +100,15 @@ def test_ctrl_c_commits_the_uploaded_files_then_exits_3(hub: HubWriter, merge: M
     finally:
         release.set()
     assert proc.returncode == 3, err
-    said = re.search(r"committing (\d) uploaded files?", err)
-    assert said and int(said[1]) in ((2, 3) if hub.cas is None else (1, 2)), err
     assert "resumerge resume hf://alice/ctrlc" in err, err
     committed = repo_files(hub, "alice/ctrlc")
     shards = sorted(n for n in committed if n.endswith(".safetensors"))
-    assert len(shards) == int(said[1]) and all(committed[n] == merge.reference[n] for n in shards)
+    # Every file uploaded before the interrupt is committed: by the interrupt's last commit ("committing N uploaded
+    # files"), or already by the run's own end, which commits the files uploaded while the last one is in flight.
+    said = re.search(r"committing (\d) uploaded files?", err)
+    assert said is not None or "committing" not in err, err
+    assert len(shards) in ((2, 3) if hub.cas is None else (1, 2)), err
+    assert (int(said[1]) if said else 0) <= len(shards) and all(committed[n] == merge.reference[n] for n in shards)
     # The ledger recorded them: the resume (same machine) starts after them and ends with the local run's bytes.
     outcome = api.resume("hf://alice/ctrlc", state_dir=state)
     assert outcome.resumed_files >= len(shards)
