@@ -221,8 +221,10 @@ def main() -> None:
                         root.mkdir(parents=True)
                         hub.reset_counters()
                         load = _load()
+                        began = time.monotonic()
                         with DiskPeak(root) as disk:
                             wall, phases = run_tool(tool, hub, config, root, repo, flags, args.before)
+                        phases = (phases + "  " if phases else "") + _timeline(hub, repo, began)
                         row = Row(rate, method, tool, wall, hub.link.down_bytes, hub.link.up_bytes,
                                   writer.commits[repo], disk.peak,
                                   max(hub.link.down_bytes / down, hub.link.up_bytes / up), phases, load)
@@ -234,6 +236,17 @@ def main() -> None:
                         hub.drop(repo)
                         shutil.rmtree(root, ignore_errors=True)
     _table(rows, estimates, args)
+
+
+def _timeline(hub: FakeHub, repo: str, began: float) -> str:
+    """When the last input byte went out and the first and last commits landed, in seconds from the start: the
+    overlap of downloads and uploads, or its absence."""
+    inputs = [t for key, t in hub.served_at.items() if key.startswith(("bench/a/", "bench/b/"))]
+    commits = [t for name, t in hub.commit_times if name == repo]
+    last_in = f"last input byte at {max(inputs) - began:.1f} s" if inputs else "no input served"
+    if not commits:
+        return last_in
+    return f"{last_in}, commits at {min(commits) - began:.1f}..{max(commits) - began:.1f} s"
 
 
 def _median(values: list[float]) -> float:

@@ -327,7 +327,8 @@ def estimate(
     A merge that fetches hub inputs or writes an ``hf://`` OUT gets a network estimate (``.network``): bytes each
     way, at ``bandwidth`` (``"DOWN[/UP]"`` per second, e.g. ``"150MB/75MB"``) or else at a download rate measured
     with two range reads of a hub input (``probe_size=0`` skips that; the upload rate is then unknown), and the
-    wall time of a run that downloads, merges and uploads at once, with what bounds it.
+    wall time of a run that downloads, merges and uploads at once, with what bounds it (a recipe's stages get
+    none: they download their inputs whole before merging).
     """
     from resumerge.engine.netestimate import parse_bandwidth
     from resumerge.store.diskprobe import free_bytes
