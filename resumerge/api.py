@@ -212,7 +212,7 @@ def extract_lora(
         skip_undecomposable=skip_undecomposable, exact=exact))
     options = _plan_options(out_shard_size=DEFAULT_SHARD_SIZE, random_seed=random_seed, copy_tokenizer=False,
                             device=device, allow_crimes=allow_crimes, write_model_card=write_model_card,
-                            unsafe_truncate_embeddings=unsafe_truncate_embeddings)
+                            unsafe_truncate_embeddings=unsafe_truncate_embeddings, num_threads=num_threads)
     settings = _run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory,
                              max_gpu_memory=max_gpu_memory, staging=staging, max_disk=max_disk,
                              output=_output(public, commit_every, commit_interval), num_threads=num_threads)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from resumerge.extract.progress import FACTORS_SUFFIX, MODULE_KEY
+from resumerge.config.extraction_state import FACTORS_SUFFIX, MODULE_KEY
 
 _SUFFIX = FACTORS_SUFFIX
 

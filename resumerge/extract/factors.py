@@ -169,7 +169,11 @@ _SUBTRACTION = measured((4, 0), (8, 0), (8, 0), (8, 0))
 for _name, _fn, _footprint in ((FACTOR_A, factor_a, _RANDOMIZED), (FACTOR_B, factor_b, _RANDOMIZED),
                                (FACTOR_A_FULL, factor_a, _FULL_SVD), (FACTOR_B_FULL, factor_b, _FULL_SVD)):
     register(MethodSpec(name=_name, fn=_fn, params=_PARAMS, base=BasePolicy.REQUIRED, min_inputs=2, max_inputs=2,
-                        reference="mergekit-extract-lora", footprint=_footprint, internal=True, lazy_inputs=True))
+                        reference="mergekit-extract-lora", footprint=_footprint, internal=True, lazy_inputs=True,
+                        # MKL splits the sketches' products, QRs and the SVD by torch's thread count: measured on
+                        # the 168 MB bench pair at rank 32, -j 1 and -j 4 gave other bytes (-j 1 and the default 2
+                        # threads the same: the engine's two workers each run their kernels alone).
+                        thread_dependent=True))
 register(MethodSpec(name=DELTA, fn=bias_delta, base=BasePolicy.REQUIRED, min_inputs=2, max_inputs=2,
                     elementwise=True, reference="mergekit-extract-lora", footprint=_SUBTRACTION,
                     internal=True))

@@ -28,6 +28,7 @@ from resumerge.inputs.hub import HubEvent
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, layout_shard, numel
 from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, ShardPlan, TensorPlan, compute_fingerprint
+from resumerge.plan.planner import threads_matter
 from resumerge.plan.truncation import leading_rows
 
 METHOD = EXTRACTION_METHOD
@@ -79,6 +80,8 @@ def build_extraction_plan(spec: ExtractSpec, inputs: Inputs, ft_key: str, base_k
         ref = _ref(ft_key, ft, name)
         tensors[out_name] = _tensor(out_name, "passthrough", (ref,), None, (((("scale", None),),)), (), ref.shape,
                                     ref.dtype)
+    if options.num_threads is not None and not threads_matter({t.method for t in tensors.values()}):
+        options = replace(options, num_threads=None)  # as for merges: -j recorded only where the bytes follow it
     layout = layout_shard({n: (t.out_dtype, t.shape) for n, t in tensors.items()})
     shard = ShardPlan(ADAPTER_WEIGHTS, tuple(p.name for p in layout.order), layout.file_size)
     side = {ADAPTER_CONFIG: adapter_config(spec, choice)}

@@ -15,13 +15,13 @@ from dataclasses import replace
 
 import torch
 
+from resumerge.config.extraction_state import FACTORS_DIR
 from resumerge.config.locations import run_dir
 from resumerge.extract.decompose import kept_rank, truncate
 from resumerge.extract.factor_cache import FactorCache
 from resumerge.extract.factors import FACTOR_A, FACTOR_A_FULL, cache_key, use_cache
 from resumerge.extract.modules import LoraModule, ModuleChoice
 from resumerge.extract.planner import METHOD, build_extraction_plan, module_choice, module_seed, open_pair
-from resumerge.extract.progress import FACTORS_DIR
 from resumerge.extract.spec import ExtractSpec, load_spec_text
 from resumerge.inputs.catalog import Inputs
 from resumerge.inputs.hub import HubEvent

@@ -13,11 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlite_utils import Database
-from sqlite_utils.migrations import Migrations
-
 from resumerge.recipes.manifest import RECIPE_MANIFEST_NAME, RecipeRecord
 from resumerge.store.journal import Journal
+from resumerge.store.sqlitedb import Database, Migrations
 
 migrations = Migrations("resumerge-recipe")
 

@@ -20,11 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
-from sqlite_utils import Database
-from sqlite_utils.migrations import Migrations
-
 from resumerge.errors import LedgerError, ResumergeError, StorageError
 from resumerge.store.durable import durability_disabled
+from resumerge.store.sqlitedb import Database, Migrations
 
 # SQLite result codes (low byte of the extended code) that mean "the state dir's disk failed", not "the file is bad":
 # SQLITE_PERM, SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN.

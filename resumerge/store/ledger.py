@@ -20,13 +20,11 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from sqlite_utils import Database
-from sqlite_utils.migrations import Migrations
-
 from resumerge.store.journal import Journal
 from resumerge.store.journal import set_aside as set_aside
 from resumerge.store.journal import sqlite_failure as sqlite_failure
 from resumerge.store.ledger_read import LEDGER_NAME as LEDGER_NAME
+from resumerge.store.sqlitedb import Database, Migrations
 
 migrations = Migrations("resumerge")
 

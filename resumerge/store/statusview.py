@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from resumerge.config.extraction_state import FACTORS_DIR, cached_modules, is_extraction_text, lora_modules
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import is_default_state_root, run_dir
 from resumerge.errors import LedgerError
@@ -162,12 +163,8 @@ def _extraction_progress(config_text: str, tensor_names: tuple[str, ...], tensor
                          rdir: Path) -> dict[str, Any]:
     """An extraction's module figures for :class:`StatusReport` (nothing for a merge): every module is done once
     the adapter is committed, before that those whose factors are in the run's factor cache."""
-    from resumerge.extract.spec import is_extraction_text
-
     if not is_extraction_text(config_text):
         return {}
-    from resumerge.extract.progress import FACTORS_DIR, cached_modules, lora_modules
-
     modules = lora_modules(tensor_names)
     if tensors_done and tensors_done == len(tensor_names):
         return {"modules_total": len(modules), "modules_done": len(modules)}

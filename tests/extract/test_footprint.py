@@ -22,7 +22,7 @@ NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 # (shape, rank, exact): the randomized truncation at a small rank and just below its fallback to a full SVD (the
 # widest sketches), on square, wide and tall weights; the full SVD asked for and as the fallback.
 CASES = [((256, 256), 8, False), ((256, 256), 60, False), ((192, 512), 44, False), ((512, 192), 44, False),
-         ((256, 256), 8, True), ((192, 512), 64, False), ((512, 192), 8, True)]
+         ((256, 256), 8, True), ((192, 512), 64, False)]
 # The declared figures may exceed a measurement by this much (the governor's MARGIN of 1.25 included): the full
 # SVD's per element, the randomized truncation's per panel element (its constant differs between square and wide
 # weights).

@@ -1,6 +1,7 @@
-"""How far an extraction has got, read without torch (``resumerge status`` stays quick): its modules, and which of
-them are decomposed — those whose factors are in the run's factor cache (a module's entry is written the moment its
-truncation is done, and stays until the adapter is committed).
+"""What a LoRA extraction leaves for other commands to read, without torch (``resumerge status`` stays quick): the
+mark of its recorded text, and its factor cache's folder and entries — a module's entry is written the moment its
+truncation is done and stays until the adapter is committed, so the entries are the modules decomposed.
+:mod:`resumerge.extract` writes them; :mod:`resumerge.store.statusview` reads them.
 
 May import: the standard library only.
 """
@@ -13,6 +14,8 @@ import struct
 from collections.abc import Iterable
 from pathlib import Path
 
+# The key of an extraction's recorded text (a JSON document; a merge's is YAML).
+EXTRACTION_MARK = "extract_lora"
 # The factor cache's folder in a run's state folder, and its entries' suffix.
 FACTORS_DIR = "extract-factors"
 FACTORS_SUFFIX = ".factors"
@@ -20,6 +23,17 @@ FACTORS_SUFFIX = ".factors"
 MODULE_KEY = "module"
 
 _FACTOR_A = re.compile(r"^base_model\.model\.(.+)\.lora_(?:embedding_)?A(?:\.weight)?$")
+
+
+def is_extraction_text(text: str) -> bool:
+    """Whether a run's recorded text is an extraction's (else it is a merge config)."""
+    if not text.lstrip().startswith("{"):
+        return False
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and EXTRACTION_MARK in doc
 
 
 def lora_modules(tensor_names: Iterable[str]) -> list[str]:
