@@ -37,7 +37,6 @@ FACTOR_A = "lora_extract_a"
 FACTOR_B = "lora_extract_b"
 FACTOR_A_FULL = "lora_extract_a_full"
 FACTOR_B_FULL = "lora_extract_b_full"
-FACTOR_METHODS = frozenset({FACTOR_A, FACTOR_B, FACTOR_A_FULL, FACTOR_B_FULL})
 DELTA = "lora_extract_delta"
 
 # Where finished modules' factors are kept for a resumed run (set by the extraction's planning; None: nowhere).
