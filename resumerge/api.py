@@ -16,6 +16,7 @@ through the one session path, :func:`resumerge.engine.session.run_plan`.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -177,8 +178,8 @@ def resume(
         from resumerge.engine.session import resume_merge
 
         outcome = resume_merge(out, settings, reporter=reporter, should_stop=_stop(should_stop),
-                               other_kind=_recorded_kind)
-    _finished_extraction(outcome, state_dir)
+                               other_kind=functools.partial(_recorded_kind, out=out))
+    _finished_extraction(outcome, out, state_dir)
     return outcome
 
 
@@ -213,7 +214,7 @@ def extract_lora(
         skip_undecomposable=skip_undecomposable, exact=exact))
     options = _plan_options(out_shard_size=DEFAULT_SHARD_SIZE, random_seed=random_seed, copy_tokenizer=False,
                             device=device, allow_crimes=allow_crimes, write_model_card=write_model_card,
-                            unsafe_truncate_embeddings=unsafe_truncate_embeddings)
+                            unsafe_truncate_embeddings=unsafe_truncate_embeddings, num_threads=num_threads)
     settings = _run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory,
                              max_gpu_memory=max_gpu_memory, staging=staging, max_disk=max_disk,
                              output=_output(public, commit_every, commit_interval), num_threads=num_threads)
@@ -230,14 +231,17 @@ def extract_lora(
     from resumerge.engine.session import run_plan
     from resumerge.engine.target import Target
 
+    if restart:
+        from resumerge.extract.prepare import clear_factors
+
+        clear_factors(out, state_dir)
     with _Progress(progress) as reporter:
         target = Target.open(out, settings)
-        prepared, inputs = _plan_extraction(text, options, settings=settings, reporter=reporter)
+        prepared, inputs = _plan_extraction(text, options, settings=settings, out=out, reporter=reporter)
         outcome = run_plan(prepared, text, target, settings, inputs=inputs, restart=restart, reporter=reporter,
                            should_stop=_stop(should_stop))
-    _finished_extraction(outcome, state_dir)
+    _finished_extraction(outcome, out, state_dir)
     return outcome
-
 
 
 def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport | RecipeStatus:
@@ -516,24 +520,26 @@ def _recorded_moe(text: str, options: PlanOptions, model_dirs: Mapping[str, str]
 
 
 def _recorded_kind(text: str, options: PlanOptions, model_dirs: Mapping[str, str], settings: RunSettings,
-                   reporter: Reporter | None) -> tuple[Plan, Inputs] | None:
-    """The plan of a recorded run of another kind than a merge config, for its resume: a LoRA extraction's spec or
-    a mergekit-moe config (None for a merge config)."""
+                   reporter: Reporter | None, *, out: PathLike) -> tuple[Plan, Inputs] | None:
+    """The plan of a recorded run into ``out`` of another kind than a merge config, for its resume: a LoRA
+    extraction's spec or a mergekit-moe config (None for a merge config)."""
     from resumerge.extract.spec import is_extraction_text
 
     if is_extraction_text(text):
-        return _plan_extraction(text, options, model_dirs=model_dirs, settings=settings, reporter=reporter)
+        return _plan_extraction(text, options, out=out, model_dirs=model_dirs, settings=settings,
+                                reporter=reporter)
     return _recorded_moe(text, options, model_dirs, settings, reporter)
 
 
-def _plan_extraction(text: str, options: PlanOptions, *, settings: RunSettings,
+def _plan_extraction(text: str, options: PlanOptions, *, settings: RunSettings, out: PathLike | None = None,
                      model_dirs: Mapping[str, str] | None = None,
                      reporter: Reporter | None = None) -> tuple[Plan, Inputs]:
-    """The plan of the LoRA extraction recorded as ``text`` (:mod:`resumerge.extract`) and its opened inputs."""
+    """The plan of the LoRA extraction recorded as ``text`` (:mod:`resumerge.extract`) and its opened inputs; its
+    finished modules' factors are kept in ``out``'s run folder (None: an estimate, nothing kept)."""
     from resumerge.engine.session import hub_progress
     from resumerge.extract.prepare import prepare_extraction
 
-    return prepare_extraction(text, options, model_dirs=model_dirs, state_dir=settings.state_dir,
+    return prepare_extraction(text, options, out=out, model_dirs=model_dirs, state_dir=settings.state_dir,
                               cache_dir=settings.cache_dir, on_progress=hub_progress(reporter))
 
 
@@ -546,14 +552,14 @@ def _usable_device(device: str) -> None:
         CudaProbe(device)
 
 
-def _finished_extraction(outcome: Outcome, state_dir: PathLike | None) -> None:
+def _finished_extraction(outcome: Outcome, out: PathLike, state_dir: PathLike | None) -> None:
     """After an extraction's adapter is committed nobody needs its modules' cached factors: delete them."""
     from resumerge.extract.spec import EXTRACTION_METHOD
 
     if outcome.plan.method == EXTRACTION_METHOD:  # a merge's resume never imports the extraction
         from resumerge.extract.prepare import forget_factors
 
-        forget_factors(outcome.plan, state_dir)
+        forget_factors(outcome.plan, out, state_dir)
 
 
 def _moe_only(source: str) -> None:

@@ -103,6 +103,21 @@ def test_status_never_imports_torch_or_sqlite_utils(tmp_path: Path, make: ModelF
     assert done.stdout.strip() == "0 []", done.stdout + done.stderr
 
 
+def test_the_ledger_imports_no_pandas() -> None:
+    """sqlite-utils imports pandas when it is installed (70 MB of every run's resident memory): the ledger hides it
+    from that import, and pandas still imports afterwards."""
+    pytest.importorskip("pandas")
+    probe = (
+        "import sys\n"
+        "import resumerge.store.ledger, resumerge.store.journal, resumerge.recipes.ledger\n"
+        "hidden = 'pandas' not in sys.modules\n"
+        "import pandas\n"
+        "print(hidden, pandas.DataFrame is not None)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "True True", done.stdout + done.stderr
+
+
 def test_plan_command_writes_nothing(tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str]) -> None:
     a = make("a")
     cfg = write_config(tmp_path / "c.yml", {"merge_method": "passthrough", "models": [str(a)]})

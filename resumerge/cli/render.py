@@ -383,8 +383,12 @@ def show_status(report: StatusReport, stream: TextIO | None = None, *, width: in
     pct = 100.0 * report.bytes_done / report.bytes_total if report.bytes_total else 100.0
     table.add_row("shards", str(report.shards_done), str(report.shards_total), f"{pct:.0f} % of bytes")
     table.add_row("tensors", str(report.tensors_done), str(report.tensors_total), "")
+    if report.modules_total is not None:  # an extraction: its one adapter file moves only at the end
+        table.add_row("modules", str(report.modules_done), str(report.modules_total), "decomposed")
     table.add_row("bytes", format_size(report.bytes_done), format_size(report.bytes_total), "")
     out.print(table)
+    if report.module_current is not None:
+        _field(out, "decomposing" if report.state == "running" else "next module", report.module_current)
     if report.peak_rss or report.budget:
         parts = [f"budget {format_size(report.budget)}"] if report.budget else []
         # The peak is recorded when a process ends its run; a killed process leaves none.

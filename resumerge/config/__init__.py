@@ -8,6 +8,7 @@ May import: errors.
 """
 
 __all__ = [
+    "extraction_state",
     "hubtarget",
     "locations",
     "merge_config",

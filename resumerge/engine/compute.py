@@ -9,6 +9,8 @@ which).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
+from typing import overload
 
 import torch
 
@@ -43,9 +45,11 @@ def compute_tensor(plan: Plan, tp: TensorPlan, sources: InputSources) -> torch.T
 
 def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: MethodSpec) -> MergeContext:
     """The :class:`MergeContext` of ``tp`` (a whole tensor or a row chunk): its inputs read, cast and moved to the
-    plan's device, its parameters resolved."""
+    plan's device, its parameters resolved (read when the method indexes them, for a ``lazy_inputs`` method)."""
     device = torch.device(plan.options.device)
     on_gpu = device.type != "cpu"
+    if method.lazy_inputs and not tp.vocab_aligned:
+        return _context(plan, tp, method, device, _LazyInputs(tp, sources, device), owned=True)
     tensors = []
     for ref in tp.inputs:
         t = _read_input(ref, sources)
@@ -64,6 +68,11 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
         # Like mergekit, inputs stored in different dtypes meet in their common (promoted) dtype.
         common = method_dtype(tp)
         tensors = [t.to(common) for t in tensors]
+    return _context(plan, tp, method, device, tensors)
+
+
+def _context(plan: Plan, tp: TensorPlan, method: MethodSpec, device: torch.device,
+             tensors: Sequence[torch.Tensor], *, owned: bool = False) -> MergeContext:
     generator = None
     if method.randomized:
         generator = torch.Generator(device=device).manual_seed(tensor_seed(plan.options.random_seed, tp.name))
@@ -73,7 +82,42 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
         model_params=[dict(p) for p in tp.model_params],
         params=dict(tp.params),
         generator=generator,
+        owned_inputs=owned,
     )
+
+
+class _LazyInputs(Sequence[torch.Tensor]):
+    """A unit's inputs as :func:`load_context` prepares them, each read when indexed — and read again at every
+    access: nothing is kept here, so an input the method has finished with is freed as soon as it lets go of it
+    (a module's base weight, once the task vector is taken). Each access returns a buffer of its own."""
+
+    def __init__(self, tp: TensorPlan, sources: InputSources, device: torch.device) -> None:
+        self._tp, self._sources, self._device = tp, sources, device
+        self._common: torch.dtype | None = None
+        if tp.compute_dtype is not None:
+            self._common = NAME_DTYPES[tp.compute_dtype]
+        elif len({ref.value_dtype for ref in tp.inputs}) > 1:
+            self._common = method_dtype(tp)  # as the eager path promotes them
+
+    def __len__(self) -> int:
+        return len(self._tp.inputs)
+
+    @overload
+    def __getitem__(self, index: int) -> torch.Tensor: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[torch.Tensor]: ...
+
+    def __getitem__(self, index: int | slice) -> torch.Tensor | Sequence[torch.Tensor]:
+        if isinstance(index, slice):
+            return [self._read(i) for i in range(len(self))[index]]
+        return self._read(range(len(self))[index])
+
+    def _read(self, i: int) -> torch.Tensor:
+        t = _read_input(self._tp.inputs[i], self._sources)
+        if self._device.type != "cpu":
+            t = t.to(self._device)
+        return t.to(self._common) if self._common is not None else t
 
 
 def _method(tp: TensorPlan) -> MethodSpec:

@@ -52,15 +52,21 @@ def sketch_width(rank: int, rows: int, cols: int) -> int:
     return min(rows, cols, rank + max(MIN_OVERSAMPLE, rank))
 
 
+def full_svd(rank: int, rows: int, cols: int, *, exact: bool) -> bool:
+    """Whether the rank-``rank`` truncation of a ``rows`` × ``cols`` matrix is found by a full SVD: when asked
+    (``exact``), and when the randomized sketch would be half as wide as the matrix or more (nothing to gain)."""
+    return exact or 2 * sketch_width(rank, rows, cols) >= min(rows, cols)
+
+
 def randomized_svd(delta: torch.Tensor, rank: int, seed: int,
                    power_iterations: int = POWER_ITERATIONS) -> Truncation:
     """The rank-``rank`` truncation of ``delta`` by a randomized range finder seeded with ``seed`` (float32).
 
-    Falls back to :func:`exact_svd` when the sketch would be as wide as the matrix (nothing to gain).
+    Falls back to :func:`exact_svd` where :func:`full_svd` says so.
     """
     m, n = delta.shape
     width = sketch_width(rank, m, n)
-    if width >= min(m, n) or 2 * width >= min(m, n):
+    if full_svd(rank, m, n, exact=False):
         return exact_svd(delta, rank)
     x = delta.to(torch.float32)
     generator = torch.Generator(device=x.device).manual_seed(seed)

@@ -21,7 +21,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-_SUFFIX = ".factors"
+from resumerge.config.extraction_state import FACTORS_SUFFIX, MODULE_KEY
+
+_SUFFIX = FACTORS_SUFFIX
 
 
 class FactorCache:
@@ -50,14 +52,16 @@ class FactorCache:
             return None
         return a, b
 
-    def store(self, key: str, a: torch.Tensor, b: torch.Tensor) -> None:
-        """Keep ``(a, b)`` under ``key`` (best effort: a full or read-only disk only costs a recomputation)."""
+    def store(self, key: str, a: torch.Tensor, b: torch.Tensor, *, module: str) -> None:
+        """Keep ``(a, b)``, the factors of ``module``, under ``key`` (best effort: a full or read-only disk only
+        costs a recomputation). The module's name goes in the entry's metadata, for ``status``."""
         path = self.directory / (key + _SUFFIX)
         temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             check = torch.tensor(list(_digest(a, b)), dtype=torch.uint8)
-            save_file({"a": a.contiguous(), "b": b.contiguous(), "sha256": check}, str(temp))
+            save_file({"a": a.contiguous(), "b": b.contiguous(), "sha256": check}, str(temp),
+                      metadata={MODULE_KEY: module})
             fd = os.open(temp, os.O_RDONLY)
             try:
                 os.fsync(fd)

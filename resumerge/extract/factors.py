@@ -3,10 +3,17 @@
 Each is a pure function of its two inputs and parameters, like a merge method, so the engine journals, resumes
 and governs them as it does merge tensors. A and B of one module come from the same truncation: the first of the
 two to run computes it and leaves the other factor here for its sibling (a worker asking for it meanwhile waits),
-so the SVD runs once per module; a factor not collected (a stopped run) is dropped after a few more modules. With a
+so the SVD runs once per module; a factor not collected (a stopped run) is dropped after a few more modules. The
+factor units read their inputs lazily (``lazy_inputs``): the sibling that finds the pair computed, or cached, reads
+no weight at all, and the one that computes it reads FT, subtracts BASE in FT's own buffer and lets BASE go, so a
+module in flight holds one task vector and its SVD workspace. With a
 :class:`~resumerge.extract.factor_cache.FactorCache` in use, each module's factors are also kept on disk until the
 adapter is committed, so a resumed run decomposes only the modules the killed one had not finished.
 Recomputing gives the same bytes: the randomized truncation is seeded per module (``seed``), never by run order.
+
+There are two pairs of factor functions, the same computation declared with two footprints: ``…_a``/``…_b`` for
+the randomized truncation and ``…_a_full``/``…_b_full`` for a full SVD (``--exact``, or a rank too close to the
+matrix's size for the randomized one to gain); the planner picks by :func:`~resumerge.extract.decompose.full_svd`.
 
 Importing this module registers the functions (the extraction planner imports it).
 """
@@ -15,19 +22,21 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any
 
 import torch
 
-from resumerge.extract.decompose import factors, kept_rank, truncate
+from resumerge.extract.decompose import MIN_OVERSAMPLE, factors, kept_rank, truncate
 from resumerge.extract.factor_cache import FactorCache
 from resumerge.methods.footprint import measured
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
 
 FACTOR_A = "lora_extract_a"
 FACTOR_B = "lora_extract_b"
+FACTOR_A_FULL = "lora_extract_a_full"
+FACTOR_B_FULL = "lora_extract_b_full"
 DELTA = "lora_extract_delta"
 
 # Where finished modules' factors are kept for a resumed run (set by the extraction's planning; None: nowhere).
@@ -40,8 +49,12 @@ _lock = threading.Lock()
 
 
 def task_vector(ctx: MergeContext) -> torch.Tensor:
-    """FT − BASE in the inputs' (common) dtype, as mergekit subtracts them; transposed for an embedding."""
-    delta = ctx.tensors[1] - ctx.tensors[0]
+    """FT − BASE in the inputs' (common) dtype, as mergekit subtracts them; transposed for an embedding.
+
+    With inputs of its own (the engine's lazy reads) the difference is taken in FT's buffer and BASE is freed
+    right after (the same bits as ``FT - BASE``); a caller's tensors are never written."""
+    ft = ctx.tensors[1]
+    delta = ft.sub_(ctx.tensors[0]) if ctx.owned_inputs else ft - ctx.tensors[0]
     return delta.T if ctx.params["embedding"] else delta
 
 
@@ -49,9 +62,9 @@ def decompose(ctx: MergeContext) -> tuple[torch.Tensor, torch.Tensor]:
     """(A, B) of the module, float32, of exactly ``rank`` components (zero rows/columns beyond the matrix's own
     rank cannot occur: ``rank`` ≤ min(shape) by planning)."""
     p = ctx.params
-    delta = task_vector(ctx)
     rank = int(p["rank"])
-    t = truncate(delta, rank, exact=bool(p["exact"]), seed=int(p["seed"]))
+    # The task vector is passed on, not kept here: the truncation may free it (or its float32 copy) early.
+    t = truncate(task_vector(ctx), rank, exact=bool(p["exact"]), seed=int(p["seed"]))
     keep = kept_rank(t.s, rank, float(p["sv_epsilon"]))
     if keep != rank:
         raise ValueError(f"the truncation kept {keep} components where {rank} were planned")
@@ -60,8 +73,7 @@ def decompose(ctx: MergeContext) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _shared(ctx: MergeContext, which: int) -> torch.Tensor:
     """Factor ``which`` (0: A, 1: B) of the module, computing the pair once for both sibling tensors."""
-    key = (ctx.params["module"], tuple(sorted(ctx.params.items())), tuple(tuple(t.shape) for t in ctx.tensors),
-           str(ctx.tensors[0].device))
+    key = tuple(sorted(ctx.params.items()))  # the module and everything its factors depend on, the device included
     with _lock:
         future = _pending.get(key)
         mine = future is None
@@ -89,23 +101,24 @@ def use_cache(cache: FactorCache | None) -> None:
     _cache = cache
 
 
-def cache_key(params: Mapping[str, Any], shapes: Sequence[tuple[int, ...]], device: str) -> str:
-    """The cache entry of a module's factors: the module's parameters (the models' file identities among them),
-    its inputs' shapes and the device."""
-    return FactorCache.key(params, [tuple(s) for s in shapes], None, device)
+def cache_key(params: Mapping[str, Any]) -> str:
+    """The cache entry of a module's factors: the module's parameters (the models' file identities, the rank and
+    the device among them)."""
+    return FactorCache.key(params, None, None, str(params["device"]))
 
 
 def _cached_decompose(ctx: MergeContext) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`decompose`, or the factors a stopped run of the same module left in the cache."""
+    """:func:`decompose`, or the factors a stopped run of the same module left in the cache (no weight read)."""
     cache = _cache
     if cache is None:
         return decompose(ctx)
-    key = cache_key(ctx.params, [tuple(t.shape) for t in ctx.tensors], str(ctx.tensors[0].device))
+    key = cache_key(ctx.params)
+    device = torch.device(str(ctx.params["device"]))
     found = cache.load(key)
     if found is not None:
-        return found[0].to(ctx.tensors[0].device), found[1].to(ctx.tensors[0].device)
+        return found[0].to(device), found[1].to(device)
     a, b = decompose(ctx)
-    cache.store(key, a.cpu(), b.cpu())
+    cache.store(key, a.cpu(), b.cpu(), module=str(ctx.params["module"]))
     return a, b
 
 
@@ -134,22 +147,32 @@ _PARAMS = (
     ParamSpec("sv_epsilon", Scope.GLOBAL, float, default=0.0),
     ParamSpec("distribute_scale", Scope.GLOBAL, bool, default=True),
     ParamSpec("embedding", Scope.GLOBAL, bool, default=False),
+    ParamSpec("device", Scope.GLOBAL, str, default="cpu"),
 )
 
-# The SVD workspace, per element of the module's weight (out × in), whichever factor's unit computes the pair:
-# the task vector, its float32 copy, U and Vh and LAPACK's work arrays. Measured with the profiler replay of
-# tests/methods/footprint_cases.py (torch 2.x CPU, 2 threads) on 1024² to 2048², 1024×2816, 2816×1024, 256×4096 and
-# 4096×256 weights, ranks 8 and 128, exact and randomized: the exact SVD peaks highest, at 4.0 × m·n·4 bytes from
-# float32 weights and 4.5 × from bfloat16 ones (square weights; wider ones less); the randomized truncation peaks
-# at 1.1–3.6 × (the top being the exact fallback of thin matrices). float16 is taken as bfloat16; float64 adds the
-# wider task vector (8 bytes) to float32's figure. MARGIN is added on top.
-_SVD_WORKSPACE = measured((16, 0), (18, 0), (18, 0), (24, 0), of_inputs=True)
+# What a factor unit allocates beyond its two inputs, per element of the module's weight (out × in), whichever of
+# the pair's units computes it (the task vector is taken in FT's own buffer). Measured with the profiler replay of
+# tests/methods/footprint_cases.py (tests/extract/test_footprint.py; torch 2.x CPU, 2 threads) on 192×512 to
+# 1024×2816 weights, ranks 8 to 128. A full SVD (the float32 copy LAPACK factors, U, Vh, its work arrays): 9.7 to
+# 12.3 bytes per element from float32 weights, 13.5 to 16.3 from bfloat16 ones (their float32 copy besides);
+# float16 is taken as bfloat16, float64 as float32 plus its wider copy.
+_FULL_SVD = measured((12.5, 0), (16.5, 0), (16.5, 0), (24, 0), of_inputs=True)
+# The randomized truncation: its sketches and their QR factors, 13 to 17.2 bytes per element of a (out + in) ×
+# sketch-width panel, plus the float32 copy of a half-precision task vector (4 bytes per element) — at rank 32 on a
+# 2048 × 5504 weight 0.4 bytes per element where the full SVD's are 12.
+_RANDOMIZED = measured((0.5, 0), (4.5, 0), (4.5, 0), (8.5, 0), of_inputs=True, panel=18.0,
+                       panel_width=lambda rank: rank + max(MIN_OVERSAMPLE, rank))
 # The bias delta: one subtraction, linear's figures.
 _SUBTRACTION = measured((4, 0), (8, 0), (8, 0), (8, 0))
 
-for _name, _fn in ((FACTOR_A, factor_a), (FACTOR_B, factor_b)):
+for _name, _fn, _footprint in ((FACTOR_A, factor_a, _RANDOMIZED), (FACTOR_B, factor_b, _RANDOMIZED),
+                               (FACTOR_A_FULL, factor_a, _FULL_SVD), (FACTOR_B_FULL, factor_b, _FULL_SVD)):
     register(MethodSpec(name=_name, fn=_fn, params=_PARAMS, base=BasePolicy.REQUIRED, min_inputs=2, max_inputs=2,
-                        reference="mergekit-extract-lora", footprint=_SVD_WORKSPACE, internal=True))
+                        reference="mergekit-extract-lora", footprint=_footprint, internal=True, lazy_inputs=True,
+                        # MKL splits the sketches' products, QRs and the SVD by torch's thread count: measured on
+                        # the 168 MB bench pair at rank 32, -j 1 and -j 4 gave other bytes (-j 1 and the default 2
+                        # threads the same: the engine's two workers each run their kernels alone).
+                        thread_dependent=True))
 register(MethodSpec(name=DELTA, fn=bias_delta, base=BasePolicy.REQUIRED, min_inputs=2, max_inputs=2,
                     elementwise=True, reference="mergekit-extract-lora", footprint=_SUBTRACTION,
                     internal=True))

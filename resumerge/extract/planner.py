@@ -20,6 +20,7 @@ from resumerge.config.merge_config import load_config_text
 from resumerge.config.modelref import parse_model_ref
 from resumerge.errors import UsageError
 from resumerge.extract.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS, CARD, adapter_config, model_card
+from resumerge.extract.decompose import full_svd
 from resumerge.extract.modules import LoraModule, ModuleChoice, choose_modules
 from resumerge.extract.spec import EXTRACTION_METHOD, ExtractSpec
 from resumerge.inputs.catalog import Inputs, adapter_key, open_inputs
@@ -27,6 +28,7 @@ from resumerge.inputs.hub import HubEvent
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, layout_shard, numel
 from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, ShardPlan, TensorPlan, compute_fingerprint
+from resumerge.plan.planner import threads_matter
 from resumerge.plan.truncation import leading_rows
 
 METHOD = EXTRACTION_METHOD
@@ -72,12 +74,14 @@ def build_extraction_plan(spec: ExtractSpec, inputs: Inputs, ft_key: str, base_k
     source = _source_digest(inputs, ft_key, base_key)
     tensors: dict[str, TensorPlan] = {}
     for m in choice.lora:
-        for tp in _lora_tensors(spec, m, ft, base, ft_key, base_key, source, options.random_seed):
+        for tp in _lora_tensors(spec, m, ft, base, ft_key, base_key, source, options.random_seed, options.device):
             tensors[tp.name] = tp
     for out_name, name in choice.saved:
         ref = _ref(ft_key, ft, name)
         tensors[out_name] = _tensor(out_name, "passthrough", (ref,), None, (((("scale", None),),)), (), ref.shape,
                                     ref.dtype)
+    if options.num_threads is not None and not threads_matter({t.method for t in tensors.values()}):
+        options = replace(options, num_threads=None)  # as for merges: -j recorded only where the bytes follow it
     layout = layout_shard({n: (t.out_dtype, t.shape) for n, t in tensors.items()})
     shard = ShardPlan(ADAPTER_WEIGHTS, tuple(p.name for p in layout.order), layout.file_size)
     side = {ADAPTER_CONFIG: adapter_config(spec, choice)}
@@ -113,21 +117,25 @@ def module_seed(seed: int, module: str) -> int:
 
 
 def _lora_tensors(spec: ExtractSpec, m: LoraModule, ft: ModelInput, base: ModelInput, ft_key: str, base_key: str,
-                  source: str, seed: int) -> list[TensorPlan]:
+                  source: str, seed: int, device: str) -> list[TensorPlan]:
     refs: tuple[InputRef, ...] = (_ref(base_key, base, m.weight), _ref(ft_key, ft, m.weight))
     if m.keep_rows is not None:
         refs = tuple(leading_rows(r, m.keep_rows, yaml_path="") for r in refs)
     dtype = _common(refs)
     rows, cols = refs[0].shape
     out, inn = (cols, rows) if m.embedding else (rows, cols)
-    params = (("distribute_scale", spec.distribute_scale), ("embedding", m.embedding), ("exact", spec.exact),
-              ("module", m.name), ("rank", m.rank), ("seed", module_seed(seed, m.name)), ("source", source),
-              ("sv_epsilon", spec.sv_epsilon))
+    params = (("device", device), ("distribute_scale", spec.distribute_scale), ("embedding", m.embedding),
+              ("exact", spec.exact), ("module", m.name), ("rank", m.rank), ("seed", module_seed(seed, m.name)),
+              ("source", source), ("sv_epsilon", spec.sv_epsilon))
     kind, suffix = ("lora_embedding", "") if m.embedding else ("lora", ".weight")
     stem = f"base_model.model.{m.name}.{kind}"
+    # The same computation either way; the full SVD's units are admitted by its larger workspace.
+    full = full_svd(m.rank, out, inn, exact=spec.exact)
+    method_a, method_b = ((registered.FACTOR_A_FULL, registered.FACTOR_B_FULL) if full
+                          else (registered.FACTOR_A, registered.FACTOR_B))
     found = [
-        _tensor(f"{stem}_A{suffix}", registered.FACTOR_A, refs, 0, ((), ()), params, (m.rank, inn), dtype),
-        _tensor(f"{stem}_B{suffix}", registered.FACTOR_B, refs, 0, ((), ()), params, (out, m.rank), dtype),
+        _tensor(f"{stem}_A{suffix}", method_a, refs, 0, ((), ()), params, (m.rank, inn), dtype),
+        _tensor(f"{stem}_B{suffix}", method_b, refs, 0, ((), ()), params, (out, m.rank), dtype),
     ]
     if m.bias is not None:
         brefs = (_ref(base_key, base, m.bias), _ref(ft_key, ft, m.bias))

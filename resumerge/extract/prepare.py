@@ -7,16 +7,19 @@ same seeded computation the factors use, so the counts agree); a resume recomput
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 import torch
 
-from resumerge.config.locations import state_root
+from resumerge.config.extraction_state import FACTORS_DIR
+from resumerge.config.locations import run_dir
 from resumerge.extract.decompose import kept_rank, truncate
 from resumerge.extract.factor_cache import FactorCache
-from resumerge.extract.factors import FACTOR_A, cache_key, use_cache
+from resumerge.extract.factors import FACTOR_A, FACTOR_A_FULL, cache_key, use_cache
 from resumerge.extract.modules import LoraModule, ModuleChoice
 from resumerge.extract.planner import METHOD, build_extraction_plan, module_choice, module_seed, open_pair
 from resumerge.extract.spec import ExtractSpec, load_spec_text
@@ -26,14 +29,16 @@ from resumerge.inputs.source import InputSources
 from resumerge.plan.merge_plan import Plan, PlanOptions
 
 
-def prepare_extraction(text: str, options: PlanOptions, *, model_dirs: Mapping[str, str] | None = None,
+def prepare_extraction(text: str, options: PlanOptions, *, out: str | os.PathLike[str] | None = None,
+                       model_dirs: Mapping[str, str] | None = None,
                        state_dir: str | os.PathLike[str] | None = None,
                        cache_dir: str | os.PathLike[str] | None = None,
                        on_progress: Callable[[HubEvent], None] | None = None) -> tuple[Plan, Inputs]:
     """Open the models of the extraction recorded as ``text`` and build its plan (reading weights only for
-    ``--sv-epsilon``'s ranks, after every check has passed)."""
+    ``--sv-epsilon``'s ranks, after every check has passed). Finished modules' factors are kept in ``out``'s run
+    folder (none kept without ``out``: a ``--plan`` estimate)."""
     spec = load_spec_text(text)
-    use_cache(factor_cache(state_dir))
+    use_cache(factor_cache(out, state_dir) if out is not None else None)
     inputs, ft_key, base_key = open_pair(spec, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
                                          on_progress=on_progress)
     if spec.sv_epsilon > 0 and not spec.ranks:
@@ -43,19 +48,28 @@ def prepare_extraction(text: str, options: PlanOptions, *, model_dirs: Mapping[s
     return build_extraction_plan(spec, inputs, ft_key, base_key, options), inputs
 
 
-def factor_cache(state_dir: str | os.PathLike[str] | None) -> FactorCache:
-    """Where extractions keep finished modules' factors: ``extract-factors`` in the state dir."""
-    return FactorCache(state_root(state_dir) / "extract-factors")
+def factor_cache(out: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None) -> FactorCache:
+    """Where the extraction into ``out`` keeps finished modules' factors: its run folder's ``extract-factors``
+    (where ``status`` counts them)."""
+    return FactorCache(run_dir(out, state_dir) / FACTORS_DIR)
 
 
-def forget_factors(plan: Plan, state_dir: str | os.PathLike[str] | None) -> None:
+def forget_factors(plan: Plan, out: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None) -> None:
     """Delete the cached factors of ``plan``'s modules (its adapter is committed: nobody needs them again); nothing
     for a plan that is not an extraction's."""
     if plan.method != METHOD:
         return
-    keys = [cache_key(dict(tp.params), [ref.shape for ref in tp.inputs], plan.options.device)
-            for tp in plan.tensors.values() if tp.method == FACTOR_A]
-    factor_cache(state_dir).forget(keys)
+    keys = [cache_key(dict(tp.params)) for tp in plan.tensors.values() if tp.method in (FACTOR_A, FACTOR_A_FULL)]
+    cache = factor_cache(out, state_dir)
+    cache.forget(keys)
+    with contextlib.suppress(OSError):
+        cache.directory.rmdir()  # empty now, unless another process's entries are there
+
+
+def clear_factors(out: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None) -> None:
+    """Delete every cached factor of the extraction into ``out`` (``--restart``: the run they came from is
+    discarded, and ``status`` must not count them)."""
+    shutil.rmtree(factor_cache(out, state_dir).directory, ignore_errors=True)
 
 
 def _probe_ranks(spec: ExtractSpec, choice: ModuleChoice, inputs: Inputs, ft_key: str, base_key: str,

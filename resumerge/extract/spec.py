@@ -10,9 +10,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from resumerge.config.extraction_state import EXTRACTION_MARK
+from resumerge.config.extraction_state import is_extraction_text as is_extraction_text
 from resumerge.errors import UsageError
 
-_MARK = "extract_lora"
+_MARK = EXTRACTION_MARK
 # The method name an extraction's plan carries (resumerge.extract.planner.METHOD; here for callers that must not
 # import torch to recognise one).
 EXTRACTION_METHOD = "extract_lora"
@@ -65,17 +67,6 @@ def spec_text(spec: ExtractSpec) -> str:
     body: dict[str, Any] = asdict(spec)
     body["ranks"] = dict(spec.ranks)
     return json.dumps({_MARK: body}, indent=2, sort_keys=True) + "\n"
-
-
-def is_extraction_text(text: str) -> bool:
-    """Whether a run's recorded text is an extraction's (else it is a merge config)."""
-    if not text.lstrip().startswith("{"):
-        return False
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return False
-    return isinstance(doc, dict) and _MARK in doc
 
 
 def load_spec_text(text: str) -> ExtractSpec:

@@ -89,6 +89,10 @@ class MethodFootprint:
     # The figures are per element of the (largest) input rather than of the result: a decomposition's working set
     # follows the matrix it factors, not its rank-r result (LoRA extraction's factor functions).
     of_inputs: bool = False
+    # A rank-r decomposition's panels (a randomized range finder's sketches and their QR factors): ``panel`` bytes
+    # per element of a (rows + cols) × ``panel_width(r)`` panel, r being the rank of the result (its shorter side).
+    panel: float = 0.0
+    panel_width: Callable[[int], int] | None = None
 
     def figures(self, dtype: str) -> Footprint:
         """The figures for tensors of ``dtype`` (a torch dtype name), before :data:`MARGIN`; :data:`UNMEASURED`
@@ -103,7 +107,8 @@ Column = (tuple[float, float] | tuple[float, float, float, float] | tuple[float,
 
 def measured(float32: Column, bfloat16: Column, float16: Column, float64: Column, *,
              scratch: ScratchRule = no_scratch, by_models: bool = False, half_dot: bool = False,
-             of_inputs: bool = False) -> MethodFootprint:
+             of_inputs: bool = False, panel: float = 0.0,
+             panel_width: Callable[[int], int] | None = None) -> MethodFootprint:
     """A method's footprint from its figures in each measured dtype, each (fixed, per_input[, block, line[, lone or
     None[, phase]]]) as ``bench/method_footprint.py --fit`` prints them (measured on torch 2.13 CPU, 2 intra-op
     threads, covering every parameter variant, with and without a base, before :data:`MARGIN`; the per-input
@@ -111,7 +116,7 @@ def measured(float32: Column, bfloat16: Column, float16: Column, float64: Column
     negative offset goes with it)."""
     columns = (float32, bfloat16, float16, float64)
     by_dtype = {dtype: Footprint(*column) for dtype, column in zip(MEASURED_DTYPES, columns, strict=True)}
-    return MethodFootprint(MappingProxyType(by_dtype), scratch, by_models, half_dot, of_inputs)
+    return MethodFootprint(MappingProxyType(by_dtype), scratch, by_models, half_dot, of_inputs, panel, panel_width)
 
 
 def block_scratch(block: int) -> ScratchRule:
@@ -179,13 +184,15 @@ def dot_scratch(footprint: MethodFootprint, dtype: str, elements: int, threads: 
 
 
 def working_bytes(footprint: MethodFootprint, dtype: str, shape: Sequence[int], inputs: int, *, base: bool,
-                  threads: int | None = None) -> int:
+                  threads: int | None = None, rank: int | None = None) -> int:
     """Bytes a method with ``footprint`` allocates at its peak while merging ``inputs`` tensors of ``shape`` that it
     sees in ``dtype``, its result included, with :data:`MARGIN`; ``base`` says whether one of the inputs is the
     base.
 
     ``threads`` is torch's intra-op thread count (read from torch when a half-precision dot needs it and it is
-    not given). Never less than one tensor of ``dtype``: every method returns a new tensor.
+    not given). Never less than one tensor of ``dtype`` (every method returns a new tensor), but for a footprint
+    ``of_inputs``, whose result is a decomposition's factor. ``rank`` is a
+    decomposition's rank, for a footprint with panels (``shape`` is then the matrix it factors).
     """
     elements = math.prod(shape)
     figures = footprint.figures(dtype)
@@ -196,7 +203,10 @@ def working_bytes(footprint: MethodFootprint, dtype: str, shape: Sequence[int], 
         per_element = figures.lone
     block, line = scratch_elements(footprint, dtype, shape, inputs)
     scratch = figures.block * block + figures.line * line
-    total = max(per_element * elements, float(size * elements))
+    # A decomposition's result is a rank-r factor, not a tensor of the matrix's size (the caller counts it).
+    total = per_element * elements if footprint.of_inputs else max(per_element * elements, float(size * elements))
+    if footprint.panel and footprint.panel_width is not None and rank is not None and len(shape) == 2:
+        scratch += footprint.panel * (shape[0] + shape[1]) * footprint.panel_width(rank)
     if figures.phase is None:
         total += scratch
     else:

@@ -72,6 +72,9 @@ class MergeContext:
     model_params: Sequence[Mapping[str, Any]]
     params: Mapping[str, Any]
     generator: torch.Generator | None = None
+    # True when every access to ``tensors`` returns a buffer of the method's own, which it may overwrite (the
+    # engine's lazily read inputs, see MethodSpec.lazy_inputs); False: they are the caller's, never to be written.
+    owned_inputs: bool = False
 
     @property
     def base(self) -> torch.Tensor:
@@ -168,6 +171,10 @@ class MethodSpec:
     # threads): the run's -j/--num-threads is then recorded with the plan, reused on resume and a different one
     # refused. False keeps -j out of the plan's fingerprint.
     thread_dependent: bool = False
+    # True when the method may not need its inputs at all (LoRA extraction's factors: the sibling unit of a module
+    # may have computed them already): the engine then reads each input only when the method indexes ``tensors``,
+    # and again at each access, so a method keeps what it needs and drops the rest early.
+    lazy_inputs: bool = False
     # The engine's own unit functions (MoE upcycling's expert and router tensors): registered so the engine can
     # run them like any method, but not merge methods a config may name (method_names() and the planner skip them).
     internal: bool = False

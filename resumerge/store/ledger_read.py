@@ -84,6 +84,8 @@ class MergeStatusRows:
     adaptations: tuple[EventRow, ...]  # the latest 3 ``adaptation`` events, oldest first
     stream: EventRow | None  # the latest ``stream`` event (hub inputs read by HTTP Range)
     plan_notes: tuple[str, ...]  # every distinct ``plan`` message, first seen first
+    config_text: str = ""  # the run's recorded config (an extraction's spec)
+    tensor_names: tuple[str, ...] = ()  # every planned tensor (an extraction's modules are read from them)
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,8 @@ def read_merge_status(path: Path) -> MergeStatusRows | None:
 
         memory, stream = latest("memory", 1), latest("stream", 1)
         notes = conn.execute("SELECT message FROM events WHERE kind = 'plan' GROUP BY message ORDER BY MIN(id)")
+        text = conn.execute("SELECT config_text FROM run WHERE id = 1").fetchone()[0] or ""
+        names = tuple(r[0] for r in conn.execute("SELECT name FROM tensors").fetchall())
         return MergeStatusRows(
             record=MergeRecord(run, _files(conn)),
             tensors_total=int(total),
@@ -165,6 +169,8 @@ def read_merge_status(path: Path) -> MergeStatusRows | None:
             adaptations=latest("adaptation", 3),
             stream=stream[0] if stream else None,
             plan_notes=tuple(r[0] for r in notes.fetchall()),
+            config_text=str(text),
+            tensor_names=names,
         )
 
 

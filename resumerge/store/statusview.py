@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from resumerge.config.extraction_state import FACTORS_DIR, cached_modules, is_extraction_text, lora_modules
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import is_default_state_root, run_dir
 from resumerge.errors import LedgerError
@@ -66,6 +67,12 @@ class StatusReport:
     streamed: dict[str, float] | None = None
     # What the plan decided that the user must hear (vocabulary rows cut by --unsafe-truncate-embeddings, …).
     plan_notes: tuple[str, ...] = ()
+    # A LoRA extraction (from the ledger): its modules, how many are decomposed, and the one being decomposed
+    # (running) or next (interrupted); None for a merge. Its adapter is one file, so the tensor counts above only
+    # move when it is committed.
+    modules_total: int | None = None
+    modules_done: int | None = None
+    module_current: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form printed by ``status --json``."""
@@ -148,7 +155,23 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusRe
         resume_command=None if state in ("done", "running") else command,
         streamed=_streamed(rows.stream.data if rows.stream else None),
         plan_notes=rows.plan_notes,
+        **_extraction_progress(rows.config_text, rows.tensor_names, rows.tensors_done, rdir),
     )
+
+
+def _extraction_progress(config_text: str, tensor_names: tuple[str, ...], tensors_done: int,
+                         rdir: Path) -> dict[str, Any]:
+    """An extraction's module figures for :class:`StatusReport` (nothing for a merge): every module is done once
+    the adapter is committed, before that those whose factors are in the run's factor cache."""
+    if not is_extraction_text(config_text):
+        return {}
+    modules = lora_modules(tensor_names)
+    if tensors_done and tensors_done == len(tensor_names):
+        return {"modules_total": len(modules), "modules_done": len(modules)}
+    cached = cached_modules(rdir / FACTORS_DIR)
+    pending = [m for m in modules if m not in cached]
+    return {"modules_total": len(modules), "modules_done": len(modules) - len(pending),
+            "module_current": pending[0] if pending else None}
 
 
 def _streamed(data: str | None) -> dict[str, float] | None:

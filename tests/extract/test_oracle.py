@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,22 +33,34 @@ CASES: dict[str, tuple[str, list[str]]] = {
 pytestmark = pytest.mark.skipif(shutil.which("mergekit-extract-lora") is None, reason="mergekit is not installed")
 
 
+# mergekit-extract-lora's command, run for every case in one interpreter: its imports (torch, transformers,
+# mergekit) are most of a run's time on these tiny models.
+_RUNNER = """import json, sys
+from mergekit.scripts.extract_lora import main
+for argv in json.loads(sys.argv[1]):
+    main.main(argv, standalone_mode=False)
+"""
+
+
 @pytest.fixture(scope="session")
 def oracle(tmp_path_factory: pytest.TempPathFactory,
            pair: Callable[[str], tuple[Path, Path]]) -> Callable[[str], Path]:
-    """``oracle(case)`` -> mergekit-extract-lora's output folder for ``CASES[case]`` (run once per session)."""
+    """``oracle(case)`` -> mergekit-extract-lora's output folder for ``CASES[case]`` (every case in one process,
+    run once per session)."""
     root = tmp_path_factory.mktemp("mergekit-extract")
-    done: dict[str, Path] = {}
+    argvs = []
+    for case, (name, options) in sorted(CASES.items()):
+        base, ft = pair(name)
+        argvs.append(["--model", str(ft), "--base-model", str(base), "--out-path", str(root / case), *options])
+    done: list[bool] = []
 
     def run(case: str) -> Path:
-        if case not in done:
-            base, ft = pair(CASES[case][0])
-            out = root / case
+        if not done:
             env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(root / "hf"))
-            subprocess.run(["mergekit-extract-lora", "--model", str(ft), "--base-model", str(base), "--out-path",
-                            str(out), *CASES[case][1]], env=env, check=True, capture_output=True, timeout=300)
-            done[case] = out
-        return done[case]
+            subprocess.run([sys.executable, "-c", _RUNNER, json.dumps(argvs)], env=env, check=True,
+                           capture_output=True, timeout=300)
+            done.append(True)
+        return root / case
 
     return run
 

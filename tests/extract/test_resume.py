@@ -3,6 +3,8 @@ byte-identical to an uninterrupted extraction's; ``status`` reports the run."""
 
 from __future__ import annotations
 
+import io
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +13,8 @@ import pytest
 from support import cli, digests
 
 from resumerge import api
+from resumerge.cli.render import show_status
+from resumerge.store.statusview import StatusReport
 
 ADAPTER = ("adapter_model.safetensors", "adapter_config.json", "README.md")
 
@@ -55,17 +59,32 @@ def test_resume_decomposes_only_unfinished_modules(tmp_path: Path, pair: Callabl
     only the others; the adapter equals an uninterrupted run's and the cached factors are gone afterwards."""
     import resumerge.extract.factors as factors
     from resumerge.errors import InterruptedMerge
+    from resumerge.extract.prepare import factor_cache
 
     base, ft = pair("llama-wide")
     reference = tmp_path / "reference"
     api.extract_lora(str(ft), str(base), reference, max_rank=8, state_dir=tmp_path / "ref-state")
     out, state = tmp_path / "out", tmp_path / "state"
-    cache = state / "extract-factors"
+    cache = factor_cache(out, state).directory
     with pytest.raises(InterruptedMerge):
         api.extract_lora(str(ft), str(base), out, max_rank=8, state_dir=state,
                          should_stop=lambda: len(list(cache.glob("*.factors"))) >= 3)
     cached = len(list(cache.glob("*.factors")))
     assert cached >= 3
+    # status counts modules, not the adapter's tensors (none of which is committed yet), and names the next one.
+    modules = 2 * 7  # two layers of seven linear modules (embeddings, head and norms are saved whole)
+    report = api.status(out, state_dir=state)
+    assert isinstance(report, StatusReport)
+    assert (report.state, report.tensors_done, report.modules_total, report.modules_done) == \
+        ("interrupted", 0, modules, cached)
+    # The adapter's data, and so the extraction, goes in name order: the first modules are the cached ones.
+    order = [f"model.layers.{i}.{m}" for i in range(2) for m in ("mlp.down_proj", "mlp.gate_proj", "mlp.up_proj",
+             "self_attn.k_proj", "self_attn.o_proj", "self_attn.q_proj", "self_attn.v_proj")]
+    assert report.module_current == order[cached]
+    text = io.StringIO()
+    show_status(report, text, width=200)
+    assert re.search(rf"modules\s+{cached}\s+{modules}\s+decomposed", text.getvalue()), text.getvalue()
+    assert re.search(rf"next module\s+{re.escape(order[cached])}", text.getvalue()), text.getvalue()
     calls: list[str] = []
     real = factors.decompose
 
@@ -75,8 +94,12 @@ def test_resume_decomposes_only_unfinished_modules(tmp_path: Path, pair: Callabl
 
     monkeypatch.setattr(factors, "decompose", counting)
     api.resume(out, state_dir=state)
-    modules = 2 * 7  # two layers of seven linear modules (embeddings, head and norms are saved whole)
     assert len(calls) == modules - cached
     want, got = digests(reference), digests(out)
     assert {n: got[n] for n in ADAPTER} == {n: want[n] for n in ADAPTER}
-    assert not list(cache.glob("*.factors"))
+    assert not cache.exists()
+    report = api.status(out, state_dir=state)
+    assert isinstance(report, StatusReport)
+    assert (report.state, report.modules_total, report.modules_done, report.module_current) == \
+        ("done", modules, modules, None)
+    assert f"rank 8 ({modules} modules;" in (out / "README.md").read_text()  # the card counts the same modules
