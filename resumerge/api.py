@@ -350,16 +350,21 @@ def estimate(
 
     source = _source(config, "config")
     moe = _moe_config(text, source, allow_same_experts=allow_same_experts)
-    planner = None
+    planner = prepass = None
     if moe is not None:  # planned without its prompt forward pass (the estimate counts it, not runs it)
+        from resumerge.moe.passcost import pass_estimate
         from resumerge.moe.prepare import prepare_moe
 
         def planner() -> tuple[Plan, Inputs]:
             return prepare_moe(moe, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
                                forward=False)
 
+        def prepass(_: Plan, inputs: Inputs) -> Callable[[float | None], tuple[float, int]] | None:
+            return pass_estimate(moe, inputs, settings.state_dir)
+
     return estimate_config(text, options, settings, source=source, out_dir=out, probe_bytes=probe_bytes,
-                           disk_free=disk_free or free_bytes, fresh_process=fresh_process, planner=planner)
+                           disk_free=disk_free or free_bytes, fresh_process=fresh_process, planner=planner,
+                           prepass=prepass)
 
 
 # -- the one place flat parameters become PlanOptions and RunSettings --------------------------------------------
@@ -486,7 +491,8 @@ def _run_moe(config: MoeConfig, text: str, out: PathLike, options: PlanOptions, 
 
     target = Target.open(out, settings)
     plan, inputs = prepare_moe(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
-                               on_progress=hub_progress(reporter))
+                               on_progress=hub_progress(reporter), max_memory=settings.max_memory,
+                               max_disk=settings.max_disk, num_threads=settings.num_threads)
     return run_plan(plan, text, target, settings, inputs=inputs, restart=restart, reporter=reporter,
                     should_stop=should_stop)
 
@@ -503,7 +509,8 @@ def _recorded_moe(text: str, options: PlanOptions, model_dirs: Mapping[str, str]
     from resumerge.moe.prepare import prepare_moe
 
     return prepare_moe(load_moe_text(text, allow_all_same=True), options, model_dirs=model_dirs,
-                       state_dir=settings.state_dir, cache_dir=settings.cache_dir, on_progress=hub_progress(reporter))
+                       state_dir=settings.state_dir, cache_dir=settings.cache_dir, on_progress=hub_progress(reporter),
+                       max_memory=settings.max_memory, max_disk=settings.max_disk, num_threads=settings.num_threads)
 
 
 def _recorded_kind(text: str, options: PlanOptions, model_dirs: Mapping[str, str], settings: RunSettings,
