@@ -328,11 +328,9 @@ def estimate(
     CLI), so its age counts as the merge's start-up. Raises the same errors as :func:`plan_merge` for an invalid
     merge; a merge that does not fit is not an error.
 
-    A merge that fetches hub inputs or writes an ``hf://`` OUT gets a network estimate (``.network``): bytes each
-    way, at ``bandwidth`` (``"DOWN[/UP]"`` per second, e.g. ``"150MB/75MB"``) or else at a download rate measured
-    with two range reads of a hub input (``probe_size=0`` skips that; the upload rate is then unknown), and the
-    wall time of a run that downloads, merges and uploads at once, with what bounds it (a recipe's stages get
-    none: they download their inputs whole before merging).
+    A merge with hub inputs or an ``hf://`` OUT gets a network estimate (``.network``, none for a recipe): bytes
+    each way at ``bandwidth`` (``"DOWN[/UP]"`` per second, e.g. ``"150MB/75MB"``) or at a download rate measured by
+    two range reads (``probe_size=0`` skips them), and the pipelined run's wall time with what bounds it.
     """
     from resumerge.engine.netestimate import parse_bandwidth
     from resumerge.store.diskprobe import free_bytes
@@ -353,8 +351,7 @@ def estimate(
     if is_recipe_text(text):
         from resumerge.recipes.estimate import estimate_recipe
 
-        if allow_same_experts:
-            _moe_only(_source(config, "the config"))
+        _moe_config(text, _source(config, "the config"), allow_same_experts=allow_same_experts)  # a flag refused
         if out is None:
             raise UsageError("planning a recipe needs OUT: its stages are placed relative to it",
                              hint=f"resumerge plan {config} OUT")
@@ -365,17 +362,21 @@ def estimate(
 
     source = _source(config, "config")
     moe = _moe_config(text, source, allow_same_experts=allow_same_experts)
-    planner = None
+    planner = prepass = None
     if moe is not None:  # planned without its prompt forward pass (the estimate counts it, not runs it)
+        from resumerge.moe.passcost import pass_estimate
         from resumerge.moe.prepare import prepare_moe
 
         def planner() -> tuple[Plan, Inputs]:
             return prepare_moe(moe, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
                                forward=False)
 
+        def prepass(_: Plan, inputs: Inputs) -> Callable[[float | None], tuple[float, int]] | None:
+            return pass_estimate(moe, inputs, settings.state_dir)
+
     result = estimate_config(text, options, settings, source=source, out_dir=out, probe_bytes=probe_bytes,
                              disk_free=disk_free or free_bytes, fresh_process=fresh_process, planner=planner,
-                             bandwidth=link)
+                             bandwidth=link, prepass=prepass)
     return replace(result, shard_choice=shard_size_choice(out_shard_size, out)[1])  # plan says why, when it chose
 
 
@@ -485,38 +486,33 @@ def _moe_config(text: str, source: str, *, allow_same_experts: bool) -> MoeConfi
     if is_moe_text(text):
         return load_moe_text(text, allow_all_same=allow_same_experts, source=source)
     if allow_same_experts:
-        _moe_only(source)
+        raise UsageError("--i-understand-this-is-not-useful-without-training applies to mergekit-moe configs "
+                         f"(base_model and experts) only, and {source} is not one")
     return None
 
 
 def _run_moe(config: MoeConfig, text: str, out: PathLike, options: PlanOptions, settings: RunSettings, *,
              restart: bool, reporter: Reporter | None, should_stop: Callable[[], bool]) -> Outcome:
-    """MoE upcycling: its planner (:mod:`resumerge.moe`, which runs the prompt forward pass of the hidden-state
-    gate modes), then the one session path. Nothing is read before the config and OUT are checked."""
-    from resumerge.engine.session import hub_progress, run_plan
+    """MoE upcycling: its planner, then the one session path. Nothing is read before the config and OUT are
+    checked."""
+    from resumerge.engine.session import run_plan
     from resumerge.engine.target import Target
-    from resumerge.moe.prepare import prepare_moe
 
     target = Target.open(out, settings)
-    plan, inputs = prepare_moe(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
-                               on_progress=hub_progress(reporter))
+    plan, inputs = _prepare_moe(config, options, settings, reporter)
     return run_plan(plan, text, target, settings, inputs=inputs, restart=restart, reporter=reporter,
                     should_stop=should_stop)
 
 
-def _recorded_moe(text: str, options: PlanOptions, model_dirs: Mapping[str, str], settings: RunSettings,
-                  reporter: Reporter | None) -> tuple[Plan, Inputs] | None:
-    """The plan of a recorded mergekit-moe config, for its resume (None for a merge config). Its experts may all
-    be one model: that was allowed when the run started (the rule is about intent; it changes no byte)."""
-    from resumerge.moe import is_moe_text, load_moe_text
-
-    if not is_moe_text(text):
-        return None
+def _prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings, reporter: Reporter | None,
+                 model_dirs: Mapping[str, str] | None = None) -> tuple[Plan, Inputs]:
+    """MoE upcycling's planner (:mod:`resumerge.moe`), which runs the hidden-state gate modes' prompt pass."""
     from resumerge.engine.session import hub_progress
     from resumerge.moe.prepare import prepare_moe
 
-    return prepare_moe(load_moe_text(text, allow_all_same=True), options, model_dirs=model_dirs,
-                       state_dir=settings.state_dir, cache_dir=settings.cache_dir, on_progress=hub_progress(reporter))
+    return prepare_moe(config, options, model_dirs=model_dirs, state_dir=settings.state_dir,
+                       cache_dir=settings.cache_dir, on_progress=hub_progress(reporter), max_memory=settings.max_memory,
+                       max_disk=settings.max_disk, num_threads=settings.num_threads)
 
 
 def _recorded_kind(text: str, options: PlanOptions, model_dirs: Mapping[str, str], settings: RunSettings,
@@ -524,11 +520,15 @@ def _recorded_kind(text: str, options: PlanOptions, model_dirs: Mapping[str, str
     """The plan of a recorded run into ``out`` of another kind than a merge config, for its resume: a LoRA
     extraction's spec or a mergekit-moe config (None for a merge config)."""
     from resumerge.extract.spec import is_extraction_text
+    from resumerge.moe import is_moe_text, load_moe_text
 
     if is_extraction_text(text):
         return _plan_extraction(text, options, out=out, model_dirs=model_dirs, settings=settings,
                                 reporter=reporter)
-    return _recorded_moe(text, options, model_dirs, settings, reporter)
+    if not is_moe_text(text):
+        return None
+    # Its experts may all be one model: that was allowed when the run started (the rule is about intent).
+    return _prepare_moe(load_moe_text(text, allow_all_same=True), options, settings, reporter, model_dirs)
 
 
 def _plan_extraction(text: str, options: PlanOptions, *, settings: RunSettings, out: PathLike | None = None,
@@ -544,8 +544,7 @@ def _plan_extraction(text: str, options: PlanOptions, *, settings: RunSettings, 
 
 
 def _usable_device(device: str) -> None:
-    """The compute estimate times the methods on the run's device: a GPU the run would refuse is refused here too
-    (exit 2), rather than a plan that "fits"."""
+    """A GPU the run would refuse is refused by the estimate too (exit 2), rather than a plan that "fits"."""
     if device != "cpu":
         from resumerge.memory.cuda import CudaProbe
 
@@ -560,11 +559,6 @@ def _finished_extraction(outcome: Outcome, out: PathLike, state_dir: PathLike | 
         from resumerge.extract.prepare import forget_factors
 
         forget_factors(outcome.plan, out, state_dir)
-
-
-def _moe_only(source: str) -> None:
-    raise UsageError("--i-understand-this-is-not-useful-without-training applies to mergekit-moe configs "
-                     f"(base_model and experts) only, and {source} is not one")
 
 
 def _config_text(config: PathLike) -> str:

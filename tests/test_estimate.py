@@ -128,8 +128,9 @@ def test_plan_exit_codes_and_json_schema(tmp_path: Path, make: ModelFactory,
     assert doc["download"] == {"bytes": 0, "verify_bytes": 0, "cached_bytes": 0, "models": {}}
     assert set(doc["memory"]) == {"budget", "budget_source", "machine_bytes", "baseline_bytes",
                                   "counted_baseline_bytes", "working_set_bytes", "peak_bytes",
-                                  "largest_unit_bytes", "smallest_budget"}
+                                  "largest_unit_bytes", "smallest_budget", "prepass_bytes"}
     assert doc["memory"]["budget_source"] == "default" and doc["memory"]["peak_bytes"] > 100_000_000
+    assert doc["memory"]["prepass_bytes"] == 0 and doc["time"]["prepass_seconds"] == 0  # a merge has no pass
     assert [d["roles"] for d in doc["disks"]] == [["output", "state"]]
     time = doc["time"]
     assert time["read_bytes_per_s"] > 0 and time["write_bytes_per_s"] > 0 and time["seconds"] > 0

@@ -16,9 +16,11 @@ Computed by :mod:`resumerge.engine.estimate`; read by the CLI's rendering and by
                        cached_bytes}}}  (only the hub files chosen for download)
     input_files       [{model, file, size, needed, how ("download" | "stream" | "cached"), reason, fetch_bytes}]
     memory            {budget, budget_source ("--max-memory" | "default"), machine_bytes, baseline_bytes,
-                       counted_baseline_bytes, working_set_bytes, peak_bytes, largest_unit_bytes, smallest_budget}
+                       counted_baseline_bytes, working_set_bytes, prepass_bytes, peak_bytes, largest_unit_bytes,
+                       smallest_budget}
     disks             [{path, roles, free_bytes, needed_bytes, fits}]  one per filesystem
-    time              {seconds | null, startup_seconds, disk_seconds | null, compute_seconds, tail_seconds,
+    time              {seconds | null, startup_seconds, prepass_seconds, disk_seconds | null, compute_seconds,
+                       tail_seconds,
                        shared_cores,
                        read_bytes, write_bytes, verify_bytes, rehash_bytes, tail_bytes, read_bytes_per_s,
                        write_bytes_per_s, download_bytes, notes: [str],
@@ -107,11 +109,14 @@ class MemoryEstimate:
     working_set_bytes: int
     largest_unit_bytes: int
     smallest_budget: int
+    # The run's processes together (RSS) while a pass before the merge runs in a process of its own (a
+    # mergekit-moe config's prompt forward pass); 0 when there is none.
+    prepass_bytes: int = 0
 
     @property
     def peak_bytes(self) -> int:
-        """The expected peak RSS of the merge process."""
-        return self.baseline_bytes + self.working_set_bytes
+        """The expected peak RSS of the merge's processes (the merge's, or its and the pass's before it)."""
+        return max(self.baseline_bytes + self.working_set_bytes, self.prepass_bytes)
 
 
 @dataclass(frozen=True)
@@ -206,6 +211,8 @@ class TimeEstimate:
     compute: tuple[ComputeGroup, ...] = ()
     tail_bytes: int = 0
     shared_cores: bool = False
+    # A pass before the merge (a mergekit-moe config's prompt forward pass), in a process of its own.
+    prepass_seconds: float = 0.0
 
     @property
     def disk_seconds(self) -> float | None:
@@ -227,16 +234,17 @@ class TimeEstimate:
 
     @property
     def seconds(self) -> float | None:
-        """Expected seconds: start-up (imports and planning, as measured here), then disk work and compute
-        (overlapped, or added where they share the cores), then the last shard's flush; ``None`` when a disk speed
-        could not be measured."""
+        """Expected seconds: start-up (imports and planning, as measured here) and the pass before the merge, then
+        disk work and compute (overlapped, or added where they share the cores), then the last shard's flush;
+        ``None`` when a disk speed could not be measured."""
         disk = self.disk_seconds
         if disk is None:
             return None
         tail = min(self.tail_seconds, disk)
+        start = self.startup_seconds + self.prepass_seconds
         if self.shared_cores:
-            return self.startup_seconds + disk + self.compute_seconds
-        return self.startup_seconds + max(disk - tail, self.compute_seconds) + tail
+            return start + disk + self.compute_seconds
+        return start + max(disk - tail, self.compute_seconds) + tail
 
 
 @dataclass(frozen=True)
@@ -277,6 +285,7 @@ class Estimate:
         timing = {k: v for k, v in asdict(t).items() if not k.endswith("_per_s")} | {
             "seconds": None if t.seconds is None else round(t.seconds, 1),
             "startup_seconds": round(t.startup_seconds, 1),
+            "prepass_seconds": round(t.prepass_seconds, 1),
             "disk_seconds": None if t.disk_seconds is None else round(t.disk_seconds, 2),
             "compute_seconds": round(t.compute_seconds, 2),
             "tail_seconds": round(t.tail_seconds, 2),

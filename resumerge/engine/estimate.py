@@ -57,6 +57,10 @@ from resumerge.store.diskprobe import (
 from resumerge.store.filesystems import Staging, staging_dir
 from resumerge.store.manifest import read_manifest
 
+# What a pass before the merge costs, given the inputs' read speed (None: unknown): (seconds, peak RSS of the run's
+# processes together while it runs).
+Prepass = Callable[[float | None], tuple[float, int]]
+
 # A ledger row per tensor and per file, SQLite pages, and a WAL of the same size again: a generous bound.
 _LEDGER_FIXED = 256 * 1024
 _LEDGER_PER_ROW = 600
@@ -78,6 +82,7 @@ def estimate(
     to_hub: bool = False,
     compute_budget: float = SAMPLE_SECONDS,
     bandwidth: Bandwidth | None = None,
+    prepass: Prepass | None = None,
 ) -> Estimate:
     """Estimate what merging ``plan`` into ``out_dir`` costs here under ``settings``, and decide whether it fits.
 
@@ -96,7 +101,8 @@ def estimate(
     seconds spent timing the methods on samples of the pending tensors (0 skips it; see
     :mod:`resumerge.engine.compute_estimate`). ``bandwidth`` is the link (``--bandwidth``) the network estimate
     uses; without it the download rate is measured on a hub input (unless ``probe_bytes`` is 0) and the upload
-    rate stays unknown (see :mod:`resumerge.engine.netestimate`).
+    rate stays unknown (see :mod:`resumerge.engine.netestimate`). ``prepass`` estimates a pass that runs before
+    the merge in a process of its own (a mergekit-moe config's prompt forward pass), given the inputs' read speed.
     """
     state_dir, max_disk, workers = settings.state_dir, settings.max_disk, settings.workers
     notes: list[str] = []
@@ -117,6 +123,10 @@ def estimate(
     compute = measure_compute(plan, pending, max_seconds=compute_budget) if pending else ()
     timing = replace(_time(plan, pending, output, downloads, committed, speed, probe_bytes, compute, to_hub),
                      startup_seconds=startup_seconds)
+    if prepass is not None:
+        seconds, peak = prepass(timing.read_bytes_per_s)
+        timing = replace(timing, prepass_seconds=seconds)
+        memory = replace(memory, prepass_bytes=peak)
     reasons = memory_reasons + [r for d in disks if not d.fits for r in [_disk_reason(d, output)]]
     hub = hub_disk_need(plan, max_disk)
     if to_hub and hub.problem:
@@ -470,6 +480,7 @@ def estimate_config(
     compute_budget: float = SAMPLE_SECONDS,
     planner: Callable[[], tuple[Plan, Inputs]] | None = None,
     bandwidth: Bandwidth | None = None,
+    prepass: Callable[[Plan, Inputs], Prepass | None] | None = None,
 ) -> Estimate:
     """Validate ``config_text`` fully (config, every input's config.json and headers) and :func:`estimate` it.
 
@@ -481,7 +492,8 @@ def estimate_config(
     The compute estimate times the methods with ``settings.num_threads`` torch threads, as the run will.
     ``planner`` plans a config of another kind than a merge config (:mod:`resumerge.api` passes MoE upcycling's,
     which skips the prompt forward pass); None plans ``config_text`` as a merge config. ``bandwidth`` as for
-    :func:`estimate`.
+    :func:`estimate`; ``prepass`` gives the estimate of the pass that runs before the merge, if there is one (MoE's
+    prompt forward pass).
     """
     started = time.time()
     from resumerge.config.merge_config import load_config_text
@@ -499,4 +511,5 @@ def estimate_config(
     to_hub = out_dir is not None and is_hub_target(os.fspath(out_dir))
     return estimate(plan, inputs, config_text, settings, out_dir=None if to_hub else out_dir,
                     probe_bytes=probe_bytes, disk_free=disk_free, startup_seconds=max(0.0, time.time() - started),
-                    to_hub=to_hub, compute_budget=compute_budget, bandwidth=bandwidth)
+                    to_hub=to_hub, compute_budget=compute_budget, bandwidth=bandwidth,
+                    prepass=prepass(plan, inputs) if prepass is not None else None)

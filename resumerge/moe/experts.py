@@ -18,6 +18,10 @@ from resumerge.methods.spec import MergeContext, MethodSpec, register
 
 COPY = "moe_expert"
 FUSED = "moe_fused_experts"
+# The same stack where no expert of it draws noise or scales its residual: the inputs are cast into the output
+# and nothing else is made, so a smaller footprint (under --max-memory 1GB the 1.74 GB bench pair's fused tensors
+# fit only with it).
+FUSED_COPIES = "moe_fused_copies"
 ZEROS = "moe_zeros"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 # Not measured by the harness (internal units have no config cases); figured by hand with room to spare, in bytes
@@ -26,6 +30,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # one input's noised copy at a time (three tensors of an input's size, at most half the output's elements).
 COPY_FOOTPRINT = measured((12, 0), (6, 0), (6, 0), (24, 0))
 FUSED_FOOTPRINT = measured((10, 0), (7, 0), (7, 0), (20, 0))
+# Plain copies: the output alone (at most 4 bytes an element, float32 output; float64's 8).
+FUSED_COPIES_FOOTPRINT = measured((4, 0), (4, 0), (4, 0), (8, 0))
 # The routers and zero biases (small tensors): the rule of thumb a method never measured used to get, a
 # float64-sized temporary per input and one more.
 SMALL_FOOTPRINT: MethodFootprint = measured((8, 8), (8, 8), (8, 8), (8, 8))
@@ -82,6 +88,9 @@ for _spec in (
     MethodSpec(name=FUSED, fn=fused_experts, min_inputs=1, randomized=True,
                reference="transformers' mixtral / qwen3_moe checkpoint conversion", footprint=FUSED_FOOTPRINT,
                internal=True),
+    MethodSpec(name=FUSED_COPIES, fn=fused_experts, min_inputs=1,
+               reference="transformers' mixtral / qwen3_moe checkpoint conversion",
+               footprint=FUSED_COPIES_FOOTPRINT, internal=True),
     MethodSpec(name=ZEROS, fn=zeros, min_inputs=0, max_inputs=0, reference="mergekit-moe qwen.py",
                footprint=SMALL_FOOTPRINT, internal=True),
 ):

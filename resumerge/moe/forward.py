@@ -10,63 +10,77 @@ Routers follow mergekit-moe 0.1.5: the input of layer ``i`` of each prompt (the 
 last position (``hidden``, ``hidden_last``) or averaged over all positions, padding included (``hidden_avg``),
 averaged over the set's prompts; a negative set's vector subtracted; each layer's vector divided by its L2 norm;
 all in bfloat16.
+
+Runs in the prompt work's own process (:mod:`resumerge.moe.passmain`): transformers is imported here, never in
+the merge's process.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from resumerge.inputs.model import ModelInput
+from resumerge.errors import UsageError
+from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
 from resumerge.inputs.source import InputSources
+from resumerge.memory import SAFETY_MARGIN, SystemProbe, format_size
+from resumerge.memory.budget import smallest_budget_for
 from resumerge.moe.prompts import require_transformers
 from resumerge.moe.routers import Encoded
 from resumerge.store.killpoints import reach
 
 ROUTERS_NAME = "routers.safetensors"
 _LAYER_PREFIX = "layer-"
+_BASE = "base"
 
 # (positive, negative or None) encoded prompt sets of each gated expert
 ExpertSets = Sequence[tuple[Encoded, Encoded | None]]
+# where a tensor lies: (file, start, end, safetensors dtype, shape)
+Location = tuple[str, int, int, str, tuple[int, ...]]
 
 
-def routers_key(base: ModelInput, mode: str, sets: ExpertSets) -> str:
-    """The content key of a pass: the base's weight files, the mode, the prompts' tokens and the versions of the
-    code that computes it."""
-    transformers = require_transformers(mode)
-    doc = [[(f.name, f.size, f.identity) for f in base.files], mode, sets, transformers.__version__,
-           torch.__version__]
-    return hashlib.sha256(json.dumps(doc, default=list).encode()).hexdigest()[:32]
+@dataclass(frozen=True)
+class Weights:
+    """The base model's folder (config.json and weight files, local or in the hub cache) and its tensors."""
+
+    directory: Path
+    tensors: Mapping[str, Location]
 
 
-def hidden_routers(base: ModelInput, mode: str, sets: ExpertSets, workdir: Path,
-                   on_layer: Callable[[int, int], None] | None = None) -> Path:
+def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path, *, share: int | None = None,
+                   counted_elsewhere: int = 0, run_pid: int | None = None) -> Path:
     """Compute (or find, when an earlier run finished it) the routers of every layer into ``workdir`` and return
-    the file: tensor ``layers.<i>`` of shape (gated experts, hidden), bfloat16."""
+    the file: tensor ``layers.<i>`` of shape (gated experts, hidden), bfloat16.
+
+    ``share`` is the memory budget this process may hold (counted as the governor counts it): a pass whose
+    largest layer cannot fit is refused before any weight is read (UsageError naming the smallest budget; the
+    run's process holds ``counted_elsewhere`` more). ``run_pid`` is the run's process, the one a kill test kills.
+    """
     done = workdir / ROUTERS_NAME
     if done.is_file():
         return done
     workdir.mkdir(parents=True, exist_ok=True)
     transformers = require_transformers(mode)
-    config = transformers.AutoConfig.from_pretrained(str(base.directory))
+    config = transformers.AutoConfig.from_pretrained(str(weights.directory))
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     inner = model.base_model
     rotary = type(inner.rotary_emb)(config=config)  # its buffers are computed, not read: build them for real
-    sources = InputSources.local({base.ref.key: str(base.directory)})
+    if share is not None:
+        _check_share(weights, int(config.num_hidden_layers), share, counted_elsewhere)
+    sources = InputSources.local({_BASE: str(weights.directory)})
     try:
         flat = [s for pair in sets for s in pair if s is not None]
         layers = int(config.num_hidden_layers)
         start, states = _restart_point(workdir, len(flat))
         with torch.no_grad():
             if states is None:
-                embed = _load(inner.embed_tokens, "model.embed_tokens.", base, sources)
+                embed = _load(inner.embed_tokens, "model.embed_tokens.", weights, sources)
                 states = {"vectors": [], "hidden": [embed(torch.tensor(s[0])) for s in flat]}
                 _unload(inner.embed_tokens)
             setup = [_attention_setup(transformers, config, h, torch.tensor(s[1]), rotary)
@@ -74,13 +88,11 @@ def hidden_routers(base: ModelInput, mode: str, sets: ExpertSets, workdir: Path,
             for i in range(start, layers):
                 vectors = [_vector(h, mode) for h in states["hidden"]]
                 if i + 1 < layers:  # the last layer's output is no router's input
-                    layer = _load(inner.layers[i], f"model.layers.{i}.", base, sources)
+                    layer = _load(inner.layers[i], f"model.layers.{i}.", weights, sources)
                     states["hidden"] = [_run(layer, h, kw) for h, kw in zip(states["hidden"], setup)]
                     _unload(inner.layers[i])
                 _save_layer(workdir, i, vectors, states["hidden"] if i + 1 < layers else [])
-                reach("after_router_layer")  # tests kill here to check that the pass resumes at this layer
-                if on_layer is not None:
-                    on_layer(i, layers)
+                reach("after_router_layer", run_pid=run_pid)  # tests kill the run here: it resumes at this layer
         _finish(workdir, sets, layers)
     finally:
         sources.close()
@@ -113,16 +125,42 @@ def _vector(hidden: torch.Tensor, mode: str) -> torch.Tensor:
     return per_prompt.sum(dim=0) / per_prompt.shape[0]
 
 
-def _load(module: torch.nn.Module, prefix: str, base: ModelInput, sources: InputSources) -> torch.nn.Module:
-    """``module`` with its weights read from the base (cast to bfloat16, as the model is loaded)."""
-    module.to_empty(device="cpu")
+def _load(module: torch.nn.Module, prefix: str, weights: Weights, sources: InputSources) -> torch.nn.Module:
+    """``module`` with its weights read from the base (cast to bfloat16, as the model is loaded): the cast
+    tensors become its parameters (no second copy of the layer); a module with buffers of its own, which the
+    files do not hold, gets them allocated first."""
+    if any(True for _ in module.buffers()):
+        module.to_empty(device="cpu")
     state = {}
     for name in module.state_dict():
-        found = base.tensors[prefix + name]
-        e = found.entry
-        state[name] = sources.read(base.ref.key, found.file, e.start, e.end, e.dtype, e.shape).to(torch.bfloat16)
-    module.load_state_dict(state, strict=True)
+        file, start, end, dtype, shape = weights.tensors[prefix + name]
+        state[name] = sources.read(_BASE, file, start, end, dtype, shape).to(torch.bfloat16)
+    module.load_state_dict(state, strict=True, assign=True)
     return module
+
+
+def layer_bytes(tensors: Mapping[str, Location], prefix: str) -> int:
+    """What holding one module of the pass costs: its weights in bfloat16, plus the largest one as read."""
+    mine = [t for name, t in tensors.items() if name.startswith(prefix)]
+    held = sum(numel(t[4]) * 2 for t in mine)
+    return held + max((numel(t[4]) * DTYPE_SIZES[t[3]] for t in mine), default=0)
+
+
+def pass_bytes(tensors: Mapping[str, Location], layers: int) -> int:
+    """The most the pass holds at once beyond its process's baseline: the embeddings or one decoder layer."""
+    return max(layer_bytes(tensors, p) for p in ["model.embed_tokens.", *(f"model.layers.{i}." for i in range(layers))])
+
+
+def _check_share(weights: Weights, layers: int, share: int, counted_elsewhere: int) -> None:
+    probe = SystemProbe()
+    probe.reclaim()
+    held, need = probe.rss(), pass_bytes(weights.tensors, layers)
+    if held + need > share * (1 - SAFETY_MARGIN):
+        smallest = smallest_budget_for(need, baseline_bytes=held + counted_elsewhere)
+        raise UsageError(f"the prompt forward pass needs {format_size(held + need)} (its process holds "
+                         f"{format_size(held)}, its largest layer {format_size(need)}), more than the "
+                         f"{format_size(share)} the budget leaves it beside the merge's process",
+                         hint=f"rerun with --max-memory {format_size(smallest, compact=True)} or more")
 
 
 def _unload(module: torch.nn.Module) -> None:

@@ -199,7 +199,8 @@ def _fused(prefix: str, layer: int, experts: tuple[ExpertConfig, ...], models: M
         rows, cols = refs[0].shape
         shape = (len(experts), rows * len(names), cols)
         code = out_code or refs[0].dtype
-        out[f"{prefix}.experts.{part}_proj"] = _tensor(f"{prefix}.experts.{part}_proj", expert_methods.FUSED,
+        method = expert_methods.FUSED if any(params) else expert_methods.FUSED_COPIES  # noise or residual scale
+        out[f"{prefix}.experts.{part}_proj"] = _tensor(f"{prefix}.experts.{part}_proj", method,
                                                        tuple(refs), shape, code, model_params=tuple(params),
                                                        params=(("dtype", _NAMES[code]), ("part", part)))
     return out

@@ -5,7 +5,10 @@ run the prompt forward pass when the gate mode needs it, and plan it: the MoE co
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -13,26 +16,33 @@ import torch
 from resumerge.config.locations import state_root
 from resumerge.errors import InputError
 from resumerge.inputs.catalog import Inputs, open_inputs
+from resumerge.inputs.model import ModelInput
+from resumerge.memory.sizes import format_size
 from resumerge.moe.config import MoeConfig
+from resumerge.moe.passproc import require_transformers, routers_key, run_child
 from resumerge.moe.planner import build_moe_plan
+from resumerge.moe.routers import Encoded
 from resumerge.plan.merge_plan import Plan, PlanOptions
 
 if TYPE_CHECKING:
-    from resumerge.inputs.hub import ProgressCallback
+    from resumerge.inputs.hub import ProgressCallback, RepoMetadata
 
 HIDDEN_MODES = frozenset({"hidden", "hidden_avg", "hidden_last"})
 
 
 def prepare_moe(config: MoeConfig, options: PlanOptions, *, model_dirs: Mapping[str, str] | None = None,
                 state_dir: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None,
-                on_progress: ProgressCallback | None = None, forward: bool = True) -> tuple[Plan, Inputs]:
+                on_progress: ProgressCallback | None = None, forward: bool = True, max_memory: int | None = None,
+                max_disk: int | None = None, num_threads: int | None = None) -> tuple[Plan, Inputs]:
     """The plan of ``config`` and its opened inputs. No weight is read, except by the prompt forward pass of the
     hidden-state gate modes, which runs (or is found finished in the state dir) only when ``forward`` and after
-    every check. Raises ``InputError`` subclasses."""
+    every check, in a process of its own (:mod:`.passproc`) under ``max_memory`` (None: the default budget) less
+    what this process holds, with ``num_threads`` torch threads. A hub base model's weights are downloaded into
+    the cache for it, within ``max_disk``. Raises ``InputError`` subclasses."""
     inputs = open_inputs(config.as_merge_config(), model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
                          on_progress=on_progress)
     encoded = None
-    if config.gate_mode in ("cheap_embed", *HIDDEN_MODES):
+    if config.gate_mode == "cheap_embed":
         encoded = encode_prompts(config, inputs)
     gates = preview = None
     if config.gate_mode == "cheap_embed" and forward and config.base_model.key not in inputs.hub:
@@ -41,18 +51,37 @@ def prepare_moe(config: MoeConfig, options: PlanOptions, *, model_dirs: Mapping[
     if config.gate_mode in HIDDEN_MODES:
         build_moe_plan(config, inputs.models, options)  # every check, before the pass reads any weight
         if forward:
-            gates = _hidden_gates(config, inputs, encoded, state_dir)
+            gates = _hidden_gates(config, inputs, state_dir, max_memory=max_memory, max_disk=max_disk,
+                                  num_threads=num_threads, on_progress=on_progress)
     return build_moe_plan(config, inputs.models, options, encoded=encoded, hidden_gates=gates,
                           gates_preview=preview), inputs
 
 
-def encode_prompts(config: MoeConfig, inputs: Inputs) -> tuple[tuple[Any, Any], ...]:
-    """Each gated expert's (positive, negative or None) prompt sets, tokenised with the base's tokenizer."""
-    from resumerge.moe.prompts import encode, load_tokenizer
+def prompt_texts(config: MoeConfig) -> list[tuple[list[str], list[str] | None]]:
+    """Each gated expert's (positive, negative or None) prompts."""
+    return [(list(e.positive_prompts or ()), list(e.negative_prompts) if e.negative_prompts else None)
+            for e in config.gated]
 
-    tokenizer = load_tokenizer(inputs.models[config.base_model.key].directory, config.gate_mode)
-    return tuple((encode(tokenizer, e.positive_prompts or ()),
-                  encode(tokenizer, e.negative_prompts) if e.negative_prompts else None) for e in config.gated)
+
+def encode_prompts(config: MoeConfig, inputs: Inputs) -> tuple[tuple[Any, Any], ...]:
+    """Each gated expert's (positive, negative or None) prompt sets, tokenised with the base's tokenizer (in the
+    prompt work's process: this one does not import transformers)."""
+    base = inputs.models[config.base_model.key]
+    if "transformers" in sys.modules:  # already imported (a notebook, a test): no memory to save, no process
+        from resumerge.moe.prompts import encode, load_tokenizer
+
+        tokenizer = load_tokenizer(base.directory, config.gate_mode)
+        return tuple((encode(tokenizer, p), encode(tokenizer, n) if n else None) for p, n in prompt_texts(config))
+    job = {"job": "encode", "mode": config.gate_mode, "tokenizer_dir": str(base.directory),
+           "prompts": prompt_texts(config)}
+    with tempfile.TemporaryDirectory(prefix="resumerge-prompts-") as scratch:
+        answer = run_child(job, Path(scratch))
+    return tuple((_frozen(p), _frozen(n) if n is not None else None) for p, n in answer["encoded"])
+
+
+def _frozen(encoded: Any) -> Encoded:
+    ids, mask = encoded
+    return (tuple(tuple(int(i) for i in row) for row in ids), tuple(tuple(int(m) for m in row) for row in mask))
 
 
 def _cheap_embed_gates(config: MoeConfig, inputs: Inputs, encoded: Any) -> torch.Tensor:
@@ -72,21 +101,53 @@ def _cheap_embed_gates(config: MoeConfig, inputs: Inputs, encoded: Any) -> torch
         sources.close()
 
 
-def _hidden_gates(config: MoeConfig, inputs: Inputs, encoded: Any,
-                  state_dir: str | os.PathLike[str] | None) -> torch.Tensor:
+def routers_dir(config: MoeConfig, base: ModelInput, state_dir: str | os.PathLike[str] | None) -> Path:
+    """Where the hidden-state routers of ``config`` are computed and kept, by content."""
+    key = routers_key([(f.name, f.size, f.identity) for f in base.files], config.gate_mode, prompt_texts(config),
+                      base.directory)
+    return state_root(state_dir) / "moe-routers" / key
+
+
+def _hidden_gates(config: MoeConfig, inputs: Inputs, state_dir: str | os.PathLike[str] | None, *,
+                  max_memory: int | None, max_disk: int | None, num_threads: int | None,
+                  on_progress: ProgressCallback | None) -> torch.Tensor:
     """The routers of the hidden-state modes ``(layers, gated experts, hidden)``: computed by the forward pass
     in the state dir (or found there, finished by an earlier run)."""
     from safetensors.torch import load_file
 
-    from resumerge.moe.forward import hidden_routers, routers_key
+    from resumerge.memory import SystemProbe, default_budget
+    from resumerge.moe.forward import ROUTERS_NAME
 
-    if config.base_model.key in inputs.hub:
-        raise InputError("hidden-state gate modes read the base model's weights while planning; a hub base model "
-                         "is not supported for them yet", yaml_path="base_model",
-                         hint="download the base model and give its local path, or use cheap_embed or random gates")
     base = inputs.models[config.base_model.key]
-    workdir = state_root(state_dir) / "moe-routers" / routers_key(base, config.gate_mode, encoded)
-    data = load_file(str(hidden_routers(base, config.gate_mode, encoded, workdir)))
+    workdir = routers_dir(config, base, state_dir)
+    done = workdir / ROUTERS_NAME
+    if not done.is_file():
+        require_transformers(config.gate_mode)
+        if config.base_model.key in inputs.hub:
+            _fetch_base(inputs.hub[config.base_model.key], state_dir, max_disk, on_progress)
+        probe = SystemProbe()
+        probe.reclaim()
+        held = probe.rss()
+        budget = max_memory if max_memory is not None else default_budget(probe)
+        tensors = {name: [t.file, t.entry.start, t.entry.end, t.entry.dtype, list(t.entry.shape)]
+                   for name, t in base.tensors.items()}
+        run_child({"job": "routers", "mode": config.gate_mode, "tokenizer_dir": str(base.directory),
+                   "prompts": prompt_texts(config), "weights_dir": str(base.directory), "tensors": tensors,
+                   "share": max(0, budget - held), "parent_bytes": held, "threads": num_threads}, workdir)
+    data = load_file(str(done))
     return torch.stack([data[f"layers.{i}"] for i in range(len(data))])
 
 
+def _fetch_base(meta: RepoMetadata, state_dir: str | os.PathLike[str] | None, max_disk: int | None,
+                on_progress: ProgressCallback | None) -> None:
+    """A hub base model's weights downloaded (and verified) into the cache for the forward pass, which reads them
+    in its own process; refused (exit 2) when they alone exceed ``max_disk``."""
+    from resumerge.inputs.hub import fetch_weights
+
+    size = sum(meta.headers[name].file_size for name in meta.weight_files)
+    if max_disk is not None and size > max_disk:
+        raise InputError(f"the hidden-state gate modes read the hub base model's weights in a process of their own "
+                         f"and download them into the cache first: {format_size(size)}, more than --max-disk "
+                         f"{format_size(max_disk)}", yaml_path="base_model",
+                         hint="give --max-disk room for them, or use cheap_embed or random gates")
+    fetch_weights(meta, records_dir=state_root(state_dir), on_progress=on_progress)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 # Reached by every merge, whatever OUT is (the crash test kills a local merge at each).
 LOCAL_POINTS = (
@@ -28,7 +29,8 @@ STAGED_POINTS = ("after_publish_copy",)
 # Reached only when OUT is a hub repo (the hub kill trials walk each).
 HUB_POINTS = ("hub_after_upload", "hub_before_commit", "hub_after_commit")
 # Reached only by the prompt forward pass of a mergekit-moe config's hidden-state gates, after each decoder
-# layer's hidden states are saved (tests/moe/test_resume.py kills there).
+# layer's hidden states are saved (tests/moe/test_resume.py kills there). The pass runs in a process of its own,
+# which kills the run's process there and then dies with it, as when the run is killed from outside.
 MOE_POINTS = ("after_router_layer",)
 # Every point the package reaches; a test derived from the code holds this equal to the points used.
 POINTS = LOCAL_POINTS + STAGED_POINTS + HUB_POINTS + MOE_POINTS
@@ -44,11 +46,20 @@ def _target() -> tuple[str, int] | None:
     return name, int(nth) if nth else 1
 
 
-def reach(point: str) -> None:
-    """Die with SIGKILL if ``RESUMERGE_KILL_AT`` names ``point`` and this is its chosen occurrence."""
+# How long a helper process that killed its run waits to die with it before it goes on (a test then sees it).
+_FOLLOW_SECONDS = 30.0
+
+
+def reach(point: str, *, run_pid: int | None = None) -> None:
+    """Die with SIGKILL if ``RESUMERGE_KILL_AT`` names ``point`` and this is its chosen occurrence.
+
+    A helper process passes ``run_pid``, its run's process: that one is killed, and the helper waits to die with
+    it (its parent watch) instead of going on."""
     target = _target()
     if target is None or target[0] != point:
         return
     _counts[point] = _counts.get(point, 0) + 1
     if _counts[point] == target[1]:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(run_pid if run_pid is not None else os.getpid(), signal.SIGKILL)
+        if run_pid is not None:
+            time.sleep(_FOLLOW_SECONDS)

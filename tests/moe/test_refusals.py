@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from resumerge import api
+from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.errors import EXIT_INVALID, InputError, exit_code_for
 from resumerge.moe import is_moe_text, load_moe_text
@@ -117,23 +118,27 @@ def test_cli_exit_2_one_line(models: list[Path], tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-def test_the_same_experts_flag_is_an_api_keyword(models: list[Path], tmp_path: Path) -> None:
+def test_the_same_experts_flag_is_an_api_keyword(models: list[Path], tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
     # mergekit-moe's --i-understand-this-is-not-useful-without-training is api.run's allow_same_experts (the CLI
     # passes it by name): experts that are all one model are refused without it, planned with it, and the flag
-    # is refused for a config that is not a mergekit-moe one rather than read as --allow-crimes.
+    # is refused for a config that is not a mergekit-moe one rather than read as --allow-crimes. (The CLI runs
+    # in this process: what is checked is how it maps its flag, not a process start.)
     m0, m1 = (str(m) for m in models[:2])
     same = {"base_model": m0, "gate_mode": "uniform_random", "experts": [_expert(m1, "a"), _expert(m1, "b")]}
     assert _refused(tmp_path, same).message.startswith("All of your expert models are the same.")
     config = write(tmp_path / "same.yml", same)
     assert api.plan_merge(config, allow_same_experts=True).method == "moe"
-    done = cli("run", config, tmp_path / "out", "--i-understand-this-is-not-useful-without-training",
-               "--random-seed", "3")
-    assert done.returncode == 0, done.stderr
+    state = str(tmp_path / "state")
+    assert main(["run", str(config), str(tmp_path / "out"), "--i-understand-this-is-not-useful-without-training",
+                 "--random-seed", "3", "--state-dir", state, "--quiet"]) == 0
     assert (tmp_path / "out" / "mergekit_moe_config.yml").read_text() == config.read_text()
-    again = cli("resume", tmp_path / "out")  # the recorded config is planned again, without the flag
-    assert again.returncode == 0, again.stderr
+    # the recorded config is planned again, without the flag
+    assert main(["resume", str(tmp_path / "out"), "--state-dir", state, "--quiet"]) == 0
     linear = write(tmp_path / "linear.yml", {"merge_method": "linear", "models": [
         {"model": m0, "parameters": {"weight": 1.0}}, {"model": m1, "parameters": {"weight": 1.0}}]})
-    flagged = cli("run", linear, tmp_path / "out2", "--i-understand-this-is-not-useful-without-training")
-    assert flagged.returncode == 2 and "applies to mergekit-moe configs" in flagged.stderr
+    capsys.readouterr()
+    assert main(["run", str(linear), str(tmp_path / "out2"), "--i-understand-this-is-not-useful-without-training",
+                 "--state-dir", state]) == 2
+    assert "applies to mergekit-moe configs" in capsys.readouterr().err
     assert not (tmp_path / "out2").exists()

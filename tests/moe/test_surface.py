@@ -6,8 +6,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from resumerge import api
 from resumerge.config.locations import state_root
+from resumerge.errors import UsageError, exit_code_for
 from tests.moe.models import llamas, write
 from tests.support import cli
 
@@ -57,4 +60,24 @@ def test_plan_merge_plans_without_running_anything(tmp_path: Path) -> None:
     plan = api.plan_merge(config, random_seed=5)
     assert plan.method == "moe" and len(plan.tensors) == 21 and plan.out_config["num_local_experts"] == 2
     assert dict(plan.tensors["model.layers.1.mlp.gate.weight"].params)["values"] is None
+    # plan's estimate counts the pass (its process started once to see what it holds), without running it
+    estimate = api.estimate(config, tmp_path / "out", probe_size=0)
+    assert estimate.time.prepass_seconds > 0 and estimate.memory.prepass_bytes > estimate.memory.baseline_bytes
+    assert estimate.memory.peak_bytes >= estimate.memory.prepass_bytes
     assert not (state_root() / "moe-routers").exists()  # the forward pass did not run
+
+
+
+def test_the_passes_refusal_is_the_runs_one_line(tmp_path: Path) -> None:
+    # the forward pass runs in a process of its own (tests/moe/test_resume.py shows transformers never enters the
+    # run's): its refusal, its memory share too small for a layer, comes back as the run's exit-2 error
+    m = llamas(tmp_path)
+    config = write(tmp_path / "hidden.yml", {
+        "base_model": str(m[0]), "gate_mode": "hidden",
+        "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab"]},
+                    {"source_model": str(m[2]), "positive_prompts": ["cd"]}]})
+    with pytest.raises(UsageError) as refused:
+        api.run(config, tmp_path / "small", state_dir=tmp_path / "state", max_memory="200MB")
+    assert exit_code_for(refused.value) == 2 and "\n" not in refused.value.one_line()
+    assert refused.value.message.startswith("the prompt forward pass needs")
+    assert "--max-memory" in refused.value.one_line() and not (tmp_path / "small").exists()

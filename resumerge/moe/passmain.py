@@ -1,0 +1,128 @@
+"""The prompt work of a mergekit-moe config, in a process of its own: ``python -m resumerge.moe.passmain WORKDIR``.
+
+transformers (the tokenizer, the decoder layers' modules) adds about half a gigabyte to any process that imports
+it, and keeps it: run in the merge's process, that memory would count against ``--max-memory`` for the whole
+merge. So the run's process (:mod:`resumerge.moe.passproc`) starts this one for the prompt work only and never
+imports transformers itself. One job, read as JSON from stdin:
+
+``encode``
+    tokenise every gated expert's prompt sets (``cheap_embed``); the answer carries them.
+``probe``
+    load the pass's code and build the base's modules without weights; the answer is what that holds and took
+    (``plan``'s estimate of the pass).
+``routers``
+    tokenise, then run the hidden-state forward pass one decoder layer at a time
+    (:func:`resumerge.moe.forward.hidden_routers`) into ``WORKDIR``, under the memory share it was given.
+
+The answer is one JSON line on stdout: ``{"ok": ...}``, or ``{"error": ...}`` for a :class:`ResumergeError`,
+which the run's process raises again as the same class. This process dies with its parent (a killed run leaves
+no pass running on): the kernel's parent-death signal where there is one, and a thread that watches the parent
+everywhere.
+
+May import: errors, inputs, memory, moe (its transformers-using modules included), store (killpoints only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from resumerge.errors import ResumergeError
+
+# Seconds between two looks at the parent, where the kernel cannot be asked to signal its death.
+_WATCH_SECONDS = 0.5
+_PR_SET_PDEATHSIG = 1
+
+
+def follow_parent(parent: int) -> None:
+    """Die (SIGKILL) as soon as process ``parent`` is gone."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_WATCH_SECONDS)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if os.getppid() != parent:  # the parent died before the signal was asked for
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=watch, name="follow-parent", daemon=True).start()
+
+
+def answer(job: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """Do ``job`` and return what the parent needs back."""
+    from resumerge.moe.prompts import encode, load_tokenizer
+
+    mode = job["mode"]
+    if job["job"] == "probe":
+        return _probe(mode, Path(job["weights_dir"]))
+    tokenizer = load_tokenizer(Path(job["tokenizer_dir"]), mode)
+    sets = [(encode(tokenizer, positive), encode(tokenizer, negative) if negative else None)
+            for positive, negative in job["prompts"]]
+    if job["job"] == "encode":
+        return {"encoded": sets}
+    from resumerge.moe.forward import Weights, hidden_routers
+
+    if job.get("threads"):
+        import torch
+
+        torch.set_num_threads(int(job["threads"]))
+    weights = Weights(directory=Path(job["weights_dir"]),
+                      tensors={name: (f, s, e, d, tuple(shape)) for name, (f, s, e, d, shape)
+                               in job["tensors"].items()})
+    hidden_routers(weights, mode, sets, workdir, share=job.get("share"), counted_elsewhere=job.get("parent_bytes", 0),
+                   run_pid=int(job["parent"]))
+    return {"routers": str(workdir)}
+
+
+def _probe(mode: str, directory: Path) -> dict[str, Any]:
+    """What this process holds and how long it took to get there once the pass's code is loaded and the base's
+    modules are built without weights (``plan``'s estimate of the pass)."""
+    import psutil
+    import torch
+
+    from resumerge.memory import SystemProbe
+    from resumerge.moe.prompts import require_transformers
+
+    transformers = require_transformers(mode)
+    config = transformers.AutoConfig.from_pretrained(str(directory))
+    with torch.device("meta"):
+        transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    process = psutil.Process()
+    return {"counted": SystemProbe().rss(), "rss": int(process.memory_info().rss),
+            "seconds": time.time() - process.create_time()}
+
+
+def _error_doc(error: ResumergeError) -> dict[str, Any]:
+    return {"class": type(error).__name__, "message": error.message, "hint": error.hint, "path": error.path,
+            "yaml_path": error.yaml_path, "tensor": error.tensor}
+
+
+def main() -> int:
+    """The entry point: read the job, do it, print the answer."""
+    workdir = Path(sys.argv[1])
+    job = json.loads(sys.stdin.read())
+    follow_parent(int(job["parent"]))
+    try:
+        result: dict[str, Any] = {"ok": answer(job, workdir)}
+    except ResumergeError as exc:
+        result = {"error": _error_doc(exc)}
+    except KeyboardInterrupt:  # Ctrl-C reaches the run's process too, which says it was interrupted
+        return 130
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
