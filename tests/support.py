@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,21 @@ def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 1
         timeout=timeout,
         check=False,
     )
+
+
+def drain_pty(master: int) -> str:
+    """Everything written to a pseudo-terminal's other end so far, read from ``master`` (closed after)."""
+    drawn = b""
+    while select.select([master], [], [], 0.2)[0]:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the other end closed
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    os.close(master)
+    return drawn.decode("utf-8", "replace")
 
 
 def digests(directory: Path) -> dict[str, str]:

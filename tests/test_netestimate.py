@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import io
 import os
-import select
 
 import pytest
+from support import drain_pty
 
 from resumerge.cli.render import ProgressReporter, TrafficRates, traffic_line
 from resumerge.engine.netestimate import (
@@ -175,15 +175,5 @@ def test_live_progress_draws_the_network_line(monkeypatch: pytest.MonkeyPatch) -
         reporter.traffic(meter.snapshot)
         reporter.tensor_done("t", 50 * MB)
         reporter.close()
-    drawn = b""
-    while select.select([master], [], [], 0.2)[0]:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        drawn += chunk
-    os.close(master)
-    text = drawn.decode("utf-8", "replace")
+    text = drain_pty(master)
     assert "network: down" in text and "60.0 MB of 100 MB fetched" in text and "20.0 MB of 50.0 MB committed" in text

@@ -11,7 +11,6 @@ import io
 import json
 import os
 import re
-import select
 import signal
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import ModelFactory
 from rich.console import Console
-from support import cli, linear_config, write_config
+from support import cli, drain_pty, linear_config, write_config
 
 from resumerge import api
 from resumerge.cli.render import ProgressReporter, progress_mode, show_plan, show_status
@@ -175,17 +174,7 @@ def test_live_progress_draws_bars_for_the_merge_the_shard_and_memory(monkeypatch
         reporter.tensor_done("a", 1_000_000)
         reporter.tensor_done("b", 1_000_000)
         reporter.close()
-    drawn = b""
-    while select.select([master], [], [], 0.2)[0]:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        drawn += chunk
-    os.close(master)
-    text = drawn.decode("utf-8", "replace")
+    text = drain_pty(master)
     assert ESC in text  # redrawn in place
     assert "merge" in text and "2/2 tensors" in text and "100%" in text
     assert "shard" in text and "model-00001-of-00001.safetensors" in text

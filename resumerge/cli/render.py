@@ -332,18 +332,18 @@ def traffic_line(now: Traffic, down: float | None, up: float | None) -> str | No
         return None
     parts: list[str] = []
     left: list[float | None] = []  # seconds each unfinished direction still needs (None: no rate yet)
+
+    def direction(name: str, rate: float | None, done: int, total: int, verb: str) -> None:
+        speed = f" {format_size(int(rate))}/s," if rate is not None else ""
+        of = f" of {format_size(total)}" if total else ""
+        parts.append(f"{name}{speed} {format_size(done)}{of} {verb}")
+        if total > done:
+            left.append((total - done) / rate if rate else None)
+
     if now.to_fetch or now.fetched:
-        rate = f" {format_size(int(down))}/s," if down is not None else ""
-        total = f" of {format_size(now.to_fetch)}" if now.to_fetch else ""
-        parts.append(f"down{rate} {format_size(now.fetched)}{total} fetched")
-        if now.to_fetch > now.fetched:
-            left.append((now.to_fetch - now.fetched) / down if down else None)
+        direction("down", down, now.fetched, now.to_fetch, "fetched")
     if now.to_commit or now.uploaded:
-        rate = f" {format_size(int(up))}/s," if up is not None else ""
-        total = f" of {format_size(now.to_commit)}" if now.to_commit else ""
-        parts.append(f"up{rate} {format_size(now.committed)}{total} committed")
-        if now.to_commit > now.committed:
-            left.append((now.to_commit - now.committed) / up if up else None)
+        direction("up", up, now.committed, now.to_commit, "committed")
     known = [seconds for seconds in left if seconds is not None]
     eta = f"; about {_duration(max(known))} left" if known and len(known) == len(left) else ""
     return "network: " + "; ".join(parts) + eta

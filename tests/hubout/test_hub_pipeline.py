@@ -77,11 +77,17 @@ def _weights(files: dict[str, bytes]) -> dict[str, bytes]:
     return {k: v for k, v in files.items() if k.endswith((".safetensors", ".index.json", "config.json"))}
 
 
-def _held_file(directory: Path) -> str:
-    index = json.loads((directory / "model.safetensors.index.json").read_text())["weight_map"]
+def _push_holding(hub: HubWriter, inputs: Inputs) -> tuple[str, int, threading.Event]:
+    """Push the inputs and hold back the second half of ``A``'s middle weight file (the one holding
+    ``HELD_TENSOR``) until the returned event is set; returns the file's key on the hub and its size."""
+    _push(hub, inputs)
+    index = json.loads((inputs.dirs[A] / "model.safetensors.index.json").read_text())["weight_map"]
     held = index[HELD_TENSOR]
     assert held not in (index["model.embed_tokens.weight"], index["lm_head.weight"])
-    return str(held)
+    size = (inputs.dirs[A] / held).stat().st_size
+    release = threading.Event()
+    hub.hub.hold_after[f"{A}/{held}"] = (size // 2, release)
+    return f"{A}/{held}", size, release
 
 
 def _push(hub: HubWriter, inputs: Inputs) -> None:
@@ -137,11 +143,7 @@ def test_shards_are_committed_while_inputs_still_download(hub: HubWriter, inputs
     read it are merged, uploaded and committed (the engine before issue 27 downloaded every input first, so it
     committed nothing while an input was incomplete). Released, the run ends with the repo a local run writes,
     every object PUT once."""
-    _push(hub, inputs)
-    held = _held_file(inputs.dirs[A])
-    size = (inputs.dirs[A] / held).stat().st_size
-    release = threading.Event()
-    hub.hub.hold_after[f"{A}/{held}"] = (size // 2, release)
+    held, size, release = _push_holding(hub, inputs)
     errors: list[BaseException] = []
 
     def merge() -> None:
@@ -154,7 +156,7 @@ def test_shards_are_committed_while_inputs_still_download(hub: HubWriter, inputs
     worker.start()
     try:
         assert _wait(lambda: _committed_shards(hub, "alice/pipe"), 20), "no shard committed while an input downloaded"
-        assert hub.hub.served[f"{A}/{held}"] < size
+        assert hub.hub.served[held] < size
     finally:
         release.set()
         worker.join(60)
@@ -169,11 +171,7 @@ def test_a_sigkill_mid_pipeline_resumes_on_a_fresh_machine(hub: HubWriter, input
     """Killed while shards are committed and an input still downloads; resumed with a new state dir and an empty HF
     cache: the repo ends equal to a local run (and to a hub-input run into a local folder, card included), and no
     object was PUT twice."""
-    _push(hub, inputs)
-    held = _held_file(inputs.dirs[A])
-    size = (inputs.dirs[A] / held).stat().st_size
-    release = threading.Event()
-    hub.hub.hold_after[f"{A}/{held}"] = (size // 2, release)
+    release = _push_holding(hub, inputs)[2]
     state, out = tmp_path / "state", "hf://alice/killed"
     proc = subprocess.Popen([sys.executable, "-m", "resumerge", "run", str(inputs.config), out, "--state-dir",
                              str(state), "--out-shard-size", SHARD, "--quiet"],
