@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 import threading
 from pathlib import Path
 
@@ -24,9 +26,12 @@ def _disk_use(*roots: Path) -> int:
     """Bytes of the files under ``roots`` (a snapshot's links to blobs are not counted twice)."""
     total = 0
     for root in roots:
-        for p in root.rglob("*"):
-            with contextlib.suppress(FileNotFoundError):  # a staged file committed and deleted meanwhile
-                total += p.stat().st_size if p.is_file() and not p.is_symlink() else 0
+        # os.walk skips a folder that vanishes while it is listed (a download's temp folder); rglob raised.
+        for folder, _, names in os.walk(root):
+            for name in names:
+                with contextlib.suppress(FileNotFoundError):  # a staged file committed and deleted meanwhile
+                    st = os.lstat(os.path.join(folder, name))
+                    total += st.st_size if stat.S_ISREG(st.st_mode) else 0
     return total
 
 
