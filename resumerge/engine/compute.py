@@ -9,7 +9,7 @@ which).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import overload
 
 import torch
@@ -22,7 +22,7 @@ from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.registry import MergeContext, MethodSpec, get_method
 from resumerge.methods.spec import RowStream
 from resumerge.plan.merge_plan import InputRef, Plan, TensorPlan
-from resumerge.plan.workunits import chunk_plan, method_dtype, pass_rows
+from resumerge.plan.workunits import chunk_plan, method_dtype, pass_rows, row_slice
 from resumerge.vocab import align_rows
 
 
@@ -49,7 +49,8 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
     device = torch.device(plan.options.device)
     on_gpu = device.type != "cpu"
     if method.lazy_inputs and not tp.vocab_aligned:
-        return _context(plan, tp, method, device, _LazyInputs(tp, sources, device), owned=True)
+        lazy = _LazyInputs(tp, sources, device)
+        return _context(plan, tp, method, device, lazy, owned=True, read_rows=lazy.rows)
     tensors = []
     for ref in tp.inputs:
         t = _read_input(ref, sources)
@@ -72,7 +73,8 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
 
 
 def _context(plan: Plan, tp: TensorPlan, method: MethodSpec, device: torch.device,
-             tensors: Sequence[torch.Tensor], *, owned: bool = False) -> MergeContext:
+             tensors: Sequence[torch.Tensor], *, owned: bool = False,
+             read_rows: Callable[[int, int, int], torch.Tensor] | None = None) -> MergeContext:
     generator = None
     if method.randomized:
         generator = torch.Generator(device=device).manual_seed(tensor_seed(plan.options.random_seed, tp.name))
@@ -83,6 +85,7 @@ def _context(plan: Plan, tp: TensorPlan, method: MethodSpec, device: torch.devic
         params=dict(tp.params),
         generator=generator,
         owned_inputs=owned,
+        read_rows=read_rows,
     )
 
 
@@ -113,8 +116,12 @@ class _LazyInputs(Sequence[torch.Tensor]):
             return [self._read(i) for i in range(len(self))[index]]
         return self._read(range(len(self))[index])
 
-    def _read(self, i: int) -> torch.Tensor:
-        t = _read_input(self._tp.inputs[i], self._sources)
+    def rows(self, i: int, first: int, stop: int) -> torch.Tensor:
+        """Rows ``[first, stop)`` of input ``i``, read and prepared as a whole input is."""
+        return self._read(i, row_slice(self._tp.inputs[i], first, stop))
+
+    def _read(self, i: int, ref: InputRef | None = None) -> torch.Tensor:
+        t = _read_input(ref if ref is not None else self._tp.inputs[i], self._sources)
         if self._device.type != "cpu":
             t = t.to(self._device)
         return t.to(self._common) if self._common is not None else t

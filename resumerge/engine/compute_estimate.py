@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,11 +29,12 @@ import torch
 
 from resumerge.engine.costs import ComputeGroup
 from resumerge.engine.executor import _read_input
+from resumerge.engine.kernels import serial_kernels
 from resumerge.engine.method_timing import DEFAULT_SAMPLE_ELEMENTS, measure_rate
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
-from resumerge.methods.registry import MethodSpec, get_method
+from resumerge.methods.registry import MergeContext, MethodSpec, get_method
 from resumerge.plan.merge_plan import InputRef, Plan, ShardPlan, TensorPlan
 from resumerge.plan.workunits import chunk_plan
 
@@ -62,6 +64,7 @@ class _Group:
     method: str
     dtype: str
     tensors: list[TensorPlan]
+    key: tuple[Any, ...] = ()
 
     @property
     def elements(self) -> int:
@@ -90,13 +93,18 @@ class _Group:
 
 
 def measure_compute(plan: Plan, pending: Sequence[ShardPlan], *, sources: InputSources | None = None,
-                    max_bytes: int = SAMPLE_BYTES, max_seconds: float = SAMPLE_SECONDS) -> tuple[ComputeGroup, ...]:
+                    max_bytes: int = SAMPLE_BYTES, max_seconds: float = SAMPLE_SECONDS,
+                    serial: bool = False, workers: int = 1) -> tuple[ComputeGroup, ...]:
     """Time the methods of the ``pending`` shards of ``plan`` on samples and scale to their pending elements.
 
     ``sources`` reads the inputs (default: every model from its folder, as ``resumerge run`` reads local
     models); at most ``max_bytes`` are read through it. ``max_seconds`` 0 measures nothing (every group comes
-    back unmeasured). Never raises for a method that fails on a sample: that group is left unmeasured with the
-    reason, and the run will report the failure itself.
+    back unmeasured). A method with a :class:`~resumerge.methods.spec.WholeCost` is timed by one call per class
+    on synthetic inputs of the real shapes, whatever ``max_seconds`` leaves (a sample of rows is not a smaller
+    instance of a decomposition), its kernels on one thread when ``serial`` (the engine's ``workers`` run them so
+    where they fill torch's threads, that many at once: its time is then shared by them). Never raises for a
+    method that fails on a sample: that group is left unmeasured with the reason, and the run will report the
+    failure itself.
     """
     groups = _groups(plan, pending)
     if not groups:
@@ -110,9 +118,14 @@ def measure_compute(plan: Plan, pending: Sequence[ShardPlan], *, sources: InputS
     reader = InputSources.local(plan.model_dirs) if sources is None else sources
     try:
         results = []
+        timed: dict[tuple[Any, ...], float] = {}  # whole calls by (function, class): a module's A and B share one
         for index, group in enumerate(groups):
             left = len(groups) - index
-            results.append(_measure(plan, group, reader, device, max_bytes // len(groups), max_seconds / left))
+            spec = get_method(group.method)
+            if spec is not None and spec.whole_cost is not None:
+                results.append(_measure_whole(plan, group, spec, device, serial, workers, timed))
+            else:
+                results.append(_measure(plan, group, reader, device, max_bytes // len(groups), max_seconds / left))
             max_seconds = max(0.0, max_seconds - results[-1].measure_seconds)
         return tuple(results)
     finally:
@@ -121,14 +134,27 @@ def measure_compute(plan: Plan, pending: Sequence[ShardPlan], *, sources: InputS
 
 
 def _groups(plan: Plan, pending: Sequence[ShardPlan]) -> list[_Group]:
-    """Pending tensors by (method, compute dtype, non-numeric parameters), the group with most elements first."""
+    """Pending tensors by (method, compute dtype, non-numeric parameters), the group with most elements first.
+
+    Tensors that read no input are left out: they are made from the plan alone (zeros, seeded draws, or values
+    another process computes, like MoE's routers, whose cost is estimated with that process), not merged."""
     found: dict[tuple[Any, ...], _Group] = {}
     for shard in pending:
         for name in shard.tensors:
             tp = plan.tensors[name]
+            if not tp.inputs:
+                continue
             dtype = tp.compute_dtype or _stored_dtype_name(tp)
-            flags = tuple(sorted((k, v) for k, v in tp.params if isinstance(v, (bool, str))))
-            found.setdefault((tp.method, dtype, flags), _Group(tp.method, dtype, [])).tensors.append(tp)
+            spec = get_method(tp.method)
+            if spec is not None and spec.whole_cost is not None:
+                # Its class: the input shapes and the parameters that set its cost (not the per-tensor strings).
+                values = dict(tp.params)
+                flags: tuple[Any, ...] = (tuple(i.shape for i in tp.inputs),
+                                          *((k, values.get(k)) for k in spec.whole_cost.params))
+            else:
+                flags = tuple(sorted((k, v) for k, v in tp.params if isinstance(v, (bool, str))))
+            key = (tp.method, dtype, flags)
+            found.setdefault(key, _Group(tp.method, dtype, [], key)).tensors.append(tp)
     return sorted(found.values(), key=lambda g: -g.elements)
 
 
@@ -185,6 +211,45 @@ def _measure(plan: Plan, group: _Group, sources: InputSources, device: torch.dev
     return ComputeGroup(group.method, group.dtype, plan.options.device, len(group.tensors), group.elements,
                         elements, read, per_element, torch.get_num_threads(), synthetic, "",
                         measure_seconds=time.perf_counter() - started, seconds_per_call=per_call)
+
+
+def _measure_whole(plan: Plan, group: _Group, spec: MethodSpec, device: torch.device, serial: bool, workers: int,
+                   timed: dict[tuple[Any, ...], float]) -> ComputeGroup:
+    """One call of ``spec`` on synthetic inputs of the shapes of ``group``'s class, timed (once for the functions
+    and classes in ``timed``: a module's A and B run one computation) and priced per tensor: the call's seconds
+    over the :attr:`~resumerge.methods.spec.WholeCost.shared_by` tensors it serves, and over the ``workers``
+    that run such calls side by side on one thread each (``serial`` on the CPU)."""
+    assert spec.whole_cost is not None
+    tp = group.tensors[0]
+    key = (spec.fn, group.key[1:])
+    started = time.perf_counter()
+    seconds = timed.get(key)
+    alone = serial and device.type == "cpu"
+    if seconds is None:
+        try:
+            inputs = _synthetic(tp, device)
+            ctx = MergeContext(inputs, tp.base_index, [dict(p) for p in tp.model_params], dict(tp.params))
+            with serial_kernels() if alone else nullcontext():
+                _settle(device)
+                begun = time.perf_counter()
+                spec.fn(ctx)
+                _settle(device)
+                seconds = time.perf_counter() - begun
+            del inputs, ctx
+        except Exception as exc:  # any failure only means no estimate here; the run reports it properly
+            return _unmeasured(group, plan, f"not measured: {group.method} failed on a sample ({type(exc).__name__})")
+        timed[key] = seconds
+    return ComputeGroup(group.method, group.dtype, plan.options.device, len(group.tensors), group.elements,
+                        sum(numel(i.shape) for i in tp.inputs), 0, 0.0, 1 if alone else torch.get_num_threads(),
+                        True, "", measure_seconds=time.perf_counter() - started,
+                        seconds_per_call=seconds / spec.whole_cost.shared_by / (max(1, workers) if alone else 1),
+                        whole=True)
+
+
+def _settle(device: torch.device) -> None:
+    """Wait for the GPU's queued work (its kernels run asynchronously: the clock would see only the launches)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _timed(spec: MethodSpec, tp: TensorPlan, inputs: list[torch.Tensor], warmup: bool, max_seconds: float,

@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import Protocol
 
 import torch
@@ -42,7 +43,9 @@ from resumerge.plan.workunits import (
     PASSES,
     ROWS,
     chunk_plan,
+    collects_sibling,
     estimate_bytes,
+    fixed_chunk_rows,
     row_stream,
     unit_bytes,
     unit_mode,
@@ -191,8 +194,11 @@ class _Pipeline:
         self.gpu = gpu
         self.should_stop = should_stop
         self.sources = sources
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="resumerge-merge")
+        # Twice the workers, and one more: a unit that collects its sibling's result waits on a thread of its own
+        # beside the working ones (collects_sibling), and every unit in flight must have started.
+        self.pool = ThreadPoolExecutor(max_workers=2 * workers + 1, thread_name_prefix="resumerge-merge")
         self.inflight: deque[tuple[ShardPlan, TensorPlan, Future[torch.Tensor], Reservation | None]] = deque()
+        self.siblings: set[int] = set()  # ids of the futures in flight that only collect a sibling's result
 
     def halted(self) -> bool:
         return self.should_stop() or self.writer.error is not None or not self.writer.is_alive()
@@ -211,9 +217,11 @@ class _Pipeline:
         # settings alone, never by the moment's memory: a whole-tensor sum's bits depend on the threads it is
         # split over, and a resumed run must compute every tensor as the first run would.
         alone = serial and not is_gpu(self.plan.options.device)
+        previous: TensorPlan | None = None
         for shard, tp in work:
             method = get_method(tp.method)
             assert method is not None
+            sibling, previous = collects_sibling(previous, tp, method), tp
             budget = self._budget() if self.governor is not None else None
             mode = unit_mode(tp, method, budget, self.plan.options.device, rereadable=self._local(tp),
                              serial=serial)
@@ -222,10 +230,11 @@ class _Pipeline:
                 if not self.flush() or not self._stream_rows(shard, tp, method, stream):
                     return False
                 continue
-            while len(self.inflight) >= self.limit():
+            while not sibling and self.working() >= self.limit():
                 if not self.hand_over_oldest():
                     return False
-            estimate = unit_bytes(tp, method, mode)
+            # A unit collecting its sibling's result holds that result only; its sibling's estimate covers the work.
+            estimate = tp.nbytes if sibling else unit_bytes(tp, method, mode)
             admitted, reservation = self._admit(tp, estimate, self.governor)
             if not admitted:
                 return False
@@ -238,8 +247,14 @@ class _Pipeline:
                 future = self.pool.submit(self._compute_passes, tp, stream, on_gpu)
             else:
                 future = self.pool.submit(self._compute, tp, on_gpu, alone)
+            if sibling:
+                self.siblings.add(id(future))
             self.inflight.append((shard, tp, future, reservation))
         return self.flush()
+
+    def working(self) -> int:
+        """Units in flight that compute (not those collecting a sibling's result)."""
+        return sum(1 for _, _, future, _ in self.inflight if id(future) not in self.siblings)
 
     def _compute(self, tp: TensorPlan, on_gpu: Reservation | None, serial: bool = False) -> torch.Tensor:
         """Compute ``tp``, its kernels on this thread alone when ``serial``; its GPU reservation ends with the
@@ -287,6 +302,7 @@ class _Pipeline:
 
     def hand_over_oldest(self) -> bool:
         shard, tp, future, reservation = self.inflight.popleft()
+        self.siblings.discard(id(future))
         tensor = future.result()
         return self._put((shard, tp.name, tensor, reservation))
 
@@ -368,9 +384,10 @@ class _Pipeline:
         assert self.governor is not None
         total = tp.shape[0]
         row_estimate = max(1, estimate_bytes(tp, method, rows=1))
+        most = fixed_chunk_rows(tp, method) or total
         first = 0
         while first < total:
-            rows = max(1, min(total - first, self.governor.chunk_rows(row_estimate, total - first)))
+            rows = max(1, min(total - first, most, self.governor.chunk_rows(row_estimate, total - first)))
             if self.gpu is not None:
                 rows = max(1, min(rows, self.gpu.chunk_rows(row_estimate, total - first)))
             estimate = estimate_bytes(tp, method, rows)
@@ -409,7 +426,8 @@ def execute(
     workers: int = 2,
     governor: MemoryGovernor | None = None,
     gpu: MemoryGovernor | None = None,
-) -> None:
+    late_notes: Callable[[], tuple[str, ...]] | None = None,
+) -> tuple[str, ...]:
     """Bring every pending file of ``plan`` to committed; raises :class:`Stopped` when ``should_stop`` turns true.
 
     With a ``governor`` every unit is admitted against the memory budget, the number in flight follows its
@@ -418,7 +436,9 @@ def execute(
     (:func:`~resumerge.plan.workunits.unit_mode` decides). ``gpu``
     governs the memory of the plan's GPU the same way (a unit holds its GPU reservation while it computes).
     Input tensors are read through ``sources`` and every output file is committed through ``sink``, whatever
-    they are.
+    they are. ``late_notes`` gives notes found while the merge ran (by work beside it), added to the plan's
+    before the side files (the model card) are written, and kept in the ledger and shown like them; they are
+    returned.
     """
     done = {row["name"] for row in ledger.files() if row["status"] == "done"}
     sources.expect(read_order(plan, done))  # a streamed source coalesces the reads that come next
@@ -450,12 +470,18 @@ def execute(
             raise interrupt
         if not finished:
             raise Stopped()
-        _write_aux(plan, journal, reporter, done, config_text, should_stop)
+        late = late_notes() if late_notes is not None else ()
+        for note in late:
+            ledger.event("plan", note)
+            reporter.message(note)
+        _write_aux(replace(plan, notes=plan.notes + late) if late else plan, journal, reporter, done, config_text,
+                   should_stop)
         waiting = journal.finish()
         if waiting and should_stop():
             raise Stopped()
         if waiting:
             raise ResumergeError(f"internal: the output sink never committed {', '.join(waiting)}")
+        return late
     except (Stopped, KeyboardInterrupt):
         commit_uploaded(journal, reporter.message)
         raise

@@ -54,7 +54,7 @@ def model_card(spec: ExtractSpec, choice: ModuleChoice) -> bytes:
     meta = yaml.safe_dump({"base_model": [base_name(spec)], "library_name": "peft",
                            "tags": ["resumerge", "peft", "lora"]}, sort_keys=False)
     r, pattern = rank_pattern(choice.lora)
-    how = "a full SVD (--exact)" if spec.exact else "a seeded randomized truncated SVD"
+    how = "the exact truncated SVD (--exact)" if spec.exact else "a seeded randomized truncated SVD"
     lines = [
         "---", meta.rstrip("\n"), "---",
         f"# {PurePosixPath(parse_model_ref(spec.model).path).name} (LoRA)", "",

@@ -2,8 +2,9 @@
 
 Two ways to the rank-r truncation of ΔW's singular value decomposition:
 
-* :func:`exact_svd` — torch's full ``linalg.svd`` in float32, the first r components kept: mergekit-extract-lora's
-  numbers (up to each component's sign, which the SVD leaves free).
+* :func:`exact_svd` — the exact rank-r truncation: mergekit-extract-lora's numbers (its full float32
+  ``linalg.svd``, r components kept) up to each component's sign, which the SVD leaves free, and float32 rounding;
+  computed from the float64 eigendecomposition of the smaller Gram matrix, three times faster than the full SVD.
 * :func:`randomized_svd` — Halko, Martinsson and Tropp's range finder: ΔW times a seeded Gaussian sketch of
   2r columns (at least r + 8), ``power_iterations`` rounds of ΔWᵀ/ΔW products (each orthonormalised by a QR, so
   float32 keeps the small directions), then the exact SVD of the small projected matrix. O(m·n·(r+p)) work
@@ -19,6 +20,8 @@ May import: torch only (pure functions).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +32,9 @@ import torch
 # r extra and 3 iterations 0.3 %; r extra and 5 iterations 0.09 %, with a tenth of a full SVD's work at r = 32.
 MIN_OVERSAMPLE = 8
 POWER_ITERATIONS = 5
+# Entries of a float64 column block of the exact truncation's Gram product (its float32 input is never copied
+# whole into float64).
+GRAM_BLOCK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -41,10 +47,47 @@ class Truncation:
 
 
 def exact_svd(delta: torch.Tensor, rank: int) -> Truncation:
-    """The rank-``rank`` truncation of ``delta`` by a full SVD (float32)."""
-    u, s, vh = torch.linalg.svd(delta.to(torch.float32), full_matrices=False)
-    k = min(rank, s.shape[0])
-    return Truncation(u[:, :k], s[:k], vh[:k])
+    """The exact rank-``rank`` truncation of ``delta`` (float32 results): the leading singular vectors of the
+    shorter side from the eigendecomposition of the Gram matrix in float64, then the exact SVD of ``delta``
+    projected on them (its singular values and the other side's vectors).
+
+    The same truncation as keeping ``rank`` components of a full float32 ``torch.linalg.svd`` (mergekit's), up to
+    each component's sign and float32 rounding: float64 holds the squared spectrum to about 1e-16 of its largest
+    value, so the leading components come out more precisely than float32's own SVD gives them. A full SVD
+    computes every component and both full orthogonal factors; this is about three times faster on one thread
+    at the bench's 2048 × 5504 (measured: 26.7 s against 8.9 s on a loaded machine).
+    """
+    x = delta.to(torch.float32)
+    tall = x.shape[0] > x.shape[1]
+    a = x.T if tall else x  # k × l, k ≤ l: its Gram matrix a·aᵀ is the smaller one
+    k, columns = a.shape
+    step = max(1, GRAM_BLOCK // max(1, k))
+    gram = torch.zeros((k, k), dtype=torch.float64, device=a.device)
+    for first in range(0, columns, step):
+        block = a[:, first : first + step].to(torch.float64)
+        gram.addmm_(block, block.T)
+        del block  # not held through the eigendecomposition
+    _, vectors = torch.linalg.eigh(gram)  # ascending
+    del gram
+    keep = min(rank, k)
+    q = vectors[:, k - keep :].flip(1).contiguous()
+    del vectors
+    small = torch.empty((keep, columns), dtype=torch.float64, device=a.device)
+    for first in range(0, columns, step):
+        small[:, first : first + step] = q.T @ a[:, first : first + step].to(torch.float64)
+    ub, s, vh = torch.linalg.svd(small, full_matrices=False)
+    u = (q @ ub).to(torch.float32)
+    s, vh = s.to(torch.float32), vh.to(torch.float32)
+    if tall:  # a = xᵀ = u·s·vh, so x = vhᵀ·s·uᵀ
+        return Truncation(vh.T.contiguous(), s, u.T.contiguous())
+    return Truncation(u, s, vh)
+
+
+def gram_scratch(dtype: str, shape: Sequence[int], inputs: int) -> tuple[int, int]:
+    """The exact truncation's bounded scratch on a matrix of ``shape`` (a footprint's scratch rule): its float64
+    column block, and the Gram matrix with its eigenvectors and LAPACK's workspace, per entry of the Gram
+    matrix (the shorter side squared)."""
+    return min(math.prod(shape), GRAM_BLOCK), min(shape) ** 2
 
 
 def sketch_width(rank: int, rows: int, cols: int) -> int:
@@ -53,8 +96,9 @@ def sketch_width(rank: int, rows: int, cols: int) -> int:
 
 
 def full_svd(rank: int, rows: int, cols: int, *, exact: bool) -> bool:
-    """Whether the rank-``rank`` truncation of a ``rows`` × ``cols`` matrix is found by a full SVD: when asked
-    (``exact``), and when the randomized sketch would be half as wide as the matrix or more (nothing to gain)."""
+    """Whether the rank-``rank`` truncation of a ``rows`` × ``cols`` matrix is found exactly (:func:`exact_svd`):
+    when asked (``exact``), and when the randomized sketch would be half as wide as the matrix or more (nothing
+    to gain)."""
     return exact or 2 * sketch_width(rank, rows, cols) >= min(rows, cols)
 
 
@@ -101,5 +145,5 @@ def factors(t: Truncation, rank: int, distribute_scale: bool) -> tuple[torch.Ten
 
 
 def truncate(delta: torch.Tensor, rank: int, *, exact: bool, seed: int) -> Truncation:
-    """The rank-``rank`` truncation of ``delta`` (m × n): by full SVD when ``exact``, else randomized."""
+    """The rank-``rank`` truncation of ``delta`` (m × n): exact when ``exact``, else randomized."""
     return exact_svd(delta, rank) if exact else randomized_svd(delta, rank, seed)

@@ -5,14 +5,15 @@ and governs them as it does merge tensors. A and B of one module come from the s
 two to run computes it and leaves the other factor here for its sibling (a worker asking for it meanwhile waits),
 so the SVD runs once per module; a factor not collected (a stopped run) is dropped after a few more modules. The
 factor units read their inputs lazily (``lazy_inputs``): the sibling that finds the pair computed, or cached, reads
-no weight at all, and the one that computes it reads FT, subtracts BASE in FT's own buffer and lets BASE go, so a
-module in flight holds one task vector and its SVD workspace. With a
+no weight at all, and the one that computes it reads FT and subtracts BASE from it in place, a row chunk of BASE
+at a time, so a module in flight holds one task vector and its SVD workspace. FT's tensors saved whole
+(``lora_extract_saved``) reach the adapter in row chunks. With a
 :class:`~resumerge.extract.factor_cache.FactorCache` in use, each module's factors are also kept on disk until the
 adapter is committed, so a resumed run decomposes only the modules the killed one had not finished.
 Recomputing gives the same bytes: the randomized truncation is seeded per module (``seed``), never by run order.
 
 There are two pairs of factor functions, the same computation declared with two footprints: ``…_a``/``…_b`` for
-the randomized truncation and ``…_a_full``/``…_b_full`` for a full SVD (``--exact``, or a rank too close to the
+the randomized truncation and ``…_a_full``/``…_b_full`` for the exact one (``--exact``, or a rank too close to the
 matrix's size for the randomized one to gain); the planner picks by :func:`~resumerge.extract.decompose.full_svd`.
 
 Importing this module registers the functions (the extraction planner imports it).
@@ -28,16 +29,18 @@ from typing import Any
 
 import torch
 
-from resumerge.extract.decompose import MIN_OVERSAMPLE, factors, kept_rank, truncate
+from resumerge.extract.decompose import MIN_OVERSAMPLE, factors, gram_scratch, kept_rank, truncate
 from resumerge.extract.factor_cache import FactorCache
 from resumerge.methods.footprint import measured
-from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, WholeCost, register
+from resumerge.plan.workunits import CHUNK_ELEMENTS
 
 FACTOR_A = "lora_extract_a"
 FACTOR_B = "lora_extract_b"
 FACTOR_A_FULL = "lora_extract_a_full"
 FACTOR_B_FULL = "lora_extract_b_full"
 DELTA = "lora_extract_delta"
+SAVED = "lora_extract_saved"
 
 # Where finished modules' factors are kept for a resumed run (set by the extraction's planning; None: nowhere).
 _cache: FactorCache | None = None
@@ -51,10 +54,21 @@ _lock = threading.Lock()
 def task_vector(ctx: MergeContext) -> torch.Tensor:
     """FT − BASE in the inputs' (common) dtype, as mergekit subtracts them; transposed for an embedding.
 
-    With inputs of its own (the engine's lazy reads) the difference is taken in FT's buffer and BASE is freed
-    right after (the same bits as ``FT - BASE``); a caller's tensors are never written."""
+    With inputs of its own (the engine's lazy reads) the difference is taken in FT's buffer, BASE read into it a
+    row chunk at a time, so BASE is never whole in memory (the same bits as ``FT - BASE``: a subtraction is
+    elementwise); a caller's tensors are never written."""
     ft = ctx.tensors[1]
-    delta = ft.sub_(ctx.tensors[0]) if ctx.owned_inputs else ft - ctx.tensors[0]
+    if not ctx.owned_inputs:
+        delta = ft - ctx.tensors[0]
+    elif ctx.read_rows is None or ft.dim() != 2:
+        delta = ft.sub_(ctx.tensors[0])
+    else:
+        rows = ft.shape[0]
+        step = max(1, CHUNK_ELEMENTS // max(1, ft.shape[1]))
+        for first in range(0, rows, step):
+            stop = min(rows, first + step)
+            ft[first:stop].sub_(ctx.read_rows(0, first, stop))
+        delta = ft
     return delta.T if ctx.params["embedding"] else delta
 
 
@@ -72,7 +86,10 @@ def decompose(ctx: MergeContext) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _shared(ctx: MergeContext, which: int) -> torch.Tensor:
-    """Factor ``which`` (0: A, 1: B) of the module, computing the pair once for both sibling tensors."""
+    """Factor ``which`` (0: A, 1: B) of the module, computing the pair once for both sibling tensors of the
+    engine's units (another caller's context, ``plan``'s timing, computes it alone)."""
+    if not ctx.owned_inputs:
+        return decompose(ctx)[which]
     key = tuple(sorted(ctx.params.items()))  # the module and everything its factors depend on, the device included
     with _lock:
         future = _pending.get(key)
@@ -132,6 +149,13 @@ def factor_b(ctx: MergeContext) -> torch.Tensor:
     return _shared(ctx, 1)
 
 
+def saved_whole(ctx: MergeContext) -> torch.Tensor:
+    """FT's tensor as it is (``modules_to_save``), for a row chunk at a time: the engine streams these tensors to
+    the adapter in chunks of :data:`~resumerge.plan.workunits.CHUNK_ELEMENTS` entries (``row_chunk``), so an
+    embedding or a head is never whole in memory."""
+    return ctx.tensors[0].clone()
+
+
 def bias_delta(ctx: MergeContext) -> torch.Tensor:
     """FT's bias − BASE's (mergekit saves it as ``lora_B.bias``)."""
     return ctx.tensors[1] - ctx.tensors[0]
@@ -150,16 +174,18 @@ _PARAMS = (
     ParamSpec("device", Scope.GLOBAL, str, default="cpu"),
 )
 
-# What a factor unit allocates beyond its two inputs, per element of the module's weight (out × in), whichever of
-# the pair's units computes it (the task vector is taken in FT's own buffer). Measured with the profiler replay of
-# tests/methods/footprint_cases.py (tests/extract/test_footprint.py; torch 2.x CPU, 2 threads) on 192×512 to
-# 1024×2816 weights, ranks 8 to 128. A full SVD (the float32 copy LAPACK factors, U, Vh, its work arrays): 9.7 to
-# 12.3 bytes per element from float32 weights, 13.5 to 16.3 from bfloat16 ones (their float32 copy besides);
-# float16 is taken as bfloat16, float64 as float32 plus its wider copy.
-_FULL_SVD = measured((12.5, 0), (16.5, 0), (16.5, 0), (24, 0), of_inputs=True)
+# What a factor unit allocates beyond its two inputs, whichever of the pair's units computes it (the task vector
+# is taken in FT's own buffer). Measured with the profiler replay of tests/methods/footprint_cases.py
+# (tests/extract/test_footprint.py; torch 2.x CPU) on 192×512 to 1024×2816 weights, ranks 8 to 128. The exact
+# truncation: its peak is the eigendecomposition of the float64 Gram matrix, 30 to 32.3 bytes per entry of it (the
+# shorter side squared: the matrix, its eigenvectors, LAPACK's workspace), or, on a matrix far wider than tall,
+# the Gram matrix and its float64 column block (8 bytes per entry, at most GRAM_BLOCK entries; counted on top),
+# plus the float32 copy of a task vector of another dtype (4 bytes per element).
+_FULL_SVD = measured((0, 0, 8, 32), (4, 0, 8, 32), (4, 0, 8, 32), (4, 0, 8, 32), of_inputs=True,
+                     scratch=gram_scratch)
 # The randomized truncation: its sketches and their QR factors, 13 to 17.2 bytes per element of a (out + in) ×
 # sketch-width panel, plus the float32 copy of a half-precision task vector (4 bytes per element) — at rank 32 on a
-# 2048 × 5504 weight 0.4 bytes per element where the full SVD's are 12.
+# 2048 × 5504 weight 0.4 bytes per element where the exact truncation's are 16.
 _RANDOMIZED = measured((0.5, 0), (4.5, 0), (4.5, 0), (8.5, 0), of_inputs=True, panel=18.0,
                        panel_width=lambda rank: rank + max(MIN_OVERSAMPLE, rank))
 # The bias delta: one subtraction, linear's figures.
@@ -169,10 +195,17 @@ for _name, _fn, _footprint in ((FACTOR_A, factor_a, _RANDOMIZED), (FACTOR_B, fac
                                (FACTOR_A_FULL, factor_a, _FULL_SVD), (FACTOR_B_FULL, factor_b, _FULL_SVD)):
     register(MethodSpec(name=_name, fn=_fn, params=_PARAMS, base=BasePolicy.REQUIRED, min_inputs=2, max_inputs=2,
                         reference="mergekit-extract-lora", footprint=_footprint, internal=True, lazy_inputs=True,
+                        # A truncation's time follows the weight's shape, the rank and the algorithm; A and B of a
+                        # module come from one truncation.
+                        whole_cost=WholeCost(params=("rank", "exact"), shared_by=2),
                         # MKL splits the sketches' products, QRs and the SVD by torch's thread count: measured on
                         # the 168 MB bench pair at rank 32, -j 1 and -j 4 gave other bytes (-j 1 and the default 2
                         # threads the same: the engine's two workers each run their kernels alone).
                         thread_dependent=True))
+# A copy: passthrough's figures.
+register(MethodSpec(name=SAVED, fn=saved_whole, min_inputs=1, max_inputs=1, elementwise=True,
+                    reference="mergekit-extract-lora", footprint=measured((4, 0), (2, 0), (2, 0), (8, 0)),
+                    internal=True, row_chunk=CHUNK_ELEMENTS))
 register(MethodSpec(name=DELTA, fn=bias_delta, base=BasePolicy.REQUIRED, min_inputs=2, max_inputs=2,
                     elementwise=True, reference="mergekit-extract-lora", footprint=_SUBTRACTION,
                     internal=True))

@@ -2,8 +2,9 @@
 
 The plan is the same kind a merge has, so the session path runs it unchanged: one shard,
 ``adapter_model.safetensors``, whose tensors are the LoRA factors (``lora_extract_a``/``_b`` from BASE and FT; A
-and B of a module side by side in the data order), the bias deltas, and FT's tensors saved whole (``passthrough``);
-its side files are ``adapter_config.json`` and ``README.md``, made here.
+and B of a module side by side in the data order), the bias deltas, and FT's tensors saved whole
+(``lora_extract_saved``, streamed in row chunks); its side files are ``adapter_config.json`` and ``README.md``,
+made here.
 """
 
 from __future__ import annotations
@@ -78,8 +79,7 @@ def build_extraction_plan(spec: ExtractSpec, inputs: Inputs, ft_key: str, base_k
             tensors[tp.name] = tp
     for out_name, name in choice.saved:
         ref = _ref(ft_key, ft, name)
-        tensors[out_name] = _tensor(out_name, "passthrough", (ref,), None, (((("scale", None),),)), (), ref.shape,
-                                    ref.dtype)
+        tensors[out_name] = _tensor(out_name, registered.SAVED, (ref,), None, ((),), (), ref.shape, ref.dtype)
     if options.num_threads is not None and not threads_matter({t.method for t in tensors.values()}):
         options = replace(options, num_threads=None)  # as for merges: -j recorded only where the bytes follow it
     layout = layout_shard({n: (t.out_dtype, t.shape) for n, t in tensors.items()})
@@ -129,7 +129,8 @@ def _lora_tensors(spec: ExtractSpec, m: LoraModule, ft: ModelInput, base: ModelI
               ("source", source), ("sv_epsilon", spec.sv_epsilon))
     kind, suffix = ("lora_embedding", "") if m.embedding else ("lora", ".weight")
     stem = f"base_model.model.{m.name}.{kind}"
-    # The same computation either way; the full SVD's units are admitted by its larger workspace.
+    # The same computation either way; the exact truncation's units are admitted by its larger
+    # workspace.
     full = full_svd(m.rank, out, inn, exact=spec.exact)
     method_a, method_b = ((registered.FACTOR_A_FULL, registered.FACTOR_B_FULL) if full
                           else (registered.FACTOR_A, registered.FACTOR_B))

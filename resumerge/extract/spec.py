@@ -22,8 +22,8 @@ EXTRACTION_METHOD = "extract_lora"
 
 @dataclass(frozen=True)
 class ExtractSpec:
-    """mergekit-extract-lora's options (same names and defaults), plus ``exact`` (full SVD instead of the
-    randomized truncation)."""
+    """mergekit-extract-lora's options (same names and defaults), plus ``exact`` (the exact truncation instead
+    of the randomized one)."""
 
     model: str
     base_model: str

@@ -75,6 +75,10 @@ class MergeContext:
     # True when every access to ``tensors`` returns a buffer of the method's own, which it may overwrite (the
     # engine's lazily read inputs, see MethodSpec.lazy_inputs); False: they are the caller's, never to be written.
     owned_inputs: bool = False
+    # With lazily read inputs: ``read_rows(i, first, stop)`` reads rows ``[first, stop)`` of input ``i`` alone (as
+    # ``tensors[i]`` would read the whole, cast alike), so a method can consume an input chunk by chunk; None
+    # where the inputs are already in memory.
+    read_rows: Callable[[int, int, int], torch.Tensor] | None = None
 
     @property
     def base(self) -> torch.Tensor:
@@ -135,6 +139,17 @@ ContractCheck = Callable[[Mapping[str, Any], Sequence[Mapping[str, Any]]], "str 
 
 
 @dataclass(frozen=True)
+class WholeCost:
+    """How a method's compute time is estimated when it does not follow its output's elements (a decomposition: a
+    truncated SVD costs by the matrix it factors, not by its rank-r result): ``plan`` times one call on synthetic
+    inputs of the real shapes per class of input shapes and values of ``params``, and ``shared_by`` consecutive
+    tensors of the plan (a LoRA module's A and B) come from one computation, whose time and reads count once."""
+
+    params: tuple[str, ...] = ()
+    shared_by: int = 1
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     """A registered merge method: its pure function and the contract the planner checks up front.
 
@@ -173,8 +188,15 @@ class MethodSpec:
     thread_dependent: bool = False
     # True when the method may not need its inputs at all (LoRA extraction's factors: the sibling unit of a module
     # may have computed them already): the engine then reads each input only when the method indexes ``tensors``,
-    # and again at each access, so a method keeps what it needs and drops the rest early.
+    # and again at each access, so a method keeps what it needs and drops the rest early; its inputs but the largest
+    # are taken a row chunk at a time (MergeContext.read_rows), and its units are estimated so.
     lazy_inputs: bool = False
+    # How ``plan`` times the method when its cost does not follow its output's elements (None: it does).
+    whole_cost: WholeCost | None = None
+    # Entries per row chunk in which an elementwise method's tensors larger than that are always streamed to the
+    # writer, whatever the budget (LoRA extraction's tensors saved whole: none is ever whole in memory); None:
+    # row chunks only when a tensor would take more than a quarter of the budget.
+    row_chunk: int | None = None
     # The engine's own unit functions (MoE upcycling's expert and router tensors): registered so the engine can
     # run them like any method, but not merge methods a config may name (method_names() and the planner skip them).
     internal: bool = False

@@ -51,6 +51,10 @@ def estimate_bytes(tp: TensorPlan, method: MethodSpec, rows: int | None = None) 
     rank = min(tp.shape) if method.footprint.of_inputs and tp.shape else None
     work = working_bytes(method.footprint, seen, basis, len(tp.inputs), base=tp.base_index is not None, rank=rank)
     stored = sum(i.end - i.start for i in tp.inputs)
+    if method.lazy_inputs and len(tp.inputs) > 1 and rows is None:
+        # Its largest input whole, the others a row chunk at a time (LoRA extraction's task vector).
+        sizes = sorted(i.end - i.start for i in tp.inputs)
+        stored = sizes[-1] + sum(min(size, CHUNK_ELEMENTS * 8) for size in sizes[:-1])
     whole = numel(tp.shape)
     # A LoRA delta: the merged copy of the input, plus the whole factors and their float64 copies.
     lora = sum(whole * 4 + 3 * (i.lora.a.end - i.lora.a.start + i.lora.b.end - i.lora.b.start)
@@ -132,7 +136,8 @@ def unit_mode(tp: TensorPlan, method: MethodSpec, budget: int | None, device: st
     cost no cores (the engine's workers are at least torch's threads: chunk kernels run serially, see
     :mod:`resumerge.engine.kernels`). ``ROWS``: otherwise, a tensor an elementwise or streamed method can cut into
     rows whose whole estimate exceeds a quarter of the budget streams row chunks to the writer one at a time,
-    nothing else in flight. Otherwise ``WHOLE``.
+    nothing else in flight, and so does a tensor its method always streams (:func:`fixed_chunk_rows`).
+    Otherwise ``WHOLE``.
     """
     quarter = None if budget is None else budget // 4
     stream = row_stream(tp, method, device)
@@ -144,7 +149,26 @@ def unit_mode(tp: TensorPlan, method: MethodSpec, budget: int | None, device: st
         return PASSES
     if quarter is not None and (can_chunk(tp, method) or streams) and estimate_bytes(tp, method) > quarter:
         return ROWS
+    if quarter is not None and fixed_chunk_rows(tp, method) is not None:
+        return ROWS
     return WHOLE
+
+
+def collects_sibling(previous: TensorPlan | None, tp: TensorPlan, method: MethodSpec) -> bool:
+    """Whether ``tp``'s unit only collects what ``previous``'s computed (a LoRA module's B after its A: one
+    computation serves :attr:`~resumerge.methods.spec.WholeCost.shared_by` consecutive tensors). Such a unit
+    waits, computing nothing, so the engine does not count it among its working units."""
+    return (method.whole_cost is not None and method.whole_cost.shared_by > 1 and previous is not None
+            and previous.params == tp.params and previous.inputs == tp.inputs)
+
+
+def fixed_chunk_rows(tp: TensorPlan, method: MethodSpec) -> int | None:
+    """Rows per chunk of a tensor its method always streams in chunks of at most
+    :attr:`~resumerge.methods.spec.MethodSpec.row_chunk` entries; None when it is not cut that way (no such
+    method, rows that cannot be cut, or a tensor no larger than one chunk)."""
+    if method.row_chunk is None or not can_chunk(tp, method) or numel(tp.shape) <= method.row_chunk:
+        return None
+    return max(1, method.row_chunk // max(1, numel(tp.shape[1:])))
 
 
 def pass_rows(tp: TensorPlan) -> int:

@@ -83,3 +83,81 @@ def test_a_factor_unit_is_admitted_by_its_weight(pair: Callable[[str], tuple[Pat
         weight = tp.inputs[0].shape
         assert tp.shape[0] == 4 and weight[0] > 4
         assert estimate_bytes(tp, spec) >= working_bytes(spec.footprint, "float32", weight, 2, base=True)
+
+
+def test_the_task_vector_reads_base_a_row_chunk_at_a_time() -> None:
+    """With the engine's lazy inputs, BASE is never read whole: FT − BASE is taken in FT's buffer from BASE's row
+    chunks, with the bits of one whole subtraction."""
+    from resumerge.extract.factors import task_vector
+    from resumerge.plan.workunits import CHUNK_ELEMENTS
+
+    g = torch.Generator().manual_seed(3)
+    base, ft = torch.randn(300, 1000, generator=g), torch.randn(300, 1000, generator=g)
+    reads: list[tuple[int, int]] = []
+
+    class Inputs(list):  # type: ignore[type-arg]
+        def __getitem__(self, i):  # type: ignore[no-untyped-def]
+            assert i == 1, "BASE read whole"
+            return ft.clone()
+
+    def rows(i: int, first: int, stop: int) -> torch.Tensor:
+        assert i == 0
+        reads.append((first, stop))
+        return base[first:stop].clone()
+
+    ctx = MergeContext(Inputs([base, ft]), 0, [{}, {}], {"embedding": False}, owned_inputs=True, read_rows=rows)
+    assert torch.equal(task_vector(ctx), ft - base)
+    assert len(reads) > 1 and max(stop - first for first, stop in reads) * 1000 <= CHUNK_ELEMENTS
+    assert [r for pair in reads for r in pair] == sorted(r for pair in reads for r in pair)  # in order, once each
+    assert reads[0][0] == 0 and reads[-1][1] == 300
+
+
+def test_tensors_saved_whole_stream_in_row_chunks(pair: Callable[[str], tuple[Path, Path]]) -> None:
+    """FT's tensors saved whole (embeddings, head, norms) go to the adapter in row chunks of at most the method's
+    ``row_chunk`` entries, whatever the budget; a tensor of one chunk or less is computed whole."""
+    from dataclasses import replace
+
+    from resumerge.extract.factors import SAVED
+    from resumerge.extract.prepare import prepare_extraction
+    from resumerge.extract.spec import ExtractSpec, spec_text
+    from resumerge.plan.merge_plan import PlanOptions
+    from resumerge.plan.workunits import ROWS, WHOLE, fixed_chunk_rows, unit_mode
+
+    base, ft = pair("llama-wide")
+    plan, _ = prepare_extraction(spec_text(ExtractSpec(model=str(ft), base_model=str(base), max_rank=4)),
+                                 PlanOptions())
+    saved = [t for t in plan.tensors.values() if t.method == SAVED]
+    embedding = max(saved, key=lambda t: t.nbytes)
+    assert len(embedding.shape) == 2
+    spec = get_method(SAVED)
+    assert spec is not None and spec.row_chunk is not None
+    row = embedding.shape[1]
+    small = replace(spec, row_chunk=3 * row)  # the tiny model's embedding is smaller than the real chunk
+    assert fixed_chunk_rows(embedding, small) == 3
+    assert unit_mode(embedding, small, 1 << 40, "cpu") == ROWS
+    assert unit_mode(embedding, replace(spec, row_chunk=embedding.shape[0] * row), 1 << 40, "cpu") == WHOLE
+
+
+def test_a_modules_second_factor_collects_the_first_and_takes_no_worker(
+        pair: Callable[[str], tuple[Path, Path]]) -> None:
+    """In the adapter's data order each module's second factor unit collects its sibling's truncation: the engine
+    lets it wait beside its two working units (two modules decomposed at once) and ``plan`` counts the pair once."""
+    from resumerge.extract.prepare import prepare_extraction
+    from resumerge.extract.spec import ExtractSpec, spec_text
+    from resumerge.plan.merge_plan import PlanOptions
+    from resumerge.plan.workunits import collects_sibling
+
+    base, ft = pair("llama-wide")
+    plan, _ = prepare_extraction(spec_text(ExtractSpec(model=str(ft), base_model=str(base), max_rank=4)),
+                                 PlanOptions())
+    order = [plan.tensors[n] for s in plan.shards for n in s.tensors]
+    flags = []
+    for previous, tp in zip([None, *order[:-1]], order, strict=True):
+        spec = get_method(tp.method)
+        assert spec is not None
+        flags.append(collects_sibling(previous, tp, spec))
+    siblings = [tp for tp, flag in zip(order, flags, strict=True) if flag]
+    modules = {dict(tp.params)["module"] for tp in order if tp.method == FACTOR_A}
+    assert len(siblings) == len(modules) > 0
+    assert {dict(tp.params)["module"] for tp in siblings} == modules
+    assert not any(flags[i] and flags[i + 1] for i in range(len(flags) - 1))  # never two in a row

@@ -64,7 +64,9 @@ def test_cli_exit_code(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]],
 
 def test_plan_estimates_without_writing(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]],
                                         capsys: pytest.CaptureFixture[str]) -> None:
-    """``extract-lora --plan`` validates and estimates the adapter's exact size, writing nothing."""
+    """``extract-lora --plan`` validates and estimates the adapter's exact size, writing nothing; the truncations
+    are timed by whole calls (a sample of rows is no smaller truncation, and the first attempt failed on one), and
+    a module's weights are counted as read once (its B reads nothing)."""
     import json
 
     base, ft = pair("llama")
@@ -76,5 +78,9 @@ def test_plan_estimates_without_writing(tmp_path: Path, pair: Callable[[str], tu
     doc = json.loads(captured.out)
     assert doc["method"] == "extract_lora" and doc["fits"]
     assert not out.exists()
+    factors = [g for g in doc["time"]["compute"] if g["method"].startswith(("lora_extract_a", "lora_extract_b"))]
+    assert factors and all(g["whole"] and g["seconds_per_call"] > 0 for g in factors), factors
+    weights = sum(f.stat().st_size for d in (base, ft) for f in d.glob("*.safetensors"))
+    assert 0 < doc["time"]["read_bytes"] <= weights
     api.extract_lora(str(ft), str(base), out, max_rank=4)
     assert doc["output_bytes"] == (out / "adapter_model.safetensors").stat().st_size
