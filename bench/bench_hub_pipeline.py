@@ -20,7 +20,8 @@ run from an empty HF cache, in fresh processes, alternating the order run by run
 - ``before`` (only with ``--before DIR``): ``resumerge run`` with its defaults from the code in DIR (say, an
   export of an earlier commit: ``git archive COMMIT | tar -x -C DIR``), paired with today's under the same load.
 
-Reported per row: wall; the link floor ``max(bytes down / down rate, bytes up / up rate)`` from the bytes the
+Reported per row: wall; the CPU seconds of the tool's processes and of the stand-in (this process) on the
+printed line; the link floor ``max(bytes down / down rate, bytes up / up rate)`` from the bytes the
 stand-in counted; the ratio to the floor and to mergekit's three phases; bytes down and up; commits; the peak of
 local disk the run used (HF cache, state and staging, OUT; sampled every 0.1 s). Before the runs, ``resumerge
 plan cfg.yml hf://… --bandwidth DOWN/UP --json`` gives its network estimate, printed beside the measured wall.
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shlex
 import shutil
 import subprocess
@@ -222,9 +224,12 @@ def main() -> None:
                         hub.reset_counters()
                         load = _load()
                         began = time.monotonic()
+                        children, ours = resource.getrusage(resource.RUSAGE_CHILDREN), os.times()
                         with DiskPeak(root) as disk:
                             wall, phases = run_tool(tool, hub, config, root, repo, flags, args.before)
                         phases = (phases + "  " if phases else "") + _timeline(hub, repo, began)
+                        phases += "  " + _cpu(children, ours)
+                        print("    " + _spans(hub, repo, began), flush=True)
                         row = Row(rate, method, tool, wall, hub.link.down_bytes, hub.link.up_bytes,
                                   writer.commits[repo], disk.peak,
                                   max(hub.link.down_bytes / down, hub.link.up_bytes / up), phases, load)
@@ -238,6 +243,15 @@ def main() -> None:
     _table(rows, estimates, args)
 
 
+def _cpu(children: resource.struct_rusage, ours: os.times_result) -> str:
+    """CPU seconds (user + system) the tool's processes and the stand-in hub (this process, its disk sampler
+    included) spent since the two readings: on 2 shared cores, what the link's floor does not show."""
+    after, now = resource.getrusage(resource.RUSAGE_CHILDREN), os.times()
+    tool = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+    hub = now.user + now.system - ours.user - ours.system
+    return f"cpu: tool {tool:.1f} s, stand-in {hub:.1f} s"
+
+
 def _timeline(hub: FakeHub, repo: str, began: float) -> str:
     """When the last input byte went out and the first and last commits landed, in seconds from the start: the
     overlap of downloads and uploads, or its absence."""
@@ -247,6 +261,24 @@ def _timeline(hub: FakeHub, repo: str, began: float) -> str:
     if not commits:
         return last_in
     return f"{last_in}, commits at {min(commits) - began:.1f}..{max(commits) - began:.1f} s"
+
+
+def _spans(hub: FakeHub, repo: str, began: float) -> str:
+    """When each input file's last byte went out, and each output file's upload (began..ended) and commit, in
+    seconds from the start: which download or which upload the run waited for."""
+    def short(key: str) -> str:
+        return key.replace("model-0000", "").replace(".safetensors", "")
+
+    def put(key: str) -> str:
+        span = hub.put_spans.get(hub.committed_oids.get(key, ""))
+        return f"up {span[0] - began:.1f}..{span[1] - began:.1f} " if span else ""
+
+    served = sorted((t, k) for k, t in hub.served_at.items()
+                    if k.startswith(("bench/a/", "bench/b/")) and k.endswith(".safetensors"))
+    ins = ", ".join(f"{short(k)} {t - began:.1f}" for t, k in served)
+    outs = ", ".join(f"{short(k.removeprefix(repo + '/'))} {put(k)}commit {t - began:.1f}" for k, t in
+                     sorted(hub.committed_at.items(), key=lambda kv: kv[1]) if k.startswith(repo + "/"))
+    return f"input files done: {ins}\n    output files: {outs}"
 
 
 def _median(values: list[float]) -> float:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import io
 import os
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from support import drain_pty
 
 from resumerge.cli.render import ProgressReporter, TrafficRates, traffic_line
+from resumerge.engine.cpuprobe import probe_transfer_cost
 from resumerge.engine.netestimate import (
     COMPUTE,
     DOWNLOAD,
@@ -68,6 +71,25 @@ def test_compute_bound_when_the_merge_is_slower_than_the_link() -> None:
     net = _net(100 * MB, 200 * MB, 60.0)
     assert net.seconds == pytest.approx(60.5) and net.bound == COMPUTE
     assert net.line().startswith("about 60 s pipelined, compute-bound: ")
+
+
+def test_start_up_comes_first_and_the_transfers_cpu_shares_the_cores() -> None:
+    """On 2 cores, 20 CPU seconds of receiving, hashing and copying add 10 s to a 10 s merge: with start-up, the
+    local side (3 + 20 s) outlasts a 17.4 s download and bounds the run."""
+    net = replace(_net(200 * MB, 150 * MB, 10.0), startup_seconds=3.0, transfer_cpu_seconds=20.0, cores=2)
+    assert net.work_seconds == pytest.approx(20.0) and net.bound == COMPUTE
+    assert net.seconds == pytest.approx(3.0 + 20.0 + 100 / 150)
+    assert net.line().endswith("local merge about 10 s, the transfers' CPU about 20 s on 2 core(s), start-up 3.0 s")
+    doc = net.to_json()
+    assert (doc["startup_seconds"], doc["transfer_cpu_seconds"], doc["cores"]) == (3.0, 20.0, 2)
+
+
+def test_the_transfer_probe_costs_a_downloaded_byte_more_than_nothing(tmp_path: Path) -> None:
+    cost = probe_transfer_cost(tmp_path, 2 * 2**20)
+    assert cost is not None and cost.down > 0 and cost.up > 0
+    assert cost.seconds(2, 1) == pytest.approx(2 * cost.down + cost.up)
+    assert not list(tmp_path.iterdir())  # its temp file is gone
+    assert probe_transfer_cost(tmp_path / "missing", 2 * 2**20) is None
 
 
 def test_a_local_out_only_downloads() -> None:

@@ -33,7 +33,7 @@ from resumerge.inputs.source import InputSource, InputSources, LocalFiles
 from resumerge.inputs.tensorio import TensorReader
 from resumerge.memory import MemoryGovernor, format_size
 from resumerge.plan.fetching import CACHED, DOWNLOAD, STREAM, FileFetch, choose_fetch, first_reads, needed_ranges
-from resumerge.plan.merge_plan import Plan, PlanOptions
+from resumerge.plan.merge_plan import Plan
 from resumerge.store.ledger import Ledger
 
 
@@ -54,14 +54,6 @@ def plan_fetch(plan: Plan, inputs: Inputs, *, max_disk: int | None = None,
 
 
 PROGRESS_SECONDS = 5.0
-
-
-def refuse_streamed_recipe(options: PlanOptions | None) -> None:
-    """Raise :class:`UsageError` (exit 2) for ``--stream-inputs`` on a recipe, whose stages download their hub
-    inputs whole (once, for every stage): streaming them is not built, and a flag must not be ignored."""
-    if options is not None and options.stream_inputs:
-        raise UsageError("--stream-inputs applies to single merges; a recipe downloads its hub inputs whole",
-                         hint="drop --stream-inputs, or merge the stages one config at a time")
 
 
 def _check_room(plan: Plan, max_disk: int | None, disk_bytes: int) -> None:
@@ -144,7 +136,8 @@ class HubInputs:
                                 [meta.files[f] for f in downloads])
                 jobs += [(key, meta, f) for f in downloads]
         # One download per input model at a time: the plan reads the models in step, so their files are needed
-        # together, and more at once would only split the link between files needed later.
+        # together, and more at once would only split the link between files needed later. The exception is a
+        # file the merge already waits for (Downloads.wanted): it starts at once beside the one in progress.
         landing = Downloads(jobs, records_dir=state_root(state_dir), on_progress=on_progress,
                             workers=min(4, len({key for key, _, _ in jobs}))) if jobs else None
         for key, directory in plan.model_dirs.items():

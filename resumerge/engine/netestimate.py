@@ -4,11 +4,14 @@ download, upload and the local merge bounds a pipelined run.
 A merge that reads hub inputs or writes an ``hf://`` OUT downloads, merges and uploads at once: input bytes are
 fetched in the order the plan reads them, a shard is merged once its inputs are there, and a finished shard is
 uploaded while the next are merged. Its wall time is then set by the slowest of the three, plus what cannot
-overlap: the first shard must be fetched and merged before any upload starts, and the last shard's upload starts
-only after its last tensor. :class:`NetworkEstimate` holds the figures and that arithmetic; the link's rates come
-from ``--bandwidth DOWN[/UP]`` or, for the download only, a measurement (:func:`measure_download`: two range reads
-of a hub input, a small one for the latency and a larger one for the rate). An upload rate is never measured
-(``plan`` writes nothing): without ``--bandwidth`` the upload time is unknown and ``plan`` says so.
+overlap: start-up (imports, planning) before the first byte moves, the first shard fetched and merged before any
+upload starts, and the last shard's upload only after its last tensor. The local side is the merge's own work plus
+the CPU the transfers take on this machine's cores (receiving, writing the HF cache, hashing, reading back,
+sending; :mod:`resumerge.engine.cpuprobe`), which on a machine of few cores is what bounds a fast link.
+:class:`NetworkEstimate` holds the figures and that arithmetic; the link's rates come from ``--bandwidth
+DOWN[/UP]`` or, for the download only, a measurement (:func:`measure_download`: two range reads of a hub input, a
+small one for the latency and a larger one for the rate). An upload rate is never measured (``plan`` uploads
+nothing): without ``--bandwidth`` the upload time is unknown and ``plan`` says so.
 """
 
 from __future__ import annotations
@@ -52,9 +55,11 @@ def parse_bandwidth(text: str) -> Bandwidth:
 class NetworkEstimate:
     """Bytes each way, the link, and the local merge time, for a run that overlaps all three.
 
-    ``local_seconds`` is the merge without the network (start-up, disk work and compute, as the time estimate
-    has it; None when unknown); ``first_share`` the fraction of the output in the first shard (its inputs are
-    fetched and merged before the first upload); ``tail_bytes`` the last shard's size (uploaded after the merge).
+    ``local_seconds`` is the merge without the network after start-up (disk work and compute, as the time
+    estimate has it; None when unknown); ``startup_seconds`` what comes before the first byte moves (imports,
+    planning); ``transfer_cpu_seconds`` the CPU the transfers take here, shared with the merge by ``cores``;
+    ``first_share`` the fraction of the output in the first shard (its inputs are fetched and merged before the
+    first upload); ``tail_bytes`` the last shard's size (uploaded after the merge).
     """
 
     down_bytes: int
@@ -64,6 +69,14 @@ class NetworkEstimate:
     first_share: float = 0.0
     tail_bytes: int = 0
     note: str = ""
+    startup_seconds: float = 0.0
+    transfer_cpu_seconds: float = 0.0
+    cores: int = 1
+
+    @property
+    def work_seconds(self) -> float:
+        """The local side after start-up: the merge, plus the transfers' CPU spread over the cores."""
+        return (self.local_seconds or 0.0) + self.transfer_cpu_seconds / max(1, self.cores)
 
     @property
     def down_seconds(self) -> float | None:
@@ -77,23 +90,24 @@ class NetworkEstimate:
     def seconds(self) -> float | None:
         """Expected wall time of the pipelined run (None when a rate it needs is unknown).
 
-        Input and merge overlap: ``max(download, local)``. The upload trails: it starts once the first shard is
-        done and ends after the last shard's upload, which starts when the merge ends, so the run lasts the
-        longer of ``max(download, local) + last shard's upload`` and ``first shard's share of max(download,
-        local) + the whole upload``."""
-        down, up, local = self.down_seconds, self.up_seconds, self.local_seconds or 0.0
+        Start-up comes first. Then input and merge overlap: ``max(download, work)``. The upload trails: it starts
+        once the first shard is done and ends after the last shard's upload, which starts when the merge ends, so
+        the run lasts start-up plus the longer of ``max(download, work) + last shard's upload`` and ``first
+        shard's share of max(download, work) + the whole upload``."""
+        down, up, local = self.down_seconds, self.up_seconds, self.work_seconds
         if down is None or up is None:
             return None
         ahead = max(down, local)
         if not self.up_bytes:
-            return ahead
+            return self.startup_seconds + ahead
         tail = _seconds(self.tail_bytes, self.link.up) or 0.0
-        return max(ahead + tail, self.first_share * ahead + up)
+        return self.startup_seconds + max(ahead + tail, self.first_share * ahead + up)
 
     @property
     def bound(self) -> str | None:
-        """What sets the pace: :data:`DOWNLOAD`, :data:`UPLOAD` or :data:`COMPUTE` (None when unknown)."""
-        down, up, local = self.down_seconds, self.up_seconds, self.local_seconds or 0.0
+        """What sets the pace: :data:`DOWNLOAD`, :data:`UPLOAD` or :data:`COMPUTE` (the merge and the transfers'
+        CPU; None when unknown)."""
+        down, up, local = self.down_seconds, self.up_seconds, self.work_seconds
         if down is None or up is None:
             return None
         ahead = max(down, local)
@@ -108,6 +122,11 @@ class NetworkEstimate:
                  _direction("upload", self.up_bytes, self.link.up, self.link.source)]
         text = "; ".join(p for p in parts if p)
         local = f"local merge about {_duration(self.local_seconds)}" if self.local_seconds is not None else ""
+        if self.transfer_cpu_seconds:
+            local += (f"{', ' if local else ''}the transfers' CPU about {_duration(self.transfer_cpu_seconds)} on "
+                      f"{self.cores} core(s)")
+        if self.startup_seconds:
+            local += f"{', ' if local else ''}start-up {_duration(self.startup_seconds)}"
         seconds = self.seconds
         if seconds is None:
             return f"{text}; {local + '; ' if local else ''}unknown link: pass --bandwidth DOWN/UP (e.g. 150MB/75MB)"
@@ -122,6 +141,8 @@ class NetworkEstimate:
                 "down_bytes_per_s": rounded(self.link.down, 0), "up_bytes_per_s": rounded(self.link.up, 0),
                 "source": self.link.source, "down_seconds": rounded(self.down_seconds),
                 "up_seconds": rounded(self.up_seconds), "local_seconds": rounded(self.local_seconds),
+                "startup_seconds": rounded(self.startup_seconds),
+                "transfer_cpu_seconds": rounded(self.transfer_cpu_seconds), "cores": self.cores,
                 "seconds": rounded(self.seconds), "bound": self.bound, "note": self.note}
 
 

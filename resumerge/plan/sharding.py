@@ -9,18 +9,22 @@ cap gets a shard of its own. Names are ``model.safetensors`` for one shard, else
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.inputs.safetensors_format import layout_shard
 from resumerge.plan.merge_plan import DEFAULT_SHARD_SIZE, ShardPlan, TensorPlan
 
-# An hf:// OUT's shards by default. Each shard is uploaded while the next ones are merged, so what the run waits
-# for at its end is the upload of the last shard (and a kill loses at most the shard being made): 200 MB is
-# 8 s at 25 MB/s up, against 40 s for a 1 GB shard. Smaller shards add files and commits, not bytes: a 140 GB
-# output is 700 files, in commits paced under the hub's quota (see resumerge.store.hubcommits.Batching).
-HUB_SHARD_SIZE = 200_000_000
+# An hf:// OUT's shards by default. Each shard is uploaded while the next ones are merged, so the upload link idles
+# until the first shard is complete and what the run waits for at its end is the upload of the last ones (and a
+# kill loses at most the shard being made). Measured hub to hub at 150/75 MB/s on the 1.75 GB bench pair
+# (bench/RESULTS.md, session 13): 200 MB shards start the first upload 6-7 s in (the first shard reads two input
+# files), 100 MB ones at 3 s (its first shard is one tensor of the file downloaded first), and the run ends 3-4 s
+# sooner; 50 MB gained nothing more. Smaller shards add files and commits, not bytes: a 140 GB output is 1,400
+# files (a folder holds at most 10,000 on the hub), in commits paced under the hub's quota (see
+# resumerge.store.hubcommits.Batching).
+HUB_SHARD_SIZE = 100_000_000
 
 
 def default_shard_size(to_hub: bool) -> tuple[int, str]:
@@ -46,22 +50,27 @@ def shard_names(count: int) -> list[str]:
 
 
 def assign_shards(
-    tensors: Mapping[str, TensorPlan], cap: int
+    tensors: Mapping[str, TensorPlan], cap: int, *, last: Collection[str] = ()
 ) -> tuple[tuple[ShardPlan, ...], dict[str, TensorPlan]]:
     """Split ``tensors`` into shards of at most ``cap`` data bytes; returns the shards and tensors with ``shard`` set.
 
     Each shard lists its tensors in on-disk data order (the safetensors layout), so the engine can write
-    sequentially.
+    sequentially. The tensors named in ``last`` get the last shard(s) to themselves: the engine runs shards in
+    order, so everything else is committed before it waits for them (MoE's routers, computed beside the merge).
     """
-    groups: list[list[str]] = [[]]
-    size = 0
-    for name in sorted(tensors):
-        nbytes = tensors[name].nbytes
-        if groups[-1] and size + nbytes > cap:
+    groups: list[list[str]] = []
+    for part in ([n for n in sorted(tensors) if n not in last], sorted(n for n in last if n in tensors)):
+        size = 0
+        if part:
             groups.append([])
-            size = 0
-        groups[-1].append(name)
-        size += nbytes
+        for name in part:
+            nbytes = tensors[name].nbytes
+            if groups[-1] and size + nbytes > cap:
+                groups.append([])
+                size = 0
+            groups[-1].append(name)
+            size += nbytes
+    groups = groups or [[]]
     names = shard_names(len(groups))
     shards = []
     placed: dict[str, TensorPlan] = {}

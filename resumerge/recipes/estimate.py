@@ -22,11 +22,10 @@ from resumerge.config.hubtarget import is_hub_target
 from resumerge.engine.compute_estimate import SAMPLE_SECONDS
 from resumerge.engine.costs import Estimate
 from resumerge.engine.estimate import estimate
-from resumerge.engine.inputfetch import refuse_streamed_recipe
 from resumerge.engine.settings import RunSettings
 from resumerge.memory.sizes import format_size
 from resumerge.plan.merge_plan import PlanOptions
-from resumerge.recipes.plan import default_intermediate_dir, plan_recipe
+from resumerge.recipes.plan import default_intermediate_dir, plan_recipe, refuse_streamed_recipe
 from resumerge.recipes.recipe import load_recipe_text
 from resumerge.store.diskprobe import DEFAULT_PROBE_BYTES, DiskFree, device_of, free_bytes, nearest_existing
 

@@ -91,6 +91,14 @@ class RecipePlan:
         return {key: str(m.directory) for key, m in sorted(self.inputs.models.items())}
 
 
+def refuse_streamed_recipe(options: PlanOptions | None) -> None:
+    """Raise :class:`UsageError` (exit 2) for ``--stream-inputs`` on a recipe, whose stages download their hub
+    inputs whole (once, for every stage): streaming them is not built, and a flag must not be ignored."""
+    if options is not None and options.stream_inputs:
+        raise UsageError("--stream-inputs applies to single merges; a recipe downloads its hub inputs whole",
+                         hint="drop --stream-inputs, or merge the stages one config at a time")
+
+
 def default_intermediate_dir(out_dir: str | os.PathLike[str],
                              state_dir: str | os.PathLike[str] | None = None) -> Path:
     """Where named stages go without ``--intermediate-dir``: ``OUT.intermediates`` beside OUT (same disk as OUT,

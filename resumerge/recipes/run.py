@@ -29,7 +29,6 @@ from resumerge.config.locations import run_dir
 from resumerge.config.version import __version__
 from resumerge.engine.executor import Reporter
 from resumerge.engine.hubout import check_max_disk
-from resumerge.engine.inputfetch import refuse_streamed_recipe
 from resumerge.engine.outdir import check_out_dir
 from resumerge.engine.session import Outcome, hub_progress, make_governor, recorded_threads, run_plan
 from resumerge.engine.settings import RunSettings
@@ -62,7 +61,13 @@ from resumerge.recipes.manifest import (
     recipe_dir,
     write_recipe_manifest,
 )
-from resumerge.recipes.plan import RecipePlan, StagePlan, default_intermediate_dir, plan_recipe
+from resumerge.recipes.plan import (
+    RecipePlan,
+    StagePlan,
+    default_intermediate_dir,
+    plan_recipe,
+    refuse_streamed_recipe,
+)
 from resumerge.recipes.recipe import load_recipe_text
 from resumerge.recipes.view import StageRecord, stage_record
 from resumerge.store.durable import fsync_dir, is_temp_name

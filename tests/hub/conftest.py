@@ -14,6 +14,7 @@ from huggingface_hub import close_session, constants
 
 from hub.fakehub import FakeHub, files_of
 from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.inputs.hub.download import DOWNLOAD_CHUNK
 
 # Files a merge must never fetch: pickles, GGUF, ONNX, Flax, TF, a safetensors outside the index, docs.
 DECOYS = {
@@ -69,12 +70,13 @@ BIG_REPO = "org/big"
 
 @pytest.fixture(scope="session")
 def big_model(tmp_path_factory: pytest.TempPathFactory) -> Model:
-    """A one-shard model of 2.4 download chunks, so an interruption can leave whole chunks on disk."""
+    """A one-shard model of 2.4 MiB, several download chunks, so an interruption can leave whole chunks on disk."""
     import torch
     from safetensors.torch import save_file
 
     path = tmp_path_factory.mktemp("big") / "model.safetensors"
-    elements = int(2.4 * constants.DOWNLOAD_CHUNK_SIZE) // 4
+    assert DOWNLOAD_CHUNK < 2**20
+    elements = int(2.4 * 2**20) // 4
     save_file({"w": torch.randn(elements, generator=torch.Generator().manual_seed(0))}, str(path))
     return Model({"config.json": b'{"num_hidden_layers": 0}', "model.safetensors": path.read_bytes()})
 

@@ -128,6 +128,9 @@ class FakeHub:
         self.link = link or Link()  # paces and counts every body; set before start() (or between requests)
         self.served: Counter[str] = Counter()  # file body bytes per "org/name/path"
         self.served_at: dict[str, float] = {}  # "org/name/path" -> monotonic time its last body byte went out
+        self.committed_at: dict[str, float] = {}  # "org/name/path" -> monotonic time a commit last added it
+        self.committed_oids: dict[str, str] = {}  # "org/name/path" -> the LFS oid a commit last gave it
+        self.put_spans: dict[str, tuple[float, float]] = {}  # LFS oid -> monotonic times its upload began and ended
         self.commit_times: list[tuple[str, float]] = []  # (repo, monotonic time) of every commit applied
         self.api_bytes = 0  # JSON bodies of the API routes and error bodies
         self.requests: list[Request] = []
@@ -171,6 +174,9 @@ class FakeHub:
         with self.lock:
             self.served.clear()
             self.served_at.clear()
+            self.committed_at.clear()
+            self.committed_oids.clear()
+            self.put_spans.clear()
             self.commit_times.clear()
             self.api_bytes = 0
             self.requests.clear()
@@ -418,16 +424,19 @@ class _Handler(BaseHTTPRequestHandler):
     def read_paced(self, n: int, digest: Any = None) -> bytes:
         """Read ``n`` request-body bytes (fewer at EOF) through the link's upload bucket, a chunk at a time, fed to
         ``digest`` (a hashlib object) as they arrive, so checking a large upload costs no time after its end."""
-        out = bytearray()
-        while len(out) < n:
-            step = min(CHUNK, n - len(out))
+        out = bytearray(n)  # read into place: a large upload is not grown piece by piece
+        view, got = memoryview(out), 0
+        while got < n:
+            step = min(CHUNK, n - got)
             self.hub.link.receive(step)
-            piece = self.rfile.read(step)
+            read = self.rfile.readinto(view[got : got + step])
             if digest is not None:
-                digest.update(piece)
-            out += piece
-            if len(piece) < step:
+                digest.update(view[got : got + read])
+            got += read
+            if read < step:
                 break
+        view.release()
+        del out[got:]
         return bytes(out)
 
     def _send_body(self, key: str, body: bytes | memoryview) -> None:

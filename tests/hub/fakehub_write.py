@@ -300,7 +300,10 @@ class HubWriter:
                 h.connection.shutdown(socket.SHUT_RDWR)
             return None
         sha = hashlib.sha256()
+        began = time.monotonic()
         data = self._body(h, sha)
+        with self.hub.lock:
+            self.hub.put_spans[oid] = (began, time.monotonic())
         self._uploading()
         if fault is not None:
             return h._error(fault, "ServerError", "upload failed", retry_after=self.retry_after)
@@ -368,6 +371,7 @@ class HubWriter:
             files = dict(repo.commits[head])
             store = self.lfs.get(repo_id, {})
             deleted = 0
+            added: list[tuple[str, str]] = []
             for line in lines[1:]:
                 value = line["value"]
                 if line["key"] == "file":
@@ -377,6 +381,7 @@ class HubWriter:
                     if data is None:
                         return h._error(400, "BadRequest", MISSING_OBJECT)
                     files[value["path"]] = data
+                    added.append((value["path"], value["oid"]))
                 elif line["key"] == "deletedFile":
                     files.pop(value["path"], None)
                     deleted += 1
@@ -385,6 +390,8 @@ class HubWriter:
             self.commits[repo_id] += 1
             self.deletes[repo_id] += deleted
             self.hub.commit_times.append((repo_id, time.monotonic()))
+            self.hub.committed_at.update({f"{repo_id}/{path}": self.hub.commit_times[-1][1] for path, _ in added})
+            self.hub.committed_oids.update({f"{repo_id}/{path}": oid for path, oid in added})
         if self.on_commit is not None and self.on_commit(number, "applied") is False:
             h.close_connection = True
             with suppress(OSError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from huggingface_hub import constants
@@ -15,7 +16,8 @@ from hub.fakehub import FakeHub, files_of
 from resumerge import api
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.inputs.hub import HubUnavailableError
-from resumerge.inputs.hub.landing import Landing
+from resumerge.inputs.hub import landing as landing_module
+from resumerge.inputs.hub.landing import Downloads, Landing
 
 # One weight file per model (so a hold on it holds the whole input), read in file order by small output shards.
 SPEC = ModelSpec(layers=4, hidden=64, intermediate=96, vocab=128, shard_bytes=10**9)
@@ -150,3 +152,93 @@ def test_a_landing_read_waits_for_its_bytes(tmp_path: Path) -> None:
     assert landing.checked(0.01)
     landing.close()
     os.close(fd)
+
+
+class _Transfers:
+    """Stands for ``land_file``: records which files start downloading, in order, and lands each one only once the
+    test releases it (every byte at once), so the test decides what is in flight."""
+
+    def __init__(self, root: Path, sizes: dict[str, int]) -> None:
+        self.root, self.sizes = root, sizes
+        self.started: list[str] = []
+        self.release = {name: threading.Event() for name in sizes}
+        self.began = {name: threading.Event() for name in sizes}
+
+    def __call__(self, settings: object, repo: object, commit: str, remote: SimpleNamespace, records: object,
+                 emit: object, landing: Landing) -> Path:
+        self.started.append(remote.path)
+        self.began[remote.path].set()
+        path = self.root / remote.path
+        path.write_bytes(bytes(range(256)) * (self.sizes[remote.path] // 256))
+        with path.open("rb") as f:
+            landing.opened(f.fileno(), 0)
+        assert self.release[remote.path].wait(10)
+        landing.grew(self.sizes[remote.path])
+        landing.finished(path)
+        return path
+
+
+def _checked(landing: Landing) -> bool:
+    """Whether ``landing`` is checked within 10 s (each wait may be woken by its bytes arriving first)."""
+    return any(landing.checked(0.2) for _ in range(50))
+
+
+def _one_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                sizes: dict[str, int]) -> tuple[_Transfers, Downloads]:
+    """One worker's downloads of model ``m``'s files ``sizes``, each held by the stubbed transfer until released."""
+    transfers = _Transfers(tmp_path, sizes)
+    monkeypatch.setattr(landing_module, "land_file", transfers)
+    meta = SimpleNamespace(repo_id="org/m", commit="c" * 40, settings=SimpleNamespace(cache_dir=tmp_path / "cache"),
+                           files={name: SimpleNamespace(path=name, size=size) for name, size in sizes.items()})
+    downloads = Downloads([("m", meta, name) for name in sizes], records_dir=tmp_path / "records",  # type: ignore[misc]
+                          workers=1)
+    return transfers, downloads
+
+
+def test_a_file_the_merge_waits_for_downloads_at_once_then_the_queue_narrows_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An output shard that reads the end of one input file and the start of the next: the read of the next file,
+    still queued behind the one downloading, starts its download at once (before, it waited for the first file's
+    whole tail); once a download ends with more running than the workers, no queued file starts until one ends."""
+    sizes = {"w1": 4096, "w2": 4096, "w3": 4096}
+    transfers, downloads = _one_worker(tmp_path, monkeypatch, sizes)
+    try:
+        downloads.start([("m", "w1"), ("m", "w2"), ("m", "w3")])
+        assert transfers.began["w1"].wait(10)
+        read: list[bytes] = []
+        reader = threading.Thread(target=lambda: read.append(bytes(downloads.landings["m", "w3"].read(0, 16).numpy())))
+        reader.start()
+        assert transfers.began["w3"].wait(10), transfers.started  # w1 still downloading: w3 did not wait for it
+        assert transfers.started == ["w1", "w3"]
+        transfers.release["w3"].set()
+        reader.join(10)
+        assert read == [bytes(range(16))]
+        transfers.release["w1"].set()
+        assert transfers.began["w2"].wait(10)  # one worker: w2 starts only once nothing else downloads
+        transfers.release["w2"].set()
+        assert _checked(downloads.landings["m", "w2"])
+        assert downloads.started == [("m", "w1"), ("m", "w3"), ("m", "w2")]
+    finally:
+        for event in transfers.release.values():
+            event.set()
+        downloads.close()
+
+
+def test_reads_of_a_file_already_downloading_start_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The merge reading the file being downloaded (the usual case) leaves the queue in plan order."""
+    sizes = {"w1": 4096, "w2": 4096}
+    transfers, downloads = _one_worker(tmp_path, monkeypatch, sizes)
+    try:
+        downloads.start([("m", "w1"), ("m", "w2")])
+        assert transfers.began["w1"].wait(10)
+        reader = threading.Thread(target=lambda: downloads.landings["m", "w1"].read(0, 16))
+        reader.start()
+        transfers.release["w1"].set()
+        reader.join(10)
+        transfers.release["w2"].set()
+        assert _checked(downloads.landings["m", "w2"])
+        assert transfers.started == ["w1", "w2"]
+    finally:
+        for event in transfers.release.values():
+            event.set()
+        downloads.close()

@@ -58,7 +58,9 @@ def test_plan_of_a_local_out_from_hub_inputs_only_downloads(tmp_path: Path, hub:
                  "--state-dir", str(state)]) == 0
     net = json.loads(capsys.readouterr().out)["network"]
     assert net["up_bytes"] == 0 and net["up_seconds"] == 0.0
-    assert net["bound"] == "download" and net["seconds"] == net["down_seconds"] > 0
+    # Start-up (imports, planning) comes before the first byte; --probe-size 0 probes no transfer CPU either.
+    assert net["bound"] == "download" and net["down_seconds"] > 0 and net["transfer_cpu_seconds"] == 0
+    assert net["seconds"] == pytest.approx(net["startup_seconds"] + net["down_seconds"], abs=0.11)
 
 
 def test_plan_without_bandwidth_says_the_link_is_unknown(tmp_path: Path, hub: FakeHub, models: tuple[Model, Model],

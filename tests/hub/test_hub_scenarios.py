@@ -12,18 +12,19 @@ import time
 from pathlib import Path
 
 import pytest
-from huggingface_hub import constants, try_to_load_from_cache
+from huggingface_hub import try_to_load_from_cache
 
 from hub.conftest import BIG_REPO, REPO, Model
 from hub.fakehub import FakeHub, iter_requests
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import ModelInputError, StorageError
 from resumerge.inputs.hub import HubEvent, RepoMetadata, fetch_weights, resolve_metadata
+from resumerge.inputs.hub.download import DOWNLOAD_CHUNK
 from resumerge.inputs.hub.headers import parse_header
 
 ALPHA = ModelRef(REPO)
 BIG = ModelRef(BIG_REPO)
-CHUNK = constants.DOWNLOAD_CHUNK_SIZE  # huggingface_hub writes what it receives in pieces of this size
+CHUNK = DOWNLOAD_CHUNK  # downloads write what they receive in pieces of this size
 
 
 def resolve_all(state: Path, ref: ModelRef = ALPHA, **kwargs: object) -> tuple[RepoMetadata, dict[str, Path]]:

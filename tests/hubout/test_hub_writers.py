@@ -8,6 +8,7 @@ and exits 3 with the resume command; a second Ctrl-C abandons that commit at onc
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import signal
@@ -81,15 +82,21 @@ def test_ctrl_c_commits_the_uploaded_files_then_exits_3(hub: HubWriter, merge: M
     state, release = tmp_path / "state", threading.Event()
     proc = _start(merge, "hf://alice/ctrlc", state)
 
+    first = hashlib.sha256(merge.reference[min(n for n in merge.reference if n.endswith(".safetensors"))]).hexdigest()
+
     def stall(number: int) -> None:
         # The third upload arrives (LFS: its body; Xet: its token request): one or two are uploaded. Ctrl-C, and
-        # hold this upload (and any later) in flight. A Xet upload has registered its file only once its shard is
-        # in the CAS, after its token request: on a busy machine the first one may still be on its way, so the
-        # interrupt waits (a few seconds at most) for one to be there, as it is for the LFS body counted here.
+        # hold this upload (and any later) in flight. A batch holds leading files only, so the first shard must be
+        # uploaded. A Xet upload has registered its file only once its shard is in the CAS, after its token request,
+        # and the client returns from it a moment later: on a busy machine the first one may still be on its way (the
+        # second may have taken its place), so the interrupt waits for the first shard to be registered, then for the
+        # client to be back from it (a CI run once interrupted inside that moment, and nothing was uploaded yet).
         if number == 3:
-            deadline = time.monotonic() + 10
-            while hub.cas is not None and not hub.cas.registrations() and time.monotonic() < deadline:
+            deadline = time.monotonic() + 20
+            while hub.cas is not None and first not in hub.cas.registrations() and time.monotonic() < deadline:
                 time.sleep(0.05)
+            if hub.cas is not None:
+                time.sleep(1.0)
             proc.send_signal(signal.SIGINT)
         if number >= 3:
             release.wait(30)

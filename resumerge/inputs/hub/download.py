@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, cast
 
-from huggingface_hub import hf_hub_download
+from huggingface_hub import constants, hf_hub_download
 
 from resumerge.errors import HostileFileError, StorageError
 from resumerge.inputs.hub._hf import WeakFileLock, build_hf_headers, http_get, http_get_kwargs
@@ -26,6 +26,12 @@ from resumerge.inputs.hub.remote import LIBRARY, HubUnavailableError, hub_errors
 from resumerge.inputs.hub.verify import Hasher, check_cached, hash_file, new_hasher
 
 PARTIAL_SUFFIX = ".resumerge.incomplete"  # `hf cache prune` removes leftover *.incomplete files too
+# The pieces ``http_get`` hands to the file. huggingface_hub gathers 10 MiB ones through an in-memory buffer: fresh
+# memory for every piece, which the kernel faults in and zeroes. Measured on the project's 2-core VM, the CPU of a
+# process downloading 400 MB: 3.8-4.1 s with 10 MiB pieces (a stream was paced near 50 MB/s by its own CPU, not by
+# the link), 2.2-2.5 s with 1 MiB, 1.9-2.1 s with 256 KiB, about the same with 64 KiB (bench/RESULTS.md, session
+# 12). ``http_get`` takes no chunk size, so ``_stream`` lowers huggingface_hub's constant (never raises it).
+DOWNLOAD_CHUNK = 256 * 1024
 
 
 class Landing(Protocol):
@@ -77,7 +83,7 @@ class _Sink:
 
     def write(self, data: bytes) -> int:
         n = self._f.write(data)
-        # Flushed per chunk (10 MiB), so a killed run leaves every received byte for the next one to reuse.
+        # Flushed per chunk (DOWNLOAD_CHUNK), so a killed run leaves every received byte for the next one to reuse.
         self._f.flush()
         if self.hash_valid:
             self.hasher.update(data)
@@ -235,6 +241,7 @@ def _stream(
             landing.opened(f.fileno(), have)
         meter = ByteMeter(emit, "download", repo.repo_id, remote.path, done=have, total=size)
         sink = _Sink(f, remote, hasher, meter, landing)
+        constants.DOWNLOAD_CHUNK_SIZE = min(constants.DOWNLOAD_CHUNK_SIZE, DOWNLOAD_CHUNK)
         try:
             with hub_errors(settings, repo.repo_id, commit):
                 http_get(

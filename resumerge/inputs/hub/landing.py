@@ -16,10 +16,11 @@ fails the run (exit 3, nothing of it committed): the resume fetches the file aga
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -55,6 +56,9 @@ class Landing:
         self.error: BaseException | None = None
         self.consumed = False  # bytes of the current attempt were handed to the merge
         self.cancelled = False
+        # Run once, without the lock, when a reader must wait for a file whose download has not started
+        # (:meth:`Downloads.wanted`): the download then starts at once instead of in its turn.
+        self.on_wait: Callable[[], None] | None = None
 
     # ---- the download's side ---------------------------------------------------------------------------------
     def opened(self, fileno: int, have: int) -> None:
@@ -118,6 +122,7 @@ class Landing:
     # ---- the readers' side -----------------------------------------------------------------------------------
     def read(self, start: int, end: int) -> torch.Tensor:
         """Bytes ``[start, end)`` once landed, as a fresh uint8 tensor; raises the download's error."""
+        self.want(end)
         with self._cond:
             while self.error is None and not self.cancelled and self.available < end:
                 self._cond.wait(timeout=1.0)
@@ -140,6 +145,13 @@ class Landing:
             return buf
         finally:
             os.close(fd)
+
+    def want(self, end: int) -> None:
+        """A reader needs the bytes up to ``end``: if they have not landed, run :attr:`on_wait` (once)."""
+        with self._cond:
+            wake, self.on_wait = (self.on_wait, None) if self.available < end else (None, self.on_wait)
+        if wake is not None:
+            wake()
 
     def checked(self, timeout: float) -> bool:
         """Whether the whole file landed and matched the hub's checksum, waiting up to ``timeout`` seconds;
@@ -182,6 +194,7 @@ class LandingFiles(InputSource):
         if landing is None:
             return self._inner.read_range(file, start, end)
         if is_pickle_checkpoint(file):  # read by virtual offsets through its pickle: only once complete
+            landing.want(landing.size)
             while not landing.checked(1.0):
                 pass
             return self._inner.read_range(file, start, end)
@@ -219,6 +232,12 @@ class Downloads:
     """The downloads of one run: each file into the hub cache, in the order the plan first reads them, a few at a
     time on daemon threads (a stopped run never waits for a transfer; its partial files are continued next time).
 
+    A file the merge waits for before its turn starts at once on a thread of its own (:meth:`wanted`): an output
+    shard often reads the end of one input file and the start of the next (the output's tensor order is not the
+    inputs'), and fetching those two together lets it be merged, and its upload start, before the first file's
+    whole tail has landed. Once such a download ends, no new one starts until fewer than ``workers`` run, so the
+    link is split between more files only while the merge needs them.
+
     ``jobs`` are (model key, metadata, file); :attr:`landings` follow them by (model key, file).
     """
 
@@ -231,38 +250,70 @@ class Downloads:
         self._workers = max(1, workers)
         self._queue: deque[tuple[str, str]] = deque()
         self._lock = threading.Lock()
+        self._running = 0  # downloads in progress (guarded by _lock)
         self._threads: list[threading.Thread] = []
+        self.started: list[tuple[str, str]] = []  # in the order their downloads began
 
     def start(self, order: Sequence[tuple[str, str]]) -> None:
         """Start downloading, files in ``order`` (model key, file) first, then any others."""
         first = [k for k in dict.fromkeys(order) if k in self._jobs]
         self._queue.extend(first + [k for k in self._jobs if k not in set(first)])
-        for _ in range(min(self._workers, len(self._queue))):
-            thread = threading.Thread(target=self._work, name="resumerge-download", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        for key in self._queue:
+            self.landings[key].on_wait = functools.partial(self.wanted, key)
+        with self._lock:
+            keys = [self._take() for _ in range(min(self._workers, len(self._queue)))]
+        for key in keys:
+            self._spawn(key)
 
-    def _work(self) -> None:
+    def wanted(self, key: tuple[str, str]) -> None:
+        """The merge waits for ``key``: start its download now if it is still queued."""
+        with self._lock:
+            if key not in self._queue:
+                return
+            self._queue.remove(key)
+            self._running += 1
+            self.started.append(key)
+        self._spawn(key)
+
+    def _take(self) -> tuple[str, str]:
+        """The next queued file, counted as running (under ``_lock``, the queue not empty)."""
+        key = self._queue.popleft()
+        self._running += 1
+        self.started.append(key)
+        return key
+
+    def _spawn(self, key: tuple[str, str]) -> None:
+        thread = threading.Thread(target=self._work, args=(key,), name="resumerge-download", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _work(self, first: tuple[str, str]) -> None:
+        key: tuple[str, str] | None = first
         with VerifyRecords(self._records_dir) as records:
-            while True:
+            while key is not None:
+                if not self._land(key, records):
+                    return
                 with self._lock:
-                    if not self._queue:
-                        return
-                    key = self._queue.popleft()
-                meta, landing = self._jobs[key], self.landings[key]
-                if landing.cancelled:
-                    return
-                try:
-                    land_file(meta.settings, RepoCache(meta.settings.cache_dir, meta.repo_id), meta.commit,
-                              meta.files[key[1]], records, self._emit, landing)
-                except DownloadCancelled:
-                    return
-                except BaseException as exc:  # the readers and the publication gate raise it
-                    landing.failed(exc)
+                    self._running -= 1
+                    key = self._take() if self._queue and self._running < self._workers else None
+
+    def _land(self, key: tuple[str, str], records: VerifyRecords) -> bool:
+        """Download ``key`` (its landing follows); False when the run is leaving."""
+        meta, landing = self._jobs[key], self.landings[key]
+        if landing.cancelled:
+            return False
+        try:
+            land_file(meta.settings, RepoCache(meta.settings.cache_dir, meta.repo_id), meta.commit,
+                      meta.files[key[1]], records, self._emit, landing)
+        except DownloadCancelled:
+            return False
+        except BaseException as exc:  # the readers and the publication gate raise it
+            landing.failed(exc)
+        return True
 
     def close(self) -> None:
         """Stop the downloads at their next chunk and release the landed files' descriptors."""
         for landing in self.landings.values():
             landing.close()
-        for thread in self._threads:
+        for thread in list(self._threads):
             thread.join(timeout=0.5)
