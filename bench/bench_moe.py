@@ -9,7 +9,8 @@ Generates float32 Llama-style models of about ``--size`` bytes (the base and the
 shared with bench_vs_mergekit.py), writes a ``gate_mode: hidden`` config over them, and runs it through
 ``resumerge run`` (with ``--max-memory SIZE``; ``--max-memory default`` leaves the default budget) and
 ``mergekit-moe`` (its default device, cpu), alternating, ``--runs`` times each with a fresh OUT and state dir,
-reporting each run's wall time, the peak of its whole process tree (RSS and PSS summed over the process and its
+after reading every input once (so that neither tool's first run meets a cold page cache), reporting each run's
+wall time, the peak of its whole process tree (RSS and PSS summed over the process and its
 children, sampled every 20 ms: resumerge runs the prompt forward pass in a child process) and output bytes, the
 load average, and whether every output tensor has the same bits. ``--estimate`` first prints what ``resumerge
 plan`` expects (wall, peak).
@@ -131,15 +132,22 @@ def main() -> None:
                                 str(outs["mergekit-moe"])]
     print(f"models {format_size(exact)} each, {args.experts} experts, gate_mode hidden, bfloat16 output, "
           f"resumerge budget {args.max_memory}")
-    if args.estimate:
+    if args.estimate:  # of a first run: an earlier run's output would be found finished (same fingerprint)
         shutil.rmtree(work / "moe-state", ignore_errors=True)
+        shutil.rmtree(outs["resumerge"], ignore_errors=True)
         plan = subprocess.run([sys.executable, "-m", "resumerge", "plan", str(config), str(outs["resumerge"]),
                                "--state-dir", str(work / "moe-state"), *budget, "--json"], cwd=ROOT,
                               capture_output=True, text=True, check=False)
         doc = json.loads(plan.stdout)
-        print(f"plan: {doc['time']['seconds']} s (pass {doc['time']['prepass_seconds']} s), peak "
-              f"{format_size(doc['memory']['peak_bytes'])} (pass {format_size(doc['memory']['prepass_bytes'])}), "
-              f"load {_load()}")
+        when = "beside the merge" if doc["time"]["prepass_beside"] else "before the merge"
+        print(f"plan: {doc['time']['seconds']} s (start-up {doc['time']['startup_seconds']} s, pass "
+              f"{doc['time']['prepass_seconds']} s {when}, its CPU {doc['time']['prepass_cpu_seconds']:.1f} s, cores "
+              f"left by others {doc['time']['cores_available']}), peak {format_size(doc['memory']['peak_bytes'])} "
+              f"(pass's process {format_size(doc['memory']['prepass_bytes'])}), load {_load()}")
+    for path in sorted({f for m in models for f in m.glob("*.safetensors")}):  # a warm page cache for both tools
+        with open(path, "rb") as f:
+            while f.read(1 << 24):
+                pass
     print("| tool | wall | tree peak RSS | tree peak PSS | output | load |")
     for _ in range(args.runs):
         for tool, argv in runs.items():

@@ -35,10 +35,11 @@ if TYPE_CHECKING:
 
     from resumerge.engine.costs import Estimate
     from resumerge.engine.executor import Reporter
-    from resumerge.engine.session import Outcome
+    from resumerge.engine.session import Beside, Outcome
     from resumerge.engine.settings import RunSettings
     from resumerge.inputs.catalog import Inputs
     from resumerge.moe import MoeConfig
+    from resumerge.moe.passproc import PassProcess
     from resumerge.plan.merge_plan import Plan, PlanOptions
     from resumerge.recipes.estimate import RecipeEstimate
     from resumerge.recipes.view import RecipeStatus
@@ -97,7 +98,7 @@ def run(
     True always, False never, or a local directory to stage in (``--staging-dir``).
 
     ``out`` may be ``"hf://NAMESPACE/NAME[@BRANCH]"``: the merge goes to that hub repo (created private unless
-    ``public``), 200 MB shards by default, each committed once uploaded (``commit_every`` files or ``commit_interval``
+    ``public``), 100 MB shards by default, each committed once uploaded (``commit_every`` files or ``commit_interval``
     seconds batch them), keeping at most ``max_disk`` bytes of uncommitted output on the local disk.
 
     A mergekit-moe config (``base_model`` and ``experts``) is upcycled into a mixture of experts, as
@@ -112,35 +113,37 @@ def run(
     ``should_stop`` is polled at safe points: once true, the run stops and raises InterruptedMerge (exit 3).
     """
     _named(out)
-    options = _plan_options(out_shard_size=shard_size_choice(out_shard_size, out)[0], random_seed=random_seed,
-                            copy_tokenizer=copy_tokenizer, device=device, allow_crimes=allow_crimes,
-                            stream_inputs=stream_inputs, write_model_card=write_model_card,
-                            unsafe_truncate_embeddings=unsafe_truncate_embeddings, num_threads=num_threads)
-    settings = _run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory,
-                             max_gpu_memory=max_gpu_memory, staging=staging, max_disk=max_disk,
-                             output=_output(public, commit_every, commit_interval), num_threads=num_threads)
     text = _config_text(config)
+    from resumerge.moe.passproc import started_early
     from resumerge.recipes.recipe import is_recipe_text
 
     recipe = is_recipe_text(text)
-    if not recipe:
-        _single_merge_only(config, out, settings, intermediate_dir=intermediate_dir,
-                           cleanup_intermediates=cleanup_intermediates)
     moe = None if recipe else _moe_config(text, _source(config, "config"), allow_same_experts=allow_same_experts)
-    with _Progress(progress) as reporter:
-        if recipe:
-            from resumerge.recipes.run import run_recipe
+    with started_early(moe.gate_mode if moe else None, state_dir) as early:  # loads while this process does
+        options = _plan_options(out_shard_size=shard_size_choice(out_shard_size, out)[0], random_seed=random_seed,
+                                copy_tokenizer=copy_tokenizer, device=device, allow_crimes=allow_crimes,
+                                stream_inputs=stream_inputs, write_model_card=write_model_card,
+                                unsafe_truncate_embeddings=unsafe_truncate_embeddings, num_threads=num_threads)
+        settings = _run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory,
+                                 max_gpu_memory=max_gpu_memory, staging=staging, max_disk=max_disk,
+                                 output=_output(public, commit_every, commit_interval), num_threads=num_threads)
+        if not recipe:
+            _single_merge_only(config, out, settings, intermediate_dir=intermediate_dir,
+                               cleanup_intermediates=cleanup_intermediates)
+        with _Progress(progress) as reporter:
+            if recipe:
+                from resumerge.recipes.run import run_recipe
 
-            return run_recipe(text, out, options, settings, intermediate_dir=intermediate_dir, restart=restart,
-                              cleanup=cleanup_intermediates, reporter=reporter, should_stop=_stop(should_stop),
-                              source=_source(config, "recipe")).outcome()
-        if moe is not None:
-            return _run_moe(moe, text, out, options, settings, restart=restart, reporter=reporter,
-                            should_stop=_stop(should_stop))
-        from resumerge.engine.session import run_merge
+                return run_recipe(text, out, options, settings, intermediate_dir=intermediate_dir, restart=restart,
+                                  cleanup=cleanup_intermediates, reporter=reporter, should_stop=_stop(should_stop),
+                                  source=_source(config, "recipe")).outcome()
+            if moe is not None:
+                return _run_moe(moe, text, out, options, settings, early, restart=restart, reporter=reporter,
+                                should_stop=_stop(should_stop))
+            from resumerge.engine.session import run_merge
 
-        return run_merge(text, out, options, settings, restart=restart, reporter=reporter,
-                         should_stop=_stop(should_stop))
+            return run_merge(text, out, options, settings, restart=restart, reporter=reporter,
+                             should_stop=_stop(should_stop))
 
 
 def resume(
@@ -364,16 +367,10 @@ def estimate(
     moe = _moe_config(text, source, allow_same_experts=allow_same_experts)
     planner = prepass = None
     if moe is not None:  # planned without its prompt forward pass (the estimate counts it, not runs it)
-        from resumerge.moe.passcost import pass_estimate
-        from resumerge.moe.prepare import prepare_moe
+        from resumerge.moe.passcost import estimators
 
-        def planner() -> tuple[Plan, Inputs]:
-            return prepare_moe(moe, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
-                               forward=False)
-
-        def prepass(_: Plan, inputs: Inputs) -> Callable[[float | None], tuple[float, int]] | None:
-            return pass_estimate(moe, inputs, settings.state_dir)
-
+        planner, prepass = estimators(moe, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
+                                      max_memory=settings.max_memory)
     result = estimate_config(text, options, settings, source=source, out_dir=out, probe_bytes=probe_bytes,
                              disk_free=disk_free or free_bytes, fresh_process=fresh_process, planner=planner,
                              bandwidth=link, prepass=prepass)
@@ -491,28 +488,31 @@ def _moe_config(text: str, source: str, *, allow_same_experts: bool) -> MoeConfi
     return None
 
 
-def _run_moe(config: MoeConfig, text: str, out: PathLike, options: PlanOptions, settings: RunSettings, *,
-             restart: bool, reporter: Reporter | None, should_stop: Callable[[], bool]) -> Outcome:
-    """MoE upcycling: its planner, then the one session path. Nothing is read before the config and OUT are
-    checked."""
+def _run_moe(config: MoeConfig, text: str, out: PathLike, options: PlanOptions, settings: RunSettings,
+             early: PassProcess | None, *, restart: bool, reporter: Reporter | None,
+             should_stop: Callable[[], bool]) -> Outcome:
+    """MoE upcycling: its planner, then the one session path, the prompt forward pass (in ``early``, the process
+    started for it) beside the merge where the budget holds both; nothing is read before the config and OUT."""
     from resumerge.engine.session import run_plan
     from resumerge.engine.target import Target
 
     target = Target.open(out, settings)
-    plan, inputs = _prepare_moe(config, options, settings, reporter)
+    plan, inputs, beside = _prepare_moe(config, options, settings, reporter, early=early)
     return run_plan(plan, text, target, settings, inputs=inputs, restart=restart, reporter=reporter,
-                    should_stop=should_stop)
+                    should_stop=should_stop, beside=beside)
 
 
 def _prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings, reporter: Reporter | None,
-                 model_dirs: Mapping[str, str] | None = None) -> tuple[Plan, Inputs]:
-    """MoE upcycling's planner (:mod:`resumerge.moe`), which runs the hidden-state gate modes' prompt pass."""
+                 model_dirs: Mapping[str, str] | None = None, *, early: PassProcess | None = None
+                 ) -> tuple[Plan, Inputs, Beside | None]:
+    """MoE upcycling's planner (:mod:`resumerge.moe`), which starts the hidden-state modes' prompt pass: beside the
+    merge in ``early``, the process the caller started (and stops), where the budget allows; else it is done here."""
     from resumerge.engine.session import hub_progress
     from resumerge.moe.prepare import prepare_moe
 
-    return prepare_moe(config, options, model_dirs=model_dirs, state_dir=settings.state_dir,
-                       cache_dir=settings.cache_dir, on_progress=hub_progress(reporter), max_memory=settings.max_memory,
-                       max_disk=settings.max_disk, num_threads=settings.num_threads)
+    return prepare_moe(config, options, model_dirs=model_dirs, state_dir=settings.state_dir, early=early,
+                       cache_dir=settings.cache_dir, on_progress=hub_progress(reporter), beside=early is not None,
+                       max_memory=settings.max_memory, max_disk=settings.max_disk, num_threads=settings.num_threads)
 
 
 def _recorded_kind(text: str, options: PlanOptions, model_dirs: Mapping[str, str], settings: RunSettings,
@@ -528,7 +528,7 @@ def _recorded_kind(text: str, options: PlanOptions, model_dirs: Mapping[str, str
     if not is_moe_text(text):
         return None
     # Its experts may all be one model: that was allowed when the run started (the rule is about intent).
-    return _prepare_moe(load_moe_text(text, allow_all_same=True), options, settings, reporter, model_dirs)
+    return _prepare_moe(load_moe_text(text, allow_all_same=True), options, settings, reporter, model_dirs)[:2]
 
 
 def _plan_extraction(text: str, options: PlanOptions, *, settings: RunSettings, out: PathLike | None = None,
@@ -565,7 +565,7 @@ def _config_text(config: PathLike) -> str:
     """The YAML text of ``config`` (see :func:`_is_yaml_text`); raises UsageError for a file that cannot be read."""
     if isinstance(config, str) and _is_yaml_text(config):
         return config
-    from resumerge.engine.session import read_config_file
+    from resumerge.config.merge_config import read_config_file
 
     return read_config_file(config)
 

@@ -128,7 +128,7 @@ def test_plan_exit_codes_and_json_schema(tmp_path: Path, make: ModelFactory,
     assert doc["download"] == {"bytes": 0, "verify_bytes": 0, "cached_bytes": 0, "models": {}}
     assert set(doc["memory"]) == {"budget", "budget_source", "machine_bytes", "baseline_bytes",
                                   "counted_baseline_bytes", "working_set_bytes", "peak_bytes",
-                                  "largest_unit_bytes", "smallest_budget", "prepass_bytes"}
+                                  "largest_unit_bytes", "smallest_budget", "prepass_bytes", "prepass_beside"}
     assert doc["memory"]["budget_source"] == "default" and doc["memory"]["peak_bytes"] > 100_000_000
     assert doc["memory"]["prepass_bytes"] == 0 and doc["time"]["prepass_seconds"] == 0  # a merge has no pass
     assert [d["roles"] for d in doc["disks"]] == [["output", "state"]]
@@ -276,6 +276,21 @@ def test_compute_and_disk_work_overlap_in_the_total() -> None:
     assert replace(both, shared_cores=True).seconds == pytest.approx(1 + 2 + 10)
     fixed = replace(group, seconds_per_call=0.1)  # plus a fixed 0.1 s for each of the 10 tensors
     assert fixed.seconds == pytest.approx(11) and "100.0 ms per tensor" in fixed.line()
+    # a pass in a process of its own (MoE's prompt forward pass) starts with the run: beside the merge the longer
+    # of the two counts, before it the merge waits for the pass and the start-up both
+    passing = replace(both, prepass_seconds=20.0)
+    assert replace(passing, prepass_beside=True).seconds == pytest.approx(20 + 0.4)  # + the routers' shard
+    assert replace(passing, prepass_beside=True, prepass_seconds=5.0).seconds == pytest.approx(1 + 10 + 0.5)
+    assert passing.seconds == pytest.approx(20 + 10 + 0.5)
+    # on cores shared with other processes, both processes' work over the cores left to them bounds the run:
+    # (start-up 1 + merge 10.5 + the pass's 11.5 CPU seconds) / 1.15 cores = 20 s, then the routers' shard
+    shared = replace(passing, prepass_beside=True, prepass_seconds=12.0, prepass_cpu_seconds=11.5,
+                     cores_available=1.15)
+    assert shared.seconds == pytest.approx(20 + 0.4)
+    assert replace(shared, cores_available=None).seconds == pytest.approx(12 + 0.4)  # not measured: not counted
+    # before the merge, the pass competes with the run's start-up only
+    assert replace(shared, prepass_beside=False, prepass_cpu_seconds=1.3, cores_available=1.0).seconds \
+        == pytest.approx(12 + 10 + 0.5)
 
 
 def test_compute_and_disk_work_add_up_where_the_engine_fills_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:

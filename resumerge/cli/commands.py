@@ -232,8 +232,8 @@ def _extract_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     ex.add_argument("--skip-undecomposable", action="store_true",
                     help="leave out modules that are not matrices (norms) instead of saving them whole")
     ex.add_argument("--exact", action="store_true",
-                    help="full SVD of every task vector (mergekit's numbers) instead of the faster randomized "
-                         "truncation (within 0.5%% of its error)")
+                    help="the exact rank-R truncation of every task vector (mergekit's full SVD's numbers, up to each "
+                         "component's sign) instead of the faster randomized one (within 0.5%% of its error)")
     ex.add_argument("--allow-crimes", action="store_true",
                     help="accepted for mergekit command lines: modules are matched by name and shape only")
     ex.add_argument("--unsafe-truncate-embeddings", action="store_true",

@@ -502,8 +502,9 @@ def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | 
            f"process + {format_size(memory.working_set_bytes)} working set) under a {format_size(memory.budget)} "
            f"budget ({memory.budget_source})")
     if estimate.time.prepass_seconds or memory.prepass_bytes:
-        _field(out, "pass", f"the prompt forward pass first, in a process of its own: about "
-               f"{_duration(estimate.time.prepass_seconds)}, {format_size(memory.prepass_bytes)} for both processes")
+        when = "beside the merge" if memory.prepass_beside else "first"
+        _field(out, "pass", f"the prompt forward pass {when}, in a process of its own: about "
+               f"{_duration(estimate.time.prepass_seconds)}, {format_size(memory.prepass_bytes)} in that process")
     for disk in estimate.disks:
         mark = "" if disk.fits else " -- too small"
         _field(out, "disk", f"{' + '.join(disk.roles)}: needs {format_size(disk.needed_bytes)}, "

@@ -16,24 +16,28 @@ Computed by :mod:`resumerge.engine.estimate`; read by the CLI's rendering and by
                        cached_bytes}}}  (only the hub files chosen for download)
     input_files       [{model, file, size, needed, how ("download" | "stream" | "cached"), reason, fetch_bytes}]
     memory            {budget, budget_source ("--max-memory" | "default"), machine_bytes, baseline_bytes,
-                       counted_baseline_bytes, working_set_bytes, prepass_bytes, peak_bytes, largest_unit_bytes,
+                       counted_baseline_bytes, working_set_bytes, prepass_bytes, prepass_beside, peak_bytes,
+                       largest_unit_bytes,
                        smallest_budget}
     disks             [{path, roles, free_bytes, needed_bytes, fits}]  one per filesystem
-    time              {seconds | null, startup_seconds, prepass_seconds, disk_seconds | null, compute_seconds,
+    time              {seconds | null, startup_seconds, prepass_seconds, prepass_beside, prepass_cpu_seconds,
+                       cores_available | null, disk_seconds | null,
+                       compute_seconds,
                        tail_seconds,
                        shared_cores,
                        read_bytes, write_bytes, verify_bytes, rehash_bytes, tail_bytes, read_bytes_per_s,
                        write_bytes_per_s, download_bytes, notes: [str],
                        compute: [{method, dtype, device, tensors, elements, sample_elements, sample_bytes,
                                   seconds_per_element | null, seconds_per_call, seconds | null, threads,
-                                  synthetic, note, measure_seconds}]}
+                                  synthetic, note, measure_seconds, whole}]}
                       compute: one entry per (method, dtype, flags) group of pending tensors
 
     hf_output         {output_bytes, largest_file, max_disk, staging_bytes}  local disk an hf:// OUT needs
     network           null (no hub input to fetch, no hf:// OUT) or {down_bytes, up_bytes, down_bytes_per_s,
                        up_bytes_per_s (null: unknown), source ("--bandwidth" | "measured"), down_seconds,
-                       up_seconds, local_seconds, seconds (pipelined wall; null: a rate is unknown), bound
-                       ("download" | "upload" | "compute" | null), note}  (resumerge/engine/netestimate.py)
+                       up_seconds, local_seconds, startup_seconds, transfer_cpu_seconds (the transfers' CPU
+                       here), cores, seconds (pipelined wall; null: a rate is unknown), bound ("download" |
+                       "upload" | "compute" | null), note}  (resumerge/engine/netestimate.py)
 
 All sizes are bytes, speeds bytes per second, figures rounded to whole numbers.
 """
@@ -109,14 +113,23 @@ class MemoryEstimate:
     working_set_bytes: int
     largest_unit_bytes: int
     smallest_budget: int
-    # The run's processes together (RSS) while a pass before the merge runs in a process of its own (a
-    # mergekit-moe config's prompt forward pass); 0 when there is none.
+    # The RSS at its peak of a pass in a process of its own (a mergekit-moe config's prompt forward pass), which
+    # runs beside the merge (``prepass_beside``) or before it; 0 when there is none.
     prepass_bytes: int = 0
+    prepass_beside: bool = False
 
     @property
     def peak_bytes(self) -> int:
-        """The expected peak RSS of the merge's processes (the merge's, or its and the pass's before it)."""
-        return max(self.baseline_bytes + self.working_set_bytes, self.prepass_bytes)
+        """The expected peak RSS of the run's processes together: the merge's, with the pass's beside it or
+        before it (the run's process then holding its baseline)."""
+        if self.prepass_beside:
+            return self.baseline_bytes + self.working_set_bytes + self.prepass_bytes
+        return self.baseline_bytes + max(self.working_set_bytes, self.prepass_bytes)
+
+
+# After the pass answers, the run writes and commits the routers' shard (the plan's last, 64 KB for the bench),
+# then the output's small files, and exits: 0.3-0.4 s measured on the bench's 2-core machine.
+PASS_FINISH_SECONDS = 0.4
 
 
 @dataclass(frozen=True)
@@ -154,6 +167,9 @@ class ComputeGroup:
     note: str = ""
     measure_seconds: float = 0.0
     seconds_per_call: float = 0.0  # the fixed part of each tensor's compute (thread wake-ups, kernel launches)
+    # Timed by whole calls on synthetic inputs of the real shapes, priced per tensor (a decomposition, whose cost
+    # does not follow its result's elements; see resumerge.methods.spec.WholeCost).
+    whole: bool = False
 
     @property
     def seconds(self) -> float | None:
@@ -168,6 +184,10 @@ class ComputeGroup:
         rate = self.seconds_per_element
         if rate is None:
             return f"compute: {self.method} ({where}) {self.note}"
+        if self.whole:
+            return (f"compute: {self.method} ({where}) timed on one call with synthetic inputs of "
+                    f"{self.sample_elements / 1e6:.2f} M elements: {_seconds_text(self.seconds_per_call)} per tensor, "
+                    f"so about {_seconds_text(self.seconds_per_call * self.tensors)} for {self.tensors} tensor(s)")
         sample = (f"{self.sample_elements / 1e6:.2f} M synthetic elements (inputs not on disk yet)" if self.synthetic
                   else f"{self.sample_elements / 1e6:.2f} M elements from {format_size(self.sample_bytes)} of the "
                   "inputs")
@@ -211,8 +231,13 @@ class TimeEstimate:
     compute: tuple[ComputeGroup, ...] = ()
     tail_bytes: int = 0
     shared_cores: bool = False
-    # A pass before the merge (a mergekit-moe config's prompt forward pass), in a process of its own.
+    # A pass in a process of its own (a mergekit-moe config's prompt forward pass), beside the merge or before it.
     prepass_seconds: float = 0.0
+    prepass_beside: bool = False
+    # Its CPU seconds, and the cores the run's two processes may expect to share (the machine's, less what other
+    # processes used while the pass was probed; None: not measured, no contention counted).
+    prepass_cpu_seconds: float = 0.0
+    cores_available: float | None = None
 
     @property
     def disk_seconds(self) -> float | None:
@@ -234,17 +259,29 @@ class TimeEstimate:
 
     @property
     def seconds(self) -> float | None:
-        """Expected seconds: start-up (imports and planning, as measured here) and the pass before the merge, then
-        disk work and compute (overlapped, or added where they share the cores), then the last shard's flush;
-        ``None`` when a disk speed could not be measured."""
+        """Expected seconds: start-up (imports and planning, as measured here), then disk work and compute
+        (overlapped, or added where they share the cores), then the last shard's flush; ``None`` when a disk speed
+        could not be measured. A pass in a process of its own starts with the run (its seconds count from there):
+        beside the merge, the run ends when both have; before it, the merge starts once the pass and the
+        start-up have both ended."""
         disk = self.disk_seconds
         if disk is None:
             return None
         tail = min(self.tail_seconds, disk)
-        start = self.startup_seconds + self.prepass_seconds
-        if self.shared_cores:
-            return start + disk + self.compute_seconds
-        return start + max(disk - tail, self.compute_seconds) + tail
+        overlapped = max(disk - tail, self.compute_seconds) + tail
+        merge = disk + self.compute_seconds if self.shared_cores else overlapped
+        if self.prepass_beside:
+            return max(self.startup_seconds + merge, self.prepass_seconds + PASS_FINISH_SECONDS,
+                       self._shared(self.startup_seconds + merge) + PASS_FINISH_SECONDS)
+        return max(self.startup_seconds, self.prepass_seconds, self._shared(self.startup_seconds)) + merge
+
+    def _shared(self, merge_seconds: float) -> float:
+        """The seconds both processes need when they run at once on the cores left to them: the merge's work
+        (counted as CPU: page-cache copies, hashing and writes are) and the pass's CPU, over those cores. On the
+        bench's 2 shared cores the two processes got 1.1-1.3 cores between them and this bounded the run."""
+        if not self.cores_available or not self.prepass_cpu_seconds:
+            return 0.0
+        return (merge_seconds + self.prepass_cpu_seconds) / self.cores_available
 
 
 @dataclass(frozen=True)

@@ -33,17 +33,26 @@ from resumerge.engine.costs import (
     TimeEstimate,
     hub_disk_need,
 )
+from resumerge.engine.cpuprobe import probe_transfer_cost
 from resumerge.engine.inputfetch import plan_fetch
 from resumerge.engine.netestimate import MEASURED, Bandwidth, NetworkEstimate, measure_download
 from resumerge.engine.settings import RunSettings
 from resumerge.errors import LedgerError
 from resumerge.inputs.catalog import Inputs
-from resumerge.memory import SAFETY_MARGIN, MemoryProbe, SystemProbe, default_budget, format_size
+from resumerge.memory import SAFETY_MARGIN, MemoryProbe, SystemProbe, default_budget, format_size, usable_cores
 from resumerge.methods.registry import get_method
 from resumerge.outputs.aux import aux_files, render_aux
 from resumerge.plan.fetching import STREAM, FileFetch
-from resumerge.plan.merge_plan import Plan, PlanOptions
-from resumerge.plan.workunits import ROWS, estimate_bytes, oversized_units, unit_bytes, unit_mode
+from resumerge.plan.merge_plan import Plan, PlanOptions, TensorPlan
+from resumerge.plan.workunits import (
+    ROWS,
+    collects_sibling,
+    estimate_bytes,
+    fixed_chunk_rows,
+    oversized_units,
+    unit_bytes,
+    unit_mode,
+)
 from resumerge.store.diskprobe import (
     DEFAULT_PROBE_BYTES,
     DiskFree,
@@ -57,9 +66,10 @@ from resumerge.store.diskprobe import (
 from resumerge.store.filesystems import Staging, staging_dir
 from resumerge.store.manifest import read_manifest
 
-# What a pass before the merge costs, given the inputs' read speed (None: unknown): (seconds, peak RSS of the run's
-# processes together while it runs).
-Prepass = Callable[[float | None], tuple[float, int]]
+# What a pass in a process of its own costs, given the inputs' read speed (None: unknown): its seconds from the
+# run's start on a core of its own, its CPU seconds, its process's RSS at its peak, whether it runs beside the merge
+# rather than before it, and the cores the run's processes may expect (None: not measured).
+Prepass = Callable[[float | None], tuple[float, float, int, bool, float | None]]
 
 # A ledger row per tensor and per file, SQLite pages, and a WAL of the same size again: a generous bound.
 _LEDGER_FIXED = 256 * 1024
@@ -101,8 +111,9 @@ def estimate(
     seconds spent timing the methods on samples of the pending tensors (0 skips it; see
     :mod:`resumerge.engine.compute_estimate`). ``bandwidth`` is the link (``--bandwidth``) the network estimate
     uses; without it the download rate is measured on a hub input (unless ``probe_bytes`` is 0) and the upload
-    rate stays unknown (see :mod:`resumerge.engine.netestimate`). ``prepass`` estimates a pass that runs before
-    the merge in a process of its own (a mergekit-moe config's prompt forward pass), given the inputs' read speed.
+    rate stays unknown (see :mod:`resumerge.engine.netestimate`). ``prepass`` estimates a pass that runs in a
+    process of its own, beside the merge or before it (a mergekit-moe config's prompt forward pass), given the
+    inputs' read speed.
     """
     state_dir, max_disk, workers = settings.state_dir, settings.max_disk, settings.workers
     notes: list[str] = []
@@ -120,26 +131,30 @@ def estimate(
     disks = _disks(plan, output, downloads, inputs, out, state_dir, disk_free)
     speed = probe_directory(_probe_dir(out), probe_bytes, disk_free=disk_free) if out is not None else None
     # Nothing pending (a finished merge): no sample is read and no method is timed.
-    compute = measure_compute(plan, pending, max_seconds=compute_budget) if pending else ()
+    compute = (measure_compute(plan, pending, max_seconds=compute_budget, serial=torch.get_num_threads() <= workers,
+                               workers=workers) if pending else ())
     timing = replace(_time(plan, pending, output, downloads, committed, speed, probe_bytes, compute, to_hub),
                      startup_seconds=startup_seconds)
     if prepass is not None:
-        seconds, peak = prepass(timing.read_bytes_per_s)
-        timing = replace(timing, prepass_seconds=seconds)
-        memory = replace(memory, prepass_bytes=peak)
+        seconds, cpu_seconds, peak, beside, cores = prepass(timing.read_bytes_per_s)
+        timing = replace(timing, prepass_seconds=seconds, prepass_beside=beside, prepass_cpu_seconds=cpu_seconds,
+                         cores_available=cores)
+        memory = replace(memory, prepass_bytes=peak, prepass_beside=beside)
     reasons = memory_reasons + [r for d in disks if not d.fits for r in [_disk_reason(d, output)]]
     hub = hub_disk_need(plan, max_disk)
     if to_hub and hub.problem:
         reasons.append(hub.problem)
-    network = _network(plan, inputs, output, downloads, fetch, timing, to_hub, bandwidth, probe_bytes)
+    network = _network(plan, inputs, output, downloads, fetch, timing, to_hub, bandwidth, probe_bytes,
+                       nearest_existing(state_root(state_dir)))
     return Estimate(plan, output, downloads, memory, tuple(disks), timing, tuple(reasons), tuple(notes), fetch,
                     hub, network)
 
 
 def _network(plan: Plan, inputs: Inputs, output: OutputSize, downloads: Mapping[str, ModelDownload],
              fetch: Sequence[FileFetch], timing: TimeEstimate, to_hub: bool, bandwidth: Bandwidth | None,
-             probe_bytes: int) -> NetworkEstimate | None:
-    """Bytes each way and the pipelined wall time; None when the merge touches no network."""
+             probe_bytes: int, state_dir: Path) -> NetworkEstimate | None:
+    """Bytes each way and the pipelined wall time; None when the merge touches no network. The transfers' CPU is
+    probed in ``state_dir`` unless ``probe_bytes`` is 0 (then it counts as nothing)."""
     down = sum(d.bytes for d in downloads.values()) + sum(c.fetch_bytes for c in fetch if c.how == STREAM)
     up = output.total_bytes - output.committed_bytes if to_hub else 0
     if not down and not up:
@@ -148,12 +163,16 @@ def _network(plan: Plan, inputs: Inputs, output: OutputSize, downloads: Mapping[
     if link is None:
         rate = _measure_link(inputs, fetch) if down and probe_bytes > 0 else None
         link = Bandwidth(rate, None, MEASURED)
-    # An hf:// OUT has no local disk to probe: the local merge is then start-up and compute.
-    local = timing.seconds if timing.seconds is not None else timing.startup_seconds + timing.compute_seconds
+    # Start-up comes before any transfer; an hf:// OUT has no local disk to probe: the local merge is then compute.
+    start = timing.startup_seconds + timing.prepass_seconds
+    local = timing.seconds - start if timing.seconds is not None else timing.compute_seconds
+    cost = probe_transfer_cost(state_dir) if probe_bytes > 0 else None
     total = max(1, plan.total_bytes)
     first = plan.shards[0].file_size / total if plan.shards else 0.0
     return NetworkEstimate(down, up, link, local, first_share=min(1.0, first),
-                           tail_bytes=plan.shards[-1].file_size if plan.shards else 0)
+                           tail_bytes=plan.shards[-1].file_size if plan.shards else 0, startup_seconds=start,
+                           transfer_cpu_seconds=cost.seconds(down, up) if cost is not None else 0.0,
+                           cores=usable_cores())
 
 
 def _measure_link(inputs: Inputs, fetch: Sequence[FileFetch]) -> float | None:
@@ -310,11 +329,14 @@ def _units(plan: Plan, pending: Sequence[Any], budget: int, remote: AbstractSet[
 
     The engine's own rule (:func:`~resumerge.plan.workunits.unit_mode`) decides: a tensor streamed to the writer
     in row chunks counts its whole estimate (the chunks together fill the room), one computed in passes over
-    chunks counts a chunk and its output, any other its whole estimate. ``remote`` holds the (model, file) pairs
-    streamed from the hub, which the engine does not read more than once when it has a choice; ``serial`` says
-    whether the engine's workers fill torch's threads (see :func:`~resumerge.plan.workunits.unit_mode`).
+    chunks counts a chunk and its output, any other its whole estimate; a unit that collects its sibling's result
+    (:func:`~resumerge.plan.workunits.collects_sibling`) joins its sibling's, as the engine counts it. ``remote``
+    holds the (model, file) pairs streamed from the hub, which the engine does not read more than once when it has
+    a choice; ``serial`` says whether the engine's workers fill torch's threads (see
+    :func:`~resumerge.plan.workunits.unit_mode`).
     """
-    units = []
+    units: list[tuple[int, bool]] = []
+    previous: TensorPlan | None = None
     for shard in pending:
         for name in shard.tensors:
             tp = plan.tensors[name]
@@ -322,8 +344,19 @@ def _units(plan: Plan, pending: Sequence[Any], budget: int, remote: AbstractSet[
             assert method is not None
             local = not any((ref.model, ref.file) in remote for ref in tp.inputs)
             mode = unit_mode(tp, method, budget, plan.options.device, rereadable=local, serial=serial)
-            units.append((estimate_bytes(tp, method) if mode == ROWS else unit_bytes(tp, method, mode), mode == ROWS))
+            if units and collects_sibling(previous, tp, method):
+                # It collects what its sibling computed, holding its result only, and takes no worker's turn.
+                units[-1] = (units[-1][0] + tp.nbytes, units[-1][1])
+            elif mode == ROWS:
+                rows = fixed_chunk_rows(tp, method)
+                # Chunks of a fixed size: one computed, one queued and one written at a time.
+                units.append((3 * estimate_bytes(tp, method, rows) if rows is not None else estimate_bytes(tp, method),
+                              True))
+            else:
+                units.append((unit_bytes(tp, method, mode), False))
+            previous = tp
     return units
+
 
 
 def _working_set(units: Sequence[tuple[int, bool]], room: int, workers: int) -> int:
@@ -404,7 +437,7 @@ def _time(plan: Plan, pending: Sequence[Any], output: OutputSize, downloads: Map
           committed: Mapping[str, int], speed: DiskSpeed | None, probe_bytes: int,
           compute: Sequence[ComputeGroup] = (), to_hub: bool = False) -> TimeEstimate:
     notes = [g.line() for g in compute]
-    read_bytes = sum(i.end - i.start for s in pending for n in s.tensors for i in plan.tensors[n].inputs)
+    read_bytes = sum(_read_share(plan.tensors[n]) for s in pending for n in s.tensors)
     read_speed = _input_read_speed(plan, probe_bytes)
     write_speed = speed.write_bytes_per_s if speed is not None else None
     if read_speed is None and speed is not None and speed.read_bytes_per_s is not None:
@@ -448,11 +481,15 @@ ENGINE_BUSY_THREADS = 3
 def cores_are_shared() -> bool:
     """True when this process may use no more cores than the engine keeps busy, so compute and disk work (page
     cache copies, sha256, writes) compete for them rather than overlap."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return cores <= ENGINE_BUSY_THREADS
+    return usable_cores() <= ENGINE_BUSY_THREADS
+
+
+def _read_share(tp: TensorPlan) -> int:
+    """Input bytes the engine reads for ``tp``: its inputs, or its share of them where one computation serves
+    several tensors (a LoRA module's A and B: the unit that computes the pair reads them, its sibling nothing)."""
+    spec = get_method(tp.method)
+    shared = spec.whole_cost.shared_by if spec is not None and spec.whole_cost is not None else 1
+    return sum(i.end - i.start for i in tp.inputs) // shared
 
 
 def _input_read_speed(plan: Plan, probe_bytes: int) -> float | None:

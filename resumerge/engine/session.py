@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from resumerge.config.locations import run_dir
 from resumerge.config.merge_config import MergeConfig, load_config_text
@@ -69,6 +69,18 @@ def _never() -> bool:
 # options and model directories, under the resume's settings and reporter; None when the text is a merge config.
 RecordedPlanner = Callable[[str, PlanOptions, Mapping[str, str], RunSettings, "Reporter | None"],
                            "tuple[Plan, Inputs] | None"]
+
+
+class Beside(Protocol):
+    """Work of the run in a process of its own that goes on beside the merge (MoE upcycling's prompt forward
+    pass, whose results only the plan's last units wait for)."""
+
+    def hold(self, governor: MemoryGovernor) -> None:
+        """Take its share of the memory budget from the run's ``governor`` until it ends."""
+
+    def notes(self) -> tuple[str, ...]:
+        """What it found that the user must hear (the plan was made before it ended): asked once the merge's
+        tensors are done, shown and kept like the plan's notes (in the log, ``status`` and the model card)."""
 
 
 class NullReporter:
@@ -141,16 +153,6 @@ def _hub_progress(reporter: Reporter | None, meter: TrafficMeter | None = None) 
         reporter.message(f"{event.repo_id}: {event.message}{rate}")
 
     return emit
-
-
-def read_config_file(path: str | os.PathLike[str]) -> str:
-    """The text of the config file at ``path``; raises :class:`UsageError` when it cannot be read."""
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"config file {path} not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read config file {path}: {exc}") from None
 
 
 def run_merge(
@@ -279,9 +281,11 @@ def run_plan(
     resuming: bool = False,
     reporter: Reporter | None = None,
     should_stop: Callable[[], bool] = _never,
+    beside: Beside | None = None,
 ) -> Outcome:
     """The session path every kind of run ends in: run the frozen ``plan`` (of ``config_text``) into ``target``,
-    journaled (continuing an unfinished run of the same plan there), under ``settings``.
+    journaled (continuing an unfinished run of the same plan there), under ``settings``, with the work ``beside``
+    it that the plan's last units wait for, if any.
 
     A new kind of run is a planner that makes a :class:`Plan`, then this call. It builds the memory and GPU
     governors (UsageError, exit 2, for a budget too small), checks OUT, opens the hub inputs of ``inputs`` (the
@@ -294,6 +298,8 @@ def run_plan(
     set_torch_threads(settings.num_threads)
     governors = (make_governor(plan, settings.max_memory),
                  gpu_governor(plan, plan.options.device, settings.max_gpu_memory))
+    if beside is not None:
+        beside.hold(governors[0])
     manifest = target.manifest()
     hub = None
     meter = TrafficMeter()  # both directions of the network, for the progress display
@@ -301,7 +307,8 @@ def run_plan(
         hub = HubInputs.open(plan, inputs, state_dir=settings.state_dir, on_progress=_hub_progress(reporter, meter),
                              governor=governors[0], max_disk=settings.max_disk)
     return _drive(plan, config_text, target, manifest, settings, governors, hub, restart=restart,
-                  resuming=resuming, reporter=reporter or NullReporter(), should_stop=should_stop, meter=meter)
+                  resuming=resuming, reporter=reporter or NullReporter(), should_stop=should_stop, meter=meter,
+                  late_notes=beside.notes if beside is not None else None)
 
 
 def hub_progress(reporter: Reporter | None) -> Callable[[HubEvent], None] | None:
@@ -344,6 +351,7 @@ def _drive(
     reporter: Reporter,
     should_stop: Callable[[], bool],
     meter: TrafficMeter | None = None,
+    late_notes: Callable[[], tuple[str, ...]] | None = None,
 ) -> Outcome:
     from resumerge.memory.allocator import tune_allocator
     from resumerge.store.runlock import RunLock
@@ -420,8 +428,9 @@ def _drive(
                 shown(meter.snapshot)
             try:
                 with sources:
-                    execute(plan, sources, sink, ledger, book, reporter, should_stop=should_stop,
-                            config_text=config_text, workers=settings.workers, governor=governor, gpu=gpu)
+                    late = execute(plan, sources, sink, ledger, book, reporter, should_stop=should_stop,
+                                   config_text=config_text, workers=settings.workers, governor=governor, gpu=gpu,
+                                   late_notes=late_notes)
             except Stopped:
                 ledger.set_state("interrupted", error="stopped by signal")
                 raise InterruptedMerge("merge interrupted; every committed shard is kept",
@@ -439,7 +448,8 @@ def _drive(
             book.set_state("done")
             ledger.set_state("done")
             created = False
-            return Outcome(plan, out, resumed, tuple(notes), target=hub_out.url if hub_out else None)
+            return Outcome(replace(plan, notes=plan.notes + late), out, resumed, tuple(notes),
+                           target=hub_out.url if hub_out else None)
     finally:
         ledger.close()
         lock.release()

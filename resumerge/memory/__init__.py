@@ -27,7 +27,7 @@ from resumerge.memory.cuda import CudaProbe
 from resumerge.memory.fake import FakeProbe
 from resumerge.memory.governor import MemoryGovernor, Reservation
 from resumerge.memory.pressure import Knobs, PressurePolicy
-from resumerge.memory.probe import MemoryProbe, SystemProbe, os_peak_rss
+from resumerge.memory.probe import MemoryProbe, SystemProbe, os_peak_rss, usable_cores
 from resumerge.memory.records import Adaptation, GovernorStats
 from resumerge.memory.sizes import format_size, parse_size
 
@@ -53,4 +53,5 @@ __all__ = [
     "read_snapshot",
     "require_fits",
     "smallest_budget_for",
+    "usable_cores",
 ]

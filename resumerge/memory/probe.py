@@ -8,6 +8,7 @@ The governor never reads the OS itself; it asks a :class:`MemoryProbe`. :class:`
 from __future__ import annotations
 
 import gc
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -127,3 +128,12 @@ def _status_rss(path: Path) -> int | None:
                 total += int(parts[1]) * 1024
                 found = True
     return total if found else None
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container or ``taskset`` narrows): what the
+    estimates of the merge and of the MoE prompt pass share out."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

@@ -9,9 +9,10 @@ Files, by job: :mod:`.config` (schema and validation, from the YAML alone), :mod
 kind, from the inputs' config.json files), :mod:`.prepare` (open the inputs, run the forward pass, plan),
 :mod:`.planner` (the tensors), :mod:`.experts` (expert tensors: copies, fused stacks, noise and scale, as
 registered methods), :mod:`.routers` (router maths, as registered methods), :mod:`.prompts` (tokenising the
-prompts), :mod:`.forward` (the prompt forward pass, one decoder layer at a time), :mod:`.passmain` (the process the
-prompt work runs in), :mod:`.passproc` (starting it and taking its answer), :mod:`.outconfig` (the output
-config.json) and :mod:`.tokenizer` (the tokenizer with its pad token).
+prompts), :mod:`.forward` (the prompt forward pass, one decoder layer at a time), :mod:`.hiddenpass` (a run's
+pass, beside the merge or before it), :mod:`.passmain` (the process the prompt work runs in), :mod:`.passproc`
+(starting it and taking its answer), :mod:`.passcost` (``plan``'s estimate of the pass), :mod:`.outconfig` (the
+output config.json) and :mod:`.tokenizer` (the tokenizer with its pad token).
 
 Chosen by :mod:`resumerge.api` (which tells a mergekit-moe config from a merge config) and run through the one
 session path, :func:`resumerge.engine.session.run_plan`; the engine never imports this package. transformers is

@@ -1,44 +1,62 @@
-"""What the prompt forward pass of the hidden-state gate modes will cost, for ``plan``: its seconds and the RSS of
-the run's processes together while it runs (the run's process waiting, the pass's process at its peak).
+"""What the prompt forward pass of the hidden-state gate modes will cost, for ``plan``: its seconds, what its
+process holds at its peak, and whether it runs beside the merge (:func:`~resumerge.moe.hiddenpass.beside_share`,
+the run's own rule) or before it.
 
-The pass's process is started once to learn what it holds and how long it takes to start (its imports and the
-base's modules built without weights: a process like the run's will, :mod:`.passmain`'s ``probe`` job); to that
-come its largest layer (:func:`~resumerge.moe.forward.pass_bytes`) and the time to read the layers it runs.
-Nothing is computed and nothing is written.
+The pass's process is started once to learn what it holds and how long it takes to start (its imports, the
+base's modules built without weights and its tokenizer: a process like the run's will, :mod:`.passmain`'s
+``probe`` job); to that come its largest layer (:func:`~resumerge.moe.forward.pass_bytes`) and the CPU of the
+layers it runs. Meanwhile the CPU other processes take is measured: beside the merge the two processes share what
+is left of the cores (:class:`resumerge.engine.costs.TimeEstimate`), and on a shared machine that, not either
+process alone, bounds the run. Nothing is computed and nothing is written.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
 from resumerge.inputs.catalog import Inputs
+from resumerge.memory import SystemProbe, default_budget, usable_cores
 from resumerge.moe.config import MoeConfig
 from resumerge.moe.forward import ROUTERS_NAME, pass_bytes
-from resumerge.moe.passproc import run_child
-from resumerge.moe.prepare import HIDDEN_MODES, routers_dir
+from resumerge.moe.hiddenpass import beside_share
+from resumerge.moe.passproc import HIDDEN_MODES, run_child
+from resumerge.moe.prepare import prepare_moe, routers_dir
+from resumerge.plan.merge_plan import Plan, PlanOptions
 
-# Cast to bfloat16 and copied into the module: bytes per second of the float32 read, measured on the bench's
-# 2-core machine (a cold read is slower, and is counted at the measured read speed instead).
-_CAST_BYTES_PER_S = 1.5e9
+# The pass's CPU per byte of the layers it reads, once its modules and tokenizer are loaded: each tensor cast to
+# bfloat16 from a map of the file (0.4 s for 1.47 GB), the layer's bfloat16 forward over the prompt sets and the
+# journaled hidden states; 1.5 s for the bench's 1.47 GB on its 2-core machine (the pass's CPU less the probe's).
+_LAYER_CPU_PER_BYTE = 1.0e-9
+# The run's process starts the pass's process once it has read the config (interpreter start, the CLI's imports,
+# the YAML): 0.2-0.3 s on the bench's machine; the probe's own seconds count from its process's start.
+_SPAWN_SECONDS = 0.3
 
 
-def pass_estimate(config: MoeConfig, inputs: Inputs, state_dir: str | os.PathLike[str] | None
-                  ) -> Callable[[float | None], tuple[float, int]] | None:
-    """The estimate of ``config``'s prompt forward pass as a function of the inputs' read speed, or None when its
-    gate mode has none; (0, 0) when an earlier run finished it (nothing runs)."""
+# (seconds from the run's start on a core of its own, CPU seconds, peak RSS of its process, beside the merge, the
+# cores the run's two processes may expect): resumerge.engine.estimate's Prepass
+PrepassCost = tuple[float, float, int, bool, float | None]
+
+
+def pass_estimate(config: MoeConfig, inputs: Inputs, state_dir: str | os.PathLike[str] | None,
+                  max_memory: int | None) -> Callable[[float | None], PrepassCost] | None:
+    """The estimate of ``config``'s prompt forward pass under ``max_memory`` (None: the default budget) as a
+    function of the inputs' read speed, or None when its gate mode has none; nothing (all zero) when an earlier
+    run finished it."""
     if config.gate_mode not in HIDDEN_MODES:
         return None
     base = inputs.models[config.base_model.key]
 
-    def estimate(read_bytes_per_s: float | None) -> tuple[float, int]:
+    def estimate(read_bytes_per_s: float | None) -> PrepassCost:
+        del read_bytes_per_s  # the pass's reads follow the merge's of the same files: counted as CPU, below
         if (routers_dir(config, base, state_dir) / ROUTERS_NAME).is_file():
-            return 0.0, 0
-        with tempfile.TemporaryDirectory(prefix="resumerge-probe-") as scratch:
+            return 0.0, 0.0, 0, False, None
+        with tempfile.TemporaryDirectory(prefix="resumerge-probe-") as scratch, _OthersCpu() as others:
             found = run_child({"job": "probe", "mode": config.gate_mode, "weights_dir": str(base.directory)},
                               Path(scratch))
         layers = int(base.config["num_hidden_layers"])
@@ -46,10 +64,55 @@ def pass_estimate(config: MoeConfig, inputs: Inputs, state_dir: str | os.PathLik
                    for name, t in base.tensors.items()}
         run = ["model.embed_tokens.", *(f"model.layers.{i}." for i in range(layers - 1))]
         read = sum(end - start for name, (_, start, end, _, _) in tensors.items() if name.startswith(tuple(run)))
-        seconds = float(found["seconds"]) + read / _CAST_BYTES_PER_S
-        if read_bytes_per_s:
-            seconds += read / read_bytes_per_s
-        held = int(psutil.Process().memory_info().rss)
-        return seconds, held + int(found["rss"]) + pass_bytes(tensors, layers)
+        # What other processes took while the probe ran is what the run's two processes will not have.
+        cores = max(1.0, usable_cores() - others.cores)
+        layer_cpu = read * _LAYER_CPU_PER_BYTE
+        seconds = _SPAWN_SECONDS + float(found["seconds"]) + layer_cpu / min(1.0, cores)
+        probe = SystemProbe()
+        budget = max_memory if max_memory is not None else default_budget(probe)
+        layer = pass_bytes(tensors, layers)
+        beside = beside_share(budget, probe.rss(), layer) is not None
+        return seconds, float(found["cpu_seconds"]) + layer_cpu, int(found["rss"]) + layer, beside, cores
 
     return estimate
+
+
+class _OthersCpu:
+    """The cores that processes other than this one and its children kept busy while the block ran (the
+    machine's busy time from ``/proc/stat``, less this process's own and its waited children's)."""
+
+    def __enter__(self) -> _OthersCpu:
+        self._start = (time.monotonic(), _busy(), _own())
+        self.cores = 0.0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = time.monotonic() - self._start[0]
+        if wall > 0:
+            self.cores = max(0.0, (_busy() - self._start[1] - (_own() - self._start[2])) / wall)
+
+
+def _busy() -> float:
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+
+
+def _own() -> float:
+    t = psutil.Process().cpu_times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def estimators(config: MoeConfig, options: PlanOptions, *, state_dir: str | os.PathLike[str] | None,
+               cache_dir: str | os.PathLike[str] | None, max_memory: int | None
+               ) -> tuple[Callable[[], tuple[Plan, Inputs]],
+                          Callable[[Plan, Inputs], Callable[[float | None], PrepassCost] | None]]:
+    """``plan``'s planner of ``config`` (the pass is not run) and its estimate of the pass, for
+    :func:`resumerge.engine.estimate.estimate_config`."""
+
+    def planner() -> tuple[Plan, Inputs]:
+        return prepare_moe(config, options, state_dir=state_dir, cache_dir=cache_dir, forward=False)[:2]
+
+    def prepass(_: Plan, inputs: Inputs) -> Callable[[float | None], PrepassCost] | None:
+        return pass_estimate(config, inputs, state_dir, max_memory)
+
+    return planner, prepass

@@ -1,12 +1,14 @@
 """Start the prompt work of a mergekit-moe config (tokenising, the hidden-state forward pass) in a process of its
-own, :mod:`resumerge.moe.passmain`, and wait for its answer: the run's process never imports transformers, so the
-half gigabyte it costs is held only while the prompt work runs, and the merge after it gets the whole budget.
+own, :mod:`resumerge.moe.passmain`, and take its answer: the run's process never imports transformers, so the
+half gigabyte it costs is held only while the prompt work runs, by that process alone.
 
-The child runs alone (the merge waits for it), under the budget less what this process holds. Its errors come
-back as the same :class:`~resumerge.errors.ResumergeError` subclass (one line, the same exit code); a child that
-dies otherwise is reported as a failure of the pass, which a rerun continues at the layer it reached.
+:func:`start_child` returns at once (the child's imports overlap what the run does meanwhile: planning, the
+merge); :meth:`PassProcess.result` waits for the answer. Its errors come back as the same
+:class:`~resumerge.errors.ResumergeError` subclass (one line, the same exit code); a child that dies otherwise is
+reported as a failure of the pass, which a rerun continues at the layer it reached.
 
-May import: errors, memory, moe (not its transformers-using modules).
+May import: errors, inputs (files), moe (not its transformers-using modules). Light: the run's process starts the
+child before it imports torch itself.
 """
 
 from __future__ import annotations
@@ -19,16 +21,19 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from resumerge import errors
 from resumerge.errors import InputError, ResumergeError
 from resumerge.inputs.files import TOKENIZER_FILES
-from resumerge.moe.prompts import INSTALL_HINT
+
+HIDDEN_MODES = frozenset({"hidden", "hidden_avg", "hidden_last"})
+ROUTERS_DIR = "moe-routers"  # under the state dir: the forward passes, each in a folder named by its content key
+INSTALL_HINT = "pip install 'resumerge[moe]' (or pip install transformers)"
 
 # (positive, negative or None) prompt texts of each gated expert
 PromptSets = Sequence[tuple[Sequence[str], Sequence[str] | None]]
@@ -48,6 +53,8 @@ def routers_key(weight_files: Sequence[tuple[str, int, str]], mode: str, prompts
     and the versions of the code that computes it (read without importing transformers)."""
     tokenizer = sorted((name, hashlib.sha256((tokenizer_dir / name).read_bytes()).hexdigest())
                        for name in TOKENIZER_FILES if (tokenizer_dir / name).is_file())
+    import torch
+
     try:
         version = importlib.metadata.version("transformers")
     except importlib.metadata.PackageNotFoundError:
@@ -60,35 +67,112 @@ def routers_key(weight_files: Sequence[tuple[str, int, str]], mode: str, prompts
 def run_child(job: dict[str, Any], workdir: Path) -> dict[str, Any]:
     """Do ``job`` (see :mod:`resumerge.moe.passmain`) in a child process and return its answer; raises the
     child's :class:`ResumergeError` again, or one saying how it died. The child is gone when this returns."""
-    require_transformers(job["mode"])
-    env = dict(os.environ)
-    # The child imports this very resumerge, whatever put it on this process's path.
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    child = subprocess.Popen([sys.executable, "-m", "resumerge.moe.passmain", str(workdir)], env=env,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return start_child(job, workdir).result()
+
+
+@contextmanager
+def started_early(gate_mode: str | None, state_dir: str | os.PathLike[str] | None) -> Iterator[PassProcess | None]:
+    """A process for the hidden-state gate modes' forward pass, started now to load while the run plans (its job
+    comes later), and stopped when the block ends (a run that ended without its routers, or needed no pass,
+    leaves no process running); None for the other modes, or without transformers (refused later)."""
+    if gate_mode not in HIDDEN_MODES or importlib.util.find_spec("transformers") is None:
+        yield None
+        return
+    from resumerge.config.locations import state_root
+
+    child = PassProcess(state_root(state_dir) / ROUTERS_DIR)
     try:
-        out, err = child.communicate(json.dumps({**job, "parent": os.getpid()}))
+        yield child
     finally:
-        if child.poll() is None:  # interrupted here: the child must not go on alone
-            child.kill()
-            child.wait()
-    answer = _answer(out)
-    if answer is not None and "error" in answer:
-        raise _rebuilt(answer["error"])
-    if answer is not None and child.returncode == 0:
-        ok: dict[str, Any] = answer["ok"]
-        return ok
-    if child.returncode in (-signal.SIGINT, 130):
-        raise KeyboardInterrupt
-    if child.returncode < 0:
-        name = signal.Signals(-child.returncode).name
-        raise ResumergeError(f"the prompt forward pass (process {child.pid}) was killed by {name}",
-                             hint="run the same command again: the pass continues at the layer it reached"
-                             + ("; if memory ran out, give it a smaller --max-memory or more memory"
-                                if child.returncode == -signal.SIGKILL else ""))
-    last = next((line for line in reversed(err.splitlines()) if line.strip()), "no message")
-    raise ResumergeError(f"the prompt forward pass failed (exit {child.returncode}): {last.strip()}")
+        child.stop()
+
+
+def start_child(job: dict[str, Any], workdir: Path, started: PassProcess | None = None) -> PassProcess:
+    """Give ``job`` to the process ``started`` earlier (None: a new one) and return it at once (see
+    :class:`PassProcess`)."""
+    require_transformers(job["mode"])
+    child = started if started is not None else PassProcess()
+    child.send(job, workdir)
+    return child
+
+
+class PassProcess:
+    """The prompt work's process. Started before its job is known, it loads torch and transformers meanwhile (so
+    an interpreter start with them overlaps the run's own), then waits for :meth:`send`; ``where`` (shown in its
+    command line) says where its work will go. Its answer is taken on a thread of this process, so the caller
+    goes on meanwhile. Started from the calling thread: the kernel's parent-death signal follows the thread that
+    starts a child, and the caller's thread lives as long as the run."""
+
+    def __init__(self, where: Path | None = None) -> None:
+        env = dict(os.environ)
+        # The child imports this very resumerge, whatever put it on this process's path.
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        argv = [sys.executable, "-m", "resumerge.moe.passmain", str(os.getpid()), *([str(where)] if where else [])]
+        self._child = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)
+        self._streams: tuple[str, str] = ("", "")
+        self._reader: threading.Thread | None = None
+
+    def send(self, job: dict[str, Any], workdir: Path) -> None:
+        """Give the child its ``job``, working in ``workdir``."""
+        text = json.dumps({**job, "workdir": str(workdir), "parent": os.getpid()})
+        self._reader = threading.Thread(target=self._read, args=(text,), name="resumerge-prompt-pass", daemon=True)
+        self._reader.start()
+
+    def _read(self, job: str) -> None:
+        try:
+            self._streams = self._child.communicate(job)
+        except (OSError, ValueError):  # killed meanwhile: the answer is the exit status
+            self._child.wait()
+
+    def running(self) -> bool:
+        """Whether the child has its job and has not answered yet."""
+        return self._reader is not None and self._reader.is_alive()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds (None: until it ends) for the child's answer; True once it has ended."""
+        assert self._reader is not None, "no job was sent"
+        self._reader.join(timeout)
+        return not self._reader.is_alive()
+
+    def stop(self) -> None:
+        """Kill the child if it still runs (the run stopped or failed, or needs no pass: it must not go on
+        alone)."""
+        if self._child.poll() is None:
+            self._child.kill()
+        if self._reader is not None:
+            self._reader.join()
+        else:  # never given a job: reap it and close its pipes
+            self._read("")
+
+    def result(self) -> dict[str, Any]:
+        """Wait for the child and return its answer; raises its :class:`ResumergeError` again, or one saying how
+        it died. The child is gone when this returns (interrupted here, it is killed)."""
+        assert self._reader is not None, "no job was sent"
+        try:
+            self._reader.join()
+        finally:
+            if self._reader.is_alive():
+                self.stop()
+        out, err = self._streams
+        child = self._child
+        answer = _answer(out)
+        if answer is not None and "error" in answer:
+            raise _rebuilt(answer["error"])
+        if answer is not None and child.returncode == 0:
+            ok: dict[str, Any] = answer["ok"]
+            return ok
+        if child.returncode in (-signal.SIGINT, 130):
+            raise KeyboardInterrupt
+        if child.returncode < 0:
+            name = signal.Signals(-child.returncode).name
+            raise ResumergeError(f"the prompt forward pass (process {child.pid}) was killed by {name}",
+                                 hint="run the same command again: the pass continues at the layer it reached"
+                                 + ("; if memory ran out, give it a smaller --max-memory or more memory"
+                                    if child.returncode == -signal.SIGKILL else ""))
+        last = next((line for line in reversed(err.splitlines()) if line.strip()), "no message")
+        raise ResumergeError(f"the prompt forward pass failed (exit {child.returncode}): {last.strip()}")
 
 
 def _answer(out: str) -> dict[str, Any] | None:

@@ -45,14 +45,15 @@ _PARTS = ("gate_proj", "up_proj", "down_proj")
 
 
 def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options: PlanOptions, *,
-                   encoded: tuple[tuple[Any, Any], ...] | None = None,
-                   hidden_gates: torch.Tensor | None = None, gates_preview: torch.Tensor | None = None) -> Plan:
+                   encoded: tuple[tuple[Any, Any], ...] | None = None, routers_key: str | None = None,
+                   gates_preview: torch.Tensor | None = None) -> Plan:
     """Plan ``config`` over the opened ``models`` (keyed by ``ModelRef.key``); raises ``InputError`` subclasses
     for anything that would fail later. ``encoded`` holds each gated expert's tokenised (positive, negative)
-    prompt sets for ``cheap_embed``; ``hidden_gates`` the hidden-state modes' routers ``(layers, gated experts,
-    hidden)`` from the prompt forward pass (None: not run, for ``plan``'s figures); ``gates_preview`` the
-    ``cheap_embed`` routers, computed to warn about degenerate routing (the plan's router tensors recompute them
-    from the embedding)."""
+    prompt sets for ``cheap_embed``; ``routers_key`` names the hidden-state modes' prompt forward pass (its content
+    key: the plan's router tensors take its routers, and the fingerprint covers what they depend on), whose
+    routers go to the last shard of their own (the merge runs beside the pass; see :mod:`.hiddenpass`);
+    ``gates_preview`` the routers known now (``cheap_embed``'s, or a finished pass's), to warn about degenerate
+    routing."""
     choice = choose_output(config, models)
     kind = choice.kind
     check_experts(config, kind, models)
@@ -81,18 +82,19 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
                     name = f"{prefix}.{_SHARED_PREFIX[kind]}.{part}.weight"
                     tensors[name] = _expert(name, shared, part, layer, models, out_code)
         tensors.update(_routers(config, kind, layer, (layers, len(config.gated), hidden), base, options,
-                                encoded, hidden_gates, out_code or "F32"))
+                                encoded, routers_key, out_code or "F32"))
     notes = list(choice.notes)
     power = not_power_of_two(len(config.experts))
     if power:
         notes.append(power)
-    block = hidden_gates if hidden_gates is not None else gates_preview
+    block = gates_preview
     if config.gate_mode in ("random", "uniform_random"):
         block = routers.random_block(config.gate_mode, options.random_seed, (layers, len(config.gated), hidden))
     degenerate = routers.degenerate_note(routers.degenerate_layers(block), layers) if block is not None else None
     if degenerate:
         notes.append(degenerate)
-    shards, tensors = assign_shards(tensors, options.out_shard_size)
+    late = {n for n, t in tensors.items() if t.method == routers.VALUES}
+    shards, tensors = assign_shards(tensors, options.out_shard_size, last=late)
     out_config = moe_config(kind, base.config, experts=len(config.experts), shared=len(config.shared_experts),
                             per_token=config.experts_per_token, dtype=out_name if out_code else None)
     blobs = tokenizer_blobs(base.directory) if options.copy_tokenizer else {}
@@ -222,7 +224,7 @@ def _zero_biases(cfg: Mapping[str, Any], layers: int, hidden: int, tensors: dict
 
 
 def _routers(config: MoeConfig, kind: str, layer: int, block: tuple[int, int, int], base: ModelInput,
-             options: PlanOptions, encoded: tuple[tuple[Any, Any], ...] | None, hidden_gates: torch.Tensor | None,
+             options: PlanOptions, encoded: tuple[tuple[Any, Any], ...] | None, routers_key: str | None,
              out_code: str) -> dict[str, TensorPlan]:
     """The router tensors of one layer: ``mlp.gate.weight`` (routed experts) and, for Qwen MoE,
     ``mlp.shared_expert_gate.weight`` (the shared expert's row)."""
@@ -244,8 +246,8 @@ def _routers(config: MoeConfig, kind: str, layer: int, block: tuple[int, int, in
             params = (("first", first), ("sets", encoded), ("stop", stop))
             out[name] = _tensor(name, routers.CHEAP_EMBED, (embed,), shape, out_code, params=params)
         else:
-            assert config.gate_mode in PROMPT_MODES
-            values = None if hidden_gates is None else routers.to_hex(hidden_gates[layer, first:stop])
-            out[name] = _tensor(name, routers.VALUES, (), shape, out_code,
-                                params=(("hidden", hidden), ("values", values)))
+            assert config.gate_mode in PROMPT_MODES and routers_key is not None
+            params = (("first", first), ("hidden", hidden), ("layer", layer), ("routers", routers_key),
+                      ("stop", stop))
+            out[name] = _tensor(name, routers.VALUES, (), shape, out_code, params=params)
     return out

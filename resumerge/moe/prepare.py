@@ -8,6 +8,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,16 @@ from resumerge.inputs.catalog import Inputs, open_inputs
 from resumerge.inputs.model import ModelInput
 from resumerge.memory.sizes import format_size
 from resumerge.moe.config import MoeConfig
-from resumerge.moe.passproc import require_transformers, routers_key, run_child
+from resumerge.moe.hiddenpass import HiddenPass, beside_share, routers_job
+from resumerge.moe.passproc import (
+    HIDDEN_MODES,
+    ROUTERS_DIR,
+    PassProcess,
+    require_transformers,
+    routers_key,
+    run_child,
+    start_child,
+)
 from resumerge.moe.planner import build_moe_plan
 from resumerge.moe.routers import Encoded
 from resumerge.plan.merge_plan import Plan, PlanOptions
@@ -27,34 +37,38 @@ from resumerge.plan.merge_plan import Plan, PlanOptions
 if TYPE_CHECKING:
     from resumerge.inputs.hub import ProgressCallback, RepoMetadata
 
-HIDDEN_MODES = frozenset({"hidden", "hidden_avg", "hidden_last"})
-
 
 def prepare_moe(config: MoeConfig, options: PlanOptions, *, model_dirs: Mapping[str, str] | None = None,
                 state_dir: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None,
-                on_progress: ProgressCallback | None = None, forward: bool = True, max_memory: int | None = None,
-                max_disk: int | None = None, num_threads: int | None = None) -> tuple[Plan, Inputs]:
-    """The plan of ``config`` and its opened inputs. No weight is read, except by the prompt forward pass of the
-    hidden-state gate modes, which runs (or is found finished in the state dir) only when ``forward`` and after
-    every check, in a process of its own (:mod:`.passproc`) under ``max_memory`` (None: the default budget) less
-    what this process holds, with ``num_threads`` torch threads. A hub base model's weights are downloaded into
+                on_progress: ProgressCallback | None = None, forward: bool = True, beside: bool = False,
+                early: PassProcess | None = None, max_memory: int | None = None, max_disk: int | None = None,
+                num_threads: int | None = None) -> tuple[Plan, Inputs, HiddenPass | None]:
+    """The plan of ``config``, its opened inputs, and the prompt forward pass of the hidden-state gate modes when
+    it runs beside the merge (else None). No weight is read, except by that pass, which starts (or is found
+    finished in the state dir) only when ``forward`` and after every check, in a process of its own
+    (:mod:`.hiddenpass`) under ``max_memory`` (None: the default budget) with ``num_threads`` torch threads. With
+    ``beside`` (the caller hands the pass to the engine and stops it when the run ends) the pass runs beside the
+    merge where the budget holds both; otherwise this waits for it. It runs in ``early`` when the caller started
+    its process already (:func:`~resumerge.moe.passproc.started_early`). A hub base model's weights are downloaded into
     the cache for it, within ``max_disk``. Raises ``InputError`` subclasses."""
     inputs = open_inputs(config.as_merge_config(), model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
                          on_progress=on_progress)
-    encoded = None
+    encoded = key = None
     if config.gate_mode == "cheap_embed":
         encoded = encode_prompts(config, inputs)
-    gates = preview = None
-    if config.gate_mode == "cheap_embed" and forward and config.base_model.key not in inputs.hub:
-        build_moe_plan(config, inputs.models, options, encoded=encoded)  # every check, before reading a weight
-        preview = _cheap_embed_gates(config, inputs, encoded)
     if config.gate_mode in HIDDEN_MODES:
-        build_moe_plan(config, inputs.models, options)  # every check, before the pass reads any weight
-        if forward:
-            gates = _hidden_gates(config, inputs, state_dir, max_memory=max_memory, max_disk=max_disk,
-                                  num_threads=num_threads, on_progress=on_progress)
-    return build_moe_plan(config, inputs.models, options, encoded=encoded, hidden_gates=gates,
-                          gates_preview=preview), inputs
+        key = _key(config, inputs.models[config.base_model.key])
+    plan = build_moe_plan(config, inputs.models, options, encoded=encoded, routers_key=key)  # every check
+    if config.gate_mode == "cheap_embed" and forward and config.base_model.key not in inputs.hub:
+        preview = _cheap_embed_gates(config, inputs, encoded)
+        return build_moe_plan(config, inputs.models, options, encoded=encoded, gates_preview=preview), inputs, None
+    if key is None or not forward:
+        return plan, inputs, None
+    running = _hidden_pass(config, inputs, key, state_dir, beside=beside, early=early, max_memory=max_memory,
+                           max_disk=max_disk, num_threads=num_threads, on_progress=on_progress)
+    if running.share is not None:
+        return plan, inputs, running
+    return replace(plan, notes=plan.notes + running.degenerate_notes()), inputs, None
 
 
 def prompt_texts(config: MoeConfig) -> list[tuple[list[str], list[str] | None]]:
@@ -103,39 +117,48 @@ def _cheap_embed_gates(config: MoeConfig, inputs: Inputs, encoded: Any) -> torch
 
 def routers_dir(config: MoeConfig, base: ModelInput, state_dir: str | os.PathLike[str] | None) -> Path:
     """Where the hidden-state routers of ``config`` are computed and kept, by content."""
-    key = routers_key([(f.name, f.size, f.identity) for f in base.files], config.gate_mode, prompt_texts(config),
-                      base.directory)
-    return state_root(state_dir) / "moe-routers" / key
+    return state_root(state_dir) / ROUTERS_DIR / _key(config, base)
 
 
-def _hidden_gates(config: MoeConfig, inputs: Inputs, state_dir: str | os.PathLike[str] | None, *,
-                  max_memory: int | None, max_disk: int | None, num_threads: int | None,
-                  on_progress: ProgressCallback | None) -> torch.Tensor:
-    """The routers of the hidden-state modes ``(layers, gated experts, hidden)``: computed by the forward pass
-    in the state dir (or found there, finished by an earlier run)."""
-    from safetensors.torch import load_file
+def _key(config: MoeConfig, base: ModelInput) -> str:
+    """The content key of ``config``'s forward pass (see :func:`~resumerge.moe.passproc.routers_key`)."""
+    return routers_key([(f.name, f.size, f.identity) for f in base.files], config.gate_mode, prompt_texts(config),
+                       base.directory)
 
+
+def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, state_dir: str | os.PathLike[str] | None, *,
+                 beside: bool, early: PassProcess | None, max_memory: int | None, max_disk: int | None,
+                 num_threads: int | None, on_progress: ProgressCallback | None) -> HiddenPass:
+    """The forward pass ``key`` of the hidden-state modes: found finished in the state dir, or started now (beside
+    the merge when ``beside`` and the budget holds both; else finished before this returns)."""
     from resumerge.memory import SystemProbe, default_budget
-    from resumerge.moe.forward import ROUTERS_NAME
+    from resumerge.moe.forward import ROUTERS_NAME, pass_bytes
 
     base = inputs.models[config.base_model.key]
-    workdir = routers_dir(config, base, state_dir)
-    done = workdir / ROUTERS_NAME
-    if not done.is_file():
-        require_transformers(config.gate_mode)
-        if config.base_model.key in inputs.hub:
-            _fetch_base(inputs.hub[config.base_model.key], state_dir, max_disk, on_progress)
-        probe = SystemProbe()
-        probe.reclaim()
-        held = probe.rss()
-        budget = max_memory if max_memory is not None else default_budget(probe)
-        tensors = {name: [t.file, t.entry.start, t.entry.end, t.entry.dtype, list(t.entry.shape)]
-                   for name, t in base.tensors.items()}
-        run_child({"job": "routers", "mode": config.gate_mode, "tokenizer_dir": str(base.directory),
-                   "prompts": prompt_texts(config), "weights_dir": str(base.directory), "tensors": tensors,
-                   "share": max(0, budget - held), "parent_bytes": held, "threads": num_threads}, workdir)
-    data = load_file(str(done))
-    return torch.stack([data[f"layers.{i}"] for i in range(len(data))])
+    layers = int(base.config["num_hidden_layers"])
+    workdir = state_root(state_dir) / ROUTERS_DIR / key
+    if (workdir / ROUTERS_NAME).is_file():
+        if early is not None:
+            early.stop()  # not needed: it must not take the merge's cores while it loads
+        return HiddenPass(key, workdir, layers)
+    require_transformers(config.gate_mode)
+    if config.base_model.key in inputs.hub:
+        _fetch_base(inputs.hub[config.base_model.key], state_dir, max_disk, on_progress)
+    probe = SystemProbe()
+    probe.reclaim()
+    held = probe.rss()
+    budget = max_memory if max_memory is not None else default_budget(probe)
+    located = {name: (t.file, t.entry.start, t.entry.end, t.entry.dtype, tuple(t.entry.shape))
+               for name, t in base.tensors.items()}
+    tensors = {name: [f, start, end, dtype, list(shape)] for name, (f, start, end, dtype, shape) in located.items()}
+    share = beside_share(budget, held, pass_bytes(located, layers)) if beside else None
+    process = start_child(routers_job(config.gate_mode, base.directory, prompt_texts(config), tensors,
+                              share=share if share is not None else max(0, budget - held), held=held,
+                              threads=num_threads), workdir, early)
+    running = HiddenPass(key, workdir, layers, process, share)
+    if share is None:
+        running.routers()  # the merge waits for it
+    return running
 
 
 def _fetch_base(meta: RepoMetadata, state_dir: str | os.PathLike[str] | None, max_disk: int | None,

@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.errors import InputError
+from resumerge.moe.passproc import INSTALL_HINT
 from resumerge.moe.routers import Encoded
-
-INSTALL_HINT = "pip install 'resumerge[moe]' (or pip install transformers)"
 
 
 def require_transformers(gate_mode: str) -> Any:

@@ -3,14 +3,17 @@
 mergekit draws every layer's routers at once from its seeded global generator, ``(layers, gated experts,
 hidden)``; each router tensor here redraws that same block from a generator seeded with the run's seed and keeps
 its own layer's rows, so any one tensor can be computed (or recomputed after a kill) alone. ``cheap_embed`` sums
-the prompts' token embeddings; the hidden-state modes take routers computed by :mod:`resumerge.moe.forward`,
-held in the plan.
+the prompts' token embeddings; the hidden-state modes take routers computed by :mod:`resumerge.moe.forward` in a
+process of its own while the rest of the merge runs: the plan names them by their content key (what the pass
+depends on: the base's files, the prompts, the tokenizer, the code's versions), and the run's planning says where
+they come from (:func:`provide`) before the engine runs.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -75,18 +78,27 @@ def cheap_embed_router(ctx: MergeContext) -> torch.Tensor:
     return cheap_embed_rows(embed, p["sets"], 1)[0, p["first"]:p["stop"]].clone()
 
 
-def to_hex(rows: torch.Tensor) -> str:
-    """bfloat16 router rows as the plan stores them (hex of their bytes: exact, and part of the fingerprint)."""
-    return bytes(rows.to(torch.bfloat16).contiguous().reshape(-1).view(torch.uint8).numpy()).hex()
+# Content key of a forward pass -> what returns its routers (layers, gated experts, hidden), waiting for the pass
+# when it is still running. Set by the run's planning (resumerge.moe.prepare) before the engine runs.
+_provided: dict[str, Callable[[], torch.Tensor]] = {}
+_lock = threading.Lock()
+
+
+def provide(key: str, routers: Callable[[], torch.Tensor]) -> None:
+    """Make ``routers()`` the source of the routers of the forward pass ``key`` (the last call wins)."""
+    with _lock:
+        _provided[key] = routers
 
 
 def router_values(ctx: MergeContext) -> torch.Tensor:
-    """A router the prompt forward pass computed before the plan was made, from the plan's own bytes."""
-    values = ctx.params["values"]
-    if values is None:
-        raise ValueError("the prompt forward pass has not run")
-    data = torch.frombuffer(bytearray(bytes.fromhex(values)), dtype=torch.bfloat16)
-    return data.reshape(-1, ctx.params["hidden"]).clone()
+    """Rows ``[first, stop)`` of layer ``layer`` of the routers the prompt forward pass ``routers`` computes (waits
+    for the pass when it is still running)."""
+    p = ctx.params
+    with _lock:
+        source = _provided.get(p["routers"])
+    if source is None:  # a planning bug: the run's planning provides them before the engine runs
+        raise ValueError("the routers of this prompt forward pass were not provided")
+    return source()[p["layer"], p["first"]:p["stop"]].clone()
 
 
 def degenerate_layers(block: torch.Tensor, threshold: float = 5.0) -> list[int]:

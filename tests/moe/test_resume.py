@@ -15,6 +15,7 @@ import torch
 
 from resumerge import api
 from resumerge.moe import prepare
+from resumerge.store.manifest import read_manifest
 from tests.moe.models import llamas, tensors, write
 from tests.support import cli, digests
 
@@ -95,13 +96,16 @@ def test_kill_during_the_forward_pass_resumes_there(tmp_path: Path, monkeypatch:
     (work,) = (state / "moe-routers").iterdir()
     # the child died with its parent: it did not go on to the next layer (it would after a wait), and none is left
     assert sorted(p.name for p in work.iterdir()) == ["layer-00000.safetensors", "layer-00001.safetensors"]
-    assert not [p for p in psutil.process_iter(["cmdline"]) if str(work) in " ".join(p.info["cmdline"] or ())]
-    assert not out.exists()  # nothing touches OUT before the plan exists
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(work.parent) in " ".join(p.info["cmdline"] or ())]
+    # the merge ran beside the pass: every tensor but the routers (their own last shard) may be committed already
+    assert not (out / "model-00002-of-00002.safetensors").exists()
     # the kill point is reached once per layer: continued at layer 2 it is reached twice more (layers 2 and 3),
     # started again from layer 0 it would die at layer 2
     again = cli("run", config, out, "--state-dir", state, "--quiet", env={"RESUMERGE_KILL_AT": "after_router_layer:3"})
     assert again.returncode == 0, again.stderr
     assert digests(out) == digests(reference)
+    manifest = read_manifest(out)
+    assert manifest is not None and manifest.fingerprint == api.plan_merge(config).fingerprint  # no pass needed
     routers = work / "routers.safetensors"
     before = routers.stat().st_mtime_ns
     shutil.rmtree(out)
@@ -112,7 +116,7 @@ def test_kill_during_the_forward_pass_resumes_there(tmp_path: Path, monkeypatch:
     def no_pass(*_: object) -> None:
         raise AssertionError("the forward pass ran again")
 
-    monkeypatch.setattr(prepare, "run_child", no_pass)  # resumed here: no process is needed to see it is not rerun
+    monkeypatch.setattr(prepare, "start_child", no_pass)  # resumed here: no process is needed to see it is not rerun
     api.resume(out, state_dir=state)
     assert routers.stat().st_mtime_ns == before and digests(out) == digests(reference)
     assert not [p for p in work.iterdir() if p.name != routers.name]

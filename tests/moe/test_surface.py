@@ -18,23 +18,45 @@ DEGENERATE = "layers 0 and 1 have degenerate routing parameters - your prompts m
 POWER = "Your model has 3 experts, which is not a power of two. The model will not be usable in llama.cpp."
 
 
-def _config(tmp_path: Path) -> Path:
+def _config(tmp_path: Path, mode: str = "cheap_embed") -> Path:
     m = llamas(tmp_path)
     return write(tmp_path / "moe.yml", {
-        "base_model": str(m[0]), "gate_mode": "cheap_embed",
+        "base_model": str(m[0]), "gate_mode": mode,
         "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab"]},
                     {"source_model": str(m[2]), "positive_prompts": ["ab ab"]},
                     {"source_model": str(m[0]), "positive_prompts": ["ab cd"]}]})
 
 
 def test_warnings_reach_status_and_the_model_card(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    outcome = api.run(_config(tmp_path), out, state_dir=tmp_path / "state")
+    # hidden gates: the pass runs beside the merge, so its warning comes once the routers are known (the same
+    # function warns about cheap_embed's routers, known when the plan is made)
+    out, config = tmp_path / "out", _config(tmp_path, "hidden")
+    outcome = api.run(config, out, state_dir=tmp_path / "state")
     notes = api.status(out, state_dir=tmp_path / "state").plan_notes
     assert POWER in notes and any(n.startswith(DEGENERATE) for n in notes)
     assert outcome.plan.notes == notes
     card = (out / "README.md").read_text()
     assert f"- {POWER}" in card and DEGENERATE in card and "Mixture of Experts" in card
+    # a later run finds the pass finished: the warning is the plan's own from the start
+    again = api.run(config, tmp_path / "again", state_dir=tmp_path / "state")
+    assert again.plan.notes == notes
+    assert (tmp_path / "again" / "README.md").read_text() == card.replace(str(out), str(tmp_path / "again"))
+
+
+def test_cheap_embed_routers_too_alike_are_warned_when_the_plan_is_made(tmp_path: Path) -> None:
+    # cheap_embed's routers are the prompts' mean embeddings, known before the merge: "ab" and "ab ab" give one
+    # router twice (singular), distinct prompts do not; the warning is mergekit-moe's, in the notes and the card.
+    m = llamas(tmp_path)
+    for name, prompts, warned in (("alike", (["ab"], ["ab ab"], ["ab cd"]), True),
+                                  ("apart", (["ab cd ef"], ["zz yy"], ["mn op qr st"]), False)):
+        config = write(tmp_path / f"{name}.yml", {
+            "base_model": str(m[0]), "gate_mode": "cheap_embed",
+            "experts": [{"source_model": str(m[i]), "positive_prompts": p} for i, p in zip((1, 2, 0), prompts)]})
+        outcome = api.run(config, tmp_path / name, state_dir=tmp_path / "state")
+        notes = api.status(tmp_path / name, state_dir=tmp_path / "state").plan_notes
+        assert outcome.plan.notes == notes and POWER in notes
+        assert any(n.startswith(DEGENERATE) for n in notes) is warned, notes
+        assert (DEGENERATE in (tmp_path / name / "README.md").read_text()) is warned
 
 
 def test_prompt_modes_without_transformers_exit_2(tmp_path: Path) -> None:
@@ -59,11 +81,27 @@ def test_plan_merge_plans_without_running_anything(tmp_path: Path) -> None:
                     {"source_model": str(m[2]), "positive_prompts": ["cd"]}]})
     plan = api.plan_merge(config, random_seed=5)
     assert plan.method == "moe" and len(plan.tensors) == 21 and plan.out_config["num_local_experts"] == 2
-    assert dict(plan.tensors["model.layers.1.mlp.gate.weight"].params)["values"] is None
+    # the routers are named by their pass's content key, in a last shard of their own (merged beside the pass)
+    key = dict(plan.tensors["model.layers.1.mlp.gate.weight"].params)["routers"]
+    assert plan.shards[-1].tensors == ("model.layers.0.mlp.gate.weight", "model.layers.1.mlp.gate.weight")
+    assert api.plan_merge(config, random_seed=5).fingerprint == plan.fingerprint  # stable across runs
+    for changed in ({"positive_prompts": ["ab", "x"]}, {"negative_prompts": ["cd"]}):
+        other = write(tmp_path / "other.yml", {
+            "base_model": str(m[0]), "gate_mode": "hidden",
+            "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab"], **changed},
+                        {"source_model": str(m[2]), "positive_prompts": ["cd"]}]})
+        replanned = api.plan_merge(other, random_seed=5)
+        assert dict(replanned.tensors["model.layers.1.mlp.gate.weight"].params)["routers"] != key
+        assert replanned.fingerprint != plan.fingerprint
     # plan's estimate counts the pass (its process started once to see what it holds), without running it
     estimate = api.estimate(config, tmp_path / "out", probe_size=0)
-    assert estimate.time.prepass_seconds > 0 and estimate.memory.prepass_bytes > estimate.memory.baseline_bytes
-    assert estimate.memory.peak_bytes >= estimate.memory.prepass_bytes
+    assert estimate.time.prepass_seconds > 0 and estimate.memory.prepass_bytes > 100_000_000  # torch alone
+    memory = estimate.memory
+    assert memory.prepass_beside and estimate.time.prepass_beside  # the default budget holds both processes
+    assert memory.peak_bytes == memory.baseline_bytes + memory.working_set_bytes + memory.prepass_bytes
+    # the router units read nothing (the pass is estimated apart): not timed, and not reported as failing
+    assert "moe_router_values" not in {g.method for g in estimate.time.compute}
+    assert all(g.seconds is not None for g in estimate.time.compute)
     assert not (state_root() / "moe-routers").exists()  # the forward pass did not run
 
 
