@@ -93,6 +93,9 @@ class MethodFootprint:
     # per element of a (rows + cols) × ``panel_width(r)`` panel, r being the rank of the result (its shorter side).
     panel: float = 0.0
     panel_width: Callable[[int], int] | None = None
+    # The method builds its result in the output dtype and returns it as the engine writes it, so its result is the
+    # output buffer the engine counts already (MoE's plain expert stacks): no tensor of the dtype it sees is added.
+    in_output: bool = False
 
     def figures(self, dtype: str) -> Footprint:
         """The figures for tensors of ``dtype`` (a torch dtype name), before :data:`MARGIN`; :data:`UNMEASURED`
@@ -108,7 +111,7 @@ Column = (tuple[float, float] | tuple[float, float, float, float] | tuple[float,
 def measured(float32: Column, bfloat16: Column, float16: Column, float64: Column, *,
              scratch: ScratchRule = no_scratch, by_models: bool = False, half_dot: bool = False,
              of_inputs: bool = False, panel: float = 0.0,
-             panel_width: Callable[[int], int] | None = None) -> MethodFootprint:
+             panel_width: Callable[[int], int] | None = None, in_output: bool = False) -> MethodFootprint:
     """A method's footprint from its figures in each measured dtype, each (fixed, per_input[, block, line[, lone or
     None[, phase]]]) as ``bench/method_footprint.py --fit`` prints them (measured on torch 2.13 CPU, 2 intra-op
     threads, covering every parameter variant, with and without a base, before :data:`MARGIN`; the per-input
@@ -116,7 +119,8 @@ def measured(float32: Column, bfloat16: Column, float16: Column, float64: Column
     negative offset goes with it)."""
     columns = (float32, bfloat16, float16, float64)
     by_dtype = {dtype: Footprint(*column) for dtype, column in zip(MEASURED_DTYPES, columns, strict=True)}
-    return MethodFootprint(MappingProxyType(by_dtype), scratch, by_models, half_dot, of_inputs, panel, panel_width)
+    return MethodFootprint(MappingProxyType(by_dtype), scratch, by_models, half_dot, of_inputs, panel, panel_width,
+                           in_output)
 
 
 def block_scratch(block: int) -> ScratchRule:
@@ -203,8 +207,10 @@ def working_bytes(footprint: MethodFootprint, dtype: str, shape: Sequence[int], 
         per_element = figures.lone
     block, line = scratch_elements(footprint, dtype, shape, inputs)
     scratch = figures.block * block + figures.line * line
-    # A decomposition's result is a rank-r factor, not a tensor of the matrix's size (the caller counts it).
-    total = per_element * elements if footprint.of_inputs else max(per_element * elements, float(size * elements))
+    # A decomposition's result is a rank-r factor, not a tensor of the matrix's size, and a result built in the
+    # output buffer is that buffer (the caller counts both).
+    own_result = footprint.of_inputs or footprint.in_output
+    total = per_element * elements if own_result else max(per_element * elements, float(size * elements))
     if footprint.panel and footprint.panel_width is not None and rank is not None and len(shape) == 2:
         scratch += footprint.panel * (shape[0] + shape[1]) * footprint.panel_width(rank)
     if figures.phase is None:
