@@ -1,7 +1,5 @@
 """``python -m resumerge`` runs the CLI."""
 
-import sys
+from resumerge.cli.commands import entry
 
-from resumerge.cli.commands import main
-
-sys.exit(main())
+entry()

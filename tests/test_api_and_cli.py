@@ -12,7 +12,7 @@ from conftest import ModelFactory
 from support import digests, linear_config, write_config
 
 import resumerge
-from resumerge.cli.commands import build_parser, main
+from resumerge.cli.commands import build_parser, entry, main
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ("run", "resume", "status", "verify", "plan", "demo", "extract-lora")
@@ -63,10 +63,26 @@ def test_the_resumerge_command_points_at_the_cli() -> None:
 
     declared = re.search(r'^resumerge = "([\w.]+):(\w+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
     assert declared is not None
-    assert getattr(importlib.import_module(declared.group(1)), declared.group(2)) is main
+    assert getattr(importlib.import_module(declared.group(1)), declared.group(2)) is entry
     installed = [e for e in entry_points(group="console_scripts") if e.name == "resumerge"]
     assert [e.value for e in installed] == [f"{declared.group(1)}:{declared.group(2)}"]
-    assert installed[0].load() is main
+    assert installed[0].load() is entry
+
+
+@pytest.mark.parametrize(("code", "teardown"), [(0, False), (2, True), (3, True)])
+def test_a_finished_command_exits_without_the_interpreters_teardown(code: int, teardown: bool) -> None:
+    # Success skips the teardown (torch's takes most of a second) but still delivers everything written to a
+    # pipe and the logs; any other code exits normally, running what the interpreter runs at exit.
+    script = ("import atexit, logging, sys\n"
+              "from resumerge.cli.commands import exit_with\n"
+              "atexit.register(lambda: print('teardown', flush=True))\n"
+              "logging.basicConfig(stream=sys.stderr, format='%(message)s')\n"
+              "logging.warning('logged')\n"
+              f"print('out', end=''); sys.stderr.write('err'); exit_with({code})\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert done.returncode == code
+    assert done.stdout == ("outteardown\n" if teardown else "out")
+    assert done.stderr == "logged\nerr"
 
 
 def test_plan_times_compute_with_the_runs_threads_and_refuses_a_missing_gpu(

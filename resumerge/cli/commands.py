@@ -9,12 +9,14 @@ fast. Exit codes: 0 done, 1 internal error, 2 invalid input,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from resumerge.cli.knobs import (
     Progress,
@@ -341,6 +343,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: internal error: {type(exc).__name__}: {exc} (set RESUMERGE_DEBUG=1 for a traceback)",
               file=sys.stderr)
         return 1
+
+
+def entry() -> NoReturn:
+    """The ``resumerge`` console script and ``python -m resumerge``: :func:`main`, then :func:`exit_with` its code."""
+    exit_with(main())
+
+
+def exit_with(code: int) -> NoReturn:
+    """End the process with ``code``, the exit code a command returned.
+
+    A command that returns 0 has nothing left to do: every file it wrote is durable and recorded (a merge returns
+    only then; a hub OUT's last commit has been answered). The interpreter's own teardown would still take most
+    of a second with torch loaded (collecting every object, unloading torch's operator libraries: 0.4-0.9 s
+    measured here per process), so after the logs and the standard streams are flushed the process ends at once.
+    Any other code exits normally: a stopped run may still be winding down transfers it chose to abandon."""
+    if code == EXIT_OK:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # a reader gone or a closed stream: nothing to deliver
+                stream.flush()
+        os._exit(EXIT_OK)
+    sys.exit(code)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
