@@ -17,12 +17,16 @@ from resumerge.methods.footprint import MethodFootprint, measured
 from resumerge.methods.spec import MergeContext, MethodSpec, register
 
 COPY = "moe_expert"
+# The same copy where nothing is drawn or scaled (every base tensor, and experts without noise_scale or
+# residual_scale): the input cast straight into a new tensor of the output dtype, which is the output buffer.
+COPY_PLAIN = "moe_copy"
 FUSED = "moe_fused_experts"
 # The same stack where no expert of it draws noise or scales its residual: the inputs are cast into the output
 # and nothing else is made, so a smaller footprint (under --max-memory 1GB the 1.74 GB bench pair's fused tensors
 # fit only with it).
 FUSED_COPIES = "moe_fused_copies"
 ZEROS = "moe_zeros"
+FLOAT_NAMES = ("float32", "bfloat16", "float16", "float64")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 # Not measured by the harness (internal units have no config cases); figured by hand with room to spare, in bytes
 # per element for float32, bfloat16, float16, float64. A copy with noise holds the draw, the product and the sum
@@ -30,11 +34,11 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # one input's noised copy at a time (three tensors of an input's size, at most half the output's elements).
 COPY_FOOTPRINT = measured((12, 0), (6, 0), (6, 0), (24, 0))
 FUSED_FOOTPRINT = measured((10, 0), (7, 0), (7, 0), (20, 0))
-# Plain copies: the inputs are cast into the output tensor, which the engine writes as it is (already in the output
-# dtype and contiguous), so nothing beyond the stored inputs and the output buffer the engine counts (measured on
-# the 1.74 GB bench pair: the run's process held about 270 MB over its baseline for a 2 x 11008 x 2048 bfloat16
-# stack of float32 inputs, 180 MB of inputs and 90 MB of output; the old figure, 4 bytes an element, counted
-# 226 MB more).
+# Plain copies and stacks: the inputs are cast into the output tensor, which the engine writes as it is (already
+# in the output dtype and contiguous), so nothing beyond the stored inputs and the output buffer the engine counts
+# (measured on the 1.74 GB bench pair: the run's process held about 270 MB over its baseline for a 2 x 11008 x 2048
+# bfloat16 stack of float32 inputs, 180 MB of inputs and 90 MB of output; the old figure, 4 bytes an element,
+# counted 226 MB more, and a plain copy's three tensors of the noised one 245 MB more for each embedding).
 FUSED_COPIES_FOOTPRINT = measured((0, 0), (0, 0), (0, 0), (0, 0), in_output=True)
 # The routers and zero biases (small tensors): the rule of thumb a method never measured used to get, a
 # float64-sized temporary per input and one more.
@@ -63,6 +67,13 @@ def expert_copy(ctx: MergeContext) -> torch.Tensor:
     return scaled(tensor, ctx.model_params[0], ctx.generator)
 
 
+def plain_copy(ctx: MergeContext) -> torch.Tensor:
+    """A tensor copied unchanged in the output dtype ``dtype``: one cast into a new tensor (never the input itself),
+    the bits of mergekit-moe's ``.to(dtype)``; the engine writes it as it is."""
+    (tensor,) = ctx.tensors
+    return tensor.to(_DTYPES[ctx.params["dtype"]], copy=True)
+
+
 def fused_experts(ctx: MergeContext) -> torch.Tensor:
     """transformers' fused expert tensor of one layer, in the output dtype ``dtype``: ``gate_up`` stacks each
     expert's ``cat([gate, up])`` (the inputs are gate, up of expert 0, then of expert 1, ...), ``down`` stacks each
@@ -89,6 +100,8 @@ for _spec in (
     MethodSpec(name=COPY, fn=expert_copy, min_inputs=1, max_inputs=1, randomized=True,
                reference="mergekit-moe copy_tensor_out / noise_and_scale", footprint=COPY_FOOTPRINT,
                internal=True),
+    MethodSpec(name=COPY_PLAIN, fn=plain_copy, min_inputs=1, max_inputs=1,
+               reference="mergekit-moe copy_tensor_out", footprint=FUSED_COPIES_FOOTPRINT, internal=True),
     MethodSpec(name=FUSED, fn=fused_experts, min_inputs=1, randomized=True,
                reference="transformers' mixtral / qwen3_moe checkpoint conversion", footprint=FUSED_FOOTPRINT,
                internal=True),

@@ -164,7 +164,10 @@ def _tensor(name: str, method: str, inputs: tuple[InputRef, ...], shape: tuple[i
 def _copy(out: str, model: ModelInput, name: str, out_code: str | None,
           params: tuple[tuple[str, Any], ...] = (), where: str = "base_model") -> TensorPlan:
     ref = _ref(model, name, where)
-    return _tensor(out, expert_methods.COPY, (ref,), ref.shape, out_code or ref.dtype, model_params=(params,))
+    code = out_code or ref.dtype
+    if not params and _NAMES[code] in expert_methods.FLOAT_NAMES:  # nothing drawn or scaled: a cast alone
+        return _tensor(out, expert_methods.COPY_PLAIN, (ref,), ref.shape, code, params=(("dtype", _NAMES[code]),))
+    return _tensor(out, expert_methods.COPY, (ref,), ref.shape, code, model_params=(params,))
 
 
 def _expert_params(expert: ExpertConfig, part: str) -> tuple[tuple[str, Any], ...]:

@@ -15,7 +15,7 @@ from methods.footprint_cases import peaks
 
 from resumerge.methods import MergeContext, get_method
 from resumerge.methods.footprint import CALL_BYTES, MARGIN, working_bytes
-from resumerge.moe.experts import FUSED, FUSED_COPIES
+from resumerge.moe.experts import COPY_PLAIN, FUSED, FUSED_COPIES
 
 NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
@@ -53,3 +53,19 @@ def test_a_plain_stack_is_counted_as_its_output_alone(dtype: torch.dtype, out: s
 def test_a_noised_stack_is_covered(dtype: torch.dtype, part: str) -> None:
     peak, counted, _ = _stack(FUSED, part, dtype, NAMES[dtype], noise=True)
     assert peak <= counted, (peak, counted)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("out", ["float32", "bfloat16"])
+def test_a_plain_copy_is_its_output_alone_and_never_its_input(dtype: torch.dtype, out: str) -> None:
+    spec = get_method(COPY_PLAIN)
+    assert spec is not None and spec.footprint is not None
+    tensor = torch.randn(64, 32).to(dtype)
+    ctx = MergeContext(tensors=[tensor], base_index=None, model_params=[{}], params={"dtype": out})
+    result = spec.fn(ctx)
+    assert result.dtype == getattr(torch, out) and torch.equal(result, tensor.to(result.dtype))
+    assert result.data_ptr() != tensor.data_ptr()  # an expert used twice must not share storage in the output
+    (peak,) = peaks([lambda: spec.fn(ctx)])
+    out_bytes = result.nbytes
+    counted = out_bytes + working_bytes(spec.footprint, NAMES[dtype], (64, 32), 1, base=False)
+    assert out_bytes <= peak <= counted <= math.ceil(out_bytes * MARGIN) + CALL_BYTES, (peak, counted)
