@@ -18,7 +18,8 @@ pytestmark = pytest.mark.oracle
 
 # name -> (config builder over (llamas, bf16 llamas, qwen3s), the class transformers loads, or None: remote code)
 CASES = ("mixtral_random", "mixtral_uniform", "mixtral_cheap_embed", "qwen_moe", "deepseek", "qwen3_moe",
-         "mixtral_hidden", "mixtral_hidden_avg", "qwen_moe_hidden_last", "qwen_moe_from_qwen2")
+         "mixtral_hidden", "mixtral_hidden_avg", "qwen_moe_hidden_last", "qwen_moe_from_qwen2", "qwen3_moe_hidden",
+         "deepseek_cheap_embed")
 
 
 def _configs(m: list[Path], b: list[Path], q: list[Path], d: list[Path],
@@ -59,6 +60,14 @@ def _configs(m: list[Path], b: list[Path], q: list[Path], d: list[Path],
                                  {"source_model": str(m[2]), "positive_prompts": ["b"]},
                                  {"source_model": str(m[1]), "positive_prompts": ["c"]}],
                      "shared_experts": [{"source_model": str(m[0])}]},
+        "qwen3_moe_hidden": {"base_model": str(q[0]), "gate_mode": "hidden",
+                             "experts": [{"source_model": str(q[1]), "positive_prompts": ["hello world", "ab"],
+                                          "negative_prompts": ["xyz"]},
+                                         {"source_model": str(q[0]), "positive_prompts": ["Zq rs"]}]},
+        "deepseek_cheap_embed": {"base_model": str(b[0]), "gate_mode": "cheap_embed", "architecture": "deepseek",
+                                 "experts": [{"source_model": str(b[1]), "positive_prompts": ["hello world"]},
+                                             {"source_model": str(b[2]), "positive_prompts": ["Zq rs", "ab"]}],
+                                 "shared_experts": [{"source_model": str(b[0])}]},
         "qwen3_moe": {"base_model": str(q[0]), "gate_mode": "random",
                       "experts": [{"source_model": str(q[0])}, {"source_model": str(q[1])}]},
     }
@@ -88,11 +97,12 @@ def test_every_tensor_has_mergekits_bits(outputs: dict[str, tuple[Path, Path]], 
 @pytest.mark.parametrize("case", CASES)
 def test_config_reads_back_as_mergekits(outputs: dict[str, tuple[Path, Path]], case: str) -> None:
     theirs_dir, ours_dir = outputs[case]
-    if case == "deepseek":  # remote code: compare the file's keys (transformers' bookkeeping aside)
+    if case.startswith("deepseek"):  # remote code: compare the file's keys (transformers' bookkeeping aside)
         theirs = json.loads((theirs_dir / "config.json").read_text())
         ours = json.loads((ours_dir / "config.json").read_text())
         assert {k: v for k, v in ours.items() if k != "dtype"} == {k: theirs[k] for k in ours if k != "dtype"}
-        assert ours["n_shared_experts"] == 1 and ours["n_routed_experts"] == 3
+        routed = {"deepseek": 3, "deepseek_cheap_embed": 2}[case]
+        assert ours["n_shared_experts"] == 1 and ours["n_routed_experts"] == routed
         return
     import transformers
 
@@ -104,7 +114,7 @@ def test_config_reads_back_as_mergekits(outputs: dict[str, tuple[Path, Path]], c
     assert ours == theirs
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c != "deepseek"])
+@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("deepseek")])
 def test_loads_in_transformers_and_generates_mergekits_tokens(outputs: dict[str, tuple[Path, Path]],
                                                               case: str) -> None:
     import transformers
