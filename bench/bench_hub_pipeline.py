@@ -4,7 +4,7 @@ Usage::
 
     python bench/bench_hub_pipeline.py [--rates 50/25,150/75,500/250] [--methods linear,ties] [--runs 1]
         [--models /tmp/bench/models-1750212608] [--flags "--stream-inputs --out-shard-size 100M --commit-every 1"]
-        [--before DIR] [--skip-mergekit] [--no-plan] [--work DIR]
+        [--before DIR] [--skip-mergekit] [--no-plan] [--transfers] [--work DIR]
 
 The stand-in hub of ``tests/hub`` (in this process, on 127.0.0.1) serves the models ``a`` and ``b`` of
 ``--models`` as ``bench/a`` and ``bench/b`` (held in memory, pushed once), behind a simulated link
@@ -17,6 +17,10 @@ run from an empty HF cache, in fresh processes, alternating the order run by run
   mergekit's three phases as a user chains them (download+merge and upload are timed apart too);
 - ``resumerge``: ``resumerge run cfg.yml hf://bench/merged-N`` with its defaults;
 - ``flags`` (only with ``--flags``): the same with those options added;
+- ``transfers`` (only with ``--transfers``): no merge, the same bytes moved by huggingface_hub's own clients at
+  once: ``snapshot_download`` of both inputs (a thread each) while another process uploads with ``upload_folder`` the
+  weights of ``--models``'s third model ``c`` (the output's size, content the hub lacks). On two cores shared with
+  the stand-in this is the machine's transfer floor, which the link floor does not see;
 - ``before`` (only with ``--before DIR``): ``resumerge run`` with its defaults from the code in DIR (say, an
   export of an earlier commit: ``git archive COMMIT | tar -x -C DIR``), paired with today's under the same load.
 
@@ -59,6 +63,15 @@ CONFIGS = {
     "ties": ("merge_method: ties\ndtype: float32\nbase_model: bench/a\nmodels:\n  - model: bench/b\n"
              "    parameters: {weight: 1.0, density: 0.5}\nparameters: {normalize: true}\n"),
 }
+# The "transfers" row: no merge, huggingface_hub's own clients moving the same bytes at once: both input models
+# downloaded (a thread each, snapshot_download's own workers) while another process uploads a third model of the
+# same size as the output (upload_folder; new content, so the hub's LFS API does not skip it).
+_DOWNLOAD = ("import sys, threading\nfrom huggingface_hub import snapshot_download\n"
+             "ts = [threading.Thread(target=snapshot_download, args=(r,)) for r in sys.argv[1:]]\n"
+             "[t.start() for t in ts]\n[t.join() for t in ts]\n")
+_UPLOAD_WEIGHTS = ("import sys\nfrom huggingface_hub import HfApi\napi = HfApi()\napi.create_repo(sys.argv[1])\n"
+                   "api.upload_folder(repo_id=sys.argv[1], folder_path=sys.argv[2],\n"
+                   "                  allow_patterns=['*.safetensors'])\n")
 _UPLOAD = ("import sys\nfrom huggingface_hub import HfApi\napi = HfApi()\napi.create_repo(sys.argv[1])\n"
            "api.upload_folder(repo_id=sys.argv[1], folder_path=sys.argv[2])\n")
 
@@ -122,6 +135,18 @@ def _env(hub: FakeHub, root: Path, code: Path = ROOT) -> dict[str, str]:
                   "PYTHONPATH": str(code), "PYTHONHASHSEED": "0"}
 
 
+_MODELS: list[Path] = []  # --models, for the transfers row's third model
+
+
+def _third_model(config: Path) -> Path:
+    del config
+    third = _MODELS[0] / "c"
+    if not any(third.glob("*.safetensors")):
+        raise SystemExit(f"--transfers uploads {third} (a third model of the inputs' size): generate it with "
+                         "bench/bench_vs_mergekit.py")
+    return third
+
+
 def _check(done: subprocess.CompletedProcess[str], what: str) -> None:
     if done.returncode != 0:
         raise SystemExit(f"{what} failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -135,6 +160,17 @@ def run_tool(tool: str, hub: FakeHub, config: Path, root: Path, repo: str, flags
              before: Path | None) -> tuple[float, str]:
     """Run one tool from an empty HF cache; returns its wall time and, for mergekit, its two phases."""
     env = _env(hub, root, before if tool == "before" and before is not None else ROOT)
+    if tool == "transfers":
+        started = time.perf_counter()
+        upload = subprocess.Popen([sys.executable, "-c", _UPLOAD_WEIGHTS, repo, str(_third_model(config))], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        _check(subprocess.run([sys.executable, "-c", _DOWNLOAD, "bench/a", "bench/b"], env=env, capture_output=True,
+                              text=True), "snapshot_download")
+        downloaded = time.perf_counter()
+        _, err = upload.communicate()
+        _check(subprocess.CompletedProcess(upload.args, upload.returncode, "", err), "upload_folder")
+        ended = time.perf_counter()
+        return ended - started, f"downloads {downloaded - started:.1f} s, upload {ended - started:.1f} s"
     if tool == "mergekit":
         exe = shutil.which("mergekit-yaml")
         assert exe is not None, "mergekit-yaml is not on PATH"
@@ -184,10 +220,14 @@ def main() -> None:
     parser.add_argument("--skip-mergekit", action="store_true")
     parser.add_argument("--no-plan", action="store_true", help="skip resumerge plan's network estimate")
     parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--transfers", action="store_true",
+                        help="also the machine's transfer floor: the bytes moved by huggingface_hub alone, no merge")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-hub-pipeline-"))
     work.mkdir(parents=True, exist_ok=True)
-    tools = (([] if args.skip_mergekit else ["mergekit"]) + (["before"] if args.before else []) + ["resumerge"]
+    _MODELS.append(args.models)
+    tools = (([] if args.skip_mergekit else ["mergekit"]) + (["transfers"] if args.transfers else [])
+             + (["before"] if args.before else []) + ["resumerge"]
              + (["flags"] if args.flags else []))
     flags = shlex.split(args.flags)
     hub = FakeHub()
@@ -307,6 +347,7 @@ def _table(rows: list[Row], estimates: dict[tuple[str, str], dict[str, object] |
             planned = f"{float(str(estimate['seconds'])):.1f} s ({estimate.get('bound')})"
         last = runs[-1]
         label = {"mergekit": "mergekit-yaml + upload_folder", "resumerge": "resumerge run (defaults)",
+                 "transfers": "transfers only: snapshot_download ∥ upload_folder, no merge",
                  "before": "resumerge run (defaults), before", "flags": f"resumerge run {args.flags}"}[tool]
         print(f"| {rate} | {method} | {label} | {wall:.1f} | {floor:.1f} | {wall / floor:.2f}× | {versus} | "
               f"{last.down / 1e9:.2f} | {last.up / 1e9:.2f} | {last.commits} | {last.disk_peak / 1e9:.2f} | "
