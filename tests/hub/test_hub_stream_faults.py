@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import digests, write_config
@@ -35,6 +36,32 @@ def test_signed_url_is_reused_and_refreshed_when_it_expires(hub: FakeHub, big_mo
     assert len(resolves) == 3, "one resolve, then one per expired signature (2 reads each)"
     assert hub.expired == 2 and client.counters.refreshed_urls == 2 and not waits
     assert all(r.authorization is None for r in iter_requests(hub) if r.path.startswith("/_signed/"))
+
+
+def test_threads_sharing_a_file_never_use_up_each_others_signed_urls(hub: FakeHub, big_model: Model,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # Single-use signed URLs and another thread's read landing before each request of this one: a fresh URL is
+    # used by the read that asked for it before the others may take it, and an expired one sends each read back to
+    # the hub rather than to the URL another thread just shared (and used). Before, the reads took each other's
+    # URLs and one gave up with "the hub kept redirecting" (the whole suite met it once, under load).
+    data, waits = big_model.files[FILE], []
+    client = _client(hub, data, waits)
+    hub.signed_uses = 1
+    real, rival = client._read_into, []
+
+    def another_thread_first(*request: Any) -> None:
+        if not rival:
+            rival.append(True)
+            try:
+                assert client.read(0, 100) == data[:100]
+            finally:
+                rival.pop()
+        real(*request)
+
+    monkeypatch.setattr(client, "_read_into", another_thread_first)
+    for start in range(0, 6000, 1000):
+        assert client.read(start, start + 1000) == data[start:start + 1000]
+    assert not waits
 
 
 def test_cut_connection_continues_from_the_bytes_received(hub: FakeHub, big_model: Model) -> None:

@@ -88,11 +88,17 @@ class RangeClient:
             raise ModelInputError(f"{self.where}: range [{start}, {end}) lies outside the {self.size}-byte file")
         data = bytearray()
         attempt = detours = 0
+        # Where this read asks next, when not the URL the threads share: the hub itself after a signed URL expired,
+        # or the fresh signed URL the hub then gave, which this read uses first and shares only once it served.
+        # (Threads taking a fresh or expired URL from each other could use single-use or short-lived URLs up for
+        # each other, one thread's detours growing while the others read.)
+        mine: str | None = None
         while len(data) < end - start:
             try:
-                self._read_into(data, start + len(data), end)
-            except _Detour:
+                self._read_into(data, start + len(data), end, mine)
+            except _Detour as detour:
                 # A redirect to the signed URL, or a fresh one after expiry: not a failure, but bounded.
+                mine = detour.location
                 detours += 1
                 if detours > _MAX_DETOURS:
                     raise HubUnavailableError(f"reading {self.where}: the hub kept redirecting or refusing "
@@ -116,9 +122,11 @@ class RangeClient:
         with self._lock:
             return (self._signed, True) if self._signed else (self._resolve, False)
 
-    def _read_into(self, data: bytearray, start: int, end: int) -> None:
-        """Append to ``data`` what one request yields of ``[start, end)``; raise :class:`_Retry` to go again."""
-        url, signed = self._url()
+    def _read_into(self, data: bytearray, start: int, end: int, mine: str | None = None) -> None:
+        """Append to ``data`` what one request yields of ``[start, end)``, from the signed URL ``mine`` when given
+        (else the shared one, else the hub's); raise :class:`_Retry` to go again, :class:`_Detour` with the URL to
+        ask next."""
+        url, signed = (mine, mine != self._resolve) if mine is not None else self._url()
         # The token is for the hub only; like huggingface_hub, never send it to another host (the CDN).
         headers = build_hf_headers(library_name=LIBRARY) if urlsplit(url).netloc == self._hub else {}
         headers["Range"] = f"bytes={start}-{end - 1}"
@@ -131,10 +139,11 @@ class RangeClient:
                 self.counters.add(requests=1)
                 status = response.status_code
                 if status in (301, 302, 303, 307, 308) and "location" in response.headers:
+                    raise _Detour(urljoin(url, response.headers["location"]))
+                self._check_status(status, url if signed else None, response.headers.get("retry-after"))
+                if signed and mine is not None:
                     with self._lock:
-                        self._signed = urljoin(url, response.headers["location"])
-                    raise _Detour()
-                self._check_status(status, signed, response.headers.get("retry-after"))
+                        self._signed = mine  # it served: the other threads may reuse it
                 # A 200 is the whole file whatever was asked: skip to the range, stop once it is complete.
                 skip = start if status == 200 else self._check_content_range(
                     response.headers.get("content-range"), start, end)
@@ -153,15 +162,17 @@ class RangeClient:
         if len(data) < target:
             raise _Retry("the connection ended mid-range")
 
-    def _check_status(self, status: int, signed: bool, retry_after: str | None) -> None:
-        """Raise :class:`_Retry` for an answer worth repeating, an error for one that is final."""
+    def _check_status(self, status: int, signed: str | None, retry_after: str | None) -> None:
+        """Raise :class:`_Retry` for an answer worth repeating, an error for one that is final; ``signed`` is the
+        signed URL that was asked (None: the hub's own)."""
         if status in (200, 206):
             return
-        if status in _EXPIRED and signed:
+        if status in _EXPIRED and signed is not None:
             with self._lock:
-                self._signed = None  # the signature expired: ask the hub for a fresh URL
+                if self._signed == signed:
+                    self._signed = None  # the signature expired: ask the hub for a fresh URL
             self.counters.add(refreshed=1)
-            raise _Detour()
+            raise _Detour(self._resolve)
         if status in _THROTTLED:
             raise _Retry(f"HTTP {status}", wait=_retry_after(retry_after))
         if status in _RETRYABLE:
@@ -189,7 +200,13 @@ class RangeClient:
 
 
 class _Detour(Exception):
-    """The request went to the hub for a (fresh) signed URL: ask again at once, without counting an attempt."""
+    """The request went to the hub for a (fresh) signed URL: ask again at once, without counting an attempt;
+    ``location`` is where to ask: the signed URL the hub redirected to, or the hub itself when the one asked
+    expired."""
+
+    def __init__(self, location: str) -> None:
+        super().__init__()
+        self.location = location
 
 
 class _Retry(Exception):
