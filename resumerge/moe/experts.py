@@ -39,7 +39,7 @@ FUSED_FOOTPRINT = measured((10, 0), (7, 0), (7, 0), (20, 0))
 # (measured on the 1.74 GB bench pair: the run's process held about 270 MB over its baseline for a 2 x 11008 x 2048
 # bfloat16 stack of float32 inputs, 180 MB of inputs and 90 MB of output; the old figure, 4 bytes an element,
 # counted 226 MB more, and a plain copy's three tensors of the noised one 245 MB more for each embedding).
-FUSED_COPIES_FOOTPRINT = measured((0, 0), (0, 0), (0, 0), (0, 0), in_output=True)
+OUTPUT_ONLY_FOOTPRINT = measured((0, 0), (0, 0), (0, 0), (0, 0), in_output=True)
 # The routers and zero biases (small tensors): the rule of thumb a method never measured used to get, a
 # float64-sized temporary per input and one more.
 SMALL_FOOTPRINT: MethodFootprint = measured((8, 8), (8, 8), (8, 8), (8, 8))
@@ -101,13 +101,13 @@ for _spec in (
                reference="mergekit-moe copy_tensor_out / noise_and_scale", footprint=COPY_FOOTPRINT,
                internal=True),
     MethodSpec(name=COPY_PLAIN, fn=plain_copy, min_inputs=1, max_inputs=1,
-               reference="mergekit-moe copy_tensor_out", footprint=FUSED_COPIES_FOOTPRINT, internal=True),
+               reference="mergekit-moe copy_tensor_out", footprint=OUTPUT_ONLY_FOOTPRINT, internal=True),
     MethodSpec(name=FUSED, fn=fused_experts, min_inputs=1, randomized=True,
                reference="transformers' mixtral / qwen3_moe checkpoint conversion", footprint=FUSED_FOOTPRINT,
                internal=True),
     MethodSpec(name=FUSED_COPIES, fn=fused_experts, min_inputs=1,
                reference="transformers' mixtral / qwen3_moe checkpoint conversion",
-               footprint=FUSED_COPIES_FOOTPRINT, internal=True),
+               footprint=OUTPUT_ONLY_FOOTPRINT, internal=True),
     MethodSpec(name=ZEROS, fn=zeros, min_inputs=0, max_inputs=0, reference="mergekit-moe qwen.py",
                footprint=SMALL_FOOTPRINT, internal=True),
 ):

@@ -123,9 +123,9 @@ class RangeClient:
             return (self._signed, True) if self._signed else (self._resolve, False)
 
     def _read_into(self, data: bytearray, start: int, end: int, mine: str | None = None) -> None:
-        """Append to ``data`` what one request yields of ``[start, end)``, from the signed URL ``mine`` when given
-        (else the shared one, else the hub's); raise :class:`_Retry` to go again, :class:`_Detour` with the URL to
-        ask next."""
+        """Append to ``data`` what one request yields of ``[start, end)``, asking ``mine`` when given (this read's
+        fresh signed URL, or the hub's own after an expiry), else the signed URL the threads share, else the hub's;
+        raise :class:`_Retry` to go again, :class:`_Detour` with the URL to ask next."""
         url, signed = (mine, mine != self._resolve) if mine is not None else self._url()
         # The token is for the hub only; like huggingface_hub, never send it to another host (the CDN).
         headers = build_hf_headers(library_name=LIBRARY) if urlsplit(url).netloc == self._hub else {}
