@@ -135,18 +135,6 @@ def _env(hub: FakeHub, root: Path, code: Path = ROOT) -> dict[str, str]:
                   "PYTHONPATH": str(code), "PYTHONHASHSEED": "0"}
 
 
-_MODELS: list[Path] = []  # --models, for the transfers row's third model
-
-
-def _third_model(config: Path) -> Path:
-    del config
-    third = _MODELS[0] / "c"
-    if not any(third.glob("*.safetensors")):
-        raise SystemExit(f"--transfers uploads {third} (a third model of the inputs' size): generate it with "
-                         "bench/bench_vs_mergekit.py")
-    return third
-
-
 def _check(done: subprocess.CompletedProcess[str], what: str) -> None:
     if done.returncode != 0:
         raise SystemExit(f"{what} failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -157,12 +145,12 @@ def _load() -> str:
 
 
 def run_tool(tool: str, hub: FakeHub, config: Path, root: Path, repo: str, flags: list[str],
-             before: Path | None) -> tuple[float, str]:
+             before: Path | None, third: Path) -> tuple[float, str]:
     """Run one tool from an empty HF cache; returns its wall time and, for mergekit, its two phases."""
     env = _env(hub, root, before if tool == "before" and before is not None else ROOT)
     if tool == "transfers":
         started = time.perf_counter()
-        upload = subprocess.Popen([sys.executable, "-c", _UPLOAD_WEIGHTS, repo, str(_third_model(config))], env=env,
+        upload = subprocess.Popen([sys.executable, "-c", _UPLOAD_WEIGHTS, repo, str(third)], env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         _check(subprocess.run([sys.executable, "-c", _DOWNLOAD, "bench/a", "bench/b"], env=env, capture_output=True,
                               text=True), "snapshot_download")
@@ -225,7 +213,9 @@ def main() -> None:
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-hub-pipeline-"))
     work.mkdir(parents=True, exist_ok=True)
-    _MODELS.append(args.models)
+    third = args.models / "c"  # the transfers row's upload: a third model of the inputs' size
+    if args.transfers and not any(third.glob("*.safetensors")):
+        parser.error(f"--transfers uploads {third}: generate it with bench/bench_vs_mergekit.py")
     tools = (([] if args.skip_mergekit else ["mergekit"]) + (["transfers"] if args.transfers else [])
              + (["before"] if args.before else []) + ["resumerge"]
              + (["flags"] if args.flags else []))
@@ -266,7 +256,7 @@ def main() -> None:
                         began = time.monotonic()
                         children, ours = resource.getrusage(resource.RUSAGE_CHILDREN), os.times()
                         with DiskPeak(root) as disk:
-                            wall, phases = run_tool(tool, hub, config, root, repo, flags, args.before)
+                            wall, phases = run_tool(tool, hub, config, root, repo, flags, args.before, third)
                         phases = (phases + "  " if phases else "") + _timeline(hub, repo, began)
                         phases += "  " + _cpu(children, ours)
                         print("    " + _spans(hub, repo, began), flush=True)

@@ -26,8 +26,8 @@ FUSED = "moe_fused_experts"
 # fit only with it).
 FUSED_COPIES = "moe_fused_copies"
 ZEROS = "moe_zeros"
-FLOAT_NAMES = ("float32", "bfloat16", "float16", "float64")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+FLOAT_NAMES = tuple(_DTYPES)  # the output dtypes the cast-only methods make
 # Not measured by the harness (internal units have no config cases); figured by hand with room to spare, in bytes
 # per element for float32, bfloat16, float16, float64. A copy with noise holds the draw, the product and the sum
 # (three tensors); a fused expert tensor its output (at most 4 bytes an element: float32 output; float64's 8) and
