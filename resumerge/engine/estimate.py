@@ -44,6 +44,7 @@ from resumerge.methods.registry import get_method
 from resumerge.outputs.aux import aux_files, render_aux
 from resumerge.plan.fetching import STREAM, FileFetch
 from resumerge.plan.merge_plan import Plan, PlanOptions, TensorPlan
+from resumerge.plan.workorder import compute_order
 from resumerge.plan.workunits import (
     ROWS,
     collects_sibling,
@@ -168,9 +169,10 @@ def _network(plan: Plan, inputs: Inputs, output: OutputSize, downloads: Mapping[
     local = timing.seconds - start if timing.seconds is not None else timing.compute_seconds
     cost = probe_transfer_cost(state_dir) if probe_bytes > 0 else None
     total = max(1, plan.total_bytes)
-    first = plan.shards[0].file_size / total if plan.shards else 0.0
+    order = compute_order(plan)  # the first shard computed waits for its inputs; the last one's upload is the tail
+    first = order[0].file_size / total if order else 0.0
     return NetworkEstimate(down, up, link, local, first_share=min(1.0, first),
-                           tail_bytes=plan.shards[-1].file_size if plan.shards else 0, startup_seconds=start,
+                           tail_bytes=order[-1].file_size if order else 0, startup_seconds=start,
                            transfer_cpu_seconds=cost.seconds(down, up) if cost is not None else 0.0,
                            cores=usable_cores())
 

@@ -39,6 +39,7 @@ from resumerge.methods.spec import RowStream
 from resumerge.outputs.aux import aux_files, render_aux
 from resumerge.plan.fetching import read_order, shard_input_files
 from resumerge.plan.merge_plan import Plan, ShardPlan, TensorPlan
+from resumerge.plan.workorder import compute_order
 from resumerge.plan.workunits import (
     PASSES,
     ROWS,
@@ -178,7 +179,7 @@ class _Writer(threading.Thread):
 
 
 def _pending_tensors(plan: Plan, done: set[str]) -> Iterator[tuple[ShardPlan, TensorPlan]]:
-    for shard in plan.shards:
+    for shard in compute_order(plan):
         if shard.name in done:
             continue
         for name in shard.tensors:

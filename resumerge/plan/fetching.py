@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from resumerge.inputs.torch_bin import is_pickle_checkpoint
 from resumerge.memory.sizes import format_size
 from resumerge.plan.merge_plan import InputRef, Plan, ShardPlan
+from resumerge.plan.workorder import compute_order
 
 DOWNLOAD, STREAM, CACHED = "download", "stream", "cached"
 
@@ -42,7 +43,7 @@ class FileFetch:
 def _refs(plan: Plan, done: Iterable[str] = ()) -> Iterable[InputRef]:
     """Every input reference of the tensors of shards not in ``done``, in the engine's reading order."""
     skip = set(done)
-    for shard in plan.shards:
+    for shard in compute_order(plan):
         if shard.name in skip:
             continue
         for name in shard.tensors:
