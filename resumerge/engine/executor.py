@@ -1,8 +1,10 @@
 """Execute a plan: compute every pending tensor, stream it into its shard, commit shards and side files.
 
 Three stages overlap: worker threads read inputs and run the merge method (torch releases the GIL), the
-calling thread hands finished tensors over in plan order, and one writer thread streams them to disk, hashes
-them, and publishes each finished file through the sink; the commit protocol's ledger rows and manifest are
+calling thread hands finished tensors over in order (shards as :func:`~resumerge.plan.workorder.compute_order`
+puts them: as their input bytes arrive; each shard's tensors in its data order), and one writer thread streams them
+to disk, hashes them, and publishes each finished file through the sink; the commit protocol's ledger rows and
+manifest are
 :class:`~resumerge.store.journal_commit.CommitJournal`'s — so the fsync of shard k overlaps the computation of
 shard k+1. Inputs may still be arriving (hub downloads read as they land): a shard is committed only once every
 input file it read is checked — a folder OUT waits before publishing it, an hf:// OUT uploads it at once and
