@@ -22,9 +22,9 @@ from resumerge.plan.merge_plan import DEFAULT_SHARD_SIZE, ShardPlan, TensorPlan
 # (bench/RESULTS.md, session 13): 200 MB shards start the first upload 6-7 s in (the first shard reads two input
 # files), 100 MB ones at 3 s (its first shard is one tensor of the file downloaded first), and the run ends 3-4 s
 # sooner; 50 MB gained nothing more (all measured through a stand-in hub that then still stalled under load, see
-# session 15; since then shards are computed in input order, resumerge.plan.workorder). Smaller shards add files and commits, not bytes: a 140 GB output is 1,400
-# files (a folder holds at most 10,000 on the hub), in commits paced under the hub's quota (see
-# resumerge.store.hubcommits.Batching).
+# session 15; since then shards are computed in input order, resumerge.plan.workorder). Smaller shards add files
+# and commits, not bytes: a 140 GB output is 1,400 files (a folder holds at most 10,000 on the hub), in commits
+# paced under the hub's quota (see resumerge.store.hubcommits.Batching).
 HUB_SHARD_SIZE = 100_000_000
 
 
