@@ -69,3 +69,13 @@ def test_one_shard_and_ties_keep_numbered_order(make: ModelFactory) -> None:
     # Shards reading nothing from the inputs (all at position 0) keep their numbered order.
     empty = replace(plan, tensors={n: replace(t, inputs=()) for n, t in plan.tensors.items()})
     assert compute_order(empty) == plan.shards
+
+
+def test_a_shard_reading_no_input_stays_after_the_shards_numbered_before_it(make: ModelFactory) -> None:
+    """MoE routers from the prompt pass are their own last shard and read no input: computed first, they would make
+    the merge wait for the whole pass instead of running beside it."""
+    plan = _linear_plan(make)
+    last = plan.shards[-1]
+    computed = replace(plan, tensors={**plan.tensors,
+                                      **{n: replace(plan.tensors[n], inputs=()) for n in last.tensors}})
+    assert compute_order(computed)[-1] == last

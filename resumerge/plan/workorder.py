@@ -10,8 +10,9 @@ upload could start, and its downloads split the link between two files per model
 
 :func:`compute_order` sorts the shards by how far into its model's weights (its files in name order, as a
 download or a cold read of them runs) the last input byte each shard reads lies, so the bytes landing first are
-the ones merged first. Shards that tie keep their numbered order; a shard whose first tensor shares its inputs with
-the last tensor of the shard before (a LoRA module's A and B, computed once for both) stays right after it.
+the ones merged first. Shards that tie keep their numbered order; a shard that reads no input (MoE routers from
+the prompt pass, their own last shard) or whose first tensor shares its inputs with the last tensor of the shard
+before (a LoRA module's A and B, computed once for both) comes after every shard numbered before it.
 
 A pure function of the plan. It changes no output byte, so it is not in the plan's fingerprint: a resume computes
 the shards it lacks, by name, in this order.
@@ -43,11 +44,15 @@ def compute_order(plan: Plan) -> tuple[ShardPlan, ...]:
         at = offsets.get((ref.model, ref.file))
         return 0.0 if at is None else (at + ref.end) / totals[ref.model]
 
-    keys = [max((position(ref) for name in shard.tensors for ref in _refs(plan.tensors[name])), default=0.0)
-            for shard in plan.shards]
-    for i in range(1, len(plan.shards)):
-        if _shares_inputs(plan, plan.shards[i - 1], plan.shards[i]):
-            keys[i] = max(keys[i], keys[i - 1])
+    keys: list[float] = []
+    for i, shard in enumerate(plan.shards):
+        reach = [position(ref) for name in shard.tensors for ref in _refs(plan.tensors[name])]
+        if not reach or (i and _shares_inputs(plan, plan.shards[i - 1], shard)):
+            # Nothing to wait for from the inputs (MoE routers computed by the prompt pass, their own last shard,
+            # must stay last so the merge runs beside the pass), or one computation with the shard before: never
+            # earlier than any shard numbered before it.
+            reach.append(max(keys, default=0.0))
+        keys.append(max(reach))
     order = sorted(range(len(plan.shards)), key=lambda i: (keys[i], i))
     return tuple(plan.shards[i] for i in order)
 
