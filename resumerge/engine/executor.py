@@ -278,8 +278,7 @@ class _Pipeline:
     def _local(self, tp: TensorPlan) -> bool:
         """Whether every input of ``tp`` reads again at local cost (a hub file streamed by range would be fetched
         again by each pass: such a tensor is computed whole unless it cannot fit)."""
-        refs = [r for ref in tp.inputs for r in (ref, *((ref.lora.a, ref.lora.b) if ref.lora else ()))]
-        return all(self.sources.rereads_cheaply(r.model, r.file) for r in refs)
+        return all(self.sources.rereads_cheaply(r.model, r.file) for r in tp.reads())
 
     def _budget(self) -> int:
         assert self.governor is not None

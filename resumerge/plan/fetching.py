@@ -47,11 +47,7 @@ def _refs(plan: Plan, done: Iterable[str] = ()) -> Iterable[InputRef]:
         if shard.name in skip:
             continue
         for name in shard.tensors:
-            for ref in plan.tensors[name].inputs:
-                yield ref
-                if ref.lora is not None:
-                    yield ref.lora.a
-                    yield ref.lora.b
+            yield from plan.tensors[name].reads()
 
 
 def read_order(plan: Plan, done: Iterable[str] = ()) -> list[tuple[str, str, int, int]]:
@@ -67,13 +63,7 @@ def first_reads(plan: Plan, done: Iterable[str] = ()) -> list[tuple[str, str]]:
 
 def shard_input_files(plan: Plan, shard: ShardPlan) -> list[tuple[str, str]]:
     """The (model, file) pairs the tensors of ``shard`` read, sorted: what must be checked before it is published."""
-    files = set()
-    for name in shard.tensors:
-        for ref in plan.tensors[name].inputs:
-            files.add((ref.model, ref.file))
-            if ref.lora is not None:
-                files.update({(ref.lora.a.model, ref.lora.a.file), (ref.lora.b.model, ref.lora.b.file)})
-    return sorted(files)
+    return sorted({(ref.model, ref.file) for name in shard.tensors for ref in plan.tensors[name].reads()})
 
 
 def needed_ranges(plan: Plan, done: Iterable[str] = ()) -> dict[tuple[str, str], list[tuple[int, int]]]:

@@ -109,6 +109,11 @@ class TensorPlan:
     # (Plan.vocab) before the method runs; its inputs may then have different row counts.
     vocab_aligned: bool = False
 
+    def reads(self) -> tuple[InputRef, ...]:
+        """Every input reference this tensor reads: each input, a LoRA delta's two factors right after the one
+        they patch."""
+        return tuple(r for ref in self.inputs for r in (ref, *((ref.lora.a, ref.lora.b) if ref.lora else ())))
+
 
 @dataclass(frozen=True)
 class ShardPlan:

@@ -22,9 +22,7 @@ May import only :mod:`resumerge.plan.merge_plan`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-from resumerge.plan.merge_plan import InputRef, Plan, ShardPlan, TensorPlan
+from resumerge.plan.merge_plan import InputRef, Plan, ShardPlan
 
 
 def compute_order(plan: Plan) -> tuple[ShardPlan, ...]:
@@ -46,7 +44,7 @@ def compute_order(plan: Plan) -> tuple[ShardPlan, ...]:
 
     keys: list[float] = []
     for i, shard in enumerate(plan.shards):
-        reach = [position(ref) for name in shard.tensors for ref in _refs(plan.tensors[name])]
+        reach = [position(ref) for name in shard.tensors for ref in plan.tensors[name].reads()]
         if not reach or (i and _shares_inputs(plan, plan.shards[i - 1], shard)):
             # Nothing to wait for from the inputs (MoE routers computed by the prompt pass, their own last shard,
             # must stay last so the merge runs beside the pass), or one computation with the shard before: never
@@ -55,14 +53,6 @@ def compute_order(plan: Plan) -> tuple[ShardPlan, ...]:
         keys.append(max(reach))
     order = sorted(range(len(plan.shards)), key=lambda i: (keys[i], i))
     return tuple(plan.shards[i] for i in order)
-
-
-def _refs(tp: TensorPlan) -> Iterator[InputRef]:
-    for ref in tp.inputs:
-        yield ref
-        if ref.lora is not None:
-            yield ref.lora.a
-            yield ref.lora.b
 
 
 def _shares_inputs(plan: Plan, before: ShardPlan, after: ShardPlan) -> bool:

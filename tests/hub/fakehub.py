@@ -42,7 +42,8 @@ _DIGESTS: OrderedDict[int, tuple[bytes, str]] = OrderedDict()
 _DIGESTS_LOCK = threading.Lock()
 
 
-def _remember(data: bytes, digest: str) -> None:
+def remember_digest(data: bytes, digest: str) -> None:
+    """Note the sha256 of ``data`` computed elsewhere (an upload hashed as it arrived)."""
     with _DIGESTS_LOCK:
         _DIGESTS[id(data)] = (data, digest)
         _DIGESTS.move_to_end(id(data))
@@ -59,13 +60,8 @@ def sha256_of(data: bytes) -> str:
             _DIGESTS.move_to_end(id(data))
             return known[1]
     digest = hashlib.sha256(data).hexdigest()
-    _remember(data, digest)
+    remember_digest(data, digest)
     return digest
-
-
-def remember_digest(data: bytes, digest: str) -> None:
-    """Note the sha256 of ``data`` computed elsewhere (an upload hashed as it arrived)."""
-    _remember(data, digest)
 
 
 def forget_digests(contents: Iterable[bytes]) -> None:
