@@ -7,10 +7,10 @@ are random but deterministic in ``seed``; the layout follows transformers' Llama
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
+from resumerge.torch_import import torch
 
 
 @dataclass(frozen=True)
@@ -29,12 +29,17 @@ class ModelSpec:
     kv_heads: int = 2
     arch: str = "llama"
     tied: bool = False
-    dtype: torch.dtype = torch.float32
+    dtype: torch.dtype = field(default_factory=lambda: torch.float32)  # made per spec: torch loads on first use
     shard_bytes: int = 40_000
     tokenizer: bool = True
 
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_DTYPE_NAMES = ("float32", "float16", "bfloat16")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    return name if name in _DTYPE_NAMES else "float32"
 
 
 def tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
@@ -81,7 +86,7 @@ def model_config(spec: ModelSpec) -> dict[str, object]:
         "tie_word_embeddings": spec.tied,
         "bos_token_id": 1,
         "eos_token_id": 2,
-        "dtype": _DTYPE_NAMES.get(spec.dtype, "float32"),
+        "dtype": _dtype_name(spec.dtype),
     }
     if spec.arch == "qwen2":
         config["layer_types"] = ["full_attention"] * spec.layers
@@ -134,14 +139,17 @@ def write_tokenizer(directory: Path, vocab: int, *, chat_template: str | None = 
     )
 
 
-def make_model(directory: Path | str, spec: ModelSpec = ModelSpec(), *, seed: int = 0) -> Path:
+def make_model(directory: Path | str, spec: ModelSpec | None = None, *, seed: int = 0) -> Path:
     """Write a model of ``spec`` into ``directory`` (created) and return its path.
 
     Shards are named like transformers' (``model-00001-of-00003.safetensors`` plus
     ``model.safetensors.index.json``), or a single ``model.safetensors`` when everything fits one shard.
-    Tensors are generated one at a time, so models larger than RAM can be produced.
+    Tensors are generated one at a time, so models larger than RAM can be produced. ``spec`` defaults to
+    ``ModelSpec()``.
     """
     from safetensors.torch import save_file
+
+    spec = spec or ModelSpec()
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)

@@ -12,8 +12,6 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import overload
 
-import torch
-
 from resumerge.engine.kernels import serial_kernels
 from resumerge.errors import ResumergeError
 from resumerge.inputs.adapters import apply_lora_rows
@@ -23,6 +21,7 @@ from resumerge.methods.registry import MergeContext, MethodSpec, get_method
 from resumerge.methods.spec import RowStream
 from resumerge.plan.merge_plan import InputRef, Plan, TensorPlan
 from resumerge.plan.workunits import chunk_plan, method_dtype, pass_rows, row_slice
+from resumerge.torch_import import torch
 from resumerge.vocab import align_rows
 
 
@@ -89,7 +88,7 @@ def _context(plan: Plan, tp: TensorPlan, method: MethodSpec, device: torch.devic
     )
 
 
-class _LazyInputs(Sequence[torch.Tensor]):
+class _LazyInputs(Sequence["torch.Tensor"]):
     """A unit's inputs as :func:`load_context` prepares them, each read when indexed — and read again at every
     access: nothing is kept here, so an input the method has finished with is freed as soon as it lets go of it
     (a module's base weight, once the task vector is taken). Each access returns a buffer of its own."""

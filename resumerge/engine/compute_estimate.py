@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from resumerge.engine.costs import ComputeGroup
 from resumerge.engine.executor import _read_input
 from resumerge.engine.kernels import serial_kernels
@@ -37,6 +35,7 @@ from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.registry import MergeContext, MethodSpec, get_method
 from resumerge.plan.merge_plan import InputRef, Plan, ShardPlan, TensorPlan
 from resumerge.plan.workunits import chunk_plan
+from resumerge.torch_import import torch
 
 # Input bytes read for all samples of a plan together: a few tens of MB reads in well under a second from any
 # disk the merge itself could use.

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import torch
 
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import run_dir, state_root
@@ -66,6 +65,8 @@ from resumerge.store.diskprobe import (
 )
 from resumerge.store.filesystems import Staging, staging_dir
 from resumerge.store.manifest import read_manifest
+from resumerge.torch_import import load as load_torch
+from resumerge.torch_import import torch
 
 # What a pass in a process of its own costs, given the inputs' read speed (None: unknown): its seconds from the
 # run's start on a core of its own, its CPU seconds, its process's RSS at its peak, whether it runs beside the merge
@@ -295,6 +296,7 @@ def _memory(plan: Plan, pending: Sequence[Any], probe: MemoryProbe, max_memory: 
             remote: AbstractSet[tuple[str, str]] = frozenset()) -> tuple[MemoryEstimate, list[str]]:
     budget = max_memory if max_memory is not None else default_budget(probe)
     source = "--max-memory" if max_memory is not None else "default"
+    load_torch()  # the merge process holds torch (imported on first use): count it, as the merge's budget will
     anon = probe.rss()
     limit = probe.limit()
     machine = anon + probe.available()

@@ -24,8 +24,6 @@ from contextlib import nullcontext
 from dataclasses import replace
 from typing import Protocol
 
-import torch
-
 # _read_input is re-exported for resumerge.engine.compute_estimate, which reads inputs as the engine does.
 from resumerge.engine.compute import _read_input as _read_input
 from resumerge.engine.compute import apply_rows, compute_in_passes, compute_tensor, observe_rows
@@ -57,6 +55,7 @@ from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import ManifestBook
 from resumerge.store.shardwriter import ShardWriter
 from resumerge.store.sink import OutputSink
+from resumerge.torch_import import torch
 
 
 class Reporter(Protocol):
@@ -84,7 +83,7 @@ class Stopped(Exception):
     """Raised inside the engine when a stop was requested; the caller turns it into InterruptedMerge."""
 
 
-_Item = tuple[ShardPlan, str, torch.Tensor, "Reservation | None"]
+_Item = tuple[ShardPlan, str, "torch.Tensor", "Reservation | None"]
 
 
 class _Writer(threading.Thread):

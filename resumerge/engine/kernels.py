@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
+from resumerge.torch_import import torch
 
 
 @functools.cache

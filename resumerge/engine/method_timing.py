@@ -20,9 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from resumerge.methods.registry import MergeContext, MethodSpec, get_method
+from resumerge.torch_import import torch
 
 DEFAULT_SAMPLE_ELEMENTS = 1 << 20  # per sampled tensor: 4 MB of float32, a few milliseconds for most methods
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from resumerge import torch_import
 from resumerge.config.locations import run_dir
 from resumerge.config.merge_config import MergeConfig, load_config_text
 from resumerge.engine.devices import gpu_governor
@@ -325,6 +326,11 @@ def make_governor(plan: Plan, max_memory: int | None) -> MemoryGovernor:
     probe = SystemProbe()
     budget = max_memory if max_memory is not None else default_budget(probe)
     baseline = probe.rss()
+    if not torch_import.loaded() and oversized_units(plan, budget, baseline + torch_import.IMPORT_RESERVE):
+        # The merge will hold torch, which is not imported yet (downloads start first); near the budget, import
+        # it now and measure rather than trust the reserve.
+        torch_import.load()
+        baseline = probe.rss()
     too_big = oversized_units(plan, budget, baseline)
     if too_big:
         worst = largest(too_big)

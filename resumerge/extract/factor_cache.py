@@ -18,10 +18,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors.torch import load_file, save_file
-
 from resumerge.config.extraction_state import FACTORS_SUFFIX, MODULE_KEY
+from resumerge.torch_import import torch
 
 _SUFFIX = FACTORS_SUFFIX
 
@@ -40,6 +38,8 @@ class FactorCache:
 
     def load(self, key: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The factors stored under ``key``, or None when absent or damaged."""
+        from safetensors.torch import load_file  # imports torch: only once a factor is needed
+
         path = self.directory / (key + _SUFFIX)
         if not path.is_file():
             return None
@@ -55,6 +55,8 @@ class FactorCache:
     def store(self, key: str, a: torch.Tensor, b: torch.Tensor, *, module: str) -> None:
         """Keep ``(a, b)``, the factors of ``module``, under ``key`` (best effort: a full or read-only disk only
         costs a recomputation). The module's name goes in the entry's metadata, for ``status``."""
+        from safetensors.torch import save_file  # imports torch: only once a factor is kept
+
         path = self.directory / (key + _SUFFIX)
         temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:

@@ -27,13 +27,12 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any
 
-import torch
-
 from resumerge.extract.decompose import MIN_OVERSAMPLE, factors, gram_scratch, kept_rank, truncate
 from resumerge.extract.factor_cache import FactorCache
 from resumerge.methods.footprint import measured
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, WholeCost, register
 from resumerge.plan.workunits import CHUNK_ELEMENTS
+from resumerge.torch_import import torch
 
 FACTOR_A = "lora_extract_a"
 FACTOR_B = "lora_extract_b"

@@ -13,8 +13,6 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-import torch
-
 from resumerge.config.extraction_state import FACTORS_DIR
 from resumerge.config.locations import run_dir
 from resumerge.extract.decompose import kept_rank, truncate
@@ -27,6 +25,7 @@ from resumerge.inputs.catalog import Inputs
 from resumerge.inputs.hub import HubEvent
 from resumerge.inputs.source import InputSources
 from resumerge.plan.merge_plan import Plan, PlanOptions
+from resumerge.torch_import import torch
 
 
 def prepare_extraction(text: str, options: PlanOptions, *, out: str | os.PathLike[str] | None = None,

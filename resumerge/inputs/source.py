@@ -17,10 +17,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
-import torch
-
 from resumerge.inputs.tensorio import TORCH_DTYPES, TensorReader
 from resumerge.inputs.torch_bin import PickleReader, is_pickle_checkpoint
+from resumerge.torch_import import torch
 
 _T = TypeVar("_T")
 

@@ -10,36 +10,51 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-import torch
-
 from resumerge.errors import StorageError
+from resumerge.torch_import import torch
 
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-    "U16": torch.uint16,
-    "U32": torch.uint32,
-    "U64": torch.uint64,
-}
-NAME_DTYPES = {
-    "float64": torch.float64,
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-}
+
+class _Dtypes(Mapping[str, "torch.dtype"]):
+    """Names to torch dtypes, looked up when read: building the table at import would import torch."""
+
+    def __init__(self, names: Mapping[str, str]) -> None:
+        self._names = dict(names)
+
+    def __getitem__(self, key: str) -> torch.dtype:
+        dtype: torch.dtype = getattr(torch, self._names[key])
+        return dtype
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+# safetensors' dtype names.
+TORCH_DTYPES: Mapping[str, torch.dtype] = _Dtypes({
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "U16": "uint16",
+    "U32": "uint32",
+    "U64": "uint64",
+})
+# A config's dtype names.
+NAME_DTYPES: Mapping[str, torch.dtype] = _Dtypes({name: name for name in (
+    "float64", "float32", "float16", "bfloat16", "int64")})
 _CHUNK = 1 << 30  # Linux caps one read at just under 2 GiB
 
 

@@ -17,6 +17,7 @@ offset, plus sampled blocks of the file, so a resume notices a changed checkpoin
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import pickle
 import threading
@@ -24,15 +25,19 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
-import torch
-
 from resumerge.errors import HostileFileError, ModelInputError, PlanChangedError
 from resumerge.inputs.safetensors_format import Header, TensorEntry
 from resumerge.inputs.tensorio import TORCH_DTYPES
+from resumerge.torch_import import torch
 
 BIN_INDEX_NAME = "pytorch_model.bin.index.json"
 BIN_SINGLE_NAME = "pytorch_model.bin"
-_CODES = {dtype: code for code, dtype in TORCH_DTYPES.items()}
+
+
+@functools.cache
+def _codes() -> dict[torch.dtype, str]:
+    """safetensors' name of each torch dtype (built on first use: building it imports torch)."""
+    return {dtype: code for code, dtype in TORCH_DTYPES.items()}
 
 
 def is_pickle_checkpoint(name: str) -> bool:
@@ -68,7 +73,7 @@ def load_state(path: Path) -> dict[str, torch.Tensor]:
                 f"{path.name}: entry {str(name)[:80]!r} is not a tensor", path=where,
                 hint="a state dict wrapped in another object ({'state_dict': ...}) must be unwrapped first",
             )
-        if value.layout is not torch.strided or value.is_quantized or value.dtype not in _CODES:
+        if value.layout is not torch.strided or value.is_quantized or value.dtype not in _codes():
             raise ModelInputError(f"{path.name}: tensor {name!r} is sparse, quantized or of dtype {value.dtype}, "
                                   "which cannot be merged", path=where, tensor=name)
         state[name] = value
@@ -85,8 +90,8 @@ def read_bin_header(path: Path) -> Header:
     for name in sorted(state):
         tensor = state[name]
         nbytes = tensor.numel() * tensor.element_size()
-        entries[name] = TensorEntry(name, _CODES[tensor.dtype], tuple(tensor.shape), offset, offset + nbytes)
-        described.append([name, _CODES[tensor.dtype], list(tensor.shape), list(tensor.stride()),
+        entries[name] = TensorEntry(name, _codes()[tensor.dtype], tuple(tensor.shape), offset, offset + nbytes)
+        described.append([name, _codes()[tensor.dtype], list(tensor.shape), list(tensor.stride()),
                           tensor.storage_offset()])
         offset += nbytes
     raw = json.dumps(described, separators=(",", ":")).encode()

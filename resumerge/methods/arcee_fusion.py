@@ -6,9 +6,6 @@ scores. Reference: https://arcee.ai (Arcee Fusion, as implemented in mergekit 0.
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-
 from resumerge.methods.footprint import measured
 from resumerge.methods.ranking import order_statistics
 from resumerge.methods.spec import (
@@ -17,6 +14,7 @@ from resumerge.methods.spec import (
     MethodSpec,
     register,
 )
+from resumerge.torch_import import torch
 
 # Quantiles of larger tensors are estimated from this many samples (drawn with replacement), which bounds
 # the selection.
@@ -29,8 +27,8 @@ def importance(other: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
 
     Softmax runs along the last dimension (a 1-D tensor is one row), in the inputs' dtype.
     """
-    p = F.softmax(other, dim=-1) + _SOFTMAX_EPS
-    q = F.softmax(base, dim=-1) + _SOFTMAX_EPS
+    p = torch.nn.functional.softmax(other, dim=-1) + _SOFTMAX_EPS
+    q = torch.nn.functional.softmax(base, dim=-1) + _SOFTMAX_EPS
     kl = torch.sum(p * torch.log(p / q), dim=-1, keepdim=True)
     return (other - base).abs() * kl
 

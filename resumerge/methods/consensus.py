@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import torch
+from resumerge.torch_import import torch
 
 
 def sign_consensus_mask(deltas: torch.Tensor, *, int8: bool = False) -> torch.Tensor:

@@ -5,8 +5,6 @@ Reference: https://arxiv.org/abs/2403.19522
 
 from __future__ import annotations
 
-import torch
-
 from resumerge.methods.footprint import measured
 from resumerge.methods.spec import (
     BasePolicy,
@@ -16,6 +14,7 @@ from resumerge.methods.spec import (
     Scope,
     register,
 )
+from resumerge.torch_import import torch
 
 
 def model_stock(ctx: MergeContext) -> torch.Tensor:

@@ -5,8 +5,6 @@ Reference: https://huggingface.co/alchemonaut/QuartetAnemoi-70B-t0.0001
 
 from __future__ import annotations
 
-import torch
-
 from resumerge.methods.footprint import measured
 from resumerge.methods.spec import (
     BasePolicy,
@@ -16,6 +14,7 @@ from resumerge.methods.spec import (
     Scope,
     register,
 )
+from resumerge.torch_import import torch
 
 
 def nearswap(ctx: MergeContext) -> torch.Tensor:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from resumerge.methods.footprint import measured
 from resumerge.methods.spec import (
     BasePolicy,
@@ -13,6 +11,7 @@ from resumerge.methods.spec import (
     Scope,
     register,
 )
+from resumerge.torch_import import torch
 
 _UNIT_EPS = 1e-7  # floor on the norm when computing directions
 _COLLINEAR_EPS = 1e-8  # lerp where 1 − cos²Ω ≤ this squared

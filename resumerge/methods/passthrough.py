@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import torch
-
 from resumerge.methods.footprint import measured
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+from resumerge.torch_import import torch
 
 
 def passthrough(ctx: MergeContext) -> torch.Tensor:

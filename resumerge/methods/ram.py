@@ -30,10 +30,9 @@ import functools
 import itertools
 import math
 
-import torch
-
 from resumerge.methods.footprint import measured, model_block_scratch
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+from resumerge.torch_import import torch
 
 # torch runs an operation on the calling thread below this many elements: blocks stay under it, so a merge does
 # not fight the engine's worker threads for cores, and its buffers stay in a core's cache.
@@ -45,9 +44,13 @@ _GROUP = 64
 _DEVICE_BLOCK = 1 << 22
 # Up to this many rows, every code path of torch's CPU sum over dim 0 adds them left to right from +0.
 _FOLD_ROWS = 4
-_HALF = (torch.float16, torch.bfloat16)
+_HALF = ("float16", "bfloat16")  # dtype names: torch is imported on first use
 
-Rows = tuple[torch.Tensor, ...]
+Rows = tuple["torch.Tensor", ...]
+
+
+def _is_half(dtype: torch.dtype) -> bool:
+    return str(dtype).removeprefix("torch.") in _HALF
 
 
 def _block_width(models: int, device: torch.device) -> int:
@@ -144,7 +147,7 @@ def _fold(terms: torch.Tensor, rows: Rows, out: torch.Tensor, wide: tuple[torch.
     shape, needed for three or four rows of a half type."""
     if len(rows) > _FOLD_ROWS or terms.device.type != "cpu":
         return torch.sum(terms, dim=0, out=out)
-    if len(rows) > 2 and terms.dtype in _HALF:
+    if len(rows) > 2 and _is_half(terms.dtype):
         # torch adds half types in float32 and rounds once at the end.
         if wide is None:
             raise ValueError("three or four half-precision rows need a float32 buffer")
@@ -176,7 +179,7 @@ def ram(ctx: MergeContext) -> torch.Tensor:
     epsilon = float(ctx.params["epsilon"])
     blocks = _Blocks(ctx)
     out = torch.empty(blocks.base.numel(), dtype=blocks.dtype, device=blocks.device)
-    widen = blocks.dtype in _HALF and 2 < blocks.models <= _FOLD_ROWS
+    widen = _is_half(blocks.dtype) and 2 < blocks.models <= _FOLD_ROWS
     for start, stop in blocks.spans:
         n = stop - start
         deltas, rows, masks, untouched = blocks.untouched(start, stop, epsilon)

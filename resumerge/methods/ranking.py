@@ -21,14 +21,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
-_KEY_DTYPES = {
-    torch.float64: torch.int64,
-    torch.float32: torch.int32,
+from resumerge.torch_import import torch
+
+_KEY_DTYPES = {  # dtype names: torch is imported on first use
+    "float64": "int64",
+    "float32": "int32",
     # Half types widen to float32 exactly, so their keys order (and tie) exactly as the half values do.
-    torch.float16: torch.int32,
-    torch.bfloat16: torch.int32,
+    "float16": "int32",
+    "bfloat16": "int32",
 }
 
 
@@ -39,12 +40,12 @@ def magnitude_keys(magnitudes: torch.Tensor) -> torch.Tensor:
     is exact). Keys of a negative value order wrongly, so pass magnitudes (``abs()``), never signed values.
     Raises ``TypeError`` for a non-float tensor.
     """
-    key_dtype = _KEY_DTYPES.get(magnitudes.dtype)
-    if key_dtype is None:
+    key_name = _KEY_DTYPES.get(str(magnitudes.dtype).removeprefix("torch."))
+    if key_name is None:
         raise TypeError(f"magnitudes must be a floating-point tensor, got {magnitudes.dtype}")
     if magnitudes.dtype in (torch.float16, torch.bfloat16):
         magnitudes = magnitudes.float()
-    return magnitudes.contiguous().view(key_dtype)
+    return magnitudes.contiguous().view(getattr(torch, key_name))
 
 
 def exact_key_shift(dtype: torch.dtype) -> int | None:
@@ -99,17 +100,18 @@ def _select_torch(flat: torch.Tensor, positions: Sequence[int]) -> torch.Tensor:
 
 
 def rank_window(
-    keys: torch.Tensor, start: int, stop: int, *, descending: bool, dtype: torch.dtype = torch.bool
+    keys: torch.Tensor, start: int, stop: int, *, descending: bool, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
     """Return a mask of the ``keys`` at positions ``[start, stop)`` of a stable sort of the flattened keys.
 
     The sort is ascending, or descending with ``descending``; stable means equal keys keep index order in either
     direction, so where a run of equal keys straddles an end of the window the lowest indices take the earlier
     positions. ``start``/``stop`` are clamped to ``[0, numel]``; an empty window marks nothing. The mask has the
-    shape of ``keys`` and ``dtype`` (bool, or 1/0 of a numeric dtype, built directly in that dtype). Cost: one
+    shape of ``keys`` and ``dtype`` (None: bool; or 1/0 of a numeric dtype, built directly in that dtype). Cost: one
     O(n) selection and two or three O(n) passes, plus an index scan of the equal keys at the window's ends when
     they straddle it.
     """
+    dtype = torch.bool if dtype is None else dtype
     flat = keys.reshape(-1)
     n = flat.numel()
     start, stop = max(0, start), min(n, stop)
@@ -157,14 +159,14 @@ def key_range_mask(flat: torch.Tensor, lower: int | None, upper: int | None, dty
     return torch.le(flat, upper, out=out)
 
 
-_SAME_WIDTH_INT = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+_SAME_WIDTH_INT = {8: "int64", 4: "int32", 2: "int16", 1: "int8"}
 
 
 def _count(mask: torch.Tensor) -> int:
     # count_nonzero is fast on bool and integer tensors but several times slower on floats; a 0/1 float mask has
     # exactly its ones nonzero in the bit pattern, so count through an integer view of the same width.
     if mask.dtype.is_floating_point:
-        mask = mask.view(_SAME_WIDTH_INT[mask.element_size()])
+        mask = mask.view(getattr(torch, _SAME_WIDTH_INT[mask.element_size()]))
     return int(torch.count_nonzero(mask))
 
 

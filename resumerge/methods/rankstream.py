@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from resumerge.methods.ranking import key_range_mask
+from resumerge.torch_import import torch
 
 # Buckets of the first pass over float32 keys: the top bits above these (the sign bit is always 0: 2¹⁵ buckets).
 _COARSE_SHIFT = 16

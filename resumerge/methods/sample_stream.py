@@ -16,15 +16,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from resumerge.methods import sparsify
 from resumerge.methods.spec import MergeContext, RowStream, RowStreamFactory
 from resumerge.methods.summation import OrderedSum
 from resumerge.methods.task_vectors import combine_task_vectors
+from resumerge.torch_import import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # Entries drawn per call while moving a generator on past another task vector's draws.
 _SKIP_BLOCK = 1 << 16

@@ -5,8 +5,6 @@ Reference: https://arxiv.org/abs/2408.07990 (FuseChat 2.0).
 
 from __future__ import annotations
 
-import torch
-
 from resumerge.methods.footprint import block_scratch, measured
 from resumerge.methods.sce_steps import (
     _VARIANCE_BLOCK,
@@ -18,6 +16,7 @@ from resumerge.methods.sce_steps import (
 )
 from resumerge.methods.sce_stream import sce_stream
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+from resumerge.torch_import import torch
 
 
 def sce(ctx: MergeContext) -> torch.Tensor:

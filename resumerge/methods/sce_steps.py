@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from resumerge.methods.consensus import sign_consensus_weights
 from resumerge.methods.ranking import magnitude_keys, rank_window
 from resumerge.methods.spec import MergeContext
 from resumerge.methods.summation import OrderedSum
+from resumerge.torch_import import torch
 
 
 def stacked_task_vectors(ctx: MergeContext) -> torch.Tensor:

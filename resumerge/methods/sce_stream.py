@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from resumerge.methods.ranking import exact_key_shift, magnitude_keys
 from resumerge.methods.rankstream import StreamedWindow
@@ -38,6 +35,10 @@ from resumerge.methods.sce_steps import (
 )
 from resumerge.methods.spec import MergeContext, RowStream
 from resumerge.methods.summation import OrderedSum
+from resumerge.torch_import import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 class SceStream:

@@ -5,8 +5,6 @@ Reference: https://en.wikipedia.org/wiki/Slerp (as used for LLMs by mergekit).
 
 from __future__ import annotations
 
-import torch
-
 from resumerge.methods.footprint import block_scratch, measured
 from resumerge.methods.spec import (
     BasePolicy,
@@ -16,6 +14,7 @@ from resumerge.methods.spec import (
     Scope,
     register,
 )
+from resumerge.torch_import import torch
 
 # mergekit 0.1.5 walks the flattened tensor in chunks of this many elements, accumulating norms as norms of
 # per-chunk norms and the dot product as a sum of per-chunk sums. We keep the same chunk boundaries both to

@@ -20,10 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
-import torch
-
 from resumerge.methods.ranking import magnitude_keys, rank_window, stable_order
 from resumerge.methods.summation import ordered_sum
+from resumerge.torch_import import torch
 
 # Below this L1 norm (before or after masking) the masked tensor is returned unscaled, avoiding 0/0.
 RESCALE_EPS = 1e-7

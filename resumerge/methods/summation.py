@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Final
 
-import torch
+from resumerge.torch_import import torch
 
 _ILP: Final = 4  # independent vector accumulators per level (torch's ilp_factor)
 _LEVELS: Final = 4  # cascade levels (torch's num_levels)

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-from torch import Generator, Tensor
+from typing import TYPE_CHECKING, Any
 
 from resumerge.methods import sparsify
 from resumerge.methods.footprint import MethodFootprint, measured, row_block_scratch
@@ -32,10 +29,14 @@ from resumerge.methods.spec import (
 )
 from resumerge.methods.task_stream import magnitude_selector, outlier_selector, task_vector_stream
 from resumerge.methods.task_vectors import combine_task_vectors
+from resumerge.torch_import import torch
+
+if TYPE_CHECKING:
+    from torch import Generator, Tensor
 
 # (task vector, that model's resolved parameters, rescale, generator) -> sparsified task vector. The task vector
 # handed over is the caller's own buffer: a sparsifier may overwrite it and return it.
-Sparsifier = Callable[[Tensor, Mapping[str, Any], bool, "Generator | None"], Tensor]
+Sparsifier = Callable[["Tensor", Mapping[str, Any], bool, "Generator | None"], "Tensor"]
 
 
 def _magnitude(delta: Tensor, p: Mapping[str, Any], rescale: bool, _: Generator | None) -> Tensor:

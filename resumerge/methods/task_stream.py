@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from resumerge.methods import sparsify
 from resumerge.methods.ranking import exact_key_shift
 from resumerge.methods.rankstream import StreamedWindow
 from resumerge.methods.spec import MergeContext, RowStream, RowStreamFactory
 from resumerge.methods.task_vectors import combine_task_vectors
+from resumerge.torch_import import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # (number of entries, one model's resolved parameters) -> what its sparsifier keeps.
 Selector = Callable[[int, Mapping[str, Any]], sparsify.Selection]

@@ -9,16 +9,18 @@ corresponding rows of the whole tensor's, bit for bit.
 from __future__ import annotations
 
 from collections.abc import Callable
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from resumerge.methods.consensus import sign_consensus_weights
 from resumerge.methods.spec import MergeContext
+from resumerge.torch_import import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # (input index, its task vector) -> the sparsified task vector. The task vector handed over is the caller's own
 # buffer: the function may overwrite it and return it.
-SparsifyOne = Callable[[int, Tensor], Tensor]
+SparsifyOne = Callable[[int, "Tensor"], "Tensor"]
 
 
 def combine_task_vectors(

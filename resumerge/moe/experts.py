@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
 from resumerge.methods.footprint import MethodFootprint, measured
 from resumerge.methods.spec import MergeContext, MethodSpec, register
+from resumerge.torch_import import torch
 
 COPY = "moe_expert"
 # The same copy where nothing is drawn or scaled (every base tensor, and experts without noise_scale or
@@ -26,8 +25,7 @@ FUSED = "moe_fused_experts"
 # fit only with it).
 FUSED_COPIES = "moe_fused_copies"
 ZEROS = "moe_zeros"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-FLOAT_NAMES = tuple(_DTYPES)  # the output dtypes the cast-only methods make
+FLOAT_NAMES = ("float32", "bfloat16", "float16", "float64")  # the output dtypes the cast-only methods make
 # Not measured by the harness (internal units have no config cases); figured by hand with room to spare, in bytes
 # per element for float32, bfloat16, float16, float64. A copy with noise holds the draw, the product and the sum
 # (three tensors); a fused expert tensor its output (at most 4 bytes an element: float32 output; float64's 8) and
@@ -71,7 +69,7 @@ def plain_copy(ctx: MergeContext) -> torch.Tensor:
     """A tensor copied unchanged in the output dtype ``dtype``: one cast into a new tensor (never the input itself),
     the bits of mergekit-moe's ``.to(dtype)``; the engine writes it as it is."""
     (tensor,) = ctx.tensors
-    return tensor.to(_DTYPES[ctx.params["dtype"]], copy=True)
+    return tensor.to(getattr(torch, ctx.params["dtype"]), copy=True)
 
 
 def fused_experts(ctx: MergeContext) -> torch.Tensor:
@@ -83,7 +81,8 @@ def fused_experts(ctx: MergeContext) -> torch.Tensor:
     per = 2 if ctx.params["part"] == "gate_up" else 1
     first = ctx.tensors[0]
     rows = first.shape[0]
-    out = torch.empty((len(ctx.tensors) // per, rows * per, *first.shape[1:]), dtype=_DTYPES[ctx.params["dtype"]],
+    dtype = getattr(torch, ctx.params["dtype"])
+    out = torch.empty((len(ctx.tensors) // per, rows * per, *first.shape[1:]), dtype=dtype,
                       device=first.device)
     for i, (tensor, params) in enumerate(zip(ctx.tensors, ctx.model_params)):
         expert, k = divmod(i, per)

@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import torch
-
 from resumerge.errors import UsageError
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
 from resumerge.inputs.source import InputSources
@@ -38,6 +36,7 @@ from resumerge.memory.budget import smallest_budget_for
 from resumerge.moe.prompts import require_transformers
 from resumerge.moe.routers import Encoded
 from resumerge.store.killpoints import reach
+from resumerge.torch_import import torch
 
 ROUTERS_NAME = "routers.safetensors"
 _LAYER_PREFIX = "layer-"

@@ -20,12 +20,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from resumerge.memory import MemoryGovernor, Reservation
 from resumerge.memory.budget import SAFETY_MARGIN
 from resumerge.moe import routers
 from resumerge.moe.passproc import PassProcess
+from resumerge.torch_import import torch
 
 # What the pass's process holds before its first layer (torch, transformers, the tokenizer, the model's modules
 # built without weights), counted as the governor counts it: 300 MB measured (transformers 5.2, torch 2.13 on

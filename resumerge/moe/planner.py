@@ -13,8 +13,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-import torch
-
 from resumerge.errors import ModelInputError
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
@@ -26,6 +24,7 @@ from resumerge.moe.outconfig import moe_config, not_power_of_two
 from resumerge.moe.tokenizer import tokenizer_blobs
 from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, TensorPlan, compute_fingerprint
 from resumerge.plan.sharding import assign_shards
+from resumerge.torch_import import torch
 
 METHOD = "moe"
 DTYPE_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64"}

@@ -12,8 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from resumerge.config.locations import state_root
 from resumerge.errors import InputError
 from resumerge.inputs.catalog import Inputs, open_inputs
@@ -33,6 +31,7 @@ from resumerge.moe.passproc import (
 from resumerge.moe.planner import build_moe_plan
 from resumerge.moe.routers import Encoded
 from resumerge.plan.merge_plan import Plan, PlanOptions
+from resumerge.torch_import import torch
 
 if TYPE_CHECKING:
     from resumerge.inputs.hub import ProgressCallback, RepoMetadata

@@ -16,10 +16,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
-
 from resumerge.methods.spec import MergeContext, MethodSpec, register
 from resumerge.moe.experts import SMALL_FOOTPRINT
+from resumerge.torch_import import torch
 
 RANDOM = "moe_router_random"
 CHEAP_EMBED = "moe_router_cheap_embed"

@@ -14,14 +14,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-import torch
-
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
 from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.footprint import working_bytes
 from resumerge.methods.registry import MethodSpec, get_method
 from resumerge.methods.spec import RowStream
 from resumerge.plan.merge_plan import InputRef, Plan, TensorPlan
+from resumerge.torch_import import torch
 
 _COMPUTE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8}
 

@@ -15,14 +15,13 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import torch
-
 from resumerge.errors import ResumergeError
 from resumerge.inputs.safetensors_format import ShardLayout, read_header
 from resumerge.inputs.tensorio import TORCH_DTYPES, tensor_bytes
 from resumerge.store import killpoints
 from resumerge.store.durable import discard, storage_error, sync_file
 from resumerge.store.sink import OutputSink, Receipt
+from resumerge.torch_import import torch
 
 _PARALLEL_HASH_BYTES = 1 << 20
 _HASHER: ThreadPoolExecutor | None = None

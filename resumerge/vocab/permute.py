@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from resumerge.errors import ModelInputError
+from resumerge.torch_import import torch
 from resumerge.vocab.alignment import Runs, VocabAlignment, check_keys
 
 # Rows gathered per step: bounds the temporary copy to a slice of the matrix instead of all of it.

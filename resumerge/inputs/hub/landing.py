@@ -23,8 +23,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import torch
-
 from resumerge.inputs.hub.cache import RepoCache
 from resumerge.inputs.hub.events import ProgressCallback, callback_or_noop
 from resumerge.inputs.hub.fetch import land_file
@@ -34,6 +32,7 @@ from resumerge.inputs.hub.resolve import RepoMetadata
 from resumerge.inputs.source import InputSource
 from resumerge.inputs.tensorio import TORCH_DTYPES
 from resumerge.inputs.torch_bin import is_pickle_checkpoint
+from resumerge.torch_import import torch
 
 
 class DownloadCancelled(BaseException):

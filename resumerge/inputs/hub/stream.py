@@ -17,11 +17,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from resumerge.inputs.hub.ranges import RangeClient
 from resumerge.inputs.source import InputSource, LocalFiles
 from resumerge.inputs.tensorio import TensorReader
+from resumerge.torch_import import torch
 
 # Grants ``nbytes`` of read-ahead and returns the callable that gives them back, or None when there is no room.
 Reserve = Callable[[int], "Callable[[], None] | None"]

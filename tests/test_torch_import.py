@@ -1,0 +1,104 @@
+"""No resumerge module imports torch when it is imported: torch (about 2 s of CPU) loads on first use, so a hub
+run's downloads start before it (:mod:`resumerge.torch_import`)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ModelFactory
+from support import linear_config, write_config
+
+import resumerge
+from resumerge import torch_import
+
+_PACKAGE = Path(resumerge.__file__).parent
+
+
+def _modules() -> list[str]:
+    names = []
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        parts = path.relative_to(_PACKAGE.parent).with_suffix("").parts
+        if parts[-1] in ("__main__",):
+            continue
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+# Refuses torch in a fresh interpreter, so the traceback names the module that imported it.
+_REFUSE_TORCH = """
+import sys
+class _NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch imported")
+sys.meta_path.insert(0, _NoTorch())
+"""
+
+
+def _run(code: str) -> str:
+    """What ``code`` printed, run in a fresh interpreter where importing torch fails."""
+    result = subprocess.run([sys.executable, "-c", _REFUSE_TORCH + code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_importing_every_module_imports_no_torch() -> None:
+    modules = _modules()
+    assert "resumerge.engine.executor" in modules and "resumerge.methods.linear" in modules
+    assert _run("import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules)
+                + "print('ok')") == "ok\n"
+
+
+def test_the_method_registry_and_the_proxy_import_torch_only_when_a_tensor_is_made() -> None:
+    code = (
+        "from resumerge.methods.registry import method_names, get_method\n"
+        "from resumerge.torch_import import torch\n"
+        "import sys\n"
+        "assert get_method('ties') is not None and 'linear' in method_names()\n"
+        "assert 'torch' not in sys.modules\n"
+        "t = torch.ones(2)\n"
+        "import torch as real\n"
+        "assert torch.Tensor is real.Tensor and isinstance(t, real.Tensor) and torch.__version__ == real.__version__\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+# Builds the plan of sys.argv[1] (a config) and its governor under the budget sys.argv[2]; prints whether torch
+# was imported by then.
+_GOVERN = """
+import sys
+from resumerge.config.merge_config import load_config_text
+from resumerge.engine.session import make_governor, plan_from_config
+from resumerge.plan.merge_plan import PlanOptions
+plan = plan_from_config(load_config_text(open(sys.argv[1]).read()), PlanOptions())
+try:
+    make_governor(plan, int(sys.argv[2]))
+except Exception as exc:
+    print(type(exc).__name__)
+print('torch' in sys.modules)
+"""
+
+
+def test_a_budget_near_what_a_tensor_needs_is_checked_with_torch_imported(tmp_path: Path,
+                                                                         make: ModelFactory) -> None:
+    """torch adds ~128 MB to the process: a memory check made before the import counts a reserve for it, and one
+    that the reserve could decide imports torch and measures instead (else a budget could pass that the merge,
+    torch loaded, cannot keep)."""
+    a, b = make("a", seed=1), make("b", seed=2)
+    cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
+
+    def govern(budget: int) -> list[str]:
+        result = subprocess.run([sys.executable, "-c", _GOVERN, str(cfg), str(budget)], capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout.split()
+
+    assert govern(64 << 30) == ["False"]  # far from the need: torch still waits for the first tensor
+    # Above what the interpreter holds before torch, below what it holds after: refused, torch counted.
+    assert govern(150 << 20) == ["UsageError", "True"]
+    assert govern(torch_import.IMPORT_RESERVE) == ["True"]  # near: measured with torch in, and it fits
