@@ -84,6 +84,22 @@ def test_start_up_comes_first_and_the_transfers_cpu_shares_the_cores() -> None:
     assert (doc["startup_seconds"], doc["transfer_cpu_seconds"], doc["cores"]) == (3.0, 20.0, 2)
 
 
+def test_torchs_import_overlaps_the_first_bytes_but_delays_the_merge_and_the_first_upload() -> None:
+    """torch is imported once the downloads started: not part of the start-up before the first byte, but the merge
+    starts after it (2 + 10 s of work against a 17.4 s download) and so does the first upload (2 s, later than the
+    first shard's share of the 17.4 s ahead of it): 0.8 + max(17.4 + 0.67, 2 + 11.6)."""
+    net = replace(_net(200 * MB, 150 * MB, 10.0), startup_seconds=0.8, import_seconds=2.0)
+    assert SHARE * 17.4 < 2.0
+    assert net.seconds == pytest.approx(0.8 + max(17.4 + 100 / 150, 2.0 + 1.74 * GB / (150 * MB)))
+    assert net.bound == DOWNLOAD
+    slow = replace(net, local_seconds=16.0)  # 2 + 16 s of work outlasts the download: the merge bounds the run
+    assert slow.bound == COMPUTE and slow.seconds == pytest.approx(0.8 + 18.0 + 100 / 150)
+    upload = replace(net, link=Bandwidth(200 * MB, 75 * MB, GIVEN))  # the upload starts at the import, not earlier
+    assert upload.bound == UPLOAD and upload.seconds == pytest.approx(0.8 + 2.0 + 23.2)
+    assert net.line().endswith("start-up 0.8 s, torch's import 2.0 s beside the first bytes")
+    assert net.to_json()["import_seconds"] == 2.0
+
+
 def test_the_transfer_probe_costs_a_downloaded_byte_more_than_nothing(tmp_path: Path) -> None:
     cost = probe_transfer_cost(tmp_path, 2 * 2**20)
     assert cost is not None and cost.down > 0 and cost.up > 0

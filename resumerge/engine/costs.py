@@ -35,9 +35,10 @@ Computed by :mod:`resumerge.engine.estimate`; read by the CLI's rendering and by
     hf_output         {output_bytes, largest_file, max_disk, staging_bytes}  local disk an hf:// OUT needs
     network           null (no hub input to fetch, no hf:// OUT) or {down_bytes, up_bytes, down_bytes_per_s,
                        up_bytes_per_s (null: unknown), source ("--bandwidth" | "measured"), down_seconds,
-                       up_seconds, local_seconds, startup_seconds, transfer_cpu_seconds (the transfers' CPU
-                       here), cores, seconds (pipelined wall; null: a rate is unknown), bound ("download" |
-                       "upload" | "compute" | null), note}  (resumerge/engine/netestimate.py)
+                       up_seconds, local_seconds, startup_seconds, import_seconds (torch's, after the first
+                       bytes move), transfer_cpu_seconds (the transfers' CPU here), cores, seconds (pipelined
+                       wall; null: a rate is unknown), bound ("download" | "upload" | "compute" | null), note}
+                       (resumerge/engine/netestimate.py)
 
 All sizes are bytes, speeds bytes per second, figures rounded to whole numbers.
 """

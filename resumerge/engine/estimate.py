@@ -66,6 +66,7 @@ from resumerge.store.diskprobe import (
 from resumerge.store.filesystems import Staging, staging_dir
 from resumerge.store.manifest import read_manifest
 from resumerge.torch_import import load as load_torch
+from resumerge.torch_import import loaded as torch_loaded
 from resumerge.torch_import import torch
 
 # What a pass in a process of its own costs, given the inputs' read speed (None: unknown): its seconds from the
@@ -90,6 +91,7 @@ def estimate(
     memory_probe: MemoryProbe | None = None,
     baseline_bytes: int | None = None,
     startup_seconds: float = 0.0,
+    import_seconds: float = 0.0,
     choose_inputs: bool = True,
     to_hub: bool = False,
     compute_budget: float = SAMPLE_SECONDS,
@@ -104,18 +106,18 @@ def estimate(
     for tests); ``baseline_bytes`` is the merge process's RSS before any tensor is read — by default this process's
     own RSS, which is right when the merge runs in a process like this one (``resumerge plan`` before
     ``resumerge run``, or :func:`resumerge.api.estimate` before :func:`resumerge.api.run` in one notebook).
-    ``probe_bytes`` sizes the disk speed probe (0 skips it); ``startup_seconds`` is what the merge spends before
-    its first tensor (imports, planning). Without ``out_dir`` the output's disk is not checked. Never raises for
-    a merge that does not fit: the reasons are in the result. ``choose_inputs`` false counts every hub weight
-    file as downloaded (a recipe stage: recipes download their inputs whole). ``settings.max_disk``
-    (``--max-disk``) bounds the local disk: it decides which hub files are streamed and what an ``hf://`` OUT may
-    stage; ``to_hub`` says OUT is a hub repo, whose staging must then fit under it. ``compute_budget`` bounds the
-    seconds spent timing the methods on samples of the pending tensors (0 skips it; see
-    :mod:`resumerge.engine.compute_estimate`). ``bandwidth`` is the link (``--bandwidth``) the network estimate
-    uses; without it the download rate is measured on a hub input (unless ``probe_bytes`` is 0) and the upload
-    rate stays unknown (see :mod:`resumerge.engine.netestimate`). ``prepass`` estimates a pass that runs in a
-    process of its own, beside the merge or before it (a mergekit-moe config's prompt forward pass), given the
-    inputs' read speed.
+    ``probe_bytes`` sizes the disk speed probe (0 skips it); ``startup_seconds`` is what the merge spends before its
+    first tensor (imports, planning), ``import_seconds`` the part of it that torch's import takes, which a run makes
+    once its first bytes move (:mod:`resumerge.torch_import`). Without ``out_dir`` the output's disk is not checked.
+    Never raises for a merge that does not fit: the reasons are in the result. ``choose_inputs`` false counts every hub
+    weight file as downloaded (a recipe stage: recipes download their inputs whole). ``settings.max_disk``
+    (``--max-disk``) bounds the local disk: it decides which hub files are streamed and what an ``hf://`` OUT may stage;
+    ``to_hub`` says OUT is a hub repo, whose staging must then fit under it. ``compute_budget`` bounds the seconds spent
+    timing the methods on samples of the pending tensors (0 skips it; see :mod:`resumerge.engine.compute_estimate`).
+    ``bandwidth`` is the link (``--bandwidth``) the network estimate uses; without it the download rate is measured on a
+    hub input (unless ``probe_bytes`` is 0) and the upload rate stays unknown (see :mod:`resumerge.engine.netestimate`).
+    ``prepass`` estimates a pass that runs in a process of its own, beside the merge or before it (a mergekit-moe
+    config's prompt forward pass), given the inputs' read speed.
     """
     state_dir, max_disk, workers = settings.state_dir, settings.max_disk, settings.workers
     notes: list[str] = []
@@ -147,16 +149,27 @@ def estimate(
     if to_hub and hub.problem:
         reasons.append(hub.problem)
     network = _network(plan, inputs, output, downloads, fetch, timing, to_hub, bandwidth, probe_bytes,
-                       nearest_existing(state_root(state_dir)))
+                       nearest_existing(state_root(state_dir)), import_seconds)
     return Estimate(plan, output, downloads, memory, tuple(disks), timing, tuple(reasons), tuple(notes), fetch,
                     hub, network)
 
 
+def _torch_import_seconds() -> float:
+    """How long this process takes to import torch, now (0 when it has): a run's process pays the same, after its
+    planning (:mod:`resumerge.torch_import`)."""
+    if torch_loaded():
+        return 0.0
+    started = time.perf_counter()
+    load_torch()
+    return time.perf_counter() - started
+
+
 def _network(plan: Plan, inputs: Inputs, output: OutputSize, downloads: Mapping[str, ModelDownload],
              fetch: Sequence[FileFetch], timing: TimeEstimate, to_hub: bool, bandwidth: Bandwidth | None,
-             probe_bytes: int, state_dir: Path) -> NetworkEstimate | None:
+             probe_bytes: int, state_dir: Path, import_seconds: float = 0.0) -> NetworkEstimate | None:
     """Bytes each way and the pipelined wall time; None when the merge touches no network. The transfers' CPU is
-    probed in ``state_dir`` unless ``probe_bytes`` is 0 (then it counts as nothing)."""
+    probed in ``state_dir`` unless ``probe_bytes`` is 0 (then it counts as nothing). ``import_seconds`` (torch's
+    import, part of the timing's start-up) comes after the first bytes move."""
     down = sum(d.bytes for d in downloads.values()) + sum(c.fetch_bytes for c in fetch if c.how == STREAM)
     up = output.total_bytes - output.committed_bytes if to_hub else 0
     if not down and not up:
@@ -165,7 +178,8 @@ def _network(plan: Plan, inputs: Inputs, output: OutputSize, downloads: Mapping[
     if link is None:
         rate = _measure_link(inputs, fetch) if down and probe_bytes > 0 else None
         link = Bandwidth(rate, None, MEASURED)
-    # Start-up comes before any transfer; an hf:// OUT has no local disk to probe: the local merge is then compute.
+    # Start-up comes before any transfer but torch's import, which overlaps the first ones; an hf:// OUT has no local
+    # disk to probe: the local merge is then compute.
     start = timing.startup_seconds + timing.prepass_seconds
     local = timing.seconds - start if timing.seconds is not None else timing.compute_seconds
     cost = probe_transfer_cost(state_dir) if probe_bytes > 0 else None
@@ -173,7 +187,8 @@ def _network(plan: Plan, inputs: Inputs, output: OutputSize, downloads: Mapping[
     order = compute_order(plan)  # the first shard computed waits for its inputs; the last one's upload is the tail
     first = order[0].file_size / total if order else 0.0
     return NetworkEstimate(down, up, link, local, first_share=min(1.0, first),
-                           tail_bytes=order[-1].file_size if order else 0, startup_seconds=start,
+                           tail_bytes=order[-1].file_size if order else 0, startup_seconds=start - import_seconds,
+                           import_seconds=import_seconds,
                            transfer_cpu_seconds=cost.seconds(down, up) if cost is not None else 0.0,
                            cores=usable_cores())
 
@@ -549,8 +564,11 @@ def estimate_config(
         plan, inputs = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir)
     if fresh_process:
         started = psutil.Process().create_time()
+    startup = max(0.0, time.time() - started)
+    imported = _torch_import_seconds()
     to_hub = out_dir is not None and is_hub_target(os.fspath(out_dir))
     return estimate(plan, inputs, config_text, settings, out_dir=None if to_hub else out_dir,
-                    probe_bytes=probe_bytes, disk_free=disk_free, startup_seconds=max(0.0, time.time() - started),
+                    probe_bytes=probe_bytes, disk_free=disk_free, startup_seconds=startup + imported,
+                    import_seconds=imported,
                     to_hub=to_hub, compute_budget=compute_budget, bandwidth=bandwidth,
                     prepass=prepass(plan, inputs) if prepass is not None else None)

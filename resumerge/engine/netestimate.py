@@ -55,11 +55,12 @@ def parse_bandwidth(text: str) -> Bandwidth:
 class NetworkEstimate:
     """Bytes each way, the link, and the local merge time, for a run that overlaps all three.
 
-    ``local_seconds`` is the merge without the network after start-up (disk work and compute, as the time
-    estimate has it; None when unknown); ``startup_seconds`` what comes before the first byte moves (imports,
-    planning); ``transfer_cpu_seconds`` the CPU the transfers take here, shared with the merge by ``cores``;
-    ``first_share`` the fraction of the output in the first shard (its inputs are fetched and merged before the
-    first upload); ``tail_bytes`` the last shard's size (uploaded after the merge).
+    ``local_seconds`` is the merge without the network after start-up (disk work and compute, as the time estimate has
+    it; None when unknown); ``startup_seconds`` what comes before the first byte moves (imports, planning);
+    ``import_seconds`` torch's import, after the first bytes move and before the first shard is merged
+    (:mod:`resumerge.torch_import`); ``transfer_cpu_seconds`` the CPU the transfers take here, shared with the merge by
+    ``cores``; ``first_share`` the fraction of the output in the first shard (its inputs are fetched and merged before
+    the first upload); ``tail_bytes`` the last shard's size (uploaded after the merge).
     """
 
     down_bytes: int
@@ -72,6 +73,7 @@ class NetworkEstimate:
     startup_seconds: float = 0.0
     transfer_cpu_seconds: float = 0.0
     cores: int = 1
+    import_seconds: float = 0.0
 
     @property
     def work_seconds(self) -> float:
@@ -90,31 +92,38 @@ class NetworkEstimate:
     def seconds(self) -> float | None:
         """Expected wall time of the pipelined run (None when a rate it needs is unknown).
 
-        Start-up comes first. Then input and merge overlap: ``max(download, work)``. The upload trails: it starts
-        once the first shard is done and ends after the last shard's upload, which starts when the merge ends, so
-        the run lasts start-up plus the longer of ``max(download, work) + last shard's upload`` and ``first
-        shard's share of max(download, work) + the whole upload``."""
-        down, up, local = self.down_seconds, self.up_seconds, self.work_seconds
+        Start-up comes first. Then input and merge overlap: ``max(download, import + work)`` (the merge starts once
+        torch is imported). The upload trails: it starts once the first shard is done, not before the import, and
+        ends after the last shard's upload, which starts when the merge ends, so the run lasts start-up plus the
+        longer of ``max(download, import + work) + last shard's upload`` and ``max(first shard's share of that,
+        import) + the whole upload``."""
+        down, up = self.down_seconds, self.up_seconds
         if down is None or up is None:
             return None
-        ahead = max(down, local)
+        ahead = self._ahead(down)
         if not self.up_bytes:
             return self.startup_seconds + ahead
         tail = _seconds(self.tail_bytes, self.link.up) or 0.0
-        return self.startup_seconds + max(ahead + tail, self.first_share * ahead + up)
+        return self.startup_seconds + max(ahead + tail, self._first_upload(ahead) + up)
+
+    def _ahead(self, down: float) -> float:
+        return max(down, self.import_seconds + self.work_seconds)
+
+    def _first_upload(self, ahead: float) -> float:
+        return max(self.first_share * ahead, self.import_seconds)
 
     @property
     def bound(self) -> str | None:
         """What sets the pace: :data:`DOWNLOAD`, :data:`UPLOAD` or :data:`COMPUTE` (the merge and the transfers'
         CPU; None when unknown)."""
-        down, up, local = self.down_seconds, self.up_seconds, self.work_seconds
+        down, up = self.down_seconds, self.up_seconds
         if down is None or up is None:
             return None
-        ahead = max(down, local)
+        ahead = self._ahead(down)
         tail = _seconds(self.tail_bytes, self.link.up) or 0.0
-        if self.up_bytes and self.first_share * ahead + up > ahead + tail:
+        if self.up_bytes and self._first_upload(ahead) + up > ahead + tail:
             return UPLOAD
-        return DOWNLOAD if down >= local else COMPUTE
+        return DOWNLOAD if down >= self.import_seconds + self.work_seconds else COMPUTE
 
     def line(self) -> str:
         """One line for ``plan``."""
@@ -127,6 +136,8 @@ class NetworkEstimate:
                       f"{self.cores} core(s)")
         if self.startup_seconds:
             local += f"{', ' if local else ''}start-up {_duration(self.startup_seconds)}"
+        if self.import_seconds:
+            local += f"{', ' if local else ''}torch's import {_duration(self.import_seconds)} beside the first bytes"
         seconds = self.seconds
         if seconds is None:
             return f"{text}; {local + '; ' if local else ''}unknown link: pass --bandwidth DOWN/UP (e.g. 150MB/75MB)"
@@ -141,7 +152,7 @@ class NetworkEstimate:
                 "down_bytes_per_s": rounded(self.link.down, 0), "up_bytes_per_s": rounded(self.link.up, 0),
                 "source": self.link.source, "down_seconds": rounded(self.down_seconds),
                 "up_seconds": rounded(self.up_seconds), "local_seconds": rounded(self.local_seconds),
-                "startup_seconds": rounded(self.startup_seconds),
+                "startup_seconds": rounded(self.startup_seconds), "import_seconds": rounded(self.import_seconds),
                 "transfer_cpu_seconds": rounded(self.transfer_cpu_seconds), "cores": self.cores,
                 "seconds": rounded(self.seconds), "bound": self.bound, "note": self.note}
 
