@@ -1,9 +1,10 @@
 """The command line: parse arguments, make one :mod:`resumerge.api` call per command, map errors to exit codes.
 
 The only module that knows about argv; what a run is, and every guard on its options, is decided in the API.
-Heavy modules (torch, sqlite-utils) are imported inside the commands that merge, so ``resumerge status`` stays
-fast. Exit codes: 0 done, 1 internal error, 2 invalid input,
-3 interrupted and resumable, 4 refused (see :data:`resumerge.errors.EXIT_CODES`).
+Heavy modules (sqlite-utils) are imported inside the commands that merge, and torch on its first use
+(:mod:`resumerge.torch_import`), so ``resumerge status`` stays fast and a run starts its downloads before torch.
+Exit codes: 0 done, 1 internal error, 2 invalid input, 3 interrupted and resumable, 4 refused (see
+:data:`resumerge.errors.EXIT_CODES`).
 """
 
 from __future__ import annotations
