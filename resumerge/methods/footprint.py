@@ -69,6 +69,11 @@ MEASURED_DTYPES = ("float32", "bfloat16", "float16", "float64")
 ScratchRule = Callable[[str, Sequence[int], int], tuple[int, int]]
 
 
+def dtype_size(dtype: str) -> int:
+    """Bytes per element of the compute dtype named ``dtype`` (8 for a name it does not know: the widest)."""
+    return _SIZES.get(dtype, 8)
+
+
 def no_scratch(dtype: str, shape: Sequence[int], inputs: int) -> tuple[int, int]:
     """The rule of a method that has no bounded scratch: its working set is all per element."""
     return 0, 0
@@ -200,7 +205,7 @@ def working_bytes(footprint: MethodFootprint, dtype: str, shape: Sequence[int], 
     """
     elements = math.prod(shape)
     figures = footprint.figures(dtype)
-    size = _SIZES.get(dtype, 8)
+    size = dtype_size(dtype)
     counted = counted_inputs(footprint, inputs, base=base)
     per_element = figures.fixed + figures.per_input * counted
     if base and counted == 1 and figures.lone is not None:

@@ -149,7 +149,7 @@ def sampled_stream(*, della: bool, consensus: bool) -> RowStreamFactory:
     defaults (DELLA's ranks run along dim 1, so its tensors need two dimensions or more)."""
 
     def factory(shape: tuple[int, ...], base_index: int | None, model_params: Sequence[Mapping[str, Any]],
-                params: Mapping[str, Any], *, dtype: torch.dtype | None = None) -> RowStream | None:
+                params: Mapping[str, Any], *, dtype: str | None = None) -> RowStream | None:
         total = math.prod(shape)
         if base_index is None or total == 0 or (della and len(shape) < 2):
             return None

@@ -23,6 +23,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from resumerge.methods.footprint import dtype_size
 from resumerge.methods.ranking import exact_key_shift, magnitude_keys
 from resumerge.methods.rankstream import StreamedWindow
 from resumerge.methods.sce_steps import (
@@ -45,9 +46,9 @@ class SceStream:
     """One tensor of ``sce`` over row chunks (a :class:`~resumerge.methods.spec.RowStream`)."""
 
     def __init__(self, total: int, models: int, fraction: float, *, int8: bool,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: str | None = None) -> None:
         self._total, self._models, self._fraction, self._int8 = total, models, fraction, int8
-        self._dtype = torch.float64 if dtype is None else dtype  # for held_bytes: the widest, when not known
+        self._itemsize = dtype_size(dtype or "float64")  # for held_bytes: the widest, when not known
         self._window: StreamedWindow | None = None  # built at the first chunk (its keys' dtype), when ranking
         self._nonzero = 0
         self._energy: list[OrderedSum] = []
@@ -68,7 +69,7 @@ class SceStream:
 
     def held_bytes(self) -> int:
         """The window's mask (a byte a position) and the ordered sums' fold buffers."""
-        return (self._total if self._ranks else 0) + self._models * OrderedSum.buffer_bytes(self._total, self._dtype)
+        return (self._total if self._ranks else 0) + self._models * OrderedSum.buffer_bytes(self._total, self._itemsize)
 
     def wants(self, pass_index: int) -> bool:
         """The window's passes (while ranking), then the energy pass."""
@@ -152,12 +153,12 @@ class SceStream:
 
 
 def sce_stream(shape: tuple[int, ...], base_index: int | None, model_params: Sequence[Mapping[str, Any]],
-               params: Mapping[str, Any], *, dtype: torch.dtype | None = None) -> RowStream | None:
+               params: Mapping[str, Any], *, dtype: str | None = None) -> RowStream | None:
     """The :class:`~resumerge.methods.spec.RowStreamFactory` of ``sce`` (None: the whole-tensor path, for a
     tensor without a base, non-base inputs or entries, or float64 ranked by variance)."""
     total = math.prod(shape)
     models = len(model_params) - 1
     fraction = float(params["select_topk"])
-    if base_index is None or total == 0 or models < 1 or (dtype == torch.float64 and 0 < fraction < 1):
+    if base_index is None or total == 0 or models < 1 or (dtype == "float64" and 0 < fraction < 1):
         return None
     return SceStream(total, models, fraction, int8=bool(params["int8_mask"]), dtype=dtype)

@@ -129,11 +129,12 @@ class RowStream(Protocol):
 class RowStreamFactory(Protocol):
     """Returns a fresh :class:`RowStream` for one output tensor, or None when this tensor's parameters need the
     whole tensor at once (then :attr:`MethodSpec.fn` computes it). Arguments are those of :class:`MergeContext`,
-    with the tensors' ``shape`` instead of the tensors, and the ``dtype`` the method will see them in (None:
-    not known yet)."""
+    with the tensors' ``shape`` instead of the tensors, and the name of the dtype the method will see them in
+    (``"float32"``, ``"bfloat16"``…; None: not known yet). A name, not a torch dtype: the planner builds streams
+    to size a run's memory before torch is imported (:mod:`resumerge.torch_import`)."""
 
     def __call__(self, shape: tuple[int, ...], base_index: int | None, model_params: Sequence[Mapping[str, Any]],
-                 params: Mapping[str, Any], *, dtype: torch.dtype | None = None) -> RowStream | None: ...
+                 params: Mapping[str, Any], *, dtype: str | None = None) -> RowStream | None: ...
 # Returns a one-sentence problem description, or None when the resolved parameters are acceptable.
 ContractCheck = Callable[[Mapping[str, Any], Sequence[Mapping[str, Any]]], "str | None"]
 

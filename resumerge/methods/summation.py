@@ -68,9 +68,10 @@ class OrderedSum:
         self._tails: list[torch.Tensor] = []
 
     @staticmethod
-    def buffer_bytes(total: int, dtype: torch.dtype) -> int:
-        """At most what an ordered sum of ``total`` numbers fed in pieces keeps waiting to be folded."""
-        return min(total, _FOLD_AT) * dtype.itemsize
+    def buffer_bytes(total: int, itemsize: int) -> int:
+        """At most what an ordered sum of ``total`` numbers of ``itemsize`` bytes fed in pieces keeps waiting to be
+        folded."""
+        return min(total, _FOLD_AT) * itemsize
 
     def add(self, values: torch.Tensor) -> None:
         """Feed the next ``values.numel()`` numbers (in ``values``' row-major order)."""

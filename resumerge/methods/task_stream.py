@@ -102,7 +102,7 @@ def task_vector_stream(selector: Selector, *, consensus: bool) -> RowStreamFacto
     """The :class:`~resumerge.methods.spec.RowStreamFactory` of a rank-window method."""
 
     def factory(shape: tuple[int, ...], base_index: int | None, model_params: Sequence[Mapping[str, Any]],
-                params: Mapping[str, Any], *, dtype: torch.dtype | None = None) -> RowStream | None:
+                params: Mapping[str, Any], *, dtype: str | None = None) -> RowStream | None:
         total = math.prod(shape)
         if base_index is None or total == 0 or bool(params["rescale"]):
             return None

@@ -88,8 +88,9 @@ def row_stream(tp: TensorPlan, method: MethodSpec, device: str) -> RowStream | N
     gathered (vocabulary-aligned), or the merge runs on a GPU (streams run on the CPU only)."""
     if method.streamed is None or device != "cpu" or not tp.shape or tp.shape[0] < 2 or tp.vocab_aligned:
         return None
+    # The dtype's name: sizing a run's streams must not import torch (resumerge.torch_import).
     return method.streamed(tuple(tp.shape), tp.base_index, [dict(p) for p in tp.model_params], dict(tp.params),
-                           dtype=method_dtype(tp))
+                           dtype=_seen_dtype(tp))
 
 
 def method_dtype(tp: TensorPlan) -> torch.dtype:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from support import write_config
 
 from hub.conftest import REPO, SPEC
@@ -44,11 +45,13 @@ entry()
 """
 
 
-def test_the_downloads_start_before_torch_is_imported(tmp_path: Path, hub: FakeHub) -> None:
+@pytest.mark.parametrize("method", ["linear", "ties"])  # ties: the memory check sizes its row streams first
+def test_the_downloads_start_before_torch_is_imported(tmp_path: Path, hub: FakeHub, method: str) -> None:
     local = make_model(tmp_path / "local", SPEC, seed=7)
     cfg = write_config(tmp_path / "c.yml", {
-        "merge_method": "linear",
-        "models": [{"model": REPO, "parameters": {"weight": 0.5}},
+        "merge_method": method,
+        "base_model": str(local),
+        "models": [{"model": REPO, "parameters": {"weight": 0.5, "density": 0.5}},
                    {"model": str(local), "parameters": {"weight": 0.5}}],
     })
     record = tmp_path / "seen.json"

@@ -58,9 +58,9 @@ def test_float64_ranked_by_variance_is_left_whole() -> None:
     spec = get_method("sce")
     assert spec is not None and spec.streamed is not None
     model_params: list[dict[str, Any]] = [{}, {}, {}]
-    assert spec.streamed((8, 8), 0, *spec.bind(model_params, {"select_topk": 0.5}, 0), dtype=torch.float64) is None
-    assert spec.streamed((8, 8), 0, *spec.bind(model_params, {}, 0), dtype=torch.float64) is not None
-    assert spec.streamed((8, 8), 0, *spec.bind(model_params, {"select_topk": 0.5}, 0), dtype=torch.float32) is not None
+    assert spec.streamed((8, 8), 0, *spec.bind(model_params, {"select_topk": 0.5}, 0), dtype="float64") is None
+    assert spec.streamed((8, 8), 0, *spec.bind(model_params, {}, 0), dtype="float64") is not None
+    assert spec.streamed((8, 8), 0, *spec.bind(model_params, {"select_topk": 0.5}, 0), dtype="float32") is not None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
