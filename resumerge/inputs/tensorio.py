@@ -27,6 +27,9 @@ class _Dtypes(Mapping[str, "torch.dtype"]):
         dtype: torch.dtype = getattr(torch, self._names[key])
         return dtype
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._names  # Mapping's own would read the dtype, so import torch
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
 
