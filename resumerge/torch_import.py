@@ -16,7 +16,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["IMPORT_RESERVE", "load", "loaded", "torch"]
+__all__ = ["IMPORT_RESERVE", "dtype_name", "load", "loaded", "torch"]
 
 # More than importing torch adds to a process's anonymous memory (128 MB measured: CPU wheel 2.13, Python 3.11).
 # A memory check made before the import counts this much for it; one that might fail by that margin imports
@@ -43,6 +43,11 @@ class _OnFirstUse(types.ModuleType):
 def loaded() -> bool:
     """Whether torch itself has been imported in this process (by resumerge or anything else)."""
     return "torch" in sys.modules
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``dtype``'s name without the module (``"float32"``): what tables kept by name are keyed by."""
+    return str(dtype).removeprefix("torch.")
 
 
 def load() -> None:

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from resumerge.torch_import import torch
+from resumerge.torch_import import dtype_name, torch
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ _DTYPE_NAMES = ("float32", "float16", "bfloat16")
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
-    name = str(dtype).removeprefix("torch.")
+    name = dtype_name(dtype)
     return name if name in _DTYPE_NAMES else "float32"
 
 

@@ -35,7 +35,7 @@ from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.registry import MergeContext, MethodSpec, get_method
 from resumerge.plan.merge_plan import InputRef, Plan, ShardPlan, TensorPlan
 from resumerge.plan.workunits import chunk_plan
-from resumerge.torch_import import torch
+from resumerge.torch_import import dtype_name, torch
 
 # Input bytes read for all samples of a plan together: a few tens of MB reads in well under a second from any
 # disk the merge itself could use.
@@ -162,7 +162,7 @@ def _stored_dtype_name(tp: TensorPlan) -> str:
     common = dtypes[0]
     for d in dtypes[1:]:
         common = torch.promote_types(common, d)
-    return str(common).removeprefix("torch.")
+    return dtype_name(common)
 
 
 def _unmeasured(group: _Group, plan: Plan, why: str) -> ComputeGroup:

@@ -32,7 +32,7 @@ import math
 
 from resumerge.methods.footprint import measured, model_block_scratch
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
-from resumerge.torch_import import torch
+from resumerge.torch_import import dtype_name, torch
 
 # torch runs an operation on the calling thread below this many elements: blocks stay under it, so a merge does
 # not fight the engine's worker threads for cores, and its buffers stay in a core's cache.
@@ -50,7 +50,7 @@ Rows = tuple["torch.Tensor", ...]
 
 
 def _is_half(dtype: torch.dtype) -> bool:
-    return str(dtype).removeprefix("torch.") in _HALF
+    return dtype_name(dtype) in _HALF
 
 
 def _block_width(models: int, device: torch.device) -> int:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from resumerge.torch_import import torch
+from resumerge.torch_import import dtype_name, torch
 
 _KEY_DTYPES = {  # dtype names: torch is imported on first use
     "float64": "int64",
@@ -40,7 +40,7 @@ def magnitude_keys(magnitudes: torch.Tensor) -> torch.Tensor:
     is exact). Keys of a negative value order wrongly, so pass magnitudes (``abs()``), never signed values.
     Raises ``TypeError`` for a non-float tensor.
     """
-    key_name = _KEY_DTYPES.get(str(magnitudes.dtype).removeprefix("torch."))
+    key_name = _KEY_DTYPES.get(dtype_name(magnitudes.dtype))
     if key_name is None:
         raise TypeError(f"magnitudes must be a floating-point tensor, got {magnitudes.dtype}")
     if magnitudes.dtype in (torch.float16, torch.bfloat16):

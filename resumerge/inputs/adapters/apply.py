@@ -24,7 +24,7 @@ thread (torch parallelises larger ones) and in cache. Cost: 1–3 ns per ``rows 
 
 from __future__ import annotations
 
-from resumerge.torch_import import torch
+from resumerge.torch_import import dtype_name, torch
 
 # torch runs an elementwise operation on one thread below its grain size (32 768 elements); staying under it
 # keeps merges from fighting the engine's worker threads for cores, and the tile in cache. On an accelerator,
@@ -141,7 +141,7 @@ def _check(
     if weight.dim() != 2 or a.dim() != 2 or b.dim() != 2:
         raise ValueError(f"LoRA needs 2-D tensors, got weight {list(weight.shape)}, A {list(a.shape)}, "
                          f"B {list(b.shape)}")
-    if any(str(t.dtype).removeprefix("torch.") not in _FLOATS for t in (weight, a, b)):
+    if any(dtype_name(t.dtype) not in _FLOATS for t in (weight, a, b)):
         raise ValueError(f"LoRA needs float tensors, got {weight.dtype}, {a.dtype}, {b.dtype}")
     if embedding and not fan_in_fan_out:
         raise ValueError("an embedding LoRA delta is always transposed: pass fan_in_fan_out=True")
