@@ -98,8 +98,9 @@ def run(
     True always, False never, or a local directory to stage in (``--staging-dir``).
 
     ``out`` may be ``"hf://NAMESPACE/NAME[@BRANCH]"``: the merge goes to that hub repo (created private unless
-    ``public``), 100 MB shards by default, each committed once uploaded (``commit_every`` files or ``commit_interval``
-    seconds batch them), keeping at most ``max_disk`` bytes of uncommitted output on the local disk.
+    ``public``), in shards of about 1/100 of the output by default (25 MB to 1 GB), each committed once uploaded
+    (``commit_every`` files or ``commit_interval`` seconds batch them), keeping at most ``max_disk`` bytes of
+    uncommitted output on the local disk.
 
     A mergekit-moe config (``base_model`` and ``experts``) is upcycled into a mixture of experts, as
     ``mergekit-moe`` does; ``allow_same_experts`` (``--i-understand-this-is-not-useful-without-training``) lets
@@ -380,16 +381,19 @@ def estimate(
 # -- the one place flat parameters become PlanOptions and RunSettings --------------------------------------------
 
 
-def _plan_options(*, out_shard_size: int | str, random_seed: int, copy_tokenizer: bool = True, device: str = "cpu",
-                  allow_crimes: bool = False, stream_inputs: bool = False, write_model_card: bool = True,
+def _plan_options(*, out_shard_size: int | str | None, random_seed: int, copy_tokenizer: bool = True,
+                  device: str = "cpu", allow_crimes: bool = False, stream_inputs: bool = False,
+                  write_model_card: bool = True,
                   unsafe_truncate_embeddings: bool = False, num_threads: int | None = None) -> PlanOptions:
     """What changes the output's bytes (the plan's fingerprint; ``num_threads`` only for the methods whose bytes
-    depend on it, the planner drops it for the others); raises UsageError (exit 2) for a bad value."""
+    depend on it, the planner drops it for the others); raises UsageError (exit 2) for a bad value.
+    ``out_shard_size`` None: the planner picks it (an hf:// OUT's default, see resumerge.plan.sharding)."""
     from resumerge.engine.devices import normalise_device
     from resumerge.plan.merge_plan import PlanOptions
+    from resumerge.plan.sharding import AUTO_SHARD_SIZE
 
-    shard_size = parse_size(out_shard_size, option="--out-shard-size")
-    if shard_size <= 0:
+    shard_size = AUTO_SHARD_SIZE if out_shard_size is None else parse_size(out_shard_size, option="--out-shard-size")
+    if out_shard_size is not None and shard_size <= 0:
         raise UsageError("--out-shard-size must be positive")
     return PlanOptions(out_shard_size=shard_size, random_seed=random_seed, copy_tokenizer=copy_tokenizer,
                        device=normalise_device(device), allow_crimes=allow_crimes, stream_inputs=stream_inputs,

@@ -23,7 +23,7 @@ from resumerge.moe.config import PROMPT_MODES, ExpertConfig, MoeConfig
 from resumerge.moe.outconfig import moe_config, not_power_of_two
 from resumerge.moe.tokenizer import tokenizer_blobs
 from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, TensorPlan, compute_fingerprint
-from resumerge.plan.sharding import assign_shards
+from resumerge.plan.sharding import assign_shards, resolve_shard_size
 from resumerge.torch_import import torch
 
 METHOD = "moe"
@@ -93,6 +93,7 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
     if degenerate:
         notes.append(degenerate)
     late = {n for n, t in tensors.items() if t.method == routers.VALUES}
+    options = resolve_shard_size(options, tensors)  # an hf:// OUT's default: sized from the output
     shards, tensors = assign_shards(tensors, options.out_shard_size, last=late)
     out_config = moe_config(kind, base.config, experts=len(config.experts), shared=len(config.shared_experts),
                             per_token=config.experts_per_token, dtype=out_name if out_code else None)

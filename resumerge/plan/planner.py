@@ -43,7 +43,7 @@ from resumerge.plan.module_views import (
 from resumerge.plan.modules import plan_modules, refuse_sliced_modules
 from resumerge.plan.outconfig import build_out_config
 from resumerge.plan.parameters import check_parameter_names, parameter_value
-from resumerge.plan.sharding import assign_shards
+from resumerge.plan.sharding import assign_shards, resolve_shard_size
 from resumerge.plan.tokenizer_plan import build_output_tokenizer, tokenizer_hashes, tokenizer_output
 from resumerge.plan.truncation import common_rows, leading_rows, truncation_notes
 from resumerge.vocab import BuiltTokenizer, parse_tokenizer_spec
@@ -112,6 +112,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
         ))
     if ctx.truncate:
         notes.extend(truncation_notes(tensors, models))
+    options = resolve_shard_size(options, tensors)  # an hf:// OUT's default: sized from the output
     shards, tensors = assign_shards(tensors, options.out_shard_size)
     donor = _donor(config)
     cut_rows = _embed_rows(tensors) if ctx.truncate and notes else None

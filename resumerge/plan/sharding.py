@@ -14,32 +14,58 @@ from dataclasses import replace
 
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.inputs.safetensors_format import layout_shard
-from resumerge.plan.merge_plan import DEFAULT_SHARD_SIZE, ShardPlan, TensorPlan
+from resumerge.plan.merge_plan import DEFAULT_SHARD_SIZE, PlanOptions, ShardPlan, TensorPlan
 
-# An hf:// OUT's shards by default. Each shard is uploaded while the next ones are merged, so the upload link idles
-# until the first shard is complete and what the run waits for at its end is the upload of the last ones (and a
-# kill loses at most the shard being made). Measured hub to hub at 150/75 MB/s on the 1.75 GB bench pair
-# (bench/RESULTS.md, session 13): 200 MB shards start the first upload 6-7 s in (the first shard reads two input
-# files), 100 MB ones at 3 s (its first shard is one tensor of the file downloaded first), and the run ends 3-4 s
-# sooner; 50 MB gained nothing more (all measured through a stand-in hub that then still stalled under load, see
-# session 15; since then shards are computed in input order, resumerge.plan.workorder). Smaller shards add files
-# and commits, not bytes: a 140 GB output is 1,400 files (a folder holds at most 10,000 on the hub), in commits
-# paced under the hub's quota (see resumerge.store.hubcommits.Batching).
-HUB_SHARD_SIZE = 100_000_000
+# An hf:// OUT's shards by default: sized per run by :func:`hub_shard_size`, from the output's bytes. Each shard is
+# uploaded while the next ones are merged, so what the run waits for once the last input byte has landed is the
+# upload of the shards that read it, and the upload link idles until the first shard is complete; a kill loses at
+# most the shards in flight. Output shards hold tensors in name order, which is not the inputs' file order (a
+# Llama's last input file holds lm_head, the last layer's MLP and the final norm), so with large shards those read
+# at the end of the download pull tensors read much earlier along with them. Measured hub to hub at 150/75 MB/s on
+# the 1.75 GB bench pair (bench/RESULTS.md, session 17): 4.5 s from the last input byte to the last commit with
+# 100 MB shards (22 files), 2.6 s with 50 MB, 2.0 s with 25 MB. Smaller shards cost files, not bytes: every file
+# is one preupload call in the hub's API quota (1,000 calls in 5 minutes for a free account, hub-real.md) and a
+# few round trips a link far from the hub pays per file (the stand-in hub, on 127.0.0.1, does not). So the size
+# is about 1/HUB_SHARD_FILES of the output, which bounds the run's files and its API calls whatever the link's
+# speed (a 7B fp16 output gets 145 MB shards, a 70B one 1 GB, as a local OUT), and never below HUB_MIN_SHARD.
+HUB_SHARD_FILES = 100
+HUB_MIN_SHARD = 25_000_000
+HUB_MAX_SHARD = DEFAULT_SHARD_SIZE
+# PlanOptions.out_shard_size when no --out-shard-size was given for an hf:// OUT: the planner picks the size from
+# the tensors (hub_shard_size) and the plan it returns records the size picked, so a resume plans the same.
+AUTO_SHARD_SIZE = 0
+_MB = 1_000_000
 
 
-def default_shard_size(to_hub: bool) -> tuple[int, str]:
-    """The output shard size when ``--out-shard-size`` is not given, and why (``plan`` shows it): smaller for an
-    ``hf://`` OUT (``to_hub``), whose last shard's upload is the tail of the run."""
+def hub_shard_size(tensors: Mapping[str, TensorPlan]) -> int:
+    """The shard size of an ``hf://`` OUT's plan when none was asked: about a ``HUB_SHARD_FILES``-th of the output,
+    rounded up to whole MB, between ``HUB_MIN_SHARD`` and ``HUB_MAX_SHARD``."""
+    total = sum(t.nbytes for t in tensors.values())
+    share = -(-total // HUB_SHARD_FILES // _MB) * _MB
+    return min(HUB_MAX_SHARD, max(HUB_MIN_SHARD, share))
+
+
+def resolve_shard_size(options: PlanOptions, tensors: Mapping[str, TensorPlan]) -> PlanOptions:
+    """``options`` with ``out_shard_size`` picked by :func:`hub_shard_size` when it is ``AUTO_SHARD_SIZE``."""
+    if options.out_shard_size != AUTO_SHARD_SIZE:
+        return options
+    return replace(options, out_shard_size=hub_shard_size(tensors))
+
+
+def default_shard_size(to_hub: bool) -> tuple[int | None, str]:
+    """The output shard size when ``--out-shard-size`` is not given, and why (``plan`` shows it): None for an
+    ``hf://`` OUT (``to_hub``), whose last shards' upload is the tail of the run: the planner picks it."""
     if to_hub:
-        return HUB_SHARD_SIZE, ("the default for an hf:// OUT: each shard uploads while the next are merged, so "
-                                "the run ends one short upload after the merge")
+        return None, (f"the default for an hf:// OUT: about 1/{HUB_SHARD_FILES} of the output, between "
+                      f"{HUB_MIN_SHARD // _MB} MB and {HUB_MAX_SHARD / 1e9:g} GB, so the run ends one short upload "
+                      "after the merge")
     return DEFAULT_SHARD_SIZE, "the default for a local OUT"
 
 
-def shard_size_choice(asked: int | str | None, out: str | os.PathLike[str] | None) -> tuple[int | str, str | None]:
-    """``--out-shard-size`` as ``asked``, else the default for ``out`` (None: no OUT, as for a local one), and why
-    (None when asked)."""
+def shard_size_choice(asked: int | str | None, out: str | os.PathLike[str] | None
+                      ) -> tuple[int | str | None, str | None]:
+    """``--out-shard-size`` as ``asked``, else the default for ``out`` (None: no OUT, as for a local one; a size of
+    None: the planner's pick, :data:`AUTO_SHARD_SIZE`), and why (None when asked)."""
     return (asked, None) if asked is not None else default_shard_size(out is not None and is_hub_target(out))
 
 

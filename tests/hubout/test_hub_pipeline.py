@@ -202,7 +202,7 @@ def test_plan_shows_the_default_fetch_and_the_hub_shard_size(hub: HubWriter, inp
     assert main(["plan", str(inputs.config), "hf://alice/planned", "--state-dir", str(tmp_path / "s")]) == 0
     shown = capsys.readouterr().out
     assert "fetch" in shown and "into the HF cache in the order the merge reads them" in shown, shown
-    assert "100 MB each (the default for an hf:// OUT" in shown, shown
+    assert "25.0 MB each (the default for an hf:// OUT: about 1/100 of the output" in shown, shown
     assert main(["plan", str(inputs.config), str(tmp_path / "local"), "--state-dir", str(tmp_path / "s")]) == 0
     shown = capsys.readouterr().out
     assert "1.00 GB each (the default for a local OUT)" in shown, shown
