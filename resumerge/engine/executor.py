@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Protocol
 
 # _read_input is re-exported for resumerge.engine.compute_estimate, which reads inputs as the engine does.
+from resumerge.engine import cpupriority
 from resumerge.engine.compute import _read_input as _read_input
 from resumerge.engine.compute import apply_rows, compute_in_passes, compute_tensor, observe_rows
 from resumerge.engine.devices import is_gpu
@@ -90,16 +91,19 @@ class _Writer(threading.Thread):
     """Consumes (shard, name, tensor or rows, reservation) items; commits each shard after its last tensor."""
 
     def __init__(self, plan: Plan, sink: OutputSink, journal: CommitJournal, reporter: Reporter,
-                 sources: InputSources | None = None) -> None:
+                 sources: InputSources | None = None, yield_cpu: bool = False) -> None:
         super().__init__(name="resumerge-writer", daemon=True)
         self.plan, self.sink, self.journal, self.reporter = plan, sink, journal, reporter
         self.sources = sources
+        self.yield_cpu = yield_cpu  # lower this thread's priority: the run's transfers go first (cpupriority)
         self.items: queue.Queue[_Item | None] = queue.Queue(maxsize=2)
         self.error: BaseException | None = None
         self.leaving = threading.Event()  # the run stops: a wait for input checks ends
         self._current: ShardWriter | None = None
 
     def run(self) -> None:
+        if self.yield_cpu:
+            cpupriority.yield_to_transfers()
         written: list[str] = []
         started = time.monotonic()
         try:
@@ -190,14 +194,16 @@ class _Pipeline:
     """The calling thread's side: admit units, compute them on the pool, hand results to the writer in order."""
 
     def __init__(self, plan: Plan, sources: InputSources, writer: _Writer, governor: MemoryGovernor | None,
-                 workers: int, should_stop: Callable[[], bool], gpu: MemoryGovernor | None = None) -> None:
+                 workers: int, should_stop: Callable[[], bool], gpu: MemoryGovernor | None = None,
+                 yield_cpu: bool = False) -> None:
         self.plan, self.writer, self.governor, self.workers = plan, writer, governor, workers
         self.gpu = gpu
         self.should_stop = should_stop
         self.sources = sources
         # Twice the workers, and one more: a unit that collects its sibling's result waits on a thread of its own
         # beside the working ones (collects_sibling), and every unit in flight must have started.
-        self.pool = ThreadPoolExecutor(max_workers=2 * workers + 1, thread_name_prefix="resumerge-merge")
+        self.pool = ThreadPoolExecutor(max_workers=2 * workers + 1, thread_name_prefix="resumerge-merge",
+                                       initializer=cpupriority.yield_to_transfers if yield_cpu else None)
         self.inflight: deque[tuple[ShardPlan, TensorPlan, Future[torch.Tensor], Reservation | None]] = deque()
         self.siblings: set[int] = set()  # ids of the futures in flight that only collect a sibling's result
 
@@ -427,6 +433,7 @@ def execute(
     governor: MemoryGovernor | None = None,
     gpu: MemoryGovernor | None = None,
     late_notes: Callable[[], tuple[str, ...]] | None = None,
+    yield_cpu: bool = False,
 ) -> tuple[str, ...]:
     """Bring every pending file of ``plan`` to committed; raises :class:`Stopped` when ``should_stop`` turns true.
 
@@ -438,14 +445,15 @@ def execute(
     Input tensors are read through ``sources`` and every output file is committed through ``sink``, whatever
     they are. ``late_notes`` gives notes found while the merge ran (by work beside it), added to the plan's
     before the side files (the model card) are written, and kept in the ledger and shown like them; they are
-    returned.
+    returned. ``yield_cpu``: the run moves bytes over the network, so the compute threads (the pool's and the
+    writer's) yield the CPU to the transfers (:mod:`~resumerge.engine.cpupriority`).
     """
     done = {row["name"] for row in ledger.files() if row["status"] == "done"}
     sources.expect(read_order(plan, done))  # a streamed source coalesces the reads that come next
     journal = CommitJournal(sink, ledger, book)
-    writer = _Writer(plan, sink, journal, reporter, sources)
+    writer = _Writer(plan, sink, journal, reporter, sources, yield_cpu)
     writer.start()
-    pipeline = _Pipeline(plan, sources, writer, governor, workers, should_stop, gpu)
+    pipeline = _Pipeline(plan, sources, writer, governor, workers, should_stop, gpu, yield_cpu)
     finished = False
     interrupt: KeyboardInterrupt | None = None  # Ctrl-C where Python's own handler stands (library use)
     try:

@@ -92,6 +92,7 @@ class HubInputs:
         self._plan, self._sources, self._hashes = plan, sources, hashes
         self._streamed = {(c.model, c.file) for c in choices if c.how == STREAM}
         self.needed = sum(c.needed for c in choices if c.how == STREAM)
+        self.streams = bool(self._streamed)  # some file is read by HTTP Range (its threads start from a reader's)
         self._ledger: Ledger | None = None
         self._reporter: Reporter | None = None
         self._started = self._last = time.monotonic()

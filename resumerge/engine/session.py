@@ -244,6 +244,13 @@ def resume_merge(
                     should_stop=should_stop)
 
 
+def _transfers_first(hub: HubInputs | None, uploads: bool) -> bool:
+    """Whether the compute threads yield the CPU to the transfers (:mod:`~resumerge.engine.cpupriority`): the run
+    downloads inputs or uploads its output, and streams none (a range read's threads start from a reader's)."""
+    downloads = hub is not None and hub.downloads is not None
+    return (downloads or uploads) and (hub is None or not hub.streams)
+
+
 def recorded_threads(recorded: int | None, methods: Iterable[str], settings: RunSettings,
                      reporter: Reporter | None) -> RunSettings:
     """The settings a resume computes with: the thread count ``recorded`` with a plan (or a recipe) whose
@@ -436,7 +443,7 @@ def _drive(
                 with sources:
                     late = execute(plan, sources, sink, ledger, book, reporter, should_stop=should_stop,
                                    config_text=config_text, workers=settings.workers, governor=governor, gpu=gpu,
-                                   late_notes=late_notes)
+                                   late_notes=late_notes, yield_cpu=_transfers_first(hub, hub_out is not None))
             except Stopped:
                 ledger.set_state("interrupted", error="stopped by signal")
                 raise InterruptedMerge("merge interrupted; every committed shard is kept",

@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hub.fakehub import files_of
@@ -26,6 +27,8 @@ from hubout.conftest import repo_files, uploads
 from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.engine import cpupriority
+from resumerge.inputs.hub import landing
 from resumerge.store.hubcommits import Batching
 from resumerge.store.hubretry import WINDOW, pace_wait
 from tests.support import linear_config, write_config
@@ -227,3 +230,33 @@ def test_the_default_commits_each_file_at_once_then_stays_well_under_the_hourly_
     assert commits[:20] == [2.0 * i for i in range(20)]
     assert all(b - a >= batching.spacing for a, b in pairwise(commits[19:]))
     assert max(sum(1 for u in commits if t <= u < t + WINDOW) for t in commits) <= 80
+
+
+def test_the_compute_threads_yield_the_cpu_to_the_transfers_in_a_hub_run_only(
+        hub: HubWriter, inputs: Inputs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that downloads and uploads lowers its merge and writer threads' priority (resumerge.engine.cpupriority),
+    every download keeps the run's own; a local run of the same config changes no priority."""
+    _push(hub, inputs)
+    yielded: list[str] = []
+    real = cpupriority.yield_to_transfers
+
+    def spy() -> None:
+        yielded.append(threading.current_thread().name)
+        real()
+
+    monkeypatch.setattr(cpupriority, "yield_to_transfers", spy)
+    downloads: list[int] = []
+    land = landing.land_file
+
+    def noted(*args: Any, **kwargs: Any) -> Path:
+        downloads.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return land(*args, **kwargs)
+
+    monkeypatch.setattr(landing, "land_file", noted)
+    api.run(inputs.config, "hf://alice/yields", state_dir=tmp_path / "state", out_shard_size=SHARD)
+    assert "resumerge-writer" in yielded and any(n.startswith("resumerge-merge") for n in yielded), yielded
+    assert downloads and set(downloads) == {os.getpriority(os.PRIO_PROCESS, threading.get_native_id())}
+    yielded.clear()
+    local = write_config(tmp_path / "local.yml", linear_config(*inputs.dirs.values()))
+    api.run(local, tmp_path / "local-out", state_dir=tmp_path / "local-state", out_shard_size=SHARD)
+    assert yielded == []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -237,6 +238,10 @@ class Downloads:
     whole tail has landed. Once such a download ends, no new one starts until fewer than ``workers`` run, so the
     link is split between more files only while the merge needs them.
 
+    A wanted file's download is started by a thread of this object's own (:meth:`start`'s caller's priority), not
+    by the waiting reader: a thread takes its creator's scheduling priority, and the engine's compute threads lower
+    theirs in a run whose transfers go first (``resumerge.engine.cpupriority``).
+
     ``jobs`` are (model key, metadata, file); :attr:`landings` follow them by (model key, file).
     """
 
@@ -252,6 +257,7 @@ class Downloads:
         self._running = 0  # downloads in progress (guarded by _lock)
         self._threads: list[threading.Thread] = []
         self.started: list[tuple[str, str]] = []  # in the order their downloads began
+        self._wanted: queue.SimpleQueue[tuple[str, str] | None] = queue.SimpleQueue()  # for _start_wanted
 
     def start(self, order: Sequence[tuple[str, str]]) -> None:
         """Start downloading, files in ``order`` (model key, file) first, then any others."""
@@ -263,6 +269,8 @@ class Downloads:
             keys = [self._take() for _ in range(min(self._workers, len(self._queue)))]
         for key in keys:
             self._spawn(key)
+        starter = threading.Thread(target=self._start_wanted, name="resumerge-download-starter", daemon=True)
+        starter.start()
 
     def wanted(self, key: tuple[str, str]) -> None:
         """The merge waits for ``key``: start its download now if it is still queued."""
@@ -272,7 +280,12 @@ class Downloads:
             self._queue.remove(key)
             self._running += 1
             self.started.append(key)
-        self._spawn(key)
+        self._wanted.put(key)
+
+    def _start_wanted(self) -> None:
+        """Start the downloads :meth:`wanted` asks for, on threads of :meth:`start`'s caller's priority."""
+        while (key := self._wanted.get()) is not None:
+            self._spawn(key)
 
     def _take(self) -> tuple[str, str]:
         """The next queued file, counted as running (under ``_lock``, the queue not empty)."""
@@ -312,6 +325,7 @@ class Downloads:
 
     def close(self) -> None:
         """Stop the downloads at their next chunk and release the landed files' descriptors."""
+        self._wanted.put(None)
         for landing in self.landings.values():
             landing.close()
         for thread in list(self._threads):
