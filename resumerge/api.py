@@ -98,9 +98,8 @@ def run(
     True always, False never, or a local directory to stage in (``--staging-dir``).
 
     ``out`` may be ``"hf://NAMESPACE/NAME[@BRANCH]"``: the merge goes to that hub repo (created private unless
-    ``public``), in shards of about 1/100 of the output by default (25 MB to 1 GB), each committed once uploaded
-    (``commit_every`` files or ``commit_interval`` seconds batch them), keeping at most ``max_disk`` bytes of
-    uncommitted output on the local disk.
+    ``public``) in shards of about 1/100 of the output by default (25 MB to 1 GB), each committed once uploaded
+    (``commit_every`` files or ``commit_interval`` seconds batch them), at most ``max_disk`` bytes uncommitted.
 
     A mergekit-moe config (``base_model`` and ``experts``) is upcycled into a mixture of experts, as
     ``mergekit-moe`` does; ``allow_same_experts`` (``--i-understand-this-is-not-useful-without-training``) lets
@@ -383,20 +382,18 @@ def estimate(
 
 def _plan_options(*, out_shard_size: int | str | None, random_seed: int, copy_tokenizer: bool = True,
                   device: str = "cpu", allow_crimes: bool = False, stream_inputs: bool = False,
-                  write_model_card: bool = True,
-                  unsafe_truncate_embeddings: bool = False, num_threads: int | None = None) -> PlanOptions:
+                  write_model_card: bool = True, unsafe_truncate_embeddings: bool = False,
+                  num_threads: int | None = None) -> PlanOptions:
     """What changes the output's bytes (the plan's fingerprint; ``num_threads`` only for the methods whose bytes
-    depend on it, the planner drops it for the others); raises UsageError (exit 2) for a bad value.
-    ``out_shard_size`` None: the planner picks it (an hf:// OUT's default, see resumerge.plan.sharding)."""
+    depend on it, the planner drops it for the others; shard size None: the planner's pick); UsageError if bad."""
     from resumerge.engine.devices import normalise_device
     from resumerge.plan.merge_plan import PlanOptions
-    from resumerge.plan.sharding import AUTO_SHARD_SIZE
+    from resumerge.plan.sharding import AUTO_SHARD_SIZE  # the planner picks (an hf:// OUT's default)
 
-    shard_size = AUTO_SHARD_SIZE if out_shard_size is None else parse_size(out_shard_size, option="--out-shard-size")
-    if out_shard_size is not None and shard_size <= 0:
-        raise UsageError("--out-shard-size must be positive")
-    return PlanOptions(out_shard_size=shard_size, random_seed=random_seed, copy_tokenizer=copy_tokenizer,
-                       device=normalise_device(device), allow_crimes=allow_crimes, stream_inputs=stream_inputs,
+    shard_size = _size(out_shard_size, "--out-shard-size")
+    return PlanOptions(out_shard_size=AUTO_SHARD_SIZE if shard_size is None else shard_size, random_seed=random_seed,
+                       copy_tokenizer=copy_tokenizer, device=normalise_device(device), allow_crimes=allow_crimes,
+                       stream_inputs=stream_inputs,
                        write_model_card=write_model_card, unsafe_truncate_embeddings=unsafe_truncate_embeddings,
                        num_threads=num_threads)
 

@@ -244,13 +244,6 @@ def resume_merge(
                     should_stop=should_stop)
 
 
-def _transfers_first(hub: HubInputs | None, uploads: bool) -> bool:
-    """Whether the compute threads yield the CPU to the transfers (:mod:`~resumerge.engine.cpupriority`): the run
-    downloads inputs or uploads its output, and streams none (a range read's threads start from a reader's)."""
-    downloads = hub is not None and hub.downloads is not None
-    return (downloads or uploads) and (hub is None or not hub.streams)
-
-
 def recorded_threads(recorded: int | None, methods: Iterable[str], settings: RunSettings,
                      reporter: Reporter | None) -> RunSettings:
     """The settings a resume computes with: the thread count ``recorded`` with a plan (or a recipe) whose
@@ -439,11 +432,15 @@ def _drive(
             shown = getattr(reporter, "traffic", None)  # an optional hook: a reporter may not draw the network
             if shown is not None and watch_run(meter, plan, hub, sink, done_bytes):
                 shown(meter.snapshot)
+            # Transfers first (engine.cpupriority) in a run that downloads or uploads and streams nothing (a range
+            # read's threads start from a reader's, whose priority they would take).
+            yield_cpu = (hub_out is not None or (hub is not None and hub.downloads is not None)) and not (
+                hub is not None and hub.streams)
             try:
                 with sources:
                     late = execute(plan, sources, sink, ledger, book, reporter, should_stop=should_stop,
                                    config_text=config_text, workers=settings.workers, governor=governor, gpu=gpu,
-                                   late_notes=late_notes, yield_cpu=_transfers_first(hub, hub_out is not None))
+                                   late_notes=late_notes, yield_cpu=yield_cpu)
             except Stopped:
                 ledger.set_state("interrupted", error="stopped by signal")
                 raise InterruptedMerge("merge interrupted; every committed shard is kept",
