@@ -2,11 +2,14 @@
 
 A run that downloads its inputs or uploads its output waits for the link, and a link is kept busy by threads that
 need the CPU now and then (receiving and hashing the downloads, sending the uploads), while the merge waits for
-their bytes and has time to spare. On a machine with few cores the merge's threads (and the writer's) take the
-CPU from them just when a burst of bytes has landed, and the link idles. So in such a run the compute threads
-lower their own scheduling priority by :data:`COMPUTE_NICE`: when the CPU is short, the transfers go first and the
-merge gets the rest; when it is not, nothing changes. Measured hub to hub at 150/75 MB/s on the 2-core bench
-(bench/RESULTS.md, session 17): the last input byte landed 1.2 s sooner and the run ended 1.3 s sooner (medians).
+their bytes and has time to spare when its methods are elementwise (a few passes over memory). On a machine with
+few cores the merge's threads (and the writer's) take the CPU from them just when a burst of bytes has landed, and
+the link idles. So in such a run the compute threads lower their own scheduling priority by :data:`COMPUTE_NICE`:
+when the CPU is short, the transfers go first and the merge gets the rest; when it is not, nothing changes.
+Measured hub to hub at 150/75 MB/s on the 2-core bench (bench/RESULTS.md, session 17), linear: the last input
+byte landed 1.2 s sooner and the run ended 1.3 s sooner (medians). A TIES merge is what bounds that run on two
+cores: yielding, its downloads ended 3-8 s sooner and its merge as much later, so other methods keep the priority
+(:func:`resumerge.engine.executor.execute` decides).
 
 Linux gives each thread its own nice value, and a thread starts with its creator's: a thread that moves bytes
 must therefore never be started by a compute thread (see :class:`resumerge.inputs.hub.landing.Downloads`; a run

@@ -182,6 +182,11 @@ class _Writer(threading.Thread):
             self._current = None
 
 
+def _elementwise(method: str) -> bool:
+    spec = get_method(method)
+    return spec is not None and spec.elementwise
+
+
 def _pending_tensors(plan: Plan, done: set[str]) -> Iterator[tuple[ShardPlan, TensorPlan]]:
     for shard in compute_order(plan):
         if shard.name in done:
@@ -433,7 +438,7 @@ def execute(
     governor: MemoryGovernor | None = None,
     gpu: MemoryGovernor | None = None,
     late_notes: Callable[[], tuple[str, ...]] | None = None,
-    yield_cpu: bool = False,
+    transfers: bool = False,
 ) -> tuple[str, ...]:
     """Bring every pending file of ``plan`` to committed; raises :class:`Stopped` when ``should_stop`` turns true.
 
@@ -445,12 +450,15 @@ def execute(
     Input tensors are read through ``sources`` and every output file is committed through ``sink``, whatever
     they are. ``late_notes`` gives notes found while the merge ran (by work beside it), added to the plan's
     before the side files (the model card) are written, and kept in the ledger and shown like them; they are
-    returned. ``yield_cpu``: the run moves bytes over the network, so the compute threads (the pool's and the
-    writer's) yield the CPU to the transfers (:mod:`~resumerge.engine.cpupriority`).
+    returned. ``transfers``: the run moves bytes over the network; when every method of the plan is elementwise
+    (a few passes over memory, far faster than a link), the compute threads (the pool's and the writer's) yield the
+    CPU to the transfers (:mod:`~resumerge.engine.cpupriority`). Other methods can be what bounds the run (TIES on
+    two cores): their threads keep their priority.
     """
     done = {row["name"] for row in ledger.files() if row["status"] == "done"}
     sources.expect(read_order(plan, done))  # a streamed source coalesces the reads that come next
     journal = CommitJournal(sink, ledger, book)
+    yield_cpu = transfers and all(_elementwise(t.method) for t in plan.tensors.values())
     writer = _Writer(plan, sink, journal, reporter, sources, yield_cpu)
     writer.start()
     pipeline = _Pipeline(plan, sources, writer, governor, workers, should_stop, gpu, yield_cpu)

@@ -434,13 +434,13 @@ def _drive(
                 shown(meter.snapshot)
             # Transfers first (engine.cpupriority) in a run that downloads or uploads and streams nothing (a range
             # read's threads start from a reader's, whose priority they would take).
-            yield_cpu = (hub_out is not None or (hub is not None and hub.downloads is not None)) and not (
+            transfers = (hub_out is not None or (hub is not None and hub.downloads is not None)) and not (
                 hub is not None and hub.streams)
             try:
                 with sources:
                     late = execute(plan, sources, sink, ledger, book, reporter, should_stop=should_stop,
                                    config_text=config_text, workers=settings.workers, governor=governor, gpu=gpu,
-                                   late_notes=late_notes, yield_cpu=yield_cpu)
+                                   late_notes=late_notes, transfers=transfers)
             except Stopped:
                 ledger.set_state("interrupted", error="stopped by signal")
                 raise InterruptedMerge("merge interrupted; every committed shard is kept",

@@ -234,8 +234,9 @@ def test_the_default_commits_each_file_at_once_then_stays_well_under_the_hourly_
 
 def test_the_compute_threads_yield_the_cpu_to_the_transfers_in_a_hub_run_only(
         hub: HubWriter, inputs: Inputs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A run that downloads and uploads lowers its merge and writer threads' priority (resumerge.engine.cpupriority),
-    every download keeps the run's own; a local run of the same config changes no priority."""
+    """A linear run that downloads and uploads lowers its merge and writer threads' priority
+    (resumerge.engine.cpupriority), every download keeps the run's own; a local run of the same config, and a TIES
+    run to the hub (its merge may be what bounds the run), change no priority."""
     _push(hub, inputs)
     yielded: list[str] = []
     real = cpupriority.yield_to_transfers
@@ -260,3 +261,8 @@ def test_the_compute_threads_yield_the_cpu_to_the_transfers_in_a_hub_run_only(
     local = write_config(tmp_path / "local.yml", linear_config(*inputs.dirs.values()))
     api.run(local, tmp_path / "local-out", state_dir=tmp_path / "local-state", out_shard_size=SHARD)
     assert yielded == []
+    ties = tmp_path / "ties.yml"
+    ties.write_text(f"merge_method: ties\nbase_model: {A}\nmodels:\n  - model: {B}\n"
+                    "    parameters: {weight: 0.5, density: 0.5}\n")
+    api.run(ties, "hf://alice/ties-keeps", state_dir=tmp_path / "ties-state", out_shard_size=SHARD)
+    assert yielded == [] and downloads
