@@ -7,9 +7,9 @@ few cores the merge's threads (and the writer's) take the CPU from them just whe
 the link idles. So in such a run the compute threads lower their own scheduling priority by :data:`COMPUTE_NICE`:
 when the CPU is short, the transfers go first and the merge gets the rest; when it is not, nothing changes.
 Measured hub to hub at 150/75 MB/s on the 2-core bench (bench/RESULTS.md, session 17), linear, 5 runs each: the
-last input byte landed 1.0 s sooner and the run ended 1.0 s sooner (medians, 28.3 s against 29.3 s). A TIES merge is what bounds that run on two
-cores: yielding, its downloads ended 3-8 s sooner and its merge as much later, so other methods keep the priority
-(:func:`resumerge.engine.executor.execute` decides).
+last input byte landed 1.0 s sooner and the run ended 1.0 s sooner (medians, 28.3 s against 29.3 s). A TIES
+merge is what bounds that run on two cores: yielding, its downloads ended 3-8 s sooner and its merge as much
+later, so other methods keep the priority (:func:`resumerge.engine.executor.execute` decides).
 
 Linux gives each thread its own nice value, and a thread starts with its creator's: a thread that moves bytes
 must therefore never be started by a compute thread (see :class:`resumerge.inputs.hub.landing.Downloads`; a run
