@@ -280,11 +280,21 @@ class Downloads:
             self._queue.remove(key)
             self._running += 1
             self.started.append(key)
-        self._wanted.put(key)
+            self._wanted.put(key)  # under the lock: _start_wanted leaves only when none can come
 
     def _start_wanted(self) -> None:
-        """Start the downloads :meth:`wanted` asks for, on threads of :meth:`start`'s caller's priority."""
-        while (key := self._wanted.get()) is not None:
+        """Start the downloads :meth:`wanted` asks for, on threads of :meth:`start`'s caller's priority; ends once no
+        queued file is left to ask for, or the run's sources are closed (every landing cancelled)."""
+        while True:
+            try:
+                key = self._wanted.get(timeout=0.5)
+            except queue.Empty:
+                with self._lock:
+                    if self._wanted.empty() and (not self._queue or all(ld.cancelled for ld in self.landings.values())):
+                        return
+                continue
+            if key is None:
+                return
             self._spawn(key)
 
     def _take(self) -> tuple[str, str]:
