@@ -92,7 +92,6 @@ class HubInputs:
         self._plan, self._sources, self._hashes = plan, sources, hashes
         self._streamed = {(c.model, c.file) for c in choices if c.how == STREAM}
         self.needed = sum(c.needed for c in choices if c.how == STREAM)
-        self.streams = bool(self._streamed)  # some file is read by HTTP Range (its threads start from a reader's)
         self._ledger: Ledger | None = None
         self._reporter: Reporter | None = None
         self._started = self._last = time.monotonic()
@@ -158,6 +157,11 @@ class HubInputs:
         inputs_._headers = {(c.model, c.file): (inputs.hub[c.model].repo_id, inputs.hub[c.model].headers[c.file])
                             for c in choices if c.how == STREAM}
         return inputs_
+
+    @property
+    def streams(self) -> bool:
+        """Whether some file is read by HTTP Range (its threads start from a reader's)."""
+        return bool(self._streamed)
 
     def output_budget(self, max_disk: int | None) -> int | None:
         """What ``max_disk`` leaves for the output's staged files once the hub inputs kept in the cache (their
