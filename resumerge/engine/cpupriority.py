@@ -14,8 +14,8 @@ later, so other methods keep the priority (:func:`resumerge.engine.executor.exec
 Linux gives each thread its own nice value, and a thread starts with its creator's: a thread that moves bytes
 must therefore never be started by a compute thread (see :class:`resumerge.inputs.hub.landing.Downloads`; a run
 that reads some input by HTTP Range, whose threads start from a reader's, keeps every priority). An unprivileged
-process cannot raise a priority again, so only threads that end with the run lower theirs, and the process's one
-hashing thread (:mod:`resumerge.store.shardwriter`) keeps the priority of the writer that first needed it.
+process cannot raise a priority again, so only threads that end with the run lower theirs; the process's one
+hashing thread (:mod:`resumerge.store.shardwriter`), which outlives runs, is started by the run's own thread first.
 
 May import only the standard library.
 """

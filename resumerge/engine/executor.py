@@ -54,7 +54,7 @@ from resumerge.plan.workunits import (
 from resumerge.store.journal_commit import CommitJournal
 from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import ManifestBook
-from resumerge.store.shardwriter import ShardWriter
+from resumerge.store.shardwriter import ShardWriter, start_hashing
 from resumerge.store.sink import OutputSink
 from resumerge.torch_import import torch
 
@@ -459,6 +459,8 @@ def execute(
     sources.expect(read_order(plan, done))  # a streamed source coalesces the reads that come next
     journal = CommitJournal(sink, ledger, book)
     yield_cpu = transfers and all(_elementwise(t.method) for t in plan.tensors.values())
+    if yield_cpu:
+        start_hashing()  # at this thread's priority: the writer that would start it yields its own
     writer = _Writer(plan, sink, journal, reporter, sources, yield_cpu)
     writer.start()
     pipeline = _Pipeline(plan, sources, writer, governor, workers, should_stop, gpu, yield_cpu)

@@ -37,6 +37,17 @@ def _hasher() -> ThreadPoolExecutor:
         return _HASHER
 
 
+def start_hashing() -> None:
+    """Start the process's hashing thread now, if it is not running, from the calling thread.
+
+    A thread starts with its creator's scheduling priority (Linux) and keeps it for the process's life: started by
+    a writer that yields the CPU to a run's transfers (:mod:`resumerge.engine.cpupriority`), it would hash every
+    later run's shards at that lower priority too, the local runs of a notebook included. The engine calls this
+    from the run's own thread before any of its threads lowers its priority.
+    """
+    _hasher().submit(int).result()  # the pool's one thread starts at its first task
+
+
 class ShardWriter:
     """Writes the tensors of one shard, in layout order, to the temp file its output sink hands out, and publishes
     it through the sink (beside the final file on a local disk; staged and copied for Drive and other mounts)."""

@@ -29,6 +29,7 @@ from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.engine import cpupriority
 from resumerge.inputs.hub import landing
+from resumerge.store import shardwriter
 from resumerge.store.hubcommits import Batching
 from resumerge.store.hubretry import WINDOW, pace_wait
 from tests.support import linear_config, write_config
@@ -235,9 +236,12 @@ def test_the_default_commits_each_file_at_once_then_stays_well_under_the_hourly_
 def test_the_compute_threads_yield_the_cpu_to_the_transfers_in_a_hub_run_only(
         hub: HubWriter, inputs: Inputs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A linear run that downloads and uploads lowers its merge and writer threads' priority
-    (resumerge.engine.cpupriority), every download keeps the run's own; a local run of the same config, and a TIES
-    run to the hub (its merge may be what bounds the run), change no priority."""
+    (resumerge.engine.cpupriority), every download keeps the run's own, and so does the process's hashing thread,
+    which outlives the run (started by the yielding writer, it would hash a later local run's shards at the lower
+    priority); a local run of the same config, and a TIES run to the hub (its merge may be what bounds the run),
+    change no priority."""
     _push(hub, inputs)
+    monkeypatch.setattr(shardwriter, "_HASHER", None)  # this test's run starts the hashing thread
     yielded: list[str] = []
     real = cpupriority.yield_to_transfers
 
@@ -256,7 +260,14 @@ def test_the_compute_threads_yield_the_cpu_to_the_transfers_in_a_hub_run_only(
     monkeypatch.setattr(landing, "land_file", noted)
     api.run(inputs.config, "hf://alice/yields", state_dir=tmp_path / "state", out_shard_size=SHARD)
     assert "resumerge-writer" in yielded and any(n.startswith("resumerge-merge") for n in yielded), yielded
-    assert downloads and set(downloads) == {os.getpriority(os.PRIO_PROCESS, threading.get_native_id())}
+    ours = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert downloads and set(downloads) == {ours}
+    pool = shardwriter._HASHER
+    assert pool is not None
+    hashing = [os.getpriority(os.PRIO_PROCESS, t.native_id) for t in pool._threads if t.native_id is not None]
+    pool.shutdown()
+    assert hashing == [ours]
+    monkeypatch.setattr(shardwriter, "_HASHER", None)
     yielded.clear()
     local = write_config(tmp_path / "local.yml", linear_config(*inputs.dirs.values()))
     api.run(local, tmp_path / "local-out", state_dir=tmp_path / "local-state", out_shard_size=SHARD)
