@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import importlib
 import sys
+import threading
 import types
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["IMPORT_RESERVE", "dtype_name", "load", "loaded", "torch"]
+__all__ = ["IMPORT_RESERVE", "dtype_name", "load", "loaded", "torch", "when_loaded"]
 
 # More than importing torch adds to a process's anonymous memory (128 MB measured: CPU wheel 2.13, Python 3.11).
 # A memory check made before the import counts this much for it; one that might fail by that margin imports
@@ -25,6 +27,33 @@ IMPORT_RESERVE = 1 << 30
 
 
 _FORWARDED = frozenset({"__version__", "__file__"})
+
+# Settings of torch's own that wait for its import (:func:`when_loaded`), by what they set.
+_PENDING: dict[str, Callable[[], None]] = {}
+_PENDING_LOCK = threading.Lock()
+
+
+def when_loaded(key: str, action: Callable[[], None] | None) -> None:
+    """Run ``action`` once torch is imported: at once if it is, else when ``torch`` here is first used, before that
+    use goes on. A later call with the same ``key`` replaces a pending action (None withdraws it), so a setting that
+    waits is always the newest one. Lets a setting such as ``-j``'s thread count be taken before torch is needed
+    without importing it then."""
+    with _PENDING_LOCK:
+        _PENDING.pop(key, None)
+        if action is not None:
+            _PENDING[key] = action
+    if loaded():
+        _run_pending()
+
+
+def _run_pending() -> None:
+    # One action at a time, outside the lock: an action uses torch, which may come back here.
+    while True:
+        with _PENDING_LOCK:
+            if not _PENDING:
+                return
+            action = _PENDING.pop(next(iter(_PENDING)))
+        action()
 
 
 class _OnFirstUse(types.ModuleType):
@@ -35,7 +64,10 @@ class _OnFirstUse(types.ModuleType):
         if name.startswith("__") and name.endswith("__") and name not in _FORWARDED:
             # Introspection (copy, pickle, doctest, typing) asks for dunders: that must not import torch.
             raise AttributeError(name)
-        value = getattr(importlib.import_module("torch"), name)
+        module = importlib.import_module("torch")
+        if _PENDING:
+            _run_pending()
+        value = getattr(module, name)
         setattr(self, name, value)
         return value
 
@@ -53,6 +85,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 def load() -> None:
     """Import torch now (a memory reading that must include what it holds comes next)."""
     importlib.import_module("torch")
+    _run_pending()
 
 
 if TYPE_CHECKING:

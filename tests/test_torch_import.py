@@ -70,6 +70,41 @@ def test_the_method_registry_and_the_proxy_import_torch_only_when_a_tensor_is_ma
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
 
 
+def test_a_thread_count_waits_for_torch_and_the_newest_one_applies() -> None:
+    """``-j``'s count is taken without importing torch (a hub run's downloads start first) and set before torch's
+    first use; a newer count replaces one still waiting, None withdraws it, and once torch is loaded a count
+    applies at once."""
+    code = (
+        "import sys\n"
+        "from resumerge.engine.devices import set_torch_threads\n"
+        "from resumerge.torch_import import torch\n"
+        "set_torch_threads(3)\n"
+        "set_torch_threads(1)\n"
+        "assert 'torch' not in sys.modules\n"
+        "torch.ones(2).sum()\n"
+        "assert torch.get_num_threads() == 1, torch.get_num_threads()\n"
+        "set_torch_threads(2)\n"
+        "assert torch.get_num_threads() == 2\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+    withdrawn = (
+        "import sys\n"
+        "from resumerge.engine.devices import set_torch_threads\n"
+        "from resumerge.torch_import import torch\n"
+        "set_torch_threads(1)\n"
+        "set_torch_threads(None)\n"
+        "import torch as real\n"
+        "default = real.get_num_threads()\n"
+        "torch.ones(2)\n"
+        "assert torch.get_num_threads() == default, (torch.get_num_threads(), default)\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", withdrawn], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
 # Builds the plan of sys.argv[1] (a config) and its governor under the budget sys.argv[2]; prints whether torch
 # was imported by then.
 _GOVERN = """

@@ -10,12 +10,14 @@ torch is imported lazily, so this module is cheap to import for the CLI's argume
 from __future__ import annotations
 
 import contextlib
+import functools
 
 from resumerge.errors import UsageError
 from resumerge.memory import CudaProbe, MemoryGovernor, MemoryProbe, default_budget
 from resumerge.memory.sizes import format_size
 from resumerge.plan.merge_plan import Plan
 from resumerge.plan.workunits import largest, oversized_units
+from resumerge.torch_import import when_loaded
 
 CPU = "cpu"
 GPU_BUDGET_OPTION = "--max-gpu-memory"
@@ -46,11 +48,20 @@ def normalise_device(text: str) -> str:
 
 def set_torch_threads(count: int | None) -> None:
     """mergekit's ``-j/--num-threads``: torch's intra-op (and, while still settable, inter-op) thread count;
-    None leaves torch's choice. Raises :class:`UsageError` for a count below 1."""
-    if count is None:
-        return
-    if count < 1:
+    None leaves torch's choice. Raises :class:`UsageError` for a count below 1.
+
+    The count is taken now and applied when torch is imported (:func:`resumerge.torch_import.when_loaded`), before
+    its first kernel: importing it here would put its import (about 2 s of CPU) before a hub run's first download.
+    """
+    if count is not None and count < 1:
         raise UsageError("--num-threads must be at least 1")
+    when_loaded(_THREADS, None if count is None else functools.partial(_apply_threads, count))
+
+
+_THREADS = "num_threads"
+
+
+def _apply_threads(count: int) -> None:
     import torch
 
     torch.set_num_threads(count)

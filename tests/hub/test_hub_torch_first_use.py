@@ -45,8 +45,10 @@ entry()
 """
 
 
-@pytest.mark.parametrize("method", ["linear", "ties"])  # ties: the memory check sizes its row streams first
-def test_the_downloads_start_before_torch_is_imported(tmp_path: Path, hub: FakeHub, method: str) -> None:
+# ties: the memory check sizes its row streams first; -j: the thread count waits for the import
+@pytest.mark.parametrize(("method", "flags"), [("linear", []), ("ties", []), ("linear", ["-j", "1"])])
+def test_the_downloads_start_before_torch_is_imported(tmp_path: Path, hub: FakeHub, method: str,
+                                                      flags: list[str]) -> None:
     local = make_model(tmp_path / "local", SPEC, seed=7)
     cfg = write_config(tmp_path / "c.yml", {
         "merge_method": method,
@@ -59,7 +61,7 @@ def test_the_downloads_start_before_torch_is_imported(tmp_path: Path, hub: FakeH
                if name.endswith(".safetensors")]
     assert weights
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(Path(__file__).parents[i]) for i in (1, 2))}
-    command = ["run", str(cfg), str(tmp_path / "out"), "--state-dir", str(tmp_path / "state"), "--quiet"]
+    command = ["run", str(cfg), str(tmp_path / "out"), "--state-dir", str(tmp_path / "state"), "--quiet", *flags]
     result = subprocess.run([sys.executable, "-c", _WATCH, str(record), json.dumps(weights), *command],
                             env=env, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
