@@ -12,7 +12,8 @@ import pytest
 from support import drain_pty
 
 from resumerge.cli.render import ProgressReporter, TrafficRates, traffic_line
-from resumerge.engine.cpuprobe import probe_transfer_cost
+from resumerge.engine import cpuprobe
+from resumerge.engine.cpuprobe import TransferCost, probe_transfer_cost
 from resumerge.engine.netestimate import (
     COMPUTE,
     DOWNLOAD,
@@ -106,6 +107,17 @@ def test_the_transfer_probe_costs_a_downloaded_byte_more_than_nothing(tmp_path: 
     assert cost.seconds(2, 1) == pytest.approx(2 * cost.down + cost.up)
     assert not list(tmp_path.iterdir())  # its temp file is gone
     assert probe_transfer_cost(tmp_path / "missing", 2 * 2**20) is None
+
+
+def test_the_transfer_probe_takes_the_median_of_its_rounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first round inflated by the kernel's state (measured 3.4 times the next ones after another process loaded
+    3.5 GB) does not decide the estimate."""
+    rounds = iter([TransferCost(33e-9, 20e-9), TransferCost(9e-9, 7e-9), TransferCost(8e-9, 8e-9)])
+    monkeypatch.setattr(cpuprobe, "_one_round", lambda directory, data: next(rounds))
+    cost = probe_transfer_cost(tmp_path, 2 * 2**20)
+    assert cost == TransferCost(9e-9, 8e-9)
+    monkeypatch.setattr(cpuprobe, "_one_round", lambda directory, data: None)
+    assert probe_transfer_cost(tmp_path, 2 * 2**20) is None
 
 
 def test_a_local_out_only_downloads() -> None:

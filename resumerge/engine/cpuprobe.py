@@ -6,7 +6,7 @@ upload and sent. On a machine of few cores that work competes with the merge for
 2-core machine a default hub-to-hub run at 150/75 MB/s spent more CPU on its transfers than on the merge, and the
 link alone underestimated its wall by a third (bench/RESULTS.md). ``plan``'s network estimate therefore adds it.
 
-:func:`probe_transfer_cost` does those steps once on a small buffer: a socket pair carrying it in 64 KiB receives,
+:func:`probe_transfer_cost` does those steps on a small buffer, three times (the median counts): a socket pair carrying it in 64 KiB receives,
 a temp file (resumerge's probe name, always deleted) written in a download's pieces and read back into fresh buffers,
 sha256. It counts CPU time (``time.thread_time``), not wall time, so other processes do not inflate it. What it
 leaves out: the HTTP client's own per-response work and a loaded machine's contention, so it is a lower bound.
@@ -19,6 +19,7 @@ import hashlib
 import os
 import secrets
 import socket
+import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from resumerge.inputs.hub.download import DOWNLOAD_CHUNK
 from resumerge.store.diskprobe import PROBE_PREFIX
 
 PROBE_BYTES = 16 * 2**20
+ROUNDS = 3  # the median of three: about 0.2 s of CPU on the 2-core bench machine for the default size
 _RECEIVE = 64 * 1024  # what the HTTP client asks the socket for at a time
 _PIECE = DOWNLOAD_CHUNK  # what a download writes at a time
 
@@ -44,12 +46,28 @@ class TransferCost:
         return down_bytes * self.down + up_bytes * self.up
 
 
-def probe_transfer_cost(directory: Path, nbytes: int = PROBE_BYTES) -> TransferCost | None:
-    """Time the CPU work of a transfer on ``nbytes`` bytes in ``directory`` (which exists); None when it cannot
-    run there."""
-    if nbytes < _PIECE:
+def probe_transfer_cost(directory: Path, nbytes: int = PROBE_BYTES, rounds: int = ROUNDS) -> TransferCost | None:
+    """Time the CPU work of a transfer on ``nbytes`` bytes in ``directory`` (which exists), ``rounds`` times, and take
+    each direction's median; None when it cannot run there.
+
+    One round alone is at the mercy of the kernel's state: measured right after another process had loaded 3.5 GB,
+    a first round cost 3.4 times what the next ones did (8.3-9.7 s for the bench's 5.25 GB against 33 s), so a
+    ``plan`` after a big job read the transfers' CPU as double and called a link-bound run compute-bound.
+    """
+    if nbytes < _PIECE or rounds < 1:
         return None
     data = os.urandom(_PIECE) * (nbytes // _PIECE)
+    costs = []
+    for _ in range(rounds):
+        cost = _one_round(directory, data)
+        if cost is None:
+            return None
+        costs.append(cost)
+    return TransferCost(down=statistics.median(c.down for c in costs), up=statistics.median(c.up for c in costs))
+
+
+def _one_round(directory: Path, data: bytes) -> TransferCost | None:
+    """One round of the probe over ``data``: CPU seconds per byte each way, or None when it cannot run there."""
     path = directory / f"{PROBE_PREFIX}{secrets.token_hex(6)}.part"
     try:
         pieces, receive, send = _through_socket(data)
