@@ -6,10 +6,12 @@ upload and sent. On a machine of few cores that work competes with the merge for
 2-core machine a default hub-to-hub run at 150/75 MB/s spent more CPU on its transfers than on the merge, and the
 link alone underestimated its wall by a third (bench/RESULTS.md). ``plan``'s network estimate therefore adds it.
 
-:func:`probe_transfer_cost` does those steps on a small buffer, three times (the median counts): a socket pair carrying it in 64 KiB receives,
-a temp file (resumerge's probe name, always deleted) written in a download's pieces and read back into fresh buffers,
-sha256. It counts CPU time (``time.thread_time``), not wall time, so other processes do not inflate it. What it
-leaves out: the HTTP client's own per-response work and a loaded machine's contention, so it is a lower bound.
+:func:`probe_transfer_cost` does those steps on a small buffer, three times (the median counts): a socket pair
+carrying it in 64 KiB receives, a temp file (resumerge's probe name, always deleted) written in a download's pieces
+and read back into fresh buffers, sha256. It counts CPU time (``time.thread_time``), not wall time, so other
+processes do not inflate it. What it leaves out: the HTTP client's own per-response work, a paced link's (bytes
+that trickle in cost more CPU than a burst: 2.8-3.3 s against 1.65-1.8 s per GB measured at 150 MB/s) and a
+loaded machine's contention, so it is a lower bound.
 """
 
 from __future__ import annotations
