@@ -1,10 +1,11 @@
-"""Hub to hub behind a simulated link: ``resumerge run cfg.yml hf://…`` against mergekit's three phases (issue 27).
+"""Hub to hub behind a simulated link: ``resumerge run cfg.yml hf://…`` against mergekit's three phases (issue 27);
+with ``--route``, the pipeline's two halves (hub inputs to a local OUT, local inputs to an ``hf://`` OUT).
 
 Usage::
 
     python bench/bench_hub_pipeline.py [--rates 50/25,150/75,500/250] [--methods linear,ties] [--runs 1]
         [--models /tmp/bench/models-1750212608] [--flags "--stream-inputs --out-shard-size 100M --commit-every 1"]
-        [--before DIR] [--skip-mergekit] [--no-plan] [--transfers] [--work DIR]
+        [--before DIR] [--skip-mergekit] [--no-plan] [--transfers] [--work DIR] [--route hub-hub|hub-local|local-hub]
 
 The stand-in hub of ``tests/hub`` (in this process, on 127.0.0.1) serves the models ``a`` and ``b`` of
 ``--models`` as ``bench/a`` and ``bench/b`` (held in memory, pushed once), behind a simulated link
@@ -23,6 +24,11 @@ run from an empty HF cache, in fresh processes, alternating the order run by run
   the stand-in this is the machine's transfer floor, which the link floor does not see;
 - ``before`` (only with ``--before DIR``): ``resumerge run`` with its defaults from the code in DIR (say, an
   export of an earlier commit: ``git archive COMMIT | tar -x -C DIR``), paired with today's under the same load.
+
+``--route hub-local`` merges the hub inputs into a local OUT (mergekit: ``mergekit-yaml`` on the hub ids alone;
+transfers: the downloads alone); ``--route local-hub`` merges the local models ``a`` and ``b`` of ``--models``
+into an ``hf://`` OUT (mergekit: ``mergekit-yaml`` on the local paths, then ``upload_folder``; transfers: the
+upload alone). The link floor then counts the one direction that moves bytes.
 
 Reported per row: wall; the CPU seconds of the tool's processes and of the stand-in (this process) on the
 printed line; the link floor ``max(bytes down / down rate, bytes up / up rate)`` from the bytes the
@@ -144,19 +150,26 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+ROUTES = ("hub-hub", "hub-local", "local-hub")
+
+
 def run_tool(tool: str, hub: FakeHub, config: Path, root: Path, repo: str, flags: list[str],
-             before: Path | None, third: Path) -> tuple[float, str]:
+             before: Path | None, third: Path, route: str = "hub-hub") -> tuple[float, str]:
     """Run one tool from an empty HF cache; returns its wall time and, for mergekit, its two phases."""
     env = _env(hub, root, before if tool == "before" and before is not None else ROOT)
+    downloads, uploads = route.startswith("hub-"), route.endswith("-hub")
     if tool == "transfers":
         started = time.perf_counter()
-        upload = subprocess.Popen([sys.executable, "-c", _UPLOAD_WEIGHTS, repo, str(third)], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        _check(subprocess.run([sys.executable, "-c", _DOWNLOAD, "bench/a", "bench/b"], env=env, capture_output=True,
-                              text=True), "snapshot_download")
+        upload = (subprocess.Popen([sys.executable, "-c", _UPLOAD_WEIGHTS, repo, str(third)], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                  if uploads else None)
+        if downloads:
+            _check(subprocess.run([sys.executable, "-c", _DOWNLOAD, "bench/a", "bench/b"], env=env,
+                                  capture_output=True, text=True), "snapshot_download")
         downloaded = time.perf_counter()
-        _, err = upload.communicate()
-        _check(subprocess.CompletedProcess(upload.args, upload.returncode, "", err), "upload_folder")
+        if upload is not None:
+            _, err = upload.communicate()
+            _check(subprocess.CompletedProcess(upload.args, upload.returncode, "", err), "upload_folder")
         ended = time.perf_counter()
         return ended - started, f"downloads {downloaded - started:.1f} s, upload {ended - started:.1f} s"
     if tool == "mergekit":
@@ -166,11 +179,13 @@ def run_tool(tool: str, hub: FakeHub, config: Path, root: Path, repo: str, flags
         _check(subprocess.run([exe, str(config), str(root / "out"), "--random-seed", "0"], env=env,
                               capture_output=True, text=True), "mergekit-yaml")
         merged = time.perf_counter()
-        _check(subprocess.run([sys.executable, "-c", _UPLOAD, repo, str(root / "out")], env=env,
-                              capture_output=True, text=True), "upload_folder")
+        if uploads:
+            _check(subprocess.run([sys.executable, "-c", _UPLOAD, repo, str(root / "out")], env=env,
+                                  capture_output=True, text=True), "upload_folder")
         ended = time.perf_counter()
         return ended - started, f"download+merge {merged - started:.1f} s, upload {ended - merged:.1f} s"
-    argv = [sys.executable, "-m", "resumerge", "run", str(config), f"hf://{repo}", "--quiet",
+    out = f"hf://{repo}" if uploads else str(root / "out")
+    argv = [sys.executable, "-m", "resumerge", "run", str(config), out, "--quiet",
             "--state-dir", str(root / "state"), *(flags if tool == "flags" else [])]
     started = time.perf_counter()
     # In the code's own folder: ``python -m`` puts the working directory first on the path, before PYTHONPATH.
@@ -179,9 +194,11 @@ def run_tool(tool: str, hub: FakeHub, config: Path, root: Path, repo: str, flags
     return time.perf_counter() - started, ""
 
 
-def plan_network(hub: FakeHub, config: Path, root: Path, down: float, up: float) -> dict[str, object] | None:
+def plan_network(hub: FakeHub, config: Path, root: Path, down: float, up: float,
+                 route: str = "hub-hub") -> dict[str, object] | None:
     """``resumerge plan``'s network estimate at this link (fresh cache: everything is to download)."""
-    argv = [sys.executable, "-m", "resumerge", "plan", str(config), "hf://bench/planned", "--json",
+    out = "hf://bench/planned" if route.endswith("-hub") else str(root / "out")
+    argv = [sys.executable, "-m", "resumerge", "plan", str(config), out, "--json",
             "--state-dir", str(root / "state"), "--bandwidth", f"{down / MB:g}MB/{up / MB:g}MB"]
     done = subprocess.run(argv, env=_env(hub, root), capture_output=True, text=True)
     shutil.rmtree(root, ignore_errors=True)
@@ -210,6 +227,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--transfers", action="store_true",
                         help="also the machine's transfer floor: the bytes moved by huggingface_hub alone, no merge")
+    parser.add_argument("--route", choices=ROUTES, default="hub-hub",
+                        help="hub inputs to hf:// OUT (default), hub inputs to a local OUT, local inputs to hf:// OUT")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-hub-pipeline-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -241,9 +260,13 @@ def main() -> None:
             hub.link = Link(down=down, up=up)
             for method in args.methods.split(","):
                 config = work / f"{method}.yml"
-                config.write_text(CONFIGS[method])
+                text = CONFIGS[method]
+                if args.route == "local-hub":
+                    text = text.replace("bench/a", str(args.models.resolve() / "a"))
+                    text = text.replace("bench/b", str(args.models.resolve() / "b"))
+                config.write_text(text)
                 if not args.no_plan:
-                    estimates[rate, method] = plan_network(hub, config, work / "plan", down, up)
+                    estimates[rate, method] = plan_network(hub, config, work / "plan", down, up, args.route)
                     print(f"{rate} {method} plan: {estimates[rate, method]}", flush=True)
                 for run in range(args.runs):
                     for tool in tools if run % 2 == 0 else list(reversed(tools)):
@@ -256,19 +279,21 @@ def main() -> None:
                         began = time.monotonic()
                         children, ours = resource.getrusage(resource.RUSAGE_CHILDREN), os.times()
                         with DiskPeak(root) as disk:
-                            wall, phases = run_tool(tool, hub, config, root, repo, flags, args.before, third)
+                            wall, phases = run_tool(tool, hub, config, root, repo, flags, args.before, third,
+                                                    args.route)
                         phases = (phases + "  " if phases else "") + _timeline(hub, repo, began)
                         phases += "  " + _cpu(children, ours)
                         print("    " + _spans(hub, repo, began), flush=True)
                         row = Row(rate, method, tool, wall, hub.link.down_bytes, hub.link.up_bytes,
-                                  writer.commits[repo], disk.peak,
+                                  writer.commits.get(repo, 0), disk.peak,
                                   max(hub.link.down_bytes / down, hub.link.up_bytes / up), phases, load)
                         rows.append(row)
                         print(f"{rate} {method} run {run + 1} {tool:9s} wall {wall:6.1f} s  floor {row.floor:5.1f} s "
                               f"({wall / row.floor:.2f}x)  down {row.down / 1e9:.2f} GB  up {row.up / 1e9:.2f} GB  "
                               f"commits {row.commits}  disk peak {disk.peak / 1e9:.2f} GB  {phases}  load {load}",
                               flush=True)
-                        hub.drop(repo)
+                        if repo in hub.repos:
+                            hub.drop(repo)
                         shutil.rmtree(root, ignore_errors=True)
     _table(rows, estimates, args)
 
@@ -336,13 +361,17 @@ def _table(rows: list[Row], estimates: dict[tuple[str, str], dict[str, object] |
         if tool != "mergekit" and estimate and estimate.get("seconds") is not None:
             planned = f"{float(str(estimate['seconds'])):.1f} s ({estimate.get('bound')})"
         last = runs[-1]
-        label = {"mergekit": "mergekit-yaml + upload_folder", "resumerge": "resumerge run (defaults)",
-                 "transfers": "transfers only: snapshot_download ∥ upload_folder, no merge",
+        label = {"mergekit": {"hub-local": "mergekit-yaml"}.get(args.route, "mergekit-yaml + upload_folder"),
+                 "resumerge": "resumerge run (defaults)",
+                 "transfers": {"hub-local": "transfers only: snapshot_download, no merge",
+                               "local-hub": "transfers only: upload_folder, no merge"}.get(
+                                   args.route, "transfers only: snapshot_download ∥ upload_folder, no merge"),
                  "before": "resumerge run (defaults), before", "flags": f"resumerge run {args.flags}"}[tool]
         print(f"| {rate} | {method} | {label} | {wall:.1f} | {floor:.1f} | {wall / floor:.2f}× | {versus} | "
               f"{last.down / 1e9:.2f} | {last.up / 1e9:.2f} | {last.commits} | {last.disk_peak / 1e9:.2f} | "
               f"{planned} | {last.load} |")
-    print(f"\nCommand: `python bench/bench_hub_pipeline.py {shlex.join(sys.argv[1:])}` ({args.runs} run(s) each)")
+    print(f"\nRoute: {args.route}. Command: `python bench/bench_hub_pipeline.py {shlex.join(sys.argv[1:])}` "
+          f"({args.runs} run(s) each)")
 
 
 if __name__ == "__main__":

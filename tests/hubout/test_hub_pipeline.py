@@ -142,6 +142,26 @@ def test_hub_to_hub_through_a_throttled_link_overlaps_both_directions(hub: HubWr
     assert all(v == 1 for v in uploads(hub, "alice/linked").values())
 
 
+def test_a_merge_that_outruns_its_upload_keeps_the_commit_pacing(hub: HubWriter, linked: Inputs,
+                                                                  tmp_path: Path) -> None:
+    """Local inputs to an hf:// OUT through a 2 MB/s uplink: the merge ends long before its uploads do. The files
+    still uploading then are paced like the run's others (the first ``burst`` commits at once, then one a minute
+    at most) and the last ones go in one commit once all are uploaded; before, every file whose upload finished
+    after the merge got a commit of its own (about one per file, here 60-odd against the hub's 128 an hour). The
+    repo equals a local run's."""
+    config = write_config(tmp_path / "local-in.yml", linear_config(linked.dirs[A], linked.dirs[B]))
+    local = tmp_path / "local-out"
+    api.run(config, local, state_dir=tmp_path / "local-state", out_shard_size="100k")
+    shards = [p for p in local.iterdir() if p.name.endswith(".safetensors")]
+    assert len(shards) > 2 * Batching.pipelined().burst
+    hub.hub.link = Link(up=UP)
+    api.run(config, "hf://alice/outrun", state_dir=tmp_path / "state", out_shard_size="100k")
+    files = repo_files(hub, "alice/outrun")
+    assert _weights(files) == _weights({p.name: p.read_bytes() for p in local.iterdir() if p.is_file()})
+    # The burst, the last commit, and the two manifest-only commits (the first, which marks the repo, and "done").
+    assert hub.commits["alice/outrun"] <= Batching.pipelined().burst + 3, hub.commits["alice/outrun"]
+
+
 def test_shards_are_committed_while_inputs_still_download(hub: HubWriter, inputs: Inputs, tmp_path: Path) -> None:
     """The hub holds back the second half of one of ``A``'s middle weight files: by then the shards that do not
     read it are merged, uploaded and committed (the engine before issue 27 downloaded every input first, so it
