@@ -45,6 +45,13 @@ def _run(code: str) -> str:
     return result.stdout
 
 
+def _prints_ok(code: str) -> None:
+    """Run ``code`` in a fresh interpreter (torch allowed) and check it printed ``ok``."""
+    result = subprocess.run([sys.executable, "-c", code + "print('ok')\n"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
 def test_importing_every_module_imports_no_torch() -> None:
     modules = _modules()
     assert "resumerge.engine.executor" in modules and "resumerge.methods.linear" in modules
@@ -64,20 +71,17 @@ def test_the_method_registry_and_the_proxy_import_torch_only_when_a_tensor_is_ma
         "t = torch.ones(2)\n"
         "import torch as real\n"
         "assert torch.Tensor is real.Tensor and isinstance(t, real.Tensor) and torch.__version__ == real.__version__\n"
-        "print('ok')\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+    _prints_ok(code)
 
 
 def test_a_thread_count_waits_for_torch_and_the_newest_one_applies() -> None:
     """``-j``'s count is taken without importing torch (a hub run's downloads start first) and set before torch's
     first use; a newer count replaces one still waiting, None withdraws it, and once torch is loaded a count
     applies at once."""
-    code = (
-        "import sys\n"
-        "from resumerge.engine.devices import set_torch_threads\n"
-        "from resumerge.torch_import import torch\n"
+    threads = ("import sys\nfrom resumerge.engine.devices import set_torch_threads\n"
+               "from resumerge.torch_import import torch\n")
+    _prints_ok(threads + (
         "set_torch_threads(3)\n"
         "set_torch_threads(1)\n"
         "assert 'torch' not in sys.modules\n"
@@ -85,24 +89,15 @@ def test_a_thread_count_waits_for_torch_and_the_newest_one_applies() -> None:
         "assert torch.get_num_threads() == 1, torch.get_num_threads()\n"
         "set_torch_threads(2)\n"
         "assert torch.get_num_threads() == 2\n"
-        "print('ok')\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
-    withdrawn = (
-        "import sys\n"
-        "from resumerge.engine.devices import set_torch_threads\n"
-        "from resumerge.torch_import import torch\n"
+    ))
+    _prints_ok(threads + (
         "set_torch_threads(1)\n"
         "set_torch_threads(None)\n"
         "import torch as real\n"
         "default = real.get_num_threads()\n"
         "torch.ones(2)\n"
         "assert torch.get_num_threads() == default, (torch.get_num_threads(), default)\n"
-        "print('ok')\n"
-    )
-    result = subprocess.run([sys.executable, "-c", withdrawn], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+    ))
 
 
 # Builds the plan of sys.argv[1] (a config) and its governor under the budget sys.argv[2]; prints whether torch
