@@ -15,6 +15,7 @@ from typing import overload
 from resumerge.engine.kernels import serial_kernels
 from resumerge.errors import ResumergeError
 from resumerge.inputs.adapters import apply_lora_rows
+from resumerge.inputs.codecs import MAIN
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.registry import MergeContext, MethodSpec, get_method
@@ -134,8 +135,14 @@ def _method(tp: TensorPlan) -> MethodSpec:
 
 
 def _finish(tp: TensorPlan, out: torch.Tensor) -> torch.Tensor:
-    """A method's result on the host, in the planned dtype, contiguous."""
-    out = out.to(TORCH_DTYPES[tp.out_dtype])
+    """A method's result encoded by ``tp``'s output codec (a plain one: cast to the planned dtype), on the host,
+    contiguous."""
+    parts = tp.out_codec.encode(out, tp.out_dtype)
+    if set(parts) != {MAIN}:
+        # The writer takes one stored tensor per output tensor today; parts it would place elsewhere in the
+        # shard (a quantized format's scales) need it to hold them until their turn (the quantized-formats issue).
+        raise ResumergeError(f"internal: {tp.name} is encoded as {sorted(parts)}, the writer stores one part")
+    out = parts[MAIN]
     if out.device.type != "cpu":
         out = out.cpu()  # a blocking copy: the GPU memory of this unit is free once it returns
     return out.contiguous()
@@ -183,13 +190,14 @@ def apply_rows(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowStr
 
 
 def _read_input(ref: InputRef, sources: InputSources) -> torch.Tensor:
-    """One input tensor as the method sees it: read, cast to ``ref.cast``, with its LoRA delta merged (in the
-    stored dtype, as PEFT's merge_and_unload does, before any ``dtype:`` of the config)."""
+    """One input tensor as the method sees it: read with its companions and decoded by ``ref.codec`` (a plain one
+    returns the buffer read), cast to ``ref.cast``, with its LoRA delta merged (in the stored dtype, as PEFT's
+    merge_and_unload does, before any ``dtype:`` of the config)."""
 
     def read(r: InputRef) -> torch.Tensor:
         return sources.read(r.model, r.file, r.start, r.end, r.dtype, r.shape)
 
-    t = read(ref)
+    t = ref.codec.decode({MAIN: read(ref), **{part: read(c) for part, c in ref.companions}}, ref.first_row)
     if ref.cast is not None:
         t = t.to(TORCH_DTYPES[ref.cast])
     if ref.lora is not None:

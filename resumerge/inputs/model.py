@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,7 @@ from resumerge.inputs.torch_bin import BIN_INDEX_NAME, BIN_SINGLE_NAME, is_pickl
 
 if TYPE_CHECKING:
     from resumerge.inputs.adapters import Adapter
+    from resumerge.inputs.codecs import CodecTable, StoredFormats
 
 
 
@@ -45,6 +46,16 @@ class ModelInput:
     files: tuple[InputFile, ...]
     # The LoRA adapter of a ``model+adapter`` reference, applied tensor by tensor while merging.
     adapter: Adapter | None = None
+    # The stored formats of its tensors once recognised (then ``tensors`` holds logical tensors: see
+    # recognised); None: as opened, every tensor stored plainly under its own name.
+    formats: StoredFormats | None = None
+
+    def recognised(self, codecs: CodecTable) -> ModelInput:
+        """This model as the planner sees it: ``tensors`` its logical tensors under ``codecs``' formats, companions
+        folded into the tensor they belong to, ``formats`` saying how each is stored. Raises
+        :class:`ModelInputError` for a tensor a format cannot read."""
+        formats = codecs.recognise(self.config, self.tensors, where=str(self.directory))
+        return replace(self, tensors=formats.logical(), formats=formats)
 
 
 def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = None) -> ModelInput:

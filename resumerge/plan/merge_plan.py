@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from resumerge.config.version import __version__
-from resumerge.inputs.safetensors_format import ShardLayout, layout_shard
+from resumerge.inputs.codecs import PLAIN, OutPart, TensorCodec
+from resumerge.inputs.safetensors_format import DTYPE_SIZES, ShardLayout, layout_shard, numel
 
 if TYPE_CHECKING:
     from resumerge.vocab import VocabAlignment
@@ -71,6 +72,8 @@ class InputRef:
     ``cast`` is the dtype the stored tensor is converted to when read (a LoRA adapter's replacement of a base
     tensor takes the base's dtype, as PEFT loads it); ``lora`` a delta added after that; ``first_row`` the
     tensor's first row within the whole tensor when this reference is a row chunk (the LoRA factors are whole).
+    ``codec`` decodes the stored tensor (its main part) and its ``companions`` (by the codec's part names, each
+    in any file of the model) into the value, before the cast; dtype, shape and range are the main part's.
     """
 
     model: str
@@ -83,11 +86,40 @@ class InputRef:
     cast: str | None = None
     lora: LoraRef | None = None
     first_row: int = 0
+    codec: TensorCodec = PLAIN
+    companions: tuple[tuple[str, InputRef], ...] = ()
 
     @property
     def value_dtype(self) -> str:
-        """The dtype of the tensor as the method sees it (after ``cast``)."""
-        return self.cast or self.dtype
+        """The dtype of the tensor as the method sees it (decoded, then ``cast``)."""
+        return self.cast or self.codec.value_dtype(self.dtype)
+
+    @property
+    def value_shape(self) -> tuple[int, ...]:
+        """The shape of the decoded tensor (a packed format's main part has another)."""
+        return self.codec.value_shape(self.shape)
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes read for this reference: the main part and its companions."""
+        return self.end - self.start + sum(c.end - c.start for _, c in self.companions)
+
+    @property
+    def decoded_bytes(self) -> int:
+        """Bytes of the decoded value a non-plain codec makes (0 for a plain one, whose value is its buffer)."""
+        return 0 if self.codec.plain else numel(self.value_shape) * DTYPE_SIZES[self.codec.value_dtype(self.dtype)]
+
+    def rows(self, first: int, stop: int) -> InputRef:
+        """This reference limited to its rows ``[first, stop)``: a byte range of the main part (row-major storage
+        keeps rows contiguous; its rows are the value's) and of each companion, the rows the codec says those
+        value rows need (:meth:`~resumerge.inputs.codecs.TensorCodec.part_rows`; a part without rows whole)."""
+        row_bytes = (self.end - self.start) // self.shape[0]
+        whole = (self.first_row + first, self.first_row + stop)
+        companions = tuple(
+            (part, c if not c.shape else c.rows(*(r - c.first_row for r in self.codec.part_rows(part, *whole))))
+            for part, c in self.companions)
+        return replace(self, shape=(stop - first, *self.shape[1:]), start=self.start + first * row_bytes,
+                       end=self.start + stop * row_bytes, first_row=whole[0], companions=companions)
 
 
 @dataclass(frozen=True)
@@ -108,11 +140,18 @@ class TensorPlan:
     # A vocabulary-axis tensor (embeddings, lm_head) whose inputs are re-indexed to the built output vocabulary
     # (Plan.vocab) before the method runs; its inputs may then have different row counts.
     vocab_aligned: bool = False
+    # How the result is stored: the parts the shard holds for it (see stored_parts), encoded from the result.
+    out_codec: TensorCodec = PLAIN
 
     def reads(self) -> tuple[InputRef, ...]:
-        """Every input reference this tensor reads: each input, a LoRA delta's two factors right after the one
-        they patch."""
-        return tuple(r for ref in self.inputs for r in (ref, *((ref.lora.a, ref.lora.b) if ref.lora else ())))
+        """Every input reference this tensor reads: each input, its companions and a LoRA delta's two factors
+        right after the one they belong to."""
+        return tuple(r for ref in self.inputs
+                     for r in (ref, *(c for _, c in ref.companions), *((ref.lora.a, ref.lora.b) if ref.lora else ())))
+
+    def stored_parts(self) -> tuple[OutPart, ...]:
+        """The stored tensors this output tensor is written as (itself alone, for a plain output)."""
+        return self.out_codec.out_parts(self.name, self.out_dtype, self.shape)
 
 
 @dataclass(frozen=True)
@@ -154,6 +193,9 @@ class Plan:
     # adapter_config.json and README.md), by name; empty for a merge, whose side files are config.json, the card
     # and the tokenizer (resumerge.outputs.aux). Fingerprinted by their hashes.
     side_files: Mapping[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+    # How many stored tensors of each input model have each role (weight, companion, other: see
+    # resumerge.inputs.codecs.Role), by model key, for plan, status and verify to report. Derived from the inputs.
+    input_roles: Mapping[str, Mapping[str, int]] = field(default_factory=dict, compare=False)
 
     @property
     def total_bytes(self) -> int:
@@ -162,12 +204,18 @@ class Plan:
 
     def shard_layout(self, shard: ShardPlan) -> ShardLayout:
         """The byte layout of ``shard`` (header and data order), as the writer must produce it."""
-        return layout_shard({n: (self.tensors[n].out_dtype, self.tensors[n].shape) for n in shard.tensors})
+        return stored_layout(self.tensors, shard.tensors)
 
     @property
     def weight_map(self) -> dict[str, str]:
         """Output tensor name -> shard file name, sorted by tensor name."""
         return {name: self.tensors[name].shard for name in sorted(self.tensors)}
+
+
+def stored_layout(tensors: Mapping[str, TensorPlan], names: Iterable[str]) -> ShardLayout:
+    """The byte layout of a shard holding output tensors ``names`` of ``tensors``: every stored part of each
+    (:meth:`TensorPlan.stored_parts`) where safetensors puts it."""
+    return layout_shard({p.name: (p.dtype, p.shape) for n in names for p in tensors[n].stored_parts()})
 
 
 def fingerprint_parts(plan: Plan) -> dict[str, str]:
@@ -241,6 +289,10 @@ def describe_changes(
 def _tensor_doc(t: TensorPlan) -> dict[str, Any]:
     doc = asdict(t)
     doc["inputs"] = [_input_doc(i) for i in t.inputs]
+    # Recorded only when not plain, so that plans made before codecs existed keep their fingerprints.
+    del doc["out_codec"]
+    if not t.out_codec.plain:
+        doc["out_codec"] = list(t.out_codec.identity())
     return doc
 
 
@@ -251,6 +303,8 @@ def _input_doc(i: InputRef) -> list[Any]:
     if i.lora is not None:
         lora = i.lora
         doc.append(["lora", _input_doc(lora.a), _input_doc(lora.b), lora.scale, lora.fan_in_fan_out, lora.embedding])
+    if not i.codec.plain:  # as out_codec: a plain input's record is what it was before codecs
+        doc.append(["codec", *i.codec.identity(), *([part, _input_doc(c)] for part, c in i.companions)])
     return doc
 
 

@@ -17,6 +17,7 @@ from resumerge.config.modelref import ModelRef
 from resumerge.config.params import Setting
 from resumerge.errors import ConfigError, ModelInputError
 from resumerge.inputs.catalog import adapter_key
+from resumerge.inputs.codecs import CODECS, CodecTable
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
@@ -74,8 +75,11 @@ class _Ctx:
     truncate: bool
 
 
-def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: PlanOptions) -> Plan:
-    """Plan every output tensor of ``config`` over the opened ``models`` (keyed by ``ModelRef.key``).
+def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: PlanOptions,
+               codecs: CodecTable = CODECS) -> Plan:
+    """Plan every output tensor of ``config`` over the opened ``models`` (keyed by ``ModelRef.key``), whose
+    stored tensors are read in the formats ``codecs`` recognises (each input's codec and companions recorded on
+    its :class:`InputRef`).
 
     Raises :class:`ConfigError` (with the YAML path) or :class:`ModelInputError` for anything that would fail
     later; returns a plan with its fingerprint set.
@@ -88,6 +92,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
             hint=f"known methods: {', '.join(method_names())}",
         )
     check_parameter_names(config, method)
+    models = {key: m.recognised(codecs) for key, m in models.items()}
     check_architectures(config, models, allow_crimes=options.allow_crimes)
     layouts = {key: infer_layout(m.tensors, m.config, where=str(m.directory)) for key, m in models.items()}
     if config.base_model is not None and method.base is BasePolicy.FORBIDDEN:
@@ -139,6 +144,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
         vocab=built.alignment if built else None,
         vocab_digest=built.digest if built else "",
         notes=tuple(notes),
+        input_roles={key: m.formats.role_counts() for key, m in models.items() if m.formats is not None},
     )
     return replace(plan, fingerprint=compute_fingerprint(plan))
 
@@ -433,6 +439,10 @@ def _input_ref(key: str, model: ModelInput, name: str, found: TensorSource) -> I
     """Where input tensor ``name`` of ``model`` comes from, with its LoRA adapter's replacement or delta."""
     e = found.entry
     ref = InputRef(key, found.file, name, e.dtype, e.shape, e.start, e.end)
+    if model.formats is not None and name in model.formats.claims:
+        ref = replace(ref, tensor=e.name, codec=model.formats.codec(name), companions=tuple(
+            (part, InputRef(key, c.file, c.entry.name, c.entry.dtype, c.entry.shape, c.entry.start, c.entry.end))
+            for part, c in model.formats.companions(name)))
     adapter = model.adapter
     if adapter is None:
         return ref

@@ -13,8 +13,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import replace
 
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.inputs.safetensors_format import layout_shard
-from resumerge.plan.merge_plan import DEFAULT_SHARD_SIZE, PlanOptions, ShardPlan, TensorPlan
+from resumerge.plan.merge_plan import DEFAULT_SHARD_SIZE, PlanOptions, ShardPlan, TensorPlan, stored_layout
 
 # An hf:// OUT's shards by default: sized per run by :func:`hub_shard_size`, from the output's bytes. Each shard is
 # uploaded while the next ones are merged, so what the run waits for once the last input byte has landed is the
@@ -81,9 +80,10 @@ def assign_shards(
 ) -> tuple[tuple[ShardPlan, ...], dict[str, TensorPlan]]:
     """Split ``tensors`` into shards of at most ``cap`` data bytes; returns the shards and tensors with ``shard`` set.
 
-    Each shard lists its tensors in on-disk data order (the safetensors layout), so the engine can write
-    sequentially. The tensors named in ``last`` get the last shard(s) to themselves: the engine runs shards in
-    order, so everything else is committed before it waits for them (MoE's routers, computed beside the merge).
+    Each shard lists its tensors in on-disk data order (the safetensors layout; a tensor stored as several parts
+    where its first part is), so the engine can write sequentially. The tensors named in ``last`` get the last
+    shard(s) to themselves: the engine runs shards in order, so everything else is committed before it waits for
+    them (MoE's routers, computed beside the merge).
     """
     groups: list[list[str]] = []
     for part in ([n for n in sorted(tensors) if n not in last], sorted(n for n in last if n in tensors)):
@@ -102,8 +102,9 @@ def assign_shards(
     shards = []
     placed: dict[str, TensorPlan] = {}
     for fname, group in zip(names, groups):
-        layout = layout_shard({n: (tensors[n].out_dtype, tensors[n].shape) for n in group})
-        shards.append(ShardPlan(fname, tuple(p.name for p in layout.order), layout.file_size))
+        layout = stored_layout(tensors, group)
+        owner = {p.name: n for n in group for p in tensors[n].stored_parts()}
+        shards.append(ShardPlan(fname, tuple(dict.fromkeys(owner[p.name] for p in layout.order)), layout.file_size))
         for n in group:
             placed[n] = replace(tensors[n], shard=fname)
     return tuple(shards), {n: placed[n] for n in sorted(placed)}

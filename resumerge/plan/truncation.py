@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,8 +47,7 @@ def leading_rows(ref: InputRef, rows: int, *, yaml_path: str) -> InputRef:
             f"{ref.tensor} of {ref.model} has a LoRA delta and cannot be truncated to {rows} rows",
             yaml_path=yaml_path, hint="merge the adapter first, or align vocabularies with tokenizer_source: base",
         )
-    row_bytes = (ref.end - ref.start) // ref.shape[0]
-    return replace(ref, shape=(rows, *ref.shape[1:]), end=ref.start + rows * row_bytes)
+    return ref.rows(0, rows)
 
 
 def truncation_notes(tensors: Mapping[str, TensorPlan], models: Mapping[str, ModelInput]) -> tuple[str, ...]:

@@ -26,7 +26,8 @@ _COMPUTE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int6
 
 
 def estimate_bytes(tp: TensorPlan, method: MethodSpec, rows: int | None = None) -> int:
-    """Bytes kept alive while computing ``tp`` (or ``rows`` of its rows): the stored inputs, a copy of each input
+    """Bytes kept alive while computing ``tp`` (or ``rows`` of its rows): the stored inputs (decoded too, when
+    a codec decodes them: the size its decoded value has), a copy of each input
     that reaches the method in another dtype or re-indexed to the output vocabulary, the method's measured working
     set (its declared :attr:`~resumerge.methods.spec.MethodSpec.footprint`, evaluated by
     :func:`~resumerge.methods.footprint.working_bytes`: its result included, with a margin), the output
@@ -49,10 +50,11 @@ def estimate_bytes(tp: TensorPlan, method: MethodSpec, rows: int | None = None) 
     # A decomposition's result is its rank-r factor: r is its shorter side.
     rank = min(tp.shape) if method.footprint.of_inputs and tp.shape else None
     work = working_bytes(method.footprint, seen, basis, len(tp.inputs), base=tp.base_index is not None, rank=rank)
-    stored = sum(i.end - i.start for i in tp.inputs)
+    # An input a codec decodes is its stored parts and the decoded value (a plain input's value is its buffer).
+    stored = sum(i.stored_bytes + i.decoded_bytes for i in tp.inputs)
     if method.lazy_inputs and len(tp.inputs) > 1 and rows is None:
         # Its largest input whole, the others a row chunk at a time (LoRA extraction's task vector).
-        sizes = sorted(i.end - i.start for i in tp.inputs)
+        sizes = sorted(i.stored_bytes + i.decoded_bytes for i in tp.inputs)
         stored = sizes[-1] + sum(min(size, CHUNK_ELEMENTS * 8) for size in sizes[:-1])
     whole = numel(tp.shape)
     # A LoRA delta: the merged copy of the input, plus the whole factors and their float64 copies.
@@ -189,10 +191,8 @@ def unit_bytes(tp: TensorPlan, method: MethodSpec, mode: str) -> int:
 
 
 def row_slice(ref: InputRef, first: int, stop: int) -> InputRef:
-    """The part of ``ref`` holding rows ``[first, stop)`` (row-major storage keeps them contiguous)."""
-    row_bytes = (ref.end - ref.start) // ref.shape[0]
-    return replace(ref, shape=(stop - first, *ref.shape[1:]), start=ref.start + first * row_bytes,
-                   end=ref.start + stop * row_bytes, first_row=ref.first_row + first)
+    """The part of ``ref`` holding rows ``[first, stop)``, companions included (see :meth:`InputRef.rows`)."""
+    return ref.rows(first, stop)
 
 
 def chunk_plan(tp: TensorPlan, first: int, stop: int) -> TensorPlan:

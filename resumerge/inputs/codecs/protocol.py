@@ -1,0 +1,127 @@
+"""The tensor codec seam: how a stored tensor and its companions become the value a merge method sees, and back.
+
+A *stored format* (plain dtypes; later block FP8, compressed-tensors, MXFP4) is one :class:`TensorCodec` subclass.
+The planner asks each format of the run's :class:`~resumerge.inputs.codecs.table.CodecTable` which stored tensors
+of a model it owns (:meth:`TensorCodec.recognise`, from ``config.json`` and the headers only); each owned tensor
+becomes one logical tensor — a main part plus named companion parts (scales, zero points, packed shapes), which may
+sit in other files than the main part. Tensors no format claims are plain. The engine then reads the parts (a row
+range of them for a row chunk: :meth:`TensorCodec.part_rows`) and calls :meth:`TensorCodec.decode` just before the
+method sees the tensor; on output, :meth:`TensorCodec.encode` turns the result into the parts
+:meth:`TensorCodec.out_parts` announced when the shards were laid out.
+
+A codec instance is an immutable value (a frozen dataclass: its fields are the format's parameters, say a block
+size); the plan carries the instance of each input and output tensor, and its fingerprint carries
+:meth:`TensorCodec.identity`. Codecs hold no state: several worker threads decode with one instance at once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import astuple, dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from resumerge.inputs.files import TensorSource
+    from resumerge.torch_import import torch
+
+# The part every logical tensor has: the stored tensor that holds its values (or their codes).
+MAIN = "main"
+
+
+class Role(str, Enum):
+    """What a stored input tensor is to the merge: the main part of a quantized logical tensor, a companion of
+    one (its scales, zero points, packed shape), or a tensor stored plainly (embeddings, norms, unquantized
+    linears: the only role a plain checkpoint has)."""
+
+    WEIGHT = "weight"
+    COMPANION = "companion"
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A logical tensor a format owns in one model: the name the planner matches against the config and the
+    architecture (``name``), its stored parts by part name (:data:`MAIN` first, then the companions), and the
+    codec that decodes them."""
+
+    name: str
+    parts: tuple[tuple[str, str], ...]
+    codec: TensorCodec
+
+    @property
+    def main(self) -> str:
+        """The stored name of the main part."""
+        return dict(self.parts)[MAIN]
+
+    @property
+    def companions(self) -> tuple[tuple[str, str], ...]:
+        """(part name, stored name) of every part but the main one."""
+        return tuple(p for p in self.parts if p[0] != MAIN)
+
+
+@dataclass(frozen=True)
+class OutPart:
+    """A stored tensor an output tensor is written as: its stored name, safetensors dtype and shape."""
+
+    part: str
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+class TensorCodec(ABC):
+    """One stored tensor format. Subclasses are frozen dataclasses; ``name`` names the format in plans,
+    fingerprints and reports."""
+
+    name: ClassVar[str]
+
+    @classmethod
+    @abstractmethod
+    def recognise(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource]) -> tuple[Claim, ...]:
+        """The logical tensors this format owns among ``tensors`` (a model's stored tensors by name) of a model
+        whose ``config.json`` is ``config``; empty when the model is not in this format. Decided from the config
+        and the headers (names, dtypes, shapes) alone. Raises
+        :class:`~resumerge.errors.ModelInputError` for a model in this format that cannot be read (a missing
+        companion, a scale whose shape does not fit its block), naming the tensor."""
+
+    def identity(self) -> tuple[Any, ...]:
+        """What the plan's fingerprint records of this codec: its name and parameters."""
+        return (self.name, *astuple(self))  # type: ignore[call-overload]  # subclasses are dataclasses
+
+    @property
+    def plain(self) -> bool:
+        """Whether reading is a view of the stored bytes (no decoding, no companions)."""
+        return False
+
+    def value_dtype(self, stored: str) -> str:
+        """The safetensors dtype of the decoded value of a main part stored as ``stored``."""
+        return "F32"
+
+    def value_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of the decoded value of a main part of shape ``stored`` (a packed format's differ)."""
+        return stored
+
+    def part_rows(self, part: str, first: int, stop: int) -> tuple[int, int]:
+        """The rows of companion part ``part`` that value rows ``[first, stop)`` need (a block scale's row holds
+        many value rows); the engine reads those rows of each companion for a row chunk, and the same rows of
+        the main part as of the value (row-major parts; a part without rows, a scalar, is read whole)."""
+        return first, stop
+
+    @abstractmethod
+    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int) -> torch.Tensor:
+        """The value of rows ``first_row`` onwards from ``parts`` (the rows :meth:`part_rows` named, by part
+        name) in :meth:`value_dtype`: as many rows as the main part holds. A fresh tensor the method may
+        change, except for a plain codec (then the stored buffer itself, as read)."""
+
+    @abstractmethod
+    def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:
+        """The stored tensors output tensor ``name`` (value ``dtype``, ``shape``) is written as, main first;
+        what the shard layout holds for it."""
+
+    @abstractmethod
+    def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
+        """``value`` (a method's result, any float dtype, on the device it was computed on) as the parts
+        :meth:`out_parts` announced, by part name; ``dtype`` is the planned value dtype. The engine moves the
+        parts to the host and makes them contiguous."""

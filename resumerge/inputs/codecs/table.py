@@ -1,0 +1,91 @@
+"""The formats a run recognises, and one model's stored tensors sorted into logical tensors by them.
+
+A :class:`CodecTable` is a per-run value handed to the planner (no module-level registry: a test or a notebook
+plugs a format in by passing a table that lists it); :data:`CODECS` is the table every run uses by default.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from resumerge.errors import ModelInputError
+from resumerge.inputs.codecs.plain import PLAIN
+from resumerge.inputs.codecs.protocol import Claim, Role, TensorCodec
+from resumerge.inputs.files import TensorSource
+
+
+@dataclass(frozen=True)
+class StoredFormats:
+    """One model's ``stored`` tensors (by stored name) as logical tensors: the claimed ones (by logical name) and
+    every stored tensor's :class:`~resumerge.inputs.codecs.protocol.Role` (by stored name)."""
+
+    stored: Mapping[str, TensorSource]
+    claims: Mapping[str, Claim]
+    roles: Mapping[str, Role]
+
+    def codec(self, name: str) -> TensorCodec:
+        """The codec of logical tensor ``name`` (plain when no format claims it)."""
+        claim = self.claims.get(name)
+        return claim.codec if claim is not None else PLAIN
+
+    def companions(self, name: str) -> tuple[tuple[str, TensorSource], ...]:
+        """Where the companions of logical tensor ``name`` are, by part name (none for a plain tensor)."""
+        claim = self.claims.get(name)
+        return () if claim is None else tuple((part, self.stored[stored]) for part, stored in claim.companions)
+
+    def logical(self) -> Mapping[str, TensorSource]:
+        """What the planner matches names against: every plain tensor under its own name, each claimed tensor
+        under its logical name at its main part's place, no companion."""
+        if not self.claims:
+            return self.stored
+        view = {name: found for name, found in self.stored.items() if self.roles[name] is Role.OTHER}
+        view.update((name, self.stored[claim.main]) for name, claim in self.claims.items())
+        return view
+
+    def role_counts(self) -> dict[str, int]:
+        """How many stored tensors have each role, by the role's name (every role listed)."""
+        counts = Counter(role.value for role in self.roles.values())
+        return {role.value: counts[role.value] for role in Role}
+
+
+@dataclass(frozen=True)
+class CodecTable:
+    """The stored formats of one run, tried in order; a tensor none of them claims is plain."""
+
+    formats: tuple[type[TensorCodec], ...] = ()
+
+    def recognise(self, config: Mapping[str, Any], tensors: Mapping[str, TensorSource],
+                  *, where: str = "") -> StoredFormats:
+        """Sort the stored ``tensors`` of the model at ``where`` (its ``config.json`` is ``config``) into logical
+        tensors. Raises :class:`~resumerge.errors.ModelInputError` for what a format refuses, a part that is not
+        among ``tensors``, a stored tensor two claims share, or a logical name that is another stored tensor's."""
+        claims: dict[str, Claim] = {}
+        roles = dict.fromkeys(tensors, Role.OTHER)
+        owner: dict[str, str] = {}
+        for fmt in self.formats:
+            for claim in fmt.recognise(config, tensors):
+                for part, stored in claim.parts:
+                    if stored not in tensors:
+                        raise ModelInputError(f"{fmt.name} tensor {claim.name} has no {part} ({stored})",
+                                              path=where, tensor=claim.name)
+                    if stored in owner:
+                        raise ModelInputError(f"stored tensor {stored} belongs to both {owner[stored]} and "
+                                              f"{claim.name}", path=where, tensor=stored)
+                    owner[stored] = claim.name
+                    roles[stored] = Role.COMPANION
+                if claim.name in claims:
+                    raise ModelInputError(f"{claim.name} is claimed twice", path=where, tensor=claim.name)
+                claims[claim.name] = claim
+                roles[claim.main] = Role.WEIGHT
+        for name, claim in claims.items():
+            if name in tensors and owner.get(name) != name:
+                raise ModelInputError(f"{name} is a stored tensor of its own, not one of its {claim.codec.name} parts",
+                                      path=where, tensor=name)
+        return StoredFormats(tensors, claims, roles)
+
+
+# The formats every run recognises (the quantized formats of the next issue are listed here).
+CODECS = CodecTable()

@@ -1,0 +1,182 @@
+"""The tensor codec seam: a stored format is one codec class, plugged into a run through its codec table.
+
+A toy format defined here ("int8 with a per-row scale": ``X`` I8 and ``X_scale`` F32 of one entry per row, in any
+file of the model) is recognised, merged and checked against a hand-computed result, with nothing of the engine
+changed; the plain codec keeps plain plans as they were.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from conftest import ModelFactory
+from safetensors.torch import load_file, save_file
+from support import linear_config, write_config
+
+from resumerge.config.merge_config import load_config_text
+from resumerge.engine.compute import compute_tensor
+from resumerge.engine.session import run_plan
+from resumerge.engine.settings import RunSettings
+from resumerge.engine.target import Target
+from resumerge.errors import ModelInputError
+from resumerge.inputs.catalog import open_inputs
+from resumerge.inputs.codecs import MAIN, PLAIN, Claim, CodecTable, OutPart, Role, TensorCodec
+from resumerge.inputs.files import TensorSource
+from resumerge.inputs.source import InputSources
+from resumerge.plan.merge_plan import Plan, PlanOptions, compute_fingerprint
+from resumerge.plan.planner import build_plan
+from resumerge.plan.workunits import chunk_plan
+
+SCALES_FILE = "scales.safetensors"
+
+
+@dataclass(frozen=True)
+class RowScaledInt8(TensorCodec):
+    """``quant_method: toy-int8``: every I8 tensor ``X`` has ``X_scale`` (F32, one per row); value = code * scale."""
+
+    name: ClassVar[str] = "toy-int8"
+
+    @classmethod
+    def recognise(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource]) -> tuple[Claim, ...]:
+        if (config.get("quantization_config") or {}).get("quant_method") != cls.name:
+            return ()
+        return tuple(Claim(name, ((MAIN, name), ("scale", f"{name}_scale")), cls())
+                     for name, found in sorted(tensors.items()) if found.entry.dtype == "I8")
+
+    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int) -> torch.Tensor:
+        return parts[MAIN].to(torch.float32) * parts["scale"].unsqueeze(-1)
+
+    def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:
+        return OutPart(MAIN, name, "I8", shape), OutPart("scale", f"{name}_scale", "F32", shape[:1])
+
+    def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
+        scale = value.abs().amax(dim=-1).to(torch.float32) / 127
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+        codes = (value / scale.unsqueeze(-1)).round().clamp(-127, 127).to(torch.int8)
+        return {MAIN: codes, "scale": scale}
+
+
+TOY = CodecTable((RowScaledInt8,))
+
+
+def quantize(directory: Path) -> dict[str, torch.Tensor]:
+    """Store every matrix of the model at ``directory`` as toy int8 codes, their scales in a file of their own;
+    returns each quantized tensor's value as decoded."""
+    index_path = directory / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    scales, values = {}, {}
+    for file in sorted(set(index["weight_map"].values())):
+        tensors = load_file(directory / file)
+        for name, t in list(tensors.items()):
+            if t.dim() == 2:
+                parts = RowScaledInt8().encode(t, "F32")
+                tensors[name], scales[f"{name}_scale"] = parts[MAIN], parts["scale"]
+                values[name] = RowScaledInt8().decode(parts, 0)
+        save_file(tensors, directory / file, metadata={"format": "pt"})
+    save_file(scales, directory / SCALES_FILE, metadata={"format": "pt"})
+    index["weight_map"].update(dict.fromkeys(scales, SCALES_FILE))
+    index_path.write_text(json.dumps(index))
+    config = json.loads((directory / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": RowScaledInt8.name}
+    (directory / "config.json").write_text(json.dumps(config))
+    return values
+
+
+def plan_for(tmp_path: Path, doc: dict[str, object], codecs: CodecTable) -> tuple[Plan, str]:
+    text = write_config(tmp_path / "c.yml", doc).read_text()
+    config = load_config_text(text)
+    return build_plan(config, open_inputs(config).models, PlanOptions(), codecs), text
+
+
+def test_a_new_format_is_one_codec_class_plugged_in_through_the_run_s_table(tmp_path: Path,
+                                                                             make: ModelFactory) -> None:
+    a, b = make("a", seed=1), make("b", seed=2)
+    decoded = quantize(b)
+    plan, text = plan_for(tmp_path, linear_config(a, b, weights=(0.25, 0.75)), TOY)
+    matrices = [tp for tp in plan.tensors.values() if len(tp.shape) == 2]
+    for tp in matrices:  # each weight one logical tensor, its scale a companion read from the scales' file
+        ref = tp.inputs[1]
+        assert (ref.codec, ref.dtype, ref.value_dtype) == (RowScaledInt8(), "I8", "F32")
+        assert [(part, c.file, c.tensor) for part, c in ref.companions] == [("scale", SCALES_FILE,
+                                                                             f"{tp.name}_scale")]
+        assert tp.inputs[0].codec is PLAIN and not tp.inputs[0].companions
+    assert not any(name.endswith("_scale") for name in plan.tensors)
+    n = len(decoded)
+    assert plan.input_roles[str(b)] == {"weight": n, "companion": n, "other": len(plan.tensors) - n}
+    assert plan.input_roles[str(a)] == {"weight": 0, "companion": 0, "other": len(plan.tensors)}
+
+    out = tmp_path / "out"
+    settings = RunSettings()
+    run_plan(plan, text, Target.open(out, settings), settings)
+    merged = {}
+    for file in out.glob("*.safetensors"):
+        merged.update(load_file(file))
+    assert set(merged) == set(plan.tensors)
+    originals = {}
+    for file in a.glob("*.safetensors"):
+        originals.update(load_file(file))
+    for name, value in decoded.items():
+        expected = originals[name] * 0.25 + value * 0.75
+        assert merged[name].dtype == torch.float32
+        torch.testing.assert_close(merged[name], expected, rtol=1e-6, atol=1e-7)
+
+
+def test_row_chunks_read_each_companion_s_rows_with_theirs(tmp_path: Path, make: ModelFactory) -> None:
+    a, b = make("a", seed=1), make("b", seed=2)
+    quantize(b)
+    plan, _ = plan_for(tmp_path, linear_config(a, b), TOY)
+    with InputSources.local(plan.model_dirs) as sources:
+        for tp in plan.tensors.values():
+            if len(tp.shape) != 2 or tp.shape[0] < 3:
+                continue
+            chunks = [chunk_plan(tp, first, min(tp.shape[0], first + 3)) for first in range(0, tp.shape[0], 3)]
+            scale = chunks[1].inputs[1].companions[0][1]
+            assert (scale.first_row, scale.shape) == (3, (3,))
+            assert torch.equal(torch.cat([compute_tensor(plan, c, sources) for c in chunks]),
+                               compute_tensor(plan, tp, sources)), tp.name
+
+
+def test_the_codec_is_part_of_the_plan_s_identity_and_plain_adds_nothing(tmp_path: Path,
+                                                                        make: ModelFactory) -> None:
+    a, b = make("a", seed=1), make("b", seed=2)
+    quantize(b)
+    plan, _ = plan_for(tmp_path, linear_config(a, b), TOY)
+    plain = {name: replace(tp, inputs=tuple(replace(r, codec=PLAIN, companions=()) for r in tp.inputs))
+             for name, tp in plan.tensors.items()}
+    assert compute_fingerprint(replace(plan, tensors=plain)) != plan.fingerprint
+    # A plain model's plan is the same plan whichever table recognised it (no format claimed a tensor).
+    c, d = make("c", seed=3), make("d", seed=4)
+    (tmp_path / "p").mkdir()
+    assert plan_for(tmp_path / "p", linear_config(c, d), TOY)[0].fingerprint == plan_for(
+        tmp_path / "p", linear_config(c, d), CodecTable())[0].fingerprint
+
+
+def test_a_format_s_claims_are_checked_against_the_headers(tmp_path: Path, make: ModelFactory) -> None:
+    b = make("b", seed=2)
+    quantize(b)
+    (b / SCALES_FILE).unlink()
+    index_path = b / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if v != SCALES_FILE}
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(ModelInputError, match="has no scale"):
+        plan_for(tmp_path, linear_config(b, b), TOY)
+
+
+def test_stored_formats_give_every_stored_tensor_a_role(tmp_path: Path, make: ModelFactory) -> None:
+    b = make("b", seed=2)
+    quantize(b)
+    config = load_config_text(write_config(tmp_path / "c.yml", linear_config(b, b)).read_text())
+    model = open_inputs(config).models[str(b)].recognised(TOY)
+    assert model.formats is not None
+    roles = model.formats.roles
+    for name, claim in model.formats.claims.items():
+        assert roles[claim.main] is Role.WEIGHT and roles[f"{name}_scale"] is Role.COMPANION
+        assert f"{name}_scale" not in model.tensors and model.tensors[name].entry.dtype == "I8"
+    assert {roles[n] for n in model.tensors if n not in model.formats.claims} == {Role.OTHER}
