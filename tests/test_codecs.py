@@ -1,23 +1,22 @@
 """The tensor codec seam: a stored format is one codec class, plugged into a run through its codec table.
 
-A toy format defined here ("int8 with a per-row scale": ``X`` I8 and ``X_scale`` F32 of one entry per row, in any
-file of the model) is recognised, merged and checked against a hand-computed result, with nothing of the engine
-changed; the plain codec keeps plain plans as they were.
+A toy format defined outside the package (``toycodec``: "int8 with a per-row scale", ``X`` I8 and ``X_scale`` F32
+of one entry per row, in any file of the model) is recognised, merged and checked against a hand-computed result,
+with nothing of the engine changed; the plain codec keeps plain plans as they were.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, ClassVar
 
 import pytest
 import torch
 from conftest import ModelFactory
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from support import linear_config, write_config
+from toycodec import SCALES_FILE, TOY, RowScaledInt8, quantize
 
 from resumerge.config.merge_config import load_config_text
 from resumerge.engine.compute import compute_tensor
@@ -26,66 +25,11 @@ from resumerge.engine.settings import RunSettings
 from resumerge.engine.target import Target
 from resumerge.errors import ModelInputError
 from resumerge.inputs.catalog import open_inputs
-from resumerge.inputs.codecs import MAIN, PLAIN, Claim, CodecTable, OutPart, Role, TensorCodec
-from resumerge.inputs.files import TensorSource
+from resumerge.inputs.codecs import PLAIN, CodecTable, Role
 from resumerge.inputs.source import InputSources
 from resumerge.plan.merge_plan import Plan, PlanOptions, compute_fingerprint
 from resumerge.plan.planner import build_plan
 from resumerge.plan.workunits import chunk_plan
-
-SCALES_FILE = "scales.safetensors"
-
-
-@dataclass(frozen=True)
-class RowScaledInt8(TensorCodec):
-    """``quant_method: toy-int8``: every I8 tensor ``X`` has ``X_scale`` (F32, one per row); value = code * scale."""
-
-    name: ClassVar[str] = "toy-int8"
-
-    @classmethod
-    def recognise(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource]) -> tuple[Claim, ...]:
-        if (config.get("quantization_config") or {}).get("quant_method") != cls.name:
-            return ()
-        return tuple(Claim(name, ((MAIN, name), ("scale", f"{name}_scale")), cls())
-                     for name, found in sorted(tensors.items()) if found.entry.dtype == "I8")
-
-    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int) -> torch.Tensor:
-        return parts[MAIN].to(torch.float32) * parts["scale"].unsqueeze(-1)
-
-    def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:
-        return OutPart(MAIN, name, "I8", shape), OutPart("scale", f"{name}_scale", "F32", shape[:1])
-
-    def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
-        scale = value.abs().amax(dim=-1).to(torch.float32) / 127
-        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-        codes = (value / scale.unsqueeze(-1)).round().clamp(-127, 127).to(torch.int8)
-        return {MAIN: codes, "scale": scale}
-
-
-TOY = CodecTable((RowScaledInt8,))
-
-
-def quantize(directory: Path) -> dict[str, torch.Tensor]:
-    """Store every matrix of the model at ``directory`` as toy int8 codes, their scales in a file of their own;
-    returns each quantized tensor's value as decoded."""
-    index_path = directory / "model.safetensors.index.json"
-    index = json.loads(index_path.read_text())
-    scales, values = {}, {}
-    for file in sorted(set(index["weight_map"].values())):
-        tensors = load_file(directory / file)
-        for name, t in list(tensors.items()):
-            if t.dim() == 2:
-                parts = RowScaledInt8().encode(t, "F32")
-                tensors[name], scales[f"{name}_scale"] = parts[MAIN], parts["scale"]
-                values[name] = RowScaledInt8().decode(parts, 0)
-        save_file(tensors, directory / file, metadata={"format": "pt"})
-    save_file(scales, directory / SCALES_FILE, metadata={"format": "pt"})
-    index["weight_map"].update(dict.fromkeys(scales, SCALES_FILE))
-    index_path.write_text(json.dumps(index))
-    config = json.loads((directory / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": RowScaledInt8.name}
-    (directory / "config.json").write_text(json.dumps(config))
-    return values
 
 
 def plan_for(tmp_path: Path, doc: dict[str, object], codecs: CodecTable) -> tuple[Plan, str]:

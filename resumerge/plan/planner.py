@@ -396,9 +396,9 @@ def _tensor(
         ref = _input_ref(src.model.key, model, name, found)
         inputs.append(ref if keep_rows is None else leading_rows(ref, keep_rows, yaml_path=src.yaml_path))
     # Aligned vocabulary tensors may differ in rows (each model's own vocabulary), never in the other axes.
-    shapes = {i.shape[1:] if vocab_rows is not None else i.shape for i in inputs}
+    shapes = {i.value_shape[1:] if vocab_rows is not None else i.value_shape for i in inputs}
     if len(shapes) > 1:
-        listing = ", ".join(f"{i.model}: {list(i.shape)}" for i in inputs)
+        listing = ", ".join(f"{i.model}: {list(i.value_shape)}" for i in inputs)
         vocab = is_input_embedding(out_name) or is_head(out_name)
         raise ModelInputError(
             f"Tensor size mismatch for {out_name}: {listing}",
@@ -415,7 +415,7 @@ def _tensor(
         keys = [s.model.key for s in sl.sources]
         base_index = keys.index(sl.base.key) if sl.base.key in keys else None
     g_params, m_params = _resolve_params(out_name, in_names, sl, t, method, config, base_index)
-    shape = inputs[0].shape if vocab_rows is None else (vocab_rows, *inputs[0].shape[1:])
+    shape = inputs[0].value_shape if vocab_rows is None else (vocab_rows, *inputs[0].value_shape[1:])
     out_code = _out_dtype(config, inputs, base_index)
     if config.out_dtype is None and method.half_result_float32 and out_code in ("F16", "BF16"):
         out_code = "F32"

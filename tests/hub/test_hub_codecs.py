@@ -1,0 +1,44 @@
+"""A format's companions read by HTTP Range like any tensor: a toy-format model streamed from the stand-in hub,
+its scales in a shard of their own, merges to the bytes the same model gives from a local folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from support import digests, linear_config, write_config
+from toycodec import SCALES_FILE, TOY, quantize
+
+from hub.fakehub import FakeHub, files_of
+from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.config.merge_config import load_config_text
+from resumerge.engine.session import run_plan
+from resumerge.engine.settings import RunSettings
+from resumerge.engine.target import Target
+from resumerge.inputs.catalog import open_inputs
+from resumerge.plan.merge_plan import PlanOptions
+from resumerge.plan.planner import build_plan
+
+TOY_REPO = "org/toy"
+
+
+def _run(tmp_path: Path, doc: dict[str, object], out: Path, state: Path) -> None:
+    text = write_config(tmp_path / f"{out.name}.yml", doc).read_text()
+    config = load_config_text(text)
+    settings = RunSettings(state_dir=state)
+    inputs = open_inputs(config, state_dir=state)
+    plan = build_plan(config, inputs.models, PlanOptions(stream_inputs=True), TOY)
+    run_plan(plan, text, Target.open(out, settings), settings, inputs=inputs)
+
+
+def test_companions_stream_by_range_from_another_shard(tmp_path: Path, hub: FakeHub, state: Path) -> None:
+    a = make_model(tmp_path / "a", ModelSpec(), seed=1)
+    b = make_model(tmp_path / "b", ModelSpec(), seed=2)
+    quantize(b)
+    hub.push(TOY_REPO, files_of(b))
+    _run(tmp_path, linear_config(a, b), tmp_path / "local", state)
+    hub.reset_counters()
+    _run(tmp_path, linear_config(a, Path(TOY_REPO)), tmp_path / "streamed", state)
+    weights = {k: v for k, v in digests(tmp_path / "local").items() if k.endswith(".safetensors")}
+    assert weights == {k: v for k, v in digests(tmp_path / "streamed").items() if k.endswith(".safetensors")}
+    # The scales were read from their own file, every byte of it once (its header and its one range).
+    assert hub.file_bytes()[f"{TOY_REPO}/{SCALES_FILE}"] == (b / SCALES_FILE).stat().st_size
