@@ -8,8 +8,10 @@ with nothing of the engine changed; the plain codec keeps plain plans as they we
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,7 +27,9 @@ from resumerge.engine.settings import RunSettings
 from resumerge.engine.target import Target
 from resumerge.errors import ModelInputError
 from resumerge.inputs.catalog import open_inputs
-from resumerge.inputs.codecs import PLAIN, CodecTable, Role
+from resumerge.inputs.codecs import MAIN, PLAIN, Claim, CodecTable, Role
+from resumerge.inputs.files import TensorSource
+from resumerge.inputs.safetensors_format import TensorEntry
 from resumerge.inputs.source import InputSources
 from resumerge.plan.merge_plan import Plan, PlanOptions, compute_fingerprint
 from resumerge.plan.planner import build_plan
@@ -124,3 +128,37 @@ def test_stored_formats_give_every_stored_tensor_a_role(tmp_path: Path, make: Mo
         assert roles[claim.main] is Role.WEIGHT and roles[f"{name}_scale"] is Role.COMPANION
         assert f"{name}_scale" not in model.tensors and model.tensors[name].entry.dtype == "I8"
     assert {roles[n] for n in model.tensors if n not in model.formats.claims} == {Role.OTHER}
+
+
+def _stored(**dtypes: str) -> dict[str, TensorSource]:
+    return {name: TensorSource("m.safetensors", TensorEntry(name, dtype, (2, 2), 0, 0))
+            for name, dtype in dtypes.items()}
+
+
+def test_a_stored_tensor_belongs_to_one_logical_tensor() -> None:
+    config = {"quantization_config": {"quant_method": RowScaledInt8.name}}
+    tensors = _stored(w="I8", w_scale="F32", norm="F32")
+    formats = TOY.recognise(config, tensors)
+    assert formats.role_counts() == {"weight": 1, "companion": 1, "other": 1}
+    assert set(formats.logical()) == {"w", "norm"} and formats.codec("norm") is PLAIN
+
+    @dataclass(frozen=True)
+    class ScaleOwner(RowScaledInt8):
+        """Claims ``w_scale`` as a tensor of its own, which the toy format already made a companion."""
+
+        @classmethod
+        def recognise(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource]) -> tuple[Claim, ...]:
+            return (Claim("w_scale", ((MAIN, "w_scale"),), cls()),)
+
+    @dataclass(frozen=True)
+    class Renamer(RowScaledInt8):
+        """Names ``w``'s logical tensor ``norm``, a tensor the model stores plainly."""
+
+        @classmethod
+        def recognise(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource]) -> tuple[Claim, ...]:
+            return (Claim("norm", ((MAIN, "w"), ("scale", "w_scale")), cls()),)
+
+    with pytest.raises(ModelInputError, match="w_scale belongs to both w and w_scale"):
+        CodecTable((RowScaledInt8, ScaleOwner)).recognise(config, tensors)
+    with pytest.raises(ModelInputError, match="norm is a stored tensor of its own"):
+        CodecTable((Renamer,)).recognise(config, tensors)

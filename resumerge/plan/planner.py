@@ -436,32 +436,32 @@ def _tensor(
 
 
 def _input_ref(key: str, model: ModelInput, name: str, found: TensorSource) -> InputRef:
-    """Where input tensor ``name`` of ``model`` comes from, with its LoRA adapter's replacement or delta."""
-    e = found.entry
-    ref = InputRef(key, found.file, name, e.dtype, e.shape, e.start, e.end)
+    """Where input tensor ``name`` of ``model`` comes from — its stored parts and their codec, when a format
+    claims it — with its LoRA adapter's replacement or delta."""
+    ref = _stored(key, found)
     if model.formats is not None and name in model.formats.claims:
-        ref = replace(ref, tensor=e.name, codec=model.formats.codec(name), companions=tuple(
-            (part, InputRef(key, c.file, c.entry.name, c.entry.dtype, c.entry.shape, c.entry.start, c.entry.end))
-            for part, c in model.formats.companions(name)))
+        ref = replace(ref, codec=model.formats.codec(name), companions=tuple(
+            (part, _stored(key, c)) for part, c in model.formats.companions(name)))
     adapter = model.adapter
     if adapter is None:
         return ref
     where = adapter_key(key)
     replaced = adapter.replacements.get(name)
     if replaced is not None:
-        r = replaced.entry
-        ref = InputRef(where, replaced.file, r.name, r.dtype, r.shape, r.start, r.end,
-                       cast=e.dtype if r.dtype != e.dtype else None)
+        value = ref.value_dtype  # the base's, as decoded
+        ref = replace(_stored(where, replaced), cast=value if replaced.entry.dtype != value else None)
     target = adapter.targets.get(name)
     if target is not None:
-        a, b = target.a, target.b
-        lora = LoraRef(
-            InputRef(where, a.file, a.entry.name, a.entry.dtype, a.entry.shape, a.entry.start, a.entry.end),
-            InputRef(where, b.file, b.entry.name, b.entry.dtype, b.entry.shape, b.entry.start, b.entry.end),
-            target.scale, target.fan_in_fan_out, target.embedding,
-        )
+        lora = LoraRef(_stored(where, target.a), _stored(where, target.b), target.scale, target.fan_in_fan_out,
+                       target.embedding)
         ref = replace(ref, lora=lora)
     return ref
+
+
+def _stored(key: str, found: TensorSource) -> InputRef:
+    """The stored tensor ``found`` of input ``key``, read plainly."""
+    e = found.entry
+    return InputRef(key, found.file, e.name, e.dtype, e.shape, e.start, e.end)
 
 
 def _edge_tensor(
