@@ -31,8 +31,9 @@ from resumerge.inputs.codecs import MAIN, PLAIN, Claim, CodecTable, Role
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.safetensors_format import TensorEntry
 from resumerge.inputs.source import InputSources
-from resumerge.plan.merge_plan import Plan, PlanOptions, compute_fingerprint
+from resumerge.plan.merge_plan import Plan, PlanOptions, compute_fingerprint, stored_layout
 from resumerge.plan.planner import build_plan
+from resumerge.plan.sharding import assign_shards
 from resumerge.plan.workunits import chunk_plan
 
 
@@ -162,3 +163,21 @@ def test_a_stored_tensor_belongs_to_one_logical_tensor() -> None:
         CodecTable((RowScaledInt8, ScaleOwner)).recognise(config, tensors)
     with pytest.raises(ModelInputError, match="norm is a stored tensor of its own"):
         CodecTable((Renamer,)).recognise(config, tensors)
+
+
+def test_an_output_codec_s_parts_are_laid_out_in_the_shard_under_their_names(tmp_path: Path,
+                                                                             make: ModelFactory) -> None:
+    a, b = make("a", seed=1), make("b", seed=2)
+    plan, _ = plan_for(tmp_path, linear_config(a, b), CodecTable())
+    toy = {n: replace(tp, out_codec=RowScaledInt8()) if len(tp.shape) == 2 else tp for n, tp in plan.tensors.items()}
+    shards, placed = assign_shards(toy, 10**9)
+    layout = stored_layout(placed, shards[0].tensors)
+    stored = {p.name: (p.dtype, p.shape) for p in layout.order}
+    matrices = [n for n, tp in toy.items() if len(tp.shape) == 2]
+    assert stored == {**{n: (tp.out_dtype, tp.shape) for n, tp in toy.items()},
+                      **{n: ("I8", toy[n].shape) for n in matrices},
+                      **{f"{n}_scale": ("F32", toy[n].shape[:1]) for n in matrices}}
+    assert sorted(shards[0].tensors) == sorted(toy) and shards[0].file_size == layout.file_size
+    # Each tensor is listed where its first part lies: its scale's place (F32 data comes before I8).
+    first = [p.name.removesuffix("_scale") for p in layout.order]
+    assert list(shards[0].tensors) == list(dict.fromkeys(first))
