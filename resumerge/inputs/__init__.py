@@ -2,7 +2,8 @@
 safetensors format, and the input source the engine reads tensors through.
 
 A model is opened from its config and headers alone; weights are read later, tensor by tensor, through an
-:class:`~resumerge.inputs.source.InputSource` whose implementation the engine never sees.
+:class:`~resumerge.inputs.source.InputSource` whose implementation the engine never sees, and decoded by the
+tensor's codec (``codecs/``: one class per stored format, plain dtypes or quantized).
 
 May import: errors, config.
 """
@@ -10,6 +11,7 @@ May import: errors, config.
 __all__ = [
     "adapters",
     "catalog",
+    "codecs",
     "files",
     "hub",
     "model",
