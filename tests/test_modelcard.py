@@ -19,7 +19,8 @@ from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.merge_config import load_config_text
 from resumerge.engine.session import plan_from_config
-from resumerge.outputs.modelcard import hub_commit, render_model_card
+from resumerge.methods import get_method, method_names
+from resumerge.outputs.modelcard import _method_line, hub_commit, render_model_card
 from resumerge.plan.merge_plan import PlanOptions
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -111,6 +112,17 @@ models:
     assert "## Layers" not in card  # a models: merge keeps the layers as they are
     assert card.endswith(f"```yaml\n{text}```\n")
     assert render_model_card(plan, text) == card.encode()
+
+
+def test_every_method_a_config_may_name_describes_itself_for_the_card() -> None:
+    """The card reads a method's display name and description from its declaration: a new method without them
+    would show a bare name."""
+    for name in method_names():
+        spec = get_method(name)
+        assert spec is not None and spec.title and spec.summary.endswith("."), name
+    assert _method_line("ties", "TIES", "trims.", "https://arxiv.org/abs/2306.01708") == (
+        "[TIES](https://arxiv.org/abs/2306.01708) (`ties`): trims.")
+    assert _method_line("x", "x", "", "") == "x (`x`)"
 
 
 def test_hub_commit_only_for_cache_snapshots_of_that_repo() -> None:

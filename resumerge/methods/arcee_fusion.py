@@ -75,6 +75,12 @@ def arcee_fusion(ctx: MergeContext) -> torch.Tensor:
 SPEC = register(
     MethodSpec(
         name="arcee_fusion",
+        title="Arcee Fusion",
+        summary=(
+            "the base, updated only where the other model's change is important (large difference and "
+            "divergence)."
+        ),
+        reference="https://www.arcee.ai",
         fn=arcee_fusion,
         # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
         footprint=measured((16, 0), (18, 0), (18, 0), (36, 0)),
@@ -82,7 +88,6 @@ SPEC = register(
         min_inputs=2,
         max_inputs=2,
         randomized=True,
-        reference="https://arcee.ai",
         half_result_float32=True,
     )
 )

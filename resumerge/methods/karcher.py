@@ -137,6 +137,10 @@ def karcher(ctx: MergeContext) -> torch.Tensor:
 SPEC = register(
     MethodSpec(
         name="karcher",
+        title="Karcher mean",
+        summary="the Riemannian (Karcher) mean of the models' parameter directions.",
+        # The card links the mean itself; the merge method is https://arxiv.org/abs/2603.04972.
+        reference="https://en.wikipedia.org/wiki/Karcher_mean",
         thread_dependent=True,  # a whole-tensor sum: torch splits it over its threads
         fn=karcher,
         # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
@@ -148,6 +152,5 @@ SPEC = register(
         base=BasePolicy.IGNORED,
         # mergekit 0.1.5 declares no minimum beyond one input; a single input is returned unchanged.
         min_inputs=1,
-        reference="https://arxiv.org/abs/2603.04972",
     )
 )

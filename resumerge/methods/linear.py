@@ -51,6 +51,9 @@ def _check(params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]])
 SPEC = register(
     MethodSpec(
         name="linear",
+        title="Linear",
+        summary="a weighted average of the models' parameters.",
+        reference="https://arxiv.org/abs/2203.05482",
         fn=linear,
         # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
         footprint=measured((4, 0), (8, 0), (8, 0), (8, 0)),
@@ -61,7 +64,6 @@ SPEC = register(
         base=BasePolicy.IGNORED,
         min_inputs=1,
         elementwise=True,
-        reference="https://arxiv.org/abs/2203.05482",
         check=_check,
     )
 )

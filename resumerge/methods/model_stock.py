@@ -62,6 +62,12 @@ def model_stock(ctx: MergeContext) -> torch.Tensor:
 SPEC = register(
     MethodSpec(
         name="model_stock",
+        title="Model Stock",
+        summary=(
+            "the average of the fine-tuned models pulled towards the base by a ratio derived from the "
+            "angle between their task vectors."
+        ),
+        reference="https://arxiv.org/abs/2403.19522",
         thread_dependent=True,  # a whole-tensor sum: torch splits it over its threads
         fn=model_stock,
         # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
@@ -69,6 +75,5 @@ SPEC = register(
         params=(ParamSpec("filter_wise", Scope.GLOBAL, bool, default=False),),
         base=BasePolicy.REQUIRED,
         min_inputs=3,
-        reference="https://arxiv.org/abs/2403.19522",
     )
 )

@@ -92,6 +92,9 @@ def check_weight_sum(params: Mapping[str, Any], model_params: Sequence[Mapping[s
 SPEC = register(
     MethodSpec(
         name="multislerp",
+        title="Multi-SLERP",
+        summary="a weighted spherical average of any number of models, optionally around a base.",
+        reference="https://goddard.blog/posts/multislerp-wow-what-a-cool-idea",
         fn=multislerp,
         # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
         footprint=measured((12, 16, 0, 0, 4), (6, 8, 0, 0, 2), (6, 8, 0, 0, 2), (24, 32, 0, 0, 8), by_models=True),
@@ -103,7 +106,6 @@ SPEC = register(
         base=BasePolicy.OPTIONAL,
         min_inputs=1,
         min_non_base=1,
-        reference="https://goddard.blog/posts/multislerp-wow-what-a-cool-idea",
         check=check_weight_sum,
     )
 )

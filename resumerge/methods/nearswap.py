@@ -36,6 +36,9 @@ def nearswap(ctx: MergeContext) -> torch.Tensor:
 SPEC = register(
     MethodSpec(
         name="nearswap",
+        title="Nearswap",
+        summary="the base's parameters, swapped towards the other model's where the two are close.",
+        reference="https://huggingface.co/alchemonaut/QuartetAnemoi-70B-t0.0001",
         fn=nearswap,
         # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
         footprint=measured((20, 0), (10, 0), (10, 0), (40, 0)),
@@ -44,6 +47,5 @@ SPEC = register(
         min_inputs=2,
         max_inputs=2,
         elementwise=True,
-        reference="https://huggingface.co/alchemonaut/QuartetAnemoi-70B-t0.0001",
     )
 )

@@ -68,6 +68,11 @@ def nuslerp(ctx: MergeContext) -> torch.Tensor:
 SPEC = register(
     MethodSpec(
         name="nuslerp",
+        title="NuSLERP",
+        summary=(
+            "spherical interpolation of two models (or of their task vectors from a base) with weights "
+            "instead of a single t."
+        ),
         thread_dependent=True,  # a whole-tensor sum: torch splits it over its threads
         fn=nuslerp,
         # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).

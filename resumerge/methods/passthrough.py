@@ -22,6 +22,11 @@ def passthrough(ctx: MergeContext) -> torch.Tensor:
 SPEC = register(
     MethodSpec(
         name="passthrough",
+        title="Passthrough",
+        summary=(
+            "tensors copied unchanged (optionally scaled) from the listed layers, e.g. to stack layers of"
+            " one or more models."
+        ),
         fn=passthrough,
         # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
         footprint=measured((4, 0), (2, 0), (2, 0), (8, 0)),

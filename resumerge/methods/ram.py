@@ -259,6 +259,12 @@ def ramplus_tl(ctx: MergeContext) -> torch.Tensor:
 SPEC = register(
     MethodSpec(
         name="ram",
+        title="RAM",
+        summary=(
+            "each parameter takes the mean change of only the models that changed it (reinforced agent "
+            "merging)."
+        ),
+        reference="https://arxiv.org/abs/2601.13572",
         fn=ram,
         # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
         footprint=measured((4, 0, 8, 8), (1.75, 0.25, 4, 4, None, (2, 0)), (1.75, 0.25, 4, 4, None, (2, 0)),
@@ -267,13 +273,15 @@ SPEC = register(
         base=BasePolicy.REQUIRED,
         min_inputs=1,
         elementwise=True,
-        reference="https://arxiv.org/abs/2601.13572",
     )
 )
 
 SPEC_PLUS = register(
     MethodSpec(
         name="ramplus_tl",
+        title="RAM+ (tensor level)",
+        summary="RAM with contributions unique to one model scaled up by how much the models overlap.",
+        reference="https://arxiv.org/abs/2601.13572",
         fn=ramplus_tl,
         # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
         footprint=measured((4, 0, 16.25, 20), (4, 0, 16.25, 22.25), (4, 0, 16.25, 22.25), (8, 0, 28.25, 36.25),
@@ -287,7 +295,6 @@ SPEC_PLUS = register(
         ),
         base=BasePolicy.REQUIRED,
         min_inputs=1,
-        reference="https://arxiv.org/abs/2601.13572",
         half_result_float32=True,
     )
 )

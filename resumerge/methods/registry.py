@@ -42,6 +42,12 @@ def method_names() -> list[str]:
     return sorted(name for name, spec in registered().items() if not spec.internal)
 
 
+def parameter_names() -> frozenset[str]:
+    """Every parameter name some method a config may name declares."""
+    _load_builtins()
+    return frozenset(p.name for spec in registered().values() if not spec.internal for p in spec.params)
+
+
 _loaded = False
 
 

@@ -47,6 +47,12 @@ def sce(ctx: MergeContext) -> torch.Tensor:
 SPEC = register(
     MethodSpec(
         name="sce",
+        title="SCE",
+        summary=(
+            "select the task-vector entries that vary most across models, weight each model by its "
+            "energy, and erase sign conflicts."
+        ),
+        reference="https://arxiv.org/abs/2408.07990",
         fn=sce,
         # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
         footprint=measured(
@@ -63,6 +69,5 @@ SPEC = register(
         base=BasePolicy.REQUIRED,
         min_inputs=1,
         streamed=sce_stream,
-        reference="https://arxiv.org/abs/2408.07990",
     )
 )

@@ -81,6 +81,12 @@ def slerp(ctx: MergeContext) -> torch.Tensor:
 SPEC = register(
     MethodSpec(
         name="slerp",
+        title="SLERP",
+        summary=(
+            "spherical linear interpolation between two models, from the base (t = 0) to the other model "
+            "(t = 1)."
+        ),
+        reference="https://en.wikipedia.org/wiki/Slerp",
         thread_dependent=True,  # a whole-tensor sum: torch splits it over its threads
         fn=slerp,
         # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
@@ -90,6 +96,5 @@ SPEC = register(
         base=BasePolicy.REQUIRED,
         min_inputs=2,
         max_inputs=2,
-        reference="https://en.wikipedia.org/wiki/Slerp",
     )
 )

@@ -170,6 +170,10 @@ class MethodSpec:
     max_inputs: int | None = None
     elementwise: bool = False
     randomized: bool = False
+    # What the output's model card says of the method: its display name (the name when empty), a one-line
+    # description, and a link (none when empty).
+    title: str = ""
+    summary: str = ""
     reference: str = ""
     check: ContractCheck | None = None
     # A method that is not elementwise but can still run on row chunks, in several passes (see RowStream).

@@ -113,6 +113,8 @@ class _Variant:
     rescale: bool
     reference: str
     footprint: MethodFootprint
+    title: str  # the model card's name and one-line description
+    summary: str
 
 
 def _params(variant: _Variant) -> tuple[ParamSpec, ...]:
@@ -173,6 +175,8 @@ def _spec(variant: _Variant) -> MethodSpec:
         # or rescales over the whole tensor.
         elementwise=sparsifier is None,
         randomized=variant.sparsifier in ("random", "della_magprune"),
+        title=variant.title,
+        summary=variant.summary,
         reference=variant.reference,
         check=check_della_epsilon if variant.sparsifier == "della_magprune" else None,
         streamed=_streamed(variant),
@@ -185,23 +189,42 @@ def _spec(variant: _Variant) -> MethodSpec:
 _DELLA_ROWS = row_block_scratch(sparsify._ROW_BLOCK_ELEMENTS)
 _VARIANTS = (
     _Variant("task_arithmetic", None, False, False, False, "https://arxiv.org/abs/2212.04089",
-             measured((4, 4), (2, 2), (2, 2), (8, 8))),
+             measured((4, 4), (2, 2), (2, 2), (8, 8)),
+             "Task Arithmetic",
+             "the base plus a weighted sum of each model's difference from it (task vectors)."),
     _Variant("ties", "magnitude", True, True, False, "https://arxiv.org/abs/2306.01708",
-             measured((3.75, 8.25), (6, 3), (6, 3), (8, 16))),
+             measured((3.75, 8.25), (6, 3), (6, 3), (8, 16)),
+             "TIES",
+             "task vectors trimmed to their largest entries, with a per-parameter sign election before they "
+             "are summed onto the base."),
     _Variant("dare_ties", "random", True, False, True, "https://arxiv.org/abs/2311.03099",
-             measured((4, 8), (2, 4), (12, 2), (8, 16))),
+             measured((4, 8), (2, 4), (12, 2), (8, 16)),
+             "DARE TIES",
+             "task vectors randomly dropped and rescaled (DARE), then combined with TIES sign election."),
     _Variant("dare_linear", "random", False, False, True, "https://arxiv.org/abs/2311.03099",
-             measured((4.25, 4.25), (6, 2), (12, 2), (8.75, 8))),
+             measured((4.25, 4.25), (6, 2), (12, 2), (8.75, 8)),
+             "DARE linear",
+             "task vectors randomly dropped and rescaled (DARE), then summed onto the base."),
     _Variant("breadcrumbs", "magnitude_outliers", False, False, False, "https://arxiv.org/abs/2312.06795",
-             measured((5, 4), (3.25, 3.5), (3.25, 3.5), (-7, 15.5))),
+             measured((5, 4), (3.25, 3.5), (3.25, 3.5), (-7, 15.5)),
+             "Model Breadcrumbs",
+             "task vectors with both the smallest and the largest outlier entries removed, summed onto the "
+             "base."),
     _Variant("breadcrumbs_ties", "magnitude_outliers", True, False, False, "https://arxiv.org/abs/2312.06795",
-             measured((3.75, 8.25), (2.25, 4), (2.25, 4), (8, 16))),
+             measured((3.75, 8.25), (2.25, 4), (2.25, 4), (8, 16)),
+             "Model Breadcrumbs with TIES",
+             "Breadcrumbs masks combined with TIES sign election."),
     _Variant("della", "della_magprune", True, True, True, "https://arxiv.org/abs/2406.11617",
              measured((5, 4, 17.75, 7.5, None, (-4.25, 5.75)), (3.25, 2, 16.75, 4), (9.75, 2, 10.25, 8),
-                      (3.75, 10.5, 27.25, 0.75), scratch=_DELLA_ROWS)),
+                      (3.75, 10.5, 27.25, 0.75), scratch=_DELLA_ROWS),
+             "DELLA",
+             "task vectors dropped with probabilities that fall with magnitude, rescaled, then combined with "
+             "TIES sign election."),
     _Variant("della_linear", "della_magprune", False, False, True, "https://arxiv.org/abs/2406.11617",
              measured((1.25, 4, 14.75, 8.25), (3.25, 2, 16.75, 4), (9.75, 2, 10.25, 8), (9.5, 8, 22.75, 4),
-                      scratch=_DELLA_ROWS)),
+                      scratch=_DELLA_ROWS),
+             "DELLA linear",
+             "DELLA's magnitude-aware dropping, then a plain weighted sum onto the base."),
 )
 
 SPECS = {variant.name: register(_spec(variant)) for variant in _VARIANTS}

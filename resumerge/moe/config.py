@@ -17,6 +17,10 @@ from resumerge.config.merge_config import DTYPES, MergeConfig, SourceConfig, par
 from resumerge.config.modelref import ModelRef, parse_model_ref
 from resumerge.errors import ConfigError
 
+# What the output's model card says of an upcycled MoE, as a merge method's declaration says it of the method:
+# (display name, one-line description, link; none when empty). The kinds' card hook reads it.
+CARD_METHOD = ("Mixture of Experts", "a mixture of experts upcycled from dense models (mergekit-moe): the base "
+               "model's attention and embeddings, each expert's MLPs, and routers chosen by gate_mode.", "")
 GATE_MODES = ("hidden", "hidden_avg", "hidden_last", "cheap_embed", "random", "uniform_random")
 # Gate modes whose routers come from the prompts (they need transformers for the tokenizer).
 PROMPT_MODES = frozenset({"hidden", "hidden_avg", "hidden_last", "cheap_embed"})

@@ -11,13 +11,13 @@ model's own README.md is never copied.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 import yaml
 
 from resumerge.config.merge_config import MergeConfig, load_config_text
+from resumerge.methods.registry import get_method
 
 if TYPE_CHECKING:
     from resumerge.config.modelref import ModelRef
@@ -27,51 +27,6 @@ CARD_NAME = "README.md"
 CARD_TAGS = ("mergekit", "merge", "resumerge")
 _HUB = "https://huggingface.co"
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
-
-# merge_method -> (display name, one-line description, reference)
-METHODS: Mapping[str, tuple[str, str, str | None]] = {
-    "linear": ("Linear", "a weighted average of the models' parameters.", "https://arxiv.org/abs/2203.05482"),
-    "slerp": ("SLERP", "spherical linear interpolation between two models, from the base (t = 0) to the other "
-              "model (t = 1).", "https://en.wikipedia.org/wiki/Slerp"),
-    "nuslerp": ("NuSLERP", "spherical interpolation of two models (or of their task vectors from a base) with "
-                "weights instead of a single t.", None),
-    "multislerp": ("Multi-SLERP", "a weighted spherical average of any number of models, optionally around a "
-                   "base.", "https://goddard.blog/posts/multislerp-wow-what-a-cool-idea"),
-    "karcher": ("Karcher mean", "the Riemannian (Karcher) mean of the models' parameter directions.",
-                "https://en.wikipedia.org/wiki/Karcher_mean"),
-    "task_arithmetic": ("Task Arithmetic", "the base plus a weighted sum of each model's difference from it "
-                        "(task vectors).", "https://arxiv.org/abs/2212.04089"),
-    "ties": ("TIES", "task vectors trimmed to their largest entries, with a per-parameter sign election before "
-             "they are summed onto the base.", "https://arxiv.org/abs/2306.01708"),
-    "dare_ties": ("DARE TIES", "task vectors randomly dropped and rescaled (DARE), then combined with TIES sign "
-                  "election.", "https://arxiv.org/abs/2311.03099"),
-    "dare_linear": ("DARE linear", "task vectors randomly dropped and rescaled (DARE), then summed onto the base.",
-                    "https://arxiv.org/abs/2311.03099"),
-    "breadcrumbs": ("Model Breadcrumbs", "task vectors with both the smallest and the largest outlier entries "
-                    "removed, summed onto the base.", "https://arxiv.org/abs/2312.06795"),
-    "breadcrumbs_ties": ("Model Breadcrumbs with TIES", "Breadcrumbs masks combined with TIES sign election.",
-                         "https://arxiv.org/abs/2312.06795"),
-    "della": ("DELLA", "task vectors dropped with probabilities that fall with magnitude, rescaled, then combined "
-              "with TIES sign election.", "https://arxiv.org/abs/2406.11617"),
-    "della_linear": ("DELLA linear", "DELLA's magnitude-aware dropping, then a plain weighted sum onto the base.",
-                     "https://arxiv.org/abs/2406.11617"),
-    "sce": ("SCE", "select the task-vector entries that vary most across models, weight each model by its energy, "
-            "and erase sign conflicts.", "https://arxiv.org/abs/2408.07990"),
-    "ram": ("RAM", "each parameter takes the mean change of only the models that changed it (reinforced "
-            "agent merging).", "https://arxiv.org/abs/2601.13572"),
-    "ramplus_tl": ("RAM+ (tensor level)", "RAM with contributions unique to one model scaled up by how much the "
-                   "models overlap.", "https://arxiv.org/abs/2601.13572"),
-    "model_stock": ("Model Stock", "the average of the fine-tuned models pulled towards the base by a ratio "
-                    "derived from the angle between their task vectors.", "https://arxiv.org/abs/2403.19522"),
-    "nearswap": ("Nearswap", "the base's parameters, swapped towards the other model's where the two are close.",
-                 "https://huggingface.co/alchemonaut/QuartetAnemoi-70B-t0.0001"),
-    "arcee_fusion": ("Arcee Fusion", "the base, updated only where the other model's change is important (large "
-                     "difference and divergence).", "https://www.arcee.ai"),
-    "moe": ("Mixture of Experts", "a mixture of experts upcycled from dense models (mergekit-moe): the base "
-            "model's attention and embeddings, each expert's MLPs, and routers chosen by gate_mode.", None),
-    "passthrough": ("Passthrough", "tensors copied unchanged (optionally scaled) from the listed layers, e.g. to "
-                    "stack layers of one or more models.", None),
-}
 
 
 def hub_commit(path: str, directory: str) -> str | None:
@@ -97,10 +52,13 @@ def render_model_card(plan: Plan, config_text: str) -> bytes:
     """
     if plan.method == "moe":  # a mergekit-moe config: its models, listed as a models: merge lists them
         from resumerge.moe import load_moe_text
+        from resumerge.moe.config import CARD_METHOD
 
         config = load_moe_text(config_text, allow_all_same=True).as_merge_config()
+        title, summary, reference = CARD_METHOD
     else:
         config = load_config_text(config_text)
+        title, summary, reference = _about(plan.method)
     refs = config.referenced_models()
     commits = {ref.key: hub_commit(ref.path, plan.model_dirs.get(ref.key, "")) for ref in refs}
     hub_ids: list[str] = []
@@ -120,7 +78,7 @@ def render_model_card(plan: Plan, config_text: str) -> bytes:
         "",
         "## Merge method",
         "",
-        _method_line(plan.method),
+        _method_line(plan.method, title, summary, reference),
         "",
         "## Models",
         "",
@@ -140,8 +98,16 @@ def render_model_card(plan: Plan, config_text: str) -> bytes:
     return "\n".join(lines).encode("utf-8")
 
 
-def _method_line(method: str) -> str:
-    name, description, reference = METHODS.get(method, (method, "", None))
+def _about(method: str) -> tuple[str, str, str]:
+    """What the method's declaration says of it for the card: (display name, description, link); a name the
+    registry does not know is shown bare."""
+    spec = get_method(method)
+    if spec is None:
+        return method, "", ""
+    return spec.title or spec.name, spec.summary, spec.reference
+
+
+def _method_line(method: str, name: str, description: str, reference: str) -> str:
     title = f"[{name}]({reference})" if reference else name
     return f"{title} (`{method}`): {description}".rstrip(": ")
 

@@ -9,17 +9,7 @@ from typing import Any
 from resumerge.config.merge_config import MergeConfig
 from resumerge.config.params import Setting, coerce, evaluate, is_missing
 from resumerge.errors import ConfigError
-from resumerge.methods.registry import MethodSpec
-
-# Parameter names mergekit knows for some method: unused by the chosen method is fine (a switched method),
-# unknown to all of them is a typo worth stopping for.
-KNOWN_PARAMETERS = frozenset(
-    {
-        "weight", "density", "gamma", "epsilon", "lambda", "normalize", "rescale", "int8_mask", "t",
-        "filter_wise", "select_topk", "nuslerp_flatten", "nuslerp_row_wise", "max_iter", "tol", "eps",
-        "scale", "normalize_weights", "r", "alpha",
-    }
-)
+from resumerge.methods.registry import MethodSpec, parameter_names
 
 
 def parameter_value(
@@ -59,8 +49,10 @@ def _check_range(spec: Any, value: Any, path: str) -> None:
 
 
 def check_parameter_names(config: MergeConfig, method: MethodSpec) -> None:
+    # A name some method declares but not the chosen one is fine (a switched method); one no method declares is
+    # a typo worth stopping for.
     own = {p.name for p in method.params}
-    known = KNOWN_PARAMETERS | own
+    known = parameter_names() | own
     places: list[tuple[str, Mapping[str, Setting]]] = [("parameters", config.parameters)]
     places.extend((f"{m.yaml_path}.parameters", m.parameters) for m in config.modules or ())
     for src in config.all_models():
