@@ -174,11 +174,12 @@ def test_a_missing_local_model_is_no_such_directory(
 def test_a_config_cannot_name_an_internal_unit_as_its_method(
     tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str], unit: str
 ) -> None:
-    """MoE upcycling and LoRA extraction register their tensor functions beside the merge methods so the engine runs
-    them like any unit; a merge config naming one is an unknown method, as in mergekit, and they are not listed."""
+    """MoE upcycling and LoRA extraction declare their tensor functions in their own packages and hand them to the
+    engine through their plans; a merge config naming one is an unknown method, as in mergekit, even in a process
+    that ran those kinds, and they are not listed."""
     import resumerge.extract.factors
     import resumerge.moe.experts
-    import resumerge.moe.routers  # noqa: F401  (registers the units, as a run of that kind would)
+    import resumerge.moe.routers  # noqa: F401  (as a run of those kinds would have imported them)
 
     a, b = _two(make)
     code, err = _run(tmp_path, {"merge_method": unit, "models": [{"model": a}, {"model": b}]}, capsys)

@@ -18,7 +18,7 @@ from resumerge.inputs.adapters import apply_lora_rows
 from resumerge.inputs.codecs import MAIN
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
-from resumerge.methods.registry import MergeContext, MethodSpec, get_method
+from resumerge.methods.registry import MergeContext, MethodSpec
 from resumerge.methods.spec import RowStream
 from resumerge.plan.merge_plan import InputRef, Plan, TensorPlan
 from resumerge.plan.workunits import chunk_plan, method_dtype, pass_rows, row_slice
@@ -34,7 +34,7 @@ def tensor_seed(seed: int, name: str) -> int:
 def compute_tensor(plan: Plan, tp: TensorPlan, sources: InputSources) -> torch.Tensor:
     """Read the inputs of ``tp``, run its method on the plan's device, and return the result on the host in the
     planned dtype (contiguous)."""
-    method = _method(tp)
+    method = plan.method_of(tp)
     ctx = load_context(plan, tp, sources, method)
     try:
         out = method.fn(ctx)
@@ -127,13 +127,6 @@ class _LazyInputs(Sequence["torch.Tensor"]):
         return t.to(self._common) if self._common is not None else t
 
 
-def _method(tp: TensorPlan) -> MethodSpec:
-    method = get_method(tp.method)
-    if method is None:
-        raise ResumergeError(f"internal: unknown method {tp.method}")
-    return method
-
-
 def _finish(tp: TensorPlan, out: torch.Tensor) -> torch.Tensor:
     """A method's result encoded by ``tp``'s output codec (a plain one: cast to the planned dtype), on the host,
     contiguous."""
@@ -166,7 +159,7 @@ def observe_rows(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowS
     step = pass_rows(tp)
     for start in range(first, stop, step):
         part = chunk_plan(tp, start, min(stop, start + step))
-        ctx = load_context(plan, part, sources, _method(part))
+        ctx = load_context(plan, part, sources, plan.method_of(part))
         try:
             stream.observe(pass_index, ctx)
         except ValueError as exc:
@@ -181,7 +174,7 @@ def apply_rows(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowStr
     step = pass_rows(tp)
     for start in range(first, stop, step):
         part = chunk_plan(tp, start, min(stop, start + step))
-        ctx = load_context(plan, part, sources, _method(part))
+        ctx = load_context(plan, part, sources, plan.method_of(part))
         try:
             out[start - first : start - first + part.shape[0]] = _finish(part, stream.apply(ctx))
         except ValueError as exc:

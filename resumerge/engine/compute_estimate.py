@@ -120,7 +120,7 @@ def measure_compute(plan: Plan, pending: Sequence[ShardPlan], *, sources: InputS
         timed: dict[tuple[Any, ...], float] = {}  # whole calls by (function, class): a module's A and B share one
         for index, group in enumerate(groups):
             left = len(groups) - index
-            spec = get_method(group.method)
+            spec = get_method(group.method, plan.units)
             if spec is not None and spec.whole_cost is not None:
                 results.append(_measure_whole(plan, group, spec, device, serial, workers, timed))
             else:
@@ -144,7 +144,7 @@ def _groups(plan: Plan, pending: Sequence[ShardPlan]) -> list[_Group]:
             if not tp.inputs:
                 continue
             dtype = tp.compute_dtype or _stored_dtype_name(tp)
-            spec = get_method(tp.method)
+            spec = get_method(tp.method, plan.units)
             if spec is not None and spec.whole_cost is not None:
                 # Its class: the input shapes and the parameters that set its cost (not the per-tensor strings).
                 values = dict(tp.params)
@@ -176,7 +176,7 @@ def _measure(plan: Plan, group: _Group, sources: InputSources, device: torch.dev
     chosen = group.representatives()
     if not chosen:
         return _unmeasured(group, plan, "not measured: no tensor with rows to sample")
-    spec = get_method(group.method)
+    spec = get_method(group.method, plan.units)
     assert spec is not None
     started = time.perf_counter()
     per_sample = max_bytes // len(chosen)

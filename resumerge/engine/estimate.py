@@ -39,7 +39,6 @@ from resumerge.engine.settings import RunSettings
 from resumerge.errors import LedgerError
 from resumerge.inputs.catalog import Inputs
 from resumerge.memory import SAFETY_MARGIN, MemoryProbe, SystemProbe, default_budget, format_size, usable_cores
-from resumerge.methods.registry import get_method
 from resumerge.outputs.aux import aux_files, render_aux
 from resumerge.plan.fetching import STREAM, FileFetch
 from resumerge.plan.merge_plan import Plan, PlanOptions, TensorPlan
@@ -359,8 +358,7 @@ def _units(plan: Plan, pending: Sequence[Any], budget: int, remote: AbstractSet[
     for shard in pending:
         for name in shard.tensors:
             tp = plan.tensors[name]
-            method = get_method(tp.method)
-            assert method is not None
+            method = plan.method_of(tp)
             local = not any((ref.model, ref.file) in remote for ref in tp.inputs)
             mode = unit_mode(tp, method, budget, plan.options.device, rereadable=local, serial=serial)
             if units and collects_sibling(previous, tp, method):
@@ -456,7 +454,7 @@ def _time(plan: Plan, pending: Sequence[Any], output: OutputSize, downloads: Map
           committed: Mapping[str, int], speed: DiskSpeed | None, probe_bytes: int,
           compute: Sequence[ComputeGroup] = (), to_hub: bool = False) -> TimeEstimate:
     notes = [g.line() for g in compute]
-    read_bytes = sum(_read_share(plan.tensors[n]) for s in pending for n in s.tensors)
+    read_bytes = sum(_read_share(plan, plan.tensors[n]) for s in pending for n in s.tensors)
     read_speed = _input_read_speed(plan, probe_bytes)
     write_speed = speed.write_bytes_per_s if speed is not None else None
     if read_speed is None and speed is not None and speed.read_bytes_per_s is not None:
@@ -503,11 +501,11 @@ def cores_are_shared() -> bool:
     return usable_cores() <= ENGINE_BUSY_THREADS
 
 
-def _read_share(tp: TensorPlan) -> int:
+def _read_share(plan: Plan, tp: TensorPlan) -> int:
     """Input bytes the engine reads for ``tp``: its inputs, or its share of them where one computation serves
     several tensors (a LoRA module's A and B: the unit that computes the pair reads them, its sibling nothing)."""
-    spec = get_method(tp.method)
-    shared = spec.whole_cost.shared_by if spec is not None and spec.whole_cost is not None else 1
+    spec = plan.method_of(tp)
+    shared = spec.whole_cost.shared_by if spec.whole_cost is not None else 1
     return sum(i.end - i.start for i in tp.inputs) // shared
 
 

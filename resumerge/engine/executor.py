@@ -34,7 +34,7 @@ from resumerge.engine.kernels import serial_kernels
 from resumerge.errors import ResumergeError
 from resumerge.inputs.source import InputSources
 from resumerge.memory import MemoryGovernor, Reservation
-from resumerge.methods.registry import MethodSpec, get_method
+from resumerge.methods.registry import MethodSpec
 from resumerge.methods.spec import RowStream
 from resumerge.outputs.aux import aux_files, render_aux
 from resumerge.plan.fetching import read_order, shard_input_files
@@ -182,9 +182,8 @@ class _Writer(threading.Thread):
             self._current = None
 
 
-def _elementwise(method: str) -> bool:
-    spec = get_method(method)
-    return spec is not None and spec.elementwise
+def _elementwise(plan: Plan, tp: TensorPlan) -> bool:
+    return plan.method_of(tp).elementwise
 
 
 def _pending_tensors(plan: Plan, done: set[str]) -> Iterator[tuple[ShardPlan, TensorPlan]]:
@@ -231,8 +230,7 @@ class _Pipeline:
         alone = serial and not is_gpu(self.plan.options.device)
         previous: TensorPlan | None = None
         for shard, tp in work:
-            method = get_method(tp.method)
-            assert method is not None
+            method = self.plan.method_of(tp)
             sibling, previous = collects_sibling(previous, tp, method), tp
             budget = self._budget() if self.governor is not None else None
             mode = unit_mode(tp, method, budget, self.plan.options.device, rereadable=self._local(tp),
@@ -458,7 +456,7 @@ def execute(
     done = {row["name"] for row in ledger.files() if row["status"] == "done"}
     sources.expect(read_order(plan, done))  # a streamed source coalesces the reads that come next
     journal = CommitJournal(sink, ledger, book)
-    yield_cpu = transfers and all(_elementwise(t.method) for t in plan.tensors.values())
+    yield_cpu = transfers and all(_elementwise(plan, t) for t in plan.tensors.values())
     if yield_cpu:
         start_hashing()  # at this thread's priority: the writer that would start it yields its own
     writer = _Writer(plan, sink, journal, reporter, sources, yield_cpu)

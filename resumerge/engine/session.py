@@ -17,7 +17,7 @@ import json
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -48,6 +48,7 @@ from resumerge.inputs.catalog import Inputs, open_inputs
 from resumerge.inputs.model import InputWatch
 from resumerge.inputs.source import InputSources
 from resumerge.memory import CudaProbe, MemoryGovernor, SystemProbe, default_budget, format_size, os_peak_rss
+from resumerge.methods.registry import MethodSpec
 from resumerge.plan.merge_plan import Plan, PlanOptions
 from resumerge.plan.planner import build_plan, threads_matter
 from resumerge.plan.workunits import largest, oversized_units
@@ -239,18 +240,18 @@ def resume_merge(
     plan, inputs = other or prepare(load_config_text(text), PlanOptions(**opts), model_dirs=dirs,
                                     state_dir=state_dir, reporter=reporter)
     settings = recorded_threads(plan.options.num_threads, {t.method for t in plan.tensors.values()}, settings,
-                                reporter)
+                                reporter, plan.units)
     return run_plan(plan, text, target, settings, inputs=inputs, resuming=True, reporter=reporter,
                     should_stop=should_stop)
 
 
 def recorded_threads(recorded: int | None, methods: Iterable[str], settings: RunSettings,
-                     reporter: Reporter | None) -> RunSettings:
+                     reporter: Reporter | None, units: Sequence[MethodSpec] = ()) -> RunSettings:
     """The settings a resume computes with: the thread count ``recorded`` with a plan (or a recipe) whose
-    ``methods``' bytes depend on it (None when they do not, or the run left it to torch), and a different -j
-    refused."""
+    ``methods`` (built-in ones or the plan's ``units``) have bytes that depend on it (None when they do not, or the
+    run left it to torch), and a different -j refused."""
     asked = settings.num_threads
-    if not threads_matter(methods) or asked == recorded:
+    if not threads_matter(methods, units) or asked == recorded:
         return settings
     if asked is not None:
         was = f"-j {recorded}" if recorded is not None else "torch's default thread count (no -j)"

@@ -1,4 +1,4 @@
-"""The extraction's registered tensor functions: LoRA factor A, factor B, and a bias delta, from (BASE, FT).
+"""The extraction's unit functions: LoRA factor A, factor B, and a bias delta, from (BASE, FT).
 
 Each is a pure function of its two inputs and parameters, like a merge method, so the engine journals, resumes
 and governs them as it does merge tensors. A and B of one module come from the same truncation: the first of the
@@ -16,7 +16,7 @@ There are two pairs of factor functions, the same computation declared with two 
 the randomized truncation and ``…_a_full``/``…_b_full`` for the exact one (``--exact``, or a rank too close to the
 matrix's size for the randomized one to gain); the planner picks by :func:`~resumerge.extract.decompose.full_svd`.
 
-Importing this module registers the functions (the extraction planner imports it).
+The extraction planner hands them to its plan (:data:`UNITS`).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any
 
 from resumerge.extract.decompose import MIN_OVERSAMPLE, factors, gram_scratch, kept_rank, truncate
 from resumerge.extract.factor_cache import FactorCache
-from resumerge.methods.footprint import measured
-from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, WholeCost, register
+from resumerge.methods.footprint import MethodFootprint, measured
+from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, WholeCost, declared
 from resumerge.plan.workunits import CHUNK_ELEMENTS
 from resumerge.torch_import import torch
 
@@ -190,21 +190,30 @@ _RANDOMIZED = measured((0.5, 0), (4.5, 0), (4.5, 0), (8.5, 0), of_inputs=True, p
 # The bias delta: one subtraction, linear's figures.
 _SUBTRACTION = measured((4, 0), (8, 0), (8, 0), (8, 0))
 
-for _name, _fn, _footprint in ((FACTOR_A, factor_a, _RANDOMIZED), (FACTOR_B, factor_b, _RANDOMIZED),
-                               (FACTOR_A_FULL, factor_a, _FULL_SVD), (FACTOR_B_FULL, factor_b, _FULL_SVD)):
-    register(MethodSpec(name=_name, fn=_fn, params=_PARAMS, base=BasePolicy.REQUIRED, min_inputs=2, max_inputs=2,
-                        reference="mergekit-extract-lora", footprint=_footprint, internal=True, lazy_inputs=True,
-                        # A truncation's time follows the weight's shape, the rank and the algorithm; A and B of a
-                        # module come from one truncation.
-                        whole_cost=WholeCost(params=("rank", "exact"), shared_by=2),
-                        # MKL splits the sketches' products, QRs and the SVD by torch's thread count: measured on
-                        # the 168 MB bench pair at rank 32, -j 1 and -j 4 gave other bytes (-j 1 and the default 2
-                        # threads the same: the engine's two workers each run their kernels alone).
-                        thread_dependent=True))
-# A copy: passthrough's figures.
-register(MethodSpec(name=SAVED, fn=saved_whole, min_inputs=1, max_inputs=1, elementwise=True,
-                    reference="mergekit-extract-lora", footprint=measured((4, 0), (2, 0), (2, 0), (8, 0)),
-                    internal=True, row_chunk=CHUNK_ELEMENTS))
-register(MethodSpec(name=DELTA, fn=bias_delta, base=BasePolicy.REQUIRED, min_inputs=2, max_inputs=2,
-                    elementwise=True, reference="mergekit-extract-lora", footprint=_SUBTRACTION,
-                    internal=True))
+
+
+def _factor(name: str, fn: Any, footprint: MethodFootprint) -> MethodSpec:
+    return MethodSpec(name=name, fn=fn, params=_PARAMS, base=BasePolicy.REQUIRED, min_inputs=2, max_inputs=2,
+                      reference="mergekit-extract-lora", footprint=footprint, lazy_inputs=True,
+                      # A truncation's time follows the weight's shape, the rank and the algorithm; A and B of a
+                      # module come from one truncation.
+                      whole_cost=WholeCost(params=("rank", "exact"), shared_by=2),
+                      # MKL splits the sketches' products, QRs and the SVD by torch's thread count: measured on
+                      # the 168 MB bench pair at rank 32, -j 1 and -j 4 gave other bytes (-j 1 and the default 2
+                      # threads the same: the engine's two workers each run their kernels alone).
+                      thread_dependent=True)
+
+
+# The unit functions of an extraction, which its plan hands the engine (Plan.units).
+UNITS = declared(
+    _factor(FACTOR_A, factor_a, _RANDOMIZED),
+    _factor(FACTOR_B, factor_b, _RANDOMIZED),
+    _factor(FACTOR_A_FULL, factor_a, _FULL_SVD),
+    _factor(FACTOR_B_FULL, factor_b, _FULL_SVD),
+    # A copy: passthrough's figures.
+    MethodSpec(name=SAVED, fn=saved_whole, min_inputs=1, max_inputs=1, elementwise=True,
+               reference="mergekit-extract-lora", footprint=measured((4, 0), (2, 0), (2, 0), (8, 0)),
+               row_chunk=CHUNK_ELEMENTS),
+    MethodSpec(name=DELTA, fn=bias_delta, base=BasePolicy.REQUIRED, min_inputs=2, max_inputs=2,
+               elementwise=True, reference="mergekit-extract-lora", footprint=_SUBTRACTION),
+)

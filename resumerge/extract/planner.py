@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import yaml
 
-import resumerge.extract.factors as registered
+import resumerge.extract.factors as registered  # the extraction's unit functions
 from resumerge.config.merge_config import load_config_text
 from resumerge.config.modelref import parse_model_ref
 from resumerge.errors import UsageError
@@ -80,7 +80,7 @@ def build_extraction_plan(spec: ExtractSpec, inputs: Inputs, ft_key: str, base_k
     for out_name, name in choice.saved:
         ref = _ref(ft_key, ft, name)
         tensors[out_name] = _tensor(out_name, registered.SAVED, (ref,), None, ((),), (), ref.shape, ref.dtype)
-    if options.num_threads is not None and not threads_matter({t.method for t in tensors.values()}):
+    if options.num_threads is not None and not threads_matter({t.method for t in tensors.values()}, registered.UNITS):
         options = replace(options, num_threads=None)  # as for merges: -j recorded only where the bytes follow it
     layout = layout_shard({n: (t.out_dtype, t.shape) for n, t in tensors.items()})
     shard = ShardPlan(ADAPTER_WEIGHTS, tuple(p.name for p in layout.order), layout.file_size)
@@ -100,6 +100,7 @@ def build_extraction_plan(spec: ExtractSpec, inputs: Inputs, ft_key: str, base_k
         options=options,
         side_files=side,
         notes=choice.notes,
+        units=registered.UNITS,
     )
     return replace(plan, fingerprint=compute_fingerprint(plan))
 

@@ -1,4 +1,4 @@
-"""Merge methods: pure tensor functions registered under their mergekit names.
+"""Merge methods: pure tensor functions, declared once each under their mergekit names.
 
 May import: nothing (methods are pure tensor functions).
 """
@@ -9,9 +9,9 @@ from resumerge.methods.registry import (
     MethodSpec,
     ParamSpec,
     Scope,
+    declared,
     get_method,
     method_names,
-    register,
 )
 
 __all__ = [
@@ -20,7 +20,7 @@ __all__ = [
     "MethodSpec",
     "ParamSpec",
     "Scope",
+    "declared",
     "get_method",
     "method_names",
-    "register",
 ]

@@ -12,7 +12,6 @@ from resumerge.methods.spec import (
     BasePolicy,
     MergeContext,
     MethodSpec,
-    register,
 )
 from resumerge.torch_import import torch
 
@@ -72,22 +71,20 @@ def arcee_fusion(ctx: MergeContext) -> torch.Tensor:
     return base + (other - base) * mask
 
 
-SPEC = register(
-    MethodSpec(
-        name="arcee_fusion",
-        title="Arcee Fusion",
-        summary=(
-            "the base, updated only where the other model's change is important (large difference and "
-            "divergence)."
-        ),
-        reference="https://www.arcee.ai",
-        fn=arcee_fusion,
-        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
-        footprint=measured((16, 0), (18, 0), (18, 0), (36, 0)),
-        base=BasePolicy.REQUIRED,
-        min_inputs=2,
-        max_inputs=2,
-        randomized=True,
-        half_result_float32=True,
-    )
+SPEC = MethodSpec(
+    name="arcee_fusion",
+    title="Arcee Fusion",
+    summary=(
+        "the base, updated only where the other model's change is important (large difference and "
+        "divergence)."
+    ),
+    reference="https://www.arcee.ai",
+    fn=arcee_fusion,
+    # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+    footprint=measured((16, 0), (18, 0), (18, 0), (36, 0)),
+    base=BasePolicy.REQUIRED,
+    min_inputs=2,
+    max_inputs=2,
+    randomized=True,
+    half_result_float32=True,
 )

@@ -1,6 +1,7 @@
-"""Imports every built-in method module so that each registers itself (one line per module)."""
+"""The built-in merge methods: one explicit, immutable list, in the order their modules were written (as
+mergekit's ``merge_methods/registry.py`` lists its methods). A new method module adds its spec here."""
 
-from resumerge.methods import (  # noqa: F401
+from resumerge.methods import (
     arcee_fusion,
     karcher,
     linear,
@@ -13,4 +14,21 @@ from resumerge.methods import (  # noqa: F401
     sce,
     slerp,
     task_arithmetic,
+)
+from resumerge.methods.spec import MethodSpec, declared
+
+BUILTIN: tuple[MethodSpec, ...] = declared(
+    arcee_fusion.SPEC,
+    karcher.SPEC,
+    linear.SPEC,
+    model_stock.SPEC,
+    multislerp.SPEC,
+    nearswap.SPEC,
+    nuslerp.SPEC,
+    passthrough.SPEC,
+    ram.SPEC,
+    ram.SPEC_PLUS,
+    sce.SPEC,
+    slerp.SPEC,
+    *task_arithmetic.SPECS,
 )

@@ -6,9 +6,9 @@ part. One formula for every method (8 bytes per element, times the inputs plus o
 over-stated the sparsifying methods about twice and under-stated ``ram`` several times, so each method has its
 own figures, measured on the CPU by ``tests/methods/footprint_cases.py`` (torch's profiler, replayed allocation by
 allocation, plus numpy's selection copies) and fitted by ``bench/method_footprint.py --fit``. Each method declares
-its figures where it registers (:attr:`MethodSpec.footprint <resumerge.methods.spec.MethodSpec.footprint>`, a
-:class:`MethodFootprint` made by :func:`measured`), so a new method cannot be registered without them;
-``tests/methods/test_footprint.py`` holds every registered method and dtype to them: never above the estimate,
+its figures in its spec (:attr:`MethodSpec.footprint <resumerge.methods.spec.MethodSpec.footprint>`, a
+:class:`MethodFootprint` made by :func:`measured`), so a new method cannot be declared without them;
+``tests/methods/test_footprint.py`` holds every built-in method and dtype to them: never above the estimate,
 and the estimate not above 1.6× the measurement. This module only evaluates a declared footprint.
 
 A method's working set (its peak beyond its inputs, its result included) is ``fixed + per_input × inputs``
@@ -36,7 +36,7 @@ from types import MappingProxyType
 # and small changes to a method's code between measurements.
 MARGIN = 1.25
 
-_SIZES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+_SIZES = MappingProxyType({"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2})
 # What any call allocates whatever the tensor's size: scalars, weight vectors, index lists and their Python
 # objects (measured: under 4.5 kB a call).
 CALL_BYTES = 4096

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from types import EllipsisType
 
 from resumerge.methods.footprint import measured
-from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope
 from resumerge.torch_import import torch
 
 
@@ -134,23 +134,21 @@ def karcher(ctx: MergeContext) -> torch.Tensor:
     )
 
 
-SPEC = register(
-    MethodSpec(
-        name="karcher",
-        title="Karcher mean",
-        summary="the Riemannian (Karcher) mean of the models' parameter directions.",
-        # The card links the mean itself; the merge method is https://arxiv.org/abs/2603.04972.
-        reference="https://en.wikipedia.org/wiki/Karcher_mean",
-        thread_dependent=True,  # a whole-tensor sum: torch splits it over its threads
-        fn=karcher,
-        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
-        footprint=measured((12, 4), (6.5, 2), (9.5, 2), (24, 8), half_dot=True),
-        params=(
-            ParamSpec("max_iter", Scope.GLOBAL, int, default=10, minimum=0),
-            ParamSpec("tol", Scope.GLOBAL, float, default=1e-5, minimum=0.0),
-        ),
-        base=BasePolicy.IGNORED,
-        # mergekit 0.1.5 declares no minimum beyond one input; a single input is returned unchanged.
-        min_inputs=1,
-    )
+SPEC = MethodSpec(
+    name="karcher",
+    title="Karcher mean",
+    summary="the Riemannian (Karcher) mean of the models' parameter directions.",
+    # The card links the mean itself; the merge method is https://arxiv.org/abs/2603.04972.
+    reference="https://en.wikipedia.org/wiki/Karcher_mean",
+    thread_dependent=True,  # a whole-tensor sum: torch splits it over its threads
+    fn=karcher,
+    # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+    footprint=measured((12, 4), (6.5, 2), (9.5, 2), (24, 8), half_dot=True),
+    params=(
+        ParamSpec("max_iter", Scope.GLOBAL, int, default=10, minimum=0),
+        ParamSpec("tol", Scope.GLOBAL, float, default=1e-5, minimum=0.0),
+    ),
+    base=BasePolicy.IGNORED,
+    # mergekit 0.1.5 declares no minimum beyond one input; a single input is returned unchanged.
+    min_inputs=1,
 )

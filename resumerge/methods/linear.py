@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from resumerge.methods.footprint import measured
-from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope
 from resumerge.torch_import import torch
 
 
@@ -48,22 +48,20 @@ def _check(params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]])
     return None
 
 
-SPEC = register(
-    MethodSpec(
-        name="linear",
-        title="Linear",
-        summary="a weighted average of the models' parameters.",
-        reference="https://arxiv.org/abs/2203.05482",
-        fn=linear,
-        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
-        footprint=measured((4, 0), (8, 0), (8, 0), (8, 0)),
-        params=(
-            ParamSpec("weight", Scope.PER_MODEL, float, required=True),
-            ParamSpec("normalize", Scope.GLOBAL, bool, default=True),
-        ),
-        base=BasePolicy.IGNORED,
-        min_inputs=1,
-        elementwise=True,
-        check=_check,
-    )
+SPEC = MethodSpec(
+    name="linear",
+    title="Linear",
+    summary="a weighted average of the models' parameters.",
+    reference="https://arxiv.org/abs/2203.05482",
+    fn=linear,
+    # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+    footprint=measured((4, 0), (8, 0), (8, 0), (8, 0)),
+    params=(
+        ParamSpec("weight", Scope.PER_MODEL, float, required=True),
+        ParamSpec("normalize", Scope.GLOBAL, bool, default=True),
+    ),
+    base=BasePolicy.IGNORED,
+    min_inputs=1,
+    elementwise=True,
+    check=_check,
 )

@@ -12,7 +12,6 @@ from resumerge.methods.spec import (
     MethodSpec,
     ParamSpec,
     Scope,
-    register,
 )
 from resumerge.torch_import import torch
 
@@ -59,21 +58,19 @@ def model_stock(ctx: MergeContext) -> torch.Tensor:
     return (t * average + (1 - t) * base).reshape(shape)
 
 
-SPEC = register(
-    MethodSpec(
-        name="model_stock",
-        title="Model Stock",
-        summary=(
-            "the average of the fine-tuned models pulled towards the base by a ratio derived from the "
-            "angle between their task vectors."
-        ),
-        reference="https://arxiv.org/abs/2403.19522",
-        thread_dependent=True,  # a whole-tensor sum: torch splits it over its threads
-        fn=model_stock,
-        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
-        footprint=measured((11.5, 4.25), (6, 2.25), (6, 2.25), (23, 8.5)),
-        params=(ParamSpec("filter_wise", Scope.GLOBAL, bool, default=False),),
-        base=BasePolicy.REQUIRED,
-        min_inputs=3,
-    )
+SPEC = MethodSpec(
+    name="model_stock",
+    title="Model Stock",
+    summary=(
+        "the average of the fine-tuned models pulled towards the base by a ratio derived from the "
+        "angle between their task vectors."
+    ),
+    reference="https://arxiv.org/abs/2403.19522",
+    thread_dependent=True,  # a whole-tensor sum: torch splits it over its threads
+    fn=model_stock,
+    # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+    footprint=measured((11.5, 4.25), (6, 2.25), (6, 2.25), (23, 8.5)),
+    params=(ParamSpec("filter_wise", Scope.GLOBAL, bool, default=False),),
+    base=BasePolicy.REQUIRED,
+    min_inputs=3,
 )

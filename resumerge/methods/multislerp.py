@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from resumerge.methods.footprint import measured
-from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope
 from resumerge.torch_import import torch
 
 
@@ -89,23 +89,21 @@ def check_weight_sum(params: Mapping[str, Any], model_params: Sequence[Mapping[s
     return None
 
 
-SPEC = register(
-    MethodSpec(
-        name="multislerp",
-        title="Multi-SLERP",
-        summary="a weighted spherical average of any number of models, optionally around a base.",
-        reference="https://goddard.blog/posts/multislerp-wow-what-a-cool-idea",
-        fn=multislerp,
-        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
-        footprint=measured((12, 16, 0, 0, 4), (6, 8, 0, 0, 2), (6, 8, 0, 0, 2), (24, 32, 0, 0, 8), by_models=True),
-        params=(
-            ParamSpec("weight", Scope.NON_BASE, float, required=True),
-            ParamSpec("normalize_weights", Scope.GLOBAL, bool, default=True),
-            ParamSpec("eps", Scope.GLOBAL, float, default=1e-8, minimum=0.0),
-        ),
-        base=BasePolicy.OPTIONAL,
-        min_inputs=1,
-        min_non_base=1,
-        check=check_weight_sum,
-    )
+SPEC = MethodSpec(
+    name="multislerp",
+    title="Multi-SLERP",
+    summary="a weighted spherical average of any number of models, optionally around a base.",
+    reference="https://goddard.blog/posts/multislerp-wow-what-a-cool-idea",
+    fn=multislerp,
+    # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+    footprint=measured((12, 16, 0, 0, 4), (6, 8, 0, 0, 2), (6, 8, 0, 0, 2), (24, 32, 0, 0, 8), by_models=True),
+    params=(
+        ParamSpec("weight", Scope.NON_BASE, float, required=True),
+        ParamSpec("normalize_weights", Scope.GLOBAL, bool, default=True),
+        ParamSpec("eps", Scope.GLOBAL, float, default=1e-8, minimum=0.0),
+    ),
+    base=BasePolicy.OPTIONAL,
+    min_inputs=1,
+    min_non_base=1,
+    check=check_weight_sum,
 )

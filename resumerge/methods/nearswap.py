@@ -12,7 +12,6 @@ from resumerge.methods.spec import (
     MethodSpec,
     ParamSpec,
     Scope,
-    register,
 )
 from resumerge.torch_import import torch
 
@@ -33,19 +32,17 @@ def nearswap(ctx: MergeContext) -> torch.Tensor:
     return weight * other + (1 - weight) * base
 
 
-SPEC = register(
-    MethodSpec(
-        name="nearswap",
-        title="Nearswap",
-        summary="the base's parameters, swapped towards the other model's where the two are close.",
-        reference="https://huggingface.co/alchemonaut/QuartetAnemoi-70B-t0.0001",
-        fn=nearswap,
-        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
-        footprint=measured((20, 0), (10, 0), (10, 0), (40, 0)),
-        params=(ParamSpec("t", Scope.GLOBAL, float, required=True),),
-        base=BasePolicy.REQUIRED,
-        min_inputs=2,
-        max_inputs=2,
-        elementwise=True,
-    )
+SPEC = MethodSpec(
+    name="nearswap",
+    title="Nearswap",
+    summary="the base's parameters, swapped towards the other model's where the two are close.",
+    reference="https://huggingface.co/alchemonaut/QuartetAnemoi-70B-t0.0001",
+    fn=nearswap,
+    # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+    footprint=measured((20, 0), (10, 0), (10, 0), (40, 0)),
+    params=(ParamSpec("t", Scope.GLOBAL, float, required=True),),
+    base=BasePolicy.REQUIRED,
+    min_inputs=2,
+    max_inputs=2,
+    elementwise=True,
 )

@@ -9,7 +9,6 @@ from resumerge.methods.spec import (
     MethodSpec,
     ParamSpec,
     Scope,
-    register,
 )
 from resumerge.torch_import import torch
 
@@ -65,27 +64,25 @@ def nuslerp(ctx: MergeContext) -> torch.Tensor:
     return base + nuslerp_tensors(t, first - base, second - base, flatten=flatten, row_wise=row_wise)
 
 
-SPEC = register(
-    MethodSpec(
-        name="nuslerp",
-        title="NuSLERP",
-        summary=(
-            "spherical interpolation of two models (or of their task vectors from a base) with weights "
-            "instead of a single t."
-        ),
-        thread_dependent=True,  # a whole-tensor sum: torch splits it over its threads
-        fn=nuslerp,
-        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
-        footprint=measured((8, 8), (4, 4), (4, 4), (16, 16.25)),
-        params=(
-            ParamSpec("weight", Scope.NON_BASE, float, required=True),
-            ParamSpec("nuslerp_row_wise", Scope.GLOBAL, bool, default=False),
-            ParamSpec("nuslerp_flatten", Scope.GLOBAL, bool, default=True),
-        ),
-        base=BasePolicy.OPTIONAL,
-        min_inputs=2,
-        max_inputs=3,
-        min_non_base=2,
-        max_non_base=2,
-    )
+SPEC = MethodSpec(
+    name="nuslerp",
+    title="NuSLERP",
+    summary=(
+        "spherical interpolation of two models (or of their task vectors from a base) with weights "
+        "instead of a single t."
+    ),
+    thread_dependent=True,  # a whole-tensor sum: torch splits it over its threads
+    fn=nuslerp,
+    # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+    footprint=measured((8, 8), (4, 4), (4, 4), (16, 16.25)),
+    params=(
+        ParamSpec("weight", Scope.NON_BASE, float, required=True),
+        ParamSpec("nuslerp_row_wise", Scope.GLOBAL, bool, default=False),
+        ParamSpec("nuslerp_flatten", Scope.GLOBAL, bool, default=True),
+    ),
+    base=BasePolicy.OPTIONAL,
+    min_inputs=2,
+    max_inputs=3,
+    min_non_base=2,
+    max_non_base=2,
 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from resumerge.methods.footprint import measured
-from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope
 from resumerge.torch_import import torch
 
 
@@ -19,21 +19,19 @@ def passthrough(ctx: MergeContext) -> torch.Tensor:
     return tensor * float(scale)
 
 
-SPEC = register(
-    MethodSpec(
-        name="passthrough",
-        title="Passthrough",
-        summary=(
-            "tensors copied unchanged (optionally scaled) from the listed layers, e.g. to stack layers of"
-            " one or more models."
-        ),
-        fn=passthrough,
-        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
-        footprint=measured((4, 0), (2, 0), (2, 0), (8, 0)),
-        params=(ParamSpec("scale", Scope.PER_MODEL, float, default=None),),
-        base=BasePolicy.IGNORED,
-        min_inputs=1,
-        max_inputs=1,
-        elementwise=True,
-    )
+SPEC = MethodSpec(
+    name="passthrough",
+    title="Passthrough",
+    summary=(
+        "tensors copied unchanged (optionally scaled) from the listed layers, e.g. to stack layers of"
+        " one or more models."
+    ),
+    fn=passthrough,
+    # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+    footprint=measured((4, 0), (2, 0), (2, 0), (8, 0)),
+    params=(ParamSpec("scale", Scope.PER_MODEL, float, default=None),),
+    base=BasePolicy.IGNORED,
+    min_inputs=1,
+    max_inputs=1,
+    elementwise=True,
 )

@@ -31,7 +31,7 @@ import itertools
 import math
 
 from resumerge.methods.footprint import measured, model_block_scratch
-from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope
 from resumerge.torch_import import dtype_name, torch
 
 # torch runs an operation on the calling thread below this many elements: blocks stay under it, so a merge does
@@ -256,45 +256,41 @@ def ramplus_tl(ctx: MergeContext) -> torch.Tensor:
     return out.view(base.shape)
 
 
-SPEC = register(
-    MethodSpec(
-        name="ram",
-        title="RAM",
-        summary=(
-            "each parameter takes the mean change of only the models that changed it (reinforced agent "
-            "merging)."
-        ),
-        reference="https://arxiv.org/abs/2601.13572",
-        fn=ram,
-        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
-        footprint=measured((4, 0, 8, 8), (1.75, 0.25, 4, 4, None, (2, 0)), (1.75, 0.25, 4, 4, None, (2, 0)),
-                           (8, 0, 16, 16), scratch=model_block_scratch(_GRAIN, widen_half=True)),
-        params=(ParamSpec("epsilon", Scope.GLOBAL, float, default=1e-5, minimum=0.0),),
-        base=BasePolicy.REQUIRED,
-        min_inputs=1,
-        elementwise=True,
-    )
+SPEC = MethodSpec(
+    name="ram",
+    title="RAM",
+    summary=(
+        "each parameter takes the mean change of only the models that changed it (reinforced agent "
+        "merging)."
+    ),
+    reference="https://arxiv.org/abs/2601.13572",
+    fn=ram,
+    # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+    footprint=measured((4, 0, 8, 8), (1.75, 0.25, 4, 4, None, (2, 0)), (1.75, 0.25, 4, 4, None, (2, 0)),
+                       (8, 0, 16, 16), scratch=model_block_scratch(_GRAIN, widen_half=True)),
+    params=(ParamSpec("epsilon", Scope.GLOBAL, float, default=1e-5, minimum=0.0),),
+    base=BasePolicy.REQUIRED,
+    min_inputs=1,
+    elementwise=True,
 )
 
-SPEC_PLUS = register(
-    MethodSpec(
-        name="ramplus_tl",
-        title="RAM+ (tensor level)",
-        summary="RAM with contributions unique to one model scaled up by how much the models overlap.",
-        reference="https://arxiv.org/abs/2601.13572",
-        fn=ramplus_tl,
-        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
-        footprint=measured((4, 0, 16.25, 20), (4, 0, 16.25, 22.25), (4, 0, 16.25, 22.25), (8, 0, 28.25, 36.25),
-                           scratch=model_block_scratch(_GRAIN, widen_half=False)),
-        params=(
-            ParamSpec("r", Scope.GLOBAL, float, default=0.1),
-            ParamSpec("alpha", Scope.GLOBAL, float, default=0.2, minimum=0.0),
-            # Strictly positive: epsilon also floors ρ's denominator, and a model with no touched positions
-            # would otherwise get 0/0 = NaN for λ, which poisons every position (NaN·0 is NaN).
-            ParamSpec("epsilon", Scope.GLOBAL, float, default=1e-5, minimum=0.0, exclusive_min=True),
-        ),
-        base=BasePolicy.REQUIRED,
-        min_inputs=1,
-        half_result_float32=True,
-    )
+SPEC_PLUS = MethodSpec(
+    name="ramplus_tl",
+    title="RAM+ (tensor level)",
+    summary="RAM with contributions unique to one model scaled up by how much the models overlap.",
+    reference="https://arxiv.org/abs/2601.13572",
+    fn=ramplus_tl,
+    # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+    footprint=measured((4, 0, 16.25, 20), (4, 0, 16.25, 22.25), (4, 0, 16.25, 22.25), (8, 0, 28.25, 36.25),
+                       scratch=model_block_scratch(_GRAIN, widen_half=False)),
+    params=(
+        ParamSpec("r", Scope.GLOBAL, float, default=0.1),
+        ParamSpec("alpha", Scope.GLOBAL, float, default=0.2, minimum=0.0),
+        # Strictly positive: epsilon also floors ρ's denominator, and a model with no touched positions
+        # would otherwise get 0/0 = NaN for λ, which poisons every position (NaN·0 is NaN).
+        ParamSpec("epsilon", Scope.GLOBAL, float, default=1e-5, minimum=0.0, exclusive_min=True),
+    ),
+    base=BasePolicy.REQUIRED,
+    min_inputs=1,
+    half_result_float32=True,
 )

@@ -19,18 +19,19 @@ same functions run in torch, so ``--device cuda`` keeps the work on the GPU.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import MappingProxyType
 
 import numpy as np
 
 from resumerge.torch_import import dtype_name, torch
 
-_KEY_DTYPES = {  # dtype names: torch is imported on first use
+_KEY_DTYPES = MappingProxyType({  # dtype names: torch is imported on first use
     "float64": "int64",
     "float32": "int32",
     # Half types widen to float32 exactly, so their keys order (and tie) exactly as the half values do.
     "float16": "int32",
     "bfloat16": "int32",
-}
+})
 
 
 def magnitude_keys(magnitudes: torch.Tensor) -> torch.Tensor:
@@ -159,7 +160,7 @@ def key_range_mask(flat: torch.Tensor, lower: int | None, upper: int | None, dty
     return torch.le(flat, upper, out=out)
 
 
-_SAME_WIDTH_INT = {8: "int64", 4: "int32", 2: "int16", 1: "int8"}
+_SAME_WIDTH_INT = MappingProxyType({8: "int64", 4: "int32", 2: "int16", 1: "int8"})
 
 
 def _count(mask: torch.Tensor) -> int:

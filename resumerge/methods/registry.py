@@ -1,11 +1,16 @@
-"""Look a merge method up by its mergekit name, loading the built-in methods on first use.
+"""Look a merge method up by its mergekit name in the built-in list, or among a run's own units.
 
-The method modules import :mod:`resumerge.methods.spec` and register themselves there; this module sits above
-them (it imports :mod:`resumerge.methods.builtin`), so lookups and registrations never form an import cycle. The
-contract types are re-exported here for callers outside the package.
+The built-in list (:data:`resumerge.methods.builtin.BUILTIN`) is imported on first lookup, never at import time,
+so that ``resumerge status`` never pays for importing torch; Python's module cache is the only memory of it. A kind
+of run whose units are functions of its own (MoE upcycling's routers and experts, LoRA extraction's factors)
+declares them in its own package and hands them in as ``units`` (its plan carries them, see
+:attr:`resumerge.plan.merge_plan.Plan.units`): they are never methods a config may name. The contract types are
+re-exported here for callers outside the package.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from resumerge.methods.spec import (
     BasePolicy,
@@ -13,8 +18,7 @@ from resumerge.methods.spec import (
     MethodSpec,
     ParamSpec,
     Scope,
-    register,
-    registered,
+    declared,
 )
 
 __all__ = [
@@ -23,38 +27,29 @@ __all__ = [
     "MethodSpec",
     "ParamSpec",
     "Scope",
+    "declared",
     "get_method",
     "method_names",
-    "register",
+    "parameter_names",
 ]
 
 
-def get_method(name: str) -> MethodSpec | None:
-    """Return the method registered as ``name`` (loading the built-ins on first use), else None."""
-    _load_builtins()
-    return registered().get(name)
+def get_method(name: str, units: Sequence[MethodSpec] = ()) -> MethodSpec | None:
+    """The built-in method called ``name``, else the one of ``units`` (a kind's own unit functions), else None."""
+    return next((spec for spec in (*_builtin(), *units) if spec.name == name), None)
 
 
 def method_names() -> list[str]:
-    """All registered method names a config may name, sorted (not the engine's own units, such as MoE
-    upcycling's expert and router functions, marked :attr:`MethodSpec.internal`)."""
-    _load_builtins()
-    return sorted(name for name, spec in registered().items() if not spec.internal)
+    """All built-in method names a config may name, sorted."""
+    return sorted(spec.name for spec in _builtin())
 
 
 def parameter_names() -> frozenset[str]:
-    """Every parameter name some method a config may name declares."""
-    _load_builtins()
-    return frozenset(p.name for spec in registered().values() if not spec.internal for p in spec.params)
+    """Every parameter name some built-in method declares."""
+    return frozenset(p.name for spec in _builtin() for p in spec.params)
 
 
-_loaded = False
+def _builtin() -> tuple[MethodSpec, ...]:
+    from resumerge.methods.builtin import BUILTIN  # lazily: the method modules import torch
 
-
-def _load_builtins() -> None:
-    # Imported lazily so that `resumerge status` never pays for importing torch.
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    from resumerge.methods import builtin  # noqa: F401  (registers the built-in methods)
+    return BUILTIN

@@ -15,7 +15,7 @@ from resumerge.methods.sce_steps import (
     variance_mask,
 )
 from resumerge.methods.sce_stream import sce_stream
-from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, register
+from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope
 from resumerge.torch_import import torch
 
 
@@ -44,30 +44,28 @@ def sce(ctx: MergeContext) -> torch.Tensor:
     return agreement_mean(merged, kept, base)
 
 
-SPEC = register(
-    MethodSpec(
-        name="sce",
-        title="SCE",
-        summary=(
-            "select the task-vector entries that vary most across models, weight each model by its "
-            "energy, and erase sign conflicts."
-        ),
-        reference="https://arxiv.org/abs/2408.07990",
-        fn=sce,
-        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
-        footprint=measured(
-            (-4, 8, 40, 0, None, (0.25, 4)),
-            (-8, 8, 40, 0, None, (1, 2)),
-            (-8, 8, 40, 0, None, (0, 2)),
-            (-8, 16, 39.75, 0, None, (0.25, 8)),
-            scratch=block_scratch(_VARIANCE_BLOCK),
-        ),
-        params=(
-            ParamSpec("int8_mask", Scope.GLOBAL, bool, default=False),
-            ParamSpec("select_topk", Scope.GLOBAL, float, default=1.0, minimum=0.0, maximum=1.0),
-        ),
-        base=BasePolicy.REQUIRED,
-        min_inputs=1,
-        streamed=sce_stream,
-    )
+SPEC = MethodSpec(
+    name="sce",
+    title="SCE",
+    summary=(
+        "select the task-vector entries that vary most across models, weight each model by its "
+        "energy, and erase sign conflicts."
+    ),
+    reference="https://arxiv.org/abs/2408.07990",
+    fn=sce,
+    # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+    footprint=measured(
+        (-4, 8, 40, 0, None, (0.25, 4)),
+        (-8, 8, 40, 0, None, (1, 2)),
+        (-8, 8, 40, 0, None, (0, 2)),
+        (-8, 16, 39.75, 0, None, (0.25, 8)),
+        scratch=block_scratch(_VARIANCE_BLOCK),
+    ),
+    params=(
+        ParamSpec("int8_mask", Scope.GLOBAL, bool, default=False),
+        ParamSpec("select_topk", Scope.GLOBAL, float, default=1.0, minimum=0.0, maximum=1.0),
+    ),
+    base=BasePolicy.REQUIRED,
+    min_inputs=1,
+    streamed=sce_stream,
 )

@@ -12,7 +12,6 @@ from resumerge.methods.spec import (
     MethodSpec,
     ParamSpec,
     Scope,
-    register,
 )
 from resumerge.torch_import import torch
 
@@ -78,23 +77,21 @@ def slerp(ctx: MergeContext) -> torch.Tensor:
     return slerp_tensors(float(ctx.params["t"]), ctx.base, ctx.tensors[others[0]])
 
 
-SPEC = register(
-    MethodSpec(
-        name="slerp",
-        title="SLERP",
-        summary=(
-            "spherical linear interpolation between two models, from the base (t = 0) to the other model "
-            "(t = 1)."
-        ),
-        reference="https://en.wikipedia.org/wiki/Slerp",
-        thread_dependent=True,  # a whole-tensor sum: torch splits it over its threads
-        fn=slerp,
-        # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
-        footprint=measured((4, 0, 12, 0), (2, 0, 12, 0), (2, 0, 12, 0), (8, 0, 24, 0),
-                           scratch=block_scratch(_CHUNK_ELEMENTS)),
-        params=(ParamSpec("t", Scope.GLOBAL, float, required=True),),
-        base=BasePolicy.REQUIRED,
-        min_inputs=2,
-        max_inputs=2,
-    )
+SPEC = MethodSpec(
+    name="slerp",
+    title="SLERP",
+    summary=(
+        "spherical linear interpolation between two models, from the base (t = 0) to the other model "
+        "(t = 1)."
+    ),
+    reference="https://en.wikipedia.org/wiki/Slerp",
+    thread_dependent=True,  # a whole-tensor sum: torch splits it over its threads
+    fn=slerp,
+    # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64).
+    footprint=measured((4, 0, 12, 0), (2, 0, 12, 0), (2, 0, 12, 0), (8, 0, 24, 0),
+                       scratch=block_scratch(_CHUNK_ELEMENTS)),
+    params=(ParamSpec("t", Scope.GLOBAL, float, required=True),),
+    base=BasePolicy.REQUIRED,
+    min_inputs=2,
+    max_inputs=2,
 )

@@ -1,4 +1,4 @@
-"""What a merge method is: a pure tensor function plus a declarative contract, and the table it registers in.
+"""What a merge method is: a pure tensor function plus a declarative contract.
 
 A method never touches files, dtype policy of the output, devices or global RNG state. The planner reads the
 contract (:class:`MethodSpec`) to validate a config before any weight is read; the engine calls
@@ -12,7 +12,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from resumerge.methods.footprint import MethodFootprint
@@ -152,14 +151,15 @@ class WholeCost:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A registered merge method: its pure function and the contract the planner checks up front.
+    """A merge method (or a kind's own unit function): its pure function and the contract the planner checks up
+    front.
 
     ``min_inputs``/``max_inputs`` count every input of a tensor, the base included; ``min_non_base``/
     ``max_non_base`` (when set) count the inputs other than the base. ``elementwise`` methods give
     the same result when applied to row chunks independently, so the engine may stream large tensors through
     them; ``streamed`` ones give it from row chunks in several passes (:class:`RowStream`); others need the whole
     tensor at once. ``randomized`` methods receive a generator. ``footprint`` is the method's measured working
-    memory (see :mod:`resumerge.methods.footprint`), which :func:`register` requires.
+    memory (see :mod:`resumerge.methods.footprint`), which :func:`declared` requires.
     """
 
     name: str
@@ -185,7 +185,7 @@ class MethodSpec:
     max_non_base: int | None = None
     # The working memory the method allocates per element, by dtype, and its scratch rule, declared beside its
     # function (see resumerge.methods.footprint); the planner and the memory governor admit its units by it.
-    # Required: register() refuses a method without one, so no method is ever admitted by a guess.
+    # Required: declared() refuses a method without one, so no method is ever admitted by a guess.
     footprint: MethodFootprint | None = None
     # True when the output's bytes depend on torch's thread count (a whole-tensor sum torch splits over its
     # threads): the run's -j/--num-threads is then recorded with the plan, reused on resume and a different one
@@ -202,9 +202,6 @@ class MethodSpec:
     # writer, whatever the budget (LoRA extraction's tensors saved whole: none is ever whole in memory); None:
     # row chunks only when a tensor would take more than a quarter of the budget.
     row_chunk: int | None = None
-    # The engine's own unit functions (MoE upcycling's expert and router tensors): registered so the engine can
-    # run them like any method, but not merge methods a config may name (method_names() and the planner skip them).
-    internal: bool = False
 
     def param(self, name: str) -> ParamSpec | None:
         """Return the spec of parameter ``name``, or None if the method has no such parameter."""
@@ -229,23 +226,14 @@ class MethodSpec:
         return per_model, bound
 
 
-_REGISTRY: dict[str, MethodSpec] = {}
-
-
-def register(spec: MethodSpec) -> MethodSpec:
-    """Add ``spec`` to the registry under its mergekit name; a name may be registered once.
-
-    Called by each method module when it is imported; :mod:`resumerge.methods.registry` imports them all.
-    """
-    if spec.name in _REGISTRY:
-        raise ValueError(f"merge method {spec.name!r} is already registered")
-    if spec.footprint is None:
-        raise ValueError(f"merge method {spec.name!r} declares no footprint: measure it with "
-                         "bench/method_footprint.py --fit and pass footprint=measured(...)")
-    _REGISTRY[spec.name] = spec
-    return spec
-
-
-def registered() -> Mapping[str, MethodSpec]:
-    """The methods registered so far, by name (a read-only view)."""
-    return MappingProxyType(_REGISTRY)
+def declared(*specs: MethodSpec) -> tuple[MethodSpec, ...]:
+    """``specs`` as one declaration (the built-in methods, a kind's own units), checked: a name is declared once,
+    and every method declares its footprint, so no method is ever admitted by a guess."""
+    names = [spec.name for spec in specs]
+    for spec in specs:
+        if names.count(spec.name) > 1:
+            raise ValueError(f"merge method {spec.name!r} is declared twice")
+        if spec.footprint is None:
+            raise ValueError(f"merge method {spec.name!r} declares no footprint: measure it with "
+                             "bench/method_footprint.py --fit and pass footprint=measured(...)")
+    return specs

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from resumerge.methods import sparsify
@@ -25,7 +26,6 @@ from resumerge.methods.spec import (
     ParamSpec,
     RowStreamFactory,
     Scope,
-    register,
 )
 from resumerge.methods.task_stream import magnitude_selector, outlier_selector, task_vector_stream
 from resumerge.methods.task_vectors import combine_task_vectors
@@ -96,12 +96,12 @@ def check_della_epsilon(params: Mapping[str, Any], model_params: Sequence[Mappin
     return None
 
 
-_SPARSIFIERS: dict[str, Sparsifier] = {
+_SPARSIFIERS: Mapping[str, Sparsifier] = MappingProxyType({
     "magnitude": _magnitude,
     "magnitude_outliers": _outliers,
     "random": _random,
     "della_magprune": _della,
-}
+})
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ def _params(variant: _Variant) -> tuple[ParamSpec, ...]:
 
 # Every sparsifier also runs over row chunks: the deterministic rank windows in resumerge.methods.task_stream,
 # the randomized draws in resumerge.methods.sample_stream.
-_SELECTORS = {"magnitude": magnitude_selector, "magnitude_outliers": outlier_selector}
+_SELECTORS = MappingProxyType({"magnitude": magnitude_selector, "magnitude_outliers": outlier_selector})
 
 
 def _streamed(variant: _Variant) -> RowStreamFactory | None:
@@ -227,4 +227,4 @@ _VARIANTS = (
              "DELLA's magnitude-aware dropping, then a plain weighted sum onto the base."),
 )
 
-SPECS = {variant.name: register(_spec(variant)) for variant in _VARIANTS}
+SPECS = tuple(_spec(variant) for variant in _VARIANTS)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from resumerge.methods.footprint import MethodFootprint, measured
-from resumerge.methods.spec import MergeContext, MethodSpec, register
+from resumerge.methods.spec import MergeContext, MethodSpec, declared
 from resumerge.torch_import import torch
 
 COPY = "moe_expert"
@@ -95,19 +95,17 @@ def zeros(ctx: MergeContext) -> torch.Tensor:
     return torch.zeros(tuple(ctx.params["shape"]), dtype=torch.float32)
 
 
-for _spec in (
+# The unit functions of this module, which a MoE plan hands the engine (Plan.units).
+UNITS = declared(
     MethodSpec(name=COPY, fn=expert_copy, min_inputs=1, max_inputs=1, randomized=True,
-               reference="mergekit-moe copy_tensor_out / noise_and_scale", footprint=COPY_FOOTPRINT,
-               internal=True),
+               reference="mergekit-moe copy_tensor_out / noise_and_scale", footprint=COPY_FOOTPRINT),
     MethodSpec(name=COPY_PLAIN, fn=plain_copy, min_inputs=1, max_inputs=1,
-               reference="mergekit-moe copy_tensor_out", footprint=OUTPUT_ONLY_FOOTPRINT, internal=True),
+               reference="mergekit-moe copy_tensor_out", footprint=OUTPUT_ONLY_FOOTPRINT),
     MethodSpec(name=FUSED, fn=fused_experts, min_inputs=1, randomized=True,
-               reference="transformers' mixtral / qwen3_moe checkpoint conversion", footprint=FUSED_FOOTPRINT,
-               internal=True),
+               reference="transformers' mixtral / qwen3_moe checkpoint conversion", footprint=FUSED_FOOTPRINT),
     MethodSpec(name=FUSED_COPIES, fn=fused_experts, min_inputs=1,
                reference="transformers' mixtral / qwen3_moe checkpoint conversion",
-               footprint=OUTPUT_ONLY_FOOTPRINT, internal=True),
+               footprint=OUTPUT_ONLY_FOOTPRINT),
     MethodSpec(name=ZEROS, fn=zeros, min_inputs=0, max_inputs=0, reference="mergekit-moe qwen.py",
-               footprint=SMALL_FOOTPRINT, internal=True),
-):
-    register(_spec)
+               footprint=SMALL_FOOTPRINT),
+)

@@ -115,6 +115,7 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
         tokenizer_files=tuple((n, hashlib.sha256(d).hexdigest()) for n, d in sorted(blobs.items())),
         tokenizer_blobs=blobs,
         notes=tuple(notes),
+        units=(*routers.UNITS, *expert_methods.UNITS),
     )
     return replace(plan, fingerprint=compute_fingerprint(plan))
 

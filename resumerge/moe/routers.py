@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from resumerge.methods.spec import MergeContext, MethodSpec, register
+from resumerge.methods.spec import MergeContext, MethodSpec, declared
 from resumerge.moe.experts import SMALL_FOOTPRINT
 from resumerge.torch_import import torch
 
@@ -122,12 +122,12 @@ def degenerate_note(layers: list[int], total: int) -> str | None:
             "be underutilized in your model.")
 
 
-for _spec in (
+# The unit functions of this module, which a MoE plan hands the engine (Plan.units).
+UNITS = declared(
     MethodSpec(name=RANDOM, fn=random_router, min_inputs=0, max_inputs=0, reference="mergekit-moe router.py",
-               footprint=SMALL_FOOTPRINT, internal=True),
+               footprint=SMALL_FOOTPRINT),
     MethodSpec(name=CHEAP_EMBED, fn=cheap_embed_router, min_inputs=1, max_inputs=1,
-               reference="mergekit-moe router.py get_cheap_embedding", footprint=SMALL_FOOTPRINT, internal=True),
+               reference="mergekit-moe router.py get_cheap_embedding", footprint=SMALL_FOOTPRINT),
     MethodSpec(name=VALUES, fn=router_values, min_inputs=0, max_inputs=0,
-               reference="mergekit-moe router.py get_hidden_states", footprint=SMALL_FOOTPRINT, internal=True),
-):
-    register(_spec)
+               reference="mergekit-moe router.py get_hidden_states", footprint=SMALL_FOOTPRINT),
+)

@@ -1,8 +1,9 @@
 """The frozen merge plan: every output tensor, its inputs, method, parameters, dtype and shard, decided up front.
 
-A :class:`Plan` is pure data. The engine only executes it; its :attr:`Plan.fingerprint` (plan contents,
-resumerge version, input file identities) is stored with the run, and a resume whose freshly built plan has
-another fingerprint is refused with :func:`describe_changes` saying what differs.
+A :class:`Plan` is pure data (but for :attr:`Plan.units`, the code of its kind's own units). The engine only
+executes it; its :attr:`Plan.fingerprint` (plan contents, resumerge version, input file identities) is stored with
+the run, and a resume whose freshly built plan has another fingerprint is refused with :func:`describe_changes`
+saying what differs.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from resumerge.config.version import __version__
+from resumerge.errors import ResumergeError
 from resumerge.inputs.codecs import PLAIN, OutPart, TensorCodec
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, ShardLayout, layout_shard, numel
+from resumerge.methods.registry import MethodSpec, get_method
 
 if TYPE_CHECKING:
     from resumerge.vocab import VocabAlignment
@@ -196,6 +199,10 @@ class Plan:
     # How many stored tensors of each input model have each role (weight, companion, other: see
     # resumerge.inputs.codecs.Role), by model key, for plan, status and verify to report. Derived from the inputs.
     input_roles: Mapping[str, Mapping[str, int]] = field(default_factory=dict, compare=False)
+    # The unit functions of the kind of run that made the plan, beyond the built-in merge methods (MoE upcycling's
+    # routers and experts, LoRA extraction's factors), declared in that kind's package: :meth:`method_of` finds a
+    # tensor's method here. Code, not data: never fingerprinted nor written; planning again gives them again.
+    units: tuple[MethodSpec, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def total_bytes(self) -> int:
@@ -205,6 +212,13 @@ class Plan:
     def shard_layout(self, shard: ShardPlan) -> ShardLayout:
         """The byte layout of ``shard`` (header and data order), as the writer must produce it."""
         return stored_layout(self.tensors, shard.tensors)
+
+    def method_of(self, tp: TensorPlan) -> MethodSpec:
+        """The method that computes ``tp``: a built-in merge method or one of :attr:`units`."""
+        spec = get_method(tp.method, self.units)
+        if spec is None:
+            raise ResumergeError(f"internal: unknown method {tp.method}", tensor=tp.name)
+        return spec
 
     @property
     def weight_map(self) -> dict[str, str]:

@@ -8,7 +8,7 @@ final norm / lm_head come from follow mergekit (see ``shared/reference/mergekit-
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -85,7 +85,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     later; returns a plan with its fingerprint set.
     """
     method = get_method(config.merge_method)
-    if method is None or method.internal:  # the engine's own units (MoE upcycling) are not methods
+    if method is None:
         raise ConfigError(
             f"Unimplemented merge method {config.merge_method!r}",
             yaml_path="merge_method",
@@ -553,6 +553,7 @@ def _donor(config: MergeConfig) -> str:
     return first.models[0].model.key if first.models else (first.slices or ())[0].sources[0].model.key
 
 
-def threads_matter(methods: Iterable[str]) -> bool:
-    """True when the output of any of ``methods`` depends on torch's thread count (see MethodSpec)."""
-    return any(spec.thread_dependent for spec in map(get_method, methods) if spec is not None)
+def threads_matter(methods: Iterable[str], units: Sequence[MethodSpec] = ()) -> bool:
+    """True when the output of any of ``methods`` (built-in ones, or a kind's ``units``) depends on torch's thread
+    count (see MethodSpec)."""
+    return any(spec.thread_dependent for spec in (get_method(m, units) for m in methods) if spec is not None)

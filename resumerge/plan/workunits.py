@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
 from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.footprint import working_bytes
-from resumerge.methods.registry import MethodSpec, get_method
+from resumerge.methods.registry import MethodSpec
 from resumerge.methods.spec import RowStream
 from resumerge.plan.merge_plan import InputRef, Plan, TensorPlan
 from resumerge.torch_import import torch
@@ -218,8 +218,7 @@ def oversized_units(plan: Plan, budget: int, baseline: int, device: str | None =
 
     found = []
     for tp in plan.tensors.values():
-        method = get_method(tp.method)
-        assert method is not None
+        method = plan.method_of(tp)
         stream = row_stream(tp, method, device or plan.options.device)
         chunkable = can_chunk(tp, method) or stream is not None
         unit = estimate_bytes(tp, method, rows=1 if chunkable else None)

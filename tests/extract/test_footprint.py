@@ -13,7 +13,7 @@ import torch
 from methods.footprint_cases import peaks
 
 from resumerge.extract.decompose import full_svd
-from resumerge.extract.factors import FACTOR_A, FACTOR_A_FULL, FACTOR_B, FACTOR_B_FULL, decompose
+from resumerge.extract.factors import FACTOR_A, FACTOR_A_FULL, FACTOR_B, FACTOR_B_FULL, SAVED, UNITS, decompose
 from resumerge.methods import get_method
 from resumerge.methods.footprint import working_bytes
 from resumerge.methods.spec import MergeContext
@@ -50,7 +50,7 @@ def test_declared_footprints_cover_the_decomposition(dtype: torch.dtype) -> None
         full = full_svd(rank, *shape, exact=exact)
         measured = _measured(shape, dtype, rank, exact)
         for name in ((FACTOR_A_FULL, FACTOR_B_FULL) if full else (FACTOR_A, FACTOR_B)):
-            spec = get_method(name)
+            spec = get_method(name, UNITS)
             assert spec is not None and spec.footprint is not None and spec.footprint.of_inputs
             reserved = working_bytes(spec.footprint, NAMES[dtype], shape, 2, base=True, rank=rank)
             assert measured <= reserved, (name, shape, rank, measured, reserved)
@@ -58,7 +58,7 @@ def test_declared_footprints_cover_the_decomposition(dtype: torch.dtype) -> None
     for full in (True, False):
         assert min(ratios[full]) <= NOT_FAR_ABOVE[full], (full, ratios[full])
     # At a small rank the randomized truncation reserves a fraction of the full SVD's workspace.
-    small = {name: working_bytes(get_method(name).footprint, NAMES[dtype], (2048, 5504), 2, base=True, rank=32)
+    small = {name: working_bytes(get_method(name, UNITS).footprint, NAMES[dtype], (2048, 5504), 2, base=True, rank=32)
              for name in (FACTOR_A, FACTOR_A_FULL)}  # type: ignore[union-attr]
     assert small[FACTOR_A] < small[FACTOR_A_FULL] / (2 if dtype == torch.bfloat16 else 8), small
 
@@ -78,8 +78,8 @@ def test_a_factor_unit_is_admitted_by_its_weight(pair: Callable[[str], tuple[Pat
         units = [t for t in plan.tensors.values() if t.name.endswith("lora_A.weight")]
         assert {t.method for t in units} == {FACTOR_A_FULL if exact else FACTOR_A}
         tp = units[0]
-        spec = get_method(tp.method)
-        assert spec is not None and spec.footprint is not None
+        spec = plan.method_of(tp)
+        assert spec.footprint is not None
         weight = tp.inputs[0].shape
         assert tp.shape[0] == 4 and weight[0] > 4
         assert estimate_bytes(tp, spec) >= working_bytes(spec.footprint, "float32", weight, 2, base=True)
@@ -117,7 +117,6 @@ def test_tensors_saved_whole_stream_in_row_chunks(pair: Callable[[str], tuple[Pa
     ``row_chunk`` entries, whatever the budget; a tensor of one chunk or less is computed whole."""
     from dataclasses import replace
 
-    from resumerge.extract.factors import SAVED
     from resumerge.extract.prepare import prepare_extraction
     from resumerge.extract.spec import ExtractSpec, spec_text
     from resumerge.plan.merge_plan import PlanOptions
@@ -129,7 +128,7 @@ def test_tensors_saved_whole_stream_in_row_chunks(pair: Callable[[str], tuple[Pa
     saved = [t for t in plan.tensors.values() if t.method == SAVED]
     embedding = max(saved, key=lambda t: t.nbytes)
     assert len(embedding.shape) == 2
-    spec = get_method(SAVED)
+    spec = get_method(SAVED, UNITS)
     assert spec is not None and spec.row_chunk is not None
     row = embedding.shape[1]
     small = replace(spec, row_chunk=3 * row)  # the tiny model's embedding is smaller than the real chunk
@@ -153,8 +152,7 @@ def test_a_modules_second_factor_collects_the_first_and_takes_no_worker(
     order = [plan.tensors[n] for s in plan.shards for n in s.tensors]
     flags = []
     for previous, tp in zip([None, *order[:-1]], order, strict=True):
-        spec = get_method(tp.method)
-        assert spec is not None
+        spec = plan.method_of(tp)
         flags.append(collects_sibling(previous, tp, spec))
     siblings = [tp for tp, flag in zip(order, flags, strict=True) if flag]
     modules = {dict(tp.params)["module"] for tp in order if tp.method == FACTOR_A}

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from methods.footprint_cases import DTYPES, Case, cases, measure, peaks, variants
-from resumerge.methods import MergeContext, MethodSpec, get_method, method_names, register
+from resumerge.methods import MergeContext, MethodSpec, declared, get_method, method_names
 from resumerge.methods.footprint import (
     CALL_BYTES,
     MARGIN,
@@ -42,10 +42,9 @@ Job = tuple[Case, tuple[int, ...], torch.dtype]
 
 
 def _merge_methods() -> list[str]:
-    """The merge methods of :mod:`resumerge.methods`: other packages' registered functions (LoRA extraction's
-    factors, registered once resumerge.extract is imported in this process) are measured by their own tests."""
-    return [m for m in method_names() if str(getattr(get_method(m), "fn", None).__module__)
-            .startswith("resumerge.methods.")]
+    """The merge methods of :mod:`resumerge.methods` (other packages' unit functions, LoRA extraction's factors,
+    are measured by their own tests)."""
+    return method_names()
 
 
 def _jobs() -> tuple[list[Job], list[Job]]:
@@ -166,10 +165,11 @@ def test_every_footprint_gives_its_pinned_estimates() -> None:
     assert {"int64", *MEASURED_DTYPES} <= set(grid["dtypes"])  # an unmeasured dtype's rule is pinned too
 
 
-def test_a_method_without_a_footprint_is_refused_at_registration() -> None:
+def test_a_method_without_a_footprint_is_refused_in_a_declaration() -> None:
     def identity(ctx: MergeContext) -> torch.Tensor:
         return ctx.tensors[0].clone()
 
     with pytest.raises(ValueError, match="declares no footprint"):
-        register(MethodSpec(name="footprintless_test_method", fn=identity))
-    assert get_method("footprintless_test_method") is None
+        declared(MethodSpec(name="footprintless_test_method", fn=identity))
+    with pytest.raises(ValueError, match="declared twice"):
+        declared(*(MethodSpec(name="twice", fn=identity, footprint=get_method("linear").footprint),) * 2)

@@ -15,7 +15,7 @@ from methods.footprint_cases import peaks
 
 from resumerge.methods import MergeContext, get_method
 from resumerge.methods.footprint import CALL_BYTES, MARGIN, working_bytes
-from resumerge.moe.experts import COPY_PLAIN, FUSED, FUSED_COPIES
+from resumerge.moe.experts import COPY_PLAIN, FUSED, FUSED_COPIES, UNITS
 
 NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
@@ -23,7 +23,7 @@ NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 def _stack(method: str, part: str, dtype: torch.dtype, out: str, noise: bool) -> tuple[int, int, int]:
     """(measured peak of one call, the engine's count beyond the stored inputs — output buffer plus the method's
     working set —, the output's bytes) for two experts' ``part`` stack of 64 x 32 inputs of ``dtype``."""
-    spec = get_method(method)
+    spec = get_method(method, UNITS)
     assert spec is not None and spec.footprint is not None
     per = 2 if part == "gate_up" else 1
     inputs = [torch.randn(64, 32).to(dtype) for _ in range(2 * per)]
@@ -58,7 +58,7 @@ def test_a_noised_stack_is_covered(dtype: torch.dtype, part: str) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("out", ["float32", "bfloat16"])
 def test_a_plain_copy_is_its_output_alone_and_never_its_input(dtype: torch.dtype, out: str) -> None:
-    spec = get_method(COPY_PLAIN)
+    spec = get_method(COPY_PLAIN, UNITS)
     assert spec is not None and spec.footprint is not None
     tensor = torch.randn(64, 32).to(dtype)
     ctx = MergeContext(tensors=[tensor], base_index=None, model_params=[{}], params={"dtype": out})
