@@ -4,8 +4,8 @@ A plan knows every output tensor's method, parameters and size, but not how fast
 linear is a few passes over memory, TIES a selection per task vector, DELLA a sort per row, SCE a variance in
 double precision. :func:`measure_rate` times the registered method on a few row slices of the real inputs (a few
 MB in all, so seconds at most) and returns seconds per output element; :meth:`ComputeRate.seconds_for` scales it
-to a tensor, a shard or the whole plan. Slices keep whole rows (:func:`sample_rows`), so methods that work per
-row (DELLA, row-wise nuslerp) are timed on rows of the real length.
+to a tensor, a shard or the whole plan. Slices keep whole rows (:mod:`resumerge.engine.compute_estimate` takes the
+leading rows), so methods that work per row (DELLA, row-wise nuslerp) are timed on rows of the real length.
 
 The figure is for the thread count torch uses when it is measured, and for whatever else the machine is doing
 then; rank-based methods cost slightly more per element on large tensors than on samples (cache), so treat it as
@@ -40,19 +40,6 @@ class ComputeRate:
         return self.seconds_per_element * elements
 
 
-def sample_rows(tensor: torch.Tensor, max_elements: int = DEFAULT_SAMPLE_ELEMENTS) -> torch.Tensor:
-    """Return a contiguous copy of the leading whole rows of ``tensor`` (dim 0), at most ``max_elements``.
-
-    At least one row is kept, however long; a 0-d tensor is returned as a copy. Every input of one output tensor
-    must be sampled with the same ``max_elements`` so the samples keep matching shapes.
-    """
-    if tensor.dim() == 0 or tensor.shape[0] == 0:
-        return tensor.clone()
-    row = tensor[0].numel()
-    rows = max(1, min(tensor.shape[0], max_elements // max(1, row)))
-    return tensor[:rows].contiguous()
-
-
 def measure_rate(
     method: MethodSpec | str,
     samples: Sequence[Sequence[torch.Tensor]],
@@ -70,7 +57,7 @@ def measure_rate(
     """Time ``method`` on each sample and return its seconds per output element.
 
     ``samples`` holds one entry per sampled output tensor: its inputs in config order, already cast to the
-    compute dtype and on the compute device (e.g. :func:`sample_rows` of each input). ``base_index``,
+    compute dtype and on the compute device (e.g. the same leading rows of each input). ``base_index``,
     ``model_params`` and ``params`` are the resolved parameters, as a :class:`MergeContext` takes them (one set for
     all samples). Randomised methods get a fresh generator seeded with ``seed`` per call. After one untimed
     warm-up call, each sample is run ``repeats`` times, and again while its calls together took less than

@@ -171,22 +171,6 @@ def _count(mask: torch.Tensor) -> int:
     return int(torch.count_nonzero(mask))
 
 
-def stable_ranks(keys: torch.Tensor) -> torch.Tensor:
-    """Return each key's 0-based position in a stable ascending sort of its row (rows are dim 0 of a 2-D tensor).
-
-    Equal keys in a row rank by column, lower column first. The result has ``keys``' shape, device and an integer
-    dtype (int32 below 2³¹ columns). Raises ``ValueError`` unless ``keys`` is 2-D.
-    """
-    order = stable_order(keys)
-    rows, cols = keys.shape
-    rank_dtype = torch.int32 if cols < 2**31 else torch.int64
-    ranks = torch.empty((rows, cols), dtype=rank_dtype, device=keys.device)
-    if keys.numel() == 0:
-        return ranks
-    columns = torch.arange(cols, dtype=rank_dtype, device=keys.device)
-    return ranks.scatter_(1, order, columns.expand(rows, cols))
-
-
 def stable_order(keys: torch.Tensor) -> torch.Tensor:
     """Return, for each row of a 2-D tensor, the columns of its keys in stable ascending order (int64).
 

@@ -62,8 +62,9 @@ class MergeContext:
     ``tensors`` are in config order and already cast to the compute dtype; ``base_index`` points into them (``None``
     without a base). ``model_params[i]`` holds the resolved per-model parameters of input ``i`` (none for the base
     when a parameter is ``NON_BASE``); ``params`` the global ones. Every parameter is there, unset ones at their
-    default (:meth:`MethodSpec.bind`), so a method reads ``params["name"]``. ``generator`` is seeded from (random
-    seed, output tensor name) for randomised methods, so results do not depend on execution order.
+    default (the planner fills them with :meth:`MethodSpec.bind`), so a method reads ``params["name"]``.
+    ``generator`` is seeded from (random seed, output tensor name) for randomised methods, so results do not depend
+    on execution order.
     """
 
     tensors: Sequence[torch.Tensor]
@@ -212,10 +213,10 @@ class MethodSpec:
 
     def bind(self, model_params: Sequence[Mapping[str, Any]], params: Mapping[str, Any], base_index: int | None
              ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """``model_params`` and ``params`` with every parameter the caller left out set to its default, as the
-        planner resolves them: global ones once, per-model ones for every input (``NON_BASE`` ones for every
-        input but the base). Method bodies read their parameters by name and rely on this. A required parameter
-        left out stays out (the planner refuses it before any method runs)."""
+        """``model_params`` and ``params`` with every parameter the caller left out set to its default: global ones
+        once, per-model ones for every input (``NON_BASE`` ones for every input but the base). The planner fills a
+        plan's parameters through it, and method bodies read their parameters by name and rely on this. A required
+        parameter left out stays out (the planner refuses it before any method runs)."""
         bound = {s.name: s.default for s in self.params if s.scope is Scope.GLOBAL and not s.required}
         bound.update(params)
         per_model = []

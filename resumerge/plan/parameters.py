@@ -4,17 +4,23 @@ evaluated, coerced to the parameter's kind, range-checked), and names no method 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from resumerge.config.merge_config import MergeConfig
 from resumerge.config.params import Setting, coerce, evaluate, is_missing
 from resumerge.errors import ConfigError
 from resumerge.methods.registry import MethodSpec, parameter_names
 
+# What :func:`parameter_value` returns for a parameter no level sets: the method's declaration supplies its default
+# (MethodSpec.bind), so defaults are filled in one place.
+UNSET: Final = object()
+
 
 def parameter_value(
     spec: Any, levels: list[tuple[Mapping[str, Setting], str]], match_name: str, t: float, out_name: str, where: str
 ) -> Any:
+    """The value of parameter ``spec`` at the first of ``levels`` that sets it for ``match_name`` at layer position
+    ``t`` (coerced, range-checked), :data:`UNSET` when none does; a required one left unset is a ConfigError."""
     for params, path in levels:
         if spec.name not in params:
             continue
@@ -33,7 +39,7 @@ def parameter_value(
             yaml_path=f"{where}.{spec.name}",
             hint=f"set {spec.name} for this model, its slice, or globally under parameters:",
         )
-    return spec.default
+    return UNSET
 
 
 def _check_range(spec: Any, value: Any, path: str) -> None:

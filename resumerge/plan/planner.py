@@ -43,7 +43,7 @@ from resumerge.plan.module_views import (
 )
 from resumerge.plan.modules import plan_modules, refuse_sliced_modules
 from resumerge.plan.outconfig import build_out_config
-from resumerge.plan.parameters import check_parameter_names, parameter_value
+from resumerge.plan.parameters import UNSET, check_parameter_names, parameter_value
 from resumerge.plan.sharding import assign_shards, resolve_shard_size
 from resumerge.plan.tokenizer_plan import build_output_tokenizer, tokenizer_hashes, tokenizer_output
 from resumerge.plan.truncation import common_rows, leading_rows, truncation_notes
@@ -509,7 +509,9 @@ def _resolve_params(
         if spec.scope is Scope.GLOBAL:
             levels = [(sl.parameters, f"{sl.yaml_path}.parameters"),
                       (sl.module_parameters, f"{sl.module_path}.parameters"), (config.parameters, "parameters")]
-            global_values[spec.name] = parameter_value(spec, levels, out_name, t, out_name, "parameters")
+            value = parameter_value(spec, levels, out_name, t, out_name, "parameters")
+            if value is not UNSET:
+                global_values[spec.name] = value
             continue
         for i, (src, in_name) in enumerate(zip(sl.sources, in_names)):
             if spec.scope is Scope.NON_BASE and i == base_index:
@@ -520,7 +522,10 @@ def _resolve_params(
                 (sl.module_parameters, f"{sl.module_path}.parameters"),
                 (config.parameters, "parameters"),
             ]
-            per_model[i][spec.name] = parameter_value(spec, levels, in_name, t, out_name, f"{src.yaml_path}.parameters")
+            value = parameter_value(spec, levels, in_name, t, out_name, f"{src.yaml_path}.parameters")
+            if value is not UNSET:
+                per_model[i][spec.name] = value
+    per_model, global_values = method.bind(per_model, global_values, base_index)
     if method.check is not None:
         problem = method.check(global_values, per_model)
         if problem:

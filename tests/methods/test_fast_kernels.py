@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from resumerge.methods import sce_steps, sparsify
-from resumerge.methods.consensus import sign_consensus_mask, sign_consensus_weights
+from resumerge.methods.consensus import sign_consensus_weights
 
 SPECIALS = [0.0, -0.0, float("inf"), float("-inf"), float("nan")]
 BITS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
@@ -67,7 +67,11 @@ def test_sign_consensus_weights_are_the_bool_mask_as_numbers(dtype: torch.dtype)
     deltas[:, 0, :4] = torch.tensor([[1.0, 0.0, -0.0, 2.0], [-1.0, 0.0, 0.0, -2.0], [0.0, -0.0, 0.0, 0.0]]).to(dtype)
     weights = sign_consensus_weights(deltas)
     assert weights.dtype == dtype
-    assert torch.equal(_bits(weights), _bits(sign_consensus_mask(deltas).to(dtype)))
+    # mergekit's definition: the sign of the sum elects (a zero sum elects +), and an entry is kept where its own
+    # sign equals the elected one (zeros and NaN never do).
+    elected = torch.where(deltas.sum(dim=0) >= 0, 1.0, -1.0).to(dtype)
+    mask = torch.sign(deltas) == elected
+    assert torch.equal(_bits(weights), _bits(mask.to(dtype)))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
