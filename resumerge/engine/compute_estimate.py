@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from resumerge.engine.compute import load_context
 from resumerge.engine.costs import ComputeGroup
-from resumerge.engine.executor import _read_input
 from resumerge.engine.kernels import serial_kernels
 from resumerge.engine.method_timing import DEFAULT_SAMPLE_ELEMENTS, measure_rate
 from resumerge.inputs.safetensors_format import numel
@@ -124,7 +124,7 @@ def measure_compute(plan: Plan, pending: Sequence[ShardPlan], *, sources: InputS
             if spec is not None and spec.whole_cost is not None:
                 results.append(_measure_whole(plan, group, spec, device, serial, workers, timed))
             else:
-                results.append(_measure(plan, group, reader, device, max_bytes // len(groups), max_seconds / left))
+                results.append(_measure(plan, group, reader, max_bytes // len(groups), max_seconds / left))
             max_seconds = max(0.0, max_seconds - results[-1].measure_seconds)
         return tuple(results)
     finally:
@@ -170,7 +170,7 @@ def _unmeasured(group: _Group, plan: Plan, why: str) -> ComputeGroup:
                         0, 0, None, torch.get_num_threads(), False, why)
 
 
-def _measure(plan: Plan, group: _Group, sources: InputSources, device: torch.device, max_bytes: int,
+def _measure(plan: Plan, group: _Group, sources: InputSources, max_bytes: int,
              max_seconds: float) -> ComputeGroup:
     """Sample ``group``'s representatives within ``max_bytes`` of input and time the method on them."""
     chosen = group.representatives()
@@ -187,7 +187,7 @@ def _measure(plan: Plan, group: _Group, sources: InputSources, device: torch.dev
     try:
         for index, tp in enumerate(chosen):
             part = chunk_plan(tp, 0, _rows(tp, per_sample))
-            tensors, nbytes, made_up = _prepare(plan, part, sources, device)
+            tensors, nbytes, made_up = _prepare(plan, part, sources, spec)
             read += nbytes
             synthetic = synthetic or made_up
             budget = max(0.0, max_seconds - (time.perf_counter() - started)) / (len(chosen) - index)
@@ -269,25 +269,17 @@ def _rows(tp: TensorPlan, max_bytes: int) -> int:
 
 
 def _prepare(plan: Plan, tp: TensorPlan, sources: InputSources,
-             device: torch.device) -> tuple[list[torch.Tensor], int, bool]:
-    """The inputs of ``tp`` as the method sees them, on ``device``; the bytes read and whether they are synthetic.
+             spec: MethodSpec) -> tuple[list[torch.Tensor], int, bool]:
+    """The inputs of ``tp`` as ``spec`` sees them, on the plan's device; the bytes read and whether they are
+    synthetic (when any input file is not on disk).
 
-    Read and cast as :func:`~resumerge.engine.executor.compute_tensor` does (LoRA deltas merged, ``dtype:``
-    applied, mixed dtypes promoted); synthetic when any input file is not on disk.
+    Read by :func:`~resumerge.engine.compute.load_context`, the engine's own read (LoRA deltas merged, ``dtype:``
+    applied, mixed dtypes promoted), so what is timed is what the run computes on.
     """
     if not all(_on_disk(plan, ref) for ref in tp.inputs):
-        return _synthetic(tp, device), 0, True
-    tensors = [_read_input(ref, sources) for ref in tp.inputs]
-    nbytes = sum(_ref_bytes(ref) for ref in tp.inputs)
-    tensors = [t.to(device) for t in tensors]
-    if tp.compute_dtype is not None:
-        tensors = [t.to(NAME_DTYPES[tp.compute_dtype]) for t in tensors]
-    elif len({t.dtype for t in tensors}) > 1:
-        common = tensors[0].dtype
-        for t in tensors[1:]:
-            common = torch.promote_types(common, t.dtype)
-        tensors = [t.to(common) for t in tensors]
-    return tensors, nbytes, False
+        return _synthetic(tp, torch.device(plan.options.device)), 0, True
+    tensors = list(load_context(plan, tp, sources, spec).tensors)
+    return tensors, sum(_ref_bytes(ref) for ref in tp.inputs), False
 
 
 def _ref_bytes(ref: InputRef) -> int:

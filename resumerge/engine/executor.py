@@ -24,9 +24,7 @@ from contextlib import nullcontext
 from dataclasses import replace
 from typing import Protocol
 
-# _read_input is re-exported for resumerge.engine.compute_estimate, which reads inputs as the engine does.
 from resumerge.engine import cpupriority
-from resumerge.engine.compute import _read_input as _read_input
 from resumerge.engine.compute import apply_rows, compute_in_passes, compute_tensor, observe_rows
 from resumerge.engine.devices import is_gpu
 from resumerge.engine.interrupts import commit_uploaded
