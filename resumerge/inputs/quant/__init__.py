@@ -1,0 +1,26 @@
+"""Quantized checkpoints' tensor formats: pure decode/encode kernels and the recognition of a checkpoint's format.
+
+One file per format, torch only, no file access: :mod:`.fp8_block` (DeepSeek-style block FP8),
+:mod:`.compressed_tensors` (llm-compressor's pack-, float- and naive-quantized), :mod:`.mxfp4` (gpt-oss experts).
+Each decodes stored codes and their scales to float32 and encodes float32 back, in row chunks where the format
+allows; :mod:`.grid`, :mod:`.byte_tables` and :mod:`.int_pack` are the pieces they share.
+:func:`.recognise.recognise` reads a checkpoint's ``quantization_config`` and safetensors headers (never a payload)
+and returns a :class:`.verdict.Checkpoint`: per stored tensor its role and, per quantized weight, how it decodes —
+or refuses a format resumerge cannot decode (:mod:`.refusals`), in one line naming a tensor and the fix.
+The codecs that read and write tensors through these kernels live with the codec seam, not here.
+
+May import: errors, torch_import.
+"""
+
+__all__ = [
+    "byte_tables",
+    "compressed_tensors",
+    "fp8_block",
+    "grid",
+    "int_pack",
+    "mxfp4",
+    "recognise",
+    "recognise_ct",
+    "refusals",
+    "verdict",
+]

@@ -1,0 +1,73 @@
+"""Decoding bytes through a table: each stored byte (or pair of bytes) becomes one or more float32 values.
+
+torch's own FP8 → float32 cast runs one element at a time on CPU; every format of this package stores codes of at
+most 8 bits, so a byte's values are looked up instead. A table row is gathered as one wide scalar (4, 8 or 16
+bytes: int32, int64, complex128 — a bit-exact copy, about 3× faster than gathering a 2-D table's rows), two bytes
+at a time where that row is at most 16 bytes (a 65,536-row table, 0.5–1 MiB), in slabs that keep the index buffer
+in cache. Tables depend on the host's byte order only through how they are built, never through how they are
+indexed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from resumerge.torch_import import torch
+
+__all__ = ["ByteTable", "byte_table", "decode_bytes"]
+
+# Indices per gather: enough to amortise a kernel launch, few enough that the int32 index slab stays in L1/L2.
+SLAB = 1 << 15
+# Row width in bytes -> the scalar dtype that copies it in one piece.
+_WIDE = {4: "int32", 8: "int64", 16: "complex128"}
+
+
+@dataclass(frozen=True)
+class ByteTable:
+    """Byte ``b``'s ``per_byte`` float32 values (``single``, rows viewed as one wide scalar each), and the
+    same for every two-byte pair (``pair``, row ``v + 32768`` for the int16 ``v`` the pair reads as), or None when
+    a pair's row would be wider than 16 bytes."""
+
+    per_byte: int
+    single: torch.Tensor
+    pair: torch.Tensor | None
+
+
+def _wide(rows: torch.Tensor) -> torch.Tensor:
+    name = _WIDE.get(rows.shape[1] * 4)
+    return rows.contiguous() if name is None else rows.contiguous().view(getattr(torch, name)).view(-1)
+
+
+def byte_table(values: torch.Tensor) -> ByteTable:
+    """The table of a ``[256, k]`` float32 tensor (row ``b``: the ``k`` values byte ``b`` holds, in element
+    order). Formats build theirs once per process (``functools.cache``)."""
+    if values.shape[0] != 256 or values.ndim != 2 or values.dtype != torch.float32:
+        raise ValueError(f"a byte table is [256, k] float32, got {tuple(values.shape)} {values.dtype}")
+    per_byte = values.shape[1]
+    pair = None
+    if per_byte * 8 <= 16:
+        words = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
+        first, second = words.view(torch.uint8).view(-1, 2).long().unbind(1)
+        pair = _wide(torch.cat([values[first], values[second]], dim=1))
+    return ByteTable(per_byte, _wide(values), pair)
+
+
+def decode_bytes(data: torch.Tensor, table: ByteTable, out: torch.Tensor) -> torch.Tensor:
+    """Write into ``out`` (float32, contiguous, ``data.numel() · per_byte`` elements) the values of every byte of
+    ``data`` (uint8, contiguous), in order. Returns ``out``."""
+    flat = data.reshape(-1)
+    if table.pair is not None and flat.numel() % 2 == 0:
+        source, lookup, offset = flat.view(torch.int16), table.pair, 32768
+    else:
+        source, lookup, offset = flat, table.single, 0
+    target = out.view(-1).view(lookup.dtype) if lookup.ndim == 1 else out.view(-1, lookup.shape[1])
+    count = source.numel()
+    index = torch.empty(min(SLAB, count), dtype=torch.int32)
+    for a in range(0, count, SLAB):
+        b = min(count, a + SLAB)
+        slab = index[: b - a]
+        slab.copy_(source[a:b])
+        if offset:
+            slab.add_(offset)
+        torch.index_select(lookup, 0, slab, out=target[a:b])
+    return out

@@ -1,0 +1,115 @@
+"""Block FP8 (DeepSeek-V3/R1, Kimi-K2, Qwen3 "-FP8"): F8_E4M3 codes times one float32 scale per block.
+
+Decode (DeepSeek-V3 ``README_WEIGHTS.md``): ``w[i, j] = q[i, j] · s[i // bh, j // bw]`` in float32 —
+``weight_scale_inv`` is multiplied despite its name — with partial edge blocks using their scale over fewer
+elements. Encode (DeepSeek's ``act_quant_kernel``): per block ``s = amax(|w|) / 448`` in float32, codes
+``clamp(w / s, −448, 448)`` rounded to the nearest E4M3 value (ties to even; the clamp is explicit, never left to
+the cast); with ``scale_fmt="ue8m0"``, ``s = 2^ceil(log2(amax / 448))``, the exponent taken exactly.
+
+An all-zero block gets scale 1, as transformers' ``Fp8Quantize`` stores it: its codes are zero under any scale, 1
+is exact in every scale format (a power of two for ue8m0 too), and — unlike DeepSeek's kernel, which floors amax at
+1e-4 — no block with a nonzero amax has its scale changed, so every block whose stored scale follows the rule
+above survives a decode → encode round trip byte for byte (``fl(fl(448·s)/448) = s`` for every ``s = fl(a/448)``).
+
+The kernels take 2-D ``[rows, cols]`` tensors (a fused-experts tensor is decoded one expert at a time) and work in
+slabs of whole block rows, so a codec can decode or encode any row chunk ``[a, b)``: decoding needs the scale rows
+:func:`~resumerge.inputs.quant.grid.grid_rows` names; encoding needs a chunk that starts at a block row.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from resumerge.inputs.quant.byte_tables import ByteTable, byte_table, decode_bytes
+from resumerge.inputs.quant.grid import Block, grid_amax, pieces
+from resumerge.torch_import import torch
+
+__all__ = ["E4M3_MAX", "decode", "encode", "scales_for"]
+
+E4M3_MAX = 448.0
+# Rows per slab at least: enough elements per kernel to amortise its launch (a block row is usually more).
+_SLAB_ELEMENTS = 1 << 18
+
+
+@functools.cache
+def _table() -> ByteTable:
+    """Each of the 256 E4M3 bytes' value."""
+    every_byte = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+    return byte_table(every_byte.to(torch.float32).unsqueeze(1))
+
+
+def _slabs(start: int, stop: int, bh: int, cols: int) -> list[tuple[int, int]]:
+    """Row ranges (relative to ``start``) of whole block rows, each at least ``_SLAB_ELEMENTS`` when possible."""
+    per = max(1, _SLAB_ELEMENTS // max(1, cols * bh)) * bh
+    out = []
+    row = start
+    while row < stop:
+        end = min(stop, (row // bh) * bh + per)
+        out.append((row - start, end - start))
+        row = end
+    return out
+
+
+def decode(codes: torch.Tensor, scale_inv: torch.Tensor, block: Block, *, row_start: int = 0,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """Dequantize rows ``[row_start, row_start + n)`` of a block-FP8 weight to float32.
+
+    ``codes``: those rows' ``[n, cols]`` float8_e4m3fn (or their uint8 bytes); ``scale_inv``: the scale grid from
+    grid row ``row_start // block[0]`` on (any float dtype; float8_e8m0fnu too); ``out``: an optional float32
+    ``[n, cols]`` contiguous buffer to fill. Returns the float32 rows.
+    """
+    n, cols = codes.shape
+    if out is None:
+        out = torch.empty((n, cols), dtype=torch.float32)
+    data = codes.contiguous().view(torch.uint8)
+    scales = scale_inv.to(torch.float32)
+    bh = block[0]
+    first = row_start // bh
+    for a, b in _slabs(row_start, row_start + n, bh, cols):
+        slab = out[a:b]
+        decode_bytes(data[a:b], _table(), slab)
+        grid = scales[(row_start + a) // bh - first:]
+        for piece, (s,) in pieces(slab, [grid], block, row_start=row_start + a):
+            piece.mul_(s)
+    return out
+
+
+def scales_for(amax: torch.Tensor, scale_fmt: str = "float") -> torch.Tensor:
+    """The float32 scale of each block from its float32 ``amax``: ``amax / 448`` (``"float"``) or the power of
+    two at or above it (``"ue8m0"``); 1 for an all-zero block; never 0 for a nonzero one (an amax so small that
+    ``amax / 448`` underflows gets the smallest subnormal)."""
+    scale = amax / E4M3_MAX
+    scale.clamp_(min=torch.finfo(torch.float32).smallest_normal * 2.0 ** -23)
+    if scale_fmt == "ue8m0":
+        mantissa, exponent = torch.frexp(scale)
+        # scale = m · 2^e with m in [0.5, 1): ceil(log2(scale)) is e, or e − 1 when m is exactly 0.5.
+        exponent -= (mantissa == 0.5).to(exponent.dtype)
+        scale = torch.ldexp(torch.ones_like(scale), exponent)
+    elif scale_fmt != "float":
+        raise ValueError(f"unknown scale_fmt {scale_fmt!r} (float or ue8m0)")
+    return scale.masked_fill_(amax == 0, 1.0)
+
+
+def encode(values: torch.Tensor, block: Block, *, scale_fmt: str = "float",
+           codes_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize float32 rows ``[n, cols]`` that start at a block row (the last block row may be partial only at
+    the weight's end) to block FP8: returns ``(codes, scale_inv)``, ``[n, cols]`` float8_e4m3fn and the float32
+    grid ``[ceil(n / bh), ceil(cols / bw)]``.
+
+    ``values`` is the kernel's scratch: it is left holding ``clamp(values / scale, ±448)``. Pass a copy to keep it.
+    ``codes_out``, if given, is filled and returned.
+    """
+    n, cols = values.shape
+    codes = codes_out if codes_out is not None else torch.empty((n, cols), dtype=torch.float8_e4m3fn)
+    bh = block[0]
+    grids = []
+    for a, b in _slabs(0, n, bh, cols):
+        slab = values[a:b]
+        scale = scales_for(grid_amax(slab, block), scale_fmt)
+        for piece, (s,) in pieces(slab, [scale], block):
+            piece.div_(s)
+        slab.clamp_(-E4M3_MAX, E4M3_MAX)
+        codes[a:b].copy_(slab)
+        grids.append(scale)
+    scale_inv = torch.cat(grids) if len(grids) != 1 else grids[0]
+    return codes, scale_inv

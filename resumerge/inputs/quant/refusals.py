@@ -1,0 +1,87 @@
+"""Quantization formats resumerge refuses, and the one line each refusal prints.
+
+A refused checkpoint stops the run at exit 2 (:class:`~resumerge.errors.ModelInputError`) before any weight is
+read or written, with one line naming the format, a tensor that shows it, and what to do: dequantize the
+checkpoint with the tool that made it, then merge that copy. Formats are named from ``quantization_config``'s
+``quant_method`` (every method transformers knows: ``utils/quantization_config.py QuantizationMethod``) and, when
+a checkpoint has no ``quantization_config``, from tensor names only its format uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from resumerge.errors import ModelInputError
+
+__all__ = ["GGUF_MAGIC", "HeaderMap", "refuse", "refuse_gguf", "refuse_method", "telltale"]
+
+# name -> (safetensors dtype, shape): the whole checkpoint's headers, every shard together.
+HeaderMap = Mapping[str, tuple[str, tuple[int, ...]]]
+
+GGUF_MAGIC = b"GGUF"
+
+_DEQUANTIZE = "dequantize it with its own tool first and merge that copy"
+
+# quant_method -> (the format's name, what dequantizes it, tensor-name endings only that format stores; one ending
+# in "." matches anywhere in a name).
+KNOWN: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "bitsandbytes": ("bitsandbytes", "transformers: load it, model.dequantize(), save_pretrained",
+                     (".absmax", ".quant_map", ".quant_state.", ".nested_absmax", ".SCB", ".weight_format")),
+    "gptq": ("GPTQ", "GPTQModel or transformers with optimum: load, dequantize, save",
+             (".qweight", ".qzeros", ".g_idx")),
+    "awq": ("AWQ", "transformers or AutoAWQ: load, dequantize, save", (".qweight", ".qzeros")),
+    "auto-round": ("AutoRound", "auto-round or transformers: load, dequantize, save", (".qweight", ".qzeros")),
+    "hqq": ("HQQ", "hqq or transformers: load, dequantize, save", (".W_q",)),
+    "torchao": ("torchao", "torchao: load, dequantize, save", ()),
+    "modelopt": ("NVIDIA ModelOpt", "TensorRT Model Optimizer: export unquantized weights",
+                 (".weight_scale_2",)),
+    "nvfp4": ("NVFP4", "its producer (ModelOpt, llm-compressor): export unquantized weights",
+              (".weight_scale_2", ".weight_global_scale")),
+    "mxfp8": ("MXFP8", "transformers: load, dequantize, save", ()),
+    "fbgemm_fp8": ("fbgemm FP8", "transformers: load, dequantize, save", ()),
+    "quanto": ("optimum-quanto", "optimum-quanto: load, dequantize, save", ()),
+    "eetq": ("EETQ", "transformers: load, dequantize, save", ()),
+    "aqlm": ("AQLM", "aqlm: load, dequantize, save", (".codebooks",)),
+    "vptq": ("VPTQ", "vptq: load, dequantize, save", ()),
+    "higgs": ("HIGGS", "transformers: load, dequantize, save", ()),
+    "spqr": ("SpQR", "spqr: load, dequantize, save", ()),
+    "bitnet": ("BitNet", "transformers: load, dequantize, save", ()),
+    "quark": ("AMD Quark", "quark: export unquantized weights", ()),
+    "fp_quant": ("FP-Quant", "fp_quant: load, dequantize, save", ()),
+    "gguf": ("GGUF", "llama.cpp's convert tools or transformers (gguf_file=...): save unquantized", ()),
+}
+# Methods spelled differently by their producers.
+KNOWN["autoawq"] = KNOWN["llm-awq"] = KNOWN["awq"]
+KNOWN["intel/auto-round"] = KNOWN["auto-round"]
+
+
+def refuse(source: str, what: str, tensor: str | None, hint: str = _DEQUANTIZE) -> ModelInputError:
+    """The exit-2 error for a checkpoint resumerge will not decode: ``what`` it is, the ``tensor`` that shows it
+    (its one line: ``source: what: tensor — hint``)."""
+    message = f"{what}: {tensor}" if tensor else what
+    return ModelInputError(message, hint=hint, path=source or None, tensor=tensor)
+
+
+def telltale(names: Iterable[str], endings: tuple[str, ...]) -> str | None:
+    """The first name (sorted) that ends with one of ``endings`` (or contains one that ends in "."), or None."""
+    return next((name for name in sorted(names)
+                 if any(name.endswith(e) or (e.endswith(".") and e in name) for e in endings)), None)
+
+
+def refuse_method(method: str, headers: HeaderMap, source: str) -> ModelInputError:
+    """The refusal for ``quant_method`` ``method``: a known unsupported format, or an unknown method."""
+    label, tool, fragments = KNOWN.get(method.lower(), (None, "", ()))
+    tensor = telltale(headers, fragments) or (min(headers) if headers else "(no tensors)")
+    if label is None:
+        return refuse(source, f"unknown quantization method {method!r} in config.json, which resumerge cannot "
+                              "decode (it decodes fp8, compressed-tensors and mxfp4)", tensor)
+    return refuse(source, f"quantized with {label}, which resumerge cannot decode", tensor,
+                  f"{_DEQUANTIZE} ({tool})")
+
+
+def refuse_gguf(head: bytes, path: str) -> None:
+    """Raise the GGUF refusal if a weight file's first bytes are GGUF's magic (it is not safetensors)."""
+    if head[:4] == GGUF_MAGIC:
+        label, tool, _ = KNOWN["gguf"]
+        raise refuse(path, f"a {label} file, not safetensors, which resumerge cannot decode", None,
+                     f"{_DEQUANTIZE} ({tool})")
