@@ -4,12 +4,14 @@ Decode (DeepSeek-V3 ``README_WEIGHTS.md``): ``w[i, j] = q[i, j] · s[i // bh, j 
 ``weight_scale_inv`` is multiplied despite its name — with partial edge blocks using their scale over fewer
 elements. Encode (DeepSeek's ``act_quant_kernel``): per block ``s = amax(|w|) / 448`` in float32, codes
 ``clamp(w / s, −448, 448)`` rounded to the nearest E4M3 value (ties to even; the clamp is explicit, never left to
-the cast); with ``scale_fmt="ue8m0"``, ``s = 2^ceil(log2(amax / 448))``, the exponent taken exactly.
+the cast); with ``scale_fmt="ue8m0"``, ``s = 2^ceil(log2(amax / 448))``, the exponent taken exactly (halved when
+the block's largest code would round down to 224, see :func:`scales_for`).
 
 An all-zero block gets scale 1, as transformers' ``Fp8Quantize`` stores it: its codes are zero under any scale, 1
 is exact in every scale format (a power of two for ue8m0 too), and — unlike DeepSeek's kernel, which floors amax at
 1e-4 — no block with a nonzero amax has its scale changed, so every block whose stored scale follows the rule
-above survives a decode → encode round trip byte for byte (``fl(fl(448·s)/448) = s`` for every ``s = fl(a/448)``).
+above survives a decode → encode round trip byte for byte (``fl(fl(448·s)/448) = s`` for every ``s = fl(a/448)``;
+blocks whose amax is below 448 · 2^−126, where the scale is subnormal, are not guaranteed to).
 
 The kernels take 2-D ``[rows, cols]`` tensors (a fused-experts tensor is decoded one expert at a time) and work in
 slabs of whole block rows, so a codec can decode or encode any row chunk ``[a, b)``: decoding needs the scale rows
@@ -76,8 +78,9 @@ def decode(codes: torch.Tensor, scale_inv: torch.Tensor, block: Block, *, row_st
 
 def scales_for(amax: torch.Tensor, scale_fmt: str = "float") -> torch.Tensor:
     """The float32 scale of each block from its float32 ``amax``: ``amax / 448`` (``"float"``) or the power of
-    two at or above it (``"ue8m0"``); 1 for an all-zero block; never 0 for a nonzero one (an amax so small that
-    ``amax / 448`` underflows gets the smallest subnormal)."""
+    two at or above it (``"ue8m0"``, halved when the largest code would round down to 224); 1 for an all-zero
+    block; never 0 for a nonzero one (an amax so small that ``amax / 448`` underflows gets the smallest
+    subnormal)."""
     scale = amax / E4M3_MAX
     scale.clamp_(min=torch.finfo(torch.float32).smallest_normal * 2.0 ** -23)
     if scale_fmt == "ue8m0":
@@ -85,6 +88,10 @@ def scales_for(amax: torch.Tensor, scale_fmt: str = "float") -> torch.Tensor:
         # scale = m · 2^e with m in [0.5, 1): ceil(log2(scale)) is e, or e − 1 when m is exactly 0.5.
         exponent -= (mantissa == 0.5).to(exponent.dtype)
         scale = torch.ldexp(torch.ones_like(scale), exponent)
+        # A largest value that lands in (224, 232] rounds to the code 224, and 224 · 2^k is 448 · 2^(k−1), which is
+        # what encoding the decoded block would choose: choose it now, so a decoded block encodes back to itself.
+        # The block's values are the same numbers either way (its tiny ones a little more precise).
+        scale = torch.where((amax / scale <= 232.0) & (amax > 0), scale * 0.5, scale)
     elif scale_fmt != "float":
         raise ValueError(f"unknown scale_fmt {scale_fmt!r} (float or ue8m0)")
     return scale.masked_fill_(amax == 0, 1.0)

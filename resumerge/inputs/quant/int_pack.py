@@ -47,10 +47,11 @@ def _table(bits: int) -> ByteTable:
 
 def _bytes(words: torch.Tensor) -> torch.Tensor:
     """The words' bytes in value order (least significant first), whatever the host's byte order."""
-    data = words.contiguous().view(torch.uint8)
+    # Through 1-D: a [n, 1] transposed view passes as contiguous with a last stride other than 1.
+    data = words.contiguous().reshape(-1).view(torch.uint8)
     if sys.byteorder == "big":
-        data = data.view(-1, 4).flip(-1).contiguous().view(words.shape[0], -1)
-    return data
+        data = data.view(-1, 4).flip(-1).contiguous()
+    return data.view(words.shape[0], -1)
 
 
 def decode_words(words: torch.Tensor, bits: int, out: torch.Tensor) -> torch.Tensor:
