@@ -34,6 +34,9 @@ GROUP = 32
 # Midpoints between consecutive E2M1 magnitudes: a magnitude's code is how many of them are at or below it (so a
 # tie goes up, away from zero), and everything from 5 up saturates at 6.
 _THRESHOLDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+# Every midpoint has at most two mantissa bits, so which side of each a float32 lies on shows in its sign,
+# exponent and top two mantissa bits: its bits >> 21 index the code directly (2,048 entries).
+_CODE_SHIFT = 21
 # Output rows per slab at least: the slab's float32 values stay in cache between the passes.
 _SLAB_ELEMENTS = 1 << 16
 
@@ -51,6 +54,15 @@ def _powers() -> torch.Tensor:
     powers = torch.ldexp(torch.ones(256), torch.arange(-127, 129, dtype=torch.int32))
     powers[255] = math.nan
     return powers
+
+
+@functools.cache
+def _codes() -> torch.Tensor:
+    """The E2M1 code (sign included, −0 as 8) of every float32 by its bits >> 21."""
+    index = torch.arange(2048, dtype=torch.int64)
+    smallest = (index << _CODE_SHIFT).to(torch.int32).view(torch.float32)  # the index's lowest float (wraps to sign)
+    magnitude = torch.bucketize(smallest.abs(), torch.tensor(_THRESHOLDS), right=True, out_int32=True)
+    return (magnitude | (torch.signbit(smallest).to(torch.int32) << 3)).to(torch.uint8)
 
 
 def decoded_shape(blocks_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -102,9 +114,11 @@ def encode(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     flat_in = values.reshape(-1, cols, rows)
     flat_blocks = blocks.view(-1, rows, groups * GROUP // 2)
     flat_scales = scales.view(-1, rows, groups)
-    thresholds = torch.tensor(_THRESHOLDS, dtype=torch.float32)
+    table = _codes()
     step = _slab_rows(cols)
     scratch = torch.empty((min(step, rows), cols), dtype=torch.float32)
+    index = torch.empty((min(step, rows), cols), dtype=torch.int32)
+    codes = torch.empty((min(step, rows), cols), dtype=torch.uint8)
     for lead_index in range(flat_in.shape[0]):
         for a in range(0, rows, step):
             b = min(rows, a + step)
@@ -118,9 +132,12 @@ def encode(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             exponent.masked_fill_(amax == 0, -127)
             flat_scales[lead_index, a:b] = (exponent + 127).to(torch.uint8)
             grouped.mul_(torch.ldexp(torch.ones_like(amax), exponent.neg_()).unsqueeze(-1))
-            codes = torch.bucketize(slab.abs(), thresholds, right=True, out_int32=True)
-            codes.bitwise_or_(torch.signbit(slab).to(torch.int32) << 3)
-            pairs = codes.view(b - a, -1, 2)
-            packed = pairs[:, :, 0].bitwise_or(pairs[:, :, 1] << 4)
-            flat_blocks[lead_index, a:b] = packed.to(torch.uint8)
+            slab_index = index[: b - a]
+            torch.bitwise_right_shift(slab.view(torch.int32), _CODE_SHIFT, out=slab_index)
+            slab_index.bitwise_and_(0x7FF)
+            slab_codes = codes[: b - a]
+            torch.index_select(table, 0, slab_index.view(-1), out=slab_codes.view(-1))
+            pairs = slab_codes.view(b - a, -1, 2)
+            torch.bitwise_left_shift(pairs[:, :, 1], 4, out=flat_blocks[lead_index, a:b])
+            flat_blocks[lead_index, a:b].bitwise_or_(pairs[:, :, 0])
     return blocks, scales
