@@ -11,6 +11,7 @@ shape does not match its weight's blocks.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -91,7 +92,7 @@ def _fp8_weights(config: Mapping[str, Any], headers: HeaderMap, source: str) -> 
                                  f"{dtype} {list(shape)} with {scale_dtype}", name)
         block = (int(size[0]), int(size[1])) if size else (shape[-2], shape[-1])
         expected = (*shape[:-2], *grid_shape((shape[-2], shape[-1]), block))
-        if tuple(scale_shape) != expected and not (not size and _numel(scale_shape) == 1):
+        if tuple(scale_shape) != expected and not (not size and math.prod(scale_shape) == 1):
             raise refuse(source, f"the scale {scale_name} has shape {list(scale_shape)}, but a {list(shape)} weight "
                                  f"in {list(block)} blocks needs {list(expected)}", name,
                          "the checkpoint or its weight_block_size is wrong: download it again")
@@ -134,10 +135,3 @@ def _mxfp4_weights(headers: HeaderMap, source: str) -> dict[str, QuantizedTensor
                                  f"{name.removesuffix('_scales')}_blocks)", name,
                          "the checkpoint is incomplete: download it again")
     return found
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
