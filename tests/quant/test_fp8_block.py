@@ -132,3 +132,14 @@ def test_values_beyond_the_range_clamp_to_448_instead_of_becoming_nan() -> None:
     codes, scales = fp8_block.encode(torch.tensor([[3.0e38, 1.0, -3.0e38]]), (1, 3))
     assert codes.float().tolist() == [[448.0, 0.0, -448.0]]
     assert torch.isfinite(scales).all()
+
+
+@pytest.mark.parametrize(("dtype", "fmt"), [(torch.bfloat16, "float"), (torch.float8_e8m0fnu, "ue8m0")])
+def test_codes_are_computed_with_the_scale_as_it_is_stored(dtype: torch.dtype, fmt: str) -> None:
+    w = torch.randn(130, 140, generator=torch.Generator().manual_seed(2)) * 0.02
+    codes, scales = fp8_block.encode(w.clone(), BLOCK, scale_fmt=fmt, scale_dtype=dtype)
+    assert scales.dtype == dtype
+    stored = scales.to(torch.float32).repeat_interleave(128, 0).repeat_interleave(128, 1)[:130, :140]
+    expected = torch.clamp(w / stored, -448.0, 448.0).to(torch.float8_e4m3fn)
+    assert torch.equal(_bytes(codes), _bytes(expected))
+    assert torch.equal(fp8_block.decode(codes, scales, BLOCK), deepseek_dequant(codes, scales, BLOCK))

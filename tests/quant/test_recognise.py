@@ -8,6 +8,7 @@ import pytest
 
 from resumerge.errors import EXIT_INVALID, ModelInputError, exit_code_for
 from resumerge.inputs.quant.recognise import recognise
+from resumerge.inputs.quant.recognise_ct import packed_shape
 from resumerge.inputs.quant.refusals import HeaderMap, refuse_gguf
 from resumerge.inputs.quant.verdict import TensorRole
 
@@ -191,3 +192,17 @@ def test_broken_or_undecodable_quantized_weights_name_the_tensor(config: dict[st
                                                                   words: str, tensor: str) -> None:
     line = _one_line(config, tensors)
     assert words in line and tensor in line
+
+
+def test_the_packed_width_comes_from_weight_shape_and_is_checked() -> None:
+    headers: HeaderMap = {"m.weight_packed": ("I32", (10, 3)), "m.weight_scale": ("F32", (10, 1)),
+                          "m.weight_shape": ("I64", (2,))}
+    config = {**CT_INT4, "config_groups": {"g": {"targets": ["Linear"], "weights": {
+        "num_bits": 4, "type": "int", "symmetric": True, "strategy": "channel"}}}}
+    weight = recognise(config, headers).quantized["m.weight"]
+    assert weight.shape is None
+    assert packed_shape(weight, [10, 20], headers) == (10, 20)
+    for wrong in ([10, 30], [9, 20], [10]):
+        with pytest.raises(ModelInputError) as caught:
+            packed_shape(weight, wrong, headers, "models/parent")
+        assert "m.weight_shape" in caught.value.one_line() and "does not fit" in caught.value.one_line()

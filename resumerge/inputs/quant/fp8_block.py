@@ -97,11 +97,12 @@ def scales_for(amax: torch.Tensor, scale_fmt: str = "float") -> torch.Tensor:
     return scale.masked_fill_(amax == 0, 1.0)
 
 
-def encode(values: torch.Tensor, block: Block, *, scale_fmt: str = "float",
+def encode(values: torch.Tensor, block: Block, *, scale_fmt: str = "float", scale_dtype: torch.dtype = torch.float32,
            codes_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize float32 rows ``[n, cols]`` that start at a block row (the last block row may be partial only at
-    the weight's end) to block FP8: returns ``(codes, scale_inv)``, ``[n, cols]`` float8_e4m3fn and the float32
-    grid ``[ceil(n / bh), ceil(cols / bw)]``.
+    the weight's end) to block FP8: returns ``(codes, scale_inv)``, ``[n, cols]`` float8_e4m3fn and the grid
+    ``[ceil(n / bh), ceil(cols / bw)]`` in ``scale_dtype`` (the stored scale's dtype: the codes are computed with
+    the scale rounded to it, so they decode with the scale as stored; float8_e8m0fnu holds ue8m0 scales exactly).
 
     ``values`` is the kernel's scratch: it is left holding ``clamp(values / scale, ±448)``. Pass a copy to keep it.
     ``codes_out``, if given, is filled and returned.
@@ -113,10 +114,12 @@ def encode(values: torch.Tensor, block: Block, *, scale_fmt: str = "float",
     for a, b in _slabs(0, n, bh, cols):
         slab = values[a:b]
         scale = scales_for(grid_amax(slab, block), scale_fmt)
+        if scale_dtype != torch.float32:
+            scale = scale.to(scale_dtype).to(torch.float32)
         for piece, (s,) in pieces(slab, [scale], block):
             piece.div_(s)
         slab.clamp_(-E4M3_MAX, E4M3_MAX)
         codes[a:b].copy_(slab)
         grids.append(scale)
     scale_inv = torch.cat(grids) if len(grids) != 1 else grids[0]
-    return codes, scale_inv
+    return codes, scale_inv.to(scale_dtype)

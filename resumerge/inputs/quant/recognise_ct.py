@@ -11,15 +11,16 @@ targets (``Linear``) cannot be resolved from a state dict, so an ambiguity left 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from resumerge.inputs.quant.compressed_tensors import STRATEGIES
-from resumerge.inputs.quant.int_pack import PACKABLE_BITS
+from resumerge.inputs.quant.grid import grid_shape
+from resumerge.inputs.quant.int_pack import PACKABLE_BITS, packed_cols
 from resumerge.inputs.quant.refusals import HeaderMap, refuse, telltale
 from resumerge.inputs.quant.verdict import Kind, QuantizedTensor, Scheme
 
-__all__ = ["compressed_tensors_weights"]
+__all__ = ["compressed_tensors_weights", "packed_shape"]
 
 # format -> the kind of weight it stores.
 _FORMATS: dict[str, Kind] = {"pack-quantized": "ct-packed", "naive-quantized": "ct-naive", "int-quantized": "ct-naive",
@@ -180,3 +181,23 @@ def _targets(group: Mapping[str, Any], module: str) -> bool:
         if text == module or (text.startswith("re:") and re.match(text[3:], module)):
             return True
     return False
+
+
+def packed_shape(weight: QuantizedTensor, values: Sequence[int], headers: HeaderMap,
+                 source: str = "") -> tuple[int, int]:
+    """The exact ``[rows, cols]`` of a pack-quantized ``weight`` from its ``weight_shape`` tensor's ``values``
+    (read by the codec: the headers alone bound the width to within one word), checked against the packed words
+    and the scale grid. Raises the one-line refusal naming ``weight_shape`` when they disagree."""
+    codes_shape, scale_shape = headers[weight.codes][1], tuple(headers[weight.scale][1])
+    shape = tuple(int(v) for v in values)
+    scheme = weight.scheme
+    ok = len(shape) == 2 and shape[0] == codes_shape[0] and packed_cols(shape[1], scheme.bits) == codes_shape[1]
+    if ok and weight.shape is not None:
+        ok = shape == weight.shape
+    if ok and scheme.strategy in ("group", "block") and scheme.block is not None:
+        ok = grid_shape((shape[0], shape[1]), scheme.block) == scale_shape
+    if not ok:
+        raise refuse(source, f"weight_shape says {list(shape)}, which does not fit the packed {list(codes_shape)} "
+                             f"{scheme.bits}-bit words and the {list(scale_shape)} scale", weight.shape_tensor,
+                     "the checkpoint is damaged: download it again")
+    return shape[0], shape[1]
