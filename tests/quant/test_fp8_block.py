@@ -143,3 +143,11 @@ def test_codes_are_computed_with_the_scale_as_it_is_stored(dtype: torch.dtype, f
     expected = torch.clamp(w / stored, -448.0, 448.0).to(torch.float8_e4m3fn)
     assert torch.equal(_bytes(codes), _bytes(expected))
     assert torch.equal(fp8_block.decode(codes, scales, BLOCK), deepseek_dequant(codes, scales, BLOCK))
+
+
+def test_fused_experts_decode_expert_by_expert() -> None:
+    codes = _random_codes(3 * 130, 140, seed=8).view(3, 130, 140)
+    scales = torch.rand(3, 2, 2) + 0.1
+    fused = fp8_block.decode(codes, scales, BLOCK)
+    for expert in range(3):
+        assert torch.equal(fused[expert], deepseek_dequant(codes[expert], scales[expert], BLOCK))

@@ -13,9 +13,10 @@ is exact in every scale format (a power of two for ue8m0 too), and — unlike De
 above survives a decode → encode round trip byte for byte (``fl(fl(448·s)/448) = s`` for every ``s = fl(a/448)``;
 blocks whose amax is below 448 · 2^−126, where the scale is subnormal, are not guaranteed to).
 
-The kernels take 2-D ``[rows, cols]`` tensors (a fused-experts tensor is decoded one expert at a time) and work in
-slabs of whole block rows, so a codec can decode or encode any row chunk ``[a, b)``: decoding needs the scale rows
-:func:`~resumerge.inputs.quant.grid.grid_rows` names; encoding needs a chunk that starts at a block row.
+The kernels take 2-D ``[rows, cols]`` tensors (:func:`decode` also a fused-experts ``[..., rows, cols]``, one
+expert at a time) and work in slabs of whole block rows, so a codec can decode or encode any row chunk
+``[a, b)``: decoding needs the scale rows :func:`~resumerge.inputs.quant.grid.grid_rows` names; encoding needs a
+chunk that starts at a block row.
 """
 
 from __future__ import annotations
@@ -56,13 +57,21 @@ def decode(codes: torch.Tensor, scale_inv: torch.Tensor, block: Block, *, row_st
            out: torch.Tensor | None = None) -> torch.Tensor:
     """Dequantize rows ``[row_start, row_start + n)`` of a block-FP8 weight to float32.
 
-    ``codes``: those rows' ``[n, cols]`` float8_e4m3fn (or their uint8 bytes); ``scale_inv``: the scale grid from
-    grid row ``row_start // block[0]`` on (any float dtype; float8_e8m0fnu too); ``out``: an optional float32
-    ``[n, cols]`` contiguous buffer to fill. Returns the float32 rows.
+    ``codes``: those rows' ``[n, cols]`` float8_e4m3fn (or their uint8 bytes), or a fused ``[..., n, cols]``
+    (experts) whose scales are ``[..., grid rows, grid cols]``; ``scale_inv``: the scale grid from grid row
+    ``row_start // block[0]`` on (any float dtype; float8_e8m0fnu too); ``out``: an optional float32 buffer of
+    ``codes``' shape, contiguous, to fill. Returns the float32 rows.
     """
-    n, cols = codes.shape
     if out is None:
-        out = torch.empty((n, cols), dtype=torch.float32)
+        out = torch.empty(codes.shape, dtype=torch.float32)
+    if codes.ndim > 2:
+        lead = codes.reshape(-1, *codes.shape[-2:])
+        grids = scale_inv.reshape(-1, *scale_inv.shape[-2:])
+        targets = out.view(-1, *codes.shape[-2:])
+        for index in range(lead.shape[0]):
+            decode(lead[index], grids[index], block, row_start=row_start, out=targets[index])
+        return out
+    n, cols = codes.shape
     data = codes.contiguous().view(torch.uint8)
     scales = scale_inv.to(torch.float32)
     bh = block[0]
