@@ -88,6 +88,9 @@ def test_pack_quantized_matches_the_library(case: dict[str, Any], shape: tuple[i
     codes, scale, zero_point = ct.quantize(w.clone(), block, bits=bits, symmetric=args.symmetric,
                                            scale_dtype=scale_dtype)
     assert torch.equal(int_pack.pack(codes, bits), stored["weight_packed"])
+    words, _, _ = ct.quantize(w.clone(), block, bits=bits, symmetric=args.symmetric, scale_dtype=scale_dtype,
+                              packed=True)
+    assert torch.equal(words, stored["weight_packed"])
     assert torch.equal(scale.reshape(stored["weight_scale"].shape), stored["weight_scale"])
     unpacked_zp = None
     if not args.symmetric:

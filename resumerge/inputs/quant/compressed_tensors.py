@@ -154,11 +154,12 @@ def qparams(values: torch.Tensor, block: Block, *, bits: int, kind: str = "int",
 
 def quantize(values: torch.Tensor, block: Block, *, bits: int, kind: str = "int", symmetric: bool = True,
              scale_dtype: torch.dtype = torch.float32, scale: torch.Tensor | None = None,
-             zero_point: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+             zero_point: torch.Tensor | None = None,
+             packed: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Quantize float32 rows ``[n, cols]`` (from a block row on) as compressed-tensors compresses them: returns
-    ``(codes, scale, zero_point)`` — int8 codes (``kind="int"``, pack them with :func:`int_pack.pack` for
-    pack-quantized) or float8_e4m3fn codes (``"float"``), the scale grid in ``scale_dtype``, the int8 zero points
-    or None.
+    ``(codes, scale, zero_point)`` — int8 codes (``kind="int"``), or with ``packed`` the int32 ``weight_packed``
+    words (:func:`int_pack.pack`), or float8_e4m3fn codes (``"float"``); the
+    scale grid in ``scale_dtype``; the int8 zero points or None (pack them with :func:`pack_zero_point`).
 
     With ``scale`` (and ``zero_point``) given, those stored parameters are used instead of fresh ones: an unchanged
     tensor then gets its stored codes back. ``values`` is the kernel's scratch: it is left holding the scaled,
@@ -176,7 +177,8 @@ def quantize(values: torch.Tensor, block: Block, *, bits: int, kind: str = "int"
     values.clamp_(qmin, qmax)
     if kind == "float":
         return values.to(torch.float8_e4m3fn), scale, zero_point
-    return values.round_().to(torch.int8), scale, zero_point
+    codes = values.round_().to(torch.int8)
+    return (int_pack.pack(codes, bits) if packed else codes), scale, zero_point
 
 
 def unpack_zero_point(packed: torch.Tensor, bits: int, rows: int) -> torch.Tensor:

@@ -78,12 +78,15 @@ def pack(values: torch.Tensor, bits: int) -> torch.Tensor:
     per = _check(bits)
     n, cols = values.shape
     w = packed_cols(cols, bits)
-    stored = torch.zeros((n, w * per), dtype=torch.int32)
-    stored[:, :cols] = values
-    stored[:, :cols] += 1 << (bits - 1)
-    lanes = stored.view(n, w, per)
-    words = lanes[:, :, 0].clone()
-    for k in range(1, per):
-        # int32 shifts wrap into the sign bit, as the library's do.
-        words |= lanes[:, :, k] << (bits * k)
-    return words
+    stored = torch.zeros((n, w * per), dtype=torch.uint8)
+    body = stored[:, :cols]
+    body.copy_(values)  # two's complement bytes: adding the offset modulo 256 gives v + offset
+    body.add_(1 << (bits - 1))
+    per_byte = 8 // bits
+    lanes = stored.view(n, w * 4, per_byte)
+    data = lanes[:, :, 0].clone()
+    for k in range(1, per_byte):
+        data.bitwise_or_(lanes[:, :, k] << (bits * k))
+    if sys.byteorder == "big":
+        data = data.view(n, w, 4).flip(-1).contiguous()
+    return data.view(n, w * 4).view(torch.int32)
