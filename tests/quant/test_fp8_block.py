@@ -151,3 +151,11 @@ def test_fused_experts_decode_expert_by_expert() -> None:
     fused = fp8_block.decode(codes, scales, BLOCK)
     for expert in range(3):
         assert torch.equal(fused[expert], deepseek_dequant(codes[expert], scales[expert], BLOCK))
+
+
+def test_encoding_chunks_that_start_at_block_rows_gives_the_whole_tensors_bytes() -> None:
+    w = torch.randn(300, 270, generator=torch.Generator().manual_seed(4)) * 0.02
+    codes, scales = fp8_block.encode(w.clone(), BLOCK)
+    parts = [fp8_block.encode(w[a:b].clone(), BLOCK) for a, b in ((0, 128), (128, 256), (256, 300))]
+    assert torch.equal(torch.cat([_bytes(c) for c, _ in parts]), _bytes(codes))
+    assert torch.equal(torch.cat([s for _, s in parts]), scales)
