@@ -11,6 +11,7 @@ indexed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from resumerge.torch_import import torch
 
@@ -19,7 +20,7 @@ __all__ = ["ByteTable", "byte_table", "decode_bytes"]
 # Indices per gather: enough to amortise a kernel launch, few enough that the int32 index slab stays in L1/L2.
 SLAB = 1 << 15
 # Row width in bytes -> the scalar dtype that copies it in one piece.
-_WIDE = {4: "int32", 8: "int64", 16: "complex128"}
+_WIDE = MappingProxyType({4: "int32", 8: "int64", 16: "complex128"})
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from resumerge.inputs.quant.compressed_tensors import STRATEGIES
@@ -23,12 +24,14 @@ from resumerge.inputs.quant.verdict import Kind, QuantizedTensor, Scheme
 __all__ = ["compressed_tensors_weights", "packed_shape"]
 
 # format -> the kind of weight it stores.
-_FORMATS: dict[str, Kind] = {"pack-quantized": "ct-packed", "naive-quantized": "ct-naive", "int-quantized": "ct-naive",
-            "float-quantized": "ct-float"}
-_PLAIN_KINDS: dict[str, Kind] = {"I8": "ct-naive", "F8_E4M3": "ct-float"}
+_FORMATS: Mapping[str, Kind] = MappingProxyType({
+    "pack-quantized": "ct-packed", "naive-quantized": "ct-naive", "int-quantized": "ct-naive",
+    "float-quantized": "ct-float"})
+_PLAIN_KINDS: Mapping[str, Kind] = MappingProxyType({"I8": "ct-naive", "F8_E4M3": "ct-float"})
 # Companions of formats not decoded here (NVFP4's global scales, activation-ordered groups' permutation).
-_REFUSED = {".weight_global_scale": "NVFP4 global scales", ".input_global_scale": "NVFP4 global scales",
-            ".weight_scale_2": "NVFP4 second-level scales", ".weight_g_idx": "activation-ordered groups (g_idx)"}
+_REFUSED = MappingProxyType({
+    ".weight_global_scale": "NVFP4 global scales", ".input_global_scale": "NVFP4 global scales",
+    ".weight_scale_2": "NVFP4 second-level scales", ".weight_g_idx": "activation-ordered groups (g_idx)"})
 # Companions carried with a quantized weight but not used to decode it.
 _EXTRAS = (".input_scale", ".input_zero_point", ".output_scale", ".output_zero_point")
 _COMPANIONS = (".weight_scale", ".weight_zero_point", ".weight_shape", *_EXTRAS)

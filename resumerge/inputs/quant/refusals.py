@@ -10,6 +10,7 @@ a checkpoint has no ``quantization_config``, from tensor names only its format u
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 from resumerge.errors import ModelInputError
 
@@ -24,13 +25,18 @@ _DEQUANTIZE = "dequantize it with its own tool first and merge that copy"
 
 # quant_method -> (the format's name, what dequantizes it, tensor-name endings only that format stores; one ending
 # in "." matches anywhere in a name).
-KNOWN: dict[str, tuple[str, str, tuple[str, ...]]] = {
+_AWQ = ("AWQ", "transformers or AutoAWQ: load, dequantize, save", (".qweight", ".qzeros"))
+_AUTO_ROUND = ("AutoRound", "auto-round or transformers: load, dequantize, save", (".qweight", ".qzeros"))
+KNOWN: Mapping[str, tuple[str, str, tuple[str, ...]]] = MappingProxyType({
     "bitsandbytes": ("bitsandbytes", "transformers: load it, model.dequantize(), save_pretrained",
                      (".absmax", ".quant_map", ".quant_state.", ".nested_absmax", ".SCB", ".weight_format")),
     "gptq": ("GPTQ", "GPTQModel or transformers with optimum: load, dequantize, save",
              (".qweight", ".qzeros", ".g_idx")),
-    "awq": ("AWQ", "transformers or AutoAWQ: load, dequantize, save", (".qweight", ".qzeros")),
-    "auto-round": ("AutoRound", "auto-round or transformers: load, dequantize, save", (".qweight", ".qzeros")),
+    "awq": _AWQ,
+    "autoawq": _AWQ,
+    "llm-awq": _AWQ,
+    "auto-round": _AUTO_ROUND,
+    "intel/auto-round": _AUTO_ROUND,
     "hqq": ("HQQ", "hqq or transformers: load, dequantize, save", (".W_q",)),
     "torchao": ("torchao", "torchao: load, dequantize, save", ()),
     "modelopt": ("NVIDIA ModelOpt", "TensorRT Model Optimizer: export unquantized weights",
@@ -49,10 +55,7 @@ KNOWN: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "quark": ("AMD Quark", "quark: export unquantized weights", ()),
     "fp_quant": ("FP-Quant", "fp_quant: load, dequantize, save", ()),
     "gguf": ("GGUF", "llama.cpp's convert tools or transformers (gguf_file=...): save unquantized", ()),
-}
-# Methods spelled differently by their producers.
-KNOWN["autoawq"] = KNOWN["llm-awq"] = KNOWN["awq"]
-KNOWN["intel/auto-round"] = KNOWN["auto-round"]
+})
 
 
 def refuse(source: str, what: str, tensor: str | None, hint: str = _DEQUANTIZE) -> ModelInputError:
