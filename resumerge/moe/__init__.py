@@ -5,19 +5,21 @@ The job of this package is to turn a mergekit-moe config and the opened inputs' 
 into ``experts.N`` or stacked into transformers' fused expert tensors), routers are computed by registered pure
 tensor functions, and the engine executes and journals them like any other output tensor.
 
-Files, by job: :mod:`.config` (schema and validation, from the YAML alone), :mod:`.architectures` (which output
-kind, from the inputs' config.json files), :mod:`.prepare` (open the inputs, run the forward pass, plan),
-:mod:`.planner` (the tensors), :mod:`.experts` (expert tensors: copies, fused stacks, noise and scale, as
-registered methods), :mod:`.routers` (router maths, as registered methods), :mod:`.prompts` (tokenising the
-prompts), :mod:`.forward` (the prompt forward pass, one decoder layer at a time), :mod:`.hiddenpass` (a run's
-pass, beside the merge or before it), :mod:`.passmain` (the process the prompt work runs in), :mod:`.passproc`
-(starting it and taking its answer), :mod:`.passcost` (``plan``'s estimate of the pass), :mod:`.outconfig` (the
-output config.json) and :mod:`.tokenizer` (the tokenizer with its pad token).
+Files, by job: :mod:`.config` (schema and validation, from the YAML alone), :mod:`.outkinds` (the output
+architectures, one record each: a new one is one more record), :mod:`.architectures` (which output kind, from the
+inputs' config.json files), :mod:`.prepare` (open the inputs, run the forward pass, plan), :mod:`.planner` (the
+tensors), :mod:`.experts` (expert tensors: copies, fused stacks, noise and scale, as registered methods),
+:mod:`.routers` (router maths, as registered methods), :mod:`.prompts` (tokenising the prompts), :mod:`.forward`
+(the prompt forward pass, one decoder layer at a time), :mod:`.hiddenpass` (a run's pass, beside the merge or
+before it), :mod:`.passmain` (the process the prompt work runs in), :mod:`.passproc` (starting it and taking its
+answer), :mod:`.passcost` (``plan``'s estimate of the pass), :mod:`.outconfig` (the output config.json) and
+:mod:`.tokenizer` (the tokenizer with its pad token).
 
 Chosen by :mod:`resumerge.api` (which tells a mergekit-moe config from a merge config) and run through the one
-session path, :func:`resumerge.engine.session.run_plan`; the engine never imports this package. transformers is
-imported only inside :mod:`.prompts` and :mod:`.forward`, only for the prompt gate modes, and only in the prompt
-work's own process (:mod:`.passmain`): the run's process never holds it.
+session path, :func:`resumerge.engine.session.run_plan`; the engine never imports this package (the model card,
+in :mod:`resumerge.outputs`, reads a MoE plan's config through :func:`load_moe_text`). transformers is imported
+only for the prompt gate modes, only in the prompt work's own process (:mod:`.passmain`, :mod:`.prompts`,
+:mod:`.forward`): the run's process never holds it.
 
 May import: errors, config, inputs, memory, methods, plan (types, sharding, fingerprints), store (killpoints only).
 """

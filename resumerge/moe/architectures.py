@@ -10,71 +10,54 @@ from dataclasses import dataclass
 from resumerge.errors import ConfigError, ModelInputError
 from resumerge.inputs.model import ModelInput
 from resumerge.moe.config import ExpertConfig, MoeConfig
-
-MIXTRAL = "Mixtral"
-DEEPSEEK = "DeepSeek MoE"
-QWEN = "Qwen MoE"
-QWEN3 = "Qwen3 MoE"
-# mergekit's candidates, in its order.
-KINDS = (MIXTRAL, DEEPSEEK, QWEN, QWEN3)
+from resumerge.moe.outkinds import OUTPUT_KINDS, OutputKind
 
 
 @dataclass(frozen=True)
 class Choice:
     """The chosen output kind and what the user must hear about the choice."""
 
-    kind: str
+    kind: OutputKind
     notes: tuple[str, ...]
 
 
-def choose_output(config: MoeConfig, models: Mapping[str, ModelInput]) -> Choice:
-    """The output kind of ``config``: ``architecture:`` filters by name prefix, Mixtral wins whenever it
-    qualifies, else the first that does. Raises :class:`ConfigError` (exit 2) when none does, with the reasons."""
-    names: tuple[str, ...] = KINDS
+def choose_output(config: MoeConfig, models: Mapping[str, ModelInput],
+                  kinds: tuple[OutputKind, ...] = OUTPUT_KINDS) -> Choice:
+    """The output kind of ``config`` among ``kinds`` (mergekit-moe's candidates, in its order):
+    ``architecture:`` filters by name prefix, a preferred kind wins whenever it qualifies, else the
+    first that does. Raises :class:`ConfigError` (exit 2) when none does, with the reasons."""
+    names = tuple(k.name for k in kinds)
+    candidates = kinds
     if config.architecture is not None:
-        names = tuple(k for k in KINDS if k.lower().startswith(config.architecture.lower()))
-        if not names:
+        candidates = tuple(k for k in kinds if k.name.lower().startswith(config.architecture.lower()))
+        if not candidates:
             raise ConfigError(f"No output architecture found that matches the given architecture: "
                               f"{config.architecture}", yaml_path="architecture",
-                              hint=f"the output architectures are {', '.join(KINDS)}")
-    reasons = {kind: _refusal(kind, config, models) for kind in names}
-    fits = [kind for kind in names if reasons[kind] is None]
+                              hint=f"the output architectures are {', '.join(names)}")
+    reasons = {kind.name: _refusal(kind, config, models) for kind in candidates}
+    fits = [kind for kind in candidates if reasons[kind.name] is None]
     if not fits:
-        why = "; ".join(f"{kind}: {reasons[kind]}" for kind in names)
+        why = "; ".join(f"{kind.name}: {reasons[kind.name]}" for kind in candidates)
         raise ConfigError("No output architecture found that is compatible with the given models", yaml_path=
                           "architecture" if config.architecture is not None else "experts", hint=why)
-    if MIXTRAL in fits:
-        return Choice(MIXTRAL, ())
-    notes = (f"several output architectures fit ({', '.join(fits)}); defaulting to {fits[0]}",) if len(fits) > 1 \
-        else ()
+    preferred = [kind for kind in fits if kind.preferred]
+    if preferred:
+        return Choice(preferred[0], ())
+    notes = (f"several output architectures fit ({', '.join(k.name for k in fits)}); defaulting to "
+             f"{fits[0].name}",) if len(fits) > 1 else ()
     return Choice(fits[0], notes)
 
 
-def _refusal(kind: str, config: MoeConfig, models: Mapping[str, ModelInput]) -> str | None:
+def _refusal(kind: OutputKind, config: MoeConfig, models: Mapping[str, ModelInput]) -> str | None:
     """Why ``kind`` cannot be made from ``config`` (mergekit's support rules), or None when it can."""
-    shared = config.shared_experts
-    types = [_model_type(models[config.base_model.key])] + [_model_type(models[e.model.key]) for e in config.experts]
-    if kind == MIXTRAL:
-        if shared:
-            return "it has no shared experts"
-        allowed: tuple[str, ...] = ("llama", "mistral")
-    elif kind == DEEPSEEK:
-        if len(shared) > 1:
-            return "it takes at most one shared expert"
-        if shared and (shared[0].positive_prompts or shared[0].negative_prompts):
-            return "its shared expert cannot be gated (give it no prompts)"
-        allowed = ("llama", "mistral")
-    elif kind == QWEN:
-        if len(shared) != 1:
-            return "it needs exactly one shared expert"
-        if config.gate_mode != "random" and not shared[0].positive_prompts:
-            return "its shared expert needs prompts (unless gate_mode is random)"
-        allowed = ("llama", "mistral", "qwen2")
-    else:
-        if shared:
-            return "it has no shared experts"
-        return None if all(t == "qwen3" for t in types) else "every model must be qwen3"
-    types += [_model_type(models[e.model.key]) for e in shared]
+    shared = kind.shared_rule(config)
+    if shared is not None:
+        return shared
+    keys = [config.base_model.key] + [e.model.key for e in (*config.experts, *config.shared_experts)]
+    types = [_model_type(models[key]) for key in keys]
+    allowed = kind.source_types
+    if not kind.same_type:
+        return None if all(t in allowed for t in types) else f"every model must be {' or '.join(allowed)}"
     if len(set(types)) != 1:
         return f"all models must have the same model_type (got {', '.join(sorted(set(types)))})"
     if types[0] not in allowed:
@@ -82,9 +65,9 @@ def _refusal(kind: str, config: MoeConfig, models: Mapping[str, ModelInput]) -> 
     return None
 
 
-def check_experts(config: MoeConfig, kind: str, models: Mapping[str, ModelInput]) -> None:
+def check_experts(config: MoeConfig, models: Mapping[str, ModelInput]) -> None:
     """Refuse, before any weight is read, experts whose layer count, hidden size or MLP tensors differ from the
-    base's, and (DeepSeek and Qwen outputs) a shared expert that is neither the base nor a routed expert, which
+    base's, and a shared expert that is neither the base nor a routed expert, which
     mergekit-moe crashes on."""
     base = models[config.base_model.key]
     layers, hidden = _int(base, "num_hidden_layers", "base_model"), _int(base, "hidden_size", "base_model")
@@ -101,7 +84,7 @@ def check_experts(config: MoeConfig, kind: str, models: Mapping[str, ModelInput]
             raise ConfigError(f"{expert.model.key} has hidden_size {model.config['hidden_size']}, the base has "
                               f"{hidden}", yaml_path=where)
         _check_mlps(model, expert, layers)
-    if kind in (DEEPSEEK, QWEN) and config.shared_experts:
+    if config.shared_experts:  # any output that takes one: choose_output refused the others
         known = {config.base_model.key} | {e.model.key for e in config.experts}
         shared = config.shared_experts[0]
         if shared.model.key not in known:

@@ -1,5 +1,6 @@
-"""The output config.json of each MoE kind: the base model's config with mergekit-moe 0.1.5's changes (as
-transformers 5 reads it back; the bytes are resumerge's own sorted rendering)."""
+"""The output config.json of each MoE kind: the base model's config with the kind's
+:class:`~resumerge.moe.outkinds.ConfigPatch`, mergekit-moe 0.1.5's changes (as transformers 5 reads it back; the
+bytes are resumerge's own sorted rendering)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from resumerge.moe.architectures import DEEPSEEK, MIXTRAL, QWEN, QWEN3
-
-# remote code DeepSeek MoE outputs point at, as mergekit-moe writes it
-_DEEPSEEK_CODE = "deepseek-ai/deepseek-moe-16b-base--"
-
+from resumerge.moe.outkinds import OutputKind
 
 # The defaults transformers gives each input model type for what its config.json may leave out, where the MoE
 # output's class defaults otherwise (Mixtral's rope_theta is 1e6, its rms_norm_eps 1e-5, ...): mergekit-moe builds
@@ -48,42 +45,25 @@ def _with_defaults(base: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def moe_config(kind: str, base: Mapping[str, Any], *, experts: int, shared: int, per_token: int,
+def moe_config(kind: OutputKind, base: Mapping[str, Any], *, experts: int, shared: int, per_token: int,
                dtype: str | None) -> dict[str, Any]:
     """config.json of a ``kind`` output with ``experts`` routed experts (and ``shared`` shared ones) built on
     the ``base`` config, ``dtype`` the output dtype's name (None: the base's, left as it is)."""
     out = _with_defaults(base)
-    if kind == MIXTRAL:
-        out.update(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=experts,
-                   num_experts_per_tok=per_token, sliding_window=None)
-        out.setdefault("router_aux_loss_coef", 0.001)
-        out.setdefault("router_jitter_noise", 0.0)
-        out.setdefault("output_router_logits", False)
-    elif kind == QWEN:
-        intermediate = out.get("intermediate_size")
-        out.update(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", num_experts=experts,
-                   num_experts_per_tok=per_token, decoder_sparse_step=1, norm_topk_prob=True, sliding_window=None,
-                   use_sliding_window=False, shared_expert_intermediate_size=intermediate,
-                   moe_intermediate_size=intermediate, qkv_bias=True, mlp_only_layers=[])
-    elif kind == QWEN3:
-        out.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=experts,
-                   num_experts_per_tok=per_token, decoder_sparse_step=1, norm_topk_prob=True,
-                   moe_intermediate_size=out.get("intermediate_size"))
-        out.setdefault("mlp_only_layers", [])
-    else:
-        assert kind == DEEPSEEK
-        out.update(architectures=["DeepseekForCausalLM"], model_type="deepseek", n_routed_experts=experts,
-                   n_shared_experts=shared or None, num_experts_per_tok=per_token, first_k_dense_replace=0,
-                   moe_layer_freq=1, scoring_func="softmax", norm_topk_prob=True,
-                   moe_intermediate_size=out.get("intermediate_size"),
-                   auto_map={"AutoConfig": _DEEPSEEK_CODE + "configuration_deepseek.DeepseekConfig",
-                             "AutoModel": _DEEPSEEK_CODE + "modeling_deepseek.DeepseekModel",
-                             "AutoModelForCausalLM": _DEEPSEEK_CODE + "modeling_deepseek.DeepseekForCausalLM"})
-        if dtype is not None:
-            out["torch_dtype"] = dtype  # the remote code reads torch_dtype
+    patch = kind.config
+    intermediate = out.get("intermediate_size")
+    out.update(copy.deepcopy(dict(patch.fixed)), architectures=[patch.architecture], model_type=patch.model_type,
+               num_experts_per_tok=per_token)
+    out[patch.experts_key] = experts
+    if patch.shared_key is not None:
+        out[patch.shared_key] = shared or None
+    for key in patch.intermediate_keys:
+        out[key] = intermediate
+    for key, value in patch.defaults.items():
+        out.setdefault(key, copy.deepcopy(value))
     if dtype is not None:
         out["dtype"] = dtype
-        if "torch_dtype" in out:
+        if patch.torch_dtype or "torch_dtype" in out:
             out["torch_dtype"] = dtype
     return out
 

@@ -18,9 +18,10 @@ from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
 from resumerge.moe import experts as expert_methods
 from resumerge.moe import routers
-from resumerge.moe.architectures import DEEPSEEK, MIXTRAL, QWEN, QWEN3, check_experts, choose_output
+from resumerge.moe.architectures import check_experts, choose_output
 from resumerge.moe.config import PROMPT_MODES, ExpertConfig, MoeConfig
 from resumerge.moe.outconfig import moe_config, not_power_of_two
+from resumerge.moe.outkinds import OUTPUT_KINDS, OutputKind
 from resumerge.moe.tokenizer import tokenizer_blobs
 from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, TensorPlan, compute_fingerprint
 from resumerge.plan.sharding import assign_shards, resolve_shard_size
@@ -32,30 +33,23 @@ _NAMES = {code: name for name, code in DTYPE_CODES.items()}
 EMBED = "model.embed_tokens.weight"
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-# Base tensors each output keeps (mergekit takes its architecture template's names outside the MLPs).
-_COMMON = frozenset({"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
-                     "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight"})
-_BIASES = ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")
-_KEEP = {MIXTRAL: _COMMON, DEEPSEEK: _COMMON, QWEN: _COMMON | set(_BIASES),
-         QWEN3: _COMMON | {"self_attn.q_norm.weight", "self_attn.k_norm.weight"}}
 _EDGE = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
-_SHARED_PREFIX = {QWEN: "shared_expert", DEEPSEEK: "shared_experts"}
 _PARTS = ("gate_proj", "up_proj", "down_proj")
 
 
 def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options: PlanOptions, *,
                    encoded: tuple[tuple[Any, Any], ...] | None = None, routers_key: str | None = None,
-                   gates_preview: torch.Tensor | None = None) -> Plan:
+                   gates_preview: torch.Tensor | None = None, kinds: tuple[OutputKind, ...] = OUTPUT_KINDS) -> Plan:
     """Plan ``config`` over the opened ``models`` (keyed by ``ModelRef.key``); raises ``InputError`` subclasses
     for anything that would fail later. ``encoded`` holds each gated expert's tokenised (positive, negative)
     prompt sets for ``cheap_embed``; ``routers_key`` names the hidden-state modes' prompt forward pass (its content
     key: the plan's router tensors take its routers, and the fingerprint covers what they depend on), whose
     routers go to the last shard of their own (the merge runs beside the pass; see :mod:`.hiddenpass`);
     ``gates_preview`` the routers known now (``cheap_embed``'s, or a finished pass's), to warn about degenerate
-    routing."""
-    choice = choose_output(config, models)
+    routing. ``kinds`` are the output architectures to choose from (:mod:`.outkinds`)."""
+    choice = choose_output(config, models, kinds)
     kind = choice.kind
-    check_experts(config, kind, models)
+    check_experts(config, models)
     base = models[config.base_model.key]
     layers, hidden = int(base.config["num_hidden_layers"]), int(base.config["hidden_size"])
     out_name = config.dtype or _config_dtype(base.config)
@@ -65,11 +59,10 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
         if _kept(kind, name, layers):
             tensors[name] = _copy(name, base, name, out_code)
     _check_base(kind, base, layers, tensors)
-    if kind == QWEN:
-        _zero_biases(base.config, layers, hidden, tensors, out_code or "F32")
+    _zero_fill(kind.zero_filled, base.config, layers, hidden, tensors, out_code or "F32")
     for layer in range(layers):
         prefix = f"model.layers.{layer}.mlp"
-        if kind in (MIXTRAL, QWEN3):
+        if kind.fused:
             tensors.update(_fused(prefix, layer, config.experts, models, out_code))
         else:
             for e, expert in enumerate(config.experts):
@@ -78,7 +71,7 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
                     tensors[name] = _expert(name, expert, part, layer, models, out_code)
             for shared in config.shared_experts[:1]:
                 for part in _PARTS:
-                    name = f"{prefix}.{_SHARED_PREFIX[kind]}.{part}.weight"
+                    name = f"{prefix}.{kind.shared_module}.{part}.weight"
                     tensors[name] = _expert(name, shared, part, layer, models, out_code)
         tensors.update(_routers(config, kind, layer, (layers, len(config.gated), hidden), base, options,
                                 encoded, routers_key, out_code or "F32"))
@@ -125,20 +118,19 @@ def _config_dtype(cfg: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _kept(kind: str, name: str, layers: int) -> bool:
+def _kept(kind: OutputKind, name: str, layers: int) -> bool:
     if ".mlp." in name:
         return False
     if name in _EDGE:
         return True
     m = _LAYER.match(name)
-    return m is not None and int(m.group(1)) < layers and m.group(2) in _KEEP[kind]
+    return m is not None and int(m.group(1)) < layers and m.group(2) in kind.kept
 
 
-def _check_base(kind: str, base: ModelInput, layers: int, tensors: Mapping[str, TensorPlan]) -> None:
+def _check_base(kind: OutputKind, base: ModelInput, layers: int, tensors: Mapping[str, TensorPlan]) -> None:
     """Every tensor the output needs from the base is there (lm_head only when the base has one)."""
     needed = ["model.embed_tokens.weight", "model.norm.weight"]
-    required = _COMMON | ({"self_attn.q_norm.weight", "self_attn.k_norm.weight"} if kind == QWEN3 else set())
-    needed += [f"model.layers.{i}.{suffix}" for i in range(layers) for suffix in sorted(required)]
+    needed += [f"model.layers.{i}.{suffix}" for i in range(layers) for suffix in sorted(kind.required())]
     for name in needed:
         if name not in tensors:
             raise ModelInputError(f"Tensor {name} required but not present in model {base.ref.key}",
@@ -212,14 +204,17 @@ def _fused(prefix: str, layer: int, experts: tuple[ExpertConfig, ...], models: M
     return out
 
 
-def _zero_biases(cfg: Mapping[str, Any], layers: int, hidden: int, tensors: dict[str, TensorPlan],
-                 out_code: str) -> None:
-    """Zero q/k/v biases where the base has none (Qwen2-MoE requires them), sized as mergekit sizes them."""
+def _zero_fill(biases: tuple[str, ...], cfg: Mapping[str, Any], layers: int, hidden: int,
+               tensors: dict[str, TensorPlan], out_code: str) -> None:
+    """Zero attention ``biases`` (q/k/v) where the base has none (Qwen2-MoE requires them), sized as mergekit
+    sizes them."""
+    if not biases:
+        return
     heads = int(cfg["num_attention_heads"])
     kv = int(cfg.get("num_key_value_heads") or heads)
     head_dim = hidden // heads
     for layer in range(layers):
-        for bias in _BIASES:
+        for bias in biases:
             name = f"model.layers.{layer}.{bias}"
             if name not in tensors:
                 shape = ((heads if bias.startswith("self_attn.q") else kv) * head_dim,)
@@ -227,14 +222,14 @@ def _zero_biases(cfg: Mapping[str, Any], layers: int, hidden: int, tensors: dict
                                         params=(("shape", shape),))
 
 
-def _routers(config: MoeConfig, kind: str, layer: int, block: tuple[int, int, int], base: ModelInput,
+def _routers(config: MoeConfig, kind: OutputKind, layer: int, block: tuple[int, int, int], base: ModelInput,
              options: PlanOptions, encoded: tuple[tuple[Any, Any], ...] | None, routers_key: str | None,
              out_code: str) -> dict[str, TensorPlan]:
-    """The router tensors of one layer: ``mlp.gate.weight`` (routed experts) and, for Qwen MoE,
-    ``mlp.shared_expert_gate.weight`` (the shared expert's row)."""
+    """The router tensors of one layer: ``mlp.gate.weight`` (routed experts) and, for a kind with a
+    ``shared_gate``, ``mlp.shared_expert_gate.weight`` (the shared expert's row)."""
     count, hidden = len(config.experts), block[2]
     rows = {f"model.layers.{layer}.mlp.gate.weight": (0, count)}
-    if kind == QWEN:
+    if kind.shared_gate:
         rows[f"model.layers.{layer}.mlp.shared_expert_gate.weight"] = (count, count + 1)
     out = {}
     params: tuple[tuple[str, Any], ...]

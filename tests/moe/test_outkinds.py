@@ -1,0 +1,110 @@
+"""A MoE output architecture is one record: the choice, the planner and the config writer read
+:class:`~resumerge.moe.outkinds.OutputKind` and never name an architecture, so a record added here (passed in, no
+module state touched) plans like a built-in one."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+
+from resumerge.errors import ConfigError
+from resumerge.inputs.catalog import open_inputs
+from resumerge.inputs.model import ModelInput
+from resumerge.moe import architectures, load_moe_text, outconfig, outkinds, planner
+from resumerge.moe.architectures import choose_output
+from resumerge.moe.outkinds import ATTENTION, OUTPUT_KINDS, ConfigPatch, OutputKind, no_shared, one_gated
+from resumerge.moe.planner import build_moe_plan
+from resumerge.plan.merge_plan import Plan, PlanOptions
+from tests.moe.models import llamas, write
+
+TOY = OutputKind(name="Toy MoE", source_types=("llama",), shared_rule=one_gated, kept=ATTENTION, fused=False,
+                 shared_module="toy_shared", shared_gate=True,
+                 config=ConfigPatch(architecture="ToyMoeForCausalLM", model_type="toy_moe",
+                                    experts_key="num_toy_experts", shared_key="num_toy_shared",
+                                    intermediate_keys=("toy_intermediate_size",),
+                                    fixed=MappingProxyType({"toy_layers": [0]}),
+                                    defaults=MappingProxyType({"hidden_act": "toy"})))
+
+
+def test_the_records_are_mergekit_moes_candidates_in_its_order() -> None:
+    assert [k.name for k in OUTPUT_KINDS] == ["Mixtral", "DeepSeek MoE", "Qwen MoE", "Qwen3 MoE"]
+    assert [k.name for k in OUTPUT_KINDS if k.preferred] == ["Mixtral"]
+    assert len({k.config.architecture for k in OUTPUT_KINDS}) == len(OUTPUT_KINDS)
+    for kind in OUTPUT_KINDS:  # a kind that takes a shared expert says where it goes
+        assert (kind.shared_rule is no_shared) == (kind.shared_module is None), kind.name
+        assert set(kind.zero_filled) <= set(kind.kept) and set(kind.required()) <= set(kind.kept)
+
+
+def _names(kind: OutputKind) -> set[str]:
+    return {kind.name, kind.config.architecture, kind.config.model_type}
+
+
+@pytest.mark.parametrize("module", [architectures, planner, outconfig])
+def test_no_architecture_is_named_outside_the_records(module: Any) -> None:
+    tree = ast.parse(Path(module.__file__).read_text())
+    named = {n for kind in OUTPUT_KINDS for n in _names(kind)}
+    records = {name for name, value in vars(outkinds).items() if isinstance(value, OutputKind)}
+    assert records == {"MIXTRAL", "DEEPSEEK", "QWEN2", "QWEN3"}  # the check below looks for these names
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            assert not any(n.lower() in node.value.lower() for n in named), node.value
+        if isinstance(node, ast.Name | ast.alias):
+            assert (node.id if isinstance(node, ast.Name) else node.name) not in records, ast.dump(node)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelInput]:
+    paths = llamas(tmp_path_factory.mktemp("outkinds"))
+    doc = write(paths[0].parent / "moe.yml", _doc(paths, "mixtral"))
+    return dict(open_inputs(load_moe_text(doc.read_text()).as_merge_config()).models)
+
+
+def _doc(paths: list[Path], architecture: str) -> dict[str, Any]:
+    return {"base_model": str(paths[0]), "gate_mode": "random", "architecture": architecture,
+            "experts": [{"source_model": str(paths[1])}, {"source_model": str(paths[2])}],
+            "shared_experts": [{"source_model": str(paths[0])}]}
+
+
+def _plan(models: dict[str, ModelInput], architecture: str, kinds: tuple[OutputKind, ...]) -> Plan:
+    paths = sorted(Path(m.directory) for m in models.values())
+    config = load_moe_text(write(paths[0].parent / "moe.yml", _doc(paths, architecture)).read_text())
+    return build_moe_plan(config, models, PlanOptions(), kinds=kinds)
+
+
+def test_a_record_added_in_a_test_plans_like_a_built_in_kind(models: dict[str, ModelInput]) -> None:
+    with pytest.raises(ConfigError) as caught:  # not a candidate unless passed in
+        _plan(models, "toy", OUTPUT_KINDS)
+    assert "Mixtral, DeepSeek MoE, Qwen MoE, Qwen3 MoE" in caught.value.one_line()
+    plan = _plan(models, "toy", (*OUTPUT_KINDS, TOY))
+    layer = "model.layers.1.mlp"
+    expected = {f"{layer}.experts.{e}.{p}.weight" for e in (0, 1) for p in ("gate_proj", "up_proj", "down_proj")}
+    expected |= {f"{layer}.toy_shared.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")}
+    expected |= {f"{layer}.gate.weight", f"{layer}.shared_expert_gate.weight"}
+    assert {n for n in plan.tensors if n.startswith(layer + ".")} == expected
+    assert plan.tensors[f"{layer}.shared_expert_gate.weight"].shape == (1, 32)
+    assert "model.layers.1.self_attn.q_proj.bias" not in plan.tensors  # nothing zero-filled
+    cfg = plan.out_config
+    assert (cfg["architectures"], cfg["model_type"], cfg["num_toy_experts"], cfg["num_toy_shared"]) == (
+        ["ToyMoeForCausalLM"], "toy_moe", 2, 1)
+    assert cfg["toy_intermediate_size"] == cfg["intermediate_size"] and cfg["toy_layers"] == [0]
+    assert cfg["hidden_act"] == "silu"  # a default yields to the base's value
+    assert TOY.config.fixed["toy_layers"] == [0]  # the record is copied, never written through
+
+
+def test_the_choice_reads_the_records_rules(models: dict[str, ModelInput]) -> None:
+    paths = sorted(Path(m.directory) for m in models.values())
+    doc = _doc(paths, "x")
+    del doc["architecture"], doc["shared_experts"]
+    config = load_moe_text(write(paths[0].parent / "plain.yml", doc).read_text())
+    ungated = dataclasses.replace(TOY, shared_rule=no_shared)
+    assert choose_output(config, models, (ungated, *OUTPUT_KINDS)).kind.name == "Mixtral"  # preferred wins
+    first = choose_output(config, models, (ungated, *OUTPUT_KINDS[1:]))
+    assert first.kind is ungated and "defaulting to Toy MoE" in first.notes[0]
+    with pytest.raises(ConfigError) as caught:
+        choose_output(config, models, (TOY,))
+    assert "Toy MoE: it needs exactly one shared expert" in caught.value.one_line()
