@@ -451,7 +451,7 @@ def execute(
     CPU to the transfers (:mod:`~resumerge.engine.cpupriority`). Other methods can be what bounds the run (TIES on
     two cores): their threads keep their priority.
     """
-    done = {row["name"] for row in ledger.files() if row["status"] == "done"}
+    done = {row.name for row in ledger.files() if row.status == "done"}
     sources.expect(read_order(plan, done))  # a streamed source coalesces the reads that come next
     journal = CommitJournal(sink, ledger, book)
     yield_cpu = transfers and all(_elementwise(plan, t) for t in plan.tensors.values())

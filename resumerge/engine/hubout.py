@@ -80,7 +80,7 @@ def create_recorded(hub: HubOutput, plan: Plan, config_text: str, ledger: Ledger
     again) is kept; a different one is left to the session to refuse (or, with ``restart``, replaced).
     """
     row = ledger.run_row()
-    if row is None or (restart and row["fingerprint"] != plan.fingerprint):
+    if row is None or (restart and row.fingerprint != plan.fingerprint):
         record_plan(plan, config_text, hub.url, ledger)
     recorded = ledger.last_event_data(CREATED) or {}
     public = hub.options.public or bool(recorded.get("public"))

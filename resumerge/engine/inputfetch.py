@@ -174,7 +174,7 @@ class HubInputs:
 
         What this run still needs is counted from the shards ``ledger`` has not committed (a resume needs less).
         """
-        done = [r["name"] for r in ledger.files() if r["status"] == "done"]
+        done = [r.name for r in ledger.files() if r.status == "done"]
         if self.downloads is not None:
             self.downloads.start(first_reads(self._plan, done))
         needed = needed_ranges(self._plan, done)

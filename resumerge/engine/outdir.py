@@ -6,7 +6,6 @@ Nothing here computes a tensor; the session calls :func:`open_run` once, before 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -53,12 +52,12 @@ def open_run(
     elif manifest is not None:
         # A sink that commits in batches (a hub repo) commits a file with the manifest before its ledger row: a
         # process killed in between left files the manifest lists and the ledger does not. Adopt them after a check.
-        pending = {r["name"] for r in ledger.files() if r["status"] != "done"}
+        pending = {r.name for r in ledger.files() if r.status != "done"}
         missed = {name: info for name, info in manifest.committed.items() if name in pending}
         if missed:
             verified = adopt_manifest(sink, plan, ledger, missed, notes, rebuilt=False)
     committed = {
-        r["name"]: {"bytes": r["bytes"], "sha256": r["sha256"]} for r in ledger.files() if r["status"] == "done"
+        r.name: {"bytes": r.bytes, "sha256": r.sha256} for r in ledger.files() if r.status == "done"
     }
     book = ManifestBook(sink, fresh_manifest(plan, config_text, committed))
     book.set_state("running")
@@ -71,11 +70,11 @@ def refuse_changed_plan(plan: Plan, out: Path | str, ledger: Ledger, manifest: M
     caller starts over; without, :class:`PlanChangedError` (exit 2) says what changed. Called before anything is
     written for the new plan — before a missing repo is created too."""
     row = ledger.run_row()
-    recorded = row["fingerprint"] if row else (manifest.fingerprint if manifest else None)
+    recorded = row.fingerprint if row else (manifest.fingerprint if manifest else None)
     if recorded is None or recorded == plan.fingerprint:
         return False
-    parts = json.loads(row["parts"]) if row else dict(manifest.parts if manifest else {})
-    inputs = json.loads(row["inputs"]) if row else dict(manifest.inputs if manifest else {})
+    parts = row.parts if row else dict(manifest.parts if manifest else {})
+    inputs = row.inputs if row else dict(manifest.inputs if manifest else {})
     if restart:
         return True
     what = "; ".join(describe_changes(parts, inputs, plan) or ["the plan changed"])
@@ -131,7 +130,7 @@ def record_plan(plan: Plan, config_text: str, out: Path | str, ledger: Ledger) -
 
 def _clean_previous(sink: OutputSink, ledger: Ledger, manifest: Manifest | None) -> None:
     """Delete the files the previous run planned (and only those) before starting over."""
-    names = {r["name"] for r in ledger.files()} | set(manifest.planned if manifest else ())
+    names = {r.name for r in ledger.files()} | set(manifest.planned if manifest else ())
     sink.delete(name for name in sorted(names) if "/" not in name)
 
 

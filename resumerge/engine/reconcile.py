@@ -25,17 +25,18 @@ def reconcile(sink: OutputSink, ledger: Ledger, book: ManifestBook, *, log: list
     are not hashed a second time.
     """
     rows = ledger.files()
-    planned = {r["name"] for r in rows}
-    committed = [r for r in rows if r["status"] == "done" and r["name"] not in verified]
-    problems = sink.check((r["name"], r["bytes"], r["sha256"]) for r in committed)
+    planned = {r.name for r in rows}
+    committed = [r for r in rows if r.status == "done" and r.name not in verified]
+    # commit_file records both size and sha256; a row without them fails the check and is rebuilt
+    problems = sink.check((r.name, r.bytes or 0, r.sha256 or "") for r in committed)
     for row in committed:
-        problem = problems[row["name"]]
+        problem = problems[row.name]
         if problem:
-            log.append(f"{row['name']} {problem}: rebuilding it")
-            ledger.reopen_file(row["name"], problem)
-            sink.delete([row["name"]])
-            book.drop(row["name"])
-    done = {r["name"] for r in ledger.files() if r["status"] == "done"}
+            log.append(f"{row.name} {problem}: rebuilding it")
+            ledger.reopen_file(row.name, problem)
+            sink.delete([row.name])
+            book.drop(row.name)
+    done = {r.name for r in ledger.files() if r.status == "done"}
     sink.delete(name for name in sink.names()
                 if is_temp_name(name, planned | {MANIFEST_NAME}) or (name in planned and name not in done))
 

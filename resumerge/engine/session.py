@@ -13,7 +13,6 @@ call; how it is carried out travels as one :class:`~resumerge.engine.settings.Ru
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import threading
@@ -216,12 +215,12 @@ def resume_merge(
             # Damaged but OUT has a manifest: _drive sets the ledger aside and rebuilds it from the manifest.
         else:
             row = ledger.run_row()
-            committed = sum(1 for r in ledger.files() if r["status"] == "done")
+            committed = sum(1 for r in ledger.files() if r.status == "done")
             ledger.close()
             if row is not None and committed and target.hub is None and not out.exists():
                 raise _moved(out, committed, resume_command("NEW_PATH", state_dir))
     if row is not None:
-        text, opts, dirs = row["config_text"], json.loads(row["options"]), json.loads(row["model_dirs"])
+        text, opts, dirs = row.config_text, row.options, row.model_dirs
     elif manifest is not None:
         text, opts, dirs = manifest.config_text, dict(manifest.options), dict(manifest.model_dirs)
     elif target.hub is not None:  # nothing anywhere holds the run: only `run` can start it (never "try later")
@@ -406,13 +405,13 @@ def _drive(
                                       restart=restart, resuming=resuming, notes=notes)
             reconcile(sink, ledger, book, log=notes, verified=verified)
             notes.extend(staged)
-            resumed = sum(1 for r in ledger.files() if r["status"] == "done")
+            resumed = sum(1 for r in ledger.files() if r.status == "done")
             for note in plan.notes:  # what the plan decided that the user must hear (status and the card show it too)
                 ledger.event("plan", note)
             for note in [*notes, *plan.notes]:
                 reporter.message(note)
             rows = ledger.files()
-            done_shards = {r["name"] for r in rows if r["status"] == "done" and r["kind"] == "shard"}
+            done_shards = {r.name for r in rows if r.status == "done" and r.kind == "shard"}
             done_bytes = sum(s.file_size for s in plan.shards if s.name in done_shards)
             reporter.start(
                 total_tensors=len(plan.tensors),
@@ -506,7 +505,7 @@ def _set_aside_stale(ledger: Ledger, path: Path, plan: Plan, notes: list[str]) -
     no longer in OUT (it was deleted, or moved) and is set aside rather than refused as "a merge planned
     differently"; returns the ledger to use."""
     row = ledger.run_row()
-    if row is None or row["fingerprint"] == plan.fingerprint:
+    if row is None or row.fingerprint == plan.fingerprint:
         return ledger
     ledger.close()
     aside = set_aside(path, suffix=".stale")

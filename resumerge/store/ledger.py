@@ -24,6 +24,7 @@ from resumerge.store.journal import Journal
 from resumerge.store.journal import set_aside as set_aside
 from resumerge.store.journal import sqlite_failure as sqlite_failure
 from resumerge.store.ledger_read import LEDGER_NAME as LEDGER_NAME
+from resumerge.store.ledger_read import FileRow, RunRow, file_rows, run_row
 from resumerge.store.sqlitedb import Database, Migrations
 
 migrations = Migrations("resumerge")
@@ -113,11 +114,10 @@ class Ledger(Journal):
         self.commit_guard: Callable[[], None] | None = None
 
     # -- run ---------------------------------------------------------------------------------------------
-    def run_row(self) -> dict[str, Any] | None:
-        """The run's row, or None for a fresh ledger."""
+    def run_row(self) -> RunRow | None:
+        """The run's row (the read side's type and query), or None for a fresh ledger."""
         with self._transaction():
-            rows = list(self.db.table("run").rows_where("id = 1"))
-        return rows[0] if rows else None
+            return run_row(self.db.conn)
 
     def start_run(
         self,
@@ -175,9 +175,9 @@ class Ledger(Journal):
     def record_peak(self, peak_rss: int, adaptations: int) -> None:
         """Keep the highest peak RSS seen across the run's processes, and count memory adaptations."""
         with self._transaction():
-            row = self.run_row() or {}
-            self.db.table("run").update(1, {"peak_rss": max(peak_rss, row.get("peak_rss") or 0),
-                                            "adaptations": (row.get("adaptations") or 0) + adaptations})
+            row = self.run_row()
+            self.db.table("run").update(1, {"peak_rss": max(peak_rss, row.peak_rss if row else 0),
+                                            "adaptations": (row.adaptations if row else 0) + adaptations})
 
     def set_state(self, state: str, *, error: str | None = None) -> None:
         """Move the run to ``state`` (planned|running|interrupted|failed|done), with the last error if any."""
@@ -189,10 +189,10 @@ class Ledger(Journal):
             self._event("state", state + (f": {error}" if error else ""))
 
     # -- files and tensors --------------------------------------------------------------------------------
-    def files(self) -> list[dict[str, Any]]:
-        """Every planned output file, in write order."""
+    def files(self) -> tuple[FileRow, ...]:
+        """Every planned output file, in write order (the read side's type and query)."""
         with self._transaction():
-            return list(self.db.table("files").rows_where(order_by="position"))
+            return file_rows(self.db.conn)
 
     def commit_file(
         self,

@@ -36,6 +36,9 @@ class RunRow:
     adaptations: int
     created_at: float | None
     updated_at: float | None
+    config_text: str
+    options: dict[str, Any]
+    model_dirs: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -120,32 +123,36 @@ def _reading(path: Path, what: str) -> Iterator[sqlite3.Connection]:
         conn.close()
 
 
-def _run_row(conn: sqlite3.Connection) -> RunRow | None:
+def run_row(conn: sqlite3.Connection) -> RunRow | None:
+    """The ``run`` row of the merge ledger open on ``conn`` (any row factory), or None for a fresh ledger; the
+    writer (:meth:`resumerge.store.ledger.Ledger.run_row`) reads it through here too."""
     row = conn.execute("SELECT fingerprint, parts, inputs, state, last_error, peak_rss, adaptations, created_at, "
-                       "updated_at FROM run WHERE id = 1").fetchone()
+                       "updated_at, config_text, options, model_dirs FROM run WHERE id = 1").fetchone()
     if row is None:
         return None
-    return RunRow(str(row["fingerprint"]), dict(json.loads(row["parts"])), dict(json.loads(row["inputs"])),
-                  str(row["state"]), row["last_error"], int(row["peak_rss"] or 0), int(row["adaptations"] or 0),
-                  row["created_at"], row["updated_at"])
+    fingerprint, parts, inputs, state, error, peak, adaptations, created, updated, text, options, dirs = row
+    return RunRow(str(fingerprint), dict(json.loads(parts)), dict(json.loads(inputs)), str(state), error,
+                  int(peak or 0), int(adaptations or 0), created, updated, str(text or ""), dict(json.loads(options)),
+                  dict(json.loads(dirs)))
 
 
-def _files(conn: sqlite3.Connection) -> tuple[FileRow, ...]:
+def file_rows(conn: sqlite3.Connection) -> tuple[FileRow, ...]:
+    """Every planned output file of the merge ledger open on ``conn`` (any row factory), in write order."""
     rows = conn.execute("SELECT name, kind, status, bytes, planned_bytes, sha256 FROM files ORDER BY position")
-    return tuple(FileRow(r["name"], r["kind"], r["status"], r["bytes"], r["planned_bytes"], r["sha256"]) for r in rows)
+    return tuple(FileRow(*r) for r in rows)
 
 
 def read_merge_record(path: Path) -> MergeRecord | None:
     """The run and files of the merge ledger at ``path``; None when it holds no run (a fresh ledger)."""
     with _reading(path, "ledger") as conn:
-        run = _run_row(conn)
-        return MergeRecord(run, _files(conn)) if run is not None else None
+        run = run_row(conn)
+        return MergeRecord(run, file_rows(conn)) if run is not None else None
 
 
 def read_merge_status(path: Path) -> MergeStatusRows | None:
     """What ``status`` shows of the merge ledger at ``path``; None when it holds no run."""
     with _reading(path, "ledger") as conn:
-        run = _run_row(conn)
+        run = run_row(conn)
         if run is None:
             return None
         total, done = conn.execute("SELECT COUNT(*), COALESCE(SUM(status = 'done'), 0) FROM tensors").fetchone()
@@ -158,10 +165,9 @@ def read_merge_status(path: Path) -> MergeStatusRows | None:
 
         memory, stream = latest("memory", 1), latest("stream", 1)
         notes = conn.execute("SELECT message FROM events WHERE kind = 'plan' GROUP BY message ORDER BY MIN(id)")
-        text = conn.execute("SELECT config_text FROM run WHERE id = 1").fetchone()[0] or ""
         names = tuple(r[0] for r in conn.execute("SELECT name FROM tensors").fetchall())
         return MergeStatusRows(
-            record=MergeRecord(run, _files(conn)),
+            record=MergeRecord(run, file_rows(conn)),
             tensors_total=int(total),
             tensors_done=int(done),
             events=latest(None, 8),
@@ -169,7 +175,7 @@ def read_merge_status(path: Path) -> MergeStatusRows | None:
             adaptations=latest("adaptation", 3),
             stream=stream[0] if stream else None,
             plan_notes=tuple(r[0] for r in notes.fetchall()),
-            config_text=str(text),
+            config_text=run.config_text,
             tensor_names=names,
         )
 
