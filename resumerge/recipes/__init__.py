@@ -14,6 +14,7 @@ __all__ = [
     "estimate",
     "hub",
     "ledger",
+    "ledger_read",
     "manifest",
     "plan",
     "recipe",

@@ -3,7 +3,8 @@
 Tables: ``recipe`` (one row: the record document of :mod:`resumerge.recipes.manifest`, state, times, last error),
 ``stages`` (one row per stage: position, output dir, fingerprint, state pending|running|done|interrupted|failed,
 started and finished times) and ``events``. It is a journal for ``status``: whether a stage is complete is
-decided by that stage's own ledger and checksums, never by this table.
+decided by that stage's own ledger and checksums, never by this table. Its file name and the read-only queries
+``status`` uses are in :mod:`.ledger_read` (standard library only), beside this schema.
 """
 
 from __future__ import annotations
@@ -45,25 +46,19 @@ class RecipeLedger(Journal):
     what = "recipe ledger"
     rebuilt_from = f"OUT's {RECIPE_MANIFEST_NAME}"
 
-    def row(self) -> dict[str, Any] | None:
-        """The recipe row, or None for a fresh ledger."""
-        with self._transaction():
-            rows = list(self.db.table("recipe").rows_where("id = 1"))
-        return rows[0] if rows else None
-
     def start(self, out_dir: str, record: RecipeRecord) -> None:
         """Record ``record`` as the recipe of ``out_dir``; keeps stage rows (and their times) whose key and
         fingerprint did not change, replaces the rest, in one transaction."""
         now = time.time()
         with self._transaction():
             old = {r["key"]: r for r in self.db.table("stages").rows}
-            previous = self.row()
+            previous = self.db.execute("SELECT created_at FROM recipe WHERE id = 1").fetchone()
             self.db.execute("DELETE FROM recipe")
             self.db.execute("DELETE FROM stages")
             self.db.table("recipe").insert({
                 "id": 1, "out_dir": out_dir, "fingerprint": record.fingerprint,
                 "record": json.dumps(record.to_doc(), sort_keys=True), "state": "running",
-                "created_at": previous["created_at"] if previous else now, "updated_at": now, "last_error": None,
+                "created_at": previous[0] if previous else now, "updated_at": now, "last_error": None,
             })
             for position, s in enumerate(record.stages):
                 kept = old.get(s.key)

@@ -18,9 +18,8 @@ from typing import Any
 
 from resumerge.config.locations import run_dir, state_root
 from resumerge.errors import LedgerError
+from resumerge.recipes.ledger_read import RECIPE_LEDGER_NAME, RecipeRow, read_recipe_row
 from resumerge.store.durable import write_file_atomic
-from resumerge.store.ledger_read import RECIPE_LEDGER_NAME as RECIPE_LEDGER_NAME
-from resumerge.store.ledger_read import RecipeRow, read_recipe_row
 
 RECIPE_MANIFEST_NAME = "resumerge-recipe.json"
 FORMAT = 1

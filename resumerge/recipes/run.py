@@ -48,11 +48,11 @@ from resumerge.outputs.aux import aux_files
 from resumerge.plan.merge_plan import PlanOptions, describe_changes, fingerprint_parts
 from resumerge.recipes.hub import RecipeHub, open_recipe_hub
 from resumerge.recipes.ledger import open_recipe_ledger
+from resumerge.recipes.ledger_read import RECIPE_LEDGER_NAME
 from resumerge.recipes.manifest import (
     DELETED,
     DELETING,
     KEPT,
-    RECIPE_LEDGER_NAME,
     RECIPE_MANIFEST_NAME,
     RecipeRecord,
     StageEntry,

@@ -16,6 +16,7 @@ from typing import Any
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import run_dir
 from resumerge.errors import LedgerError, StorageError
+from resumerge.recipes.ledger_read import RECIPE_LEDGER_NAME, StageRow, read_recipe_stages
 from resumerge.recipes.manifest import (
     DELETED,
     DELETING,
@@ -26,7 +27,7 @@ from resumerge.recipes.manifest import (
     recipe_ledger_record,
     stage_label,
 )
-from resumerge.store.ledger_read import LEDGER_NAME, RECIPE_LEDGER_NAME, StageRow, read_merge_record, read_recipe_stages
+from resumerge.store.ledger_read import LEDGER_NAME, read_merge_record
 from resumerge.store.manifest import Manifest, read_manifest
 from resumerge.store.statusview import StatusReport, read_status, resume_command
 

@@ -1,10 +1,12 @@
-"""The ledgers read-only: row types and the queries ``status``, ``verify`` and recipe ``status`` need.
+"""The merge ledger read-only: row types and the queries ``status``, ``verify`` and a recipe's stage check need.
 
-The one place outside the writers (:mod:`resumerge.store.ledger`, :mod:`resumerge.store.recipe_ledger`) that knows
-the ledgers' tables and columns. Standard library only (sqlite3, json, dataclasses): ``resumerge status`` must not
-pay for torch or sqlite-utils. Every reader opens the file read-only (``mode=ro``, never creating or migrating
-it) and raises :class:`LedgerError` when SQLite cannot read it (damaged, no tables yet, a WAL a read-only reader
-cannot recover); each caller decides whether another record (OUT's manifest) can stand in.
+The one place that knows the merge ledger's columns: its writer (:mod:`resumerge.store.ledger`) reads its rows
+through :func:`run_row` and :func:`file_rows` too. The recipe ledger's reads live beside its schema, in the
+recipes package, on :func:`reading`. Standard library only (sqlite3, json, dataclasses):
+``resumerge status`` must not pay for torch or sqlite-utils. Every reader opens the file read-only (``mode=ro``,
+never creating or migrating it) and raises :class:`LedgerError` when SQLite cannot read it (damaged, no tables
+yet, a WAL a read-only reader cannot recover); each caller decides whether another record (OUT's manifest) can
+stand in.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from typing import Any
 from resumerge.errors import LedgerError
 
 LEDGER_NAME = "ledger.db"  # a merge's ledger, in its run dir
-RECIPE_LEDGER_NAME = "recipe.db"  # a recipe's ledger, in its recipe dir
 
 
 @dataclass(frozen=True)
@@ -91,28 +92,10 @@ class MergeStatusRows:
     tensor_names: tuple[str, ...] = ()  # every planned tensor (an extraction's modules are read from them)
 
 
-@dataclass(frozen=True)
-class RecipeRow:
-    """The ``recipe`` row of a recipe ledger; ``record`` is the recipe record document (decoded JSON)."""
-
-    record: dict[str, Any]
-    state: str
-    last_error: str | None
-
-
-@dataclass(frozen=True)
-class StageRow:
-    """One stage row of a recipe ledger (what ``status`` takes from it: its times; the rest comes from the
-    stage's own ledger)."""
-
-    key: str
-    state: str
-    started_at: float | None
-    finished_at: float | None
-
-
 @contextmanager
-def _reading(path: Path, what: str) -> Iterator[sqlite3.Connection]:
+def reading(path: Path, what: str) -> Iterator[sqlite3.Connection]:
+    """A read-only connection (rows as :class:`sqlite3.Row`) to the SQLite file at ``path``; SQLite failures and
+    bad JSON columns inside the block raise :class:`LedgerError` naming it as ``what``."""
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         conn.row_factory = sqlite3.Row
@@ -144,14 +127,14 @@ def file_rows(conn: sqlite3.Connection) -> tuple[FileRow, ...]:
 
 def read_merge_record(path: Path) -> MergeRecord | None:
     """The run and files of the merge ledger at ``path``; None when it holds no run (a fresh ledger)."""
-    with _reading(path, "ledger") as conn:
+    with reading(path, "ledger") as conn:
         run = run_row(conn)
         return MergeRecord(run, file_rows(conn)) if run is not None else None
 
 
 def read_merge_status(path: Path) -> MergeStatusRows | None:
     """What ``status`` shows of the merge ledger at ``path``; None when it holds no run."""
-    with _reading(path, "ledger") as conn:
+    with reading(path, "ledger") as conn:
         run = run_row(conn)
         if run is None:
             return None
@@ -178,19 +161,3 @@ def read_merge_status(path: Path) -> MergeStatusRows | None:
             config_text=run.config_text,
             tensor_names=names,
         )
-
-
-def read_recipe_row(path: Path) -> RecipeRow | None:
-    """The ``recipe`` row of the recipe ledger at ``path``; None when it holds none."""
-    with _reading(path, "recipe ledger") as conn:
-        row = conn.execute("SELECT record, state, last_error FROM recipe WHERE id = 1").fetchone()
-        return RecipeRow(json.loads(row["record"]), str(row["state"]), row["last_error"]) if row else None
-
-
-def read_recipe_stages(path: Path) -> tuple[dict[str, StageRow], tuple[EventRow, ...]]:
-    """The stage rows (by key) of the recipe ledger at ``path`` and its latest 8 events, oldest first."""
-    with _reading(path, "recipe ledger") as conn:
-        stages = {r["key"]: StageRow(r["key"], r["state"], r["started_at"], r["finished_at"])
-                  for r in conn.execute("SELECT key, state, started_at, finished_at FROM stages")}
-        events = conn.execute("SELECT kind, message FROM events ORDER BY id DESC LIMIT 8").fetchall()
-        return stages, tuple(EventRow(e["kind"], e["message"]) for e in reversed(events))
