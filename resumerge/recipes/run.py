@@ -72,12 +72,13 @@ from resumerge.recipes.recipe import load_recipe_text
 from resumerge.recipes.view import StageRecord, stage_record
 from resumerge.store.durable import fsync_dir, is_temp_name
 from resumerge.store.integrity import verify_output
+from resumerge.store.journal import journal_files
 from resumerge.store.manifest import MANIFEST_NAME, read_manifest
 from resumerge.store.runlock import LOCK_NAME, RunLock, is_locked
 from resumerge.store.statusview import LEDGER_NAME, resume_command
 
 # A stage's files in the state dir: its SQLite ledger with WAL/journal companions, and its lock.
-_LEDGER_FILES = (LEDGER_NAME, f"{LEDGER_NAME}-wal", f"{LEDGER_NAME}-shm", f"{LEDGER_NAME}-journal", LOCK_NAME)
+_LEDGER_FILES = (*journal_files(LEDGER_NAME), LOCK_NAME)
 
 
 @dataclass(frozen=True)

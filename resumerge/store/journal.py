@@ -1,5 +1,5 @@
-"""The journal base of both ledgers (a merge's :class:`~resumerge.store.ledger.Ledger`, a recipe's
-:class:`~resumerge.store.recipe_ledger.RecipeLedger`): one SQLite file in the state dir, written through sqlite-utils.
+"""The journal base of both ledgers (a merge's :class:`~resumerge.store.ledger.Ledger`, a recipe's ``RecipeLedger``
+in the recipes package): one SQLite file in the state dir, written through sqlite-utils.
 
 It owns what the two must do alike: the connection and its pragmas (WAL with ``synchronous=FULL``, so a committed
 row survives power loss), the migrations, the checks on open (SQLite's ``quick_check`` and every table and column
@@ -7,6 +7,7 @@ the migrations create), the mapping of SQLite failures to :class:`StorageError` 
 3, fix it and resume) or :class:`LedgerError` (the file is bad: exit 4), one locked transaction per change, and
 moving a damaged file aside. May import the standard library, sqlite-utils, ``resumerge.errors`` and
 ``resumerge.store.durable``; the read-only side is :mod:`resumerge.store.ledger_read` (standard library only).
+The SQLite companion files a journal may have beside it (:data:`COMPANIONS`) are named here only.
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ from resumerge.store.sqlitedb import Database, Migrations
 # SQLITE_PERM, SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN.
 _STORAGE_CODES = frozenset({3, 8, 10, 13, 14})
 _STORAGE_WORDS = ("disk is full", "disk i/o error", "readonly", "read-only", "unable to open")
+# What SQLite keeps beside a database file: the WAL and its index, and a rollback journal.
+COMPANIONS = ("-wal", "-shm", "-journal")
+
+
+def journal_files(name: str) -> tuple[str, ...]:
+    """The file ``name`` of a journal and its SQLite companions' names: what must move or go with it."""
+    return (name, *(name + suffix for suffix in COMPANIONS))
 
 
 def sqlite_failure(exc: sqlite3.DatabaseError, path: Path, what: str = "ledger",
@@ -67,10 +75,10 @@ def set_aside(path: Path, suffix: str = ".damaged") -> Path:
     The WAL must go too: SQLite would replay a leftover ``-wal`` file into the fresh journal created next.
     """
     target = path.with_name(path.name + suffix)
-    for suffix in ("", "-wal", "-shm", "-journal"):
-        source = path.with_name(path.name + suffix)
+    for name, moved in zip(journal_files(path.name), journal_files(target.name), strict=True):
+        source = path.with_name(name)
         if source.exists():
-            os.replace(source, target.with_name(target.name + suffix))
+            os.replace(source, path.with_name(moved))
     return target
 
 
