@@ -129,7 +129,7 @@ def prepare(
 ) -> tuple[Plan, Inputs]:
     """Open every referenced model (config.json and headers only) and build the plan; no weight is fetched."""
     inputs = open_inputs(config, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
-                         on_progress=_hub_progress(reporter))
+                         on_progress=hub_progress(reporter))
     return build_plan(config, inputs.models, options), inputs
 
 
@@ -139,7 +139,9 @@ def plan_from_config(config: MergeConfig, options: PlanOptions,
     return prepare(config, options, model_dirs=model_dirs)[0]
 
 
-def _hub_progress(reporter: Reporter | None, meter: TrafficMeter | None = None) -> Callable[[HubEvent], None] | None:
+def hub_progress(reporter: Reporter | None, meter: TrafficMeter | None = None) -> Callable[[HubEvent], None] | None:
+    """The hub progress callback: the end of each transfer shown on ``reporter``, every download's bytes counted
+    on ``meter``; None with neither."""
     if reporter is None and meter is None:
         return None
 
@@ -305,16 +307,11 @@ def run_plan(
     hub = None
     meter = TrafficMeter()  # both directions of the network, for the progress display
     if inputs is not None:
-        hub = HubInputs.open(plan, inputs, state_dir=settings.state_dir, on_progress=_hub_progress(reporter, meter),
+        hub = HubInputs.open(plan, inputs, state_dir=settings.state_dir, on_progress=hub_progress(reporter, meter),
                              governor=governors[0], max_disk=settings.max_disk)
     return _drive(plan, config_text, target, manifest, settings, governors, hub, restart=restart,
                   resuming=resuming, reporter=reporter or NullReporter(), should_stop=should_stop, meter=meter,
                   late_notes=beside.notes if beside is not None else None)
-
-
-def hub_progress(reporter: Reporter | None) -> Callable[[HubEvent], None] | None:
-    """The hub progress callback that shows the end of each transfer on ``reporter`` (None without one)."""
-    return _hub_progress(reporter)
 
 
 def make_governor(plan: Plan, max_memory: int | None) -> MemoryGovernor:
