@@ -6,6 +6,7 @@ covers everything the merge process did, imports included (importing torch alone
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from safetensors.torch import load_file
 from support import linear_config, peak_rss_run, write_config
 
 from resumerge.cli.commands import main
+from resumerge.memory import parse_size
 
 BUDGET = 600_000_000
 
@@ -55,5 +57,10 @@ def test_whole_tensor_unit_over_budget_is_refused_before_work(tmp_path: Path, ma
     code = main(["run", str(cfg), str(tmp_path / "out"), "--quiet", "--max-memory", "1MB"])
     err = capsys.readouterr().err
     assert code == 2, err
-    assert "smallest budget that works" in err and "--max-memory" in err
+    # one line naming the tensor, the budget and the smallest budget that works, in a form --max-memory takes
+    found = re.fullmatch(r"error: tensor (\S+) \(ties\) needs more memory than the budget of 1\.00 MB — the smallest "
+                         r"budget that works is (\S+ \S+); rerun with --max-memory (\S+) or more\n", err)
+    assert found is not None, err
+    assert any(found[1] in load_file(str(f)) for f in a.glob("*.safetensors"))
+    assert parse_size(found[2]) == parse_size(found[3]) > 1_000_000
     assert not (tmp_path / "out").exists()

@@ -4,9 +4,10 @@ Typical use by the engine::
 
     probe = SystemProbe()
     budget = parse_size(args.max_memory, option="--max-memory") if args.max_memory else default_budget(probe)
-    require_fits(unit_bytes, budget, baseline_bytes=probe.rss(), tensor=name)   # at plan time
+    if smallest_budget_for(unit_bytes, baseline_bytes=probe.rss()) > budget:  # at plan time
+        ...  # refuse, naming that smallest budget
     with MemoryGovernor(budget, probe) as governor:
-        with governor.admit(unit_bytes, what=name):
+        with governor.acquire(unit_bytes, what=name):  # a Reservation, released when the block exits
             ...
 
 Importing this package never imports torch.
@@ -19,7 +20,6 @@ from resumerge.memory.budget import (
     DEFAULT_FRACTION,
     SAFETY_MARGIN,
     default_budget,
-    require_fits,
     smallest_budget_for,
 )
 from resumerge.memory.cgroup import CgroupSnapshot, read_snapshot
@@ -28,7 +28,7 @@ from resumerge.memory.fake import FakeProbe
 from resumerge.memory.governor import MemoryGovernor, Reservation
 from resumerge.memory.pressure import Knobs, PressurePolicy
 from resumerge.memory.probe import MemoryProbe, SystemProbe, os_peak_rss, usable_cores
-from resumerge.memory.records import Adaptation, GovernorStats
+from resumerge.memory.records import Adaptation
 from resumerge.memory.sizes import format_size, parse_size
 
 __all__ = [
@@ -38,7 +38,6 @@ __all__ = [
     "CgroupSnapshot",
     "CudaProbe",
     "FakeProbe",
-    "GovernorStats",
     "Knobs",
     "MemoryGovernor",
     "MemoryProbe",
@@ -51,7 +50,6 @@ __all__ = [
     "os_peak_rss",
     "parse_size",
     "read_snapshot",
-    "require_fits",
     "smallest_budget_for",
     "usable_cores",
 ]

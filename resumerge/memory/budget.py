@@ -1,18 +1,16 @@
-"""The memory budget: its default when ``--max-memory`` is not given, and plan-time checks against it."""
+"""The memory budget: its default when ``--max-memory`` is not given, and the smallest budget a unit of work needs
+(what plan-time refusals name)."""
 
 from __future__ import annotations
 
 import math
 
-from resumerge.errors import UsageError
 from resumerge.memory.probe import MemoryProbe
-from resumerge.memory.sizes import format_size
 
 __all__ = [
     "DEFAULT_FRACTION",
     "SAFETY_MARGIN",
     "default_budget",
-    "require_fits",
     "smallest_budget_for",
 ]
 
@@ -59,29 +57,3 @@ def smallest_budget_for(unit_bytes: int, *, baseline_bytes: int = 0, margin_frac
         return needed
     step = int(10 ** (len(str(needed)) - 3))
     return -(-needed // step) * step
-
-
-def require_fits(
-    unit_bytes: int,
-    budget: int,
-    *,
-    baseline_bytes: int = 0,
-    tensor: str | None = None,
-    option: str = "--max-memory",
-) -> None:
-    """Raise :class:`~resumerge.errors.UsageError` at plan time if a unit cannot run under ``budget``.
-
-    The planner calls this for every unit a non-elementwise method must hold whole (elementwise methods are
-    row-chunked instead and check one row). The message names the smallest budget that works.
-    """
-    smallest = smallest_budget_for(unit_bytes, baseline_bytes=baseline_bytes)
-    if smallest <= budget:
-        return
-    what = f"tensor {tensor}" if tensor else "one unit of work"
-    overhead = f" on top of {format_size(baseline_bytes)} already in use" if baseline_bytes else ""
-    raise UsageError(
-        f"{what} needs {format_size(unit_bytes)}{overhead}, more than the memory budget of "
-        f"{format_size(budget)} allows; the smallest budget that works is {format_size(smallest)}",
-        hint=f"rerun with {option} {format_size(smallest, compact=True)} or more",
-        tensor=tensor,
-    )

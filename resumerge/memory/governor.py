@@ -6,11 +6,11 @@ See :mod:`resumerge.memory.accounting` for how usage and headroom are computed a
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from types import TracebackType
 from typing import NoReturn
 
@@ -19,7 +19,7 @@ from resumerge.memory.accounting import Usage, next_baseline
 from resumerge.memory.budget import SAFETY_MARGIN, smallest_budget_for
 from resumerge.memory.pressure import PressurePolicy, PressureTracker
 from resumerge.memory.probe import MemoryProbe, SystemProbe
-from resumerge.memory.records import Adaptation, GovernorStats, Reservation
+from resumerge.memory.records import Adaptation, Reservation
 from resumerge.memory.sizes import format_size
 
 __all__ = ["MemoryGovernor", "Reservation"]
@@ -82,7 +82,6 @@ class MemoryGovernor:
         self._queue: deque[object] = deque()
         self._adaptations: deque[Adaptation] = deque(maxlen=_MAX_ADAPTATIONS)
         self._seq = 0
-        self._sampler_error: str | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.sample()
@@ -128,11 +127,10 @@ class MemoryGovernor:
 
     def _run(self, stop: threading.Event) -> None:
         while not stop.wait(self._interval):
-            try:
+            # A vanished /proc or cgroup file must not end the sampling; waiting admissions read the probe
+            # themselves, so they stay correct meanwhile.
+            with contextlib.suppress(Exception):
                 self.sample()
-            except Exception as error:  # a vanished /proc or cgroup file must not end the sampling
-                with self._cond:
-                    self._sampler_error = self._sampler_error or f"{type(error).__name__}: {error}"
 
     # -- admission -----------------------------------------------------------------------------------------
 
@@ -181,17 +179,6 @@ class MemoryGovernor:
                 self._cond.notify_all()
             raise
 
-    @contextmanager
-    def admit(
-        self, estimate_bytes: int, *, timeout: float | None = None, what: str | None = None
-    ) -> Iterator[Reservation]:
-        """Context-manager form of :meth:`acquire`; the reservation is released when the block exits."""
-        reservation = self.acquire(estimate_bytes, timeout=timeout, what=what)
-        try:
-            yield reservation
-        finally:
-            reservation.release()
-
     def chunk_rows(self, row_bytes: int, total_rows: int) -> int:
         """Return how many rows of an elementwise tensor to process per chunk under the current headroom.
 
@@ -228,27 +215,6 @@ class MemoryGovernor:
         """The most recent adaptations (up to 4096), oldest first."""
         with self._cond:
             return tuple(self._adaptations)
-
-    def stats(self) -> GovernorStats:
-        """Return the latest reading and the knobs as one consistent value."""
-        with self._cond:
-            usage = self._usage()
-            return GovernorStats(
-                pool=self.pool,
-                budget=self.budget,
-                rss=self._rss,
-                available=self._available,
-                projected=usage.projected,
-                headroom=usage.headroom,
-                used_fraction=usage.used_fraction,
-                level=self._tracker.level,
-                in_flight=self._in_flight,
-                reserved=self._reserved,
-                in_flight_limit=self._knobs.in_flight_limit,
-                peak_rss=self._peak,
-                adaptations=self._seq,
-                sampler_error=self._sampler_error,
-            )
 
     # -- internals (the ones below take self._cond held) ----------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""What the governor hands out and reports: reservations, adaptations for the ledger, stats for ``status``."""
+"""What the governor hands out and reports: reservations, and adaptations for the ledger."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
-__all__ = ["Adaptation", "GovernorStats", "Reservation"]
+__all__ = ["Adaptation", "Reservation"]
 
 
 class Reservation:
@@ -55,23 +55,3 @@ class Adaptation:
     old: int
     new: int
     reason: str
-
-
-@dataclass(frozen=True)
-class GovernorStats:
-    """The governor's latest reading and knobs, taken under one lock (bytes unless named otherwise)."""
-
-    pool: str
-    budget: int
-    rss: int
-    available: int
-    projected: int
-    headroom: int
-    used_fraction: float
-    level: int
-    in_flight: int
-    reserved: int
-    in_flight_limit: int
-    peak_rss: int
-    adaptations: int
-    sampler_error: str | None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from resumerge.errors import UsageError
 from resumerge.memory import (
     FakeProbe,
     Knobs,
@@ -13,7 +12,6 @@ from resumerge.memory import (
     default_budget,
     format_size,
     parse_size,
-    require_fits,
     smallest_budget_for,
 )
 from resumerge.memory.accounting import next_baseline
@@ -103,15 +101,3 @@ def test_smallest_budget_rounds_up_to_a_printable_size(unit: int, baseline: int,
     assert smallest == expected
     assert smallest * 0.95 >= unit + baseline
     assert parse_size(format_size(smallest, compact=True)) == smallest
-
-
-def test_require_fits_names_the_smallest_budget() -> None:
-    require_fits(1 * GB, 2 * GB, baseline_bytes=400 * MB)
-    with pytest.raises(UsageError) as info:
-        require_fits(3 * GB, 2 * GB, baseline_bytes=400 * MB, tensor="model.embed_tokens.weight")
-    line = info.value.one_line()
-    assert "\n" not in line
-    assert "tensor model.embed_tokens.weight needs 3.00 GB on top of 400 MB already in use" in line
-    assert "the smallest budget that works is 3.58 GB" in line
-    assert line.endswith("rerun with --max-memory 3.58GB or more")
-    assert info.value.tensor == "model.embed_tokens.weight"

@@ -86,7 +86,7 @@ CHILD = textwrap.dedent(
     def worker():
         for _ in range(3):
             if governed:
-                with governor.admit(unit, timeout=30):
+                with governor.acquire(unit, timeout=30):
                     one_unit()
             else:
                 one_unit()
