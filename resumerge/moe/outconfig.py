@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from resumerge.moe.outkinds import OutputKind
@@ -13,22 +14,22 @@ from resumerge.moe.outkinds import OutputKind
 # The defaults transformers gives each input model type for what its config.json may leave out, where the MoE
 # output's class defaults otherwise (Mixtral's rope_theta is 1e6, its rms_norm_eps 1e-5, ...): mergekit-moe builds
 # the output from the base's full config object, so these are what its output holds.
-_COMMON_DEFAULTS: dict[str, Any] = {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
-                                    "intermediate_size": 11008, "hidden_size": 4096, "num_attention_heads": 32,
-                                    "num_hidden_layers": 32, "vocab_size": 32000, "hidden_act": "silu",
-                                    "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
-                                    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
-                                    "pad_token_id": None}
-_SOURCE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {**_COMMON_DEFAULTS, "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1},
-    "mistral": {**_COMMON_DEFAULTS, "max_position_embeddings": 131072, "intermediate_size": 14336,
-                "num_key_value_heads": 8},
-    "qwen2": {**_COMMON_DEFAULTS, "max_position_embeddings": 32768, "intermediate_size": 22016,
-              "vocab_size": 151936, "bos_token_id": None, "eos_token_id": None, "max_window_layers": 28},
-    "qwen3": {**_COMMON_DEFAULTS, "max_position_embeddings": 32768, "intermediate_size": 22016,
-              "vocab_size": 151936, "bos_token_id": None, "eos_token_id": None, "max_window_layers": 28,
-              "attention_bias": False},
-}
+_COMMON_DEFAULTS: Mapping[str, Any] = MappingProxyType({
+    "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "intermediate_size": 11008, "hidden_size": 4096,
+    "num_attention_heads": 32, "num_hidden_layers": 32, "vocab_size": 32000, "hidden_act": "silu",
+    "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True, "tie_word_embeddings": False,
+    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": None})
+_SOURCE_DEFAULTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    "llama": MappingProxyType({**_COMMON_DEFAULTS, "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1}),
+    "mistral": MappingProxyType({**_COMMON_DEFAULTS, "max_position_embeddings": 131072, "intermediate_size": 14336,
+                                 "num_key_value_heads": 8}),
+    "qwen2": MappingProxyType({**_COMMON_DEFAULTS, "max_position_embeddings": 32768, "intermediate_size": 22016,
+                               "vocab_size": 151936, "bos_token_id": None, "eos_token_id": None,
+                               "max_window_layers": 28}),
+    "qwen3": MappingProxyType({**_COMMON_DEFAULTS, "max_position_embeddings": 32768, "intermediate_size": 22016,
+                               "vocab_size": 151936, "bos_token_id": None, "eos_token_id": None,
+                               "max_window_layers": 28, "attention_bias": False}),
+})
 _ROPE_KEYS = ("rope_theta", "rope_parameters", "rope_scaling")
 
 

@@ -11,6 +11,7 @@ import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import replace
+from types import MappingProxyType
 from typing import Any
 
 from resumerge.errors import ModelInputError
@@ -28,8 +29,9 @@ from resumerge.plan.sharding import assign_shards, resolve_shard_size
 from resumerge.torch_import import torch
 
 METHOD = "moe"
-DTYPE_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64"}
-_NAMES = {code: name for name, code in DTYPE_CODES.items()}
+DTYPE_CODES = MappingProxyType({"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64",
+                                "int64": "I64"})
+_NAMES = MappingProxyType({code: name for name, code in DTYPE_CODES.items()})
 EMBED = "model.embed_tokens.weight"
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
