@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import OutputDirError, UsageError
 from resumerge.memory.sizes import parse_size
@@ -74,6 +74,7 @@ def run(
     stream_inputs: bool = False,
     write_model_card: bool = True,
     unsafe_truncate_embeddings: bool = False,
+    dequantize: bool = False,
     cache_dir: PathLike | None = None,
     num_threads: int | None = None,
     progress: bool | Reporter = False,
@@ -107,7 +108,8 @@ def run(
 
     ``write_model_card=False`` (``--no-write-model-card``) writes no README.md and no mergekit_config.yml;
     ``unsafe_truncate_embeddings`` (``--unsafe-truncate-embeddings``) merges models whose vocabularies differ in
-    size by keeping the common leading rows (config.json and the tokenizer are cut to match).
+    size by keeping the common leading rows (config.json and the tokenizer are cut to match). ``dequantize``
+    (``--dequantize``) stores every output tensor plainly in its dtype, whatever format the base model is stored in.
 
     ``progress=True`` draws the CLI's rich progress; a reporter object is used as given (the caller closes it).
     ``should_stop`` is polled at safe points: once true, the run stops and raises InterruptedMerge (exit 3).
@@ -122,7 +124,7 @@ def run(
     with started_early(moe.gate_mode if moe else None, state_dir) as early:  # loads while this process does
         options = _plan_options(out_shard_size=shard_size_choice(out_shard_size, out)[0], random_seed=random_seed,
                                 copy_tokenizer=copy_tokenizer, device=device, allow_crimes=allow_crimes,
-                                stream_inputs=stream_inputs, write_model_card=write_model_card,
+                                stream_inputs=stream_inputs, write_model_card=write_model_card, dequantize=dequantize,
                                 unsafe_truncate_embeddings=unsafe_truncate_embeddings, num_threads=num_threads)
         settings = _run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory,
                                  max_gpu_memory=max_gpu_memory, staging=staging, max_disk=max_disk,
@@ -277,14 +279,15 @@ def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
 
 def plan_merge(config: PathLike, *, out_shard_size: int | str = DEFAULT_SHARD_SIZE,
                random_seed: int = DEFAULT_SEED, allow_crimes: bool = False,
-               unsafe_truncate_embeddings: bool = False, allow_same_experts: bool = False) -> Plan:
+               unsafe_truncate_embeddings: bool = False, allow_same_experts: bool = False,
+               dequantize: bool = False) -> Plan:
     """Validate ``config`` against the models' headers and return the frozen plan; writes nothing (a
     mergekit-moe config's hidden-state routers are not computed)."""
     from resumerge.config.merge_config import load_config_text
     from resumerge.engine.session import plan_from_config
 
     options = _plan_options(out_shard_size=out_shard_size, random_seed=random_seed, allow_crimes=allow_crimes,
-                            unsafe_truncate_embeddings=unsafe_truncate_embeddings)
+                            unsafe_truncate_embeddings=unsafe_truncate_embeddings, dequantize=dequantize)
     text, source = _config_text(config), _source(config, "config")
     moe = _moe_config(text, source, allow_same_experts=allow_same_experts)
     if moe is not None:
@@ -305,6 +308,7 @@ def estimate(
     allow_crimes: bool = False,
     allow_same_experts: bool = False,
     unsafe_truncate_embeddings: bool = False,
+    dequantize: bool = False,
     max_memory: int | str | None = None,
     cache_dir: PathLike | None = None,
     stream_inputs: bool = False,
@@ -343,7 +347,8 @@ def estimate(
     link = parse_bandwidth(bandwidth) if bandwidth is not None else None
     options = _plan_options(out_shard_size=shard_size_choice(out_shard_size, out)[0], random_seed=random_seed,
                             copy_tokenizer=copy_tokenizer, device=device, allow_crimes=allow_crimes,
-                            stream_inputs=stream_inputs, unsafe_truncate_embeddings=unsafe_truncate_embeddings)
+                            stream_inputs=stream_inputs, unsafe_truncate_embeddings=unsafe_truncate_embeddings,
+                            dequantize=dequantize)
     settings = _run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory, staging=staging,
                              max_disk=max_disk, num_threads=num_threads)
     _usable_device(options.device)
@@ -380,22 +385,17 @@ def estimate(
 # -- the one place flat parameters become PlanOptions and RunSettings --------------------------------------------
 
 
-def _plan_options(*, out_shard_size: int | str | None, random_seed: int, copy_tokenizer: bool = True,
-                  device: str = "cpu", allow_crimes: bool = False, stream_inputs: bool = False,
-                  write_model_card: bool = True, unsafe_truncate_embeddings: bool = False,
-                  num_threads: int | None = None) -> PlanOptions:
+def _plan_options(*, out_shard_size: int | str | None, device: str = "cpu", **flags: Any) -> PlanOptions:
     """What changes the output's bytes (the plan's fingerprint; ``num_threads`` only for the methods whose bytes
-    depend on it, the planner drops it for the others; shard size None: the planner's pick); UsageError if bad."""
+    depend on it, the planner drops it for the others; shard size None: the planner's pick); ``flags`` are the
+    other :class:`PlanOptions` fields, as given. UsageError if bad."""
     from resumerge.engine.devices import normalise_device
     from resumerge.plan.merge_plan import PlanOptions
     from resumerge.plan.sharding import AUTO_SHARD_SIZE  # the planner picks (an hf:// OUT's default)
 
     shard_size = _size(out_shard_size, "--out-shard-size")
-    return PlanOptions(out_shard_size=AUTO_SHARD_SIZE if shard_size is None else shard_size, random_seed=random_seed,
-                       copy_tokenizer=copy_tokenizer, device=normalise_device(device), allow_crimes=allow_crimes,
-                       stream_inputs=stream_inputs,
-                       write_model_card=write_model_card, unsafe_truncate_embeddings=unsafe_truncate_embeddings,
-                       num_threads=num_threads)
+    return PlanOptions(out_shard_size=AUTO_SHARD_SIZE if shard_size is None else shard_size,
+                       device=normalise_device(device), **flags)
 
 
 def _run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = None,

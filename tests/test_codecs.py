@@ -87,8 +87,8 @@ def test_row_chunks_read_each_companion_s_rows_with_theirs(tmp_path: Path, make:
             chunks = [chunk_plan(tp, first, min(tp.shape[0], first + 3)) for first in range(0, tp.shape[0], 3)]
             scale = chunks[1].inputs[1].companions[0][1]
             assert (scale.first_row, scale.shape) == (3, (3,))
-            assert torch.equal(torch.cat([compute_tensor(plan, c, sources) for c in chunks]),
-                               compute_tensor(plan, tp, sources)), tp.name
+            assert torch.equal(torch.cat([compute_tensor(plan, c, sources)[tp.name] for c in chunks]),
+                               compute_tensor(plan, tp, sources)[tp.name]), tp.name
 
 
 def test_the_codec_is_part_of_the_plan_s_identity_and_plain_adds_nothing(tmp_path: Path,

@@ -27,7 +27,7 @@ def threads_seen(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     seen: list[int] = []
     real = executor.compute_tensor
 
-    def recording(*args: object, **kwargs: object) -> torch.Tensor:
+    def recording(*args: object, **kwargs: object) -> dict[str, torch.Tensor]:
         seen.append(torch.get_num_threads())
         return real(*args, **kwargs)  # type: ignore[arg-type]
 

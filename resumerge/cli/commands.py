@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--unsafe-truncate-embeddings", action="store_true",
                      help="merge models whose vocabularies differ in size by keeping the common leading rows of "
                           "embeddings and heads (vocab_size and the tokenizer are cut to match)")
+    run.add_argument("--dequantize", action="store_true",
+                     help="store every output tensor unquantized in its dtype, with no quantization_config "
+                          "[default: the output keeps the base model's quantized format]")
     run.add_argument("--allow-crimes", action="store_true",
                      help="merge models of different architectures, tensor by tensor as names and shapes allow")
     run.add_argument("--i-understand-this-is-not-useful-without-training", action="store_true",
@@ -180,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--i-understand-this-is-not-useful-without-training", action="store_true",
                       dest="allow_same_experts", help="as for run")
     plan.add_argument("--unsafe-truncate-embeddings", action="store_true", help="as for run")
+    plan.add_argument("--dequantize", action="store_true", help="as for run")
     plan.add_argument("--state-dir", metavar="DIR", help="state directory the run will use")
     plan.add_argument("--max-memory", metavar="SIZE", help="RAM budget the run will use [default: as for run]")
     plan.add_argument("--transformers-cache", metavar="DIR", dest="cache_dir",

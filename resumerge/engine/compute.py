@@ -31,9 +31,14 @@ def tensor_seed(seed: int, name: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}\x00{name}".encode()).digest()[:8], "little") & (2**63 - 1)
 
 
-def compute_tensor(plan: Plan, tp: TensorPlan, sources: InputSources) -> torch.Tensor:
-    """Read the inputs of ``tp``, run its method on the plan's device, and return the result on the host in the
-    planned dtype (contiguous)."""
+# An output tensor (or its rows) as stored: each stored part by its name in the shard, on the host, contiguous (a
+# plain output is one part, named as the tensor).
+Stored = dict[str, "torch.Tensor"]
+
+
+def compute_tensor(plan: Plan, tp: TensorPlan, sources: InputSources) -> Stored:
+    """Read the inputs of ``tp``, run its method on the plan's device, and return the result on the host encoded
+    by its output codec (a plain one: the result in the planned dtype) as its stored parts."""
     method = plan.method_of(tp)
     ctx = load_context(plan, tp, sources, method)
     try:
@@ -127,21 +132,22 @@ class _LazyInputs(Sequence["torch.Tensor"]):
         return t.to(self._common) if self._common is not None else t
 
 
-def _finish(tp: TensorPlan, out: torch.Tensor) -> torch.Tensor:
-    """A method's result encoded by ``tp``'s output codec (a plain one: cast to the planned dtype), on the host,
-    contiguous."""
+def _finish(tp: TensorPlan, out: torch.Tensor) -> Stored:
+    """A method's result encoded by ``tp``'s output codec (a plain one: cast to the planned dtype) as its stored
+    parts, on the host, contiguous."""
+    names = {p.part: p.name for p in tp.stored_parts()}
     parts = tp.out_codec.encode(out, tp.out_dtype)
-    if set(parts) != {MAIN}:
-        # The writer takes one stored tensor per output tensor today; parts it would place elsewhere in the
-        # shard (a quantized format's scales) need it to hold them until their turn (the quantized-formats issue).
-        raise ResumergeError(f"internal: {tp.name} is encoded as {sorted(parts)}, the writer stores one part")
-    out = parts[MAIN]
-    if out.device.type != "cpu":
-        out = out.cpu()  # a blocking copy: the GPU memory of this unit is free once it returns
-    return out.contiguous()
+    if set(parts) != set(names):
+        raise ResumergeError(f"internal: {tp.name} is encoded as {sorted(parts)}, planned as {sorted(names)}")
+    stored = {}
+    for part, t in parts.items():
+        if t.device.type != "cpu":
+            t = t.cpu()  # a blocking copy: the GPU memory of this unit is free once it returns
+        stored[names[part]] = t.contiguous()
+    return stored
 
 
-def compute_in_passes(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowStream) -> torch.Tensor:
+def compute_in_passes(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowStream) -> Stored:
     """``tp`` computed by ``stream`` from row chunks (each pass re-reads them from ``sources``) into its whole
     output: the bits :func:`compute_tensor` gives, with a chunk's working set instead of a tensor's."""
     with serial_kernels():  # this thread's kernels alone: the other workers fill the other cores
@@ -167,18 +173,23 @@ def observe_rows(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowS
 
 
 def apply_rows(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowStream, first: int,
-               stop: int) -> torch.Tensor:
+               stop: int) -> Stored:
     """Output rows ``[first, stop)`` of ``tp`` (the next ones of ``stream``), computed in chunks of
-    :func:`~resumerge.plan.workunits.pass_rows` rows, on the host in the planned dtype."""
-    out = torch.empty((stop - first, *tp.shape[1:]), dtype=TORCH_DTYPES[tp.out_dtype])
+    :func:`~resumerge.plan.workunits.pass_rows` rows, on the host as stored (each part's rows of those rows)."""
+    out = {p.name: torch.empty(p.shape, dtype=TORCH_DTYPES[p.dtype])
+           for p in tp.out_codec.out_parts(tp.name, tp.out_dtype, (stop - first, *tp.shape[1:]))}
+    at = dict.fromkeys(out, 0)
     step = pass_rows(tp)
     for start in range(first, stop, step):
         part = chunk_plan(tp, start, min(stop, start + step))
         ctx = load_context(plan, part, sources, plan.method_of(part))
         try:
-            out[start - first : start - first + part.shape[0]] = _finish(part, stream.apply(ctx))
+            encoded = _finish(part, stream.apply(ctx))
         except ValueError as exc:
             raise ResumergeError(f"{tp.method} failed on {tp.name}: {exc}", tensor=tp.name) from exc
+        for name, rows in encoded.items():
+            out[name][at[name] : at[name] + rows.shape[0]] = rows
+            at[name] += rows.shape[0]
     return out
 
 

@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from resumerge.engine import cpupriority
-from resumerge.engine.compute import apply_rows, compute_in_passes, compute_tensor, observe_rows
+from resumerge.engine.compute import Stored, apply_rows, compute_in_passes, compute_tensor, observe_rows
 from resumerge.engine.devices import is_gpu
 from resumerge.engine.interrupts import commit_uploaded
 from resumerge.engine.kernels import serial_kernels
@@ -82,7 +82,7 @@ class Stopped(Exception):
     """Raised inside the engine when a stop was requested; the caller turns it into InterruptedMerge."""
 
 
-_Item = tuple[ShardPlan, str, "torch.Tensor", "Reservation | None"]
+_Item = tuple[ShardPlan, str, Stored, "Reservation | None"]
 
 
 class _Writer(threading.Thread):
@@ -115,7 +115,8 @@ class _Writer(threading.Thread):
                     return
                 shard, name, tensor, reservation = item
                 if self._current is None:
-                    self._current = ShardWriter(self.sink, shard.name, self.plan.shard_layout(shard))
+                    self._current = ShardWriter(self.sink, shard.name, self.plan.shard_layout(shard),
+                                                self.plan.shard_parts(shard))
                     self.reporter.shard_started(shard.name, shard.file_size, len(shard.tensors))
                     written, started = [], time.monotonic()
                 complete = self._current.write(name, tensor)
@@ -206,7 +207,7 @@ class _Pipeline:
         # beside the working ones (collects_sibling), and every unit in flight must have started.
         self.pool = ThreadPoolExecutor(max_workers=2 * workers + 1, thread_name_prefix="resumerge-merge",
                                        initializer=cpupriority.yield_to_transfers if yield_cpu else None)
-        self.inflight: deque[tuple[ShardPlan, TensorPlan, Future[torch.Tensor], Reservation | None]] = deque()
+        self.inflight: deque[tuple[ShardPlan, TensorPlan, Future[Stored], Reservation | None]] = deque()
         self.siblings: set[int] = set()  # ids of the futures in flight that only collect a sibling's result
 
     def halted(self) -> bool:
@@ -264,7 +265,7 @@ class _Pipeline:
         """Units in flight that compute (not those collecting a sibling's result)."""
         return sum(1 for _, _, future, _ in self.inflight if id(future) not in self.siblings)
 
-    def _compute(self, tp: TensorPlan, on_gpu: Reservation | None, serial: bool = False) -> torch.Tensor:
+    def _compute(self, tp: TensorPlan, on_gpu: Reservation | None, serial: bool = False) -> Stored:
         """Compute ``tp``, its kernels on this thread alone when ``serial``; its GPU reservation ends with the
         computation (the result is back on the host)."""
         try:
@@ -274,7 +275,7 @@ class _Pipeline:
             if on_gpu is not None:
                 on_gpu.release()
 
-    def _compute_passes(self, tp: TensorPlan, stream: RowStream, on_gpu: Reservation | None) -> torch.Tensor:
+    def _compute_passes(self, tp: TensorPlan, stream: RowStream, on_gpu: Reservation | None) -> Stored:
         try:
             return compute_in_passes(self.plan, tp, self.sources, stream)
         finally:

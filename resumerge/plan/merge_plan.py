@@ -49,12 +49,15 @@ class PlanOptions:
     # -j/--num-threads, kept only when a method of the plan is thread_dependent (the planner drops it otherwise,
     # so it never changes the fingerprint of a plan whose bytes do not depend on it); None: torch's choice.
     num_threads: int | None = None
+    # --dequantize: every output tensor stored plainly in its dtype (no quantized format, no companions), whatever
+    # format the base model is stored in.
+    dequantize: bool = False
 
 
 # Options added after runs were first recorded: left out of the fingerprint at their default, so a run planned
 # before they existed resumes as the same plan.
 _LATER_OPTIONS: dict[str, object] = {"write_model_card": True, "unsafe_truncate_embeddings": False,
-                                     "num_threads": None}
+                                     "num_threads": None, "dequantize": False}
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,10 @@ class TensorPlan:
         """The stored tensors this output tensor is written as (itself alone, for a plain output)."""
         return self.out_codec.out_parts(self.name, self.out_dtype, self.shape)
 
+    def sized(self) -> TensorPlan:
+        """This plan with ``nbytes`` the bytes of its stored parts (all of them: the shard holds them all)."""
+        return replace(self, nbytes=sum(numel(p.shape) * DTYPE_SIZES[p.dtype] for p in self.stored_parts()))
+
 
 @dataclass(frozen=True)
 class ShardPlan:
@@ -220,6 +227,10 @@ class Plan:
             raise ResumergeError(f"internal: unknown method {tp.method}", tensor=tp.name)
         return spec
 
+    def shard_parts(self, shard: ShardPlan) -> dict[str, tuple[str, ...]]:
+        """The stored parts of each output tensor of ``shard`` (its layout's names), in the shard's order."""
+        return {n: tuple(p.name for p in self.tensors[n].stored_parts()) for n in shard.tensors}
+
     @property
     def weight_map(self) -> dict[str, str]:
         """Output tensor name -> shard file name, sorted by tensor name."""
@@ -278,8 +289,8 @@ def describe_changes(
         changes.append(f"resumerge version changed ({recorded_parts.get('version')} -> {now['version']})")
     if recorded_parts.get("options") != now["options"]:
         changes.append("output options changed (--out-shard-size, --random-seed, --device, tokenizer copying, "
-                       "--no-write-model-card, --unsafe-truncate-embeddings or, for slerp, karcher, model_stock "
-                       "and nuslerp, -j/--num-threads)")
+                       "--no-write-model-card, --unsafe-truncate-embeddings, --dequantize or, for slerp, karcher, "
+                       "model_stock and nuslerp, -j/--num-threads)")
     if recorded_parts.get("inputs") != now["inputs"]:
         for model, files in sorted(plan.inputs.items()):
             before = {f[0]: f for f in recorded_inputs.get(model, [])}

@@ -82,6 +82,7 @@ def build_out_config(
             target["layer_types"] = wanted
     _set_dense_layers(target, models, origins)
     _set_vocab(target, tensors)
+    _set_quantization(out, models[donor].config, tensors)
     dtype = _tensor_dtype(tensors) or config.out_dtype or config.dtype
     if dtype is not None:
         out["dtype"] = dtype
@@ -165,8 +166,25 @@ def _set_vocab(target: dict[str, Any], tensors: Mapping[str, TensorPlan]) -> Non
         target["vocab_size"] = rows
 
 
+def _set_quantization(out: dict[str, Any], base: Mapping[str, Any], tensors: Mapping[str, TensorPlan]) -> None:
+    """The output's ``quantization_config``: what the output codec of its first quantized tensor (by name) says,
+    from the config of the model whose format the output keeps (``base``); none when every output tensor is
+    stored plainly and some input was not (``--dequantize``, or a base stored plainly). A merge of plain models
+    keeps the donor's config as it is."""
+    written = next((tensors[n].out_codec for n in sorted(tensors) if not tensors[n].out_codec.plain), None)
+    if written is not None:
+        found = written.quantization_config(base)
+        if found is not None:
+            out["quantization_config"] = copy.deepcopy(dict(found))
+            return
+    if written is not None or any(not r.codec.plain for t in tensors.values() for r in t.inputs):
+        out.pop("quantization_config", None)
+
+
 def _tensor_dtype(tensors: Mapping[str, TensorPlan]) -> str | None:
-    names = {_DTYPE_NAMES[t.out_dtype] for t in tensors.values() if t.out_dtype in _DTYPE_NAMES}
+    # The dtype of the plainly stored tensors: a quantized one's value dtype is its codec's working precision.
+    names = {_DTYPE_NAMES[t.out_dtype] for t in tensors.values() if t.out_dtype in _DTYPE_NAMES
+             and t.out_codec.plain}
     return names.pop() if len(names) == 1 else None
 
 

@@ -17,7 +17,7 @@ from resumerge.config.modelref import ModelRef
 from resumerge.config.params import Setting
 from resumerge.errors import ConfigError, ModelInputError
 from resumerge.inputs.catalog import adapter_key
-from resumerge.inputs.codecs import CODECS, CodecTable
+from resumerge.inputs.codecs import CODECS, PLAIN, CodecTable
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
@@ -115,6 +115,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
             keys, {k: layouts[k].other_modules for k in keys},
             lambda name, names, t: _tensor(name, names, sl, t, method, config, models), yaml_path="models",
         ))
+    tensors = {name: out_format(tp, dequantize=options.dequantize) for name, tp in tensors.items()}
     if ctx.truncate:
         notes.extend(truncation_notes(tensors, models))
     options = resolve_shard_size(options, tensors)  # an hf:// OUT's default: sized from the output
@@ -433,6 +434,13 @@ def _tensor(
         nbytes=numel(shape) * DTYPE_SIZES[out_code],
         vocab_aligned=vocab_rows is not None,
     )
+
+
+def out_format(tp: TensorPlan, *, dequantize: bool) -> TensorPlan:
+    """``tp`` stored in the format its base input is stored in (its first input's without a base), sized by its
+    stored parts; plainly in its ``out_dtype`` with ``dequantize``."""
+    codec = PLAIN if dequantize else tp.inputs[tp.base_index if tp.base_index is not None else 0].codec
+    return replace(tp, out_codec=codec).sized() if codec != tp.out_codec else tp
 
 
 def _input_ref(key: str, model: ModelInput, name: str, found: TensorSource) -> InputRef:

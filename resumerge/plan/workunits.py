@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
+from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.footprint import working_bytes
 from resumerge.methods.registry import MethodSpec
@@ -198,8 +198,7 @@ def row_slice(ref: InputRef, first: int, stop: int) -> InputRef:
 def chunk_plan(tp: TensorPlan, first: int, stop: int) -> TensorPlan:
     """``tp`` restricted to rows ``[first, stop)`` (same name, parameters and dtypes)."""
     shape = (stop - first, *tp.shape[1:])
-    return replace(tp, inputs=tuple(row_slice(i, first, stop) for i in tp.inputs), shape=shape,
-                   nbytes=numel(shape) * DTYPE_SIZES[tp.out_dtype])
+    return replace(tp, inputs=tuple(row_slice(i, first, stop) for i in tp.inputs), shape=shape).sized()
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,11 @@ protocol up to the sink's publish; the caller journals the file from the receipt
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import threading
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from resumerge.errors import ResumergeError
@@ -24,6 +26,8 @@ from resumerge.store.sink import OutputSink, Receipt
 from resumerge.torch_import import torch
 
 _PARALLEL_HASH_BYTES = 1 << 20
+# Bytes read back at a time to hash a part written ahead of the hash's frontier (from the page cache).
+_REREAD_BYTES = 8 << 20
 _HASHER: ThreadPoolExecutor | None = None
 _HASHER_LOCK = threading.Lock()
 
@@ -49,21 +53,38 @@ def start_hashing() -> None:
 
 
 class ShardWriter:
-    """Writes the tensors of one shard, in layout order, to the temp file its output sink hands out, and publishes
-    it through the sink (beside the final file on a local disk; staged and copied for Drive and other mounts)."""
+    """Writes the tensors of one shard, each stored part at its planned offset, to the temp file its output sink
+    hands out, and publishes it through the sink (beside the final file on a local disk; staged and copied for
+    Drive and other mounts).
 
-    def __init__(self, sink: OutputSink, name: str, layout: ShardLayout) -> None:
+    Output tensors come in the shard's order, each (or each row chunk of it) as all its stored parts at once; a
+    tensor stored as several parts (a quantized format's codes and scales) has them at different places of the
+    layout (it is sorted by dtype, then name), so each part is written where it goes. The sha256 follows a
+    frontier through the file: bytes written at the frontier are hashed as they are written, and bytes written
+    ahead of it are read back (from the page cache) when the frontier reaches them. A plain shard is written in
+    file order, entirely at the frontier, as before.
+    """
+
+    def __init__(self, sink: OutputSink, name: str, layout: ShardLayout,
+                 parts: Mapping[str, tuple[str, ...]] | None = None) -> None:
+        """``parts``: the stored parts of each output tensor (the layout's names), by output tensor, in the order
+        the tensors come; None when every tensor is stored as itself, in layout order."""
         self.sink, self.name = sink, name
         self.final = sink.where(name)
         self.layout = layout
         self.temp = sink.temp_for(name)
+        self._parts = dict(parts) if parts is not None else {t.name: (t.name,) for t in layout.order}
+        self._order = list(self._parts)
+        self._planned = {t.name: t for t in layout.order}
         self._next = 0
         self._sha = hashlib.sha256()
-        self._written = 0
-        self._part = 0
+        self._data_start = len(layout.header)
+        self._frontier = 0  # the file's bytes before it are written and hashed
+        self._at = 0  # the index in layout.order of the part the frontier is in
+        self._done = dict.fromkeys(self._planned, 0)  # bytes written of each stored part, from its start
         try:
-            self._fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            self._write(memoryview(layout.header))
+            self._fd = os.open(self.temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            self._write(memoryview(layout.header), 0)
         except OSError as exc:
             self.abort()
             raise storage_error(exc, self.final) from exc
@@ -71,54 +92,87 @@ class ShardWriter:
     @property
     def expected_name(self) -> str | None:
         """The tensor the writer needs next, or None when the shard is complete."""
-        return self.layout.order[self._next].name if self._next < len(self.layout.order) else None
+        return self._order[self._next] if self._next < len(self._order) else None
 
-    def write(self, name: str, tensor: torch.Tensor) -> bool:
-        """Append ``tensor`` — all of output tensor ``name``, or its next rows — in planned order.
+    def write(self, name: str, parts: Mapping[str, torch.Tensor]) -> bool:
+        """Write ``parts`` — every stored part of output tensor ``name`` (by stored name), whole or its next rows —
+        each at its planned place.
 
         Returns True once all the tensor's bytes are written, False after a partial write. Raises if ``name``
-        is not the planned next tensor or the dtype, shape or size disagree with the plan.
+        is not the planned next tensor, a part is missing or not planned, or a dtype, shape or size disagrees with
+        the plan.
         """
-        planned = self.layout.order[self._next] if self._next < len(self.layout.order) else None
-        if planned is None or planned.name != name:
-            raise ResumergeError(f"internal: {self.final.name} expected {planned and planned.name}, got {name}")
-        shape = tuple(tensor.shape)
-        whole = self._part == 0 and shape == planned.shape
-        if tensor.dtype != TORCH_DTYPES[planned.dtype] or not (whole or shape[1:] == planned.shape[1:]):
-            raise ResumergeError(
-                f"internal: {name} is {tensor.dtype} {shape}, planned {planned.dtype} {planned.shape}"
-            )
-        data = tensor_bytes(tensor.contiguous())
-        if self._part + len(data) > planned.nbytes:
-            raise ResumergeError(f"internal: {name} got more bytes than planned")
+        expected = self.expected_name
+        if expected is None or expected != name:
+            raise ResumergeError(f"internal: {self.final.name} expected {expected}, got {name}")
+        if set(parts) != set(self._parts[name]):
+            raise ResumergeError(f"internal: {name} came as {sorted(parts)}, planned {sorted(self._parts[name])}")
+        pieces = []
+        for stored, tensor in parts.items():
+            planned = self._planned[stored]
+            shape = tuple(tensor.shape)
+            whole = self._done[stored] == 0 and shape == planned.shape
+            if tensor.dtype != TORCH_DTYPES[planned.dtype] or not (whole or shape[1:] == planned.shape[1:]):
+                raise ResumergeError(
+                    f"internal: {stored} is {tensor.dtype} {shape}, planned {planned.dtype} {planned.shape}"
+                )
+            data = tensor_bytes(tensor.contiguous())
+            if self._done[stored] + len(data) > planned.nbytes:
+                raise ResumergeError(f"internal: {stored} got more bytes than planned")
+            pieces.append((self._data_start + planned.offset + self._done[stored], stored, data))
         try:
-            self._write(data)
+            for offset, stored, data in sorted(pieces, key=lambda p: p[0]):
+                self._write(data, offset)
+                self._done[stored] += len(data)
+            self._catch_up()
         except OSError as exc:
             self.abort()
             raise storage_error(exc, self.final) from exc
-        self._part += len(data)
-        if self._part < planned.nbytes:
+        if any(self._done[p] < self._planned[p].nbytes for p in self._parts[name]):
             return False
-        self._part = 0
         self._next += 1
         if self._next == 1:
             killpoints.reach("mid_shard_write")
         return True
 
-    def _write(self, data: memoryview) -> None:
+    def _write(self, data: memoryview, offset: int) -> None:
+        """Write ``data`` at file offset ``offset``, hashing it on the way when it lies at the frontier."""
+        if offset != self._frontier:
+            self._pwrite(data, offset)
+            return
         # Hash on a helper thread while this one writes: both release the GIL, and sha256 alone costs as much CPU
         # as the write. Waiting before returning keeps the hash in file order and ``data`` alive while it is read.
         hashed = _hasher().submit(self._sha.update, data) if len(data) >= _PARALLEL_HASH_BYTES else None
         if hashed is None:
             self._sha.update(data)
         try:
-            done = 0
-            while done < len(data):
-                done += os.write(self._fd, data[done:])
+            self._pwrite(data, offset)
         finally:
             if hashed is not None:
                 hashed.result()
-        self._written += len(data)
+        self._frontier += len(data)
+
+    def _pwrite(self, data: memoryview, offset: int) -> None:
+        done = 0
+        while done < len(data):
+            done += os.pwrite(self._fd, data[done:], offset + done)
+
+    def _catch_up(self) -> None:
+        """Move the frontier over every byte written ahead of it that it now reaches, hashing them as read back."""
+        order = self.layout.order
+        while self._at < len(order):
+            part = order[self._at]
+            start = self._data_start + part.offset
+            written = start + self._done[part.name]
+            while self._frontier < written:
+                data = os.pread(self._fd, min(_REREAD_BYTES, written - self._frontier), self._frontier)
+                if not data:
+                    raise OSError(errno.EIO, f"{self.temp} is shorter than what was written to it")
+                self._sha.update(data)
+                self._frontier += len(data)
+            if self._done[part.name] < part.nbytes:
+                return
+            self._at += 1
 
     def finish(self) -> tuple[int, str, Receipt]:
         """fsync, verify the header and size, and publish through the sink (local: rename, fsync the directory;
@@ -128,7 +182,7 @@ class ShardWriter:
         name; only the ledger row is missing, and resume deletes a final-named file that has none. Otherwise the
         sink commits it later (see :meth:`~resumerge.store.sink.OutputSink.publish`).
         """
-        if self._next != len(self.layout.order):
+        if self._next != len(self._order):
             raise ResumergeError(f"internal: shard {self.final.name} finished with tensors missing")
         try:
             killpoints.reach("after_temp_write")
@@ -137,7 +191,7 @@ class ShardWriter:
             self._fd = -1
             killpoints.reach("after_fsync")
             header = read_header(self.temp)
-            if header.file_size != self.layout.file_size or self._written != self.layout.file_size:
+            if header.file_size != self.layout.file_size or self._frontier != self.layout.file_size:
                 raise ResumergeError(f"internal: {self.final.name} is {header.file_size} bytes, planned "
                                      f"{self.layout.file_size}")
             receipt = self.sink.publish(self.temp, self.name, self._sha.hexdigest())

@@ -86,10 +86,10 @@ def test_row_chunks_give_the_same_bytes_as_the_whole_tensor(tmp_path: Path, lora
     reader = InputSources.local(plan.model_dirs)
     try:
         for tp in targeted:
-            whole = compute_tensor(plan, tp, reader)
+            whole = compute_tensor(plan, tp, reader)[tp.name]
             rows = tp.shape[0]
             cuts = [0, 1, rows // 3, rows // 3 + 5, rows]
-            parts = [compute_tensor(plan, chunk_plan(tp, lo, hi), reader)
+            parts = [compute_tensor(plan, chunk_plan(tp, lo, hi), reader)[tp.name]
                      for lo, hi in itertools.pairwise(cuts) if hi > lo]
             assert torch.equal(torch.cat(parts), whole), tp.name
     finally:

@@ -34,6 +34,10 @@ class PlainCodec(TensorCodec):
     def value_dtype(self, stored: str) -> str:
         return stored
 
+    def quantization_config(self, base: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """None: a plainly stored output is not quantized."""
+        return None
+
     def decode(self, parts: Mapping[str, torch.Tensor], first_row: int) -> torch.Tensor:
         return parts[MAIN]
 

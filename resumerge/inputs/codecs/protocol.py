@@ -109,6 +109,13 @@ class TensorCodec(ABC):
         the main part as of the value (row-major parts; a part without rows, a scalar, is read whole)."""
         return first, stop
 
+    def quantization_config(self, base: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The ``quantization_config`` of the output's ``config.json`` when this codec writes its tensors (``base``
+        is the config.json of the model whose format the output keeps); None writes none. By default the base's
+        own entry, unchanged."""
+        found = base.get("quantization_config")
+        return found if isinstance(found, Mapping) else None
+
     @abstractmethod
     def decode(self, parts: Mapping[str, torch.Tensor], first_row: int) -> torch.Tensor:
         """The value of rows ``first_row`` onwards from ``parts`` (the rows :meth:`part_rows` named, by part
