@@ -232,3 +232,35 @@ def test_a_run_with_multi_part_outputs_killed_anywhere_resumes_byte_identical(
     assert digests(out) == reference
     assert main(["verify", str(out), "--state-dir", str(state)]) == 0
 
+
+def test_a_tensor_taken_whole_from_one_input_is_copied_in_its_stored_format(tmp_path: Path, make: ModelFactory,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    b, a = make("b", seed=2), make("a", seed=1)
+    decoded = quantize(b)
+    stored_b = _loaded(b)
+    stack = {"merge_method": "passthrough", "slices": [{"sources": [{"model": str(b), "layer_range": [0, 3]}]},
+                                                       {"sources": [{"model": str(b), "layer_range": [1, 3]}]}]}
+    one_hot = linear_config(b, a, weights=(1, 0))
+    (tmp_path / "p").mkdir()
+    stacked, stack_text = plan_for(tmp_path / "p", stack, TOY)
+    picked, picked_text = plan_for(tmp_path, one_hot, TOY)
+    assert {n for n, tp in picked.tensors.items() if tp.copy_of == 0} == set(decoded)
+    assert all(tp.copy_of is None for tp in picked.tensors.values() if tp.out_codec.plain)
+    mixed = plan_for(tmp_path, linear_config(b, a, weights=(0.5, 0.5)), TOY)[0]
+    assert all(tp.copy_of is None for tp in mixed.tensors.values())
+    # Copies are never decoded nor encoded: their codes and scales are the stored ones, byte for byte.
+    monkeypatch.setattr(RowScaledInt8, "decode", lambda *a: pytest.fail("a copied tensor was decoded"))
+    monkeypatch.setattr(RowScaledInt8, "encode", lambda *a: pytest.fail("a copied tensor was re-encoded"))
+    settings = RunSettings()
+    for plan, text, name in ((stacked, stack_text, "stacked"), (picked, picked_text, "picked")):
+        out = tmp_path / name
+        run_plan(plan, text, Target.open(out, settings), settings)
+        merged = _loaded(out)
+        for out_name, tp in plan.tensors.items():
+            if tp.copy_of is None:
+                continue
+            source = tp.inputs[tp.copy_of].tensor
+            for suffix in ("", "_scale"):
+                assert merged[out_name + suffix].dtype == stored_b[source + suffix].dtype
+                assert torch.equal(merged[out_name + suffix], stored_b[source + suffix]), out_name + suffix
+    assert sum(tp.copy_of is not None for tp in stacked.tensors.values()) > len(decoded)  # a layer used twice

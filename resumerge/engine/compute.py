@@ -38,7 +38,10 @@ Stored = dict[str, "torch.Tensor"]
 
 def compute_tensor(plan: Plan, tp: TensorPlan, sources: InputSources) -> Stored:
     """Read the inputs of ``tp``, run its method on the plan's device, and return the result on the host encoded
-    by its output codec (a plain one: the result in the planned dtype) as its stored parts."""
+    by its output codec (a plain one: the result in the planned dtype) as its stored parts; a tensor the plan
+    copies (``copy_of``) is its input's stored parts as read, never decoded."""
+    if tp.copy_of is not None:
+        return _copy(tp, sources)
     method = plan.method_of(tp)
     ctx = load_context(plan, tp, sources, method)
     try:
@@ -145,6 +148,15 @@ def _finish(tp: TensorPlan, out: torch.Tensor) -> Stored:
             t = t.cpu()  # a blocking copy: the GPU memory of this unit is free once it returns
         stored[names[part]] = t.contiguous()
     return stored
+
+
+def _copy(tp: TensorPlan, sources: InputSources) -> Stored:
+    """The stored parts of ``tp``'s input ``copy_of`` (the planner checked they are the parts ``tp`` is stored as),
+    by ``tp``'s stored names."""
+    ref = tp.inputs[tp.copy_of or 0]
+    names = {p.part: p.name for p in tp.stored_parts()}
+    return {names[part]: sources.read(r.model, r.file, r.start, r.end, r.dtype, r.shape).contiguous()
+            for part, r in ((MAIN, ref), *ref.companions)}
 
 
 def compute_in_passes(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowStream) -> Stored:

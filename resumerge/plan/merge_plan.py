@@ -148,6 +148,9 @@ class TensorPlan:
     vocab_aligned: bool = False
     # How the result is stored: the parts the shard holds for it (see stored_parts), encoded from the result.
     out_codec: TensorCodec = PLAIN
+    # The input whose stored parts are this tensor's, copied byte for byte (its value is exactly that input's and
+    # both are stored in the same non-plain format: see resumerge.plan.copies); None: computed and encoded.
+    copy_of: int | None = None
 
     def reads(self) -> tuple[InputRef, ...]:
         """Every input reference this tensor reads: each input, its companions and a LoRA delta's two factors
@@ -318,6 +321,8 @@ def _tensor_doc(t: TensorPlan) -> dict[str, Any]:
     del doc["out_codec"]
     if not t.out_codec.plain:
         doc["out_codec"] = list(t.out_codec.identity())
+    if t.copy_of is None:  # as out_codec: recorded only when set
+        del doc["copy_of"]
     return doc
 
 

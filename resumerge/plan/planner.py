@@ -30,6 +30,7 @@ from resumerge.plan.architecture import (
     is_head,
     is_input_embedding,
 )
+from resumerge.plan.copies import stored_copy
 from resumerge.plan.merge_plan import InputRef, LoraRef, Plan, PlanOptions, TensorPlan, compute_fingerprint
 from resumerge.plan.module_views import (
     DEFAULT,
@@ -438,9 +439,10 @@ def _tensor(
 
 def out_format(tp: TensorPlan, *, dequantize: bool) -> TensorPlan:
     """``tp`` stored in the format its base input is stored in (its first input's without a base), sized by its
-    stored parts; plainly in its ``out_dtype`` with ``dequantize``."""
+    stored parts (and copied from an input in that format when its value is exactly that input's); plainly in its
+    ``out_dtype`` with ``dequantize``."""
     codec = PLAIN if dequantize else tp.inputs[tp.base_index if tp.base_index is not None else 0].codec
-    return replace(tp, out_codec=codec).sized() if codec != tp.out_codec else tp
+    return stored_copy(replace(tp, out_codec=codec).sized()) if codec != tp.out_codec else tp
 
 
 def _input_ref(key: str, model: ModelInput, name: str, found: TensorSource) -> InputRef:
