@@ -5,6 +5,7 @@ that lists it."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,8 +14,11 @@ from typing import Any, ClassVar
 import torch
 from safetensors.torch import load_file, save_file
 
+from resumerge.engine.compute import compute_tensor
 from resumerge.inputs.codecs import MAIN, Claim, CodecTable, OutPart, TensorCodec
 from resumerge.inputs.files import TensorSource
+from resumerge.inputs.source import InputSources
+from resumerge.plan.merge_plan import Plan
 
 SCALES_FILE = "scales.safetensors"
 
@@ -69,3 +73,27 @@ def quantize(directory: Path) -> dict[str, torch.Tensor]:
     config["quantization_config"] = {"quant_method": RowScaledInt8.name}
     (directory / "config.json").write_text(json.dumps(config))
     return values
+
+
+def twins(source: Path, quantized: Path, decoded: Path) -> None:
+    """Copy the model at ``source`` to ``quantized``, toy-quantized, and to ``decoded``, each quantized matrix stored
+    plainly as its decoded value: the same model read through the toy codec or without it."""
+    shutil.copytree(source, quantized)
+    shutil.copytree(source, decoded)
+    values = quantize(quantized)
+    for file in decoded.glob("*.safetensors"):
+        tensors = load_file(file)
+        tensors.update({n: v for n, v in values.items() if n in tensors})
+        save_file(tensors, file, metadata={"format": "pt"})
+
+
+def assert_same_results(codes: Plan, values: Plan) -> None:
+    """Every output tensor of plan ``codes`` (over toy-quantized models) computes to the bits of its namesake in plan
+    ``values`` (over their :func:`twins` stored plainly)."""
+    assert codes.tensors.keys() == values.tensors.keys()
+    with InputSources.local(codes.model_dirs) as read_codes, InputSources.local(values.model_dirs) as read_values:
+        for name, tp in codes.tensors.items():
+            twin = values.tensors[name]
+            assert (tp.shape, tp.out_dtype) == (twin.shape, twin.out_dtype), name
+            got = compute_tensor(codes, tp, read_codes)[name]
+            assert torch.equal(got, compute_tensor(values, twin, read_values)[name]), name

@@ -20,6 +20,7 @@ from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.registry import MergeContext, MethodSpec
 from resumerge.methods.spec import RowStream
+from resumerge.plan.inputrefs import read_value
 from resumerge.plan.merge_plan import InputRef, Plan, TensorPlan
 from resumerge.plan.workunits import chunk_plan, method_dtype, pass_rows, row_slice
 from resumerge.torch_import import torch
@@ -207,17 +208,11 @@ def apply_rows(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowStr
 
 def _read_input(ref: InputRef, sources: InputSources) -> torch.Tensor:
     """One input tensor as the method sees it: read with its companions and decoded by ``ref.codec`` (a plain one
-    returns the buffer read), cast to ``ref.cast``, with its LoRA delta merged (in the stored dtype, as PEFT's
-    merge_and_unload does, before any ``dtype:`` of the config)."""
-
-    def read(r: InputRef) -> torch.Tensor:
-        return sources.read(r.model, r.file, r.start, r.end, r.dtype, r.shape)
-
-    t = ref.codec.decode({MAIN: read(ref), **{part: read(c) for part, c in ref.companions}}, ref.first_row)
-    if ref.cast is not None:
-        t = t.to(TORCH_DTYPES[ref.cast])
+    returns the buffer read), cast to ``ref.cast`` (:func:`~resumerge.plan.inputrefs.read_value`), with its LoRA
+    delta merged (in the stored dtype, as PEFT's merge_and_unload does, before any ``dtype:`` of the config)."""
+    t = read_value(ref, sources)
     if ref.lora is not None:
         lora = ref.lora
-        t = apply_lora_rows(t, read(lora.a), read(lora.b), lora.scale, lora.fan_in_fan_out,
-                            first_row=ref.first_row, embedding=lora.embedding)
+        t = apply_lora_rows(t, read_value(lora.a, sources), read_value(lora.b, sources), lora.scale,
+                            lora.fan_in_fan_out, first_row=ref.first_row, embedding=lora.embedding)
     return t

@@ -25,9 +25,11 @@ from resumerge.extract.decompose import full_svd
 from resumerge.extract.modules import LoraModule, ModuleChoice, choose_modules
 from resumerge.extract.spec import EXTRACTION_METHOD, ExtractSpec
 from resumerge.inputs.catalog import Inputs, adapter_key, open_inputs
+from resumerge.inputs.codecs import CODECS, CodecTable
 from resumerge.inputs.hub import HubEvent
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, layout_shard, numel
+from resumerge.plan.inputrefs import tensor_ref
 from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, ShardPlan, TensorPlan, compute_fingerprint
 from resumerge.plan.planner import threads_matter
 from resumerge.plan.truncation import leading_rows
@@ -66,9 +68,10 @@ def open_pair(spec: ExtractSpec, *, model_dirs: Mapping[str, str] | None = None,
 
 
 def build_extraction_plan(spec: ExtractSpec, inputs: Inputs, ft_key: str, base_key: str,
-                          options: PlanOptions) -> Plan:
-    """The frozen plan of ``spec`` over the opened models (pure: headers only)."""
-    ft, base = inputs.models[ft_key], inputs.models[base_key]
+                          options: PlanOptions, codecs: CodecTable = CODECS) -> Plan:
+    """The frozen plan of ``spec`` over the opened models (pure: headers only), their stored tensors read in the
+    formats ``codecs`` recognises (a quantized BASE or FT is decoded before the task vector is taken)."""
+    ft, base = inputs.models[ft_key].recognised(codecs), inputs.models[base_key].recognised(codecs)
     choice = choose_modules(spec, ft, base, truncate=options.unsafe_truncate_embeddings)
     if not choice.lora and not choice.saved:
         raise UsageError("nothing to extract: every module is excluded")
@@ -78,8 +81,9 @@ def build_extraction_plan(spec: ExtractSpec, inputs: Inputs, ft_key: str, base_k
         for tp in _lora_tensors(spec, m, ft, base, ft_key, base_key, source, options.random_seed, options.device):
             tensors[tp.name] = tp
     for out_name, name in choice.saved:
-        ref = _ref(ft_key, ft, name)
-        tensors[out_name] = _tensor(out_name, registered.SAVED, (ref,), None, ((),), (), ref.shape, ref.dtype)
+        ref = tensor_ref(ft_key, ft, name)
+        tensors[out_name] = _tensor(out_name, registered.SAVED, (ref,), None, ((),), (), ref.value_shape,
+                                    ref.value_dtype)
     if options.num_threads is not None and not threads_matter({t.method for t in tensors.values()}, registered.UNITS):
         options = replace(options, num_threads=None)  # as for merges: -j recorded only where the bytes follow it
     layout = layout_shard({n: (t.out_dtype, t.shape) for n, t in tensors.items()})
@@ -106,9 +110,9 @@ def build_extraction_plan(spec: ExtractSpec, inputs: Inputs, ft_key: str, base_k
 
 
 def module_choice(spec: ExtractSpec, inputs: Inputs, ft_key: str, base_key: str,
-                  options: PlanOptions) -> ModuleChoice:
-    """The modules ``spec`` extracts (for estimates and rank probing)."""
-    return choose_modules(spec, inputs.models[ft_key], inputs.models[base_key],
+                  options: PlanOptions, codecs: CodecTable = CODECS) -> ModuleChoice:
+    """The modules ``spec`` extracts (for estimates and rank probing), over the models' logical tensors."""
+    return choose_modules(spec, inputs.models[ft_key].recognised(codecs), inputs.models[base_key].recognised(codecs),
                           truncate=options.unsafe_truncate_embeddings)
 
 
@@ -119,11 +123,11 @@ def module_seed(seed: int, module: str) -> int:
 
 def _lora_tensors(spec: ExtractSpec, m: LoraModule, ft: ModelInput, base: ModelInput, ft_key: str, base_key: str,
                   source: str, seed: int, device: str) -> list[TensorPlan]:
-    refs: tuple[InputRef, ...] = (_ref(base_key, base, m.weight), _ref(ft_key, ft, m.weight))
+    refs: tuple[InputRef, ...] = (tensor_ref(base_key, base, m.weight), tensor_ref(ft_key, ft, m.weight))
     if m.keep_rows is not None:
         refs = tuple(leading_rows(r, m.keep_rows, yaml_path="") for r in refs)
     dtype = _common(refs)
-    rows, cols = refs[0].shape
+    rows, cols = refs[0].value_shape
     out, inn = (cols, rows) if m.embedding else (rows, cols)
     params = (("device", device), ("distribute_scale", spec.distribute_scale), ("embedding", m.embedding),
               ("exact", spec.exact), ("module", m.name), ("rank", m.rank), ("seed", module_seed(seed, m.name)),
@@ -140,9 +144,9 @@ def _lora_tensors(spec: ExtractSpec, m: LoraModule, ft: ModelInput, base: ModelI
         _tensor(f"{stem}_B{suffix}", method_b, refs, 0, ((), ()), params, (out, m.rank), dtype),
     ]
     if m.bias is not None:
-        brefs = (_ref(base_key, base, m.bias), _ref(ft_key, ft, m.bias))
+        brefs = (tensor_ref(base_key, base, m.bias), tensor_ref(ft_key, ft, m.bias))
         found.append(_tensor(f"base_model.model.{m.name}.lora_B.bias", registered.DELTA, brefs, 0, ((), ()), (),
-                             brefs[1].shape, _common(brefs)))
+                             brefs[1].value_shape, _common(brefs)))
     return found
 
 
@@ -154,16 +158,11 @@ def _tensor(name: str, method: str, inputs: tuple[InputRef, ...], base_index: in
                       nbytes=numel(shape) * DTYPE_SIZES[dtype])
 
 
-def _ref(key: str, model: ModelInput, name: str) -> InputRef:
-    e = model.tensors[name].entry
-    return InputRef(key, model.tensors[name].file, name, e.dtype, tuple(e.shape), e.start, e.end)
-
-
 def _common(refs: tuple[InputRef, ...]) -> str:
-    """The dtype FT − BASE has (torch's promotion of the two stored dtypes)."""
-    dtypes = {r.dtype for r in refs}
+    """The dtype FT − BASE has (torch's promotion of the two decoded dtypes)."""
+    dtypes = {r.value_dtype for r in refs}
     if len(dtypes) == 1:
-        return refs[0].dtype
+        return refs[0].value_dtype
     return max(dtypes, key=lambda d: _PROMOTE.get(d, 2)) if max(_PROMOTE.get(d, 2) for d in dtypes) > 1 else "F32"
 
 

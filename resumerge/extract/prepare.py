@@ -22,8 +22,10 @@ from resumerge.extract.modules import LoraModule, ModuleChoice
 from resumerge.extract.planner import METHOD, build_extraction_plan, module_choice, module_seed, open_pair
 from resumerge.extract.spec import ExtractSpec, load_spec_text
 from resumerge.inputs.catalog import Inputs
+from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.hub import HubEvent
 from resumerge.inputs.source import InputSources
+from resumerge.plan.inputrefs import read_value, tensor_ref
 from resumerge.plan.merge_plan import Plan, PlanOptions
 from resumerge.torch_import import torch
 
@@ -91,8 +93,7 @@ def _probe_ranks(spec: ExtractSpec, choice: ModuleChoice, inputs: Inputs, ft_key
 
 
 def _read(sources: InputSources, inputs: Inputs, key: str, m: LoraModule) -> torch.Tensor:
-    """Module ``m``'s weight in model ``key``, cut to its kept rows."""
-    found = inputs.models[key].tensors[m.weight]
-    e = found.entry
-    t = sources.read(key, found.file, e.start, e.end, e.dtype, tuple(e.shape))
+    """Module ``m``'s weight in model ``key`` (decoded, when stored in a format the run recognises), cut to its
+    kept rows."""
+    t = read_value(tensor_ref(key, inputs.models[key].recognised(CODECS), m.weight), sources)
     return t[: m.keep_rows] if m.keep_rows is not None else t

@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any
 
 from resumerge.errors import ModelInputError
+from resumerge.inputs.codecs import CODECS, CodecTable
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
 from resumerge.moe import experts as expert_methods
@@ -24,6 +25,7 @@ from resumerge.moe.config import PROMPT_MODES, ExpertConfig, MoeConfig
 from resumerge.moe.outconfig import moe_config, not_power_of_two
 from resumerge.moe.outkinds import OUTPUT_KINDS, OutputKind
 from resumerge.moe.tokenizer import tokenizer_blobs
+from resumerge.plan.inputrefs import tensor_ref
 from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, TensorPlan, compute_fingerprint
 from resumerge.plan.sharding import assign_shards, resolve_shard_size
 from resumerge.torch_import import torch
@@ -41,14 +43,17 @@ _PARTS = ("gate_proj", "up_proj", "down_proj")
 
 def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options: PlanOptions, *,
                    encoded: tuple[tuple[Any, Any], ...] | None = None, routers_key: str | None = None,
-                   gates_preview: torch.Tensor | None = None, kinds: tuple[OutputKind, ...] = OUTPUT_KINDS) -> Plan:
+                   gates_preview: torch.Tensor | None = None, kinds: tuple[OutputKind, ...] = OUTPUT_KINDS,
+                   codecs: CodecTable = CODECS) -> Plan:
     """Plan ``config`` over the opened ``models`` (keyed by ``ModelRef.key``); raises ``InputError`` subclasses
     for anything that would fail later. ``encoded`` holds each gated expert's tokenised (positive, negative)
     prompt sets for ``cheap_embed``; ``routers_key`` names the hidden-state modes' prompt forward pass (its content
     key: the plan's router tensors take its routers, and the fingerprint covers what they depend on), whose
     routers go to the last shard of their own (the merge runs beside the pass; see :mod:`.hiddenpass`);
     ``gates_preview`` the routers known now (``cheap_embed``'s, or a finished pass's), to warn about degenerate
-    routing. ``kinds`` are the output architectures to choose from (:mod:`.outkinds`)."""
+    routing. ``kinds`` are the output architectures to choose from (:mod:`.outkinds`). Stored tensors are read in
+    the formats ``codecs`` recognises (decoded before the experts see them)."""
+    models = {key: m.recognised(codecs) for key, m in models.items()}
     choice = choose_output(config, models, kinds)
     kind = choice.kind
     check_experts(config, models)
@@ -144,8 +149,7 @@ def _ref(model: ModelInput, name: str, where: str) -> InputRef:
     if found is None:
         raise ModelInputError(f"Tensor {name} required but not present in model {model.ref.key}", yaml_path=where,
                               tensor=name)
-    e = found.entry
-    return InputRef(model.ref.key, found.file, name, e.dtype, e.shape, e.start, e.end)
+    return tensor_ref(model.ref.key, model, name)
 
 
 def _tensor(name: str, method: str, inputs: tuple[InputRef, ...], shape: tuple[int, ...], out_code: str,
@@ -159,10 +163,11 @@ def _tensor(name: str, method: str, inputs: tuple[InputRef, ...], shape: tuple[i
 def _copy(out: str, model: ModelInput, name: str, out_code: str | None,
           params: tuple[tuple[str, Any], ...] = (), where: str = "base_model") -> TensorPlan:
     ref = _ref(model, name, where)
-    code = out_code or ref.dtype
+    code = out_code or ref.value_dtype
     if not params and _NAMES[code] in expert_methods.FLOAT_NAMES:  # nothing drawn or scaled: a cast alone
-        return _tensor(out, expert_methods.COPY_PLAIN, (ref,), ref.shape, code, params=(("dtype", _NAMES[code]),))
-    return _tensor(out, expert_methods.COPY, (ref,), ref.shape, code, model_params=(params,))
+        return _tensor(out, expert_methods.COPY_PLAIN, (ref,), ref.value_shape, code,
+                       params=(("dtype", _NAMES[code]),))
+    return _tensor(out, expert_methods.COPY, (ref,), ref.value_shape, code, model_params=(params,))
 
 
 def _expert_params(expert: ExpertConfig, part: str) -> tuple[tuple[str, Any], ...]:
@@ -193,12 +198,12 @@ def _fused(prefix: str, layer: int, experts: tuple[ExpertConfig, ...], models: M
                 refs.append(_ref(models[expert.model.key], f"model.layers.{layer}.mlp.{source}.weight",
                                  f"{expert.yaml_path}.source_model"))
                 params.append(_expert_params(expert, source))
-        if len({r.shape for r in refs}) != 1:
-            listing = ", ".join(f"{r.model}: {list(r.shape)}" for r in refs)
+        if len({r.value_shape for r in refs}) != 1:
+            listing = ", ".join(f"{r.model}: {list(r.value_shape)}" for r in refs)
             raise ModelInputError(f"the experts' MLP sizes differ in layer {layer}: {listing}", yaml_path="experts")
-        rows, cols = refs[0].shape
+        rows, cols = refs[0].value_shape
         shape = (len(experts), rows * len(names), cols)
-        code = out_code or refs[0].dtype
+        code = out_code or refs[0].value_dtype
         method = expert_methods.FUSED if any(params) else expert_methods.FUSED_COPIES  # noise or residual scale
         out[f"{prefix}.experts.{part}_proj"] = _tensor(f"{prefix}.experts.{part}_proj", method,
                                                        tuple(refs), shape, code, model_params=tuple(params),

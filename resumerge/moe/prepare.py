@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from resumerge.config.locations import state_root
 from resumerge.errors import InputError
 from resumerge.inputs.catalog import Inputs, open_inputs
+from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.model import ModelInput
 from resumerge.memory.sizes import format_size
 from resumerge.moe.config import MoeConfig
@@ -30,6 +31,7 @@ from resumerge.moe.passproc import (
 )
 from resumerge.moe.planner import build_moe_plan
 from resumerge.moe.routers import Encoded
+from resumerge.plan.inputrefs import read_value, tensor_ref
 from resumerge.plan.merge_plan import Plan, PlanOptions
 from resumerge.torch_import import torch
 
@@ -103,12 +105,10 @@ def _cheap_embed_gates(config: MoeConfig, inputs: Inputs, encoded: Any) -> torch
     from resumerge.inputs.source import InputSources
     from resumerge.moe.routers import cheap_embed_rows
 
-    base = inputs.models[config.base_model.key]
-    found = base.tensors["model.embed_tokens.weight"]
-    e = found.entry
+    base = inputs.models[config.base_model.key].recognised(CODECS)
     sources = InputSources.local({base.ref.key: str(base.directory)})
     try:
-        embed = sources.read(base.ref.key, found.file, e.start, e.end, e.dtype, e.shape)
+        embed = read_value(tensor_ref(base.ref.key, base, "model.embed_tokens.weight"), sources)
         return cheap_embed_rows(embed, encoded, int(base.config["num_hidden_layers"]))
     finally:
         sources.close()

@@ -18,7 +18,6 @@ from resumerge.config.params import Setting
 from resumerge.errors import ConfigError, ModelInputError
 from resumerge.inputs.catalog import adapter_key
 from resumerge.inputs.codecs import CODECS, PLAIN, CodecTable
-from resumerge.inputs.files import TensorSource
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
 from resumerge.methods.registry import BasePolicy, MethodSpec, Scope, get_method, method_names
@@ -31,6 +30,7 @@ from resumerge.plan.architecture import (
     is_input_embedding,
 )
 from resumerge.plan.copies import stored_copy
+from resumerge.plan.inputrefs import stored_ref, tensor_ref
 from resumerge.plan.merge_plan import InputRef, LoraRef, Plan, PlanOptions, TensorPlan, compute_fingerprint
 from resumerge.plan.module_views import (
     DEFAULT,
@@ -395,7 +395,7 @@ def _tensor(
                 yaml_path=src.yaml_path,
                 tensor=name,
             )
-        ref = _input_ref(src.model.key, model, name, found)
+        ref = _input_ref(src.model.key, model, name)
         inputs.append(ref if keep_rows is None else leading_rows(ref, keep_rows, yaml_path=src.yaml_path))
     # Aligned vocabulary tensors may differ in rows (each model's own vocabulary), never in the other axes.
     shapes = {i.value_shape[1:] if vocab_rows is not None else i.value_shape for i in inputs}
@@ -445,13 +445,10 @@ def out_format(tp: TensorPlan, *, dequantize: bool) -> TensorPlan:
     return stored_copy(replace(tp, out_codec=codec).sized()) if codec != tp.out_codec else tp
 
 
-def _input_ref(key: str, model: ModelInput, name: str, found: TensorSource) -> InputRef:
+def _input_ref(key: str, model: ModelInput, name: str) -> InputRef:
     """Where input tensor ``name`` of ``model`` comes from — its stored parts and their codec, when a format
     claims it — with its LoRA adapter's replacement or delta."""
-    ref = _stored(key, found)
-    if model.formats is not None and name in model.formats.claims:
-        ref = replace(ref, codec=model.formats.codec(name), companions=tuple(
-            (part, _stored(key, c)) for part, c in model.formats.companions(name)))
+    ref = tensor_ref(key, model, name)
     adapter = model.adapter
     if adapter is None:
         return ref
@@ -459,19 +456,13 @@ def _input_ref(key: str, model: ModelInput, name: str, found: TensorSource) -> I
     replaced = adapter.replacements.get(name)
     if replaced is not None:
         value = ref.value_dtype  # the base's, as decoded
-        ref = replace(_stored(where, replaced), cast=value if replaced.entry.dtype != value else None)
+        ref = replace(stored_ref(where, replaced), cast=value if replaced.entry.dtype != value else None)
     target = adapter.targets.get(name)
     if target is not None:
-        lora = LoraRef(_stored(where, target.a), _stored(where, target.b), target.scale, target.fan_in_fan_out,
+        lora = LoraRef(stored_ref(where, target.a), stored_ref(where, target.b), target.scale, target.fan_in_fan_out,
                        target.embedding)
         ref = replace(ref, lora=lora)
     return ref
-
-
-def _stored(key: str, found: TensorSource) -> InputRef:
-    """The stored tensor ``found`` of input ``key``, read plainly."""
-    e = found.entry
-    return InputRef(key, found.file, e.name, e.dtype, e.shape, e.start, e.end)
 
 
 def _edge_tensor(

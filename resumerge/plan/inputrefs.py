@@ -1,0 +1,43 @@
+"""The :class:`~resumerge.plan.merge_plan.InputRef` of a model's stored tensor, and its value read through its
+codec: the one way every planner (merges, MoE upcycling, LoRA extraction) names an input and every reader (the
+engine, the MoE and extraction preparation) reads one, so a quantized input is decoded wherever it is read."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from resumerge.inputs.codecs import MAIN
+from resumerge.inputs.files import TensorSource
+from resumerge.inputs.model import ModelInput
+from resumerge.inputs.source import InputSources
+from resumerge.inputs.tensorio import TORCH_DTYPES
+from resumerge.plan.merge_plan import InputRef
+from resumerge.torch_import import torch
+
+
+def stored_ref(key: str, found: TensorSource) -> InputRef:
+    """The stored tensor ``found`` of input ``key``, read plainly."""
+    e = found.entry
+    return InputRef(key, found.file, e.name, e.dtype, e.shape, e.start, e.end)
+
+
+def tensor_ref(key: str, model: ModelInput, name: str) -> InputRef:
+    """Logical tensor ``name`` of ``model`` (input ``key``; recognised: see
+    :meth:`~resumerge.inputs.model.ModelInput.recognised`) — its stored main part, and its codec and companions
+    when a format claims it. ``name`` must be among ``model.tensors``."""
+    ref = stored_ref(key, model.tensors[name])
+    if model.formats is not None and name in model.formats.claims:
+        ref = replace(ref, codec=model.formats.codec(name), companions=tuple(
+            (part, stored_ref(key, c)) for part, c in model.formats.companions(name)))
+    return ref
+
+
+def read_value(ref: InputRef, sources: InputSources) -> torch.Tensor:
+    """The value of ``ref`` as a method sees it, before any LoRA delta: its parts read (the rows it names) and
+    decoded by its codec (a plain one returns the buffer read), cast to ``ref.cast``."""
+
+    def read(r: InputRef) -> torch.Tensor:
+        return sources.read(r.model, r.file, r.start, r.end, r.dtype, r.shape)
+
+    t = ref.codec.decode({MAIN: read(ref), **{part: read(c) for part, c in ref.companions}}, ref.first_row)
+    return t.to(TORCH_DTYPES[ref.cast]) if ref.cast is not None else t
