@@ -24,6 +24,7 @@ from toycodec import TOY, RowScaledInt8, quantize
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.cli.render import formats_line
 from resumerge.config.merge_config import load_config_text
 from resumerge.engine import compute, session
 from resumerge.engine.compute import compute_in_passes, compute_tensor
@@ -37,6 +38,7 @@ from resumerge.inputs.source import InputSources
 from resumerge.methods.registry import get_method
 from resumerge.plan.merge_plan import Plan, PlanOptions, fingerprint_parts
 from resumerge.plan.planner import build_plan
+from resumerge.plan.roles import formats_report, quantized
 from resumerge.plan.workunits import chunk_plan, row_stream
 from resumerge.store.shardwriter import ShardWriter
 from resumerge.store.sink import LocalDirSink
@@ -264,3 +266,23 @@ def test_a_tensor_taken_whole_from_one_input_is_copied_in_its_stored_format(tmp_
                 assert merged[out_name + suffix].dtype == stored_b[source + suffix].dtype
                 assert torch.equal(merged[out_name + suffix], stored_b[source + suffix]), out_name + suffix
     assert sum(tp.copy_of is not None for tp in stacked.tensors.values()) > len(decoded)  # a layer used twice
+
+
+def test_plan_reports_each_model_s_and_the_output_s_format_and_roles(tmp_path: Path, make: ModelFactory) -> None:
+    b, a = make("b", seed=2), make("a", seed=1)
+    decoded = quantize(b)
+    plan, _ = plan_for(tmp_path, linear_config(b, a), TOY)
+    report = formats_report(plan)
+    n, others = len(decoded), len(plan.tensors) - len(decoded)
+    assert report["inputs"][str(b)] == {"format": "toy-int8", "roles": {"weight": n, "companion": n, "other": others}}
+    assert report["inputs"][str(a)]["format"] == "plain"
+    assert report["output"] == {"format": "toy-int8", "roles": {"weight": n, "companion": n, "other": others}}
+    assert quantized(report)
+    dequantized = formats_report(plan_for(tmp_path, linear_config(b, a), TOY, PlanOptions(dequantize=True))[0])
+    assert dequantized["output"] == {"format": "plain",
+                                     "roles": {"weight": 0, "companion": 0, "other": len(plan.tensors)}}
+    (tmp_path / "p").mkdir()
+    assert not quantized(formats_report(plan_for(tmp_path / "p", linear_config(a, a), TOY)[0]))
+    line = formats_line(report)
+    assert f"{b}: toy-int8 ({n} weight, {n} companion, {others} other)" in line
+    assert line.endswith(f"output: toy-int8 ({n} weight, {n} companion, {others} other)")

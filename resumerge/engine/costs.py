@@ -39,6 +39,9 @@ Computed by :mod:`resumerge.engine.estimate`; read by the CLI's rendering and by
                        bytes move), transfer_cpu_seconds (the transfers' CPU here), cores, seconds (pipelined
                        wall; null: a rate is unknown), bound ("download" | "upload" | "compute" | null), note}
                        (resumerge/engine/netestimate.py)
+    formats           {inputs: {MODEL: {format, roles}}, output: {format, roles}}: each stored format ("plain", or
+                       the quantized formats' names) and its stored tensors per role {weight, companion, other}
+                       (resumerge/plan/roles.py)
 
 All sizes are bytes, speeds bytes per second, figures rounded to whole numbers.
 """
@@ -53,6 +56,7 @@ from resumerge.engine.netestimate import NetworkEstimate
 from resumerge.memory import format_size
 from resumerge.plan.fetching import FileFetch
 from resumerge.plan.merge_plan import Plan
+from resumerge.plan.roles import formats_report
 
 SCHEMA = 1
 FITS = "fits"
@@ -362,6 +366,7 @@ class Estimate:
             "time": timing,
             "hf_output": None if self.hf_output is None else self.hf_output.to_json(),
             "network": None if self.network is None else self.network.to_json(),
+            "formats": formats_report(plan),
         }
 
 
