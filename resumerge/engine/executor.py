@@ -41,6 +41,7 @@ from resumerge.plan.workorder import compute_order
 from resumerge.plan.workunits import (
     PASSES,
     ROWS,
+    aligned_rows,
     chunk_plan,
     collects_sibling,
     estimate_bytes,
@@ -398,6 +399,7 @@ class _Pipeline:
             rows = max(1, min(total - first, most, self.governor.chunk_rows(row_estimate, total - first)))
             if self.gpu is not None:
                 rows = max(1, min(rows, self.gpu.chunk_rows(row_estimate, total - first)))
+            rows = aligned_rows(tp, rows, total - first)
             estimate = estimate_bytes(tp, method, rows)
             admitted, reservation = self._admit(tp, estimate, self.governor)
             if not admitted:

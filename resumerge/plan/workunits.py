@@ -11,6 +11,7 @@ for how the engine computes each tensor, which ``plan``'s estimate follows too.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -175,10 +176,30 @@ def fixed_chunk_rows(tp: TensorPlan, method: MethodSpec) -> int | None:
 
 def pass_rows(tp: TensorPlan) -> int:
     """Rows per chunk of a streamed tensor: at most :data:`CHUNK_ELEMENTS` entries per input and
-    :data:`STACKED_ELEMENTS` over the inputs other than the base, at least one row."""
+    :data:`STACKED_ELEMENTS` over the inputs other than the base, at least one row (at least one
+    :func:`row_step`, and a multiple of it)."""
     row = max(1, numel(tp.shape[1:]))
     entries = min(CHUNK_ELEMENTS, STACKED_ELEMENTS // max(1, len(tp.inputs) - 1))
-    return max(1, min(tp.shape[0], entries // row))
+    return aligned_rows(tp, max(1, entries // row), tp.shape[0])
+
+
+def row_step(tp: TensorPlan) -> int:
+    """The rows every row chunk of ``tp`` but its last is a multiple of: the block height of the format it is
+    written in and, for a stored copy, of the format it is copied from (see
+    :attr:`~resumerge.inputs.codecs.TensorCodec.row_block`)."""
+    step = tp.out_codec.row_block
+    if tp.copy_of is not None:
+        step = math.lcm(step, tp.inputs[tp.copy_of].codec.row_block)
+    return step
+
+
+def aligned_rows(tp: TensorPlan, rows: int, left: int) -> int:
+    """A chunk of about ``rows`` of the ``left`` rows still to do of ``tp``: all of them when ``rows`` reaches
+    them, else ``rows`` rounded down to a multiple of :func:`row_step` (at least one step)."""
+    if rows >= left:
+        return left
+    step = row_step(tp)
+    return min(left, max(step, rows - rows % step))
 
 
 def unit_bytes(tp: TensorPlan, method: MethodSpec, mode: str) -> int:

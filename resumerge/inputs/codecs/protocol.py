@@ -103,6 +103,13 @@ class TensorCodec(ABC):
         """The shape of the decoded value of a main part of shape ``stored`` (a packed format's differ)."""
         return stored
 
+    @property
+    def row_block(self) -> int:
+        """Value rows one stored row of a companion covers (a block scale's block height): every row chunk of a
+        tensor written in this format, but its last, is a multiple of it, so no chunk encodes part of a block
+        (the block would get two scales, and the second chunk's would overwrite the first's). 1 by default."""
+        return 1
+
     def part_rows(self, part: str, first: int, stop: int) -> tuple[int, int]:
         """The rows of companion part ``part`` that value rows ``[first, stop)`` need (a block scale's row holds
         many value rows); the engine reads those rows of each companion for a row chunk, and the same rows of
