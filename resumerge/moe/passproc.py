@@ -33,18 +33,55 @@ from resumerge.inputs.files import TOKENIZER_FILES
 
 HIDDEN_MODES = frozenset({"hidden", "hidden_avg", "hidden_last"})
 ROUTERS_DIR = "moe-routers"  # under the state dir: the forward passes, each in a folder named by its content key
-INSTALL_HINT = "pip install 'resumerge[moe]' (or pip install transformers)"
+# resumerge is on no package index: its extra installs only from a clone or a wheel, transformers from anywhere.
+INSTALL_HINT = "pip install transformers (the moe extra: pip install -e '.[moe]' in a clone)"
 
 # (positive, negative or None) prompt texts of each gated expert
 PromptSets = Sequence[tuple[Sequence[str], Sequence[str] | None]]
 
 
 def require_transformers(gate_mode: str) -> None:
-    """Raise :class:`InputError` (exit 2) naming the install command when transformers is not installed (the
-    child checks its import again: a broken install is reported from there, as the same line)."""
+    """Raise :class:`InputError` (exit 2), before anything is written, when transformers is not installed (naming
+    the install command) or is installed with a requirement of its own unmet (naming both versions: such a
+    transformers fails to import). Read from the installed metadata, without importing transformers; the child
+    checks its import again and reports any other ImportError as it is."""
     if importlib.util.find_spec("transformers") is None:
         raise InputError(f"gate_mode {gate_mode} needs transformers to read the prompts", yaml_path="gate_mode",
                          hint=f"{INSTALL_HINT}, or use gate_mode random or uniform_random")
+    unmet = unmet_requirement("transformers")
+    if unmet is not None:
+        raise InputError(f"gate_mode {gate_mode} needs transformers, and the installed one cannot be imported: "
+                         f"{unmet}", yaml_path="gate_mode",
+                         hint="pip install -U transformers (in a version that fits the installed packages), or "
+                         "use gate_mode random or uniform_random")
+
+
+def unmet_requirement(distribution: str) -> str | None:
+    """The first requirement of the installed ``distribution`` (extras aside) that the installed packages do not
+    meet, as a sentence naming both versions; None when all are met or the metadata cannot tell."""
+    try:
+        from packaging.requirements import InvalidRequirement, Requirement
+    except ImportError:  # packaging comes with transformers; without it there is nothing to compare with
+        return None
+    try:
+        requires = importlib.metadata.requires(distribution) or []
+        own = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for line in requires:
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue
+        try:
+            installed = importlib.metadata.version(requirement.name)
+        except importlib.metadata.PackageNotFoundError:
+            return f"{distribution} {own} needs {requirement}, which is not installed"
+        if not requirement.specifier.contains(installed, prereleases=True):
+            return f"{distribution} {own} needs {requirement}, and {requirement.name} {installed} is installed"
+    return None
 
 
 def routers_key(weight_files: Sequence[tuple[str, int, str]], mode: str, prompts: PromptSets,

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,12 +16,17 @@ from resumerge.moe.routers import Encoded
 
 def require_transformers(gate_mode: str) -> Any:
     """The transformers module; raises :class:`InputError` (exit 2) naming the install command when it is
-    missing."""
+    missing, or the real ImportError when an installed transformers fails to import."""
     try:
         import transformers
-    except ImportError:
-        raise InputError(f"gate_mode {gate_mode} needs transformers to read the prompts", yaml_path="gate_mode",
-                         hint=f"{INSTALL_HINT}, or use gate_mode random or uniform_random") from None
+    except ImportError as exc:
+        if importlib.util.find_spec("transformers") is None:
+            raise InputError(f"gate_mode {gate_mode} needs transformers to read the prompts", yaml_path="gate_mode",
+                             hint=f"{INSTALL_HINT}, or use gate_mode random or uniform_random") from None
+        raise InputError(f"gate_mode {gate_mode} needs transformers, and the installed one fails to import: "
+                         f"{type(exc).__name__}: {exc}", yaml_path="gate_mode",
+                         hint="pip install -U transformers (in a version that fits the installed packages), or "
+                         "use gate_mode random or uniform_random") from None
     return transformers
 
 

@@ -20,7 +20,7 @@ from huggingface_hub.hf_api import RepoFile
 
 from resumerge.config.hubtarget import HubTarget
 from resumerge.errors import OutputDirError, StorageError, UnreachableError, UsageError
-from resumerge.inputs.hub._hf import build_hf_headers, get_session, http
+from resumerge.inputs.hub._hf import TRANSPORT_ERRORS, build_hf_headers, get_bytes
 from resumerge.inputs.hub.cache import hub_settings
 from resumerge.store.manifest import MANIFEST_NAME, Manifest, parse_manifest
 
@@ -119,7 +119,7 @@ def is_retryable(exc: BaseException) -> bool:
     status = http_status(exc)
     if status is not None:
         return status in (408, 429) or status >= 500
-    if isinstance(exc, (http.TransportError, ConnectionError, TimeoutError)):
+    if isinstance(exc, (*TRANSPORT_ERRORS, ConnectionError, TimeoutError)):
         return True
     # huggingface_hub wraps a failed LFS upload in RuntimeError("Error while uploading ...") from the real cause.
     cause = exc.__cause__
@@ -281,30 +281,25 @@ def read_file(repo: HubRepo, name: str, *, resume: str) -> bytes | None:
     """The bytes of the top-level file ``name`` at the branch head, or None when the repo has no such file."""
     url = f"{repo.endpoint}/{repo.target.repo_id}/resolve/{quote(repo.target.branch, safe='')}/{quote(name)}"
 
-    def get() -> bytes | None:
-        # No token (a reader of a public repo): no Authorization header, which an empty "Bearer " would break.
-        response = get_session().get(url, headers=build_hf_headers(token=repo.token or False, library_name="resumerge"),
-                                     follow_redirects=True)
-        if response.status_code == 404:
-            return None
-        response.raise_for_status()
-        return bytes(response.content)
-
+    # No token (a reader of a public repo): no Authorization header, which an empty "Bearer " would break.
+    headers = build_hf_headers(token=repo.token or False, library_name="resumerge")
     try:
-        return get()
-    except http.HTTPStatusError as exc:
-        status = exc.response.status_code
-        said = " ".join(exc.response.headers.get("X-Error-Message", "").split())[:_SHOWN]
-        answer = f"HTTP {status}: {said}" if said else f"HTTP {status}"
-        if status in (401, 403):
-            raise StorageError(f"the hub refused the token while reading {name} from {repo.target.url} ({answer})",
-                               path=repo.target.url, hint=f"set HF_TOKEN to a valid write token, then run {resume}"
-                               ) from None
-        raise UnreachableError(f"reading {name} from {repo.target.url} failed ({answer})",
-                               path=repo.target.url, hint=f"run {resume} when the hub answers") from None
-    except http.TransportError as exc:
+        response = get_bytes(url, headers=headers)
+    except TRANSPORT_ERRORS as exc:
         raise UnreachableError(f"the hub at {repo.endpoint} cannot be reached ({type(exc).__name__})",
                                path=repo.target.url, hint=f"run {resume} when the hub answers") from None
+    status = response.status_code
+    if status == 404:
+        return None
+    if 200 <= status < 300:
+        return response.content
+    said = " ".join(response.headers.get("X-Error-Message", "").split())[:_SHOWN]
+    answer = f"HTTP {status}: {said}" if said else f"HTTP {status}"
+    if status in (401, 403):
+        raise StorageError(f"the hub refused the token while reading {name} from {repo.target.url} ({answer})",
+                           path=repo.target.url, hint=f"set HF_TOKEN to a valid write token, then run {resume}")
+    raise UnreachableError(f"reading {name} from {repo.target.url} failed ({answer})",
+                           path=repo.target.url, hint=f"run {resume} when the hub answers")
 
 
 def read_remote_manifest(repo: HubRepo, *, resume: str) -> Manifest | None:

@@ -119,3 +119,43 @@ def test_the_passes_refusal_is_the_runs_one_line(tmp_path: Path) -> None:
     assert exit_code_for(refused.value) == 2 and "\n" not in refused.value.one_line()
     assert refused.value.message.startswith("the prompt forward pass needs")
     assert "--max-memory" in refused.value.one_line() and not (tmp_path / "small").exists()
+
+
+def test_a_transformers_that_cannot_import_is_named_before_anything_is_written(tmp_path: Path) -> None:
+    # transformers 4.57 beside huggingface_hub 2.x (what installing a huggingface_hub>=1.0 package did to a
+    # transformers-4 environment): installed, but its import fails. The run names the version clash and exits 2
+    # before OUT exists, instead of failing from the forward pass after the first shards were committed.
+    site = tmp_path / "site"
+    (site / "transformers").mkdir(parents=True)
+    (site / "transformers" / "__init__.py").write_text(
+        "raise ImportError(\"cannot import name 'is_offline_mode' from 'huggingface_hub'\")\n")
+    (site / "transformers-4.57.6.dist-info").mkdir()
+    (site / "transformers-4.57.6.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: transformers\nVersion: 4.57.6\n"
+        "Requires-Dist: huggingface-hub<1.0,>=0.34.0\nRequires-Dist: fugashi>=1.0; extra == \"ja\"\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    done = cli("run", _config(tmp_path, "hidden"), tmp_path / "out", "--state-dir", tmp_path / "state", env=env)
+    assert done.returncode == 2, done.stderr
+    from importlib.metadata import version
+
+    assert (f"transformers 4.57.6 needs huggingface-hub<1.0,>=0.34.0, and huggingface-hub "
+            f"{version('huggingface-hub')} is installed") in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_input_error_of_the_pass_beside_the_merge_is_not_exit_2() -> None:
+    # Beside the merge the routers are the last shard: when the pass fails, the other shards may be committed.
+    from resumerge.errors import InputError
+    from resumerge.moe.hiddenpass import HiddenPass
+
+    class Failing:
+        def result(self) -> None:
+            raise InputError("gate_mode hidden needs transformers", yaml_path="gate_mode", hint="pip install x")
+
+    beside = HiddenPass("k-beside", Path("unused"), 2, Failing(), share=1)  # type: ignore[arg-type]
+    with pytest.raises(Exception) as raised:
+        beside.routers()
+    assert exit_code_for(raised.value) != 2 and "shards merged so far are kept" in str(raised.value.hint)
+    first = HiddenPass("k-first", Path("unused"), 2, Failing(), share=None)  # type: ignore[arg-type]
+    with pytest.raises(InputError):  # the merge waited for it: nothing written, exit 2 is right
+        first.routers()

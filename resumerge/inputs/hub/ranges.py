@@ -20,7 +20,7 @@ from urllib.parse import urljoin, urlsplit
 from huggingface_hub import constants
 
 from resumerge.errors import ModelInputError
-from resumerge.inputs.hub._hf import build_hf_headers, get_session, http
+from resumerge.inputs.hub._hf import TRANSPORT_ERRORS, build_hf_headers, stream_get
 from resumerge.inputs.hub.cache import HubSettings
 from resumerge.inputs.hub.remote import LIBRARY, HubUnavailableError, resolve_url
 
@@ -134,8 +134,8 @@ class RangeClient:
         target = len(data) + end - start
         got = 0
         try:
-            with get_session().stream("GET", url, headers=headers, follow_redirects=False,
-                                      timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
+            with stream_get(url, headers=headers, follow_redirects=False,
+                            timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
                 self.counters.add(requests=1)
                 status = response.status_code
                 if status in (301, 302, 303, 307, 308) and "location" in response.headers:
@@ -155,7 +155,7 @@ class RangeClient:
                     data += chunk[: target - len(data)]
                     if len(data) >= target:
                         break
-        except http.TransportError as exc:
+        except TRANSPORT_ERRORS as exc:
             raise _Retry(type(exc).__name__) from None
         finally:
             self.counters.add(body=got)

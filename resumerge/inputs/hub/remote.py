@@ -18,14 +18,13 @@ from huggingface_hub.errors import (
     HfHubHTTPError,
     LocalEntryNotFoundError,
     OfflineModeIsEnabled,
-    RemoteEntryNotFoundError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
 from huggingface_hub.hf_api import RepoFile
 
 from resumerge.errors import ModelInputError, UnreachableError
-from resumerge.inputs.hub._hf import build_hf_headers, get_session, hf_raise_for_status, http
+from resumerge.inputs.hub._hf import TRANSPORT_ERRORS, build_hf_headers, is_remote_entry_missing, stream_get
 from resumerge.inputs.hub.cache import HubSettings, RemoteFile, check_repo_path
 
 LIBRARY = "resumerge"
@@ -38,7 +37,7 @@ class HubUnavailableError(UnreachableError):
 
 def is_network_error(error: BaseException) -> bool:
     """Return whether ``error`` means "the hub is unreachable right now" rather than "the request is wrong"."""
-    if isinstance(error, (http.TransportError, OfflineModeIsEnabled, LocalEntryNotFoundError)):
+    if isinstance(error, (*TRANSPORT_ERRORS, OfflineModeIsEnabled, LocalEntryNotFoundError)):
         return True
     if isinstance(error, HfHubHTTPError) and not isinstance(error, RepositoryNotFoundError):
         status = error.response.status_code if error.response is not None else 0
@@ -71,9 +70,9 @@ def hub_errors(settings: HubSettings, repo_id: str, revision: str) -> Iterator[N
         raise ModelInputError(
             f"{repo_id} has no revision {revision!r}", hint="use an existing branch, tag or commit after '@'"
         ) from e
-    except RemoteEntryNotFoundError as e:
-        raise ModelInputError(f"{where}: a file the repo lists is missing on the hub ({e})") from e
     except HfHubHTTPError as e:
+        if is_remote_entry_missing(e):
+            raise ModelInputError(f"{where}: a file the repo lists is missing on the hub ({e})") from e
         status = e.response.status_code if e.response is not None else 0
         if status in (401, 403):
             raise ModelInputError(
@@ -131,7 +130,7 @@ def read_range(settings: HubSettings, repo_id: str, commit: str, filename: str, 
         try:
             with hub_errors(settings, repo_id, commit):
                 return _read_range_once(url, headers, start, length, f"{repo_id}@{commit[:12]}/{filename}")
-        except http.TransportError:
+        except TRANSPORT_ERRORS:
             if attempt == _RETRIES - 1:
                 raise
             time.sleep(0.5 * (attempt + 1))
@@ -140,10 +139,9 @@ def read_range(settings: HubSettings, repo_id: str, commit: str, filename: str, 
 
 def _read_range_once(url: str, headers: dict[str, str], start: int, length: int, where: str) -> bytes:
     timeout = constants.HF_HUB_DOWNLOAD_TIMEOUT
-    with get_session().stream("GET", url, headers=headers, timeout=timeout) as response:
+    with stream_get(url, headers=headers, timeout=timeout) as response:
         if response.status_code >= 400:
-            response.read()  # the error helpers read the body
-            hf_raise_for_status(response)
+            response.raise_for_hub_status()
         skip = start if response.status_code == 200 else 0
         data = bytearray()
         for chunk in response.iter_bytes():
