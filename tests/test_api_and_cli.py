@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -150,3 +151,18 @@ def test_mergekit_flags_are_accepted(tmp_path: Path, make: ModelFactory, capsys:
             "--copy-tokenizer", "--allow-crimes", "-j", "2", "--write-threads", "2", "--trust-remote-code"]
     assert main(args) == 0
     assert "--lazy-unpickle is not needed" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_demo_without_dir_leaves_the_current_directory_alone_and_says_where_it_went(tmp_path: Path) -> None:
+    cwd, state = tmp_path / "a-clone", tmp_path / "state"
+    cwd.mkdir()
+    env = dict(os.environ, RESUMERGE_STATE_DIR=str(state))
+    done = subprocess.run([sys.executable, "-m", "resumerge", "demo"], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert list(cwd.iterdir()) == []
+    where = state / "demo"
+    assert done.stdout.splitlines()[0].startswith(f"resumerge demo in {where}")
+    assert f"everything is in {where}" in done.stdout and "byte-identical to the uninterrupted run: yes" in done.stdout
+    assert (where / "merge.yml").is_file() and (where / "out" / "model.safetensors.index.json").is_file()

@@ -210,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="generate small models, merge, interrupt, resume, show status",
                           description="A self-contained tour: generates tiny models, starts a merge that is "
                                       "killed part-way, resumes it, and checks the output is byte-identical.")
-    demo.add_argument("dir", metavar="DIR", nargs="?", default="resumerge-demo", help="working directory")
+    demo.add_argument("dir", metavar="DIR", nargs="?", default=None,
+                      help="working directory (default: demo/ under the state dir, never the current directory)")
     return parser
 
 

@@ -3,6 +3,10 @@
 Generates two small Llama-style models, starts a real ``resumerge run`` in a child process that is killed
 (SIGKILL) just after committing its second shard, shows the status, resumes, and checks that every output
 file is byte-identical to an uninterrupted run of the same config.
+
+Without a DIR it works in ``demo/`` under the state dir (``$XDG_STATE_HOME/resumerge``, else
+``~/.local/state/resumerge``, or ``RESUMERGE_STATE_DIR``), never in the current directory (often a clone), and
+says where; the next demo there replaces it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import sys
 from pathlib import Path
 
 from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.config.locations import state_root
 
 CONFIG = """\
 # A layer-wise linear merge whose weights follow a gradient over the layers.
@@ -47,9 +52,10 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> int:
     return subprocess.run([sys.executable, "-m", "resumerge", *args], env=env, check=False).returncode
 
 
-def run_demo(directory: str | os.PathLike[str]) -> int:
-    """Run the demo in ``directory`` (created; earlier demo output there is replaced). Returns an exit code."""
-    root = Path(directory).absolute()
+def run_demo(directory: str | os.PathLike[str] | None = None) -> int:
+    """Run the demo in ``directory`` (None: ``demo/`` under the state dir; created, earlier demo output there is
+    replaced). Returns an exit code."""
+    root = Path(directory if directory is not None else state_root() / "demo").absolute()
     for sub in ("models", "out", "out-reference", "state"):
         shutil.rmtree(root / sub, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
@@ -60,6 +66,7 @@ def run_demo(directory: str | os.PathLike[str]) -> int:
     config.write_text(CONFIG.format(a=a, b=b))
     state = str(root / "state")
     out = str(root / "out")
+    print(f"resumerge demo in {root}" + ("" if directory is not None else " (give a DIR to put it elsewhere)"))
     print(f"1. generated two models in {root / 'models'}; config: {config}")
 
     print("2. resumerge run ... (killed with SIGKILL right after its second shard is committed)")
@@ -81,4 +88,5 @@ def run_demo(directory: str | os.PathLike[str]) -> int:
     got, want = _digests(Path(out)), _digests(Path(ref))
     same = got == want
     print(f"   {len(got)} output files; byte-identical to the uninterrupted run: {'yes' if same else 'NO'}")
+    print(f"everything is in {root}: the config, the models, out/ and out-reference/")
     return 0 if same else 1
