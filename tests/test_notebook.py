@@ -118,13 +118,13 @@ def test_notebook_merges_and_its_resume_cell_survives_a_runtime_death(
     out = drive / "merged"
     drive.mkdir()
     nb = _notebook({"OUT": str(out), "STATE_DIR": str(state), "CONFIG_PATH": str(tmp_path / "merge.yml"),
-                    "CONFIG": config, "USE_DRIVE": False, "INSTALL": False, "OUT_SHARD_SIZE": SHARD_SIZE,
-                    "HF_TOKEN": TOKEN}, HUB_CELLS)
+                    "CONFIG": config, "USE_DRIVE": False, "INSTALL": False, "OUT_SHARD_SIZE": SHARD_SIZE}, HUB_CELLS)
     # The kernel and every command it starts import this checkout's resumerge.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     # The merge process kills itself (SIGKILL) right after committing its third file, as a runtime death would.
     monkeypatch.setenv("RESUMERGE_KILL_AT", "after_manifest_write:3")
     fake, hub = _stand_in_hub(monkeypatch, tmp_path / "hf_home")
+    monkeypatch.setenv("HF_TOKEN", TOKEN)  # off Colab the notebook reads the token from the environment
     with fake:
         monkeypatch.setenv("HF_ENDPOINT", fake.url)
         # Then the same kernel merges into the hf:// repo, and that process dies after its third upload.
@@ -159,6 +159,8 @@ def test_notebook_merges_and_its_resume_cell_survives_a_runtime_death(
             v for k, v in in_repo.items() if k.endswith(".safetensors")}
         xorbs = sum(size for name, (size, _) in hub.cas.snapshot().items() if name.startswith("xorbs/"))
         assert xorbs <= 1.02 * sum(len(v) for k, v in hub.head_files(REPO).items() if k.endswith(".safetensors"))
+        assert all(TOKEN not in text for _, text in first + second)
+        assert "Hugging Face token: from the HF_TOKEN environment variable" in dict(first)["install"]
 
 
 def _wheel(tmp_path: Path) -> Path:
@@ -185,12 +187,37 @@ def test_install_cell_installs_from_the_repository_or_a_wheel(tmp_path: Path, mo
                        "PIP_DISABLE_PIP_VERSION_CHECK": "1"}.items():
         monkeypatch.setenv(var, value)
     common = {"STATE_DIR": str(tmp_path / "state"), "USE_DRIVE": False, "INSTALL": True}
-    placeholder = _execute(_notebook(common, {}), ("parameters", "injected-parameters", "install"), tmp_path)
-    assert placeholder[-1][0] == "error" and "set INSTALL_FROM" in placeholder[-1][1], placeholder
-    installed = _execute(_notebook({**common, "INSTALL_FROM": str(wheel)}, {}),
+    # The default looks for an uploaded wheel in /content: none here, so the cell says what to upload or set.
+    nothing = _execute(_notebook(common, {}), ("parameters", "injected-parameters", "install"), tmp_path)
+    assert nothing[-1][0] == "error" and "no resumerge wheel matches" in nothing[-1][1], nothing
+    assert "pip wheel --no-deps -w dist ." in nothing[-1][1] and "INSTALL_FROM" in nothing[-1][1]
+    # The default's form, a pattern for an uploaded wheel, with a wheel where it points.
+    installed = _execute(_notebook({**common, "INSTALL_FROM": str(wheel.parent / "resumerge-*.whl")}, {}),
                          ("parameters", "injected-parameters", "install"), tmp_path)
     assert [cell for cell, _ in installed] == ["parameters", "injected-parameters", "install"], installed
+    assert f"installing resumerge from {wheel}" in installed[-1][1]
     assert (target / "resumerge" / "api.py").is_file() and list(target.glob("resumerge-*.dist-info"))
+
+
+def test_the_token_comes_from_colabs_secrets_and_is_never_shown(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parameters cell held the token in plain text. On Colab it is read from the notebook's secrets (a
+    stand-in ``google.colab.userdata`` here), before the environment's HF_TOKEN, and no output shows it."""
+    secret = "hf_from_the_secrets_panel"
+    colab = tmp_path / "fake-colab" / "google" / "colab"  # no google/__init__.py: a namespace portion
+    colab.mkdir(parents=True)
+    (colab / "__init__.py").write_text("")
+    (colab / "userdata.py").write_text(f"def get(name):\n    return {{'HF_TOKEN': {secret!r}}}[name]\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(colab.parents[1]), str(ROOT),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("HF_TOKEN", "hf_from_the_environment")
+    probe = {"probe": "print('the commands get the secret:', os.environ['HF_TOKEN'] == " + repr(secret) + ")"}
+    ran = _execute(_notebook({"STATE_DIR": str(tmp_path / "state"), "USE_DRIVE": False, "INSTALL": False}, probe),
+                   ("parameters", "injected-parameters", "install", "probe"), tmp_path)
+    cells = dict(ran)
+    assert "Hugging Face token: from Colab's secrets" in cells["install"], ran
+    assert "the commands get the secret: True" in cells["probe"], ran
+    assert all(secret not in text and "hf_from_the_environment" not in text for _, text in ran)
 
 
 def test_resume_cell_starts_a_merge_whose_runtime_died_before_any_commit(
