@@ -18,6 +18,7 @@ the merge's process.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import mmap
 import os
 import warnings
@@ -117,10 +118,14 @@ def _attention_setup(transformers: Any, config: Any, embedded: torch.Tensor, mas
 
     cache = transformers.DynamicCache(config=config)
     positions = torch.arange(embedded.shape[1]).unsqueeze(0)
-    causal = create_causal_mask(config=config, inputs_embeds=embedded, attention_mask=mask,
-                                past_key_values=cache, position_ids=positions)
+    # transformers 4.x names the embeddings input_embeds and needs the cache positions (5.x derives them).
+    takes = inspect.signature(create_causal_mask).parameters
+    v4 = {"cache_position": positions[0]} if "cache_position" in takes else {}
+    embeds = {"inputs_embeds" if "inputs_embeds" in takes else "input_embeds": embedded}
+    causal = create_causal_mask(config=config, **embeds, attention_mask=mask, past_key_values=cache,
+                                position_ids=positions, **v4)
     return {"attention_mask": causal, "position_embeddings": rotary(embedded, position_ids=positions),
-            "position_ids": positions, "past_key_values": cache, "use_cache": True}
+            "position_ids": positions, "past_key_values": cache, "use_cache": True, **v4}
 
 
 def _vector(hidden: torch.Tensor, mode: str) -> torch.Tensor:

@@ -57,8 +57,9 @@ def require_transformers(gate_mode: str) -> None:
 
 
 def unmet_requirement(distribution: str) -> str | None:
-    """The first requirement of the installed ``distribution`` (extras aside) that the installed packages do not
-    meet, as a sentence naming both versions; None when all are met or the metadata cannot tell."""
+    """The first requirement of the installed ``distribution`` (extras aside) that an installed package does not
+    meet, as a sentence naming both versions (transformers checks the same at import, and fails); None when all
+    are met or the metadata cannot tell."""
     try:
         from packaging.requirements import InvalidRequirement, Requirement
     except ImportError:  # packaging comes with transformers; without it there is nothing to compare with
@@ -78,7 +79,7 @@ def unmet_requirement(distribution: str) -> str | None:
         try:
             installed = importlib.metadata.version(requirement.name)
         except importlib.metadata.PackageNotFoundError:
-            return f"{distribution} {own} needs {requirement}, which is not installed"
+            continue  # its module may be there without metadata: the import will tell
         if not requirement.specifier.contains(installed, prereleases=True):
             return f"{distribution} {own} needs {requirement}, and {requirement.name} {installed} is installed"
     return None

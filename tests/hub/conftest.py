@@ -14,7 +14,7 @@ from huggingface_hub import constants
 
 try:
     from huggingface_hub import close_session
-except ImportError:  # huggingface_hub 0.x, which test_hub_oldest.py runs this suite's core against
+except ImportError:  # huggingface_hub 0.x, which test_transformers4_stack.py runs this suite's core against
     from huggingface_hub.utils import reset_sessions as close_session
 
 from hub.fakehub import FakeHub, files_of

@@ -1,9 +1,11 @@
-"""The hub suite's core against the oldest huggingface_hub that pyproject.toml accepts (0.34.0: transformers 4.x
-pins ``huggingface-hub>=0.34.0,<1.0``, so installing resumerge into a transformers-4 environment must leave that
-line alone, and resumerge must work on it).
+"""resumerge on the stack transformers 4.x pins: the oldest huggingface_hub that pyproject.toml accepts (0.34.0,
+the oldest that transformers 4.57 takes: ``huggingface-hub>=0.34.0,<1.0``), transformers 4.57 and its tokenizers.
+Installing resumerge into such an environment must leave it alone, and resumerge must work there.
 
-pip installs that version into a cached ``--target`` folder (once per machine), and the core hub tests run in a
-subprocess with the folder first on ``PYTHONPATH``. Skipped only when pip cannot reach a package index.
+pip installs those versions into a cached ``--target`` folder (once per machine: about 16 MB of wheels); the hub
+suite's core runs in a subprocess with the folder first on ``PYTHONPATH``, and a hidden-gates MoE merge (the
+prompt forward pass runs in transformers) must give the same bytes as on this environment's stack. Skipped only
+when pip cannot reach a package index.
 """
 
 from __future__ import annotations
@@ -18,55 +20,82 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 
-OLDEST = "0.34.0"
-# What 0.34 needs beyond what resumerge's own install brings (module name, requirement), installed beside it
-# only where the running environment lacks it.
+from tests.moe.models import llamas
+from tests.support import cli, digests
+
+STACK = ("huggingface_hub==0.34.0", "transformers==4.57.6", "tokenizers==0.22.2")
+# What huggingface_hub 0.x needs beyond what resumerge's own install brings (module name, requirement), installed
+# beside it only where the running environment lacks it.
 NEEDS = (("requests", "requests"), ("fsspec", "fsspec>=2023.5.0"), ("tqdm", "tqdm>=4.42.1"),
-         ("filelock", "filelock"), ("packaging", "packaging>=20.9"), ("typing_extensions", "typing-extensions"))
+         ("filelock", "filelock"), ("packaging", "packaging>=20.9"), ("typing_extensions", "typing-extensions"),
+         ("regex", "regex"))
 # The core: identifying repos and revisions, the checks and records, a merge from the hub, resume offline,
 # landing downloads, .bin-only repos. Drops mid-download and hf:// outputs differ on 0.x (CHANGELOG, 0.x line).
 CORE = ("test_hub_checks.py", "test_hub_merge.py", "test_hub_bin.py", "test_hub_landing.py")
 _OFFLINE = re.compile(r"No matching distribution|Could not find a version|NewConnectionError|Network is "
                       r"unreachable|Temporary failure in name resolution|ProxyError|ConnectTimeout", re.I)
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def _installed(target: Path) -> Path:
-    """``huggingface_hub==OLDEST`` (and what it needs that is missing here) in ``target``, installed once."""
-    if (target / "huggingface_hub").is_dir():
-        return target
-    building = target.with_name(f"{target.name}.{os.getpid()}")
-    shutil.rmtree(building, ignore_errors=True)
-    missing = [req for module, req in NEEDS if importlib.util.find_spec(module) is None]
-    for args in ([f"huggingface_hub=={OLDEST}", "--no-deps"], missing):
-        if not args:
-            continue
-        done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                               "--target", str(building), *args], capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            shutil.rmtree(building, ignore_errors=True)
-            if _OFFLINE.search(done.stdout + done.stderr):
-                pytest.skip(f"pip cannot reach a package index to install huggingface_hub=={OLDEST}")
-            raise AssertionError(f"pip install failed:\n{done.stdout}\n{done.stderr}")
-    try:
-        building.rename(target)
-    except OSError:  # another worker installed it meanwhile
+@pytest.fixture(scope="module")
+def stack_env() -> dict[str, str]:
+    """The environment of a process that imports the transformers-4 stack first (installed once per machine)."""
+    target = Path(tempfile.gettempdir()) / f"resumerge-tests-{'-'.join(STACK).replace('==', '')}"
+    if not (target / "transformers").is_dir():
+        building = target.with_name(f"{target.name}.{os.getpid()}")
         shutil.rmtree(building, ignore_errors=True)
-    return target
+        missing = [req for module, req in NEEDS if importlib.util.find_spec(module) is None]
+        for args in ([*STACK, "--no-deps"], missing):
+            if not args:
+                continue
+            done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                                   "--target", str(building), *args], capture_output=True, text=True, timeout=300)
+            if done.returncode != 0:
+                shutil.rmtree(building, ignore_errors=True)
+                if _OFFLINE.search(done.stdout + done.stderr):
+                    pytest.skip(f"pip cannot reach a package index to install {' '.join(STACK)}")
+                raise AssertionError(f"pip install failed:\n{done.stdout}\n{done.stderr}")
+        try:
+            building.rename(target)
+        except OSError:  # another worker installed it meanwhile
+            shutil.rmtree(building, ignore_errors=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(target), str(ROOT), env.get("PYTHONPATH")) if p)
+    versions = subprocess.run([sys.executable, "-c", "import huggingface_hub, transformers; "
+                               "print(huggingface_hub.__version__, transformers.__version__)"],
+                              env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert versions == [STACK[0].split("==")[1], STACK[1].split("==")[1]]
+    return env
 
 
 @pytest.mark.slow
-def test_the_hub_core_passes_on_the_oldest_supported_huggingface_hub() -> None:
-    target = _installed(Path(tempfile.gettempdir()) / f"resumerge-tests-huggingface_hub-{OLDEST}")
+def test_the_hub_core_passes_on_the_oldest_supported_huggingface_hub(stack_env: dict[str, str]) -> None:
     tests = Path(__file__).resolve().parent
-    root = tests.parents[1]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(target), str(root), env.get("PYTHONPATH")) if p)
-    version = subprocess.run([sys.executable, "-c", "import huggingface_hub; print(huggingface_hub.__version__)"],
-                             env=env, capture_output=True, text=True, check=True).stdout.strip()
-    assert version == OLDEST
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:randomly", "-p",
                            "no:cacheprovider", *(str(tests / name) for name in CORE)],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+                          cwd=ROOT, env=stack_env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     assert re.search(r"\d+ passed", done.stdout) and " skipped" not in done.stdout.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_hidden_gates_on_transformers_4_give_the_same_bytes(tmp_path: Path, stack_env: dict[str, str]) -> None:
+    # transformers 4.x names create_causal_mask's input input_embeds and needs the cache positions: the forward
+    # pass failed there ("unexpected keyword argument 'inputs_embeds'") after the other shards were committed.
+    m = llamas(tmp_path / "models", layers=3)
+    config = tmp_path / "moe.yml"
+    config.write_text(yaml.safe_dump({
+        "base_model": str(m[0]), "gate_mode": "hidden", "dtype": "bfloat16",
+        "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab ab", "cd"]},
+                    {"source_model": str(m[2]), "positive_prompts": ["ef gh ij"]}]}))
+    on_4 = cli("run", config, tmp_path / "on-4", "--state-dir", tmp_path / "state-4", env=stack_env)
+    assert on_4.returncode == 0, on_4.stderr
+    here = cli("run", config, tmp_path / "here", "--state-dir", tmp_path / "state")
+    assert here.returncode == 0, here.stderr
+    # The manifest holds the plan's fingerprint, whose routers are named by a key that includes the
+    # transformers version (a resume on another version recomputes them); every other file is the same.
+    on_4_files, here_files = digests(tmp_path / "on-4"), digests(tmp_path / "here")
+    assert on_4_files.pop("resumerge-manifest.json") != here_files.pop("resumerge-manifest.json")
+    assert on_4_files == here_files and any(name.endswith(".safetensors") for name in here_files)
