@@ -34,6 +34,7 @@ from resumerge.engine.settings import RunSettings
 from resumerge.engine.target import Target
 from resumerge.engine.traffic import TrafficMeter, watch_run
 from resumerge.errors import (
+    InputError,
     InterruptedMerge,
     LedgerError,
     OutputDirError,
@@ -443,7 +444,7 @@ def _drive(
                 raise InterruptedMerge("merge interrupted; every committed shard is kept",
                                        resume_command=command) from None
             except Exception as exc:
-                error = _failure(exc, ledger, watch)
+                error = _failure(exc, ledger, watch, command)
                 if error is exc:
                     raise
                 raise error from exc
@@ -517,18 +518,18 @@ def _remove_if_empty(out: Path, created: bool) -> None:
             out.rmdir()
 
 
-def _failure(exc: Exception, ledger: Ledger, watch: InputWatch) -> Exception:
-    """Record in the ledger why the run stopped (best effort) and return the error to raise.
-
-    A changed input explains any failure that follows it (a deleted file cannot be opened, a truncated one ends
-    early), so that is reported instead; a bare ``OSError`` becomes a :class:`StorageError` (exit 3).
-    """
+def _failure(exc: Exception, ledger: Ledger, watch: InputWatch, command: str) -> Exception:
+    """Record in the ledger why the run stopped (best effort) and return the error to raise. A changed input
+    explains any failure that follows it (a deleted file cannot be opened, a truncated one ends early), so that is
+    reported instead; a bare ``OSError`` becomes a :class:`StorageError` (exit 3); an input error once a file is
+    committed, an :class:`InterruptedMerge` (exit 3: exit 2 promises that nothing was written)."""
     error: Exception = watch.changed() or exc
     if isinstance(error, OSError):
-        reason = error.strerror or str(error)
-        error = StorageError(f"I/O error on {error.filename or 'a file'}: {reason}",
+        error = StorageError(f"I/O error on {error.filename or 'a file'}: {error.strerror or str(error)}",
                              path=str(error.filename) if error.filename else None,
                              hint="check the disk, then run resumerge resume OUT")
+    if isinstance(error, InputError) and any(row["status"] == "done" for row in ledger.files()):
+        error = InterruptedMerge(f"the merge stopped: {error.one_line()}", resume_command=command)
     if isinstance(error, ResumergeError):
         state = "interrupted" if isinstance(error, StorageError) else "failed"
         message = error.one_line()

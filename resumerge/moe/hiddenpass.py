@@ -20,7 +20,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from resumerge.errors import InputError, ResumergeError
 from resumerge.memory import MemoryGovernor, Reservation
 from resumerge.memory.budget import SAFETY_MARGIN
 from resumerge.moe import routers
@@ -59,7 +58,7 @@ class HiddenPass:
         with self._lock:
             if self._routers is None:
                 if self.process is not None:
-                    self._result()
+                    self.process.result()
                 from safetensors.torch import load_file
 
                 from resumerge.moe.forward import ROUTERS_NAME
@@ -67,19 +66,6 @@ class HiddenPass:
                 data = load_file(str(self.workdir / ROUTERS_NAME))
                 self._routers = torch.stack([data[f"layers.{i}"] for i in range(self.layers)])
             return self._routers
-
-    def _result(self) -> None:
-        """Wait for the pass. Beside the merge its routers are the plan's last shard, so every other shard may be
-        committed by the time it fails: an input error from it then is no "nothing has been written" (exit 2)."""
-        assert self.process is not None
-        try:
-            self.process.result()
-        except InputError as exc:
-            if self.share is None:  # the merge waits for the pass: nothing is written yet
-                raise
-            raise ResumergeError(exc.message, yaml_path=exc.yaml_path, path=exc.path, hint=(
-                f"{exc.hint}; " if exc.hint else "") + "the shards merged so far are kept: run the same command "
-                "again once this is fixed") from None
 
     def degenerate_notes(self) -> tuple[str, ...]:
         """mergekit-moe's warning about routers that cannot tell the experts apart, when it applies (waits for
