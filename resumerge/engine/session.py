@@ -519,10 +519,9 @@ def _remove_if_empty(out: Path, created: bool) -> None:
 
 
 def _failure(exc: Exception, ledger: Ledger, watch: InputWatch, command: str) -> Exception:
-    """Record in the ledger why the run stopped (best effort) and return the error to raise. A changed input
-    explains any failure that follows it (a deleted file cannot be opened, a truncated one ends early), so that is
-    reported instead; a bare ``OSError`` becomes a :class:`StorageError` (exit 3); an input error once a file is
-    committed, an :class:`InterruptedMerge` (exit 3: exit 2 promises that nothing was written)."""
+    """Record in the ledger why the run stopped (best effort) and return the error to raise: a changed input (it
+    explains any failure after it: a deleted file, a truncated one), a bare ``OSError`` as :class:`StorageError`
+    (exit 3), an input error once a file is committed as :class:`InterruptedMerge` (exit 2 says nothing is written)."""
     error: Exception = watch.changed() or exc
     if isinstance(error, OSError):
         error = StorageError(f"I/O error on {error.filename or 'a file'}: {error.strerror or str(error)}",
