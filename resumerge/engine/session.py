@@ -527,7 +527,7 @@ def _failure(exc: Exception, ledger: Ledger, watch: InputWatch, command: str) ->
         error = StorageError(f"I/O error on {error.filename or 'a file'}: {error.strerror or str(error)}",
                              path=str(error.filename) if error.filename else None,
                              hint="check the disk, then run resumerge resume OUT")
-    if isinstance(error, InputError) and any(row["status"] == "done" for row in ledger.files()):
+    if isinstance(error, InputError) and any(row.status == "done" for row in ledger.files()):
         error = InterruptedMerge(f"the merge stopped: {error.one_line()}", resume_command=command)
     if isinstance(error, ResumergeError):
         state = "interrupted" if isinstance(error, StorageError) else "failed"
