@@ -66,7 +66,7 @@ def test_the_method_registry_and_the_proxy_import_torch_only_when_a_tensor_is_ma
         "import sys\n"
         "assert get_method('ties') is not None and 'linear' in method_names()\n"
         "from resumerge.inputs.tensorio import TORCH_DTYPES\n"
-        "assert 'F32' in TORCH_DTYPES and 'F12' not in TORCH_DTYPES and len(TORCH_DTYPES) == 15\n"
+        "assert 'F32' in TORCH_DTYPES and 'F12' not in TORCH_DTYPES and len(TORCH_DTYPES) == 16\n"
         "assert 'torch' not in sys.modules\n"
         "t = torch.ones(2)\n"
         "import torch as real\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import overload
 
 from resumerge.engine.kernels import serial_kernels
@@ -210,7 +211,9 @@ def _read_input(ref: InputRef, sources: InputSources) -> torch.Tensor:
     """One input tensor as the method sees it: read with its companions and decoded by ``ref.codec`` (a plain one
     returns the buffer read), cast to ``ref.cast`` (:func:`~resumerge.plan.inputrefs.read_value`), with its LoRA
     delta merged (in the stored dtype, as PEFT's merge_and_unload does, before any ``dtype:`` of the config)."""
-    t = read_value(ref, sources)
+    # A quantized format's decode is many small kernels: 10x slower split over threads the other workers keep busy.
+    with nullcontext() if ref.codec.plain else serial_kernels():
+        t = read_value(ref, sources)
     if ref.lora is not None:
         lora = ref.lora
         t = apply_lora_rows(t, read_value(lora.a, sources), read_value(lora.b, sources), lora.scale,

@@ -3,7 +3,8 @@ safetensors format, and the input source the engine reads tensors through.
 
 A model is opened from its config and headers alone; weights are read later, tensor by tensor, through an
 :class:`~resumerge.inputs.source.InputSource` whose implementation the engine never sees, and decoded by the
-tensor's codec (``codecs/``: one class per stored format, plain dtypes or quantized).
+tensor's codec (``codecs/``: one class per stored format, plain dtypes or quantized, the quantized ones over the
+kernels and format recognition of ``quant/``).
 
 May import: errors, config.
 """
@@ -15,6 +16,7 @@ __all__ = [
     "files",
     "hub",
     "model",
+    "quant",
     "safetensors_format",
     "tensorio",
     "torch_bin",

@@ -26,6 +26,7 @@ from resumerge.inputs.files import (
     contained,
     file_identity,
 )
+from resumerge.inputs.quant.refusals import GGUF_MAGIC, refuse_gguf
 from resumerge.inputs.safetensors_format import read_header
 from resumerge.inputs.torch_bin import BIN_INDEX_NAME, BIN_SINGLE_NAME, is_pickle_checkpoint, read_bin_header
 
@@ -133,6 +134,9 @@ def _weight_files(directory: Path, yaml_path: str) -> list[str]:
             yaml_path=yaml_path,
             hint="convert the model to safetensors first",
         )
+    for gguf in sorted(directory.glob("*.gguf")):
+        with contained(directory, gguf.name).open("rb") as file:
+            refuse_gguf(file.read(len(GGUF_MAGIC)), str(gguf))
     raise ModelInputError(f"Unable to find model files at {directory}", yaml_path=yaml_path)
 
 

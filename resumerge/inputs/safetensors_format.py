@@ -29,6 +29,7 @@ DTYPE_SIZES: dict[str, int] = {
     "I8": 1,
     "F8_E5M2": 1,
     "F8_E4M3": 1,
+    "F8_E8M0": 1,
     "I16": 2,
     "U16": 2,
     "F16": 2,
@@ -47,7 +48,7 @@ DTYPE_SIZES: dict[str, int] = {
 DTYPE_RANK: dict[str, int] = {
     name: rank
     for rank, name in enumerate(
-        ["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64",
+        ["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64",
          "I64", "U64"]
     )
 }

@@ -51,6 +51,7 @@ TORCH_DTYPES: Mapping[str, torch.dtype] = _Dtypes({
     "BOOL": "bool",
     "F8_E4M3": "float8_e4m3fn",
     "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
     "U16": "uint16",
     "U32": "uint32",
     "U64": "uint64",

@@ -2,10 +2,14 @@
 sees, and how each output tensor is encoded into the tensors it is stored as.
 
 ``protocol`` defines :class:`TensorCodec` (one class per stored format) and the roles of stored tensors; ``plain``
-is the codec of a tensor stored in its own dtype; ``table`` holds the per-run :class:`CodecTable` the planner
-recognises formats with, and :data:`CODECS`, the default one.
+is the codec of a tensor stored in its own dtype; ``fp8_block``, ``compressed`` and ``mxfp4`` are the quantized
+formats' codecs over the kernels of :mod:`resumerge.inputs.quant` (``quantized``: what they share); ``table`` holds
+the per-run :class:`CodecTable` the planner recognises formats with, and :data:`CODECS`, the default one.
 """
 
+from resumerge.inputs.codecs.compressed import CompressedTensorsCodec
+from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
+from resumerge.inputs.codecs.mxfp4 import Mxfp4Codec
 from resumerge.inputs.codecs.plain import PLAIN, PlainCodec
 from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, Role, TensorCodec
 from resumerge.inputs.codecs.table import CODECS, CodecTable, StoredFormats
@@ -14,8 +18,11 @@ __all__ = [
     "CODECS",
     "MAIN",
     "PLAIN",
+    "BlockFp8Codec",
     "Claim",
     "CodecTable",
+    "CompressedTensorsCodec",
+    "Mxfp4Codec",
     "OutPart",
     "PlainCodec",
     "Role",

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from resumerge.errors import ModelInputError
+from resumerge.inputs.codecs.compressed import CompressedTensorsCodec
+from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
+from resumerge.inputs.codecs.mxfp4 import Mxfp4Codec
 from resumerge.inputs.codecs.plain import PLAIN
 from resumerge.inputs.codecs.protocol import Claim, Role, TensorCodec
 from resumerge.inputs.files import TensorSource
@@ -66,7 +69,13 @@ class CodecTable:
         roles = dict.fromkeys(tensors, Role.OTHER)
         owner: dict[str, str] = {}
         for fmt in self.formats:
-            for claim in fmt.recognise(config, tensors):
+            try:
+                found = fmt.recognise(config, tensors)
+            except ModelInputError as exc:
+                if exc.path is None:  # a format judges tensors, not folders: name the model
+                    exc.path = where or None
+                raise
+            for claim in found:
                 for part, stored in claim.parts:
                     if stored not in tensors:
                         raise ModelInputError(f"{fmt.name} tensor {claim.name} has no {part} ({stored})",
@@ -87,5 +96,6 @@ class CodecTable:
         return StoredFormats(tensors, claims, roles)
 
 
-# The formats every run recognises (the quantized formats of the next issue are listed here).
-CODECS = CodecTable()
+# The formats every run recognises: block FP8, compressed-tensors and MXFP4 (each refuses, for all of them, a
+# checkpoint quantized in a format resumerge cannot decode).
+CODECS = CodecTable((BlockFp8Codec, CompressedTensorsCodec, Mxfp4Codec))

@@ -130,9 +130,10 @@ def _eps(dtype: torch.dtype) -> float:
 
 
 def qparams(values: torch.Tensor, block: Block, *, bits: int, kind: str = "int", symmetric: bool = True,
-            scale_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor | None]:
+            scale_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """compressed-tensors' ``calculate_qparams`` for float32 ``values`` (``[n, cols]`` from a block row on):
     ``(scale, zero_point)``, the scale grid in ``scale_dtype`` and the int8 zero points (None when symmetric)."""
+    scale_dtype = torch.float32 if scale_dtype is None else scale_dtype  # not at import: torch is lazy
     qmin, qmax = _range(bits, kind)
     low, high = grid_extremes(values, block)
     low.clamp_(max=0.0)
@@ -153,7 +154,7 @@ def qparams(values: torch.Tensor, block: Block, *, bits: int, kind: str = "int",
 
 
 def quantize(values: torch.Tensor, block: Block, *, bits: int, kind: str = "int", symmetric: bool = True,
-             scale_dtype: torch.dtype = torch.float32, scale: torch.Tensor | None = None,
+             scale_dtype: torch.dtype | None = None, scale: torch.Tensor | None = None,
              zero_point: torch.Tensor | None = None,
              packed: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Quantize float32 rows ``[n, cols]`` (from a block row on) as compressed-tensors compresses them: returns
@@ -165,6 +166,7 @@ def quantize(values: torch.Tensor, block: Block, *, bits: int, kind: str = "int"
     tensor then gets its stored codes back. ``values`` is the kernel's scratch: it is left holding the scaled,
     clamped values. Pass a copy to keep it.
     """
+    scale_dtype = torch.float32 if scale_dtype is None else scale_dtype  # not at import: torch is lazy
     qmin, qmax = _range(bits, kind)
     if scale is None:
         scale, zero_point = qparams(values, block, bits=bits, kind=kind, symmetric=symmetric,

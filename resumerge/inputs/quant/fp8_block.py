@@ -106,7 +106,7 @@ def scales_for(amax: torch.Tensor, scale_fmt: str = "float") -> torch.Tensor:
     return scale.masked_fill_(amax == 0, 1.0)
 
 
-def encode(values: torch.Tensor, block: Block, *, scale_fmt: str = "float", scale_dtype: torch.dtype = torch.float32,
+def encode(values: torch.Tensor, block: Block, *, scale_fmt: str = "float", scale_dtype: torch.dtype | None = None,
            codes_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize float32 rows ``[n, cols]`` that start at a block row (the last block row may be partial only at
     the weight's end) to block FP8: returns ``(codes, scale_inv)``, ``[n, cols]`` float8_e4m3fn and the grid
@@ -116,6 +116,7 @@ def encode(values: torch.Tensor, block: Block, *, scale_fmt: str = "float", scal
     ``values`` is the kernel's scratch: it is left holding ``clamp(values / scale, ±448)``. Pass a copy to keep it.
     ``codes_out``, if given, is filled and returned.
     """
+    scale_dtype = torch.float32 if scale_dtype is None else scale_dtype  # not at import: torch is lazy
     n, cols = values.shape
     codes = codes_out if codes_out is not None else torch.empty((n, cols), dtype=torch.float8_e4m3fn)
     bh = block[0]

@@ -1,0 +1,69 @@
+"""The block-FP8 codec (DeepSeek-V3/R1, Kimi-K2, Qwen3 "-FP8"): ``X`` F8_E4M3 codes with ``X_scale_inv``, one
+scale per block, over the kernels of :mod:`resumerge.inputs.quant.fp8_block`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, TensorCodec
+from resumerge.inputs.codecs.quantized import SCALE, is_extra, quantized_claims
+from resumerge.inputs.quant import fp8_block
+from resumerge.inputs.quant.grid import grid_rows, grid_shape
+from resumerge.inputs.quant.verdict import QuantizedTensor
+from resumerge.inputs.tensorio import TORCH_DTYPES
+from resumerge.torch_import import torch
+
+if TYPE_CHECKING:
+    from resumerge.inputs.files import TensorSource
+
+
+@dataclass(frozen=True)
+class BlockFp8Codec(TensorCodec):
+    """``quant_method: fp8``: value = code · scale of its ``block`` (edge blocks partial), in float32. ``fused``: a
+    ``[experts, rows, cols]`` weight with ``[experts, grid rows, grid cols]`` scales (its rows are experts)."""
+
+    name: ClassVar[str] = "fp8-block"
+    block: tuple[int, int]
+    scale_fmt: str = "float"
+    scale_dtype: str = "F32"
+    fused: bool = False
+
+    @classmethod
+    def recognise(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource]) -> tuple[Claim, ...]:
+        """Every ``X`` with an ``X_scale_inv`` of a ``quant_method: fp8`` model."""
+        return quantized_claims(config, tensors, ("fp8-block",), cls.of)
+
+    @classmethod
+    def of(cls, weight: QuantizedTensor) -> BlockFp8Codec:
+        """The codec of one recognised block-FP8 weight."""
+        assert weight.scheme.block is not None and weight.shape is not None  # recognise sets both for fp8
+        return cls(weight.scheme.block, weight.scheme.scale_fmt, weight.scheme.scale_dtype, len(weight.shape) > 2)
+
+    def part_rows(self, part: str, first: int, stop: int) -> tuple[int, int]:
+        if is_extra(part):
+            return 0, 1
+        if part == SCALE and not self.fused:
+            return grid_rows(first, stop, self.block)
+        return first, stop
+
+    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int) -> torch.Tensor:
+        return fp8_block.decode(parts[MAIN], parts[SCALE], self.block, row_start=0 if self.fused else first_row)
+
+    def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:
+        grid = (*shape[:-2], *grid_shape((shape[-2], shape[-1]), self.block))
+        return OutPart(MAIN, name, "F8_E4M3", shape), OutPart(SCALE, f"{name}_scale_inv", self.scale_dtype, grid)
+
+    def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
+        """Fresh scales (amax / 448 per block) and codes; the value must start at a block row."""
+        values = value.to(torch.float32, copy=True)
+        scale_dtype = TORCH_DTYPES[self.scale_dtype]
+        if values.ndim == 2:
+            codes, scale = fp8_block.encode(values, self.block, scale_fmt=self.scale_fmt, scale_dtype=scale_dtype)
+            return {MAIN: codes, SCALE: scale}
+        flat = values.reshape(-1, *values.shape[-2:])
+        encoded = [fp8_block.encode(m, self.block, scale_fmt=self.scale_fmt, scale_dtype=scale_dtype) for m in flat]
+        codes = torch.stack([c for c, _ in encoded]).reshape(values.shape)
+        scales = torch.stack([s for _, s in encoded])
+        return {MAIN: codes, SCALE: scales.reshape(*values.shape[:-2], *scales.shape[-2:])}

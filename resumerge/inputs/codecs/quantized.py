@@ -1,0 +1,60 @@
+"""What the quantized codecs share: a model's stored tensors judged by :func:`~resumerge.inputs.quant.recognise.
+recognise` (from its ``quantization_config`` and headers alone), and each quantized weight of one kind as a claim.
+
+Every quantized codec asks for the same verdict, so whichever format the table tries first refuses a checkpoint
+that none of them decodes (bitsandbytes, GPTQ, AWQ, an unknown ``quant_method``...), before any weight is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from resumerge.errors import ModelInputError
+from resumerge.inputs.codecs.protocol import MAIN, Claim, TensorCodec
+from resumerge.inputs.quant.recognise import recognise
+from resumerge.inputs.quant.verdict import Kind, QuantizedTensor
+
+if TYPE_CHECKING:
+    from resumerge.inputs.files import TensorSource
+
+# Part names of the companions every quantized codec may have (an extra is named by its stored suffix).
+SCALE = "scale"
+ZERO_POINT = "zero_point"
+SHAPE = "shape"
+
+
+def quantized_claims(config: Mapping[str, Any], tensors: Mapping[str, TensorSource], kinds: tuple[Kind, ...],
+                     codec: Callable[[QuantizedTensor], TensorCodec]) -> tuple[Claim, ...]:
+    """The claims of every quantized weight of one of ``kinds`` among ``tensors`` (a model's stored tensors), each
+    decoded by ``codec(weight)``. Raises :class:`~resumerge.errors.ModelInputError` (one line) for a checkpoint
+    resumerge cannot decode, whatever its format."""
+    headers = {name: (found.entry.dtype, tuple(found.entry.shape)) for name, found in tensors.items()}
+    verdict = recognise(config.get("quantization_config"), headers)
+    claims = []
+    for weight in verdict.quantized.values():
+        if weight.scheme.kind not in kinds:
+            continue
+        parts = [(MAIN, weight.codes), (SCALE, weight.scale)]
+        if weight.zero_point is not None:
+            parts.append((ZERO_POINT, weight.zero_point))
+        if weight.shape_tensor is not None:
+            parts.append((SHAPE, weight.shape_tensor))
+        for extra in weight.extras:
+            # Carried with the weight (a static activation scale), never decoded; read as its one value.
+            if len(headers[extra][1]) > 1 or any(d != 1 for d in headers[extra][1]):
+                raise ModelInputError(f"{extra} of shape {list(headers[extra][1])}: resumerge carries only "
+                                      "one-value activation scales", tensor=extra)
+            parts.append((extra_part(weight.name, extra), extra))
+        claims.append(Claim(weight.name, tuple(parts), codec(weight)))
+    return tuple(claims)
+
+
+def extra_part(weight: str, stored: str) -> str:
+    """The part name of extra companion ``stored`` of ``weight``: its suffix after the module (``input_scale``)."""
+    return stored.removeprefix(weight.removesuffix("weight")).lstrip(".")
+
+
+def is_extra(part: str) -> bool:
+    """Whether ``part`` is an extra companion (one value, not used to decode)."""
+    return part not in (MAIN, SCALE, ZERO_POINT, SHAPE)

@@ -1,0 +1,160 @@
+"""Tiny quantized checkpoints for the codec tests, built from a generated plain model, and the independent decoders
+their merges are checked against (DeepSeek's block-FP8 formula, compressed-tensors' INT4 unpacking, gpt-oss' MXFP4
+table), written out element by element here rather than taken from the kernels under test."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from resumerge.inputs.quant import compressed_tensors as ct
+from resumerge.inputs.quant import fp8_block, mxfp4
+
+SCALES_FILE = "scales.safetensors"
+Quantizer = Callable[[str, torch.Tensor], dict[str, torch.Tensor] | None]
+
+
+def deepseek_dequant(codes: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """DeepSeek-V3's README_WEIGHTS.md: every element of (128x128 weight block) times its weight_scale_inv."""
+    rows, cols = codes.shape
+    out = torch.empty(rows, cols, dtype=torch.float32)
+    for i in range(math.ceil(rows / block[0])):
+        for j in range(math.ceil(cols / block[1])):
+            r = slice(i * block[0], (i + 1) * block[0])
+            c = slice(j * block[1], (j + 1) * block[1])
+            out[r, c] = codes[r, c].to(torch.float32) * scale_inv[i, j].to(torch.float32)
+    return out
+
+
+def int4_dequant(words: torch.Tensor, scale: torch.Tensor, cols: int, group: int) -> torch.Tensor:
+    """compressed-tensors' pack-quantized INT4: eight 4-bit values per int32, lowest nibble first, stored with an
+    offset of 8; value = (nibble - 8) * scale of its group of ``group`` columns."""
+    rows = words.shape[0]
+    out = torch.empty(rows, cols, dtype=torch.float32)
+    as_int = words.to(torch.int64) & 0xFFFFFFFF
+    for j in range(cols):
+        nibble = (as_int[:, j // 8] >> (4 * (j % 8))) & 0xF
+        out[:, j] = (nibble - 8).to(torch.float32) * scale[:, j // group].to(torch.float32)
+    return out
+
+
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def mxfp4_dequant(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """transformers' ``convert_moe_packed_tensors``: low nibble first, times 2^(scale - 127), to [..., in, out]."""
+    *lead, rows, groups, width = blocks.shape
+    lut = torch.tensor(_E2M1)
+    low, high = lut[(blocks & 0x0F).long()], lut[(blocks >> 4).long()]
+    values = torch.stack([low, high], dim=-1).reshape(*lead, rows, groups, width * 2)
+    values = values * torch.exp2(scales.to(torch.float32) - 127).unsqueeze(-1)
+    return values.reshape(*lead, rows, groups * width * 2).transpose(-1, -2).contiguous()
+
+
+def quantize_model(directory: Path, reference: Path, quantizer: Quantizer, config: dict[str, object],
+                   extra: dict[str, torch.Tensor] | None = None) -> None:
+    """Store the tensors of the model at ``directory`` that ``quantizer(name, tensor)`` returns parts for (the
+    stored tensors replacing it: the codes under their name in the same shard, every companion in a shard of their
+    own) with ``config`` as ``quantization_config``; ``extra`` adds plain tensors first (to be quantized like the
+    others). ``reference`` becomes the same model with every quantized tensor replaced by its value decoded by the
+    ``decode`` the quantizer's parts carry (the ``"value"`` entry, not stored)."""
+    shutil.copytree(directory, reference)
+    index_path = directory / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    companions: dict[str, torch.Tensor] = {}
+    files = sorted(set(index["weight_map"].values()))
+    reference_index = json.loads(json.dumps(index))
+    reference_index["weight_map"].update(dict.fromkeys(extra or {}, files[-1]))
+    for file in files:
+        tensors, plain = load_file(directory / file), load_file(reference / file)
+        if extra and file == files[-1]:
+            tensors.update(extra)
+            plain.update(extra)
+            index["weight_map"].update(dict.fromkeys(extra, file))
+        for name, t in list(tensors.items()):
+            parts = quantizer(name, t)
+            if parts is None:
+                continue
+            del tensors[name], plain[name]
+            plain[name.removesuffix("_blocks")] = parts.pop("value")
+            codes = next(iter(parts))
+            tensors[codes] = parts.pop(codes)
+            index["weight_map"].pop(name)
+            index["weight_map"][codes] = file
+            companions.update(parts)
+        save_file(tensors, directory / file, metadata={"format": "pt"})
+        save_file(plain, reference / file, metadata={"format": "pt"})
+    save_file(companions, directory / SCALES_FILE, metadata={"format": "pt"})
+    index["weight_map"].update(dict.fromkeys(companions, SCALES_FILE))
+    index_path.write_text(json.dumps(index))
+    (reference / "model.safetensors.index.json").write_text(json.dumps(reference_index))
+    model_config = json.loads((directory / "config.json").read_text())
+    model_config["quantization_config"] = config
+    (directory / "config.json").write_text(json.dumps(model_config))
+
+
+def _projection(name: str, t: torch.Tensor) -> bool:
+    return t.dim() == 2 and name.endswith("_proj.weight")
+
+
+def fp8(block: tuple[int, int]) -> Quantizer:
+    """Block FP8 of every projection (DeepSeek's rule), decoded by DeepSeek's formula."""
+
+    def quantize(name: str, t: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        if not _projection(name, t):
+            return None
+        codes, scale = fp8_block.encode(t.to(torch.float32), block)
+        return {name: codes, f"{name}_scale_inv": scale, "value": deepseek_dequant(codes, scale, block)}
+
+    return quantize
+
+
+def fp8_config(block: tuple[int, int]) -> dict[str, object]:
+    return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(block)}
+
+
+def int4(group: int) -> Quantizer:
+    """compressed-tensors pack-quantized symmetric INT4 with ``group`` columns per scale."""
+
+    def quantize(name: str, t: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        if not _projection(name, t):
+            return None
+        words, scale, _ = ct.quantize(t.to(torch.float32), (1, group), bits=4, packed=True)
+        module = name.removesuffix("weight")
+        rows, cols = t.shape
+        return {f"{module}weight_packed": words, f"{module}weight_scale": scale,
+                f"{module}weight_shape": torch.tensor([rows, cols], dtype=torch.int64),
+                "value": int4_dequant(words, scale, cols, group)}
+
+    return quantize
+
+
+def int4_config(group: int) -> dict[str, object]:
+    weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": group}
+    return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "format": "pack-quantized"}},
+            "ignore": ["lm_head"]}
+
+
+def experts(layers: int, count: int, inputs: int, outputs: int, seed: int) -> dict[str, torch.Tensor]:
+    """gpt-oss-style fused expert weights ``[experts, in, out]`` for each layer (as transformers holds them)."""
+    g = torch.Generator().manual_seed(seed)
+    return {f"model.layers.{i}.mlp.experts.down_proj": torch.randn(count, inputs, outputs, generator=g) * 0.02
+            for i in range(layers)}
+
+
+def mxfp4_experts(name: str, t: torch.Tensor) -> dict[str, torch.Tensor] | None:
+    """MXFP4 of every fused expert weight, stored as ``X_blocks`` / ``X_scales``."""
+    if t.dim() != 3:
+        return None
+    blocks, scales = mxfp4.encode(t.to(torch.float32))
+    return {f"{name}_blocks": blocks, f"{name}_scales": scales, "value": mxfp4_dequant(blocks, scales)}
+
+
+MXFP4_CONFIG: dict[str, object] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}

@@ -1,0 +1,190 @@
+"""The quantized codecs end to end: a linear merge of two block-FP8, two compressed-tensors INT4 and two MXFP4
+checkpoints (dimensions that are not multiples of the block, scales in another shard than their weights) gives the
+bytes the same merge of the two models decoded independently (``quantmodels``' formulas) gives, whole tensors and
+row chunks alike; decode then encode of an unchanged tensor gives its stored parts back byte for byte."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ModelFactory
+from quantmodels import (
+    MXFP4_CONFIG,
+    SCALES_FILE,
+    experts,
+    fp8,
+    fp8_config,
+    int4,
+    int4_config,
+    mxfp4_experts,
+    quantize_model,
+)
+from safetensors.torch import load_file
+from support import linear_config, write_config
+
+from resumerge.config.merge_config import load_config_text
+from resumerge.engine.compute import compute_tensor
+from resumerge.engine.session import run_plan
+from resumerge.engine.settings import RunSettings
+from resumerge.engine.target import Target
+from resumerge.inputs.catalog import open_inputs
+from resumerge.inputs.codecs import CODECS, MAIN
+from resumerge.inputs.codecs.compressed import CompressedTensorsCodec
+from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
+from resumerge.inputs.codecs.mxfp4 import Mxfp4Codec
+from resumerge.inputs.source import InputSources
+from resumerge.plan.merge_plan import PlanOptions
+from resumerge.plan.planner import build_plan
+from resumerge.plan.workunits import chunk_plan
+
+# hidden 40, intermediate 56, head_dim 10: no projection is a multiple of 16 or 32 on both sides.
+SPEC = {"layers": 2, "hidden": 40, "intermediate": 56, "shard_bytes": 20_000}
+
+
+def plan_for(tmp_path: Path, a: Path, b: Path):  # type: ignore[no-untyped-def]
+    config = load_config_text(write_config(tmp_path / "c.yml", linear_config(a, b)).read_text())
+    return build_plan(config, open_inputs(config).models, PlanOptions(), CODECS)
+
+
+def merge(tmp_path: Path, a: Path, b: Path, out: str, *, max_memory: int | None = None) -> dict[str, torch.Tensor]:
+    text = write_config(tmp_path / f"{out}.yml", linear_config(a, b, weights=(0.5, 0.5))).read_text()
+    config = load_config_text(text)
+    settings = RunSettings(state_dir=tmp_path / "state", max_memory=max_memory)
+    plan = build_plan(config, open_inputs(config).models, PlanOptions(), CODECS)
+    run_plan(plan, text, Target.open(tmp_path / out, settings), settings)
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted((tmp_path / out).glob("*.safetensors")):
+        tensors.update(load_file(file))
+    return tensors
+
+
+def assert_same_bytes(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert sorted(got) == sorted(want)
+    for name, t in want.items():
+        assert got[name].dtype == t.dtype and got[name].shape == t.shape, name
+        assert torch.equal(got[name].view(torch.uint8), t.view(torch.uint8)), name
+
+
+def pair(tmp_path: Path, make: ModelFactory, quantizer, config, extra=None):  # type: ignore[no-untyped-def]
+    models = []
+    for name, seed in (("a", 1), ("b", 2)):
+        directory = make(name, seed=seed, **SPEC)
+        quantize_model(directory, tmp_path / f"{name}-decoded", quantizer, config,
+                       extra=extra(seed) if extra else None)
+        models.append(directory)
+    return models
+
+
+def test_block_fp8_merge_is_the_merge_of_the_decoded_models(tmp_path: Path, make: ModelFactory) -> None:
+    a, b = pair(tmp_path, make, fp8((16, 16)), fp8_config((16, 16)))
+    want = merge(tmp_path, tmp_path / "a-decoded", tmp_path / "b-decoded", "want")
+    got = merge(tmp_path, a, b, "got")
+    assert "model.layers.0.mlp.down_proj.weight" in got and not any(n.endswith("_scale_inv") for n in got)
+    assert_same_bytes(got, want)
+
+
+def test_int4_pack_quantized_merge_is_the_merge_of_the_decoded_models(tmp_path: Path, make: ModelFactory) -> None:
+    a, b = pair(tmp_path, make, int4(8), int4_config(8))
+    want = merge(tmp_path, tmp_path / "a-decoded", tmp_path / "b-decoded", "want")
+    got = merge(tmp_path, a, b, "got")
+    assert not any(n.endswith(("weight_packed", "weight_scale", "weight_shape")) for n in got)
+    assert_same_bytes(got, want)
+
+
+def test_mxfp4_expert_merge_is_the_merge_of_the_decoded_models(tmp_path: Path, make: ModelFactory) -> None:
+    a, b = pair(tmp_path, make, mxfp4_experts, MXFP4_CONFIG, extra=lambda seed: experts(2, 3, 64, 24, seed))
+    want = merge(tmp_path, tmp_path / "a-decoded", tmp_path / "b-decoded", "want")
+    got = merge(tmp_path, a, b, "got")
+    assert got["model.layers.1.mlp.experts.down_proj"].shape == (3, 64, 24)
+    assert_same_bytes(got, want)
+
+
+def _stored(directory: Path) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        tensors.update(load_file(file))
+    return tensors
+
+
+def _round_trip(directory: Path, *, exact: bool) -> int:
+    """Decode every claimed tensor of the model at ``directory`` and encode it again, checking the parts against
+    what out_parts announces (names, dtypes, shapes). With ``exact`` (block FP8 and MXFP4, whose fresh scales of a
+    decoded tensor are its stored ones) the parts must be the stored ones byte for byte; otherwise (compressed-tensors
+    INT4, whose scale amax / 7.5 of a decoded tensor is not its stored one) the encoded tensor must decode to the
+    value within half a step of its new scale. Returns how many tensors were checked."""
+    config = load_config_text(write_config(directory.parent / "rt.yml",
+                                           linear_config(directory, directory)).read_text())
+    model = open_inputs(config).models[str(directory)].recognised(CODECS)
+    stored = _stored(directory)
+    assert model.formats is not None
+    for name, claim in model.formats.claims.items():
+        parts = {part: stored[s] for part, s in claim.parts}
+        value = claim.codec.decode(parts, 0)
+        encoded = claim.codec.encode(value, "F32")
+        announced = claim.codec.out_parts(name, "F32", tuple(value.shape))
+        assert [(p.part, p.name) for p in announced] == [(p, s) for p, s in claim.parts]
+        for out in announced:
+            assert tuple(encoded[out.part].shape) == out.shape, (name, out.part)
+            assert encoded[out.part].dtype == parts[out.part].dtype, (name, out.part)
+            if exact:
+                assert torch.equal(encoded[out.part].view(torch.uint8), parts[out.part].view(torch.uint8)), name
+        if not exact:
+            again = claim.codec.decode(encoded, 0)
+            step = encoded["scale"].to(torch.float32).repeat_interleave(8, dim=1)[:, : value.shape[1]]
+            assert bool(((again - value).abs() <= step / 2 + 1e-7).all()), name
+    return len(model.formats.claims)
+
+
+def test_decode_then_encode_gives_the_stored_parts_back(tmp_path: Path, make: ModelFactory) -> None:
+    fp8_model = make("fp8", seed=3, **SPEC)
+    quantize_model(fp8_model, tmp_path / "fp8-decoded", fp8((16, 16)), fp8_config((16, 16)))
+    mx_model = make("mx", seed=5, **SPEC)
+    quantize_model(mx_model, tmp_path / "mx-decoded", mxfp4_experts, MXFP4_CONFIG, extra=experts(2, 3, 64, 24, 5))
+    assert _round_trip(fp8_model, exact=True) == 2 * 7
+    assert _round_trip(mx_model, exact=True) == 2
+
+
+def test_compressed_tensors_encode_gives_its_stored_layout(tmp_path: Path, make: ModelFactory) -> None:
+    ct_model = make("ct", seed=4, **SPEC)
+    quantize_model(ct_model, tmp_path / "ct-decoded", int4(8), int4_config(8))
+    assert _round_trip(ct_model, exact=False) == 2 * 7
+
+
+def test_each_codec_claims_its_weights_with_companions_from_the_scales_shard(tmp_path: Path,
+                                                                             make: ModelFactory) -> None:
+    directory = make("fp8", seed=3, **SPEC)
+    quantize_model(directory, tmp_path / "decoded", fp8((16, 16)), fp8_config((16, 16)))
+    config = load_config_text(write_config(tmp_path / "c.yml", linear_config(directory, directory)).read_text())
+    model = open_inputs(config).models[str(directory)].recognised(CODECS)
+    assert model.formats is not None
+    claim = model.formats.claims["model.layers.0.self_attn.k_proj.weight"]
+    assert claim.codec == BlockFp8Codec((16, 16))
+    assert model.formats.companions(claim.name)[0][1].file == SCALES_FILE
+    assert dict(claim.parts)[MAIN] == claim.name
+    assert model.formats.role_counts() == {"weight": 14, "companion": 14,
+                                           "other": len(model.formats.stored) - 28}
+    assert CompressedTensorsCodec.recognise(model.config, model.formats.stored) == ()
+    assert Mxfp4Codec.recognise(model.config, model.formats.stored) == ()
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int4", "mxfp4"])
+def test_row_chunks_decode_to_the_rows_of_the_whole_tensor(tmp_path: Path, make: ModelFactory, fmt: str) -> None:
+    # Chunks of 5 rows: a block-FP8 or group scale row is shared by two chunks; MXFP4's rows are experts.
+    quantizer, config, extra = {"fp8": (fp8((16, 16)), fp8_config((16, 16)), None),
+                                "int4": (int4(8), int4_config(8), None),
+                                "mxfp4": (mxfp4_experts, MXFP4_CONFIG, lambda seed: experts(1, 7, 32, 24, seed))}[fmt]
+    a, b = pair(tmp_path, make, quantizer, config, extra)
+    plan = plan_for(tmp_path, a, b)
+    checked = 0
+    with InputSources.local(plan.model_dirs) as sources:
+        for tp in plan.tensors.values():
+            if tp.inputs[1].codec.plain:
+                continue
+            step = 5 if fmt != "mxfp4" else 2
+            chunks = [chunk_plan(tp, first, min(tp.shape[0], first + step)) for first in range(0, tp.shape[0], step)]
+            assert torch.equal(torch.cat([compute_tensor(plan, c, sources) for c in chunks]),
+                               compute_tensor(plan, tp, sources)), tp.name
+            checked += 1
+    assert checked == (14 if fmt != "mxfp4" else 1)
