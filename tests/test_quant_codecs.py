@@ -5,6 +5,7 @@ row chunks alike; decode then encode of an unchanged tensor gives its stored par
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from conftest import ModelFactory
 from quantmodels import (
     MXFP4_CONFIG,
     SCALES_FILE,
+    Quantizer,
     experts,
     fp8,
     fp8_config,
@@ -35,15 +37,17 @@ from resumerge.inputs.codecs.compressed import CompressedTensorsCodec
 from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
 from resumerge.inputs.codecs.mxfp4 import Mxfp4Codec
 from resumerge.inputs.source import InputSources
-from resumerge.plan.merge_plan import PlanOptions
+from resumerge.plan.merge_plan import Plan, PlanOptions
 from resumerge.plan.planner import build_plan
 from resumerge.plan.workunits import chunk_plan
 
 # hidden 40, intermediate 56, head_dim 10: no projection is a multiple of 16 or 32 on both sides.
+# Extra plain tensors a model gets (from its seed) before it is quantized.
+Extra = Callable[[int], dict[str, torch.Tensor]]
 SPEC = {"layers": 2, "hidden": 40, "intermediate": 56, "shard_bytes": 20_000}
 
 
-def plan_for(tmp_path: Path, a: Path, b: Path):  # type: ignore[no-untyped-def]
+def plan_for(tmp_path: Path, a: Path, b: Path) -> Plan:
     config = load_config_text(write_config(tmp_path / "c.yml", linear_config(a, b)).read_text())
     return build_plan(config, open_inputs(config).models, PlanOptions(), CODECS)
 
@@ -67,7 +71,8 @@ def assert_same_bytes(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor
         assert torch.equal(got[name].view(torch.uint8), t.view(torch.uint8)), name
 
 
-def pair(tmp_path: Path, make: ModelFactory, quantizer, config, extra=None):  # type: ignore[no-untyped-def]
+def pair(tmp_path: Path, make: ModelFactory, quantizer: Quantizer, config: dict[str, object],
+         extra: Extra | None = None) -> list[Path]:
     models = []
     for name, seed in (("a", 1), ("b", 2)):
         directory = make(name, seed=seed, **SPEC)
@@ -172,9 +177,12 @@ def test_each_codec_claims_its_weights_with_companions_from_the_scales_shard(tmp
 @pytest.mark.parametrize("fmt", ["fp8", "int4", "mxfp4"])
 def test_row_chunks_decode_to_the_rows_of_the_whole_tensor(tmp_path: Path, make: ModelFactory, fmt: str) -> None:
     # Chunks of 5 rows: a block-FP8 or group scale row is shared by two chunks; MXFP4's rows are experts.
-    quantizer, config, extra = {"fp8": (fp8((16, 16)), fp8_config((16, 16)), None),
-                                "int4": (int4(8), int4_config(8), None),
-                                "mxfp4": (mxfp4_experts, MXFP4_CONFIG, lambda seed: experts(1, 7, 32, 24, seed))}[fmt]
+    cases: dict[str, tuple[Quantizer, dict[str, object], Extra | None]] = {
+        "fp8": (fp8((16, 16)), fp8_config((16, 16)), None),
+        "int4": (int4(8), int4_config(8), None),
+        "mxfp4": (mxfp4_experts, MXFP4_CONFIG, lambda seed: experts(1, 7, 32, 24, seed)),
+    }
+    quantizer, config, extra = cases[fmt]
     a, b = pair(tmp_path, make, quantizer, config, extra)
     plan = plan_for(tmp_path, a, b)
     checked = 0

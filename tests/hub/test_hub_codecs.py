@@ -1,10 +1,12 @@
-"""A format's companions read by HTTP Range like any tensor: a toy-format model streamed from the stand-in hub,
-its scales in a shard of their own, merges to the bytes the same model gives from a local folder."""
+"""A format's companions read by HTTP Range like any tensor: a toy-format model and a block-FP8 one streamed from
+the stand-in hub, their scales in a shard of their own, merge to the bytes the same model gives from a local
+folder."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from quantmodels import fp8, fp8_config, quantize_model
 from support import digests, linear_config, write_config
 from toycodec import SCALES_FILE, TOY, quantize
 
@@ -15,18 +17,20 @@ from resumerge.engine.session import run_plan
 from resumerge.engine.settings import RunSettings
 from resumerge.engine.target import Target
 from resumerge.inputs.catalog import open_inputs
+from resumerge.inputs.codecs import CODECS, CodecTable
 from resumerge.plan.merge_plan import PlanOptions
 from resumerge.plan.planner import build_plan
 
 TOY_REPO = "org/toy"
+FP8_REPO = "org/fp8"
 
 
-def _run(tmp_path: Path, doc: dict[str, object], out: Path, state: Path) -> None:
+def _run(tmp_path: Path, doc: dict[str, object], out: Path, state: Path, codecs: CodecTable = TOY) -> None:
     text = write_config(tmp_path / f"{out.name}.yml", doc).read_text()
     config = load_config_text(text)
     settings = RunSettings(state_dir=state)
     inputs = open_inputs(config, state_dir=state)
-    plan = build_plan(config, inputs.models, PlanOptions(stream_inputs=True), TOY)
+    plan = build_plan(config, inputs.models, PlanOptions(stream_inputs=True), codecs)
     run_plan(plan, text, Target.open(out, settings), settings, inputs=inputs)
 
 
@@ -42,3 +46,19 @@ def test_companions_stream_by_range_from_another_shard(tmp_path: Path, hub: Fake
     assert weights == {k: v for k, v in digests(tmp_path / "streamed").items() if k.endswith(".safetensors")}
     # The scales were read from their own file, every byte of it once (its header and its one range).
     assert hub.file_bytes()[f"{TOY_REPO}/{SCALES_FILE}"] == (b / SCALES_FILE).stat().st_size
+
+
+def test_a_block_fp8_model_streamed_by_range_gives_the_local_bytes(tmp_path: Path, hub: FakeHub,
+                                                                   state: Path) -> None:
+    spec = ModelSpec(layers=2, hidden=40, intermediate=56, shard_bytes=20_000)
+    a = make_model(tmp_path / "a", spec, seed=1)
+    b = make_model(tmp_path / "b", spec, seed=2)
+    quantize_model(b, tmp_path / "b-decoded", fp8((16, 16)), fp8_config((16, 16)))
+    hub.push(FP8_REPO, files_of(b))
+    _run(tmp_path, linear_config(a, b), tmp_path / "local", state, CODECS)
+    hub.reset_counters()
+    _run(tmp_path, linear_config(a, Path(FP8_REPO)), tmp_path / "streamed", state, CODECS)
+    weights = {k: v for k, v in digests(tmp_path / "local").items() if k.endswith(".safetensors")}
+    assert weights == {k: v for k, v in digests(tmp_path / "streamed").items() if k.endswith(".safetensors")}
+    # Every scale was read by range from the scales' shard, each byte of it once.
+    assert hub.file_bytes()[f"{FP8_REPO}/{SCALES_FILE}"] == (b / SCALES_FILE).stat().st_size
