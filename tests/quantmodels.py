@@ -103,20 +103,23 @@ def _projection(name: str, t: torch.Tensor) -> bool:
     return t.dim() == 2 and name.endswith("_proj.weight")
 
 
-def fp8(block: tuple[int, int]) -> Quantizer:
-    """Block FP8 of every projection (DeepSeek's rule), decoded by DeepSeek's formula."""
+def fp8(block: tuple[int, int], *, ue8m0: bool = False) -> Quantizer:
+    """Block FP8 of every projection (DeepSeek's rule; with ``ue8m0``, power-of-two scales stored as F8_E8M0),
+    decoded by DeepSeek's formula."""
 
     def quantize(name: str, t: torch.Tensor) -> dict[str, torch.Tensor] | None:
         if not _projection(name, t):
             return None
-        codes, scale = fp8_block.encode(t.to(torch.float32), block)
+        codes, scale = fp8_block.encode(t.to(torch.float32), block, scale_fmt="ue8m0" if ue8m0 else "float",
+                                        scale_dtype=torch.float8_e8m0fnu if ue8m0 else torch.float32)
         return {name: codes, f"{name}_scale_inv": scale, "value": deepseek_dequant(codes, scale, block)}
 
     return quantize
 
 
-def fp8_config(block: tuple[int, int]) -> dict[str, object]:
-    return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(block)}
+def fp8_config(block: tuple[int, int], *, ue8m0: bool = False) -> dict[str, object]:
+    return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(block),
+            **({"scale_fmt": "ue8m0"} if ue8m0 else {})}
 
 
 def int4(group: int) -> Quantizer:

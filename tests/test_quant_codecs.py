@@ -82,8 +82,9 @@ def pair(tmp_path: Path, make: ModelFactory, quantizer: Quantizer, config: dict[
     return models
 
 
-def test_block_fp8_merge_is_the_merge_of_the_decoded_models(tmp_path: Path, make: ModelFactory) -> None:
-    a, b = pair(tmp_path, make, fp8((16, 16)), fp8_config((16, 16)))
+@pytest.mark.parametrize("ue8m0", [False, True])
+def test_block_fp8_merge_is_the_merge_of_the_decoded_models(tmp_path: Path, make: ModelFactory, ue8m0: bool) -> None:
+    a, b = pair(tmp_path, make, fp8((16, 16), ue8m0=ue8m0), fp8_config((16, 16), ue8m0=ue8m0))
     want = merge(tmp_path, tmp_path / "a-decoded", tmp_path / "b-decoded", "want")
     got = merge(tmp_path, a, b, "got")
     assert "model.layers.0.mlp.down_proj.weight" in got and not any(n.endswith("_scale_inv") for n in got)
@@ -145,9 +146,12 @@ def _round_trip(directory: Path, *, exact: bool) -> int:
 def test_decode_then_encode_gives_the_stored_parts_back(tmp_path: Path, make: ModelFactory) -> None:
     fp8_model = make("fp8", seed=3, **SPEC)
     quantize_model(fp8_model, tmp_path / "fp8-decoded", fp8((16, 16)), fp8_config((16, 16)))
+    ue8m0_model = make("ue8m0", seed=6, **SPEC)
+    quantize_model(ue8m0_model, tmp_path / "ue8m0-decoded", fp8((16, 16), ue8m0=True), fp8_config((16, 16), ue8m0=True))
     mx_model = make("mx", seed=5, **SPEC)
     quantize_model(mx_model, tmp_path / "mx-decoded", mxfp4_experts, MXFP4_CONFIG, extra=experts(2, 3, 64, 24, 5))
-    assert _round_trip(fp8_model, exact=True) == 2 * 7
+    assert {t.dtype for t in load_file(ue8m0_model / SCALES_FILE).values()} == {torch.float8_e8m0fnu}
+    assert _round_trip(fp8_model, exact=True) == _round_trip(ue8m0_model, exact=True) == 2 * 7
     assert _round_trip(mx_model, exact=True) == 2
 
 
