@@ -122,24 +122,25 @@ def fp8_config(block: tuple[int, int], *, ue8m0: bool = False) -> dict[str, obje
             **({"scale_fmt": "ue8m0"} if ue8m0 else {})}
 
 
-def int4(group: int) -> Quantizer:
-    """compressed-tensors pack-quantized symmetric INT4 with ``group`` columns per scale."""
+def int4(group: int | None) -> Quantizer:
+    """compressed-tensors pack-quantized symmetric INT4 with ``group`` columns per scale (None: one per row)."""
 
     def quantize(name: str, t: torch.Tensor) -> dict[str, torch.Tensor] | None:
         if not _projection(name, t):
             return None
-        words, scale, _ = ct.quantize(t.to(torch.float32), (1, group), bits=4, packed=True)
-        module = name.removesuffix("weight")
         rows, cols = t.shape
+        words, scale, _ = ct.quantize(t.to(torch.float32), (1, group or cols), bits=4, packed=True)
+        module = name.removesuffix("weight")
         return {f"{module}weight_packed": words, f"{module}weight_scale": scale,
                 f"{module}weight_shape": torch.tensor([rows, cols], dtype=torch.int64),
-                "value": int4_dequant(words, scale, cols, group)}
+                "value": int4_dequant(words, scale, cols, group or cols)}
 
     return quantize
 
 
-def int4_config(group: int) -> dict[str, object]:
-    weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": group}
+def int4_config(group: int | None) -> dict[str, object]:
+    weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group" if group else "channel",
+               "group_size": group}
     return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
             "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "format": "pack-quantized"}},
             "ignore": ["lm_head"]}

@@ -31,6 +31,7 @@ from resumerge.engine.compute import compute_tensor
 from resumerge.engine.session import run_plan
 from resumerge.engine.settings import RunSettings
 from resumerge.engine.target import Target
+from resumerge.errors import ModelInputError
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import CODECS, MAIN
 from resumerge.inputs.codecs.compressed import CompressedTensorsCodec
@@ -91,8 +92,10 @@ def test_block_fp8_merge_is_the_merge_of_the_decoded_models(tmp_path: Path, make
     assert_same_bytes(got, want)
 
 
-def test_int4_pack_quantized_merge_is_the_merge_of_the_decoded_models(tmp_path: Path, make: ModelFactory) -> None:
-    a, b = pair(tmp_path, make, int4(8), int4_config(8))
+@pytest.mark.parametrize("group", [8, None])
+def test_int4_pack_quantized_merge_is_the_merge_of_the_decoded_models(tmp_path: Path, make: ModelFactory,
+                                                                      group: int | None) -> None:
+    a, b = pair(tmp_path, make, int4(group), int4_config(group))
     want = merge(tmp_path, tmp_path / "a-decoded", tmp_path / "b-decoded", "want")
     got = merge(tmp_path, a, b, "got")
     assert not any(n.endswith(("weight_packed", "weight_scale", "weight_shape")) for n in got)
@@ -200,3 +203,20 @@ def test_row_chunks_decode_to_the_rows_of_the_whole_tensor(tmp_path: Path, make:
                                compute_tensor(plan, tp, sources)), tp.name
             checked += 1
     assert checked == (14 if fmt != "mxfp4" else 1)
+
+
+def test_a_packed_weight_whose_weight_shape_disagrees_is_refused_naming_it(tmp_path: Path,
+                                                                           make: ModelFactory) -> None:
+    # Per channel, the headers bound the width to a word (33 to 40 here): weight_shape's payload decides.
+    directory = make("ct", seed=4, **SPEC)
+    quantize_model(directory, tmp_path / "decoded", int4(None), int4_config(None))
+    config = load_config_text(write_config(tmp_path / "c.yml", linear_config(directory, directory)).read_text())
+    model = open_inputs(config).models[str(directory)].recognised(CODECS)
+    assert model.formats is not None
+    claim = model.formats.claims["model.layers.0.self_attn.k_proj.weight"]
+    stored = _stored(directory)
+    parts = {part: stored[s] for part, s in claim.parts}
+    assert claim.codec.value_shape(tuple(parts[MAIN].shape)) == (20, 40)
+    parts["shape"] = torch.tensor([20, 39])
+    with pytest.raises(ModelInputError, match=r"weight_shape says \[20, 39\]"):
+        claim.codec.decode(parts, 0)
