@@ -53,11 +53,12 @@ def plan_for(tmp_path: Path, a: Path, b: Path) -> Plan:
     return build_plan(config, open_inputs(config).models, PlanOptions(dequantize=True), CODECS)
 
 
-def merge(tmp_path: Path, a: Path, b: Path, out: str, *, max_memory: int | None = None) -> dict[str, torch.Tensor]:
+def merge(tmp_path: Path, a: Path, b: Path, out: str, *, max_memory: int | None = None,
+          dequantize: bool = True) -> dict[str, torch.Tensor]:
     text = write_config(tmp_path / f"{out}.yml", linear_config(a, b, weights=(0.5, 0.5))).read_text()
     config = load_config_text(text)
     settings = RunSettings(state_dir=tmp_path / "state", max_memory=max_memory)
-    plan = build_plan(config, open_inputs(config).models, PlanOptions(dequantize=True), CODECS)
+    plan = build_plan(config, open_inputs(config).models, PlanOptions(dequantize=dequantize), CODECS)
     run_plan(plan, text, Target.open(tmp_path / out, settings), settings)
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted((tmp_path / out).glob("*.safetensors")):
@@ -90,6 +91,14 @@ def test_block_fp8_merge_is_the_merge_of_the_decoded_models(tmp_path: Path, make
     got = merge(tmp_path, a, b, "got")
     assert "model.layers.0.mlp.down_proj.weight" in got and not any(n.endswith("_scale_inv") for n in got)
     assert_same_bytes(got, want)
+    # Kept in the base's format (the default), each weight is the codec's encoding of that merged value.
+    kept = merge(tmp_path, a, b, "kept", dequantize=False)
+    codec = BlockFp8Codec((16, 16), "ue8m0" if ue8m0 else "float", "F8_E8M0" if ue8m0 else "F32")
+    encoded = {name: t for name, t in want.items() if not name.endswith("_proj.weight")}
+    for name in set(want) - set(encoded):
+        parts = codec.encode(want[name], "F32")
+        encoded.update({name: parts[MAIN], f"{name}_scale_inv": parts["scale"]})
+    assert_same_bytes(kept, encoded)
 
 
 @pytest.mark.parametrize("group", [8, None])

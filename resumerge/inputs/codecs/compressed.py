@@ -23,6 +23,8 @@ from resumerge.torch_import import torch
 if TYPE_CHECKING:
     from resumerge.inputs.files import TensorSource
 
+# A row block no tensor reaches: every row chunk is the whole tensor.
+_WHOLE = 1 << 62
 _KINDS: tuple[Kind, ...] = ("ct-packed", "ct-naive", "ct-float")
 _CODE_DTYPES = MappingProxyType({"ct-packed": "I32", "ct-naive": "I8", "ct-float": "F8_E4M3"})
 
@@ -71,6 +73,12 @@ class CompressedTensorsCodec(TensorCodec):
 
     def value_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
         return (stored[0], self.cols)
+
+    @property
+    def row_block(self) -> int:
+        # A packed weight's weight_shape names the whole tensor's rows, and its zero points pack several rows per
+        # word: it is encoded whole (a block taller than any tensor). A per-tensor scale's block is the tensor.
+        return _WHOLE if self._packed else self.block[0]
 
     def part_rows(self, part: str, first: int, stop: int) -> tuple[int, int]:
         if is_extra(part):

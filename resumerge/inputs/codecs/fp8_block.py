@@ -41,6 +41,10 @@ class BlockFp8Codec(TensorCodec):
         assert weight.scheme.block is not None and weight.shape is not None  # recognise sets both for fp8
         return cls(weight.scheme.block, weight.scheme.scale_fmt, weight.scheme.scale_dtype, len(weight.shape) > 2)
 
+    @property
+    def row_block(self) -> int:
+        return 1 if self.fused else self.block[0]
+
     def part_rows(self, part: str, first: int, stop: int) -> tuple[int, int]:
         if is_extra(part):
             return 0, 1
