@@ -35,12 +35,12 @@ if TYPE_CHECKING:
 
     from resumerge.engine.costs import Estimate
     from resumerge.engine.executor import Reporter
-    from resumerge.engine.session import Beside, Outcome
+    from resumerge.engine.session import Outcome
     from resumerge.engine.settings import RunSettings
-    from resumerge.inputs.catalog import Inputs
     from resumerge.moe import MoeConfig
     from resumerge.moe.passproc import PassProcess
     from resumerge.plan.merge_plan import Plan, PlanOptions
+    from resumerge.plan.prepared import Prepared
     from resumerge.recipes.estimate import RecipeEstimate
     from resumerge.recipes.view import RecipeStatus
     from resumerge.store.hubsink import HubOutputOptions
@@ -242,8 +242,8 @@ def extract_lora(
         clear_factors(out, state_dir)
     with _Progress(progress) as reporter:
         target = Target.open(out, settings)
-        prepared, inputs = _plan_extraction(text, options, settings=settings, out=out, reporter=reporter)
-        outcome = run_plan(prepared, text, target, settings, inputs=inputs, restart=restart, reporter=reporter,
+        prepared = _plan_extraction(text, options, settings=settings, out=out, reporter=reporter)
+        outcome = run_plan(prepared, text, target, settings, restart=restart, reporter=reporter,
                            should_stop=_stop(should_stop))
     _finished_extraction(outcome, out, state_dir)
     return outcome
@@ -293,7 +293,7 @@ def plan_merge(config: PathLike, *, out_shard_size: int | str = DEFAULT_SHARD_SI
     if moe is not None:
         from resumerge.moe.prepare import prepare_moe
 
-        return prepare_moe(moe, options, forward=False)[0]
+        return prepare_moe(moe, options, forward=False).plan
     return plan_from_config(load_config_text(text, source=source), options)
 
 
@@ -498,14 +498,13 @@ def _run_moe(config: MoeConfig, text: str, out: PathLike, options: PlanOptions, 
     from resumerge.engine.target import Target
 
     target = Target.open(out, settings)
-    plan, inputs, beside = _prepare_moe(config, options, settings, reporter, early=early)
-    return run_plan(plan, text, target, settings, inputs=inputs, restart=restart, reporter=reporter,
-                    should_stop=should_stop, beside=beside)
+    prepared = _prepare_moe(config, options, settings, reporter, early=early)
+    return run_plan(prepared, text, target, settings, restart=restart, reporter=reporter, should_stop=should_stop)
 
 
 def _prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings, reporter: Reporter | None,
                  model_dirs: Mapping[str, str] | None = None, *, early: PassProcess | None = None
-                 ) -> tuple[Plan, Inputs, Beside | None]:
+                 ) -> Prepared:
     """MoE upcycling's planner (:mod:`resumerge.moe`), which starts the hidden-state modes' prompt pass: beside the
     merge in ``early``, the process the caller started (and stops), where the budget allows; else it is done here."""
     from resumerge.engine.session import hub_progress
@@ -517,7 +516,7 @@ def _prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings,
 
 
 def _recorded_kind(text: str, options: PlanOptions, model_dirs: Mapping[str, str], settings: RunSettings,
-                   reporter: Reporter | None, *, out: PathLike) -> tuple[Plan, Inputs] | None:
+                   reporter: Reporter | None, *, out: PathLike) -> Prepared | None:
     """The plan of a recorded run into ``out`` of another kind than a merge config, for its resume: a LoRA
     extraction's spec or a mergekit-moe config (None for a merge config)."""
     from resumerge.extract.spec import is_extraction_text
@@ -529,12 +528,12 @@ def _recorded_kind(text: str, options: PlanOptions, model_dirs: Mapping[str, str
     if not is_moe_text(text):
         return None
     # Its experts may all be one model: that was allowed when the run started (the rule is about intent).
-    return _prepare_moe(load_moe_text(text, allow_all_same=True), options, settings, reporter, model_dirs)[:2]
+    return _prepare_moe(load_moe_text(text, allow_all_same=True), options, settings, reporter, model_dirs)
 
 
 def _plan_extraction(text: str, options: PlanOptions, *, settings: RunSettings, out: PathLike | None = None,
                      model_dirs: Mapping[str, str] | None = None,
-                     reporter: Reporter | None = None) -> tuple[Plan, Inputs]:
+                     reporter: Reporter | None = None) -> Prepared:
     """The plan of the LoRA extraction recorded as ``text`` (:mod:`resumerge.extract`) and its opened inputs; its
     finished modules' factors are kept in ``out``'s run folder (None: an estimate, nothing kept)."""
     from resumerge.engine.session import hub_progress

@@ -23,6 +23,7 @@ from resumerge.engine.session import plan_from_config, run_merge
 from resumerge.engine.settings import RunSettings
 from resumerge.errors import InterruptedMerge
 from resumerge.inputs.source import InputSource, InputSources, LocalFiles
+from resumerge.methods.resources import NO_RESOURCES
 from resumerge.plan.merge_plan import PlanOptions
 from resumerge.store.sink import LocalDirSink, OutputSink, StagedDirSink
 
@@ -106,8 +107,8 @@ def test_the_engine_computes_the_same_tensors_from_any_input_source(tmp_path: Pa
                 for key, d in plan.model_dirs.items()}
     with local, InputSources(memories) as remote:
         for tp in plan.tensors.values():
-            assert torch.equal(compute_tensor(plan, tp, local)[tp.name], compute_tensor(plan, tp, remote)[tp.name]), \
-                tp.name
+            assert torch.equal(compute_tensor(plan, tp, local, NO_RESOURCES)[tp.name],
+                               compute_tensor(plan, tp, remote, NO_RESOURCES)[tp.name]), tp.name
     assert all(source.closed for source in memories.values())  # leaving the block closed every source
     # Only the byte ranges of the tensors were asked for: never a header, never a whole file.
     for source in memories.values():

@@ -20,6 +20,7 @@ from resumerge.inputs.codecs import MAIN
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.registry import MergeContext, MethodSpec
+from resumerge.methods.resources import Resources
 from resumerge.methods.spec import RowStream
 from resumerge.plan.inputrefs import read_value
 from resumerge.plan.merge_plan import InputRef, Plan, TensorPlan
@@ -38,14 +39,15 @@ def tensor_seed(seed: int, name: str) -> int:
 Stored = dict[str, "torch.Tensor"]
 
 
-def compute_tensor(plan: Plan, tp: TensorPlan, sources: InputSources) -> Stored:
-    """Read the inputs of ``tp``, run its method on the plan's device, and return the result on the host encoded
+def compute_tensor(plan: Plan, tp: TensorPlan, sources: InputSources, resources: Resources) -> Stored:
+    """Read the inputs of ``tp``, run its method on the plan's device (its context holding the run's
+    ``resources``), and return the result on the host encoded
     by its output codec (a plain one: the result in the planned dtype) as its stored parts; a tensor the plan
     copies (``copy_of``) is its input's stored parts as read, never decoded."""
     if tp.copy_of is not None:
         return _copy(tp, sources)
     method = plan.method_of(tp)
-    ctx = load_context(plan, tp, sources, method)
+    ctx = load_context(plan, tp, sources, method, resources)
     try:
         out = method.fn(ctx)
     except ValueError as exc:
@@ -53,14 +55,16 @@ def compute_tensor(plan: Plan, tp: TensorPlan, sources: InputSources) -> Stored:
     return _finish(tp, out)
 
 
-def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: MethodSpec) -> MergeContext:
+def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: MethodSpec,
+                 resources: Resources) -> MergeContext:
     """The :class:`MergeContext` of ``tp`` (a whole tensor or a row chunk): its inputs read, cast and moved to the
-    plan's device, its parameters resolved (read when the method indexes them, for a ``lazy_inputs`` method)."""
+    plan's device, its parameters resolved (read when the method indexes them, for a ``lazy_inputs`` method), the
+    run's ``resources`` handed on."""
     device = torch.device(plan.options.device)
     on_gpu = device.type != "cpu"
     if method.lazy_inputs and not tp.vocab_aligned:
         lazy = _LazyInputs(tp, sources, device)
-        return _context(plan, tp, method, device, lazy, owned=True, read_rows=lazy.rows)
+        return _context(plan, tp, method, device, lazy, resources, owned=True, read_rows=lazy.rows)
     tensors = []
     for ref in tp.inputs:
         t = _read_input(ref, sources)
@@ -79,11 +83,11 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
         # Like mergekit, inputs stored in different dtypes meet in their common (promoted) dtype.
         common = method_dtype(tp)
         tensors = [t.to(common) for t in tensors]
-    return _context(plan, tp, method, device, tensors)
+    return _context(plan, tp, method, device, tensors, resources)
 
 
 def _context(plan: Plan, tp: TensorPlan, method: MethodSpec, device: torch.device,
-             tensors: Sequence[torch.Tensor], *, owned: bool = False,
+             tensors: Sequence[torch.Tensor], resources: Resources, *, owned: bool = False,
              read_rows: Callable[[int, int, int], torch.Tensor] | None = None) -> MergeContext:
     generator = None
     if method.randomized:
@@ -96,6 +100,7 @@ def _context(plan: Plan, tp: TensorPlan, method: MethodSpec, device: torch.devic
         generator=generator,
         owned_inputs=owned,
         read_rows=read_rows,
+        resources=resources,
     )
 
 
@@ -161,25 +166,26 @@ def _copy(tp: TensorPlan, sources: InputSources) -> Stored:
             for part, r in ((MAIN, ref), *ref.companions)}
 
 
-def compute_in_passes(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowStream) -> Stored:
+def compute_in_passes(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowStream,
+                      resources: Resources) -> Stored:
     """``tp`` computed by ``stream`` from row chunks (each pass re-reads them from ``sources``) into its whole
     output: the bits :func:`compute_tensor` gives, with a chunk's working set instead of a tensor's."""
     with serial_kernels():  # this thread's kernels alone: the other workers fill the other cores
         pass_index = 0
         while stream.wants(pass_index):
-            observe_rows(plan, tp, sources, stream, pass_index, 0, tp.shape[0])
+            observe_rows(plan, tp, sources, stream, pass_index, 0, tp.shape[0], resources)
             pass_index += 1
-        return apply_rows(plan, tp, sources, stream, 0, tp.shape[0])
+        return apply_rows(plan, tp, sources, stream, 0, tp.shape[0], resources)
 
 
 def observe_rows(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowStream, pass_index: int,
-                 first: int, stop: int) -> None:
+                 first: int, stop: int, resources: Resources) -> None:
     """Statistics pass ``pass_index`` of ``stream`` over rows ``[first, stop)`` of ``tp``, in chunks of
     :func:`~resumerge.plan.workunits.pass_rows` rows."""
     step = pass_rows(tp)
     for start in range(first, stop, step):
         part = chunk_plan(tp, start, min(stop, start + step))
-        ctx = load_context(plan, part, sources, plan.method_of(part))
+        ctx = load_context(plan, part, sources, plan.method_of(part), resources)
         try:
             stream.observe(pass_index, ctx)
         except ValueError as exc:
@@ -187,7 +193,7 @@ def observe_rows(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowS
 
 
 def apply_rows(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowStream, first: int,
-               stop: int) -> Stored:
+               stop: int, resources: Resources) -> Stored:
     """Output rows ``[first, stop)`` of ``tp`` (the next ones of ``stream``), computed in chunks of
     :func:`~resumerge.plan.workunits.pass_rows` rows, on the host as stored (each part's rows of those rows)."""
     out = {p.name: torch.empty(p.shape, dtype=TORCH_DTYPES[p.dtype])
@@ -196,7 +202,7 @@ def apply_rows(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowStr
     step = pass_rows(tp)
     for start in range(first, stop, step):
         part = chunk_plan(tp, start, min(stop, start + step))
-        ctx = load_context(plan, part, sources, plan.method_of(part))
+        ctx = load_context(plan, part, sources, plan.method_of(part), resources)
         try:
             encoded = _finish(part, stream.apply(ctx))
         except ValueError as exc:

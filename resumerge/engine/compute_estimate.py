@@ -33,6 +33,7 @@ from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.registry import MergeContext, MethodSpec, get_method
+from resumerge.methods.resources import NO_RESOURCES
 from resumerge.plan.merge_plan import InputRef, Plan, ShardPlan, TensorPlan
 from resumerge.plan.workunits import chunk_plan
 from resumerge.torch_import import dtype_name, torch
@@ -278,7 +279,7 @@ def _prepare(plan: Plan, tp: TensorPlan, sources: InputSources,
     """
     if not all(_on_disk(plan, ref) for ref in tp.inputs):
         return _synthetic(tp, torch.device(plan.options.device)), 0, True
-    tensors = list(load_context(plan, tp, sources, spec).tensors)
+    tensors = list(load_context(plan, tp, sources, spec, NO_RESOURCES).tensors)  # only the inputs are read
     return tensors, sum(_ref_bytes(ref) for ref in tp.inputs), False
 
 

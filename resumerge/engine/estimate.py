@@ -42,6 +42,7 @@ from resumerge.memory import SAFETY_MARGIN, MemoryProbe, SystemProbe, default_bu
 from resumerge.outputs.aux import aux_files, render_aux
 from resumerge.plan.fetching import STREAM, FileFetch
 from resumerge.plan.merge_plan import Plan, PlanOptions, TensorPlan
+from resumerge.plan.prepared import Prepared
 from resumerge.plan.workorder import compute_order
 from resumerge.plan.workunits import (
     ROWS,
@@ -532,7 +533,7 @@ def estimate_config(
     disk_free: DiskFree = free_bytes,
     fresh_process: bool = False,
     compute_budget: float = SAMPLE_SECONDS,
-    planner: Callable[[], tuple[Plan, Inputs]] | None = None,
+    planner: Callable[[], Prepared] | None = None,
     bandwidth: Bandwidth | None = None,
     prepass: Callable[[Plan, Inputs], Prepass | None] | None = None,
 ) -> Estimate:
@@ -556,10 +557,11 @@ def estimate_config(
 
     set_torch_threads(settings.num_threads)
     if planner is not None:
-        plan, inputs = planner()
+        prepared = planner()
     else:
         config = load_config_text(config_text, source=source)
-        plan, inputs = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir)
+        prepared = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir)
+    plan, inputs = prepared.plan, prepared.opened()
     if fresh_process:
         started = psutil.Process().create_time()
     startup = max(0.0, time.time() - started)

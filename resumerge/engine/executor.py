@@ -33,6 +33,7 @@ from resumerge.errors import ResumergeError
 from resumerge.inputs.source import InputSources
 from resumerge.memory import MemoryGovernor, Reservation
 from resumerge.methods.registry import MethodSpec
+from resumerge.methods.resources import Resources
 from resumerge.methods.spec import RowStream
 from resumerge.outputs.aux import aux_files, render_aux
 from resumerge.plan.fetching import read_order, shard_input_files
@@ -198,9 +199,10 @@ class _Pipeline:
     """The calling thread's side: admit units, compute them on the pool, hand results to the writer in order."""
 
     def __init__(self, plan: Plan, sources: InputSources, writer: _Writer, governor: MemoryGovernor | None,
-                 workers: int, should_stop: Callable[[], bool], gpu: MemoryGovernor | None = None,
-                 yield_cpu: bool = False) -> None:
+                 workers: int, should_stop: Callable[[], bool], resources: Resources,
+                 gpu: MemoryGovernor | None = None, yield_cpu: bool = False) -> None:
         self.plan, self.writer, self.governor, self.workers = plan, writer, governor, workers
+        self.resources = resources
         self.gpu = gpu
         self.should_stop = should_stop
         self.sources = sources
@@ -271,14 +273,14 @@ class _Pipeline:
         computation (the result is back on the host)."""
         try:
             with serial_kernels() if serial else nullcontext():
-                return compute_tensor(self.plan, tp, self.sources)
+                return compute_tensor(self.plan, tp, self.sources, self.resources)
         finally:
             if on_gpu is not None:
                 on_gpu.release()
 
     def _compute_passes(self, tp: TensorPlan, stream: RowStream, on_gpu: Reservation | None) -> Stored:
         try:
-            return compute_in_passes(self.plan, tp, self.sources, stream)
+            return compute_in_passes(self.plan, tp, self.sources, stream, self.resources)
         finally:
             if on_gpu is not None:
                 on_gpu.release()
@@ -364,7 +366,7 @@ class _Pipeline:
             pass_index += 1
 
         def emit(first: int, stop: int, reservation: Reservation | None, on_gpu: Reservation | None) -> bool:
-            tensor = apply_rows(self.plan, tp, self.sources, stream, first, stop)
+            tensor = apply_rows(self.plan, tp, self.sources, stream, first, stop, self.resources)
             if on_gpu is not None:
                 on_gpu.release()
             return self._put((shard, tp.name, tensor, reservation))
@@ -376,7 +378,7 @@ class _Pipeline:
 
         def observe(first: int, stop: int, reservation: Reservation | None, on_gpu: Reservation | None) -> bool:
             try:
-                observe_rows(self.plan, tp, self.sources, stream, pass_index, first, stop)
+                observe_rows(self.plan, tp, self.sources, stream, pass_index, first, stop, self.resources)
             finally:
                 for held in (reservation, on_gpu):
                     if held is not None:
@@ -438,6 +440,7 @@ def execute(
     gpu: MemoryGovernor | None = None,
     late_notes: Callable[[], tuple[str, ...]] | None = None,
     transfers: bool = False,
+    resources: Resources,
 ) -> tuple[str, ...]:
     """Bring every pending file of ``plan`` to committed; raises :class:`Stopped` when ``should_stop`` turns true.
 
@@ -452,7 +455,7 @@ def execute(
     returned. ``transfers``: the run moves bytes over the network; when every method of the plan is elementwise
     (a few passes over memory, far faster than a link), the compute threads (the pool's and the writer's) yield the
     CPU to the transfers (:mod:`~resumerge.engine.cpupriority`). Other methods can be what bounds the run (TIES on
-    two cores): their threads keep their priority.
+    two cores): their threads keep their priority. Every unit's context holds the run's ``resources``.
     """
     done = {row.name for row in ledger.files() if row.status == "done"}
     sources.expect(read_order(plan, done))  # a streamed source coalesces the reads that come next
@@ -462,7 +465,7 @@ def execute(
         start_hashing()  # at this thread's priority: the writer that would start it yields its own
     writer = _Writer(plan, sink, journal, reporter, sources, yield_cpu)
     writer.start()
-    pipeline = _Pipeline(plan, sources, writer, governor, workers, should_stop, gpu, yield_cpu)
+    pipeline = _Pipeline(plan, sources, writer, governor, workers, should_stop, resources, gpu, yield_cpu)
     finished = False
     interrupt: KeyboardInterrupt | None = None  # Ctrl-C where Python's own handler stands (library use)
     try:

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from resumerge import torch_import
 from resumerge.config.locations import run_dir
@@ -44,13 +44,14 @@ from resumerge.errors import (
     UnreachableInputError,
     UsageError,
 )
-from resumerge.inputs.catalog import Inputs, open_inputs
+from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.model import InputWatch
 from resumerge.inputs.source import InputSources
 from resumerge.memory import CudaProbe, MemoryGovernor, SystemProbe, default_budget, format_size, os_peak_rss
 from resumerge.methods.registry import MethodSpec
 from resumerge.plan.merge_plan import Plan, PlanOptions
 from resumerge.plan.planner import build_plan, threads_matter
+from resumerge.plan.prepared import Prepared
 from resumerge.plan.workunits import largest, oversized_units
 from resumerge.store.durable import is_temp_name
 from resumerge.store.filesystems import Staging, filesystem_type, staging_dir
@@ -70,19 +71,7 @@ def _never() -> bool:
 # Plans a run's recorded config text of another kind than a merge config (MoE upcycling's), from the recorded
 # options and model directories, under the resume's settings and reporter; None when the text is a merge config.
 RecordedPlanner = Callable[[str, PlanOptions, Mapping[str, str], RunSettings, "Reporter | None"],
-                           "tuple[Plan, Inputs] | None"]
-
-
-class Beside(Protocol):
-    """Work of the run in a process of its own that goes on beside the merge (MoE upcycling's prompt forward
-    pass, whose results only the plan's last units wait for)."""
-
-    def hold(self, governor: MemoryGovernor) -> None:
-        """Take its share of the memory budget from the run's ``governor`` until it ends."""
-
-    def notes(self) -> tuple[str, ...]:
-        """What it found that the user must hear (the plan was made before it ended): asked once the merge's
-        tensors are done, shown and kept like the plan's notes (in the log, ``status`` and the model card)."""
+                           "Prepared | None"]
 
 
 class NullReporter:
@@ -127,17 +116,17 @@ def prepare(
     state_dir: str | os.PathLike[str] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     reporter: Reporter | None = None,
-) -> tuple[Plan, Inputs]:
+) -> Prepared:
     """Open every referenced model (config.json and headers only) and build the plan; no weight is fetched."""
     inputs = open_inputs(config, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
                          on_progress=hub_progress(reporter))
-    return build_plan(config, inputs.models, options), inputs
+    return Prepared(build_plan(config, inputs.models, options), inputs)
 
 
 def plan_from_config(config: MergeConfig, options: PlanOptions,
                      model_dirs: Mapping[str, str] | None = None) -> Plan:
     """The plan of ``config`` (headers only); raises InputError subclasses for anything that would fail later."""
-    return prepare(config, options, model_dirs=model_dirs)[0]
+    return prepare(config, options, model_dirs=model_dirs).plan
 
 
 def hub_progress(reporter: Reporter | None, meter: TrafficMeter | None = None) -> Callable[[HubEvent], None] | None:
@@ -179,11 +168,11 @@ def run_merge(
     config = load_config_text(config_text)
     target = Target.open(out_dir, settings)
     try:
-        plan, inputs = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
-                               reporter=reporter)
+        prepared = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
+                           reporter=reporter)
     except UnreachableError as exc:
         raise UnreachableInputError.before_start(exc) from None
-    return run_plan(plan, config_text, target, settings, inputs=inputs, restart=restart, reporter=reporter,
+    return run_plan(prepared, config_text, target, settings, restart=restart, reporter=reporter,
                     should_stop=should_stop)
 
 
@@ -239,12 +228,12 @@ def resume_merge(
             hint="start the merge with resumerge run CONFIG OUT (pass --state-dir if you used one)",
         )
     other = other_kind(text, PlanOptions(**opts), dirs, settings, reporter) if other_kind is not None else None
-    plan, inputs = other or prepare(load_config_text(text), PlanOptions(**opts), model_dirs=dirs,
-                                    state_dir=state_dir, reporter=reporter)
+    prepared = other or prepare(load_config_text(text), PlanOptions(**opts), model_dirs=dirs,
+                                state_dir=state_dir, reporter=reporter)
+    plan = prepared.plan
     settings = recorded_threads(plan.options.num_threads, {t.method for t in plan.tensors.values()}, settings,
                                 reporter, plan.units)
-    return run_plan(plan, text, target, settings, inputs=inputs, resuming=True, reporter=reporter,
-                    should_stop=should_stop)
+    return run_plan(prepared, text, target, settings, resuming=True, reporter=reporter, should_stop=should_stop)
 
 
 def recorded_threads(recorded: int | None, methods: Iterable[str], settings: RunSettings,
@@ -275,28 +264,27 @@ def _moved(out: Path, committed: int, where: str) -> OutputDirError:
 
 
 def run_plan(
-    plan: Plan,
+    prepared: Prepared,
     config_text: str,
     target: Target,
     settings: RunSettings,
     *,
-    inputs: Inputs | None = None,
     restart: bool = False,
     resuming: bool = False,
     reporter: Reporter | None = None,
     should_stop: Callable[[], bool] = _never,
-    beside: Beside | None = None,
 ) -> Outcome:
-    """The session path every kind of run ends in: run the frozen ``plan`` (of ``config_text``) into ``target``,
-    journaled (continuing an unfinished run of the same plan there), under ``settings``, with the work ``beside``
-    it that the plan's last units wait for, if any.
+    """The session path every kind of run ends in: run the frozen plan of ``prepared`` (of ``config_text``) into
+    ``target``, journaled (continuing an unfinished run of the same plan there), under ``settings``, its units
+    handed the run's resources, with the work beside it that the plan's last units wait for, if any.
 
-    A new kind of run is a planner that makes a :class:`Plan`, then this call. It builds the memory and GPU
-    governors (UsageError, exit 2, for a budget too small), checks OUT, opens the hub inputs of ``inputs`` (the
-    models the plan was built from; None when they are present already, as for a recipe's stages, which fetch
-    theirs once), then takes the lock, reconciles OUT with the ledger and executes. ``restart`` discards a
-    different earlier run in OUT; ``resuming`` says the run was asked to continue one.
+    A new kind of run is a planner that makes a :class:`Prepared`, then this call. It builds the memory and GPU
+    governors (UsageError, exit 2, for a budget too small), checks OUT, opens the hub inputs of the prepared
+    inputs (the models the plan was built from; None when they are present already, as for a recipe's stages,
+    which fetch theirs once), then takes the lock, reconciles OUT with the ledger and executes. ``restart``
+    discards a different earlier run in OUT; ``resuming`` says the run was asked to continue one.
     """
+    plan, inputs, beside = prepared.plan, prepared.inputs, prepared.beside
     from resumerge.engine.devices import set_torch_threads
 
     set_torch_threads(settings.num_threads)
@@ -310,7 +298,7 @@ def run_plan(
     if inputs is not None:
         hub = HubInputs.open(plan, inputs, state_dir=settings.state_dir, on_progress=hub_progress(reporter, meter),
                              governor=governors[0], max_disk=settings.max_disk)
-    return _drive(plan, config_text, target, manifest, settings, governors, hub, restart=restart,
+    return _drive(prepared, config_text, target, manifest, settings, governors, hub, restart=restart,
                   resuming=resuming, reporter=reporter or NullReporter(), should_stop=should_stop, meter=meter,
                   late_notes=beside.notes if beside is not None else None)
 
@@ -342,7 +330,7 @@ def make_governor(plan: Plan, max_memory: int | None) -> MemoryGovernor:
 
 
 def _drive(
-    plan: Plan,
+    prepared: Prepared,
     config_text: str,
     target: Target,
     manifest: Manifest | None,
@@ -360,6 +348,7 @@ def _drive(
     from resumerge.memory.allocator import tune_allocator
     from resumerge.store.runlock import RunLock
 
+    plan = prepared.plan
     out, hub_out, command, state_dir = target.out, target.hub, target.command, settings.state_dir
     if plan.options.num_threads is not None:  # the resume reuses it anyway; the command says what it will do
         command = f"{command} -j {plan.options.num_threads}"
@@ -438,7 +427,7 @@ def _drive(
                 with sources:
                     late = execute(plan, sources, sink, ledger, book, reporter, should_stop=should_stop,
                                    config_text=config_text, workers=settings.workers, governor=governor, gpu=gpu,
-                                   late_notes=late_notes, transfers=transfers)
+                                   late_notes=late_notes, transfers=transfers, resources=prepared.resources)
             except Stopped:
                 ledger.set_state("interrupted", error="stopped by signal")
                 raise InterruptedMerge("merge interrupted; every committed shard is kept",

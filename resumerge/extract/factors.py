@@ -1,16 +1,16 @@
 """The extraction's unit functions: LoRA factor A, factor B, and a bias delta, from (BASE, FT).
 
-Each is a pure function of its two inputs and parameters, like a merge method, so the engine journals, resumes
-and governs them as it does merge tensors. A and B of one module come from the same truncation: the first of the
-two to run computes it and leaves the other factor here for its sibling (a worker asking for it meanwhile waits),
-so the SVD runs once per module; a factor not collected (a stopped run) is dropped after a few more modules. The
-factor units read their inputs lazily (``lazy_inputs``): the sibling that finds the pair computed, or cached, reads
-no weight at all, and the one that computes it reads FT and subtracts BASE from it in place, a row chunk of BASE
-at a time, so a module in flight holds one task vector and its SVD workspace. FT's tensors saved whole
-(``lora_extract_saved``) reach the adapter in row chunks. With a
+Each is a pure function of its two inputs and parameters, like a merge method, so the engine journals, resumes and
+governs them as it does merge tensors. A and B of one module come from the same truncation: the first of the two to run
+computes it and leaves the other factor in the run's :class:`FactorStore` (in the units' context) for its sibling (a
+worker asking for it meanwhile waits), so the SVD runs once per module; a factor not collected (a stopped run) is
+dropped after a few more modules. The factor units read their inputs lazily (``lazy_inputs``): the sibling that finds
+the pair computed, or cached, reads no weight at all, and the one that computes it reads FT and subtracts BASE from it
+in place, a row chunk of BASE at a time, so a module in flight holds one task vector and its SVD workspace. FT's tensors
+saved whole (``lora_extract_saved``) reach the adapter in row chunks. With a
 :class:`~resumerge.extract.factor_cache.FactorCache` in use, each module's factors are also kept on disk until the
-adapter is committed, so a resumed run decomposes only the modules the killed one had not finished.
-Recomputing gives the same bytes: the randomized truncation is seeded per module (``seed``), never by run order.
+adapter is committed, so a resumed run decomposes only the modules the killed one had not finished. Recomputing gives
+the same bytes: the randomized truncation is seeded per module (``seed``), never by run order.
 
 There are two pairs of factor functions, the same computation declared with two footprints: ``…_a``/``…_b`` for
 the randomized truncation and ``…_a_full``/``…_b_full`` for the exact one (``--exact``, or a rank too close to the
@@ -41,13 +41,57 @@ FACTOR_B_FULL = "lora_extract_b_full"
 DELTA = "lora_extract_delta"
 SAVED = "lora_extract_saved"
 
-# Where finished modules' factors are kept for a resumed run (set by the extraction's planning; None: nowhere).
-_cache: FactorCache | None = None
-
-# Pending sibling factors: (module key) -> future of (A, B). Bounded: a stopped run's leftovers age out.
+# Pending sibling factors kept at most: a stopped run's leftovers age out.
 _KEEP = 8
-_pending: OrderedDict[tuple[Any, ...], Future[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
-_lock = threading.Lock()
+
+
+class FactorStore:
+    """One run's factor pairs: the pair a module's first factor unit computed, waiting for its sibling (a worker
+    asking for it meanwhile waits; at most ``_KEEP`` pending, oldest dropped), and ``cache``, where finished
+    modules' factors are kept for a resumed run (None: nowhere). Made by the run's planning
+    (:mod:`resumerge.extract.prepare`) and handed to the factor units in their context's
+    :attr:`~resumerge.methods.spec.MergeContext.resources`."""
+
+    def __init__(self, cache: FactorCache | None = None) -> None:
+        self.cache = cache
+        self._lock = threading.Lock()
+        self._pending: OrderedDict[tuple[Any, ...], Future[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
+
+    def factor(self, ctx: MergeContext, which: int) -> torch.Tensor:
+        """Factor ``which`` (0: A, 1: B) of the module of ``ctx``, the pair computed once for both siblings."""
+        key = tuple(sorted(ctx.params.items()))  # the module and all its factors depend on, the device included
+        with self._lock:
+            future = self._pending.get(key)
+            mine = future is None
+            if future is None:
+                future = Future()
+                self._pending[key] = future
+                while len(self._pending) > _KEEP:
+                    self._pending.popitem(last=False)
+            else:
+                del self._pending[key]  # the sibling collects it: nobody else will
+        if mine:
+            try:
+                future.set_result(self._decompose(ctx))
+            except BaseException as exc:
+                future.set_exception(exc)
+                with self._lock:
+                    self._pending.pop(key, None)
+                raise
+        return future.result()[which]
+
+    def _decompose(self, ctx: MergeContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`decompose`, or the factors a stopped run of the same module left in the cache (no weight read)."""
+        if self.cache is None:
+            return decompose(ctx)
+        key = cache_key(ctx.params)
+        device = torch.device(str(ctx.params["device"]))
+        found = self.cache.load(key)
+        if found is not None:
+            return found[0].to(device), found[1].to(device)
+        a, b = decompose(ctx)
+        self.cache.store(key, a.cpu(), b.cpu(), module=str(ctx.params["module"]))
+        return a, b
 
 
 def task_vector(ctx: MergeContext) -> torch.Tensor:
@@ -85,57 +129,19 @@ def decompose(ctx: MergeContext) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _shared(ctx: MergeContext, which: int) -> torch.Tensor:
-    """Factor ``which`` (0: A, 1: B) of the module, computing the pair once for both sibling tensors of the
-    engine's units (another caller's context, ``plan``'s timing, computes it alone)."""
-    if not ctx.owned_inputs:
+    """Factor ``which`` (0: A, 1: B) of the module: through the run's :class:`FactorStore`, which computes the pair
+    once for both sibling tensors of the engine's units; another caller's context (``plan``'s timing, a test)
+    computes it alone."""
+    store = ctx.resources.find(FactorStore)
+    if not ctx.owned_inputs or store is None:
         return decompose(ctx)[which]
-    key = tuple(sorted(ctx.params.items()))  # the module and everything its factors depend on, the device included
-    with _lock:
-        future = _pending.get(key)
-        mine = future is None
-        if future is None:
-            future = Future()
-            _pending[key] = future
-            while len(_pending) > _KEEP:
-                _pending.popitem(last=False)
-        else:
-            del _pending[key]  # the sibling collects it: nobody else will
-    if mine:
-        try:
-            future.set_result(_cached_decompose(ctx))
-        except BaseException as exc:
-            future.set_exception(exc)
-            with _lock:
-                _pending.pop(key, None)
-            raise
-    return future.result()[which]
-
-
-def use_cache(cache: FactorCache | None) -> None:
-    """Keep finished modules' factors in ``cache`` from now on (None: keep none)."""
-    global _cache
-    _cache = cache
+    return store.factor(ctx, which)
 
 
 def cache_key(params: Mapping[str, Any]) -> str:
     """The cache entry of a module's factors: the module's parameters (the models' file identities, the rank and
     the device among them)."""
     return FactorCache.key(params, None, None, str(params["device"]))
-
-
-def _cached_decompose(ctx: MergeContext) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`decompose`, or the factors a stopped run of the same module left in the cache (no weight read)."""
-    cache = _cache
-    if cache is None:
-        return decompose(ctx)
-    key = cache_key(ctx.params)
-    device = torch.device(str(ctx.params["device"]))
-    found = cache.load(key)
-    if found is not None:
-        return found[0].to(device), found[1].to(device)
-    a, b = decompose(ctx)
-    cache.store(key, a.cpu(), b.cpu(), module=str(ctx.params["module"]))
-    return a, b
 
 
 def factor_a(ctx: MergeContext) -> torch.Tensor:

@@ -13,6 +13,7 @@ import hashlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from types import MappingProxyType
 
 import yaml
 
@@ -35,7 +36,7 @@ from resumerge.plan.planner import threads_matter
 from resumerge.plan.truncation import leading_rows
 
 METHOD = EXTRACTION_METHOD
-_PROMOTE = {"F64": 3, "F32": 2, "BF16": 1, "F16": 1}
+_PROMOTE = MappingProxyType({"F64": 3, "F32": 2, "BF16": 1, "F16": 1})
 
 
 def check_spec(spec: ExtractSpec) -> None:

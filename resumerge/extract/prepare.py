@@ -17,7 +17,7 @@ from resumerge.config.extraction_state import FACTORS_DIR
 from resumerge.config.locations import run_dir
 from resumerge.extract.decompose import kept_rank, truncate
 from resumerge.extract.factor_cache import FactorCache
-from resumerge.extract.factors import FACTOR_A, FACTOR_A_FULL, cache_key, use_cache
+from resumerge.extract.factors import FACTOR_A, FACTOR_A_FULL, FactorStore, cache_key
 from resumerge.extract.modules import LoraModule, ModuleChoice
 from resumerge.extract.planner import METHOD, build_extraction_plan, module_choice, module_seed, open_pair
 from resumerge.extract.spec import ExtractSpec, load_spec_text
@@ -25,8 +25,10 @@ from resumerge.inputs.catalog import Inputs
 from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.hub import HubEvent
 from resumerge.inputs.source import InputSources
+from resumerge.methods.resources import Resources
 from resumerge.plan.inputrefs import read_value, tensor_ref
 from resumerge.plan.merge_plan import Plan, PlanOptions
+from resumerge.plan.prepared import Prepared
 from resumerge.torch_import import torch
 
 
@@ -34,19 +36,20 @@ def prepare_extraction(text: str, options: PlanOptions, *, out: str | os.PathLik
                        model_dirs: Mapping[str, str] | None = None,
                        state_dir: str | os.PathLike[str] | None = None,
                        cache_dir: str | os.PathLike[str] | None = None,
-                       on_progress: Callable[[HubEvent], None] | None = None) -> tuple[Plan, Inputs]:
+                       on_progress: Callable[[HubEvent], None] | None = None) -> Prepared:
     """Open the models of the extraction recorded as ``text`` and build its plan (reading weights only for
-    ``--sv-epsilon``'s ranks, after every check has passed). Finished modules' factors are kept in ``out``'s run
-    folder (none kept without ``out``: a ``--plan`` estimate)."""
+    ``--sv-epsilon``'s ranks, after every check has passed), with the run's
+    :class:`~resumerge.extract.factors.FactorStore` in its resources. Finished modules' factors are kept in
+    ``out``'s run folder (none kept without ``out``: a ``--plan`` estimate)."""
     spec = load_spec_text(text)
-    use_cache(factor_cache(out, state_dir) if out is not None else None)
+    store = FactorStore(factor_cache(out, state_dir) if out is not None else None)
     inputs, ft_key, base_key = open_pair(spec, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
                                          on_progress=on_progress)
     if spec.sv_epsilon > 0 and not spec.ranks:
         choice = module_choice(spec, inputs, ft_key, base_key, options)
         build_extraction_plan(spec, inputs, ft_key, base_key, options)  # every refusal before a weight is read
         spec = replace(spec, ranks=_probe_ranks(spec, choice, inputs, ft_key, base_key, options))
-    return build_extraction_plan(spec, inputs, ft_key, base_key, options), inputs
+    return Prepared(build_extraction_plan(spec, inputs, ft_key, base_key, options), inputs, Resources((store,)))
 
 
 def factor_cache(out: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None) -> FactorCache:

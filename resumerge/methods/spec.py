@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from resumerge.methods.footprint import MethodFootprint
+from resumerge.methods.resources import NO_RESOURCES, Resources
 
 if TYPE_CHECKING:
     import torch
@@ -79,6 +80,8 @@ class MergeContext:
     # ``tensors[i]`` would read the whole, cast alike), so a method can consume an input chunk by chunk; None
     # where the inputs are already in memory.
     read_rows: Callable[[int, int, int], torch.Tensor] | None = None
+    # The run's shared objects (MoE routers, an extraction's factor pairs): per run, never module globals.
+    resources: Resources = NO_RESOURCES
 
     @property
     def base(self) -> torch.Tensor:

@@ -7,7 +7,7 @@ merged and committed while the pass computes; the engine's router units wait for
 takes its share out of the run's memory governor (a reservation held until its process ends); where the budget
 is too small to give both their share, the run waits for the pass before the merge starts, and the merge gets the
 whole budget after it, as the pass did before it. The routers reach the engine's router units through
-:func:`resumerge.moe.routers.provide`; the pass journals every layer and its routers in the state dir
+:class:`~resumerge.moe.routers.RouterSources` of its run; the pass journals every layer and its routers in the state dir
 (:mod:`.forward`), so a killed run continues it and a later run never reruns it.
 
 May import: errors, memory, moe (not its transformers-using modules).
@@ -43,15 +43,16 @@ def beside_share(budget: int, held: int, layer_bytes: int) -> int | None:
 
 class HiddenPass:
     """One run's forward pass ``key``: running in ``process`` (None: an earlier run finished it) into
-    ``workdir``, holding ``share`` bytes of the run's budget beside the merge (None: the run waits for it)."""
+    ``workdir``, holding ``share`` bytes of the run's budget beside the merge (None: the run waits for it); its
+    routers are provided to the run's router units through ``provided``."""
 
-    def __init__(self, key: str, workdir: Path, layers: int, process: PassProcess | None = None,
-                 share: int | None = None) -> None:
+    def __init__(self, key: str, workdir: Path, layers: int, provided: routers.RouterSources,
+                 process: PassProcess | None = None, share: int | None = None) -> None:
         self.key, self.workdir, self.layers = key, workdir, layers
         self.process, self.share = process, share
         self._lock = threading.Lock()
         self._routers: torch.Tensor | None = None
-        routers.provide(key, self.routers)
+        provided.provide(key, self.routers)
 
     def routers(self) -> torch.Tensor:
         """Every layer's routers ``(layers, gated experts, hidden)``, waiting for the pass when it runs."""

@@ -28,6 +28,7 @@ from resumerge.moe.hiddenpass import beside_share
 from resumerge.moe.passproc import HIDDEN_MODES, run_child
 from resumerge.moe.prepare import prepare_moe, routers_dir
 from resumerge.plan.merge_plan import Plan, PlanOptions
+from resumerge.plan.prepared import Prepared
 
 # The pass's CPU per byte of the layers it reads, once its modules and tokenizer are loaded: each tensor cast to
 # bfloat16 from a map of the file (0.4 s for 1.47 GB), the layer's bfloat16 forward over the prompt sets and the
@@ -104,13 +105,13 @@ def _own() -> float:
 
 def estimators(config: MoeConfig, options: PlanOptions, *, state_dir: str | os.PathLike[str] | None,
                cache_dir: str | os.PathLike[str] | None, max_memory: int | None
-               ) -> tuple[Callable[[], tuple[Plan, Inputs]],
+               ) -> tuple[Callable[[], Prepared],
                           Callable[[Plan, Inputs], Callable[[float | None], PrepassCost] | None]]:
     """``plan``'s planner of ``config`` (the pass is not run) and its estimate of the pass, for
     :func:`resumerge.engine.estimate.estimate_config`."""
 
-    def planner() -> tuple[Plan, Inputs]:
-        return prepare_moe(config, options, state_dir=state_dir, cache_dir=cache_dir, forward=False)[:2]
+    def planner() -> Prepared:
+        return prepare_moe(config, options, state_dir=state_dir, cache_dir=cache_dir, forward=False)
 
     def prepass(_: Plan, inputs: Inputs) -> Callable[[float | None], PrepassCost] | None:
         return pass_estimate(config, inputs, state_dir, max_memory)

@@ -18,6 +18,7 @@ from resumerge.inputs.catalog import Inputs, open_inputs
 from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.model import ModelInput
 from resumerge.memory.sizes import format_size
+from resumerge.methods.resources import Resources
 from resumerge.moe.config import MoeConfig
 from resumerge.moe.hiddenpass import HiddenPass, beside_share, routers_job
 from resumerge.moe.passproc import (
@@ -30,9 +31,10 @@ from resumerge.moe.passproc import (
     start_child,
 )
 from resumerge.moe.planner import build_moe_plan
-from resumerge.moe.routers import Encoded
+from resumerge.moe.routers import Encoded, RouterSources
 from resumerge.plan.inputrefs import read_value, tensor_ref
-from resumerge.plan.merge_plan import Plan, PlanOptions
+from resumerge.plan.merge_plan import PlanOptions
+from resumerge.plan.prepared import Prepared
 from resumerge.torch_import import torch
 
 if TYPE_CHECKING:
@@ -43,15 +45,15 @@ def prepare_moe(config: MoeConfig, options: PlanOptions, *, model_dirs: Mapping[
                 state_dir: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None,
                 on_progress: ProgressCallback | None = None, forward: bool = True, beside: bool = False,
                 early: PassProcess | None = None, max_memory: int | None = None, max_disk: int | None = None,
-                num_threads: int | None = None) -> tuple[Plan, Inputs, HiddenPass | None]:
-    """The plan of ``config``, its opened inputs, and the prompt forward pass of the hidden-state gate modes when
-    it runs beside the merge (else None). No weight is read, except by that pass, which starts (or is found
-    finished in the state dir) only when ``forward`` and after every check, in a process of its own
-    (:mod:`.hiddenpass`) under ``max_memory`` (None: the default budget) with ``num_threads`` torch threads. With
-    ``beside`` (the caller hands the pass to the engine and stops it when the run ends) the pass runs beside the
-    merge where the budget holds both; otherwise this waits for it. It runs in ``early`` when the caller started
-    its process already (:func:`~resumerge.moe.passproc.started_early`). A hub base model's weights are downloaded into
-    the cache for it, within ``max_disk``. Raises ``InputError`` subclasses."""
+                num_threads: int | None = None) -> Prepared:
+    """The plan of ``config`` with its opened inputs, the run's :class:`~resumerge.moe.routers.RouterSources` (in its
+    resources) and the prompt forward pass of the hidden-state gate modes when it runs beside the merge. No weight is
+    read, except by that pass, which starts (or is found finished in the state dir) only when ``forward`` and after
+    every check, in a process of its own (:mod:`.hiddenpass`) under ``max_memory`` (None: the default budget) with
+    ``num_threads`` torch threads. With ``beside`` (the caller hands the pass to the engine and stops it when the run
+    ends) the pass runs beside the merge where the budget holds both; otherwise this waits for it. It runs in ``early``
+    when the caller started its process already (:func:`~resumerge.moe.passproc.started_early`). A hub base model's
+    weights are downloaded into the cache for it, within ``max_disk``. Raises ``InputError`` subclasses."""
     inputs = open_inputs(config.as_merge_config(), model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
                          on_progress=on_progress)
     encoded = key = None
@@ -62,14 +64,17 @@ def prepare_moe(config: MoeConfig, options: PlanOptions, *, model_dirs: Mapping[
     plan = build_moe_plan(config, inputs.models, options, encoded=encoded, routers_key=key)  # every check
     if config.gate_mode == "cheap_embed" and forward and config.base_model.key not in inputs.hub:
         preview = _cheap_embed_gates(config, inputs, encoded)
-        return build_moe_plan(config, inputs.models, options, encoded=encoded, gates_preview=preview), inputs, None
+        return Prepared(build_moe_plan(config, inputs.models, options, encoded=encoded, gates_preview=preview),
+                        inputs)
     if key is None or not forward:
-        return plan, inputs, None
-    running = _hidden_pass(config, inputs, key, state_dir, beside=beside, early=early, max_memory=max_memory,
-                           max_disk=max_disk, num_threads=num_threads, on_progress=on_progress)
+        return Prepared(plan, inputs)
+    provided = RouterSources()
+    running = _hidden_pass(config, inputs, key, provided, state_dir, beside=beside, early=early,
+                           max_memory=max_memory, max_disk=max_disk, num_threads=num_threads, on_progress=on_progress)
+    resources = Resources((provided,))
     if running.share is not None:
-        return plan, inputs, running
-    return replace(plan, notes=plan.notes + running.degenerate_notes()), inputs, None
+        return Prepared(plan, inputs, resources, beside=running)
+    return Prepared(replace(plan, notes=plan.notes + running.degenerate_notes()), inputs, resources)
 
 
 def prompt_texts(config: MoeConfig) -> list[tuple[list[str], list[str] | None]]:
@@ -125,11 +130,13 @@ def _key(config: MoeConfig, base: ModelInput) -> str:
                        base.directory)
 
 
-def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, state_dir: str | os.PathLike[str] | None, *,
+def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, provided: RouterSources,
+                 state_dir: str | os.PathLike[str] | None, *,
                  beside: bool, early: PassProcess | None, max_memory: int | None, max_disk: int | None,
                  num_threads: int | None, on_progress: ProgressCallback | None) -> HiddenPass:
-    """The forward pass ``key`` of the hidden-state modes: found finished in the state dir, or started now (beside
-    the merge when ``beside`` and the budget holds both; else finished before this returns)."""
+    """The forward pass ``key`` of the hidden-state modes, its routers provided in ``provided``: found finished in
+    the state dir, or started now (beside the merge when ``beside`` and the budget holds both; else finished before
+    this returns)."""
     from resumerge.memory import SystemProbe, default_budget
     from resumerge.moe.forward import ROUTERS_NAME, pass_bytes
 
@@ -139,7 +146,7 @@ def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, state_dir: str | o
     if (workdir / ROUTERS_NAME).is_file():
         if early is not None:
             early.stop()  # not needed: it must not take the merge's cores while it loads
-        return HiddenPass(key, workdir, layers)
+        return HiddenPass(key, workdir, layers, provided)
     require_transformers(config.gate_mode)
     if config.base_model.key in inputs.hub:
         _fetch_base(inputs.hub[config.base_model.key], state_dir, max_disk, on_progress)
@@ -154,7 +161,7 @@ def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, state_dir: str | o
     process = start_child(routers_job(config.gate_mode, base.directory, prompt_texts(config), tensors,
                               share=share if share is not None else max(0, budget - held), held=held,
                               threads=num_threads), workdir, early)
-    running = HiddenPass(key, workdir, layers, process, share)
+    running = HiddenPass(key, workdir, layers, provided, process, share)
     if share is None:
         running.routers()  # the merge waits for it
     return running

@@ -6,7 +6,7 @@ its own layer's rows, so any one tensor can be computed (or recomputed after a k
 the prompts' token embeddings; the hidden-state modes take routers computed by :mod:`resumerge.moe.forward` in a
 process of its own while the rest of the merge runs: the plan names them by their content key (what the pass
 depends on: the base's files, the prompts, the tokenizer, the code's versions), and the run's planning says where
-they come from (:func:`provide`) before the engine runs.
+they come from (a :class:`RouterSources` of the run's, in the units' context) before the engine runs.
 """
 
 from __future__ import annotations
@@ -77,24 +77,33 @@ def cheap_embed_router(ctx: MergeContext) -> torch.Tensor:
     return cheap_embed_rows(embed, p["sets"], 1)[0, p["first"]:p["stop"]].clone()
 
 
-# Content key of a forward pass -> what returns its routers (layers, gated experts, hidden), waiting for the pass
-# when it is still running. Set by the run's planning (resumerge.moe.prepare) before the engine runs.
-_provided: dict[str, Callable[[], torch.Tensor]] = {}
-_lock = threading.Lock()
+class RouterSources:
+    """One run's sources of hidden-state routers: the content key of a prompt forward pass -> what returns its
+    routers ``(layers, gated experts, hidden)``, waiting for the pass when it is still running. Filled by the
+    run's planning (:mod:`resumerge.moe.prepare`) before the engine runs, and handed to the router units in
+    their context's :attr:`~resumerge.methods.spec.MergeContext.resources`."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sources: dict[str, Callable[[], torch.Tensor]] = {}
 
-def provide(key: str, routers: Callable[[], torch.Tensor]) -> None:
-    """Make ``routers()`` the source of the routers of the forward pass ``key`` (the last call wins)."""
-    with _lock:
-        _provided[key] = routers
+    def provide(self, key: str, routers: Callable[[], torch.Tensor]) -> None:
+        """Make ``routers()`` the source of the routers of the forward pass ``key``."""
+        with self._lock:
+            self._sources[key] = routers
+
+    def get(self, key: str) -> Callable[[], torch.Tensor] | None:
+        """The source of the routers of the forward pass ``key``, or None when none was provided."""
+        with self._lock:
+            return self._sources.get(key)
 
 
 def router_values(ctx: MergeContext) -> torch.Tensor:
     """Rows ``[first, stop)`` of layer ``layer`` of the routers the prompt forward pass ``routers`` computes (waits
-    for the pass when it is still running)."""
+    for the pass when it is still running), from the run's :class:`RouterSources`."""
     p = ctx.params
-    with _lock:
-        source = _provided.get(p["routers"])
+    provided = ctx.resources.find(RouterSources)
+    source = provided.get(p["routers"]) if provided is not None else None
     if source is None:  # a planning bug: the run's planning provides them before the engine runs
         raise ValueError("the routers of this prompt forward pass were not provided")
     return source()[p["layer"], p["first"]:p["stop"]].clone()

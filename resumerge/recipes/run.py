@@ -46,6 +46,7 @@ from resumerge.errors import (
 from resumerge.inputs.catalog import fetch_inputs
 from resumerge.outputs.aux import aux_files
 from resumerge.plan.merge_plan import PlanOptions, describe_changes, fingerprint_parts
+from resumerge.plan.prepared import Prepared
 from resumerge.recipes.hub import RecipeHub, open_recipe_hub
 from resumerge.recipes.ledger import open_recipe_ledger
 from resumerge.recipes.ledger_read import RECIPE_LEDGER_NAME
@@ -402,7 +403,7 @@ class _Runner:
         else:
             target = Target(Path(sp.out_dir).absolute(), self.command, tolerate=_tolerated(sp))
         try:
-            outcome = run_plan(sp.plan, sp.stage.text, target, self.settings, restart=self.restart,
+            outcome = run_plan(Prepared(sp.plan), sp.stage.text, target, self.settings, restart=self.restart,
                                resuming=self.resuming, reporter=self.reporter, should_stop=self.should_stop)
         except (InterruptedMerge, StorageError, UnreachableError, KeyboardInterrupt) as exc:
             self.ledger.stage_state(key, "interrupted", error=_one_line(exc))

@@ -74,7 +74,7 @@ def test_a_factor_unit_is_admitted_by_its_weight(pair: Callable[[str], tuple[Pat
     base, ft = pair("llama-wide")
     for exact in (False, True):
         text = spec_text(ExtractSpec(model=str(ft), base_model=str(base), max_rank=4, exact=exact))
-        plan, _ = prepare_extraction(text, PlanOptions())
+        plan = prepare_extraction(text, PlanOptions()).plan
         units = [t for t in plan.tensors.values() if t.name.endswith("lora_A.weight")]
         assert {t.method for t in units} == {FACTOR_A_FULL if exact else FACTOR_A}
         tp = units[0]
@@ -123,8 +123,8 @@ def test_tensors_saved_whole_stream_in_row_chunks(pair: Callable[[str], tuple[Pa
     from resumerge.plan.workunits import ROWS, WHOLE, fixed_chunk_rows, unit_mode
 
     base, ft = pair("llama-wide")
-    plan, _ = prepare_extraction(spec_text(ExtractSpec(model=str(ft), base_model=str(base), max_rank=4)),
-                                 PlanOptions())
+    plan = prepare_extraction(spec_text(ExtractSpec(model=str(ft), base_model=str(base), max_rank=4)),
+                              PlanOptions()).plan
     saved = [t for t in plan.tensors.values() if t.method == SAVED]
     embedding = max(saved, key=lambda t: t.nbytes)
     assert len(embedding.shape) == 2
@@ -147,8 +147,8 @@ def test_a_modules_second_factor_collects_the_first_and_takes_no_worker(
     from resumerge.plan.workunits import collects_sibling
 
     base, ft = pair("llama-wide")
-    plan, _ = prepare_extraction(spec_text(ExtractSpec(model=str(ft), base_model=str(base), max_rank=4)),
-                                 PlanOptions())
+    plan = prepare_extraction(spec_text(ExtractSpec(model=str(ft), base_model=str(base), max_rank=4)),
+                              PlanOptions()).plan
     order = [plan.tensors[n] for s in plan.shards for n in s.tensors]
     flags = []
     for previous, tp in zip([None, *order[:-1]], order, strict=True):

@@ -22,6 +22,7 @@ from resumerge.config.merge_config import load_config_text
 from resumerge.engine.executor import compute_tensor
 from resumerge.engine.session import plan_from_config
 from resumerge.inputs.source import InputSources
+from resumerge.methods.resources import NO_RESOURCES
 from resumerge.plan.merge_plan import PlanOptions
 from resumerge.plan.workunits import chunk_plan
 from tests.support import cli, digests
@@ -86,10 +87,10 @@ def test_row_chunks_give_the_same_bytes_as_the_whole_tensor(tmp_path: Path, lora
     reader = InputSources.local(plan.model_dirs)
     try:
         for tp in targeted:
-            whole = compute_tensor(plan, tp, reader)[tp.name]
+            whole = compute_tensor(plan, tp, reader, NO_RESOURCES)[tp.name]
             rows = tp.shape[0]
             cuts = [0, 1, rows // 3, rows // 3 + 5, rows]
-            parts = [compute_tensor(plan, chunk_plan(tp, lo, hi), reader)[tp.name]
+            parts = [compute_tensor(plan, chunk_plan(tp, lo, hi), reader, NO_RESOURCES)[tp.name]
                      for lo, hi in itertools.pairwise(cuts) if hi > lo]
             assert torch.equal(torch.cat(parts), whole), tp.name
     finally:
