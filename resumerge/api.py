@@ -7,7 +7,7 @@ planned by :mod:`resumerge.extract`) — and it owns every guard and option: eac
 command parses its arguments and makes one call here, so a notebook gets the very tool the README describes.
 Every function takes flat keyword parameters and packs them, in :func:`_plan_options` and :func:`_run_settings`
 alone, into the :class:`~resumerge.plan.merge_plan.PlanOptions` that change output bytes and the
-:class:`~resumerge.engine.settings.RunSettings` that do not. Errors are the :mod:`resumerge.errors` exceptions
+:class:`~resumerge.config.settings.RunSettings` that do not. Errors are the :mod:`resumerge.errors` exceptions
 that the CLI maps to exit codes.
 
 A new kind of run plugs in here (which planner makes its :class:`~resumerge.plan.merge_plan.Plan`) and then goes
@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from resumerge.config.settings import HubOutputOptions, RunSettings
 from resumerge.errors import OutputDirError, UsageError
 from resumerge.memory.sizes import parse_size
 from resumerge.plan.merge_plan import DEFAULT_SEED, DEFAULT_SHARD_SIZE
@@ -34,16 +35,14 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from resumerge.engine.costs import Estimate
+    from resumerge.engine.drive import Outcome
     from resumerge.engine.executor import Reporter
-    from resumerge.engine.session import Outcome
-    from resumerge.engine.settings import RunSettings
     from resumerge.moe import MoeConfig
     from resumerge.moe.passproc import PassProcess
     from resumerge.plan.merge_plan import Plan, PlanOptions
     from resumerge.plan.prepared import Prepared
     from resumerge.recipes.estimate import RecipeEstimate
     from resumerge.recipes.view import RecipeStatus
-    from resumerge.store.hubsink import HubOutputOptions
     from resumerge.store.integrity import VerifyReport
     from resumerge.store.statusview import StatusReport
 
@@ -225,10 +224,9 @@ def extract_lora(
                              output=_output(public, commit_every, commit_interval), num_threads=num_threads)
     if plan:
         from resumerge.engine.estimate import estimate_config
-        from resumerge.store.diskprobe import free_bytes
 
         _usable_device(options.device)
-        return estimate_config(text, options, settings, source="extraction", out_dir=out, disk_free=free_bytes,
+        return estimate_config(text, options, settings, source="extraction", out_dir=out,
                                fresh_process=fresh_process,
                                planner=lambda: _plan_extraction(text, options, settings=settings))
     _named(out)
@@ -293,7 +291,7 @@ def plan_merge(config: PathLike, *, out_shard_size: int | str = DEFAULT_SHARD_SI
     if moe is not None:
         from resumerge.moe.prepare import prepare_moe
 
-        return prepare_moe(moe, options, forward=False).plan
+        return prepare_moe(moe, options, RunSettings(), forward=False).plan
     return plan_from_config(load_config_text(text, source=source), options)
 
 
@@ -366,7 +364,7 @@ def estimate(
         return estimate_recipe(text, options, settings, out_dir=out, source=_source(config, "recipe"),
                                intermediate_dir=intermediate_dir, probe_bytes=probe_bytes,
                                disk_free=disk_free or free_bytes)
-    from resumerge.engine.estimate import estimate_config
+    from resumerge.engine.estimate import Measuring, estimate_config
 
     source = _source(config, "config")
     moe = _moe_config(text, source, allow_same_experts=allow_same_experts)
@@ -374,11 +372,10 @@ def estimate(
     if moe is not None:  # planned without its prompt forward pass (the estimate counts it, not runs it)
         from resumerge.moe.passcost import estimators
 
-        planner, prepass = estimators(moe, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
-                                      max_memory=settings.max_memory)
-    result = estimate_config(text, options, settings, source=source, out_dir=out, probe_bytes=probe_bytes,
-                             disk_free=disk_free or free_bytes, fresh_process=fresh_process, planner=planner,
-                             bandwidth=link, prepass=prepass)
+        planner, prepass = estimators(moe, options, settings)
+    measuring = Measuring(probe_bytes=probe_bytes, disk_free=disk_free or free_bytes, bandwidth=link)
+    result = estimate_config(text, options, settings, source=source, out_dir=out, measuring=measuring,
+                             fresh_process=fresh_process, planner=planner, prepass=prepass)
     return replace(result, shard_choice=shard_size_choice(out_shard_size, out)[1])  # plan says why, when it chose
 
 
@@ -403,8 +400,6 @@ def _run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = No
                   staging: bool | PathLike | None = None, max_disk: int | str | None = None,
                   output: HubOutputOptions | None = None, num_threads: int | None = None) -> RunSettings:
     """What never changes the output's bytes; raises UsageError (exit 2) for a bad value, before any work."""
-    from resumerge.engine.settings import RunSettings
-
     if num_threads is not None and num_threads < 1:
         raise UsageError("--num-threads must be at least 1")
     settings = RunSettings(state_dir=state_dir, cache_dir=cache_dir, max_memory=_size(max_memory, "--max-memory"),
@@ -414,7 +409,6 @@ def _run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = No
 
 
 def _output(public: bool, every: int | None, interval: float | None) -> HubOutputOptions:
-    from resumerge.store.hubsink import HubOutputOptions  # huggingface_hub: only for runs that need it
     return HubOutputOptions.of(public=public, every=every, interval=interval)
 
 
@@ -507,12 +501,11 @@ def _prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings,
                  ) -> Prepared:
     """MoE upcycling's planner (:mod:`resumerge.moe`), which starts the hidden-state modes' prompt pass: beside the
     merge in ``early``, the process the caller started (and stops), where the budget allows; else it is done here."""
-    from resumerge.engine.session import hub_progress
+    from resumerge.engine.drive import hub_progress
     from resumerge.moe.prepare import prepare_moe
 
-    return prepare_moe(config, options, model_dirs=model_dirs, state_dir=settings.state_dir, early=early,
-                       cache_dir=settings.cache_dir, on_progress=hub_progress(reporter), beside=early is not None,
-                       max_memory=settings.max_memory, max_disk=settings.max_disk, num_threads=settings.num_threads)
+    return prepare_moe(config, options, settings, model_dirs=model_dirs, early=early,
+                       on_progress=hub_progress(reporter), beside=early is not None)
 
 
 def _recorded_kind(text: str, options: PlanOptions, model_dirs: Mapping[str, str], settings: RunSettings,
@@ -536,11 +529,11 @@ def _plan_extraction(text: str, options: PlanOptions, *, settings: RunSettings, 
                      reporter: Reporter | None = None) -> Prepared:
     """The plan of the LoRA extraction recorded as ``text`` (:mod:`resumerge.extract`) and its opened inputs; its
     finished modules' factors are kept in ``out``'s run folder (None: an estimate, nothing kept)."""
-    from resumerge.engine.session import hub_progress
+    from resumerge.engine.drive import hub_progress
     from resumerge.extract.prepare import prepare_extraction
 
-    return prepare_extraction(text, options, out=out, model_dirs=model_dirs, state_dir=settings.state_dir,
-                              cache_dir=settings.cache_dir, on_progress=hub_progress(reporter))
+    return prepare_extraction(text, options, settings, out=out, model_dirs=model_dirs,
+                              on_progress=hub_progress(reporter))
 
 
 def _usable_device(device: str) -> None:

@@ -22,7 +22,7 @@ __all__ = ["IMPORT_RESERVE", "dtype_name", "load", "loaded", "torch", "when_load
 
 # More than importing torch adds to a process's anonymous memory (128 MB measured: CPU wheel 2.13, Python 3.11).
 # A memory check made before the import counts this much for it; one that might fail by that margin imports
-# torch first and measures instead (:func:`resumerge.engine.session.make_governor`).
+# torch first and measures instead (:func:`resumerge.engine.drive.make_governor`).
 IMPORT_RESERVE = 1 << 30
 
 

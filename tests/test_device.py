@@ -89,7 +89,7 @@ def test_gpu_budget_governs_units_and_streams_rows(tmp_path: Path, make: ModelFa
         made.append(gov)
         return gov
 
-    monkeypatch.setattr("resumerge.engine.session.gpu_governor", fake_gpu)
+    monkeypatch.setattr("resumerge.engine.drive.gpu_governor", fake_gpu)
     api.run(config, tmp_path / "gpu", state_dir=tmp_path / "s2", max_memory="4GB")
     gov = made[0]
     plan = plan_from_config(load_config_text(config.read_text()), PlanOptions())

@@ -33,7 +33,7 @@ import resumerge
 import resumerge.api
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
-from resumerge.engine.settings import RunSettings
+from resumerge.config.settings import RunSettings
 from resumerge.plan.merge_plan import PlanOptions
 from resumerge.recipes.manifest import RECIPE_MANIFEST_NAME
 from resumerge.recipes.recipe import load_recipe_text

@@ -15,7 +15,7 @@ from hub.fakehub import FakeHub
 from hub.fakehub_write import HubWriter
 
 from resumerge.config.hubtarget import parse_hub_target
-from resumerge.store.hubcommits import Batching
+from resumerge.config.settings import Batching
 from resumerge.store.hubrepo import open_hub_repo
 from resumerge.store.hubsink import HubRepoSink
 from resumerge.store.journal_commit import CommitJournal

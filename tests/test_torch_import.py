@@ -105,7 +105,8 @@ def test_a_thread_count_waits_for_torch_and_the_newest_one_applies() -> None:
 _GOVERN = """
 import sys
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine.session import make_governor, plan_from_config
+from resumerge.engine.drive import make_governor
+from resumerge.engine.session import plan_from_config
 from resumerge.plan.merge_plan import PlanOptions
 plan = plan_from_config(load_config_text(open(sys.argv[1]).read()), PlanOptions())
 try:

@@ -29,7 +29,7 @@ from resumerge.config.version import __version__
 from resumerge.errors import EXIT_INTERRUPTED, EXIT_OK, ResumergeError, UsageError, exit_code_for
 
 if TYPE_CHECKING:
-    from resumerge.engine.session import Outcome
+    from resumerge.engine.drive import Outcome
 
 # What a shell shows for a process that SIGPIPE ended (128 + 13): a closed pipe is no error of ours.
 EXIT_BROKEN_PIPE = 141

@@ -14,5 +14,6 @@ __all__ = [
     "merge_config",
     "modelref",
     "params",
+    "settings",
     "version",
 ]

@@ -13,7 +13,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import psutil
 
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import run_dir, state_root
+from resumerge.config.settings import RunSettings, Staging
 from resumerge.engine.compute_estimate import SAMPLE_SECONDS, measure_compute
 from resumerge.engine.costs import (
     ComputeGroup,
@@ -33,9 +34,9 @@ from resumerge.engine.costs import (
     hub_disk_need,
 )
 from resumerge.engine.cpuprobe import probe_transfer_cost
+from resumerge.engine.executor import CONCURRENCY
 from resumerge.engine.inputfetch import plan_fetch
 from resumerge.engine.netestimate import MEASURED, Bandwidth, NetworkEstimate, measure_download
-from resumerge.engine.settings import RunSettings
 from resumerge.errors import LedgerError
 from resumerge.inputs.catalog import Inputs
 from resumerge.memory import SAFETY_MARGIN, MemoryProbe, SystemProbe, default_budget, format_size, usable_cores
@@ -63,7 +64,7 @@ from resumerge.store.diskprobe import (
     probe_directory,
     probe_file_read,
 )
-from resumerge.store.filesystems import Staging, staging_dir
+from resumerge.store.filesystems import staging_dir
 from resumerge.store.manifest import read_manifest
 from resumerge.torch_import import load as load_torch
 from resumerge.torch_import import loaded as torch_loaded
@@ -79,47 +80,64 @@ _LEDGER_FIXED = 256 * 1024
 _LEDGER_PER_ROW = 600
 
 
+@dataclass(frozen=True)
+class Measuring:
+    """How an estimate measures this machine: ``probe_bytes`` sizes the disk speed probe (0 skips it, and the
+    transfer-CPU and download probes too); ``disk_free`` reads a filesystem's free bytes (injectable for tests);
+    ``compute_budget`` bounds the seconds spent timing the methods on samples of the pending tensors (0 skips it;
+    see :mod:`resumerge.engine.compute_estimate`); ``bandwidth`` is the link (``--bandwidth``) the network estimate
+    uses (None: the download rate is measured on a hub input, the upload rate stays unknown; see
+    :mod:`resumerge.engine.netestimate`)."""
+
+    probe_bytes: int = DEFAULT_PROBE_BYTES
+    disk_free: DiskFree = free_bytes
+    compute_budget: float = SAMPLE_SECONDS
+    bandwidth: Bandwidth | None = None
+
+
+@dataclass(frozen=True)
+class Startup:
+    """What the merge spends before its first tensor (imports, planning): ``seconds`` in all, ``import_seconds``
+    the part of it that torch's import takes, which a run makes once its first bytes move
+    (:mod:`resumerge.torch_import`)."""
+
+    seconds: float = 0.0
+    import_seconds: float = 0.0
+
+
 def estimate(
-    plan: Plan,
-    inputs: Inputs,
+    prepared: Prepared,
     config_text: str,
     settings: RunSettings,
     *,
     out_dir: str | os.PathLike[str] | None = None,
-    probe_bytes: int = DEFAULT_PROBE_BYTES,
-    disk_free: DiskFree = free_bytes,
-    memory_probe: MemoryProbe | None = None,
-    baseline_bytes: int | None = None,
-    startup_seconds: float = 0.0,
-    import_seconds: float = 0.0,
+    measuring: Measuring | None = None,
+    startup: Startup | None = None,
     choose_inputs: bool = True,
     to_hub: bool = False,
-    compute_budget: float = SAMPLE_SECONDS,
-    bandwidth: Bandwidth | None = None,
     prepass: Prepass | None = None,
 ) -> Estimate:
-    """Estimate what merging ``plan`` into ``out_dir`` costs here under ``settings``, and decide whether it fits.
+    """Estimate what merging the plan of ``prepared`` into ``out_dir`` costs here under ``settings``, and decide
+    whether it fits.
 
-    ``inputs`` are the opened models the plan was built from (their hub metadata gives download sizes);
-    ``settings`` (state dir, memory budget, staging, disk budget, workers) mean what they mean for ``resumerge
-    run``. ``disk_free`` reads a filesystem's free bytes and ``memory_probe`` the machine's memory (both injectable
-    for tests); ``baseline_bytes`` is the merge process's RSS before any tensor is read — by default this process's
-    own RSS, which is right when the merge runs in a process like this one (``resumerge plan`` before
-    ``resumerge run``, or :func:`resumerge.api.estimate` before :func:`resumerge.api.run` in one notebook).
-    ``probe_bytes`` sizes the disk speed probe (0 skips it); ``startup_seconds`` is what the merge spends before its
-    first tensor (imports, planning), ``import_seconds`` the part of it that torch's import takes, which a run makes
-    once its first bytes move (:mod:`resumerge.torch_import`). Without ``out_dir`` the output's disk is not checked.
-    Never raises for a merge that does not fit: the reasons are in the result. ``choose_inputs`` false counts every hub
-    weight file as downloaded (a recipe stage: recipes download their inputs whole). ``settings.max_disk``
-    (``--max-disk``) bounds the local disk: it decides which hub files are streamed and what an ``hf://`` OUT may stage;
-    ``to_hub`` says OUT is a hub repo, whose staging must then fit under it. ``compute_budget`` bounds the seconds spent
-    timing the methods on samples of the pending tensors (0 skips it; see :mod:`resumerge.engine.compute_estimate`).
-    ``bandwidth`` is the link (``--bandwidth``) the network estimate uses; without it the download rate is measured on a
-    hub input (unless ``probe_bytes`` is 0) and the upload rate stays unknown (see :mod:`resumerge.engine.netestimate`).
-    ``prepass`` estimates a pass that runs in a process of its own, beside the merge or before it (a mergekit-moe
-    config's prompt forward pass), given the inputs' read speed.
+    The prepared inputs are the opened models the plan was built from (their hub metadata gives download sizes);
+    ``settings`` (state dir, memory budget, staging, disk budget) mean what they mean for ``resumerge run``. The
+    merge process's RSS before any tensor is read is taken as this process's own, which is right when the merge
+    runs in a process like this one (``resumerge plan`` before ``resumerge run``, or :func:`resumerge.api.estimate`
+    before :func:`resumerge.api.run` in one notebook). ``measuring`` says how this machine is measured and
+    ``startup`` what the merge spends before its first tensor (both at their defaults when None). Without
+    ``out_dir`` the output's disk is not checked. Never raises for a merge that does not fit: the reasons are in the
+    result. ``choose_inputs`` false counts every hub weight file as downloaded (a recipe stage: recipes download
+    their inputs whole). ``settings.max_disk`` (``--max-disk``) bounds the local disk: it decides which hub files
+    are streamed and what an ``hf://`` OUT may stage; ``to_hub`` says OUT is a hub repo, whose staging must then
+    fit under it. ``prepass`` estimates a pass that runs in a process of its own, beside the merge or before it (a
+    mergekit-moe config's prompt forward pass), given the inputs' read speed.
     """
-    state_dir, max_disk, workers = settings.state_dir, settings.max_disk, settings.workers
+    plan, inputs = prepared.plan, prepared.opened()
+    measuring = measuring or Measuring()
+    startup = startup or Startup()
+    probe_bytes, disk_free, bandwidth = measuring.probe_bytes, measuring.disk_free, measuring.bandwidth
+    state_dir, max_disk, workers = settings.state_dir, settings.max_disk, CONCURRENCY
     notes: list[str] = []
     out = Path(os.path.abspath(out_dir)) if out_dir is not None else None
     committed = _committed_here(plan, out, notes)
@@ -129,16 +147,15 @@ def estimate(
     fetch = plan_fetch(plan, inputs, max_disk=max_disk) if choose_inputs else ()
     downloads = _downloads(inputs, state_dir, {(c.model, c.file) for c in fetch if c.how != STREAM}
                            if choose_inputs else None)
-    probe = memory_probe if memory_probe is not None else SystemProbe()
     remote = {(c.model, c.file) for c in fetch if c.how == STREAM}
-    memory, memory_reasons = _memory(plan, pending, probe, settings.max_memory, baseline_bytes, workers, remote)
+    memory, memory_reasons = _memory(plan, pending, SystemProbe(), settings.max_memory, workers, remote)
     disks = _disks(plan, output, downloads, inputs, out, state_dir, disk_free)
     speed = probe_directory(_probe_dir(out), probe_bytes, disk_free=disk_free) if out is not None else None
     # Nothing pending (a finished merge): no sample is read and no method is timed.
-    compute = (measure_compute(plan, pending, max_seconds=compute_budget, serial=torch.get_num_threads() <= workers,
-                               workers=workers) if pending else ())
+    compute = (measure_compute(plan, pending, max_seconds=measuring.compute_budget,
+                               serial=torch.get_num_threads() <= workers, workers=workers) if pending else ())
     timing = replace(_time(plan, pending, output, downloads, committed, speed, probe_bytes, compute, to_hub),
-                     startup_seconds=startup_seconds)
+                     startup_seconds=startup.seconds)
     if prepass is not None:
         seconds, cpu_seconds, peak, beside, cores = prepass(timing.read_bytes_per_s)
         timing = replace(timing, prepass_seconds=seconds, prepass_beside=beside, prepass_cpu_seconds=cpu_seconds,
@@ -149,7 +166,7 @@ def estimate(
     if to_hub and hub.problem:
         reasons.append(hub.problem)
     network = _network(plan, inputs, output, downloads, fetch, timing, to_hub, bandwidth, probe_bytes,
-                       nearest_existing(state_root(state_dir)), import_seconds)
+                       nearest_existing(state_root(state_dir)), startup.import_seconds)
     return Estimate(plan, output, downloads, memory, tuple(disks), timing, tuple(reasons), tuple(notes), fetch,
                     hub, network)
 
@@ -306,8 +323,7 @@ def _trusted(db: Path, blob: Path, algorithm: str, digest: str) -> bool:
 # -- memory -----------------------------------------------------------------------------------------------------
 
 
-def _memory(plan: Plan, pending: Sequence[Any], probe: MemoryProbe, max_memory: int | None,
-            baseline: int | None, workers: int,
+def _memory(plan: Plan, pending: Sequence[Any], probe: MemoryProbe, max_memory: int | None, workers: int,
             remote: AbstractSet[tuple[str, str]] = frozenset()) -> tuple[MemoryEstimate, list[str]]:
     budget = max_memory if max_memory is not None else default_budget(probe)
     source = "--max-memory" if max_memory is not None else "default"
@@ -317,9 +333,8 @@ def _memory(plan: Plan, pending: Sequence[Any], probe: MemoryProbe, max_memory: 
     machine = anon + probe.available()
     machine = min(machine, limit) if limit is not None else machine
     effective = min(budget, machine)
-    if baseline is None:
-        # The budget counts anonymous memory; the OS's peak RSS also counts mapped files (torch's libraries).
-        baseline = int(psutil.Process().memory_info().rss)
+    # The budget counts anonymous memory; the OS's peak RSS also counts mapped files (torch's libraries).
+    baseline = int(psutil.Process().memory_info().rss)
     room = max(0, effective - int(effective * SAFETY_MARGIN) - anon)
     units = _units(plan, pending, budget, remote, serial=torch.get_num_threads() <= workers)
     working = _working_set(units, room, workers)
@@ -529,12 +544,9 @@ def estimate_config(
     *,
     source: str = "config",
     out_dir: str | os.PathLike[str] | None = None,
-    probe_bytes: int = DEFAULT_PROBE_BYTES,
-    disk_free: DiskFree = free_bytes,
+    measuring: Measuring | None = None,
     fresh_process: bool = False,
-    compute_budget: float = SAMPLE_SECONDS,
     planner: Callable[[], Prepared] | None = None,
-    bandwidth: Bandwidth | None = None,
     prepass: Callable[[Plan, Inputs], Prepass | None] | None = None,
 ) -> Estimate:
     """Validate ``config_text`` fully (config, every input's config.json and headers) and :func:`estimate` it.
@@ -546,7 +558,7 @@ def estimate_config(
     :attr:`Estimate.reasons`. ``out_dir`` may be an ``hf://`` target: the output's local disk is then its staging.
     The compute estimate times the methods with ``settings.num_threads`` torch threads, as the run will.
     ``planner`` plans a config of another kind than a merge config (:mod:`resumerge.api` passes MoE upcycling's,
-    which skips the prompt forward pass); None plans ``config_text`` as a merge config. ``bandwidth`` as for
+    which skips the prompt forward pass); None plans ``config_text`` as a merge config. ``measuring`` as for
     :func:`estimate`; ``prepass`` gives the estimate of the pass that runs before the merge, if there is one (MoE's
     prompt forward pass).
     """
@@ -567,8 +579,6 @@ def estimate_config(
     startup = max(0.0, time.time() - started)
     imported = _torch_import_seconds()
     to_hub = out_dir is not None and is_hub_target(os.fspath(out_dir))
-    return estimate(plan, inputs, config_text, settings, out_dir=None if to_hub else out_dir,
-                    probe_bytes=probe_bytes, disk_free=disk_free, startup_seconds=startup + imported,
-                    import_seconds=imported,
-                    to_hub=to_hub, compute_budget=compute_budget, bandwidth=bandwidth,
+    return estimate(prepared, config_text, settings, out_dir=None if to_hub else out_dir, measuring=measuring,
+                    startup=Startup(startup + imported, imported), to_hub=to_hub,
                     prepass=prepass(plan, inputs) if prepass is not None else None)

@@ -58,6 +58,9 @@ from resumerge.store.shardwriter import ShardWriter, start_hashing
 from resumerge.store.sink import OutputSink
 from resumerge.torch_import import torch
 
+# Units computed at once by the merge threads: two keep the writer busy (see _Pipeline).
+CONCURRENCY = 2
+
 
 class Reporter(Protocol):
     """Receives progress; the CLI's implementation draws it with rich, a notebook may log it.
@@ -435,7 +438,7 @@ def execute(
     *,
     should_stop: Callable[[], bool],
     config_text: str,
-    workers: int = 2,
+    workers: int = CONCURRENCY,
     governor: MemoryGovernor | None = None,
     gpu: MemoryGovernor | None = None,
     late_notes: Callable[[], tuple[str, ...]] | None = None,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from resumerge.config.hubtarget import parse_hub_target
+from resumerge.config.settings import HubOutputOptions
 from resumerge.engine.outdir import record_plan
 from resumerge.errors import OutputDirError, ResumergeError, UsageError
 from resumerge.memory import format_size
@@ -31,7 +32,7 @@ from resumerge.store.hubrepo import (
     open_hub_repo,
     read_remote_manifest,
 )
-from resumerge.store.hubsink import HubOutputOptions, HubRepoSink
+from resumerge.store.hubsink import HubRepoSink
 from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import Manifest
 from resumerge.store.statusview import resume_command

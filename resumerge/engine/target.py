@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from resumerge.config.hubtarget import is_hub_target
+from resumerge.config.settings import RunSettings
 from resumerge.engine.hubout import HubOutput, open_hub_output
 from resumerge.engine.outdir import check_out_dir, check_out_path
-from resumerge.engine.settings import RunSettings
 from resumerge.store.manifest import Manifest, read_manifest
 from resumerge.store.statusview import resume_command
 

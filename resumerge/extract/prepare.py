@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from resumerge.config.extraction_state import FACTORS_DIR
 from resumerge.config.locations import run_dir
+from resumerge.config.settings import RunSettings
 from resumerge.extract.decompose import kept_rank, truncate
 from resumerge.extract.factor_cache import FactorCache
 from resumerge.extract.factors import FACTOR_A, FACTOR_A_FULL, FactorStore, cache_key
@@ -32,19 +33,17 @@ from resumerge.plan.prepared import Prepared
 from resumerge.torch_import import torch
 
 
-def prepare_extraction(text: str, options: PlanOptions, *, out: str | os.PathLike[str] | None = None,
-                       model_dirs: Mapping[str, str] | None = None,
-                       state_dir: str | os.PathLike[str] | None = None,
-                       cache_dir: str | os.PathLike[str] | None = None,
+def prepare_extraction(text: str, options: PlanOptions, settings: RunSettings, *,
+                       out: str | os.PathLike[str] | None = None, model_dirs: Mapping[str, str] | None = None,
                        on_progress: Callable[[HubEvent], None] | None = None) -> Prepared:
     """Open the models of the extraction recorded as ``text`` and build its plan (reading weights only for
     ``--sv-epsilon``'s ranks, after every check has passed), with the run's
     :class:`~resumerge.extract.factors.FactorStore` in its resources. Finished modules' factors are kept in
     ``out``'s run folder (none kept without ``out``: a ``--plan`` estimate)."""
     spec = load_spec_text(text)
-    store = FactorStore(factor_cache(out, state_dir) if out is not None else None)
-    inputs, ft_key, base_key = open_pair(spec, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
-                                         on_progress=on_progress)
+    store = FactorStore(factor_cache(out, settings.state_dir) if out is not None else None)
+    inputs, ft_key, base_key = open_pair(spec, model_dirs=model_dirs, state_dir=settings.state_dir,
+                                         cache_dir=settings.cache_dir, on_progress=on_progress)
     if spec.sv_epsilon > 0 and not spec.ranks:
         choice = module_choice(spec, inputs, ft_key, base_key, options)
         build_extraction_plan(spec, inputs, ft_key, base_key, options)  # every refusal before a weight is read

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 
+from resumerge.config.settings import RunSettings
 from resumerge.inputs.catalog import Inputs
 from resumerge.memory import SystemProbe, default_budget, usable_cores
 from resumerge.moe.config import MoeConfig
@@ -103,17 +104,15 @@ def _own() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def estimators(config: MoeConfig, options: PlanOptions, *, state_dir: str | os.PathLike[str] | None,
-               cache_dir: str | os.PathLike[str] | None, max_memory: int | None
-               ) -> tuple[Callable[[], Prepared],
+def estimators(config: MoeConfig, options: PlanOptions, settings: RunSettings) -> tuple[Callable[[], Prepared],
                           Callable[[Plan, Inputs], Callable[[float | None], PrepassCost] | None]]:
     """``plan``'s planner of ``config`` (the pass is not run) and its estimate of the pass, for
     :func:`resumerge.engine.estimate.estimate_config`."""
 
     def planner() -> Prepared:
-        return prepare_moe(config, options, state_dir=state_dir, cache_dir=cache_dir, forward=False)
+        return prepare_moe(config, options, settings, forward=False)
 
     def prepass(_: Plan, inputs: Inputs) -> Callable[[float | None], PrepassCost] | None:
-        return pass_estimate(config, inputs, state_dir, max_memory)
+        return pass_estimate(config, inputs, settings.state_dir, settings.max_memory)
 
     return planner, prepass

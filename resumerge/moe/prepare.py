@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resumerge.config.locations import state_root
+from resumerge.config.settings import RunSettings
 from resumerge.errors import InputError
 from resumerge.inputs.catalog import Inputs, open_inputs
 from resumerge.inputs.codecs import CODECS
@@ -41,21 +42,19 @@ if TYPE_CHECKING:
     from resumerge.inputs.hub import ProgressCallback, RepoMetadata
 
 
-def prepare_moe(config: MoeConfig, options: PlanOptions, *, model_dirs: Mapping[str, str] | None = None,
-                state_dir: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None,
-                on_progress: ProgressCallback | None = None, forward: bool = True, beside: bool = False,
-                early: PassProcess | None = None, max_memory: int | None = None, max_disk: int | None = None,
-                num_threads: int | None = None) -> Prepared:
+def prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings, *,
+                model_dirs: Mapping[str, str] | None = None, on_progress: ProgressCallback | None = None,
+                forward: bool = True, beside: bool = False, early: PassProcess | None = None) -> Prepared:
     """The plan of ``config`` with its opened inputs, the run's :class:`~resumerge.moe.routers.RouterSources` (in its
     resources) and the prompt forward pass of the hidden-state gate modes when it runs beside the merge. No weight is
     read, except by that pass, which starts (or is found finished in the state dir) only when ``forward`` and after
-    every check, in a process of its own (:mod:`.hiddenpass`) under ``max_memory`` (None: the default budget) with
-    ``num_threads`` torch threads. With ``beside`` (the caller hands the pass to the engine and stops it when the run
-    ends) the pass runs beside the merge where the budget holds both; otherwise this waits for it. It runs in ``early``
-    when the caller started its process already (:func:`~resumerge.moe.passproc.started_early`). A hub base model's
-    weights are downloaded into the cache for it, within ``max_disk``. Raises ``InputError`` subclasses."""
-    inputs = open_inputs(config.as_merge_config(), model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
-                         on_progress=on_progress)
+    every check, in a process of its own (:mod:`.hiddenpass`) under ``settings``' memory budget and thread count. With
+    ``beside`` (the caller hands the pass to the engine and stops it when the run ends) the pass runs beside the merge
+    where the budget holds both; otherwise this waits for it. It runs in ``early`` when the caller started its process
+    already (:func:`~resumerge.moe.passproc.started_early`). A hub base model's weights are downloaded into the cache
+    for it, within ``settings.max_disk``. Raises ``InputError`` subclasses."""
+    inputs = open_inputs(config.as_merge_config(), model_dirs=model_dirs, state_dir=settings.state_dir,
+                         cache_dir=settings.cache_dir, on_progress=on_progress)
     encoded = key = None
     if config.gate_mode == "cheap_embed":
         encoded = encode_prompts(config, inputs)
@@ -69,8 +68,8 @@ def prepare_moe(config: MoeConfig, options: PlanOptions, *, model_dirs: Mapping[
     if key is None or not forward:
         return Prepared(plan, inputs)
     provided = RouterSources()
-    running = _hidden_pass(config, inputs, key, provided, state_dir, beside=beside, early=early,
-                           max_memory=max_memory, max_disk=max_disk, num_threads=num_threads, on_progress=on_progress)
+    running = _hidden_pass(config, inputs, key, provided, settings, beside=beside, early=early,
+                           on_progress=on_progress)
     resources = Resources((provided,))
     if running.share is not None:
         return Prepared(plan, inputs, resources, beside=running)
@@ -130,10 +129,8 @@ def _key(config: MoeConfig, base: ModelInput) -> str:
                        base.directory)
 
 
-def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, provided: RouterSources,
-                 state_dir: str | os.PathLike[str] | None, *,
-                 beside: bool, early: PassProcess | None, max_memory: int | None, max_disk: int | None,
-                 num_threads: int | None, on_progress: ProgressCallback | None) -> HiddenPass:
+def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, provided: RouterSources, settings: RunSettings, *,
+                 beside: bool, early: PassProcess | None, on_progress: ProgressCallback | None) -> HiddenPass:
     """The forward pass ``key`` of the hidden-state modes, its routers provided in ``provided``: found finished in
     the state dir, or started now (beside the merge when ``beside`` and the budget holds both; else finished before
     this returns)."""
@@ -142,25 +139,25 @@ def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, provided: RouterSo
 
     base = inputs.models[config.base_model.key]
     layers = int(base.config["num_hidden_layers"])
-    workdir = state_root(state_dir) / ROUTERS_DIR / key
+    workdir = state_root(settings.state_dir) / ROUTERS_DIR / key
     if (workdir / ROUTERS_NAME).is_file():
         if early is not None:
             early.stop()  # not needed: it must not take the merge's cores while it loads
         return HiddenPass(key, workdir, layers, provided)
     require_transformers(config.gate_mode)
     if config.base_model.key in inputs.hub:
-        _fetch_base(inputs.hub[config.base_model.key], state_dir, max_disk, on_progress)
+        _fetch_base(inputs.hub[config.base_model.key], settings.state_dir, settings.max_disk, on_progress)
     probe = SystemProbe()
     probe.reclaim()
     held = probe.rss()
-    budget = max_memory if max_memory is not None else default_budget(probe)
+    budget = settings.max_memory if settings.max_memory is not None else default_budget(probe)
     located = {name: (t.file, t.entry.start, t.entry.end, t.entry.dtype, tuple(t.entry.shape))
                for name, t in base.tensors.items()}
     tensors = {name: [f, start, end, dtype, list(shape)] for name, (f, start, end, dtype, shape) in located.items()}
     share = beside_share(budget, held, pass_bytes(located, layers)) if beside else None
     process = start_child(routers_job(config.gate_mode, base.directory, prompt_texts(config), tensors,
                               share=share if share is not None else max(0, budget - held), held=held,
-                              threads=num_threads), workdir, early)
+                              threads=settings.num_threads), workdir, early)
     running = HiddenPass(key, workdir, layers, provided, process, share)
     if share is None:
         running.routers()  # the merge waits for it

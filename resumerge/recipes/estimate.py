@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.config.hubtarget import is_hub_target
+from resumerge.config.settings import RunSettings
 from resumerge.engine.compute_estimate import SAMPLE_SECONDS
 from resumerge.engine.costs import Estimate
-from resumerge.engine.estimate import estimate
-from resumerge.engine.settings import RunSettings
+from resumerge.engine.estimate import Measuring, estimate
 from resumerge.memory.sizes import format_size
 from resumerge.plan.merge_plan import PlanOptions
+from resumerge.plan.prepared import Prepared
 from resumerge.recipes.plan import default_intermediate_dir, plan_recipe, refuse_streamed_recipe
 from resumerge.recipes.recipe import load_recipe_text
 from resumerge.store.diskprobe import DEFAULT_PROBE_BYTES, DiskFree, device_of, free_bytes, nearest_existing
@@ -102,9 +103,10 @@ def estimate_recipe(
         hub = to_hub and sp.final
         # --max-disk bounds only what the final stage stages for a repo OUT (the intermediates are written whole).
         stage_settings = settings if hub else replace(settings, max_disk=None)
-        est = estimate(sp.plan, rplan.inputs, sp.stage.text, stage_settings, out_dir=None if hub else sp.out_dir,
-                       probe_bytes=probe_bytes if sp.final and not hub else 0, disk_free=disk_free,
-                       choose_inputs=False, to_hub=hub, compute_budget=per_stage)
+        measuring = Measuring(probe_bytes=probe_bytes if sp.final and not hub else 0, disk_free=disk_free,
+                              compute_budget=per_stage)
+        est = estimate(Prepared(sp.plan, rplan.inputs), sp.stage.text, stage_settings,
+                       out_dir=None if hub else sp.out_dir, measuring=measuring, choose_inputs=False, to_hub=hub)
         stages.append(StageEstimate(sp.stage.label, str(rplan.out_of(sp)), sp.final, est))
         reasons.extend(f"{sp.stage.label}: {reason}" for reason in est.reasons)
     reasons.extend(_shared_disk_reasons(stages, disk_free))

@@ -20,8 +20,8 @@ import json
 from huggingface_hub import CommitOperationAdd, get_token
 
 from resumerge.config.hubtarget import parse_hub_target
+from resumerge.config.settings import RunSettings
 from resumerge.engine.hubout import HubOutput, open_hub_output
-from resumerge.engine.settings import RunSettings
 from resumerge.errors import LedgerError
 from resumerge.inputs.hub.cache import hub_settings
 from resumerge.recipes.manifest import RECIPE_MANIFEST_NAME, RecipeRecord, record_from_doc

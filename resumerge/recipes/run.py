@@ -26,12 +26,13 @@ from pathlib import Path
 
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import run_dir
+from resumerge.config.settings import RunSettings
 from resumerge.config.version import __version__
+from resumerge.engine.drive import Outcome, hub_progress, make_governor
 from resumerge.engine.executor import Reporter
 from resumerge.engine.hubout import check_max_disk
 from resumerge.engine.outdir import check_out_dir
-from resumerge.engine.session import Outcome, hub_progress, make_governor, recorded_threads, run_plan
-from resumerge.engine.settings import RunSettings
+from resumerge.engine.session import recorded_threads, run_plan
 from resumerge.engine.target import Target
 from resumerge.errors import (
     InterruptedMerge,

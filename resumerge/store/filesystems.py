@@ -11,12 +11,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeAlias
 
+from resumerge.config.settings import Staging
 from resumerge.store.diskprobe import nearest_existing
-
-# How to stage output: None = only when OUT is remote (Drive), True/False = always/never, or a directory.
-Staging: TypeAlias = "bool | str | os.PathLike[str] | None"
 
 MOUNTINFO = Path("/proc/self/mountinfo")
 # Filesystem types whose durability or visibility resumerge does not take on trust.

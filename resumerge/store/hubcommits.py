@@ -50,6 +50,7 @@ from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, constants
 
+from resumerge.config.settings import Batching
 from resumerge.errors import OutputDirError, ResumergeError
 from resumerge.store import killpoints
 from resumerge.store.durable import discard
@@ -61,45 +62,12 @@ from resumerge.store.hubrepo import (
     missing_object,
     remote_files,
 )
-from resumerge.store.hubretry import HOURLY_COMMITS, pace_wait, to_stderr, with_retries
+from resumerge.store.hubretry import pace_wait, to_stderr, with_retries
 from resumerge.store.manifest import MANIFEST_NAME
 from resumerge.store.sink import Receipt
 
 _WITHOUT_XET = threading.Lock()  # one upload at a time turns Xet off (a process-wide switch of huggingface_hub)
 
-
-
-@dataclass(frozen=True)
-class Batching:
-    """When to commit: once ``every`` uploaded files wait, or ``interval`` seconds after the oldest waiting one.
-
-    The bound on commits: a batch is due at ``every`` files or ``interval`` seconds, so with the defaults (20 files,
-    60 s) and the default 1 GB shards an hour holds at most about 61 commits when files come slower than one every
-    3 s, and one per 20 files when faster: a 405B model (about 820 files) stays at 61 or fewer in any hour,
-    whatever its pace. Only above 2,560 files an hour (a small ``--out-shard-size``, or 1 GB shards uploaded at a
-    sustained 0.7 GB/s) would
-    batching exceed the lowest observed quota of 128 an hour. What bounds every case is ``hourly``: every commit
-    of the run (batches, manifest-only commits, deletions) first waits (:func:`pace_wait`) until at most
-    ``hourly`` (100) commits of this process fall in any hour; files then wait longer and go into bigger commits.
-    A resume counts afresh: the killed run's commits of the last hour use the margin of 28, and beyond it the
-    hub's 429 is waited out (:func:`with_retries`). Tested on a simulated clock in ``tests/hubout/test_hub_quotas.py``.
-    """
-
-    every: int = 20
-    interval: float = 60.0
-    hourly: int = HOURLY_COMMITS  # commits allowed in any hour; a commit beyond it waits for the window to move
-    # Past ``burst`` commits in the last hour, each commit waits ``spacing`` seconds after the one before.
-    burst: int = HOURLY_COMMITS
-    spacing: float = 0.0
-
-    @classmethod
-    def pipelined(cls) -> Batching:
-        """The default of ``resumerge run``: every file is committed as soon as it is uploaded (a kill then loses
-        at most the files in flight), the first 20 in an hour at once, then one commit a minute at most, each taking
-        every file uploaded meanwhile; the run's last commit, of every file left once all are uploaded, waits for
-        no minute. An hour holds at most 20 + 60 + 1 = 81 commits of a run, and a run killed and resumed within one
-        hour at most 102 between them: under the hub's 128 without relying on the ``hourly`` cap."""
-        return cls(every=1, interval=60.0, burst=20, spacing=60.0)
 
 
 @dataclass

@@ -22,9 +22,6 @@ ATTEMPTS = 6
 BASE_WAIT = 1.0
 MAX_WAIT = 60.0
 
-# The hub allows 128 commits per repo and hour ("You have exceeded the rate limit for repository commits (128 per
-# hour)"). This process makes at most HOURLY_COMMITS in any hour, leaving room for retries and other writers.
-HOURLY_COMMITS = 100
 WINDOW = 3600.0
 
 

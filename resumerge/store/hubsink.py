@@ -20,36 +20,14 @@ uploaded (:meth:`HubRepoSink.stop`) rather than leaving it to the resume to comp
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from resumerge.errors import UsageError
+from resumerge.config.settings import Batching
 from resumerge.store.durable import is_temp_name, temp_path
-from resumerge.store.hubcommits import Batching, CommitQueue
+from resumerge.store.hubcommits import CommitQueue
 from resumerge.store.hubrepo import HubRepo, check_remote, remote_files
 from resumerge.store.manifest import MANIFEST_NAME
 from resumerge.store.sink import OutputSink, Receipt
-
-
-@dataclass(frozen=True)
-class HubOutputOptions:
-    """How a hub repo OUT is written: created public or private (the default), and how commits are batched."""
-
-    public: bool = False
-    batching: Batching = field(default_factory=Batching)
-
-    @classmethod
-    def of(cls, *, public: bool, every: int | None, interval: float | None) -> HubOutputOptions:
-        """The options of ``--public``, ``--commit-every`` and ``--commit-interval`` (None: not given). Without
-        either, each file is committed once uploaded, paced under the hub's quota (:meth:`Batching.pipelined`);
-        with one, commits are batched (the other at :class:`Batching`'s default). Raises UsageError (exit 2)."""
-        if (every is not None and every < 1) or (interval is not None and interval < 0):
-            raise UsageError("--commit-every must be at least 1 and --commit-interval at least 0")
-        if every is None and interval is None:
-            return cls(public=public, batching=Batching.pipelined())
-        default = Batching()
-        return cls(public=public, batching=Batching(every=every or default.every,
-                                                    interval=default.interval if interval is None else interval))
 
 
 class HubRepoSink(OutputSink):

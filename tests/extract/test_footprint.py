@@ -12,6 +12,7 @@ import pytest
 import torch
 from methods.footprint_cases import peaks
 
+from resumerge.config.settings import RunSettings
 from resumerge.extract.decompose import full_svd
 from resumerge.extract.factors import FACTOR_A, FACTOR_A_FULL, FACTOR_B, FACTOR_B_FULL, SAVED, UNITS, decompose
 from resumerge.methods import get_method
@@ -74,7 +75,7 @@ def test_a_factor_unit_is_admitted_by_its_weight(pair: Callable[[str], tuple[Pat
     base, ft = pair("llama-wide")
     for exact in (False, True):
         text = spec_text(ExtractSpec(model=str(ft), base_model=str(base), max_rank=4, exact=exact))
-        plan = prepare_extraction(text, PlanOptions()).plan
+        plan = prepare_extraction(text, PlanOptions(), RunSettings()).plan
         units = [t for t in plan.tensors.values() if t.name.endswith("lora_A.weight")]
         assert {t.method for t in units} == {FACTOR_A_FULL if exact else FACTOR_A}
         tp = units[0]
@@ -124,7 +125,7 @@ def test_tensors_saved_whole_stream_in_row_chunks(pair: Callable[[str], tuple[Pa
 
     base, ft = pair("llama-wide")
     plan = prepare_extraction(spec_text(ExtractSpec(model=str(ft), base_model=str(base), max_rank=4)),
-                              PlanOptions()).plan
+                              PlanOptions(), RunSettings()).plan
     saved = [t for t in plan.tensors.values() if t.method == SAVED]
     embedding = max(saved, key=lambda t: t.nbytes)
     assert len(embedding.shape) == 2
@@ -148,7 +149,7 @@ def test_a_modules_second_factor_collects_the_first_and_takes_no_worker(
 
     base, ft = pair("llama-wide")
     plan = prepare_extraction(spec_text(ExtractSpec(model=str(ft), base_model=str(base), max_rank=4)),
-                              PlanOptions()).plan
+                              PlanOptions(), RunSettings()).plan
     order = [plan.tensors[n] for s in plan.shards for n in s.tensors]
     flags = []
     for previous, tp in zip([None, *order[:-1]], order, strict=True):

@@ -11,6 +11,7 @@ from hub.fakehub_write import HubWriter
 from hubout.conftest import TIERS, Merge, repo_files
 from resumerge import api
 from resumerge.config.locations import run_dir
+from resumerge.config.settings import Batching
 from resumerge.errors import UsageError
 
 SHARD = "1k"  # one tensor per shard: the largest is the 8 KiB embedding
@@ -65,7 +66,7 @@ def test_commits_are_paced_under_the_hourly_limit(hub: HubWriter, monkeypatch: p
     clock = [1000.0]
     monkeypatch.setattr(hubcommits.time, "monotonic", lambda: clock[0])
     queue = hubcommits.CommitQueue(open_hub_repo(parse_hub_target("hf://alice/paced")),
-                                   hubcommits.Batching(hourly=2), resume="resumerge resume hf://alice/paced")
+                                   Batching(hourly=2), resume="resumerge resume hf://alice/paced")
     try:
         queue.set_manifest(b"1")
         queue.set_manifest(b"2")

@@ -27,10 +27,10 @@ from hubout.conftest import repo_files, uploads
 from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.config.settings import Batching
 from resumerge.engine import cpupriority
 from resumerge.inputs.hub import landing
 from resumerge.store import shardwriter
-from resumerge.store.hubcommits import Batching
 from resumerge.store.hubretry import WINDOW, pace_wait
 from tests.support import linear_config, write_config
 

@@ -19,7 +19,8 @@ from hubout.conftest import SHARD, Merge, repo_files, uploads
 from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.config.locations import run_dir
-from resumerge.engine.session import NullReporter
+from resumerge.config.settings import HOURLY_COMMITS, Batching
+from resumerge.engine.drive import NullReporter
 from resumerge.errors import EXIT_INVALID, StorageError, exit_code_for
 from resumerge.store import hubcommits, hubretry
 from resumerge.store.hubrepo import auth_failed, is_retryable
@@ -132,7 +133,7 @@ def test_plan_warns_when_a_private_output_exceeds_a_free_accounts_storage() -> N
     assert "private (the default) it exceeds a free account's 100 GB of private storage: pass --public" in line
 
 
-def _commit_times(files: int, seconds_per_file: float, batching: hubcommits.Batching, *, paced: bool) -> list[float]:
+def _commit_times(files: int, seconds_per_file: float, batching: Batching, *, paced: bool) -> list[float]:
     """When a run commits, on a simulated clock: a file is published (and uploaded) every ``seconds_per_file``; a
     batch is due at ``every`` waiting files or ``interval`` seconds after the oldest; each commit first waits for
     :func:`~resumerge.store.hubretry.pace_wait` when ``paced``; a commit takes no time."""
@@ -173,8 +174,8 @@ def test_a_large_merge_stays_under_the_lowest_commit_quota_with_the_default_batc
     hourly cap bounds what batching does not: 5000 small files (a small ``--out-shard-size``) at two a second ask
     for 360 commits an hour unpaced; paced, no hour holds more than ``Batching.hourly`` (100), under the hub's 128,
     and every file is still committed (in fewer, bigger commits)."""
-    batching = hubcommits.Batching()
-    assert batching.hourly == hubretry.HOURLY_COMMITS < 128
+    batching = Batching()
+    assert batching.hourly == HOURLY_COMMITS < 128
     for seconds in (0.5, 1.0, 3.0, 10.0, 45.0, 120.0):
         assert _most_in_an_hour(_commit_times(820, seconds, batching, paced=False)) <= 61, seconds
     unpaced = _commit_times(5000, 0.5, batching, paced=False)

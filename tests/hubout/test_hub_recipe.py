@@ -18,7 +18,7 @@ from hub.fakehub_write import HubWriter
 from hubout.conftest import SHARD, TIERS, Merge, repo_files, uploads
 from resumerge import api
 from resumerge.cli.commands import main
-from resumerge.engine.settings import RunSettings
+from resumerge.config.settings import RunSettings
 from resumerge.errors import InterruptedMerge
 from resumerge.plan.merge_plan import PlanOptions
 from resumerge.recipes.manifest import RECIPE_MANIFEST_NAME
