@@ -196,7 +196,7 @@ def test_install_cell_installs_from_the_repository_or_a_wheel(tmp_path: Path, mo
                          ("parameters", "injected-parameters", "install"), tmp_path)
     assert [cell for cell, _ in installed] == ["parameters", "injected-parameters", "install"], installed
     assert f"installing resumerge from {wheel}" in installed[-1][1]
-    assert (target / "resumerge" / "api.py").is_file() and list(target.glob("resumerge-*.dist-info"))
+    assert (target / "resumerge" / "api" / "__init__.py").is_file() and list(target.glob("resumerge-*.dist-info"))
 
 
 def test_the_token_comes_from_colabs_secrets_and_is_never_shown(tmp_path: Path,

@@ -458,8 +458,12 @@ def _plan(args: argparse.Namespace) -> int:
     return fits_exit_code(result.fits, result.reasons)
 
 
+# extract-lora's options that only a run uses: --plan estimates (estimate_extraction) without them.
+EXTRACTION_RUN_ONLY = frozenset({"plan", "restart", "max_gpu_memory", "public", "commit_every", "commit_interval"})
+
+
 def _extract_lora(args: argparse.Namespace) -> int:
-    from resumerge.api import extract_lora
+    from resumerge.api import estimate_extraction, extract_lora
     from resumerge.engine.costs import Estimate
 
     if not args.plan:
@@ -469,8 +473,8 @@ def _extract_lora(args: argparse.Namespace) -> int:
         assert not isinstance(outcome, Estimate)  # plan=False runs the extraction
         _finished(outcome, args.quiet)
         return EXIT_OK
-    result = extract_lora(fresh_process=True, **_api_options(args))
-    assert isinstance(result, Estimate)  # plan=True only estimates
+    options = {k: v for k, v in _api_options(args).items() if k not in EXTRACTION_RUN_ONLY}
+    result = estimate_extraction(fresh_process=True, **options)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:

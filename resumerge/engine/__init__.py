@@ -4,8 +4,8 @@ and estimates.
 
 The only stage that reads weights and writes output files — through the input sources and the output sink,
 whichever they are. Every kind of run (a single merge, each stage of a recipe, the kinds later issues add) is a
-planner that makes a plan, then :func:`resumerge.engine.session.run_plan`; the kinds themselves live above
-(``resumerge.recipes``) and are chosen by :mod:`resumerge.api`.
+planner that makes a :class:`~resumerge.plan.prepared.Prepared`, then :func:`resumerge.engine.session.run_plan`;
+the kinds themselves live above (:mod:`resumerge.api.kinds`) and never reach the engine as anything but a plan.
 
 May import: errors, config, memory, methods, vocab, inputs, store, plan, outputs.
 """

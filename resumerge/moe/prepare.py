@@ -20,7 +20,7 @@ from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.model import ModelInput
 from resumerge.memory.sizes import format_size
 from resumerge.methods.resources import Resources
-from resumerge.moe.config import MoeConfig
+from resumerge.moe.config import CARD_METHOD, MoeConfig
 from resumerge.moe.hiddenpass import HiddenPass, beside_share, routers_job
 from resumerge.moe.passproc import (
     HIDDEN_MODES,
@@ -61,10 +61,12 @@ def prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings, 
     if config.gate_mode in HIDDEN_MODES:
         key = _key(config, inputs.models[config.base_model.key])
     plan = build_moe_plan(config, inputs.models, options, encoded=encoded, routers_key=key)  # every check
+    card = config.as_merge_config()  # the model card lists the models as a models: merge lists them
+    plan = replace(plan, card_config=card, card_method=CARD_METHOD)
     if config.gate_mode == "cheap_embed" and forward and config.base_model.key not in inputs.hub:
         preview = _cheap_embed_gates(config, inputs, encoded)
-        return Prepared(build_moe_plan(config, inputs.models, options, encoded=encoded, gates_preview=preview),
-                        inputs)
+        preview_plan = build_moe_plan(config, inputs.models, options, encoded=encoded, gates_preview=preview)
+        return Prepared(replace(preview_plan, card_config=card, card_method=CARD_METHOD), inputs)
     if key is None or not forward:
         return Prepared(plan, inputs)
     provided = RouterSources()

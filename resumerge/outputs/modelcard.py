@@ -50,15 +50,9 @@ def render_model_card(plan: Plan, config_text: str) -> bytes:
     Deterministic: depends only on the config, the plan's method and layer count, and the hub commits in
     ``plan.model_dirs``. No network call, no clock.
     """
-    if plan.method == "moe":  # a mergekit-moe config: its models, listed as a models: merge lists them
-        from resumerge.moe import load_moe_text
-        from resumerge.moe.config import CARD_METHOD
-
-        config = load_moe_text(config_text, allow_all_same=True).as_merge_config()
-        title, summary, reference = CARD_METHOD
-    else:
-        config = load_config_text(config_text)
-        title, summary, reference = _about(plan.method)
+    # What a kind of run that is not a merge config (MoE upcycling) lists is in its plan: never asked here.
+    config = plan.card_config if plan.card_config is not None else load_config_text(config_text)
+    title, summary, reference = plan.card_method if plan.card_method is not None else _about(plan.method)
     refs = config.referenced_models()
     commits = {ref.key: hub_commit(ref.path, plan.model_dirs.get(ref.key, "")) for ref in refs}
     hub_ids: list[str] = []

@@ -21,6 +21,7 @@ from resumerge.inputs.safetensors_format import DTYPE_SIZES, ShardLayout, layout
 from resumerge.methods.registry import MethodSpec, get_method
 
 if TYPE_CHECKING:
+    from resumerge.config.merge_config import MergeConfig
     from resumerge.vocab import VocabAlignment
 
 DEFAULT_SHARD_SIZE = 1_000_000_000
@@ -213,6 +214,12 @@ class Plan:
     # routers and experts, LoRA extraction's factors), declared in that kind's package: :meth:`method_of` finds a
     # tensor's method here. Code, not data: never fingerprinted nor written; planning again gives them again.
     units: tuple[MethodSpec, ...] = field(default=(), compare=False, repr=False)
+    # What the model card lists when the run's recorded text is not a merge config (a mergekit-moe config): the
+    # merge config of its models and name, as mergekit-moe lists them, and its method line (display name,
+    # description, link), so the card never asks which kind made the plan; None: the card reads the recorded merge
+    # config and the method's declaration. Derived from the recorded text: not fingerprinted.
+    card_config: MergeConfig | None = field(default=None, compare=False, repr=False)
+    card_method: tuple[str, str, str] | None = field(default=None, compare=False, repr=False)
 
     @property
     def total_bytes(self) -> int:

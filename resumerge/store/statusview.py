@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resumerge.config.extraction_state import FACTORS_DIR, cached_modules, is_extraction_text, lora_modules
+from resumerge.config.extraction_state import FACTORS_DIR, cached_modules, lora_modules
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import is_default_state_root, run_dir
 from resumerge.errors import LedgerError
@@ -155,17 +155,17 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusRe
         resume_command=None if state in ("done", "running") else command,
         streamed=_streamed(rows.stream.data if rows.stream else None),
         plan_notes=rows.plan_notes,
-        **_extraction_progress(rows.config_text, rows.tensor_names, rows.tensors_done, rdir),
+        **_module_progress(rows.tensor_names, rows.tensors_done, rdir),
     )
 
 
-def _extraction_progress(config_text: str, tensor_names: tuple[str, ...], tensors_done: int,
-                         rdir: Path) -> dict[str, Any]:
-    """An extraction's module figures for :class:`StatusReport` (nothing for a merge): every module is done once
-    the adapter is committed, before that those whose factors are in the run's factor cache."""
-    if not is_extraction_text(config_text):
-        return {}
+def _module_progress(tensor_names: tuple[str, ...], tensors_done: int, rdir: Path) -> dict[str, Any]:
+    """An adapter's module figures for :class:`StatusReport`, read from the plan's own tensors (nothing for a
+    plan without LoRA factors: a merge's): every module is done once the adapter is committed, before that those
+    whose factors are in the run's factor cache."""
     modules = lora_modules(tensor_names)
+    if not modules:
+        return {}
     if tensors_done and tensors_done == len(tensor_names):
         return {"modules_total": len(modules), "modules_done": len(modules)}
     cached = cached_modules(rdir / FACTORS_DIR)

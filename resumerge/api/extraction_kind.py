@@ -1,0 +1,104 @@
+"""A LoRA extraction: a fine-tune's adapter against its base (:func:`resumerge.api.extract_lora`), planned by
+:mod:`resumerge.extract`; its recorded text is the extraction's spec, which a resume plans again."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from resumerge.api.merge_kind import refuse_same_experts
+from resumerge.api.options import single_merge_only, usable_device
+from resumerge.api.runkind import Call, Driving, PathLike
+from resumerge.config.extraction_state import is_extraction_text
+from resumerge.config.settings import RunSettings
+
+if TYPE_CHECKING:
+    from resumerge.engine.costs import Estimate
+    from resumerge.engine.drive import Outcome
+    from resumerge.engine.estimate import Measuring
+    from resumerge.engine.executor import Reporter
+    from resumerge.engine.session import RecordedPlanner
+    from resumerge.plan.merge_plan import Plan, PlanOptions
+    from resumerge.plan.prepared import Prepared
+    from resumerge.store.statusview import StatusReport
+
+
+class ExtractionKind:
+    """A LoRA extraction. Each module's factors are kept in the run's state folder until the adapter is
+    committed (a resumed run decomposes only the modules not finished), then deleted (:meth:`finished`)."""
+
+    def recognises(self, text: str) -> bool:
+        """An extraction's spec (:func:`~resumerge.extract.spec.spec_text`)."""
+        return is_extraction_text(text)
+
+    def check(self, call: Call, driving: Driving) -> None:
+        """Refuse MoE's and recipes' options, and an extraction into a recipe's OUT."""
+        refuse_same_experts(call)
+        if call.out is not None:
+            single_merge_only(call.text, call.out, call.settings, intermediate_dir=driving.intermediate_dir,
+                              cleanup_intermediates=driving.cleanup)
+
+    def run(self, call: Call, driving: Driving) -> Outcome:
+        """Plan and run the extraction (``restart`` also discards the cached factors of the run it replaces)."""
+        from resumerge.engine.session import run_plan
+        from resumerge.engine.target import Target
+
+        assert call.out is not None
+        if driving.restart:
+            from resumerge.extract.prepare import clear_factors
+
+            clear_factors(call.out, call.settings.state_dir)
+        target = Target.open(call.out, call.settings)
+        prepared = _prepare(call.text, call.options, call.settings, out=call.out, reporter=driving.reporter)
+        outcome = run_plan(prepared, call.text, target, call.settings, restart=driving.restart,
+                           reporter=driving.reporter, should_stop=driving.should_stop)
+        self.finished(outcome, call.out, call.settings.state_dir)
+        return outcome
+
+    def resume(self, out: PathLike, settings: RunSettings, driving: Driving,
+               recorded: RecordedPlanner) -> Outcome | None:
+        """Resumed as any single run (by its recorded text): None."""
+        return None
+
+    def prepare_recorded(self, text: str, options: PlanOptions, model_dirs: Mapping[str, str],
+                         settings: RunSettings, reporter: Reporter | None, out: PathLike) -> Prepared:
+        """The recorded spec planned again, its finished modules' factors read from ``out``'s run folder."""
+        return _prepare(text, options, settings, out=out, model_dirs=model_dirs, reporter=reporter)
+
+    def plan(self, call: Call) -> Plan:
+        """The extraction's plan (``--sv-epsilon`` reads the weights to count each module's rank)."""
+        return _prepare(call.text, call.options, call.settings).plan
+
+    def estimate(self, call: Call, measuring: Measuring, *, fresh_process: bool,
+                 intermediate_dir: PathLike | None) -> Estimate:
+        """The extraction's estimate, as a merge's (no factor is kept)."""
+        from resumerge.engine.estimate import estimate_config
+
+        usable_device(call.options.device)
+        return estimate_config(call.text, call.options, call.settings, source="extraction", out_dir=call.out,
+                               measuring=measuring, fresh_process=fresh_process,
+                               planner=lambda: _prepare(call.text, call.options, call.settings))
+
+    def status(self, out: PathLike, state_dir: PathLike | None) -> StatusReport | None:
+        """Told by the single merge's status (the ledger's account, with the adapter's module figures): None."""
+        return None
+
+    def finished(self, outcome: Outcome, out: PathLike, state_dir: PathLike | None) -> None:
+        """After an extraction's adapter is committed nobody needs its modules' cached factors: delete them."""
+        from resumerge.extract.spec import EXTRACTION_METHOD
+
+        if outcome.plan.method == EXTRACTION_METHOD:  # a merge's resume never imports the extraction's planner
+            from resumerge.extract.prepare import forget_factors
+
+            forget_factors(outcome.plan, out, state_dir)
+
+
+def _prepare(text: str, options: PlanOptions, settings: RunSettings, *, out: PathLike | None = None,
+             model_dirs: Mapping[str, str] | None = None, reporter: Reporter | None = None) -> Prepared:
+    """The plan of the extraction recorded as ``text`` and its opened inputs; its finished modules' factors are
+    kept in ``out``'s run folder (None: an estimate, nothing kept)."""
+    from resumerge.engine.drive import hub_progress
+    from resumerge.extract.prepare import prepare_extraction
+
+    return prepare_extraction(text, options, settings, out=out, model_dirs=model_dirs,
+                              on_progress=hub_progress(reporter))

@@ -1,0 +1,102 @@
+"""A single merge: one mergekit YAML document (``merge_method`` and its models), planned by
+:mod:`resumerge.plan` through the engine's session."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from resumerge.api.options import single_merge_only
+from resumerge.api.runkind import Call, Driving, PathLike
+from resumerge.config.settings import RunSettings
+from resumerge.errors import UsageError
+
+if TYPE_CHECKING:
+    from resumerge.engine.costs import Estimate
+    from resumerge.engine.drive import Outcome
+    from resumerge.engine.estimate import Measuring
+    from resumerge.engine.executor import Reporter
+    from resumerge.engine.session import RecordedPlanner
+    from resumerge.plan.merge_plan import Plan, PlanOptions
+    from resumerge.plan.prepared import Prepared
+    from resumerge.store.statusview import StatusReport
+
+
+class MergeKind:
+    """A single merge: any config no other kind recognises (the merge config loader reports what is wrong)."""
+
+    def recognises(self, text: str) -> bool:
+        """Always: the last kind walked."""
+        return True
+
+    def check(self, call: Call, driving: Driving) -> None:
+        """Refuse MoE's and recipes' options, and a single merge into a recipe's OUT."""
+        refuse_same_experts(call)
+        if call.out is not None:
+            single_merge_only(call.config, call.out, call.settings, intermediate_dir=driving.intermediate_dir,
+                              cleanup_intermediates=driving.cleanup)
+
+    def run(self, call: Call, driving: Driving) -> Outcome:
+        """The merge through :func:`~resumerge.engine.session.run_merge`."""
+        from resumerge.engine.session import run_merge
+
+        assert call.out is not None
+        return run_merge(call.text, call.out, call.options, call.settings, restart=driving.restart,
+                         reporter=driving.reporter, should_stop=driving.should_stop)
+
+    def resume(self, out: PathLike, settings: RunSettings, driving: Driving,
+               recorded: RecordedPlanner) -> Outcome:
+        """Finish the run recorded for ``out``, whatever its kind: its recorded text is planned again by
+        ``recorded`` (by its own kind)."""
+        from resumerge.engine.session import resume_merge
+
+        return resume_merge(out, settings, reporter=driving.reporter, should_stop=driving.should_stop,
+                            other_kind=recorded)
+
+    def prepare_recorded(self, text: str, options: PlanOptions, model_dirs: Mapping[str, str],
+                         settings: RunSettings, reporter: Reporter | None, out: PathLike) -> Prepared:
+        """The recorded merge config planned again, its models where the run found them."""
+        from resumerge.config.merge_config import load_config_text
+        from resumerge.engine.session import prepare
+
+        return prepare(load_config_text(text), options, model_dirs=model_dirs, state_dir=settings.state_dir,
+                       reporter=reporter)
+
+    def plan(self, call: Call) -> Plan:
+        """The merge config's plan (headers only)."""
+        from resumerge.config.merge_config import load_config_text
+        from resumerge.engine.session import plan_from_config
+
+        refuse_same_experts(call)
+        return plan_from_config(load_config_text(call.text, source=_source(call)), call.options)
+
+    def estimate(self, call: Call, measuring: Measuring, *, fresh_process: bool,
+                 intermediate_dir: PathLike | None) -> Estimate:
+        """The merge's estimate (:func:`~resumerge.engine.estimate.estimate_config`)."""
+        from resumerge.engine.estimate import estimate_config
+
+        refuse_same_experts(call)
+        return estimate_config(call.text, call.options, call.settings, source=_source(call), out_dir=call.out,
+                               measuring=measuring, fresh_process=fresh_process)
+
+    def status(self, out: PathLike, state_dir: PathLike | None) -> StatusReport:
+        """The ledger's (or the manifest's) account of the run into ``out``."""
+        from resumerge.store.statusview import read_status
+
+        return read_status(out, state_dir)
+
+    def finished(self, outcome: Outcome, out: PathLike, state_dir: PathLike | None) -> None:
+        """Nothing to clean up."""
+
+
+def refuse_same_experts(call: Call) -> None:
+    """``allow_same_experts`` is MoE upcycling's flag: refused (exit 2) for a config of another kind."""
+    if call.allow_same_experts:
+        raise UsageError("--i-understand-this-is-not-useful-without-training applies to mergekit-moe configs "
+                         f"(base_model and experts) only, and {_source(call)} is not one")
+
+
+def _source(call: Call) -> str:
+    from resumerge.api.options import source_name
+
+    return source_name(call.config, "config")

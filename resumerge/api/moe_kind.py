@@ -1,0 +1,111 @@
+"""MoE upcycling: a mergekit-moe config (``base_model`` and ``experts``), planned by :mod:`resumerge.moe`; the
+hidden-state gate modes' prompt forward pass runs in a process of its own, started before the run plans."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from resumerge.api.options import single_merge_only, source_name
+from resumerge.api.runkind import Call, Driving, PathLike
+from resumerge.config.settings import RunSettings
+
+if TYPE_CHECKING:
+    from resumerge.engine.costs import Estimate
+    from resumerge.engine.drive import Outcome
+    from resumerge.engine.estimate import Measuring
+    from resumerge.engine.executor import Reporter
+    from resumerge.engine.session import RecordedPlanner
+    from resumerge.moe import MoeConfig
+    from resumerge.moe.passproc import PassProcess
+    from resumerge.plan.merge_plan import Plan, PlanOptions
+    from resumerge.plan.prepared import Prepared
+    from resumerge.store.statusview import StatusReport
+
+
+class MoeKind:
+    """MoE upcycling, as ``mergekit-moe`` does it."""
+
+    def recognises(self, text: str) -> bool:
+        """A mergekit-moe config: one YAML mapping with ``experts`` and no ``merge_method``."""
+        from resumerge.moe import is_moe_text
+
+        return is_moe_text(text)
+
+    def check(self, call: Call, driving: Driving) -> None:
+        """The config checked (ConfigError naming the YAML path), recipes' options refused, and a recipe's OUT."""
+        _config(call)
+        if call.out is not None:
+            single_merge_only(call.config, call.out, call.settings, intermediate_dir=driving.intermediate_dir,
+                              cleanup_intermediates=driving.cleanup)
+
+    def run(self, call: Call, driving: Driving) -> Outcome:
+        """Plan and run it, the prompt forward pass (in a process started first, loading while this one plans)
+        beside the merge where the budget holds both; nothing is read before the config and OUT are checked."""
+        from resumerge.engine.session import run_plan
+        from resumerge.engine.target import Target
+        from resumerge.moe.passproc import started_early
+
+        assert call.out is not None
+        config = _config(call)
+        with started_early(config.gate_mode, call.settings.state_dir) as early:
+            target = Target.open(call.out, call.settings)
+            prepared = _prepare(config, call.options, call.settings, driving.reporter, early=early)
+            return run_plan(prepared, call.text, target, call.settings, restart=driving.restart,
+                            reporter=driving.reporter, should_stop=driving.should_stop)
+
+    def resume(self, out: PathLike, settings: RunSettings, driving: Driving,
+               recorded: RecordedPlanner) -> Outcome | None:
+        """Resumed as any single run (by its recorded text): None."""
+        return None
+
+    def prepare_recorded(self, text: str, options: PlanOptions, model_dirs: Mapping[str, str],
+                         settings: RunSettings, reporter: Reporter | None, out: PathLike) -> Prepared:
+        """The recorded config planned again; its experts may all be one model: that was allowed when the run
+        started (the rule is about intent)."""
+        from resumerge.moe import load_moe_text
+
+        return _prepare(load_moe_text(text, allow_all_same=True), options, settings, reporter, model_dirs)
+
+    def plan(self, call: Call) -> Plan:
+        """The plan, without computing the hidden-state routers."""
+        from resumerge.moe.prepare import prepare_moe
+
+        return prepare_moe(_config(call), call.options, call.settings, forward=False).plan
+
+    def estimate(self, call: Call, measuring: Measuring, *, fresh_process: bool,
+                 intermediate_dir: PathLike | None) -> Estimate:
+        """Planned without its prompt forward pass: the estimate counts the pass, it does not run it."""
+        from resumerge.engine.estimate import estimate_config
+        from resumerge.moe.passcost import estimators
+
+        source = source_name(call.config, "config")
+        planner, prepass = estimators(_config(call), call.options, call.settings)
+        return estimate_config(call.text, call.options, call.settings, source=source, out_dir=call.out,
+                               measuring=measuring, fresh_process=fresh_process, planner=planner, prepass=prepass)
+
+    def status(self, out: PathLike, state_dir: PathLike | None) -> StatusReport | None:
+        """Told by the single merge's status (the ledger's account): None."""
+        return None
+
+    def finished(self, outcome: Outcome, out: PathLike, state_dir: PathLike | None) -> None:
+        """Nothing to clean up (the routers stay in the state dir, by content, for a later run)."""
+
+
+def _config(call: Call) -> MoeConfig:
+    """The loaded config; raises ConfigError naming the YAML path before any model is opened."""
+    from resumerge.moe import load_moe_text
+
+    return load_moe_text(call.text, allow_all_same=call.allow_same_experts,
+                         source=source_name(call.config, "config"))
+
+
+def _prepare(config: MoeConfig, options: PlanOptions, settings: RunSettings, reporter: Reporter | None,
+             model_dirs: Mapping[str, str] | None = None, *, early: PassProcess | None = None) -> Prepared:
+    """The planner (:mod:`resumerge.moe`), which starts the hidden-state modes' prompt pass: beside the merge in
+    ``early``, the process the caller started (and stops), where the budget allows; else it is done here."""
+    from resumerge.engine.drive import hub_progress
+    from resumerge.moe.prepare import prepare_moe
+
+    return prepare_moe(config, options, settings, model_dirs=model_dirs, early=early,
+                       on_progress=hub_progress(reporter), beside=early is not None)

@@ -1,0 +1,134 @@
+"""The one place the API's flat keyword parameters become :class:`~resumerge.plan.merge_plan.PlanOptions` (what
+changes the output's bytes) and :class:`~resumerge.config.settings.RunSettings` (what does not), and the guards
+every kind of run shares: OUT named, a config given as a file or as YAML text, a recipe's OUT kept from a single
+merge. Each raises :class:`~resumerge.errors.UsageError` (exit 2) for a bad value, before any work.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from resumerge.config.settings import HubOutputOptions, RunSettings
+from resumerge.errors import OutputDirError, UsageError
+from resumerge.memory.sizes import parse_size
+
+if TYPE_CHECKING:
+    from resumerge.plan.merge_plan import PlanOptions
+
+PathLike = str | os.PathLike[str]
+
+
+def plan_options(*, out_shard_size: int | str | None, device: str = "cpu", **flags: Any) -> PlanOptions:
+    """What changes the output's bytes (the plan's fingerprint; ``num_threads`` only for the methods whose bytes
+    depend on it, the planner drops it for the others; shard size None: the planner's pick); ``flags`` are the
+    other :class:`PlanOptions` fields, as given. UsageError if bad."""
+    from resumerge.engine.devices import normalise_device
+    from resumerge.plan.merge_plan import PlanOptions
+    from resumerge.plan.sharding import AUTO_SHARD_SIZE  # the planner picks (an hf:// OUT's default)
+
+    shard_size = size_option(out_shard_size, "--out-shard-size")
+    return PlanOptions(out_shard_size=AUTO_SHARD_SIZE if shard_size is None else shard_size,
+                       device=normalise_device(device), **flags)
+
+
+def run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = None,
+                 max_memory: int | str | None = None, max_gpu_memory: int | str | None = None,
+                 staging: bool | PathLike | None = None, max_disk: int | str | None = None,
+                 output: HubOutputOptions | None = None, num_threads: int | None = None) -> RunSettings:
+    """What never changes the output's bytes; raises UsageError (exit 2) for a bad value, before any work."""
+    if num_threads is not None and num_threads < 1:
+        raise UsageError("--num-threads must be at least 1")
+    settings = RunSettings(state_dir=state_dir, cache_dir=cache_dir, max_memory=size_option(max_memory, "--max-memory"),
+                           max_gpu_memory=size_option(max_gpu_memory, "--max-gpu-memory"), staging=staging,
+                           max_disk=size_option(max_disk, "--max-disk"), num_threads=num_threads)
+    return settings if output is None else replace(settings, output=output)
+
+
+def hub_output(public: bool, every: int | None, interval: float | None) -> HubOutputOptions:
+    """How an ``hf://`` OUT is created and committed (``--public``, ``--commit-every``, ``--commit-interval``)."""
+    return HubOutputOptions.of(public=public, every=every, interval=interval)
+
+
+def size_option(value: int | str | None, option: str) -> int | None:
+    """A size option in bytes (None: not given); raises UsageError for a size that is not positive."""
+    if value is None:
+        return None
+    size = parse_size(value, option=option)
+    if size <= 0:
+        raise UsageError(f"{option} must be positive")
+    return size
+
+
+def single_merge_only(config: PathLike, out: PathLike, settings: RunSettings, *,
+                      intermediate_dir: PathLike | None, cleanup_intermediates: bool) -> None:
+    """Refuse recipe-only options with a one-document config, and a single merge into a recipe's OUT (even with
+    ``restart``: the recipe's record would be left stale)."""
+    from resumerge.config.hubtarget import is_hub_target
+    from resumerge.recipes.manifest import RECIPE_MANIFEST_NAME
+    from resumerge.recipes.view import is_recipe_out
+
+    for flag, given in (("intermediate-dir", intermediate_dir is not None), ("cleanup-intermediates",
+                                                                             cleanup_intermediates)):
+        if given:
+            raise UsageError(f"--{flag} applies to recipes only, and {source_name(config, 'the config')} holds one "
+                             "merge config", hint="separate a recipe's stages with --- lines")
+    # A repo is asked (one small request): a single merge must not take over, or --restart away, a recipe's repo.
+    if is_recipe_out(out, settings.state_dir) if is_hub_target(out) else \
+            os.path.isfile(os.path.join(out, RECIPE_MANIFEST_NAME)):
+        raise OutputDirError(f"{out} holds the output of a recipe ({RECIPE_MANIFEST_NAME})", path=str(out),
+                             hint="use another OUT for a single merge")
+
+
+def named(out: PathLike) -> None:
+    """Refuse an empty OUT (``run cfg.yml ""``): as a path it would be the current directory, never what was meant."""
+    if not os.fspath(out).strip():
+        raise UsageError("OUT is empty", hint="name an output directory, or a hub repo hf://NAMESPACE/NAME")
+
+
+def is_yaml_text(config: PathLike) -> bool:
+    """The rule for every ``config`` parameter: a ``Path`` (any ``os.PathLike``) names a file; a ``str`` is YAML
+    text when it holds a newline or is a YAML mapping on one line (``"{merge_method: linear, models: [...]}"``) and
+    names no existing file; any other ``str`` names a file."""
+    if not isinstance(config, str):
+        return False
+    if "\n" in config:
+        return True
+    if os.path.isfile(config):
+        return False
+    import yaml
+
+    try:
+        return isinstance(yaml.safe_load(config), dict)
+    except yaml.YAMLError:
+        return False
+
+
+def usable_device(device: str) -> None:
+    """A GPU the run would refuse is refused by the estimate too (exit 2), rather than a plan that "fits"."""
+    if device != "cpu":
+        from resumerge.memory.cuda import CudaProbe
+
+        CudaProbe(device)
+
+
+def config_text(config: PathLike) -> str:
+    """The YAML text of ``config`` (see :func:`is_yaml_text`); raises UsageError for a file that cannot be read."""
+    if isinstance(config, str) and is_yaml_text(config):
+        return config
+    from resumerge.config.merge_config import read_config_file
+
+    return read_config_file(config)
+
+
+def source_name(config: PathLike, text_name: str) -> str:
+    """The name errors about ``config`` start with: its file name, or ``text_name`` for YAML text."""
+    return text_name if is_yaml_text(config) else Path(config).name
+
+
+def stop_flag(should_stop: Callable[[], bool] | None) -> Callable[[], bool]:
+    """``should_stop``, or a flag that never turns true."""
+    return should_stop if should_stop is not None else (lambda: False)

@@ -1,0 +1,100 @@
+"""A recipe (mergekit-multi): several YAML documents, each a stage merged by the session path in turn; its OUT
+holds the recipe's record, by which ``resume`` and ``status`` know it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from resumerge.api.options import source_name
+from resumerge.api.runkind import Call, Driving, PathLike
+from resumerge.config.settings import RunSettings
+from resumerge.errors import UsageError
+
+if TYPE_CHECKING:
+    from resumerge.engine.drive import Outcome
+    from resumerge.engine.estimate import Measuring
+    from resumerge.engine.executor import Reporter
+    from resumerge.engine.session import RecordedPlanner
+    from resumerge.plan.merge_plan import Plan, PlanOptions
+    from resumerge.plan.prepared import Prepared
+    from resumerge.recipes.estimate import RecipeEstimate
+    from resumerge.recipes.view import RecipeStatus
+
+
+class RecipeKind:
+    """A recipe: its stages are planned and run by :mod:`resumerge.recipes`."""
+
+    def recognises(self, text: str) -> bool:
+        """More than one non-empty YAML document."""
+        from resumerge.recipes.recipe import is_recipe_text
+
+        return is_recipe_text(text)
+
+    def check(self, call: Call, driving: Driving) -> None:
+        """MoE's flag refused (a recipe's stages are merge configs)."""
+        if call.allow_same_experts:
+            raise UsageError("--i-understand-this-is-not-useful-without-training applies to mergekit-moe configs "
+                             f"(base_model and experts) only, and {source_name(call.config, 'the config')} is not "
+                             "one")
+
+    def run(self, call: Call, driving: Driving) -> Outcome:
+        """Every stage still to do; the final stage's outcome. With an ``hf://`` OUT only the final stage is
+        committed to the repo, with the recipe's record."""
+        from resumerge.recipes.run import run_recipe
+
+        assert call.out is not None
+        return run_recipe(call.text, call.out, call.options, call.settings, intermediate_dir=driving.intermediate_dir,
+                          restart=driving.restart, cleanup=driving.cleanup, reporter=driving.reporter,
+                          should_stop=driving.should_stop, source=source_name(call.config, "recipe")).outcome()
+
+    def resume(self, out: PathLike, settings: RunSettings, driving: Driving,
+               recorded: RecordedPlanner) -> Outcome | None:
+        """Every stage still to do of the recipe recorded in ``out`` (None: ``out`` holds no recipe)."""
+        from resumerge.recipes.view import is_recipe_out
+
+        if not is_recipe_out(out, settings.state_dir):
+            return None
+        from resumerge.recipes.run import resume_recipe
+
+        return resume_recipe(out, settings, cleanup=driving.cleanup, reporter=driving.reporter,
+                             should_stop=driving.should_stop).outcome()
+
+    def prepare_recorded(self, text: str, options: PlanOptions, model_dirs: Mapping[str, str],
+                         settings: RunSettings, reporter: Reporter | None, out: PathLike) -> Prepared:
+        """Never: a recipe is resumed from its own record (:meth:`resume`), stage by stage."""
+        raise UsageError("a recipe is resumed from its record in OUT, not from a stage's ledger",
+                         hint=f"resumerge resume {out}")
+
+    def plan(self, call: Call) -> Plan:
+        """Refused as the merge config loader refuses several documents (a recipe has a plan per stage, which
+        ``estimate`` shows)."""
+        from resumerge.api.merge_kind import MergeKind
+
+        return MergeKind().plan(call)
+
+    def estimate(self, call: Call, measuring: Measuring, *, fresh_process: bool,
+                 intermediate_dir: PathLike | None) -> RecipeEstimate:
+        """Every stage estimated (:func:`~resumerge.recipes.estimate.estimate_recipe`); needs OUT to place them."""
+        from resumerge.recipes.estimate import estimate_recipe
+
+        self.check(call, Driving(should_stop=_never))
+        if call.out is None:
+            raise UsageError("planning a recipe needs OUT: its stages are placed relative to it",
+                             hint=f"resumerge plan {call.config} OUT")
+        return estimate_recipe(call.text, call.options, call.settings, out_dir=call.out,
+                               source=source_name(call.config, "recipe"), intermediate_dir=intermediate_dir,
+                               probe_bytes=measuring.probe_bytes, disk_free=measuring.disk_free)
+
+    def status(self, out: PathLike, state_dir: PathLike | None) -> RecipeStatus | None:
+        """Every stage of the recipe writing to ``out``, and the one in progress (None: ``out`` holds none)."""
+        from resumerge.recipes.view import is_recipe_out, read_recipe_status
+
+        return read_recipe_status(out, state_dir) if is_recipe_out(out, state_dir) else None
+
+    def finished(self, outcome: Outcome, out: PathLike, state_dir: PathLike | None) -> None:
+        """Nothing to clean up (``cleanup`` deleted the intermediates already, when asked)."""
+
+
+def _never() -> bool:
+    return False
