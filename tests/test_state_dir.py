@@ -11,8 +11,7 @@ from conftest import ModelFactory
 from support import linear_config, write_config
 
 from resumerge.cli.commands import main
-from resumerge.config.locations import run_dir, state_root
-from resumerge.store.statusview import resume_command
+from resumerge.config.locations import resume_command, run_dir, state_root
 
 
 @pytest.fixture

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 from resumerge.config.hubtarget import is_hub_target, parse_hub_target
 
 ENV_STATE_DIR = "RESUMERGE_STATE_DIR"
+# A merge's ledger, in its run dir.
+LEDGER_NAME = "ledger.db"
+# Where output files are staged by default (Drive and other remote OUTs), in the run dir.
+STAGING_NAME = "staging"
 
 
 # The default state dir of earlier versions, relative to the working directory; still read for runs recorded there.
@@ -58,3 +64,42 @@ def run_dir(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] |
         if legacy.is_dir():
             return legacy
     return state_root(state_dir) / name
+
+
+def resume_command(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None) -> str:
+    """The shell command that finishes the merge into ``out_dir`` (with ``--state-dir`` when it is not the one a
+    command finds by itself)."""
+    command = f"resumerge resume {shlex.quote(os.fspath(out_dir))}"
+    if state_dir is None or is_default_state_root(state_dir):
+        return command
+    return f"{command} --state-dir {shlex.quote(os.fspath(state_dir))}"
+
+
+@dataclass(frozen=True)
+class RunLocations:
+    """Where the run into one OUT keeps its state, resolved once (:meth:`of`) and read by every step of the run
+    instead of each deriving it again from the state dir: ``out`` as given (a folder or an ``hf://`` target),
+    ``state_dir`` as given (None: the default), the state dir in force (``root``), the run's folder (``run_dir``:
+    ledger, lock, staging, caches) and the command that resumes it."""
+
+    out: str
+    state_dir: str | os.PathLike[str] | None
+    root: Path
+    run_dir: Path
+    resume_command: str
+
+    @classmethod
+    def of(cls, out: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None) -> RunLocations:
+        """The locations of the run into ``out`` under ``state_dir``."""
+        return cls(os.fspath(out), state_dir, state_root(state_dir), run_dir(out, state_dir),
+                   resume_command(out, state_dir))
+
+    @property
+    def ledger(self) -> Path:
+        """The run's ledger."""
+        return self.run_dir / LEDGER_NAME
+
+    @property
+    def staging(self) -> Path:
+        """Where output files are staged when no directory is given for it."""
+        return self.run_dir / STAGING_NAME

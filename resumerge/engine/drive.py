@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resumerge import torch_import
-from resumerge.config.locations import run_dir
 from resumerge.config.settings import RunSettings, Staging
 from resumerge.engine.devices import gpu_governor
 from resumerge.engine.executor import CONCURRENCY, Reporter, Stopped, execute
@@ -177,7 +176,7 @@ class RunSession:
         plan, settings, reporter, restart, resuming = self.prepared.plan, self.settings, self.reporter, self.restart, \
             self.resuming
         config_text, should_stop = self.config_text, self.should_stop
-        out, hub_out, command, state_dir = self.target.out, self.target.hub, self.target.command, settings.state_dir
+        out, hub_out, command = self.target.out, self.target.hub, self.target.command
         if plan.options.num_threads is not None:  # the resume reuses it anyway; the command says what it will do
             command = f"{command} -j {plan.options.num_threads}"
         governor, gpu = governors
@@ -186,7 +185,7 @@ class RunSession:
         created = hub_out is None and not out.exists()  # removed again if the run is refused before writing to it
         if hub_out is None:
             out.mkdir(parents=True, exist_ok=True)
-        rdir = run_dir(hub_out.url if hub_out else out, state_dir)
+        rdir = self.target.locations.run_dir
         # A repo cannot be locked from here: the run's lock file is, so two processes on this machine never collide
         # (and the refusal names the repo as written, hf://…).
         lock = RunLock(rdir, out) if hub_out is None else RunLock(rdir, hub_out.url, lock_out=False)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from resumerge.config.hubtarget import parse_hub_target
+from resumerge.config.locations import resume_command
 from resumerge.config.settings import HubOutputOptions
 from resumerge.engine.outdir import record_plan
 from resumerge.errors import OutputDirError, ResumergeError, UsageError
@@ -35,7 +36,6 @@ from resumerge.store.hubrepo import (
 from resumerge.store.hubsink import HubRepoSink
 from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import Manifest
-from resumerge.store.statusview import resume_command
 
 
 @dataclass(frozen=True)

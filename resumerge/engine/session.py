@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from resumerge.config.locations import run_dir
+from resumerge.config.locations import resume_command
 from resumerge.config.merge_config import MergeConfig, load_config_text
 from resumerge.config.settings import RunSettings
 from resumerge.engine.drive import Outcome, RunSession, hub_progress, never_stop
@@ -32,9 +32,8 @@ from resumerge.methods.registry import MethodSpec
 from resumerge.plan.merge_plan import Plan, PlanOptions
 from resumerge.plan.planner import build_plan, threads_matter
 from resumerge.plan.prepared import Prepared
-from resumerge.store.ledger import LEDGER_NAME, Ledger
+from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import MANIFEST_NAME
-from resumerge.store.statusview import resume_command
 
 # Plans a run's recorded config text of another kind than a merge config (MoE upcycling's), from the recorded
 # options and model directories, under the resume's settings and reporter; None when the text is a merge config.
@@ -110,7 +109,7 @@ def resume_merge(
     """
     target = Target.open(out_dir, settings).read_recorded()
     out, manifest, state_dir = target.out, target.manifest(), settings.state_dir
-    ledger_path = run_dir(target.url, state_dir) / LEDGER_NAME
+    ledger_path = target.locations.ledger
     row = None
     if ledger_path.exists():
         try:

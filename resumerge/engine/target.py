@@ -14,21 +14,23 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from resumerge.config.hubtarget import is_hub_target
+from resumerge.config.locations import RunLocations
 from resumerge.config.settings import RunSettings
 from resumerge.engine.hubout import HubOutput, open_hub_output
 from resumerge.engine.outdir import check_out_dir, check_out_path
 from resumerge.store.manifest import Manifest, read_manifest
-from resumerge.store.statusview import resume_command
 
 
 @dataclass(frozen=True)
 class Target:
     """Where a run writes: ``out`` (the folder, or the repo's ``hf://`` URL as a path) and, for a repo, the opened
-    ``hub`` output. ``command`` is what an interruption tells the user to run; ``tolerate`` names files the folder
-    may hold besides resumerge's own (a recipe's record beside its final stage)."""
+    ``hub`` output. ``command`` is what an interruption tells the user to run; ``locations`` where the run keeps
+    its state (resolved once, here); ``tolerate`` names files the folder may hold besides resumerge's own (a
+    recipe's record beside its final stage)."""
 
     out: Path
     command: str
+    locations: RunLocations
     hub: HubOutput | None = None
     tolerate: frozenset[str] = frozenset()
     # A resume reads OUT's manifest before it can plan; it is kept here rather than read (and checked) twice.
@@ -42,17 +44,19 @@ class Target:
         by the session once the plan is recorded (:func:`~resumerge.engine.hubout.create_recorded`), so a resume
         creates it only from a recorded plan. A folder is only named (it is checked when
         the run has a plan)."""
-        command = command or resume_command(out_dir, settings.state_dir)
+        where = RunLocations.of(out_dir, settings.state_dir)
         if is_hub_target(out_dir):
             hub = open_hub_output(str(out_dir), state_dir=settings.state_dir, options=settings.output,
                                   deferred=True)
-            return cls.of_hub(hub, command)
-        return cls(Path(out_dir).absolute(), command, tolerate=tolerate)
+            return cls(Path(hub.url), command or where.resume_command, where, hub)
+        return cls(Path(out_dir).absolute(), command or where.resume_command, where, tolerate=tolerate)
 
     @classmethod
-    def of_hub(cls, hub: HubOutput, command: str) -> Target:
-        """The target of a repo opened already (a recipe opens its repo before planning its stages)."""
-        return cls(Path(hub.url), command, hub)
+    def of_hub(cls, hub: HubOutput, state_dir: str | os.PathLike[str] | None, command: str | None = None) -> Target:
+        """The target of a repo opened already (a recipe opens its repo before planning its stages), its state
+        under ``state_dir``."""
+        where = RunLocations.of(hub.url, state_dir)
+        return cls(Path(hub.url), command or where.resume_command, where, hub)
 
     @property
     def url(self) -> str | Path:

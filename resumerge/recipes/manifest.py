@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resumerge.config.locations import run_dir, state_root
+from resumerge.config.locations import RunLocations
 from resumerge.errors import LedgerError
 from resumerge.recipes.ledger_read import RECIPE_LEDGER_NAME, RecipeRow, read_recipe_row
 from resumerge.store.durable import write_file_atomic
@@ -128,9 +128,10 @@ def record_from_doc(doc: Any, where: str) -> RecipeRecord:
         ) from None
 
 
-def recipe_dir(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The state folder of the recipe writing to ``out_dir`` (its ledger and lock): ``recipe-<name>-<hash>``."""
-    return state_root(state_dir) / f"recipe-{run_dir(out_dir, state_dir).name}"
+def recipe_dir(where: RunLocations) -> Path:
+    """The state folder of the recipe writing to the OUT of ``where`` (its ledger and lock):
+    ``recipe-<name>-<hash>``, beside the run folder of a single merge into it."""
+    return where.root / f"recipe-{where.run_dir.name}"
 
 
 def write_recipe_manifest(out_dir: Path, record: RecipeRecord) -> None:
@@ -171,7 +172,7 @@ def read_recipe_ledger(path: Path) -> tuple[RecipeRecord, RecipeRow] | None:
 def read_recipe_record(out_dir: str | os.PathLike[str],
                        state_dir: str | os.PathLike[str] | None = None) -> tuple[RecipeRecord, str] | None:
     """The recorded recipe of ``out_dir`` and where it came from (``ledger`` or ``manifest``); None if none."""
-    found = read_recipe_ledger(recipe_dir(out_dir, state_dir) / RECIPE_LEDGER_NAME)
+    found = read_recipe_ledger(recipe_dir(RunLocations.of(out_dir, state_dir)) / RECIPE_LEDGER_NAME)
     if found is not None:
         return found[0], "ledger"
     record = read_recipe_manifest(Path(out_dir))

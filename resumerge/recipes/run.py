@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.config.locations import run_dir
+from resumerge.config.locations import LEDGER_NAME, RunLocations, resume_command
 from resumerge.config.settings import RunSettings
 from resumerge.config.version import __version__
 from resumerge.engine.drive import Outcome, hub_progress, make_governor
@@ -77,7 +77,6 @@ from resumerge.store.integrity import verify_output
 from resumerge.store.journal import journal_files
 from resumerge.store.manifest import MANIFEST_NAME, read_manifest
 from resumerge.store.runlock import LOCK_NAME, RunLock, is_locked
-from resumerge.store.statusview import LEDGER_NAME, resume_command
 
 # A stage's files in the state dir: its SQLite ledger with WAL/journal companions, and its lock.
 _LEDGER_FILES = (*journal_files(LEDGER_NAME), LOCK_NAME)
@@ -203,7 +202,7 @@ def discard_stage_output(out_dir: Path, names: Iterable[str], state_dir: str | o
 
     Returns the number of files deleted. Raises :class:`OutputDirError` when a process is merging into it.
     """
-    rdir = run_dir(out_dir, state_dir)
+    rdir = RunLocations.of(out_dir, state_dir).run_dir
     if is_locked(rdir):
         raise OutputDirError(f"another resumerge process is merging into {out_dir}", path=str(out_dir))
     removed = 0
@@ -247,7 +246,7 @@ class _Runner:
         self.reporter, self.should_stop = reporter, should_stop
         self._refuse_changes()
         self._check_outputs()
-        rdir = recipe_dir(self.rplan.out, self.settings.state_dir)
+        rdir = recipe_dir(RunLocations.of(self.rplan.out, self.settings.state_dir))
         lock = RunLock(rdir, self.rplan.out, lock_out=False)
         lock.acquire()
         try:
@@ -400,9 +399,10 @@ class _Runner:
         self.ledger.stage_state(key, "running")
         # Every stage goes through the single-merge session path; the final one of a repo OUT writes to the repo.
         if self.hub is not None and sp.final:
-            target = Target.of_hub(self.hub.final_output(), self.command)
+            target = Target.of_hub(self.hub.final_output(), self.settings.state_dir, self.command)
         else:
-            target = Target(Path(sp.out_dir).absolute(), self.command, tolerate=_tolerated(sp))
+            out = Path(sp.out_dir).absolute()
+            target = Target(out, self.command, RunLocations.of(out, self.settings.state_dir), tolerate=_tolerated(sp))
         try:
             outcome = run_plan(Prepared(sp.plan), sp.stage.text, target, self.settings, restart=self.restart,
                                resuming=self.resuming, reporter=self.reporter, should_stop=self.should_stop)
@@ -476,7 +476,7 @@ def _recorded(out: str | Path, state_dir: str | os.PathLike[str] | None,
     """The recipe recorded for ``out``: the recipe ledger in the state dir, else OUT's record (a repo's, read when
     the repo was opened)."""
     if hub is not None:
-        found = read_recipe_ledger(recipe_dir(hub.url, state_dir) / RECIPE_LEDGER_NAME)
+        found = read_recipe_ledger(recipe_dir(RunLocations.of(hub.url, state_dir)) / RECIPE_LEDGER_NAME)
         return found[0] if found is not None else hub.record
     recorded = read_recipe_record(out, state_dir)
     return recorded[0] if recorded is not None else None

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.config.locations import run_dir
+from resumerge.config.locations import RunLocations
 from resumerge.errors import LedgerError, StorageError
 from resumerge.recipes.ledger_read import RECIPE_LEDGER_NAME, StageRow, read_recipe_stages
 from resumerge.recipes.manifest import (
@@ -27,9 +27,9 @@ from resumerge.recipes.manifest import (
     recipe_ledger_record,
     stage_label,
 )
-from resumerge.store.ledger_read import LEDGER_NAME, read_merge_record
+from resumerge.store.ledger_read import read_merge_record
 from resumerge.store.manifest import Manifest, read_manifest
-from resumerge.store.statusview import StatusReport, read_status, resume_command
+from resumerge.store.statusview import StatusReport, read_status
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,8 @@ def stage_record(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[s
     (one small request). A ledger that cannot be read (killed while being created, damaged) is passed over for the
     manifest. Raises :class:`LedgerError` when the manifest is unreadable.
     """
-    ledger = run_dir(out_dir, state_dir) / LEDGER_NAME
+    where = RunLocations.of(out_dir, state_dir)
+    ledger = where.ledger
     if ledger.exists():
         try:
             found = read_merge_record(ledger)
@@ -126,7 +127,7 @@ def stage_record(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[s
             return StageRecord(run.fingerprint, dict(run.parts), dict(run.inputs), run.state, len(found.files),
                                found.files_done, "ledger")
     if is_hub_target(out_dir):
-        manifest = repo_manifest if repo_manifest is not None else _repo_manifest(str(out_dir), state_dir)
+        manifest = repo_manifest if repo_manifest is not None else _repo_manifest(where)
     else:
         manifest = read_manifest(Path(out_dir)) if Path(out_dir).is_dir() else None
     if manifest is None:
@@ -139,11 +140,12 @@ def stage_record(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[s
 def is_recipe_out(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None) -> bool:
     """True when ``out_dir`` is (or is being) written by a recipe: its record is in the state dir or in OUT (for
     an ``hf://`` OUT without a recipe ledger here: in the repo, one small request)."""
-    if (recipe_dir(out_dir, state_dir) / RECIPE_LEDGER_NAME).exists():
+    where = RunLocations.of(out_dir, state_dir)
+    if (recipe_dir(where) / RECIPE_LEDGER_NAME).exists():
         return True
     if is_hub_target(out_dir):
         try:
-            return _out_record(out_dir, state_dir) is not None
+            return _out_record(where) is not None
         except StorageError:  # the hub refused the token: the single-merge path says what to do about it
             return False
     return (Path(out_dir) / RECIPE_MANIFEST_NAME).is_file()
@@ -154,7 +156,8 @@ def read_recipe_status(out_dir: str | os.PathLike[str],
     """Status of the recipe writing to ``out_dir``; raises :class:`LedgerError` when no recipe is recorded."""
     from resumerge.store.runlock import is_locked
 
-    rdir = recipe_dir(out_dir, state_dir)
+    where = RunLocations.of(out_dir, state_dir)
+    rdir = recipe_dir(where)
     rows: dict[str, StageRow] = {}
     events: tuple[str, ...] = ()
     last_error = None
@@ -170,7 +173,7 @@ def read_recipe_status(out_dir: str | os.PathLike[str],
         rows, event_rows = read_recipe_stages(rdir / RECIPE_LEDGER_NAME)
         events = tuple(f"{e.kind}: {e.message}" for e in event_rows)
     else:
-        manifest = _out_record(out_dir, state_dir)
+        manifest = _out_record(where)
         if manifest is None:
             if damage is not None:
                 raise damage
@@ -181,11 +184,11 @@ def read_recipe_status(out_dir: str | os.PathLike[str],
             )
         record, source = manifest, "manifest"
         state = "done" if record.state == "done" else "interrupted"
-        where = "the repo's" if is_hub_target(out_dir) else "OUT's"
+        whose = "the repo's" if is_hub_target(out_dir) else "OUT's"
         why = "recipe ledger not found" if damage is None else damage.message
-        events = (f"{why}: figures from {where} resumerge-recipe.json and the stages' records",)
+        events = (f"{why}: figures from {whose} resumerge-recipe.json and the stages' records",)
     stages = tuple(_stage_status(record, s.key, rows.get(s.key), state_dir, out_dir) for s in record.stages)
-    command = None if state in ("done", "running") else resume_command(out_dir, state_dir)
+    command = None if state in ("done", "running") else where.resume_command
     current = None
     pending = next((s for s in stages if s.state not in ("done", "deleted")), None)
     if pending is not None and pending.state != "pending":
@@ -195,24 +198,24 @@ def read_recipe_status(out_dir: str | os.PathLike[str],
                         last_error, events, command)
 
 
-def _out_record(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None) -> RecipeRecord | None:
+def _out_record(where: RunLocations) -> RecipeRecord | None:
     """OUT's ``resumerge-recipe.json``: the folder's, or the repo's for an ``hf://`` OUT."""
-    if not is_hub_target(out_dir):
-        return read_recipe_manifest(Path(out_dir))
+    if not is_hub_target(where.out):
+        return read_recipe_manifest(Path(where.out))
     from resumerge.recipes.hub import remote_recipe_record
 
-    return remote_recipe_record(str(out_dir), resume_command(out_dir, state_dir))
+    return remote_recipe_record(where.out, where.resume_command)
 
 
-def _repo_manifest(out: str, state_dir: str | os.PathLike[str] | None) -> Manifest | None:
+def _repo_manifest(where: RunLocations) -> Manifest | None:
     from resumerge.store.hubstatus import remote_manifest_bytes
     from resumerge.store.manifest import parse_manifest
 
     try:
-        data, where = remote_manifest_bytes(out, resume_command(out, state_dir))
+        data, found = remote_manifest_bytes(where.out, where.resume_command)
     except LedgerError:  # the repo holds no manifest: nothing of this stage is committed
         return None
-    return parse_manifest(data, where)
+    return parse_manifest(data, found)
 
 
 def _stage_status(record: RecipeRecord, key: str, row: StageRow | None,

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from resumerge.config.locations import STAGING_NAME
 from resumerge.config.settings import Staging
 from resumerge.store.diskprobe import nearest_existing
 
@@ -76,7 +77,7 @@ def staging_dir(choice: Staging, out: Path, run_dir: Path) -> Path | None:
     """
     if choice is False or (choice is None and not needs_staging(out)):
         return None
-    return run_dir / "staging" if choice is None or choice is True else Path(os.path.abspath(choice))
+    return run_dir / STAGING_NAME if choice is None or choice is True else Path(os.path.abspath(choice))
 
 
 def _resolved(path: Path) -> Path:

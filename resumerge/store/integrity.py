@@ -13,12 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.config.locations import run_dir
+from resumerge.config.locations import resume_command, run_dir
 from resumerge.errors import LedgerError
 from resumerge.store.checksums import check_many
 from resumerge.store.ledger_read import LEDGER_NAME, read_merge_record
 from resumerge.store.manifest import MANIFEST_NAME, read_manifest
-from resumerge.store.statusview import resume_command
 
 
 @dataclass(frozen=True)

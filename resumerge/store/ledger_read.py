@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from resumerge.config.locations import LEDGER_NAME as LEDGER_NAME
 from resumerge.errors import LedgerError
-
-LEDGER_NAME = "ledger.db"  # a merge's ledger, in its run dir
 
 
 @dataclass(frozen=True)

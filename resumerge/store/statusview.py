@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 
 from resumerge.config.extraction_state import FACTORS_DIR, cached_modules, lora_modules
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.config.locations import is_default_state_root, run_dir
+from resumerge.config.locations import RunLocations
 from resumerge.errors import LedgerError
 from resumerge.store.ledger_read import LEDGER_NAME as LEDGER_NAME
 from resumerge.store.ledger_read import read_merge_status
@@ -90,9 +89,8 @@ def read_status(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[st
 
     For ``hf://`` OUT the ledger answers when this machine has it, else the repo's manifest (one small request).
     """
-    rdir = run_dir(out_dir, state_dir)
-    ledger = rdir / LEDGER_NAME
-    command = resume_command(out_dir, state_dir)
+    where = RunLocations.of(out_dir, state_dir)
+    rdir, ledger, command = where.run_dir, where.ledger, where.resume_command
     if is_hub_target(out_dir):
         return _hub_status(str(out_dir), ledger, rdir, command)
     manifest = Path(out_dir) / MANIFEST_NAME
@@ -112,15 +110,6 @@ def read_status(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[st
         path=str(out_dir),
         hint="pass the --state-dir used by the run, or check the output path",
     )
-
-
-def resume_command(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None) -> str:
-    """The shell command that finishes the merge into ``out_dir`` (with ``--state-dir`` when it is not the one a
-    command finds by itself)."""
-    command = f"resumerge resume {shlex.quote(os.fspath(out_dir))}"
-    if state_dir is None or is_default_state_root(state_dir):
-        return command
-    return f"{command} --state-dir {shlex.quote(os.fspath(state_dir))}"
 
 
 def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusReport | None:
