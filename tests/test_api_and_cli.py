@@ -33,8 +33,8 @@ def test_api_and_cli_give_identical_outputs(tmp_path: Path, make: ModelFactory) 
 
 
 def test_public_names_are_exported() -> None:
-    assert sorted(resumerge.__all__) == ["__version__", "estimate", "extract_lora", "plan_merge", "recipe_status",
-                                         "resume", "run", "status", "verify"]
+    assert sorted(resumerge.__all__) == ["__version__", "estimate", "estimate_extraction", "extract_lora",
+                                         "plan_merge", "recipe_status", "resume", "run", "status", "verify"]
     for name in resumerge.__all__:
         assert getattr(resumerge, name) is not None
 

@@ -33,6 +33,7 @@ from resumerge.api.options import (
 )
 from resumerge.api.runkind import Call, Driving
 from resumerge.config.settings import RunSettings
+from resumerge.extract.spec import ExtractSpec
 from resumerge.memory.sizes import parse_size
 from resumerge.plan.merge_plan import DEFAULT_SEED, DEFAULT_SHARD_SIZE
 from resumerge.plan.sharding import shard_size_choice
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
     from resumerge.engine.costs import Estimate
     from resumerge.engine.drive import Outcome
     from resumerge.engine.executor import Reporter
-    from resumerge.extract.spec import ExtractSpec
     from resumerge.plan.merge_plan import Plan
     from resumerge.recipes.estimate import RecipeEstimate
     from resumerge.recipes.view import RecipeStatus

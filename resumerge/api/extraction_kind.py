@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from resumerge.api.merge_kind import refuse_same_experts
-from resumerge.api.options import single_merge_only, usable_device
+from resumerge.api.merge_kind import refuse_same_experts, single_output
+from resumerge.api.options import usable_device
 from resumerge.api.runkind import Call, Driving, PathLike
 from resumerge.config.extraction_state import is_extraction_text
 from resumerge.config.settings import RunSettings
@@ -34,9 +34,7 @@ class ExtractionKind:
     def check(self, call: Call, driving: Driving) -> None:
         """Refuse MoE's and recipes' options, and an extraction into a recipe's OUT."""
         refuse_same_experts(call)
-        if call.out is not None:
-            single_merge_only(call.text, call.out, call.settings, intermediate_dir=driving.intermediate_dir,
-                              cleanup_intermediates=driving.cleanup)
+        single_output(call, driving)
 
     def run(self, call: Call, driving: Driving) -> Outcome:
         """Plan and run the extraction (``restart`` also discards the cached factors of the run it replaces)."""

@@ -32,9 +32,7 @@ class MergeKind:
     def check(self, call: Call, driving: Driving) -> None:
         """Refuse MoE's and recipes' options, and a single merge into a recipe's OUT."""
         refuse_same_experts(call)
-        if call.out is not None:
-            single_merge_only(call.config, call.out, call.settings, intermediate_dir=driving.intermediate_dir,
-                              cleanup_intermediates=driving.cleanup)
+        single_output(call, driving)
 
     def run(self, call: Call, driving: Driving) -> Outcome:
         """The merge through :func:`~resumerge.engine.session.run_merge`."""
@@ -87,6 +85,13 @@ class MergeKind:
 
     def finished(self, outcome: Outcome, out: PathLike, state_dir: PathLike | None) -> None:
         """Nothing to clean up."""
+
+
+def single_output(call: Call, driving: Driving) -> None:
+    """Refuse recipes' options, and a single run (of any kind but a recipe) into a recipe's OUT."""
+    if call.out is not None:
+        single_merge_only(call.config, call.out, call.settings, intermediate_dir=driving.intermediate_dir,
+                          cleanup_intermediates=driving.cleanup)
 
 
 def refuse_same_experts(call: Call) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from resumerge.api.options import single_merge_only, source_name
+from resumerge.api.merge_kind import single_output
+from resumerge.api.options import source_name
 from resumerge.api.runkind import Call, Driving, PathLike
 from resumerge.config.settings import RunSettings
 
@@ -35,9 +36,7 @@ class MoeKind:
     def check(self, call: Call, driving: Driving) -> None:
         """The config checked (ConfigError naming the YAML path), recipes' options refused, and a recipe's OUT."""
         _config(call)
-        if call.out is not None:
-            single_merge_only(call.config, call.out, call.settings, intermediate_dir=driving.intermediate_dir,
-                              cleanup_intermediates=driving.cleanup)
+        single_output(call, driving)
 
     def run(self, call: Call, driving: Driving) -> Outcome:
         """Plan and run it, the prompt forward pass (in a process started first, loading while this one plans)

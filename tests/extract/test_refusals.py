@@ -84,3 +84,18 @@ def test_plan_estimates_without_writing(tmp_path: Path, pair: Callable[[str], tu
     assert 0 < doc["time"]["read_bytes"] <= weights
     api.extract_lora(str(ft), str(base), out, max_rank=4)
     assert doc["output_bytes"] == (out / "adapter_model.safetensors").stat().st_size
+
+
+def test_estimate_extraction_is_extract_lora_plan(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]]) -> None:
+    """``estimate_extraction`` is ``extract_lora(plan=True)``'s own function: the same estimate, always one, and
+    nothing written."""
+    from resumerge.engine.costs import Estimate
+
+    base, ft = pair("llama")
+    out = tmp_path / "out"
+    own = api.estimate_extraction(str(ft), str(base), out, max_rank=4)
+    planned = api.extract_lora(str(ft), str(base), out, max_rank=4, plan=True)
+    assert isinstance(own, Estimate) and isinstance(planned, Estimate)
+    assert own.plan.fingerprint == planned.plan.fingerprint
+    assert own.output.total_bytes == planned.output.total_bytes
+    assert not out.exists()
