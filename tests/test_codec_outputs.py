@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ModelFactory
+from resumerge.engine.settings import RunSettings
 from safetensors.torch import load_file, save
 from support import digests, linear_config, write_config
 from toycodec import TOY, RowScaledInt8, quantize
@@ -29,7 +30,6 @@ from resumerge.config.merge_config import load_config_text
 from resumerge.engine import compute, session
 from resumerge.engine.compute import compute_in_passes, compute_tensor
 from resumerge.engine.session import run_plan
-from resumerge.engine.settings import RunSettings
 from resumerge.engine.target import Target
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import MAIN, PLAIN, CodecTable

@@ -21,9 +21,9 @@ from support import linear_config, write_config
 from toycodec import SCALES_FILE, TOY, RowScaledInt8, quantize
 
 from resumerge.config.merge_config import load_config_text
+from resumerge.config.settings import RunSettings
 from resumerge.engine.compute import compute_tensor
 from resumerge.engine.session import run_plan
-from resumerge.engine.settings import RunSettings
 from resumerge.engine.target import Target
 from resumerge.errors import ModelInputError
 from resumerge.inputs.catalog import open_inputs
@@ -31,8 +31,10 @@ from resumerge.inputs.codecs import MAIN, PLAIN, Claim, CodecTable, Role
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.safetensors_format import TensorEntry
 from resumerge.inputs.source import InputSources
+from resumerge.methods.resources import NO_RESOURCES
 from resumerge.plan.merge_plan import Plan, PlanOptions, compute_fingerprint, stored_layout
 from resumerge.plan.planner import build_plan
+from resumerge.plan.prepared import Prepared
 from resumerge.plan.sharding import assign_shards
 from resumerge.plan.workunits import chunk_plan
 
@@ -62,7 +64,7 @@ def test_a_new_format_is_one_codec_class_plugged_in_through_the_run_s_table(tmp_
 
     out = tmp_path / "out"
     settings = RunSettings()
-    run_plan(plan, text, Target.open(out, settings), settings)
+    run_plan(Prepared(plan), text, Target.open(out, settings), settings)
     merged = {}
     for file in out.glob("*.safetensors"):
         merged.update(load_file(file))
@@ -87,8 +89,8 @@ def test_row_chunks_read_each_companion_s_rows_with_theirs(tmp_path: Path, make:
             chunks = [chunk_plan(tp, first, min(tp.shape[0], first + 3)) for first in range(0, tp.shape[0], 3)]
             scale = chunks[1].inputs[1].companions[0][1]
             assert (scale.first_row, scale.shape) == (3, (3,))
-            assert torch.equal(torch.cat([compute_tensor(plan, c, sources)[tp.name] for c in chunks]),
-                               compute_tensor(plan, tp, sources)[tp.name]), tp.name
+            assert torch.equal(torch.cat([compute_tensor(plan, c, sources, NO_RESOURCES)[tp.name] for c in chunks]),
+                               compute_tensor(plan, tp, sources, NO_RESOURCES)[tp.name]), tp.name
 
 
 def test_the_codec_is_part_of_the_plan_s_identity_and_plain_adds_nothing(tmp_path: Path,

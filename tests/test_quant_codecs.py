@@ -23,13 +23,13 @@ from quantmodels import (
     mxfp4_experts,
     quantize_model,
 )
+from resumerge.engine.settings import RunSettings
 from safetensors.torch import load_file
 from support import linear_config, write_config
 
 from resumerge.config.merge_config import load_config_text
 from resumerge.engine.compute import compute_tensor
 from resumerge.engine.session import run_plan
-from resumerge.engine.settings import RunSettings
 from resumerge.engine.target import Target
 from resumerge.errors import ModelInputError
 from resumerge.inputs.catalog import open_inputs

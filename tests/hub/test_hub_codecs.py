@@ -13,13 +13,14 @@ from toycodec import SCALES_FILE, TOY, quantize
 from hub.fakehub import FakeHub, files_of
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.merge_config import load_config_text
+from resumerge.config.settings import RunSettings
 from resumerge.engine.session import run_plan
-from resumerge.engine.settings import RunSettings
 from resumerge.engine.target import Target
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import CODECS, CodecTable
 from resumerge.plan.merge_plan import PlanOptions
 from resumerge.plan.planner import build_plan
+from resumerge.plan.prepared import Prepared
 
 TOY_REPO = "org/toy"
 FP8_REPO = "org/fp8"
@@ -31,7 +32,7 @@ def _run(tmp_path: Path, doc: dict[str, object], out: Path, state: Path, codecs:
     settings = RunSettings(state_dir=state)
     inputs = open_inputs(config, state_dir=state)
     plan = build_plan(config, inputs.models, PlanOptions(stream_inputs=True), codecs)
-    run_plan(plan, text, Target.open(out, settings), settings, inputs=inputs)
+    run_plan(Prepared(plan, inputs), text, Target.open(out, settings), settings)
 
 
 def test_companions_stream_by_range_from_another_shard(tmp_path: Path, hub: FakeHub, state: Path) -> None:
