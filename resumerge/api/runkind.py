@@ -1,10 +1,10 @@
 """What a kind of run is: one object that recognises its config, checks it, plans it, estimates it, runs it,
-plans its recorded text again for a resume, and says where its OUT stands.
+resumes it (planning its recorded text again), says where its OUT stands and cleans up after it.
 
-A kind of run is one class implementing :class:`RunKind`, listed once in :data:`KINDS`; the API walks that tuple
-(:func:`kind_of`) and never asks which kind it holds. Every kind ends in the engine's one session path
-(:func:`resumerge.engine.session.run_plan`) with a :class:`~resumerge.plan.prepared.Prepared`, and its plan
-records what the model card and ``status`` need, so ``outputs/`` and ``store/`` never ask either.
+A kind of run is one class implementing :class:`RunKind`, listed once in :data:`resumerge.api.kinds.KINDS`; the API
+walks that tuple (:func:`resumerge.api.kinds.kind_of`) and never asks which kind it holds. Every kind ends in the
+engine's one session path (:func:`resumerge.engine.session.run_plan`) with a :class:`~resumerge.plan.prepared.Prepared`,
+and its plan records what the model card and ``status`` need, so ``outputs/`` and ``store/`` never ask either.
 """
 
 from __future__ import annotations
