@@ -21,6 +21,7 @@ from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import MAIN, OutPart
 from resumerge.inputs.source import InputSources
 from resumerge.methods.registry import get_method
+from resumerge.methods.resources import NO_RESOURCES
 from resumerge.plan import workunits
 from resumerge.plan.merge_plan import Plan, PlanOptions
 from resumerge.plan.planner import build_plan
@@ -98,6 +99,6 @@ def test_a_streamed_method_s_chunks_encode_whole_blocks(tmp_path: Path, make: Mo
                 assert workunits.pass_rows(tp) == BLOCK
                 stream = row_stream(tp, ties, "cpu")
                 assert stream is not None
-                rows = compute_in_passes(plan, tp, sources, stream)
-            whole = compute_tensor(plan, tp, sources)
+                rows = compute_in_passes(plan, tp, sources, stream, NO_RESOURCES)
+            whole = compute_tensor(plan, tp, sources, NO_RESOURCES)
             assert all(torch.equal(rows[k], whole[k]) for k in whole), tp.name

@@ -27,6 +27,7 @@ from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.cli.render import formats_line
 from resumerge.config.merge_config import load_config_text
+from resumerge.config.settings import RunSettings
 from resumerge.engine import compute, session
 from resumerge.engine.compute import compute_in_passes, compute_tensor
 from resumerge.engine.session import run_plan
@@ -36,8 +37,10 @@ from resumerge.inputs.codecs import MAIN, PLAIN, CodecTable
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, layout_shard, numel
 from resumerge.inputs.source import InputSources
 from resumerge.methods.registry import get_method
+from resumerge.methods.resources import NO_RESOURCES
 from resumerge.plan.merge_plan import Plan, PlanOptions, fingerprint_parts
 from resumerge.plan.planner import build_plan
+from resumerge.plan.prepared import Prepared
 from resumerge.plan.roles import formats_report, quantized
 from resumerge.plan.workunits import chunk_plan, row_stream
 from resumerge.store.shardwriter import ShardWriter
@@ -81,7 +84,7 @@ def test_the_output_keeps_the_base_model_s_format_each_part_at_its_place(tmp_pat
 
     out = tmp_path / "out"
     settings = RunSettings()
-    run_plan(plan, text, Target.open(out, settings), settings)
+    run_plan(Prepared(plan), text, Target.open(out, settings), settings)
     for file in out.glob("*.safetensors"):
         assert file.read_bytes() == _as_saved(file), file.name  # every part at safetensors' own place
     merged = _loaded(out)
@@ -106,7 +109,7 @@ def test_dequantize_writes_every_tensor_plain_without_the_quantization_config(tm
     assert fingerprint_parts(plain)["options"] != fingerprint_parts(kept)["options"]
     out = tmp_path / "out"
     settings = RunSettings()
-    run_plan(plain, text, Target.open(out, settings), settings)
+    run_plan(Prepared(plain), text, Target.open(out, settings), settings)
     assert set(_loaded(out)) == set(plain.tensors)
     assert "quantization_config" not in json.loads((out / "config.json").read_text())
 
@@ -174,9 +177,9 @@ def test_a_streamed_method_s_rows_are_encoded_part_by_part(tmp_path: Path, make:
         for tp in streamed:
             stream = row_stream(tp, ties, "cpu")
             assert stream is not None
-            whole = compute_tensor(plan, tp, sources)
+            whole = compute_tensor(plan, tp, sources, NO_RESOURCES)
             assert set(whole) == {tp.name, f"{tp.name}_scale"}
-            rows = compute_in_passes(plan, tp, sources, stream)
+            rows = compute_in_passes(plan, tp, sources, stream, NO_RESOURCES)
             assert {k: v.dtype for k, v in rows.items()} == {k: v.dtype for k, v in whole.items()}
             assert all(torch.equal(rows[k], whole[k]) for k in whole), tp.name
 
@@ -256,7 +259,7 @@ def test_a_tensor_taken_whole_from_one_input_is_copied_in_its_stored_format(tmp_
     settings = RunSettings()
     for plan, text, name in ((stacked, stack_text, "stacked"), (picked, picked_text, "picked")):
         out = tmp_path / name
-        run_plan(plan, text, Target.open(out, settings), settings)
+        run_plan(Prepared(plan), text, Target.open(out, settings), settings)
         merged = _loaded(out)
         for out_name, tp in plan.tensors.items():
             if tp.copy_of is None:

@@ -18,6 +18,7 @@ from resumerge.engine.compute import compute_tensor
 from resumerge.inputs.codecs import MAIN, Claim, CodecTable, OutPart, TensorCodec
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.source import InputSources
+from resumerge.methods.resources import NO_RESOURCES
 from resumerge.plan.merge_plan import Plan
 
 SCALES_FILE = "scales.safetensors"
@@ -95,5 +96,5 @@ def assert_same_results(codes: Plan, values: Plan) -> None:
         for name, tp in codes.tensors.items():
             twin = values.tensors[name]
             assert (tp.shape, tp.out_dtype) == (twin.shape, twin.out_dtype), name
-            got = compute_tensor(codes, tp, read_codes)[name]
-            assert torch.equal(got, compute_tensor(values, twin, read_values)[name]), name
+            got = compute_tensor(codes, tp, read_codes, NO_RESOURCES)[name]
+            assert torch.equal(got, compute_tensor(values, twin, read_values, NO_RESOURCES)[name]), name
