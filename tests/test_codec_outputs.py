@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ModelFactory
-from resumerge.engine.settings import RunSettings
 from safetensors.torch import load_file, save
 from support import digests, linear_config, write_config
 from toycodec import TOY, RowScaledInt8, quantize

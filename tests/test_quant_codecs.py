@@ -23,11 +23,11 @@ from quantmodels import (
     mxfp4_experts,
     quantize_model,
 )
-from resumerge.engine.settings import RunSettings
 from safetensors.torch import load_file
 from support import linear_config, write_config
 
 from resumerge.config.merge_config import load_config_text
+from resumerge.config.settings import RunSettings
 from resumerge.engine.compute import compute_tensor
 from resumerge.engine.session import run_plan
 from resumerge.engine.target import Target
@@ -38,8 +38,10 @@ from resumerge.inputs.codecs.compressed import CompressedTensorsCodec
 from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
 from resumerge.inputs.codecs.mxfp4 import Mxfp4Codec
 from resumerge.inputs.source import InputSources
+from resumerge.methods.resources import NO_RESOURCES
 from resumerge.plan.merge_plan import Plan, PlanOptions
 from resumerge.plan.planner import build_plan
+from resumerge.plan.prepared import Prepared
 from resumerge.plan.workunits import chunk_plan
 
 # hidden 40, intermediate 56, head_dim 10: no projection is a multiple of 16 or 32 on both sides.
@@ -59,7 +61,7 @@ def merge(tmp_path: Path, a: Path, b: Path, out: str, *, max_memory: int | None 
     config = load_config_text(text)
     settings = RunSettings(state_dir=tmp_path / "state", max_memory=max_memory)
     plan = build_plan(config, open_inputs(config).models, PlanOptions(dequantize=dequantize), CODECS)
-    run_plan(plan, text, Target.open(tmp_path / out, settings), settings)
+    run_plan(Prepared(plan), text, Target.open(tmp_path / out, settings), settings)
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted((tmp_path / out).glob("*.safetensors")):
         tensors.update(load_file(file))
@@ -208,8 +210,8 @@ def test_row_chunks_decode_to_the_rows_of_the_whole_tensor(tmp_path: Path, make:
                 continue
             step = 5 if fmt != "mxfp4" else 2
             chunks = [chunk_plan(tp, first, min(tp.shape[0], first + step)) for first in range(0, tp.shape[0], step)]
-            assert torch.equal(torch.cat([compute_tensor(plan, c, sources)[tp.name] for c in chunks]),
-                               compute_tensor(plan, tp, sources)[tp.name]), tp.name
+            assert torch.equal(torch.cat([compute_tensor(plan, c, sources, NO_RESOURCES)[tp.name] for c in chunks]),
+                               compute_tensor(plan, tp, sources, NO_RESOURCES)[tp.name]), tp.name
             checked += 1
     assert checked == (14 if fmt != "mxfp4" else 1)
 
