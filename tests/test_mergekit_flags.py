@@ -67,3 +67,35 @@ def test_device_auto_is_the_gpu_when_there_is_one() -> None:
     with pytest.raises(UsageError) as refused:
         normalise_device("xpu")
     assert "auto" in str(refused.value.hint)
+
+
+# Every option of mergekit 0.1.5's ``mergekit-extract-lora`` (its own and its ``add_merge_options``).
+EXTRACT_LORA_FLAGS = (
+    "--model", "--base-model", "--out-path", "--max-rank", "--distribute-scale", "--no-distribute-scale",
+    "--embed-lora", "--no-embed-lora", "--save-module", "--exclude-regex", "-e", "--include-regex", "-i",
+    "--sv-epsilon", "--skip-undecomposable", "--verbose", *MERGEKIT_FLAGS,
+)
+EXTRACT_VALUES = {**VALUES, "--model": "ft", "--base-model": "base", "--out-path": "out", "--max-rank": "8",
+                  "--save-module": "lm_head", "--exclude-regex": "x", "-e": "x", "--include-regex": "x", "-i": "x",
+                  "--sv-epsilon": "0", "--out-shard-size": "5B"}
+
+
+def test_every_mergekit_extract_lora_flag_parses(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_parser()
+    required = ["--model", "ft", "--base-model", "base", "--out-path", "out"]
+    for flag in EXTRACT_LORA_FLAGS:
+        value = [EXTRACT_VALUES[flag]] if flag in EXTRACT_VALUES else []
+        parser.parse_args(["extract-lora", *required, flag, *value])
+    assert capsys.readouterr().err == ""
+
+
+def test_extract_lora_notes_the_flags_it_ignores(tmp_path: Path, make: ModelFactory,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    base, ft = make("base", seed=1), make("ft", seed=2)
+    code = main(["extract-lora", "--model", str(ft), "--base-model", str(base), "--out-path", str(tmp_path / "o"),
+                 "--max-rank", "2", "--plan", "--out-shard-size", "5B", "--trust-remote-code", "-v",
+                 "--lazy-unpickle", "--no-copy-tokenizer"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "note: --out-shard-size is not needed by resumerge (the adapter is written as one file); ignored" in err
+    assert "note: --no-copy-tokenizer is not needed" in err and "note: --trust-remote-code is not needed" in err

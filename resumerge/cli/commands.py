@@ -71,6 +71,17 @@ UNNEEDED_WITH_VALUE: dict[str, str] = {
     "--lora-merge-cache": "no merge cache is needed",
     "--lora-merge-dtype": "no merge cache is needed",
 }
+# mergekit-extract-lora's flags that mean nothing for an adapter, beyond those above (its other options are real).
+EXTRACT_UNNEEDED: dict[str, str] = {
+    "--copy-tokenizer": "an adapter holds no tokenizer files",
+    "--no-copy-tokenizer": "an adapter holds no tokenizer files",
+    "--no-allow-crimes": "modules are matched by name and shape",
+    "--no-unsafe-truncate-embeddings": "vocabulary mismatches are refused by default",
+    "--write-model-card": "README.md is written by default",
+}
+EXTRACT_UNNEEDED_WITH_VALUE: dict[str, str] = {
+    "--out-shard-size": "the adapter is written as one file",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,11 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "[default: OUT.intermediates beside OUT; for hf:// OUT, in the state dir]")
     run.add_argument("--cleanup-intermediates", action="store_true",
                      help="recipes: delete the named stages' outputs once the final output is verified")
-    for flag in UNNEEDED_FLAGS:
-        run.add_argument(flag, action="store_true", dest=_dest(flag), help=argparse.SUPPRESS)
-    run.add_argument("-v", action="count", default=0, dest="v_flag", help=argparse.SUPPRESS)
-    for flag in UNNEEDED_WITH_VALUE:
-        run.add_argument(flag, dest=_dest(flag), default=None, help=argparse.SUPPRESS)
+    _ignored_flags(run, UNNEEDED_FLAGS, UNNEEDED_WITH_VALUE)
 
     resume = sub.add_parser("resume", help="finish the merge recorded for OUT",
                             description="Finish an interrupted merge. Works from OUT alone when the state dir "
@@ -262,6 +269,19 @@ def _extract_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                          "(exit 0 when it fits, 2 when not)")
     ex.add_argument("--json", action="store_true", help="with --plan: print JSON")
     _common(ex)
+    _ignored_flags(ex, {**UNNEEDED_FLAGS, **EXTRACT_UNNEEDED}, {**UNNEEDED_WITH_VALUE, **EXTRACT_UNNEEDED_WITH_VALUE})
+
+
+def _ignored_flags(p: argparse.ArgumentParser, flags: dict[str, str], with_value: dict[str, str]) -> None:
+    """Accept mergekit's flags that ``p`` has no use for (hidden from its help; :func:`_note_ignored` notes each
+    one given), skipping any that ``p`` already defines with a meaning."""
+    taken = {opt for action in p._actions for opt in action.option_strings}
+    for flag in flags.keys() - taken:
+        p.add_argument(flag, action="store_true", dest=_dest(flag), help=argparse.SUPPRESS)
+    for flag in with_value.keys() - taken:
+        p.add_argument(flag, dest=_dest(flag), default=None, help=argparse.SUPPRESS)
+    if "-v" not in taken:
+        p.add_argument("-v", action="count", default=0, dest="v_flag", help=argparse.SUPPRESS)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -424,10 +444,7 @@ def _verify(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from resumerge.api import run
 
-    for flag, why in {**UNNEEDED_FLAGS, **UNNEEDED_WITH_VALUE}.items():
-        value = getattr(args, _dest(flag), None)
-        if value not in (None, False) and not args.quiet:
-            print(f"note: {flag} is not needed by resumerge ({why}); ignored", file=sys.stderr)
+    _note_ignored(args)
     quiet_hub_uploads(args.out)
     with Progress(args.quiet) as progress:
         outcome = run(progress=progress, should_stop=installed_stop_flag(), **_api_options(args))
@@ -466,6 +483,7 @@ def _extract_lora(args: argparse.Namespace) -> int:
     from resumerge.api import estimate_extraction, extract_lora
     from resumerge.engine.costs import Estimate
 
+    _note_ignored(args)
     if not args.plan:
         quiet_hub_uploads(args.out)
         with Progress(args.quiet) as progress:
@@ -482,6 +500,17 @@ def _extract_lora(args: argparse.Namespace) -> int:
 
         show_estimate(result)
     return fits_exit_code(result.fits, result.reasons)
+
+
+def _note_ignored(args: argparse.Namespace) -> None:
+    """One note on stderr per mergekit flag given that this command accepts only to ignore it."""
+    every = {**UNNEEDED_FLAGS, **UNNEEDED_WITH_VALUE}
+    if args.command == "extract-lora":
+        every |= {**EXTRACT_UNNEEDED, **EXTRACT_UNNEEDED_WITH_VALUE}
+    for flag, why in every.items():
+        value = getattr(args, _dest(flag), None)
+        if value not in (None, False) and not args.quiet:
+            print(f"note: {flag} is not needed by resumerge ({why}); ignored", file=sys.stderr)
 
 
 def _api_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import yaml
 import resumerge.extract.factors as registered  # the extraction's unit functions
 from resumerge.config.merge_config import load_config_text
 from resumerge.config.modelref import parse_model_ref
-from resumerge.errors import UsageError
+from resumerge.errors import ResumergeError, UsageError
 from resumerge.extract.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS, CARD, adapter_config, model_card
 from resumerge.extract.decompose import full_svd
 from resumerge.extract.modules import LoraModule, ModuleChoice, choose_modules
@@ -36,6 +36,8 @@ from resumerge.plan.planner import threads_matter
 from resumerge.plan.truncation import leading_rows
 
 METHOD = EXTRACTION_METHOD
+# The places in the config open_pair writes for the user, and the flags they stand for (an error names the flag).
+_FLAG_OF = MappingProxyType({"models[0]": "--model", "models[1]": "--base-model", "base_model": "--base-model"})
 _PROMOTE = MappingProxyType({"F64": 3, "F32": 2, "BF16": 1, "F16": 1})
 
 
@@ -62,9 +64,13 @@ def open_pair(spec: ExtractSpec, *, model_dirs: Mapping[str, str] | None = None,
     check_spec(spec)
     doc = {"merge_method": "passthrough", "base_model": spec.base_model,
            "models": [{"model": spec.model}, {"model": spec.base_model}]}
-    config = load_config_text(yaml.safe_dump(doc, sort_keys=False), source="extraction")
-    inputs = open_inputs(config, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
-                         on_progress=on_progress)
+    try:
+        config = load_config_text(yaml.safe_dump(doc, sort_keys=False), source="extraction")
+        inputs = open_inputs(config, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
+                             on_progress=on_progress)
+    except ResumergeError as exc:
+        exc.yaml_path = _FLAG_OF.get((exc.yaml_path or "").split(".")[0], exc.yaml_path)
+        raise
     return inputs, parse_model_ref(spec.model).key, parse_model_ref(spec.base_model).key
 
 

@@ -99,3 +99,12 @@ def test_estimate_extraction_is_extract_lora_plan(tmp_path: Path, pair: Callable
     assert own.plan.fingerprint == planned.plan.fingerprint
     assert own.output.total_bytes == planned.output.total_bytes
     assert not out.exists()
+def test_errors_name_the_flags_not_yaml_paths(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]]) -> None:
+    # The user wrote no YAML: an unusable model is named by the flag that gave it.
+    base, ft = pair("llama")
+    out, missing = tmp_path / "out", tmp_path / "missing"
+    for model, base_model, flag in ((missing, base, "--model: "), (ft, missing, "--base-model: ")):
+        with pytest.raises(ResumergeError) as caught:
+            api.extract_lora(str(model), str(base_model), out)
+        assert caught.value.one_line().startswith(flag), caught.value.one_line()
+        assert "models[" not in caught.value.one_line() and "base_model" not in caught.value.one_line()
