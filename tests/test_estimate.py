@@ -25,6 +25,7 @@ from resumerge.cli.commands import main
 from resumerge.cli.modelgen import make_model
 from resumerge.engine.compute_estimate import measure_compute
 from resumerge.engine.costs import FITS, WILL_NOT_FIT, ComputeGroup, TimeEstimate
+from resumerge.engine.estimate import _disk_reason
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources, LocalFiles
 from resumerge.inputs.tensorio import TensorReader
@@ -100,6 +101,9 @@ def test_output_that_cannot_fit_is_refused(tmp_path: Path, make: ModelFactory) -
     assert reason.startswith("disk: output + state need") and "choose an OUT on a disk with more room" in reason
     doc = short.to_json()
     assert doc["fits"] is False and doc["verdict"] == "will not fit" and doc["reasons"] == [reason]
+
+    alone = _disk_reason(replace(disk, roles=("output",)), short.output)
+    assert alone.startswith("disk: output needs "), alone  # one role: "needs", as the table's line says
 
     staged = api.estimate(cfg, out, out_shard_size="30k", probe_size=0, staging=True,
                                     disk_free=lambda path: disk.needed_bytes)

@@ -171,6 +171,8 @@ def test_storage_fault_exits_3_keeps_commits_and_resumes(setup: Setup, shim: Pat
     line = _one_error_line(failed, 3, fragment)
     assert log.exists(), "the fault was never injected"
     assert "resume" in line
+    if label == "enospc-shard-write":  # the command to run, not a word to fill in
+        assert line.endswith(f"free disk space, then run resumerge resume {out} --state-dir {state}"), line
     _assert_committed_kept(setup, out, state, at_least)
     status = _status(out, state)
     assert status["state"] == "interrupted"

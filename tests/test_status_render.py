@@ -195,7 +195,7 @@ def test_plan_report_matches_its_snapshot(tmp_path: Path, make: ModelFactory) ->
                           4.2, ("compute time is not included", "download time is not included (29.8 GB)"))
     downloads = {"org/model": ModelDownload("org/model", "0" * 40, 29_800_000_000, 0, 1_200_000_000)}
     estimate = Estimate(plan, output, downloads, memory, disks, timing,
-                        ("disk: output need 14.9 GB on the disk of /content/drive/MyDrive, but only 3.00 GB is free",),
+                        ("disk: output needs 14.9 GB on the disk of /content/drive/MyDrive, but only 3.00 GB is free",),
                         ("a note",))
     stream = io.StringIO()
     show_plan(estimate, stream, width=WIDTH)

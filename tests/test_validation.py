@@ -82,6 +82,42 @@ def test_syntax_error_names_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert code == 2 and "line" in err
 
 
+def test_run_and_plan_word_invalid_yaml_alike(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _run(tmp_path, "merge_method: linear\nmodels: [a\n", capsys)
+    assert code == 2 and err.startswith("error: bad.yml is not valid YAML at line 3"), err
+    assert main(["plan", str(tmp_path / "bad.yml")]) == 2
+    assert capsys.readouterr().err == err
+
+
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path: Path, make: ModelFactory,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = _two(make)
+    doc = f"merge_method: linear\nmerge_method: slerp\nmodels:\n  - model: {a}\n  - model: {b}\n"
+    code, err = _run(tmp_path, doc, capsys)
+    assert code == 2 and "bad.yml: merge_method is given twice, at lines 1 and 2" in err, err
+    # A key brought in by a YAML merge key may be overridden: that is what << is for.
+    ok = (f"w: &w {{weight: 0.5}}\nmerge_method: linear\nmodels:\n  - model: {a}\n    parameters: {{<<: *w, "
+          f"weight: 0.25}}\n  - model: {b}\n    parameters: *w\n")
+    code, err = _run(tmp_path, ok, capsys)
+    assert code == 2 and "given twice" not in err and "unknown key 'w'" in err, err  # w, not the override
+
+
+def test_a_utf16_config_reads_like_its_utf8_copy(tmp_path: Path, make: ModelFactory,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = _two(make)
+    text = (f"merge_method: linear\nmodels:\n  - model: {a}\n    parameters: {{weight: 0.5}}\n"
+            f"  - model: {b}\n    parameters: {{weight: 0.5}}\n")
+    (tmp_path / "utf8.yml").write_text(text, encoding="utf-8")
+    (tmp_path / "utf16.yml").write_text(text, encoding="utf-16")  # with its byte-order mark, as editors write it
+    assert main(["run", str(tmp_path / "utf8.yml"), str(tmp_path / "o8"), "--quiet"]) == 0
+    assert main(["run", str(tmp_path / "utf16.yml"), str(tmp_path / "o16"), "--quiet"]) == 0
+    shard = "model.safetensors"
+    assert (tmp_path / "o8" / shard).read_bytes() == (tmp_path / "o16" / shard).read_bytes()
+    (tmp_path / "latin1.yml").write_bytes(text.replace("merge_method", "# café\nmerge_method").encode("latin-1"))
+    assert main(["run", str(tmp_path / "latin1.yml"), str(tmp_path / "o1"), "--quiet"]) == 2
+    assert "is not UTF-8 text (byte 0xe9 at offset 5) — save it as UTF-8" in capsys.readouterr().err
+
+
 def test_layer_count_mismatch_in_models_form(tmp_path: Path, make: ModelFactory,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     a = make("a", layers=4)

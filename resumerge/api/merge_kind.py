@@ -30,7 +30,11 @@ class MergeKind:
         return True
 
     def check(self, call: Call, driving: Driving) -> None:
-        """Refuse MoE's and recipes' options, and a single merge into a recipe's OUT."""
+        """Refuse text that is not YAML (ConfigError naming the config and line, as plan words it, before anything
+        starts), MoE's and recipes' options, and a single merge into a recipe's OUT."""
+        from resumerge.config.merge_config import parse_documents
+
+        parse_documents(call.text, source=_source(call))
         refuse_same_experts(call)
         single_output(call, driving)
 

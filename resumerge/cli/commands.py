@@ -359,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ResumergeError as exc:
         from resumerge.cli.render import show_error
 
-        show_error(exc.one_line())
+        show_error(_naming_out(exc.one_line(), args))
         return exit_code_for(exc)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -370,6 +370,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: internal error: {type(exc).__name__}: {exc} (set RESUMERGE_DEBUG=1 for a traceback)",
               file=sys.stderr)
         return 1
+
+
+def _naming_out(line: str, args: argparse.Namespace) -> str:
+    """``line`` with the placeholder of a "resumerge resume OUT" hint made the command that resumes this run
+    (the layers below that word the hint know the file that failed, not the OUT it was given as)."""
+    out = getattr(args, "out", None)
+    if out is None or args.command not in ("run", "resume", "extract-lora"):
+        return line
+    from resumerge.config.locations import resume_command
+
+    return line.replace("resumerge resume OUT", resume_command(out, args.state_dir))
 
 
 def entry() -> NoReturn:

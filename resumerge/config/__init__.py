@@ -16,4 +16,5 @@ __all__ = [
     "params",
     "settings",
     "version",
+    "yamltext",
 ]

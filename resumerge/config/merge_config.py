@@ -18,6 +18,7 @@ import yaml
 
 from resumerge.config.modelref import ModelRef, parse_model_ref
 from resumerge.config.params import Setting, check_setting
+from resumerge.config.yamltext import DuplicateKeyError, UniqueKeyLoader, decode_config
 from resumerge.errors import ConfigError, UsageError
 
 TOP_LEVEL_KEYS = frozenset(
@@ -144,9 +145,11 @@ def load_config_text(text: str, *, source: str = "config") -> MergeConfig:
 
 def parse_documents(text: str, *, source: str = "config") -> list[Any]:
     """The non-empty YAML documents of ``text`` (safe loader only); raises :class:`ConfigError` for bad YAML
-    (with line and column) or when there is no document at all."""
+    (with line and column), a key given twice in one mapping (naming both lines), or no document at all."""
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in yaml.load_all(text, Loader=UniqueKeyLoader) if d is not None]
+    except DuplicateKeyError as exc:
+        raise ConfigError(f"{source}: {exc}", hint="keep one of them (YAML would silently use the last)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -399,12 +402,16 @@ def _tokenizer_section(value: Any) -> Mapping[str, Any] | None:
 
 
 def read_config_file(path: str | os.PathLike[str]) -> str:
-    """The text of the config file at ``path``; raises :class:`UsageError` when it cannot be read. Here, not with
-    the engine: ``run`` reads the config before anything imports torch, so a mergekit-moe config's prompt pass
-    starts its process about a second and a half sooner."""
+    """The text of the config file at ``path`` (UTF-8, or UTF-16/32 with a byte-order mark); raises
+    :class:`UsageError` when it cannot be read or decoded. Here, not with the engine: ``run`` reads the config
+    before anything imports torch, so a mergekit-moe config's prompt pass starts its process about a second and a
+    half sooner."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return decode_config(Path(path).read_bytes())
     except FileNotFoundError:
         raise UsageError(f"config file {path} not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"config file {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+                         f"{exc.start})", hint="save it as UTF-8 (or UTF-16 with its byte-order mark)") from None
+    except OSError as exc:
         raise UsageError(f"cannot read config file {path}: {exc}") from None

@@ -461,7 +461,8 @@ def _disk_reason(disk: DiskNeed, output: OutputSize) -> str:
     if "hub cache" in disk.roles:
         fixes.append("point HF_HUB_CACHE (or --transformers-cache) at a larger disk")
     short = disk.needed_bytes - disk.free_bytes
-    return (f"disk: {' + '.join(disk.roles)} need {format_size(disk.needed_bytes)} on the disk of {disk.path}, "
+    need = "needs" if len(disk.roles) == 1 else "need"
+    return (f"disk: {' + '.join(disk.roles)} {need} {format_size(disk.needed_bytes)} on the disk of {disk.path}, "
             f"but only {format_size(disk.free_bytes)} is free: free {format_size(short)} there, or "
             + " or ".join(fixes))
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from resumerge.config.merge_config import DTYPES, MergeConfig, SourceConfig, parse_documents
 from resumerge.config.modelref import ModelRef, parse_model_ref
 from resumerge.errors import ConfigError
@@ -87,11 +85,11 @@ class MoeConfig:
 
 
 def is_moe_text(text: str) -> bool:
-    """True when ``text`` is one YAML mapping with an ``experts`` key and no ``merge_method`` (bad YAML counts as
-    not MoE: the merge config loader reports it)."""
+    """True when ``text`` is one YAML mapping with an ``experts`` key and no ``merge_method`` (text that is not
+    valid YAML, or repeats a key, counts as not MoE: the single merge's check names it, as plan does)."""
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError:
+        docs = parse_documents(text)
+    except ConfigError:
         return False
     return len(docs) == 1 and isinstance(docs[0], dict) and "experts" in docs[0] and "merge_method" not in docs[0]
 

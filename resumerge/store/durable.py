@@ -131,11 +131,11 @@ def write_synced(path: Path, data: bytes, point: str | None = None) -> None:
 def storage_error(exc: OSError, path: Path) -> StorageError:
     """Translate an OS write error into a :class:`StorageError` that says what to do."""
     hints = {
-        errno.ENOSPC: "free disk space, then run resumerge resume",
-        errno.EDQUOT: "free quota, then run resumerge resume",
+        errno.ENOSPC: "free disk space, then run resumerge resume OUT",
+        errno.EDQUOT: "free quota, then run resumerge resume OUT",
         errno.EROFS: "the output filesystem is read-only; remount it writable, then resume",
         errno.EACCES: "check permissions on the output directory, then resume",
-        errno.EFBIG: "the file size limit (ulimit -f) was hit; raise it and run resumerge resume, or start over "
+        errno.EFBIG: "the file size limit (ulimit -f) was hit; raise it and run resumerge resume OUT, or start over "
         "with a smaller --out-shard-size (--restart)",
         errno.EIO: "the disk reported an I/O error; check it, then resume",
     }
