@@ -14,6 +14,7 @@
     │   ├── PlanChangedError                    config, options or input files differ from the recorded run
     │   ├── OutputDirError                      OUT holds files resumerge did not write, or is locked
     │   └── LedgerError                         the ledger cannot be read and cannot be rebuilt
+    │       └── NothingRecordedError            OUT (a folder or hf:// repo) holds no run: resume, status, verify
     ├── StorageError                    exit 3  disk full, EIO, read-only: nothing committed is lost
     └── UnreachableError                exit 3  the hub cannot be reached and the cache cannot stand in
 
@@ -120,6 +121,11 @@ class OutputDirError(RefusedError):
 
 class LedgerError(RefusedError):
     """The ledger is unreadable and OUT has no manifest to rebuild it from."""
+
+
+class NothingRecordedError(LedgerError):
+    """No run is recorded for the OUT given (no ledger in the state dir, no manifest in OUT or the repo): one
+    answer, exit 4, for ``resume``, ``status`` and ``verify``, local or ``hf://``."""
 
 
 class StorageError(ResumergeError):

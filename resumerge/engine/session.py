@@ -22,6 +22,7 @@ from resumerge.engine.executor import Reporter
 from resumerge.engine.target import Target
 from resumerge.errors import (
     LedgerError,
+    NothingRecordedError,
     OutputDirError,
     UnreachableError,
     UnreachableInputError,
@@ -132,11 +133,11 @@ def resume_merge(
     elif target.hub is not None:  # nothing anywhere holds the run: only `run` can start it (never "try later")
         url = target.hub.url
         where = "it does not exist on the hub" if not target.hub.exists else f"the repo holds no {MANIFEST_NAME}"
-        raise UsageError(f"nothing to resume in {url}: {where} and the state dir holds no ledger of it", path=url,
-                         hint=f"start it with: resumerge run CONFIG {url} (pass the killed run's --state-dir if it "
-                              "used one)")
+        raise NothingRecordedError(f"nothing to resume in {url}: {where} and the state dir holds no ledger of it",
+                                   path=url, hint=f"start it with: resumerge run CONFIG {url} (pass the killed "
+                                                  "run's --state-dir if it used one)")
     else:
-        raise LedgerError(
+        raise NothingRecordedError(
             f"nothing to resume in {out}: no ledger in the state dir and no {MANIFEST_NAME}",
             path=str(out),
             hint="start the merge with resumerge run CONFIG OUT (pass --state-dir if you used one)",

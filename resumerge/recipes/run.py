@@ -36,7 +36,7 @@ from resumerge.engine.session import recorded_threads, run_plan
 from resumerge.engine.target import Target
 from resumerge.errors import (
     InterruptedMerge,
-    LedgerError,
+    NothingRecordedError,
     OutputDirError,
     PlanChangedError,
     ResumergeError,
@@ -178,7 +178,7 @@ def resume_recipe(
     out: str | Path = hub.url if hub else Path(out_dir).absolute()
     previous = _recorded(out, state_dir, hub)
     if previous is None:
-        raise LedgerError(
+        raise NothingRecordedError(
             f"nothing to resume in {out}: no recipe ledger in the state dir and no {RECIPE_MANIFEST_NAME}",
             path=str(out),
             hint="start it with resumerge run RECIPE OUT (pass --state-dir if you used one)",

@@ -10,7 +10,7 @@ from pathlib import Path
 from huggingface_hub import get_token
 
 from resumerge.config.hubtarget import parse_hub_target
-from resumerge.errors import LedgerError
+from resumerge.errors import NothingRecordedError
 from resumerge.inputs.hub.cache import hub_settings
 from resumerge.store.durable import TEMP_SUFFIX
 from resumerge.store.hubrepo import HubRepo, check_remote, read_file
@@ -32,8 +32,9 @@ def remote_manifest_bytes(out: str, command: str) -> tuple[bytes, str]:
     repo = _repo(out)
     data = read_file(repo, MANIFEST_NAME, resume=command)
     if data is None:
-        raise LedgerError(f"no merge recorded for {repo.target.url}: no ledger here and no {MANIFEST_NAME} in the "
-                          "repo", path=repo.target.url, hint="pass the --state-dir used by the run, or check the repo")
+        raise NothingRecordedError(
+            f"no merge recorded for {repo.target.url}: no ledger here and no {MANIFEST_NAME} in the repo",
+            path=repo.target.url, hint="pass the --state-dir used by the run, or check the repo")
     return data, f"{repo.target.url}/{MANIFEST_NAME}"
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import resume_command, run_dir
-from resumerge.errors import LedgerError
+from resumerge.errors import LedgerError, NothingRecordedError
 from resumerge.store.checksums import check_many
 from resumerge.store.ledger_read import LEDGER_NAME, read_merge_record
 from resumerge.store.manifest import MANIFEST_NAME, read_manifest
@@ -90,7 +90,7 @@ def _records(out: Path, state_dir: str | os.PathLike[str] | None) -> tuple[dict[
         return found
     manifest = read_manifest(out)
     if manifest is None:
-        raise LedgerError(f"no merge recorded for {out}", path=str(out), hint="check the path and --state-dir")
+        raise NothingRecordedError(f"no merge recorded for {out}", path=str(out), hint="check the path and --state-dir")
     done = {k: (int(v["bytes"]), str(v["sha256"])) for k, v in manifest.committed.items()}
     return done, len(manifest.planned) - len(done)
 

@@ -17,7 +17,7 @@ from typing import Any
 from resumerge.config.extraction_state import FACTORS_DIR, cached_modules, lora_modules
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import RunLocations
-from resumerge.errors import LedgerError
+from resumerge.errors import LedgerError, NothingRecordedError
 from resumerge.store.ledger_read import LEDGER_NAME as LEDGER_NAME
 from resumerge.store.ledger_read import read_merge_status
 from resumerge.store.manifest import MANIFEST_NAME
@@ -105,7 +105,7 @@ def read_status(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[st
             return report
     if manifest.is_file():
         return _from_manifest(manifest, str(manifest), str(out_dir), command)
-    raise LedgerError(
+    raise NothingRecordedError(
         f"no merge recorded for {out_dir}",
         path=str(out_dir),
         hint="pass the --state-dir used by the run, or check the output path",
