@@ -92,7 +92,12 @@ def test_different_config_refused_unless_restart(tmp_path: Path, make: ModelFact
     (out / "NOTES.txt").write_text("mine")
     capsys.readouterr()
     assert main(["run", str(second), str(out), "--quiet"]) == 4
-    assert "planned differently" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # What changed, in the user's YAML paths and values (it said "the merge plan changed (config, ...)").
+    assert "planned differently: config: models[0].parameters.weight 0.3 → 0.5; config: models[1].parameters." \
+           "weight 0.7 → 0.5 —" in err, err
+    assert main(["run", str(first), str(out), "--quiet", "--out-shard-size", "40k"]) == 4
+    assert "planned differently: --out-shard-size 1000000000 → 40000 —" in capsys.readouterr().err
     assert main(["run", str(second), str(out), "--quiet", "--restart"]) == 0
     assert (out / "NOTES.txt").read_text() == "mine"
     ref = tmp_path / "ref"

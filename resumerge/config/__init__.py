@@ -16,5 +16,6 @@ __all__ = [
     "params",
     "settings",
     "version",
+    "yamldiff",
     "yamltext",
 ]

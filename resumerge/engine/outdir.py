@@ -39,7 +39,7 @@ def open_run(
     Returns the manifest book and the files this call already re-hashed (when the ledger was rebuilt).
     """
     row = ledger.run_row()
-    if refuse_changed_plan(plan, out, ledger, manifest, restart=restart, resuming=resuming):
+    if refuse_changed_plan(plan, out, ledger, manifest, restart=restart, resuming=resuming, config_text=config_text):
         _clean_previous(sink, ledger, manifest)
         notes.append("previous run in OUT discarded (--restart)")
         row, manifest = None, None
@@ -65,10 +65,11 @@ def open_run(
 
 
 def refuse_changed_plan(plan: Plan, out: Path | str, ledger: Ledger, manifest: Manifest | None, *, restart: bool,
-                        resuming: bool) -> bool:
+                        resuming: bool, config_text: str | None = None) -> bool:
     """Whether the ledger (or, without one, OUT's manifest) records a plan other than ``plan``: with ``restart`` the
-    caller starts over; without, :class:`PlanChangedError` (exit 2) says what changed. Called before anything is
-    written for the new plan — before a missing repo is created too."""
+    caller starts over; without, :class:`PlanChangedError` (exit 4) says what changed (with ``config_text``, the
+    config's keys and values that changed). Called before anything is written for the new plan — before a missing
+    repo is created too."""
     row = ledger.run_row()
     recorded = row.fingerprint if row else (manifest.fingerprint if manifest else None)
     if recorded is None or recorded == plan.fingerprint:
@@ -77,7 +78,11 @@ def refuse_changed_plan(plan: Plan, out: Path | str, ledger: Ledger, manifest: M
     inputs = row.inputs if row else dict(manifest.inputs if manifest else {})
     if restart:
         return True
-    what = "; ".join(describe_changes(parts, inputs, plan) or ["the plan changed"])
+    recorded_text = row.config_text if row else (manifest.config_text if manifest else None)
+    options = row.options if row else dict(manifest.options if manifest else {})
+    configs = (recorded_text, config_text) if recorded_text is not None and config_text is not None else None
+    what = "; ".join(describe_changes(parts, inputs, plan, recorded_options=options, configs=configs)
+                     or ["the plan changed"])
     raise PlanChangedError(
         f"{out} holds a merge planned differently: {what}",
         path=str(out),
@@ -102,6 +107,14 @@ def fresh_manifest(plan: Plan, config_text: str, committed: dict[str, Any] | Non
         tensors_total=len(plan.tensors),
         committed=dict(committed or {}),
     )
+
+
+def done_line(out: str, files: int, resumed: int, seconds: float | None, detail: str | None) -> str:
+    """A finished run in one line: ``done: OUT, 8 files, 3 resumed, 6.1 s`` (with ``detail``, a recipe's
+    stages, before the time)."""
+    parts = [f"{files} files", f"{resumed} resumed", *([detail] if detail else []),
+             *([f"{seconds:.1f} s"] if seconds is not None else [])]
+    return f"done: {out}, {', '.join(parts)}"
 
 
 def planned_files(plan: Plan) -> list[str]:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from resumerge.config.version import __version__
+from resumerge.config.yamldiff import config_changes
 from resumerge.errors import ResumergeError
 from resumerge.inputs.codecs import PLAIN, OutPart, TensorCodec
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, ShardLayout, layout_shard, numel
@@ -291,16 +292,25 @@ def describe_changes(
     recorded_parts: Mapping[str, str],
     recorded_inputs: Mapping[str, list[list[Any]]],
     plan: Plan,
+    *,
+    recorded_options: Mapping[str, Any] | None = None,
+    configs: tuple[str, str] | None = None,
 ) -> list[str]:
-    """Human sentences for each difference between a recorded run and ``plan`` (empty when none)."""
+    """Human sentences for each difference between a recorded run and ``plan`` (empty when none).
+
+    With ``recorded_options`` (the run's recorded PlanOptions) a changed option is named with both values; with
+    ``configs`` (the recorded config text and today's) a changed plan is told as the config's keys and values that
+    changed (``models[0].parameters.weight 0.5 → 0.6``); without them, or when the configs read alike (an input's
+    tensors changed), the sentence names what may have changed."""
     now = fingerprint_parts(plan)
     changes = []
     if recorded_parts.get("version") != now["version"]:
         changes.append(f"resumerge version changed ({recorded_parts.get('version')} -> {now['version']})")
     if recorded_parts.get("options") != now["options"]:
-        changes.append("output options changed (--out-shard-size, --random-seed, --device, tokenizer copying, "
-                       "--no-write-model-card, --unsafe-truncate-embeddings, --dequantize or, for slerp, karcher, "
-                       "model_stock and nuslerp, -j/--num-threads)")
+        changes.extend(_option_changes(recorded_options, plan.options) or [
+            "output options changed (--out-shard-size, --random-seed, --device, tokenizer copying, "
+            "--no-write-model-card, --unsafe-truncate-embeddings, --dequantize or, for slerp, karcher, "
+            "model_stock and nuslerp, -j/--num-threads)"])
     if recorded_parts.get("inputs") != now["inputs"]:
         for model, files in sorted(plan.inputs.items()):
             before = {f[0]: f for f in recorded_inputs.get(model, [])}
@@ -317,8 +327,20 @@ def describe_changes(
         if not changes:
             changes.append("input files changed")
     if recorded_parts.get("plan") != now["plan"]:
-        changes.append("the merge plan changed (config, method parameters or input tensor layout)")
+        told = [f"config: {c}" for c in config_changes(*configs)] if configs is not None else []
+        # The options, inputs or version already said explain a plan whose config reads alike.
+        changes.extend(told or ([] if changes else [
+            "the merge plan changed (config, method parameters or input tensor layout)"]))
     return changes
+
+
+def _option_changes(recorded: Mapping[str, Any] | None, options: PlanOptions) -> list[str]:
+    """``--option OLD → NEW`` for each output option that differs from the ``recorded`` PlanOptions."""
+    if recorded is None:
+        return []
+    now = {k: v for k, v in asdict(options).items() if k not in ("allow_crimes", "stream_inputs")}
+    return [f"--{k.replace('_', '-')} {recorded.get(k, _LATER_OPTIONS.get(k))} → {v}" for k, v in now.items()
+            if recorded.get(k, _LATER_OPTIONS.get(k)) != v]
 
 
 def _tensor_doc(t: TensorPlan) -> dict[str, Any]:
