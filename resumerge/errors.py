@@ -19,16 +19,54 @@
     └── UnreachableError                exit 3  the hub cannot be reached and the cache cannot stand in
 
 Every error carries the context a user needs (file, YAML path, tensor) and a message that says what to do.
-Only the CLI turns errors into exit codes, through :data:`EXIT_CODES`.
+Only the CLI turns errors into exit codes, through :data:`EXIT_CODES`; each error's ``exit_code`` is its row.
+The CLI prints :meth:`ResumergeError.one_line`; ``str(error)`` is the same line in a notebook's words: every
+option named by its keyword (``max_memory``, not ``--max-memory``), except inside a ``resumerge …`` command.
 """
 
 from __future__ import annotations
+
+import re
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_INVALID = 2
 EXIT_INTERRUPTED = 3
 EXIT_REFUSED = 4
+
+# Flags whose keyword in resumerge.api is not the flag's own words (--max-memory is max_memory; --no-X is
+# X=False); tests/test_front_door.py holds this table to the parser's dests.
+API_NAMES: dict[str, str] = {
+    "-j/--num-threads": "num_threads",
+    "--out-path": "out",
+    "--transformers-cache": "cache_dir",
+    "--staging-dir": "staging",
+    "--no-staging": "staging=False",
+    "--cuda": "device='cuda'",
+    "--i-understand-this-is-not-useful-without-training": "allow_same_experts",
+    "--save-module": "save_modules",
+    "--exclude-regex": "exclude_regexes",
+    "--include-regex": "include_regexes",
+}
+# A flag (not part of a path or word), or a whole ``resumerge …`` command, whose flags stay as typed.
+_FLAG = re.compile(r"resumerge (?:run|resume|plan|status|verify|extract-lora)\b[^;)—]*"
+                   r"|(?<![\w/.-])(?:-j/)?--[a-z][a-z0-9-]*")
+
+
+def api_words(line: str) -> str:
+    """``line`` with each command-line flag named as :mod:`resumerge.api`'s keyword for it (see :data:`API_NAMES`),
+    leaving ``resumerge …`` commands as they are."""
+    def keyword(match: re.Match[str]) -> str:
+        flag = match.group(0)
+        if flag.startswith("resumerge "):
+            return flag
+        if flag in API_NAMES:
+            return API_NAMES[flag]
+        if flag.startswith("--no-"):
+            return flag[5:].replace("-", "_") + "=False"
+        return flag.lstrip("-").replace("-", "_")
+
+    return _FLAG.sub(keyword, line)
 
 
 class ResumergeError(Exception):
@@ -52,6 +90,15 @@ class ResumergeError(Exception):
         self.path = path
         self.yaml_path = yaml_path
         self.tensor = tensor
+
+    def __str__(self) -> str:
+        """The CLI's line (:meth:`one_line`: where, what, and what to do) with the API's option names."""
+        return api_words(self.one_line())
+
+    @property
+    def exit_code(self) -> int:
+        """The exit code the CLI ends with for this error (its row of :data:`EXIT_CODES`)."""
+        return exit_code_for(self)
 
     def one_line(self) -> str:
         """Render the error as the single line the CLI prints."""

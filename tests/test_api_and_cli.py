@@ -166,3 +166,25 @@ def test_demo_without_dir_leaves_the_current_directory_alone_and_says_where_it_w
     assert done.stdout.splitlines()[0].startswith(f"resumerge demo in {where}")
     assert f"everything is in {where}" in done.stdout and "byte-identical to the uninterrupted run: yes" in done.stdout
     assert (where / "merge.yml").is_file() and (where / "out" / "model.safetensors.index.json").is_file()
+
+
+def test_str_of_an_error_is_the_cli_line_in_the_apis_words(tmp_path: Path, make: ModelFactory,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """str(ConfigError) dropped the YAML path and hint the CLI prints, and named options by their CLI flags."""
+    from resumerge import api
+    from resumerge.errors import ConfigError, UsageError
+
+    a = make("a", seed=1)
+    cfg = write_config(tmp_path / "c.yml", {"merge_method": "passthrough", "slices": [
+        {"sources": [{"model": str(a), "layer_range": [0, 9]}]}]})
+    with pytest.raises(ConfigError) as bad:
+        api.run(cfg, tmp_path / "out")
+    assert main(["run", str(cfg), str(tmp_path / "out"), "--quiet"]) == bad.value.exit_code == 2
+    assert capsys.readouterr().err == f"error: {bad.value}\n"  # no flag in it: the CLI's line exactly
+    assert str(bad.value).startswith("slices[0].sources[0].layer_range: ") and "— use an end of at most" in str(
+        bad.value)
+    with pytest.raises(UsageError) as lots:
+        api.run(cfg, tmp_path / "out", max_memory="lots")
+    assert str(lots.value).startswith("max_memory: invalid size 'lots' — write a number"), str(lots.value)
+    assert lots.value.one_line().startswith("--max-memory: invalid size")  # what the CLI prints
+    assert lots.value.exit_code == 2

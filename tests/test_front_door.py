@@ -58,6 +58,27 @@ def test_cli_options_match_api_parameters(command: str) -> None:
                                  f"only the API has {sorted(parameters - dests)}")
 
 
+@pytest.mark.parametrize("command", sorted(FUNCTIONS))
+def test_errors_name_each_option_by_its_api_keyword(command: str) -> None:
+    """str(error) is what a notebook reads: each flag an error names is the keyword the API function takes."""
+    for action in _subparser(command)._actions:
+        if action.dest in CLI_ONLY or action.dest.startswith("unneeded_") or not action.option_strings:
+            continue
+        for flag in action.option_strings:
+            if not flag.startswith("--") or isinstance(action, argparse._HelpAction):
+                continue
+            said = str(UsageError(f"{flag} is wrong"))
+            if isinstance(action, argparse._StoreConstAction) and not isinstance(action, argparse._StoreTrueAction):
+                value = action.const
+                assert said == f"{action.dest}={value!r} is wrong", said
+            else:
+                assert said.split(" ")[0].split("=")[0] == action.dest, (flag, said)
+                off = isinstance(action, argparse._StoreFalseAction) or (
+                    isinstance(action, argparse.BooleanOptionalAction) and flag.startswith("--no-"))
+                assert said.endswith("=False is wrong") == off, said
+    assert str(UsageError("-j/--num-threads must be at least 1")) == "num_threads must be at least 1"
+
+
 def test_the_cli_leaves_out_exactly_the_presentation_options() -> None:
     # The command passes every other parsed option to the API by name: the two lists are one.
     assert commands.CLI_ONLY == CLI_ONLY
@@ -90,9 +111,9 @@ def test_api_run_refuses_a_single_merge_into_a_recipes_out_even_with_restart(tmp
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"commit_every": 0}, "--commit-every must be at least 1"),
-    ({"num_threads": 0}, "--num-threads must be at least 1"),
-    ({"max_memory": "0"}, "--max-memory must be positive"),
+    ({"commit_every": 0}, r"^commit_every must be at least 1"),  # named as the API names it
+    ({"num_threads": 0}, r"^num_threads must be at least 1"),
+    ({"max_memory": "0"}, r"^max_memory must be positive"),
     ({"intermediate_dir": "stages"}, "applies to recipes only"),
 ])
 def test_the_api_keeps_the_guards_the_cli_had(tmp_path: Path, options: dict[str, Any], message: str) -> None:

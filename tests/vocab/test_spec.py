@@ -100,7 +100,7 @@ def test_both_selectors_and_a_bad_chat_template() -> None:
     with pytest.raises(ConfigError, match="Cannot specify both tokenizer_source and tokenizer") as caught:
         parse_tokenizer_spec("base", {"source": "union"}, None)
     assert caught.value.yaml_path == "tokenizer"
-    with pytest.raises(ConfigError, match=r"^Invalid chat template: chatml2$") as bad:
+    with pytest.raises(ConfigError, match=r"^chat_template: Invalid chat template: chatml2 — use auto, ") as bad:
         parse_tokenizer_spec(None, None, "chatml2")
     assert bad.value.yaml_path == "chat_template"
     with pytest.raises(ConfigError, match="multiple @") as src:
