@@ -70,6 +70,9 @@ def test_a_resume_whose_out_moved_refuses(tmp_path: Path, make: ModelFactory,
     assert main(["resume", str(out)]) == 4
     err = capsys.readouterr().err
     assert "may have moved" in err and "resumerge resume NEW_PATH" in err
+    # status said "done" from the ledger, of files no longer there: it says what resume says.
+    assert main(["status", str(out)]) == 4
+    assert capsys.readouterr().err == err
     assert not out.exists()
     assert main(["resume", str(moved), "--quiet"]) == 0
 

@@ -23,7 +23,6 @@ from resumerge.engine.target import Target
 from resumerge.errors import (
     LedgerError,
     NothingRecordedError,
-    OutputDirError,
     UnreachableError,
     UnreachableInputError,
     UsageError,
@@ -35,6 +34,7 @@ from resumerge.plan.planner import build_plan, threads_matter
 from resumerge.plan.prepared import Prepared
 from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import MANIFEST_NAME
+from resumerge.store.statusview import moved_error
 
 # Plans a run's recorded config text of another kind than a merge config (MoE upcycling's), from the recorded
 # options and model directories, under the resume's settings and reporter; None when the text is a merge config.
@@ -125,7 +125,7 @@ def resume_merge(
             committed = sum(1 for r in ledger.files() if r.status == "done")
             ledger.close()
             if row is not None and committed and target.hub is None and not out.exists():
-                raise _moved(out, committed, resume_command("NEW_PATH", state_dir))
+                raise moved_error(out, committed, resume_command("NEW_PATH", state_dir))
     if row is not None:
         text, opts, dirs = row.config_text, row.options, row.model_dirs
     elif manifest is not None:
@@ -166,16 +166,6 @@ def recorded_threads(recorded: int | None, methods: Iterable[str], settings: Run
     if reporter is not None:
         reporter.message(f"using -j {recorded}, as the run was started with (the output's bytes depend on it)")
     return replace(settings, num_threads=recorded)
-
-
-def _moved(out: Path, committed: int, where: str) -> OutputDirError:
-    """A resume whose OUT vanished though the ledger records files committed there: the output was moved or
-    deleted, and re-creating it would redo the whole merge in the wrong place."""
-    return OutputDirError(
-        f"{out} does not exist, though {committed} file(s) were committed there: the output may have moved",
-        path=str(out),
-        hint=f"resume it where it is now with {where}, or start over with resumerge run CONFIG {out} --restart",
-    )
 
 
 def run_plan(

@@ -16,8 +16,8 @@ from typing import Any
 
 from resumerge.config.extraction_state import FACTORS_DIR, cached_modules, lora_modules
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.config.locations import RunLocations
-from resumerge.errors import LedgerError, NothingRecordedError
+from resumerge.config.locations import RunLocations, resume_command
+from resumerge.errors import LedgerError, NothingRecordedError, OutputDirError
 from resumerge.store.ledger_read import LEDGER_NAME as LEDGER_NAME
 from resumerge.store.ledger_read import read_merge_status
 from resumerge.store.manifest import MANIFEST_NAME
@@ -102,6 +102,7 @@ def read_status(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[st
                 raise
             report = None  # a damaged ledger is never trusted: OUT's manifest tells the same story
         if report is not None:
+            _check_still_there(report, state_dir)
             return report
     if manifest.is_file():
         return _from_manifest(manifest, str(manifest), str(out_dir), command)
@@ -110,6 +111,24 @@ def read_status(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[st
         path=str(out_dir),
         hint="pass the --state-dir used by the run, or check the output path",
     )
+
+
+def moved_error(out: str | os.PathLike[str], committed: int, where: str) -> OutputDirError:
+    """A local OUT gone though the ledger records ``committed`` files committed there: the output was moved or
+    deleted (re-creating it would redo the whole merge in the wrong place). ``where`` resumes it at its new place."""
+    return OutputDirError(
+        f"{out} does not exist, though {committed} file(s) were committed there: the output may have moved",
+        path=str(out),
+        hint=f"resume it where it is now with {where}, or start over with resumerge run CONFIG {out} --restart",
+    )
+
+
+def _check_still_there(report: StatusReport, state_dir: str | os.PathLike[str] | None) -> None:
+    """Raise :func:`moved_error` when the ledger's story is about an OUT that is no longer there (status reported
+    the old state of files that do not exist)."""
+    committed = sum(1 for f in report.files if f.status == "done")
+    if committed and not Path(report.out_dir).exists():
+        raise moved_error(report.out_dir, committed, resume_command("NEW_PATH", state_dir))
 
 
 def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusReport | None:
