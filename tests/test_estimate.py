@@ -304,3 +304,19 @@ def test_compute_and_disk_work_add_up_where_the_engine_fills_the_cores(monkeypat
     assert est.cores_are_shared()
     monkeypatch.setattr(est.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     assert not est.cores_are_shared()
+
+
+def test_run_refuses_before_writing_what_plan_says_will_not_fit(tmp_path: Path, make: ModelFactory,
+                                                                monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """run wrote three shards to a disk plan knew was too small, then stopped on ENOSPC (exit 3)."""
+    from resumerge.engine import outdir
+
+    cfg = write_config(tmp_path / "c.yml", linear_config(make("a", seed=1), make("b", seed=2)))
+    out = tmp_path / "out"
+    free = api.plan_merge(cfg, out_shard_size="30k").total_bytes - 1
+    assert not api.estimate(cfg, out, out_shard_size="30k", probe_size=0, disk_free=lambda path: free).fits
+    monkeypatch.setattr(outdir, "free_bytes", lambda path: free)
+    assert main(["run", str(cfg), str(out), "--out-shard-size", "30k", "--quiet"]) == 2
+    assert "the output needs" in capsys.readouterr().err
+    assert not out.exists()

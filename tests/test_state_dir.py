@@ -72,3 +72,17 @@ def test_the_resume_hint_names_the_state_dir_only_when_it_is_not_the_default(
     assert resume_command("/m/out", no_state_env) == "resumerge resume /m/out"
     assert resume_command("/m/out") == "resumerge resume /m/out"
     assert resume_command("/m/out", tmp_path / "s") == f"resumerge resume /m/out --state-dir {tmp_path / 's'}"
+
+
+def test_a_state_dir_that_cannot_be_written_is_refused_by_plan_and_run(
+        tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    """plan said "fits", run exited 3 ("resume finishes it") and resume then found nothing to resume."""
+    cfg = write_config(tmp_path / "c.yml", linear_config(make("a", seed=1), make("b", seed=2)))
+    (tmp_path / "a-file").write_text("")
+    state, out = tmp_path / "a-file" / "state", tmp_path / "out"  # under a file: unwritable even for root
+    assert main(["plan", str(cfg), str(out), "--state-dir", str(state), "--probe-size", "0"]) == 2
+    said = capsys.readouterr()
+    assert f"the state dir {state} cannot be created: {tmp_path / 'a-file'} is not a directory" in said.out
+    assert main(["run", str(cfg), str(out), "--state-dir", str(state), "--quiet"]) == 2
+    assert "use a writable local state dir (--state-dir DIR or RESUMERGE_STATE_DIR)" in capsys.readouterr().err
+    assert not out.exists()

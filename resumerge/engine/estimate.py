@@ -63,6 +63,7 @@ from resumerge.store.diskprobe import (
     nearest_existing,
     probe_directory,
     probe_file_read,
+    unwritable,
 )
 from resumerge.store.filesystems import staging_dir
 from resumerge.store.manifest import read_manifest
@@ -162,6 +163,7 @@ def estimate(
                          cores_available=cores)
         memory = replace(memory, prepass_bytes=peak, prepass_beside=beside)
     reasons = memory_reasons + [r for d in disks if not d.fits for r in [_disk_reason(d, output)]]
+    reasons += [r for r in [unwritable(state_root(state_dir), "the state dir")] if r]  # run would stop at once
     hub = hub_disk_need(plan, max_disk)
     if to_hub and hub.problem:
         reasons.append(hub.problem)

@@ -14,8 +14,10 @@ from typing import Any
 from resumerge.config.version import __version__
 from resumerge.engine.reconcile import adopt_manifest
 from resumerge.errors import OutputDirError, PlanChangedError, UsageError
+from resumerge.memory import format_size
 from resumerge.outputs.aux import aux_files
 from resumerge.plan.merge_plan import Plan, describe_changes, fingerprint_parts
+from resumerge.store.diskprobe import free_bytes
 from resumerge.store.durable import is_temp_name
 from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import MANIFEST_NAME, Manifest, ManifestBook, read_manifest
@@ -44,6 +46,8 @@ def open_run(
         notes.append("previous run in OUT discarded (--restart)")
         row, manifest = None, None
     verified: frozenset[str] = frozenset()
+    if row is None and manifest is None and isinstance(out, Path):
+        check_room(plan, out)
     if row is None:
         record_plan(plan, config_text, out, ledger)
         if manifest is not None:
@@ -62,6 +66,19 @@ def open_run(
     book = ManifestBook(sink, fresh_manifest(plan, config_text, committed))
     book.set_state("running")
     return book, verified
+
+
+def check_room(plan: Plan, out: Path) -> None:
+    """Refuse (UsageError, exit 2, before a byte is written) a new run whose shards alone need more than the disk
+    of ``out`` has free — what ``plan`` reports as "will not fit". A disk that fills later, for other reasons,
+    still stops the run with a StorageError (exit 3) that ``resume`` finishes."""
+    free = free_bytes(out)
+    if plan.total_bytes > free:
+        raise UsageError(
+            f"the output needs {format_size(plan.total_bytes)} on the disk of {out}, but only {format_size(free)} "
+            "is free", path=str(out),
+            hint=f"free {format_size(plan.total_bytes - free)} there or choose an OUT on a disk with more room "
+                 "(resumerge plan CONFIG OUT tells what a run needs)")
 
 
 def refuse_changed_plan(plan: Plan, out: Path | str, ledger: Ledger, manifest: Manifest | None, *, restart: bool,

@@ -56,6 +56,17 @@ def nearest_existing(path: str | os.PathLike[str]) -> Path:
     return current
 
 
+def unwritable(path: str | os.PathLike[str], what: str) -> str | None:
+    """Why a directory could not be created or written at ``path`` (``what`` names it in the sentence), or None
+    when its nearest existing ancestor is a directory this process may write in."""
+    nearest = nearest_existing(path)
+    if not nearest.is_dir():
+        return f"{what} {path} cannot be created: {nearest} is not a directory; use another --state-dir"
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        return f"{what} {path} is not writable ({nearest} is read-only here); use another --state-dir"
+    return None
+
+
 def free_bytes(path: Path) -> int:
     """Bytes an unprivileged process may still write on the filesystem holding ``path`` (or its nearest ancestor)."""
     return shutil.disk_usage(nearest_existing(path)).free

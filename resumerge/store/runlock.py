@@ -12,9 +12,11 @@ import fcntl
 import os
 from pathlib import Path
 
-from resumerge.errors import OutputDirError, StorageError
+from resumerge.errors import OutputDirError, StorageError, UsageError
 
 LOCK_NAME = "lock"
+# Errors of a disk that is full or failing, as opposed to a directory this process may not write in.
+_STORAGE_FAULTS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
 
 
 class RunLock:
@@ -32,8 +34,9 @@ class RunLock:
         self._fds: list[int] = []
 
     def acquire(self) -> None:
-        """Take the locks; raises :class:`OutputDirError` when another process holds one, and
-        :class:`StorageError` when the state dir cannot be written (read-only, full, permissions)."""
+        """Take the locks; raises :class:`OutputDirError` when another process holds one, :class:`UsageError` when
+        the state dir cannot be written in (read-only, permissions, not a directory) and :class:`StorageError` when
+        its disk is full or failing."""
         targets = [(self.run_dir / LOCK_NAME, False)]
         if self.lock_out:
             targets.append((Path(self.out_dir), True))
@@ -44,7 +47,10 @@ class RunLock:
                 fd = os.open(path, os.O_RDONLY) if is_dir else os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as exc:
                 self.release()
-                raise StorageError(
+                # A full or failing disk is a storage fault (exit 3); a state dir this process may not write in
+                # is a setting to change (exit 2): nothing was recorded, so "resume finishes it" would be wrong.
+                kind = StorageError if exc.errno in _STORAGE_FAULTS or is_dir else UsageError
+                raise kind(
                     f"cannot open {path}: {os.strerror(exc.errno) if exc.errno else exc}", path=str(path),
                     hint="use a writable local state dir (--state-dir DIR or RESUMERGE_STATE_DIR)" if not is_dir
                     else "check that OUT is a readable directory",
