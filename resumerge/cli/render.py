@@ -516,7 +516,9 @@ def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | 
                f"{format_size(c.size)} ({c.reason})")
     _field(out, "memory", f"peak about {format_size(memory.peak_bytes)} ({format_size(memory.baseline_bytes)} "
            f"process + {format_size(memory.working_set_bytes)} working set) under a {format_size(memory.budget)} "
-           f"budget ({memory.budget_source})")
+           f"budget ({memory.budget_source})" + (
+               f", {format_size(memory.counted_peak_bytes)} of it counted against the budget (mapped library files "
+               "are not)" if memory.peak_bytes > memory.budget >= memory.counted_peak_bytes else ""))
     if estimate.time.prepass_seconds or memory.prepass_bytes:
         when = "beside the merge" if memory.prepass_beside else "first"
         _field(out, "pass", f"the prompt forward pass {when}, in a process of its own: about "

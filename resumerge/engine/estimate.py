@@ -39,7 +39,15 @@ from resumerge.engine.inputfetch import plan_fetch
 from resumerge.engine.netestimate import MEASURED, Bandwidth, NetworkEstimate, measure_download
 from resumerge.errors import LedgerError
 from resumerge.inputs.catalog import Inputs
-from resumerge.memory import SAFETY_MARGIN, MemoryProbe, SystemProbe, default_budget, format_size, usable_cores
+from resumerge.memory import (
+    SAFETY_MARGIN,
+    MemoryProbe,
+    SystemProbe,
+    default_budget,
+    format_size,
+    smallest_budget_for,
+    usable_cores,
+)
 from resumerge.outputs.aux import aux_files, render_aux
 from resumerge.plan.fetching import STREAM, FileFetch
 from resumerge.plan.merge_plan import Plan, PlanOptions, TensorPlan
@@ -72,9 +80,10 @@ from resumerge.torch_import import loaded as torch_loaded
 from resumerge.torch_import import torch
 
 # What a pass in a process of its own costs, given the inputs' read speed (None: unknown): its seconds from the
-# run's start on a core of its own, its CPU seconds, its process's RSS at its peak, whether it runs beside the merge
-# rather than before it, and the cores the run's processes may expect (None: not measured).
-Prepass = Callable[[float | None], tuple[float, float, int, bool, float | None]]
+# run's start on a core of its own, its CPU seconds, its process's memory at its peak (as the budget counts it),
+# whether it runs beside the merge rather than before it, the cores the run's processes may expect (None: not
+# measured), and why the run would refuse it under the budget (None: it fits).
+Prepass = Callable[[float | None], tuple[float, float, int, bool, float | None, str | None]]
 
 # A ledger row per tensor and per file, SQLite pages, and a WAL of the same size again: a generous bound.
 _LEDGER_FIXED = 256 * 1024
@@ -158,10 +167,15 @@ def estimate(
     timing = replace(_time(plan, pending, output, downloads, committed, speed, probe_bytes, compute, to_hub),
                      startup_seconds=startup.seconds)
     if prepass is not None:
-        seconds, cpu_seconds, peak, beside, cores = prepass(timing.read_bytes_per_s)
+        seconds, cpu_seconds, peak, beside, cores, problem = prepass(timing.read_bytes_per_s)
+        memory_reasons += [problem] if problem else []  # the run's own guard would refuse the pass
         timing = replace(timing, prepass_seconds=seconds, prepass_beside=beside, prepass_cpu_seconds=cpu_seconds,
                          cores_available=cores)
         memory = replace(memory, prepass_bytes=peak, prepass_beside=beside)
+    if memory.counted_peak_bytes > memory.budget and not memory_reasons:
+        memory_reasons.append(f"memory: the run's peak, about {format_size(memory.counted_peak_bytes)} as the budget "
+                              f"counts it, is over the {format_size(memory.budget)} budget — rerun with --max-memory "
+                              f"{format_size(smallest_budget_for(memory.counted_peak_bytes), compact=True)} or more")
     reasons = memory_reasons + [r for d in disks if not d.fits for r in [_disk_reason(d, output)]]
     reasons += [r for r in [unwritable(state_root(state_dir), "the state dir")] if r]  # run would stop at once
     hub = hub_disk_need(plan, max_disk)

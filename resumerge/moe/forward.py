@@ -27,13 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from resumerge.errors import UsageError
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import TORCH_DTYPES
 from resumerge.inputs.torch_bin import is_pickle_checkpoint
-from resumerge.memory import SAFETY_MARGIN, SystemProbe, format_size
-from resumerge.memory.budget import smallest_budget_for
+from resumerge.memory import SystemProbe
+from resumerge.moe.passshare import share_problem
 from resumerge.moe.prompts import require_transformers
 from resumerge.moe.routers import Encoded
 from resumerge.store.killpoints import reach
@@ -204,13 +203,9 @@ def pass_bytes(tensors: Mapping[str, Location], layers: int) -> int:
 def _check_share(weights: Weights, layers: int, share: int, counted_elsewhere: int) -> None:
     probe = SystemProbe()
     probe.reclaim()
-    held, need = probe.rss(), pass_bytes(weights.tensors, layers)
-    if held + need > share * (1 - SAFETY_MARGIN):
-        smallest = smallest_budget_for(need, baseline_bytes=held + counted_elsewhere)
-        raise UsageError(f"the prompt forward pass needs {format_size(held + need)} (its process holds "
-                         f"{format_size(held)}, its largest layer {format_size(need)}), more than the "
-                         f"{format_size(share)} the budget leaves it beside the merge's process",
-                         hint=f"rerun with --max-memory {format_size(smallest, compact=True)} or more")
+    problem = share_problem(probe.rss(), pass_bytes(weights.tensors, layers), share, counted_elsewhere)
+    if problem is not None:
+        raise problem
 
 
 def _unload(module: torch.nn.Module) -> None:

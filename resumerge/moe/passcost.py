@@ -27,6 +27,7 @@ from resumerge.moe.config import MoeConfig
 from resumerge.moe.forward import ROUTERS_NAME, pass_bytes
 from resumerge.moe.hiddenpass import beside_share
 from resumerge.moe.passproc import HIDDEN_MODES, run_child
+from resumerge.moe.passshare import share_problem
 from resumerge.moe.prepare import prepare_moe, routers_dir
 from resumerge.plan.merge_plan import Plan, PlanOptions
 from resumerge.plan.prepared import Prepared
@@ -40,9 +41,10 @@ _LAYER_CPU_PER_BYTE = 1.0e-9
 _SPAWN_SECONDS = 0.3
 
 
-# (seconds from the run's start on a core of its own, CPU seconds, peak RSS of its process, beside the merge, the
-# cores the run's two processes may expect): resumerge.engine.estimate's Prepass
-PrepassCost = tuple[float, float, int, bool, float | None]
+# (seconds from the run's start on a core of its own, CPU seconds, peak of its process counted as the budget
+# counts it, beside the merge, the cores the run's two processes may expect, why it would not fit or None):
+# resumerge.engine.estimate's Prepass
+PrepassCost = tuple[float, float, int, bool, float | None, str | None]
 
 
 def pass_estimate(config: MoeConfig, inputs: Inputs, state_dir: str | os.PathLike[str] | None,
@@ -57,7 +59,7 @@ def pass_estimate(config: MoeConfig, inputs: Inputs, state_dir: str | os.PathLik
     def estimate(read_bytes_per_s: float | None) -> PrepassCost:
         del read_bytes_per_s  # the pass's reads follow the merge's of the same files: counted as CPU, below
         if (routers_dir(config, base, state_dir) / ROUTERS_NAME).is_file():
-            return 0.0, 0.0, 0, False, None
+            return 0.0, 0.0, 0, False, None, None
         with tempfile.TemporaryDirectory(prefix="resumerge-probe-") as scratch, _OthersCpu() as others:
             found = run_child({"job": "probe", "mode": config.gate_mode, "weights_dir": str(base.directory)},
                               Path(scratch))
@@ -72,9 +74,12 @@ def pass_estimate(config: MoeConfig, inputs: Inputs, state_dir: str | os.PathLik
         seconds = _SPAWN_SECONDS + float(found["seconds"]) + layer_cpu / min(1.0, cores)
         probe = SystemProbe()
         budget = max_memory if max_memory is not None else default_budget(probe)
-        layer = pass_bytes(tensors, layers)
-        beside = beside_share(budget, probe.rss(), layer) is not None
-        return seconds, float(found["cpu_seconds"]) + layer_cpu, int(found["rss"]) + layer, beside, cores
+        layer, held = pass_bytes(tensors, layers), probe.rss()
+        share = beside_share(budget, held, layer)
+        # The run's own guard on the pass, with what its process holds counted as the run counts it.
+        problem = share_problem(int(found["counted"]), layer, budget - held if share is None else share, held)
+        return (seconds, float(found["cpu_seconds"]) + layer_cpu, int(found["counted"]) + layer, share is not None,
+                cores, None if problem is None else f"memory: {problem.one_line()}")
 
     return estimate
 

@@ -74,7 +74,13 @@ def answer(job: dict[str, Any], workdir: Path) -> dict[str, Any]:
             for positive, negative in job["prompts"]]
     if job["job"] == "encode":
         return {"encoded": sets}
+    from resumerge.memory.allocator import tune_allocator
     from resumerge.moe.forward import Weights, hidden_routers
+
+    # As in the run's process: each layer's freed weights go back to the OS at once instead of staying in a heap
+    # whose thresholds glibc raised, so this process holds what its share counts (one layer), not two. This
+    # process ends with the pass: nothing to restore.
+    tune_allocator()
 
     if job.get("threads"):
         import torch

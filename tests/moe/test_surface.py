@@ -3,7 +3,9 @@ missing optional dependency of the prompt gate modes as one exit-2 line; mergeki
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from resumerge import api
 from resumerge.config.locations import state_root
 from resumerge.errors import UsageError, exit_code_for
+from resumerge.memory.sizes import parse_size
 from tests.moe.models import llamas, write
 from tests.support import cli
 
@@ -159,3 +162,55 @@ def test_an_input_error_after_the_first_commit_is_not_exit_2(tmp_path: Path) -> 
            "import: ImportError: partially initialized module" in done.stderr
     assert f"finish it with: resumerge resume {out}" in done.stderr
     assert list(out.glob("model-*.safetensors"))
+
+
+def _tree_peak_anon(argv: list[str]) -> tuple[int, int]:
+    """Run ``argv``; its exit code and the peak of its process tree's summed anonymous RSS (sampled)."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    def anon(pid: int) -> int:
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
+        except (OSError, StopIteration):
+            return 0
+
+    proc = subprocess.Popen([sys.executable, "-m", "resumerge", *argv], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    root, peak = psutil.Process(proc.pid), 0
+    while proc.poll() is None:
+        with contextlib.suppress(psutil.Error):
+            peak = max(peak, sum(anon(p.pid) for p in [root, *root.children(recursive=True)]))
+        time.sleep(0.01)
+    return proc.returncode, peak
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_plan_refuses_the_pass_where_the_run_would_and_the_pass_stays_inside_the_budget(tmp_path: Path) -> None:
+    """plan said "fits" (its peak over the budget) where the run's guard refused the pass; at the budget the
+    refusal named, the processes together peaked over it."""
+    m = llamas(tmp_path)
+    config = write(tmp_path / "hidden.yml", {
+        "base_model": str(m[0]), "gate_mode": "hidden",
+        "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab"]},
+                    {"source_model": str(m[2]), "positive_prompts": ["cd"]}]})
+    state = tmp_path / "state"
+    estimate = api.estimate(config, tmp_path / "out", state_dir=state, max_memory="200MB", probe_size=0)
+    assert not estimate.fits
+    (said,) = [r for r in estimate.reasons if "the prompt forward pass needs" in r]
+    with pytest.raises(UsageError) as refused:
+        api.run(config, tmp_path / "out", state_dir=state, max_memory="200MB")
+    # One rule: the same sentence, up to what each process holds (a few MB apart).
+    budget = parse_size(said.rsplit("--max-memory ", 1)[1].split()[0])
+    run_budget = parse_size(refused.value.one_line().rsplit("--max-memory ", 1)[1].split()[0])
+    assert abs(budget - run_budget) <= 0.05 * budget, (said, refused.value.one_line())
+    assert api.estimate(config, tmp_path / "out", state_dir=state, max_memory=budget, probe_size=0).fits
+    code, peak = _tree_peak_anon(["run", str(config), str(tmp_path / "out"), "--state-dir", str(state),
+                                  "--max-memory", str(budget), "--quiet"])
+    assert code == 0
+    assert peak <= budget, f"the run's processes peaked at {peak / 1e6:.0f} MB over the {budget / 1e6:.0f} MB budget"
