@@ -403,6 +403,10 @@ def show_status(report: StatusReport, stream: TextIO | None = None, *, width: in
                f"needed at {format_size(int(f['rate']))}/s ({int(f['requests'])} range requests)")
     for line in report.plan_notes:
         _field(out, "note", line)
+    if report.prepass_layers is not None:
+        done, layers = report.prepass_layers
+        _field(out, "pass", f"prompt forward pass: {done} of {layers} decoder layers (the routers' shard waits "
+               "for it)")
     if report.elapsed_seconds is not None:
         seconds = report.elapsed_seconds
         _field(out, "elapsed", _duration(seconds) if seconds >= 90 else f"{seconds:.1f} s")

@@ -13,6 +13,7 @@ __all__ = [
     "locations",
     "merge_config",
     "modelref",
+    "moe_state",
     "params",
     "settings",
     "version",

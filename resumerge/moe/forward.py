@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from resumerge.config.moe_state import LAYER_PREFIX, ROUTERS_NAME
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import TORCH_DTYPES
@@ -38,8 +39,6 @@ from resumerge.moe.routers import Encoded
 from resumerge.store.killpoints import reach
 from resumerge.torch_import import torch
 
-ROUTERS_NAME = "routers.safetensors"
-_LAYER_PREFIX = "layer-"
 _BASE = "base"
 
 # (positive, negative or None) encoded prompt sets of each gated expert
@@ -216,11 +215,11 @@ def _restart_point(workdir: Path, sets: int) -> tuple[int, dict[str, Any] | None
     """The layer to continue at and the saved state (None: start from the embeddings)."""
     from safetensors.torch import load_file
 
-    saved = sorted(workdir.glob(f"{_LAYER_PREFIX}*.safetensors"))
+    saved = sorted(workdir.glob(f"{LAYER_PREFIX}*.safetensors"))
     if not saved:
         return 0, None
     last = saved[-1]
-    layer = int(last.stem.removeprefix(_LAYER_PREFIX))
+    layer = int(last.stem.removeprefix(LAYER_PREFIX))
     data = load_file(str(last))
     hidden = [data[f"hidden.{s}"] for s in range(sets)] if "hidden.0" in data else []
     return layer + 1, {"hidden": hidden}
@@ -231,7 +230,7 @@ def _save_layer(workdir: Path, layer: int, vectors: list[torch.Tensor], hidden: 
     then hold nothing needed but their vectors, which are kept."""
     tensors = {f"vector.{s}": v.contiguous() for s, v in enumerate(vectors)}
     tensors.update({f"hidden.{s}": h.contiguous() for s, h in enumerate(hidden)})
-    _durable_save(tensors, workdir / f"{_LAYER_PREFIX}{layer:05d}.safetensors")
+    _durable_save(tensors, workdir / f"{LAYER_PREFIX}{layer:05d}.safetensors")
 
 
 def _finish(workdir: Path, sets: ExpertSets, layers: int) -> None:
@@ -240,7 +239,7 @@ def _finish(workdir: Path, sets: ExpertSets, layers: int) -> None:
 
     routers = {}
     for i in range(layers):
-        data = load_file(str(workdir / f"{_LAYER_PREFIX}{i:05d}.safetensors"))
+        data = load_file(str(workdir / f"{LAYER_PREFIX}{i:05d}.safetensors"))
         index, rows = 0, []
         for _, negative in sets:
             vector = data[f"vector.{index}"].clone()
@@ -254,7 +253,7 @@ def _finish(workdir: Path, sets: ExpertSets, layers: int) -> None:
         routers[f"layers.{i}"] = gates.contiguous()
     _durable_save(routers, workdir / ROUTERS_NAME)
     for i in range(layers):
-        (workdir / f"{_LAYER_PREFIX}{i:05d}.safetensors").unlink(missing_ok=True)
+        (workdir / f"{LAYER_PREFIX}{i:05d}.safetensors").unlink(missing_ok=True)
 
 
 def _durable_save(tensors: dict[str, torch.Tensor], path: Path) -> None:

@@ -20,11 +20,12 @@ from pathlib import Path
 
 import psutil
 
+from resumerge.config.moe_state import ROUTERS_NAME
 from resumerge.config.settings import RunSettings
 from resumerge.inputs.catalog import Inputs
 from resumerge.memory import SystemProbe, default_budget, usable_cores
 from resumerge.moe.config import MoeConfig
-from resumerge.moe.forward import ROUTERS_NAME, pass_bytes
+from resumerge.moe.forward import pass_bytes
 from resumerge.moe.hiddenpass import beside_share
 from resumerge.moe.passproc import HIDDEN_MODES, run_child
 from resumerge.moe.passshare import share_problem

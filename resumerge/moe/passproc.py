@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from resumerge import errors
+from resumerge.config.moe_state import ROUTERS_DIR
 from resumerge.errors import InputError, ResumergeError
 from resumerge.inputs.files import TOKENIZER_FILES
 
 HIDDEN_MODES = frozenset({"hidden", "hidden_avg", "hidden_last"})
-ROUTERS_DIR = "moe-routers"  # under the state dir: the forward passes, each in a folder named by its content key
 # resumerge is on no package index: its extra installs only from a clone or a wheel, transformers from anywhere.
 INSTALL_HINT = "pip install transformers (the moe extra: pip install -e '.[moe]' in a clone)"
 

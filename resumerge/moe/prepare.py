@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resumerge.config.locations import state_root
+from resumerge.config.moe_state import ROUTERS_DIR
 from resumerge.config.settings import RunSettings
 from resumerge.errors import InputError
 from resumerge.inputs.catalog import Inputs, open_inputs
@@ -24,7 +25,6 @@ from resumerge.moe.config import CARD_METHOD, MoeConfig
 from resumerge.moe.hiddenpass import HiddenPass, beside_share, routers_job
 from resumerge.moe.passproc import (
     HIDDEN_MODES,
-    ROUTERS_DIR,
     PassProcess,
     require_transformers,
     routers_key,
@@ -136,8 +136,9 @@ def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, provided: RouterSo
     """The forward pass ``key`` of the hidden-state modes, its routers provided in ``provided``: found finished in
     the state dir, or started now (beside the merge when ``beside`` and the budget holds both; else finished before
     this returns)."""
+    from resumerge.config.moe_state import ROUTERS_NAME
     from resumerge.memory import SystemProbe, default_budget
-    from resumerge.moe.forward import ROUTERS_NAME, pass_bytes
+    from resumerge.moe.forward import pass_bytes
 
     base = inputs.models[config.base_model.key]
     layers = int(base.config["num_hidden_layers"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -17,10 +18,14 @@ from typing import Any
 from resumerge.config.extraction_state import FACTORS_DIR, cached_modules, lora_modules
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import RunLocations, resume_command
+from resumerge.config.moe_state import passes_under_way
 from resumerge.errors import LedgerError, NothingRecordedError, OutputDirError
 from resumerge.store.ledger_read import LEDGER_NAME as LEDGER_NAME
 from resumerge.store.ledger_read import read_merge_status
 from resumerge.store.manifest import MANIFEST_NAME
+
+# A decoder layer's tensors: the layer count of a plan, from its tensors' names.
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,9 @@ class StatusReport:
     modules_total: int | None = None
     modules_done: int | None = None
     module_current: str | None = None
+    # An unfinished mergekit-moe run's prompt forward pass, while the routers the merge waits for are not all
+    # computed: (decoder layers done, layers); None when no pass is under way.
+    prepass_layers: tuple[int, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form printed by ``status --json``."""
@@ -156,7 +164,9 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusRe
         last_error=run.last_error,
         peak_rss=run.peak_rss or None,
         adaptations=run.adaptations,
-        elapsed_seconds=max(0.0, (run.updated_at or time.time()) - (run.created_at or time.time())),
+        # A running run's record is updated when its state changes, not as time passes: count to now.
+        elapsed_seconds=max(0.0, (time.time() if state == "running" else run.updated_at or time.time())
+                            - (run.created_at or time.time())),
         events=tuple(f"{e.kind}: {e.message}" for e in rows.events),
         budget=_budget(rows.memory.data if rows.memory else None),
         adaptation_events=tuple(a.message for a in rows.adaptations),
@@ -164,6 +174,7 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusRe
         streamed=_streamed(rows.stream.data if rows.stream else None),
         plan_notes=rows.plan_notes,
         **_module_progress(rows.tensor_names, rows.tensors_done, rdir),
+        prepass_layers=_pass_progress(rdir.parent, rows.tensor_names) if state != "done" else None,
     )
 
 
@@ -180,6 +191,16 @@ def _module_progress(tensor_names: tuple[str, ...], tensors_done: int, rdir: Pat
     pending = [m for m in modules if m not in cached]
     return {"modules_total": len(modules), "modules_done": len(modules) - len(pending),
             "module_current": pending[0] if pending else None}
+
+
+def _pass_progress(state_root: Path, tensor_names: tuple[str, ...]) -> tuple[int, int] | None:
+    """(layers done, layers) of the one prompt forward pass under way in ``state_root`` when the plan's tensors
+    (``tensor_names``) have router gates; None otherwise (or when several passes are under way there)."""
+    if not any(n.endswith(".gate.weight") for n in tensor_names):
+        return None
+    under_way = passes_under_way(state_root)
+    layers = {int(m.group(1)) for n in tensor_names if (m := _LAYER.match(n))}
+    return (under_way[0], max(layers) + 1) if len(under_way) == 1 and layers else None
 
 
 def _streamed(data: str | None) -> dict[str, float] | None:

@@ -4,6 +4,7 @@ run's seed, so it is the same after a resume."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -99,6 +100,11 @@ def test_kill_during_the_forward_pass_resumes_there(tmp_path: Path, monkeypatch:
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(work.parent) in " ".join(p.info["cmdline"] or ())]
     # the merge ran beside the pass: every tensor but the routers (their own last shard) may be committed already
     assert not (out / "model-00002-of-00002.safetensors").exists()
+    # status says how far the pass got (it said "tensors 0 / N" and "elapsed 0.0 s" while it ran)
+    said = json.loads(cli("status", out, "--state-dir", state, "--json").stdout)
+    layers = json.loads((m[0] / "config.json").read_text())["num_hidden_layers"]
+    assert said["prepass_layers"] == [2, layers] and said["elapsed_seconds"] > 0
+    assert f"prompt forward pass: 2 of {layers} decoder layers" in cli("status", out, "--state-dir", state).stdout
     # the kill point is reached once per layer: continued at layer 2 it is reached twice more (layers 2 and 3),
     # started again from layer 0 it would die at layer 2
     again = cli("run", config, out, "--state-dir", state, "--quiet", env={"RESUMERGE_KILL_AT": "after_router_layer:3"})
