@@ -188,3 +188,23 @@ def test_str_of_an_error_is_the_cli_line_in_the_apis_words(tmp_path: Path, make:
     assert str(lots.value).startswith("max_memory: invalid size 'lots' — write a number"), str(lots.value)
     assert lots.value.one_line().startswith("--max-memory: invalid size")  # what the CLI prints
     assert lots.value.exit_code == 2
+
+
+def test_a_notebook_sees_a_short_outcome_and_a_readable_status(tmp_path: Path, make: ModelFactory) -> None:
+    """repr(api.run(...)) dumped the whole plan (51,768 characters for 57 tensors); status was a dataclass repr."""
+    import re
+
+    from resumerge import api
+
+    cfg = write_config(tmp_path / "c.yml", linear_config(make("a", seed=1), make("b", seed=2)))
+    out = tmp_path / "out"
+    outcome = api.run(cfg, out, state_dir=tmp_path / "state", out_shard_size="30k")
+    files = len(list(out.iterdir())) - 1  # every file but the manifest
+    assert re.fullmatch(rf"done: {re.escape(str(out))}, {files} files, 0 resumed, \d+\.\d s", repr(outcome)), \
+        repr(outcome)
+    report = api.status(out, state_dir=tmp_path / "state")
+    text = str(report)
+    assert text.splitlines()[0] == f"{out}: done (from the ledger)"
+    assert re.search(r"^shards +\d+ of \d+ \(100 % of bytes\)$", text, re.M) and "tensors" in text, text
+    page = report._repr_html_()
+    assert page.startswith("<div><b>") and "<table>" in page and "<th style='text-align:left'>shards</th>" in page

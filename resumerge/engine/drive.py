@@ -23,7 +23,7 @@ from resumerge.engine.devices import gpu_governor
 from resumerge.engine.executor import CONCURRENCY, Reporter, Stopped, execute
 from resumerge.engine.hubout import HubOutput, create_recorded
 from resumerge.engine.inputfetch import HubInputs
-from resumerge.engine.outdir import open_run, planned_files, refuse_changed_plan
+from resumerge.engine.outdir import done_line, open_run, planned_files, refuse_changed_plan
 from resumerge.engine.reconcile import reconcile
 from resumerge.engine.target import Target
 from resumerge.engine.traffic import TrafficMeter, watch_run
@@ -81,6 +81,12 @@ class Outcome:
     notes: tuple[str, ...] = field(default=())
     target: str | None = None  # the hf:// repo when OUT is one (then out_dir is only its name)
     detail: str | None = None  # what else the run did, for its "done" line (a recipe: its stages)
+    elapsed_seconds: float | None = field(default=None, compare=False)  # the run's wall time, planning excepted
+
+    def __repr__(self) -> str:
+        """``done: OUT, 8 files, 3 resumed, 6.1 s`` — the CLI's "done" line, not the plan's every tensor."""
+        return done_line(self.target or str(self.out_dir), len(planned_files(self.plan)), self.resumed_files,
+                         self.elapsed_seconds, self.detail)
 
 
 def hub_progress(reporter: Reporter | None, meter: TrafficMeter | None = None) -> Callable[[HubEvent], None] | None:

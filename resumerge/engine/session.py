@@ -10,6 +10,7 @@ one :class:`~resumerge.config.settings.RunSettings`.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -181,6 +182,8 @@ def run_plan(
 ) -> Outcome:
     """The session path every kind of run ends in: :meth:`RunSession.run` of ``prepared`` (of ``config_text``)
     into ``target`` under ``settings``. A new kind of run is a planner that makes a :class:`Prepared`, then this
-    call."""
-    return RunSession(prepared, config_text, target, settings, restart=restart, resuming=resuming, reporter=reporter,
-                      should_stop=should_stop).run()
+    call. The outcome's ``elapsed_seconds`` is this call's wall time (planning excepted)."""
+    started = time.monotonic()
+    outcome = RunSession(prepared, config_text, target, settings, restart=restart, resuming=resuming,
+                         reporter=reporter, should_stop=should_stop).run()
+    return replace(outcome, elapsed_seconds=time.monotonic() - started)

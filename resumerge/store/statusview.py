@@ -7,6 +7,7 @@ unfinished run carries the exact command that finishes it.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -80,6 +81,14 @@ class StatusReport:
     # An unfinished mergekit-moe run's prompt forward pass, while the routers the merge waits for are not all
     # computed: (decoder layers done, layers); None when no pass is under way.
     prepass_layers: tuple[int, int] | None = None
+
+    def __str__(self) -> str:
+        """The rows of ``resumerge status``'s table as text (see :func:`status_rows`)."""
+        return status_text(self)
+
+    def _repr_html_(self) -> str:
+        """The same rows as an HTML table, for a notebook."""
+        return status_html(self)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form printed by ``status --json``."""
@@ -268,3 +277,65 @@ def _from_manifest(source: Path | bytes, where: str, out_dir: str, command: str)
         events=(f"ledger not found: figures from the manifest in {'OUT' if isinstance(source, Path) else 'the repo'}",),
         resume_command=None if state == "done" else command,
     )
+
+
+# -- in a notebook: the CLI's rows without rich ------------------------------------------------------------
+
+
+def _size(n: int | None) -> str:
+    """Bytes in decimal units, three significant digits (what the CLI's table shows; store has no memory import)."""
+    value, unit = float(n or 0), "bytes"
+    for bigger in ("kB", "MB", "GB", "TB"):
+        if value < 1000:
+            break
+        value, unit = value / 1000, bigger
+    return f"{value:.0f} {unit}" if unit == "bytes" else f"{value:.3g} {unit}"
+
+
+def status_rows(report: StatusReport) -> list[tuple[str, str]]:
+    """(label, value) rows in the CLI's order: counts, memory, elapsed time, pending files, the last error and
+    the command that finishes the run."""
+    pct = 100.0 * report.bytes_done / report.bytes_total if report.bytes_total else 100.0
+    rows = [("shards", f"{report.shards_done} of {report.shards_total} ({pct:.0f} % of bytes)"),
+            ("tensors", f"{report.tensors_done} of {report.tensors_total}")]
+    if report.modules_total is not None:
+        rows.append(("modules", f"{report.modules_done} of {report.modules_total} decomposed"))
+    rows.append(("bytes", f"{_size(report.bytes_done)} of {_size(report.bytes_total)}"))
+    if report.prepass_layers is not None:
+        rows.append(("pass", f"prompt forward pass: {report.prepass_layers[0]} of {report.prepass_layers[1]} "
+                             "decoder layers"))
+    if report.peak_rss or report.budget:
+        memory = [f"budget {_size(report.budget)}"] if report.budget else []
+        memory.append(f"peak {_size(report.peak_rss)}" if report.peak_rss else "peak not recorded")
+        rows.append(("memory", ", ".join(memory)))
+    if report.elapsed_seconds is not None:
+        rows.append(("elapsed", f"{report.elapsed_seconds:.1f} s"))
+    if report.url:
+        rows.append(("repo", report.url))
+    pending = [f.name for f in report.files if f.status != "done"]
+    if pending:
+        rows.append(("pending", ", ".join(pending[:6]) + (f" and {len(pending) - 6} more" if len(pending) > 6
+                                                          else "")))
+    if report.last_error:
+        rows.append(("last error", report.last_error))
+    if report.resume_command:
+        rows.append(("finish with", report.resume_command))
+    return rows
+
+
+def status_text(report: StatusReport) -> str:
+    """The report as aligned lines of text, headed ``OUT: state (from the ledger)``."""
+    rows = status_rows(report)
+    width = max(len(label) for label, _ in rows)
+    lines = [f"{report.out_dir}: {report.state} (from the {report.source})"]
+    lines += [f"{label.ljust(width)}  {value}" for label, value in rows]
+    return "\n".join(lines)
+
+
+def status_html(report: StatusReport) -> str:
+    """The report as an HTML table (what a notebook draws for it)."""
+    head = (f"<b>{html.escape(report.out_dir)}</b>: {html.escape(report.state)} "
+            f"(from the {html.escape(report.source)})")
+    body = "".join(f"<tr><th style='text-align:left'>{html.escape(label)}</th><td style='text-align:left'>"
+                   f"{html.escape(value)}</td></tr>" for label, value in status_rows(report))
+    return f"<div>{head}<table>{body}</table></div>"
