@@ -53,7 +53,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from resumerge.engine.netestimate import NetworkEstimate
-from resumerge.memory import format_size
+from resumerge.memory import format_size, smallest_budget_for
 from resumerge.plan.fetching import FileFetch
 from resumerge.plan.merge_plan import Plan
 from resumerge.plan.roles import formats_report
@@ -134,6 +134,15 @@ class MemoryEstimate:
         """:attr:`peak_bytes` as the budget counts it (mapped library files left out): ``plan`` says "will not
         fit" when this is over the budget."""
         return self._peak(self.counted_baseline_bytes)
+
+    def over_budget(self) -> str | None:
+        """Why the run will not fit when :attr:`counted_peak_bytes` is over the budget (with the ``--max-memory``
+        that holds it), else None."""
+        if self.counted_peak_bytes <= self.budget:
+            return None
+        return (f"memory: the run's peak, about {format_size(self.counted_peak_bytes)} as the budget counts it, is "
+                f"over the {format_size(self.budget)} budget — rerun with --max-memory "
+                f"{format_size(smallest_budget_for(self.counted_peak_bytes), compact=True)} or more")
 
     def _peak(self, baseline: int) -> int:
         if self.prepass_beside:

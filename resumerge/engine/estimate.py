@@ -39,15 +39,7 @@ from resumerge.engine.inputfetch import plan_fetch
 from resumerge.engine.netestimate import MEASURED, Bandwidth, NetworkEstimate, measure_download
 from resumerge.errors import LedgerError
 from resumerge.inputs.catalog import Inputs
-from resumerge.memory import (
-    SAFETY_MARGIN,
-    MemoryProbe,
-    SystemProbe,
-    default_budget,
-    format_size,
-    smallest_budget_for,
-    usable_cores,
-)
+from resumerge.memory import SAFETY_MARGIN, MemoryProbe, SystemProbe, default_budget, format_size, usable_cores
 from resumerge.outputs.aux import aux_files, render_aux
 from resumerge.plan.fetching import STREAM, FileFetch
 from resumerge.plan.merge_plan import Plan, PlanOptions, TensorPlan
@@ -172,10 +164,7 @@ def estimate(
         timing = replace(timing, prepass_seconds=seconds, prepass_beside=beside, prepass_cpu_seconds=cpu_seconds,
                          cores_available=cores)
         memory = replace(memory, prepass_bytes=peak, prepass_beside=beside)
-    if memory.counted_peak_bytes > memory.budget and not memory_reasons:
-        memory_reasons.append(f"memory: the run's peak, about {format_size(memory.counted_peak_bytes)} as the budget "
-                              f"counts it, is over the {format_size(memory.budget)} budget — rerun with --max-memory "
-                              f"{format_size(smallest_budget_for(memory.counted_peak_bytes), compact=True)} or more")
+    memory_reasons = memory_reasons or [r for r in [memory.over_budget()] if r]  # never "fits" over the budget
     reasons = memory_reasons + [r for d in disks if not d.fits for r in [_disk_reason(d, output)]]
     reasons += [r for r in [unwritable(state_root(state_dir), "the state dir")] if r]  # run would stop at once
     hub = hub_disk_need(plan, max_disk)

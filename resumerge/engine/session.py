@@ -13,7 +13,6 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
 
 from resumerge.config.locations import resume_command
 from resumerge.config.merge_config import MergeConfig, load_config_text
