@@ -24,7 +24,7 @@ from resumerge.methods.resources import Resources
 from resumerge.methods.spec import RowStream
 from resumerge.plan.inputrefs import read_value
 from resumerge.plan.merge_plan import InputRef, Plan, TensorPlan
-from resumerge.plan.workunits import chunk_plan, method_dtype, pass_rows, row_slice
+from resumerge.plan.workunits import chunk_plan, method_dtype, pass_rows
 from resumerge.torch_import import torch
 from resumerge.vocab import align_rows
 
@@ -133,7 +133,7 @@ class _LazyInputs(Sequence["torch.Tensor"]):
 
     def rows(self, i: int, first: int, stop: int) -> torch.Tensor:
         """Rows ``[first, stop)`` of input ``i``, read and prepared as a whole input is."""
-        return self._read(i, row_slice(self._tp.inputs[i], first, stop))
+        return self._read(i, self._tp.inputs[i].rows(first, stop))
 
     def _read(self, i: int, ref: InputRef | None = None) -> torch.Tensor:
         t = _read_input(ref if ref is not None else self._tp.inputs[i], self._sources)

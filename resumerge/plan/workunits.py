@@ -20,7 +20,7 @@ from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.footprint import working_bytes
 from resumerge.methods.registry import MethodSpec
 from resumerge.methods.spec import RowStream
-from resumerge.plan.merge_plan import InputRef, Plan, TensorPlan
+from resumerge.plan.merge_plan import Plan, TensorPlan
 from resumerge.torch_import import torch
 
 _COMPUTE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8}
@@ -211,15 +211,10 @@ def unit_bytes(tp: TensorPlan, method: MethodSpec, mode: str) -> int:
     return estimate_bytes(tp, method)
 
 
-def row_slice(ref: InputRef, first: int, stop: int) -> InputRef:
-    """The part of ``ref`` holding rows ``[first, stop)``, companions included (see :meth:`InputRef.rows`)."""
-    return ref.rows(first, stop)
-
-
 def chunk_plan(tp: TensorPlan, first: int, stop: int) -> TensorPlan:
     """``tp`` restricted to rows ``[first, stop)`` (same name, parameters and dtypes)."""
     shape = (stop - first, *tp.shape[1:])
-    return replace(tp, inputs=tuple(row_slice(i, first, stop) for i in tp.inputs), shape=shape).sized()
+    return replace(tp, inputs=tuple(i.rows(first, stop) for i in tp.inputs), shape=shape).sized()
 
 
 @dataclass(frozen=True)
