@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import overload
 
+from resumerge.engine.experts import merge_by_expert
 from resumerge.engine.kernels import serial_kernels
 from resumerge.errors import ResumergeError
 from resumerge.inputs.adapters import apply_lora_rows
@@ -47,9 +48,11 @@ def compute_tensor(plan: Plan, tp: TensorPlan, sources: InputSources, resources:
     if tp.copy_of is not None:
         return _copy(tp, sources)
     method = plan.method_of(tp)
-    ctx = load_context(plan, tp, sources, method, resources)
     try:
-        out = method.fn(ctx)
+        if tp.experts is not None:  # each expert's projections merged on their own
+            out = merge_by_expert(tp, lambda part: load_context(plan, part, sources, method, resources), method.fn)
+        else:
+            out = method.fn(load_context(plan, tp, sources, method, resources))
     except ValueError as exc:
         raise ResumergeError(f"{tp.method} failed on {tp.name}: {exc}", tensor=tp.name) from exc
     return _finish(tp, out)

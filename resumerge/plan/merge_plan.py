@@ -131,6 +131,18 @@ class InputRef:
 
 
 @dataclass(frozen=True)
+class ExpertStack:
+    """A fused expert tensor: ``count`` experts stacked along dim 0, each holding ``parts`` projections (gate and
+    up: 2) along ``axis`` of one expert's slice — one after the other, or alternating when ``interleaved``
+    (gpt-oss). A method that is not elementwise merges each projection of each expert on its own."""
+
+    count: int
+    parts: int = 1
+    axis: int = 0
+    interleaved: bool = False
+
+
+@dataclass(frozen=True)
 class TensorPlan:
     """How one output tensor is made and where it goes."""
 
@@ -153,6 +165,9 @@ class TensorPlan:
     # The input whose stored parts are this tensor's, copied byte for byte (its value is exactly that input's and
     # both are stored in the same non-plain format: see resumerge.plan.copies); None: computed and encoded.
     copy_of: int | None = None
+    # A fused stack of experts its method merges one expert's projection at a time (see resumerge.plan.experts);
+    # None: merged whole.
+    experts: ExpertStack | None = None
 
     def reads(self) -> tuple[InputRef, ...]:
         """Every input reference this tensor reads: each input, its companions and a LoRA delta's two factors
@@ -350,8 +365,9 @@ def _tensor_doc(t: TensorPlan) -> dict[str, Any]:
     del doc["out_codec"]
     if not t.out_codec.plain:
         doc["out_codec"] = list(t.out_codec.identity())
-    if t.copy_of is None:  # as out_codec: recorded only when set
-        del doc["copy_of"]
+    for later in ("copy_of", "experts"):  # as out_codec: recorded only when set
+        if doc[later] is None:
+            del doc[later]
     return doc
 
 

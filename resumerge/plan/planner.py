@@ -30,6 +30,7 @@ from resumerge.plan.architecture import (
     is_input_embedding,
 )
 from resumerge.plan.copies import stored_copy
+from resumerge.plan.experts import mark_expert_stacks
 from resumerge.plan.inputrefs import stored_ref, tensor_ref
 from resumerge.plan.merge_plan import InputRef, LoraRef, Plan, PlanOptions, TensorPlan, compute_fingerprint
 from resumerge.plan.module_views import (
@@ -116,6 +117,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
             keys, {k: layouts[k].other_modules for k in keys},
             lambda name, names, t: _tensor(name, names, sl, t, method, config, models), yaml_path="models",
         ))
+    tensors = mark_expert_stacks(tensors, models[_donor(config)].config)
     tensors = {name: out_format(tp, dequantize=options.dequantize) for name, tp in tensors.items()}
     if ctx.truncate:
         notes.extend(truncation_notes(tensors, models))

@@ -33,6 +33,11 @@ def estimate_bytes(tp: TensorPlan, method: MethodSpec, rows: int | None = None) 
     set (its declared :attr:`~resumerge.methods.spec.MethodSpec.footprint`, evaluated by
     :func:`~resumerge.methods.footprint.working_bytes`: its result included, with a margin), the output
     buffer, and a LoRA delta's factors."""
+    if tp.experts is not None and rows is None:
+        # Merged an expert at a time (resumerge.engine.experts): one expert's estimate, the whole result in the
+        # dtype the method computes in, and its encoded output until the writer has it.
+        whole = numel(tp.shape) * _COMPUTE_SIZES.get(_seen_dtype(tp), 8)
+        return estimate_bytes(tp, method, rows=1) + whole + tp.nbytes
     shape, fraction = tp.shape, 1.0
     if rows is not None and tp.shape:
         shape, fraction = (rows, *tp.shape[1:]), rows / max(1, tp.shape[0])
@@ -89,7 +94,8 @@ def row_stream(tp: TensorPlan, method: MethodSpec, device: str) -> RowStream | N
     """A fresh :class:`~resumerge.methods.spec.RowStream` computing ``tp`` from row chunks, or None: the method has
     no streamed form or refuses these parameters (say ``rescale``), the tensor has no rows to cut, its rows are
     gathered (vocabulary-aligned), or the merge runs on a GPU (streams run on the CPU only)."""
-    if method.streamed is None or device != "cpu" or not tp.shape or tp.shape[0] < 2 or tp.vocab_aligned:
+    if (method.streamed is None or device != "cpu" or not tp.shape or tp.shape[0] < 2 or tp.vocab_aligned
+            or tp.experts is not None):  # a stream ranks or samples over all its rows, not one expert's
         return None
     # The dtype's name: sizing a run's streams must not import torch (resumerge.torch_import).
     return method.streamed(tuple(tp.shape), tp.base_index, [dict(p) for p in tp.model_params], dict(tp.params),

@@ -1,0 +1,189 @@
+"""Fused expert stacks are merged per expert (and per projection) by every method that is not elementwise.
+
+End to end, each tiny gpt-oss input holds its fused tensors (``gate_up_proj`` [E, H, 2I] with gate and up
+interleaved on the last axis, its bias, ``down_proj`` and its bias) beside the same experts stored one by one under
+per-expert names: one merge makes both, and expert e's gate (up, down, biases) of the fused output equals the
+per-expert output's; a randomised method's expert does not move when a neighbour expert of one input changes. The
+engine's split alone is checked for every method that is not elementwise and every layout (transformers 5's
+[E, 2I, H], the transposed [E, H, 2I] of Llama-4 and Qwen3-VL-MoE, gpt-oss's interleaved one, a down stack).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file, save_file
+
+from resumerge import api
+from resumerge.engine.experts import merge_by_expert
+from resumerge.inputs.safetensors_format import numel
+from resumerge.methods.registry import get_method, method_names
+from resumerge.methods.spec import MergeContext
+from resumerge.plan.experts import expert_stack
+from resumerge.plan.merge_plan import ExpertStack, InputRef, TensorPlan
+
+EXPERTS, HIDDEN, INTER = 3, 6, 4
+LAYER = "model.layers.0.mlp"
+OSS = f"{LAYER}.experts"  # gpt-oss's fused stacks
+PAIR_METHODS = ("slerp", "arcee_fusion")  # methods of exactly two inputs
+PARAMS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {  # method: (per-model, method-level parameters)
+    "slerp": ({}, {"t": 0.3}),
+    "nuslerp": ({"weight": 0.6}, {}),
+    "multislerp": ({"weight": 0.5}, {}),
+    "arcee_fusion": ({}, {}),
+    "model_stock": ({}, {}),
+    "karcher": ({}, {}),
+    "sce": ({"weight": 0.5}, {"select_topk": 0.5}),
+    "ramplus_tl": ({}, {}),
+}
+NON_ELEMENTWISE = [n for n in method_names() if not get_method(n).elementwise]  # type: ignore[union-attr]
+
+
+def _model(directory: Path, seed: int, *, nudge: int | None = None) -> Path:
+    """A one-layer gpt-oss-like input of seed ``seed``; ``nudge``: expert 1 of every stack changed, nothing else."""
+    g = torch.Generator().manual_seed(seed)
+    fused = {
+        f"{OSS}.gate_up_proj": torch.randn(EXPERTS, HIDDEN, 2 * INTER, generator=g),
+        f"{OSS}.gate_up_proj_bias": torch.randn(EXPERTS, 2 * INTER, generator=g),
+        f"{OSS}.down_proj": torch.randn(EXPERTS, INTER, HIDDEN, generator=g),
+        f"{OSS}.down_proj_bias": torch.randn(EXPERTS, HIDDEN, generator=g),
+    }
+    if nudge is not None:
+        for t in fused.values():
+            t[1] += 0.5 * torch.randn(t[1].shape, generator=torch.Generator().manual_seed(nudge))
+    tensors = dict(fused)
+    for e in range(EXPERTS):
+        tensors |= {f"{p}.{e}.{n}": t.clone() for p, n, t in _unfused(fused, e)}
+    directory.mkdir()
+    save_file(tensors, str(directory / "model.safetensors"))
+    config = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "num_hidden_layers": 1,
+              "hidden_size": HIDDEN, "intermediate_size": INTER, "num_local_experts": EXPERTS}
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def _unfused(fused: dict[str, torch.Tensor], e: int) -> list[tuple[str, str, torch.Tensor]]:
+    """Expert ``e`` of the ``fused`` stacks as a checkpoint storing experts one by one would hold it: (prefix,
+    name, tensor) — the oracle's layout, split here by index arithmetic alone."""
+    oss_gate_up, oss_bias = fused[f"{OSS}.gate_up_proj"][e], fused[f"{OSS}.gate_up_proj_bias"][e]
+    return [
+        (OSS, "gate_proj.weight", oss_gate_up[:, 0::2]), (OSS, "up_proj.weight", oss_gate_up[:, 1::2]),
+        (OSS, "gate_proj.bias", oss_bias[0::2]), (OSS, "up_proj.bias", oss_bias[1::2]),
+        (OSS, "down_proj.weight", fused[f"{OSS}.down_proj"][e]),
+        (OSS, "down_proj.bias", fused[f"{OSS}.down_proj_bias"][e]),
+    ]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("fused")
+    return {"base": _model(root / "base", 0), "a": _model(root / "a", 1), "b": _model(root / "b", 2),
+            "b-nudged": _model(root / "b-nudged", 2, nudge=7)}
+
+
+def _merge(tmp_path: Path, method: str, models: dict[str, Path], b: str = "b") -> dict[str, torch.Tensor]:
+    per_model, params = PARAMS.get(method, ({"weight": 0.5, "density": 0.5}, {}))
+    others = [models[b]] if method in PAIR_METHODS else [models["a"], models[b]]
+    doc = {"merge_method": method, "base_model": str(models["base"]), "parameters": params, "dtype": "float32",
+           "models": [{"model": str(p), "parameters": per_model} for p in (models["base"], *others)]}
+    out = tmp_path / f"out-{b}"
+    api.run(yaml.safe_dump(doc, sort_keys=False), out, state_dir=tmp_path / f"state-{b}")
+    return load_file(str(next(out.glob("*.safetensors"))))
+
+
+@pytest.mark.parametrize("method", ["ties", "slerp"])
+def test_fused_expert_equals_the_same_expert_merged_alone(tmp_path: Path, models: dict[str, Path],
+                                                            method: str) -> None:
+    out = _merge(tmp_path, method, models)
+    for e in range(EXPERTS):
+        for prefix, name, fused_part in _unfused(out, e):
+            torch.testing.assert_close(fused_part, out[f"{prefix}.{e}.{name}"], rtol=1e-5, atol=1e-6,
+                                       msg=f"{method}: expert {e} {prefix} {name}")
+
+
+@pytest.mark.parametrize("method", ["della"])
+def test_an_expert_does_not_depend_on_its_neighbours(tmp_path: Path, models: dict[str, Path], method: str) -> None:
+    before, after = _merge(tmp_path, method, models), _merge(tmp_path, method, models, b="b-nudged")
+    for name in (f"{OSS}.gate_up_proj", f"{OSS}.gate_up_proj_bias", f"{OSS}.down_proj"):
+        assert not torch.equal(before[name][1], after[name][1]), name  # the nudge reached expert 1
+        for e in (0, 2):
+            assert torch.equal(before[name][e], after[name][e]), f"{method}: {name} expert {e}"
+
+
+LAYOUTS = {  # name: (stack, shape of the fused tensor, how expert e's projection p is cut from it)
+    "gpt-oss": (ExpertStack(EXPERTS, 2, 1, True), (EXPERTS, HIDDEN, 2 * INTER), lambda t, e, p: t[e][:, p::2]),
+    "gpt-oss bias": (ExpertStack(EXPERTS, 2, 0, True), (EXPERTS, 2 * INTER), lambda t, e, p: t[e][p::2]),
+    "transformers 5": (ExpertStack(EXPERTS, 2, 0), (EXPERTS, 2 * INTER, HIDDEN),
+                       lambda t, e, p: t[e][p * INTER:(p + 1) * INTER]),
+    "transposed": (ExpertStack(EXPERTS, 2, 1), (EXPERTS, HIDDEN, 2 * INTER),
+                   lambda t, e, p: t[e][:, p * INTER:(p + 1) * INTER]),
+    "down": (ExpertStack(EXPERTS), (EXPERTS, INTER, HIDDEN), lambda t, e, p: t[e]),
+}
+
+
+@pytest.mark.parametrize("method", NON_ELEMENTWISE)
+def test_each_projection_of_each_expert_is_merged_alone(method: str) -> None:
+    """The engine's split without reading files, for every method that is not elementwise and every layout: the
+    randomised ones too, each expert's generator seeded alike for the stack and for the expert alone."""
+    spec = get_method(method)
+    assert spec is not None
+    per_model, params = PARAMS.get(method, ({"weight": 0.5, "density": 0.5}, {}))
+    count = 2 if method in PAIR_METHODS else 3
+    model_params, method_params = spec.bind([per_model] * count, params, 0)
+
+    def context(tensors: list[torch.Tensor], generator: torch.Generator | None) -> MergeContext:
+        return MergeContext(tensors, 0, model_params, method_params, generator=generator)
+
+    def generator(name: str) -> torch.Generator | None:
+        return torch.Generator().manual_seed(int(name[-2])) if spec.randomized else None  # "NAME[e]": seed e
+
+    for layout, (stack, shape, cut) in LAYOUTS.items():
+        g = torch.Generator().manual_seed(len(layout))
+        inputs = [torch.randn(shape, generator=g) for _ in range(count)]
+        tp = _plan(shape, stack, count)
+        out = merge_by_expert(tp, functools.partial(_expert_context, inputs, context, generator), spec.fn)
+        for e in range(EXPERTS):
+            drawn = generator(f"{tp.name}[{e}]")
+            for p in range(stack.parts):
+                alone = spec.fn(context([cut(t, e, p).contiguous() for t in inputs], drawn))
+                torch.testing.assert_close(cut(out, e, p), alone, msg=f"{method}, {layout}: expert {e} part {p}")
+
+
+def _expert_context(inputs: list[torch.Tensor],
+                    context: Callable[[list[torch.Tensor], torch.Generator | None], MergeContext],
+                    generator: Callable[[str], torch.Generator | None], part: TensorPlan) -> MergeContext:
+    """The context of ``part``, one expert's rows of ``inputs`` (as the engine's load reads them)."""
+    first = part.inputs[0].first_row
+    return context([t[first:first + 1] for t in inputs], generator(part.name))
+
+
+def _plan(shape: tuple[int, ...], stack: ExpertStack, count: int) -> TensorPlan:
+    """A plan of a ``shape`` stack of ``count`` float32 inputs (their byte ranges are never read)."""
+    size = 4 * numel(shape)
+    ref = InputRef("m", "model.safetensors", "t", "F32", shape, 0, size)
+    return TensorPlan("t", "", "any", (ref,) * count, 0, ((),) * count, (), shape, None, "F32", size,
+                      experts=stack)
+
+
+def test_which_tensors_are_stacks() -> None:
+    dims = {"count": 4, "width": 16, "interleaved": False}
+    v5 = expert_stack("model.layers.3.mlp.experts.gate_up_proj", (4, 32, 32), **dims)
+    assert v5 is not None and (v5.parts, v5.axis, v5.interleaved) == (2, 0, False)  # 2I == H: transformers' axis
+    llama4 = expert_stack("model.layers.3.feed_forward.experts.gate_up_proj", (4, 24, 32), **dims)
+    assert llama4 is not None and (llama4.parts, llama4.axis) == (2, 1)
+    oss = expert_stack("model.layers.0.mlp.experts.gate_up_proj_bias", (4, 32), **{**dims, "interleaved": True})
+    assert oss is not None and (oss.parts, oss.axis, oss.interleaved) == (2, 0, True)
+    down = expert_stack("model.layers.0.mlp.experts.down_proj", (4, 32, 16), **dims)
+    assert down is not None and down.parts == 1
+    for name, shape in (("model.layers.0.mlp.experts.1.down_proj.weight", (32, 16)),  # one expert, not a stack
+                        ("model.layers.0.mlp.shared_experts.down_proj.weight", (32, 16)),
+                        ("model.layers.0.mlp.experts.down_proj", (3, 32, 16)),  # not the config's expert count
+                        ("model.layers.0.mlp.experts.down_proj", (4, 32))):  # a weight is 3-D
+        assert expert_stack(name, shape, **dims) is None, name
