@@ -91,7 +91,8 @@ def fused_experts(ctx: MergeContext) -> torch.Tensor:
 
 
 def zeros(ctx: MergeContext) -> torch.Tensor:
-    """The zero attention bias Qwen2-MoE requires when the base has none."""
+    """Zeros of the planned shape: the attention bias Qwen2-MoE requires when the base has none, a router's
+    score correction bias (GLM-4-MoE)."""
     return torch.zeros(tuple(ctx.params["shape"]), dtype=torch.float32)
 
 

@@ -50,6 +50,13 @@ def one_gated(config: MoeConfig) -> str | None:
     return None
 
 
+def one_ungated(config: MoeConfig) -> str | None:
+    """Shared-expert rule of outputs that need exactly one shared expert, with no router row (no prompts)."""
+    if len(config.shared_experts) != 1:
+        return "it needs exactly one shared expert"
+    return one_ungated_at_most(config)
+
+
 @dataclass(frozen=True)
 class ConfigPatch:
     """How an output's config.json differs from the base's (with the base's type defaults written out).
@@ -73,14 +80,15 @@ class ConfigPatch:
 class OutputKind:
     """One MoE output architecture.
 
-    ``name`` is mergekit-moe's (``architecture:`` matches it by case-insensitive prefix). Inputs: every model's
-    ``model_type`` is one of ``source_types``, and all the same one when ``same_type``; ``shared_rule`` says why
-    the config's shared experts do not fit (None: they do). ``preferred`` wins silently whenever it fits
-    (mergekit's Mixtral rule); otherwise the first that fits does. Tensors: the base's ``kept`` layer suffixes
-    (those in ``zero_filled`` are written as zeros where the base has none, the rest are required); experts as
-    transformers' fused pair (``fused``) or one tensor per expert and part, the shared expert under
-    ``mlp.<shared_module>``; ``shared_gate`` gives the shared expert a router of its own
-    (``mlp.shared_expert_gate``)."""
+    ``name`` is mergekit-moe's, or resumerge's own for a kind mergekit-moe lacks (``architecture:`` matches it by
+    case-insensitive prefix). Inputs: every model's ``model_type`` is one of ``source_types``, and all the same one
+    when ``same_type``; ``shared_rule`` says why the config's shared experts do not fit (None: they do).
+    ``preferred`` wins silently whenever it fits (mergekit's Mixtral rule); otherwise the first that fits does.
+    Tensors: the base's ``kept`` layer suffixes (those in ``zero_filled`` are written as zeros where the base has
+    none, the rest are required); experts as transformers' fused pair (``fused``) or one tensor per expert and
+    part, the shared expert under ``mlp.<shared_module>``; ``shared_gate`` gives the shared expert a router of its
+    own (``mlp.shared_expert_gate``); ``router_bias`` names the zero float32 bias [experts] the router adds to its
+    scores (``mlp.<router_bias>``, a buffer the output's checkpoint must hold)."""
 
     name: str
     source_types: tuple[str, ...]
@@ -93,6 +101,7 @@ class OutputKind:
     zero_filled: tuple[str, ...] = ()
     shared_module: str | None = None
     shared_gate: bool = False
+    router_bias: str | None = None
 
     def required(self) -> tuple[str, ...]:
         """The kept layer suffixes the base must have."""
@@ -136,5 +145,19 @@ QWEN3 = OutputKind(
                        fixed=MappingProxyType({"decoder_sparse_step": 1, "norm_topk_prob": True}),
                        defaults=MappingProxyType({"mlp_only_layers": []})))
 
-# mergekit-moe's candidates, in its order.
-OUTPUT_KINDS = (MIXTRAL, DEEPSEEK, QWEN2, QWEN3)
+# Not one of mergekit-moe's: GLM-4.5's layout (sigmoid routing with a correction bias, one ungated shared expert),
+# which transformers 5 loads natively. Every config it fits, DeepSeek MoE fits first: it is chosen by name only.
+# Rotary over the whole head as the Llama sources (GLM's default rotates half); routing weights renormalised and
+# unscaled, one group: a mixture of identical experts is that expert.
+GLM4_MOE = OutputKind(
+    name="GLM-4 MoE", source_types=("llama", "mistral"), shared_rule=one_ungated, kept=ATTENTION, fused=False,
+    shared_module="shared_experts", router_bias="gate.e_score_correction_bias",
+    config=ConfigPatch(
+        architecture="Glm4MoeForCausalLM", model_type="glm4_moe", experts_key="n_routed_experts",
+        shared_key="n_shared_experts", intermediate_keys=("moe_intermediate_size",),
+        fixed=MappingProxyType({"first_k_dense_replace": 0, "partial_rotary_factor": 1.0, "n_group": 1,
+                                "topk_group": 1, "routed_scaling_factor": 1.0, "norm_topk_prob": True,
+                                "use_qk_norm": False, "num_mtp_layers": 0})))
+
+# mergekit-moe's candidates, in its order, then resumerge's own.
+OUTPUT_KINDS = (MIXTRAL, DEEPSEEK, QWEN2, QWEN3, GLM4_MOE)

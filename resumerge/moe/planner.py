@@ -82,6 +82,9 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
                     tensors[name] = _expert(name, shared, part, layer, models, out_code)
         tensors.update(_routers(config, kind, layer, (layers, len(config.gated), hidden), base, options,
                                 encoded, routers_key, out_code or "F32"))
+        if kind.router_bias is not None:
+            name, shape = f"{prefix}.{kind.router_bias}", (len(config.experts),)
+            tensors[name] = _tensor(name, expert_methods.ZEROS, (), shape, "F32", params=(("shape", shape),))
     notes = list(choice.notes)
     power = not_power_of_two(len(config.experts))
     if power:

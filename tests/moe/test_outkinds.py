@@ -11,7 +11,10 @@ from types import MappingProxyType
 from typing import Any
 
 import pytest
+import torch
+import yaml
 
+from resumerge import api
 from resumerge.errors import ConfigError
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.model import ModelInput
@@ -31,8 +34,8 @@ TOY = OutputKind(name="Toy MoE", source_types=("llama",), shared_rule=one_gated,
                                     defaults=MappingProxyType({"hidden_act": "toy"})))
 
 
-def test_the_records_are_mergekit_moes_candidates_in_its_order() -> None:
-    assert [k.name for k in OUTPUT_KINDS] == ["Mixtral", "DeepSeek MoE", "Qwen MoE", "Qwen3 MoE"]
+def test_the_records_are_mergekit_moes_candidates_in_its_order_then_resumerges() -> None:
+    assert [k.name for k in OUTPUT_KINDS] == ["Mixtral", "DeepSeek MoE", "Qwen MoE", "Qwen3 MoE", "GLM-4 MoE"]
     assert [k.name for k in OUTPUT_KINDS if k.preferred] == ["Mixtral"]
     assert len({k.config.architecture for k in OUTPUT_KINDS}) == len(OUTPUT_KINDS)
     for kind in OUTPUT_KINDS:  # a kind that takes a shared expert says where it goes
@@ -49,7 +52,7 @@ def test_no_architecture_is_named_outside_the_records(module: Any) -> None:
     tree = ast.parse(Path(module.__file__).read_text())
     named = {n for kind in OUTPUT_KINDS for n in _names(kind)}
     records = {name for name, value in vars(outkinds).items() if isinstance(value, OutputKind)}
-    assert records == {"MIXTRAL", "DEEPSEEK", "QWEN2", "QWEN3"}  # the check below looks for these names
+    assert records == {"MIXTRAL", "DEEPSEEK", "QWEN2", "QWEN3", "GLM4_MOE"}  # the check below looks for these names
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             assert not any(n.lower() in node.value.lower() for n in named), node.value
@@ -79,7 +82,7 @@ def _plan(models: dict[str, ModelInput], architecture: str, kinds: tuple[OutputK
 def test_a_record_added_in_a_test_plans_like_a_built_in_kind(models: dict[str, ModelInput]) -> None:
     with pytest.raises(ConfigError) as caught:  # not a candidate unless passed in
         _plan(models, "toy", OUTPUT_KINDS)
-    assert "Mixtral, DeepSeek MoE, Qwen MoE, Qwen3 MoE" in caught.value.one_line()
+    assert "Mixtral, DeepSeek MoE, Qwen MoE, Qwen3 MoE, GLM-4 MoE" in caught.value.one_line()
     plan = _plan(models, "toy", (*OUTPUT_KINDS, TOY))
     layer = "model.layers.1.mlp"
     expected = {f"{layer}.experts.{e}.{p}.weight" for e in (0, 1) for p in ("gate_proj", "up_proj", "down_proj")}
@@ -108,3 +111,24 @@ def test_the_choice_reads_the_records_rules(models: dict[str, ModelInput]) -> No
     with pytest.raises(ConfigError) as caught:
         choose_output(config, models, (TOY,))
     assert "Toy MoE: it needs exactly one shared expert" in caught.value.one_line()
+
+
+def test_a_glm4_moe_output_loads_and_is_its_experts_mixture(models: dict[str, ModelInput], tmp_path: Path) -> None:
+    """GLM-4-MoE, resumerge's own kind (mergekit-moe has none), chosen by name: with every routed expert and the
+    shared one the base's MLP, each layer's MoE is twice that MLP whatever the routers (renormalised, unscaled
+    weights), so the output computes the base with its ``down_proj`` doubled — rotary, norms and routing as
+    transformers 5 reads the config."""
+    transformers = pytest.importorskip("transformers")
+    base = next(Path(m.directory) for m in models.values() if Path(m.directory).name == "m0")
+    doc = {**_doc([base, base, base], "glm"), "experts_per_token": 2}
+    out = tmp_path / "out"
+    api.run(yaml.safe_dump(doc), out, state_dir=tmp_path / "state", allow_same_experts=True)
+    moe, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert {k: v for k, v in info.items() if v} == {}
+    assert type(moe).__name__ == "Glm4MoeForCausalLM" and moe.config.n_shared_experts == 1
+    llama = transformers.AutoModelForCausalLM.from_pretrained(base)
+    with torch.no_grad():
+        for layer in llama.model.layers:
+            layer.mlp.down_proj.weight.mul_(2)
+        tokens = torch.tensor([[1, 5, 9, 2, 33, 63]])
+        torch.testing.assert_close(moe(tokens).logits, llama(tokens).logits, rtol=1e-4, atol=1e-5)
