@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from mergekit_oracle import Mergekit
 from moe_families import MOE_FAMILIES, make_moe_model
 from safetensors.torch import load_file, save_file
 
@@ -178,3 +179,27 @@ def test_the_output_loads_and_gives_the_reference_logits(
     shutil.copy(base / "config.json", reference / "config.json")
     save_file(expected, str(reference / "model.safetensors"), metadata={"format": "pt"})
     torch.testing.assert_close(_logits(out), _logits(reference), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.oracle
+def test_mergekit_merges_gpt_oss_stacks_whole(tmp_path: Path, family_models: dict[str, tuple[Path, Path, Path]],
+                                              mergekit: Mergekit) -> None:
+    """mergekit 0.1.5 runs gpt-oss (the one family of these whose checkpoint names it keeps): its ties output equals
+    ours but for the fused expert stacks, which it ranks whole — the kernel over the whole stack — where we rank
+    each expert's projection. (On the other families it drops DeepSeek-V3's routed experts and writes GLM-4-MoE's,
+    Qwen3-MoE's and Qwen3-Next's under transformers' fused in-memory names: see the report of issue 44.)"""
+    models = family_models["gpt_oss"]
+    config = tmp_path / "ties.yml"
+    config.write_text(yaml.safe_dump(_config("ties", *models), sort_keys=False))
+    done = mergekit.run(config, tmp_path / "mergekit")
+    assert done.returncode == 0, done.stderr
+    theirs = load_file(str(tmp_path / "mergekit" / "model.safetensors"))
+    inputs = _inputs(models)
+    ours = _computed(tmp_path, _config("ties", *models))
+    assert set(theirs) == set(ours)
+    stacks = {n for n in ours if re.search(r"\.experts\.(gate_up_proj|down_proj)", n)}
+    assert len(stacks) == 8
+    for name, tensor in theirs.items():
+        whole = _reference("ties")([t[name] for t in inputs])
+        torch.testing.assert_close(tensor, whole, rtol=1e-5, atol=1e-6, msg=name)
+        assert (name in stacks) != torch.allclose(tensor, ours[name], rtol=1e-5, atol=1e-6), name
