@@ -10,6 +10,7 @@ engine's split alone is checked for every method that is not elementwise and eve
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from resumerge.engine.experts import merge_by_expert
 from resumerge.inputs.safetensors_format import numel
 from resumerge.methods.registry import get_method, method_names
 from resumerge.methods.spec import MergeContext
-from resumerge.plan.experts import expert_stack
+from resumerge.plan.experts import expert_stack, mark_expert_stacks
 from resumerge.plan.merge_plan import ExpertStack, InputRef, TensorPlan
 
 EXPERTS, HIDDEN, INTER = 3, 6, 4
@@ -187,3 +188,20 @@ def test_which_tensors_are_stacks() -> None:
                         ("model.layers.0.mlp.experts.down_proj", (3, 32, 16)),  # not the config's expert count
                         ("model.layers.0.mlp.experts.down_proj", (4, 32))):  # a weight is 3-D
         assert expert_stack(name, shape, **dims) is None, name
+
+
+def test_the_planner_marks_stacks_from_the_config_for_methods_that_are_not_elementwise() -> None:
+    shape = (4, 24, 32)  # transformers 5's [E, 2I, H] with I = 12
+    ref = InputRef("m", "model.safetensors", "t", "F32", shape, 0, 4 * numel(shape))
+    names = ("model.language_model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.0.up_proj.weight")
+    tensors = {n: TensorPlan(n, "", "ties", (ref, ref), 0, ((), ()), (), shape, None, "F32", 4 * numel(shape))
+               for n in names}
+    wrapped = {"model_type": "qwen3_5_moe", "text_config": {"num_experts": 4, "moe_intermediate_size": 12}}
+    marked = mark_expert_stacks(tensors, wrapped)
+    assert marked[names[0]].experts == ExpertStack(4, parts=2, axis=0)
+    assert marked[names[1]].experts is None  # one expert's tensor
+    linear = {n: dataclasses.replace(tp, method="linear") for n, tp in tensors.items()}
+    assert all(tp.experts is None for tp in mark_expert_stacks(linear, wrapped).values())  # elementwise: whole
+    deepseek = {"model_type": "deepseek_v3", "n_routed_experts": 4, "moe_intermediate_size": 20}
+    assert mark_expert_stacks(tensors, deepseek)[names[0]].experts == ExpertStack(4)  # no axis is 2·20 long
+    assert all(tp.experts is None for tp in mark_expert_stacks(tensors, {"model_type": "llama"}).values())
