@@ -5,7 +5,9 @@ interleaved on the last axis, its bias, ``down_proj`` and its bias) beside the s
 per-expert names: one merge makes both, and expert e's gate (up, down, biases) of the fused output equals the
 per-expert output's; a randomised method's expert does not move when a neighbour expert of one input changes. The
 engine's split alone is checked for every method that is not elementwise and every layout (transformers 5's
-[E, 2I, H], the transposed [E, H, 2I] of Llama-4 and Qwen3-VL-MoE, gpt-oss's interleaved one, a down stack).
+[E, 2I, H], the transposed [E, H, 2I] of Llama-4 and Qwen3-VL-MoE, gpt-oss's interleaved one, a down stack). An
+MXFP4-stored stack (every gpt-oss checkpoint's format) merges to the bytes of its decoded model's: each expert's
+blocks and scales are read and decoded alone.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from quantmodels import MXFP4_CONFIG, mxfp4_experts
 from safetensors.torch import load_file, save_file
 
 from resumerge import api
@@ -205,3 +208,43 @@ def test_the_planner_marks_stacks_from_the_config_for_methods_that_are_not_eleme
     deepseek = {"model_type": "deepseek_v3", "n_routed_experts": 4, "moe_intermediate_size": 20}
     assert mark_expert_stacks(tensors, deepseek)[names[0]].experts == ExpertStack(4)  # no axis is 2·20 long
     assert all(tp.experts is None for tp in mark_expert_stacks(tensors, {"model_type": "llama"}).values())
+
+
+def _mxfp4_model(directory: Path, decoded: Path, seed: int) -> None:
+    """A gpt-oss input whose stacks are stored in MXFP4 (as every gpt-oss checkpoint is) at ``directory``, and the
+    same values stored plainly at ``decoded``."""
+    g = torch.Generator().manual_seed(seed)
+    plain = {f"{OSS}.gate_up_proj": torch.randn(EXPERTS, 32, 64, generator=g),
+             f"{OSS}.gate_up_proj_bias": torch.randn(EXPERTS, 64, generator=g),
+             f"{OSS}.down_proj": torch.randn(EXPERTS, 32, 32, generator=g)}
+    stored = {}
+    for name in (f"{OSS}.gate_up_proj", f"{OSS}.down_proj"):
+        parts = mxfp4_experts(name, plain[name])
+        assert parts is not None
+        plain[name] = parts.pop("value")
+        stored |= parts
+    stored[f"{OSS}.gate_up_proj_bias"] = plain[f"{OSS}.gate_up_proj_bias"]
+    config = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "num_hidden_layers": 1,
+              "hidden_size": 32, "intermediate_size": 32, "num_local_experts": EXPERTS}
+    for where, tensors, extra in ((directory, stored, {"quantization_config": MXFP4_CONFIG}), (decoded, plain, {})):
+        where.mkdir()
+        save_file(tensors, str(where / "model.safetensors"))
+        (where / "config.json").write_text(json.dumps({**config, **extra}))
+
+
+def test_mxfp4_stacks_are_merged_per_expert_as_their_decoded_values(tmp_path: Path) -> None:
+    """Each expert's rows read and decoded alone (its blocks and scales) merge to the bytes of the decoded model's."""
+    for i, name in enumerate(("base", "a", "b")):
+        _mxfp4_model(tmp_path / name, tmp_path / f"{name}-decoded", i)
+    got, want = ({n: tmp_path / f"{n}{suffix}" for n in ("base", "a", "b")} for suffix in ("", "-decoded"))
+    merged = {}
+    for key, models in (("got", got), ("want", want)):
+        doc = {"merge_method": "ties", "base_model": str(models["base"]), "dtype": "float32",
+               "models": [{"model": str(models[n]), "parameters": {"weight": 0.5, "density": 0.5}}
+                          for n in ("base", "a", "b")]}
+        api.run(yaml.safe_dump(doc), tmp_path / key, state_dir=tmp_path / f"state-{key}", dequantize=True)
+        merged[key] = load_file(str(tmp_path / key / "model.safetensors"))
+    assert sorted(merged["got"]) == sorted(merged["want"]) == sorted(f"{OSS}.{n}" for n in (
+        "gate_up_proj", "gate_up_proj_bias", "down_proj"))
+    for name, t in merged["want"].items():
+        assert torch.equal(merged["got"][name], t), name
