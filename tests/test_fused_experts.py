@@ -30,6 +30,7 @@ from resumerge.engine.experts import merge_by_expert
 from resumerge.inputs.safetensors_format import numel
 from resumerge.methods.registry import get_method, method_names
 from resumerge.methods.spec import MergeContext
+from resumerge.plan import workunits
 from resumerge.plan.experts import expert_stack, mark_expert_stacks
 from resumerge.plan.merge_plan import ExpertStack, InputRef, TensorPlan
 
@@ -248,3 +249,22 @@ def test_mxfp4_stacks_are_merged_per_expert_as_their_decoded_values(tmp_path: Pa
         "gate_up_proj", "gate_up_proj_bias", "down_proj"))
     for name, t in merged["want"].items():
         assert torch.equal(merged["got"][name], t), name
+
+
+def test_a_stack_is_never_streamed_and_is_sized_one_expert_at_a_time() -> None:
+    """A stream ranks over all of a tensor's rows, so a stack keeps the whole-tensor path; its unit holds one
+    expert's inputs, the whole result and the output, less than the whole stack's inputs."""
+    spec = get_method("ties")
+    assert spec is not None
+    shape = (8, 64, 96)
+    model_params, params = spec.bind([{"weight": 0.5, "density": 0.5}] * 3, {}, 0)
+    stack = dataclasses.replace(_plan(shape, ExpertStack(8, 2, 1, True), 3), method="ties",
+                                model_params=tuple(tuple(p.items()) for p in model_params),
+                                params=tuple(params.items()))
+    whole = dataclasses.replace(stack, experts=None)
+    assert workunits.row_stream(whole, spec, "cpu") is not None
+    assert workunits.row_stream(stack, spec, "cpu") is None
+    assert workunits.unit_mode(stack, spec, 1 << 20, "cpu") == workunits.WHOLE
+    one = workunits.estimate_bytes(stack, spec, rows=1)
+    assert workunits.estimate_bytes(stack, spec) == one + 2 * 4 * numel(shape)  # the result (F32) and the output
+    assert workunits.estimate_bytes(stack, spec) < workunits.estimate_bytes(whole, spec)
