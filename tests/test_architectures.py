@@ -248,8 +248,9 @@ def test_first_k_dense_replace_follows_leading_dense_layers_or_is_refused() -> N
     out = build_out_config(_stack(*ok), models, "a", _origins(*ok), {})
     assert out["first_k_dense_replace"] == 3 and out["num_hidden_layers"] == 5
     bad = (("a", 1, 3), ("a", 0, 1))  # dense 1, MoE 2, then dense 0
-    with pytest.raises(ConfigError, match=r"output layers \[0, 2\] come from dense"):
+    with pytest.raises(ConfigError, match=r"output layer 2 \(layer 0 of a\) is dense .* MoE output layer 1") as err:
         build_out_config(_stack(*bad), models, "a", _origins(*bad), {})
+    assert err.value.yaml_path == "slices[1]"
 
 
 def test_qwen_moe_sparse_step_is_reset_when_the_list_alone_describes_the_layers() -> None:

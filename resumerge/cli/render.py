@@ -536,7 +536,7 @@ def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | 
     _field(out, "time", _time_text(estimate))
     if estimate.network is not None:
         _field(out, "network", estimate.network.line())
-    for note in (*estimate.notes, *estimate.time.notes):
+    for note in (*plan.notes, *estimate.notes, *estimate.time.notes):
         _field(out, "note", note, style="dim")
     if estimate.fits:
         out.print(Text("fits", style="bold green"))

@@ -9,7 +9,8 @@ Computed by :mod:`resumerge.engine.estimate`; read by the CLI's rendering and by
     verdict           "fits" | "will not fit"
     fits              bool (exit code 0 / 2)
     reasons           [str]  one line each: what does not fit and what to change; [] when it fits
-    notes             [str]  things worth knowing that do not decide the verdict
+    notes             [str]  things worth knowing that do not decide the verdict (the plan's own first: what it
+                             copied unchanged, dropped or renumbered, e.g. an MTP layer)
     output            {dir, shard_bytes, aux_bytes, manifest_bytes, total_bytes, largest_shard_bytes,
                        committed_bytes, needed_bytes, staging_dir, staging_bytes}
     download          {bytes, verify_bytes, cached_bytes, models: {key: {repo, commit, bytes, verify_bytes,
@@ -369,7 +370,7 @@ class Estimate:
             "verdict": self.verdict,
             "fits": self.fits,
             "reasons": list(self.reasons),
-            "notes": list(self.notes),
+            "notes": [*plan.notes, *self.notes],
             "output": asdict(self.output) | {"total_bytes": self.output.total_bytes,
                                              "needed_bytes": self.output.needed_bytes},
             "download": {

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import ConfigError, ModelInputError
 from resumerge.plan.modules import ModuleLayout, language_stack, layer_stacks, module_of
+from resumerge.plan.mtp import MtpLayout, split_indexed, split_top_level
 
 if TYPE_CHECKING:
     from resumerge.config.merge_config import MergeConfig
@@ -67,7 +68,8 @@ class Layout:
 
     ``layer_suffixes`` is the union over all layers; ``suffixes_by_layer[i]`` the suffixes layer ``i`` has
     (they differ in MoE models whose dense layers have no experts). In a multi-module model (a VLM) the layers
-    are the language model's; ``other_modules`` holds the other stacks (vision tower, audio encoder, …).
+    are the language model's; ``other_modules`` holds the other stacks (vision tower, audio encoder, …). ``mtp`` is
+    the model's multi-token-prediction module (:mod:`resumerge.plan.mtp`), whose tensors are in none of the others.
     """
 
     layer_prefix: str | None
@@ -77,6 +79,7 @@ class Layout:
     post: tuple[str, ...]
     suffixes_by_layer: tuple[tuple[str, ...], ...] = ()
     other_modules: tuple[ModuleLayout, ...] = ()
+    mtp: MtpLayout | None = None
 
     def layer_name(self, index: int, suffix: str) -> str:
         """Full tensor name of ``suffix`` in layer ``index``."""
@@ -115,9 +118,10 @@ def infer_layout(names: Iterable[str], config: Mapping[str, Any], *, where: str)
     """Infer the layout of a model from its tensor ``names`` and ``config`` (config.json).
 
     A multi-module model (a VLM) gets its language model's layers as the layout's layers and every other stack
-    of layers in ``other_modules`` (see :mod:`resumerge.plan.modules`). Raises :class:`ModelInputError` when
-    the language model's layer count in config.json disagrees with the tensors, or no stack can be told to be
-    the language model's.
+    of layers in ``other_modules`` (see :mod:`resumerge.plan.modules`); an MTP module (DeepSeek-V3's layers
+    after the declared count, Qwen3-Next's ``mtp.*``) goes in ``mtp``. Raises :class:`ModelInputError` when the
+    language model's layer count in config.json disagrees with the tensors, or no stack can be told to be the
+    language model's.
     """
     numbered: dict[str, dict[int, list[str]]] = {}
     loose: list[str] = []
@@ -130,13 +134,16 @@ def infer_layout(names: Iterable[str], config: Mapping[str, Any], *, where: str)
         numbered.setdefault(group, {}).setdefault(index, []).append(suffix)
     stacks, numbered_loose = layer_stacks(numbered)
     loose = sorted(loose + numbered_loose)
+    mtp = split_top_level(stacks, loose)
     prefix = next(iter(stacks), None)
     if len(stacks) > 1:
         embedding = next((n for n in loose if is_input_embedding(n)), None)
         prefix = language_stack(stacks, embedding, where=where)
+    declared = layer_count(config)
+    if prefix is not None and mtp is None:
+        mtp = split_indexed(prefix, stacks[prefix], declared)
     text = module_of(stacks[prefix], prefix) if prefix is not None else None
     found = text.num_layers if text is not None else 0
-    declared = layer_count(config)
     if declared is not None and prefix is not None and declared != found:
         raise ModelInputError(
             f"config.json says {declared} layers but the weights hold layers 0..{found - 1}",
@@ -148,7 +155,7 @@ def infer_layout(names: Iterable[str], config: Mapping[str, Any], *, where: str)
     by_layer = text.suffixes_by_layer if text is not None else ()
     suffixes = tuple(sorted({s for layer in by_layer for s in layer}))
     others = tuple(module_of(stacks[p], p) for p in sorted(stacks) if p != prefix)
-    return Layout(prefix, found, pre, suffixes, post, by_layer, others)
+    return Layout(prefix, found, pre, suffixes, post, by_layer, others, mtp)
 
 
 def layer_count(config: Mapping[str, Any]) -> int | None:
@@ -200,6 +207,11 @@ def _gemma2_type(cfg: Mapping[str, Any], i: int) -> str:
     return _SLIDING if (i + 1) % 2 else _FULL
 
 
+def _qwen3_next_type(cfg: Mapping[str, Any], i: int) -> str:
+    # Every full_attention_interval-th layer is full attention, the others linear (gated DeltaNet).
+    return "full_attention" if (i + 1) % int(cfg.get("full_attention_interval", 4)) == 0 else "linear_attention"
+
+
 def _gemma3_type(cfg: Mapping[str, Any], i: int) -> str:
     # The legacy ``sliding_window_pattern`` (6 in hub configs of Gemma 3): every 6th layer is global.
     return _SLIDING if (i + 1) % int(cfg.get("sliding_window_pattern", 6)) else _FULL
@@ -211,6 +223,7 @@ _LAYER_TYPE_RULES: Mapping[str, Callable[[Mapping[str, Any], int], str]] = {
     "qwen2_moe": _qwen2_moe_type,
     "gemma2": _gemma2_type,
     "gemma3_text": _gemma3_type,
+    "qwen3_next": _qwen3_next_type,
 }
 
 
@@ -236,12 +249,14 @@ def layer_types_of(config: Mapping[str, Any], count: int | None = None) -> list[
 # ---- MoE models with dense layers ----------------------------------------------------------------------------
 QWEN_MOE_SCHEME = "mlp_only_layers"  # Qwen2-MoE, Qwen3-MoE, Qwen3-Next: a list plus decoder_sparse_step
 PREFIX_SCHEME = "first_k_dense_replace"  # DeepSeek-V2/V3, GLM-4-MoE: the first k layers are dense
+MOE_LIST_SCHEME = "moe_layers"  # Llama-4: the list of MoE layers, else every interleave_moe_layer_step-th
 
 
 def dense_mlp_layers(config: Mapping[str, Any]) -> tuple[str, frozenset[int]] | None:
     """(scheme, dense layer indices) of an MoE config whose layers are not all sparse, as transformers 5
-    decides per layer (``Qwen2MoeDecoderLayer``, ``DeepseekV3DecoderLayer``); None when config.json does not
-    describe dense layers (dense models, Mixtral) or lists ``mlp_layer_types`` (a per-layer list instead)."""
+    decides per layer (``Qwen2MoeDecoderLayer``, ``DeepseekV3DecoderLayer``, ``Llama4TextDecoderLayer``); None
+    when config.json does not describe dense layers (dense models, Mixtral) or lists ``mlp_layer_types`` (a
+    per-layer list instead)."""
     cfg = layer_config(config)
     n = layer_count(cfg)
     if n is None or isinstance(cfg.get("mlp_layer_types"), list):
@@ -252,6 +267,11 @@ def dense_mlp_layers(config: Mapping[str, Any]) -> tuple[str, frozenset[int]] | 
         experts = int(cfg.get("num_experts", cfg.get("num_local_experts", 1)) or 0)
         dense = {i for i in range(n) if i in only or not (experts > 0 and (i + 1) % step == 0)}
         return QWEN_MOE_SCHEME, frozenset(dense)
+    if isinstance(cfg.get("moe_layers"), list) or type(cfg.get("interleave_moe_layer_step")) is int:
+        listed = cfg.get("moe_layers")
+        step = int(cfg.get("interleave_moe_layer_step") or 1)
+        moe = {int(i) for i in listed} if isinstance(listed, list) else set(range(step - 1, n, step))
+        return MOE_LIST_SCHEME, frozenset(i for i in range(n) if i not in moe)
     first = cfg.get("first_k_dense_replace")
     if type(first) is int:
         return PREFIX_SCHEME, frozenset(range(min(first, n)))

@@ -113,7 +113,8 @@ def _view(layout: Layout, stack: ModuleLayout | None, owner: dict[str, str], mod
     if stack is None:
         return Layout(None, 0, pre, (), post, ())
     suffixes = tuple(sorted({s for layer in stack.suffixes_by_layer for s in layer}))
-    return Layout(stack.prefix, stack.num_layers, pre, suffixes, post, stack.suffixes_by_layer)
+    mtp = layout.mtp if module == TEXT else None  # the language model's, planned after its last layer
+    return Layout(stack.prefix, stack.num_layers, pre, suffixes, post, stack.suffixes_by_layer, mtp=mtp)
 
 
 def _root(prefix: str, other: str) -> str:

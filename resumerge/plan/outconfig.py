@@ -14,9 +14,11 @@ described by the source layer it was made from (``origins``):
   had. ``max_window_layers`` and ``sliding_window_pattern`` are left as the donor's: transformers 5 consults them
   only when ``layer_types`` is absent, which is exactly when they still give the right list;
 - MoE dense layers: Qwen-MoE ``mlp_only_layers`` becomes the output indices whose source layer was dense
-  (``decoder_sparse_step`` is reset to 1 when the donor's step would make other layers dense); DeepSeek/GLM
-  ``first_k_dense_replace`` becomes the number of leading dense layers, and a dense layer after a sparse one is
-  refused (that family cannot express it);
+  (``decoder_sparse_step`` is reset to 1 when the donor's step would make other layers dense); Llama-4
+  ``moe_layers`` the output indices whose source layer had experts (written even where the donor derived it from
+  ``interleave_moe_layer_step``); DeepSeek/GLM ``first_k_dense_replace`` becomes the number of leading dense
+  layers, and a dense layer after a sparse one is refused, naming its slice (that family cannot express it);
+- the MTP layer count (``num_nextn_predict_layers``) as :mod:`resumerge.plan.mtp` decided;
 - ``vocab_size`` from the output embedding's rows; a head whose rows differ is refused;
 - ``dtype`` (and the legacy ``torch_dtype`` when present) from the output tensors' dtype;
 - ``tie_word_embeddings`` from whether an output head was written.
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import ConfigError, ModelInputError
 from resumerge.plan.architecture import (
+    MOE_LIST_SCHEME,
     PER_LAYER_KEYS,
     PREFIX_SCHEME,
     QWEN_MOE_SCHEME,
@@ -42,6 +45,7 @@ from resumerge.plan.architecture import (
     layer_count_key,
     layer_types_of,
 )
+from resumerge.plan.mtp import MtpOutcome, set_mtp_count
 
 if TYPE_CHECKING:
     from resumerge.config.merge_config import MergeConfig
@@ -57,10 +61,13 @@ def build_out_config(
     donor: str,
     origins: tuple[tuple[str, int], ...],
     tensors: Mapping[str, TensorPlan],
+    *,
+    mtp: MtpOutcome | None = None,
 ) -> dict[str, Any]:
     """Return the output config.json contents (a new dict; no input config is modified).
 
-    ``origins[i]`` is the (model key, source layer) output layer ``i`` was made from. Raises
+    ``origins[i]`` is the (model key, source layer) output layer ``i`` was made from; ``mtp`` what became of the
+    inputs' MTP modules (None: they had none). Raises
     :class:`ConfigError` when the output's dense/MoE layer order cannot be described in the donor's config
     family, :class:`ModelInputError` when the output head and embedding have different vocabulary sizes.
     """
@@ -80,7 +87,8 @@ def build_out_config(
         wanted = [_layer_type(models, donor, model, layer) for model, layer in origins]
         if isinstance(target.get("layer_types"), list) or wanted != layer_types_of(target, len(origins)):
             target["layer_types"] = wanted
-    _set_dense_layers(target, models, origins)
+    _set_dense_layers(target, models, origins, config)
+    set_mtp_count(target, mtp)
     _set_vocab(target, tensors)
     _set_quantization(out, models[donor].config, tensors)
     dtype = _tensor_dtype(tensors) or config.out_dtype or config.dtype
@@ -120,7 +128,8 @@ def _layer_type(models: Mapping[str, ModelInput], donor: str, model: str, layer:
 
 
 def _set_dense_layers(
-    target: dict[str, Any], models: Mapping[str, ModelInput], origins: tuple[tuple[str, int], ...]
+    target: dict[str, Any], models: Mapping[str, ModelInput], origins: tuple[tuple[str, int], ...],
+    config: MergeConfig,
 ) -> None:
     scheme = dense_mlp_layers(target)
     if scheme is None:
@@ -133,15 +142,32 @@ def _set_dense_layers(
         if any((i + 1) % step for i in range(len(origins)) if i not in dense):
             target["decoder_sparse_step"] = 1
         target["mlp_only_layers"] = dense
+    elif scheme[0] == MOE_LIST_SCHEME:
+        target["moe_layers"] = [i for i in range(len(origins)) if i not in dense]
     elif scheme[0] == PREFIX_SCHEME:
-        if dense != list(range(len(dense))):
+        late = next((i for i in dense if i > 0 and i - 1 not in dense), None)
+        if late is not None:
+            moe_at = max(i for i in range(late) if i not in dense)
+            path = _slice_path(config, late)
             raise ConfigError(
-                f"output layers {dense} come from dense (non-MoE) layers, but {target.get('model_type')} configs "
-                "can only describe dense layers at the start (first_k_dense_replace)",
-                yaml_path="slices",
+                f"output layer {late} (layer {origins[late][1]} of {origins[late][0]}) is dense (no experts) but "
+                f"comes after MoE output layer {moe_at}, and {target.get('model_type')} configs can describe dense "
+                "layers only at the start (first_k_dense_replace)",
+                yaml_path=path,
                 hint="order the slices so that every dense source layer comes before the first MoE layer",
             )
         target["first_k_dense_replace"] = len(dense)
+
+
+def _slice_path(config: MergeConfig, layer: int) -> str:
+    """The YAML path of the slice that makes output ``layer`` (``slices`` when the config has no slices)."""
+    start = 0
+    for sl in config.slices or ():
+        rng = sl.sources[0].layer_range
+        start += (rng[1] - rng[0]) if rng is not None else 0
+        if layer < start:
+            return sl.yaml_path
+    return "slices"
 
 
 def _is_dense(scheme: tuple[str, frozenset[int]] | None, layer: int) -> bool:

@@ -44,6 +44,7 @@ from resumerge.plan.module_views import (
     set_vision_layers,
 )
 from resumerge.plan.modules import plan_modules, refuse_sliced_modules
+from resumerge.plan.mtp import MtpOutcome, plan_mtp
 from resumerge.plan.outconfig import build_out_config
 from resumerge.plan.parameters import UNSET, check_parameter_names, parameter_value
 from resumerge.plan.sharding import assign_shards, resolve_shard_size
@@ -106,10 +107,10 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     notes: list[str] = []
     vision_layers = None
     if config.modules is not None:
-        origins, vision_layers = _plan_module_form(ctx, layouts, tensors, notes)
+        origins, vision_layers, mtp = _plan_module_form(ctx, layouts, tensors, notes)
     else:
         slices = _normalise(config.models, config.slices, config.base_model, layouts)
-        origins = _plan_stack(slices, layouts, ctx, tensors)
+        origins, mtp = _plan_stack(slices, layouts, ctx, tensors, notes)
     if config.models is not None:  # a VLM's vision tower, audio encoder, …: each module over its own layers
         sl = slices[0]
         keys = [src.model.key for src in sl.sources]
@@ -126,7 +127,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     donor = _donor(config)
     cut_rows = _embed_rows(tensors) if ctx.truncate and notes else None
     tokenizer_donor, blobs = tokenizer_output(config, spec, built, donor, options, models, cut_rows)
-    out_config = build_out_config(config, models, donor, tuple(origins), tensors)
+    out_config = build_out_config(config, models, donor, tuple(origins), tensors, mtp=mtp)
     if vision_layers is not None:
         set_vision_layers(out_config, vision_layers)
     if options.num_threads is not None and not threads_matter({method.name, *(t.method for t in tensors.values())}):
@@ -153,11 +154,12 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     return replace(plan, fingerprint=compute_fingerprint(plan))
 
 
-def _plan_stack(slices: list[_Slice], layouts: Mapping[str, Layout], ctx: _Ctx,
-                tensors: dict[str, TensorPlan]) -> list[tuple[str, int]]:
+def _plan_stack(slices: list[_Slice], layouts: Mapping[str, Layout], ctx: _Ctx, tensors: dict[str, TensorPlan],
+                notes: list[str]) -> tuple[list[tuple[str, int]], MtpOutcome | None]:
     """Plan ``slices`` over one stack of layers (``layouts``: each model's, or each model's module) into
-    ``tensors``; return the (model, source layer) of each output layer. Loose tensors before the layers come from
-    the first slice's models, the others from the last slice's."""
+    ``tensors``; return the (model, source layer) of each output layer and what became of the inputs' MTP modules
+    (whose note goes to ``notes``). Loose tensors before the layers come from the first slice's models, the others
+    and the MTP module (see :mod:`resumerge.plan.mtp`) from the last slice's."""
     method, config, models, built, truncate = ctx.method, ctx.config, ctx.models, ctx.built, ctx.truncate
     origins: list[tuple[str, int]] = []
     for s_index, sl in enumerate(slices):
@@ -185,14 +187,20 @@ def _plan_stack(slices: list[_Slice], layouts: Mapping[str, Layout], ctx: _Ctx,
         post_names.extend(n for n in layouts[src.model.key].post if n not in post_names)
     for name in post_names:
         tensors[name] = _edge_tensor(name, last, method, config, models, built, truncate)
-    return origins
+    keys = [src.model.key for src in last.sources]
+    planned, mtp = plan_mtp(keys, {k: layouts[k].mtp for k in layouts}, len(origins),
+                            {k: layouts[k].num_layers for k in keys},
+                            lambda out, names, vocab: _mtp_tensor(out, names, vocab, last, ctx))
+    tensors.update(planned)
+    notes.extend(n for n in [mtp.note if mtp else ""] if n)
+    return origins, mtp
 
 
 def _plan_module_form(ctx: _Ctx, layouts: Mapping[str, Layout], tensors: dict[str, TensorPlan],
-                      notes: list[str]) -> tuple[list[tuple[str, int]], int]:
+                      notes: list[str]) -> tuple[list[tuple[str, int]], int, MtpOutcome | None]:
     """Plan a ``modules:`` config, module by module in mergekit's order, each with its own layer numbering;
     a module the config does not list is copied unchanged from the donor (and ``notes`` says so). Returns the
-    language model's layer origins and the output's vision layer count."""
+    language model's layer origins, the output's vision layer count and the language model's MTP outcome."""
     config = ctx.config
     donor = _donor(config)
     order, names, listed = _module_names(config, layouts[donor], donor)
@@ -200,7 +208,7 @@ def _plan_module_form(ctx: _Ctx, layouts: Mapping[str, Layout], tensors: dict[st
     views = {key: (inferred_views if inferred else module_views)(layout, key, yaml_path="modules")
              for key, layout in layouts.items()}
     text: list[tuple[str, int]] = []
-    vision = 0
+    vision, text_mtp = 0, None
     for name in order:
         module, own = listed.get(name), {key: view[name] for key, view in views.items()}
         if module is None:
@@ -209,17 +217,17 @@ def _plan_module_form(ctx: _Ctx, layouts: Mapping[str, Layout], tensors: dict[st
             copy = _Slice((SourceConfig(ref, None, {}, path),), ((0, own[donor].num_layers),), None, {}, path)
             passthrough = get_method("passthrough")
             assert passthrough is not None
-            origins = _plan_stack([copy], own, replace(ctx, method=passthrough, truncate=False), tensors)
+            origins, mtp = _plan_stack([copy], own, replace(ctx, method=passthrough, truncate=False), tensors, notes)
             notes.append(f"module {names[name]} is not listed under modules: it is copied unchanged from {donor}")
         else:
             slices = _normalise(module.models, module.slices, config.base_model, own,
                                 root=module.yaml_path, module_parameters=module.parameters)
-            origins = _plan_stack(slices, own, ctx, tensors)
+            origins, mtp = _plan_stack(slices, own, ctx, tensors, notes)
         if name == TEXT:
-            text = origins
+            text, text_mtp = origins, mtp
         elif name == VISION:
             vision = len(origins)
-    return text, vision
+    return text, vision, text_mtp
 
 
 def _module_names(config: MergeConfig, layout: Layout, donor: str
@@ -281,11 +289,6 @@ def _model_dirs(models: Mapping[str, ModelInput]) -> dict[str, str]:
         if m.adapter is not None:
             dirs[adapter_key(key)] = str(m.adapter.directory)
     return dirs
-
-
-
-
-
 
 
 def _normalise(
@@ -489,12 +492,23 @@ def _edge_tensor(
         in_names.append(tied or name)  # a missing tensor is reported by _tensor with the model's name
     is_vocab = is_input_embedding(name) or is_head(name)
     vocab = built is not None and is_vocab
-    keep = None
-    if truncate and is_vocab:
-        found = [models[s.model.key].tensors.get(n) for s, n in zip(sl.sources, in_names)]
-        keep = common_rows([f.entry.shape for f in found if f is not None])
+    keep = _kept_rows(models, sl, in_names) if truncate and is_vocab else None
     return _tensor(name, in_names, sl, 0.0, method, config, models, built.vocab_size if vocab and built else None,
                    keep_rows=keep)
+
+
+def _mtp_tensor(name: str, in_names: list[str], vocab: bool, sl: _Slice, ctx: _Ctx) -> TensorPlan:
+    """A tensor of the MTP module (:mod:`resumerge.plan.mtp`): the last layer's t = 1, but its vocabulary copies
+    (``vocab``) are planned as the embedding and head they copy are: t = 0, the output vocabulary's rows."""
+    built = ctx.built if vocab else None
+    keep = _kept_rows(ctx.models, sl, in_names) if vocab and ctx.truncate else None
+    return _tensor(name, in_names, sl, 0.0 if vocab else 1.0, ctx.method, ctx.config, ctx.models,
+                   built.vocab_size if built else None, keep_rows=keep)
+
+
+def _kept_rows(models: Mapping[str, ModelInput], sl: _Slice, in_names: list[str]) -> int | None:
+    found = [models[s.model.key].tensors.get(n) for s, n in zip(sl.sources, in_names)]
+    return common_rows([f.entry.shape for f in found if f is not None])
 
 
 def _resolve_params(
@@ -539,14 +553,12 @@ def _resolve_params(
     )
 
 
-
 def _out_dtype(config: MergeConfig, inputs: list[InputRef], base_index: int | None) -> str:
     if config.out_dtype is not None:
         return DTYPE_CODES[config.out_dtype]
     if config.dtype is not None:
         return DTYPE_CODES[config.dtype]
     return inputs[base_index if base_index is not None else 0].value_dtype
-
 
 
 def _donor(config: MergeConfig) -> str:

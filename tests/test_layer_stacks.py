@@ -1,0 +1,313 @@
+"""The 2025–2026 layer stacks: DeepSeek-V3's MTP layer, Qwen3-Next's ``mtp.*``, Llama-4's ``moe_layers``.
+
+Tiny models from transformers 5.24 configs with the MTP tensors real checkpoints carry (tests/stack_families.py).
+Same-stack merges (linear, ties, slerp with a ``t`` gradient) must write every input tensor, the MTP module merged as
+the last layer is (``t`` = the last layer's; its vocabulary copies as the embedding and head); slices carry it
+from the last slice's model renumbered after the new last layer, or drop it and say so; config.json must describe
+the new stack (``num_hidden_layers``, ``num_nextn_predict_layers``, ``first_k_dense_replace``, ``layer_types``,
+``moe_layers``); a stack DeepSeek-V3's config cannot express is refused in one line naming the slice. Each output
+must load in transformers with no missing or unexpected keys (DeepSeek-V3's MTP layer excepted: transformers
+ignores only index 61, so a tiny model's MTP layer is reported unexpected, and is checked in the file instead) and
+give the logits of a reference model assembled here from the expected tensors.
+
+mergekit 0.1.5 on the same configs (``test_what_mergekit_does``): DeepSeek-V3 linear writes 43 of the 67 decoder
+tensors (every routed expert and the whole MTP layer silently dropped); DeepSeek-V3, Qwen3-Next and Llama-4
+passthrough slices keep ``num_hidden_layers`` at the input's count (3 or 4 for 4 or 5 layers), Llama-4 keeps
+``moe_layers: [1, 3]`` for a 5-layer stack, Qwen3-Next's experts come out under the fused in-memory names and its
+``mtp.*`` is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file, save_file
+from stack_families import config_of, make_stack_model, mtp_names
+from support import write_config
+
+from resumerge import api
+from resumerge.cli.commands import main
+
+pytest.importorskip("transformers", reason="transformers (a dependency of the mergekit test extra) is needed")
+TOKENS = torch.tensor([[1, 5, 9, 2, 77, 127]])
+MTP_FAMILIES = ("deepseek_v3", "qwen3_next")
+LAYERS = {"deepseek_v3": 3, "qwen3_next": 4, "llama4": 4}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """Two models of each family (``-a``, ``-b``; MTP decoder layers copied from each one's last layer) and a
+    third without an MTP module (``-plain``)."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
+    root = tmp_path_factory.mktemp("stacks")
+    built = {}
+    for family in (*MTP_FAMILIES, "llama4"):
+        for tag, seed in (("a", 0), ("b", 1)):
+            built[f"{family}-{tag}"] = make_stack_model(root / f"{family}-{tag}", family, seed, mtp_like_last=True)
+    for family in MTP_FAMILIES:
+        built[f"{family}-plain"] = make_stack_model(root / f"{family}-plain", family, 2, mtp=False)
+    yield built
+
+
+def _tensors(directory: Path) -> dict[str, torch.Tensor]:
+    found: dict[str, torch.Tensor] = {}
+    for shard in sorted(directory.glob("*.safetensors")):
+        found.update(load_file(str(shard)))
+    return found
+
+
+def _merge(tmp_path: Path, doc: dict[str, Any]) -> Path:
+    out = tmp_path / "out"
+    api.run(yaml.safe_dump(doc, sort_keys=False), out, state_dir=tmp_path / "state")
+    return out
+
+
+def _check_logits(out: Path, family: str, expected: dict[str, torch.Tensor]) -> None:
+    """``out`` loads with no missing, mismatched or unexpected keys (but DeepSeek-V3's MTP layer, which
+    transformers does not know at a tiny model's index) and gives the logits of a model holding ``expected``."""
+    from transformers import AutoModelForCausalLM
+
+    model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    unexpected = set(info.pop("unexpected_keys"))  # in transformers' names (experts fused)
+    layers = config_of(out)["num_hidden_layers"]
+    mtp = mtp_names(expected, family, layers) if family == "deepseek_v3" else set()
+    assert bool(unexpected) == bool(mtp)
+    assert all(k.startswith(f"model.layers.{layers}.") for k in unexpected)
+    assert {k: v for k, v in info.items() if v} == {}
+    # The reference: the expected tensors written here, read by transformers (which fuses the experts itself).
+    ref_dir = out.parent / "reference"
+    ref_dir.mkdir()
+    shutil.copy(out / "config.json", ref_dir / "config.json")
+    save_file({n: t.contiguous() for n, t in expected.items() if n not in mtp}, ref_dir / "model.safetensors",
+              metadata={"format": "pt"})
+    reference, ref_info = AutoModelForCausalLM.from_pretrained(ref_dir, output_loading_info=True)
+    assert {k: v for k, v in ref_info.items() if v} == {}
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS).logits, reference(TOKENS).logits, rtol=1e-5, atol=1e-5)
+
+
+# ---- independent references of the three methods on two models (base a) ------------------------------------------
+def _slerp(t: float, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    # mergekit's slerp: the angle between the flattened, normalised tensors; linear when nearly parallel.
+    na, nb = a / max(a.norm().item(), 1e-8), b / max(b.norm().item(), 1e-8)
+    dot = float((na * nb).sum())
+    if abs(dot) > 0.9995:
+        return (1 - t) * a + t * b
+    theta = torch.arccos(torch.tensor(dot, dtype=torch.float64))
+    s0 = torch.sin(theta * (1 - t)) / torch.sin(theta)
+    s1 = torch.sin(theta * t) / torch.sin(theta)
+    return (s0.item() * a + s1.item() * b).to(a.dtype)
+
+
+def _ties(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    # One task vector at density 0.5, weight 1: its larger half kept (sign election and the normalised mean leave it).
+    tau = b - a
+    k = int(0.5 * tau.numel())
+    mask = torch.zeros(tau.numel(), dtype=torch.bool)
+    if k:
+        mask[tau.abs().flatten().topk(k).indices] = True
+    return a + tau * mask.view(tau.shape)
+
+
+def _gradient_t(name: str, family: str) -> float:
+    """The slerp ``t`` of output tensor ``name`` under ``t: [0.2, 0.8]``: mergekit's per-layer interpolation for
+    decoder layers, 0.2 for the embedding, head and final norm; the MTP module takes the last layer's (0.8) but its
+    vocabulary copies the embedding's."""
+    n = LAYERS[family]
+    if name in mtp_names([name], family):
+        return 0.2 if name.endswith(("embed_tokens.weight", "shared_head.head.weight")) else 0.8
+    if name.startswith("model.layers."):
+        return 0.2 + 0.6 * int(name.split(".")[2]) / (n - 1)
+    return 0.2
+
+
+METHODS: dict[str, tuple[dict[str, Any], Callable[[str, str, torch.Tensor, torch.Tensor], torch.Tensor]]] = {
+    "linear": ({"merge_method": "linear", "parameters": {"weight": 0.5}}, lambda n, f, a, b: (a + b) / 2),
+    "ties": ({"merge_method": "ties", "parameters": {"weight": 1.0, "density": 0.5}},
+             lambda n, f, a, b: _ties(a, b)),
+    "slerp": ({"merge_method": "slerp", "parameters": {"t": [0.2, 0.8]}},
+              lambda n, f, a, b: _slerp(_gradient_t(n, f), a, b)),
+}
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("family", MTP_FAMILIES)
+def test_same_stack_merges_the_mtp_module_like_the_last_layer(
+    family: str, method: str, models: dict[str, Path], tmp_path: Path
+) -> None:
+    a, b = models[f"{family}-a"], models[f"{family}-b"]
+    doc, reference = METHODS[method]
+    base = {} if method == "linear" else {"base_model": str(a)}
+    out = _merge(tmp_path, {**doc, **base, "models": [{"model": str(a)}, {"model": str(b)}]})
+    got, ta, tb = _tensors(out), _tensors(a), _tensors(b)
+    assert got.keys() == ta.keys() and mtp_names(got, family)
+    for name in sorted(got):
+        torch.testing.assert_close(got[name], reference(name, family, ta[name], tb[name]), rtol=1e-5, atol=1e-6)
+    # The inputs' MTP decoder layers are copies of their last layers: merged alike, they come out alike.
+    n = LAYERS[family]
+    mtp_layer = f"model.layers.{n}." if family == "deepseek_v3" else "mtp.layers.0."
+    copies = {m: m.replace(mtp_layer, f"model.layers.{n - 1}.") for m in got if m.startswith(mtp_layer)}
+    assert all(torch.equal(got[m], got[last]) for m, last in copies.items() if last in got)
+    assert config_of(out)["num_hidden_layers"] == n
+    assert config_of(out).get("num_nextn_predict_layers") == config_of(a).get("num_nextn_predict_layers")
+    if method == "linear":  # the tensors are checked for every method; transformers' reading of them once
+        _check_logits(out, family, got)
+
+
+def _slices(*parts: tuple[Path, int, int], method: str = "passthrough") -> dict[str, Any]:
+    return {"merge_method": method, "slices": [{"sources": [{"model": str(m), "layer_range": [s, e]}]}
+                                               for m, s, e in parts]}
+
+
+def _expected_stack(family: str, parts: list[tuple[dict[str, torch.Tensor], int]],
+                    first: dict[str, torch.Tensor], last: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors of a passthrough stack: output layer i is ``parts[i]``'s layer, loose tensors before the layers
+    from ``first``, after them (and the MTP module, renumbered) from ``last``."""
+    n, out = LAYERS[family], {}
+    for i, (src, layer) in enumerate(parts):
+        out.update({n_.replace(f"model.layers.{layer}.", f"model.layers.{i}.", 1): t for n_, t in src.items()
+                    if n_.startswith(f"model.layers.{layer}.") and n_ not in mtp_names([n_], family)})
+    for name, t in last.items():
+        if name in mtp_names([name], family):
+            out[name.replace(f"model.layers.{n}.", f"model.layers.{len(parts)}.")] = t
+        elif not name.startswith("model.layers."):
+            out[name] = t
+    out["model.embed_tokens.weight"] = first["model.embed_tokens.weight"]
+    return out
+
+
+@pytest.mark.parametrize("family", MTP_FAMILIES)
+def test_slices_carry_the_mtp_module_from_the_last_slice_renumbered(
+    family: str, models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b, n = models[f"{family}-a"], models[f"{family}-b"], LAYERS[family]
+    cfg = write_config(tmp_path / "c.yml", _slices((a, 0, 2), (b, 1, n)))
+    assert main(["plan", str(cfg)]) == 0
+    shown = capsys.readouterr().out
+    assert f"of {b} carried with the output's last layer" in " ".join(shown.split())
+    out = _merge(tmp_path, yaml.safe_load(cfg.read_text()))
+    ta, tb = _tensors(a), _tensors(b)
+    stack = [(ta, 0), (ta, 1), *((tb, i) for i in range(1, n))]
+    expected = _expected_stack(family, stack, ta, tb)
+    got = _tensors(out)
+    assert got.keys() == expected.keys()
+    assert all(torch.equal(got[k], expected[k]) for k in got)
+    cfg_out = config_of(out)
+    assert cfg_out["num_hidden_layers"] == len(stack)
+    if family == "deepseek_v3":
+        assert cfg_out["num_nextn_predict_layers"] == 1 and cfg_out["first_k_dense_replace"] == 1
+        assert f"model.layers.{len(stack)}.eh_proj.weight" in got and f"model.layers.{n}.eh_proj.weight" not in {
+            k for k in got if k.endswith("eh_proj.weight") and k != f"model.layers.{len(stack)}.eh_proj.weight"}
+        note = f"renumbered to model.layers.{len(stack)}"
+    else:
+        source = json.loads((a / "config.json").read_text())["layer_types"]
+        assert cfg_out["layer_types"] == [source[0], source[1], *source[1:]]
+        note = "mtp.* (1 layer)"
+    assert note in (out / "README.md").read_text()
+    _check_logits(out, family, got)
+
+
+@pytest.mark.parametrize("family", MTP_FAMILIES)
+def test_slices_drop_the_mtp_module_when_the_last_model_has_none(
+    family: str, models: dict[str, Path], tmp_path: Path
+) -> None:
+    a, plain, n = models[f"{family}-a"], models[f"{family}-plain"], LAYERS[family]
+    out = _merge(tmp_path, _slices((a, 0, 2), (plain, 1, n)))
+    got = _tensors(out)
+    assert not mtp_names(got, family, 2 + n - 1)
+    if family == "deepseek_v3":
+        assert config_of(out)["num_nextn_predict_layers"] == 0
+    assert f"MTP module of {a} dropped" in (out / "README.md").read_text()
+    _check_logits(out, family, got)
+
+
+def test_slerp_slices_merge_the_mtp_layers_of_the_last_slice(models: dict[str, Path], tmp_path: Path) -> None:
+    a, b = models["deepseek_v3-a"], models["deepseek_v3-b"]
+    out = _merge(tmp_path, {"merge_method": "slerp", "base_model": str(a), "parameters": {"t": 0.5}, "slices": [
+        {"sources": [{"model": str(a), "layer_range": [0, 2]}, {"model": str(b), "layer_range": [0, 2]}]},
+        {"sources": [{"model": str(a), "layer_range": [1, 3]}, {"model": str(b), "layer_range": [1, 3]}]}]})
+    got, ta, tb = _tensors(out), _tensors(a), _tensors(b)
+    for suffix in ("eh_proj.weight", "mlp.experts.3.down_proj.weight", "embed_tokens.weight"):
+        want = _slerp(0.5, ta[f"model.layers.3.{suffix}"], tb[f"model.layers.3.{suffix}"])
+        torch.testing.assert_close(got[f"model.layers.4.{suffix}"], want, rtol=1e-5, atol=1e-6)
+    assert "MTP module model.layers.3 (1 layer)" in (out / "README.md").read_text()
+
+
+def test_kimi_k2_layout_is_deepseeks(models: dict[str, Path], tmp_path: Path) -> None:
+    # Kimi-K2 ships DeepSeek-V3's layout under model_type kimi_k2 (unknown to transformers 5.24): planned alike.
+    kimi = tmp_path / "kimi"
+    shutil.copytree(models["deepseek_v3-a"], kimi)
+    doc = config_of(kimi) | {"model_type": "kimi_k2"}
+    (kimi / "config.json").write_text(json.dumps(doc))
+    plan = api.plan_merge(yaml.safe_dump(_slices((kimi, 0, 3), (kimi, 1, 3))))
+    assert plan.num_layers == 5 and plan.out_config["num_nextn_predict_layers"] == 1
+    assert plan.out_config["first_k_dense_replace"] == 1 and plan.out_config["model_type"] == "kimi_k2"
+    assert "model.layers.5.eh_proj.weight" in plan.tensors and "model.layers.3.eh_proj.weight" not in plan.tensors
+
+
+def test_a_dense_layer_after_a_moe_layer_is_refused_in_one_line_naming_the_slice(
+    models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = models["deepseek_v3-a"]
+    cfg = write_config(tmp_path / "c.yml", _slices((a, 1, 3), (a, 0, 2)))
+    for command in (["plan", str(cfg)], ["run", str(cfg), str(tmp_path / "out"), "--quiet"]):
+        assert main(command) == 2
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(lines) == 1, lines
+        for part in ("slices[1]", "output layer 2 (layer 0 of", "first_k_dense_replace"):
+            assert part in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_llama4_stack_rewrites_moe_layers(models: dict[str, Path], tmp_path: Path) -> None:
+    a, b = models["llama4-a"], models["llama4-b"]
+    out = _merge(tmp_path, _slices((a, 0, 2), (b, 1, 4)))
+    cfg = config_of(out)
+    assert cfg["num_hidden_layers"] == 5 and cfg["moe_layers"] == [1, 2, 4]
+    assert cfg["no_rope_layers"] == [1, 1, 1, 1, 0]
+    ta, tb = _tensors(a), _tensors(b)
+    expected = _expected_stack("llama4", [(ta, 0), (ta, 1), (tb, 1), (tb, 2), (tb, 3)], ta, tb)
+    got = _tensors(out)
+    assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in got)
+    _check_logits(out, "llama4", got)
+
+
+@pytest.mark.oracle
+def test_what_mergekit_does(models: dict[str, Path], tmp_path: Path, mergekit: Any) -> None:
+    """mergekit 0.1.5 on the configs above, recorded for the closing note (see the module docstring)."""
+    ds_a, ds_b = models["deepseek_v3-a"], models["deepseek_v3-b"]
+    inputs = _tensors(ds_a)
+    runs = {
+        "deepseek_linear": {"merge_method": "linear", "parameters": {"weight": 0.5},
+                            "models": [{"model": str(ds_a)}, {"model": str(ds_b)}]},
+        "deepseek_slices": _slices((ds_a, 0, 2), (ds_b, 1, 3)),
+        "qwen3_next_slices": _slices((models["qwen3_next-a"], 0, 2), (models["qwen3_next-b"], 1, 4)),
+        "llama4_slices": _slices((models["llama4-a"], 0, 2), (models["llama4-b"], 1, 4)),
+    }
+    outs = {}
+    for name, doc in runs.items():
+        outs[name] = tmp_path / name
+        done = mergekit.run(write_config(tmp_path / f"{name}.yml", doc), outs[name])
+        assert done.returncode == 0, done.stderr
+    linear = _tensors(outs["deepseek_linear"])
+    dropped = set(inputs) - set(linear)
+    assert len(linear) == 43 and linear.keys() <= inputs.keys()
+    assert all(".mlp.experts." in n or n in mtp_names([n], "deepseek_v3") for n in dropped)
+    assert mtp_names(inputs, "deepseek_v3") <= dropped
+    assert config_of(outs["deepseek_slices"])["num_hidden_layers"] == 3  # 4 layers written
+    assert not mtp_names(_tensors(outs["deepseek_slices"]), "deepseek_v3")
+    qwen = _tensors(outs["qwen3_next_slices"])
+    assert config_of(outs["qwen3_next_slices"])["num_hidden_layers"] == 4  # 5 layers written
+    assert not mtp_names(qwen, "qwen3_next") and "model.layers.0.mlp.experts.gate_up_proj" in qwen
+    llama = config_of(outs["llama4_slices"])
+    assert llama["num_hidden_layers"] == 4 and llama["moe_layers"] == [1, 3]  # 5 layers written
