@@ -13,6 +13,7 @@ MoE layers 1 and 3 of 4 (``interleave_moe_layer_step`` 2), so a stack that moves
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -103,3 +104,13 @@ def config_of(directory: Path) -> dict[str, Any]:
     """The config.json of the model or output at ``directory``."""
     found: dict[str, Any] = json.loads((directory / "config.json").read_text())
     return found
+
+
+def without_mtp(source: Path, directory: Path, family: str) -> Path:
+    """A copy of the model at ``source`` without its MTP tensors (config.json kept: as transformers saves them)."""
+    shutil.copytree(source, directory)
+    path = directory / "model.safetensors"
+    tensors = load_file(path)
+    save_file({n: t for n, t in tensors.items() if n not in mtp_names(tensors, family)}, path,
+              metadata={"format": "pt"})
+    return directory

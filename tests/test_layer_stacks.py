@@ -29,11 +29,17 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file, save_file
-from stack_families import config_of, make_stack_model, mtp_names
+from stack_families import config_of, make_stack_model, mtp_names, without_mtp
 from support import write_config
 
 from resumerge import api
 from resumerge.cli.commands import main
+from resumerge.config.merge_config import load_config_text
+from resumerge.config.modelref import ModelRef
+from resumerge.errors import ModelInputError
+from resumerge.inputs.model import ModelInput
+from resumerge.plan.architecture import infer_layout
+from resumerge.plan.outconfig import build_out_config
 
 pytest.importorskip("transformers", reason="transformers (a dependency of the mergekit test extra) is needed")
 TOKENS = torch.tensor([[1, 5, 9, 2, 77, 127]])
@@ -43,19 +49,19 @@ LAYERS = {"deepseek_v3": 3, "qwen3_next": 4, "llama4": 4}
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
-    """Two models of each family (``-a``, ``-b``; MTP decoder layers copied from each one's last layer) and a
-    third without an MTP module (``-plain``)."""
+    """Two models of each MTP family (``-a``, ``-b``; MTP decoder layers copied from each one's last layer) and
+    ``-a`` without its MTP module (``-plain``); one Llama-4 model."""
     from transformers.utils import logging
 
     logging.disable_progress_bar()
     logging.set_verbosity_error()
     root = tmp_path_factory.mktemp("stacks")
     built = {}
-    for family in (*MTP_FAMILIES, "llama4"):
+    for family in MTP_FAMILIES:
         for tag, seed in (("a", 0), ("b", 1)):
             built[f"{family}-{tag}"] = make_stack_model(root / f"{family}-{tag}", family, seed, mtp_like_last=True)
-    for family in MTP_FAMILIES:
-        built[f"{family}-plain"] = make_stack_model(root / f"{family}-plain", family, 2, mtp=False)
+        built[f"{family}-plain"] = without_mtp(built[f"{family}-a"], root / f"{family}-plain", family)
+    built["llama4-a"] = make_stack_model(root / "llama4-a", "llama4", 0)
     yield built
 
 
@@ -270,7 +276,7 @@ def test_a_dense_layer_after_a_moe_layer_is_refused_in_one_line_naming_the_slice
 
 
 def test_llama4_stack_rewrites_moe_layers(models: dict[str, Path], tmp_path: Path) -> None:
-    a, b = models["llama4-a"], models["llama4-b"]
+    a = b = models["llama4-a"]  # layers 0, 1, 1, 2, 3: MoE layers 1 and 3 become 1, 2 and 4
     out = _merge(tmp_path, _slices((a, 0, 2), (b, 1, 4)))
     cfg = config_of(out)
     assert cfg["num_hidden_layers"] == 5 and cfg["moe_layers"] == [1, 2, 4]
@@ -292,7 +298,7 @@ def test_what_mergekit_does(models: dict[str, Path], tmp_path: Path, mergekit: A
                             "models": [{"model": str(ds_a)}, {"model": str(ds_b)}]},
         "deepseek_slices": _slices((ds_a, 0, 2), (ds_b, 1, 3)),
         "qwen3_next_slices": _slices((models["qwen3_next-a"], 0, 2), (models["qwen3_next-b"], 1, 4)),
-        "llama4_slices": _slices((models["llama4-a"], 0, 2), (models["llama4-b"], 1, 4)),
+        "llama4_slices": _slices((models["llama4-a"], 0, 2), (models["llama4-a"], 1, 4)),
     }
     outs = {}
     for name, doc in runs.items():
@@ -305,9 +311,36 @@ def test_what_mergekit_does(models: dict[str, Path], tmp_path: Path, mergekit: A
     assert all(".mlp.experts." in n or n in mtp_names([n], "deepseek_v3") for n in dropped)
     assert mtp_names(inputs, "deepseek_v3") <= dropped
     assert config_of(outs["deepseek_slices"])["num_hidden_layers"] == 3  # 4 layers written
-    assert not mtp_names(_tensors(outs["deepseek_slices"]), "deepseek_v3")
+    assert not any(n.endswith("eh_proj.weight") for n in _tensors(outs["deepseek_slices"]))  # no MTP layer
     qwen = _tensors(outs["qwen3_next_slices"])
     assert config_of(outs["qwen3_next_slices"])["num_hidden_layers"] == 4  # 5 layers written
     assert not mtp_names(qwen, "qwen3_next") and "model.layers.0.mlp.experts.gate_up_proj" in qwen
     llama = config_of(outs["llama4_slices"])
     assert llama["num_hidden_layers"] == 4 and llama["moe_layers"] == [1, 3]  # 5 layers written
+
+
+# ---- rules that need no weights -----------------------------------------------------------------------------------
+def _out_config(configs: dict[str, dict[str, Any]], *stack: tuple[str, int, int]) -> dict[str, Any]:
+    models = {key: ModelInput(ModelRef(key), Path(key), cfg, {}, ()) for key, cfg in configs.items()}
+    doc = load_config_text(yaml.safe_dump(_slices(*((Path(m), s, e) for m, s, e in stack))))
+    origins = tuple((str(Path(m)), layer) for m, s, e in stack for layer in range(s, e))
+    return build_out_config(doc, models, str(Path(stack[0][0])), origins, {})
+
+
+def test_derived_moe_layers_and_linear_attention_types_are_written_for_the_new_stack() -> None:
+    # Configs without the lists: transformers derives them from the index, which a moved layer breaks.
+    llama4 = {"model_type": "llama4_text", "num_hidden_layers": 4, "interleave_moe_layer_step": 2}
+    assert _out_config({"a": llama4}, ("a", 0, 2), ("a", 1, 4))["moe_layers"] == [1, 2, 4]
+    qwen = {"model_type": "qwen3_next", "num_hidden_layers": 4, "full_attention_interval": 2, "num_experts": 4,
+            "decoder_sparse_step": 1, "mlp_only_layers": []}
+    out = _out_config({"a": qwen}, ("a", 1, 4))
+    assert out["layer_types"] == ["full_attention", "linear_attention", "full_attention"]
+
+
+def test_a_stray_layer_without_mtp_tensors_is_still_refused() -> None:
+    names = [f"model.layers.{i}.mlp.up_proj.weight" for i in range(4)]
+    with pytest.raises(ModelInputError, match=r"config.json says 3 layers but the weights hold layers 0\.\.3"):
+        infer_layout(names, {"num_hidden_layers": 3, "num_nextn_predict_layers": 1}, where="m")
+    layout = infer_layout([*names, "model.layers.3.eh_proj.weight"], {"num_hidden_layers": 3}, where="m")
+    assert layout.num_layers == 3 and layout.mtp is not None and layout.mtp.names() == [
+        "model.layers.3.eh_proj.weight", "model.layers.3.mlp.up_proj.weight"]
