@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+from support import perturb_vectors
 
 H, V = 32, 128
 DEEPSEEK: Mapping[str, Any] = {
@@ -56,16 +57,13 @@ def make_stack_model(directory: Path, family: str, seed: int, *, mtp: bool = Tru
     model_type, config = FAMILIES[family]
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **config))
-    generator = torch.Generator().manual_seed(seed + 1000)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() == 1:
-                param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    perturb_vectors(model, seed)
     model.save_pretrained(directory)
     if mtp and family in ("deepseek_v3", "qwen3_next"):
         path = directory / "model.safetensors"
         tensors = load_file(path)
-        tensors.update(_mtp_tensors(family, tensors, generator, like_last=mtp_like_last))
+        tensors.update(_mtp_tensors(family, tensors, torch.Generator().manual_seed(seed + 2000),
+                                    like_last=mtp_like_last))
         save_file(tensors, path, metadata={"format": "pt"})
     return directory
 

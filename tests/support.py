@@ -8,6 +8,7 @@ import select
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -47,6 +48,37 @@ def drain_pty(master: int) -> str:
 def digests(directory: Path) -> dict[str, str]:
     """sha256 of every regular file directly in ``directory``."""
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def output_tensors(directory: Path) -> dict[str, Any]:
+    """Every tensor of the safetensors files directly in ``directory``, by name (torch tensors)."""
+    from safetensors.torch import load_file
+
+    found: dict[str, Any] = {}
+    for shard in sorted(directory.glob("*.safetensors")):
+        found.update(load_file(str(shard)))
+    return found
+
+
+def api_merge(tmp_path: Path, doc: dict[str, Any]) -> Path:
+    """Run the config ``doc`` with ``resumerge.api.run`` into ``tmp_path/out`` (state in ``tmp_path/state``)."""
+    from resumerge import api
+
+    out = tmp_path / "out"
+    api.run(yaml.safe_dump(doc, sort_keys=False), out, state_dir=tmp_path / "state")
+    return out
+
+
+def perturb_vectors(model: Any, seed: int) -> None:
+    """Add noise drawn under ``seed`` to every 1-D parameter of a transformers ``model`` (transformers
+    initialises norms to constants), so two seeds differ in every tensor and one model's layers differ."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed + 1000)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 1:
+                param.add_(0.05 * torch.randn(param.shape, generator=generator))
 
 
 def write_config(path: Path, doc: dict[str, object]) -> Path:

@@ -11,10 +11,10 @@ ignores only index 61, so a tiny model's MTP layer is reported unexpected, and i
 give the logits of a reference model assembled here from the expected tensors.
 
 mergekit 0.1.5 on the same configs (``test_what_mergekit_does``): DeepSeek-V3 linear writes 43 of the 67 decoder
-tensors (every routed expert and the whole MTP layer silently dropped); DeepSeek-V3, Qwen3-Next and Llama-4
-passthrough slices keep ``num_hidden_layers`` at the input's count (3 or 4 for 4 or 5 layers), Llama-4 keeps
-``moe_layers: [1, 3]`` for a 5-layer stack, Qwen3-Next's experts come out under the fused in-memory names and its
-``mtp.*`` is dropped.
+tensors (every routed expert and the whole MTP layer silently dropped); DeepSeek-V3 and Llama-4 passthrough slices
+keep ``num_hidden_layers`` at the input's count (3 or 4 for 4 or 5 layers), DeepSeek-V3 without its MTP layer,
+Llama-4 with ``moe_layers: [1, 3]`` for a 5-layer stack. (Run by hand, not kept here for time: Qwen3-Next linear
+and slices write the experts under the fused in-memory names, drop ``mtp.*``, and a 5-layer stack says 4.)
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from stack_families import config_of, make_stack_model, mtp_names, without_mtp
+from support import api_merge as _merge
+from support import output_tensors as _tensors
 from support import write_config
 
 from resumerge import api
@@ -63,19 +65,6 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]
         built[f"{family}-plain"] = without_mtp(built[f"{family}-a"], root / f"{family}-plain", family)
     built["llama4-a"] = make_stack_model(root / "llama4-a", "llama4", 0)
     yield built
-
-
-def _tensors(directory: Path) -> dict[str, torch.Tensor]:
-    found: dict[str, torch.Tensor] = {}
-    for shard in sorted(directory.glob("*.safetensors")):
-        found.update(load_file(str(shard)))
-    return found
-
-
-def _merge(tmp_path: Path, doc: dict[str, Any]) -> Path:
-    out = tmp_path / "out"
-    api.run(yaml.safe_dump(doc, sort_keys=False), out, state_dir=tmp_path / "state")
-    return out
 
 
 def _check_logits(out: Path, family: str, expected: dict[str, torch.Tensor]) -> None:
@@ -234,7 +223,8 @@ def test_slices_drop_the_mtp_module_when_the_last_model_has_none(
     if family == "deepseek_v3":
         assert config_of(out)["num_nextn_predict_layers"] == 0
     assert f"MTP module of {a} dropped" in (out / "README.md").read_text()
-    _check_logits(out, family, got)
+    if family == "deepseek_v3":  # transformers reads no MTP tensor of Qwen3-Next (^mtp.*): its load shows nothing new
+        _check_logits(out, family, got)
 
 
 def test_slerp_slices_merge_the_mtp_layers_of_the_last_slice(models: dict[str, Path], tmp_path: Path) -> None:
@@ -297,7 +287,6 @@ def test_what_mergekit_does(models: dict[str, Path], tmp_path: Path, mergekit: A
         "deepseek_linear": {"merge_method": "linear", "parameters": {"weight": 0.5},
                             "models": [{"model": str(ds_a)}, {"model": str(ds_b)}]},
         "deepseek_slices": _slices((ds_a, 0, 2), (ds_b, 1, 3)),
-        "qwen3_next_slices": _slices((models["qwen3_next-a"], 0, 2), (models["qwen3_next-b"], 1, 4)),
         "llama4_slices": _slices((models["llama4-a"], 0, 2), (models["llama4-a"], 1, 4)),
     }
     outs = {}
@@ -312,9 +301,6 @@ def test_what_mergekit_does(models: dict[str, Path], tmp_path: Path, mergekit: A
     assert mtp_names(inputs, "deepseek_v3") <= dropped
     assert config_of(outs["deepseek_slices"])["num_hidden_layers"] == 3  # 4 layers written
     assert not any(n.endswith("eh_proj.weight") for n in _tensors(outs["deepseek_slices"]))  # no MTP layer
-    qwen = _tensors(outs["qwen3_next_slices"])
-    assert config_of(outs["qwen3_next_slices"])["num_hidden_layers"] == 4  # 5 layers written
-    assert not mtp_names(qwen, "qwen3_next") and "model.layers.0.mlp.experts.gate_up_proj" in qwen
     llama = config_of(outs["llama4_slices"])
     assert llama["num_hidden_layers"] == 4 and llama["moe_layers"] == [1, 3]  # 5 layers written
 

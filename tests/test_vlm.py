@@ -23,12 +23,11 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
-from safetensors.torch import load_file
+from support import api_merge as _merge
+from support import output_tensors as _tensors
 from support import write_config
 from vlm_families import VLMS, Vlm, inputs, make_vlm, model_class, vlm
 
-from resumerge import api
 from resumerge.cli.commands import main
 
 pytest.importorskip("transformers", reason="transformers (a dependency of the mergekit test extra) is needed")
@@ -81,19 +80,6 @@ def _gradient(a: Path, b: Path) -> dict[str, Any]:
 def _linear(a: Path, b: Path) -> dict[str, Any]:
     return {"merge_method": "linear", "dtype": "float32", "models": [
         {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]}
-
-
-def _tensors(directory: Path) -> dict[str, torch.Tensor]:
-    found: dict[str, torch.Tensor] = {}
-    for shard in sorted(directory.glob("*.safetensors")):
-        found.update(load_file(str(shard)))
-    return found
-
-
-def _merge(tmp_path: Path, doc: dict[str, Any]) -> Path:
-    out = tmp_path / "out"
-    api.run(yaml.safe_dump(doc, sort_keys=False), out, state_dir=tmp_path / "state")
-    return out
 
 
 def _load(family: Vlm, out: Path) -> None:

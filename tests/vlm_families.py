@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from support import perturb_vectors
+
 TEXT = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "head_dim": 8,
         "bos_token_id": 1, "eos_token_id": 2}
@@ -94,11 +96,7 @@ def make_vlm(directory: Path, family: Vlm, seed: int, layout: str = "saved") -> 
     torch.manual_seed(seed)
     config = getattr(transformers, family.config_class)(**family.config)
     model = model_class(family)(config)
-    generator = torch.Generator().manual_seed(seed + 1000)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() == 1:
-                param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    perturb_vectors(model, seed)
     model.save_pretrained(directory)
     weights = directory / "model.safetensors"
     if layout == "memory":
