@@ -239,6 +239,15 @@ def test_slerp_slices_merge_the_mtp_layers_of_the_last_slice(models: dict[str, P
     assert "MTP module model.layers.3 (1 layer)" in (out / "README.md").read_text()
 
 
+def test_a_same_stack_merge_with_a_model_without_mtp_drops_it_and_says_so(models: dict[str, Path]) -> None:
+    a, plain = models["deepseek_v3-a"], models["deepseek_v3-plain"]
+    plan = api.plan_merge(yaml.safe_dump({"merge_method": "linear", "parameters": {"weight": 0.5},
+                                          "models": [{"model": str(a)}, {"model": str(plain)}]}))
+    assert not mtp_names(plan.tensors, "deepseek_v3") and plan.out_config["num_nextn_predict_layers"] == 0
+    assert plan.notes == (f"MTP module of {a} dropped (its layer count set to 0 in config.json): {plain}, which "
+                          "supplies the output's last layer, has none",)
+
+
 def test_kimi_k2_layout_is_deepseeks(models: dict[str, Path], tmp_path: Path) -> None:
     # Kimi-K2 ships DeepSeek-V3's layout under model_type kimi_k2 (unknown to transformers 5.24): planned alike.
     kimi = tmp_path / "kimi"
