@@ -68,6 +68,27 @@ def make_stack_model(directory: Path, family: str, seed: int, *, mtp: bool = Tru
     return directory
 
 
+def make_variant(source: Path, directory: Path, family: str, seed: int) -> Path:
+    """A second model of ``source``'s family without building one: every tensor plus noise drawn under ``seed``,
+    the copies :func:`make_stack_model` made (MTP decoder layer, stored embedding and head) made again."""
+    shutil.copytree(source, directory)
+    path = directory / "model.safetensors"
+    tensors = load_file(path)
+    generator = torch.Generator().manual_seed(seed)
+    noisy = {n: t + 0.02 * torch.randn(t.shape, generator=generator) for n, t in sorted(tensors.items())}
+    layers = int(FAMILIES[family][1]["num_hidden_layers"])
+    where = f"model.layers.{layers}." if family == "deepseek_v3" else "mtp.layers.0."
+    copies = {"embed_tokens.weight": "model.embed_tokens.weight", "shared_head.head.weight": "lm_head.weight"}
+    for name in noisy:
+        if name.startswith(where):
+            suffix = name[len(where):]
+            original = copies.get(suffix, f"model.layers.{layers - 1}.{suffix}")
+            if original in tensors and torch.equal(tensors[name], tensors[original]):
+                noisy[name] = noisy[original].clone()
+    save_file(noisy, path, metadata={"format": "pt"})
+    return directory
+
+
 def _mtp_tensors(family: str, tensors: dict[str, torch.Tensor], generator: torch.Generator, *,
                  like_last: bool) -> dict[str, torch.Tensor]:
     layers = int(FAMILIES[family][1]["num_hidden_layers"])

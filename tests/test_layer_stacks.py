@@ -29,7 +29,7 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import save_file
-from stack_families import config_of, make_stack_model, mtp_names, without_mtp
+from stack_families import config_of, make_stack_model, make_variant, mtp_names, without_mtp
 from support import api_merge as _merge
 from support import output_tensors as _tensors
 from support import write_config
@@ -51,8 +51,8 @@ LAYERS = {"deepseek_v3": 3, "qwen3_next": 4, "llama4": 4}
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
-    """Two models of each MTP family (``-a``, ``-b``; MTP decoder layers copied from each one's last layer) and
-    ``-a`` without its MTP module (``-plain``); one Llama-4 model."""
+    """Two models of each MTP family (``-a`` built, ``-b`` a noisy copy; MTP decoder layers copies of each one's
+    last layer) and ``-a`` without its MTP module (``-plain``); one Llama-4 model."""
     from transformers.utils import logging
 
     logging.disable_progress_bar()
@@ -60,8 +60,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]
     root = tmp_path_factory.mktemp("stacks")
     built = {}
     for family in MTP_FAMILIES:
-        for tag, seed in (("a", 0), ("b", 1)):
-            built[f"{family}-{tag}"] = make_stack_model(root / f"{family}-{tag}", family, seed, mtp_like_last=True)
+        built[f"{family}-a"] = make_stack_model(root / f"{family}-a", family, 0, mtp_like_last=True)
+        built[f"{family}-b"] = make_variant(built[f"{family}-a"], root / f"{family}-b", family, 1)
         built[f"{family}-plain"] = without_mtp(built[f"{family}-a"], root / f"{family}-plain", family)
     built["llama4-a"] = make_stack_model(root / "llama4-a", "llama4", 0)
     yield built
