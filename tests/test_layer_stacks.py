@@ -41,6 +41,7 @@ from resumerge.config.modelref import ModelRef
 from resumerge.errors import ModelInputError
 from resumerge.inputs.model import ModelInput
 from resumerge.plan.architecture import infer_layout
+from resumerge.plan.mtp import MtpOutcome
 from resumerge.plan.outconfig import build_out_config
 
 pytest.importorskip("transformers", reason="transformers (a dependency of the mergekit test extra) is needed")
@@ -339,3 +340,16 @@ def test_a_stray_layer_without_mtp_tensors_is_still_refused() -> None:
     layout = infer_layout([*names, "model.layers.3.eh_proj.weight"], {"num_hidden_layers": 3}, where="m")
     assert layout.num_layers == 3 and layout.mtp is not None and layout.mtp.names() == [
         "model.layers.3.eh_proj.weight", "model.layers.3.mlp.up_proj.weight"]
+
+
+def test_skip_lists_of_quantized_configs_name_the_output_layers() -> None:
+    # An FP8 MoE config leaves every router unquantized by name; the MTP layer (3) goes to output index 2.
+    ignore = ["lm_head", *(f"model.layers.{i}.mlp.gate" for i in range(4)), "re:.*layers\\.1\\..*norm"]
+    config = {"model_type": "deepseek_v3", "num_hidden_layers": 3, "quantization_config": {"ignore": ignore}}
+    models = {"a": ModelInput(ModelRef("a"), Path("a"), config, {}, ())}
+    doc = load_config_text(yaml.safe_dump(_slices((Path("a"), 0, 1), (Path("a"), 2, 3))))
+    out = build_out_config(doc, models, "a", (("a", 0), ("a", 2)), {}, mtp=MtpOutcome(1, "", (("a", 3),)))
+    assert out["quantization_config"]["ignore"] == ["lm_head", "re:.*layers\\.1\\..*norm", "model.layers.0.mlp.gate",
+                                                    "model.layers.1.mlp.gate", "model.layers.2.mlp.gate"]
+    same = build_out_config(doc, models, "a", (("a", 0), ("a", 1), ("a", 2)), {}, mtp=MtpOutcome(1, "", (("a", 3),)))
+    assert same["quantization_config"]["ignore"] == ignore and config["quantization_config"]["ignore"] == ignore

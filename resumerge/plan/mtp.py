@@ -72,11 +72,13 @@ class MtpLayout:
 
 @dataclass(frozen=True)
 class MtpOutcome:
-    """What a merge does with the inputs' MTP modules: how many layers it writes (0: dropped), and the note that
-    says so (empty when the module is merged in place, as every other layer is)."""
+    """What a merge does with the inputs' MTP modules: how many layers it writes (0: dropped), the note that says
+    so (empty when the module is merged in place, as every other layer is), and for an indexed module the
+    (model, source layer) each written MTP layer comes from (the first of the models that supply it)."""
 
     count: int
     note: str
+    origins: tuple[tuple[str, int], ...] = ()
 
 
 def split_indexed(prefix: str, layers: dict[int, list[str]], declared: int | None) -> MtpLayout | None:
@@ -149,15 +151,16 @@ def plan_mtp(
     for name in first.loose:
         planned[name] = make(name, [name] * len(keys), False)
     moved = first.indexed and any(in_layers[k] != out_layers for k in keys)
+    origins = tuple((keys[0], in_layers[keys[0]] + i) for i in range(first.num_layers)) if first.indexed else ()
     if len(found) == len(keys) and not moved:  # a same-stack merge: merged in place like every layer
-        return planned, MtpOutcome(first.num_layers, "")
+        return planned, MtpOutcome(first.num_layers, "", origins)
     count = f"{first.num_layers} layer" + ("s" if first.num_layers > 1 else "")
     what = (f"{first.prefix}.{min(in_layers[k] for k in keys)}" if first.indexed else "mtp.*") + f" ({count})"
     verb = "carried" if len(keys) == 1 else "merged"
     note = f"MTP module {what} of {', '.join(keys)} {verb} with the output's last layer"
     if moved:
         note += f", renumbered to {first.prefix}.{out_layers}"
-    return planned, MtpOutcome(first.num_layers, note)
+    return planned, MtpOutcome(first.num_layers, note, origins)
 
 
 def set_mtp_count(target: dict[str, Any], outcome: MtpOutcome | None) -> None:

@@ -19,6 +19,7 @@ described by the source layer it was made from (``origins``):
   ``interleave_moe_layer_step``); DeepSeek/GLM ``first_k_dense_replace`` becomes the number of leading dense
   layers, and a dense layer after a sparse one is refused, naming its slice (that family cannot express it);
 - the MTP layer count (``num_nextn_predict_layers``) as :mod:`resumerge.plan.mtp` decided;
+- layer indices in ``quantization_config``'s skip lists (:mod:`resumerge.plan.skiplists`);
 - ``vocab_size`` from the output embedding's rows; a head whose rows differ is refused;
 - ``dtype`` (and the legacy ``torch_dtype`` when present) from the output tensors' dtype;
 - ``tie_word_embeddings`` from whether an output head was written.
@@ -46,6 +47,7 @@ from resumerge.plan.architecture import (
     layer_types_of,
 )
 from resumerge.plan.mtp import MtpOutcome, set_mtp_count
+from resumerge.plan.skiplists import set_skipped_layers
 
 if TYPE_CHECKING:
     from resumerge.config.merge_config import MergeConfig
@@ -91,6 +93,8 @@ def build_out_config(
     set_mtp_count(target, mtp)
     _set_vocab(target, tensors)
     _set_quantization(out, models[donor].config, tensors)
+    set_skipped_layers(out, {k: m.config for k, m in models.items()}, donor,
+                       origins + (mtp.origins if mtp is not None else ()))
     dtype = _tensor_dtype(tensors) or config.out_dtype or config.dtype
     if dtype is not None:
         out["dtype"] = dtype
