@@ -17,11 +17,11 @@ import pytest
 import torch
 import yaml
 from mergekit_oracle import Mergekit
-from safetensors.torch import load_file
+from support import api_merge as _run
+from support import output_tensors as _tensors
 from support import write_config
 from vlm_families import inputs, make_vlm, model_class, vlm
 
-from resumerge import api
 from resumerge.cli.commands import main
 
 pytest.importorskip("transformers", reason="transformers (a dependency of the mergekit test extra) is needed")
@@ -36,19 +36,6 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pat
     root = tmp_path_factory.mktemp("modules")
     return {name: tuple(make_vlm(root / f"{name}-{s}", vlm(name), s, layout) for s in range(2))
             for name, layout in (("gemma3", "hub"), ("llava", "saved"))}
-
-
-def _tensors(directory: Path) -> dict[str, torch.Tensor]:
-    found: dict[str, torch.Tensor] = {}
-    for shard in sorted(directory.glob("*.safetensors")):
-        found.update(load_file(str(shard)))
-    return found
-
-
-def _run(tmp_path: Path, doc: dict[str, Any]) -> Path:
-    out = tmp_path / "out"
-    api.run(yaml.safe_dump(doc, sort_keys=False), out, state_dir=tmp_path / "state")
-    return out
 
 
 def _load(name: str, out: Path) -> Any:
