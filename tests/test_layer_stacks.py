@@ -11,10 +11,10 @@ ignores only index 61, so a tiny model's MTP layer is reported unexpected, and i
 give the logits of a reference model assembled here from the expected tensors.
 
 mergekit 0.1.5 on the same configs (``test_what_mergekit_does``): DeepSeek-V3 linear writes 43 of the 67 decoder
-tensors (every routed expert and the whole MTP layer silently dropped); DeepSeek-V3 and Llama-4 passthrough slices
-keep ``num_hidden_layers`` at the input's count (3 or 4 for 4 or 5 layers), DeepSeek-V3 without its MTP layer,
-Llama-4 with ``moe_layers: [1, 3]`` for a 5-layer stack. (Run by hand, not kept here for time: Qwen3-Next linear
-and slices write the experts under the fused in-memory names, drop ``mtp.*``, and a 5-layer stack says 4.)
+tensors (every routed expert and the whole MTP layer silently dropped); a Llama-4 passthrough stack of 5 layers
+keeps ``num_hidden_layers: 4`` and ``moe_layers: [1, 3]``. (Run by hand, not kept here for time: the DeepSeek-V3
+slices above write 4 layers under ``num_hidden_layers: 3`` with no MTP layer; Qwen3-Next linear and slices write
+the experts under the fused in-memory names, drop ``mtp.*``, and a 5-layer stack says 4.)
 """
 
 from __future__ import annotations
@@ -296,7 +296,6 @@ def test_what_mergekit_does(models: dict[str, Path], tmp_path: Path, mergekit: A
     runs = {
         "deepseek_linear": {"merge_method": "linear", "parameters": {"weight": 0.5},
                             "models": [{"model": str(ds_a)}, {"model": str(ds_b)}]},
-        "deepseek_slices": _slices((ds_a, 0, 2), (ds_b, 1, 3)),
         "llama4_slices": _slices((models["llama4-a"], 0, 2), (models["llama4-a"], 1, 4)),
     }
     outs = {}
@@ -309,8 +308,6 @@ def test_what_mergekit_does(models: dict[str, Path], tmp_path: Path, mergekit: A
     assert len(linear) == 43 and linear.keys() <= inputs.keys()
     assert all(".mlp.experts." in n or n in mtp_names([n], "deepseek_v3") for n in dropped)
     assert mtp_names(inputs, "deepseek_v3") <= dropped
-    assert config_of(outs["deepseek_slices"])["num_hidden_layers"] == 3  # 4 layers written
-    assert not any(n.endswith("eh_proj.weight") for n in _tensors(outs["deepseek_slices"]))  # no MTP layer
     llama = config_of(outs["llama4_slices"])
     assert llama["num_hidden_layers"] == 4 and llama["moe_layers"] == [1, 3]  # 5 layers written
 
