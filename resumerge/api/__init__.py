@@ -85,6 +85,8 @@ def run(
     dequantize: bool = False,
     cache_dir: PathLike | None = None,
     num_threads: int | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
     progress: bool | Reporter = False,
     should_stop: Callable[[], bool] | None = None,
 ) -> Outcome:
@@ -96,6 +98,10 @@ def run(
     its files; by default a file is streamed when the merge needs less than half of it, or when downloading it
     would break ``max_disk``. ``cache_dir`` (``--transformers-cache``) is the Hugging Face cache for hub models;
     ``num_threads`` (``-j``) torch's thread count.
+
+    ``executor="ray"`` (``--executor ray``) computes each output shard as a task of the Ray cluster at
+    ``ray_address`` (default: ``RAY_ADDRESS``, else a Ray started for the run; OUT and the inputs must be paths every
+    node sees); the bytes are the same as ``"local"``'s, and a run started with one resumes with the other.
 
     A multi-document ``config`` is a recipe (mergekit-multi): its named stages go to ``intermediate_dir``
     (default ``OUT.intermediates``, or under the state dir for an ``hf://`` OUT), deleted at the end with
@@ -132,7 +138,8 @@ def run(
                            unsafe_truncate_embeddings=unsafe_truncate_embeddings, num_threads=num_threads)
     settings = run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory,
                             max_gpu_memory=max_gpu_memory, staging=staging, max_disk=max_disk,
-                            output=hub_output(public, commit_every, commit_interval), num_threads=num_threads)
+                            output=hub_output(public, commit_every, commit_interval), num_threads=num_threads,
+                            executor=executor, ray_address=ray_address)
     call = Call(config, text, out, options, settings, allow_same_experts=allow_same_experts)
     driving = Driving(stop_flag(should_stop), restart=restart, intermediate_dir=intermediate_dir,
                       cleanup=cleanup_intermediates)
@@ -152,6 +159,8 @@ def resume(
     commit_every: int | None = None,
     commit_interval: float | None = None,
     num_threads: int | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
     progress: bool | Reporter = False,
     should_stop: Callable[[], bool] | None = None,
 ) -> Outcome:
@@ -164,7 +173,7 @@ def resume(
     settings = run_settings(state_dir=state_dir, max_memory=max_memory, max_gpu_memory=max_gpu_memory,
                             staging=staging, max_disk=max_disk, output=hub_output(False, commit_every,
                                                                                   commit_interval),
-                            num_threads=num_threads)
+                            num_threads=num_threads, executor=executor, ray_address=ray_address)
     recorded = functools.partial(prepare_recorded, out=out)
     driving = Driving(stop_flag(should_stop), _reporter(progress), cleanup=cleanup_intermediates)
     outcome = next(found for kind in KINDS if (found := kind.resume(out, settings, driving, recorded)))
@@ -296,15 +305,17 @@ def estimate(
     bandwidth: str | None = None,
     disk_free: Callable[[Path], int] | None = None,
     fresh_process: bool = False,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> Estimate | RecipeEstimate:
     """Validate ``config`` and estimate disk, downloads, peak RAM and time of merging it into ``out``, like
     ``resumerge plan CONFIG OUT``; ``.fits`` and ``.reasons`` give the verdict, ``.to_json()`` the document
     ``plan --json`` prints. Writes nothing but the disk probe's temp file (deleted; ``probe_size=0`` skips it).
 
-    The options mean what they mean for :func:`run`: compute is timed on ``device`` with ``num_threads`` threads
-    (a GPU this machine lacks is refused, exit 2). ``out`` may be an ``hf://`` target and ``max_disk`` bounds the
-    local disk. A multi-document ``config`` is a recipe: every stage is estimated (a
-    :class:`~resumerge.recipes.estimate.RecipeEstimate`), which needs ``out`` to place them
+    The options mean what they mean for :func:`run` (``executor`` is checked, not timed): compute is timed on
+    ``device`` with ``num_threads`` threads (a GPU this machine lacks is refused, exit 2). ``out`` may be an
+    ``hf://`` target and ``max_disk`` bounds the local disk. A multi-document ``config`` is a recipe: every stage
+    is estimated (a :class:`~resumerge.recipes.estimate.RecipeEstimate`), which needs ``out`` to place them
     (``intermediate_dir`` as for :func:`run`). ``disk_free`` replaces the free-space reading (tests simulate small
     disks with it); ``fresh_process`` says this process was started for this estimate, as the merge's will be (the
     CLI), so its age counts as the merge's start-up. Raises the same errors as :func:`plan_merge` for an invalid
@@ -326,7 +337,7 @@ def estimate(
                            stream_inputs=stream_inputs, unsafe_truncate_embeddings=unsafe_truncate_embeddings,
                            dequantize=dequantize)
     settings = run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory, staging=staging,
-                            max_disk=max_disk, num_threads=num_threads)
+                            max_disk=max_disk, num_threads=num_threads, executor=executor, ray_address=ray_address)
     usable_device(options.device)
     measuring = Measuring(probe_bytes=parse_size(probe_size, option="--probe-size"),
                           disk_free=disk_free or free_bytes, bandwidth=link)

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.config.settings import HubOutputOptions, RunSettings
+from resumerge.config.settings import EXECUTORS, LOCAL, RAY, HubOutputOptions, RunSettings
 from resumerge.errors import OutputDirError, UsageError
 from resumerge.memory.sizes import parse_size
 
@@ -38,13 +38,24 @@ def plan_options(*, out_shard_size: int | str | None, device: str = "cpu", **fla
 def run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = None,
                  max_memory: int | str | None = None, max_gpu_memory: int | str | None = None,
                  staging: bool | PathLike | None = None, max_disk: int | str | None = None,
-                 output: HubOutputOptions | None = None, num_threads: int | None = None) -> RunSettings:
-    """What never changes the output's bytes; raises UsageError (exit 2) for a bad value, before any work."""
+                 output: HubOutputOptions | None = None, num_threads: int | None = None, executor: str = LOCAL,
+                 ray_address: str | None = None) -> RunSettings:
+    """What never changes the output's bytes; raises UsageError (exit 2) for a bad value, before any work (``ray``
+    as the executor without Ray installed is one)."""
     if num_threads is not None and num_threads < 1:
         raise UsageError("--num-threads must be at least 1")
+    if executor not in EXECUTORS:
+        raise UsageError(f"--executor must be one of {', '.join(EXECUTORS)}, not {executor!r}")
+    if executor == RAY:
+        from resumerge.engine.cluster.connect import require_ray
+
+        require_ray()
+    elif ray_address is not None:
+        raise UsageError("--ray-address needs --executor ray")
     settings = RunSettings(state_dir=state_dir, cache_dir=cache_dir, max_memory=size_option(max_memory, "--max-memory"),
                            max_gpu_memory=size_option(max_gpu_memory, "--max-gpu-memory"), staging=staging,
-                           max_disk=size_option(max_disk, "--max-disk"), num_threads=num_threads)
+                           max_disk=size_option(max_disk, "--max-disk"), num_threads=num_threads, executor=executor,
+                           ray_address=ray_address)
     return settings if output is None else replace(settings, output=output)
 
 

@@ -100,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("out", metavar="OUT", help="output directory (created; must be empty or resumerge's), or a hub "
                                                  "repo hf://NAMESPACE/NAME[@BRANCH]")
     _common(run)
+    _executor_flags(run)
     run.add_argument("--out-shard-size", default=None, metavar="SIZE",
                      help="bytes per output shard (k/M/B = 1e3/1e6/1e9, or KiB/MiB/GiB) [default: 1B; for an "
                           "hf:// OUT, whose shards upload while the next are merged, about 1/100 of the output, "
@@ -150,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "hf://NAMESPACE/NAME[@BRANCH] (resumes from the repo alone "
                                                     "when the state dir is gone)")
     _common(resume)
+    _executor_flags(resume)
     resume.add_argument("--cleanup-intermediates", action="store_true",
                         help="recipes: delete the named stages' outputs once the final output is verified")
 
@@ -211,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "resumerge/recipes/estimate.py)")
     plan.add_argument("--intermediate-dir", metavar="DIR",
                       help="for a multi-document recipe (which needs OUT): where its named stages will go")
+    _executor_flags(plan)
 
     _extract_parser(sub)
 
@@ -313,6 +316,16 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "--commit-every]; commits stay under 100 an hour (the hub allows 128 per repo)")
     p.add_argument("-j", "--num-threads", dest="num_threads", type=int, default=None, metavar="N",
                    help="threads torch uses for arithmetic [default: torch's choice]")
+
+
+def _executor_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="where the output shards are computed: this process, or a task per shard on a Ray cluster "
+                        "(pip install 'resumerge[ray]'; OUT and the inputs on paths every node sees); the bytes are "
+                        "the same, and a run started with one resumes with the other [default: local]")
+    p.add_argument("--ray-address", metavar="ADDRESS",
+                   help="with --executor ray: the cluster to join [default: $RAY_ADDRESS, else a Ray started for "
+                        "the run on this machine]")
 
 
 def _command_parser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:

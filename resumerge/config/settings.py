@@ -23,6 +23,10 @@ Staging: TypeAlias = "bool | str | os.PathLike[str] | None"
 # hour)"). This process makes at most HOURLY_COMMITS in any hour, leaving room for retries and other writers.
 HOURLY_COMMITS = 100
 
+# The executors (:mod:`resumerge.engine.executors`): this process, or tasks of a Ray cluster.
+LOCAL, RAY = "local", "ray"
+EXECUTORS = (LOCAL, RAY)
+
 
 @dataclass(frozen=True)
 class Batching:
@@ -88,7 +92,8 @@ class RunSettings:
     on local disk only when OUT is remote (Drive), True always, False never, or a directory to stage in.
     ``max_disk`` bounds the bytes kept on the local disk for the output (an ``hf://`` OUT's uncommitted files);
     ``output`` says how an ``hf://`` OUT is created and its commits batched. ``num_threads`` is torch's thread count
-    (None: torch's choice).
+    (None: torch's choice). ``executor`` says where the shards are computed (:data:`EXECUTORS`; the bytes are the
+    same, so a run started with one resumes with the other) and ``ray_address`` which Ray cluster computes them.
     """
 
     state_dir: str | os.PathLike[str] | None = None
@@ -99,3 +104,5 @@ class RunSettings:
     max_disk: int | None = None
     output: HubOutputOptions = field(default_factory=HubOutputOptions)
     num_threads: int | None = None
+    executor: str = LOCAL  # where the shards are computed: LOCAL (this process) or RAY (a Ray cluster's tasks)
+    ray_address: str | None = None  # the cluster of RAY (None: RAY_ADDRESS if set, else a Ray started for the run)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import contextlib
 import functools
 
+from resumerge import torch_import
 from resumerge.errors import UsageError
-from resumerge.memory import CudaProbe, MemoryGovernor, MemoryProbe, default_budget
+from resumerge.memory import CudaProbe, MemoryGovernor, MemoryProbe, SystemProbe, default_budget
 from resumerge.memory.sizes import format_size
 from resumerge.plan.merge_plan import Plan
 from resumerge.plan.workunits import largest, oversized_units
@@ -98,3 +99,29 @@ def gpu_governor(plan: Plan, device: str, max_gpu_memory: int | None,
             f"{GPU_BUDGET_OPTION} {format_size(worst.needed, compact=True)} or more, or use --device cpu",
         )
     return MemoryGovernor(budget, probe, pool=device, budget_option=GPU_BUDGET_OPTION)
+
+
+def make_governor(plan: Plan, max_memory: int | None) -> MemoryGovernor:
+    """A governor for ``plan`` under ``max_memory`` (or the default budget).
+
+    Raises :class:`UsageError` (exit 2, before OUT is touched) when a tensor that must be held whole cannot fit,
+    naming the smallest budget that works.
+    """
+    probe = SystemProbe()
+    budget = max_memory if max_memory is not None else default_budget(probe)
+    baseline = probe.rss()
+    if not torch_import.loaded() and oversized_units(plan, budget, baseline + torch_import.IMPORT_RESERVE):
+        # The merge will hold torch, which is not imported yet (downloads start first); near the budget, import
+        # it now and measure rather than trust the reserve.
+        torch_import.load()
+        baseline = probe.rss()
+    too_big = oversized_units(plan, budget, baseline)
+    if too_big:
+        worst = largest(too_big)
+        raise UsageError(
+            f"tensor {worst.tensor} ({worst.method}) needs more memory than the budget of {format_size(budget)}",
+            tensor=worst.tensor,
+            hint=f"the smallest budget that works is {format_size(worst.needed)}; rerun with --max-memory "
+            f"{format_size(worst.needed, compact=True)} or more",
+        )
+    return MemoryGovernor(budget, probe)

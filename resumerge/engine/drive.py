@@ -17,23 +17,24 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge import torch_import
 from resumerge.config.settings import RunSettings, Staging
-from resumerge.engine.devices import gpu_governor
-from resumerge.engine.executor import CONCURRENCY, Reporter, Stopped, execute
+from resumerge.engine.devices import gpu_governor, make_governor
+from resumerge.engine.executor import Reporter, Stopped
+from resumerge.engine.executors import Executor, executor_for
 from resumerge.engine.hubout import HubOutput, create_recorded
 from resumerge.engine.inputfetch import HubInputs
+from resumerge.engine.job import Job
 from resumerge.engine.outdir import done_line, open_run, planned_files, refuse_changed_plan
+from resumerge.engine.quiet import NullReporter, never_stop
 from resumerge.engine.reconcile import reconcile
 from resumerge.engine.target import Target
 from resumerge.engine.traffic import TrafficMeter, watch_run
 from resumerge.errors import InputError, InterruptedMerge, ResumergeError, StorageError, UsageError
 from resumerge.inputs.model import InputWatch
 from resumerge.inputs.source import InputSources
-from resumerge.memory import CudaProbe, MemoryGovernor, SystemProbe, default_budget, format_size, os_peak_rss
+from resumerge.memory import CudaProbe, MemoryGovernor, format_size, os_peak_rss
 from resumerge.plan.merge_plan import Plan
 from resumerge.plan.prepared import Prepared
-from resumerge.plan.workunits import largest, oversized_units
 from resumerge.store.durable import is_temp_name
 from resumerge.store.filesystems import filesystem_type, staging_dir
 from resumerge.store.ledger import LEDGER_NAME, Ledger, set_aside
@@ -42,33 +43,6 @@ from resumerge.store.sink import LocalDirSink, OutputSink, StagedDirSink
 
 if TYPE_CHECKING:
     from resumerge.inputs.hub import HubEvent
-
-
-def never_stop() -> bool:
-    """The stop flag of a run nobody stops."""
-    return False
-
-
-class NullReporter:
-    """A reporter that shows nothing (library use, ``--quiet``)."""
-
-    def start(self, *, total_tensors: int, done_tensors: int, total_bytes: int, done_bytes: int) -> None:
-        """Ignore."""
-
-    def tensor_done(self, name: str, nbytes: int) -> None:
-        """Ignore."""
-
-    def file_done(self, name: str, kind: str) -> None:
-        """Ignore."""
-
-    def message(self, text: str) -> None:
-        """Ignore."""
-
-    def shard_started(self, name: str, nbytes: int, tensors: int) -> None:
-        """Ignore."""
-
-    def memory_budget(self, nbytes: int) -> None:
-        """Ignore."""
 
 
 @dataclass(frozen=True)
@@ -108,32 +82,6 @@ def hub_progress(reporter: Reporter | None, meter: TrafficMeter | None = None) -
     return emit
 
 
-def make_governor(plan: Plan, max_memory: int | None) -> MemoryGovernor:
-    """A governor for ``plan`` under ``max_memory`` (or the default budget).
-
-    Raises :class:`UsageError` (exit 2, before OUT is touched) when a tensor that must be held whole cannot fit,
-    naming the smallest budget that works.
-    """
-    probe = SystemProbe()
-    budget = max_memory if max_memory is not None else default_budget(probe)
-    baseline = probe.rss()
-    if not torch_import.loaded() and oversized_units(plan, budget, baseline + torch_import.IMPORT_RESERVE):
-        # The merge will hold torch, which is not imported yet (downloads start first); near the budget, import
-        # it now and measure rather than trust the reserve.
-        torch_import.load()
-        baseline = probe.rss()
-    too_big = oversized_units(plan, budget, baseline)
-    if too_big:
-        worst = largest(too_big)
-        raise UsageError(
-            f"tensor {worst.tensor} ({worst.method}) needs more memory than the budget of {format_size(budget)}",
-            tensor=worst.tensor,
-            hint=f"the smallest budget that works is {format_size(worst.needed)}; rerun with --max-memory "
-            f"{format_size(worst.needed, compact=True)} or more",
-        )
-    return MemoryGovernor(budget, probe)
-
-
 class RunSession:
     """One run of a prepared plan into its target: the session path every kind of run ends in (a merge config, a
     recipe's stage, MoE upcycling, a LoRA extraction alike), from the governors to the :class:`Outcome`.
@@ -164,6 +112,7 @@ class RunSession:
                      gpu_governor(plan, plan.options.device, settings.max_gpu_memory))
         if beside is not None:
             beside.hold(governors[0])
+        executor = executor_for(settings)  # Ray missing or unreachable: exit 2 before OUT is touched
         manifest = self.target.manifest()
         hub = None
         meter = TrafficMeter()  # both directions of the network, for the progress display
@@ -171,11 +120,11 @@ class RunSession:
             hub = HubInputs.open(plan, inputs, state_dir=settings.state_dir,
                                  on_progress=hub_progress(self.reporter, meter), governor=governors[0],
                                  max_disk=settings.max_disk)
-        return self._drive(manifest, governors, hub, meter, beside.notes if beside is not None else None)
+        return self._drive(manifest, governors, hub, meter, beside.notes if beside is not None else None, executor)
 
     def _drive(self, manifest: Manifest | None, governors: tuple[MemoryGovernor, MemoryGovernor | None],
                hub: HubInputs | None, meter: TrafficMeter,
-               late_notes: Callable[[], tuple[str, ...]] | None) -> Outcome:
+               late_notes: Callable[[], tuple[str, ...]] | None, executor: Executor) -> Outcome:
         from resumerge.memory.allocator import tune_allocator
         from resumerge.store.runlock import RunLock
 
@@ -256,11 +205,11 @@ class RunSession:
                 # read's threads start from a reader's, whose priority they would take).
                 transfers = (hub_out is not None or (hub is not None and hub.downloads is not None)) and not (
                     hub is not None and hub.streams)
+                job = Job(plan, sources, sink, ledger, book, reporter, should_stop, config_text,
+                          self.prepared.resources, settings, governor, gpu, late_notes, transfers)
                 try:
                     with sources:
-                        late = execute(plan, sources, sink, ledger, book, reporter, should_stop=should_stop,
-                                       config_text=config_text, workers=CONCURRENCY, governor=governor, gpu=gpu,
-                                       late_notes=late_notes, transfers=transfers, resources=self.prepared.resources)
+                        late = executor.run(job)
                 except Stopped:
                     ledger.set_state("interrupted", error="stopped by signal")
                     raise InterruptedMerge("merge interrupted; every committed shard is kept",

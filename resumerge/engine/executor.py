@@ -55,7 +55,7 @@ from resumerge.store.journal_commit import CommitJournal
 from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import ManifestBook
 from resumerge.store.shardwriter import ShardWriter, start_hashing
-from resumerge.store.sink import OutputSink
+from resumerge.store.sink import OutputSink, Receipt
 from resumerge.torch_import import torch
 
 # Units computed at once by the merge threads: two keep the writer busy (see _Pipeline).
@@ -87,13 +87,24 @@ class Stopped(Exception):
     """Raised inside the engine when a stop was requested; the caller turns it into InterruptedMerge."""
 
 
+class Journal(Protocol):
+    """Where the writer records each finished shard: the run's :class:`~resumerge.store.journal_commit.
+    CommitJournal`, or what a cluster worker hands back to the driver that journals it
+    (:mod:`resumerge.engine.cluster`)."""
+
+    def record(self, receipt: Receipt, size: int, sha256: str, *, seconds: float = 0.0,
+               tensors: tuple[str, ...] = (), manifest_point: bool = True) -> None: ...
+
+    def settle(self, *, strict: bool = True) -> None: ...
+
+
 _Item = tuple[ShardPlan, str, Stored, "Reservation | None"]
 
 
 class _Writer(threading.Thread):
     """Consumes (shard, name, tensor or rows, reservation) items; commits each shard after its last tensor."""
 
-    def __init__(self, plan: Plan, sink: OutputSink, journal: CommitJournal, reporter: Reporter,
+    def __init__(self, plan: Plan, sink: OutputSink, journal: Journal, reporter: Reporter,
                  sources: InputSources | None = None, yield_cpu: bool = False) -> None:
         super().__init__(name="resumerge-writer", daemon=True)
         self.plan, self.sink, self.journal, self.reporter = plan, sink, journal, reporter
@@ -461,8 +472,25 @@ def execute(
     two cores): their threads keep their priority. Every unit's context holds the run's ``resources``.
     """
     done = {row.name for row in ledger.files() if row.status == "done"}
-    sources.expect(read_order(plan, done))  # a streamed source coalesces the reads that come next
     journal = CommitJournal(sink, ledger, book)
+    interrupt: KeyboardInterrupt | None = None  # Ctrl-C where Python's own handler stands (library use)
+    try:
+        finished = compute_shards(plan, sources, sink, journal, reporter, done, should_stop=should_stop,
+                                  workers=workers, governor=governor, gpu=gpu, transfers=transfers,
+                                  resources=resources)
+    except KeyboardInterrupt as exc:
+        interrupt, finished = exc, False
+    return finish_run(plan, journal, reporter, done, finished=finished, interrupt=interrupt, config_text=config_text,
+                      should_stop=should_stop, late_notes=late_notes)
+
+
+def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal: Journal, reporter: Reporter,
+                   done: set[str], *, should_stop: Callable[[], bool], workers: int, governor: MemoryGovernor | None,
+                   gpu: MemoryGovernor | None, transfers: bool, resources: Resources) -> bool:
+    """Compute every shard of ``plan`` not in ``done`` and publish it through ``sink`` into ``journal`` (the
+    pipeline of :func:`execute`, which a cluster worker runs for its one shard); False when stopped first. Raises
+    the writer's error, else a KeyboardInterrupt that stopped it."""
+    sources.expect(read_order(plan, done))  # a streamed source coalesces the reads that come next
     yield_cpu = transfers and all(_elementwise(plan, t) for t in plan.tensors.values())
     if yield_cpu:
         start_hashing()  # at this thread's priority: the writer that would start it yields its own
@@ -488,6 +516,18 @@ def execute(
             writer.abort()
     if writer.error is not None:
         raise writer.error
+    if interrupt is not None:
+        raise interrupt
+    return finished
+
+
+def finish_run(plan: Plan, journal: CommitJournal, reporter: Reporter, done: set[str], *, finished: bool,
+               interrupt: KeyboardInterrupt | None, config_text: str, should_stop: Callable[[], bool],
+               late_notes: Callable[[], tuple[str, ...]] | None) -> tuple[str, ...]:
+    """The end of a run whatever executed its shards: once they are ``finished``, the late notes, the side files
+    and the sink's last commits (returns the late notes); otherwise :class:`Stopped` (or the ``interrupt``) after
+    one last commit of what the sink already uploaded."""
+    ledger = journal.ledger
     try:
         if interrupt is not None:
             raise interrupt

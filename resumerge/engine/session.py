@@ -17,8 +17,9 @@ from dataclasses import replace
 from resumerge.config.locations import resume_command
 from resumerge.config.merge_config import MergeConfig, load_config_text
 from resumerge.config.settings import RunSettings
-from resumerge.engine.drive import Outcome, RunSession, hub_progress, never_stop
+from resumerge.engine.drive import Outcome, RunSession, hub_progress
 from resumerge.engine.executor import Reporter
+from resumerge.engine.quiet import never_stop
 from resumerge.engine.target import Target
 from resumerge.errors import (
     LedgerError,

@@ -28,7 +28,8 @@ from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import LEDGER_NAME, RunLocations, resume_command
 from resumerge.config.settings import RunSettings
 from resumerge.config.version import __version__
-from resumerge.engine.drive import Outcome, hub_progress, make_governor
+from resumerge.engine.devices import make_governor
+from resumerge.engine.drive import Outcome, hub_progress
 from resumerge.engine.executor import Reporter
 from resumerge.engine.hubout import check_max_disk
 from resumerge.engine.outdir import check_out_dir

@@ -21,6 +21,7 @@ from typing import Any
 
 from resumerge.config.locations import LEDGER_NAME as LEDGER_NAME
 from resumerge.errors import LedgerError
+from resumerge.store.nodestats import NodeTally, node_tallies
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class MergeStatusRows:
     plan_notes: tuple[str, ...]  # every distinct ``plan`` message, first seen first
     config_text: str = ""  # the run's recorded config (an extraction's spec)
     tensor_names: tuple[str, ...] = ()  # every planned tensor (an extraction's modules are read from them)
+    nodes: tuple[NodeTally, ...] = ()  # a cluster run's shards per node (:mod:`resumerge.store.nodestats`)
 
 
 @contextmanager
@@ -159,4 +161,5 @@ def read_merge_status(path: Path) -> MergeStatusRows | None:
             plan_notes=tuple(r[0] for r in notes.fetchall()),
             config_text=run.config_text,
             tensor_names=names,
+            nodes=node_tallies(conn),
         )

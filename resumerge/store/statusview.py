@@ -24,6 +24,7 @@ from resumerge.errors import LedgerError, NothingRecordedError, OutputDirError
 from resumerge.store.ledger_read import LEDGER_NAME as LEDGER_NAME
 from resumerge.store.ledger_read import read_merge_status
 from resumerge.store.manifest import MANIFEST_NAME
+from resumerge.store.nodestats import node_line
 
 # A decoder layer's tensors: the layer count of a plan, from its tensors' names.
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -81,6 +82,8 @@ class StatusReport:
     # An unfinished mergekit-moe run's prompt forward pass, while the routers the merge waits for are not all
     # computed: (decoder layers done, layers); None when no pass is under way.
     prepass_layers: tuple[int, int] | None = None
+    # A run on a cluster (--executor ray): one line per node with its shards, bytes and rate.
+    nodes: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         """The rows of ``resumerge status``'s table as text (see :func:`status_rows`)."""
@@ -98,6 +101,7 @@ class StatusReport:
         doc["adaptation_events"] = list(self.adaptation_events)
         doc["uncommitted"] = list(self.uncommitted)
         doc["plan_notes"] = list(self.plan_notes)
+        doc["nodes"] = list(self.nodes)
         return doc
 
 
@@ -184,6 +188,7 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusRe
         plan_notes=rows.plan_notes,
         **_module_progress(rows.tensor_names, rows.tensors_done, rdir),
         prepass_layers=_pass_progress(rdir.parent, rows.tensor_names) if state != "done" else None,
+        nodes=tuple(node_line(tally, _size) for tally in rows.nodes),
     )
 
 
@@ -316,6 +321,7 @@ def status_rows(report: StatusReport) -> list[tuple[str, str]]:
     if pending:
         rows.append(("pending", ", ".join(pending[:6]) + (f" and {len(pending) - 6} more" if len(pending) > 6
                                                           else "")))
+    rows.extend(("node", line) for line in report.nodes)
     if report.last_error:
         rows.append(("last error", report.last_error))
     if report.resume_command:

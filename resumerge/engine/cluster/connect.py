@@ -1,0 +1,43 @@
+"""Ray, found and joined: the one place that imports it, so that a run without ``--executor ray`` never needs it.
+
+A cluster is joined at ``--ray-address`` (a ``ray://`` client address or a head's ``HOST:PORT``), else at
+``RAY_ADDRESS`` when set, else a Ray is started for the run on this machine; a process already connected (a
+notebook, a test's cluster) keeps its connection.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+from resumerge.errors import UnreachableError, UsageError
+
+INSTALL_HINT = "pip install 'resumerge[ray]'"
+
+
+def require_ray() -> ModuleType:
+    """The ``ray`` module; raises :class:`UsageError` (exit 2) naming how to install it when it is missing."""
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--executor ray needs Ray, which is not installed", hint=f"install it: {INSTALL_HINT}") \
+            from None
+    return ray
+
+
+def join(address: str | None) -> ModuleType:
+    """Connect this process to the cluster at ``address`` (None: ``RAY_ADDRESS``, else a local Ray started now)
+    unless it is connected already; returns the ``ray`` module. Raises :class:`UsageError` without Ray and
+    :class:`UnreachableError` (exit 3) when the cluster cannot be joined."""
+    ray = require_ray()
+    if ray.is_initialized():
+        return ray
+    where = address or os.environ.get("RAY_ADDRESS") or None
+    try:
+        # Workers' logs stay on their nodes: the driver's display is the run's progress, not their chatter.
+        ray.init(address=where, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
+                 configure_logging=True)
+    except (ConnectionError, RuntimeError, TimeoutError) as exc:
+        raise UnreachableError(f"cannot join the Ray cluster at {where}: {exc}",
+                               hint="check --ray-address (or RAY_ADDRESS) and that the head node runs") from None
+    return ray

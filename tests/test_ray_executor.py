@@ -1,0 +1,205 @@
+"""``--executor ray``: a merge's shards as tasks on a real multi-node Ray cluster on this machine (a head and two
+one-CPU worker nodes, one cluster for the module), against the local executor's bytes.
+
+The checks of issue 46: the output is byte-identical to a local run and both worker nodes made shards; a driver
+SIGKILLed mid-run resumes with either executor; a hub OUT through the stand-in hub is committed by the driver
+alone; a worker node removed mid-run costs only its shard (last: the cluster has one worker node after it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hub.conftest import hf_env  # noqa: F401  (autouse: an isolated HF home, loopback only)
+from hub.fakehub_write import HubWriter
+from hubout.conftest import hub, repo_files, tier, uploads  # noqa: F401  (the stand-in hub's fixtures)
+from support import cli, digests, write_config
+
+from resumerge import api
+from resumerge.cli.commands import main
+from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.config.locations import run_dir
+from resumerge.errors import EXIT_INVALID
+
+# As in tests/hubout: huggingface_hub's LFS PUT passes ``data=``, which httpx deprecates (its code, not ours).
+pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
+SPEC = ModelSpec(layers=2, hidden=32, intermediate=48, vocab=64)
+SHARD = "10k"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The module's Ray cluster (its address), its two worker nodes' short ids, and what removes one."""
+
+    address: str
+    workers: tuple[Any, Any]
+
+    def node_ids(self) -> set[str]:
+        return {node.node_id[:8] for node in self.workers}
+
+
+@dataclass(frozen=True)
+class Merge:
+    """A TIES merge of three tiny local models (compute-bound, the kind a cluster is for) and its local bytes."""
+
+    config: Path
+    reference: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[tuple[Cluster, Any]]:
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster as RayCluster
+
+    # A node whose raylet died is declared dead within about 1.5 s (Ray's default is 15 s).
+    fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
+    ray_cluster = RayCluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": fast})
+    workers = (ray_cluster.add_node(num_cpus=1), ray_cluster.add_node(num_cpus=1))
+    ray_cluster.wait_for_nodes()
+    ray.init(address=ray_cluster.address, log_to_driver=False)
+    try:
+        yield Cluster(ray_cluster.address, workers), ray_cluster
+    finally:
+        ray.shutdown()
+        ray_cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def merge(tmp_path_factory: pytest.TempPathFactory) -> Merge:
+    root = tmp_path_factory.mktemp("ray")
+    base, a, b = (make_model(root / name, SPEC, seed=seed) for name, seed in (("base", 0), ("a", 1), ("b", 2)))
+    config = write_config(root / "ties.yml", {
+        "merge_method": "ties", "base_model": str(base), "dtype": "float32",
+        "models": [{"model": str(a), "parameters": {"weight": 0.6, "density": 0.5}},
+                   {"model": str(b), "parameters": {"weight": 0.4, "density": 0.7}}]})
+    api.run(config, root / "local", state_dir=root / "state", out_shard_size=SHARD)
+    return Merge(config, digests(root / "local"))
+
+
+def _node_events(out: Path | str, state: Path) -> list[dict[str, Any]]:
+    db = sqlite3.connect(run_dir(out, state) / "ledger.db")
+    try:
+        return [json.loads(r[0]) for r in db.execute("SELECT data FROM events WHERE kind = 'node' ORDER BY id")]
+    finally:
+        db.close()
+
+
+def _done_shards(out: Path, state: Path) -> int:
+    db = sqlite3.connect(run_dir(out, state) / "ledger.db")
+    try:
+        return int(db.execute("SELECT COUNT(*) FROM files WHERE kind = 'shard' AND status = 'done'").fetchone()[0])
+    finally:
+        db.close()
+
+
+def test_ray_output_equals_local_and_both_worker_nodes_made_shards(cluster: tuple[Cluster, Any], merge: Merge,
+                                                                    tmp_path: Path) -> None:
+    out, state = tmp_path / "out", tmp_path / "state"
+    outcome = api.run(merge.config, out, state_dir=state, out_shard_size=SHARD, executor="ray")
+    assert digests(out) == merge.reference
+    shards = [n for n in merge.reference if n.endswith(".safetensors")]
+    assert len(shards) >= 6 and outcome.resumed_files == 0
+    events = _node_events(out, state)
+    assert sorted(e["shard"] for e in events) == sorted(shards)  # one task per shard, journaled by the driver
+    assert {e["node"] for e in events} == cluster[0].node_ids()  # the head (0 CPUs) made none
+    report = api.status(out, state_dir=state)
+    assert [line.split(":")[0] for line in report.nodes] == sorted(f"node {n}" for n in cluster[0].node_ids())
+    assert all(line.endswith("/s") for line in report.nodes)
+
+
+def test_a_killed_ray_driver_resumes_locally_and_a_killed_local_run_on_ray(
+        cluster: tuple[Cluster, Any], merge: Merge, tmp_path: Path) -> None:
+    address = cluster[0].address
+    for first, then in (("ray", "local"), ("local", "ray")):
+        out, state = tmp_path / f"{first}-out", tmp_path / f"{first}-state"
+        # The driver dies at once (SIGKILL) after the ledger records its third shard.
+        ran = cli("run", merge.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--executor", first,
+                  *(("--ray-address", address) if first == "ray" else ()),
+                  env={"RESUMERGE_KILL_AT": "after_ledger_commit:3"})
+        assert ran.returncode == -9, ran.stderr
+        assert _done_shards(out, state) == 3
+        outcome = api.resume(out, state_dir=state, executor=then)
+        assert digests(out) == merge.reference
+        assert outcome.resumed_files == 3  # every recorded shard kept, only the rest made again
+        made_by_ray = {e["shard"] for e in _node_events(out, state)}
+        shards = {n for n in merge.reference if n.endswith(".safetensors")}
+        # A killed Ray driver's last shard lost its node event (kept after the ledger row the kill followed).
+        assert len(made_by_ray) == (2 if first == "ray" else len(shards) - 3)
+
+
+def test_without_ray_the_ray_executor_is_a_usage_error(merge: Merge, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError, as where it is not installed
+    code = main(["run", str(merge.config), str(tmp_path / "out"), "--executor", "ray"])
+    assert code == EXIT_INVALID
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install 'resumerge[ray]'" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_hf_output_from_ray_tasks_is_committed_by_the_driver_alone(cluster: tuple[Cluster, Any], merge: Merge,
+                                                                       hub: HubWriter, tmp_path: Path) -> None:  # noqa: F811
+    state = tmp_path / "state"
+    outcome = api.run(merge.config, "hf://alice/ray", state_dir=state, out_shard_size=SHARD, executor="ray",
+                      commit_every=4, commit_interval=3600)
+    assert outcome.target == "hf://alice/ray"
+    files = repo_files(hub, "alice/ray")
+    assert {n: hashlib.sha256(b).hexdigest() for n, b in files.items()} == merge.reference
+    shards = [n for n in merge.reference if n.endswith(".safetensors")]
+    assert uploads(hub, "alice/ray") == {merge.reference[n]: 1 for n in shards}  # each once, never twice
+    # Every commit of the repo is one the driver's ledger journaled (the tasks never talk to the hub).
+    db = sqlite3.connect(run_dir("hf://alice/ray", state) / "ledger.db")
+    commits = {json.loads(r[0])["commit"] for r in db.execute("SELECT data FROM events WHERE kind = 'commit'")}
+    db.close()
+    assert commits and commits <= set(hub.hub.repos["alice/ray"].commits)
+    assert len({e["node"] for e in _node_events("hf://alice/ray", state)}) == 2
+
+
+def test_a_worker_node_removed_mid_run_costs_only_its_shard(cluster: tuple[Cluster, Any], merge: Merge,
+                                                            tmp_path: Path) -> None:
+    out, state = tmp_path / "out", tmp_path / "state"
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["done"] = api.run(merge.config, out, state_dir=state, out_shard_size=SHARD, executor="ray")
+        except BaseException as exc:  # re-raised below, in the test's thread
+            outcome["error"] = exc
+
+    merging = threading.Thread(target=run)
+    merging.start()
+    ledger = run_dir(out, state) / "ledger.db"
+    deadline = time.monotonic() + 60
+    while merging.is_alive() and time.monotonic() < deadline:  # both nodes are busy once two shards are in
+        if ledger.exists() and _count_nodes(ledger) >= 2:
+            break
+        time.sleep(0.02)
+    assert merging.is_alive(), "the run ended before a node could be removed"
+    lost, ray_cluster = cluster[0].workers[1], cluster[1]
+    ray_cluster.remove_node(lost)
+    merging.join(120)
+    assert "error" not in outcome, outcome.get("error")
+    assert digests(out) == merge.reference
+    after = [e for e in _node_events(out, state)]
+    assert len(after) == sum(1 for n in merge.reference if n.endswith(".safetensors"))
+
+
+def _count_nodes(ledger: Path) -> int:
+    try:
+        db = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
+        try:
+            return int(db.execute("SELECT COUNT(*) FROM events WHERE kind = 'node'").fetchone()[0])
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return 0
