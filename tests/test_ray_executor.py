@@ -9,7 +9,9 @@ alone; a worker node removed mid-run costs only its shard (last: the cluster has
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import shutil
 import sqlite3
 import sys
 import threading
@@ -28,8 +30,10 @@ from support import cli, digests, write_config
 from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.cli.render import show_status
 from resumerge.config.locations import run_dir
-from resumerge.errors import EXIT_INVALID
+from resumerge.engine.quiet import NullReporter
+from resumerge.errors import EXIT_INVALID, ResumergeError
 
 # As in tests/hubout: huggingface_hub's LFS PUT passes ``data=``, which httpx deprecates (its code, not ours).
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
@@ -115,6 +119,9 @@ def test_ray_output_equals_local_and_both_worker_nodes_made_shards(cluster: tupl
     report = api.status(out, state_dir=state)
     assert [line.split(":")[0] for line in report.nodes] == sorted(f"node {n}" for n in cluster[0].node_ids())
     assert all(line.endswith("/s") for line in report.nodes)
+    shown = io.StringIO()
+    show_status(report, shown, width=120)
+    assert sum(1 for line in shown.getvalue().splitlines() if line.startswith("node ")) == 2
 
 
 def test_a_killed_ray_driver_resumes_locally_and_a_killed_local_run_on_ray(
@@ -128,6 +135,8 @@ def test_a_killed_ray_driver_resumes_locally_and_a_killed_local_run_on_ray(
                   env={"RESUMERGE_KILL_AT": "after_ledger_commit:3"})
         assert ran.returncode == -9, ran.stderr
         assert _done_shards(out, state) == 3
+        if first == "ray":
+            _wait_for_idle_cluster()  # Ray ends the dead driver's tasks: none may write into OUT while it resumes
         outcome = api.resume(out, state_dir=state, executor=then)
         assert digests(out) == merge.reference
         assert outcome.resumed_files == 3  # every recorded shard kept, only the rest made again
@@ -135,6 +144,35 @@ def test_a_killed_ray_driver_resumes_locally_and_a_killed_local_run_on_ray(
         shards = {n for n in merge.reference if n.endswith(".safetensors")}
         # A killed Ray driver's last shard lost its node event (kept after the ledger row the kill followed).
         assert len(made_by_ray) == (2 if first == "ray" else len(shards) - 3)
+
+
+class _Damaging(NullReporter):
+    """A reporter that truncates an input shard as the run starts computing: an error the tasks find late."""
+
+    def __init__(self, victim: Path) -> None:
+        self.victim = victim
+
+    def start(self, *, total_tensors: int, done_tensors: int, total_bytes: int, done_bytes: int) -> None:
+        with self.victim.open("r+b") as file:
+            file.truncate(self.victim.stat().st_size // 2)
+
+
+def test_a_task_that_fails_ends_the_run_as_the_local_executor_does(cluster: tuple[Cluster, Any], merge: Merge,
+                                                                   tmp_path: Path) -> None:
+    errors = {}
+    for executor in ("local", "ray"):
+        models = tmp_path / executor
+        shutil.copytree(merge.config.parent, models, ignore=shutil.ignore_patterns("local", "state"))
+        config = models / merge.config.name
+        config.write_text(merge.config.read_text().replace(str(merge.config.parent), str(models)))
+        victim = sorted((models / "a").glob("*.safetensors"))[0]
+        with pytest.raises(ResumergeError) as caught:
+            api.run(config, tmp_path / f"out-{executor}", state_dir=tmp_path / f"state-{executor}",
+                    out_shard_size=SHARD, executor=executor, progress=_Damaging(victim))
+        errors[executor] = caught.value
+    local, ray = errors["local"], errors["ray"]
+    assert type(ray) is type(local) and ray.exit_code == local.exit_code
+    assert ray.one_line() == local.one_line().replace(str(tmp_path / "local"), str(tmp_path / "ray"))
 
 
 def test_without_ray_the_ray_executor_is_a_usage_error(merge: Merge, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -192,6 +230,15 @@ def test_a_worker_node_removed_mid_run_costs_only_its_shard(cluster: tuple[Clust
     assert digests(out) == merge.reference
     after = [e for e in _node_events(out, state)]
     assert len(after) == sum(1 for n in merge.reference if n.endswith(".safetensors"))
+
+
+def _wait_for_idle_cluster() -> None:
+    import ray
+
+    deadline = time.monotonic() + 60
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0):
+        assert time.monotonic() < deadline, "the killed driver's tasks kept running"
+        time.sleep(0.1)
 
 
 def _count_nodes(ledger: Path) -> int:

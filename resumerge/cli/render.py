@@ -412,6 +412,8 @@ def show_status(report: StatusReport, stream: TextIO | None = None, *, width: in
         _field(out, "elapsed", _duration(seconds) if seconds >= 90 else f"{seconds:.1f} s")
     if report.url:
         _field(out, "repo", report.url)
+    for line in report.nodes:  # a run on a Ray cluster: what each node made
+        _field(out, "node", line.removeprefix("node "))
     if report.uncommitted:
         _field(out, "uploading", ", ".join(report.uncommitted) + " (staged here, not yet in a commit)")
     pending = [f.name for f in report.files if f.status != "done" and f.name not in report.uncommitted]

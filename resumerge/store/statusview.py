@@ -321,7 +321,7 @@ def status_rows(report: StatusReport) -> list[tuple[str, str]]:
     if pending:
         rows.append(("pending", ", ".join(pending[:6]) + (f" and {len(pending) - 6} more" if len(pending) > 6
                                                           else "")))
-    rows.extend(("node", line) for line in report.nodes)
+    rows.extend(("node", line.removeprefix("node ")) for line in report.nodes)
     if report.last_error:
         rows.append(("last error", report.last_error))
     if report.resume_command:

@@ -96,7 +96,9 @@ class _Dispatch:
         self.largest_memory = int(max((n.get("memory", 0) for n in nodes), default=0))
         self.ahead = max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
         self.threads = threads
-        self.remote = ray.remote(run_task)
+        # max_calls=0: a worker computes shard after shard (GPU tasks would otherwise get a fresh process, and a
+        # fresh CUDA context and torch import, per shard).
+        self.remote = ray.remote(max_calls=0)(run_task)
         self.shared = ray.put((self.plan, job.resources))
 
     def run(self) -> bool:
