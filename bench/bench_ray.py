@@ -27,14 +27,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-LINEAR = """merge_method: linear
-models:
-  - model: {a}
-    parameters: {{weight: 0.5}}
-  - model: {b}
-    parameters: {{weight: 0.5}}
-dtype: float32
-"""
+from bench_linear import CONFIG as LINEAR  # the same linear merge of a and b
+
 TIES = """merge_method: ties
 base_model: {a}
 models:

@@ -89,15 +89,8 @@ def gpu_governor(plan: Plan, device: str, max_gpu_memory: int | None,
     if probe is None:
         probe = CudaProbe(device)
     budget = max_gpu_memory if max_gpu_memory is not None else default_budget(probe, GPU_FRACTION)
-    too_big = oversized_units(plan, budget, probe.rss(), device)
-    if too_big:
-        worst = largest(too_big)
-        raise UsageError(
-            f"tensor {worst.tensor} ({worst.method}) needs more GPU memory than the budget of {format_size(budget)}",
-            tensor=worst.tensor,
-            hint=f"the smallest GPU budget that works is {format_size(worst.needed)}; rerun with "
-            f"{GPU_BUDGET_OPTION} {format_size(worst.needed, compact=True)} or more, or use --device cpu",
-        )
+    _refuse_oversized(plan, budget, probe.rss(), device, memory="GPU memory", option=GPU_BUDGET_OPTION,
+                      budget_name="GPU budget", other=", or use --device cpu")
     return MemoryGovernor(budget, probe, pool=device, budget_option=GPU_BUDGET_OPTION)
 
 
@@ -115,13 +108,20 @@ def make_governor(plan: Plan, max_memory: int | None) -> MemoryGovernor:
         # it now and measure rather than trust the reserve.
         torch_import.load()
         baseline = probe.rss()
-    too_big = oversized_units(plan, budget, baseline)
+    _refuse_oversized(plan, budget, baseline, None, memory="memory", option="--max-memory", budget_name="budget")
+    return MemoryGovernor(budget, probe)
+
+
+def _refuse_oversized(plan: Plan, budget: int, baseline: int, device: str | None, *, memory: str, option: str,
+                      budget_name: str, other: str = "") -> None:
+    """Raise :class:`UsageError` naming the smallest ``budget_name`` that works when a tensor of ``plan`` that
+    must be held whole cannot fit under ``budget`` beside ``baseline`` on ``device`` (None: the plan's)."""
+    too_big = oversized_units(plan, budget, baseline, device)
     if too_big:
         worst = largest(too_big)
         raise UsageError(
-            f"tensor {worst.tensor} ({worst.method}) needs more memory than the budget of {format_size(budget)}",
+            f"tensor {worst.tensor} ({worst.method}) needs more {memory} than the budget of {format_size(budget)}",
             tensor=worst.tensor,
-            hint=f"the smallest budget that works is {format_size(worst.needed)}; rerun with --max-memory "
-            f"{format_size(worst.needed, compact=True)} or more",
+            hint=f"the smallest {budget_name} that works is {format_size(worst.needed)}; rerun with {option} "
+            f"{format_size(worst.needed, compact=True)} or more{other}",
         )
-    return MemoryGovernor(budget, probe)
