@@ -8,9 +8,10 @@ Usage: ``python bench/bench_ray.py CASE --models DIR [--runs N] [--work DIR]``, 
 - ``nodes``: a TIES merge of ``a``, ``b``, ``c`` (compute-bound) with ``--executor ray -j 1`` on two one-CPU
   worker nodes, then on one (goal: two nodes at most 0.6x one node's wall).
 
-Every run is a fresh ``resumerge run`` process (a new Ray job: its workers import torch afresh, as a user's run
-would) into a fresh OUT and state dir; the cluster is started once per configuration and not timed. The outputs of
-each case are compared byte for byte. Prints one line per run and the ratio of the medians.
+Output shards of ``--out-shard-size`` (100M: about ten tasks). Every run is a fresh ``resumerge run`` process (a
+new Ray job: its workers import torch afresh, as a user's run would) into a fresh OUT and state dir; the cluster is
+started once per configuration and not timed. The outputs of each case are compared byte for byte. Prints one
+line per run and the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -81,28 +82,31 @@ def main() -> int:
     parser.add_argument("--models", type=Path, required=True)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-ray"))
+    parser.add_argument("--out-shard-size", default="100M",
+                        help="output shards (a shard is a task: 1B would make the bench output one task)")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     names = {k: args.models / k for k in "abc"}
     load = os.getloadavg()[0]
+    shards = ("--out-shard-size", args.out_shard_size)
     if args.case == "overhead":
         config = args.work / "linear.yml"
         config.write_text(LINEAR.format(**names))
         cpus = os.cpu_count() or 1
-        first = [run(config, args.work, "local") for _ in range(args.runs)]
+        first = [run(config, args.work, "local", *shards) for _ in range(args.runs)]
         with cluster(cpus, 0) as address:
-            second = [run(config, args.work, "ray", "--executor", "ray", "--ray-address", address)
+            second = [run(config, args.work, "ray", *shards, "--executor", "ray", "--ray-address", address)
                       for _ in range(args.runs)]
         labels = ("local", f"ray, one node of {cpus} CPUs")
     else:
         config = args.work / "ties.yml"
         config.write_text(TIES.format(**names))
         with cluster(0, 2) as address:
-            first = [run(config, args.work, "two", "--executor", "ray", "--ray-address", address, "-j", "1")
-                     for _ in range(args.runs)]
+            first = [run(config, args.work, "two", *shards, "--executor", "ray", "--ray-address", address,
+                         "-j", "1") for _ in range(args.runs)]
         with cluster(0, 1) as address:
-            second = [run(config, args.work, "one", "--executor", "ray", "--ray-address", address, "-j", "1")
-                      for _ in range(args.runs)]
+            second = [run(config, args.work, "one", *shards, "--executor", "ray", "--ray-address", address,
+                          "-j", "1") for _ in range(args.runs)]
         labels = ("ray, two one-CPU nodes", "ray, one one-CPU node")
     for label, runs in zip(labels, (first, second)):
         for wall, digest in runs:

@@ -2,7 +2,7 @@
 
 The driver (:class:`~resumerge.engine.cluster.driver.RayExecutor`, the executor of ``--executor ray``) plans as
 every run does, then hands each pending shard to a task as a plan fragment (the frozen plan, shared once through
-Ray's object store, and the shard's name and temp path; never tensors). The task
+Ray's object store, and the shard's name and temp folder; never tensors). The task
 (:func:`~resumerge.engine.cluster.worker.compute_shard`) reads its inputs itself, computes and writes the shard
 with the engine's own pipeline and returns its digests; the driver publishes it through the run's sink and
 journals it, exactly as the local executor does, so the ledger stays the one source of truth and a run started

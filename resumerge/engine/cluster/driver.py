@@ -32,7 +32,7 @@ from resumerge.plan.fetching import read_order, shard_input_files
 from resumerge.plan.merge_plan import Plan, ShardPlan
 from resumerge.plan.workorder import compute_order
 from resumerge.plan.workunits import estimate_bytes
-from resumerge.store.durable import discard, storage_error
+from resumerge.store.durable import discard, is_temp_name, storage_error
 from resumerge.store.journal_commit import CommitJournal
 from resumerge.store.nodestats import NODE_EVENT, node_line
 from resumerge.torch_import import IMPORT_RESERVE, torch
@@ -87,7 +87,9 @@ class _Dispatch:
         self.ray, self.job, self.journal = ray, job, journal
         self.plan = job.plan
         self.pending = [shard for shard in compute_order(self.plan) if shard.name not in done]
-        self.inflight: dict[Any, tuple[ShardPlan, ShardTask, int]] = {}  # object ref -> shard, task, re-issues
+        self.inflight: dict[Any, tuple[ShardPlan, int]] = {}  # object ref -> shard, times re-issued
+        self.folders: set[Path] = set()  # where the tasks write their temp files
+        self.published: set[Path] = set()  # the temp files handed to the sink
         self.nodes: dict[str, tuple[int, int, float]] = {}  # node -> shards, bytes, task seconds
         # Every node computes with the driver's thread count: the bytes of some methods depend on it.
         threads = job.settings.num_threads or torch.get_num_threads()
@@ -117,6 +119,7 @@ class _Dispatch:
                 for ref in ready:
                     self._collect(ref)
                 self.journal.settle()  # hub commits that landed meanwhile
+            self._sweep()
             return True
         finally:
             self._cancel()
@@ -128,13 +131,13 @@ class _Dispatch:
             while not self.job.sources.checked(model, file, POLL_SECONDS):
                 if self.job.should_stop():
                     return False
-        settings = self.job.settings
-        task = ShardTask(shard.name, str(self.job.sink.temp_for(shard.name)), self.threads, settings.max_memory,
-                         settings.max_gpu_memory)
+        settings, folder = self.job.settings, self.job.sink.temp_for(shard.name).parent
+        self.folders.add(folder)
+        task = ShardTask(shard.name, str(folder), self.threads, settings.max_memory, settings.max_gpu_memory)
         ref = self.remote.options(num_cpus=self.cpus, num_gpus=1 if is_gpu(self.plan.options.device) else 0,
                                   memory=self._memory(shard), max_retries=RAY_RETRIES,
                                   retry_exceptions=False).remote(task, self.shared)
-        self.inflight[ref] = (shard, task, reissued)
+        self.inflight[ref] = (shard, reissued)
         return True
 
     def _memory(self, shard: ShardPlan) -> int:
@@ -146,16 +149,14 @@ class _Dispatch:
         return min(need, self.largest_memory) if self.largest_memory else need
 
     def _collect(self, ref: Any) -> None:
-        shard, task, reissued = self.inflight.pop(ref)
+        shard, reissued = self.inflight.pop(ref)
         exceptions = self.ray.exceptions
         try:
             result: ShardDone = self.ray.get(ref)
-        except exceptions.RayTaskError as exc:  # the task raised: the run stops with that error
-            discard(Path(task.temp))
+        except exceptions.RayTaskError as exc:  # the task raised (and deleted its temp file): the run stops
             cause = exc.cause
             raise (cause if isinstance(cause, Exception) else exc) from None
         except exceptions.RayError as exc:  # its worker or node was lost beyond Ray's retries
-            discard(Path(task.temp))
             if reissued >= REISSUES:
                 raise UnreachableError(f"the Ray cluster lost every worker that computed {shard.name}: {exc}",
                                        hint="check the cluster's nodes, then run resumerge resume OUT") from None
@@ -170,6 +171,7 @@ class _Dispatch:
         job.reporter.shard_started(shard.name, shard.file_size, len(shard.tensors))
         if job.sink.commits_later:
             job.sink.commit_when(shard.name, self._checked_now(shard))
+        self.published.add(temp)  # a sink that commits later keeps it until its commit
         try:
             receipt = job.sink.publish(temp, shard.name, result.sha256)
         except OSError as exc:
@@ -189,6 +191,15 @@ class _Dispatch:
     def _checked_now(self, shard: ShardPlan) -> Callable[[], bool]:
         files, sources = shard_input_files(self.plan, shard), self.job.sources
         return lambda: all(sources.checked(model, file, 0) for model, file in files)
+
+    def _sweep(self) -> None:
+        """Delete what lost attempts left in the temp folders once every shard is published: the partial temp files
+        of tasks whose node died mid-write (a resume would delete them too, later)."""
+        names = {shard.name for shard in self.plan.shards}
+        for folder in self.folders:
+            for leftover in folder.iterdir():
+                if is_temp_name(leftover.name, names) and leftover not in self.published:
+                    discard(leftover)
 
     def _cancel(self) -> None:
         """Cancel the tasks still running (a stopped or failed run); their temp files are deleted by the tasks, or

@@ -19,18 +19,19 @@ from resumerge.engine.quiet import NullReporter, never_stop
 from resumerge.inputs.source import InputSources
 from resumerge.methods.resources import Resources
 from resumerge.plan.merge_plan import Plan
-from resumerge.store.durable import discard
+from resumerge.store.durable import discard, temp_path
 from resumerge.store.sink import LocalDirSink, Receipt
 
 
 @dataclass(frozen=True)
 class ShardTask:
-    """What a task needs besides the plan: the shard, the temp path it writes (in the run's shared OUT or
-    staging folder), the thread count every node computes with (the bytes of some methods depend on it), and the
-    run's budgets (None: the node's own default)."""
+    """What a task needs besides the plan: the shard, the folder its temp file goes to (the run's shared OUT or
+    staging folder; each attempt names its own file there, so a retry never meets a lost attempt's), the thread
+    count every node computes with (the bytes of some methods depend on it), and the run's budgets (None: the
+    node's own default)."""
 
     shard: str
-    temp: str
+    folder: str
     threads: int
     max_memory: int | None = None
     max_gpu_memory: int | None = None
@@ -84,7 +85,7 @@ def compute_shard(task: ShardTask, plan: Plan, resources: Resources) -> ShardDon
     local executor would raise for it (a bad input found late, a full disk), after deleting the temp file."""
     started = time.monotonic()
     set_torch_threads(task.threads)
-    temp = Path(task.temp)
+    temp = temp_path(Path(task.folder) / task.shard)
     done = {shard.name for shard in plan.shards if shard.name != task.shard}
     governor = make_governor(plan, task.max_memory)
     gpu = gpu_governor(plan, plan.options.device, task.max_gpu_memory)
@@ -108,4 +109,4 @@ def compute_shard(task: ShardTask, plan: Plan, resources: Resources) -> ShardDon
         discard(temp)
         raise RuntimeError(f"internal: the task for {task.shard} ended without writing it")
     size, sha256, tensors = written.row
-    return ShardDone(task.shard, task.temp, size, sha256, tensors, time.monotonic() - started)
+    return ShardDone(task.shard, str(temp), size, sha256, tensors, time.monotonic() - started)
