@@ -1,9 +1,11 @@
 """``--executor ray``: a merge's shards as tasks on a real multi-node Ray cluster on this machine (a head and two
-one-CPU worker nodes, one cluster for the module), against the local executor's bytes.
+one-CPU worker nodes), against the local executor's bytes.
 
-The checks of issue 46: the output is byte-identical to a local run and both worker nodes made shards; a driver
-SIGKILLed mid-run resumes with either executor; a hub OUT through the stand-in hub is committed by the driver
-alone; a worker node removed mid-run costs only its shard (last: the cluster has one worker node after it).
+The checks of issue 46, in one test on one cluster (starting one costs 10-20 s, and a test module split over the
+suite's two xdist workers would start two; the node removal must come last): the output is byte-identical to a
+local run and both worker nodes made shards; a task's real error ends the run as locally; a hub OUT through the
+stand-in hub is committed by the driver alone; a driver SIGKILLed mid-run resumes with either executor; a worker
+node removed mid-run costs only its shard.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sqlite3
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,7 @@ from typing import Any
 import pytest
 from hub.conftest import hf_env  # noqa: F401  (autouse: an isolated HF home, loopback only)
 from hub.fakehub_write import HubWriter
-from hubout.conftest import TIERS, hub, repo_files, tier, uploads  # noqa: F401  (the stand-in hub's fixtures)
+from hubout.conftest import hub, repo_files, tier, uploads  # noqa: F401  (the stand-in hub's fixtures)
 from support import cli, digests, write_config
 
 from resumerge import api
@@ -42,12 +45,13 @@ SHARD = "10k"
 
 @dataclass(frozen=True)
 class Cluster:
-    """The module's Ray cluster (its address), its two worker nodes' short ids, and what removes one."""
+    """The test's Ray cluster: its address and its two worker nodes."""
 
     address: str
     workers: tuple[Any, Any]
 
     def node_ids(self) -> set[str]:
+        """The worker nodes' ids as the ledger's ``node`` events name them."""
         return {node.node_id[:8] for node in self.workers}
 
 
@@ -59,18 +63,19 @@ class Merge:
     reference: dict[str, str]
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[tuple[Cluster, Any]]:
-    ray = pytest.importorskip("ray")
+@contextmanager
+def _cluster() -> Iterator[tuple[Cluster, Any]]:
+    """A head without CPUs and two one-CPU worker nodes, this process connected to it as the driver."""
+    import ray
     from ray.cluster_utils import Cluster as RayCluster
 
     # A node whose raylet died is declared dead within about 1.5 s (Ray's default is 15 s).
     fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
     ray_cluster = RayCluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": fast})
-    workers = (ray_cluster.add_node(num_cpus=1), ray_cluster.add_node(num_cpus=1))
-    ray_cluster.wait_for_nodes()
-    ray.init(address=ray_cluster.address, log_to_driver=False)
     try:
+        workers = (ray_cluster.add_node(num_cpus=1), ray_cluster.add_node(num_cpus=1))
+        ray_cluster.wait_for_nodes()
+        ray.init(address=ray_cluster.address, log_to_driver=False)
         yield Cluster(ray_cluster.address, workers), ray_cluster
     finally:
         ray.shutdown()
@@ -105,8 +110,19 @@ def _done_shards(out: Path, state: Path) -> int:
         db.close()
 
 
-def test_ray_output_equals_local_and_both_worker_nodes_made_shards(cluster: tuple[Cluster, Any], merge: Merge,
-                                                                    tmp_path: Path) -> None:
+def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merge, hub: HubWriter,  # noqa: F811
+                                                                      tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    with _cluster() as cluster:
+        _equals_local_and_both_worker_nodes_made_shards(cluster, merge, tmp_path / "plain")
+        _a_task_that_fails_ends_the_run_as_the_local_executor_does(merge, tmp_path / "failing")
+        _an_hf_output_from_ray_tasks_is_committed_by_the_driver_alone(merge, hub, tmp_path / "hub")
+        _a_killed_ray_driver_resumes_locally_and_a_killed_local_run_on_ray(cluster, merge, tmp_path / "killed")
+        _a_worker_node_removed_mid_run_costs_only_its_shard(cluster, merge, tmp_path / "lost")  # last: one node left
+
+
+def _equals_local_and_both_worker_nodes_made_shards(cluster: tuple[Cluster, Any], merge: Merge,
+                                                     tmp_path: Path) -> None:
     out, state = tmp_path / "out", tmp_path / "state"
     outcome = api.run(merge.config, out, state_dir=state, out_shard_size=SHARD, executor="ray")
     assert digests(out) == merge.reference
@@ -123,8 +139,8 @@ def test_ray_output_equals_local_and_both_worker_nodes_made_shards(cluster: tupl
     assert sum(1 for line in shown.getvalue().splitlines() if line.startswith("node ")) == 2
 
 
-def test_a_killed_ray_driver_resumes_locally_and_a_killed_local_run_on_ray(
-        cluster: tuple[Cluster, Any], merge: Merge, tmp_path: Path) -> None:
+def _a_killed_ray_driver_resumes_locally_and_a_killed_local_run_on_ray(cluster: tuple[Cluster, Any], merge: Merge,
+                                                                       tmp_path: Path) -> None:
     address = cluster[0].address
     for first, then in (("ray", "local"), ("local", "ray")):
         out, state = tmp_path / f"{first}-out", tmp_path / f"{first}-state"
@@ -156,8 +172,7 @@ class _Damaging(NullReporter):
             file.truncate(self.victim.stat().st_size // 2)
 
 
-def test_a_task_that_fails_ends_the_run_as_the_local_executor_does(cluster: tuple[Cluster, Any], merge: Merge,
-                                                                   tmp_path: Path) -> None:
+def _a_task_that_fails_ends_the_run_as_the_local_executor_does(merge: Merge, tmp_path: Path) -> None:
     errors = {}
     for executor in ("local", "ray"):
         models = tmp_path / executor
@@ -184,22 +199,21 @@ def test_without_ray_the_ray_executor_is_a_usage_error(merge: Merge, tmp_path: P
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("tier", TIERS, indirect=True)
-def test_an_hf_output_from_ray_tasks_is_committed_by_the_driver_alone(cluster: tuple[Cluster, Any], merge: Merge,
-                                                                       hub: HubWriter, tmp_path: Path) -> None:  # noqa: F811
+def _an_hf_output_from_ray_tasks_is_committed_by_the_driver_alone(merge: Merge, writer: HubWriter,
+                                                                  tmp_path: Path) -> None:
     state = tmp_path / "state"
     outcome = api.run(merge.config, "hf://alice/ray", state_dir=state, out_shard_size=SHARD, executor="ray",
                       commit_every=4, commit_interval=3600)
     assert outcome.target == "hf://alice/ray"
-    files = repo_files(hub, "alice/ray")
+    files = repo_files(writer, "alice/ray")
     assert {n: hashlib.sha256(b).hexdigest() for n, b in files.items()} == merge.reference
     shards = [n for n in merge.reference if n.endswith(".safetensors")]
-    assert uploads(hub, "alice/ray") == {merge.reference[n]: 1 for n in shards}  # each once, never twice
+    assert uploads(writer, "alice/ray") == {merge.reference[n]: 1 for n in shards}  # each once, never twice
     # Every commit of the repo is one the driver's ledger journaled (the tasks never talk to the hub).
     db = sqlite3.connect(run_dir("hf://alice/ray", state) / "ledger.db")
     commits = {json.loads(r[0])["commit"] for r in db.execute("SELECT data FROM events WHERE kind = 'commit'")}
     db.close()
-    assert commits and commits <= set(hub.hub.repos["alice/ray"].commits)
+    assert commits and commits <= set(writer.hub.repos["alice/ray"].commits)
     assert len({e["node"] for e in _node_events("hf://alice/ray", state)}) == 2
 
 
@@ -216,8 +230,8 @@ class _RemovingNode(NullReporter):
             self.ray_cluster.remove_node(self.node)
 
 
-def test_a_worker_node_removed_mid_run_costs_only_its_shard(cluster: tuple[Cluster, Any], merge: Merge,
-                                                            tmp_path: Path) -> None:
+def _a_worker_node_removed_mid_run_costs_only_its_shard(cluster: tuple[Cluster, Any], merge: Merge,
+                                                       tmp_path: Path) -> None:
     out, state = tmp_path / "out", tmp_path / "state"
     lost = cluster[0].workers[1]
     remover = _RemovingNode(cluster[1], lost)

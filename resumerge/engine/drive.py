@@ -112,7 +112,8 @@ class RunSession:
                      gpu_governor(plan, plan.options.device, settings.max_gpu_memory))
         if beside is not None:
             beside.hold(governors[0])
-        executor = executor_for(settings)  # Ray missing or unreachable: exit 2 before OUT is touched
+        # Ray missing, unreachable or unfit for the run: refused before OUT is touched.
+        executor = executor_for(settings, work_beside=beside is not None)
         manifest = self.target.manifest()
         hub = None
         meter = TrafficMeter()  # both directions of the network, for the progress display

@@ -15,6 +15,7 @@ from typing import Protocol
 from resumerge.config.settings import LOCAL, RunSettings
 from resumerge.engine.executor import CONCURRENCY, execute
 from resumerge.engine.job import Job
+from resumerge.errors import UsageError
 
 
 class Executor(Protocol):
@@ -36,11 +37,16 @@ class LocalExecutor:
                        resources=job.resources)
 
 
-def executor_for(settings: RunSettings) -> Executor:
-    """The executor ``settings`` name. Raises :class:`~resumerge.errors.UsageError` (exit 2) for ``ray`` when Ray
-    is not installed, saying how to install it."""
+def executor_for(settings: RunSettings, *, work_beside: bool = False) -> Executor:
+    """The executor ``settings`` name for a run that has work beside the merge (``work_beside``: a mergekit-moe
+    prompt pass whose routers the last units wait for) or not. Raises :class:`~resumerge.errors.UsageError`
+    (exit 2) for ``ray`` when Ray is not installed, saying how to install it, and for a run with work beside it
+    (its results live in this process, where no task can see them)."""
     if settings.executor == LOCAL:
         return LocalExecutor()
+    if work_beside:
+        raise UsageError("--executor ray cannot run a mergekit-moe config whose gates read prompts yet",
+                         hint="run it with the local executor (the default)")
     from resumerge.engine.cluster.driver import RayExecutor
 
     return RayExecutor.connect(settings.ray_address)
