@@ -192,10 +192,11 @@ def _a_task_that_fails_ends_the_run_as_the_local_executor_does(merge: Merge, tmp
 def test_without_ray_the_ray_executor_is_a_usage_error(merge: Merge, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError, as where it is not installed
-    code = main(["run", str(merge.config), str(tmp_path / "out"), "--executor", "ray"])
-    assert code == EXIT_INVALID
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "pip install 'resumerge[ray]'" in err[0]
+    out = str(tmp_path / "out")
+    for command in (["run", str(merge.config), out], ["resume", out], ["plan", str(merge.config), out]):
+        assert main([*command, "--executor", "ray"]) == EXIT_INVALID, command
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "pip install 'resumerge[ray]'" in err[0], err
     assert not (tmp_path / "out").exists()
 
 
