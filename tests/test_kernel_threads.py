@@ -6,16 +6,23 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
 from support import write_config
+from toycodec import RowScaledInt8
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
-from resumerge.engine import executor, kernels
+from resumerge.engine import executor
+from resumerge.inputs import kernels
+from resumerge.inputs.source import InputSources
+from resumerge.plan.inputrefs import read_value
+from resumerge.plan.merge_plan import InputRef
 
 SPEC = ModelSpec(layers=1, hidden=64, intermediate=128, vocab=256, heads=4, kv_heads=4, shard_bytes=10_000_000,
                  tokenizer=False, dtype=torch.float32)
@@ -84,7 +91,7 @@ def test_serial_kernels_set_torchs_own_openmp_runtime_when_another_is_loaded_lat
     code = (
         "import torch\n"
         "import sentencepiece\n"  # after torch, as a notebook or a test worker loads it
-        "from resumerge.engine import kernels\n"
+        "from resumerge.inputs import kernels\n"
         "runtime = kernels._openmp()\n"
         "torch.set_num_threads(2)\n"
         "with kernels.serial_kernels():\n"
@@ -95,3 +102,32 @@ def test_serial_kernels_set_torchs_own_openmp_runtime_when_another_is_loaded_lat
     assert done.returncode == 0, done.stderr
     name, inside, after = done.stdout.split()
     assert "sentencepiece" not in name and int(inside) == 1 and int(after) == 2, done.stdout
+
+
+@pytest.mark.skipif(kernels._openmp() is None, reason="torch's OpenMP runtime is not reachable here")
+def test_a_quantized_decode_runs_on_the_reading_thread_alone_whoever_reads_it() -> None:
+    # read_value is the one reader of the engine, the MoE pass and LoRA extraction's ranks (which read outside the
+    # engine's workers): each quantized decode in it runs serially, a plain read is left alone.
+    seen: list[int] = []
+
+    @dataclass(frozen=True)
+    class Recording(RowScaledInt8):
+        def decode(self, parts: Mapping[str, torch.Tensor], first_row: int) -> torch.Tensor:
+            seen.append(torch.get_num_threads())
+            return super().decode(parts, first_row)
+
+    class Source:
+        def read(self, model: str, file: str, start: int, end: int, dtype: str,
+                 shape: tuple[int, ...]) -> torch.Tensor:
+            return torch.ones(shape, dtype=torch.int8 if dtype == "I8" else torch.float32)
+
+    scale = InputRef("m", "f", "w_scale", "F32", (4,), 0, 16)
+    ref = InputRef("m", "f", "w", "I8", (4, 3), 0, 12, codec=Recording(), companions=(("scale", scale),))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        value = read_value(ref, cast(InputSources, Source()))
+        assert seen == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(value, torch.ones(4, 3))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -33,10 +34,12 @@ from resumerge.engine.session import run_plan
 from resumerge.engine.target import Target
 from resumerge.errors import ModelInputError
 from resumerge.inputs.catalog import open_inputs
-from resumerge.inputs.codecs import CODECS, MAIN
+from resumerge.inputs.codecs import CODECS, MAIN, quantized
 from resumerge.inputs.codecs.compressed import CompressedTensorsCodec
 from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
 from resumerge.inputs.codecs.mxfp4 import Mxfp4Codec
+from resumerge.inputs.quant.recognise import recognise
+from resumerge.inputs.quant.verdict import Checkpoint
 from resumerge.inputs.source import InputSources
 from resumerge.methods.resources import NO_RESOURCES
 from resumerge.plan.merge_plan import Plan, PlanOptions
@@ -175,12 +178,21 @@ def test_compressed_tensors_encode_gives_its_stored_layout(tmp_path: Path, make:
     assert _round_trip(ct_model, exact=False) == 2 * 7
 
 
-def test_each_codec_claims_its_weights_with_companions_from_the_scales_shard(tmp_path: Path,
-                                                                             make: ModelFactory) -> None:
+def test_each_codec_claims_its_weights_with_companions_from_the_scales_shard(
+        tmp_path: Path, make: ModelFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     directory = make("fp8", seed=3, **SPEC)
     quantize_model(directory, tmp_path / "decoded", fp8((16, 16)), fp8_config((16, 16)))
     config = load_config_text(write_config(tmp_path / "c.yml", linear_config(directory, directory)).read_text())
+    judged: list[object] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Checkpoint:
+        judged.append(args)
+        return recognise(*args, **kwargs)
+
+    monkeypatch.setattr(quantized, "recognise", counted)
     model = open_inputs(config).models[str(directory)].recognised(CODECS)
+    assert len(judged) == 1  # the table's three quantized formats share one verdict of the checkpoint
+    monkeypatch.undo()
     assert model.formats is not None
     claim = model.formats.claims["model.layers.0.self_attn.k_proj.weight"]
     assert claim.codec == BlockFp8Codec((16, 16))

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from typing import overload
 
 from resumerge.engine.experts import merge_by_expert
-from resumerge.engine.kernels import serial_kernels
 from resumerge.errors import ResumergeError
 from resumerge.inputs.adapters import apply_lora_rows
 from resumerge.inputs.codecs import MAIN
+from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.registry import MergeContext, MethodSpec
@@ -220,9 +219,7 @@ def _read_input(ref: InputRef, sources: InputSources) -> torch.Tensor:
     """One input tensor as the method sees it: read with its companions and decoded by ``ref.codec`` (a plain one
     returns the buffer read), cast to ``ref.cast`` (:func:`~resumerge.plan.inputrefs.read_value`), with its LoRA
     delta merged (in the stored dtype, as PEFT's merge_and_unload does, before any ``dtype:`` of the config)."""
-    # A quantized format's decode is many small kernels: 10x slower split over threads the other workers keep busy.
-    with nullcontext() if ref.codec.plain else serial_kernels():
-        t = read_value(ref, sources)
+    t = read_value(ref, sources)  # a quantized decode runs on this thread alone (see read_value)
     if ref.lora is not None:
         lora = ref.lora
         t = apply_lora_rows(t, read_value(lora.a, sources), read_value(lora.b, sources), lora.scale,

@@ -27,8 +27,8 @@ from typing import Any
 
 from resumerge.engine.compute import load_context
 from resumerge.engine.costs import ComputeGroup
-from resumerge.engine.kernels import serial_kernels
 from resumerge.engine.method_timing import DEFAULT_SAMPLE_ELEMENTS, measure_rate
+from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES

@@ -28,8 +28,8 @@ from resumerge.engine import cpupriority
 from resumerge.engine.compute import Stored, apply_rows, compute_in_passes, compute_tensor, observe_rows
 from resumerge.engine.devices import is_gpu
 from resumerge.engine.interrupts import commit_uploaded
-from resumerge.engine.kernels import serial_kernels
 from resumerge.errors import ResumergeError
+from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.source import InputSources
 from resumerge.memory import MemoryGovernor, Reservation
 from resumerge.methods.registry import MethodSpec
@@ -358,7 +358,7 @@ class _Pipeline:
             if not admitted:
                 return False
             try:
-                # Kernels of chunk size run serially (see resumerge.engine.kernels), here as in the workers.
+                # Kernels of chunk size run serially (see resumerge.inputs.kernels), here as in the workers.
                 with serial_kernels():
                     return self._stream_passes(shard, tp, method, stream)
             finally:

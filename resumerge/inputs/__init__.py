@@ -4,7 +4,7 @@ safetensors format, and the input source the engine reads tensors through.
 A model is opened from its config and headers alone; weights are read later, tensor by tensor, through an
 :class:`~resumerge.inputs.source.InputSource` whose implementation the engine never sees, and decoded by the
 tensor's codec (``codecs/``: one class per stored format, plain dtypes or quantized, the quantized ones over the
-kernels and format recognition of ``quant/``).
+kernels and format recognition of ``quant/``, run on the decoding thread alone: ``kernels``).
 
 May import: errors, config.
 """
@@ -15,6 +15,7 @@ __all__ = [
     "codecs",
     "files",
     "hub",
+    "kernels",
     "model",
     "quant",
     "safetensors_format",

@@ -4,10 +4,12 @@ engine, the MoE and extraction preparation) reads one, so a quantized input is d
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import replace
 
 from resumerge.inputs.codecs import MAIN
 from resumerge.inputs.files import TensorSource
+from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import TORCH_DTYPES
@@ -34,10 +36,14 @@ def tensor_ref(key: str, model: ModelInput, name: str) -> InputRef:
 
 def read_value(ref: InputRef, sources: InputSources) -> torch.Tensor:
     """The value of ``ref`` as a method sees it, before any LoRA delta: its parts read (the rows it names) and
-    decoded by its codec (a plain one returns the buffer read), cast to ``ref.cast``."""
+    decoded by its codec (a plain one returns the buffer read), cast to ``ref.cast``. A quantized format's decode
+    runs on the calling thread alone (:func:`~resumerge.inputs.kernels.serial_kernels`: many small kernels, 10x
+    slower split over threads that other work keeps busy), whoever reads it (the engine, the MoE pass, LoRA
+    extraction's ranks)."""
 
     def read(r: InputRef) -> torch.Tensor:
         return sources.read(r.model, r.file, r.start, r.end, r.dtype, r.shape)
 
-    t = ref.codec.decode({MAIN: read(ref), **{part: read(c) for part, c in ref.companions}}, ref.first_row)
+    with nullcontext() if ref.codec.plain else serial_kernels():
+        t = ref.codec.decode({MAIN: read(ref), **{part: read(c) for part, c in ref.companions}}, ref.first_row)
     return t.to(TORCH_DTYPES[ref.cast]) if ref.cast is not None else t

@@ -143,7 +143,7 @@ def unit_mode(tp: TensorPlan, method: MethodSpec, budget: int | None, device: st
     its whole output and admitted like any unit, when that unit (a chunk and the output) takes at most a quarter of
     the budget, its inputs are ``rereadable`` at local cost (each pass reads them again) and ``serial`` kernels
     cost no cores (the engine's workers are at least torch's threads: chunk kernels run serially, see
-    :mod:`resumerge.engine.kernels`). ``ROWS``: otherwise, a tensor an elementwise or streamed method can cut into
+    :mod:`resumerge.inputs.kernels`). ``ROWS``: otherwise, a tensor an elementwise or streamed method can cut into
     rows whose whole estimate exceeds a quarter of the budget streams row chunks to the writer one at a time,
     nothing else in flight, and so does a tensor its method always streams (:func:`fixed_chunk_rows`).
     Otherwise ``WHOLE``.

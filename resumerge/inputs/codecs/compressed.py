@@ -52,6 +52,11 @@ class CompressedTensorsCodec(TensorCodec):
         return quantized_claims(config, tensors, _KINDS, lambda w: cls.of(w, tensors))
 
     @classmethod
+    def recognise_among(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource],
+                        shared: dict[object, Any]) -> tuple[Claim, ...]:
+        return quantized_claims(config, tensors, _KINDS, lambda w: cls.of(w, tensors), shared)
+
+    @classmethod
     def of(cls, weight: QuantizedTensor, tensors: Mapping[str, TensorSource]) -> CompressedTensorsCodec:
         """The codec of one recognised weight. A packed per-tensor or per-channel weight's exact width is only in
         ``weight_shape``'s payload: it is taken as the words' whole width, and :meth:`decode` checks it."""

@@ -36,6 +36,11 @@ class BlockFp8Codec(TensorCodec):
         return quantized_claims(config, tensors, ("fp8-block",), cls.of)
 
     @classmethod
+    def recognise_among(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource],
+                        shared: dict[object, Any]) -> tuple[Claim, ...]:
+        return quantized_claims(config, tensors, ("fp8-block",), cls.of, shared)
+
+    @classmethod
     def of(cls, weight: QuantizedTensor) -> BlockFp8Codec:
         """The codec of one recognised block-FP8 weight."""
         assert weight.scheme.block is not None and weight.shape is not None  # recognise sets both for fp8

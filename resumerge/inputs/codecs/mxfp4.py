@@ -31,6 +31,11 @@ class Mxfp4Codec(TensorCodec):
         return quantized_claims(config, tensors, ("mxfp4",), cls.of)
 
     @classmethod
+    def recognise_among(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource],
+                        shared: dict[object, Any]) -> tuple[Claim, ...]:
+        return quantized_claims(config, tensors, ("mxfp4",), cls.of, shared)
+
+    @classmethod
     def of(cls, weight: QuantizedTensor) -> Mxfp4Codec:
         """The codec of one recognised weight; refuses a weight without a leading experts dimension, whose decoded
         rows (input features) are not its blocks' rows (output features)."""

@@ -86,6 +86,15 @@ class TensorCodec(ABC):
         :class:`~resumerge.errors.ModelInputError` for a model in this format that cannot be read (a missing
         companion, a scale whose shape does not fit its block), naming the tensor."""
 
+    @classmethod
+    def recognise_among(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource],
+                        shared: dict[object, Any]) -> tuple[Claim, ...]:
+        """:meth:`recognise`, as a :class:`~resumerge.inputs.codecs.table.CodecTable` asks each of its formats in
+        turn about one model: ``shared`` holds what the formats tried before judged of that whole model (by
+        whatever key they chose), so formats that judge a model the same way (every quantized format reads the
+        one ``quantization_config`` verdict) judge it once. ``shared`` lives as long as that one question."""
+        return cls.recognise(config, tensors)
+
     def identity(self) -> tuple[Any, ...]:
         """What the plan's fingerprint records of this codec: its name and parameters."""
         return (self.name, *astuple(self))  # type: ignore[call-overload]  # subclasses are dataclasses

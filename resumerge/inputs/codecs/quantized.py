@@ -2,7 +2,9 @@
 recognise` (from its ``quantization_config`` and headers alone), and each quantized weight of one kind as a claim.
 
 Every quantized codec asks for the same verdict, so whichever format the table tries first refuses a checkpoint
-that none of them decodes (bitsandbytes, GPTQ, AWQ, an unknown ``quant_method``...), before any weight is read.
+that none of them decodes (bitsandbytes, GPTQ, AWQ, an unknown ``quant_method``...), before any weight is read; a
+:class:`~resumerge.inputs.codecs.table.CodecTable` computes it once per model and hands it to the others (a
+92k-tensor checkpoint's headers are judged once, not once per quantized format).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from resumerge.errors import ModelInputError
 from resumerge.inputs.codecs.protocol import MAIN, Claim, TensorCodec
 from resumerge.inputs.quant.recognise import recognise
-from resumerge.inputs.quant.verdict import Kind, QuantizedTensor
+from resumerge.inputs.quant.verdict import Checkpoint, Kind, QuantizedTensor
 
 if TYPE_CHECKING:
     from resumerge.inputs.files import TensorSource
@@ -25,12 +27,18 @@ SHAPE = "shape"
 
 
 def quantized_claims(config: Mapping[str, Any], tensors: Mapping[str, TensorSource], kinds: tuple[Kind, ...],
-                     codec: Callable[[QuantizedTensor], TensorCodec]) -> tuple[Claim, ...]:
+                     codec: Callable[[QuantizedTensor], TensorCodec], shared: dict[object, Any] | None = None,
+                     ) -> tuple[Claim, ...]:
     """The claims of every quantized weight of one of ``kinds`` among ``tensors`` (a model's stored tensors), each
-    decoded by ``codec(weight)``. Raises :class:`~resumerge.errors.ModelInputError` (one line) for a checkpoint
-    resumerge cannot decode, whatever its format."""
-    headers = {name: (found.entry.dtype, tuple(found.entry.shape)) for name, found in tensors.items()}
-    verdict = recognise(config.get("quantization_config"), headers)
+    decoded by ``codec(weight)``; the model's verdict is taken from ``shared`` when another format computed it
+    (see :meth:`~resumerge.inputs.codecs.protocol.TensorCodec.recognise_among`), and left there otherwise. Raises
+    :class:`~resumerge.errors.ModelInputError` (one line) for a checkpoint resumerge cannot decode, whatever its
+    format."""
+    shared = {} if shared is None else shared
+    verdict = shared.get(recognise)
+    if not isinstance(verdict, Checkpoint):
+        headers = {name: (found.entry.dtype, tuple(found.entry.shape)) for name, found in tensors.items()}
+        verdict = shared[recognise] = recognise(config.get("quantization_config"), headers)
     claims = []
     for weight in verdict.quantized.values():
         if weight.scheme.kind not in kinds:
@@ -42,8 +50,9 @@ def quantized_claims(config: Mapping[str, Any], tensors: Mapping[str, TensorSour
             parts.append((SHAPE, weight.shape_tensor))
         for extra in weight.extras:
             # Carried with the weight (a static activation scale), never decoded; read as its one value.
-            if len(headers[extra][1]) > 1 or any(d != 1 for d in headers[extra][1]):
-                raise ModelInputError(f"{extra} of shape {list(headers[extra][1])}: resumerge carries only "
+            shape = tuple(tensors[extra].entry.shape)
+            if len(shape) > 1 or any(d != 1 for d in shape):
+                raise ModelInputError(f"{extra} of shape {list(shape)}: resumerge carries only "
                                       "one-value activation scales", tensor=extra)
             parts.append((extra_part(weight.name, extra), extra))
         claims.append(Claim(weight.name, tuple(parts), codec(weight)))

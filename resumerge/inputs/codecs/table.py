@@ -68,9 +68,10 @@ class CodecTable:
         claims: dict[str, Claim] = {}
         roles = dict.fromkeys(tensors, Role.OTHER)
         owner: dict[str, str] = {}
+        shared: dict[object, Any] = {}
         for fmt in self.formats:
             try:
-                found = fmt.recognise(config, tensors)
+                found = fmt.recognise_among(config, tensors, shared)
             except ModelInputError as exc:
                 if exc.path is None:  # a format judges tensors, not folders: name the model
                     exc.path = where or None

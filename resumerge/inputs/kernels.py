@@ -5,7 +5,10 @@ OpenMP threads, each of those kernels waits for a second thread that other work 
 machine two bfloat16 tensors of 4 Mi entries took 17 s streamed with two threads and 0.4 s with one. The engine's
 own worker threads already fill the cores, so a chunked computation runs its kernels serially instead, and so does
 a whole tensor's when the workers are at least torch's threads (the blocked methods, DELLA's ranking and the
-task-vector combine, issue thousands of block-sized kernels per tensor).
+task-vector combine, issue thousands of block-sized kernels per tensor). A quantized tensor's decode is such a
+run of small kernels too (one FP8 tensor: 8 M values/s over two busy threads, ~200 M on one), and every reader
+decodes (the engine's workers, the MoE and LoRA-extraction preparation), so this lives with the inputs they all
+read through (:func:`~resumerge.plan.inputrefs.read_value` decodes in it).
 
 torch's ``set_num_threads`` also changes the default of every thread started later, so this sets the calling
 thread's OpenMP thread count alone, through the OpenMP runtime torch loaded (``omp_set_num_threads`` is per
