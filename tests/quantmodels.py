@@ -1,14 +1,17 @@
 """Tiny quantized checkpoints for the codec tests, built from a generated plain model, and the independent decoders
 their merges are checked against (DeepSeek's block-FP8 formula, compressed-tensors' INT4 unpacking, gpt-oss' MXFP4
-table), written out element by element here rather than taken from the kernels under test."""
+table), written out element by element here rather than taken from the kernels under test — or, for
+compressed-tensors, compressed and decompressed by the library itself (a test-only dependency)."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -162,3 +165,90 @@ def mxfp4_experts(name: str, t: torch.Tensor) -> dict[str, torch.Tensor] | None:
 
 
 MXFP4_CONFIG: dict[str, object] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
+
+
+def fused_fp8(block: tuple[int, int]) -> Quantizer:
+    """Block FP8 of every fused expert weight ``[experts, rows, cols]`` (scales ``[experts, grid rows, grid
+    cols]``, as real fused MoE checkpoints store them), each expert decoded by DeepSeek's formula."""
+
+    def quantize(name: str, t: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        if t.dim() != 3:
+            return None
+        encoded = [fp8_block.encode(m.to(torch.float32), block) for m in t]
+        codes, scales = torch.stack([c for c, _ in encoded]), torch.stack([s for _, s in encoded])
+        value = torch.stack([deepseek_dequant(c, s, block) for c, s in encoded])
+        return {name: codes, f"{name}_scale_inv": scales, "value": value}
+
+    return quantize
+
+
+def library_extremes(w: torch.Tensor, strategy: str, group_size: int | None,
+                     block: list[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-scale min and max of ``w``, computed the plain way (compressed-tensors' observers do the same)."""
+    rows, cols = w.shape
+    if strategy == "tensor":
+        return w.min().reshape(1), w.max().reshape(1)
+    if strategy == "channel":
+        return w.amin(1, keepdim=True), w.amax(1, keepdim=True)
+    if strategy == "group":
+        assert group_size is not None
+        g = w.view(rows, cols // group_size, group_size)
+        return g.amin(-1), g.amax(-1)
+    assert block is not None
+    bh, bw = block
+    low = torch.empty(math.ceil(rows / bh), math.ceil(cols / bw))
+    high = torch.empty_like(low)
+    for i in range(low.shape[0]):
+        for j in range(low.shape[1]):
+            part = w[i * bh:(i + 1) * bh, j * bw:(j + 1) * bw]
+            low[i, j], high[i, j] = part.min(), part.max()
+    return low, high
+
+
+# (module pattern, compressed-tensors weight arguments, format) of each config group of a mixed checkpoint.
+CtGroup = tuple[str, dict[str, Any], str]
+
+
+def ct_library(groups: list[CtGroup], *, static: bool = False) -> Quantizer:
+    """compressed-tensors' own compressors over every projection whose module matches a group's pattern (the first
+    that does), decoded by the same library's decompress; with ``static``, each quantized module also gets a
+    one-value ``input_scale`` (static activation quantization, which no weight determines)."""
+    from compressed_tensors.compressors.naive_quantized.base import NaiveQuantizationCompressor
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from compressed_tensors.quantization.utils.helpers import calculate_qparams
+
+    def quantize(name: str, t: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        module = name.removesuffix(".weight")
+        found = next((g for g in groups if _projection(name, t) and re.match(g[0], module)), None)
+        if found is None:
+            return None
+        args = QuantizationArgs(**found[1])
+        compressor = PackedQuantizationCompressor if found[2] == "pack-quantized" else NaiveQuantizationCompressor
+        w = t.to(torch.float32)
+        extremes = library_extremes(w, str(args.strategy), args.group_size, args.block_structure)
+        scale, zero_point = calculate_qparams(*extremes, args)
+        state = {"weight": w.clone(), "weight_scale": scale}
+        if not args.symmetric:
+            state["weight_zero_point"] = zero_point
+        scheme = QuantizationScheme(targets=["Linear"], weights=args)
+        stored = compressor.compress(dict(state), scheme)
+        value = compressor.decompress(dict(stored), scheme)["weight"].to(torch.float32)
+        codes = "weight_packed" if "weight_packed" in stored else "weight"
+        parts = {f"{module}.{codes}": stored.pop(codes), **{f"{module}.{k}": v for k, v in stored.items()}}
+        if static:
+            parts[f"{module}.input_scale"] = (w.abs().amax() / 448).reshape(1)
+        return {**parts, "value": value}
+
+    return quantize
+
+
+def ct_config(groups: list[CtGroup], *, static: bool = False) -> dict[str, object]:
+    """The quantization_config of a :func:`ct_library` checkpoint: one config group per group, targeting its
+    modules by pattern, with its own format."""
+    activations = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False} if static else None
+    return {"quant_method": "compressed-tensors", "format": "mixed-precision", "quantization_status": "compressed",
+            "config_groups": {f"group_{i}": {"targets": [f"re:{pattern}$"], "weights": args, "format": fmt,
+                                             "input_activations": activations}
+                              for i, (pattern, args, fmt) in enumerate(groups)},
+            "ignore": ["lm_head"]}

@@ -59,8 +59,8 @@ def plan_for(tmp_path: Path, a: Path, b: Path) -> Plan:
 
 
 def merge(tmp_path: Path, a: Path, b: Path, out: str, *, max_memory: int | None = None,
-          dequantize: bool = True) -> dict[str, torch.Tensor]:
-    text = write_config(tmp_path / f"{out}.yml", linear_config(a, b, weights=(0.5, 0.5))).read_text()
+          dequantize: bool = True, weights: tuple[float, float] = (0.5, 0.5)) -> dict[str, torch.Tensor]:
+    text = write_config(tmp_path / f"{out}.yml", linear_config(a, b, weights=weights)).read_text()
     config = load_config_text(text)
     settings = RunSettings(state_dir=tmp_path / "state", max_memory=max_memory)
     plan = build_plan(config, open_inputs(config).models, PlanOptions(dequantize=dequantize), CODECS)
@@ -124,7 +124,8 @@ def test_mxfp4_expert_merge_is_the_merge_of_the_decoded_models(tmp_path: Path, m
     assert_same_bytes(got, want)
 
 
-def _stored(directory: Path) -> dict[str, torch.Tensor]:
+def stored_tensors(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor stored in the model or output at ``directory``, by name."""
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(directory.glob("*.safetensors")):
         tensors.update(load_file(file))
@@ -140,7 +141,7 @@ def _round_trip(directory: Path, *, exact: bool) -> int:
     config = load_config_text(write_config(directory.parent / "rt.yml",
                                            linear_config(directory, directory)).read_text())
     model = open_inputs(config).models[str(directory)].recognised(CODECS)
-    stored = _stored(directory)
+    stored = stored_tensors(directory)
     assert model.formats is not None
     for name, claim in model.formats.claims.items():
         parts = {part: stored[s] for part, s in claim.parts}
@@ -237,7 +238,7 @@ def test_a_packed_weight_whose_weight_shape_disagrees_is_refused_naming_it(tmp_p
     model = open_inputs(config).models[str(directory)].recognised(CODECS)
     assert model.formats is not None
     claim = model.formats.claims["model.layers.0.self_attn.k_proj.weight"]
-    stored = _stored(directory)
+    stored = stored_tensors(directory)
     parts = {part: stored[s] for part, s in claim.parts}
     assert claim.codec.value_shape(tuple(parts[MAIN].shape)) == (20, 40)
     parts["shape"] = torch.tensor([20, 39])

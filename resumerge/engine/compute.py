@@ -54,7 +54,7 @@ def compute_tensor(plan: Plan, tp: TensorPlan, sources: InputSources, resources:
             out = method.fn(load_context(plan, tp, sources, method, resources))
     except ValueError as exc:
         raise ResumergeError(f"{tp.method} failed on {tp.name}: {exc}", tensor=tp.name) from exc
-    return _finish(tp, out)
+    return {**_finish(tp, out), **_carried(tp, sources, whole=all(r.first_row == 0 for r in tp.inputs))}
 
 
 def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: MethodSpec,
@@ -146,8 +146,8 @@ class _LazyInputs(Sequence["torch.Tensor"]):
 
 def _finish(tp: TensorPlan, out: torch.Tensor) -> Stored:
     """A method's result encoded by ``tp``'s output codec (a plain one: cast to the planned dtype) as its stored
-    parts, on the host, contiguous."""
-    names = {p.part: p.name for p in tp.stored_parts()}
+    parts, on the host, contiguous (the companions it carries aside: :func:`_carried`)."""
+    names = {p.part: p.name for p in tp.out_codec.out_parts(tp.name, tp.out_dtype, tp.shape)}
     parts = tp.out_codec.encode(out, tp.out_dtype)
     if set(parts) != set(names):
         raise ResumergeError(f"internal: {tp.name} is encoded as {sorted(parts)}, planned as {sorted(names)}")
@@ -159,13 +159,25 @@ def _finish(tp: TensorPlan, out: torch.Tensor) -> Stored:
     return stored
 
 
+def _carried(tp: TensorPlan, sources: InputSources, *, whole: bool) -> Stored:
+    """The companions ``tp`` carries (:attr:`~resumerge.plan.merge_plan.TensorPlan.carried`) by stored name: their
+    input's stored bytes when ``whole`` (a whole tensor or its first row chunk), else no bytes (a later chunk)."""
+    names = {p.part: p.name for p in tp.stored_parts()}
+    if whole:
+        return {names[part]: sources.read(r.model, r.file, r.start, r.end, r.dtype, r.shape).contiguous()
+                for part, r in tp.carried}
+    return {names[part]: torch.empty((0, *r.shape[1:]), dtype=TORCH_DTYPES[r.dtype]) for part, r in tp.carried}
+
+
 def _copy(tp: TensorPlan, sources: InputSources) -> Stored:
     """The stored parts of ``tp``'s input ``copy_of`` (the planner checked they are the parts ``tp`` is stored as),
     by ``tp``'s stored names."""
     ref = tp.inputs[tp.copy_of or 0]
     names = {p.part: p.name for p in tp.stored_parts()}
-    return {names[part]: sources.read(r.model, r.file, r.start, r.end, r.dtype, r.shape).contiguous()
-            for part, r in ((MAIN, ref), *ref.companions)}
+    carried = dict(tp.carried)  # the copied input's own (see out_format), written once: with the first rows
+    return {**{names[part]: sources.read(r.model, r.file, r.start, r.end, r.dtype, r.shape).contiguous()
+               for part, r in ((MAIN, ref), *ref.companions) if part not in carried},
+            **_carried(tp, sources, whole=ref.first_row == 0)}
 
 
 def compute_in_passes(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowStream,
@@ -200,6 +212,7 @@ def apply_rows(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowStr
     :func:`~resumerge.plan.workunits.pass_rows` rows, on the host as stored (each part's rows of those rows)."""
     out = {p.name: torch.empty(p.shape, dtype=TORCH_DTYPES[p.dtype])
            for p in tp.out_codec.out_parts(tp.name, tp.out_dtype, (stop - first, *tp.shape[1:]))}
+    out.update(_carried(tp, sources, whole=first == 0))  # written once, with the tensor's first rows
     at = dict.fromkeys(out, 0)
     step = pass_rows(tp)
     for start in range(first, stop, step):

@@ -11,6 +11,10 @@ last position (``hidden``, ``hidden_last``) or averaged over all positions, padd
 averaged over the set's prompts; a negative set's vector subtracted; each layer's vector divided by its L2 norm;
 all in bfloat16.
 
+A quantized base (block FP8, compressed-tensors, MXFP4) is read through the run's codecs, as the merge reads it:
+each tensor decoded to float32, then cast to bfloat16 (a plain tensor is cast straight from its stored bytes), so
+the pass sees the values ``--dequantize`` would write.
+
 Runs in the prompt work's own process (:mod:`resumerge.moe.passmain`): transformers is imported here, never in
 the merge's process.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import mmap
 import os
 import warnings
@@ -28,7 +33,9 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from resumerge.config.moe_state import LAYER_PREFIX, ROUTERS_NAME
-from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
+from resumerge.inputs.codecs import CODECS, StoredFormats
+from resumerge.inputs.files import TensorSource
+from resumerge.inputs.safetensors_format import DTYPE_SIZES, TensorEntry, numel
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import TORCH_DTYPES
 from resumerge.inputs.torch_bin import is_pickle_checkpoint
@@ -36,6 +43,7 @@ from resumerge.memory import SystemProbe
 from resumerge.moe.passshare import share_problem
 from resumerge.moe.prompts import require_transformers
 from resumerge.moe.routers import Encoded
+from resumerge.plan.inputrefs import format_ref, read_value
 from resumerge.store.killpoints import reach
 from resumerge.torch_import import torch
 
@@ -49,10 +57,19 @@ Location = tuple[str, int, int, str, tuple[int, ...]]
 
 @dataclass(frozen=True)
 class Weights:
-    """The base model's folder (config.json and weight files, local or in the hub cache) and its tensors."""
+    """The base model's folder (config.json and weight files, local or in the hub cache) and its stored tensors
+    (quantized ones as their codes and companions)."""
 
     directory: Path
     tensors: Mapping[str, Location]
+
+
+def base_formats(tensors: Mapping[str, Location], config: Mapping[str, Any], where: Path) -> StoredFormats:
+    """The base's stored ``tensors`` sorted into logical tensors by the formats every run reads (its ``config``
+    is its config.json; headers only)."""
+    stored = {name: TensorSource(f, TensorEntry(name, d, tuple(shape), s, e))
+              for name, (f, s, e, d, shape) in tensors.items()}
+    return CODECS.recognise(config, stored, where=str(where))
 
 
 def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path, *, share: int | None = None,
@@ -74,16 +91,18 @@ def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path,
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     inner = model.base_model
     rotary = type(inner.rotary_emb)(config=config)  # its buffers are computed, not read: build them for real
+    formats = base_formats(weights.tensors, json.loads((weights.directory / "config.json").read_text()),
+                           weights.directory)
     if share is not None:
-        _check_share(weights, int(config.num_hidden_layers), share, counted_elsewhere)
-    reader = _CastReader(weights)
+        _check_share(formats, int(config.num_hidden_layers), share, counted_elsewhere)
+    reader = _CastReader(weights, formats)
     try:
         flat = [s for pair in sets for s in pair if s is not None]
         layers = int(config.num_hidden_layers)
         start, states = _restart_point(workdir, len(flat))
         with torch.no_grad():
             if states is None:
-                embed = _load(inner.embed_tokens, "model.embed_tokens.", weights, reader)
+                embed = _load(inner.embed_tokens, "model.embed_tokens.", reader)
                 states = {"vectors": [], "hidden": [embed(torch.tensor(s[0])) for s in flat]}
                 _unload(inner.embed_tokens)
             setup = [_attention_setup(transformers, config, h, torch.tensor(s[1]), rotary)
@@ -91,7 +110,7 @@ def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path,
             for i in range(start, layers):
                 vectors = [_vector(h, mode) for h in states["hidden"]]
                 if i + 1 < layers:  # the last layer's output is no router's input
-                    layer = _load(inner.layers[i], f"model.layers.{i}.", weights, reader)
+                    layer = _load(inner.layers[i], f"model.layers.{i}.", reader)
                     states["hidden"] = [_run(layer, h, kw) for h, kw in zip(states["hidden"], setup)]
                     _unload(inner.layers[i])
                 _save_layer(workdir, i, vectors, states["hidden"] if i + 1 < layers else [])
@@ -132,7 +151,7 @@ def _vector(hidden: torch.Tensor, mode: str) -> torch.Tensor:
     return per_prompt.sum(dim=0) / per_prompt.shape[0]
 
 
-def _load(module: torch.nn.Module, prefix: str, weights: Weights, reader: _CastReader) -> torch.nn.Module:
+def _load(module: torch.nn.Module, prefix: str, reader: _CastReader) -> torch.nn.Module:
     """``module`` with its weights read from the base (cast to bfloat16, as the model is loaded): the cast
     tensors become its parameters (no second copy of the layer); a module with buffers of its own, which the
     files do not hold, gets them allocated first."""
@@ -140,7 +159,7 @@ def _load(module: torch.nn.Module, prefix: str, weights: Weights, reader: _CastR
         module.to_empty(device="cpu")
     state = {}
     for name in module.state_dict():
-        state[name] = reader.bfloat16(*weights.tensors[prefix + name])
+        state[name] = reader.bfloat16(prefix + name)
     module.load_state_dict(state, strict=True, assign=True)
     return module
 
@@ -152,15 +171,23 @@ class _CastReader:
     a fresh buffer first cost twice the CPU (the kernel zeroes and faults in the buffer, then copies the page
     cache into it; 0.85-1.0 s against 0.4 s for the 1.47 GB the bench's pass reads), on the pass's critical path.
     Its mapped pages count in this process's RSS only while that one tensor is cast, as the read buffer did (see
-    :func:`layer_bytes`). Anything else (a pickle checkpoint, a misaligned tensor) is read as the merge reads it.
+    :func:`layer_bytes`). Anything else (a pickle checkpoint, a misaligned tensor) is read as the merge reads it,
+    and a quantized tensor is decoded as the merge decodes it.
     """
 
-    def __init__(self, weights: Weights) -> None:
+    def __init__(self, weights: Weights, formats: StoredFormats) -> None:
         self._directory = weights.directory
+        self._formats = formats
         self._sources = InputSources.local({_BASE: str(weights.directory)})
         self._files: dict[str, BinaryIO] = {}
 
-    def bfloat16(self, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+    def bfloat16(self, name: str) -> torch.Tensor:
+        """Logical tensor ``name`` of the base, in bfloat16."""
+        if name in self._formats.claims:
+            return read_value(format_ref(_BASE, self._formats, name), self._sources).to(torch.bfloat16)
+        found = self._formats.stored[name]
+        file, (start, end, dtype, shape) = found.file, (found.entry.start, found.entry.end, found.entry.dtype,
+                                                        found.entry.shape)
         if is_pickle_checkpoint(file) or end == start or start % DTYPE_SIZES[dtype] or dtype not in TORCH_DTYPES:
             return self._sources.read(_BASE, file, start, end, dtype, shape).to(torch.bfloat16, copy=True)
         handle = self._files.get(file)
@@ -187,22 +214,28 @@ class _CastReader:
         self._sources.close()
 
 
-def layer_bytes(tensors: Mapping[str, Location], prefix: str) -> int:
-    """What holding one module of the pass costs: its weights in bfloat16, plus the largest one as read."""
-    mine = [t for name, t in tensors.items() if name.startswith(prefix)]
-    held = sum(numel(t[4]) * 2 for t in mine)
-    return held + max((numel(t[4]) * DTYPE_SIZES[t[3]] for t in mine), default=0)
+def pass_bytes(formats: StoredFormats, layers: int) -> int:
+    """The most the pass holds at once beyond its process's baseline (the base's stored tensors sorted by
+    ``formats``): the embeddings or one decoder layer, each its weights in bfloat16 plus the largest one as read (a
+    quantized one's parts and its float32 decode)."""
+    prefixes = ["model.embed_tokens.", *(f"model.layers.{i}." for i in range(layers))]
+    held, largest = dict.fromkeys(prefixes, 0), dict.fromkeys(prefixes, 0)
+    for name, found in formats.logical().items():
+        prefix = next((p for p in prefixes if name.startswith(p)), None)
+        if prefix is None:
+            continue
+        codec = formats.codec(name)
+        values = numel(codec.value_shape(tuple(found.entry.shape)))
+        read = found.entry.nbytes + sum(c.entry.nbytes for _, c in formats.companions(name))
+        held[prefix] += values * 2
+        largest[prefix] = max(largest[prefix], read if codec.plain else read + values * 4)
+    return max(held[p] + largest[p] for p in prefixes)
 
 
-def pass_bytes(tensors: Mapping[str, Location], layers: int) -> int:
-    """The most the pass holds at once beyond its process's baseline: the embeddings or one decoder layer."""
-    return max(layer_bytes(tensors, p) for p in ["model.embed_tokens.", *(f"model.layers.{i}." for i in range(layers))])
-
-
-def _check_share(weights: Weights, layers: int, share: int, counted_elsewhere: int) -> None:
+def _check_share(formats: StoredFormats, layers: int, share: int, counted_elsewhere: int) -> None:
     probe = SystemProbe()
     probe.reclaim()
-    problem = share_problem(probe.rss(), pass_bytes(weights.tensors, layers), share, counted_elsewhere)
+    problem = share_problem(probe.rss(), pass_bytes(formats, layers), share, counted_elsewhere)
     if problem is not None:
         raise problem
 

@@ -23,6 +23,7 @@ import psutil
 from resumerge.config.moe_state import ROUTERS_NAME
 from resumerge.config.settings import RunSettings
 from resumerge.inputs.catalog import Inputs
+from resumerge.inputs.codecs import CODECS
 from resumerge.memory import SystemProbe, default_budget, usable_cores
 from resumerge.moe.config import MoeConfig
 from resumerge.moe.forward import pass_bytes
@@ -75,7 +76,8 @@ def pass_estimate(config: MoeConfig, inputs: Inputs, state_dir: str | os.PathLik
         seconds = _SPAWN_SECONDS + float(found["seconds"]) + layer_cpu / min(1.0, cores)
         probe = SystemProbe()
         budget = max_memory if max_memory is not None else default_budget(probe)
-        layer, held = pass_bytes(tensors, layers), probe.rss()
+        layer = pass_bytes(CODECS.recognise(base.config, base.tensors, where=str(base.directory)), layers)
+        held = probe.rss()
         share = beside_share(budget, held, layer)
         # The run's own guard on the pass, with what its process holds counted as the run counts it.
         problem = share_problem(int(found["counted"]), layer, budget - held if share is None else share, held)

@@ -154,10 +154,10 @@ def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, provided: RouterSo
     probe.reclaim()
     held = probe.rss()
     budget = settings.max_memory if settings.max_memory is not None else default_budget(probe)
-    located = {name: (t.file, t.entry.start, t.entry.end, t.entry.dtype, tuple(t.entry.shape))
+    tensors = {name: [t.file, t.entry.start, t.entry.end, t.entry.dtype, list(t.entry.shape)]
                for name, t in base.tensors.items()}
-    tensors = {name: [f, start, end, dtype, list(shape)] for name, (f, start, end, dtype, shape) in located.items()}
-    share = beside_share(budget, held, pass_bytes(located, layers)) if beside else None
+    formats = CODECS.recognise(base.config, base.tensors, where=str(base.directory))
+    share = beside_share(budget, held, pass_bytes(formats, layers)) if beside else None
     process = start_child(routers_job(config.gate_mode, base.directory, prompt_texts(config), tensors,
                               share=share if share is not None else max(0, budget - held), held=held,
                               threads=settings.num_threads), workdir, early)

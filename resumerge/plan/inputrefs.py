@@ -7,7 +7,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from dataclasses import replace
 
-from resumerge.inputs.codecs import MAIN
+from resumerge.inputs.codecs import MAIN, StoredFormats
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.model import ModelInput
@@ -27,11 +27,19 @@ def tensor_ref(key: str, model: ModelInput, name: str) -> InputRef:
     """Logical tensor ``name`` of ``model`` (input ``key``; recognised: see
     :meth:`~resumerge.inputs.model.ModelInput.recognised`) — its stored main part, and its codec and companions
     when a format claims it. ``name`` must be among ``model.tensors``."""
-    ref = stored_ref(key, model.tensors[name])
     if model.formats is not None and name in model.formats.claims:
-        ref = replace(ref, codec=model.formats.codec(name), companions=tuple(
-            (part, stored_ref(key, c)) for part, c in model.formats.companions(name)))
-    return ref
+        return format_ref(key, model.formats, name)
+    return stored_ref(key, model.tensors[name])
+
+
+def format_ref(key: str, formats: StoredFormats, name: str) -> InputRef:
+    """Logical tensor ``name`` of the model (input ``key``) whose stored tensors ``formats`` sorted: its main part
+    with its codec and companions when a format claims it, else the stored tensor of that name."""
+    claim = formats.claims.get(name)
+    if claim is None:
+        return stored_ref(key, formats.stored[name])
+    return replace(stored_ref(key, formats.stored[claim.main]), codec=claim.codec, companions=tuple(
+        (part, stored_ref(key, c)) for part, c in formats.companions(name)))
 
 
 def read_value(ref: InputRef, sources: InputSources) -> torch.Tensor:

@@ -168,6 +168,10 @@ class TensorPlan:
     # A fused stack of experts its method merges one expert's projection at a time (see resumerge.plan.experts);
     # None: merged whole.
     experts: ExpertStack | None = None
+    # Companions stored beside the result but not computed from it (a static activation's input_scale), by part
+    # name: each written as the stored bytes of that input companion (the one of the input whose format the output
+    # keeps), under the output tensor's module (see resumerge.plan.planner.out_format); recorded only when any.
+    carried: tuple[tuple[str, InputRef], ...] = ()
 
     def reads(self) -> tuple[InputRef, ...]:
         """Every input reference this tensor reads: each input, its companions and a LoRA delta's two factors
@@ -176,8 +180,11 @@ class TensorPlan:
                      for r in (ref, *(c for _, c in ref.companions), *((ref.lora.a, ref.lora.b) if ref.lora else ())))
 
     def stored_parts(self) -> tuple[OutPart, ...]:
-        """The stored tensors this output tensor is written as (itself alone, for a plain output)."""
-        return self.out_codec.out_parts(self.name, self.out_dtype, self.shape)
+        """The stored tensors this output tensor is written as (itself alone, for a plain output): its codec's
+        parts, then the companions it carries."""
+        module = self.name.removesuffix("weight")
+        return (*self.out_codec.out_parts(self.name, self.out_dtype, self.shape),
+                *(OutPart(part, f"{module}{part}", ref.dtype, ref.shape) for part, ref in self.carried))
 
     def sized(self) -> TensorPlan:
         """This plan with ``nbytes`` the bytes of its stored parts (all of them: the shard holds them all)."""
@@ -368,6 +375,9 @@ def _tensor_doc(t: TensorPlan) -> dict[str, Any]:
     for later in ("copy_of", "experts"):  # as out_codec: recorded only when set
         if doc[later] is None:
             del doc[later]
+    del doc["carried"]
+    if t.carried:  # as out_codec: recorded only when any, so a run planned before it existed resumes
+        doc["carried"] = [[part, _input_doc(ref)] for part, ref in t.carried]
     return doc
 
 

@@ -47,6 +47,7 @@ from resumerge.plan.modules import plan_modules, refuse_sliced_modules
 from resumerge.plan.mtp import MtpOutcome, plan_mtp
 from resumerge.plan.outconfig import build_out_config
 from resumerge.plan.parameters import UNSET, check_parameter_names, parameter_value
+from resumerge.plan.quantnotes import quantization_notes
 from resumerge.plan.sharding import assign_shards, resolve_shard_size
 from resumerge.plan.tokenizer_plan import build_output_tokenizer, tokenizer_hashes, tokenizer_output
 from resumerge.plan.truncation import common_rows, leading_rows, truncation_notes
@@ -130,6 +131,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     out_config = build_out_config(config, models, donor, tuple(origins), tensors, mtp=mtp)
     if vision_layers is not None:
         set_vision_layers(out_config, vision_layers)
+    notes.extend(quantization_notes(tensors))
     if options.num_threads is not None and not threads_matter({method.name, *(t.method for t in tensors.values())}):
         options = replace(options, num_threads=None)
     plan = Plan(
@@ -443,11 +445,21 @@ def _tensor(
 
 
 def out_format(tp: TensorPlan, *, dequantize: bool) -> TensorPlan:
-    """``tp`` stored in the format its base input is stored in (its first input's without a base), sized by its
-    stored parts (and copied from an input in that format when its value is exactly that input's); plainly in its
+    """``tp`` stored in the format its base input is stored in (its first input's without a base), with the
+    companions that format carries copied from that input (see :attr:`TensorPlan.carried`), sized by its stored
+    parts (and copied from an input in that format when its value is exactly that input's); plainly in its
     ``out_dtype`` with ``dequantize``."""
-    codec = PLAIN if dequantize else tp.inputs[tp.base_index if tp.base_index is not None else 0].codec
-    return stored_copy(replace(tp, out_codec=codec).sized()) if codec != tp.out_codec else tp
+    source = tp.inputs[tp.base_index if tp.base_index is not None else 0]
+    codec = PLAIN if dequantize else source.codec
+    if codec == tp.out_codec:
+        return tp
+    # A companion the format carries (a static input_scale) is the source's: no merge recomputes it from weights.
+    carried = tuple((part, c) for part, c in source.companions if codec.carries(part))
+    tp = stored_copy(replace(tp, out_codec=codec, carried=carried).sized())
+    if tp.copy_of is not None:  # the module is that input's, whole: its carried companions too (same shapes)
+        copied = tp.inputs[tp.copy_of].companions
+        tp = replace(tp, carried=tuple((part, c) for part, c in copied if codec.carries(part)))
+    return tp
 
 
 def _input_ref(key: str, model: ModelInput, name: str) -> InputRef:

@@ -1,20 +1,27 @@
 """MoE upcycling from quantized models: the base's and the experts' tensors are decoded through the run's codecs
-before they are copied or fused, so the experts are those of the decoded (dequantized) models."""
+before they are copied or fused, so the experts are those of the decoded (dequantized) models; the hidden-state
+gate modes' forward pass reads a quantized base decoded the same way."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+import torch
 import yaml
+from quantmodels import fp8, fp8_config, quantize_model
+from safetensors.torch import load_file
 from toycodec import TOY, RowScaledInt8, assert_same_results, twins
 
+from resumerge.config.merge_config import load_config_text
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import CodecTable
 from resumerge.moe import load_moe_text
+from resumerge.moe.forward import ExpertSets, Weights, hidden_routers
 from resumerge.moe.planner import build_moe_plan
 from resumerge.plan.merge_plan import Plan, PlanOptions
 
-from .models import llamas
+from .models import llamas, write
 
 
 def _plan(models: list[Path], codecs: CodecTable) -> Plan:
@@ -37,3 +44,27 @@ def test_experts_from_quantized_models_are_those_of_their_decoded_models(tmp_pat
     assert not any(n.endswith("_scale") for n in from_codes.tensors)
     assert any(r.codec == RowScaledInt8() for tp in from_codes.tensors.values() for r in tp.inputs)
     assert_same_results(from_codes, from_values)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # transformers' own deprecations, as the pass's process sees them
+def test_a_hidden_gate_pass_reads_a_block_fp8_base_through_its_codec(tmp_path: Path) -> None:
+    # The forward pass's base decoded as the merge decodes it: the same routers, byte for byte, as the pass over
+    # the base stored decoded (both cast to bfloat16 from the same float32 values); raw codes would differ.
+    base, _ = llamas(tmp_path / "src", count=2)
+    quantize_model(base, tmp_path / "decoded", fp8((16, 16)), fp8_config((16, 16)))
+    sets: ExpertSets = [((((5, 9, 3),), ((1, 1, 1),)), (((7, 2),), ((1, 1),))),
+                        ((((4, 6, 8, 1),), ((1, 1, 1, 1),)), None)]
+    routers = []
+    for name, model in (("quantized", base), ("decoded", tmp_path / "decoded")):
+        text = write(tmp_path / f"{name}.yml", {"merge_method": "passthrough", "slices": [
+            {"sources": [{"model": str(model), "layer_range": [0, 2]}]}]}).read_text()
+        opened = next(iter(open_inputs(load_config_text(text)).models.values()))
+        located = {n: (t.file, t.entry.start, t.entry.end, t.entry.dtype, t.entry.shape)
+                   for n, t in opened.tensors.items()}
+        assert any(d == "F8_E4M3" for _, _, _, d, _ in located.values()) == (name == "quantized")
+        done = hidden_routers(Weights(model, located), "hidden", sets, tmp_path / f"work-{name}")
+        routers.append(load_file(done))
+    quantized, decoded = routers
+    assert sorted(quantized) == sorted(decoded) == ["layers.0", "layers.1"]
+    for name, t in decoded.items():
+        assert torch.equal(quantized[name].view(torch.uint8), t.view(torch.uint8)), name

@@ -4,11 +4,11 @@ symmetric and asymmetric, with widths that are not multiples of the group, block
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pytest
 import torch
+from quantmodels import library_extremes
 
 from resumerge.inputs.quant import compressed_tensors as ct
 from resumerge.inputs.quant import int_pack
@@ -22,26 +22,6 @@ from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 from compressed_tensors.quantization.utils.helpers import calculate_qparams  # noqa: E402
 
 
-def _extremes(w: torch.Tensor, args: QuantizationArgs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-scale min and max, computed here the plain way (the library's observers do the same)."""
-    rows, cols = w.shape
-    if args.strategy == "tensor":
-        return w.min().reshape(1), w.max().reshape(1)
-    if args.strategy == "channel":
-        return w.amin(1, keepdim=True), w.amax(1, keepdim=True)
-    if args.strategy == "group":
-        g = w.view(rows, cols // args.group_size, args.group_size)
-        return g.amin(-1), g.amax(-1)
-    bh, bw = args.block_structure
-    low = torch.empty(math.ceil(rows / bh), math.ceil(cols / bw))
-    high = torch.empty_like(low)
-    for i in range(low.shape[0]):
-        for j in range(low.shape[1]):
-            block = w[i * bh:(i + 1) * bh, j * bw:(j + 1) * bw]
-            low[i, j], high[i, j] = block.min(), block.max()
-    return low, high
-
-
 def _block(args: QuantizationArgs, shape: tuple[int, int]) -> tuple[int, int]:
     return ct.strategy_block(str(args.strategy), shape, group_size=args.group_size,
                              block_structure=tuple(args.block_structure) if args.block_structure else None)
@@ -49,7 +29,8 @@ def _block(args: QuantizationArgs, shape: tuple[int, int]) -> tuple[int, int]:
 
 def _library(w: torch.Tensor, args: QuantizationArgs, compressor: Any) -> tuple[dict[str, torch.Tensor], Any]:
     scheme = QuantizationScheme(targets=["Linear"], weights=args)
-    scale, zero_point = calculate_qparams(*_extremes(w, args), args)
+    scale, zero_point = calculate_qparams(*library_extremes(w, str(args.strategy), args.group_size,
+                                                           args.block_structure), args)
     if args.scale_dtype is not None:
         scale = scale.to(args.scale_dtype)
     state = {"weight": w.clone(), "weight_scale": scale}

@@ -76,6 +76,11 @@ class CompressedTensorsCodec(TensorCodec):
     def _packed(self) -> bool:
         return self.kind == "ct-packed"
 
+    @property
+    def stored_as(self) -> str:
+        return {"ct-packed": f"packed INT{self.bits} words", "ct-naive": f"INT{self.bits} codes"}.get(self.kind,
+                                                                                                   "FP8 codes")
+
     def value_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
         return (stored[0], self.cols)
 
@@ -84,6 +89,9 @@ class CompressedTensorsCodec(TensorCodec):
         # A packed weight's weight_shape names the whole tensor's rows, and its zero points pack several rows per
         # word: it is encoded whole (a block taller than any tensor). A per-tensor scale's block is the tensor.
         return _WHOLE if self._packed else self.block[0]
+
+    def carries(self, part: str) -> bool:
+        return is_extra(part)
 
     def part_rows(self, part: str, first: int, stop: int) -> tuple[int, int]:
         if is_extra(part):

@@ -47,8 +47,15 @@ class BlockFp8Codec(TensorCodec):
         return cls(weight.scheme.block, weight.scheme.scale_fmt, weight.scheme.scale_dtype, len(weight.shape) > 2)
 
     @property
+    def stored_as(self) -> str:
+        return "FP8 codes"
+
+    @property
     def row_block(self) -> int:
         return 1 if self.fused else self.block[0]
+
+    def carries(self, part: str) -> bool:
+        return is_extra(part)
 
     def part_rows(self, part: str, first: int, stop: int) -> tuple[int, int]:
         if is_extra(part):

@@ -44,6 +44,10 @@ class Mxfp4Codec(TensorCodec):
                                   "gpt-oss-style [experts, out, groups, 16] blocks", tensor=weight.codes)
         return cls()
 
+    @property
+    def stored_as(self) -> str:
+        return "packed MXFP4 bytes"
+
     def value_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
         return mxfp4.decoded_shape(stored)
 

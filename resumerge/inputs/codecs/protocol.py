@@ -104,6 +104,12 @@ class TensorCodec(ABC):
         """Whether reading is a view of the stored bytes (no decoding, no companions)."""
         return False
 
+    @property
+    def stored_as(self) -> str:
+        """What the main part stores, as the plan's notes name it ("FP8 codes"): what a tool that does not decode
+        this format merges as if it were the weights."""
+        return "values"
+
     def value_dtype(self, stored: str) -> str:
         """The safetensors dtype of the decoded value of a main part stored as ``stored``."""
         return "F32"
@@ -118,6 +124,12 @@ class TensorCodec(ABC):
         tensor written in this format, but its last, is a multiple of it, so no chunk encodes part of a block
         (the block would get two scales, and the second chunk's would overwrite the first's). 1 by default."""
         return 1
+
+    def carries(self, part: str) -> bool:
+        """Whether companion ``part`` is carried beside the value rather than used to decode it or computed by
+        :meth:`encode` (a static activation's ``input_scale``, calibrated on activations, not weights): an output
+        in this format copies it from the input whose format it keeps. False by default."""
+        return False
 
     def part_rows(self, part: str, first: int, stop: int) -> tuple[int, int]:
         """The rows of companion part ``part`` that value rows ``[first, stop)`` need (a block scale's row holds

@@ -1,0 +1,30 @@
+"""What a plan with quantized inputs tells the user (the run's log, ``status`` and the model card, through
+:attr:`~resumerge.plan.merge_plan.Plan.notes`): what mergekit 0.1.5 does on the same inputs, and which stored
+companions the output carries instead of computing them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from resumerge.plan.merge_plan import TensorPlan
+
+
+def quantization_notes(tensors: Mapping[str, TensorPlan]) -> list[str]:
+    """The notes of a plan whose output tensors are ``tensors``: none when no input is quantized."""
+    stored_as = sorted({ref.codec.stored_as for tp in tensors.values() for ref in tp.inputs if not ref.codec.plain})
+    if not stored_as:
+        return []
+    # mergekit 0.1.5 on two block-FP8 checkpoints (tests/test_quant_paths.py runs it): with a dtype it averages
+    # the codes as numbers and writes no scale, and config.json keeps claiming FP8; without one it stops on
+    # torch's FP8 type promotion.
+    notes = [f"the inputs are quantized: mergekit 0.1.5 merges their {', '.join(stored_as)} as numbers, "
+             "without their scales, under a quantization_config that no longer describes them; resumerge decoded "
+             "every quantized tensor to float32 before merging it"]
+    carried = sorted({part for tp in tensors.values() for part, _ in tp.carried})
+    if carried:
+        count = sum(len(tp.carried) for tp in tensors.values())
+        notes.append(f"{count} static activation scales ({', '.join(carried)}) are copied with their modules' format "
+                     "from the model it is kept from (the base, or the first model; a module taken whole from one "
+                     "model, from that one): they were calibrated on activations, which no merge of weights can "
+                     "recompute, so recalibrate them for the best accuracy")
+    return notes
