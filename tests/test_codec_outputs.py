@@ -24,7 +24,6 @@ from toycodec import TOY, RowScaledInt8, quantize
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
-from resumerge.cli.render import formats_line
 from resumerge.config.merge_config import load_config_text
 from resumerge.config.settings import RunSettings
 from resumerge.engine import compute, session
@@ -40,7 +39,7 @@ from resumerge.methods.resources import NO_RESOURCES
 from resumerge.plan.merge_plan import Plan, PlanOptions, fingerprint_parts
 from resumerge.plan.planner import build_plan
 from resumerge.plan.prepared import Prepared
-from resumerge.plan.roles import formats_report, quantized
+from resumerge.plan.roles import formats_line, formats_report, quantized
 from resumerge.plan.workunits import chunk_plan, row_stream
 from resumerge.store.shardwriter import ShardWriter
 from resumerge.store.sink import LocalDirSink

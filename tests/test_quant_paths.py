@@ -14,9 +14,11 @@ import torch
 from conftest import ModelFactory
 from mergekit_oracle import Mergekit
 from quantmodels import CtGroup, ct_config, ct_library, experts, fp8, fp8_config, fused_fp8
+from safetensors.torch import load_file, save_file
 from support import linear_config, write_config
 from test_quant_codecs import assert_same_bytes, merge, pair, stored_tensors
 
+from resumerge import api
 from resumerge.inputs.codecs import MAIN
 from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
 
@@ -104,3 +106,25 @@ def test_mergekit_averages_fp8_codes_where_resumerge_merges_the_decoded_values(t
     assert "quantization_config" in json.loads((tmp_path / "theirs" / "config.json").read_text())  # ...not the claim
     card = (tmp_path / "ours" / "README.md").read_text()  # the card says so (as the log and status do)
     assert "mergekit 0.1.5 merges their FP8 codes as numbers, without their scales" in card
+
+
+def test_status_and_verify_count_roles_and_verify_names_a_weight_without_its_companion(tmp_path: Path,
+                                                                                       make: ModelFactory) -> None:
+    a, b = pair(tmp_path, make, fp8((16, 16)), fp8_config((16, 16)))
+    out, state = tmp_path / "kept", tmp_path / "state"
+    merge(tmp_path, a, b, "kept", dequantize=False)
+    planned = api.status(out, state_dir=state).to_json()["formats"]
+    roles = {"weight": 14, "companion": 14, "other": len(stored_tensors(out)) - 28}
+    assert planned["output"] == {"format": "fp8-block", "roles": roles}
+    assert planned["inputs"][str(a)] == {"format": "fp8-block", "roles": roles}
+    report = api.verify(out, state_dir=state)
+    assert report.ok and report.formats == {"found": {"format": "fp8", "roles": roles}, "planned": planned["output"]}
+    # A shard rewritten without one scale (its bytes change too): the one line names the weight left without it.
+    lost = "model.layers.1.mlp.up_proj.weight"
+    (shard,) = [f for f in out.glob("*.safetensors") if f"{lost}_scale_inv" in load_file(f)]
+    tensors = load_file(shard)
+    del tensors[f"{lost}_scale_inv"]
+    save_file(tensors, shard)
+    damaged = {d.name: d.problem for d in api.verify(out, state_dir=state).damaged}
+    assert shard.name in damaged
+    assert "an fp8 weight without its scale" in damaged[lost] and f"{lost}_scale_inv" in damaged[lost]

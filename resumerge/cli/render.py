@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import IO, TYPE_CHECKING, Any, TextIO
+from typing import IO, TYPE_CHECKING, TextIO
 
 from rich import box
 from rich.console import Console, RenderableType
@@ -401,6 +401,10 @@ def show_status(report: StatusReport, stream: TextIO | None = None, *, width: in
         f = report.streamed
         _field(out, "streamed", f"{format_size(int(f['fetched']))} fetched of {format_size(int(f['needed']))} "
                f"needed at {format_size(int(f['rate']))}/s ({int(f['requests'])} range requests)")
+    if report.formats:
+        from resumerge.plan.roles import formats_line
+
+        _field(out, "formats", formats_line(report.formats))
     for line in report.plan_notes:
         _field(out, "note", line)
     if report.prepass_layers is not None:
@@ -477,17 +481,6 @@ def _tokenizer_origin(plan: Plan) -> str:
     return "no tokenizer (--no-copy-tokenizer)"
 
 
-def formats_line(report: dict[str, Any]) -> str:
-    """Each input's stored format and role counts, then the output's (``formats_report``)."""
-
-    def counts(roles: dict[str, int]) -> str:
-        return ", ".join(f"{n} {role}" for role, n in roles.items())
-
-    models = [f"{model}: {m['format']} ({counts(m['roles'])})" for model, m in report["inputs"].items()]
-    out = report["output"]
-    return "; ".join([*models, f"output: {out['format']} ({counts(out['roles'])})"])
-
-
 def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | None = None) -> None:
     """Print the plan summary, its costs here and the verdict with its reasons."""
     out = console(stream or sys.stdout, width=width)
@@ -497,7 +490,7 @@ def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | 
     committed = f"; {format_size(output.committed_bytes)} already committed" if output.committed_bytes else ""
     _field(out, "output", f"{format_size(output.total_bytes)} ({len(plan.shards)} shard(s), the largest "
            f"{format_size(output.largest_shard_bytes)}){committed}" + (f" in {output.dir}" if output.dir else ""))
-    from resumerge.plan.roles import formats_report, quantized
+    from resumerge.plan.roles import formats_line, formats_report, quantized
 
     formats = formats_report(plan)
     if quantized(formats):  # a plain merge's summary is unchanged

@@ -35,9 +35,11 @@ from resumerge.inputs.source import InputSources
 from resumerge.memory import CudaProbe, MemoryGovernor, format_size, os_peak_rss
 from resumerge.plan.merge_plan import Plan
 from resumerge.plan.prepared import Prepared
+from resumerge.plan.roles import formats_line, formats_report, quantized
 from resumerge.store.durable import is_temp_name
 from resumerge.store.filesystems import filesystem_type, staging_dir
 from resumerge.store.ledger import LEDGER_NAME, Ledger, set_aside
+from resumerge.store.ledger_read import FORMATS_EVENT
 from resumerge.store.manifest import Manifest
 from resumerge.store.sink import LocalDirSink, OutputSink, StagedDirSink
 
@@ -179,6 +181,9 @@ class RunSession:
                 # What the plan decided that the user must hear (status and the card show it too).
                 for note in plan.notes:
                     ledger.event("plan", note)
+                report = formats_report(plan)
+                if quantized(report):  # verify and status read what was planned (a plain run's ledger as before)
+                    ledger.event(FORMATS_EVENT, formats_line(report), report)
                 for note in [*notes, *plan.notes]:
                     reporter.message(note)
                 rows = ledger.files()

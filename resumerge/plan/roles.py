@@ -41,6 +41,18 @@ def formats_report(plan: Plan) -> dict[str, Any]:
     return {"inputs": inputs, "output": {"format": _name(written), "roles": output_roles(plan)}}
 
 
+def formats_line(report: dict[str, Any]) -> str:
+    """Each input's stored format and role counts, then the output's (a :func:`formats_report`), on one line (what
+    ``plan`` prints and the run's ledger records)."""
+
+    def counts(roles: dict[str, int]) -> str:
+        return ", ".join(f"{n} {role}" for role, n in roles.items())
+
+    models = [f"{model}: {m['format']} ({counts(m['roles'])})" for model, m in report["inputs"].items()]
+    out = report["output"]
+    return "; ".join([*models, f"output: {out['format']} ({counts(out['roles'])})"])
+
+
 def quantized(report: dict[str, Any]) -> bool:
     """Whether a model or the output of ``report`` (:func:`formats_report`) is stored in a quantized format."""
     return any(m["format"] != PLAIN_FORMAT for m in (*report["inputs"].values(), report["output"]))

@@ -1,4 +1,6 @@
-"""``verify``: re-hash every committed output file against its recorded sha256 and report, never repair.
+"""``verify``: re-hash every committed output file against its recorded sha256 and report, never repair; a
+finished output stored quantized is also read as a loader reads it (every weight with its companions, the role
+counts the run planned: :mod:`resumerge.store.formatcheck`).
 
 Like huggingface_hub's cache scan, problems are collected into a report rather than raised one by one, so a
 single damaged shard does not hide another. ``resume`` repairs what the report lists.
@@ -11,12 +13,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import resume_command, run_dir
 from resumerge.errors import LedgerError, NothingRecordedError
 from resumerge.store.checksums import check_many
-from resumerge.store.ledger_read import LEDGER_NAME, read_merge_record
+from resumerge.store.formatcheck import check_formats
+from resumerge.store.ledger_read import LEDGER_NAME, read_formats, read_merge_record
 from resumerge.store.manifest import MANIFEST_NAME, read_manifest
 
 
@@ -37,6 +41,9 @@ class VerifyReport:
     bytes_checked: int
     pending: int
     damaged: tuple[Damage, ...]
+    # A finished local output stored quantized: its format and role counts as its shards' headers hold them
+    # (see resumerge.store.formatcheck), and as the run planned them; None otherwise.
+    formats: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -64,7 +71,16 @@ def verify_output(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[
         problems = check_many(out, ((name, size, sha) for name, (size, sha) in records.items()))
     damaged = [Damage(name, problem) for name in sorted(records) if (problem := problems[name])]
     total = sum(size for size, _ in records.values())
-    return VerifyReport(str(out_dir), len(records), total, pending, tuple(damaged))
+    formats = None
+    shards = [n for n in records if n.endswith(".safetensors")]
+    if not is_hub_target(out_dir) and not pending and all((Path(out_dir) / n).is_file() for n in shards):
+        # Every weight with its companions, as a reader finds them (a hub OUT's headers would cost a download).
+        recorded = read_formats(run_dir(out_dir, state_dir) / LEDGER_NAME)
+        held, wrong = check_formats(Path(out_dir), shards, recorded)
+        damaged += [Damage(name, problem) for name, problem in wrong]
+        if held is not None or recorded is not None:
+            formats = {"found": held, "planned": recorded.get("output") if recorded else None}
+    return VerifyReport(str(out_dir), len(records), total, pending, tuple(damaged), formats)
 
 
 def _ledger_records(ledger: Path, manifest: Path | None) -> tuple[dict[str, tuple[int, str]], int] | None:
@@ -105,6 +121,7 @@ def report_json(report: VerifyReport) -> str:
             "bytes_checked": report.bytes_checked,
             "pending": report.pending,
             "damaged": [{"name": d.name, "problem": d.problem} for d in report.damaged],
+            **({"formats": report.formats} if report.formats is not None else {}),
         },
         indent=2,
     )

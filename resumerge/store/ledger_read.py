@@ -54,6 +54,11 @@ class FileRow:
     sha256: str | None
 
 
+# The event a run with a quantized input or output records as it starts: its data is the plan's formats report
+# (resumerge.plan.roles.formats_report: per input model and for the output, the format and the role counts).
+FORMATS_EVENT = "formats"
+
+
 @dataclass(frozen=True)
 class EventRow:
     """One event of a ledger's append-only log; ``data`` is the JSON text (the merge ledger only)."""
@@ -91,6 +96,7 @@ class MergeStatusRows:
     config_text: str = ""  # the run's recorded config (an extraction's spec)
     tensor_names: tuple[str, ...] = ()  # every planned tensor (an extraction's modules are read from them)
     nodes: tuple[NodeTally, ...] = ()  # a cluster run's shards per node (:mod:`resumerge.store.nodestats`)
+    formats: EventRow | None = None  # the latest FORMATS_EVENT: the plan's formats report (quantized runs only)
 
 
 @contextmanager
@@ -147,7 +153,7 @@ def read_merge_status(path: Path) -> MergeStatusRows | None:
                                 () if kind is None else (kind,)).fetchall()
             return tuple(EventRow(r["kind"], r["message"], r["data"]) for r in reversed(rows))
 
-        memory, stream = latest("memory", 1), latest("stream", 1)
+        memory, stream, formats = latest("memory", 1), latest("stream", 1), latest(FORMATS_EVENT, 1)
         notes = conn.execute("SELECT message FROM events WHERE kind = 'plan' GROUP BY message ORDER BY MIN(id)")
         names = tuple(r[0] for r in conn.execute("SELECT name FROM tensors").fetchall())
         return MergeStatusRows(
@@ -162,4 +168,16 @@ def read_merge_status(path: Path) -> MergeStatusRows | None:
             config_text=run.config_text,
             tensor_names=names,
             nodes=node_tallies(conn),
+            formats=formats[0] if formats else None,
         )
+
+
+def read_formats(path: Path) -> dict[str, Any] | None:
+    """The formats report the run of the merge ledger at ``path`` recorded (:data:`FORMATS_EVENT`), or None (no
+    ledger, a plain run, or a run recorded before runs recorded it)."""
+    if not path.exists():
+        return None
+    with reading(path, "ledger") as conn:
+        row = conn.execute("SELECT data FROM events WHERE kind = ? ORDER BY id DESC LIMIT 1",
+                           (FORMATS_EVENT,)).fetchone()
+        return dict(json.loads(row[0])) if row is not None and row[0] else None

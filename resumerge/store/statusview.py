@@ -84,6 +84,9 @@ class StatusReport:
     prepass_layers: tuple[int, int] | None = None
     # A run on a cluster (--executor ray): one line per node with its shards, bytes and rate.
     nodes: tuple[str, ...] = ()
+    # A run with a quantized input or output: the plan's stored format and role counts (weight, companion, other)
+    # of each input model and of the output, as it recorded them when it started; None for a plain run.
+    formats: dict[str, Any] | None = None
 
     def __str__(self) -> str:
         """The rows of ``resumerge status``'s table as text (see :func:`status_rows`)."""
@@ -189,6 +192,7 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusRe
         **_module_progress(rows.tensor_names, rows.tensors_done, rdir),
         prepass_layers=_pass_progress(rdir.parent, rows.tensor_names) if state != "done" else None,
         nodes=tuple(node_line(tally, _size) for tally in rows.nodes),
+        formats=dict(json.loads(rows.formats.data)) if rows.formats is not None and rows.formats.data else None,
     )
 
 
