@@ -13,7 +13,9 @@ are random bytes (no NaN) and the scales random: the merge's work does not depen
 - ``1GB``: ``kept`` at ``--max-memory 1GB``.
 
 and the disk floor of each output: a warm read of the inputs plus an fsynced write of that output's size
-(``bench_linear.disk_floor``). Prints one row per run and the medians, with the machine's load average.
+(``bench_linear.disk_floor``). Prints one row per run and the medians, with the run's CPU seconds (user + system,
+every process of it: on a shared machine the wall says more about the others than about the run) and the
+machine's load average.
 """
 
 from __future__ import annotations
@@ -21,23 +23,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import sys
 from pathlib import Path
 
+from bench_linear import CONFIG as LINEAR
 from bench_linear import disk_floor, run_measured
 
 HERE = Path(__file__).resolve().parent
 HIDDEN, INTERMEDIATE, LAYERS, VOCAB, BLOCK = 2048, 5632, 16, 8000, 128
-CONFIG = """merge_method: linear
-models:
-  - model: {a}
-    parameters: {{weight: 0.5}}
-  - model: {b}
-    parameters: {{weight: 0.5}}
-dtype: bfloat16
-"""
+CONFIG = LINEAR.replace("dtype: float32", "dtype: bfloat16")  # the same linear 0.5/0.5 merge
 
 
 def make_model(path: Path, seed: int) -> None:
@@ -99,29 +96,33 @@ def main() -> None:
     config = args.work / "linear.yml"
     config.write_text(CONFIG.format(a=a, b=b))
     cases = {"kept": [], "dequantize": ["--dequantize"], "1GB": ["--max-memory", "1GB"]}
-    rows: dict[str, list[tuple[float, int, float]]] = {case: [] for case in cases}
+    rows: dict[str, list[tuple[float, int, float, float]]] = {case: [] for case in cases}
     for run in range(args.runs):
         for case, flags in cases.items():
             out, state = args.work / f"out-{case}", args.work / "state"
             shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(state, ignore_errors=True)
             load = os.getloadavg()[0]
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             wall, rss, code = run_measured([sys.executable, "-m", "resumerge", "run", str(config), str(out),
                                             "--quiet", "--state-dir", str(state), *flags])
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the run's CPU: what a busy machine cannot hide
+            cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
             if code != 0:
                 raise SystemExit(f"{case} failed with exit code {code}")
             size = sum(p.stat().st_size for p in out.glob("*.safetensors"))
             read, write = disk_floor([a, b], size, args.work)
             floor = read + write
-            rows[case].append((wall, rss, floor))
-            print(f"run {run + 1} {case:10s} wall {wall:6.2f} s  floor {floor:5.2f} s (read {read:.2f}, write "
-                  f"{size / 1e9:.2f} GB {write:.2f})  {wall / floor:4.2f}x  peak RSS {rss / 1e6:6.0f} MB  "
-                  f"load {load:.1f}", flush=True)
-    print("\n| case | median wall s | median floor s | x floor | median peak RSS MB |\n|---|---|---|---|---|")
+            rows[case].append((wall, rss, floor, cpu))
+            print(f"run {run + 1} {case:10s} wall {wall:6.2f} s  CPU {cpu:6.2f} s  floor {floor:5.2f} s (read "
+                  f"{read:.2f}, write {size / 1e9:.2f} GB {write:.2f})  {wall / floor:4.2f}x  peak RSS "
+                  f"{rss / 1e6:6.0f} MB  load {load:.1f}", flush=True)
+    print("\n| case | median wall s | median CPU s | median floor s | x floor | median peak RSS MB |\n"
+          "|---|---|---|---|---|---|")
     for case, found in rows.items():
-        wall = statistics.median(r[0] for r in found)
+        wall, cpu = statistics.median(r[0] for r in found), statistics.median(r[3] for r in found)
         floor = statistics.median(r[2] for r in found)
-        print(f"| {case} | {wall:.2f} | {floor:.2f} | {wall / floor:.2f}x | "
+        print(f"| {case} | {wall:.2f} | {cpu:.2f} | {floor:.2f} | {wall / floor:.2f}x | "
               f"{statistics.median(r[1] for r in found) / 1e6:.0f} |")
     print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 

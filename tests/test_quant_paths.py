@@ -19,8 +19,16 @@ from support import linear_config, write_config
 from test_quant_codecs import assert_same_bytes, merge, pair, stored_tensors
 
 from resumerge import api
-from resumerge.inputs.codecs import MAIN
+from resumerge.config.merge_config import load_config_text
+from resumerge.engine.compute import compute_tensor
+from resumerge.inputs.catalog import open_inputs
+from resumerge.inputs.codecs import CODECS, MAIN
 from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
+from resumerge.inputs.source import InputSources
+from resumerge.methods.resources import NO_RESOURCES
+from resumerge.plan.merge_plan import PlanOptions
+from resumerge.plan.planner import build_plan
+from resumerge.plan.workunits import chunk_plan
 
 pytest.importorskip("compressed_tensors")
 
@@ -83,6 +91,20 @@ def test_static_activation_scales_are_the_bases_in_an_output_kept_in_its_format(
     plain = merge(tmp_path, a, b, "plain")
     assert not any(n.endswith("_scale") for n in plain)
     assert "14 static activation scales (input_scale) are copied" in (tmp_path / "kept" / "README.md").read_text()
+    # In row chunks (a tight budget's units), the carried scale comes with the first rows, and nothing after.
+    text = write_config(tmp_path / "c.yml", linear_config(a, b, weights=(0.5, 0.5))).read_text()
+    config = load_config_text(text)
+    plan = build_plan(config, open_inputs(config).models, PlanOptions(), CODECS)
+    tp = plan.tensors["model.layers.0.mlp.down_proj.weight"]
+    assert [part for part, _ in tp.carried] == ["input_scale"]
+    with InputSources.local(plan.model_dirs) as sources:
+        whole = compute_tensor(plan, tp, sources, NO_RESOURCES)
+        first, rest = (compute_tensor(plan, chunk_plan(tp, *rows), sources, NO_RESOURCES)
+                       for rows in ((0, 16), (16, tp.shape[0])))
+    scale = "model.layers.0.mlp.down_proj.input_scale"
+    assert torch.equal(first[scale], whole[scale]) and rest[scale].numel() == 0
+    assert torch.equal(whole[scale], stored_a[scale])
+    assert torch.equal(torch.cat([first[tp.name], rest[tp.name]]).view(torch.uint8), whole[tp.name].view(torch.uint8))
 
 
 def test_mergekit_averages_fp8_codes_where_resumerge_merges_the_decoded_values(tmp_path: Path, make: ModelFactory,

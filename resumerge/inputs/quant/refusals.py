@@ -58,6 +58,10 @@ KNOWN: Mapping[str, tuple[str, str, tuple[str, ...]]] = MappingProxyType({
 })
 
 
+# The quant_method values recognise() decodes.
+DECODED_METHODS = ("fp8", "compressed-tensors", "mxfp4")
+
+
 def refuse(source: str, what: str, tensor: str | None, hint: str = _DEQUANTIZE) -> ModelInputError:
     """The exit-2 error for a checkpoint resumerge will not decode: ``what`` it is, the ``tensor`` that shows it
     (its one line: ``source: what: tensor — hint``)."""
@@ -77,7 +81,8 @@ def refuse_method(method: str, headers: HeaderMap, source: str) -> ModelInputErr
     tensor = telltale(headers, fragments) or (min(headers) if headers else "(no tensors)")
     if label is None:
         return refuse(source, f"unknown quantization method {method!r} in config.json, which resumerge cannot "
-                              "decode (it decodes fp8, compressed-tensors and mxfp4)", tensor)
+                              f"decode (it decodes {', '.join(DECODED_METHODS[:-1])} and {DECODED_METHODS[-1]})",
+                      tensor)
     return refuse(source, f"quantized with {label}, which resumerge cannot decode", tensor,
                   f"{_DEQUANTIZE} ({tool})")
 
