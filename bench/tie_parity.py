@@ -97,7 +97,8 @@ def della_row(delta: torch.Tensor, seed: int) -> tuple[int, int, int, bool]:
     """(elements, row-tied positions, differing keep decisions, all differences on row ties) for one delta."""
     from mergekit import sparsify as mergekit_sparsify
 
-    kept = sparsify.della_magprune(delta, 0.5, 0.1, rescale=False, generator=torch.Generator().manual_seed(seed))
+    kept = sparsify.sample(delta, sparsify.Sampled(0.5, 0.1), rescale=False,
+                           generator=torch.Generator().manual_seed(seed))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         kept_theirs = mergekit_sparsify.della_magprune(delta, 0.5, 0.1)

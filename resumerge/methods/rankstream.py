@@ -32,6 +32,7 @@ _FINE_MASK = (1 << _COARSE_SHIFT) - 1
 # Buckets either side of a predicted end whose low bits the first pass counts (5 of bfloat16 precision each: about
 # 1 % of a tensor's magnitudes).
 _GUESS = 2
+_KEY_MAX = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
@@ -58,13 +59,13 @@ class StreamedWindow:
     learnt from the keys in chunks and returned as a mask per chunk.
 
     Use: for ``k = 0, 1, ...`` while :meth:`wants` ``(k)``, pass every chunk's keys, in index order, to
-    :meth:`observe`; then pass them again, in index order, to :meth:`mask`. The chunks of different passes may
-    be cut differently. Keys must be non-negative (:func:`~resumerge.methods.ranking.magnitude_keys` of
-    magnitudes); with ``shift`` (at least 13) they must have that many low bits zero, and one pass is enough.
-    ``start``/``stop`` are clamped to ``[0, total]``. A ``deferred`` window learns them from its first pass:
-    :meth:`retarget` sets them after it, and until then ``start``/``stop`` are a forecast that only steers which
-    buckets the first pass counts the low bits of (a wrong one costs the second pass, never a wrong mask).
-    """
+    :meth:`observe`; then pass them again, in index order, to :meth:`mask` (again after :meth:`rewind`). The chunks
+    of different passes may be cut differently. Keys must be non-negative
+    (:func:`~resumerge.methods.ranking.magnitude_keys` of magnitudes); with ``shift`` (at least 13) they must have
+    that many low bits zero, and one pass is enough. ``start``/``stop`` are clamped to ``[0, total]``. A
+    ``deferred`` window learns them from its first pass: :meth:`retarget` sets them after it, and until then
+    ``start``/``stop`` are a forecast that only steers which buckets the first pass counts the low bits of (a wrong
+    one costs the second pass, never a wrong mask). """
 
     def __init__(self, total: int, start: int, stop: int, *, descending: bool, shift: int | None = None,
                  deferred: bool = False) -> None:
@@ -151,8 +152,9 @@ class StreamedWindow:
             fill = torch.zeros if self.start >= self.stop else torch.ones
             return fill(keys.shape, dtype=dtype, device=keys.device)
         lower, upper = bounds
-        if lower is not None and upper is not None and flat.device.type == "cpu":
-            mask = _between(flat, lower.key, upper.key, dtype)
+        if flat.device.type == "cpu":
+            # An open end is the end of the keys' range (they are non-negative int32).
+            mask = _between(flat, lower.key if lower else 0, upper.key if upper else _KEY_MAX, dtype)
         else:
             mask = key_range_mask(flat, lower.key if lower else None, upper.key if upper else None, dtype)
         for cut in self._cuts:
@@ -163,6 +165,12 @@ class StreamedWindow:
             mask[run[: max(0, cut.keep_from - seen)]] = 0
             mask[run[max(0, cut.keep_to - seen):]] = 0
         return mask.reshape(keys.shape)
+
+    def rewind(self) -> None:
+        """Start :meth:`mask` over again from the first chunk (a second pass that needs the masks: a rescale's
+        norms, then the output)."""
+        self._masked = 0
+        self._seen.clear()
 
     # -- statistics ----------------------------------------------------------------------------------------------
 
@@ -237,8 +245,8 @@ class StreamedWindow:
 def _between(flat: torch.Tensor, lower: int, upper: int, dtype: torch.dtype) -> torch.Tensor:
     """``lower <= flat <= upper`` for a chunk of int32 CPU keys, as a mask of ``dtype``."""
     # One unsigned comparison (keys below `lower` wrap round to large values) in numpy: five times as fast as
-    # torch's two comparisons and logical and. Its temporaries are chunk-sized, so the whole-tensor rank_window
-    # keeps torch's leaner form.
+    # torch's two comparisons and logical and, and twice as fast as one torch comparison written into a float
+    # mask (an open end is the end of the keys' range).
     keys = flat.numpy()
     inside = (keys - np.int32(lower)).view(np.uint32) <= upper - lower
     if dtype == torch.bool:

@@ -1,14 +1,15 @@
-"""``dare_ties``, ``dare_linear``, ``della`` and ``della_linear`` over row chunks: the
-:class:`~resumerge.methods.spec.RowStream` of the randomized sparsifiers.
+"""``dare_ties``, ``dare_linear``, ``della`` and ``della_linear``: the one definition of the randomized
+sparsifiers, a :class:`~resumerge.methods.spec.RowStream` over row chunks of a tensor, whose whole-tensor form is
+the same stream over one chunk (:func:`~resumerge.methods.spec.one_chunk`).
 
-The whole-tensor merge draws each task vector's mask in turn from one generator (all of δ₁'s entries, then δ₂'s,
-…) and rescales it by two L1 norms over the whole task vector. Here one statistics pass draws every task vector's
-mask chunk by chunk, each from its own copy of the generator moved on by the draws of the task vectors before it,
-keeps the masks (a byte an entry) and feeds both norms to ordered sums
-(:class:`~resumerge.methods.summation.OrderedSum`, the order the whole-tensor norms are summed in too). The output
-pass masks and rescales each chunk and runs the shared per-position core
-(:func:`~resumerge.methods.task_vectors.combine_task_vectors`): the same bits as the whole tensor, holding a
-chunk's buffers, the masks and the output instead of a dozen tensor-sizes.
+The whole task vectors are drawn in turn from one generator (all of δ₁'s entries, then δ₂'s, …) and rescaled by
+two L1 norms over the whole task vector. Over one chunk that is what the output pass does: each task vector's mask
+is drawn, applied and counted in place (:func:`~resumerge.methods.sparsify.draw_and_mask`), then the combine
+runs, and no statistics pass is asked for. Over several chunks one statistics pass draws every task vector's
+mask chunk by chunk with the same function, each from its own copy of the generator moved on by the draws of the
+task vectors before it, keeps the masks (a byte an entry) and feeds both norms to the same ordered sums; the
+output pass masks and rescales each chunk. Either way the per-position core
+(:func:`~resumerge.methods.task_vectors.combine_task_vectors`) follows: the same bits for every chunking.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.methods import sparsify
 from resumerge.methods.spec import MergeContext, RowStream, RowStreamFactory
-from resumerge.methods.summation import OrderedSum
 from resumerge.methods.task_vectors import combine_task_vectors
 from resumerge.torch_import import torch
 
@@ -37,16 +37,17 @@ class _Drawn:
 
     generator: torch.Generator
     mask: Tensor  # uint8, one entry per task-vector entry, filled by the statistics pass
-    norms: tuple[OrderedSum, OrderedSum] | None  # L1 before and after masking, with rescale
+    norms: sparsify.Norms | None  # L1 before and after masking, with rescale
     ratio: Tensor | None = None  # before / after, once known (None: the mask is applied unscaled)
 
 
 class SampledStream:
     """One tensor of a randomized task-vector method over row chunks (a :class:`~resumerge.methods.spec.RowStream`)."""
 
-    def __init__(self, samples: Mapping[int, sparsify.Sampled], total: int, *, consensus: bool, rescale: bool) -> None:
+    def __init__(self, samples: Mapping[int, sparsify.Sampled], total: int, *, consensus: bool, rescale: bool,
+                 whole: bool = False) -> None:
         self._samples, self._total = dict(samples), total
-        self._consensus, self._rescale = consensus, rescale
+        self._consensus, self._rescale, self._whole = consensus, rescale, whole
         self._drawn: dict[int, _Drawn] = {}
         self._position = 0  # entries of the task vectors seen so far in the current pass
 
@@ -59,8 +60,10 @@ class SampledStream:
         return self._total * sum(1 for s in self._samples.values() if sparsify.sampled_draws(s))
 
     def wants(self, pass_index: int) -> bool:
-        """One statistics pass, drawing the masks, when some task vector is sampled at all."""
-        return pass_index == 0 and any(sparsify.sampled_draws(s) for s in self._samples.values())
+        """One statistics pass, drawing the masks, when some task vector is sampled at all and the tensor comes in
+        several chunks (over one chunk the output pass draws them)."""
+        return (pass_index == 0 and not self._whole
+                and any(sparsify.sampled_draws(s) for s in self._samples.values()))
 
     def observe(self, pass_index: int, ctx: MergeContext) -> None:
         """Draw one chunk's masks and take its norms."""
@@ -69,27 +72,24 @@ class SampledStream:
             self._start(ctx, base.dtype)
         count = base.numel()
         for index, drawn in self._drawn.items():
-            delta = ctx.tensors[index] - base
-            mask = sparsify.sampled_mask(delta, self._samples[index], drawn.generator)
-            drawn.mask[self._position : self._position + count].copy_(mask.reshape(-1))
-            if drawn.norms is not None:
-                before, after = drawn.norms
-                magnitudes = delta.to(mask.dtype).abs_()
-                before.add(magnitudes)
-                after.add(magnitudes.mul_(mask))
+            values = (ctx.tensors[index] - base).to(sparsify.rescale_dtype(base.dtype))  # ours to overwrite
+            keep = drawn.mask[self._position : self._position + count]
+            sparsify.draw_and_mask(values, self._samples[index], drawn.generator, norms=drawn.norms, keep=keep)
         self._position += count
         if self._position == self._total:
             self._position = 0
             for drawn in self._drawn.values():
-                drawn.ratio = self._ratio(drawn)
+                drawn.ratio = sparsify.rescale_ratio(drawn.norms)
 
     def apply(self, ctx: MergeContext) -> Tensor:
-        """The merged rows of the next chunk."""
+        """The merged rows of the next chunk (over one chunk: each task vector drawn, masked and rescaled here)."""
         count = ctx.base.numel()
         first = self._position
 
         def sparsify_one(index: int, delta: Tensor) -> Tensor:
             sample = self._samples[index]
+            if self._whole:
+                return sparsify.sample(delta, sample, rescale=self._rescale, generator=ctx.generator, inplace=True)
             drawn = self._drawn.get(index)
             if drawn is None:  # nothing drawn: kept whole, or (DELLA at density 0) zeroed
                 return delta if sample.density >= 1 else delta.zero_()
@@ -116,20 +116,10 @@ class SampledStream:
         for index in drawing:
             own = torch.Generator()
             own.set_state(source.get_state())
-            norms = (OrderedSum(self._total, work), OrderedSum(self._total, work)) if self._rescale else None
+            norms = sparsify.l1_norms(self._total, work) if self._rescale else None
             self._drawn[index] = _Drawn(own, torch.empty(self._total, dtype=torch.uint8), norms)
             if index != drawing[-1]:  # the words this task vector's mask will take, for the ones after it
                 _skip_words(source, self._total)
-
-    @staticmethod
-    def _ratio(drawn: _Drawn) -> Tensor | None:
-        # The whole-tensor rescale's rule (sparsify._rescaled): unscaled where either norm is below its epsilon.
-        if drawn.norms is None:
-            return None
-        before, after = (norm.result() for norm in drawn.norms)
-        if before < sparsify.RESCALE_EPS or after < sparsify.RESCALE_EPS:
-            return None
-        return before / after
 
 
 def _skip_words(generator: torch.Generator, words: int) -> None:
@@ -146,12 +136,12 @@ def _skip_words(generator: torch.Generator, words: int) -> None:
 
 def sampled_stream(*, della: bool, consensus: bool) -> RowStreamFactory:
     """The :class:`~resumerge.methods.spec.RowStreamFactory` of a randomized task-vector method with these
-    defaults (DELLA's ranks run along dim 1, so its tensors need two dimensions or more)."""
+    defaults (DELLA's ranks run along dim 1, so only tensors of two dimensions or more are cut into chunks)."""
 
     def factory(shape: tuple[int, ...], base_index: int | None, model_params: Sequence[Mapping[str, Any]],
-                params: Mapping[str, Any], *, dtype: str | None = None) -> RowStream | None:
+                params: Mapping[str, Any], *, dtype: str | None = None, whole: bool = False) -> RowStream | None:
         total = math.prod(shape)
-        if base_index is None or total == 0 or (della and len(shape) < 2):
+        if not whole and (base_index is None or total == 0 or (della and len(shape) < 2)):
             return None
         samples = {}
         for index, p in enumerate(model_params):
@@ -161,6 +151,6 @@ def sampled_stream(*, della: bool, consensus: bool) -> RowStreamFactory:
             epsilon = float(p["epsilon"]) if della else None
             samples[index] = sparsify.Sampled(density, epsilon)
         # The combine reads `normalize` from each chunk's context; `rescale` decides the statistics pass.
-        return SampledStream(samples, total, consensus=consensus, rescale=bool(params["rescale"]))
+        return SampledStream(samples, total, consensus=consensus, rescale=bool(params["rescale"]), whole=whole)
 
     return factory

@@ -153,7 +153,8 @@ class SceStream:
 
 
 def sce_stream(shape: tuple[int, ...], base_index: int | None, model_params: Sequence[Mapping[str, Any]],
-               params: Mapping[str, Any], *, dtype: str | None = None) -> RowStream | None:
+               params: Mapping[str, Any], *, dtype: str | None = None,
+               whole: bool = False) -> RowStream | None:
     """The :class:`~resumerge.methods.spec.RowStreamFactory` of ``sce`` (None: the whole-tensor path, for a
     tensor without a base, non-base inputs or entries, or float64 ranked by variance)."""
     total = math.prod(shape)

@@ -17,43 +17,31 @@ bfloat16.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from resumerge.methods.ranking import magnitude_keys, rank_window, stable_order
-from resumerge.methods.summation import ordered_sum
+from resumerge.methods.ranking import exact_key_shift, magnitude_keys, rank_window, stable_order
+from resumerge.methods.rankstream import StreamedWindow
+from resumerge.methods.summation import OrderedSum
 from resumerge.torch_import import torch
 
 # Below this L1 norm (before or after masking) the masked tensor is returned unscaled, avoiding 0/0.
 RESCALE_EPS = 1e-7
 
 
-def _mask_and_rescale(
-    delta: torch.Tensor,
-    mask: torch.Tensor,
-    rescale: bool,
-    inplace: bool = False,
-    magnitudes: torch.Tensor | None = None,
-) -> torch.Tensor:
-    # `magnitudes`, when given, is exactly delta.abs() (same dtype and shape) and may be overwritten: it saves
-    # both abs passes, and |δ|·m equals |δ·m| for a 0/1 mask, so the norms are the same numbers. The norm before
-    # masking is taken first, so that masking may overwrite delta. Both norms are ordered sums
-    # (resumerge.methods.summation): the same bits for any thread count or device, and from row chunks
-    # (resumerge.methods.sample_stream).
-    before = ordered_sum(delta.abs() if magnitudes is None else magnitudes) if rescale else None
-    masked = delta.mul_(mask) if inplace else delta * mask
-    if before is None:
-        return masked
-    after = ordered_sum(masked.abs() if magnitudes is None else magnitudes.mul_(mask))
-    return _rescaled(masked, before, after)  # `masked` is delta itself or a fresh product: ours to scale
-
-
-def _rescaled(masked: torch.Tensor, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
-    # `masked` scaled in place so that its L1 norm `after` becomes `before`, the norm before masking; unscaled
-    # when either is below RESCALE_EPS (no 0/0).
-    if before < RESCALE_EPS or after < RESCALE_EPS:
-        return masked
-    return masked.mul_(before / after)
+def mask_in_place(values: torch.Tensor, mask: torch.Tensor, norms: Norms | None = None,
+                  magnitudes: torch.Tensor | None = None) -> None:
+    """``values`` × ``mask`` (1/0 of ``values``' dtype and shape) in place; with ``norms`` the L1 norms of
+    ``values`` before and after fed to them. ``magnitudes``, when given, is exactly ``values.abs()`` and is
+    overwritten: |δ|·m equals |δ·m| for a 1/0 mask, so the norms are the same numbers without a second abs."""
+    if norms is None:
+        values.mul_(mask)
+        return
+    counted = values.abs() if magnitudes is None else magnitudes
+    norms[0].add(counted)
+    values.mul_(mask)
+    norms[1].add(counted.mul_(mask))
 
 
 def _draw_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -124,20 +112,36 @@ def delta_keys(delta: torch.Tensor) -> torch.Tensor:
     return magnitude_keys(_float32_magnitudes(delta))
 
 
+def window_of(selection: Window, total: int, dtype: torch.dtype) -> StreamedWindow:
+    """The :class:`~resumerge.methods.rankstream.StreamedWindow` that finds ``selection`` among the magnitude keys
+    (:func:`delta_keys`) of a task vector of ``total`` entries of ``dtype`` arriving in row chunks."""
+    return StreamedWindow(total, selection.start, selection.stop, descending=selection.descending,
+                          shift=exact_key_shift(dtype))
+
+
 def select(delta: torch.Tensor, selection: Selection, *, rescale: bool, inplace: bool = False) -> torch.Tensor:
-    """Apply ``selection`` to the whole of ``delta``: ``KEEP`` returns ``delta`` itself, ``ZERO`` zeros, a
-    :class:`Window` masks by rank (the mask is 1/0 in delta's dtype, as mergekit's is, so masked negative entries
-    become -0.0 alike). With ``inplace`` the result is written into ``delta``, which is returned."""
+    """Apply ``selection`` to the whole of ``delta`` as one piece: ``KEEP`` returns ``delta`` itself, ``ZERO``
+    zeros, a :class:`Window` masks by rank (the mask is 1/0 in delta's dtype, as mergekit's is, so masked
+    negative entries become -0.0 alike), rescaled by the ordered L1 norms with ``rescale``. With ``inplace`` the
+    result is written into ``delta``, which is returned.
+
+    The window over one piece is :func:`~resumerge.methods.ranking.rank_window` (an O(n) selection, no scratch
+    beyond the mask): the streamed window's histograms hold megabytes whatever the tensor's size, which the
+    method's footprint cannot declare. Both are the window of a stable sort, the same masks."""
     if selection == KEEP:
         return delta
     if selection == ZERO:
         return delta.zero_() if inplace else torch.zeros_like(delta)
     assert isinstance(selection, Window)
-    magnitudes = _float32_magnitudes(delta)
-    keys = magnitude_keys(magnitudes)
-    mask = rank_window(keys, selection.start, selection.stop, descending=selection.descending, dtype=delta.dtype)
-    reusable = magnitudes if delta.dtype == torch.float32 else None  # otherwise not delta.abs() itself
-    return _mask_and_rescale(delta, mask.reshape(delta.shape), rescale, inplace, reusable)
+    values = delta if inplace else delta.clone()
+    keys = delta_keys(values)
+    mask = rank_window(keys, selection.start, selection.stop, descending=selection.descending, dtype=values.dtype)
+    # float32 keys are a view of |δ| itself, free once the mask is built.
+    reusable = keys.view(torch.float32).reshape(values.shape) if values.dtype == torch.float32 else None
+    norms = l1_norms(values.numel(), values.dtype, values.device) if rescale else None
+    mask_in_place(values, mask.reshape(values.shape), norms, reusable)
+    ratio = rescale_ratio(norms)
+    return values if ratio is None else values.mul_(ratio)
 
 
 def magnitude(delta: torch.Tensor, density: float, *, rescale: bool, inplace: bool = False) -> torch.Tensor:
@@ -165,57 +169,132 @@ def magnitude_outliers(
     return select(delta, outlier_selection(delta.numel(), density, gamma), rescale=rescale, inplace=inplace)
 
 
-def bernoulli(
-    delta: torch.Tensor, density: float, *, rescale: bool, generator: torch.Generator | None, inplace: bool = False
-) -> torch.Tensor:
-    """Keep each entry independently with probability ``density`` (DARE), drawing only from ``generator``.
+@dataclass(frozen=True)
+class Sampled:
+    """A randomized sparsifier's draw for one task vector: DARE's (``epsilon`` None: each entry kept with
+    probability ``density``) or DELLA's MAGPRUNE (the keep probability rises linearly with the magnitude's rank
+    along dim 1, from density−ε to density+ε)."""
 
-    ``density ≥ 1`` returns ``delta`` unchanged. With ``inplace`` ``delta`` may be overwritten (the result is then
-    returned in it where the dtypes allow). Raises ``ValueError`` when ``generator`` is None.
+    density: float
+    epsilon: float | None = None
+
+
+def sampled_draws(sampled: Sampled) -> bool:
+    """Whether ``sampled`` draws from the generator at all (a density of 1 or more keeps everything, and DELLA's
+    of 0 or less zeros everything, without drawing)."""
+    if sampled.density >= 1:
+        return False
+    return sampled.epsilon is None or sampled.density > 0
+
+
+def sample(delta: torch.Tensor, sampled: Sampled, *, rescale: bool, generator: torch.Generator | None,
+           inplace: bool = False) -> torch.Tensor:
+    """Apply DARE's or DELLA's draw (``sampled``) to the whole task vector ``delta``, drawing only from
+    ``generator``: :func:`draw_and_mask` over ``delta`` as one piece, then the rescale.
+
+    DARE keeps each entry independently with probability ``density``. DELLA ranks along dim 1 (a 1-D tensor is
+    one row): the smallest entry of a row gets density−ε, the largest density+ε; equal magnitudes in a row rank
+    by index (lower index, lower rank), where mergekit ranks them by its unstable sort; other ranks, and the
+    generator's draws, are the same as mergekit's. A row of one entry gets density (mergekit 0.1.5 divides 0 by
+    0 there and fails). ``density ≥ 1`` returns ``delta`` unchanged; DELLA's ``density ≤ 0`` gives zeros without
+    drawing. With ``inplace`` ``delta`` may be overwritten (the result is then returned in it where the dtypes
+    allow). Raises ``ValueError`` when ``generator`` is None or DELLA's density ± ε leaves (0, 1).
     """
     gen = _require_generator(generator)
-    if density >= 1:
-        return delta
-    if delta.dtype == torch.float32 and delta.device.type == "cpu" and delta.is_contiguous():
-        return _bernoulli_in_blocks(delta if inplace else delta.clone(), density, rescale, gen)
-    work = rescale_dtype(delta.dtype)
-    mask = _dare_mask(delta, density, gen)
-    values = delta.to(work)
-    converted = values is not delta  # then `values` is a fresh copy, ours to overwrite
-    magnitudes = values.abs() if rescale else None
-    masked = _mask_and_rescale(values, mask, rescale, inplace or converted, magnitudes)
-    return masked.to(delta.dtype)
+    if not sampled_draws(sampled):
+        if sampled.density >= 1:
+            return delta
+        return delta.zero_() if inplace else torch.zeros_like(delta)
+    values = delta.to(rescale_dtype(delta.dtype))  # delta itself, or a fresh copy of ours
+    if values is delta and not inplace:
+        values = delta.clone()
+    norms = l1_norms(values.numel(), values.dtype, values.device) if rescale else None
+    draw_and_mask(values, sampled, gen, norms=norms)
+    ratio = rescale_ratio(norms)
+    return (values if ratio is None else values.mul_(ratio)).to(delta.dtype)
 
 
-def _dare_mask(delta: torch.Tensor, density: float, gen: torch.Generator) -> torch.Tensor:
-    # DARE's 1/0 mask for delta's entries, in rescale_dtype. The probability is rounded to the draw dtype, so
-    # bfloat16 keeps bfloat16's rounding of density; expanded, not filled, as the CPU draw only compares against it.
-    probability = torch.tensor(density, dtype=_draw_dtype(delta.dtype), device=delta.device)
-    return bernoulli_mask(probability.expand(delta.shape), gen, rescale_dtype(delta.dtype))
+# L1 norms of a task vector before and after its masking (fed piece by piece: see draw_and_mask).
+Norms = tuple[OrderedSum, OrderedSum]
 
 
-def _bernoulli_in_blocks(values: torch.Tensor, density: float, rescale: bool, gen: torch.Generator) -> torch.Tensor:
-    # The float32 CPU case of bernoulli, in place in the contiguous `values`: each block's mask is drawn into a
-    # scratch block and applied (to the values and, for the rescale, to their magnitudes) while in cache, so the
-    # whole mask never exists. The draws consume the generator block after block as one draw over the tensor
-    # does, and the two L1 norms are the same ordered sums as in _mask_and_rescale: the same bits.
+def l1_norms(total: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> Norms:
+    """Empty ordered sums for the L1 norms of a task vector of ``total`` entries of ``dtype``: the order the
+    rescale's norms are always summed in, whole or piece by piece."""
+    return OrderedSum(total, dtype, device), OrderedSum(total, dtype, device)
+
+
+def rescale_ratio(norms: Norms | None) -> torch.Tensor | None:
+    """The factor that brings the masked L1 norm back to the unmasked one (a 0-dim tensor of the norms' dtype), or
+    None: no rescale, or either norm below :data:`RESCALE_EPS` (no 0/0; the mask is applied unscaled)."""
+    if norms is None:
+        return None
+    before, after = (norm.result() for norm in norms)
+    if before < RESCALE_EPS or after < RESCALE_EPS:
+        return None
+    return before / after
+
+
+def draw_and_mask(values: torch.Tensor, sampled: Sampled, generator: torch.Generator, *, norms: Norms | None = None,
+                  keep: torch.Tensor | None = None) -> None:
+    """Draw the keep mask of ``values`` — the next entries of one task vector (whole rows for DELLA), contiguous,
+    in :func:`rescale_dtype` and the caller's own buffer — from ``generator`` exactly as one draw over the whole
+    task vector continues, and multiply ``values`` by it in place. With ``norms`` the L1 norm of ``values`` before
+    and after the masking are fed to them; with ``keep`` (1-D, ``values.numel()`` entries) the 1/0 mask is
+    copied into it. Only for a ``sampled`` that draws (:func:`sampled_draws`).
+
+    The mask is drawn, applied and counted a block at a time, so it never exists whole and each block's work
+    stays in cache; consecutive blocks (and consecutive calls on consecutive row chunks) consume the generator
+    as one draw over the whole does, and every entry meets the same operations, so the bits never depend on
+    where the pieces are cut.
+    """
     flat = values.view(-1)
-    if flat.numel() == 0:
-        return values
-    magnitudes = flat.abs() if rescale else None
-    before = ordered_sum(magnitudes) if magnitudes is not None else None
-    probability = torch.tensor(density, dtype=torch.float32)
-    step = min(_ROW_BLOCK_ELEMENTS, flat.numel())
-    scratch = torch.empty(step, dtype=torch.float32)
-    for start in range(0, flat.numel(), step):
-        part = flat[start : start + step]
-        mask = scratch[: part.numel()].uniform_(generator=gen).lt_(probability)
-        part.mul_(mask)
-        if magnitudes is not None:
-            magnitudes[start : start + step].mul_(mask)
-    if magnitudes is None or before is None:
-        return values
-    return _rescaled(values, before, ordered_sum(magnitudes))
+    magnitudes = values.abs() if norms is not None or sampled.epsilon is not None else None
+    if norms is not None:
+        assert magnitudes is not None
+        norms[0].add(magnitudes)
+    counted = magnitudes.view(-1) if norms is not None and magnitudes is not None else None
+    for start, stop, mask in _mask_blocks(values, magnitudes, sampled, generator):
+        flat[start:stop].mul_(mask)
+        if counted is not None:
+            counted[start:stop].mul_(mask)
+        if keep is not None:
+            keep[start:stop].copy_(mask)
+    if norms is not None:
+        assert magnitudes is not None
+        norms[1].add(magnitudes)
+
+
+def _mask_blocks(values: torch.Tensor, magnitudes: torch.Tensor | None, sampled: Sampled, gen: torch.Generator
+                 ) -> Iterator[tuple[int, int, torch.Tensor]]:
+    # (first, stop, 1/0 mask of the flat entries [first, stop), in values' dtype), block after block; one block
+    # off the CPU, where a draw cannot be split (torch.bernoulli).
+    work = values.dtype
+    draw = _draw_dtype(work)
+    cpu = values.device.type == "cpu"
+    if sampled.epsilon is None:
+        # The probability is rounded to the draw dtype, so bfloat16 keeps bfloat16's rounding of density;
+        # expanded, not filled, as the CPU draw only compares against it.
+        probability = torch.tensor(sampled.density, dtype=draw, device=values.device)
+        count = values.numel()
+        step = _ROW_BLOCK_ELEMENTS if cpu else max(1, count)
+        for start in range(0, count, step):
+            stop = min(count, start + step)
+            yield start, stop, bernoulli_mask(probability.expand(stop - start), gen, work)
+        return
+    _check_epsilon(sampled.density, sampled.epsilon)
+    assert magnitudes is not None
+    # Ranking compares the magnitudes in the values' dtype: the task vector's own, or (float16) its exact float32.
+    rows = magnitudes.reshape(1, -1) if magnitudes.dim() < 2 else magnitudes
+    if rows.numel() == 0:
+        return
+    inner = rows[0].numel()
+    table = _probability_table(rows.shape[1], sampled.density, sampled.epsilon, draw, values.device)
+    step = max(1, _ROW_BLOCK_ELEMENTS // inner) if cpu else rows.shape[0]
+    for first in range(0, rows.shape[0], step):
+        block = rows[first : first + step]
+        mask = bernoulli_mask(_rank_probabilities(block, table, draw), gen, work)
+        yield first * inner, (first + block.shape[0]) * inner, mask.reshape(-1)
 
 
 def bernoulli_mask(probabilities: torch.Tensor, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
@@ -235,62 +314,12 @@ def bernoulli_mask(probabilities: torch.Tensor, generator: torch.Generator, dtyp
     return uniform.lt_(probabilities).to(dtype)
 
 
-def della_magprune(
-    delta: torch.Tensor,
-    density: float,
-    epsilon: float,
-    *,
-    rescale: bool,
-    generator: torch.Generator | None,
-    inplace: bool = False,
-) -> torch.Tensor:
-    """DELLA's MAGPRUNE: keep probability rises linearly with magnitude rank from density−ε to density+ε.
-
-    Ranks are taken along dim 1 (1-D tensors are one row); the smallest entry of a row gets density−ε, the
-    largest density+ε. Equal magnitudes in a row rank by index (lower index, lower rank), where mergekit ranks
-    them by its unstable sort; other ranks, and the generator's draws, are the same as mergekit's. A row of one
-    entry gets density (mergekit 0.1.5 divides 0 by 0 there and fails).
-    ``density ≥ 1`` returns ``delta`` unchanged; ``density ≤ 0`` gives zeros. With ``inplace`` ``delta`` may be
-    overwritten (the result is then returned in it where the dtypes allow). Raises ``ValueError`` when
-    density ± ε leaves (0, 1) or when ``generator`` is None.
-    """
-    gen = _require_generator(generator)
-    if density >= 1:
-        return delta
-    if density <= 0:
-        return delta.zero_() if inplace else torch.zeros_like(delta)
-    _check_epsilon(density, epsilon)
-    shape = delta.shape
-    rows = delta.reshape(1, -1) if delta.dim() < 2 else delta
-    draw = _draw_dtype(delta.dtype)
-    # Ranking compares the magnitudes in delta's own dtype, as mergekit does.
-    magnitudes = rows.abs()
-    work = rescale_dtype(delta.dtype)
-    if rows.dim() == 2 and rows.device.type == "cpu" and delta.dtype == work == draw == torch.float32:
-        return _mask_rows_in_blocks(rows if inplace else rows.clone(), magnitudes, density, epsilon, rescale,
-                                    gen).reshape(shape)
-    mask = _della_mask(magnitudes, density, epsilon, draw, work, gen)
-    values = rows.to(work)
-    converted = work != delta.dtype  # then `values` is a fresh copy, ours to overwrite
-    reusable = None if converted else magnitudes
-    masked = _mask_and_rescale(values, mask, rescale, inplace or converted, reusable)
-    return masked.to(delta.dtype).reshape(shape)
-
-
 def _check_epsilon(density: float, epsilon: float) -> None:
     if density + epsilon >= 1 or density - epsilon <= 0:
         raise ValueError("Epsilon must be chosen such that density +/- epsilon is in (0, 1)")
 
 
-def _della_mask(magnitudes: torch.Tensor, density: float, epsilon: float, draw: torch.dtype, work: torch.dtype,
-                gen: torch.Generator) -> torch.Tensor:
-    # MAGPRUNE's 1/0 mask (dtype `work`) from the magnitudes of whole rows (two or more dims; ranks along dim 1).
-    if magnitudes.dim() == 2 and magnitudes.device.type == "cpu":
-        return _row_block_mask(magnitudes, density, epsilon, draw, work, gen)
-    return bernoulli_mask(_rank_probabilities(magnitudes, density, epsilon, draw), gen, work)
-
-
-# Elements per block of rows in _row_block_mask: the block's int64 sort keys and probabilities stay in cache.
+# Entries per block of a draw (whole rows for DELLA): the block's int64 sort keys and probabilities stay in cache.
 _ROW_BLOCK_ELEMENTS = 1 << 17
 
 
@@ -307,100 +336,14 @@ def _probability_table(n: int, density: float, epsilon: float, draw: torch.dtype
     return spread.mul_(2).mul_(epsilon).add_(density - epsilon)
 
 
-def _row_block_mask(
-    magnitudes: torch.Tensor, density: float, epsilon: float, draw: torch.dtype, work: torch.dtype, gen: torch.Generator
-) -> torch.Tensor:
-    # bernoulli_mask(_rank_probabilities(...)) for a contiguous 2-D CPU tensor, a block of whole rows at a time:
-    # ranks are per row, and the draws of consecutive blocks consume the generator in the order one draw over
-    # the whole tensor does, so the mask is the same while the sort keys and probabilities (three tensors'
-    # worth at once) stay block-sized.
-    rows, n = magnitudes.shape
-    mask = torch.empty(magnitudes.shape, dtype=work)
-    if mask.numel() == 0:
-        return mask
-    table = _probability_table(n, density, epsilon, draw, magnitudes.device)
-    step = max(1, _ROW_BLOCK_ELEMENTS // n)
-    for start in range(0, rows, step):
-        order = stable_order(magnitude_keys(magnitudes[start : start + step]))
-        probabilities = torch.empty(order.shape, dtype=draw).scatter_(1, order, table.expand(order.shape))
-        mask[start : start + step] = bernoulli_mask(probabilities, gen, work)
-    return mask
-
-
-def _mask_rows_in_blocks(
-    rows: torch.Tensor, magnitudes: torch.Tensor, density: float, epsilon: float, rescale: bool,
-    gen: torch.Generator,
-) -> torch.Tensor:
-    # The float32 CPU case of della_magprune, in place in `rows`: _row_block_mask and _mask_and_rescale fused,
-    # so each block's mask is applied while it is in cache and never exists whole (a tensor-size less memory,
-    # and two whole-tensor passes fewer). `magnitudes` is rows.abs(), overwritten. Every entry meets the same
-    # operations as there and the two L1 norms are the same ordered sums, so the bits are the same.
-    n = rows.shape[1]
-    if rows.numel() == 0:
-        return rows
-    before = ordered_sum(magnitudes) if rescale else None
-    table = _probability_table(n, density, epsilon, torch.float32, rows.device)
-    step = max(1, _ROW_BLOCK_ELEMENTS // n)
-    scratch = torch.empty(min(step, rows.shape[0]) * n, dtype=torch.float32)
-    for start in range(0, rows.shape[0], step):
-        block = magnitudes[start : start + step]
-        order = stable_order(magnitude_keys(block))
-        probabilities = torch.empty(order.shape, dtype=torch.float32).scatter_(1, order, table.expand(order.shape))
-        del order
-        mask = scratch[: probabilities.numel()].view(probabilities.shape)
-        # bernoulli_mask's draw and comparison, in the scratch block.
-        mask.uniform_(generator=gen).lt_(probabilities)
-        rows[start : start + step].mul_(mask)
-        if before is not None:
-            block.mul_(mask)
-    return rows if before is None else _rescaled(rows, before, ordered_sum(magnitudes))
-
-
-def _rank_probabilities(
-    magnitudes: torch.Tensor, density: float, epsilon: float, draw: torch.dtype
-) -> torch.Tensor:
+def _rank_probabilities(magnitudes: torch.Tensor, table: torch.Tensor, draw: torch.dtype) -> torch.Tensor:
     # Keep probabilities by rank along dim 1 (a tensor of two or more dims; the other dims index rows), in the
     # draw dtype. A probability depends on the rank alone, so mergekit's expression is evaluated once per rank
-    # (a table of n entries) and scattered through each row's stable order: one pass over the tensor where
-    # ranking, converting and six elementwise steps took eight.
+    # (the `table`) and scattered through each row's stable order: one pass over the block where ranking,
+    # converting and six elementwise steps took eight.
     moved = magnitudes.movedim(1, -1)
     n = moved.shape[-1]
-    if moved.numel() == 0:
-        return torch.empty(magnitudes.shape, dtype=draw, device=magnitudes.device)
     order = stable_order(magnitude_keys(moved).reshape(-1, n))
-    table = _probability_table(n, density, epsilon, draw, magnitudes.device)
     probabilities = torch.empty(order.shape, dtype=draw, device=magnitudes.device)
     probabilities.scatter_(1, order, table.expand(order.shape))
     return probabilities.reshape(moved.shape).movedim(-1, 1)
-
-
-@dataclass(frozen=True)
-class Sampled:
-    """A randomized sparsifier's draw for one task vector: DARE's (``epsilon`` None) or DELLA's MAGPRUNE.
-
-    :func:`sampled_mask` draws its masks for consecutive parts of a task vector (row chunks, first rows first)
-    exactly as :func:`bernoulli` and :func:`della_magprune` draw them for the whole, consuming the generator the
-    same way; :mod:`resumerge.methods.sample_stream` builds their row-chunk form on it.
-    """
-
-    density: float
-    epsilon: float | None = None
-
-
-def sampled_draws(sampled: Sampled) -> bool:
-    """Whether ``sampled`` draws from the generator at all (a density of 1 or more keeps everything, and DELLA's
-    of 0 or less zeros everything, without drawing)."""
-    if sampled.density >= 1:
-        return False
-    return sampled.epsilon is None or sampled.density > 0
-
-
-def sampled_mask(delta: torch.Tensor, sampled: Sampled, generator: torch.Generator) -> torch.Tensor:
-    """The 1/0 keep mask (dtype :func:`rescale_dtype`) of the next entries of a task vector, ``delta`` holding
-    them in its shape (whole rows for DELLA, which ranks along dim 1), drawn from ``generator`` as the
-    whole-tensor sparsifier draws them. Only for a ``sampled`` that draws (:func:`sampled_draws`)."""
-    if sampled.epsilon is None:
-        return _dare_mask(delta, sampled.density, generator)
-    _check_epsilon(sampled.density, sampled.epsilon)
-    return _della_mask(delta.abs(), sampled.density, sampled.epsilon, _draw_dtype(delta.dtype),
-                       rescale_dtype(delta.dtype), generator)

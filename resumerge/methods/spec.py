@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from resumerge.methods.footprint import MethodFootprint
 from resumerge.methods.resources import NO_RESOURCES, Resources
+from resumerge.torch_import import dtype_name
 
 if TYPE_CHECKING:
     import torch
@@ -130,14 +131,37 @@ class RowStream(Protocol):
 
 
 class RowStreamFactory(Protocol):
-    """Returns a fresh :class:`RowStream` for one output tensor, or None when this tensor's parameters need the
-    whole tensor at once (then :attr:`MethodSpec.fn` computes it). Arguments are those of :class:`MergeContext`,
+    """Returns a fresh :class:`RowStream` for one output tensor. Arguments are those of :class:`MergeContext`,
     with the tensors' ``shape`` instead of the tensors, and the name of the dtype the method will see them in
     (``"float32"``, ``"bfloat16"``…; None: not known yet). A name, not a torch dtype: the planner builds streams
-    to size a run's memory before torch is imported (:mod:`resumerge.torch_import`)."""
+    to size a run's memory before torch is imported (:mod:`resumerge.torch_import`).
+
+    With ``whole`` the stream will see the tensor as one chunk (:func:`one_chunk`): it always exists, and it
+    takes from that chunk in its output pass what a statistics pass would have to gather (no pass reads the
+    inputs twice). Without, None says this tensor cannot be cut into row chunks (then it is computed whole)."""
 
     def __call__(self, shape: tuple[int, ...], base_index: int | None, model_params: Sequence[Mapping[str, Any]],
-                 params: Mapping[str, Any], *, dtype: str | None = None) -> RowStream | None: ...
+                 params: Mapping[str, Any], *, dtype: str | None = None,
+                 whole: bool = False) -> RowStream | None: ...
+
+
+def one_chunk(streamed: RowStreamFactory) -> MergeFn:
+    """The whole-tensor function of a method defined by its row stream: the stream (built ``whole``) run over the
+    context as its one chunk — its statistics passes, if it still asks for any, then its output pass."""
+
+    def merge(ctx: MergeContext) -> torch.Tensor:
+        first = ctx.tensors[ctx.base_index if ctx.base_index is not None else 0]
+        stream = streamed(tuple(first.shape), ctx.base_index, ctx.model_params, ctx.params,
+                          dtype=dtype_name(first.dtype), whole=True)
+        if stream is None:
+            raise ValueError("internal: a stream built whole must exist")
+        pass_index = 0
+        while stream.wants(pass_index):
+            stream.observe(pass_index, ctx)
+            pass_index += 1
+        return stream.apply(ctx)
+
+    return merge
 # Returns a one-sentence problem description, or None when the resolved parameters are acceptable.
 ContractCheck = Callable[[Mapping[str, Any], Sequence[Mapping[str, Any]]], "str | None"]
 

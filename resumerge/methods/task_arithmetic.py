@@ -11,7 +11,7 @@ DARE and DELLA pairs through :mod:`resumerge.methods.sample_stream`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -26,59 +26,29 @@ from resumerge.methods.spec import (
     ParamSpec,
     RowStreamFactory,
     Scope,
+    one_chunk,
 )
 from resumerge.methods.task_stream import magnitude_selector, outlier_selector, task_vector_stream
 from resumerge.methods.task_vectors import combine_task_vectors
 from resumerge.torch_import import torch
 
 if TYPE_CHECKING:
-    from torch import Generator, Tensor
+    pass
 
-# (task vector, that model's resolved parameters, rescale, generator) -> sparsified task vector. The task vector
-# handed over is the caller's own buffer: a sparsifier may overwrite it and return it.
-Sparsifier = Callable[["Tensor", Mapping[str, Any], bool, "Generator | None"], "Tensor"]
+def merge_task_vectors(ctx: MergeContext) -> torch.Tensor:
+    """``task_arithmetic``: B + λ·Σ wᵢ·δᵢ / D in the base's dtype, δᵢ = θᵢ − B.
 
-
-def _magnitude(delta: Tensor, p: Mapping[str, Any], rescale: bool, _: Generator | None) -> Tensor:
-    return sparsify.magnitude(delta, float(p["density"]), rescale=rescale, inplace=True)
-
-
-def _outliers(delta: Tensor, p: Mapping[str, Any], rescale: bool, _: Generator | None) -> Tensor:
-    return sparsify.magnitude_outliers(delta, float(p["density"]), float(p["gamma"]), rescale=rescale, inplace=True)
-
-
-def _random(delta: Tensor, p: Mapping[str, Any], rescale: bool, gen: Generator | None) -> Tensor:
-    return sparsify.bernoulli(delta, float(p["density"]), rescale=rescale, generator=gen, inplace=True)
-
-
-def _della(delta: Tensor, p: Mapping[str, Any], rescale: bool, gen: Generator | None) -> Tensor:
-    density, epsilon = float(p["density"]), float(p["epsilon"])
-    return sparsify.della_magprune(delta, density, epsilon, rescale=rescale, generator=gen, inplace=True)
-
-
-def merge_task_vectors(
-    ctx: MergeContext, *, sparsifier: Sparsifier | None, consensus: bool
-) -> torch.Tensor:
-    """Return B + λ·Σ wᵢ·mᵢ·sparsify(δᵢ) / D, in the base's dtype.
-
-    ``mᵢ`` is the TIES sign-agreement mask when ``consensus`` (else 1). With ``normalize`` the divisor ``D`` is Σ
-    wᵢ·mᵢ per position (a zero divisor becomes 1) or, without consensus, Σ wᵢ (treated as 1 when ``|Σ wᵢ| < 1e-8``);
-    otherwise ``D = 1``. ``normalize``, ``rescale`` and ``lambda`` come from ``ctx.params`` (the method's defaults
-    bound there, see :meth:`~resumerge.methods.spec.MethodSpec.bind`). The rank-based sparsifiers (TIES,
-    breadcrumbs, DELLA) decide between equal magnitudes at their threshold by index, where mergekit follows its
-    unstable sort: the one deliberate difference from mergekit (see :mod:`resumerge.methods.sparsify`). Without non-
-    base inputs the result is a copy of the base. Raises ``ValueError`` without a base, and whatever the sparsifier
-    raises (a missing generator, DELLA's epsilon range).
+    The sparsified members are the same sum over sparsified task vectors, with a TIES sign-agreement mask mᵢ
+    (``consensus``) where they elect signs: with ``normalize`` the divisor ``D`` is Σ wᵢ·mᵢ per position (a zero
+    divisor becomes 1) or, without consensus, Σ wᵢ (treated as 1 when ``|Σ wᵢ| < 1e-8``); otherwise ``D = 1``.
+    ``normalize`` and ``lambda`` come from ``ctx.params`` (the method's defaults bound there). Their sparsifiers
+    are streams (:mod:`resumerge.methods.task_stream`, :mod:`resumerge.methods.sample_stream`), and their
+    whole-tensor function is the stream over one chunk. The rank-based sparsifiers (TIES, breadcrumbs, DELLA)
+    decide between equal magnitudes at their threshold by index, where mergekit follows its unstable sort: the
+    one deliberate difference from mergekit (see :mod:`resumerge.methods.sparsify`). Without non-base inputs the
+    result is a copy of the base. Raises ``ValueError`` without a base.
     """
-    if sparsifier is None:
-        return combine_task_vectors(ctx, None, consensus=consensus)
-    chosen = sparsifier
-    rescale = bool(ctx.params["rescale"])
-
-    def sparsify_one(index: int, delta: Tensor) -> Tensor:
-        return chosen(delta, ctx.model_params[index], rescale, ctx.generator)
-
-    return combine_task_vectors(ctx, sparsify_one, consensus=consensus)
+    return combine_task_vectors(ctx, None, consensus=False)
 
 
 def check_della_epsilon(params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]]) -> str | None:
@@ -96,18 +66,10 @@ def check_della_epsilon(params: Mapping[str, Any], model_params: Sequence[Mappin
     return None
 
 
-_SPARSIFIERS: Mapping[str, Sparsifier] = MappingProxyType({
-    "magnitude": _magnitude,
-    "magnitude_outliers": _outliers,
-    "random": _random,
-    "della_magprune": _della,
-})
-
-
 @dataclass(frozen=True)
 class _Variant:
     name: str
-    sparsifier: str | None  # a key of _SPARSIFIERS (mergekit's SparsificationMethod names)
+    sparsifier: str | None  # mergekit's SparsificationMethod name
     consensus: bool
     normalize: bool
     rescale: bool
@@ -158,13 +120,9 @@ def _streamed(variant: _Variant) -> RowStreamFactory | None:
 
 
 def _spec(variant: _Variant) -> MethodSpec:
-    sparsifier = _SPARSIFIERS[variant.sparsifier] if variant.sparsifier else None
-
-    def merge(ctx: MergeContext) -> torch.Tensor:
-        return merge_task_vectors(ctx, sparsifier=sparsifier, consensus=variant.consensus)
-
-    merge.__name__ = merge.__qualname__ = variant.name
-    merge.__doc__ = f"``{variant.name}``: :func:`merge_task_vectors` with this method's sparsifier, defaults."
+    streamed = _streamed(variant)
+    # A sparsified member is defined by its stream alone; the whole tensor is that stream's one chunk.
+    merge = merge_task_vectors if streamed is None else one_chunk(streamed)
     return MethodSpec(
         name=variant.name,
         fn=merge,
@@ -173,13 +131,13 @@ def _spec(variant: _Variant) -> MethodSpec:
         min_inputs=1,
         # Only the unsparsified sum is a per-position function of its inputs; every sparsifier ranks, samples
         # or rescales over the whole tensor.
-        elementwise=sparsifier is None,
+        elementwise=variant.sparsifier is None,
         randomized=variant.sparsifier in ("random", "della_magprune"),
         title=variant.title,
         summary=variant.summary,
         reference=variant.reference,
         check=check_della_epsilon if variant.sparsifier == "della_magprune" else None,
-        streamed=_streamed(variant),
+        streamed=streamed,
         footprint=variant.footprint,
     )
 
@@ -198,11 +156,11 @@ _VARIANTS = (
              "task vectors trimmed to their largest entries, with a per-parameter sign election before they "
              "are summed onto the base."),
     _Variant("dare_ties", "random", True, False, True, "https://arxiv.org/abs/2311.03099",
-             measured((4, 8), (2, 4), (12, 2), (8, 16)),
+             measured((4.5, 8), (6.75, 3), (10.5, 2.25), (8, 16.25)),
              "DARE TIES",
              "task vectors randomly dropped and rescaled (DARE), then combined with TIES sign election."),
     _Variant("dare_linear", "random", False, False, True, "https://arxiv.org/abs/2311.03099",
-             measured((4.25, 4.25), (6, 2), (12, 2), (8.75, 8)),
+             measured((4.5, 4), (8.25, 2), (10.5, 2.25), (12.25, 8.25)),
              "DARE linear",
              "task vectors randomly dropped and rescaled (DARE), then summed onto the base."),
     _Variant("breadcrumbs", "magnitude_outliers", False, False, False, "https://arxiv.org/abs/2312.06795",
@@ -215,13 +173,13 @@ _VARIANTS = (
              "Model Breadcrumbs with TIES",
              "Breadcrumbs masks combined with TIES sign election."),
     _Variant("della", "della_magprune", True, True, True, "https://arxiv.org/abs/2406.11617",
-             measured((5, 4, 17.75, 7.5, None, (-4.25, 5.75)), (3.25, 2, 16.75, 4), (9.75, 2, 10.25, 8),
-                      (3.75, 10.5, 27.25, 0.75), scratch=_DELLA_ROWS),
+             measured((4, 4, 17.5, 5.25, None, (-7.5, 6.5)), (0.75, 2, 13.5, 8.5), (7.25, 2, 10.75, 8.5),
+                      (-10.5, 12, 35, 0.25), scratch=_DELLA_ROWS),
              "DELLA",
              "task vectors dropped with probabilities that fall with magnitude, rescaled, then combined with "
              "TIES sign election."),
     _Variant("della_linear", "della_magprune", False, False, True, "https://arxiv.org/abs/2406.11617",
-             measured((1.25, 4, 14.75, 8.25), (3.25, 2, 16.75, 4), (9.75, 2, 10.25, 8), (9.5, 8, 22.75, 4),
+             measured((1.25, 4, 10.75, 8.25), (0.75, 2, 13.5, 8.25), (7.25, 2, 10.75, 8.5), (2.75, 8, 13.5, 12.25),
                       scratch=_DELLA_ROWS),
              "DELLA linear",
              "DELLA's magnitude-aware dropping, then a plain weighted sum onto the base."),

@@ -1,11 +1,14 @@
-"""``ties``, ``breadcrumbs`` and ``breadcrumbs_ties`` over row chunks: the :class:`~resumerge.methods.spec.RowStream`
-of the rank-window sparsifiers.
+"""``ties``, ``breadcrumbs`` and ``breadcrumbs_ties``: the one definition of the rank-window sparsifiers, a
+:class:`~resumerge.methods.spec.RowStream` over row chunks of a tensor, whose whole-tensor form is the same stream
+over one chunk (:func:`~resumerge.methods.spec.one_chunk`).
 
-Their only whole-tensor step is each task vector's rank window; :class:`~resumerge.methods.rankstream.
-StreamedWindow` finds it in one or two statistics passes over the chunks (one for half-precision task vectors),
-and the output pass masks each chunk and runs the shared per-position core
-(:func:`~resumerge.methods.task_vectors.combine_task_vectors`). A ``rescale`` needs the whole tensor's L1 sums,
-rounded as torch rounds one sum over the whole tensor, so such a tensor is left to the whole-tensor path.
+Their only whole-tensor steps are each task vector's rank window and, with ``rescale``, its two L1 norms. Over one
+chunk the output pass finds both in the chunk it holds (:func:`~resumerge.methods.sparsify.select`). Over several
+chunks the window (:class:`~resumerge.methods.rankstream.StreamedWindow`) takes one or two statistics passes (one
+for half-precision task vectors), a ``rescale`` one more that feeds the norms to ordered sums (the order the
+one-piece norms are summed in), and the output pass masks and rescales each chunk. Either way the shared
+per-position core (:func:`~resumerge.methods.task_vectors.combine_task_vectors`) follows: the same bits for every
+chunking.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from resumerge.methods import sparsify
-from resumerge.methods.ranking import exact_key_shift
+from resumerge.methods.footprint import dtype_size
 from resumerge.methods.rankstream import StreamedWindow
 from resumerge.methods.spec import MergeContext, RowStream, RowStreamFactory
+from resumerge.methods.summation import OrderedSum
 from resumerge.methods.task_vectors import combine_task_vectors
 from resumerge.torch_import import torch
 
@@ -41,53 +45,90 @@ def outlier_selector(numel: int, p: Mapping[str, Any]) -> sparsify.Selection:
 class TaskVectorStream:
     """One tensor of a rank-window method over row chunks (a :class:`~resumerge.methods.spec.RowStream`)."""
 
-    def __init__(self, selections: Mapping[int, sparsify.Selection], total: int, *, consensus: bool) -> None:
+    def __init__(self, selections: Mapping[int, sparsify.Selection], total: int, *, consensus: bool,
+                 rescale: bool, whole: bool = False, dtype: str | None = None) -> None:
         self._selections, self._total = dict(selections), total
-        self._consensus = consensus
+        self._consensus, self._rescale, self._whole = consensus, rescale, whole
+        self._itemsize = dtype_size(dtype or "float64")  # for held_bytes: the widest, when not known
         self._windows: dict[int, StreamedWindow] | None = None  # built at the first chunk, which fixes the dtype
         self._active: list[int] = []
+        self._norms: dict[int, sparsify.Norms] = {}  # with rescale, per windowed task vector
+        self._norm_pass: int | None = None  # the statistics pass that feeds them, once the windows are found
+        self._ratios: dict[int, Tensor | None] | None = None
 
     prefer_whole = False  # as fast as the whole tensor (measured: breadcrumbs 15.3 s streamed, 15.7-16.1 whole)
 
     def held_bytes(self) -> int:
-        """Nothing that grows with the tensor: the windows' counts are fixed-size histograms (well under the
-        governor's margin)."""
-        return 0
+        """The ordered sums' fold buffers of a ``rescale``; the windows' counts are fixed-size histograms (well
+        under the governor's margin)."""
+        windowed = sum(1 for s in self._selections.values() if isinstance(s, sparsify.Window))
+        return 2 * windowed * OrderedSum.buffer_bytes(self._total, self._itemsize) if self._rescale else 0
 
     def wants(self, pass_index: int) -> bool:
-        """True while some task vector's window needs statistics pass ``pass_index``."""
+        """While some task vector's window needs statistics pass ``pass_index``; then, with ``rescale``, the pass
+        that takes the norms. None over one chunk (its output pass finds both)."""
+        if self._whole:
+            return False
+        windowed = [s for s in self._selections.values() if isinstance(s, sparsify.Window)]
         if pass_index == 0:
-            return any(isinstance(s, sparsify.Window) and not self._window(s, None).trivial
-                       for s in self._selections.values())
-        self._active = [i for i, w in self._built(None).items() if w.wants(pass_index)]
-        return bool(self._active)
+            return any(self._rescale or not self._window(s, None).trivial for s in windowed)
+        if self._norm_pass is None:
+            self._active = [i for i, w in self._built(None).items() if w.wants(pass_index)]
+            if self._active or not self._rescale:
+                return bool(self._active)
+            self._norm_pass = pass_index
+            return True
+        return False
 
     def observe(self, pass_index: int, ctx: MergeContext) -> None:
-        """Count one chunk's task-vector magnitudes."""
+        """Count one chunk's task-vector magnitudes, or (the norm pass) feed its norms."""
         base = ctx.base
         if self._windows is None:
             self._active = [i for i, w in self._built(base.dtype).items() if w.wants(0)]
+            if not self._active and self._rescale:
+                self._norm_pass = 0  # every window is trivial: the first pass takes the norms
         windows = self._built(base.dtype)
+        if pass_index == self._norm_pass:
+            for index, window in windows.items():
+                delta = ctx.tensors[index] - base
+                mask = window.mask(sparsify.delta_keys(delta), delta.dtype)
+                norms = self._norms.setdefault(index, sparsify.l1_norms(self._total, delta.dtype, delta.device))
+                sparsify.mask_in_place(delta, mask.reshape(delta.shape), norms)
+            return
         for index in self._active:
             windows[index].observe(pass_index, sparsify.delta_keys(ctx.tensors[index] - base))
 
     def apply(self, ctx: MergeContext) -> Tensor:
-        """The merged rows of the next chunk."""
+        """The merged rows of the next chunk (over one chunk: each task vector's window and norms found here)."""
+        if self._whole:
+            def sparsify_one(index: int, delta: Tensor) -> Tensor:
+                return sparsify.select(delta, self._selections[index], rescale=self._rescale, inplace=True)
+
+            return combine_task_vectors(ctx, sparsify_one, consensus=self._consensus)
         windows = self._built(ctx.base.dtype)
+        ratios = self._finish_norms(windows)
 
-        def sparsify_one(index: int, delta: Tensor) -> Tensor:
+        def sparsify_chunk(index: int, delta: Tensor) -> Tensor:
             window = windows.get(index)
-            if window is None:
+            if window is None:  # kept whole or zeroed: no window, no rescale
                 return sparsify.select(delta, self._selections[index], rescale=False, inplace=True)
-            # The product a whole-tensor select takes (rescale off): delta × its 1/0 mask, in place.
-            return delta.mul_(window.mask(sparsify.delta_keys(delta), delta.dtype).reshape(delta.shape))
+            sparsify.mask_in_place(delta, window.mask(sparsify.delta_keys(delta), delta.dtype).reshape(delta.shape))
+            ratio = ratios.get(index)
+            return delta if ratio is None else delta.mul_(ratio)
 
-        return combine_task_vectors(ctx, sparsify_one, consensus=self._consensus)
+        return combine_task_vectors(ctx, sparsify_chunk, consensus=self._consensus)
+
+    def _finish_norms(self, windows: Mapping[int, StreamedWindow]) -> dict[int, Tensor | None]:
+        # The rescale factors, once, before the first output chunk; the windows mask again from the first chunk.
+        if self._ratios is None:
+            self._ratios = {i: sparsify.rescale_ratio(norms) for i, norms in self._norms.items()}
+            if self._norms:
+                for window in windows.values():
+                    window.rewind()
+        return self._ratios
 
     def _window(self, selection: sparsify.Window, dtype: torch.dtype | None) -> StreamedWindow:
-        shift = exact_key_shift(dtype) if dtype is not None else None
-        return StreamedWindow(self._total, selection.start, selection.stop, descending=selection.descending,
-                              shift=shift)
+        return sparsify.window_of(selection, self._total, dtype if dtype is not None else torch.float32)
 
     def _built(self, dtype: torch.dtype | None) -> dict[int, StreamedWindow]:
         if self._windows is None:
@@ -102,13 +143,14 @@ def task_vector_stream(selector: Selector, *, consensus: bool) -> RowStreamFacto
     """The :class:`~resumerge.methods.spec.RowStreamFactory` of a rank-window method."""
 
     def factory(shape: tuple[int, ...], base_index: int | None, model_params: Sequence[Mapping[str, Any]],
-                params: Mapping[str, Any], *, dtype: str | None = None) -> RowStream | None:
+                params: Mapping[str, Any], *, dtype: str | None = None,
+                whole: bool = False) -> RowStream | None:
         total = math.prod(shape)
-        if base_index is None or total == 0 or bool(params["rescale"]):
+        if not whole and (base_index is None or total == 0):
             return None
         others = [i for i in range(len(model_params)) if i != base_index]
         selections = {i: selector(total, model_params[i]) for i in others}
-        return TaskVectorStream(selections, total, consensus=consensus)
+        return TaskVectorStream(selections, total, consensus=consensus, rescale=bool(params["rescale"]),
+                                whole=whole, dtype=dtype)
 
     return factory
-

@@ -78,9 +78,13 @@ def test_sign_consensus_weights_are_the_bool_mask_as_numbers(dtype: torch.dtype)
 def test_della_row_blocks_draw_the_whole_tensor_mask(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     magnitudes = _with_specials((13, 40), dtype, seed=7).abs()
     draw = torch.float32 if dtype == torch.float32 else torch.bfloat16
+    table = sparsify._probability_table(magnitudes.shape[1], 0.5, 0.2, draw, magnitudes.device)
     whole = sparsify.bernoulli_mask(
-        sparsify._rank_probabilities(magnitudes, 0.5, 0.2, draw), torch.Generator().manual_seed(2), dtype
+        sparsify._rank_probabilities(magnitudes, table, draw), torch.Generator().manual_seed(2), dtype
     )
     monkeypatch.setattr(sparsify, "_ROW_BLOCK_ELEMENTS", 120)  # blocks of 3 rows and a last one of 1
-    blocks = sparsify._row_block_mask(magnitudes, 0.5, 0.2, draw, dtype, torch.Generator().manual_seed(2))
+    blocks = torch.empty(magnitudes.numel(), dtype=dtype)
+    sparsify.draw_and_mask(magnitudes.clone(), sparsify.Sampled(0.5, 0.2), torch.Generator().manual_seed(2),
+                           keep=blocks)
+    blocks = blocks.view(magnitudes.shape)
     assert torch.equal(blocks, whole)

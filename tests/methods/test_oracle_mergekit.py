@@ -261,7 +261,8 @@ def test_sparsifiers_differ_from_mergekit_only_at_threshold_ties(sparsifier: str
         skip = n - int(0.3 * n) - int(0.05 * n)
         ties = straddling(magnitudes, skip, skip + int(0.3 * n), descending=False)
     else:
-        ours = sparsify.della_magprune(delta, 0.4, 0.2, rescale=False, generator=torch.Generator().manual_seed(5))
+        ours = sparsify.sample(delta, sparsify.Sampled(0.4, 0.2), rescale=False,
+                               generator=torch.Generator().manual_seed(5))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(5)
             theirs = mergekit_sparsify.della_magprune(delta, 0.4, 0.2)

@@ -120,7 +120,7 @@ def test_ties_at_the_threshold_go_to_the_lowest_indices() -> None:
 def test_della_ranks_equal_magnitudes_by_index() -> None:
     # Four equal magnitudes in one row get ranks 1..4 in index order, so keep probabilities rise left to right.
     row = torch.full((20_000, 4), 3.0)
-    kept = (sparsify.della_magprune(row, 0.5, 0.4, rescale=False, generator=torch.Generator()) != 0).double()
+    kept = (sparsify.sample(row, sparsify.Sampled(0.5, 0.4), rescale=False, generator=torch.Generator()) != 0).double()
     rates = kept.mean(dim=0)
     assert torch.allclose(rates, torch.tensor([0.1, 0.1 + 0.8 / 3, 0.9 - 0.8 / 3, 0.9]).double(), atol=0.015)
 
@@ -136,7 +136,8 @@ def test_masks_are_the_same_for_any_thread_count(threads: None, dtype: torch.dty
             [
                 sparsify.magnitude(deltas[0], 0.3, rescale=False),
                 sparsify.magnitude_outliers(deltas[1], 0.4, 0.05, rescale=False),
-                sparsify.della_magprune(deltas[2], 0.4, 0.2, rescale=False, generator=torch.Generator().manual_seed(9)),
+                sparsify.sample(deltas[2], sparsify.Sampled(0.4, 0.2), rescale=False,
+                                generator=torch.Generator().manual_seed(9)),
                 variance_mask(deltas, 0.3, torch.int8),
             ]
         )

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from resumerge.methods import sparsify
+from resumerge.methods.summation import ordered_sum
 
 DELTA = torch.tensor([[3.0, -1.0, 0.5], [2.0, 0.0, -4.0]])
 
@@ -47,7 +48,7 @@ def test_magnitude_outliers_keeps_outliers_when_density_needs_them() -> None:
 
 def test_bernoulli_keep_rate_and_l1_rescale() -> None:
     delta = torch.ones(200_000)
-    out = sparsify.bernoulli(delta, 0.3, rescale=True, generator=gen())
+    out = sparsify.sample(delta, sparsify.Sampled(0.3), rescale=True, generator=gen())
     kept = out != 0
     assert abs(kept.float().mean().item() - 0.3) < 0.005
     # every kept entry is scaled by N/kept, so the L1 norm is preserved (not 1/density)
@@ -56,7 +57,7 @@ def test_bernoulli_keep_rate_and_l1_rescale() -> None:
 
 
 def test_bernoulli_without_rescale_only_masks() -> None:
-    out = sparsify.bernoulli(DELTA, 0.5, rescale=False, generator=gen())
+    out = sparsify.sample(DELTA, sparsify.Sampled(0.5), rescale=False, generator=gen())
     assert torch.equal(out[out != 0], DELTA[out != 0])
 
 
@@ -64,29 +65,29 @@ def test_bernoulli_without_rescale_only_masks() -> None:
 def test_random_sparsifiers_keep_dtype_and_shape(dtype: torch.dtype) -> None:
     delta = torch.randn(4, 5, generator=gen(1)).to(dtype)
     for out in (
-        sparsify.bernoulli(delta, 0.5, rescale=True, generator=gen()),
-        sparsify.della_magprune(delta, 0.5, 0.2, rescale=True, generator=gen()),
+        sparsify.sample(delta, sparsify.Sampled(0.5), rescale=True, generator=gen()),
+        sparsify.sample(delta, sparsify.Sampled(0.5, 0.2), rescale=True, generator=gen()),
     ):
         assert out.dtype == dtype and out.shape == delta.shape
 
 
 def test_random_sparsifiers_require_a_generator() -> None:
     with pytest.raises(ValueError, match="Generator"):
-        sparsify.bernoulli(DELTA, 0.5, rescale=True, generator=None)
+        sparsify.sample(DELTA, sparsify.Sampled(0.5), rescale=True, generator=None)
     with pytest.raises(ValueError, match="Generator"):
-        sparsify.della_magprune(DELTA, 0.5, 0.1, rescale=True, generator=None)
+        sparsify.sample(DELTA, sparsify.Sampled(0.5, 0.1), rescale=True, generator=None)
 
 
 def test_random_sparsifiers_never_touch_the_global_rng() -> None:
     state = torch.get_rng_state()
-    sparsify.bernoulli(DELTA, 0.5, rescale=True, generator=gen())
-    sparsify.della_magprune(DELTA, 0.5, 0.1, rescale=True, generator=gen())
+    sparsify.sample(DELTA, sparsify.Sampled(0.5), rescale=True, generator=gen())
+    sparsify.sample(DELTA, sparsify.Sampled(0.5, 0.1), rescale=True, generator=gen())
     assert torch.equal(torch.get_rng_state(), state)
 
 
 def test_della_keep_probability_rises_with_magnitude_rank() -> None:
     row = torch.arange(1, 100_001, dtype=torch.float32)[torch.randperm(100_000, generator=gen(3))]
-    out = sparsify.della_magprune(row, 0.5, 0.4, rescale=False, generator=gen())
+    out = sparsify.sample(row, sparsify.Sampled(0.5, 0.4), rescale=False, generator=gen())
     kept = (out != 0).float()
     order = torch.argsort(row)
     # p runs linearly from 0.1 (smallest) to 0.9 (largest): the bottom tenth keeps ≈ 0.14, the top ≈ 0.86
@@ -98,22 +99,22 @@ def test_della_keep_probability_rises_with_magnitude_rank() -> None:
 def test_della_ranks_each_row_separately() -> None:
     # Two rows of very different scale: per-row ranking keeps about half of each.
     rows = torch.stack([torch.linspace(1, 2, 20_000), torch.linspace(1000, 2000, 20_000)])
-    kept = (sparsify.della_magprune(rows, 0.5, 0.3, rescale=False, generator=gen()) != 0).float()
+    kept = (sparsify.sample(rows, sparsify.Sampled(0.5, 0.3), rescale=False, generator=gen()) != 0).float()
     assert abs(kept[0].mean().item() - 0.5) < 0.02
     assert abs(kept[1].mean().item() - 0.5) < 0.02
 
 
 def test_della_single_entry_rows_use_density() -> None:
     column = torch.ones(50_000, 1)
-    kept = (sparsify.della_magprune(column, 0.3, 0.2, rescale=False, generator=gen()) != 0).float()
+    kept = (sparsify.sample(column, sparsify.Sampled(0.3, 0.2), rescale=False, generator=gen()) != 0).float()
     assert abs(kept.mean().item() - 0.3) < 0.01
 
 
 def test_della_rejects_epsilon_leaving_the_unit_interval() -> None:
     with pytest.raises(ValueError, match=r"density \+/- epsilon"):
-        sparsify.della_magprune(DELTA, 0.9, 0.15, rescale=True, generator=gen())
+        sparsify.sample(DELTA, sparsify.Sampled(0.9, 0.15), rescale=True, generator=gen())
     # density ≥ 1 disables pruning before the check, as in mergekit
-    assert sparsify.della_magprune(DELTA, 1.0, 0.15, rescale=True, generator=gen()) is DELTA
+    assert sparsify.sample(DELTA, sparsify.Sampled(1.0, 0.15), rescale=True, generator=gen()) is DELTA
 
 
 @settings(deadline=None, max_examples=30)
@@ -121,20 +122,31 @@ def test_della_rejects_epsilon_leaving_the_unit_interval() -> None:
 def test_random_sparsifiers_are_deterministic_per_seed(seed: int, density: float) -> None:
     delta = torch.randn(8, 16, generator=gen(7))
     epsilon = min(density, 1 - density) / 2
-    first = sparsify.bernoulli(delta, density, rescale=True, generator=gen(seed))
-    sparsify.bernoulli(torch.randn(5), 0.5, rescale=True, generator=gen(seed + 1))  # unrelated call between
-    assert torch.equal(first, sparsify.bernoulli(delta, density, rescale=True, generator=gen(seed)))
-    first = sparsify.della_magprune(delta, density, epsilon, rescale=True, generator=gen(seed))
-    assert torch.equal(first, sparsify.della_magprune(delta, density, epsilon, rescale=True, generator=gen(seed)))
+    for sampled in (sparsify.Sampled(density), sparsify.Sampled(density, epsilon)):
+        first = sparsify.sample(delta, sampled, rescale=True, generator=gen(seed))
+        # an unrelated call between
+        sparsify.sample(torch.randn(5, 4), sampled, rescale=True, generator=gen(seed + 1))
+        assert torch.equal(first, sparsify.sample(delta, sampled, rescale=True, generator=gen(seed)))
+
+
+def _masked_by_hand(delta: torch.Tensor, mask: torch.Tensor, rescale: bool) -> torch.Tensor:
+    # The mask, then the L1 rescale over the whole tensor (both norms ordered sums, unscaled below RESCALE_EPS).
+    masked = delta * mask
+    if rescale:
+        before, after = ordered_sum(delta.abs()), ordered_sum(masked.abs())
+        if before >= sparsify.RESCALE_EPS and after >= sparsify.RESCALE_EPS:
+            masked *= before / after
+    return masked
 
 
 def _della_unfused(delta: torch.Tensor, density: float, epsilon: float, seed: int, rescale: bool) -> torch.Tensor:
     # The float32 path as it ran before masks were applied block by block: the whole mask first, then the mask and
     # the L1 rescale over the whole tensor.
     rows = delta if delta.dim() == 2 else delta.reshape(1, -1)
-    probabilities = sparsify._rank_probabilities(rows.abs(), density, epsilon, torch.float32)
+    table = sparsify._probability_table(rows.shape[1], density, epsilon, torch.float32, rows.device)
+    probabilities = sparsify._rank_probabilities(rows.abs(), table, torch.float32)
     mask = sparsify.bernoulli_mask(probabilities, gen(seed), torch.float32)
-    return sparsify._mask_and_rescale(rows.clone(), mask, rescale).reshape(delta.shape)
+    return _masked_by_hand(rows.clone(), mask, rescale).reshape(delta.shape)
 
 
 @pytest.mark.parametrize("block", [1, 37, 1 << 17])
@@ -146,7 +158,7 @@ def test_della_float32_masks_in_blocks_with_the_unfused_bits(
     # Equal magnitudes (rounded values) and exact zeros in every row: the tie rule and the zero rows are exercised.
     delta = (torch.randn(shape, generator=gen(7)) * 4).round() / 4
     monkeypatch.setattr(sparsify, "_ROW_BLOCK_ELEMENTS", block)
-    ours = sparsify.della_magprune(delta, 0.4, 0.15, rescale=rescale, generator=gen(3))
+    ours = sparsify.sample(delta, sparsify.Sampled(0.4, 0.15), rescale=rescale, generator=gen(3))
     assert ours.dtype == torch.float32 and ours.shape == delta.shape
     assert torch.equal(ours.view(torch.int32), _della_unfused(delta, 0.4, 0.15, 3, rescale).view(torch.int32))
 
@@ -154,9 +166,9 @@ def test_della_float32_masks_in_blocks_with_the_unfused_bits(
 def test_della_float32_leaves_its_input_alone_unless_in_place() -> None:
     delta = torch.randn(16, 16, generator=gen(1))
     before = delta.clone()
-    out = sparsify.della_magprune(delta, 0.5, 0.1, rescale=True, generator=gen(2))
+    out = sparsify.sample(delta, sparsify.Sampled(0.5, 0.1), rescale=True, generator=gen(2))
     assert torch.equal(delta, before) and out.data_ptr() != delta.data_ptr()
-    again = sparsify.della_magprune(delta, 0.5, 0.1, rescale=True, generator=gen(2), inplace=True)
+    again = sparsify.sample(delta, sparsify.Sampled(0.5, 0.1), rescale=True, generator=gen(2), inplace=True)
     assert again.data_ptr() == delta.data_ptr() and torch.equal(again, out)
 
 
@@ -169,13 +181,13 @@ def test_bernoulli_float32_masks_in_blocks_with_the_unfused_bits(
     delta = torch.randn(shape, generator=gen(4))
     probabilities = torch.tensor(0.35, dtype=torch.float32).expand(shape)
     mask = sparsify.bernoulli_mask(probabilities, gen(9), torch.float32)
-    unfused = sparsify._mask_and_rescale(delta.clone(), mask, rescale)
+    unfused = _masked_by_hand(delta.clone(), mask, rescale)
     monkeypatch.setattr(sparsify, "_ROW_BLOCK_ELEMENTS", block)
-    ours = sparsify.bernoulli(delta, 0.35, rescale=rescale, generator=gen(9))
+    ours = sparsify.sample(delta, sparsify.Sampled(0.35), rescale=rescale, generator=gen(9))
     assert torch.equal(ours.view(torch.int32), unfused.view(torch.int32))
     # The generator has advanced by exactly one draw per entry, as one draw over the whole tensor advances it.
     follower = gen(9)
     torch.empty(delta.numel()).uniform_(generator=follower)
     after = gen(9)
-    sparsify.bernoulli(delta, 0.35, rescale=rescale, generator=after)
+    sparsify.sample(delta, sparsify.Sampled(0.35), rescale=rescale, generator=after)
     assert torch.equal(torch.rand(4, generator=after), torch.rand(4, generator=follower))

@@ -152,17 +152,38 @@ def test_a_base_alone_is_copied() -> None:
     assert torch.equal(run_streamed("ties", [base], [{}], {}, [[1]]), base)
 
 
-def test_rescale_and_missing_base_stay_whole_tensor() -> None:
+def test_missing_base_and_empty_tensors_stay_whole_tensor() -> None:
     for method in STREAMED:
         spec = get_method(method)
         assert spec is not None and spec.streamed is not None
         per_model = model_params(0.5)
-        assert spec.streamed((4, 4), 0, *spec.bind(per_model, {"rescale": True}, 0)) is None
         assert spec.streamed((4, 4), None, *spec.bind(per_model, {}, None)) is None
         assert spec.streamed((0, 4), 0, *spec.bind(per_model, {}, 0)) is None
     for method in ("task_arithmetic", "slerp"):
         spec = get_method(method)
         assert spec is not None and spec.streamed is None
+
+
+@pytest.mark.parametrize("method", STREAMED)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_rescale_streams_with_the_one_chunk_bits(method: str, dtype: torch.dtype) -> None:
+    # The rescale's L1 norms are ordered sums fed chunk by chunk in their own statistics pass; tied magnitudes
+    # (levels) make the windows cut runs of equal keys, and density 1 / 0 gives trivial windows, still rescaled.
+    tensors = inputs(dtype, (11, 7), 9, levels=4)
+    for densities in ((0.4, 0.7), (1.0, 0.0)):
+        per_model = [{}, {"weight": 0.6, "density": densities[0]}, {"weight": 0.5, "density": densities[1]}]
+        assert_chunkings_agree(method, tensors, per_model, {"rescale": True})
+
+
+def test_hand_computed_ties_rescale_restores_each_l1_norm() -> None:
+    # δ = [[3, -1], [0.5, 2]] keeps 3 and 2 (density 0.5): |δ|₁ = 6.5, kept 5, so both scale by 1.3.
+    base = torch.zeros(2, 2)
+    delta = torch.tensor([[3.0, -1.0], [0.5, 2.0]])
+    params = [{}, {"weight": 1.0, "density": 0.5}]
+    expected = torch.tensor([[3.0 * 1.3, 0.0], [0.0, 2.0 * 1.3]])
+    for sizes in ([[1]], [[2]]):
+        got = run_streamed("ties", [base, delta], params, {"rescale": True}, sizes)
+        assert torch.allclose(got, expected, rtol=1e-6, atol=0)
 
 
 def test_hand_computed_ties_keeps_the_first_of_equal_magnitudes_across_chunks() -> None:
