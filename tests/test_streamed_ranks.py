@@ -1,6 +1,6 @@
-"""``ties`` and ``breadcrumbs`` on tensors computed from row chunks: runs that a whole-tensor unit could not fit
-complete, and every streamed output — under a tight budget, in passes at the default budget, after a kill — is
-byte-identical to the whole-tensor run's.
+"""``ties`` and ``breadcrumbs`` (with and without ``rescale``) on tensors computed from row chunks: runs that a
+whole-tensor unit could not fit complete, and every streamed output — under a tight budget, in passes at the
+default budget, after a kill — is byte-identical to the whole-tensor run's.
 """
 
 from __future__ import annotations
@@ -52,9 +52,10 @@ def merge(tmp_path_factory: pytest.TempPathFactory) -> Merge:
         patch.setattr(workunits, "row_stream", lambda *args: None)
         for method in ("ties", "breadcrumbs", "dare_ties", "della"):
             configs[method], configs[f"{method}-rescale"] = _configs(root, method, a, b, c)
-            out = root / f"reference-{method}"
-            assert _run(configs[method], out, root / "state-ref") == 0
-            reference[method] = digests(out)
+            for name in (method, f"{method}-rescale") if method in ("ties", "breadcrumbs") else (method,):
+                out = root / f"reference-{name}"
+                assert _run(configs[name], out, root / "state-ref") == 0
+                reference[name] = digests(out)
         configs["sce"] = write_config(root / "sce.yml", {
             "merge_method": "sce", "base_model": str(a), "models": [{"model": str(b)}, {"model": str(c)}],
             "parameters": {"select_topk": 0.4}})
@@ -109,8 +110,10 @@ def scripted(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _whole_tensor_need(config: Path, capsys: pytest.CaptureFixture[str]) -> int:
-    """The smallest budget ``plan`` names for ``config`` (a merge whose tensors must be held whole)."""
-    main(["plan", str(config), "--max-memory", "1MB", "--json", "--probe-size", "0"])
+    """The smallest budget ``plan`` names for ``config`` when its tensors are held whole (no stream)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(workunits, "row_stream", lambda *args: None)
+        main(["plan", str(config), "--max-memory", "1MB", "--json", "--probe-size", "0"])
     return int(json.loads(capsys.readouterr().out)["memory"]["smallest_budget"])
 
 
@@ -123,15 +126,12 @@ def _eighth_of_whole(merge: Merge, capsys: pytest.CaptureFixture[str]) -> str:
 @pytest.mark.usefixtures("scripted")
 def test_a_budget_too_small_for_whole_tensors_streams_rows_with_the_same_bytes(
         merge: Merge, calls: dict[str, int], capsys: pytest.CaptureFixture[str]) -> None:
-    # The same merge with rescale needs whole tensors (L1 sums over the tensor), as ties itself did before it could
-    # stream. With room for an eighth of the embeddings' whole unit, that merge is refused, and the streamed one
-    # has too little even for a tensor's output in one piece (its unit in passes): row chunks go to the writer.
+    # With room for an eighth of the embeddings' whole unit, a whole-tensor merge would be refused, and the
+    # streamed one has too little even for a tensor's output in one piece (its unit in passes): row chunks go to
+    # the writer. With rescale too: its L1 norms are ordered sums fed in a statistics pass of their own.
     budget = _eighth_of_whole(merge, capsys)
-    for method in ("ties", "breadcrumbs"):
+    for method in ("ties", "breadcrumbs", "ties-rescale", "breadcrumbs-rescale"):
         tag = f"tight-{method}"
-        assert _run(merge.configs[f"{method}-rescale"], merge.root / f"{tag}-rescale", merge.root / "st",
-                    "--max-memory", budget) == 2
-        assert "smallest budget that works" in capsys.readouterr().err
         main(["plan", str(merge.configs[method]), "--max-memory", budget, "--json", "--probe-size", "0"])
         memory = json.loads(capsys.readouterr().out)["memory"]
         assert memory["smallest_budget"] <= int(budget)
@@ -183,13 +183,17 @@ def test_passes_at_the_default_budget_give_the_same_bytes(merge: Merge, calls: d
     for config in ("ties", "ties-rescale"):
         main(["plan", str(merge.configs[config]), "--json", "--probe-size", "0"])
         largest[config] = json.loads(capsys.readouterr().out)["memory"]["largest_unit_bytes"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(workunits, "row_stream", lambda *args: None)
+        main(["plan", str(merge.configs["ties"]), "--json", "--probe-size", "0"])
+        whole = json.loads(capsys.readouterr().out)["memory"]["largest_unit_bytes"]
     # A unit in passes holds a chunk and its output; the whole embeddings' unit needs several times that.
-    assert largest["ties"] * 3 < largest["ties-rescale"]
-    for method in ("ties", "breadcrumbs"):
+    assert largest["ties"] * 3 < whole and largest["ties-rescale"] * 3 < whole
+    for method in ("ties", "breadcrumbs", "ties-rescale"):
         out = merge.root / f"passes-{method}"
         assert _run(merge.configs[method], out, merge.root / "st") == 0
         assert digests(out) == merge.reference[method]
-    assert calls["compute_in_passes"] >= 2 * 9  # every 2-D tensor of both merges
+    assert calls["compute_in_passes"] >= 3 * 9  # every 2-D tensor of the three merges
 
 
 def test_a_kill_while_streaming_resumes_to_the_same_bytes(merge: Merge) -> None:
@@ -216,7 +220,8 @@ def test_the_rule_streams_what_it_can_and_reads_hub_ranges_once_when_it_has_the_
     assert mode(plan.tensors[embed], method, fair, "cpu") == workunits.PASSES  # a chunk and the 8 MB output
     assert mode(plan.tensors[embed], method, tight, "cpu") == workunits.ROWS
     assert mode(plan.tensors[norm], method, default, "cpu") == workunits.WHOLE  # one chunk: nothing to gain
-    assert mode(rescaled.tensors[embed], method, tight, "cpu") == workunits.WHOLE  # rescale needs it whole
+    assert mode(rescaled.tensors[embed], method, default, "cpu") == workunits.PASSES  # rescale streams too
+    assert mode(rescaled.tensors[embed], method, tight, "cpu") == workunits.ROWS
     assert mode(plan.tensors[embed], method, default, "cuda:0") == workunits.WHOLE  # streams run on the CPU
     assert mode(plan.tensors[embed], method, default, "cpu", serial=False) == workunits.WHOLE  # cores to use
     assert mode(plan.tensors[embed], method, fair, "cpu", serial=False) == workunits.ROWS

@@ -1,5 +1,5 @@
-"""SCE's steps (:mod:`resumerge.methods.sce`): the variance selection, the energy weights and the per-position
-tail, shared by the whole-tensor path and the row-chunk stream (:mod:`resumerge.methods.sce_stream`)."""
+"""SCE's steps: the variance selection, the energy weights and the per-position tail, which its one definition
+(:mod:`resumerge.methods.sce_stream`) runs over one chunk or over several."""
 
 from __future__ import annotations
 

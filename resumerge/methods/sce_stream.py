@@ -1,20 +1,23 @@
-"""``sce`` over row chunks: the :class:`~resumerge.methods.spec.RowStream` of SCE.
+"""``sce``: the one definition of SCE, a :class:`~resumerge.methods.spec.RowStream` over row chunks of a tensor,
+whose whole-tensor form is the same stream over one chunk (:func:`~resumerge.methods.spec.one_chunk`).
 
 SCE has three whole-tensor steps: how many positions have a nonzero variance across the task vectors (which sets
 the ``select_topk`` window), the window itself over the variances, and each task vector's energy (mean square
-after the selection). Everything else is per position. So the stream
+after the selection). Everything else is per position. Over one chunk the output pass takes all three from the
+chunk it holds (:func:`~resumerge.methods.sce_steps.variance_mask`, :func:`~resumerge.methods.sce_steps.
+energy_weights`). Over several chunks the stream
 
 1. counts the nonzero variances and histograms their keys (the window's first pass, deferred until the count
    gives its size: :class:`~resumerge.methods.rankstream.StreamedWindow`);
 2. for float32 and float16 variances, counts the low bits of the keys at the window's ends (bfloat16 keys are
    exact after step 1);
 3. masks each chunk, keeps the mask (a byte a position) and feeds every task vector's squares to an ordered sum
-   (:class:`~resumerge.methods.summation.OrderedSum`, the order the whole-tensor path sums them in too);
-4. in the output pass, masks each chunk again and runs SCE's per-position steps
-   (:func:`~resumerge.methods.sce_steps.agreement_sum`, :func:`~resumerge.methods.sce_steps.agreement_mean`).
+   (:class:`~resumerge.methods.summation.OrderedSum`, the order the one-chunk energies are summed in too);
 
-Without a window (``select_topk`` ≥ 1 or ≤ 0) only steps 3 and 4 run. Float64 variances rank by int64 keys, which
-the streamed window does not count, so float64 tensors are left to the whole-tensor path.
+and either way the output pass runs SCE's per-position steps (:func:`~resumerge.methods.sce_steps.agreement_sum`,
+:func:`~resumerge.methods.sce_steps.agreement_mean`). Without a window (``select_topk`` ≥ 1 or ≤ 0) only step 3
+runs. Float64 variances rank by int64 keys, which the streamed window does not count, so float64 tensors ranked by
+variance are computed in one chunk.
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ from resumerge.methods.rankstream import StreamedWindow
 from resumerge.methods.sce_steps import (
     agreement_mean,
     agreement_sum,
+    energy_weights,
     normalised_energy,
     population_variance,
     stacked_task_vectors,
     variance_count,
+    variance_mask,
 )
 from resumerge.methods.spec import MergeContext, RowStream
 from resumerge.methods.summation import OrderedSum
@@ -46,8 +51,9 @@ class SceStream:
     """One tensor of ``sce`` over row chunks (a :class:`~resumerge.methods.spec.RowStream`)."""
 
     def __init__(self, total: int, models: int, fraction: float, *, int8: bool,
-                 dtype: str | None = None) -> None:
+                 dtype: str | None = None, whole: bool = False) -> None:
         self._total, self._models, self._fraction, self._int8 = total, models, fraction, int8
+        self._whole = whole
         self._itemsize = dtype_size(dtype or "float64")  # for held_bytes: the widest, when not known
         self._window: StreamedWindow | None = None  # built at the first chunk (its keys' dtype), when ranking
         self._nonzero = 0
@@ -72,7 +78,9 @@ class SceStream:
         return (self._total if self._ranks else 0) + self._models * OrderedSum.buffer_bytes(self._total, self._itemsize)
 
     def wants(self, pass_index: int) -> bool:
-        """The window's passes (while ranking), then the energy pass."""
+        """The window's passes (while ranking), then the energy pass; none over one chunk."""
+        if self._whole:
+            return False
         if not self._ranks:
             return pass_index == 0
         if pass_index == 0:
@@ -115,7 +123,16 @@ class SceStream:
             self._weights = normalised_energy(self._energy, self._total, task_vectors.dtype)
 
     def apply(self, ctx: MergeContext) -> Tensor:
-        """The merged rows of the next chunk."""
+        """The merged rows of the next chunk: B + Σᵢ eᵢ·mᵢ·δᵢ / max(Σᵢ eᵢ·mᵢ, 1e-6), in the inputs' dtype.
+
+        δᵢ are the task vectors restricted to the top ``select_topk`` fraction of positions by variance (all
+        positions when ``select_topk ≥ 1``), eᵢ their :func:`~resumerge.methods.sce_steps.energy_weights`, and mᵢ
+        the TIES sign-agreement mask. There is no per-model weight. Equal variances straddling the ``select_topk``
+        cut are selected lowest index first, the one deliberate difference from mergekit. Without non-base inputs
+        the result is a copy of the base; raises ``ValueError`` without a base.
+        """
+        if self._whole:
+            return self._one_chunk(ctx)
         if self._weights is None:
             raise ValueError("the output pass was asked for before the energy pass")
         selected = self._select(stacked_task_vectors(ctx), store=False)
@@ -123,6 +140,20 @@ class SceStream:
         merged, kept = agreement_sum(selected, self._weights)
         del selected
         return agreement_mean(merged, kept, ctx.base)
+
+    def _one_chunk(self, ctx: MergeContext) -> Tensor:
+        # The whole tensor in hand: its window and energies from it (every step mergekit's, in the same order and
+        # dtype; only the temporaries are gone: products in place, the sign mask built as numbers).
+        base = ctx.base
+        if not ctx.others() or base.numel() == 0:
+            return base.clone()
+        task_vectors = stacked_task_vectors(ctx)
+        if self._fraction < 1:
+            dtype = torch.int8 if self._int8 else base.dtype
+            task_vectors.mul_(variance_mask(task_vectors, self._fraction, dtype))
+        merged, kept = agreement_sum(task_vectors, energy_weights(task_vectors))
+        del task_vectors  # a stack of tensor-sizes, not needed for the division
+        return agreement_mean(merged, kept, base)
 
     def _select(self, task_vectors: Tensor, *, store: bool) -> Tensor:
         # task_vectors × the window's mask, in place, as the whole tensor's variance_mask multiplies them.
@@ -155,11 +186,11 @@ class SceStream:
 def sce_stream(shape: tuple[int, ...], base_index: int | None, model_params: Sequence[Mapping[str, Any]],
                params: Mapping[str, Any], *, dtype: str | None = None,
                whole: bool = False) -> RowStream | None:
-    """The :class:`~resumerge.methods.spec.RowStreamFactory` of ``sce`` (None: the whole-tensor path, for a
-    tensor without a base, non-base inputs or entries, or float64 ranked by variance)."""
+    """The :class:`~resumerge.methods.spec.RowStreamFactory` of ``sce`` (not ``whole``, None: computed in one
+    chunk, for a tensor without a base, non-base inputs or entries, or float64 ranked by variance)."""
     total = math.prod(shape)
     models = len(model_params) - 1
     fraction = float(params["select_topk"])
-    if base_index is None or total == 0 or models < 1 or (dtype == "float64" and 0 < fraction < 1):
+    if not whole and (base_index is None or total == 0 or models < 1 or (dtype == "float64" and 0 < fraction < 1)):
         return None
-    return SceStream(total, models, fraction, int8=bool(params["int8_mask"]), dtype=dtype)
+    return SceStream(total, models, fraction, int8=bool(params["int8_mask"]), dtype=dtype, whole=whole)

@@ -4,7 +4,8 @@ A method never touches files, dtype policy of the output, devices or global RNG 
 contract (:class:`MethodSpec`) to validate a config before any weight is read; the engine calls
 :attr:`MethodSpec.fn` with a :class:`MergeContext` per output tensor (or per row chunk when the method is
 ``elementwise``, or through its :class:`RowStream` when it has one) and casts the result to ``out_dtype``
-itself.
+itself. A method that is not elementwise but has a :class:`RowStream` is defined by it alone: its ``fn`` is the
+stream over the tensor as one chunk (:func:`one_chunk`).
 """
 
 from __future__ import annotations

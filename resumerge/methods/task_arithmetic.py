@@ -4,9 +4,9 @@
 All eight are one computation with two switches, as in mergekit 0.1.5: an optional sparsifier applied to each
 task vector δᵢ = θᵢ − B (see :mod:`resumerge.methods.sparsify`), and an optional TIES sign election (see
 :mod:`resumerge.methods.consensus`). Every step runs in the inputs' dtype, which is what makes the results
-bit-identical to mergekit for the deterministic members. The sparsified members also run over row chunks of a
-tensor with the same bits: ``ties`` and ``breadcrumbs(_ties)`` through :mod:`resumerge.methods.task_stream`, the
-DARE and DELLA pairs through :mod:`resumerge.methods.sample_stream`.
+bit-identical to mergekit for the deterministic members. Each sparsified member is defined once, by its row
+stream (``ties`` and ``breadcrumbs(_ties)``: :mod:`resumerge.methods.task_stream`; the DARE and DELLA pairs:
+:mod:`resumerge.methods.sample_stream`), and its whole-tensor function is that stream over one chunk.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The per-position core of the task-arithmetic family: task vectors in, weighted (and elected) sum out.
 
-Everything here after a task vector's sparsification is a function of one position across the inputs, so the
-whole-tensor merge (:mod:`resumerge.methods.task_arithmetic`) and its row-chunk form
-(:mod:`resumerge.methods.task_stream`) share this code and with it every rounding step: a chunk's result is the
-corresponding rows of the whole tensor's, bit for bit.
+Everything here after a task vector's sparsification is a function of one position across the inputs, so plain
+``task_arithmetic`` (:mod:`resumerge.methods.task_arithmetic`) and every sparsified member's stream, over one chunk
+or several (:mod:`resumerge.methods.task_stream`, :mod:`resumerge.methods.sample_stream`), share this code and
+with it every rounding step: a chunk's result is the corresponding rows of the whole tensor's, bit for bit.
 """
 
 from __future__ import annotations
