@@ -55,8 +55,10 @@ class TaskVectorStream:
         self._norms: dict[int, sparsify.Norms] = {}  # with rescale, per windowed task vector
         self._norm_pass: int | None = None  # the statistics pass that feeds them, once the windows are found
         self._ratios: dict[int, Tensor | None] | None = None
-
-    prefer_whole = False  # as fast as the whole tensor (measured: breadcrumbs 15.3 s streamed, 15.7-16.1 whole)
+        # Without rescale as fast as the whole tensor (measured: breadcrumbs 15.3 s streamed, 15.7-16.1 whole); a
+        # rescale's norm pass reads the inputs once more (ties with rescale: a third more CPU on the bench), so such
+        # a tensor streams only when it does not fit whole.
+        self.prefer_whole = rescale
 
     def held_bytes(self) -> int:
         """The ordered sums' fold buffers of a ``rescale``; the windows' counts are fixed-size histograms (well
