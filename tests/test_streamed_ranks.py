@@ -19,7 +19,7 @@ from support import cli, digests, linear_config, write_config
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine import drive, estimate, executor
+from resumerge.engine import devices, estimate, executor
 from resumerge.engine.session import plan_from_config
 from resumerge.inputs.hub.ranges import RangeClient
 from resumerge.inputs.hub.stream import HubStream
@@ -104,7 +104,7 @@ BASELINE = 10_000_000
 @pytest.fixture
 def scripted(monkeypatch: pytest.MonkeyPatch) -> None:
     """The run's and the plan's memory readings come from a fixed probe (and plan times no compute)."""
-    monkeypatch.setattr(drive, "SystemProbe", lambda: FakeProbe(rss=BASELINE))
+    monkeypatch.setattr(devices, "SystemProbe", lambda: FakeProbe(rss=BASELINE))
     monkeypatch.setattr(estimate, "SystemProbe", lambda: FakeProbe(rss=BASELINE))
     monkeypatch.setattr(estimate, "measure_compute", lambda *args, **kwargs: ())
 
