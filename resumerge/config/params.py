@@ -2,18 +2,22 @@
 
 A setting is a scalar, a gradient (list of numbers interpolated over a slice's layers), a list of bools or
 strings (indexed by position), or a conditional list ``[{filter: mlp, value: ...}, {value: ...}]`` where the
-first entry whose filter is a substring of the tensor name wins (a missing filter or ``"*"`` matches anything).
-A conditional list in which nothing matches yields no value, so resolution falls through to the next level.
+first entry whose filter matches the tensor name wins (see :func:`filter_matches`; a missing filter or ``"*"``
+matches anything). A conditional list in which nothing matches yields no value, so resolution falls through to the
+next level.
 """
 
 from __future__ import annotations
 
 import math
+from fnmatch import fnmatchcase
 from typing import Any
 
 Setting = Any  # scalar | list[number] | list[bool | str] | list[{filter?, value}]
 
 _MISSING = object()
+# A filter holding one of these is a glob pattern over the whole name (issue 44; mergekit PR #689 asks for globs).
+_GLOB_CHARS = frozenset("*?[")
 
 
 def check_setting(value: Any) -> str | None:
@@ -48,7 +52,7 @@ def evaluate(setting: Setting, tensor_name: str, t: float) -> Any:
     if isinstance(setting, list) and setting and isinstance(setting[0], dict):
         for entry in setting:
             filt = entry.get("filter")
-            if filt is None or filt == "*" or filt in tensor_name:
+            if is_catch_all(filt) or filter_matches(filt, tensor_name):
                 return evaluate(entry["value"], tensor_name, t)
         return _MISSING
     if isinstance(setting, list):
@@ -56,6 +60,24 @@ def evaluate(setting: Setting, tensor_name: str, t: float) -> Any:
             return gradient_value([float(v) for v in setting], t)
         return setting[int(t * (len(setting) - 1))]
     return setting
+
+
+def filter_matches(pattern: str, tensor_name: str) -> bool:
+    """Whether a conditional entry's ``filter`` selects ``tensor_name``: a glob (a pattern holding ``*``, ``?`` or
+    ``[``) matches the *whole* name, case-sensitively, with :func:`fnmatch.fnmatchcase` rules
+    (``model.layers.*.mlp.experts.*``); any other pattern is a substring of the name, exactly as mergekit matches
+    it (``self_attn``)."""
+    return fnmatchcase(tensor_name, pattern) if is_glob(pattern) else pattern in tensor_name
+
+
+def is_glob(pattern: str) -> bool:
+    """Whether filter ``pattern`` is a glob (holds ``*``, ``?`` or ``[``) rather than mergekit's substring."""
+    return not _GLOB_CHARS.isdisjoint(pattern)
+
+
+def is_catch_all(pattern: str | None) -> bool:
+    """Whether ``pattern`` is a conditional entry's catch-all: no filter, or mergekit's ``"*"``."""
+    return pattern is None or pattern == "*"
 
 
 def is_missing(value: Any) -> bool:

@@ -85,6 +85,11 @@ class Layout:
         """Full tensor name of ``suffix`` in layer ``index``."""
         return f"{self.layer_prefix}.{index}.{suffix}"
 
+    def names(self) -> tuple[str, ...]:
+        """Every tensor name of this layout but its other modules': pre-layer, each layer's, post-layer."""
+        layers = (self.layer_name(i, s) for i in range(self.num_layers) for s in self.suffixes_of(i))
+        return (*self.pre, *layers, *self.post)
+
     def suffixes_of(self, index: int) -> tuple[str, ...]:
         """The suffixes (sorted) of the tensors layer ``index`` holds."""
         if index < len(self.suffixes_by_layer):

@@ -23,6 +23,8 @@ from resumerge.methods.registry import MethodSpec, get_method
 
 if TYPE_CHECKING:
     from resumerge.config.merge_config import MergeConfig
+    from resumerge.plan.accounting import Accounting
+    from resumerge.plan.filters import FilterMatch
     from resumerge.vocab import VocabAlignment
 
 DEFAULT_SHARD_SIZE = 1_000_000_000
@@ -243,6 +245,11 @@ class Plan:
     # config and the method's declaration. Derived from the recorded text: not fingerprinted.
     card_config: MergeConfig | None = field(default=None, compare=False, repr=False)
     card_method: tuple[str, str, str] | None = field(default=None, compare=False, repr=False)
+    # Each ``filter:`` the planner consulted, with how many output tensors it matched, and what became of every
+    # input tensor (merged, copied, renumbered, dropped and why; None for a plan that does not say: an extraction's).
+    # Derived from the config and the inputs: not fingerprinted.
+    filters: tuple[FilterMatch, ...] = field(default=(), compare=False, repr=False)
+    accounting: Accounting | None = field(default=None, compare=False, repr=False)
 
     @property
     def total_bytes(self) -> int:

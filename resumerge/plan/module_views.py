@@ -25,10 +25,14 @@ checkpoint names it too (``language_model.model.layers``).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from resumerge.errors import ConfigError
 from resumerge.plan.architecture import Layout, is_head
 from resumerge.plan.modules import LAYER_CONTAINERS, ModuleLayout
+
+if TYPE_CHECKING:
+    from resumerge.config.merge_config import MergeConfig, ModuleConfig
 
 TEXT, VISION, PROJECTOR = "text_decoder", "vision_tower", "multi_modal_projector"
 MODULE_NAMES = (TEXT, VISION, PROJECTOR)
@@ -133,3 +137,38 @@ def set_vision_layers(out_config: dict[str, object], count: int) -> None:
         key = next((k for k in VISION_COUNT_KEYS if type(vision.get(k)) is int), None)
         if key is not None:
             vision[key] = count
+
+
+def module_names(config: MergeConfig, layout: Layout
+                 ) -> tuple[tuple[str, ...], dict[str, str], dict[str, ModuleConfig]]:
+    """The modules of ``config``'s ``modules:`` form to plan over models laid out as ``layout`` (the donor's), in
+    order; the name each is shown by; and the listed ``modules:`` entries, all keyed by module (mergekit's JSON
+    names, or its inferred names — ``default`` and the layer prefixes — taken as what they denote). Raises
+    :class:`ConfigError` for an unknown name, or for the two kinds of names mixed."""
+    entries = config.modules or ()
+    inferred = {m.name: inferred_module(m.name, layout) for m in entries if m.name not in MODULE_NAMES}
+    for entry in entries:
+        if entry.name not in MODULE_NAMES and inferred[entry.name] is None:
+            stacks = (layout.layer_prefix, *(m.prefix for m in layout.other_modules))
+            raise ConfigError(f"{entry.name!r} is not a module of these models", yaml_path=entry.yaml_path,
+                              hint=f"the modules are {', '.join(MODULE_NAMES)} (or mergekit's inferred names: "
+                                   f"{', '.join(str(p) for p in (DEFAULT, *stacks) if p)})")
+    if not inferred:
+        return MODULE_NAMES, {n: n for n in MODULE_NAMES}, {m.name: m for m in entries}
+    mixed = [m for m in entries if m.name in MODULE_NAMES]
+    if mixed:
+        raise ConfigError(f"{mixed[0].name!r} is one of mergekit's defined module names, but {next(iter(inferred))!r} "
+                          "is one of its inferred ones: they split the model differently",
+                          yaml_path=mixed[0].yaml_path,
+                          hint=f"use {', '.join(MODULE_NAMES)}, or default and the layer prefixes, not both")
+    listed: dict[str, ModuleConfig] = {}
+    for entry in entries:
+        module = inferred[entry.name]
+        assert module is not None
+        if module in listed:
+            raise ConfigError(f"{entry.name!r} and {listed[module].name!r} name the same module",
+                              yaml_path=entry.yaml_path, hint="list each module once")
+        listed[module] = entry
+    shown = {DEFAULT: DEFAULT, TEXT: str(layout.layer_prefix), VISION: layout.other_modules[0].prefix}
+    shown.update({module: entry.name for module, entry in listed.items()})
+    return (DEFAULT, TEXT, VISION), shown, listed

@@ -54,11 +54,9 @@ def _check_range(spec: Any, value: Any, path: str) -> None:
         )
 
 
-def check_parameter_names(config: MergeConfig, method: MethodSpec) -> None:
-    # A name some method declares but not the chosen one is fine (a switched method); one no method declares is
-    # a typo worth stopping for.
-    own = {p.name for p in method.params}
-    known = parameter_names() | own
+def parameter_places(config: MergeConfig) -> list[tuple[str, Mapping[str, Setting]]]:
+    """Every ``parameters:`` mapping of ``config`` with its YAML path: top level, modules, models, slices and
+    slice sources."""
     places: list[tuple[str, Mapping[str, Setting]]] = [("parameters", config.parameters)]
     places.extend((f"{m.yaml_path}.parameters", m.parameters) for m in config.modules or ())
     for src in config.all_models():
@@ -66,7 +64,15 @@ def check_parameter_names(config: MergeConfig, method: MethodSpec) -> None:
     for sl in config.all_slices():
         places.append((f"{sl.yaml_path}.parameters", sl.parameters))
         places.extend((f"{s.yaml_path}.parameters", s.parameters) for s in sl.sources)
-    for path, params in places:
+    return places
+
+
+def check_parameter_names(config: MergeConfig, method: MethodSpec) -> None:
+    # A name some method declares but not the chosen one is fine (a switched method); one no method declares is
+    # a typo worth stopping for.
+    own = {p.name for p in method.params}
+    known = parameter_names() | own
+    for path, params in parameter_places(config):
         for name in params:
             if name not in known:
                 raise ConfigError(

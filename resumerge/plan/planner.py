@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from resumerge.config.merge_config import MergeConfig, ModuleConfig, SliceConfig, SourceConfig
+from resumerge.config.merge_config import MergeConfig, SliceConfig, SourceConfig
 from resumerge.config.modelref import ModelRef
 from resumerge.config.params import Setting
 from resumerge.errors import ConfigError, ModelInputError
@@ -21,6 +21,7 @@ from resumerge.inputs.codecs import CODECS, PLAIN, CodecTable
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
 from resumerge.methods.registry import BasePolicy, MethodSpec, Scope, get_method, method_names
+from resumerge.plan.accounting import Drops
 from resumerge.plan.architecture import (
     TIED_NAMES,
     Layout,
@@ -31,28 +32,36 @@ from resumerge.plan.architecture import (
 )
 from resumerge.plan.copies import stored_copy
 from resumerge.plan.experts import mark_expert_stacks
+from resumerge.plan.filters import FilterTally
+from resumerge.plan.input_fates import account, stored_names_of
 from resumerge.plan.inputrefs import stored_ref, tensor_ref
 from resumerge.plan.merge_plan import InputRef, LoraRef, Plan, PlanOptions, TensorPlan, compute_fingerprint
 from resumerge.plan.module_views import (
     DEFAULT,
-    MODULE_NAMES,
     TEXT,
     VISION,
-    inferred_module,
     inferred_views,
+    module_names,
     module_views,
     set_vision_layers,
 )
 from resumerge.plan.modules import plan_modules, refuse_sliced_modules
 from resumerge.plan.mtp import MtpOutcome, plan_mtp
+from resumerge.plan.nonfloat import UNITS as NONFLOAT_UNITS
+from resumerge.plan.nonfloat import is_float, nonfloat_tensor
 from resumerge.plan.outconfig import build_out_config
-from resumerge.plan.parameters import UNSET, check_parameter_names, parameter_value
+from resumerge.plan.parameters import UNSET, check_parameter_names, parameter_places, parameter_value
 from resumerge.plan.quantnotes import quantization_notes
 from resumerge.plan.sharding import assign_shards, resolve_shard_size
 from resumerge.plan.tokenizer_plan import build_output_tokenizer, tokenizer_hashes, tokenizer_output
 from resumerge.plan.truncation import common_rows, leading_rows, truncation_notes
 from resumerge.vocab import BuiltTokenizer, parse_tokenizer_spec
 
+# Why a planner leaves input tensors out (resumerge.plan.accounting).
+OUTSIDE_SLICES = "layers outside the slices"
+NOT_IN_FIRST = "not in the layer of the slice's first model, whose names the output follows"
+MTP_FROM_LAST = "MTP module: taken from the last slice's models"
+MTP_DROPPED = "MTP module dropped: a model of the last slice has none"
 DTYPE_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64"}
 
 
@@ -70,13 +79,16 @@ class _Slice:
 
 @dataclass(frozen=True)
 class _Ctx:
-    """What planning one tensor needs besides its slice: the method, the config, the models, the tokenizer."""
+    """What planning one tensor needs besides its slice: the method, the config, the models, the tokenizer; and
+    what the build collects on the way: each filter's matches, and why input tensors are left out."""
 
     method: MethodSpec
     config: MergeConfig
     models: Mapping[str, ModelInput]
     built: BuiltTokenizer | None
     truncate: bool
+    filters: FilterTally
+    drops: Drops = field(default_factory=Drops)
 
 
 def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: PlanOptions,
@@ -103,7 +115,8 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
         raise ConfigError(f"merge method {method.name} does not accept a base model", yaml_path="base_model")
     spec = parse_tokenizer_spec(config.tokenizer_source, config.tokenizer, config.chat_template)
     built = build_output_tokenizer(config, spec, models) if spec.builds else None
-    ctx = _Ctx(method, config, models, built, options.unsafe_truncate_embeddings and built is None)
+    ctx = _Ctx(method, config, models, built, options.unsafe_truncate_embeddings and built is None,
+               FilterTally(parameter_places(config)))
     tensors: dict[str, TensorPlan] = {}
     notes: list[str] = []
     vision_layers = None
@@ -117,8 +130,9 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
         keys = [src.model.key for src in sl.sources]
         tensors.update(plan_modules(
             keys, {k: layouts[k].other_modules for k in keys},
-            lambda name, names, t: _tensor(name, names, sl, t, method, config, models), yaml_path="models",
+            lambda name, names, t: _tensor(name, names, sl, t, ctx), yaml_path="models",
         ))
+    ctx.filters.refuse_unmatched([*tensors, *(n for m in models.values() for n in stored_names_of(m))])
     tensors = mark_expert_stacks(tensors, models[_donor(config)].config)
     tensors = {name: out_format(tp, dequantize=options.dequantize) for name, tp in tensors.items()}
     if ctx.truncate:
@@ -152,6 +166,9 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
         vocab_digest=built.digest if built else "",
         notes=tuple(notes),
         input_roles={key: m.formats.role_counts() for key, m in models.items() if m.formats is not None},
+        units=NONFLOAT_UNITS,
+        filters=ctx.filters.matches(),
+        accounting=account(tensors, models, ctx.drops),
     )
     return replace(plan, fingerprint=compute_fingerprint(plan))
 
@@ -162,38 +179,45 @@ def _plan_stack(slices: list[_Slice], layouts: Mapping[str, Layout], ctx: _Ctx, 
     ``tensors``; return the (model, source layer) of each output layer and what became of the inputs' MTP modules
     (whose note goes to ``notes``). Loose tensors before the layers come from the first slice's models, the others
     and the MTP module (see :mod:`resumerge.plan.mtp`) from the last slice's."""
-    method, config, models, built, truncate = ctx.method, ctx.config, ctx.models, ctx.built, ctx.truncate
     origins: list[tuple[str, int]] = []
+    _left_out(slices, layouts, ctx.drops)
     for s_index, sl in enumerate(slices):
-        _check_slice(sl, method, layouts)
+        _check_slice(sl, ctx.method, layouts)
         length = sl.ranges[0][1] - sl.ranges[0][0]
         first = layouts[sl.sources[0].model.key]
         for k in range(length):
             t = 1.0 if length == 1 else k / (length - 1)
             out_layer = len(origins)
             origins.append((sl.sources[0].model.key, sl.ranges[0][0] + k))
+            for src, rng in zip(sl.sources[1:], sl.ranges[1:]):  # names follow the slice's first model
+                layout = layouts[src.model.key]
+                extra = set(layout.suffixes_of(rng[0] + k)) - set(first.suffixes_of(sl.ranges[0][0] + k))
+                ctx.drops.add(src.model.key, (layout.layer_name(rng[0] + k, x) for x in extra), NOT_IN_FIRST)
             for suffix in first.suffixes_of(sl.ranges[0][0] + k):  # MoE dense layers have no experts
                 out_name = first.layer_name(out_layer, suffix)
                 names = [
                     layouts[src.model.key].layer_name(rng[0] + k, suffix) for src, rng in zip(sl.sources, sl.ranges)
                 ]
-                tensors[out_name] = _tensor(out_name, names, sl, t, method, config, models)
+                tensors[out_name] = _tensor(out_name, names, sl, t, ctx)
         if s_index == 0:
             # Pre-layer names of every source: one that some model lacks is reported, never dropped.
             pre = sorted({n for src in sl.sources for n in layouts[src.model.key].pre})
             for name in pre:
-                tensors[name] = _edge_tensor(name, sl, method, config, models, built, truncate)
+                tensors[name] = _edge_tensor(name, sl, ctx)
     last = slices[-1]
     post_names: list[str] = []
     for src in last.sources:
         post_names.extend(n for n in layouts[src.model.key].post if n not in post_names)
     for name in post_names:
-        tensors[name] = _edge_tensor(name, last, method, config, models, built, truncate)
+        tensors[name] = _edge_tensor(name, last, ctx)
     keys = [src.model.key for src in last.sources]
     planned, mtp = plan_mtp(keys, {k: layouts[k].mtp for k in layouts}, len(origins),
                             {k: layouts[k].num_layers for k in keys},
                             lambda out, names, vocab: _mtp_tensor(out, names, vocab, last, ctx))
     tensors.update(planned)
+    for key, layout in layouts.items():  # the supplying models' modules are read: only the others' are left out
+        ctx.drops.add(key, layout.mtp.names() if layout.mtp else (), MTP_DROPPED if mtp and not mtp.count
+                      else MTP_FROM_LAST)
     notes.extend(n for n in [mtp.note if mtp else ""] if n)
     return origins, mtp
 
@@ -205,7 +229,7 @@ def _plan_module_form(ctx: _Ctx, layouts: Mapping[str, Layout], tensors: dict[st
     language model's layer origins, the output's vision layer count and the language model's MTP outcome."""
     config = ctx.config
     donor = _donor(config)
-    order, names, listed = _module_names(config, layouts[donor], donor)
+    order, names, listed = module_names(config, layouts[donor])
     inferred = DEFAULT in order
     views = {key: (inferred_views if inferred else module_views)(layout, key, yaml_path="modules")
              for key, layout in layouts.items()}
@@ -216,6 +240,8 @@ def _plan_module_form(ctx: _Ctx, layouts: Mapping[str, Layout], tensors: dict[st
         if module is None:
             ref = next(r for r in config.referenced_models() if r.key == donor)
             path = f"modules.{names[name]}"
+            for key in own.keys() - {donor}:
+                ctx.drops.add(key, own[key].names(), f"module {names[name]} not listed: copied from {donor}")
             copy = _Slice((SourceConfig(ref, None, {}, path),), ((0, own[donor].num_layers),), None, {}, path)
             passthrough = get_method("passthrough")
             assert passthrough is not None
@@ -230,40 +256,6 @@ def _plan_module_form(ctx: _Ctx, layouts: Mapping[str, Layout], tensors: dict[st
         elif name == VISION:
             vision = len(origins)
     return text, vision, text_mtp
-
-
-def _module_names(config: MergeConfig, layout: Layout, donor: str
-                  ) -> tuple[tuple[str, ...], dict[str, str], dict[str, ModuleConfig]]:
-    """The modules to plan, in order; the name each is shown by; and the listed ``modules:`` entries, all keyed
-    by module (mergekit's JSON names, or its inferred names — ``default`` and the layer prefixes — taken as what
-    they denote). Raises :class:`ConfigError` for an unknown name, or for the two kinds of names mixed."""
-    entries = config.modules or ()
-    inferred = {m.name: inferred_module(m.name, layout) for m in entries if m.name not in MODULE_NAMES}
-    for entry in entries:
-        if entry.name not in MODULE_NAMES and inferred[entry.name] is None:
-            stacks = (layout.layer_prefix, *(m.prefix for m in layout.other_modules))
-            raise ConfigError(f"{entry.name!r} is not a module of these models", yaml_path=entry.yaml_path,
-                              hint=f"the modules are {', '.join(MODULE_NAMES)} (or mergekit's inferred names: "
-                                   f"{', '.join(str(p) for p in (DEFAULT, *stacks) if p)})")
-    if not inferred:
-        return MODULE_NAMES, {n: n for n in MODULE_NAMES}, {m.name: m for m in entries}
-    mixed = [m for m in entries if m.name in MODULE_NAMES]
-    if mixed:
-        raise ConfigError(f"{mixed[0].name!r} is one of mergekit's defined module names, but {next(iter(inferred))!r} "
-                          "is one of its inferred ones: they split the model differently",
-                          yaml_path=mixed[0].yaml_path,
-                          hint=f"use {', '.join(MODULE_NAMES)}, or default and the layer prefixes, not both")
-    listed: dict[str, ModuleConfig] = {}
-    for entry in entries:
-        module = inferred[entry.name]
-        assert module is not None
-        if module in listed:
-            raise ConfigError(f"{entry.name!r} and {listed[module].name!r} name the same module",
-                              yaml_path=entry.yaml_path, hint="list each module once")
-        listed[module] = entry
-    shown = {DEFAULT: DEFAULT, TEXT: str(layout.layer_prefix), VISION: layout.other_modules[0].prefix}
-    shown.update({module: entry.name for module, entry in listed.items()})
-    return (DEFAULT, TEXT, VISION), shown, listed
 
 
 def _embed_rows(tensors: Mapping[str, TensorPlan]) -> int | None:
@@ -291,6 +283,23 @@ def _model_dirs(models: Mapping[str, ModelInput]) -> dict[str, str]:
         if m.adapter is not None:
             dirs[adapter_key(key)] = str(m.adapter.directory)
     return dirs
+
+
+def _left_out(slices: Sequence[_Slice], layouts: Mapping[str, Layout], drops: Drops) -> None:
+    """Tell ``drops`` what a stack of ``slices`` leaves out of each model of ``layouts``: its layers no slice takes,
+    its pre-layer tensors unless it is in the first slice, its post-layer ones unless it is in the last."""
+    taken: dict[str, set[int]] = {}
+    for sl in slices:
+        for src, (start, end) in zip(sl.sources, sl.ranges):
+            taken.setdefault(src.model.key, set()).update(range(start, end))
+    first, last = ({s.model.key for s in sl.sources} for sl in (slices[0], slices[-1]))
+    for key, layout in layouts.items():
+        outside = (i for i in range(layout.num_layers) if i not in taken.get(key, ()))
+        drops.add(key, (layout.layer_name(i, s) for i in outside for s in layout.suffixes_of(i)), OUTSIDE_SLICES)
+        if key not in first:
+            drops.add(key, layout.pre, "pre-layer tensors come from the first slice's models")
+        if key not in last:
+            drops.add(key, layout.post, "post-layer tensors come from the last slice's models")
 
 
 def _normalise(
@@ -380,18 +389,9 @@ def _check_slice(sl: _Slice, method: MethodSpec, layouts: Mapping[str, Layout]) 
         )
 
 
-def _tensor(
-    out_name: str,
-    in_names: list[str],
-    sl: _Slice,
-    t: float,
-    method: MethodSpec,
-    config: MergeConfig,
-    models: Mapping[str, ModelInput],
-    vocab_rows: int | None = None,
-    *,
-    keep_rows: int | None = None,
-) -> TensorPlan:
+def _tensor(out_name: str, in_names: list[str], sl: _Slice, t: float, ctx: _Ctx, vocab_rows: int | None = None,
+            *, keep_rows: int | None = None) -> TensorPlan:
+    method, config, models = ctx.method, ctx.config, ctx.models
     inputs = []
     for src, name in zip(sl.sources, in_names):
         model = models[src.model.key]
@@ -423,7 +423,9 @@ def _tensor(
     if sl.base is not None:
         keys = [s.model.key for s in sl.sources]
         base_index = keys.index(sl.base.key) if sl.base.key in keys else None
-    g_params, m_params = _resolve_params(out_name, in_names, sl, t, method, config, base_index)
+    if not all(is_float(i.value_dtype) for i in inputs) and (len(inputs) > 1 or config.dtype or config.out_dtype):
+        return nonfloat_tensor(out_name, inputs, base_index, ctx.drops)
+    g_params, m_params = _resolve_params(out_name, in_names, sl, t, method, config, base_index, ctx.filters)
     shape = inputs[0].value_shape if vocab_rows is None else (vocab_rows, *inputs[0].value_shape[1:])
     out_code = _out_dtype(config, inputs, base_index)
     if config.out_dtype is None and method.half_result_float32 and out_code in ("F16", "BF16"):
@@ -482,18 +484,11 @@ def _input_ref(key: str, model: ModelInput, name: str) -> InputRef:
     return ref
 
 
-def _edge_tensor(
-    name: str,
-    sl: _Slice,
-    method: MethodSpec,
-    config: MergeConfig,
-    models: Mapping[str, ModelInput],
-    built: BuiltTokenizer | None,
-    truncate: bool = False,
-) -> TensorPlan:
+def _edge_tensor(name: str, sl: _Slice, ctx: _Ctx) -> TensorPlan:
     """A pre- or post-layer tensor: t = 0, taken from the slice's models, tied names standing in. With a built
     tokenizer, vocabulary tensors (embeddings, head) get the output vocabulary's rows; with ``truncate``
     (--unsafe-truncate-embeddings) they keep the inputs' common leading rows."""
+    models, built, truncate = ctx.models, ctx.built, ctx.truncate
     in_names = []
     for src in sl.sources:
         have = models[src.model.key].tensors
@@ -505,8 +500,7 @@ def _edge_tensor(
     is_vocab = is_input_embedding(name) or is_head(name)
     vocab = built is not None and is_vocab
     keep = _kept_rows(models, sl, in_names) if truncate and is_vocab else None
-    return _tensor(name, in_names, sl, 0.0, method, config, models, built.vocab_size if vocab and built else None,
-                   keep_rows=keep)
+    return _tensor(name, in_names, sl, 0.0, ctx, built.vocab_size if vocab and built else None, keep_rows=keep)
 
 
 def _mtp_tensor(name: str, in_names: list[str], vocab: bool, sl: _Slice, ctx: _Ctx) -> TensorPlan:
@@ -514,8 +508,7 @@ def _mtp_tensor(name: str, in_names: list[str], vocab: bool, sl: _Slice, ctx: _C
     (``vocab``) are planned as the embedding and head they copy are: t = 0, the output vocabulary's rows."""
     built = ctx.built if vocab else None
     keep = _kept_rows(ctx.models, sl, in_names) if vocab and ctx.truncate else None
-    return _tensor(name, in_names, sl, 0.0 if vocab else 1.0, ctx.method, ctx.config, ctx.models,
-                   built.vocab_size if built else None, keep_rows=keep)
+    return _tensor(name, in_names, sl, 0.0 if vocab else 1.0, ctx, built.vocab_size if built else None, keep_rows=keep)
 
 
 def _kept_rows(models: Mapping[str, ModelInput], sl: _Slice, in_names: list[str]) -> int | None:
@@ -531,6 +524,7 @@ def _resolve_params(
     method: MethodSpec,
     config: MergeConfig,
     base_index: int | None,
+    filters: FilterTally,
 ) -> tuple[tuple[tuple[str, Any], ...], tuple[tuple[tuple[str, Any], ...], ...]]:
     global_values: dict[str, Any] = {}
     per_model: list[dict[str, Any]] = [{} for _ in sl.sources]
@@ -538,6 +532,7 @@ def _resolve_params(
         if spec.scope is Scope.GLOBAL:
             levels = [(sl.parameters, f"{sl.yaml_path}.parameters"),
                       (sl.module_parameters, f"{sl.module_path}.parameters"), (config.parameters, "parameters")]
+            filters.observe(levels, spec.name, out_name, out_name)
             value = parameter_value(spec, levels, out_name, t, out_name, "parameters")
             if value is not UNSET:
                 global_values[spec.name] = value
@@ -551,6 +546,7 @@ def _resolve_params(
                 (sl.module_parameters, f"{sl.module_path}.parameters"),
                 (config.parameters, "parameters"),
             ]
+            filters.observe(levels, spec.name, in_name, out_name)
             value = parameter_value(spec, levels, in_name, t, out_name, f"{src.yaml_path}.parameters")
             if value is not UNSET:
                 per_model[i][spec.name] = value
