@@ -40,9 +40,11 @@ from resumerge.config.merge_config import load_config_text
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import ModelInputError
 from resumerge.inputs.model import ModelInput
+from resumerge.plan.accounting import UNEXPLAINED
 from resumerge.plan.architecture import infer_layout
 from resumerge.plan.mtp import MtpOutcome
 from resumerge.plan.outconfig import build_out_config
+from resumerge.plan.planner import MTP_DROPPED, MTP_FROM_LAST
 
 pytest.importorskip("transformers", reason="transformers (a dependency of the mergekit test extra) is needed")
 TOKENS = torch.tensor([[1, 5, 9, 2, 77, 127]])
@@ -247,6 +249,24 @@ def test_a_same_stack_merge_with_a_model_without_mtp_drops_it_and_says_so(models
     assert not mtp_names(plan.tensors, "deepseek_v3") and plan.out_config["num_nextn_predict_layers"] == 0
     assert plan.notes == (f"MTP module of {a} dropped (its layer count set to 0 in config.json): {plain}, which "
                           "supplies the output's last layer, has none",)
+
+
+@pytest.mark.parametrize("family", MTP_FAMILIES)
+def test_the_accounting_says_what_became_of_each_mtp_module(family: str, models: dict[str, Path],
+                                                           tmp_path: Path) -> None:
+    a, b, plain = (models[f"{family}-{k}"] for k in ("a", "b", "plain"))
+    n = LAYERS[family]
+    carried = api.plan_merge(write_config(tmp_path / "c.yml", _slices((a, 0, 2), (b, 1, n)))).accounting
+    dropped = api.plan_merge(write_config(tmp_path / "d.yml", _slices((a, 0, 2), (plain, 1, n)))).accounting
+    assert carried is not None and dropped is not None
+    module = len(mtp_names(_tensors(a), family))
+    assert carried.models[str(a)].dropped[MTP_FROM_LAST] == module  # b's module is read: none of b's is dropped
+    assert all("MTP" not in reason for reason in carried.models[str(b)].dropped)
+    assert dropped.models[str(a)].dropped[MTP_DROPPED] == module
+    for accounting in (carried, dropped):
+        total = accounting.total()
+        assert UNEXPLAINED not in total.dropped
+        assert total.merged + total.copied + total.renumbered + sum(total.dropped.values()) == total.tensors
 
 
 def test_kimi_k2_layout_is_deepseeks(models: dict[str, Path], tmp_path: Path) -> None:

@@ -77,6 +77,11 @@ The output has 6 layers:
 - layers 0–2: `{a}` layers [0, 3)
 - layers 3–5: `{b}` layers [1, 4)
 
+## Input tensors
+
+78 input tensors: 0 merged, 30 copied, 27 renumbered, 21 dropped (layers outside the slices: 18; post-layer \
+tensors come from the last slice's models: 2; pre-layer tensors come from the first slice's models: 1).
+
 ## Configuration
 
 The following YAML configuration was used to produce this model:
@@ -108,7 +113,7 @@ models:
             "models, from the base (t = 0) to the other model (t = 1).\n") in card
     assert (f"## Models\n\n- `{local}` (local, base model)\n"
             f"- [org/alpha](https://huggingface.co/org/alpha), revision `main`, "
-            f"commit [`{SHA}`](https://huggingface.co/org/alpha/tree/{SHA})\n\n## Configuration") in card
+            f"commit [`{SHA}`](https://huggingface.co/org/alpha/tree/{SHA})\n\n## Input tensors") in card
     assert "## Layers" not in card  # a models: merge keeps the layers as they are
     assert card.endswith(f"```yaml\n{text}```\n")
     assert render_model_card(plan, text) == card.encode()

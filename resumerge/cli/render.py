@@ -495,6 +495,10 @@ def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | 
     formats = formats_report(plan)
     if quantized(formats):  # a plain merge's summary is unchanged
         _field(out, "formats", formats_line(formats))
+    if plan.accounting is not None:
+        _field(out, "inputs", plan.accounting.summary())
+    for f in plan.filters:
+        _field(out, "filter", f"{f.yaml_path} {f.pattern!r}: {f.tensors} tensor(s)")
     if estimate.shard_choice:
         _field(out, "shards", f"up to {format_size(plan.options.out_shard_size)} each ({estimate.shard_choice})")
     if output.staging_dir:

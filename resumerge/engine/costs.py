@@ -43,6 +43,11 @@ Computed by :mod:`resumerge.engine.estimate`; read by the CLI's rendering and by
     formats           {inputs: {MODEL: {format, roles}}, output: {format, roles}}: each stored format ("plain", or
                        the quantized formats' names) and its stored tensors per role {weight, companion, other}
                        (resumerge/plan/roles.py)
+    filters           [{yaml_path, pattern, tensors}]: each ``filter:`` of the config the planner consulted and how many
+                       output tensors of its scope it matched (resumerge/plan/filters.py)
+    accounting        {tensors, merged, copied, renumbered, dropped, dropped_by_reason: {reason: n}, models: {key:
+                       the same without models}} or null: what became of every input tensor
+                       (resumerge/plan/accounting.py)
 
 All sizes are bytes, speeds bytes per second, figures rounded to whole numbers.
 """
@@ -386,6 +391,8 @@ class Estimate:
             "hf_output": None if self.hf_output is None else self.hf_output.to_json(),
             "network": None if self.network is None else self.network.to_json(),
             "formats": formats_report(plan),
+            "filters": [f.to_json() for f in plan.filters],
+            "accounting": None if plan.accounting is None else plan.accounting.to_json(),
         }
 
 

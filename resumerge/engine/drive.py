@@ -39,7 +39,7 @@ from resumerge.plan.roles import formats_line, formats_report, quantized
 from resumerge.store.durable import is_temp_name
 from resumerge.store.filesystems import filesystem_type, staging_dir
 from resumerge.store.ledger import LEDGER_NAME, Ledger, set_aside
-from resumerge.store.ledger_read import FORMATS_EVENT
+from resumerge.store.ledger_read import FORMATS_EVENT, INPUTS_EVENT
 from resumerge.store.manifest import Manifest
 from resumerge.store.sink import LocalDirSink, OutputSink, StagedDirSink
 
@@ -184,6 +184,8 @@ class RunSession:
                 report = formats_report(plan)
                 if quantized(report):  # verify and status read what was planned (a plain run's ledger as before)
                     ledger.event(FORMATS_EVENT, formats_line(report), report)
+                if plan.accounting is not None:  # what became of every input tensor (status --json shows it)
+                    ledger.event(INPUTS_EVENT, plan.accounting.summary(), plan.accounting.to_json())
                 for note in [*notes, *plan.notes]:
                     reporter.message(note)
                 rows = ledger.files()

@@ -84,6 +84,8 @@ def render_model_card(plan: Plan, config_text: str) -> bytes:
         lines += ["## Layers", "", f"The output has {plan.num_layers} layers:", ""]
         lines += _slice_lines(config)
         lines += [""]
+    if plan.accounting is not None:
+        lines += ["## Input tensors", "", plan.accounting.summary() + ".", ""]
     if plan.notes:
         lines += ["## Notes", "", *(f"- {note}" for note in plan.notes), ""]
     fence = _fence(config_text)

@@ -57,6 +57,8 @@ class FileRow:
 # The event a run with a quantized input or output records as it starts: its data is the plan's formats report
 # (resumerge.plan.roles.formats_report: per input model and for the output, the format and the role counts).
 FORMATS_EVENT = "formats"
+# The kind of event a run records at each start: what became of every input tensor (resumerge.plan.accounting).
+INPUTS_EVENT = "inputs"
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ class MergeStatusRows:
     tensor_names: tuple[str, ...] = ()  # every planned tensor (an extraction's modules are read from them)
     nodes: tuple[NodeTally, ...] = ()  # a cluster run's shards per node (:mod:`resumerge.store.nodestats`)
     formats: EventRow | None = None  # the latest FORMATS_EVENT: the plan's formats report (quantized runs only)
+    inputs: EventRow | None = None  # the latest INPUTS_EVENT: what became of every input tensor
 
 
 @contextmanager
@@ -153,7 +156,8 @@ def read_merge_status(path: Path) -> MergeStatusRows | None:
                                 () if kind is None else (kind,)).fetchall()
             return tuple(EventRow(r["kind"], r["message"], r["data"]) for r in reversed(rows))
 
-        memory, stream, formats = latest("memory", 1), latest("stream", 1), latest(FORMATS_EVENT, 1)
+        memory, stream = latest("memory", 1), latest("stream", 1)
+        formats, inputs = latest(FORMATS_EVENT, 1), latest(INPUTS_EVENT, 1)
         notes = conn.execute("SELECT message FROM events WHERE kind = 'plan' GROUP BY message ORDER BY MIN(id)")
         names = tuple(r[0] for r in conn.execute("SELECT name FROM tensors").fetchall())
         return MergeStatusRows(
@@ -169,6 +173,7 @@ def read_merge_status(path: Path) -> MergeStatusRows | None:
             tensor_names=names,
             nodes=node_tallies(conn),
             formats=formats[0] if formats else None,
+            inputs=inputs[0] if inputs else None,
         )
 
 

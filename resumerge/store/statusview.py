@@ -87,6 +87,9 @@ class StatusReport:
     # A run with a quantized input or output: the plan's stored format and role counts (weight, companion, other)
     # of each input model and of the output, as it recorded them when it started; None for a plain run.
     formats: dict[str, Any] | None = None
+    # What became of every input tensor of a merge (resumerge.plan.accounting's JSON, with its one-line
+    # ``summary``), as the run's latest start recorded it; None when no run recorded it.
+    inputs: dict[str, Any] | None = None
 
     def __str__(self) -> str:
         """The rows of ``resumerge status``'s table as text (see :func:`status_rows`)."""
@@ -189,6 +192,7 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusRe
         resume_command=None if state in ("done", "running") else command,
         streamed=_streamed(rows.stream.data if rows.stream else None),
         plan_notes=rows.plan_notes,
+        inputs=json.loads(rows.inputs.data or "{}") | {"summary": rows.inputs.message} if rows.inputs else None,
         **_module_progress(rows.tensor_names, rows.tensors_done, rdir),
         prepass_layers=_pass_progress(rdir.parent, rows.tensor_names) if state != "done" else None,
         nodes=tuple(node_line(tally, _size) for tally in rows.nodes),
@@ -310,6 +314,8 @@ def status_rows(report: StatusReport) -> list[tuple[str, str]]:
     if report.modules_total is not None:
         rows.append(("modules", f"{report.modules_done} of {report.modules_total} decomposed"))
     rows.append(("bytes", f"{_size(report.bytes_done)} of {_size(report.bytes_total)}"))
+    if report.inputs is not None:
+        rows.append(("inputs", str(report.inputs["summary"])))
     if report.prepass_layers is not None:
         rows.append(("pass", f"prompt forward pass: {report.prepass_layers[0]} of {report.prepass_layers[1]} "
                              "decoder layers"))
