@@ -123,6 +123,8 @@ def test_a_chimera_recipe_takes_every_routed_expert_from_one_parent(tmp_path: Pa
     assert (inputs["tensors"], inputs["merged"], inputs["dropped"]) == (2 * len(a), 2 * len(a), 0)
     assert "input tensors: 116 merged, 0 copied, 0 renumbered, 0 dropped" in inputs["summary"]
     assert "## Input tensors\n\n116 input tensors: 116 merged" in (out / "README.md").read_text()
+    assert main(["status", str(out)]) == 0
+    assert "inputs       116 input tensors: 116 merged" in capsys.readouterr().out
 
 
 def test_plan_counts_the_tensors_each_filter_matched(tmp_path: Path, glm: tuple[Path, Path],

@@ -405,6 +405,8 @@ def show_status(report: StatusReport, stream: TextIO | None = None, *, width: in
         from resumerge.plan.roles import formats_line
 
         _field(out, "formats", formats_line(report.formats))
+    if report.inputs is not None:
+        _field(out, "inputs", str(report.inputs["summary"]))
     for line in report.plan_notes:
         _field(out, "note", line)
     if report.prepass_layers is not None:
