@@ -465,23 +465,38 @@ def _verify(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_INTERRUPTED
 
 
-def _run(args: argparse.Namespace) -> int:
-    from resumerge.api import run
+def _marked(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:
+    """The planning mark of the run into ``args.out``, taken before the merging modules are imported (a second
+    or two), so that ``status`` says "planning" from the first second; the session's own mark is then this one."""
+    from resumerge.config.locations import run_dir
+    from resumerge.store.planning import planning_mark
 
-    _note_ignored(args)
-    quiet_hub_uploads(args.out)
-    with Progress(args.quiet) as progress:
-        outcome = run(progress=progress, should_stop=installed_stop_flag(), **_api_options(args))
+    try:
+        where = run_dir(args.out, args.state_dir)
+    except ResumergeError:  # a bad hf:// target: the run itself says so
+        return contextlib.nullcontext()
+    return planning_mark(where)
+
+
+def _run(args: argparse.Namespace) -> int:
+    with _marked(args):
+        from resumerge.api import run
+
+        _note_ignored(args)
+        quiet_hub_uploads(args.out)
+        with Progress(args.quiet) as progress:
+            outcome = run(progress=progress, should_stop=installed_stop_flag(), **_api_options(args))
     _finished(outcome, args.quiet)
     return EXIT_OK
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from resumerge.api import resume
+    with _marked(args):
+        from resumerge.api import resume
 
-    quiet_hub_uploads(args.out)
-    with Progress(args.quiet) as progress:
-        outcome = resume(progress=progress, should_stop=installed_stop_flag(), **_api_options(args))
+        quiet_hub_uploads(args.out)
+        with Progress(args.quiet) as progress:
+            outcome = resume(progress=progress, should_stop=installed_stop_flag(), **_api_options(args))
     _finished(outcome, args.quiet)
     return EXIT_OK
 

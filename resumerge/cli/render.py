@@ -49,7 +49,8 @@ if TYPE_CHECKING:  # status must stay fast: these are imported only for annotati
     from resumerge.store.integrity import VerifyReport
     from resumerge.store.statusview import StatusReport
 
-_STATE_STYLE = {"done": "green", "running": "cyan", "interrupted": "yellow", "failed": "red", "planned": "white"}
+_STATE_STYLE = {"done": "green", "running": "cyan", "interrupted": "yellow", "failed": "red", "planned": "white",
+                "planning": "cyan"}
 # Set in the environment of every process a Jupyter kernel (JPY_PARENT_PID) or Colab runtime starts.
 _NOTEBOOK_ENV = ("JPY_PARENT_PID", "COLAB_RELEASE_TAG")
 PLAIN_INTERVAL = 15.0

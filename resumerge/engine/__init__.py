@@ -14,6 +14,7 @@ __all__ = [
     "devices",
     "estimate",
     "executor",
+    "frozenplan",
     "hubout",
     "reconcile",
     "session",

@@ -10,6 +10,7 @@ reporter, the stop flag), so its steps read them from one place instead of a par
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import threading
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from resumerge.config.settings import RunSettings, Staging
 from resumerge.engine.devices import gpu_governor, make_governor
 from resumerge.engine.executor import Reporter, Stopped
 from resumerge.engine.executors import Executor, executor_for
+from resumerge.engine.frozenplan import freeze
 from resumerge.engine.hubout import HubOutput, create_recorded
 from resumerge.engine.inputfetch import HubInputs
 from resumerge.engine.job import Job
@@ -161,6 +163,7 @@ class RunSession:
             lock.release()
             _remove_if_empty(out, created)
             raise
+        frozen = functools.partial(freeze, self.prepared)  # stored once, when the plan is first recorded
         watch = InputWatch.of(plan.model_dirs, plan.inputs)
         ledger.commit_guard = watch.check
         xfsz = _ignore_sigxfsz()
@@ -169,12 +172,12 @@ class RunSession:
             if hub_out is not None and not hub_out.exists:  # the plan is recorded before the repo exists, never after
                 # A state dir holding another plan for this repo is refused before the repo is created, not after.
                 refuse_changed_plan(plan, hub_out.url, ledger, None, restart=restart, resuming=resuming)
-                hub_out = create_recorded(hub_out, plan, config_text, ledger, restart=restart)
+                hub_out = create_recorded(hub_out, plan, config_text, ledger, restart=restart, frozen=frozen)
             staged: list[str] = []
             with _make_sink(plan, out, rdir, settings.staging, staged, hub_out, max_disk, should_stop,
                             _telling(reporter, ledger)) as sink:
                 book, verified = open_run(plan, config_text, hub_out.url if hub_out else out, sink, ledger, manifest,
-                                          restart=restart, resuming=resuming, notes=notes)
+                                          restart=restart, resuming=resuming, notes=notes, frozen=frozen)
                 reconcile(sink, ledger, book, log=notes, verified=verified)
                 notes.extend(staged)
                 resumed = sum(1 for r in ledger.files() if r.status == "done")

@@ -7,6 +7,7 @@ Nothing here computes a tensor; the session calls :func:`open_run` once, before 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import MANIFEST_NAME, Manifest, ManifestBook, read_manifest
 from resumerge.store.sink import OutputSink
 
+# Makes the stored form of the run's plan, (key, bytes), or None when it is not stored.
+Frozen = Callable[[], "tuple[str, bytes] | None"]
+
 
 def open_run(
     plan: Plan,
@@ -35,10 +39,12 @@ def open_run(
     restart: bool,
     resuming: bool,
     notes: list[str],
+    frozen: Frozen | None = None,
 ) -> tuple[ManifestBook, frozenset[str]]:
     """Decide between continuing, rebuilding the ledger, refusing, or starting over.
 
-    Returns the manifest book and the files this call already re-hashed (when the ledger was rebuilt).
+    Returns the manifest book and the files this call already re-hashed (when the ledger was rebuilt). ``frozen``
+    makes the plan's stored form when the plan is recorded now (see :func:`record_plan`).
     """
     row = ledger.run_row()
     if refuse_changed_plan(plan, out, ledger, manifest, restart=restart, resuming=resuming, config_text=config_text):
@@ -48,8 +54,10 @@ def open_run(
     verified: frozenset[str] = frozenset()
     if row is None and manifest is None and isinstance(out, Path):
         check_room(plan, out)
+    # The recorded parts of the same fingerprint, rather than hashing 90k tensors' plans again.
+    parts = row.parts if row is not None else fingerprint_parts(plan)
     if row is None:
-        record_plan(plan, config_text, out, ledger)
+        record_plan(plan, config_text, out, ledger, frozen=frozen, parts=parts)
         if manifest is not None:
             # The state dir was lost (a runtime reset) but OUT survived: trust only what re-hashes correctly.
             verified = adopt_manifest(sink, plan, ledger, manifest.committed, notes)
@@ -63,7 +71,7 @@ def open_run(
     committed = {
         r.name: {"bytes": r.bytes, "sha256": r.sha256} for r in ledger.files() if r.status == "done"
     }
-    book = ManifestBook(sink, fresh_manifest(plan, config_text, committed))
+    book = ManifestBook(sink, fresh_manifest(plan, config_text, committed, parts=parts))
     book.set_state("running")
     return book, verified
 
@@ -109,11 +117,14 @@ def refuse_changed_plan(plan: Plan, out: Path | str, ledger: Ledger, manifest: M
     )
 
 
-def fresh_manifest(plan: Plan, config_text: str, committed: dict[str, Any] | None = None) -> Manifest:
+def fresh_manifest(plan: Plan, config_text: str, committed: dict[str, Any] | None = None, *,
+                   parts: dict[str, str] | None = None) -> Manifest:
+    """The manifest of a run of ``plan`` with ``committed`` files; ``parts`` are the plan's fingerprint parts when
+    known already (they cost a pass over every tensor's plan)."""
     return Manifest(
         version=__version__,
         fingerprint=plan.fingerprint,
-        parts=fingerprint_parts(plan),
+        parts=parts if parts is not None else fingerprint_parts(plan),
         inputs={k: [list(f) for f in v] for k, v in plan.inputs.items()},
         options=asdict(plan.options),
         model_dirs=dict(plan.model_dirs),
@@ -138,8 +149,11 @@ def planned_files(plan: Plan) -> list[str]:
     return [s.name for s in plan.shards] + [a.name for a in aux_files(plan)]
 
 
-def record_plan(plan: Plan, config_text: str, out: Path | str, ledger: Ledger) -> None:
-    """Record ``plan`` in ``ledger`` as a new run of OUT (every file pending)."""
+def record_plan(plan: Plan, config_text: str, out: Path | str, ledger: Ledger, *, frozen: Frozen | None = None,
+                parts: dict[str, str] | None = None) -> None:
+    """Record ``plan`` in ``ledger`` as a new run of OUT (every file pending), with the plan's stored form when
+    ``frozen`` makes one (:func:`resumerge.engine.frozenplan.freeze`: a resume reloads it instead of planning);
+    ``parts`` are its fingerprint parts when known already."""
     files: list[tuple[str, str, int, int, int | None]] = [
         (s.name, "shard", i, len(s.tensors), s.file_size) for i, s in enumerate(plan.shards)
     ]
@@ -148,13 +162,14 @@ def record_plan(plan: Plan, config_text: str, out: Path | str, ledger: Ledger) -
         out_dir=str(out),
         config_text=config_text,
         fingerprint=plan.fingerprint,
-        parts=fingerprint_parts(plan),
+        parts=parts if parts is not None else fingerprint_parts(plan),
         inputs={k: [list(f) for f in v] for k, v in plan.inputs.items()},
         options=asdict(plan.options),
         model_dirs=plan.model_dirs,
         version=__version__,
         files=files,
         tensors=[(t.name, t.shard, t.nbytes) for t in plan.tensors.values()],
+        frozen=frozen() if frozen is not None else None,
     )
 
 

@@ -19,6 +19,7 @@ from resumerge.config.merge_config import MergeConfig, load_config_text
 from resumerge.config.settings import RunSettings
 from resumerge.engine.drive import Outcome, RunSession, hub_progress
 from resumerge.engine.executor import Reporter
+from resumerge.engine.frozenplan import thaw
 from resumerge.engine.quiet import never_stop
 from resumerge.engine.target import Target
 from resumerge.errors import (
@@ -35,6 +36,7 @@ from resumerge.plan.planner import build_plan, threads_matter
 from resumerge.plan.prepared import Prepared
 from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import MANIFEST_NAME
+from resumerge.store.planning import planning_mark
 from resumerge.store.statusview import moved_error
 
 # Plans a run's recorded config text of another kind than a merge config (MoE upcycling's), from the recorded
@@ -83,13 +85,14 @@ def run_merge(
     """
     config = load_config_text(config_text)
     target = Target.open(out_dir, settings)
-    try:
-        prepared = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
-                           reporter=reporter)
-    except UnreachableError as exc:
-        raise UnreachableInputError.before_start(exc) from None
-    return run_plan(prepared, config_text, target, settings, restart=restart, reporter=reporter,
-                    should_stop=should_stop)
+    with planning_mark(target.locations.run_dir):  # status says "planning" until the plan is recorded
+        try:
+            prepared = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
+                               reporter=reporter)
+        except UnreachableError as exc:
+            raise UnreachableInputError.before_start(exc) from None
+        return run_plan(prepared, config_text, target, settings, restart=restart, reporter=reporter,
+                        should_stop=should_stop)
 
 
 def resume_merge(
@@ -110,9 +113,15 @@ def resume_merge(
     decides what a run is, passes it).
     """
     target = Target.open(out_dir, settings).read_recorded()
+    with planning_mark(target.locations.run_dir):  # status says "planning" until the run goes on
+        return _resume(target, settings, reporter, should_stop, other_kind)
+
+
+def _resume(target: Target, settings: RunSettings, reporter: Reporter | None, should_stop: Callable[[], bool],
+            other_kind: RecordedPlanner | None) -> Outcome:
     out, manifest, state_dir = target.out, target.manifest(), settings.state_dir
     ledger_path = target.locations.ledger
-    row = None
+    row, stored = None, None
     if ledger_path.exists():
         try:
             ledger = Ledger(ledger_path)
@@ -123,6 +132,7 @@ def resume_merge(
             # Damaged but OUT has a manifest: the run sets the ledger aside and rebuilds it from the manifest.
         else:
             row = ledger.run_row()
+            stored = ledger.frozen_plan() if row is not None else None
             committed = sum(1 for r in ledger.files() if r.status == "done")
             ledger.close()
             if row is not None and committed and target.hub is None and not out.exists():
@@ -143,9 +153,17 @@ def resume_merge(
             path=str(out),
             hint="start the merge with resumerge run CONFIG OUT (pass --state-dir if you used one)",
         )
-    other = other_kind(text, PlanOptions(**opts), dirs, settings, reporter) if other_kind is not None else None
-    prepared = other or prepare(load_config_text(text), PlanOptions(**opts), model_dirs=dirs,
-                                state_dir=state_dir, reporter=reporter)
+    # The plan stored when the run was recorded, while no input file changed since; else planned again (a changed
+    # input then gives another fingerprint, which the session refuses).
+    thawed = thaw(stored, dirs, row.fingerprint) if row is not None else None
+    if thawed is not None:
+        prepared = Prepared(thawed)
+        if reporter is not None:
+            reporter.message("the plan recorded when the run started is reused: no input file changed since")
+    else:
+        other = other_kind(text, PlanOptions(**opts), dirs, settings, reporter) if other_kind is not None else None
+        prepared = other or prepare(load_config_text(text), PlanOptions(**opts), model_dirs=dirs,
+                                    state_dir=state_dir, reporter=reporter)
     plan = prepared.plan
     settings = recorded_threads(plan.options.num_threads, {t.method for t in plan.tensors.values()}, settings,
                                 reporter, plan.units)

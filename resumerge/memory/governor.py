@@ -43,7 +43,10 @@ class MemoryGovernor:
 
     ``max_in_flight`` is the in-flight limit at level 0; ``margin_fraction`` the part of the budget admission never
     hands out; ``pool`` names the pool in adaptations (``"host"``, ``"cuda:0"``); ``budget_option`` the command-line
-    option in error hints; ``clock`` exists for tests.
+    option in error hints; ``clock`` exists for tests. ``reuse_reading`` (seconds, 0: never) lets admissions and
+    :meth:`chunk_rows` use the last reading while it is younger than that instead of reading the probe again: a
+    probe reads a few /proc and cgroup files (about 0.2 ms), more than a tiny tensor's whole merge, and the
+    reservations already account for what was admitted since.
 
     A thread must not acquire while it holds a reservation of the same governor without a ``timeout``: the
     second admission may wait for the first to be released.
@@ -61,6 +64,7 @@ class MemoryGovernor:
         pool: str = "host",
         budget_option: str = "--max-memory",
         clock: Callable[[], float] = time.monotonic,
+        reuse_reading: float = 0.0,
     ) -> None:
         if budget_bytes <= 0:
             raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
@@ -75,6 +79,8 @@ class MemoryGovernor:
         self._margin = margin_fraction
         self._policy = policy if policy is not None else PressurePolicy()
         self._clock = clock
+        self._reuse = reuse_reading
+        self._read_at = -float("inf")  # time.monotonic() of the last probe reading
         self._cond = threading.Condition(threading.Lock())
         self._tracker = PressureTracker(self._policy)
         self._knobs = self._policy.knobs_for(0, max_in_flight)
@@ -118,6 +124,7 @@ class MemoryGovernor:
     def sample(self) -> None:
         """Take one reading now: update peak and knobs, wake waiting admissions. The sampler's step."""
         rss, available = self.probe.rss(), self.probe.available()
+        self._read_at = time.monotonic()
         with self._cond:
             worse = self._absorb(rss, available)
             self._cond.notify_all()
@@ -154,9 +161,10 @@ class MemoryGovernor:
             self._queue.append(ticket)
         try:
             while True:
-                rss, available = self.probe.rss(), self.probe.available()
+                reading = self._fresh_reading()
                 with self._cond:
-                    self._absorb(rss, available)
+                    if reading is not None:
+                        self._absorb(*reading)
                     outcome = self._try_grant(ticket, estimate_bytes, what, reclaimed)
                     if isinstance(outcome, Reservation):
                         return outcome
@@ -171,6 +179,7 @@ class MemoryGovernor:
                         continue
                 # Alone yet over the headroom: get freed memory back once, then look again.
                 self.probe.reclaim()
+                self._read_at = -float("inf")  # what reclaim gave back is seen at once
                 reclaimed = True
         except BaseException:
             with self._cond:
@@ -190,9 +199,10 @@ class MemoryGovernor:
             raise ValueError("row_bytes must be positive and total_rows not negative")
         if total_rows == 0:
             return 0
-        rss, available = self.probe.rss(), self.probe.available()
+        reading = self._fresh_reading()
         with self._cond:
-            self._absorb(rss, available)
+            if reading is not None:
+                self._absorb(*reading)
             room = max(0, self._usage().headroom) // self._knobs.in_flight_limit
         return max(1, min(total_rows, room // row_bytes))
 
@@ -215,6 +225,16 @@ class MemoryGovernor:
         """The most recent adaptations (up to 4096), oldest first."""
         with self._cond:
             return tuple(self._adaptations)
+
+    def _fresh_reading(self) -> tuple[int, int] | None:
+        """A new (rss, available) reading of the probe, or None when the last one is younger than
+        ``reuse_reading`` (the state holds it already). Call without self._cond held: a probe may be slow."""
+        now = time.monotonic()
+        if now - self._read_at < self._reuse:
+            return None
+        reading = self.probe.rss(), self.probe.available()
+        self._read_at = time.monotonic()
+        return reading
 
     # -- internals (the ones below take self._cond held) ----------------------------------------------------
 

@@ -29,6 +29,7 @@ __all__ = [
     "ledger_read",
     "manifest",
     "memsink",
+    "planning",
     "runlock",
     "shardwriter",
     "sqlitedb",

@@ -1,4 +1,5 @@
 """Where a merge stands, read without torch or sqlite-utils (``resumerge status`` answers in well under 0.5 s).
+A run still planning (before its plan is in the ledger) is "planning", from its planning mark.
 
 Reads the ledger through :mod:`resumerge.store.ledger_read` (standard library only), or — when the state dir is
 gone — OUT's manifest. A run recorded as ``running`` whose lock no process holds is reported as ``interrupted``; an
@@ -7,12 +8,13 @@ unfinished run carries the exact command that finishes it.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from resumerge.store.ledger_read import LEDGER_NAME as LEDGER_NAME
 from resumerge.store.ledger_read import read_merge_status
 from resumerge.store.manifest import MANIFEST_NAME
 from resumerge.store.nodestats import node_line
+from resumerge.store.planning import planning_since
 
 # A decoder layer's tensors: the layer count of a plan, from its tensors' names.
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -118,6 +121,9 @@ def read_status(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[st
     """
     where = RunLocations.of(out_dir, state_dir)
     rdir, ledger, command = where.run_dir, where.ledger, where.resume_command
+    since = planning_since(rdir)
+    if since is not None:
+        return _planning(out_dir, ledger, rdir, command, since)
     if is_hub_target(out_dir):
         return _hub_status(str(out_dir), ledger, rdir, command)
     manifest = Path(out_dir) / MANIFEST_NAME
@@ -138,6 +144,22 @@ def read_status(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[st
         path=str(out_dir),
         hint="pass the --state-dir used by the run, or check the output path",
     )
+
+
+def _planning(out_dir: str | os.PathLike[str], ledger: Path, rdir: Path, command: str, since: float) -> StatusReport:
+    """A run or resume planning now (:mod:`resumerge.store.planning`): what the ledger holds, if anything, with the
+    state "planning" until the run records its plan and goes on (then the ledger's own state)."""
+    report = None
+    if ledger.exists():
+        with contextlib.suppress(LedgerError):  # a damaged ledger: the run being planned sets it aside
+            report = _from_ledger(ledger, rdir, str(out_dir), command)
+    if report is not None and report.state in ("running", "done"):  # planned already (a done run: ending now)
+        return report
+    elapsed = max(0.0, time.time() - since)
+    if report is not None:
+        return replace(report, state="planning", resume_command=None, elapsed_seconds=elapsed)
+    return StatusReport(out_dir=str(out_dir), state="planning", source="state dir", tensors_total=0, tensors_done=0,
+                        shards_total=0, shards_done=0, bytes_total=0, bytes_done=0, elapsed_seconds=elapsed)
 
 
 def moved_error(out: str | os.PathLike[str], committed: int, where: str) -> OutputDirError:

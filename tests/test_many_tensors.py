@@ -1,0 +1,123 @@
+"""Runs of a many-tensor model (issue 45): a kill (a real SIGKILL of a ``resumerge run`` subprocess) then a resume
+ends byte-identical to an uninterrupted run without planning again, a changed input is still refused, and
+``status`` says "planning" while a run plans. Figures at 90k tensors: ``bench/bench_many_tensors.py``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resumerge.cli.commands import main
+from resumerge.cli.modelgen import make_model
+from resumerge.config.locations import run_dir
+from resumerge.config.settings import RunSettings
+from resumerge.engine import session
+from resumerge.errors import LedgerError, NothingRecordedError, PlanChangedError
+from resumerge.store.ledger_read import read_merge_record
+from resumerge.store.planning import PLANNING_NAME, planning_mark
+from resumerge.store.statusview import read_status
+from tests.manylayers import many_layer_merge, many_layer_spec
+from tests.support import digests
+
+# Small enough for the suite's budget, large enough that the output has many shards and planning is not instant.
+LAYERS = 300
+SHARD = "40k"
+
+
+@pytest.fixture(scope="module")
+def merged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """The config of two many-layer models and the digests of its uninterrupted merge."""
+    root = tmp_path_factory.mktemp("many")
+    config = many_layer_merge(root, LAYERS)
+    ref = root / "reference"
+    assert main(["run", str(config), str(ref), "--state-dir", str(root / "ref-state"), "--out-shard-size", SHARD,
+                 "--quiet"]) == 0
+    return config, digests(ref)
+
+
+def _count_plans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the planner's calls made through the session (a resume's re-plan included)."""
+    calls: list[int] = []
+    real = session.build_plan
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(session, "build_plan", counting)
+    return calls
+
+
+def _kill_after_first_shard(config: Path, out: Path, state: Path) -> None:
+    """Start ``resumerge run`` in a subprocess and SIGKILL it once the ledger records a committed shard."""
+    proc = subprocess.Popen([sys.executable, "-m", "resumerge", "run", str(config), str(out), "--state-dir",
+                             str(state), "--out-shard-size", SHARD, "--quiet"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ledger = run_dir(out, state) / "ledger.db"
+    try:
+        while proc.poll() is None:
+            with contextlib.suppress(LedgerError):  # a ledger caught mid-creation: look again
+                record = read_merge_record(ledger) if ledger.exists() else None
+                if record is not None and record.files_done:
+                    break
+            time.sleep(0.02)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    record = read_merge_record(ledger)
+    assert record is not None and 0 < record.files_done < len(record.files), "killed before or after the merge"
+
+
+def test_kill_then_resume_is_identical_without_planning(merged: tuple[Path, dict[str, str]], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resume reloads the frozen plan; an input with other bytes is planned again and refused, one merely
+    touched (same bytes, new mtime) is planned again and goes on."""
+    config, reference = merged
+    out, state = tmp_path / "out", tmp_path / "state"
+    _kill_after_first_shard(config, out, state)
+    calls = _count_plans(monkeypatch)
+    weights = sorted((config.parent / "b").glob("*.safetensors"))[0]
+    other = make_model(tmp_path / "other", many_layer_spec(LAYERS), seed=3) / weights.name
+    os.replace(weights, tmp_path / "original")
+    try:
+        os.replace(other, weights)
+        with pytest.raises(PlanChangedError, match="input file"):
+            session.resume_merge(out, RunSettings(state_dir=state))
+        assert len(calls) == 1
+    finally:
+        os.replace(tmp_path / "original", weights)  # the same file again, mtime and all
+    assert main(["resume", str(out), "--state-dir", str(state), "--quiet"]) == 0
+    assert len(calls) == 1  # the frozen plan was reloaded from the ledger
+    assert digests(out) == reference
+    report = read_status(out, state)
+    assert report.state == "done" and report.tensors_done == report.tensors_total == 9 * LAYERS + 3
+    stamp = os.stat(weights)
+    os.utime(weights, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 1_000_000_000))
+    assert main(["resume", str(out), "--state-dir", str(state), "--quiet"]) == 0
+    assert len(calls) == 2  # planned again (a stat changed), to the same fingerprint
+    assert digests(out) == reference
+
+
+def test_status_says_planning_while_a_run_plans(tmp_path: Path) -> None:
+    out, state = tmp_path / "out", tmp_path / "state"
+    where = run_dir(out, state)
+    with pytest.raises(NothingRecordedError):
+        read_status(out, state)
+    with planning_mark(where):
+        report = read_status(out, state)
+        assert report.state == "planning" and report.resume_command is None
+        assert report.elapsed_seconds is not None
+    assert not where.exists()  # the mark's folder goes with it when nothing else was written
+    # A mark left by a killed process is not held by anyone: no longer "planning".
+    where.mkdir(parents=True)
+    (where / PLANNING_NAME).write_text("1.0")
+    with pytest.raises(NothingRecordedError):
+        read_status(out, state)
