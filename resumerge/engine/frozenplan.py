@@ -38,7 +38,11 @@ def freeze(prepared: Prepared) -> tuple[str, bytes] | None:
     if (inputs is None or inputs.hub or plan.units or prepared.resources is not NO_RESOURCES
             or prepared.beside is not None):
         return None
-    return _key(plan.model_dirs), zlib.compress(pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL), 1)
+    try:
+        data = pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):  # a part that cannot be stored: plan again on resume
+        return None
+    return _key(plan.model_dirs), zlib.compress(data, 1)
 
 
 def thaw(stored: tuple[str, bytes] | None, model_dirs: Mapping[str, str], fingerprint: str) -> Plan | None:
@@ -46,7 +50,10 @@ def thaw(stored: tuple[str, bytes] | None, model_dirs: Mapping[str, str], finger
     recorded ones), or None when there is none or something it was made from may have changed."""
     if stored is None or stored[0] != _key(model_dirs):
         return None
-    plan = pickle.loads(zlib.decompress(stored[1]))
+    try:
+        plan = pickle.loads(zlib.decompress(stored[1]))
+    except (zlib.error, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
+        return None  # stored by a build whose classes differ (same version, other code): plan again
     return plan if isinstance(plan, Plan) and plan.fingerprint == fingerprint else None
 
 

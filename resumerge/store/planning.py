@@ -21,9 +21,13 @@ PLANNING_NAME = "planning"
 
 @contextlib.contextmanager
 def planning_mark(run_dir: Path) -> Iterator[None]:
-    """Hold the planning mark of the run whose state folder is ``run_dir`` for the block (created if needed; a
-    folder this creates is removed again when the block leaves it empty)."""
-    created = not run_dir.exists()
+    """Hold the planning mark of the run whose state folder is ``run_dir`` for the block (created if needed; the
+    folders this creates, the state dir's included, are removed again when the block leaves them empty)."""
+    created = []  # the folders this makes, deepest first: removed again if left empty
+    folder = run_dir
+    while not folder.exists() and folder != folder.parent:
+        created.append(folder)
+        folder = folder.parent
     fd = None
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -42,9 +46,11 @@ def planning_mark(run_dir: Path) -> Iterator[None]:
             with contextlib.suppress(OSError):
                 (run_dir / PLANNING_NAME).unlink()
             os.close(fd)
-        if created:
-            with contextlib.suppress(OSError):
-                run_dir.rmdir()
+        for folder in created:
+            try:
+                folder.rmdir()
+            except OSError:  # the run wrote there (its ledger), or another process did
+                break
 
 
 def planning_since(run_dir: Path) -> float | None:
