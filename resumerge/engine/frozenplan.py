@@ -9,8 +9,9 @@ gives the plan back when nothing it was made from can have changed, else None an
 What the stored plan stays valid for (its key): the resumerge version, the plan's own data layout (the fields of
 its dataclasses) and every file of every input model folder by name, size and modification time — the same
 cheap identity :class:`~resumerge.inputs.model.InputWatch` checks before each commit. The config and options of a
-resume are the recorded ones, so they cannot differ. Only a plain merge of local folders is stored: a plan whose
-kind brings its own units, resources or work beside the merge, or whose inputs come from the hub (their opened
+resume are the recorded ones, so they cannot differ. Only a plain merge of local folders is stored (its units, the
+planner's own non-float copies, are code: stored without them and given back): a plan whose kind brings its own
+units, resources or work beside the merge, or whose inputs come from the hub (their opened
 state is needed to fetch them), is planned again on resume. The bytes are a pickle, read only from the state
 dir's own ledger, which the user's own runs wrote.
 """
@@ -23,11 +24,12 @@ import os
 import pickle
 import zlib
 from collections.abc import Mapping
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from resumerge.config.version import __version__
 from resumerge.methods.resources import NO_RESOURCES
 from resumerge.plan.merge_plan import InputRef, LoraRef, Plan, PlanOptions, ShardPlan, TensorPlan
+from resumerge.plan.nonfloat import UNITS as MERGE_UNITS
 from resumerge.plan.prepared import Prepared
 
 
@@ -35,11 +37,11 @@ def freeze(prepared: Prepared) -> tuple[str, bytes] | None:
     """The stored form of ``prepared``'s plan as (key, bytes), or None when this kind of plan is not stored (see
     the module docstring)."""
     plan, inputs = prepared.plan, prepared.inputs
-    if (inputs is None or inputs.hub or plan.units or prepared.resources is not NO_RESOURCES
+    if (inputs is None or inputs.hub or plan.units not in ((), MERGE_UNITS) or prepared.resources is not NO_RESOURCES
             or prepared.beside is not None):
         return None
-    try:
-        data = pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL)
+    try:  # units are code: stored without them, given back by thaw
+        data = pickle.dumps(replace(plan, units=()), protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, TypeError, AttributeError):  # a part that cannot be stored: plan again on resume
         return None
     return _key(plan.model_dirs), zlib.compress(data, 1)
@@ -54,7 +56,9 @@ def thaw(stored: tuple[str, bytes] | None, model_dirs: Mapping[str, str], finger
         plan = pickle.loads(zlib.decompress(stored[1]))
     except (zlib.error, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
         return None  # stored by a build whose classes differ (same version, other code): plan again
-    return plan if isinstance(plan, Plan) and plan.fingerprint == fingerprint else None
+    if not isinstance(plan, Plan) or plan.fingerprint != fingerprint:
+        return None
+    return replace(plan, units=MERGE_UNITS)
 
 
 def _key(model_dirs: Mapping[str, str]) -> str:
