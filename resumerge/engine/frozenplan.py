@@ -13,12 +13,17 @@ resume are the recorded ones, so they cannot differ. Only a plain merge of local
 planner's own non-float copies, are code: stored without them and given back): a plan whose kind brings its own
 units, resources or work beside the merge, or whose inputs come from the hub (their opened
 state is needed to fetch them), is planned again on resume. The bytes are a pickle, read only from the state
-dir's own ledger, which the user's own runs wrote.
+dir's own ledger, and read back by an unpickler that builds nothing but the plan's own dataclasses and enums, torch
+dtypes and a few builtin containers: a ledger someone else tampered with makes the resume plan again, it never runs
+a callable the pickle names (pickle's REDUCE of anything else is refused).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -31,6 +36,7 @@ from resumerge.methods.resources import NO_RESOURCES
 from resumerge.plan.merge_plan import InputRef, LoraRef, Plan, PlanOptions, ShardPlan, TensorPlan
 from resumerge.plan.nonfloat import UNITS as MERGE_UNITS
 from resumerge.plan.prepared import Prepared
+from resumerge.torch_import import torch
 
 
 def freeze(prepared: Prepared) -> tuple[str, bytes] | None:
@@ -53,12 +59,29 @@ def thaw(stored: tuple[str, bytes] | None, model_dirs: Mapping[str, str], finger
     if stored is None or stored[0] != _key(model_dirs):
         return None
     try:
-        plan = pickle.loads(zlib.decompress(stored[1]))
+        plan = _PlanUnpickler(io.BytesIO(zlib.decompress(stored[1]))).load()
     except (zlib.error, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
         return None  # stored by a build whose classes differ (same version, other code): plan again
     if not isinstance(plan, Plan) or plan.fingerprint != fingerprint:
         return None
     return replace(plan, units=MERGE_UNITS)
+
+
+class _PlanUnpickler(pickle.Unpickler):
+    """Builds only what a plan is made of; any other global the bytes name is refused (UnpicklingError)."""
+
+    _BUILTINS = frozenset({"set", "frozenset", "complex", "slice", "range"})
+
+    def find_class(self, module: str, name: str) -> object:
+        if module == "builtins" and name in self._BUILTINS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if module == "resumerge" or module.startswith("resumerge."):
+            found = super().find_class(module, name)
+            if isinstance(found, type) and (dataclasses.is_dataclass(found) or issubclass(found, enum.Enum)):
+                return found
+        raise pickle.UnpicklingError(f"a stored plan may not name {module}.{name}")
 
 
 def _key(model_dirs: Mapping[str, str]) -> str:
