@@ -285,9 +285,10 @@ def stored_layout(tensors: Mapping[str, TensorPlan], names: Iterable[str]) -> Sh
 
 def fingerprint_parts(plan: Plan) -> dict[str, str]:
     """Hashes of the plan's separable parts; a mismatch in one part tells the user what changed."""
+    identities: dict[TensorCodec, list[Any]] = {}  # a plan has a few codecs, shared by its 90k references
     body = {
         "method": plan.method,
-        "tensors": [_tensor_doc(plan.tensors[n]) for n in sorted(plan.tensors)],
+        "tensors": [_tensor_doc(plan.tensors[n], identities) for n in sorted(plan.tensors)],
         "shards": [{"name": s.name, "tensors": s.tensors, "file_size": s.file_size} for s in plan.shards],
         "donor": plan.donor,
         "tokenizer_donor": plan.tokenizer_donor,
@@ -372,37 +373,47 @@ def _option_changes(recorded: Mapping[str, Any] | None, options: PlanOptions) ->
             if recorded.get(k, _LATER_OPTIONS.get(k)) != v]
 
 
-def _tensor_doc(t: TensorPlan) -> dict[str, Any]:
-    # What dataclasses.asdict gives once written as JSON (tuples and lists alike; a dataclass value is rendered by
-    # _sha's default), without its deep copy of every field: asdict was most of the fingerprint's cost at 90k
-    # tensors.
-    doc = {f.name: getattr(t, f.name) for f in _TENSOR_FIELDS}
-    doc["inputs"] = [_input_doc(i) for i in t.inputs]
+def _tensor_doc(t: TensorPlan, identities: dict[TensorCodec, list[Any]]) -> dict[str, Any]:
+    """What the fingerprint records of ``t``: the JSON of ``dataclasses.asdict(t)``, its inputs as
+    :func:`_input_doc` lists; ``identities`` memoises codec identities. The fields are taken as they are (asdict
+    deep-copies every input reference: most of a 92k-tensor plan's planning time); :func:`_sha` renders a
+    dataclass among the parameters as asdict would."""
+    doc = {name: getattr(t, name) for name in _TENSOR_FIELDS}
+    doc["inputs"] = [_input_doc(i, identities) for i in t.inputs]
     # Recorded only when not plain, so that plans made before codecs existed keep their fingerprints.
-    del doc["out_codec"]
     if not t.out_codec.plain:
-        doc["out_codec"] = list(t.out_codec.identity())
+        doc["out_codec"] = _identity(t.out_codec, identities)
     for later in ("copy_of", "experts"):  # as out_codec: recorded only when set
-        if doc[later] is None:
-            del doc[later]
-    del doc["carried"]
+        value = getattr(t, later)
+        if value is not None:
+            doc[later] = value
     if t.carried:  # as out_codec: recorded only when any, so a run planned before it existed resumes
-        doc["carried"] = [[part, _input_doc(ref)] for part, ref in t.carried]
+        doc["carried"] = [[part, _input_doc(ref, identities)] for part, ref in t.carried]
     return doc
 
 
-_TENSOR_FIELDS = tuple(f for f in fields(TensorPlan) if f.name not in ("inputs",))
+_TENSOR_FIELDS = tuple(f.name for f in fields(TensorPlan)
+                       if f.name not in ("inputs", "out_codec", "copy_of", "experts", "carried"))
 
 
-def _input_doc(i: InputRef) -> list[Any]:
+def _identity(codec: TensorCodec, identities: dict[TensorCodec, list[Any]]) -> list[Any]:
+    found = identities.get(codec)
+    if found is None:
+        found = identities[codec] = list(codec.identity())
+    return found
+
+
+def _input_doc(i: InputRef, identities: dict[TensorCodec, list[Any]]) -> list[Any]:
     doc: list[Any] = [i.model, i.file, i.tensor, i.dtype, list(i.shape)]
     if i.cast is not None:
         doc.append(["cast", i.cast])
     if i.lora is not None:
         lora = i.lora
-        doc.append(["lora", _input_doc(lora.a), _input_doc(lora.b), lora.scale, lora.fan_in_fan_out, lora.embedding])
+        doc.append(["lora", _input_doc(lora.a, identities), _input_doc(lora.b, identities), lora.scale,
+                    lora.fan_in_fan_out, lora.embedding])
     if not i.codec.plain:  # as out_codec: a plain input's record is what it was before codecs
-        doc.append(["codec", *i.codec.identity(), *([part, _input_doc(c)] for part, c in i.companions)])
+        doc.append(["codec", *_identity(i.codec, identities),
+                    *([part, _input_doc(c, identities)] for part, c in i.companions)])
     return doc
 
 
@@ -417,3 +428,8 @@ def _json_default(value: Any) -> Any:
 def _sha(value: Any) -> str:
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=_json_default)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _json_default(value: Any) -> Any:
+    """A value JSON has no form for: a dataclass as ``dataclasses.asdict`` makes it, anything else as a list."""
+    return asdict(value) if is_dataclass(value) and not isinstance(value, type) else list(value)

@@ -26,6 +26,7 @@ __all__ = ["recognise"]
 _SCALE_DTYPES = ("F32", "BF16", "F16")
 # Endings only the companions of the formats decoded here have: found without a quantization_config, refused.
 _COMPANION_MARKS = ("_scale_inv", ".weight_scale", ".weight_packed")
+_OTHER = TensorRole("other")  # frozen: one instance serves every plain tensor of a 92k-tensor checkpoint
 
 
 def recognise(quantization_config: Mapping[str, Any] | None, headers: HeaderMap, *, source: str = "") -> Checkpoint:
@@ -37,7 +38,7 @@ def recognise(quantization_config: Mapping[str, Any] | None, headers: HeaderMap,
     """
     if not quantization_config:
         _refuse_unconfigured(headers, source)
-        return Checkpoint(None, {}, {name: TensorRole("other") for name in headers})
+        return Checkpoint(None, {}, dict.fromkeys(headers, _OTHER))
     method = str(quantization_config.get("quant_method", "")).lower()
     if method == "fp8":
         found = _fp8_weights(quantization_config, headers, source)
@@ -47,7 +48,7 @@ def recognise(quantization_config: Mapping[str, Any] | None, headers: HeaderMap,
         found = _mxfp4_weights(headers, source)
     else:
         raise refuse_method(method or "(none)", headers, source)
-    roles: dict[str, TensorRole] = {name: TensorRole("other") for name in headers}
+    roles: dict[str, TensorRole] = dict.fromkeys(headers, _OTHER)
     for weight in found.values():
         roles[weight.codes] = TensorRole("weight", weight.name)
         for name in weight.stored()[1:]:
@@ -80,6 +81,7 @@ def _fp8_weights(config: Mapping[str, Any], headers: HeaderMap, source: str) -> 
         raise refuse(source, f"an fp8 quantization resumerge cannot decode ({detail})", min(headers, default=None))
     size = config.get("weight_block_size")
     found: dict[str, QuantizedTensor] = {}
+    schemes: dict[tuple[tuple[int, int], str], Scheme] = {}  # one per block and scale dtype, shared by the weights
     for scale_name in sorted(n for n in headers if n.endswith("_scale_inv")):
         name = scale_name.removesuffix("_scale_inv")
         if name not in headers:
@@ -98,7 +100,8 @@ def _fp8_weights(config: Mapping[str, Any], headers: HeaderMap, source: str) -> 
                          "the checkpoint or its weight_block_size is wrong: download it again")
         module = name.removesuffix(".weight")
         extras = tuple(n for n in (f"{module}.input_scale",) if n in headers and name.endswith(".weight"))
-        scheme = Scheme("fp8-block", 8, block, "block", scale_dtype, scale_fmt=scale_fmt)
+        scheme = schemes.get((block, scale_dtype)) or schemes.setdefault(
+            (block, scale_dtype), Scheme("fp8-block", 8, block, "block", scale_dtype, scale_fmt=scale_fmt))
         found[name] = QuantizedTensor(name, name, scale_name, scheme, tuple(shape), extras=extras)
     claimed = {n for w in found.values() for n in w.stored()}
     for name, (dtype, _) in sorted(headers.items()):
