@@ -48,9 +48,8 @@ from resumerge.plan.workorder import compute_order
 from resumerge.plan.workunits import (
     ROWS,
     collects_sibling,
-    estimate_bytes,
-    fixed_chunk_rows,
     oversized_units,
+    streamed_bytes,
     unit_bytes,
     unit_mode,
 )
@@ -386,10 +385,7 @@ def _units(plan: Plan, pending: Sequence[Any], budget: int, remote: AbstractSet[
                 # It collects what its sibling computed, holding its result only, and takes no worker's turn.
                 units[-1] = (units[-1][0] + tp.nbytes, units[-1][1])
             elif mode == ROWS:
-                rows = fixed_chunk_rows(tp, method)
-                # Chunks of a fixed size: one computed, one queued and one written at a time.
-                units.append((3 * estimate_bytes(tp, method, rows) if rows is not None else estimate_bytes(tp, method),
-                              True))
+                units.append((streamed_bytes(tp, method), True))
             else:
                 units.append((unit_bytes(tp, method, mode), False))
             previous = tp

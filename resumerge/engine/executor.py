@@ -46,8 +46,8 @@ from resumerge.plan.workunits import (
     chunk_plan,
     collects_sibling,
     estimate_bytes,
-    fixed_chunk_rows,
     row_stream,
+    stream_rows,
     unit_bytes,
     unit_mode,
 )
@@ -409,7 +409,7 @@ class _Pipeline:
         assert self.governor is not None
         total = tp.shape[0]
         row_estimate = max(1, estimate_bytes(tp, method, rows=1))
-        most = fixed_chunk_rows(tp, method) or total
+        most = stream_rows(tp, method)
         first = 0
         while first < total:
             rows = max(1, min(total - first, most, self.governor.chunk_rows(row_estimate, total - first)))

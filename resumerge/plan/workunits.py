@@ -130,6 +130,10 @@ WHOLE, ROWS, PASSES = "whole", "rows", "passes"
 # 21.6 s for chunks of 32 / 64 / 128 / 256 / 512 Ki entries, against 15.7-16.1 s holding every tensor whole.
 CHUNK_ELEMENTS = 1 << 17
 STACKED_ELEMENTS = 1 << 18
+# The most one row chunk of a tensor streamed to the writer holds (its estimate), however much room the budget
+# leaves: the chunks of DeepSeek-V3's 1.85 GB embedding once grew to the whole room (its whole estimate is 14.8 GB),
+# so a notebook's peak grew with the machine; chunks of this size cost no measurable speed.
+ROW_CHUNK_BYTES = 512 << 20
 
 
 def unit_mode(tp: TensorPlan, method: MethodSpec, budget: int | None, device: str, *, rereadable: bool = True,
@@ -178,6 +182,22 @@ def fixed_chunk_rows(tp: TensorPlan, method: MethodSpec) -> int | None:
     if method.row_chunk is None or not can_chunk(tp, method) or numel(tp.shape) <= method.row_chunk:
         return None
     return max(1, method.row_chunk // max(1, numel(tp.shape[1:])))
+
+
+def stream_rows(tp: TensorPlan, method: MethodSpec) -> int:
+    """The most rows per chunk of a tensor streamed to the writer in row chunks (``ROWS``): its method's fixed
+    chunk (:func:`fixed_chunk_rows`), else as many rows as :data:`ROW_CHUNK_BYTES` of estimate holds (at least
+    one; every row when they all fit). The engine cuts smaller chunks when the headroom is smaller."""
+    fixed = fixed_chunk_rows(tp, method)
+    if fixed is not None:
+        return fixed
+    return max(1, min(tp.shape[0], ROW_CHUNK_BYTES // max(1, estimate_bytes(tp, method, rows=1))))
+
+
+def streamed_bytes(tp: TensorPlan, method: MethodSpec) -> int:
+    """What a tensor streamed to the writer in row chunks holds at most: one chunk computed, one queued and one
+    being written (:func:`stream_rows` rows each), or the whole tensor's estimate when that is less."""
+    return min(estimate_bytes(tp, method), 3 * estimate_bytes(tp, method, stream_rows(tp, method)))
 
 
 def pass_rows(tp: TensorPlan) -> int:
