@@ -40,7 +40,8 @@ def _tensors(*sizes: int) -> dict[str, TensorPlan]:
     (3 * MB, HUB_MIN_SHARD),  # a test model: one file
     (1_750_212_608, HUB_MIN_SHARD),  # the bench pair's 1.75 GB output: 25 MB, 59 files (not 22 of 100 MB)
     (14_483_464_192, 145 * MB),  # a 7B in fp16: about 100 files
-    (141_107_412_992, HUB_MAX_SHARD),  # a 70B in fp16: 1 GB shards, as a local OUT gets
+    (141_107_412_992, 1412 * MB),  # a 70B in fp16: 100 files still
+    (673_161_837_152, HUB_MAX_SHARD),  # DeepSeek-V3 x R1 in block FP8: 135 files of 5 GB, the hub's comfortable size
 ])
 def test_the_hub_shard_size_is_a_hundredth_of_the_output_within_bounds(output: int, expected: int) -> None:
     size = hub_shard_size(_tensors(output // 3, output // 3, output - 2 * (output // 3)))

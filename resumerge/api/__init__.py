@@ -303,6 +303,7 @@ def estimate(
     intermediate_dir: PathLike | None = None,
     max_disk: int | str | None = None,
     bandwidth: str | None = None,
+    session: str | None = None,
     disk_free: Callable[[Path], int] | None = None,
     fresh_process: bool = False,
     executor: str = "local",
@@ -324,14 +325,18 @@ def estimate(
     A merge with hub inputs or an ``hf://`` OUT gets a network estimate (``.network``, none for a recipe): bytes
     each way at ``bandwidth`` (``"DOWN[/UP]"`` per second, e.g. ``"150MB/75MB"``) or at a download rate measured by
     two range reads (``probe_size=0`` skips them), and the pipelined run's wall time with what bounds it.
+    ``session`` (a length, ``"12h"``) asks how many notebook sessions of that length the merge takes
+    (``.session``).
     """
     from resumerge.engine.estimate import Measuring
     from resumerge.engine.netestimate import parse_bandwidth
+    from resumerge.engine.sessions import parse_duration
     from resumerge.store.diskprobe import free_bytes
 
     if out is not None:
         named(out)
     link = parse_bandwidth(bandwidth) if bandwidth is not None else None
+    length = parse_duration(session) if session is not None else None
     options = plan_options(out_shard_size=shard_size_choice(out_shard_size, out)[0], random_seed=random_seed,
                            copy_tokenizer=copy_tokenizer, device=device, allow_crimes=allow_crimes,
                            stream_inputs=stream_inputs, unsafe_truncate_embeddings=unsafe_truncate_embeddings,
@@ -348,7 +353,8 @@ def estimate(
 
     if isinstance(result, recipes.RecipeEstimate):  # a plan per stage, each with its own shard size
         return result
-    return replace(result, shard_choice=shard_size_choice(out_shard_size, out)[1])  # plan says why, when it chose
+    return replace(result, shard_choice=shard_size_choice(out_shard_size, out)[1],  # plan says why, when it chose
+                   session=result.sessions_of(length) if length is not None else None)
 
 
 def _extraction_call(spec: ExtractSpec, out: PathLike, settings: RunSettings, *, random_seed: int, device: str,

@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out-shard-size", default=None, metavar="SIZE",
                      help="bytes per output shard (k/M/B = 1e3/1e6/1e9, or KiB/MiB/GiB) [default: 1B; for an "
                           "hf:// OUT, whose shards upload while the next are merged, about 1/100 of the output, "
-                          "25M to 1B]; an interruption costs at most one shard of work")
+                          "25M to 5B]; an interruption costs at most one shard of work")
     run.add_argument("--random-seed", type=int, default=0, metavar="N",
                      help="seed of randomised methods (drawn per tensor, so resume is exact) [default: 0]")
     run.add_argument("--restart", action="store_true",
@@ -182,9 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--bandwidth", metavar="DOWN[/UP]",
                       help="the link's rates per second for the network estimate, e.g. 150MB/75MB [default: the "
                            "download rate measured on a hub input; the upload rate unknown]")
+    plan.add_argument("--session", metavar="LENGTH",
+                      help="a notebook session's length (12h, 90m): how many sessions the merge takes at the "
+                           "measured or --bandwidth rate")
     plan.add_argument("--out-shard-size", default=None, metavar="SIZE",
                       help="bytes per output shard [default: as for run: 1B; about 1/100 of the output, 25M to "
-                           "1B, for an hf:// OUT]")
+                           "5B, for an hf:// OUT]")
     plan.add_argument("--random-seed", type=int, default=0, metavar="N", help="seed of randomised methods")
     plan.add_argument("--no-copy-tokenizer", action="store_false", dest="copy_tokenizer",
                       help="do not count tokenizer files")

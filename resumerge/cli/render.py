@@ -538,6 +538,11 @@ def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | 
     _field(out, "time", _time_text(estimate))
     if estimate.network is not None:
         _field(out, "network", estimate.network.line())
+    if estimate.hub_commits is not None:
+        _field(out, "commits", f"about {estimate.hub_commits} into the repo, one per shard as it is uploaded, paced "
+               "under the hub's 128 an hour")
+    if estimate.session is not None:
+        _field(out, "sessions", estimate.session.line())
     for note in (*plan.notes, *estimate.notes, *estimate.time.notes):
         _field(out, "note", note, style="dim")
     if estimate.fits:

@@ -59,6 +59,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from resumerge.engine.netestimate import NetworkEstimate
+from resumerge.engine.sessions import SessionPlan, hub_commits
 from resumerge.memory import format_size, smallest_budget_for
 from resumerge.plan.fetching import FileFetch
 from resumerge.plan.merge_plan import Plan
@@ -329,6 +330,7 @@ class Estimate:
     hf_output: HubDiskNeed | None = None  # the local disk an hf:// OUT would need
     network: NetworkEstimate | None = None  # bytes each way at the link's rates, when the merge uses the network
     shard_choice: str | None = None  # why the output shards have their size, when no --out-shard-size was given
+    session: SessionPlan | None = None  # the merge in notebook sessions of a given length (plan --session)
 
     @property
     def fits(self) -> bool:
@@ -339,6 +341,20 @@ class Estimate:
     def verdict(self) -> str:
         """``"fits"`` or ``"will not fit"``."""
         return FITS if self.fits else WILL_NOT_FIT
+
+    @property
+    def hub_commits(self) -> int | None:
+        """Commits an ``hf://`` OUT gets under the default pacing over the estimated wall (None: not to the hub)."""
+        if self.network is None or not self.network.up_bytes:
+            return None
+        return hub_commits(len(self.plan.shards), self.network.seconds)
+
+    def sessions_of(self, length: float) -> SessionPlan:
+        """This merge in sessions of ``length`` seconds: its wall from the network estimate when it uses the
+        network, else from the time estimate."""
+        if self.network is not None:
+            return SessionPlan(length, self.network.seconds, self.network.startup_seconds, "network estimate")
+        return SessionPlan(length, self.time.seconds, self.time.startup_seconds, "time estimate")
 
     @property
     def download_bytes(self) -> int:
@@ -389,7 +405,8 @@ class Estimate:
             "disks": [asdict(d) | {"roles": list(d.roles), "fits": d.fits} for d in self.disks],
             "time": timing,
             "hf_output": None if self.hf_output is None else self.hf_output.to_json(),
-            "network": None if self.network is None else self.network.to_json(),
+            "network": None if self.network is None else self.network.to_json() | {"commits": self.hub_commits},
+            "sessions": None if self.session is None else self.session.to_json(),
             "formats": formats_report(plan),
             "filters": [f.to_json() for f in plan.filters],
             "accounting": None if plan.accounting is None else plan.accounting.to_json(),

@@ -26,10 +26,13 @@ from resumerge.plan.merge_plan import DEFAULT_SHARD_SIZE, PlanOptions, ShardPlan
 # is one preupload call in the hub's API quota (1,000 calls in 5 minutes for a free account, hub-real.md) and a
 # few round trips a link far from the hub pays per file (the stand-in hub, on 127.0.0.1, does not). So the size
 # is about 1/HUB_SHARD_FILES of the output, which bounds the run's files and its API calls whatever the link's
-# speed (a 7B fp16 output gets 145 MB shards, a 70B one 1 GB, as a local OUT), and never below HUB_MIN_SHARD.
+# speed (a 7B fp16 output gets 145 MB shards, a 70B one 1.41 GB), and never below HUB_MIN_SHARD. Nor above
+# HUB_MAX_SHARD: the hub advises files under 50 GB (huggingface_hub refuses plain downloads above that), and about
+# 5 GB suits range reads and a resume's granularity (hub-real.md), so DeepSeek-V3's 673 GB get 135 files of 5 GB
+# (1 GB once: 673 files, as many preupload calls and, past the pacing's 80 an hour, longer commit waits).
 HUB_SHARD_FILES = 100
 HUB_MIN_SHARD = 25_000_000
-HUB_MAX_SHARD = DEFAULT_SHARD_SIZE
+HUB_MAX_SHARD = 5_000_000_000
 # PlanOptions.out_shard_size when no --out-shard-size was given for an hf:// OUT: the planner picks the size from
 # the tensors (hub_shard_size) and the plan it returns records the size picked, so a resume plans the same.
 AUTO_SHARD_SIZE = 0
