@@ -1,0 +1,98 @@
+"""``resumerge plan`` of DeepSeek-V3 x R1 (or Kimi-K2 x itself) from headers alone: wall, CPU and peak RSS.
+
+Usage::
+
+    python bench/bench_plan_scale.py [--layout deepseek-v3|kimi-k2] [--mtp] [--runs N] [--work DIR]
+                                     [--tree DIR ...] [--max-memory SIZE] [--dtype bfloat16]
+
+Writes the sparse real-shape checkpoints of ``tests/sparse_checkpoints.py`` (headers, then a hole: 689 GB for
+DeepSeek-V3 cost a few MB of disk) into ``--work`` (two folders: the base and, under another name, the same
+headers standing in for R1), a linear merge config over them, and times ``resumerge plan CONFIG OUT --json`` run
+from each ``--tree`` (a checkout of resumerge: compare main's with a branch's; default this one) ``--runs`` times,
+alternating: wall seconds, the process's user+system CPU seconds (less sensitive to a loaded machine than the
+wall) and its peak RSS, then the plan's own figures (output bytes, shards, RAM estimate, compute groups).
+``--mtp`` keeps DeepSeek-V3's MTP layer 61 (refused by a planner that does not know it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(ROOT / "tests")]
+
+from sparse_checkpoints import DEEPSEEK_V3, KIMI_K2, write_sparse_checkpoint  # noqa: E402
+
+# Runs `resumerge ARGS` in this process, then prints its CPU seconds and peak RSS on a last line.
+_MEASURED = ("import resource, sys\nfrom resumerge.cli.commands import main\ntry:\n    main(sys.argv[1:])\n"
+             "except SystemExit:\n    pass\nu = resource.getrusage(resource.RUSAGE_SELF)\n"
+             "print('measured', u.ru_utime + u.ru_stime, u.ru_maxrss * 1024)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layout", choices=("deepseek-v3", "kimi-k2"), default="deepseek-v3")
+    parser.add_argument("--mtp", action="store_true", help="keep DeepSeek-V3's MTP layer 61")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--work", type=Path, default=None, help="where the sparse checkpoints go [a temp dir]")
+    parser.add_argument("--tree", action="append", type=Path, default=None,
+                        help="a resumerge checkout to run plan from (repeatable) [this one]")
+    parser.add_argument("--max-memory", default=None, help="passed to plan")
+    parser.add_argument("--dtype", default=None, help="the config's dtype [none: the inputs' own]")
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="plan-scale-"))
+    layout = DEEPSEEK_V3 if args.layout == "deepseek-v3" else KIMI_K2
+    started = time.perf_counter()
+    base = write_sparse_checkpoint(work / f"{args.layout}-a", layout, mtp=args.mtp)
+    other = work / f"{args.layout}-b"
+    if not other.exists():
+        other.symlink_to(base, target_is_directory=True)
+    print(f"generated {base} in {time.perf_counter() - started:.1f} s")
+    doc: dict[str, object] = {"merge_method": "linear", "models": [
+        {"model": str(base), "parameters": {"weight": 0.5}}, {"model": str(other), "parameters": {"weight": 0.5}}]}
+    if args.dtype:
+        doc["dtype"] = args.dtype
+    config = work / "merge.yml"
+    config.write_text(json.dumps(doc))  # JSON is YAML
+    command = ["plan", str(config), str(work / "out"), "--json", "--probe-size", "0",
+               "--state-dir", str(work / "state"), *(["--max-memory", args.max_memory] if args.max_memory else [])]
+    trees = args.tree or [ROOT]
+    for run in range(args.runs):
+        for tree in trees:
+            env = dict(os.environ, PYTHONPATH=str(tree))
+            begun = time.perf_counter()
+            # Run from --work: `python -c` puts the working directory first on sys.path, before PYTHONPATH.
+            done = subprocess.run([sys.executable, "-c", _MEASURED, *command], capture_output=True, text=True,
+                                  env=env, check=False, cwd=work)
+            wall = time.perf_counter() - begun
+            *lines, last = done.stdout.strip().splitlines() or [""]
+            if not last.startswith("measured"):
+                print(f"{tree}: failed\n{done.stderr[-3000:]}")
+                continue
+            cpu, peak = float(last.split()[1]), int(last.split()[2])
+            print(f"run {run + 1} {tree}: wall {wall:.1f} s, cpu {cpu:.1f} s, peak RSS {peak / 1e9:.2f} GB, "
+                  f"load {os.getloadavg()[0]:.1f}")
+            if run == 0:
+                _summary(json.loads("\n".join(lines)))
+
+
+def _summary(report: dict[str, object]) -> None:
+    memory = report["memory"]
+    assert isinstance(memory, dict)
+    print(f"  output {report['output_bytes']} bytes in {len(report['shards'])} shards "  # type: ignore[arg-type]
+          f"({report['shard_size']['why']}); RAM estimate peak {memory['peak_bytes'] / 1e9:.2f} GB "  # type: ignore[index]
+          f"(largest unit {memory['largest_unit_bytes'] / 1e9:.2f} GB) under {memory['budget'] / 1e9:.1f} GB")
+    for note in report["time"]["notes"]:  # type: ignore[index]
+        print(f"  {note}")
+
+
+if __name__ == "__main__":
+    main()
