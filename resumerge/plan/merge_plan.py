@@ -285,7 +285,7 @@ def stored_layout(tensors: Mapping[str, TensorPlan], names: Iterable[str]) -> Sh
 
 def fingerprint_parts(plan: Plan) -> dict[str, str]:
     """Hashes of the plan's separable parts; a mismatch in one part tells the user what changed."""
-    identities: dict[TensorCodec, list[Any]] = {}  # a plan has a few codecs, shared by its 90k references
+    identities: dict[int, list[Any]] = {}  # by id: a plan's 90k references share a few codec instances
     body = {
         "method": plan.method,
         "tensors": [_tensor_doc(plan.tensors[n], identities) for n in sorted(plan.tensors)],
@@ -373,7 +373,7 @@ def _option_changes(recorded: Mapping[str, Any] | None, options: PlanOptions) ->
             if recorded.get(k, _LATER_OPTIONS.get(k)) != v]
 
 
-def _tensor_doc(t: TensorPlan, identities: dict[TensorCodec, list[Any]]) -> dict[str, Any]:
+def _tensor_doc(t: TensorPlan, identities: dict[int, list[Any]]) -> dict[str, Any]:
     """What the fingerprint records of ``t``: the JSON of ``dataclasses.asdict(t)``, its inputs as
     :func:`_input_doc` lists; ``identities`` memoises codec identities. The fields are taken as they are (asdict
     deep-copies every input reference: most of a 92k-tensor plan's planning time); :func:`_sha` renders a
@@ -396,14 +396,15 @@ _TENSOR_FIELDS = tuple(f.name for f in fields(TensorPlan)
                        if f.name not in ("inputs", "out_codec", "copy_of", "experts", "carried"))
 
 
-def _identity(codec: TensorCodec, identities: dict[TensorCodec, list[Any]]) -> list[Any]:
-    found = identities.get(codec)
+def _identity(codec: TensorCodec, identities: dict[int, list[Any]]) -> list[Any]:
+    # Keyed by the instance, alive as long as the plan that holds it: hashing a frozen dataclass hashes its fields.
+    found = identities.get(id(codec))
     if found is None:
-        found = identities[codec] = list(codec.identity())
+        found = identities[id(codec)] = list(codec.identity())
     return found
 
 
-def _input_doc(i: InputRef, identities: dict[TensorCodec, list[Any]]) -> list[Any]:
+def _input_doc(i: InputRef, identities: dict[int, list[Any]]) -> list[Any]:
     doc: list[Any] = [i.model, i.file, i.tensor, i.dtype, list(i.shape)]
     if i.cast is not None:
         doc.append(["cast", i.cast])

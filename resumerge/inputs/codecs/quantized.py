@@ -40,6 +40,7 @@ def quantized_claims(config: Mapping[str, Any], tensors: Mapping[str, TensorSour
         headers = {name: (found.entry.dtype, tuple(found.entry.shape)) for name, found in tensors.items()}
         verdict = shared[recognise] = recognise(config.get("quantization_config"), headers)
     claims = []
+    shared: dict[TensorCodec, TensorCodec] = {}  # equal codecs as one instance: 45k weights have a handful
     for weight in verdict.quantized.values():
         if weight.scheme.kind not in kinds:
             continue
@@ -55,7 +56,8 @@ def quantized_claims(config: Mapping[str, Any], tensors: Mapping[str, TensorSour
                 raise ModelInputError(f"{extra} of shape {list(shape)}: resumerge carries only "
                                       "one-value activation scales", tensor=extra)
             parts.append((extra_part(weight.name, extra), extra))
-        claims.append(Claim(weight.name, tuple(parts), codec(weight)))
+        made = codec(weight)
+        claims.append(Claim(weight.name, tuple(parts), shared.setdefault(made, made)))
     return tuple(claims)
 
 
