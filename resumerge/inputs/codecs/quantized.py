@@ -40,7 +40,7 @@ def quantized_claims(config: Mapping[str, Any], tensors: Mapping[str, TensorSour
         headers = {name: (found.entry.dtype, tuple(found.entry.shape)) for name, found in tensors.items()}
         verdict = shared[recognise] = recognise(config.get("quantization_config"), headers)
     claims = []
-    shared: dict[TensorCodec, TensorCodec] = {}  # equal codecs as one instance: 45k weights have a handful
+    interned: dict[TensorCodec, TensorCodec] = {}  # equal codecs as one instance: 45k weights have a handful
     for weight in verdict.quantized.values():
         if weight.scheme.kind not in kinds:
             continue
@@ -57,7 +57,7 @@ def quantized_claims(config: Mapping[str, Any], tensors: Mapping[str, TensorSour
                                       "one-value activation scales", tensor=extra)
             parts.append((extra_part(weight.name, extra), extra))
         made = codec(weight)
-        claims.append(Claim(weight.name, tuple(parts), shared.setdefault(made, made)))
+        claims.append(Claim(weight.name, tuple(parts), interned.setdefault(made, made)))
     return tuple(claims)
 
 
