@@ -429,8 +429,3 @@ def _json_default(value: Any) -> Any:
 def _sha(value: Any) -> str:
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=_json_default)
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _json_default(value: Any) -> Any:
-    """A value JSON has no form for: a dataclass as ``dataclasses.asdict`` makes it, anything else as a list."""
-    return asdict(value) if is_dataclass(value) and not isinstance(value, type) else list(value)
