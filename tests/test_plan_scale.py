@@ -21,9 +21,11 @@ from resumerge.inputs.safetensors_format import read_header
 
 # What `plan` of the pair may hold at its peak (0.67 GB measured; 0.72 GB before its per-tensor copies went).
 PLAN_RSS_BOUND = 1_000_000_000
-# Prints the peak RSS of `resumerge ARGS` run in this process, after its own output.
-_MEASURED = ("import resource, sys\nfrom resumerge.cli.commands import main\ntry:\n    main(sys.argv[1:])\n"
-             "except SystemExit:\n    pass\nprint('peak-rss-kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+# Prints the peak RSS of `resumerge ARGS` run in this process, after its own output. VmHWM, not getrusage's
+# ru_maxrss: Linux carries ru_maxrss across exec, so a child of a large pytest worker reported the worker's size.
+_MEASURED = ("import re, sys\nfrom pathlib import Path\nfrom resumerge.cli.commands import main\ntry:\n"
+             "    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+             "print('peak-rss-kb', re.search(r'VmHWM:\\s+(\\d+)', Path('/proc/self/status').read_text())[1])")
 
 
 def test_the_generated_layouts_have_deepseek_v3_s_and_kimi_k2_s_real_counts_and_sizes() -> None:

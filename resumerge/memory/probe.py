@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -103,8 +104,17 @@ class SystemProbe:
 def os_peak_rss() -> int | None:
     """Return this process's lifetime peak RSS in bytes as the OS measured it (``ru_maxrss``), if known.
 
-    Unlike the governor's sampled peak this misses no spike, but it includes file pages and import overhead.
+    Unlike the governor's sampled peak this misses no spike, but it includes file pages and import overhead. On
+    Linux it is ``VmHWM`` of ``/proc/self/status``: ``ru_maxrss`` survives exec, so a merge started by
+    ``subprocess.run`` from a large process (a notebook kernel holding a model) would report that process's size.
     """
+    try:
+        found = re.search(r"^VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text(encoding="ascii",
+                                                                                     errors="replace"), re.M)
+    except OSError:
+        found = None
+    if found is not None:
+        return int(found[1]) * 1024
     try:
         import resource
     except ImportError:  # Windows

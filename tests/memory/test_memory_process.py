@@ -59,6 +59,17 @@ def test_system_probe_counts_anonymous_memory_but_not_mapped_file_pages(tmp_path
     assert peak is not None and peak >= 64 * MB
 
 
+def test_the_os_peak_is_the_merges_own_when_a_large_process_started_it() -> None:
+    # ru_maxrss survives exec: a merge run by subprocess from a notebook kernel holding a model reported the
+    # kernel's size as its own peak RAM (in status and the ledger). The peak read is the process's own.
+    ballast = bytearray(600 * MB)
+    ballast[::4096] = b"\x01" * len(ballast[::4096])  # resident, not just reserved
+    code = "from resumerge.memory import os_peak_rss; print(os_peak_rss())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    del ballast
+    assert int(done.stdout) < 400 * MB
+
+
 # The child runs 3 rounds of one ``unit``-byte allocation on each of 6 threads, each held briefly, either
 # admitted by a governor or not at all; it reports how many ran concurrently at most.
 CHILD = textwrap.dedent(
