@@ -30,6 +30,9 @@ MOE_FAMILIES: Mapping[str, Mapping[str, Any]] = {  # model_type: its tiny config
                    "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8},
     "gpt_oss": {"head_dim": 8, "intermediate_size": 12, "num_local_experts": 4, "num_experts_per_tok": 2,
                 "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16},
+    # Llama-4 text: every layer MoE, fused stacks with gate and up side by side (not interleaved), a shared expert.
+    "llama4_text": {"head_dim": 8, "intermediate_size": 12, "intermediate_size_mlp": 48, "num_local_experts": 4,
+                    "num_experts_per_tok": 1, "interleave_moe_layer_step": 1},
 }
 
 

@@ -14,6 +14,7 @@ MTP modules): tests/test_layer_stacks.py; substring filters against mergekit: te
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,10 +28,13 @@ from support import output_tensors, write_config
 from resumerge.cli.commands import main
 
 pytest.importorskip("transformers", reason="transformers (a dependency of the mergekit test extra) is needed")
-EXPERTS = "model.layers.*.mlp.experts.*"
+# The routed experts of a family (Llama-4 keeps its MoE block under feed_forward).
+EXPERTS = {family: f"model.layers.*.{'feed_forward' if family == 'llama4_text' else 'mlp'}.experts.*"
+           for family in MOE_FAMILIES}
 # Routed-expert tensors per family: 4 experts × 3 projections per MoE layer (DeepSeek-V3 and GLM-4-MoE: layer 1
-# only, layer 0 is dense); gpt-oss: 4 fused stacks (gate_up_proj, down_proj and their biases) per layer.
-ROUTED = {"deepseek_v3": 12, "glm4_moe": 12, "qwen3_moe": 24, "qwen3_next": 24, "gpt_oss": 8}
+# only, layer 0 is dense); gpt-oss: 4 fused stacks (gate_up_proj, down_proj and their biases) per layer;
+# Llama-4: 2 per layer (no biases).
+ROUTED = {"deepseek_v3": 12, "glm4_moe": 12, "qwen3_moe": 24, "qwen3_next": 24, "gpt_oss": 8, "llama4_text": 4}
 STACK = ((0, 0), (0, 1), (1, 1))  # (model, source layer) of output layers 0..2 for slices a[0, 2) + b[1, 2)
 
 
@@ -58,18 +62,19 @@ def _config(directory: Path) -> dict[str, Any]:
 def test_a_glob_chimera_recipe_takes_exactly_the_routed_experts_from_b(
         family: str, pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a, b = pairs[family]
+    experts = EXPERTS[family]
     cfg = write_config(tmp_path / "chimera.yml", {"merge_method": "linear", "models": [
-        {"model": str(a), "parameters": {"weight": [{"filter": EXPERTS, "value": 0}, {"value": 1}]}},
-        {"model": str(b), "parameters": {"weight": [{"filter": EXPERTS, "value": 1}, {"value": 0}]}}]})
+        {"model": str(a), "parameters": {"weight": [{"filter": experts, "value": 0}, {"value": 1}]}},
+        {"model": str(b), "parameters": {"weight": [{"filter": experts, "value": 1}, {"value": 0}]}}]})
     assert main(["plan", str(cfg), "--json", "--probe-size", "0", "-j", "1"]) == 0
     filters = json.loads(capsys.readouterr().out)["filters"]
     assert [(f["yaml_path"], f["pattern"], f["tensors"]) for f in filters] == [
-        (f"models[{i}].parameters.weight[0].filter", EXPERTS, ROUTED[family]) for i in (0, 1)]
+        (f"models[{i}].parameters.weight[0].filter", experts, ROUTED[family]) for i in (0, 1)]
     out = tmp_path / "out"
     assert main(["run", str(cfg), str(out), "--quiet"]) == 0
     merged, ta, tb = output_tensors(out), output_tensors(a), output_tensors(b)
     assert merged.keys() == ta.keys()
-    routed = {n for n in merged if ".mlp.experts." in n}
+    routed = {n for n in merged if fnmatch.fnmatchcase(n, experts)}
     assert len(routed) == ROUTED[family]
     for name, tensor in merged.items():
         parent = tb if name in routed else ta  # shared experts, routers and their biases from a

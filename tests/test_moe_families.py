@@ -103,13 +103,18 @@ def _reference(method: str) -> Callable[[list[torch.Tensor]], torch.Tensor]:
 
 def _expected(method: str, name: str, inputs: list[torch.Tensor]) -> torch.Tensor:
     """``name``'s expected output: the reference over the whole tensor, or over each projection of each expert of
-    a gpt-oss fused stack (expert e's gate is columns 0, 2, 4, … of its slice, up the odd ones)."""
+    a fused stack (gpt-oss: expert e's gate is columns 0, 2, 4, … of its slice, up the odd ones; Llama-4: gate the
+    first half of its columns, up the second)."""
     reference = _reference(method)
     if re.search(r"\.experts\.(gate_up_proj|down_proj)", name) is None:
         return reference(inputs)
     out = torch.empty_like(inputs[0])
+    half = out.shape[-1] // 2
     for e in range(out.shape[0]):
-        cuts = [(..., slice(p, None, 2)) for p in (0, 1)] if ".gate_up_proj" in name else [(...,)]
+        cuts: list[tuple[Any, ...]] = [(...,)]
+        if ".gate_up_proj" in name:
+            cuts = ([(..., slice(None, half)), (..., slice(half, None))] if ".feed_forward." in name
+                    else [(..., slice(p, None, 2)) for p in (0, 1)])
         for cut in cuts:
             out[e][cut] = reference([t[e][cut].contiguous() for t in inputs])
     return out
