@@ -38,7 +38,7 @@ from rich.progress import (
 from rich.table import Column, Table
 from rich.text import Text
 
-from resumerge.memory.sizes import format_size
+from resumerge.memory.sizes import format_duration, format_size
 
 if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
     from resumerge.engine.costs import Estimate
@@ -292,7 +292,7 @@ class ProgressReporter:
         if self._session_bytes:
             parts.append(f"{format_size(int(rate))}/s")
             if self._tensors < self._tensors_total:
-                parts.append(f"about {_duration(max(0, self._total - self._bytes) / rate)} left")
+                parts.append(f"about {format_duration(max(0, self._total - self._bytes) / rate)} left")
         memory = self._memory_line()
         if memory:
             parts.append(memory)
@@ -346,16 +346,8 @@ def traffic_line(now: Traffic, down: float | None, up: float | None) -> str | No
     if now.to_commit or now.uploaded:
         direction("up", up, now.committed, now.to_commit, "committed")
     known = [seconds for seconds in left if seconds is not None]
-    eta = f"; about {_duration(max(known))} left" if known and len(known) == len(left) else ""
+    eta = f"; about {format_duration(max(known))} left" if known and len(known) == len(left) else ""
     return "network: " + "; ".join(parts) + eta
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 # -- status, plan, verify -----------------------------------------------------------------------------------
@@ -416,7 +408,7 @@ def show_status(report: StatusReport, stream: TextIO | None = None, *, width: in
                "for it)")
     if report.elapsed_seconds is not None:
         seconds = report.elapsed_seconds
-        _field(out, "elapsed", _duration(seconds) if seconds >= 90 else f"{seconds:.1f} s")
+        _field(out, "elapsed", format_duration(seconds) if seconds >= 90 else f"{seconds:.1f} s")
     if report.url:
         _field(out, "repo", report.url)
     for line in report.nodes:  # a run on a Ray cluster: what each node made
@@ -528,7 +520,7 @@ def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | 
     if estimate.time.prepass_seconds or memory.prepass_bytes:
         when = "beside the merge" if memory.prepass_beside else "first"
         _field(out, "pass", f"the prompt forward pass {when}, in a process of its own: about "
-               f"{_duration(estimate.time.prepass_seconds)}, {format_size(memory.prepass_bytes)} in that process")
+               f"{format_duration(estimate.time.prepass_seconds)}, {format_size(memory.prepass_bytes)} in that process")
     for disk in estimate.disks:
         mark = "" if disk.fits else " -- too small"
         _field(out, "disk", f"{' + '.join(disk.roles)}: needs {format_size(disk.needed_bytes)}, "
@@ -555,7 +547,7 @@ def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | 
 
 def _time_text(estimate: Estimate) -> str:
     t = estimate.time
-    compute = f"{_duration(t.compute_seconds)} of compute" if t.compute else ""
+    compute = f"{format_duration(t.compute_seconds)} of compute" if t.compute else ""
     if t.seconds is None:
         return "unknown (disk speed not measured)" + (f"; {compute}" if compute else "")
     rates = []
@@ -565,13 +557,13 @@ def _time_text(estimate: Estimate) -> str:
     if t.write_bytes_per_s:
         rates.append(f"write {format_size(t.write_bytes)} at {format_size(int(t.write_bytes_per_s))}/s")
     if not compute:
-        return f"about {_duration(t.seconds)} of disk work: {', '.join(rates)}"
+        return f"about {format_duration(t.seconds)} of disk work: {', '.join(rates)}"
     # With cores to spare compute and disk work overlap, so the total is not their sum: say both, and what bounds
     # it; on a machine whose cores the engine's threads fill, they add up (see TimeEstimate).
     disk = t.disk_seconds or 0.0
     bound = "compute-bound" if t.compute_seconds > disk else "disk-bound"
     joined = "plus (they share this machine's cores)" if t.shared_cores else "overlapped with"
-    return (f"about {_duration(t.seconds)} ({bound}): {compute} {joined} {_duration(disk)} of disk work "
+    return (f"about {format_duration(t.seconds)} ({bound}): {compute} {joined} {format_duration(disk)} of disk work "
             f"({', '.join(rates)})")
 
 

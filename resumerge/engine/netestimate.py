@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from resumerge.errors import ResumergeError, UsageError
-from resumerge.memory.sizes import format_size, parse_size
+from resumerge.memory.sizes import format_duration, format_size, parse_size
 
 GIVEN, MEASURED = "--bandwidth", "measured"
 DOWNLOAD, UPLOAD, COMPUTE = "download", "upload", "compute"
@@ -175,11 +175,7 @@ def _direction(label: str, nbytes: int, rate: float | None, source: str) -> str:
 def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "unknown"
-    if seconds < 90:
-        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    return f"{seconds:.1f} s" if seconds < 10 else format_duration(seconds)  # a tenth where a second is much
 
 
 def measure_download(read: Callable[[int, int], object], size: int, *,

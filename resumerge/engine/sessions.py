@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from resumerge.config.settings import Batching
 from resumerge.errors import UsageError
+from resumerge.memory.sizes import format_duration
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(h|hours?|m|min|minutes?|s|sec|seconds?)?\s*$", re.IGNORECASE)
 _UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0}
@@ -51,13 +52,14 @@ class SessionPlan:
 
     def line(self) -> str:
         """One line for ``plan``."""
-        length = _hours(self.length)
+        length = format_duration(self.length)
         if self.run_seconds is None:
             return f"sessions of {length}: unknown ({self.source} has no wall time; pass --bandwidth DOWN/UP)"
         if self.sessions is None:
-            return f"sessions of {length}: too short for the start-up ({_hours(self.startup_seconds)})"
-        return (f"{self.sessions} session(s) of {length} for about {_hours(self.run_seconds)} ({self.source}; each "
-                f"session starts with {_hours(self.startup_seconds)} of start-up, then resumes where the last stopped)")
+            return f"sessions of {length}: too short for the start-up ({format_duration(self.startup_seconds)})"
+        run, startup = format_duration(self.run_seconds), format_duration(self.startup_seconds)
+        return (f"{self.sessions} session(s) of {length} for about {run} ({self.source}; each session starts with "
+                f"{startup} of start-up, then resumes where the last stopped)")
 
     def to_json(self) -> dict[str, object]:
         return {"length_seconds": self.length, "run_seconds": None if self.run_seconds is None else
@@ -77,9 +79,3 @@ def hub_commits(files: int, seconds: float | None, batching: Batching | None = N
     # The burst at once, then one commit per spacing (the burst never refills: a minute's pace is 60 an hour),
     # and the last commit, which waits for no spacing.
     return min(batches, pacing.burst + math.ceil(seconds / pacing.spacing) + 1)
-
-
-def _hours(seconds: float) -> str:
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
-    return f"{seconds / 3600:.1f} h"

@@ -13,7 +13,7 @@ from fractions import Fraction
 
 from resumerge.errors import UsageError
 
-__all__ = ["format_size", "parse_size"]
+__all__ = ["format_duration", "format_size", "parse_size"]
 
 _MULTIPLIERS: dict[str, int] = {
     "": 1,
@@ -100,6 +100,15 @@ def format_size(n: int, *, compact: bool = False) -> str:
         if float(text) < 1000 or index == len(_UNITS) - 1:
             return f"{sign}{text}{sep}{_UNITS[index]}"
         index += 1
+
+
+def format_duration(seconds: float) -> str:
+    """``seconds`` as the figures beside sizes say it: ``42 s`` under 90 s, ``35 min`` under 90 min, else ``2.5 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _three_digits(value: float) -> str:
