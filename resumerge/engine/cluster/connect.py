@@ -7,6 +7,7 @@ notebook, a test's cluster) keeps its connection.
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 
@@ -18,7 +19,7 @@ INSTALL_HINT = "pip install 'resumerge[ray]'"
 def require_ray() -> ModuleType:
     """The ``ray`` module; raises :class:`UsageError` (exit 2) naming how to install it when it is missing."""
     try:
-        import ray
+        ray = importlib.import_module("ray")
     except ImportError:
         raise UsageError("--executor ray needs Ray, which is not installed", hint=f"install it: {INSTALL_HINT}") \
             from None
