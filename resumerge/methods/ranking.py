@@ -1,7 +1,8 @@
 """Exact, deterministic ranking for the rank-based methods: TIES, breadcrumbs, DELLA, SCE and arcee_fusion.
 
 Sorting a whole task vector to find one threshold costs O(n log n) and most of a merge's time; these helpers find
-the order statistics a method needs by an O(n) selection and build masks by comparison. Wherever equal values
+the order statistics a method needs by an O(n) selection, from which the rank window
+(:class:`~resumerge.methods.rankstream.StreamedWindow`) builds its masks by comparison. Wherever equal values
 compete for a place, they are ordered **by index**, as a stable sort orders them, so every mask depends only on
 the values: the same on CPU and GPU, for any thread count. (mergekit ranks with torch's unstable sort, whose
 order among equal values is an accident of the kernel and differs between CPU and GPU.)
@@ -98,77 +99,6 @@ def _select_torch(flat: torch.Tensor, positions: Sequence[int]) -> torch.Tensor:
         return torch.stack([torch.kthvalue(flat, position + 1).values for position in positions])
     # Float values: torch.sort's order (NaN last) is the contract, so use it.
     return torch.sort(flat).values[list(positions)]
-
-
-def rank_window(
-    keys: torch.Tensor, start: int, stop: int, *, descending: bool, dtype: torch.dtype | None = None
-) -> torch.Tensor:
-    """Return a mask of the ``keys`` at positions ``[start, stop)`` of a stable sort of the flattened keys.
-
-    The sort is ascending, or descending with ``descending``; stable means equal keys keep index order in either
-    direction, so where a run of equal keys straddles an end of the window the lowest indices take the earlier
-    positions. ``start``/``stop`` are clamped to ``[0, numel]``; an empty window marks nothing. The mask has the
-    shape of ``keys`` and ``dtype`` (None: bool; or 1/0 of a numeric dtype, built directly in that dtype). Cost: one
-    O(n) selection and two or three O(n) passes, plus an index scan of the equal keys at the window's ends when
-    they straddle it.
-    """
-    dtype = torch.bool if dtype is None else dtype
-    flat = keys.reshape(-1)
-    n = flat.numel()
-    start, stop = max(0, start), min(n, stop)
-    if start >= stop:
-        return torch.zeros(keys.shape, dtype=dtype, device=keys.device)
-    if start == 0 and stop == n:
-        return torch.ones(keys.shape, dtype=dtype, device=keys.device)
-    # Ascending positions of the window's smallest and largest keys; an end at the edge of the order needs no
-    # comparison.
-    low_at, high_at = (n - stop, n - 1 - start) if descending else (start, stop - 1)
-    low, high = (int(v) for v in order_statistics(flat, [low_at, high_at]).tolist())
-    lower = low if low_at > 0 else None
-    upper = high if high_at < n - 1 else None
-    mask = key_range_mask(flat, lower, upper, dtype)
-    kept = _count(mask)
-    if kept != stop - start:
-        # Equal keys at a bounded end of the window straddle it (a run at an open end starts or ends with the
-        # order itself). Within such a run the j-th index (in index order) holds sort position `ahead + j`, where
-        # `ahead` counts the keys sorting before the run in the chosen direction.
-        for value in sorted({bound for bound in (lower, upper) if bound is not None}):
-            run = torch.nonzero(flat == value).reshape(-1)
-            if upper is None:  # the mask holds keys >= value: the run and every key above it
-                above, below = kept - run.numel(), n - kept
-            elif lower is None:  # the mask holds keys <= value: the run and every key below it
-                above, below = n - kept, kept - run.numel()
-            else:
-                above = below = int(torch.count_nonzero(flat > value if descending else flat < value))
-            ahead = above if descending else below
-            before, after = max(0, start - ahead), max(0, stop - ahead)
-            mask[run[:before]] = 0
-            mask[run[after:]] = 0
-    return mask.reshape(keys.shape)
-
-
-def key_range_mask(flat: torch.Tensor, lower: int | None, upper: int | None, dtype: torch.dtype) -> torch.Tensor:
-    """``lower <= flat <= upper`` (a None bound is open; not both None) as a mask of ``dtype``."""
-    # One-sided masks are written straight into the output dtype, saving the conversion pass.
-    if lower is not None and upper is not None:
-        both = flat == lower if lower == upper else (flat >= lower).logical_and_(flat <= upper)
-        return both if dtype == torch.bool else both.to(dtype)
-    out = torch.empty(flat.shape, dtype=dtype, device=flat.device)
-    if lower is not None:
-        return torch.ge(flat, lower, out=out)
-    assert upper is not None
-    return torch.le(flat, upper, out=out)
-
-
-_SAME_WIDTH_INT = MappingProxyType({8: "int64", 4: "int32", 2: "int16", 1: "int8"})
-
-
-def _count(mask: torch.Tensor) -> int:
-    # count_nonzero is fast on bool and integer tensors but several times slower on floats; a 0/1 float mask has
-    # exactly its ones nonzero in the bit pattern, so count through an integer view of the same width.
-    if mask.dtype.is_floating_point:
-        mask = mask.view(getattr(torch, _SAME_WIDTH_INT[mask.element_size()]))
-    return int(torch.count_nonzero(mask))
 
 
 def stable_order(keys: torch.Tensor) -> torch.Tensor:

@@ -1,29 +1,38 @@
-"""A rank window over a tensor that arrives in chunks: :func:`~resumerge.methods.ranking.rank_window`, streamed.
+"""The rank window of the rank-based sparsifiers: positions ``[start, stop)`` of a stable sort of a tensor's keys,
+whole or arriving in chunks — one definition, :class:`StreamedWindow`, whose whole-tensor form is the window over
+one chunk.
 
-The window of a rank-based sparsifier is defined over the whole tensor, never per chunk, so a tensor too large to
-hold is ranked in passes over its chunks (in index order), with memory independent of its size:
+A window is two bound keys (the keys at its ends in the sort) and, where a run of keys equal to a bound straddles
+an end, which of that run's occurrences (in index order) lie inside: the lowest indices first, as a stable sort
+orders them (:class:`_Cut`). Every mask is the keys between the bounds, less the cut occurrences, so the masks of
+a whole tensor and of its chunks agree bit for bit whatever the chunking. Only how the bounds are learnt differs:
 
-1. a histogram of the keys' high 15 bits. For keys whose low 16 bits are known to be zero (magnitudes of bfloat16,
-   see :func:`~resumerge.methods.ranking.exact_key_shift`) a bucket is one key value, and the counts alone give the
-   window's bound keys and how many keys lie on either side of them;
-2. otherwise (float32 and float16 keys), a histogram of the low 16 bits of the keys in the one or two buckets that
-   hold the window's ends, which makes them exact as well. The first chunk's histogram predicts those buckets, so
-   the first pass already counts the low bits of the keys within ``_GUESS`` buckets of each prediction; where the
-   whole tensor's ends fall inside (the weights of a tensor are alike from row to row, so nearly always), no
-   second pass over the chunks is needed;
-3. the mask of each chunk: keys strictly inside the bounds are kept, and within a run of keys equal to a bound that
-   straddles the window's end, a running count of that key's occurrences across chunks keeps exactly the indices
-   a stable sort puts inside — the choice ``rank_window`` makes on the whole tensor, so the masks agree bit for bit
-   whatever the chunking.
+- **over one chunk** (``whole``) they are selected from the chunk itself by an O(n) selection
+  (:func:`~resumerge.methods.ranking.order_statistics`), and the counts that place a straddling run come from the
+  mask's own count and one comparison: no statistics pass, and no scratch beyond the selection's copy of the keys
+  and the mask, so the memory is per element (a method's footprint can declare it);
+- **over several chunks** the window is ranked in passes over the chunks (in index order), with memory independent
+  of the tensor's size:
+
+  1. a histogram of the keys' high 15 bits. For keys whose low 16 bits are known to be zero (magnitudes of
+     bfloat16, see :func:`~resumerge.methods.ranking.exact_key_shift`) a bucket is one key value, and the counts
+     alone give the window's bound keys and how many keys lie on either side of them;
+  2. otherwise (float32 and float16 keys), a histogram of the low 16 bits of the keys in the one or two buckets
+     that hold the window's ends, which makes them exact as well. The first chunk's histogram predicts those
+     buckets, so the first pass already counts the low bits of the keys within ``_GUESS`` buckets of each
+     prediction; where the whole tensor's ends fall inside (the weights of a tensor are alike from row to row, so
+     nearly always), no second pass over the chunks is needed;
+  3. the mask of each chunk, with a running count of each cut key's occurrences across chunks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
-from resumerge.methods.ranking import key_range_mask
+from resumerge.methods.ranking import order_statistics
 from resumerge.torch_import import torch
 
 # Buckets of the first pass over float32 keys: the top bits above these (the sign bit is always 0: 2¹⁵ buckets).
@@ -32,7 +41,6 @@ _FINE_MASK = (1 << _COARSE_SHIFT) - 1
 # Buckets either side of a predicted end whose low bits the first pass counts (5 of bfloat16 precision each: about
 # 1 % of a tensor's magnitudes).
 _GUESS = 2
-_KEY_MAX = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
@@ -55,23 +63,27 @@ class _Cut:
 
 
 class StreamedWindow:
-    """Positions ``[start, stop)`` of a stable sort of ``total`` int32 keys (descending with ``descending``),
-    learnt from the keys in chunks and returned as a mask per chunk.
+    """Positions ``[start, stop)`` of a stable sort of ``total`` non-negative integer keys (descending with
+    ``descending``; :func:`~resumerge.methods.ranking.magnitude_keys` of magnitudes), returned as a mask per chunk.
 
-    Use: for ``k = 0, 1, ...`` while :meth:`wants` ``(k)``, pass every chunk's keys, in index order, to
-    :meth:`observe`; then pass them again, in index order, to :meth:`mask` (again after :meth:`rewind`). The chunks
-    of different passes may be cut differently. Keys must be non-negative
-    (:func:`~resumerge.methods.ranking.magnitude_keys` of magnitudes); with ``shift`` (at least 13) they must have
-    that many low bits zero, and one pass is enough. ``start``/``stop`` are clamped to ``[0, total]``. A
-    ``deferred`` window learns them from its first pass: :meth:`retarget` sets them after it, and until then
-    ``start``/``stop`` are a forecast that only steers which buckets the first pass counts the low bits of (a wrong
-    one costs the second pass, never a wrong mask). """
+    Over several chunks (int32 keys): for ``k = 0, 1, ...`` while :meth:`wants` ``(k)``, pass every chunk's keys,
+    in index order, to :meth:`observe`; then pass them again, in index order, to :meth:`mask` (again after
+    :meth:`rewind`). The chunks of different passes may be cut differently. With ``shift`` (at least 13) the keys
+    must have that many low bits zero, and one pass is enough. A ``deferred`` window learns ``start``/``stop`` from
+    its first pass: :meth:`retarget` sets them after it, and until then they are a forecast that only steers which
+    buckets the first pass counts the low bits of (a wrong one costs the second pass, never a wrong mask).
+
+    Over one chunk (``whole``; int32 or int64 keys) no statistics pass is asked for: :meth:`mask` takes the whole
+    tensor's keys at once and finds the window in them. ``start``/``stop`` are clamped to ``[0, total]``; an empty
+    window masks nothing. Raises ``ValueError`` for a window both ``whole`` and ``deferred``."""
 
     def __init__(self, total: int, start: int, stop: int, *, descending: bool, shift: int | None = None,
-                 deferred: bool = False) -> None:
+                 deferred: bool = False, whole: bool = False) -> None:
+        if whole and deferred:
+            raise ValueError("a window over one chunk knows its positions: it is never deferred")
         self.total, self.descending = total, descending
         self.start, self.stop = max(0, start), min(total, stop)
-        self._deferred = deferred
+        self._deferred, self._whole = deferred, whole
         self._shift = _COARSE_SHIFT if shift is None else shift
         self._exact = shift is not None
         self._counts: np.ndarray | None = None
@@ -105,7 +117,7 @@ class StreamedWindow:
             raise ValueError(f"passes are asked once each, in order: {pass_index} after {self._asked}")
         self._asked = pass_index
         if pass_index == 0:
-            self._ready = self.trivial
+            self._ready = self.trivial or self._whole
             return not self._ready
         if self._deferred:
             raise ValueError("a deferred window is retargeted before statistics pass 1")
@@ -142,23 +154,30 @@ class StreamedWindow:
         self._fine.update(self._pending)
 
     def mask(self, keys: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """The window's mask (bool, or 1/0 of ``dtype``) over the next chunk's keys, in index order."""
+        """The window's mask (bool, or 1/0 of ``dtype``, built directly in that dtype) over the next chunk's keys, in
+        index order (a ``whole`` window's one chunk: all ``total`` keys)."""
         flat = keys.reshape(-1)
-        bounds = None if self.trivial else self._resolved()
+        if self._whole and flat.numel() != self.total:
+            raise ValueError(f"a window over one chunk masks all {self.total} keys at once, not {flat.numel()}")
+        bounds = None if self.trivial or self._whole else self._resolved()
         if self._masked + flat.numel() > self.total:
             raise ValueError(f"masks asked for {self._masked + flat.numel()} keys of {self.total}")
         self._masked += flat.numel()
-        if bounds is None:
+        if self.trivial:
             fill = torch.zeros if self.start >= self.stop else torch.ones
             return fill(keys.shape, dtype=dtype, device=keys.device)
-        lower, upper = bounds
-        if flat.device.type == "cpu":
-            # An open end is the end of the keys' range (they are non-negative int32).
-            mask = _between(flat, lower.key if lower else 0, upper.key if upper else _KEY_MAX, dtype)
+        if bounds is None:
+            lower, upper = self._selected(flat)
         else:
-            mask = key_range_mask(flat, lower.key if lower else None, upper.key if upper else None, dtype)
+            lower, upper = (None if bound is None else bound.key for bound in bounds)
+        # Over one chunk the comparisons write the mask straight into its dtype (no scratch: the footprint is per
+        # element); a chunk's numpy comparison is faster but holds the keys' width again while it runs.
+        mask = _torch_range_mask(flat, lower, upper, dtype) if self._whole else _range_mask(flat, lower, upper, dtype)
+        runs: dict[int, torch.Tensor] = {}
+        if bounds is None:
+            self._cuts = self._cuts_in(flat, mask, (lower, upper), runs)
         for cut in self._cuts:
-            run = _positions_of(flat, cut.key)
+            run = runs[cut.key] if cut.key in runs else _positions_of(flat, cut.key)
             seen = self._seen.get(cut.key, 0)
             self._seen[cut.key] = seen + run.numel()
             # The run's occurrences in this chunk are numbers seen, seen + 1, ... of the whole tensor.
@@ -171,6 +190,39 @@ class StreamedWindow:
         norms, then the output)."""
         self._masked = 0
         self._seen.clear()
+
+    # -- one chunk -----------------------------------------------------------------------------------------------
+
+    def _selected(self, flat: torch.Tensor) -> tuple[int | None, int | None]:
+        """The bound keys of a non-trivial window over the one chunk ``flat``, by selection (None: an open end)."""
+        ends = self._positions()
+        found = iter(order_statistics(flat, [p for p in ends if p is not None]).tolist())
+        low, high = (None if p is None else int(next(found)) for p in ends)
+        return low, high
+
+    def _cuts_in(self, flat: torch.Tensor, mask: torch.Tensor, bounds: tuple[int | None, int | None],
+                 runs: dict[int, torch.Tensor]) -> tuple[_Cut, ...]:
+        """The cuts of the window over the one chunk ``flat``, its range ``mask`` (keys between ``bounds``) built;
+        the positions of each bound key that needed them are left in ``runs``."""
+        kept = _count(mask)
+        if kept == self.stop - self.start:
+            return ()  # no run straddles an end
+        lower, upper = bounds
+        n, cuts = self.total, []
+        for key in sorted({bound for bound in bounds if bound is not None}):
+            run = runs[key] = _positions_of(flat, key)
+            # The keys sorting before the run, in the window's direction. With one open end the mask holds the run
+            # and every key beyond it on the other side, so its count gives them; with two, one comparison does.
+            if upper is None:  # the mask holds keys >= key
+                ahead = kept - run.numel() if self.descending else n - kept
+            elif lower is None:  # the mask holds keys <= key
+                ahead = n - kept if self.descending else kept - run.numel()
+            else:
+                ahead = int(torch.count_nonzero(flat > key if self.descending else flat < key))
+            cut = _cut(key, ahead, run.numel(), self.start, self.stop)
+            if cut is not None:
+                cuts.append(cut)
+        return tuple(cuts)
 
     # -- statistics ----------------------------------------------------------------------------------------------
 
@@ -229,24 +281,63 @@ class StreamedWindow:
         return _Bound((bucket << _COARSE_SHIFT) | low, less, self.total - below - int(fine[low]))
 
     def _straddling(self) -> tuple[_Cut, ...]:
-        # As in rank_window: the j-th occurrence (index order) of a bound's key holds sort position ahead + j,
-        # where ahead counts the keys sorting before the run in the window's direction.
         assert self._bounds is not None
         cuts = {}
         for bound in (b for b in self._bounds if b is not None):
             ahead = bound.greater if self.descending else bound.less
-            run = self.total - bound.less - bound.greater
-            keep_from, keep_to = max(0, self.start - ahead), max(0, self.stop - ahead)
-            if keep_from > 0 or keep_to < run:
-                cuts[bound.key] = _Cut(bound.key, keep_from, keep_to)
+            cut = _cut(bound.key, ahead, self.total - bound.less - bound.greater, self.start, self.stop)
+            if cut is not None:
+                cuts[bound.key] = cut
         return tuple(cuts.values())
 
 
+def _cut(key: int, ahead: int, run: int, start: int, stop: int) -> _Cut | None:
+    """The cut of a run of ``run`` keys equal to ``key``, ``ahead`` keys sorting before it in the window's
+    direction, when it straddles an end of the window ``[start, stop)``; None when it lies wholly inside or out."""
+    # The j-th occurrence (index order) of the run holds sort position ahead + j.
+    keep_from, keep_to = max(0, start - ahead), max(0, stop - ahead)
+    return _Cut(key, keep_from, keep_to) if keep_from > 0 or keep_to < run else None
+
+
+def _range_mask(flat: torch.Tensor, lower: int | None, upper: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """``lower <= flat <= upper`` (None: an open end; not both None) as a mask of ``dtype``, for a chunk of int32
+    keys: on the CPU by :func:`_between`, elsewhere by :func:`_torch_range_mask`."""
+    if flat.device.type == "cpu":
+        # An open end is the end of the keys' range (they are non-negative).
+        return _between(flat, 0 if lower is None else lower,
+                        torch.iinfo(flat.dtype).max if upper is None else upper, dtype)
+    return _torch_range_mask(flat, lower, upper, dtype)
+
+
+def _torch_range_mask(flat: torch.Tensor, lower: int | None, upper: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """``lower <= flat <= upper`` (None: an open end; not both None) as a mask of ``dtype``, by torch's comparisons:
+    a one-sided mask is written straight into ``dtype``, without scratch."""
+    if lower is not None and upper is not None:
+        both = flat == lower if lower == upper else (flat >= lower).logical_and_(flat <= upper)
+        return both if dtype == torch.bool else both.to(dtype)
+    out = torch.empty(flat.shape, dtype=dtype, device=flat.device)
+    if lower is not None:
+        return torch.ge(flat, lower, out=out)
+    assert upper is not None
+    return torch.le(flat, upper, out=out)
+
+
+_SAME_WIDTH_INT = MappingProxyType({8: "int64", 4: "int32", 2: "int16", 1: "int8"})
+
+
+def _count(mask: torch.Tensor) -> int:
+    # count_nonzero is fast on bool and integer tensors but several times slower on floats; a 0/1 float mask has
+    # exactly its ones nonzero in the bit pattern, so count through an integer view of the same width.
+    if mask.dtype.is_floating_point:
+        mask = mask.view(getattr(torch, _SAME_WIDTH_INT[mask.element_size()]))
+    return int(torch.count_nonzero(mask))
+
+
 def _between(flat: torch.Tensor, lower: int, upper: int, dtype: torch.dtype) -> torch.Tensor:
-    """``lower <= flat <= upper`` for a chunk of int32 CPU keys, as a mask of ``dtype``."""
+    """``lower <= flat <= upper`` for a chunk of non-negative int32 CPU keys, as a mask of ``dtype``."""
     # One unsigned comparison (keys below `lower` wrap round to large values) in numpy: five times as fast as
-    # torch's two comparisons and logical and, and twice as fast as one torch comparison written into a float
-    # mask (an open end is the end of the keys' range).
+    # torch's two comparisons and logical and, and three times as fast as one torch comparison written into a
+    # float32 mask.
     keys = flat.numpy()
     inside = (keys - np.int32(lower)).view(np.uint32) <= upper - lower
     if dtype == torch.bool:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from resumerge.methods.consensus import sign_consensus_weights
-from resumerge.methods.ranking import magnitude_keys, rank_window
+from resumerge.methods.ranking import magnitude_keys
+from resumerge.methods.rankstream import StreamedWindow
 from resumerge.methods.spec import MergeContext
 from resumerge.methods.summation import OrderedSum
 from resumerge.torch_import import torch
@@ -38,7 +39,8 @@ def variance_mask(task_vectors: torch.Tensor, fraction: float, dtype: torch.dtyp
     if keep == 0:
         return torch.zeros_like(variance, dtype=dtype)
     # Variances are compared in their own dtype (the keys of a half type widen exactly), as topk compares them.
-    return rank_window(magnitude_keys(variance.abs()), 0, keep, descending=True).to(dtype)
+    window = StreamedWindow(variance.numel(), 0, keep, descending=True, whole=True)
+    return window.mask(magnitude_keys(variance.abs()), dtype)
 
 
 # Positions per block of population_variance: five float64 buffers of this length stay in a core's L2 cache.

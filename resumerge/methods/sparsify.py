@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from resumerge.methods.ranking import exact_key_shift, magnitude_keys, rank_window, stable_order
+from resumerge.methods.ranking import exact_key_shift, magnitude_keys, stable_order
 from resumerge.methods.rankstream import StreamedWindow
 from resumerge.methods.summation import OrderedSum
 from resumerge.torch_import import torch
@@ -75,7 +75,7 @@ class Window:
     """Keep the entries at positions ``[start, stop)`` of a stable sort of the magnitudes (descending or not).
 
     A window is decided by the tensor's size and the method's parameters alone, so the same window applies to a
-    whole tensor (:func:`select`) and to its row chunks (:mod:`resumerge.methods.rankstream`).
+    whole tensor (:func:`select`) and to its row chunks (:func:`window_of`).
     """
 
     start: int
@@ -112,22 +112,20 @@ def delta_keys(delta: torch.Tensor) -> torch.Tensor:
     return magnitude_keys(_float32_magnitudes(delta))
 
 
-def window_of(selection: Window, total: int, dtype: torch.dtype) -> StreamedWindow:
+def window_of(selection: Window, total: int, dtype: torch.dtype, *, whole: bool = False) -> StreamedWindow:
     """The :class:`~resumerge.methods.rankstream.StreamedWindow` that finds ``selection`` among the magnitude keys
-    (:func:`delta_keys`) of a task vector of ``total`` entries of ``dtype`` arriving in row chunks."""
+    (:func:`delta_keys`) of a task vector of ``total`` entries of ``dtype`` arriving in row chunks (``whole``: as
+    one chunk)."""
     return StreamedWindow(total, selection.start, selection.stop, descending=selection.descending,
-                          shift=exact_key_shift(dtype))
+                          shift=exact_key_shift(dtype), whole=whole)
 
 
 def select(delta: torch.Tensor, selection: Selection, *, rescale: bool, inplace: bool = False) -> torch.Tensor:
     """Apply ``selection`` to the whole of ``delta`` as one piece: ``KEEP`` returns ``delta`` itself, ``ZERO``
     zeros, a :class:`Window` masks by rank (the mask is 1/0 in delta's dtype, as mergekit's is, so masked
     negative entries become -0.0 alike), rescaled by the ordered L1 norms with ``rescale``. With ``inplace`` the
-    result is written into ``delta``, which is returned.
-
-    The window over one piece is :func:`~resumerge.methods.ranking.rank_window` (an O(n) selection, no scratch
-    beyond the mask): the streamed window's histograms hold megabytes whatever the tensor's size, which the
-    method's footprint cannot declare. Both are the window of a stable sort, the same masks."""
+    result is written into ``delta``, which is returned. The window is the row chunks' (:func:`window_of`) over
+    one chunk: the same masks, found by selection in the piece itself (memory per element, no histograms)."""
     if selection == KEEP:
         return delta
     if selection == ZERO:
@@ -135,7 +133,7 @@ def select(delta: torch.Tensor, selection: Selection, *, rescale: bool, inplace:
     assert isinstance(selection, Window)
     values = delta if inplace else delta.clone()
     keys = delta_keys(values)
-    mask = rank_window(keys, selection.start, selection.stop, descending=selection.descending, dtype=values.dtype)
+    mask = window_of(selection, values.numel(), values.dtype, whole=True).mask(keys, values.dtype)
     # float32 keys are a view of |δ| itself, free once the mask is built.
     reusable = keys.view(torch.float32).reshape(values.shape) if values.dtype == torch.float32 else None
     norms = l1_norms(values.numel(), values.dtype, values.device) if rescale else None

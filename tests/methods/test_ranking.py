@@ -10,17 +10,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from resumerge.methods import get_method, ranking, sparsify
+from resumerge.methods.rankstream import StreamedWindow
 from resumerge.methods.sce_steps import variance_mask
 
 RANK_BASED = ["ties", "breadcrumbs", "breadcrumbs_ties", "della", "della_linear", "sce"]
 
 
 def reference_window(keys: torch.Tensor, start: int, stop: int, *, descending: bool) -> torch.Tensor:
-    """The positions [start, stop) of a stable sort, the definition rank_window must meet."""
+    """The positions [start, stop) of a stable sort, the definition the rank window must meet."""
     order = torch.sort(keys.reshape(-1), descending=descending, stable=True).indices
     mask = torch.zeros(keys.numel(), dtype=torch.bool)
     mask[order[max(0, start) : max(0, stop)]] = True
     return mask.reshape(keys.shape)
+
+
+def whole_window(keys: torch.Tensor, start: int, stop: int, *, descending: bool,
+                 dtype: torch.dtype = torch.bool) -> torch.Tensor:
+    """The rank window over the keys as one chunk."""
+    window = StreamedWindow(keys.numel(), start, stop, descending=descending, whole=True)
+    return window.mask(keys, dtype)
 
 
 @pytest.fixture
@@ -73,23 +81,36 @@ def test_order_statistics_rejects_positions_outside_the_tensor() -> None:
     length=st.integers(0, 62),
     descending=st.booleans(),
     dtype=st.sampled_from([torch.bool, torch.float32, torch.bfloat16]),
+    wide=st.booleans(),
 )
-def test_rank_window_is_the_window_of_a_stable_sort(
-    values: list[int], start: int, length: int, descending: bool, dtype: torch.dtype
+def test_the_window_over_one_chunk_is_the_window_of_a_stable_sort(
+    values: list[int], start: int, length: int, descending: bool, dtype: torch.dtype, wide: bool
 ) -> None:
-    keys = torch.tensor(values, dtype=torch.int32)
+    keys = torch.tensor(values, dtype=torch.int64 if wide else torch.int32)
     expected = reference_window(keys, start, start + length, descending=descending)
-    got = ranking.rank_window(keys, start, start + length, descending=descending, dtype=dtype)
+    got = whole_window(keys, start, start + length, descending=descending, dtype=dtype)
     assert got.dtype == dtype and torch.equal(got, expected.to(dtype))
 
 
-def test_rank_window_keeps_the_tie_rule_on_the_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_window_over_one_chunk_keeps_the_tie_rule_on_the_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
     # Off the CPU the selection runs in torch; route the CPU there too and compare with the stable sort.
     monkeypatch.setattr(ranking, "_select_numpy", ranking._select_torch)
     keys = torch.randint(0, 9, (40, 33), generator=torch.Generator().manual_seed(2), dtype=torch.int32)
-    for start, stop, descending in [(0, 500, True), (300, 1100, False), (17, 18, False), (1319, 1320, True)]:
+    for start, stop, descending in [(0, 500, True), (300, 1100, False), (17, 18, False), (1319, 1320, True),
+                                    (1000, 1320, False), (0, 1319, False)]:
         expected = reference_window(keys, start, stop, descending=descending)
-        assert torch.equal(ranking.rank_window(keys, start, stop, descending=descending), expected)
+        for dtype in (torch.bool, torch.float32):
+            got = whole_window(keys, start, stop, descending=descending, dtype=dtype)
+            assert torch.equal(got, expected.to(dtype))
+
+
+def test_the_window_over_one_chunk_takes_all_its_keys_at_once() -> None:
+    window = StreamedWindow(10, 2, 5, descending=True, whole=True)
+    assert not window.wants(0)  # no statistics pass
+    with pytest.raises(ValueError, match="one chunk"):
+        window.mask(torch.arange(4, dtype=torch.int32), torch.bool)
+    with pytest.raises(ValueError, match="never deferred"):
+        StreamedWindow(10, 2, 5, descending=True, whole=True, deferred=True)
 
 
 @settings(deadline=None, max_examples=60)

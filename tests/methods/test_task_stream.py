@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from methods.test_ranking import whole_window
 from resumerge.methods import MergeContext, get_method, ranking
 from resumerge.methods.rankstream import StreamedWindow
 
@@ -207,7 +208,7 @@ def test_hand_computed_breadcrumbs_window_keeps_the_last_of_equal_low_magnitudes
     assert torch.equal(got, torch.tensor([[2.0, 0.0], [-0.0, 1.0], [0.0, 3.0]]))
 
 
-def test_streamed_window_matches_rank_window_on_raw_keys() -> None:
+def test_streamed_window_matches_the_window_over_one_chunk_on_raw_keys() -> None:
     g = torch.Generator().manual_seed(7)
     for span, shift in ((40, None), (1 << 31, None), (8, 16)):
         keys = torch.randint(0, span, (257,), generator=g, dtype=torch.int64).to(torch.int32)
@@ -221,7 +222,7 @@ def test_streamed_window_matches_rank_window_on_raw_keys() -> None:
                     window.observe(k, keys[a:b])
                 k += 1
             got = torch.cat([window.mask(keys[a:b], torch.bool) for a, b in cuts(257, [33, 1])])
-            assert torch.equal(got, ranking.rank_window(keys, start, stop, descending=descending))
+            assert torch.equal(got, whole_window(keys, start, stop, descending=descending))
 
 
 def test_streamed_window_refuses_misuse() -> None:
@@ -254,9 +255,9 @@ def test_float32_ends_guessed_from_the_first_chunk_save_the_second_pass() -> Non
     g = torch.Generator().manual_seed(8)
     alike = ranking.magnitude_keys(torch.randn(40_000, generator=g).abs())
     passes, mask = _window_passes(alike, 10_000, 30_000, 4_000)
-    assert passes == 1 and torch.equal(mask, ranking.rank_window(alike, 10_000, 30_000, descending=False))
+    assert passes == 1 and torch.equal(mask, whole_window(alike, 10_000, 30_000, descending=False))
     # Rows unlike the first chunk (ten times larger beyond it) put the ends elsewhere: a second pass finds them.
     unlike = ranking.magnitude_keys(torch.cat([alike[:4_000].view(torch.float32),
                                                alike[4_000:].view(torch.float32) * 10]))
     passes, mask = _window_passes(unlike, 10_000, 30_000, 4_000)
-    assert passes == 2 and torch.equal(mask, ranking.rank_window(unlike, 10_000, 30_000, descending=False))
+    assert passes == 2 and torch.equal(mask, whole_window(unlike, 10_000, 30_000, descending=False))
