@@ -159,3 +159,14 @@ def test_encoding_chunks_that_start_at_block_rows_gives_the_whole_tensors_bytes(
     parts = [fp8_block.encode(w[a:b].clone(), BLOCK) for a, b in ((0, 128), (128, 256), (256, 300))]
     assert torch.equal(torch.cat([_bytes(c) for c, _ in parts]), _bytes(codes))
     assert torch.equal(torch.cat([s for _, s in parts]), scales)
+
+
+def test_encoding_reads_its_values_only_and_spans_several_slabs() -> None:
+    # 1100 rows of 270: more than one slab of whole block rows (at least 2^18 values each), the last partial.
+    w = torch.randn(1100, 270, generator=torch.Generator().manual_seed(5)) * 0.02
+    kept = w.clone()
+    codes, scales = fp8_block.encode(w, BLOCK)
+    assert torch.equal(w, kept)
+    expected_codes, expected_scales = deepseek_quant(w, BLOCK)
+    assert torch.equal(_bytes(codes), _bytes(expected_codes))
+    assert torch.equal(scales, expected_scales)

@@ -73,7 +73,7 @@ class BlockFp8Codec(TensorCodec):
 
     def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
         """Fresh scales (amax / 448 per block) and codes; the value must start at a block row."""
-        values = value.to(torch.float32, copy=True)
+        values = value.to(torch.float32).contiguous()  # only read by the kernel: no copy of a float32 result
         scale_dtype = TORCH_DTYPES[self.scale_dtype]
         if values.ndim == 2:
             codes, scale = fp8_block.encode(values, self.block, scale_fmt=self.scale_fmt, scale_dtype=scale_dtype)

@@ -113,23 +113,26 @@ def encode(values: torch.Tensor, block: Block, *, scale_fmt: str = "float", scal
     ``[ceil(n / bh), ceil(cols / bw)]`` in ``scale_dtype`` (the stored scale's dtype: the codes are computed with
     the scale rounded to it, so they decode with the scale as stored; float8_e8m0fnu holds ue8m0 scales exactly).
 
-    ``values`` is the kernel's scratch: it is left holding ``clamp(values / scale, ±448)``. Pass a copy to keep it.
-    ``codes_out``, if given, is filled and returned.
+    ``values`` is only read (it must be contiguous): each slab is scaled and clamped in a slab-sized scratch that
+    stays in cache, so a whole weight costs no full-size copy. ``codes_out``, if given, is filled and returned.
     """
     scale_dtype = torch.float32 if scale_dtype is None else scale_dtype  # not at import: torch is lazy
     n, cols = values.shape
     codes = codes_out if codes_out is not None else torch.empty((n, cols), dtype=torch.float8_e4m3fn)
     bh = block[0]
+    slabs = _slabs(0, n, bh, cols)
+    scratch = torch.empty((max(b - a for a, b in slabs), cols), dtype=torch.float32) if slabs else values
     grids = []
-    for a, b in _slabs(0, n, bh, cols):
-        slab = values[a:b]
+    for a, b in slabs:
+        slab, work = values[a:b], scratch[: b - a]
         scale = scales_for(grid_amax(slab, block), scale_fmt)
         if scale_dtype != torch.float32:
             scale = scale.to(scale_dtype).to(torch.float32)
-        for piece, (s,) in pieces(slab, [scale], block):
-            piece.div_(s)
-        slab.clamp_(-E4M3_MAX, E4M3_MAX)
-        codes[a:b].copy_(slab)
+        for (piece, (s,)), (target, _) in zip(pieces(slab, [scale], block), pieces(work, [scale], block),
+                                              strict=True):
+            torch.div(piece, s, out=target)
+        work.clamp_(-E4M3_MAX, E4M3_MAX)
+        codes[a:b].copy_(work)
         grids.append(scale)
     scale_inv = torch.cat(grids) if len(grids) != 1 else grids[0]
     return codes, scale_inv.to(scale_dtype)
