@@ -105,19 +105,26 @@ def test_plan_times_compute_with_the_runs_threads_and_refuses_a_missing_gpu(
         assert "torch sees no CUDA GPU" in capsys.readouterr().err
 
 
-def test_status_never_imports_torch_or_sqlite_utils(tmp_path: Path, make: ModelFactory) -> None:
+# What ``resumerge status`` must not import (issue 45: under 0.5 s a call): the heavy libraries, and resumerge's
+# planner, inputs, methods, engine and memory governor, which bring them or psutil and yaml.
+STATUS_NEVER_IMPORTS = ("torch", "sqlite_utils", "safetensors", "transformers", "huggingface_hub", "hf_xet",
+                        "numpy", "psutil", "yaml", "resumerge.plan.merge_plan", "resumerge.inputs",
+                        "resumerge.methods", "resumerge.engine", "resumerge.memory.governor")
+
+
+def test_status_never_imports_torch_or_the_planner(tmp_path: Path, make: ModelFactory) -> None:
     cfg = write_config(tmp_path / "c.yml", {"merge_method": "passthrough", "models": [str(make("a"))]})
     assert main(["run", str(cfg), str(tmp_path / "out"), "--quiet"]) == 0
     probe = (
         "import sys, io, contextlib\n"
         "from resumerge.cli.commands import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
-        f"    code = main(['status', {str(tmp_path / 'out')!r}, '--json'])\n"
-        "heavy = sorted(m for m in ('torch', 'sqlite_utils', 'safetensors') if m in sys.modules)\n"
-        "print(code, heavy)\n"
+        f"    codes = [main(['status', {str(tmp_path / 'out')!r}, *json]) for json in ([], ['--json'])]\n"
+        f"heavy = sorted(m for m in sys.modules if m.startswith({STATUS_NEVER_IMPORTS!r}))\n"
+        "print(codes, heavy)\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "0 []", done.stdout + done.stderr
+    assert done.stdout.strip() == "[0, 0] []", done.stdout + done.stderr
 
 
 def test_the_ledger_imports_no_pandas() -> None:

@@ -35,8 +35,7 @@ from resumerge.api.runkind import Call, Driving
 from resumerge.config.settings import RunSettings
 from resumerge.extract.spec import ExtractSpec
 from resumerge.memory.sizes import parse_size
-from resumerge.plan.merge_plan import DEFAULT_SEED, DEFAULT_SHARD_SIZE
-from resumerge.plan.sharding import shard_size_choice
+from resumerge.plan.defaults import DEFAULT_SEED, DEFAULT_SHARD_SIZE
 
 __all__ = ["estimate", "estimate_extraction", "extract_lora", "plan_merge", "recipe_status", "resume", "run",
            "status", "verify"]
@@ -129,6 +128,8 @@ def run(
     :class:`~resumerge.cli.render.ProgressReporter`), used as given (the caller closes it); ``True`` is deprecated.
     ``should_stop`` is polled at safe points: once true, the run stops and raises InterruptedMerge (exit 3).
     """
+    from resumerge.plan.sharding import shard_size_choice
+
     named(out)
     text = config_text(config)
     kind = kind_of(text)
@@ -331,6 +332,7 @@ def estimate(
     from resumerge.engine.estimate import Measuring
     from resumerge.engine.netestimate import parse_bandwidth
     from resumerge.engine.sessions import parse_duration
+    from resumerge.plan.sharding import shard_size_choice
     from resumerge.store.diskprobe import free_bytes
 
     if out is not None:

@@ -10,26 +10,34 @@ Typical use by the engine::
         with governor.acquire(unit_bytes, what=name):  # a Reservation, released when the block exits
             ...
 
-Importing this package never imports torch.
+Importing this package never imports torch, and imports each name"s module only at the name"s first use (PEP 562):
+``resumerge status`` needs only :mod:`.sizes`, and the governor"s modules bring psutil and ctypes.
 
 May import: errors.
 """
 
-from resumerge.memory.accounting import Usage
-from resumerge.memory.budget import (
-    DEFAULT_FRACTION,
-    SAFETY_MARGIN,
-    default_budget,
-    smallest_budget_for,
-)
-from resumerge.memory.cgroup import CgroupSnapshot, read_snapshot
-from resumerge.memory.cuda import CudaProbe
-from resumerge.memory.fake import FakeProbe
-from resumerge.memory.governor import MemoryGovernor, Reservation
-from resumerge.memory.pressure import Knobs, PressurePolicy
-from resumerge.memory.probe import MemoryProbe, SystemProbe, os_peak_rss, usable_cores
-from resumerge.memory.records import Adaptation
-from resumerge.memory.sizes import format_size, parse_size
+from __future__ import annotations
+
+import importlib
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from resumerge.memory.accounting import Usage
+    from resumerge.memory.budget import (
+        DEFAULT_FRACTION,
+        SAFETY_MARGIN,
+        default_budget,
+        smallest_budget_for,
+    )
+    from resumerge.memory.cgroup import CgroupSnapshot, read_snapshot
+    from resumerge.memory.cuda import CudaProbe
+    from resumerge.memory.fake import FakeProbe
+    from resumerge.memory.governor import MemoryGovernor, Reservation
+    from resumerge.memory.pressure import Knobs, PressurePolicy
+    from resumerge.memory.probe import MemoryProbe, SystemProbe, os_peak_rss, usable_cores
+    from resumerge.memory.records import Adaptation
+    from resumerge.memory.sizes import format_size, parse_size
 
 __all__ = [
     "DEFAULT_FRACTION",
@@ -53,3 +61,33 @@ __all__ = [
     "smallest_budget_for",
     "usable_cores",
 ]
+
+# Where each public name is defined, imported at its first use.
+_HOME = MappingProxyType({
+    "Adaptation": "resumerge.memory.records",
+    "CgroupSnapshot": "resumerge.memory.cgroup",
+    "CudaProbe": "resumerge.memory.cuda",
+    "DEFAULT_FRACTION": "resumerge.memory.budget",
+    "FakeProbe": "resumerge.memory.fake",
+    "Knobs": "resumerge.memory.pressure",
+    "MemoryGovernor": "resumerge.memory.governor",
+    "MemoryProbe": "resumerge.memory.probe",
+    "PressurePolicy": "resumerge.memory.pressure",
+    "Reservation": "resumerge.memory.governor",
+    "SAFETY_MARGIN": "resumerge.memory.budget",
+    "SystemProbe": "resumerge.memory.probe",
+    "Usage": "resumerge.memory.accounting",
+    "default_budget": "resumerge.memory.budget",
+    "format_size": "resumerge.memory.sizes",
+    "os_peak_rss": "resumerge.memory.probe",
+    "parse_size": "resumerge.memory.sizes",
+    "read_snapshot": "resumerge.memory.cgroup",
+    "smallest_budget_for": "resumerge.memory.budget",
+    "usable_cores": "resumerge.memory.probe",
+})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        return getattr(importlib.import_module(_HOME[name]), name)
+    raise AttributeError(f"module 'resumerge.memory' has no attribute {name!r}")

@@ -20,15 +20,14 @@ from resumerge.errors import ResumergeError
 from resumerge.inputs.codecs import PLAIN, OutPart, TensorCodec
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, ShardLayout, layout_shard, numel
 from resumerge.methods.registry import MethodSpec, get_method
+from resumerge.plan.defaults import DEFAULT_SEED as DEFAULT_SEED
+from resumerge.plan.defaults import DEFAULT_SHARD_SIZE as DEFAULT_SHARD_SIZE
 
 if TYPE_CHECKING:
     from resumerge.config.merge_config import MergeConfig
     from resumerge.plan.accounting import Accounting
     from resumerge.plan.filters import FilterMatch
     from resumerge.vocab import VocabAlignment
-
-DEFAULT_SHARD_SIZE = 1_000_000_000
-DEFAULT_SEED = 0
 
 
 @dataclass(frozen=True)
