@@ -108,12 +108,15 @@ def make_governor(plan: Plan, max_memory: int | None) -> MemoryGovernor:
     probe = SystemProbe()
     budget = max_memory if max_memory is not None else default_budget(probe)
     baseline = probe.rss()
-    if not torch_import.loaded() and oversized_units(plan, budget, baseline + torch_import.IMPORT_RESERVE):
-        # The merge will hold torch, which is not imported yet (downloads start first); near the budget, import
-        # it now and measure rather than trust the reserve.
+    # The merge will hold torch, which may not be imported yet (downloads start first): the tensors are checked
+    # once with its reserve counted. Only near the budget is it imported and measured rather than trusted, and
+    # the check made again; a tensor that fits beside the reserve fits beside less (one pass over 90k tensors).
+    reserve = 0 if torch_import.loaded() else torch_import.IMPORT_RESERVE
+    if reserve and oversized_units(plan, budget, baseline + reserve):
         torch_import.load()
-        baseline = probe.rss()
-    _refuse_oversized(plan, budget, baseline, None, memory="memory", option="--max-memory", budget_name="budget")
+        baseline, reserve = probe.rss(), 0
+    if not reserve:
+        _refuse_oversized(plan, budget, baseline, None, memory="memory", option="--max-memory", budget_name="budget")
     return MemoryGovernor(budget, probe, reuse_reading=READING_REUSE)
 
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from resumerge.errors import ResumergeError
-from resumerge.inputs.safetensors_format import ShardLayout, read_header
+from resumerge.inputs.safetensors_format import ShardLayout
 from resumerge.inputs.tensorio import TORCH_DTYPES, tensor_bytes
 from resumerge.store import killpoints
 from resumerge.store.durable import discard, storage_error, sync_file
@@ -187,13 +187,18 @@ class ShardWriter:
         try:
             killpoints.reach("after_temp_write")
             sync_file(self._fd)
+            # What is on disk must be the planned header and size: the header's bytes are compared, not parsed
+            # again (the layout that made them is valid safetensors; parsing a header of thousands of tensors
+            # per shard cost more than writing them).
+            size = os.fstat(self._fd).st_size
+            header = os.pread(self._fd, len(self.layout.header), 0)
             os.close(self._fd)
             self._fd = -1
             killpoints.reach("after_fsync")
-            header = read_header(self.temp)
-            if header.file_size != self.layout.file_size or self._frontier != self.layout.file_size:
-                raise ResumergeError(f"internal: {self.final.name} is {header.file_size} bytes, planned "
-                                     f"{self.layout.file_size}")
+            if header != self.layout.header:
+                raise ResumergeError(f"internal: {self.final.name}'s header is not the planned one")
+            if size != self.layout.file_size or self._frontier != self.layout.file_size:
+                raise ResumergeError(f"internal: {self.final.name} is {size} bytes, planned {self.layout.file_size}")
             receipt = self.sink.publish(self.temp, self.name, self._sha.hexdigest())
         except OSError as exc:
             self.abort()
