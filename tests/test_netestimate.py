@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from support import drain_pty
 
-from resumerge.cli.render import ProgressReporter, TrafficRates, traffic_line
+from resumerge.cli.render import ProgressReporter
+from resumerge.cli.trafficline import TrafficRates, traffic_line
 from resumerge.engine import cpuprobe
 from resumerge.engine.cpuprobe import TransferCost, probe_transfer_cost
 from resumerge.engine.netestimate import (

@@ -14,4 +14,5 @@ __all__ = [
     "knobs",
     "modelgen",
     "render",
+    "trafficline",
 ]

@@ -17,7 +17,6 @@ import os
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import IO, TYPE_CHECKING, TextIO
@@ -38,6 +37,7 @@ from rich.progress import (
 from rich.table import Column, Table
 from rich.text import Text
 
+from resumerge.cli.trafficline import TrafficRates, traffic_line
 from resumerge.memory.sizes import format_duration, format_size
 
 if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
@@ -54,6 +54,9 @@ _STATE_STYLE = {"done": "green", "running": "cyan", "interrupted": "yellow", "fa
 # Set in the environment of every process a Jupyter kernel (JPY_PARENT_PID) or Colab runtime starts.
 _NOTEBOOK_ENV = ("JPY_PARENT_PID", "COLAB_RELEASE_TAG")
 PLAIN_INTERVAL = 15.0
+# Seconds between the live bars' updates: rich redraws them 10 times a second, and updating them per tensor cost
+# more than merging a tiny tensor.
+LIVE_INTERVAL = 0.1
 
 
 def console(stream: TextIO | None = None, *, width: int | None = None) -> Console:
@@ -145,6 +148,7 @@ class ProgressReporter:
         self._last_line = self._started
         self._dirty = False
         self._bytes = self._session_bytes = self._total = 0
+        self._shown_bytes, self._next_bars = 0, 0.0  # what the live bars show, and when they are fed next
         self._tensors = self._tensors_total = 0
         self._shard: str | None = None
         self._progress: _MergeProgress | None = None
@@ -161,6 +165,7 @@ class ProgressReporter:
             self._bytes, self._total = done_bytes, total_bytes
             self._tensors, self._tensors_total = done_tensors, total_tensors
             self._session_bytes = 0
+            self._shown_bytes, self._next_bars = done_bytes, 0.0
             self._started = self._last_line = self._clock()
             if self.mode == "plain":
                 already = f"; {format_size(done_bytes)} already committed" if done_bytes else ""
@@ -177,9 +182,8 @@ class ProgressReporter:
             self._tensors += 1
             self._dirty = True
             if self._progress is not None and self._overall is not None:
-                self._progress.update(self._overall, advance=nbytes, detail=self._tensor_detail())
-                if self._shard_task is not None:
-                    self._progress.update(self._shard_task, advance=nbytes)
+                if self._clock() >= self._next_bars:  # the bars redraw 10 times a second: feed them as often
+                    self._advance_bars()
             elif self.mode == "plain" and self._clock() - self._last_line >= self._interval:
                 self._print(self._progress_line())
 
@@ -199,6 +203,7 @@ class ProgressReporter:
         """Stop the live display; in plain mode print where the merge got to if that was not printed yet."""
         with self._lock:
             if self._progress is not None:
+                self._advance_bars()
                 if self._overall is not None and self._tensors >= self._tensors_total:
                     # Shard headers are in the total but never in a tensor's bytes: show a finished bar as full.
                     self._progress.update(self._overall, completed=max(1, self._total))
@@ -219,6 +224,7 @@ class ProgressReporter:
             self._shard = name
             if self._progress is None:
                 return
+            self._advance_bars()  # the bytes not shown yet are the shard before's
             if self._shard_task is None:
                 self._shard_task = self._progress.add_task("shard", total=nbytes, detail=name)
             else:
@@ -250,6 +256,17 @@ class ProgressReporter:
         self._overall = self._progress.add_task("merge", total=max(1, self._total), completed=self._bytes,
                                                 detail=self._tensor_detail())
         self._progress.start()
+
+    def _advance_bars(self) -> None:
+        """Move the live bars to the bytes and tensors done (tensors come by the thousand a second: the bars are
+        fed at their redraw rate, not per tensor)."""
+        if self._progress is None or self._overall is None:
+            return
+        advance, self._shown_bytes = self._bytes - self._shown_bytes, self._bytes
+        self._next_bars = self._clock() + LIVE_INTERVAL
+        self._progress.update(self._overall, advance=advance, detail=self._tensor_detail())
+        if self._shard_task is not None:
+            self._progress.update(self._shard_task, advance=advance)
 
     def _tensor_detail(self) -> str:
         return f"{self._tensors}/{self._tensors_total} tensors"
@@ -303,51 +320,6 @@ class ProgressReporter:
         self._console.print(line, markup=False, highlight=False)
         self._last_line = self._clock()
         self._dirty = False
-
-
-class TrafficRates:
-    """Rates down and up over the last ``window`` seconds of the snapshots it is given (since the first one while
-    the window is young)."""
-
-    def __init__(self, window: float = 5.0) -> None:
-        self._window = window
-        self._samples: deque[tuple[float, int, int]] = deque()
-
-    def add(self, when: float, now: Traffic) -> tuple[float | None, float | None]:
-        """Record ``now`` at ``when``; return (bytes per second down, up), None before two samples."""
-        samples = self._samples
-        samples.append((when, now.fetched, now.uploaded))
-        while len(samples) > 2 and when - samples[1][0] >= self._window:
-            samples.popleft()
-        first = samples[0]
-        elapsed = when - first[0]
-        if elapsed <= 0:
-            return None, None
-        return (now.fetched - first[1]) / elapsed, (now.uploaded - first[2]) / elapsed
-
-
-def traffic_line(now: Traffic, down: float | None, up: float | None) -> str | None:
-    """``network: down … MB/s, … of … fetched; up … MB/s, … of … committed; about … left`` (None when the run
-    uses no network)."""
-    if not now.active:
-        return None
-    parts: list[str] = []
-    left: list[float | None] = []  # seconds each unfinished direction still needs (None: no rate yet)
-
-    def direction(name: str, rate: float | None, done: int, total: int, verb: str) -> None:
-        speed = f" {format_size(int(rate))}/s," if rate is not None else ""
-        of = f" of {format_size(total)}" if total else ""
-        parts.append(f"{name}{speed} {format_size(done)}{of} {verb}")
-        if total > done:
-            left.append((total - done) / rate if rate else None)
-
-    if now.to_fetch or now.fetched:
-        direction("down", down, now.fetched, now.to_fetch, "fetched")
-    if now.to_commit or now.uploaded:
-        direction("up", up, now.committed, now.to_commit, "committed")
-    known = [seconds for seconds in left if seconds is not None]
-    eta = f"; about {format_duration(max(known))} left" if known and len(known) == len(left) else ""
-    return "network: " + "; ".join(parts) + eta
 
 
 # -- status, plan, verify -----------------------------------------------------------------------------------
