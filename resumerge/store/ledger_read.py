@@ -96,7 +96,9 @@ class MergeStatusRows:
     stream: EventRow | None  # the latest ``stream`` event (hub inputs read by HTTP Range)
     plan_notes: tuple[str, ...]  # every distinct ``plan`` message, first seen first
     config_text: str = ""  # the run's recorded config (an extraction's spec)
-    tensor_names: tuple[str, ...] = ()  # every planned tensor (an extraction's modules are read from them)
+    # every planned tensor when any is an adapter's factor or a router gate (their modules or layers are counted
+    # from them), else none
+    tensor_names: tuple[str, ...] = ()
     nodes: tuple[NodeTally, ...] = ()  # a cluster run's shards per node (:mod:`resumerge.store.nodestats`)
     formats: EventRow | None = None  # the latest FORMATS_EVENT: the plan's formats report (quantized runs only)
     inputs: EventRow | None = None  # the latest INPUTS_EVENT: what became of every input tensor
@@ -159,7 +161,11 @@ def read_merge_status(path: Path) -> MergeStatusRows | None:
         memory, stream = latest("memory", 1), latest("stream", 1)
         formats, inputs = latest(FORMATS_EVENT, 1), latest(INPUTS_EVENT, 1)
         notes = conn.execute("SELECT message FROM events WHERE kind = 'plan' GROUP BY message ORDER BY MIN(id)")
-        names = tuple(r[0] for r in conn.execute("SELECT name FROM tensors").fetchall())
+        # The names are read only for a plan that has an adapter's factors or router gates (status counts its
+        # modules or layers from them): reading 90k of them for a plain merge cost most of a status call.
+        wanted = conn.execute("SELECT 1 FROM tensors WHERE name LIKE 'base_model.model.%' "
+                              "OR name LIKE '%.gate.weight' LIMIT 1").fetchone()
+        names = tuple(r[0] for r in conn.execute("SELECT name FROM tensors").fetchall()) if wanted else ()
         return MergeStatusRows(
             record=MergeRecord(run, file_rows(conn)),
             tensors_total=int(total),
