@@ -39,7 +39,15 @@ from resumerge.engine.inputfetch import plan_fetch
 from resumerge.engine.netestimate import MEASURED, Bandwidth, NetworkEstimate, measure_download
 from resumerge.errors import LedgerError
 from resumerge.inputs.catalog import Inputs
-from resumerge.memory import SAFETY_MARGIN, MemoryProbe, SystemProbe, default_budget, format_size, usable_cores
+from resumerge.memory import (
+    SAFETY_MARGIN,
+    MemoryProbe,
+    SystemProbe,
+    collector_paused,
+    default_budget,
+    format_size,
+    usable_cores,
+)
 from resumerge.outputs.aux import aux_files, render_aux
 from resumerge.plan.fetching import STREAM, FileFetch
 from resumerge.plan.merge_plan import Plan, PlanOptions, TensorPlan
@@ -581,6 +589,7 @@ def estimate_config(
     startup = max(0.0, time.time() - started)
     imported = _torch_import_seconds()
     to_hub = out_dir is not None and is_hub_target(os.fspath(out_dir))
-    return estimate(prepared, config_text, settings, out_dir=None if to_hub else out_dir, measuring=measuring,
-                    startup=Startup(startup + imported, imported), to_hub=to_hub,
-                    prepass=prepass(plan, inputs) if prepass is not None else None)
+    with collector_paused():  # the estimate walks every tensor's plan: see resumerge.memory.collector
+        return estimate(prepared, config_text, settings, out_dir=None if to_hub else out_dir, measuring=measuring,
+                        startup=Startup(startup + imported, imported), to_hub=to_hub,
+                        prepass=prepass(plan, inputs) if prepass is not None else None)

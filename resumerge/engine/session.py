@@ -30,6 +30,7 @@ from resumerge.errors import (
     UsageError,
 )
 from resumerge.inputs.catalog import open_inputs
+from resumerge.memory.collector import collector_paused
 from resumerge.methods.registry import MethodSpec
 from resumerge.plan.merge_plan import Plan, PlanOptions
 from resumerge.plan.planner import build_plan, threads_matter
@@ -55,9 +56,10 @@ def prepare(
     reporter: Reporter | None = None,
 ) -> Prepared:
     """Open every referenced model (config.json and headers only) and build the plan; no weight is fetched."""
-    inputs = open_inputs(config, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
-                         on_progress=hub_progress(reporter))
-    return Prepared(build_plan(config, inputs.models, options), inputs)
+    with collector_paused():  # millions of long-lived objects, few cycles: see resumerge.memory.collector
+        inputs = open_inputs(config, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
+                             on_progress=hub_progress(reporter))
+        return Prepared(build_plan(config, inputs.models, options), inputs)
 
 
 def plan_from_config(config: MergeConfig, options: PlanOptions,

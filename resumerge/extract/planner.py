@@ -31,7 +31,7 @@ from resumerge.inputs.hub import HubEvent
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, layout_shard, numel
 from resumerge.plan.inputrefs import tensor_ref
-from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, ShardPlan, TensorPlan, compute_fingerprint
+from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, ShardPlan, TensorPlan, fingerprinted
 from resumerge.plan.planner import threads_matter
 from resumerge.plan.truncation import leading_rows
 
@@ -113,7 +113,7 @@ def build_extraction_plan(spec: ExtractSpec, inputs: Inputs, ft_key: str, base_k
         notes=choice.notes,
         units=registered.UNITS,
     )
-    return replace(plan, fingerprint=compute_fingerprint(plan))
+    return fingerprinted(plan)
 
 
 def module_choice(spec: ExtractSpec, inputs: Inputs, ft_key: str, base_key: str,

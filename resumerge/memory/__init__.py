@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         smallest_budget_for,
     )
     from resumerge.memory.cgroup import CgroupSnapshot, read_snapshot
+    from resumerge.memory.collector import collector_paused
     from resumerge.memory.cuda import CudaProbe
     from resumerge.memory.fake import FakeProbe
     from resumerge.memory.governor import MemoryGovernor, Reservation
@@ -53,6 +54,7 @@ __all__ = [
     "Reservation",
     "SystemProbe",
     "Usage",
+    "collector_paused",
     "default_budget",
     "format_size",
     "os_peak_rss",
@@ -67,6 +69,7 @@ _HOME = MappingProxyType({
     "Adaptation": "resumerge.memory.records",
     "CgroupSnapshot": "resumerge.memory.cgroup",
     "CudaProbe": "resumerge.memory.cuda",
+    "collector_paused": "resumerge.memory.collector",
     "DEFAULT_FRACTION": "resumerge.memory.budget",
     "FakeProbe": "resumerge.memory.fake",
     "Knobs": "resumerge.memory.pressure",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
@@ -26,7 +25,7 @@ from resumerge.moe.outconfig import moe_config, not_power_of_two
 from resumerge.moe.outkinds import OUTPUT_KINDS, OutputKind
 from resumerge.moe.tokenizer import tokenizer_blobs
 from resumerge.plan.inputrefs import tensor_ref
-from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, TensorPlan, compute_fingerprint
+from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, TensorPlan, fingerprinted
 from resumerge.plan.sharding import assign_shards, resolve_shard_size
 from resumerge.torch_import import torch
 
@@ -120,7 +119,7 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
         notes=tuple(notes),
         units=(*routers.UNITS, *expert_methods.UNITS),
     )
-    return replace(plan, fingerprint=compute_fingerprint(plan))
+    return fingerprinted(plan)
 
 
 def _config_dtype(cfg: Mapping[str, Any]) -> str | None:

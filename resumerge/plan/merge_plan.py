@@ -224,6 +224,9 @@ class Plan:
     vocab: VocabAlignment | None = field(default=None, compare=False, repr=False)
     vocab_digest: str = ""
     fingerprint: str = ""
+    # The parts ``fingerprint`` hashes (:func:`fingerprint_parts`), kept by :func:`fingerprinted` so that recording
+    # the run does not render 90k tensors' plans again; used only while ``fingerprint`` is their hash.
+    parts: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
     # Facts the user must hear about (vocabulary rows cut by --unsafe-truncate-embeddings, …): logged when the
     # run starts, shown by status, written in the model card. Derived from the rest of the plan.
     notes: tuple[str, ...] = field(default=(), compare=False)
@@ -283,11 +286,12 @@ def stored_layout(tensors: Mapping[str, TensorPlan], names: Iterable[str]) -> Sh
 
 
 def fingerprint_parts(plan: Plan) -> dict[str, str]:
-    """Hashes of the plan's separable parts; a mismatch in one part tells the user what changed."""
-    identities: dict[int, list[Any]] = {}  # by id: a plan's 90k references share a few codec instances
-    body = {
+    """Hashes of the plan's separable parts; a mismatch in one part tells the user what changed. Those kept on the
+    plan by :func:`fingerprinted` when they are still what its fingerprint hashes, else rendered from the plan."""
+    if plan.parts and _sha(dict(plan.parts)) == plan.fingerprint:
+        return dict(plan.parts)
+    body: dict[str, Any] = {
         "method": plan.method,
-        "tensors": [_tensor_doc(plan.tensors[n], identities) for n in sorted(plan.tensors)],
         "shards": [{"name": s.name, "tensors": s.tensors, "file_size": s.file_size} for s in plan.shards],
         "donor": plan.donor,
         "tokenizer_donor": plan.tokenizer_donor,
@@ -299,22 +303,54 @@ def fingerprint_parts(plan: Plan) -> dict[str, str]:
     if plan.side_files:  # only when present, so a merge's fingerprint is unchanged
         body["side_files"] = {n: hashlib.sha256(b).hexdigest() for n, b in sorted(plan.side_files.items())}
     return {
-        "plan": _sha(body),
+        "plan": _body_sha(body, plan.tensors),
         "options": _sha(_output_options(plan.options)),
         "inputs": _sha({k: list(v) for k, v in sorted(plan.inputs.items())}),
         "version": __version__,
     }
 
 
+def fingerprinted(plan: Plan) -> Plan:
+    """``plan`` with its fingerprint set (:func:`compute_fingerprint`) and the parts it hashes kept beside it. A plan
+    replaced in anything its fingerprint covers must be fingerprinted again: its fingerprint and parts are stale."""
+    parts = fingerprint_parts(replace(plan, parts=()))
+    return replace(plan, fingerprint=_sha(parts), parts=tuple(parts.items()))
+
+
+def compute_fingerprint(plan: Plan) -> str:
+    """The fingerprint of ``plan`` as it is now: sha256 over its parts (plan body, options, input identities,
+    version), rendered from the plan whatever parts it keeps."""
+    return _sha(fingerprint_parts(replace(plan, parts=())))
+
+
+_TENSORS_AT_ONCE = 1024  # tensor records rendered per json.dumps: few calls, and no 90k-record list alive at once
+
+
+def _body_sha(body: Mapping[str, Any], tensors: Mapping[str, TensorPlan]) -> str:
+    """:func:`_sha` of ``body`` with ``"tensors"``: the list of :func:`_tensor_doc` records of ``tensors`` by name,
+    hashed as rendered: the same text as ``json.dumps`` of the whole, since a list's JSON is its items' joined by
+    the separator and a sorted object's is its keys' in order."""
+    digest = hashlib.sha256()
+    identities: dict[int, list[Any]] = {}  # by id: a plan's 90k references share a few codec instances
+    names = sorted(tensors)
+    for i, key in enumerate(sorted([*body, "tensors"])):
+        digest.update(("{" if i == 0 else ",").encode() + _dumps(key).encode() + b":")
+        if key != "tensors":
+            digest.update(_dumps(body[key]).encode())
+            continue
+        digest.update(b"[")
+        for at in range(0, len(names), _TENSORS_AT_ONCE):
+            docs = [_tensor_doc(tensors[n], identities) for n in names[at:at + _TENSORS_AT_ONCE]]
+            digest.update(("," if at else "").encode() + _dumps(docs)[1:-1].encode())
+        digest.update(b"]")
+    digest.update(b"}")
+    return digest.hexdigest()
+
+
 def _output_options(options: PlanOptions) -> dict[str, Any]:
     """The options that change output bytes, as fingerprinted."""
     return {k: v for k, v in asdict(options).items()
             if k not in ("allow_crimes", "stream_inputs") and (k not in _LATER_OPTIONS or v != _LATER_OPTIONS[k])}
-
-
-def compute_fingerprint(plan: Plan) -> str:
-    """The fingerprint of ``plan``: sha256 over its parts (plan body, options, input identities, version)."""
-    return _sha(fingerprint_parts(plan))
 
 
 def describe_changes(
@@ -425,6 +461,9 @@ def _json_default(value: Any) -> Any:
     return list(value)
 
 
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_json_default)
+
+
 def _sha(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=_json_default)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return hashlib.sha256(_dumps(value).encode()).hexdigest()

@@ -35,7 +35,7 @@ from resumerge.plan.experts import mark_expert_stacks
 from resumerge.plan.filters import FilterTally
 from resumerge.plan.input_fates import account, stored_names_of
 from resumerge.plan.inputrefs import stored_ref, tensor_ref
-from resumerge.plan.merge_plan import InputRef, LoraRef, Plan, PlanOptions, TensorPlan, compute_fingerprint
+from resumerge.plan.merge_plan import InputRef, LoraRef, Plan, PlanOptions, TensorPlan, fingerprinted
 from resumerge.plan.module_views import (
     DEFAULT,
     TEXT,
@@ -170,7 +170,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
         filters=ctx.filters.matches(),
         accounting=account(tensors, models, ctx.drops),
     )
-    return replace(plan, fingerprint=compute_fingerprint(plan))
+    return fingerprinted(plan)
 
 
 def _plan_stack(slices: list[_Slice], layouts: Mapping[str, Layout], ctx: _Ctx, tensors: dict[str, TensorPlan],

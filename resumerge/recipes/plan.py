@@ -29,7 +29,7 @@ from resumerge.inputs.catalog import Inputs, open_inputs
 from resumerge.inputs.files import InputFile, TensorSource
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import TensorEntry
-from resumerge.plan.merge_plan import Plan, PlanOptions, compute_fingerprint
+from resumerge.plan.merge_plan import Plan, PlanOptions, fingerprinted
 from resumerge.plan.outconfig import render_config
 from resumerge.plan.planner import build_plan
 from resumerge.recipes.recipe import Recipe, Stage, near_stage_name, stage_errors
@@ -210,7 +210,7 @@ def _with_producer_tokenizer(plan: Plan, planned: Mapping[str, StagePlan]) -> Pl
         source = Path(producer.model_dirs[producer.tokenizer_donor])
         blobs = {name: (source / name).read_bytes() for name, _ in producer.tokenizer_files}
     fixed = replace(plan, tokenizer_files=producer.tokenizer_files, tokenizer_blobs=blobs)
-    return replace(fixed, fingerprint=compute_fingerprint(fixed))
+    return fingerprinted(fixed)
 
 
 def _check_layout(out_dir: Path, intermediate_dir: Path, dirs: Mapping[str, Path], recipe: Recipe) -> None:
