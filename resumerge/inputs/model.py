@@ -151,7 +151,11 @@ def _indexed(index: Path, suffix: str) -> list[str]:
         weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             raise ModelInputError("index has no weight_map", path=str(index))
-        names = sorted({_safe_name(v, index, suffix) for v in weight_map.values()})
+        checked: set[str] = set()
+        for value in weight_map.values():  # 92k entries name a few hundred files: each checked once
+            if not isinstance(value, str) or value not in checked:
+                checked.add(_safe_name(value, index, suffix))
+        names = sorted(checked)
         for name in names:
             if not (directory / name).is_file():
                 raise ModelInputError(

@@ -127,9 +127,10 @@ def parse_header(raw: bytes, *, file_size: int, path: str = "") -> Header:
         isinstance(k, str) and isinstance(v, str) for k, v in metadata_doc.items()
     ):
         raise HostileFileError("safetensors __metadata__ must map strings to strings", path=path)
-    entries: dict[str, TensorEntry] = {}
-    for name, info in doc.items():
-        entries[name] = _entry(name, info, data_start, path)
+    if "" in doc or _CONTROL.search("".join(doc)):  # every name at once; then the one to blame
+        for name in doc:
+            _check_name(name, path)
+    entries = {name: _entry(name, info, data_start, path) for name, info in doc.items()}
     ranges = sorted((e.start, e.end, e.name) for e in entries.values())
     cursor = data_start
     for start, end, name in ranges:
@@ -146,11 +147,15 @@ def parse_header(raw: bytes, *, file_size: int, path: str = "") -> Header:
     return Header(tensors=entries, metadata=dict(metadata_doc), data_start=data_start, file_size=file_size, raw=raw)
 
 
-def _entry(name: str, info: object, data_start: int, path: str) -> TensorEntry:
+def _check_name(name: str, path: str) -> None:
     if not name or _CONTROL.search(name):
         # A NUL, newline or escape in a name would smuggle extra lines into logs and error messages.
         raise HostileFileError(f"tensor name {name!r} is empty or contains a control character (NUL, newline, ...)",
                                path=path)
+
+
+def _entry(name: str, info: object, data_start: int, path: str) -> TensorEntry:
+    """The entry of tensor ``name`` (already checked by :func:`_check_name`) described by ``info``."""
     if not isinstance(info, dict):
         raise HostileFileError(f"tensor {name!r}: entry is not an object", path=path, tensor=name)
     dtype = info.get("dtype")

@@ -42,12 +42,17 @@ def estimate_bytes(tp: TensorPlan, method: MethodSpec, rows: int | None = None) 
     if rows is not None and tp.shape:
         shape, fraction = (rows, *tp.shape[1:]), rows / max(1, tp.shape[0])
     count = numel(shape)
-    seen = _seen_dtype(tp)
+    # One pass over the inputs (a 92k-tensor plan's estimate asks this three times a tensor): the dtype each is
+    # seen in, and what each holds stored (and decoded, when a codec decodes it: a plain input's value is its
+    # buffer).
+    values = [_SEEN.get(i.value_dtype, i.value_dtype) for i in tp.inputs]
+    held = [i.stored_bytes + i.decoded_bytes for i in tp.inputs]
+    seen = tp.compute_dtype if tp.compute_dtype is not None else _common_dtype(set(values))
     # `.to()` to a tensor's own dtype returns that tensor, and a local read is one buffer viewed in the stored
     # dtype (measured: no copy), so only an input whose dtype changes on its way to the method costs a copy; a
     # vocabulary-aligned input is gathered into a new tensor whatever its dtype.
-    copies = sum(1 for i in tp.inputs if tp.vocab_aligned or i.cast not in (None, i.dtype)
-                 or _SEEN.get(i.value_dtype, i.value_dtype) != seen)
+    copies = len(values) if tp.vocab_aligned else sum(
+        1 for i, value in zip(tp.inputs, values) if i.cast not in (None, i.dtype) or value != seen)
     cast = copies * count * _COMPUTE_SIZES.get(seen, 8)
     if method.footprint is None:  # register() refuses such a method; only a hand-made spec gets here
         raise ValueError(f"merge method {method.name!r} declares no footprint")
@@ -56,11 +61,10 @@ def estimate_bytes(tp: TensorPlan, method: MethodSpec, rows: int | None = None) 
     # A decomposition's result is its rank-r factor: r is its shorter side.
     rank = min(tp.shape) if method.footprint.of_inputs and tp.shape else None
     work = working_bytes(method.footprint, seen, basis, len(tp.inputs), base=tp.base_index is not None, rank=rank)
-    # An input a codec decodes is its stored parts and the decoded value (a plain input's value is its buffer).
-    stored = sum(i.stored_bytes + i.decoded_bytes for i in tp.inputs)
+    stored = sum(held)
     if method.lazy_inputs and len(tp.inputs) > 1 and rows is None:
         # Its largest input whole, the others a row chunk at a time (LoRA extraction's task vector).
-        sizes = sorted(i.stored_bytes + i.decoded_bytes for i in tp.inputs)
+        sizes = sorted(held)
         stored = sizes[-1] + sum(min(size, CHUNK_ELEMENTS * 8) for size in sizes[:-1])
     whole = numel(tp.shape)
     # A LoRA delta: the merged copy of the input, plus the whole factors and their float64 copies.
@@ -78,9 +82,13 @@ def _seen_dtype(tp: TensorPlan) -> str:
     differ and none is float64: torch promotes a float16 and a bfloat16 to float32)."""
     if tp.compute_dtype is not None:
         return tp.compute_dtype
-    names = {_SEEN.get(i.value_dtype, i.value_dtype) for i in tp.inputs}
+    return _common_dtype({_SEEN.get(i.value_dtype, i.value_dtype) for i in tp.inputs})
+
+
+def _common_dtype(names: set[str]) -> str:
+    """The dtype inputs seen in ``names`` are computed in (see :func:`_seen_dtype`)."""
     if len(names) == 1:
-        return names.pop()
+        return next(iter(names))
     return "float64" if "float64" in names else "float32"
 
 

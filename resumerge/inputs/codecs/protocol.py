@@ -53,7 +53,7 @@ class Claim:
     @property
     def main(self) -> str:
         """The stored name of the main part."""
-        return dict(self.parts)[MAIN]
+        return next(stored for part, stored in self.parts if part == MAIN)
 
     @property
     def companions(self) -> tuple[tuple[str, str], ...]:
