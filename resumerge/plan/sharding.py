@@ -13,7 +13,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import replace
 
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.plan.merge_plan import DEFAULT_SHARD_SIZE, PlanOptions, ShardPlan, TensorPlan, stored_layout
+from resumerge.inputs.safetensors_format import layout_shard
+from resumerge.plan.merge_plan import DEFAULT_SHARD_SIZE, PlanOptions, ShardPlan, TensorPlan
 
 # An hf:// OUT's shards by default: sized per run by :func:`hub_shard_size`, from the output's bytes. Each shard is
 # uploaded while the next ones are merged, so what the run waits for once the last input byte has landed is the
@@ -105,8 +106,9 @@ def assign_shards(
     shards = []
     placed: dict[str, TensorPlan] = {}
     for fname, group in zip(names, groups):
-        layout = stored_layout(tensors, group)
-        owner = {p.name: n for n in group for p in tensors[n].stored_parts()}
+        parts = [(n, p) for n in group for p in tensors[n].stored_parts()]  # once a tensor: 90k of them
+        layout = layout_shard({p.name: (p.dtype, p.shape) for _, p in parts})  # as stored_layout lays them out
+        owner = {p.name: n for n, p in parts}
         shards.append(ShardPlan(fname, tuple(dict.fromkeys(owner[p.name] for p in layout.order)), layout.file_size))
         for n in group:
             placed[n] = replace(tensors[n], shard=fname)
