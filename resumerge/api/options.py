@@ -24,15 +24,16 @@ PathLike = str | os.PathLike[str]
 
 def plan_options(*, out_shard_size: int | str | None, device: str = "cpu", **flags: Any) -> PlanOptions:
     """What changes the output's bytes (the plan's fingerprint; ``num_threads`` only for the methods whose bytes
-    depend on it, the planner drops it for the others; shard size None: the planner's pick); ``flags`` are the
-    other :class:`PlanOptions` fields, as given. UsageError if bad."""
+    depend on it, the planner drops it for the others; shard size None: the planner's pick; output shards named
+    like the parent's, as every new run's); ``flags`` are the other :class:`PlanOptions` fields, as given.
+    UsageError if bad."""
     from resumerge.engine.devices import normalise_device
     from resumerge.plan.merge_plan import PlanOptions
     from resumerge.plan.sharding import AUTO_SHARD_SIZE  # the planner picks (an hf:// OUT's default)
 
     shard_size = size_option(out_shard_size, "--out-shard-size")
     return PlanOptions(out_shard_size=AUTO_SHARD_SIZE if shard_size is None else shard_size,
-                       device=normalise_device(device), **flags)
+                       device=normalise_device(device), parent_shard_names=True, **flags)
 
 
 def run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = None,

@@ -26,7 +26,7 @@ from resumerge.moe.outkinds import OUTPUT_KINDS, OutputKind
 from resumerge.moe.tokenizer import tokenizer_blobs
 from resumerge.plan.inputrefs import tensor_ref
 from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, TensorPlan, fingerprinted
-from resumerge.plan.sharding import assign_shards, resolve_shard_size
+from resumerge.plan.sharding import assign_shards, output_naming, resolve_shard_size
 from resumerge.torch_import import torch
 
 METHOD = "moe"
@@ -96,7 +96,8 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
         notes.append(degenerate)
     late = {n for n, t in tensors.items() if t.method == routers.VALUES}
     options = resolve_shard_size(options, tensors)  # an hf:// OUT's default: sized from the output
-    shards, tensors = assign_shards(tensors, options.out_shard_size, last=late)
+    naming = output_naming(options, (f.name for f in base.files))
+    shards, tensors = assign_shards(tensors, options.out_shard_size, last=late, naming=naming)
     out_config = moe_config(kind, base.config, experts=len(config.experts), shared=len(config.shared_experts),
                             per_token=config.experts_per_token, dtype=out_name if out_code else None)
     blobs = tokenizer_blobs(base.directory) if options.copy_tokenizer else {}

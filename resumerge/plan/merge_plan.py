@@ -55,12 +55,15 @@ class PlanOptions:
     # --dequantize: every output tensor stored plainly in its dtype (no quantized format, no companions), whatever
     # format the base model is stored in.
     dequantize: bool = False
+    # Output shards numbered like the base (or first) model's (plan/sharding.py's output_naming). False, today's
+    # transformers naming, is what a run recorded before this option existed resumes with; every new run sets it.
+    parent_shard_names: bool = False
 
 
 # Options added after runs were first recorded: left out of the fingerprint at their default, so a run planned
 # before they existed resumes as the same plan.
 _LATER_OPTIONS: dict[str, object] = {"write_model_card": True, "unsafe_truncate_embeddings": False,
-                                     "num_threads": None, "dequantize": False}
+                                     "num_threads": None, "dequantize": False, "parent_shard_names": False}
 
 
 @dataclass(frozen=True)

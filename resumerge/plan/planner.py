@@ -52,7 +52,7 @@ from resumerge.plan.nonfloat import is_float, nonfloat_tensor
 from resumerge.plan.outconfig import build_out_config
 from resumerge.plan.parameters import UNSET, check_parameter_names, parameter_places, parameter_value
 from resumerge.plan.quantnotes import quantization_notes
-from resumerge.plan.sharding import assign_shards, resolve_shard_size
+from resumerge.plan.sharding import assign_shards, output_naming, resolve_shard_size
 from resumerge.plan.tokenizer_plan import build_output_tokenizer, tokenizer_hashes, tokenizer_output
 from resumerge.plan.truncation import common_rows, leading_rows, truncation_notes
 from resumerge.vocab import BuiltTokenizer, parse_tokenizer_spec
@@ -138,8 +138,9 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     if ctx.truncate:
         notes.extend(truncation_notes(tensors, models))
     options = resolve_shard_size(options, tensors)  # an hf:// OUT's default: sized from the output
-    shards, tensors = assign_shards(tensors, options.out_shard_size)
     donor = _donor(config)
+    naming = output_naming(options, (f.name for f in models[donor].files))
+    shards, tensors = assign_shards(tensors, options.out_shard_size, naming=naming)
     cut_rows = _embed_rows(tensors) if ctx.truncate and notes else None
     tokenizer_donor, blobs = tokenizer_output(config, spec, built, donor, options, models, cut_rows)
     out_config = build_out_config(config, models, donor, tuple(origins), tensors, mtp=mtp)

@@ -2,15 +2,17 @@
 
 Greedy by bytes over tensors in name order (mergekit's order, so its shard membership is reproduced): a tensor
 joins the current shard unless that would pass the cap and the shard is not empty; a tensor larger than the
-cap gets a shard of its own. Names are ``model.safetensors`` for one shard, else
-``model-0000i-of-0000N.safetensors``.
+cap gets a shard of its own. Names are ``model.safetensors`` for one shard, else numbered like the base (or first)
+model's shards (:func:`output_naming`): DeepSeek-V3's ``model-00001-of-000163.safetensors`` (5 and 6 digits), Kimi-K2's
+``model-1-of-61.safetensors``, transformers' ``model-00001-of-00004.safetensors`` for any other parent.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Mapping
-from dataclasses import replace
+import re
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, replace
 
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.inputs.safetensors_format import layout_shard
@@ -72,17 +74,55 @@ def shard_size_choice(asked: int | str | None, out: str | os.PathLike[str] | Non
     return (asked, None) if asked is not None else default_shard_size(out is not None and is_hub_target(out))
 
 
+# A numbered shard of a parent's top folder: what comes before the numbers (no folder), the shard's number, the count.
+_NUMBERED = re.compile(r"(?P<stem>[\w.-]*?)(?P<index>\d+)-of-(?P<total>\d+)\.safetensors")
+
+
+@dataclass(frozen=True)
+class ShardNaming:
+    """How shard files are numbered: the text before the numbers and the zero-padded width of the shard's number
+    and of the count (1: not padded). The default is transformers' (``save_pretrained``) and mergekit's."""
+
+    stem: str = "model-"
+    index_width: int = 5
+    total_width: int = 5
+
+    def names(self, count: int) -> list[str]:
+        """Final file names for ``count`` shards: ``model.safetensors`` alone for one (as transformers names it)."""
+        if count == 1:
+            return ["model.safetensors"]
+        return [f"{self.stem}{i + 1:0{self.index_width}d}-of-{count:0{self.total_width}d}.safetensors"
+                for i in range(count)]
+
+
+def parent_naming(files: Iterable[str]) -> ShardNaming:
+    """The numbering of a checkpoint's weight ``files`` (names relative to its folder), read from its first shard
+    (number 1): its number's digits give the width; the count's give its width when zero-padded, else none (Kimi-K2's
+    ``model-1-of-61``). The default for a single file, ``.bin`` shards or names of another form."""
+    for name in files:
+        found = _NUMBERED.fullmatch(name)
+        if found is not None and int(found["index"]) == 1:
+            total = found["total"]
+            return ShardNaming(found["stem"], len(found["index"]), len(total) if total.startswith("0") else 1)
+    return ShardNaming()
+
+
+def output_naming(options: PlanOptions, parent_files: Iterable[str]) -> ShardNaming:
+    """The naming of a plan's output shards: like ``parent_files`` (the base or first model's weight files) when
+    ``options.parent_shard_names``, else the default (a run recorded before outputs followed their parents)."""
+    return parent_naming(parent_files) if options.parent_shard_names else ShardNaming()
+
+
 def shard_names(count: int) -> list[str]:
-    """Final file names for ``count`` shards."""
-    if count == 1:
-        return ["model.safetensors"]
-    return [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+    """Final file names for ``count`` shards in the default naming."""
+    return ShardNaming().names(count)
 
 
 def assign_shards(
-    tensors: Mapping[str, TensorPlan], cap: int, *, last: Collection[str] = ()
+    tensors: Mapping[str, TensorPlan], cap: int, *, last: Collection[str] = (), naming: ShardNaming = ShardNaming()
 ) -> tuple[tuple[ShardPlan, ...], dict[str, TensorPlan]]:
-    """Split ``tensors`` into shards of at most ``cap`` data bytes; returns the shards and tensors with ``shard`` set.
+    """Split ``tensors`` into shards of at most ``cap`` data bytes, named by ``naming``; returns the shards and
+    tensors with ``shard`` set.
 
     Each shard lists its tensors in on-disk data order (the safetensors layout; a tensor stored as several parts
     where its first part is), so the engine can write sequentially. The tensors named in ``last`` get the last
@@ -102,7 +142,7 @@ def assign_shards(
             groups[-1].append(name)
             size += nbytes
     groups = groups or [[]]
-    names = shard_names(len(groups))
+    names = naming.names(len(groups))
     shards = []
     placed: dict[str, TensorPlan] = {}
     for fname, group in zip(names, groups):
