@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
+import os
 import socket
 import sys
 import threading
@@ -51,9 +53,51 @@ def remember_digest(data: bytes, digest: str) -> None:
             _DIGESTS.popitem(last=False)
 
 
+class SparseFile(mmap.mmap):
+    """A weight file served from disk, mapped read-only: a range read touches only the pages it sends, so a sparse
+    checkpoint's holes (:mod:`sparse_checkpoints`) are served as zeros without being read or allocated. Its
+    ``digest`` is its sha256 when it is smaller than ``HASHED_BELOW``; a larger one's stands for it (the hash of
+    its header and size: the real one would read every hole), so a client that downloads such a file whole and
+    checks it, as resumerge does, fails as it would if the hub served other bytes than it lists: only range reads
+    are served faithfully."""
+
+    HASHED_BELOW = 64 << 20
+    digest = ""
+
+    @classmethod
+    def open(cls, path: Path) -> SparseFile:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            mapped = cls(fd, 0, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        if len(mapped) < cls.HASHED_BELOW:
+            mapped.digest = hashlib.sha256(mapped).hexdigest()
+        else:
+            head = 8 + int.from_bytes(mapped[:8], "little")
+            mapped.digest = hashlib.sha256(mapped[:head] + str(len(mapped)).encode()).hexdigest()
+        return mapped
+
+
+def sparse_files_of(directory: Path) -> dict[str, bytes]:
+    """:func:`files_of` with every ``.safetensors`` file a :class:`SparseFile` (typed as bytes: it is served as
+    bytes are)."""
+    files: dict[str, Any] = files_of_small(directory)
+    files.update({p.name: SparseFile.open(p) for p in sorted(directory.glob("*.safetensors"))})
+    return files
+
+
+def files_of_small(directory: Path) -> dict[str, bytes]:
+    """The files of ``directory``'s top folder other than ``.safetensors``, read."""
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())
+            if p.is_file() and not p.name.endswith(".safetensors")}
+
+
 def sha256_of(data: bytes) -> str:
     """The sha256 of ``data``, remembered: every ``resolve`` answer names it, and a range read of a large file
-    must not cost a hash of the whole file (the real hub stores it)."""
+    must not cost a hash of the whole file (the real hub stores it). A :class:`SparseFile` names its own."""
+    if isinstance(data, SparseFile):
+        return data.digest
     with _DIGESTS_LOCK:
         known = _DIGESTS.get(id(data))
         if known is not None and known[0] is data:
