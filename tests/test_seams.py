@@ -134,9 +134,8 @@ def test_the_interrupt_hint_is_the_exact_command_that_continues_from_the_ledger(
     cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
     out, state = tmp_path / "big out", tmp_path / "state-big"
     with pytest.raises(InterruptedMerge) as stopped:
-        # The options a CLI run records (its manifest is compared below), shard names like the parents' included.
-        run_merge(cfg.read_text(), out, PlanOptions(out_shard_size=30_000, parent_shard_names=True),
-                  RunSettings(state_dir=state), should_stop=lambda: True)
+        run_merge(cfg.read_text(), out, PlanOptions(out_shard_size=30_000), RunSettings(state_dir=state),
+                  should_stop=lambda: True)
     command = stopped.value.resume_command
     assert command == f"resumerge resume {shlex.quote(str(out))} --state-dir {shlex.quote(str(state))}"
     assert command in stopped.value.one_line()

@@ -96,7 +96,7 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
         notes.append(degenerate)
     late = {n for n, t in tensors.items() if t.method == routers.VALUES}
     options = resolve_shard_size(options, tensors)  # an hf:// OUT's default: sized from the output
-    naming = output_naming(options, (f.name for f in base.files))
+    options, naming = output_naming(options, (f.name for f in base.files))
     shards, tensors = assign_shards(tensors, options.out_shard_size, last=late, naming=naming)
     out_config = moe_config(kind, base.config, experts=len(config.experts), shared=len(config.shared_experts),
                             per_token=config.experts_per_token, dtype=out_name if out_code else None)

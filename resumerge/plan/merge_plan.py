@@ -56,7 +56,8 @@ class PlanOptions:
     # format the base model is stored in.
     dequantize: bool = False
     # Output shards numbered like the base (or first) model's (plan/sharding.py's output_naming). False, today's
-    # transformers naming, is what a run recorded before this option existed resumes with; every new run sets it.
+    # transformers naming, is what a run recorded before this option existed resumes with; every new run asks for
+    # it, and the planner drops it where the parent is named the default way (its names would not change).
     parent_shard_names: bool = False
 
 

@@ -139,7 +139,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
         notes.extend(truncation_notes(tensors, models))
     options = resolve_shard_size(options, tensors)  # an hf:// OUT's default: sized from the output
     donor = _donor(config)
-    naming = output_naming(options, (f.name for f in models[donor].files))
+    options, naming = output_naming(options, (f.name for f in models[donor].files))
     shards, tensors = assign_shards(tensors, options.out_shard_size, naming=naming)
     cut_rows = _embed_rows(tensors) if ctx.truncate and notes else None
     tokenizer_donor, blobs = tokenizer_output(config, spec, built, donor, options, models, cut_rows)

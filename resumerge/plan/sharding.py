@@ -107,10 +107,15 @@ def parent_naming(files: Iterable[str]) -> ShardNaming:
     return ShardNaming()
 
 
-def output_naming(options: PlanOptions, parent_files: Iterable[str]) -> ShardNaming:
+def output_naming(options: PlanOptions, parent_files: Iterable[str]) -> tuple[PlanOptions, ShardNaming]:
     """The naming of a plan's output shards: like ``parent_files`` (the base or first model's weight files) when
-    ``options.parent_shard_names``, else the default (a run recorded before outputs followed their parents)."""
-    return parent_naming(parent_files) if options.parent_shard_names else ShardNaming()
+    ``options.parent_shard_names``, else the default (a run recorded before outputs followed their parents); and
+    ``options`` with ``parent_shard_names`` kept only when it changes a name, so the plan of a parent named the
+    default way has the options (fingerprint, manifest) it had before the option existed."""
+    naming = parent_naming(parent_files) if options.parent_shard_names else ShardNaming()
+    if naming == ShardNaming():
+        return replace(options, parent_shard_names=False), naming
+    return options, naming
 
 
 def shard_names(count: int) -> list[str]:

@@ -56,22 +56,23 @@ def remember_digest(data: bytes, digest: str) -> None:
 class SparseFile(mmap.mmap):
     """A weight file served from disk, mapped read-only: a range read touches only the pages it sends, so a sparse
     checkpoint's holes (:mod:`sparse_checkpoints`) are served as zeros without being read or allocated. Its
-    ``digest`` is its sha256 when it is smaller than ``HASHED_BELOW``; a larger one's stands for it (the hash of
+    ``digest`` is its sha256 when it is smaller than ``hashed_below``; a larger one's stands for it (the hash of
     its header and size: the real one would read every hole), so a client that downloads such a file whole and
     checks it, as resumerge does, fails as it would if the hub served other bytes than it lists: only range reads
-    are served faithfully."""
+    are served faithfully (resumerge checks a file streamed whole too: a bench serving large files it reads whole
+    hashes them, which reads their holes once)."""
 
     HASHED_BELOW = 64 << 20
     digest = ""
 
     @classmethod
-    def open(cls, path: Path) -> SparseFile:
+    def open(cls, path: Path, hashed_below: int = HASHED_BELOW) -> SparseFile:
         fd = os.open(path, os.O_RDONLY)
         try:
             mapped = cls(fd, 0, access=mmap.ACCESS_READ)
         finally:
             os.close(fd)
-        if len(mapped) < cls.HASHED_BELOW:
+        if len(mapped) < hashed_below:
             mapped.digest = hashlib.sha256(mapped).hexdigest()
         else:
             head = 8 + int.from_bytes(mapped[:8], "little")
@@ -79,11 +80,11 @@ class SparseFile(mmap.mmap):
         return mapped
 
 
-def sparse_files_of(directory: Path) -> dict[str, bytes]:
+def sparse_files_of(directory: Path, hashed_below: int = SparseFile.HASHED_BELOW) -> dict[str, bytes]:
     """:func:`files_of` with every ``.safetensors`` file a :class:`SparseFile` (typed as bytes: it is served as
-    bytes are)."""
+    bytes are), hashed below ``hashed_below`` bytes."""
     files: dict[str, Any] = files_of_small(directory)
-    files.update({p.name: SparseFile.open(p) for p in sorted(directory.glob("*.safetensors"))})
+    files.update({p.name: SparseFile.open(p, hashed_below) for p in sorted(directory.glob("*.safetensors"))})
     return files
 
 
