@@ -16,9 +16,10 @@ from support import write_config
 from toycodec import TOY, RowScaledInt8, quantize
 
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine.compute import compute_in_passes, compute_tensor
+from resumerge.engine.compute import compute_tensor
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import MAIN, OutPart
+from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.source import InputSources
 from resumerge.methods.registry import get_method
 from resumerge.methods.resources import NO_RESOURCES
@@ -99,6 +100,7 @@ def test_a_streamed_method_s_chunks_encode_whole_blocks(tmp_path: Path, make: Mo
                 assert workunits.pass_rows(tp) == BLOCK
                 stream = row_stream(tp, ties, "cpu")
                 assert stream is not None
-                rows = compute_in_passes(plan, tp, sources, stream, NO_RESOURCES)
+                with serial_kernels():  # a stream's chunk kernels, as the engine runs them
+                    rows = compute_tensor(plan, tp, sources, NO_RESOURCES, stream)
             whole = compute_tensor(plan, tp, sources, NO_RESOURCES)
             assert all(torch.equal(rows[k], whole[k]) for k in whole), tp.name

@@ -27,11 +27,12 @@ from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.merge_config import load_config_text
 from resumerge.config.settings import RunSettings
 from resumerge.engine import compute, session
-from resumerge.engine.compute import compute_in_passes, compute_tensor
+from resumerge.engine.compute import compute_tensor
 from resumerge.engine.session import run_plan
 from resumerge.engine.target import Target
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import MAIN, PLAIN, CodecTable
+from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, layout_shard, numel
 from resumerge.inputs.source import InputSources
 from resumerge.methods.registry import get_method
@@ -177,7 +178,8 @@ def test_a_streamed_method_s_rows_are_encoded_part_by_part(tmp_path: Path, make:
             assert stream is not None
             whole = compute_tensor(plan, tp, sources, NO_RESOURCES)
             assert set(whole) == {tp.name, f"{tp.name}_scale"}
-            rows = compute_in_passes(plan, tp, sources, stream, NO_RESOURCES)
+            with serial_kernels():  # a stream's chunk kernels, as the engine runs them
+                rows = compute_tensor(plan, tp, sources, NO_RESOURCES, stream)
             assert {k: v.dtype for k, v in rows.items()} == {k: v.dtype for k, v in whole.items()}
             assert all(torch.equal(rows[k], whole[k]) for k in whole), tp.name
 

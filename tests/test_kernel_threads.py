@@ -18,7 +18,7 @@ from toycodec import RowScaledInt8
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
-from resumerge.engine import executor
+from resumerge.engine.compute import TensorCompute
 from resumerge.inputs import kernels
 from resumerge.inputs.source import InputSources
 from resumerge.plan.inputrefs import read_value
@@ -32,13 +32,13 @@ SPEC = ModelSpec(layers=1, hidden=64, intermediate=128, vocab=256, heads=4, kv_h
 def threads_seen(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """torch's thread count as each whole-tensor computation saw it; torch's own setting is restored after."""
     seen: list[int] = []
-    real = executor.compute_tensor
+    real = TensorCompute.whole
 
-    def recording(*args: object, **kwargs: object) -> dict[str, torch.Tensor]:
+    def recording(self: TensorCompute) -> dict[str, torch.Tensor]:
         seen.append(torch.get_num_threads())
-        return real(*args, **kwargs)  # type: ignore[arg-type]
+        return real(self)
 
-    monkeypatch.setattr(executor, "compute_tensor", recording)
+    monkeypatch.setattr(TensorCompute, "whole", recording)
     before = torch.get_num_threads()
     try:
         yield seen

@@ -19,7 +19,7 @@ from support import digests, linear_config, write_config
 from resumerge.cli.commands import EXIT_BROKEN_PIPE, main
 from resumerge.config.merge_config import load_config_text
 from resumerge.config.settings import RunSettings
-from resumerge.engine.executor import compute_tensor
+from resumerge.engine.compute import compute_tensor
 from resumerge.engine.session import plan_from_config, run_merge
 from resumerge.errors import InterruptedMerge
 from resumerge.inputs.source import InputSource, InputSources, LocalFiles

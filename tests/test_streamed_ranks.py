@@ -19,7 +19,8 @@ from support import cli, digests, linear_config, write_config
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine import devices, estimate, executor
+from resumerge.engine import devices, estimate
+from resumerge.engine.compute import TensorCompute
 from resumerge.engine.session import plan_from_config
 from resumerge.inputs.hub.ranges import RangeClient
 from resumerge.inputs.hub.stream import HubStream
@@ -83,16 +84,25 @@ def _run(config: Path, out: Path, state: Path, *options: str) -> int:
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
-    """Counts of the engine's streamed entry points during the test."""
-    counts = {"apply_rows": 0, "compute_in_passes": 0, "compute_tensor": 0}
-    for name in counts:
-        original = getattr(executor, name)
+    """Counts of the engine's compute steps during the test: ``row_chunks``, a stream's output rows short of its
+    whole tensor (streamed to the writer); ``in_passes``, tensors computed whole by their stream; ``unstreamed``,
+    tensors or row chunks computed without a stream (by the method's function, or copied)."""
+    counts = {"row_chunks": 0, "in_passes": 0, "unstreamed": 0}
+    rows, whole = TensorCompute.rows, TensorCompute.whole
 
-        def counted(*args: object, _name: str = name, _original: object = original) -> object:
-            counts[_name] += 1
-            return _original(*args)  # type: ignore[operator]
+    def counted_rows(self: TensorCompute, first: int, stop: int) -> dict[str, torch.Tensor]:
+        if self.stream is None:
+            counts["unstreamed"] += 1
+        elif (first, stop) != (0, self.total):
+            counts["row_chunks"] += 1
+        return rows(self, first, stop)
 
-        monkeypatch.setattr(executor, name, counted)
+    def counted_whole(self: TensorCompute) -> dict[str, torch.Tensor]:
+        counts["in_passes"] += self.stream is not None
+        return whole(self)
+
+    monkeypatch.setattr(TensorCompute, "rows", counted_rows)
+    monkeypatch.setattr(TensorCompute, "whole", counted_whole)
     yield counts
 
 
@@ -139,7 +149,7 @@ def test_a_budget_too_small_for_whole_tensors_streams_rows_with_the_same_bytes(
         assert memory["working_set_bytes"] <= int(budget) - BASELINE
         assert _run(merge.configs[method], merge.root / tag, merge.root / "st", "--max-memory", budget) == 0
         assert digests(merge.root / tag) == merge.reference[method]
-    assert calls["apply_rows"] > 10  # row chunks, not whole tensors
+    assert calls["row_chunks"] > 10  # row chunks, not whole tensors
 
 
 @pytest.mark.usefixtures("scripted")
@@ -153,12 +163,12 @@ def test_dare_della_and_sce_stream_only_what_does_not_fit_whole_with_the_same_by
     for method in ("dare_ties", "della", "sce"):
         assert _run(merge.configs[method], merge.root / f"default-{method}", merge.root / "st") == 0
         assert digests(merge.root / f"default-{method}") == merge.reference[method]
-        assert calls["apply_rows"] == calls["compute_in_passes"] == 0
+        assert calls["row_chunks"] == calls["in_passes"] == 0
         assert _run(merge.configs[method], merge.root / f"tight-{method}", merge.root / "st",
                     "--max-memory", budget) == 0
         assert digests(merge.root / f"tight-{method}") == merge.reference[method]
-        assert calls["apply_rows"] > 10
-        calls["apply_rows"] = calls["compute_in_passes"] = 0
+        assert calls["row_chunks"] > 10
+        calls["row_chunks"] = calls["in_passes"] = 0
 
 
 @pytest.mark.usefixtures("scripted")
@@ -167,7 +177,7 @@ def test_elementwise_tensors_still_stream_rows_under_a_tight_budget(merge: Merge
     out = merge.root / "tight-linear"
     assert _run(merge.configs["linear"], out, merge.root / "st", "--max-memory", str(BASELINE + 90_000_000)) == 0
     assert digests(out) == merge.reference["linear"]
-    assert calls["compute_tensor"] > 12 + 2  # 12 tensors, the embeddings and head in several row chunks each
+    assert calls["unstreamed"] > 12 + 2  # 12 tensors, the embeddings and head in several row chunks each
 
 
 @pytest.mark.usefixtures("scripted")
@@ -193,7 +203,7 @@ def test_passes_at_the_default_budget_give_the_same_bytes(merge: Merge, calls: d
         out = merge.root / f"passes-{method}"
         assert _run(merge.configs[method], out, merge.root / "st") == 0
         assert digests(out) == merge.reference[method]
-    assert calls["compute_in_passes"] >= 2 * 9  # every 2-D tensor of both merges
+    assert calls["in_passes"] >= 2 * 9  # every 2-D tensor of both merges
 
 
 def test_a_kill_while_streaming_resumes_to_the_same_bytes(merge: Merge) -> None:

@@ -1,22 +1,24 @@
-"""One tensor from its inputs: read, cast and moved to the plan's device, merged by its method, in the planned dtype.
+"""One output tensor from its inputs, computed as passes over row chunks, the whole tensor being one chunk.
 
-:func:`compute_tensor` holds the whole tensor; :func:`compute_in_passes`, :func:`observe_rows` and
-:func:`apply_rows` run a method's :class:`~resumerge.methods.spec.RowStream` over row chunks of it, re-reading
-each chunk's inputs from the sources in every pass (see :mod:`resumerge.plan.workunits` for when the engine does
-which).
+:class:`TensorCompute` is the engine's one compute path: every merged tensor, whole or streamed in rows, on the CPU
+or a GPU, and ``plan``'s timing on sample rows, runs its method's statistics passes (none unless it is computed
+from several chunks by its :class:`~resumerge.methods.spec.RowStream`) and then its output pass, over chunks of rows
+read, cast and moved to the plan's device; the result comes back in the planned dtype. The caller chooses the rows
+of each step (see :mod:`resumerge.plan.workunits` for when the engine takes which) and holds the memory governor's
+reservations. A copy (``copy_of``) runs no method: its rows are its input's stored bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import overload
 
 from resumerge.engine.experts import merge_by_expert
 from resumerge.errors import ResumergeError
 from resumerge.inputs.adapters import apply_lora_rows
 from resumerge.inputs.codecs import MAIN
-from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.registry import MergeContext, MethodSpec
@@ -39,22 +41,103 @@ def tensor_seed(seed: int, name: str) -> int:
 Stored = dict[str, "torch.Tensor"]
 
 
-def compute_tensor(plan: Plan, tp: TensorPlan, sources: InputSources, resources: Resources) -> Stored:
-    """Read the inputs of ``tp``, run its method on the plan's device (its context holding the run's
-    ``resources``), and return the result on the host encoded
-    by its output codec (a plain one: the result in the planned dtype) as its stored parts; a tensor the plan
-    copies (``copy_of``) is its input's stored parts as read, never decoded."""
-    if tp.copy_of is not None:
-        return _copy(tp, sources)
-    method = plan.method_of(tp)
-    try:
-        if tp.experts is not None:  # each expert's projections merged on their own
-            out = merge_by_expert(tp, lambda part: load_context(plan, part, sources, method, resources), method.fn)
-        else:
-            out = method.fn(load_context(plan, tp, sources, method, resources))
-    except ValueError as exc:
-        raise ResumergeError(f"{tp.method} failed on {tp.name}: {exc}", tensor=tp.name) from exc
-    return {**_finish(tp, out), **_carried(tp, sources, whole=all(r.first_row == 0 for r in tp.inputs))}
+def compute_tensor(plan: Plan, tp: TensorPlan, sources: InputSources, resources: Resources,
+                   stream: RowStream | None = None) -> Stored:
+    """``tp`` computed whole (:meth:`TensorCompute.whole`): by its method's function over the tensor as one chunk,
+    or by ``stream`` over row chunks (each pass re-reading them from ``sources``) into the same bits."""
+    return TensorCompute(plan, tp, sources, resources, stream).whole()
+
+
+class TensorCompute:
+    """How the output tensor ``tp`` is computed, step by step.
+
+    The engine asks :meth:`wants` for ``k = 0, 1, ...`` (each once, in order) and, while it says yes, feeds
+    :meth:`observe` every row range of ``tp`` in order (statistics pass ``k``); then it asks :meth:`rows` for every
+    row range in order, each returning those output rows as stored. Ranges of different passes may be cut
+    differently. Without a ``stream`` there is no statistics pass and each range is one chunk handed to the
+    method's function (the whole tensor's rows when it fits, an elementwise method's rows otherwise; a fused expert
+    stack is merged expert by expert); with one, each range is cut into chunks of
+    :func:`~resumerge.plan.workunits.pass_rows` rows. ``load`` turns a chunk's plan into its context (default: the
+    inputs read from ``sources`` by :func:`load_context`, holding the run's ``resources``); ``plan``'s timing hands
+    in contexts already in memory. Failures of the method are raised as :class:`ResumergeError` naming ``tp``.
+    """
+
+    def __init__(self, plan: Plan, tp: TensorPlan, sources: InputSources, resources: Resources,
+                 stream: RowStream | None = None, load: Callable[[TensorPlan], MergeContext] | None = None) -> None:
+        self.plan, self.tp, self.sources, self.stream = plan, tp, sources, stream
+        self.total = tp.shape[0] if tp.shape else 1  # a 0-d tensor is one row
+        self._load = load or (lambda part: load_context(plan, part, sources, plan.method_of(part), resources))
+
+    def held_bytes(self) -> int:
+        """What the stream keeps from its first chunk to its last (0 without one): reserved for all its passes."""
+        return self.stream.held_bytes() if self.stream is not None else 0
+
+    def wants(self, pass_index: int) -> bool:
+        """Whether statistics pass ``pass_index`` must run before the output rows."""
+        return self.stream is not None and self.stream.wants(pass_index)
+
+    def observe(self, pass_index: int, first: int, stop: int) -> None:
+        """Statistics pass ``pass_index`` over rows ``[first, stop)``."""
+        stream = self.stream
+        assert stream is not None  # wants() is False without one
+        for start, end in self._chunks(first, stop):
+            part = self._part(start, end)
+            with self._failures():
+                stream.observe(pass_index, self._load(part))
+
+    def rows(self, first: int, stop: int) -> Stored:
+        """Output rows ``[first, stop)`` on the host as stored (each part's rows of those rows), with the companions
+        ``tp`` carries when they are its first rows."""
+        if self.tp.copy_of is not None:
+            return _copy(self._part(first, stop), self.sources)
+        chunks = self._chunks(first, stop)
+        if len(chunks) == 1:
+            out = self._output(first, stop)
+        else:  # the stream's chunks, each encoded, land in the range's buffers
+            out = {p.name: torch.empty(p.shape, dtype=TORCH_DTYPES[p.dtype]) for p in
+                   self.tp.out_codec.out_parts(self.tp.name, self.tp.out_dtype, (stop - first, *self.tp.shape[1:]))}
+            at = dict.fromkeys(out, 0)
+            for start, end in chunks:
+                for name, rows in self._output(start, end).items():
+                    out[name][at[name] : at[name] + rows.shape[0]] = rows
+                    at[name] += rows.shape[0]
+        whole = first == 0 and all(r.first_row == 0 for r in self.tp.inputs)  # written once, with the first rows
+        return {**out, **_carried(self.tp, self.sources, whole=whole)}
+
+    def whole(self) -> Stored:
+        """Every statistics pass over all of ``tp``'s rows, then all its output rows."""
+        pass_index = 0
+        while self.wants(pass_index):
+            self.observe(pass_index, 0, self.total)
+            pass_index += 1
+        return self.rows(0, self.total)
+
+    def _chunks(self, first: int, stop: int) -> list[tuple[int, int]]:
+        step = pass_rows(self.tp) if self.stream is not None else max(1, stop - first)
+        return [(start, min(stop, start + step)) for start in range(first, stop, step)] or [(first, stop)]
+
+    def _part(self, first: int, stop: int) -> TensorPlan:
+        return self.tp if (first, stop) == (0, self.total) else chunk_plan(self.tp, first, stop)
+
+    def _output(self, first: int, stop: int) -> Stored:
+        """Output rows ``[first, stop)`` as one chunk, encoded as stored (without the companions)."""
+        part = self._part(first, stop)
+        with self._failures():
+            if self.stream is not None:
+                out = self.stream.apply(self._load(part))
+            elif part.experts is not None:  # each expert's projections merged on their own
+                out = merge_by_expert(part, self._load, self.plan.method_of(part).fn)
+            else:
+                out = self.plan.method_of(part).fn(self._load(part))
+        return _finish(part, out)
+
+    @contextmanager
+    def _failures(self) -> Iterator[None]:
+        """A method's ``ValueError`` (bad inputs for it) as the run's error, naming the tensor."""
+        try:
+            yield
+        except ValueError as exc:
+            raise ResumergeError(f"{self.tp.method} failed on {self.tp.name}: {exc}", tensor=self.tp.name) from exc
 
 
 def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: MethodSpec,
@@ -178,54 +261,6 @@ def _copy(tp: TensorPlan, sources: InputSources) -> Stored:
     return {**{names[part]: sources.read(r.model, r.file, r.start, r.end, r.dtype, r.shape).contiguous()
                for part, r in ((MAIN, ref), *ref.companions) if part not in carried},
             **_carried(tp, sources, whole=ref.first_row == 0)}
-
-
-def compute_in_passes(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowStream,
-                      resources: Resources) -> Stored:
-    """``tp`` computed by ``stream`` from row chunks (each pass re-reads them from ``sources``) into its whole
-    output: the bits :func:`compute_tensor` gives, with a chunk's working set instead of a tensor's."""
-    with serial_kernels():  # this thread's kernels alone: the other workers fill the other cores
-        pass_index = 0
-        while stream.wants(pass_index):
-            observe_rows(plan, tp, sources, stream, pass_index, 0, tp.shape[0], resources)
-            pass_index += 1
-        return apply_rows(plan, tp, sources, stream, 0, tp.shape[0], resources)
-
-
-def observe_rows(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowStream, pass_index: int,
-                 first: int, stop: int, resources: Resources) -> None:
-    """Statistics pass ``pass_index`` of ``stream`` over rows ``[first, stop)`` of ``tp``, in chunks of
-    :func:`~resumerge.plan.workunits.pass_rows` rows."""
-    step = pass_rows(tp)
-    for start in range(first, stop, step):
-        part = chunk_plan(tp, start, min(stop, start + step))
-        ctx = load_context(plan, part, sources, plan.method_of(part), resources)
-        try:
-            stream.observe(pass_index, ctx)
-        except ValueError as exc:
-            raise ResumergeError(f"{tp.method} failed on {tp.name}: {exc}", tensor=tp.name) from exc
-
-
-def apply_rows(plan: Plan, tp: TensorPlan, sources: InputSources, stream: RowStream, first: int,
-               stop: int, resources: Resources) -> Stored:
-    """Output rows ``[first, stop)`` of ``tp`` (the next ones of ``stream``), computed in chunks of
-    :func:`~resumerge.plan.workunits.pass_rows` rows, on the host as stored (each part's rows of those rows)."""
-    out = {p.name: torch.empty(p.shape, dtype=TORCH_DTYPES[p.dtype])
-           for p in tp.out_codec.out_parts(tp.name, tp.out_dtype, (stop - first, *tp.shape[1:]))}
-    out.update(_carried(tp, sources, whole=first == 0))  # written once, with the tensor's first rows
-    at = dict.fromkeys(out, 0)
-    step = pass_rows(tp)
-    for start in range(first, stop, step):
-        part = chunk_plan(tp, start, min(stop, start + step))
-        ctx = load_context(plan, part, sources, plan.method_of(part), resources)
-        try:
-            encoded = _finish(part, stream.apply(ctx))
-        except ValueError as exc:
-            raise ResumergeError(f"{tp.method} failed on {tp.name}: {exc}", tensor=tp.name) from exc
-        for name, rows in encoded.items():
-            out[name][at[name] : at[name] + rows.shape[0]] = rows
-            at[name] += rows.shape[0]
-    return out
 
 
 def _read_input(ref: InputRef, sources: InputSources) -> torch.Tensor:

@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from resumerge.engine import cpupriority
-from resumerge.engine.compute import Stored, apply_rows, compute_in_passes, compute_tensor, observe_rows
+from resumerge.engine.compute import Stored, TensorCompute
 from resumerge.engine.devices import is_gpu
 from resumerge.engine.interrupts import commit_uploaded
 from resumerge.errors import ResumergeError
@@ -35,7 +35,6 @@ from resumerge.inputs.source import InputSources
 from resumerge.memory import MemoryGovernor, Reservation
 from resumerge.methods.registry import MethodSpec
 from resumerge.methods.resources import Resources
-from resumerge.methods.spec import RowStream
 from resumerge.outputs.aux import aux_files, render_aux
 from resumerge.plan.fetching import read_order, shard_input_files
 from resumerge.plan.merge_plan import Plan, ShardPlan, TensorPlan
@@ -44,7 +43,6 @@ from resumerge.plan.workunits import (
     PASSES,
     ROWS,
     aligned_rows,
-    chunk_plan,
     collects_sibling,
     estimate_bytes,
     row_stream,
@@ -253,8 +251,9 @@ class _Pipeline:
             mode = unit_mode(tp, method, budget, self.plan.options.device, rereadable=self._local(tp),
                              serial=serial)
             stream = row_stream(tp, method, self.plan.options.device) if mode in (ROWS, PASSES) else None
+            unit = TensorCompute(self.plan, tp, self.sources, self.resources, stream)
             if mode == ROWS:
-                if not self.flush() or not self._stream_rows(shard, tp, method, stream):
+                if not self.flush() or not self._stream_rows(shard, tp, method, unit):
                     return False
                 continue
             while not sibling and self.working() >= self.limit():
@@ -270,10 +269,9 @@ class _Pipeline:
                 if reservation is not None:
                     reservation.release()
                 return False
-            if stream is not None:
-                future = self.pool.submit(self._compute_passes, tp, stream, on_gpu)
-            else:
-                future = self.pool.submit(self._compute, tp, on_gpu, alone)
+            # PASSES only where the workers fill torch's threads on the CPU: `alone` (a stream's chunk kernels run
+            # serially, see resumerge.inputs.kernels).
+            future = self.pool.submit(self._compute, unit, on_gpu, alone)
             if sibling:
                 self.siblings.add(id(future))
             self.inflight.append((shard, tp, future, reservation))
@@ -283,19 +281,12 @@ class _Pipeline:
         """Units in flight that compute (not those collecting a sibling's result)."""
         return sum(1 for _, _, future, _ in self.inflight if id(future) not in self.siblings)
 
-    def _compute(self, tp: TensorPlan, on_gpu: Reservation | None, serial: bool = False) -> Stored:
-        """Compute ``tp``, its kernels on this thread alone when ``serial``; its GPU reservation ends with the
-        computation (the result is back on the host)."""
+    def _compute(self, work: TensorCompute, on_gpu: Reservation | None, serial: bool) -> Stored:
+        """Compute ``work``'s tensor whole, its kernels on this thread alone when ``serial``; its GPU reservation
+        ends with the computation (the result is back on the host)."""
         try:
             with serial_kernels() if serial else nullcontext():
-                return compute_tensor(self.plan, tp, self.sources, self.resources)
-        finally:
-            if on_gpu is not None:
-                on_gpu.release()
-
-    def _compute_passes(self, tp: TensorPlan, stream: RowStream, on_gpu: Reservation | None) -> Stored:
-        try:
-            return compute_in_passes(self.plan, tp, self.sources, stream, self.resources)
+                return work.whole()
         finally:
             if on_gpu is not None:
                 on_gpu.release()
@@ -349,58 +340,44 @@ class _Pipeline:
             item[3].release()
         return False
 
-    def _stream_rows(self, shard: ShardPlan, tp: TensorPlan, method: MethodSpec, stream: RowStream | None) -> bool:
-        """Compute ``tp`` in row chunks sized to the current headroom and stream them to the writer; a ``stream``
-        first runs its statistics passes over chunks admitted the same way."""
-        if stream is not None:
-            # What the stream keeps across its passes (sampled masks) is held from the first chunk to the last.
-            held = stream.held_bytes()
-            admitted, reservation = self._admit(tp, held, self.governor) if held else (True, None)
-            if not admitted:
-                return False
-            try:
-                # Kernels of chunk size run serially (see resumerge.inputs.kernels), here as in the workers.
-                with serial_kernels():
-                    return self._stream_passes(shard, tp, method, stream)
-            finally:
-                if reservation is not None:
-                    reservation.release()
-
-        def emit(first: int, stop: int, reservation: Reservation | None, on_gpu: Reservation | None) -> bool:
-            return self._put((shard, tp.name, self._compute(chunk_plan(tp, first, stop), on_gpu), reservation))
-
-        return self._each_chunk(tp, method, emit)
-
-    def _stream_passes(self, shard: ShardPlan, tp: TensorPlan, method: MethodSpec, stream: RowStream) -> bool:
-        """``stream``'s statistics passes over ``tp``'s rows, then its output rows to the writer, every chunk
-        admitted as it comes; False when stopped."""
-        pass_index = 0
-        while stream.wants(pass_index):
-            if not self._observe_pass(tp, method, stream, pass_index):
-                return False
-            pass_index += 1
-
-        def emit(first: int, stop: int, reservation: Reservation | None, on_gpu: Reservation | None) -> bool:
-            tensor = apply_rows(self.plan, tp, self.sources, stream, first, stop, self.resources)
-            if on_gpu is not None:
-                on_gpu.release()
-            return self._put((shard, tp.name, tensor, reservation))
-
-        return self._each_chunk(tp, method, emit)
-
-    def _observe_pass(self, tp: TensorPlan, method: MethodSpec, stream: RowStream, pass_index: int) -> bool:
-        """Statistics pass ``pass_index`` of ``stream`` over ``tp``'s rows, chunk by chunk; False when stopped."""
+    def _stream_rows(self, shard: ShardPlan, tp: TensorPlan, method: MethodSpec, work: TensorCompute) -> bool:
+        """Compute ``tp`` in row chunks sized to the current headroom: ``work``'s statistics passes, if any, then its
+        output rows to the writer, every chunk admitted as it comes; False when stopped."""
+        # What a stream keeps across its passes (sampled masks) is held from the first chunk to the last.
+        held = work.held_bytes()
+        admitted, reservation = self._admit(tp, held, self.governor) if held else (True, None)
+        if not admitted:
+            return False
 
         def observe(first: int, stop: int, reservation: Reservation | None, on_gpu: Reservation | None) -> bool:
             try:
-                observe_rows(self.plan, tp, self.sources, stream, pass_index, first, stop, self.resources)
+                work.observe(pass_index, first, stop)
             finally:
-                for held in (reservation, on_gpu):
-                    if held is not None:
-                        held.release()
+                for each in (reservation, on_gpu):
+                    if each is not None:
+                        each.release()
             return not self.halted()
 
-        return self._each_chunk(tp, method, observe)
+        def emit(first: int, stop: int, reservation: Reservation | None, on_gpu: Reservation | None) -> bool:
+            try:
+                tensor = work.rows(first, stop)
+            finally:
+                if on_gpu is not None:
+                    on_gpu.release()
+            return self._put((shard, tp.name, tensor, reservation))
+
+        try:
+            # A stream's kernels are of chunk size: they run serially (see resumerge.inputs.kernels), as in PASSES.
+            with serial_kernels() if work.stream is not None else nullcontext():
+                pass_index = 0
+                while work.wants(pass_index):
+                    if not self._each_chunk(tp, method, observe):
+                        return False
+                    pass_index += 1
+                return self._each_chunk(tp, method, emit)
+        finally:
+            if reservation is not None:
+                reservation.release()
 
     def _each_chunk(self, tp: TensorPlan, method: MethodSpec,
                     use: Callable[[int, int, Reservation | None, Reservation | None], bool]) -> bool:

@@ -19,7 +19,7 @@ from lora.conftest import Case
 from lora.gen import make_adapter
 from resumerge.cli.commands import main
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine.executor import compute_tensor
+from resumerge.engine.compute import compute_tensor
 from resumerge.engine.session import plan_from_config
 from resumerge.inputs.source import InputSources
 from resumerge.methods.resources import NO_RESOURCES
