@@ -26,6 +26,8 @@ from quantmodels import MXFP4_CONFIG, mxfp4_experts
 from safetensors.torch import load_file, save_file
 
 from resumerge import api
+from resumerge.engine import compute
+from resumerge.engine.compute_estimate import measure_compute
 from resumerge.engine.experts import merge_by_expert
 from resumerge.inputs.safetensors_format import numel
 from resumerge.methods.registry import get_method, method_names
@@ -268,3 +270,23 @@ def test_a_stack_is_never_streamed_and_is_sized_one_expert_at_a_time() -> None:
     one = workunits.estimate_bytes(stack, spec, rows=1)
     assert workunits.estimate_bytes(stack, spec) == one + 2 * 4 * numel(shape)  # the result (F32) and the output
     assert workunits.estimate_bytes(stack, spec) < workunits.estimate_bytes(whole, spec)
+
+
+def test_plan_times_a_stack_as_the_run_merges_it_one_expert_at_a_time(models: dict[str, Path],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # plan's timing runs the engine's compute step on its sample rows: a stack's sampled experts merged one by one.
+    merged: list[str] = []
+    real = compute.merge_by_expert
+
+    def recording(tp: TensorPlan, *args: Any) -> torch.Tensor:
+        merged.append(tp.name)
+        return real(tp, *args)
+
+    monkeypatch.setattr(compute, "merge_by_expert", recording)
+    doc = {"merge_method": "ties", "base_model": str(models["base"]), "dtype": "float32",
+           "models": [{"model": str(models[m]), "parameters": {"weight": 0.5, "density": 0.5}}
+                      for m in ("base", "a", "b")]}
+    plan = api.plan_merge(yaml.safe_dump(doc, sort_keys=False))
+    groups = measure_compute(plan, plan.shards, max_seconds=0.05)
+    assert [g.seconds_per_element is not None for g in groups] == [True]
+    assert merged and set(merged) <= {n for n, tp in plan.tensors.items() if tp.experts is not None}

@@ -119,17 +119,20 @@ class TensorCompute:
     def _part(self, first: int, stop: int) -> TensorPlan:
         return self.tp if (first, stop) == (0, self.total) else chunk_plan(self.tp, first, stop)
 
-    def _output(self, first: int, stop: int) -> Stored:
-        """Output rows ``[first, stop)`` as one chunk, encoded as stored (without the companions)."""
+    def merged(self, first: int, stop: int) -> torch.Tensor:
+        """The method's result for rows ``[first, stop)`` as one chunk (the stream's next output rows, when it has
+        one), on the plan's device, before it is encoded."""
         part = self._part(first, stop)
         with self._failures():
             if self.stream is not None:
-                out = self.stream.apply(self._load(part))
-            elif part.experts is not None:  # each expert's projections merged on their own
-                out = merge_by_expert(part, self._load, self.plan.method_of(part).fn)
-            else:
-                out = self.plan.method_of(part).fn(self._load(part))
-        return _finish(part, out)
+                return self.stream.apply(self._load(part))
+            if part.experts is not None:  # each expert's projections merged on their own
+                return merge_by_expert(part, self._load, self.plan.method_of(part).fn)
+            return self.plan.method_of(part).fn(self._load(part))
+
+    def _output(self, first: int, stop: int) -> Stored:
+        """Output rows ``[first, stop)`` as one chunk, encoded as stored (without the companions)."""
+        return _finish(self._part(first, stop), self.merged(first, stop))
 
     @contextmanager
     def _failures(self) -> Iterator[None]:
@@ -149,7 +152,7 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
     on_gpu = device.type != "cpu"
     if method.lazy_inputs and not tp.vocab_aligned:
         lazy = _LazyInputs(tp, sources, device)
-        return _context(plan, tp, method, device, lazy, resources, owned=True, read_rows=lazy.rows)
+        return make_context(plan, tp, method, device, lazy, resources, owned=True, read_rows=lazy.rows)
     tensors = []
     for ref in tp.inputs:
         t = _read_input(ref, sources)
@@ -168,12 +171,14 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
         # Like mergekit, inputs stored in different dtypes meet in their common (promoted) dtype.
         common = method_dtype(tp)
         tensors = [t.to(common) for t in tensors]
-    return _context(plan, tp, method, device, tensors, resources)
+    return make_context(plan, tp, method, device, tensors, resources)
 
 
-def _context(plan: Plan, tp: TensorPlan, method: MethodSpec, device: torch.device,
-             tensors: Sequence[torch.Tensor], resources: Resources, *, owned: bool = False,
-             read_rows: Callable[[int, int, int], torch.Tensor] | None = None) -> MergeContext:
+def make_context(plan: Plan, tp: TensorPlan, method: MethodSpec, device: torch.device,
+                 tensors: Sequence[torch.Tensor], resources: Resources, *, owned: bool = False,
+                 read_rows: Callable[[int, int, int], torch.Tensor] | None = None) -> MergeContext:
+    """The context ``method`` sees for ``tp`` over its prepared ``tensors`` (on ``device``): its resolved parameters,
+    a generator seeded from (the run's seed, ``tp``'s name) when it draws at random, the run's ``resources``."""
     generator = None
     if method.randomized:
         generator = torch.Generator(device=device).manual_seed(tensor_seed(plan.options.random_seed, tp.name))

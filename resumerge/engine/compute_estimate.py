@@ -4,9 +4,11 @@ The pending tensors are grouped by what decides a method's cost per element: the
 in, the device, and its non-numeric parameters (a ``normalize`` flag changes the work; a density from a gradient
 does not change how much there is). In each group the tensor shapes that hold most of its elements (one tensor
 per row length: the 2-D projection and MLP matrices dominate) are sampled — their leading whole rows, read
-through the same :class:`~resumerge.inputs.source.InputSources` and preparation the engine uses, with that
-tensor's own resolved parameters — and :func:`~resumerge.engine.method_timing.measure_rate` times the method on them.
-The group's seconds per element times its pending elements is its compute time.
+through the same :class:`~resumerge.inputs.source.InputSources` and preparation the engine uses (read once, kept in
+memory), with that tensor's own resolved parameters — and :func:`~resumerge.engine.method_timing.measure_rate` times
+the engine's own compute step on them (:meth:`~resumerge.engine.compute.TensorCompute.merged`, the rows as one
+chunk: a fused expert stack merged expert by expert, as the run merges it). The group's seconds per element times
+its pending elements is its compute time.
 
 Everything is bounded: at most :data:`SAMPLE_BYTES` read from the inputs and about :data:`SAMPLE_SECONDS` of
 timing for the whole plan, split between the groups. Inputs that are not on disk (hub files not downloaded, a
@@ -21,11 +23,12 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from resumerge.engine.compute import load_context
+from resumerge.engine.compute import TensorCompute, load_context, make_context
 from resumerge.engine.costs import ComputeGroup
 from resumerge.engine.method_timing import DEFAULT_SAMPLE_ELEMENTS, measure_rate
 from resumerge.inputs.kernels import serial_kernels
@@ -123,7 +126,7 @@ def measure_compute(plan: Plan, pending: Sequence[ShardPlan], *, sources: InputS
             left = len(groups) - index
             spec = get_method(group.method, plan.units)
             if spec is not None and spec.whole_cost is not None:
-                results.append(_measure_whole(plan, group, spec, device, serial, workers, timed))
+                results.append(_measure_whole(plan, group, spec, reader, serial, workers, timed))
             else:
                 results.append(_measure(plan, group, reader, max_bytes // len(groups), max_seconds / left))
             max_seconds = max(0.0, max_seconds - results[-1].measure_seconds)
@@ -193,14 +196,15 @@ def _measure(plan: Plan, group: _Group, sources: InputSources, max_bytes: int,
             synthetic = synthetic or made_up
             budget = max(0.0, max_seconds - (time.perf_counter() - started)) / (len(chosen) - index)
             window = min(WINDOW_SECONDS, budget / 3) if group.elements >= PRECISE_ELEMENTS else 0.0
-            n1, t1 = _timed(spec, part, tensors, index == 0, budget / 2, window)
+            n1, t1 = _timed(plan, part, sources, tensors, index == 0, budget / 2, window)
             full.append((n1, t1))
             quarter = part.shape[0] // 4
             if quarter >= 1 and window > 0:
                 # A call costs a fixed overhead plus a cost per element: waking torch's threads (long on a busy
                 # machine), kernel launches on a GPU. A second, smaller sample separates the two, so tensors
                 # of other sizes than the sample's are priced right.
-                n2, t2 = _timed(spec, part, [t[:quarter].contiguous() for t in tensors], False, budget / 2, window)
+                n2, t2 = _timed(plan, part, sources, [t[:quarter].contiguous() for t in tensors], False,
+                                budget / 2, window)
                 calls.append(max(0.0, min(t1, t1 - (t1 - t2) / (n1 - n2) * n1)) if n1 > n2 and t1 > t2 else 0.0)
             del tensors
     except Exception as exc:  # any failure only means no estimate here; the run reports it properly
@@ -213,29 +217,29 @@ def _measure(plan: Plan, group: _Group, sources: InputSources, max_bytes: int,
                         measure_seconds=time.perf_counter() - started, seconds_per_call=per_call)
 
 
-def _measure_whole(plan: Plan, group: _Group, spec: MethodSpec, device: torch.device, serial: bool, workers: int,
-                   timed: dict[tuple[Any, ...], float]) -> ComputeGroup:
-    """One call of ``spec`` on synthetic inputs of the shapes of ``group``'s class, timed (once for the functions
-    and classes in ``timed``: a module's A and B run one computation) and priced per tensor: the call's seconds
-    over the :attr:`~resumerge.methods.spec.WholeCost.shared_by` tensors it serves, and over the ``workers``
-    that run such calls side by side on one thread each (``serial`` on the CPU)."""
+def _measure_whole(plan: Plan, group: _Group, spec: MethodSpec, sources: InputSources, serial: bool,
+                   workers: int, timed: dict[tuple[Any, ...], float]) -> ComputeGroup:
+    """One call of the engine's compute step for ``spec`` on synthetic inputs of the shapes of ``group``'s class,
+    timed (once for the functions and classes in ``timed``: a module's A and B run one computation) and priced per
+    tensor: the call's seconds over the :attr:`~resumerge.methods.spec.WholeCost.shared_by` tensors it serves, and
+    over the ``workers`` that run such calls side by side on one thread each (``serial`` on the CPU)."""
     assert spec.whole_cost is not None
     tp = group.tensors[0]
     key = (spec.fn, group.key[1:])
     started = time.perf_counter()
     seconds = timed.get(key)
+    device = torch.device(plan.options.device)
     alone = serial and device.type == "cpu"
     if seconds is None:
         try:
             inputs = _synthetic(tp, device)
-            ctx = MergeContext(inputs, tp.base_index, [dict(p) for p in tp.model_params], dict(tp.params))
             with serial_kernels() if alone else nullcontext():
                 _settle(device)
                 begun = time.perf_counter()
-                spec.fn(ctx)
+                _engine_step(plan, tp, sources, inputs)
                 _settle(device)
                 seconds = time.perf_counter() - begun
-            del inputs, ctx
+            del inputs
         except Exception as exc:  # any failure only means no estimate here; the run reports it properly
             return _unmeasured(group, plan, f"not measured: {group.method} failed on a sample ({type(exc).__name__})")
         timed[key] = seconds
@@ -252,12 +256,32 @@ def _settle(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(spec: MethodSpec, tp: TensorPlan, inputs: list[torch.Tensor], warmup: bool, max_seconds: float,
-           window: float) -> tuple[int, float]:
-    """(output elements, seconds) of one call of ``spec`` on ``inputs`` with ``tp``'s resolved parameters."""
-    rate = measure_rate(spec, [inputs], base_index=tp.base_index, model_params=[dict(p) for p in tp.model_params],
-                        params=dict(tp.params), warmup=warmup, max_seconds=max_seconds, min_seconds=window)
+def _timed(plan: Plan, tp: TensorPlan, sources: InputSources, inputs: list[torch.Tensor], warmup: bool,
+           max_seconds: float, window: float) -> tuple[int, float]:
+    """(output elements, seconds) of one call of the engine's compute step on ``inputs`` (leading rows of ``tp``'s
+    inputs, in memory) with ``tp``'s resolved parameters."""
+    rate = measure_rate(plan.method_of(tp), [inputs], base_index=tp.base_index,
+                        model_params=[dict(p) for p in tp.model_params], params=dict(tp.params), warmup=warmup,
+                        max_seconds=max_seconds, min_seconds=window, merge=partial(_engine_step, plan, tp, sources))
     return rate.sample_elements, rate.seconds_per_element * rate.sample_elements
+
+
+def _engine_step(plan: Plan, tp: TensorPlan, sources: InputSources, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """What the engine computes for the leading rows of ``tp`` that ``inputs`` hold (already read and prepared), as
+    one chunk: :meth:`~resumerge.engine.compute.TensorCompute.merged`, every context made as the engine makes it
+    (a fused expert stack's sampled experts merged one by one, each with its own generator)."""
+    rows = chunk_plan(tp, 0, inputs[0].shape[0])
+    if rows.experts is not None:  # the experts sampled, not the stack's
+        rows = replace(rows, experts=replace(rows.experts, count=rows.shape[0]))
+    spec, device = plan.method_of(tp), torch.device(plan.options.device)
+
+    def load(part: TensorPlan) -> MergeContext:
+        first = part.inputs[0].first_row - rows.inputs[0].first_row  # an expert's rows, or all of them
+        return make_context(plan, part, spec, device, [t[first : first + part.shape[0]] for t in inputs],
+                            NO_RESOURCES)
+
+    unit = TensorCompute(plan, rows, sources, NO_RESOURCES, load=load)
+    return unit.merged(0, unit.total)
 
 
 def _rows(tp: TensorPlan, max_bytes: int) -> int:

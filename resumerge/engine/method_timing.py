@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +53,7 @@ def measure_rate(
     max_seconds: float | None = None,
     min_seconds: float = 0.0,
     max_calls: int = 1000,
+    merge: Callable[[Sequence[torch.Tensor]], torch.Tensor] | None = None,
 ) -> ComputeRate:
     """Time ``method`` on each sample and return its seconds per output element.
 
@@ -69,7 +70,8 @@ def measure_rate(
     stop once that much time has gone into timing, so a slow method costs one timed call per sample (never
     fewer). CUDA work is synchronised before each clock reading. Raises ``ValueError`` for an unknown method
     name, no samples, ``repeats < 1`` or samples without any output element, and whatever the method raises for
-    bad inputs.
+    bad inputs. ``merge`` is what is timed on a sample's inputs (default: the method's function on a context of
+    them with the parameters above): ``plan`` times the engine's own compute step.
     """
     spec = get_method(method) if isinstance(method, str) else method
     if spec is None:
@@ -80,6 +82,8 @@ def measure_rate(
         raise ValueError(f"repeats must be at least 1, got {repeats}")
 
     def run(tensors: Sequence[torch.Tensor]) -> int:
+        if merge is not None:
+            return merge(tensors).numel()
         generator = torch.Generator(device=tensors[0].device).manual_seed(seed) if spec.randomized else None
         ctx = MergeContext(list(tensors), base_index, model_params, params, generator)
         return spec.fn(ctx).numel()
