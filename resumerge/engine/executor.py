@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import replace
@@ -200,10 +200,8 @@ def _elementwise(plan: Plan, tp: TensorPlan) -> bool:
     return plan.method_of(tp).elementwise
 
 
-def _pending_tensors(plan: Plan, done: set[str]) -> Iterator[tuple[ShardPlan, TensorPlan]]:
-    for shard in compute_order(plan):
-        if shard.name in done:
-            continue
+def _tensors_of(plan: Plan, shards: Iterable[ShardPlan]) -> Iterator[tuple[ShardPlan, TensorPlan]]:
+    for shard in shards:
         for name in shard.tensors:
             yield shard, plan.tensors[name]
 
@@ -464,10 +462,13 @@ def execute(
 
 def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal: Journal, reporter: Reporter,
                    done: set[str], *, should_stop: Callable[[], bool], workers: int, governor: MemoryGovernor | None,
-                   gpu: MemoryGovernor | None, transfers: bool, resources: Resources) -> bool:
+                   gpu: MemoryGovernor | None, transfers: bool, resources: Resources,
+                   batches: Iterable[Sequence[ShardPlan]] | None = None) -> bool:
     """Compute every shard of ``plan`` not in ``done`` and publish it through ``sink`` into ``journal`` (the
-    pipeline of :func:`execute`, which a cluster worker runs for its one shard); False when stopped first. Raises
-    the writer's error, else a KeyboardInterrupt that stopped it."""
+    pipeline of :func:`execute`); False when stopped first. Raises the writer's error, else a KeyboardInterrupt
+    that stopped it. ``batches``: the shards to compute instead, as they come (a cluster node's actor is fed them
+    by the driver); each batch's last units are handed to the writer before the next batch is awaited, and the
+    writer finishes one shard while the next one's units compute, as in a local run."""
     sources.expect(read_order(plan, done))  # a streamed source coalesces the reads that come next
     yield_cpu = transfers and all(_elementwise(plan, t) for t in plan.tensors.values())
     if yield_cpu:
@@ -482,7 +483,10 @@ def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal:
     interrupt: KeyboardInterrupt | None = None  # Ctrl-C where Python's own handler stands (library use)
     gc.freeze()
     try:
-        finished = pipeline.run(_pending_tensors(plan, done))
+        if batches is None:
+            finished = pipeline.run(_tensors_of(plan, (s for s in compute_order(plan) if s.name not in done)))
+        else:
+            finished = all(pipeline.run(_tensors_of(plan, batch)) for batch in batches)
     except KeyboardInterrupt as exc:
         interrupt = exc
     finally:

@@ -1,35 +1,41 @@
-"""The Ray executor: the driver hands each pending output shard to a Ray task, then publishes and journals it.
+"""The Ray executor: the driver feeds the pending output shards to a long-lived worker per node, then publishes
+and journals each one.
 
-Only the driver (the process that runs ``resumerge run`` or ``resume``) writes the ledger and the manifest and
-commits: a task returns its shard's temp path and digests (:class:`~resumerge.engine.cluster.worker.ShardDone`),
-and the driver publishes that file through the run's sink (a rename in the shared OUT, a staged copy, or an upload
-and commit of a hub repo) and journals it with the run's :class:`~resumerge.store.journal_commit.CommitJournal`,
-as the local executor's writer does. The frozen plan goes through Ray's object store once; tensors never do.
+The driver starts a :class:`~resumerge.engine.cluster.worker.ShardStream` actor on every node (one per share of its
+CPUs as wide as the run's thread count) and keeps :data:`AHEAD` shards fed to each, so that a node computes one
+shard while it writes the one before, as a local run does. Only the driver (the process that runs ``resumerge run``
+or ``resume``) writes the ledger and the manifest and commits: a worker returns each shard's temp path and digests
+(:class:`~resumerge.engine.cluster.worker.ShardDone`), and the driver publishes that file through the run's sink (a
+rename in the shared OUT, a staged copy, or an upload and commit of a hub repo) and journals it with the run's
+:class:`~resumerge.store.journal_commit.CommitJournal`, as the local executor's writer does. The frozen plan goes
+through Ray's object store once; tensors never do.
 
-Faults: a task whose worker process or node died is retried by Ray (``max_retries``), then re-issued here
-(:data:`REISSUES`) to a fresh temp path; the shard's bytes do not depend on where it ran. A task that raised gets
-its own error re-raised here, so the run ends with the same one-line error and exit code as the local executor.
-A driver killed at any instant takes its tasks with it (Ray ends a dead driver's job); the resume, with either
+Faults: the shards of a worker whose process or node died go back to the front of the queue, to the workers left
+(:data:`REISSUES` times each), to a fresh temp path; the shard's bytes do not depend on where it ran. A shard that
+failed gets its own error re-raised here, so the run ends with the same one-line error and exit code as the local
+executor. A stopped run (SIGINT, SIGTERM) stops its workers, which abandon their shards, then ends their actors.
+A driver killed at any instant takes its actors with it (Ray ends a dead driver's job); the resume, with either
 executor, keeps every shard the ledger records and makes the rest again.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from resumerge.engine.cluster.connect import join
-from resumerge.engine.cluster.worker import ShardDone, ShardTask, compute_shard
+from resumerge.engine.cluster.worker import ShardDone, ShardStream, WorkerSetup
 from resumerge.engine.devices import is_gpu
 from resumerge.engine.executor import CONCURRENCY, finish_run
 from resumerge.engine.job import Job
 from resumerge.errors import UnreachableError
 from resumerge.memory.sizes import format_size
-from resumerge.methods.resources import Resources
 from resumerge.plan.fetching import read_order, shard_input_files
-from resumerge.plan.merge_plan import Plan, ShardPlan
+from resumerge.plan.merge_plan import ShardPlan
 from resumerge.plan.workorder import compute_order
 from resumerge.plan.workunits import estimate_bytes
 from resumerge.store.durable import discard, is_temp_name, storage_error
@@ -37,26 +43,29 @@ from resumerge.store.journal_commit import CommitJournal
 from resumerge.store.nodestats import NODE_EVENT, node_line
 from resumerge.torch_import import IMPORT_RESERVE, torch
 
-# Ray's own retries of a task whose worker process or node died, then the driver's re-issues of it.
-RAY_RETRIES = 2
-REISSUES = 2
+# How many shards the driver keeps fed to each node's worker: one computing while the one before is written.
+AHEAD = 2
+# The driver's re-issues of a shard whose worker was lost (its process or node died) before the run gives up.
+REISSUES = 3
 # How long the driver waits for a result before it looks at the stop flag and the commits again.
 POLL_SECONDS = 0.25
+# How long a stopped run waits for its workers to abandon their shards (deleting their temp files) before it kills
+# them.
+STOP_SECONDS = 10.0
 
 
-def run_task(task: ShardTask, shared: tuple[Plan, Resources]) -> ShardDone:
-    """The Ray task: :func:`compute_shard` on this node, its result labelled with the node that made it."""
-    from dataclasses import replace
+@dataclass(eq=False)
+class _Worker:
+    """A node's worker as the driver sees it: its actor, its node (as the ledger names it) and its shards fed."""
 
-    import ray
-
-    plan, resources = shared
-    done = compute_shard(task, plan, resources)
-    return replace(done, node=ray.get_runtime_context().get_node_id()[:8])
+    actor: Any
+    node: str
+    fed: int = 0
 
 
 class RayExecutor:
-    """The executor of ``--executor ray``: a Ray task per pending output shard, the ledger kept by this process."""
+    """The executor of ``--executor ray``: the pending output shards fed to a worker per node, the ledger kept by
+    this process."""
 
     def __init__(self, ray: ModuleType) -> None:
         self.ray = ray
@@ -67,8 +76,8 @@ class RayExecutor:
         return cls(join(address))
 
     def run(self, job: Job) -> tuple[str, ...]:
-        """Every pending shard of ``job`` computed by a task and journaled here, then the run's side files and
-        last commits (:func:`~resumerge.engine.executor.finish_run`)."""
+        """Every pending shard of ``job`` computed by the nodes' workers and journaled here, then the run's side
+        files and last commits (:func:`~resumerge.engine.executor.finish_run`)."""
         done = {row.name for row in job.ledger.files() if row.status == "done"}
         journal = CommitJournal(job.sink, job.ledger, job.book)
         interrupt: KeyboardInterrupt | None = None
@@ -81,37 +90,40 @@ class RayExecutor:
 
 
 class _Dispatch:
-    """One run's tasks: submitted a few per CPU of the cluster ahead, their results published in any order."""
+    """One run's workers: a long-lived actor per node (per share of its CPUs) fed a few shards ahead, their results
+    published in any order."""
 
     def __init__(self, ray: ModuleType, job: Job, journal: CommitJournal, done: set[str]) -> None:
         self.ray, self.job, self.journal = ray, job, journal
         self.plan = job.plan
-        self.pending = [shard for shard in compute_order(self.plan) if shard.name not in done]
-        self.inflight: dict[Any, tuple[ShardPlan, int]] = {}  # object ref -> shard, times re-issued
-        self.folders: set[Path] = set()  # where the tasks write their temp files
+        # Shards to feed, with the times each was re-issued: a lost worker's shards go back to the front.
+        self.pending: deque[tuple[ShardPlan, int]] = deque(
+            (shard, 0) for shard in compute_order(self.plan) if shard.name not in done)
+        self.inflight: dict[Any, tuple[ShardPlan, int, _Worker]] = {}  # object ref -> shard, re-issues, worker
+        self.workers: list[_Worker] = []
+        self.lost: set[str] = set()  # nodes whose worker died: none is started there again
+        self.folders: set[Path] = set()  # where the workers write their temp files
         self.published: set[Path] = set()  # the temp files handed to the sink
-        self.nodes: dict[str, tuple[int, int, float]] = {}  # node -> shards, bytes, task seconds
+        self.nodes: dict[str, tuple[int, int, float]] = {}  # node -> shards, bytes, writer seconds
         # Every node computes with the driver's thread count: the bytes of some methods depend on it.
-        threads = job.settings.num_threads or torch.get_num_threads()
-        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-        self.cpus = max(1, min(threads, int(max((n.get("CPU", 1) for n in nodes), default=1))))
-        self.largest_memory = int(max((n.get("memory", 0) for n in nodes), default=0))
-        self.ahead = max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
-        self.threads = threads
-        # max_calls=0: a worker computes shard after shard (GPU tasks would otherwise get a fresh process, and a
-        # fresh CUDA context and torch import, per shard).
-        self.remote = ray.remote(max_calls=0)(run_task)
+        settings = job.settings
+        self.setup = WorkerSetup(settings.num_threads or torch.get_num_threads(), settings.max_memory,
+                                 settings.max_gpu_memory)
+        self.memory = max((self._memory(shard) for shard, _ in self.pending), default=IMPORT_RESERVE)
+        self.actor_class = ray.remote(ShardStream)
         self.shared = ray.put((self.plan, job.resources))
 
     def run(self) -> bool:
-        """Submit, collect and journal until every shard is done (True) or the run is stopped (False); raises a
-        task's own error, or :class:`UnreachableError` when the cluster keeps losing a shard's workers."""
+        """Feed, collect and journal until every shard is done (True) or the run is stopped (False); raises a
+        shard's own error, or :class:`UnreachableError` when the cluster keeps losing a shard's workers."""
         self.job.sources.expect(read_order(self.plan, {s.name for s in self.plan.shards} - {
-            s.name for s in self.pending}))
+            s.name for s, _ in self.pending}))
         try:
+            if self.pending:
+                self._start_workers()
             while self.pending or self.inflight:
-                while self.pending and len(self.inflight) < self.ahead:
-                    if not self._submit(self.pending.pop(0), 0):
+                while self.pending and (worker := self._hungriest()) is not None:
+                    if not self._feed(worker, *self.pending.popleft()):
                         return False
                 ready, _ = self.ray.wait(list(self.inflight), num_returns=1, timeout=POLL_SECONDS)
                 if self.job.should_stop():
@@ -119,51 +131,91 @@ class _Dispatch:
                 for ref in ready:
                     self._collect(ref)
                 self.journal.settle()  # hub commits that landed meanwhile
-            self._sweep()
             return True
         finally:
-            self._cancel()
+            self._close()
+            self._sweep()
 
-    def _submit(self, shard: ShardPlan, reissued: int) -> bool:
-        """Start the task of ``shard`` once its inputs are checked (a hub download lands on the driver's cache
+    def _start_workers(self) -> None:
+        """An actor on every live node with a CPU (a GPU with ``--device cuda``) not lost yet, one per share of the
+        node's CPUs as wide as the run's thread count; each declares those CPUs and the memory the plan's largest
+        shard needs (at most what its node has). Raises :class:`UnreachableError` when no node is left."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        gpu = is_gpu(self.plan.options.device)
+        for node in self.ray.nodes():
+            has, node_id = node.get("Resources", {}), node.get("NodeID", "")
+            cpus = int(has.get("CPU", 0))
+            if not node.get("Alive") or node_id[:8] in self.lost or cpus < 1 or (gpu and has.get("GPU", 0) < 1):
+                continue
+            width = min(self.setup.threads, cpus)
+            count = min(cpus // width, int(has["GPU"])) if gpu else cpus // width
+            memory = min(self.memory, int(has.get("memory", 0))) or self.memory
+            for _ in range(count):
+                actor = self.actor_class.options(
+                    num_cpus=width, num_gpus=1 if gpu else 0, memory=memory, max_restarts=0,
+                    max_concurrency=AHEAD + 2,  # the shards fed and waiting, and a call to stop
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                ).remote(self.shared, self.setup)
+                self.workers.append(_Worker(actor, node_id[:8]))
+        if not self.workers:
+            raise UnreachableError("the Ray cluster has no live node to compute on" + (
+                " with a GPU" if gpu else ""), hint="check the cluster's nodes, then run resumerge resume OUT")
+
+    def _hungriest(self) -> _Worker | None:
+        """The worker with the fewest shards fed, if it has room for another."""
+        worker = min(self.workers, key=lambda w: w.fed, default=None)
+        return worker if worker is not None and worker.fed < AHEAD else None
+
+    def _feed(self, worker: _Worker, shard: ShardPlan, reissued: int) -> bool:
+        """Feed ``shard`` to ``worker`` once its inputs are checked (a hub download lands on the driver's cache
         first); False when the run is stopped while waiting."""
         for model, file in shard_input_files(self.plan, shard):
             while not self.job.sources.checked(model, file, POLL_SECONDS):
                 if self.job.should_stop():
                     return False
-        settings, folder = self.job.settings, self.job.sink.temp_for(shard.name).parent
+        folder = self.job.sink.temp_for(shard.name).parent
         self.folders.add(folder)
-        task = ShardTask(shard.name, str(folder), self.threads, settings.max_memory, settings.max_gpu_memory)
-        ref = self.remote.options(num_cpus=self.cpus, num_gpus=1 if is_gpu(self.plan.options.device) else 0,
-                                  memory=self._memory(shard), max_retries=RAY_RETRIES,
-                                  retry_exceptions=False).remote(task, self.shared)
-        self.inflight[ref] = (shard, reissued)
+        self.inflight[worker.actor.compute.remote(shard.name, str(folder))] = (shard, reissued, worker)
+        worker.fed += 1
         return True
 
     def _memory(self, shard: ShardPlan) -> int:
-        """What a task of ``shard`` declares (Ray admits tasks on a node by it): torch, plus the largest units the
-        pipeline holds at once, twice (in flight and queued to the writer); never more than the largest node has."""
+        """What a worker computing ``shard`` needs: torch, plus the largest units the pipeline holds at once,
+        twice (in flight and queued to the writer)."""
         units = sorted((estimate_bytes(tp, self.plan.method_of(tp))
                         for tp in (self.plan.tensors[name] for name in shard.tensors)), reverse=True)
-        need = IMPORT_RESERVE + 2 * sum(units[:CONCURRENCY])
-        return min(need, self.largest_memory) if self.largest_memory else need
+        return IMPORT_RESERVE + 2 * sum(units[:CONCURRENCY])
 
     def _collect(self, ref: Any) -> None:
-        shard, reissued = self.inflight.pop(ref)
+        shard, reissued, worker = self.inflight.pop(ref)
+        worker.fed -= 1
         exceptions = self.ray.exceptions
         try:
             result: ShardDone = self.ray.get(ref)
-        except exceptions.RayTaskError as exc:  # the task raised (and deleted its temp file): the run stops
+        except exceptions.RayTaskError as exc:  # the shard failed (its temp file deleted): the run stops
             cause = exc.cause
             raise (cause if isinstance(cause, Exception) else exc) from None
-        except exceptions.RayError as exc:  # its worker or node was lost beyond Ray's retries
+        except exceptions.RayError as exc:  # its worker's process or node was lost
+            self._lose(worker)
             if reissued >= REISSUES:
                 raise UnreachableError(f"the Ray cluster lost every worker that computed {shard.name}: {exc}",
                                        hint="check the cluster's nodes, then run resumerge resume OUT") from None
-            self.job.reporter.message(f"{shard.name}: its worker was lost; computing it again")
-            self._submit(shard, reissued + 1)
+            self.job.reporter.message(f"{shard.name}: its worker on node {worker.node} was lost; computing it again")
+            self.pending.appendleft((shard, reissued + 1))
             return
-        self._publish(shard, result)
+        self._publish(shard, replace(result, node=worker.node))
+
+    def _lose(self, worker: _Worker) -> None:
+        """Forget a worker that died (its other shards fail too and come back here); start workers on the nodes
+        left when none is."""
+        if worker not in self.workers:
+            return
+        self.workers.remove(worker)
+        self.lost.add(worker.node)
+        self.ray.kill(worker.actor, no_restart=True)
+        if not self.workers:
+            self._start_workers()
 
     def _publish(self, shard: ShardPlan, result: ShardDone) -> None:
         """Publish the shard a task wrote through the run's sink and journal it, as the local writer does."""
@@ -193,17 +245,21 @@ class _Dispatch:
         return lambda: all(sources.checked(model, file, 0) for model, file in files)
 
     def _sweep(self) -> None:
-        """Delete what lost attempts left in the temp folders once every shard is published: the partial temp files
-        of tasks whose node died mid-write (a resume would delete them too, later)."""
+        """Delete what lost or stopped shards left in the temp folders once the workers are gone: the partial temp
+        files of workers whose node died mid-write (a resume would delete them too, later)."""
         names = {shard.name for shard in self.plan.shards}
         for folder in self.folders:
             for leftover in folder.iterdir():
                 if is_temp_name(leftover.name, names) and leftover not in self.published:
                     discard(leftover)
 
-    def _cancel(self) -> None:
-        """Cancel the tasks still running (a stopped or failed run); their temp files are deleted by the tasks, or
-        by the resume when a task could not."""
-        for ref in self.inflight:
-            self.ray.cancel(ref)
+    def _close(self) -> None:
+        """Stop every worker (a stopped or failed run's abandon their shards and delete their temp files), then end
+        their actors: no work of this run goes on after it."""
+        stops = [worker.actor.stop.remote() for worker in self.workers]
+        if stops:
+            self.ray.wait(stops, num_returns=len(stops), timeout=STOP_SECONDS)
+        for worker in self.workers:
+            self.ray.kill(worker.actor, no_restart=True)
+        self.workers.clear()
         self.inflight.clear()

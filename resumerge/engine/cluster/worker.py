@@ -1,37 +1,39 @@
-"""One output shard computed on a cluster node: the engine's own pipeline, its file handed back to the driver.
+"""A cluster node's long-lived worker: the engine's own pipeline over the stream of shards the driver feeds it.
 
-A task gets a :class:`ShardTask` (a plan fragment: which shard, the temp path to write it to, the run's thread
-count and budgets) and the frozen plan; it reads the shard's inputs itself, runs
-:func:`~resumerge.engine.executor.compute_shards` for that shard alone, and returns a :class:`ShardDone` with the
-written file's size and digest. It publishes nothing and journals nothing: the driver publishes the temp file
-through the run's sink and records it, as the local executor does with its writer's files.
+The driver starts one :class:`ShardStream` actor per node (per share of its CPUs) with the frozen plan and the
+run's settings (:class:`WorkerSetup`); then it feeds it shards, a few ahead (:meth:`ShardStream.compute`: a shard's
+name and the folder its temp file goes to, never tensors). The actor runs
+:func:`~resumerge.engine.executor.compute_shards` once, over those shards as they come, so one shard's write
+overlaps the next one's compute as in a local run, and torch is imported once per node, not per shard. Each call
+returns its shard's :class:`ShardDone` (the written temp file's size and digest). The actor publishes nothing and
+journals nothing: the driver publishes the temp file through the run's sink and records it, as the local executor
+does with its writer's files.
 """
 
 from __future__ import annotations
 
-import time
+import queue
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
 from resumerge.engine.devices import gpu_governor, make_governor, set_torch_threads
-from resumerge.engine.executor import CONCURRENCY, compute_shards
-from resumerge.engine.quiet import NullReporter, never_stop
+from resumerge.engine.executor import CONCURRENCY, Stopped, compute_shards
+from resumerge.engine.quiet import NullReporter
 from resumerge.inputs.source import InputSources
 from resumerge.methods.resources import Resources
-from resumerge.plan.merge_plan import Plan
+from resumerge.plan.merge_plan import Plan, ShardPlan
 from resumerge.store.durable import discard, temp_path
 from resumerge.store.sink import LocalDirSink, Receipt
 
 
 @dataclass(frozen=True)
-class ShardTask:
-    """What a task needs besides the plan: the shard, the folder its temp file goes to (the run's shared OUT or
-    staging folder; each attempt names its own file there, so a retry never meets a lost attempt's), the thread
-    count every node computes with (the bytes of some methods depend on it), and the run's budgets (None: the
-    node's own default)."""
+class WorkerSetup:
+    """What every shard of a node's worker shares besides the plan: the thread count every node computes with (the
+    bytes of some methods depend on it) and the run's budgets (None: the node's own default)."""
 
-    shard: str
-    folder: str
     threads: int
     max_memory: int | None = None
     max_gpu_memory: int | None = None
@@ -39,8 +41,8 @@ class ShardTask:
 
 @dataclass(frozen=True)
 class ShardDone:
-    """A shard written by a task: its temp file, size and sha256, its tensors in data order, how long it took,
-    and which node made it (filled in by the driver's task wrapper)."""
+    """A shard written by a node's worker: its temp file, size and sha256, its tensors in data order, how long its
+    writer took, and which node made it (filled in by the driver, which placed the worker)."""
 
     shard: str
     temp: str
@@ -52,61 +54,115 @@ class ShardDone:
 
 
 class _HandOver(LocalDirSink):
-    """The task's sink: the shard goes to the temp path the driver chose, and "publishing" it only hands it back
-    (the driver publishes it through the run's real sink)."""
+    """The worker's sink: each shard goes to the temp path chosen when it was fed, and "publishing" it only hands it
+    back (the driver publishes it through the run's real sink)."""
 
-    def __init__(self, temp: Path) -> None:
-        super().__init__(temp.parent)
-        self.temp = temp
+    def __init__(self, temps: dict[str, Path]) -> None:
+        super().__init__(Path("."))
+        self.temps = temps
 
     def temp_for(self, name: str) -> Path:
-        return self.temp
+        return self.temps[name]
 
     def publish(self, temp: Path, name: str, sha256: str) -> Receipt:
         return Receipt.committed(name)
 
 
-class _Written:
-    """The task's journal: keeps what the writer recorded of its one shard."""
+class ShardStream:
+    """A node's worker (a threaded Ray actor: :meth:`compute` calls wait side by side). Its pipeline thread starts
+    with the first shard fed and runs until :meth:`stop`, or until a shard fails: every waiting call then raises
+    that error (the local run's), and the next shard fed starts a fresh pipeline."""
 
-    def __init__(self) -> None:
-        self.row: tuple[int, str, tuple[str, ...]] | None = None
+    def __init__(self, shared: tuple[Plan, Resources], setup: WorkerSetup) -> None:
+        self.plan, self.resources = shared
+        self.setup = setup
+        self.shards = {shard.name: shard for shard in self.plan.shards}
+        set_torch_threads(setup.threads)
+        self.lock = threading.Lock()
+        self.fed: queue.Queue[str | None] = queue.Queue()
+        self.waiting: dict[str, tuple[Path, Future[ShardDone]]] = {}  # fed, not yet written: temp path, result
+        self.temps: dict[str, Path] = {}
+        self.stopping = threading.Event()
+        self.thread: threading.Thread | None = None  # the pipeline's, while it runs
 
+    def compute(self, shard: str, folder: str) -> ShardDone:
+        """Compute and write ``shard`` to a fresh temp file in ``folder`` (each attempt its own: a re-issue never
+        meets a lost attempt's file) after the shards fed before it; returns its digests. Raises what the local
+        executor would raise for it (a bad input found late, a full disk), or :class:`Stopped` once stopped; a
+        shard that does not finish leaves no temp file."""
+        result: Future[ShardDone] = Future()
+        with self.lock:
+            if self.stopping.is_set():
+                raise Stopped()
+            temp = temp_path(Path(folder) / shard)
+            self.temps[shard] = temp
+            self.waiting[shard] = (temp, result)
+            self.fed.put(shard)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._pipeline, name="resumerge-node-pipeline", daemon=True)
+                self.thread.start()
+        return result.result()
+
+    def stop(self) -> None:
+        """End the pipeline at its next safe point (the shard it was writing abandoned, its temp file deleted); the
+        calls still waiting raise :class:`Stopped`. Returns once it ended."""
+        with self.lock:
+            self.stopping.set()
+            self.fed.put(None)
+            thread = self.thread
+        if thread is not None:
+            thread.join()
+
+    def ready(self) -> bool:
+        """True once constructed (the driver's warm-up waits on it: torch is imported)."""
+        return True
+
+    def _pipeline(self) -> None:
+        plan, setup = self.plan, self.setup
+        governor = make_governor(plan, setup.max_memory)
+        gpu = gpu_governor(plan, plan.options.device, setup.max_gpu_memory)
+        governor.start()
+        if gpu is not None:
+            gpu.start()
+        error: BaseException = Stopped()
+        try:
+            with InputSources.local(plan.model_dirs) as sources:
+                compute_shards(plan, sources, _HandOver(self.temps), self, NullReporter(), set(self.shards),
+                               should_stop=self.stopping.is_set, workers=CONCURRENCY, governor=governor, gpu=gpu,
+                               transfers=False, resources=self.resources, batches=self._batches())
+        except BaseException as exc:
+            error = exc
+        finally:
+            governor.stop()
+            if gpu is not None:
+                gpu.stop()
+        with self.lock:
+            self.thread = None
+            for temp, result in self.waiting.values():
+                discard(temp)
+                result.set_exception(error)
+            self.waiting.clear()
+            while not self.fed.empty():
+                self.fed.get_nowait()
+
+    def _batches(self) -> Iterator[list[ShardPlan]]:
+        """The shards fed so far, a batch at a time (a batch's last units reach the writer before the next one is
+        awaited); ends at :meth:`stop`."""
+        while True:
+            batch = [self.fed.get()]
+            while not self.fed.empty():
+                batch.append(self.fed.get_nowait())
+            if None in batch:
+                return
+            yield [self.shards[name] for name in batch if name is not None]
+
+    # The pipeline's journal: a written shard's digests answer the call that fed it.
     def record(self, receipt: Receipt, size: int, sha256: str, *, seconds: float = 0.0,
                tensors: tuple[str, ...] = (), manifest_point: bool = True) -> None:
-        self.row = (size, sha256, tensors)
+        """The writer wrote ``receipt.name``: its call returns."""
+        with self.lock:
+            temp, result = self.waiting.pop(receipt.name)
+        result.set_result(ShardDone(receipt.name, str(temp), size, sha256, tensors, seconds))
 
     def settle(self, *, strict: bool = True) -> None:
         """Nothing waits: the driver commits."""
-
-
-def compute_shard(task: ShardTask, plan: Plan, resources: Resources) -> ShardDone:
-    """Compute and write the shard ``task`` names of ``plan`` to its temp path; returns its digests. Raises what the
-    local executor would raise for it (a bad input found late, a full disk), after deleting the temp file."""
-    started = time.monotonic()
-    set_torch_threads(task.threads)
-    temp = temp_path(Path(task.folder) / task.shard)
-    done = {shard.name for shard in plan.shards if shard.name != task.shard}
-    governor = make_governor(plan, task.max_memory)
-    gpu = gpu_governor(plan, plan.options.device, task.max_gpu_memory)
-    written = _Written()
-    governor.start()
-    if gpu is not None:
-        gpu.start()
-    try:
-        with InputSources.local(plan.model_dirs) as sources:
-            finished = compute_shards(plan, sources, _HandOver(temp), written, NullReporter(), done,
-                                      should_stop=never_stop, workers=CONCURRENCY, governor=governor, gpu=gpu,
-                                      transfers=False, resources=resources)
-    except BaseException:
-        discard(temp)
-        raise
-    finally:
-        governor.stop()
-        if gpu is not None:
-            gpu.stop()
-    if not finished or written.row is None:
-        discard(temp)
-        raise RuntimeError(f"internal: the task for {task.shard} ended without writing it")
-    size, sha256, tensors = written.row
-    return ShardDone(task.shard, str(temp), size, sha256, tensors, time.monotonic() - started)
