@@ -3,9 +3,9 @@ one-CPU worker nodes), against the local executor's bytes.
 
 The checks of issue 46, in one test on one cluster (starting one costs 10-20 s, and a test module split over the
 suite's two xdist workers would start two; the node removal must come last): the output is byte-identical to a
-local run and both worker nodes made shards; a task's real error ends the run as locally; a hub OUT through the
-stand-in hub is committed by the driver alone; a driver SIGKILLed mid-run resumes with either executor; a worker
-node removed mid-run costs only its shard.
+local run and both worker nodes made shards; a shard's real error ends the run as locally; a hub OUT through the
+stand-in hub is committed by the driver alone; Ctrl-C stops a Ray driver as it stops a local one; a driver
+SIGKILLed mid-run resumes with either executor; a worker node removed mid-run costs only its shards.
 """
 
 from __future__ import annotations
@@ -14,8 +14,11 @@ import hashlib
 import io
 import json
 import shutil
+import signal
 import sqlite3
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -117,6 +120,7 @@ def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merg
         _equals_local_and_both_worker_nodes_made_shards(cluster, merge, tmp_path / "plain")
         _a_task_that_fails_ends_the_run_as_the_local_executor_does(merge, tmp_path / "failing")
         _an_hf_output_from_ray_tasks_is_committed_by_the_driver_alone(merge, hub, tmp_path / "hub")
+        _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster, merge, hub, tmp_path / "ctrl-c")
         _a_killed_ray_driver_resumes_locally_and_a_killed_local_run_on_ray(cluster, merge, tmp_path / "killed")
         _a_worker_node_removed_mid_run_costs_only_its_shard(cluster, merge, tmp_path / "lost")  # last: one node left
 
@@ -216,6 +220,41 @@ def _an_hf_output_from_ray_tasks_is_committed_by_the_driver_alone(merge: Merge, 
     db.close()
     assert commits and commits <= set(writer.hub.repos["alice/ray"].commits)
     assert len({e["node"] for e in _node_events("hf://alice/ray", state)}) == 2
+
+
+def _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster: tuple[Cluster, Any], merge: Merge, writer: HubWriter,
+                                                    tmp_path: Path) -> None:
+    # A real driver process, whose batches never fill: only the interrupt's last commit commits shards.
+    state, release = tmp_path / "state", threading.Event()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "resumerge", "run", str(merge.config), "hf://alice/stopped", "--state-dir", str(state),
+         "--out-shard-size", SHARD, "--commit-every", "100", "--commit-interval", "3600", "--executor", "ray",
+         "--ray-address", cluster[0].address], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def stall(number: int) -> None:  # the driver uploads its third shard: Ctrl-C, and hold it (and any later)
+        if number == 3:
+            proc.send_signal(signal.SIGINT)
+        if number >= 3:
+            release.wait(30)
+
+    writer.on_upload = stall
+    try:
+        _, err = proc.communicate(timeout=90)
+    finally:
+        release.set()
+        writer.on_upload = None
+    # As locally (tests/hubout/test_hub_writers.py): the uploaded shards committed, the resume command, exit 3.
+    assert proc.returncode == 3, err
+    assert "resumerge resume hf://alice/stopped" in err and "Traceback" not in err, err
+    committed = repo_files(writer, "alice/stopped")
+    shards = sorted(n for n in committed if n.endswith(".safetensors"))
+    assert len(shards) in (2, 3), err
+    assert all(hashlib.sha256(committed[n]).hexdigest() == merge.reference[n] for n in shards)
+    _wait_for_idle_cluster()  # the stopped driver's workers ended with it
+    outcome = api.resume("hf://alice/stopped", state_dir=state, executor="ray")
+    assert outcome.resumed_files >= len(shards)
+    assert {n: hashlib.sha256(b).hexdigest() for n, b in repo_files(writer, "alice/stopped").items()} == \
+        merge.reference
 
 
 class _RemovingNode(NullReporter):

@@ -7,8 +7,12 @@ notebook, a test's cluster) keeps its connection.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import signal
+import threading
+from collections.abc import Iterator
 from types import ModuleType
 
 from resumerge.errors import UnreachableError, UsageError
@@ -35,10 +39,27 @@ def join(address: str | None) -> ModuleType:
         return ray
     where = address or os.environ.get("RAY_ADDRESS") or None
     try:
-        # Workers' logs stay on their nodes: the driver's display is the run's progress, not their chatter.
-        ray.init(address=where, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
-                 configure_logging=True)
+        with _signals_kept():
+            # Workers' logs stay on their nodes: the driver's display is the run's progress, not their chatter.
+            ray.init(address=where, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
+                     configure_logging=True)
     except (ConnectionError, RuntimeError, TimeoutError) as exc:
         raise UnreachableError(f"cannot join the Ray cluster at {where}: {exc}",
                                hint="check --ray-address (or RAY_ADDRESS) and that the head node runs") from None
     return ray
+
+
+@contextlib.contextmanager
+def _signals_kept() -> Iterator[None]:
+    """``ray.init`` routes SIGTERM to ``sys.exit`` (and starting a local Ray, to a shutdown of its processes): the
+    CLI's handlers, which stop the run at its next safe point with the resume command, are put back after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in kept.items():
+            if handler is not None:  # None: set outside Python, cannot be put back
+                signal.signal(s, handler)
