@@ -256,9 +256,15 @@ class _Dispatch:
     def _close(self) -> None:
         """Stop every worker (a stopped or failed run's abandon their shards and delete their temp files), then end
         their actors: no work of this run goes on after it."""
-        stops = [worker.actor.stop.remote() for worker in self.workers]
-        if stops:
-            self.ray.wait(stops, num_returns=len(stops), timeout=STOP_SECONDS)
+        # The shards' calls, answered once their worker stopped (Stopped, mostly), are read: Ray prints an error
+        # nobody read.
+        waits = [worker.actor.stop.remote() for worker in self.workers] + list(self.inflight)
+        answered, _ = self.ray.wait(waits, num_returns=len(waits), timeout=STOP_SECONDS) if waits else ([], [])
+        for ref in answered:
+            try:
+                self.ray.get(ref)
+            except self.ray.exceptions.RayError:
+                continue
         for worker in self.workers:
             self.ray.kill(worker.actor, no_restart=True)
         self.workers.clear()
