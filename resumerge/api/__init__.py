@@ -98,7 +98,7 @@ def run(
     would break ``max_disk``. ``cache_dir`` (``--transformers-cache``) is the Hugging Face cache for hub models;
     ``num_threads`` (``-j``) torch's thread count.
 
-    ``executor="ray"`` (``--executor ray``) computes each output shard as a task of the Ray cluster at
+    ``executor="ray"`` (``--executor ray``) computes the output shards on a worker per node of the Ray cluster at
     ``ray_address`` (default: ``RAY_ADDRESS``, else a Ray started for the run; OUT and the inputs must be paths every
     node sees); the bytes are the same as ``"local"``'s, and a run started with one resumes with the other.
 

@@ -104,5 +104,5 @@ class RunSettings:
     max_disk: int | None = None
     output: HubOutputOptions = field(default_factory=HubOutputOptions)
     num_threads: int | None = None
-    executor: str = LOCAL  # where the shards are computed: LOCAL (this process) or RAY (a Ray cluster's tasks)
+    executor: str = LOCAL  # where the shards are computed: LOCAL (this process) or RAY (a Ray cluster's workers)
     ray_address: str | None = None  # the cluster of RAY (None: RAY_ADDRESS if set, else a Ray started for the run)

@@ -5,7 +5,7 @@ The session (:mod:`resumerge.engine.drive`) plans, opens OUT, reconciles and own
 (the pipeline of :func:`~resumerge.engine.executor.compute_shards`, wherever it runs) and journals them through the
 same :class:`~resumerge.store.journal_commit.CommitJournal` in the calling process, so a run started with one
 executor resumes with the other. Implementations: :class:`LocalExecutor` (threads of this process) and
-:class:`~resumerge.engine.cluster.driver.RayExecutor` (a task per output shard on a Ray cluster).
+:class:`~resumerge.engine.cluster.driver.RayExecutor` (a worker per node of a Ray cluster).
 """
 
 from __future__ import annotations
