@@ -1,17 +1,21 @@
 """The Ray executor's cost and gain (issue 46), on Ray clusters started on this machine.
 
-Usage: ``python bench/bench_ray.py CASE --models DIR [--runs N] [--work DIR]``, where DIR holds the bench models
-``a``, ``b`` and ``c`` (``/work/benchwork/models-940646400``: three ~941 MB fp32 Llama-style models) and CASE is
+Usage: ``python bench/bench_ray.py [CASE] --models DIR [--runs N] [--work DIR]``, where DIR holds the bench
+models ``a``, ``b`` and ``c`` (``/work/benchwork/models-940646400``: three ~941 MB fp32 Llama-style models) and
+CASE is
 
 - ``overhead``: ``resumerge run`` of a linear merge of ``a`` and ``b`` with the local executor, then with
   ``--executor ray`` on one Ray node with the machine's CPUs (goal: at most 1.15x the local wall);
 - ``nodes``: a TIES merge of ``a``, ``b``, ``c`` (compute-bound) with ``--executor ray -j 1`` on two one-CPU
-  worker nodes, then on one (goal: two nodes at most 0.6x one node's wall).
+  worker nodes, then on one (goal: two nodes at most 0.6x one node's wall);
+- ``all`` (the default): both, one after the other.
 
-Output shards of ``--out-shard-size`` (100M: about ten tasks). Every run is a fresh ``resumerge run`` process (a
-new Ray job: its workers import torch afresh, as a user's run would) into a fresh OUT and state dir; the cluster is
-started once per configuration and not timed. The outputs of each case are compared byte for byte. Prints one
-line per run and the ratio of the medians.
+Output shards of ``--out-shard-size`` (100M: about twelve shards fed to the nodes' workers). Every run is a fresh
+``resumerge run`` process (a new Ray job: its workers import torch afresh, as a user's run would) into a fresh OUT
+and state dir; the cluster is started once per configuration and not timed. Each run's line gives its wall, the
+CPU seconds of every process of the run (the driver and, for Ray, the cluster's processes and workers: this
+process's descendants, sampled every 0.2 s) and the load average before and after it; the outputs of each case are
+compared byte for byte. Ends with the ratios of the medians against the goals (wall and CPU).
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 from bench_linear import CONFIG as LINEAR  # the same linear merge of a and b
 
 TIES = """merge_method: ties
@@ -59,63 +66,135 @@ def cluster(head_cpus: int, workers: int) -> Iterator[str]:
         made.shutdown()
 
 
-def run(config: Path, work: Path, label: str, *args: str) -> tuple[float, str]:
-    """One fresh ``resumerge run``; (wall seconds, a digest of every output file)."""
+@dataclass(frozen=True)
+class Run:
+    """One timed ``resumerge run``: wall and CPU seconds, the load average before and after, the output's digest."""
+
+    wall: float
+    cpu: float
+    load: tuple[float, float]
+    digest: str
+
+
+class CpuSampler:
+    """CPU seconds (user and system) of this process's descendants while it runs, sampled every 0.2 s: a process's
+    last sample counts, so one that ends between samples loses at most 0.2 s (Ray's worker processes are not this
+    process's children: their rusage never reaches it)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[int, float], float] = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self.base = self._snapshot()  # what the cluster's processes spent before the run
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join()
+        self._record()
+
+    def seconds(self) -> float:
+        return sum(cpu - self.base.get(key, 0.0) for key, cpu in self.seen.items())
+
+    def _snapshot(self) -> dict[tuple[int, float], float]:
+        found = {}
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                times = proc.cpu_times()
+                found[(proc.pid, proc.create_time())] = times.user + times.system
+            except psutil.Error:
+                continue
+        return found
+
+    def _record(self) -> None:
+        for key, cpu in self._snapshot().items():
+            self.seen[key] = max(cpu, self.seen.get(key, 0.0))
+
+    def _sample(self) -> None:
+        while not self.done.wait(0.2):
+            self._record()
+
+
+def run(config: Path, work: Path, label: str, *args: str) -> Run:
+    """One fresh ``resumerge run``, timed."""
     out, state = work / f"out-{label}", work / f"state-{label}"
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(state, ignore_errors=True)
+    load = os.getloadavg()[0]
     started = time.monotonic()
-    subprocess.run([sys.executable, "-m", "resumerge", "run", str(config), str(out), "--state-dir", str(state),
-                    "--quiet", *args], check=True)
+    with CpuSampler() as cpu:
+        subprocess.run([sys.executable, "-m", "resumerge", "run", str(config), str(out), "--state-dir", str(state),
+                        "--quiet", *args], check=True)
     wall = time.monotonic() - started
     digest = hashlib.sha256()
     for path in sorted(out.iterdir()):
         if path.is_file():
             digest.update(path.name.encode() + path.read_bytes())
     shutil.rmtree(out)
-    return wall, digest.hexdigest()[:16]
+    return Run(wall, cpu.seconds(), (load, os.getloadavg()[0]), digest.hexdigest()[:16])
+
+
+def overhead(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, ...]) -> tuple[list[Run], list[Run]]:
+    """Local runs, then Ray runs on one node with the machine's CPUs."""
+    config = work / "linear.yml"
+    config.write_text(LINEAR.format(**names))
+    cpus = os.cpu_count() or 1
+    local = [run(config, work, "local", *shards) for _ in range(runs)]
+    with cluster(cpus, 0) as address:
+        ray = [run(config, work, "ray", *shards, "--executor", "ray", "--ray-address", address) for _ in range(runs)]
+    return local, ray
+
+
+def nodes(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, ...]) -> tuple[list[Run], list[Run]]:
+    """Ray runs on two one-CPU worker nodes, then on one."""
+    config = work / "ties.yml"
+    config.write_text(TIES.format(**names))
+    ray = ("--executor", "ray", "-j", "1")
+    with cluster(0, 2) as address:
+        two = [run(config, work, "two", *shards, *ray, "--ray-address", address) for _ in range(runs)]
+    with cluster(0, 1) as address:
+        one = [run(config, work, "one", *shards, *ray, "--ray-address", address) for _ in range(runs)]
+    return two, one
+
+
+# case -> (how it runs, the labels of its two series, what the ratio is, the goal)
+CASES = {
+    "overhead": (overhead, ("local", "ray, one node of all CPUs"), "ray / local", 1.15),
+    "nodes": (nodes, ("ray, two one-CPU nodes", "ray, one one-CPU node"), "two nodes / one node", 0.6),
+}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("case", choices=("overhead", "nodes"))
+    parser.add_argument("case", choices=(*CASES, "all"), nargs="?", default="all")
     parser.add_argument("--models", type=Path, required=True)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-ray"))
     parser.add_argument("--out-shard-size", default="100M",
-                        help="output shards (a shard is a task: 1B would make the bench output one task)")
+                        help="output shards (a shard is a unit of work: 1B would make the bench output one shard)")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     names = {k: args.models / k for k in "abc"}
-    load = os.getloadavg()[0]
     shards = ("--out-shard-size", args.out_shard_size)
-    if args.case == "overhead":
-        config = args.work / "linear.yml"
-        config.write_text(LINEAR.format(**names))
-        cpus = os.cpu_count() or 1
-        first = [run(config, args.work, "local", *shards) for _ in range(args.runs)]
-        with cluster(cpus, 0) as address:
-            second = [run(config, args.work, "ray", *shards, "--executor", "ray", "--ray-address", address)
-                      for _ in range(args.runs)]
-        labels = ("local", f"ray, one node of {cpus} CPUs")
-    else:
-        config = args.work / "ties.yml"
-        config.write_text(TIES.format(**names))
-        with cluster(0, 2) as address:
-            first = [run(config, args.work, "two", *shards, "--executor", "ray", "--ray-address", address,
-                         "-j", "1") for _ in range(args.runs)]
-        with cluster(0, 1) as address:
-            second = [run(config, args.work, "one", *shards, "--executor", "ray", "--ray-address", address,
-                          "-j", "1") for _ in range(args.runs)]
-        labels = ("ray, two one-CPU nodes", "ray, one one-CPU node")
-    for label, runs in zip(labels, (first, second)):
-        for wall, digest in runs:
-            print(f"{label}: {wall:.1f} s, output {digest}")
-    assert len({d for _, d in first + second}) == 1, "the outputs differ"
-    a, b = statistics.median(w for w, _ in first), statistics.median(w for w, _ in second)
-    ratio = b / a if args.case == "overhead" else a / b
-    what = "ray / local" if args.case == "overhead" else "two nodes / one node"
-    print(f"{what}: {ratio:.2f}x (load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end)")
+    verdicts = []
+    for case in CASES if args.case == "all" else (args.case,):
+        measure, labels, what, goal = CASES[case]
+        series = measure(names, args.work, args.runs, shards)
+        for label, runs in zip(labels, series):
+            for r in runs:
+                print(f"{case}: {label}: {r.wall:.1f} s wall, {r.cpu:.1f} s CPU, load {r.load[0]:.1f} -> "
+                      f"{r.load[1]:.1f}, output {r.digest}", flush=True)
+        assert len({r.digest for runs in series for r in runs}) == 1, f"{case}: the outputs differ"
+        # The ratio is always the cheaper-wanted series over the other: ray over local, two nodes over one.
+        first, second = series if case == "nodes" else series[::-1]
+        wall = statistics.median(r.wall for r in first) / statistics.median(r.wall for r in second)
+        cpu = statistics.median(r.cpu for r in first) / statistics.median(r.cpu for r in second)
+        verdicts.append(f"{case}: {what} {wall:.2f}x wall (goal <= {goal}x: {'met' if wall <= goal else 'missed'}),"
+                        f" {cpu:.2f}x CPU seconds")
+    print("\n".join(verdicts))
     return 0
 
 
