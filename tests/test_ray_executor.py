@@ -133,7 +133,7 @@ def _equals_local_and_both_worker_nodes_made_shards(cluster: tuple[Cluster, Any]
     shards = [n for n in merge.reference if n.endswith(".safetensors")]
     assert len(shards) >= 6 and outcome.resumed_files == 0
     events = _node_events(out, state)
-    assert sorted(e["shard"] for e in events) == sorted(shards)  # one task per shard, journaled by the driver
+    assert sorted(e["shard"] for e in events) == sorted(shards)  # one event per shard, journaled by the driver
     assert {e["node"] for e in events} == cluster[0].node_ids()  # the head (0 CPUs) made none
     report = api.status(out, state_dir=state)
     assert [line.split(":")[0] for line in report.nodes] == sorted(f"node {n}" for n in cluster[0].node_ids())
@@ -280,10 +280,10 @@ def _a_worker_node_removed_mid_run_costs_only_its_shard(cluster: tuple[Cluster, 
     assert digests(out) == merge.reference
     events = _node_events(out, state)
     assert len(events) == sum(1 for n in merge.reference if n.endswith(".safetensors"))
-    # The lost node made at most the tasks started before it was removed (the driver keeps 2 per CPU, 4, ahead);
-    # everything after, and whatever it was computing, the node that is left made.
+    # The lost node made at most the shard it was fed first and the two it was fed when it was removed (the driver
+    # keeps two fed to each worker); everything after, and whatever it was computing, the node that is left made.
     left = (cluster[0].node_ids() - {lost.node_id[:8]}).pop()
-    assert sum(1 for e in events if e["node"] == left) >= len(events) - 4
+    assert sum(1 for e in events if e["node"] == left) >= len(events) - 3
 
 
 def _wait_for_idle_cluster() -> None:
