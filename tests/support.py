@@ -98,6 +98,16 @@ def linear_config(a: Path, b: Path, *, weights: tuple[object, object] = (0.3, 0.
     }
 
 
+def ties_of_three(root: Path, spec: ModelSpec) -> Path:
+    """Three generated models under ``root`` (base, a, b) and a TIES config over them (compute-bound, the kind a
+    cluster is for); returns the config's path, ``root / "ties.yml"``."""
+    base, a, b = (make_model(root / name, spec, seed=seed) for name, seed in (("base", 0), ("a", 1), ("b", 2)))
+    return write_config(root / "ties.yml", {
+        "merge_method": "ties", "base_model": str(base), "dtype": "float32",
+        "models": [{"model": str(a), "parameters": {"weight": 0.6, "density": 0.5}},
+                   {"model": str(b), "parameters": {"weight": 0.4, "density": 0.7}}]})
+
+
 def reference_merge(root: Path, spec: ModelSpec, shard_size: str) -> tuple[Path, Path, dict[str, str]]:
     """Two generated models, a linear config over them (with a gradient), and an uninterrupted reference run.
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support import digests, write_config
+from support import digests, ties_of_three
 
 from resumerge import api
-from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.cli.modelgen import ModelSpec
 from resumerge.config.merge_config import load_config_text
 from resumerge.engine.cluster.worker import ShardStream, WorkerSetup
 from resumerge.engine.executor import Stopped
@@ -40,12 +40,7 @@ class Merge:
 @pytest.fixture(scope="module")
 def merge(tmp_path_factory: pytest.TempPathFactory) -> Merge:
     root = tmp_path_factory.mktemp("node")
-    spec = ModelSpec(layers=2, hidden=32, intermediate=48, vocab=64)
-    base, a, b = (make_model(root / name, spec, seed=seed) for name, seed in (("base", 0), ("a", 1), ("b", 2)))
-    config = write_config(root / "ties.yml", {
-        "merge_method": "ties", "base_model": str(base), "dtype": "float32",
-        "models": [{"model": str(a), "parameters": {"weight": 0.6, "density": 0.5}},
-                   {"model": str(b), "parameters": {"weight": 0.4, "density": 0.7}}]})
+    config = ties_of_three(root, ModelSpec(layers=2, hidden=32, intermediate=48, vocab=64))
     api.run(config, root / "local", state_dir=root / "state", out_shard_size=SHARD)
     prepared = prepare(load_config_text(config.read_text()), PlanOptions(out_shard_size=SHARD))
     return Merge(root, prepared, digests(root / "local"))

@@ -30,11 +30,11 @@ import pytest
 from hub.conftest import hf_env  # noqa: F401  (autouse: an isolated HF home, loopback only)
 from hub.fakehub_write import HubWriter
 from hubout.conftest import hub, repo_files, tier, uploads  # noqa: F401  (the stand-in hub's fixtures)
-from support import cli, digests, write_config
+from support import cli, digests, ties_of_three
 
 from resumerge import api
 from resumerge.cli.commands import main
-from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.cli.modelgen import ModelSpec
 from resumerge.cli.render import show_status
 from resumerge.config.locations import run_dir
 from resumerge.engine.quiet import NullReporter
@@ -88,11 +88,7 @@ def _cluster() -> Iterator[tuple[Cluster, Any]]:
 @pytest.fixture(scope="module")
 def merge(tmp_path_factory: pytest.TempPathFactory) -> Merge:
     root = tmp_path_factory.mktemp("ray")
-    base, a, b = (make_model(root / name, SPEC, seed=seed) for name, seed in (("base", 0), ("a", 1), ("b", 2)))
-    config = write_config(root / "ties.yml", {
-        "merge_method": "ties", "base_model": str(base), "dtype": "float32",
-        "models": [{"model": str(a), "parameters": {"weight": 0.6, "density": 0.5}},
-                   {"model": str(b), "parameters": {"weight": 0.4, "density": 0.7}}]})
+    config = ties_of_three(root, SPEC)
     api.run(config, root / "local", state_dir=root / "state", out_shard_size=SHARD)
     return Merge(config, digests(root / "local"))
 
