@@ -4,8 +4,9 @@ one-CPU worker nodes), against the local executor's bytes.
 The checks of issue 46, in one test on one cluster (starting one costs 10-20 s, and a test module split over the
 suite's two xdist workers would start two; the node removal must come last): the output is byte-identical to a
 local run and both worker nodes made shards; a shard's real error ends the run as locally; a hub OUT through the
-stand-in hub is committed by the driver alone; Ctrl-C stops a Ray driver as it stops a local one; a driver
-SIGKILLed mid-run resumes with either executor; a worker node removed mid-run costs only its shards.
+stand-in hub is uploaded by the nodes that made its shards and committed by the driver alone; Ctrl-C stops a Ray
+driver as it stops a local one; a driver SIGKILLed mid-run resumes with either executor; a worker node removed
+mid-run costs only its shards; then the hub OUT again in the Xet tier under --max-disk, on the node left.
 """
 
 from __future__ import annotations
@@ -28,17 +29,23 @@ from typing import Any
 
 import pytest
 from hub.conftest import hf_env  # noqa: F401  (autouse: an isolated HF home, loopback only)
+from hub.fakehub import FakeHub
 from hub.fakehub_write import HubWriter
-from hubout.conftest import hub, repo_files, tier, uploads  # noqa: F401  (the stand-in hub's fixtures)
+from hub.fakehub_xet import XetCas
+from hubout.conftest import TOKEN, hub, repo_files, tier, uploads  # noqa: F401  (the stand-in hub's fixtures)
+from huggingface_hub import constants
 from support import cli, digests, ties_of_three
 
 from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec
 from resumerge.cli.render import show_status
+from resumerge.config.hubtarget import parse_hub_target
 from resumerge.config.locations import run_dir
+from resumerge.engine.cluster.upload import HubPlace, task_cpus, upload_shard
 from resumerge.engine.quiet import NullReporter
-from resumerge.errors import EXIT_INVALID, ResumergeError
+from resumerge.errors import EXIT_INVALID, ResumergeError, UsageError
+from resumerge.store.hubcommits import CommitQueue
 
 # As in tests/hubout: huggingface_hub's LFS PUT passes ``data=``, which httpx deprecates (its code, not ours).
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
@@ -93,6 +100,11 @@ def merge(tmp_path_factory: pytest.TempPathFactory) -> Merge:
     return Merge(config, digests(root / "local"))
 
 
+def _largest_shard(merge: Merge) -> int:
+    """The largest output shard's size: as --max-disk, one shard staged at a time."""
+    return max(p.stat().st_size for p in (merge.config.parent / "local").glob("*.safetensors"))
+
+
 def _node_events(out: Path | str, state: Path) -> list[dict[str, Any]]:
     db = sqlite3.connect(run_dir(out, state) / "ledger.db")
     try:
@@ -110,15 +122,21 @@ def _done_shards(out: Path, state: Path) -> int:
 
 
 def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merge, hub: HubWriter,  # noqa: F811
-                                                                      tmp_path: Path) -> None:
+                                                                      tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("ray")
     with _cluster() as cluster:
         _equals_local_and_both_worker_nodes_made_shards(cluster, merge, tmp_path / "plain")
         _a_task_that_fails_ends_the_run_as_the_local_executor_does(merge, tmp_path / "failing")
-        _an_hf_output_from_ray_tasks_is_committed_by_the_driver_alone(merge, hub, tmp_path / "hub")
+        _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge, hub, tmp_path / "hub", monkeypatch)
         _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster, merge, hub, tmp_path / "ctrl-c")
         _a_killed_ray_driver_resumes_locally_and_a_killed_local_run_on_ray(cluster, merge, tmp_path / "killed")
-        _a_worker_node_removed_mid_run_costs_only_its_shard(cluster, merge, tmp_path / "lost")  # last: one node left
+        _a_worker_node_removed_mid_run_costs_only_its_shard(cluster, merge, tmp_path / "lost")  # one node left
+        # The Xet tier, with --max-disk held per node, on the node left: hf-xet's local:// CAS, the stand-in's Xet
+        # storage, is a folder that one process at a time may open (two nodes uploading at once meet its lock).
+        with _xet_hub(monkeypatch, tmp_path / "cas") as xet:
+            _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge, xet, tmp_path / "xet", monkeypatch,
+                                                                        max_disk=_largest_shard(merge), nodes=1)
 
 
 def _equals_local_and_both_worker_nodes_made_shards(cluster: tuple[Cluster, Any], merge: Merge,
@@ -200,22 +218,66 @@ def test_without_ray_the_ray_executor_is_a_usage_error(merge: Merge, tmp_path: P
     assert not (tmp_path / "out").exists()
 
 
-def _an_hf_output_from_ray_tasks_is_committed_by_the_driver_alone(merge: Merge, writer: HubWriter,
-                                                                  tmp_path: Path) -> None:
+@contextmanager
+def _xet_hub(monkeypatch: pytest.MonkeyPatch, cas: Path) -> Iterator[HubWriter]:
+    """A second stand-in hub, in the Xet tier (its ``local://`` CAS): the driver's client uploads through Xet, and
+    so the nodes do (they take the driver's tier; their environment says LFS)."""
+    fake = FakeHub()
+    writer = HubWriter.attach(fake)
+    writer.add_token(TOKEN, "alice", orgs=("team",))
+    writer.cas = XetCas(cas)
+    with monkeypatch.context() as patch, fake:
+        patch.setattr(constants, "HF_HUB_DISABLE_XET", False)
+        patch.setenv("HF_ENDPOINT", fake.url)
+        yield writer
+
+
+def _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge: Merge, writer: HubWriter, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 max_disk: int | None = None, nodes: int = 2) -> None:
     state = tmp_path / "state"
-    outcome = api.run(merge.config, "hf://alice/ray", state_dir=state, out_shard_size=SHARD, executor="ray",
-                      commit_every=4, commit_interval=3600)
+    staged = CommitQueue._upload
+
+    def driver_upload(queue: CommitQueue, entry: Any) -> None:
+        assert not entry.name.endswith(".safetensors"), f"the driver uploaded {entry.name}"
+        staged(queue, entry)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(CommitQueue, "_upload", driver_upload)  # this process only: the nodes' uploads are theirs
+        outcome = api.run(merge.config, "hf://alice/ray", state_dir=state, out_shard_size=SHARD, executor="ray",
+                          commit_every=4, commit_interval=3600, max_disk=max_disk)
     assert outcome.target == "hf://alice/ray"
     files = repo_files(writer, "alice/ray")
     assert {n: hashlib.sha256(b).hexdigest() for n, b in files.items()} == merge.reference
     shards = [n for n in merge.reference if n.endswith(".safetensors")]
     assert uploads(writer, "alice/ray") == {merge.reference[n]: 1 for n in shards}  # each once, never twice
-    # Every commit of the repo is one the driver's ledger journaled (the tasks never talk to the hub).
+    # Every commit of the repo is one the driver's ledger journaled (the tasks never commit).
     db = sqlite3.connect(run_dir("hf://alice/ray", state) / "ledger.db")
     commits = {json.loads(r[0])["commit"] for r in db.execute("SELECT data FROM events WHERE kind = 'commit'")}
     db.close()
     assert commits and commits <= set(writer.hub.repos["alice/ray"].commits)
-    assert len({e["node"] for e in _node_events("hf://alice/ray", state)}) == 2
+    if max_disk is None:  # many files per commit (under --max-disk the small files go one by one, as locally)
+        assert writer.commits["alice/ray"] < len(shards)
+    assert len({e["node"] for e in _node_events("hf://alice/ray", state)}) == nodes
+    assert not any((run_dir("hf://alice/ray", state) / "staging").iterdir())  # the nodes kept nothing staged
+
+
+def test_max_disk_bounds_the_shards_a_node_stages_at_once() -> None:
+    # A task holds its shard on its node until uploaded; Ray places tasks by CPUs, so a task declares enough CPUs
+    # that no node runs more tasks at once than --max-disk holds shards (the largest node still takes one).
+    assert task_cpus(1, [8, 4], None, 100) == 1
+    assert task_cpus(1, [8, 4], 250, 100) == 4  # two shards: two tasks on the 8-CPU node, one on the 4-CPU one
+    assert task_cpus(1, [8], 100, 100) == 8
+    assert task_cpus(6, [8], 800, 100) == 6  # the thread count is the floor
+
+
+def test_a_node_without_a_token_refuses_to_upload_in_one_line(tmp_path: Path) -> None:
+    place = HubPlace(parse_hub_target("hf://alice/ray"), "http://127.0.0.1:9", False, "resumerge resume hf://alice/ray")
+    shard = tmp_path / "model.safetensors"
+    shard.write_bytes(b"x")
+    with pytest.raises(UsageError) as refused:  # hf_env: no HF_TOKEN, no saved login
+        upload_shard(place, shard, shard.name, hashlib.sha256(b"x").hexdigest())
+    assert refused.value.exit_code == EXIT_INVALID and "HF_TOKEN" in refused.value.one_line()
 
 
 def _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster: tuple[Cluster, Any], merge: Merge, writer: HubWriter,

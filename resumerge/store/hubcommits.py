@@ -73,7 +73,7 @@ _WITHOUT_XET = threading.Lock()  # one upload at a time turns Xet off (a process
 @dataclass
 class _Entry:
     name: str
-    path: Path
+    path: Path | None  # None: uploaded by a cluster node, nothing staged here
     sha256: str
     size: int
     op: CommitOperationAdd
@@ -195,6 +195,19 @@ class CommitQueue:
             self.state.entries.append(entry)
         entry.upload = self.pool.submit(lambda: self._upload(entry))
         entry.upload.add_done_callback(lambda _: self._notify())
+        return entry.receipt
+
+    def add_uploaded(self, name: str, op: CommitOperationAdd, sha256: str, size: int, *,
+                     ready: Callable[[], bool] | None = None) -> Receipt:
+        """Take over ``name``, which another machine uploaded already (``op`` names the hub's object): it joins
+        the next batch like an uploaded staged file; the receipt is settled by the commit that holds it."""
+        uploaded: Future[None] = Future()
+        uploaded.set_result(None)
+        entry = _Entry(name, None, sha256, size, op, time.monotonic(), Receipt(name), uploaded, ready=ready)
+        with self.cond:
+            self._raise_error()
+            self.state.entries.append(entry)
+            self.cond.notify_all()
         return entry.receipt
 
     def set_manifest(self, data: bytes) -> None:
@@ -395,7 +408,8 @@ class CommitQueue:
                             expect={e.name: e for e in entries}, manifest=manifest)
         killpoints.reach("hub_after_commit")
         for e in entries:  # before the room is announced: a waiting writer may start the next file at once
-            discard(e.path)
+            if e.path is not None:
+                discard(e.path)
         with self.cond:
             del self.state.entries[:len(entries)]
             data, count = self.state.manifest or (manifest, len(entries))
@@ -451,7 +465,8 @@ class CommitQueue:
             try:
                 return create()
             except Exception as exc:
-                if not missing_object(exc) or not expect or any(e.without_xet for e in expect.values()):
+                if not missing_object(exc) or not expect or any(
+                        e.without_xet or e.path is None for e in expect.values()):  # a node's upload is not here
                     raise
             old = {id(e.op): e for e in expect.values()}
             self._upload_without_xet(list(expect.values()))  # once; then the same commit names what it sent
@@ -477,7 +492,7 @@ class CommitQueue:
         api = self.repo.api()
         ops = []
         for e in entries:
-            e.op = CommitOperationAdd(path_in_repo=e.name, path_or_fileobj=str(e.path))
+            e.op = CommitOperationAdd(path_in_repo=e.name, path_or_fileobj=str(e.path))  # staged: path is set
             e.op.upload_info.sha256 = bytes.fromhex(e.sha256)
             e.without_xet = True
             ops.append(e.op)
@@ -537,7 +552,7 @@ class CommitQueue:
             remote = files.get(name)
             if remote is None or remote.size != entry.size:
                 return None
-            if remote.sha256 is None and remote.blob_id != git_blob_sha1(entry.path.read_bytes()):
+            if remote.sha256 is None and remote.blob_id != git_blob_sha1(_content(entry)):
                 return None
             if remote.sha256 is not None and remote.sha256 != entry.sha256:
                 return None
@@ -546,3 +561,11 @@ class CommitQueue:
             if remote is None or remote.blob_id != git_blob_sha1(manifest):
                 return None
         return None if deleted & set(files) else head
+
+
+def _content(entry: _Entry) -> bytes:
+    """The bytes of a file the hub keeps in git (a small one): staged here, or carried by its operation."""
+    if entry.path is not None:
+        return entry.path.read_bytes()
+    data = entry.op.path_or_fileobj
+    return data if isinstance(data, bytes) else b""

@@ -3,7 +3,8 @@
 A planned file is written and fsynced under ``staging`` (in the run's state dir), handed to the
 :class:`~resumerge.store.hubcommits.CommitQueue` (uploaded at once, committed with the next batch together with the
 manifest that lists it) and deleted from staging only after that commit succeeded. :meth:`HubRepoSink.publish`
-therefore answers with a receipt that the commit settles later, and the journal writes the ledger row then.
+therefore answers with a receipt that the commit settles later, and the journal writes the ledger row then. A file
+a cluster node staged and uploaded on its own disk joins the same batches (:meth:`HubRepoSink.publish_uploaded`).
 Committed files are checked against the hub's own checksums: the sha256 of LFS files from the tree listing (no
 download; files uploaded through Xet are listed with it too), small regular files (configs, tokenizer) by reading
 them back. How uploads avoid sending anything twice (Xet or Git LFS) is told in
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+
+from huggingface_hub import CommitOperationAdd
 
 from resumerge.config.settings import Batching
 from resumerge.store.durable import is_temp_name, temp_path
@@ -74,6 +77,11 @@ class HubRepoSink(OutputSink):
 
     def publish(self, temp: Path, name: str, sha256: str) -> Receipt:
         return self.queue.add(name, temp, sha256, temp.stat().st_size, ready=self._ready.pop(name, None))
+
+    def publish_uploaded(self, name: str, op: CommitOperationAdd, sha256: str, size: int) -> Receipt:
+        """Like :meth:`publish`, for a file another machine staged and uploaded itself (a cluster node): ``op``
+        names the hub's object; nothing is staged here, so it takes none of ``max_disk``."""
+        return self.queue.add_uploaded(name, op, sha256, size, ready=self._ready.pop(name, None))
 
     def replace_small(self, name: str, data: bytes) -> None:
         if name != MANIFEST_NAME:

@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import Any
 
 from resumerge.engine.cluster.connect import join
+from resumerge.engine.cluster.upload import HubPlace, commit_operation, task_cpus
 from resumerge.engine.cluster.worker import ShardDone, ShardStream, WorkerSetup
 from resumerge.engine.devices import is_gpu
 from resumerge.engine.executor import CONCURRENCY, finish_run
@@ -39,6 +40,7 @@ from resumerge.plan.merge_plan import ShardPlan
 from resumerge.plan.workorder import compute_order
 from resumerge.plan.workunits import estimate_bytes
 from resumerge.store.durable import discard, is_temp_name, storage_error
+from resumerge.store.hubsink import HubRepoSink
 from resumerge.store.journal_commit import CommitJournal
 from resumerge.store.nodestats import NODE_EVENT, node_line
 from resumerge.torch_import import IMPORT_RESERVE, torch
@@ -107,8 +109,11 @@ class _Dispatch:
         self.nodes: dict[str, tuple[int, int, float]] = {}  # node -> shards, bytes, writer seconds
         # Every node computes with the driver's thread count: the bytes of some methods depend on it.
         settings = job.settings
+        # A hub OUT: each node uploads what it made (the driver commits), staging under --max-disk per node.
+        self.hub = job.sink if isinstance(job.sink, HubRepoSink) else None
+        place = None if self.hub is None else HubPlace.of(self.hub.repo, self.hub.resume)
         self.setup = WorkerSetup(settings.num_threads or torch.get_num_threads(), settings.max_memory,
-                                 settings.max_gpu_memory)
+                                 settings.max_gpu_memory, place)
         self.memory = max((self._memory(shard) for shard, _ in self.pending), default=IMPORT_RESERVE)
         self.actor_class = ray.remote(ShardStream)
         self.shared = ray.put((self.plan, job.resources))
@@ -148,7 +153,7 @@ class _Dispatch:
             cpus = int(has.get("CPU", 0))
             if not node.get("Alive") or node_id[:8] in self.lost or cpus < 1 or (gpu and has.get("GPU", 0) < 1):
                 continue
-            width = min(self.setup.threads, cpus)
+            width = min(self._width(), cpus)
             count = min(cpus // width, int(has["GPU"])) if gpu else cpus // width
             memory = min(self.memory, int(has.get("memory", 0))) or self.memory
             for _ in range(count):
@@ -162,6 +167,15 @@ class _Dispatch:
             raise UnreachableError("the Ray cluster has no live node to compute on" + (
                 " with a GPU" if gpu else ""), hint="check the cluster's nodes, then run resumerge resume OUT")
 
+    def _width(self) -> int:
+        """The CPUs each worker declares: the run's thread count, raised for a hub OUT under ``--max-disk`` so that no
+        node runs more workers than it may stage shards (each stages one at a time until uploaded)."""
+        if self.hub is None:
+            return self.setup.threads
+        nodes = [n.get("Resources", {}).get("CPU", 0) for n in self.ray.nodes() if n.get("Alive")]
+        return task_cpus(self.setup.threads, nodes, self.hub.max_disk,
+                         max((s.file_size for s in self.plan.shards), default=0))
+
     def _hungriest(self) -> _Worker | None:
         """The worker with the fewest shards fed, if it has room for another."""
         worker = min(self.workers, key=lambda w: w.fed, default=None)
@@ -174,7 +188,9 @@ class _Dispatch:
             while not self.job.sources.checked(model, file, POLL_SECONDS):
                 if self.job.should_stop():
                     return False
-        folder = self.job.sink.temp_for(shard.name).parent
+        sink = self.job.sink
+        # Staged on the node that makes it when it uploads itself: the same path on that node's disk.
+        folder = sink.where(shard.name).parent if self.setup.upload is not None else sink.temp_for(shard.name).parent
         self.folders.add(folder)
         self.inflight[worker.actor.compute.remote(shard.name, str(folder))] = (shard, reissued, worker)
         worker.fed += 1
@@ -218,17 +234,23 @@ class _Dispatch:
             self._start_workers()
 
     def _publish(self, shard: ShardPlan, result: ShardDone) -> None:
-        """Publish the shard a task wrote through the run's sink and journal it, as the local writer does."""
-        job, temp = self.job, Path(result.temp)
+        """Publish the shard a worker wrote through the run's sink (or, uploaded by its node, commit the node's
+        upload) and journal it, as the local writer does."""
+        job = self.job
         job.reporter.shard_started(shard.name, shard.file_size, len(shard.tensors))
         if job.sink.commits_later:
             job.sink.commit_when(shard.name, self._checked_now(shard))
-        self.published.add(temp)  # a sink that commits later keeps it until its commit
-        try:
-            receipt = job.sink.publish(temp, shard.name, result.sha256)
-        except OSError as exc:
-            discard(temp)
-            raise storage_error(exc, job.sink.where(shard.name)) from exc
+        if result.uploaded is not None and self.hub is not None:  # nothing staged here: the hub holds the object
+            op = commit_operation(shard.name, result.size, result.sha256, result.uploaded)
+            receipt = self.hub.publish_uploaded(shard.name, op, result.sha256, result.size)
+        else:
+            temp = Path(result.temp)
+            self.published.add(temp)  # a sink that commits later keeps it until its commit
+            try:
+                receipt = job.sink.publish(temp, shard.name, result.sha256)
+            except OSError as exc:
+                discard(temp)
+                raise storage_error(exc, job.sink.where(shard.name)) from exc
         self.journal.record(receipt, result.size, result.sha256, seconds=result.seconds, tensors=result.tensors)
         for name in result.tensors:
             job.reporter.tensor_done(name, self.plan.tensors[name].nbytes)
@@ -249,6 +271,8 @@ class _Dispatch:
         files of workers whose node died mid-write (a resume would delete them too, later)."""
         names = {shard.name for shard in self.plan.shards}
         for folder in self.folders:
+            if not folder.is_dir():  # a node's staging folder that this machine does not have
+                continue
             for leftover in folder.iterdir():
                 if is_temp_name(leftover.name, names) and leftover not in self.published:
                     discard(leftover)

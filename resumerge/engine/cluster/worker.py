@@ -7,7 +7,9 @@ name and the folder its temp file goes to, never tensors). The actor runs
 overlaps the next one's compute as in a local run, and torch is imported once per node, not per shard. Each call
 returns its shard's :class:`ShardDone` (the written temp file's size and digest). The actor publishes nothing and
 journals nothing: the driver publishes the temp file through the run's sink and records it, as the local executor
-does with its writer's files.
+does with its writer's files. For a hub OUT (``WorkerSetup.upload``) the worker uploads each shard it wrote to the
+repo's storage itself, deletes it and hands back the upload's reference: the driver only commits
+(:mod:`~resumerge.engine.cluster.upload`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
+from resumerge.engine.cluster.upload import HubPlace, Uploaded, upload_shard
 from resumerge.engine.devices import gpu_governor, make_governor, set_torch_threads
 from resumerge.engine.executor import CONCURRENCY, Stopped, compute_shards
 from resumerge.engine.quiet import NullReporter
@@ -32,17 +35,20 @@ from resumerge.store.sink import LocalDirSink, Receipt
 @dataclass(frozen=True)
 class WorkerSetup:
     """What every shard of a node's worker shares besides the plan: the thread count every node computes with (the
-    bytes of some methods depend on it) and the run's budgets (None: the node's own default)."""
+    bytes of some methods depend on it), the run's budgets (None: the node's own default) and, for a hub OUT, where
+    the worker uploads the shards it writes (their folder is then on the node's own disk, made when missing)."""
 
     threads: int
     max_memory: int | None = None
     max_gpu_memory: int | None = None
+    upload: HubPlace | None = None
 
 
 @dataclass(frozen=True)
 class ShardDone:
     """A shard written by a node's worker: its temp file, size and sha256, its tensors in data order, how long its
-    writer took, and which node made it (filled in by the driver, which placed the worker)."""
+    writer took, and which node made it (filled in by the driver, which placed the worker); for a hub OUT, no temp
+    file but the reference of the worker's upload."""
 
     shard: str
     temp: str
@@ -51,6 +57,7 @@ class ShardDone:
     tensors: tuple[str, ...]
     seconds: float
     node: str = ""
+    uploaded: Uploaded | None = None
 
 
 class _HandOver(LocalDirSink):
@@ -94,6 +101,8 @@ class ShardStream:
         with self.lock:
             if self.stopping.is_set():
                 raise Stopped()
+            if self.setup.upload is not None:
+                Path(folder).mkdir(parents=True, exist_ok=True)
             temp = temp_path(Path(folder) / shard)
             self.temps[shard] = temp
             self.waiting[shard] = (temp, result)
@@ -159,10 +168,22 @@ class ShardStream:
     # The pipeline's journal: a written shard's digests answer the call that fed it.
     def record(self, receipt: Receipt, size: int, sha256: str, *, seconds: float = 0.0,
                tensors: tuple[str, ...] = (), manifest_point: bool = True) -> None:
-        """The writer wrote ``receipt.name``: its call returns."""
+        """The writer wrote ``receipt.name``: its call returns (for a hub OUT once this node uploaded it; the writer
+        waits meanwhile, so the node stages one shard at a time)."""
         with self.lock:
             temp, result = self.waiting.pop(receipt.name)
-        result.set_result(ShardDone(receipt.name, str(temp), size, sha256, tensors, seconds))
+        place = self.setup.upload
+        if place is None:
+            result.set_result(ShardDone(receipt.name, str(temp), size, sha256, tensors, seconds))
+            return
+        try:
+            uploaded = upload_shard(place, temp, receipt.name, sha256)
+        except BaseException as exc:
+            result.set_exception(exc)
+            raise
+        finally:
+            discard(temp)  # uploaded or failed: the node keeps nothing
+        result.set_result(ShardDone(receipt.name, "", size, sha256, tensors, seconds, uploaded=uploaded))
 
     def settle(self, *, strict: bool = True) -> None:
         """Nothing waits: the driver commits."""
