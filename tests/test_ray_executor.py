@@ -128,7 +128,8 @@ def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merg
     with _cluster() as cluster:
         _equals_local_and_both_worker_nodes_made_shards(cluster, merge, tmp_path / "plain")
         _a_task_that_fails_ends_the_run_as_the_local_executor_does(merge, tmp_path / "failing")
-        _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge, hub, tmp_path / "hub", monkeypatch)
+        _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge, hub, tmp_path / "hub", monkeypatch,
+                                                                    killed_at=cluster[0].address)
         _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster, merge, hub, tmp_path / "ctrl-c")
         _a_killed_ray_driver_resumes_locally_and_a_killed_local_run_on_ray(cluster, merge, tmp_path / "killed")
         _a_worker_node_removed_mid_run_costs_only_its_shard(cluster, merge, tmp_path / "lost")  # one node left
@@ -234,8 +235,16 @@ def _xet_hub(monkeypatch: pytest.MonkeyPatch, cas: Path) -> Iterator[HubWriter]:
 
 def _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge: Merge, writer: HubWriter, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch,
-                                                                 max_disk: int | None = None, nodes: int = 2) -> None:
+                                                                 max_disk: int | None = None, nodes: int = 2,
+                                                                 killed_at: str | None = None) -> None:
     state = tmp_path / "state"
+    batches = ("--commit-every", "4", "--commit-interval", "3600")
+    if killed_at is not None:  # the driver SIGKILLed as it makes its first batch commit: the nodes' uploads wait
+        ran = cli("run", merge.config, "hf://alice/ray", "--state-dir", state, "--out-shard-size", SHARD, *batches,
+                  "--executor", "ray", "--ray-address", killed_at, env={"RESUMERGE_KILL_AT": "hub_before_commit:1"})
+        assert ran.returncode == -9, ran.stderr
+        _wait_for_idle_cluster()
+        assert not any(n.endswith(".safetensors") for n in repo_files(writer, "alice/ray"))
     staged = CommitQueue._upload
 
     def driver_upload(queue: CommitQueue, entry: Any) -> None:
@@ -244,13 +253,17 @@ def _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge: Merge, wr
 
     with monkeypatch.context() as patch:
         patch.setattr(CommitQueue, "_upload", driver_upload)  # this process only: the nodes' uploads are theirs
-        outcome = api.run(merge.config, "hf://alice/ray", state_dir=state, out_shard_size=SHARD, executor="ray",
-                          commit_every=4, commit_interval=3600, max_disk=max_disk)
+        if killed_at is None:
+            outcome = api.run(merge.config, "hf://alice/ray", state_dir=state, out_shard_size=SHARD, executor="ray",
+                              commit_every=4, commit_interval=3600, max_disk=max_disk)
+        else:  # the resume's nodes upload again what the killed run's had: the hub has it (same sha256), no bytes
+            outcome = api.resume("hf://alice/ray", state_dir=state, executor="ray", commit_every=4,
+                                 commit_interval=3600)
     assert outcome.target == "hf://alice/ray"
     files = repo_files(writer, "alice/ray")
     assert {n: hashlib.sha256(b).hexdigest() for n, b in files.items()} == merge.reference
     shards = [n for n in merge.reference if n.endswith(".safetensors")]
-    assert uploads(writer, "alice/ray") == {merge.reference[n]: 1 for n in shards}  # each once, never twice
+    assert uploads(writer, "alice/ray") == {merge.reference[n]: 1 for n in shards}  # each sent once
     # Every commit of the repo is one the driver's ledger journaled (the tasks never commit).
     db = sqlite3.connect(run_dir("hf://alice/ray", state) / "ledger.db")
     commits = {json.loads(r[0])["commit"] for r in db.execute("SELECT data FROM events WHERE kind = 'commit'")}
