@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 from hub.conftest import hf_env  # noqa: F401  (autouse: an isolated HF home, loopback only)
-from hub.fakehub import FakeHub
+from hub.fakehub import FakeHub, files_of
 from hub.fakehub_write import HubWriter
 from hub.fakehub_xet import XetCas
 from hubout.conftest import TOKEN, hub, repo_files, tier, uploads  # noqa: F401  (the stand-in hub's fixtures)
@@ -128,6 +128,7 @@ def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merg
     with _cluster() as cluster:
         _equals_local_and_both_worker_nodes_made_shards(cluster, merge, tmp_path / "plain")
         _a_task_that_fails_ends_the_run_as_the_local_executor_does(merge, tmp_path / "failing")
+        _streamed_hub_inputs_are_refused_in_one_line(merge, tmp_path / "streamed", monkeypatch)
         _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge, hub, tmp_path / "hub", monkeypatch,
                                                                     killed_at=cluster[0].address)
         _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster, merge, hub, tmp_path / "ctrl-c")
@@ -216,6 +217,22 @@ def test_without_ray_the_ray_executor_is_a_usage_error(merge: Merge, tmp_path: P
         assert main([*command, "--executor", "ray"]) == EXIT_INVALID, command
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "pip install 'resumerge[ray]'" in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def _streamed_hub_inputs_are_refused_in_one_line(merge: Merge, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # A task reads the hub inputs from the driver's Hugging Face cache, where a streamed file never lands.
+    tmp_path.mkdir()
+    fake = FakeHub()
+    fake.push("org/a", files_of(merge.config.parent / "a"))
+    config = write_config(tmp_path / "streamed.yml", {"merge_method": "linear", "dtype": "float32", "models": [
+        {"model": "org/a", "parameters": {"weight": 0.5}}, {"model": str(merge.config.parent / "b"),
+                                                            "parameters": {"weight": 0.5}}]})
+    with monkeypatch.context() as patch, fake:
+        patch.setenv("HF_ENDPOINT", fake.url)
+        with pytest.raises(UsageError, match="cannot read streamed hub inputs"):
+            api.run(config, tmp_path / "out", state_dir=tmp_path / "state", executor="ray", stream_inputs=True)
     assert not (tmp_path / "out").exists()
 
 
