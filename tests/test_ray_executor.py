@@ -34,7 +34,7 @@ from hub.fakehub_write import HubWriter
 from hub.fakehub_xet import XetCas
 from hubout.conftest import TOKEN, hub, repo_files, tier, uploads  # noqa: F401  (the stand-in hub's fixtures)
 from huggingface_hub import constants
-from support import cli, digests, ties_of_three
+from support import cli, digests, ties_of_three, write_config
 
 from resumerge import api
 from resumerge.cli.commands import main
