@@ -82,6 +82,7 @@ class ShardWriter:
         self._frontier = 0  # the file's bytes before it are written and hashed
         self._at = 0  # the index in layout.order of the part the frontier is in
         self._done = dict.fromkeys(self._planned, 0)  # bytes written of each stored part, from its start
+        self._reread: memoryview | None = None  # made at the first read-back
         try:
             self._fd = os.open(self.temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             self._write(memoryview(layout.header), 0)
@@ -165,11 +166,16 @@ class ShardWriter:
             start = self._data_start + part.offset
             written = start + self._done[part.name]
             while self._frontier < written:
-                data = os.pread(self._fd, min(_REREAD_BYTES, written - self._frontier), self._frontier)
-                if not data:
+                # Read back into the writer's one buffer: a fresh bytes object per read made the kernel zero new
+                # pages for every chunk (a quantized shard, written mostly ahead of its frontier, is read back whole).
+                if self._reread is None:
+                    self._reread = memoryview(bytearray(_REREAD_BYTES))
+                want = self._reread[:min(_REREAD_BYTES, written - self._frontier)]
+                got = os.preadv(self._fd, [want], self._frontier)
+                if not got:
                     raise OSError(errno.EIO, f"{self.temp} is shorter than what was written to it")
-                self._sha.update(data)
-                self._frontier += len(data)
+                self._sha.update(want[:got])
+                self._frontier += got
             if self._done[part.name] < part.nbytes:
                 return
             self._at += 1
