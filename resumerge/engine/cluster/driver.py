@@ -148,12 +148,14 @@ class _Dispatch:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         gpu = is_gpu(self.plan.options.device)
-        for node in self.ray.nodes():
+        nodes = self.ray.nodes()
+        wanted = self._width(nodes)
+        for node in nodes:
             has, node_id = node.get("Resources", {}), node.get("NodeID", "")
             cpus = int(has.get("CPU", 0))
             if not node.get("Alive") or node_id[:8] in self.lost or cpus < 1 or (gpu and has.get("GPU", 0) < 1):
                 continue
-            width = min(self._width(), cpus)
+            width = min(wanted, cpus)
             count = min(cpus // width, int(has["GPU"])) if gpu else cpus // width
             memory = min(self.memory, int(has.get("memory", 0))) or self.memory
             for _ in range(count):
@@ -167,13 +169,13 @@ class _Dispatch:
             raise UnreachableError("the Ray cluster has no live node to compute on" + (
                 " with a GPU" if gpu else ""), hint="check the cluster's nodes, then run resumerge resume OUT")
 
-    def _width(self) -> int:
+    def _width(self, nodes: list[dict[str, Any]]) -> int:
         """The CPUs each worker declares: the run's thread count, raised for a hub OUT under ``--max-disk`` so that no
         node runs more workers than it may stage shards (each stages one at a time until uploaded)."""
         if self.hub is None:
             return self.setup.threads
-        nodes = [n.get("Resources", {}).get("CPU", 0) for n in self.ray.nodes() if n.get("Alive")]
-        return task_cpus(self.setup.threads, nodes, self.hub.max_disk,
+        cpus = [n.get("Resources", {}).get("CPU", 0) for n in nodes if n.get("Alive")]
+        return task_cpus(self.setup.threads, cpus, self.hub.max_disk,
                          max((s.file_size for s in self.plan.shards), default=0))
 
     def _hungriest(self) -> _Worker | None:

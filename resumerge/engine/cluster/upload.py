@@ -95,9 +95,9 @@ def commit_operation(name: str, size: int, sha256: str, uploaded: Uploaded) -> C
 
 
 def task_cpus(threads: int, node_cpus: Iterable[float], max_disk: int | None, largest: int) -> int:
-    """The CPUs each task of a hub OUT declares: ``threads`` (what it computes with), raised under ``max_disk``
-    so that no node runs more tasks at once than it may stage shards of ``largest`` bytes (each task holds its
-    shard on its node's disk until uploaded); the largest node still takes one. Ray places by CPUs, so this is
+    """The CPUs each worker of a hub OUT declares: ``threads`` (what it computes with), raised under ``max_disk``
+    so that no node runs more workers than it may stage shards of ``largest`` bytes (each worker holds one shard on
+    its node's disk until uploaded); the largest node still takes one. Ray places by CPUs, so this is
     what bounds a node's staged bytes, as the local sink's wait bounds the driver's."""
     most = max((int(c) for c in node_cpus), default=1)
     if max_disk is None or largest <= 0:
