@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import gc
 import hashlib
 import io
 import json
@@ -33,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import fields, replace
 
 from resumerge.config.version import __version__
+from resumerge.memory.collector import collector_paused
 from resumerge.methods.resources import NO_RESOURCES
 from resumerge.plan.merge_plan import InputRef, LoraRef, Plan, PlanOptions, ShardPlan, TensorPlan
 from resumerge.plan.nonfloat import UNITS as MERGE_UNITS
@@ -59,17 +59,13 @@ def thaw(stored: tuple[str, bytes] | None, model_dirs: Mapping[str, str], finger
     recorded ones), or None when there is none or something it was made from may have changed."""
     if stored is None or stored[0] != _key(model_dirs):
         return None
-    collecting = gc.isenabled()
     # A 90k-tensor plan is about a million objects: with the collector on, the objects made so far are scanned
     # again and again while they are made (3-7x the load's own time, more the larger the process already is).
-    gc.disable()
     try:
-        plan = _PlanUnpickler(io.BytesIO(zlib.decompress(stored[1]))).load()
+        with collector_paused():
+            plan = _PlanUnpickler(io.BytesIO(zlib.decompress(stored[1]))).load()
     except (zlib.error, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
         return None  # stored by a build whose classes differ (same version, other code): plan again
-    finally:
-        if collecting:
-            gc.enable()
     if not isinstance(plan, Plan) or plan.fingerprint != fingerprint:
         return None
     return replace(plan, units=MERGE_UNITS)

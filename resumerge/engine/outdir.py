@@ -54,10 +54,8 @@ def open_run(
     verified: frozenset[str] = frozenset()
     if row is None and manifest is None and isinstance(out, Path):
         check_room(plan, out)
-    # The recorded parts of the same fingerprint, rather than hashing 90k tensors' plans again.
-    parts = row.parts if row is not None else fingerprint_parts(plan)
     if row is None:
-        record_plan(plan, config_text, out, ledger, frozen=frozen, parts=parts)
+        record_plan(plan, config_text, out, ledger, frozen=frozen)
         if manifest is not None:
             # The state dir was lost (a runtime reset) but OUT survived: trust only what re-hashes correctly.
             verified = adopt_manifest(sink, plan, ledger, manifest.committed, notes)
@@ -71,7 +69,7 @@ def open_run(
     committed = {
         r.name: {"bytes": r.bytes, "sha256": r.sha256} for r in ledger.files() if r.status == "done"
     }
-    book = ManifestBook(sink, fresh_manifest(plan, config_text, committed, parts=parts))
+    book = ManifestBook(sink, fresh_manifest(plan, config_text, committed))
     book.set_state("running")
     return book, verified
 
@@ -117,14 +115,13 @@ def refuse_changed_plan(plan: Plan, out: Path | str, ledger: Ledger, manifest: M
     )
 
 
-def fresh_manifest(plan: Plan, config_text: str, committed: dict[str, Any] | None = None, *,
-                   parts: dict[str, str] | None = None) -> Manifest:
-    """The manifest of a run of ``plan`` with ``committed`` files; ``parts`` are the plan's fingerprint parts when
-    known already (they cost a pass over every tensor's plan)."""
+def fresh_manifest(plan: Plan, config_text: str, committed: dict[str, Any] | None = None) -> Manifest:
+    """The manifest of a run of ``plan`` with ``committed`` files (the fingerprint parts are those the planner kept
+    on the plan: :func:`~resumerge.plan.merge_plan.fingerprint_parts`)."""
     return Manifest(
         version=__version__,
         fingerprint=plan.fingerprint,
-        parts=parts if parts is not None else fingerprint_parts(plan),
+        parts=fingerprint_parts(plan),
         inputs={k: [list(f) for f in v] for k, v in plan.inputs.items()},
         options=asdict(plan.options),
         model_dirs=dict(plan.model_dirs),
@@ -149,11 +146,10 @@ def planned_files(plan: Plan) -> list[str]:
     return [s.name for s in plan.shards] + [a.name for a in aux_files(plan)]
 
 
-def record_plan(plan: Plan, config_text: str, out: Path | str, ledger: Ledger, *, frozen: Frozen | None = None,
-                parts: dict[str, str] | None = None) -> None:
+def record_plan(plan: Plan, config_text: str, out: Path | str, ledger: Ledger, *,
+                frozen: Frozen | None = None) -> None:
     """Record ``plan`` in ``ledger`` as a new run of OUT (every file pending), with the plan's stored form when
-    ``frozen`` makes one (:func:`resumerge.engine.frozenplan.freeze`: a resume reloads it instead of planning);
-    ``parts`` are its fingerprint parts when known already."""
+    ``frozen`` makes one (:func:`resumerge.engine.frozenplan.freeze`: a resume reloads it instead of planning)."""
     files: list[tuple[str, str, int, int, int | None]] = [
         (s.name, "shard", i, len(s.tensors), s.file_size) for i, s in enumerate(plan.shards)
     ]
@@ -162,7 +158,7 @@ def record_plan(plan: Plan, config_text: str, out: Path | str, ledger: Ledger, *
         out_dir=str(out),
         config_text=config_text,
         fingerprint=plan.fingerprint,
-        parts=parts if parts is not None else fingerprint_parts(plan),
+        parts=fingerprint_parts(plan),
         inputs={k: [list(f) for f in v] for k, v in plan.inputs.items()},
         options=asdict(plan.options),
         model_dirs=plan.model_dirs,
