@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from resumerge.methods import sparsify
 from resumerge.methods.footprint import MethodFootprint, measured, row_block_scratch
@@ -32,8 +32,6 @@ from resumerge.methods.task_stream import magnitude_selector, outlier_selector, 
 from resumerge.methods.task_vectors import combine_task_vectors
 from resumerge.torch_import import torch
 
-if TYPE_CHECKING:
-    pass
 
 def merge_task_vectors(ctx: MergeContext) -> torch.Tensor:
     """``task_arithmetic``: B + λ·Σ wᵢ·δᵢ / D in the base's dtype, δᵢ = θᵢ − B.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import chain
 from typing import Any
 
 from resumerge.config.merge_config import MergeConfig, SliceConfig, SourceConfig
@@ -132,7 +133,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
             keys, {k: layouts[k].other_modules for k in keys},
             lambda name, names, t: _tensor(name, names, sl, t, ctx), yaml_path="models",
         ))
-    ctx.filters.refuse_unmatched([*tensors, *(n for m in models.values() for n in stored_names_of(m))])
+    ctx.filters.refuse_unmatched(chain(tensors, *(stored_names_of(m) for m in models.values())))
     tensors = mark_expert_stacks(tensors, models[_donor(config)].config)
     tensors = {name: out_format(tp, dequantize=options.dequantize) for name, tp in tensors.items()}
     if ctx.truncate:
