@@ -105,6 +105,7 @@ def _stand_in_hub(monkeypatch: pytest.MonkeyPatch, home: Path) -> tuple[FakeHub,
     return fake, writer
 
 
+@pytest.mark.slow
 def test_notebook_merges_and_its_resume_cell_survives_a_runtime_death(
     tmp_path: Path, make: ModelFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

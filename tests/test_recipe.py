@@ -210,6 +210,7 @@ def test_recipe_output_equals_the_stages_run_one_by_one(tmp_path: Path, models: 
     assert hub.file_bytes() == reference.served
 
 
+@pytest.mark.slow
 def test_kill_points_in_every_stage_then_resume(tmp_path: Path, models: Models, hub: FakeHub,
                                                 reference: Reference) -> None:
     """A chain of processes each killed at a kill point, the state dir lost once; the last one finishes."""
@@ -238,6 +239,7 @@ def test_kill_points_in_every_stage_then_resume(tmp_path: Path, models: Models, 
     assert kills == len(chain)
 
 
+@pytest.mark.slow
 def test_random_sigkills_across_stages_then_resume(tmp_path: Path, models: Models, hub: FakeHub,
                                                    reference: Reference) -> None:
     run = _setup(tmp_path, models)

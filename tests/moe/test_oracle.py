@@ -14,7 +14,7 @@ import torch
 from resumerge import api
 from tests.moe.models import SEED, llamas, oracle, qwen2s, qwen3s, same_bits, tensors, write
 
-pytestmark = pytest.mark.oracle
+pytestmark = [pytest.mark.oracle, pytest.mark.slow]  # slow: the module's fixture runs 24 merges
 
 # name -> (config builder over (llamas, bf16 llamas, qwen3s), the class transformers loads, or None: remote code)
 CASES = ("mixtral_random", "mixtral_uniform", "mixtral_cheap_embed", "qwen_moe", "deepseek", "qwen3_moe",

@@ -77,6 +77,7 @@ print("transformers" in sys.modules)
 """
 
 
+@pytest.mark.slow
 def test_kill_during_the_forward_pass_resumes_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     m = llamas(tmp_path, layers=4)
     config = write(tmp_path / "hidden.yml", {
