@@ -3,7 +3,7 @@ scale per block, over the kernels of :mod:`resumerge.inputs.quant.fp8_block`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -33,18 +33,31 @@ class BlockFp8Codec(TensorCodec):
     @classmethod
     def recognise(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource]) -> tuple[Claim, ...]:
         """Every ``X`` with an ``X_scale_inv`` of a ``quant_method: fp8`` model."""
-        return quantized_claims(config, tensors, ("fp8-block",), cls.of)
+        return quantized_claims(config, tensors, ("fp8-block",), cls._codecs())
 
     @classmethod
     def recognise_among(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource],
                         shared: dict[object, Any]) -> tuple[Claim, ...]:
-        return quantized_claims(config, tensors, ("fp8-block",), cls.of, shared)
+        return quantized_claims(config, tensors, ("fp8-block",), cls._codecs(), shared)
 
     @classmethod
     def of(cls, weight: QuantizedTensor) -> BlockFp8Codec:
         """The codec of one recognised block-FP8 weight."""
         assert weight.scheme.block is not None and weight.shape is not None  # recognise sets both for fp8
         return cls(weight.scheme.block, weight.scheme.scale_fmt, weight.scheme.scale_dtype, len(weight.shape) > 2)
+
+    @classmethod
+    def _codecs(cls) -> Callable[[QuantizedTensor], BlockFp8Codec]:
+        """:meth:`of`, made once per block, scale format, scale dtype and rank (all it reads): 45k weights share a
+        handful of codecs."""
+        made: dict[tuple[object, ...], BlockFp8Codec] = {}
+
+        def codec(weight: QuantizedTensor) -> BlockFp8Codec:
+            scheme = weight.scheme
+            key = (scheme.block, scheme.scale_fmt, scheme.scale_dtype, weight.shape is not None and len(weight.shape))
+            return made.get(key) or made.setdefault(key, cls.of(weight))
+
+        return codec
 
     @property
     def stored_as(self) -> str:

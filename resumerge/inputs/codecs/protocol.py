@@ -53,7 +53,8 @@ class Claim:
     @property
     def main(self) -> str:
         """The stored name of the main part."""
-        return next(stored for part, stored in self.parts if part == MAIN)
+        part, stored = self.parts[0]  # first, as every format lists it: found without a scan
+        return stored if part == MAIN else next(stored for part, stored in self.parts if part == MAIN)
 
     @property
     def companions(self) -> tuple[tuple[str, str], ...]:

@@ -37,7 +37,7 @@ def quantized_claims(config: Mapping[str, Any], tensors: Mapping[str, TensorSour
     shared = {} if shared is None else shared
     verdict = shared.get(recognise)
     if not isinstance(verdict, Checkpoint):
-        headers = {name: (found.entry.dtype, tuple(found.entry.shape)) for name, found in tensors.items()}
+        headers = {name: (found.entry.dtype, found.entry.shape) for name, found in tensors.items()}
         verdict = shared[recognise] = recognise(config.get("quantization_config"), headers)
     claims = []
     interned: dict[TensorCodec, TensorCodec] = {}  # equal codecs as one instance: 45k weights have a handful

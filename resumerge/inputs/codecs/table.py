@@ -16,7 +16,7 @@ from resumerge.inputs.codecs.compressed import CompressedTensorsCodec
 from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
 from resumerge.inputs.codecs.mxfp4 import Mxfp4Codec
 from resumerge.inputs.codecs.plain import PLAIN
-from resumerge.inputs.codecs.protocol import Claim, Role, TensorCodec
+from resumerge.inputs.codecs.protocol import MAIN, Claim, Role, TensorCodec
 from resumerge.inputs.files import TensorSource
 
 
@@ -77,19 +77,18 @@ class CodecTable:
                     exc.path = where or None
                 raise
             for claim in found:
+                name = claim.name
                 for part, stored in claim.parts:
                     if stored not in tensors:
-                        raise ModelInputError(f"{fmt.name} tensor {claim.name} has no {part} ({stored})",
-                                              path=where, tensor=claim.name)
+                        raise ModelInputError(f"{fmt.name} tensor {name} has no {part} ({stored})",
+                                              path=where, tensor=name)
                     if stored in owner:
                         raise ModelInputError(f"stored tensor {stored} belongs to both {owner[stored]} and "
-                                              f"{claim.name}", path=where, tensor=stored)
-                    owner[stored] = claim.name
-                    roles[stored] = Role.COMPANION
-                if claim.name in claims:
-                    raise ModelInputError(f"{claim.name} is claimed twice", path=where, tensor=claim.name)
-                claims[claim.name] = claim
-                roles[claim.main] = Role.WEIGHT
+                                              f"{name}", path=where, tensor=stored)
+                    owner[stored] = name
+                    roles[stored] = Role.WEIGHT if part == MAIN else Role.COMPANION
+                if claims.setdefault(name, claim) is not claim:
+                    raise ModelInputError(f"{name} is claimed twice", path=where, tensor=name)
         for name, claim in claims.items():
             if name in tensors and owner.get(name) != name:
                 raise ModelInputError(f"{name} is a stored tensor of its own, not one of its {claim.codec.name} parts",

@@ -19,14 +19,13 @@ from resumerge.inputs.quant import mxfp4
 from resumerge.inputs.quant.grid import grid_shape
 from resumerge.inputs.quant.recognise_ct import compressed_tensors_weights
 from resumerge.inputs.quant.refusals import KNOWN, HeaderMap, refuse, refuse_method, telltale
-from resumerge.inputs.quant.verdict import Checkpoint, QuantizedTensor, Scheme, TensorRole
+from resumerge.inputs.quant.verdict import Checkpoint, QuantizedTensor, Scheme
 
 __all__ = ["recognise"]
 
 _SCALE_DTYPES = ("F32", "BF16", "F16")
 # Endings only the companions of the formats decoded here have: found without a quantization_config, refused.
 _COMPANION_MARKS = ("_scale_inv", ".weight_scale", ".weight_packed")
-_OTHER = TensorRole("other")  # frozen: one instance serves every plain tensor of a 92k-tensor checkpoint
 
 
 def recognise(quantization_config: Mapping[str, Any] | None, headers: HeaderMap, *, source: str = "") -> Checkpoint:
@@ -38,7 +37,7 @@ def recognise(quantization_config: Mapping[str, Any] | None, headers: HeaderMap,
     """
     if not quantization_config:
         _refuse_unconfigured(headers, source)
-        return Checkpoint(None, {}, dict.fromkeys(headers, _OTHER))
+        return Checkpoint(None, {}, tuple(headers))
     method = str(quantization_config.get("quant_method", "")).lower()
     if method == "fp8":
         found = _fp8_weights(quantization_config, headers, source)
@@ -48,16 +47,13 @@ def recognise(quantization_config: Mapping[str, Any] | None, headers: HeaderMap,
         found = _mxfp4_weights(headers, source)
     else:
         raise refuse_method(method or "(none)", headers, source)
-    roles: dict[str, TensorRole] = dict.fromkeys(headers, _OTHER)
-    for weight in found.values():
-        roles[weight.codes] = TensorRole("weight", weight.name)
-        for name in weight.stored()[1:]:
-            roles[name] = TensorRole("companion", weight.name)
-    return Checkpoint(method if found else None, found, roles)
+    return Checkpoint(method if found else None, found, tuple(headers))
 
 
 def _refuse_unconfigured(headers: HeaderMap, source: str) -> None:
-    for _, tool, fragments in KNOWN.values():
+    # One scan of every name for all the formats' telltales at once; each format's own only when one is there.
+    every = tuple(f for _, _, fragments in KNOWN.values() for f in fragments)
+    for _, tool, fragments in KNOWN.values() if telltale(headers, every) is not None else ():
         name = telltale(headers, fragments)
         if name is not None:
             # GPTQ, AWQ and AutoRound store the same names: name every format that could have written it.
@@ -65,8 +61,8 @@ def _refuse_unconfigured(headers: HeaderMap, source: str) -> None:
             raise refuse(source, f"looks quantized with {labels} (config.json has no quantization_config), which "
                                  "resumerge cannot decode", name, f"dequantize it with its own tool first ({tool})")
     name = telltale(headers, _COMPANION_MARKS)
-    name = name or next((n for n, (dtype, _) in sorted(headers.items()) if n.endswith("_blocks") and dtype == "U8"),
-                        None)
+    name = name or min((n for n, (dtype, _) in headers.items() if n.endswith("_blocks") and dtype == "U8"),
+                       default=None)
     if name is not None:
         raise refuse(source, "a quantization companion but no quantization_config in config.json, so resumerge "
                              "cannot tell how to decode it", name, "add the producer's quantization_config or "
@@ -81,36 +77,57 @@ def _fp8_weights(config: Mapping[str, Any], headers: HeaderMap, source: str) -> 
         raise refuse(source, f"an fp8 quantization resumerge cannot decode ({detail})", min(headers, default=None))
     size = config.get("weight_block_size")
     found: dict[str, QuantizedTensor] = {}
-    schemes: dict[tuple[tuple[int, int], str], Scheme] = {}  # one per block and scale dtype, shared by the weights
+    # (weight's header, scale's header) -> its scheme, checked once: 45k weights share a handful of shapes, and one
+    # scheme per block and scale dtype serves them all.
+    checked: dict[tuple[tuple[str, tuple[int, ...]], tuple[str, tuple[int, ...]]], Scheme] = {}
+    schemes: dict[tuple[tuple[int, int], str], Scheme] = {}
+    inputs = {n for n in headers if n.endswith(".input_scale")}
+    claimed: set[str] = set()
     for scale_name in sorted(n for n in headers if n.endswith("_scale_inv")):
         name = scale_name.removesuffix("_scale_inv")
-        if name not in headers:
+        weight = headers.get(name)
+        if weight is None:
             raise refuse(source, "an fp8 scale without its weight (looked for "
                                  f"{name})", scale_name, "the checkpoint is incomplete: download it again")
-        dtype, shape = headers[name]
-        scale_dtype, scale_shape = headers[scale_name]
-        if dtype != "F8_E4M3" or scale_dtype not in (*_SCALE_DTYPES, "F8_E8M0") or len(shape) < 2:
-            raise refuse(source, f"an fp8 weight must be a 2-D or fused F8_E4M3 tensor with a float scale, not "
-                                 f"{dtype} {list(shape)} with {scale_dtype}", name)
-        block = (int(size[0]), int(size[1])) if size else (shape[-2], shape[-1])
-        expected = (*shape[:-2], *grid_shape((shape[-2], shape[-1]), block))
-        if tuple(scale_shape) != expected and not (not size and math.prod(scale_shape) == 1):
-            raise refuse(source, f"the scale {scale_name} has shape {list(scale_shape)}, but a {list(shape)} weight "
-                                 f"in {list(block)} blocks needs {list(expected)}", name,
-                         "the checkpoint or its weight_block_size is wrong: download it again")
-        module = name.removesuffix(".weight")
-        extras = tuple(n for n in (f"{module}.input_scale",) if n in headers and name.endswith(".weight"))
-        scheme = schemes.get((block, scale_dtype)) or schemes.setdefault(
-            (block, scale_dtype), Scheme("fp8-block", 8, block, "block", scale_dtype, scale_fmt=scale_fmt))
-        found[name] = QuantizedTensor(name, name, scale_name, scheme, tuple(shape), extras=extras)
-    claimed = {n for w in found.values() for n in w.stored()}
-    for name, (dtype, _) in sorted(headers.items()):
-        if dtype == "F8_E4M3" and name not in claimed:
-            raise refuse(source, f"an fp8 weight without its scale (looked for {name}_scale_inv)", name,
-                         "the checkpoint is incomplete: download it again")
-        if name.endswith(".input_scale") and name not in claimed:
-            raise refuse(source, "an activation scale without a quantized weight", name)
+        scale = headers[scale_name]
+        scheme = checked.get((weight, scale))
+        if scheme is None:
+            block = _fp8_block(weight, scale, size, scale_name, source)
+            scheme = schemes.get((block, scale[0])) or schemes.setdefault(
+                (block, scale[0]), Scheme("fp8-block", 8, block, "block", scale[0], scale_fmt=scale_fmt))
+            checked[(weight, scale)] = scheme
+        extra = f"{name.removesuffix('.weight')}.input_scale" if inputs and name.endswith(".weight") else None
+        extras = (extra,) if extra in inputs else ()
+        found[name] = QuantizedTensor(name, name, scale_name, scheme, tuple(weight[1]), extras=extras)
+        claimed.update((name, scale_name, *extras))
+    stray = min((n for n, (dtype, _) in headers.items() if dtype == "F8_E4M3" and n not in claimed), default=None)
+    stray_input = min(inputs - claimed, default=None)
+    if stray is not None and (stray_input is None or stray < stray_input):
+        raise refuse(source, f"an fp8 weight without its scale (looked for {stray}_scale_inv)", stray,
+                     "the checkpoint is incomplete: download it again")
+    if stray_input is not None:
+        raise refuse(source, "an activation scale without a quantized weight", stray_input)
     return found
+
+
+def _fp8_block(weight: tuple[str, tuple[int, ...]], scale: tuple[str, tuple[int, ...]],
+               size: Any, scale_name: str, source: str) -> tuple[int, int]:
+    """The block of the fp8 weight whose header is ``weight`` with the scale ``scale_name`` (header ``scale``):
+    ``size`` (the config's ``weight_block_size``), or the whole weight without one. Raises the refusal for a
+    weight that is not F8_E4M3 of two or more dimensions with a float scale, or whose scale's shape is not its
+    grid's."""
+    (dtype, shape), (scale_dtype, scale_shape) = weight, scale
+    name = scale_name.removesuffix("_scale_inv")
+    if dtype != "F8_E4M3" or scale_dtype not in (*_SCALE_DTYPES, "F8_E8M0") or len(shape) < 2:
+        raise refuse(source, f"an fp8 weight must be a 2-D or fused F8_E4M3 tensor with a float scale, not "
+                             f"{dtype} {list(shape)} with {scale_dtype}", name)
+    block = (int(size[0]), int(size[1])) if size else (shape[-2], shape[-1])
+    expected = (*shape[:-2], *grid_shape((shape[-2], shape[-1]), block))
+    if tuple(scale_shape) != expected and not (not size and math.prod(scale_shape) == 1):
+        raise refuse(source, f"the scale {scale_name} has shape {list(scale_shape)}, but a {list(shape)} weight "
+                             f"in {list(block)} blocks needs {list(expected)}", name,
+                     "the checkpoint or its weight_block_size is wrong: download it again")
+    return block
 
 
 def _mxfp4_weights(headers: HeaderMap, source: str) -> dict[str, QuantizedTensor]:

@@ -4,8 +4,9 @@ tensor its role and, for each quantized weight, how it decodes."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 __all__ = ["Checkpoint", "Kind", "QuantizedTensor", "Role", "Scheme", "TensorRole"]
@@ -79,13 +80,27 @@ class TensorRole:
 @dataclass(frozen=True)
 class Checkpoint:
     """A checkpoint's verdict: ``format`` (``fp8``, ``compressed-tensors``, ``mxfp4``, or None when nothing is
-    quantized), its quantized weights by logical name, and every stored tensor's role."""
+    quantized), its quantized weights by logical name, and the names of all its stored tensors (``names``)."""
 
     format: str | None
     quantized: Mapping[str, QuantizedTensor]
-    roles: Mapping[str, TensorRole]
+    names: Collection[str]
+
+    @cached_property
+    def roles(self) -> Mapping[str, TensorRole]:
+        """Every stored tensor's role, by stored name: made at the first use, as the planner never asks (a
+        92k-tensor checkpoint's roles are 92k entries)."""
+        roles: dict[str, TensorRole] = dict.fromkeys(self.names, _OTHER)
+        for weight in self.quantized.values():
+            roles[weight.codes] = TensorRole("weight", weight.name)
+            companion = TensorRole("companion", weight.name)  # frozen: one serves the weight's companions
+            roles.update((name, companion) for name in weight.stored()[1:])
+        return roles
 
     def role_counts(self) -> dict[str, int]:
         """How many stored tensors have each role (the accounting ``plan`` and ``status`` report)."""
         counts = Counter(r.role for r in self.roles.values())
         return {role: counts.get(role, 0) for role in ("weight", "companion", "other")}
+
+
+_OTHER = TensorRole("other")  # frozen: one instance serves every plain tensor of a 92k-tensor checkpoint
