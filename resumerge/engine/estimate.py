@@ -12,7 +12,6 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -27,40 +26,25 @@ from resumerge.engine.costs import (
     ComputeGroup,
     DiskNeed,
     Estimate,
-    MemoryEstimate,
     ModelDownload,
     OutputSize,
     TimeEstimate,
     hub_disk_need,
 )
 from resumerge.engine.cpuprobe import probe_transfer_cost
+from resumerge.engine.estimate_memory import memory_estimate, methods
 from resumerge.engine.executor import CONCURRENCY
 from resumerge.engine.inputfetch import plan_fetch
 from resumerge.engine.netestimate import MEASURED, Bandwidth, NetworkEstimate, measure_download
 from resumerge.errors import LedgerError
 from resumerge.inputs.catalog import Inputs
-from resumerge.memory import (
-    SAFETY_MARGIN,
-    MemoryProbe,
-    SystemProbe,
-    collector_paused,
-    default_budget,
-    format_size,
-    usable_cores,
-)
+from resumerge.memory import SystemProbe, collector_paused, format_size, usable_cores
+from resumerge.methods.registry import MethodSpec
 from resumerge.outputs.aux import aux_files, render_aux
 from resumerge.plan.fetching import STREAM, FileFetch
 from resumerge.plan.merge_plan import Plan, PlanOptions, TensorPlan
 from resumerge.plan.prepared import Prepared
 from resumerge.plan.workorder import compute_order
-from resumerge.plan.workunits import (
-    ROWS,
-    collects_sibling,
-    oversized_units,
-    streamed_bytes,
-    unit_bytes,
-    unit_mode,
-)
 from resumerge.store.diskprobe import (
     DEFAULT_PROBE_BYTES,
     DiskFree,
@@ -157,7 +141,7 @@ def estimate(
     downloads = _downloads(inputs, state_dir, {(c.model, c.file) for c in fetch if c.how != STREAM}
                            if choose_inputs else None)
     remote = {(c.model, c.file) for c in fetch if c.how == STREAM}
-    memory, memory_reasons = _memory(plan, pending, SystemProbe(), settings.max_memory, workers, remote)
+    memory, memory_reasons = memory_estimate(plan, pending, SystemProbe(), settings.max_memory, workers, remote)
     disks = _disks(plan, output, downloads, inputs, out, state_dir, disk_free)
     speed = probe_directory(_probe_dir(out), probe_bytes, disk_free=disk_free) if out is not None else None
     # Nothing pending (a finished merge): no sample is read and no method is timed.
@@ -332,93 +316,6 @@ def _trusted(db: Path, blob: Path, algorithm: str, digest: str) -> bool:
         return False
 
 
-# -- memory -----------------------------------------------------------------------------------------------------
-
-
-def _memory(plan: Plan, pending: Sequence[Any], probe: MemoryProbe, max_memory: int | None, workers: int,
-            remote: AbstractSet[tuple[str, str]] = frozenset()) -> tuple[MemoryEstimate, list[str]]:
-    budget = max_memory if max_memory is not None else default_budget(probe)
-    source = "--max-memory" if max_memory is not None else "default"
-    load_torch()  # the merge process holds torch (imported on first use): count it, as the merge's budget will
-    anon = probe.rss()
-    limit = probe.limit()
-    machine = anon + probe.available()
-    machine = min(machine, limit) if limit is not None else machine
-    effective = min(budget, machine)
-    # The budget counts anonymous memory; the OS's peak RSS also counts mapped files (torch's libraries).
-    baseline = int(psutil.Process().memory_info().rss)
-    room = max(0, effective - int(effective * SAFETY_MARGIN) - anon)
-    units = _units(plan, pending, budget, remote, serial=torch.get_num_threads() <= workers)
-    working = _working_set(units, room, workers)
-    largest = max((u for u, _ in units), default=0)
-    reasons = []
-    too_big = oversized_units(plan, effective, anon)
-    smallest = max((u.needed for u in too_big), default=0)
-    if too_big:
-        worst = max(too_big, key=lambda u: u.needed)
-        if smallest > machine:
-            reasons.append(
-                f"memory: tensor {worst.tensor} ({worst.method}) needs a budget of {format_size(smallest)}, but this "
-                f"machine can give the merge at most {format_size(machine)}: merge on a machine with more memory"
-            )
-        else:
-            reasons.append(
-                f"memory: tensor {worst.tensor} ({worst.method}) needs a budget of {format_size(smallest)}, more "
-                f"than {format_size(effective)}: rerun with --max-memory {format_size(smallest, compact=True)} or more"
-            )
-    return MemoryEstimate(budget, source, machine, baseline, anon, working, largest, smallest), reasons
-
-
-def _units(plan: Plan, pending: Sequence[Any], budget: int, remote: AbstractSet[tuple[str, str]] = frozenset(),
-           *, serial: bool = True) -> list[tuple[int, bool]]:
-    """(estimate, streamed in row chunks) of every pending tensor, in the order the engine computes them.
-
-    The engine's own rule (:func:`~resumerge.plan.workunits.unit_mode`) decides: a tensor streamed to the writer
-    in row chunks counts its whole estimate (the chunks together fill the room), one computed in passes over
-    chunks counts a chunk and its output, any other its whole estimate; a unit that collects its sibling's result
-    (:func:`~resumerge.plan.workunits.collects_sibling`) joins its sibling's, as the engine counts it. ``remote``
-    holds the (model, file) pairs streamed from the hub, which the engine does not read more than once when it has
-    a choice; ``serial`` says whether the engine's workers fill torch's threads (see
-    :func:`~resumerge.plan.workunits.unit_mode`).
-    """
-    units: list[tuple[int, bool]] = []
-    previous: TensorPlan | None = None
-    for shard in pending:
-        for name in shard.tensors:
-            tp = plan.tensors[name]
-            method = plan.method_of(tp)
-            local = not any((ref.model, ref.file) in remote for ref in tp.inputs)
-            mode = unit_mode(tp, method, budget, plan.options.device, rereadable=local, serial=serial)
-            if units and collects_sibling(previous, tp, method):
-                # It collects what its sibling computed, holding its result only, and takes no worker's turn.
-                units[-1] = (units[-1][0] + tp.nbytes, units[-1][1])
-            elif mode == ROWS:
-                units.append((streamed_bytes(tp, method), True))
-            else:
-                units.append((unit_bytes(tp, method, mode), False))
-            previous = tp
-    return units
-
-
-
-def _working_set(units: Sequence[tuple[int, bool]], room: int, workers: int) -> int:
-    """The most bytes in flight at once: ``workers`` consecutive whole units, or one chunked tensor, within room.
-
-    A unit is admitted alone even above the room (waiting could not help), so a window never counts less than
-    its largest unit; a chunked tensor's chunks together stay within the room.
-    """
-    best = 0
-    window: list[int] = []
-    for size, chunked in units:
-        if chunked:
-            window = []  # the engine hands over everything in flight before streaming a tensor in chunks
-            best = max(best, min(size, room) if room > 0 else size)
-            continue
-        window = [*window, size][-max(1, workers):]
-        best = max(best, max(min(sum(window), room), max(window)))
-    return best
-
-
 # -- disks and time ---------------------------------------------------------------------------------------------
 
 
@@ -480,7 +377,9 @@ def _time(plan: Plan, pending: Sequence[Any], output: OutputSize, downloads: Map
           committed: Mapping[str, int], speed: DiskSpeed | None, probe_bytes: int,
           compute: Sequence[ComputeGroup] = (), to_hub: bool = False) -> TimeEstimate:
     notes = [g.line() for g in compute]
-    read_bytes = sum(_read_share(plan, plan.tensors[n]) for s in pending for n in s.tensors)
+    method_of = methods(plan)
+    tensors = plan.tensors
+    read_bytes = sum(_read_share(method_of(tp), tp) for s in pending for tp in map(tensors.__getitem__, s.tensors))
     read_speed = _input_read_speed(plan, probe_bytes)
     write_speed = speed.write_bytes_per_s if speed is not None else None
     if read_speed is None and speed is not None and speed.read_bytes_per_s is not None:
@@ -527,10 +426,10 @@ def cores_are_shared() -> bool:
     return usable_cores() <= ENGINE_BUSY_THREADS
 
 
-def _read_share(plan: Plan, tp: TensorPlan) -> int:
-    """Input bytes the engine reads for ``tp``: its inputs, or its share of them where one computation serves
-    several tensors (a LoRA module's A and B: the unit that computes the pair reads them, its sibling nothing)."""
-    spec = plan.method_of(tp)
+def _read_share(spec: MethodSpec, tp: TensorPlan) -> int:
+    """Input bytes the engine reads for ``tp`` (computed by ``spec``): its inputs, or its share of them where one
+    computation serves several tensors (a LoRA module's A and B: the unit that computes the pair reads them, its
+    sibling nothing)."""
     shared = spec.whole_cost.shared_by if spec.whole_cost is not None else 1
     return sum(i.end - i.start for i in tp.inputs) // shared
 

@@ -46,6 +46,8 @@ def plan_fetch(plan: Plan, inputs: Inputs, *, max_disk: int | None = None,
     left once what the hub inputs' cache folders hold already and the largest output shard (the least the output
     needs on local disk) have room.
     """
+    if not inputs.hub:
+        return ()  # only hub files are fetched: no need to walk a 92k-tensor plan's reads for local inputs
     cached = [(key, f) for key, meta in inputs.hub.items() for f in meta.weight_files
               if (meta.snapshot_dir / f).exists()]
     budget = None if max_disk is None else max(0, max_disk - _largest_shard(plan) - _small_bytes(inputs))

@@ -21,6 +21,7 @@ from resumerge.methods.footprint import working_bytes
 from resumerge.methods.registry import MethodSpec
 from resumerge.methods.spec import RowStream
 from resumerge.plan.merge_plan import Plan, TensorPlan
+from resumerge.plan.unitkey import per_class
 from resumerge.torch_import import torch
 
 _COMPUTE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8}
@@ -265,18 +266,17 @@ def oversized_units(plan: Plan, budget: int, baseline: int, device: str | None =
     ``device`` (default the plan's): a tensor that can be cut into rows needs room for one row."""
     from resumerge.memory import smallest_budget_for
 
-    found = []
-    for tp in plan.tensors.values():
+    def needed(tp: TensorPlan) -> int:
         method = plan.method_of(tp)
         stream = row_stream(tp, method, device or plan.options.device)
         chunkable = can_chunk(tp, method) or stream is not None
         unit = estimate_bytes(tp, method, rows=1 if chunkable else None)
         if stream is not None and not can_chunk(tp, method):
             unit += stream.held_bytes()
-        need = smallest_budget_for(unit, baseline_bytes=baseline)
-        if need > budget:
-            found.append(Oversized(tp.name, tp.method, need))
-    return found
+        return smallest_budget_for(unit, baseline_bytes=baseline)
+
+    need = per_class(needed)  # a 92k-tensor plan holds a few dozen classes of tensors
+    return [Oversized(tp.name, tp.method, n) for tp in plan.tensors.values() for n in [need(tp)] if n > budget]
 
 
 def largest(units: Iterable[Oversized]) -> Oversized:

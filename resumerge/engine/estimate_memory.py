@@ -1,0 +1,138 @@
+"""The RAM part of ``plan``'s estimate: the budget, the merge's working set unit by unit, and tensors too large for it.
+
+Every pending tensor's unit is sized as the engine will size it (:mod:`resumerge.plan.workunits`), once per class of
+tensors (:func:`~resumerge.plan.unitkey.per_class`): a 92k-tensor plan holds a few dozen classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
+from typing import Any
+
+import psutil
+
+from resumerge.engine.costs import MemoryEstimate
+from resumerge.memory import SAFETY_MARGIN, MemoryProbe, default_budget, format_size
+from resumerge.methods.registry import MethodSpec
+from resumerge.plan.merge_plan import Plan, TensorPlan
+from resumerge.plan.unitkey import per_class
+from resumerge.plan.workunits import (
+    ROWS,
+    collects_sibling,
+    oversized_units,
+    streamed_bytes,
+    unit_bytes,
+    unit_mode,
+)
+from resumerge.torch_import import load as load_torch
+from resumerge.torch_import import torch
+
+__all__ = ["memory_estimate", "working_set"]
+
+
+def memory_estimate(plan: Plan, pending: Sequence[Any], probe: MemoryProbe, max_memory: int | None, workers: int,
+                    remote: AbstractSet[tuple[str, str]] = frozenset()) -> tuple[MemoryEstimate, list[str]]:
+    """The memory the merge of ``pending`` shards of ``plan`` needs under ``max_memory`` (None: the default budget)
+    on the machine ``probe`` reads, with ``workers`` compute workers, ``remote`` the (model, file) pairs streamed
+    from the hub; and why it cannot run (empty: it fits, as far as single units go)."""
+    budget = max_memory if max_memory is not None else default_budget(probe)
+    source = "--max-memory" if max_memory is not None else "default"
+    load_torch()  # the merge process holds torch (imported on first use): count it, as the merge's budget will
+    anon = probe.rss()
+    limit = probe.limit()
+    machine = anon + probe.available()
+    machine = min(machine, limit) if limit is not None else machine
+    effective = min(budget, machine)
+    # The budget counts anonymous memory; the OS's peak RSS also counts mapped files (torch's libraries).
+    baseline = int(psutil.Process().memory_info().rss)
+    room = max(0, effective - int(effective * SAFETY_MARGIN) - anon)
+    units = pending_units(plan, pending, budget, remote, serial=torch.get_num_threads() <= workers)
+    working = working_set(units, room, workers)
+    largest = max((u for u, _ in units), default=0)
+    reasons = []
+    too_big = oversized_units(plan, effective, anon)
+    smallest = max((u.needed for u in too_big), default=0)
+    if too_big:
+        worst = max(too_big, key=lambda u: u.needed)
+        if smallest > machine:
+            reasons.append(
+                f"memory: tensor {worst.tensor} ({worst.method}) needs a budget of {format_size(smallest)}, but this "
+                f"machine can give the merge at most {format_size(machine)}: merge on a machine with more memory"
+            )
+        else:
+            reasons.append(
+                f"memory: tensor {worst.tensor} ({worst.method}) needs a budget of {format_size(smallest)}, more "
+                f"than {format_size(effective)}: rerun with --max-memory {format_size(smallest, compact=True)} or more"
+            )
+    return MemoryEstimate(budget, source, machine, baseline, anon, working, largest, smallest), reasons
+
+
+def pending_units(plan: Plan, pending: Sequence[Any], budget: int,
+                  remote: AbstractSet[tuple[str, str]] = frozenset(), *, serial: bool = True) -> list[tuple[int, bool]]:
+    """(estimate, streamed in row chunks) of every pending tensor, in the order the engine computes them.
+
+    The engine's own rule (:func:`~resumerge.plan.workunits.unit_mode`) decides: a tensor streamed to the writer
+    in row chunks counts its whole estimate (the chunks together fill the room), one computed in passes over
+    chunks counts a chunk and its output, any other its whole estimate; a unit that collects its sibling's result
+    (:func:`~resumerge.plan.workunits.collects_sibling`) joins its sibling's, as the engine counts it. ``remote``
+    holds the (model, file) pairs streamed from the hub, which the engine does not read more than once when it has
+    a choice; ``serial`` says whether the engine's workers fill torch's threads (see
+    :func:`~resumerge.plan.workunits.unit_mode`).
+    """
+    method_of = methods(plan)
+
+    def sized(rereadable: bool) -> Callable[[TensorPlan], tuple[int, bool]]:
+        def size(tp: TensorPlan) -> tuple[int, bool]:
+            method = method_of(tp)
+            mode = unit_mode(tp, method, budget, plan.options.device, rereadable=rereadable, serial=serial)
+            return (streamed_bytes(tp, method), True) if mode == ROWS else (unit_bytes(tp, method, mode), False)
+
+        return per_class(size)
+
+    local, streamed = sized(True), sized(False)
+    units: list[tuple[int, bool]] = []
+    previous: TensorPlan | None = None
+    for shard in pending:
+        for name in shard.tensors:
+            tp = plan.tensors[name]
+            if units and collects_sibling(previous, tp, method_of(tp)):
+                # It collects what its sibling computed, holding its result only, and takes no worker's turn.
+                units[-1] = (units[-1][0] + tp.nbytes, units[-1][1])
+            elif remote and any((ref.model, ref.file) in remote for ref in tp.inputs):
+                units.append(streamed(tp))
+            else:
+                units.append(local(tp))
+            previous = tp
+    return units
+
+
+def methods(plan: Plan) -> Callable[[TensorPlan], MethodSpec]:
+    """:meth:`Plan.method_of`, looked up once per method name (a lookup scans the registry)."""
+    found: dict[str, MethodSpec] = {}
+
+    def method_of(tp: TensorPlan) -> MethodSpec:
+        spec = found.get(tp.method)
+        if spec is None:
+            spec = found[tp.method] = plan.method_of(tp)
+        return spec
+
+    return method_of
+
+
+def working_set(units: Sequence[tuple[int, bool]], room: int, workers: int) -> int:
+    """The most bytes in flight at once: ``workers`` consecutive whole units, or one chunked tensor, within room.
+
+    A unit is admitted alone even above the room (waiting could not help), so a window never counts less than
+    its largest unit; a chunked tensor's chunks together stay within the room.
+    """
+    best = 0
+    window: list[int] = []
+    for size, chunked in units:
+        if chunked:
+            window = []  # the engine hands over everything in flight before streaming a tensor in chunks
+            best = max(best, min(size, room) if room > 0 else size)
+            continue
+        window = [*window, size][-max(1, workers):]
+        best = max(best, max(min(sum(window), room), max(window)))
+    return best
