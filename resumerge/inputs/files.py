@@ -11,6 +11,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from resumerge.errors import HostileFileError
 from resumerge.inputs.safetensors_format import TensorEntry
@@ -50,9 +51,9 @@ class InputFile:
     identity: str
 
 
-@dataclass(frozen=True)
-class TensorSource:
-    """Where one input tensor lives: file name (relative), its header entry."""
+class TensorSource(NamedTuple):
+    """Where one input tensor lives: file name (relative), its header entry. A tuple: a checkpoint's headers make
+    92k of them, at a fifth of a frozen dataclass's cost each."""
 
     file: str
     entry: TensorEntry

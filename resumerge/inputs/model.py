@@ -89,12 +89,12 @@ def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = N
     for name in names:
         path = contained(directory, name)
         header = read_bin_header(path) if is_pickle_checkpoint(name) else read_header(path)
-        for tname, entry in header.tensors.items():
-            if tname in tensors:
-                raise HostileFileError(
-                    f"tensor {tname!r} appears in both {tensors[tname].file} and {name}", path=str(directory)
-                )
-            tensors[tname] = TensorSource(name, entry)
+        if not tensors.keys().isdisjoint(header.tensors):  # one set operation per file, not a test per tensor
+            tname = next(t for t in header.tensors if t in tensors)
+            raise HostileFileError(
+                f"tensor {tname!r} appears in both {tensors[tname].file} and {name}", path=str(directory)
+            )
+        tensors.update((tname, TensorSource(name, entry)) for tname, entry in header.tensors.items())
         files.append(InputFile(name, header.file_size, file_identity(path, header.raw)))
     return ModelInput(ref, directory, config, tensors, tuple(files))
 

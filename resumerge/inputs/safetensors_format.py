@@ -15,6 +15,7 @@ import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from resumerge.errors import HostileFileError
 
@@ -54,9 +55,9 @@ DTYPE_RANK: dict[str, int] = {
 }
 
 
-@dataclass(frozen=True)
-class TensorEntry:
-    """One tensor of a safetensors file: dtype name, shape, and absolute byte range in the file."""
+class TensorEntry(NamedTuple):
+    """One tensor of a safetensors file: dtype name, shape, and absolute byte range in the file. A tuple: a
+    checkpoint's headers make 92k of them, at a fifth of a frozen dataclass's cost each."""
 
     name: str
     dtype: str
@@ -130,8 +131,13 @@ def parse_header(raw: bytes, *, file_size: int, path: str = "") -> Header:
     if "" in doc or _CONTROL.search("".join(doc)):  # every name at once; then the one to blame
         for name in doc:
             _check_name(name, path)
-    entries = {name: _entry(name, info, data_start, path) for name, info in doc.items()}
-    ranges = sorted((e.start, e.end, e.name) for e in entries.values())
+    entries: dict[str, TensorEntry] = {}
+    ranges: list[tuple[int, int, str]] = []
+    for name, info in doc.items():
+        entry = _plain_entry(name, info, data_start) or _entry(name, info, data_start, path)
+        entries[name] = entry
+        ranges.append((entry.start, entry.end, name))
+    ranges.sort()
     cursor = data_start
     for start, end, name in ranges:
         if start != cursor:
@@ -152,6 +158,27 @@ def _check_name(name: str, path: str) -> None:
         # A NUL, newline or escape in a name would smuggle extra lines into logs and error messages.
         raise HostileFileError(f"tensor name {name!r} is empty or contains a control character (NUL, newline, ...)",
                                path=path)
+
+
+def _plain_entry(name: str, info: object, data_start: int) -> TensorEntry | None:
+    """The entry of tensor ``name`` when ``info`` is plainly valid (the dict every writer makes, checked with exact
+    types in one pass: 92k entries a checkpoint), else None, and :func:`_entry` says what is wrong with it."""
+    if type(info) is not dict:
+        return None
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if type(dtype) is not str or type(shape) is not list or type(offsets) is not list or len(offsets) != 2:
+        return None
+    count = DTYPE_SIZES.get(dtype)
+    if count is None:
+        return None
+    for d in shape:
+        if type(d) is not int or d < 0:
+            return None
+        count *= d
+    start, end = offsets
+    if type(start) is not int or type(end) is not int or not 0 <= start <= end or end - start != count:
+        return None
+    return TensorEntry(name, dtype, tuple(shape), data_start + start, data_start + end)
 
 
 def _entry(name: str, info: object, data_start: int, path: str) -> TensorEntry:
