@@ -82,8 +82,9 @@ def _fp8_weights(config: Mapping[str, Any], headers: HeaderMap, source: str) -> 
     checked: dict[tuple[tuple[str, tuple[int, ...]], tuple[str, tuple[int, ...]]], Scheme] = {}
     schemes: dict[tuple[tuple[int, int], str], Scheme] = {}
     inputs = {n for n in headers if n.endswith(".input_scale")}
-    claimed: set[str] = set()
-    for scale_name in sorted(n for n in headers if n.endswith("_scale_inv")):
+    carried: set[str] = set()  # the activation scales the weights carry
+    scales = sorted(n for n in headers if n.endswith("_scale_inv"))
+    for scale_name in scales:
         name = scale_name.removesuffix("_scale_inv")
         weight = headers.get(name)
         if weight is None:
@@ -99,10 +100,16 @@ def _fp8_weights(config: Mapping[str, Any], headers: HeaderMap, source: str) -> 
         extra = f"{name.removesuffix('.weight')}.input_scale" if inputs and name.endswith(".weight") else None
         extras = (extra,) if extra in inputs else ()
         found[name] = QuantizedTensor(name, name, scale_name, scheme, tuple(weight[1]), extras=extras)
-        claimed.update((name, scale_name, *extras))
-    stray = min((n for n, (dtype, _) in headers.items() if dtype == "F8_E4M3" and n not in claimed), default=None)
-    stray_input = min(inputs - claimed, default=None)
-    if stray is not None and (stray_input is None or stray < stray_input):
+        carried.update(extras)
+    # What the weights claim: their codes (the keys of found), scales and carried activation scales.
+    unclaimed = {n for n, (dtype, _) in headers.items() if dtype == "F8_E4M3" and n not in found and n not in carried}
+    unclaimed |= inputs - carried - found.keys()
+    if unclaimed:
+        unclaimed -= set(scales)
+    # The first (sorted) of them is refused, as a weight without its scale when it is one.
+    stray = min((n for n in unclaimed if headers[n][0] == "F8_E4M3"), default=None)
+    stray_input = min((n for n in unclaimed if n in inputs), default=None)
+    if stray is not None and (stray_input is None or stray <= stray_input):
         raise refuse(source, f"an fp8 weight without its scale (looked for {stray}_scale_inv)", stray,
                      "the checkpoint is incomplete: download it again")
     if stray_input is not None:
