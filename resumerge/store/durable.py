@@ -7,10 +7,14 @@ not at all (a leftover ``.<name>.<random>.part`` temp file is garbage that resum
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import functools
 import os
 import secrets
 import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from resumerge.errors import StorageError
@@ -32,6 +36,38 @@ def sync_file(fd: int) -> None:
     """fsync ``fd``: its data is on disk when this returns (skipped only under ``RESUMERGE_UNSAFE_NO_FSYNC=1``)."""
     if not durability_disabled():
         os.fsync(fd)
+
+
+# sync_file_range's flag (linux/fs.h): start write-out of the range's dirty pages, wait for none of it.
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+@functools.cache
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    """Linux's ``sync_file_range`` (the C library's), or None elsewhere or when the library lacks it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        call = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    call.restype = ctypes.c_int
+    return call  # type: ignore[no-any-return]
+
+
+def start_writeback(fd: int) -> None:
+    """Start writing ``fd``'s dirty pages to disk now, without waiting for them; best effort, never raises.
+
+    Only a speed-up for the :func:`sync_file` that must still follow: the kernel writes dirty pages back on its
+    own only once they are 30 s old or fill a tenth of free memory, so a file written in less than that is
+    written to disk entirely inside the final fsync, after the work that made it. Started while the file is
+    being written, the disk works beside the merge. A no-op where Linux's ``sync_file_range`` is missing and
+    under ``RESUMERGE_UNSAFE_NO_FSYNC=1`` (nothing is synced there).
+    """
+    call = _sync_file_range()
+    if call is not None and not durability_disabled():
+        call(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)  # 0, 0: the whole file; an error (EINVAL on FUSE) changes nothing
 
 
 def discard(path: Path) -> None:

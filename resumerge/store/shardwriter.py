@@ -21,13 +21,15 @@ from resumerge.errors import ResumergeError
 from resumerge.inputs.safetensors_format import ShardLayout
 from resumerge.inputs.tensorio import TORCH_DTYPES, tensor_bytes
 from resumerge.store import killpoints
-from resumerge.store.durable import discard, storage_error, sync_file
+from resumerge.store.durable import discard, start_writeback, storage_error, sync_file
 from resumerge.store.sink import OutputSink, Receipt
 from resumerge.torch_import import torch
 
 _PARALLEL_HASH_BYTES = 1 << 20
 # Bytes read back at a time to hash a part written ahead of the hash's frontier (from the page cache).
 _REREAD_BYTES = 8 << 20
+# Bytes written between two starts of their write-out to disk (see durable.start_writeback).
+_WRITEBACK_BYTES = 32 << 20
 _HASHER: ThreadPoolExecutor | None = None
 _HASHER_LOCK = threading.Lock()
 
@@ -83,6 +85,7 @@ class ShardWriter:
         self._at = 0  # the index in layout.order of the part the frontier is in
         self._done = dict.fromkeys(self._planned, 0)  # bytes written of each stored part, from its start
         self._reread: memoryview | None = None  # made at the first read-back
+        self._unsent = 0  # bytes written since the disk was last asked to start writing them
         try:
             self._fd = os.open(self.temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             self._write(memoryview(layout.header), 0)
@@ -125,7 +128,11 @@ class ShardWriter:
             for offset, stored, data in sorted(pieces, key=lambda p: p[0]):
                 self._write(data, offset)
                 self._done[stored] += len(data)
+                self._unsent += len(data)
             self._catch_up()
+            if self._unsent >= _WRITEBACK_BYTES:
+                start_writeback(self._fd)  # the disk writes while the next tensors are merged, not all at finish
+                self._unsent = 0
         except OSError as exc:
             self.abort()
             raise storage_error(exc, self.final) from exc
