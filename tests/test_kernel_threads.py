@@ -105,6 +105,27 @@ def test_serial_kernels_set_torchs_own_openmp_runtime_when_another_is_loaded_lat
 
 
 @pytest.mark.skipif(kernels._openmp() is None, reason="torch's OpenMP runtime is not reachable here")
+def test_serial_kernels_find_the_runtime_when_first_used_before_torch_is_imported() -> None:
+    """resumerge imports torch lazily (planning never needs it), so the first ``serial_kernels`` can come before
+    torch is loaded. The runtime was looked up in /proc/self/maps before touching torch, found nothing and cached
+    that: every later "serial" block ran split over torch's threads (a 128 Ki-entry chunk's kernels 30x slower)."""
+    code = (
+        "import sys\n"
+        "from resumerge.inputs import kernels\n"
+        "loaded = 'torch' in sys.modules\n"
+        "runtime = kernels._openmp()\n"
+        "import torch\n"
+        "torch.set_num_threads(2)\n"
+        "with kernels.serial_kernels():\n"
+        "    inside = torch.get_num_threads()\n"
+        "print(loaded, runtime is not None, inside)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True", "1"], done.stdout
+
+
+@pytest.mark.skipif(kernels._openmp() is None, reason="torch's OpenMP runtime is not reachable here")
 def test_a_quantized_decode_runs_on_the_reading_thread_alone_whoever_reads_it() -> None:
     # read_value is the one reader of the engine, the MoE pass and LoRA extraction's ranks (which read outside the
     # engine's workers): each quantized decode in it runs serially, a plain read is left alone.

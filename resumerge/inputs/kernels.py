@@ -41,13 +41,15 @@ def _openmp() -> ctypes.CDLL | None:
     package, or the ``torch.libs`` folder beside it) is taken first; another runtime only when torch's is not found
     by name (a build linked against the system's).
     """
+    # torch first: it is imported lazily, and a first call before its import would find no runtime mapped yet and
+    # cache that, leaving every later "serial" kernel split over torch's threads.
+    home = Path(torch.__file__).resolve().parent
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return None
     found = [path for path in dict.fromkeys(line.split()[-1] for line in maps.splitlines() if line.split())
              if Path(path).name.startswith(("libgomp", "libiomp"))]
-    home = Path(torch.__file__).resolve().parent
     ours = [path for path in found if Path(path).resolve().parent in (home / "lib", home.parent / "torch.libs")]
     for path in ours or found[:1]:
         try:
