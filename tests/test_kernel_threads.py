@@ -88,20 +88,27 @@ def test_serial_kernels_set_torchs_own_openmp_runtime_when_another_is_loaded_lat
     whole-tensor sums over its threads, and a notebook that imported transformers computed other bits than a fresh
     process (seen as an extraction whose adapter differed inside a test worker)."""
     pytest.importorskip("sentencepiece")
+    # sentencepiece after torch, as a notebook or a test worker loads it
+    name, inside, after = _serial_in_fresh_process("import torch\nimport sentencepiece\n", "runtime._name")
+    assert "sentencepiece" not in name and int(inside) == 1 and int(after) == 2
+
+
+def _serial_in_fresh_process(before: str, shown: str) -> list[str]:
+    """In a fresh Python that ran ``before``: ``shown`` (an expression of ``runtime``, the OpenMP runtime found
+    then), torch's threads inside ``serial_kernels`` with two set, and after it."""
     code = (
-        "import torch\n"
-        "import sentencepiece\n"  # after torch, as a notebook or a test worker loads it
+        f"{before}"
         "from resumerge.inputs import kernels\n"
         "runtime = kernels._openmp()\n"
+        "import torch\n"
         "torch.set_num_threads(2)\n"
         "with kernels.serial_kernels():\n"
         "    inside = torch.get_num_threads()\n"
-        "print(runtime._name, inside, torch.get_num_threads())\n"
+        f"print({shown}, inside, torch.get_num_threads())\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
-    name, inside, after = done.stdout.split()
-    assert "sentencepiece" not in name and int(inside) == 1 and int(after) == 2, done.stdout
+    return done.stdout.split()
 
 
 @pytest.mark.skipif(kernels._openmp() is None, reason="torch's OpenMP runtime is not reachable here")
@@ -109,20 +116,8 @@ def test_serial_kernels_find_the_runtime_when_first_used_before_torch_is_importe
     """resumerge imports torch lazily (planning never needs it), so the first ``serial_kernels`` can come before
     torch is loaded. The runtime was looked up in /proc/self/maps before touching torch, found nothing and cached
     that: every later "serial" block ran split over torch's threads (a 128 Ki-entry chunk's kernels 30x slower)."""
-    code = (
-        "import sys\n"
-        "from resumerge.inputs import kernels\n"
-        "loaded = 'torch' in sys.modules\n"
-        "runtime = kernels._openmp()\n"
-        "import torch\n"
-        "torch.set_num_threads(2)\n"
-        "with kernels.serial_kernels():\n"
-        "    inside = torch.get_num_threads()\n"
-        "print(loaded, runtime is not None, inside)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "True", "1"], done.stdout
+    shown = _serial_in_fresh_process("import sys\nloaded = 'torch' in sys.modules\n", "loaded, runtime is not None")
+    assert shown == ["False", "True", "1", "2"]  # torch not loaded when the runtime was looked for
 
 
 @pytest.mark.skipif(kernels._openmp() is None, reason="torch's OpenMP runtime is not reachable here")
