@@ -8,7 +8,12 @@ CASE is
   ``--executor ray`` on one Ray node with the machine's CPUs (goal: at most 1.15x the local wall);
 - ``nodes``: a TIES merge of ``a``, ``b``, ``c`` (compute-bound) with ``--executor ray -j 1`` on two one-CPU
   worker nodes, then on one (goal: two nodes at most 0.6x one node's wall);
-- ``all`` (the default): both, one after the other.
+- ``hubnodes``: the linear merge of ``a`` and ``b`` hub to hub (``--stream-inputs`` into an ``hf://`` OUT) through
+  the stand-in hub of ``tests/hub``, its link throttled per connection (``--hub-down`` and ``--hub-up`` MB/s each,
+  as a node's own link would carry its connections), with ``--executor ray -j 1`` on two one-CPU worker nodes, then
+  on one: each node reads its shards' ranges from the hub and uploads its shards itself (goal: two nodes at most
+  0.6x one node's wall, the link being what a second node doubles);
+- ``all`` (the default): the three, one after the other.
 
 Output shards of ``--out-shard-size`` (100M: about twelve shards fed to the nodes' workers). Every run is a fresh
 ``resumerge run`` process (a new Ray job: its workers import torch afresh, as a user's run would) into a fresh OUT
@@ -36,6 +41,16 @@ from pathlib import Path
 
 import psutil
 from bench_linear import CONFIG as LINEAR  # the same linear merge of a and b
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests")]
+
+from hub.fakehub import FakeHub, sparse_files_of  # noqa: E402
+from hub.fakehub_link import Link  # noqa: E402
+from hub.fakehub_write import HubWriter  # noqa: E402
+
+MB = 10**6
+TOKEN = "bench-token"
 
 TIES = """merge_method: ties
 base_model: {a}
@@ -118,22 +133,28 @@ class CpuSampler:
             self._record()
 
 
-def run(config: Path, work: Path, label: str, *args: str) -> Run:
-    """One fresh ``resumerge run``, timed."""
+def run(config: Path, work: Path, label: str, *args: str, hub: HubWriter | None = None) -> Run:
+    """One fresh ``resumerge run``, timed (into ``hf://bench/LABEL`` on ``hub`` when given, dropped after)."""
     out, state = work / f"out-{label}", work / f"state-{label}"
+    target = f"hf://bench/{label}" if hub is not None else str(out)
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(state, ignore_errors=True)
     load = os.getloadavg()[0]
     started = time.monotonic()
     with CpuSampler() as cpu:
-        subprocess.run([sys.executable, "-m", "resumerge", "run", str(config), str(out), "--state-dir", str(state),
+        subprocess.run([sys.executable, "-m", "resumerge", "run", str(config), target, "--state-dir", str(state),
                         "--quiet", *args], check=True)
     wall = time.monotonic() - started
     digest = hashlib.sha256()
-    for path in sorted(out.iterdir()):
-        if path.is_file():
-            digest.update(path.name.encode() + path.read_bytes())
-    shutil.rmtree(out)
+    if hub is not None:
+        for name, data in sorted(hub.head_files(f"bench/{label}").items()):
+            digest.update(name.encode() + data)
+        hub.hub.drop(f"bench/{label}")
+    else:
+        for path in sorted(out.iterdir()):
+            if path.is_file():
+                digest.update(path.name.encode() + path.read_bytes())
+        shutil.rmtree(out)
     return Run(wall, cpu.seconds(), (load, os.getloadavg()[0]), digest.hexdigest()[:16])
 
 
@@ -160,10 +181,37 @@ def nodes(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, ...]
     return two, one
 
 
+def hubnodes(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, ...], down: float,
+             up: float) -> tuple[list[Run], list[Run]]:
+    """Ray runs hub to hub through the stand-in hub throttled per connection, on two one-CPU worker nodes, then on
+    one. The nodes take the stand-in's address and a token from this process's environment (set before the clusters
+    start), as real nodes would from theirs; uploads go through the stand-in's LFS API (its link paces them)."""
+    fake = FakeHub(link=Link(down=down * MB, up=up * MB, per_connection=True))
+    writer = HubWriter.attach(fake)
+    writer.add_token(TOKEN, "bench")
+    for key in ("a", "b"):
+        fake.push(f"bench/{key}", sparse_files_of(names[key], hashed_below=1 << 62))
+    config = work / "hub-linear.yml"
+    config.write_text(LINEAR.format(a="bench/a", b="bench/b"))
+    ray = ("--executor", "ray", "-j", "1", "--stream-inputs")
+    with fake:
+        os.environ.update({"HF_ENDPOINT": fake.url, "HF_TOKEN": TOKEN, "HF_HOME": str(work / "hf"),
+                           "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
+        with cluster(0, 2) as address:
+            two = [run(config, work, "hub-two", *shards, *ray, "--ray-address", address, hub=writer)
+                   for _ in range(runs)]
+        with cluster(0, 1) as address:
+            one = [run(config, work, "hub-one", *shards, *ray, "--ray-address", address, hub=writer)
+                   for _ in range(runs)]
+    return two, one
+
+
 # case -> (how it runs, the labels of its two series, what the ratio is, the goal)
 CASES = {
     "overhead": (overhead, ("local", "ray, one node of all CPUs"), "ray / local", 1.15),
     "nodes": (nodes, ("ray, two one-CPU nodes", "ray, one one-CPU node"), "two nodes / one node", 0.6),
+    "hubnodes": (hubnodes, ("ray hub to hub, two one-CPU nodes", "ray hub to hub, one one-CPU node"),
+                 "two nodes / one node", 0.6),
 }
 
 
@@ -175,6 +223,8 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-ray"))
     parser.add_argument("--out-shard-size", default="100M",
                         help="output shards (a shard is a unit of work: 1B would make the bench output one shard)")
+    parser.add_argument("--hub-down", type=float, default=10.0, help="hubnodes: MB/s per connection, down")
+    parser.add_argument("--hub-up", type=float, default=20.0, help="hubnodes: MB/s per connection, up")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     names = {k: args.models / k for k in "abc"}
@@ -182,14 +232,15 @@ def main() -> int:
     verdicts = []
     for case in CASES if args.case == "all" else (args.case,):
         measure, labels, what, goal = CASES[case]
-        series = measure(names, args.work, args.runs, shards)
+        rates = (args.hub_down, args.hub_up) if case == "hubnodes" else ()
+        series = measure(names, args.work, args.runs, shards, *rates)
         for label, runs in zip(labels, series):
             for r in runs:
                 print(f"{case}: {label}: {r.wall:.1f} s wall, {r.cpu:.1f} s CPU, load {r.load[0]:.1f} -> "
                       f"{r.load[1]:.1f}, output {r.digest}", flush=True)
         assert len({r.digest for runs in series for r in runs}) == 1, f"{case}: the outputs differ"
         # The ratio is always the cheaper-wanted series over the other: ray over local, two nodes over one.
-        first, second = series if case == "nodes" else series[::-1]
+        first, second = series if case != "overhead" else series[::-1]
         wall = statistics.median(r.wall for r in first) / statistics.median(r.wall for r in second)
         cpu = statistics.median(r.cpu for r in first) / statistics.median(r.cpu for r in second)
         verdicts.append(f"{case}: {what} {wall:.2f}x wall (goal <= {goal}x: {'met' if wall <= goal else 'missed'}),"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import shutil
 import signal
@@ -34,7 +35,7 @@ from hub.fakehub_write import HubWriter
 from hub.fakehub_xet import XetCas
 from hubout.conftest import TOKEN, hub, repo_files, tier, uploads  # noqa: F401  (the stand-in hub's fixtures)
 from huggingface_hub import constants
-from support import cli, digests, ties_of_three, write_config
+from support import cli, digests, ties_of_three
 
 from resumerge import api
 from resumerge.cli.commands import main
@@ -42,6 +43,7 @@ from resumerge.cli.modelgen import ModelSpec
 from resumerge.cli.render import show_status
 from resumerge.config.hubtarget import parse_hub_target
 from resumerge.config.locations import run_dir
+from resumerge.engine.cluster.hubreads import NodeReads, NodeSources
 from resumerge.engine.cluster.upload import HubPlace, task_cpus, upload_shard
 from resumerge.engine.quiet import NullReporter
 from resumerge.errors import EXIT_INVALID, ResumergeError, UsageError
@@ -51,6 +53,7 @@ from resumerge.store.hubcommits import CommitQueue
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
 SPEC = ModelSpec(layers=2, hidden=32, intermediate=48, vocab=64)
 SHARD = "10k"
+NAMING = ("README.md", "mergekit_config.yml", "resumerge-manifest.json")  # the output files that name the inputs
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,7 @@ def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merg
     with _cluster() as cluster:
         _equals_local_and_both_worker_nodes_made_shards(cluster, merge, tmp_path / "plain")
         _a_task_that_fails_ends_the_run_as_the_local_executor_does(merge, tmp_path / "failing")
-        _streamed_hub_inputs_are_refused_in_one_line(merge, tmp_path / "streamed", monkeypatch)
+        _streamed_hub_inputs_are_read_by_each_node(cluster, merge, hub, tmp_path / "streamed")
         _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge, hub, tmp_path / "hub", monkeypatch,
                                                                     killed_at=cluster[0].address)
         _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster, merge, hub, tmp_path / "ctrl-c")
@@ -220,20 +223,47 @@ def test_without_ray_the_ray_executor_is_a_usage_error(merge: Merge, tmp_path: P
     assert not (tmp_path / "out").exists()
 
 
-def _streamed_hub_inputs_are_refused_in_one_line(merge: Merge, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    # A task reads the hub inputs from the driver's Hugging Face cache, where a streamed file never lands.
+def _streamed_hub_inputs_are_read_by_each_node(cluster: tuple[Cluster, Any], merge: Merge, writer: HubWriter,
+                                               tmp_path: Path) -> None:
+    # Every input streamed from the stand-in hub: each worker node reads its own shards' ranges (with its own
+    # token), and the driver checks and records their digests in its ledger as a local run records its own.
     tmp_path.mkdir()
-    fake = FakeHub()
-    fake.push("org/a", files_of(merge.config.parent / "a"))
-    config = write_config(tmp_path / "streamed.yml", {"merge_method": "linear", "dtype": "float32", "models": [
-        {"model": "org/a", "parameters": {"weight": 0.5}}, {"model": str(merge.config.parent / "b"),
-                                                            "parameters": {"weight": 0.5}}]})
-    with monkeypatch.context() as patch, fake:
-        patch.setenv("HF_ENDPOINT", fake.url)
-        with pytest.raises(UsageError, match="cannot read streamed hub inputs"):
-            api.run(config, tmp_path / "out", state_dir=tmp_path / "state", executor="ray", stream_inputs=True)
-    assert not (tmp_path / "out").exists()
+    root, text = merge.config.parent, merge.config.read_text()
+    for name in ("base", "a", "b"):
+        writer.hub.push(f"org/{name}", files_of(root / name))
+        text = text.replace(str(root / name), f"org/{name}")
+    config, out, state = tmp_path / "streamed.yml", tmp_path / "out", tmp_path / "state"
+    config.write_text(text)
+    writer.hub.requests.clear()
+    api.run(config, out, state_dir=state, out_shard_size=SHARD, executor="ray", stream_inputs=True)
+    # The local run's bytes (of the same models read from disk: only the files naming the models differ).
+    assert {n: d for n, d in digests(out).items() if n not in NAMING} == \
+        {n: d for n, d in merge.reference.items() if n not in NAMING}
+    # The stand-in saw each node's range reads (a node names itself in its user agent): both nodes read, no node
+    # fetched a byte twice, and together they fetched exactly the bytes the merge needs (no read-ahead of another
+    # node's tensors), as the driver's figures say.
+    reads: dict[str, list[tuple[str, int, int]]] = {}
+    for request in writer.hub.requests:
+        if request.method == "GET" and request.range and "resumerge-node/" in request.agent:
+            first, _, last = request.range.removeprefix("bytes=").partition("-")
+            node = request.agent.split("resumerge-node/")[1][:8]
+            reads.setdefault(node, []).append((request.path, int(first), int(last) + 1))
+    assert set(reads) == cluster[0].node_ids()
+    for ranges in reads.values():
+        ranges.sort()
+        assert all(a[0] != b[0] or a[2] <= b[1] for a, b in itertools.pairwise(ranges)), "a byte fetched twice"
+    streamed = api.status(out, state_dir=state).streamed
+    assert streamed is not None
+    assert sum(e - s for ranges in reads.values() for _, s, e in ranges) == streamed["fetched"] == streamed["needed"]
+    # Every range the nodes read is in the driver's ledger with the sha256 of the bytes on the hub.
+    db = sqlite3.connect(run_dir(out, state) / "ledger.db")
+    recorded = db.execute("SELECT model, file, start, \"end\", sha256 FROM stream_reads").fetchall()
+    db.close()
+    assert len(recorded) >= len(merge.reference)
+    for model, file, start, end, sha256 in recorded:
+        with (root / model.removeprefix("org/") / file).open("rb") as data:
+            data.seek(start)
+            assert hashlib.sha256(data.read(end - start)).hexdigest() == sha256
 
 
 @contextmanager
@@ -308,6 +338,15 @@ def test_a_node_without_a_token_refuses_to_upload_in_one_line(tmp_path: Path) ->
     with pytest.raises(UsageError) as refused:  # hf_env: no HF_TOKEN, no saved login
         upload_shard(place, shard, shard.name, hashlib.sha256(b"x").hexdigest())
     assert refused.value.exit_code == EXIT_INVALID and "HF_TOKEN" in refused.value.one_line()
+
+
+def test_a_node_without_a_token_refuses_to_read_the_hub_inputs_in_one_line(merge: Merge) -> None:
+    # The driver read the streamed inputs with a token: a node needs its own (it is never sent with a task).
+    reads = NodeReads((), token=True, cache="test", limit=0)
+    with pytest.raises(UsageError) as refused:  # hf_env: no HF_TOKEN, no saved login
+        NodeSources(api.plan_merge(merge.config), reads, None, "0123abcd")
+    assert refused.value.exit_code == EXIT_INVALID
+    assert "0123abcd" in refused.value.one_line() and "HF_TOKEN" in refused.value.one_line()
 
 
 def _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster: tuple[Cluster, Any], merge: Merge, writer: HubWriter,

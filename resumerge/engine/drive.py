@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.config.settings import LOCAL, RunSettings, Staging
+from resumerge.config.settings import RunSettings, Staging
 from resumerge.engine.devices import gpu_governor, make_governor
 from resumerge.engine.executor import Reporter, Stopped
 from resumerge.engine.executors import Executor, executor_for
@@ -125,10 +125,6 @@ class RunSession:
             hub = HubInputs.open(plan, inputs, state_dir=settings.state_dir,
                                  on_progress=hub_progress(self.reporter, meter), governor=governors[0],
                                  max_disk=settings.max_disk)
-            if hub.streams and settings.executor != LOCAL:  # a task reads the driver's cache, which lacks them
-                raise UsageError("--executor ray cannot read streamed hub inputs yet (--stream-inputs, or a "
-                                 "--max-disk too small to download them)",
-                                 hint="drop --stream-inputs (or raise --max-disk), or run with the local executor")
         return self._drive(manifest, governors, hub, meter, beside.notes if beside is not None else None, executor)
 
     def _drive(self, manifest: Manifest | None, governors: tuple[MemoryGovernor, MemoryGovernor | None],
@@ -221,7 +217,7 @@ class RunSession:
                 transfers = (hub_out is not None or (hub is not None and hub.downloads is not None)) and not (
                     hub is not None and hub.streams)
                 job = Job(plan, sources, sink, ledger, book, reporter, should_stop, config_text,
-                          self.prepared.resources, settings, governor, gpu, late_notes, transfers)
+                          self.prepared.resources, settings, governor, gpu, late_notes, transfers, hub)
                 try:
                     with sources:
                         late = executor.run(job)

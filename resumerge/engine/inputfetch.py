@@ -14,7 +14,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from resumerge.config.locations import state_root
 from resumerge.engine.executor import Reporter
@@ -26,7 +26,7 @@ from resumerge.inputs.hub import ProgressCallback, fetch_weights
 from resumerge.inputs.hub.cache import RepoCache
 from resumerge.inputs.hub.fetch import check_downloads
 from resumerge.inputs.hub.landing import Downloads, LandingFiles
-from resumerge.inputs.hub.ranges import FetchCounters, RangeClient
+from resumerge.inputs.hub.ranges import FetchCounters, RangeClient, StreamedFile
 from resumerge.inputs.hub.stream import DEFAULT_COALESCE, Check, HubStream
 from resumerge.inputs.safetensors_format import Header
 from resumerge.inputs.source import InputSource, InputSources, LocalFiles
@@ -100,6 +100,7 @@ class HubInputs:
         self._lock = threading.Lock()
         self.disk_bytes = 0  # hub input bytes kept on local disk by this run (set by open)
         self._headers: dict[tuple[str, str], tuple[str, Header]] = {}
+        self.remote: tuple[StreamedFile, ...] = ()  # the streamed files, as another machine finds them (set by open)
 
     @classmethod
     def open(
@@ -149,13 +150,16 @@ class HubInputs:
                                             counters=counters)
                         for c in mine if c.how == STREAM and meta is not None}
             inner: InputSource = LocalFiles(directory, reader) if not streamed else HubStream(
-                directory, streamed, reader=reader, reserve=_reserve(governor), check=_bind(hashes, key),
-                coalesce_bytes=_coalesce(governor))
+                directory, streamed, reader=reader, reserve=read_ahead_grants(governor), check=_bind(hashes, key),
+                coalesce_bytes=coalesce_for(governor))
             arriving = {f: ld for (k, f), ld in landing.landings.items() if k == key} if landing else {}
             sources[key] = LandingFiles(inner, arriving) if arriving else inner
         inputs_ = cls(plan, choices, InputSources(sources, shared=reader), counters, hashes, landing)
         hashes.after = inputs_.tick
         inputs_.disk_bytes = disk_bytes
+        inputs_.remote = tuple(StreamedFile(c.model, c.file, inputs.hub[c.model].repo_id, inputs.hub[c.model].commit,
+                                            c.size, inputs.hub[c.model].settings.endpoint)
+                               for c in choices if c.how == STREAM)
         inputs_._headers = {(c.model, c.file): (inputs.hub[c.model].repo_id, inputs.hub[c.model].headers[c.file])
                             for c in choices if c.how == STREAM}
         return inputs_
@@ -207,6 +211,16 @@ class HubInputs:
             digests[key] = digest
         return digests
 
+    def read_elsewhere(self, reads: Sequence[tuple[str, str, int, int, str]], fetched: int) -> None:
+        """Ranges of streamed files that another machine (a cluster node) read, as (model, file, start, end,
+        sha256): checked against (and recorded in) the ledger as this process's own reads are, and the ``fetched``
+        bytes that machine took from the hub counted in this run's figures. Raises
+        :class:`~resumerge.engine.streamdigest.StreamedInputChanged` on a mismatch."""
+        for model, file, start, end, digest in reads:
+            self._hashes.check_digest(model, file, start, end, digest)
+        self.counters.add(body=fetched)
+        self.tick()
+
     def figures(self) -> dict[str, float]:
         """Streamed bytes fetched by this process, bytes it needs, requests, the rate, refreshes and retries."""
         c = self.counters
@@ -245,12 +259,13 @@ def _bind(hashes: StreamHashes, key: str) -> Check:
     return check
 
 
-def _coalesce(governor: MemoryGovernor | None) -> int:
+def coalesce_for(governor: MemoryGovernor | None) -> int:
+    """The most bytes one coalesced range request may span under ``governor``."""
     # Read-ahead is at most an eighth of the budget, so it never crowds out the units the governor admits.
     return DEFAULT_COALESCE if governor is None else max(1, min(DEFAULT_COALESCE, governor.budget // 8))
 
 
-def _reserve(governor: MemoryGovernor | None) -> Callable[[int], Callable[[], None] | None] | None:
+def read_ahead_grants(governor: MemoryGovernor | None) -> Callable[[int], Callable[[], None] | None] | None:
     """Read-ahead grants from ``governor``, never waiting: without room now, a tensor is fetched alone."""
     if governor is None:
         return None

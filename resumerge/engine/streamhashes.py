@@ -29,9 +29,18 @@ class StreamHashes:
     def check(self, model: str, file: str, start: int, end: int, data: bytearray) -> None:
         """Record the sha256 of ``data`` (bytes ``[start, end)`` of ``file`` of ``model``), or compare it with
         the recorded one. Raises :class:`StreamedInputChanged` on a mismatch."""
+        self.check_digest(model, file, start, end, hashlib.sha256(data).hexdigest())
+        whole = self.digests.get((model, file))
+        if whole is not None:
+            whole.feed(start, data)
+        if self.after is not None:
+            self.after()
+
+    def check_digest(self, model: str, file: str, start: int, end: int, digest: str) -> None:
+        """Record ``digest``, the sha256 of bytes ``[start, end)`` of ``file`` of ``model`` (read here, or on a
+        cluster node), or compare it with the recorded one. Raises :class:`StreamedInputChanged` on a mismatch."""
         if self.ledger is None:
             raise RuntimeError("internal: a streamed input was read before the run's ledger was attached")
-        digest = hashlib.sha256(data).hexdigest()
         recorded = self.ledger.remember_read(model, file, start, end, digest)
         if recorded != digest:
             raise StreamedInputChanged(
@@ -41,8 +50,3 @@ class StreamHashes:
                 hint="the hub served changed content for a pinned commit; retry later, or start over with "
                      "resumerge run CONFIG OUT --restart",
             )
-        whole = self.digests.get((model, file))
-        if whole is not None:
-            whole.feed(start, data)
-        if self.after is not None:
-            self.after()

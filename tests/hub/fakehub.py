@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from hub.fakehub_link import CHUNK, Link
+from hub.fakehub_link import CHUNK, ConnectionLink, Link
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".onnx", ".msgpack", ".h5", ".model", ".pt")
 
@@ -160,6 +160,7 @@ class Request:
     authorization: str | None
     status: int = 0
     sent: int = 0  # body bytes of a file served for this request (per-range byte counting)
+    agent: str = ""  # the client's User-Agent (a cluster node names itself there)
 
 
 @dataclass
@@ -355,7 +356,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, head: bool) -> None:
         split = urlsplit(self.path)
         parts = [unquote(p) for p in split.path.split("/")[1:]]
-        self._record = Request(self.command, split.path, self.headers.get("Range"), self.headers.get("Authorization"))
+        self._record = Request(self.command, split.path, self.headers.get("Range"), self.headers.get("Authorization"),
+                               agent=self.headers.get("User-Agent", ""))
         with self.hub.lock:
             self.hub.requests.append(self._record)
         query = {k.lower(): v[-1] for k, v in parse_qs(split.query).items()}
@@ -458,15 +460,24 @@ class _Handler(BaseHTTPRequestHandler):
         if not head:
             self._send_body(f"{repo_id}/{path}", memoryview(data)[start:end])  # a view: no copy of a large file
 
+    @property
+    def link(self) -> Link | ConnectionLink:
+        """What paces this connection's bodies: the hub's link, or this connection's own buckets at its rates (a
+        link ``per_connection``), made on first use and again whenever the hub's link is replaced."""
+        made = getattr(self, "_link", None)
+        if made is None or made[0] is not self.hub.link:
+            made = self._link = (self.hub.link, self.hub.link.connection())
+        return made[1]
+
     def write_paced(self, raw: bytes | memoryview) -> None:
         """Write a response body through the link's download bucket, a chunk at a time."""
         for at in range(0, len(raw), CHUNK):
             piece = raw[at : at + CHUNK]
-            self.hub.link.send(len(piece))
+            self.link.send(len(piece))
             try:
                 self.wfile.write(piece)
             except OSError:
-                self.hub.link.unsend(len(piece))
+                self.link.unsend(len(piece))
                 raise
 
     def read_paced(self, n: int, digest: Any = None) -> bytes:
@@ -481,7 +492,7 @@ class _Handler(BaseHTTPRequestHandler):
         got = 0
         while got < n:
             step = min(CHUNK, n - got)
-            self.hub.link.receive(step)
+            self.link.receive(step)
             piece = self.rfile.read(step)
             if digest is not None:
                 digest.update(piece)
@@ -503,7 +514,7 @@ class _Handler(BaseHTTPRequestHandler):
                     hold[1].wait(timeout=30)
                     hold = None
                 step = min(CHUNK, limit - sent, (hold[0] - sent) if hold is not None else CHUNK)
-                self.hub.link.send(step)  # wait for the link first: the bytes go out when it grants them
+                self.link.send(step)  # wait for the link first: the bytes go out when it grants them
                 # Count before writing: once the client has the bytes it may go on (and a test may reset the
                 # counters) before this thread runs again. A failed write is taken back.
                 with self.hub.lock:
@@ -513,7 +524,7 @@ class _Handler(BaseHTTPRequestHandler):
                 try:
                     self.wfile.write(body[sent : sent + step])
                 except OSError:
-                    self.hub.link.unsend(step)
+                    self.link.unsend(step)
                     with self.hub.lock:
                         self.hub.served[key] -= step
                         self._record.sent -= step

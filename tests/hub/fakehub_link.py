@@ -1,10 +1,14 @@
-"""A simulated network link for the stand-in hub: one token bucket per direction, shared by every request.
+"""A simulated network link for the stand-in hub: one token bucket per direction, shared by every request (or one
+pair per connection).
 
 ``FakeHub(link=Link(down=150e6, up=75e6))`` (or ``hub.link = Link(...)`` before the client starts) paces every
 response body the stand-in writes (file downloads and range reads, JSON answers) through the download bucket, and
 every request body it reads (LFS object PUTs, commit payloads, the small JSON bodies of the API) through the upload
 bucket, in :data:`CHUNK`-sized steps, so concurrent requests share one rate per direction as on a real link. A
-direction left ``None`` is unlimited; the counters work either way.
+direction left ``None`` is unlimited; the counters work either way. ``Link(down=..., per_connection=True)`` gives
+every connection buckets of its own at those rates instead (:meth:`Link.connection`): clients on machines of their
+own (a cluster's nodes, on this one machine) each get their connections' worth, as each would from its own link,
+while one client's connections still add up to no more than their count times the rate.
 
 What it does not cover: in the Xet tier (a :class:`~hub.fakehub_xet.XetCas` attached) hf_xet writes xorbs and
 shards straight into the ``local://`` CAS folder, bypassing the stand-in's HTTP, so only the token request and the
@@ -62,24 +66,35 @@ class TokenBucket:
 class Link:
     """Both directions of the simulated link, with the bytes that crossed each."""
 
-    def __init__(self, down: float | None = None, up: float | None = None, burst: int = BURST) -> None:
+    def __init__(self, down: float | None = None, up: float | None = None, burst: int = BURST, *,
+                 per_connection: bool = False) -> None:
         self.down = TokenBucket(down, burst)
         self.up = TokenBucket(up, burst)
+        self.per_connection = per_connection
         self.down_bytes = 0
         self.up_bytes = 0
         self._lock = threading.Lock()
 
+    def connection(self) -> Link | ConnectionLink:
+        """What paces the bodies of one new connection: this link (its buckets shared by every connection), or with
+        ``per_connection`` buckets of the connection's own at this link's rates, its bytes counted here."""
+        return ConnectionLink(self) if self.per_connection else self
+
     def send(self, n: int) -> None:
         """Pace ``n`` response-body bytes through the download bucket; call before writing them."""
         self.down.take(n)
-        with self._lock:
-            self.down_bytes += n
+        self.count(down=n)
 
     def receive(self, n: int) -> None:
         """Pace ``n`` request-body bytes through the upload bucket; call before reading them."""
         self.up.take(n)
+        self.count(up=n)
+
+    def count(self, *, down: int = 0, up: int = 0) -> None:
+        """Add to the byte counters (bytes paced elsewhere: a connection's own buckets)."""
         with self._lock:
-            self.up_bytes += n
+            self.down_bytes += down
+            self.up_bytes += up
 
     def unsend(self, n: int) -> None:
         """Take back bytes counted by :meth:`send` that a failed write never delivered."""
@@ -90,3 +105,26 @@ class Link:
         """Forget the byte counters (the rates stay)."""
         with self._lock:
             self.down_bytes = self.up_bytes = 0
+
+
+class ConnectionLink:
+    """One connection's own buckets at ``link``'s rates (see :meth:`Link.connection`); its bytes count on ``link``."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.down = TokenBucket(link.down.rate, link.down.burst)
+        self.up = TokenBucket(link.up.rate, link.up.burst)
+
+    def send(self, n: int) -> None:
+        """As :meth:`Link.send`, through this connection's download bucket."""
+        self.down.take(n)
+        self.link.count(down=n)
+
+    def receive(self, n: int) -> None:
+        """As :meth:`Link.receive`, through this connection's upload bucket."""
+        self.up.take(n)
+        self.link.count(up=n)
+
+    def unsend(self, n: int) -> None:
+        """As :meth:`Link.unsend`."""
+        self.link.unsend(n)

@@ -102,6 +102,30 @@ def test_the_link_reaches_both_rates_at_once_and_never_exceeds_them() -> None:
     assert writer.puts[f"org/up/{hashlib.sha256(payload).hexdigest()}"] == 1
 
 
+def test_a_link_per_connection_gives_each_connection_the_rate() -> None:
+    # Two clients with connections of their own (a cluster's nodes): each gets the rate, not half of it, and no
+    # connection runs ahead of it; the bytes of both count on the hub's link.
+    size = 4 * MB
+    hub = FakeHub(link=Link(down=DOWN, per_connection=True))
+    hub.push("org/data", {"model.safetensors": os.urandom(size)})
+    done: dict[str, float] = {}
+    with hub:
+        hub.link.reset()
+        resolve = "/org/data/resolve/main/model.safetensors"
+        jobs = [threading.Thread(target=_download, args=(hub, resolve, {"Range": f"bytes=0-{size - 1}"}, done, n))
+                for n in ("one", "two")]
+        started = time.monotonic()
+        for job in jobs:
+            job.start()
+        for job in jobs:
+            job.join(timeout=60)
+    took = max(done["one"], done["two"]) - started
+    assert done["one-bytes"] == done["two-bytes"] == size
+    assert took >= (size - BURST) / DOWN  # each connection paced at the rate
+    assert 2 * size / took >= 1.5 * DOWN, f"{2 * size / took / MB:.1f} MB/s in all: the connections shared a bucket"
+    assert hub.link.down_bytes == 2 * size
+
+
 def test_an_unlimited_link_counts_without_pacing(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_sleep(seconds: float) -> None:
         raise AssertionError(f"an unlimited link slept {seconds} s")

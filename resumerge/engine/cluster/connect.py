@@ -63,3 +63,8 @@ def _signals_kept() -> Iterator[None]:
         for s, handler in kept.items():
             if handler is not None:  # None: set outside Python, cannot be put back
                 signal.signal(s, handler)
+
+
+def this_node() -> str:
+    """The Ray node this process runs on, as the ledger's ``node`` events name it (a worker's view)."""
+    return str(require_ray().get_runtime_context().get_node_id())[:8]

@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import Any
 
 from resumerge.engine.cluster.connect import join
+from resumerge.engine.cluster.hubreads import NodeReads
 from resumerge.engine.cluster.upload import HubPlace, commit_operation, task_cpus
 from resumerge.engine.cluster.worker import ShardDone, ShardStream, WorkerSetup
 from resumerge.engine.devices import is_gpu
@@ -113,7 +114,7 @@ class _Dispatch:
         self.hub = job.sink if isinstance(job.sink, HubRepoSink) else None
         place = None if self.hub is None else HubPlace.of(self.hub.repo, self.hub.resume)
         self.setup = WorkerSetup(settings.num_threads or torch.get_num_threads(), settings.max_memory,
-                                 settings.max_gpu_memory, place)
+                                 settings.max_gpu_memory, place, NodeReads.of(job))
         self.memory = max((self._memory(shard) for shard, _ in self.pending), default=IMPORT_RESERVE)
         self.actor_class = ray.remote(ShardStream)
         self.shared = ray.put((self.plan, job.resources))
@@ -239,6 +240,8 @@ class _Dispatch:
         """Publish the shard a worker wrote through the run's sink (or, uploaded by its node, commit the node's
         upload) and journal it, as the local writer does."""
         job = self.job
+        if job.hub is not None and (result.reads or result.fetched):  # what the node streamed: checked here first
+            job.hub.read_elsewhere(result.reads, result.fetched)
         job.reporter.shard_started(shard.name, shard.file_size, len(shard.tensors))
         if job.sink.commits_later:
             job.sink.commit_when(shard.name, self._checked_now(shard))

@@ -9,7 +9,8 @@ returns its shard's :class:`ShardDone` (the written temp file's size and digest)
 journals nothing: the driver publishes the temp file through the run's sink and records it, as the local executor
 does with its writer's files. For a hub OUT (``WorkerSetup.upload``) the worker uploads each shard it wrote to the
 repo's storage itself, deletes it and hands back the upload's reference: the driver only commits
-(:mod:`~resumerge.engine.cluster.upload`).
+(:mod:`~resumerge.engine.cluster.upload`). Hub inputs the driver streams, the worker streams too, from the hub
+(:mod:`~resumerge.engine.cluster.hubreads`).
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
+from resumerge.engine.cluster.connect import this_node
+from resumerge.engine.cluster.hubreads import NodeReads, NodeSources, ReadDigest
 from resumerge.engine.cluster.upload import HubPlace, Uploaded, upload_shard
 from resumerge.engine.devices import gpu_governor, make_governor, set_torch_threads
 from resumerge.engine.executor import CONCURRENCY, Stopped, compute_shards
 from resumerge.engine.quiet import NullReporter
-from resumerge.inputs.source import InputSources
 from resumerge.methods.resources import Resources
 from resumerge.plan.merge_plan import Plan, ShardPlan
 from resumerge.store.durable import discard, temp_path
@@ -36,19 +38,22 @@ from resumerge.store.sink import LocalDirSink, Receipt
 class WorkerSetup:
     """What every shard of a node's worker shares besides the plan: the thread count every node computes with (the
     bytes of some methods depend on it), the run's budgets (None: the node's own default) and, for a hub OUT, where
-    the worker uploads the shards it writes (their folder is then on the node's own disk, made when missing)."""
+    the worker uploads the shards it writes (their folder is then on the node's own disk, made when missing), and
+    the hub inputs it streams."""
 
     threads: int
     max_memory: int | None = None
     max_gpu_memory: int | None = None
     upload: HubPlace | None = None
+    reads: NodeReads | None = None
 
 
 @dataclass(frozen=True)
 class ShardDone:
     """A shard written by a node's worker: its temp file, size and sha256, its tensors in data order, how long its
     writer took, and which node made it (filled in by the driver, which placed the worker); for a hub OUT, no temp
-    file but the reference of the worker's upload."""
+    file but the reference of the worker's upload; the streamed ranges the node read since its last shard (their
+    digests, for the driver's ledger) and the bytes it fetched from the hub meanwhile."""
 
     shard: str
     temp: str
@@ -58,6 +63,8 @@ class ShardDone:
     seconds: float
     node: str = ""
     uploaded: Uploaded | None = None
+    reads: tuple[ReadDigest, ...] = ()
+    fetched: int = 0
 
 
 class _HandOver(LocalDirSink):
@@ -91,6 +98,7 @@ class ShardStream:
         self.temps: dict[str, Path] = {}
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None  # the pipeline's, while it runs
+        self.node: NodeSources | None = None  # the pipeline's sources, while it runs
 
     def compute(self, shard: str, folder: str) -> ShardDone:
         """Compute and write ``shard`` to a fresh temp file in ``folder`` (each attempt its own: a re-issue never
@@ -134,14 +142,17 @@ class ShardStream:
         if gpu is not None:
             gpu.start()
         error: BaseException = Stopped()
+        self.node = None
         try:
-            with InputSources.local(plan.model_dirs) as sources:
-                compute_shards(plan, sources, _HandOver(self.temps), self, NullReporter(), set(self.shards),
-                               should_stop=self.stopping.is_set, workers=CONCURRENCY, governor=governor, gpu=gpu,
-                               transfers=False, resources=self.resources, batches=self._batches())
+            self.node = NodeSources(plan, setup.reads, governor, this_node() if setup.reads else "")
+            compute_shards(plan, self.node.sources, _HandOver(self.temps), self, NullReporter(), set(self.shards),
+                           should_stop=self.stopping.is_set, workers=CONCURRENCY, governor=governor, gpu=gpu,
+                           transfers=False, resources=self.resources, batches=self._batches())
         except BaseException as exc:
             error = exc
         finally:
+            if self.node is not None:
+                self.node.close()  # its sources, and the node's fetch cache
             governor.stop()
             if gpu is not None:
                 gpu.stop()
@@ -163,7 +174,10 @@ class ShardStream:
                 batch.append(self.fed.get_nowait())
             if None in batch:
                 return
-            yield [self.shards[name] for name in batch if name is not None]
+            shards = [self.shards[name] for name in batch if name is not None]
+            if self.node is not None:
+                self.node.expect(shards)
+            yield shards
 
     # The pipeline's journal: a written shard's digests answer the call that fed it.
     def record(self, receipt: Receipt, size: int, sha256: str, *, seconds: float = 0.0,
@@ -172,9 +186,11 @@ class ShardStream:
         waits meanwhile, so the node stages one shard at a time)."""
         with self.lock:
             temp, result = self.waiting.pop(receipt.name)
+        reads, fetched = self.node.drain() if self.node is not None else ((), 0)
         place = self.setup.upload
         if place is None:
-            result.set_result(ShardDone(receipt.name, str(temp), size, sha256, tensors, seconds))
+            result.set_result(ShardDone(receipt.name, str(temp), size, sha256, tensors, seconds, reads=reads,
+                                        fetched=fetched))
             return
         try:
             uploaded = upload_shard(place, temp, receipt.name, sha256)
@@ -183,7 +199,8 @@ class ShardStream:
             raise
         finally:
             discard(temp)  # uploaded or failed: the node keeps nothing
-        result.set_result(ShardDone(receipt.name, "", size, sha256, tensors, seconds, uploaded=uploaded))
+        result.set_result(ShardDone(receipt.name, "", size, sha256, tensors, seconds, uploaded=uploaded, reads=reads,
+                                    fetched=fetched))
 
     def settle(self, *, strict: bool = True) -> None:
         """Nothing waits: the driver commits."""

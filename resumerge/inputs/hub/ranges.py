@@ -21,7 +21,7 @@ from huggingface_hub import constants
 
 from resumerge.errors import ModelInputError
 from resumerge.inputs.hub._hf import TRANSPORT_ERRORS, build_hf_headers, stream_get
-from resumerge.inputs.hub.cache import HubSettings
+from resumerge.inputs.hub.cache import HubSettings, hub_settings
 from resumerge.inputs.hub.remote import LIBRARY, HubUnavailableError, resolve_url
 
 _EXPIRED = (401, 403, 410)
@@ -61,16 +61,37 @@ class FetchCounters:
             self.retries += retries
 
 
+@dataclass(frozen=True)
+class StreamedFile:
+    """A hub weight file read by range, as another machine (a cluster node) needs to find it: input ``model``'s
+    ``file`` of ``repo_id`` at the pinned ``commit``, its size, and the hub's ``endpoint``. No token: whoever reads
+    it uses its own."""
+
+    model: str
+    file: str
+    repo_id: str
+    commit: str
+    size: int
+    endpoint: str
+
+    def client(self, *, counters: FetchCounters | None = None, agent: str | None = None) -> RangeClient:
+        """A client reading this file's ranges from its endpoint, with this machine's token (see
+        :class:`RangeClient`)."""
+        settings = hub_settings(offline=False, endpoint=self.endpoint)
+        return RangeClient(settings, self.repo_id, self.commit, self.file, self.size, counters=counters, agent=agent)
+
+
 class RangeClient:
     """Reads byte ranges of ``filename`` of ``repo_id`` at ``commit`` (a 40-hex sha: never a moving branch).
 
     Thread-safe: several threads may read at once, each on its own pooled connection. ``sleep`` is injectable
-    so a test can observe the waits without spending them.
+    so a test can observe the waits without spending them. ``agent`` is added to the user agent the hub sees (a
+    cluster node names itself: the hub's logs, and the stand-in's, tell the nodes apart).
     """
 
     def __init__(self, settings: HubSettings, repo_id: str, commit: str, filename: str, size: int, *,
                  counters: FetchCounters | None = None, policy: RetryPolicy = RetryPolicy(),
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, agent: str | None = None) -> None:
         self.repo_id, self.commit, self.filename, self.size = repo_id, commit, filename, size
         self.where = f"{repo_id}@{commit[:12]}/{filename}"
         self.counters = counters or FetchCounters()
@@ -78,7 +99,7 @@ class RangeClient:
         self._hub = urlsplit(self._resolve).netloc
         self._signed: str | None = None
         self._lock = threading.Lock()
-        self._policy, self._sleep = policy, sleep
+        self._policy, self._sleep, self._agent = policy, sleep, agent
 
     def read(self, start: int, end: int) -> bytearray:
         """Bytes ``[start, end)`` of the file. Raises :class:`HubUnavailableError` after the retries are spent
@@ -128,7 +149,8 @@ class RangeClient:
         raise :class:`_Retry` to go again, :class:`_Detour` with the URL to ask next."""
         url, signed = (mine, mine != self._resolve) if mine is not None else self._url()
         # The token is for the hub only; like huggingface_hub, never send it to another host (the CDN).
-        headers = build_hf_headers(library_name=LIBRARY) if urlsplit(url).netloc == self._hub else {}
+        headers = build_hf_headers(library_name=LIBRARY, user_agent=self._agent) \
+            if urlsplit(url).netloc == self._hub else {}
         headers["Range"] = f"bytes={start}-{end - 1}"
         headers["Accept-Encoding"] = "identity"
         target = len(data) + end - start

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from resumerge.inputs.hub.ranges import RangeClient
 from resumerge.inputs.source import InputSource, LocalFiles
 from resumerge.inputs.tensorio import TensorReader
 from resumerge.torch_import import torch
@@ -26,6 +26,16 @@ from resumerge.torch_import import torch
 Reserve = Callable[[int], "Callable[[], None] | None"]
 # Called with (file, start, end, bytes) for every streamed range as it arrives (the run's integrity record).
 Check = Callable[[str, int, int, bytearray], None]
+
+
+
+class Ranges(Protocol):
+    """What a streamed file is read through: a :class:`~resumerge.inputs.hub.ranges.RangeClient`, or one behind a
+    node's fetch cache (:class:`~resumerge.inputs.hub.fetchcache.CachedRanges`)."""
+
+    def read(self, start: int, end: int) -> bytearray:
+        """Bytes ``[start, end)`` of the file, or a resumerge error."""
+
 
 DEFAULT_COALESCE = 32 * 1024 * 1024
 DEFAULT_CONNECTIONS = 4
@@ -45,7 +55,7 @@ class _Run:
 class _File:
     """Read-ahead state of one streamed file (guarded by :attr:`HubStream._lock`)."""
 
-    def __init__(self, client: RangeClient) -> None:
+    def __init__(self, client: Ranges) -> None:
         self.client = client
         self.order: list[tuple[int, int]] = []
         self.position: dict[tuple[int, int], int] = {}
@@ -57,7 +67,7 @@ class _File:
 class HubStream(InputSource):
     """A hub model: ``streamed`` files by range, every other file from ``directory`` (its cache snapshot)."""
 
-    def __init__(self, directory: str | Path, streamed: Mapping[str, RangeClient], *,
+    def __init__(self, directory: str | Path, streamed: Mapping[str, Ranges], *,
                  reader: TensorReader | None = None, reserve: Reserve | None = None, check: Check | None = None,
                  coalesce_bytes: int = DEFAULT_COALESCE, connections: int = DEFAULT_CONNECTIONS) -> None:
         self._local = LocalFiles(directory, reader)
@@ -160,7 +170,7 @@ class HubStream(InputSource):
             state.buffer.update(pieces)
         run.done.set()
 
-    def _read_span(self, client: RangeClient, first: int, last: int) -> bytearray:
+    def _read_span(self, client: Ranges, first: int, last: int) -> bytearray:
         length = last - first
         part = max(_MIN_PART, -(-length // self._connections))
         if length <= part:

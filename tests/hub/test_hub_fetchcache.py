@@ -1,0 +1,56 @@
+"""A node's fetch cache of streamed ranges (:mod:`resumerge.inputs.hub.fetchcache`): a byte is fetched from the hub
+once per node, whatever ranges later reads ask for, by this process or another of the node; past its limit the
+oldest pieces go."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import cast
+
+from resumerge.inputs.hub.fetchcache import FetchCache
+from resumerge.inputs.hub.ranges import RangeClient
+
+DATA = os.urandom(1000)
+
+
+class _Hub:
+    """A range client over ``DATA`` that records what it was asked."""
+
+    repo_id, commit, filename, size = "org/a", "0" * 40, "model.safetensors", len(DATA)
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[int, int]] = []
+
+    def read(self, start: int, end: int) -> bytearray:
+        self.asked.append((start, end))
+        return bytearray(DATA[start:end])
+
+
+def test_only_the_bytes_no_piece_holds_are_fetched(tmp_path: Path) -> None:
+    hub = _Hub()
+    ranges = FetchCache(tmp_path / "cache", limit=10**6).reader(cast(RangeClient, hub))
+    assert ranges.read(100, 200) == DATA[100:200]
+    assert ranges.read(300, 400) == DATA[300:400]
+    assert ranges.read(150, 350) == DATA[150:350]  # within, between and within two pieces
+    assert ranges.read(0, 1000) == DATA
+    assert hub.asked == [(100, 200), (300, 400), (200, 300), (0, 100), (400, 1000)]
+    # Another process of the node (a cache opened on the same folder) finds the pieces: nothing is fetched.
+    other = _Hub()
+    assert FetchCache(tmp_path / "cache", limit=10**6).reader(cast(RangeClient, other)).read(0, 1000) == DATA
+    assert other.asked == []
+
+
+def test_past_its_limit_the_cache_forgets_its_oldest_pieces(tmp_path: Path) -> None:
+    hub = _Hub()
+    cache = FetchCache(tmp_path / "cache", limit=250)
+    ranges = cache.reader(cast(RangeClient, hub))
+    for start in (0, 100, 200):
+        ranges.read(start, start + 100)
+    assert ranges.read(100, 300) == DATA[100:300] and len(hub.asked) == 3  # the last two are kept
+    assert ranges.read(0, 20) == DATA[:20]  # the first one went: fetched again
+    assert hub.asked[3:] == [(0, 20)]
+    assert ranges.read(500, 800) == DATA[500:800]  # larger than the limit: read, never kept
+    assert not any(p.name.startswith("500-") for p in next((tmp_path / "cache").iterdir()).iterdir())
+    cache.clear()
+    assert not (tmp_path / "cache").exists()
