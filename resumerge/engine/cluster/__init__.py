@@ -4,12 +4,14 @@ alone journals.
 The driver (:class:`~resumerge.engine.cluster.driver.RayExecutor`, the executor of ``--executor ray``) plans as
 every run does, then starts a worker actor per node with the frozen plan (shared once through Ray's object store)
 and feeds it shards, a few ahead, by name and temp folder, never tensors. The worker
-(:class:`~resumerge.engine.cluster.worker.ShardStream`) reads their inputs itself, computes and writes them with
-the engine's own pipeline (one shard's write overlapping the next one's compute) and returns each one's digests;
-the driver publishes it through the run's sink and journals it, exactly as the local executor does (for a hub OUT
-the node uploads the shard itself and the driver only commits it: :mod:`~resumerge.engine.cluster.upload`), so the
-ledger stays the one source of truth and a run started with one executor resumes with the other. Ray itself is imported
-only here, and only when a run asks for it (:mod:`~resumerge.engine.cluster.connect`).
+(:class:`~resumerge.engine.cluster.worker.ShardStream`) reads their inputs itself (streamed hub inputs by byte
+range from the hub, through a fetch cache of its node's: :mod:`~resumerge.engine.cluster.hubreads`), computes and
+writes them with the engine's own pipeline (one shard's write overlapping the next one's compute) and returns each
+one's digests; the driver publishes it through the run's sink and journals it, exactly as the local executor does
+(for a hub OUT the node uploads the shard itself and the driver only commits it:
+:mod:`~resumerge.engine.cluster.upload`), so the ledger stays the one source of truth and a run started with one
+executor resumes with the other. Ray itself is imported only here, and only when a run asks for it
+(:mod:`~resumerge.engine.cluster.connect`).
 
 May import: errors, config, memory, methods, inputs, store, plan, engine (the executor seam and its pipeline).
 """
