@@ -9,10 +9,13 @@ CASE is
 - ``nodes``: a TIES merge of ``a``, ``b``, ``c`` (compute-bound) with ``--executor ray -j 1`` on two one-CPU
   worker nodes, then on one (goal: two nodes at most 0.6x one node's wall);
 - ``hubnodes``: the linear merge of ``a`` and ``b`` hub to hub (``--stream-inputs`` into an ``hf://`` OUT) through
-  the stand-in hub of ``tests/hub``, its link throttled per connection (``--hub-down`` and ``--hub-up`` MB/s each,
-  as a node's own link would carry its connections), with ``--executor ray -j 1`` on two one-CPU worker nodes, then
-  on one: each node reads its shards' ranges from the hub and uploads its shards itself (goal: two nodes at most
-  0.6x one node's wall, the link being what a second node doubles);
+  the stand-in hub of ``tests/hub``, its link throttled per connection (``--hub-down`` and ``--hub-up`` MB/s each:
+  a node reads by 4 range connections and uploads by one), with ``--executor ray -j 1`` on two one-CPU worker
+  nodes, then on one: each node reads its shards' ranges from the hub and uploads its shards itself (goal: two nodes
+  at most 0.6x one node's wall, the link being what a second node doubles). The default rates make the 941 MB
+  models take minutes; RESULTS.md's runs use two 198 MB models (``ModelSpec(layers=3, hidden=1024,
+  intermediate=2816, vocab=8000, heads=16, kv_heads=8)`` of ``resumerge.cli.modelgen``, seeds 1 and 2) and
+  ``--out-shard-size 20M``;
 - ``all`` (the default): the three, one after the other.
 
 Output shards of ``--out-shard-size`` (100M: about twelve shards fed to the nodes' workers). Every run is a fresh
@@ -223,8 +226,8 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-ray"))
     parser.add_argument("--out-shard-size", default="100M",
                         help="output shards (a shard is a unit of work: 1B would make the bench output one shard)")
-    parser.add_argument("--hub-down", type=float, default=10.0, help="hubnodes: MB/s per connection, down")
-    parser.add_argument("--hub-up", type=float, default=20.0, help="hubnodes: MB/s per connection, up")
+    parser.add_argument("--hub-down", type=float, default=1.0, help="hubnodes: MB/s per connection, down (4 per node)")
+    parser.add_argument("--hub-up", type=float, default=8.0, help="hubnodes: MB/s per connection, up (1 per node)")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     names = {k: args.models / k for k in "abc"}

@@ -40,12 +40,12 @@ class TokenBucket:
     than the bytes queued ahead of it take at the rate.
     """
 
-    def __init__(self, rate: float | None, burst: int = BURST) -> None:
+    def __init__(self, rate: float | None, burst: int = BURST, *, saved: int | None = None) -> None:
         if rate is not None and rate <= 0:
             raise ValueError("a link rate must be positive (None: unlimited)")
         self.rate = rate
         self.burst = burst
-        self._tokens = float(burst)
+        self._tokens = float(burst if saved is None else saved)  # what it may send at once from the start
         self._stamp = time.monotonic()
         self._lock = threading.Lock()
 
@@ -108,12 +108,14 @@ class Link:
 
 
 class ConnectionLink:
-    """One connection's own buckets at ``link``'s rates (see :meth:`Link.connection`); its bytes count on ``link``."""
+    """One connection's own buckets at ``link``'s rates (see :meth:`Link.connection`); its bytes count on ``link``.
+    They start empty, as a fresh TCP connection starts slow: a client opening connection after connection would
+    otherwise get a burst's worth free with each."""
 
     def __init__(self, link: Link) -> None:
         self.link = link
-        self.down = TokenBucket(link.down.rate, link.down.burst)
-        self.up = TokenBucket(link.up.rate, link.up.burst)
+        self.down = TokenBucket(link.down.rate, link.down.burst, saved=0)
+        self.up = TokenBucket(link.up.rate, link.up.burst, saved=0)
 
     def send(self, n: int) -> None:
         """As :meth:`Link.send`, through this connection's download bucket."""
