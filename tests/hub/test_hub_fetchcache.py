@@ -54,3 +54,15 @@ def test_past_its_limit_the_cache_forgets_its_oldest_pieces(tmp_path: Path) -> N
     assert not any(p.name.startswith("500-") for p in next((tmp_path / "cache").iterdir()).iterdir())
     cache.clear()
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_piece_that_cannot_be_kept_still_returns_its_bytes(tmp_path: Path) -> None:
+    """Another worker of the node ending clears the shared folder; a read racing it (here: the cache's root is a
+    file, so nothing can be kept under it) gets its fetched bytes all the same, and keeps nothing."""
+    root = tmp_path / "cache"
+    root.write_bytes(b"")  # the folder cannot be made
+    hub = _Hub()
+    ranges = FetchCache(root, limit=10**6).reader(cast(RangeClient, hub))
+    assert ranges.read(10, 90) == DATA[10:90]
+    assert ranges.read(10, 90) == DATA[10:90]
+    assert hub.asked == [(10, 90), (10, 90)]  # nothing was kept, so it is fetched again

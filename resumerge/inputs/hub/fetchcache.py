@@ -15,6 +15,7 @@ run's ledger digests) sees every range whatever its origin.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -117,11 +118,18 @@ class CachedRanges:
         data = self.client.read(start, end)
         if self.cache.limit < end - start:
             return data
-        self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"{start}-{end}"
         temp = self.folder / f"{_TEMP}{os.getpid()}-{threading.get_ident()}"
-        temp.write_bytes(data)
-        os.replace(temp, path)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            temp.write_bytes(data)
+            os.replace(temp, path)
+        except OSError:
+            # Keeping is only a saving: the folder deleted by another worker of the node as its pipeline ended, or
+            # a full disk, must not fail a read whose bytes are already here (and checked by the caller).
+            with contextlib.suppress(OSError):
+                temp.unlink(missing_ok=True)
+            return data
         with self._lock:
             if self._pieces is not None:
                 self._pieces[(start, end)] = path
