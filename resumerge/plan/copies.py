@@ -35,8 +35,10 @@ def stored_copy(tp: TensorPlan) -> TensorPlan:
     """``tp`` marked to be copied from its sole input's stored parts (:attr:`TensorPlan.copy_of`) when that input
     is stored in ``tp``'s own non-plain output format, part for part (same dtypes and shapes), with no cast or LoRA
     delta; else ``tp`` unchanged."""
+    if tp.out_codec.plain:  # asked first: it is cheaper
+        return tp
     index = sole_input(tp)
-    if index is None or tp.out_codec.plain:
+    if index is None:
         return tp
     ref = tp.inputs[index]
     if ref.codec != tp.out_codec or ref.cast is not None or ref.lora is not None:

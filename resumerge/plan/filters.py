@@ -48,6 +48,11 @@ class FilterTally:
         self._hits: dict[tuple[str, str], set[str]] = {}
         self._active = any(_has_filter(s) for _, params in places for s in params.values())
 
+    @property
+    def active(self) -> bool:
+        """Whether the config has a filter at all (else :meth:`observe` does nothing)."""
+        return self._active
+
     def observe(self, levels: Iterable[tuple[Mapping[str, Setting], str]], param: str, match_name: str,
                 out_name: str) -> None:
         """Count, for output tensor ``out_name``, every filter of parameter ``param`` at every level of ``levels``

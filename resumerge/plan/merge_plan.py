@@ -187,13 +187,25 @@ class TensorPlan:
     def stored_parts(self) -> tuple[OutPart, ...]:
         """The stored tensors this output tensor is written as (itself alone, for a plain output): its codec's
         parts, then the companions it carries."""
-        module = self.name.removesuffix("weight")
-        return (*self.out_codec.out_parts(self.name, self.out_dtype, self.shape),
-                *(OutPart(part, f"{module}{part}", ref.dtype, ref.shape) for part, ref in self.carried))
+        return stored_parts_of(self.name, self.out_dtype, self.shape, self.out_codec, self.carried)
 
     def sized(self) -> TensorPlan:
         """This plan with ``nbytes`` the bytes of its stored parts (all of them: the shard holds them all)."""
-        return replace(self, nbytes=sum(numel(p.shape) * DTYPE_SIZES[p.dtype] for p in self.stored_parts()))
+        return replace(self, nbytes=parts_bytes(self.stored_parts()))
+
+
+def stored_parts_of(name: str, dtype: str, shape: tuple[int, ...], codec: TensorCodec,
+                    carried: tuple[tuple[str, InputRef], ...]) -> tuple[OutPart, ...]:
+    """:meth:`TensorPlan.stored_parts` of an output tensor ``name`` of value ``dtype`` and ``shape`` stored in
+    ``codec`` with the ``carried`` companions, before its plan is made (a planner sizes it at once)."""
+    module = name.removesuffix("weight")
+    return (*codec.out_parts(name, dtype, shape),
+            *(OutPart(part, f"{module}{part}", ref.dtype, ref.shape) for part, ref in carried))
+
+
+def parts_bytes(parts: Iterable[OutPart]) -> int:
+    """The bytes stored ``parts`` take in a shard."""
+    return sum(numel(p.shape) * DTYPE_SIZES[p.dtype] for p in parts)
 
 
 @dataclass(frozen=True)

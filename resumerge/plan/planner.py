@@ -11,17 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain
-from typing import Any
 
 from resumerge.config.merge_config import MergeConfig, SliceConfig, SourceConfig
 from resumerge.config.modelref import ModelRef
 from resumerge.config.params import Setting
 from resumerge.errors import ConfigError, ModelInputError
 from resumerge.inputs.catalog import adapter_key
-from resumerge.inputs.codecs import CODECS, PLAIN, CodecTable
+from resumerge.inputs.codecs import CODECS, PLAIN, CodecTable, TensorCodec
 from resumerge.inputs.model import ModelInput
-from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
-from resumerge.methods.registry import BasePolicy, MethodSpec, Scope, get_method, method_names
+from resumerge.methods.registry import BasePolicy, MethodSpec, get_method, method_names
 from resumerge.plan.accounting import Drops
 from resumerge.plan.architecture import (
     TIED_NAMES,
@@ -36,7 +34,16 @@ from resumerge.plan.experts import mark_expert_stacks
 from resumerge.plan.filters import FilterTally
 from resumerge.plan.input_fates import account, stored_names_of
 from resumerge.plan.inputrefs import stored_ref, tensor_ref
-from resumerge.plan.merge_plan import InputRef, LoraRef, Plan, PlanOptions, TensorPlan, fingerprinted
+from resumerge.plan.merge_plan import (
+    InputRef,
+    LoraRef,
+    Plan,
+    PlanOptions,
+    TensorPlan,
+    fingerprinted,
+    parts_bytes,
+    stored_parts_of,
+)
 from resumerge.plan.module_views import (
     DEFAULT,
     TEXT,
@@ -51,7 +58,7 @@ from resumerge.plan.mtp import MtpOutcome, plan_mtp
 from resumerge.plan.nonfloat import UNITS as NONFLOAT_UNITS
 from resumerge.plan.nonfloat import is_float, nonfloat_tensor
 from resumerge.plan.outconfig import build_out_config
-from resumerge.plan.parameters import UNSET, check_parameter_names, parameter_places, parameter_value
+from resumerge.plan.parameters import ParameterResolver, check_parameter_names, parameter_places
 from resumerge.plan.quantnotes import quantization_notes
 from resumerge.plan.sharding import assign_shards, output_naming, resolve_shard_size
 from resumerge.plan.tokenizer_plan import build_output_tokenizer, tokenizer_hashes, tokenizer_output
@@ -88,7 +95,9 @@ class _Ctx:
     models: Mapping[str, ModelInput]
     built: BuiltTokenizer | None
     truncate: bool
+    dequantize: bool
     filters: FilterTally
+    parameters: ParameterResolver
     drops: Drops = field(default_factory=Drops)
 
 
@@ -116,8 +125,9 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
         raise ConfigError(f"merge method {method.name} does not accept a base model", yaml_path="base_model")
     spec = parse_tokenizer_spec(config.tokenizer_source, config.tokenizer, config.chat_template)
     built = build_output_tokenizer(config, spec, models) if spec.builds else None
+    filters = FilterTally(parameter_places(config))
     ctx = _Ctx(method, config, models, built, options.unsafe_truncate_embeddings and built is None,
-               FilterTally(parameter_places(config)))
+               options.dequantize, filters, ParameterResolver(config, filters))
     tensors: dict[str, TensorPlan] = {}
     notes: list[str] = []
     vision_layers = None
@@ -427,12 +437,14 @@ def _tensor(out_name: str, in_names: list[str], sl: _Slice, t: float, ctx: _Ctx,
         base_index = keys.index(sl.base.key) if sl.base.key in keys else None
     if not all(is_float(i.value_dtype) for i in inputs) and (len(inputs) > 1 or config.dtype or config.out_dtype):
         return nonfloat_tensor(out_name, inputs, base_index, ctx.drops)
-    g_params, m_params = _resolve_params(out_name, in_names, sl, t, method, config, base_index, ctx.filters)
+    g_params, m_params = ctx.parameters.resolve(method, sl, out_name, in_names, t, base_index)
     shape = inputs[0].value_shape if vocab_rows is None else (vocab_rows, *inputs[0].value_shape[1:])
     out_code = _out_dtype(config, inputs, base_index)
     if config.out_dtype is None and method.half_result_float32 and out_code in ("F16", "BF16"):
         out_code = "F32"
-    return TensorPlan(
+    # Made in its stored format at once (what out_format makes of it): a 92k-tensor plan makes 46k of them.
+    codec, carried = _stored_format(inputs, base_index, dequantize=ctx.dequantize)
+    tp = TensorPlan(
         name=out_name,
         shard="",
         method=method.name,
@@ -443,9 +455,12 @@ def _tensor(out_name: str, in_names: list[str], sl: _Slice, t: float, ctx: _Ctx,
         shape=shape,
         compute_dtype=config.dtype,
         out_dtype=out_code,
-        nbytes=numel(shape) * DTYPE_SIZES[out_code],
+        nbytes=parts_bytes(stored_parts_of(out_name, out_code, shape, codec, carried)),
         vocab_aligned=vocab_rows is not None,
+        out_codec=codec,
+        carried=carried,
     )
+    return tp if codec.plain else _copied(tp)
 
 
 def out_format(tp: TensorPlan, *, dequantize: bool) -> TensorPlan:
@@ -453,16 +468,29 @@ def out_format(tp: TensorPlan, *, dequantize: bool) -> TensorPlan:
     companions that format carries copied from that input (see :attr:`TensorPlan.carried`), sized by its stored
     parts (and copied from an input in that format when its value is exactly that input's); plainly in its
     ``out_dtype`` with ``dequantize``."""
-    source = tp.inputs[tp.base_index if tp.base_index is not None else 0]
-    codec = PLAIN if dequantize else source.codec
+    codec, carried = _stored_format(tp.inputs, tp.base_index, dequantize=dequantize)
     if codec == tp.out_codec:
         return tp
+    return _copied(replace(tp, out_codec=codec, carried=carried).sized())
+
+
+def _stored_format(inputs: Sequence[InputRef], base_index: int | None, *, dequantize: bool
+                   ) -> tuple[TensorCodec, tuple[tuple[str, InputRef], ...]]:
+    """The format an output tensor of ``inputs`` is stored in and the companions it carries (see
+    :func:`out_format`)."""
+    source = inputs[base_index if base_index is not None else 0]
+    codec = PLAIN if dequantize else source.codec
     # A companion the format carries (a static input_scale) is the source's: no merge recomputes it from weights.
-    carried = tuple((part, c) for part, c in source.companions if codec.carries(part))
-    tp = stored_copy(replace(tp, out_codec=codec, carried=carried).sized())
+    return codec, tuple((part, c) for part, c in source.companions if codec.carries(part))
+
+
+def _copied(tp: TensorPlan) -> TensorPlan:
+    """``tp`` (in its stored format, sized) marked as a copy of its sole input's stored parts when it is one
+    (:func:`~resumerge.plan.copies.stored_copy`)."""
+    tp = stored_copy(tp)
     if tp.copy_of is not None:  # the module is that input's, whole: its carried companions too (same shapes)
         copied = tp.inputs[tp.copy_of].companions
-        tp = replace(tp, carried=tuple((part, c) for part, c in copied if codec.carries(part)))
+        tp = replace(tp, carried=tuple((part, c) for part, c in copied if tp.out_codec.carries(part)))
     return tp
 
 
@@ -516,51 +544,6 @@ def _mtp_tensor(name: str, in_names: list[str], vocab: bool, sl: _Slice, ctx: _C
 def _kept_rows(models: Mapping[str, ModelInput], sl: _Slice, in_names: list[str]) -> int | None:
     found = [models[s.model.key].tensors.get(n) for s, n in zip(sl.sources, in_names)]
     return common_rows([f.entry.shape for f in found if f is not None])
-
-
-def _resolve_params(
-    out_name: str,
-    in_names: list[str],
-    sl: _Slice,
-    t: float,
-    method: MethodSpec,
-    config: MergeConfig,
-    base_index: int | None,
-    filters: FilterTally,
-) -> tuple[tuple[tuple[str, Any], ...], tuple[tuple[tuple[str, Any], ...], ...]]:
-    global_values: dict[str, Any] = {}
-    per_model: list[dict[str, Any]] = [{} for _ in sl.sources]
-    for spec in method.params:
-        if spec.scope is Scope.GLOBAL:
-            levels = [(sl.parameters, f"{sl.yaml_path}.parameters"),
-                      (sl.module_parameters, f"{sl.module_path}.parameters"), (config.parameters, "parameters")]
-            filters.observe(levels, spec.name, out_name, out_name)
-            value = parameter_value(spec, levels, out_name, t, out_name, "parameters")
-            if value is not UNSET:
-                global_values[spec.name] = value
-            continue
-        for i, (src, in_name) in enumerate(zip(sl.sources, in_names)):
-            if spec.scope is Scope.NON_BASE and i == base_index:
-                continue
-            levels = [
-                (src.parameters, f"{src.yaml_path}.parameters"),
-                (sl.parameters, f"{sl.yaml_path}.parameters"),
-                (sl.module_parameters, f"{sl.module_path}.parameters"),
-                (config.parameters, "parameters"),
-            ]
-            filters.observe(levels, spec.name, in_name, out_name)
-            value = parameter_value(spec, levels, in_name, t, out_name, f"{src.yaml_path}.parameters")
-            if value is not UNSET:
-                per_model[i][spec.name] = value
-    per_model, global_values = method.bind(per_model, global_values, base_index)
-    if method.check is not None:
-        problem = method.check(global_values, per_model)
-        if problem:
-            raise ConfigError(problem, yaml_path=f"{sl.yaml_path}.parameters", tensor=out_name)
-    return (
-        tuple(sorted(global_values.items())),
-        tuple(tuple(sorted(p.items())) for p in per_model),
-    )
 
 
 def _out_dtype(config: MergeConfig, inputs: list[InputRef], base_index: int | None) -> str:
