@@ -44,8 +44,9 @@ from resumerge.torch_import import dtype_name, torch
 # Input bytes read for all samples of a plan together: a few tens of MB reads in well under a second from any
 # disk the merge itself could use.
 SAMPLE_BYTES = 32 * 1024 * 1024
-# Seconds of timing for a whole plan (warm-ups and repeats included, roughly): `plan` must stay quick.
-SAMPLE_SECONDS = 3.0
+# Seconds of timing for a whole plan (warm-ups and repeats included, roughly): `plan` must stay quick. 1.5 s (3 s
+# before): a DeepSeek-V3 plan's two groups spent about 2 s of its 21 s in their windows.
+SAMPLE_SECONDS = 1.5
 # Shape classes sampled per group at most; the largest few hold nearly all elements of a transformer.
 MAX_SHAPES = 3
 # Stop adding shape classes once the sampled ones hold this share of the group's elements.
@@ -145,6 +146,8 @@ def _groups(plan: Plan, pending: Sequence[ShardPlan]) -> list[_Group]:
     # Looked up once per method and per input dtypes: a 92k-tensor plan has a few of each.
     specs: dict[str, MethodSpec | None] = {}
     stored: dict[tuple[str, ...], str] = {}
+    # and the non-numeric parameters once per parameters' tuple (the plan holds it: its id stays its own).
+    switches: dict[int, tuple[Any, ...]] = {}
     for shard in pending:
         for name in shard.tensors:
             tp = plan.tensors[name]
@@ -162,9 +165,14 @@ def _groups(plan: Plan, pending: Sequence[ShardPlan]) -> list[_Group]:
                 flags: tuple[Any, ...] = (tuple(i.shape for i in tp.inputs),
                                           *((k, values.get(k)) for k in spec.whole_cost.params))
             else:
-                flags = tuple(sorted((k, v) for k, v in tp.params if isinstance(v, (bool, str))))
+                if id(tp.params) not in switches:
+                    switches[id(tp.params)] = tuple(sorted((k, v) for k, v in tp.params if isinstance(v, (bool, str))))
+                flags = switches[id(tp.params)]
             key = (tp.method, dtype, flags)
-            found.setdefault(key, _Group(tp.method, dtype, [], key)).tensors.append(tp)
+            group = found.get(key)
+            if group is None:
+                group = found[key] = _Group(tp.method, dtype, [], key)
+            group.tensors.append(tp)
     return sorted(found.values(), key=lambda g: -g.elements)
 
 

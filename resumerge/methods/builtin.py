@@ -1,6 +1,9 @@
 """The built-in merge methods: one explicit, immutable list, in the order their modules were written (as
 mergekit's ``merge_methods/registry.py`` lists its methods). A new method module adds its spec here."""
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 from resumerge.methods import (
     arcee_fusion,
     karcher,
@@ -32,3 +35,6 @@ BUILTIN: tuple[MethodSpec, ...] = declared(
     slerp.SPEC,
     *task_arithmetic.SPECS,
 )
+# The same methods by name, read-only: get_method is asked for each of a plan's tensors (three times a tensor by
+# plan's estimate), and a 92k-tensor plan's lookups by scanning the list cost a second.
+BY_NAME: Mapping[str, MethodSpec] = MappingProxyType({spec.name: spec for spec in BUILTIN})

@@ -36,7 +36,10 @@ __all__ = [
 
 def get_method(name: str, units: Sequence[MethodSpec] = ()) -> MethodSpec | None:
     """The built-in method called ``name``, else the one of ``units`` (a kind's own unit functions), else None."""
-    return next((spec for spec in (*_builtin(), *units) if spec.name == name), None)
+    from resumerge.methods.builtin import BY_NAME  # lazily, as _builtin
+
+    found = BY_NAME.get(name)
+    return found if found is not None else next((spec for spec in units if spec.name == name), None)
 
 
 def method_names() -> list[str]:

@@ -46,14 +46,18 @@ def estimate_bytes(tp: TensorPlan, method: MethodSpec, rows: int | None = None) 
     # One pass over the inputs (a 92k-tensor plan's estimate asks this three times a tensor): the dtype each is
     # seen in, and what each holds stored (and decoded, when a codec decodes it: a plain input's value is its
     # buffer).
-    values = [_SEEN.get(i.value_dtype, i.value_dtype) for i in tp.inputs]
-    held = [i.stored_bytes + i.decoded_bytes for i in tp.inputs]
+    values, held, recast = [], [], 0
+    for i in tp.inputs:
+        value = i.value_dtype
+        values.append(_SEEN.get(value, value))
+        held.append(i.stored_bytes + i.decoded_bytes)
+        recast += i.cast not in (None, i.dtype)
     seen = tp.compute_dtype if tp.compute_dtype is not None else _common_dtype(set(values))
     # `.to()` to a tensor's own dtype returns that tensor, and a local read is one buffer viewed in the stored
     # dtype (measured: no copy), so only an input whose dtype changes on its way to the method costs a copy; a
     # vocabulary-aligned input is gathered into a new tensor whatever its dtype.
-    copies = len(values) if tp.vocab_aligned else sum(
-        1 for i, value in zip(tp.inputs, values) if i.cast not in (None, i.dtype) or value != seen)
+    copies = len(values) if tp.vocab_aligned else recast + sum(
+        1 for i, value in zip(tp.inputs, values) if i.cast in (None, i.dtype) and value != seen)
     cast = copies * count * _COMPUTE_SIZES.get(seen, 8)
     if method.footprint is None:  # register() refuses such a method; only a hand-made spec gets here
         raise ValueError(f"merge method {method.name!r} declares no footprint")
