@@ -19,11 +19,11 @@ def account(tensors: Mapping[str, TensorPlan], models: Mapping[str, ModelInput],
     fate: dict[tuple[str, str], str] = {}
     rank = {COPIED: 0, RENUMBERED: 1, MERGED: 2}
     for tp in tensors.values():
-        out_layer = _layer(tp.name)
         # A non-float tensor's other inputs are only compared with the base's (the planner says so in ``drops``).
         read = tp.inputs if tp.method != NONFLOAT_COPY else (tp.inputs[tp.base_index or 0],)
         for ref in read:
-            kind = MERGED if len(read) > 1 else RENUMBERED if _layer(ref.tensor) != out_layer else COPIED
+            # Layers are compared only for a lone input (a merge's 46k tensors need no name parsed).
+            kind = MERGED if len(read) > 1 else RENUMBERED if _layer(ref.tensor) != _layer(tp.name) else COPIED
             for stored in (ref, *(c for _, c in ref.companions)):
                 at = (stored.model, stored.tensor)
                 if at not in fate or rank[kind] > rank[fate[at]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
-from resumerge.inputs.codecs import MAIN, StoredFormats
+from resumerge.inputs.codecs import MAIN, Claim, StoredFormats
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.model import ModelInput
@@ -26,8 +26,10 @@ def tensor_ref(key: str, model: ModelInput, name: str) -> InputRef:
     """Logical tensor ``name`` of ``model`` (input ``key``; recognised: see
     :meth:`~resumerge.inputs.model.ModelInput.recognised`) — its stored main part, and its codec and companions
     when a format claims it. ``name`` must be among ``model.tensors``."""
-    if model.formats is not None and name in model.formats.claims:
-        return format_ref(key, model.formats, name)
+    formats = model.formats
+    claim = formats.claims.get(name) if formats is not None else None
+    if formats is not None and claim is not None:
+        return _claimed_ref(key, formats, claim)
     return stored_ref(key, model.tensors[name])
 
 
@@ -37,10 +39,15 @@ def format_ref(key: str, formats: StoredFormats, name: str) -> InputRef:
     claim = formats.claims.get(name)
     if claim is None:
         return stored_ref(key, formats.stored[name])
-    main = formats.stored[claim.main]
+    return _claimed_ref(key, formats, claim)
+
+
+def _claimed_ref(key: str, formats: StoredFormats, claim: Claim) -> InputRef:
+    """The logical tensor ``claim`` names, its companions where :meth:`StoredFormats.companions` finds them."""
+    main, stored = formats.stored[claim.main], formats.stored
     e = main.entry  # built at once, not by replace(): a 92k-tensor plan makes 90k of them
     return InputRef(key, main.file, e.name, e.dtype, e.shape, e.start, e.end, codec=claim.codec,
-                    companions=tuple((part, stored_ref(key, c)) for part, c in formats.companions(name)))
+                    companions=tuple((part, stored_ref(key, stored[c])) for part, c in claim.companions))
 
 
 def read_value(ref: InputRef, sources: InputSources) -> torch.Tensor:
