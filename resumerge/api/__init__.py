@@ -24,6 +24,7 @@ from resumerge.api.kinds import EXTRACTION, KINDS, kind_of, prepare_recorded
 from resumerge.api.options import (
     PathLike,
     config_text,
+    early_cluster,
     hub_output,
     named,
     plan_options,
@@ -145,7 +146,8 @@ def run(
     driving = Driving(stop_flag(should_stop), restart=restart, intermediate_dir=intermediate_dir,
                       cleanup=cleanup_intermediates)
     kind.check(call, driving)
-    return kind.run(call, replace(driving, reporter=_reporter(progress)))
+    with early_cluster(settings):
+        return kind.run(call, replace(driving, reporter=_reporter(progress)))
 
 
 def resume(
@@ -177,7 +179,8 @@ def resume(
                             num_threads=num_threads, executor=executor, ray_address=ray_address)
     recorded = functools.partial(prepare_recorded, out=out)
     driving = Driving(stop_flag(should_stop), _reporter(progress), cleanup=cleanup_intermediates)
-    outcome = next(found for kind in KINDS if (found := kind.resume(out, settings, driving, recorded)))
+    with early_cluster(settings):
+        outcome = next(found for kind in KINDS if (found := kind.resume(out, settings, driving, recorded)))
     for kind in KINDS:
         kind.finished(outcome, out, state_dir)
     return outcome
