@@ -69,7 +69,7 @@ def early_cluster(settings: RunSettings) -> Iterator[None]:
     if settings.executor != RAY:
         yield
         return
-    from resumerge.engine.cluster.connect import join_soon, let_go
+    from resumerge.engine.cluster.early import join_soon, let_go
 
     join_soon(settings.ray_address, settings.num_threads)  # none when the CLI has started it already
     try:

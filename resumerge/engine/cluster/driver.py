@@ -30,7 +30,8 @@ from types import ModuleType
 from typing import Any
 
 from resumerge.config.settings import RunSettings
-from resumerge.engine.cluster.connect import claim, join
+from resumerge.engine.cluster.connect import join
+from resumerge.engine.cluster.early import claim
 from resumerge.engine.cluster.hubreads import NodeReads
 from resumerge.engine.cluster.launch import AHEAD, Launch, Worker, end
 from resumerge.engine.cluster.upload import HubPlace, commit_operation
@@ -70,8 +71,8 @@ class RayExecutor:
     def connect(cls, address: str | None) -> RayExecutor:
         """Join the cluster at ``address`` (see :func:`~resumerge.engine.cluster.connect.join`), taking the warm
         workers its early join started (:func:`~resumerge.engine.cluster.launch.warm_workers`)."""
-        ray = join(address)
-        return cls(ray, claim())
+        warm = claim()  # waits for the early join, if any: the join below is then made
+        return cls(join(address), warm)
 
     def start_early(self, plan: Plan, resources: Resources, settings: RunSettings) -> None:
         """Start the workers of ``plan`` now, for a run whose OUT is a folder (a hub OUT's are started by
