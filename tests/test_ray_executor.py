@@ -125,6 +125,7 @@ def _done_shards(out: Path, state: Path) -> int:
         db.close()
 
 
+@pytest.mark.slow  # the suite's longest test (about 95 s): its module runs first, so no worker idles at the end
 def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merge, hub: HubWriter,  # noqa: F811
                                                                       tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
