@@ -1,6 +1,7 @@
 """Runs of a many-tensor model (issue 45): a kill (a real SIGKILL of a ``resumerge run`` subprocess) then a resume
-ends byte-identical to an uninterrupted run without planning again, a changed input is still refused, and
-``status`` says "planning" while a run plans. Figures at 90k tensors: ``bench/bench_many_tensors.py``."""
+ends byte-identical to an uninterrupted run without planning again, a changed input is still refused,
+``status`` says "planning" while a run plans, and tiny tensors are admitted in groups. Figures at 90k tensors:
+``bench/bench_many_tensors.py``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -20,7 +21,9 @@ from resumerge.cli.modelgen import make_model
 from resumerge.config.locations import run_dir
 from resumerge.config.settings import RunSettings
 from resumerge.engine import session
+from resumerge.engine.unitgroup import GROUP_BYTES, GROUP_UNITS, group_bytes
 from resumerge.errors import LedgerError, NothingRecordedError, PlanChangedError
+from resumerge.memory import MemoryGovernor, Reservation
 from resumerge.store.ledger_read import read_merge_record
 from resumerge.store.planning import PLANNING_NAME, planning_mark
 from resumerge.store.statusview import read_status
@@ -32,15 +35,43 @@ LAYERS = 300
 SHARD = "40k"
 
 
+class Merged(NamedTuple):
+    config: Path
+    digests: dict[str, str]
+    admissions: list[int]  # the estimate of each unit the memory governor admitted during the merge
+
+
 @pytest.fixture(scope="module")
-def merged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
-    """The config of two many-layer models and the digests of its uninterrupted merge."""
+def merged(tmp_path_factory: pytest.TempPathFactory) -> Merged:
+    """The config of two many-layer models and its uninterrupted merge."""
     root = tmp_path_factory.mktemp("many")
     config = many_layer_merge(root, LAYERS)
     ref = root / "reference"
-    assert main(["run", str(config), str(ref), "--state-dir", str(root / "ref-state"), "--out-shard-size", SHARD,
-                 "--quiet"]) == 0
-    return config, digests(ref)
+    admissions: list[int] = []
+    real = MemoryGovernor.acquire
+
+    def counting(self: MemoryGovernor, estimate_bytes: int, **kwargs: Any) -> Reservation:
+        admissions.append(estimate_bytes)
+        return real(self, estimate_bytes, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(MemoryGovernor, "acquire", counting)
+        assert main(["run", str(config), str(ref), "--state-dir", str(root / "ref-state"), "--out-shard-size",
+                     SHARD, "--quiet"]) == 0
+    return Merged(config, digests(ref), admissions)
+
+
+def test_tiny_tensors_are_admitted_in_groups_of_one_shard(merged: Merged) -> None:
+    """The per-unit hand-off (admission, pool task, writer queue) is paid once per group of consecutive tiny tensors
+    of one shard, not per tensor; every merge of this module is compared with this one's bytes."""
+    tensors, shards = 9 * LAYERS + 3, sum(name.endswith(".safetensors") for name in merged.digests)
+    assert shards > 4
+    # At most one group per GROUP_UNITS tensors, plus one cut short at each shard's end.
+    assert 0 < len(merged.admissions) <= -(-tensors // GROUP_UNITS) + shards
+    assert max(merged.admissions) <= GROUP_BYTES
+    # Under any budget a group holds a small share of it, so grouping never changes which units fit.
+    assert group_bytes(None) == GROUP_BYTES and group_bytes(1 << 30) == GROUP_BYTES
+    assert group_bytes(32 << 20) == 2 << 20 and group_bytes(8) == 1
 
 
 def _count_plans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -76,11 +107,11 @@ def _kill_after_first_shard(config: Path, out: Path, state: Path) -> None:
     assert record is not None and 0 < record.files_done < len(record.files), "killed before or after the merge"
 
 
-def test_kill_then_resume_is_identical_without_planning(merged: tuple[Path, dict[str, str]], tmp_path: Path,
+def test_kill_then_resume_is_identical_without_planning(merged: Merged, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The resume reloads the frozen plan; an input with other bytes is planned again and refused, one merely
     touched (same bytes, new mtime) is planned again and goes on."""
-    config, reference = merged
+    config, reference, _ = merged
     out, state = tmp_path / "out", tmp_path / "state"
     _kill_after_first_shard(config, out, state)
     calls = _count_plans(monkeypatch)

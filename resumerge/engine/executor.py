@@ -29,6 +29,7 @@ from resumerge.engine import cpupriority
 from resumerge.engine.compute import Stored, TensorCompute
 from resumerge.engine.devices import is_gpu
 from resumerge.engine.interrupts import commit_uploaded
+from resumerge.engine.unitgroup import UnitGroup, group_bytes, joins_others
 from resumerge.errors import ResumergeError
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.source import InputSources
@@ -42,6 +43,7 @@ from resumerge.plan.workorder import compute_order
 from resumerge.plan.workunits import (
     PASSES,
     ROWS,
+    WHOLE,
     aligned_rows,
     collects_sibling,
     estimate_bytes,
@@ -97,11 +99,12 @@ class Journal(Protocol):
     def settle(self, *, strict: bool = True) -> None: ...
 
 
-_Item = tuple[ShardPlan, str, Stored, "Reservation | None"]
+# (shard, names, their tensors or rows, the reservation that holds them all): one unit's, a group's or a chunk's.
+_Item = tuple[ShardPlan, tuple[str, ...], list[Stored], "Reservation | None"]
 
 
 class _Writer(threading.Thread):
-    """Consumes (shard, name, tensor or rows, reservation) items; commits each shard after its last tensor."""
+    """Consumes items of one shard's tensors in its order; commits each shard after its last tensor."""
 
     def __init__(self, plan: Plan, sink: OutputSink, journal: Journal, reporter: Reporter,
                  sources: InputSources | None = None, yield_cpu: bool = False) -> None:
@@ -113,12 +116,12 @@ class _Writer(threading.Thread):
         self.error: BaseException | None = None
         self.leaving = threading.Event()  # the run stops: a wait for input checks ends
         self._current: ShardWriter | None = None
+        self._shard_tensors: list[str] = []  # the current shard's tensors written so far, and when it started
+        self._shard_since = 0.0
 
     def run(self) -> None:
         if self.yield_cpu:
             cpupriority.yield_to_transfers()
-        written: list[str] = []
-        started = time.monotonic()
         try:
             while True:
                 try:
@@ -128,35 +131,52 @@ class _Writer(threading.Thread):
                     continue
                 if item is None:
                     return
-                shard, name, tensor, reservation = item
-                if self._current is None:
-                    self._current = ShardWriter(self.sink, shard.name, self.plan.shard_layout(shard),
-                                                self.plan.shard_parts(shard))
-                    self.reporter.shard_started(shard.name, shard.file_size, len(shard.tensors))
-                    written, started = [], time.monotonic()
-                complete = self._current.write(name, tensor)
-                del tensor, item
-                if reservation is not None:
-                    reservation.release()
-                if not complete:
-                    continue
-                written.append(name)
-                self.reporter.tensor_done(name, self.plan.tensors[name].nbytes)
-                if self._current.expected_name is None:
-                    if self.sink.commits_later and self.sources is not None:
-                        self.sink.commit_when(shard.name, self._checked_now(shard))  # upload now, commit after
-                    elif not self._inputs_checked(shard):
-                        self.abort()
+                shard, names, tensors, reservation = item
+                del item
+                try:
+                    if not self._write(shard, names, tensors):
                         return
-                    size, sha, receipt = self._current.finish()
-                    self._current = None
-                    self.journal.record(receipt, size, sha, seconds=time.monotonic() - started,
-                                        tensors=tuple(written))
-                    self.reporter.file_done(shard.name, "shard")
+                finally:
+                    tensors.clear()  # freed before their reservation is returned
+                    if reservation is not None:
+                        reservation.release()
         except BaseException as exc:
             self.error = exc
             self.abort()
             self.drain()
+
+    def _write(self, shard: ShardPlan, names: tuple[str, ...], tensors: list[Stored]) -> bool:
+        """Write the tensors (or rows) ``names`` of ``shard``, committing it after its last; False when the run
+        stopped first (the unfinished shard's temp file is deleted)."""
+        for name, tensor in zip(names, tensors, strict=True):
+            if self._current is None:
+                self._current = ShardWriter(self.sink, shard.name, self.plan.shard_layout(shard),
+                                            self.plan.shard_parts(shard))
+                self.reporter.shard_started(shard.name, shard.file_size, len(shard.tensors))
+                self._shard_tensors, self._shard_since = [], time.monotonic()
+            if not self._current.write(name, tensor):
+                continue
+            self._shard_tensors.append(name)
+            self.reporter.tensor_done(name, self.plan.tensors[name].nbytes)
+            if self._current.expected_name is None and not self._commit(shard):
+                return False
+        return True
+
+    def _commit(self, shard: ShardPlan) -> bool:
+        """Finish the shard just completed and record it; False when the run stopped first (its temp file is
+        deleted)."""
+        assert self._current is not None
+        if self.sink.commits_later and self.sources is not None:
+            self.sink.commit_when(shard.name, self._checked_now(shard))  # upload now, commit after
+        elif not self._inputs_checked(shard):
+            self.abort()
+            return False
+        size, sha, receipt = self._current.finish()
+        self._current = None
+        self.journal.record(receipt, size, sha, seconds=time.monotonic() - self._shard_since,
+                            tensors=tuple(self._shard_tensors))
+        self.reporter.file_done(shard.name, "shard")
+        return True
 
     def _inputs_checked(self, shard: ShardPlan) -> bool:
         """Wait until every input file ``shard`` read from is checked against its checksum (a hub download still
@@ -186,6 +206,7 @@ class _Writer(threading.Thread):
                 return
             if item is None:
                 return
+            item[2].clear()
             if item[3] is not None:
                 item[3].release()
 
@@ -221,8 +242,7 @@ class _Pipeline:
         # beside the working ones (collects_sibling), and every unit in flight must have started.
         self.pool = ThreadPoolExecutor(max_workers=2 * workers + 1, thread_name_prefix="resumerge-merge",
                                        initializer=cpupriority.yield_to_transfers if yield_cpu else None)
-        self.inflight: deque[tuple[ShardPlan, TensorPlan, Future[Stored], Reservation | None]] = deque()
-        self.siblings: set[int] = set()  # ids of the futures in flight that only collect a sibling's result
+        self.inflight: deque[tuple[UnitGroup, Future[list[Stored]], Reservation | None]] = deque()
 
     def halted(self) -> bool:
         return self.should_stop() or self.writer.error is not None or not self.writer.is_alive()
@@ -241,50 +261,62 @@ class _Pipeline:
         # settings alone, never by the moment's memory: a whole-tensor sum's bits depend on the threads it is
         # split over, and a resumed run must compute every tensor as the first run would.
         alone = serial and not is_gpu(self.plan.options.device)
+        budget = self._budget() if self.governor is not None else None
+        most = group_bytes(budget)
         previous: TensorPlan | None = None
+        pending: UnitGroup | None = None  # small whole units gathered, not launched yet
         for shard, tp in work:
             method = self.plan.method_of(tp)
             sibling, previous = collects_sibling(previous, tp, method), tp
-            budget = self._budget() if self.governor is not None else None
             mode = unit_mode(tp, method, budget, self.plan.options.device, rereadable=self._local(tp),
                              serial=serial)
             stream = row_stream(tp, method, self.plan.options.device) if mode in (ROWS, PASSES) else None
             unit = TensorCompute(self.plan, tp, self.sources, self.resources, stream)
+            # A unit collecting its sibling's result holds that result only; its sibling's estimate covers the work.
+            estimate = tp.nbytes if sibling else unit_bytes(tp, method, mode)
+            shares = joins_others(method, whole=mode == WHOLE, sibling=sibling)
+            if pending is not None and (mode == ROWS or not shares or not pending.takes(shard, estimate, most)):
+                launched, pending = self._launch(pending, alone), None
+                if not launched:
+                    return False
             if mode == ROWS:
                 if not self.flush() or not self._stream_rows(shard, tp, method, unit):
                     return False
                 continue
-            while not sibling and self.working() >= self.limit():
-                if not self.hand_over_oldest():
-                    return False
-            # A unit collecting its sibling's result holds that result only; its sibling's estimate covers the work.
-            estimate = tp.nbytes if sibling else unit_bytes(tp, method, mode)
-            admitted, reservation = self._admit(tp, estimate, self.governor)
-            if not admitted:
+            if pending is None:
+                pending = UnitGroup(shard, alone=not shares, sibling=sibling)
+            pending.add(unit, estimate)
+        return (pending is None or self._launch(pending, alone)) and self.flush()
+
+    def _launch(self, group: UnitGroup, alone: bool) -> bool:
+        """Admit ``group`` and start computing it on the pool (PASSES units only where the workers fill torch's
+        threads on the CPU: ``alone``, a stream's chunk kernels run serially, see resumerge.inputs.kernels); False
+        when stopped first."""
+        while not group.sibling and self.working() >= self.limit():
+            if not self.hand_over_oldest():
                 return False
-            admitted, on_gpu = self._admit(tp, estimate, self.gpu)
-            if not admitted:
-                if reservation is not None:
-                    reservation.release()
-                return False
-            # PASSES only where the workers fill torch's threads on the CPU: `alone` (a stream's chunk kernels run
-            # serially, see resumerge.inputs.kernels).
-            future = self.pool.submit(self._compute, unit, on_gpu, alone)
-            if sibling:
-                self.siblings.add(id(future))
-            self.inflight.append((shard, tp, future, reservation))
-        return self.flush()
+        what = group.units[0].tp.name
+        admitted, reservation = self._admit(what, group.estimate, self.governor)
+        if not admitted:
+            return False
+        admitted, on_gpu = self._admit(what, group.estimate, self.gpu)
+        if not admitted:
+            if reservation is not None:
+                reservation.release()
+            return False
+        self.inflight.append((group, self.pool.submit(self._compute, group.units, on_gpu, alone), reservation))
+        return True
 
     def working(self) -> int:
-        """Units in flight that compute (not those collecting a sibling's result)."""
-        return sum(1 for _, _, future, _ in self.inflight if id(future) not in self.siblings)
+        """Groups in flight that compute (not those collecting a sibling's result)."""
+        return sum(1 for group, _, _ in self.inflight if not group.sibling)
 
-    def _compute(self, work: TensorCompute, on_gpu: Reservation | None, serial: bool) -> Stored:
-        """Compute ``work``'s tensor whole, its kernels on this thread alone when ``serial``; its GPU reservation
-        ends with the computation (the result is back on the host)."""
+    def _compute(self, units: list[TensorCompute], on_gpu: Reservation | None, serial: bool) -> list[Stored]:
+        """Compute ``units``' tensors whole in order, their kernels on this thread alone when ``serial``; their GPU
+        reservation ends with the computation (the results are back on the host)."""
         try:
             with serial_kernels() if serial else nullcontext():
-                return work.whole()
+                return [unit.whole() for unit in units]
         finally:
             if on_gpu is not None:
                 on_gpu.release()
@@ -298,7 +330,7 @@ class _Pipeline:
         assert self.governor is not None
         return min(self.governor.budget, self.gpu.budget) if self.gpu else self.governor.budget
 
-    def _admit(self, tp: TensorPlan, estimate: int, pool: MemoryGovernor | None) -> tuple[bool, Reservation | None]:
+    def _admit(self, what: str, estimate: int, pool: MemoryGovernor | None) -> tuple[bool, Reservation | None]:
         """(admitted, reservation) of ``estimate`` bytes from ``pool``; the reservation is None without a governor,
         and admitted is False when stopped.
 
@@ -308,7 +340,7 @@ class _Pipeline:
             return True, None
         while True:
             try:
-                return True, pool.acquire(estimate, timeout=0.05, what=tp.name)
+                return True, pool.acquire(estimate, timeout=0.05, what=what)
             except TimeoutError:
                 if self.halted():
                     return False, None
@@ -316,10 +348,8 @@ class _Pipeline:
                     return False, None
 
     def hand_over_oldest(self) -> bool:
-        shard, tp, future, reservation = self.inflight.popleft()
-        self.siblings.discard(id(future))
-        tensor = future.result()
-        return self._put((shard, tp.name, tensor, reservation))
+        group, future, reservation = self.inflight.popleft()
+        return self._put((group.shard, group.names, future.result(), reservation))
 
     def flush(self) -> bool:
         while self.inflight:
@@ -343,7 +373,7 @@ class _Pipeline:
         output rows to the writer, every chunk admitted as it comes; False when stopped."""
         # What a stream keeps across its passes (sampled masks) is held from the first chunk to the last.
         held = work.held_bytes()
-        admitted, reservation = self._admit(tp, held, self.governor) if held else (True, None)
+        admitted, reservation = self._admit(tp.name, held, self.governor) if held else (True, None)
         if not admitted:
             return False
 
@@ -362,7 +392,7 @@ class _Pipeline:
             finally:
                 if on_gpu is not None:
                     on_gpu.release()
-            return self._put((shard, tp.name, tensor, reservation))
+            return self._put((shard, (tp.name,), [tensor], reservation))
 
         try:
             # A stream's kernels are of chunk size: they run serially (see resumerge.inputs.kernels), as in PASSES.
@@ -393,10 +423,10 @@ class _Pipeline:
                 rows = max(1, min(rows, self.gpu.chunk_rows(row_estimate, total - first)))
             rows = aligned_rows(tp, rows, total - first)
             estimate = estimate_bytes(tp, method, rows)
-            admitted, reservation = self._admit(tp, estimate, self.governor)
+            admitted, reservation = self._admit(tp.name, estimate, self.governor)
             if not admitted:
                 return False
-            admitted, on_gpu = self._admit(tp, estimate, self.gpu)
+            admitted, on_gpu = self._admit(tp.name, estimate, self.gpu)
             if not admitted:
                 if reservation is not None:
                     reservation.release()
@@ -407,7 +437,7 @@ class _Pipeline:
         return True
 
     def close(self) -> None:
-        for _, _, future, reservation in self.inflight:
+        for _, future, reservation in self.inflight:
             future.cancel()
             if reservation is not None:
                 reservation.release()
