@@ -8,7 +8,8 @@ Generates two Llama-style models of ``--layers`` tiny layers (9 tensors each, 8 
 tests' generator) once, then, each ``resumerge`` a subprocess (``--pythonpath`` picks the checkout measured, e.g.
 /work/main for the "before" figures):
 
-- an uninterrupted ``run`` (1M output shards): wall, peak RSS, wall per tensor, ledger bytes per tensor;
+- an uninterrupted ``run`` (1M output shards): wall, CPU (user + system), peak RSS, wall per tensor, ledger bytes
+  per tensor;
 - ``verify`` of it;
 - a second ``run`` SIGKILLed once half its shards are committed, then ``resume``: their walls together against
   the uninterrupted one; meanwhile ``status`` is asked every 2 s from the start (its wall and CPU, and the
@@ -118,18 +119,21 @@ def main() -> None:
     out, state = work / "out", work / "state"
     for path in (out, state):
         subprocess.run(["rm", "-rf", str(path)], check=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     run = run_measured(resumerge("run", str(config), str(out), "--state-dir", str(state), "--out-shard-size", SHARD,
                                  "--quiet"), env=env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    run_cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     ledger_dir = run_dir(out, state)
     ledger_bytes = sum(p.stat().st_size for p in ledger_dir.glob("ledger.db*"))
     verify = run_measured(resumerge("verify", str(out), "--state-dir", str(state)), env=env)
     kr = killed_then_resumed(config, work, env)
     print(f"checkout: {args.pythonpath}; {tensors} tensors ({args.layers} layers), --out-shard-size {SHARD}")
-    print("| run wall s | ms per tensor | peak RSS MB | ledger bytes per tensor | verify s | killed at half s | "
-          "resume s | kill + resume vs run |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| run wall s | ms per tensor | run CPU s | peak RSS MB | ledger bytes per tensor | verify s | "
+          "killed at half s | resume s | kill + resume vs run |")
+    print("|---|---|---|---|---|---|---|---|---|")
     total = float(kr["killed_wall"]) + float(kr["resume_wall"])  # type: ignore[arg-type]
-    print(f"| {run.wall:.1f} | {1000 * run.wall / tensors:.2f} | {run.peak_rss / 1e6:.0f} | "
+    print(f"| {run.wall:.1f} | {1000 * run.wall / tensors:.2f} | {run_cpu:.1f} | {run.peak_rss / 1e6:.0f} | "
           f"{ledger_bytes / tensors:.0f} | {verify.wall:.2f} | {kr['killed_wall']:.1f} | {kr['resume_wall']:.1f} | "
           f"{total / run.wall:.2f}× |")
     probes = kr["probes"]

@@ -268,8 +268,10 @@ class _Pipeline:
         for shard, tp in work:
             method = self.plan.method_of(tp)
             sibling, previous = collects_sibling(previous, tp, method), tp
-            mode = unit_mode(tp, method, budget, self.plan.options.device, rereadable=self._local(tp),
-                             serial=serial)
+            # Whether its inputs read again cheaply decides only between a stream's passes and rows: asked of
+            # methods that stream alone (a walk over the tensor's reads).
+            local = method.streamed is None or self._local(tp)
+            mode = unit_mode(tp, method, budget, self.plan.options.device, rereadable=local, serial=serial)
             stream = row_stream(tp, method, self.plan.options.device) if mode in (ROWS, PASSES) else None
             unit = TensorCompute(self.plan, tp, self.sources, self.resources, stream)
             # A unit collecting its sibling's result holds that result only; its sibling's estimate covers the work.

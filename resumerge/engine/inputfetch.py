@@ -183,7 +183,8 @@ class HubInputs:
         done = [r.name for r in ledger.files() if r.status == "done"]
         if self.downloads is not None:
             self.downloads.start(first_reads(self._plan, done))
-        needed = needed_ranges(self._plan, done)
+        # Only streamed files are counted and checked whole: a run that streams none skips the plan-wide walk.
+        needed = needed_ranges(self._plan, done) if self._streamed else {}
         self.needed = sum(e - s for key, spans in needed.items() if key in self._streamed for s, e in spans)
         self._hashes.digests = self._whole_files(needed, ledger)
         self._hashes.ledger, self._ledger, self._reporter = ledger, ledger, reporter
