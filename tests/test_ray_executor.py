@@ -44,7 +44,6 @@ from resumerge.cli.render import show_status
 from resumerge.config.hubtarget import parse_hub_target
 from resumerge.config.locations import run_dir
 from resumerge.engine.cluster.hubreads import NodeReads, NodeSources
-from resumerge.engine.cluster.launch import Launch
 from resumerge.engine.cluster.upload import HubPlace, task_cpus, upload_shard
 from resumerge.engine.quiet import NullReporter
 from resumerge.errors import EXIT_INVALID, ResumergeError, UsageError
@@ -131,7 +130,7 @@ def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merg
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("ray")
     with _cluster() as cluster:
-        _equals_local_and_both_worker_nodes_made_shards(cluster, merge, tmp_path / "plain", monkeypatch)
+        _equals_local_and_both_worker_nodes_made_shards(cluster, merge, tmp_path / "plain")
         _a_task_that_fails_ends_the_run_as_the_local_executor_does(merge, tmp_path / "failing")
         _streamed_hub_inputs_are_read_by_each_node(cluster, merge, hub, tmp_path / "streamed")
         _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge, hub, tmp_path / "hub", monkeypatch,
@@ -146,12 +145,10 @@ def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merg
                                                                         max_disk=_largest_shard(merge), nodes=1)
 
 
-def _equals_local_and_both_worker_nodes_made_shards(cluster: tuple[Cluster, Any], merge: Merge, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def _equals_local_and_both_worker_nodes_made_shards(cluster: tuple[Cluster, Any], merge: Merge,
+                                                     tmp_path: Path) -> None:
     out, state = tmp_path / "out", tmp_path / "state"
-    with monkeypatch.context() as patch:  # the workers started warm, while the run planned, make every shard
-        patch.setattr(Launch, "start", _not_after_the_plan)
-        outcome = api.run(merge.config, out, state_dir=state, out_shard_size=SHARD, executor="ray")
+    outcome = api.run(merge.config, out, state_dir=state, out_shard_size=SHARD, executor="ray")
     assert digests(out) == merge.reference
     shards = [n for n in merge.reference if n.endswith(".safetensors")]
     assert len(shards) >= 6 and outcome.resumed_files == 0
@@ -164,10 +161,6 @@ def _equals_local_and_both_worker_nodes_made_shards(cluster: tuple[Cluster, Any]
     shown = io.StringIO()
     show_status(report, shown, width=120)
     assert sum(1 for line in shown.getvalue().splitlines() if line.startswith("node ")) == 2
-
-
-def _not_after_the_plan(*args: object) -> None:
-    raise AssertionError("workers were started after the plan: the warm ones were not given it")
 
 
 def _a_killed_ray_driver_resumes_locally_and_a_killed_local_run_on_ray(cluster: tuple[Cluster, Any], merge: Merge,

@@ -24,7 +24,6 @@ from resumerge.api.kinds import EXTRACTION, KINDS, kind_of, prepare_recorded
 from resumerge.api.options import (
     PathLike,
     config_text,
-    early_cluster,
     hub_output,
     named,
     plan_options,
@@ -146,8 +145,7 @@ def run(
     driving = Driving(stop_flag(should_stop), restart=restart, intermediate_dir=intermediate_dir,
                       cleanup=cleanup_intermediates)
     kind.check(call, driving)
-    with early_cluster(settings):
-        return kind.run(call, replace(driving, reporter=_reporter(progress)))
+    return kind.run(call, replace(driving, reporter=_reporter(progress)))
 
 
 def resume(
@@ -179,8 +177,7 @@ def resume(
                             num_threads=num_threads, executor=executor, ray_address=ray_address)
     recorded = functools.partial(prepare_recorded, out=out)
     driving = Driving(stop_flag(should_stop), _reporter(progress), cleanup=cleanup_intermediates)
-    with early_cluster(settings):
-        outcome = next(found for kind in KINDS if (found := kind.resume(out, settings, driving, recorded)))
+    outcome = next(found for kind in KINDS if (found := kind.resume(out, settings, driving, recorded)))
     for kind in KINDS:
         kind.finished(outcome, out, state_dir)
     return outcome

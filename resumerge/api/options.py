@@ -6,9 +6,8 @@ merge. Each raises :class:`~resumerge.errors.UsageError` (exit 2) for a bad valu
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,23 +58,6 @@ def run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = Non
                            max_disk=size_option(max_disk, "--max-disk"), num_threads=num_threads, executor=executor,
                            ray_address=ray_address)
     return settings if output is None else replace(settings, output=output)
-
-
-@contextlib.contextmanager
-def early_cluster(settings: RunSettings) -> Iterator[None]:
-    """A Ray run joins its cluster in the background while it plans, and starts its workers warm (see
-    :func:`~resumerge.engine.cluster.connect.join_soon`); those the run did not take are ended when it ends. A
-    local run does nothing."""
-    if settings.executor != RAY:
-        yield
-        return
-    from resumerge.engine.cluster.early import join_soon, let_go
-
-    join_soon(settings.ray_address, settings.num_threads)  # none when the CLI has started it already
-    try:
-        yield
-    finally:
-        let_go()
 
 
 def hub_output(public: bool, every: int | None, interval: float | None) -> HubOutputOptions:

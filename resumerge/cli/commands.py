@@ -422,12 +422,6 @@ def exit_with(code: int) -> NoReturn:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    if args.command in ("run", "resume") and args.executor == "ray":
-        # The cluster joined and the workers started in the background from here, before the API's imports and the
-        # plan: a worker's start (a process importing torch) is the longest wait of a short Ray run.
-        from resumerge.engine.cluster.early import join_soon
-
-        join_soon(args.ray_address, args.num_threads)
     if args.command == "status":
         return _status(args)
     if args.command == "verify":

@@ -110,24 +110,14 @@ class RunSession:
         StorageError on write failures."""
         from resumerge.engine.devices import set_torch_threads
 
-        plan, beside, settings = self.prepared.plan, self.prepared.beside, self.settings
+        plan, inputs, beside, settings = self.prepared.plan, self.prepared.inputs, self.prepared.beside, self.settings
         set_torch_threads(settings.num_threads)
         governors = (make_governor(plan, settings.max_memory),
                      gpu_governor(plan, plan.options.device, settings.max_gpu_memory))
         if beside is not None:
             beside.hold(governors[0])
-        # Ray missing, unreachable or unfit for the run: refused before OUT is touched. A Ray run's workers start
-        # now (but a hub OUT's, which need its repo), warming up while this process opens OUT.
-        executor = executor_for(settings, work_beside=beside is not None,
-                                early=self.prepared if self.target.hub is None else None)
-        try:
-            return self._open_and_drive(governors, executor)
-        finally:
-            executor.close()
-
-    def _open_and_drive(self, governors: tuple[MemoryGovernor, MemoryGovernor | None], executor: Executor) -> Outcome:
-        """Check OUT, open the hub inputs, then drive."""
-        plan, inputs, beside, settings = self.prepared.plan, self.prepared.inputs, self.prepared.beside, self.settings
+        # Ray missing, unreachable or unfit for the run: refused before OUT is touched.
+        executor = executor_for(settings, work_beside=beside is not None)
         manifest = self.target.manifest()
         hub = None
         meter = TrafficMeter()  # both directions of the network, for the progress display

@@ -16,7 +16,6 @@ from resumerge.config.settings import LOCAL, RunSettings
 from resumerge.engine.executor import CONCURRENCY, execute
 from resumerge.engine.job import Job
 from resumerge.errors import UsageError
-from resumerge.plan.prepared import Prepared
 
 
 class Executor(Protocol):
@@ -25,10 +24,6 @@ class Executor(Protocol):
     stop flag turns, and a failed shard's own error (the same one, whichever executor computed it)."""
 
     def run(self, job: Job) -> tuple[str, ...]: ...
-
-    def close(self) -> None:
-        """Let go of what the executor started for a run that ends without :meth:`run` (refused after it was made);
-        harmless after :meth:`run`."""
 
 
 class LocalExecutor:
@@ -41,16 +36,12 @@ class LocalExecutor:
                        governor=job.governor, gpu=job.gpu, late_notes=job.late_notes, transfers=job.transfers,
                        resources=job.resources)
 
-    def close(self) -> None:
-        """Nothing was started."""
 
-
-def executor_for(settings: RunSettings, *, work_beside: bool = False, early: Prepared | None = None) -> Executor:
+def executor_for(settings: RunSettings, *, work_beside: bool = False) -> Executor:
     """The executor ``settings`` name for a run that has work beside the merge (``work_beside``: a mergekit-moe
-    prompt pass whose routers the last units wait for) or not; with ``early``, a plan whose workers may start now
-    (a Ray run's, while the session opens OUT: close the executor if the run ends without running it). Raises
-    :class:`~resumerge.errors.UsageError` (exit 2) for ``ray`` when Ray is not installed, saying how to install it,
-    and for a run with work beside it (its results live in this process, where no task can see them)."""
+    prompt pass whose routers the last units wait for) or not. Raises :class:`~resumerge.errors.UsageError`
+    (exit 2) for ``ray`` when Ray is not installed, saying how to install it, and for a run with work beside it
+    (its results live in this process, where no task can see them)."""
     if settings.executor == LOCAL:
         return LocalExecutor()
     if work_beside:
@@ -58,7 +49,4 @@ def executor_for(settings: RunSettings, *, work_beside: bool = False, early: Pre
                          hint="run it with the local executor (the default)")
     from resumerge.engine.cluster.driver import RayExecutor
 
-    executor = RayExecutor.connect(settings.ray_address)
-    if early is not None:
-        executor.start_early(early.plan, early.resources, settings)
-    return executor
+    return RayExecutor.connect(settings.ray_address)

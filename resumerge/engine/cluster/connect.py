@@ -2,8 +2,7 @@
 
 A cluster is joined at ``--ray-address`` (a ``ray://`` client address or a head's ``HOST:PORT``), else at
 ``RAY_ADDRESS`` when set, else a Ray is started for the run on this machine; a process already connected (a
-notebook, a test's cluster) keeps its connection. A run usually joins in the background, while it plans
-(:mod:`~resumerge.engine.cluster.early`).
+notebook, a test's cluster) keeps its connection.
 """
 
 from __future__ import annotations
@@ -41,17 +40,13 @@ def join(address: str | None) -> ModuleType:
     where = address or os.environ.get("RAY_ADDRESS") or None
     try:
         with _signals_kept():
-            _init(ray, where)
+            # Workers' logs stay on their nodes: the driver's display is the run's progress, not their chatter.
+            ray.init(address=where, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
+                     configure_logging=True)
     except (ConnectionError, RuntimeError, TimeoutError) as exc:
         raise UnreachableError(f"cannot join the Ray cluster at {where}: {exc}",
                                hint="check --ray-address (or RAY_ADDRESS) and that the head node runs") from None
     return ray
-
-
-def _init(ray: ModuleType, where: str | None) -> None:
-    # Workers' logs stay on their nodes: the driver's display is the run's progress, not their chatter.
-    ray.init(address=where, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
-             configure_logging=True)
 
 
 @contextlib.contextmanager

@@ -1,15 +1,13 @@
 """The Ray executor: the driver feeds the pending output shards to a long-lived worker per node, then publishes
 and journals each one.
 
-The driver has a :class:`~resumerge.engine.cluster.worker.ShardStream` actor on every node (one per share of its
-CPUs as wide as the run's thread count: started warm while the run planned, or as soon as the plan is known, see
-:mod:`~resumerge.engine.cluster.launch`) and keeps :data:`~resumerge.engine.cluster.launch.AHEAD` shards fed to
-each, so that a node computes one shard while it writes the one before, as a local run does. Only the driver
-(the process that runs ``resumerge run`` or ``resume``) writes the ledger and the manifest and commits: a worker
-returns each shard's temp path and digests (:class:`~resumerge.engine.cluster.worker.ShardDone`), and the driver
-publishes that file through the run's sink (a rename in the shared OUT, a staged copy, or an upload and commit of a
-hub repo) and journals it with the run's :class:`~resumerge.store.journal_commit.CommitJournal`, as the local
-executor's writer does. The frozen plan goes
+The driver starts a :class:`~resumerge.engine.cluster.worker.ShardStream` actor on every node (one per share of its
+CPUs as wide as the run's thread count) and keeps :data:`AHEAD` shards fed to each, so that a node computes one
+shard while it writes the one before, as a local run does. Only the driver (the process that runs ``resumerge run``
+or ``resume``) writes the ledger and the manifest and commits: a worker returns each shard's temp path and digests
+(:class:`~resumerge.engine.cluster.worker.ShardDone`), and the driver publishes that file through the run's sink (a
+rename in the shared OUT, a staged copy, or an upload and commit of a hub repo) and journals it with the run's
+:class:`~resumerge.store.journal_commit.CommitJournal`, as the local executor's writer does. The frozen plan goes
 through Ray's object store once; tensors never do.
 
 Faults: the shards of a worker whose process or node died go back to the front of the queue, to the workers left
@@ -24,31 +22,32 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from resumerge.config.settings import RunSettings
 from resumerge.engine.cluster.connect import join
-from resumerge.engine.cluster.early import claim
 from resumerge.engine.cluster.hubreads import NodeReads
-from resumerge.engine.cluster.launch import AHEAD, Launch, Worker, end
-from resumerge.engine.cluster.upload import HubPlace, commit_operation
-from resumerge.engine.cluster.worker import ShardDone
-from resumerge.engine.executor import finish_run
+from resumerge.engine.cluster.upload import HubPlace, commit_operation, task_cpus
+from resumerge.engine.cluster.worker import ShardDone, ShardStream, WorkerSetup
+from resumerge.engine.devices import is_gpu
+from resumerge.engine.executor import CONCURRENCY, finish_run
 from resumerge.engine.job import Job
 from resumerge.errors import UnreachableError
 from resumerge.memory.sizes import format_size
-from resumerge.methods.resources import Resources
 from resumerge.plan.fetching import read_order, shard_input_files
-from resumerge.plan.merge_plan import Plan, ShardPlan
+from resumerge.plan.merge_plan import ShardPlan
 from resumerge.plan.workorder import compute_order
+from resumerge.plan.workunits import estimate_bytes
 from resumerge.store.durable import discard, is_temp_name, storage_error
 from resumerge.store.hubsink import HubRepoSink
 from resumerge.store.journal_commit import CommitJournal
 from resumerge.store.nodestats import NODE_EVENT, node_line
+from resumerge.torch_import import IMPORT_RESERVE, torch
 
+# How many shards the driver keeps fed to each node's worker: one computing while the one before is written.
+AHEAD = 2
 # The driver's re-issues of a shard whose worker was lost (its process or node died) before the run gives up.
 REISSUES = 3
 # How long the driver waits for a result before it looks at the stop flag and the commits again.
@@ -58,42 +57,26 @@ POLL_SECONDS = 0.25
 STOP_SECONDS = 10.0
 
 
+@dataclass(eq=False)
+class _Worker:
+    """A node's worker as the driver sees it: its actor, its node (as the ledger names it) and its shards fed."""
+
+    actor: Any
+    node: str
+    fed: int = 0
+
+
 class RayExecutor:
     """The executor of ``--executor ray``: the pending output shards fed to a worker per node, the ledger kept by
     this process."""
 
-    def __init__(self, ray: ModuleType, warm: list[Worker] | None = None) -> None:
+    def __init__(self, ray: ModuleType) -> None:
         self.ray = ray
-        self.warm = warm or []  # workers started before the plan existed, waiting for it
-        self.early: tuple[Launch, list[Worker]] | None = None  # workers started before the run, not yet fed
 
     @classmethod
     def connect(cls, address: str | None) -> RayExecutor:
-        """Join the cluster at ``address`` (see :func:`~resumerge.engine.cluster.connect.join`), taking the warm
-        workers its early join started (:func:`~resumerge.engine.cluster.launch.warm_workers`)."""
-        warm = claim()  # waits for the early join, if any: the join below is then made
-        return cls(join(address), warm)
-
-    def start_early(self, plan: Plan, resources: Resources, settings: RunSettings) -> None:
-        """Start the workers of ``plan`` now, for a run whose OUT is a folder (a hub OUT's are started by
-        :meth:`run`: they need the sink's repo): the warm ones given the plan, else fresh ones, whose start (a
-        process importing torch and the engine) then overlaps the driver's own work (opening OUT, the ledger,
-        reconciling) instead of following it. Raises :class:`UnreachableError` when the cluster has no node to
-        compute on."""
-        launch = Launch.of(self.ray, plan, resources, settings, plan.shards)
-        warm, self.warm = self.warm, []
-        if not launch.adopt(self.ray, warm):
-            end(self.ray, warm)
-            warm = launch.start(self.ray, set())
-        self.early = (launch, warm)
-
-    def close(self) -> None:
-        """End the workers started early that no run took (the run was refused after they started)."""
-        end(self.ray, self.warm)
-        self.warm = []
-        if self.early is not None:
-            end(self.ray, self.early[1])
-            self.early = None
+        """Join the cluster at ``address`` (see :func:`~resumerge.engine.cluster.connect.join`)."""
+        return cls(join(address))
 
     def run(self, job: Job) -> tuple[str, ...]:
         """Every pending shard of ``job`` computed by the nodes' workers and journaled here, then the run's side
@@ -101,14 +84,8 @@ class RayExecutor:
         done = {row.name for row in job.ledger.files() if row.status == "done"}
         journal = CommitJournal(job.sink, job.ledger, job.book)
         interrupt: KeyboardInterrupt | None = None
-        early, self.early = self.early, None
-        reads = NodeReads.of(job)  # streamed hub inputs: what the early workers' setup lacks
-        if early is not None and (early[0].plan is not job.plan or isinstance(job.sink, HubRepoSink) or reads):
-            end(self.ray, early[1])
-            early = None
-        warm, self.warm = self.warm, []
         try:
-            finished = _Dispatch(self.ray, job, journal, done, reads, early, warm).run()
+            finished = _Dispatch(self.ray, job, journal, done).run()
         except KeyboardInterrupt as exc:
             interrupt, finished = exc, False
         return finish_run(job.plan, journal, job.reporter, done, finished=finished, interrupt=interrupt,
@@ -119,32 +96,28 @@ class _Dispatch:
     """One run's workers: a long-lived actor per node (per share of its CPUs) fed a few shards ahead, their results
     published in any order."""
 
-    def __init__(self, ray: ModuleType, job: Job, journal: CommitJournal, done: set[str], reads: NodeReads | None,
-                 early: tuple[Launch, list[Worker]] | None = None, warm: list[Worker] | None = None) -> None:
+    def __init__(self, ray: ModuleType, job: Job, journal: CommitJournal, done: set[str]) -> None:
         self.ray, self.job, self.journal = ray, job, journal
         self.plan = job.plan
         # Shards to feed, with the times each was re-issued: a lost worker's shards go back to the front.
         self.pending: deque[tuple[ShardPlan, int]] = deque(
             (shard, 0) for shard in compute_order(self.plan) if shard.name not in done)
-        self.inflight: dict[Any, tuple[ShardPlan, int, Worker]] = {}  # object ref -> shard, re-issues, worker
-        self.workers: list[Worker] = [] if early is None else early[1]
+        self.inflight: dict[Any, tuple[ShardPlan, int, _Worker]] = {}  # object ref -> shard, re-issues, worker
+        self.workers: list[_Worker] = []
         self.lost: set[str] = set()  # nodes whose worker died: none is started there again
         self.folders: set[Path] = set()  # where the workers write their temp files
         self.published: set[Path] = set()  # the temp files handed to the sink
         self.nodes: dict[str, tuple[int, int, float]] = {}  # node -> shards, bytes, writer seconds
+        # Every node computes with the driver's thread count: the bytes of some methods depend on it.
+        settings = job.settings
         # A hub OUT: each node uploads what it made (the driver commits), staging under --max-disk per node.
         self.hub = job.sink if isinstance(job.sink, HubRepoSink) else None
-        if early is not None:
-            self.launch = early[0]
-        else:
-            place = None if self.hub is None else HubPlace.of(self.hub.repo, self.hub.resume)
-            self.launch = Launch.of(ray, self.plan, job.resources, job.settings, (s for s, _ in self.pending), place,
-                                    None if self.hub is None else self.hub.max_disk, reads)
-            if warm and self.launch.adopt(ray, warm):  # started before the plan: a hub OUT's, given it now
-                self.workers = warm
-            else:
-                end(ray, warm or [])
-        self.setup = self.launch.setup
+        place = None if self.hub is None else HubPlace.of(self.hub.repo, self.hub.resume)
+        self.setup = WorkerSetup(settings.num_threads or torch.get_num_threads(), settings.max_memory,
+                                 settings.max_gpu_memory, place, NodeReads.of(job))
+        self.memory = max((self._memory(shard) for shard, _ in self.pending), default=IMPORT_RESERVE)
+        self.actor_class = ray.remote(ShardStream)
+        self.shared = ray.put((self.plan, job.resources))
 
     def run(self) -> bool:
         """Feed, collect and journal until every shard is done (True) or the run is stopped (False); raises a
@@ -152,8 +125,8 @@ class _Dispatch:
         self.job.sources.expect(read_order(self.plan, {s.name for s in self.plan.shards} - {
             s.name for s, _ in self.pending}))
         try:
-            if self.pending and not self.workers:
-                self.workers = self.launch.start(self.ray, self.lost)
+            if self.pending:
+                self._start_workers()
             while self.pending or self.inflight:
                 while self.pending and (worker := self._hungriest()) is not None:
                     if not self._feed(worker, *self.pending.popleft()):
@@ -169,12 +142,49 @@ class _Dispatch:
             self._close()
             self._sweep()
 
-    def _hungriest(self) -> Worker | None:
+    def _start_workers(self) -> None:
+        """An actor on every live node with a CPU (a GPU with ``--device cuda``) not lost yet, one per share of the
+        node's CPUs as wide as the run's thread count; each declares those CPUs and the memory the plan's largest
+        shard needs (at most what its node has). Raises :class:`UnreachableError` when no node is left."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        gpu = is_gpu(self.plan.options.device)
+        nodes = self.ray.nodes()
+        wanted = self._width(nodes)
+        for node in nodes:
+            has, node_id = node.get("Resources", {}), node.get("NodeID", "")
+            cpus = int(has.get("CPU", 0))
+            if not node.get("Alive") or node_id[:8] in self.lost or cpus < 1 or (gpu and has.get("GPU", 0) < 1):
+                continue
+            width = min(wanted, cpus)
+            count = min(cpus // width, int(has["GPU"])) if gpu else cpus // width
+            memory = min(self.memory, int(has.get("memory", 0))) or self.memory
+            for _ in range(count):
+                actor = self.actor_class.options(
+                    num_cpus=width, num_gpus=1 if gpu else 0, memory=memory, max_restarts=0,
+                    max_concurrency=AHEAD + 2,  # the shards fed and waiting, and a call to stop
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                ).remote(self.shared, self.setup)
+                self.workers.append(_Worker(actor, node_id[:8]))
+        if not self.workers:
+            raise UnreachableError("the Ray cluster has no live node to compute on" + (
+                " with a GPU" if gpu else ""), hint="check the cluster's nodes, then run resumerge resume OUT")
+
+    def _width(self, nodes: list[dict[str, Any]]) -> int:
+        """The CPUs each worker declares: the run's thread count, raised for a hub OUT under ``--max-disk`` so that no
+        node runs more workers than it may stage shards (each stages one at a time until uploaded)."""
+        if self.hub is None:
+            return self.setup.threads
+        cpus = [n.get("Resources", {}).get("CPU", 0) for n in nodes if n.get("Alive")]
+        return task_cpus(self.setup.threads, cpus, self.hub.max_disk,
+                         max((s.file_size for s in self.plan.shards), default=0))
+
+    def _hungriest(self) -> _Worker | None:
         """The worker with the fewest shards fed, if it has room for another."""
         worker = min(self.workers, key=lambda w: w.fed, default=None)
         return worker if worker is not None and worker.fed < AHEAD else None
 
-    def _feed(self, worker: Worker, shard: ShardPlan, reissued: int) -> bool:
+    def _feed(self, worker: _Worker, shard: ShardPlan, reissued: int) -> bool:
         """Feed ``shard`` to ``worker`` once its inputs are checked (a hub download lands on the driver's cache
         first); False when the run is stopped while waiting."""
         for model, file in shard_input_files(self.plan, shard):
@@ -188,6 +198,13 @@ class _Dispatch:
         self.inflight[worker.actor.compute.remote(shard.name, str(folder))] = (shard, reissued, worker)
         worker.fed += 1
         return True
+
+    def _memory(self, shard: ShardPlan) -> int:
+        """What a worker computing ``shard`` needs: torch, plus the largest units the pipeline holds at once,
+        twice (in flight and queued to the writer)."""
+        units = sorted((estimate_bytes(tp, self.plan.method_of(tp))
+                        for tp in (self.plan.tensors[name] for name in shard.tensors)), reverse=True)
+        return IMPORT_RESERVE + 2 * sum(units[:CONCURRENCY])
 
     def _collect(self, ref: Any) -> None:
         shard, reissued, worker = self.inflight.pop(ref)
@@ -208,16 +225,16 @@ class _Dispatch:
             return
         self._publish(shard, replace(result, node=worker.node))
 
-    def _lose(self, worker: Worker) -> None:
+    def _lose(self, worker: _Worker) -> None:
         """Forget a worker that died (its other shards fail too and come back here); start workers on the nodes
         left when none is."""
         if worker not in self.workers:
             return
         self.workers.remove(worker)
         self.lost.add(worker.node)
-        end(self.ray, [worker])
+        self.ray.kill(worker.actor, no_restart=True)
         if not self.workers:
-            self.workers = self.launch.start(self.ray, self.lost)
+            self._start_workers()
 
     def _publish(self, shard: ShardPlan, result: ShardDone) -> None:
         """Publish the shard a worker wrote through the run's sink (or, uploaded by its node, commit the node's
@@ -277,7 +294,7 @@ class _Dispatch:
                 self.ray.get(ref)
             except self.ray.exceptions.RayError:
                 continue
-        end(self.ray, self.workers)
+        for worker in self.workers:
+            self.ray.kill(worker.actor, no_restart=True)
         self.workers.clear()
         self.inflight.clear()
-

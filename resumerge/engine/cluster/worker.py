@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from resumerge.engine.cluster.connect import this_node
 from resumerge.engine.cluster.hubreads import NodeReads, NodeSources, ReadDigest
+from resumerge.engine.cluster.upload import HubPlace, Uploaded, upload_shard
 from resumerge.engine.devices import gpu_governor, make_governor, set_torch_threads
 from resumerge.engine.executor import CONCURRENCY, Stopped, compute_shards
 from resumerge.engine.quiet import NullReporter
@@ -32,10 +32,6 @@ from resumerge.methods.resources import Resources
 from resumerge.plan.merge_plan import Plan, ShardPlan
 from resumerge.store.durable import discard, temp_path
 from resumerge.store.sink import LocalDirSink, Receipt
-from resumerge.torch_import import load
-
-if TYPE_CHECKING:  # a worker imports the upload code (the hub repo client) only for a hub OUT's uploads
-    from resumerge.engine.cluster.upload import HubPlace, Uploaded
 
 
 @dataclass(frozen=True)
@@ -89,18 +85,13 @@ class _HandOver(LocalDirSink):
 class ShardStream:
     """A node's worker (a threaded Ray actor: :meth:`compute` calls wait side by side). Its pipeline thread starts
     with the first shard fed and runs until :meth:`stop`, or until a shard fails: every waiting call then raises
-    that error (the local run's), and the next shard fed starts a fresh pipeline.
+    that error (the local run's), and the next shard fed starts a fresh pipeline."""
 
-    A worker started before its run's plan exists (``shared`` None: warm, its imports done while the driver plans)
-    gets the plan and its setup by :meth:`begin`; a shard fed before waits for it."""
-
-    def __init__(self, shared: tuple[Plan, Resources] | None, setup: WorkerSetup) -> None:
-        self.begun = threading.Event()
+    def __init__(self, shared: tuple[Plan, Resources], setup: WorkerSetup) -> None:
+        self.plan, self.resources = shared
         self.setup = setup
+        self.shards = {shard.name: shard for shard in self.plan.shards}
         set_torch_threads(setup.threads)
-        load()  # torch now, while the driver plans or opens OUT, not with the first shard fed
-        if shared is not None:
-            self.begin(shared, setup)
         self.lock = threading.Lock()
         self.fed: queue.Queue[str | None] = queue.Queue()
         self.waiting: dict[str, tuple[Path, Future[ShardDone]]] = {}  # fed, not yet written: temp path, result
@@ -114,7 +105,6 @@ class ShardStream:
         meets a lost attempt's file) after the shards fed before it; returns its digests. Raises what the local
         executor would raise for it (a bad input found late, a full disk), or :class:`Stopped` once stopped; a
         shard that does not finish leaves no temp file."""
-        self.begun.wait()
         result: Future[ShardDone] = Future()
         with self.lock:
             if self.stopping.is_set():
@@ -130,15 +120,6 @@ class ShardStream:
                 self.thread.start()
         return result.result()
 
-    def begin(self, shared: tuple[Plan, Resources], setup: WorkerSetup) -> None:
-        """The run's frozen plan and resources, and the setup of its shards (its thread count, budgets and upload
-        place): what a warm worker waits for before it computes."""
-        self.plan, self.resources = shared
-        self.setup = setup
-        self.shards = {shard.name: shard for shard in self.plan.shards}
-        set_torch_threads(setup.threads)
-        self.begun.set()
-
     def stop(self) -> None:
         """End the pipeline at its next safe point (the shard it was writing abandoned, its temp file deleted); the
         calls still waiting raise :class:`Stopped`. Returns once it ended."""
@@ -148,6 +129,10 @@ class ShardStream:
             thread = self.thread
         if thread is not None:
             thread.join()
+
+    def ready(self) -> bool:
+        """True once constructed (the driver's warm-up waits on it: torch is imported)."""
+        return True
 
     def _pipeline(self) -> None:
         plan, setup = self.plan, self.setup
@@ -207,8 +192,6 @@ class ShardStream:
             result.set_result(ShardDone(receipt.name, str(temp), size, sha256, tensors, seconds, reads=reads,
                                         fetched=fetched))
             return
-        from resumerge.engine.cluster.upload import upload_shard
-
         try:
             uploaded = upload_shard(place, temp, receipt.name, sha256)
         except BaseException as exc:
