@@ -5,10 +5,15 @@ oldest pieces go."""
 from __future__ import annotations
 
 import os
+import stat
+import tempfile
 from pathlib import Path
 from typing import cast
 
-from resumerge.inputs.hub.fetchcache import FetchCache
+import pytest
+
+from resumerge.engine.cluster.hubreads import NodeReads
+from resumerge.inputs.hub.fetchcache import FetchCache, private_root
 from resumerge.inputs.hub.ranges import RangeClient
 
 DATA = os.urandom(1000)
@@ -66,3 +71,22 @@ def test_a_piece_that_cannot_be_kept_still_returns_its_bytes(tmp_path: Path) -> 
     assert ranges.read(10, 90) == DATA[10:90]
     assert ranges.read(10, 90) == DATA[10:90]
     assert hub.asked == [(10, 90), (10, 90)]  # nothing was kept, so it is fetched again
+
+
+def test_the_cache_folder_is_one_only_this_user_may_enter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pieces are trusted as fetched bytes and hold private repos' bytes: the shared temp folder's cache folder is
+    made 0700, and one another user could enter (or plant pieces in) is never used."""
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    root = private_root("run-node")
+    assert root.parent == tmp_path / f"resumerge-fetch-{os.getuid()}"
+    assert stat.S_IMODE(os.stat(root.parent).st_mode) == 0o700
+    root.parent.chmod(0o755)  # as if someone had made it open first
+    elsewhere = private_root("run-node")
+    assert elsewhere.parent != root.parent and stat.S_IMODE(os.stat(elsewhere.parent).st_mode) == 0o700
+
+
+def test_a_nodes_workers_split_its_cache_limit() -> None:
+    reads = NodeReads(files=(), token=False, cache="c", limit=10_000, staged=1_000)
+    assert reads.shared_by(1) == reads
+    assert reads.shared_by(4).limit == (10_000 - 3 * 1_000) // 4  # each counts its own pieces; 3 more shards staged
+    assert NodeReads(files=(), token=False, cache="c", limit=100, staged=1_000).shared_by(2).limit == 0

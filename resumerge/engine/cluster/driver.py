@@ -159,12 +159,14 @@ class _Dispatch:
             width = min(wanted, cpus)
             count = min(cpus // width, int(has["GPU"])) if gpu else cpus // width
             memory = min(self.memory, int(has.get("memory", 0))) or self.memory
+            setup = self.setup if self.setup.reads is None else replace(
+                self.setup, reads=self.setup.reads.shared_by(count))  # the node's fetch cache split between them
             for _ in range(count):
                 actor = self.actor_class.options(
                     num_cpus=width, num_gpus=1 if gpu else 0, memory=memory, max_restarts=0,
                     max_concurrency=AHEAD + 2,  # the shards fed and waiting, and a call to stop
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                ).remote(self.shared, self.setup)
+                ).remote(self.shared, setup)
                 self.workers.append(_Worker(actor, node_id[:8]))
         if not self.workers:
             raise UnreachableError("the Ray cluster has no live node to compute on" + (

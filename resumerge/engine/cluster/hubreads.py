@@ -5,33 +5,35 @@ The driver hands every worker a :class:`NodeReads` with its setup: the streamed 
 pinned, size and endpoint: nothing secret), whether the driver read them with a token, and the run's fetch cache
 (name and byte limit). The worker opens :class:`NodeSources`: a :class:`~resumerge.inputs.hub.stream.HubStream`
 per hub model whose streamed files go through the node's
-:class:`~resumerge.inputs.hub.fetchcache.FetchCache` (in the node's temp folder, one per run and node, deleted when
-the worker's pipeline ends), so no byte is fetched twice on a node, and whose read-ahead is told the reads of the
-shards fed to this worker only, so a node never fetches the tensors of another node's shards.
+:class:`~resumerge.inputs.hub.fetchcache.FetchCache` (in a folder of the node's temp folder that only this user may
+enter, one per run and node, deleted when a worker's pipeline ends), so a worker fetches no byte twice and the
+node's workers share what each had fetched when they first opened a file, and whose read-ahead is told the reads of
+the shards fed to this worker only, so a node never fetches the tensors of another node's shards.
 
 Every range a node reads is hashed; each shard's :class:`~resumerge.engine.cluster.worker.ShardDone` carries the
 digests gathered since the one before, and the driver checks them against its ledger
 (:meth:`~resumerge.engine.inputfetch.HubInputs.read_elsewhere`, as a local run checks its own reads) before it
 publishes the shard: a range that gave other bytes than recorded ends the run (exit 4) with nothing of it
-committed. The token never travels: a node reads its own (``HF_TOKEN``, or its user's saved login), and one without
-any fails its shards in one line, exit 2, when the driver read the inputs with one.
+committed. Unlike a local run, no process reads a whole file, so the file's own sha256 (the hub's LFS or Xet
+checksum) is not checked on a cluster: the ranges' digests are recorded on their first read and checked on every
+later one, and the bytes come from the commit the plan pinned. The token never travels: a node reads its own
+(``HF_TOKEN``, or its user's saved login), and one without any fails its shards in one line, exit 2, when the
+driver read the inputs with one.
 """
 
 from __future__ import annotations
 
 import hashlib
-import tempfile
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 
 from huggingface_hub import get_token
 
 from resumerge.engine.inputfetch import coalesce_for, read_ahead_grants
 from resumerge.engine.job import Job
 from resumerge.errors import UsageError
-from resumerge.inputs.hub.fetchcache import FetchCache
+from resumerge.inputs.hub.fetchcache import FetchCache, private_root
 from resumerge.inputs.hub.ranges import FetchCounters, StreamedFile
 from resumerge.inputs.hub.stream import Check, HubStream
 from resumerge.inputs.source import InputSource, InputSources, LocalFiles
@@ -39,7 +41,8 @@ from resumerge.inputs.tensorio import TensorReader
 from resumerge.memory import MemoryGovernor
 from resumerge.plan.merge_plan import Plan, ShardPlan
 
-# What a node's fetch cache may hold without --max-disk (with it: what the largest staged shard leaves).
+# What a node's fetch cache may hold without --max-disk (with it: what its staged shards leave), all its workers'
+# pieces together.
 CACHE_LIMIT = 4 * 1024**3
 
 # A range a node read: (model, file, start, end, sha256).
@@ -49,22 +52,33 @@ ReadDigest = tuple[str, str, int, int, str]
 @dataclass(frozen=True)
 class NodeReads:
     """The hub inputs a node streams: the files, whether a token read them on the driver (then every node needs its
-    own), and the run's fetch cache (its name, unique to the plan, and the bytes it may hold per node)."""
+    own), and the run's fetch cache (its name, unique to the plan, and the bytes one worker's pieces may hold: see
+    :meth:`shared_by`)."""
 
     files: tuple[StreamedFile, ...]
     token: bool
     cache: str
     limit: int
+    staged: int = 0  # under --max-disk, the disk a worker's staged shard may take beside the cache
 
     @classmethod
     def of(cls, job: Job) -> NodeReads | None:
-        """The streamed files of ``job``'s hub inputs (None when it streams none)."""
+        """The streamed files of ``job``'s hub inputs (None when it streams none), the cache's limit that of a node
+        with one worker."""
         if job.hub is None or not job.hub.remote:
             return None
         max_disk = job.settings.max_disk
         largest = max((s.file_size for s in job.plan.shards), default=0)
         limit = CACHE_LIMIT if max_disk is None else max(0, max_disk - largest)
-        return cls(job.hub.remote, bool(get_token()), job.plan.fingerprint[:16], limit)
+        return cls(job.hub.remote, bool(get_token()), job.plan.fingerprint[:16], limit,
+                   0 if max_disk is None else largest)
+
+    def shared_by(self, workers: int) -> NodeReads:
+        """These reads for one of ``workers`` workers of a node: each counts only its own pieces, so the node's
+        limit (less the other workers' staged shards) is split between them."""
+        if workers <= 1:
+            return self
+        return replace(self, limit=max(0, self.limit - (workers - 1) * self.staged) // workers)
 
 
 class NodeSources:
@@ -85,8 +99,7 @@ class NodeSources:
         if reads.token and not get_token():
             raise UsageError(f"cluster node {node} has no Hugging Face token to read the hub inputs with",
                              hint="set HF_TOKEN (or run `hf auth login`) on every node, then resumerge resume OUT")
-        self.cache = FetchCache(Path(tempfile.gettempdir()) / "resumerge-fetch" / f"{reads.cache}-{node}",
-                                reads.limit)
+        self.cache = FetchCache(private_root(f"{reads.cache}-{node}"), reads.limit)
         agent = f"resumerge-node/{node}"
         streamed: dict[str, dict[str, StreamedFile]] = {}
         for f in reads.files:

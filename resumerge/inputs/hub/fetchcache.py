@@ -19,6 +19,8 @@ import contextlib
 import hashlib
 import os
 import shutil
+import stat
+import tempfile
 import threading
 from collections import deque
 from pathlib import Path
@@ -26,6 +28,24 @@ from pathlib import Path
 from resumerge.inputs.hub.ranges import RangeClient
 
 _TEMP = ".part-"
+
+
+def private_root(name: str) -> Path:
+    """The folder of the node's fetch cache called ``name``: under ``resumerge-fetch-UID`` in the temp folder, made
+    so that only this user may enter it (0700). Pieces there are trusted as fetched bytes and hold bytes of private
+    repos, so a folder another user owns, or may enter, is never used: then a fresh private folder of this process's
+    own serves instead (its pieces are not shared with the node's other workers)."""
+    base = Path(tempfile.gettempdir())
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    folder = base / f"resumerge-fetch-{uid if uid is not None else 'user'}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        found = os.lstat(folder)
+        if stat.S_ISDIR(found.st_mode) and (uid is None or found.st_uid == uid) and not found.st_mode & 0o077:
+            return folder / name
+    except OSError:
+        pass
+    return Path(tempfile.mkdtemp(prefix="resumerge-fetch-")) / name
 
 
 class FetchCache:
