@@ -95,10 +95,13 @@ def test_serial_kernels_set_torchs_own_openmp_runtime_when_another_is_loaded_lat
 
 def _serial_in_fresh_process(before: str, shown: str) -> list[str]:
     """In a fresh Python that ran ``before``: ``shown`` (an expression of ``runtime``, the OpenMP runtime found
-    then), torch's threads inside ``serial_kernels`` with two set, and after it."""
+    then, and ``loaded``, whether torch was loaded as it was looked for), torch's threads inside ``serial_kernels``
+    with two set, and after it."""
     code = (
         f"{before}"
         "from resumerge.inputs import kernels\n"
+        "import sys\n"
+        "loaded = 'torch' in sys.modules\n"  # whether torch was loaded when the runtime was looked for
         "runtime = kernels._openmp()\n"
         "import torch\n"
         "torch.set_num_threads(2)\n"
@@ -116,7 +119,7 @@ def test_serial_kernels_find_the_runtime_when_first_used_before_torch_is_importe
     """resumerge imports torch lazily (planning never needs it), so the first ``serial_kernels`` can come before
     torch is loaded. The runtime was looked up in /proc/self/maps before touching torch, found nothing and cached
     that: every later "serial" block ran split over torch's threads (a 128 Ki-entry chunk's kernels 30x slower)."""
-    shown = _serial_in_fresh_process("import sys\nloaded = 'torch' in sys.modules\n", "loaded, runtime is not None")
+    shown = _serial_in_fresh_process("", "loaded, runtime is not None")
     assert shown == ["False", "True", "1", "2"]  # torch not loaded when the runtime was looked for
 
 

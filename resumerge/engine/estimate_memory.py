@@ -108,7 +108,7 @@ def pending_units(plan: Plan, pending: Sequence[Any], budget: int,
 
 
 def methods(plan: Plan) -> Callable[[TensorPlan], MethodSpec]:
-    """:meth:`Plan.method_of`, looked up once per method name (a lookup scans the registry)."""
+    """:meth:`Plan.method_of`, looked up once per method name (a kind's own units are found by a scan)."""
     found: dict[str, MethodSpec] = {}
 
     def method_of(tp: TensorPlan) -> MethodSpec:

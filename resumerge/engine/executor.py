@@ -8,8 +8,9 @@ manifest are :class:`~resumerge.store.journal_commit.CommitJournal`'s — so the
 computation of the next. Inputs may still be arriving (hub downloads read as they land): a shard is committed only
 once every input file it read is checked — a folder OUT waits before publishing it, an hf:// OUT uploads it at once and
 commits it after (:meth:`~resumerge.store.sink.OutputSink.commit_when`). A stop request is honoured between
-tensors: the unfinished shard's temp file is deleted and everything committed stays committed; files a sink has
-uploaded but not committed yet (a hub repo's) get one last, bounded commit first (:mod:`resumerge.engine.interrupts`).
+units (a tensor, or a group of small ones: :mod:`resumerge.engine.unitgroup`): the unfinished shard's temp file is
+deleted and everything committed stays committed; files a sink has uploaded but not committed yet (a hub repo's) get
+one last, bounded commit first (:mod:`resumerge.engine.interrupts`).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ from resumerge.store.shardwriter import ShardWriter, start_hashing
 from resumerge.store.sink import OutputSink, Receipt
 from resumerge.torch_import import torch
 
-# Units computed at once by the merge threads: two keep the writer busy (see _Pipeline).
+# Units (a tensor, or a group of small ones) computed at once by the merge threads: two keep the writer busy (see
+# _Pipeline).
 CONCURRENCY = 2
 
 

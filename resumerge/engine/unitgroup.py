@@ -14,7 +14,8 @@ from resumerge.engine.compute import TensorCompute
 from resumerge.methods.registry import MethodSpec
 from resumerge.plan.merge_plan import ShardPlan
 
-# The most tensors in one group: a stop request waits for the group in flight, a few milliseconds of tiny tensors.
+# The most tensors in one group: a stop request waits for the group in flight (a few milliseconds of tiny tensors
+# whose inputs are at hand; longer while a hub input's bytes are still arriving).
 GROUP_UNITS = 64
 # The most bytes of estimates one group holds: small against any budget a merge runs under, so grouping never
 # changes which units fit; a larger unit is a group of its own.
