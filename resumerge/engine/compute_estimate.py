@@ -7,8 +7,10 @@ per row length: the 2-D projection and MLP matrices dominate) are sampled — th
 through the same :class:`~resumerge.inputs.source.InputSources` and preparation the engine uses (read once, kept in
 memory), with that tensor's own resolved parameters — and :func:`~resumerge.engine.method_timing.measure_rate` times
 the engine's own compute step on them (:meth:`~resumerge.engine.compute.TensorCompute.merged`, the rows as one
-chunk: a fused expert stack merged expert by expert, as the run merges it). The group's seconds per element times
-its pending elements is its compute time.
+chunk: a fused expert stack merged expert by expert, as the run merges it), with the two costs around it that the
+run pays per element too: the decode of quantized inputs (their read timed again from the page cache) and the
+output codec's encode (a cast for a plain output). The group's seconds per element times its pending elements is
+its compute time.
 
 Everything is bounded: at most :data:`SAMPLE_BYTES` read from the inputs and about :data:`SAMPLE_SECONDS` of
 timing for the whole plan, split between the groups. Inputs that are not on disk (hub files not downloaded, a
@@ -210,9 +212,11 @@ def _measure(plan: Plan, group: _Group, sources: InputSources, max_bytes: int,
             tensors, nbytes, made_up = _prepare(plan, part, sources, spec)
             read += nbytes
             synthetic = synthetic or made_up
+            decode = 0.0 if made_up else _decode_seconds(plan, part, sources, spec)
             budget = max(0.0, max_seconds - (time.perf_counter() - started)) / (len(chosen) - index)
             window = min(WINDOW_SECONDS, budget / 3) if group.elements >= PRECISE_ELEMENTS else 0.0
             n1, t1 = _timed(plan, part, sources, tensors, index == 0, budget / 2, window)
+            t1 += decode  # the run decodes every quantized input it merges: a cost per element like the method's
             full.append((n1, t1))
             quarter = part.shape[0] // 4
             if quarter >= 1 and window > 0:
@@ -221,6 +225,7 @@ def _measure(plan: Plan, group: _Group, sources: InputSources, max_bytes: int,
                 # of other sizes than the sample's are priced right.
                 n2, t2 = _timed(plan, part, sources, [t[:quarter].contiguous() for t in tensors], False,
                                 budget / 2, window)
+                t2 += decode * n2 / n1
                 calls.append(max(0.0, min(t1, t1 - (t1 - t2) / (n1 - n2) * n1)) if n1 > n2 and t1 > t2 else 0.0)
             del tensors
     except Exception as exc:  # any failure only means no estimate here; the run reports it properly
@@ -297,7 +302,10 @@ def _engine_step(plan: Plan, tp: TensorPlan, sources: InputSources, inputs: Sequ
                             NO_RESOURCES)
 
     unit = TensorCompute(plan, rows, sources, NO_RESOURCES, load=load)
-    return unit.merged(0, unit.total)
+    merged = unit.merged(0, unit.total)
+    # The run stores each result through its output codec (block FP8 and INT4 re-quantize; a plain one casts).
+    rows.out_codec.encode(merged, rows.out_dtype)
+    return merged
 
 
 def _rows(tp: TensorPlan, max_bytes: int) -> int:
@@ -321,6 +329,17 @@ def _prepare(plan: Plan, tp: TensorPlan, sources: InputSources,
         return _synthetic(tp, torch.device(plan.options.device)), 0, True
     tensors = list(load_context(plan, tp, sources, spec, NO_RESOURCES).tensors)  # only the inputs are read
     return tensors, sum(_ref_bytes(ref) for ref in tp.inputs), False
+
+
+def _decode_seconds(plan: Plan, tp: TensorPlan, sources: InputSources, spec: MethodSpec) -> float:
+    """Seconds the engine's read of ``tp``'s inputs takes to decode them (0 when every input is stored plain): the
+    read again, its bytes in the page cache now, so that the disk's time, which the plan prices on its own, is
+    not counted twice."""
+    if all(ref.codec.plain for ref in tp.inputs):
+        return 0.0
+    begun = time.perf_counter()
+    load_context(plan, tp, sources, spec, NO_RESOURCES)
+    return time.perf_counter() - begun
 
 
 def _ref_bytes(ref: InputRef) -> int:
