@@ -146,8 +146,7 @@ def _groups(plan: Plan, pending: Sequence[ShardPlan]) -> list[_Group]:
     Tensors that read no input are left out: they are made from the plan alone (zeros, seeded draws, or values
     another process computes, like MoE's routers, whose cost is estimated with that process), not merged."""
     found: dict[tuple[Any, ...], _Group] = {}
-    # Looked up once per method and per input dtypes: a 92k-tensor plan has a few of each.
-    specs: dict[str, MethodSpec | None] = {}
+    # Looked up once per input dtypes: a 92k-tensor plan has a few.
     stored: dict[tuple[str, ...], str] = {}
     # and the non-numeric parameters once per parameters' tuple (the plan holds it: its id stays its own).
     switches: dict[int, tuple[Any, ...]] = {}
@@ -160,8 +159,7 @@ def _groups(plan: Plan, pending: Sequence[ShardPlan]) -> list[_Group]:
             if not dtype:
                 dtypes = tuple(i.value_dtype for i in tp.inputs)
                 dtype = stored.get(dtypes) or stored.setdefault(dtypes, _stored_dtype_name(tp))
-            spec = specs[tp.method] if tp.method in specs else specs.setdefault(tp.method,
-                                                                                 get_method(tp.method, plan.units))
+            spec = get_method(tp.method, plan.units)
             if spec is not None and spec.whole_cost is not None:
                 # Its class: the input shapes and the parameters that set its cost (not the per-tensor strings).
                 values = dict(tp.params)

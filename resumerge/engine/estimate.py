@@ -32,7 +32,7 @@ from resumerge.engine.costs import (
     hub_disk_need,
 )
 from resumerge.engine.cpuprobe import probe_transfer_cost
-from resumerge.engine.estimate_memory import memory_estimate, methods
+from resumerge.engine.estimate_memory import memory_estimate
 from resumerge.engine.executor import CONCURRENCY
 from resumerge.engine.inputfetch import plan_fetch
 from resumerge.engine.netestimate import MEASURED, Bandwidth, NetworkEstimate, measure_download
@@ -377,7 +377,7 @@ def _time(plan: Plan, pending: Sequence[Any], output: OutputSize, downloads: Map
           committed: Mapping[str, int], speed: DiskSpeed | None, probe_bytes: int,
           compute: Sequence[ComputeGroup] = (), to_hub: bool = False) -> TimeEstimate:
     notes = [g.line() for g in compute]
-    method_of = methods(plan)
+    method_of = plan.method_of
     tensors = plan.tensors
     read_bytes = sum(_read_share(method_of(tp), tp) for s in pending for tp in map(tensors.__getitem__, s.tensors))
     read_speed = _input_read_speed(plan, probe_bytes)

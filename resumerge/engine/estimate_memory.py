@@ -14,7 +14,6 @@ import psutil
 
 from resumerge.engine.costs import MemoryEstimate
 from resumerge.memory import SAFETY_MARGIN, MemoryProbe, default_budget, format_size
-from resumerge.methods.registry import MethodSpec
 from resumerge.plan.merge_plan import Plan, TensorPlan
 from resumerge.plan.unitkey import per_class
 from resumerge.plan.workunits import (
@@ -80,7 +79,7 @@ def pending_units(plan: Plan, pending: Sequence[Any], budget: int,
     a choice; ``serial`` says whether the engine's workers fill torch's threads (see
     :func:`~resumerge.plan.workunits.unit_mode`).
     """
-    method_of = methods(plan)
+    method_of = plan.method_of
 
     def sized(rereadable: bool) -> Callable[[TensorPlan], tuple[int, bool]]:
         def size(tp: TensorPlan) -> tuple[int, bool]:
@@ -105,19 +104,6 @@ def pending_units(plan: Plan, pending: Sequence[Any], budget: int,
                 units.append(local(tp))
             previous = tp
     return units
-
-
-def methods(plan: Plan) -> Callable[[TensorPlan], MethodSpec]:
-    """:meth:`Plan.method_of`, looked up once per method name (a kind's own units are found by a scan)."""
-    found: dict[str, MethodSpec] = {}
-
-    def method_of(tp: TensorPlan) -> MethodSpec:
-        spec = found.get(tp.method)
-        if spec is None:
-            spec = found[tp.method] = plan.method_of(tp)
-        return spec
-
-    return method_of
 
 
 def working_set(units: Sequence[tuple[int, bool]], room: int, workers: int) -> int:
