@@ -45,10 +45,6 @@ def quantized_claims(config: Mapping[str, Any], tensors: Mapping[str, TensorSour
         if weight.scheme.kind not in kinds:
             continue
         parts = [(MAIN, weight.codes), (SCALE, weight.scale)]
-        if weight.zero_point is None and weight.shape_tensor is None and not weight.extras:
-            made = codec(weight)  # a block-FP8 or MXFP4 weight: codes and scale alone
-            claims.append(Claim(weight.name, tuple(parts), interned.setdefault(made, made)))
-            continue
         if weight.zero_point is not None:
             parts.append((ZERO_POINT, weight.zero_point))
         if weight.shape_tensor is not None:
