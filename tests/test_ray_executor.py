@@ -43,8 +43,10 @@ from resumerge.cli.modelgen import ModelSpec
 from resumerge.cli.render import show_status
 from resumerge.config.hubtarget import parse_hub_target
 from resumerge.config.locations import run_dir
+from resumerge.engine.cluster.cores import Cores, node_cores
 from resumerge.engine.cluster.hubreads import NodeReads, NodeSources
 from resumerge.engine.cluster.upload import HubPlace, task_cpus, upload_shard
+from resumerge.engine.executor import CONCURRENCY
 from resumerge.engine.quiet import NullReporter
 from resumerge.errors import EXIT_INVALID, ResumergeError, UsageError
 from resumerge.store.hubcommits import CommitQueue
@@ -155,6 +157,9 @@ def _equals_local_and_both_worker_nodes_made_shards(cluster: tuple[Cluster, Any]
     events = _node_events(out, state)
     assert sorted(e["shard"] for e in events) == sorted(shards)  # one event per shard, journaled by the driver
     assert {e["node"] for e in events} == cluster[0].node_ids()  # the head (0 CPUs) made none
+    # A one-CPU node's worker computes on one thread, one unit at a time (the driver's default count is this
+    # machine's cores; TIES's bytes do not depend on it).
+    assert {(e["threads"], e["units"]) for e in events} == {(1, 1)}
     report = api.status(out, state_dir=state)
     assert [line.split(":")[0] for line in report.nodes] == sorted(f"node {n}" for n in cluster[0].node_ids())
     assert all(line.endswith("/s") for line in report.nodes)
@@ -330,6 +335,23 @@ def test_max_disk_bounds_the_shards_a_node_stages_at_once() -> None:
     assert task_cpus(1, [8, 4], 250, 100) == 4  # two shards: two tasks on the 8-CPU node, one on the 4-CPU one
     assert task_cpus(1, [8], 100, 100) == 8
     assert task_cpus(6, [8], 800, 100) == 6  # the thread count is the floor
+
+
+def test_a_worker_computes_with_the_cpus_it_declares_unless_the_bytes_depend_on_the_thread_count() -> None:
+    def busy(cores: Cores) -> int:  # threads at work: units of one thread each where they fill torch's threads
+        return cores.units if cores.threads <= cores.units else cores.units * cores.threads
+
+    assert node_cores(16, 1, thread_dependent=False) == Cores(1, 1)  # a one-CPU node: one thread, one unit
+    assert node_cores(16, 8, thread_dependent=False) == Cores(4, 2)  # not 2 units of 16 threads on 8 CPUs
+    for recorded, cpus in itertools.product(range(1, 17), range(1, 65)):
+        assert cpus - 1 <= busy(node_cores(recorded, cpus, thread_dependent=False)) <= cpus, (recorded, cpus)
+        # The bytes of slerp & co. depend on torch's threads and on whether the units fill them (serial kernels):
+        # both stay the local run's, whatever the node.
+        kept = node_cores(recorded, cpus, thread_dependent=True)
+        assert kept.threads == recorded and (kept.threads <= kept.units) == (recorded <= CONCURRENCY)
+        if recorded <= cpus:
+            assert busy(kept) <= cpus, (recorded, cpus)
+    assert node_cores(1, 1, thread_dependent=True) == Cores(1, 1)
 
 
 def test_a_node_without_a_token_refuses_to_upload_in_one_line(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """Which nodes made a run's shards: the ledger's ``node`` events, summed per node for ``status`` and the driver.
 
 A run whose shards are computed on a cluster (``--executor ray``) keeps one ``node`` event per shard (data:
-``node``, ``shard``, ``bytes``, ``seconds``); a local run keeps none. A node's rate is its bytes over the seconds
+``node``, ``shard``, ``bytes``, ``seconds``, and ``threads`` and ``units``: torch's threads and the units at once its
+worker computed with); a local run keeps none. A node's rate is its bytes over the seconds
 its tasks took, so it says how fast that node works, whatever the others do.
 """
 

@@ -108,7 +108,8 @@ class _Dispatch:
         self.folders: set[Path] = set()  # where the workers write their temp files
         self.published: set[Path] = set()  # the temp files handed to the sink
         self.nodes: dict[str, tuple[int, int, float]] = {}  # node -> shards, bytes, writer seconds
-        # Every node computes with the driver's thread count: the bytes of some methods depend on it.
+        # The run's thread count: every node computes with it where the bytes of the plan's methods depend on it,
+        # else with the CPUs its worker declares (cores.node_cores).
         settings = job.settings
         # A hub OUT: each node uploads what it made (the driver commits), staging under --max-disk per node.
         self.hub = job.sink if isinstance(job.sink, HubRepoSink) else None
@@ -159,8 +160,8 @@ class _Dispatch:
             width = min(wanted, cpus)
             count = min(cpus // width, int(has["GPU"])) if gpu else cpus // width
             memory = min(self.memory, int(has.get("memory", 0))) or self.memory
-            setup = self.setup if self.setup.reads is None else replace(
-                self.setup, reads=self.setup.reads.shared_by(count))  # the node's fetch cache split between them
+            setup = replace(self.setup, cpus=width, reads=None if self.setup.reads is None else
+                            self.setup.reads.shared_by(count))  # the node's fetch cache split between them
             for _ in range(count):
                 actor = self.actor_class.options(
                     num_cpus=width, num_gpus=1 if gpu else 0, memory=memory, max_restarts=0,
@@ -262,9 +263,10 @@ class _Dispatch:
         for name in result.tensors:
             job.reporter.tensor_done(name, self.plan.tensors[name].nbytes)
         job.reporter.file_done(shard.name, "shard")
+        cores = {} if result.cores is None else {"threads": result.cores.threads, "units": result.cores.units}
         job.ledger.event(NODE_EVENT, f"{shard.name} made on node {result.node}",
                          {"node": result.node, "shard": shard.name, "bytes": result.size,
-                          "seconds": round(result.seconds, 3)})
+                          "seconds": round(result.seconds, 3), **cores})
         shards, nbytes, seconds = self.nodes.get(result.node, (0, 0, 0.0))
         self.nodes[result.node] = tally = (shards + 1, nbytes + result.size, seconds + result.seconds)
         job.reporter.message(node_line((result.node, *tally), format_size))

@@ -95,7 +95,7 @@ def commit_operation(name: str, size: int, sha256: str, uploaded: Uploaded) -> C
 
 
 def task_cpus(threads: int, node_cpus: Iterable[float], max_disk: int | None, largest: int) -> int:
-    """The CPUs each worker of a hub OUT declares: ``threads`` (what it computes with), raised under ``max_disk``
+    """The CPUs each worker of a hub OUT declares: ``threads`` (the run's thread count), raised under ``max_disk``
     so that no node runs more workers than it may stage shards of ``largest`` bytes (each worker holds one shard on
     its node's disk until uploaded); the largest node still takes one. Ray places by CPUs, so this is
     what bounds a node's staged bytes, as the local sink's wait bounds the driver's."""

@@ -23,29 +23,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resumerge.engine.cluster.connect import this_node
+from resumerge.engine.cluster.cores import Cores, node_cores
 from resumerge.engine.cluster.hubreads import NodeReads, NodeSources, ReadDigest
 from resumerge.engine.cluster.upload import HubPlace, Uploaded, upload_shard
 from resumerge.engine.devices import gpu_governor, make_governor, set_torch_threads
-from resumerge.engine.executor import CONCURRENCY, Stopped, compute_shards
+from resumerge.engine.executor import Stopped, compute_shards
 from resumerge.engine.quiet import NullReporter
 from resumerge.methods.resources import Resources
 from resumerge.plan.merge_plan import Plan, ShardPlan
+from resumerge.plan.planner import threads_matter
 from resumerge.store.durable import discard, temp_path
 from resumerge.store.sink import LocalDirSink, Receipt
+from resumerge.torch_import import torch
 
 
 @dataclass(frozen=True)
 class WorkerSetup:
-    """What every shard of a node's worker shares besides the plan: the thread count every node computes with (the
-    bytes of some methods depend on it), the run's budgets (None: the node's own default) and, for a hub OUT, where
-    the worker uploads the shards it writes (their folder is then on the node's own disk, made when missing), and
-    the hub inputs it streams."""
+    """What every shard of a node's worker shares besides the plan: the run's thread count (every node computes
+    with it where the bytes of the plan's methods depend on it), the run's budgets (None: the node's own default)
+    and, for a hub OUT, where the worker uploads the shards it writes (their folder is then on the node's own disk,
+    made when missing), the hub inputs it streams, and the CPUs the worker declared to Ray (what it computes with
+    where the bytes do not depend on the count: :func:`~resumerge.engine.cluster.cores.node_cores`; None: the run's
+    thread count)."""
 
     threads: int
     max_memory: int | None = None
     max_gpu_memory: int | None = None
     upload: HubPlace | None = None
     reads: NodeReads | None = None
+    cpus: int | None = None
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,8 @@ class ShardDone:
     """A shard written by a node's worker: its temp file, size and sha256, its tensors in data order, how long its
     writer took, and which node made it (filled in by the driver, which placed the worker); for a hub OUT, no temp
     file but the reference of the worker's upload; the streamed ranges the node read since its last shard (their
-    digests, for the driver's ledger) and the bytes it fetched from the hub meanwhile."""
+    digests, for the driver's ledger) and the bytes it fetched from the hub meanwhile; what the worker computed it
+    with (torch's threads as torch reports them, and the units at once)."""
 
     shard: str
     temp: str
@@ -65,6 +72,7 @@ class ShardDone:
     uploaded: Uploaded | None = None
     reads: tuple[ReadDigest, ...] = ()
     fetched: int = 0
+    cores: Cores | None = None
 
 
 class _HandOver(LocalDirSink):
@@ -91,7 +99,9 @@ class ShardStream:
         self.plan, self.resources = shared
         self.setup = setup
         self.shards = {shard.name: shard for shard in self.plan.shards}
-        set_torch_threads(setup.threads)
+        self.cores = node_cores(setup.threads, setup.cpus or setup.threads, thread_dependent=threads_matter(
+            {t.method for t in self.plan.tensors.values()}, self.plan.units))
+        set_torch_threads(self.cores.threads)
         self.lock = threading.Lock()
         self.fed: queue.Queue[str | None] = queue.Queue()
         self.waiting: dict[str, tuple[Path, Future[ShardDone]]] = {}  # fed, not yet written: temp path, result
@@ -146,7 +156,7 @@ class ShardStream:
         try:
             self.node = NodeSources(plan, setup.reads, governor, this_node() if setup.reads else "")
             compute_shards(plan, self.node.sources, _HandOver(self.temps), self, NullReporter(), set(self.shards),
-                           should_stop=self.stopping.is_set, workers=CONCURRENCY, governor=governor, gpu=gpu,
+                           should_stop=self.stopping.is_set, workers=self.cores.units, governor=governor, gpu=gpu,
                            transfers=False, resources=self.resources, batches=self._batches())
         except BaseException as exc:
             error = exc
@@ -187,10 +197,11 @@ class ShardStream:
         with self.lock:
             temp, result = self.waiting.pop(receipt.name)
         reads, fetched = self.node.drain() if self.node is not None else ((), 0)
+        cores = Cores(torch.get_num_threads(), self.cores.units)
         place = self.setup.upload
         if place is None:
             result.set_result(ShardDone(receipt.name, str(temp), size, sha256, tensors, seconds, reads=reads,
-                                        fetched=fetched))
+                                        fetched=fetched, cores=cores))
             return
         try:
             uploaded = upload_shard(place, temp, receipt.name, sha256)
@@ -200,7 +211,7 @@ class ShardStream:
         finally:
             discard(temp)  # uploaded or failed: the node keeps nothing
         result.set_result(ShardDone(receipt.name, "", size, sha256, tensors, seconds, uploaded=uploaded, reads=reads,
-                                    fetched=fetched))
+                                    fetched=fetched, cores=cores))
 
     def settle(self, *, strict: bool = True) -> None:
         """Nothing waits: the driver commits."""
