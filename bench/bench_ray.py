@@ -7,7 +7,9 @@ CASE is
 - ``overhead``: ``resumerge run`` of a linear merge of ``a`` and ``b`` with the local executor, then with
   ``--executor ray`` on one Ray node with the machine's CPUs (goal: at most 1.15x the local wall);
 - ``nodes``: a TIES merge of ``a``, ``b``, ``c`` (compute-bound) with ``--executor ray -j 1`` on two one-CPU
-  worker nodes, then on one (goal: two nodes at most 0.6x one node's wall);
+  worker nodes, then on one (goal: two nodes at most 0.6x one node's wall). Each node emulates a machine with a core
+  of its own: its raylet, and so its workers, is pinned to one core (two nodes: two cores; one node: one core), the
+  head and the driver are not (the driver's CPU is given apart);
 - ``hubnodes``: the linear merge of ``a`` and ``b`` hub to hub (``--stream-inputs`` into an ``hf://`` OUT) through
   the stand-in hub of ``tests/hub``, its link throttled per connection (``--hub-down`` and ``--hub-up`` MB/s each:
   a node reads by 4 range connections and uploads by one), with ``--executor ray -j 1`` on two one-CPU worker
@@ -22,8 +24,9 @@ Output shards of ``--out-shard-size`` (100M: about twelve shards fed to the node
 ``resumerge run`` process (a new Ray job: its workers import torch afresh, as a user's run would) into a fresh OUT
 and state dir; the cluster is started once per configuration and not timed. Each run's line gives its wall, the
 CPU seconds of every process of the run (the driver and, for Ray, the cluster's processes and workers: this
-process's descendants, sampled every 0.2 s) and the load average before and after it; the outputs of each case are
-compared byte for byte. Ends with the ratios of the medians against the goals (wall and CPU).
+process's descendants, sampled every 0.2 s; the driver's own beside), the load average before and after it and the
+cores each Ray worker process was allowed on; the outputs of each case are compared byte for byte. Ends with the
+ratios of the medians against the goals (wall and CPU).
 """
 
 from __future__ import annotations
@@ -67,14 +70,21 @@ dtype: float32
 
 
 @contextmanager
-def cluster(head_cpus: int, workers: int) -> Iterator[str]:
-    """A Ray cluster on this machine: a head with ``head_cpus`` CPUs and ``workers`` one-CPU nodes; its address."""
+def cluster(head_cpus: int, workers: int, *, pin: bool = False) -> Iterator[str]:
+    """A Ray cluster on this machine: a head with ``head_cpus`` CPUs and ``workers`` one-CPU nodes; its address.
+    ``pin``: each worker node is a machine with a core of its own, the first node on this process's first allowed
+    core, the next on the next: its raylet is started pinned to that core (CPU affinity), so every process it
+    starts (its workers) inherits the pin. The head and the driver stay where they are."""
     import ray
     from ray.cluster_utils import Cluster
 
+    cores = sorted(os.sched_getaffinity(0))
+    if pin and workers > len(cores):
+        raise SystemExit(f"{workers} pinned nodes need {workers} cores; this process may use {len(cores)}")
     made = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus})
-    for _ in range(workers):
-        made.add_node(num_cpus=1)
+    for index in range(workers):
+        with on_cores({cores[index]} if pin else set(cores)):
+            made.add_node(num_cpus=1)
     made.wait_for_nodes()
     ray.init(address=made.address, log_to_driver=False)
     try:
@@ -84,14 +94,28 @@ def cluster(head_cpus: int, workers: int) -> Iterator[str]:
         made.shutdown()
 
 
+@contextmanager
+def on_cores(cores: set[int]) -> Iterator[None]:
+    """The calling thread (and every process it starts meanwhile) allowed on ``cores`` only."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 @dataclass(frozen=True)
 class Run:
-    """One timed ``resumerge run``: wall and CPU seconds, the load average before and after, the output's digest."""
+    """One timed ``resumerge run``: wall and CPU seconds (all, and the driver's own), the load average before and
+    after, the output's digest, and the cores each Ray worker process was allowed on (``-`` for a local run)."""
 
     wall: float
     cpu: float
+    driver: float
     load: tuple[float, float]
     digest: str
+    pins: str
 
 
 class CpuSampler:
@@ -101,6 +125,7 @@ class CpuSampler:
 
     def __init__(self) -> None:
         self.seen: dict[tuple[int, float], float] = {}
+        self.pins: dict[tuple[int, float], str] = {}  # Ray's worker processes: the cores each may run on
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -114,15 +139,19 @@ class CpuSampler:
         self.thread.join()
         self._record()
 
-    def seconds(self) -> float:
-        return sum(cpu - self.base.get(key, 0.0) for key, cpu in self.seen.items())
+    def seconds(self, pid: int | None = None) -> float:
+        """The CPU seconds of the run's processes, or of process ``pid`` alone."""
+        return sum(cpu - self.base.get(key, 0.0) for key, cpu in self.seen.items() if pid in (None, key[0]))
 
     def _snapshot(self) -> dict[tuple[int, float], float]:
         found = {}
         for proc in psutil.Process().children(recursive=True):
             try:
                 times = proc.cpu_times()
-                found[(proc.pid, proc.create_time())] = times.user + times.system
+                key = (proc.pid, proc.create_time())
+                found[key] = times.user + times.system
+                if key not in self.pins and proc.name().startswith("ray::") and "Agent" not in proc.name():
+                    self.pins[key] = ",".join(map(str, proc.cpu_affinity()))  # a worker process
             except psutil.Error:
                 continue
         return found
@@ -145,8 +174,10 @@ def run(config: Path, work: Path, label: str, *args: str, hub: HubWriter | None 
     load = os.getloadavg()[0]
     started = time.monotonic()
     with CpuSampler() as cpu:
-        subprocess.run([sys.executable, "-m", "resumerge", "run", str(config), target, "--state-dir", str(state),
-                        "--quiet", *args], check=True)
+        driver = subprocess.Popen([sys.executable, "-m", "resumerge", "run", str(config), target, "--state-dir",
+                                   str(state), "--quiet", *args])
+        if driver.wait():
+            raise subprocess.CalledProcessError(driver.returncode, driver.args)
     wall = time.monotonic() - started
     digest = hashlib.sha256()
     if hub is not None:
@@ -158,7 +189,9 @@ def run(config: Path, work: Path, label: str, *args: str, hub: HubWriter | None 
             if path.is_file():
                 digest.update(path.name.encode() + path.read_bytes())
         shutil.rmtree(out)
-    return Run(wall, cpu.seconds(), (load, os.getloadavg()[0]), digest.hexdigest()[:16])
+    pins = " ".join(sorted(set(cpu.pins.values()))) or "-"
+    return Run(wall, cpu.seconds(), cpu.seconds(driver.pid), (load, os.getloadavg()[0]), digest.hexdigest()[:16],
+               pins)
 
 
 def overhead(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, ...]) -> tuple[list[Run], list[Run]]:
@@ -173,13 +206,13 @@ def overhead(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, .
 
 
 def nodes(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, ...]) -> tuple[list[Run], list[Run]]:
-    """Ray runs on two one-CPU worker nodes, then on one."""
+    """Ray runs on two one-CPU worker nodes, each pinned to a core of its own, then on one (pinned to one core)."""
     config = work / "ties.yml"
     config.write_text(TIES.format(**names))
     ray = ("--executor", "ray", "-j", "1")
-    with cluster(0, 2) as address:
+    with cluster(0, 2, pin=True) as address:
         two = [run(config, work, "two", *shards, *ray, "--ray-address", address) for _ in range(runs)]
-    with cluster(0, 1) as address:
+    with cluster(0, 1, pin=True) as address:
         one = [run(config, work, "one", *shards, *ray, "--ray-address", address) for _ in range(runs)]
     return two, one
 
@@ -239,8 +272,9 @@ def main() -> int:
         series = measure(names, args.work, args.runs, shards, *rates)
         for label, runs in zip(labels, series):
             for r in runs:
-                print(f"{case}: {label}: {r.wall:.1f} s wall, {r.cpu:.1f} s CPU, load {r.load[0]:.1f} -> "
-                      f"{r.load[1]:.1f}, output {r.digest}", flush=True)
+                print(f"{case}: {label}: {r.wall:.1f} s wall, {r.cpu:.1f} s CPU (driver {r.driver:.1f} s), load "
+                      f"{r.load[0]:.1f} -> {r.load[1]:.1f}, workers on cores {r.pins}, output {r.digest}",
+                      flush=True)
         assert len({r.digest for runs in series for r in runs}) == 1, f"{case}: the outputs differ"
         # The ratio is always the cheaper-wanted series over the other: ray over local, two nodes over one.
         first, second = series if case != "overhead" else series[::-1]
