@@ -24,17 +24,20 @@ Output shards of ``--out-shard-size`` (100M: about twelve shards fed to the node
 ``resumerge run`` process (a new Ray job: its workers import torch afresh, as a user's run would) into a fresh OUT
 and state dir; the cluster is started once per configuration and not timed. Each run's line gives its wall, the
 CPU seconds of every process of the run (the driver and, for Ray, the cluster's processes and workers: this
-process's descendants, sampled every 0.2 s; the driver's own beside), the load average before and after it and the
-cores each Ray worker process was allowed on; the outputs of each case are compared byte for byte. Ends with the
-ratios of the medians against the goals (wall and CPU).
+process's descendants, sampled every 0.2 s; the driver's own beside; and by the cores each process was allowed on:
+a pinned node's on its core), the load average before and after it, and for Ray where its wall went (the ledger's
+timeline); the outputs of each case are compared byte for byte. Ends with the ratios of the medians against the
+goals (wall and CPU).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -108,14 +111,16 @@ def on_cores(cores: set[int]) -> Iterator[None]:
 @dataclass(frozen=True)
 class Run:
     """One timed ``resumerge run``: wall and CPU seconds (all, and the driver's own), the load average before and
-    after, the output's digest, and the cores each Ray worker process was allowed on (``-`` for a local run)."""
+    after, the output's digest, the CPU seconds by the cores the processes were allowed on
+    (:meth:`CpuSampler.by_cores`), and where its wall went (:func:`phases`)."""
 
     wall: float
     cpu: float
     driver: float
     load: tuple[float, float]
     digest: str
-    pins: str
+    by_cores: str
+    phases: str
 
 
 class CpuSampler:
@@ -125,7 +130,7 @@ class CpuSampler:
 
     def __init__(self) -> None:
         self.seen: dict[tuple[int, float], float] = {}
-        self.pins: dict[tuple[int, float], str] = {}  # Ray's worker processes: the cores each may run on
+        self.cores: dict[tuple[int, float], str] = {}  # the cores each process may run on
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -143,6 +148,15 @@ class CpuSampler:
         """The CPU seconds of the run's processes, or of process ``pid`` alone."""
         return sum(cpu - self.base.get(key, 0.0) for key, cpu in self.seen.items() if pid in (None, key[0]))
 
+    def by_cores(self) -> str:
+        """The run's CPU seconds by the cores its processes were allowed on (a pinned node's processes, its raylet
+        and workers, on its core; the head's and the driver's on all): ``0: 9.1 s, 0,1: 3.2 s``."""
+        spent: dict[str, float] = {}
+        for key, cpu in self.seen.items():
+            cores = self.cores.get(key, "?")
+            spent[cores] = spent.get(cores, 0.0) + cpu - self.base.get(key, 0.0)
+        return ", ".join(f"{cores}: {cpu:.1f} s" for cores, cpu in sorted(spent.items(), key=lambda i: len(i[0])))
+
     def _snapshot(self) -> dict[tuple[int, float], float]:
         found = {}
         for proc in psutil.Process().children(recursive=True):
@@ -150,8 +164,8 @@ class CpuSampler:
                 times = proc.cpu_times()
                 key = (proc.pid, proc.create_time())
                 found[key] = times.user + times.system
-                if key not in self.pins and proc.name().startswith("ray::") and "Agent" not in proc.name():
-                    self.pins[key] = ",".join(map(str, proc.cpu_affinity()))  # a worker process
+                if key not in self.cores:
+                    self.cores[key] = ",".join(map(str, proc.cpu_affinity()))
             except psutil.Error:
                 continue
         return found
@@ -172,7 +186,7 @@ def run(config: Path, work: Path, label: str, *args: str, hub: HubWriter | None 
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(state, ignore_errors=True)
     load = os.getloadavg()[0]
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     with CpuSampler() as cpu:
         driver = subprocess.Popen([sys.executable, "-m", "resumerge", "run", str(config), target, "--state-dir",
                                    str(state), "--quiet", *args])
@@ -189,9 +203,37 @@ def run(config: Path, work: Path, label: str, *args: str, hub: HubWriter | None 
             if path.is_file():
                 digest.update(path.name.encode() + path.read_bytes())
         shutil.rmtree(out)
-    pins = " ".join(sorted(set(cpu.pins.values()))) or "-"
+    by_cores = cpu.by_cores()
     return Run(wall, cpu.seconds(), cpu.seconds(driver.pid), (load, os.getloadavg()[0]), digest.hexdigest()[:16],
-               pins)
+               by_cores, phases(state, started_at, wall))
+
+
+def phases(state: Path, started_at: float, wall: float) -> str:
+    """Where a Ray run's wall went, from its ledger: the driver's start (imports, plan, joining the cluster) until
+    the ledger is made; then until the first shard is journaled (the workers' start and their first shards); the
+    other shards; the end (side files, the workers stopped). Each node's shards, and its rate over them (its
+    bytes over its tasks' seconds: the writer's span of each shard). Empty for a local run (no ``node`` events)."""
+    ledger = next(state.rglob("ledger.db"))
+    db = sqlite3.connect(ledger)
+    try:
+        made = float(db.execute("SELECT MIN(created_at) FROM run").fetchone()[0])
+        events = db.execute("SELECT at, data FROM events WHERE kind = 'node' ORDER BY id").fetchall()
+    finally:
+        db.close()
+    if not events:
+        return ""
+    first, last = events[0][0], events[-1][0]
+    nodes: dict[str, list[int]] = {}
+    for _, data in events:
+        row = json.loads(data)
+        tally = nodes.setdefault(row["node"], [0, 0, 0])
+        tally[0] += 1
+        tally[1] += row["bytes"]
+        tally[2] += int(row["seconds"] * 1000)
+    per_node = ", ".join(f"{shards} on {node} ({nbytes / max(ms, 1) / 1000:.0f} MB/s)"
+                         for node, (shards, nbytes, ms) in sorted(nodes.items()))
+    return (f"start to plan {made - started_at:.1f} s, to first shard {first - made:.1f} s, "
+            f"{len(events) - 1} more {last - first:.1f} s, end {started_at + wall - last:.1f} s; shards {per_node}")
 
 
 def overhead(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, ...]) -> tuple[list[Run], list[Run]]:
@@ -273,8 +315,8 @@ def main() -> int:
         for label, runs in zip(labels, series):
             for r in runs:
                 print(f"{case}: {label}: {r.wall:.1f} s wall, {r.cpu:.1f} s CPU (driver {r.driver:.1f} s), load "
-                      f"{r.load[0]:.1f} -> {r.load[1]:.1f}, workers on cores {r.pins}, output {r.digest}",
-                      flush=True)
+                      f"{r.load[0]:.1f} -> {r.load[1]:.1f}, output {r.digest}\n    CPU by cores {r.by_cores}"
+                      + (f"\n    {r.phases}" if r.phases else ""), flush=True)
         assert len({r.digest for runs in series for r in runs}) == 1, f"{case}: the outputs differ"
         # The ratio is always the cheaper-wanted series over the other: ray over local, two nodes over one.
         first, second = series if case != "overhead" else series[::-1]
