@@ -10,7 +10,8 @@ DeepSeek-V3 cost a few MB of disk) into ``--work`` (two folders: the base and, u
 headers standing in for R1), a linear merge config over them, and times ``resumerge plan CONFIG OUT --json`` run
 from each ``--tree`` (a checkout of resumerge: compare main's with a branch's; default this one) ``--runs`` times,
 alternating: wall seconds, the process's user+system CPU seconds (less sensitive to a loaded machine than the
-wall) and its peak RSS, then the plan's own figures (output bytes, shards, RAM estimate, compute groups).
+wall) and its peak RSS, the same two for its helper process (torch's import and the speed sample), then the
+plan's own figures (output bytes, shards, RAM estimate, compute groups).
 ``--mtp`` keeps DeepSeek-V3's MTP layer 61 (refused by a planner that does not know it).
 """
 
@@ -31,10 +32,13 @@ sys.path[:0] = [str(ROOT / "tests")]
 
 from sparse_checkpoints import DEEPSEEK_V3, KIMI_K2, write_sparse_checkpoint  # noqa: E402
 
-# Runs `resumerge ARGS` in this process, then prints its CPU seconds and peak RSS on a last line.
+# Runs `resumerge ARGS` in this process, then prints its CPU seconds and peak RSS on a last line, and those of its
+# child processes (plan's helper that imports torch and times the speed sample: its CPU seconds and peak RSS).
 _MEASURED = ("import resource, sys\nfrom resumerge.cli.commands import main\ntry:\n    main(sys.argv[1:])\n"
              "except SystemExit:\n    pass\nu = resource.getrusage(resource.RUSAGE_SELF)\n"
-             "print('measured', u.ru_utime + u.ru_stime, u.ru_maxrss * 1024)")
+             "c = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+             "print('measured', u.ru_utime + u.ru_stime, u.ru_maxrss * 1024, c.ru_utime + c.ru_stime, "
+             "c.ru_maxrss * 1024)")
 
 
 def main() -> None:
@@ -77,8 +81,9 @@ def main() -> None:
             if not last.startswith("measured"):
                 print(f"{tree}: failed\n{done.stderr[-3000:]}")
                 continue
-            cpu, peak = float(last.split()[1]), int(last.split()[2])
-            print(f"run {run + 1} {tree}: wall {wall:.1f} s, cpu {cpu:.1f} s, peak RSS {peak / 1e9:.2f} GB, "
+            cpu, peak, helper_cpu, helper_peak = (float(v) for v in last.split()[1:5])
+            print(f"run {run + 1} {tree}: wall {wall:.1f} s, cpu {cpu:.1f} s, peak RSS {peak / 1e9:.2f} GB; "
+                  f"helper cpu {helper_cpu:.1f} s, peak RSS {helper_peak / 1e9:.2f} GB; "
                   f"load {os.getloadavg()[0]:.1f}")
             if run == 0:
                 _summary(json.loads("\n".join(lines)))

@@ -135,3 +135,37 @@ def test_a_budget_near_what_a_tensor_needs_is_checked_with_torch_imported(tmp_pa
     # Above what the interpreter holds before torch, below what it holds after: refused, torch counted.
     assert govern(150 << 20) == ["UsageError", "True"]
     assert govern(torch_import.IMPORT_RESERVE) == ["True"]  # near: measured with torch in, and it fits
+
+
+# Estimates sys.argv[1] (refused: a model folder is missing) then sys.argv[2] into sys.argv[3] as `resumerge plan`
+# does (a fresh process), where this process may not import torch; prints how many child processes were left after
+# each, whether the sample was timed, and the counted baseline against this process's own (torch-less) reading.
+_APART = """
+import sys, psutil
+from resumerge import api
+from resumerge.errors import InputError
+from resumerge.memory import SystemProbe
+try:
+    api.estimate(sys.argv[1], sys.argv[3], fresh_process=True, probe_size=0)
+except InputError:
+    pass
+left = len(psutil.Process().children())
+est = api.estimate(sys.argv[2], sys.argv[3], fresh_process=True, probe_size=0)
+groups = est.time.compute
+print(left, len(psutil.Process().children()), bool(groups) and all(g.seconds_per_element for g in groups),
+      est.memory.counted_baseline_bytes - SystemProbe().rss() > 50 << 20, est.time.startup_seconds > 0)
+"""
+
+
+def test_plan_imports_torch_and_times_the_sample_in_a_helper_that_a_refusal_does_not_leave_behind(
+        tmp_path: Path, make: ModelFactory) -> None:
+    """``resumerge plan`` imports torch in a helper process that overlaps planning and times the sample there: the
+    planning process never imports it, yet the sample is timed and torch's memory is in the baseline; a refusal
+    (exit 2) kills the helper in the middle of its import, and a finished plan leaves none either."""
+    a, b = make("a", seed=1), make("b", seed=2)
+    good = write_config(tmp_path / "c.yml", linear_config(a, b))
+    bad = write_config(tmp_path / "bad.yml", linear_config(a, tmp_path / "missing"))
+    result = subprocess.run([sys.executable, "-c", _REFUSE_TORCH + _APART, str(bad), str(good),
+                             str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["0", "0", "True", "True", "True"]

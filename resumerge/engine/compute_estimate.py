@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resumerge.engine.compute import TensorCompute, load_context, make_context
 from resumerge.engine.costs import ComputeGroup
@@ -36,12 +36,15 @@ from resumerge.engine.method_timing import DEFAULT_SAMPLE_ELEMENTS, measure_rate
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources
-from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
+from resumerge.inputs.tensorio import DTYPE_NAMES, NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.registry import MergeContext, MethodSpec, get_method
 from resumerge.methods.resources import NO_RESOURCES
 from resumerge.plan.merge_plan import InputRef, Plan, ShardPlan, TensorPlan
 from resumerge.plan.workunits import chunk_plan
 from resumerge.torch_import import dtype_name, torch
+
+if TYPE_CHECKING:
+    from resumerge.engine.torchside import TorchSide
 
 # Input bytes read for all samples of a plan together: a few tens of MB reads in well under a second from any
 # disk the merge itself could use.
@@ -98,24 +101,61 @@ class _Group:
             covered += sum(numel(tp.shape) for tp in members)
         return chosen
 
+    def sample(self) -> _Sample:
+        return _Sample(self.method, self.dtype, self.key, len(self.tensors), self.elements,
+                       tuple(self.representatives()), self.tensors[0])
+
+
+@dataclass(frozen=True)
+class _Sample:
+    """What measuring a group needs: its size, and the tensors sampled (``chosen`` by rows, ``first`` whole)."""
+
+    method: str
+    dtype: str
+    key: tuple[Any, ...]
+    tensors: int
+    elements: int
+    chosen: tuple[TensorPlan, ...]
+    first: TensorPlan
+
 
 def measure_compute(plan: Plan, pending: Sequence[ShardPlan], *, sources: InputSources | None = None,
                     max_bytes: int = SAMPLE_BYTES, max_seconds: float = SAMPLE_SECONDS,
-                    serial: bool = False, workers: int = 1) -> tuple[ComputeGroup, ...]:
+                    serial: bool | None = None, workers: int = 1,
+                    side: TorchSide | None = None) -> tuple[ComputeGroup, ...]:
     """Time the methods of the ``pending`` shards of ``plan`` on samples and scale to their pending elements.
 
     ``sources`` reads the inputs (default: every model from its folder, as ``resumerge run`` reads local
     models); at most ``max_bytes`` are read through it. ``max_seconds`` 0 measures nothing (every group comes
     back unmeasured). A method with a :class:`~resumerge.methods.spec.WholeCost` is timed by one call per class
     on synthetic inputs of the real shapes, whatever ``max_seconds`` leaves (a sample of rows is not a smaller
-    instance of a decomposition), its kernels on one thread when ``serial`` (the engine's ``workers`` run them so
-    where they fill torch's threads, that many at once: its time is then shared by them). Never raises for a
-    method that fails on a sample: that group is left unmeasured with the reason, and the run will report the
-    failure itself.
+    instance of a decomposition), its kernels on one thread when ``serial`` (None: when torch's threads are no
+    more than ``workers``; the engine's ``workers`` run them so where they fill torch's threads, that many at
+    once: its time is then shared by them). Never raises for a method that fails on a sample: that group is left
+    unmeasured with the reason, and the run will report the failure itself.
+
+    The pending tensors are grouped here; the groups are measured where ``side`` runs calls that need torch (None:
+    in this process). A :class:`~resumerge.engine.torchside.TorchProcess` gets only the sampled tensors' plans and
+    reads their rows itself (``sources`` must then be None).
     """
-    groups = _groups(plan, pending)
+    samples = [g.sample() for g in _groups(plan, pending, _promoted if side is None else partial(side.call, _promoted))]
+    if side is None or not samples:
+        return _measure_samples(plan, samples, sources, max_bytes, max_seconds, serial, workers)
+    assert sources is None, "a helper process reads the inputs itself"
+    kept = {tp.name: tp for s in samples for tp in (*s.chosen, s.first)}
+    # Only what the sampled tensors' computations read: their plans, the inputs' folders, options and vocabulary.
+    small = replace(plan, tensors=kept, shards=(), parts=(), notes=(), filters=(), accounting=None,
+                    tokenizer_blobs={}, side_files={})
+    return side.call(_measure_samples, small, samples, None, max_bytes, max_seconds, serial, workers)
+
+
+def _measure_samples(plan: Plan, groups: Sequence[_Sample], sources: InputSources | None, max_bytes: int,
+                    max_seconds: float, serial: bool | None, workers: int) -> tuple[ComputeGroup, ...]:
+    """:func:`measure_compute`'s measuring of ``groups`` (made from ``plan``'s pending tensors), where torch is."""
     if not groups:
         return ()
+    if serial is None:
+        serial = torch.get_num_threads() <= workers
     device = torch.device(plan.options.device)
     if max_seconds <= 0:
         return tuple(_unmeasured(g, plan, "not measured (switched off)") for g in groups)
@@ -140,8 +180,9 @@ def measure_compute(plan: Plan, pending: Sequence[ShardPlan], *, sources: InputS
             reader.close()
 
 
-def _groups(plan: Plan, pending: Sequence[ShardPlan]) -> list[_Group]:
+def _groups(plan: Plan, pending: Sequence[ShardPlan], promote: Callable[[tuple[str, ...]], str]) -> list[_Group]:
     """Pending tensors by (method, compute dtype, non-numeric parameters), the group with most elements first.
+    ``promote`` names the dtype inputs of several stored dtypes compute in (:func:`_promoted`).
 
     Tensors that read no input are left out: they are made from the plan alone (zeros, seeded draws, or values
     another process computes, like MoE's routers, whose cost is estimated with that process), not merged."""
@@ -158,7 +199,7 @@ def _groups(plan: Plan, pending: Sequence[ShardPlan]) -> list[_Group]:
             dtype = tp.compute_dtype
             if not dtype:
                 dtypes = tuple(i.value_dtype for i in tp.inputs)
-                dtype = stored.get(dtypes) or stored.setdefault(dtypes, _stored_dtype_name(tp))
+                dtype = stored.get(dtypes) or stored.setdefault(dtypes, _stored_name(dtypes, promote))
             spec = get_method(tp.method, plan.units)
             if spec is not None and spec.whole_cost is not None:
                 # Its class: the input shapes and the parameters that set its cost (not the per-tensor strings).
@@ -177,23 +218,35 @@ def _groups(plan: Plan, pending: Sequence[ShardPlan]) -> list[_Group]:
     return sorted(found.values(), key=lambda g: -g.elements)
 
 
-def _stored_dtype_name(tp: TensorPlan) -> str:
-    dtypes = [TORCH_DTYPES[i.value_dtype] for i in tp.inputs] or [TORCH_DTYPES[tp.out_dtype]]
-    common = dtypes[0]
+def _stored_name(dtypes: tuple[str, ...], promote: Callable[[tuple[str, ...]], str]) -> str:
+    """The name of the dtype inputs stored as ``dtypes`` (safetensors names) compute in: theirs when they agree
+    (no torch needed), else what ``promote`` says."""
+    if len(set(dtypes)) == 1:
+        return DTYPE_NAMES[dtypes[0]]
+    return promote(dtypes)
+
+
+def _promoted(dtypes: tuple[str, ...]) -> str:
+    """torch's promotion of the stored ``dtypes`` (safetensors names), by name."""
+    common = TORCH_DTYPES[dtypes[0]]
     for d in dtypes[1:]:
-        common = torch.promote_types(common, d)
+        common = torch.promote_types(common, TORCH_DTYPES[d])
     return dtype_name(common)
 
 
-def _unmeasured(group: _Group, plan: Plan, why: str) -> ComputeGroup:
-    return ComputeGroup(group.method, group.dtype, plan.options.device, len(group.tensors), group.elements,
+def _stored_dtype_name(tp: TensorPlan) -> str:
+    return _stored_name(tuple(i.value_dtype for i in tp.inputs) or (tp.out_dtype,), _promoted)
+
+
+def _unmeasured(group: _Sample, plan: Plan, why: str) -> ComputeGroup:
+    return ComputeGroup(group.method, group.dtype, plan.options.device, group.tensors, group.elements,
                         0, 0, None, torch.get_num_threads(), False, why)
 
 
-def _measure(plan: Plan, group: _Group, sources: InputSources, max_bytes: int,
+def _measure(plan: Plan, group: _Sample, sources: InputSources, max_bytes: int,
              max_seconds: float) -> ComputeGroup:
     """Sample ``group``'s representatives within ``max_bytes`` of input and time the method on them."""
-    chosen = group.representatives()
+    chosen = group.chosen
     if not chosen:
         return _unmeasured(group, plan, "not measured: no tensor with rows to sample")
     spec = get_method(group.method, plan.units)
@@ -231,19 +284,19 @@ def _measure(plan: Plan, group: _Group, sources: InputSources, max_bytes: int,
     per_call = sum(calls) / len(calls) if calls else 0.0
     elements = sum(n for n, _ in full)
     per_element = max(0.0, sum(t - per_call for _, t in full)) / elements if elements else None
-    return ComputeGroup(group.method, group.dtype, plan.options.device, len(group.tensors), group.elements,
+    return ComputeGroup(group.method, group.dtype, plan.options.device, group.tensors, group.elements,
                         elements, read, per_element, torch.get_num_threads(), synthetic, "",
                         measure_seconds=time.perf_counter() - started, seconds_per_call=per_call)
 
 
-def _measure_whole(plan: Plan, group: _Group, spec: MethodSpec, sources: InputSources, serial: bool,
+def _measure_whole(plan: Plan, group: _Sample, spec: MethodSpec, sources: InputSources, serial: bool,
                    workers: int, timed: dict[tuple[Any, ...], float]) -> ComputeGroup:
     """One call of the engine's compute step for ``spec`` on synthetic inputs of the shapes of ``group``'s class,
     timed (once for the functions and classes in ``timed``: a module's A and B run one computation) and priced per
     tensor: the call's seconds over the :attr:`~resumerge.methods.spec.WholeCost.shared_by` tensors it serves, and
     over the ``workers`` that run such calls side by side on one thread each (``serial`` on the CPU)."""
     assert spec.whole_cost is not None
-    tp = group.tensors[0]
+    tp = group.first
     key = (spec.fn, group.key[1:])
     started = time.perf_counter()
     seconds = timed.get(key)
@@ -262,7 +315,7 @@ def _measure_whole(plan: Plan, group: _Group, spec: MethodSpec, sources: InputSo
         except Exception as exc:  # any failure only means no estimate here; the run reports it properly
             return _unmeasured(group, plan, f"not measured: {group.method} failed on a sample ({type(exc).__name__})")
         timed[key] = seconds
-    return ComputeGroup(group.method, group.dtype, plan.options.device, len(group.tensors), group.elements,
+    return ComputeGroup(group.method, group.dtype, plan.options.device, group.tensors, group.elements,
                         sum(numel(i.shape) for i in tp.inputs), 0, 0.0, 1 if alone else torch.get_num_threads(),
                         True, "", measure_seconds=time.perf_counter() - started,
                         seconds_per_call=seconds / spec.whole_cost.shared_by / (max(1, workers) if alone else 1),

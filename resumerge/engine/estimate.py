@@ -36,6 +36,7 @@ from resumerge.engine.estimate_memory import memory_estimate
 from resumerge.engine.executor import CONCURRENCY
 from resumerge.engine.inputfetch import plan_fetch
 from resumerge.engine.netestimate import MEASURED, Bandwidth, NetworkEstimate, measure_download
+from resumerge.engine.torchside import TorchHere, TorchProcess, TorchSide
 from resumerge.errors import LedgerError
 from resumerge.inputs.catalog import Inputs
 from resumerge.memory import SystemProbe, collector_paused, format_size, usable_cores
@@ -58,9 +59,7 @@ from resumerge.store.diskprobe import (
 )
 from resumerge.store.filesystems import staging_dir
 from resumerge.store.manifest import read_manifest
-from resumerge.torch_import import load as load_torch
 from resumerge.torch_import import loaded as torch_loaded
-from resumerge.torch_import import torch
 
 # What a pass in a process of its own costs, given the inputs' read speed (None: unknown): its seconds from the
 # run's start on a core of its own, its CPU seconds, its process's memory at its peak (as the budget counts it),
@@ -109,6 +108,7 @@ def estimate(
     choose_inputs: bool = True,
     to_hub: bool = False,
     prepass: Prepass | None = None,
+    torch_side: TorchSide | None = None,
 ) -> Estimate:
     """Estimate what merging the plan of ``prepared`` into ``out_dir`` costs here under ``settings``, and decide
     whether it fits.
@@ -124,7 +124,8 @@ def estimate(
     their inputs whole). ``settings.max_disk`` (``--max-disk``) bounds the local disk: it decides which hub files
     are streamed and what an ``hf://`` OUT may stage; ``to_hub`` says OUT is a hub repo, whose staging must then
     fit under it. ``prepass`` estimates a pass that runs in a process of its own, beside the merge or before it (a
-    mergekit-moe config's prompt forward pass), given the inputs' read speed.
+    mergekit-moe config's prompt forward pass), given the inputs' read speed. ``torch_side`` runs the speed sample
+    (None: in this process; see :mod:`resumerge.engine.torchside`).
     """
     plan, inputs = prepared.plan, prepared.opened()
     measuring = measuring or Measuring()
@@ -141,12 +142,15 @@ def estimate(
     downloads = _downloads(inputs, state_dir, {(c.model, c.file) for c in fetch if c.how != STREAM}
                            if choose_inputs else None)
     remote = {(c.model, c.file) for c in fetch if c.how == STREAM}
-    memory, memory_reasons = memory_estimate(plan, pending, SystemProbe(), settings.max_memory, workers, remote)
+    torch_side = torch_side or TorchHere()
+    memory, memory_reasons = memory_estimate(plan, pending, SystemProbe(), settings.max_memory, workers, remote,
+                                             torch_side.facts())
     disks = _disks(plan, output, downloads, inputs, out, state_dir, disk_free)
     speed = probe_directory(_probe_dir(out), probe_bytes, disk_free=disk_free) if out is not None else None
-    # Nothing pending (a finished merge): no sample is read and no method is timed.
-    compute = (measure_compute(plan, pending, max_seconds=measuring.compute_budget,
-                               serial=torch.get_num_threads() <= workers, workers=workers) if pending else ())
+    # Nothing pending (a finished merge): no sample is read and no method is timed. A helper process times the
+    # sample while this one waits for it (the rest of the estimate is done or cheap), so no planning shares its cores.
+    compute = (measure_compute(plan, pending, max_seconds=measuring.compute_budget, workers=workers,
+                               side=torch_side) if pending else ())
     timing = replace(_time(plan, pending, output, downloads, committed, speed, probe_bytes, compute, to_hub),
                      startup_seconds=startup.seconds)
     if prepass is not None:
@@ -165,16 +169,6 @@ def estimate(
                        nearest_existing(state_root(state_dir)), startup.import_seconds)
     return Estimate(plan, output, downloads, memory, tuple(disks), timing, tuple(reasons), tuple(notes), fetch,
                     hub, network)
-
-
-def _torch_import_seconds() -> float:
-    """How long this process takes to import torch, now (0 when it has): a run's process pays the same, after its
-    planning (:mod:`resumerge.torch_import`)."""
-    if torch_loaded():
-        return 0.0
-    started = time.perf_counter()
-    load_torch()
-    return time.perf_counter() - started
 
 
 def _network(plan: Plan, inputs: Inputs, output: OutputSize, downloads: Mapping[str, ModelDownload],
@@ -466,29 +460,36 @@ def estimate_config(
     raises for an invalid merge (exit 2 errors); a merge that is valid but does not fit is not an error: see
     :attr:`Estimate.reasons`. ``out_dir`` may be an ``hf://`` target: the output's local disk is then its staging.
     The compute estimate times the methods with ``settings.num_threads`` torch threads, as the run will.
-    ``planner`` plans a config of another kind than a merge config (:mod:`resumerge.api` passes MoE upcycling's,
-    which skips the prompt forward pass); None plans ``config_text`` as a merge config. ``measuring`` as for
-    :func:`estimate`; ``prepass`` gives the estimate of the pass that runs before the merge, if there is one (MoE's
-    prompt forward pass).
+    A fresh process that plans a merge config on the CPU imports torch and times the sample in a helper process
+    started before planning (:class:`~resumerge.engine.torchside.TorchProcess`), so the import overlaps planning;
+    it is killed on the way out, a refusal included. ``planner`` plans a config of another kind than a merge config
+    (:mod:`resumerge.api` passes MoE upcycling's, which skips the prompt forward pass); None plans ``config_text``
+    as a merge config. ``measuring`` as for :func:`estimate`; ``prepass`` gives the estimate of the pass that runs
+    before the merge, if there is one (MoE's prompt forward pass).
     """
     started = time.time()
     from resumerge.config.merge_config import load_config_text
-    from resumerge.engine.devices import set_torch_threads
+    from resumerge.engine.devices import is_gpu, set_torch_threads
     from resumerge.engine.session import prepare
 
     set_torch_threads(settings.num_threads)
-    if planner is not None:
-        prepared = planner()
-    else:
-        config = load_config_text(config_text, source=source)
-        prepared = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir)
-    plan, inputs = prepared.plan, prepared.opened()
-    if fresh_process:
-        started = psutil.Process().create_time()
-    startup = max(0.0, time.time() - started)
-    imported = _torch_import_seconds()
-    to_hub = out_dir is not None and is_hub_target(os.fspath(out_dir))
-    with collector_paused():  # the estimate walks every tensor's plan: see resumerge.memory.collector
-        return estimate(prepared, config_text, settings, out_dir=None if to_hub else out_dir, measuring=measuring,
-                        startup=Startup(startup + imported, imported), to_hub=to_hub,
-                        prepass=prepass(plan, inputs) if prepass is not None else None)
+    # A run's process is fresh too: the helper's import, made while this process plans on another core, takes what
+    # the run's will (a process that already holds torch, or computes on a GPU, keeps the work here).
+    apart = fresh_process and planner is None and not torch_loaded() and not is_gpu(options.device)
+    with TorchProcess(settings.num_threads) if apart else TorchHere() as side:
+        if planner is not None:
+            prepared = planner()
+        else:
+            config = load_config_text(config_text, source=source)
+            prepared = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir)
+        plan, inputs = prepared.plan, prepared.opened()
+        if fresh_process:
+            started = psutil.Process().create_time()
+        startup = max(0.0, time.time() - started)
+        # A run imports torch after its planning: its start-up is planning plus the import.
+        imported = side.facts().import_seconds
+        to_hub = out_dir is not None and is_hub_target(os.fspath(out_dir))
+        with collector_paused():  # the estimate walks every tensor's plan: see resumerge.memory.collector
+            return estimate(prepared, config_text, settings, out_dir=None if to_hub else out_dir,
+                            measuring=measuring, startup=Startup(startup + imported, imported), to_hub=to_hub,
+                            prepass=prepass(plan, inputs) if prepass is not None else None, torch_side=side)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -24,29 +24,30 @@ from resumerge.plan.workunits import (
     unit_bytes,
     unit_mode,
 )
-from resumerge.torch_import import load as load_torch
-from resumerge.torch_import import torch
+
+if TYPE_CHECKING:
+    from resumerge.engine.torchside import TorchFacts
 
 __all__ = ["memory_estimate", "working_set"]
 
 
 def memory_estimate(plan: Plan, pending: Sequence[Any], probe: MemoryProbe, max_memory: int | None, workers: int,
-                    remote: AbstractSet[tuple[str, str]] = frozenset()) -> tuple[MemoryEstimate, list[str]]:
+                    remote: AbstractSet[tuple[str, str]], held: TorchFacts) -> tuple[MemoryEstimate, list[str]]:
     """The memory the merge of ``pending`` shards of ``plan`` needs under ``max_memory`` (None: the default budget)
     on the machine ``probe`` reads, with ``workers`` compute workers, ``remote`` the (model, file) pairs streamed
-    from the hub; and why it cannot run (empty: it fits, as far as single units go)."""
+    from the hub; and why it cannot run (empty: it fits, as far as single units go). The merge process holds torch
+    (imported on first use): ``held`` says what it adds beyond ``probe``'s reading, and its thread count."""
     budget = max_memory if max_memory is not None else default_budget(probe)
     source = "--max-memory" if max_memory is not None else "default"
-    load_torch()  # the merge process holds torch (imported on first use): count it, as the merge's budget will
-    anon = probe.rss()
+    anon = probe.rss() + held.anon_bytes  # torch counted, as the merge's budget will
     limit = probe.limit()
     machine = anon + probe.available()
     machine = min(machine, limit) if limit is not None else machine
     effective = min(budget, machine)
     # The budget counts anonymous memory; the OS's peak RSS also counts mapped files (torch's libraries).
-    baseline = int(psutil.Process().memory_info().rss)
+    baseline = int(psutil.Process().memory_info().rss) + held.rss_bytes
     room = max(0, effective - int(effective * SAFETY_MARGIN) - anon)
-    units = pending_units(plan, pending, budget, remote, serial=torch.get_num_threads() <= workers)
+    units = pending_units(plan, pending, budget, remote, serial=held.threads <= workers)
     working = working_set(units, room, workers)
     largest = max((u for u, _ in units), default=0)
     reasons = []

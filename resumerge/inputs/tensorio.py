@@ -12,6 +12,7 @@ import os
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 from resumerge.errors import StorageError
 from resumerge.torch_import import torch
@@ -37,8 +38,8 @@ class _Dtypes(Mapping[str, "torch.dtype"]):
         return len(self._names)
 
 
-# safetensors' dtype names.
-TORCH_DTYPES: Mapping[str, torch.dtype] = _Dtypes({
+# safetensors' dtype names, and torch's name for each (read without importing torch).
+DTYPE_NAMES: Mapping[str, str] = MappingProxyType({
     "F64": "float64",
     "F32": "float32",
     "F16": "float16",
@@ -56,6 +57,7 @@ TORCH_DTYPES: Mapping[str, torch.dtype] = _Dtypes({
     "U32": "uint32",
     "U64": "uint64",
 })
+TORCH_DTYPES: Mapping[str, torch.dtype] = _Dtypes(DTYPE_NAMES)
 # A config's dtype names.
 NAME_DTYPES: Mapping[str, torch.dtype] = _Dtypes({name: name for name in (
     "float64", "float32", "float16", "bfloat16", "int64")})

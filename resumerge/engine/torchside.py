@@ -1,0 +1,246 @@
+"""Where ``plan``'s work that needs torch runs: in this process, or in a helper process started before planning.
+
+``resumerge plan`` needs torch for one thing only, the speed sample (:mod:`resumerge.engine.compute_estimate`),
+and reports how long a run's import of torch takes. Importing torch costs about 3 s of CPU; planning a large merge
+(headers, plan, fingerprint) is single-threaded Python that needs none of it. :class:`TorchProcess` starts a
+helper process before planning: it imports torch (timing that import: the figure ``plan`` reports) while this
+process plans on another core, then waits. The sample is sent to it once this process has nothing left to do but
+wait for the answer, so the sample is timed while planning uses no core: only the import overlaps planning, and
+every figure the sample gives stays what a run's process alone would measure. The helper reads the sample's rows
+itself and hands back only the figures. :class:`TorchHere` does the same work in this process (a notebook's,
+where torch is usually loaded already).
+
+Both are context managers: leaving the block (a plan refused with exit 2 included) kills the helper at once, even
+in the middle of its import, so nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import importlib
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import MappingProxyType, TracebackType
+from typing import Any, Protocol, TypeVar
+
+import psutil
+
+from resumerge.engine.devices import set_torch_threads
+from resumerge.memory import SystemProbe
+from resumerge.torch_import import load as load_torch
+from resumerge.torch_import import loaded as torch_loaded
+
+__all__ = ["TorchFacts", "TorchHere", "TorchProcess", "TorchSide", "serve"]
+
+T = TypeVar("T")
+
+# The helper's command: the same import path as this process's (so it runs this very resumerge, whatever the
+# working directory holds), then serve(threads).
+_SERVE = ("import json, sys\nsys.path[:] = json.loads(sys.argv[1])\n"
+          "from resumerge.engine.torchside import serve\nserve(int(sys.argv[2]) or None)\n")
+# How the helper answers a call: its result, the exception it raised, or "run it yourself".
+_DONE, _RAISED, _HERE = "done", "raised", "here"
+
+
+@dataclass(frozen=True)
+class TorchFacts:
+    """What importing torch cost where the calls run, and what it set there: ``import_seconds`` (0 when it was
+    imported before), the anonymous bytes (as a memory budget counts them) and resident bytes (its mapped libraries
+    too) it added to that process that this one's own readings do not hold (0 when the calls run here), and
+    torch's thread count."""
+
+    import_seconds: float
+    anon_bytes: int
+    rss_bytes: int
+    threads: int
+
+
+class TorchSide(Protocol):
+    """Runs calls that need torch, and says what importing torch took where they run."""
+
+    def facts(self) -> TorchFacts:
+        """What the import of torch took where the calls run (it is imported by then)."""
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, run where torch is; raises what ``fn`` raises."""
+
+
+class TorchHere:
+    """The calls in this process; torch is imported here when :meth:`import_seconds` or a call first needs it."""
+
+    def __init__(self) -> None:
+        self._facts: TorchFacts | None = None
+
+    def __enter__(self) -> TorchHere:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        return None
+
+    def facts(self) -> TorchFacts:
+        """Imports torch now if it is not yet (the sample needs it next), timing that import; this process's own
+        memory readings hold what it added."""
+        if self._facts is None:
+            already = torch_loaded()
+            started = time.perf_counter()
+            load_torch()
+            seconds = 0.0 if already else time.perf_counter() - started
+            self._facts = TorchFacts(seconds, 0, 0, _threads())
+        return self._facts
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        return fn(*args)
+
+
+class TorchProcess:
+    """A helper process that imports torch at once, with ``threads`` torch threads (None: torch's choice, as a
+    fresh run's process gets), then runs the calls sent to it, one at a time, and hands back their results.
+    Calls and results travel pickled (functions by name), so a call's arguments must be small: send a sample's
+    plan, not a whole plan. If the helper cannot be started or dies, the calls run in this process instead
+    (:class:`TorchHere`)."""
+
+    def __init__(self, threads: int | None) -> None:
+        self._here = TorchHere()
+        self._facts: TorchFacts | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        try:
+            # A session of its own: a Ctrl-C at the terminal reaches this process, which then kills the helper.
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", _SERVE, json.dumps(sys.path), str(threads or 0)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        except OSError:
+            self._process = None
+
+    def __enter__(self) -> TorchProcess:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Kill the helper (it holds nothing to finish) and reap it."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        process.kill()
+        process.wait()
+        for pipe in (process.stdin, process.stdout):
+            if pipe is not None:
+                pipe.close()
+
+    def facts(self) -> TorchFacts:
+        """The helper's import, measured there: it takes what a fresh run's process will take."""
+        if self._facts is None:
+            answer = self._receive()
+            self._facts = answer if isinstance(answer, TorchFacts) else self._here.facts()
+        return self._facts
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        self.facts()  # the helper's first message
+        process = self._process
+        if process is None or process.stdin is None:
+            return self._here.call(fn, *args)
+        try:
+            request = _pickled((fn, args))
+        except (pickle.PicklingError, TypeError, AttributeError):  # a lambda, say: then it runs here
+            return self._here.call(fn, *args)
+        try:
+            process.stdin.write(request)
+            process.stdin.flush()
+        except OSError:
+            self.close()
+            return self._here.call(fn, *args)
+        answer = self._receive()
+        if answer is None:
+            return self._here.call(fn, *args)
+        how, value = answer
+        if how == _RAISED:
+            raise value
+        if how == _HERE:  # its result could not travel back
+            return self._here.call(fn, *args)
+        result: T = value
+        return result
+
+    def _receive(self) -> Any:
+        """The helper's next message; None (and the helper closed) when it died or never started."""
+        process = self._process
+        if process is None or process.stdout is None:
+            return None
+        try:
+            return pickle.load(process.stdout)
+        except (EOFError, OSError, pickle.UnpicklingError):
+            self.close()
+            return None
+
+
+def serve(threads: int | None) -> None:
+    """The helper's main: set ``threads``, import torch, send its :class:`TorchFacts`, then answer each pickled
+    ``(function, args)`` read from stdin with ``(_DONE, result)``, ``(_RAISED, exception)`` or, when that cannot
+    be pickled, ``(_HERE, None)`` (the caller then runs the call itself), until stdin ends."""
+    reply = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything printed goes to stderr, never into the replies
+    requests = sys.stdin.buffer
+    set_torch_threads(threads)
+    # The planning process holds the estimate's modules before its torch import: so does this one, so that what the
+    # import adds here is what it would add there (the modules both hold are not counted twice).
+    importlib.import_module("resumerge.engine.estimate")
+    probe, process = SystemProbe(), psutil.Process()
+    anon, rss = probe.rss(), int(process.memory_info().rss)
+    started = time.perf_counter()
+    load_torch()
+    seconds = time.perf_counter() - started
+    facts = TorchFacts(seconds, max(0, probe.rss() - anon), max(0, int(process.memory_info().rss) - rss), _threads())
+    try:
+        pickle.dump(facts, reply)
+        reply.flush()
+        while True:
+            try:
+                fn, args = pickle.load(requests)
+            except EOFError:
+                return
+            try:
+                answer: tuple[str, Any] = (_DONE, fn(*args))
+            except Exception as exc:  # handed back to the caller, which raises it
+                answer = (_RAISED, exc)
+            try:
+                payload = _pickled(answer)
+            except Exception:  # whatever fails to pickle: the caller can run the call itself
+                payload = pickle.dumps((_HERE, None))
+            reply.write(payload)
+            reply.flush()
+    except BrokenPipeError:  # the caller is gone
+        return
+
+
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _pickled(value: Any) -> bytes:
+    """``value`` pickled, read-only mappings (a method's declared tables) as the dicts they show."""
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, pickle.HIGHEST_PROTOCOL)
+    pickler.dispatch_table = {**copyreg.dispatch_table, MappingProxyType: _proxy}
+    pickler.dump(value)
+    return buffer.getvalue()
+
+
+def _proxy(mapping: MappingProxyType[Any, Any]) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    return _read_only, (dict(mapping),)
+
+
+def _read_only(mapping: dict[Any, Any]) -> MappingProxyType[Any, Any]:
+    return MappingProxyType(mapping)
