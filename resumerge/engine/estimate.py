@@ -460,12 +460,12 @@ def estimate_config(
     raises for an invalid merge (exit 2 errors); a merge that is valid but does not fit is not an error: see
     :attr:`Estimate.reasons`. ``out_dir`` may be an ``hf://`` target: the output's local disk is then its staging.
     The compute estimate times the methods with ``settings.num_threads`` torch threads, as the run will.
-    A fresh process that plans a merge config on the CPU imports torch and times the sample in a helper process
-    started before planning (:class:`~resumerge.engine.torchside.TorchProcess`), so the import overlaps planning;
-    it is killed on the way out, a refusal included. ``planner`` plans a config of another kind than a merge config
-    (:mod:`resumerge.api` passes MoE upcycling's, which skips the prompt forward pass); None plans ``config_text``
-    as a merge config. ``measuring`` as for :func:`estimate`; ``prepass`` gives the estimate of the pass that runs
-    before the merge, if there is one (MoE's prompt forward pass).
+    A fresh process that plans a merge config on a CPU of several cores imports torch and times the sample in a
+    helper process started before planning (:class:`~resumerge.engine.torchside.TorchProcess`), so the import
+    overlaps planning; it is killed on the way out, a refusal included. ``planner`` plans a config of another kind
+    than a merge config (:mod:`resumerge.api` passes MoE upcycling's, which skips the prompt forward pass); None
+    plans ``config_text`` as a merge config. ``measuring`` as for :func:`estimate`; ``prepass`` gives the estimate
+    of the pass that runs before the merge, if there is one (MoE's prompt forward pass).
     """
     started = time.time()
     from resumerge.config.merge_config import load_config_text
@@ -474,8 +474,10 @@ def estimate_config(
 
     set_torch_threads(settings.num_threads)
     # A run's process is fresh too: the helper's import, made while this process plans on another core, takes what
-    # the run's will (a process that already holds torch, or computes on a GPU, keeps the work here).
-    apart = fresh_process and planner is None and not torch_loaded() and not is_gpu(options.device)
+    # the run's will (a process that already holds torch, or computes on a GPU, keeps the work here; so does one
+    # core, where the import could only take turns with planning and its seconds would count planning's too).
+    apart = (fresh_process and planner is None and not torch_loaded() and not is_gpu(options.device)
+             and usable_cores() > 1)
     with TorchProcess(settings.num_threads) if apart else TorchHere() as side:
         if planner is not None:
             prepared = planner()
