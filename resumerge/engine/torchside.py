@@ -36,6 +36,7 @@ from resumerge.engine.devices import set_torch_threads
 from resumerge.memory import SystemProbe
 from resumerge.torch_import import load as load_torch
 from resumerge.torch_import import loaded as torch_loaded
+from resumerge.torch_import import torch
 
 __all__ = ["TorchFacts", "TorchHere", "TorchProcess", "TorchSide", "serve"]
 
@@ -111,6 +112,8 @@ class TorchProcess:
         self._here = TorchHere()
         self._facts: TorchFacts | None = None
         self._process: subprocess.Popen[bytes] | None = None
+        if not sys.executable:  # an embedded interpreter that cannot name itself: the calls run here
+            return
         try:
             # A session of its own: a Ctrl-C at the terminal reaches this process, which then kills the helper.
             self._process = subprocess.Popen(
@@ -221,12 +224,8 @@ def serve(threads: int | None) -> None:
         return
 
 
-
-
 def _threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
+    return int(torch.get_num_threads())
 
 
 def _pickled(value: Any) -> bytes:
