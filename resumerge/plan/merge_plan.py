@@ -12,6 +12,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from resumerge.config.version import __version__
@@ -342,15 +343,15 @@ def compute_fingerprint(plan: Plan) -> str:
     return _sha(fingerprint_parts(replace(plan, parts=())))
 
 
-_TENSORS_AT_ONCE = 1024  # tensor records rendered per json.dumps: few calls, and no 90k-record list alive at once
+_TENSORS_AT_ONCE = 1024  # tensor records hashed per update: few calls, and no 90k records' text alive at once
 
 
 def _body_sha(body: Mapping[str, Any], tensors: Mapping[str, TensorPlan]) -> str:
-    """:func:`_sha` of ``body`` with ``"tensors"``: the list of :func:`_tensor_doc` records of ``tensors`` by name,
-    hashed as rendered: the same text as ``json.dumps`` of the whole, since a list's JSON is its items' joined by
-    the separator and a sorted object's is its keys' in order."""
+    """:func:`_sha` of ``body`` with ``"tensors"``: the list of the records of ``tensors`` by name
+    (:class:`_Records`), hashed as rendered: the same text as ``json.dumps`` of the whole, since a list's JSON is its
+    items' joined by the separator and a sorted object's is its keys' in order."""
     digest = hashlib.sha256()
-    identities: dict[int, list[Any]] = {}  # by id: a plan's 90k references share a few codec instances
+    records = _Records()
     names = sorted(tensors)
     for i, key in enumerate(sorted([*body, "tensors"])):
         digest.update(("{" if i == 0 else ",").encode() + _dumps(key).encode() + b":")
@@ -359,8 +360,8 @@ def _body_sha(body: Mapping[str, Any], tensors: Mapping[str, TensorPlan]) -> str
             continue
         digest.update(b"[")
         for at in range(0, len(names), _TENSORS_AT_ONCE):
-            docs = [_tensor_doc(tensors[n], identities) for n in names[at:at + _TENSORS_AT_ONCE]]
-            digest.update(("," if at else "").encode() + _dumps(docs)[1:-1].encode())
+            text = ",".join([records.tensor(tensors[n]) for n in names[at:at + _TENSORS_AT_ONCE]])
+            digest.update((("," if at else "") + text).encode())
         digest.update(b"]")
     digest.update(b"}")
     return digest.hexdigest()
@@ -427,49 +428,131 @@ def _option_changes(recorded: Mapping[str, Any] | None, options: PlanOptions) ->
             if recorded.get(k, _LATER_OPTIONS.get(k)) != v]
 
 
-def _tensor_doc(t: TensorPlan, identities: dict[int, list[Any]]) -> dict[str, Any]:
-    """What the fingerprint records of ``t``: the JSON of ``dataclasses.asdict(t)``, its inputs as
-    :func:`_input_doc` lists; ``identities`` memoises codec identities. The fields are taken as they are (asdict
-    deep-copies every input reference: most of a 92k-tensor plan's planning time); :func:`_sha` renders a
-    dataclass among the parameters as asdict would."""
-    doc = {name: getattr(t, name) for name in _TENSOR_FIELDS}
-    doc["inputs"] = [_input_doc(i, identities) for i in t.inputs]
-    # Recorded only when not plain, so that plans made before codecs existed keep their fingerprints.
-    if not t.out_codec.plain:
-        doc["out_codec"] = _identity(t.out_codec, identities)
-    for later in ("copy_of", "experts"):  # as out_codec: recorded only when set
-        value = getattr(t, later)
-        if value is not None:
-            doc[later] = value
-    if t.carried:  # as out_codec: recorded only when any, so a run planned before it existed resumes
-        doc["carried"] = [[part, _input_doc(ref, identities)] for part, ref in t.carried]
-    return doc
+class _Records:
+    """The text the fingerprint records of each tensor: the JSON (:func:`_dumps`) of ``dataclasses.asdict`` of its
+    plan, but its inputs as lists (:meth:`input`) and its later fields (out_codec, copy_of, experts, carried) only
+    when set, so that plans made before they existed keep their fingerprints.
+
+    A plan's 92k records are 51 MB of text that a json.dumps of each took seconds to write, most of it alike:
+    each record is made from a form (its text with holes for what each tensor has of its own: its name, shard,
+    size, shape and inputs; an input's tensor name and companions) rendered once per kind of record, as
+    ``json.dumps`` would join the pieces. A form is found by the identity of the values it holds (each held here,
+    so that no other object takes its id while the records are made), or by value where that is exact: strings,
+    and shapes (tuples of ints read from validated headers: equal ones render alike).
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[int, tuple[object, str]] = {}
+        self._shapes: dict[tuple[int, ...], str] = {}
+        self._tensors: dict[tuple[int | bool, ...], tuple[object, str]] = {}
+        self._inputs: dict[tuple[object, ...], tuple[TensorCodec, str]] = {}  # its codec held
+
+    def tensor(self, t: TensorPlan) -> str:
+        """The record of ``t``: its fields by name (as ``sort_keys`` orders them), those left out when unset skipped."""
+        shared = _SHARED(t)
+        carried = t.carried
+        key = (*map(id, shared), bool(carried))
+        found = self._tensors.get(key)
+        if found is None:
+            found = self._tensors[key] = (shared, self._tensor_form(t))
+        own = (self._carried(carried),) if carried else ()  # the holes in _OWN's order
+        return found[1] % (*own, "[" + ",".join([self.input(i) for i in t.inputs]) + "]", _STR(t.name),
+                           self.value(t.nbytes), self.shape(t.shape), _STR(t.shard))
+
+    def input(self, i: InputRef) -> str:
+        """The record of an input reference: model, file, tensor, dtype, shape, then its cast, LoRA delta and codec
+        (with its companions) as tagged lists, each only when set (a plain input's record is what it was before
+        codecs)."""
+        if i.lora is not None:
+            return self._input_form(i, i.tensor) % self._companions(i)
+        key = (i.model, i.file, i.dtype, i.shape, i.cast, id(i.codec))
+        found = self._inputs.get(key)
+        if found is None:
+            found = self._inputs[key] = (i.codec, self._input_form(i))
+        return found[1] % (_STR(i.tensor), self._companions(i) if i.companions else "")
+
+    def value(self, value: Any) -> str:
+        """``value`` as json.dumps writes it."""
+        kind = type(value)
+        if kind is str:
+            return _STR(value)
+        if kind is int:
+            return repr(value)
+        if value is None or kind is bool:
+            return _CONSTANTS[value]
+        found = self._held.get(id(value))
+        if found is None:
+            found = self._held[id(value)] = (value, _dumps(value))
+        return found[1]
+
+    def shape(self, shape: tuple[int, ...]) -> str:
+        found = self._shapes.get(shape)
+        if found is None:
+            found = self._shapes[shape] = _dumps(shape)
+        return found
+
+    def _tensor_form(self, t: TensorPlan) -> str:
+        items = []
+        for name in _FIELDS:
+            if name in _OWN:
+                text: str | None = "%s" if name != "carried" or t.carried else None
+            elif name == "out_codec":
+                text = None if t.out_codec.plain else _form(self._identity(t.out_codec))
+            else:
+                value = getattr(t, name)
+                text = None if value is None and name in _LATER_FIELDS else _form(self.value(value))
+            if text is not None:
+                items.append(f'"{name}":{text}')
+        return "{" + ",".join(items) + "}"
+
+    def _input_form(self, i: InputRef, tensor: str | None = None) -> str:
+        """The form of ``i``'s record: a hole for its tensor name (filled now when ``tensor`` is given) and one at
+        the end of its codec's list for its companions."""
+        name = "%s" if tensor is None else _form(_STR(tensor))
+        items = [_STR(i.model), _STR(i.file), _STR(i.dtype), self.shape(i.shape)]
+        if i.cast is not None:
+            items.append('["cast",' + _STR(i.cast) + "]")
+        if i.lora is not None:
+            lora = i.lora
+            items.append('["lora",' + ",".join([self.input(lora.a), self.input(lora.b), self.value(lora.scale),
+                                                  self.value(lora.fan_in_fan_out), self.value(lora.embedding)]) + "]")
+        model, file, *rest = map(_form, items)
+        text = ",".join([model, file, name, *rest])
+        if i.codec.plain:
+            return "[" + text + "%s]"  # no companions: an empty hole
+        identity = self._identity(i.codec)
+        return "[" + text + ',["codec"' + ("," + _form(identity[1:-1]) if identity != "[]" else "") + "%s]]"
+
+    def _companions(self, i: InputRef) -> str:
+        """What fills the hole at the end of ``i``'s codec list: a ``[part, record]`` for each companion."""
+        if not i.companions or i.codec.plain:
+            return ""
+        return "".join([",[" + _STR(part) + "," + self.input(c) + "]" for part, c in i.companions])
+
+    def _carried(self, carried: tuple[tuple[str, InputRef], ...]) -> str:
+        return "[" + ",".join(["[" + _STR(part) + "," + self.input(ref) + "]" for part, ref in carried]) + "]"
+
+    def _identity(self, codec: TensorCodec) -> str:
+        """A codec's identity (:meth:`~resumerge.inputs.codecs.TensorCodec.identity`) as a list."""
+        found = self._held.get(id(codec))
+        if found is None:
+            found = self._held[id(codec)] = (codec, _dumps(list(codec.identity())))
+        return found[1]
 
 
-_TENSOR_FIELDS = tuple(f.name for f in fields(TensorPlan)
-                       if f.name not in ("inputs", "out_codec", "copy_of", "experts", "carried"))
+def _form(text: str) -> str:
+    """``text`` as it stands in a form: its ``%`` doubled (a form is filled by ``%``)."""
+    return text.replace("%", "%%")
 
 
-def _identity(codec: TensorCodec, identities: dict[int, list[Any]]) -> list[Any]:
-    # Keyed by the instance, alive as long as the plan that holds it: hashing a frozen dataclass hashes its fields.
-    found = identities.get(id(codec))
-    if found is None:
-        found = identities[id(codec)] = list(codec.identity())
-    return found
-
-
-def _input_doc(i: InputRef, identities: dict[int, list[Any]]) -> list[Any]:
-    doc: list[Any] = [i.model, i.file, i.tensor, i.dtype, list(i.shape)]
-    if i.cast is not None:
-        doc.append(["cast", i.cast])
-    if i.lora is not None:
-        lora = i.lora
-        doc.append(["lora", _input_doc(lora.a, identities), _input_doc(lora.b, identities), lora.scale,
-                    lora.fan_in_fan_out, lora.embedding])
-    if not i.codec.plain:  # as out_codec: a plain input's record is what it was before codecs
-        doc.append(["codec", *_identity(i.codec, identities),
-                    *([part, _input_doc(c, identities)] for part, c in i.companions)])
-    return doc
+_STR = json.encoder.encode_basestring_ascii  # how json.dumps writes a string (ensure_ascii, its default)
+_CONSTANTS: dict[bool | None, str] = {None: "null", True: "true", False: "false"}
+# A record's fields in JSON's sorted order; those each tensor has of its own (holes in its form, filled in this
+# order: sorted too); those recorded only when set (None, or for out_codec and carried plain and empty).
+_FIELDS = tuple(sorted(f.name for f in fields(TensorPlan)))
+_OWN = ("carried", "inputs", "name", "nbytes", "shape", "shard")
+_LATER_FIELDS = frozenset({"copy_of", "experts"})
+_SHARED = attrgetter(*(name for name in _FIELDS if name not in _OWN))
 
 
 def _json_default(value: Any) -> Any:
