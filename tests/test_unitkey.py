@@ -12,7 +12,7 @@ from resumerge import api
 from resumerge.engine.estimate_memory import pending_units
 from resumerge.inputs.codecs import PLAIN
 from resumerge.plan.merge_plan import ExpertStack, InputRef, TensorPlan
-from resumerge.plan.unitkey import per_class, sizing_key
+from resumerge.plan.unitkey import TensorClasses, sizing_key
 from resumerge.plan.workunits import ROWS, oversized_units, streamed_bytes, unit_bytes, unit_mode
 
 
@@ -31,8 +31,10 @@ def test_tensors_that_differ_only_in_where_their_bytes_are_share_a_key() -> None
     one = _tensor("model.layers.0.mlp.up_proj.weight", "model-00001.safetensors", "in-1.safetensors", 0)
     other = _tensor("model.layers.7.mlp.up_proj.weight", "model-00009.safetensors", "in-4.safetensors", 4096)
     assert sizing_key(one) == sizing_key(other)
+    classes = TensorClasses([one, other])
+    assert classes.number(one) == classes.number(other) == 0 and classes.members == [one]
     asked: list[str] = []
-    answer = per_class(lambda tp: asked.append(tp.name) or len(asked))
+    answer = classes.per_class(lambda tp: asked.append(tp.name) or len(asked))
     assert [answer(one), answer(other), answer(one)] == [1, 1, 1] and asked == [one.name]
 
 
@@ -63,10 +65,13 @@ def test_every_other_field_is_in_the_key() -> None:
 
 def test_a_key_that_cannot_be_hashed_is_answered_on_its_own() -> None:
     tp = _tensor("w", "s", "f", 0)
-    odd = replace(tp, params=(("weights", [0.5, 0.5]),))
+    odd = replace(tp, name="odd", params=(("weights", [0.5, 0.5]),))
+    also = replace(odd, name="also")
+    classes = TensorClasses([tp, odd, also, replace(tp, name="v")])
+    assert [classes.number(t) for t in (tp, odd, also)] == [0, 1, 2] and classes.members == [tp, odd, also]
     asked: list[str] = []
-    answer = per_class(lambda t: asked.append(t.name) or len(asked))
-    assert [answer(odd), answer(odd)] == [1, 2]
+    answer = classes.per_class(lambda t: asked.append(t.name) or len(asked))
+    assert [answer(odd), answer(also), answer(odd)] == [1, 2, 1]
 
 
 def test_the_estimate_sizes_every_tensor_as_the_engine_rule_does(tmp_path: Path, make: ModelFactory) -> None:

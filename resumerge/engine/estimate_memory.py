@@ -1,7 +1,8 @@
 """The RAM part of ``plan``'s estimate: the budget, the merge's working set unit by unit, and tensors too large for it.
 
 Every pending tensor's unit is sized as the engine will size it (:mod:`resumerge.plan.workunits`), once per class of
-tensors (:func:`~resumerge.plan.unitkey.per_class`): a 92k-tensor plan holds a few dozen classes.
+tensors (:class:`~resumerge.plan.unitkey.TensorClasses`, sorted once for both): a 92k-tensor plan holds a few dozen
+classes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import psutil
 from resumerge.engine.costs import MemoryEstimate
 from resumerge.memory import SAFETY_MARGIN, MemoryProbe, default_budget, format_size
 from resumerge.plan.merge_plan import Plan, TensorPlan
-from resumerge.plan.unitkey import per_class
+from resumerge.plan.unitkey import TensorClasses
 from resumerge.plan.workunits import (
     ROWS,
     collects_sibling,
@@ -47,11 +48,12 @@ def memory_estimate(plan: Plan, pending: Sequence[Any], probe: MemoryProbe, max_
     # The budget counts anonymous memory; the OS's peak RSS also counts mapped files (torch's libraries).
     baseline = int(psutil.Process().memory_info().rss) + held.rss_bytes
     room = max(0, effective - int(effective * SAFETY_MARGIN) - anon)
-    units = pending_units(plan, pending, budget, remote, serial=held.threads <= workers)
+    classes = TensorClasses(plan.tensors.values())
+    units = pending_units(plan, pending, budget, remote, serial=held.threads <= workers, classes=classes)
     working = working_set(units, room, workers)
     largest = max((u for u, _ in units), default=0)
     reasons = []
-    too_big = oversized_units(plan, effective, anon)
+    too_big = oversized_units(plan, effective, anon, classes=classes)
     smallest = max((u.needed for u in too_big), default=0)
     if too_big:
         worst = max(too_big, key=lambda u: u.needed)
@@ -69,7 +71,8 @@ def memory_estimate(plan: Plan, pending: Sequence[Any], probe: MemoryProbe, max_
 
 
 def pending_units(plan: Plan, pending: Sequence[Any], budget: int,
-                  remote: AbstractSet[tuple[str, str]] = frozenset(), *, serial: bool = True) -> list[tuple[int, bool]]:
+                  remote: AbstractSet[tuple[str, str]] = frozenset(), *, serial: bool = True,
+                  classes: TensorClasses | None = None) -> list[tuple[int, bool]]:
     """(estimate, streamed in row chunks) of every pending tensor, in the order the engine computes them.
 
     The engine's own rule (:func:`~resumerge.plan.workunits.unit_mode`) decides: a tensor streamed to the writer
@@ -78,9 +81,11 @@ def pending_units(plan: Plan, pending: Sequence[Any], budget: int,
     (:func:`~resumerge.plan.workunits.collects_sibling`) joins its sibling's, as the engine counts it. ``remote``
     holds the (model, file) pairs streamed from the hub, which the engine does not read more than once when it has
     a choice; ``serial`` says whether the engine's workers fill torch's threads (see
-    :func:`~resumerge.plan.workunits.unit_mode`).
+    :func:`~resumerge.plan.workunits.unit_mode`). Each class of tensors is sized once (``classes``: the plan's
+    tensors sorted, when the caller sorted them already).
     """
     method_of = plan.method_of
+    classes = classes if classes is not None else TensorClasses(plan.tensors.values())
 
     def sized(rereadable: bool) -> Callable[[TensorPlan], tuple[int, bool]]:
         def size(tp: TensorPlan) -> tuple[int, bool]:
@@ -88,7 +93,7 @@ def pending_units(plan: Plan, pending: Sequence[Any], budget: int,
             mode = unit_mode(tp, method, budget, plan.options.device, rereadable=rereadable, serial=serial)
             return (streamed_bytes(tp, method), True) if mode == ROWS else (unit_bytes(tp, method, mode), False)
 
-        return per_class(size)
+        return classes.per_class(size)
 
     local, streamed = sized(True), sized(False)
     units: list[tuple[int, bool]] = []

@@ -9,14 +9,14 @@ kept), so two tensors with equal keys get equal answers from every estimate in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import fields
 from operator import attrgetter
 from typing import TypeVar, cast
 
 from resumerge.plan.merge_plan import InputRef, LoraRef, TensorPlan
 
-__all__ = ["per_class", "sizing_key"]
+__all__ = ["TensorClasses", "sizing_key"]
 
 T = TypeVar("T")
 
@@ -44,21 +44,45 @@ def _lora_key(lora: LoraRef) -> Hashable:
     return _ref_key(lora.a), _ref_key(lora.b), _lora_fields(lora)
 
 
-def per_class(answer: Callable[[TensorPlan], T]) -> Callable[[TensorPlan], T]:
-    """``answer``, worked out once per :func:`sizing_key`: for a question whose answer depends on nothing of a
-    tensor but its key (and on what ``answer`` itself holds fixed: a budget, a method table). A tensor whose key
-    cannot be hashed (a parameter value that is a list) is answered on its own."""
-    known: dict[Hashable, T] = {}
-    missing = object()
+class TensorClasses:
+    """The tensors of a plan sorted into classes by :func:`sizing_key`, once (hashing 92k nested keys is most of
+    what sizing them costs): a question whose answer depends on nothing of a tensor but its key is then answered
+    once per class (:meth:`per_class`), and a question asked of every tensor by its class number (:meth:`number`).
+    A tensor whose key cannot be hashed (a parameter value that is a list) is a class of its own."""
 
-    def memoised(tp: TensorPlan) -> T:
-        key = sizing_key(tp)
-        try:
-            found = known.get(key, missing)  # one hash of the key: hashing it is most of the cost
-        except TypeError:
-            return answer(tp)
-        if found is missing:
-            found = known[key] = answer(tp)
-        return cast(T, found)
+    def __init__(self, tensors: Iterable[TensorPlan]) -> None:
+        self._numbers: dict[str, int] = {}
+        #: The first tensor of each class, by class number.
+        self.members: list[TensorPlan] = []
+        known: dict[Hashable, int] = {}
+        for tp in tensors:
+            try:
+                number = known.setdefault(sizing_key(tp), len(self.members))
+            except TypeError:
+                number = len(self.members)
+            if number == len(self.members):
+                self.members.append(tp)
+            self._numbers[tp.name] = number
 
-    return memoised
+    def number(self, tp: TensorPlan) -> int:
+        """The class of ``tp``, one of the tensors sorted (found by its name)."""
+        return self._numbers[tp.name]
+
+    def per_class(self, answer: Callable[[TensorPlan], T]) -> Callable[[TensorPlan], T]:
+        """``answer``, worked out once per class for the tensors sorted (found by their names): for a question
+        whose answer depends on nothing of a tensor but its key (and on what ``answer`` itself holds fixed: a
+        budget, a method table)."""
+        answers: list[object] = [_MISSING] * len(self.members)
+        numbers = self._numbers
+
+        def memoised(tp: TensorPlan) -> T:
+            number = numbers[tp.name]
+            found = answers[number]
+            if found is _MISSING:
+                found = answers[number] = answer(tp)
+            return cast(T, found)
+
+        return memoised
+
+
+_MISSING = object()  # an answer not worked out yet

@@ -21,7 +21,7 @@ from resumerge.methods.footprint import working_bytes
 from resumerge.methods.registry import MethodSpec
 from resumerge.methods.spec import RowStream
 from resumerge.plan.merge_plan import Plan, TensorPlan
-from resumerge.plan.unitkey import per_class
+from resumerge.plan.unitkey import TensorClasses
 from resumerge.torch_import import torch
 
 _COMPUTE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8}
@@ -265,9 +265,12 @@ class Oversized:
     needed: int
 
 
-def oversized_units(plan: Plan, budget: int, baseline: int, device: str | None = None) -> list[Oversized]:
+def oversized_units(plan: Plan, budget: int, baseline: int, device: str | None = None,
+                    classes: TensorClasses | None = None) -> list[Oversized]:
     """Tensors that no amount of waiting can fit under ``budget`` (given ``baseline`` bytes already in use) on
-    ``device`` (default the plan's): a tensor that can be cut into rows needs room for one row."""
+    ``device`` (default the plan's): a tensor that can be cut into rows needs room for one row. Each class of the
+    plan's tensors is sized once (``classes``, when the caller sorted them already: a 92k-tensor plan holds a few
+    dozen classes)."""
     from resumerge.memory import smallest_budget_for
 
     def needed(tp: TensorPlan) -> int:
@@ -279,8 +282,12 @@ def oversized_units(plan: Plan, budget: int, baseline: int, device: str | None =
             unit += stream.held_bytes()
         return smallest_budget_for(unit, baseline_bytes=baseline)
 
-    need = per_class(needed)  # a 92k-tensor plan holds a few dozen classes of tensors
-    return [Oversized(tp.name, tp.method, n) for tp in plan.tensors.values() for n in [need(tp)] if n > budget]
+    classes = classes if classes is not None else TensorClasses(plan.tensors.values())
+    need = [needed(tp) for tp in classes.members]
+    if all(n <= budget for n in need):
+        return []
+    return [Oversized(tp.name, tp.method, n) for tp in plan.tensors.values() for n in [need[classes.number(tp)]]
+            if n > budget]
 
 
 def largest(units: Iterable[Oversized]) -> Oversized:
