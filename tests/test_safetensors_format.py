@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from resumerge.errors import HostileFileError
-from resumerge.inputs.safetensors_format import layout_shard, read_header
+from resumerge.inputs.safetensors_format import layout_shard, read_header, shard_extent
 from resumerge.inputs.tensorio import TensorReader, tensor_bytes
 
 CODES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64",
@@ -42,7 +42,12 @@ def test_layout_is_byte_identical_to_safetensors(tmp_path_factory: pytest.TempPa
     tensors = {n: torch.zeros(shape).to(dt) for n, (dt, shape) in spec.items()}
     save_file(tensors, str(tmp / "ref.safetensors"), metadata={"format": "pt"})
     _write_like_resumerge(tmp / "ours.safetensors", tensors)
-    assert (tmp / "ours.safetensors").read_bytes() == (tmp / "ref.safetensors").read_bytes()
+    ref = (tmp / "ref.safetensors").read_bytes()
+    assert (tmp / "ours.safetensors").read_bytes() == ref
+    # What the planner sizes shards with: the same order and the file's size.
+    layout = layout_shard({n: (CODES[t.dtype], tuple(t.shape)) for n, t in tensors.items()})
+    assert shard_extent({n: (CODES[t.dtype], tuple(t.shape)) for n, t in tensors.items()}) == (
+        [t.name for t in layout.order], len(ref))
 
 
 def test_reader_round_trips_every_dtype(tmp_path: Path) -> None:

@@ -245,17 +245,43 @@ def layout_shard(
 
     Returns the full header (8-byte length + padded JSON) and the data order with offsets.
     """
-    meta = {"format": "pt"} if metadata is None else dict(metadata)
-    names = sorted(tensors, key=lambda n: (-DTYPE_RANK[tensors[n][0]], n))
+    names, header, _ = _laid_out(tensors, metadata)
     order: list[PlannedTensor] = []
     offset = 0
-    doc: dict[str, object] = {"__metadata__": meta} if meta else {}
     for name in names:
         dtype, shape = tensors[name]
         nbytes = numel(shape) * DTYPE_SIZES[dtype]
         order.append(PlannedTensor(name, dtype, shape, offset, nbytes))
-        doc[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
-    text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return ShardLayout(header=header, order=tuple(order))
+
+
+def shard_extent(tensors: Mapping[str, tuple[str, tuple[int, ...]]]) -> tuple[list[str], int]:
+    """The names of ``tensors`` in the data order :func:`layout_shard` gives them and the size of the file it lays
+    out, without its per-tensor records (a plan's 92k tensors are laid out once to size their shards)."""
+    names, header, data_bytes = _laid_out(tensors, None)
+    return names, len(header) + data_bytes
+
+
+def _laid_out(tensors: Mapping[str, tuple[str, tuple[int, ...]]], metadata: Mapping[str, str] | None
+              ) -> tuple[list[str], bytes, int]:
+    """:func:`layout_shard`'s data order, header and data bytes. The header is ``json.dumps`` of the metadata and
+    each tensor's entry in that order, compact and not ASCII-escaped, written entry by entry as json joins them
+    (shapes and offsets are ints: their JSON is their ``str``)."""
+    meta = {"format": "pt"} if metadata is None else dict(metadata)
+    keyed = sorted([(-DTYPE_RANK[dtype], name) for name, (dtype, _) in tensors.items()])
+    entries = [_JSON_STR("__metadata__") + ":" + json.dumps(meta, separators=(",", ":"), ensure_ascii=False)
+               ] if meta else []
+    offset = 0
+    for _, name in keyed:
+        dtype, shape = tensors[name]
+        end = offset + numel(shape) * DTYPE_SIZES[dtype]
+        entries.append(f'{_JSON_STR(name)}:{{"dtype":{_JSON_STR(dtype)},"shape":[{",".join(map(str, shape))}],'
+                       f'"data_offsets":[{offset},{end}]}}')
+        offset = end
+    text = ("{" + ",".join(entries) + "}").encode("utf-8")
     text += b" " * ((8 - len(text) % 8) % 8)
-    return ShardLayout(header=struct.pack("<Q", len(text)) + text, order=tuple(order))
+    return [name for _, name in keyed], struct.pack("<Q", len(text)) + text, offset
+
+
+_JSON_STR = json.encoder.encode_basestring  # how json.dumps writes a string with ensure_ascii=False

@@ -197,6 +197,13 @@ class TensorPlan:
         """This plan with ``nbytes`` the bytes of its stored parts (all of them: the shard holds them all)."""
         return replace(self, nbytes=parts_bytes(self.stored_parts()))
 
+    def in_shard(self, shard: str) -> TensorPlan:
+        """This plan with ``shard`` set: a copy of its fields, as ``replace`` makes it but without passing each
+        through ``__init__`` again (a third of the time of placing 92k tensors in shards)."""
+        placed = object.__new__(type(self))
+        placed.__dict__.update(self.__dict__, shard=shard)
+        return placed
+
 
 def stored_parts_of(name: str, dtype: str, shape: tuple[int, ...], codec: TensorCodec,
                     carried: tuple[tuple[str, InputRef], ...]) -> tuple[OutPart, ...]:

@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.inputs.safetensors_format import layout_shard
+from resumerge.inputs.safetensors_format import shard_extent
 from resumerge.plan.merge_plan import DEFAULT_SHARD_SIZE, PlanOptions, ShardPlan, TensorPlan
 
 # An hf:// OUT's shards by default: sized per run by :func:`hub_shard_size`, from the output's bytes. Each shard is
@@ -127,15 +127,17 @@ def assign_shards(
     tensors: Mapping[str, TensorPlan], cap: int, *, last: Collection[str] = (), naming: ShardNaming = ShardNaming()
 ) -> tuple[tuple[ShardPlan, ...], dict[str, TensorPlan]]:
     """Split ``tensors`` into shards of at most ``cap`` data bytes, named by ``naming``; returns the shards and
-    tensors with ``shard`` set.
+    tensors with ``shard`` set, by name.
 
     Each shard lists its tensors in on-disk data order (the safetensors layout; a tensor stored as several parts
     where its first part is), so the engine can write sequentially. The tensors named in ``last`` get the last
     shard(s) to themselves: the engine runs shards in order, so everything else is committed before it waits for
-    them (MoE's routers, computed beside the merge).
+    them (MoE's routers, computed beside the merge). One pass over the names, sorted once.
     """
+    names = sorted(tensors)
+    late = set(last)
     groups: list[list[str]] = []
-    for part in ([n for n in sorted(tensors) if n not in last], sorted(n for n in last if n in tensors)):
+    for part in ([n for n in names if n not in late], [n for n in names if n in late] if late else []):
         size = 0
         if part:
             groups.append([])
@@ -147,14 +149,17 @@ def assign_shards(
             groups[-1].append(name)
             size += nbytes
     groups = groups or [[]]
-    names = naming.names(len(groups))
     shards = []
     placed: dict[str, TensorPlan] = {}
-    for fname, group in zip(names, groups):
-        parts = [(n, p) for n in group for p in tensors[n].stored_parts()]  # once a tensor: 90k of them
-        layout = layout_shard({p.name: (p.dtype, p.shape) for _, p in parts})  # as stored_layout lays them out
-        owner = {p.name: n for n, p in parts}
-        shards.append(ShardPlan(fname, tuple(dict.fromkeys(owner[p.name] for p in layout.order)), layout.file_size))
+    for fname, group in zip(naming.names(len(groups)), groups):
+        owner: dict[str, str] = {}
+        parts: dict[str, tuple[str, tuple[int, ...]]] = {}
         for n in group:
-            placed[n] = replace(tensors[n], shard=fname)
-    return tuple(shards), {n: placed[n] for n in sorted(placed)}
+            for p in tensors[n].stored_parts():
+                owner[p.name] = n
+                parts[p.name] = (p.dtype, p.shape)
+        order, file_size = shard_extent(parts)  # as stored_layout lays them out
+        shards.append(ShardPlan(fname, tuple(dict.fromkeys([owner[p] for p in order])), file_size))
+        for n in group:
+            placed[n] = tensors[n].in_shard(fname)
+    return tuple(shards), placed if not late else {n: placed[n] for n in names}
