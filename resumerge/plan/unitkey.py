@@ -37,7 +37,7 @@ def sizing_key(tp: TensorPlan) -> Hashable:
 
 def _ref_key(ref: InputRef) -> Hashable:
     return (_ref_fields(ref), ref.end - ref.start, None if ref.lora is None else _lora_key(ref.lora),
-            tuple((part, _ref_key(c)) for part, c in ref.companions) if ref.companions else ())
+            tuple([(part, _ref_key(c)) for part, c in ref.companions]) if ref.companions else ())
 
 
 def _lora_key(lora: LoraRef) -> Hashable:
