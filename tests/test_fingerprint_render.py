@@ -15,9 +15,9 @@ from quantmodels import fp8, fp8_config, quantize_model
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.merge_config import load_config_text
 from resumerge.engine.session import plan_from_config
+from resumerge.inputs.codecs import BlockFp8Codec
 from resumerge.memory import collector_paused
 from resumerge.plan import merge_plan
-from resumerge.inputs.codecs import BlockFp8Codec
 from resumerge.plan.merge_plan import (
     ExpertStack,
     InputRef,
