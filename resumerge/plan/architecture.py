@@ -85,6 +85,10 @@ class Layout:
         """Full tensor name of ``suffix`` in layer ``index``."""
         return f"{self.layer_prefix}.{index}.{suffix}"
 
+    def layer_start(self, index: int) -> str:
+        """What every tensor name of layer ``index`` starts with: its :meth:`layer_name` is this plus its suffix."""
+        return f"{self.layer_prefix}.{index}."
+
     def names(self) -> tuple[str, ...]:
         """Every tensor name of this layout but its other modules': pre-layer, each layer's, post-layer."""
         layers = (self.layer_name(i, s) for i in range(self.num_layers) for s in self.suffixes_of(i))

@@ -4,6 +4,7 @@ engine, the MoE and extraction preparation) reads one, so a quantized input is d
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 
 from resumerge.inputs.codecs import MAIN, Claim, StoredFormats
@@ -33,6 +34,21 @@ def tensor_ref(key: str, model: ModelInput, name: str) -> InputRef:
     return stored_ref(key, model.tensors[name])
 
 
+def refs_of(key: str, model: ModelInput) -> Callable[[str], InputRef]:
+    """:func:`tensor_ref` of ``model`` (input ``key``) by name, with the model's tables looked up once: the planner
+    asks it for every input of every output tensor (92k of them for DeepSeek-V3)."""
+    formats, tensors = model.formats, model.tensors
+    if formats is None or not formats.claims:
+        return lambda name: stored_ref(key, tensors[name])
+    claims = formats.claims
+
+    def ref(name: str) -> InputRef:
+        claim = claims.get(name)
+        return stored_ref(key, tensors[name]) if claim is None else _claimed_ref(key, formats, claim)
+
+    return ref
+
+
 def format_ref(key: str, formats: StoredFormats, name: str) -> InputRef:
     """Logical tensor ``name`` of the model (input ``key``) whose stored tensors ``formats`` sorted: its main part
     with its codec and companions when a format claims it, else the stored tensor of that name."""
@@ -44,10 +60,16 @@ def format_ref(key: str, formats: StoredFormats, name: str) -> InputRef:
 
 def _claimed_ref(key: str, formats: StoredFormats, claim: Claim) -> InputRef:
     """The logical tensor ``claim`` names, its companions where :meth:`StoredFormats.companions` finds them."""
-    main, stored = formats.stored[claim.main], formats.stored
+    stored = formats.stored
+    main = stored[claim.main]
+    companions = []
+    for part, name in claim.parts:  # Claim.companions, without its generator: a 92k-tensor plan asks 90k times
+        if part == MAIN:
+            continue
+        companions.append((part, stored_ref(key, stored[name])))
     e = main.entry  # built at once, not by replace(): a 92k-tensor plan makes 90k of them
     return InputRef(key, main.file, e.name, e.dtype, e.shape, e.start, e.end, codec=claim.codec,
-                    companions=tuple((part, stored_ref(key, stored[c])) for part, c in claim.companions))
+                    companions=tuple(companions))
 
 
 def read_value(ref: InputRef, sources: InputSources) -> torch.Tensor:

@@ -8,16 +8,16 @@ final norm / lm_head come from follow mergekit (see ``shared/reference/mergekit-
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from itertools import chain
 
-from resumerge.config.merge_config import MergeConfig, SliceConfig, SourceConfig
-from resumerge.config.modelref import ModelRef
-from resumerge.config.params import Setting
+from resumerge.config.merge_config import MergeConfig, SourceConfig
 from resumerge.errors import ConfigError, ModelInputError
 from resumerge.inputs.catalog import adapter_key
 from resumerge.inputs.codecs import CODECS, PLAIN, CodecTable, TensorCodec
+from resumerge.inputs.files import TensorSource
 from resumerge.inputs.model import ModelInput
 from resumerge.methods.registry import BasePolicy, MethodSpec, get_method, method_names
 from resumerge.plan.accounting import Drops
@@ -33,7 +33,7 @@ from resumerge.plan.copies import stored_copy
 from resumerge.plan.experts import mark_expert_stacks
 from resumerge.plan.filters import FilterTally
 from resumerge.plan.input_fates import account, stored_names_of
-from resumerge.plan.inputrefs import stored_ref, tensor_ref
+from resumerge.plan.inputrefs import refs_of, stored_ref, tensor_ref
 from resumerge.plan.merge_plan import (
     InputRef,
     LoraRef,
@@ -53,36 +53,25 @@ from resumerge.plan.module_views import (
     module_views,
     set_vision_layers,
 )
-from resumerge.plan.modules import plan_modules, refuse_sliced_modules
+from resumerge.plan.modules import plan_modules
 from resumerge.plan.mtp import MtpOutcome, plan_mtp
 from resumerge.plan.nonfloat import UNITS as NONFLOAT_UNITS
 from resumerge.plan.nonfloat import is_float, nonfloat_tensor
 from resumerge.plan.outconfig import build_out_config
-from resumerge.plan.parameters import ParameterResolver, check_parameter_names, parameter_places
+from resumerge.plan.parameters import ParameterResolver, Resolved, check_parameter_names, parameter_places
 from resumerge.plan.quantnotes import quantization_notes
 from resumerge.plan.sharding import assign_shards, output_naming, resolve_shard_size
+from resumerge.plan.slices import Slice, check_slice, left_out, normalise
+from resumerge.plan.tensorkinds import TensorKinds, kind_key
 from resumerge.plan.tokenizer_plan import build_output_tokenizer, tokenizer_hashes, tokenizer_output
 from resumerge.plan.truncation import common_rows, leading_rows, truncation_notes
 from resumerge.vocab import BuiltTokenizer, parse_tokenizer_spec
 
 # Why a planner leaves input tensors out (resumerge.plan.accounting).
-OUTSIDE_SLICES = "layers outside the slices"
 NOT_IN_FIRST = "not in the layer of the slice's first model, whose names the output follows"
 MTP_FROM_LAST = "MTP module: taken from the last slice's models"
 MTP_DROPPED = "MTP module dropped: a model of the last slice has none"
 DTYPE_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64"}
-
-
-@dataclass(frozen=True)
-class _Slice:
-    sources: tuple[SourceConfig, ...]
-    ranges: tuple[tuple[int, int], ...]
-    base: ModelRef | None
-    parameters: Mapping[str, Setting]
-    yaml_path: str
-    # The ``modules:`` entry the slice belongs to: its parameters come between the slice's and the top level's.
-    module_parameters: Mapping[str, Setting] = field(default_factory=dict)
-    module_path: str = ""
 
 
 @dataclass(frozen=True)
@@ -99,6 +88,36 @@ class _Ctx:
     filters: FilterTally
     parameters: ParameterResolver
     drops: Drops = field(default_factory=Drops)
+    # Worked out once per build: each kind of tensor's plan, each slice's sources (by the slice's id: it is held).
+    kinds: TensorKinds = field(default_factory=TensorKinds)
+    sources: dict[int, _Sources] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Sources:
+    """A slice's sources as its tensors' inputs are made from them: each one's key, YAML path, logical tensors and
+    references by name (:func:`~resumerge.plan.inputrefs.refs_of`, LoRA adapters applied), and the base's
+    position among them."""
+
+    slice: Slice
+    each: tuple[tuple[str, str, Mapping[str, TensorSource], Callable[[str], InputRef]], ...]
+    base_index: int | None
+
+
+def _sources(sl: Slice, ctx: _Ctx) -> _Sources:
+    found = ctx.sources.get(id(sl))
+    if found is not None and found.slice is sl:
+        return found
+    each = []
+    for src in sl.sources:
+        key = src.model.key
+        model = ctx.models[key]
+        ref = refs_of(key, model) if model.adapter is None else partial(_input_ref, key, model)
+        each.append((key, src.yaml_path, model.tensors, ref))
+    keys = [key for key, *_ in each]
+    base_index = keys.index(sl.base.key) if sl.base is not None and sl.base.key in keys else None
+    found = ctx.sources[id(sl)] = _Sources(sl, tuple(each), base_index)
+    return found
 
 
 def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: PlanOptions,
@@ -134,7 +153,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     if config.modules is not None:
         origins, vision_layers, mtp = _plan_module_form(ctx, layouts, tensors, notes)
     else:
-        slices = _normalise(config.models, config.slices, config.base_model, layouts)
+        slices = normalise(config.models, config.slices, config.base_model, layouts)
         origins, mtp = _plan_stack(slices, layouts, ctx, tensors, notes)
     if config.models is not None:  # a VLM's vision tower, audio encoder, …: each module over its own layers
         sl = slices[0]
@@ -185,16 +204,16 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     return fingerprinted(plan)
 
 
-def _plan_stack(slices: list[_Slice], layouts: Mapping[str, Layout], ctx: _Ctx, tensors: dict[str, TensorPlan],
+def _plan_stack(slices: list[Slice], layouts: Mapping[str, Layout], ctx: _Ctx, tensors: dict[str, TensorPlan],
                 notes: list[str]) -> tuple[list[tuple[str, int]], MtpOutcome | None]:
     """Plan ``slices`` over one stack of layers (``layouts``: each model's, or each model's module) into
     ``tensors``; return the (model, source layer) of each output layer and what became of the inputs' MTP modules
     (whose note goes to ``notes``). Loose tensors before the layers come from the first slice's models, the others
     and the MTP module (see :mod:`resumerge.plan.mtp`) from the last slice's."""
     origins: list[tuple[str, int]] = []
-    _left_out(slices, layouts, ctx.drops)
+    left_out(slices, layouts, ctx.drops)
     for s_index, sl in enumerate(slices):
-        _check_slice(sl, ctx.method, layouts)
+        check_slice(sl, ctx.method, layouts)
         length = sl.ranges[0][1] - sl.ranges[0][0]
         first = layouts[sl.sources[0].model.key]
         for k in range(length):
@@ -205,12 +224,10 @@ def _plan_stack(slices: list[_Slice], layouts: Mapping[str, Layout], ctx: _Ctx, 
                 layout = layouts[src.model.key]
                 extra = set(layout.suffixes_of(rng[0] + k)) - set(first.suffixes_of(sl.ranges[0][0] + k))
                 ctx.drops.add(src.model.key, (layout.layer_name(rng[0] + k, x) for x in extra), NOT_IN_FIRST)
+            out_start = first.layer_start(out_layer)
+            starts = [layouts[src.model.key].layer_start(rng[0] + k) for src, rng in zip(sl.sources, sl.ranges)]
             for suffix in first.suffixes_of(sl.ranges[0][0] + k):  # MoE dense layers have no experts
-                out_name = first.layer_name(out_layer, suffix)
-                names = [
-                    layouts[src.model.key].layer_name(rng[0] + k, suffix) for src, rng in zip(sl.sources, sl.ranges)
-                ]
-                tensors[out_name] = _tensor(out_name, names, sl, t, ctx)
+                tensors[out_start + suffix] = _tensor(out_start + suffix, [s + suffix for s in starts], sl, t, ctx)
         if s_index == 0:
             # Pre-layer names of every source: one that some model lacks is reported, never dropped.
             pre = sorted({n for src in sl.sources for n in layouts[src.model.key].pre})
@@ -254,13 +271,13 @@ def _plan_module_form(ctx: _Ctx, layouts: Mapping[str, Layout], tensors: dict[st
             path = f"modules.{names[name]}"
             for key in own.keys() - {donor}:
                 ctx.drops.add(key, own[key].names(), f"module {names[name]} not listed: copied from {donor}")
-            copy = _Slice((SourceConfig(ref, None, {}, path),), ((0, own[donor].num_layers),), None, {}, path)
+            copy = Slice((SourceConfig(ref, None, {}, path),), ((0, own[donor].num_layers),), None, {}, path)
             passthrough = get_method("passthrough")
             assert passthrough is not None
             origins, mtp = _plan_stack([copy], own, replace(ctx, method=passthrough, truncate=False), tensors, notes)
             notes.append(f"module {names[name]} is not listed under modules: it is copied unchanged from {donor}")
         else:
-            slices = _normalise(module.models, module.slices, config.base_model, own,
+            slices = normalise(module.models, module.slices, config.base_model, own,
                                 root=module.yaml_path, module_parameters=module.parameters)
             origins, mtp = _plan_stack(slices, own, ctx, tensors, notes)
         if name == TEXT:
@@ -297,125 +314,42 @@ def _model_dirs(models: Mapping[str, ModelInput]) -> dict[str, str]:
     return dirs
 
 
-def _left_out(slices: Sequence[_Slice], layouts: Mapping[str, Layout], drops: Drops) -> None:
-    """Tell ``drops`` what a stack of ``slices`` leaves out of each model of ``layouts``: its layers no slice takes,
-    its pre-layer tensors unless it is in the first slice, its post-layer ones unless it is in the last."""
-    taken: dict[str, set[int]] = {}
-    for sl in slices:
-        for src, (start, end) in zip(sl.sources, sl.ranges):
-            taken.setdefault(src.model.key, set()).update(range(start, end))
-    first, last = ({s.model.key for s in sl.sources} for sl in (slices[0], slices[-1]))
-    for key, layout in layouts.items():
-        outside = (i for i in range(layout.num_layers) if i not in taken.get(key, ()))
-        drops.add(key, (layout.layer_name(i, s) for i in outside for s in layout.suffixes_of(i)), OUTSIDE_SLICES)
-        if key not in first:
-            drops.add(key, layout.pre, "pre-layer tensors come from the first slice's models")
-        if key not in last:
-            drops.add(key, layout.post, "post-layer tensors come from the last slice's models")
-
-
-def _normalise(
-    models: tuple[SourceConfig, ...] | None,
-    slices: tuple[SliceConfig, ...] | None,
-    base: ModelRef | None,
-    layouts: Mapping[str, Layout],
-    *,
-    root: str = "",
-    module_parameters: Mapping[str, Setting] | None = None,
-) -> list[_Slice]:
-    """The slices of a ``models:`` or ``slices:`` form (of the config, or of the ``modules:`` entry at ``root``):
-    a models form becomes one slice over every layer of each model, the base model added when not listed."""
-    module_params = module_parameters or {}
-    if models is not None:
-        where = f"{root}.models" if root else "models"
-        sources = list(models)
-        if base is not None and base.key not in {s.model.key for s in sources}:
-            # mergekit: "Base model specified but not in input models - adding"
-            sources.insert(0, SourceConfig(base, None, {}, "base_model"))
-        counts = {s.model.key: layouts[s.model.key].num_layers for s in sources}
-        if len(set(counts.values())) > 1:
-            listing = ", ".join(f"{k}: {v}" for k, v in counts.items())
-            raise ConfigError(
-                f"models have different layer counts ({listing})",
-                yaml_path=where,
-                hint="use slices: with matching layer_range lengths per slice",
-            )
-        n = next(iter(counts.values()))
-        return [_Slice(tuple(sources), tuple((0, n) for _ in sources), base, {}, where, module_params, root)]
-    out = []
-    for sl in slices or ():
-        for src in sl.sources:
-            layout = layouts[src.model.key]
-            refuse_sliced_modules(src.model.key, layout.layer_prefix, layout.other_modules, f"{src.yaml_path}.model")
-        ranges = tuple(s.layer_range or (0, 0) for s in sl.sources)
-        out.append(_Slice(sl.sources, ranges, sl.base_model or base, sl.parameters, sl.yaml_path, module_params,
-                          root))
-    return out
-
-
-def _check_slice(sl: _Slice, method: MethodSpec, layouts: Mapping[str, Layout]) -> None:
-    for src, (start, end) in zip(sl.sources, sl.ranges):
-        available = layouts[src.model.key].num_layers
-        if end > available:
-            raise ConfigError(
-                f"layer_range [{start}, {end}] is past the end of {src.model.key}, which has {available} layers",
-                yaml_path=f"{src.yaml_path}.layer_range",
-                hint=f"use an end of at most {available} (end is exclusive)",
-            )
-    lengths = {src.model.key + f"[{s}:{e}]": e - s for src, (s, e) in zip(sl.sources, sl.ranges)}
-    if len(set(lengths.values())) > 1:
-        listing = ", ".join(f"{k} has {v}" for k, v in lengths.items())
-        raise ConfigError(
-            f"All inputs to a slice must contain the same number of layers: {listing}",
-            yaml_path=f"{sl.yaml_path}.sources",
-            hint="give each source the same layer_range length, or put them in separate slices",
-        )
-    n = len(sl.sources)
-    base_in = sl.base is not None and sl.base.key in {s.model.key for s in sl.sources}
-    if method.base is BasePolicy.REQUIRED and not base_in:
-        what = "no base_model is set" if sl.base is None else f"base {sl.base.key} is not among its sources"
-        raise ConfigError(
-            f"merge method {method.name} requires a base model, but {what}",
-            yaml_path=sl.yaml_path,
-            hint="set base_model and list it among the slice's sources",
-        )
-    others = n - (1 if base_in else 0)
-    low = method.min_non_base or 0
-    if others < low or (method.max_non_base is not None and others > method.max_non_base):
-        want = f"exactly {low}" if method.max_non_base == low else f"at least {low}"
-        raise ConfigError(
-            f"merge method {method.name} takes {want} models besides the base, got {others}",
-            yaml_path=f"{sl.yaml_path}.sources" if not sl.yaml_path.endswith("models") else sl.yaml_path,
-        )
-    if n < method.min_inputs or (method.max_inputs is not None and n > method.max_inputs):
-        want = (
-            f"exactly {method.min_inputs}"
-            if method.max_inputs == method.min_inputs
-            else f"at least {method.min_inputs}"
-            if method.max_inputs is None
-            else f"{method.min_inputs} to {method.max_inputs}"
-        )
-        raise ConfigError(
-            f"merge method {method.name} takes {want} inputs (base included), got {n}",
-            yaml_path=f"{sl.yaml_path}.sources" if not sl.yaml_path.endswith("models") else sl.yaml_path,
-        )
-
-
-def _tensor(out_name: str, in_names: list[str], sl: _Slice, t: float, ctx: _Ctx, vocab_rows: int | None = None,
+def _tensor(out_name: str, in_names: list[str], sl: Slice, t: float, ctx: _Ctx, vocab_rows: int | None = None,
             *, keep_rows: int | None = None) -> TensorPlan:
-    method, config, models = ctx.method, ctx.config, ctx.models
+    """The plan of output tensor ``out_name`` of ``sl`` at layer position ``t`` over the inputs ``in_names`` (one
+    per source), with ``vocab_rows`` rows of the built vocabulary, or the inputs' ``keep_rows`` leading rows. Worked
+    out whole for the first tensor of its kind, made from the kind for the others (:mod:`.tensorkinds`); raises
+    ModelInputError for a missing input or inputs whose shapes differ."""
+    sources = _sources(sl, ctx)
     inputs = []
-    for src, name in zip(sl.sources, in_names):
-        model = models[src.model.key]
-        found = model.tensors.get(name)
-        if found is None:
-            raise ModelInputError(
-                f"Tensor {name} required but not present in model {src.model.key}",
-                yaml_path=src.yaml_path,
-                tensor=name,
-            )
-        ref = _input_ref(src.model.key, model, name)
-        inputs.append(ref if keep_rows is None else leading_rows(ref, keep_rows, yaml_path=src.yaml_path))
+    for (key, where, have, ref), name in zip(sources.each, in_names):
+        if name not in have:
+            raise ModelInputError(f"Tensor {name} required but not present in model {key}", yaml_path=where,
+                                  tensor=name)
+        found = ref(name)
+        inputs.append(found if keep_rows is None else leading_rows(found, keep_rows, yaml_path=where))
+    method, config, base_index = ctx.method, ctx.config, sources.base_index
+    kind_of = kind_key(method.name, base_index, vocab_rows, inputs)
+    nonfloat = ctx.kinds.checked.get(kind_of) if kind_of is not None else None
+    if nonfloat is None:
+        _check_shapes(out_name, inputs, sl, vocab_rows)
+        nonfloat = not all(is_float(i.value_dtype) for i in inputs) and bool(
+            len(inputs) > 1 or config.dtype or config.out_dtype)
+        if kind_of is not None:
+            ctx.kinds.checked[kind_of] = nonfloat
+    if nonfloat:
+        return nonfloat_tensor(out_name, inputs, base_index, ctx.drops)
+    g_params, m_params = ctx.parameters.resolve(method, sl, out_name, in_names, t, base_index)
+    kind = ctx.kinds.get(kind_of, g_params, m_params) if kind_of is not None else None
+    if kind is not None:
+        return kind.plan(out_name, tuple(inputs))
+    tp = _planned(out_name, inputs, base_index, (g_params, m_params), ctx, vocab_rows)
+    if kind_of is not None:
+        ctx.kinds.add(kind_of, tp)
+    return tp
+
+
+def _check_shapes(out_name: str, inputs: list[InputRef], sl: Slice, vocab_rows: int | None) -> None:
     # Aligned vocabulary tensors may differ in rows (each model's own vocabulary), never in the other axes.
     shapes = {i.value_shape[1:] if vocab_rows is not None else i.value_shape for i in inputs}
     if len(shapes) > 1:
@@ -431,13 +365,13 @@ def _tensor(out_name: str, in_names: list[str], sl: _Slice, t: float, ctx: _Ctx,
                 else "these models have different architectures or sizes and cannot be merged tensor by tensor"
             ),
         )
-    base_index = None
-    if sl.base is not None:
-        keys = [s.model.key for s in sl.sources]
-        base_index = keys.index(sl.base.key) if sl.base.key in keys else None
-    if not all(is_float(i.value_dtype) for i in inputs) and (len(inputs) > 1 or config.dtype or config.out_dtype):
-        return nonfloat_tensor(out_name, inputs, base_index, ctx.drops)
-    g_params, m_params = ctx.parameters.resolve(method, sl, out_name, in_names, t, base_index)
+
+
+def _planned(out_name: str, inputs: list[InputRef], base_index: int | None, resolved: Resolved, ctx: _Ctx,
+             vocab_rows: int | None) -> TensorPlan:
+    """The whole planning of a float output tensor over ``inputs`` with its ``resolved`` parameters."""
+    method, config = ctx.method, ctx.config
+    g_params, m_params = resolved
     shape = inputs[0].value_shape if vocab_rows is None else (vocab_rows, *inputs[0].value_shape[1:])
     out_code = _out_dtype(config, inputs, base_index)
     if config.out_dtype is None and method.half_result_float32 and out_code in ("F16", "BF16"):
@@ -514,7 +448,7 @@ def _input_ref(key: str, model: ModelInput, name: str) -> InputRef:
     return ref
 
 
-def _edge_tensor(name: str, sl: _Slice, ctx: _Ctx) -> TensorPlan:
+def _edge_tensor(name: str, sl: Slice, ctx: _Ctx) -> TensorPlan:
     """A pre- or post-layer tensor: t = 0, taken from the slice's models, tied names standing in. With a built
     tokenizer, vocabulary tensors (embeddings, head) get the output vocabulary's rows; with ``truncate``
     (--unsafe-truncate-embeddings) they keep the inputs' common leading rows."""
@@ -533,7 +467,7 @@ def _edge_tensor(name: str, sl: _Slice, ctx: _Ctx) -> TensorPlan:
     return _tensor(name, in_names, sl, 0.0, ctx, built.vocab_size if vocab and built else None, keep_rows=keep)
 
 
-def _mtp_tensor(name: str, in_names: list[str], vocab: bool, sl: _Slice, ctx: _Ctx) -> TensorPlan:
+def _mtp_tensor(name: str, in_names: list[str], vocab: bool, sl: Slice, ctx: _Ctx) -> TensorPlan:
     """A tensor of the MTP module (:mod:`resumerge.plan.mtp`): the last layer's t = 1, but its vocabulary copies
     (``vocab``) are planned as the embedding and head they copy are: t = 0, the output vocabulary's rows."""
     built = ctx.built if vocab else None
@@ -541,7 +475,7 @@ def _mtp_tensor(name: str, in_names: list[str], vocab: bool, sl: _Slice, ctx: _C
     return _tensor(name, in_names, sl, 0.0 if vocab else 1.0, ctx, built.vocab_size if built else None, keep_rows=keep)
 
 
-def _kept_rows(models: Mapping[str, ModelInput], sl: _Slice, in_names: list[str]) -> int | None:
+def _kept_rows(models: Mapping[str, ModelInput], sl: Slice, in_names: list[str]) -> int | None:
     found = [models[s.model.key].tensors.get(n) for s, n in zip(sl.sources, in_names)]
     return common_rows([f.entry.shape for f in found if f is not None])
 
