@@ -24,6 +24,7 @@ from resumerge.errors import ModelInputError, ResumergeError
 from resumerge.inputs.adapters import Adapter, check_adapter, open_adapter
 from resumerge.inputs.files import InputFile, TensorSource
 from resumerge.inputs.model import ModelInput, open_model
+from resumerge.inputs.safetensors_format import Header
 
 if TYPE_CHECKING:
     from resumerge.inputs.hub import ProgressCallback, RepoMetadata
@@ -58,6 +59,7 @@ def open_inputs(
     models, ``HubUnavailableError`` when a hub model cannot be reached or found in cache.
     """
     inputs = Inputs()
+    parsed: dict[tuple[bytes, int], Header] = {}  # two fine-tunes of one base share their headers' parse
     for ref in config.referenced_models():
         if given is not None and ref.key in given:
             inputs.models[ref.key] = given[ref.key]
@@ -66,10 +68,10 @@ def open_inputs(
         recorded = model_dirs or {}
         if ref.lora is None:
             inputs.models[ref.key] = _open_one(ref, recorded.get(ref.key), where, inputs, state_dir, cache_dir,
-                                               on_progress)
+                                               on_progress, parsed)
             continue
         base_ref = ModelRef(ref.path, ref.revision, override_architecture=ref.override_architecture)
-        base = _open_one(base_ref, recorded.get(ref.key), where, inputs, state_dir, cache_dir, on_progress)
+        base = _open_one(base_ref, recorded.get(ref.key), where, inputs, state_dir, cache_dir, on_progress, parsed)
         adapter = _open_adapter(ref.lora, recorded.get(adapter_key(ref.key)), where, state_dir, cache_dir,
                                 on_progress)
         check_adapter(adapter, {n: (t.entry.dtype, t.entry.shape) for n, t in base.tensors.items()}, yaml_path=where)
@@ -92,15 +94,17 @@ def _open_one(
     state_dir: str | os.PathLike[str] | None,
     cache_dir: str | os.PathLike[str] | None,
     on_progress: ProgressCallback | None,
+    parsed: dict[tuple[bytes, int], Header],
 ) -> ModelInput:
-    """Open one model: from its recorded directory (a resume), as a local folder, or from the hub (two phases)."""
+    """Open one model: from its recorded directory (a resume), as a local folder, or from the hub (two phases).
+    A local model's safetensors headers are parsed once with the others' (``parsed``)."""
     pinned = _SNAPSHOT.search(recorded or "")
     if recorded is not None and pinned is None:
-        return open_model(ref, yaml_path=where, directory=Path(recorded))
+        return open_model(ref, yaml_path=where, directory=Path(recorded), parsed=parsed)
     from resumerge.inputs.hub import is_local, resolve_metadata
 
     if pinned is None and is_local(ref):
-        return open_model(ref, yaml_path=where)
+        return open_model(ref, yaml_path=where, parsed=parsed)
     try:
         meta = resolve_metadata(ref, cache_dir=Path(cache_dir) if cache_dir else None,
                                 pinned_commit=pinned[1] if pinned else None,

@@ -27,7 +27,7 @@ from resumerge.inputs.files import (
     file_identity,
 )
 from resumerge.inputs.quant.refusals import GGUF_MAGIC, refuse_gguf
-from resumerge.inputs.safetensors_format import read_header
+from resumerge.inputs.safetensors_format import Header, read_header
 from resumerge.inputs.torch_bin import BIN_INDEX_NAME, BIN_SINGLE_NAME, is_pickle_checkpoint, read_bin_header
 
 if TYPE_CHECKING:
@@ -51,19 +51,28 @@ class ModelInput:
     # recognised); None: as opened, every tensor stored plainly under its own name.
     formats: StoredFormats | None = None
 
-    def recognised(self, codecs: CodecTable) -> ModelInput:
+    def recognised(self, codecs: CodecTable, *, seen: Iterable[ModelInput] = ()) -> ModelInput:
         """This model as the planner sees it: ``tensors`` its logical tensors under ``codecs``' formats, companions
         folded into the tensor they belong to, ``formats`` saying how each is stored. Raises
-        :class:`ModelInputError` for a tensor a format cannot read."""
+        :class:`ModelInputError` for a tensor a format cannot read. ``seen``: models recognised under ``codecs``
+        before; this one shares the logical tensors and formats of one whose config.json and stored tensors
+        (names, files, dtypes, shapes, offsets) equal its own: two fine-tunes of one base saved alike are judged
+        once."""
+        for other in seen:
+            if other.formats is not None and other.formats.stored == self.tensors and other.config == self.config:
+                return replace(self, tensors=other.tensors, formats=other.formats)
         formats = codecs.recognise(self.config, self.tensors, where=str(self.directory))
         return replace(self, tensors=formats.logical(), formats=formats)
 
 
-def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = None) -> ModelInput:
+def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = None,
+               parsed: dict[tuple[bytes, int], Header] | None = None) -> ModelInput:
     """Open the local model ``ref`` (reading only config.json, the index and headers).
 
     ``directory`` overrides where the model is (a resume uses the directory recorded at planning); otherwise
-    ``ref.path`` is used, relative to the current directory, and recorded as an absolute path. Raises
+    ``ref.path`` is used, relative to the current directory, and recorded as an absolute path. ``parsed``: the
+    safetensors headers parsed before, shared with the models opened with it (see
+    :func:`~resumerge.inputs.safetensors_format.read_header`). Raises
     :class:`ModelInputError` for a missing directory, config or weights, and :class:`HostileFileError` for files
     that try to escape the directory or whose headers are inconsistent.
     """
@@ -88,7 +97,7 @@ def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = N
     files = []
     for name in names:
         path = contained(directory, name)
-        header = read_bin_header(path) if is_pickle_checkpoint(name) else read_header(path)
+        header = read_bin_header(path) if is_pickle_checkpoint(name) else read_header(path, parsed=parsed)
         if not tensors.keys().isdisjoint(header.tensors):  # one set operation per file, not a test per tensor
             tname = next(t for t in header.tensors if t in tensors)
             raise HostileFileError(
@@ -151,11 +160,12 @@ def _indexed(index: Path, suffix: str) -> list[str]:
         weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             raise ModelInputError("index has no weight_map", path=str(index))
-        checked: set[str] = set()
-        for value in weight_map.values():  # 92k entries name a few hundred files: each checked once
-            if not isinstance(value, str) or value not in checked:
-                checked.add(_safe_name(value, index, suffix))
-        names = sorted(checked)
+        values = weight_map.values()
+        try:  # 92k entries name a few hundred files: each checked once, in the order the index first names it
+            distinct: Iterable[object] = dict.fromkeys(values)
+        except TypeError:  # an unhashable entry: checked in turn, the bad one refused when its turn comes
+            distinct = values
+        names = sorted({_safe_name(value, index, suffix) for value in distinct})
         for name in names:
             if not (directory / name).is_file():
                 raise ModelInputError(

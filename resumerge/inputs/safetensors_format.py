@@ -90,8 +90,10 @@ def numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def read_header(path: str | os.PathLike[str]) -> Header:
-    """Parse and validate the header of the safetensors file at ``path``.
+def read_header(path: str | os.PathLike[str], *, parsed: dict[tuple[bytes, int], Header] | None = None) -> Header:
+    """Parse and validate the header of the safetensors file at ``path``. ``parsed`` holds the headers parsed
+    before, by their bytes and their file's size: a file whose header and size are one of them (a shard of another
+    fine-tune of the same base, saved the same way) gets that header, valid for it too, without a second parse.
 
     Raises :class:`HostileFileError` for a header length that is absurd or past the file, non-JSON or non-object
     headers, unknown dtypes, negative or non-integer shapes, offsets whose size disagrees with dtype × shape,
@@ -111,7 +113,12 @@ def read_header(path: str | os.PathLike[str]) -> Header:
                 hint="the file is truncated or not safetensors; re-download or regenerate it",
             )
         raw = f.read(length)
-    return parse_header(raw, file_size=size, path=where)
+    if parsed is None:
+        return parse_header(raw, file_size=size, path=where)
+    found = parsed.get((raw, size))
+    if found is None:
+        found = parsed[(raw, size)] = parse_header(raw, file_size=size, path=where)
+    return found
 
 
 def parse_header(raw: bytes, *, file_size: int, path: str = "") -> Header:

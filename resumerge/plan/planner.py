@@ -137,9 +137,9 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
             hint=f"known methods: {', '.join(method_names())}",
         )
     check_parameter_names(config, method)
-    models = {key: m.recognised(codecs) for key, m in models.items()}
+    models = _recognised(models, codecs)
     check_architectures(config, models, allow_crimes=options.allow_crimes)
-    layouts = {key: infer_layout(m.tensors, m.config, where=str(m.directory)) for key, m in models.items()}
+    layouts = _layouts(models)
     if config.base_model is not None and method.base is BasePolicy.FORBIDDEN:
         raise ConfigError(f"merge method {method.name} does not accept a base model", yaml_path="base_model")
     spec = parse_tokenizer_spec(config.tokenizer_source, config.tokenizer, config.chat_template)
@@ -202,6 +202,24 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
         accounting=account(tensors, models, ctx.drops),
     )
     return fingerprinted(plan)
+
+
+def _recognised(models: Mapping[str, ModelInput], codecs: CodecTable) -> dict[str, ModelInput]:
+    """Each of ``models`` recognised under ``codecs`` (:meth:`ModelInput.recognised`), once for models stored
+    alike."""
+    done: list[ModelInput] = []
+    for m in models.values():
+        done.append(m.recognised(codecs, seen=done))
+    return dict(zip(models, done))
+
+
+def _layouts(models: Mapping[str, ModelInput]) -> dict[str, Layout]:
+    """Each model's layout: inferred once for models that share their logical tensors and have equal configs."""
+    layouts: dict[str, Layout] = {}
+    for key, m in models.items():
+        twin = next((k for k in layouts if models[k].tensors is m.tensors and models[k].config == m.config), None)
+        layouts[key] = layouts[twin] if twin is not None else infer_layout(m.tensors, m.config, where=str(m.directory))
+    return layouts
 
 
 def _plan_stack(slices: list[Slice], layouts: Mapping[str, Layout], ctx: _Ctx, tensors: dict[str, TensorPlan],

@@ -1,0 +1,59 @@
+"""Inputs stored alike (one folder under two names, two fine-tunes of one base saved the same way) share the parse
+of their safetensors headers and their formats' recognition; inputs that differ in any of it do not."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ModelFactory
+from safetensors.torch import save_file
+from support import linear_config, write_config
+from toycodec import TOY, quantize
+
+from resumerge.config.merge_config import load_config_text
+from resumerge.inputs.catalog import open_inputs
+from resumerge.inputs.codecs import CodecTable
+from resumerge.inputs.safetensors_format import Header, read_header
+from resumerge.plan.merge_plan import PlanOptions
+from resumerge.plan.planner import build_plan
+
+
+def test_a_header_byte_for_byte_another_s_is_parsed_once(tmp_path: Path) -> None:
+    files = {"a": torch.zeros(4, 8), "b": torch.ones(4, 8), "c": torch.zeros(8, 4)}
+    for name, t in files.items():
+        save_file({"w": t}, tmp_path / f"{name}.safetensors")
+    parsed: dict[tuple[bytes, int], Header] = {}
+    a, b, c = (read_header(tmp_path / f"{name}.safetensors", parsed=parsed) for name in files)
+    assert b is a and c is not a and len(parsed) == 2
+    assert c == read_header(tmp_path / "c.safetensors") and c.tensors["w"].shape == (8, 4)
+
+
+def test_models_stored_alike_are_recognised_once(tmp_path: Path, make: ModelFactory,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    a = make("a", seed=1)
+    quantize(a)
+    twin, other = tmp_path / "twin", tmp_path / "other"
+    shutil.copytree(a, twin)
+    shutil.copytree(a, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "_name_or_path": "other"}))
+    asked: list[str] = []
+    recognise = CodecTable.recognise
+    monkeypatch.setattr(CodecTable, "recognise",
+                        lambda table, config, tensors, *, where="": asked.append(where) or recognise(
+                            table, config, tensors, where=where))
+    plans = []
+    for b in (twin, other):
+        doc = load_config_text(write_config(tmp_path / f"{b.name}.yml", linear_config(a, b)).read_text())
+        models = open_inputs(doc).models
+        asked.clear()
+        plans.append(build_plan(doc, models, PlanOptions(), TOY))
+        assert asked == [str(a)] if b is twin else asked == [str(a), str(b)]
+    for plan, b in zip(plans, (twin, other)):
+        assert plan.input_roles[str(a)] == plan.input_roles[str(b)]
+        assert all(tp.inputs[0].codec == tp.inputs[1].codec for tp in plan.tensors.values())
+        assert any(not tp.inputs[1].codec.plain for tp in plan.tensors.values())
