@@ -51,6 +51,8 @@ TIED_NAMES: Mapping[str, tuple[str, ...]] = {
     "language_model.lm_head.weight": ("language_model.model.embed_tokens.weight",),  # Llava, Gemma 3, Mistral 3
     "embed_out.weight": ("gpt_neox.embed_in.weight",),  # GPT-NeoX with tie_word_embeddings
 }
+# Every name a head may be tied to: what is_input_embedding asks of each of a plan's 46k names.
+_TIED_ALTERNATIVES = frozenset(alt for alts in TIED_NAMES.values() for alt in alts)
 # Per-layer lists in config.json that must follow the output's layers (transformers 5 validates their length):
 # attention type, SmolLM3/Llama-4 NoPE flags, dense/sparse MLP type, per-layer head counts.
 PER_LAYER_KEYS = (
@@ -120,7 +122,7 @@ def is_head(name: str) -> bool:
 
 def is_input_embedding(name: str) -> bool:
     """Whether ``name`` is a model's token embedding (what a tied head shares)."""
-    return any(name in alts for alts in TIED_NAMES.values()) or name.endswith("embed_tokens.weight")
+    return name in _TIED_ALTERNATIVES or name.endswith("embed_tokens.weight")
 
 
 def infer_layout(names: Iterable[str], config: Mapping[str, Any], *, where: str) -> Layout:

@@ -40,9 +40,11 @@ def mark_expert_stacks(tensors: Mapping[str, TensorPlan], config: Mapping[str, A
     interleaved = cfg.get("model_type") == "gpt_oss"
     out = dict(tensors)
     for name, tp in tensors.items():
+        method = get_method(tp.method)  # asked first: an elementwise method's 46k tensors need no name matched
+        if method is None or method.elementwise:
+            continue
         stack = expert_stack(name, tp.shape, count=count, width=width, interleaved=interleaved)
-        method = get_method(tp.method)
-        if stack is not None and method is not None and not method.elementwise:
+        if stack is not None:
             out[name] = replace(tp, experts=stack)
     return out
 

@@ -181,8 +181,9 @@ def _is_dense(scheme: tuple[str, frozenset[int]] | None, layer: int) -> bool:
 
 
 def _set_vocab(target: dict[str, Any], tensors: Mapping[str, TensorPlan]) -> None:
-    embeds = [tensors[n] for n in sorted(tensors) if is_input_embedding(n) and len(tensors[n].shape) == 2]
-    heads = [tensors[n] for n in sorted(tensors) if is_head(n) and n.endswith(".weight") and len(tensors[n].shape) == 2]
+    names = sorted(tensors)
+    embeds = [tensors[n] for n in names if is_input_embedding(n) and len(tensors[n].shape) == 2]
+    heads = [tensors[n] for n in names if is_head(n) and n.endswith(".weight") and len(tensors[n].shape) == 2]
     if embeds and heads and embeds[0].shape[0] != heads[0].shape[0]:
         raise ModelInputError(
             f"the output embedding {embeds[0].name} has {embeds[0].shape[0]} rows but the head {heads[0].name} "

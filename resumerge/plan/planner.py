@@ -420,9 +420,11 @@ def out_format(tp: TensorPlan, *, dequantize: bool) -> TensorPlan:
     companions that format carries copied from that input (see :attr:`TensorPlan.carried`), sized by its stored
     parts (and copied from an input in that format when its value is exactly that input's); plainly in its
     ``out_dtype`` with ``dequantize``."""
-    codec, carried = _stored_format(tp.inputs, tp.base_index, dequantize=dequantize)
-    if codec == tp.out_codec:
+    source = tp.inputs[tp.base_index if tp.base_index is not None else 0]
+    codec = PLAIN if dequantize else source.codec
+    if codec is tp.out_codec or codec == tp.out_codec:  # as _tensor made it: asked of 46k tensors
         return tp
+    codec, carried = _stored_format(tp.inputs, tp.base_index, dequantize=dequantize)
     return _copied(replace(tp, out_codec=codec, carried=carried).sized())
 
 
