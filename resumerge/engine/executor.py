@@ -34,7 +34,7 @@ from resumerge.engine.unitgroup import UnitGroup, group_bytes, joins_others
 from resumerge.errors import ResumergeError
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.source import InputSources
-from resumerge.memory import MemoryGovernor, Reservation
+from resumerge.memory import MemoryGovernor, Reservation, released_on_error
 from resumerge.methods.registry import MethodSpec
 from resumerge.methods.resources import Resources
 from resumerge.outputs.aux import aux_files, render_aux
@@ -299,14 +299,8 @@ class _Pipeline:
         while not group.sibling and self.working() >= self.limit():
             if not self.hand_over_oldest():
                 return False
-        what = group.units[0].tp.name
-        admitted, reservation = self._admit(what, group.estimate, self.governor)
+        admitted, reservation, on_gpu = self._admit_both(group.units[0].tp.name, group.estimate)
         if not admitted:
-            return False
-        admitted, on_gpu = self._admit(what, group.estimate, self.gpu)
-        if not admitted:
-            if reservation is not None:
-                reservation.release()
             return False
         self.inflight.append((group, self.pool.submit(self._compute, group.units, on_gpu, alone), reservation))
         return True
@@ -334,6 +328,18 @@ class _Pipeline:
         assert self.governor is not None
         return min(self.governor.budget, self.gpu.budget) if self.gpu else self.governor.budget
 
+    def _admit_both(self, what: str, estimate: int) -> tuple[bool, Reservation | None, Reservation | None]:
+        """(admitted, host reservation, GPU reservation) of ``estimate`` bytes; nothing is held when not admitted
+        (stopped) or when an admission raises."""
+        admitted, host = self._admit(what, estimate, self.governor)
+        if not admitted:
+            return False, None, None
+        with released_on_error(host):
+            admitted, on_gpu = self._admit(what, estimate, self.gpu)
+        if not admitted and host is not None:
+            host.release()
+        return admitted, host if admitted else None, on_gpu
+
     def _admit(self, what: str, estimate: int, pool: MemoryGovernor | None) -> tuple[bool, Reservation | None]:
         """(admitted, reservation) of ``estimate`` bytes from ``pool``; the reservation is None without a governor,
         and admitted is False when stopped.
@@ -353,7 +359,9 @@ class _Pipeline:
 
     def hand_over_oldest(self) -> bool:
         group, future, reservation = self.inflight.popleft()
-        return self._put((group.shard, group.names, future.result(), reservation))
+        with released_on_error(reservation):  # the group's error goes on as it came; its memory is free
+            stored = future.result()
+        return self._put((group.shard, group.names, stored, reservation))
 
     def flush(self) -> bool:
         while self.inflight:
@@ -392,7 +400,8 @@ class _Pipeline:
 
         def emit(first: int, stop: int, reservation: Reservation | None, on_gpu: Reservation | None) -> bool:
             try:
-                tensor = work.rows(first, stop)
+                with released_on_error(reservation):
+                    tensor = work.rows(first, stop)
             finally:
                 if on_gpu is not None:
                     on_gpu.release()
@@ -427,13 +436,8 @@ class _Pipeline:
                 rows = max(1, min(rows, self.gpu.chunk_rows(row_estimate, total - first)))
             rows = aligned_rows(tp, rows, total - first)
             estimate = estimate_bytes(tp, method, rows)
-            admitted, reservation = self._admit(tp.name, estimate, self.governor)
+            admitted, reservation, on_gpu = self._admit_both(tp.name, estimate)
             if not admitted:
-                return False
-            admitted, on_gpu = self._admit(tp.name, estimate, self.gpu)
-            if not admitted:
-                if reservation is not None:
-                    reservation.release()
                 return False
             if not use(first, first + rows, reservation, on_gpu):
                 return False

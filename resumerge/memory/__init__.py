@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from resumerge.memory.governor import MemoryGovernor, Reservation
     from resumerge.memory.pressure import Knobs, PressurePolicy
     from resumerge.memory.probe import MemoryProbe, SystemProbe, os_peak_rss, usable_cores
-    from resumerge.memory.records import Adaptation
+    from resumerge.memory.records import Adaptation, released_on_error
     from resumerge.memory.sizes import format_size, parse_size
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "os_peak_rss",
     "parse_size",
     "read_snapshot",
+    "released_on_error",
     "smallest_budget_for",
     "usable_cores",
 ]
@@ -85,6 +86,7 @@ _HOME = MappingProxyType({
     "os_peak_rss": "resumerge.memory.probe",
     "parse_size": "resumerge.memory.sizes",
     "read_snapshot": "resumerge.memory.cgroup",
+    "released_on_error": "resumerge.memory.records",
     "smallest_budget_for": "resumerge.memory.budget",
     "usable_cores": "resumerge.memory.probe",
 })

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 
-__all__ = ["Adaptation", "Reservation"]
+__all__ = ["Adaptation", "Reservation", "released_on_error"]
 
 
 class Reservation:
@@ -35,6 +36,18 @@ class Reservation:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.release()
+
+
+@contextmanager
+def released_on_error(reservation: Reservation | None) -> Iterator[None]:
+    """Release ``reservation`` (if any) when the block raises, and let the error go on unchanged; when the block
+    ends normally the reservation is kept, for its holder to release or hand on."""
+    try:
+        yield
+    except BaseException:
+        if reservation is not None:
+            reservation.release()
+        raise
 
 
 @dataclass(frozen=True)
