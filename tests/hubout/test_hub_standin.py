@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 
 import pytest
 from hub.fakehub_write import MISSING_OBJECT, PRECONDITION_FAILED, PREUPLOAD_MAX_FILES, HubWriter
-from huggingface_hub import CommitOperationAdd, HfApi, hf_hub_download
+from huggingface_hub import CommitOperationAdd, HfApi, constants, hf_hub_download
 from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import get_session
 
-from hubout.conftest import TIERS, TOKEN
+from hubout.conftest import TIERS, TOKEN, repo_files
+from resumerge.config.hubtarget import parse_hub_target
+from resumerge.engine.cluster.upload import HubPlace, Uploaded, commit_operation, upload_shard
 
 
 def _api(hub: HubWriter) -> HfApi:
@@ -31,12 +34,32 @@ def test_a_stale_parent_and_an_object_never_uploaded_are_refused(hub: HubWriter)
     assert stale.value.response.status_code == 412 and stale.value.server_message == PRECONDITION_FAILED
     # An lfsFile line naming an object nobody uploaded (preupload told the client it was there already).
     data = os.urandom(1000)
-    op = CommitOperationAdd("w.safetensors", data)
-    op._upload_mode, op._is_uploaded = "lfs", True
+    op = commit_operation("w.safetensors", len(data), hashlib.sha256(data).hexdigest(), Uploaded("lfs"))
     with pytest.raises(HfHubHTTPError) as missing:
         api.create_commit("alice/strict", [op], commit_message="w")
     assert missing.value.response.status_code == 400 and missing.value.server_message == MISSING_OBJECT
     assert "w.safetensors" not in hub.head_files("alice/strict")
+
+
+def test_a_node_s_upload_is_committed_from_the_reference_it_hands_back(hub: HubWriter, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster node uploads a shard and deletes it; the driver commits it from the node's reference alone (an
+    LFS object by its sha256 and size, a small regular file by its content). The LFS tier only: the Ray test's hub
+    OUT uploads through Xet."""
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", constants.HF_HUB_DISABLE_XET)  # upload_shard sets it
+    hub.create_repo("alice/node")
+    place = HubPlace(parse_hub_target("hf://alice/node"), hub.hub.url, hub.cas is not None, "resumerge resume")
+    files = {"model.safetensors": os.urandom(3000), "notes.txt": b"small"}
+    operations = []
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        sha = hashlib.sha256(data).hexdigest()
+        uploaded = upload_shard(place, tmp_path / name, name, sha)
+        (tmp_path / name).unlink()
+        assert uploaded.mode == ("lfs" if name.endswith(".safetensors") else "regular")
+        operations.append(commit_operation(name, len(data), sha, uploaded))
+    _api(hub).create_commit("alice/node", operations, commit_message="shards")
+    assert repo_files(hub, "alice/node") == files
 
 
 def test_a_preupload_call_with_too_many_files_is_refused(hub: HubWriter) -> None:

@@ -19,12 +19,12 @@ driver commits, from its ledger.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from importlib.util import find_spec
 from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd, constants, get_token
 from huggingface_hub.lfs import UploadInfo
-from huggingface_hub.utils._runtime import is_xet_available  # the test its uploads make (no public name)
 
 from resumerge.config.hubtarget import HubTarget
 from resumerge.errors import UsageError
@@ -45,7 +45,10 @@ class HubPlace:
     @classmethod
     def of(cls, repo: HubRepo, resume: str) -> HubPlace:
         """The place of ``repo`` as this (the driver's) process would upload to it; the token stays here."""
-        return cls(repo.target, repo.endpoint, is_xet_available(), resume)
+        # The client's own test, as its documentation states it (hf-xet installed, HF_HUB_DISABLE_XET unset):
+        # huggingface_hub 2.4.0 exports no typed name for it (utils._runtime.is_xet_available is private).
+        xet = not constants.HF_HUB_DISABLE_XET and find_spec("hf_xet") is not None
+        return cls(repo.target, repo.endpoint, xet, resume)
 
 
 @dataclass(frozen=True)
@@ -70,16 +73,15 @@ def upload_shard(place: HubPlace, path: Path, name: str, sha256: str) -> Uploade
                          hint="set HF_TOKEN (or run `hf auth login`) on every node, then " + place.resume)
     repo = HubRepo(place.target, place.endpoint, token)
     # The driver's tier: a node whose client would choose the other one uploads as the driver does (where hf-xet
-    # is missing, is_xet_available() stays false and LFS serves).
+    # is missing, the client's test stays false and LFS serves).
     constants.HF_HUB_DISABLE_XET = not place.xet
     op = CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(path))
     op.upload_info.sha256 = bytes.fromhex(sha256)  # known already: the client need not hash it again
     api = repo.api()
     with_retries(repo, f"uploading {name}", lambda: api.preupload_lfs_files(
         place.target.repo_id, additions=[op], revision=place.target.branch, free_memory=False), resume=place.resume)
-    if op._upload_mode == "lfs":
-        return Uploaded("lfs", bool(op._should_ignore))
-    return Uploaded("regular", bool(op._should_ignore), path.read_bytes())
+    uploaded = _uploaded(op)
+    return uploaded if uploaded.mode == "lfs" else replace(uploaded, content=path.read_bytes())
 
 
 def commit_operation(name: str, size: int, sha256: str, uploaded: Uploaded) -> CommitOperationAdd:
@@ -88,10 +90,24 @@ def commit_operation(name: str, size: int, sha256: str, uploaded: Uploaded) -> C
     op = CommitOperationAdd(path_in_repo=name, path_or_fileobj=uploaded.content or b"")
     if uploaded.content is None:
         op.upload_info = UploadInfo(size=size, sample=b"", sha256=bytes.fromhex(sha256))
+    _mark_uploaded(op, uploaded)
+    return op
+
+
+# huggingface_hub 2.4.0 (checked) has no public way to read what preupload_lfs_files learnt of a file (how the hub
+# stores it, whether a .gitignore ignores it), nor to build the operation of a file another process uploaded: both
+# live in CommitOperationAdd's private fields, which the hub's own upload pipeline (_upload_pipeline.py) sets the
+# same way. These two functions are the only places resumerge touches them.
+def _uploaded(op: CommitOperationAdd) -> Uploaded:
+    """What ``preupload_lfs_files`` learnt of ``op`` (without a regular file's content)."""
+    return Uploaded("lfs" if op._upload_mode == "lfs" else "regular", bool(op._should_ignore))
+
+
+def _mark_uploaded(op: CommitOperationAdd, uploaded: Uploaded) -> None:
+    """Make ``op`` the operation of a file uploaded as ``uploaded`` says, for a commit to carry as it is."""
     op._upload_mode = "lfs" if uploaded.mode == "lfs" else "regular"
     op._should_ignore = uploaded.ignored
     op._is_uploaded = True
-    return op
 
 
 def task_cpus(threads: int, node_cpus: Iterable[float], max_disk: int | None, largest: int) -> int:
