@@ -4,6 +4,7 @@ metadata, and a verdict that refuses a merge whose output cannot fit (free space
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -26,12 +27,16 @@ from resumerge.cli.modelgen import make_model
 from resumerge.engine.compute_estimate import measure_compute
 from resumerge.engine.costs import FITS, WILL_NOT_FIT, ComputeGroup, TimeEstimate
 from resumerge.engine.estimate import _disk_reason
+from resumerge.engine.estimate_memory import pending_units, working_set
+from resumerge.engine.unitgroup import GROUP_UNITS, group_bytes
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources, LocalFiles
 from resumerge.inputs.tensorio import TensorReader
 from resumerge.plan.merge_plan import Plan
+from resumerge.plan.workunits import WHOLE, unit_bytes
 from resumerge.store.diskprobe import PROBE_PREFIX
 from resumerge.store.manifest import MANIFEST_NAME
+from tests.manylayers import many_layer_merge
 
 # Big enough that the working set is a large part of the peak (embeddings of 16 MB per input), small enough to
 # generate and merge in a few seconds.
@@ -320,3 +325,17 @@ def test_run_refuses_before_writing_what_plan_says_will_not_fit(tmp_path: Path, 
     assert main(["run", str(cfg), str(out), "--out-shard-size", "30k", "--quiet"]) == 2
     assert "the output needs" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_the_ram_estimate_counts_small_tensors_by_the_groups_the_engine_admits(tmp_path: Path) -> None:
+    """Consecutive tiny tensors of one shard are admitted as one group (resumerge.engine.unitgroup): the working set
+    counts what a group holds, not one tensor's estimate per worker."""
+    plan = api.plan_merge(many_layer_merge(tmp_path, 40), out_shard_size="40k")
+    budget, tensors = 1 << 30, [plan.tensors[n] for s in plan.shards for n in s.tensors]
+    units = pending_units(plan, plan.shards, budget)
+    each = [unit_bytes(tp, plan.method_of(tp), WHOLE) for tp in tensors]
+    assert sum(size for size, _ in units) == sum(each) and not any(chunked for _, chunked in units)
+    assert len(plan.shards) < len(units) <= -(-len(tensors) // GROUP_UNITS) + len(plan.shards)
+    assert max(size for size, _ in units) <= group_bytes(budget)
+    alone = working_set([(size, False) for size in each], budget, 2)
+    assert working_set(units, budget, 2) == max(a + b for (a, _), (b, _) in itertools.pairwise(units)) > alone

@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from resumerge.engine.costs import MemoryEstimate
+from resumerge.engine.unitgroup import group_bytes, has_room, joins_others
 from resumerge.memory import SAFETY_MARGIN, MemoryProbe, default_budget, format_size
 from resumerge.plan.merge_plan import Plan, TensorPlan
 from resumerge.plan.unitkey import TensorClasses
 from resumerge.plan.workunits import (
     ROWS,
+    WHOLE,
     collects_sibling,
     oversized_units,
     streamed_bytes,
@@ -73,12 +75,14 @@ def memory_estimate(plan: Plan, pending: Sequence[Any], probe: MemoryProbe, max_
 def pending_units(plan: Plan, pending: Sequence[Any], budget: int,
                   remote: AbstractSet[tuple[str, str]] = frozenset(), *, serial: bool = True,
                   classes: TensorClasses | None = None) -> list[tuple[int, bool]]:
-    """(estimate, streamed in row chunks) of every pending tensor, in the order the engine computes them.
+    """(estimate, streamed in row chunks) of every unit the engine admits for the pending tensors, in its order.
 
     The engine's own rule (:func:`~resumerge.plan.workunits.unit_mode`) decides: a tensor streamed to the writer
     in row chunks counts its whole estimate (the chunks together fill the room), one computed in passes over
     chunks counts a chunk and its output, any other its whole estimate; a unit that collects its sibling's result
-    (:func:`~resumerge.plan.workunits.collects_sibling`) joins its sibling's, as the engine counts it. ``remote``
+    (:func:`~resumerge.plan.workunits.collects_sibling`) joins its sibling's, as the engine counts it; consecutive
+    whole tensors of one shard that may share a group are one unit of their estimates' sum, as the engine admits
+    them (:mod:`~resumerge.engine.unitgroup`). ``remote``
     holds the (model, file) pairs streamed from the hub, which the engine does not read more than once when it has
     a choice; ``serial`` says whether the engine's workers fill torch's threads (see
     :func:`~resumerge.plan.workunits.unit_mode`). Each class of tensors is sized once (``classes``: the plan's
@@ -87,27 +91,37 @@ def pending_units(plan: Plan, pending: Sequence[Any], budget: int,
     method_of = plan.method_of
     classes = classes if classes is not None else TensorClasses(plan.tensors.values())
 
-    def sized(rereadable: bool) -> Callable[[TensorPlan], tuple[int, bool]]:
-        def size(tp: TensorPlan) -> tuple[int, bool]:
+    def sized(rereadable: bool) -> Callable[[TensorPlan], tuple[int, bool, bool]]:
+        def size(tp: TensorPlan) -> tuple[int, bool, bool]:  # (estimate, in row chunks, may share a group)
             method = method_of(tp)
             mode = unit_mode(tp, method, budget, plan.options.device, rereadable=rereadable, serial=serial)
-            return (streamed_bytes(tp, method), True) if mode == ROWS else (unit_bytes(tp, method, mode), False)
+            if mode == ROWS:
+                return streamed_bytes(tp, method), True, False
+            return unit_bytes(tp, method, mode), False, joins_others(method, whole=mode == WHOLE, sibling=False)
 
         return classes.per_class(size)
 
     local, streamed = sized(True), sized(False)
+    most = group_bytes(budget)
     units: list[tuple[int, bool]] = []
+    grouped = 0  # how many units the last one holds, while another may join it (0: none may)
     previous: TensorPlan | None = None
     for shard in pending:
+        grouped = 0  # no group spans shards
         for name in shard.tensors:
             tp = plan.tensors[name]
             if units and collects_sibling(previous, tp, method_of(tp)):
                 # It collects what its sibling computed, holding its result only, and takes no worker's turn.
-                units[-1] = (units[-1][0] + tp.nbytes, units[-1][1])
-            elif remote and any((ref.model, ref.file) in remote for ref in tp.inputs):
-                units.append(streamed(tp))
+                units[-1], grouped = (units[-1][0] + tp.nbytes, units[-1][1]), 0
+                previous = tp
+                continue
+            remote_read = remote and any((ref.model, ref.file) in remote for ref in tp.inputs)
+            estimate, chunked, shares = streamed(tp) if remote_read else local(tp)
+            if shares and grouped and has_room(grouped, units[-1][0], estimate, most):
+                units[-1], grouped = (units[-1][0] + estimate, False), grouped + 1
             else:
-                units.append(local(tp))
+                units.append((estimate, chunked))
+                grouped = 1 if shares else 0
             previous = tp
     return units
 

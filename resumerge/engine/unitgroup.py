@@ -27,6 +27,12 @@ def group_bytes(budget: int | None) -> int:
     return GROUP_BYTES if budget is None else max(1, min(GROUP_BYTES, budget // 16))
 
 
+def has_room(units: int, held: int, estimate: int, most: int) -> bool:
+    """Whether a unit of ``estimate`` bytes joins a group of ``units`` units holding ``held`` bytes of estimates, with
+    at most ``most`` bytes in all (:func:`group_bytes`)."""
+    return units < GROUP_UNITS and held + estimate <= most
+
+
 def joins_others(method: MethodSpec, *, whole: bool, sibling: bool) -> bool:
     """Whether a unit may share its group: one computed ``whole`` whose method shares no computation between
     tensors (a unit collecting its ``sibling``'s result, and the sibling, are launched alone)."""
@@ -52,8 +58,7 @@ class UnitGroup:
     def takes(self, shard: ShardPlan, estimate: int, most: int) -> bool:
         """Whether a unit of ``shard`` that may share its group, of ``estimate`` bytes, joins this one with at most
         ``most`` bytes of estimates in all."""
-        return (not self.alone and shard is self.shard and len(self.units) < GROUP_UNITS
-                and self.estimate + estimate <= most)
+        return not self.alone and shard is self.shard and has_room(len(self.units), self.estimate, estimate, most)
 
     @property
     def names(self) -> tuple[str, ...]:
