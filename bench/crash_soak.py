@@ -102,14 +102,16 @@ QUICK = ("dare_ties-bf16-60k", "ties-f16-40k", "passthrough-stack-bf16-50k")
 
 @dataclass(frozen=True)
 class Prepared:
-    """A scenario ready to soak: its config file, reference digests, how long its merge phase lasts and how many
-    files it commits (the manifest in OUT lists them as they are committed)."""
+    """A scenario ready to soak: its config file, reference digests, how long its merge phase lasts, how many
+    files it commits (the manifest in OUT lists them as they are committed) and how many of them are shards (committed
+    first: the side files follow the last one)."""
 
     scenario: Scenario
     config: Path
     reference: dict[str, str]
     window: float
     files: int
+    shards: int
 
 
 @dataclass
@@ -157,7 +159,7 @@ def prepare(scenario: Scenario, work: Path) -> Prepared:
     config = home / "config.yml"
     config.write_text(yaml.safe_dump(scenario.build(paths), sort_keys=False))
     ref = home / "reference"
-    placeholder = Prepared(scenario, config, {}, 0.0, 0)
+    placeholder = Prepared(scenario, config, {}, 0.0, 0, 0)
     proc = subprocess.Popen(_command(placeholder, ref, home / "ref-state", "run"), env=_env(), cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     _wait_for_change(ref / "resumerge-manifest.json", None, proc, 120)
@@ -165,8 +167,9 @@ def prepare(scenario: Scenario, work: Path) -> Prepared:
     _, err = proc.communicate(timeout=300)
     if proc.returncode != 0:
         raise SystemExit(f"{scenario.name}: reference run failed: {err.strip()}")
-    files = len(json.loads((ref / "resumerge-manifest.json").read_text())["planned"])
-    return Prepared(scenario, config, digests(ref), time.monotonic() - started, files)
+    planned = json.loads((ref / "resumerge-manifest.json").read_text())["planned"]
+    shards = sum(1 for name in planned if name.endswith(".safetensors"))
+    return Prepared(scenario, config, digests(ref), time.monotonic() - started, len(planned), shards)
 
 
 def _committed(manifest: Path) -> int:
@@ -207,9 +210,11 @@ def _one_start(prepared: Prepared, out: Path, state: Path, rng: random.Random, *
     if may_kill and not use_point:
         # Kill at a random point of progress (after a random number of commits, then a random fraction of the
         # time one commit takes) rather than at a random time, which misses whenever the machine is faster than
-        # when the reference was timed.
+        # when the reference was timed. The point is among the shards' commits: the side files after them take
+        # milliseconds, so a kill aimed there mostly came too late (a start wasted, and its trial ended); the kill
+        # points cover their writes.
         _wait_for_change(manifest, before, proc, 120)
-        target = rng.randint(min(_committed(manifest), prepared.files - 1), prepared.files - 1)
+        target = rng.randint(min(_committed(manifest), prepared.shards - 1), prepared.shards - 1)
         while proc.poll() is None and _committed(manifest) < target:
             time.sleep(0.004)
         time.sleep(rng.uniform(0.0, 1.5 * prepared.window / prepared.files))

@@ -1,15 +1,16 @@
 """A reduced crash soak in CI: random SIGKILLs and resumes on a randomised method (dare_ties, bfloat16) and a
 float16-output ties merge with small shards; every trial must end byte-identical to the reference run.
 
-The full soak (seven scenarios, hundreds of kills) is ``python bench/crash_soak.py``; this runs its code with
-two trials per scenario and a time budget.
+The full soak (seven scenarios, hundreds of kills) is ``python bench/crash_soak.py``; this runs its code with one
+trial per scenario, whatever the machine's load (a time budget let a loaded machine run one trial where a quiet one
+ran two). The seed gives each trial three killed starts, the first at a commit-protocol kill point in both
+scenarios (after the second directory fsync; after the first temp write), so at least two kills land on any machine.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import sys
-import time
 from pathlib import Path
 from types import ModuleType
 
@@ -31,9 +32,8 @@ def _load() -> ModuleType:
 def test_random_kills_then_resume_are_byte_identical(tmp_path: Path) -> None:
     soak = _load()
     lines: list[str] = []
-    rows = soak.soak(["dare_ties-bf16-60k", "ties-f16-40k"], trials=2, seed=11, work=tmp_path,
-                     deadline=time.monotonic() + 45, report=lines.append)
+    rows = soak.soak(["dare_ties-bf16-60k", "ties-f16-40k"], trials=1, seed=166, work=tmp_path, report=lines.append)
     problems = [p for row in rows for p in row.problems]
     assert not problems, "\n".join(problems)
-    assert all(row.trials >= 1 and row.identical == row.trials for row in rows), soak.table(rows)
+    assert all(row.trials == 1 and row.identical == row.trials for row in rows), soak.table(rows)
     assert sum(row.kills for row in rows) >= 2, soak.table(rows)
