@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -66,12 +68,21 @@ for config, out, *flags in json.loads(sys.argv[1]):
 """
 
 
-def oracle(runs: list[tuple[Path, Path, list[str]]]) -> None:
-    """Run ``mergekit-moe CONFIG OUT FLAGS`` for every run, in one process."""
+@contextmanager
+def oracle(runs: list[tuple[Path, Path, list[str]]]) -> Iterator[None]:
+    """Run ``mergekit-moe CONFIG OUT FLAGS`` for every run, in one process working beside the ``with`` block (its
+    start-up and passes overlap the block's merges); every run has succeeded when the block ends."""
     doc = json.dumps([[str(c), str(o), *f] for c, o, f in runs])
-    done = subprocess.run([sys.executable, "-c", _ORACLE, doc], capture_output=True, text=True, timeout=600,
-                          check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
+    proc = subprocess.Popen([sys.executable, "-c", _ORACLE, doc], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        yield
+        _, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
 
 
 def tensors(directory: Path) -> dict[str, torch.Tensor]:

@@ -80,9 +80,9 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, P
     configs = _configs(llamas(root / "f32"), llamas(root / "bf16", dtype=torch.bfloat16), qwen3s(root / "q3"),
                        llamas(root / "deep", layers=4), qwen2s(root / "q2"))
     paths = {name: write(root / f"{name}.yml", doc) for name, doc in configs.items()}
-    oracle([(paths[n], root / "mk" / n, ["--random-seed", str(SEED)]) for n in CASES])
-    for name in CASES:
-        api.run(paths[name], root / "ours" / name, random_seed=SEED, state_dir=root / "state" / name)
+    with oracle([(paths[n], root / "mk" / n, ["--random-seed", str(SEED)]) for n in CASES]):
+        for name in CASES:
+            api.run(paths[name], root / "ours" / name, random_seed=SEED, state_dir=root / "state" / name)
     return {n: (root / "mk" / n, root / "ours" / n) for n in CASES}
 
 
