@@ -330,7 +330,7 @@ def test_run_refuses_before_writing_what_plan_says_will_not_fit(tmp_path: Path, 
 def test_the_ram_estimate_counts_small_tensors_by_the_groups_the_engine_admits(tmp_path: Path) -> None:
     """Consecutive tiny tensors of one shard are admitted as one group (resumerge.engine.unitgroup): the working set
     counts what a group holds, not one tensor's estimate per worker."""
-    plan = api.plan_merge(many_layer_merge(tmp_path, 40), out_shard_size="40k")
+    plan = api.plan_merge(many_layer_merge(tmp_path, 20), out_shard_size="20k")
     budget, tensors = 1 << 30, [plan.tensors[n] for s in plan.shards for n in s.tensors]
     units = pending_units(plan, plan.shards, budget)
     each = [unit_bytes(tp, plan.method_of(tp), WHOLE) for tp in tensors]
