@@ -49,7 +49,8 @@ class BlockScaledInt8(RowScaledInt8):
     def part_rows(self, part: str, first: int, stop: int) -> tuple[int, int]:
         return first // BLOCK, -(-stop // BLOCK)
 
-    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int) -> torch.Tensor:
+    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         codes = parts[MAIN]
         rows = torch.arange(first_row, first_row + codes.shape[0]) // BLOCK - first_row // BLOCK
         return codes.to(torch.float32) * parts["scale"][rows].unsqueeze(-1)

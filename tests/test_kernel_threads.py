@@ -19,6 +19,7 @@ from toycodec import RowScaledInt8
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.engine.compute import TensorCompute
+from resumerge.engine.workspace import Workspace
 from resumerge.inputs import kernels
 from resumerge.inputs.source import InputSources
 from resumerge.plan.inputrefs import read_value
@@ -34,9 +35,9 @@ def threads_seen(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     seen: list[int] = []
     real = TensorCompute.whole
 
-    def recording(self: TensorCompute) -> dict[str, torch.Tensor]:
+    def recording(self: TensorCompute, workspace: Workspace | None = None) -> dict[str, torch.Tensor]:
         seen.append(torch.get_num_threads())
-        return real(self)
+        return real(self, workspace)
 
     monkeypatch.setattr(TensorCompute, "whole", recording)
     before = torch.get_num_threads()
@@ -131,9 +132,10 @@ def test_a_quantized_decode_runs_on_the_reading_thread_alone_whoever_reads_it() 
 
     @dataclass(frozen=True)
     class Recording(RowScaledInt8):
-        def decode(self, parts: Mapping[str, torch.Tensor], first_row: int) -> torch.Tensor:
+        def decode(self, parts: Mapping[str, torch.Tensor], first_row: int,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
             seen.append(torch.get_num_threads())
-            return super().decode(parts, first_row)
+            return super().decode(parts, first_row, out)
 
     class Source:
         def read(self, model: str, file: str, start: int, end: int, dtype: str,

@@ -262,9 +262,9 @@ def test_plans_compute_time_for_block_fp8_counts_the_decode_and_the_encode(tmp_p
     decode, encode = BlockFp8Codec.decode, BlockFp8Codec.encode
     encoded: list[int] = []
 
-    def slow_decode(self: BlockFp8Codec, parts: Any, first_row: int) -> torch.Tensor:
+    def slow_decode(self: BlockFp8Codec, parts: Any, first_row: int, out: torch.Tensor | None = None) -> torch.Tensor:
         time.sleep(0.05)
-        return decode(self, parts, first_row)
+        return decode(self, parts, first_row, out)
 
     def counted_encode(self: BlockFp8Codec, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
         encoded.append(value.numel())

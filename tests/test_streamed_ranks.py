@@ -22,6 +22,7 @@ from resumerge.config.merge_config import load_config_text
 from resumerge.engine import devices, estimate
 from resumerge.engine.compute import TensorCompute
 from resumerge.engine.session import plan_from_config
+from resumerge.engine.workspace import Workspace
 from resumerge.inputs.hub.ranges import RangeClient
 from resumerge.inputs.hub.stream import HubStream
 from resumerge.inputs.source import InputSources, LocalFiles
@@ -90,16 +91,17 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
     counts = {"row_chunks": 0, "in_passes": 0, "unstreamed": 0}
     rows, whole = TensorCompute.rows, TensorCompute.whole
 
-    def counted_rows(self: TensorCompute, first: int, stop: int) -> dict[str, torch.Tensor]:
+    def counted_rows(self: TensorCompute, first: int, stop: int,
+                     workspace: Workspace | None = None) -> dict[str, torch.Tensor]:
         if self.stream is None:
             counts["unstreamed"] += 1
         elif (first, stop) != (0, self.total):
             counts["row_chunks"] += 1
-        return rows(self, first, stop)
+        return rows(self, first, stop, workspace)
 
-    def counted_whole(self: TensorCompute) -> dict[str, torch.Tensor]:
+    def counted_whole(self: TensorCompute, workspace: Workspace | None = None) -> dict[str, torch.Tensor]:
         counts["in_passes"] += self.stream is not None
-        return whole(self)
+        return whole(self, workspace)
 
     monkeypatch.setattr(TensorCompute, "rows", counted_rows)
     monkeypatch.setattr(TensorCompute, "whole", counted_whole)

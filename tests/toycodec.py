@@ -37,7 +37,8 @@ class RowScaledInt8(TensorCodec):
         return tuple(Claim(name, ((MAIN, name), ("scale", f"{name}_scale")), cls())
                      for name, found in sorted(tensors.items()) if found.entry.dtype == "I8")
 
-    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int) -> torch.Tensor:
+    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         return parts[MAIN].to(torch.float32) * parts["scale"].unsqueeze(-1)
 
     def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:

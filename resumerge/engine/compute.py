@@ -13,9 +13,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from typing import overload
 
 from resumerge.engine.experts import merge_by_expert
+from resumerge.engine.workspace import Workspace
 from resumerge.errors import ResumergeError
 from resumerge.inputs.adapters import apply_lora_rows
 from resumerge.inputs.codecs import MAIN
@@ -59,14 +61,17 @@ class TensorCompute:
     stack is merged expert by expert); with one, each range is cut into chunks of
     :func:`~resumerge.plan.workunits.pass_rows` rows. ``load`` turns a chunk's plan into its context (default: the
     inputs read from ``sources`` by :func:`load_context`, holding the run's ``resources``); ``plan``'s timing hands
-    in contexts already in memory. Failures of the method are raised as :class:`ResumergeError` naming ``tp``.
+    in contexts already in memory. A tensor computed as one chunk by the default ``load`` may be handed a
+    :class:`~resumerge.engine.workspace.Workspace` (:meth:`whole`): its quantized inputs are decoded into the
+    workspace's buffers and the method is lent its result buffer. Failures of the method are raised as
+    :class:`ResumergeError` naming ``tp``.
     """
 
     def __init__(self, plan: Plan, tp: TensorPlan, sources: InputSources, resources: Resources,
                  stream: RowStream | None = None, load: Callable[[TensorPlan], MergeContext] | None = None) -> None:
         self.plan, self.tp, self.sources, self.stream = plan, tp, sources, stream
         self.total = tp.shape[0] if tp.shape else 1  # a 0-d tensor is one row
-        self._load = load or (lambda part: load_context(plan, part, sources, plan.method_of(part), resources))
+        self._resources, self._given = resources, load
 
     def held_bytes(self) -> int:
         """What the stream keeps from its first chunk to its last (0 without one): reserved for all its passes."""
@@ -85,14 +90,15 @@ class TensorCompute:
             with self._failures():
                 stream.observe(pass_index, self._load(part))
 
-    def rows(self, first: int, stop: int) -> Stored:
+    def rows(self, first: int, stop: int, workspace: Workspace | None = None) -> Stored:
         """Output rows ``[first, stop)`` on the host as stored (each part's rows of those rows), with the companions
-        ``tp`` carries when they are its first rows."""
+        ``tp`` carries when they are its first rows; computed in ``workspace``'s buffers when given and the rows
+        are one chunk (nothing returned points into them)."""
         if self.tp.copy_of is not None:
             return _copy(self._part(first, stop), self.sources)
         chunks = self._chunks(first, stop)
         if len(chunks) == 1:
-            out = self._output(first, stop)
+            out = self._output(first, stop, workspace)
         else:  # the stream's chunks, each encoded, land in the range's buffers
             out = {p.name: torch.empty(p.shape, dtype=TORCH_DTYPES[p.dtype]) for p in
                    self.tp.out_codec.out_parts(self.tp.name, self.tp.out_dtype, (stop - first, *self.tp.shape[1:]))}
@@ -104,13 +110,14 @@ class TensorCompute:
         whole = first == 0 and all(r.first_row == 0 for r in self.tp.inputs)  # written once, with the first rows
         return {**out, **_carried(self.tp, self.sources, whole=whole)}
 
-    def whole(self) -> Stored:
-        """Every statistics pass over all of ``tp``'s rows, then all its output rows."""
+    def whole(self, workspace: Workspace | None = None) -> Stored:
+        """Every statistics pass over all of ``tp``'s rows, then all its output rows (in ``workspace``'s buffers
+        when given: see :meth:`rows`)."""
         pass_index = 0
         while self.wants(pass_index):
             self.observe(pass_index, 0, self.total)
             pass_index += 1
-        return self.rows(0, self.total)
+        return self.rows(0, self.total, workspace)
 
     def _chunks(self, first: int, stop: int) -> list[tuple[int, int]]:
         step = pass_rows(self.tp) if self.stream is not None else max(1, stop - first)
@@ -119,20 +126,27 @@ class TensorCompute:
     def _part(self, first: int, stop: int) -> TensorPlan:
         return self.tp if (first, stop) == (0, self.total) else chunk_plan(self.tp, first, stop)
 
-    def merged(self, first: int, stop: int) -> torch.Tensor:
+    def merged(self, first: int, stop: int, workspace: Workspace | None = None) -> torch.Tensor:
         """The method's result for rows ``[first, stop)`` as one chunk (the stream's next output rows, when it has
-        one), on the plan's device, before it is encoded."""
+        one), on the plan's device, before it is encoded; it may be in ``workspace``'s buffers (a stream's chunks
+        never are: a stream may keep what its chunks' contexts hold)."""
         part = self._part(first, stop)
         with self._failures():
             if self.stream is not None:
                 return self.stream.apply(self._load(part))
             if part.experts is not None:  # each expert's projections merged on their own
-                return merge_by_expert(part, self._load, self.plan.method_of(part).fn)
-            return self.plan.method_of(part).fn(self._load(part))
+                return merge_by_expert(part, partial(self._load, workspace=workspace), self.plan.method_of(part).fn)
+            return self.plan.method_of(part).fn(self._load(part, workspace))
 
-    def _output(self, first: int, stop: int) -> Stored:
+    def _load(self, part: TensorPlan, workspace: Workspace | None = None) -> MergeContext:
+        """The context of ``part``: by the ``load`` given, else read from the sources (into ``workspace``)."""
+        if self._given is not None:
+            return self._given(part)
+        return load_context(self.plan, part, self.sources, self.plan.method_of(part), self._resources, workspace)
+
+    def _output(self, first: int, stop: int, workspace: Workspace | None = None) -> Stored:
         """Output rows ``[first, stop)`` as one chunk, encoded as stored (without the companions)."""
-        return _finish(self._part(first, stop), self.merged(first, stop))
+        return _finish(self._part(first, stop), self.merged(first, stop, workspace), workspace)
 
     @contextmanager
     def _failures(self) -> Iterator[None]:
@@ -143,19 +157,21 @@ class TensorCompute:
             raise ResumergeError(f"{self.tp.method} failed on {self.tp.name}: {exc}", tensor=self.tp.name) from exc
 
 
-def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: MethodSpec,
-                 resources: Resources) -> MergeContext:
+def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: MethodSpec, resources: Resources,
+                 workspace: Workspace | None = None) -> MergeContext:
     """The :class:`MergeContext` of ``tp`` (a whole tensor or a row chunk): its inputs read, cast and moved to the
     plan's device, its parameters resolved (read when the method indexes them, for a ``lazy_inputs`` method), the
-    run's ``resources`` handed on."""
+    run's ``resources`` handed on. With a ``workspace`` (not for a ``lazy_inputs`` method, whose every access must
+    be a buffer of its own), quantized inputs are decoded into its buffers and the method is lent its result
+    buffer (:meth:`~resumerge.methods.spec.MergeContext.result_buffer`)."""
     device = torch.device(plan.options.device)
     on_gpu = device.type != "cpu"
     if method.lazy_inputs and not tp.vocab_aligned:
         lazy = _LazyInputs(tp, sources, device)
         return make_context(plan, tp, method, device, lazy, resources, owned=True, read_rows=lazy.rows)
     tensors = []
-    for ref in tp.inputs:
-        t = _read_input(ref, sources)
+    for i, ref in enumerate(tp.inputs):
+        t = _read_input(ref, sources, _decode_buffer(ref, i, workspace))
         if on_gpu:
             t = t.to(device)
         if tp.compute_dtype is not None:
@@ -171,14 +187,17 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
         # Like mergekit, inputs stored in different dtypes meet in their common (promoted) dtype.
         common = method_dtype(tp)
         tensors = [t.to(common) for t in tensors]
-    return make_context(plan, tp, method, device, tensors, resources)
+    lend = partial(workspace.take, "result") if workspace is not None else None
+    return make_context(plan, tp, method, device, tensors, resources, lend=lend)
 
 
 def make_context(plan: Plan, tp: TensorPlan, method: MethodSpec, device: torch.device,
                  tensors: Sequence[torch.Tensor], resources: Resources, *, owned: bool = False,
-                 read_rows: Callable[[int, int, int], torch.Tensor] | None = None) -> MergeContext:
+                 read_rows: Callable[[int, int, int], torch.Tensor] | None = None,
+                 lend: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None) -> MergeContext:
     """The context ``method`` sees for ``tp`` over its prepared ``tensors`` (on ``device``): its resolved parameters,
-    a generator seeded from (the run's seed, ``tp``'s name) when it draws at random, the run's ``resources``."""
+    a generator seeded from (the run's seed, ``tp``'s name) when it draws at random, the run's ``resources``, and
+    ``lend`` for its result buffer."""
     generator = None
     if method.randomized:
         generator = torch.Generator(device=device).manual_seed(tensor_seed(plan.options.random_seed, tp.name))
@@ -191,6 +210,7 @@ def make_context(plan: Plan, tp: TensorPlan, method: MethodSpec, device: torch.d
         owned_inputs=owned,
         read_rows=read_rows,
         resources=resources,
+        lend=lend,
     )
 
 
@@ -232,9 +252,10 @@ class _LazyInputs(Sequence["torch.Tensor"]):
         return t.to(self._common) if self._common is not None else t
 
 
-def _finish(tp: TensorPlan, out: torch.Tensor) -> Stored:
+def _finish(tp: TensorPlan, out: torch.Tensor, workspace: Workspace | None = None) -> Stored:
     """A method's result encoded by ``tp``'s output codec (a plain one: cast to the planned dtype) as its stored
-    parts, on the host, contiguous (the companions it carries aside: :func:`_carried`)."""
+    parts, on the host, contiguous (the companions it carries aside: :func:`_carried`), none of them in
+    ``workspace``'s buffers (a float32 result stored as float32 is copied out)."""
     names = {p.part: p.name for p in tp.out_codec.out_parts(tp.name, tp.out_dtype, tp.shape)}
     parts = tp.out_codec.encode(out, tp.out_dtype)
     if set(parts) != set(names):
@@ -243,7 +264,7 @@ def _finish(tp: TensorPlan, out: torch.Tensor) -> Stored:
     for part, t in parts.items():
         if t.device.type != "cpu":
             t = t.cpu()  # a blocking copy: the GPU memory of this unit is free once it returns
-        stored[names[part]] = t.contiguous()
+        stored[names[part]] = t.clone() if workspace is not None and workspace.holds(t) else t.contiguous()
     return stored
 
 
@@ -268,11 +289,20 @@ def _copy(tp: TensorPlan, sources: InputSources) -> Stored:
             **_carried(tp, sources, whole=ref.first_row == 0)}
 
 
-def _read_input(ref: InputRef, sources: InputSources) -> torch.Tensor:
+def _decode_buffer(ref: InputRef, index: int, workspace: Workspace | None) -> torch.Tensor | None:
+    """Where input ``index`` (``ref``) is decoded: ``workspace``'s buffer for it, or None (a plain input is the
+    buffer read)."""
+    if workspace is None or ref.codec.plain:
+        return None
+    return workspace.take(f"input{index}", ref.value_shape, TORCH_DTYPES[ref.codec.value_dtype(ref.dtype)])
+
+
+def _read_input(ref: InputRef, sources: InputSources, out: torch.Tensor | None = None) -> torch.Tensor:
     """One input tensor as the method sees it: read with its companions and decoded by ``ref.codec`` (a plain one
-    returns the buffer read), cast to ``ref.cast`` (:func:`~resumerge.plan.inputrefs.read_value`), with its LoRA
-    delta merged (in the stored dtype, as PEFT's merge_and_unload does, before any ``dtype:`` of the config)."""
-    t = read_value(ref, sources)  # a quantized decode runs on this thread alone (see read_value)
+    returns the buffer read; a decoding one into ``out`` when given), cast to ``ref.cast``
+    (:func:`~resumerge.plan.inputrefs.read_value`), with its LoRA delta merged (in the stored dtype, as PEFT's
+    merge_and_unload does, before any ``dtype:`` of the config)."""
+    t = read_value(ref, sources, out)  # a quantized decode runs on this thread alone (see read_value)
     if ref.lora is not None:
         lora = ref.lora
         t = apply_lora_rows(t, read_value(lora.a, sources), read_value(lora.b, sources), lora.scale,

@@ -31,6 +31,7 @@ from resumerge.engine.compute import Stored, TensorCompute
 from resumerge.engine.devices import is_gpu
 from resumerge.engine.interrupts import commit_uploaded
 from resumerge.engine.unitgroup import UnitGroup, group_bytes, joins_others
+from resumerge.engine.workspace import Workspaces, workspace_bytes
 from resumerge.errors import ResumergeError
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.source import InputSources
@@ -245,6 +246,8 @@ class _Pipeline:
         self.pool = ThreadPoolExecutor(max_workers=2 * workers + 1, thread_name_prefix="resumerge-merge",
                                        initializer=cpupriority.yield_to_transfers if yield_cpu else None)
         self.inflight: deque[tuple[UnitGroup, Future[list[Stored]], Reservation | None]] = deque()
+        # Each computation's decoded inputs and result buffer, reused by the next (see resumerge.engine.workspace).
+        self.workspaces = Workspaces(workspace_bytes(self._budget() if governor is not None else None, workers))
 
     def halted(self) -> bool:
         return self.should_stop() or self.writer.error is not None or not self.writer.is_alive()
@@ -313,8 +316,8 @@ class _Pipeline:
         """Compute ``units``' tensors whole in order, their kernels on this thread alone when ``serial``; their GPU
         reservation ends with the computation (the results are back on the host)."""
         try:
-            with serial_kernels() if serial else nullcontext():
-                return [unit.whole() for unit in units]
+            with serial_kernels() if serial else nullcontext(), self.workspaces.lend() as workspace:
+                return [unit.whole(workspace) for unit in units]
         finally:
             if on_gpu is not None:
                 on_gpu.release()

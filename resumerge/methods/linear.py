@@ -28,7 +28,8 @@ def linear(ctx: MergeContext) -> torch.Tensor:
     # Weights become a tensor of the accumulation dtype and are applied with addcmul_, as mergekit 0.1.5 does,
     # so results agree bit for bit rather than within rounding.
     weights = torch.tensor([float(p["weight"]) for p in ctx.model_params], dtype=acc_dtype, device=first.device)
-    acc = torch.zeros(first.shape, dtype=acc_dtype, device=first.device)
+    # Zeroed in place: the engine's reused result buffer (no fresh pages), summed from +0 as a fresh zeros is.
+    acc = ctx.result_buffer(tuple(first.shape), acc_dtype, first.device).zero_()
     for tensor, weight in zip(ctx.tensors, weights.unbind(0)):
         acc.addcmul_(tensor, weight)
     if ctx.params["normalize"]:

@@ -13,14 +13,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from resumerge.methods.footprint import MethodFootprint
 from resumerge.methods.resources import NO_RESOURCES, Resources
-from resumerge.torch_import import dtype_name
-
-if TYPE_CHECKING:
-    import torch
+from resumerge.torch_import import dtype_name, torch
 
 
 class Scope(enum.Enum):
@@ -84,6 +81,8 @@ class MergeContext:
     read_rows: Callable[[int, int, int], torch.Tensor] | None = None
     # The run's shared objects (MoE routers, an extraction's factor pairs): per run, never module globals.
     resources: Resources = NO_RESOURCES
+    # Where the engine lends a buffer it reuses from one tensor to the next for the result: see result_buffer.
+    lend: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None
 
     @property
     def base(self) -> torch.Tensor:
@@ -91,6 +90,15 @@ class MergeContext:
         if self.base_index is None:
             raise ValueError("this merge needs a base tensor")
         return self.tensors[self.base_index]
+
+    def result_buffer(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """An uninitialised contiguous tensor for the method's result (its accumulator): on the CPU, the buffer the
+        engine lends for results when it lends one (reused across tensors, so no fresh pages to fault in), else a
+        fresh tensor. One per call of the method: a second call returns the same buffer again. The method may
+        return it; the engine copies out what it keeps."""
+        if self.lend is not None and device.type == "cpu":
+            return self.lend(shape, dtype)
+        return torch.empty(shape, dtype=dtype, device=device)
 
     def others(self) -> list[int]:
         """Indices of the non-base inputs, in config order."""

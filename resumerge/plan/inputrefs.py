@@ -72,9 +72,10 @@ def _claimed_ref(key: str, formats: StoredFormats, claim: Claim) -> InputRef:
                     companions=tuple(companions))
 
 
-def read_value(ref: InputRef, sources: InputSources) -> torch.Tensor:
+def read_value(ref: InputRef, sources: InputSources, out: torch.Tensor | None = None) -> torch.Tensor:
     """The value of ``ref`` as a method sees it, before any LoRA delta: its parts read (the rows it names) and
-    decoded by its codec (a plain one returns the buffer read), cast to ``ref.cast``. A quantized format's decode
+    decoded by its codec (a plain one returns the buffer read; a decoding one fills ``out`` when given, a
+    contiguous buffer of the decoded value's shape and dtype), cast to ``ref.cast``. A quantized format's decode
     runs on the calling thread alone (:func:`~resumerge.inputs.kernels.serial_kernels`: many small kernels, 10x
     slower split over threads that other work keeps busy), whoever reads it (the engine, the MoE pass, LoRA
     extraction's ranks)."""
@@ -83,5 +84,6 @@ def read_value(ref: InputRef, sources: InputSources) -> torch.Tensor:
         return sources.read(r.model, r.file, r.start, r.end, r.dtype, r.shape)
 
     with nullcontext() if ref.codec.plain else serial_kernels():
-        t = ref.codec.decode({MAIN: read(ref), **{part: read(c) for part, c in ref.companions}}, ref.first_row)
+        t = ref.codec.decode({MAIN: read(ref), **{part: read(c) for part, c in ref.companions}}, ref.first_row,
+                             out)
     return t.to(TORCH_DTYPES[ref.cast]) if ref.cast is not None else t

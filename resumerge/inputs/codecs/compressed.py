@@ -103,10 +103,12 @@ class CompressedTensorsCodec(TensorCodec):
             return first // per, -(-stop // per)
         return grid_rows(first, stop, self.block)
 
-    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int) -> torch.Tensor:
+    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         zero_point = parts.get(ZERO_POINT)
         if not self._packed:
-            return ct.decode_naive(parts[MAIN], parts[SCALE], self.block, zero_point=zero_point, row_start=first_row)
+            return ct.decode_naive(parts[MAIN], parts[SCALE], self.block, zero_point=zero_point, row_start=first_row,
+                                   out=out)
         stored = [int(v) for v in parts[SHAPE].tolist()]
         if len(stored) != 2 or stored[1] != self.cols:
             raise ModelInputError(f"weight_shape says {stored}, but its packed words and scale were read as "
@@ -117,7 +119,7 @@ class CompressedTensorsCodec(TensorCodec):
             unpacked = ct.unpack_zero_point(zero_point, self.bits, zero_point.shape[0] * per)
             zero_point = unpacked[skip : skip + parts[MAIN].shape[0]]
         return ct.decode_packed(parts[MAIN], parts[SCALE], self.block, bits=self.bits, cols=self.cols,
-                                zero_point=zero_point, row_start=first_row)
+                                zero_point=zero_point, row_start=first_row, out=out)
 
     def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:
         module = name.removesuffix("weight")

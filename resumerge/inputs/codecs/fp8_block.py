@@ -77,8 +77,10 @@ class BlockFp8Codec(TensorCodec):
             return grid_rows(first, stop, self.block)
         return first, stop
 
-    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int) -> torch.Tensor:
-        return fp8_block.decode(parts[MAIN], parts[SCALE], self.block, row_start=0 if self.fused else first_row)
+    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        return fp8_block.decode(parts[MAIN], parts[SCALE], self.block, row_start=0 if self.fused else first_row,
+                                out=out)
 
     def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:
         grid = (*shape[:-2], *grid_shape((shape[-2], shape[-1]), self.block))

@@ -51,8 +51,9 @@ class Mxfp4Codec(TensorCodec):
     def value_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
         return mxfp4.decoded_shape(stored)
 
-    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int) -> torch.Tensor:
-        return mxfp4.decode(parts[MAIN], parts[SCALE])
+    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        return mxfp4.decode(parts[MAIN], parts[SCALE], out=out)
 
     def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:
         *lead, cols, rows = shape

@@ -38,7 +38,8 @@ class PlainCodec(TensorCodec):
         """None: a plainly stored output is not quantized."""
         return None
 
-    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int) -> torch.Tensor:
+    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         return parts[MAIN]
 
     def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:

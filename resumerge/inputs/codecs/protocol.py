@@ -148,10 +148,14 @@ class TensorCodec(ABC):
         return found if isinstance(found, Mapping) else None
 
     @abstractmethod
-    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int) -> torch.Tensor:
+    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         """The value of rows ``first_row`` onwards from ``parts`` (the rows :meth:`part_rows` named, by part
         name) in :meth:`value_dtype`: as many rows as the main part holds. A fresh tensor the method may
-        change, except for a plain codec (then the stored buffer itself, as read)."""
+        change, except for a plain codec (then the stored buffer itself, as read). ``out``, when given, is a
+        contiguous buffer of the value's shape and dtype the codec may decode into and return instead of allocating
+        one (a caller that reuses its buffers spares the kernel's zeroing of fresh pages); the returned tensor is
+        the value either way."""
 
     @abstractmethod
     def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:

@@ -1,0 +1,70 @@
+"""A worker's reused buffers (resumerge.engine.workspace): what they lend, and that tensors computed one after another
+in one workspace are stored as they are without one, none of them overwritten by the next."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ModelFactory
+from quantmodels import fp8, fp8_config
+from support import linear_config, write_config
+from test_quant_codecs import pair
+
+from resumerge.config.merge_config import load_config_text
+from resumerge.engine.compute import Stored, TensorCompute, compute_tensor
+from resumerge.engine.workspace import Workspace, Workspaces, workspace_bytes
+from resumerge.inputs.catalog import open_inputs
+from resumerge.inputs.codecs import CODECS
+from resumerge.inputs.source import InputSources
+from resumerge.methods.resources import NO_RESOURCES
+from resumerge.plan.merge_plan import PlanOptions
+from resumerge.plan.planner import build_plan
+
+
+def test_a_workspace_lends_one_buffer_per_key_grown_to_the_largest_and_never_beyond_its_bound() -> None:
+    space = Workspace(most=1000)
+    small = space.take("a", (10, 4), torch.float32)
+    again = space.take("a", (2, 3), torch.float32)
+    assert again.data_ptr() == small.data_ptr() and again.shape == (2, 3) and again.is_contiguous()
+    assert space.holds(small[1:]) and space.holds(again.view(torch.int32))
+    grown = space.take("a", (100,), torch.float64)  # 800 bytes: the 160-byte buffer is replaced
+    assert space.held_bytes == 800 and space.holds(grown) and not space.holds(small)
+    other = space.take("b", (100,), torch.float32)  # 400 more would pass the bound: fresh, not kept
+    assert not space.holds(other) and space.held_bytes == 800
+    assert space.take("b", (10,), torch.bfloat16).shape == (10,) and space.held_bytes == 820
+    assert not space.holds(torch.empty(3))
+
+
+def test_workspaces_lend_each_to_one_computation_at_a_time_and_share_the_budget() -> None:
+    pool = Workspaces(most=64)
+    with pool.lend() as first, pool.lend() as second:
+        assert first is not second
+    with pool.lend() as again:
+        assert again in (first, second)
+    assert workspace_bytes(1 << 30, 2) == 1 << 28 and workspace_bytes(None, 2) > 0
+
+
+@pytest.mark.parametrize("dequantize", [True, False])
+def test_tensors_computed_in_one_workspace_are_stored_as_without_one(tmp_path: Path, make: ModelFactory,
+                                                                      dequantize: bool) -> None:
+    # Decoded inputs and linear's result share the workspace's buffers from one tensor to the next. A float32 result
+    # written as float32 (dequantize) is the buffer itself until the engine copies it out: every stored tensor must
+    # survive the tensors computed after it.
+    a, b = pair(tmp_path, make, fp8((16, 16)), fp8_config((16, 16)))
+    text = write_config(tmp_path / "c.yml", {**linear_config(a, b), "dtype": "float32"}).read_text()
+    config = load_config_text(text)
+    plan = build_plan(config, open_inputs(config).models, PlanOptions(dequantize=dequantize), CODECS)
+    space = Workspace(most=1 << 30)
+    with InputSources.local(plan.model_dirs) as sources:
+        fresh = {name: compute_tensor(plan, tp, sources, NO_RESOURCES) for name, tp in plan.tensors.items()}
+        reused: dict[str, Stored] = {}
+        for name, tp in plan.tensors.items():
+            reused[name] = TensorCompute(plan, tp, sources, NO_RESOURCES).whole(space)
+    assert space.held_bytes > 0
+    for name, parts in fresh.items():
+        assert reused[name].keys() == parts.keys()
+        for part, t in parts.items():
+            assert not space.holds(reused[name][part]), part
+            assert torch.equal(reused[name][part].view(torch.uint8), t.view(torch.uint8)), part
