@@ -3,9 +3,9 @@
 torch's own FP8 → float32 cast runs one element at a time on CPU; every format of this package stores codes of at
 most 8 bits, so a byte's values are looked up instead. A table row is gathered as one wide scalar (4, 8 or 16
 bytes: int32, int64, complex128 — a bit-exact copy, about 3× faster than gathering a 2-D table's rows), two bytes
-at a time where that row is at most 16 bytes (a 65,536-row table, 0.5–1 MiB), in slabs that keep the index buffer
-in cache. Tables depend on the host's byte order only through how they are built, never through how they are
-indexed.
+at a time where that row is at most 16 bytes (a 65,536-row table, 0.5–1 MiB, indexed by the pair read as one
+uint16: widened to the gather's int32 index in one copy, no offset to add), in slabs that keep the index buffer in
+cache. Tables depend on the host's byte order only through how they are built, never through how they are indexed.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ _WIDE = MappingProxyType({4: "int32", 8: "int64", 16: "complex128"})
 @dataclass(frozen=True)
 class ByteTable:
     """Byte ``b``'s ``per_byte`` float32 values (``single``, rows viewed as one wide scalar each), and the
-    same for every two-byte pair (``pair``, row ``v + 32768`` for the int16 ``v`` the pair reads as), or None when
-    a pair's row would be wider than 16 bytes."""
+    same for every two-byte pair (``pair``, row ``v`` for the uint16 ``v`` the pair reads as), or None when a
+    pair's row would be wider than 16 bytes."""
 
     per_byte: int
     single: torch.Tensor
@@ -47,7 +47,7 @@ def byte_table(values: torch.Tensor) -> ByteTable:
     per_byte = values.shape[1]
     pair = None
     if per_byte * 8 <= 16:
-        words = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
+        words = torch.arange(65536, dtype=torch.int32).to(torch.int16)  # every uint16's bits, in order
         first, second = words.view(torch.uint8).view(-1, 2).long().unbind(1)
         pair = _wide(torch.cat([values[first], values[second]], dim=1))
     return ByteTable(per_byte, _wide(values), pair)
@@ -58,9 +58,9 @@ def decode_bytes(data: torch.Tensor, table: ByteTable, out: torch.Tensor) -> tor
     ``data`` (uint8, contiguous), in order. Returns ``out``."""
     flat = data.reshape(-1)
     if table.pair is not None and flat.numel() % 2 == 0:
-        source, lookup, offset = flat.view(torch.int16), table.pair, 32768
+        source, lookup = flat.view(torch.uint16), table.pair
     else:
-        source, lookup, offset = flat, table.single, 0
+        source, lookup = flat, table.single
     target = out.view(-1).view(lookup.dtype) if lookup.ndim == 1 else out.view(-1, lookup.shape[1])
     count = source.numel()
     index = torch.empty(min(SLAB, count), dtype=torch.int32)
@@ -68,7 +68,5 @@ def decode_bytes(data: torch.Tensor, table: ByteTable, out: torch.Tensor) -> tor
         b = min(count, a + SLAB)
         slab = index[: b - a]
         slab.copy_(source[a:b])
-        if offset:
-            slab.add_(offset)
         torch.index_select(lookup, 0, slab, out=target[a:b])
     return out

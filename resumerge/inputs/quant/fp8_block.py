@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 
 from resumerge.inputs.quant.byte_tables import ByteTable, byte_table, decode_bytes
-from resumerge.inputs.quant.grid import Block, grid_amax, pieces
+from resumerge.inputs.quant.grid import Block, grid_max, pieces
 from resumerge.torch_import import torch
 
 __all__ = ["E4M3_MAX", "decode", "encode", "scales_for"]
@@ -113,8 +113,9 @@ def encode(values: torch.Tensor, block: Block, *, scale_fmt: str = "float", scal
     ``[ceil(n / bh), ceil(cols / bw)]`` in ``scale_dtype`` (the stored scale's dtype: the codes are computed with
     the scale rounded to it, so they decode with the scale as stored; float8_e8m0fnu holds ue8m0 scales exactly).
 
-    ``values`` is only read (it must be contiguous): each slab is scaled and clamped in a slab-sized scratch that
-    stays in cache, so a whole weight costs no full-size copy. ``codes_out``, if given, is filled and returned.
+    ``values`` is only read (it must be contiguous): each slab's magnitudes, then its scaled and clamped values,
+    are made in a slab-sized scratch that stays in cache, so a whole weight costs no full-size copy. ``codes_out``,
+    if given, is filled and returned.
     """
     scale_dtype = torch.float32 if scale_dtype is None else scale_dtype  # not at import: torch is lazy
     n, cols = values.shape
@@ -125,7 +126,8 @@ def encode(values: torch.Tensor, block: Block, *, scale_fmt: str = "float", scal
     grids = []
     for a, b in slabs:
         slab, work = values[a:b], scratch[: b - a]
-        scale = scales_for(grid_amax(slab, block), scale_fmt)
+        # A block's amax as the maximum of its |values| (exact: the same bits as max(|min|, max)), in one reduction.
+        scale = scales_for(grid_max(torch.abs(slab, out=work), block), scale_fmt)
         if scale_dtype != torch.float32:
             scale = scale.to(scale_dtype).to(torch.float32)
         for (piece, (s,)), (target, _) in zip(pieces(slab, [scale], block), pieces(work, [scale], block),

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 from resumerge.torch_import import torch
 
-__all__ = ["Block", "grid_amax", "grid_extremes", "grid_rows", "grid_shape", "pieces"]
+__all__ = ["Block", "grid_extremes", "grid_max", "grid_rows", "grid_shape", "pieces"]
 
 # (rows, cols) of one block of the grid; the last block of a row or column may be partial.
 Block = tuple[int, int]
@@ -69,13 +69,13 @@ def pieces(values: torch.Tensor, grids: Sequence[torch.Tensor], block: Block, *,
             yield band[:, full * bw:], [g[rows, full:full + 1] for g in grids]
 
 
-def grid_extremes(values: torch.Tensor, block: Block) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per block of ``values`` (``[n, cols]``, starting at a block row), its minimum and maximum, each
-    ``grid_shape(values.shape, block)`` in ``values``' dtype."""
+def _grid_reduce(values: torch.Tensor, block: Block, *reductions: str) -> list[torch.Tensor]:
+    """Per block of ``values`` (``[n, cols]``, starting at a block row), each of ``reductions`` (``"amin"``,
+    ``"amax"``: exact, so the order of the reduction does not change the bits), each ``grid_shape(values.shape,
+    block)`` in ``values``' dtype."""
     n, cols = values.shape
     shape = grid_shape((n, cols), block)
-    low = values.new_empty(shape)
-    high = values.new_empty(shape)
+    grids = [values.new_empty(shape) for _ in reductions]
     bw = block[1]
     full = cols // bw
     if block[0] == 1:
@@ -87,20 +87,23 @@ def grid_extremes(values: torch.Tensor, block: Block) -> tuple[torch.Tensor, tor
         rows = slice(a, b) if k < 0 else slice(k, k + 1)
         # One row per grid row reduces only within the row; a block row reduces its rows too.
         dims: tuple[int, ...] = (2,) if k < 0 else (0, 2)
-        if full:
-            body = band[:, : full * bw].view(b - a, full, bw)
-            low[rows, :full] = body.amin(dim=dims)
-            high[rows, :full] = body.amax(dim=dims)
-        if cols % bw:
-            tail = band[:, full * bw:]
-            tail_dims: tuple[int, ...] = (1,) if k < 0 else (0, 1)
-            low[rows, full] = tail.amin(dim=tail_dims)
-            high[rows, full] = tail.amax(dim=tail_dims)
+        tail_dims: tuple[int, ...] = (1,) if k < 0 else (0, 1)
+        for grid, reduction in zip(grids, reductions, strict=True):
+            if full:
+                grid[rows, :full] = getattr(band[:, : full * bw].view(b - a, full, bw), reduction)(dim=dims)
+            if cols % bw:
+                grid[rows, full] = getattr(band[:, full * bw:], reduction)(dim=tail_dims)
+    return grids
+
+
+def grid_extremes(values: torch.Tensor, block: Block) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per block of ``values`` (``[n, cols]``, starting at a block row), its minimum and maximum, each
+    ``grid_shape(values.shape, block)`` in ``values``' dtype."""
+    low, high = _grid_reduce(values, block, "amin", "amax")
     return low, high
 
 
-def grid_amax(values: torch.Tensor, block: Block) -> torch.Tensor:
-    """Per block of ``values`` (starting at a block row), the largest magnitude: ``max(|min|, |max|)``, computed
-    without a full-size ``abs`` copy."""
-    low, high = grid_extremes(values, block)
-    return torch.maximum(low.neg_(), high)
+def grid_max(values: torch.Tensor, block: Block) -> torch.Tensor:
+    """Per block of ``values`` (``[n, cols]``, starting at a block row), its maximum: one reduction, where
+    :func:`grid_extremes` makes two (a block's largest magnitude is the maximum of its ``abs``)."""
+    return _grid_reduce(values, block, "amax")[0]
