@@ -6,7 +6,9 @@ suite's two xdist workers would start two; the node removal must come last): the
 local run and both worker nodes made shards; a shard's real error ends the run as locally; a hub OUT through the
 stand-in hub is uploaded by the nodes that made its shards and committed by the driver alone; Ctrl-C stops a Ray
 driver as it stops a local one; a driver SIGKILLed mid-run resumes with either executor; a worker node removed
-mid-run costs only its shards; then the hub OUT again in the Xet tier under --max-disk, on the node left.
+mid-run costs only its shards; then the hub OUT again in the Xet tier under --max-disk, on the node left. The
+workers are started while the driver plans (warm) and used, not started again; a run that fails, is refused or is
+killed leaves no worker and no memory reservation behind.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,10 +46,12 @@ from resumerge.cli.modelgen import ModelSpec
 from resumerge.cli.render import show_status
 from resumerge.config.hubtarget import parse_hub_target
 from resumerge.config.locations import run_dir
+from resumerge.engine.cluster import driver
 from resumerge.engine.cluster.cores import Cores, node_cores
 from resumerge.engine.cluster.hubreads import NodeReads, NodeSources
 from resumerge.engine.cluster.upload import HubPlace, task_cpus, upload_shard
-from resumerge.engine.executor import CONCURRENCY
+from resumerge.engine.cluster.worker import ShardStream, WorkerSetup
+from resumerge.engine.executor import CONCURRENCY, Stopped
 from resumerge.engine.quiet import NullReporter
 from resumerge.errors import EXIT_INVALID, ResumergeError, UsageError
 from resumerge.store.hubcommits import CommitQueue
@@ -132,9 +137,12 @@ def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merg
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("ray")
     with _cluster() as cluster:
-        _equals_local_and_both_worker_nodes_made_shards(cluster, merge, tmp_path / "plain")
+        with _no_worker_started_after_the_plan(monkeypatch):  # the warm ones serve, streamed inputs or not
+            _equals_local_and_both_worker_nodes_made_shards(cluster, merge, tmp_path / "plain")
+            _streamed_hub_inputs_are_read_by_each_node(cluster, merge, hub, tmp_path / "streamed")
         _a_task_that_fails_ends_the_run_as_the_local_executor_does(merge, tmp_path / "failing")
-        _streamed_hub_inputs_are_read_by_each_node(cluster, merge, hub, tmp_path / "streamed")
+        _wait_for_idle_cluster()  # the failed run's workers (taken by the executor) and reservations are gone
+        _a_run_refused_before_it_computes_leaves_no_worker(merge, tmp_path / "refused")
         _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge, hub, tmp_path / "hub", monkeypatch,
                                                                     killed_at=cluster[0].address)
         _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster, merge, hub, tmp_path / "ctrl-c")
@@ -145,6 +153,56 @@ def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merg
         with _xet_hub(monkeypatch, tmp_path / "cas") as xet:
             _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge, xet, tmp_path / "xet", monkeypatch,
                                                                         max_disk=_largest_shard(merge), nodes=1)
+
+
+@contextmanager
+def _no_worker_started_after_the_plan(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The runs inside use the workers started while they planned: the driver starts none once it has planned."""
+    started: list[int] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        workers = placed(*args, **kwargs)
+        started.append(len(workers))
+        return workers
+
+    placed = driver.place
+    with monkeypatch.context() as patch:
+        patch.setattr(driver, "place", counted)
+        yield
+    assert started == []
+
+
+class _Refusing(NullReporter):
+    """A reporter that raises as the run starts computing: after the warm workers started, before the executor took
+    them."""
+
+    def start(self, *, total_tensors: int, done_tensors: int, total_bytes: int, done_bytes: int) -> None:
+        raise UsageError("refused at the start")
+
+
+def _a_run_refused_before_it_computes_leaves_no_worker(merge: Merge, tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="refused at the start"):
+        api.run(merge.config, tmp_path / "out", state_dir=tmp_path / "state", out_shard_size=SHARD, executor="ray",
+                progress=_Refusing())
+    _wait_for_idle_cluster()  # the API call ended its warm workers
+
+
+def test_a_warm_worker_whose_begin_failed_fails_its_shards_instead_of_waiting(tmp_path: Path) -> None:
+    # A shard fed to a warm worker waits for the plan (begin); a begin that raises fails it with that error, and a
+    # stop ends a wait for a begin that never came.
+    with ThreadPoolExecutor(2) as pool:
+        failing = ShardStream(None, WorkerSetup(1))
+        waiting = pool.submit(failing.compute, "model.safetensors", str(tmp_path))
+        with pytest.raises(TypeError):
+            failing.begin(None, WorkerSetup(1))  # type: ignore[arg-type]  # not a (plan, resources) pair
+        with pytest.raises(TypeError):
+            waiting.result(timeout=30)
+        never = ShardStream(None, WorkerSetup(1))
+        waiting = pool.submit(never.compute, "model.safetensors", str(tmp_path))
+        never.stop()
+        with pytest.raises(Stopped):
+            waiting.result(timeout=30)
+    assert not any(tmp_path.iterdir())
 
 
 def _equals_local_and_both_worker_nodes_made_shards(cluster: tuple[Cluster, Any], merge: Merge,
@@ -437,9 +495,15 @@ def _a_worker_node_removed_mid_run_costs_only_its_shard(cluster: tuple[Cluster, 
 
 
 def _wait_for_idle_cluster() -> None:
+    """Wait until no worker of an ended (failed, refused, killed) run holds a CPU or memory, and none of its memory
+    reservations (placement groups) is left."""
     import ray
 
     deadline = time.monotonic() + 60
-    while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0):
-        assert time.monotonic() < deadline, "the killed driver's tasks kept running"
+    while True:
+        free, total = ray.available_resources(), ray.cluster_resources()
+        reserved = [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
+        if not reserved and all(free.get(kind, 0) >= total.get(kind, 0) for kind in ("CPU", "memory")):
+            return
+        assert time.monotonic() < deadline, f"an ended run's workers kept running: {free}, {total}, {reserved}"
         time.sleep(0.1)

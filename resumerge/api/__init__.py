@@ -28,6 +28,7 @@ from resumerge.api.options import (
     named,
     plan_options,
     run_settings,
+    started_early,
     stop_flag,
     usable_device,
 )
@@ -128,24 +129,26 @@ def run(
     :class:`~resumerge.cli.render.ProgressReporter`), used as given (the caller closes it); ``True`` is deprecated.
     ``should_stop`` is polled at safe points: once true, the run stops and raises InterruptedMerge (exit 3).
     """
-    from resumerge.plan.sharding import shard_size_choice
-
     named(out)
-    text = config_text(config)
-    kind = kind_of(text)
-    options = plan_options(out_shard_size=shard_size_choice(out_shard_size, out)[0], random_seed=random_seed,
-                           copy_tokenizer=copy_tokenizer, device=device, allow_crimes=allow_crimes,
-                           stream_inputs=stream_inputs, write_model_card=write_model_card, dequantize=dequantize,
-                           unsafe_truncate_embeddings=unsafe_truncate_embeddings, num_threads=num_threads)
     settings = run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory,
                             max_gpu_memory=max_gpu_memory, staging=staging, max_disk=max_disk,
                             output=hub_output(public, commit_every, commit_interval), num_threads=num_threads,
                             executor=executor, ray_address=ray_address)
-    call = Call(config, text, out, options, settings, allow_same_experts=allow_same_experts)
-    driving = Driving(stop_flag(should_stop), restart=restart, intermediate_dir=intermediate_dir,
-                      cleanup=cleanup_intermediates)
-    kind.check(call, driving)
-    return kind.run(call, replace(driving, reporter=_reporter(progress)))
+    # A Ray run's workers start first: they import while this process imports and plans.
+    with started_early(settings, out, device) as settings:
+        from resumerge.plan.sharding import shard_size_choice
+
+        text = config_text(config)
+        kind = kind_of(text)
+        options = plan_options(out_shard_size=shard_size_choice(out_shard_size, out)[0], random_seed=random_seed,
+                               copy_tokenizer=copy_tokenizer, device=device, allow_crimes=allow_crimes,
+                               stream_inputs=stream_inputs, write_model_card=write_model_card, dequantize=dequantize,
+                               unsafe_truncate_embeddings=unsafe_truncate_embeddings, num_threads=num_threads)
+        call = Call(config, text, out, options, settings, allow_same_experts=allow_same_experts)
+        driving = Driving(stop_flag(should_stop), restart=restart, intermediate_dir=intermediate_dir,
+                          cleanup=cleanup_intermediates)
+        kind.check(call, driving)
+        return kind.run(call, replace(driving, reporter=_reporter(progress)))
 
 
 def resume(
@@ -177,7 +180,8 @@ def resume(
                             num_threads=num_threads, executor=executor, ray_address=ray_address)
     recorded = functools.partial(prepare_recorded, out=out)
     driving = Driving(stop_flag(should_stop), _reporter(progress), cleanup=cleanup_intermediates)
-    outcome = next(found for kind in KINDS if (found := kind.resume(out, settings, driving, recorded)))
+    with started_early(settings, out) as settings:  # a Ray run's workers, while this one reads its record
+        outcome = next(found for kind in KINDS if (found := kind.resume(out, settings, driving, recorded)))
     for kind in KINDS:
         kind.finished(outcome, out, state_dir)
     return outcome

@@ -6,8 +6,9 @@ merge. Each raises :class:`~resumerge.errors.UsageError` (exit 2) for a bad valu
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,9 +49,9 @@ def run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = Non
     if executor not in EXECUTORS:
         raise UsageError(f"--executor must be one of {', '.join(EXECUTORS)}, not {executor!r}")
     if executor == RAY:
-        from resumerge.engine.cluster.connect import require_ray
+        from resumerge.engine.cluster.connect import check_ray
 
-        require_ray()
+        check_ray()
     elif ray_address is not None:
         raise UsageError("--ray-address needs --executor ray")
     settings = RunSettings(state_dir=state_dir, cache_dir=cache_dir, max_memory=size_option(max_memory, "--max-memory"),
@@ -58,6 +59,29 @@ def run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = Non
                            max_disk=size_option(max_disk, "--max-disk"), num_threads=num_threads, executor=executor,
                            ray_address=ray_address)
     return settings if output is None else replace(settings, output=output)
+
+
+@contextlib.contextmanager
+def started_early(settings: RunSettings, out: PathLike, device: str = "cpu") -> Iterator[RunSettings]:
+    """``settings`` with a Ray run's workers starting while it plans (``early``: see
+    :mod:`resumerge.engine.cluster.warm`), those the run did not take ended as the call ends, however it ends.
+    ``settings`` as they are for a local run, and where warm workers could not serve: a GPU run (they start without
+    one), a hub OUT under ``--max-disk`` (how many a node may run depends on the plan's shard size)."""
+    from resumerge.config.hubtarget import is_hub_target
+
+    if settings.executor != RAY or device != "cpu" or (settings.max_disk is not None and is_hub_target(out)):
+        yield settings
+        return
+    from resumerge.engine.cluster.warm import WarmStart
+
+    warm = WarmStart.of(settings)
+    if warm is None:
+        yield settings
+        return
+    try:
+        yield replace(settings, early=warm)
+    finally:
+        warm.close()
 
 
 def hub_output(public: bool, every: int | None, interval: float | None) -> HubOutputOptions:

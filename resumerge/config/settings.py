@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import Protocol, TypeAlias
 
 from resumerge.errors import UsageError
 
@@ -82,6 +82,14 @@ class HubOutputOptions:
                                                     interval=default.interval if interval is None else interval))
 
 
+class EarlyStart(Protocol):
+    """What an API call started for its run before the plan existed (a Ray run's warm workers:
+    :class:`resumerge.engine.cluster.warm.WarmStart`): the executor takes what it can use, the call closes the rest
+    as it ends."""
+
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """The settings of one run that never change its output bytes (a resume may pass others than the first run).
@@ -93,7 +101,8 @@ class RunSettings:
     ``max_disk`` bounds the bytes kept on the local disk for the output (an ``hf://`` OUT's uncommitted files);
     ``output`` says how an ``hf://`` OUT is created and its commits batched. ``num_threads`` is torch's thread count
     (None: torch's choice). ``executor`` says where the shards are computed (:data:`EXECUTORS`; the bytes are the
-    same, so a run started with one resumes with the other) and ``ray_address`` which Ray cluster computes them.
+    same, so a run started with one resumes with the other) and ``ray_address`` which Ray cluster computes them;
+    ``early`` is what the API call started for the run meanwhile (its own to close; not a setting of the run's).
     """
 
     state_dir: str | os.PathLike[str] | None = None
@@ -106,3 +115,4 @@ class RunSettings:
     num_threads: int | None = None
     executor: str = LOCAL  # where the shards are computed: LOCAL (this process) or RAY (a Ray cluster's workers)
     ray_address: str | None = None  # the cluster of RAY (None: RAY_ADDRESS if set, else a Ray started for the run)
+    early: EarlyStart | None = field(default=None, compare=False, repr=False)

@@ -48,5 +48,7 @@ def executor_for(settings: RunSettings, *, work_beside: bool = False) -> Executo
         raise UsageError("--executor ray cannot run a mergekit-moe config whose gates read prompts yet",
                          hint="run it with the local executor (the default)")
     from resumerge.engine.cluster.driver import RayExecutor
+    from resumerge.engine.cluster.warm import WarmStart
 
-    return RayExecutor.connect(settings.ray_address)
+    early = settings.early if isinstance(settings.early, WarmStart) else None
+    return RayExecutor.connect(settings.ray_address, early)

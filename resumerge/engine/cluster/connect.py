@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from types import ModuleType
@@ -25,9 +27,23 @@ def require_ray() -> ModuleType:
     try:
         ray = importlib.import_module("ray")
     except ImportError:
-        raise UsageError("--executor ray needs Ray, which is not installed", hint=f"install it: {INSTALL_HINT}") \
-            from None
+        raise _missing() from None
     return ray
+
+
+def check_ray() -> None:
+    """Raise :class:`UsageError` (exit 2) naming how to install Ray when it is missing, without importing it (a
+    second of CPU, which a run spends in the background while it plans: :mod:`~resumerge.engine.cluster.warm`)."""
+    if "ray" in sys.modules:
+        if sys.modules["ray"] is None:  # marked missing (as where it is not installed)
+            raise _missing()
+        return
+    if importlib.util.find_spec("ray") is None:
+        raise _missing()
+
+
+def _missing() -> UsageError:
+    return UsageError("--executor ray needs Ray, which is not installed", hint=f"install it: {INSTALL_HINT}")
 
 
 def join(address: str | None) -> ModuleType:
@@ -38,10 +54,13 @@ def join(address: str | None) -> ModuleType:
     if ray.is_initialized():
         return ray
     where = address or os.environ.get("RAY_ADDRESS") or None
+    # Off the main thread (a run's warm start) Ray warns that it cannot set its SIGTERM handler: the CLI's handlers
+    # are the ones that count anyway (see _signals_kept).
+    level = "WARNING" if threading.current_thread() is threading.main_thread() else "ERROR"
     try:
         with _signals_kept():
             # Workers' logs stay on their nodes: the driver's display is the run's progress, not their chatter.
-            ray.init(address=where, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
+            ray.init(address=where, include_dashboard=False, log_to_driver=False, logging_level=level,
                      configure_logging=True)
     except (ConnectionError, RuntimeError, TimeoutError) as exc:
         raise UnreachableError(f"cannot join the Ray cluster at {where}: {exc}",

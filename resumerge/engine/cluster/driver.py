@@ -1,14 +1,15 @@
 """The Ray executor: the driver feeds the pending output shards to a long-lived worker per node, then publishes
 and journals each one.
 
-The driver starts a :class:`~resumerge.engine.cluster.worker.ShardStream` actor on every node (one per share of its
-CPUs as wide as the run's thread count) and keeps :data:`AHEAD` shards fed to each, so that a node computes one
-shard while it writes the one before, as a local run does. Only the driver (the process that runs ``resumerge run``
-or ``resume``) writes the ledger and the manifest and commits: a worker returns each shard's temp path and digests
-(:class:`~resumerge.engine.cluster.worker.ShardDone`), and the driver publishes that file through the run's sink (a
-rename in the shared OUT, a staged copy, or an upload and commit of a hub repo) and journals it with the run's
-:class:`~resumerge.store.journal_commit.CommitJournal`, as the local executor's writer does. The frozen plan goes
-through Ray's object store once; tensors never do.
+The driver has a :class:`~resumerge.engine.cluster.worker.ShardStream` actor on every node (one per share of its
+CPUs as wide as the run's thread count: started warm while the run planned, else once the plan is known; see
+:mod:`~resumerge.engine.cluster.launch`) and keeps :data:`~resumerge.engine.cluster.launch.AHEAD` shards fed to
+each, so that a node computes one shard while it writes the one before, as a local run does. Only the driver (the
+process that runs ``resumerge run`` or ``resume``) writes the ledger and the manifest and commits: a worker returns
+each shard's temp path and digests (:class:`~resumerge.engine.cluster.worker.ShardDone`), and the driver publishes
+that file through the run's sink (a rename in the shared OUT, a staged copy, or an upload and commit of a hub repo)
+and journals it with the run's :class:`~resumerge.store.journal_commit.CommitJournal`, as the local executor's
+writer does. The frozen plan goes through Ray's object store once; tensors never do.
 
 Faults: the shards of a worker whose process or node died go back to the front of the queue, to the workers left
 (:data:`REISSUES` times each), to a fresh temp path; the shard's bytes do not depend on where it ran. A shard that
@@ -22,22 +23,26 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from resumerge.config.settings import RunSettings
 from resumerge.engine.cluster.connect import join
 from resumerge.engine.cluster.hubreads import NodeReads
+from resumerge.engine.cluster.launch import AHEAD, Worker, adopt, default_threads, end, place
 from resumerge.engine.cluster.upload import HubPlace, commit_operation, task_cpus
-from resumerge.engine.cluster.worker import ShardDone, ShardStream, WorkerSetup
+from resumerge.engine.cluster.warm import WarmStart
+from resumerge.engine.cluster.worker import ShardDone, WorkerSetup
 from resumerge.engine.devices import is_gpu
 from resumerge.engine.executor import CONCURRENCY, finish_run
 from resumerge.engine.job import Job
 from resumerge.errors import UnreachableError
 from resumerge.memory.sizes import format_size
 from resumerge.plan.fetching import read_order, shard_input_files
-from resumerge.plan.merge_plan import ShardPlan
+from resumerge.plan.merge_plan import Plan, ShardPlan
+from resumerge.plan.planner import threads_matter
 from resumerge.plan.workorder import compute_order
 from resumerge.plan.workunits import estimate_bytes
 from resumerge.store.durable import discard, is_temp_name, storage_error
@@ -46,8 +51,6 @@ from resumerge.store.journal_commit import CommitJournal
 from resumerge.store.nodestats import NODE_EVENT, node_line
 from resumerge.torch_import import IMPORT_RESERVE, torch
 
-# How many shards the driver keeps fed to each node's worker: one computing while the one before is written.
-AHEAD = 2
 # The driver's re-issues of a shard whose worker was lost (its process or node died) before the run gives up.
 REISSUES = 3
 # How long the driver waits for a result before it looks at the stop flag and the commits again.
@@ -57,26 +60,20 @@ POLL_SECONDS = 0.25
 STOP_SECONDS = 10.0
 
 
-@dataclass(eq=False)
-class _Worker:
-    """A node's worker as the driver sees it: its actor, its node (as the ledger names it) and its shards fed."""
-
-    actor: Any
-    node: str
-    fed: int = 0
-
-
 class RayExecutor:
     """The executor of ``--executor ray``: the pending output shards fed to a worker per node, the ledger kept by
     this process."""
 
-    def __init__(self, ray: ModuleType) -> None:
-        self.ray = ray
+    def __init__(self, ray: ModuleType, warm: WarmStart | None = None) -> None:
+        self.ray, self.warm = ray, warm
 
     @classmethod
-    def connect(cls, address: str | None) -> RayExecutor:
-        """Join the cluster at ``address`` (see :func:`~resumerge.engine.cluster.connect.join`)."""
-        return cls(join(address))
+    def connect(cls, address: str | None, warm: WarmStart | None = None) -> RayExecutor:
+        """Join the cluster at ``address`` (see :func:`~resumerge.engine.cluster.connect.join`), once the ``warm``
+        start of the run's workers, if any, has joined it (its workers are taken when the run starts)."""
+        if warm is not None:
+            warm.joined()
+        return cls(join(address), warm)
 
     def run(self, job: Job) -> tuple[str, ...]:
         """Every pending shard of ``job`` computed by the nodes' workers and journaled here, then the run's side
@@ -85,7 +82,8 @@ class RayExecutor:
         journal = CommitJournal(job.sink, job.ledger, job.book)
         interrupt: KeyboardInterrupt | None = None
         try:
-            finished = _Dispatch(self.ray, job, journal, done).run()
+            warm, self.warm = self.warm, None  # a recipe's later stages start their own
+            finished = _Dispatch(self.ray, job, journal, done, warm).run()
         except KeyboardInterrupt as exc:
             interrupt, finished = exc, False
         return finish_run(job.plan, journal, job.reporter, done, finished=finished, interrupt=interrupt,
@@ -96,14 +94,16 @@ class _Dispatch:
     """One run's workers: a long-lived actor per node (per share of its CPUs) fed a few shards ahead, their results
     published in any order."""
 
-    def __init__(self, ray: ModuleType, job: Job, journal: CommitJournal, done: set[str]) -> None:
-        self.ray, self.job, self.journal = ray, job, journal
+    def __init__(self, ray: ModuleType, job: Job, journal: CommitJournal, done: set[str],
+                 warm: WarmStart | None) -> None:
+        self.ray, self.job, self.journal, self.warm = ray, job, journal, warm
         self.plan = job.plan
         # Shards to feed, with the times each was re-issued: a lost worker's shards go back to the front.
         self.pending: deque[tuple[ShardPlan, int]] = deque(
             (shard, 0) for shard in compute_order(self.plan) if shard.name not in done)
-        self.inflight: dict[Any, tuple[ShardPlan, int, _Worker]] = {}  # object ref -> shard, re-issues, worker
-        self.workers: list[_Worker] = []
+        self.inflight: dict[Any, tuple[ShardPlan, int, Worker]] = {}  # object ref -> shard, re-issues, worker
+        self.beginning: dict[Any, Worker] = {}  # warm workers' begin calls not answered yet
+        self.workers: list[Worker] = []
         self.lost: set[str] = set()  # nodes whose worker died: none is started there again
         self.folders: set[Path] = set()  # where the workers write their temp files
         self.published: set[Path] = set()  # the temp files handed to the sink
@@ -113,11 +113,10 @@ class _Dispatch:
         settings = job.settings
         # A hub OUT: each node uploads what it made (the driver commits), staging under --max-disk per node.
         self.hub = job.sink if isinstance(job.sink, HubRepoSink) else None
-        place = None if self.hub is None else HubPlace.of(self.hub.repo, self.hub.resume)
-        self.setup = WorkerSetup(settings.num_threads or torch.get_num_threads(), settings.max_memory,
-                                 settings.max_gpu_memory, place, NodeReads.of(job))
+        upload = None if self.hub is None else HubPlace.of(self.hub.repo, self.hub.resume)
+        self.setup = WorkerSetup(_threads(self.plan, settings), settings.max_memory, settings.max_gpu_memory, upload,
+                                 NodeReads.of(job))
         self.memory = max((self._memory(shard) for shard, _ in self.pending), default=IMPORT_RESERVE)
-        self.actor_class = ray.remote(ShardStream)
         self.shared = ray.put((self.plan, job.resources))
 
     def run(self) -> bool:
@@ -132,11 +131,14 @@ class _Dispatch:
                 while self.pending and (worker := self._hungriest()) is not None:
                     if not self._feed(worker, *self.pending.popleft()):
                         return False
-                ready, _ = self.ray.wait(list(self.inflight), num_returns=1, timeout=POLL_SECONDS)
+                ready, _ = self.ray.wait([*self.inflight, *self.beginning], num_returns=1, timeout=POLL_SECONDS)
                 if self.job.should_stop():
                     return False
                 for ref in ready:
-                    self._collect(ref)
+                    if ref in self.beginning:
+                        self._begun(ref)
+                    else:
+                        self._collect(ref)
                 self.journal.settle()  # hub commits that landed meanwhile
             return True
         finally:
@@ -144,34 +146,27 @@ class _Dispatch:
             self._sweep()
 
     def _start_workers(self) -> None:
-        """An actor on every live node with a CPU (a GPU with ``--device cuda``) not lost yet, one per share of the
-        node's CPUs as wide as the run's thread count; each declares those CPUs and the memory the plan's largest
-        shard needs (at most what its node has). Raises :class:`UnreachableError` when no node is left."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
+        """The workers of every live node with a CPU (a GPU with ``--device cuda``) not lost yet, one per share of
+        the node's CPUs as wide as the run's thread count, each declaring those CPUs and the memory the plan's
+        largest shard needs (at most what its node has): the warm ones taken from the run's start when they fit
+        (:func:`~resumerge.engine.cluster.launch.adopt`), else ones started now. Raises :class:`UnreachableError`
+        when no node is left."""
         gpu = is_gpu(self.plan.options.device)
         nodes = self.ray.nodes()
         wanted = self._width(nodes)
-        for node in nodes:
-            has, node_id = node.get("Resources", {}), node.get("NodeID", "")
-            cpus = int(has.get("CPU", 0))
-            if not node.get("Alive") or node_id[:8] in self.lost or cpus < 1 or (gpu and has.get("GPU", 0) < 1):
-                continue
-            width = min(wanted, cpus)
-            count = min(cpus // width, int(has["GPU"])) if gpu else cpus // width
-            memory = min(self.memory, int(has.get("memory", 0))) or self.memory
-            setup = replace(self.setup, cpus=width, reads=None if self.setup.reads is None else
-                            self.setup.reads.shared_by(count))  # the node's fetch cache split between them
-            for _ in range(count):
-                actor = self.actor_class.options(
-                    num_cpus=width, num_gpus=1 if gpu else 0, memory=memory, max_restarts=0,
-                    max_concurrency=AHEAD + 2,  # the shards fed and waiting, and a call to stop
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                ).remote(self.shared, setup)
-                self.workers.append(_Worker(actor, node_id[:8]))
-        if not self.workers:
-            raise UnreachableError("the Ray cluster has no live node to compute on" + (
-                " with a GPU" if gpu else ""), hint="check the cluster's nodes, then run resumerge resume OUT")
+        warm, self.warm = (self.warm.take() if self.warm is not None else []), None  # ours to end from here
+        if warm:
+            try:
+                adopted = not gpu and adopt(self.ray, warm, nodes, self.shared, self.setup, wanted, self.memory)
+            except BaseException:
+                end(self.ray, warm)
+                raise
+            if adopted:
+                self.workers = warm
+                self.beginning = {worker.begun: worker for worker in warm}
+                return
+            end(self.ray, warm)
+        self.workers = place(self.ray, nodes, self.shared, self.setup, wanted, self.memory, gpu=gpu, lost=self.lost)
 
     def _width(self, nodes: list[dict[str, Any]]) -> int:
         """The CPUs each worker declares: the run's thread count, raised for a hub OUT under ``--max-disk`` so that no
@@ -182,12 +177,12 @@ class _Dispatch:
         return task_cpus(self.setup.threads, cpus, self.hub.max_disk,
                          max((s.file_size for s in self.plan.shards), default=0))
 
-    def _hungriest(self) -> _Worker | None:
+    def _hungriest(self) -> Worker | None:
         """The worker with the fewest shards fed, if it has room for another."""
         worker = min(self.workers, key=lambda w: w.fed, default=None)
         return worker if worker is not None and worker.fed < AHEAD else None
 
-    def _feed(self, worker: _Worker, shard: ShardPlan, reissued: int) -> bool:
+    def _feed(self, worker: Worker, shard: ShardPlan, reissued: int) -> bool:
         """Feed ``shard`` to ``worker`` once its inputs are checked (a hub download lands on the driver's cache
         first); False when the run is stopped while waiting."""
         for model, file in shard_input_files(self.plan, shard):
@@ -209,6 +204,18 @@ class _Dispatch:
                         for tp in (self.plan.tensors[name] for name in shard.tensors)), reverse=True)
         return IMPORT_RESERVE + 2 * sum(units[:CONCURRENCY])
 
+    def _begun(self, ref: Any) -> None:
+        """A warm worker's begin call answered: raises its error (the run stops, as on a shard's), or loses the
+        worker whose process or node died."""
+        worker = self.beginning.pop(ref)
+        exceptions = self.ray.exceptions
+        try:
+            self.ray.get(ref)
+        except exceptions.RayTaskError as exc:
+            _raise_cause(exc)
+        except exceptions.RayError:  # its shards fed meanwhile fail too, and come back to the queue
+            self._lose(worker)
+
     def _collect(self, ref: Any) -> None:
         shard, reissued, worker = self.inflight.pop(ref)
         worker.fed -= 1
@@ -216,8 +223,7 @@ class _Dispatch:
         try:
             result: ShardDone = self.ray.get(ref)
         except exceptions.RayTaskError as exc:  # the shard failed (its temp file deleted): the run stops
-            cause = exc.cause
-            raise (cause if isinstance(cause, Exception) else exc) from None
+            _raise_cause(exc)
         except exceptions.RayError as exc:  # its worker's process or node was lost
             self._lose(worker)
             if reissued >= REISSUES:
@@ -228,14 +234,14 @@ class _Dispatch:
             return
         self._publish(shard, replace(result, node=worker.node))
 
-    def _lose(self, worker: _Worker) -> None:
+    def _lose(self, worker: Worker) -> None:
         """Forget a worker that died (its other shards fail too and come back here); start workers on the nodes
         left when none is."""
         if worker not in self.workers:
             return
         self.workers.remove(worker)
         self.lost.add(worker.node)
-        self.ray.kill(worker.actor, no_restart=True)
+        end(self.ray, [worker])
         if not self.workers:
             self._start_workers()
 
@@ -291,14 +297,29 @@ class _Dispatch:
         their actors: no work of this run goes on after it."""
         # The shards' calls, answered once their worker stopped (Stopped, mostly), are read: Ray prints an error
         # nobody read.
-        waits = [worker.actor.stop.remote() for worker in self.workers] + list(self.inflight)
+        waits = [worker.actor.stop.remote() for worker in self.workers] + [*self.inflight, *self.beginning]
         answered, _ = self.ray.wait(waits, num_returns=len(waits), timeout=STOP_SECONDS) if waits else ([], [])
         for ref in answered:
             try:
                 self.ray.get(ref)
             except self.ray.exceptions.RayError:
                 continue
-        for worker in self.workers:
-            self.ray.kill(worker.actor, no_restart=True)
+        end(self.ray, self.workers)  # and their memory reservations
         self.workers.clear()
         self.inflight.clear()
+        self.beginning.clear()
+
+
+def _raise_cause(exc: Any) -> None:
+    """Raise the error a worker's call raised (a ``RayTaskError``'s cause), as the local executor would."""
+    cause = exc.cause
+    raise (cause if isinstance(cause, Exception) else exc) from None
+
+
+def _threads(plan: Plan, settings: RunSettings) -> int:
+    """Every node's thread count: ``-j``, else this process's torch's own where a method's bytes depend on it (as a
+    local run computes), else :func:`~resumerge.engine.cluster.launch.default_threads` (without importing torch:
+    the driver computes nothing, and its import is two CPU seconds beside the workers' own)."""
+    if settings.num_threads is None and threads_matter({tp.method for tp in plan.tensors.values()}, plan.units):
+        return int(torch.get_num_threads())
+    return default_threads(settings.num_threads)

@@ -1,8 +1,9 @@
 """A cluster node's long-lived worker: the engine's own pipeline over the stream of shards the driver feeds it.
 
 The driver starts one :class:`ShardStream` actor per node (per share of its CPUs) with the frozen plan and the
-run's settings (:class:`WorkerSetup`); then it feeds it shards, a few ahead (:meth:`ShardStream.compute`: a shard's
-name and the folder its temp file goes to, never tensors). The actor runs
+run's settings (:class:`WorkerSetup`), or starts it warm, before the plan exists, and gives it both by
+:meth:`ShardStream.begin` (:mod:`~resumerge.engine.cluster.launch`); then it feeds it shards, a few ahead
+(:meth:`ShardStream.compute`: a shard's name and the folder its temp file goes to, never tensors). The actor runs
 :func:`~resumerge.engine.executor.compute_shards` once, over those shards as they come, so one shard's write
 overlaps the next one's compute as in a local run, and torch is imported once per node, not per shard. Each call
 returns its shard's :class:`ShardDone` (the written temp file's size and digest). The actor publishes nothing and
@@ -34,7 +35,7 @@ from resumerge.plan.merge_plan import Plan, ShardPlan
 from resumerge.plan.planner import threads_matter
 from resumerge.store.durable import discard, temp_path
 from resumerge.store.sink import LocalDirSink, Receipt
-from resumerge.torch_import import torch
+from resumerge.torch_import import load, torch
 
 
 @dataclass(frozen=True)
@@ -93,15 +94,23 @@ class _HandOver(LocalDirSink):
 class ShardStream:
     """A node's worker (a threaded Ray actor: :meth:`compute` calls wait side by side). Its pipeline thread starts
     with the first shard fed and runs until :meth:`stop`, or until a shard fails: every waiting call then raises
-    that error (the local run's), and the next shard fed starts a fresh pipeline."""
+    that error (the local run's), and the next shard fed starts a fresh pipeline.
 
-    def __init__(self, shared: tuple[Plan, Resources], setup: WorkerSetup) -> None:
-        self.plan, self.resources = shared
+    A worker started warm (``shared`` None) imports torch as it starts, while its driver plans, and computes nothing
+    until :meth:`begin` gives it the plan: a shard fed before waits for it, and raises what :meth:`begin` raised."""
+
+    def __init__(self, shared: tuple[Plan, Resources] | None, setup: WorkerSetup) -> None:
+        self.begun = threading.Event()  # set once begun (or failed to), or stopped
+        self.failed: BaseException | None = None  # what begin raised
+        self.plan: Plan | None = None
+        self.resources: Resources | None = None
+        self.shards: dict[str, ShardPlan] = {}
         self.setup = setup
-        self.shards = {shard.name: shard for shard in self.plan.shards}
-        self.cores = node_cores(setup.threads, setup.cpus or setup.threads, thread_dependent=threads_matter(
-            {t.method for t in self.plan.tensors.values()}, self.plan.units))
-        set_torch_threads(self.cores.threads)
+        self.cores: Cores | None = None  # what it computes with, once begun
+        if shared is None:
+            load()  # torch now, while the driver plans, not with the first shard fed (begin sets its threads)
+        else:
+            self.begin(shared, setup)
         self.lock = threading.Lock()
         self.fed: queue.Queue[str | None] = queue.Queue()
         self.waiting: dict[str, tuple[Path, Future[ShardDone]]] = {}  # fed, not yet written: temp path, result
@@ -115,8 +124,11 @@ class ShardStream:
         meets a lost attempt's file) after the shards fed before it; returns its digests. Raises what the local
         executor would raise for it (a bad input found late, a full disk), or :class:`Stopped` once stopped; a
         shard that does not finish leaves no temp file."""
+        self.begun.wait()
         result: Future[ShardDone] = Future()
         with self.lock:
+            if self.failed is not None:
+                raise self.failed
             if self.stopping.is_set():
                 raise Stopped()
             if self.setup.upload is not None:
@@ -130,22 +142,36 @@ class ShardStream:
                 self.thread.start()
         return result.result()
 
+    def begin(self, shared: tuple[Plan, Resources], setup: WorkerSetup) -> None:
+        """The run's frozen plan and resources, and its shards' setup (thread count, budgets, upload place, hub
+        reads): what a warm worker waits for before it computes. A raise here is also every shard's fed to it."""
+        try:
+            self.plan, self.resources = shared
+            self.setup = setup
+            self.shards = {shard.name: shard for shard in self.plan.shards}
+            self.cores = node_cores(setup.threads, setup.cpus or setup.threads, thread_dependent=threads_matter(
+                {t.method for t in self.plan.tensors.values()}, self.plan.units))
+            set_torch_threads(self.cores.threads)
+        except BaseException as exc:
+            self.failed = exc
+            raise
+        finally:
+            self.begun.set()
+
     def stop(self) -> None:
         """End the pipeline at its next safe point (the shard it was writing abandoned, its temp file deleted); the
-        calls still waiting raise :class:`Stopped`. Returns once it ended."""
+        calls still waiting raise :class:`Stopped` (those of a worker never begun too). Returns once it ended."""
         with self.lock:
             self.stopping.set()
             self.fed.put(None)
             thread = self.thread
+        self.begun.set()
         if thread is not None:
             thread.join()
 
-    def ready(self) -> bool:
-        """True once constructed (the driver's warm-up waits on it: torch is imported)."""
-        return True
-
     def _pipeline(self) -> None:
-        plan, setup = self.plan, self.setup
+        plan, resources, cores, setup = self.plan, self.resources, self.cores, self.setup
+        assert plan is not None and resources is not None and cores is not None  # begun before any shard was fed
         governor = make_governor(plan, setup.max_memory)
         gpu = gpu_governor(plan, plan.options.device, setup.max_gpu_memory)
         governor.start()
@@ -156,8 +182,8 @@ class ShardStream:
         try:
             self.node = NodeSources(plan, setup.reads, governor, this_node() if setup.reads else "")
             compute_shards(plan, self.node.sources, _HandOver(self.temps), self, NullReporter(), set(self.shards),
-                           should_stop=self.stopping.is_set, workers=self.cores.units, governor=governor, gpu=gpu,
-                           transfers=False, resources=self.resources, batches=self._batches())
+                           should_stop=self.stopping.is_set, workers=cores.units, governor=governor, gpu=gpu,
+                           transfers=False, resources=resources, batches=self._batches())
         except BaseException as exc:
             error = exc
         finally:
@@ -197,6 +223,7 @@ class ShardStream:
         with self.lock:
             temp, result = self.waiting.pop(receipt.name)
         reads, fetched = self.node.drain() if self.node is not None else ((), 0)
+        assert self.cores is not None  # begun before any shard was fed
         cores = Cores(torch.get_num_threads(), self.cores.units)
         place = self.setup.upload
         if place is None:

@@ -1,0 +1,75 @@
+"""A Ray run's workers started while it plans: the cluster joined and a worker per node started in the background
+from the API call's first step, so that the workers' imports (a fresh process importing the engine and torch,
+seconds) overlap the driver's own imports and planning instead of following them.
+
+The API call that runs or resumes a merge owns one :class:`WarmStart` for its run (in its settings:
+:attr:`~resumerge.config.settings.RunSettings.early`) and closes it when the call ends, which ends every worker
+the run did not take, whatever ended the call; the Ray executor takes the workers (:meth:`WarmStart.take`) once it
+knows the plan, and from then on ends them itself (:mod:`~resumerge.engine.cluster.launch` adopts or ends them).
+Nothing is started where the API call names no cluster and the process is not connected to one (a Ray started for
+the run is left to the executor's own join), and a start that fails only loses the head start: the executor's own
+join and start then say what is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from types import ModuleType
+
+from resumerge.config.settings import RunSettings
+from resumerge.engine.cluster.connect import join, require_ray
+from resumerge.engine.cluster.launch import Worker, default_threads, end, place
+from resumerge.engine.cluster.worker import WorkerSetup
+from resumerge.torch_import import IMPORT_RESERVE
+
+
+class WarmStart:
+    """Joining the cluster at ``where`` (None: the one this process is connected to) and starting a warm worker of
+    ``threads`` threads per share of every node's CPUs, in a thread of its own started at once."""
+
+    def __init__(self, where: str | None, threads: int | None) -> None:
+        self.where, self.threads = where, default_threads(threads)
+        self.ray: ModuleType | None = None
+        self.workers: list[Worker] = []  # started and not taken yet
+        self.thread = threading.Thread(target=self._start, name="resumerge-ray-warm-start", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> WarmStart | None:
+        """The warm start of a run with ``settings`` (None where there is nothing to join: no ``--ray-address``,
+        no ``RAY_ADDRESS`` and no connection of this process)."""
+        ray = sys.modules.get("ray")
+        connected = ray is not None and ray.is_initialized()
+        where = settings.ray_address or os.environ.get("RAY_ADDRESS") or None
+        if not connected and where is None:
+            return None
+        return cls(None if connected else where, settings.num_threads)
+
+    def joined(self) -> None:
+        """Wait until the cluster is joined (or failed to be) and the workers' start is asked for."""
+        self.thread.join()
+
+    def take(self) -> list[Worker]:
+        """The workers started (none if the start failed); the caller's to end from now on."""
+        self.thread.join()  # the start is over: nothing else touches the list
+        workers, self.workers = self.workers, []
+        return workers
+
+    def close(self) -> None:
+        """End the workers the run did not take (it was refused, failed or ended before it took them)."""
+        workers = self.take()
+        if workers and self.ray is not None:
+            end(self.ray, workers)
+
+    def _start(self) -> None:
+        try:
+            ray = require_ray()
+            if self.where is not None:
+                join(self.where)
+            workers = place(ray, ray.nodes(), None, WorkerSetup(self.threads), self.threads, IMPORT_RESERVE,
+                            gpu=False, lost=set())
+        except Exception:  # only the head start is lost: the executor's own join and start say what is wrong
+            return
+        self.ray, self.workers = ray, workers
