@@ -17,12 +17,14 @@ import os
 import sys
 import threading
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from resumerge.config.settings import RunSettings
-from resumerge.engine.cluster.connect import join, require_ray
-from resumerge.engine.cluster.launch import Worker, default_threads, end, place
-from resumerge.engine.cluster.worker import WorkerSetup
-from resumerge.torch_import import IMPORT_RESERVE
+
+# The engine (which the workers' class brings) and Ray are imported by the start's own thread: the call goes on
+# meanwhile, and the workers are asked for as soon as both are in.
+if TYPE_CHECKING:
+    from resumerge.engine.cluster.launch import Worker
 
 
 class WarmStart:
@@ -30,7 +32,7 @@ class WarmStart:
     ``threads`` threads per share of every node's CPUs, in a thread of its own started at once."""
 
     def __init__(self, where: str | None, threads: int | None) -> None:
-        self.where, self.threads = where, default_threads(threads)
+        self.where, self.threads = where, threads
         self.ray: ModuleType | None = None
         self.workers: list[Worker] = []  # started and not taken yet
         self.thread = threading.Thread(target=self._start, name="resumerge-ray-warm-start", daemon=True)
@@ -61,15 +63,24 @@ class WarmStart:
         """End the workers the run did not take (it was refused, failed or ended before it took them)."""
         workers = self.take()
         if workers and self.ray is not None:
+            from resumerge.engine.cluster.launch import end
+
             end(self.ray, workers)
 
     def _start(self) -> None:
         try:
+            from resumerge.engine.cluster.connect import join, require_ray
+
             ray = require_ray()
             if self.where is not None:
                 join(self.where)
-            workers = place(ray, ray.nodes(), None, WorkerSetup(self.threads), self.threads, IMPORT_RESERVE,
-                            gpu=False, lost=set())
+            from resumerge.engine.cluster.launch import default_threads, place
+            from resumerge.engine.cluster.worker import WorkerSetup
+            from resumerge.torch_import import IMPORT_RESERVE
+
+            threads = default_threads(self.threads)
+            workers = place(ray, ray.nodes(), None, WorkerSetup(threads), threads, IMPORT_RESERVE, gpu=False,
+                            lost=set())
         except Exception:  # only the head start is lost: the executor's own join and start say what is wrong
             return
         self.ray, self.workers = ray, workers
