@@ -1,6 +1,7 @@
 """A cluster node's worker (``engine/cluster/worker.py``) without Ray: the shards fed to it, side by side as Ray's
 threaded actor calls them, come out as the local executor writes them; a failing shard fails every waiting call
-with its error; a stopped worker leaves no temp file and refuses what is fed after.
+with its error; a stopped worker leaves no temp file and refuses what is fed after; a worker started warm (without
+the plan) computes what was fed once begun, and fails it with the error of a begin that raised.
 
 The Ray executor's checks on a real cluster are in ``tests/test_ray_executor.py``."""
 
@@ -66,6 +67,31 @@ def test_shards_fed_side_by_side_come_out_as_the_local_run_writes_them(merge: Me
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(Path(d.temp).name for d in done)
     with pytest.raises(Stopped):
         worker.compute(names[0], str(tmp_path))
+
+
+def test_a_warm_worker_computes_once_begun_and_a_failed_begin_fails_what_was_fed(merge: Merge, tmp_path: Path) -> None:
+    # Started warm (no plan yet), a worker holds what is fed until begin gives it the plan; a begin that raises
+    # fails what was fed with its error (it never waits), and a stop ends a wait for a begin that never came.
+    plan, name = merge.prepared.plan, compute_order(merge.prepared.plan)[0].name
+    with ThreadPoolExecutor(2) as calls:
+        warm = ShardStream(None, WorkerSetup(threads=2))
+        waiting = calls.submit(warm.compute, name, str(tmp_path))
+        warm.begin((plan, merge.prepared.resources), WorkerSetup(threads=2))
+        done = waiting.result(timeout=60)
+        warm.stop()
+        assert hashlib.sha256(Path(done.temp).read_bytes()).hexdigest() == merge.reference[name]
+        failing = ShardStream(None, WorkerSetup(threads=2))
+        waiting = calls.submit(failing.compute, name, str(tmp_path))
+        with pytest.raises(TypeError):
+            failing.begin(None, WorkerSetup(threads=2))  # type: ignore[arg-type]  # not a (plan, resources) pair
+        with pytest.raises(TypeError):
+            waiting.result(timeout=30)
+        never = ShardStream(None, WorkerSetup(threads=2))
+        waiting = calls.submit(never.compute, name, str(tmp_path))
+        never.stop()
+        with pytest.raises(Stopped):
+            waiting.result(timeout=30)
+    assert list(tmp_path.iterdir()) == [Path(done.temp)]  # nothing of the shards that failed or waited
 
 
 def test_a_failing_shard_fails_every_waiting_call_with_its_error(merge: Merge, tmp_path: Path) -> None:

@@ -25,7 +25,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,8 +49,7 @@ from resumerge.engine.cluster import driver
 from resumerge.engine.cluster.cores import Cores, node_cores
 from resumerge.engine.cluster.hubreads import NodeReads, NodeSources
 from resumerge.engine.cluster.upload import HubPlace, task_cpus, upload_shard
-from resumerge.engine.cluster.worker import ShardStream, WorkerSetup
-from resumerge.engine.executor import CONCURRENCY, Stopped
+from resumerge.engine.executor import CONCURRENCY
 from resumerge.engine.quiet import NullReporter
 from resumerge.errors import EXIT_INVALID, ResumergeError, UsageError
 from resumerge.store.hubcommits import CommitQueue
@@ -185,24 +183,6 @@ def _a_run_refused_before_it_computes_leaves_no_worker(merge: Merge, tmp_path: P
         api.run(merge.config, tmp_path / "out", state_dir=tmp_path / "state", out_shard_size=SHARD, executor="ray",
                 progress=_Refusing())
     _wait_for_idle_cluster()  # the API call ended its warm workers
-
-
-def test_a_warm_worker_whose_begin_failed_fails_its_shards_instead_of_waiting(tmp_path: Path) -> None:
-    # A shard fed to a warm worker waits for the plan (begin); a begin that raises fails it with that error, and a
-    # stop ends a wait for a begin that never came.
-    with ThreadPoolExecutor(2) as pool:
-        failing = ShardStream(None, WorkerSetup(1))
-        waiting = pool.submit(failing.compute, "model.safetensors", str(tmp_path))
-        with pytest.raises(TypeError):
-            failing.begin(None, WorkerSetup(1))  # type: ignore[arg-type]  # not a (plan, resources) pair
-        with pytest.raises(TypeError):
-            waiting.result(timeout=30)
-        never = ShardStream(None, WorkerSetup(1))
-        waiting = pool.submit(never.compute, "model.safetensors", str(tmp_path))
-        never.stop()
-        with pytest.raises(Stopped):
-            waiting.result(timeout=30)
-    assert not any(tmp_path.iterdir())
 
 
 def _equals_local_and_both_worker_nodes_made_shards(cluster: tuple[Cluster, Any], merge: Merge,
