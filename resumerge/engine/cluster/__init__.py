@@ -2,7 +2,8 @@
 alone journals.
 
 The driver (:class:`~resumerge.engine.cluster.driver.RayExecutor`, the executor of ``--executor ray``) plans as
-every run does, then starts a worker actor per node with the frozen plan (shared once through Ray's object store)
+every run does, with a worker actor per node started meanwhile (:mod:`~resumerge.engine.cluster.warm`, adopted or
+ended by :mod:`~resumerge.engine.cluster.launch`), hands it the frozen plan (shared once through Ray's object store)
 and feeds it shards, a few ahead, by name and temp folder, never tensors. The worker
 (:class:`~resumerge.engine.cluster.worker.ShardStream`) reads their inputs itself (streamed hub inputs by byte
 range from the hub, through a fetch cache of its node's: :mod:`~resumerge.engine.cluster.hubreads`), computes and
@@ -16,4 +17,4 @@ executor resumes with the other. Ray itself is imported only here, and only when
 May import: errors, config, memory, methods, inputs, store, plan, engine (the executor seam and its pipeline).
 """
 
-__all__ = ["connect", "driver", "worker"]
+__all__ = ["connect", "cores", "driver", "launch", "warm", "worker"]
