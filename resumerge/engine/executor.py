@@ -19,9 +19,8 @@ import gc
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import replace
 from typing import Protocol
@@ -29,6 +28,7 @@ from typing import Protocol
 from resumerge.engine import cpupriority
 from resumerge.engine.compute import Stored, TensorCompute
 from resumerge.engine.devices import is_gpu
+from resumerge.engine.inflight import InFlight
 from resumerge.engine.interrupts import commit_uploaded
 from resumerge.engine.unitgroup import UnitGroup, group_bytes, joins_others
 from resumerge.engine.workspace import Workspaces, workspace_bytes
@@ -245,7 +245,7 @@ class _Pipeline:
         # beside the working ones (collects_sibling), and every unit in flight must have started.
         self.pool = ThreadPoolExecutor(max_workers=2 * workers + 1, thread_name_prefix="resumerge-merge",
                                        initializer=cpupriority.yield_to_transfers if yield_cpu else None)
-        self.inflight: deque[tuple[UnitGroup, Future[list[Stored]], Reservation | None]] = deque()
+        self.inflight: InFlight[UnitGroup, list[Stored]] = InFlight(workers, self._hand_over)
         # Each computation's decoded inputs and result buffer, reused by the next (see resumerge.engine.workspace).
         self.workspaces = Workspaces(workspace_bytes(self._budget() if governor is not None else None, workers))
 
@@ -299,18 +299,13 @@ class _Pipeline:
         """Admit ``group`` and start computing it on the pool (PASSES units only where the workers fill torch's
         threads on the CPU: ``alone``, a stream's chunk kernels run serially, see resumerge.inputs.kernels); False
         when stopped first."""
-        while not group.sibling and self.working() >= self.limit():
-            if not self.hand_over_oldest():
-                return False
+        if not self.inflight.make_room(group.sibling, self.limit()):
+            return False
         admitted, reservation, on_gpu = self._admit_both(group.units[0].tp.name, group.estimate)
         if not admitted:
             return False
-        self.inflight.append((group, self.pool.submit(self._compute, group.units, on_gpu, alone), reservation))
+        self.inflight.add(group, self.pool.submit(self._compute, group.units, on_gpu, alone), reservation)
         return True
-
-    def working(self) -> int:
-        """Groups in flight that compute (not those collecting a sibling's result)."""
-        return sum(1 for group, _, _ in self.inflight if not group.sibling)
 
     def _compute(self, units: list[TensorCompute], on_gpu: Reservation | None, serial: bool) -> list[Stored]:
         """Compute ``units``' tensors whole in order, their kernels on this thread alone when ``serial``; their GPU
@@ -357,20 +352,14 @@ class _Pipeline:
             except TimeoutError:
                 if self.halted():
                     return False, None
-                if self.inflight and not self.hand_over_oldest():
+                if self.inflight and not self.inflight.hand_over_oldest():
                     return False, None
 
-    def hand_over_oldest(self) -> bool:
-        group, future, reservation = self.inflight.popleft()
-        with released_on_error(reservation):  # the group's error goes on as it came; its memory is free
-            stored = future.result()
-        return self._put((group.shard, group.names, stored, reservation))
+    def _hand_over(self, group: UnitGroup, result: list[Stored], reservation: Reservation | None) -> bool:
+        return self._put((group.shard, group.names, result, reservation))
 
     def flush(self) -> bool:
-        while self.inflight:
-            if not self.hand_over_oldest():
-                return False
-        return not self.halted()
+        return self.inflight.flush() and not self.halted()
 
     def _put(self, item: _Item) -> bool:
         while not self.halted():
@@ -448,11 +437,7 @@ class _Pipeline:
         return True
 
     def close(self) -> None:
-        for _, future, reservation in self.inflight:
-            future.cancel()
-            if reservation is not None:
-                reservation.release()
-        self.inflight.clear()
+        self.inflight.close()
         self.pool.shutdown(wait=True)
 
 

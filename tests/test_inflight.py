@@ -1,0 +1,103 @@
+"""The engine's line of groups in flight (resumerge.engine.inflight): a worker freed by a finished group takes the next
+one while an older group still computes, and the writer gets every group in the order it was started."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from resumerge.engine.inflight import HELD_PER_WORKER, InFlight
+from resumerge.memory import Reservation
+
+
+@dataclass(frozen=True)
+class _Group:
+    name: str
+    sibling: bool = False
+
+
+def _line(workers: int = 2, stop_after: int | None = None) -> tuple[InFlight[_Group, str], list[str]]:
+    written: list[str] = []
+
+    def put(group: _Group, result: str, reservation: Reservation | None) -> bool:
+        assert result == group.name  # each group's own result reaches the writer
+        written.append(result)
+        return stop_after is None or len(written) < stop_after
+
+    return InFlight(workers, put), written
+
+
+def _started(line: InFlight[_Group, str], name: str, *, done: bool = False, sibling: bool = False) -> Future[str]:
+    future: Future[str] = Future()
+    future.set_running_or_notify_cancel()
+    if done:
+        future.set_result(name)
+    line.add(_Group(name, sibling), future, None)
+    return future
+
+
+def test_a_worker_freed_beside_a_long_group_takes_the_next_one_and_the_writer_keeps_the_order() -> None:
+    line, written = _line()
+    long = _started(line, "long")
+    _started(line, "short", done=True)
+    # Two workers, one of them free: the next group starts now, not once the long one is written.
+    assert line.make_room(False, limit=2)
+    assert written == [] and line.working() == 1
+    _started(line, "next", done=True)
+    long.set_result("long")
+    assert line.flush()
+    assert written == ["long", "short", "next"]
+
+
+def test_finished_groups_at_the_head_go_to_the_writer_as_soon_as_room_is_asked() -> None:
+    line, written = _line()
+    _started(line, "a", done=True)
+    b = _started(line, "b")
+    _started(line, "c", done=True)
+    assert line.make_room(False, limit=2)
+    assert written == ["a"]  # b still computes: c waits behind it
+    b.set_result("b")
+    assert line.make_room(False, limit=2)
+    assert written == ["a", "b", "c"] and len(line) == 0
+
+
+def test_when_every_worker_computes_room_waits_for_the_first_to_finish_whichever_it_is() -> None:
+    line, written = _line()
+    _started(line, "old")
+    young = _started(line, "young")
+    threading.Timer(0.05, young.set_result, args=("young",)).start()
+    assert line.make_room(False, limit=2)  # returns once the younger group is done; the older still computes
+    assert young.done() and line.working() == 1 and written == []
+
+
+def test_the_line_holds_at_most_its_share_per_worker_behind_a_long_group() -> None:
+    line, written = _line(workers=1)
+    long = _started(line, "long")
+    for i in range(HELD_PER_WORKER - 1):
+        _started(line, f"short{i}", done=True)
+    threading.Timer(0.05, long.set_result, args=("long",)).start()
+    assert line.make_room(False, limit=1)  # full: the long group is waited for and written first
+    assert written[0] == "long" and long.done()
+
+
+def test_a_group_collecting_its_siblings_result_needs_no_free_worker() -> None:
+    line, _ = _line()
+    _started(line, "a")
+    _started(line, "b")
+    assert line.working() == 2
+    assert line.make_room(True, limit=2)  # returns at once: it computes nothing
+    _started(line, "b's sibling", sibling=True)
+    assert line.working() == 2
+
+
+def test_a_stopped_writer_ends_the_wait_and_close_releases_what_is_left() -> None:
+    line, written = _line(stop_after=1)
+    _started(line, "a", done=True)
+    released: list[str] = []
+    future: Future[str] = Future()
+    line.add(_Group("b"), future, Reservation(lambda r: released.append(str(r.what)), 10, "b"))
+    assert not line.make_room(False, limit=1)
+    assert written == ["a"]
+    line.close()
+    assert released == ["b"] and future.cancelled() and len(line) == 0
