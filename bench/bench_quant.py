@@ -1,6 +1,6 @@
 """Block-FP8 linear merge of two ~1 GB DeepSeek-style checkpoints against the disk floor (issue 43).
 
-Usage: ``python bench/bench_quant.py [--runs N] [--work DIR]``
+Usage: ``python bench/bench_quant.py [--runs N] [--work DIR] [--cases kept,dequantize,1GB]``
 
 Generates the inputs once under ``--work`` (kept out of git: ``bench/work/`` is ignored): Llama-shaped, hidden
 2048, intermediate 5632, 16 layers, vocab 8000 — every projection F8_E4M3 with F32 ``weight_scale_inv`` in
@@ -12,10 +12,11 @@ are random bytes (no NaN) and the scales random: the merge's work does not depen
 - ``dequantize``: the same with ``--dequantize`` (BF16 output, twice the bytes);
 - ``1GB``: ``kept`` at ``--max-memory 1GB``.
 
-and the disk floor of each output: a warm read of the inputs plus an fsynced write of that output's size
-(``bench_linear.disk_floor``). Prints one row per run and the medians, with the run's CPU seconds (user + system,
-every process of it: on a shared machine the wall says more about the others than about the run) and the
-machine's load average.
+(``--cases`` picks them and their order, e.g. ``--cases 1GB,kept``: each case's run follows the floor measured
+after the case before it), and the disk floor of each output: a warm read of the inputs plus an fsynced write of
+that output's size (``bench_linear.disk_floor``). Prints one row per run and the medians, with the run's CPU
+seconds (user + system, every process of it: on a shared machine the wall says more about the others than about
+the run) and the machine's load average.
 """
 
 from __future__ import annotations
@@ -91,13 +92,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--work", type=Path, default=HERE / "work" / "quant")
+    parser.add_argument("--cases", default="kept,dequantize,1GB",
+                        help="which cases, in the order each run takes them (the first follows the previous run's "
+                             "last floor: name another first to see whether the order moves a figure)")
     args = parser.parse_args()
     a, b = args.work / "a", args.work / "b"
     make_model(a, 1)
     make_model(b, 2)
     config = args.work / "linear.yml"
     config.write_text(CONFIG.format(a=a, b=b))
-    cases = {"kept": [], "dequantize": ["--dequantize"], "1GB": ["--max-memory", "1GB"]}
+    flags_of = {"kept": [], "dequantize": ["--dequantize"], "1GB": ["--max-memory", "1GB"]}
+    cases = {case: flags_of[case] for case in args.cases.split(",")}
     rows: dict[str, list[tuple[float, int, float, float]]] = {case: [] for case in cases}
     for run in range(args.runs):
         for case, flags in cases.items():
