@@ -28,7 +28,7 @@ from typing import Protocol
 from resumerge.engine import cpupriority
 from resumerge.engine.compute import Stored, TensorCompute
 from resumerge.engine.devices import is_gpu
-from resumerge.engine.inflight import InFlight
+from resumerge.engine.inflight import HELD_PER_WORKER, InFlight
 from resumerge.engine.interrupts import commit_uploaded
 from resumerge.engine.unitgroup import UnitGroup, group_bytes, joins_others
 from resumerge.engine.workspace import Workspaces, workspace_bytes
@@ -241,9 +241,12 @@ class _Pipeline:
         self.gpu = gpu
         self.should_stop = should_stop
         self.sources = sources
-        # Twice the workers, and one more: a unit that collects its sibling's result waits on a thread of its own
-        # beside the working ones (collects_sibling), and every unit in flight must have started.
-        self.pool = ThreadPoolExecutor(max_workers=2 * workers + 1, thread_name_prefix="resumerge-merge",
+        # A thread for every group the line (InFlight) may hold, so that each group starts as it is submitted: the
+        # line counts a group as computing from then on, and a group collecting its sibling's result
+        # (collects_sibling) blocks its thread until that result comes. make_room starts a group while fewer than
+        # HELD_PER_WORKER x workers are in the line, and a sibling-collecting one (a LoRA module's B, right after
+        # its A) beside them at once: HELD_PER_WORKER x workers + 1 threads.
+        self.pool = ThreadPoolExecutor(max_workers=HELD_PER_WORKER * workers + 1, thread_name_prefix="resumerge-merge",
                                        initializer=cpupriority.yield_to_transfers if yield_cpu else None)
         self.inflight: InFlight[UnitGroup, list[Stored]] = InFlight(workers, self._hand_over)
         # Each computation's decoded inputs and result buffer, reused by the next (see resumerge.engine.workspace).
