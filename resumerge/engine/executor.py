@@ -307,7 +307,9 @@ class _Pipeline:
         admitted, reservation, on_gpu = self._admit_both(group.units[0].tp.name, group.estimate)
         if not admitted:
             return False
-        self.inflight.add(group, self.pool.submit(self._compute, group.units, on_gpu, alone), reservation)
+        with released_on_error(reservation), released_on_error(on_gpu):
+            future = self.pool.submit(self._compute, group.units, on_gpu, alone)
+        self.inflight.add(group, future, reservation)
         return True
 
     def _compute(self, units: list[TensorCompute], on_gpu: Reservation | None, serial: bool) -> list[Stored]:

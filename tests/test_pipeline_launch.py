@@ -1,0 +1,80 @@
+"""How the executor's pipeline starts a group of units (resumerge.engine.executor): the workspaces it lends and the
+memory it reserves, without a plan (fake units, a probe that reports what the workspaces hold)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import pytest
+
+from resumerge.engine.executor import _Pipeline
+from resumerge.engine.unitgroup import UnitGroup
+from resumerge.engine.workspace import Workspace
+from resumerge.memory import MemoryGovernor
+from resumerge.methods.resources import NO_RESOURCES
+
+BUDGET = 1 << 20
+
+
+@dataclass
+class _Probe:
+    """Host memory as what the ``held`` workspaces hold (the run's buffers between tensors)."""
+
+    held: list[Workspace] = field(default_factory=list)
+
+    def rss(self) -> int:
+        return sum(w.held_bytes for w in self.held)
+
+    def available(self) -> int:
+        return 64 * BUDGET
+
+    def limit(self) -> int | None:
+        return None
+
+    def reclaim(self) -> None:
+        pass
+
+
+@dataclass
+class _Tensor:
+    name: str
+
+
+@dataclass
+class _Unit:
+    """A unit that records the workspace it is computed in."""
+
+    tp: _Tensor = field(default_factory=lambda: _Tensor("t"))
+    lent: list[Workspace | None] = field(default_factory=list)
+
+    def whole(self, workspace: Workspace | None = None) -> Any:
+        self.lent.append(workspace)
+        return {}
+
+
+@pytest.fixture
+def pipeline() -> Iterator[tuple[_Pipeline, MemoryGovernor, _Probe]]:
+    probe = _Probe()
+    governor = MemoryGovernor(BUDGET, probe, margin_fraction=0.0)
+    line = _Pipeline(cast(Any, None), cast(Any, None), cast(Any, None), governor, 1, lambda: False, NO_RESOURCES)
+    yield line, governor, probe
+    line.close()
+
+
+def _group(sibling: bool = False) -> tuple[UnitGroup, _Unit]:
+    unit = _Unit()
+    group = UnitGroup(cast(Any, None), alone=True, sibling=sibling)
+    group.add(cast(Any, unit), 1000)
+    return group, unit
+
+
+def test_a_group_the_pool_refuses_gives_its_reservation_back(
+        pipeline: tuple[_Pipeline, MemoryGovernor, _Probe]) -> None:
+    line, governor, _ = pipeline
+    line.pool.shutdown()
+    group, _ = _group()
+    with pytest.raises(RuntimeError, match="shutdown"):
+        line._launch(group, False)
+    governor.acquire(BUDGET, timeout=0).release()  # nothing is held: the whole budget is admitted at once
