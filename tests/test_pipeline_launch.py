@@ -70,6 +70,16 @@ def _group(sibling: bool = False) -> tuple[UnitGroup, _Unit]:
     return group, unit
 
 
+def test_a_group_collecting_its_siblings_result_is_lent_no_workspace(
+        pipeline: tuple[_Pipeline, MemoryGovernor, _Probe]) -> None:
+    line, _, _ = pipeline
+    group, unit = _group(sibling=True)
+    line._compute(group, None, False)
+    working, other = _group()
+    line._compute(working, None, False)
+    assert unit.lent == [None] and isinstance(other.lent[0], Workspace)
+
+
 def test_a_group_the_pool_refuses_gives_its_reservation_back(
         pipeline: tuple[_Pipeline, MemoryGovernor, _Probe]) -> None:
     line, governor, _ = pipeline

@@ -38,12 +38,23 @@ def test_a_workspace_lends_one_buffer_per_key_grown_to_the_largest_and_never_bey
 
 
 def test_workspaces_lend_each_to_one_computation_at_a_time_and_share_the_budget() -> None:
-    pool = Workspaces(most=64)
+    pool = Workspaces(most=64, workers=2)
     with pool.lend() as first, pool.lend() as second:
         assert first is not second
     with pool.lend() as again:
         assert again in (first, second)
     assert workspace_bytes(1 << 30, 2) == 1 << 28 and workspace_bytes(None, 2) > 0
+
+
+def test_workspaces_keep_one_per_worker() -> None:
+    pool = Workspaces(most=1000, workers=2)
+    with pool.lend() as first, pool.lend() as second, pool.lend() as third:
+        first.take("a", (100,), torch.uint8)
+        second.take("a", (200,), torch.uint8)
+        third.take("a", (300,), torch.uint8)  # beyond the workers: keeps nothing, and is not kept
+        assert third.held_bytes == 0
+    with pool.lend() as a, pool.lend() as b, pool.lend() as c:
+        assert c not in (first, second, third) and {a, b} == {first, second} and c.held_bytes == 0
 
 
 @pytest.mark.parametrize("dequantize", [True, False])

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import Protocol
 
@@ -31,7 +31,7 @@ from resumerge.engine.devices import is_gpu
 from resumerge.engine.inflight import HELD_PER_WORKER, InFlight
 from resumerge.engine.interrupts import commit_uploaded
 from resumerge.engine.unitgroup import UnitGroup, group_bytes, joins_others
-from resumerge.engine.workspace import Workspaces, workspace_bytes
+from resumerge.engine.workspace import Workspace, Workspaces, workspace_bytes
 from resumerge.errors import ResumergeError
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.source import InputSources
@@ -249,8 +249,10 @@ class _Pipeline:
         self.pool = ThreadPoolExecutor(max_workers=HELD_PER_WORKER * workers + 1, thread_name_prefix="resumerge-merge",
                                        initializer=cpupriority.yield_to_transfers if yield_cpu else None)
         self.inflight: InFlight[UnitGroup, list[Stored]] = InFlight(workers, self._hand_over)
-        # Each computation's decoded inputs and result buffer, reused by the next (see resumerge.engine.workspace).
-        self.workspaces = Workspaces(workspace_bytes(self._budget() if governor is not None else None, workers))
+        # Each computation's decoded inputs and result buffer, reused by the next (see resumerge.engine.workspace):
+        # one per worker, as at most `workers` groups compute at once (sibling-collecting groups compute nothing).
+        self.workspaces = Workspaces(workspace_bytes(self._budget() if governor is not None else None, workers),
+                                     workers)
 
     def halted(self) -> bool:
         return self.should_stop() or self.writer.error is not None or not self.writer.is_alive()
@@ -308,16 +310,19 @@ class _Pipeline:
         if not admitted:
             return False
         with released_on_error(reservation), released_on_error(on_gpu):
-            future = self.pool.submit(self._compute, group.units, on_gpu, alone)
+            future = self.pool.submit(self._compute, group, on_gpu, alone)
         self.inflight.add(group, future, reservation)
         return True
 
-    def _compute(self, units: list[TensorCompute], on_gpu: Reservation | None, serial: bool) -> list[Stored]:
-        """Compute ``units``' tensors whole in order, their kernels on this thread alone when ``serial``; their GPU
-        reservation ends with the computation (the results are back on the host)."""
+    def _compute(self, group: UnitGroup, on_gpu: Reservation | None, serial: bool) -> list[Stored]:
+        """Compute ``group``'s tensors whole in order, their kernels on this thread alone when ``serial``, in a
+        workspace unless the group only collects its sibling's result; their GPU reservation ends with the
+        computation (the results are back on the host)."""
         try:
-            with serial_kernels() if serial else nullcontext(), self.workspaces.lend() as workspace:
-                return [unit.whole(workspace) for unit in units]
+            lent: AbstractContextManager[Workspace | None] = (
+                nullcontext(None) if group.sibling else self.workspaces.lend())
+            with serial_kernels() if serial else nullcontext(), lent as workspace:
+                return [unit.whole(workspace) for unit in group.units]
         finally:
             if on_gpu is not None:
                 on_gpu.release()

@@ -8,14 +8,15 @@ result), grown to the largest that worker needed — and lends it again to its n
 
 What a workspace lends is valid until the tensor it was lent for is computed: the engine copies any stored result
 that still points into it (:meth:`Workspace.holds`) before it lends the buffers again. A buffer larger than the
-workspace's ``most`` bytes is allocated fresh and not kept, so what the workspaces hold between tensors stays a
-bounded share of the memory budget; the governor sees it in the process's RSS (its baseline), and each tensor's
-reservation already counts the decoded inputs and the result it computes in them.
+workspace's ``most`` bytes is allocated fresh and not kept, and a run keeps at most one workspace per worker, so what
+the workspaces hold between tensors stays a bounded share of the memory budget; the governor sees it in the process's
+RSS (its baseline), and each tensor's reservation already counts the decoded inputs and the result it computes in
+them.
 """
 
 from __future__ import annotations
 
-import queue
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -72,21 +73,30 @@ class Workspace:
 
 
 class Workspaces:
-    """The workspaces of one run's workers: :meth:`lend` one to each computation running at once (as many exist as
-    ran at once at most), each holding at most ``most`` bytes."""
+    """The workspaces of one run's ``workers``: :meth:`lend` one to each computation running at once, each holding
+    at most ``most`` bytes. At most ``workers`` are kept; a computation beyond them (none should be: the engine runs
+    at most ``workers`` at once) is lent one that keeps nothing. Thread-safe."""
 
-    def __init__(self, most: int) -> None:
-        self.most = most
-        self._free: queue.SimpleQueue[Workspace] = queue.SimpleQueue()
+    def __init__(self, most: int, workers: int) -> None:
+        self.most, self.workers = most, workers
+        self._lock = threading.Lock()
+        self._idle: list[Workspace] = []
+        self._made = 0
 
     @contextmanager
     def lend(self) -> Iterator[Workspace]:
-        """A workspace no other thread uses until the block ends."""
-        try:
-            workspace = self._free.get_nowait()
-        except queue.Empty:
-            workspace = Workspace(self.most)
+        """A workspace no other thread uses until the block ends (the one used last, whose pages are warm)."""
+        with self._lock:
+            if self._idle:
+                workspace, kept = self._idle.pop(), True
+            elif self._made < self.workers:
+                self._made += 1
+                workspace, kept = Workspace(self.most), True
+            else:
+                workspace, kept = Workspace(0), False
         try:
             yield workspace
         finally:
-            self._free.put(workspace)
+            if kept:
+                with self._lock:
+                    self._idle.append(workspace)
