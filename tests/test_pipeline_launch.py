@@ -14,6 +14,7 @@ from resumerge.engine.unitgroup import UnitGroup
 from resumerge.engine.workspace import Workspace
 from resumerge.memory import MemoryGovernor
 from resumerge.methods.resources import NO_RESOURCES
+from resumerge.torch_import import torch
 
 BUDGET = 1 << 20
 
@@ -68,6 +69,21 @@ def _group(sibling: bool = False) -> tuple[UnitGroup, _Unit]:
     group = UnitGroup(cast(Any, None), alone=True, sibling=sibling)
     group.add(cast(Any, unit), 1000)
     return group, unit
+
+
+def test_a_unit_admitted_alone_over_the_headroom_finds_the_idle_workspaces_emptied(
+        pipeline: tuple[_Pipeline, MemoryGovernor, _Probe]) -> None:
+    line, governor, probe = pipeline
+    with line.workspaces.lend() as workspace:  # a large tensor filled the worker's workspace (half the budget)
+        workspace.take("input0", (BUDGET // 2,), torch.uint8)
+        probe.held.append(workspace)
+    assert workspace.held_bytes == BUDGET // 2
+    # Sized against the whole budget: beside the workspace it would be admitted alone over the headroom.
+    admitted, reservation = line._admit("large", 3 * BUDGET // 4, governor)
+    assert admitted and reservation is not None
+    assert workspace.held_bytes == 0
+    assert not [a for a in governor.adaptations if a.knob == "admit_alone"]
+    reservation.release()
 
 
 def test_a_group_collecting_its_siblings_result_is_lent_no_workspace(

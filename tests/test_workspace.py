@@ -46,15 +46,19 @@ def test_workspaces_lend_each_to_one_computation_at_a_time_and_share_the_budget(
     assert workspace_bytes(1 << 30, 2) == 1 << 28 and workspace_bytes(None, 2) > 0
 
 
-def test_workspaces_keep_one_per_worker() -> None:
+def test_workspaces_keep_one_per_worker_and_trim_gives_back_what_the_idle_ones_hold() -> None:
     pool = Workspaces(most=1000, workers=2)
     with pool.lend() as first, pool.lend() as second, pool.lend() as third:
         first.take("a", (100,), torch.uint8)
         second.take("a", (200,), torch.uint8)
         third.take("a", (300,), torch.uint8)  # beyond the workers: keeps nothing, and is not kept
-        assert third.held_bytes == 0
+        assert third.held_bytes == 0 and pool.trim() == 0  # none is idle: nothing is taken from under a worker
+    with pool.lend() as busy:
+        assert busy.held_bytes in (100, 200)
+        assert pool.trim() == 300 - busy.held_bytes  # the idle one only
+        assert busy.held_bytes in (100, 200)
     with pool.lend() as a, pool.lend() as b, pool.lend() as c:
-        assert c not in (first, second, third) and {a, b} == {first, second} and c.held_bytes == 0
+        assert c not in (first, second, third) and {a, b} == {first, second}
 
 
 @pytest.mark.parametrize("dequantize", [True, False])

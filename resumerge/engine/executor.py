@@ -356,9 +356,12 @@ class _Pipeline:
         """
         if pool is None:
             return True, None
+        # Units are sized against the whole budget: one the governor would admit alone over the headroom first
+        # gets back what the idle workspaces hold (host memory only).
+        make_room = self.workspaces.trim if pool is self.governor else None
         while True:
             try:
-                return True, pool.acquire(estimate, timeout=0.05, what=what)
+                return True, pool.acquire(estimate, timeout=0.05, what=what, make_room=make_room)
             except TimeoutError:
                 if self.halted():
                     return False, None

@@ -11,7 +11,9 @@ that still points into it (:meth:`Workspace.holds`) before it lends the buffers 
 workspace's ``most`` bytes is allocated fresh and not kept, and a run keeps at most one workspace per worker, so what
 the workspaces hold between tensors stays a bounded share of the memory budget; the governor sees it in the process's
 RSS (its baseline), and each tensor's reservation already counts the decoded inputs and the result it computes in
-them.
+them. Where the governor must make room (a unit it would admit alone over the headroom) the idle workspaces give their
+buffers back (:meth:`Workspaces.trim`): the planner sizes units against the whole budget, not against what is left
+beside the workspaces.
 """
 
 from __future__ import annotations
@@ -71,6 +73,12 @@ class Workspace:
         storage = tensor.untyped_storage().data_ptr()
         return any(b.untyped_storage().data_ptr() == storage for b in self._buffers.values())
 
+    def clear(self) -> int:
+        """Drop every buffer (the next :meth:`take` allocates afresh); returns the bytes they held."""
+        held = self.held_bytes
+        self._buffers.clear()
+        return held
+
 
 class Workspaces:
     """The workspaces of one run's ``workers``: :meth:`lend` one to each computation running at once, each holding
@@ -100,3 +108,8 @@ class Workspaces:
             if kept:
                 with self._lock:
                     self._idle.append(workspace)
+
+    def trim(self) -> int:
+        """Drop the buffers of every workspace not lent now; returns the bytes given back."""
+        with self._lock:
+            return sum(workspace.clear() for workspace in self._idle)

@@ -141,10 +141,13 @@ class MemoryGovernor:
 
     # -- admission -----------------------------------------------------------------------------------------
 
-    def acquire(self, estimate_bytes: int, *, timeout: float | None = None, what: str | None = None) -> Reservation:
+    def acquire(self, estimate_bytes: int, *, timeout: float | None = None, what: str | None = None,
+                make_room: Callable[[], object] | None = None) -> Reservation:
         """Block until ``estimate_bytes`` may be used; return the :class:`Reservation` that holds them.
 
-        ``what`` (a tensor name) goes into errors and adaptations. Raises
+        ``what`` (a tensor name) goes into errors and adaptations. ``make_room`` gives back memory the caller holds
+        beyond its reservations (idle buffers): called, before the probe reclaims, when the unit would be admitted
+        alone over the headroom. Raises
         :class:`~resumerge.errors.UsageError` at once when the estimate exceeds the whole budget (it could
         never fit; the hint gives the smallest budget that would), :class:`TimeoutError` when ``timeout``
         seconds pass first, and :class:`ValueError` for a negative estimate. Never waits while nothing is in
@@ -178,6 +181,8 @@ class MemoryGovernor:
                         self._cond.wait(self._interval if remaining is None else min(self._interval, remaining))
                         continue
                 # Alone yet over the headroom: get freed memory back once, then look again.
+                if make_room is not None:
+                    make_room()
                 self.probe.reclaim()
                 self._read_at = -float("inf")  # what reclaim gave back is seen at once
                 reclaimed = True
