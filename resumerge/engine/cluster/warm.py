@@ -35,6 +35,10 @@ class WarmStart:
         self.where, self.threads = where, threads
         self.ray: ModuleType | None = None
         self.workers: list[Worker] = []  # started and not taken yet
+        # Set once the call ends (close): what the start places from then on is its own to end. Set, and read with
+        # what was placed, under the lock, so that every worker is ended by exactly one of the two threads.
+        self.closed = threading.Event()
+        self._lock = threading.Lock()
         self.thread = threading.Thread(target=self._start, name="resumerge-ray-warm-start", daemon=True)
         self.thread.start()
 
@@ -55,13 +59,18 @@ class WarmStart:
 
     def take(self) -> list[Worker]:
         """The workers started (none if the start failed); the caller's to end from now on."""
-        self.thread.join()  # the start is over: nothing else touches the list
-        workers, self.workers = self.workers, []
+        self.thread.join()  # the start is over
+        with self._lock:
+            workers, self.workers = self.workers, []
         return workers
 
     def close(self) -> None:
-        """End the workers the run did not take (it was refused, failed or ended before it took them)."""
-        workers = self.take()
+        """End the workers the run did not take (it was refused, failed or ended before it took them), without
+        waiting for a start still under way (a run that failed fast would wait for the join and the placement, and
+        a second Ctrl-C meanwhile would leave the workers running): that start ends what it places itself."""
+        with self._lock:
+            self.closed.set()
+            workers, self.workers = self.workers, []
         if workers and self.ray is not None:
             from resumerge.engine.cluster.launch import end
 
@@ -74,13 +83,20 @@ class WarmStart:
             ray = require_ray()
             if self.where is not None:
                 join(self.where)
-            from resumerge.engine.cluster.launch import default_threads, place
+            from resumerge.engine.cluster.launch import default_threads, end, place
             from resumerge.engine.cluster.worker import WorkerSetup
             from resumerge.torch_import import IMPORT_RESERVE
 
+            if self.closed.is_set():
+                return
             threads = default_threads(self.threads)
             workers = place(ray, ray.nodes(), None, WorkerSetup(threads), threads, IMPORT_RESERVE, gpu=False,
                             lost=set())
+            with self._lock:
+                closed = self.closed.is_set()
+                if not closed:
+                    self.ray, self.workers = ray, workers
+            if closed:  # the call ended while they were placed: nobody else will end them
+                end(ray, workers)
         except Exception:  # only the head start is lost: the executor's own join and start say what is wrong
             return
-        self.ray, self.workers = ray, workers

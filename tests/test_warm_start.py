@@ -1,0 +1,55 @@
+"""A Ray run's warm start (resumerge.engine.cluster.warm) without a cluster: closing it never waits for a start under
+way, and every worker placed is ended once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from resumerge.engine.cluster import connect, launch
+from resumerge.engine.cluster.warm import WarmStart
+
+
+@pytest.fixture
+def placing(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event, list[list[str]]]:
+    """A cluster of no node whose placement, once begun (the first event), waits for the second, then places two
+    workers; the lists of workers ended are recorded."""
+    begun, go, ended = threading.Event(), threading.Event(), []
+
+    def place(*args: Any, **kwargs: Any) -> list[str]:
+        begun.set()
+        go.wait(5)
+        return ["w1", "w2"]
+
+    monkeypatch.setattr(connect, "require_ray", lambda: SimpleNamespace(nodes=lambda: []))
+    monkeypatch.setattr(launch, "place", place)
+    monkeypatch.setattr(launch, "end", lambda ray, workers: ended.append(list(workers)))
+    return begun, go, ended
+
+
+def test_close_does_not_wait_for_the_start_which_ends_what_it_places_after(
+        placing: tuple[threading.Event, threading.Event, list[list[str]]]) -> None:
+    begun, go, ended = placing
+    warm = WarmStart(None, 1)
+    assert begun.wait(5)
+    began = time.monotonic()
+    warm.close()  # the run failed fast: the placement is still under way
+    assert time.monotonic() - began < 1 and ended == []
+    go.set()
+    warm.thread.join(5)
+    assert ended == [["w1", "w2"]] and warm.take() == []
+
+
+def test_close_ends_the_workers_placed_and_not_taken_once(
+        placing: tuple[threading.Event, threading.Event, list[list[str]]]) -> None:
+    _, go, ended = placing
+    go.set()
+    warm = WarmStart(None, 1)
+    warm.joined()
+    warm.close()
+    warm.close()
+    assert ended == [["w1", "w2"]]
