@@ -1,17 +1,22 @@
 """A Ray run's warm start (resumerge.engine.cluster.warm) without a cluster: closing it never waits for a start under
-way, and every worker placed is ended once."""
+way, and every worker placed is ended once; a resume starts none for a plan recorded on a GPU."""
 
 from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from resumerge.api.options import recorded_device, started_early
+from resumerge.config.locations import RunLocations
+from resumerge.config.settings import RAY, RunSettings
 from resumerge.engine.cluster import connect, launch
 from resumerge.engine.cluster.warm import WarmStart
+from resumerge.store.ledger import Ledger
 
 
 @pytest.fixture
@@ -53,3 +58,20 @@ def test_close_ends_the_workers_placed_and_not_taken_once(
     warm.close()
     warm.close()
     assert ended == [["w1", "w2"]]
+
+
+def test_a_resume_reads_the_recorded_device_before_starting_warm_workers(tmp_path: Path) -> None:
+    out, state = tmp_path / "out", tmp_path / "state"
+    ray = RunSettings(state_dir=state, executor=RAY)
+    assert recorded_device(out, ray) == "cpu"  # nothing recorded
+    path = RunLocations.of(out, state).ledger
+    path.parent.mkdir(parents=True)
+    for device in ("cpu", "cuda:0"):
+        ledger = Ledger(path)
+        ledger.start_run(out_dir=str(out), config_text="", fingerprint="f", parts={}, inputs={},
+                         options={"device": device}, model_dirs={}, version="0", files=(), tensors=())
+        ledger.close()
+        assert recorded_device(out, ray) == device
+    assert recorded_device(out, RunSettings(state_dir=state)) == "cpu"  # a local run starts none anyway
+    with started_early(ray, out, recorded_device(out, ray)) as settings:
+        assert settings.early is None

@@ -27,6 +27,7 @@ from resumerge.api.options import (
     hub_output,
     named,
     plan_options,
+    recorded_device,
     run_settings,
     started_early,
     stop_flag,
@@ -180,7 +181,8 @@ def resume(
                             num_threads=num_threads, executor=executor, ray_address=ray_address)
     recorded = functools.partial(prepare_recorded, out=out)
     driving = Driving(stop_flag(should_stop), _reporter(progress), cleanup=cleanup_intermediates)
-    with started_early(settings, out) as settings:  # a Ray run's workers, while this one reads its record
+    # A Ray run's workers, while this one reads its record: none for a GPU plan (they start without one).
+    with started_early(settings, out, recorded_device(out, settings)) as settings:
         outcome = next(found for kind in KINDS if (found := kind.resume(out, settings, driving, recorded)))
     for kind in KINDS:
         kind.finished(outcome, out, state_dir)

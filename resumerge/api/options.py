@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resumerge.config.settings import EXECUTORS, LOCAL, RAY, HubOutputOptions, RunSettings
-from resumerge.errors import OutputDirError, UsageError
+from resumerge.errors import LedgerError, OutputDirError, UsageError
 from resumerge.memory.sizes import parse_size
 
 if TYPE_CHECKING:
@@ -82,6 +82,26 @@ def started_early(settings: RunSettings, out: PathLike, device: str = "cpu") -> 
         yield replace(settings, early=warm)
     finally:
         warm.close()
+
+
+def recorded_device(out: PathLike, settings: RunSettings) -> str:
+    """The device the run recorded for ``out`` computes on, as its ledger in the state dir says, for a Ray resume's
+    :func:`started_early` (its warm workers start without a GPU, which a GPU plan's run can never take); "cpu" for
+    a local run and where no ledger can say (none, or unreadable: the resume itself says what is wrong)."""
+    if settings.executor != RAY:
+        return "cpu"
+    from resumerge.config.locations import RunLocations
+    from resumerge.store.ledger_read import reading, run_row
+
+    path = RunLocations.of(out, settings.state_dir).ledger
+    if not path.is_file():
+        return "cpu"
+    try:
+        with reading(path, "ledger") as conn:
+            row = run_row(conn)
+    except LedgerError:
+        return "cpu"
+    return str(row.options.get("device", "cpu")) if row is not None else "cpu"
 
 
 def hub_output(public: bool, every: int | None, interval: float | None) -> HubOutputOptions:
