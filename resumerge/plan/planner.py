@@ -62,7 +62,7 @@ from resumerge.plan.parameters import ParameterResolver, Resolved, check_paramet
 from resumerge.plan.quantnotes import quantization_notes
 from resumerge.plan.sharding import assign_shards, output_naming, resolve_shard_size
 from resumerge.plan.slices import Slice, check_slice, left_out, normalise
-from resumerge.plan.tensorkinds import TensorKinds, kind_key
+from resumerge.plan.tensorkinds import TensorKinds, carried_companions, kind_key
 from resumerge.plan.tokenizer_plan import build_output_tokenizer, tokenizer_hashes, tokenizer_output
 from resumerge.plan.truncation import common_rows, leading_rows, truncation_notes
 from resumerge.vocab import BuiltTokenizer, parse_tokenizer_spec
@@ -395,7 +395,8 @@ def _planned(out_name: str, inputs: list[InputRef], base_index: int | None, reso
     if config.out_dtype is None and method.half_result_float32 and out_code in ("F16", "BF16"):
         out_code = "F32"
     # Made in its stored format at once (what out_format makes of it): a 92k-tensor plan makes 46k of them.
-    codec, carried = _stored_format(inputs, base_index, dequantize=ctx.dequantize)
+    codec = _stored_codec(inputs, base_index, dequantize=ctx.dequantize)
+    carried = carried_companions(inputs, codec, base_index=base_index)
     tp = TensorPlan(
         name=out_name,
         shard="",
@@ -420,22 +421,16 @@ def out_format(tp: TensorPlan, *, dequantize: bool) -> TensorPlan:
     companions that format carries copied from that input (see :attr:`TensorPlan.carried`), sized by its stored
     parts (and copied from an input in that format when its value is exactly that input's); plainly in its
     ``out_dtype`` with ``dequantize``."""
-    source = tp.inputs[tp.base_index if tp.base_index is not None else 0]
-    codec = PLAIN if dequantize else source.codec
+    codec = _stored_codec(tp.inputs, tp.base_index, dequantize=dequantize)
     if codec is tp.out_codec or codec == tp.out_codec:  # as _tensor made it: asked of 46k tensors
         return tp
-    codec, carried = _stored_format(tp.inputs, tp.base_index, dequantize=dequantize)
+    carried = carried_companions(tp.inputs, codec, base_index=tp.base_index)
     return _copied(replace(tp, out_codec=codec, carried=carried).sized())
 
 
-def _stored_format(inputs: Sequence[InputRef], base_index: int | None, *, dequantize: bool
-                   ) -> tuple[TensorCodec, tuple[tuple[str, InputRef], ...]]:
-    """The format an output tensor of ``inputs`` is stored in and the companions it carries (see
-    :func:`out_format`)."""
-    source = inputs[base_index if base_index is not None else 0]
-    codec = PLAIN if dequantize else source.codec
-    # A companion the format carries (a static input_scale) is the source's: no merge recomputes it from weights.
-    return codec, tuple((part, c) for part, c in source.companions if codec.carries(part))
+def _stored_codec(inputs: Sequence[InputRef], base_index: int | None, *, dequantize: bool) -> TensorCodec:
+    """The format an output tensor of ``inputs`` is stored in (see :func:`out_format`)."""
+    return PLAIN if dequantize else inputs[base_index if base_index is not None else 0].codec
 
 
 def _copied(tp: TensorPlan) -> TensorPlan:
@@ -443,8 +438,7 @@ def _copied(tp: TensorPlan) -> TensorPlan:
     (:func:`~resumerge.plan.copies.stored_copy`)."""
     tp = stored_copy(tp)
     if tp.copy_of is not None:  # the module is that input's, whole: its carried companions too (same shapes)
-        copied = tp.inputs[tp.copy_of].companions
-        tp = replace(tp, carried=tuple((part, c) for part, c in copied if tp.out_codec.carries(part)))
+        tp = replace(tp, carried=carried_companions(tp.inputs, tp.out_codec, copy_of=tp.copy_of))
     return tp
 
 

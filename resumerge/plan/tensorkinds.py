@@ -20,7 +20,7 @@ from typing import Any
 from resumerge.inputs.codecs import TensorCodec
 from resumerge.plan.merge_plan import InputRef, TensorPlan
 
-__all__ = ["Kind", "TensorKinds", "kind_key"]
+__all__ = ["Kind", "TensorKinds", "carried_companions", "kind_key"]
 
 # Where an input is stored, left out of its kind; every other field is in it (a field added later too), but the
 # companions, keyed on their parts, dtypes and shapes, and a LoRA delta, which has no key.
@@ -41,6 +41,16 @@ def kind_key(method: str, base_index: int | None, vocab_rows: int | None,
         key.append((_ref_fields(ref), tuple([(part, c.dtype, c.shape) for part, c in companions])
                     if companions else ()))
     return tuple(key)
+
+
+def carried_companions(inputs: Sequence[InputRef], codec: TensorCodec, *, copy_of: int | None = None,
+                       base_index: int | None = None) -> tuple[tuple[str, InputRef], ...]:
+    """The companions an output tensor over ``inputs`` stored in ``codec`` carries
+    (:attr:`~resumerge.plan.merge_plan.TensorPlan.carried`): those ``codec`` carries of the input it is a copy of
+    (``copy_of``), else of its base (``base_index``), else of its first input. A companion the format carries (a
+    static input_scale) is that input's: no merge recomputes it from weights."""
+    index = copy_of if copy_of is not None else base_index if base_index is not None else 0
+    return tuple((part, c) for part, c in inputs[index].companions if codec.carries(part))
 
 
 # What a kind's tensors share: every field of their plans but these (a field added later too).
@@ -64,14 +74,12 @@ class Kind:
 
     def plan(self, name: str, inputs: tuple[InputRef, ...]) -> TensorPlan:
         """The plan of output tensor ``name`` of this kind over ``inputs``: the one the whole planning makes. The
-        companions it carries are those its format carries of the input it copies, else of its base (its first
-        input without one)."""
+        companions it carries follow :func:`carried_companions`."""
         carried: tuple[tuple[str, InputRef], ...] = ()
         if self.carries:
             shared = self.shared
-            index = shared["copy_of"] if shared["copy_of"] is not None else shared["base_index"]
-            codec: TensorCodec = shared["out_codec"]
-            carried = tuple((part, c) for part, c in inputs[index or 0].companions if codec.carries(part))
+            carried = carried_companions(inputs, shared["out_codec"], copy_of=shared["copy_of"],
+                                         base_index=shared["base_index"])
         return TensorPlan(name=name, inputs=inputs, carried=carried, **self.shared)
 
 
