@@ -8,13 +8,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
+import pytest
 import torch
 from conftest import ModelFactory
 from support import linear_config, write_config
 
 import resumerge
-from resumerge import torch_import
-from resumerge.engine.torchside import TorchProcess
+from resumerge import api, torch_import
+from resumerge.config.merge_config import load_config_text
+from resumerge.engine.costs import Estimate
+from resumerge.engine.devices import set_torch_threads
+from resumerge.engine.estimate_memory import memory_estimate
+from resumerge.engine.session import plan_from_config
+from resumerge.engine.torchside import TorchHere, TorchProcess
+from resumerge.errors import InterruptedMerge
+from resumerge.memory.fake import FakeProbe
+from resumerge.plan.merge_plan import PlanOptions
 
 _PACKAGE = Path(resumerge.__file__).parent
 
@@ -140,10 +150,10 @@ def test_a_budget_near_what_a_tensor_needs_is_checked_with_torch_imported(tmp_pa
     assert govern(torch_import.IMPORT_RESERVE) == ["True"]  # near: measured with torch in, and it fits
 
 
-# Estimates sys.argv[1] (refused: a model folder is missing) then sys.argv[2] into sys.argv[3] as `resumerge plan`
-# does (a fresh process), where this process may not import torch; prints how many child processes were left after
-# each, whether the sample was timed, and whether the counted baseline holds torch's memory (about 128 MB) beyond this
-# process's own, torch-less, reading.
+# Estimates sys.argv[1] (refused: a model folder is missing) then sys.argv[2] into sys.argv[3] with one torch thread
+# as `resumerge plan` does (a fresh process), where this process may not import torch; prints how many child
+# processes were left after each, whether the sample was timed, whether the counted baseline holds torch's memory
+# (about 128 MB) beyond this process's own, torch-less, reading, and the working set and largest unit.
 _APART = """
 import sys, psutil
 from resumerge import api
@@ -154,10 +164,11 @@ try:
 except InputError:
     pass
 left = len(psutil.Process().children())
-est = api.estimate(sys.argv[2], sys.argv[3], fresh_process=True, probe_size=0)
+est = api.estimate(sys.argv[2], sys.argv[3], fresh_process=True, probe_size=0, num_threads=1)
 groups = est.time.compute
 print(left, len(psutil.Process().children()), bool(groups) and all(g.seconds_per_element for g in groups),
-      est.memory.counted_baseline_bytes - SystemProbe().rss() > 50 << 20)
+      est.memory.counted_baseline_bytes - SystemProbe().rss() > 50 << 20, est.memory.working_set_bytes,
+      est.memory.largest_unit_bytes)
 """
 
 
@@ -165,14 +176,26 @@ def test_plan_imports_torch_and_times_the_sample_in_a_helper_that_a_refusal_does
         tmp_path: Path, make: ModelFactory) -> None:
     """``resumerge plan`` imports torch in a helper process that overlaps planning and times the sample there: the
     planning process never imports it, yet the sample is timed and torch's memory is in the baseline; a refusal
-    (exit 2) kills the helper in the middle of its import, and a finished plan leaves none either."""
-    a, b = make("a", seed=1), make("b", seed=2)
-    good = write_config(tmp_path / "c.yml", linear_config(a, b))
+    (exit 2) kills the helper in the middle of its import, and a finished plan leaves none either. Karcher's
+    scratch on bfloat16 tensors grows with torch's threads: the planning process sizes it with the helper's
+    count (``-j``), as an estimate made in one process does."""
+    spec = {"layers": 1, "hidden": 64, "intermediate": 128, "vocab": 128, "dtype": torch.bfloat16}
+    a, b = make("a", seed=1, **spec), make("b", seed=2, **spec)  # tensors of 8192 entries: a half dot's scratch
+    good = write_config(tmp_path / "c.yml", {"merge_method": "karcher", "models": [{"model": str(a)},
+                                                                                     {"model": str(b)}]})
     bad = write_config(tmp_path / "bad.yml", linear_config(a, tmp_path / "missing"))
     result = subprocess.run([sys.executable, "-c", _REFUSE_TORCH + _APART, str(bad), str(good),
                              str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["0", "0", "True", "True"]
+    printed = result.stdout.split()
+    assert printed[:4] == ["0", "0", "True", "True"]
+    threads = torch.get_num_threads()
+    try:
+        here = api.estimate(good, tmp_path / "out", probe_size=0, num_threads=1)
+    finally:
+        set_torch_threads(threads)
+    assert isinstance(here, Estimate)
+    assert printed[4:] == [str(here.memory.working_set_bytes), str(here.memory.largest_unit_bytes)]
 
 
 def test_a_helper_that_is_gone_leaves_its_calls_to_this_process() -> None:
@@ -183,3 +206,39 @@ def test_a_helper_that_is_gone_leaves_its_calls_to_this_process() -> None:
     facts = side.facts()
     assert side.call(operator.add, 2, 3) == 5
     assert (facts.anon_bytes, facts.rss_bytes, facts.threads) == (0, 0, torch.get_num_threads())
+
+
+def _interrupted() -> None:
+    raise InterruptedMerge("stopped", resume_command="resumerge run c.yml out")
+
+
+def test_a_helper_raises_what_it_raised_and_gives_its_memory_back_to_the_budget(tmp_path: Path,
+                                                                               make: ModelFactory) -> None:
+    """An exception the helper cannot send back as itself (its ``__init__`` takes a keyword-only argument) is
+    raised here as itself: the call runs here. The helper reports the anonymous memory it holds (what the machine's
+    available memory lacks while it lives), and ``plan``'s default budget and machine memory count it as
+    available, as the run (which has no helper) will find it: the same figures as an estimate made with torch in
+    this process."""
+    a, b = make("a", seed=1), make("b", seed=2)
+    plan = plan_from_config(load_config_text(write_config(tmp_path / "c.yml", linear_config(a, b)).read_text()),
+                            PlanOptions())
+    side = TorchProcess(None)
+    try:
+        facts = side.facts()
+        (helper,) = [c for c in psutil.Process().children() if "torchside import serve" in " ".join(c.cmdline())]
+        held = helper.memory_info()
+        with pytest.raises(InterruptedMerge, match="stopped"):
+            side.call(_interrupted)
+    finally:
+        side.close()
+    # Its interpreter and torch (~150 MB), as read from outside: RSS less file-backed pages (mapped libraries).
+    assert facts.helper_bytes > facts.anon_bytes > 100 << 20
+    assert abs(facts.helper_bytes - (held.rss - held.shared)) < 8 << 20, (facts.helper_bytes, held)
+    # A 16 GB machine, this process holding 300 MB and others 2 GB: torch's memory in this process, or in the helper.
+    machine, ours, others = 16 << 30, 300 << 20, 2 << 30
+    in_process = FakeProbe(rss=ours + facts.anon_bytes, available=machine - ours - facts.anon_bytes - others)
+    apart = FakeProbe(rss=ours, available=machine - ours - facts.helper_bytes - others)
+    here, _ = memory_estimate(plan, plan.shards, in_process, None, 2, frozenset(), TorchHere().facts())
+    there, _ = memory_estimate(plan, plan.shards, apart, None, 2, frozenset(), facts)
+    assert (there.budget, there.machine_bytes, there.counted_baseline_bytes) == (
+        here.budget, here.machine_bytes, here.counted_baseline_bytes)

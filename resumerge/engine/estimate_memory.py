@@ -39,23 +39,26 @@ def memory_estimate(plan: Plan, pending: Sequence[Any], probe: MemoryProbe, max_
     """The memory the merge of ``pending`` shards of ``plan`` needs under ``max_memory`` (None: the default budget)
     on the machine ``probe`` reads, with ``workers`` compute workers, ``remote`` the (model, file) pairs streamed
     from the hub; and why it cannot run (empty: it fits, as far as single units go). The merge process holds torch
-    (imported on first use): ``held`` says what it adds beyond ``probe``'s reading, and its thread count."""
-    budget = max_memory if max_memory is not None else default_budget(probe)
+    (imported on first use): ``held`` says what it adds beyond ``probe``'s reading, what a helper holding torch
+    keeps from ``probe``'s available memory, and torch's thread count."""
+    # A helper's own memory (torch's included) is free again before the run: the run's process finds it available.
+    budget = max_memory if max_memory is not None else default_budget(probe, freed=held.helper_bytes)
     source = "--max-memory" if max_memory is not None else "default"
     anon = probe.rss() + held.anon_bytes  # torch counted, as the merge's budget will
     limit = probe.limit()
-    machine = anon + probe.available()
+    machine = probe.rss() + probe.available() + held.helper_bytes
     machine = min(machine, limit) if limit is not None else machine
     effective = min(budget, machine)
     # The budget counts anonymous memory; the OS's peak RSS also counts mapped files (torch's libraries).
     baseline = int(psutil.Process().memory_info().rss) + held.rss_bytes
     room = max(0, effective - int(effective * SAFETY_MARGIN) - anon)
     classes = TensorClasses(plan.tensors.values())
-    units = pending_units(plan, pending, budget, remote, serial=held.threads <= workers, classes=classes)
+    units = pending_units(plan, pending, budget, remote, serial=held.threads <= workers, classes=classes,
+                          threads=held.threads)
     working = working_set(units, room, workers)
     largest = max((u for u, _ in units), default=0)
     reasons = []
-    too_big = oversized_units(plan, effective, anon, classes=classes)
+    too_big = oversized_units(plan, effective, anon, classes=classes, threads=held.threads)
     smallest = max((u.needed for u in too_big), default=0)
     if too_big:
         worst = max(too_big, key=lambda u: u.needed)
@@ -74,7 +77,7 @@ def memory_estimate(plan: Plan, pending: Sequence[Any], probe: MemoryProbe, max_
 
 def pending_units(plan: Plan, pending: Sequence[Any], budget: int,
                   remote: AbstractSet[tuple[str, str]] = frozenset(), *, serial: bool = True,
-                  classes: TensorClasses | None = None) -> list[tuple[int, bool]]:
+                  classes: TensorClasses | None = None, threads: int | None = None) -> list[tuple[int, bool]]:
     """(estimate, streamed in row chunks) of every unit the engine admits for the pending tensors, in its order.
 
     The engine's own rule (:func:`~resumerge.plan.workunits.unit_mode`) decides: a tensor streamed to the writer
@@ -85,7 +88,8 @@ def pending_units(plan: Plan, pending: Sequence[Any], budget: int,
     them (:mod:`~resumerge.engine.unitgroup`). ``remote``
     holds the (model, file) pairs streamed from the hub, which the engine does not read more than once when it has
     a choice; ``serial`` says whether the engine's workers fill torch's threads (see
-    :func:`~resumerge.plan.workunits.unit_mode`). Each class of tensors is sized once (``classes``: the plan's
+    :func:`~resumerge.plan.workunits.unit_mode`), ``threads`` torch's thread count there (None: this process's).
+    Each class of tensors is sized once (``classes``: the plan's
     tensors sorted, when the caller sorted them already).
     """
     method_of = plan.method_of
@@ -94,10 +98,12 @@ def pending_units(plan: Plan, pending: Sequence[Any], budget: int,
     def sized(rereadable: bool) -> Callable[[TensorPlan], tuple[int, bool, bool]]:
         def size(tp: TensorPlan) -> tuple[int, bool, bool]:  # (estimate, in row chunks, may share a group)
             method = method_of(tp)
-            mode = unit_mode(tp, method, budget, plan.options.device, rereadable=rereadable, serial=serial)
+            mode = unit_mode(tp, method, budget, plan.options.device, rereadable=rereadable, serial=serial,
+                             threads=threads)
             if mode == ROWS:
-                return streamed_bytes(tp, method), True, False
-            return unit_bytes(tp, method, mode), False, joins_others(method, whole=mode == WHOLE, sibling=False)
+                return streamed_bytes(tp, method, threads=threads), True, False
+            shares = joins_others(method, whole=mode == WHOLE, sibling=False)
+            return unit_bytes(tp, method, mode, threads=threads), False, shares
 
         return classes.per_class(size)
 

@@ -57,13 +57,15 @@ _DONE, _RAISED, _HERE = "done", "raised", "here"
 class TorchFacts:
     """What importing torch cost where the calls run, and what it set there: ``import_seconds`` (0 when it was
     imported before), the anonymous bytes (as a memory budget counts them) and resident bytes (its mapped libraries
-    too) it added to that process that this one's own readings do not hold (0 when the calls run here), and
-    torch's thread count."""
+    too) it added to that process that this one's own readings do not hold (0 when the calls run here),
+    torch's thread count, and ``helper_bytes``: all the anonymous bytes the helper process holds (its interpreter
+    and torch), which this machine's available memory lacks until it ends (0 when the calls run here)."""
 
     import_seconds: float
     anon_bytes: int
     rss_bytes: int
     threads: int
+    helper_bytes: int = 0
 
 
 class TorchSide(Protocol):
@@ -177,13 +179,14 @@ class TorchProcess:
         return result
 
     def _receive(self) -> Any:
-        """The helper's next message; None (and the helper closed) when it died or never started."""
+        """The helper's next message; None (and the helper closed) when it died or never started, or its message
+        cannot be read (unpickling can raise almost anything: a class whose ``__init__`` it cannot call, say)."""
         process = self._process
         if process is None or process.stdout is None:
             return None
         try:
             return pickle.load(process.stdout)
-        except (EOFError, OSError, pickle.UnpicklingError):
+        except Exception:  # the helper is of no more use: the calls run here
             self.close()
             return None
 
@@ -191,7 +194,8 @@ class TorchProcess:
 def serve(threads: int | None) -> None:
     """The helper's main: set ``threads``, import torch, send its :class:`TorchFacts`, then answer each pickled
     ``(function, args)`` read from stdin with ``(_DONE, result)``, ``(_RAISED, exception)`` or, when that cannot
-    be pickled, ``(_HERE, None)`` (the caller then runs the call itself), until stdin ends."""
+    be pickled (or an exception cannot be unpickled: one whose ``__init__`` takes keyword-only arguments, say),
+    ``(_HERE, None)`` (the caller then runs the call itself, and gets the real exception), until stdin ends."""
     reply = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, never into the replies
     requests = sys.stdin.buffer
@@ -207,7 +211,8 @@ def serve(threads: int | None) -> None:
     started = time.perf_counter()
     load_torch()
     seconds = time.perf_counter() - started
-    facts = TorchFacts(seconds, max(0, probe.rss() - anon), max(0, int(process.memory_info().rss) - rss), _threads())
+    held = probe.rss()
+    facts = TorchFacts(seconds, max(0, held - anon), max(0, int(process.memory_info().rss) - rss), _threads(), held)
     try:
         pickle.dump(facts, reply)
         reply.flush()
@@ -222,6 +227,8 @@ def serve(threads: int | None) -> None:
                 answer = (_RAISED, exc)
             try:
                 payload = _pickled(answer)
+                if answer[0] == _RAISED:  # it must be made again there: an exception's pickle often cannot
+                    pickle.loads(payload)
             except Exception:  # whatever fails to pickle: the caller can run the call itself
                 payload = pickle.dumps((_HERE, None))
             reply.write(payload)

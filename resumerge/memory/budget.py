@@ -25,17 +25,19 @@ DEFAULT_FRACTION = 0.80
 SAFETY_MARGIN = 0.05
 
 
-def default_budget(probe: MemoryProbe, fraction: float = DEFAULT_FRACTION) -> int:
+def default_budget(probe: MemoryProbe, fraction: float = DEFAULT_FRACTION, *, freed: int = 0) -> int:
     """Return ``fraction`` of the memory this process could hold right now.
 
     "Could hold" is what we hold already plus what is available: ``probe.rss() + probe.available()``, which
     is the ceiling (physical RAM or the container limit, whichever :class:`SystemProbe` found smaller) minus
     what other processes use — memory that is not ours. It is also capped at ``fraction`` of
-    ``probe.limit()``. Example: a free Colab VM (12.7 GB, ~1.4 GB used by the VM) gives about 9 GB.
+    ``probe.limit()``. Example: a free Colab VM (12.7 GB, ~1.4 GB used by the VM) gives about 9 GB. ``freed``
+    bytes held elsewhere now will be available by the time the budget is used (a helper process that ``plan``
+    started and ends before the run: see :mod:`resumerge.engine.torchside`).
     """
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-    ours = probe.rss() + probe.available()
+    ours = probe.rss() + probe.available() + freed
     ceiling = probe.limit()
     if ceiling is not None:
         ours = min(ours, ceiling)

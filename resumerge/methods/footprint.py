@@ -32,6 +32,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from resumerge.torch_import import torch
+
 # Measurements are exact for the shapes measured; the margin covers other shapes' rounding, allocator alignment
 # and small changes to a method's code between measurements.
 MARGIN = 1.25
@@ -198,10 +200,11 @@ def working_bytes(footprint: MethodFootprint, dtype: str, shape: Sequence[int], 
     sees in ``dtype``, its result included, with :data:`MARGIN`; ``base`` says whether one of the inputs is the
     base.
 
-    ``threads`` is torch's intra-op thread count (read from torch when a half-precision dot needs it and it is
-    not given). Never less than one tensor of ``dtype`` (every method returns a new tensor), but for a footprint
-    ``of_inputs``, whose result is a decomposition's factor. ``rank`` is a
-    decomposition's rank, for a footprint with panels (``shape`` is then the matrix it factors).
+    ``threads`` is torch's intra-op thread count where the method runs (read from this process's torch when a
+    half-precision dot needs it and it is not given: a process that only plans passes it, and imports no torch).
+    Never less than one tensor of ``dtype`` (every method returns a new tensor), but for a footprint ``of_inputs``,
+    whose result is a decomposition's factor. ``rank`` is a decomposition's rank, for a footprint with panels
+    (``shape`` is then the matrix it factors).
     """
     elements = math.prod(shape)
     figures = footprint.figures(dtype)
@@ -223,9 +226,7 @@ def working_bytes(footprint: MethodFootprint, dtype: str, shape: Sequence[int], 
     else:
         total = max(total, (figures.phase[0] + figures.phase[1] * counted) * elements + scratch)
     if dot_scratch(footprint, dtype, elements, 1):
-        if threads is None:
-            import torch  # already imported by whoever runs methods; the planner reaches here only for karcher
-
-            threads = torch.get_num_threads()
+        if threads is None:  # the process that runs the methods: torch with its pending -j count (see torch_import)
+            threads = int(torch.get_num_threads())
         total += dot_scratch(footprint, dtype, elements, threads)
     return math.ceil(total * MARGIN) + CALL_BYTES

@@ -27,18 +27,19 @@ from resumerge.torch_import import torch
 _COMPUTE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8}
 
 
-def estimate_bytes(tp: TensorPlan, method: MethodSpec, rows: int | None = None) -> int:
+def estimate_bytes(tp: TensorPlan, method: MethodSpec, rows: int | None = None, *, threads: int | None = None) -> int:
     """Bytes kept alive while computing ``tp`` (or ``rows`` of its rows): the stored inputs (decoded too, when
     a codec decodes them: the size its decoded value has), a copy of each input
     that reaches the method in another dtype or re-indexed to the output vocabulary, the method's measured working
     set (its declared :attr:`~resumerge.methods.spec.MethodSpec.footprint`, evaluated by
     :func:`~resumerge.methods.footprint.working_bytes`: its result included, with a margin), the output
-    buffer, and a LoRA delta's factors."""
+    buffer, and a LoRA delta's factors. ``threads`` is torch's thread count where the merge runs (None: this
+    process's torch; see :func:`~resumerge.methods.footprint.working_bytes`), as for every sizing function here."""
     if tp.experts is not None and rows is None:
         # Merged an expert at a time (resumerge.engine.experts): one expert's estimate, the whole result in the
         # dtype the method computes in, and its encoded output until the writer has it.
         whole = numel(tp.shape) * _COMPUTE_SIZES.get(_seen_dtype(tp), 8)
-        return estimate_bytes(tp, method, rows=1) + whole + tp.nbytes
+        return estimate_bytes(tp, method, rows=1, threads=threads) + whole + tp.nbytes
     shape, fraction = tp.shape, 1.0
     if rows is not None and tp.shape:
         shape, fraction = (rows, *tp.shape[1:]), rows / max(1, tp.shape[0])
@@ -65,7 +66,8 @@ def estimate_bytes(tp: TensorPlan, method: MethodSpec, rows: int | None = None) 
     basis = max((i.shape for i in tp.inputs), key=numel) if method.footprint.of_inputs and tp.inputs else shape
     # A decomposition's result is its rank-r factor: r is its shorter side.
     rank = min(tp.shape) if method.footprint.of_inputs and tp.shape else None
-    work = working_bytes(method.footprint, seen, basis, len(tp.inputs), base=tp.base_index is not None, rank=rank)
+    work = working_bytes(method.footprint, seen, basis, len(tp.inputs), base=tp.base_index is not None,
+                         threads=threads, rank=rank)
     stored = sum(held)
     if method.lazy_inputs and len(tp.inputs) > 1 and rows is None:
         # Its largest input whole, the others a row chunk at a time (LoRA extraction's task vector).
@@ -150,7 +152,7 @@ ROW_CHUNK_BYTES = 512 << 20
 
 
 def unit_mode(tp: TensorPlan, method: MethodSpec, budget: int | None, device: str, *, rereadable: bool = True,
-              serial: bool = True) -> str:
+              serial: bool = True, threads: int | None = None) -> str:
     """How the engine computes ``tp`` under ``budget`` (None: no memory governor).
 
     A stream that prefers the whole tensor (:attr:`~resumerge.methods.spec.RowStream.prefer_whole`) is used only
@@ -168,12 +170,14 @@ def unit_mode(tp: TensorPlan, method: MethodSpec, budget: int | None, device: st
     quarter = None if budget is None else budget // 4
     stream = row_stream(tp, method, device)
     streams = stream is not None
-    if stream is not None and stream.prefer_whole and (quarter is None or estimate_bytes(tp, method) <= quarter):
+    if stream is not None and stream.prefer_whole and (
+            quarter is None or estimate_bytes(tp, method, threads=threads) <= quarter):
         return WHOLE  # streaming it would be slower, and it fits whole
     passes = streams and rereadable and serial and tp.shape[0] > pass_rows(tp)
-    if passes and (quarter is None or unit_bytes(tp, method, PASSES) <= quarter):
+    if passes and (quarter is None or unit_bytes(tp, method, PASSES, threads=threads) <= quarter):
         return PASSES
-    if quarter is not None and (can_chunk(tp, method) or streams) and estimate_bytes(tp, method) > quarter:
+    if (quarter is not None and (can_chunk(tp, method) or streams)
+            and estimate_bytes(tp, method, threads=threads) > quarter):
         return ROWS
     if quarter is not None and fixed_chunk_rows(tp, method) is not None:
         return ROWS
@@ -197,20 +201,21 @@ def fixed_chunk_rows(tp: TensorPlan, method: MethodSpec) -> int | None:
     return max(1, method.row_chunk // max(1, numel(tp.shape[1:])))
 
 
-def stream_rows(tp: TensorPlan, method: MethodSpec) -> int:
+def stream_rows(tp: TensorPlan, method: MethodSpec, *, threads: int | None = None) -> int:
     """The most rows per chunk of a tensor streamed to the writer in row chunks (``ROWS``): its method's fixed
     chunk (:func:`fixed_chunk_rows`), else as many rows as :data:`ROW_CHUNK_BYTES` of estimate holds (at least
     one; every row when they all fit). The engine cuts smaller chunks when the headroom is smaller."""
     fixed = fixed_chunk_rows(tp, method)
     if fixed is not None:
         return fixed
-    return max(1, min(tp.shape[0], ROW_CHUNK_BYTES // max(1, estimate_bytes(tp, method, rows=1))))
+    return max(1, min(tp.shape[0], ROW_CHUNK_BYTES // max(1, estimate_bytes(tp, method, rows=1, threads=threads))))
 
 
-def streamed_bytes(tp: TensorPlan, method: MethodSpec) -> int:
+def streamed_bytes(tp: TensorPlan, method: MethodSpec, *, threads: int | None = None) -> int:
     """What a tensor streamed to the writer in row chunks holds at most: one chunk computed, one queued and one
     being written (:func:`stream_rows` rows each), or the whole tensor's estimate when that is less."""
-    return min(estimate_bytes(tp, method), 3 * estimate_bytes(tp, method, stream_rows(tp, method)))
+    rows = stream_rows(tp, method, threads=threads)
+    return min(estimate_bytes(tp, method, threads=threads), 3 * estimate_bytes(tp, method, rows, threads=threads))
 
 
 def pass_rows(tp: TensorPlan) -> int:
@@ -241,13 +246,13 @@ def aligned_rows(tp: TensorPlan, rows: int, left: int) -> int:
     return min(left, max(step, rows - rows % step))
 
 
-def unit_bytes(tp: TensorPlan, method: MethodSpec, mode: str) -> int:
+def unit_bytes(tp: TensorPlan, method: MethodSpec, mode: str, *, threads: int | None = None) -> int:
     """What the admission of ``tp`` as one unit reserves: a chunk's estimate, the assembled output and what its
     stream holds across passes (:func:`held_bytes`) for ``PASSES``, else the whole estimate (``ROWS`` tensors are
     admitted chunk by chunk instead)."""
     if mode == PASSES:
-        return estimate_bytes(tp, method, rows=pass_rows(tp)) + tp.nbytes + held_bytes(tp, method)
-    return estimate_bytes(tp, method)
+        return estimate_bytes(tp, method, rows=pass_rows(tp), threads=threads) + tp.nbytes + held_bytes(tp, method)
+    return estimate_bytes(tp, method, threads=threads)
 
 
 def chunk_plan(tp: TensorPlan, first: int, stop: int) -> TensorPlan:
@@ -266,7 +271,7 @@ class Oversized:
 
 
 def oversized_units(plan: Plan, budget: int, baseline: int, device: str | None = None,
-                    classes: TensorClasses | None = None) -> list[Oversized]:
+                    classes: TensorClasses | None = None, *, threads: int | None = None) -> list[Oversized]:
     """Tensors that no amount of waiting can fit under ``budget`` (given ``baseline`` bytes already in use) on
     ``device`` (default the plan's): a tensor that can be cut into rows needs room for one row. Each class of the
     plan's tensors is sized once (``classes``, when the caller sorted them already: a 92k-tensor plan holds a few
@@ -277,7 +282,7 @@ def oversized_units(plan: Plan, budget: int, baseline: int, device: str | None =
         method = plan.method_of(tp)
         stream = row_stream(tp, method, device or plan.options.device)
         chunkable = can_chunk(tp, method) or stream is not None
-        unit = estimate_bytes(tp, method, rows=1 if chunkable else None)
+        unit = estimate_bytes(tp, method, rows=1 if chunkable else None, threads=threads)
         if stream is not None and not can_chunk(tp, method):
             unit += stream.held_bytes()
         return smallest_budget_for(unit, baseline_bytes=baseline)
