@@ -7,6 +7,7 @@ This machine has no GPU, so the GPU governor's admission is exercised with a scr
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -57,8 +58,9 @@ class _CountingGovernor(MemoryGovernor):
         self.most = 0
         self._count_lock = threading.Lock()
 
-    def acquire(self, estimate_bytes: int, *, timeout: float | None = None, what: str | None = None) -> Reservation:
-        reservation = super().acquire(estimate_bytes, timeout=timeout, what=what)
+    def acquire(self, estimate_bytes: int, *, timeout: float | None = None, what: str | None = None,
+                make_room: Callable[[], object] | None = None) -> Reservation:
+        reservation = super().acquire(estimate_bytes, timeout=timeout, what=what, make_room=make_room)
         with self._count_lock:
             self.grants.append(estimate_bytes)
             self.outstanding += estimate_bytes
