@@ -18,6 +18,7 @@ beside the workspaces.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,9 +54,7 @@ class Workspace:
     def take(self, key: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised contiguous CPU tensor of ``shape`` and ``dtype``: ``key``'s buffer, grown to fit when
         the workspace can hold it, else a fresh tensor. It replaces what ``key`` lent before."""
-        size = dtype.itemsize
-        for n in shape:
-            size *= n
+        size = dtype.itemsize * math.prod(shape)
         held = self._buffers.pop(key, None)
         if held is not None and held.numel() >= size:
             self._buffers[key] = held
