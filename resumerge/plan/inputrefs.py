@@ -27,11 +27,7 @@ def tensor_ref(key: str, model: ModelInput, name: str) -> InputRef:
     """Logical tensor ``name`` of ``model`` (input ``key``; recognised: see
     :meth:`~resumerge.inputs.model.ModelInput.recognised`) — its stored main part, and its codec and companions
     when a format claims it. ``name`` must be among ``model.tensors``."""
-    formats = model.formats
-    claim = formats.claims.get(name) if formats is not None else None
-    if formats is not None and claim is not None:
-        return _claimed_ref(key, formats, claim)
-    return stored_ref(key, model.tensors[name])
+    return refs_of(key, model)(name)
 
 
 def refs_of(key: str, model: ModelInput) -> Callable[[str], InputRef]:
