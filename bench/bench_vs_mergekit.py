@@ -4,6 +4,7 @@ Usage::
 
     python bench/bench_vs_mergekit.py [--size 1.7GB] [--methods linear,ties,dare_ties,slerp | all] [--runs 3]
         [--out-shard-size 1B] [--work DIR] [--cold] [--skip-mergekit] [--resumerge-args "..."]
+        [--mergekit-args "..."]
 
 Generates three Llama-style float32 models of about ``--size`` bytes each (once; kept in ``--work``), then for
 every method (any of the twenty both tools implement, each with a config both accept; ``--methods all`` runs
@@ -265,11 +266,13 @@ class Tool:
     unsafe: bool = False
 
 
-def _argv(tool: Tool, config: Path, out: Path, state: Path, shard: str, extra: list[str]) -> list[str]:
+def _argv(tool: Tool, config: Path, out: Path, state: Path, shard: str, extra: list[str],
+          mergekit_extra: list[str]) -> list[str]:
     if tool.name == "mergekit":
         exe = shutil.which("mergekit-yaml")
         assert exe is not None
-        return [exe, str(config), str(out), "--random-seed", "0", "--quiet", "--out-shard-size", shard]
+        return [exe, str(config), str(out), "--random-seed", "0", "--quiet", "--out-shard-size", shard,
+                *mergekit_extra]
     return [sys.executable, "-m", "resumerge", "run", str(config), str(out), "--quiet", "--state-dir", str(state),
             "--out-shard-size", shard, *extra]
 
@@ -280,6 +283,7 @@ def bench_method(method: str, models: list[Path], args: argparse.Namespace, tool
     config.write_text(METHODS[method].format(a=models[0], b=models[1], c=models[2]))
     used = [m for m, key in zip(models, "abc") if "{" + key + "}" in METHODS[method]]
     extra = shlex.split(args.resumerge_args)
+    mergekit_extra = shlex.split(args.mergekit_args)
     planned = plan_estimate(config, args.work / "out-plan", args.work / "state-plan", args.out_shard_size)
     print(f"{method} plan estimate {_planned_text(planned)}", flush=True)
     measures: dict[str, list[Measure]] = {t.name + ("-unsafe" if t.unsafe else ""): [] for t in tools}
@@ -293,7 +297,7 @@ def bench_method(method: str, models: list[Path], args: argparse.Namespace, tool
             env = dict(os.environ, PYTHONHASHSEED="0")
             if tool.unsafe:
                 env["RESUMERGE_UNSAFE_NO_FSYNC"] = "1"
-            m = run_measured(_argv(tool, config, out, state, args.out_shard_size, extra), env)
+            m = run_measured(_argv(tool, config, out, state, args.out_shard_size, extra, mergekit_extra), env)
             m = Measure(**{**m.__dict__, "out_bytes": _output_bytes(out)})
             measures[label].append(m)
             print(f"{method} run {run + 1} {label:17s} wall {m.wall:7.2f} s  peak RSS {m.peak_rss / 1e6:7.0f} MB  "
@@ -368,6 +372,7 @@ def main() -> None:
     parser.add_argument("--skip-mergekit", action="store_true")
     parser.add_argument("--no-unsafe", action="store_true", help="skip the RESUMERGE_UNSAFE_NO_FSYNC=1 runs")
     parser.add_argument("--resumerge-args", default="", help="extra flags for resumerge run")
+    parser.add_argument("--mergekit-args", default="", help="extra flags for mergekit-yaml (e.g. --cuda)")
     args = parser.parse_args()
     methods = list(METHODS) if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]
