@@ -7,8 +7,10 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+import pytest
+
 from resumerge.engine.inflight import HELD_PER_WORKER, InFlight
-from resumerge.memory import Reservation
+from resumerge.memory import FakeProbe, MemoryGovernor, Reservation
 
 
 @dataclass(frozen=True)
@@ -101,3 +103,17 @@ def test_a_stopped_writer_ends_the_wait_and_close_releases_what_is_left() -> Non
     assert written == ["a"]
     line.close()
     assert released == ["b"] and future.cancelled() and len(line) == 0
+
+
+def test_close_keeps_a_still_computing_groups_memory_reserved_until_its_computation_ends() -> None:
+    governor = MemoryGovernor(1000, FakeProbe(), margin_fraction=0)
+    line, _ = _line()
+    computing: Future[str] = Future()
+    computing.set_running_or_notify_cancel()  # its worker has it: it cannot be cancelled
+    line.add(_Group("computing"), computing, governor.acquire(600, what="computing"))
+    line.close()
+    assert not computing.cancelled() and len(line) == 0
+    with pytest.raises(TimeoutError):  # its worker still holds the memory: nothing more fits beside it
+        governor.acquire(600, timeout=0.05, what="next")
+    computing.set_result("computing")
+    governor.acquire(600, timeout=1, what="next").release()

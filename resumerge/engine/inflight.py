@@ -87,9 +87,16 @@ class InFlight(Generic[G, R]):
         return True
 
     def close(self) -> None:
-        """Cancel what has not started and release every reservation still held here (the run ends)."""
+        """Cancel what has not started and release every reservation still held here as its group ends (the run
+        ends): at once for a group cancelled or finished, when its computation ends for one still computing."""
         for _, future, reservation in self._line:
             future.cancel()
             if reservation is not None:
-                reservation.release()
+                # A worker may still compute its group after the run ends: the memory stays in use until it is
+                # done, and the governor, shared beyond this line (hub read-ahead grants), must not hand it out.
+                _release_when_done(future, reservation)
         self._line.clear()
+
+
+def _release_when_done(future: Future[R], reservation: Reservation) -> None:
+    future.add_done_callback(lambda _: reservation.release())
