@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from importlib.metadata import PackageNotFoundError
 from pathlib import Path
 
 import pytest
@@ -14,10 +15,11 @@ from hub.fakehub_write import MISSING_OBJECT, PRECONDITION_FAILED, PREUPLOAD_MAX
 from huggingface_hub import CommitOperationAdd, HfApi, constants, hf_hub_download
 from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import get_session
+from huggingface_hub.utils._runtime import _package_versions, is_xet_available
 
 from hubout.conftest import TIERS, TOKEN, repo_files
 from resumerge.config.hubtarget import parse_hub_target
-from resumerge.engine.cluster.upload import HubPlace, Uploaded, commit_operation, upload_shard
+from resumerge.engine.cluster.upload import HubPlace, Uploaded, commit_operation, upload_shard, uploads_through_xet
 
 
 def _api(hub: HubWriter) -> HfApi:
@@ -92,3 +94,18 @@ def test_the_xet_tier_uploads_to_the_local_cas_and_serves_the_files_back(hub: Hu
     with pytest.raises(HfHubHTTPError) as refused:
         api.upload_file(path_or_fileobj=data, path_in_repo="again.safetensors", repo_id="alice/xet")
     assert refused.value.response.status_code == 400 and refused.value.server_message == MISSING_OBJECT
+
+
+@pytest.mark.parametrize("disabled", [True, False])
+def test_the_xet_check_is_the_clients_own(monkeypatch: pytest.MonkeyPatch, disabled: bool) -> None:
+    """A cluster's nodes upload in the tier the driver's client would choose: our check agrees with the client's
+    (private) one, with hf-xet installed (the suite's environment) and without it."""
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", disabled)
+    assert uploads_through_xet() == is_xet_available() == (not disabled)
+    monkeypatch.setitem(_package_versions, "hf_xet", "N/A")  # the client's record of hf-xet: not installed
+    monkeypatch.setattr("importlib.metadata.version", _not_installed)
+    assert uploads_through_xet() == is_xet_available() is False
+
+
+def _not_installed(name: str) -> str:
+    raise PackageNotFoundError(name)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from importlib.util import find_spec
+from importlib import metadata
 from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd, constants, get_token
@@ -45,10 +45,22 @@ class HubPlace:
     @classmethod
     def of(cls, repo: HubRepo, resume: str) -> HubPlace:
         """The place of ``repo`` as this (the driver's) process would upload to it; the token stays here."""
-        # The client's own test, as its documentation states it (hf-xet installed, HF_HUB_DISABLE_XET unset):
-        # huggingface_hub 2.4.0 exports no typed name for it (utils._runtime.is_xet_available is private).
-        xet = not constants.HF_HUB_DISABLE_XET and find_spec("hf_xet") is not None
-        return cls(repo.target, repo.endpoint, xet, resume)
+        return cls(repo.target, repo.endpoint, uploads_through_xet(), resume)
+
+
+def uploads_through_xet() -> bool:
+    """Whether this process's huggingface_hub client uploads through Xet: the hf-xet distribution installed and
+    ``HF_HUB_DISABLE_XET`` unset (read as the client reads it, at each call)."""
+    # The client's own test (2.4.0: utils/_runtime.py's is_xet_available, an installed distribution, not an
+    # importable module) is private, and the utils package re-exports its is_package_available only implicitly
+    # (mypy --strict refuses it): the same test, written here once (a test holds it to the client's).
+    if constants.HF_HUB_DISABLE_XET:
+        return False
+    try:
+        metadata.version("hf_xet")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
