@@ -336,7 +336,7 @@ def _restore_sigxfsz(previous: Any) -> None:
 
 
 def _record_memory(ledger: Ledger, governor: MemoryGovernor | None) -> None:
-    """Stop the governor and store its peak and adaptations in the ledger."""
+    """Stop the governor and store its peak, adaptations and admissions in the ledger."""
     if governor is None:
         return
     governor.stop()
@@ -344,6 +344,10 @@ def _record_memory(ledger: Ledger, governor: MemoryGovernor | None) -> None:
     for a in governor.adaptations[-100:]:
         ledger.event("adaptation", f"{a.knob} {a.old} -> {a.new}: {a.reason}")
     ledger.record_peak(peak, len(governor.adaptations))
+    if governor.admitted:  # none on a cluster's driver: its nodes admit its units
+        # The budget again: status reads it from the latest memory event.
+        ledger.event("memory", f"{governor.admitted} admissions of work", {"budget": governor.budget,
+                                                                          "admissions": governor.admitted})
 
 
 def _staging_dir(choice: Staging, plan: Plan, out: Path, rdir: Path, notes: list[str]) -> Path | None:

@@ -85,6 +85,7 @@ class MemoryGovernor:
         self._tracker = PressureTracker(self._policy)
         self._knobs = self._policy.knobs_for(0, max_in_flight)
         self._rss = self._available = self._baseline = self._reserved = self._in_flight = self._peak = 0
+        self._admitted = 0
         self._queue: deque[object] = deque()
         self._adaptations: deque[Adaptation] = deque(maxlen=_MAX_ADAPTATIONS)
         self._seq = 0
@@ -226,6 +227,12 @@ class MemoryGovernor:
             return self._peak
 
     @property
+    def admitted(self) -> int:
+        """How many reservations :meth:`acquire` has granted: each one an admission, whatever it held."""
+        with self._cond:
+            return self._admitted
+
+    @property
     def adaptations(self) -> tuple[Adaptation, ...]:
         """The most recent adaptations (up to 4096), oldest first."""
         with self._cond:
@@ -283,6 +290,7 @@ class MemoryGovernor:
             return _WAIT
         self._queue.popleft()
         self._in_flight += 1
+        self._admitted += 1
         self._reserved += estimate
         # The next in line may fit as well; let it look now rather than at its next poll.
         self._cond.notify_all()

@@ -66,6 +66,10 @@ class StatusReport:
     # run the command that finishes it (None while done, or while another process is merging).
     budget: int | None = None
     adaptation_events: tuple[str, ...] = ()
+    # How many reservations the RAM governor granted in the run's latest start, recorded when it ended (None before,
+    # and on a cluster's driver): one per unit of work (a tensor, a group of small tensors of one shard, a row chunk)
+    # and per hub read-ahead grant.
+    admissions: int | None = None
     resume_command: str | None = None
     # hf:// OUT: the repo's web address, and planned files staged on this machine but not yet in a commit
     # (uploading or uploaded).
@@ -191,6 +195,7 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusRe
     if state == "running" and not is_locked(rdir):
         state = "interrupted"
     shards = [f for f in files if f.kind == "shard"]
+    memory = rows.memory.data if rows.memory else None
     return StatusReport(
         out_dir=out_dir,
         state=state,
@@ -209,7 +214,8 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusRe
         elapsed_seconds=max(0.0, (time.time() if state == "running" else run.updated_at or time.time())
                             - (run.created_at or time.time())),
         events=tuple(f"{e.kind}: {e.message}" for e in rows.events),
-        budget=_budget(rows.memory.data if rows.memory else None),
+        budget=_count(memory, "budget"),
+        admissions=_count(memory, "admissions"),
         adaptation_events=tuple(a.message for a in rows.adaptations),
         resume_command=None if state in ("done", "running") else command,
         streamed=_streamed(rows.stream.data if rows.stream else None),
@@ -255,9 +261,10 @@ def _streamed(data: str | None) -> dict[str, float] | None:
     return value if isinstance(value, dict) else None
 
 
-def _budget(data: str | None) -> int | None:
+def _count(data: str | None, key: str) -> int | None:
+    """The positive integer ``key`` of a memory event's JSON ``data``; None when it has none."""
     try:
-        value = json.loads(data or "{}").get("budget")
+        value = json.loads(data or "{}").get(key)
     except (ValueError, AttributeError):
         return None
     return value if isinstance(value, int) and value > 0 else None

@@ -333,3 +333,14 @@ def test_threads_hammering_the_governor_keep_reservations_within_the_budget() ->
         assert not any(thread.is_alive() for thread in threads)
     assert violations == []
     _assert_nothing_held(gov)
+
+
+def test_admitted_counts_the_reservations_granted_and_nothing_refused_or_timed_out() -> None:
+    gov = governor(FakeProbe(rss=100 * MB))
+    with gov.acquire(800 * MB, what="big"):
+        with pytest.raises(TimeoutError):
+            gov.acquire(800 * MB, timeout=0)
+        with pytest.raises(UsageError):
+            gov.acquire(2 * BUDGET)
+    gov.acquire(1 * MB).release()
+    assert gov.admitted == 2
