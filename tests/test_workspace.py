@@ -3,6 +3,7 @@ in one workspace are stored as they are without one, none of them overwritten by
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from test_quant_codecs import pair
 
 from resumerge.config.merge_config import load_config_text
 from resumerge.engine.compute import Stored, TensorCompute, compute_tensor
-from resumerge.engine.workspace import Workspace, Workspaces, workspace_bytes
+from resumerge.engine.workspace import BUDGET_SHARE, Workspace, Workspaces, workspace_bytes
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.source import InputSources
@@ -37,13 +38,27 @@ def test_a_workspace_lends_one_buffer_per_key_grown_to_the_largest_and_never_bey
     assert not space.holds(torch.empty(3))
 
 
-def test_workspaces_lend_each_to_one_computation_at_a_time_and_share_the_budget() -> None:
+def test_workspaces_lend_each_to_one_computation_at_a_time() -> None:
     pool = Workspaces(most=64, workers=2)
     with pool.lend() as first, pool.lend() as second:
         assert first is not second
     with pool.lend() as again:
         assert again in (first, second)
-    assert workspace_bytes(1 << 30, 2) == 1 << 28 and workspace_bytes(None, 2) > 0
+
+
+@pytest.mark.parametrize(("budget", "workers"), [(1 << 20, 1), (3_000_001, 3)])
+def test_every_worker_s_workspace_filled_together_holds_the_share_of_the_budget_and_no_more(budget: int,
+                                                                                          workers: int) -> None:
+    # The planner sizes units against the whole budget: what the workspaces keep must leave the rest of it.
+    pool = Workspaces(workspace_bytes(budget, workers), workers)
+    with contextlib.ExitStack() as lent:
+        spaces = [lent.enter_context(pool.lend()) for _ in range(workers)]
+        for space in spaces:
+            for i in range(100):
+                space.take(f"buffer{i}", (budget // 64,), torch.uint8)
+        held = sum(space.held_bytes for space in spaces)
+    assert budget * BUDGET_SHARE * 0.9 < held <= budget * BUDGET_SHARE and BUDGET_SHARE < 1
+    assert workspace_bytes(None, workers) > 0  # without a budget too, a workspace keeps buffers
 
 
 def test_workspaces_keep_one_per_worker_and_trim_gives_back_what_the_idle_ones_hold() -> None:
