@@ -18,8 +18,9 @@ from resumerge.config.merge_config import load_config_text
 from resumerge.engine.devices import gpu_governor, normalise_device
 from resumerge.engine.session import plan_from_config
 from resumerge.errors import UsageError
-from resumerge.memory import FakeProbe, MemoryGovernor, Reservation
+from resumerge.memory import FakeProbe, MemoryGovernor, Reservation, parse_size
 from resumerge.plan.merge_plan import PlanOptions
+from resumerge.store.statusview import read_status
 from tests.conftest import ModelFactory
 from tests.support import cli, digests, linear_config, write_config
 
@@ -99,6 +100,9 @@ def test_gpu_budget_governs_units_and_streams_rows(tmp_path: Path, make: ModelFa
     assert max(gov.grants) <= budget and gov.most <= budget
     assert gov.outstanding == 0
     assert digests(tmp_path / "gpu") == digests(tmp_path / "plain")
+    # status tells the host's budget and admissions, not the GPU's events recorded after them
+    report = read_status(tmp_path / "gpu", tmp_path / "s2")
+    assert report.budget == parse_size("4GB") and report.admissions is not None and report.admissions > 0
 
 
 def test_a_whole_tensor_over_the_gpu_budget_names_the_smallest_that_works(tmp_path: Path,
@@ -113,8 +117,6 @@ def test_a_whole_tensor_over_the_gpu_budget_names_the_smallest_that_works(tmp_pa
         gpu_governor(plan, "cuda:0", 100_000, probe=FakeProbe())
     assert "--max-gpu-memory" in caught.value.one_line()
     needed = caught.value.one_line().split("smallest GPU budget that works is ")[1].split(";")[0]
-    from resumerge.memory import parse_size
-
     assert gpu_governor(plan, "cuda:0", parse_size(needed), probe=FakeProbe()) is not None
     assert gpu_governor(plan, "cpu", 1, probe=FakeProbe()) is None
 

@@ -91,7 +91,7 @@ class MergeStatusRows:
     tensors_total: int
     tensors_done: int
     events: tuple[EventRow, ...]  # the latest 8, oldest first
-    memory: EventRow | None  # the latest ``memory`` event (its data holds the budget)
+    memory: EventRow | None  # the latest ``memory`` event of host RAM (its data holds the budget), not a GPU's
     adaptations: tuple[EventRow, ...]  # the latest 3 ``adaptation`` events, oldest first
     stream: EventRow | None  # the latest ``stream`` event (hub inputs read by HTTP Range)
     plan_notes: tuple[str, ...]  # every distinct ``plan`` message, first seen first
@@ -158,7 +158,9 @@ def read_merge_status(path: Path) -> MergeStatusRows | None:
                                 () if kind is None else (kind,)).fetchall()
             return tuple(EventRow(r["kind"], r["message"], r["data"]) for r in reversed(rows))
 
-        memory, stream = latest("memory", 1), latest("stream", 1)
+        # A GPU's memory events (their data names its pool) follow the host's at a run's start and end.
+        memory = tuple(e for e in latest("memory", 4) if '"pool"' not in (e.data or ""))[-1:]
+        stream = latest("stream", 1)
         formats, inputs = latest(FORMATS_EVENT, 1), latest(INPUTS_EVENT, 1)
         notes = conn.execute("SELECT message FROM events WHERE kind = 'plan' GROUP BY message ORDER BY MIN(id)")
         # The names are read only for a plan that has an adapter's factors or router gates (status counts its
