@@ -17,4 +17,4 @@ executor resumes with the other. Ray itself is imported only here, and only when
 May import: errors, config, memory, methods, inputs, store, plan, engine (the executor seam and its pipeline).
 """
 
-__all__ = ["connect", "cores", "driver", "launch", "warm", "worker"]
+__all__ = ["actor", "connect", "cores", "driver", "launch", "warm", "worker"]

@@ -27,19 +27,21 @@ import hashlib
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from huggingface_hub import get_token
-
-from resumerge.engine.inputfetch import coalesce_for, read_ahead_grants
-from resumerge.engine.job import Job
 from resumerge.errors import UsageError
-from resumerge.inputs.hub.fetchcache import FetchCache, private_root
-from resumerge.inputs.hub.ranges import FetchCounters, StreamedFile
-from resumerge.inputs.hub.stream import Check, HubStream
 from resumerge.inputs.source import InputSource, InputSources, LocalFiles
 from resumerge.inputs.tensorio import TensorReader
 from resumerge.memory import MemoryGovernor
 from resumerge.plan.merge_plan import Plan, ShardPlan
+
+# The hub's modules (huggingface_hub, the range client and its HTTP stack: a second of a worker's start, on the
+# path to its first shard) are imported where a run streams hub inputs, not by every node's worker.
+if TYPE_CHECKING:
+    from resumerge.engine.job import Job
+    from resumerge.inputs.hub.fetchcache import FetchCache
+    from resumerge.inputs.hub.ranges import FetchCounters, StreamedFile
+    from resumerge.inputs.hub.stream import Check
 
 # What a node's fetch cache may hold without --max-disk (with it: what its staged shards leave), all its workers'
 # pieces together.
@@ -67,6 +69,8 @@ class NodeReads:
         with one worker."""
         if job.hub is None or not job.hub.remote:
             return None
+        from huggingface_hub import get_token
+
         max_disk = job.settings.max_disk
         largest = max((s.file_size for s in job.plan.shards), default=0)
         limit = CACHE_LIMIT if max_disk is None else max(0, max_disk - largest)
@@ -88,7 +92,7 @@ class NodeSources:
     def __init__(self, plan: Plan, reads: NodeReads | None, governor: MemoryGovernor | None, node: str) -> None:
         """Raises :class:`UsageError` (exit 2) when the driver read the inputs with a token and this node has none."""
         self.plan = plan
-        self.counters = FetchCounters()
+        self.counters: FetchCounters | None = None  # the hub's, where it streams
         self._digests: list[ReadDigest] = []
         self._counted = 0  # fetched bytes handed back already
         self._lock = threading.Lock()
@@ -96,6 +100,14 @@ class NodeSources:
         if reads is None:
             self.sources = InputSources.local(plan.model_dirs)
             return
+        from huggingface_hub import get_token
+
+        from resumerge.engine.inputfetch import coalesce_for, read_ahead_grants
+        from resumerge.inputs.hub.fetchcache import FetchCache, private_root
+        from resumerge.inputs.hub.ranges import FetchCounters
+        from resumerge.inputs.hub.stream import HubStream
+
+        self.counters = counters = FetchCounters()
         if reads.token and not get_token():
             raise UsageError(f"cluster node {node} has no Hugging Face token to read the hub inputs with",
                              hint="set HF_TOKEN (or run `hf auth login`) on every node, then resumerge resume OUT")
@@ -109,7 +121,7 @@ class NodeSources:
         for key, directory in plan.model_dirs.items():
             files = streamed.get(key)
             sources[key] = LocalFiles(directory, reader) if not files else HubStream(
-                directory, {name: self.cache.reader(f.client(counters=self.counters, agent=agent))
+                directory, {name: self.cache.reader(f.client(counters=counters, agent=agent))
                             for name, f in files.items()},
                 reader=reader, reserve=read_ahead_grants(governor), check=self._hashing(key),
                 coalesce_bytes=coalesce_for(governor))
@@ -125,6 +137,8 @@ class NodeSources:
         """The digests of the ranges read since the last call, and the bytes fetched from the hub meanwhile."""
         with self._lock:
             digests, self._digests = tuple(self._digests), []
+        if self.counters is None:
+            return digests, 0
         with self.counters.lock:
             fetched = self.counters.body_bytes - self._counted
             self._counted += fetched

@@ -1,10 +1,12 @@
-"""How a Ray run's workers start: a :class:`~resumerge.engine.cluster.worker.ShardStream` actor per share of every
-node's CPUs, pinned to its node, declaring the CPUs, GPU and memory its shards need.
+"""How a Ray run's workers start: a :class:`~resumerge.engine.cluster.worker.ShardStream` per share of every node's
+CPUs (in a :class:`~resumerge.engine.cluster.actor.NodeActor`), pinned to its node, declaring the CPUs, GPU and
+memory its shards need.
 
 A worker's start is a fresh process importing the engine and torch: seconds that a driver would wait for once it
 has planned. So a run whose API call can name its cluster starts its workers *warm*, while it plans
 (:mod:`~resumerge.engine.cluster.warm`): :func:`place` without a plan, each worker declaring its CPUs and the memory
-its imports take. Once the plan is known, :func:`adopt` reserves the rest of each one's memory on its node (a
+its imports take; this module imports nothing of the engine, so a warm start places its workers as soon as it has
+joined the cluster. Once the plan is known, :func:`adopt` reserves the rest of each one's memory on its node (a
 placement group pinned there by the node's ``ray.io/node-id`` label), waits up to :data:`RESERVE_SECONDS` for every
 reservation, and only then hands the workers the plan (:meth:`~resumerge.engine.cluster.worker.ShardStream.begin`),
 so no worker computes on memory Ray has not set aside for it. Warm workers that do not fit the plan (another thread
@@ -18,13 +20,16 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from resumerge.engine.cluster.worker import ShardStream, WorkerSetup
+from resumerge.engine.cluster.actor import NodeActor
 from resumerge.errors import UnreachableError
 from resumerge.torch_import import IMPORT_RESERVE
+
+if TYPE_CHECKING:  # the engine's modules: imported by the workers' processes, not by a warm start's thread
+    from resumerge.engine.cluster.worker import WorkerSetup
 
 # How many shards the driver keeps fed to each node's worker: one computing while the one before is written.
 AHEAD = 2
@@ -67,16 +72,16 @@ def end(ray: ModuleType, workers: list[Worker]) -> None:
             worker.reserved = None
 
 
-def place(ray: ModuleType, nodes: list[dict[str, Any]], shared: Any, setup: WorkerSetup, wanted: int, memory: int,
-          *, gpu: bool, lost: set[str]) -> list[Worker]:
+def place(ray: ModuleType, nodes: list[dict[str, Any]], shared: Any, setup: WorkerSetup | None, wanted: int,
+          memory: int, *, gpu: bool, lost: set[str]) -> list[Worker]:
     """An actor on every live node with a CPU (a GPU when ``gpu``) not ``lost``, one per share of the node's CPUs
     ``wanted`` wide; each declares those CPUs and ``memory`` (at most what its node has) and is given ``shared``
-    (the plan in the object store; None: a warm worker, given it by :func:`adopt`). The actors import torch and the
-    engine as they start, while the driver goes on. Raises :class:`UnreachableError` when no node is left; on any
-    raise, the actors already made are ended."""
+    (the plan in the object store) and ``setup`` (both None: a warm worker, given them by :func:`adopt`). The
+    actors import torch and the engine as they start, while the driver goes on. Raises :class:`UnreachableError`
+    when no node is left; on any raise, the actors already made are ended."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    actor_class = ray.remote(ShardStream)
+    actor_class = ray.remote(NodeActor)
     workers: list[Worker] = []
     try:
         for node_id, has, width, count in _layout(nodes, wanted, gpu=gpu, lost=lost):
@@ -85,7 +90,7 @@ def place(ray: ModuleType, nodes: list[dict[str, Any]], shared: Any, setup: Work
                     num_cpus=width, num_gpus=1 if gpu else 0, memory=_declared(memory, has), max_restarts=0,
                     max_concurrency=AHEAD + 3,  # the shards fed and waiting, begin, and a call to stop
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                ).remote(shared, node_setup(setup, width, count))
+                ).remote(shared, None if setup is None else node_setup(setup, width, count))
                 workers.append(Worker(actor, node_id[:8], node_id, width))
     except BaseException:
         end(ray, workers)

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 from resumerge.config.settings import RunSettings
 
-# The engine (which the workers' class brings) and Ray are imported by the start's own thread: the call goes on
-# meanwhile, and the workers are asked for as soon as both are in.
+# Ray and the workers' launch (which brings nothing of the engine: the workers' processes import it) are imported
+# by the start's own thread: the call goes on meanwhile, and the workers are asked for as soon as Ray is in.
 if TYPE_CHECKING:
     from resumerge.engine.cluster.launch import Worker
 
@@ -84,14 +84,12 @@ class WarmStart:
             if self.where is not None:
                 join(self.where)
             from resumerge.engine.cluster.launch import default_threads, end, place
-            from resumerge.engine.cluster.worker import WorkerSetup
             from resumerge.torch_import import IMPORT_RESERVE
 
             if self.closed.is_set():
                 return
             threads = default_threads(self.threads)
-            workers = place(ray, ray.nodes(), None, WorkerSetup(threads), threads, IMPORT_RESERVE, gpu=False,
-                            lost=set())
+            workers = place(ray, ray.nodes(), None, None, threads, IMPORT_RESERVE, gpu=False, lost=set())
             with self._lock:
                 closed = self.closed.is_set()
                 if not closed:

@@ -22,11 +22,11 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from resumerge.engine.cluster.connect import this_node
 from resumerge.engine.cluster.cores import Cores, node_cores
 from resumerge.engine.cluster.hubreads import NodeReads, NodeSources, ReadDigest
-from resumerge.engine.cluster.upload import HubPlace, Uploaded, upload_shard
 from resumerge.engine.devices import gpu_governor, make_governor, set_torch_threads
 from resumerge.engine.executor import Stopped, compute_shards
 from resumerge.engine.quiet import NullReporter
@@ -36,6 +36,14 @@ from resumerge.plan.planner import threads_matter
 from resumerge.store.durable import discard, temp_path
 from resumerge.store.sink import LocalDirSink, Receipt
 from resumerge.torch_import import load, torch
+
+# A hub OUT's upload (huggingface_hub: most of a second of a worker's start) is imported by the workers that upload.
+if TYPE_CHECKING:
+    from resumerge.engine.cluster.upload import HubPlace, Uploaded
+
+
+# What every node's worker is given once: the run's frozen plan and resources (in Ray's object store).
+Shared = tuple[Plan, Resources]
 
 
 @dataclass(frozen=True)
@@ -96,18 +104,19 @@ class ShardStream:
     with the first shard fed and runs until :meth:`stop`, or until a shard fails: every waiting call then raises
     that error (the local run's), and the next shard fed starts a fresh pipeline.
 
-    A worker started warm (``shared`` None) imports torch as it starts, while its driver plans, and computes nothing
-    until :meth:`begin` gives it the plan: a shard fed before waits for it, and raises what :meth:`begin` raised."""
+    A worker started warm (``shared`` and ``setup`` None) imports torch as it starts, while its driver plans, and
+    computes nothing until :meth:`begin` gives it both: a shard fed before waits for it, and raises what
+    :meth:`begin` raised."""
 
-    def __init__(self, shared: tuple[Plan, Resources] | None, setup: WorkerSetup) -> None:
+    def __init__(self, shared: Shared | None, setup: WorkerSetup | None) -> None:
         self.begun = threading.Event()  # set once begun (or failed to), or stopped
         self.failed: BaseException | None = None  # what begin raised
         self.plan: Plan | None = None
         self.resources: Resources | None = None
         self.shards: dict[str, ShardPlan] = {}
-        self.setup = setup
+        self.setup = setup  # None until begun, for a warm worker
         self.cores: Cores | None = None  # what it computes with, once begun
-        if shared is None:
+        if shared is None or setup is None:
             load()  # torch now, while the driver plans, not with the first shard fed (begin sets its threads)
         else:
             self.begin(shared, setup)
@@ -131,6 +140,7 @@ class ShardStream:
                 raise self.failed
             if self.stopping.is_set():
                 raise Stopped()
+            assert self.setup is not None  # begun (a failed or stopped start raised above)
             if self.setup.upload is not None:
                 Path(folder).mkdir(parents=True, exist_ok=True)
             temp = temp_path(Path(folder) / shard)
@@ -142,7 +152,7 @@ class ShardStream:
                 self.thread.start()
         return result.result()
 
-    def begin(self, shared: tuple[Plan, Resources], setup: WorkerSetup) -> None:
+    def begin(self, shared: Shared, setup: WorkerSetup) -> None:
         """The run's frozen plan and resources, and its shards' setup (thread count, budgets, upload place, hub
         reads): what a warm worker waits for before it computes. A raise here is also every shard's fed to it."""
         try:
@@ -171,7 +181,8 @@ class ShardStream:
 
     def _pipeline(self) -> None:
         plan, resources, cores, setup = self.plan, self.resources, self.cores, self.setup
-        assert plan is not None and resources is not None and cores is not None  # begun before any shard was fed
+        # Begun before any shard was fed.
+        assert plan is not None and resources is not None and cores is not None and setup is not None
         governor = make_governor(plan, setup.max_memory)
         gpu = gpu_governor(plan, plan.options.device, setup.max_gpu_memory)
         governor.start()
@@ -223,13 +234,15 @@ class ShardStream:
         with self.lock:
             temp, result = self.waiting.pop(receipt.name)
         reads, fetched = self.node.drain() if self.node is not None else ((), 0)
-        assert self.cores is not None  # begun before any shard was fed
+        assert self.cores is not None and self.setup is not None  # begun before any shard was fed
         cores = Cores(torch.get_num_threads(), self.cores.units)
         place = self.setup.upload
         if place is None:
             result.set_result(ShardDone(receipt.name, str(temp), size, sha256, tensors, seconds, reads=reads,
                                         fetched=fetched, cores=cores))
             return
+        from resumerge.engine.cluster.upload import upload_shard
+
         try:
             uploaded = upload_shard(place, temp, receipt.name, sha256)
         except BaseException as exc:

@@ -1,0 +1,38 @@
+"""The Ray actor of a node's worker: a class that imports nothing of the engine, so that the driver can place it
+as soon as it has joined the cluster.
+
+Ray places an actor by its class, which the driver must import first. The worker's own class
+(:class:`~resumerge.engine.cluster.worker.ShardStream`) brings the engine with it: a second of the driver's CPU that
+a warm start (:mod:`~resumerge.engine.cluster.warm`) would spend, beside the planning thread and its GIL, before it
+asked for the workers. :class:`NodeActor` is that class's stand-in on the driver: the actor's process imports the
+engine and torch in its constructor, and every call goes to the node's stream.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from resumerge.engine.cluster.worker import ShardDone, Shared, WorkerSetup
+
+
+class NodeActor:
+    """A node's worker as Ray runs it: a :class:`~resumerge.engine.cluster.worker.ShardStream` made in the actor's
+    process with ``shared`` and ``setup`` (both None: a warm worker, given them by :meth:`begin`)."""
+
+    def __init__(self, shared: Shared | None, setup: WorkerSetup | None) -> None:
+        from resumerge.engine.cluster.worker import ShardStream
+
+        self.stream = ShardStream(shared, setup)
+
+    def begin(self, shared: Shared, setup: WorkerSetup) -> None:
+        """See :meth:`~resumerge.engine.cluster.worker.ShardStream.begin`."""
+        self.stream.begin(shared, setup)
+
+    def compute(self, shard: str, folder: str) -> ShardDone:
+        """See :meth:`~resumerge.engine.cluster.worker.ShardStream.compute`."""
+        return self.stream.compute(shard, folder)
+
+    def stop(self) -> None:
+        """See :meth:`~resumerge.engine.cluster.worker.ShardStream.stop`."""
+        self.stream.stop()
