@@ -70,23 +70,24 @@ def test_shards_fed_side_by_side_come_out_as_the_local_run_writes_them(merge: Me
 
 
 def test_a_warm_worker_computes_once_begun_and_a_failed_begin_fails_what_was_fed(merge: Merge, tmp_path: Path) -> None:
-    # Started warm (no plan yet), a worker holds what is fed until begin gives it the plan; a begin that raises
-    # fails what was fed with its error (it never waits), and a stop ends a wait for a begin that never came.
+    # Started warm (no plan nor setup yet, as a warm start places it), a worker holds what is fed until begin
+    # gives it both; a begin that raises fails what was fed with its error (it never waits), and a stop ends a wait
+    # for a begin that never came.
     plan, name = merge.prepared.plan, compute_order(merge.prepared.plan)[0].name
     with ThreadPoolExecutor(2) as calls:
-        warm = ShardStream(None, WorkerSetup(threads=2))
+        warm = ShardStream(None, None)
         waiting = calls.submit(warm.compute, name, str(tmp_path))
         warm.begin((plan, merge.prepared.resources), WorkerSetup(threads=2))
         done = waiting.result(timeout=60)
         warm.stop()
         assert hashlib.sha256(Path(done.temp).read_bytes()).hexdigest() == merge.reference[name]
-        failing = ShardStream(None, WorkerSetup(threads=2))
+        failing = ShardStream(None, None)
         waiting = calls.submit(failing.compute, name, str(tmp_path))
         with pytest.raises(TypeError):
             failing.begin(None, WorkerSetup(threads=2))  # type: ignore[arg-type]  # not a (plan, resources) pair
         with pytest.raises(TypeError):
             waiting.result(timeout=30)
-        never = ShardStream(None, WorkerSetup(threads=2))
+        never = ShardStream(None, None)
         waiting = calls.submit(never.compute, name, str(tmp_path))
         never.stop()
         with pytest.raises(Stopped):

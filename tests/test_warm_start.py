@@ -3,6 +3,8 @@ way, and every worker placed is ended once; a resume starts none for a plan reco
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -75,3 +77,21 @@ def test_a_resume_reads_the_recorded_device_before_starting_warm_workers(tmp_pat
     assert recorded_device(out, RunSettings(state_dir=state)) == "cpu"  # a local run starts none anyway
     with started_early(ray, out, recorded_device(out, ray)) as settings:
         assert settings.early is None
+
+
+_IMPORTS = """
+import sys
+import resumerge.engine.cluster.warm, resumerge.engine.cluster.launch
+assert not [m for m in sys.modules if m.startswith(("resumerge.engine.executor", "resumerge.engine.cluster.worker",
+                                                      "resumerge.plan"))], "the warm start's thread imports the engine"
+import resumerge.engine.cluster.worker
+assert "huggingface_hub" not in sys.modules and "resumerge.inputs.hub" not in sys.modules, "a worker imports the hub"
+"""
+
+
+def test_the_warm_start_places_workers_without_the_engine_and_a_worker_imports_no_hub() -> None:
+    # The warm start's thread places the workers as soon as it has joined, beside the planning thread (sharing its
+    # GIL): the actor's class brings nothing of the engine. A worker of a run that streams no hub input and uploads
+    # nothing never imports the hub's stack (a second of its start, before its first shard).
+    result = subprocess.run([sys.executable, "-c", _IMPORTS], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
