@@ -23,7 +23,7 @@ def _needs_generator(ctx: MergeContext) -> torch.Tensor:
     return torch.rand(ctx.tensors[0].shape, generator=ctx.generator)
 
 
-def test_rate_is_the_mean_time_per_output_element() -> None:
+def test_rate_is_the_fastest_time_per_output_element() -> None:
     spec = MethodSpec(name="sleepy", fn=_sleepy)
     samples = [[torch.zeros(10, 10)], [torch.zeros(30, 10)]]
     rate = measure_rate(spec, samples, base_index=None, model_params=[{}], params={}, repeats=2)
@@ -32,6 +32,21 @@ def test_rate_is_the_mean_time_per_output_element() -> None:
     # two samples of one sleep each over 400 elements: at least 2·SLEEP/400, and nowhere near ten times that
     assert 2 * SLEEP / 400 <= rate.seconds_per_element < 20 * SLEEP / 400
     assert rate.seconds_for(4000) == pytest.approx(10 * rate.seconds_for(400))
+
+
+def test_rate_is_the_fastest_call_a_busy_spell_does_not_count() -> None:
+    """Interference only slows a call down: one call that lost its core for ten times its cost changes nothing."""
+    calls: list[float] = []
+
+    def once_slow(ctx: MergeContext) -> torch.Tensor:
+        time.sleep(10 * SLEEP if not calls else SLEEP)
+        calls.append(SLEEP)
+        return ctx.tensors[0].clone()
+
+    spec = MethodSpec(name="once_slow", fn=once_slow)
+    rate = measure_rate(spec, [[torch.zeros(10, 10)]], base_index=None, model_params=[{}], params={}, repeats=3,
+                        warmup=False)
+    assert len(calls) == 3 and SLEEP / 100 <= rate.seconds_per_element < 5 * SLEEP / 100
 
 
 def test_randomised_methods_get_a_generator() -> None:

@@ -277,3 +277,12 @@ def test_plans_compute_time_for_block_fp8_counts_the_decode_and_the_encode(tmp_p
     fp8_group = max(groups, key=lambda g: g.elements)
     assert fp8_group.seconds_per_element * fp8_group.sample_elements >= 2 * 0.05  # two inputs decoded, timed
     assert encoded  # the output codec's encode ran in the timed step
+    # Where the run's workers fill torch's threads, each computes a tensor on one thread: the sample is timed so,
+    # by that thread's CPU (the sleeps are time spent off a core, like a busy machine's), and its cost is shared
+    # by the tensors computed at once.
+    encoded.clear()
+    (alone,) = [g for g in measure_compute(plan, plan.shards, serial=True, workers=2)
+                if g.dtype == "float32" and g.elements == fp8_group.elements]
+    assert (alone.threads, alone.at_once) == (1, min(2, torch.get_num_threads()))
+    assert alone.seconds_per_element is not None and encoded
+    assert 0 < alone.seconds_per_element * alone.sample_elements * alone.at_once < 0.05

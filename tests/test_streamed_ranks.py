@@ -118,7 +118,7 @@ def scripted(monkeypatch: pytest.MonkeyPatch) -> None:
     """The run's and the plan's memory readings come from a fixed probe (and plan times no compute)."""
     monkeypatch.setattr(devices, "SystemProbe", lambda: FakeProbe(rss=BASELINE))
     monkeypatch.setattr(estimate, "SystemProbe", lambda: FakeProbe(rss=BASELINE))
-    monkeypatch.setattr(estimate, "measure_compute", lambda *args, **kwargs: ())
+    monkeypatch.setattr(estimate, "start_compute", lambda *args, **kwargs: tuple)
 
 
 def _whole_tensor_need(config: Path, capsys: pytest.CaptureFixture[str]) -> int:

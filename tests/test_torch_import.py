@@ -229,6 +229,13 @@ def test_a_helper_raises_what_it_raised_and_gives_its_memory_back_to_the_budget(
         held = helper.memory_info()
         with pytest.raises(InterruptedMerge, match="stopped"):
             side.call(_interrupted)
+        # A call sent ahead runs there while this process goes on; the answers keep their calls' order.
+        sent = side.submit(operator.add, 2, 3)
+        assert side.call(operator.mul, 4, 5) == 20 and sent() == 5 and sent() == 5
+        failing = side.submit(_interrupted)
+        assert side.submit(operator.sub, 9, 2)() == 7
+        with pytest.raises(InterruptedMerge, match="stopped"):
+            failing()
     finally:
         side.close()
     # Its interpreter and torch (~150 MB), as read from outside: RSS less file-backed pages (mapped libraries).

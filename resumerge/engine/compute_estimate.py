@@ -3,14 +3,20 @@
 The pending tensors are grouped by what decides a method's cost per element: the method, the dtype it computes
 in, the device, and its non-numeric parameters (a ``normalize`` flag changes the work; a density from a gradient
 does not change how much there is). In each group the tensor shapes that hold most of its elements (one tensor
-per row length: the 2-D projection and MLP matrices dominate) are sampled — their leading whole rows, read
-through the same :class:`~resumerge.inputs.source.InputSources` and preparation the engine uses (read once, kept in
-memory), with that tensor's own resolved parameters — and :func:`~resumerge.engine.method_timing.measure_rate` times
-the engine's own compute step on them (:meth:`~resumerge.engine.compute.TensorCompute.merged`, the rows as one
-chunk: a fused expert stack merged expert by expert, as the run merges it), with the two costs around it that the
-run pays per element too: the decode of quantized inputs (their read timed again from the page cache) and the
-output codec's encode (a cast for a plain output). The group's seconds per element times its pending elements is
-its compute time.
+per row length: the 2-D projection and MLP matrices dominate) are sampled — their leading whole rows, with that
+tensor's own resolved parameters — and :func:`~resumerge.engine.method_timing.measure_rate` times the engine's own
+compute step on them as a run's worker computes a whole tensor, in a
+:class:`~resumerge.engine.workspace.Workspace` (:meth:`~resumerge.engine.compute.TensorCompute.merged`, the rows
+as one chunk: a fused expert stack merged expert by expert), with the two costs around it that the run pays per
+element too: the read and decode of quantized inputs into the workspace's buffers, in each timed call (the bytes
+in the page cache after a warm-up: the plan prices the disk's time apart), and the output codec's encode (a cast
+for a plain output). Plain inputs are read once, through the same :class:`~resumerge.inputs.source.InputSources`
+and preparation the engine uses, and kept in memory. Each sample's figure is its fastest call; where the run's
+workers each compute on one thread (a CPU whose cores they fill) the sample runs on one thread too and is timed
+by that thread's CPU time, so neither the work ``plan`` does beside it nor a busy machine changes it: at load 6-8
+the FP8 group of DeepSeek-V3 x R1 came within ±5 % between repeated samples, where the mean wall time of two
+threads spread 4.2-109 ns/element at load 2. The group's seconds per element times its pending elements is its
+compute time, shared by the tensors the run computes at once.
 
 Everything is bounded: at most :data:`SAMPLE_BYTES` read from the inputs and about :data:`SAMPLE_SECONDS` of
 timing for the whole plan, split between the groups. Inputs that are not on disk (hub files not downloaded, a
@@ -33,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from resumerge.engine.compute import TensorCompute, load_context, make_context
 from resumerge.engine.costs import ComputeGroup
 from resumerge.engine.method_timing import DEFAULT_SAMPLE_ELEMENTS, measure_rate
+from resumerge.engine.workspace import UNBUDGETED, Workspace
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources
@@ -49,16 +56,17 @@ if TYPE_CHECKING:
 # Input bytes read for all samples of a plan together: a few tens of MB reads in well under a second from any
 # disk the merge itself could use.
 SAMPLE_BYTES = 32 * 1024 * 1024
-# Seconds of timing for a whole plan (warm-ups and repeats included, roughly): `plan` must stay quick. (1.5 s was
-# tried for DeepSeek-V3's plan: its FP8 group's fit of per-element and per-call cost got noisier, 2.3 against 13.8
-# ns/element in a paired run, so the figure a plan prints would not be honest.)
-SAMPLE_SECONDS = 3.0
+# Seconds of timing for a whole plan (warm-ups and repeats included, roughly): `plan` must stay quick, and the
+# helper process times it while the planning process estimates the rest. (Timed by one thread's CPU, the FP8 group
+# of DeepSeek-V3 x R1 gave 0.53-0.58 h at 3 s, 0.53-0.66 h at 1 s and 0.53-0.64 h at 0.5 s, load 6-8; bench/RESULTS.md,
+# issue 45.)
+SAMPLE_SECONDS = 1.5
 # Shape classes sampled per group at most; the largest few hold nearly all elements of a transformer.
 MAX_SHAPES = 3
 # Stop adding shape classes once the sampled ones hold this share of the group's elements.
 COVERAGE = 0.9
-# Each sample is timed over a window of calls this long (the mean over a window survives a busy machine; see
-# measure_rate), for groups large enough that their compute time matters.
+# Each sample is timed over a window of calls this long (its fastest call counts: more calls, more chances of
+# one that nothing slowed; see measure_rate), for groups large enough that their compute time matters.
 WINDOW_SECONDS = 0.3
 # Below this many pending elements a group computes in about a second even at 100 ns per element: a few calls
 # are precise enough, and `plan` on small models (the tests') stays instant.
@@ -127,26 +135,38 @@ def measure_compute(plan: Plan, pending: Sequence[ShardPlan], *, sources: InputS
 
     ``sources`` reads the inputs (default: every model from its folder, as ``resumerge run`` reads local
     models); at most ``max_bytes`` are read through it. ``max_seconds`` 0 measures nothing (every group comes
-    back unmeasured). A method with a :class:`~resumerge.methods.spec.WholeCost` is timed by one call per class
-    on synthetic inputs of the real shapes, whatever ``max_seconds`` leaves (a sample of rows is not a smaller
-    instance of a decomposition), its kernels on one thread when ``serial`` (None: when torch's threads are no
-    more than ``workers``; the engine's ``workers`` run them so where they fill torch's threads, that many at
-    once: its time is then shared by them). Never raises for a method that fails on a sample: that group is left
-    unmeasured with the reason, and the run will report the failure itself.
+    back unmeasured). Where the engine's ``workers`` fill torch's threads on the CPU (``serial``; None: when
+    torch's threads are no more than ``workers``) each computes its tensor on one thread, that many at once: the
+    sample is then timed on one thread, by its CPU time, and its cost shared by them. A method with a
+    :class:`~resumerge.methods.spec.WholeCost` is timed by one call per class on synthetic inputs of the real
+    shapes, whatever ``max_seconds`` leaves (a sample of rows is not a smaller instance of a decomposition). Never
+    raises for a method that fails on a sample: that group is left unmeasured with the reason, and the run will
+    report the failure itself.
 
     The pending tensors are grouped here; the groups are measured where ``side`` runs calls that need torch (None:
     in this process). A :class:`~resumerge.engine.torchside.TorchProcess` gets only the sampled tensors' plans and
     reads their rows itself (``sources`` must then be None).
     """
+    return start_compute(plan, pending, sources=sources, max_bytes=max_bytes, max_seconds=max_seconds,
+                         serial=serial, workers=workers, side=side)()
+
+
+def start_compute(plan: Plan, pending: Sequence[ShardPlan], *, sources: InputSources | None = None,
+                  max_bytes: int = SAMPLE_BYTES, max_seconds: float = SAMPLE_SECONDS, serial: bool | None = None,
+                  workers: int = 1, side: TorchSide | None = None) -> Callable[[], tuple[ComputeGroup, ...]]:
+    """:func:`measure_compute`, started: the pending tensors are grouped now and the samples sent to ``side``,
+    which measures them while this process goes on (a helper process; :class:`~resumerge.engine.torchside.TorchHere`
+    and None measure when the result is asked for); what it returns gives the groups, waiting for them if need
+    be."""
     samples = [g.sample() for g in _groups(plan, pending, _promoted if side is None else partial(side.call, _promoted))]
     if side is None or not samples:
-        return _measure_samples(plan, samples, sources, max_bytes, max_seconds, serial, workers)
+        return partial(_measure_samples, plan, samples, sources, max_bytes, max_seconds, serial, workers)
     assert sources is None, "a helper process reads the inputs itself"
     kept = {tp.name: tp for s in samples for tp in (*s.chosen, s.first)}
     # Only what the sampled tensors' computations read: their plans, the inputs' folders, options and vocabulary.
     small = replace(plan, tensors=kept, shards=(), parts=(), notes=(), filters=(), accounting=None,
                     tokenizer_blobs={}, side_files={})
-    return side.call(_measure_samples, small, samples, None, max_bytes, max_seconds, serial, workers)
+    return side.submit(_measure_samples, small, samples, None, max_bytes, max_seconds, serial, workers)
 
 
 def _measure_samples(plan: Plan, groups: Sequence[_Sample], sources: InputSources | None, max_bytes: int,
@@ -163,6 +183,12 @@ def _measure_samples(plan: Plan, groups: Sequence[_Sample], sources: InputSource
         return tuple(_unmeasured(g, plan, "not measured: no GPU visible here") for g in groups)
     own = sources is None
     reader = InputSources.local(plan.model_dirs) if sources is None else sources
+    # Where the run's workers fill torch's threads on the CPU, each computes its tensor on its own thread, that
+    # many side by side: the sample times one such thread, as the run computes. (Timed on torch's threads
+    # instead, the same sample of DeepSeek-V3's FP8 group took 115-313 ms a call at load 12 against 17-26 ms on
+    # one thread: two threads each wait for a core another process holds.)
+    alone = serial and device.type == "cpu"
+    at_once = max(1, min(workers, torch.get_num_threads())) if alone else 1
     try:
         results = []
         timed: dict[tuple[Any, ...], float] = {}  # whole calls by (function, class): a module's A and B share one
@@ -170,9 +196,10 @@ def _measure_samples(plan: Plan, groups: Sequence[_Sample], sources: InputSource
             left = len(groups) - index
             spec = get_method(group.method, plan.units)
             if spec is not None and spec.whole_cost is not None:
-                results.append(_measure_whole(plan, group, spec, reader, serial, workers, timed))
+                results.append(_measure_whole(plan, group, spec, reader, alone, at_once, timed))
             else:
-                results.append(_measure(plan, group, reader, max_bytes // len(groups), max_seconds / left))
+                results.append(_measure(plan, group, reader, max_bytes // len(groups), max_seconds / left, alone,
+                                            at_once))
             max_seconds = max(0.0, max_seconds - results[-1].measure_seconds)
         return tuple(results)
     finally:
@@ -243,9 +270,12 @@ def _unmeasured(group: _Sample, plan: Plan, why: str) -> ComputeGroup:
                         0, 0, None, torch.get_num_threads(), False, why)
 
 
-def _measure(plan: Plan, group: _Sample, sources: InputSources, max_bytes: int,
-             max_seconds: float) -> ComputeGroup:
-    """Sample ``group``'s representatives within ``max_bytes`` of input and time the method on them."""
+def _measure(plan: Plan, group: _Sample, sources: InputSources, max_bytes: int, max_seconds: float,
+             alone: bool, at_once: int) -> ComputeGroup:
+    """Sample ``group``'s representatives within ``max_bytes`` of input and time the engine's step on them in a
+    workspace, as a run's worker computes a whole tensor: its kernels on this thread alone when ``alone`` (the
+    run's workers then compute ``at_once`` tensors side by side, one thread each, so the group's wall is the
+    timed cost over ``at_once``)."""
     chosen = group.chosen
     if not chosen:
         return _unmeasured(group, plan, "not measured: no tensor with rows to sample")
@@ -257,59 +287,62 @@ def _measure(plan: Plan, group: _Sample, sources: InputSources, max_bytes: int,
     calls: list[float] = []  # per-call overheads fitted from a sample and its leading quarter
     read = 0
     synthetic = False
+    workspace = Workspace(UNBUDGETED)  # a few MB here: the sample's rows
     try:
-        for index, tp in enumerate(chosen):
-            part = chunk_plan(tp, 0, _rows(tp, per_sample))
-            tensors, nbytes, made_up = _prepare(plan, part, sources, spec)
-            read += nbytes
-            synthetic = synthetic or made_up
-            decode = 0.0 if made_up else _decode_seconds(plan, part, sources, spec)
-            budget = max(0.0, max_seconds - (time.perf_counter() - started)) / (len(chosen) - index)
-            window = min(WINDOW_SECONDS, budget / 3) if group.elements >= PRECISE_ELEMENTS else 0.0
-            n1, t1 = _timed(plan, part, sources, tensors, index == 0, budget / 2, window)
-            t1 += decode  # the run decodes every quantized input it merges: a cost per element like the method's
-            full.append((n1, t1))
-            quarter = part.shape[0] // 4
-            if quarter >= 1 and window > 0:
-                # A call costs a fixed overhead plus a cost per element: waking torch's threads (long on a busy
-                # machine), kernel launches on a GPU. A second, smaller sample separates the two, so tensors
-                # of other sizes than the sample's are priced right.
-                n2, t2 = _timed(plan, part, sources, [t[:quarter].contiguous() for t in tensors], False,
+        with serial_kernels() if alone else nullcontext():
+            for index, tp in enumerate(chosen):
+                part = chunk_plan(tp, 0, _rows(tp, per_sample))
+                tensors, nbytes, made_up = _prepare(plan, part, sources, spec)
+                read += nbytes
+                synthetic = synthetic or made_up
+                budget = max(0.0, max_seconds - (time.perf_counter() - started)) / (len(chosen) - index)
+                window = min(WINDOW_SECONDS, budget / 3) if group.elements >= PRECISE_ELEMENTS else 0.0
+                # A sample read in each call is warmed up once on its own: its first read is the disk's, not the
+                # page cache's (the plan prices the disk's time apart).
+                n1, t1 = _timed(plan, part, sources, tensors, workspace, alone, index == 0 or tensors is None,
                                 budget / 2, window)
-                t2 += decode * n2 / n1
-                calls.append(max(0.0, min(t1, t1 - (t1 - t2) / (n1 - n2) * n1)) if n1 > n2 and t1 > t2 else 0.0)
-            del tensors
+                full.append((n1, t1))
+                quarter = part.shape[0] // 4
+                if quarter >= 1 and window > 0:
+                    # A call costs a fixed overhead plus a cost per element: waking torch's threads, a read's
+                    # system calls, kernel launches on a GPU. A second, smaller sample separates the two, so
+                    # tensors of other sizes than the sample's are priced right.
+                    head = None if tensors is None else [t[:quarter].contiguous() for t in tensors]
+                    n2, t2 = _timed(plan, chunk_plan(part, 0, quarter), sources, head, workspace, alone, False,
+                                    budget / 2, window)
+                    calls.append(max(0.0, min(t1, t1 - (t1 - t2) / (n1 - n2) * n1)) if n1 > n2 and t1 > t2 else 0.0)
+                del tensors
     except Exception as exc:  # any failure only means no estimate here; the run reports it properly
         return _unmeasured(group, plan, f"not measured: {group.method} failed on a sample ({type(exc).__name__})")
     per_call = sum(calls) / len(calls) if calls else 0.0
     elements = sum(n for n, _ in full)
     per_element = max(0.0, sum(t - per_call for _, t in full)) / elements if elements else None
     return ComputeGroup(group.method, group.dtype, plan.options.device, group.tensors, group.elements,
-                        elements, read, per_element, torch.get_num_threads(), synthetic, "",
-                        measure_seconds=time.perf_counter() - started, seconds_per_call=per_call)
+                        elements, read, None if per_element is None else per_element / at_once,
+                        1 if alone else torch.get_num_threads(), synthetic, "",
+                        measure_seconds=time.perf_counter() - started, seconds_per_call=per_call / at_once,
+                        at_once=at_once)
 
 
-def _measure_whole(plan: Plan, group: _Sample, spec: MethodSpec, sources: InputSources, serial: bool,
-                   workers: int, timed: dict[tuple[Any, ...], float]) -> ComputeGroup:
+def _measure_whole(plan: Plan, group: _Sample, spec: MethodSpec, sources: InputSources, alone: bool, at_once: int,
+                   timed: dict[tuple[Any, ...], float]) -> ComputeGroup:
     """One call of the engine's compute step for ``spec`` on synthetic inputs of the shapes of ``group``'s class,
     timed (once for the functions and classes in ``timed``: a module's A and B run one computation) and priced per
     tensor: the call's seconds over the :attr:`~resumerge.methods.spec.WholeCost.shared_by` tensors it serves, and
-    over the ``workers`` that run such calls side by side on one thread each (``serial`` on the CPU)."""
+    over the ``at_once`` workers that run such calls side by side on one thread each (``alone``)."""
     assert spec.whole_cost is not None
     tp = group.first
     key = (spec.fn, group.key[1:])
     started = time.perf_counter()
     seconds = timed.get(key)
     device = torch.device(plan.options.device)
-    alone = serial and device.type == "cpu"
     if seconds is None:
         try:
             inputs = _synthetic(tp, device)
             with serial_kernels() if alone else nullcontext():
                 _settle(device)
                 begun = time.perf_counter()
-                _engine_step(plan, tp, sources, inputs)
-                _settle(device)
+                _engine_step(plan, tp, sources, inputs, workspace=Workspace(UNBUDGETED), read=False)
                 seconds = time.perf_counter() - begun
             del inputs
         except Exception as exc:  # any failure only means no estimate here; the run reports it properly
@@ -318,8 +351,7 @@ def _measure_whole(plan: Plan, group: _Sample, spec: MethodSpec, sources: InputS
     return ComputeGroup(group.method, group.dtype, plan.options.device, group.tensors, group.elements,
                         sum(numel(i.shape) for i in tp.inputs), 0, 0.0, 1 if alone else torch.get_num_threads(),
                         True, "", measure_seconds=time.perf_counter() - started,
-                        seconds_per_call=seconds / spec.whole_cost.shared_by / (max(1, workers) if alone else 1),
-                        whole=True)
+                        seconds_per_call=seconds / spec.whole_cost.shared_by / at_once, whole=True, at_once=at_once)
 
 
 def _settle(device: torch.device) -> None:
@@ -328,35 +360,50 @@ def _settle(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(plan: Plan, tp: TensorPlan, sources: InputSources, inputs: list[torch.Tensor], warmup: bool,
-           max_seconds: float, window: float) -> tuple[int, float]:
-    """(output elements, seconds) of one call of the engine's compute step on ``inputs`` (leading rows of ``tp``'s
-    inputs, in memory) with ``tp``'s resolved parameters."""
-    rate = measure_rate(plan.method_of(tp), [inputs], base_index=tp.base_index,
+def _timed(plan: Plan, tp: TensorPlan, sources: InputSources, inputs: list[torch.Tensor] | None,
+           workspace: Workspace, alone: bool, warmup: bool, max_seconds: float, window: float) -> tuple[int, float]:
+    """(output elements, seconds) of the fastest call of the engine's compute step for ``tp`` (leading rows of a
+    tensor) with its resolved parameters, on ``inputs`` (in memory already) or, when None, on its inputs read
+    and decoded in each call (see :func:`_engine_step`). A call whose kernels run on this thread ``alone`` is
+    timed by this thread's CPU time: what it costs a worker that has a core, whatever else the machine is doing
+    while ``plan`` measures (the wall time of the same calls at load 7 spread 2.7-fold between samples)."""
+    rate = measure_rate(plan.method_of(tp), [inputs or []], base_index=tp.base_index,
                         model_params=[dict(p) for p in tp.model_params], params=dict(tp.params), warmup=warmup,
-                        max_seconds=max_seconds, min_seconds=window, merge=partial(_engine_step, plan, tp, sources))
+                        max_seconds=max_seconds, min_seconds=window,
+                        merge=partial(_engine_step, plan, tp, sources, workspace=workspace, read=inputs is None),
+                        clock=time.thread_time if alone else time.perf_counter)
     return rate.sample_elements, rate.seconds_per_element * rate.sample_elements
 
 
-def _engine_step(plan: Plan, tp: TensorPlan, sources: InputSources, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
-    """What the engine computes for the leading rows of ``tp`` that ``inputs`` hold (already read and prepared), as
-    one chunk: :meth:`~resumerge.engine.compute.TensorCompute.merged`, every context made as the engine makes it
-    (a fused expert stack's sampled experts merged one by one, each with its own generator)."""
-    rows = chunk_plan(tp, 0, inputs[0].shape[0])
+def _engine_step(plan: Plan, tp: TensorPlan, sources: InputSources, inputs: Sequence[torch.Tensor], *,
+                 workspace: Workspace, read: bool) -> int:
+    """What the engine computes for ``tp`` (the leading rows of a tensor) as one chunk in ``workspace``, as a run's
+    worker computes a whole tensor (:meth:`~resumerge.engine.compute.TensorCompute.rows`): the method lent its
+    result buffer, then the output codec's encode (block FP8 and INT4 re-quantize; a plain one casts, or copies
+    the result out of the workspace); a fused
+    expert stack's sampled experts merged one by one, each with its own generator. With ``read``, the inputs are
+    read and decoded into the workspace's buffers here (quantized inputs: the run decodes every one it merges; their
+    bytes are in the page cache after a warm-up, and the plan prices the disk's time apart); else ``inputs`` hold
+    them already read and prepared. Returns the output elements."""
+    rows = chunk_plan(tp, 0, tp.shape[0])
     if rows.experts is not None:  # the experts sampled, not the stack's
         rows = replace(rows, experts=replace(rows.experts, count=rows.shape[0]))
     spec, device = plan.method_of(tp), torch.device(plan.options.device)
 
     def load(part: TensorPlan) -> MergeContext:
+        if read:
+            return load_context(plan, part, sources, spec, NO_RESOURCES, workspace)
         first = part.inputs[0].first_row - rows.inputs[0].first_row  # an expert's rows, or all of them
         return make_context(plan, part, spec, device, [t[first : first + part.shape[0]] for t in inputs],
-                            NO_RESOURCES)
+                            NO_RESOURCES, lend=partial(workspace.take, "result"))
 
     unit = TensorCompute(plan, rows, sources, NO_RESOURCES, load=load)
-    merged = unit.merged(0, unit.total)
-    # The run stores each result through its output codec (block FP8 and INT4 re-quantize; a plain one casts).
-    rows.out_codec.encode(merged, rows.out_dtype)
-    return merged
+    merged = unit.merged(0, unit.total, workspace)
+    for stored in rows.out_codec.encode(merged, rows.out_dtype).values():
+        if workspace.holds(stored):  # a result stored as computed: the run copies it out of the workspace
+            stored.clone()
+    _settle(device)
+    return numel(rows.shape)
 
 
 def _rows(tp: TensorPlan, max_bytes: int) -> int:
@@ -369,28 +416,20 @@ def _rows(tp: TensorPlan, max_bytes: int) -> int:
 
 
 def _prepare(plan: Plan, tp: TensorPlan, sources: InputSources,
-             spec: MethodSpec) -> tuple[list[torch.Tensor], int, bool]:
-    """The inputs of ``tp`` as ``spec`` sees them, on the plan's device; the bytes read and whether they are
-    synthetic (when any input file is not on disk).
+             spec: MethodSpec) -> tuple[list[torch.Tensor] | None, int, bool]:
+    """The inputs of ``tp`` as ``spec`` sees them, on the plan's device, or None where the timed step must read them
+    itself (a quantized input: its decode is a cost per element of the run's); the bytes read and whether they
+    are synthetic (when any input file is not on disk).
 
     Read by :func:`~resumerge.engine.compute.load_context`, the engine's own read (LoRA deltas merged, ``dtype:``
     applied, mixed dtypes promoted), so what is timed is what the run computes on.
     """
     if not all(_on_disk(plan, ref) for ref in tp.inputs):
         return _synthetic(tp, torch.device(plan.options.device)), 0, True
-    tensors = list(load_context(plan, tp, sources, spec, NO_RESOURCES).tensors)  # only the inputs are read
-    return tensors, sum(_ref_bytes(ref) for ref in tp.inputs), False
-
-
-def _decode_seconds(plan: Plan, tp: TensorPlan, sources: InputSources, spec: MethodSpec) -> float:
-    """Seconds the engine's read of ``tp``'s inputs takes to decode them (0 when every input is stored plain): the
-    read again, its bytes in the page cache now, so that the disk's time, which the plan prices on its own, is
-    not counted twice."""
-    if all(ref.codec.plain for ref in tp.inputs):
-        return 0.0
-    begun = time.perf_counter()
-    load_context(plan, tp, sources, spec, NO_RESOURCES)
-    return time.perf_counter() - begun
+    nbytes = sum(_ref_bytes(ref) for ref in tp.inputs)
+    if not all(ref.codec.plain for ref in tp.inputs):
+        return None, nbytes, False
+    return list(load_context(plan, tp, sources, spec, NO_RESOURCES).tensors), nbytes, False  # only the inputs are read
 
 
 def _ref_bytes(ref: InputRef) -> int:

@@ -30,7 +30,7 @@ Computed by :mod:`resumerge.engine.estimate`; read by the CLI's rendering and by
                        write_bytes_per_s, download_bytes, notes: [str],
                        compute: [{method, dtype, device, tensors, elements, sample_elements, sample_bytes,
                                   seconds_per_element | null, seconds_per_call, seconds | null, threads,
-                                  synthetic, note, measure_seconds, whole}]}
+                                  synthetic, note, measure_seconds, whole, at_once}]}
                       compute: one entry per (method, dtype, flags) group of pending tensors
 
     hf_output         {output_bytes, largest_file, max_disk, staging_bytes}  local disk an hf:// OUT needs
@@ -200,6 +200,10 @@ class ComputeGroup:
     # Timed by whole calls on synthetic inputs of the real shapes, priced per tensor (a decomposition, whose cost
     # does not follow its result's elements; see resumerge.methods.spec.WholeCost).
     whole: bool = False
+    # Tensors the run computes side by side, each on ``threads`` threads (its workers, where they fill torch's
+    # threads on the CPU): the rates above are the group's wall per element and per tensor, one tensor's timed
+    # cost over this.
+    at_once: int = 1
 
     @property
     def seconds(self) -> float | None:
@@ -211,6 +215,8 @@ class ComputeGroup:
     def line(self) -> str:
         """One line for ``plan``: what was measured on what, and what it scales to."""
         where = f"{self.dtype} on {self.device}, {self.threads} thread(s)"
+        if self.at_once > 1:
+            where += f" each, {self.at_once} tensors at once"
         rate = self.seconds_per_element
         if rate is None:
             return f"compute: {self.method} ({where}) {self.note}"

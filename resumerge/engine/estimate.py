@@ -21,7 +21,7 @@ import psutil
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import run_dir, state_root
 from resumerge.config.settings import RunSettings, Staging
-from resumerge.engine.compute_estimate import SAMPLE_SECONDS, measure_compute
+from resumerge.engine.compute_estimate import SAMPLE_SECONDS, start_compute
 from resumerge.engine.costs import (
     ComputeGroup,
     DiskNeed,
@@ -39,7 +39,7 @@ from resumerge.engine.netestimate import MEASURED, Bandwidth, NetworkEstimate, m
 from resumerge.engine.torchside import TorchHere, TorchProcess, TorchSide
 from resumerge.errors import LedgerError
 from resumerge.inputs.catalog import Inputs
-from resumerge.memory import SystemProbe, collector_paused, format_size, usable_cores
+from resumerge.memory import MemoryProbe, SystemProbe, collector_paused, format_size, usable_cores
 from resumerge.methods.registry import MethodSpec
 from resumerge.outputs.aux import aux_files, render_aux
 from resumerge.plan.fetching import STREAM, FileFetch
@@ -85,6 +85,32 @@ class Measuring:
     disk_free: DiskFree = free_bytes
     compute_budget: float = SAMPLE_SECONDS
     bandwidth: Bandwidth | None = None
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """This machine's memory as a probe read it once (a :class:`~resumerge.memory.probe.MemoryProbe` whose
+    readings stay put)."""
+
+    rss_bytes: int
+    available_bytes: int
+    limit_bytes: int | None
+
+    @classmethod
+    def of(cls, probe: MemoryProbe) -> _Reading:
+        return cls(probe.rss(), probe.available(), probe.limit())
+
+    def rss(self) -> int:
+        return self.rss_bytes
+
+    def available(self) -> int:
+        return self.available_bytes
+
+    def limit(self) -> int | None:
+        return self.limit_bytes
+
+    def reclaim(self) -> None:
+        return None
 
 
 @dataclass(frozen=True)
@@ -143,14 +169,16 @@ def estimate(
                            if choose_inputs else None)
     remote = {(c.model, c.file) for c in fetch if c.how == STREAM}
     torch_side = torch_side or TorchHere()
-    memory, memory_reasons = memory_estimate(plan, pending, SystemProbe(), settings.max_memory, workers, remote,
-                                             torch_side.facts())
+    facts, memory_now = torch_side.facts(), _Reading.of(SystemProbe())
+    # Nothing pending (a finished merge): no sample is read and no method is timed. A helper process times the
+    # sample while this one estimates the rest (its memory read before: the sample's buffers are not another
+    # process's as far as the run is concerned).
+    compute_groups = (start_compute(plan, pending, max_seconds=measuring.compute_budget, workers=workers,
+                                    side=torch_side) if pending else tuple)
+    memory, memory_reasons = memory_estimate(plan, pending, memory_now, settings.max_memory, workers, remote, facts)
     disks = _disks(plan, output, downloads, inputs, out, state_dir, disk_free)
     speed = probe_directory(_probe_dir(out), probe_bytes, disk_free=disk_free) if out is not None else None
-    # Nothing pending (a finished merge): no sample is read and no method is timed. A helper process times the
-    # sample while this one waits for it (the rest of the estimate is done or cheap), so no planning shares its cores.
-    compute = (measure_compute(plan, pending, max_seconds=measuring.compute_budget, workers=workers,
-                               side=torch_side) if pending else ())
+    compute = compute_groups()
     timing = replace(_time(plan, pending, output, downloads, committed, speed, probe_bytes, compute, to_hub),
                      startup_seconds=startup.seconds)
     if prepass is not None:

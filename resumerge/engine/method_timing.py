@@ -7,14 +7,13 @@ MB in all, so seconds at most) and returns seconds per output element; :meth:`Co
 to a tensor, a shard or the whole plan. Slices keep whole rows (:mod:`resumerge.engine.compute_estimate` takes the
 leading rows), so methods that work per row (DELLA, row-wise nuslerp) are timed on rows of the real length.
 
-The figure is for the thread count torch uses when it is measured, and for whatever else the machine is doing
-then; rank-based methods cost slightly more per element on large tensors than on samples (cache), so treat it as
-an estimate, not a bound.
+The figure is for the thread count torch uses when it is measured; it is the fastest call of each sample (see
+:func:`measure_rate`), so what else the machine is doing then changes it little. Rank-based methods cost slightly
+more per element on large tensors than on samples (cache), so treat it as an estimate, not a bound.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -53,7 +52,8 @@ def measure_rate(
     max_seconds: float | None = None,
     min_seconds: float = 0.0,
     max_calls: int = 1000,
-    merge: Callable[[Sequence[torch.Tensor]], torch.Tensor] | None = None,
+    merge: Callable[[Sequence[torch.Tensor]], int] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> ComputeRate:
     """Time ``method`` on each sample and return its seconds per output element.
 
@@ -62,16 +62,20 @@ def measure_rate(
     ``model_params`` and ``params`` are the resolved parameters, as a :class:`MergeContext` takes them (one set for
     all samples). Randomised methods get a fresh generator seeded with ``seed`` per call. After one untimed
     warm-up call, each sample is run ``repeats`` times, and again while its calls together took less than
-    ``min_seconds`` (at most ``max_calls`` calls); the rate is the sum of the mean times over the sum of the output
-    elements. The mean over a window, not the median of a few calls: on a busy machine a call of a millisecond
-    that loses the CPU for a scheduler slice counts ten times its cost, and a median of three such calls says
-    little, while the mean over a window is the share of the CPU a long merge gets too. ``warmup`` false skips
-    the warm-up (a caller timing several sets of samples in a row warms up once); with ``max_seconds``, calls
-    stop once that much time has gone into timing, so a slow method costs one timed call per sample (never
-    fewer). CUDA work is synchronised before each clock reading. Raises ``ValueError`` for an unknown method
-    name, no samples, ``repeats < 1`` or samples without any output element, and whatever the method raises for
-    bad inputs. ``merge`` is what is timed on a sample's inputs (default: the method's function on a context of
-    them with the parameters above): ``plan`` times the engine's own compute step.
+    ``min_seconds`` (at most ``max_calls`` calls); the rate is the sum of each sample's fastest call over the sum of
+    the output elements. The fastest call, not the mean or the median: interference (another process on the core,
+    a scheduler slice lost, a second thread waiting for a busy core) only ever slows a call down, so the fastest
+    of many short calls is the one nearest the method's own cost, and repeated plans agree on it — the mean over a
+    window of DeepSeek-V3's FP8 sample gave 4.2–109 ns/element between paired plans at load 2 (bench/RESULTS.md,
+    issue 45). ``warmup`` false skips the warm-up (a caller timing several sets of samples in a row warms up
+    once); with ``max_seconds``, calls stop once that much time has gone into timing, so a slow method costs one
+    timed call per sample (never fewer). CUDA work is synchronised before each clock reading. Raises
+    ``ValueError`` for an unknown method name, no samples, ``repeats < 1`` or samples without any output element,
+    and whatever the method raises for bad inputs. ``merge`` is what is timed on a sample's inputs, returning the
+    output elements it made (default: the method's function on a context of them with the parameters above):
+    ``plan`` times the engine's own compute step. ``clock`` times each call (``max_seconds`` is always wall
+    time): ``time.thread_time`` times a computation whose kernels all run on the calling thread by the CPU it
+    used, which the time it spent waiting for a core does not change.
     """
     spec = get_method(method) if isinstance(method, str) else method
     if spec is None:
@@ -83,7 +87,7 @@ def measure_rate(
 
     def run(tensors: Sequence[torch.Tensor]) -> int:
         if merge is not None:
-            return merge(tensors).numel()
+            return merge(tensors)
         generator = torch.Generator(device=tensors[0].device).manual_seed(seed) if spec.randomized else None
         ctx = MergeContext(list(tensors), base_index, model_params, params, generator)
         return spec.fn(ctx).numel()
@@ -101,11 +105,11 @@ def measure_rate(
             if times and max_seconds is not None and time.perf_counter() - began > max_seconds:
                 break
             _synchronize(tensors)
-            start = time.perf_counter()
+            start = clock()
             produced = run(tensors)
             _synchronize(tensors)
-            times.append(time.perf_counter() - start)
-        seconds += statistics.fmean(times)
+            times.append(clock() - start)
+        seconds += min(times)
         elements += produced
     if elements == 0:
         raise ValueError("the samples produced no output elements to time")

@@ -4,10 +4,11 @@
 and reports how long a run's import of torch takes. Importing torch costs about 3 s of CPU; planning a large merge
 (headers, plan, fingerprint) is single-threaded Python that needs none of it. :class:`TorchProcess` starts a
 helper process before planning: it imports torch (timing that import: the figure ``plan`` reports) while this
-process plans on another core, then waits. The sample is sent to it once this process has nothing left to do but
-wait for the answer, so the sample is timed while planning uses no core: only the import overlaps planning, and
-every figure the sample gives stays what a run's process alone would measure. The helper reads the sample's rows
-itself and hands back only the figures. :class:`TorchHere` does the same work in this process (a notebook's,
+process plans on another core. The sample is sent to it as soon as the plan is built (:meth:`TorchProcess.submit`)
+and measured there while this process estimates the rest (memory, disks): on the CPU the sample times one thread
+by its CPU time (see :mod:`resumerge.engine.compute_estimate`), which work beside it does not change, so the
+figures stay what a run's process alone would measure. The helper reads the sample's rows itself and hands back
+only the figures. :class:`TorchHere` does the same work in this process (a notebook's,
 where torch is usually loaded already).
 
 Both are context managers: leaving the block (a plan refused with exit 2 included) kills the helper at once, even
@@ -28,8 +29,9 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from types import MappingProxyType, TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import psutil
 
@@ -77,6 +79,10 @@ class TorchSide(Protocol):
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)``, run where torch is; raises what ``fn`` raises."""
 
+    def submit(self, fn: Callable[..., T], *args: Any) -> Callable[[], T]:
+        """``fn(*args)`` started where torch is; what it returns gives its result (or raises what ``fn`` raised),
+        waiting for it if need be. A side in this process runs it then."""
+
 
 class TorchHere:
     """The calls in this process; torch is imported here when :meth:`import_seconds` or a call first needs it."""
@@ -105,6 +111,10 @@ class TorchHere:
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         return fn(*args)
 
+    def submit(self, fn: Callable[..., T], *args: Any) -> Callable[[], T]:
+        """Runs nothing yet: ``fn`` runs in this process when its result is asked for, with nothing beside it."""
+        return partial(fn, *args)
+
 
 class TorchProcess:
     """A helper process that imports torch at once, with ``threads`` torch threads (None: torch's choice, as a
@@ -117,6 +127,7 @@ class TorchProcess:
         self._here = TorchHere()
         self._facts: TorchFacts | None = None
         self._process: subprocess.Popen[bytes] | None = None
+        self._owed: _Reply[Any] | None = None  # the call sent whose answer is not read yet
         if not sys.executable:  # an embedded interpreter that cannot name itself: the calls run here
             return
         try:
@@ -153,30 +164,37 @@ class TorchProcess:
         return self._facts
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
+        return self.submit(fn, *args)()
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Callable[[], T]:
+        """Sends ``fn(*args)`` to the helper now: it runs there while this process goes on. The helper answers its
+        calls in order, so a later call (or asking for this one's result) reads this one's answer first. Runs in
+        this process instead, when its result is asked for, where the helper is gone or the call cannot travel."""
         self.facts()  # the helper's first message
+        self._settle()
+        here = partial(self._here.call, fn, *args)
         process = self._process
         if process is None or process.stdin is None:
-            return self._here.call(fn, *args)
+            return here
         try:
             request = _pickled((fn, args))
         except (pickle.PicklingError, TypeError, AttributeError):  # a lambda, say: then it runs here
-            return self._here.call(fn, *args)
+            return here
         try:
             process.stdin.write(request)
             process.stdin.flush()
         except OSError:
             self.close()
-            return self._here.call(fn, *args)
-        answer = self._receive()
-        if answer is None:
-            return self._here.call(fn, *args)
-        how, value = answer
-        if how == _RAISED:
-            raise value
-        if how == _HERE:  # its result could not travel back
-            return self._here.call(fn, *args)
-        result: T = value
-        return result
+            return here
+        reply: _Reply[T] = _Reply(here, self._settle)
+        self._owed = reply
+        return reply
+
+    def _settle(self) -> None:
+        """Read the answer the helper owes (the call sent last, if its answer was not read yet)."""
+        owed, self._owed = self._owed, None
+        if owed is not None:
+            owed.answer, owed.read = self._receive(), True
 
     def _receive(self) -> Any:
         """The helper's next message; None (and the helper closed) when it died or never started, or its message
@@ -189,6 +207,29 @@ class TorchProcess:
         except Exception:  # the helper is of no more use: the calls run here
             self.close()
             return None
+
+
+class _Reply(Generic[T]):
+    """The result of a call sent to the helper: its ``answer`` (None when the helper died), read by ``settle`` (the
+    sender's, which reads the answer it owes) when first wanted; ``here`` runs the call in this process."""
+
+    def __init__(self, here: Callable[[], T], settle: Callable[[], None]) -> None:
+        self.here, self._settle = here, settle
+        self.answer: Any = None
+        self.read = False
+
+    def __call__(self) -> T:
+        if not self.read:
+            self._settle()
+        if self.answer is None:
+            return self.here()
+        how, value = self.answer
+        if how == _RAISED:
+            raise value
+        if how == _HERE:  # its result could not travel back
+            return self.here()
+        result: T = value
+        return result
 
 
 def serve(threads: int | None) -> None:
