@@ -162,12 +162,6 @@ def estimate(
     out = Path(os.path.abspath(out_dir)) if out_dir is not None else None
     committed = _committed_here(plan, out, notes)
     pending = [s for s in plan.shards if s.name not in committed]
-    staging_dir = _staging_dir(settings.staging, out, state_dir)
-    output = _output_size(plan, config_text, out, committed, staging_dir, pending)
-    fetch = plan_fetch(plan, inputs, max_disk=max_disk) if choose_inputs else ()
-    downloads = _downloads(inputs, state_dir, {(c.model, c.file) for c in fetch if c.how != STREAM}
-                           if choose_inputs else None)
-    remote = {(c.model, c.file) for c in fetch if c.how == STREAM}
     torch_side = torch_side or TorchHere()
     facts, memory_now = torch_side.facts(), _Reading.of(SystemProbe())
     # Nothing pending (a finished merge): no sample is read and no method is timed. A helper process times the
@@ -175,6 +169,12 @@ def estimate(
     # process's as far as the run is concerned).
     compute_groups = (start_compute(plan, pending, max_seconds=measuring.compute_budget, workers=workers,
                                     side=torch_side) if pending else tuple)
+    staging_dir = _staging_dir(settings.staging, out, state_dir)
+    output = _output_size(plan, config_text, out, committed, staging_dir, pending)
+    fetch = plan_fetch(plan, inputs, max_disk=max_disk) if choose_inputs else ()
+    downloads = _downloads(inputs, state_dir, {(c.model, c.file) for c in fetch if c.how != STREAM}
+                           if choose_inputs else None)
+    remote = {(c.model, c.file) for c in fetch if c.how == STREAM}
     memory, memory_reasons = memory_estimate(plan, pending, memory_now, settings.max_memory, workers, remote, facts)
     disks = _disks(plan, output, downloads, inputs, out, state_dir, disk_free)
     speed = probe_directory(_probe_dir(out), probe_bytes, disk_free=disk_free) if out is not None else None
