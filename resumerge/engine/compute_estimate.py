@@ -13,10 +13,10 @@ in the page cache after a warm-up: the plan prices the disk's time apart), and t
 for a plain output). Plain inputs are read once, through the same :class:`~resumerge.inputs.source.InputSources`
 and preparation the engine uses, and kept in memory. Each sample's figure is its fastest call; where the run's
 workers each compute on one thread (a CPU whose cores they fill) the sample runs on one thread too and is timed
-by that thread's CPU time, so neither the work ``plan`` does beside it nor a busy machine changes it: at load 6-8
-the FP8 group of DeepSeek-V3 x R1 came within ±5 % between repeated samples, where the mean wall time of two
-threads spread 4.2-109 ns/element at load 2. The group's seconds per element times its pending elements is its
-compute time, shared by the tensors the run computes at once.
+by that thread's CPU time, so neither the work ``plan`` does beside it nor a busy machine changes much: at load
+8-9 five samples of DeepSeek-V3 x R1's FP8 group came within -8/+15 % of their median, where the mean wall time
+of two threads spread 4.2-109 ns/element at load 2 and 28-85 h at load 8. The group's seconds per element times
+its pending elements is its compute time, shared by the tensors the run computes at once.
 
 Everything is bounded: at most :data:`SAMPLE_BYTES` read from the inputs and about :data:`SAMPLE_SECONDS` of
 timing for the whole plan, split between the groups. Inputs that are not on disk (hub files not downloaded, a
@@ -57,9 +57,9 @@ if TYPE_CHECKING:
 # disk the merge itself could use.
 SAMPLE_BYTES = 32 * 1024 * 1024
 # Seconds of timing for a whole plan (warm-ups and repeats included, roughly): `plan` must stay quick, and the
-# helper process times it while the planning process estimates the rest. (Timed by one thread's CPU, the FP8 group
-# of DeepSeek-V3 x R1 gave 0.53-0.58 h at 3 s, 0.53-0.66 h at 1 s and 0.53-0.64 h at 0.5 s, load 6-8; bench/RESULTS.md,
-# issue 45.)
+# helper process times it while the planning process estimates the rest. (Timed by one thread's CPU, five samples
+# of DeepSeek-V3 x R1's FP8 group gave 0.54-0.67 h at 1.5 s and 0.54-0.69 h at 3 s, paired, at load 8-9: a longer
+# sample was no steadier; bench/RESULTS.md, issue 45.)
 SAMPLE_SECONDS = 1.5
 # Shape classes sampled per group at most; the largest few hold nearly all elements of a transformer.
 MAX_SHAPES = 3
