@@ -1,5 +1,6 @@
 """A Ray run's warm start (resumerge.engine.cluster.warm) without a cluster: closing it never waits for a start under
-way, and every worker placed is ended once; a resume starts none for a plan recorded on a GPU."""
+way, and every worker placed is ended once; a resume starts none for a plan recorded on a GPU, nor for one whose
+device only the hub's manifest says."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,6 +21,7 @@ from resumerge.config.settings import RAY, RunSettings
 from resumerge.engine.cluster import connect, launch
 from resumerge.engine.cluster.warm import WarmStart
 from resumerge.store.ledger import Ledger
+from resumerge.store.manifest import MANIFEST_NAME, Manifest
 
 
 @pytest.fixture
@@ -95,3 +98,20 @@ def test_the_warm_start_places_workers_without_the_engine_and_a_worker_imports_n
     # nothing never imports the hub's stack (a second of its start, before its first shard).
     result = subprocess.run([sys.executable, "-c", _IMPORTS], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_resume_from_the_manifest_alone_starts_warm_workers_only_for_a_device_known_here(tmp_path: Path) -> None:
+    ray = RunSettings(state_dir=tmp_path / "state", executor=RAY)  # no ledger in it
+    out = tmp_path / "out"
+    out.mkdir()
+    for device in ("cpu", "cuda:0"):  # OUT's manifest is read here: a folder
+        manifest = Manifest(version="0", fingerprint="f", parts={}, inputs={}, options={"device": device},
+                            model_dirs={}, config_text="", planned=())
+        (out / MANIFEST_NAME).write_bytes(manifest.to_bytes())
+        assert recorded_device(out, ray) == device
+    # An hf:// OUT's manifest is on the hub, which the resume itself reads: no device known before, no warm start
+    # (a cluster is named: one would start for a CPU run).
+    assert recorded_device("hf://alice/merged", ray) is None
+    with started_early(replace(ray, ray_address="127.0.0.1:9"), "hf://alice/merged",
+                       recorded_device("hf://alice/merged", ray)) as settings:
+        assert settings.early is None

@@ -181,7 +181,8 @@ def resume(
                             num_threads=num_threads, executor=executor, ray_address=ray_address)
     recorded = functools.partial(prepare_recorded, out=out)
     driving = Driving(stop_flag(should_stop), _reporter(progress), cleanup=cleanup_intermediates)
-    # A Ray run's workers, while this one reads its record: none for a GPU plan (they start without one).
+    # A Ray run's workers, while this one reads its record: none for a GPU plan (they start without one), nor where
+    # only the hub's manifest says the device.
     with started_early(settings, out, recorded_device(out, settings)) as settings:
         outcome = next(found for kind in KINDS if (found := kind.resume(out, settings, driving, recorded)))
     for kind in KINDS:

@@ -62,11 +62,12 @@ def run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = Non
 
 
 @contextlib.contextmanager
-def started_early(settings: RunSettings, out: PathLike, device: str = "cpu") -> Iterator[RunSettings]:
+def started_early(settings: RunSettings, out: PathLike, device: str | None = "cpu") -> Iterator[RunSettings]:
     """``settings`` with a Ray run's workers starting while it plans (``early``: see
     :mod:`resumerge.engine.cluster.warm`), those the run did not take ended as the call ends, however it ends.
     ``settings`` as they are for a local run, and where warm workers could not serve: a GPU run (they start without
-    one), a hub OUT under ``--max-disk`` (how many a node may run depends on the plan's shard size)."""
+    one), a run whose ``device`` is not known yet (None), a hub OUT under ``--max-disk`` (how many a node may run
+    depends on the plan's shard size)."""
     from resumerge.config.hubtarget import is_hub_target
 
     if settings.executor != RAY or device != "cpu" or (settings.max_disk is not None and is_hub_target(out)):
@@ -84,24 +85,35 @@ def started_early(settings: RunSettings, out: PathLike, device: str = "cpu") -> 
         warm.close()
 
 
-def recorded_device(out: PathLike, settings: RunSettings) -> str:
-    """The device the run recorded for ``out`` computes on, as its ledger in the state dir says, for a Ray resume's
-    :func:`started_early` (its warm workers start without a GPU, which a GPU plan's run can never take); "cpu" for
-    a local run and where no ledger can say (none, or unreadable: the resume itself says what is wrong)."""
+def recorded_device(out: PathLike, settings: RunSettings) -> str | None:
+    """The device the run recorded for ``out`` computes on, for a Ray resume's :func:`started_early` (its warm
+    workers start without a GPU, which a GPU plan's run can never take): as its ledger in the state dir says, else
+    as OUT's manifest in a folder says. None where only the hub can say (an ``hf://`` OUT whose state dir holds no
+    ledger of it: the resume reads the repo's manifest itself, and starts no warm worker before). "cpu" for a local
+    run and where nothing here can say (nothing recorded, or unreadable: the resume itself says what is wrong)."""
     if settings.executor != RAY:
         return "cpu"
+    from resumerge.config.hubtarget import is_hub_target
     from resumerge.config.locations import RunLocations
     from resumerge.store.ledger_read import reading, run_row
+    from resumerge.store.manifest import read_manifest
 
-    path = RunLocations.of(out, settings.state_dir).ledger
-    if not path.is_file():
-        return "cpu"
+    path, row = RunLocations.of(out, settings.state_dir).ledger, None
+    if path.is_file():
+        try:
+            with reading(path, "ledger") as conn:
+                row = run_row(conn)
+        except LedgerError:
+            row = None
+    if row is not None:
+        return str(row.options.get("device", "cpu"))
+    if is_hub_target(out):
+        return None
     try:
-        with reading(path, "ledger") as conn:
-            row = run_row(conn)
-    except LedgerError:
+        manifest = read_manifest(Path(out))
+    except (LedgerError, OSError):
         return "cpu"
-    return str(row.options.get("device", "cpu")) if row is not None else "cpu"
+    return "cpu" if manifest is None else str(manifest.options.get("device", "cpu"))
 
 
 def hub_output(public: bool, every: int | None, interval: float | None) -> HubOutputOptions:
