@@ -2,16 +2,17 @@
 one-CPU worker nodes), against the local executor's bytes.
 
 The checks of issue 46, in one test on one cluster (starting one costs 10-20 s, and a test module split over the
-suite's two xdist workers would start two), as few runs as they need (each Ray run starts its workers, fresh
+suite's two xdist workers would start two), in as few runs as they need (each Ray run starts its workers, fresh
 processes importing torch: seconds): with hub inputs streamed, the output is byte-identical to a local run, both
-worker nodes made shards and each node read its own; a shard's real error ends the run as locally; a hub OUT
-through the stand-in hub is uploaded by the nodes that made its shards and committed by the driver alone, also
-after the driver was SIGKILLed; Ctrl-C stops a Ray driver as it stops a local one, and its resume's warm workers,
-whose memory reservations do not come up, are ended and replaced; a driver SIGKILLed mid-run resumes with either
-executor, the Ray resume losing a worker node mid-run (the node removal must come last); then the hub OUT again in
-the Xet tier under --max-disk, on the node left. The workers are started while the driver plans (warm) and used,
-not started again; a run that fails, is refused or is killed leaves no worker and no memory reservation behind.
-The local halves (a failing run, a killed run) run while the cluster starts; ``-s`` shows each phase's seconds.
+worker nodes made shards and each read its own; a shard's real error ends the run as locally; a Ray driver
+SIGKILLed as it commits to a hub OUT is resumed by the local executor, which sends none of the shards its nodes had
+uploaded again; Ctrl-C stops a Ray driver as it stops a local one, and its resume on Ray has the nodes upload what
+they make and the driver alone commit, its warm workers (whose memory reservations do not come up) ended and
+replaced; a local run SIGKILLed mid-run is resumed on Ray, which loses a worker node mid-run (the node removal must
+come last); then a hub OUT in the Xet tier under --max-disk, on the node left. The workers are started while the
+driver plans (warm) and used, not started again; a run that fails, is refused or is killed leaves no worker and no
+memory reservation behind. The local halves (a failing run, a killed run) run while the cluster starts; ``-s``
+prints each phase's seconds.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merg
     # The local halves of two checks below run while the cluster starts (Ray starts it from the main thread only).
     pool = ThreadPoolExecutor(1)
     failing = pool.submit(_failing_run, merge, tmp_path / "failing", "local")
-    killing = pool.submit(_killed, merge, tmp_path / "killed", "local")
+    killing = pool.submit(_killed_locally, merge, tmp_path / "killed-local")
     with pool, _cluster() as cluster:
         local_error, killed_locally = failing.result(), killing.result()
         clock.lap("cluster up, and the local runs killed or failing beside it")
@@ -159,23 +160,21 @@ def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merg
         clock.lap("a failing run")
         _a_run_refused_before_it_computes_leaves_no_worker(merge, tmp_path / "refused")
         clock.lap("a refused run")
-        # A hub OUT in the LFS tier: the driver SIGKILLed as it commits, resumed; nodes upload, the driver commits.
-        _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge, hub, tmp_path / "hub", monkeypatch,
-                                                                    killed_at=cluster[0].address)
-        clock.lap("hub OUT (LFS): killed driver, resumed")
-        # SIGINT stops a Ray driver as a local one; its resume's warm reservations do not come up: its own workers.
+        # Hub OUTs in the LFS tier. A Ray driver SIGKILLed as it commits, resumed by the local executor.
+        _a_killed_ray_driver_resumes_locally(cluster, merge, hub, tmp_path / "killed-ray")
+        clock.lap("hub OUT (LFS): a killed Ray driver resumed locally")
+        # SIGINT stops a Ray driver as a local one. Its resume on Ray: the nodes upload, the driver alone commits;
+        # its warm workers' reservations do not come up, so it ends them and starts its own.
         _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster, merge, hub, tmp_path / "ctrl-c", monkeypatch)
-        clock.lap("Ctrl-C, resumed past a warm reservation that timed out")
-        # The driver SIGKILLed and resumed with each executor; the Ray resume loses a worker node mid-run.
-        _a_killed_ray_driver_resumes_locally(cluster, merge, tmp_path / "killed")
-        _a_killed_local_run_resumes_on_ray_losing_a_worker_node(cluster, merge, tmp_path / "killed",
-                                                                killed_locally)
-        clock.lap("killed drivers resumed, a node lost")
+        clock.lap("hub OUT (LFS): Ctrl-C, resumed on Ray past a warm reservation that timed out")
+        # A killed local driver resumed on Ray, which loses a worker node mid-run.
+        _a_killed_local_run_resumes_on_ray_losing_a_worker_node(cluster, merge, killed_locally)
+        clock.lap("a killed local run resumed on Ray, a node lost")
         # The Xet tier, with --max-disk held per node, on the node left: hf-xet's local:// CAS, the stand-in's Xet
         # storage, is a folder that one process at a time may open (two nodes uploading at once meet its lock).
         with _xet_hub(monkeypatch, tmp_path / "cas") as xet:
             _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge, xet, tmp_path / "xet", monkeypatch,
-                                                                        max_disk=_largest_shard(merge), nodes=1)
+                                                                        max_disk=_largest_shard(merge))
         clock.lap("hub OUT (Xet) under --max-disk")
     clock.lap("cluster stopped")
 
@@ -224,30 +223,19 @@ def _a_run_refused_before_it_computes_leaves_no_worker(merge: Merge, tmp_path: P
     _wait_for_idle_cluster()  # the API call ended its warm workers
 
 
-def _killed(merge: Merge, tmp_path: Path, executor: str, address: str | None = None) -> tuple[Path, Path]:
-    """OUT and state dir of a run with ``executor`` whose driver died at once (SIGKILL) after the ledger recorded its
-    third shard."""
-    out, state = tmp_path / f"{executor}-out", tmp_path / f"{executor}-state"
-    ran = cli("run", merge.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--executor", executor,
-              *(("--ray-address", address) if address is not None else ()),
+def _killed_locally(merge: Merge, tmp_path: Path) -> tuple[Path, Path]:
+    """OUT and state dir of a local run whose process died at once (SIGKILL) after the ledger recorded its third
+    shard."""
+    out, state = tmp_path / "out", tmp_path / "state"
+    ran = cli("run", merge.config, out, "--state-dir", state, "--out-shard-size", SHARD,
               env={"RESUMERGE_KILL_AT": "after_ledger_commit:3"})
     assert ran.returncode == -9, ran.stderr
     assert _done_shards(out, state) == 3
     return out, state
 
 
-def _a_killed_ray_driver_resumes_locally(cluster: tuple[Cluster, Any], merge: Merge, tmp_path: Path) -> None:
-    out, state = _killed(merge, tmp_path, "ray", cluster[0].address)
-    _wait_for_idle_cluster()  # Ray ends the dead driver's tasks: none may write into OUT while it resumes
-    outcome = api.resume(out, state_dir=state, executor="local")
-    assert digests(out) == merge.reference
-    assert outcome.resumed_files == 3  # every recorded shard kept, only the rest made again
-    # A killed Ray driver's last shard lost its node event (kept after the ledger row the kill followed).
-    assert len(_node_events(out, state)) == 2
-
-
 def _a_killed_local_run_resumes_on_ray_losing_a_worker_node(cluster: tuple[Cluster, Any], merge: Merge,
-                                                            tmp_path: Path, killed: tuple[Path, Path]) -> None:
+                                                            killed: tuple[Path, Path]) -> None:
     # The resume on Ray of a killed local run (``killed``) loses a worker node mid-run (the last check that needs
     # two: one node is left): that costs only the lost node's shards.
     out, state = killed
@@ -385,18 +373,37 @@ def _xet_hub(monkeypatch: pytest.MonkeyPatch, cas: Path) -> Iterator[HubWriter]:
         yield writer
 
 
+def _a_killed_ray_driver_resumes_locally(cluster: tuple[Cluster, Any], merge: Merge, writer: HubWriter,
+                                         tmp_path: Path) -> None:
+    # A hub OUT (LFS): the Ray driver SIGKILLed as it makes its first batch commit, when its nodes have uploaded
+    # shards that no commit names yet; the local executor's resume finds them there (the same sha256) and sends none
+    # again.
+    state = tmp_path / "state"
+    ran = cli("run", merge.config, "hf://alice/ray", "--state-dir", state, "--out-shard-size", SHARD, "--commit-every",
+              "4", "--commit-interval", "3600", "--executor", "ray", "--ray-address", cluster[0].address,
+              env={"RESUMERGE_KILL_AT": "hub_before_commit:1"})
+    assert ran.returncode == -9, ran.stderr
+    _wait_for_idle_cluster()  # Ray ends the dead driver's tasks: none may upload while it resumes
+    assert not any(n.endswith(".safetensors") for n in repo_files(writer, "alice/ray"))
+    outcome = api.resume("hf://alice/ray", state_dir=state, executor="local", commit_every=4, commit_interval=3600)
+    assert outcome.target == "hf://alice/ray"
+    _hub_output_checked(merge, writer, "alice/ray", state, nodes=None)
+
+
 def _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge: Merge, writer: HubWriter, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch,
-                                                                 max_disk: int | None = None, nodes: int = 2,
-                                                                 killed_at: str | None = None) -> None:
+                                                                 max_disk: int) -> None:
     state = tmp_path / "state"
-    batches = ("--commit-every", "4", "--commit-interval", "3600")
-    if killed_at is not None:  # the driver SIGKILLed as it makes its first batch commit: the nodes' uploads wait
-        ran = cli("run", merge.config, "hf://alice/ray", "--state-dir", state, "--out-shard-size", SHARD, *batches,
-                  "--executor", "ray", "--ray-address", killed_at, env={"RESUMERGE_KILL_AT": "hub_before_commit:1"})
-        assert ran.returncode == -9, ran.stderr
-        _wait_for_idle_cluster()
-        assert not any(n.endswith(".safetensors") for n in repo_files(writer, "alice/ray"))
+    with _the_driver_uploads_no_shard(monkeypatch):
+        outcome = api.run(merge.config, "hf://alice/ray", state_dir=state, out_shard_size=SHARD, executor="ray",
+                          commit_every=4, commit_interval=3600, max_disk=max_disk)
+    assert outcome.target == "hf://alice/ray"
+    _hub_output_checked(merge, writer, "alice/ray", state, nodes=1, max_disk=max_disk)
+
+
+@contextmanager
+def _the_driver_uploads_no_shard(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Inside, this process (the driver) uploads no shard: the nodes upload theirs."""
     staged = CommitQueue._upload
 
     def driver_upload(queue: CommitQueue, entry: Any) -> None:
@@ -404,27 +411,28 @@ def _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge: Merge, wr
         staged(queue, entry)
 
     with monkeypatch.context() as patch:
-        patch.setattr(CommitQueue, "_upload", driver_upload)  # this process only: the nodes' uploads are theirs
-        if killed_at is None:
-            outcome = api.run(merge.config, "hf://alice/ray", state_dir=state, out_shard_size=SHARD, executor="ray",
-                              commit_every=4, commit_interval=3600, max_disk=max_disk)
-        else:  # the resume's nodes upload again what the killed run's had: the hub has it (same sha256), no bytes
-            outcome = api.resume("hf://alice/ray", state_dir=state, executor="ray", commit_every=4,
-                                 commit_interval=3600)
-    assert outcome.target == "hf://alice/ray"
-    files = repo_files(writer, "alice/ray")
+        patch.setattr(CommitQueue, "_upload", driver_upload)
+        yield
+
+
+def _hub_output_checked(merge: Merge, writer: HubWriter, repo: str, state: Path, *, nodes: int | None,
+                        max_disk: int | None = None) -> None:
+    """The hub OUT ``repo`` holds the local run's bytes, each shard sent once, committed by the driver alone; its
+    shards made on ``nodes`` nodes (None: not counted); nothing left staged."""
+    files = repo_files(writer, repo)
     assert {n: hashlib.sha256(b).hexdigest() for n, b in files.items()} == merge.reference
     shards = [n for n in merge.reference if n.endswith(".safetensors")]
-    assert uploads(writer, "alice/ray") == {merge.reference[n]: 1 for n in shards}  # each sent once
+    assert uploads(writer, repo) == {merge.reference[n]: 1 for n in shards}  # each sent once
     # Every commit of the repo is one the driver's ledger journaled (the tasks never commit).
-    db = sqlite3.connect(run_dir("hf://alice/ray", state) / "ledger.db")
+    db = sqlite3.connect(run_dir(f"hf://{repo}", state) / "ledger.db")
     commits = {json.loads(r[0])["commit"] for r in db.execute("SELECT data FROM events WHERE kind = 'commit'")}
     db.close()
-    assert commits and commits <= set(writer.hub.repos["alice/ray"].commits)
+    assert commits and commits <= set(writer.hub.repos[repo].commits)
     if max_disk is None:  # many files per commit (under --max-disk the small files go one by one, as locally)
-        assert writer.commits["alice/ray"] < len(shards)
-    assert len({e["node"] for e in _node_events("hf://alice/ray", state)}) == nodes
-    assert not any((run_dir("hf://alice/ray", state) / "staging").iterdir())  # the nodes kept nothing staged
+        assert writer.commits[repo] < len(shards)
+    if nodes is not None:
+        assert len({e["node"] for e in _node_events(f"hf://{repo}", state)}) == nodes
+    assert not any((run_dir(f"hf://{repo}", state) / "staging").iterdir())  # nothing kept staged
 
 
 def test_max_disk_bounds_the_shards_a_node_stages_at_once() -> None:
@@ -518,12 +526,14 @@ def _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster: tuple[Cluster, Any]
     assert len(shards) in (2, 3), err
     assert all(hashlib.sha256(committed[n]).hexdigest() == merge.reference[n] for n in shards)
     _wait_for_idle_cluster()  # the stopped driver's workers ended with it
-    with _warm_reservation_never_ready(cluster[0], monkeypatch) as adopted:
-        outcome = api.resume("hf://alice/stopped", state_dir=state, executor="ray")
+    # The resume: each node uploads the shards it makes (what the stopped run's nodes uploaded is on the hub
+    # already: not sent again), the driver alone commits, in batches.
+    with _warm_reservation_never_ready(cluster[0], monkeypatch) as adopted, _the_driver_uploads_no_shard(monkeypatch):
+        outcome = api.resume("hf://alice/stopped", state_dir=state, executor="ray", commit_every=4,
+                             commit_interval=3600)
     assert adopted == [False]
     assert outcome.resumed_files >= len(shards)
-    assert {n: hashlib.sha256(b).hexdigest() for n, b in repo_files(writer, "alice/stopped").items()} == \
-        merge.reference
+    _hub_output_checked(merge, writer, "alice/stopped", state, nodes=2)
     _wait_for_idle_cluster()  # the warm workers' reservations were removed with them, and the run's own workers
 
 
