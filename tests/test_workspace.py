@@ -98,3 +98,23 @@ def test_tensors_computed_in_one_workspace_are_stored_as_without_one(tmp_path: P
         for part, t in parts.items():
             assert not space.holds(reused[name][part]), part
             assert torch.equal(reused[name][part].view(torch.uint8), t.view(torch.uint8)), part
+
+
+def test_a_kept_fp8_merge_on_another_device_decodes_in_the_workspace_and_encodes_there(tmp_path: Path,
+                                                                                         make: ModelFactory) -> None:
+    # --device cuda: inputs decoded into the worker's CPU buffers, moved to the device, merged there (no CPU result
+    # buffer lent), the result encoded there. The meta device raises wherever a CPU tensor is mixed in, as CUDA does.
+    a, b = pair(tmp_path, make, fp8((16, 16)), fp8_config((16, 16)))
+    doc = {**linear_config(a, b), "parameters": {"normalize": False}}  # normalize reads the weights' sum's value
+    config = load_config_text(write_config(tmp_path / "c.yml", doc).read_text())
+    plan = build_plan(config, open_inputs(config).models, PlanOptions(dequantize=False, device="meta"), CODECS)
+    space = Workspace(most=1 << 30)
+    kept = 0
+    with InputSources.local(plan.model_dirs) as sources:
+        for tp in plan.tensors.values():
+            merged = TensorCompute(plan, tp, sources, NO_RESOURCES).merged(0, tp.shape[0], space)
+            assert merged.device.type == "meta" and tuple(merged.shape) == tp.shape, tp.name
+            parts = tp.out_codec.encode(merged, tp.out_dtype)
+            assert all(t.device.type == "meta" for t in parts.values()), tp.name
+            kept += not tp.out_codec.plain
+    assert kept and space.held_bytes > 0  # FP8 weights were kept, their inputs decoded in the CPU workspace

@@ -151,5 +151,5 @@ class CompressedTensorsCodec(TensorCodec):
                 zero_point = ct.pack_zero_point(zero_point, self.bits)
             parts[ZERO_POINT] = zero_point.to(TORCH_DTYPES[self.zero_point_dtype])
         if self._packed:
-            parts[SHAPE] = torch.tensor([rows, cols], dtype=torch.int64)
+            parts[SHAPE] = torch.tensor([rows, cols], dtype=torch.int64, device=value.device)
         return parts

@@ -94,7 +94,8 @@ class BlockFp8Codec(TensorCodec):
             codes, scale = fp8_block.encode(values, self.block, scale_fmt=self.scale_fmt, scale_dtype=scale_dtype)
             return {MAIN: codes, SCALE: scale}
         flat = values.reshape(-1, *values.shape[-2:])
-        codes = torch.empty(flat.shape, dtype=torch.float8_e4m3fn)  # each expert's codes written in place
+        # Each expert's codes written in place.
+        codes = torch.empty(flat.shape, dtype=torch.float8_e4m3fn, device=flat.device)
         scales = torch.stack([fp8_block.encode(m, self.block, scale_fmt=self.scale_fmt, scale_dtype=scale_dtype,
                                                codes_out=codes[index])[1] for index, m in enumerate(flat)])
         return {MAIN: codes.reshape(values.shape), SCALE: scales.reshape(*values.shape[:-2], *scales.shape[-2:])}

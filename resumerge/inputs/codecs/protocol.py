@@ -155,7 +155,7 @@ class TensorCodec(ABC):
         change, except for a plain codec (then the stored buffer itself, as read). ``out``, when given, is a
         contiguous buffer of the value's shape and dtype the codec may decode into and return instead of allocating
         one (a caller that reuses its buffers spares the kernel's zeroing of fresh pages); the returned tensor is
-        the value either way."""
+        the value either way, on the parts' device (``out``'s too)."""
 
     @abstractmethod
     def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:
@@ -165,5 +165,6 @@ class TensorCodec(ABC):
     @abstractmethod
     def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
         """``value`` (a method's result, any float dtype, on the device it was computed on) as the parts
-        :meth:`out_parts` announced, by part name; ``dtype`` is the planned value dtype. The engine moves the
-        parts to the host and makes them contiguous."""
+        :meth:`out_parts` announced, by part name, on ``value``'s device, with the bytes the same values give on
+        the CPU; ``dtype`` is the planned value dtype. The engine moves the parts to the host and makes them
+        contiguous."""

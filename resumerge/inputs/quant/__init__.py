@@ -3,7 +3,9 @@
 One file per format, torch only, no file access: :mod:`.fp8_block` (DeepSeek-style block FP8),
 :mod:`.compressed_tensors` (llm-compressor's pack-, float- and naive-quantized), :mod:`.mxfp4` (gpt-oss experts).
 Each decodes stored codes and their scales to float32 and encodes float32 back, in row chunks where the format
-allows; :mod:`.grid`, :mod:`.byte_tables` and :mod:`.int_pack` are the pieces they share.
+allows; :mod:`.grid`, :mod:`.byte_tables` and :mod:`.int_pack` are the pieces they share. A kernel runs on its
+inputs' device (``--device cuda`` encodes a merged tensor where it was computed): its scratch, tables and results
+are made there, and the bytes are the CPU's for the same values.
 :func:`.recognise.recognise` reads a checkpoint's ``quantization_config`` and safetensors headers (never a payload)
 and returns a :class:`.verdict.Checkpoint`: per stored tensor its role and, per quantized weight, how it decodes —
 or refuses a format resumerge cannot decode (:mod:`.refusals`), in one line naming a tensor and the fix.

@@ -6,6 +6,9 @@ bytes: int32, int64, complex128 — a bit-exact copy, about 3× faster than gath
 at a time where that row is at most 16 bytes (a 65,536-row table, 0.5–1 MiB, indexed by the pair read as one
 uint16: widened to the gather's int32 index in one copy, no offset to add), in slabs that keep the index buffer in
 cache. Tables depend on the host's byte order only through how they are built, never through how they are indexed.
+
+Tables are built on the CPU and copied once to any other device (:meth:`ByteTable.to`), so bytes on a GPU decode
+there (a GPU gathers a whole tensor in one launch: the slabs are for the CPU's caches).
 """
 
 from __future__ import annotations
@@ -33,6 +36,12 @@ class ByteTable:
     single: torch.Tensor
     pair: torch.Tensor | None
 
+    def to(self, device: torch.device) -> ByteTable:
+        """This table on ``device`` (itself when it is there already)."""
+        if self.single.device == device:
+            return self
+        return ByteTable(self.per_byte, self.single.to(device), None if self.pair is None else self.pair.to(device))
+
 
 def _wide(rows: torch.Tensor) -> torch.Tensor:
     name = _WIDE.get(rows.shape[1] * 4)
@@ -40,8 +49,8 @@ def _wide(rows: torch.Tensor) -> torch.Tensor:
 
 
 def byte_table(values: torch.Tensor) -> ByteTable:
-    """The table of a ``[256, k]`` float32 tensor (row ``b``: the ``k`` values byte ``b`` holds, in element
-    order). Formats build theirs once per process (``functools.cache``)."""
+    """The table of a ``[256, k]`` float32 CPU tensor (row ``b``: the ``k`` values byte ``b`` holds, in element
+    order). Formats build theirs once per process and device (``functools.cache``)."""
     if values.shape[0] != 256 or values.ndim != 2 or values.dtype != torch.float32:
         raise ValueError(f"a byte table is [256, k] float32, got {tuple(values.shape)} {values.dtype}")
     per_byte = values.shape[1]
@@ -55,7 +64,8 @@ def byte_table(values: torch.Tensor) -> ByteTable:
 
 def decode_bytes(data: torch.Tensor, table: ByteTable, out: torch.Tensor) -> torch.Tensor:
     """Write into ``out`` (float32, contiguous, ``data.numel() · per_byte`` elements) the values of every byte of
-    ``data`` (uint8, contiguous), in order. Returns ``out``."""
+    ``data`` (uint8, contiguous), in order, on ``data``'s device (``out``'s too). Returns ``out``."""
+    table = table.to(data.device)  # a format's cached copy there is passed in: then this is the table itself
     flat = data.reshape(-1)
     if table.pair is not None and flat.numel() % 2 == 0:
         source, lookup = flat.view(torch.uint16), table.pair
@@ -63,9 +73,10 @@ def decode_bytes(data: torch.Tensor, table: ByteTable, out: torch.Tensor) -> tor
         source, lookup = flat, table.single
     target = out.view(-1).view(lookup.dtype) if lookup.ndim == 1 else out.view(-1, lookup.shape[1])
     count = source.numel()
-    index = torch.empty(min(SLAB, count), dtype=torch.int32)
-    for a in range(0, count, SLAB):
-        b = min(count, a + SLAB)
+    step = SLAB if data.device.type == "cpu" else max(count, 1)
+    index = torch.empty(min(step, count), dtype=torch.int32, device=data.device)
+    for a in range(0, count, step):
+        b = min(count, a + step)
         slab = index[: b - a]
         slab.copy_(source[a:b])
         torch.index_select(lookup, 0, slab, out=target[a:b])

@@ -21,7 +21,7 @@ scale assumes 7.5): a codec copies an unchanged tensor's stored bytes, or encode
 from __future__ import annotations
 
 from resumerge.inputs.quant import fp8_block, int_pack
-from resumerge.inputs.quant.grid import Block, grid_extremes, pieces
+from resumerge.inputs.quant.grid import Block, divide, grid_extremes, pieces
 from resumerge.torch_import import torch
 
 __all__ = [
@@ -85,9 +85,10 @@ def decode_packed(words: torch.Tensor, scale: torch.Tensor, block: Block, *, bit
     per = 32 // bits
     width = words.shape[1] * per
     if out is None:
-        out = torch.empty((n, cols), dtype=torch.float32)
+        out = torch.empty((n, cols), dtype=torch.float32, device=words.device)
     step = max(1, _SLAB_ELEMENTS // max(width, 1))
-    scratch = None if width == cols else torch.empty((min(step, n), width), dtype=torch.float32)
+    scratch = None if width == cols else torch.empty((min(step, n), width), dtype=torch.float32,
+                                                           device=words.device)
     for a in range(0, n, step):
         b = min(n, a + step)
         target = out[a:b]
@@ -109,7 +110,7 @@ def decode_naive(codes: torch.Tensor, scale: torch.Tensor, block: Block, *, zero
         assert grid is not None
         return fp8_block.decode(codes, grid, block, row_start=row_start, out=out)
     if out is None:
-        out = torch.empty(codes.shape, dtype=torch.float32)
+        out = torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
     out.copy_(codes)
     _scale(out, scale, block, zero_point, row_start)
     return out
@@ -142,9 +143,9 @@ def qparams(values: torch.Tensor, block: Block, *, bits: int, kind: str = "int",
     if kind == "float" and not symmetric:
         raise ValueError("asymmetric float quantization is not a compressed-tensors format here")
     if symmetric:
-        scale = torch.maximum(low.abs(), high) / ((qmax - qmin) / 2)
+        scale = divide(torch.maximum(low.abs(), high), (qmax - qmin) / 2)
     else:
-        scale = (high - low) / (qmax - qmin)
+        scale = divide(high - low, qmax - qmin)
         zero_point = torch.round((qmin - low / scale).clamp_(qmin, qmax).clamp_(-128, 127)).to(torch.int8)
     if scale_dtype != torch.float32:
         finfo = torch.finfo(scale_dtype)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 
 from resumerge.inputs.quant.byte_tables import ByteTable, byte_table, decode_bytes
-from resumerge.inputs.quant.grid import Block, grid_max, pieces
+from resumerge.inputs.quant.grid import Block, divide, grid_max, pieces
 from resumerge.torch_import import torch
 
 __all__ = ["E4M3_MAX", "decode", "encode", "scales_for"]
@@ -35,8 +35,10 @@ _SLAB_ELEMENTS = 1 << 18
 
 
 @functools.cache
-def _table() -> ByteTable:
-    """Each of the 256 E4M3 bytes' value."""
+def _table(device: torch.device) -> ByteTable:
+    """Each of the 256 E4M3 bytes' value, on ``device``."""
+    if device.type != "cpu":
+        return _table(torch.device("cpu")).to(device)
     every_byte = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
     return byte_table(every_byte.to(torch.float32).unsqueeze(1))
 
@@ -63,7 +65,7 @@ def decode(codes: torch.Tensor, scale_inv: torch.Tensor, block: Block, *, row_st
     ``codes``' shape, contiguous, to fill. Returns the float32 rows.
     """
     if out is None:
-        out = torch.empty(codes.shape, dtype=torch.float32)
+        out = torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
     if codes.ndim > 2:
         lead = codes.reshape(-1, *codes.shape[-2:])
         grids = scale_inv.reshape(-1, *scale_inv.shape[-2:])
@@ -78,7 +80,7 @@ def decode(codes: torch.Tensor, scale_inv: torch.Tensor, block: Block, *, row_st
     first = row_start // bh
     for a, b in _slabs(row_start, row_start + n, bh, cols):
         slab = out[a:b]
-        decode_bytes(data[a:b], _table(), slab)
+        decode_bytes(data[a:b], _table(data.device), slab)
         grid = scales[(row_start + a) // bh - first:]
         for piece, (s,) in pieces(slab, [grid], block, row_start=row_start + a):
             piece.mul_(s)
@@ -90,7 +92,7 @@ def scales_for(amax: torch.Tensor, scale_fmt: str = "float") -> torch.Tensor:
     two at or above it (``"ue8m0"``, halved when the largest code would round down to 224); 1 for an all-zero
     block; never 0 for a nonzero one (an amax so small that ``amax / 448`` underflows gets the smallest
     subnormal)."""
-    scale = amax / E4M3_MAX
+    scale = divide(amax, E4M3_MAX)
     scale.clamp_(min=torch.finfo(torch.float32).smallest_normal * 2.0 ** -23)
     if scale_fmt == "ue8m0":
         mantissa, exponent = torch.frexp(scale)
@@ -119,10 +121,12 @@ def encode(values: torch.Tensor, block: Block, *, scale_fmt: str = "float", scal
     """
     scale_dtype = torch.float32 if scale_dtype is None else scale_dtype  # not at import: torch is lazy
     n, cols = values.shape
-    codes = codes_out if codes_out is not None else torch.empty((n, cols), dtype=torch.float8_e4m3fn)
+    device = values.device
+    codes = codes_out if codes_out is not None else torch.empty((n, cols), dtype=torch.float8_e4m3fn, device=device)
     bh = block[0]
     slabs = _slabs(0, n, bh, cols)
-    scratch = torch.empty((max(b - a for a, b in slabs), cols), dtype=torch.float32) if slabs else values
+    scratch = torch.empty((max(b - a for a, b in slabs), cols), dtype=torch.float32, device=device) if slabs \
+        else values
     grids = []
     for a, b in slabs:
         slab, work = values[a:b], scratch[: b - a]

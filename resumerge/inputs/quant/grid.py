@@ -6,7 +6,8 @@ per block. Edge blocks may be partial: they use their scale over fewer elements.
 weight needs the grid rows :func:`grid_rows` names; every function here takes the grid from that first row on, so
 a codec reads only the scale rows its chunk needs.
 
-Every operation is elementwise or a maximum, so the bits do not depend on the chunking or on torch's threads.
+Every operation is elementwise or a maximum, so the bits do not depend on the chunking or on torch's threads, nor on
+the device (a division by a number goes through :func:`divide`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Iterator, Sequence
 
 from resumerge.torch_import import torch
 
-__all__ = ["Block", "grid_extremes", "grid_max", "grid_rows", "grid_shape", "pieces"]
+__all__ = ["Block", "divide", "grid_extremes", "grid_max", "grid_rows", "grid_shape", "pieces"]
 
 # (rows, cols) of one block of the grid; the last block of a row or column may be partial.
 Block = tuple[int, int]
@@ -23,6 +24,13 @@ Block = tuple[int, int]
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def divide(values: torch.Tensor, by: float) -> torch.Tensor:
+    """``values / by`` rounded once, as the CPU computes it, on any device: a CUDA kernel dividing by a host number
+    multiplies by its rounded reciprocal instead (``amax / 448`` then differs from the CPU's in the last bit, and so
+    would a scale), so the divisor is made a tensor on ``values``' device."""
+    return values / values.new_full((), by)
 
 
 def grid_shape(shape: tuple[int, int], block: Block) -> tuple[int, int]:

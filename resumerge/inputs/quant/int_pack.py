@@ -36,8 +36,10 @@ def _check(bits: int) -> int:
 
 
 @functools.cache
-def _table(bits: int) -> ByteTable:
-    """Byte table: byte ``b`` holds ``8 / bits`` values, lowest bits first, each minus the offset."""
+def _table(bits: int, device: torch.device) -> ByteTable:
+    """Byte table on ``device``: byte ``b`` holds ``8 / bits`` values, lowest bits first, each minus the offset."""
+    if device.type != "cpu":
+        return _table(bits, torch.device("cpu")).to(device)
     per = 8 // bits
     every = torch.arange(256, dtype=torch.int32).unsqueeze(1)
     shifts = torch.arange(per, dtype=torch.int32) * bits
@@ -59,7 +61,7 @@ def decode_words(words: torch.Tensor, bits: int, out: torch.Tensor) -> torch.Ten
     contiguous), padding slots included. Returns ``out``."""
     _check(bits)
     data = _bytes(words)
-    decode_bytes(data, _table(bits), out)
+    decode_bytes(data, _table(bits, data.device), out)
     return out
 
 
@@ -67,7 +69,7 @@ def unpack(words: torch.Tensor, bits: int, cols: int) -> torch.Tensor:
     """The ``[n, cols]`` int8 values packed in ``[n, w]`` int32 ``words``."""
     per = _check(bits)
     n, w = words.shape
-    values = torch.empty((n, w * per), dtype=torch.float32)
+    values = torch.empty((n, w * per), dtype=torch.float32, device=words.device)
     decode_words(words, bits, values)
     return values[:, :cols].to(torch.int8)
 
@@ -78,7 +80,7 @@ def pack(values: torch.Tensor, bits: int) -> torch.Tensor:
     per = _check(bits)
     n, cols = values.shape
     w = packed_cols(cols, bits)
-    stored = torch.zeros((n, w * per), dtype=torch.uint8)
+    stored = torch.zeros((n, w * per), dtype=torch.uint8, device=values.device)
     body = stored[:, :cols]
     body.copy_(values)  # two's complement bytes: adding the offset modulo 256 gives v + offset
     body.add_(1 << (bits - 1))

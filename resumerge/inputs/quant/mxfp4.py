@@ -42,23 +42,30 @@ _SLAB_ELEMENTS = 1 << 16
 
 
 @functools.cache
-def _table() -> ByteTable:
+def _table(device: torch.device) -> ByteTable:
+    if device.type != "cpu":
+        return _table(torch.device("cpu")).to(device)
     lut = torch.tensor(E2M1_VALUES, dtype=torch.float32)
     every = torch.arange(256, dtype=torch.int64)
     return byte_table(torch.stack([lut[every & 0x0F], lut[every >> 4]], dim=1))
 
 
 @functools.cache
-def _powers() -> torch.Tensor:
-    """``2^(s − 127)`` for each scale byte ``s`` (2^−127 is a float32 subnormal, exact; 255 is NaN)."""
+def _powers(device: torch.device) -> torch.Tensor:
+    """``2^(s − 127)`` for each scale byte ``s`` (2^−127 is a float32 subnormal, exact; 255 is NaN), on
+    ``device``."""
+    if device.type != "cpu":
+        return _powers(torch.device("cpu")).to(device)
     powers = torch.ldexp(torch.ones(256), torch.arange(-127, 129, dtype=torch.int32))
     powers[255] = math.nan
     return powers
 
 
 @functools.cache
-def _codes() -> torch.Tensor:
-    """The E2M1 code (sign included, −0 as 8) of every float32 by its bits >> 21."""
+def _codes(device: torch.device) -> torch.Tensor:
+    """The E2M1 code (sign included, −0 as 8) of every float32 by its bits >> 21, on ``device``."""
+    if device.type != "cpu":
+        return _codes(torch.device("cpu")).to(device)
     index = torch.arange(2048, dtype=torch.int64)
     smallest = (index << _CODE_SHIFT).to(torch.int32).view(torch.float32)  # the index's lowest float (wraps to sign)
     magnitude = torch.bucketize(smallest.abs(), torch.tensor(_THRESHOLDS), right=True, out_int32=True)
@@ -80,20 +87,22 @@ def decode(blocks: torch.Tensor, scales: torch.Tensor, *, out: torch.Tensor | No
     ``[..., G · 32, out]`` (transformers' layout); ``out``, if given, is that contiguous buffer."""
     rows, groups, width = blocks.shape[-3:]
     cols = groups * width * 2
-    result = out if out is not None else torch.empty(decoded_shape(tuple(blocks.shape)), dtype=torch.float32)
+    device = blocks.device
+    result = out if out is not None else torch.empty(decoded_shape(tuple(blocks.shape)), dtype=torch.float32,
+                                                     device=device)
     flat_blocks = blocks.reshape(-1, rows, groups * width)
     flat_scales = scales.reshape(-1, rows, groups)
     flat_out = result.view(-1, cols, rows)
     step = _slab_rows(cols)
-    scratch = torch.empty((min(step, rows), cols), dtype=torch.float32)
-    powers = _powers()
-    index = torch.empty((min(step, rows) * groups,), dtype=torch.int32)
+    scratch = torch.empty((min(step, rows), cols), dtype=torch.float32, device=device)
+    powers, table = _powers(device), _table(device)
+    index = torch.empty((min(step, rows) * groups,), dtype=torch.int32, device=device)
     for lead_index in range(flat_blocks.shape[0]):
         for a in range(0, rows, step):
             b = min(rows, a + step)
             values = scratch[: b - a]
             data = flat_blocks[lead_index, a:b].contiguous()
-            decode_bytes(data, _table(), values)
+            decode_bytes(data, table, values)
             slab_index = index[: (b - a) * groups]
             slab_index.copy_(flat_scales[lead_index, a:b].reshape(-1))
             factors = torch.index_select(powers, 0, slab_index).view(b - a, groups, 1)
@@ -109,16 +118,17 @@ def encode(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if cols % GROUP:
         raise ValueError(f"MXFP4 groups 32 input values; {cols} is not a multiple of 32")
     groups = cols // GROUP
-    blocks = torch.empty((*lead, rows, groups, GROUP // 2), dtype=torch.uint8)
-    scales = torch.empty((*lead, rows, groups), dtype=torch.uint8)
+    device = values.device
+    blocks = torch.empty((*lead, rows, groups, GROUP // 2), dtype=torch.uint8, device=device)
+    scales = torch.empty((*lead, rows, groups), dtype=torch.uint8, device=device)
     flat_in = values.reshape(-1, cols, rows)
     flat_blocks = blocks.view(-1, rows, groups * GROUP // 2)
     flat_scales = scales.view(-1, rows, groups)
-    table = _codes()
+    table = _codes(device)
     step = _slab_rows(cols)
-    scratch = torch.empty((min(step, rows), cols), dtype=torch.float32)
-    index = torch.empty((min(step, rows), cols), dtype=torch.int32)
-    codes = torch.empty((min(step, rows), cols), dtype=torch.uint8)
+    scratch = torch.empty((min(step, rows), cols), dtype=torch.float32, device=device)
+    index = torch.empty((min(step, rows), cols), dtype=torch.int32, device=device)
+    codes = torch.empty((min(step, rows), cols), dtype=torch.uint8, device=device)
     for lead_index in range(flat_in.shape[0]):
         for a in range(0, rows, step):
             b = min(rows, a + step)
