@@ -138,3 +138,54 @@ def test_cuda_merge_matches_cpu_and_resume_keeps_the_device(tmp_path: Path, make
         assert want.keys() == got.keys()
         for key in want:
             torch.testing.assert_close(got[key], want[key])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_every_codec_encodes_and_decodes_on_the_gpu_to_the_cpus_bytes() -> None:
+    # The codecs' contract: the same float32 values give the same stored bytes wherever they are encoded. Magnitudes
+    # from 1e-30 (subnormal scales) to 1e3, and an all-zero block.
+    from tests.quant.test_codec_devices import CODECS
+
+    cuda = torch.device("cuda")
+    for codec, shape in CODECS:
+        value = torch.randn(shape, generator=torch.Generator().manual_seed(3)) * torch.logspace(-30, 3, shape[-1])
+        value[..., :16, :16] = 0.0
+        want = codec.encode(value, "F32")
+        got = codec.encode(value.to(cuda), "F32")
+        assert got.keys() == want.keys()
+        for part, t in got.items():
+            assert t.device.type == "cuda", (codec, part)
+            assert torch.equal(t.cpu().view(torch.uint8), want[part].view(torch.uint8)), (codec, part)
+        decoded = codec.decode({part: t.to(cuda) for part, t in want.items()}, 0)
+        assert decoded.device.type == "cuda"
+        assert torch.equal(decoded.cpu().view(torch.int32), codec.decode(want, 0).view(torch.int32)), codec
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dequantize", [False, True])
+def test_a_block_fp8_merge_runs_on_the_gpu(tmp_path: Path, make: ModelFactory, dequantize: bool) -> None:
+    # Kept FP8 crashed here once (the encode's scratch on the CPU, the merged values on the GPU). The GPU's sums may
+    # round differently in the last bit (fused multiply-adds), so a code may land one FP8 step away: values compare
+    # within that step, layouts exactly.
+    from safetensors.torch import load_file
+
+    from tests.quantmodels import fp8, fp8_config
+    from tests.test_quant_codecs import pair
+
+    a, b = pair(tmp_path, make, fp8((16, 16)), fp8_config((16, 16)))
+    config = write_config(tmp_path / "c.yml", linear_config(a, b))
+    flag = ["--dequantize"] if dequantize else []
+    done = cli("run", config, tmp_path / "cpu", "--state-dir", tmp_path / "s1", *flag)
+    assert done.returncode == 0, done.stderr
+    done = cli("run", config, tmp_path / "gpu", "--device", "cuda", "--state-dir", tmp_path / "s2", *flag)
+    assert done.returncode == 0, done.stderr
+    for name in sorted(p.name for p in (tmp_path / "cpu").glob("*.safetensors")):
+        want, got = load_file(tmp_path / "cpu" / name), load_file(tmp_path / "gpu" / name)
+        assert want.keys() == got.keys()
+        assert any(t.dtype == torch.float8_e4m3fn for t in want.values()) != dequantize
+        for key in want:
+            assert (got[key].dtype, got[key].shape) == (want[key].dtype, want[key].shape), key
+            if want[key].dtype == torch.float8_e4m3fn:  # one E4M3 step: 2^-3 of a value, 2^-9 near zero
+                torch.testing.assert_close(got[key].float(), want[key].float(), rtol=2**-3, atol=2**-9)
+            else:
+                torch.testing.assert_close(got[key], want[key])
