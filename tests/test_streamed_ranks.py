@@ -187,24 +187,28 @@ def test_passes_at_the_default_budget_give_the_same_bytes(merge: Merge, calls: d
                                                            monkeypatch: pytest.MonkeyPatch,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     # Chunk kernels run serially, so passes are chosen where the engine's two workers fill torch's threads:
-    # one thread here, whatever this machine's cores. Every 2-D tensor then streams, over chunks of 1 to 20 rows;
-    # the 1-D norms (one chunk) are held whole.
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    # one thread here (-j 1, as a user pins it), whatever this machine's cores: patching get_num_threads reached
+    # nothing once resumerge's lazy torch had looked it up, so a 16-core machine (16 threads) planned no passes.
+    # Every 2-D tensor then streams, over chunks of 1 to 20 rows; the 1-D norms (one chunk) are held whole.
     monkeypatch.setattr(workunits, "CHUNK_ELEMENTS", 10_000)
-    largest = {}
-    for config in ("ties", "ties-rescale"):
-        main(["plan", str(merge.configs[config]), "--json", "--probe-size", "0"])
-        largest[config] = json.loads(capsys.readouterr().out)["memory"]["largest_unit_bytes"]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(workunits, "row_stream", lambda *args: None)
-        main(["plan", str(merge.configs["ties"]), "--json", "--probe-size", "0"])
-        whole = json.loads(capsys.readouterr().out)["memory"]["largest_unit_bytes"]
-    # A unit in passes holds a chunk and its output; the whole embeddings' unit needs several times that.
-    assert largest["ties"] * 3 < whole == largest["ties-rescale"]  # a rescale streams only what cannot fit whole
-    for method in ("ties", "breadcrumbs"):
-        out = merge.root / f"passes-{method}"
-        assert _run(merge.configs[method], out, merge.root / "st") == 0
-        assert digests(out) == merge.reference[method]
+    before = torch.get_num_threads()
+    try:
+        largest = {}
+        for config in ("ties", "ties-rescale"):
+            main(["plan", str(merge.configs[config]), "--json", "--probe-size", "0", "-j", "1"])
+            largest[config] = json.loads(capsys.readouterr().out)["memory"]["largest_unit_bytes"]
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(workunits, "row_stream", lambda *args: None)
+            main(["plan", str(merge.configs["ties"]), "--json", "--probe-size", "0", "-j", "1"])
+            whole = json.loads(capsys.readouterr().out)["memory"]["largest_unit_bytes"]
+        # A unit in passes holds a chunk and its output; the whole embeddings' unit needs several times that.
+        assert largest["ties"] * 3 < whole == largest["ties-rescale"]  # a rescale streams only what cannot fit whole
+        for method in ("ties", "breadcrumbs"):
+            out = merge.root / f"passes-{method}"
+            assert _run(merge.configs[method], out, merge.root / "st", "-j", "1") == 0
+            assert digests(out) == merge.reference[method]
+    finally:
+        torch.set_num_threads(before)
     assert calls["in_passes"] >= 2 * 9  # every 2-D tensor of both merges
 
 
