@@ -1,7 +1,8 @@
 """A real merge of inputs several times larger than its memory budget stays under that budget.
 
-The child's peak RSS comes from ``wait4`` through a small launcher (see ``support.peak_rss_run``), so the figure
-covers everything the merge process did, imports included (importing torch alone takes about 225 MB here).
+The child's peak RSS comes from ``wait4`` through a small launcher (see ``support.peak_rss_and_file_pages_run``), so
+the figure covers everything the merge process did, imports included (importing torch alone takes about 225 MB here,
+147 MB of it anonymous), less the file pages of its shared libraries, which the budget does not count.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 from conftest import ModelFactory
 from safetensors import safe_open
 from safetensors.torch import load_file
-from support import linear_config, peak_rss_run, write_config
+from support import linear_config, peak_rss_and_file_pages_run, write_config
 
 from resumerge.cli.commands import main
 from resumerge.memory import parse_size
@@ -52,10 +53,17 @@ def test_two_gb_of_inputs_under_a_600_mb_budget(tmp_path: Path, make: ModelFacto
     assert inputs > 1_900_000_000
     cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
     out = tmp_path / "out"
-    code, peak, err = peak_rss_run([sys.executable, "-m", "resumerge", "run", str(cfg), str(out), "--quiet",
-                                    "--max-memory", "600MB", "--out-shard-size", "300M"])
+    code, peak, files, err = peak_rss_and_file_pages_run([sys.executable, "-m", "resumerge", "run", str(cfg),
+                                                          str(out), "--quiet", "--max-memory", "600MB",
+                                                          "--out-shard-size", "300M"])
     assert code == 0, err
-    assert peak < BUDGET, f"peak RSS {peak / 1e6:.0f} MB over the {BUDGET / 1e6:.0f} MB budget"
+    # The budget counts anonymous memory (SystemProbe.rss): the shared libraries' clean file pages are the kernel's
+    # to drop, and CUDA-enabled torch maps 147 MB more of them than the CPU wheel (224 MB against 77 MB, measured on
+    # the lead's H100 machine: its whole RSS after the import is 507 MB against 225). Here: 383 MB peak, 87 of it
+    # file pages; there: 647 MB peak, over the budget by file pages alone.
+    held = peak - files
+    assert held < BUDGET, (f"peak RSS {peak / 1e6:.0f} MB less {files / 1e6:.0f} MB of file pages is over the "
+                           f"{BUDGET / 1e6:.0f} MB budget")
     with safe_open(str(sorted(out.glob("model-*.safetensors"))[0]), "pt") as shard:
         name = next(iter(shard.keys()))
         got = shard.get_tensor(name)

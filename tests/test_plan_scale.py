@@ -21,8 +21,15 @@ from resumerge.inputs.safetensors_format import read_header
 
 # What `plan` of the pair may hold at its peak (0.52 GB measured; 0.66 GB before its fingerprint was hashed as
 # rendered, 0.72 GB before its per-tensor copies went), its helper process (torch and the speed sample) included:
-# 0.33 + 0.33 GB measured.
+# 0.33 + 0.33 GB measured. The helper imports torch, as the run will (the speed sample needs it), and what that
+# import holds is the torch build's: 0.23 GB for the CPU wheel (2.13), 0.51 GB for CUDA 2.11+cu130 (on the lead's H100
+# machine, where plan held 0.26 + 0.54 GB). So the bound is on what plan holds beside torch's own import (measured
+# on this machine), the issue's goal (under 1 GB for plan) on the whole.
 PLAN_RSS_BOUND = 800_000_000
+CPU_TORCH_IMPORT_RSS = 230_000_000
+PLAN_GOAL = 1_000_000_000
+_TORCH_IMPORT = ("import re, torch\nfrom pathlib import Path\n"
+                 "print(re.search(r'VmHWM:\\s+(\\d+)', Path('/proc/self/status').read_text())[1])")
 # Prints the peak RSS of `resumerge ARGS` run in this process, after its own output, and its children's (plan's
 # helper). VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss across exec, so a child of a large pytest worker
 # reported the worker's size (the helper's ru_maxrss may count this process's size when it started it: a bound).
@@ -94,4 +101,8 @@ def test_plan_of_deepseek_v3_x_r1_reads_headers_only_within_the_memory_bound(
     # The FP8 weights (45,809), their sample decoded as the run decodes them, and the 59 F32 routing biases.
     assert groups["float32"]["tensors"] == 45_868
     assert all(g["seconds_per_element"] is not None for g in groups.values()), report["time"]["notes"]
-    assert (int(peak.split()[1]) + int(peak.split()[2])) * 1024 < PLAN_RSS_BOUND
+    held = (int(peak.split()[1]) + int(peak.split()[2])) * 1024
+    torch_import = int(subprocess.run([sys.executable, "-c", _TORCH_IMPORT], capture_output=True, text=True,
+                                      check=True).stdout) * 1024
+    assert held - torch_import < PLAN_RSS_BOUND - CPU_TORCH_IMPORT_RSS, (held, torch_import)
+    assert held < PLAN_GOAL
