@@ -25,7 +25,8 @@ CODECS: list[tuple[TensorCodec, tuple[int, ...]]] = [
     (BlockFp8Codec((16, 16), "ue8m0", "F8_E8M0"), (40, 36)),
     (BlockFp8Codec((16, 16), fused=True), (2, 40, 36)),
     (CompressedTensorsCodec("ct-packed", 4, (1, 16), 36, "BF16", (40, 3)), (40, 36)),
-    (CompressedTensorsCodec("ct-packed", 2, (1, 16), 36, "F32", (40, 3), "I8"), (40, 36)),
+    # A packed group's zero points are packed into I32 words like the codes (recognition refuses any other dtype).
+    (CompressedTensorsCodec("ct-packed", 2, (1, 16), 36, "F32", (40, 3), "I32"), (40, 36)),
     (CompressedTensorsCodec("ct-packed", 8, (40, 36), 36, "F32", (1,)), (40, 36)),
     (CompressedTensorsCodec("ct-naive", 8, (1, 36), 36, "F32", (40, 1), "I8"), (40, 36)),
     (CompressedTensorsCodec("ct-float", 8, (16, 16), 36, "F32", (3, 3)), (40, 36)),

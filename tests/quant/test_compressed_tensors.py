@@ -127,6 +127,13 @@ def test_odd_widths_are_refused_by_the_packer(bits: int) -> None:
         int_pack.pack(torch.zeros(1, 8, dtype=torch.int8), bits)
 
 
+def test_words_of_another_width_are_refused_not_half_decoded() -> None:
+    # int8 "words" would fill a quarter of the output and leave the rest uninitialised: a result that differed
+    # run to run (seen on a GPU, where fresh memory is zeros, against the CPU's leftovers).
+    with pytest.raises(ValueError, match="int32"):
+        int_pack.unpack(torch.zeros(3, 3, dtype=torch.int8), 2, 48)
+
+
 NAIVE_CASES = [
     dict(type="int", num_bits=8, strategy="channel", symmetric=True),
     dict(type="int", num_bits=8, strategy="tensor", symmetric=False),

@@ -60,6 +60,9 @@ def decode_words(words: torch.Tensor, bits: int, out: torch.Tensor) -> torch.Ten
     """Write the signed values of ``[n, w]`` int32 ``words`` into float32 ``out`` (``[n, w · 32 / bits]``,
     contiguous), padding slots included. Returns ``out``."""
     _check(bits)
+    if words.dtype != torch.int32:
+        # Any other width would fill only part of ``out`` and leave the rest as it was (uninitialised memory).
+        raise ValueError(f"packed words are int32, not {words.dtype}")
     data = _bytes(words)
     decode_bytes(data, _table(bits, data.device), out)
     return out
