@@ -13,14 +13,14 @@ from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import TORCH_DTYPES
-from resumerge.plan.merge_plan import InputRef
+from resumerge.plan.merge_plan import InputRef, stored_input
 from resumerge.torch_import import torch
 
 
 def stored_ref(key: str, found: TensorSource) -> InputRef:
     """The stored tensor ``found`` of input ``key``, read plainly."""
     e = found.entry
-    return InputRef(key, found.file, e.name, e.dtype, e.shape, e.start, e.end)
+    return stored_input(key, found.file, e.name, e.dtype, e.shape, e.start, e.end)
 
 
 def tensor_ref(key: str, model: ModelInput, name: str) -> InputRef:
@@ -64,8 +64,7 @@ def _claimed_ref(key: str, formats: StoredFormats, claim: Claim) -> InputRef:
             continue
         companions.append((part, stored_ref(key, stored[name])))
     e = main.entry  # built at once, not by replace(): a 92k-tensor plan makes 90k of them
-    return InputRef(key, main.file, e.name, e.dtype, e.shape, e.start, e.end, codec=claim.codec,
-                    companions=tuple(companions))
+    return stored_input(key, main.file, e.name, e.dtype, e.shape, e.start, e.end, claim.codec, tuple(companions))
 
 
 def read_value(ref: InputRef, sources: InputSources, out: torch.Tensor | None = None) -> torch.Tensor:
