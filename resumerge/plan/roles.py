@@ -5,9 +5,10 @@ and the same of the output, from each output tensor's stored parts. ``plan`` rep
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
-from resumerge.inputs.codecs import MAIN, PLAIN, Role
+from resumerge.inputs.codecs import MAIN, PLAIN, Role, TensorCodec
 from resumerge.plan.merge_plan import Plan
 
 # The format of a model or output none of whose tensors a quantized format claims.
@@ -18,13 +19,27 @@ def output_roles(plan: Plan) -> dict[str, int]:
     """How many stored output tensors have each role: a plain tensor is "other", a quantized one's main part a
     "weight" and each further part a "companion" (every role listed)."""
     counts: Counter[str] = Counter()
+    # The parts a codec writes depend on the value's dtype and shape, never on its name (only their stored names
+    # do): counted once per codec, dtype and shape, not for each of 46k tensors (the codec held: its id stays).
+    roles_of: dict[tuple[int, str, tuple[int, ...]], tuple[TensorCodec, Counter[str]]] = {}
     for tp in plan.tensors.values():
-        if tp.out_codec.plain:
+        codec = tp.out_codec
+        if codec.plain:
             counts[Role.OTHER.value] += 1
             continue
-        for part in tp.stored_parts():
-            counts[(Role.WEIGHT if part.part == MAIN else Role.COMPANION).value] += 1
+        key = (id(codec), tp.out_dtype, tp.shape)
+        found = roles_of.get(key)
+        if found is None:
+            found = roles_of[key] = (codec, _roles(p.part for p in codec.out_parts(tp.name, tp.out_dtype, tp.shape)))
+        counts.update(found[1])
+        if tp.carried:  # the companions stored beside it: parts too (see TensorPlan.stored_parts)
+            counts.update(_roles(part for part, _ in tp.carried))
     return {role.value: counts[role.value] for role in Role}
+
+
+def _roles(parts: Iterable[str]) -> Counter[str]:
+    """The roles of stored parts named ``parts``: the main part a weight, any other a companion."""
+    return Counter((Role.WEIGHT if part == MAIN else Role.COMPANION).value for part in parts)
 
 
 def formats_report(plan: Plan) -> dict[str, Any]:
