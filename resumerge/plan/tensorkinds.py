@@ -18,7 +18,7 @@ from operator import attrgetter
 from typing import Any
 
 from resumerge.inputs.codecs import TensorCodec
-from resumerge.plan.merge_plan import InputRef, TensorPlan, assembled
+from resumerge.plan.merge_plan import InputRef, TensorPlan
 
 __all__ = ["Kind", "TensorKinds", "carried_companions", "kind_key"]
 
@@ -74,14 +74,13 @@ class Kind:
 
     def plan(self, name: str, inputs: tuple[InputRef, ...]) -> TensorPlan:
         """The plan of output tensor ``name`` of this kind over ``inputs``: the one the whole planning makes. The
-        companions it carries follow :func:`carried_companions`. Made without ``__init__`` (:func:`assembled`):
-        every field is the kind's or given here."""
+        companions it carries follow :func:`carried_companions`."""
         carried: tuple[tuple[str, InputRef], ...] = ()
         if self.carries:
             shared = self.shared
             carried = carried_companions(inputs, shared["out_codec"], copy_of=shared["copy_of"],
                                          base_index=shared["base_index"])
-        return assembled(TensorPlan, {**self.shared, "name": name, "inputs": inputs, "carried": carried})
+        return TensorPlan(name=name, inputs=inputs, carried=carried, **self.shared)
 
 
 class TensorKinds:
