@@ -17,7 +17,7 @@ from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
 from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions
 from resumerge.plan.planner import build_plan
-from resumerge.plan.tensorkinds import Kind, TensorKinds, kind_key
+from resumerge.plan.tensorkinds import KeyKinds, Kind, kind_key
 
 
 def _fp8_static(name: str, t: torch.Tensor) -> dict[str, torch.Tensor] | None:
@@ -39,7 +39,7 @@ def _plans(tmp_path: Path, doc: dict[str, object], monkeypatch: pytest.MonkeyPat
         m.setattr(Kind, "plan", lambda kind, name, inputs: made.append(name) or plan_of(kind, name, inputs))
         shared = build_plan(config, models, PlanOptions())
     with monkeypatch.context() as m:
-        m.setattr(TensorKinds, "get", lambda *args: None)
+        m.setattr(KeyKinds, "get", lambda *args: None)
         whole = build_plan(config, models, PlanOptions())
     return shared, whole, len(made)
 

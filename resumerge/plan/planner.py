@@ -348,22 +348,24 @@ def _tensor(out_name: str, in_names: list[str], sl: Slice, t: float, ctx: _Ctx, 
         inputs.append(found if keep_rows is None else leading_rows(found, keep_rows, yaml_path=where))
     method, config, base_index = ctx.method, ctx.config, sources.base_index
     kind_of = kind_key(method.name, base_index, vocab_rows, inputs)
-    nonfloat = ctx.kinds.checked.get(kind_of) if kind_of is not None else None
-    if nonfloat is None:
+    kinds = ctx.kinds.get(kind_of) if kind_of is not None else None
+    if kinds is None:
         _check_shapes(out_name, inputs, sl, vocab_rows)
         nonfloat = not all(is_float(i.value_dtype) for i in inputs) and bool(
             len(inputs) > 1 or config.dtype or config.out_dtype)
         if kind_of is not None:
-            ctx.kinds.checked[kind_of] = nonfloat
+            kinds = ctx.kinds.checked(kind_of, nonfloat)
+    else:
+        nonfloat = kinds.nonfloat
     if nonfloat:
         return nonfloat_tensor(out_name, inputs, base_index, ctx.drops)
     g_params, m_params = ctx.parameters.resolve(method, sl, out_name, in_names, t, base_index)
-    kind = ctx.kinds.get(kind_of, g_params, m_params) if kind_of is not None else None
+    kind = kinds.get(g_params, m_params) if kinds is not None else None
     if kind is not None:
         return kind.plan(out_name, tuple(inputs))
     tp = _planned(out_name, inputs, base_index, (g_params, m_params), ctx, vocab_rows)
-    if kind_of is not None:
-        ctx.kinds.add(kind_of, tp)
+    if kinds is not None:
+        kinds.add(tp)
     return tp
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from resumerge.inputs.codecs import TensorCodec
 from resumerge.plan.merge_plan import InputRef, TensorPlan
 
-__all__ = ["Kind", "TensorKinds", "carried_companions", "kind_key"]
+__all__ = ["KeyKinds", "Kind", "TensorKinds", "carried_companions", "kind_key"]
 
 # Where an input is stored, left out of its kind; every other field is in it (a field added later too), but the
 # companions, keyed on their parts, dtypes and shapes, and a LoRA delta, which has no key.
@@ -83,20 +83,36 @@ class Kind:
         return TensorPlan(name=name, inputs=inputs, carried=carried, **self.shared)
 
 
+class KeyKinds:
+    """The tensors of one :func:`kind_key` in one plan build, once a tensor of it passed the shape checks: whether
+    they are non-float (:attr:`nonfloat`: planned apart), and their :class:`Kind` per set of parameters."""
+
+    def __init__(self, nonfloat: bool) -> None:
+        self.nonfloat = nonfloat
+        # By the parameters' instances: the kind holds them, so their ids stay theirs while it lives.
+        self._kinds: dict[tuple[int, int], Kind] = {}
+
+    def get(self, params: object, model_params: object) -> Kind | None:
+        """The kind with these resolved parameters, if a tensor of it was planned."""
+        return self._kinds.get((id(params), id(model_params)))
+
+    def add(self, tp: TensorPlan) -> None:
+        """Remember ``tp``'s kind, with its parameters."""
+        self._kinds[(id(tp.params), id(tp.model_params))] = Kind.of(tp)
+
+
 class TensorKinds:
-    """The kinds of one plan build: whether the tensors of a key are plain floats that pass the shape checks
-    (:attr:`checked`, by :func:`kind_key`), and each key's :class:`Kind` per set of parameters."""
+    """The kinds of one plan build by :func:`kind_key` (:class:`KeyKinds`): one lookup of a key, whose hash is most of
+    what finding a tensor's kind costs, for each of a plan's 46k tensors."""
 
     def __init__(self) -> None:
-        # Key -> whether its tensors are non-float (planned apart); present once a tensor of it passed its checks.
-        self.checked: dict[Hashable, bool] = {}
-        # By the parameters' instances: the kind holds them, so their ids stay theirs while it lives.
-        self._kinds: dict[tuple[Hashable, int, int], Kind] = {}
+        self._keys: dict[Hashable, KeyKinds] = {}
 
-    def get(self, key: Hashable, params: object, model_params: object) -> Kind | None:
-        """The kind of ``key`` with these resolved parameters, if a tensor of it was planned."""
-        return self._kinds.get((key, id(params), id(model_params)))
+    def get(self, key: Hashable) -> KeyKinds | None:
+        """The kinds of ``key``, once a tensor of it passed its checks."""
+        return self._keys.get(key)
 
-    def add(self, key: Hashable, tp: TensorPlan) -> None:
-        """Remember ``tp``'s kind, ``key`` with its parameters."""
-        self._kinds[(key, id(tp.params), id(tp.model_params))] = Kind.of(tp)
+    def checked(self, key: Hashable, nonfloat: bool) -> KeyKinds:
+        """The kinds of ``key``, whose first tensor passed its checks and is ``nonfloat`` or not."""
+        found = self._keys[key] = KeyKinds(nonfloat)
+        return found
