@@ -139,32 +139,6 @@ class InputRef:
                        end=self.start + stop * row_bytes, first_row=whole[0], companions=companions)
 
 
-def stored_input(model: str, file: str, tensor: str, dtype: str, shape: tuple[int, ...], start: int, end: int,
-                 codec: TensorCodec = PLAIN, companions: tuple[tuple[str, InputRef], ...] = ()) -> InputRef:
-    """``InputRef(model, file, tensor, dtype, shape, start, end, codec=codec, companions=companions)``: a stored
-    tensor read whole, uncast, with no LoRA delta; the same object, made in a quarter of the time (a DeepSeek-V3
-    plan makes 184k). The frozen ``__init__`` sets all twelve fields through ``object.__setattr__``; this sets only
-    those not at their defaults, which are read from the class, where the dataclass keeps them. Each is set as
-    ``__init__`` sets it (not by assigning a ``__dict__``), so the instance keeps its compact attribute storage."""
-    ref = _new(InputRef)
-    _set(ref, "model", model)
-    _set(ref, "file", file)
-    _set(ref, "tensor", tensor)
-    _set(ref, "dtype", dtype)
-    _set(ref, "shape", shape)
-    _set(ref, "start", start)
-    _set(ref, "end", end)
-    if codec is not PLAIN:
-        _set(ref, "codec", codec)
-    if companions:
-        _set(ref, "companions", companions)
-    return ref
-
-
-_new = object.__new__
-_set = object.__setattr__
-
-
 @dataclass(frozen=True)
 class ExpertStack:
     """A fused expert tensor: ``count`` experts stacked along dim 0, each holding ``parts`` projections (gate and
