@@ -2,16 +2,18 @@
 
 Usage::
 
-    python bench/bench_plan_scale.py [--layout deepseek-v3|kimi-k2] [--mtp] [--runs N] [--work DIR]
+    python bench/bench_plan_scale.py [--layout deepseek-v3|kimi-k2] [--mtp] [--twin] [--runs N] [--work DIR]
                                      [--tree DIR ...] [--max-memory SIZE] [--dtype bfloat16]
 
 Writes the sparse real-shape checkpoints of ``tests/sparse_checkpoints.py`` (headers, then a hole: 689 GB for
-DeepSeek-V3 cost a few MB of disk) into ``--work`` (two folders: the base and, under another name, the same
-headers standing in for R1), a linear merge config over them, and times ``resumerge plan CONFIG OUT --json`` run
-from each ``--tree`` (a checkout of resumerge: compare main's with a branch's; default this one) ``--runs`` times,
-alternating: wall seconds, the process's user+system CPU seconds (less sensitive to a loaded machine than the
-wall) and its peak RSS, the same two for its helper process (torch's import and the speed sample), then the
-plan's own figures (output bytes, shards, RAM estimate, compute groups).
+DeepSeek-V3 cost a few MB of disk) into ``--work`` (two folders: the base and the second model standing in for R1:
+the same tensors, names, shapes, dtypes, data offsets and index, but every shard's header in other bytes, entries in
+another order and its own metadata, so nothing is shared by the headers' bytes; with ``--twin`` a link to the base's
+folder instead, byte-identical headers: the best case for sharing), a linear merge config over them, and times
+``resumerge plan CONFIG OUT --json`` run from each ``--tree`` (a checkout of resumerge: compare main's with a
+branch's; default this one) ``--runs`` times, alternating: wall seconds, the process's user+system CPU seconds (less
+sensitive to a loaded machine than the wall) and its peak RSS, the same two for its helper process (torch's import
+and the speed sample), then the plan's own figures (output bytes, shards, RAM estimate, compute groups).
 ``--mtp`` keeps DeepSeek-V3's MTP layer 61 (refused by a planner that does not know it).
 """
 
@@ -45,6 +47,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layout", choices=("deepseek-v3", "kimi-k2"), default="deepseek-v3")
     parser.add_argument("--mtp", action="store_true", help="keep DeepSeek-V3's MTP layer 61")
+    parser.add_argument("--twin", action="store_true",
+                        help="the second model is the first's folder under another name (byte-identical headers)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--work", type=Path, default=None, help="where the sparse checkpoints go [a temp dir]")
     parser.add_argument("--tree", action="append", type=Path, default=None,
@@ -56,10 +60,13 @@ def main() -> None:
     layout = DEEPSEEK_V3 if args.layout == "deepseek-v3" else KIMI_K2
     started = time.perf_counter()
     base = write_sparse_checkpoint(work / f"{args.layout}-a", layout, mtp=args.mtp)
-    other = work / f"{args.layout}-b"
-    if not other.exists():
-        other.symlink_to(base, target_is_directory=True)
-    print(f"generated {base} in {time.perf_counter() - started:.1f} s")
+    if args.twin:
+        other = work / f"{args.layout}-b"
+        if not other.exists():
+            other.symlink_to(base, target_is_directory=True)
+    else:
+        other = write_sparse_checkpoint(work / f"{args.layout}-b-distinct", layout, mtp=args.mtp, distinct=True)
+    print(f"generated {base} and {other.name} in {time.perf_counter() - started:.1f} s")
     doc: dict[str, object] = {"merge_method": "linear", "models": [
         {"model": str(base), "parameters": {"weight": 0.5}}, {"model": str(other), "parameters": {"weight": 0.5}}]}
     if args.dtype:

@@ -158,14 +158,18 @@ def _split(specs: list[Spec], shards: int) -> list[list[Spec]]:
     return groups
 
 
-def write_shard(path: Path, specs: list[Spec]) -> int:
-    """A safetensors file of ``specs`` whose payload is a hole; returns its size in bytes."""
-    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+def write_shard(path: Path, specs: list[Spec], *, distinct: bool = False) -> int:
+    """A safetensors file of ``specs`` whose payload is a hole; returns its size in bytes. ``distinct``: the same
+    tensors at the same data offsets, but a header of other bytes (entries listed last first, its own metadata), as
+    another writer saves another fine-tune of the same base."""
+    header: dict[str, object] = {"__metadata__": {"format": "pt", **({"source": "distinct"} if distinct else {})}}
     offset = 0
+    entries = []
     for name, dtype, shape in specs:
         size = nbytes((name, dtype, shape))
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + size]}
+        entries.append((name, {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + size]}))
         offset += size
+    header.update(reversed(entries) if distinct else entries)
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     with path.open("wb") as f:
@@ -175,16 +179,17 @@ def write_shard(path: Path, specs: list[Spec]) -> int:
 
 
 def write_sparse_checkpoint(directory: Path, lay: Layout = DEEPSEEK_V3, *, layers: int | None = None,
-                            mtp: bool = True, shards: int | None = None) -> Path:
+                            mtp: bool = True, shards: int | None = None, distinct: bool = False) -> Path:
     """Write ``lay`` (``layers`` decoder layers, the MTP layers with ``mtp``) into ``directory`` as sparse shards
     (``shards`` of them, the model's own count by default), ``model.safetensors.index.json`` and ``config.json``;
-    returns ``directory``."""
+    returns ``directory``. ``distinct``: every shard's header in other bytes than the default's (see
+    :func:`write_shard`): a second model whose tensors equal the first's but whose headers no parse can share."""
     directory.mkdir(parents=True, exist_ok=True)
     groups = _split(tensor_specs(lay, layers=layers, mtp=mtp), shards or lay.shards)
     weight_map: dict[str, str] = {}
     for index, group in enumerate(groups, 1):
         name = lay.shard_name.format(index=index, total=len(groups))
-        write_shard(directory / name, group)
+        write_shard(directory / name, group, distinct=distinct)
         weight_map.update(dict.fromkeys((spec[0] for spec in group), name))
     total = sum(nbytes(spec) for group in groups for spec in group)
     index_doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
