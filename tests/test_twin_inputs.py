@@ -1,5 +1,7 @@
 """Inputs stored alike (one folder under two names, two fine-tunes of one base saved the same way) share the parse
-of their safetensors headers and their formats' recognition; inputs that differ in any of it do not."""
+of their safetensors headers and their formats' recognition; inputs whose headers differ only in their bytes (order,
+metadata, so offsets) share the recognition, not the parse; inputs that differ in any tensor or the config share
+neither."""
 
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ from typing import Any
 
 import torch
 from conftest import ModelFactory
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from support import linear_config, write_config
 from toycodec import TOY, quantize
 
 from resumerge.config.merge_config import load_config_text
+from resumerge.inputs import model as model_module
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import CodecTable, StoredFormats
 from resumerge.inputs.files import TensorSource
@@ -69,3 +72,45 @@ def test_models_stored_alike_are_recognised_once(tmp_path: Path, make: ModelFact
         assert plan.input_roles[str(a)] == plan.input_roles[str(b)]
         assert all(tp.inputs[0].codec == tp.inputs[1].codec for tp in plan.tensors.values())
         assert any(not tp.inputs[1].codec.plain for tp in plan.tensors.values())
+
+
+def _resaved(src: Path, dst: Path, *, cast: str | None = None) -> Path:
+    """``src`` copied to ``dst`` with every shard saved again with its own metadata (other header bytes, other data
+    offsets: another writer); ``cast``: that tensor stored as float16 (a model that is not stored alike)."""
+    shutil.copytree(src, dst)
+    for file in dst.glob("*.safetensors"):
+        tensors = load_file(file)
+        if cast in tensors:
+            tensors[cast] = tensors[cast].half()
+        save_file(tensors, file, metadata={"format": "pt", "writer": "another"})
+    return dst
+
+
+def test_headers_that_differ_only_in_bytes_share_recognition_not_places(
+        tmp_path: Path, make: ModelFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    a = make("a", seed=1)
+    quantize(a)
+    alike = _resaved(a, tmp_path / "alike")
+    plain = next(n for n, e in read_header(next(a.glob("*.safetensors"))).tensors.items() if len(e.shape) == 1)
+    unlike = _resaved(a, tmp_path / "unlike", cast=plain)
+    asked: list[str] = []
+    recognise = CodecTable.recognise
+    monkeypatch.setattr(CodecTable, "recognise",
+                        lambda table, config, tensors, *, where="": asked.append(where) or recognise(
+                            table, config, tensors, where=where))
+    for b in (alike, unlike):
+        doc = load_config_text(write_config(tmp_path / f"{b.name}.yml", linear_config(a, b)).read_text())
+        models = open_inputs(doc).models
+        asked.clear()
+        plan = build_plan(doc, models, PlanOptions(), TOY)
+        assert asked == ([str(a)] if b is alike else [str(a), str(b)])
+        stored = models[str(b)].tensors
+        refs = [ref for tp in plan.tensors.values() for ref in (tp.inputs[1], *(c for _, c in tp.inputs[1].companions))]
+        assert all((ref.file, ref.start, ref.end) == (stored[ref.tensor].file, stored[ref.tensor].entry.start,
+                                                      stored[ref.tensor].entry.end) for ref in refs)
+        assert any(ref.start != models[str(a)].tensors[ref.tensor].entry.start for ref in refs)
+        with monkeypatch.context() as judged_anew:  # the same plan as when each model is judged on its own
+            judged_anew.setattr(model_module, "stored_alike", lambda one, other: False)
+            asked.clear()
+            assert build_plan(doc, models, PlanOptions(), TOY).fingerprint == plan.fingerprint
+            assert asked == [str(a), str(b)]

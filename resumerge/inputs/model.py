@@ -55,14 +55,30 @@ class ModelInput:
         """This model as the planner sees it: ``tensors`` its logical tensors under ``codecs``' formats, companions
         folded into the tensor they belong to, ``formats`` saying how each is stored. Raises
         :class:`ModelInputError` for a tensor a format cannot read. ``seen``: models recognised under ``codecs``
-        before; this one shares the logical tensors and formats of one whose config.json and stored tensors
-        (names, files, dtypes, shapes, offsets) equal its own: two fine-tunes of one base saved alike are judged
-        once."""
+        before. Formats judge a model by its config.json and its stored tensors' names, dtypes and shapes alone
+        (:meth:`~resumerge.inputs.codecs.protocol.TensorCodec.recognise`), so this one takes the claims and roles
+        of one whose config.json and stored tensors' names, dtypes and shapes equal its own (two fine-tunes of one
+        base are judged once, however their files are written); its logical tensors stay at its own files and
+        offsets, and are the other's own mapping when those are equal too."""
         for other in seen:
-            if other.formats is not None and other.formats.stored == self.tensors and other.config == self.config:
+            if other.formats is None or other.config != self.config:
+                continue
+            if other.formats.stored == self.tensors:
                 return replace(self, tensors=other.tensors, formats=other.formats)
+            if stored_alike(other.formats.stored, self.tensors):
+                formats = replace(other.formats, stored=self.tensors)
+                return replace(self, tensors=formats.logical(), formats=formats)
         formats = codecs.recognise(self.config, self.tensors, where=str(self.directory))
         return replace(self, tensors=formats.logical(), formats=formats)
+
+
+def stored_alike(one: Mapping[str, TensorSource], other: Mapping[str, TensorSource]) -> bool:
+    """Whether ``one`` and ``other`` (stored tensors by name) hold the same names with the same dtypes and shapes,
+    whatever their files and offsets: all a format's recognition reads."""
+    if len(one) != len(other) or one.keys() != other.keys():
+        return False
+    return all(a.entry.dtype == b.entry.dtype and a.entry.shape == b.entry.shape
+               for a, b in zip(one.values(), map(other.__getitem__, one)))
 
 
 def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = None,

@@ -214,10 +214,12 @@ def _recognised(models: Mapping[str, ModelInput], codecs: CodecTable) -> dict[st
 
 
 def _layouts(models: Mapping[str, ModelInput]) -> dict[str, Layout]:
-    """Each model's layout: inferred once for models that share their logical tensors and have equal configs."""
+    """Each model's layout: inferred once for models with equal configs and the same logical tensor names (all
+    :func:`infer_layout` reads)."""
     layouts: dict[str, Layout] = {}
     for key, m in models.items():
-        twin = next((k for k in layouts if models[k].tensors is m.tensors and models[k].config == m.config), None)
+        twin = next((k for k in layouts if models[k].config == m.config
+                     and models[k].tensors.keys() == m.tensors.keys()), None)
         layouts[key] = layouts[twin] if twin is not None else infer_layout(m.tensors, m.config, where=str(m.directory))
     return layouts
 
