@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -110,18 +112,24 @@ def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = N
     config = _read_config(directory, yaml_path)
     names = _weight_files(directory, yaml_path)
     tensors: dict[str, TensorSource] = {}
-    files = []
-    for name in names:
-        path = contained(directory, name)
-        header = read_bin_header(path) if is_pickle_checkpoint(name) else read_header(path, parsed=parsed)
-        if not tensors.keys().isdisjoint(header.tensors):  # one set operation per file, not a test per tensor
-            tname = next(t for t in header.tensors if t in tensors)
-            raise HostileFileError(
-                f"tensor {tname!r} appears in both {tensors[tname].file} and {name}", path=str(directory)
-            )
-        tensors.update((tname, TensorSource(name, entry)) for tname, entry in header.tensors.items())
-        files.append(InputFile(name, header.file_size, file_identity(path, header.raw)))
-    return ModelInput(ref, directory, config, tensors, tuple(files))
+    sizes: list[int] = []
+    # Each file's identity (reading and hashing 1 MiB, both without the GIL) is taken on a thread while the next
+    # headers are parsed (with it): 163 shards hash 163 MiB, 0.15 s of a core the planning thread need not spend.
+    with ThreadPoolExecutor(1, thread_name_prefix="resumerge-identity") as hashing:
+        identities = []
+        for name in names:
+            path = contained(directory, name)
+            header = read_bin_header(path) if is_pickle_checkpoint(name) else read_header(path, parsed=parsed)
+            if not tensors.keys().isdisjoint(header.tensors):  # one set operation per file, not a test per tensor
+                tname = next(t for t in header.tensors if t in tensors)
+                raise HostileFileError(
+                    f"tensor {tname!r} appears in both {tensors[tname].file} and {name}", path=str(directory)
+                )
+            tensors.update(zip(header.tensors, map(TensorSource, repeat(name), header.tensors.values())))
+            sizes.append(header.file_size)
+            identities.append(hashing.submit(file_identity, path, header.raw))
+        files = tuple(map(InputFile, names, sizes, (identity.result() for identity in identities)))
+    return ModelInput(ref, directory, config, tensors, files)
 
 
 def _read_config(directory: Path, yaml_path: str) -> Mapping[str, Any]:

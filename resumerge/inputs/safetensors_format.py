@@ -15,6 +15,8 @@ import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
+from operator import itemgetter
 from typing import NamedTuple
 
 from resumerge.errors import HostileFileError
@@ -82,6 +84,12 @@ class Header:
     raw: bytes
 
 
+# Data order: by start, then end (an empty tensor before a tensor at its place), then name.
+_BY_RANGE = itemgetter(3, 4, 0)
+# TensorEntry's own constructor without its Python-level __new__ (92k entries a checkpoint).
+_new_entry = partial(tuple.__new__, TensorEntry)
+
+
 def numel(shape: tuple[int, ...]) -> int:
     """Number of elements of ``shape`` (1 for a scalar)."""
     n = 1
@@ -138,15 +146,10 @@ def parse_header(raw: bytes, *, file_size: int, path: str = "") -> Header:
     if "" in doc or _CONTROL.search("".join(doc)):  # every name at once; then the one to blame
         for name in doc:
             _check_name(name, path)
-    entries: dict[str, TensorEntry] = {}
-    ranges: list[tuple[int, int, str]] = []
-    for name, info in doc.items():
-        entry = _plain_entry(name, info, data_start) or _entry(name, info, data_start, path)
-        entries[name] = entry
-        ranges.append((entry.start, entry.end, name))
-    ranges.sort()
+    entries = {name: _plain_entry(name, info, data_start) or _entry(name, info, data_start, path)
+               for name, info in doc.items()}
     cursor = data_start
-    for start, end, name in ranges:
+    for name, _, _, start, end in sorted(entries.values(), key=_BY_RANGE):
         if start != cursor:
             kind = "overlaps another tensor" if start < cursor else "leaves a gap before it"
             raise HostileFileError(f"tensor {name!r} {kind} in the data region", path=path, tensor=name)
@@ -185,7 +188,7 @@ def _plain_entry(name: str, info: object, data_start: int) -> TensorEntry | None
     start, end = offsets
     if type(start) is not int or type(end) is not int or not 0 <= start <= end or end - start != count:
         return None
-    return TensorEntry(name, dtype, tuple(shape), data_start + start, data_start + end)
+    return _new_entry((name, dtype, tuple(shape), data_start + start, data_start + end))
 
 
 def _entry(name: str, info: object, data_start: int, path: str) -> TensorEntry:

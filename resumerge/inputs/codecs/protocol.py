@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from enum import Enum
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 if TYPE_CHECKING:
     from resumerge.inputs.files import TensorSource
@@ -40,11 +40,11 @@ class Role(str, Enum):
     OTHER = "other"
 
 
-@dataclass(frozen=True)
-class Claim:
+class Claim(NamedTuple):
     """A logical tensor a format owns in one model: the name the planner matches against the config and the
     architecture (``name``), its stored parts by part name (:data:`MAIN` first, then the companions), and the
-    codec that decodes them."""
+    codec that decodes them. A tuple: a block-FP8 checkpoint makes 45k of them, at a third of a frozen dataclass's
+    cost each."""
 
     name: str
     parts: tuple[tuple[str, str], ...]

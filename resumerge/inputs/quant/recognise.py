@@ -100,7 +100,8 @@ def _fp8_weights(config: Mapping[str, Any], headers: HeaderMap, source: str) -> 
         extra = f"{name.removesuffix('.weight')}.input_scale" if inputs and name.endswith(".weight") else None
         extras = (extra,) if extra in inputs else ()
         found[name] = QuantizedTensor(name, name, scale_name, scheme, tuple(weight[1]), extras=extras)
-        carried.update(extras)
+        if extras:
+            carried.update(extras)
     # What the weights claim: their codes (the keys of found), scales and carried activation scales.
     unclaimed = {n for n, (dtype, _) in headers.items() if dtype == "F8_E4M3" and n not in found and n not in carried}
     unclaimed |= inputs - carried - found.keys()
