@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from conftest import ModelFactory
 from safetensors.torch import load_file, save_file
@@ -93,17 +94,13 @@ def test_headers_that_differ_only_in_bytes_share_recognition_not_places(
     alike = _resaved(a, tmp_path / "alike")
     plain = next(n for n, e in read_header(next(a.glob("*.safetensors"))).tensors.items() if len(e.shape) == 1)
     unlike = _resaved(a, tmp_path / "unlike", cast=plain)
-    asked: list[str] = []
-    recognise = CodecTable.recognise
-    monkeypatch.setattr(CodecTable, "recognise",
-                        lambda table, config, tensors, *, where="": asked.append(where) or recognise(
-                            table, config, tensors, where=where))
     for b in (alike, unlike):
         doc = load_config_text(write_config(tmp_path / f"{b.name}.yml", linear_config(a, b)).read_text())
         models = open_inputs(doc).models
-        asked.clear()
-        plan = build_plan(doc, models, PlanOptions(), TOY)
-        assert asked == ([str(a)] if b is alike else [str(a), str(b)])
+        codecs = _Asked(TOY.formats)
+        plan = build_plan(doc, models, PlanOptions(), codecs)
+        assert codecs.asked == ([str(a)] if b is alike else [str(a), str(b)])
+        # Shared judgement, own places: every part b's plan reads is where b's own headers put it.
         stored = models[str(b)].tensors
         refs = [ref for tp in plan.tensors.values() for ref in (tp.inputs[1], *(c for _, c in tp.inputs[1].companions))]
         assert all((ref.file, ref.start, ref.end) == (stored[ref.tensor].file, stored[ref.tensor].entry.start,
@@ -111,6 +108,6 @@ def test_headers_that_differ_only_in_bytes_share_recognition_not_places(
         assert any(ref.start != models[str(a)].tensors[ref.tensor].entry.start for ref in refs)
         with monkeypatch.context() as judged_anew:  # the same plan as when each model is judged on its own
             judged_anew.setattr(model_module, "stored_alike", lambda one, other: False)
-            asked.clear()
-            assert build_plan(doc, models, PlanOptions(), TOY).fingerprint == plan.fingerprint
-            assert asked == [str(a), str(b)]
+            codecs = _Asked(TOY.formats)
+            assert build_plan(doc, models, PlanOptions(), codecs).fingerprint == plan.fingerprint
+            assert codecs.asked == [str(a), str(b)]
