@@ -13,6 +13,7 @@ import torch
 
 from resumerge import api
 from tests.moe.models import SEED, llamas, oracle, qwen2s, qwen3s, same_bits, tensors, write
+from tests.moe.passthread import passes_on_a_thread
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow]  # slow: the module's fixture runs 24 merges
 
@@ -75,12 +76,14 @@ def _configs(m: list[Path], b: list[Path], q: list[Path], d: list[Path],
 
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    """(mergekit's output, resumerge's output) of every case."""
+    """(mergekit's output, resumerge's output) of every case. The four hidden-state passes run on a thread of this
+    process (transformers is imported here already): their bits are the subject, not their process (six CPU
+    seconds each to start)."""
     root = tmp_path_factory.mktemp("moe")
     configs = _configs(llamas(root / "f32"), llamas(root / "bf16", dtype=torch.bfloat16), qwen3s(root / "q3"),
                        llamas(root / "deep", layers=4), qwen2s(root / "q2"))
     paths = {name: write(root / f"{name}.yml", doc) for name, doc in configs.items()}
-    with oracle([(paths[n], root / "mk" / n, ["--random-seed", str(SEED)]) for n in CASES]):
+    with oracle([(paths[n], root / "mk" / n, ["--random-seed", str(SEED)]) for n in CASES]), passes_on_a_thread():
         for name in CASES:
             api.run(paths[name], root / "ours" / name, random_seed=SEED, state_dir=root / "state" / name)
     return {n: (root / "mk" / n, root / "ours" / n) for n in CASES}

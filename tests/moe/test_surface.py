@@ -15,6 +15,7 @@ from resumerge.config.locations import state_root
 from resumerge.errors import UsageError, exit_code_for
 from resumerge.memory.sizes import parse_size
 from tests.moe.models import llamas, write
+from tests.moe.passthread import passes_on_a_thread
 from tests.support import cli
 
 DEGENERATE = "layers 0 and 1 have degenerate routing parameters - your prompts may be too similar."
@@ -32,16 +33,18 @@ def _config(tmp_path: Path, mode: str = "cheap_embed") -> Path:
 
 def test_warnings_reach_status_and_the_model_card(tmp_path: Path) -> None:
     # hidden gates: the pass runs beside the merge, so its warning comes once the routers are known (the same
-    # function warns about cheap_embed's routers, known when the plan is made)
+    # function warns about cheap_embed's routers, known when the plan is made). The pass's process is not what
+    # this tests: the pass runs on a thread here, an interpreter start saved.
     out, config = tmp_path / "out", _config(tmp_path, "hidden")
-    outcome = api.run(config, out, state_dir=tmp_path / "state")
-    notes = api.status(out, state_dir=tmp_path / "state").plan_notes
-    assert POWER in notes and any(n.startswith(DEGENERATE) for n in notes)
-    assert outcome.plan.notes == notes
-    card = (out / "README.md").read_text()
-    assert f"- {POWER}" in card and DEGENERATE in card and "Mixture of Experts" in card
-    # a later run finds the pass finished: the warning is the plan's own from the start
-    again = api.run(config, tmp_path / "again", state_dir=tmp_path / "state")
+    with passes_on_a_thread():
+        outcome = api.run(config, out, state_dir=tmp_path / "state")
+        notes = api.status(out, state_dir=tmp_path / "state").plan_notes
+        assert POWER in notes and any(n.startswith(DEGENERATE) for n in notes)
+        assert outcome.plan.notes == notes
+        card = (out / "README.md").read_text()
+        assert f"- {POWER}" in card and DEGENERATE in card and "Mixture of Experts" in card
+        # a later run finds the pass finished: the warning is the plan's own from the start
+        again = api.run(config, tmp_path / "again", state_dir=tmp_path / "state")
     assert again.plan.notes == notes
     assert (tmp_path / "again" / "README.md").read_text() == card.replace(str(out), str(tmp_path / "again"))
 

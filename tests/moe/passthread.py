@@ -1,0 +1,94 @@
+"""The prompt work of the hidden-state gate modes done on a thread of the test's process, for tests whose subject
+is what the pass computes (its bits against mergekit's), not the process it runs in.
+
+A run starts a process for the pass (:class:`resumerge.moe.passproc.PassProcess`): an interpreter that imports
+torch and transformers, about 6 CPU seconds, for a pass that takes a fraction of one on the tiny models here.
+:func:`passes_on_a_thread` puts :class:`PassOnAThread` in its place: the same job, read back from the same JSON,
+done by the same function (:func:`resumerge.moe.passmain.answer`) in this process, whose transformers is imported
+already. What the process adds is tested with real processes: transformers never enters the run's process and a
+killed run's pass dies with it (tests/moe/test_resume.py), the pass's refusal and memory (tests/moe/test_surface.py),
+its errors and deaths read back (tests/moe/test_passproc.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resumerge.memory import allocator
+from resumerge.moe import passmain, passproc
+
+_THREAD = "test-prompt-pass"
+
+
+class PassOnAThread:
+    """:class:`~resumerge.moe.passproc.PassProcess`'s interface, its job done on a thread of this process."""
+
+    def __init__(self, where: Path | None = None) -> None:
+        self._thread: threading.Thread | None = None
+        self._answer: dict[str, Any] | None = None
+        self._error: BaseException | None = None
+
+    def send(self, job: dict[str, Any], workdir: Path) -> None:
+        """Start ``job`` as the process would read it: JSON, with its workdir and the run's process id. Its share
+        of the budget is left out: this process holds the test's imports besides the pass's (the share is
+        checked where the pass has its process, tests/moe/test_surface.py)."""
+        doc = json.loads(json.dumps({**job, "workdir": str(workdir), "parent": os.getpid()}))
+        doc.pop("share", None)
+        self._thread = threading.Thread(target=self._run, args=(doc,), name=_THREAD, daemon=True)
+        self._thread.start()
+
+    def _run(self, doc: dict[str, Any]) -> None:
+        try:
+            self._answer = passmain.answer(doc, Path(doc["workdir"]))
+        except BaseException as exc:  # raised again by result(), as the process's would be
+            self._error = exc
+
+    def running(self) -> bool:
+        """Whether the job was sent and has not ended."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for the job's end; True once it has ended."""
+        assert self._thread is not None, "no job was sent"
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def stop(self) -> None:
+        """A thread cannot be killed: wait for the job (a pass over a tiny model) to end."""
+        if self._thread is not None:
+            self._thread.join()
+
+    def result(self) -> dict[str, Any]:
+        """The job's answer; raises its error again."""
+        self.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._answer is not None
+        return self._answer
+
+
+@contextmanager
+def passes_on_a_thread() -> Iterator[None]:
+    """Within the block, every run's prompt work is done by :class:`PassOnAThread`; the allocator settings the
+    pass's process makes for itself for good are not made on its thread (they would outlive the pass here)."""
+    tune = allocator.tune_allocator
+
+    def tune_but_not_for_the_pass() -> Callable[[], None] | None:
+        return None if threading.current_thread().name == _THREAD else tune()
+
+    with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings():
+        patch.setattr(passproc, "PassProcess", PassOnAThread)
+        patch.setattr(allocator, "tune_allocator", tune_but_not_for_the_pass)
+        # The pass's process shows this notice of transformers 5 on stderr (resumerge.moe.forward still passes
+        # create_causal_mask the old keyword); the suite would raise it here.
+        warnings.filterwarnings("default", message="`past_key_values` is deprecated", category=FutureWarning)
+        yield
