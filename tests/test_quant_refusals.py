@@ -5,6 +5,7 @@ config.json and the headers alone, before any weight is read and with nothing wr
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import torch
 from conftest import ModelFactory
 from safetensors.torch import save_file
 from support import cli, linear_config, write_config
+
+from resumerge.cli.commands import main
 
 SPEC = {"layers": 1, "hidden": 16, "intermediate": 24, "vocab": 32}
 
@@ -55,15 +58,18 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_plan_and_run_refuse_an_undecodable_format_in_one_line(tmp_path: Path, make: ModelFactory,
-                                                               case: str) -> None:
+                                                               case: str, capsys: pytest.CaptureFixture[str]) -> None:
     damage, line = CASES[case]
     a, b = make("a", seed=1, **SPEC), make("b", seed=2, **SPEC)
     damage(b)
     config = write_config(tmp_path / "c.yml", linear_config(a, b))
     out, state = tmp_path / "out", tmp_path / "state"
-    for args in (("plan", config), ("run", config, out, "--state-dir", state)):
-        result = cli(*args)
-        assert result.returncode == 2, (args[0], result.stdout, result.stderr)
+    # plan in this process (the same entry point, an interpreter start saved); run as the user runs it
+    code = main(["plan", str(config)])
+    said = capsys.readouterr()
+    run = cli("run", config, out, "--state-dir", state)
+    for name, result in (("plan", subprocess.CompletedProcess([], code, said.out, said.err)), ("run", run)):
+        assert result.returncode == 2, (name, result.stdout, result.stderr)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and line in lines[0] and str(b) in lines[0], lines
         assert "dequantize" in lines[0]

@@ -21,6 +21,7 @@ from rich.console import Console
 from support import cli, drain_pty, linear_config, write_config
 
 from resumerge import api
+from resumerge.cli.commands import main
 from resumerge.cli.render import ProgressReporter, progress_mode, show_plan, show_status
 from resumerge.engine.costs import DiskNeed, Estimate, MemoryEstimate, ModelDownload, OutputSize, TimeEstimate
 from resumerge.store.statusview import FileStatus, StatusReport, read_status
@@ -80,7 +81,8 @@ def test_status_tables_match_their_snapshots(name: str, report: StatusReport) ->
     _matches_snapshot(name, text)
 
 
-def test_status_of_a_killed_real_merge(tmp_path: Path, make: ModelFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_status_of_a_killed_real_merge(tmp_path: Path, make: ModelFactory, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
     a, b = make("a", seed=1), make("b", seed=2)
     cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
     out, state = tmp_path / "out", tmp_path / "state"
@@ -104,11 +106,13 @@ def test_status_of_a_killed_real_merge(tmp_path: Path, make: ModelFactory, monke
                     resume_command="resumerge resume OUT --state-dir STATE")
     _matches_snapshot("status_killed_merge.txt", _status_text(fixed))
 
-    resumed = cli("resume", out, "--state-dir", state)
-    assert resumed.returncode == 0 and ESC not in resumed.stderr
+    capsys.readouterr()
+    assert main(["resume", str(out), "--state-dir", str(state)]) == 0  # never killed: in this process
+    resumed = capsys.readouterr().err
+    assert ESC not in resumed
     left = report.tensors_total - report.tensors_done
-    assert f"merging {left} of {report.tensors_total} tensors" in resumed.stderr
-    assert "progress: 100 %" in resumed.stderr
+    assert f"merging {left} of {report.tensors_total} tensors" in resumed
+    assert "progress: 100 %" in resumed
     final = read_status(out, state)
     assert final.state == "done" and final.resume_command is None and final.peak_rss
 
