@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from resumerge import api
+from resumerge.cli.commands import main
 from resumerge.config.merge_config import load_config_text
 from resumerge.engine.devices import gpu_governor, normalise_device
 from resumerge.engine.session import plan_from_config
@@ -37,7 +38,8 @@ def test_unknown_devices_are_refused(text: str) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
-def test_cuda_without_a_gpu_is_refused_before_out_is_touched(tmp_path: Path, make: ModelFactory) -> None:
+def test_cuda_without_a_gpu_is_refused_before_out_is_touched(tmp_path: Path, make: ModelFactory,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
     a, b = make("a", seed=1), make("b", seed=2)
     config = write_config(tmp_path / "c.yml", linear_config(a, b))
     out = tmp_path / "out"
@@ -45,8 +47,9 @@ def test_cuda_without_a_gpu_is_refused_before_out_is_touched(tmp_path: Path, mak
     assert done.returncode == 2, done.stderr
     assert "torch sees no CUDA GPU" in done.stderr and "Traceback" not in done.stderr
     assert not out.exists()
-    done = cli("run", config, out, "--device", "tpu")
-    assert done.returncode == 2 and "unknown device 'tpu'" in done.stderr
+    capsys.readouterr()
+    assert main(["run", str(config), str(out), "--device", "tpu"]) == 2  # the same entry point, in this process
+    assert "unknown device 'tpu'" in capsys.readouterr().err
 
 
 class _CountingGovernor(MemoryGovernor):
