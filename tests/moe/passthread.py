@@ -4,10 +4,10 @@ is what the pass computes (its bits against mergekit's), not the process it runs
 A run starts a process for the pass (:class:`resumerge.moe.passproc.PassProcess`): an interpreter that imports
 torch and transformers, about 6 CPU seconds, for a pass that takes a fraction of one on the tiny models here.
 :func:`passes_on_a_thread` puts :class:`PassOnAThread` in its place: the same job, read back from the same JSON,
-done by the same function (:func:`resumerge.moe.passmain.answer`) in this process, whose transformers is imported
-already. What the process adds is tested with real processes: transformers never enters the run's process and a
-killed run's pass dies with it (tests/moe/test_resume.py), the pass's refusal and memory (tests/moe/test_surface.py),
-its errors and deaths read back (tests/moe/test_passproc.py).
+done by the same function (:func:`resumerge.moe.passmain.answer`) in this process, which imports transformers once
+for all its passes. What the process adds is tested with real processes: transformers never enters the run's
+process and a killed run's pass dies with it (tests/moe/test_resume.py), the pass's refusal and memory
+(tests/moe/test_surface.py), its errors and deaths read back (tests/moe/test_passproc.py).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class PassOnAThread:
         """Start ``job`` as the process would read it: JSON, with its workdir and the run's process id. Its share
         of the budget is left out: this process holds the test's imports besides the pass's (the share is
         checked where the pass has its process, tests/moe/test_surface.py)."""
+        assert job["job"] != "probe", "the probe measures what its own process holds: it needs that process"
         doc = json.loads(json.dumps({**job, "workdir": str(workdir), "parent": os.getpid()}))
         doc.pop("share", None)
         self._thread = threading.Thread(target=self._run, args=(doc,), name=_THREAD, daemon=True)
