@@ -14,9 +14,11 @@ are random bytes (no NaN) and the scales random: the merge's work does not depen
 
 (``--cases`` picks them and their order, e.g. ``--cases 1GB,kept``: each case's run follows the floor measured
 after the case before it), and the disk floor of each output: a warm read of the inputs plus an fsynced write of
-that output's size (``bench_linear.disk_floor``). Prints one row per run and the medians, with the run's CPU
-seconds (user + system, every process of it: on a shared machine the wall says more about the others than about
-the run) and the machine's load average.
+that output's size (``bench_linear.disk_floor``). Before the runs, ``resumerge plan --json`` estimates each case
+with the same flags (start-up, compute timed on a sample, disk work, the last shard's flush). Prints one row per run
+and the medians, with the run's CPU seconds (user + system, every process of it: on a shared machine the wall says
+more about the others than about the run), the machine's load average, and the estimate against the median wall
+and against the median CPU over the cores.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from bench_linear import CONFIG as LINEAR
 from bench_linear import disk_floor, run_measured
+from plan_estimate import against_measured, compute_lines, plan_estimate, planned_text
 
 HERE = Path(__file__).resolve().parent
 HIDDEN, INTERMEDIATE, LAYERS, VOCAB, BLOCK = 2048, 5632, 16, 8000, 128
@@ -104,6 +107,13 @@ def main() -> None:
     flags_of = {"kept": [], "dequantize": ["--dequantize"], "1GB": ["--max-memory", "1GB"]}
     cases = {case: flags_of[case] for case in args.cases.split(",")}
     rows: dict[str, list[tuple[float, int, float, float]]] = {case: [] for case in cases}
+    planned = {}
+    for case, flags in cases.items():
+        load = os.getloadavg()[0]
+        planned[case] = plan_estimate(config, args.work / "out-plan", args.work / "state-plan", flags)
+        print(f"{case:10s} plan estimate {planned_text(planned[case])}  load {load:.1f}", flush=True)
+        for line in compute_lines(planned[case]):
+            print(f"           {line}", flush=True)
     for run in range(args.runs):
         for case, flags in cases.items():
             out, state = args.work / f"out-{case}", args.work / "state"
@@ -126,11 +136,15 @@ def main() -> None:
                   f"{rss / 1e6:6.0f} MB  load {load:.1f}", flush=True)
     print("\n| case | median wall s | median CPU s | median floor s | x floor | median peak RSS MB |\n"
           "|---|---|---|---|---|---|")
+    notes = []
     for case, found in rows.items():
         wall, cpu = statistics.median(r[0] for r in found), statistics.median(r[3] for r in found)
         floor = statistics.median(r[2] for r in found)
         print(f"| {case} | {wall:.2f} | {cpu:.2f} | {floor:.2f} | {wall / floor:.2f}x | "
               f"{statistics.median(r[1] for r in found) / 1e6:.0f} |")
+        notes.append(f"- {case}: `resumerge plan` estimated {planned_text(planned[case])}: "
+                     f"{against_measured(planned[case], wall, cpu, os.cpu_count() or 1)}")
+    print("\n" + "\n".join(notes))
     print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 

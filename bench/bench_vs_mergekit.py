@@ -29,7 +29,6 @@ rows and the exact command line, ready for bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import shutil
@@ -45,6 +44,8 @@ ROOT = HERE.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from plan_estimate import against_measured, plan_estimate, planned_text  # noqa: E402
+
 from resumerge.memory.sizes import format_size, parse_size  # noqa: E402
 
 # Forks the measured command and reports its exit code, its own peak RSS and the I/O the kernel credited to this
@@ -57,7 +58,7 @@ _LAUNCHER = (
     "_, status, usage = os.wait4(pid, 0)\n"
     "io = dict(line.split(': ') for line in open('/proc/self/io').read().splitlines())\n"
     "print(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024, io['rchar'], io['wchar'],\n"
-    "      io['read_bytes'], io['write_bytes'])\n"
+    "      io['read_bytes'], io['write_bytes'], usage.ru_utime + usage.ru_stime)\n"
 )
 
 def _config(method: str, body: str, parameters: str = "") -> str:
@@ -128,6 +129,7 @@ class Measure:
     read_bytes: int
     write_bytes: int
     out_bytes: int = 0
+    cpu: float = 0.0  # user + system seconds of the command and its children
 
 
 def run_measured(argv: list[str], env: dict[str, str] | None = None) -> Measure:
@@ -136,11 +138,11 @@ def run_measured(argv: list[str], env: dict[str, str] | None = None) -> Measure:
     done = subprocess.run([sys.executable, "-c", _LAUNCHER, *argv], env=env, capture_output=True, text=True,
                           check=False, cwd=ROOT)
     wall = time.monotonic() - start
-    fields = done.stdout.split()[-6:]
-    if len(fields) != 6 or fields[0] != "0":
+    fields = done.stdout.split()[-7:]
+    if len(fields) != 7 or fields[0] != "0":
         raise SystemExit(f"{shlex.join(argv)} failed:\n{done.stderr[-3000:]}")
-    _, peak, rchar, wchar, rbytes, wbytes = (int(x) for x in fields)
-    return Measure(wall, peak, rchar, wchar, rbytes, wbytes)
+    _, peak, rchar, wchar, rbytes, wbytes = (int(x) for x in fields[:6])
+    return Measure(wall, peak, rchar, wchar, rbytes, wbytes, cpu=float(fields[6]))
 
 
 def model_spec(size: int) -> tuple[object, int]:
@@ -246,18 +248,6 @@ class MethodResult:
     planned: dict[str, object] | None = None
 
 
-def plan_estimate(config: Path, out: Path, state: Path, shard: str) -> dict[str, object]:
-    """``resumerge plan CONFIG OUT --json``'s time estimate, in a fresh process like the run (start-up counts)."""
-    shutil.rmtree(out, ignore_errors=True)
-    done = subprocess.run([sys.executable, "-m", "resumerge", "plan", str(config), str(out), "--json", "--state-dir",
-                           str(state), "--out-shard-size", shard], capture_output=True, text=True, check=False,
-                          cwd=ROOT)
-    if done.returncode != 0:
-        raise SystemExit(f"resumerge plan {config} failed:\n{done.stderr[-3000:]}")
-    timing: dict[str, object] = json.loads(done.stdout)["time"]
-    return timing
-
-
 @dataclass(frozen=True)
 class Tool:
     """A way of running the merge."""
@@ -284,8 +274,9 @@ def bench_method(method: str, models: list[Path], args: argparse.Namespace, tool
     used = [m for m, key in zip(models, "abc") if "{" + key + "}" in METHODS[method]]
     extra = shlex.split(args.resumerge_args)
     mergekit_extra = shlex.split(args.mergekit_args)
-    planned = plan_estimate(config, args.work / "out-plan", args.work / "state-plan", args.out_shard_size)
-    print(f"{method} plan estimate {_planned_text(planned)}", flush=True)
+    planned = plan_estimate(config, args.work / "out-plan", args.work / "state-plan",
+                            ["--out-shard-size", args.out_shard_size])
+    print(f"{method} plan estimate {planned_text(planned)}", flush=True)
     measures: dict[str, list[Measure]] = {t.name + ("-unsafe" if t.unsafe else ""): [] for t in tools}
     for run in range(args.runs):
         order = tools if run % 2 == 0 else list(reversed(tools))
@@ -300,22 +291,14 @@ def bench_method(method: str, models: list[Path], args: argparse.Namespace, tool
             m = run_measured(_argv(tool, config, out, state, args.out_shard_size, extra, mergekit_extra), env)
             m = Measure(**{**m.__dict__, "out_bytes": _output_bytes(out)})
             measures[label].append(m)
-            print(f"{method} run {run + 1} {label:17s} wall {m.wall:7.2f} s  peak RSS {m.peak_rss / 1e6:7.0f} MB  "
+            print(f"{method} run {run + 1} {label:17s} wall {m.wall:7.2f} s  CPU {m.cpu:6.2f} s  "
+                  f"peak RSS {m.peak_rss / 1e6:7.0f} MB  "
                   f"written {m.write_bytes / 1e6:8.1f} MB  output {m.out_bytes / 1e6:8.1f} MB", flush=True)
     resumes = [run_measured([sys.executable, "-m", "resumerge", "resume", str(args.work / "out-resumerge"),
                              "--quiet", "--state-dir", str(args.work / "state-resumerge")]) for _ in range(2)]
     out_bytes = measures["resumerge"][-1].out_bytes
     return MethodResult(measures, resumes, floors(used, out_bytes, args.work, args.cold),
                         sum(p.stat().st_size for d in used for p in d.glob("*.safetensors")), planned)
-
-
-def _planned_text(timing: dict[str, object]) -> str:
-    def num(key: str) -> float:
-        value = timing.get(key)
-        return float(value) if isinstance(value, (int, float)) else float("nan")
-
-    return (f"{num('seconds'):.1f} s (start-up {num('startup_seconds'):.1f}, compute {num('compute_seconds'):.1f}, "
-            f"disk {num('disk_seconds'):.1f}, last shard's flush {num('tail_seconds'):.1f})")
 
 
 def _median(rows: list[Measure], attr: str) -> float:
@@ -349,10 +332,8 @@ def report(method: str, result: MethodResult) -> list[str]:
         notes.append(f"- {method}: durability costs {cost:.2f} s ({cost / _median(safe, 'wall') * 100:.0f} % of the "
                      f"durable run's {_median(safe, 'wall'):.2f} s)")
     if result.planned is not None and safe:
-        estimated, wall = result.planned.get("seconds"), _median(safe, "wall")
-        ratio = f" = {float(estimated) / wall:.2f}× the measured" if isinstance(estimated, (int, float)) else ""
-        notes.append(f"- {method}: `resumerge plan` estimated {_planned_text(result.planned)} against {wall:.2f} s "
-                     f"measured (durable run){ratio}")
+        vs = against_measured(result.planned, _median(safe, "wall"), _median(safe, "cpu"), os.cpu_count() or 1)
+        notes.append(f"- {method}: `resumerge plan` estimated {planned_text(result.planned)}: {vs} (durable run)")
     resume_wall = statistics.median(r.wall for r in resumes)
     resume_rss = statistics.median(r.peak_rss for r in resumes)
     notes.append(f"- {method}: `resumerge resume` of the finished merge (re-hashes every committed file): "

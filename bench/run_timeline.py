@@ -62,7 +62,7 @@ def instrument() -> None:
     executor.unit_mode = unit_mode  # type: ignore[assignment]
     wrap(executor._Pipeline, "_admit", "admit", "admitted", lambda self, what, *a: (what,))
     wrap(inflight.InFlight, "hand_over_oldest", "hand", "handed", lambda self: ("oldest",))
-    wrap(executor.TensorCompute, "rows", "rows", "rows_end", lambda self, first, stop: (self.tp.name, first, stop))
+    wrap(executor.TensorCompute, "rows", "rows", "rows_end", lambda self, first, stop, *a: (self.tp.name, first, stop))
     wrap(executor._Writer, "_write", "write", "written", lambda self, shard, names, tensors: (names[0],))
     wrap(shardwriter.ShardWriter, "finish", "finish", "finished", lambda self: (self.name,))
 
