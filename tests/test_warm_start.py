@@ -1,6 +1,7 @@
 """A Ray run's warm start (resumerge.engine.cluster.warm) without a cluster: closing it never waits for a start under
-way, and every worker placed is ended once; a resume starts none for a plan recorded on a GPU, nor for one whose
-device only the hub's manifest says."""
+way, and every worker placed is ended once; a start that fails (an import included) takes nothing and leaves no
+worker; its thread imports no module of resumerge; a resume starts none for a plan recorded on a GPU, nor for one
+whose device only the hub's manifest says."""
 
 from __future__ import annotations
 
@@ -83,10 +84,38 @@ def test_a_resume_reads_the_recorded_device_before_starting_warm_workers(tmp_pat
 
 
 _IMPORTS = """
-import sys
-import resumerge.engine.cluster.warm, resumerge.engine.cluster.launch
+import sys, threading, types
+from resumerge.engine.cluster.warm import WarmStart
+
 assert not [m for m in sys.modules if m.startswith(("resumerge.engine.executor", "resumerge.engine.cluster.worker",
-                                                      "resumerge.plan"))], "the warm start's thread imports the engine"
+                                                      "resumerge.plan"))], "the warm start imports the engine"
+
+imported = []
+
+
+class Seen:  # asked first for every module imported from now on: records the warm start's thread's
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if threading.current_thread().name == "resumerge-ray-warm-start":
+            imported.append(name)
+
+
+def nodes():
+    import colorsys  # a module nothing here has imported yet: the record sees the thread's imports
+    return []
+
+
+# A Ray of no node (the placement raises, as on a cluster without one): the thread's whole path runs.
+fake = {"ray": types.SimpleNamespace(nodes=nodes, remote=lambda cls: cls, is_initialized=lambda: True),
+        "ray.util.scheduling_strategies": types.SimpleNamespace(NodeAffinitySchedulingStrategy=None)}
+sys.modules.update(fake)
+sys.meta_path.insert(0, Seen)
+warm = WarmStart(None, 1)
+assert warm.take() == [] and "colorsys" in imported, imported
+assert not [m for m in imported if m.startswith("resumerge")], f"the warm start's thread imports {imported}"
+sys.meta_path.remove(Seen)
+for name in fake:
+    del sys.modules[name]
 import resumerge.engine.cluster.worker
 assert "huggingface_hub" not in sys.modules and "resumerge.inputs.hub" not in sys.modules, "a worker imports the hub"
 """
@@ -94,8 +123,11 @@ assert "huggingface_hub" not in sys.modules and "resumerge.inputs.hub" not in sy
 
 def test_the_warm_start_places_workers_without_the_engine_and_a_worker_imports_no_hub() -> None:
     # The warm start's thread places the workers as soon as it has joined, beside the planning thread (sharing its
-    # GIL): the actor's class brings nothing of the engine. A worker of a run that streams no hub input and uploads
-    # nothing never imports the hub's stack (a second of its start, before its first shard).
+    # GIL): the actor's class brings nothing of the engine. That thread imports no module of resumerge at all: the
+    # planning thread imports packages that import their modules eagerly (methods, moe, vocab, inputs' codecs,
+    # adapters and hub), and CPython can fail one of two threads that import one package tree at once. A worker of
+    # a run that streams no hub input and uploads nothing never imports the hub's stack (a second of its start,
+    # before its first shard).
     result = subprocess.run([sys.executable, "-c", _IMPORTS], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
 
@@ -115,3 +147,45 @@ def test_a_resume_from_the_manifest_alone_starts_warm_workers_only_for_a_device_
     with started_early(replace(ray, ray_address="127.0.0.1:9"), "hf://alice/merged",
                        recorded_device("hf://alice/merged", ray)) as settings:
         assert settings.early is None
+
+
+class _Actors:
+    """Ray's actor class as :func:`~resumerge.engine.cluster.launch.place` uses it: the second actor made raises."""
+
+    def __init__(self) -> None:
+        self.made: list[str] = []
+
+    def options(self, **declared: Any) -> _Actors:
+        return self
+
+    def remote(self, *args: Any) -> str:
+        if self.made:
+            raise RuntimeError("the raylet refused the actor")
+        self.made.append("w1")
+        return "w1"
+
+
+@pytest.mark.parametrize("failing", ["import", "placement"])
+def test_a_start_that_fails_only_loses_the_head_start_and_leaves_no_worker(
+        monkeypatch: pytest.MonkeyPatch, failing: str) -> None:
+    # Whatever fails in the thread (Ray's import, as a concurrent import's ImportError or _DeadlockError would, or
+    # the placement half way), the run takes no worker and starts its own, as a run without a warm start does; a
+    # worker placed before the failure is ended by the placement itself, and by nothing else.
+    ended: list[list[str]] = []
+    nodes = [{"NodeID": node, "Alive": True, "Resources": {"CPU": 1.0}} for node in ("a" * 16, "b" * 16)]
+    fake = SimpleNamespace(nodes=lambda: nodes, remote=lambda cls: _Actors(), kill=None)
+
+    def require_ray() -> SimpleNamespace:
+        if failing == "import":
+            raise ImportError("cannot import name 'util' from partially initialized module 'ray'")
+        return fake
+
+    monkeypatch.setattr(connect, "require_ray", require_ray)
+    monkeypatch.setattr(launch, "end", lambda ray, workers: ended.append([w.actor for w in workers]))
+    monkeypatch.setitem(sys.modules, "ray.util.scheduling_strategies", SimpleNamespace(
+        NodeAffinitySchedulingStrategy=lambda node, soft: node))
+    warm = WarmStart(None, 1)
+    warm.joined()
+    assert not warm.thread.is_alive() and warm.take() == []
+    warm.close()
+    assert ended == ([] if failing == "import" else [["w1"]])

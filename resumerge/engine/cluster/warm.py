@@ -21,8 +21,15 @@ from typing import TYPE_CHECKING
 
 from resumerge.config.settings import RunSettings
 
-# Ray and the workers' launch (which brings nothing of the engine: the workers' processes import it) are imported
-# by the start's own thread: the call goes on meanwhile, and the workers are asked for as soon as Ray is in.
+# The workers' launch (which brings nothing of the engine: the workers' processes import it) is imported here, by
+# the API call's thread, and Ray by the start's own thread: that thread imports no module of resumerge while the
+# call imports the planner beside it. Two threads importing one package tree at once can fail (CPython raises
+# _DeadlockError in the thread that imports a submodule of a package the other is initialising, or hands it the
+# half-made package), and the packages that the call has not loaded yet (methods, moe, vocab, inputs' codecs,
+# adapters and hub) import their modules eagerly. tests/test_warm_start.py pins that the thread imports none.
+from resumerge.engine.cluster import connect, launch
+from resumerge.torch_import import IMPORT_RESERVE
+
 if TYPE_CHECKING:
     from resumerge.engine.cluster.launch import Worker
 
@@ -72,29 +79,22 @@ class WarmStart:
             self.closed.set()
             workers, self.workers = self.workers, []
         if workers and self.ray is not None:
-            from resumerge.engine.cluster.launch import end
-
-            end(self.ray, workers)
+            launch.end(self.ray, workers)
 
     def _start(self) -> None:
         try:
-            from resumerge.engine.cluster.connect import join, require_ray
-
-            ray = require_ray()
+            ray = connect.require_ray()
             if self.where is not None:
-                join(self.where)
-            from resumerge.engine.cluster.launch import default_threads, end, place
-            from resumerge.torch_import import IMPORT_RESERVE
-
+                connect.join(self.where)
             if self.closed.is_set():
                 return
-            threads = default_threads(self.threads)
-            workers = place(ray, ray.nodes(), None, None, threads, IMPORT_RESERVE, gpu=False, lost=set())
+            threads = launch.default_threads(self.threads)
+            workers = launch.place(ray, ray.nodes(), None, None, threads, IMPORT_RESERVE, gpu=False, lost=set())
             with self._lock:
                 closed = self.closed.is_set()
                 if not closed:
                     self.ray, self.workers = ray, workers
             if closed:  # the call ended while they were placed: nobody else will end them
-                end(ray, workers)
-        except Exception:  # only the head start is lost: the executor's own join and start say what is wrong
-            return
+                launch.end(ray, workers)
+        except Exception:  # (an import failed included) only the head start is lost: the executor's own join and
+            return  # start say what is wrong, and place ended what it had made before it raised
