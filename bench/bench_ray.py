@@ -10,6 +10,10 @@ CASE is
   worker nodes, then on one (goal: two nodes at most 0.6x one node's wall). Each node emulates a machine with a core
   of its own: its raylet, and so its workers, is pinned to one core (two nodes: two cores; one node: one core), the
   head and the driver are not (the driver's CPU is given apart);
+- ``bignodes``: ``nodes`` with more work per node, so that each node's fixed start (about 4.5 s: its worker's
+  process, Ray's and the engine's imports, torch) weighs less against its shards: the same TIES merge of ``a``,
+  ``b``, ``c`` with the models' layers stacked ``--copies`` times (mergekit ``slices``: each output layer the TIES
+  of the three models' same layer; 2 copies: about 1.9x the work of ``nodes``, the embeddings and head merged once);
 - ``hubnodes``: the linear merge of ``a`` and ``b`` hub to hub (``--stream-inputs`` into an ``hf://`` OUT) through
   the stand-in hub of ``tests/hub``, its link throttled per connection (``--hub-down`` and ``--hub-up`` MB/s each:
   a node reads by 4 range connections and uploads by one), with ``--executor ray -j 1`` on two one-CPU worker
@@ -18,7 +22,7 @@ CASE is
   models take minutes; RESULTS.md's runs use two 198 MB models (``ModelSpec(layers=3, hidden=1024,
   intermediate=2816, vocab=8000, heads=16, kv_heads=8)`` of ``resumerge.cli.modelgen``, seeds 1 and 2) and
   ``--out-shard-size 20M``;
-- ``all`` (the default): the three, one after the other.
+- ``all`` (the default): the four, one after the other.
 
 Output shards of ``--out-shard-size`` (100M: about twelve shards fed to the nodes' workers). Every run is a fresh
 ``resumerge run`` process (a new Ray job: its workers import torch afresh, as a user's run would) into a fresh OUT
@@ -70,6 +74,18 @@ models:
     parameters: {{weight: 0.4, density: 0.5}}
 dtype: float32
 """
+
+
+def ties_stacked(names: dict[str, Path], copies: int) -> str:
+    """``TIES`` over the models' layers stacked ``copies`` times: a slice per copy, each of every layer."""
+    layers = json.loads((names["a"] / "config.json").read_text())["num_hidden_layers"]
+    sources = (f"      - model: {names['a']}\n        layer_range: [0, {layers}]\n"
+               f"      - model: {names['b']}\n        layer_range: [0, {layers}]\n"
+               "        parameters: {weight: 0.6, density: 0.5}\n"
+               f"      - model: {names['c']}\n        layer_range: [0, {layers}]\n"
+               "        parameters: {weight: 0.4, density: 0.5}\n")
+    return (f"merge_method: ties\nbase_model: {names['a']}\nslices:\n"
+            + "".join(f"  - sources:\n{sources}" for _ in range(copies)) + "dtype: float32\n")
 
 
 @contextmanager
@@ -247,10 +263,12 @@ def overhead(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, .
     return local, ray
 
 
-def nodes(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, ...]) -> tuple[list[Run], list[Run]]:
-    """Ray runs on two one-CPU worker nodes, each pinned to a core of its own, then on one (pinned to one core)."""
-    config = work / "ties.yml"
-    config.write_text(TIES.format(**names))
+def nodes(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, ...],
+          copies: int = 0) -> tuple[list[Run], list[Run]]:
+    """Ray runs on two one-CPU worker nodes, each pinned to a core of its own, then on one (pinned to one core); of
+    the TIES merge, or (``copies``) of its layers stacked that many times."""
+    config = work / ("ties.yml" if not copies else f"ties-stacked-{copies}.yml")
+    config.write_text(TIES.format(**names) if not copies else ties_stacked(names, copies))
     ray = ("--executor", "ray", "-j", "1")
     with cluster(0, 2, pin=True) as address:
         two = [run(config, work, "two", *shards, *ray, "--ray-address", address) for _ in range(runs)]
@@ -288,6 +306,7 @@ def hubnodes(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, .
 CASES = {
     "overhead": (overhead, ("local", "ray, one node of all CPUs"), "ray / local", 1.15),
     "nodes": (nodes, ("ray, two one-CPU nodes", "ray, one one-CPU node"), "two nodes / one node", 0.6),
+    "bignodes": (nodes, ("ray, two one-CPU nodes", "ray, one one-CPU node"), "two nodes / one node", 0.6),
     "hubnodes": (hubnodes, ("ray hub to hub, two one-CPU nodes", "ray hub to hub, one one-CPU node"),
                  "two nodes / one node", 0.6),
 }
@@ -303,6 +322,7 @@ def main() -> int:
                         help="output shards (a shard is a unit of work: 1B would make the bench output one shard)")
     parser.add_argument("--hub-down", type=float, default=1.0, help="hubnodes: MB/s per connection, down (4 per node)")
     parser.add_argument("--hub-up", type=float, default=8.0, help="hubnodes: MB/s per connection, up (1 per node)")
+    parser.add_argument("--copies", type=int, default=2, help="bignodes: how many times the layers are stacked")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     names = {k: args.models / k for k in "abc"}
@@ -310,8 +330,8 @@ def main() -> int:
     verdicts = []
     for case in CASES if args.case == "all" else (args.case,):
         measure, labels, what, goal = CASES[case]
-        rates = (args.hub_down, args.hub_up) if case == "hubnodes" else ()
-        series = measure(names, args.work, args.runs, shards, *rates)
+        extra = {"hubnodes": (args.hub_down, args.hub_up), "bignodes": (args.copies,)}.get(case, ())
+        series = measure(names, args.work, args.runs, shards, *extra)
         for label, runs in zip(labels, series):
             for r in runs:
                 print(f"{case}: {label}: {r.wall:.1f} s wall, {r.cpu:.1f} s CPU (driver {r.driver:.1f} s), load "
