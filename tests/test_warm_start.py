@@ -118,6 +118,7 @@ for name in fake:
     del sys.modules[name]
 import resumerge.engine.cluster.worker
 assert "huggingface_hub" not in sys.modules and "resumerge.inputs.hub" not in sys.modules, "a worker imports the hub"
+assert "sqlite_utils" not in sys.modules and "resumerge.store.ledger" not in sys.modules, "a worker imports the ledger"
 """
 
 
@@ -127,7 +128,7 @@ def test_the_warm_start_places_workers_without_the_engine_and_a_worker_imports_n
     # planning thread imports packages that import their modules eagerly (methods, moe, vocab, inputs' codecs,
     # adapters and hub), and CPython can fail one of two threads that import one package tree at once. A worker of
     # a run that streams no hub input and uploads nothing never imports the hub's stack (a second of its start,
-    # before its first shard).
+    # before its first shard), and no worker imports the ledger (sqlite-utils): the driver alone journals.
     result = subprocess.run([sys.executable, "-c", _IMPORTS], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from resumerge.engine import cpupriority
 from resumerge.engine.compute import Stored, TensorCompute
@@ -54,12 +54,15 @@ from resumerge.plan.workunits import (
     unit_bytes,
     unit_mode,
 )
-from resumerge.store.journal_commit import CommitJournal
-from resumerge.store.ledger import Ledger
-from resumerge.store.manifest import ManifestBook
 from resumerge.store.shardwriter import ShardWriter, start_hashing
 from resumerge.store.sink import OutputSink, Receipt
 from resumerge.torch_import import torch
+
+# The journal (the ledger, sqlite-utils) is the journaling process's: a cluster node's worker runs this pipeline
+if TYPE_CHECKING:  # and journals nothing, so its start (before its first shard) never imports it.
+    from resumerge.store.journal_commit import CommitJournal
+    from resumerge.store.ledger import Ledger
+    from resumerge.store.manifest import ManifestBook
 
 # Units (a tensor, or a group of small ones) computed at once by the merge threads: two keep the writer busy (see
 # _Pipeline).
@@ -486,6 +489,8 @@ def execute(
     CPU to the transfers (:mod:`~resumerge.engine.cpupriority`). Other methods can be what bounds the run (TIES on
     two cores): their threads keep their priority. Every unit's context holds the run's ``resources``.
     """
+    from resumerge.store.journal_commit import CommitJournal
+
     done = {row.name for row in ledger.files() if row.status == "done"}
     journal = CommitJournal(sink, ledger, book)
     interrupt: KeyboardInterrupt | None = None  # Ctrl-C where Python's own handler stands (library use)

@@ -14,8 +14,10 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import TYPE_CHECKING
 
-from resumerge.store.journal_commit import CommitJournal
+if TYPE_CHECKING:  # the journaling process's (a cluster node's worker imports this module, and journals nothing)
+    from resumerge.store.journal_commit import CommitJournal
 
 # Long enough for a commit of many files on a slow link (it only names objects already uploaded), short enough for
 # the grace period before SIGKILL of the places people merge in (30 s on a preemptible VM, Docker's 10 s aside).
