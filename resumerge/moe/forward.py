@@ -105,7 +105,8 @@ def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path,
                 embed = _load(inner.embed_tokens, "model.embed_tokens.", reader)
                 states = {"vectors": [], "hidden": [embed(torch.tensor(s[0])) for s in flat]}
                 _unload(inner.embed_tokens)
-            setup = [_attention_setup(transformers, config, h, torch.tensor(s[1]), rotary)
+            names = _Keywords.read(type(inner.layers[0]).forward)
+            setup = [_attention_setup(transformers, config, names, h, torch.tensor(s[1]), rotary)
                      for h, s in zip(states["hidden"], flat)]
             for i in range(start, layers):
                 vectors = [_vector(h, mode) for h in states["hidden"]]
@@ -127,22 +128,47 @@ def _run(layer: torch.nn.Module, hidden: torch.Tensor, kwargs: dict[str, Any]) -
     return result
 
 
-def _attention_setup(transformers: Any, config: Any, embedded: torch.Tensor, mask: torch.Tensor,
+@dataclass(frozen=True)
+class _Keywords:
+    """The names this transformers takes the layers' inputs by, read from signatures once per pass (versions rename
+    them; feature detection, not version strings): ``embeds`` and ``positions`` (whether it needs the cache
+    positions) of ``create_causal_mask``, the cache's name there (``mask_cache``) and in the decoder layers
+    (``layer_cache``): ``cache`` where it exists (transformers 5.x; ``past_key_values`` is deprecated there and goes
+    in 5.40), ``past_key_values`` before."""
+
+    embeds: str
+    positions: bool
+    mask_cache: str
+    layer_cache: str
+
+    @classmethod
+    def read(cls, layer_forward: Any) -> _Keywords:
+        """The names of the installed ``create_causal_mask`` and of ``layer_forward``, the decoder layers' forward."""
+        from transformers.masking_utils import create_causal_mask
+
+        takes = inspect.signature(create_causal_mask).parameters  # follows the deprecation wrapper to the function
+        return cls(embeds="inputs_embeds" if "inputs_embeds" in takes else "input_embeds",
+                   positions="cache_position" in takes, mask_cache=_cache_name(takes),
+                   layer_cache=_cache_name(inspect.signature(layer_forward).parameters))
+
+
+def _cache_name(takes: Mapping[str, inspect.Parameter]) -> str:
+    return "cache" if "cache" in takes else "past_key_values"
+
+
+def _attention_setup(transformers: Any, config: Any, names: _Keywords, embedded: torch.Tensor, mask: torch.Tensor,
                      rotary: torch.nn.Module) -> dict[str, Any]:
     """The keyword arguments every decoder layer gets for one prompt set, made as the model's forward makes
-    them (causal mask with the padding, positions, rotary embeddings)."""
+    them (causal mask with the padding, positions, rotary embeddings), under this transformers' ``names``."""
     from transformers.masking_utils import create_causal_mask
 
     cache = transformers.DynamicCache(config=config)
     positions = torch.arange(embedded.shape[1]).unsqueeze(0)
-    # transformers 4.x names the embeddings input_embeds and needs the cache positions (5.x derives them).
-    takes = inspect.signature(create_causal_mask).parameters
-    v4 = {"cache_position": positions[0]} if "cache_position" in takes else {}
-    embeds = {"inputs_embeds" if "inputs_embeds" in takes else "input_embeds": embedded}
-    causal = create_causal_mask(config=config, **embeds, attention_mask=mask, past_key_values=cache,
-                                position_ids=positions, **v4)
+    v4 = {"cache_position": positions[0]} if names.positions else {}  # transformers 4.x needs them (5.x derives them)
+    causal = create_causal_mask(config=config, **{names.embeds: embedded, names.mask_cache: cache},
+                                attention_mask=mask, position_ids=positions, **v4)
     return {"attention_mask": causal, "position_embeddings": rotary(embedded, position_ids=positions),
-            "position_ids": positions, "past_key_values": cache, "use_cache": True, **v4}
+            "position_ids": positions, names.layer_cache: cache, "use_cache": True, **v4}
 
 
 def _vector(hidden: torch.Tensor, mode: str) -> torch.Tensor:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -86,10 +85,7 @@ def passes_on_a_thread() -> Iterator[None]:
     def tune_but_not_for_the_pass() -> Callable[[], None] | None:
         return None if threading.current_thread().name == _THREAD else tune()
 
-    with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings():
+    with pytest.MonkeyPatch.context() as patch:
         patch.setattr(passproc, "PassProcess", PassOnAThread)
         patch.setattr(allocator, "tune_allocator", tune_but_not_for_the_pass)
-        # The pass's process shows this notice of transformers 5 on stderr (resumerge.moe.forward still passes
-        # create_causal_mask the old keyword); the suite would raise it here.
-        warnings.filterwarnings("default", message="`past_key_values` is deprecated", category=FutureWarning)
         yield

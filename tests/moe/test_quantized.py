@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 import yaml
 from quantmodels import fp8, fp8_config, quantize_model
@@ -46,7 +45,6 @@ def test_experts_from_quantized_models_are_those_of_their_decoded_models(tmp_pat
     assert_same_results(from_codes, from_values)
 
 
-@pytest.mark.filterwarnings("ignore::FutureWarning")  # transformers' own deprecations, as the pass's process sees them
 def test_a_hidden_gate_pass_reads_a_block_fp8_base_through_its_codec(tmp_path: Path) -> None:
     # The forward pass's base decoded as the merge decodes it: the same routers, byte for byte, as the pass over
     # the base stored decoded (both cast to bfloat16 from the same float32 values); raw codes would differ.
