@@ -10,9 +10,11 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -24,11 +26,13 @@ from support import cli, linear_config, peak_rss_run, write_config
 from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import make_model
+from resumerge.engine import compute_estimate
 from resumerge.engine.compute_estimate import measure_compute
 from resumerge.engine.costs import FITS, WILL_NOT_FIT, ComputeGroup, TimeEstimate
 from resumerge.engine.estimate import _disk_reason
 from resumerge.engine.estimate_memory import pending_units, working_set
 from resumerge.engine.unitgroup import GROUP_UNITS, group_bytes
+from resumerge.inputs import kernels
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources, LocalFiles
 from resumerge.inputs.tensorio import TensorReader
@@ -271,6 +275,34 @@ def test_inputs_not_on_disk_are_timed_on_synthetic_tensors(tmp_path: Path, make:
         on_gpu = replace(plan, options=replace(plan.options, device="cuda"))
         (gpu,) = measure_compute(on_gpu, plan.shards)
         assert gpu.seconds is None and "no GPU" in gpu.note
+
+
+def test_a_sample_is_timed_by_its_threads_cpu_only_where_its_kernels_stay_on_that_thread(
+        tmp_path: Path, make: ModelFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Serial (the workers fill torch's threads), a sample is timed by its thread's CPU time only where
+    ``serial_kernels`` took effect: without an OpenMP runtime its kernels stay on torch's threads, of which this
+    thread's CPU would count only its share (about half on two threads), so the wall clock times it."""
+    plan = _ties_plan(make, tmp_path)
+    clocks: list[Callable[[], float]] = []
+    real = compute_estimate.measure_rate
+
+    def recording(*args: Any, clock: Callable[[], float], **kwargs: Any) -> Any:
+        clocks.append(clock)
+        return real(*args, clock=clock, **kwargs)
+
+    monkeypatch.setattr(compute_estimate, "measure_rate", recording)
+
+    def clocks_of(serial: bool) -> set[Callable[[], float]]:
+        clocks.clear()
+        (group,) = measure_compute(plan, plan.shards, serial=serial, max_seconds=0.05)
+        assert group.seconds_per_element is not None
+        return set(clocks)
+
+    assert clocks_of(False) == {time.perf_counter}
+    if kernels._openmp() is not None:  # torch's OpenMP runtime is reachable here
+        assert clocks_of(True) == {time.thread_time}
+    monkeypatch.setattr(kernels, "_openmp", lambda: None)
+    assert clocks_of(True) == {time.perf_counter}
 
 
 def test_compute_and_disk_work_overlap_in_the_total() -> None:

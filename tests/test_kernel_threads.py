@@ -90,14 +90,14 @@ def test_serial_kernels_set_torchs_own_openmp_runtime_when_another_is_loaded_lat
     process (seen as an extraction whose adapter differed inside a test worker)."""
     pytest.importorskip("sentencepiece")
     # sentencepiece after torch, as a notebook or a test worker loads it
-    name, inside, after = _serial_in_fresh_process("import torch\nimport sentencepiece\n", "runtime._name")
-    assert "sentencepiece" not in name and int(inside) == 1 and int(after) == 2
+    name, took, inside, after = _serial_in_fresh_process("import torch\nimport sentencepiece\n", "runtime._name")
+    assert "sentencepiece" not in name and took == "True" and int(inside) == 1 and int(after) == 2
 
 
 def _serial_in_fresh_process(before: str, shown: str) -> list[str]:
     """In a fresh Python that ran ``before``: ``shown`` (an expression of ``runtime``, the OpenMP runtime found
-    then, and ``loaded``, whether torch was loaded as it was looked for), torch's threads inside ``serial_kernels``
-    with two set, and after it."""
+    then, and ``loaded``, whether torch was loaded as it was looked for), whether ``serial_kernels`` said it took
+    effect, torch's threads inside it with two set, and after it."""
     code = (
         f"{before}"
         "from resumerge.inputs import kernels\n"
@@ -106,9 +106,9 @@ def _serial_in_fresh_process(before: str, shown: str) -> list[str]:
         "runtime = kernels._openmp()\n"
         "import torch\n"
         "torch.set_num_threads(2)\n"
-        "with kernels.serial_kernels():\n"
+        "with kernels.serial_kernels() as took:\n"
         "    inside = torch.get_num_threads()\n"
-        f"print({shown}, inside, torch.get_num_threads())\n"
+        f"print({shown}, took, inside, torch.get_num_threads())\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
@@ -121,7 +121,15 @@ def test_serial_kernels_find_the_runtime_when_first_used_before_torch_is_importe
     torch is loaded. The runtime was looked up in /proc/self/maps before touching torch, found nothing and cached
     that: every later "serial" block ran split over torch's threads (a 128 Ki-entry chunk's kernels 30x slower)."""
     shown = _serial_in_fresh_process("", "loaded, runtime is not None")
-    assert shown == ["False", "True", "1", "2"]  # torch not loaded when the runtime was looked for
+    assert shown == ["False", "True", "True", "1", "2"]  # torch not loaded when the runtime was looked for
+
+
+def test_serial_kernels_say_so_where_no_openmp_runtime_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the runtime the kernels stay on torch's threads, and the block says so: timed by the calling
+    thread's CPU they would count only its share of the work (the speed sample then takes the wall clock)."""
+    monkeypatch.setattr(kernels, "_openmp", lambda: None)
+    with kernels.serial_kernels() as took:
+        assert took is False
 
 
 @pytest.mark.skipif(kernels._openmp() is None, reason="torch's OpenMP runtime is not reachable here")

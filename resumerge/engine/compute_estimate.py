@@ -289,7 +289,8 @@ def _measure(plan: Plan, group: _Sample, sources: InputSources, max_bytes: int, 
     synthetic = False
     workspace = Workspace(UNBUDGETED)  # a few MB here: the sample's rows
     try:
-        with serial_kernels() if alone else nullcontext():
+        # Timed by this thread's CPU only where its kernels stay on it (see _timed).
+        with serial_kernels() if alone else nullcontext(False) as single:
             for index, tp in enumerate(chosen):
                 part = chunk_plan(tp, 0, _rows(tp, per_sample))
                 tensors, nbytes, made_up = _prepare(plan, part, sources, spec)
@@ -299,7 +300,7 @@ def _measure(plan: Plan, group: _Sample, sources: InputSources, max_bytes: int, 
                 window = min(WINDOW_SECONDS, budget / 3) if group.elements >= PRECISE_ELEMENTS else 0.0
                 # A sample read in each call is warmed up once on its own: its first read is the disk's, not the
                 # page cache's (the plan prices the disk's time apart).
-                n1, t1 = _timed(plan, part, sources, tensors, workspace, alone, index == 0 or tensors is None,
+                n1, t1 = _timed(plan, part, sources, tensors, workspace, single, index == 0 or tensors is None,
                                 budget / 2, window)
                 full.append((n1, t1))
                 quarter = part.shape[0] // 4
@@ -308,7 +309,7 @@ def _measure(plan: Plan, group: _Sample, sources: InputSources, max_bytes: int, 
                     # system calls, kernel launches on a GPU. A second, smaller sample separates the two, so
                     # tensors of other sizes than the sample's are priced right.
                     head = None if tensors is None else [t[:quarter].contiguous() for t in tensors]
-                    n2, t2 = _timed(plan, chunk_plan(part, 0, quarter), sources, head, workspace, alone, False,
+                    n2, t2 = _timed(plan, chunk_plan(part, 0, quarter), sources, head, workspace, single, False,
                                     budget / 2, window)
                     calls.append(max(0.0, min(t1, t1 - (t1 - t2) / (n1 - n2) * n1)) if n1 > n2 and t1 > t2 else 0.0)
                 del tensors
@@ -361,17 +362,20 @@ def _settle(device: torch.device) -> None:
 
 
 def _timed(plan: Plan, tp: TensorPlan, sources: InputSources, inputs: list[torch.Tensor] | None,
-           workspace: Workspace, alone: bool, warmup: bool, max_seconds: float, window: float) -> tuple[int, float]:
+           workspace: Workspace, single: bool, warmup: bool, max_seconds: float,
+           window: float) -> tuple[int, float]:
     """(output elements, seconds) of the fastest call of the engine's compute step for ``tp`` (leading rows of a
     tensor) with its resolved parameters, on ``inputs`` (in memory already) or, when None, on its inputs read
-    and decoded in each call (see :func:`_engine_step`). A call whose kernels run on this thread ``alone`` is
-    timed by this thread's CPU time: what it costs a worker that has a core, whatever else the machine is doing
-    while ``plan`` measures (the wall time of the same calls at load 7 spread 2.7-fold between samples)."""
+    and decoded in each call (see :func:`_engine_step`). A call whose kernels run on this thread alone
+    (``single``: :func:`~resumerge.inputs.kernels.serial_kernels` took effect) is timed by this thread's CPU time:
+    what it costs a worker that has a core, whatever else the machine is doing while ``plan`` measures (the wall
+    time of the same calls at load 7 spread 2.7-fold between samples). Elsewhere by the wall clock: kernels on
+    torch's threads would have this thread's CPU count only its share of them."""
     rate = measure_rate(plan.method_of(tp), [inputs or []], base_index=tp.base_index,
                         model_params=[dict(p) for p in tp.model_params], params=dict(tp.params), warmup=warmup,
                         max_seconds=max_seconds, min_seconds=window,
                         merge=partial(_engine_step, plan, tp, sources, workspace=workspace, read=inputs is None),
-                        clock=time.thread_time if alone else time.perf_counter)
+                        clock=time.thread_time if single else time.perf_counter)
     return rate.sample_elements, rate.seconds_per_element * rate.sample_elements
 
 

@@ -13,7 +13,8 @@ read through (:func:`~resumerge.plan.inputrefs.read_value` decodes in it).
 torch's ``set_num_threads`` also changes the default of every thread started later, so this sets the calling
 thread's OpenMP thread count alone, through the OpenMP runtime torch loaded (``omp_set_num_threads`` is per
 thread). Where that runtime is not found (another threading backend, no ``/proc``), nothing changes: the kernels
-stay parallel, which is slower. Row chunks get the same bits either way (the methods streamed this way reduce
+stay parallel, which is slower, and the block says so (a timing by this thread's CPU would then count only its
+share of the work). Row chunks get the same bits either way (the methods streamed this way reduce
 only across inputs, never along a tensor); a reduction along a whole tensor (a rescale's L1 norms, slerp's norms)
 does not, as torch splits a long sum into one part per thread. So the engine decides where kernels run from the
 run's settings alone (its workers, torch's threads, the device), never from the moment's load or memory: a resumed
@@ -62,11 +63,12 @@ def _openmp() -> ctypes.CDLL | None:
 
 
 @contextmanager
-def serial_kernels() -> Iterator[None]:
-    """Run torch's CPU kernels of the calling thread on that thread alone inside the block."""
+def serial_kernels() -> Iterator[bool]:
+    """Run torch's CPU kernels of the calling thread on that thread alone inside the block; the block gets whether
+    they do (False: no OpenMP runtime found, the kernels stay on torch's threads)."""
     runtime = _openmp()
     if runtime is None:
-        yield
+        yield False
         return
     # torch sets each thread's OpenMP thread count lazily, at the thread's first parallel kernel; asking for it
     # first makes that happen now, so it cannot overwrite the setting below later.
@@ -74,6 +76,6 @@ def serial_kernels() -> Iterator[None]:
     before = int(runtime.omp_get_max_threads())
     runtime.omp_set_num_threads(1)
     try:
-        yield
+        yield True
     finally:
         runtime.omp_set_num_threads(before)
