@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -27,10 +27,11 @@ from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import make_model
 from resumerge.engine import compute_estimate
-from resumerge.engine.compute_estimate import measure_compute
+from resumerge.engine.compute_estimate import measure_compute, start_compute
 from resumerge.engine.costs import FITS, WILL_NOT_FIT, ComputeGroup, TimeEstimate
 from resumerge.engine.estimate import _disk_reason
 from resumerge.engine.estimate_memory import pending_units, working_set
+from resumerge.engine.torchside import TorchHere
 from resumerge.engine.unitgroup import GROUP_UNITS, group_bytes
 from resumerge.inputs import kernels
 from resumerge.inputs.safetensors_format import numel
@@ -41,6 +42,8 @@ from resumerge.plan.workunits import WHOLE, unit_bytes
 from resumerge.store.diskprobe import PROBE_PREFIX
 from resumerge.store.manifest import MANIFEST_NAME
 from tests.manylayers import many_layer_merge
+
+T = TypeVar("T")
 
 # Big enough that the working set is a large part of the peak (embeddings of 16 MB per input), small enough to
 # generate and merge in a few seconds.
@@ -303,6 +306,43 @@ def test_a_sample_is_timed_by_its_threads_cpu_only_where_its_kernels_stay_on_tha
         assert clocks_of(True) == {time.thread_time}
     monkeypatch.setattr(kernels, "_openmp", lambda: None)
     assert clocks_of(True) == {time.perf_counter}
+
+
+class _Sending(TorchHere):
+    """A side in this process that records how the sample reached it: sent ahead, or called for its result."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[str] = []
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        self.sent += ["call"] if fn.__name__ == "_measure_samples" else []
+        return fn(*args)
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Callable[[], T]:
+        self.sent.append("submit")
+        return super().submit(fn, *args)
+
+
+def test_the_sample_overlaps_planning_only_where_its_threads_cpu_times_it(tmp_path: Path, make: ModelFactory,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sample is sent ahead (measured while ``plan`` estimates the rest) only where it is timed on one thread
+    by its CPU time, which work beside it does not change; timed by the wall clock (torch's threads, or kernels
+    that ``serial_kernels`` could not hold to one thread) it is measured last, with nothing beside it."""
+    plan = _ties_plan(make, tmp_path)
+
+    def sent(serial: bool) -> tuple[list[str], list[str]]:
+        side = _Sending()
+        result = start_compute(plan, plan.shards, max_seconds=0, serial=serial, side=side)
+        started = list(side.sent)
+        result()
+        return started, side.sent
+
+    if kernels._openmp() is not None:  # torch's OpenMP runtime is reachable here
+        assert sent(True) == (["submit"], ["submit"])
+    assert sent(False) == ([], ["call"])
+    monkeypatch.setattr(kernels, "_openmp", lambda: None)
+    assert sent(True) == ([], ["call"])
 
 
 def test_compute_and_disk_work_overlap_in_the_total() -> None:

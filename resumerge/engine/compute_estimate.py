@@ -154,10 +154,12 @@ def measure_compute(plan: Plan, pending: Sequence[ShardPlan], *, sources: InputS
 def start_compute(plan: Plan, pending: Sequence[ShardPlan], *, sources: InputSources | None = None,
                   max_bytes: int = SAMPLE_BYTES, max_seconds: float = SAMPLE_SECONDS, serial: bool | None = None,
                   workers: int = 1, side: TorchSide | None = None) -> Callable[[], tuple[ComputeGroup, ...]]:
-    """:func:`measure_compute`, started: the pending tensors are grouped now and the samples sent to ``side``,
-    which measures them while this process goes on (a helper process; :class:`~resumerge.engine.torchside.TorchHere`
-    and None measure when the result is asked for); what it returns gives the groups, waiting for them if need
-    be."""
+    """:func:`measure_compute`, started: the pending tensors are grouped now; what it returns gives the groups,
+    waiting for them if need be. Where every sample is timed by its thread's CPU (:func:`_thread_timed`, and no
+    whole-cost method: those are timed by the wall clock) they are sent to ``side`` now, which measures them while
+    this process goes on (a helper process; :class:`~resumerge.engine.torchside.TorchHere` and None measure when the
+    result is asked for): work beside them does not change that figure. Elsewhere ``side`` measures them when the
+    result is asked for, when nothing else runs here."""
     samples = [g.sample() for g in _groups(plan, pending, _promoted if side is None else partial(side.call, _promoted))]
     if side is None or not samples:
         return partial(_measure_samples, plan, samples, sources, max_bytes, max_seconds, serial, workers)
@@ -166,7 +168,26 @@ def start_compute(plan: Plan, pending: Sequence[ShardPlan], *, sources: InputSou
     # Only what the sampled tensors' computations read: their plans, the inputs' folders, options and vocabulary.
     small = replace(plan, tensors=kept, shards=(), parts=(), notes=(), filters=(), accounting=None,
                     tokenizer_blobs={}, side_files={})
-    return side.submit(_measure_samples, small, samples, None, max_bytes, max_seconds, serial, workers)
+    args = (small, samples, None, max_bytes, max_seconds, serial, workers)
+    specs = [get_method(s.method, plan.units) for s in samples]
+    whole = any(spec is not None and spec.whole_cost is not None for spec in specs)
+    if not whole and side.call(_thread_timed, plan.options.device, serial, workers):
+        return side.submit(_measure_samples, *args)
+    return partial(side.call, _measure_samples, *args)
+
+
+def _thread_timed(device: str, serial: bool | None, workers: int) -> bool:
+    """Whether a sample on ``device`` is timed on one thread by its CPU time, where torch is: where the run's
+    ``workers`` fill torch's threads on the CPU (``serial``; None: when torch's threads are no more than
+    ``workers``) and :func:`~resumerge.inputs.kernels.serial_kernels` takes effect."""
+    if not (_serial(serial, workers) and torch.device(device).type == "cpu"):
+        return False
+    with serial_kernels() as single:
+        return single
+
+
+def _serial(serial: bool | None, workers: int) -> bool:
+    return torch.get_num_threads() <= workers if serial is None else serial
 
 
 def _measure_samples(plan: Plan, groups: Sequence[_Sample], sources: InputSources | None, max_bytes: int,
@@ -174,8 +195,7 @@ def _measure_samples(plan: Plan, groups: Sequence[_Sample], sources: InputSource
     """:func:`measure_compute`'s measuring of ``groups`` (made from ``plan``'s pending tensors), where torch is."""
     if not groups:
         return ()
-    if serial is None:
-        serial = torch.get_num_threads() <= workers
+    serial = _serial(serial, workers)
     device = torch.device(plan.options.device)
     if max_seconds <= 0:
         return tuple(_unmeasured(g, plan, "not measured (switched off)") for g in groups)

@@ -164,9 +164,9 @@ def estimate(
     pending = [s for s in plan.shards if s.name not in committed]
     torch_side = torch_side or TorchHere()
     facts, memory_now = torch_side.facts(), _Reading.of(SystemProbe())
-    # Nothing pending (a finished merge): no sample is read and no method is timed. A helper process times the
-    # sample while this one estimates the rest (its memory read before: the sample's buffers are not another
-    # process's as far as the run is concerned).
+    # Nothing pending (a finished merge): no sample is read and no method is timed. A helper process times a
+    # sample timed by its thread's CPU while this one estimates the rest, and any other once the rest is done (see
+    # start_compute; the memory is read before: the sample's buffers are not another process's for the run).
     compute_groups = (start_compute(plan, pending, max_seconds=measuring.compute_budget, workers=workers,
                                     side=torch_side) if pending else tuple)
     staging_dir = _staging_dir(settings.staging, out, state_dir)

@@ -4,12 +4,13 @@
 and reports how long a run's import of torch takes. Importing torch costs about 3 s of CPU; planning a large merge
 (headers, plan, fingerprint) is single-threaded Python that needs none of it. :class:`TorchProcess` starts a
 helper process before planning: it imports torch (timing that import: the figure ``plan`` reports) while this
-process plans on another core. The sample is sent to it as soon as the plan is built (:meth:`TorchProcess.submit`)
-and measured there while this process estimates the rest (output, downloads, memory, disks). Where the run's
-workers fill torch's threads on the CPU (two workers on two cores) the sample times one thread by its CPU time,
-which work beside it does not change, and elsewhere the fastest of many calls (see
-:mod:`resumerge.engine.compute_estimate`), so the figures stay what a run's process alone would measure. The helper
-reads the sample's rows itself and hands back only the figures. :class:`TorchHere` does the same work in this
+process plans on another core. Where the run's workers fill torch's threads on the CPU (two workers on two cores)
+the sample times one thread by its CPU time, which work beside it does not change: it is then sent to the helper as
+soon as the plan is built (:meth:`TorchProcess.submit`) and measured there while this process estimates the rest
+(output, downloads, memory, disks). Elsewhere it is timed by the wall clock on torch's threads, so it is sent once
+this process has nothing left to do but wait for it (see :mod:`resumerge.engine.compute_estimate`): either way the
+figures stay what a run's process alone would measure. The helper reads the sample's rows itself and hands back
+only the figures. :class:`TorchHere` does the same work in this
 process (a notebook's, where torch is usually loaded already), the sample when its result is asked for.
 
 Both are context managers: leaving the block (a plan refused with exit 2 included) kills the helper at once, even
