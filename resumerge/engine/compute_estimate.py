@@ -15,8 +15,11 @@ and preparation the engine uses, and kept in memory. Each sample's figure is its
 workers each compute on one thread (a CPU whose cores they fill) the sample runs on one thread too and is timed
 by that thread's CPU time, so neither the work ``plan`` does beside it nor a busy machine changes much: at load
 8-9 five samples of DeepSeek-V3 x R1's FP8 group came within -8/+15 % of their median, where the mean wall time
-of two threads spread 4.2-109 ns/element at load 2 and 28-85 h at load 8. The group's seconds per element times
-its pending elements is its compute time, shared by the tensors the run computes at once.
+of two threads spread 4.2-109 ns/element at load 2 and 28-85 h at load 8. One exception: a whole-cost method's
+call (a LoRA extraction's decomposition) is timed by the wall clock, as its linear algebra (``eigh``, ``svd``,
+matrix products) runs on the BLAS library's own threads (MKL's in torch's x86 wheels), which serial kernels do not
+hold to one (on two threads its thread's CPU counted half of the process's). The group's seconds per element
+times its pending elements is its compute time, shared by the tensors the run computes at once.
 
 Everything is bounded: at most :data:`SAMPLE_BYTES` read from the inputs and about :data:`SAMPLE_SECONDS` of
 timing for the whole plan, split between the groups. Inputs that are not on disk (hub files not downloaded, a
@@ -350,7 +353,11 @@ def _measure_whole(plan: Plan, group: _Sample, spec: MethodSpec, sources: InputS
     """One call of the engine's compute step for ``spec`` on synthetic inputs of the shapes of ``group``'s class,
     timed (once for the functions and classes in ``timed``: a module's A and B run one computation) and priced per
     tensor: the call's seconds over the :attr:`~resumerge.methods.spec.WholeCost.shared_by` tensors it serves, and
-    over the ``at_once`` workers that run such calls side by side on one thread each (``alone``)."""
+    over the ``at_once`` workers that run such calls side by side on one thread each (``alone``). Timed by the wall
+    clock even then: a decomposition's linear algebra runs on the BLAS library's threads, which serial kernels leave
+    alone (3 SVDs of 1024 x 1024 in serial kernels on two threads: 2.8 s of this thread's CPU, 5.5 s of the
+    process's), so this thread's CPU would count only its share (the sample is then measured last, with nothing
+    beside it)."""
     assert spec.whole_cost is not None
     tp = group.first
     key = (spec.fn, group.key[1:])
