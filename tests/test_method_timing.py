@@ -46,7 +46,8 @@ def test_rate_is_the_fastest_call_a_busy_spell_does_not_count() -> None:
     spec = MethodSpec(name="once_slow", fn=once_slow)
     rate = measure_rate(spec, [[torch.zeros(10, 10)]], base_index=None, model_params=[{}], params={}, repeats=3,
                         warmup=False)
-    assert len(calls) == 3 and SLEEP / 100 <= rate.seconds_per_element < 5 * SLEEP / 100
+    # The mean of the three calls (4·SLEEP per 100 elements) would fail the bound: only the fastest passes it.
+    assert len(calls) == 3 and SLEEP / 100 <= rate.seconds_per_element < 2 * SLEEP / 100
 
 
 def test_randomised_methods_get_a_generator() -> None:
