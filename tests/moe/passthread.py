@@ -39,8 +39,11 @@ class PassOnAThread:
     def send(self, job: dict[str, Any], workdir: Path) -> None:
         """Start ``job`` as the process would read it: JSON, with its workdir and the run's process id. Its share
         of the budget is left out: this process holds the test's imports besides the pass's (the share is
-        checked where the pass has its process, tests/moe/test_surface.py)."""
+        checked where the pass has its process, tests/moe/test_surface.py). A torch thread count (``-j``) is
+        refused: the pass sets it with ``torch.set_num_threads``, for the whole process, where it would outlive
+        the pass (its process ends with it)."""
         assert job["job"] != "probe", "the probe measures what its own process holds: it needs that process"
+        assert not job.get("threads"), "a pass with its own torch threads (-j) needs its own process"
         doc = json.loads(json.dumps({**job, "workdir": str(workdir), "parent": os.getpid()}))
         doc.pop("share", None)
         self._thread = threading.Thread(target=self._run, args=(doc,), name=_THREAD, daemon=True)
