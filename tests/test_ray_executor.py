@@ -509,13 +509,15 @@ def _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster: tuple[Cluster, Any]
     writer.on_upload = stall
     try:
         proc.wait(timeout=90)
-        reader.join(10)
     finally:
         stopping.set()
         writer.on_upload = None
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        # The pipe ends with the driver: the reader is done with it before it is closed (closed under a reader
+        # still reading, its thread would raise, and that warning would hide this test's own failure).
+        reader.join()
         proc.stderr.close()
     err = "".join(said)
     # As locally (tests/hubout/test_hub_writers.py): the uploaded shards committed, the resume command, exit 3.
