@@ -4,15 +4,16 @@ one-CPU worker nodes), against the local executor's bytes.
 The checks of issue 46, in one test on one cluster (starting one costs 10-20 s, and a test module split over the
 suite's two xdist workers would start two), in as few runs as they need (each Ray run starts its workers, fresh
 processes importing torch: seconds): with hub inputs streamed, the output is byte-identical to a local run, both
-worker nodes made shards and each read its own; a shard's real error ends the run as locally; a Ray driver
-SIGKILLed as it commits to a hub OUT is resumed by the local executor, which sends none of the shards its nodes had
-uploaded again; Ctrl-C stops a Ray driver as it stops a local one, and its resume on Ray has the nodes upload what
-they make and the driver alone commit, its warm workers (whose memory reservations do not come up) ended and
-replaced; a local run SIGKILLed mid-run is resumed on Ray, which loses a worker node mid-run (the node removal must
-come last); then a hub OUT in the Xet tier under --max-disk, on the node left. The workers are started while the
-driver plans (warm) and used, not started again; a run that fails, is refused or is killed leaves no worker and no
-memory reservation behind. The local halves (a failing run, a killed run) run while the cluster starts; ``-s``
-prints each phase's seconds.
+worker nodes made shards and each read its own; a shard's real error ends the run as locally; a Ray driver SIGKILLed
+as it commits to a hub OUT is resumed by the local executor, which sends none of the shards its nodes had uploaded
+again, and one SIGKILLed after its third shard in a folder OUT (where its nodes write their temp files) is resumed
+locally, leaving none of them; Ctrl-C stops a Ray driver as it stops a local one, and its resume on Ray has the
+nodes upload what they make and the driver alone commit, its warm workers (whose memory reservations do not come up)
+ended and replaced; a local run SIGKILLed mid-run is resumed on Ray, which loses a worker node mid-run (the node
+removal must come last); then a hub OUT in the Xet tier under --max-disk, on the node left. The workers are started
+while the driver plans (warm) and used, not started again; a run that fails, is refused or is killed leaves no
+worker and no memory reservation behind. The local halves (a failing run, a killed run) run while the cluster
+starts; ``-s`` prints each phase's seconds.
 """
 
 from __future__ import annotations
@@ -163,6 +164,8 @@ def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merg
         # Hub OUTs in the LFS tier. A Ray driver SIGKILLed as it commits, resumed by the local executor.
         _a_killed_ray_driver_resumes_locally(cluster, merge, hub, tmp_path / "killed-ray")
         clock.lap("hub OUT (LFS): a killed Ray driver resumed locally")
+        _a_killed_ray_driver_leaves_a_folder_out_that_resumes_locally(cluster, merge, tmp_path / "killed-ray-folder")
+        clock.lap("folder OUT: a killed Ray driver resumed locally")
         # SIGINT stops a Ray driver as a local one. Its resume on Ray: the nodes upload, the driver alone commits;
         # its warm workers' reservations do not come up, so it ends them and starts its own.
         _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster, merge, hub, tmp_path / "ctrl-c", monkeypatch)
@@ -388,6 +391,24 @@ def _a_killed_ray_driver_resumes_locally(cluster: tuple[Cluster, Any], merge: Me
     outcome = api.resume("hf://alice/ray", state_dir=state, executor="local", commit_every=4, commit_interval=3600)
     assert outcome.target == "hf://alice/ray"
     _hub_output_checked(merge, writer, "alice/ray", state, nodes=None)
+
+
+def _a_killed_ray_driver_leaves_a_folder_out_that_resumes_locally(cluster: tuple[Cluster, Any], merge: Merge,
+                                                                  tmp_path: Path) -> None:
+    # A folder OUT: the nodes write their temp files in OUT itself. The Ray driver SIGKILLed after the ledger
+    # records its third shard; the local executor's resume keeps the three, makes the rest, and leaves none of the
+    # dead run's temp files behind (every file in OUT is the local run's).
+    out, state = tmp_path / "out", tmp_path / "state"
+    ran = cli("run", merge.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--executor", "ray",
+              "--ray-address", cluster[0].address, env={"RESUMERGE_KILL_AT": "after_ledger_commit:3"})
+    assert ran.returncode == -9, ran.stderr
+    assert _done_shards(out, state) == 3
+    _wait_for_idle_cluster()  # Ray ends the dead driver's tasks: none may write into OUT while it resumes
+    outcome = api.resume(out, state_dir=state, executor="local")
+    assert digests(out) == merge.reference
+    assert outcome.resumed_files == 3  # every recorded shard kept, only the rest made again
+    # The killed driver's last shard lost its node event (journaled after the ledger row the kill followed).
+    assert len({e["shard"] for e in _node_events(out, state)}) == 2
 
 
 def _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge: Merge, writer: HubWriter, tmp_path: Path,
