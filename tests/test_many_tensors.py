@@ -37,7 +37,9 @@ SHARD = "40k"
 class Merged(NamedTuple):
     config: Path
     digests: dict[str, str]
-    admissions: int | None  # what the memory governor admitted during the merge, as ``status --json`` tells it
+    # what the memory governor admitted during the merge, as ``status --json`` tells it: how many, the largest
+    admissions: int | None
+    largest_admission: int | None
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,8 @@ def merged(tmp_path_factory: pytest.TempPathFactory) -> Merged:
     config = many_layer_merge(root, LAYERS)
     ref, state = root / "reference", root / "ref-state"
     assert main(["run", str(config), str(ref), "--state-dir", str(state), "--out-shard-size", SHARD, "--quiet"]) == 0
-    return Merged(config, digests(ref), read_status(ref, state).admissions)
+    shown = read_status(ref, state).to_json()  # what ``status --json`` prints
+    return Merged(config, digests(ref), shown["admissions"], shown["largest_admission"])
 
 
 def test_tiny_tensors_are_admitted_in_groups_of_one_shard(merged: Merged) -> None:
@@ -59,6 +62,7 @@ def test_tiny_tensors_are_admitted_in_groups_of_one_shard(merged: Merged) -> Non
     assert merged.admissions is not None and 0 < merged.admissions <= -(-tensors // GROUP_UNITS) + shards
     # A group holds at most GROUP_UNITS units and group_bytes of estimates; under any budget that is a small share
     # of it, so grouping never changes which units fit.
+    assert merged.largest_admission is not None and 0 < merged.largest_admission <= GROUP_BYTES
     assert has_room(GROUP_UNITS - 1, GROUP_BYTES - 1, 1, GROUP_BYTES)
     assert not has_room(GROUP_UNITS, 0, 1, GROUP_BYTES) and not has_room(1, GROUP_BYTES, 1, GROUP_BYTES)
     assert group_bytes(None) == GROUP_BYTES and group_bytes(1 << 30) == GROUP_BYTES
@@ -102,7 +106,7 @@ def test_kill_then_resume_is_identical_without_planning(merged: Merged, tmp_path
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The resume reloads the frozen plan; an input with other bytes is planned again and refused, one merely
     touched (same bytes, new mtime) is planned again and goes on."""
-    config, reference, _ = merged
+    config, reference = merged.config, merged.digests
     out, state = tmp_path / "out", tmp_path / "state"
     _kill_after_first_shard(config, out, state)
     calls = _count_plans(monkeypatch)

@@ -346,8 +346,8 @@ def _record_memory(ledger: Ledger, governor: MemoryGovernor | None) -> None:
     ledger.record_peak(peak, len(governor.adaptations))
     if governor.admitted:  # none on a cluster's driver: its nodes admit its units
         # The budget again: status reads it from the latest memory event.
-        ledger.event("memory", f"{governor.admitted} admissions of work", {"budget": governor.budget,
-                                                                          "admissions": governor.admitted})
+        ledger.event("memory", f"{governor.admitted} admissions of work", {
+            "budget": governor.budget, "admissions": governor.admitted, "largest": governor.largest_admitted})
 
 
 def _staging_dir(choice: Staging, plan: Plan, out: Path, rdir: Path, notes: list[str]) -> Path | None:

@@ -85,7 +85,7 @@ class MemoryGovernor:
         self._tracker = PressureTracker(self._policy)
         self._knobs = self._policy.knobs_for(0, max_in_flight)
         self._rss = self._available = self._baseline = self._reserved = self._in_flight = self._peak = 0
-        self._admitted = 0
+        self._admitted = self._largest = 0
         self._queue: deque[object] = deque()
         self._adaptations: deque[Adaptation] = deque(maxlen=_MAX_ADAPTATIONS)
         self._seq = 0
@@ -233,6 +233,12 @@ class MemoryGovernor:
             return self._admitted
 
     @property
+    def largest_admitted(self) -> int:
+        """The largest estimate of a reservation :meth:`acquire` has granted (0 before any)."""
+        with self._cond:
+            return self._largest
+
+    @property
     def adaptations(self) -> tuple[Adaptation, ...]:
         """The most recent adaptations (up to 4096), oldest first."""
         with self._cond:
@@ -291,6 +297,7 @@ class MemoryGovernor:
         self._queue.popleft()
         self._in_flight += 1
         self._admitted += 1
+        self._largest = max(self._largest, estimate)
         self._reserved += estimate
         # The next in line may fit as well; let it look now rather than at its next poll.
         self._cond.notify_all()

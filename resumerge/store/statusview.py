@@ -68,8 +68,9 @@ class StatusReport:
     adaptation_events: tuple[str, ...] = ()
     # How many reservations the RAM governor granted in the run's latest start, recorded when it ended (None before,
     # and on a cluster's driver): one per unit of work (a tensor, a group of small tensors of one shard, a row chunk)
-    # and per hub read-ahead grant.
+    # and per hub read-ahead grant; and the largest estimate one of them reserved (bytes).
     admissions: int | None = None
+    largest_admission: int | None = None
     resume_command: str | None = None
     # hf:// OUT: the repo's web address, and planned files staged on this machine but not yet in a commit
     # (uploading or uploaded).
@@ -216,6 +217,7 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusRe
         events=tuple(f"{e.kind}: {e.message}" for e in rows.events),
         budget=_count(memory, "budget"),
         admissions=_count(memory, "admissions"),
+        largest_admission=_count(memory, "largest"),
         adaptation_events=tuple(a.message for a in rows.adaptations),
         resume_command=None if state in ("done", "running") else command,
         streamed=_streamed(rows.stream.data if rows.stream else None),
