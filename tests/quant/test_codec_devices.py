@@ -16,6 +16,7 @@ from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
 from resumerge.inputs.codecs.mxfp4 import Mxfp4Codec
 from resumerge.inputs.codecs.protocol import TensorCodec
 from resumerge.inputs.codecs.quantized import SHAPE
+from resumerge.inputs.quant.byte_tables import per_device
 
 META = torch.device("meta")
 # Each codec with the value shape it encodes: edges partial where the format allows it; INT2/4/8 packed, naive and
@@ -54,3 +55,20 @@ def test_codecs_decode_and_encode_on_the_inputs_device(codec: TensorCodec, shape
     assert decoded.device == META and decoded.dtype == torch.float32 and decoded.shape == value.shape
     out = torch.empty(value.shape, dtype=torch.float32, device=META)
     assert codec.decode(parts, 0, out=out) is out
+
+
+def test_a_per_device_table_is_built_once_on_the_cpu_and_copied_once_per_device() -> None:
+    built: list[int] = []
+
+    @per_device
+    def table(width: int) -> torch.Tensor:
+        built.append(width)
+        return torch.arange(width, dtype=torch.float32)
+
+    cpu = table(torch.device("cpu"), 3)
+    on_meta = table(META, 3)
+    assert built == [3] and torch.equal(cpu, torch.arange(3, dtype=torch.float32))
+    assert (on_meta.device, on_meta.shape) == (META, cpu.shape)
+    assert table(META, 3) is on_meta and table(torch.device("cpu"), 3) is cpu
+    table(META, 4)
+    assert built == [3, 4]

@@ -7,23 +7,29 @@ at a time where that row is at most 16 bytes (a 65,536-row table, 0.5–1 MiB, i
 uint16: widened to the gather's int32 index in one copy, no offset to add), in slabs that keep the index buffer in
 cache. Tables depend on the host's byte order only through how they are built, never through how they are indexed.
 
-Tables are built on the CPU and copied once to any other device (:meth:`ByteTable.to`), so bytes on a GPU decode
-there (a GPU gathers a whole tensor in one launch: the slabs are for the CPU's caches).
+Tables are built on the CPU and copied once to any other device (:meth:`ByteTable.to`, :func:`per_device`), so
+bytes on a GPU decode there (a GPU gathers a whole tensor in one launch: the slabs are for the CPU's caches).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Concatenate, ParamSpec, TypeVar, cast
 
 from resumerge.torch_import import torch
 
-__all__ = ["ByteTable", "byte_table", "decode_bytes"]
+__all__ = ["ByteTable", "byte_table", "decode_bytes", "per_device"]
 
 # Indices per gather: enough to amortise a kernel launch, few enough that the int32 index slab stays in L1/L2.
 SLAB = 1 << 15
 # Row width in bytes -> the scalar dtype that copies it in one piece.
 _WIDE = MappingProxyType({4: "int32", 8: "int64", 16: "complex128"})
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T", "ByteTable", "torch.Tensor")  # a string: naming torch.Tensor here would import torch
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,23 @@ class ByteTable:
         return ByteTable(self.per_byte, self.single.to(device), None if self.pair is None else self.pair.to(device))
 
 
+def per_device(build: Callable[_P, _T]) -> Callable[Concatenate[torch.device, _P], _T]:
+    """``build`` (a table's maker, run on the CPU) as a function of ``(device, *args)`` that gives its result on
+    ``device``: built once per process on the CPU (so every device's copy holds the CPU's exact bits, whatever the
+    device's own kernels would round) and copied once to each other device, both kept by ``functools.cache``.
+    ``build``'s arguments must be hashable."""
+    cached: Callable[Concatenate[torch.device, _P], _T]
+
+    def on(device: torch.device, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        if device.type == "cpu":
+            return build(*args, **kwargs)
+        return cached(torch.device("cpu"), *args, **kwargs).to(device)
+
+    # functools.cache's stub types the call as (*Hashable) -> _T: the cast gives callers back build's arguments.
+    cached = cast("Callable[Concatenate[torch.device, _P], _T]", functools.cache(on))
+    return cached
+
+
 def _wide(rows: torch.Tensor) -> torch.Tensor:
     name = _WIDE.get(rows.shape[1] * 4)
     return rows.contiguous() if name is None else rows.contiguous().view(getattr(torch, name)).view(-1)
@@ -50,7 +73,7 @@ def _wide(rows: torch.Tensor) -> torch.Tensor:
 
 def byte_table(values: torch.Tensor) -> ByteTable:
     """The table of a ``[256, k]`` float32 CPU tensor (row ``b``: the ``k`` values byte ``b`` holds, in element
-    order). Formats build theirs once per process and device (``functools.cache``)."""
+    order). Formats build theirs once per process and device (:func:`per_device`)."""
     if values.shape[0] != 256 or values.ndim != 2 or values.dtype != torch.float32:
         raise ValueError(f"a byte table is [256, k] float32, got {tuple(values.shape)} {values.dtype}")
     per_byte = values.shape[1]

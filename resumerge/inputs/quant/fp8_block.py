@@ -21,9 +21,7 @@ chunk that starts at a block row.
 
 from __future__ import annotations
 
-import functools
-
-from resumerge.inputs.quant.byte_tables import ByteTable, byte_table, decode_bytes
+from resumerge.inputs.quant.byte_tables import ByteTable, byte_table, decode_bytes, per_device
 from resumerge.inputs.quant.grid import Block, divide, grid_max, pieces
 from resumerge.torch_import import torch
 
@@ -34,11 +32,9 @@ E4M3_MAX = 448.0
 _SLAB_ELEMENTS = 1 << 18
 
 
-@functools.cache
-def _table(device: torch.device) -> ByteTable:
-    """Each of the 256 E4M3 bytes' value, on ``device``."""
-    if device.type != "cpu":
-        return _table(torch.device("cpu")).to(device)
+@per_device
+def _table() -> ByteTable:
+    """Each of the 256 E4M3 bytes' value."""
     every_byte = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
     return byte_table(every_byte.to(torch.float32).unsqueeze(1))
 

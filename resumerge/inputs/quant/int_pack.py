@@ -13,10 +13,9 @@ those widths are refused before they get here (:data:`PACKABLE_BITS`).
 
 from __future__ import annotations
 
-import functools
 import sys
 
-from resumerge.inputs.quant.byte_tables import ByteTable, byte_table, decode_bytes
+from resumerge.inputs.quant.byte_tables import ByteTable, byte_table, decode_bytes, per_device
 from resumerge.torch_import import torch
 
 __all__ = ["PACKABLE_BITS", "decode_words", "pack", "packed_cols", "unpack"]
@@ -35,11 +34,9 @@ def _check(bits: int) -> int:
     return 32 // bits
 
 
-@functools.cache
-def _table(bits: int, device: torch.device) -> ByteTable:
-    """Byte table on ``device``: byte ``b`` holds ``8 / bits`` values, lowest bits first, each minus the offset."""
-    if device.type != "cpu":
-        return _table(bits, torch.device("cpu")).to(device)
+@per_device
+def _table(bits: int) -> ByteTable:
+    """Byte ``b`` holds ``8 / bits`` values, lowest bits first, each minus the offset."""
     per = 8 // bits
     every = torch.arange(256, dtype=torch.int32).unsqueeze(1)
     shifts = torch.arange(per, dtype=torch.int32) * bits
@@ -64,7 +61,7 @@ def decode_words(words: torch.Tensor, bits: int, out: torch.Tensor) -> torch.Ten
         # Any other width would fill only part of ``out`` and leave the rest as it was (uninitialised memory).
         raise ValueError(f"packed words are int32, not {words.dtype}")
     data = _bytes(words)
-    decode_bytes(data, _table(bits, data.device), out)
+    decode_bytes(data, _table(data.device, bits), out)
     return out
 
 

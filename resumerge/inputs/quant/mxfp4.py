@@ -21,10 +21,9 @@ leading index.
 
 from __future__ import annotations
 
-import functools
 import math
 
-from resumerge.inputs.quant.byte_tables import ByteTable, byte_table, decode_bytes
+from resumerge.inputs.quant.byte_tables import ByteTable, byte_table, decode_bytes, per_device
 from resumerge.torch_import import torch
 
 __all__ = ["E2M1_VALUES", "GROUP", "decode", "decoded_shape", "encode"]
@@ -41,31 +40,25 @@ _CODE_SHIFT = 21
 _SLAB_ELEMENTS = 1 << 16
 
 
-@functools.cache
-def _table(device: torch.device) -> ByteTable:
-    if device.type != "cpu":
-        return _table(torch.device("cpu")).to(device)
+@per_device
+def _table() -> ByteTable:
+    """Each byte's two E2M1 values, low nibble first."""
     lut = torch.tensor(E2M1_VALUES, dtype=torch.float32)
     every = torch.arange(256, dtype=torch.int64)
     return byte_table(torch.stack([lut[every & 0x0F], lut[every >> 4]], dim=1))
 
 
-@functools.cache
-def _powers(device: torch.device) -> torch.Tensor:
-    """``2^(s − 127)`` for each scale byte ``s`` (2^−127 is a float32 subnormal, exact; 255 is NaN), on
-    ``device``."""
-    if device.type != "cpu":
-        return _powers(torch.device("cpu")).to(device)
+@per_device
+def _powers() -> torch.Tensor:
+    """``2^(s − 127)`` for each scale byte ``s`` (2^−127 is a float32 subnormal, exact; 255 is NaN)."""
     powers = torch.ldexp(torch.ones(256), torch.arange(-127, 129, dtype=torch.int32))
     powers[255] = math.nan
     return powers
 
 
-@functools.cache
-def _codes(device: torch.device) -> torch.Tensor:
-    """The E2M1 code (sign included, −0 as 8) of every float32 by its bits >> 21, on ``device``."""
-    if device.type != "cpu":
-        return _codes(torch.device("cpu")).to(device)
+@per_device
+def _codes() -> torch.Tensor:
+    """The E2M1 code (sign included, −0 as 8) of every float32 by its bits >> 21."""
     index = torch.arange(2048, dtype=torch.int64)
     smallest = (index << _CODE_SHIFT).to(torch.int32).view(torch.float32)  # the index's lowest float (wraps to sign)
     magnitude = torch.bucketize(smallest.abs(), torch.tensor(_THRESHOLDS), right=True, out_int32=True)
