@@ -1,9 +1,13 @@
 """Every codec decodes and encodes on its input's device (``--device cuda`` encodes the merged values where they
-were computed): nothing it makes, scratch, byte table or constant, is left on the CPU.
+were computed): no scratch, byte table or constant of one or more dimensions that it makes is left on the
+CPU.
 
 No GPU is needed: as in ``tests/methods/test_devices.py``, tensors on PyTorch's ``meta`` device make any kernel
 that mixes in a CPU tensor fail with "... is on the wrong device" / "found at least two devices", exactly as CUDA
 values do ("Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!").
+What meta cannot show: like CUDA, it takes a 0-dim CPU tensor as a scalar, so a 0-dim CPU constant passes here
+(and on the GPU), and meta has no values, so only the GPU test in ``tests/test_device.py`` checks the bits such a
+constant (or anything else) gives there.
 """
 
 from __future__ import annotations
