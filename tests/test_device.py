@@ -145,14 +145,22 @@ def test_cuda_merge_matches_cpu_and_resume_keeps_the_device(tmp_path: Path, make
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_every_codec_encodes_and_decodes_on_the_gpu_to_the_cpus_bytes() -> None:
-    # The codecs' contract: the same float32 values give the same stored bytes wherever they are encoded. Magnitudes
-    # from 1e-30 (subnormal scales) to 1e3, and an all-zero block.
+    # The codecs' contract: the same float32 values give the same stored bytes wherever they are encoded. Columns
+    # from 1e-30 to 1e3 (normal scales only: a block's amax is its largest column's), an all-zero block, and whole
+    # blocks of ~1e-44, ~1e-40 and ~1e-37 (rows 16:32 and 32:, where every codec's blocks and groups start; in
+    # MXFP4's groups of 32 along that dimension rows 0:32 are zeros and ~1e-44): scales below float32's smallest
+    # normal, so the clamp of scales_for (amax / 448 rounds to 0 below ~3e-43), frexp/ldexp on subnormals (ue8m0,
+    # MXFP4) and compressed-tensors' eps fill for a zero scale are compared as well.
     from tests.quant.test_codec_devices import CODECS
 
     cuda = torch.device("cuda")
     for codec, shape in CODECS:
-        value = torch.randn(shape, generator=torch.Generator().manual_seed(3)) * torch.logspace(-30, 3, shape[-1])
+        noise = torch.randn(shape, generator=torch.Generator().manual_seed(3))
+        value = noise * torch.logspace(-30, 3, shape[-1])
         value[..., :16, :16] = 0.0
+        value[..., 16:32, :16] = noise[..., 16:32, :16] * 1e-44
+        value[..., 16:32, 16:] = noise[..., 16:32, 16:] * 1e-40
+        value[..., 32:, :] = noise[..., 32:, :] * 1e-37
         want = codec.encode(value, "F32")
         got = codec.encode(value.to(cuda), "F32")
         assert got.keys() == want.keys()
