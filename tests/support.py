@@ -126,38 +126,41 @@ def reference_merge(root: Path, spec: ModelSpec, shard_size: str) -> tuple[Path,
 
 # Linux keeps a process's pre-exec RSS high-water mark in ru_maxrss, so a child forked from a large test process
 # would report the parent's RSS. A tiny launcher process forks the real command, so wait4 sees only its peak. While
-# it runs, the launcher reads the child's RssFile every 50 ms and reports the most it saw.
+# it runs, the launcher reads the child's RssAnon + RssShmem every 20 ms and reports the most it saw (the kernel
+# keeps no high-water mark of those alone).
 _LAUNCHER = (
     "import os, re, sys, time\n"
     "pid = os.fork()\n"
     "if pid == 0:\n"
     "    os.execv(sys.argv[1], sys.argv[1:])\n"
-    "files = 0\n"
+    "held = 0\n"
     "while True:\n"
     "    done, status, usage = os.wait4(pid, os.WNOHANG)\n"
     "    if done:\n"
     "        break\n"
     "    try:\n"
-    "        found = re.search(r'RssFile:\\s+(\\d+)', open(f'/proc/{pid}/status').read())\n"
-    "        files = max(files, int(found[1]) * 1024 if found else 0)\n"
+    "        text = open(f'/proc/{pid}/status').read()\n"
+    "        kb = sum(int(m[1]) for m in re.finditer(r'^Rss(?:Anon|Shmem):\\s+(\\d+)', text, re.M))\n"
+    "        held = max(held, kb * 1024)\n"
     "    except OSError:\n"
     "        pass\n"
-    "    time.sleep(0.05)\n"
-    "print(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024, files)\n"
+    "    time.sleep(0.02)\n"
+    "print(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024, held)\n"
 )
 
 
 def peak_rss_run(argv: list[str], *, timeout: float = 600) -> tuple[int, int, str]:
     """Run ``argv``; return (exit code, peak RSS bytes of that process alone, stderr)."""
-    code, peak, _, err = peak_rss_and_file_pages_run(argv, timeout=timeout)
+    code, peak, _, err = peak_rss_and_held_run(argv, timeout=timeout)
     return code, peak, err
 
 
-def peak_rss_and_file_pages_run(argv: list[str], *, timeout: float = 600) -> tuple[int, int, int, str]:
-    """Run ``argv``; return (exit code, peak RSS bytes of that process alone, the most of its RSS seen to be file
-    pages (its shared libraries': resumerge reads inputs with pread, never mmap), stderr). A file-page reading
-    missed between samples only lowers the third figure."""
+def peak_rss_and_held_run(argv: list[str], *, timeout: float = 600) -> tuple[int, int, int, str]:
+    """Run ``argv``; return (exit code, peak RSS bytes of that process alone, the most of its memory seen to be
+    anonymous or shared-memory pages (RssAnon + RssShmem, sampled every 20 ms: what a memory budget counts, without
+    the file pages of its shared libraries; resumerge reads inputs with pread, never mmap), stderr). A peak that
+    falls between samples only lowers the third figure."""
     done = subprocess.run([sys.executable, "-c", _LAUNCHER, *argv], capture_output=True, text=True,
                           timeout=timeout, check=False)
-    code, peak, files = (int(x) for x in done.stdout.split()[-3:])
-    return code, peak, files, done.stderr
+    code, peak, held = (int(x) for x in done.stdout.split()[-3:])
+    return code, peak, held, done.stderr
