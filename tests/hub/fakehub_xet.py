@@ -34,6 +34,7 @@ _WITH_VERIFICATION = 1 << 31
 _WITH_METADATA = 1 << 30  # the metadata extension holds the file's sha256
 # Client-side state hf_xet keeps inside a local:// CAS folder (a real client keeps it under HF_XET_CACHE).
 CLIENT_STATE = ("xet/shard-cache", "xet/shard-session")
+_INDEX = "global_dedup_lookup.redb"  # the CAS's index database (hf_xet 1.8: redb), in the xorbs folder
 
 
 def _hex(raw: bytes) -> str:
@@ -57,6 +58,29 @@ def shard_files(data: bytes) -> list[tuple[str, str, int]]:
             found.append((_hex(data[pos:pos + 32]), xet_hash, size))
             pos += _ENTRY
     return found
+
+
+def _index_at_one_instant(path: Path) -> bytes | None:
+    """The index database's bytes as they were at one instant, while a client may be writing it.
+
+    A copy read while a client commits to the database is torn: hf_xet's redb then panicked opening it ("assertion
+    failed: storage.raw_file_len()? >= header.layout().len()", its header naming a longer file), and the panic
+    poisoned hf_xet's process-wide table of open databases, so every later ``local://`` read or upload in the
+    process failed. Two reads alike, the file's inode, size and mtime unchanged around them, make the second a
+    snapshot: the state of a client that stopped there, which redb opens as after a crash. None when there is
+    no index (nothing uploaded yet)."""
+    for _ in range(1000):
+        try:
+            before = path.stat()
+            first, second = path.read_bytes(), path.read_bytes()
+            after = path.stat()
+        except FileNotFoundError:
+            return None
+        same = (before.st_ino, before.st_size, before.st_mtime_ns) == (after.st_ino, after.st_size, after.st_mtime_ns)
+        if same and first == second and len(second) == after.st_size:
+            return second
+        time.sleep(0.005)
+    raise AssertionError(f"{path} kept changing while read")
 
 
 @dataclass
@@ -102,18 +126,28 @@ class XetCas:
 
         hf_xet opens the ``local://`` folder's index database exclusively: reading the folder itself while a client
         uploads (commits land while the next files upload) made that client's upload fail with "Database already
-        open. Cannot acquire lock" — a lock the real CAS does not have. A plain copy takes no lock; a copy caught
-        mid-write is read again."""
+        open. Cannot acquire lock" — a lock the real CAS does not have. A plain copy takes no lock, but its index
+        must be one instant's (:func:`_index_at_one_instant`), copied before the xorbs and shards it names; a copy
+        that still cannot rebuild the object (a shard not yet there) is taken again."""
         import hf_xet
 
         store = self.root / "xet" / "xorbs"
         for _ in range(200):
             with tempfile.TemporaryDirectory() as tmp:
-                shutil.copytree(store, Path(tmp) / "xet" / "xorbs")
+                copy = Path(tmp) / "xet" / "xorbs"
+                copy.mkdir(parents=True)
+                index = _index_at_one_instant(store / _INDEX)
+                if index is not None:
+                    (copy / _INDEX).write_bytes(index)
+                # hf_xet writes each xorb and shard under a hidden temporary name, then renames it: those are skipped
+                # (one renamed while copied failed the copy).
+                shutil.copytree(store, copy, ignore=shutil.ignore_patterns(_INDEX, ".*"), dirs_exist_ok=True)
                 try:
                     group = hf_xet.XetSession().new_download_stream_group(endpoint=f"local://{tmp}")
                     data = b"".join(group.download_stream(hf_xet.XetFileInfo(xet_hash, size)))
-                except RuntimeError:
+                except RuntimeError as exc:
+                    if "PoisonError" in str(exc):  # an earlier panic: every later local:// open here panics too
+                        raise AssertionError(f"hf_xet's local:// CAS is unusable in this process: {exc}") from exc
                     data = b""
             if len(data) == size:
                 return data
