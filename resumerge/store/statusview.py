@@ -196,7 +196,7 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusRe
     if state == "running" and not is_locked(rdir):
         state = "interrupted"
     shards = [f for f in files if f.kind == "shard"]
-    memory = rows.memory.data if rows.memory else None
+    memory = _json_object(rows.memory.data if rows.memory else None)  # parsed once for its three figures
     return StatusReport(
         out_dir=out_dir,
         state=state,
@@ -220,7 +220,7 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusRe
         largest_admission=_count(memory, "largest"),
         adaptation_events=tuple(a.message for a in rows.adaptations),
         resume_command=None if state in ("done", "running") else command,
-        streamed=_streamed(rows.stream.data if rows.stream else None),
+        streamed=_json_object(rows.stream.data if rows.stream else None),
         plan_notes=rows.plan_notes,
         inputs=json.loads(rows.inputs.data or "{}") | {"summary": rows.inputs.message} if rows.inputs else None,
         **_module_progress(rows.tensor_names, rows.tensors_done, rdir),
@@ -255,7 +255,8 @@ def _pass_progress(state_root: Path, tensor_names: tuple[str, ...]) -> tuple[int
     return (under_way[0], max(layers) + 1) if len(under_way) == 1 and layers else None
 
 
-def _streamed(data: str | None) -> dict[str, float] | None:
+def _json_object(data: str | None) -> dict[str, Any] | None:
+    """An event's JSON ``data`` when it is an object; None when there is none or it is not."""
     try:
         value = json.loads(data) if data else None
     except ValueError:
@@ -263,12 +264,9 @@ def _streamed(data: str | None) -> dict[str, float] | None:
     return value if isinstance(value, dict) else None
 
 
-def _count(data: str | None, key: str) -> int | None:
-    """The positive integer ``key`` of a memory event's JSON ``data``; None when it has none."""
-    try:
-        value = json.loads(data or "{}").get(key)
-    except (ValueError, AttributeError):
-        return None
+def _count(doc: dict[str, Any] | None, key: str) -> int | None:
+    """The positive integer ``key`` of a memory event's data; None when it has none."""
+    value = doc.get(key) if doc is not None else None
     return value if isinstance(value, int) and value > 0 else None
 
 
