@@ -1,20 +1,21 @@
 """``--executor ray``: a merge's shards as tasks on a real multi-node Ray cluster on this machine (a head and two
 one-CPU worker nodes), against the local executor's bytes.
 
-The checks of issue 46, in one test on one cluster (starting one costs 10-20 s, and a test module split over the
-suite's two xdist workers would start two), in as few runs as they need (each Ray run starts its workers, fresh
-processes importing torch: seconds): with hub inputs streamed, the output is byte-identical to a local run, both
-worker nodes made shards and each read its own; a shard's real error ends the run as locally; a Ray driver SIGKILLed
-as it commits to a hub OUT is resumed by the local executor, which sends none of the shards its nodes had uploaded
-again, and one SIGKILLed after its third shard in a folder OUT (where its nodes write their temp files) is resumed
-locally, leaving none of them; Ctrl-C stops a Ray driver as it stops a local one, and its resume on Ray has the
-nodes upload what they make and the driver alone commit, its warm workers (whose memory reservations do not come up)
-ended and replaced; a local run SIGKILLed mid-run is resumed on Ray, which loses a worker node mid-run (the node
-removal must come last); then a hub OUT in the Xet tier under --max-disk, on the node left. The workers are started
-while the driver plans (warm) and used, not started again; a run that fails, is refused or is killed leaves no
-worker and no memory reservation behind. The local halves (a failing run, a killed run) run while the cluster
-starts; ``-s`` prints each phase's seconds.
-"""
+The checks of issue 46, in one test on one cluster (starting one costs 10-20 s, and a test module split over the suite's
+two xdist workers would start two), in as few runs as they need (each Ray run starts its workers, fresh processes
+importing torch: seconds): with hub inputs streamed, the output is byte-identical to a local run, both worker nodes made
+shards and each read its own; a shard's real error ends the run as locally; a Ray driver SIGKILLed as it commits to a
+hub OUT is resumed by the local executor, which sends none of the shards its nodes had uploaded again, and one SIGKILLed
+after its third shard in a folder OUT (where its nodes write their temp files) is resumed locally, leaving none of them;
+Ctrl-C stops a Ray driver as it stops a local one, and its resume on Ray has the nodes upload what they make and the
+driver alone commit, its warm workers (whose memory reservations do not come up) ended and replaced; a local run
+SIGKILLed mid-run is resumed on Ray, which loses a worker node mid-run (the node removal must come last); then a hub OUT
+in the Xet tier under --max-disk, on the node left. The workers are started while the driver plans (warm) and used, not
+started again; a run that fails, is refused or is killed leaves no worker and no memory reservation behind. The first
+run ends its workers (--keep-workers 0); the later ones keep theirs (the default on a cluster that outlives the run): a
+run with -j 1 and one with the default threads on the same processes compute the local bytes, a SIGKILLed driver's kept
+workers stop its shards on their own and serve its resume, and kept workers idle for their time end, their names freed.
+The local halves (a failing run, a killed run) run while the cluster starts; ``-s`` prints each phase's seconds."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from hub.conftest import hf_env  # noqa: F401  (autouse: an isolated HF home, loopback only)
 from hub.fakehub import FakeHub, files_of
@@ -54,6 +56,8 @@ from resumerge.config.locations import run_dir
 from resumerge.engine.cluster import driver, launch
 from resumerge.engine.cluster.cores import Cores, node_cores
 from resumerge.engine.cluster.hubreads import NodeReads, NodeSources
+from resumerge.engine.cluster.keeper import code_digest
+from resumerge.engine.cluster.kept import NAMESPACE, SPARE_SLOTS, kept_name
 from resumerge.engine.cluster.launch import NODE_LABEL
 from resumerge.engine.cluster.upload import HubPlace, task_cpus, upload_shard
 from resumerge.engine.executor import CONCURRENCY
@@ -152,9 +156,13 @@ def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merg
         clock.lap("cluster up, and the local runs killed or failing beside it")
         with _no_worker_started_after_the_plan(monkeypatch):  # the warm ones serve
             # Output identical to the local executor's, both worker nodes made shards, a one-CPU node ran 1 thread
-            # and 1 unit, status shows the nodes; with hub inputs streamed, each node read its own ranges.
+            # and 1 unit, status shows the nodes; with hub inputs streamed, each node read its own ranges. Its
+            # workers (--keep-workers 0) end with it.
             _streamed_hub_inputs_are_read_by_each_node(cluster, merge, hub, tmp_path / "streamed")
-            clock.lap("streamed inputs, on both nodes as locally")
+            clock.lap("streamed inputs, on both nodes as locally; no worker kept")
+            # The next runs on the cluster keep their workers: -j 1, then the default threads, on the same processes.
+            kept = _runs_on_kept_workers_compute_as_fresh_ones(cluster, merge, tmp_path / "kept")
+            clock.lap("two runs on kept workers")
         # A shard's real error ends the run as locally; the failed run leaves no worker or reservation.
         _assert_same_error(local_error, _failing_run(merge, tmp_path / "failing", "ray"), tmp_path / "failing")
         _wait_for_idle_cluster()
@@ -166,6 +174,8 @@ def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merg
         clock.lap("hub OUT (LFS): a killed Ray driver resumed locally")
         _a_killed_ray_driver_leaves_a_folder_out_that_resumes_locally(cluster, merge, tmp_path / "killed-ray-folder")
         clock.lap("folder OUT: a killed Ray driver resumed locally")
+        _a_killed_ray_driver_resumes_on_its_kept_workers(cluster, merge, kept, tmp_path / "killed-ray-kept")
+        clock.lap("folder OUT: a killed Ray driver resumed on its kept workers")
         # SIGINT stops a Ray driver as a local one. Its resume on Ray: the nodes upload, the driver alone commits;
         # its warm workers' reservations do not come up, so it ends them and starts its own.
         _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster, merge, hub, tmp_path / "ctrl-c", monkeypatch)
@@ -179,6 +189,8 @@ def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merg
             _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge, xet, tmp_path / "xet", monkeypatch,
                                                                         max_disk=_largest_shard(merge))
         clock.lap("hub OUT (Xet) under --max-disk")
+        _kept_workers_end_once_idle_for_their_time(merge, tmp_path / "expiring")
+        clock.lap("kept workers ended once idle")
     clock.lap("cluster stopped")
 
 
@@ -312,7 +324,11 @@ def _streamed_hub_inputs_are_read_by_each_node(cluster: tuple[Cluster, Any], mer
     config, out, state = tmp_path / "streamed.yml", tmp_path / "out", tmp_path / "state"
     config.write_text(text)
     writer.hub.requests.clear()
-    outcome = api.run(config, out, state_dir=state, out_shard_size=SHARD, executor="ray", stream_inputs=True)
+    outcome = api.run(config, out, state_dir=state, out_shard_size=SHARD, executor="ray", stream_inputs=True,
+                      keep_workers=0)
+    _wait_for_idle_cluster()
+    assert _kept() == {}  # --keep-workers 0: the run's workers ended with it
+    assert not _alive_pids(out, state)
     # The local run's bytes (of the same models read from disk: only the files naming the models differ).
     assert {n: d for n, d in digests(out).items() if n not in NAMING} == \
         {n: d for n, d in merge.reference.items() if n not in NAMING}
@@ -362,6 +378,67 @@ def _both_worker_nodes_made_shards(cluster: tuple[Cluster, Any], merge: Merge, o
     assert sum(1 for line in shown.getvalue().splitlines() if line.startswith("node ")) == 2
 
 
+def _runs_on_kept_workers_compute_as_fresh_ones(cluster: tuple[Cluster, Any], merge: Merge,
+                                                tmp_path: Path) -> set[int]:
+    """A run that keeps its workers (the default on a cluster that outlives it), then a second one with other
+    threads: both the local executor's bytes, on both nodes, the second on the first's processes (reused, not
+    started: the process-wide state a run changes does not leak into the next one). Returns their pids."""
+    pids: list[set[int]] = []
+    for threads in (1, None):
+        out, state = tmp_path / f"j{threads}", tmp_path / f"state-j{threads}"
+        outcome = api.run(merge.config, out, state_dir=state, out_shard_size=SHARD, executor="ray",
+                          num_threads=threads)
+        assert digests(out) == merge.reference and outcome.resumed_files == 0
+        assert {e["node"] for e in _node_events(out, state)} == cluster[0].node_ids()
+        pids.append({e["pid"] for e in _node_events(out, state)})
+    assert pids[0] == pids[1] and len(pids[0]) == 2
+    kept = _kept()
+    assert len(kept) == 2
+    _wait_for_idle_cluster()  # released: no CPU held, no reservation left
+    return pids[0]
+
+
+def _alive_pids(out: Path | str, state: Path) -> set[int]:
+    """The processes that made ``out``'s shards and still run, within a few seconds."""
+    deadline = time.monotonic() + 10
+    while (alive := {p for p in {e["pid"] for e in _node_events(out, state)} if _running(p)}) and \
+            time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _kept() -> dict[str, Any]:
+    """The kept workers of this code on the cluster's live nodes, by name (every slot a run may ask)."""
+    import ray
+
+    code, found = code_digest(), {}
+    for node in ray.nodes():
+        if node["Alive"]:
+            for slot in range(int(node["Resources"].get("CPU", 0)) + SPARE_SLOTS):
+                name = kept_name(code, node["NodeID"], slot)
+                try:
+                    found[name] = ray.get_actor(name, namespace=NAMESPACE)
+                except ValueError:
+                    continue
+    return found
+
+
+def _leased(actor: Any) -> bool:
+    import ray
+
+    try:
+        return bool(ray.get(actor.leased.remote(), timeout=30))
+    except ray.exceptions.RayActorError:  # ending
+        return False
+
+
 @contextmanager
 def _xet_hub(monkeypatch: pytest.MonkeyPatch, cas: Path) -> Iterator[HubWriter]:
     """A second stand-in hub, in the Xet tier (its ``local://`` CAS): the driver's client uploads through Xet, and
@@ -409,6 +486,36 @@ def _a_killed_ray_driver_leaves_a_folder_out_that_resumes_locally(cluster: tuple
     assert outcome.resumed_files == 3  # every recorded shard kept, only the rest made again
     # The killed driver's last shard lost its node event (journaled after the ledger row the kill followed).
     assert len({e["shard"] for e in _node_events(out, state)}) == 2
+
+
+def _a_killed_ray_driver_resumes_on_its_kept_workers(cluster: tuple[Cluster, Any], merge: Merge, kept: set[int],
+                                                     tmp_path: Path) -> None:
+    # The Ray driver SIGKILLed mid-run on kept workers: each worker stops the dead run's shards on its own (its
+    # watchdog reads the lease's token, whose owner died), then serves the resume (the same processes), whose
+    # output is the local run's with none of the dead run's temp files left in OUT.
+    out, state = tmp_path / "out", tmp_path / "state"
+    ran = cli("run", merge.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--executor", "ray",
+              "--ray-address", cluster[0].address, env={"RESUMERGE_KILL_AT": "after_ledger_commit:3"})
+    assert ran.returncode == -9, ran.stderr
+    assert {e["pid"] for e in _node_events(out, state)} <= kept
+    _wait_for_idle_cluster()  # the leases taken back: the dead run's pipelines stopped, without a new run
+    outcome = api.resume(out, state_dir=state, executor="ray")
+    assert digests(out) == merge.reference  # every file in OUT is the local run's: no temp file left
+    assert outcome.resumed_files == 3
+    assert {e["pid"] for e in _node_events(out, state)} == kept  # the killed run's workers served the resume
+
+
+def _kept_workers_end_once_idle_for_their_time(merge: Merge, tmp_path: Path) -> None:
+    # A run that keeps its workers two seconds: once idle that long, each ends itself, its name freed and its
+    # process gone.
+    out, state = tmp_path / "out", tmp_path / "state"
+    api.run(merge.config, out, state_dir=state, out_shard_size=SHARD, executor="ray", keep_workers="2s")
+    assert _kept()
+    deadline = time.monotonic() + 30
+    while _kept():
+        assert time.monotonic() < deadline, "a kept worker outlived its idle time"
+        time.sleep(0.1)
+    assert not _alive_pids(out, state)
 
 
 def _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge: Merge, writer: HubWriter, tmp_path: Path,
@@ -613,15 +720,21 @@ class _RemovingNode(NullReporter):
 
 
 def _wait_for_idle_cluster() -> None:
-    """Wait until no worker of an ended (failed, refused, killed) run holds a CPU or memory, and none of its memory
-    reservations (placement groups) is left."""
+    """Wait until no worker of an ended (failed, refused, killed) run holds a CPU or memory, none of its memory
+    reservations (placement groups) is left, and no run holds a kept worker (which holds only its imports'
+    memory)."""
     import ray
 
     deadline = time.monotonic() + 60
     while True:
+        kept = _kept()
+        leased = [name for name, actor in kept.items() if _leased(actor)]
         free, total = ray.available_resources(), ray.cluster_resources()
+        held = {"CPU": 0, "memory": len(kept) * IMPORT_RESERVE}
         reserved = [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
-        if not reserved and all(free.get(kind, 0) >= total.get(kind, 0) for kind in ("CPU", "memory")):
+        if not reserved and not leased and all(free.get(kind, 0) >= total.get(kind, 0) - held[kind]
+                                               for kind in ("CPU", "memory")):
             return
-        assert time.monotonic() < deadline, f"an ended run's workers kept running: {free}, {total}, {reserved}"
+        assert time.monotonic() < deadline, \
+            f"an ended run's workers kept running: {free}, {total}, {reserved}, leased {leased}"
         time.sleep(0.1)

@@ -106,13 +106,17 @@ def nodes():
 
 
 # A Ray of no node (the placement raises, as on a cluster without one): the thread's whole path runs.
-fake = {"ray": types.SimpleNamespace(nodes=nodes, remote=lambda cls: cls, is_initialized=lambda: True),
+fake = {"ray": types.SimpleNamespace(nodes=nodes, remote=lambda cls: cls, is_initialized=lambda: True,
+                                     put=lambda value: value),
         "ray.util.scheduling_strategies": types.SimpleNamespace(NodeAffinitySchedulingStrategy=None)}
 sys.modules.update(fake)
 sys.meta_path.insert(0, Seen)
-warm = WarmStart(None, 1)
-assert warm.take() == [] and "colorsys" in imported, imported
-assert not [m for m in imported if m.startswith("resumerge")], f"the warm start's thread imports {imported}"
+for keep in (0.0, 600.0):  # workers that end with the run, and kept ones leased
+    imported.clear()
+    warm = WarmStart(None, 1, keep)
+    assert warm.take() == [] and "colorsys" in imported, imported
+    assert not [m for m in imported if m.startswith("resumerge")], f"the warm start's thread imports {imported}"
+    del sys.modules["colorsys"]
 sys.meta_path.remove(Seen)
 for name in fake:
     del sys.modules[name]

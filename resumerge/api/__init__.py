@@ -88,6 +88,7 @@ def run(
     num_threads: int | None = None,
     executor: str = "local",
     ray_address: str | None = None,
+    keep_workers: float | str | None = None,
     progress: bool | Reporter = False,
     should_stop: Callable[[], bool] | None = None,
 ) -> Outcome:
@@ -102,7 +103,10 @@ def run(
 
     ``executor="ray"`` (``--executor ray``) computes the output shards on a worker per node of the Ray cluster at
     ``ray_address`` (default: ``RAY_ADDRESS``, else a Ray started for the run; OUT and the inputs must be paths every
-    node sees); the bytes are the same as ``"local"``'s, and a run started with one resumes with the other.
+    node sees); the bytes are the same as ``"local"``'s, and a run started with one resumes with the other. On a
+    cluster that outlives the run (``ray_address``, ``RAY_ADDRESS``, or one this process is connected to) its
+    workers stay for the next run, idle for at most ``keep_workers`` (``--keep-workers``: seconds or a length such
+    as ``"10m"``, the default; ``0``: they end with the run), holding no CPU while idle.
 
     A multi-document ``config`` is a recipe (mergekit-multi): its named stages go to ``intermediate_dir``
     (default ``OUT.intermediates``, or under the state dir for an ``hf://`` OUT), deleted at the end with
@@ -134,7 +138,7 @@ def run(
     settings = run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory,
                             max_gpu_memory=max_gpu_memory, staging=staging, max_disk=max_disk,
                             output=hub_output(public, commit_every, commit_interval), num_threads=num_threads,
-                            executor=executor, ray_address=ray_address)
+                            executor=executor, ray_address=ray_address, keep_workers=keep_workers)
     # A Ray run's workers start first: they import while this process imports and plans.
     with started_early(settings, out, device) as settings:
         from resumerge.plan.sharding import shard_size_choice
@@ -166,6 +170,7 @@ def resume(
     num_threads: int | None = None,
     executor: str = "local",
     ray_address: str | None = None,
+    keep_workers: float | str | None = None,
     progress: bool | Reporter = False,
     should_stop: Callable[[], bool] | None = None,
 ) -> Outcome:
@@ -178,7 +183,8 @@ def resume(
     settings = run_settings(state_dir=state_dir, max_memory=max_memory, max_gpu_memory=max_gpu_memory,
                             staging=staging, max_disk=max_disk, output=hub_output(False, commit_every,
                                                                                   commit_interval),
-                            num_threads=num_threads, executor=executor, ray_address=ray_address)
+                            num_threads=num_threads, executor=executor, ray_address=ray_address,
+                            keep_workers=keep_workers)
     recorded = functools.partial(prepare_recorded, out=out)
     driving = Driving(stop_flag(should_stop), _reporter(progress), cleanup=cleanup_intermediates)
     # A Ray run's workers, while this one reads its record: none for a GPU plan (they start without one), nor where

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.config.settings import EXECUTORS, LOCAL, RAY, HubOutputOptions, RunSettings
+from resumerge.config.settings import EXECUTORS, KEEP_WORKERS, LOCAL, RAY, HubOutputOptions, RunSettings
 from resumerge.errors import LedgerError, OutputDirError, UsageError
 from resumerge.memory.sizes import parse_size
 
@@ -41,7 +41,7 @@ def run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = Non
                  max_memory: int | str | None = None, max_gpu_memory: int | str | None = None,
                  staging: bool | PathLike | None = None, max_disk: int | str | None = None,
                  output: HubOutputOptions | None = None, num_threads: int | None = None, executor: str = LOCAL,
-                 ray_address: str | None = None) -> RunSettings:
+                 ray_address: str | None = None, keep_workers: float | str | None = None) -> RunSettings:
     """What never changes the output's bytes; raises UsageError (exit 2) for a bad value, before any work (``ray``
     as the executor without Ray installed is one)."""
     if num_threads is not None and num_threads < 1:
@@ -52,13 +52,29 @@ def run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = Non
         from resumerge.engine.cluster.connect import check_ray
 
         check_ray()
-    elif ray_address is not None:
-        raise UsageError("--ray-address needs --executor ray")
+    elif ray_address is not None or keep_workers is not None:
+        raise UsageError(f"{'--ray-address' if ray_address is not None else '--keep-workers'} needs --executor ray")
     settings = RunSettings(state_dir=state_dir, cache_dir=cache_dir, max_memory=size_option(max_memory, "--max-memory"),
                            max_gpu_memory=size_option(max_gpu_memory, "--max-gpu-memory"), staging=staging,
                            max_disk=size_option(max_disk, "--max-disk"), num_threads=num_threads, executor=executor,
-                           ray_address=ray_address)
+                           ray_address=ray_address, keep_workers=keep_option(keep_workers))
     return settings if output is None else replace(settings, output=output)
+
+
+def keep_option(keep: float | str | None) -> float:
+    """The seconds of ``--keep-workers`` (a length, ``"10m"``, or seconds; ``0`` keeps none; None: the default,
+    :data:`~resumerge.config.settings.KEEP_WORKERS`); raises UsageError (exit 2) for anything else."""
+    if keep is None:
+        return KEEP_WORKERS
+    if isinstance(keep, str):
+        if keep.strip() in ("0", "0s", "0m", "0h"):
+            return 0.0
+        from resumerge.engine.sessions import parse_duration
+
+        return parse_duration(keep, option="--keep-workers")
+    if keep < 0:
+        raise UsageError("--keep-workers must be at least 0")
+    return float(keep)
 
 
 @contextlib.contextmanager

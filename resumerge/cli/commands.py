@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "repo hf://NAMESPACE/NAME[@BRANCH]")
     _common(run)
     _executor_flags(run)
+    _keep_flag(run)
     run.add_argument("--out-shard-size", default=None, metavar="SIZE",
                      help="bytes per output shard (k/M/B = 1e3/1e6/1e9, or KiB/MiB/GiB) [default: 1B; for an "
                           "hf:// OUT, whose shards upload while the next are merged, about 1/100 of the output, "
@@ -152,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "when the state dir is gone)")
     _common(resume)
     _executor_flags(resume)
+    _keep_flag(resume)
     resume.add_argument("--cleanup-intermediates", action="store_true",
                         help="recipes: delete the named stages' outputs once the final output is verified")
 
@@ -329,6 +331,13 @@ def _executor_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-address", metavar="ADDRESS",
                    help="with --executor ray: the cluster to join [default: $RAY_ADDRESS, else a Ray started for "
                         "the run on this machine]")
+
+
+def _keep_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--keep-workers", metavar="DURATION",
+                   help="with --executor ray on a cluster that outlives the run (--ray-address, $RAY_ADDRESS): keep "
+                        "each node's worker this long idle for the next run or resume, which then computes as soon "
+                        "as it has planned; an idle worker holds no CPU; 0 ends them with the run [default: 10m]")
 
 
 def _command_parser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:

@@ -23,6 +23,10 @@ Staging: TypeAlias = "bool | str | os.PathLike[str] | None"
 # hour)"). This process makes at most HOURLY_COMMITS in any hour, leaving room for retries and other writers.
 HOURLY_COMMITS = 100
 
+# How long a Ray run's kept workers (``--keep-workers``: :mod:`resumerge.engine.cluster.kept`) wait idle for the next
+# run on their cluster before they end.
+KEEP_WORKERS = 600.0
+
 # The executors (:mod:`resumerge.engine.executors`): this process, or tasks of a Ray cluster.
 LOCAL, RAY = "local", "ray"
 EXECUTORS = (LOCAL, RAY)
@@ -102,7 +106,9 @@ class RunSettings:
     ``output`` says how an ``hf://`` OUT is created and its commits batched. ``num_threads`` is torch's thread count
     (None: torch's choice). ``executor`` says where the shards are computed (:data:`EXECUTORS`; the bytes are the
     same, so a run started with one resumes with the other) and ``ray_address`` which Ray cluster computes them;
-    ``early`` is what the API call started for the run meanwhile (its own to close; not a setting of the run's).
+    ``keep_workers`` how many seconds its workers wait idle for the next run on a cluster that outlives the run
+    (0: they end with it); ``early`` is what the API call started for the run meanwhile (its own to close; not a
+    setting of the run's).
     """
 
     state_dir: str | os.PathLike[str] | None = None
@@ -115,4 +121,5 @@ class RunSettings:
     num_threads: int | None = None
     executor: str = LOCAL  # where the shards are computed: LOCAL (this process) or RAY (a Ray cluster's workers)
     ray_address: str | None = None  # the cluster of RAY (None: RAY_ADDRESS if set, else a Ray started for the run)
+    keep_workers: float = KEEP_WORKERS  # seconds a kept worker waits idle for the next run (0: none kept)
     early: EarlyStart | None = field(default=None, compare=False, repr=False)

@@ -1,20 +1,21 @@
 """A merge spread over a Ray cluster: the pending output shards fed to a long-lived worker per node, the driver
 alone journals.
 
-The driver (:class:`~resumerge.engine.cluster.driver.RayExecutor`, the executor of ``--executor ray``) plans as
-every run does, with a worker actor per node started meanwhile (:mod:`~resumerge.engine.cluster.warm`, adopted or
-ended by :mod:`~resumerge.engine.cluster.launch`), hands it the frozen plan (shared once through Ray's object store)
-and feeds it shards, a few ahead, by name and temp folder, never tensors. The worker
-(:class:`~resumerge.engine.cluster.worker.ShardStream`) reads their inputs itself (streamed hub inputs by byte
-range from the hub, through a fetch cache of its node's: :mod:`~resumerge.engine.cluster.hubreads`), computes and
-writes them with the engine's own pipeline (one shard's write overlapping the next one's compute) and returns each
-one's digests; the driver publishes it through the run's sink and journals it, exactly as the local executor does
-(for a hub OUT the node uploads the shard itself and the driver only commits it:
-:mod:`~resumerge.engine.cluster.upload`), so the ledger stays the one source of truth and a run started with one
-executor resumes with the other. Ray itself is imported only here, and only when a run asks for it
+The driver (:class:`~resumerge.engine.cluster.driver.RayExecutor`, the executor of ``--executor ray``) plans as every
+run does, with a worker actor per node started meanwhile (:mod:`~resumerge.engine.cluster.warm`, adopted or ended by
+:mod:`~resumerge.engine.cluster.launch`), hands it the frozen plan (shared once through Ray's object store) and feeds it
+shards, a few ahead, by name and temp folder, never tensors. The worker
+(:class:`~resumerge.engine.cluster.worker.ShardStream`) reads their inputs itself (streamed hub inputs by byte range
+from the hub, through a fetch cache of its node's: :mod:`~resumerge.engine.cluster.hubreads`), computes and writes them
+with the engine's own pipeline (one shard's write overlapping the next one's compute) and returns each one's digests;
+the driver publishes it through the run's sink and journals it, exactly as the local executor does (for a hub OUT the
+node uploads the shard itself and the driver only commits it: :mod:`~resumerge.engine.cluster.upload`), so the ledger
+stays the one source of truth and a run started with one executor resumes with the other. On a cluster that outlives the
+run the workers are kept for the next run (:mod:`~resumerge.engine.cluster.kept`, leased and watched by
+:mod:`~resumerge.engine.cluster.keeper`). Ray itself is imported only here, and only when a run asks for it
 (:mod:`~resumerge.engine.cluster.connect`).
 
 May import: errors, config, memory, methods, inputs, store, plan, engine (the executor seam and its pipeline).
 """
 
-__all__ = ["actor", "connect", "cores", "driver", "launch", "warm", "worker"]
+__all__ = ["actor", "connect", "cores", "driver", "keeper", "kept", "launch", "warm", "worker"]

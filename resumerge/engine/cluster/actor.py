@@ -10,20 +10,27 @@ engine and torch in its constructor, and every call goes to the node's stream.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from resumerge.engine.cluster.keeper import Keeper
     from resumerge.engine.cluster.worker import ShardDone, Shared, WorkerSetup
 
 
 class NodeActor:
     """A node's worker as Ray runs it: a :class:`~resumerge.engine.cluster.worker.ShardStream` made in the actor's
-    process with ``shared`` and ``setup`` (both None: a warm worker, given them by :meth:`begin`)."""
+    process with ``shared`` and ``setup`` (both None: a warm worker, given them by :meth:`begin`); with ``keep``
+    seconds, a kept worker (:mod:`~resumerge.engine.cluster.kept`), whose every lease gets a fresh stream."""
 
-    def __init__(self, shared: Shared | None, setup: WorkerSetup | None) -> None:
+    def __init__(self, shared: Shared | None, setup: WorkerSetup | None, keep: float = 0.0) -> None:
         from resumerge.engine.cluster.worker import ShardStream
 
         self.stream = ShardStream(shared, setup)
+        self.keeper: Keeper | None = None
+        if keep > 0:
+            from resumerge.engine.cluster.keeper import Keeper
+
+            self.keeper = Keeper(keep, self._renew)
 
     def begin(self, shared: Shared, setup: WorkerSetup) -> None:
         """See :meth:`~resumerge.engine.cluster.worker.ShardStream.begin`."""
@@ -36,3 +43,24 @@ class NodeActor:
     def stop(self) -> None:
         """See :meth:`~resumerge.engine.cluster.worker.ShardStream.stop`."""
         self.stream.stop()
+
+    def lease(self, box: list[Any], code: str, keep: float) -> int | None:
+        """See :meth:`~resumerge.engine.cluster.keeper.Keeper.lease` (None from a worker that is not kept)."""
+        return None if self.keeper is None else self.keeper.lease(box, code, keep)
+
+    def release(self, box: list[Any]) -> None:
+        """See :meth:`~resumerge.engine.cluster.keeper.Keeper.release`."""
+        if self.keeper is not None:
+            self.keeper.release(box)
+
+    def leased(self) -> bool:
+        """See :meth:`~resumerge.engine.cluster.keeper.Keeper.leased`."""
+        return self.keeper is not None and self.keeper.leased()
+
+    def _renew(self) -> None:
+        """The stream stopped (its pipeline at its next safe point, its temp files deleted) and a fresh one made:
+        torch's threads are set again by the next :meth:`begin`, and nothing else of a run outlives its stream."""
+        from resumerge.engine.cluster.worker import ShardStream
+
+        self.stream.stop()
+        self.stream = ShardStream(None, None)

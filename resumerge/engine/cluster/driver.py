@@ -15,8 +15,9 @@ Faults: the shards of a worker whose process or node died go back to the front o
 (:data:`REISSUES` times each), to a fresh temp path; the shard's bytes do not depend on where it ran. A shard that
 failed gets its own error re-raised here, so the run ends with the same one-line error and exit code as the local
 executor. A stopped run (SIGINT, SIGTERM) stops its workers, which abandon their shards, then ends their actors.
-A driver killed at any instant takes its actors with it (Ray ends a dead driver's job); the resume, with either
-executor, keeps every shard the ledger records and makes the rest again.
+A driver killed at any instant takes its actors with it (Ray ends a dead driver's job), and its kept workers stop
+its shards on their own (:mod:`~resumerge.engine.cluster.keeper`); the resume, with either executor, keeps every
+shard the ledger records and makes the rest again.
 """
 
 from __future__ import annotations
@@ -154,7 +155,8 @@ class _Dispatch:
         gpu = is_gpu(self.plan.options.device)
         nodes = self.ray.nodes()
         wanted = self._width(nodes)
-        warm, self.warm = (self.warm.take() if self.warm is not None else []), None  # ours to end from here
+        start, self.warm = self.warm, None
+        warm = start.take() if start is not None else []  # ours to end (or release) from here
         if warm:
             try:
                 adopted = not gpu and adopt(self.ray, warm, nodes, self.shared, self.setup, wanted, self.memory)
@@ -164,9 +166,13 @@ class _Dispatch:
             if adopted:
                 self.workers = warm
                 self.beginning = {worker.begun: worker for worker in warm}
+                reused = start.reused if start is not None else 0
+                self.job.reporter.message(f"Ray workers: {reused} kept from a run before, {len(warm) - reused} "
+                                          "started for this one")
                 return
             end(self.ray, warm)
         self.workers = place(self.ray, nodes, self.shared, self.setup, wanted, self.memory, gpu=gpu, lost=self.lost)
+        self.job.reporter.message(f"Ray workers: {len(self.workers)} started for this run")
 
     def _width(self, nodes: list[dict[str, Any]]) -> int:
         """The CPUs each worker declares: the run's thread count, raised for a hub OUT under ``--max-disk`` so that no
@@ -272,7 +278,7 @@ class _Dispatch:
         cores = {} if result.cores is None else {"threads": result.cores.threads, "units": result.cores.units}
         job.ledger.event(NODE_EVENT, f"{shard.name} made on node {result.node}",
                          {"node": result.node, "shard": shard.name, "bytes": result.size,
-                          "seconds": round(result.seconds, 3), **cores})
+                          "seconds": round(result.seconds, 3), "pid": result.pid, **cores})
         shards, nbytes, seconds = self.nodes.get(result.node, (0, 0, 0.0))
         self.nodes[result.node] = tally = (shards + 1, nbytes + result.size, seconds + result.seconds)
         job.reporter.message(node_line((result.node, *tally), format_size))

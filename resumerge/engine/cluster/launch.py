@@ -44,7 +44,8 @@ NODE_LABEL = "ray.io/node-id"
 class Worker:
     """A node's worker as the driver sees it: its actor, its node (the short id the ledger names, and the full one),
     the CPUs it declared, its shards fed; for a warm worker, the placement group holding the rest of its memory and
-    the reference of its :meth:`~resumerge.engine.cluster.worker.ShardStream.begin` call (checked by the driver)."""
+    the reference of its :meth:`~resumerge.engine.cluster.worker.ShardStream.begin` call (checked by the driver); for
+    a kept worker, the token of its lease."""
 
     actor: Any
     node: str
@@ -53,6 +54,7 @@ class Worker:
     fed: int = 0
     reserved: Any = None
     begun: Any = None
+    token: Any = None  # a kept worker's lease (:mod:`~resumerge.engine.cluster.kept`): released, never killed
 
 
 def default_threads(threads: int | None) -> int:
@@ -62,14 +64,27 @@ def default_threads(threads: int | None) -> int:
 
 
 def end(ray: ModuleType, workers: list[Worker]) -> None:
-    """End ``workers``' actors and remove their memory reservations."""
+    """End ``workers``' actors, or release the kept ones (their pipelines stopped, idle for the next run), and
+    remove their reservations."""
     from ray.util.placement_group import remove_placement_group
 
+    released = []
     for worker in workers:
-        ray.kill(worker.actor, no_restart=True)
+        if worker.token is None:
+            ray.kill(worker.actor, no_restart=True)
+        else:
+            released.append(worker.actor.release.remote([worker.token]))
         if worker.reserved is not None:
             remove_placement_group(worker.reserved)
             worker.reserved = None
+    # Read (a dead worker's error included: Ray prints those nobody read), within a stop's wait at most: a worker
+    # whose release is lost is taken back once this process ends.
+    answered, _ = ray.wait(released, num_returns=len(released), timeout=RESERVE_SECONDS) if released else ([], [])
+    for ref in answered:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayError:
+            continue
 
 
 def place(ray: ModuleType, nodes: list[dict[str, Any]], shared: Any, setup: WorkerSetup | None, wanted: int,
@@ -84,10 +99,10 @@ def place(ray: ModuleType, nodes: list[dict[str, Any]], shared: Any, setup: Work
     actor_class = ray.remote(NodeActor)
     workers: list[Worker] = []
     try:
-        for node_id, has, width, count in _layout(nodes, wanted, gpu=gpu, lost=lost):
+        for node_id, has, width, count in layout(nodes, wanted, gpu=gpu, lost=lost):
             for _ in range(count):
                 actor = actor_class.options(
-                    num_cpus=width, num_gpus=1 if gpu else 0, memory=_declared(memory, has), max_restarts=0,
+                    num_cpus=width, num_gpus=1 if gpu else 0, memory=declared(memory, has), max_restarts=0,
                     max_concurrency=AHEAD + 3,  # the shards fed and waiting, begin, and a call to stop
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
                 ).remote(shared, None if setup is None else node_setup(setup, width, count))
@@ -104,25 +119,29 @@ def place(ray: ModuleType, nodes: list[dict[str, Any]], shared: Any, setup: Work
 def adopt(ray: ModuleType, warm: list[Worker], nodes: list[dict[str, Any]], shared: Any, setup: WorkerSetup,
           wanted: int, memory: int) -> bool:
     """Give the ``warm`` workers (placed without a plan, ``wanted`` CPUs wide) the plan ``shared`` and ``setup``
-    once the rest of the ``memory`` each needs beyond its imports is reserved on its node; each one's ``begun`` is
-    then its begin call's reference. False, with no worker begun, when they do not fit (the nodes' layout changed,
-    or another width) or a reservation did not come up within :data:`RESERVE_SECONDS`: the caller ends them (and
-    what they reserved)."""
+    once the rest of the ``memory`` each needs beyond its imports (and a kept worker's CPUs) is reserved on its
+    node; each one's ``begun`` is then its begin call's reference. False, with no worker begun, when they do not
+    fit (the nodes' layout changed, or another width) or a reservation did not come up within
+    :data:`RESERVE_SECONDS`: the caller ends them (and what they reserved)."""
     from ray.util.placement_group import placement_group
 
-    layout = {node_id: (has, width, count) for node_id, has, width, count in _layout(nodes, wanted, gpu=False,
-                                                                                     lost=set())}
+    shape = {node_id: (has, width, count) for node_id, has, width, count in layout(nodes, wanted, gpu=False,
+                                                                                    lost=set())}
     placed: dict[str, int] = {}
     for worker in warm:
         placed[worker.node_id] = placed.get(worker.node_id, 0) + 1
-    if not warm or placed != {node_id: count for node_id, (_, _, count) in layout.items()} or any(
-            worker.width != layout[worker.node_id][1] for worker in warm):
+    if not warm or placed != {node_id: count for node_id, (_, _, count) in shape.items()} or any(
+            worker.width != shape[worker.node_id][1] for worker in warm):
         return False
     for worker in warm:
-        has = layout[worker.node_id][0]
-        rest = _declared(memory, has) - _declared(IMPORT_RESERVE, has)
-        if rest > 0:
-            worker.reserved = placement_group([{"memory": rest}], strategy="STRICT_PACK",
+        has = shape[worker.node_id][0]
+        rest = declared(memory, has) - declared(IMPORT_RESERVE, has)
+        # A kept worker declares no CPU (it holds none while idle): the run reserves those it computes with.
+        bundle = {"memory": rest} if rest > 0 else {}
+        if worker.token is not None:
+            bundle["CPU"] = worker.width
+        if bundle:
+            worker.reserved = placement_group([bundle], strategy="STRICT_PACK",
                                               bundle_label_selector=[{NODE_LABEL: worker.node_id}])
     waits = [worker.reserved.ready() for worker in warm if worker.reserved is not None]
     if waits and len(ray.wait(waits, num_returns=len(waits), timeout=RESERVE_SECONDS)[0]) < len(waits):
@@ -138,7 +157,7 @@ def node_setup(setup: WorkerSetup, width: int, count: int) -> WorkerSetup:
     return replace(setup, cpus=width, reads=None if setup.reads is None else setup.reads.shared_by(count))
 
 
-def _layout(nodes: list[dict[str, Any]], wanted: int, *, gpu: bool,
+def layout(nodes: list[dict[str, Any]], wanted: int, *, gpu: bool,
             lost: set[str]) -> Iterator[tuple[str, Mapping[str, float], int, int]]:
     """(node id, its resources, each worker's CPUs, how many workers) of every live node that computes."""
     for node in nodes:
@@ -150,6 +169,6 @@ def _layout(nodes: list[dict[str, Any]], wanted: int, *, gpu: bool,
         yield node_id, has, width, min(cpus // width, int(has["GPU"])) if gpu else cpus // width
 
 
-def _declared(memory: int, has: Mapping[str, float]) -> int:
+def declared(memory: int, has: Mapping[str, float]) -> int:
     """The memory a worker declares on a node with resources ``has``: ``memory``, at most what the node has."""
     return min(memory, int(has.get("memory", 0))) or memory

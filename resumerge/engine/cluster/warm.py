@@ -8,7 +8,9 @@ the run did not take, whatever ended the call; the Ray executor takes the worker
 knows the plan, and from then on ends them itself (:mod:`~resumerge.engine.cluster.launch` adopts or ends them).
 Nothing is started where the API call names no cluster and the process is not connected to one (a Ray started for
 the run is left to the executor's own join), and a start that fails only loses the head start: the executor's own
-join and start then say what is wrong.
+join and start then say what is wrong. Such a cluster outlives the run: unless ``--keep-workers 0``, the start
+leases the kept workers the runs before left on it (:mod:`~resumerge.engine.cluster.kept`), which have imported
+everything already, and "ending" them releases them for the next run.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from resumerge.config.settings import RunSettings
 # _DeadlockError in the thread that imports a submodule of a package the other is initialising, or hands it the
 # half-made package), and the packages that the call has not loaded yet (methods, moe, vocab, inputs' codecs,
 # adapters and hub) import their modules eagerly. tests/test_warm_start.py pins that the thread imports none.
-from resumerge.engine.cluster import connect, launch
+from resumerge.engine.cluster import connect, kept, launch
 from resumerge.torch_import import IMPORT_RESERVE
 
 if TYPE_CHECKING:
@@ -36,12 +38,15 @@ if TYPE_CHECKING:
 
 class WarmStart:
     """Joining the cluster at ``where`` (None: the one this process is connected to) and starting a warm worker of
-    ``threads`` threads per share of every node's CPUs, in a thread of its own started at once."""
+    ``threads`` threads per share of every node's CPUs, in a thread of its own started at once: with ``keep``
+    seconds, leasing the node's kept workers (made where none is free: :mod:`~resumerge.engine.cluster.kept`),
+    else starting workers that end with the run."""
 
-    def __init__(self, where: str | None, threads: int | None) -> None:
-        self.where, self.threads = where, threads
+    def __init__(self, where: str | None, threads: int | None, keep: float = 0.0) -> None:
+        self.where, self.threads, self.keep = where, threads, keep
         self.ray: ModuleType | None = None
         self.workers: list[Worker] = []  # started and not taken yet
+        self.reused = 0  # of them, the kept workers that served a run before
         # Set once the call ends (close): what the start places from then on is its own to end. Set, and read with
         # what was placed, under the lock, so that every worker is ended by exactly one of the two threads.
         self.closed = threading.Event()
@@ -58,7 +63,7 @@ class WarmStart:
         where = settings.ray_address or os.environ.get("RAY_ADDRESS") or None
         if not connected and where is None:
             return None
-        return cls(None if connected else where, settings.num_threads)
+        return cls(None if connected else where, settings.num_threads, settings.keep_workers)
 
     def joined(self) -> None:
         """Wait until the cluster is joined (or failed to be) and the workers' start is asked for."""
@@ -89,11 +94,15 @@ class WarmStart:
             if self.closed.is_set():
                 return
             threads = launch.default_threads(self.threads)
-            workers = launch.place(ray, ray.nodes(), None, None, threads, IMPORT_RESERVE, gpu=False, lost=set())
+            if self.keep > 0:
+                workers, reused = kept.lease(ray, ray.nodes(), threads, self.keep)
+            else:
+                workers, reused = launch.place(ray, ray.nodes(), None, None, threads, IMPORT_RESERVE, gpu=False,
+                                               lost=set()), 0
             with self._lock:
                 closed = self.closed.is_set()
                 if not closed:
-                    self.ray, self.workers = ray, workers
+                    self.ray, self.workers, self.reused = ray, workers, reused
             if closed:  # the call ended while they were placed: nobody else will end them
                 launch.end(ray, workers)
         except Exception:  # (an import failed included) only the head start is lost: the executor's own join and

@@ -16,6 +16,7 @@ repo's storage itself, deletes it and hands back the upload's reference: the dri
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Iterator
@@ -69,7 +70,8 @@ class ShardDone:
     writer took, and which node made it (filled in by the driver, which placed the worker); for a hub OUT, no temp
     file but the reference of the worker's upload; the streamed ranges the node read since its last shard (their
     digests, for the driver's ledger) and the bytes it fetched from the hub meanwhile; what the worker computed it
-    with (torch's threads as torch reports them, and the units at once)."""
+    with (torch's threads as torch reports them, and the units at once), and the worker's process (a kept worker
+    serves many runs)."""
 
     shard: str
     temp: str
@@ -82,6 +84,7 @@ class ShardDone:
     reads: tuple[ReadDigest, ...] = ()
     fetched: int = 0
     cores: Cores | None = None
+    pid: int = 0
 
 
 class _HandOver(LocalDirSink):
@@ -239,7 +242,7 @@ class ShardStream:
         place = self.setup.upload
         if place is None:
             result.set_result(ShardDone(receipt.name, str(temp), size, sha256, tensors, seconds, reads=reads,
-                                        fetched=fetched, cores=cores))
+                                        fetched=fetched, cores=cores, pid=os.getpid()))
             return
         from resumerge.engine.cluster.upload import upload_shard
 
@@ -251,7 +254,7 @@ class ShardStream:
         finally:
             discard(temp)  # uploaded or failed: the node keeps nothing
         result.set_result(ShardDone(receipt.name, "", size, sha256, tensors, seconds, uploaded=uploaded, reads=reads,
-                                    fetched=fetched, cores=cores))
+                                    fetched=fetched, cores=cores, pid=os.getpid()))
 
     def settle(self, *, strict: bool = True) -> None:
         """Nothing waits: the driver commits."""
