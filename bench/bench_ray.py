@@ -5,9 +5,11 @@ models ``a``, ``b`` and ``c`` (``/work/benchwork/models-940646400``: three ~941 
 CASE is
 
 - ``overhead``: ``resumerge run`` of a linear merge of ``a`` and ``b`` with the local executor, then with
-  ``--executor ray`` on one Ray node with the machine's CPUs (goal: at most 1.15x the local wall);
+  ``--executor ray`` on one Ray node with the machine's CPUs, cold and warm (below; goal: at most 1.15x the local
+  wall);
 - ``nodes``: a TIES merge of ``a``, ``b``, ``c`` (compute-bound) with ``--executor ray -j 1`` on two one-CPU
-  worker nodes, then on one (goal: two nodes at most 0.6x one node's wall). Each node emulates a machine with a core
+  worker nodes, then on one, each cold and warm (goal: two nodes at most 0.6x one node's wall, cold against cold and
+  warm against warm). Each node emulates a machine with a core
   of its own: its raylet, and so its workers, is pinned to one core (two nodes: two cores; one node: one core), the
   head and the driver are not (the driver's CPU is given apart);
 - ``bignodes``: ``nodes`` with more work per node, so that each node's fixed start (about 4.5 s: its worker's
@@ -25,8 +27,11 @@ CASE is
 - ``all`` (the default): the four, one after the other.
 
 Output shards of ``--out-shard-size`` (100M: about twelve shards fed to the nodes' workers). Every run is a fresh
-``resumerge run`` process (a new Ray job: its workers import torch afresh, as a user's run would) into a fresh OUT
-and state dir; the cluster is started once per configuration and not timed. Each run's line gives its wall, the
+``resumerge run`` process (a new Ray job) into a fresh OUT and state dir; the cluster is started once per
+configuration and not timed. The Ray series of ``overhead``, ``nodes`` and ``bignodes`` come twice: **cold**, each
+run with ``--keep-workers 0`` (no worker kept from a run before: its workers import torch afresh, as a first run on
+a cluster does), then **warm**, each run on the workers a priming run (not timed) kept (``--keep-workers``'s
+default: the next runs on a team's cluster). ``hubnodes`` runs cold only. Each run's line gives its wall, the
 CPU seconds of every process of the run (the driver and, for Ray, the cluster's processes and workers: this
 process's descendants, sampled every 0.2 s; the driver's own beside; and by the cores each process was allowed on:
 a pinned node's on its core), the load average before and after it, and for Ray where its wall went (the ledger's
@@ -252,33 +257,41 @@ def phases(state: Path, started_at: float, wall: float) -> str:
             f"{len(events) - 1} more {last - first:.1f} s, end {started_at + wall - last:.1f} s; shards {per_node}")
 
 
-def overhead(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, ...]) -> tuple[list[Run], list[Run]]:
-    """Local runs, then Ray runs on one node with the machine's CPUs."""
+def cold_and_warm(config: Path, work: Path, label: str, runs: int, *args: str) -> tuple[list[Run], list[Run]]:
+    """``runs`` Ray runs that keep no worker (cold), a priming run that keeps them (not timed), then ``runs`` runs
+    on the kept workers (warm), on the cluster ``args`` name."""
+    cold = [run(config, work, label, *args, "--keep-workers", "0") for _ in range(runs)]
+    run(config, work, label, *args)
+    warm = [run(config, work, label, *args) for _ in range(runs)]
+    return cold, warm
+
+
+def overhead(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, ...]) -> list[list[Run]]:
+    """Local runs, then Ray runs on one node with the machine's CPUs, cold and warm."""
     config = work / "linear.yml"
     config.write_text(LINEAR.format(**names))
     cpus = os.cpu_count() or 1
     local = [run(config, work, "local", *shards) for _ in range(runs)]
     with cluster(cpus, 0) as address:
-        ray = [run(config, work, "ray", *shards, "--executor", "ray", "--ray-address", address) for _ in range(runs)]
-    return local, ray
+        cold, warm = cold_and_warm(config, work, "ray", runs, *shards, "--executor", "ray", "--ray-address", address)
+    return [local, cold, warm]
 
 
-def nodes(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, ...],
-          copies: int = 0) -> tuple[list[Run], list[Run]]:
-    """Ray runs on two one-CPU worker nodes, each pinned to a core of its own, then on one (pinned to one core); of
-    the TIES merge, or (``copies``) of its layers stacked that many times."""
+def nodes(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, ...], copies: int = 0) -> list[list[Run]]:
+    """Ray runs on two one-CPU worker nodes, each pinned to a core of its own, then on one (pinned to one core), each
+    cold and warm; of the TIES merge, or (``copies``) of its layers stacked that many times."""
     config = work / ("ties.yml" if not copies else f"ties-stacked-{copies}.yml")
     config.write_text(TIES.format(**names) if not copies else ties_stacked(names, copies))
     ray = ("--executor", "ray", "-j", "1")
     with cluster(0, 2, pin=True) as address:
-        two = [run(config, work, "two", *shards, *ray, "--ray-address", address) for _ in range(runs)]
+        two = cold_and_warm(config, work, "two", runs, *shards, *ray, "--ray-address", address)
     with cluster(0, 1, pin=True) as address:
-        one = [run(config, work, "one", *shards, *ray, "--ray-address", address) for _ in range(runs)]
-    return two, one
+        one = cold_and_warm(config, work, "one", runs, *shards, *ray, "--ray-address", address)
+    return [*two, *one]
 
 
 def hubnodes(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, ...], down: float,
-             up: float) -> tuple[list[Run], list[Run]]:
+             up: float) -> list[list[Run]]:
     """Ray runs hub to hub through the stand-in hub throttled per connection, on two one-CPU worker nodes, then on
     one. The nodes take the stand-in's address and a token from this process's environment (set before the clusters
     start), as real nodes would from theirs; uploads go through the stand-in's LFS API (its link paces them)."""
@@ -289,7 +302,7 @@ def hubnodes(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, .
         fake.push(f"bench/{key}", sparse_files_of(names[key], hashed_below=1 << 62))
     config = work / "hub-linear.yml"
     config.write_text(LINEAR.format(a="bench/a", b="bench/b"))
-    ray = ("--executor", "ray", "-j", "1", "--stream-inputs")
+    ray = ("--executor", "ray", "-j", "1", "--stream-inputs", "--keep-workers", "0")
     with fake:
         os.environ.update({"HF_ENDPOINT": fake.url, "HF_TOKEN": TOKEN, "HF_HOME": str(work / "hf"),
                            "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
@@ -299,16 +312,20 @@ def hubnodes(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, .
         with cluster(0, 1) as address:
             one = [run(config, work, "hub-one", *shards, *ray, "--ray-address", address, hub=writer)
                    for _ in range(runs)]
-    return two, one
+    return [two, one]
 
 
-# case -> (how it runs, the labels of its two series, what the ratio is, the goal)
+NODES = ("ray, two one-CPU nodes, cold", "ray, two one-CPU nodes, warm", "ray, one one-CPU node, cold",
+         "ray, one one-CPU node, warm")
+NODE_RATIOS = (("two nodes / one node, cold", 0, 2), ("two nodes / one node, warm", 1, 3))
+# case -> (how it runs, the labels of its series, the ratios (what, series over series), the goal)
 CASES = {
-    "overhead": (overhead, ("local", "ray, one node of all CPUs"), "ray / local", 1.15),
-    "nodes": (nodes, ("ray, two one-CPU nodes", "ray, one one-CPU node"), "two nodes / one node", 0.6),
-    "bignodes": (nodes, ("ray, two one-CPU nodes", "ray, one one-CPU node"), "two nodes / one node", 0.6),
+    "overhead": (overhead, ("local", "ray, one node of all CPUs, cold", "ray, one node of all CPUs, warm"),
+                 (("ray / local, cold", 1, 0), ("ray / local, warm", 2, 0)), 1.15),
+    "nodes": (nodes, NODES, NODE_RATIOS, 0.6),
+    "bignodes": (nodes, NODES, NODE_RATIOS, 0.6),
     "hubnodes": (hubnodes, ("ray hub to hub, two one-CPU nodes", "ray hub to hub, one one-CPU node"),
-                 "two nodes / one node", 0.6),
+                 (("two nodes / one node", 0, 1),), 0.6),
 }
 
 
@@ -329,7 +346,7 @@ def main() -> int:
     shards = ("--out-shard-size", args.out_shard_size)
     verdicts = []
     for case in CASES if args.case == "all" else (args.case,):
-        measure, labels, what, goal = CASES[case]
+        measure, labels, ratios, goal = CASES[case]
         extra = {"hubnodes": (args.hub_down, args.hub_up), "bignodes": (args.copies,)}.get(case, ())
         series = measure(names, args.work, args.runs, shards, *extra)
         for label, runs in zip(labels, series):
@@ -338,12 +355,12 @@ def main() -> int:
                       f"{r.load[0]:.1f} -> {r.load[1]:.1f}, output {r.digest}\n    CPU by cores {r.by_cores}"
                       + (f"\n    {r.phases}" if r.phases else ""), flush=True)
         assert len({r.digest for runs in series for r in runs}) == 1, f"{case}: the outputs differ"
-        # The ratio is always the cheaper-wanted series over the other: ray over local, two nodes over one.
-        first, second = series if case != "overhead" else series[::-1]
-        wall = statistics.median(r.wall for r in first) / statistics.median(r.wall for r in second)
-        cpu = statistics.median(r.cpu for r in first) / statistics.median(r.cpu for r in second)
-        verdicts.append(f"{case}: {what} {wall:.2f}x wall (goal <= {goal}x: {'met' if wall <= goal else 'missed'}),"
-                        f" {cpu:.2f}x CPU seconds")
+        # Each ratio is the cheaper-wanted series over the other: ray over local, two nodes over one.
+        for what, first, second in ratios:
+            wall = statistics.median(r.wall for r in series[first]) / statistics.median(r.wall for r in series[second])
+            cpu = statistics.median(r.cpu for r in series[first]) / statistics.median(r.cpu for r in series[second])
+            verdicts.append(f"{case}: {what} {wall:.2f}x wall (goal <= {goal}x: "
+                            f"{'met' if wall <= goal else 'missed'}), {cpu:.2f}x CPU seconds")
     print("\n".join(verdicts))
     return 0
 

@@ -60,7 +60,8 @@ class Keeper:
         self.served = 0  # the leases granted so far
         self.idle_since = time.monotonic()
         self.ended = False
-        threading.Thread(target=self._watch, name="resumerge-kept-watchdog", daemon=True).start()
+        self.watchdog = threading.Thread(target=self._watch, name="resumerge-kept-watchdog", daemon=True)
+        self.watchdog.start()
 
     def lease(self, box: list[Any], code: str, keep: float) -> int | None:
         """Lease the worker to the run whose token is ``box``'s (a list, so that Ray passes the reference, not its
