@@ -25,6 +25,7 @@ from resumerge.cli.knobs import (
     installed_stop_flag,
     quiet_hub_uploads,
 )
+from resumerge.config.settings import KEEP_WORKERS
 from resumerge.config.version import __version__
 from resumerge.errors import EXIT_INTERRUPTED, EXIT_OK, ResumergeError, UsageError, exit_code_for
 
@@ -337,7 +338,8 @@ def _keep_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-workers", metavar="DURATION",
                    help="with --executor ray on a cluster that outlives the run (--ray-address, $RAY_ADDRESS): keep "
                         "each node's worker this long idle for the next run or resume, which then computes as soon "
-                        "as it has planned; an idle worker holds no CPU; 0 ends them with the run [default: 10m]")
+                        "as it has planned; an idle worker holds no CPU; 0 ends them with the run "
+                        f"[default: {KEEP_WORKERS / 60:g}m]")
 
 
 def _command_parser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
