@@ -1,8 +1,8 @@
-"""A kept Ray worker's leases without a cluster (resumerge.engine.cluster.keeper): a live run's lease is never taken,
-a dead run's is taken back only after its stream stopped (by the next lease or by the watchdog on its own), a
-release by another run's token changes nothing, a worker idle for its time refuses every lease and ends, and a
-worker refuses a run of other code; ``--keep-workers`` is read as a length, 0 keeping none. The kept workers on a
-real cluster: tests/test_ray_executor.py."""
+"""A kept Ray worker's leases without a cluster (resumerge.engine.cluster.keeper): a live run's lease is never taken, a
+dead run's is taken back only after its stream stopped (by the next lease or by the watchdog on its own, which reads
+that fail otherwise do not stop), a release by another run's token changes nothing, a worker idle for its time
+refuses every lease and ends, and a worker refuses a run of other code; ``--keep-workers`` is read as a length, 0
+keeping none. The kept workers on a real cluster: tests/test_ray_executor.py."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class _Token:
     """A lease's token: reading it raises once its driver died."""
 
     def __init__(self, name: str) -> None:
-        self.name, self.dead = name, False
+        self.name, self.dead, self.broken = name, False, False
 
     def hex(self) -> str:
         return self.name
@@ -40,6 +40,8 @@ def fake_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     ended: list[str] = []
 
     def get(token: _Token, timeout: float) -> str:
+        if token.broken:
+            raise RuntimeError("a read that fails otherwise")
         if token.dead:
             raise OwnerDied()
         return "code"
@@ -85,7 +87,10 @@ def test_the_watchdog_takes_a_dead_runs_lease_back_on_its_own(fake_ray: list[str
     assert worker.lease([token], code_digest(), 60.0) == 0
     time.sleep(0.1)
     assert worker.leased()  # its driver lives
-    token.dead = True
+    token.broken = True  # reads that fail otherwise: the watchdog goes on watching
+    time.sleep(0.1)
+    assert worker.leased() and worker.watchdog.is_alive()
+    token.broken, token.dead = False, True
     deadline = time.monotonic() + 5
     while worker.leased():
         assert time.monotonic() < deadline

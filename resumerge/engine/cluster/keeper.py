@@ -92,18 +92,26 @@ class Keeper:
     def _watch(self) -> None:
         while True:
             time.sleep(WATCH_SECONDS)
-            holder = self.holder
-            if holder is not None:
-                if not _alive(holder):
-                    with self.lock:
-                        if self.holder is holder:
-                            self._free()
-                continue
-            with self.lock:
-                self.ended = self.holder is None and time.monotonic() - self.idle_since >= self.keep
-            if self.ended:
-                _end_actor()
-                return
+            try:
+                if self._watched():
+                    _end_actor()
+                    return
+            except Exception:  # (a read that failed otherwise, a stream that failed to stop) the next turn retries:
+                continue  # the watchdog alone ends an idle worker, so it never stops watching
+
+    def _watched(self) -> bool:
+        """Take a dead holder's lease back; True once the worker has been idle for its time (it refuses leases from
+        then on)."""
+        holder = self.holder
+        if holder is not None:
+            if not _alive(holder):
+                with self.lock:
+                    if self.holder is holder:
+                        self._free()
+            return False
+        with self.lock:
+            self.ended = self.holder is None and time.monotonic() - self.idle_since >= self.keep
+        return self.ended
 
 
 def _alive(holder: Any) -> bool:
