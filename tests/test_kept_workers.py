@@ -2,7 +2,8 @@
 dead run's is taken back only after its stream stopped (by the next lease or by the watchdog on its own, which reads
 that fail otherwise do not stop), a release by another run's token changes nothing, a worker idle for its time
 refuses every lease and ends, and a worker refuses a run of other code; ``--keep-workers`` is read as a length, 0
-keeping none. The kept workers on a real cluster: tests/test_ray_executor.py."""
+keeping none; a run whose node's kept workers live runs hold leases the next slots, up to the spare ones. The kept
+workers on a real cluster: tests/test_ray_executor.py."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import pytest
 
 from resumerge.api.options import keep_option, run_settings
 from resumerge.config.settings import KEEP_WORKERS
-from resumerge.engine.cluster import keeper
+from resumerge.engine.cluster import keeper, kept
 from resumerge.engine.cluster.keeper import Keeper, code_digest
+from resumerge.engine.cluster.kept import SPARE_SLOTS, kept_name
 from resumerge.errors import UsageError
 
 
@@ -133,3 +135,43 @@ def test_keep_workers_is_a_length_and_0_keeps_none() -> None:
             keep_option(bad)
     with pytest.raises(UsageError, match=r"keep.workers needs .*executor"):
         run_settings(state_dir=None, keep_workers="10m")
+
+
+class _Actors:
+    """A Ray whose kept workers answer leases as ``answers`` says by name (absent: a new worker, 0 runs served);
+    records the names a run asked for."""
+
+    def __init__(self, answers: dict[str, int | None]) -> None:
+        self.answers, self.asked = answers, []
+        self.exceptions = SimpleNamespace(GetTimeoutError=TimeoutError, RayError=RuntimeError)
+
+    def put(self, value: str) -> str:
+        return value
+
+    def remote(self, cls: type) -> _Actors:
+        return self
+
+    def options(self, *, name: str, **options: object) -> SimpleNamespace:
+        self.asked.append(name)
+        answer = self.answers.get(name, 0)
+        lease = SimpleNamespace(remote=lambda box, code, keep: answer)
+        return SimpleNamespace(remote=lambda *args: SimpleNamespace(name=name, lease=lease))
+
+    def get(self, answer: int | None, timeout: float) -> int | None:
+        return answer
+
+
+def test_a_run_leases_the_next_slots_where_live_runs_hold_a_nodes_kept_workers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    code, busy, full = code_digest(), "a" * 16, "b" * 16
+    # Node a: slot 0 held by a live run, slot 1 kept from 3 runs before; node b: every slot held.
+    answers = {kept_name(code, busy, 0): None, kept_name(code, busy, 1): 3,
+               **{kept_name(code, full, slot): None for slot in range(2 + SPARE_SLOTS)}}
+    ray = _Actors(answers)
+    monkeypatch.setattr(kept, "_pinned", lambda node_id: None)
+    nodes = [{"NodeID": node, "Alive": True, "Resources": {"CPU": 2, "memory": 1e12}} for node in (busy, full)]
+    workers, reused = kept.lease(ray, nodes, 1, 60.0)  # type: ignore[arg-type]
+    assert [w.actor.name for w in workers] == [kept_name(code, busy, slot) for slot in (1, 2)] and reused == 1
+    assert {w.token for w in workers} == {code} and {w.width for w in workers} == {1}
+    assert ray.asked == [kept_name(code, busy, slot) for slot in range(3)] + [
+        kept_name(code, full, slot) for slot in range(2 + SPARE_SLOTS)]  # the spare slots, no more
