@@ -59,8 +59,17 @@ class NodeActor:
 
     def _renew(self) -> None:
         """The stream stopped (its pipeline at its next safe point, its temp files deleted) and a fresh one made:
-        torch's threads are set again by the next :meth:`begin`, and nothing else of a run outlives its stream."""
+        torch's threads are set again by the next :meth:`begin`, and nothing else of a run outlives its stream.
+        The heap the run freed goes back to the system: idle, the worker holds about what its imports take (the
+        memory it declares), not its last run's peak."""
+        import gc
+
         from resumerge.engine.cluster.worker import ShardStream
+        from resumerge.memory.allocator import malloc_trim
 
         self.stream.stop()
         self.stream = ShardStream(None, None)
+        gc.collect()
+        trim = malloc_trim()
+        if trim is not None:
+            trim(0)
