@@ -162,8 +162,9 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
     """The :class:`MergeContext` of ``tp`` (a whole tensor or a row chunk): its inputs read, cast and moved to the
     plan's device, its parameters resolved (read when the method indexes them, for a ``lazy_inputs`` method), the
     run's ``resources`` handed on. With a ``workspace`` (not for a ``lazy_inputs`` method, whose every access must
-    be a buffer of its own), quantized inputs are decoded into its buffers and the method is lent its result
-    buffer (:meth:`~resumerge.methods.spec.MergeContext.result_buffer`)."""
+    be a buffer of its own), every input's stored parts are read into its buffers, quantized inputs are decoded
+    into its buffers and the method is lent its result buffer
+    (:meth:`~resumerge.methods.spec.MergeContext.result_buffer`)."""
     device = torch.device(plan.options.device)
     on_gpu = device.type != "cpu"
     if method.lazy_inputs and not tp.vocab_aligned:
@@ -171,7 +172,7 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
         return make_context(plan, tp, method, device, lazy, resources, owned=True, read_rows=lazy.rows)
     tensors = []
     for i, ref in enumerate(tp.inputs):
-        t = _read_input(ref, sources, _decode_buffer(ref, i, workspace))
+        t = _read_input(ref, sources, _decode_buffer(ref, i, workspace), _read_buffers(i, workspace))
         if on_gpu:
             t = t.to(device)
         if tp.compute_dtype is not None:
@@ -297,12 +298,22 @@ def _decode_buffer(ref: InputRef, index: int, workspace: Workspace | None) -> to
     return workspace.take(f"input{index}", ref.value_shape, TORCH_DTYPES[ref.codec.value_dtype(ref.dtype)])
 
 
-def _read_input(ref: InputRef, sources: InputSources, out: torch.Tensor | None = None) -> torch.Tensor:
-    """One input tensor as the method sees it: read with its companions and decoded by ``ref.codec`` (a plain one
-    returns the buffer read; a decoding one into ``out`` when given), cast to ``ref.cast``
-    (:func:`~resumerge.plan.inputrefs.read_value`), with its LoRA delta merged (in the stored dtype, as PEFT's
-    merge_and_unload does, before any ``dtype:`` of the config)."""
-    t = read_value(ref, sources, out)  # a quantized decode runs on this thread alone (see read_value)
+def _read_buffers(index: int, workspace: Workspace | None) -> Callable[[str, int], torch.Tensor] | None:
+    """Where input ``index``'s stored parts are read: ``workspace``'s buffer for each, or None (fresh buffers).
+    Reused, a read faults no fresh pages in: each fresh one cost the kernel a zero-fill of every page before the
+    read overwrote it (bench/RESULTS.md, Session 25)."""
+    if workspace is None:
+        return None
+    return lambda part, nbytes: workspace.take(f"read{index}.{part}", (nbytes,), torch.uint8)
+
+
+def _read_input(ref: InputRef, sources: InputSources, out: torch.Tensor | None = None,
+                reads: Callable[[str, int], torch.Tensor] | None = None) -> torch.Tensor:
+    """One input tensor as the method sees it: read with its companions (into ``reads``' buffers when given) and
+    decoded by ``ref.codec`` (a plain one returns the buffer read; a decoding one into ``out`` when given), cast to
+    ``ref.cast`` (:func:`~resumerge.plan.inputrefs.read_value`), with its LoRA delta merged (in the stored dtype,
+    as PEFT's merge_and_unload does, before any ``dtype:`` of the config)."""
+    t = read_value(ref, sources, out, reads)  # a quantized decode runs on this thread alone (see read_value)
     if ref.lora is not None:
         lora = ref.lora
         t = apply_lora_rows(t, read_value(lora.a, sources), read_value(lora.b, sources), lora.scale,

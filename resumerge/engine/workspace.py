@@ -1,19 +1,21 @@
-"""Buffers a merge worker reuses from one tensor to the next: decoded inputs and the method's result.
+"""Buffers a merge worker reuses from one tensor to the next: inputs' bytes as read, decoded inputs and the
+method's result.
 
-A float32 buffer above glibc's mmap threshold is mapped fresh at each allocation, and the kernel zero-fills every
-page of it at first touch: decoding one 5632x2048 block-FP8 tensor into a fresh buffer cost 54 ms of CPU against
-27 ms into a reused one, and a linear merge's fresh accumulator doubled its cost the same way. So each worker
-computing whole tensors keeps a :class:`Workspace` — one buffer per use (each input's decoded value, the method's
-result), grown to the largest that worker needed — and lends it again to its next tensor.
+A buffer above glibc's mmap threshold is mapped fresh at each allocation, and the kernel zero-fills every page of it
+at first touch: decoding one 5632x2048 block-FP8 tensor into a fresh buffer cost 54 ms of CPU against 27 ms into a
+reused one, a linear merge's fresh accumulator doubled its cost the same way, and reading the inputs into fresh
+buffers spent 0.8 CPU s per GB read on the zero-fill alone. So each worker computing whole tensors keeps a
+:class:`Workspace` — one buffer per use (each input's stored parts as read, its decoded value, the method's result),
+grown to the largest that worker needed — and lends it again to its next tensor.
 
 What a workspace lends is valid until the tensor it was lent for is computed: the engine copies any stored result
 that still points into it (:meth:`Workspace.holds`) before it lends the buffers again. A buffer larger than the
 workspace's ``most`` bytes is allocated fresh and not kept, and a run keeps at most one workspace per worker, so what
 the workspaces hold between tensors stays a bounded share of the memory budget; the governor sees it in the process's
-RSS (its baseline), and each tensor's reservation already counts the decoded inputs and the result it computes in
-them. Where the governor must make room (a unit it would admit alone over the headroom) the idle workspaces give their
-buffers back (:meth:`Workspaces.trim`): the planner sizes units against the whole budget, not against what is left
-beside the workspaces.
+RSS (its baseline), and each tensor's reservation already counts the stored and decoded inputs and the result it
+computes in them. Where the governor must make room (a unit it would admit alone over the headroom) the idle
+workspaces give their buffers back (:meth:`Workspaces.trim`): the planner sizes units against the whole budget, not
+against what is left beside the workspaces.
 """
 
 from __future__ import annotations
