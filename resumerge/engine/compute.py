@@ -256,16 +256,18 @@ class _LazyInputs(Sequence["torch.Tensor"]):
 def _finish(tp: TensorPlan, out: torch.Tensor, workspace: Workspace | None = None) -> Stored:
     """A method's result encoded by ``tp``'s output codec (a plain one: cast to the planned dtype) as its stored
     parts, on the host, contiguous (the companions it carries aside: :func:`_carried`), none of them in
-    ``workspace``'s buffers (a float32 result stored as float32 is copied out)."""
+    ``workspace``'s buffers (a float32 result stored as float32 is copied out); with a ``workspace``, a result on
+    the host is encoded (or copied out) into its :meth:`~resumerge.engine.workspace.Workspace.output` buffers."""
     names = {p.part: p.name for p in tp.out_codec.out_parts(tp.name, tp.out_dtype, tp.shape)}
-    parts = tp.out_codec.encode(out, tp.out_dtype)
+    lend = workspace.output if workspace is not None and out.device.type == "cpu" else None
+    parts = tp.out_codec.encode(out, tp.out_dtype, lend)
     if set(parts) != set(names):
         raise ResumergeError(f"internal: {tp.name} is encoded as {sorted(parts)}, planned as {sorted(names)}")
     stored = {}
     for part, t in parts.items():
         if t.device.type != "cpu":
             t = t.cpu()  # a blocking copy: the GPU memory of this unit is free once it returns
-        stored[names[part]] = t.clone() if workspace is not None and workspace.holds(t) else t.contiguous()
+        stored[names[part]] = workspace.copy_out(t) if workspace is not None and workspace.holds(t) else t.contiguous()
     return stored
 
 

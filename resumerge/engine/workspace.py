@@ -25,6 +25,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from resumerge.engine.outbuffers import OutputBuffers
 from resumerge.torch_import import torch
 
 # The share of the memory budget that the workspaces of all workers may hold between tensors, and what they may hold
@@ -42,10 +43,10 @@ def workspace_bytes(budget: int | None, workers: int) -> int:
 
 class Workspace:
     """One worker's buffers by use (``key``), holding at most ``most`` bytes in all; used by one thread at a
-    time."""
+    time. Its outputs' buffers come from the run's ``outputs`` when given (see :mod:`resumerge.engine.outbuffers`)."""
 
-    def __init__(self, most: int) -> None:
-        self.most = most
+    def __init__(self, most: int, outputs: OutputBuffers | None = None) -> None:
+        self.most, self.outputs = most, outputs
         self._buffers: dict[str, torch.Tensor] = {}
 
     @property
@@ -67,6 +68,17 @@ class Workspace:
             held = self._buffers[key] = torch.empty(size, dtype=torch.uint8)
         return held[:size].view(dtype).view(shape)
 
+    def output(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised contiguous CPU tensor for an output handed to the writer, none of the workspace's
+        buffers: lent by the run's output buffers when it has them, else fresh."""
+        if self.outputs is None:
+            return torch.empty(shape, dtype=dtype)
+        return self.outputs.take(shape, dtype)
+
+    def copy_out(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A contiguous copy of the CPU ``tensor`` in an :meth:`output` buffer."""
+        return self.output(tuple(tensor.shape), tensor.dtype).copy_(tensor)
+
     def holds(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` shares memory with one of the buffers."""
         if tensor.device.type != "cpu":
@@ -83,11 +95,12 @@ class Workspace:
 
 class Workspaces:
     """The workspaces of one run's ``workers``: :meth:`lend` one to each computation running at once, each holding
-    at most ``most`` bytes. At most ``workers`` are kept; a computation beyond them (none should be: the engine runs
-    at most ``workers`` at once) is lent one that keeps nothing. Thread-safe."""
+    at most ``most`` bytes, its outputs' buffers lent by ``outputs``. At most ``workers`` are kept; a computation
+    beyond them (none should be: the engine runs at most ``workers`` at once) is lent one that keeps nothing.
+    Thread-safe."""
 
-    def __init__(self, most: int, workers: int) -> None:
-        self.most, self.workers = most, workers
+    def __init__(self, most: int, workers: int, outputs: OutputBuffers | None = None) -> None:
+        self.most, self.workers, self.outputs = most, workers, outputs
         self._lock = threading.Lock()
         self._idle: list[Workspace] = []
         self._made = 0
@@ -100,9 +113,9 @@ class Workspaces:
                 workspace, kept = self._idle.pop(), True
             elif self._made < self.workers:
                 self._made += 1
-                workspace, kept = Workspace(self.most), True
+                workspace, kept = Workspace(self.most, self.outputs), True
             else:
-                workspace, kept = Workspace(0), False
+                workspace, kept = Workspace(0, self.outputs), False
         try:
             yield workspace
         finally:
@@ -111,6 +124,8 @@ class Workspaces:
                     self._idle.append(workspace)
 
     def trim(self) -> int:
-        """Drop the buffers of every workspace not lent now; returns the bytes given back."""
+        """Drop the buffers of every workspace not lent now, and the idle output buffers; returns the bytes given
+        back."""
         with self._lock:
-            return sum(workspace.clear() for workspace in self._idle)
+            held = sum(workspace.clear() for workspace in self._idle)
+        return held + (self.outputs.trim() if self.outputs is not None else 0)
