@@ -18,7 +18,7 @@ from toycodec import TOY, RowScaledInt8, quantize
 from resumerge.config.merge_config import load_config_text
 from resumerge.engine.compute import compute_tensor
 from resumerge.inputs.catalog import open_inputs
-from resumerge.inputs.codecs import MAIN, Lend, OutPart
+from resumerge.inputs.codecs import MAIN, OutPart
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.source import InputSources
 from resumerge.methods.registry import get_method
@@ -58,7 +58,7 @@ class BlockScaledInt8(RowScaledInt8):
     def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:
         return OutPart(MAIN, name, "I8", shape), OutPart("scale", f"{name}_scale", "F32", (-(-shape[0] // BLOCK),))
 
-    def encode(self, value: torch.Tensor, dtype: str, lend: Lend | None = None) -> dict[str, torch.Tensor]:
+    def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
         rows = value.shape[0]
         padded = torch.zeros(-(-rows // BLOCK) * BLOCK, *value.shape[1:], dtype=torch.float32)
         padded[:rows] = value

@@ -232,10 +232,9 @@ class _Counting(InputSources):
         super().__init__({k: LocalFiles(d, reader) for k, d in model_dirs.items()}, shared=reader)
         self.bytes = 0
 
-    def read(self, model: str, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
-             out: torch.Tensor | None = None) -> torch.Tensor:
+    def read(self, model: str, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
         self.bytes += end - start
-        return super().read(model, file, start, end, dtype, shape, out)
+        return super().read(model, file, start, end, dtype, shape)
 
 
 def _ties_plan(make: ModelFactory, tmp_path: Path) -> Plan:

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 
 from resumerge.engine.executor import _Pipeline
-from resumerge.engine.outbuffers import OutputBuffers
 from resumerge.engine.unitgroup import UnitGroup
 from resumerge.engine.workspace import Workspace
 from resumerge.memory import MemoryGovernor
@@ -61,8 +59,7 @@ class _Unit:
 def pipeline() -> Iterator[tuple[_Pipeline, MemoryGovernor, _Probe]]:
     probe = _Probe()
     governor = MemoryGovernor(BUDGET, probe, margin_fraction=0.0)
-    writer = SimpleNamespace(outputs=OutputBuffers(BUDGET))
-    line = _Pipeline(cast(Any, None), cast(Any, None), cast(Any, writer), governor, 1, lambda: False, NO_RESOURCES)
+    line = _Pipeline(cast(Any, None), cast(Any, None), cast(Any, None), governor, 1, lambda: False, NO_RESOURCES)
     yield line, governor, probe
     line.close()
 

@@ -100,29 +100,6 @@ def test_tensors_computed_in_one_workspace_are_stored_as_without_one(tmp_path: P
             assert torch.equal(reused[name][part].view(torch.uint8), t.view(torch.uint8)), part
 
 
-def test_every_input_is_read_into_the_workspace_s_buffers_reused_from_one_tensor_to_the_next(
-        tmp_path: Path, make: ModelFactory) -> None:
-    # A fresh read buffer costs the kernel a zero-fill of its every page before the read overwrites it.
-    a, b = pair(tmp_path, make, fp8((16, 16)), fp8_config((16, 16)))
-    config = load_config_text(write_config(tmp_path / "c.yml", linear_config(a, b)).read_text())
-    plan = build_plan(config, open_inputs(config).models, PlanOptions(), CODECS)
-    space = Workspace(most=1 << 30)
-    into: list[torch.Tensor | None] = []
-
-    class Recording(InputSources):
-        def read(self, model: str, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
-                 out: torch.Tensor | None = None) -> torch.Tensor:
-            into.append(out)
-            return super().read(model, file, start, end, dtype, shape, out)
-
-    with Recording.local(plan.model_dirs) as sources:
-        for tp in plan.tensors.values():
-            TensorCompute(plan, tp, sources, NO_RESOURCES).whole(space)
-    assert len(into) > 2 * len(plan.tensors)  # codes and scales of each input
-    assert all(out is not None and space.holds(out) for out in into)
-    assert len({out.data_ptr() for out in into if out is not None}) < len(into) / 2
-
-
 def test_a_kept_fp8_merge_on_another_device_decodes_in_the_workspace_and_encodes_there(tmp_path: Path,
                                                                                          make: ModelFactory) -> None:
     # --device cuda: inputs decoded into the worker's CPU buffers, moved to the device, merged there (no CPU result

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from resumerge.engine.compute import compute_tensor
-from resumerge.inputs.codecs import MAIN, Claim, CodecTable, Lend, OutPart, TensorCodec
+from resumerge.inputs.codecs import MAIN, Claim, CodecTable, OutPart, TensorCodec
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.source import InputSources
 from resumerge.methods.resources import NO_RESOURCES
@@ -44,7 +44,7 @@ class RowScaledInt8(TensorCodec):
     def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:
         return OutPart(MAIN, name, "I8", shape), OutPart("scale", f"{name}_scale", "F32", shape[:1])
 
-    def encode(self, value: torch.Tensor, dtype: str, lend: Lend | None = None) -> dict[str, torch.Tensor]:
+    def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
         scale = value.abs().amax(dim=-1).to(torch.float32) / 127
         scale = torch.where(scale == 0, torch.ones_like(scale), scale)
         codes = (value / scale.unsqueeze(-1)).round().clamp(-127, 127).to(torch.int8)

@@ -162,9 +162,8 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
     """The :class:`MergeContext` of ``tp`` (a whole tensor or a row chunk): its inputs read, cast and moved to the
     plan's device, its parameters resolved (read when the method indexes them, for a ``lazy_inputs`` method), the
     run's ``resources`` handed on. With a ``workspace`` (not for a ``lazy_inputs`` method, whose every access must
-    be a buffer of its own), every input's stored parts are read into its buffers, quantized inputs are decoded
-    into its buffers and the method is lent its result buffer
-    (:meth:`~resumerge.methods.spec.MergeContext.result_buffer`)."""
+    be a buffer of its own), quantized inputs are decoded into its buffers and the method is lent its result
+    buffer (:meth:`~resumerge.methods.spec.MergeContext.result_buffer`)."""
     device = torch.device(plan.options.device)
     on_gpu = device.type != "cpu"
     if method.lazy_inputs and not tp.vocab_aligned:
@@ -172,7 +171,7 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
         return make_context(plan, tp, method, device, lazy, resources, owned=True, read_rows=lazy.rows)
     tensors = []
     for i, ref in enumerate(tp.inputs):
-        t = _read_input(ref, sources, _decode_buffer(ref, i, workspace), _read_buffers(i, workspace))
+        t = _read_input(ref, sources, _decode_buffer(ref, i, workspace))
         if on_gpu:
             t = t.to(device)
         if tp.compute_dtype is not None:
@@ -256,18 +255,16 @@ class _LazyInputs(Sequence["torch.Tensor"]):
 def _finish(tp: TensorPlan, out: torch.Tensor, workspace: Workspace | None = None) -> Stored:
     """A method's result encoded by ``tp``'s output codec (a plain one: cast to the planned dtype) as its stored
     parts, on the host, contiguous (the companions it carries aside: :func:`_carried`), none of them in
-    ``workspace``'s buffers (a float32 result stored as float32 is copied out); with a ``workspace``, a result on
-    the host is encoded (or copied out) into its :meth:`~resumerge.engine.workspace.Workspace.output` buffers."""
+    ``workspace``'s buffers (a float32 result stored as float32 is copied out)."""
     names = {p.part: p.name for p in tp.out_codec.out_parts(tp.name, tp.out_dtype, tp.shape)}
-    lend = workspace.output if workspace is not None and out.device.type == "cpu" else None
-    parts = tp.out_codec.encode(out, tp.out_dtype, lend)
+    parts = tp.out_codec.encode(out, tp.out_dtype)
     if set(parts) != set(names):
         raise ResumergeError(f"internal: {tp.name} is encoded as {sorted(parts)}, planned as {sorted(names)}")
     stored = {}
     for part, t in parts.items():
         if t.device.type != "cpu":
             t = t.cpu()  # a blocking copy: the GPU memory of this unit is free once it returns
-        stored[names[part]] = workspace.copy_out(t) if workspace is not None and workspace.holds(t) else t.contiguous()
+        stored[names[part]] = t.clone() if workspace is not None and workspace.holds(t) else t.contiguous()
     return stored
 
 
@@ -300,22 +297,12 @@ def _decode_buffer(ref: InputRef, index: int, workspace: Workspace | None) -> to
     return workspace.take(f"input{index}", ref.value_shape, TORCH_DTYPES[ref.codec.value_dtype(ref.dtype)])
 
 
-def _read_buffers(index: int, workspace: Workspace | None) -> Callable[[str, int], torch.Tensor] | None:
-    """Where input ``index``'s stored parts are read: ``workspace``'s buffer for each, or None (fresh buffers).
-    Reused, a read faults no fresh pages in: each fresh one cost the kernel a zero-fill of every page before the
-    read overwrote it (bench/RESULTS.md, Session 25)."""
-    if workspace is None:
-        return None
-    return lambda part, nbytes: workspace.take(f"read{index}.{part}", (nbytes,), torch.uint8)
-
-
-def _read_input(ref: InputRef, sources: InputSources, out: torch.Tensor | None = None,
-                reads: Callable[[str, int], torch.Tensor] | None = None) -> torch.Tensor:
-    """One input tensor as the method sees it: read with its companions (into ``reads``' buffers when given) and
-    decoded by ``ref.codec`` (a plain one returns the buffer read; a decoding one into ``out`` when given), cast to
-    ``ref.cast`` (:func:`~resumerge.plan.inputrefs.read_value`), with its LoRA delta merged (in the stored dtype,
-    as PEFT's merge_and_unload does, before any ``dtype:`` of the config)."""
-    t = read_value(ref, sources, out, reads)  # a quantized decode runs on this thread alone (see read_value)
+def _read_input(ref: InputRef, sources: InputSources, out: torch.Tensor | None = None) -> torch.Tensor:
+    """One input tensor as the method sees it: read with its companions and decoded by ``ref.codec`` (a plain one
+    returns the buffer read; a decoding one into ``out`` when given), cast to ``ref.cast``
+    (:func:`~resumerge.plan.inputrefs.read_value`), with its LoRA delta merged (in the stored dtype, as PEFT's
+    merge_and_unload does, before any ``dtype:`` of the config)."""
+    t = read_value(ref, sources, out)  # a quantized decode runs on this thread alone (see read_value)
     if ref.lora is not None:
         lora = ref.lora
         t = apply_lora_rows(t, read_value(lora.a, sources), read_value(lora.b, sources), lora.scale,

@@ -30,7 +30,6 @@ from resumerge.engine.compute import Stored, TensorCompute
 from resumerge.engine.devices import is_gpu
 from resumerge.engine.inflight import HELD_PER_WORKER, InFlight
 from resumerge.engine.interrupts import commit_uploaded
-from resumerge.engine.outbuffers import OutputBuffers, output_bytes
 from resumerge.engine.unitgroup import UnitGroup, group_bytes, joins_others
 from resumerge.engine.workspace import Workspace, Workspaces, workspace_bytes
 from resumerge.errors import ResumergeError
@@ -65,7 +64,8 @@ if TYPE_CHECKING:  # and journals nothing, so its start (before its first shard)
     from resumerge.store.ledger import Ledger
     from resumerge.store.manifest import ManifestBook
 
-# Units (a tensor, or a group of small ones) computed at once by the merge threads: two keep the writer busy.
+# Units (a tensor, or a group of small ones) computed at once by the merge threads: two keep the writer busy (see
+# _Pipeline).
 CONCURRENCY = 2
 
 
@@ -113,10 +113,10 @@ class _Writer(threading.Thread):
     """Consumes items of one shard's tensors in its order; commits each shard after its last tensor."""
 
     def __init__(self, plan: Plan, sink: OutputSink, journal: Journal, reporter: Reporter,
-                 sources: InputSources | None = None, yield_cpu: bool = False, budget: int | None = None) -> None:
+                 sources: InputSources | None = None, yield_cpu: bool = False) -> None:
         super().__init__(name="resumerge-writer", daemon=True)
         self.plan, self.sink, self.journal, self.reporter = plan, sink, journal, reporter
-        self.sources, self.outputs = sources, OutputBuffers(output_bytes(budget))  # see engine.outbuffers
+        self.sources = sources
         self.yield_cpu = yield_cpu  # lower this thread's priority: the run's transfers go first (cpupriority)
         self.items: queue.Queue[_Item | None] = queue.Queue(maxsize=2)
         self.error: BaseException | None = None
@@ -143,8 +143,7 @@ class _Writer(threading.Thread):
                     if not self._write(shard, names, tensors):
                         return
                 finally:
-                    self.outputs.give_back(t for stored in tensors for t in stored.values())
-                    tensors.clear()  # freed (or idle in self.outputs) before their reservation is returned
+                    tensors.clear()  # freed before their reservation is returned
                     if reservation is not None:
                         reservation.release()
         except BaseException as exc:
@@ -256,7 +255,7 @@ class _Pipeline:
         # Each computation's decoded inputs and result buffer, reused by the next (see resumerge.engine.workspace):
         # one per worker, as at most `workers` groups compute at once (sibling-collecting groups compute nothing).
         self.workspaces = Workspaces(workspace_bytes(self._budget() if governor is not None else None, workers),
-                                     workers, writer.outputs)
+                                     workers)
 
     def halted(self) -> bool:
         return self.should_stop() or self.writer.error is not None or not self.writer.is_alive()
@@ -521,7 +520,7 @@ def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal:
     # The plan and everything made before the run (a 90k-tensor plan is a million objects) outlive it: kept out
     # of the collector's sight, they are not scanned again by every full collection the run's own garbage
     # triggers (a third of a 90k-tensor run's CPU). They are handed back to it when the shards are done.
-    writer = _Writer(plan, sink, journal, reporter, sources, yield_cpu, governor.budget if governor else None)
+    writer = _Writer(plan, sink, journal, reporter, sources, yield_cpu)
     writer.start()
     pipeline = _Pipeline(plan, sources, writer, governor, workers, should_stop, resources, gpu, yield_cpu)
     finished = False

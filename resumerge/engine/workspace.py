@@ -1,21 +1,19 @@
-"""Buffers a merge worker reuses from one tensor to the next: inputs' bytes as read, decoded inputs and the
-method's result.
+"""Buffers a merge worker reuses from one tensor to the next: decoded inputs and the method's result.
 
-A buffer above glibc's mmap threshold is mapped fresh at each allocation, and the kernel zero-fills every page of it
-at first touch: decoding one 5632x2048 block-FP8 tensor into a fresh buffer cost 54 ms of CPU against 27 ms into a
-reused one, a linear merge's fresh accumulator doubled its cost the same way, and reading the inputs into fresh
-buffers spent 0.8 CPU s per GB read on the zero-fill alone. So each worker computing whole tensors keeps a
-:class:`Workspace` — one buffer per use (each input's stored parts as read, its decoded value, the method's result),
-grown to the largest that worker needed — and lends it again to its next tensor.
+A float32 buffer above glibc's mmap threshold is mapped fresh at each allocation, and the kernel zero-fills every
+page of it at first touch: decoding one 5632x2048 block-FP8 tensor into a fresh buffer cost 54 ms of CPU against
+27 ms into a reused one, and a linear merge's fresh accumulator doubled its cost the same way. So each worker
+computing whole tensors keeps a :class:`Workspace` — one buffer per use (each input's decoded value, the method's
+result), grown to the largest that worker needed — and lends it again to its next tensor.
 
 What a workspace lends is valid until the tensor it was lent for is computed: the engine copies any stored result
 that still points into it (:meth:`Workspace.holds`) before it lends the buffers again. A buffer larger than the
 workspace's ``most`` bytes is allocated fresh and not kept, and a run keeps at most one workspace per worker, so what
 the workspaces hold between tensors stays a bounded share of the memory budget; the governor sees it in the process's
-RSS (its baseline), and each tensor's reservation already counts the stored and decoded inputs and the result it
-computes in them. Where the governor must make room (a unit it would admit alone over the headroom) the idle
-workspaces give their buffers back (:meth:`Workspaces.trim`): the planner sizes units against the whole budget, not
-against what is left beside the workspaces.
+RSS (its baseline), and each tensor's reservation already counts the decoded inputs and the result it computes in
+them. Where the governor must make room (a unit it would admit alone over the headroom) the idle workspaces give their
+buffers back (:meth:`Workspaces.trim`): the planner sizes units against the whole budget, not against what is left
+beside the workspaces.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from resumerge.engine.outbuffers import OutputBuffers
 from resumerge.torch_import import torch
 
 # The share of the memory budget that the workspaces of all workers may hold between tensors, and what they may hold
@@ -43,10 +40,10 @@ def workspace_bytes(budget: int | None, workers: int) -> int:
 
 class Workspace:
     """One worker's buffers by use (``key``), holding at most ``most`` bytes in all; used by one thread at a
-    time. Its outputs' buffers come from the run's ``outputs`` when given (see :mod:`resumerge.engine.outbuffers`)."""
+    time."""
 
-    def __init__(self, most: int, outputs: OutputBuffers | None = None) -> None:
-        self.most, self.outputs = most, outputs
+    def __init__(self, most: int) -> None:
+        self.most = most
         self._buffers: dict[str, torch.Tensor] = {}
 
     @property
@@ -68,17 +65,6 @@ class Workspace:
             held = self._buffers[key] = torch.empty(size, dtype=torch.uint8)
         return held[:size].view(dtype).view(shape)
 
-    def output(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """An uninitialised contiguous CPU tensor for an output handed to the writer, none of the workspace's
-        buffers: lent by the run's output buffers when it has them, else fresh."""
-        if self.outputs is None:
-            return torch.empty(shape, dtype=dtype)
-        return self.outputs.take(shape, dtype)
-
-    def copy_out(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A contiguous copy of the CPU ``tensor`` in an :meth:`output` buffer."""
-        return self.output(tuple(tensor.shape), tensor.dtype).copy_(tensor)
-
     def holds(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` shares memory with one of the buffers."""
         if tensor.device.type != "cpu":
@@ -95,12 +81,11 @@ class Workspace:
 
 class Workspaces:
     """The workspaces of one run's ``workers``: :meth:`lend` one to each computation running at once, each holding
-    at most ``most`` bytes, its outputs' buffers lent by ``outputs``. At most ``workers`` are kept; a computation
-    beyond them (none should be: the engine runs at most ``workers`` at once) is lent one that keeps nothing.
-    Thread-safe."""
+    at most ``most`` bytes. At most ``workers`` are kept; a computation beyond them (none should be: the engine runs
+    at most ``workers`` at once) is lent one that keeps nothing. Thread-safe."""
 
-    def __init__(self, most: int, workers: int, outputs: OutputBuffers | None = None) -> None:
-        self.most, self.workers, self.outputs = most, workers, outputs
+    def __init__(self, most: int, workers: int) -> None:
+        self.most, self.workers = most, workers
         self._lock = threading.Lock()
         self._idle: list[Workspace] = []
         self._made = 0
@@ -113,9 +98,9 @@ class Workspaces:
                 workspace, kept = self._idle.pop(), True
             elif self._made < self.workers:
                 self._made += 1
-                workspace, kept = Workspace(self.most, self.outputs), True
+                workspace, kept = Workspace(self.most), True
             else:
-                workspace, kept = Workspace(0, self.outputs), False
+                workspace, kept = Workspace(0), False
         try:
             yield workspace
         finally:
@@ -124,8 +109,6 @@ class Workspaces:
                     self._idle.append(workspace)
 
     def trim(self) -> int:
-        """Drop the buffers of every workspace not lent now, and the idle output buffers; returns the bytes given
-        back."""
+        """Drop the buffers of every workspace not lent now; returns the bytes given back."""
         with self._lock:
-            held = sum(workspace.clear() for workspace in self._idle)
-        return held + (self.outputs.trim() if self.outputs is not None else 0)
+            return sum(workspace.clear() for workspace in self._idle)

@@ -37,12 +37,8 @@ class InputSource(ABC):
     def read_range(self, file: str, start: int, end: int) -> torch.Tensor:
         """Bytes ``[start, end)`` of ``file`` (a name relative to the model) as a fresh uint8 CPU tensor."""
 
-    def read_tensor(self, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
-                    out: torch.Tensor | None = None) -> torch.Tensor:
-        """The tensor stored at ``[start, end)`` of ``file``: a whole tensor or a row range of one. ``out``, when
-        given, is a contiguous uint8 CPU buffer of ``end - start`` bytes that the source may read into (the result
-        then views it: a reader that reuses its buffers faults no fresh pages in); a source that cannot returns a
-        buffer of its own, as this default does."""
+    def read_tensor(self, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """The tensor stored at ``[start, end)`` of ``file``: a whole tensor or a row range of one."""
         if end == start:
             return torch.empty(shape, dtype=TORCH_DTYPES[dtype])
         return self.read_range(file, start, end).view(TORCH_DTYPES[dtype]).reshape(shape)
@@ -82,12 +78,11 @@ class LocalFiles(InputSource):
             return self._pickles.read_range(file, start, end)
         return self._reader.read(self.directory / file, start, end, "U8", (end - start,))
 
-    def read_tensor(self, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+    def read_tensor(self, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
         if is_pickle_checkpoint(file):
             return super().read_tensor(file, start, end, dtype, shape)
         # Straight to the reader: it views its buffer with the right dtype, one call instead of two.
-        return self._reader.read(self.directory / file, start, end, dtype, shape, out)
+        return self._reader.read(self.directory / file, start, end, dtype, shape)
 
     def close(self) -> None:
         self._pickles.close()
@@ -115,11 +110,9 @@ class InputSources:
         reader = TensorReader()
         return cls({key: LocalFiles(directory, reader) for key, directory in model_dirs.items()}, shared=reader)
 
-    def read(self, model: str, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
-             out: torch.Tensor | None = None) -> torch.Tensor:
-        """The tensor at ``[start, end)`` of ``file`` of input ``model`` (read into ``out`` where its source can:
-        see :meth:`InputSource.read_tensor`)."""
-        return self._sources[model].read_tensor(file, start, end, dtype, shape, out)
+    def read(self, model: str, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """The tensor at ``[start, end)`` of ``file`` of input ``model``."""
+        return self._sources[model].read_tensor(file, start, end, dtype, shape)
 
     def rereads_cheaply(self, model: str, file: str) -> bool:
         """Whether reading bytes of ``file`` of input ``model`` again costs a local read (see

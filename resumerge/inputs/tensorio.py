@@ -79,18 +79,13 @@ class TensorReader:
                 self._fds[path] = fd
             return fd
 
-    def read(self, path: Path, start: int, end: int, dtype: str, shape: tuple[int, ...],
-             out: torch.Tensor | None = None) -> torch.Tensor:
-        """Return the tensor stored at ``[start, end)`` of ``path``, read into ``out`` when given (a contiguous
-        uint8 CPU tensor of ``end - start`` bytes: the result is a view of it); raises StorageError on a short
-        read."""
+    def read(self, path: Path, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """Return the tensor stored at ``[start, end)`` of ``path``; raises StorageError on a short read."""
         nbytes = end - start
         if nbytes == 0:
             return torch.empty(shape, dtype=TORCH_DTYPES[dtype])
         # torch.empty, not bytearray: a bytearray is zero-filled first, a whole extra pass over every input byte.
-        buf = torch.empty(nbytes, dtype=torch.uint8) if out is None else out
-        if buf.dtype != torch.uint8 or buf.numel() != nbytes or not buf.is_contiguous():
-            raise ValueError(f"a read of {nbytes} bytes needs a contiguous uint8 buffer of that size")
+        buf = torch.empty(nbytes, dtype=torch.uint8)
         view = buf.numpy().data
         fd = self._fd(path)
         done = 0

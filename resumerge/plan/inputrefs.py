@@ -93,22 +93,18 @@ _new = object.__new__
 _set = object.__setattr__
 
 
-def read_value(ref: InputRef, sources: InputSources, out: torch.Tensor | None = None,
-               reads: Callable[[str, int], torch.Tensor] | None = None) -> torch.Tensor:
+def read_value(ref: InputRef, sources: InputSources, out: torch.Tensor | None = None) -> torch.Tensor:
     """The value of ``ref`` as a method sees it, before any LoRA delta: its parts read (the rows it names) and
     decoded by its codec (a plain one returns the buffer read; a decoding one fills ``out`` when given, a
-    contiguous buffer of the decoded value's shape and dtype), cast to ``ref.cast``. ``reads(part, nbytes)``, when
-    given, lends the buffer each stored part (``MAIN`` or a companion's) is read into, where its source can (a
-    plain value uncast is then that buffer). A quantized format's decode runs on the calling thread alone
-    (:func:`~resumerge.inputs.kernels.serial_kernels`: many small kernels, 10x slower split over threads that
-    other work keeps busy), whoever reads it (the engine, the MoE pass, LoRA extraction's ranks)."""
+    contiguous buffer of the decoded value's shape and dtype), cast to ``ref.cast``. A quantized format's decode
+    runs on the calling thread alone (:func:`~resumerge.inputs.kernels.serial_kernels`: many small kernels, 10x
+    slower split over threads that other work keeps busy), whoever reads it (the engine, the MoE pass, LoRA
+    extraction's ranks)."""
 
-    def read(part: str, r: InputRef) -> torch.Tensor:
-        if reads is None or r.end == r.start:
-            return sources.read(r.model, r.file, r.start, r.end, r.dtype, r.shape)
-        return sources.read(r.model, r.file, r.start, r.end, r.dtype, r.shape, reads(part, r.end - r.start))
+    def read(r: InputRef) -> torch.Tensor:
+        return sources.read(r.model, r.file, r.start, r.end, r.dtype, r.shape)
 
     with nullcontext() if ref.codec.plain else serial_kernels():
-        t = ref.codec.decode({MAIN: read(MAIN, ref), **{part: read(part, c) for part, c in ref.companions}},
-                             ref.first_row, out)
+        t = ref.codec.decode({MAIN: read(ref), **{part: read(c) for part, c in ref.companions}}, ref.first_row,
+                             out)
     return t.to(TORCH_DTYPES[ref.cast]) if ref.cast is not None else t

@@ -11,7 +11,7 @@ from resumerge.inputs.codecs.compressed import CompressedTensorsCodec
 from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
 from resumerge.inputs.codecs.mxfp4 import Mxfp4Codec
 from resumerge.inputs.codecs.plain import PLAIN, PlainCodec
-from resumerge.inputs.codecs.protocol import MAIN, Claim, Lend, OutPart, Role, TensorCodec
+from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, Role, TensorCodec
 from resumerge.inputs.codecs.table import CODECS, CodecTable, StoredFormats
 
 __all__ = [
@@ -22,7 +22,6 @@ __all__ = [
     "Claim",
     "CodecTable",
     "CompressedTensorsCodec",
-    "Lend",
     "Mxfp4Codec",
     "OutPart",
     "PlainCodec",

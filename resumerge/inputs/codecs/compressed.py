@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from resumerge.errors import ModelInputError
-from resumerge.inputs.codecs.protocol import MAIN, Claim, Lend, OutPart, TensorCodec
+from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, TensorCodec
 from resumerge.inputs.codecs.quantized import SCALE, SHAPE, ZERO_POINT, is_extra, quantized_claims
 from resumerge.inputs.quant import compressed_tensors as ct
 from resumerge.inputs.quant.grid import grid_rows, grid_shape
@@ -136,7 +136,7 @@ class CompressedTensorsCodec(TensorCodec):
             out.append(OutPart(SHAPE, f"{module}weight_shape", "I64", (2,)))
         return tuple(out)
 
-    def encode(self, value: torch.Tensor, dtype: str, lend: Lend | None = None) -> dict[str, torch.Tensor]:
+    def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
         """Fresh scales (and zero points), as compressed-tensors computes them; the value starts at a block row."""
         values = value.to(torch.float32, copy=True)
         codes, scale, zero_point = ct.quantize(

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from resumerge.inputs.codecs.protocol import MAIN, Claim, Lend, OutPart, TensorCodec
+from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, TensorCodec
 from resumerge.inputs.codecs.quantized import SCALE, is_extra, quantized_claims
 from resumerge.inputs.quant import fp8_block
 from resumerge.inputs.quant.grid import grid_rows, grid_shape
@@ -86,21 +86,16 @@ class BlockFp8Codec(TensorCodec):
         grid = (*shape[:-2], *grid_shape((shape[-2], shape[-1]), self.block))
         return OutPart(MAIN, name, "F8_E4M3", shape), OutPart(SCALE, f"{name}_scale_inv", self.scale_dtype, grid)
 
-    def encode(self, value: torch.Tensor, dtype: str, lend: Lend | None = None) -> dict[str, torch.Tensor]:
-        """Fresh scales (amax / 448 per block) and codes (in a lent buffer when given); the value must start at a
-        block row."""
+    def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
+        """Fresh scales (amax / 448 per block) and codes; the value must start at a block row."""
         values = value.to(torch.float32).contiguous()  # only read by the kernel: no copy of a float32 result
         scale_dtype = TORCH_DTYPES[self.scale_dtype]
-        shape = tuple(values.shape)
-        codes = lend(shape, torch.float8_e4m3fn) if lend is not None else torch.empty(
-            shape, dtype=torch.float8_e4m3fn, device=values.device)
         if values.ndim == 2:
-            codes, scale = fp8_block.encode(values, self.block, scale_fmt=self.scale_fmt, scale_dtype=scale_dtype,
-                                            codes_out=codes)
+            codes, scale = fp8_block.encode(values, self.block, scale_fmt=self.scale_fmt, scale_dtype=scale_dtype)
             return {MAIN: codes, SCALE: scale}
         flat = values.reshape(-1, *values.shape[-2:])
         # Each expert's codes written in place.
-        codes = codes.view(flat.shape)
+        codes = torch.empty(flat.shape, dtype=torch.float8_e4m3fn, device=flat.device)
         scales = torch.stack([fp8_block.encode(m, self.block, scale_fmt=self.scale_fmt, scale_dtype=scale_dtype,
                                                codes_out=codes[index])[1] for index, m in enumerate(flat)])
         return {MAIN: codes.reshape(values.shape), SCALE: scales.reshape(*values.shape[:-2], *scales.shape[-2:])}

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from resumerge.errors import ModelInputError
-from resumerge.inputs.codecs.protocol import MAIN, Claim, Lend, OutPart, TensorCodec
+from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, TensorCodec
 from resumerge.inputs.codecs.quantized import SCALE, quantized_claims
 from resumerge.inputs.quant import mxfp4
 from resumerge.inputs.quant.verdict import QuantizedTensor
@@ -61,7 +61,7 @@ class Mxfp4Codec(TensorCodec):
         return (OutPart(MAIN, f"{name}_blocks", "U8", (*lead, rows, groups, mxfp4.GROUP // 2)),
                 OutPart(SCALE, f"{name}_scales", "U8", (*lead, rows, groups)))
 
-    def encode(self, value: torch.Tensor, dtype: str, lend: Lend | None = None) -> dict[str, torch.Tensor]:
+    def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
         """Fresh power-of-two scales and E2M1 codes (the input width must be a multiple of 32)."""
         blocks, scales = mxfp4.encode(value.to(torch.float32))
         return {MAIN: blocks, SCALE: scales}

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from resumerge.inputs.codecs.protocol import MAIN, Claim, Lend, OutPart, TensorCodec
+from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, TensorCodec
 from resumerge.inputs.tensorio import TORCH_DTYPES
 
 if TYPE_CHECKING:
@@ -45,13 +45,9 @@ class PlainCodec(TensorCodec):
     def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:
         return (OutPart(MAIN, name, dtype, shape),)
 
-    def encode(self, value: torch.Tensor, dtype: str, lend: Lend | None = None) -> dict[str, torch.Tensor]:
-        # A cast to the tensor's own dtype returns it: an input passed through unchanged is written as read. A cast
-        # into a lent buffer is the same copy kernel as .to()'s into a fresh one: the same bits.
-        target = TORCH_DTYPES[dtype]
-        if lend is None or value.dtype == target:
-            return {MAIN: value.to(target)}
-        return {MAIN: lend(tuple(value.shape), target).copy_(value)}
+    def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
+        # A cast to the tensor's own dtype returns it: an input passed through unchanged is written as read.
+        return {MAIN: value.to(TORCH_DTYPES[dtype])}
 
 
 # The codec of every tensor no format claims (an immutable value: codecs hold no state).

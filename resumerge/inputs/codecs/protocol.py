@@ -17,7 +17,7 @@ size); the plan carries the instance of each input and output tensor, and its fi
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
@@ -25,9 +25,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 if TYPE_CHECKING:
     from resumerge.inputs.files import TensorSource
     from resumerge.torch_import import torch
-
-# An output buffer lender (see TensorCodec.encode): a contiguous CPU tensor of a shape and dtype, uninitialised.
-Lend = Callable[[tuple[int, ...], "torch.dtype"], "torch.Tensor"]
 
 # The part every logical tensor has: the stored tensor that holds its values (or their codes).
 MAIN = "main"
@@ -166,10 +163,8 @@ class TensorCodec(ABC):
         what the shard layout holds for it."""
 
     @abstractmethod
-    def encode(self, value: torch.Tensor, dtype: str, lend: Lend | None = None) -> dict[str, torch.Tensor]:
+    def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
         """``value`` (a method's result, any float dtype, on the device it was computed on) as the parts
         :meth:`out_parts` announced, by part name, on ``value``'s device, with the bytes the same values give on
         the CPU; ``dtype`` is the planned value dtype. The engine moves the parts to the host and makes them
-        contiguous. ``lend(shape, dtype)``, given only for a value on the CPU, lends a contiguous buffer a part may
-        be encoded into instead of a fresh one (its pages already faulted in: a run reuses the buffers the writer is
-        done with); a codec may leave it unused."""
+        contiguous."""

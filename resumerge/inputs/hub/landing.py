@@ -200,10 +200,9 @@ class LandingFiles(InputSource):
             return self._inner.read_range(file, start, end)
         return landing.read(start, end)
 
-    def read_tensor(self, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+    def read_tensor(self, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
         if file not in self._landing or is_pickle_checkpoint(file):
-            return self._inner.read_tensor(file, start, end, dtype, shape, out)
+            return self._inner.read_tensor(file, start, end, dtype, shape)
         if end == start:
             return torch.empty(shape, dtype=TORCH_DTYPES[dtype])
         return self.read_range(file, start, end).view(TORCH_DTYPES[dtype]).reshape(shape)
