@@ -46,11 +46,12 @@ def test_a_stale_parent_and_an_object_never_uploaded_are_refused(hub: HubWriter)
 def test_a_node_s_upload_is_committed_from_the_reference_it_hands_back(hub: HubWriter, tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A cluster node uploads a shard and deletes it; the driver commits it from the node's reference alone (an
-    LFS object by its sha256 and size, a small regular file by its content). The LFS tier only: the Ray test's hub
-    OUT uploads through Xet."""
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", constants.HF_HUB_DISABLE_XET)  # upload_shard sets it
+    LFS object by its sha256 and size, a small regular file by its content); the process-wide Xet switch it sets
+    for the upload is put back after (a kept worker's process serves the next run). The LFS tier only: the Ray
+    test's hub OUT uploads through Xet."""
     hub.create_repo("alice/node")
     place = HubPlace(parse_hub_target("hf://alice/node"), hub.hub.url, hub.cas is not None, "resumerge resume")
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", place.xet)  # the other tier than the upload's
     files = {"model.safetensors": os.urandom(3000), "notes.txt": b"small"}
     operations = []
     for name, data in files.items():
@@ -58,6 +59,7 @@ def test_a_node_s_upload_is_committed_from_the_reference_it_hands_back(hub: HubW
         sha = hashlib.sha256(data).hexdigest()
         uploaded = upload_shard(place, tmp_path / name, name, sha)
         (tmp_path / name).unlink()
+        assert constants.HF_HUB_DISABLE_XET is place.xet
         assert uploaded.mode == ("lfs" if name.endswith(".safetensors") else "regular")
         operations.append(commit_operation(name, len(data), sha, uploaded))
     _api(hub).create_commit("alice/node", operations, commit_message="shards")
