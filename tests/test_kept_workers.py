@@ -1,24 +1,37 @@
 """A kept Ray worker's leases without a cluster (resumerge.engine.cluster.keeper): a live run's lease is never taken, a
 dead run's is taken back only after its stream stopped (by the next lease or by the watchdog on its own, which reads
-that fail otherwise do not stop), a release by another run's token changes nothing, a worker idle for its time
-refuses every lease and ends, and a worker refuses a run of other code; ``--keep-workers`` is read as a length, 0
-keeping none; a run whose node's kept workers live runs hold leases the next slots, up to the spare ones. The kept
-workers on a real cluster: tests/test_ray_executor.py."""
+that fail otherwise do not stop), a release by another run's token changes nothing but refuses that token's lease
+arriving after it, a worker idle for its time refuses every lease and ends, a worker refuses a run of other code and
+ends at once where its own code is not its name's, and one whose stream does not stop in time (or fails to) ends;
+the code digest follows the files' contents and the dependencies' versions, not their times or the interpreter's
+path; ``--keep-workers`` is a length with its unit, 0 keeping none; a run whose node's kept workers live runs hold
+leases the next slots, up to the spare ones the cluster's free memory allows, every node's answers within one
+deadline (a worker that did not answer killed); ending kept workers kills those whose release did not answer, and
+all of them on a fallback. The kept workers on a real cluster: tests/test_ray_executor.py."""
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from resumerge.api.options import keep_option, run_settings
+from resumerge.cli.commands import main
 from resumerge.config.settings import KEEP_WORKERS
-from resumerge.engine.cluster import keeper, kept
-from resumerge.engine.cluster.keeper import Keeper, code_digest
+from resumerge.engine.cluster import keeper, kept, launch
+from resumerge.engine.cluster.keeper import Keeper, code_digest, run_digest
 from resumerge.engine.cluster.kept import SPARE_SLOTS, kept_name
+from resumerge.engine.cluster.launch import Worker
 from resumerge.errors import UsageError
+
+# The runtime_env of the fake Ray's jobs.
+_CONTEXT = SimpleNamespace(runtime_env={"env_vars": {"HF_HOME": "/hf"}})
 
 
 class OwnerDied(Exception):
@@ -48,7 +61,8 @@ def fake_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
             raise OwnerDied()
         return "code"
 
-    ray = SimpleNamespace(get=get, exceptions=SimpleNamespace(ObjectLostError=OwnerDied, GetTimeoutError=TimeoutError))
+    ray = SimpleNamespace(get=get, exceptions=SimpleNamespace(ObjectLostError=OwnerDied, GetTimeoutError=TimeoutError),
+                          get_runtime_context=lambda: _CONTEXT)
     monkeypatch.setattr(keeper, "require_ray", lambda: ray)
     monkeypatch.setattr(keeper, "_end_actor", lambda: ended.append("ended"))
     monkeypatch.setattr(keeper, "WATCH_SECONDS", 0.02)
@@ -64,37 +78,48 @@ def fake_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 _MADE: list[Keeper] = []
 
 
-def _kept(keep: float = 60.0) -> tuple[Keeper, list[str]]:
+def _kept(keep: float = 60.0, named: str | None = None) -> tuple[Keeper, list[str]]:
     renewed: list[str] = []
-    _MADE.append(Keeper(keep, lambda: renewed.append("renewed")))
+    _MADE.append(Keeper(keep, lambda: renewed.append("renewed"), _code() if named is None else named))
     return _MADE[-1], renewed
+
+
+def _code() -> str:
+    return run_digest(SimpleNamespace(get_runtime_context=lambda: _CONTEXT))
+
+
+def _ended(ended: list[str]) -> None:
+    deadline = time.monotonic() + 5
+    while not ended:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
 
 
 def test_a_live_runs_lease_is_never_taken_and_a_dead_ones_only_after_its_stream_stopped(fake_ray: list[str]) -> None:
     worker, renewed = _kept()
-    code, first, second = code_digest(), _Token("first"), _Token("second")
+    code, first, second = _code(), _Token("first"), _Token("second")
     assert worker.lease([first], code, 60.0) == 0 and renewed == ["renewed"]
     assert worker.lease([second], code, 60.0) is None  # the first run's driver lives
-    worker.release([second])  # not its lease: nothing changes
-    assert worker.leased() and renewed == ["renewed"]
+    worker.release([_Token("other")])  # not its lease: nothing changes
+    assert worker.holder is first and renewed == ["renewed"]
     first.dead = True  # the first run's driver died: the next lease stops its stream, then serves
     assert worker.lease([second], code, 60.0) == 1 and renewed == ["renewed"] * 2
     worker.release([second])
-    assert not worker.leased() and renewed == ["renewed"] * 3
+    assert worker.holder is None and renewed == ["renewed"] * 3
 
 
 def test_the_watchdog_takes_a_dead_runs_lease_back_on_its_own(fake_ray: list[str]) -> None:
     worker, renewed = _kept()
     token = _Token("run")
-    assert worker.lease([token], code_digest(), 60.0) == 0
+    assert worker.lease([token], _code(), 60.0) == 0
     time.sleep(0.1)
-    assert worker.leased()  # its driver lives
+    assert worker.holder is not None  # its driver lives
     token.broken = True  # reads that fail otherwise: the watchdog goes on watching
     time.sleep(0.1)
-    assert worker.leased() and worker.watchdog.is_alive()
+    assert worker.holder is not None and worker.watchdog.is_alive()
     token.broken, token.dead = False, True
     deadline = time.monotonic() + 5
-    while worker.leased():
+    while worker.holder is not None:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert renewed == ["renewed"] * 2 and fake_ray == []  # stopped and fresh, not ended
@@ -103,7 +128,7 @@ def test_the_watchdog_takes_a_dead_runs_lease_back_on_its_own(fake_ray: list[str
 def test_an_idle_worker_ends_after_its_time_and_refuses_leases_then(fake_ray: list[str]) -> None:
     worker, _ = _kept(keep=60.0)
     token = _Token("run")
-    assert worker.lease([token], code_digest(), 0.1) == 0  # the lease sets the time kept idle after it
+    assert worker.lease([token], _code(), 0.1) == 0  # the lease sets the time kept idle after it
     time.sleep(0.3)
     assert fake_ray == []  # leased: never ends
     worker.release([token])
@@ -111,7 +136,41 @@ def test_an_idle_worker_ends_after_its_time_and_refuses_leases_then(fake_ray: li
     while not fake_ray:
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    assert worker.lease([_Token("late")], code_digest(), 60.0) is None
+    assert worker.lease([_Token("late")], _code(), 60.0) is None
+
+
+def test_a_lease_that_arrives_after_its_release_is_refused(fake_ray: list[str]) -> None:
+    worker, renewed = _kept()
+    dropped = _Token("dropped")  # its driver gave up waiting for the answer and released it
+    worker.release([dropped])
+    assert worker.lease([dropped], _code(), 60.0) is None and worker.holder is None and renewed == []
+    assert worker.lease([_Token("next")], _code(), 60.0) == 0
+
+
+def test_a_worker_whose_code_is_not_its_names_ends_at_once(fake_ray: list[str]) -> None:
+    worker, renewed = _kept(named="0123456789abcdef")  # another node's checkout made the name
+    _ended(fake_ray)
+    assert worker.lease([_Token("run")], "0123456789abcdef", 60.0) is None and renewed == []
+
+
+@pytest.mark.parametrize("stuck", [True, False], ids=["stop-never-returns", "stop-fails"])
+def test_a_worker_whose_stream_does_not_stop_in_time_ends(fake_ray: list[str], monkeypatch: pytest.MonkeyPatch,
+                                                          stuck: bool) -> None:
+    monkeypatch.setattr(keeper, "RENEW_SECONDS", 0.05)
+    gate = threading.Event()
+
+    def renew() -> None:
+        if stuck:
+            gate.wait(5)
+        else:
+            raise RuntimeError("the pipeline failed to stop")
+
+    worker = Keeper(60.0, renew, _code())
+    _MADE.append(worker)
+    started = time.monotonic()
+    assert worker.lease([_Token("run")], _code(), 60.0) is None and time.monotonic() - started < 2
+    _ended(fake_ray)
+    gate.set()
 
 
 def test_a_worker_refuses_a_run_of_other_code(fake_ray: list[str]) -> None:
@@ -122,28 +181,71 @@ def test_a_worker_refuses_a_run_of_other_code(fake_ray: list[str]) -> None:
 def test_the_code_digest_follows_the_code(monkeypatch: pytest.MonkeyPatch) -> None:
     before = code_digest()
     assert before == code_digest() and len(before) == 16
+    # Equal on every node that runs the same code: another checkout's file times and interpreter path do not count.
+    source = Path(keeper.__file__)
+    times = source.stat()
+    try:
+        os.utime(source, ns=(times.st_atime_ns, times.st_mtime_ns + 10**9))
+        monkeypatch.setattr(sys, "executable", "/elsewhere/bin/python")
+        assert code_digest() == before
+    finally:
+        os.utime(source, ns=(times.st_atime_ns, times.st_mtime_ns))
+    versions = keeper.importlib.metadata.version
+    monkeypatch.setattr(keeper.importlib.metadata, "version",
+                        lambda name: "0.0-other" if name == "safetensors" else versions(name))
+    assert code_digest() != before  # a dependency's version
+    monkeypatch.undo()
     monkeypatch.setattr(keeper, "__version__", "0.0.0-other")
     assert code_digest() != before
+    # The run's digest: the code's and the job's runtime_env (another job's token is not this one's).
+    other = SimpleNamespace(runtime_env={"env_vars": {"HF_TOKEN": "another"}})
+    assert run_digest(SimpleNamespace(get_runtime_context=lambda: other)) != _code()
 
 
 def test_keep_workers_is_a_length_and_0_keeps_none() -> None:
     assert keep_option(None) == KEEP_WORKERS == 600.0
     assert keep_option("0") == 0.0 and keep_option(0) == 0.0
     assert keep_option("10m") == 600.0 and keep_option("90s") == 90.0 and keep_option(30) == 30.0
-    for bad in ("soon", "-1m", -1):
+    assert keep_option("0.0") == 0.0
+    for bad in ("soon", "-1m", -1, "30", "1.5"):
         with pytest.raises(UsageError, match=r"keep.workers"):  # (the API names its parameter)
             keep_option(bad)
     with pytest.raises(UsageError, match=r"keep.workers needs .*executor"):
         run_settings(state_dir=None, keep_workers="10m")
 
 
-class _Actors:
-    """A Ray whose kept workers answer leases as ``answers`` says by name (absent: a new worker, 0 runs served);
-    records the names a run asked for."""
+def test_a_bare_number_of_keep_workers_is_refused_on_the_command_line(capsys: pytest.CaptureFixture[str],
+                                                                       tmp_path: Path) -> None:
+    """``--session``'s grammar would read ``30`` as 30 hours: the command line says to give the unit."""
+    assert main(["run", str(tmp_path / "a.yml"), str(tmp_path / "out"), "--executor", "ray",
+                 "--keep-workers", "30"]) == 2
+    err = capsys.readouterr().err
+    assert "--keep-workers 30" in err and "10m" in err and "600s" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
 
-    def __init__(self, answers: dict[str, int | None]) -> None:
-        self.answers, self.asked = answers, []
-        self.exceptions = SimpleNamespace(GetTimeoutError=TimeoutError, RayError=RuntimeError)
+
+class _Ref:
+    """A lease's or a release's answer: a value, ``LATE`` (none within the wait) or ``DIED`` (the actor died)."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+
+LATE, DIED = "late", "died"
+
+
+class _Actors:
+    """A Ray whose kept workers answer leases as ``answers`` says by name (absent: a new worker, 0 runs served), where
+    the kept workers named ``existing`` live and the cluster has ``free`` memory; records the names a run asked
+    for, the waits' time limits, the actors killed and the releases sent."""
+
+    def __init__(self, answers: dict[str, object], existing: set[str] = frozenset(), free: float = 1e12) -> None:
+        self.answers, self.existing, self.free = answers, existing, free
+        self.asked: list[str] = []
+        self.waits: list[float] = []
+        self.killed: list[str] = []
+        self.released: list[str] = []
+        self.exceptions = SimpleNamespace(RayError=RuntimeError)
 
     def put(self, value: str) -> str:
         return value
@@ -151,27 +253,88 @@ class _Actors:
     def remote(self, cls: type) -> _Actors:
         return self
 
+    def get_runtime_context(self) -> SimpleNamespace:
+        return _CONTEXT
+
+    def available_resources(self) -> dict[str, float]:
+        return {"memory": self.free}
+
+    def get_actor(self, name: str, namespace: str) -> str:
+        if name not in self.existing:
+            raise ValueError(name)
+        return name
+
     def options(self, *, name: str, **options: object) -> SimpleNamespace:
         self.asked.append(name)
-        answer = self.answers.get(name, 0)
-        lease = SimpleNamespace(remote=lambda box, code, keep: answer)
-        return SimpleNamespace(remote=lambda *args: SimpleNamespace(name=name, lease=lease))
+        return SimpleNamespace(remote=lambda *args: self.actor(name, self.answers.get(name, 0)))
 
-    def get(self, answer: int | None, timeout: float) -> int | None:
-        return answer
+    def actor(self, name: str, answer: object, release: object = None) -> SimpleNamespace:
+        def released(box: list[str]) -> _Ref:
+            self.released.append(name)
+            return _Ref(release)
+
+        return SimpleNamespace(name=name, lease=SimpleNamespace(remote=lambda box, code, keep: _Ref(answer)),
+                               release=SimpleNamespace(remote=released))
+
+    def wait(self, refs: list[_Ref], num_returns: int, timeout: float) -> tuple[list[_Ref], list[_Ref]]:
+        self.waits.append(timeout)
+        return [r for r in refs if r.value != LATE], [r for r in refs if r.value == LATE]
+
+    def get(self, ref: _Ref) -> object:
+        if ref.value == DIED:
+            raise RuntimeError("the actor died")
+        return ref.value
+
+    def kill(self, actor: SimpleNamespace, no_restart: bool) -> None:
+        self.killed.append(actor.name)
+
+
+def _nodes(**cpus: int) -> list[dict[str, object]]:
+    return [{"NodeID": node * 16, "Alive": True, "Resources": {"CPU": n, "memory": 1e12}} for node, n in cpus.items()]
 
 
 def test_a_run_leases_the_next_slots_where_live_runs_hold_a_nodes_kept_workers(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    code, busy, full = code_digest(), "a" * 16, "b" * 16
+    code, busy, full = _code(), "a" * 16, "b" * 16
     # Node a: slot 0 held by a live run, slot 1 kept from 3 runs before; node b: every slot held.
-    answers = {kept_name(code, busy, 0): None, kept_name(code, busy, 1): 3,
-               **{kept_name(code, full, slot): None for slot in range(2 + SPARE_SLOTS)}}
+    answers: dict[str, object] = {kept_name(code, busy, 0): None, kept_name(code, busy, 1): 3,
+                                  **{kept_name(code, full, slot): None for slot in range(2 + SPARE_SLOTS)}}
     ray = _Actors(answers)
     monkeypatch.setattr(kept, "_pinned", lambda node_id: None)
-    nodes = [{"NodeID": node, "Alive": True, "Resources": {"CPU": 2, "memory": 1e12}} for node in (busy, full)]
-    workers, reused = kept.lease(ray, nodes, 1, 60.0)  # type: ignore[arg-type]
+    workers, reused = kept.lease(ray, _nodes(a=2, b=2), 1, 60.0)  # type: ignore[arg-type]
     assert [w.actor.name for w in workers] == [kept_name(code, busy, slot) for slot in (1, 2)] and reused == 1
     assert {w.token for w in workers} == {code} and {w.width for w in workers} == {1}
-    assert ray.asked == [kept_name(code, busy, slot) for slot in range(3)] + [
-        kept_name(code, full, slot) for slot in range(2 + SPARE_SLOTS)]  # the spare slots, no more
+    # Every node's slots asked at once (then the spare ones), the spare slots and no more, within one deadline.
+    assert ray.asked == [kept_name(code, busy, 0), kept_name(code, busy, 1), kept_name(code, full, 0),
+                         kept_name(code, full, 1), kept_name(code, busy, 2), kept_name(code, full, 2),
+                         kept_name(code, full, 3)]
+    assert len(ray.waits) == 2 and ray.waits[1] <= ray.waits[0] <= kept.LEASE_SECONDS and ray.killed == []
+
+
+def test_spare_slots_need_free_memory_and_a_worker_that_does_not_answer_is_killed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    code, full, slow = _code(), "b" * 16, "c" * 16
+    # Node b: its slots held, its first spare kept from 2 runs before (no new memory), the next one would be new;
+    # node c: its worker never answers (never scheduled); the cluster has no memory free for a new worker.
+    answers: dict[str, object] = {kept_name(code, full, 0): None, kept_name(code, full, 1): None,
+                                  kept_name(code, full, 2): 2, kept_name(code, slow, 0): LATE}
+    ray = _Actors(answers, existing={kept_name(code, full, 2)}, free=0.0)
+    monkeypatch.setattr(kept, "_pinned", lambda node_id: None)
+    workers, reused = kept.lease(ray, _nodes(b=2, c=1), 1, 60.0)  # type: ignore[arg-type]
+    assert [w.actor.name for w in workers] == [kept_name(code, full, 2)] and reused == 1
+    assert ray.asked == [kept_name(code, full, 0), kept_name(code, full, 1), kept_name(code, slow, 0),
+                         kept_name(code, full, 2)]
+    assert ray.killed == [kept_name(code, slow, 0)]
+
+
+def test_ending_kills_a_kept_worker_whose_release_does_not_answer_and_every_one_on_a_fallback() -> None:
+    ray = _Actors({})
+    fresh, answers, late, died = (Worker(ray.actor(name, 0, release), name, name, 1, token=None if name == "fresh"
+                                         else "token") for name, release in
+                                  (("fresh", None), ("answers", None), ("late", LATE), ("died", DIED)))
+    launch.end(ray, [fresh, answers, late, died])  # type: ignore[arg-type]
+    assert ray.released == ["answers", "late", "died"] and ray.killed == ["fresh", "late"]
+    ray.released.clear()
+    ray.killed.clear()
+    launch.end(ray, [fresh, answers], kill=True)  # type: ignore[arg-type]
+    assert ray.released == [] and ray.killed == ["fresh", "answers"]

@@ -56,7 +56,7 @@ from resumerge.config.locations import run_dir
 from resumerge.engine.cluster import driver, launch
 from resumerge.engine.cluster.cores import Cores, node_cores
 from resumerge.engine.cluster.hubreads import NodeReads, NodeSources
-from resumerge.engine.cluster.keeper import code_digest
+from resumerge.engine.cluster.keeper import run_digest
 from resumerge.engine.cluster.kept import NAMESPACE, SPARE_SLOTS, kept_name
 from resumerge.engine.cluster.launch import NODE_LABEL
 from resumerge.engine.cluster.upload import HubPlace, task_cpus, upload_shard
@@ -432,7 +432,7 @@ def _kept() -> dict[str, Any]:
     """The kept workers of this code on the cluster's live nodes, by name (every slot a run may ask)."""
     import ray
 
-    code, found = code_digest(), {}
+    code, found = run_digest(ray), {}
     for node in ray.nodes():
         if node["Alive"]:
             for slot in range(int(node["Resources"].get("CPU", 0)) + SPARE_SLOTS):
@@ -445,12 +445,19 @@ def _kept() -> dict[str, Any]:
 
 
 def _leased(actor: Any) -> bool:
+    """Whether a live run holds the kept worker: it refuses a lease (which, granted, is released at once)."""
     import ray
 
+    code = run_digest(ray)
+    box = [ray.put(code)]
     try:
-        return bool(ray.get(actor.leased.remote(), timeout=30))
+        served = ray.get(actor.lease.remote(box, code, 60.0), timeout=30)
     except ray.exceptions.RayActorError:  # ending
         return False
+    if served is None:
+        return True
+    ray.get(actor.release.remote(box), timeout=30)
+    return False
 
 
 @contextmanager
@@ -635,8 +642,9 @@ def _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster: tuple[Cluster, Any]
         assert proc.stderr is not None
         for line in proc.stderr:
             said.append(line)
-            # Printed by the driver's SIGINT handler, which sets its stop flag: from then on its loop collects no
-            # shard, so the uploads held until now may finish (their workers then stop at once).
+            # Printed by the driver's SIGINT handler, which sets its stop flag: from its loop's next turn on (which
+            # still collects the results already ready) it collects no shard, so the uploads held until now may
+            # finish (their workers then stop at once).
             if "SIGINT: stopping" in line:
                 stopping.set()
 
@@ -669,13 +677,14 @@ def _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster: tuple[Cluster, Any]
     shards = sorted(n for n in committed if n.endswith(".safetensors"))
     # The shards the driver had collected when the interrupt came, each recorded done: with both nodes uploading at
     # once (kept workers start together), the second upload's result may still be on its way when the third's
-    # start interrupts, so one to three of them.
+    # start interrupts, so one to three of them. (Exactly the uploads finished before it cannot be told: the
+    # stand-in hub sees an upload's start, not when the node's result reaches the driver.)
     db = sqlite3.connect(run_dir("hf://alice/stopped", state) / "ledger.db")
     done = sorted(r[0] for r in db.execute("SELECT name FROM files WHERE kind = 'shard' AND status = 'done'"))
     db.close()
     assert shards == done and 1 <= len(shards) <= 3, (shards, done, err)
     assert all(hashlib.sha256(committed[n]).hexdigest() == merge.reference[n] for n in shards)
-    _wait_for_idle_cluster()  # the stopped driver's workers ended with it
+    _wait_for_idle_cluster()  # the stopped driver's workers ended, or were released, with it
     # The resume: each node uploads the shards it makes (what the stopped run's nodes uploaded is on the hub
     # already: not sent again), the driver alone commits, in batches.
     with _warm_reservation_never_ready(cluster[0], monkeypatch) as adopted, _the_driver_uploads_no_shard(monkeypatch):

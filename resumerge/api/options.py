@@ -62,13 +62,21 @@ def run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = Non
 
 
 def keep_option(keep: float | str | None) -> float:
-    """The seconds of ``--keep-workers`` (a length, ``"10m"``, or seconds; ``0`` keeps none; None: the default,
-    :data:`~resumerge.config.settings.KEEP_WORKERS`); raises UsageError (exit 2) for anything else."""
+    """The seconds of ``--keep-workers`` (a length with its unit, ``"10m"``; a number of seconds from the API; ``0``
+    keeps none; None: the default, :data:`~resumerge.config.settings.KEEP_WORKERS`); raises UsageError (exit 2) for
+    anything else, a bare number other than 0 in a string included (``--session`` reads one as hours: here it
+    would be ambiguous)."""
     if keep is None:
         return KEEP_WORKERS
     if isinstance(keep, str):
-        if keep.strip() in ("0", "0s", "0m", "0h"):
+        try:
+            bare: float | None = float(keep)
+        except ValueError:
+            bare = None
+        if bare == 0 or keep.strip() in ("0s", "0m", "0h"):
             return 0.0
+        if bare is not None:
+            raise UsageError(f"--keep-workers {keep.strip()}: give its unit", hint="e.g. --keep-workers 10m or 600s")
         from resumerge.engine.sessions import parse_duration
 
         return parse_duration(keep, option="--keep-workers")

@@ -20,9 +20,10 @@ if TYPE_CHECKING:
 class NodeActor:
     """A node's worker as Ray runs it: a :class:`~resumerge.engine.cluster.worker.ShardStream` made in the actor's
     process with ``shared`` and ``setup`` (both None: a warm worker, given them by :meth:`begin`); with ``keep``
-    seconds, a kept worker (:mod:`~resumerge.engine.cluster.kept`), whose every lease gets a fresh stream."""
+    seconds, a kept worker (:mod:`~resumerge.engine.cluster.kept`) named with the digest ``named`` (it ends at once
+    where its own differs), whose every lease gets a fresh stream."""
 
-    def __init__(self, shared: Shared | None, setup: WorkerSetup | None, keep: float = 0.0) -> None:
+    def __init__(self, shared: Shared | None, setup: WorkerSetup | None, keep: float = 0.0, named: str = "") -> None:
         from resumerge.engine.cluster.worker import ShardStream
 
         self.stream = ShardStream(shared, setup)
@@ -30,7 +31,7 @@ class NodeActor:
         if keep > 0:
             from resumerge.engine.cluster.keeper import Keeper
 
-            self.keeper = Keeper(keep, self._renew)
+            self.keeper = Keeper(keep, self._renew, named)
 
     def begin(self, shared: Shared, setup: WorkerSetup) -> None:
         """See :meth:`~resumerge.engine.cluster.worker.ShardStream.begin`."""
@@ -53,13 +54,11 @@ class NodeActor:
         if self.keeper is not None:
             self.keeper.release(box)
 
-    def leased(self) -> bool:
-        """See :meth:`~resumerge.engine.cluster.keeper.Keeper.leased`."""
-        return self.keeper is not None and self.keeper.leased()
-
     def _renew(self) -> None:
         """The stream stopped (its pipeline at its next safe point, its temp files deleted) and a fresh one made:
-        torch's threads are set again by the next :meth:`begin`, and nothing else of a run outlives its stream.
+        the next :meth:`begin` sets torch's intra-op threads again and each upload puts its process-wide Xet switch
+        back; what a run leaves in the process beyond its stream (torch's inter-op thread count, set once per
+        process; the modules it imported) does not change the bytes the next run makes.
         The heap the run freed goes back to the system: idle, the worker holds about what its imports take (the
         memory it declares), not its last run's peak."""
         import gc

@@ -32,7 +32,7 @@ from typing import Any
 from resumerge.config.settings import RunSettings
 from resumerge.engine.cluster.connect import join
 from resumerge.engine.cluster.hubreads import NodeReads
-from resumerge.engine.cluster.launch import AHEAD, Worker, adopt, default_threads, end, place
+from resumerge.engine.cluster.launch import AHEAD, Worker, adopt, default_threads, end, place, unreserve
 from resumerge.engine.cluster.upload import HubPlace, commit_operation, task_cpus
 from resumerge.engine.cluster.warm import WarmStart
 from resumerge.engine.cluster.worker import ShardDone, WorkerSetup
@@ -98,6 +98,7 @@ class _Dispatch:
     def __init__(self, ray: ModuleType, job: Job, journal: CommitJournal, done: set[str],
                  warm: WarmStart | None) -> None:
         self.ray, self.job, self.journal, self.warm = ray, job, journal, warm
+        self.start = warm  # which holds the run's kept workers until the API call ends
         self.plan = job.plan
         # Shards to feed, with the times each was re-issued: a lost worker's shards go back to the front.
         self.pending: deque[tuple[ShardPlan, int]] = deque(
@@ -133,14 +134,14 @@ class _Dispatch:
                     if not self._feed(worker, *self.pending.popleft()):
                         return False
                 ready, _ = self.ray.wait([*self.inflight, *self.beginning], num_returns=1, timeout=POLL_SECONDS)
-                if self.job.should_stop():
-                    return False
-                for ref in ready:
+                for ref in ready:  # a result already made is kept before a stop is honoured
                     if ref in self.beginning:
                         self._begun(ref)
                     else:
                         self._collect(ref)
                 self.journal.settle()  # hub commits that landed meanwhile
+                if self.job.should_stop():
+                    return False
             return True
         finally:
             self._close()
@@ -163,14 +164,14 @@ class _Dispatch:
             except BaseException:
                 end(self.ray, warm)
                 raise
-            if adopted:
+            if adopted:  # (else killed: released, they would declare their memory beside the fresh workers)
                 self.workers = warm
                 self.beginning = {worker.begun: worker for worker in warm}
                 reused = start.reused if start is not None else 0
                 self.job.reporter.message(f"Ray workers: {reused} kept from a run before, {len(warm) - reused} "
                                           "started for this one")
                 return
-            end(self.ray, warm)
+            end(self.ray, warm, kill=True)
         self.workers = place(self.ray, nodes, self.shared, self.setup, wanted, self.memory, gpu=gpu, lost=self.lost)
         self.job.reporter.message(f"Ray workers: {len(self.workers)} started for this run")
 
@@ -241,13 +242,14 @@ class _Dispatch:
         self._publish(shard, replace(result, node=worker.node))
 
     def _lose(self, worker: Worker) -> None:
-        """Forget a worker that died (its other shards fail too and come back here); start workers on the nodes
-        left when none is."""
+        """Forget a worker that died (its other shards fail too and come back here), killed even when kept (a
+        release would stop its stream, failing its other shards instead of re-issuing them); start workers on the
+        nodes left when none is."""
         if worker not in self.workers:
             return
         self.workers.remove(worker)
         self.lost.add(worker.node)
-        end(self.ray, [worker])
+        end(self.ray, [worker], kill=True)
         if not self.workers:
             self._start_workers()
 
@@ -300,17 +302,25 @@ class _Dispatch:
 
     def _close(self) -> None:
         """Stop every worker (a stopped or failed run's abandon their shards and delete their temp files), then end
-        their actors: no work of this run goes on after it."""
+        their actors, or hand the kept ones that stopped to the run's warm start, which releases them when the API
+        call ends (a recipe's later stage kills them first: :meth:`~resumerge.engine.cluster.warm.WarmStart.take`);
+        their reservations removed: no work of this run goes on after it."""
         # The shards' calls, answered once their worker stopped (Stopped, mostly), are read: Ray prints an error
         # nobody read.
-        waits = [worker.actor.stop.remote() for worker in self.workers] + [*self.inflight, *self.beginning]
+        stops = {worker.actor.stop.remote(): worker for worker in self.workers}
+        waits = [*stops, *self.inflight, *self.beginning]
         answered, _ = self.ray.wait(waits, num_returns=len(waits), timeout=STOP_SECONDS) if waits else ([], [])
         for ref in answered:
             try:
                 self.ray.get(ref)
             except self.ray.exceptions.RayError:
                 continue
-        end(self.ray, self.workers)  # and their memory reservations
+        stopped = {stops[ref] for ref in answered if ref in stops}
+        held = [w for w in self.workers if w.token is not None and w in stopped] if self.start is not None else []
+        end(self.ray, [w for w in self.workers if w not in held], kill=True)  # a kept one that did not stop too
+        if held and self.start is not None:
+            unreserve(held)
+            self.start.hold(held)
         self.workers.clear()
         self.inflight.clear()
         self.beginning.clear()

@@ -4,7 +4,7 @@ driver still lives, and when the worker ends itself.
 Runs in the worker's process. A lease is the driver's token (an object the driver put, so owned by it): the
 worker holds its reference and reads it; the read raises ``OwnerDiedError`` once the driver died (``ray.wait``
 still says ready then: only the read tells). A lease whose holder died is taken back by the next lease asked, or
-by the watchdog thread (every :data:`WATCH_SECONDS`, detecting a death in about a second more): either first
+by the watchdog thread (every :data:`WATCH_SECONDS`; the delay: :mod:`~resumerge.engine.cluster.kept`): either first
 stops the dead run's pipeline at its next safe point (the shard it was writing abandoned, its temp file deleted)
 and makes a fresh stream, so the next run computes as a fresh worker would. A worker no run holds for ``keep``
 seconds refuses every lease from then on and ends its actor, which frees its name.
@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import os
+import platform
 import sys
 import threading
 import time
@@ -31,35 +33,59 @@ WATCH_SECONDS = 0.25
 READ_SECONDS = 2.0
 # How long the worker waits for Ray to end its actor before it ends its process itself.
 END_SECONDS = 5.0
+# How long a lease or release waits for the stream to stop (a hub upload's safe point can be minutes away) before
+# the worker ends itself instead.
+RENEW_SECONDS = 8.0
+
+
+# The distributions whose versions a kept worker's code digest covers beside resumerge's own files: the
+# dependencies (pyproject's) and Ray, read from their metadata without importing them.
+DEPENDENCIES = ("torch", "safetensors", "numpy", "pyyaml", "sqlite-utils", "psutil", "huggingface_hub", "rich",
+                "transformers", "hf-xet", "ray")
 
 
 def code_digest() -> str:
-    """A digest of the code a worker runs: resumerge's version, its package files' paths, sizes and times, the
-    Python executable, and torch's version (read without importing torch)."""
+    """A digest of the code a worker runs, equal on every node that runs the same code whatever its checkout's path
+    or file times: resumerge's version and its package files' relative paths and contents, Python's version, and
+    the :data:`DEPENDENCIES`' versions (read without importing them)."""
     root = Path(__file__).resolve().parents[2]
-    try:
-        torch_version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        torch_version = ""
-    digest = hashlib.sha256(f"{__version__}\0{sys.executable}\0{torch_version}\0{root}\n".encode())
+    python = f"{sys.implementation.name} {platform.python_version()}"
+    digest = hashlib.sha256(f"{__version__}\0{python}\n".encode())
+    for name in DEPENDENCIES:
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            version = ""
+        digest.update(f"{name}\0{version}\n".encode())
     for path in sorted(root.rglob("*.py")):
-        stat = path.stat()
-        digest.update(f"{path.relative_to(root)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        digest.update(f"{path.relative_to(root).as_posix()}\0{path.stat().st_size}\n".encode())
+        digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
-class Keeper:
-    """The leases of a kept worker idle for at most ``keep`` seconds; ``renew`` stops its stream and makes a fresh
-    one (called under the keeper's lock, with no run holding the worker)."""
+def run_digest(ray: Any) -> str:
+    """The digest a kept worker's name carries and its leases are checked against: :func:`code_digest` and the
+    runtime_env of the job (Ray gives a detached actor its creating job's: env_vars such as HF_TOKEN, working_dir,
+    pip), so a worker serves only runs of the same code and the same runtime_env."""
+    env = json.dumps(dict(ray.get_runtime_context().runtime_env or {}), sort_keys=True, default=str)
+    return hashlib.sha256(f"{code_digest()}\0{env}".encode()).hexdigest()[:16]
 
-    def __init__(self, keep: float, renew: Callable[[], None]) -> None:
+
+class Keeper:
+    """The leases of a kept worker idle for at most ``keep`` seconds, named with the :func:`run_digest` ``named``;
+    ``renew`` stops its stream and makes a fresh one (called under the keeper's lock, with no run holding the
+    worker, for at most :data:`RENEW_SECONDS`). A worker whose own digest is not ``named`` (another node's code
+    under the same name) ends at once, as does one whose stream did not stop in time or failed to."""
+
+    def __init__(self, keep: float, renew: Callable[[], None], named: str) -> None:
         self.keep, self.renew = keep, renew
-        self.code = code_digest()  # of the code this process runs
+        self.code = run_digest(require_ray())  # of the code and runtime_env this process runs
         self.lock = threading.Lock()
         self.holder: Any = None  # the token of the run that holds it
+        self.released: set[str] = set()  # the tokens released: a lease by one overtook its release, and is refused
         self.served = 0  # the leases granted so far
         self.idle_since = time.monotonic()
-        self.ended = False
+        self.ended = self.code != named  # (the watchdog ends the actor at its first turn)
         self.watchdog = threading.Thread(target=self._watch, name="resumerge-kept-watchdog", daemon=True)
         self.watchdog.start()
 
@@ -68,26 +94,44 @@ class Keeper:
         value) and whose code has the digest ``code``, to be kept ``keep`` seconds idle after it; returns the leases
         it granted before, or None where it refuses (another live run holds it, it runs other code, or it ends)."""
         with self.lock:
-            if self.ended or code != self.code or (self.holder is not None and _alive(self.holder)):
+            if self.ended or code != self.code or box[0].hex() in self.released or (
+                    self.holder is not None and _alive(self.holder)):
                 return None
-            self.renew()  # a dead run's pipeline stopped, a fresh stream
+            if not self._renewed():  # a dead run's pipeline stopped, a fresh stream
+                return None
             self.holder, self.keep = box[0], keep
             self.served += 1
             return self.served - 1
 
     def release(self, box: list[Any]) -> None:
-        """The run of ``box``'s token ended: its pipeline stops (if it did not already) and the worker is idle."""
+        """The run of ``box``'s token ended: its pipeline stops (if it did not already) and the worker is idle; a
+        lease by that token that arrives later (Ray does not keep a threaded actor's call order) is refused."""
         with self.lock:
+            self.released.add(box[0].hex())
             if self.holder is not None and self.holder.hex() == box[0].hex():
                 self._free()
 
-    def leased(self) -> bool:
-        """Whether a run holds the worker (a dead one's lease counts until taken back)."""
-        return self.holder is not None
-
     def _free(self) -> None:
-        self.renew()
+        self._renewed()
         self.holder, self.idle_since = None, time.monotonic()
+
+    def _renewed(self) -> bool:
+        """Whether ``renew`` ended within :data:`RENEW_SECONDS` without raising; if not, the worker ended (it
+        refuses every lease, and the watchdog ends its actor, which ends the stuck pipeline with its process)."""
+        failed: list[BaseException] = []
+
+        def renew() -> None:
+            try:
+                self.renew()
+            except BaseException as exc:  # (ended below: a stream that failed to stop is not reused)
+                failed.append(exc)
+
+        thread = threading.Thread(target=renew, name="resumerge-kept-renew", daemon=True)
+        thread.start()
+        thread.join(RENEW_SECONDS)
+        if thread.is_alive() or failed:
+            self.ended = True
+        return not self.ended
 
     def _watch(self) -> None:
         while True:
@@ -101,7 +145,9 @@ class Keeper:
 
     def _watched(self) -> bool:
         """Take a dead holder's lease back; True once the worker has been idle for its time (it refuses leases from
-        then on)."""
+        then on, and once it ended otherwise)."""
+        if self.ended:
+            return True
         holder = self.holder
         if holder is not None:
             if not _alive(holder):
@@ -110,7 +156,7 @@ class Keeper:
                         self._free()
             return False
         with self.lock:
-            self.ended = self.holder is None and time.monotonic() - self.idle_since >= self.keep
+            self.ended = self.ended or (self.holder is None and time.monotonic() - self.idle_since >= self.keep)
         return self.ended
 
 

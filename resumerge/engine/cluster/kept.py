@@ -6,8 +6,9 @@ Only a run on a cluster that outlives it keeps its workers: one joined at ``--ra
 the one its process is connected to (the warm start's clusters, :mod:`~resumerge.engine.cluster.warm`); never a
 Ray started for the run, nor a GPU run (an idle process would hold the GPU). A kept worker is a detached, named
 :class:`~resumerge.engine.cluster.actor.NodeActor` in the :data:`NAMESPACE` namespace, one per (node, slot),
-named with the digest of the code it runs (:func:`~resumerge.engine.cluster.keeper.code_digest`), so a worker
-never serves a run of other code (and checks that digest against its own at every lease). Idle, it declares no
+named with the digest of the code it runs and its job's runtime_env (:func:`~resumerge.engine.cluster.keeper.
+run_digest`), so a worker never serves a run of other code or another runtime_env (and checks that digest against
+its own as it starts, ending at once where another node's code differs, and at every lease). Idle, it declares no
 CPU, only the memory its imports take; the run that leases it reserves the CPUs it computes with and the rest of
 its memory by a placement group pinned to its node (:func:`~resumerge.engine.cluster.launch.adopt`), removed when
 the run ends.
@@ -15,24 +16,32 @@ the run ends.
 A lease is a token the driver ``ray.put``s (the driver owns it): while the driver lives no other run takes the
 worker (that run asks the node's next slot); once it died (``OwnerDiedError`` on the token) the worker stops the
 dead run's pipeline at its next safe point, its temp files deleted, before it serves anyone, and a watchdog in the
-worker does so on its own within about a second and a half of the driver's death
-(:class:`~resumerge.engine.cluster.keeper.Keeper`). A kept worker idle for ``--keep-workers`` ends itself, which
-frees its name.
+worker does so on its own (:class:`~resumerge.engine.cluster.keeper.Keeper`). Its delay, stated here only: about
+two seconds after the driver's death (Ray's notice that the token's owner died, then the watchdog's next turn),
+plus the wait for the dead run's pipeline to reach its safe point (a hub upload's can be minutes away: the worker
+waits for it at most :data:`~resumerge.engine.cluster.keeper.RENEW_SECONDS`, then ends itself). With a ``ray://``
+address the token belongs to the proxy driver on the head node, which outlives a killed client for Ray Client's
+reconnect grace (about 30 s): the worker is freed that much later. A kept worker idle for ``--keep-workers`` ends
+itself, which frees its name.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from resumerge.engine.cluster.actor import NodeActor
-from resumerge.engine.cluster.keeper import code_digest
+from resumerge.engine.cluster.keeper import run_digest
 from resumerge.engine.cluster.launch import AHEAD, Worker, declared, end, layout
 from resumerge.torch_import import IMPORT_RESERVE
 
 # The namespace of every kept worker's name.
 NAMESPACE = "resumerge"
-# How long a run waits for a kept worker's answer to its lease (a new one answers once it has imported torch).
+# How long a run waits for its kept workers' answers to its leases, every node's together (a new one answers once
+# it has imported torch); one that has not answered by then is killed (never scheduled, or stuck).
 LEASE_SECONDS = 60.0
 # The slots past a node's own that a run tries when live runs hold those (each its own kept worker).
 SPARE_SLOTS = 2
@@ -46,48 +55,95 @@ def kept_name(code: str, node_id: str, slot: int) -> str:
 def lease(ray: ModuleType, nodes: list[dict[str, Any]], wanted: int, keep: float) -> tuple[list[Worker], int]:
     """A kept worker leased on every live node with a CPU, one per share of its CPUs ``wanted`` wide, each made
     (detached, idle for at most ``keep`` seconds once released) where the node has none that this process's code
-    runs and no live run holds; and how many of them served a run before. A worker ``wanted`` wide once its run
-    reserved its CPUs (:func:`~resumerge.engine.cluster.launch.adopt`); ended (:func:`~resumerge.engine.cluster.
-    launch.end`) it is released. On any raise, the leases already taken are released."""
-    code = code_digest()
+    runs and no live run holds; and how many of them served a run before. Every node's slots are asked at once and
+    answered within one :data:`LEASE_SECONDS` deadline; a node whose slots live runs hold is asked its next ones,
+    up to :data:`SPARE_SLOTS` more, a new worker only while the cluster has the memory it declares free. A worker
+    ``wanted`` wide once its run reserved its CPUs (:func:`~resumerge.engine.cluster.launch.adopt`); ended
+    (:func:`~resumerge.engine.cluster.launch.end`) it is released. On any raise, the leases already taken are
+    released."""
+    code = run_digest(ray)
     token = ray.put(code)  # owned by this process: the lease ends with it
     actor_class = ray.remote(NodeActor)
+    deadline = time.monotonic() + LEASE_SECONDS
     workers: list[Worker] = []
     reused = 0
+    todo = {node_id: _Node(has, width, count, 0, count + SPARE_SLOTS) for node_id, has, width, count in
+            layout(nodes, wanted, gpu=False, lost=set())}
     try:
-        for node_id, has, width, count in layout(nodes, wanted, gpu=False, lost=set()):
-            needed, slot, last = count, 0, count + SPARE_SLOTS
-            while needed > 0 and slot < last:
-                batch = range(slot, min(slot + needed, last))
-                slot = batch.stop
-                asked = [(actor_class.options(
-                    name=kept_name(code, node_id, s), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-                    num_cpus=0, memory=declared(IMPORT_RESERVE, has), max_restarts=0,
-                    max_concurrency=AHEAD + 5,  # as a run's worker, and the lease's calls
-                    scheduling_strategy=_pinned(node_id)).remote(None, None, keep)) for s in batch]
-                for actor, answer in [(actor, actor.lease.remote([token], code, keep)) for actor in asked]:
-                    served = _answer(ray, actor, answer, token)
-                    if served is not None:
-                        workers.append(Worker(actor, node_id[:8], node_id, width, token=token))
-                        reused += served > 0
-                        needed -= 1
+        while asks := _slots(ray, todo, code):
+            asked = [(node_id, actor_class.options(
+                name=kept_name(code, node_id, slot), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+                num_cpus=0, memory=declared(IMPORT_RESERVE, todo[node_id].has), max_restarts=0,
+                max_concurrency=AHEAD + 5,  # as a run's worker, and the lease's calls
+                scheduling_strategy=_pinned(node_id)).remote(None, None, keep, code)) for node_id, slot in asks]
+            answers = [actor.lease.remote([token], code, keep) for _, actor in asked]
+            for (node_id, actor), served in zip(asked, _answers(ray, asked, answers, deadline), strict=True):
+                if served is not None:
+                    workers.append(Worker(actor, node_id[:8], node_id, todo[node_id].width, token=token))
+                    reused += served > 0
+                    todo[node_id].needed -= 1
     except BaseException:
         end(ray, workers)
         raise
     return workers, reused
 
 
-def _answer(ray: ModuleType, actor: Any, answer: Any, token: Any) -> int | None:
-    """A kept worker's ``answer`` to a lease: the runs it served before, or None where it refused (a live run holds
-    it, or it runs other code, or it ends), died or did not answer in time (then it is told to release a lease it
-    may grant later)."""
+@dataclass
+class _Node:
+    """A node's leases under way: its resources, each worker's CPUs, the workers still needed, the next slot to ask
+    and the slot past the last one it may ask."""
+
+    has: Mapping[str, float]
+    width: int
+    needed: int
+    slot: int
+    last: int
+
+
+def _slots(ray: ModuleType, todo: dict[str, _Node], code: str) -> list[tuple[str, int]]:
+    """The next (node, slot) to ask on every node that still needs workers, its spare slots (past its own) only
+    where a worker lives there already or the cluster has the memory free that a new one declares (Ray's per-node
+    figure is not public: the cluster's bounds it)."""
+    free = ray.available_resources().get("memory", 0.0)
+    asks = []
+    for node_id, node in todo.items():
+        own = node.last - SPARE_SLOTS  # the slots before it are the node's own
+        for _ in range(min(node.needed, node.last - node.slot)):
+            if node.slot >= own and not _exists(ray, kept_name(code, node_id, node.slot)):
+                free -= declared(IMPORT_RESERVE, node.has)
+                if free < 0:
+                    node.last = node.slot  # no room for it, nor for the slots after it
+                    break
+            asks.append((node_id, node.slot))
+            node.slot += 1
+    return asks
+
+
+def _exists(ray: ModuleType, name: str) -> bool:
+    """Whether a kept worker of that name lives."""
     try:
-        served: int | None = ray.get(answer, timeout=LEASE_SECONDS)
-    except ray.exceptions.GetTimeoutError:
-        actor.release.remote([token])
-        return None
-    except ray.exceptions.RayError:
-        return None
+        ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
+def _answers(ray: ModuleType, asked: list[tuple[str, Any]], answers: list[Any], deadline: float) -> list[int | None]:
+    """Kept workers' ``answers`` to leases, waited for until ``deadline``: each the runs it served before, or None
+    where it refused (a live run holds it, or it runs other code, or it ends), died, or did not answer in time
+    (then it is killed: it was never scheduled, or is stuck)."""
+    ready, _ = ray.wait(answers, num_returns=len(answers), timeout=max(0.0, deadline - time.monotonic()))
+    answered = set(ready)
+    served: list[int | None] = []
+    for (_, actor), answer in zip(asked, answers, strict=True):
+        if answer not in answered:
+            ray.kill(actor, no_restart=True)
+            served.append(None)
+            continue
+        try:
+            served.append(ray.get(answer))
+        except ray.exceptions.RayError:
+            served.append(None)
     return served
 
 

@@ -54,7 +54,7 @@ class Worker:
     fed: int = 0
     reserved: Any = None
     begun: Any = None
-    token: Any = None  # a kept worker's lease (:mod:`~resumerge.engine.cluster.kept`): released, never killed
+    token: Any = None  # a kept worker's lease (:mod:`~resumerge.engine.cluster.kept`): released, killed on fallbacks
 
 
 def default_threads(threads: int | None) -> int:
@@ -63,28 +63,40 @@ def default_threads(threads: int | None) -> int:
     return threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
-def end(ray: ModuleType, workers: list[Worker]) -> None:
-    """End ``workers``' actors, or release the kept ones (their pipelines stopped, idle for the next run), and
-    remove their reservations."""
-    from ray.util.placement_group import remove_placement_group
-
-    released = []
+def end(ray: ModuleType, workers: list[Worker], *, kill: bool = False) -> None:
+    """End ``workers``' actors, or release the kept ones (their pipelines stopped, idle for the next run) unless
+    ``kill`` (a fallback: a released worker would go on declaring its memory beside the run's fresh ones), and
+    remove their reservations. A kept worker whose release does not answer within :data:`RESERVE_SECONDS` is killed:
+    nothing of the run goes on after it."""
+    released = {}
     for worker in workers:
-        if worker.token is None:
+        if worker.token is None or kill:
             ray.kill(worker.actor, no_restart=True)
         else:
-            released.append(worker.actor.release.remote([worker.token]))
-        if worker.reserved is not None:
-            remove_placement_group(worker.reserved)
-            worker.reserved = None
-    # Read (a dead worker's error included: Ray prints those nobody read), within a stop's wait at most: a worker
-    # whose release is lost is taken back once this process ends.
-    answered, _ = ray.wait(released, num_returns=len(released), timeout=RESERVE_SECONDS) if released else ([], [])
+            released[worker.actor.release.remote([worker.token])] = worker
+    unreserve(workers)
+    # Read (a dead worker's error included: Ray prints those nobody read).
+    answered, late = ray.wait(list(released), num_returns=len(released), timeout=RESERVE_SECONDS) if released else (
+        [], [])
     for ref in answered:
         try:
             ray.get(ref)
         except ray.exceptions.RayError:
             continue
+    for ref in late:
+        ray.kill(released[ref].actor, no_restart=True)
+
+
+def unreserve(workers: list[Worker]) -> None:
+    """Remove ``workers``' memory reservations (their placement groups)."""
+    reserved = [worker for worker in workers if worker.reserved is not None]
+    if not reserved:
+        return
+    from ray.util.placement_group import remove_placement_group
+
+    for worker in reserved:
+        remove_placement_group(worker.reserved)
+        worker.reserved = None
 
 
 def place(ray: ModuleType, nodes: list[dict[str, Any]], shared: Any, setup: WorkerSetup | None, wanted: int,

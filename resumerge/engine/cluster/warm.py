@@ -46,6 +46,7 @@ class WarmStart:
         self.where, self.threads, self.keep = where, threads, keep
         self.ray: ModuleType | None = None
         self.workers: list[Worker] = []  # started and not taken yet
+        self.held: list[Worker] = []  # kept workers a run took and handed back, still leased (:meth:`hold`)
         self.reused = 0  # of them, the kept workers that served a run before
         # Set once the call ends (close): what the start places from then on is its own to end. Set, and read with
         # what was placed, under the lock, so that every worker is ended by exactly one of the two threads.
@@ -70,19 +71,35 @@ class WarmStart:
         self.thread.join()
 
     def take(self) -> list[Worker]:
-        """The workers started (none if the start failed); the caller's to end from now on."""
+        """The workers started (none if the start failed, or an earlier stage of a recipe took them); the caller's
+        to end from now on. A recipe's later stage first kills the kept workers the stages before handed back
+        (:meth:`hold`): released, they would declare their memory beside the stage's own fresh workers."""
         self.thread.join()  # the start is over
         with self._lock:
             workers, self.workers = self.workers, []
+            held, self.held = self.held, []
+        if held and self.ray is not None:
+            launch.end(self.ray, held, kill=True)
         return workers
 
+    def hold(self, workers: list[Worker]) -> None:
+        """Keep a run's kept ``workers`` (stopped, their reservations removed) leased until the call ends, which
+        releases them for the next run (:meth:`close`)."""
+        with self._lock:
+            if not self.closed.is_set():
+                self.held += workers
+                return
+        if self.ray is not None:
+            launch.end(self.ray, workers)
+
     def close(self) -> None:
-        """End the workers the run did not take (it was refused, failed or ended before it took them), without
+        """End the workers the run did not take (it was refused, failed or ended before it took them) and release
+        the kept ones it handed back (:meth:`hold`), without
         waiting for a start still under way (a run that failed fast would wait for the join and the placement, and
         a second Ctrl-C meanwhile would leave the workers running): that start ends what it places itself."""
         with self._lock:
             self.closed.set()
-            workers, self.workers = self.workers, []
+            workers, self.workers, self.held = self.workers + self.held, [], []
         if workers and self.ray is not None:
             launch.end(self.ray, workers)
 
