@@ -1,5 +1,6 @@
 """A Ray run's warm start (resumerge.engine.cluster.warm) without a cluster: closing it never waits for a start under
-way, and every worker placed is ended once; a start that fails (an import included) takes nothing and leaves no
+way, and every worker placed is ended once; a recipe's later stage kills the kept workers the stages before held,
+and the call's end releases the others; a start that fails (an import included) takes nothing and leaves no
 worker; its thread imports no module of resumerge; a resume starts none for a plan recorded on a GPU, nor for one
 whose device only the hub's manifest says."""
 
@@ -19,7 +20,7 @@ import pytest
 from resumerge.api.options import recorded_device, started_early
 from resumerge.config.locations import RunLocations
 from resumerge.config.settings import RAY, RunSettings
-from resumerge.engine.cluster import connect, launch
+from resumerge.engine.cluster import connect, kept, launch
 from resumerge.engine.cluster.warm import WarmStart
 from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import MANIFEST_NAME, Manifest
@@ -64,6 +65,24 @@ def test_close_ends_the_workers_placed_and_not_taken_once(
     warm.close()
     warm.close()
     assert ended == [["w1", "w2"]]
+
+
+def test_a_recipes_later_stage_kills_the_kept_workers_an_earlier_one_held_and_the_call_releases_the_rest(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Released between stages, kept workers would declare their memory beside a later stage's fresh ones."""
+    ended: list[tuple[list[str], bool]] = []
+    monkeypatch.setattr(connect, "require_ray", lambda: SimpleNamespace(nodes=lambda: []))
+    monkeypatch.setattr(kept, "lease", lambda ray, nodes, threads, keep: (["k1", "k2"], 0))
+    monkeypatch.setattr(launch, "end", lambda ray, workers, kill=False: ended.append((list(workers), kill)))
+    warm = WarmStart(None, 1, keep=60.0)
+    assert warm.take() == ["k1", "k2"]
+    warm.hold(["k1", "k2"])  # the first stage's run ended: still leased
+    assert ended == []
+    assert warm.take() == [] and ended == [(["k1", "k2"], True)]  # a later stage: killed
+    warm.hold(["k3"])
+    warm.close()  # the call ends: released for the next run
+    warm.hold(["k4"])  # (a run that hands its workers back after the call ended releases them itself)
+    assert ended == [(["k1", "k2"], True), (["k3"], False), (["k4"], False)]
 
 
 def test_a_resume_reads_the_recorded_device_before_starting_warm_workers(tmp_path: Path) -> None:
