@@ -13,7 +13,7 @@ SIGKILLed mid-run is resumed on Ray, which loses a worker node mid-run (the node
 in the Xet tier under --max-disk, on the node left. The workers are started while the driver plans (warm) and used, not
 started again; a run that fails, is refused or is killed leaves no worker and no memory reservation behind. The first
 run ends its workers (--keep-workers 0); the later ones keep theirs (the default on a cluster that outlives the run): a
-run with -j 1 and one with the default threads on the same processes compute the local bytes, a SIGKILLed driver's kept
+slerp with -j 2 then -j 1 on the same processes computes the local bytes at each -j, a SIGKILLed driver's kept
 workers stop its shards on their own and serve its resume, and kept workers idle for their time end, their names freed.
 The local halves (a failing run, a killed run) run while the cluster starts; ``-s`` prints each phase's seconds."""
 
@@ -45,7 +45,7 @@ from hub.fakehub_write import HubWriter
 from hub.fakehub_xet import XetCas
 from hubout.conftest import TOKEN, hub, repo_files, tier, uploads  # noqa: F401  (the stand-in hub's fixtures)
 from huggingface_hub import constants
-from support import cli, digests, ties_of_three
+from support import cli, digests, ties_of_three, write_config
 
 from resumerge import api
 from resumerge.cli.commands import main
@@ -87,10 +87,13 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Merge:
-    """A TIES merge of three tiny local models (compute-bound, the kind a cluster is for) and its local bytes."""
+    """A TIES merge of three tiny local models (compute-bound, the kind a cluster is for) and its local bytes; a
+    slerp of two of them (whose bytes depend on the thread count) and its local bytes by ``-j``."""
 
     config: Path
     reference: dict[str, str]
+    slerp: Path
+    slerp_reference: dict[int, dict[str, str]]
 
 
 @contextmanager
@@ -117,7 +120,15 @@ def merge(tmp_path_factory: pytest.TempPathFactory) -> Merge:
     root = tmp_path_factory.mktemp("ray")
     config = ties_of_three(root, SPEC)
     api.run(config, root / "local", state_dir=root / "state", out_shard_size=SHARD)
-    return Merge(config, digests(root / "local"))
+    a, b = str(root / "a"), str(root / "b")
+    slerp = write_config(root / "slerp.yml", {"merge_method": "slerp", "base_model": a, "dtype": "float32",
+                                              "models": [{"model": a}, {"model": b}], "parameters": {"t": 0.3}})
+    references = {}
+    for threads in (2, 1):
+        api.run(slerp, root / f"slerp-j{threads}", state_dir=root / "state", out_shard_size=SHARD,
+                num_threads=threads)
+        references[threads] = digests(root / f"slerp-j{threads}")
+    return Merge(config, digests(root / "local"), slerp, references)
 
 
 def _largest_shard(merge: Merge) -> int:
@@ -160,7 +171,7 @@ def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merg
             # workers (--keep-workers 0) end with it.
             _streamed_hub_inputs_are_read_by_each_node(cluster, merge, hub, tmp_path / "streamed")
             clock.lap("streamed inputs, on both nodes as locally; no worker kept")
-            # The next runs on the cluster keep their workers: -j 1, then the default threads, on the same processes.
+            # The next runs on the cluster keep their workers: slerp -j 2, then -j 1, on the same processes.
             kept = _runs_on_kept_workers_compute_as_fresh_ones(cluster, merge, tmp_path / "kept")
             clock.lap("two runs on kept workers")
         # A shard's real error ends the run as locally; the failed run leaves no worker or reservation.
@@ -381,17 +392,19 @@ def _both_worker_nodes_made_shards(cluster: tuple[Cluster, Any], merge: Merge, o
 def _runs_on_kept_workers_compute_as_fresh_ones(cluster: tuple[Cluster, Any], merge: Merge,
                                                 tmp_path: Path) -> set[int]:
     """A run that keeps its workers (the default on a cluster that outlives it), then a second one with other
-    threads: both the local executor's bytes, on both nodes, the second on the first's processes (reused, not
-    started: the process-wide state a run changes does not leak into the next one). Returns their pids."""
+    threads, of a method whose bytes depend on them (slerp): each the local executor's bytes at its ``-j``, on both
+    nodes, the second on the first's processes (reused, not started: the process-wide state a run changes, torch's
+    threads among it, does not leak into the next one). Returns their pids."""
     pids: list[set[int]] = []
     said = _Said()
-    for threads in (1, None):
+    for threads in (2, 1):
         out, state = tmp_path / f"j{threads}", tmp_path / f"state-j{threads}"
-        outcome = api.run(merge.config, out, state_dir=state, out_shard_size=SHARD, executor="ray",
+        outcome = api.run(merge.slerp, out, state_dir=state, out_shard_size=SHARD, executor="ray",
                           num_threads=threads, progress=said)
-        assert digests(out) == merge.reference and outcome.resumed_files == 0
-        assert {e["node"] for e in _node_events(out, state)} == cluster[0].node_ids()
-        pids.append({e["pid"] for e in _node_events(out, state)})
+        assert digests(out) == merge.slerp_reference[threads] and outcome.resumed_files == 0
+        events = _node_events(out, state)
+        assert {e["node"] for e in events} == cluster[0].node_ids() and {e["threads"] for e in events} == {threads}
+        pids.append({e["pid"] for e in events})
     assert pids[0] == pids[1] and len(pids[0]) == 2
     assert [m for m in said.messages if m.startswith("Ray workers")] == [
         "Ray workers: 0 kept from a run before, 2 started for this one",
