@@ -7,7 +7,8 @@ still says ready then: only the read tells). A lease whose holder died is taken 
 by the watchdog thread (every :data:`WATCH_SECONDS`; the delay: :mod:`~resumerge.engine.cluster.kept`): either first
 stops the dead run's pipeline at its next safe point (the shard it was writing abandoned, its temp file deleted)
 and makes a fresh stream, so the next run computes as a fresh worker would. A worker no run holds for ``keep``
-seconds refuses every lease from then on and ends its actor, which frees its name.
+seconds refuses every lease from then on and ends its actor, which frees its name; so does, at once, a worker whose
+stream did not stop within :data:`RENEW_SECONDS` (or failed to), and one whose own code is not its name's.
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ class Keeper:
     def _renewed(self) -> bool:
         """Whether ``renew`` ended within :data:`RENEW_SECONDS` without raising; if not, the worker ended (it
         refuses every lease, and the watchdog ends its actor, which ends the stuck pipeline with its process)."""
+        if self.ended:  # (a stream that did not stop is not waited for twice)
+            return False
         failed: list[BaseException] = []
 
         def renew() -> None:
