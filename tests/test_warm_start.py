@@ -1,8 +1,8 @@
 """A Ray run's warm start (resumerge.engine.cluster.warm) without a cluster: closing it never waits for a start under
-way, and every worker placed is ended once; a recipe's later stage kills the kept workers the stages before held,
-and the call's end releases the others; a start that fails (an import included) takes nothing and leaves no
-worker; its thread imports no module of resumerge; a resume starts none for a plan recorded on a GPU, nor for one
-whose device only the hub's manifest says."""
+way, and every worker placed is ended once; a recipe's later stage leases again the kept workers the stages before
+held, and the call's end releases the others; a run stopped during the start takes nothing at once; a start that
+fails (an import included) takes nothing and leaves no worker; its thread imports no module of resumerge; a resume
+starts none for a plan recorded on a GPU, nor for one whose device only the hub's manifest says."""
 
 from __future__ import annotations
 
@@ -67,22 +67,44 @@ def test_close_ends_the_workers_placed_and_not_taken_once(
     assert ended == [["w1", "w2"]]
 
 
-def test_a_recipes_later_stage_kills_the_kept_workers_an_earlier_one_held_and_the_call_releases_the_rest(
+def test_a_recipes_later_stage_leases_again_the_kept_workers_an_earlier_one_held_and_the_call_releases_the_rest(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Released between stages, kept workers would declare their memory beside a later stage's fresh ones."""
-    ended: list[tuple[list[str], bool]] = []
+    """Released, then leased again with a fresh token: the same processes, each with a fresh stream."""
+    calls: list[tuple[str, list[str], bool]] = []
+    leases = iter([(["k1", "k2"], 0), (["k1", "k2"], 2)])
+
+    def lease(ray: Any, nodes: Any, threads: int, keep: float) -> tuple[list[str], int]:
+        calls.append(("lease", [], False))
+        return next(leases)
+
     monkeypatch.setattr(connect, "require_ray", lambda: SimpleNamespace(nodes=lambda: []))
-    monkeypatch.setattr(kept, "lease", lambda ray, nodes, threads, keep: (["k1", "k2"], 0))
-    monkeypatch.setattr(launch, "end", lambda ray, workers, kill=False: ended.append((list(workers), kill)))
+    monkeypatch.setattr(kept, "lease", lease)
+    monkeypatch.setattr(launch, "end", lambda ray, workers, kill=False: calls.append(("end", list(workers), kill)))
     warm = WarmStart(None, 1, keep=60.0)
-    assert warm.take() == ["k1", "k2"]
+    assert warm.take() == ["k1", "k2"] and warm.reused == 0
     warm.hold(["k1", "k2"])  # the first stage's run ended: still leased
-    assert ended == []
-    assert warm.take() == [] and ended == [(["k1", "k2"], True)]  # a later stage: killed
+    assert calls == [("lease", [], False)]
+    assert warm.take() == ["k1", "k2"] and warm.reused == 2  # a later stage: released, then leased again
+    assert calls[1:] == [("end", ["k1", "k2"], False), ("lease", [], False)]
+    del calls[:]
     warm.hold(["k3"])
     warm.close()  # the call ends: released for the next run
     warm.hold(["k4"])  # (a run that hands its workers back after the call ended releases them itself)
-    assert ended == [(["k1", "k2"], True), (["k3"], False), (["k4"], False)]
+    assert calls == [("end", ["k3"], False), ("end", ["k4"], False)]
+
+
+def test_a_run_stopped_while_the_start_is_under_way_takes_nothing_at_once(
+        placing: tuple[threading.Event, threading.Event, list[list[str]]]) -> None:
+    """A Ctrl-C during a stalled lease stops the run at once; the call's close then ends what the start places."""
+    begun, go, ended = placing
+    warm = WarmStart(None, 1)
+    assert begun.wait(5)
+    began = time.monotonic()
+    assert warm.take(lambda: True, 0.01) == [] and time.monotonic() - began < 1
+    warm.close()
+    go.set()
+    warm.thread.join(5)
+    assert ended == [["w1", "w2"]]
 
 
 def test_a_resume_reads_the_recorded_device_before_starting_warm_workers(tmp_path: Path) -> None:

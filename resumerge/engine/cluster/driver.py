@@ -129,18 +129,23 @@ class _Dispatch:
         try:
             if self.pending:
                 self._start_workers()
+                if not self.workers:  # stopped while the warm start was under way
+                    return False
             while self.pending or self.inflight:
                 while self.pending and (worker := self._hungriest()) is not None:
                     if not self._feed(worker, *self.pending.popleft()):
                         return False
-                ready, _ = self.ray.wait([*self.inflight, *self.beginning], num_returns=1, timeout=POLL_SECONDS)
-                for ref in ready:  # a result already made is kept before a stop is honoured
+                ready, rest = self.ray.wait([*self.inflight, *self.beginning], num_returns=1, timeout=POLL_SECONDS)
+                stop = self.job.should_stop()
+                if stop and rest:  # every result already made is kept before the stop is honoured
+                    ready += self.ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+                for ref in ready:
                     if ref in self.beginning:
                         self._begun(ref)
                     else:
                         self._collect(ref)
                 self.journal.settle()  # hub commits that landed meanwhile
-                if self.job.should_stop():
+                if stop:
                     return False
             return True
         finally:
@@ -152,12 +157,18 @@ class _Dispatch:
         the node's CPUs as wide as the run's thread count, each declaring those CPUs and the memory the plan's
         largest shard needs (at most what its node has): the warm ones taken from the run's start when they fit
         (:func:`~resumerge.engine.cluster.launch.adopt`), else ones started now. Raises :class:`UnreachableError`
-        when no node is left."""
+        when no node is left; none, with nothing placed, when the run is stopped while the warm start is under
+        way."""
         gpu = is_gpu(self.plan.options.device)
         nodes = self.ray.nodes()
         wanted = self._width(nodes)
         start, self.warm = self.warm, None
-        warm = start.take() if start is not None else []  # ours to end (or release) from here
+        warm: list[Worker] = []
+        if start is not None:
+            warm = start.take(self.job.should_stop, POLL_SECONDS)  # ours to end (or release) from here
+            if self.job.should_stop():
+                end(self.ray, warm)
+                return
         if warm:
             try:
                 adopted = not gpu and adopt(self.ray, warm, nodes, self.shared, self.setup, wanted, self.memory)
@@ -303,24 +314,27 @@ class _Dispatch:
     def _close(self) -> None:
         """Stop every worker (a stopped or failed run's abandon their shards and delete their temp files), then end
         their actors, or hand the kept ones that stopped to the run's warm start, which releases them when the API
-        call ends (a recipe's later stage kills them first: :meth:`~resumerge.engine.cluster.warm.WarmStart.take`);
+        call ends (a recipe's later stage leases them again: :meth:`~resumerge.engine.cluster.warm.WarmStart.take`);
         their reservations removed: no work of this run goes on after it."""
         # The shards' calls, answered once their worker stopped (Stopped, mostly), are read: Ray prints an error
         # nobody read.
-        stops = {worker.actor.stop.remote(): worker for worker in self.workers}
-        waits = [*stops, *self.inflight, *self.beginning]
-        answered, _ = self.ray.wait(waits, num_returns=len(waits), timeout=STOP_SECONDS) if waits else ([], [])
-        for ref in answered:
-            try:
-                self.ray.get(ref)
-            except self.ray.exceptions.RayError:
-                continue
-        stopped = {stops[ref] for ref in answered if ref in stops}
-        held = [w for w in self.workers if w.token is not None and w in stopped] if self.start is not None else []
-        end(self.ray, [w for w in self.workers if w not in held], kill=True)  # a kept one that did not stop too
-        if held and self.start is not None:
-            unreserve(held)
-            self.start.hold(held)
+        stopped: set[Worker] = set()
+        try:  # (a second Ctrl-C while the workers stop: they are killed below, none held)
+            stops = {worker.actor.stop.remote(): worker for worker in self.workers}
+            waits = [*stops, *self.inflight, *self.beginning]
+            answered, _ = self.ray.wait(waits, num_returns=len(waits), timeout=STOP_SECONDS) if waits else ([], [])
+            for ref in answered:
+                try:
+                    self.ray.get(ref)
+                except self.ray.exceptions.RayError:
+                    continue
+            stopped = {stops[ref] for ref in answered if ref in stops}
+        finally:
+            held = [w for w in self.workers if w.token is not None and w in stopped] if self.start is not None else []
+            end(self.ray, [w for w in self.workers if w not in held], kill=True)  # a kept one that did not stop too
+            if held and self.start is not None:
+                unreserve(held)
+                self.start.hold(held)
         self.workers.clear()
         self.inflight.clear()
         self.beginning.clear()

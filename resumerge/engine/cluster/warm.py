@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -70,16 +71,27 @@ class WarmStart:
         """Wait until the cluster is joined (or failed to be) and the workers' start is asked for."""
         self.thread.join()
 
-    def take(self) -> list[Worker]:
-        """The workers started (none if the start failed, or an earlier stage of a recipe took them); the caller's
-        to end from now on. A recipe's later stage first kills the kept workers the stages before handed back
-        (:meth:`hold`): released, they would declare their memory beside the stage's own fresh workers."""
-        self.thread.join()  # the start is over
+    def take(self, should_stop: Callable[[], bool] = lambda: False, every: float = 0.25) -> list[Worker]:
+        """The workers started (none if the start failed or the run was stopped meanwhile); the caller's to end from
+        now on. The start is waited for in steps of ``every`` seconds, ``should_stop`` asked between them: a stopped
+        run takes nothing and the start ends what it places once the call closes (:meth:`close`). A recipe's later
+        stage leases again the kept workers the stages before handed back (:meth:`hold`): released, each makes a
+        fresh stream, and the lease finds the same processes by their names (those another run took meanwhile
+        replaced by the next slots')."""
+        while self.thread.is_alive():  # the start is under way: a Ctrl-C meanwhile stops the run at once
+            if should_stop():
+                return []
+            self.thread.join(every)
         with self._lock:
             workers, self.workers = self.workers, []
             held, self.held = self.held, []
         if held and self.ray is not None:
-            launch.end(self.ray, held, kill=True)
+            launch.end(self.ray, held)  # released: the lease below is refused while this run's token holds them
+            try:
+                workers, self.reused = kept.lease(self.ray, self.ray.nodes(), launch.default_threads(self.threads),
+                                                  self.keep)
+            except Exception:  # only the head start is lost: the executor places its own
+                return []
         return workers
 
     def hold(self, workers: list[Worker]) -> None:
