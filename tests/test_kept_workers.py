@@ -1,23 +1,26 @@
 """A kept Ray worker's leases without a cluster (resumerge.engine.cluster.keeper): a live run's lease is never taken, a
 dead run's is taken back only after its stream stopped (by the next lease or by the watchdog on its own, which reads
-that fail otherwise do not stop), a release by another run's token changes nothing but refuses that token's lease
-arriving after it, a worker idle for its time refuses every lease and ends, a worker refuses a run of other code and
-ends at once where its own code is not its name's, and one whose stream does not stop in time (or fails to) ends;
-the code digest follows the files' contents and the dependencies' versions, not their times or the interpreter's
-path; ``--keep-workers`` is a length with its unit, 0 keeping none; a run whose node's kept workers live runs hold
-leases the next slots, up to the spare ones the cluster's free memory allows, every node's answers within one
-deadline (a worker that did not answer killed); ending kept workers kills those whose release did not answer, and
-all of them on a fallback. The kept workers on a real cluster: tests/test_ray_executor.py."""
+that fail otherwise do not stop), a release by another run's token changes nothing, a worker idle for its time
+refuses every lease and ends, a worker refuses a run of other code and ends at once where its own code is not its
+name's, and one whose stream does not stop in time (or fails to) ends; the code digest follows the files' contents
+and every installed distribution's version, not the checkout's path, the files' times or the interpreter's path (on a
+copy of the package's tree); ``--keep-workers`` is a length with its unit, 0 keeping none; a run whose node's kept
+workers live runs hold leases the next slots, up to the spare ones the cluster's free memory allows, every node's
+answers within one deadline (a worker made for the lease within a shorter one from its ask; one that did not answer
+killed); ending kept workers kills those whose release did not answer, and all of them on a fallback. The kept
+workers on a real cluster: tests/test_ray_executor.py."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -139,14 +142,6 @@ def test_an_idle_worker_ends_after_its_time_and_refuses_leases_then(fake_ray: li
     assert worker.lease([_Token("late")], _code(), 60.0) is None
 
 
-def test_a_lease_that_arrives_after_its_release_is_refused(fake_ray: list[str]) -> None:
-    worker, renewed = _kept()
-    dropped = _Token("dropped")  # its driver gave up waiting for the answer and released it
-    worker.release([dropped])
-    assert worker.lease([dropped], _code(), 60.0) is None and worker.holder is None and renewed == []
-    assert worker.lease([_Token("next")], _code(), 60.0) == 0
-
-
 def test_a_worker_whose_code_is_not_its_names_ends_at_once(fake_ray: list[str]) -> None:
     worker, renewed = _kept(named="0123456789abcdef")  # another node's checkout made the name
     _ended(fake_ray)
@@ -178,22 +173,32 @@ def test_a_worker_refuses_a_run_of_other_code(fake_ray: list[str]) -> None:
     assert worker.lease([_Token("run")], "0123456789abcdef", 60.0) is None and renewed == []
 
 
-def test_the_code_digest_follows_the_code(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_code_digest_follows_the_code(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     before = code_digest()
     assert before == code_digest() and len(before) == 16
-    # Equal on every node that runs the same code: another checkout's file times and interpreter path do not count.
-    source = Path(keeper.__file__)
+    # Equal on every node that runs the same code: another checkout's path, file times and interpreter path do
+    # not count (a copy of the package's tree: the installed files are never touched).
+    root = Path(keeper.__file__).resolve().parents[2]
+    copy = tmp_path / "elsewhere" / "resumerge"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    source = copy / "engine" / "cluster" / "keeper.py"
     times = source.stat()
-    try:
-        os.utime(source, ns=(times.st_atime_ns, times.st_mtime_ns + 10**9))
-        monkeypatch.setattr(sys, "executable", "/elsewhere/bin/python")
-        assert code_digest() == before
-    finally:
-        os.utime(source, ns=(times.st_atime_ns, times.st_mtime_ns))
-    versions = keeper.importlib.metadata.version
-    monkeypatch.setattr(keeper.importlib.metadata, "version",
-                        lambda name: "0.0-other" if name == "safetensors" else versions(name))
-    assert code_digest() != before  # a dependency's version
+    os.utime(source, ns=(times.st_atime_ns, times.st_mtime_ns + 10**9))
+    monkeypatch.setattr(keeper, "__file__", str(source))
+    monkeypatch.setattr(sys, "executable", "/elsewhere/bin/python")
+    assert code_digest() == before
+    source.write_text(source.read_text() + "\n")
+    assert code_digest() != before  # a file's content
+    monkeypatch.undo()
+    distributions = keeper.importlib.metadata.distributions
+
+    def other_versions() -> list[Any]:  # a dependency's own dependency in another version
+        return [SimpleNamespace(metadata={"Name": d.metadata["Name"]},
+                                version="0.0-other" if d.metadata["Name"] == "idna" else d.version)
+                for d in distributions()]
+
+    monkeypatch.setattr(keeper.importlib.metadata, "distributions", other_versions)
+    assert code_digest() != before
     monkeypatch.undo()
     monkeypatch.setattr(keeper, "__version__", "0.0.0-other")
     assert code_digest() != before
@@ -304,11 +309,12 @@ def test_a_run_leases_the_next_slots_where_live_runs_hold_a_nodes_kept_workers(
     workers, reused = kept.lease(ray, _nodes(a=2, b=2), 1, 60.0)  # type: ignore[arg-type]
     assert [w.actor.name for w in workers] == [kept_name(code, busy, slot) for slot in (1, 2)] and reused == 1
     assert {w.token for w in workers} == {code} and {w.width for w in workers} == {1}
-    # Every node's slots asked at once (then the spare ones), the spare slots and no more, within one deadline.
+    # Every node's slots asked at once (then the spare ones), the spare slots and no more, each round's new workers
+    # within a new worker's deadline.
     assert ray.asked == [kept_name(code, busy, 0), kept_name(code, busy, 1), kept_name(code, full, 0),
                          kept_name(code, full, 1), kept_name(code, busy, 2), kept_name(code, full, 2),
                          kept_name(code, full, 3)]
-    assert len(ray.waits) == 2 and ray.waits[1] <= ray.waits[0] <= kept.LEASE_SECONDS and ray.killed == []
+    assert len(ray.waits) == 2 and max(ray.waits) <= kept.NEW_LEASE_SECONDS and ray.killed == []
 
 
 def test_spare_slots_need_free_memory_and_a_worker_that_does_not_answer_is_killed(
@@ -325,6 +331,19 @@ def test_spare_slots_need_free_memory_and_a_worker_that_does_not_answer_is_kille
     assert ray.asked == [kept_name(code, full, 0), kept_name(code, full, 1), kept_name(code, slow, 0),
                          kept_name(code, full, 2)]
     assert ray.killed == [kept_name(code, slow, 0)]
+
+
+def test_a_worker_made_for_the_lease_is_waited_for_less_than_a_kept_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new worker that pends (its node's memory held by another run) must not stall the run's start for the
+    whole lease deadline: only the kept workers that live are given that long."""
+    code, node = _code(), "a" * 16
+    live, new = kept_name(code, node, 0), kept_name(code, node, 1)
+    spares = {kept_name(code, node, slot): None for slot in (2, 3)}  # (live runs hold them)
+    ray = _Actors({live: LATE, new: LATE, **spares}, existing={live})
+    monkeypatch.setattr(kept, "_pinned", lambda node_id: None)
+    assert kept.lease(ray, _nodes(a=2), 1, 60.0) == ([], 0)  # type: ignore[arg-type]
+    assert ray.waits[0] <= kept.NEW_LEASE_SECONDS < kept.LEASE_SECONDS - 1 < ray.waits[1]
+    assert ray.killed == [live, new]
 
 
 def test_ending_kills_a_kept_worker_whose_release_does_not_answer_and_every_one_on_a_fallback() -> None:

@@ -39,25 +39,18 @@ END_SECONDS = 5.0
 RENEW_SECONDS = 8.0
 
 
-# The distributions whose versions a kept worker's code digest covers beside resumerge's own files: the
-# dependencies (pyproject's) and Ray, read from their metadata without importing them.
-DEPENDENCIES = ("torch", "safetensors", "numpy", "pyyaml", "sqlite-utils", "psutil", "huggingface_hub", "rich",
-                "transformers", "hf-xet", "ray")
-
 
 def code_digest() -> str:
     """A digest of the code a worker runs, equal on every node that runs the same code whatever its checkout's path
     or file times: resumerge's version and its package files' relative paths and contents, Python's version, and
-    the :data:`DEPENDENCIES`' versions (read without importing them)."""
+    every installed distribution's name and version (the dependencies' own dependencies included; read from their
+    metadata without importing them)."""
     root = Path(__file__).resolve().parents[2]
     python = f"{sys.implementation.name} {platform.python_version()}"
     digest = hashlib.sha256(f"{__version__}\0{python}\n".encode())
-    for name in DEPENDENCIES:
-        try:
-            version = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            version = ""
-        digest.update(f"{name}\0{version}\n".encode())
+    installed = {f"{dist.metadata['Name']}=={dist.version}" for dist in importlib.metadata.distributions()}
+    for name in sorted(installed):
+        digest.update(f"{name}\n".encode())
     for path in sorted(root.rglob("*.py")):
         digest.update(f"{path.relative_to(root).as_posix()}\0{path.stat().st_size}\n".encode())
         digest.update(path.read_bytes())
@@ -83,7 +76,6 @@ class Keeper:
         self.code = run_digest(require_ray())  # of the code and runtime_env this process runs
         self.lock = threading.Lock()
         self.holder: Any = None  # the token of the run that holds it
-        self.released: set[str] = set()  # the tokens released: a lease by one overtook its release, and is refused
         self.served = 0  # the leases granted so far
         self.idle_since = time.monotonic()
         self.ended = self.code != named  # (the watchdog ends the actor at its first turn)
@@ -95,8 +87,7 @@ class Keeper:
         value) and whose code has the digest ``code``, to be kept ``keep`` seconds idle after it; returns the leases
         it granted before, or None where it refuses (another live run holds it, it runs other code, or it ends)."""
         with self.lock:
-            if self.ended or code != self.code or box[0].hex() in self.released or (
-                    self.holder is not None and _alive(self.holder)):
+            if self.ended or code != self.code or (self.holder is not None and _alive(self.holder)):
                 return None
             if not self._renewed():  # a dead run's pipeline stopped, a fresh stream
                 return None
@@ -105,10 +96,9 @@ class Keeper:
             return self.served - 1
 
     def release(self, box: list[Any]) -> None:
-        """The run of ``box``'s token ended: its pipeline stops (if it did not already) and the worker is idle; a
-        lease by that token that arrives later (Ray does not keep a threaded actor's call order) is refused."""
+        """The run of ``box``'s token ended: its pipeline stops (if it did not already) and the worker is idle. (A
+        run releases only leases it was granted, and asks each lease once: no lease of a released token follows.)"""
         with self.lock:
-            self.released.add(box[0].hex())
             if self.holder is not None and self.holder.hex() == box[0].hex():
                 self._free()
 

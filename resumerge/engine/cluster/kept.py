@@ -35,14 +35,19 @@ from typing import Any
 
 from resumerge.engine.cluster.actor import NodeActor
 from resumerge.engine.cluster.keeper import run_digest
-from resumerge.engine.cluster.launch import AHEAD, Worker, declared, end, layout
+from resumerge.engine.cluster.launch import AHEAD, RESERVE_SECONDS, Worker, declared, end, layout
 from resumerge.torch_import import IMPORT_RESERVE
 
 # The namespace of every kept worker's name.
 NAMESPACE = "resumerge"
-# How long a run waits for its kept workers' answers to its leases, every node's together (a new one answers once
-# it has imported torch); one that has not answered by then is killed (never scheduled, or stuck).
+# How long a run waits for its kept workers' answers to its leases, every node's together; one that has not
+# answered by then is killed (stuck, or never scheduled).
 LEASE_SECONDS = 60.0
+# How long it waits for a worker it made for the lease: one answers once its process has imported Ray, the engine
+# and torch (seconds) and was scheduled; one that pends (its node has no memory free: another run's workers hold it)
+# would stall the run's start the whole LEASE_SECONDS, where fresh workers placed by the run wait for memory no
+# longer than the warm ones' reservations (RESERVE_SECONDS).
+NEW_LEASE_SECONDS = 10.0 + RESERVE_SECONDS
 # The slots past a node's own that a run tries when live runs hold those (each its own kept worker).
 SPARE_SLOTS = 2
 
@@ -56,7 +61,8 @@ def lease(ray: ModuleType, nodes: list[dict[str, Any]], wanted: int, keep: float
     """A kept worker leased on every live node with a CPU, one per share of its CPUs ``wanted`` wide, each made
     (detached, idle for at most ``keep`` seconds once released) where the node has none that this process's code
     runs and no live run holds; and how many of them served a run before. Every node's slots are asked at once and
-    answered within one :data:`LEASE_SECONDS` deadline; a node whose slots live runs hold is asked its next ones,
+    answered within one :data:`LEASE_SECONDS` deadline (a worker made for the lease within
+    :data:`NEW_LEASE_SECONDS` of its ask); a node whose slots live runs hold is asked its next ones,
     up to :data:`SPARE_SLOTS` more, a new worker only while the cluster has the memory it declares free. A worker
     ``wanted`` wide once its run reserved its CPUs (:func:`~resumerge.engine.cluster.launch.adopt`); ended
     (:func:`~resumerge.engine.cluster.launch.end`) it is released. On any raise, the leases already taken are
@@ -71,13 +77,15 @@ def lease(ray: ModuleType, nodes: list[dict[str, Any]], wanted: int, keep: float
             layout(nodes, wanted, gpu=False, lost=set())}
     try:
         while asks := _slots(ray, todo, code):
+            now = time.monotonic()
+            deadlines = [deadline if exists else min(deadline, now + NEW_LEASE_SECONDS) for _, _, exists in asks]
             asked = [(node_id, actor_class.options(
                 name=kept_name(code, node_id, slot), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
                 num_cpus=0, memory=declared(IMPORT_RESERVE, todo[node_id].has), max_restarts=0,
                 max_concurrency=AHEAD + 5,  # as a run's worker, and the lease's calls
-                scheduling_strategy=_pinned(node_id)).remote(None, None, keep, code)) for node_id, slot in asks]
+                scheduling_strategy=_pinned(node_id)).remote(None, None, keep, code)) for node_id, slot, _ in asks]
             answers = [actor.lease.remote([token], code, keep) for _, actor in asked]
-            for (node_id, actor), served in zip(asked, _answers(ray, asked, answers, deadline), strict=True):
+            for (node_id, actor), served in zip(asked, _answers(ray, asked, answers, deadlines), strict=True):
                 if served is not None:
                     workers.append(Worker(actor, node_id[:8], node_id, todo[node_id].width, token=token))
                     reused += served > 0
@@ -100,8 +108,9 @@ class _Node:
     last: int
 
 
-def _slots(ray: ModuleType, todo: dict[str, _Node], code: str) -> list[tuple[str, int]]:
-    """The next (node, slot) to ask on every node that still needs workers, its spare slots (past its own) only
+def _slots(ray: ModuleType, todo: dict[str, _Node], code: str) -> list[tuple[str, int, bool]]:
+    """The next (node, slot, whether its kept worker lives) to ask on every node that still needs workers, its spare
+    slots (past its own) only
     where a worker lives there already or the cluster has the memory free that a new one declares (Ray's per-node
     figure is not public: the cluster's bounds it)."""
     free = ray.available_resources().get("memory", 0.0)
@@ -109,12 +118,13 @@ def _slots(ray: ModuleType, todo: dict[str, _Node], code: str) -> list[tuple[str
     for node_id, node in todo.items():
         own = node.last - SPARE_SLOTS  # the slots before it are the node's own
         for _ in range(min(node.needed, node.last - node.slot)):
-            if node.slot >= own and not _exists(ray, kept_name(code, node_id, node.slot)):
+            exists = _exists(ray, kept_name(code, node_id, node.slot))
+            if node.slot >= own and not exists:
                 free -= declared(IMPORT_RESERVE, node.has)
                 if free < 0:
                     node.last = node.slot  # no room for it, nor for the slots after it
                     break
-            asks.append((node_id, node.slot))
+            asks.append((node_id, node.slot, exists))
             node.slot += 1
     return asks
 
@@ -128,12 +138,17 @@ def _exists(ray: ModuleType, name: str) -> bool:
     return True
 
 
-def _answers(ray: ModuleType, asked: list[tuple[str, Any]], answers: list[Any], deadline: float) -> list[int | None]:
-    """Kept workers' ``answers`` to leases, waited for until ``deadline``: each the runs it served before, or None
-    where it refused (a live run holds it, or it runs other code, or it ends), died, or did not answer in time
+def _answers(ray: ModuleType, asked: list[tuple[str, Any]], answers: list[Any],
+             deadlines: list[float]) -> list[int | None]:
+    """Kept workers' ``answers`` to leases, each waited for until its deadline: each the runs it served before, or
+    None where it refused (a live run holds it, or it runs other code, or it ends), died, or did not answer in time
     (then it is killed: it was never scheduled, or is stuck)."""
-    ready, _ = ray.wait(answers, num_returns=len(answers), timeout=max(0.0, deadline - time.monotonic()))
-    answered = set(ready)
+    answered: set[Any] = set()
+    for until in sorted(set(deadlines)):  # all together until the first deadline, then those given longer
+        waiting = [answer for answer, last in zip(answers, deadlines, strict=True)
+                   if last >= until and answer not in answered]
+        if waiting:
+            answered.update(ray.wait(waiting, num_returns=len(waiting), timeout=max(0.0, until - time.monotonic()))[0])
     served: list[int | None] = []
     for (_, actor), answer in zip(asked, answers, strict=True):
         if answer not in answered:
