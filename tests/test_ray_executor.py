@@ -88,7 +88,8 @@ class Cluster:
 @dataclass(frozen=True)
 class Merge:
     """A TIES merge of three tiny local models (compute-bound, the kind a cluster is for) and its local bytes; a
-    slerp of two of them (whose bytes depend on the thread count) and its local bytes by ``-j``."""
+    slerp of two of them (a method whose bytes may depend on the thread count: the plan records it) and its local
+    bytes by ``-j`` (alike here: its tensors are below torch's parallel grain)."""
 
     config: Path
     reference: dict[str, str]
@@ -392,9 +393,10 @@ def _both_worker_nodes_made_shards(cluster: tuple[Cluster, Any], merge: Merge, o
 def _runs_on_kept_workers_compute_as_fresh_ones(cluster: tuple[Cluster, Any], merge: Merge,
                                                 tmp_path: Path) -> set[int]:
     """A run that keeps its workers (the default on a cluster that outlives it), then a second one with other
-    threads, of a method whose bytes depend on them (slerp): each the local executor's bytes at its ``-j``, on both
-    nodes, the second on the first's processes (reused, not started: the process-wide state a run changes, torch's
-    threads among it, does not leak into the next one). Returns their pids."""
+    threads, of a method whose bytes may depend on them (slerp): each the local executor's bytes at its ``-j``, on
+    both nodes, the second on the first's processes (reused, not started), each node's events saying it computed
+    with that run's ``-j`` (the check that catches a thread count leaking from one run into the next: the tiny
+    tensors' bytes are alike at either ``-j``). Returns their pids."""
     pids: list[set[int]] = []
     said = _Said()
     for threads in (2, 1):
