@@ -28,7 +28,7 @@ from resumerge.api.options import keep_option, run_settings
 from resumerge.cli.commands import main
 from resumerge.config.settings import KEEP_WORKERS
 from resumerge.engine.cluster import keeper, kept, launch
-from resumerge.engine.cluster.keeper import Keeper, code_digest, run_digest
+from resumerge.engine.cluster.keeper import OTHER_CODE, Keeper, code_digest, run_digest
 from resumerge.engine.cluster.kept import SPARE_SLOTS, kept_name
 from resumerge.engine.cluster.launch import Worker
 from resumerge.errors import UsageError
@@ -145,7 +145,7 @@ def test_an_idle_worker_ends_after_its_time_and_refuses_leases_then(fake_ray: li
 def test_a_worker_whose_code_is_not_its_names_ends_at_once(fake_ray: list[str]) -> None:
     worker, renewed = _kept(named="0123456789abcdef")  # another node's checkout made the name
     _ended(fake_ray)
-    assert worker.lease([_Token("run")], "0123456789abcdef", 60.0) is None and renewed == []
+    assert worker.lease([_Token("run")], "0123456789abcdef", 60.0) == OTHER_CODE and renewed == []
 
 
 @pytest.mark.parametrize("stuck", [True, False], ids=["stop-never-returns", "stop-fails"])
@@ -170,7 +170,7 @@ def test_a_worker_whose_stream_does_not_stop_in_time_ends(fake_ray: list[str], m
 
 def test_a_worker_refuses_a_run_of_other_code(fake_ray: list[str]) -> None:
     worker, renewed = _kept()
-    assert worker.lease([_Token("run")], "0123456789abcdef", 60.0) is None and renewed == []
+    assert worker.lease([_Token("run")], "0123456789abcdef", 60.0) == OTHER_CODE and renewed == []
 
 
 def test_the_code_digest_follows_the_code(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -306,7 +306,7 @@ def test_a_run_leases_the_next_slots_where_live_runs_hold_a_nodes_kept_workers(
                                   **{kept_name(code, full, slot): None for slot in range(2 + SPARE_SLOTS)}}
     ray = _Actors(answers)
     monkeypatch.setattr(kept, "_pinned", lambda node_id: None)
-    workers, reused = kept.lease(ray, _nodes(a=2, b=2), 1, 60.0)  # type: ignore[arg-type]
+    workers, reused, _ = kept.lease(ray, _nodes(a=2, b=2), 1, 60.0)  # type: ignore[arg-type]
     assert [w.actor.name for w in workers] == [kept_name(code, busy, slot) for slot in (1, 2)] and reused == 1
     assert {w.token for w in workers} == {code} and {w.width for w in workers} == {1}
     # Every node's slots asked at once (then the spare ones), the spare slots and no more, each round's new workers
@@ -326,7 +326,7 @@ def test_spare_slots_need_free_memory_and_a_worker_that_does_not_answer_is_kille
                                   kept_name(code, full, 2): 2, kept_name(code, slow, 0): LATE}
     ray = _Actors(answers, existing={kept_name(code, full, 2)}, free=0.0)
     monkeypatch.setattr(kept, "_pinned", lambda node_id: None)
-    workers, reused = kept.lease(ray, _nodes(b=2, c=1), 1, 60.0)  # type: ignore[arg-type]
+    workers, reused, _ = kept.lease(ray, _nodes(b=2, c=1), 1, 60.0)  # type: ignore[arg-type]
     assert [w.actor.name for w in workers] == [kept_name(code, full, 2)] and reused == 1
     assert ray.asked == [kept_name(code, full, 0), kept_name(code, full, 1), kept_name(code, slow, 0),
                          kept_name(code, full, 2)]
@@ -338,10 +338,11 @@ def test_a_worker_made_for_the_lease_is_waited_for_less_than_a_kept_one(monkeypa
     whole lease deadline: only the kept workers that live are given that long."""
     code, node = _code(), "a" * 16
     live, new = kept_name(code, node, 0), kept_name(code, node, 1)
-    spares = {kept_name(code, node, slot): None for slot in (2, 3)}  # (live runs hold them)
+    # Its spare slots: one a live run holds, one whose worker runs other code (counted: the run says so).
+    spares = {kept_name(code, node, 2): None, kept_name(code, node, 3): OTHER_CODE}
     ray = _Actors({live: LATE, new: LATE, **spares}, existing={live})
     monkeypatch.setattr(kept, "_pinned", lambda node_id: None)
-    assert kept.lease(ray, _nodes(a=2), 1, 60.0) == ([], 0)  # type: ignore[arg-type]
+    assert kept.lease(ray, _nodes(a=2), 1, 60.0) == ([], 0, 1)  # type: ignore[arg-type]
     assert ray.waits[0] <= kept.NEW_LEASE_SECONDS < kept.LEASE_SECONDS - 1 < ray.waits[1]
     assert ray.killed == [live, new]
 

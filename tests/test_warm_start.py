@@ -71,9 +71,9 @@ def test_a_recipes_later_stage_leases_again_the_kept_workers_an_earlier_one_held
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Released, then leased again with a fresh token: the same processes, each with a fresh stream."""
     calls: list[tuple[str, list[str], bool]] = []
-    leases = iter([(["k1", "k2"], 0), (["k1", "k2"], 2)])
+    leases = iter([(["k1", "k2"], 0, 0), (["k1", "k2"], 2, 1)])
 
-    def lease(ray: Any, nodes: Any, threads: int, keep: float) -> tuple[list[str], int]:
+    def lease(ray: Any, nodes: Any, threads: int, keep: float) -> tuple[list[str], int, int]:
         calls.append(("lease", [], False))
         return next(leases)
 
@@ -81,10 +81,11 @@ def test_a_recipes_later_stage_leases_again_the_kept_workers_an_earlier_one_held
     monkeypatch.setattr(kept, "lease", lease)
     monkeypatch.setattr(launch, "end", lambda ray, workers, kill=False: calls.append(("end", list(workers), kill)))
     warm = WarmStart(None, 1, keep=60.0)
-    assert warm.take() == ["k1", "k2"] and warm.reused == 0
+    assert warm.take() == ["k1", "k2"] and (warm.reused, warm.other) == (0, 0)
     warm.hold(["k1", "k2"])  # the first stage's run ended: still leased
     assert calls == [("lease", [], False)]
-    assert warm.take() == ["k1", "k2"] and warm.reused == 2  # a later stage: released, then leased again
+    # A later stage: released, then leased again (one worker of another runtime_env refused).
+    assert warm.take() == ["k1", "k2"] and (warm.reused, warm.other) == (2, 1)
     assert calls[1:] == [("end", ["k1", "k2"], False), ("lease", [], False)]
     del calls[:]
     warm.hold(["k3"])

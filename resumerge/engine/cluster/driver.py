@@ -166,6 +166,9 @@ class _Dispatch:
         warm: list[Worker] = []
         if start is not None:
             warm = start.take(self.job.should_stop, POLL_SECONDS)  # ours to end (or release) from here
+            if start.other:  # said once a stage: a digest that differs between driver and workers ends every reuse
+                self.job.reporter.message(f"Ray workers: {start.other} kept ones refused this run: they run other "
+                                          "code or another runtime_env than this driver")
             if self.job.should_stop():
                 end(self.ray, warm)
                 return

@@ -37,6 +37,9 @@ END_SECONDS = 5.0
 # How long a lease or release waits for the stream to stop (a hub upload's safe point can be minutes away) before
 # the worker ends itself instead.
 RENEW_SECONDS = 8.0
+# A lease's answer where the worker runs other code or another runtime_env than the run (its digest differs: the run
+# says so, each of its runs then starting its own workers).
+OTHER_CODE = -1
 
 
 
@@ -85,9 +88,12 @@ class Keeper:
     def lease(self, box: list[Any], code: str, keep: float) -> int | None:
         """Lease the worker to the run whose token is ``box``'s (a list, so that Ray passes the reference, not its
         value) and whose code has the digest ``code``, to be kept ``keep`` seconds idle after it; returns the leases
-        it granted before, or None where it refuses (another live run holds it, it runs other code, or it ends)."""
+        it granted before, :data:`OTHER_CODE` where it runs other code, or None where it refuses otherwise (another
+        live run holds it, or it ends)."""
         with self.lock:
-            if self.ended or code != self.code or (self.holder is not None and _alive(self.holder)):
+            if code != self.code:
+                return OTHER_CODE
+            if self.ended or (self.holder is not None and _alive(self.holder)):
                 return None
             if not self._renewed():  # a dead run's pipeline stopped, a fresh stream
                 return None

@@ -34,7 +34,7 @@ from types import ModuleType
 from typing import Any
 
 from resumerge.engine.cluster.actor import NodeActor
-from resumerge.engine.cluster.keeper import run_digest
+from resumerge.engine.cluster.keeper import OTHER_CODE, run_digest
 from resumerge.engine.cluster.launch import AHEAD, RESERVE_SECONDS, Worker, declared, end, layout
 from resumerge.torch_import import IMPORT_RESERVE
 
@@ -57,13 +57,15 @@ def kept_name(code: str, node_id: str, slot: int) -> str:
     return f"worker-{code}-{node_id[:16]}-{slot}"
 
 
-def lease(ray: ModuleType, nodes: list[dict[str, Any]], wanted: int, keep: float) -> tuple[list[Worker], int]:
+def lease(ray: ModuleType, nodes: list[dict[str, Any]], wanted: int,
+          keep: float) -> tuple[list[Worker], int, int]:
     """A kept worker leased on every live node with a CPU, one per share of its CPUs ``wanted`` wide, each made
     (detached, idle for at most ``keep`` seconds once released) where the node has none that this process's code
-    runs and no live run holds; and how many of them served a run before. Every node's slots are asked at once and
-    answered within one :data:`LEASE_SECONDS` deadline (a worker made for the lease within
-    :data:`NEW_LEASE_SECONDS` of its ask); a node whose slots live runs hold is asked its next ones,
-    up to :data:`SPARE_SLOTS` more, a new worker only while the cluster has the memory it declares free. A worker
+    runs and no live run holds; how many of them served a run before; and how many workers refused the lease for
+    running other code or another runtime_env (:data:`~resumerge.engine.cluster.keeper.OTHER_CODE`). Every node's
+    slots are asked at once and answered within one :data:`LEASE_SECONDS` deadline (a worker made for the lease
+    within :data:`NEW_LEASE_SECONDS` of its ask); a node whose slots live runs hold is asked its next ones, up to
+    :data:`SPARE_SLOTS` more, a new worker only while the cluster has the memory it declares free. A worker
     ``wanted`` wide once its run reserved its CPUs (:func:`~resumerge.engine.cluster.launch.adopt`); ended
     (:func:`~resumerge.engine.cluster.launch.end`) it is released. On any raise, the leases already taken are
     released."""
@@ -72,7 +74,7 @@ def lease(ray: ModuleType, nodes: list[dict[str, Any]], wanted: int, keep: float
     actor_class = ray.remote(NodeActor)
     deadline = time.monotonic() + LEASE_SECONDS
     workers: list[Worker] = []
-    reused = 0
+    reused = other = 0
     todo = {node_id: _Node(has, width, count, 0, count + SPARE_SLOTS) for node_id, has, width, count in
             layout(nodes, wanted, gpu=False, lost=set())}
     try:
@@ -86,14 +88,15 @@ def lease(ray: ModuleType, nodes: list[dict[str, Any]], wanted: int, keep: float
                 scheduling_strategy=_pinned(node_id)).remote(None, None, keep, code)) for node_id, slot, _ in asks]
             answers = [actor.lease.remote([token], code, keep) for _, actor in asked]
             for (node_id, actor), served in zip(asked, _answers(ray, asked, answers, deadlines), strict=True):
-                if served is not None:
+                other += served == OTHER_CODE
+                if served is not None and served != OTHER_CODE:
                     workers.append(Worker(actor, node_id[:8], node_id, todo[node_id].width, token=token))
                     reused += served > 0
                     todo[node_id].needed -= 1
     except BaseException:
         end(ray, workers)
         raise
-    return workers, reused
+    return workers, reused, other
 
 
 @dataclass

@@ -49,6 +49,7 @@ class WarmStart:
         self.workers: list[Worker] = []  # started and not taken yet
         self.held: list[Worker] = []  # kept workers a run took and handed back, still leased (:meth:`hold`)
         self.reused = 0  # of them, the kept workers that served a run before
+        self.other = 0  # the kept workers that refused the lease: they run other code or another runtime_env
         # Set once the call ends (close): what the start places from then on is its own to end. Set, and read with
         # what was placed, under the lock, so that every worker is ended by exactly one of the two threads.
         self.closed = threading.Event()
@@ -88,8 +89,8 @@ class WarmStart:
         if held and self.ray is not None:
             launch.end(self.ray, held)  # released: the lease below is refused while this run's token holds them
             try:
-                workers, self.reused = kept.lease(self.ray, self.ray.nodes(), launch.default_threads(self.threads),
-                                                  self.keep)
+                workers, self.reused, self.other = kept.lease(self.ray, self.ray.nodes(),
+                                                              launch.default_threads(self.threads), self.keep)
             except Exception:  # only the head start is lost: the executor places its own
                 return []
         return workers
@@ -124,14 +125,14 @@ class WarmStart:
                 return
             threads = launch.default_threads(self.threads)
             if self.keep > 0:
-                workers, reused = kept.lease(ray, ray.nodes(), threads, self.keep)
+                workers, reused, other = kept.lease(ray, ray.nodes(), threads, self.keep)
             else:
-                workers, reused = launch.place(ray, ray.nodes(), None, None, threads, IMPORT_RESERVE, gpu=False,
-                                               lost=set()), 0
+                workers, reused, other = launch.place(ray, ray.nodes(), None, None, threads, IMPORT_RESERVE,
+                                                      gpu=False, lost=set()), 0, 0
             with self._lock:
                 closed = self.closed.is_set()
                 if not closed:
-                    self.ray, self.workers, self.reused = ray, workers, reused
+                    self.ray, self.workers, self.reused, self.other = ray, workers, reused, other
             if closed:  # the call ended while they were placed: nobody else will end them
                 launch.end(ray, workers)
         except Exception:  # (an import failed included) only the head start is lost: the executor's own join and
