@@ -13,7 +13,8 @@ SIGKILLed mid-run is resumed on Ray, which loses a worker node mid-run (the node
 in the Xet tier under --max-disk, on the node left. The workers are started while the driver plans (warm) and used, not
 started again; a run that fails, is refused or is killed leaves no worker and no memory reservation behind. The first
 run ends its workers (--keep-workers 0); the later ones keep theirs (the default on a cluster that outlives the run): a
-slerp with -j 2 then -j 1 on the same processes computes the local bytes at each -j, a SIGKILLed driver's kept
+slerp with -j 2 then -j 1 on the same processes computes the local bytes at each -j, each node computing with that
+run's -j, a SIGKILLed driver's kept
 workers stop its shards on their own and serve its resume, and kept workers idle for their time end, their names freed.
 The local halves (a failing run, a killed run) run while the cluster starts; ``-s`` prints each phase's seconds."""
 
@@ -597,6 +598,24 @@ def _hub_output_checked(merge: Merge, writer: HubWriter, repo: str, state: Path,
     if nodes is not None:
         assert len({e["node"] for e in _node_events(f"hf://{repo}", state)}) == nodes
     assert not any((run_dir(f"hf://{repo}", state) / "staging").iterdir())  # nothing kept staged
+
+
+def test_a_stopped_driver_collects_every_result_already_made() -> None:
+    """Without a cluster: a poll takes the first answer; once the run is stopped, the others already made too (a
+    second ready result would otherwise be thrown away as the workers stop)."""
+    made, pending = ["first", "second", "third"], ["later"]
+    polls: list[float] = []
+
+    class Answers:
+        def wait(self, refs: list[str], num_returns: int, timeout: float) -> tuple[list[str], list[str]]:
+            polls.append(timeout)
+            ready = [r for r in refs if r in made][:num_returns]
+            return ready, [r for r in refs if r not in ready]
+
+    ray: Any = Answers()
+    assert driver.answered(ray, made + pending, lambda: False) == (["first"], False)
+    assert driver.answered(ray, made + pending, lambda: True) == (made, True)
+    assert polls == [driver.POLL_SECONDS, driver.POLL_SECONDS, 0]
 
 
 def test_max_disk_bounds_the_shards_a_node_stages_at_once() -> None:

@@ -135,10 +135,7 @@ class _Dispatch:
                 while self.pending and (worker := self._hungriest()) is not None:
                     if not self._feed(worker, *self.pending.popleft()):
                         return False
-                ready, rest = self.ray.wait([*self.inflight, *self.beginning], num_returns=1, timeout=POLL_SECONDS)
-                stop = self.job.should_stop()
-                if stop and rest:  # every result already made is kept before the stop is honoured
-                    ready += self.ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+                ready, stop = answered(self.ray, [*self.inflight, *self.beginning], self.job.should_stop)
                 for ref in ready:
                     if ref in self.beginning:
                         self._begun(ref)
@@ -341,6 +338,17 @@ class _Dispatch:
         self.workers.clear()
         self.inflight.clear()
         self.beginning.clear()
+
+
+def answered(ray: ModuleType, refs: list[Any], should_stop: Callable[[], bool]) -> tuple[list[Any], bool]:
+    """The calls of ``refs`` answered within :data:`POLL_SECONDS` (the first one, or more that came at once), and
+    whether the run is stopped: then every one already answered, so that a stopped run keeps every result already
+    made before it honours the stop."""
+    ready, rest = ray.wait(refs, num_returns=1, timeout=POLL_SECONDS)
+    stop = should_stop()
+    if stop and rest:
+        ready = [*ready, *ray.wait(rest, num_returns=len(rest), timeout=0)[0]]
+    return ready, stop
 
 
 def _raise_cause(exc: Any) -> None:
