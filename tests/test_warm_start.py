@@ -1,8 +1,9 @@
 """A Ray run's warm start (resumerge.engine.cluster.warm) without a cluster: closing it never waits for a start under
 way, and every worker placed is ended once; a recipe's later stage leases again the kept workers the stages before
-held, and the call's end releases the others; a run stopped during the start takes nothing at once; a start that
-fails (an import included) takes nothing and leaves no worker; its thread imports no module of resumerge; a resume
-starts none for a plan recorded on a GPU, nor for one whose device only the hub's manifest says."""
+held, and the call's end releases the others (kills them on a second Ctrl-C meanwhile); a run stopped during the
+start takes nothing at once; a start that fails (an import included) takes nothing and leaves no worker; its thread
+imports no module of resumerge; a resume starts none for a plan recorded on a GPU, nor for one whose device only the
+hub's manifest says."""
 
 from __future__ import annotations
 
@@ -92,6 +93,24 @@ def test_a_recipes_later_stage_leases_again_the_kept_workers_an_earlier_one_held
     warm.close()  # the call ends: released for the next run
     warm.hold(["k4"])  # (a run that hands its workers back after the call ended releases them itself)
     assert calls == [("end", ["k3"], False), ("end", ["k4"], False)]
+
+
+def test_a_second_ctrl_c_while_the_call_releases_its_kept_workers_kills_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    ended: list[tuple[list[str], bool]] = []
+
+    def end(ray: Any, workers: list[str], kill: bool = False) -> None:
+        ended.append((list(workers), kill))
+        if not kill:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(connect, "require_ray", lambda: SimpleNamespace(nodes=lambda: []))
+    monkeypatch.setattr(kept, "lease", lambda ray, nodes, threads, keep: (["k1"], 0, 0))
+    monkeypatch.setattr(launch, "end", end)
+    warm = WarmStart(None, 1, keep=60.0)
+    warm.hold(warm.take())
+    with pytest.raises(KeyboardInterrupt):
+        warm.close()
+    assert ended == [(["k1"], False), (["k1"], True)]
 
 
 def test_a_run_stopped_while_the_start_is_under_way_takes_nothing_at_once(

@@ -114,7 +114,11 @@ class WarmStart:
             self.closed.set()
             workers, self.workers, self.held = self.workers + self.held, [], []
         if workers and self.ray is not None:
-            launch.end(self.ray, workers)
+            try:
+                launch.end(self.ray, workers)
+            except BaseException:  # (a second Ctrl-C while they release) killed: none stays leased by this process
+                launch.end(self.ray, workers, kill=True)
+                raise
 
     def _start(self) -> None:
         try:
