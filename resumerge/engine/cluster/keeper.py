@@ -42,7 +42,6 @@ RENEW_SECONDS = 8.0
 OTHER_CODE = -1
 
 
-
 def code_digest() -> str:
     """A digest of the code a worker runs, equal on every node that runs the same code whatever its checkout's path
     or file times: resumerge's version and its package files' relative paths and contents, Python's version, and
