@@ -305,7 +305,7 @@ def test_a_run_leases_the_next_slots_where_live_runs_hold_a_nodes_kept_workers(
     answers: dict[str, object] = {kept_name(code, busy, 0): None, kept_name(code, busy, 1): 3,
                                   **{kept_name(code, full, slot): None for slot in range(2 + SPARE_SLOTS)}}
     ray = _Actors(answers)
-    monkeypatch.setattr(kept, "_pinned", lambda node_id: None)
+    monkeypatch.setattr(kept, "pinned", lambda node_id: None)
     workers, reused, _ = kept.lease(ray, _nodes(a=2, b=2), 1, 60.0)  # type: ignore[arg-type]
     assert [w.actor.name for w in workers] == [kept_name(code, busy, slot) for slot in (1, 2)] and reused == 1
     assert {w.token for w in workers} == {code} and {w.width for w in workers} == {1}
@@ -325,7 +325,7 @@ def test_spare_slots_need_free_memory_and_a_worker_that_does_not_answer_is_kille
     answers: dict[str, object] = {kept_name(code, full, 0): None, kept_name(code, full, 1): None,
                                   kept_name(code, full, 2): 2, kept_name(code, slow, 0): LATE}
     ray = _Actors(answers, existing={kept_name(code, full, 2)}, free=0.0)
-    monkeypatch.setattr(kept, "_pinned", lambda node_id: None)
+    monkeypatch.setattr(kept, "pinned", lambda node_id: None)
     workers, reused, _ = kept.lease(ray, _nodes(b=2, c=1), 1, 60.0)  # type: ignore[arg-type]
     assert [w.actor.name for w in workers] == [kept_name(code, full, 2)] and reused == 1
     assert ray.asked == [kept_name(code, full, 0), kept_name(code, full, 1), kept_name(code, slow, 0),
@@ -341,7 +341,7 @@ def test_a_worker_made_for_the_lease_is_waited_for_less_than_a_kept_one(monkeypa
     # Its spare slots: one a live run holds, one whose worker runs other code (counted: the run says so).
     spares = {kept_name(code, node, 2): None, kept_name(code, node, 3): OTHER_CODE}
     ray = _Actors({live: LATE, new: LATE, **spares}, existing={live})
-    monkeypatch.setattr(kept, "_pinned", lambda node_id: None)
+    monkeypatch.setattr(kept, "pinned", lambda node_id: None)
     assert kept.lease(ray, _nodes(a=2), 1, 60.0) == ([], 0, 1)  # type: ignore[arg-type]
     assert ray.waits[0] <= kept.NEW_LEASE_SECONDS < kept.LEASE_SECONDS - 1 < ray.waits[1]
     assert ray.killed == [live, new]

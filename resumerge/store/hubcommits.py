@@ -48,7 +48,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from huggingface_hub import CommitOperationAdd, CommitOperationDelete, constants
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
 from resumerge.config.settings import Batching
 from resumerge.errors import OutputDirError, ResumergeError
@@ -61,6 +61,7 @@ from resumerge.store.hubrepo import (
     http_status,
     missing_object,
     remote_files,
+    xet_disabled,
 )
 from resumerge.store.hubretry import pace_wait, to_stderr, with_retries
 from resumerge.store.manifest import MANIFEST_NAME
@@ -496,14 +497,10 @@ class CommitQueue:
             e.op.upload_info.sha256 = bytes.fromhex(e.sha256)
             e.without_xet = True
             ops.append(e.op)
-        with _WITHOUT_XET:
-            saved, constants.HF_HUB_DISABLE_XET = constants.HF_HUB_DISABLE_XET, True
-            try:
-                with_retries(self.repo, "uploading without Xet", lambda: api.preupload_lfs_files(
-                    self.repo.target.repo_id, additions=ops, revision=self.repo.target.branch, free_memory=False),
-                    resume=self.resume, sleep=self._backoff, tell=self.tell)
-            finally:
-                constants.HF_HUB_DISABLE_XET = saved
+        with _WITHOUT_XET, xet_disabled(True):
+            with_retries(self.repo, "uploading without Xet", lambda: api.preupload_lfs_files(
+                self.repo.target.repo_id, additions=ops, revision=self.repo.target.branch, free_memory=False),
+                resume=self.resume, sleep=self._backoff, tell=self.tell)
 
     def _backoff(self, seconds: float) -> None:
         """The pause before a commit's next attempt (an hour, for the commit quota); a stopped run that left

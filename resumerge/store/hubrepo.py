@@ -7,14 +7,15 @@ appears in a message, the ledger or the manifest.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from huggingface_hub import HfApi, get_token
+from huggingface_hub import HfApi, constants, get_token
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 from huggingface_hub.hf_api import RepoFile
 
@@ -34,6 +35,18 @@ _MISSING_OBJECT = "pointer pointed to a file that does not exist"
 _XET_REFUSED = ("(401 Unauthorized)", "(403 Forbidden)")
 _SHOWN = 300  # characters of a server message shown in an error line
 T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def xet_disabled(disabled: bool) -> Iterator[None]:
+    """huggingface_hub's ``HF_HUB_DISABLE_XET`` set to ``disabled`` for the uploads made inside (the client reads it
+    at each upload), and put back after: the switch is process-wide, and the process goes on uploading (a kept
+    cluster worker serves the next run; the local sink's other uploads)."""
+    saved, constants.HF_HUB_DISABLE_XET = constants.HF_HUB_DISABLE_XET, disabled
+    try:
+        yield
+    finally:
+        constants.HF_HUB_DISABLE_XET = saved
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from typing import Any
 
 from resumerge.engine.cluster.actor import NodeActor
 from resumerge.engine.cluster.keeper import OTHER_CODE, run_digest
-from resumerge.engine.cluster.launch import AHEAD, RESERVE_SECONDS, Worker, declared, end, layout
+from resumerge.engine.cluster.launch import AHEAD, RESERVE_SECONDS, Worker, declared, end, layout, pinned
 from resumerge.torch_import import IMPORT_RESERVE
 
 # The namespace of every kept worker's name.
@@ -85,7 +85,7 @@ def lease(ray: ModuleType, nodes: list[dict[str, Any]], wanted: int,
                 name=kept_name(code, node_id, slot), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
                 num_cpus=0, memory=declared(IMPORT_RESERVE, todo[node_id].has), max_restarts=0,
                 max_concurrency=AHEAD + 5,  # as a run's worker, and the lease's calls
-                scheduling_strategy=_pinned(node_id)).remote(None, None, keep, code)) for node_id, slot, _ in asks]
+                scheduling_strategy=pinned(node_id)).remote(None, None, keep, code)) for node_id, slot, _ in asks]
             answers = [actor.lease.remote([token], code, keep) for _, actor in asked]
             for (node_id, actor), served in zip(asked, _answers(ray, asked, answers, deadlines), strict=True):
                 other += served == OTHER_CODE
@@ -113,9 +113,8 @@ class _Node:
 
 def _slots(ray: ModuleType, todo: dict[str, _Node], code: str) -> list[tuple[str, int, bool]]:
     """The next (node, slot, whether its kept worker lives) to ask on every node that still needs workers, its spare
-    slots (past its own) only
-    where a worker lives there already or the cluster has the memory free that a new one declares (Ray's per-node
-    figure is not public: the cluster's bounds it)."""
+    slots (past its own) only where a worker lives there already or the cluster has the memory free that a new one
+    declares (Ray's per-node figure is not public: the cluster's bounds it)."""
     free = ray.available_resources().get("memory", 0.0)
     asks = []
     for node_id, node in todo.items():
@@ -164,8 +163,3 @@ def _answers(ray: ModuleType, asked: list[tuple[str, Any]], answers: list[Any],
             served.append(None)
     return served
 
-
-def _pinned(node_id: str) -> Any:
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    return NodeAffinitySchedulingStrategy(node_id, soft=False)

@@ -106,8 +106,6 @@ def place(ray: ModuleType, nodes: list[dict[str, Any]], shared: Any, setup: Work
     (the plan in the object store) and ``setup`` (both None: a warm worker, given them by :func:`adopt`). The
     actors import torch and the engine as they start, while the driver goes on. Raises :class:`UnreachableError`
     when no node is left; on any raise, the actors already made are ended."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     actor_class = ray.remote(NodeActor)
     workers: list[Worker] = []
     try:
@@ -116,7 +114,7 @@ def place(ray: ModuleType, nodes: list[dict[str, Any]], shared: Any, setup: Work
                 actor = actor_class.options(
                     num_cpus=width, num_gpus=1 if gpu else 0, memory=declared(memory, has), max_restarts=0,
                     max_concurrency=AHEAD + 3,  # the shards fed and waiting, begin, and a call to stop
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                    scheduling_strategy=pinned(node_id),
                 ).remote(shared, None if setup is None else node_setup(setup, width, count))
                 workers.append(Worker(actor, node_id[:8], node_id, width))
     except BaseException:
@@ -161,6 +159,13 @@ def adopt(ray: ModuleType, warm: list[Worker], nodes: list[dict[str, Any]], shar
     for worker in warm:
         worker.begun = worker.actor.begin.remote(shared, node_setup(setup, worker.width, placed[worker.node_id]))
     return True
+
+
+def pinned(node_id: str) -> Any:
+    """The scheduling strategy that places an actor on the node ``node_id`` and nowhere else."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id, soft=False)
 
 
 def node_setup(setup: WorkerSetup, width: int, count: int) -> WorkerSetup:

@@ -28,7 +28,7 @@ from huggingface_hub.lfs import UploadInfo
 
 from resumerge.config.hubtarget import HubTarget
 from resumerge.errors import UsageError
-from resumerge.store.hubrepo import HubRepo
+from resumerge.store.hubrepo import HubRepo, xet_disabled
 from resumerge.store.hubretry import with_retries
 
 
@@ -87,16 +87,13 @@ def upload_shard(place: HubPlace, path: Path, name: str, sha256: str) -> Uploade
     # The driver's tier: a node whose client would choose the other one uploads as the driver does (where hf-xet
     # is missing, the client's test stays false and LFS serves). The switch is process-wide and a kept worker's
     # process serves the next run too, so it is put back after the upload (a node's writer uploads one at a time).
-    saved, constants.HF_HUB_DISABLE_XET = constants.HF_HUB_DISABLE_XET, not place.xet
-    try:
+    with xet_disabled(not place.xet):
         op = CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(path))
         op.upload_info.sha256 = bytes.fromhex(sha256)  # known already: the client need not hash it again
         api = repo.api()
         with_retries(repo, f"uploading {name}", lambda: api.preupload_lfs_files(
             place.target.repo_id, additions=[op], revision=place.target.branch, free_memory=False),
             resume=place.resume)
-    finally:
-        constants.HF_HUB_DISABLE_XET = saved
     uploaded = _uploaded(op)
     return uploaded if uploaded.mode == "lfs" else replace(uploaded, content=path.read_bytes())
 

@@ -107,9 +107,9 @@ class WarmStart:
 
     def close(self) -> None:
         """End the workers the run did not take (it was refused, failed or ended before it took them) and release
-        the kept ones it handed back (:meth:`hold`), without
-        waiting for a start still under way (a run that failed fast would wait for the join and the placement, and
-        a second Ctrl-C meanwhile would leave the workers running): that start ends what it places itself."""
+        the kept ones it handed back (:meth:`hold`), without waiting for a start still under way (a run that failed
+        fast would wait for the join and the placement, and a second Ctrl-C meanwhile would leave the workers
+        running): that start ends what it places itself."""
         with self._lock:
             self.closed.set()
             workers, self.workers, self.held = self.workers + self.held, [], []
