@@ -12,7 +12,9 @@ workers on a real cluster: tests/test_ray_executor.py."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import re
 import shutil
 import sys
 import threading
@@ -20,7 +22,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
@@ -28,7 +29,7 @@ from resumerge.api.options import keep_option, run_settings
 from resumerge.cli.commands import main
 from resumerge.config.settings import KEEP_WORKERS
 from resumerge.engine.cluster import keeper, kept, launch
-from resumerge.engine.cluster.keeper import OTHER_CODE, Keeper, code_digest, run_digest
+from resumerge.engine.cluster.keeper import OTHER_CODE, Keeper, code_digest, installed, run_digest
 from resumerge.engine.cluster.kept import SPARE_SLOTS, kept_name
 from resumerge.engine.cluster.launch import Worker
 from resumerge.errors import UsageError
@@ -190,14 +191,9 @@ def test_the_code_digest_follows_the_code(monkeypatch: pytest.MonkeyPatch, tmp_p
     source.write_text(source.read_text() + "\n")
     assert code_digest() != before  # a file's content
     monkeypatch.undo()
-    distributions = keeper.importlib.metadata.distributions
-
-    def other_versions() -> list[Any]:  # a dependency's own dependency in another version
-        return [SimpleNamespace(metadata={"Name": d.metadata["Name"]},
-                                version="0.0-other" if d.metadata["Name"] == "idna" else d.version)
-                for d in distributions()]
-
-    monkeypatch.setattr(keeper.importlib.metadata, "distributions", other_versions)
+    site = tmp_path / "site"  # a dependency's own dependency in another version, on the path
+    (site / "idna-0.0_other.dist-info").mkdir(parents=True)
+    monkeypatch.setattr(sys, "path", [*sys.path, str(site)])
     assert code_digest() != before
     monkeypatch.undo()
     monkeypatch.setattr(keeper, "__version__", "0.0.0-other")
@@ -205,6 +201,21 @@ def test_the_code_digest_follows_the_code(monkeypatch: pytest.MonkeyPatch, tmp_p
     # The run's digest: the code's and the job's runtime_env (another job's token is not this one's).
     other = SimpleNamespace(runtime_env={"env_vars": {"HF_TOKEN": "another"}})
     assert run_digest(SimpleNamespace(get_runtime_context=lambda: other)) != _code()
+
+
+def test_the_installed_distributions_are_read_from_their_folders_names(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path) -> None:
+    # What the distributions' metadata says, read without it (names normalised as the wheel format does).
+    assert installed() == {f"{re.sub(r'[-_.]+', '_', d.metadata['Name']).lower()}=={d.version}"
+                           for d in importlib.metadata.distributions()}
+    before = installed()
+    site = tmp_path / "site"
+    (site / "Zope.Fake_Thing-1.2.3+local.dist-info").mkdir(parents=True)
+    (site / "old_egg.egg-info").mkdir()  # an egg-info's name carries no version: its metadata's is read
+    (site / "old_egg.egg-info" / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: old-egg\nVersion: 4.5\n")
+    (site / "not-a-distribution").mkdir()
+    monkeypatch.setattr(sys, "path", [*sys.path, str(site), str(tmp_path / "missing")])
+    assert installed() - before == {"zope_fake_thing==1.2.3+local", "old_egg==4.5"}
 
 
 def test_keep_workers_is_a_length_and_0_keeps_none() -> None:

@@ -18,6 +18,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import sys
 import threading
 import time
@@ -45,18 +46,38 @@ OTHER_CODE = -1
 def code_digest() -> str:
     """A digest of the code a worker runs, equal on every node that runs the same code whatever its checkout's path
     or file times: resumerge's version and its package files' relative paths and contents, Python's version, and
-    every installed distribution's name and version (the dependencies' own dependencies included; read from their
-    metadata without importing them)."""
+    every installed distribution's name and version (:func:`installed`)."""
     root = Path(__file__).resolve().parents[2]
     python = f"{sys.implementation.name} {platform.python_version()}"
     digest = hashlib.sha256(f"{__version__}\0{python}\n".encode())
-    installed = {f"{dist.metadata['Name']}=={dist.version}" for dist in importlib.metadata.distributions()}
-    for name in sorted(installed):
+    for name in sorted(installed()):
         digest.update(f"{name}\n".encode())
     for path in sorted(root.rglob("*.py")):
         digest.update(f"{path.relative_to(root).as_posix()}\0{path.stat().st_size}\n".encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def installed() -> set[str]:
+    """Every distribution installed on ``sys.path`` (the dependencies' own dependencies included) as
+    ``name==version``, its name normalised: from its dist-info folder's name, where the wheel format writes both
+    (a listing per path: reading every distribution's metadata took 0.3 CPU s on the driver's start, with 170
+    installed), else (an egg-info) from its metadata. Nothing is imported."""
+    found = set()
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:  # a zip, or a path that does not exist
+            continue
+        for folder in names:
+            stem, _, kind = folder.rpartition(".")
+            if kind not in ("dist-info", "egg-info"):
+                continue
+            name, _, version = stem.partition("-")
+            if not version or kind == "egg-info":  # an egg-info's name may carry no version, or a Python tag
+                version = importlib.metadata.PathDistribution(Path(entry or ".", folder)).version
+            found.add(f"{re.sub(r'[-_.]+', '_', name).lower()}=={version}")
+    return found
 
 
 def run_digest(ray: Any) -> str:
