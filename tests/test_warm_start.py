@@ -111,6 +111,10 @@ def test_a_second_ctrl_c_while_the_call_releases_its_kept_workers_kills_them(mon
     with pytest.raises(KeyboardInterrupt):
         warm.close()
     assert ended == [(["k1"], False), (["k1"], True)]
+    del ended[:]  # a run that hands its workers back after the call ended: the same guard
+    with pytest.raises(KeyboardInterrupt):
+        warm.hold(["k2"])
+    assert ended == [(["k2"], False), (["k2"], True)]
 
 
 def test_a_run_stopped_while_the_start_is_under_way_takes_nothing_at_once(

@@ -87,7 +87,7 @@ class WarmStart:
             workers, self.workers = self.workers, []
             held, self.held = self.held, []
         if held and self.ray is not None:
-            launch.end(self.ray, held)  # released: the lease below is refused while this run's token holds them
+            self._release(held)  # released: the lease below is refused while this run's token holds them
             try:
                 workers, self.reused, self.other = kept.lease(self.ray, self.ray.nodes(),
                                                               launch.default_threads(self.threads), self.keep)
@@ -102,8 +102,7 @@ class WarmStart:
             if not self.closed.is_set():
                 self.held += workers
                 return
-        if self.ray is not None:
-            launch.end(self.ray, workers)
+        self._release(workers)
 
     def close(self) -> None:
         """End the workers the run did not take (it was refused, failed or ended before it took them) and release
@@ -113,12 +112,18 @@ class WarmStart:
         with self._lock:
             self.closed.set()
             workers, self.workers, self.held = self.workers + self.held, [], []
-        if workers and self.ray is not None:
-            try:
-                launch.end(self.ray, workers)
-            except BaseException:  # (a second Ctrl-C while they release) killed: none stays leased by this process
-                launch.end(self.ray, workers, kill=True)
-                raise
+        self._release(workers)
+
+    def _release(self, workers: list[Worker]) -> None:
+        """End ``workers`` (release the kept ones); killed when that is interrupted (a second Ctrl-C while they
+        release): none stays leased by this process."""
+        if not workers or self.ray is None:
+            return
+        try:
+            launch.end(self.ray, workers)
+        except BaseException:
+            launch.end(self.ray, workers, kill=True)
+            raise
 
     def _start(self) -> None:
         try:
