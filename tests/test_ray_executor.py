@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -64,6 +65,7 @@ from resumerge.engine.cluster.upload import HubPlace, task_cpus, upload_shard
 from resumerge.engine.executor import CONCURRENCY
 from resumerge.engine.quiet import NullReporter
 from resumerge.errors import EXIT_INVALID, ResumergeError, UsageError
+from resumerge.plan.merge_plan import ShardPlan
 from resumerge.store.hubcommits import CommitQueue
 from resumerge.torch_import import IMPORT_RESERVE
 
@@ -598,6 +600,27 @@ def _hub_output_checked(merge: Merge, writer: HubWriter, repo: str, state: Path,
     if nodes is not None:
         assert len({e["node"] for e in _node_events(f"hf://{repo}", state)}) == nodes
     assert not any((run_dir(f"hf://{repo}", state) / "staging").iterdir())  # nothing kept staged
+
+
+def test_shards_are_fed_largest_first_where_their_inputs_have_landed() -> None:
+    """Without a cluster: a lost worker's re-issued shard first, then the largest landed one (the first in compute
+    order among equals), then, when none has landed, the first in compute order (its download lands first)."""
+    sizes = {"a": 10, "b": 30, "c": 20, "d": 30, "e": 40}
+    pending = deque((ShardPlan(name, (), size), 0) for name, size in sizes.items())
+    landed = {"a", "b", "c", "d"}  # e's inputs are still downloading
+    asked: list[str] = []
+
+    def has_landed(shard: ShardPlan) -> bool:
+        asked.append(shard.name)
+        return shard.name in landed
+
+    lost = ShardPlan("lost", (), 1)
+    pending.appendleft((lost, 1))
+    order = [driver.next_shard(pending, has_landed)[0].name for _ in range(3)]
+    # Only a shard larger than the best so far is asked (c and d not, the first time).
+    assert order == ["lost", "b", "d"] and asked == ["a", "b", "e", "a", "c", "d", "e"]
+    landed.clear()
+    assert [driver.next_shard(pending, has_landed)[0].name for _ in range(3)] == ["a", "c", "e"] and not pending
 
 
 def test_a_stopped_driver_collects_every_result_already_made() -> None:

@@ -100,9 +100,11 @@ class _Dispatch:
         self.ray, self.job, self.journal, self.warm = ray, job, journal, warm
         self.start = warm  # which holds the run's kept workers until the API call ends
         self.plan = job.plan
-        # Shards to feed, with the times each was re-issued: a lost worker's shards go back to the front.
+        # Shards to feed, in compute order, with the times each was re-issued: a lost worker's shards go back to the
+        # front. Fed largest first where their inputs allow (next_shard).
         self.pending: deque[tuple[ShardPlan, int]] = deque(
             (shard, 0) for shard in compute_order(self.plan) if shard.name not in done)
+        self.files = {shard.name: shard_input_files(self.plan, shard) for shard, _ in self.pending}
         self.inflight: dict[Any, tuple[ShardPlan, int, Worker]] = {}  # object ref -> shard, re-issues, worker
         self.beginning: dict[Any, Worker] = {}  # warm workers' begin calls not answered yet
         self.workers: list[Worker] = []
@@ -133,7 +135,7 @@ class _Dispatch:
                     return False
             while self.pending or self.inflight:
                 while self.pending and (worker := self._hungriest()) is not None:
-                    if not self._feed(worker, *self.pending.popleft()):
+                    if not self._feed(worker, *next_shard(self.pending, self._landed)):
                         return False
                 ready, stop = answered(self.ray, [*self.inflight, *self.beginning], self.job.should_stop)
                 for ref in ready:
@@ -203,7 +205,7 @@ class _Dispatch:
     def _feed(self, worker: Worker, shard: ShardPlan, reissued: int) -> bool:
         """Feed ``shard`` to ``worker`` once its inputs are checked (a hub download lands on the driver's cache
         first); False when the run is stopped while waiting."""
-        for model, file in shard_input_files(self.plan, shard):
+        for model, file in self.files[shard.name]:
             while not self.job.sources.checked(model, file, POLL_SECONDS):
                 if self.job.should_stop():
                     return False
@@ -214,6 +216,11 @@ class _Dispatch:
         self.inflight[worker.actor.compute.remote(shard.name, str(folder))] = (shard, reissued, worker)
         worker.fed += 1
         return True
+
+    def _landed(self, shard: ShardPlan) -> bool:
+        """Whether every input file ``shard`` reads is checked now (a hub download's once it landed; local and
+        streamed inputs at once)."""
+        return all(self.job.sources.checked(model, file, 0) for model, file in self.files[shard.name])
 
     def _memory(self, shard: ShardPlan) -> int:
         """What a worker computing ``shard`` needs: torch, plus the largest units the pipeline holds at once,
@@ -297,7 +304,7 @@ class _Dispatch:
         job.reporter.message(node_line((result.node, *tally), format_size))
 
     def _checked_now(self, shard: ShardPlan) -> Callable[[], bool]:
-        files, sources = shard_input_files(self.plan, shard), self.job.sources
+        files, sources = self.files[shard.name], self.job.sources
         return lambda: all(sources.checked(model, file, 0) for model, file in files)
 
     def _sweep(self) -> None:
@@ -338,6 +345,26 @@ class _Dispatch:
         self.workers.clear()
         self.inflight.clear()
         self.beginning.clear()
+
+
+def next_shard(pending: deque[tuple[ShardPlan, int]],
+               landed: Callable[[ShardPlan], bool]) -> tuple[ShardPlan, int]:
+    """Take the next shard to feed from ``pending`` (in compute order, a lost worker's re-issued ones at the front):
+    a re-issued one first; else the largest whose inputs have ``landed`` (the first in compute order among equal
+    sizes); else the first, whose inputs land first (the driver feeds it once they have, as a local run would
+    compute it). Largest first because the nodes finish together only if the run's last shards are its smallest: in
+    compute order a Llama's embeddings, twice a layer's shard, came last, and one node merged them alone for a
+    quarter of a two-node run (bench/RESULTS.md, session 26). A shard's file size stands for its work, which its
+    bytes in and its compute both follow."""
+    if pending[0][1]:
+        return pending.popleft()
+    best = None
+    for index, (shard, _) in enumerate(pending):
+        if (best is None or shard.file_size > pending[best][0].file_size) and landed(shard):
+            best = index
+    item = pending[best or 0]
+    del pending[best or 0]
+    return item
 
 
 def answered(ray: ModuleType, refs: list[Any], should_stop: Callable[[], bool]) -> tuple[list[Any], bool]:
