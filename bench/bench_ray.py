@@ -11,7 +11,11 @@ CASE is
   worker nodes, then on one, each cold and warm (goal: two nodes at most 0.6x one node's wall, cold against cold and
   warm against warm). Each node emulates a machine with a core
   of its own: its raylet, and so its workers, is pinned to one core (two nodes: two cores; one node: one core), the
-  head and the driver are not (the driver's CPU is given apart);
+  head and the driver are not (the driver's CPU is given apart). But the two cores share one memory bus and cache,
+  which two machines would not: a merge computing on one core slows the other's (TIES on this VM: 20-30 %). So a
+  control series follows, warm: the one node again while its neighbour core runs the same merge locally, over and
+  over (:func:`twin`), as each of two nodes has the other beside it; two nodes against it is the executor's own
+  scaling with that sharing taken out;
 - ``bignodes``: ``nodes`` with more work per node, so that each node's fixed start (about 4.5 s: its worker's
   process, Ray's and the engine's imports, torch) weighs less against its shards: the same TIES merge of ``a``,
   ``b``, ``c`` with the models' layers stacked ``--copies`` times (mergekit ``slices``: each output layer the TIES
@@ -28,10 +32,10 @@ CASE is
 
 Output shards of ``--out-shard-size`` (100M: about twelve shards fed to the nodes' workers). Every run is a fresh
 ``resumerge run`` process (a new Ray job) into a fresh OUT and state dir; the cluster is started once per
-configuration and not timed. The Ray series of ``overhead``, ``nodes`` and ``bignodes`` come twice: **cold**, each
+configuration and not timed. Every Ray series comes twice: **cold**, each
 run with ``--keep-workers 0`` (no worker kept from a run before: its workers import torch afresh, as a first run on
 a cluster does), then **warm**, each run on the workers a priming run (not timed) kept (``--keep-workers``'s
-default: the next runs on a team's cluster). ``hubnodes`` runs cold only. Each run's line gives its wall, the
+default: the next runs on a team's cluster). Each run's line gives its wall, the
 CPU seconds of every process of the run (the driver and, for Ray, the cluster's processes and workers: this
 process's descendants, sampled every 0.2 s; the driver's own beside; and by the cores each process was allowed on:
 a pinned node's on its core), the load average before and after it, and for Ray where its wall went (the ledger's
@@ -257,12 +261,13 @@ def phases(state: Path, started_at: float, wall: float) -> str:
             f"{len(events) - 1} more {last - first:.1f} s, end {started_at + wall - last:.1f} s; shards {per_node}")
 
 
-def cold_and_warm(config: Path, work: Path, label: str, runs: int, *args: str) -> tuple[list[Run], list[Run]]:
+def cold_and_warm(config: Path, work: Path, label: str, runs: int, *args: str,
+                  hub: HubWriter | None = None) -> tuple[list[Run], list[Run]]:
     """``runs`` Ray runs that keep no worker (cold), a priming run that keeps them (not timed), then ``runs`` runs
-    on the kept workers (warm), on the cluster ``args`` name."""
-    cold = [run(config, work, label, *args, "--keep-workers", "0") for _ in range(runs)]
-    run(config, work, label, *args)
-    warm = [run(config, work, label, *args) for _ in range(runs)]
+    on the kept workers (warm), on the cluster ``args`` name (into ``hub`` when given)."""
+    cold = [run(config, work, label, *args, "--keep-workers", "0", hub=hub) for _ in range(runs)]
+    run(config, work, label, *args, hub=hub)
+    warm = [run(config, work, label, *args, hub=hub) for _ in range(runs)]
     return cold, warm
 
 
@@ -287,7 +292,41 @@ def nodes(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, ...]
         two = cold_and_warm(config, work, "two", runs, *shards, *ray, "--ray-address", address)
     with cluster(0, 1, pin=True) as address:
         one = cold_and_warm(config, work, "one", runs, *shards, *ray, "--ray-address", address)
-    return [*two, *one]
+        other = sorted(os.sched_getaffinity(0))[1:2]
+        beside = []
+        for _ in range(runs if other else 0):
+            with twin(config, work, other[0], *shards):
+                beside.append(run(config, work, "one-beside", *shards, *ray, "--ray-address", address))
+    return [*two, *one, beside]
+
+
+@contextmanager
+def twin(config: Path, work: Path, core: int, *args: str) -> Iterator[None]:
+    """The same merge run locally with one thread, over and over, on ``core`` (the core the one-node series leaves
+    to the head and the driver) while the body runs: what the second node's work costs the first one on this
+    machine, where the emulated nodes share one memory bus and cache (on separate machines they would not)."""
+    stop = threading.Event()
+
+    def again() -> None:
+        while not stop.is_set():
+            out, state = work / "out-twin", work / "state-twin"
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(state, ignore_errors=True)
+            proc = subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-m", "resumerge", "run", str(config),
+                                     str(out), "--state-dir", str(state), "--quiet", "-j", "1", *args])
+            while proc.poll() is None:
+                if stop.wait(0.1):
+                    proc.kill()
+                    proc.wait()
+
+    thread = threading.Thread(target=again, daemon=True)
+    thread.start()
+    try:
+        time.sleep(3.0)  # past the twin's own start and plan: it computes when the timed run begins
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def hubnodes(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, ...], down: float,
@@ -302,30 +341,30 @@ def hubnodes(names: dict[str, Path], work: Path, runs: int, shards: tuple[str, .
         fake.push(f"bench/{key}", sparse_files_of(names[key], hashed_below=1 << 62))
     config = work / "hub-linear.yml"
     config.write_text(LINEAR.format(a="bench/a", b="bench/b"))
-    ray = ("--executor", "ray", "-j", "1", "--stream-inputs", "--keep-workers", "0")
+    ray = ("--executor", "ray", "-j", "1", "--stream-inputs")
     with fake:
         os.environ.update({"HF_ENDPOINT": fake.url, "HF_TOKEN": TOKEN, "HF_HOME": str(work / "hf"),
                            "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
         with cluster(0, 2) as address:
-            two = [run(config, work, "hub-two", *shards, *ray, "--ray-address", address, hub=writer)
-                   for _ in range(runs)]
+            two = cold_and_warm(config, work, "hub-two", runs, *shards, *ray, "--ray-address", address, hub=writer)
         with cluster(0, 1) as address:
-            one = [run(config, work, "hub-one", *shards, *ray, "--ray-address", address, hub=writer)
-                   for _ in range(runs)]
-    return [two, one]
+            one = cold_and_warm(config, work, "hub-one", runs, *shards, *ray, "--ray-address", address, hub=writer)
+    return [*two, *one]
 
 
 NODES = ("ray, two one-CPU nodes, cold", "ray, two one-CPU nodes, warm", "ray, one one-CPU node, cold",
          "ray, one one-CPU node, warm")
 NODE_RATIOS = (("two nodes / one node, cold", 0, 2), ("two nodes / one node, warm", 1, 3))
+# The control: one node whose core's neighbour does the same work, as each of two nodes' does (nodes, bignodes).
+BESIDE = "ray, one one-CPU node, its neighbour core running the same merge, warm"
+BESIDE_RATIO = ("two nodes / one node beside a twin (this machine's shared memory taken out), warm", 1, 4)
 # case -> (how it runs, the labels of its series, the ratios (what, series over series), the goal)
 CASES = {
     "overhead": (overhead, ("local", "ray, one node of all CPUs, cold", "ray, one node of all CPUs, warm"),
                  (("ray / local, cold", 1, 0), ("ray / local, warm", 2, 0)), 1.15),
-    "nodes": (nodes, NODES, NODE_RATIOS, 0.6),
-    "bignodes": (nodes, NODES, NODE_RATIOS, 0.6),
-    "hubnodes": (hubnodes, ("ray hub to hub, two one-CPU nodes", "ray hub to hub, one one-CPU node"),
-                 (("two nodes / one node", 0, 1),), 0.6),
+    "nodes": (nodes, (*NODES, BESIDE), (*NODE_RATIOS, BESIDE_RATIO), 0.6),
+    "bignodes": (nodes, (*NODES, BESIDE), (*NODE_RATIOS, BESIDE_RATIO), 0.6),
+    "hubnodes": (hubnodes, tuple(label.replace("ray, ", "ray hub to hub, ") for label in NODES), NODE_RATIOS, 0.6),
 }
 
 
