@@ -29,11 +29,12 @@ from resumerge import api
 from resumerge.engine import compute
 from resumerge.engine.compute_estimate import measure_compute
 from resumerge.engine.experts import merge_by_expert
+from resumerge.errors import ModelInputError
 from resumerge.inputs.safetensors_format import numel
 from resumerge.methods.registry import get_method, method_names
 from resumerge.methods.spec import MergeContext
 from resumerge.plan import workunits
-from resumerge.plan.experts import expert_stack, mark_expert_stacks
+from resumerge.plan.experts import FUSED_LAYOUTS, StackFamily, expert_stack, mark_expert_stacks
 from resumerge.plan.merge_plan import ExpertStack, InputRef, TensorPlan
 
 EXPERTS, HIDDEN, INTER = 3, 6, 4
@@ -180,20 +181,28 @@ def _plan(shape: tuple[int, ...], stack: ExpertStack, count: int) -> TensorPlan:
 
 
 def test_which_tensors_are_stacks() -> None:
-    dims = {"count": 4, "width": 16, "interleaved": False}
-    v5 = expert_stack("model.layers.3.mlp.experts.gate_up_proj", (4, 32, 32), **dims)
-    assert v5 is not None and (v5.parts, v5.axis, v5.interleaved) == (2, 0, False)  # 2I == H: transformers' axis
-    llama4 = expert_stack("model.layers.3.feed_forward.experts.gate_up_proj", (4, 24, 32), **dims)
-    assert llama4 is not None and (llama4.parts, llama4.axis) == (2, 1)
-    oss = expert_stack("model.layers.0.mlp.experts.gate_up_proj_bias", (4, 32), **{**dims, "interleaved": True})
+    def family(model_type: str) -> StackFamily:
+        return StackFamily(model_type, 4, 16, FUSED_LAYOUTS[model_type])
+
+    def stack(name: str, shape: tuple[int, ...], model_type: str = "qwen3_moe") -> ExpertStack | None:
+        return expert_stack(name, shape, family(model_type), method="ties")
+
+    v5 = stack("model.layers.3.mlp.experts.gate_up_proj", (4, 32, 32))
+    assert v5 is not None and (v5.parts, v5.axis, v5.interleaved) == (2, 0, False)  # 2I == H: the family's axis
+    llama4 = stack("model.layers.3.feed_forward.experts.gate_up_proj", (4, 32, 32), "llama4_text")
+    assert llama4 is not None and (llama4.parts, llama4.axis) == (2, 1)  # the same shape, the other axis
+    oss = stack("model.layers.0.mlp.experts.gate_up_proj_bias", (4, 32), "gpt_oss")
     assert oss is not None and (oss.parts, oss.axis, oss.interleaved) == (2, 0, True)
-    down = expert_stack("model.layers.0.mlp.experts.down_proj", (4, 32, 16), **dims)
+    down = stack("model.layers.0.mlp.experts.down_proj", (4, 32, 16))
     assert down is not None and down.parts == 1
-    for name, shape in (("model.layers.0.mlp.experts.1.down_proj.weight", (32, 16)),  # one expert, not a stack
-                        ("model.layers.0.mlp.shared_experts.down_proj.weight", (32, 16)),
-                        ("model.layers.0.mlp.experts.down_proj", (3, 32, 16)),  # not the config's expert count
-                        ("model.layers.0.mlp.experts.down_proj", (4, 32))):  # a weight is 3-D
-        assert expert_stack(name, shape, **dims) is None, name
+    for name in ("model.layers.0.mlp.experts.1.down_proj.weight",  # one expert, not a stack
+                 "model.layers.0.mlp.shared_experts.down_proj.weight"):
+        assert stack(name, (32, 16)) is None, name
+    for name, shape in (("model.layers.0.mlp.experts.down_proj", (3, 32, 16)),  # not the config's expert count
+                        ("model.layers.0.mlp.experts.down_proj", (4, 32)),  # a weight is 3-D
+                        ("model.layers.0.mlp.experts.gate_up_proj", (4, 24, 32))):  # gate and up are not 2·16
+        with pytest.raises(ModelInputError, match="contradicts"):
+            stack(name, shape)
 
 
 def test_the_planner_marks_stacks_from_the_config_for_methods_that_are_not_elementwise() -> None:
@@ -202,15 +211,19 @@ def test_the_planner_marks_stacks_from_the_config_for_methods_that_are_not_eleme
     names = ("model.language_model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.0.up_proj.weight")
     tensors = {n: TensorPlan(n, "", "ties", (ref, ref), 0, ((), ()), (), shape, None, "F32", 4 * numel(shape))
                for n in names}
-    wrapped = {"model_type": "qwen3_5_moe", "text_config": {"num_experts": 4, "moe_intermediate_size": 12}}
+    wrapped = {"model_type": "qwen3_5_moe", "text_config": {"model_type": "qwen3_5_moe_text", "num_experts": 4,
+                                                            "moe_intermediate_size": 12}}
     marked = mark_expert_stacks(tensors, wrapped)
     assert marked[names[0]].experts == ExpertStack(4, parts=2, axis=0)
     assert marked[names[1]].experts is None  # one expert's tensor
     linear = {n: dataclasses.replace(tp, method="linear") for n, tp in tensors.items()}
     assert all(tp.experts is None for tp in mark_expert_stacks(linear, wrapped).values())  # elementwise: whole
     deepseek = {"model_type": "deepseek_v3", "n_routed_experts": 4, "moe_intermediate_size": 20}
-    assert mark_expert_stacks(tensors, deepseek)[names[0]].experts == ExpertStack(4)  # no axis is 2·20 long
-    assert all(tp.experts is None for tp in mark_expert_stacks(tensors, {"model_type": "llama"}).values())
+    with pytest.raises(ModelInputError, match="contradicts"):  # no axis is 2·20 long: the config is not this model's
+        mark_expert_stacks(tensors, deepseek)
+    with pytest.raises(ModelInputError, match="layout resumerge does not know"):  # a fused stack is never guessed
+        mark_expert_stacks(tensors, {"model_type": "llama"})
+    assert mark_expert_stacks(linear, {"model_type": "llama"}) == linear  # an elementwise method needs no layout
 
 
 def _mxfp4_model(directory: Path, decoded: Path, seed: int) -> None:
