@@ -175,6 +175,21 @@ def test_bad_shard_size_is_exit_2(tmp_path: Path, make: ModelFactory, capsys: py
     assert "--out-shard-size" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("key", ["dtype", "out_dtype"])
+@pytest.mark.parametrize("dtype", ["int64", "torch.int64", "int32", "int8", "uint8", "bool"])
+def test_integer_dtypes_are_refused_listing_the_float_ones(
+        tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str], key: str, dtype: str) -> None:
+    """mergekit takes int64, which cuts every weight to an integer (a model of noise): refused before anything is
+    written, in one line that lists the float dtypes only."""
+    a, b = _two(make)
+    code, err = _run(tmp_path, {"merge_method": "linear", key: dtype, "models": [
+        {"model": a, "parameters": {"weight": 1}}, {"model": b, "parameters": {"weight": 1}}]}, capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"error: {key}: '") and "is not a float type" in lines[0], lines[0]
+    assert lines[0].endswith("use one of bfloat16, float16, float32, float64"), lines[0]
+
+
 def test_a_models_config_json_as_config_is_said_for_what_it_is(
         tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str]) -> None:
     code, err = _run(tmp_path, (make("a") / "config.json").read_text(), capsys)

@@ -37,7 +37,10 @@ TOP_LEVEL_KEYS = frozenset(
         "name",
     }
 )
-DTYPES = frozenset({"float32", "float16", "bfloat16", "float64", "int64"})
+# The dtypes a merge computes in or writes: float types only. mergekit 0.1.5 also takes int64 (its dtype_from_name
+# serves other uses), which cuts every weight to an integer (|w| < 1 becomes 0) and writes a model that is noise.
+FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64")
+DTYPES = frozenset(FLOAT_DTYPES)
 # Keys of a model's config.json: such a file given as CONFIG gets said for what it is.
 MODEL_CONFIG_KEYS = ("architectures", "model_type", "hidden_size", "num_hidden_layers")
 
@@ -361,12 +364,19 @@ def _parameters(value: Any, path: str) -> Mapping[str, Setting]:
 def _dtype(value: Any, path: str) -> str | None:
     if value is None:
         return None
-    name = str(value).removeprefix("torch.")
-    if name not in DTYPES:
-        raise ConfigError(
-            f"Unimplemented dtype {value!r}", yaml_path=path, hint=f"use one of {', '.join(sorted(DTYPES))}"
-        )
-    return name
+    return check_dtype(str(value).removeprefix("torch."), path)
+
+
+def check_dtype(name: str, yaml_path: str, *, unknown: str = "Unimplemented dtype") -> str:
+    """``name`` if it is one of :data:`FLOAT_DTYPES`; else a :class:`ConfigError` listing them, which says so
+    when ``name`` is an integer or bool type (a merge in one cuts every weight to an integer) and else begins
+    with ``unknown`` (mergekit's words for a merge config)."""
+    if name in DTYPES:
+        return name
+    integer = name.startswith(("int", "uint", "bool", "long", "short"))
+    problem = (f"{name!r} is not a float type: merging in it cuts every weight to an integer" if integer
+               else f"{unknown} {name!r}")
+    raise ConfigError(problem, yaml_path=yaml_path, hint=f"use one of {', '.join(FLOAT_DTYPES)}")
 
 
 def _optional_str(value: Any, path: str) -> str | None:

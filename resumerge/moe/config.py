@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from resumerge.config.merge_config import DTYPES, MergeConfig, SourceConfig, parse_documents
+from resumerge.config.merge_config import MergeConfig, SourceConfig, check_dtype, parse_documents
 from resumerge.config.modelref import ModelRef, parse_model_ref
 from resumerge.errors import ConfigError
 
@@ -112,8 +112,8 @@ def load_moe_text(text: str, *, allow_all_same: bool = False, source: str = "con
         raise ConfigError(f"unknown gate_mode {gate_mode!r}", yaml_path="gate_mode",
                           hint=f"gate modes: {', '.join(GATE_MODES)}")
     dtype = doc.get("dtype")
-    if dtype is not None and dtype not in DTYPES:
-        raise ConfigError(f"unknown dtype {dtype!r}", yaml_path="dtype", hint=f"dtypes: {', '.join(sorted(DTYPES))}")
+    if dtype is not None:
+        dtype = check_dtype(str(dtype), "dtype", unknown="unknown dtype")
     per_token = doc.get("experts_per_token", 2)
     if isinstance(per_token, bool) or not isinstance(per_token, int):
         raise ConfigError("experts_per_token must be an integer", yaml_path="experts_per_token")

@@ -45,6 +45,7 @@ YAML_ONLY = [
     ({"experts_per_token": 3}, "experts", "Must include at least as many experts as experts_per_token."),
     ({"merge": "x"}, "merge", "unknown key 'merge'"),
     ({"dtype": "float8"}, "dtype", "unknown dtype"),
+    ({"dtype": "int64"}, "dtype", "'int64' is not a float type"),
 ]
 
 
