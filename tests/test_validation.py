@@ -10,6 +10,7 @@ from conftest import ModelFactory
 from support import write_config
 
 from resumerge.cli.commands import main
+from resumerge.config.yamltext import anchor_holders
 
 
 def _run(tmp_path: Path, doc: dict[str, Any] | str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -98,8 +99,10 @@ def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path: Path, make: Mo
     # A key brought in by a YAML merge key may be overridden: that is what << is for.
     ok = (f"w: &w {{weight: 0.5}}\nmerge_method: linear\nmodels:\n  - model: {a}\n    parameters: {{<<: *w, "
           f"weight: 0.25}}\n  - model: {b}\n    parameters: *w\n")
-    code, err = _run(tmp_path, ok, capsys)
-    assert code == 2 and "given twice" not in err and "unknown key 'w'" in err, err  # w, not the override
+    (tmp_path / "ok.yml").write_text(ok)
+    code = main(["run", str(tmp_path / "ok.yml"), str(tmp_path / "ok"), "--state-dir", str(tmp_path / "state")])
+    err = capsys.readouterr().err
+    assert code == 0 and "given twice" not in err and "w: ignored" in err, err  # w holds the anchor: ignored
 
 
 def test_a_utf16_config_reads_like_its_utf8_copy(tmp_path: Path, make: ModelFactory,
@@ -210,6 +213,87 @@ def test_unknown_keys_are_refused_saying_mergekit_would_ignore_them(
     code, err = _run(tmp_path, build(str(make("a"))), capsys)
     assert code == 2 and fragment in err, err
     assert "mergekit would ignore it, so removing it changes nothing" in err
+
+
+ANCHORED = """\
+x-common: &common
+  weight: 0.5
+  density: 0.5
+merge_method: ties
+base_model: {base}
+dtype: float32
+models:
+  - model: {base}
+  - model: {a}
+    parameters: *common
+  - model: {b}
+    parameters:
+      <<: *common
+      weight: 0.3
+"""
+
+
+def test_a_top_level_key_holding_anchors_is_ignored_as_mergekit_ignores_it(
+        tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    """mergekit-yaml runs a config keeping its anchors under x-common: (pydantic ignores unknown keys); so does
+    resumerge, with a note, and merges what the config says once its aliases are read."""
+    base, a, b = (str(make(n, seed=i)) for i, n in enumerate(("base", "a", "b")))
+    config = tmp_path / "anchored.yml"
+    config.write_text(ANCHORED.format(base=base, a=a, b=b))
+    assert main(["run", str(config), str(tmp_path / "out"), "--state-dir", str(tmp_path / "state")]) == 0
+    assert "x-common: ignored, as mergekit ignores it (it holds YAML anchors the config uses)" in \
+        capsys.readouterr().err
+    expanded = {"merge_method": "ties", "base_model": base, "dtype": "float32", "models": [
+        {"model": base}, {"model": a, "parameters": {"weight": 0.5, "density": 0.5}},
+        {"model": b, "parameters": {"weight": 0.3, "density": 0.5}}]}
+    write_config(tmp_path / "expanded.yml", expanded)
+    assert main(["run", str(tmp_path / "expanded.yml"), str(tmp_path / "plain"), "--state-dir",
+                 str(tmp_path / "state-plain"), "--quiet"]) == 0
+    merged = (tmp_path / "out" / "model.safetensors").read_bytes()
+    assert merged == (tmp_path / "plain" / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize(("text", "fragment", "claim"), [
+    # An anchor no alias uses, or a key that only uses one: removing it changes nothing, as the refusal says.
+    ("x-unused: &u {{weight: 1}}\nmerge_method: linear\nmodels: [{{model: {a}, parameters: {{weight: 1}}}}]\n",
+     "x-unused: unknown key 'x-unused'", True),
+    ("merge_method: linear\nmodels: [{{model: {a}, parameters: &p {{weight: 1}}}}]\nx-uses: *p\n",
+     "x-uses: unknown key 'x-uses'", True),
+    # A nested unknown key holding an anchor another entry uses: mergekit ignores it, but removing it would break
+    # the config, so the refusal says so instead.
+    ("merge_method: linear\nmodels:\n  - {{model: {a}, x-w: &w {{weight: 1}}, parameters: {{weight: 1}}}}\n"
+     "  - {{model: {a}, parameters: *w}}\n", "models[0].x-w: unknown key 'x-w'", False),
+], ids=["unused anchor", "alias only", "nested holder"])
+def test_removing_it_changes_nothing_is_said_only_when_true(
+        tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str], text: str, fragment: str,
+        claim: bool) -> None:
+    code, err = _run(tmp_path, text.format(a=str(make("a"))), capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and fragment in lines[0], err
+    assert ("removing it changes nothing" in lines[0]) == claim, lines[0]
+    assert claim or "it holds a YAML anchor the config uses elsewhere" in lines[0], lines[0]
+
+
+def test_anchor_holders_are_the_keys_whose_anchor_an_alias_outside_them_uses() -> None:
+    text = """\
+x-common: &common
+  weight: 0.5
+  density: &d 0.3
+x-unused: &u {a: 1}
+x-self: {a: &s 1, b: *s}
+x-uses: *common
+merge_method: ties
+models:
+  - {model: a, parameters: *common}
+  - {model: b, x-p: &p {weight: 1}, parameters: {density: *d}}
+  - {model: c, parameters: *p}
+  - model: d
+    parameters:
+      <<: *common
+"""
+    assert anchor_holders(text) == {"x-common", "x-common.density", "x-self.a", "models[1].x-p"}
+    assert anchor_holders("merge_method: linear\n") == frozenset()
+    assert anchor_holders("a: [unclosed\n") == frozenset()
 
 
 def test_a_missing_local_model_is_no_such_directory(

@@ -18,7 +18,7 @@ import yaml
 
 from resumerge.config.modelref import ModelRef, parse_model_ref
 from resumerge.config.params import Setting, check_setting
-from resumerge.config.yamltext import DuplicateKeyError, UniqueKeyLoader, decode_config
+from resumerge.config.yamltext import DuplicateKeyError, UniqueKeyLoader, anchor_holders, decode_config
 from resumerge.errors import ConfigError, UsageError
 
 TOP_LEVEL_KEYS = frozenset(
@@ -45,11 +45,34 @@ DTYPES = frozenset(FLOAT_DTYPES)
 MODEL_CONFIG_KEYS = ("architectures", "model_type", "hidden_size", "num_hidden_layers")
 
 
+class UnknownKeyError(ConfigError):
+    """A key no mergekit config has: ``key`` at ``yaml_path``, ``where`` saying in what (" in a module")."""
+
+    def __init__(self, key: str, yaml_path: str, *, where: str = "", hint: str | None = None) -> None:
+        super().__init__(f"unknown key {key!r}{where}: mergekit would ignore it, so removing it changes nothing",
+                         yaml_path=yaml_path, hint=hint)
+        self.key, self.where = key, where
+
+
 def unknown_key_error(key: str, yaml_path: str, *, where: str = "", hint: str | None = None) -> ConfigError:
     """The error for an unknown key. mergekit ignores unknown keys silently; resumerge refuses them (a misspelt
-    key would otherwise do nothing), and says that mergekit would ignore it, so that removing it changes nothing."""
-    return ConfigError(f"unknown key {key!r}{where}: mergekit would ignore it, so removing it changes nothing",
-                       yaml_path=yaml_path, hint=hint)
+    key would otherwise do nothing), and says that mergekit would ignore it, so that removing it changes nothing —
+    true unless the key holds a YAML anchor used elsewhere, which :func:`honest_unknown_key` says instead."""
+    return UnknownKeyError(key, yaml_path, where=where, hint=hint)
+
+
+def honest_unknown_key(error: UnknownKeyError, text: str) -> ConfigError:
+    """``error`` about the config of YAML ``text``, or where its key holds a YAML anchor the config uses elsewhere
+    (:func:`~resumerge.config.yamltext.anchor_holders`) the refusal that says so: removing it would break the
+    config."""
+    if error.yaml_path not in anchor_holders(text):
+        return error
+    return ConfigError(
+        f"unknown key {error.key!r}{error.where}: mergekit would ignore it, but it holds a YAML anchor the config "
+        "uses elsewhere", yaml_path=error.yaml_path,
+        hint="move the anchor under a top-level key of its own (x-common:, say), which resumerge ignores as "
+             "mergekit does",
+    )
 
 
 @dataclass(frozen=True)
@@ -100,6 +123,7 @@ class MergeConfig:
     tokenizer: Mapping[str, Any] | None
     chat_template: str | None
     name: str | None = None
+    # What the planner tells the user of the config itself (a top-level key ignored as mergekit ignores it).
     warnings: tuple[str, ...] = field(default=())
     # The ``modules:`` form (models and slices are then None).
     modules: tuple[ModuleConfig, ...] | None = None
@@ -183,9 +207,21 @@ def _parse(doc: dict[str, Any], text: str) -> MergeConfig:
                  "the model's directory goes under models:",
         )
     unknown = sorted(str(k) for k in doc if k not in TOP_LEVEL_KEYS)
-    if unknown:
-        raise unknown_key_error(unknown[0], unknown[0],
+    holders = anchor_holders(text) if unknown else frozenset()
+    refused = [k for k in unknown if k not in holders]
+    if refused:
+        raise unknown_key_error(refused[0], refused[0],
                                 hint=f"allowed top-level keys: {', '.join(sorted(TOP_LEVEL_KEYS))}")
+    # A top-level key holding YAML anchors the config uses (x-common: &defaults …) is ignored, as mergekit ignores
+    # every unknown key: it cannot be a misspelt setting, and removing it would break the config.
+    warnings = tuple(f"{k}: ignored, as mergekit ignores it (it holds YAML anchors the config uses)" for k in unknown)
+    try:
+        return _parse_settings(doc, text, warnings)
+    except UnknownKeyError as exc:
+        raise honest_unknown_key(exc, text) from None
+
+
+def _parse_settings(doc: dict[str, Any], text: str, warnings: tuple[str, ...]) -> MergeConfig:
     method = doc.get("merge_method")
     if not isinstance(method, str) or not method:
         raise ConfigError("merge_method is required and must be a string", yaml_path="merge_method")
@@ -218,6 +254,7 @@ def _parse(doc: dict[str, Any], text: str) -> MergeConfig:
         tokenizer=_tokenizer_section(doc.get("tokenizer")),
         chat_template=_optional_str(doc.get("chat_template"), "chat_template"),
         name=_optional_str(doc.get("name"), "name"),
+        warnings=warnings,
         modules=modules,
     )
 

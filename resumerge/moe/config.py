@@ -13,6 +13,7 @@ from typing import Any
 
 from resumerge.config.merge_config import MergeConfig, SourceConfig, check_dtype, parse_documents
 from resumerge.config.modelref import ModelRef, parse_model_ref
+from resumerge.config.yamltext import anchor_holders
 from resumerge.errors import ConfigError
 
 # What the output's model card says of an upcycled MoE, as a merge method's declaration says it of the method:
@@ -102,6 +103,9 @@ def load_moe_text(text: str, *, allow_all_same: bool = False, source: str = "con
     if len(docs) != 1 or not isinstance(doc, dict):
         raise ConfigError(f"{source} must be one YAML mapping")
     unknown = sorted(str(k) for k in doc if k not in TOP_LEVEL_KEYS)
+    if unknown:  # a key holding YAML anchors the config uses is ignored, as mergekit-moe ignores every unknown key
+        holders = anchor_holders(text)
+        unknown = [k for k in unknown if k not in holders]
     if unknown:
         raise ConfigError(f"unknown key {unknown[0]!r}", yaml_path=unknown[0],
                           hint=f"allowed top-level keys of a mergekit-moe config: {', '.join(sorted(TOP_LEVEL_KEYS))}")

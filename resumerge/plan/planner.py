@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import chain
 
-from resumerge.config.merge_config import MergeConfig, SourceConfig
+from resumerge.config.merge_config import MergeConfig, SourceConfig, UnknownKeyError, honest_unknown_key
 from resumerge.errors import ConfigError, ModelInputError
 from resumerge.inputs.catalog import adapter_key
 from resumerge.inputs.codecs import CODECS, PLAIN, CodecTable, TensorCodec
@@ -142,13 +142,16 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     layouts = _layouts(models)
     if config.base_model is not None and method.base is BasePolicy.FORBIDDEN:
         raise ConfigError(f"merge method {method.name} does not accept a base model", yaml_path="base_model")
-    spec = parse_tokenizer_spec(config.tokenizer_source, config.tokenizer, config.chat_template)
+    try:
+        spec = parse_tokenizer_spec(config.tokenizer_source, config.tokenizer, config.chat_template)
+    except UnknownKeyError as exc:
+        raise honest_unknown_key(exc, config.text) from None
     built = build_output_tokenizer(config, spec, models) if spec.builds else None
     filters = FilterTally(parameter_places(config))
     ctx = _Ctx(method, config, models, built, options.unsafe_truncate_embeddings and built is None,
                options.dequantize, filters, ParameterResolver(config, filters))
     tensors: dict[str, TensorPlan] = {}
-    notes: list[str] = []
+    notes = list(config.warnings)
     vision_layers = None
     if config.modules is not None:
         origins, vision_layers, mtp = _plan_module_form(ctx, layouts, tensors, notes)

@@ -143,3 +143,13 @@ def test_the_same_experts_flag_is_an_api_keyword(models: list[Path], tmp_path: P
                  "--state-dir", state]) == 2
     assert "applies to mergekit-moe configs" in capsys.readouterr().err
     assert not (tmp_path / "out2").exists()
+
+
+def test_a_top_level_key_holding_anchors_is_ignored_as_mergekit_moe_ignores_it(models: list[Path]) -> None:
+    m0, m1, m2 = (str(m) for m in models)
+    text = (f"x-prompts: &prompts [a, b]\nbase_model: {m0}\ngate_mode: cheap_embed\nexperts:\n"
+            f"  - {{source_model: {m1}, positive_prompts: *prompts}}\n"
+            f"  - {{source_model: {m2}, positive_prompts: [c]}}\n")
+    assert load_moe_text(text).experts[0].positive_prompts == ("a", "b")
+    with pytest.raises(InputError, match="unknown key 'x-other'"):  # an anchor no alias uses: refused as before
+        load_moe_text(text.replace("x-prompts: &prompts [a, b]\n", "x-other: &o [a]\n").replace("*prompts", "[a]"))
