@@ -6,6 +6,8 @@ from types import MappingProxyType
 
 from resumerge.methods import (
     arcee_fusion,
+    iso_c,
+    iso_cts,
     karcher,
     linear,
     model_stock,
@@ -17,6 +19,7 @@ from resumerge.methods import (
     sce,
     slerp,
     task_arithmetic,
+    tsv,
 )
 from resumerge.methods.spec import MethodSpec, declared
 
@@ -34,6 +37,9 @@ BUILTIN: tuple[MethodSpec, ...] = declared(
     sce.SPEC,
     slerp.SPEC,
     *task_arithmetic.SPECS,
+    tsv.SPEC,
+    iso_c.SPEC,
+    iso_cts.SPEC,
 )
 # The same methods by name, read-only: get_method is asked for each of a plan's tensors (three times a tensor by
 # plan's estimate), and a 92k-tensor plan's lookups by scanning the list cost a second.
