@@ -36,6 +36,13 @@ def iso_common(ctx: MergeContext) -> torch.Tensor:
     return finish(merged.mul_(mean), base, scaling(ctx))
 
 
+# Working memory measured by tests/methods/footprint_cases.py's profiler replay (torch 2.x CPU) on 24×24 to
+# 2048×2048 weights: the mean path's float64 copies (fixed; a tensor of the other dtypes is widened), and for a
+# matrix a phase of float64 buffers of its size plus the singular-vector panels and LAPACK's workspace, per
+# element of k·(m + n) (spectral.svd_scratch). float32, bfloat16 and float16 measure alike.
+_WIDE = (32, 0, 8, 0, None, (28, 0))
+_FLOAT64 = (16, 0, 7.75, 0, None, (20, 0))
+
 SPEC = MethodSpec(
     name="iso_c",
     title="Iso-C (isotropic merging in the common subspace)",
@@ -52,5 +59,5 @@ SPEC = MethodSpec(
     thread_dependent=True,
     # Its time is that of one SVD of the matrix's size: plan times a call per shape.
     whole_cost=WholeCost(),
-    footprint=measured((0, 0), (0, 0), (0, 0), (0, 0), scratch=svd_scratch),
+    footprint=measured(_WIDE, _WIDE, _WIDE, _FLOAT64, scratch=svd_scratch),
 )

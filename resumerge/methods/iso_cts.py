@@ -48,9 +48,9 @@ def iso_common_specific(ctx: MergeContext) -> torch.Tensor:
     """
     base = base_f64(ctx)
     tasks = len(ctx.others())
-    if not as_matrix(ctx) or not tasks:
+    k = min(base.shape) if as_matrix(ctx) else 0
+    if not k or not tasks:  # an empty matrix has no spectrum: the mean path returns it empty
         return mean_path(ctx, base)
-    k = min(base.shape)
     common, per_task = split(k, tasks, float(ctx.params["common_space_fraction"]))
     total = delta_sum(ctx, base)
     u, s, vh = torch.linalg.svd(total, full_matrices=False)
@@ -74,6 +74,13 @@ def iso_common_specific(ctx: MergeContext) -> torch.Tensor:
     return finish(found.orthogonalised(sigma_sum / k), base, scaling(ctx))
 
 
+# Working memory measured by tests/methods/footprint_cases.py's profiler replay (torch 2.x CPU) on 24×24 to
+# 2048×2048 weights: the mean path's float64 copies (fixed; a tensor of the other dtypes is widened), and for a
+# matrix a phase of float64 buffers of its size plus the singular-vector panels and LAPACK's workspace, per
+# element of k·(m + n) (spectral.svd_scratch). float32, bfloat16 and float16 measure alike.
+_WIDE = (32, 0, 31.5, 0, None, (24, 0))
+_FLOAT64 = (16, 0, 31, 0, None, (15.5, 0))
+
 SPEC = MethodSpec(
     name="iso_cts",
     title="Iso-CTS (isotropic merging in common and task-specific subspaces)",
@@ -94,5 +101,5 @@ SPEC = MethodSpec(
     thread_dependent=True,
     # Its time is that of T + 3 SVDs of the matrix's size: plan times a call per shape and fraction.
     whole_cost=WholeCost(params=("common_space_fraction",)),
-    footprint=measured((0, 0), (0, 0), (0, 0), (0, 0), scratch=svd_scratch),
+    footprint=measured(_WIDE, _WIDE, _WIDE, _FLOAT64, scratch=svd_scratch),
 )

@@ -26,8 +26,6 @@ from collections.abc import Iterator, Sequence
 from resumerge.methods.spec import MergeContext
 from resumerge.torch_import import torch
 
-F64 = torch.float64
-
 
 def scaling(ctx: MergeContext) -> float:
     """The global ``scaling`` (α): the result is B + α·Δ_M."""
@@ -42,13 +40,13 @@ def as_matrix(ctx: MergeContext) -> bool:
 
 def base_f64(ctx: MergeContext) -> torch.Tensor:
     """The base in float64 (the caller's tensor itself when it is float64 already: never to be written)."""
-    return ctx.base.to(F64)
+    return ctx.base.to(torch.float64)
 
 
 def deltas(ctx: MergeContext, base: torch.Tensor) -> Iterator[torch.Tensor]:
     """Each task vector Δᵢ = θᵢ − B in float64, in config order, one at a time (a fresh tensor each)."""
     for i in ctx.others():
-        yield ctx.tensors[i].to(F64) - base
+        yield ctx.tensors[i].to(torch.float64) - base
 
 
 def delta_sum(ctx: MergeContext, base: torch.Tensor) -> torch.Tensor:
@@ -83,7 +81,7 @@ def rank(s: torch.Tensor, shape: Sequence[int], scale: float | None = None) -> i
     if s.numel() == 0:
         return 0
     top = float(s[0]) if scale is None else scale
-    return int((s > top * max(shape) * torch.finfo(F64).eps).sum())
+    return int((s > top * max(shape) * torch.finfo(torch.float64).eps).sum())
 
 
 def polar(x: torch.Tensor) -> torch.Tensor:

@@ -51,6 +51,13 @@ def task_singular_vectors(ctx: MergeContext) -> torch.Tensor:
     return finish(found.orthogonalised(found.s), base, scaling(ctx))
 
 
+# Working memory measured by tests/methods/footprint_cases.py's profiler replay (torch 2.x CPU) on 24×24 to
+# 2048×2048 weights: the mean path's float64 copies (fixed; a tensor of the other dtypes is widened), and for a
+# matrix a phase of float64 buffers of its size plus the singular-vector panels and LAPACK's workspace, per
+# element of k·(m + n) (spectral.svd_scratch). float32, bfloat16 and float16 measure alike.
+_WIDE = (32, 0, 17, 0, None, (27.5, 0))
+_FLOAT64 = (16, 0, 16.5, 0, None, (20, 0))
+
 SPEC = MethodSpec(
     name="tsv",
     title="Task Singular Vectors (TSV-M)",
@@ -67,5 +74,5 @@ SPEC = MethodSpec(
     thread_dependent=True,
     # Its time is that of T + 2 SVDs of the matrix's size, not of its elements: plan times a call per shape.
     whole_cost=WholeCost(),
-    footprint=measured((0, 0), (0, 0), (0, 0), (0, 0), scratch=svd_scratch),
+    footprint=measured(_WIDE, _WIDE, _WIDE, _FLOAT64, scratch=svd_scratch),
 )

@@ -1,4 +1,4 @@
-"""Contracts of all 20 registered methods: declarations, purity, finiteness, RNG use, chunking."""
+"""Contracts of every registered method (mergekit's 20 and those beyond it): declarations, purity, RNG use, chunking."""
 
 from __future__ import annotations
 
@@ -39,6 +39,10 @@ EXPECTED: dict[str, tuple[dict[str, Scope], BasePolicy, int, int | None, bool, b
     "model_stock": ({"filter_wise": G}, REQ, 3, None, False, False),
     "nearswap": ({"t": G}, REQ, 2, 2, True, False),
     "arcee_fusion": ({}, REQ, 2, 2, False, True),
+    # Beyond mergekit (issue 59's SVD methods).
+    "tsv": ({"scaling": G}, REQ, 2, None, False, False),
+    "iso_c": ({"scaling": G}, REQ, 2, None, False, False),
+    "iso_cts": ({"scaling": G, "common_space_fraction": G}, REQ, 2, None, False, False),
 }
 
 W3 = {"weight": [None, 0.5, 0.3, 0.4]}
@@ -64,6 +68,9 @@ CALLS: dict[str, tuple[int, int | None, dict[str, Any], dict[str, list[Any]]]] =
     "model_stock": (4, 0, {"filter_wise": False}, {}),
     "nearswap": (2, 0, {"t": 0.05}, {}),
     "arcee_fusion": (2, 0, {}, {}),
+    "tsv": (4, 0, {"scaling": 0.8}, {}),
+    "iso_c": (4, 0, {"scaling": 0.8}, {}),
+    "iso_cts": (4, 0, {"common_space_fraction": 0.7}, {}),
 }
 
 
@@ -85,7 +92,7 @@ def run(merge: Merge, name: str, tensors: list[torch.Tensor], seed: int | None =
     return merge(name, tensors, base=base, params=params, per_model=per_model, seed=seed)
 
 
-def test_all_twenty_mergekit_methods_are_registered() -> None:
+def test_every_registered_method_is_declared_here() -> None:
     assert sorted(EXPECTED) == method_names()
 
 

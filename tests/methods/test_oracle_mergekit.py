@@ -29,6 +29,8 @@ mergekit_sparsify = pytest.importorskip("mergekit.sparsify")
 pytestmark = pytest.mark.oracle
 Merge = Callable[..., torch.Tensor]
 
+# Methods resumerge has and mergekit 0.1.5 has not (issue 59's SVD methods): no oracle to compare with.
+BEYOND_MERGEKIT = frozenset({"tsv", "iso_c", "iso_cts"})
 SCOPES = {"shared": Scope.GLOBAL, "input": Scope.PER_MODEL, "non_base": Scope.NON_BASE}
 W = [None, 0.3, 0.5, 0.2]
 D = [None, 0.5, 0.6, 0.3]
@@ -143,11 +145,15 @@ def accepts(s: MethodSpec, count: int, has_base: bool) -> bool:
     return s.max_non_base is None or others <= s.max_non_base
 
 
+def _mergekit_names() -> list[str]:
+    return [name for name in method_names() if name not in BEYOND_MERGEKIT]
+
+
 def test_same_method_names() -> None:
-    assert method_names() == sorted(m.spec.name for m in mergekit_methods.registered_methods())
+    assert _mergekit_names() == sorted(m.spec.name for m in mergekit_methods.registered_methods())
 
 
-@pytest.mark.parametrize("name", method_names())
+@pytest.mark.parametrize("name", _mergekit_names())
 def test_same_parameters_and_input_contract(name: str) -> None:
     ours, theirs = spec(name), mergekit_methods.get(name).spec
     expected = {
