@@ -378,7 +378,7 @@ def _measure_whole(plan: Plan, group: _Sample, spec: MethodSpec, sources: InputS
         timed[key] = seconds
     return ComputeGroup(group.method, group.dtype, plan.options.device, group.tensors, group.elements,
                         sum(numel(i.shape) for i in tp.inputs), 0, 0.0, 1 if alone else torch.get_num_threads(),
-                        True, "", measure_seconds=time.perf_counter() - started,
+                        True, spec.whole_cost.bound, measure_seconds=time.perf_counter() - started,
                         seconds_per_call=seconds / spec.whole_cost.shared_by / at_once, whole=True, at_once=at_once)
 
 

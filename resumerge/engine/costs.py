@@ -182,7 +182,8 @@ class ComputeGroup:
     """The compute time of one group of pending tensors (same method, compute dtype and non-numeric parameters),
     measured on ``sample_elements`` outputs made from ``sample_bytes`` of the plan's own inputs (synthetic inputs
     of the same shapes when ``synthetic``); ``seconds_per_element`` is None when not measured (``note`` says
-    why). ``measure_seconds`` is what measuring took."""
+    why; for a group timed by whole calls it says what bounds the method's time, its WholeCost.bound).
+    ``measure_seconds`` is what measuring took."""
 
     method: str
     dtype: str
@@ -221,7 +222,8 @@ class ComputeGroup:
         if rate is None:
             return f"compute: {self.method} ({where}) {self.note}"
         if self.whole:
-            return (f"compute: {self.method} ({where}) timed on one call with synthetic inputs of "
+            bound = f" {self.note}," if self.note else ""
+            return (f"compute: {self.method} ({where}){bound} timed on one call with synthetic inputs of "
                     f"{self.sample_elements / 1e6:.2f} M elements: {_seconds_text(self.seconds_per_call)} per tensor, "
                     f"so about {_seconds_text(self.seconds_per_call * self.tensors)} for {self.tensors} tensor(s)")
         sample = (f"{self.sample_elements / 1e6:.2f} M synthetic elements (inputs not on disk yet)" if self.synthetic

@@ -184,6 +184,8 @@ class WholeCost:
 
     params: tuple[str, ...] = ()
     shared_by: int = 1
+    # What its time is bound by, as ``plan`` says it beside the timing (the SVD methods: "SVD-bound, ...").
+    bound: str = ""
 
 
 @dataclass(frozen=True)
