@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,7 +19,9 @@ from resumerge.methods import MergeContext, get_method
 SHARD = "40k"
 WEIGHT = "model.layers.1.mlp.down_proj.weight"
 NORM = "model.layers.1.input_layernorm.weight"
-PARAMS = {"tsv": {"scaling": 0.9}, "iso_c": {"scaling": 1.3}, "iso_cts": {"scaling": 1.1, "common_space_fraction": 0.6}}
+EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
+PARAMS: dict[str, dict[str, Any]] = {"tsv": {"scaling": 0.9}, "iso_c": {"scaling": 1.3},
+                                     "iso_cts": {"scaling": 1.1, "common_space_fraction": 0.6}}
 
 
 @pytest.fixture(scope="module")
@@ -57,14 +60,34 @@ def test_killed_merge_resumes_byte_identical(models: Path, method: str, capsys: 
     written = output_tensors(reference)
     spec = get_method(method)
     assert spec is not None
-    for name in (WEIGHT, NORM):
+    # A linear weight decomposed, a norm and (by the planner's vocabulary default) the embedding and head averaged.
+    for name, svd in ((WEIGHT, True), (NORM, True), (EMBED, False), (HEAD, False)):
         tensors = _inputs(models, name)
-        per_model, params = spec.bind([{}] * 4, PARAMS[method], 0)
+        per_model, params = spec.bind([{}] * 4, PARAMS[method] | {"svd": svd}, 0)
         want = spec.fn(MergeContext(tensors, 0, per_model, params)).to(tensors[0].dtype)
         assert torch.equal(written[name], want), name
+    mean = _inputs(models, HEAD)[0].double() + PARAMS[method]["scaling"] * torch.stack(
+        [t.double() - _inputs(models, HEAD)[0].double() for t in _inputs(models, HEAD)[1:]]).mean(0)
+    assert torch.allclose(written[HEAD].double(), mean, rtol=0, atol=1e-6)
     card = (reference / "README.md").read_text()
     assert spec.title in card and spec.reference in card
 
     capsys.readouterr()
     assert main(["plan", str(config), str(models / f"{method}-planned")]) == 0
     assert "SVD-bound" in capsys.readouterr().out
+
+
+def test_the_vocabulary_is_decomposed_only_when_asked(models: Path) -> None:
+    from resumerge import api
+
+    def svd_of(parameters: dict[str, Any]) -> dict[str, bool]:
+        doc: dict[str, object] = {"merge_method": "tsv", "base_model": str(models / "base"),
+                                  "parameters": parameters,
+                                  "models": [{"model": str(models / "a")}, {"model": str(models / "b")}]}
+        plan = api.plan_merge(write_config(models / "vocab.yml", doc))
+        return {name: dict(plan.tensors[name].params)["svd"] for name in (WEIGHT, EMBED, HEAD)}
+
+    assert svd_of({}) == {WEIGHT: True, EMBED: False, HEAD: False}
+    assert svd_of({"svd": True}) == {WEIGHT: True, EMBED: True, HEAD: True}
+    assert svd_of({"svd": [{"filter": "embed_tokens", "value": True}, {"value": False}]}) == {
+        WEIGHT: False, EMBED: True, HEAD: False}

@@ -9,7 +9,18 @@ from __future__ import annotations
 
 from resumerge.methods.footprint import measured
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, WholeCost
-from resumerge.methods.spectral import as_matrix, base_f64, delta_sum, finish, mean_path, rank, scaling, svd_scratch
+from resumerge.methods.spectral import (
+    SVD_PARAM,
+    VOCAB_DEFAULTS,
+    as_matrix,
+    base_f64,
+    delta_sum,
+    finish,
+    mean_path,
+    rank,
+    scaling,
+    svd_scratch,
+)
 from resumerge.torch_import import torch
 
 
@@ -19,7 +30,8 @@ def iso_common(ctx: MergeContext) -> torch.Tensor:
 
     Directions where the sum is zero up to rounding get no weight (the authors' code gives them σ̄ along vectors
     LAPACK picks at will; see :mod:`resumerge.methods.spectral`). Tensors that are not 2-D get B + α·mean(Δᵢ), as
-    the authors' code averages them. Raises ``ValueError`` without a base.
+    the authors' code averages them, and so do matrices with ``svd`` false (the planner's default for the token
+    embedding and the head). Raises ``ValueError`` without a base.
     """
     base = base_f64(ctx)
     if not as_matrix(ctx):
@@ -52,7 +64,8 @@ SPEC = MethodSpec(
     ),
     reference="https://arxiv.org/abs/2502.04959",
     fn=iso_common,
-    params=(ParamSpec("scaling", Scope.GLOBAL, float, default=1.0),),
+    params=(ParamSpec("scaling", Scope.GLOBAL, float, default=1.0), SVD_PARAM),
+    vocab_defaults=VOCAB_DEFAULTS,
     base=BasePolicy.REQUIRED,
     min_inputs=2,
     # LAPACK's SVD splits its work by torch's thread count.

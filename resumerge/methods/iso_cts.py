@@ -10,6 +10,8 @@ from __future__ import annotations
 from resumerge.methods.footprint import measured
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, WholeCost
 from resumerge.methods.spectral import (
+    SVD_PARAM,
+    VOCAB_DEFAULTS,
     Components,
     as_matrix,
     base_f64,
@@ -44,7 +46,8 @@ def iso_common_specific(ctx: MergeContext) -> torch.Tensor:
     task's left vectors then the common ones, Vᴴ their right vectors, and σ̄ is the mean of all k σ's kept. A
     fraction of 1 is Iso-C. Components with a singular value that is zero up to rounding give no vectors (their σ
     still counts in σ̄), so a tensor no model changed stays the base. Tensors that are not 2-D get
-    B + α·mean(Δᵢ), as the authors' code averages them. Raises ``ValueError`` without a base.
+    B + α·mean(Δᵢ), as the authors' code averages them, and so do matrices with ``svd`` false (the planner's
+    default for the token embedding and the head). Raises ``ValueError`` without a base.
     """
     base = base_f64(ctx)
     tasks = len(ctx.others())
@@ -94,7 +97,9 @@ SPEC = MethodSpec(
         ParamSpec("scaling", Scope.GLOBAL, float, default=1.0),
         ParamSpec("common_space_fraction", Scope.GLOBAL, float, default=0.8, minimum=0.0, maximum=1.0,
                   exclusive_min=True),
+        SVD_PARAM,
     ),
+    vocab_defaults=VOCAB_DEFAULTS,
     base=BasePolicy.REQUIRED,
     min_inputs=2,
     # LAPACK's SVD splits its work by torch's thread count.

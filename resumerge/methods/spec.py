@@ -237,6 +237,10 @@ class MethodSpec:
     lazy_inputs: bool = False
     # How ``plan`` times the method when its cost does not follow its output's elements (None: it does).
     whole_cost: WholeCost | None = None
+    # Values that replace declared defaults on the vocabulary tensors (the token embedding and the output head) where
+    # the config sets none for them: the SVD methods merge those by their mean path unless asked otherwise, as
+    # mergekit's port of them does (an SVD of a 128k-row head holds tens of GB). Read by the planner only.
+    vocab_defaults: tuple[tuple[str, Any], ...] = ()
     # Entries per row chunk in which an elementwise method's tensors larger than that are always streamed to the
     # writer, whatever the budget (LoRA extraction's tensors saved whole: none is ever whole in memory); None:
     # row chunks only when a tensor would take more than a quarter of the budget.

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from resumerge.methods.spec import MergeContext
+from resumerge.methods.spec import MergeContext, ParamSpec, Scope
 from resumerge.torch_import import torch
 
 
@@ -33,9 +33,17 @@ def scaling(ctx: MergeContext) -> float:
 
 
 def as_matrix(ctx: MergeContext) -> bool:
-    """Whether the output tensor is merged through its SVD: a 2-D tensor (a linear layer's weight, an embedding, a
-    head), as the authors' code merges every 2-D parameter; others (norms, biases) take the mean path."""
-    return ctx.base.dim() == 2
+    """Whether the output tensor is merged through its SVD: a 2-D tensor (a linear layer's weight), as the authors'
+    code merges every 2-D parameter, unless its ``svd`` parameter is false (the planner's default for the token
+    embedding and the head, see :data:`VOCAB_DEFAULTS`); others (norms, biases) take the mean path."""
+    return ctx.base.dim() == 2 and bool(ctx.params["svd"])
+
+
+# The ``svd`` parameter every SVD method declares, and its value on the vocabulary tensors (MethodSpec.vocab_defaults):
+# mergekit's port (PR #639) averages embed_tokens and lm_head, whose SVD would hold tens of GB for a 128k vocabulary;
+# the papers' CLIP models have no such tensors. ``svd: true`` (globally or by a filter) decomposes them too.
+SVD_PARAM = ParamSpec("svd", Scope.GLOBAL, bool, default=True)
+VOCAB_DEFAULTS = (("svd", False),)
 
 
 def base_f64(ctx: MergeContext) -> torch.Tensor:

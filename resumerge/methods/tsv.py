@@ -10,6 +10,8 @@ from __future__ import annotations
 from resumerge.methods.footprint import measured
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, WholeCost
 from resumerge.methods.spectral import (
+    SVD_PARAM,
+    VOCAB_DEFAULTS,
     Components,
     as_matrix,
     base_f64,
@@ -32,9 +34,9 @@ def task_singular_vectors(ctx: MergeContext) -> torch.Tensor:
     the orthogonal factor of a matrix's SVD (see :func:`resumerge.methods.spectral.polar`). So Δ_M's singular values
     are exactly the kept σ's, and one task gives its whole task vector (r = k). Components with a singular value
     that is zero up to rounding are left out (they carry nothing, and LAPACK's vectors for them are arbitrary).
-    Tensors that are not 2-D get B + α·mean(Δᵢ), as the authors' code averages them; so do matrices with fewer
-    singular values than tasks (r = 0: the authors' code keeps nothing of them, B). Raises ``ValueError`` without a
-    base.
+    Tensors that are not 2-D get B + α·mean(Δᵢ), as the authors' code averages them; so do matrices with ``svd``
+    false (the planner's default for the token embedding and the head) and matrices with fewer singular values than
+    tasks (r = 0: the authors' code keeps nothing of them, B). Raises ``ValueError`` without a base.
     """
     base = base_f64(ctx)
     tasks = len(ctx.others())
@@ -67,7 +69,8 @@ SPEC = MethodSpec(
     ),
     reference="https://arxiv.org/abs/2412.00081",
     fn=task_singular_vectors,
-    params=(ParamSpec("scaling", Scope.GLOBAL, float, default=1.0),),
+    params=(ParamSpec("scaling", Scope.GLOBAL, float, default=1.0), SVD_PARAM),
+    vocab_defaults=VOCAB_DEFAULTS,
     base=BasePolicy.REQUIRED,
     min_inputs=2,
     # LAPACK's SVD splits its work by torch's thread count.

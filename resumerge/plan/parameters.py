@@ -11,6 +11,7 @@ from resumerge.config.merge_config import MergeConfig
 from resumerge.config.params import Setting, coerce, evaluate, filter_matches, is_catch_all, is_missing
 from resumerge.errors import ConfigError
 from resumerge.methods.registry import MethodSpec, Scope, parameter_names
+from resumerge.plan.architecture import is_head, is_input_embedding
 from resumerge.plan.filters import FilterTally
 
 # What :func:`parameter_value` returns for a parameter no level sets: the method's declaration supplies its default
@@ -176,7 +177,11 @@ class _ScopeLevels:
 
     def key(self, out_name: str, in_names: Sequence[str], t: float, base_index: int | None) -> tuple[Any, ...]:
         matched = tuple(filter_matches(p, n) for n in (out_name, *in_names) for p in self.patterns)
-        return (t if self.by_t else None, base_index, matched)
+        return (t if self.by_t else None, base_index, matched, self.vocab(out_name))
+
+    def vocab(self, out_name: str) -> bool:
+        """Whether ``out_name`` takes the method's vocabulary defaults (a method without any: never)."""
+        return bool(self.method.vocab_defaults) and (is_input_embedding(out_name) or is_head(out_name))
 
     def observe(self, filters: FilterTally, out_name: str, in_names: Sequence[str], base_index: int | None) -> None:
         """Show ``filters`` every filter consulted for ``out_name``, in the order :meth:`resolve` consults them."""
@@ -204,6 +209,8 @@ class _ScopeLevels:
                 value = parameter_value(spec, levels, in_name, t, out_name, levels[0][1])
                 if value is not UNSET:
                     per_model[i][spec.name] = value
+        if self.vocab(out_name):
+            global_values = dict(method.vocab_defaults) | global_values
         per_model, global_values = method.bind(per_model, global_values, base_index)
         if method.check is not None:
             problem = method.check(global_values, per_model)

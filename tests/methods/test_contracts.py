@@ -40,9 +40,9 @@ EXPECTED: dict[str, tuple[dict[str, Scope], BasePolicy, int, int | None, bool, b
     "nearswap": ({"t": G}, REQ, 2, 2, True, False),
     "arcee_fusion": ({}, REQ, 2, 2, False, True),
     # Beyond mergekit (issue 59's SVD methods).
-    "tsv": ({"scaling": G}, REQ, 2, None, False, False),
-    "iso_c": ({"scaling": G}, REQ, 2, None, False, False),
-    "iso_cts": ({"scaling": G, "common_space_fraction": G}, REQ, 2, None, False, False),
+    "tsv": ({"scaling": G, "svd": G}, REQ, 2, None, False, False),
+    "iso_c": ({"scaling": G, "svd": G}, REQ, 2, None, False, False),
+    "iso_cts": ({"scaling": G, "common_space_fraction": G, "svd": G}, REQ, 2, None, False, False),
 }
 
 W3 = {"weight": [None, 0.5, 0.3, 0.4]}

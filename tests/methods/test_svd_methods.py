@@ -148,6 +148,16 @@ def test_vectors_and_norms_take_the_mean_path(merge: Merge, method: str) -> None
 
 
 @pytest.mark.parametrize("method", ["tsv", "iso_c", "iso_cts"])
+def test_a_matrix_without_svd_takes_the_mean_path(merge: Merge, method: str) -> None:
+    # What the planner gives the token embedding and the head by default (MethodSpec.vocab_defaults).
+    tensors = _tasks((12, 8), 3, seed=12)
+    mean = torch.stack([t - tensors[0] for t in tensors[1:]]).mean(0)
+    out = merge(method, tensors, base=0, params={"svd": False, "scaling": 0.5})
+    assert_close(out, tensors[0] + 0.5 * mean, rtol=0, atol=1e-14)
+    assert get_method(method).vocab_defaults == (("svd", False),)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("method", ["tsv", "iso_c", "iso_cts"])
 def test_a_matrix_no_model_changed_stays_the_base(merge: Merge, method: str) -> None:
     # Every singular value is zero: LAPACK's vectors are arbitrary, and none may enter the result.
     base = torch.randn(9, 6, generator=torch.Generator().manual_seed(7), dtype=F64)
