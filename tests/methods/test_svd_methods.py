@@ -104,6 +104,26 @@ def test_tsv_is_invariant_to_task_order_and_signs(merge: Merge) -> None:
     assert_close(merge("tsv", [tensors[0], tensors[3], tensors[1], tensors[2]], base=0), out, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("method", ["tsv", "iso_c", "iso_cts"])
+def test_the_signs_lapack_picks_do_not_matter(merge: Merge, method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each singular triplet's sign is free; another LAPACK (or a GPU) may return any of them.
+    tensors = _tasks((14, 10), 3, seed=13)
+    want = merge(method, tensors, base=0)
+    svd = torch.linalg.svd
+    calls = []
+
+    def flipped(x: torch.Tensor, full_matrices: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        calls.append(x.shape)
+        u, s, vh = svd(x, full_matrices=full_matrices)
+        signs = torch.tensor([(-1.0) ** i for i in range(s.shape[0])], dtype=u.dtype)
+        return u * signs, s, vh * signs[:, None]
+
+    monkeypatch.setattr(torch.linalg, "svd", flipped)
+    got = merge(method, tensors, base=0)
+    assert_close(got, want, rtol=0, atol=1e-12)
+    assert calls  # the methods' SVDs were the flipped ones
+
+
 def test_iso_c_is_the_flat_spectrum_of_the_sum(merge: Merge) -> None:
     tensors = _tasks((12, 8), 3, seed=4)
     total = torch.stack([t - tensors[0] for t in tensors[1:]]).sum(0)
