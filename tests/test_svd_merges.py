@@ -79,15 +79,22 @@ def test_killed_merge_resumes_byte_identical(models: Path, method: str, capsys: 
 
 def test_the_vocabulary_is_decomposed_only_when_asked(models: Path) -> None:
     from resumerge import api
+    from resumerge.plan.workunits import estimate_bytes
 
     def svd_of(parameters: dict[str, Any]) -> dict[str, bool]:
         doc: dict[str, object] = {"merge_method": "tsv", "base_model": str(models / "base"),
                                   "parameters": parameters,
                                   "models": [{"model": str(models / "a")}, {"model": str(models / "b")}]}
         plan = api.plan_merge(write_config(models / "vocab.yml", doc))
+        assert spec is not None
+        reserved[parameters.get("svd") is True] = estimate_bytes(plan.tensors[HEAD], spec, threads=1)
         return {name: dict(plan.tensors[name].params)["svd"] for name in (WEIGHT, EMBED, HEAD)}
 
+    spec = get_method("tsv")
+    reserved: dict[bool, int] = {}
     assert svd_of({}) == {WEIGHT: True, EMBED: False, HEAD: False}
     assert svd_of({"svd": True}) == {WEIGHT: True, EMBED: True, HEAD: True}
+    # An averaged head is sized as the mean path it takes, a decomposed one as its SVDs.
+    assert reserved[False] < reserved[True]
     assert svd_of({"svd": [{"filter": "embed_tokens", "value": True}, {"value": False}]}) == {
         WEIGHT: False, EMBED: True, HEAD: False}

@@ -103,6 +103,9 @@ class MethodFootprint:
     # The method builds its result in the output dtype and returns it as the engine writes it, so its result is the
     # output buffer the engine counts already (MoE's plain expert stacks): no tensor of the dtype it sees is added.
     in_output: bool = False
+    # A global boolean parameter that, when false, has the method take the tensor as a flat vector (the SVD methods'
+    # ``svd``: a matrix they average allocates no singular vectors): the planner then sizes it by the 1-D figures.
+    flat_unless: str = ""
 
     def figures(self, dtype: str) -> Footprint:
         """The figures for tensors of ``dtype`` (a torch dtype name), before :data:`MARGIN`; :data:`UNMEASURED`
@@ -118,7 +121,8 @@ Column = (tuple[float, float] | tuple[float, float, float, float] | tuple[float,
 def measured(float32: Column, bfloat16: Column, float16: Column, float64: Column, *,
              scratch: ScratchRule = no_scratch, by_models: bool = False, half_dot: bool = False,
              of_inputs: bool = False, panel: float = 0.0,
-             panel_width: Callable[[int], int] | None = None, in_output: bool = False) -> MethodFootprint:
+             panel_width: Callable[[int], int] | None = None, in_output: bool = False,
+             flat_unless: str = "") -> MethodFootprint:
     """A method's footprint from its figures in each measured dtype, each (fixed, per_input[, block, line[, lone or
     None[, phase]]]) as ``bench/method_footprint.py --fit`` prints them (measured on torch 2.13 CPU, 2 intra-op
     threads, covering every parameter variant, with and without a base, before :data:`MARGIN`; the per-input
@@ -127,7 +131,7 @@ def measured(float32: Column, bfloat16: Column, float16: Column, float64: Column
     columns = (float32, bfloat16, float16, float64)
     by_dtype = {dtype: Footprint(*column) for dtype, column in zip(MEASURED_DTYPES, columns, strict=True)}
     return MethodFootprint(MappingProxyType(by_dtype), scratch, by_models, half_dot, of_inputs, panel, panel_width,
-                           in_output)
+                           in_output, flat_unless)
 
 
 def block_scratch(block: int) -> ScratchRule:

@@ -72,5 +72,5 @@ SPEC = MethodSpec(
     thread_dependent=True,
     # Its time is that of one SVD of the matrix's size: plan times a call per shape.
     whole_cost=WholeCost(bound="SVD-bound (one SVD of each matrix, float64)"),
-    footprint=measured(_WIDE, _WIDE, _WIDE, _FLOAT64, scratch=svd_scratch),
+    footprint=measured(_WIDE, _WIDE, _WIDE, _FLOAT64, scratch=svd_scratch, flat_unless="svd"),
 )

@@ -77,5 +77,5 @@ SPEC = MethodSpec(
     thread_dependent=True,
     # Its time is that of T + 2 SVDs of the matrix's size, not of its elements: plan times a call per shape.
     whole_cost=WholeCost(bound="SVD-bound (T + 2 SVDs of each matrix, float64)"),
-    footprint=measured(_WIDE, _WIDE, _WIDE, _FLOAT64, scratch=svd_scratch),
+    footprint=measured(_WIDE, _WIDE, _WIDE, _FLOAT64, scratch=svd_scratch, flat_unless="svd"),
 )

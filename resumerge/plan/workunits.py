@@ -64,6 +64,9 @@ def estimate_bytes(tp: TensorPlan, method: MethodSpec, rows: int | None = None, 
         raise ValueError(f"merge method {method.name!r} declares no footprint")
     # A decomposition's figures are per element of the matrix it factors (its largest input), not of its result.
     basis = max((i.shape for i in tp.inputs), key=numel) if method.footprint.of_inputs and tp.inputs else shape
+    flat = method.footprint.flat_unless
+    if flat and not dict(tp.params).get(flat, True):  # a matrix the method averages, as a vector
+        basis = (numel(basis),)
     # A decomposition's result is its rank-r factor: r is its shorter side.
     rank = min(tp.shape) if method.footprint.of_inputs and tp.shape else None
     work = working_bytes(method.footprint, seen, basis, len(tp.inputs), base=tp.base_index is not None,
