@@ -71,6 +71,6 @@ SPEC = MethodSpec(
     # LAPACK's SVD splits its work by torch's thread count.
     thread_dependent=True,
     # Its time is that of one SVD of the matrix's size: plan times a call per shape.
-    whole_cost=WholeCost(bound="SVD-bound (one SVD of each matrix, float64)"),
+    whole_cost=WholeCost(params=("svd",), bound="SVD-bound (one SVD of each matrix, float64)"),
     footprint=measured(_WIDE, _WIDE, _WIDE, _FLOAT64, scratch=svd_scratch, flat_unless="svd"),
 )

@@ -105,7 +105,7 @@ SPEC = MethodSpec(
     # LAPACK's SVD splits its work by torch's thread count.
     thread_dependent=True,
     # Its time is that of T + 3 SVDs of the matrix's size: plan times a call per shape and fraction.
-    whole_cost=WholeCost(params=("common_space_fraction",),
+    whole_cost=WholeCost(params=("common_space_fraction", "svd"),
                          bound="SVD-bound (T + 3 SVDs of each matrix, float64)"),
     footprint=measured(_WIDE, _WIDE, _WIDE, _FLOAT64, scratch=svd_scratch, flat_unless="svd"),
 )

@@ -76,6 +76,6 @@ SPEC = MethodSpec(
     # LAPACK's SVD splits its work by torch's thread count.
     thread_dependent=True,
     # Its time is that of T + 2 SVDs of the matrix's size, not of its elements: plan times a call per shape.
-    whole_cost=WholeCost(bound="SVD-bound (T + 2 SVDs of each matrix, float64)"),
+    whole_cost=WholeCost(params=("svd",), bound="SVD-bound (T + 2 SVDs of each matrix, float64)"),
     footprint=measured(_WIDE, _WIDE, _WIDE, _FLOAT64, scratch=svd_scratch, flat_unless="svd"),
 )
