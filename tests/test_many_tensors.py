@@ -16,10 +16,10 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import make_model
 from resumerge.config.locations import run_dir
-from resumerge.config.settings import RunSettings
 from resumerge.engine import session
 from resumerge.engine.unitgroup import GROUP_BYTES, GROUP_UNITS, group_bytes, has_room
 from resumerge.errors import LedgerError, NothingRecordedError, PlanChangedError
@@ -116,7 +116,7 @@ def test_kill_then_resume_is_identical_without_planning(merged: Merged, tmp_path
     try:
         os.replace(other, weights)
         with pytest.raises(PlanChangedError, match="input file"):
-            session.resume_merge(out, RunSettings(state_dir=state))
+            api.resume(out, state_dir=state)
         assert len(calls) == 1
     finally:
         os.replace(tmp_path / "original", weights)  # the same file again, mtime and all

@@ -139,7 +139,7 @@ def test_a_resume_reads_the_recorded_device_before_starting_warm_workers(tmp_pat
     path.parent.mkdir(parents=True)
     for device in ("cpu", "cuda:0"):
         ledger = Ledger(path)
-        ledger.start_run(out_dir=str(out), config_text="", fingerprint="f", parts={}, inputs={},
+        ledger.start_run(out_dir=str(out), config_text="", kind="merge", fingerprint="f", parts={}, inputs={},
                          options={"device": device}, model_dirs={}, version="0", files=(), tensors=())
         ledger.close()
         assert recorded_device(out, ray) == device

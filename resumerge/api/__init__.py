@@ -14,13 +14,12 @@ May import: errors, config, memory, methods, vocab, inputs, store, plan, outputs
 
 from __future__ import annotations
 
-import functools
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from resumerge.api.kinds import EXTRACTION, KINDS, kind_of, prepare_recorded
+from resumerge.api.kinds import EXTRACTION, kind_of, own_record, planner_of, recorded_kind
 from resumerge.api.options import (
     PathLike,
     config_text,
@@ -185,15 +184,19 @@ def resume(
                                                                                   commit_interval),
                             num_threads=num_threads, executor=executor, ray_address=ray_address,
                             keep_workers=keep_workers)
-    recorded = functools.partial(prepare_recorded, out=out)
     driving = Driving(stop_flag(should_stop), _reporter(progress), cleanup=cleanup_intermediates)
     # A Ray run's workers, while this one reads its record: none for a GPU plan (they start without one), nor where
     # only the hub's manifest says the device.
     with started_early(settings, out, recorded_device(out, settings)) as settings:
-        outcome = next(found for kind in KINDS if (found := kind.resume(out, settings, driving, recorded)))
-    for kind in KINDS:
-        kind.finished(outcome, out, state_dir)
-    return outcome
+        own = own_record(out, settings.state_dir)
+        if own is not None:
+            return own.resume_own(out, settings, driving)
+        from resumerge.engine.session import resuming
+
+        # What the run recorded, read once; the kind it names (or, for a run recorded before kinds were, the one
+        # its text is) resumes it.
+        with resuming(out, settings, driving.reporter) as recorded:
+            return recorded_kind(recorded.kind, recorded.text).resume(recorded, settings, driving)
 
 
 def extract_lora(
@@ -262,8 +265,15 @@ def estimate_extraction(
 def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport | RecipeStatus:
     """Where the merge into ``out`` stands, like ``resumerge status --json``: a :class:`StatusReport`, or for a
     recipe's OUT a :class:`~resumerge.recipes.view.RecipeStatus` (every stage, and the one in progress)."""
+    from resumerge.config.locations import RunLocations
+    from resumerge.store.statusview import read_status
+
     named(out)
-    return next(found for kind in KINDS if (found := kind.status(out, state_dir)) is not None)
+    own = own_record(out, state_dir)
+    if own is not None:
+        return own.status_own(out, state_dir)
+    report = read_status(out, state_dir)
+    return recorded_kind(report.kind, report.recorded_text).status(report, RunLocations.of(out, state_dir))
 
 
 def recipe_status(out: PathLike, *, state_dir: PathLike | None = None) -> RecipeStatus:
@@ -292,7 +302,7 @@ def plan_merge(config: PathLike, *, out_shard_size: int | str = DEFAULT_SHARD_SI
                            unsafe_truncate_embeddings=unsafe_truncate_embeddings, dequantize=dequantize)
     text = config_text(config)
     call = Call(config, text, None, options, RunSettings(), allow_same_experts=allow_same_experts)
-    return kind_of(text).plan(call)
+    return planner_of(kind_of(text)).plan(call)
 
 
 def estimate(

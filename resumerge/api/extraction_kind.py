@@ -4,28 +4,32 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from resumerge.api.merge_kind import refuse_same_experts, single_output
 from resumerge.api.options import usable_device
-from resumerge.api.runkind import Call, Driving, PathLike
+from resumerge.api.runkind import Call, Driving, PathLike, resume_journaled
 from resumerge.config.extraction_state import is_extraction_text
 from resumerge.config.settings import RunSettings
 
 if TYPE_CHECKING:
+    from resumerge.config.locations import RunLocations
     from resumerge.engine.costs import Estimate
     from resumerge.engine.drive import Outcome
     from resumerge.engine.estimate import Measuring
     from resumerge.engine.executor import Reporter
-    from resumerge.engine.session import RecordedPlanner
+    from resumerge.engine.session import Recorded
     from resumerge.plan.merge_plan import Plan, PlanOptions
     from resumerge.plan.prepared import Prepared
-    from resumerge.store.statusview import StatusReport
+    from resumerge.store.statusview import Details, StatusReport
 
 
 class ExtractionKind:
     """A LoRA extraction. Each module's factors are kept in the run's state folder until the adapter is
-    committed (a resumed run decomposes only the modules not finished), then deleted (:meth:`finished`)."""
+    committed (a resumed run decomposes only the modules not finished), then deleted."""
+
+    name = "extraction"
 
     def recognises(self, text: str) -> bool:
         """An extraction's spec (:func:`~resumerge.extract.spec.spec_text`)."""
@@ -50,18 +54,15 @@ class ExtractionKind:
         prepared = _prepare(call.text, call.options, call.settings, out=call.out, reporter=driving.reporter)
         outcome = run_plan(prepared, call.text, target, call.settings, restart=driving.restart,
                            reporter=driving.reporter, should_stop=driving.should_stop)
-        self.finished(outcome, call.out, call.settings.state_dir)
+        _forget_factors(outcome, call.out, call.settings.state_dir)
         return outcome
 
-    def resume(self, out: PathLike, settings: RunSettings, driving: Driving,
-               recorded: RecordedPlanner) -> Outcome | None:
-        """Resumed as any single run (by its recorded text): None."""
-        return None
-
-    def prepare_recorded(self, text: str, options: PlanOptions, model_dirs: Mapping[str, str],
-                         settings: RunSettings, reporter: Reporter | None, out: PathLike) -> Prepared:
-        """The recorded spec planned again, its finished modules' factors read from ``out``'s run folder."""
-        return _prepare(text, options, settings, out=out, model_dirs=model_dirs, reporter=reporter)
+    def resume(self, recorded: Recorded, settings: RunSettings, driving: Driving) -> Outcome:
+        """Finish the extraction ``recorded`` (its finished modules' factors read from its run folder), then
+        delete the factors, as :meth:`run` does."""
+        outcome = resume_journaled(self.name, recorded, settings, driving, _replan)
+        _forget_factors(outcome, recorded.target.locations.out, settings.state_dir)
+        return outcome
 
     def plan(self, call: Call) -> Plan:
         """The extraction's plan (``--sv-epsilon`` reads the weights to count each module's rank)."""
@@ -77,18 +78,49 @@ class ExtractionKind:
                                measuring=measuring, fresh_process=fresh_process,
                                planner=lambda: _prepare(call.text, call.options, call.settings))
 
-    def status(self, out: PathLike, state_dir: PathLike | None) -> StatusReport | None:
-        """Told by the single merge's status (the ledger's account, with the adapter's module figures): None."""
+    def status(self, report: StatusReport, where: RunLocations) -> StatusReport:
+        """The ledger's account, with the adapter's modules: its one file moves only at the end, the modules
+        one by one."""
+        modules = _module_progress(report, where) if report.source == "ledger" else None
+        return replace(report, kind=self.name, details=modules)
+
+
+def _module_progress(report: StatusReport, where: RunLocations) -> Details | None:
+    """The adapter's modules, from this kind's own plan (each module's factor A): every one done once the adapter
+    is committed; before that, those whose factors are in the run's factor cache, and the one decomposed now
+    (running) or next (interrupted)."""
+    from resumerge.config.extraction_state import FACTORS_DIR, cached_modules, lora_modules
+    from resumerge.store.ledger_read import tensor_names
+    from resumerge.store.statusview import Details
+
+    names = tensor_names(where.ledger)
+    modules = lora_modules(names)
+    if not modules:
         return None
+    total = len(modules)
+    if report.tensors_done and report.tensors_done == len(names):
+        return Details(counts=(("modules", total, total, "decomposed"),),
+                       data={"modules_total": total, "modules_done": total})
+    cached = cached_modules(where.run_dir / FACTORS_DIR)
+    pending = [m for m in modules if m not in cached]
+    current = pending[0] if pending else None
+    label = "decomposing" if report.state == "running" else "next module"
+    return Details(counts=(("modules", total - len(pending), total, "decomposed"),),
+                   rows=((label, current),) if current is not None else (),
+                   data={"modules_total": total, "modules_done": total - len(pending), "module_current": current})
 
-    def finished(self, outcome: Outcome, out: PathLike, state_dir: PathLike | None) -> None:
-        """After an extraction's adapter is committed nobody needs its modules' cached factors: delete them."""
-        from resumerge.extract.spec import EXTRACTION_METHOD
 
-        if outcome.plan.method == EXTRACTION_METHOD:  # a merge's resume never imports the extraction's planner
-            from resumerge.extract.prepare import forget_factors
+def _forget_factors(outcome: Outcome, out: PathLike, state_dir: PathLike | None) -> None:
+    """After an extraction's adapter is committed nobody needs its modules' cached factors: delete them."""
+    from resumerge.extract.prepare import forget_factors
 
-            forget_factors(outcome.plan, out, state_dir)
+    forget_factors(outcome.plan, out, state_dir)
+
+
+def _replan(recorded: Recorded, settings: RunSettings, reporter: Reporter | None) -> Prepared:
+    """The recorded spec planned again, its finished modules' factors read from OUT's run folder."""
+    return _prepare(recorded.text, recorded.options, settings, out=recorded.target.locations.out,
+                    model_dirs=recorded.model_dirs, reporter=reporter)
 
 
 def _prepare(text: str, options: PlanOptions, settings: RunSettings, *, out: PathLike | None = None,
@@ -98,5 +130,5 @@ def _prepare(text: str, options: PlanOptions, settings: RunSettings, *, out: Pat
     from resumerge.engine.drive import hub_progress
     from resumerge.extract.prepare import prepare_extraction
 
-    return prepare_extraction(text, options, settings, out=out, model_dirs=model_dirs,
-                              on_progress=hub_progress(reporter))
+    return replace(prepare_extraction(text, options, settings, out=out, model_dirs=model_dirs,
+                                      on_progress=hub_progress(reporter)), kind=ExtractionKind.name)

@@ -1,27 +1,24 @@
 """Every kind of run, in one tuple the API walks: a new kind of run is one class (see
-:class:`~resumerge.api.runkind.RunKind`) added here."""
+:mod:`~resumerge.api.runkind`) added here; and the one place that finds the kind a run recorded."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from resumerge.api.extraction_kind import ExtractionKind
 from resumerge.api.merge_kind import MergeKind
 from resumerge.api.moe_kind import MoeKind
 from resumerge.api.recipe_kind import RecipeKind
-from resumerge.api.runkind import PathLike, RunKind
-from resumerge.config.settings import RunSettings
+from resumerge.api.runkind import Journaled, KeepsItsRecord, Plans, RunKind
 
 if TYPE_CHECKING:
-    from resumerge.engine.executor import Reporter
-    from resumerge.plan.merge_plan import PlanOptions
-    from resumerge.plan.prepared import Prepared
+    from resumerge.api.runkind import PathLike
 
 # The most specific first: a recipe, MoE upcycling, a LoRA extraction's recorded text, and a single merge (which
 # takes any other config).
 EXTRACTION = ExtractionKind()  # also run by its own entry, extract_lora
-KINDS: tuple[RunKind, ...] = (RecipeKind(), MoeKind(), EXTRACTION, MergeKind())
+MERGE = MergeKind()  # plans what has no single plan of its own, as the merge config loader refuses it
+KINDS: tuple[RunKind, ...] = (RecipeKind(), MoeKind(), EXTRACTION, MERGE)
 
 
 def kind_of(text: str) -> RunKind:
@@ -29,7 +26,31 @@ def kind_of(text: str) -> RunKind:
     return next(kind for kind in KINDS if kind.recognises(text))
 
 
-def prepare_recorded(text: str, options: PlanOptions, model_dirs: Mapping[str, str], settings: RunSettings,
-                     reporter: Reporter | None, *, out: PathLike) -> Prepared:
-    """The prepared plan of the run recorded as ``text`` in ``out``, by its kind (the session's resume calls it)."""
-    return kind_of(text).prepare_recorded(text, options, model_dirs, settings, reporter, out)
+def planner_of(kind: RunKind) -> Plans:
+    """``kind`` where it has a single plan; else the single merge's planner, which refuses the config as it
+    refuses every text that is not one merge config (a recipe's several documents)."""
+    return kind if isinstance(kind, Plans) else MERGE
+
+
+def own_record(out: PathLike, state_dir: PathLike | None) -> KeepsItsRecord | None:
+    """The kind whose own record ``out`` holds (a recipe's), or None: a single run's ledger, or nothing, says."""
+    return next((k for k in KINDS if isinstance(k, KeepsItsRecord) and k.holds(out, state_dir)), None)
+
+
+def recorded_kind(name: str | None, text: str | None) -> Journaled:
+    """The kind of the single run whose ledger records ``name`` and ``text``.
+
+    The one place a kind is derived rather than read: a run recorded before runs recorded their kind (``name``
+    None), or one only OUT's manifest holds (its bytes stay as they were), is told by its recorded ``text`` as the
+    front door tells a config's kind: an extraction's spec, a mergekit-moe config, else a merge config. Nothing
+    recorded (``text`` None too): the single merge, whose resume and status say so."""
+    if name is not None:
+        for kind in KINDS:
+            if kind.name == name and isinstance(kind, Journaled):
+                return kind
+        from resumerge.errors import LedgerError
+
+        raise LedgerError(f"this run was recorded as a {name!r} run, which this resumerge does not know",
+                          hint="resume it with the resumerge version that started it")
+    by_text = kind_of(text) if text is not None else MERGE
+    return by_text if isinstance(by_text, Journaled) else MERGE

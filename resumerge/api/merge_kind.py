@@ -3,27 +3,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from resumerge.api.options import single_merge_only
-from resumerge.api.runkind import Call, Driving, PathLike
+from resumerge.api.runkind import Call, Driving, PathLike, resume_journaled
 from resumerge.config.settings import RunSettings
 from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
+    from resumerge.config.locations import RunLocations
     from resumerge.engine.costs import Estimate
     from resumerge.engine.drive import Outcome
     from resumerge.engine.estimate import Measuring
     from resumerge.engine.executor import Reporter
-    from resumerge.engine.session import RecordedPlanner
-    from resumerge.plan.merge_plan import Plan, PlanOptions
+    from resumerge.engine.session import Recorded
+    from resumerge.plan.merge_plan import Plan
     from resumerge.plan.prepared import Prepared
     from resumerge.store.statusview import StatusReport
 
 
 class MergeKind:
     """A single merge: any config no other kind recognises (the merge config loader reports what is wrong)."""
+
+    name = "merge"
 
     def recognises(self, text: str) -> bool:
         """Always: the last kind walked."""
@@ -46,23 +49,10 @@ class MergeKind:
         return run_merge(call.text, call.out, call.options, call.settings, restart=driving.restart,
                          reporter=driving.reporter, should_stop=driving.should_stop)
 
-    def resume(self, out: PathLike, settings: RunSettings, driving: Driving,
-               recorded: RecordedPlanner) -> Outcome:
-        """Finish the run recorded for ``out``, whatever its kind: its recorded text is planned again by
-        ``recorded`` (by its own kind)."""
-        from resumerge.engine.session import resume_merge
-
-        return resume_merge(out, settings, reporter=driving.reporter, should_stop=driving.should_stop,
-                            other_kind=recorded)
-
-    def prepare_recorded(self, text: str, options: PlanOptions, model_dirs: Mapping[str, str],
-                         settings: RunSettings, reporter: Reporter | None, out: PathLike) -> Prepared:
-        """The recorded merge config planned again, its models where the run found them."""
-        from resumerge.config.merge_config import load_config_text
-        from resumerge.engine.session import prepare
-
-        return prepare(load_config_text(text), options, model_dirs=model_dirs, state_dir=settings.state_dir,
-                       reporter=reporter)
+    def resume(self, recorded: Recorded, settings: RunSettings, driving: Driving) -> Outcome:
+        """Finish the merge ``recorded``: its stored plan, else its config planned again, its models where the
+        run found them."""
+        return resume_journaled(self.name, recorded, settings, driving, _replan)
 
     def plan(self, call: Call) -> Plan:
         """The merge config's plan (headers only)."""
@@ -81,14 +71,18 @@ class MergeKind:
         return estimate_config(call.text, call.options, call.settings, source=_source(call), out_dir=call.out,
                                measuring=measuring, fresh_process=fresh_process)
 
-    def status(self, out: PathLike, state_dir: PathLike | None) -> StatusReport:
-        """The ledger's (or the manifest's) account of the run into ``out``."""
-        from resumerge.store.statusview import read_status
+    def status(self, report: StatusReport, where: RunLocations) -> StatusReport:
+        """The ledger's (or the manifest's) account, all a merge's status has."""
+        return replace(report, kind=self.name)
 
-        return read_status(out, state_dir)
 
-    def finished(self, outcome: Outcome, out: PathLike, state_dir: PathLike | None) -> None:
-        """Nothing to clean up."""
+def _replan(recorded: Recorded, settings: RunSettings, reporter: Reporter | None) -> Prepared:
+    """The recorded merge config planned again, its models where the run found them."""
+    from resumerge.config.merge_config import load_config_text
+    from resumerge.engine.session import prepare
+
+    return prepare(load_config_text(recorded.text), recorded.options, model_dirs=recorded.model_dirs,
+                   state_dir=settings.state_dir, reporter=reporter)
 
 
 def single_output(call: Call, driving: Driving) -> None:

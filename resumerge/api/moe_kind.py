@@ -3,29 +3,37 @@ hidden-state gate modes' prompt forward pass runs in a process of its own, start
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from resumerge.api.merge_kind import single_output
 from resumerge.api.options import source_name
-from resumerge.api.runkind import Call, Driving, PathLike
+from resumerge.api.runkind import Call, Driving, PathLike, resume_journaled
 from resumerge.config.settings import RunSettings
 
 if TYPE_CHECKING:
+    from resumerge.config.locations import RunLocations
     from resumerge.engine.costs import Estimate
     from resumerge.engine.drive import Outcome
     from resumerge.engine.estimate import Measuring
     from resumerge.engine.executor import Reporter
-    from resumerge.engine.session import RecordedPlanner
+    from resumerge.engine.session import Recorded
     from resumerge.moe import MoeConfig
     from resumerge.moe.passproc import PassProcess
     from resumerge.plan.merge_plan import Plan, PlanOptions
     from resumerge.plan.prepared import Prepared
-    from resumerge.store.statusview import StatusReport
+    from resumerge.store.statusview import Details, StatusReport
+
+# A decoder layer's tensors: the layer count of this kind's own plan, from its tensors' names.
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 class MoeKind:
     """MoE upcycling, as ``mergekit-moe`` does it."""
+
+    name = "moe"
 
     def recognises(self, text: str) -> bool:
         """A mergekit-moe config: one YAML mapping with ``experts`` and no ``merge_method``."""
@@ -53,18 +61,10 @@ class MoeKind:
             return run_plan(prepared, call.text, target, call.settings, restart=driving.restart,
                             reporter=driving.reporter, should_stop=driving.should_stop)
 
-    def resume(self, out: PathLike, settings: RunSettings, driving: Driving,
-               recorded: RecordedPlanner) -> Outcome | None:
-        """Resumed as any single run (by its recorded text): None."""
-        return None
-
-    def prepare_recorded(self, text: str, options: PlanOptions, model_dirs: Mapping[str, str],
-                         settings: RunSettings, reporter: Reporter | None, out: PathLike) -> Prepared:
-        """The recorded config planned again; its experts may all be one model: that was allowed when the run
-        started (the rule is about intent)."""
-        from resumerge.moe import load_moe_text
-
-        return _prepare(load_moe_text(text, allow_all_same=True), options, settings, reporter, model_dirs)
+    def resume(self, recorded: Recorded, settings: RunSettings, driving: Driving) -> Outcome:
+        """Finish the upcycling ``recorded``: its stored plan, else its config planned again; its experts may all
+        be one model: that was allowed when the run started (the rule is about intent)."""
+        return resume_journaled(self.name, recorded, settings, driving, _replan)
 
     def plan(self, call: Call) -> Plan:
         """The plan, without computing the hidden-state routers."""
@@ -83,12 +83,36 @@ class MoeKind:
         return estimate_config(call.text, call.options, call.settings, source=source, out_dir=call.out,
                                measuring=measuring, fresh_process=fresh_process, planner=planner, prepass=prepass)
 
-    def status(self, out: PathLike, state_dir: PathLike | None) -> StatusReport | None:
-        """Told by the single merge's status (the ledger's account): None."""
-        return None
+    def status(self, report: StatusReport, where: RunLocations) -> StatusReport:
+        """The ledger's account, with the prompt forward pass while one is under way (the routers' shard waits
+        for it)."""
+        pass_line = _pass_progress(where) if report.source == "ledger" and report.state != "done" else None
+        return replace(report, kind=self.name, details=pass_line)
 
-    def finished(self, outcome: Outcome, out: PathLike, state_dir: PathLike | None) -> None:
-        """Nothing to clean up (the routers stay in the state dir, by content, for a later run)."""
+
+def _pass_progress(where: RunLocations) -> Details | None:
+    """The decoder layers done by the one prompt forward pass under way in the state dir (None when none is, or
+    several are: which one is this run's is not recorded)."""
+    from resumerge.config.moe_state import passes_under_way
+    from resumerge.store.ledger_read import tensor_names
+    from resumerge.store.statusview import Details
+
+    under_way = passes_under_way(where.root)
+    if len(under_way) != 1:
+        return None
+    layers = {int(m.group(1)) for n in tensor_names(where.ledger) if (m := _LAYER.match(n))}
+    if not layers:
+        return None
+    done, total = under_way[0], max(layers) + 1
+    return Details(rows=(("pass", f"prompt forward pass: {done} of {total} decoder layers (the routers' shard "
+                                  "waits for it)"),), data={"prepass_layers": [done, total]})
+
+
+def _replan(recorded: Recorded, settings: RunSettings, reporter: Reporter | None) -> Prepared:
+    from resumerge.moe import load_moe_text
+
+    return _prepare(load_moe_text(recorded.text, allow_all_same=True), recorded.options, settings, reporter,
+                    recorded.model_dirs)
 
 
 def _config(call: Call) -> MoeConfig:
@@ -106,5 +130,5 @@ def _prepare(config: MoeConfig, options: PlanOptions, settings: RunSettings, rep
     from resumerge.engine.drive import hub_progress
     from resumerge.moe.prepare import prepare_moe
 
-    return prepare_moe(config, options, settings, model_dirs=model_dirs, early=early,
-                       on_progress=hub_progress(reporter), beside=early is not None)
+    return replace(prepare_moe(config, options, settings, model_dirs=model_dirs, early=early,
+                               on_progress=hub_progress(reporter), beside=early is not None), kind=MoeKind.name)

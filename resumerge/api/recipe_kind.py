@@ -3,7 +3,6 @@ holds the recipe's record, by which ``resume`` and ``status`` know it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from resumerge.api.options import source_name
@@ -14,16 +13,15 @@ from resumerge.errors import UsageError
 if TYPE_CHECKING:
     from resumerge.engine.drive import Outcome
     from resumerge.engine.estimate import Measuring
-    from resumerge.engine.executor import Reporter
-    from resumerge.engine.session import RecordedPlanner
-    from resumerge.plan.merge_plan import Plan, PlanOptions
-    from resumerge.plan.prepared import Prepared
     from resumerge.recipes.estimate import RecipeEstimate
     from resumerge.recipes.view import RecipeStatus
 
 
 class RecipeKind:
-    """A recipe: its stages are planned and run by :mod:`resumerge.recipes`."""
+    """A recipe: its stages are planned and run by :mod:`resumerge.recipes`, which keeps the recipe's own record
+    (each stage is a merge of its own ledger). It has no single plan: ``plan`` estimates every stage."""
+
+    name = "recipe"
 
     def recognises(self, text: str) -> bool:
         """More than one non-empty YAML document."""
@@ -48,30 +46,25 @@ class RecipeKind:
                           restart=driving.restart, cleanup=driving.cleanup, reporter=driving.reporter,
                           should_stop=driving.should_stop, source=source_name(call.config, "recipe")).outcome()
 
-    def resume(self, out: PathLike, settings: RunSettings, driving: Driving,
-               recorded: RecordedPlanner) -> Outcome | None:
-        """Every stage still to do of the recipe recorded in ``out`` (None: ``out`` holds no recipe)."""
+    def holds(self, out: PathLike, state_dir: PathLike | None) -> bool:
+        """Whether ``out`` holds a recipe's record (in the state dir, or in OUT: for an ``hf://`` OUT without a
+        recipe ledger here, in the repo)."""
         from resumerge.recipes.view import is_recipe_out
 
-        if not is_recipe_out(out, settings.state_dir):
-            return None
+        return is_recipe_out(out, state_dir)
+
+    def resume_own(self, out: PathLike, settings: RunSettings, driving: Driving) -> Outcome:
+        """Every stage still to do of the recipe recorded in ``out``; the final stage's outcome."""
         from resumerge.recipes.run import resume_recipe
 
         return resume_recipe(out, settings, cleanup=driving.cleanup, reporter=driving.reporter,
                              should_stop=driving.should_stop).outcome()
 
-    def prepare_recorded(self, text: str, options: PlanOptions, model_dirs: Mapping[str, str],
-                         settings: RunSettings, reporter: Reporter | None, out: PathLike) -> Prepared:
-        """Never: a recipe is resumed from its own record (:meth:`resume`), stage by stage."""
-        raise UsageError("a recipe is resumed from its record in OUT, not from a stage's ledger",
-                         hint=f"resumerge resume {out}")
+    def status_own(self, out: PathLike, state_dir: PathLike | None) -> RecipeStatus:
+        """Every stage of the recipe writing to ``out``, and the one in progress."""
+        from resumerge.recipes.view import read_recipe_status
 
-    def plan(self, call: Call) -> Plan:
-        """Refused as the merge config loader refuses several documents (a recipe has a plan per stage, which
-        ``estimate`` shows)."""
-        from resumerge.api.merge_kind import MergeKind
-
-        return MergeKind().plan(call)
+        return read_recipe_status(out, state_dir)
 
     def estimate(self, call: Call, measuring: Measuring, *, fresh_process: bool,
                  intermediate_dir: PathLike | None) -> RecipeEstimate:
@@ -85,15 +78,6 @@ class RecipeKind:
         return estimate_recipe(call.text, call.options, call.settings, out_dir=call.out,
                                source=source_name(call.config, "recipe"), intermediate_dir=intermediate_dir,
                                probe_bytes=measuring.probe_bytes, disk_free=measuring.disk_free)
-
-    def status(self, out: PathLike, state_dir: PathLike | None) -> RecipeStatus | None:
-        """Every stage of the recipe writing to ``out``, and the one in progress (None: ``out`` holds none)."""
-        from resumerge.recipes.view import is_recipe_out, read_recipe_status
-
-        return read_recipe_status(out, state_dir) if is_recipe_out(out, state_dir) else None
-
-    def finished(self, outcome: Outcome, out: PathLike, state_dir: PathLike | None) -> None:
-        """Nothing to clean up (``cleanup`` deleted the intermediates already, when asked)."""
 
 
 def _never() -> bool:

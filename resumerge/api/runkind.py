@@ -1,27 +1,31 @@
-"""What a kind of run is: one object that recognises its config, checks it, plans it, estimates it, runs it,
-resumes it (planning its recorded text again), says where its OUT stands and cleans up after it.
+"""What a kind of run is: one object that recognises its config, checks it, runs it and estimates it, and owns
+what it leaves behind: how its recorded run is resumed, and what its status adds.
 
-A kind of run is one class implementing :class:`RunKind`, listed once in :data:`resumerge.api.kinds.KINDS`; the API
-walks that tuple (:func:`resumerge.api.kinds.kind_of`) and never asks which kind it holds. Every kind ends in the
-engine's one session path (:func:`resumerge.engine.session.run_plan`) with a :class:`~resumerge.plan.prepared.Prepared`,
-and its plan records what the model card and ``status`` need, so ``outputs/`` and ``store/`` never ask either.
+A kind of run is one class listed once in :data:`resumerge.api.kinds.KINDS`: every kind is a :class:`RunKind`;
+what only some kinds do is a small protocol of its own, so that no kind has a slot it must refuse. A kind that
+has a single plan is :class:`Plans`; a run recorded in one ledger (every kind but a recipe) is :class:`Journaled`:
+its ledger names its kind, and the API asks that kind to resume it and to say what its status adds; a run that
+keeps a record of its own (a recipe: its stages) is :class:`KeepsItsRecord`. Every kind ends in the engine's one
+session path (:func:`resumerge.engine.session.run_plan`) with a :class:`~resumerge.plan.prepared.Prepared`, and
+its plan records what the model card needs, so ``outputs/`` and ``store/`` never ask which kind they hold.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from resumerge.config.settings import RunSettings
 
 if TYPE_CHECKING:
+    from resumerge.config.locations import RunLocations
     from resumerge.engine.costs import Estimate
     from resumerge.engine.drive import Outcome
     from resumerge.engine.estimate import Measuring
     from resumerge.engine.executor import Reporter
-    from resumerge.engine.session import RecordedPlanner
+    from resumerge.engine.session import Recorded
     from resumerge.plan.merge_plan import Plan, PlanOptions
     from resumerge.plan.prepared import Prepared
     from resumerge.recipes.estimate import RecipeEstimate
@@ -59,8 +63,9 @@ class Driving:
 
 
 class RunKind(Protocol):
-    """One kind of run (see the module docstring). Methods that do not apply to a kind refuse with
-    :class:`~resumerge.errors.UsageError`."""
+    """What every kind of run does (see the module docstring)."""
+
+    name: str  # what its ledger records (``merge``, ``moe``, ...); never renamed once released
 
     def recognises(self, text: str) -> bool:
         """Whether ``text`` (a config, or a run's recorded text) is this kind's."""
@@ -72,24 +77,57 @@ class RunKind(Protocol):
     def run(self, call: Call, driving: Driving) -> Outcome:
         """Plan and run ``call`` into its OUT, journaled; the final outcome."""
 
-    def resume(self, out: PathLike, settings: RunSettings, driving: Driving,
-               recorded: RecordedPlanner) -> Outcome | None:
-        """Finish the run of this kind recorded for ``out`` (None: ``out`` holds no run that this kind resumes);
-        ``recorded`` plans a recorded run's text again, by its kind."""
-
-    def prepare_recorded(self, text: str, options: PlanOptions, model_dirs: Mapping[str, str],
-                         settings: RunSettings, reporter: Reporter | None, out: PathLike) -> Prepared:
-        """The prepared plan of the run recorded as ``text`` in ``out``, for its resume."""
-
-    def plan(self, call: Call) -> Plan:
-        """The frozen plan of ``call`` (headers only; writes nothing)."""
-
     def estimate(self, call: Call, measuring: Measuring, *, fresh_process: bool,
                  intermediate_dir: PathLike | None) -> Estimate | RecipeEstimate:
         """What running ``call`` would cost here, and whether it fits."""
 
-    def status(self, out: PathLike, state_dir: PathLike | None) -> StatusReport | RecipeStatus | None:
-        """Where this kind's run into ``out`` stands, or None when ``out`` holds no run of this kind."""
 
-    def finished(self, outcome: Outcome, out: PathLike, state_dir: PathLike | None) -> None:
-        """Clean up after ``outcome`` when it is this kind's (nothing to do for most kinds)."""
+@runtime_checkable
+class Plans(Protocol):
+    """A kind with one plan (a recipe has one per stage)."""
+
+    def plan(self, call: Call) -> Plan:
+        """The frozen plan of ``call`` (headers only; writes nothing)."""
+
+
+@runtime_checkable
+class Journaled(Protocol):
+    """A kind whose run is one journaled run: its ledger records the kind, and the API hands that kind what the
+    run recorded."""
+
+    def resume(self, recorded: Recorded, settings: RunSettings, driving: Driving) -> Outcome:
+        """Finish the run ``recorded`` (its stored plan, else its recorded text planned again by this kind)."""
+
+    def status(self, report: StatusReport, where: RunLocations) -> StatusReport:
+        """``report`` (the ledger's or the manifest's account of the run) with this kind's name and details."""
+
+
+@runtime_checkable
+class KeepsItsRecord(Protocol):
+    """A kind whose run keeps a record of its own (a recipe's: its stages), read instead of a single run's
+    ledger."""
+
+    def holds(self, out: PathLike, state_dir: PathLike | None) -> bool:
+        """Whether ``out`` holds (or is being written by) a run of this kind."""
+
+    def resume_own(self, out: PathLike, settings: RunSettings, driving: Driving) -> Outcome:
+        """Finish the run of this kind that ``out`` holds."""
+
+    def status_own(self, out: PathLike, state_dir: PathLike | None) -> RecipeStatus:
+        """Where the run of this kind that ``out`` holds stands."""
+
+
+# Plans a single run's recorded text again (its kind's own planner), from the recorded options and model
+# directories, under the resume's settings and reporter.
+Replanner = Callable[["Recorded", RunSettings, "Reporter | None"], "Prepared"]
+
+
+def resume_journaled(name: str, recorded: Recorded, settings: RunSettings, driving: Driving,
+                     replan: Replanner) -> Outcome:
+    """Finish the single run ``recorded`` of the kind ``name``: its stored plan, else ``replan`` of its text."""
+    from resumerge.engine.session import finish
+
+    prepared = recorded.stored or replan(recorded, settings, driving.reporter)
+    # Recorded under its kind again should the ledger be rebuilt (a damaged one set aside, or a lost state dir).
+    return finish(recorded, replace(prepared, kind=name), settings, reporter=driving.reporter,
+                  should_stop=driving.should_stop)

@@ -348,12 +348,13 @@ def show_status(report: StatusReport, stream: TextIO | None = None, *, width: in
     pct = 100.0 * report.bytes_done / report.bytes_total if report.bytes_total else 100.0
     table.add_row("shards", str(report.shards_done), str(report.shards_total), f"{pct:.0f} % of bytes")
     table.add_row("tensors", str(report.tensors_done), str(report.tensors_total), "")
-    if report.modules_total is not None:  # an extraction: its one adapter file moves only at the end
-        table.add_row("modules", str(report.modules_done), str(report.modules_total), "decomposed")
+    details = report.details
+    for label, done, total, what in details.counts if details is not None else ():  # the kind's own counts
+        table.add_row(label, str(done), str(total), what)
     table.add_row("bytes", format_size(report.bytes_done), format_size(report.bytes_total), "")
     out.print(table)
-    if report.module_current is not None:
-        _field(out, "decomposing" if report.state == "running" else "next module", report.module_current)
+    for label, text in details.rows if details is not None else ():  # what the kind of run adds
+        _field(out, label, text)
     if report.peak_rss or report.budget:
         parts = [f"budget {format_size(report.budget)}"] if report.budget else []
         # The peak is recorded when a process ends its run; a killed process leaves none.
@@ -374,10 +375,6 @@ def show_status(report: StatusReport, stream: TextIO | None = None, *, width: in
         _field(out, "inputs", str(report.inputs["summary"]))
     for line in report.plan_notes:
         _field(out, "note", line)
-    if report.prepass_layers is not None:
-        done, layers = report.prepass_layers
-        _field(out, "pass", f"prompt forward pass: {done} of {layers} decoder layers (the routers' shard waits "
-               "for it)")
     if report.elapsed_seconds is not None:
         seconds = report.elapsed_seconds
         _field(out, "elapsed", format_duration(seconds) if seconds >= 90 else f"{seconds:.1f} s")

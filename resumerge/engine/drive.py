@@ -172,12 +172,14 @@ class RunSession:
             if hub_out is not None and not hub_out.exists:  # the plan is recorded before the repo exists, never after
                 # A state dir holding another plan for this repo is refused before the repo is created, not after.
                 refuse_changed_plan(plan, hub_out.url, ledger, None, restart=restart, resuming=resuming)
-                hub_out = create_recorded(hub_out, plan, config_text, ledger, restart=restart, frozen=frozen)
+                hub_out = create_recorded(hub_out, plan, config_text, ledger, restart=restart, frozen=frozen,
+                                          kind=self.prepared.kind)
             staged: list[str] = []
             with _make_sink(plan, out, rdir, settings.staging, staged, hub_out, max_disk, should_stop,
                             _telling(reporter, ledger)) as sink:
                 book, verified = open_run(plan, config_text, hub_out.url if hub_out else out, sink, ledger, manifest,
-                                          restart=restart, resuming=resuming, notes=notes, frozen=frozen)
+                                          restart=restart, resuming=resuming, notes=notes, frozen=frozen,
+                                          kind=self.prepared.kind)
                 reconcile(sink, ledger, book, log=notes, verified=verified)
                 notes.extend(staged)
                 resumed = sum(1 for r in ledger.files() if r.status == "done")

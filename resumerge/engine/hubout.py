@@ -73,7 +73,7 @@ CREATED = "hub-repo"
 
 
 def create_recorded(hub: HubOutput, plan: Plan, config_text: str, ledger: Ledger, *, restart: bool,
-                    frozen: Frozen | None = None) -> HubOutput:
+                    frozen: Frozen | None = None, kind: str) -> HubOutput:
     """Create ``hub``'s missing repo once ``ledger`` holds the run's plan, and return it opened.
 
     The plan (and whether the repo is public) is recorded first, so that a run killed while creating the repo, or
@@ -83,7 +83,7 @@ def create_recorded(hub: HubOutput, plan: Plan, config_text: str, ledger: Ledger
     """
     row = ledger.run_row()
     if row is None or (restart and row.fingerprint != plan.fingerprint):
-        record_plan(plan, config_text, hub.url, ledger, frozen=frozen)
+        record_plan(plan, config_text, hub.url, ledger, frozen=frozen, kind=kind)
     recorded = ledger.last_event_data(CREATED) or {}
     public = hub.options.public or bool(recorded.get("public"))
     if recorded.get("public") != public:  # a later --public wins over the recorded private

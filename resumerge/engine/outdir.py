@@ -40,11 +40,13 @@ def open_run(
     resuming: bool,
     notes: list[str],
     frozen: Frozen | None = None,
+    kind: str,
 ) -> tuple[ManifestBook, frozenset[str]]:
     """Decide between continuing, rebuilding the ledger, refusing, or starting over.
 
     Returns the manifest book and the files this call already re-hashed (when the ledger was rebuilt). ``frozen``
-    makes the plan's stored form when the plan is recorded now (see :func:`record_plan`).
+    makes the plan's stored form when the plan is recorded now (see :func:`record_plan`), recorded as a run of
+    ``kind``.
     """
     row = ledger.run_row()
     if refuse_changed_plan(plan, out, ledger, manifest, restart=restart, resuming=resuming, config_text=config_text):
@@ -55,7 +57,7 @@ def open_run(
     if row is None and manifest is None and isinstance(out, Path):
         check_room(plan, out)
     if row is None:
-        record_plan(plan, config_text, out, ledger, frozen=frozen)
+        record_plan(plan, config_text, out, ledger, frozen=frozen, kind=kind)
         if manifest is not None:
             # The state dir was lost (a runtime reset) but OUT survived: trust only what re-hashes correctly.
             verified = adopt_manifest(sink, plan, ledger, manifest.committed, notes)
@@ -147,9 +149,10 @@ def planned_files(plan: Plan) -> list[str]:
 
 
 def record_plan(plan: Plan, config_text: str, out: Path | str, ledger: Ledger, *,
-                frozen: Frozen | None = None) -> None:
-    """Record ``plan`` in ``ledger`` as a new run of OUT (every file pending), with the plan's stored form when
-    ``frozen`` makes one (:func:`resumerge.engine.frozenplan.freeze`: a resume reloads it instead of planning)."""
+                frozen: Frozen | None = None, kind: str) -> None:
+    """Record ``plan`` in ``ledger`` as a new run of ``kind`` into OUT (every file pending), with the plan's stored
+    form when ``frozen`` makes one (:func:`resumerge.engine.frozenplan.freeze`: a resume reloads it instead of
+    planning)."""
     files: list[tuple[str, str, int, int, int | None]] = [
         (s.name, "shard", i, len(s.tensors), s.file_size) for i, s in enumerate(plan.shards)
     ]
@@ -157,6 +160,7 @@ def record_plan(plan: Plan, config_text: str, out: Path | str, ledger: Ledger, *
     ledger.start_run(
         out_dir=str(out),
         config_text=config_text,
+        kind=kind,
         fingerprint=plan.fingerprint,
         parts=fingerprint_parts(plan),
         inputs={k: [list(f) for f in v] for k, v in plan.inputs.items()},

@@ -1,18 +1,20 @@
 """Run and resume merges: plan a merge config, or find what a resume must finish, then the one session path.
 
-The session path is one path: :func:`run_merge`, :func:`resume_merge` and every stage of a recipe open OUT with
-:meth:`~resumerge.engine.target.Target.open` and end in :func:`run_plan`, which drives the plan
-(:class:`~resumerge.engine.drive.RunSession`: governors, locks, ledger, execution). A new kind of run is a planner
-that produces a :class:`~resumerge.plan.prepared.Prepared`, then that same call; how it is carried out travels as
-one :class:`~resumerge.config.settings.RunSettings`.
+The session path is one path: :func:`run_merge`, a resume (:func:`resuming`, then :func:`finish`) and every stage
+of a recipe open OUT with :meth:`~resumerge.engine.target.Target.open` and end in :func:`run_plan`, which drives
+the plan (:class:`~resumerge.engine.drive.RunSession`: governors, locks, ledger, execution). A new kind of run is a
+planner that produces a :class:`~resumerge.plan.prepared.Prepared`, then that same call; how it is carried out
+travels as one :class:`~resumerge.config.settings.RunSettings`. The engine never asks which kind of run it holds:
+a resume hands back what was recorded, and the kind the API found recorded plans it again.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 
 from resumerge.config.locations import resume_command
 from resumerge.config.merge_config import MergeConfig, load_config_text
@@ -39,11 +41,6 @@ from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import MANIFEST_NAME
 from resumerge.store.planning import planning_mark
 from resumerge.store.statusview import moved_error
-
-# Plans a run's recorded config text of another kind than a merge config (MoE upcycling's), from the recorded
-# options and model directories, under the resume's settings and reporter; None when the text is a merge config.
-RecordedPlanner = Callable[[str, PlanOptions, Mapping[str, str], RunSettings, "Reporter | None"],
-                           "Prepared | None"]
 
 
 def prepare(
@@ -97,30 +94,35 @@ def run_merge(
                         should_stop=should_stop)
 
 
-def resume_merge(
-    out_dir: str | os.PathLike[str],
-    settings: RunSettings,
-    *,
-    reporter: Reporter | None = None,
-    should_stop: Callable[[], bool] = never_stop,
-    other_kind: RecordedPlanner | None = None,
-) -> Outcome:
-    """Finish the merge recorded for ``out_dir`` (from the ledger, else from OUT's manifest) with ``settings`` (they
-    do not change the output, so they may differ from the first run's). An ``hf://`` OUT resumes from the repo
-    alone when the state dir is gone.
+@dataclass(frozen=True)
+class Recorded:
+    """What a resume finds recorded for OUT (in the ledger, else in OUT's manifest): the run's recorded ``text``,
+    ``options`` and ``model_dirs``, the ``stored`` plan when it is still valid (no input file changed since it
+    was recorded; None: the run's kind plans ``text`` again), and the ``kind`` of run the ledger names (None: a
+    ledger of the version before kinds were recorded, or OUT's manifest alone)."""
 
-    Raises LedgerError when neither exists, PlanChangedError when the inputs or resumerge changed, UsageError
-    when the merge computes on a GPU that this machine lacks (the device is part of the output's identity).
-    ``other_kind`` plans a recorded config of another kind than a merge config (:mod:`resumerge.api`, which
-    decides what a run is, passes it).
-    """
+    target: Target
+    text: str
+    options: PlanOptions
+    model_dirs: Mapping[str, str]
+    stored: Prepared | None
+    kind: str | None
+
+
+@contextmanager
+def resuming(out_dir: str | os.PathLike[str], settings: RunSettings,
+             reporter: Reporter | None = None) -> Iterator[Recorded]:
+    """What the run recorded for ``out_dir`` (from the ledger, else from OUT's manifest; an ``hf://`` OUT from the
+    repo alone when the state dir is gone), while ``status`` says "planning"; the kind of run the API found
+    recorded plans it again when needed and finishes it with :func:`finish`.
+
+    Raises LedgerError when neither exists, OutputDirError when OUT moved."""
     target = Target.open(out_dir, settings).read_recorded()
     with planning_mark(target.locations.run_dir):  # status says "planning" until the run goes on
-        return _resume(target, settings, reporter, should_stop, other_kind)
+        yield _recorded(target, settings, reporter)
 
 
-def _resume(target: Target, settings: RunSettings, reporter: Reporter | None, should_stop: Callable[[], bool],
-            other_kind: RecordedPlanner | None) -> Outcome:
+def _recorded(target: Target, settings: RunSettings, reporter: Reporter | None) -> Recorded:
     out, manifest, state_dir = target.out, target.manifest(), settings.state_dir
     ledger_path = target.locations.ledger
     row, stored = None, None
@@ -158,18 +160,25 @@ def _resume(target: Target, settings: RunSettings, reporter: Reporter | None, sh
     # The plan stored when the run was recorded, while no input file changed since; else planned again (a changed
     # input then gives another fingerprint, which the session refuses).
     thawed = thaw(stored, dirs, row.fingerprint) if row is not None else None
-    if thawed is not None:
-        prepared = Prepared(thawed)
-        if reporter is not None:
-            reporter.message("the plan recorded when the run started is reused: no input file changed since")
-    else:
-        other = other_kind(text, PlanOptions(**opts), dirs, settings, reporter) if other_kind is not None else None
-        prepared = other or prepare(load_config_text(text), PlanOptions(**opts), model_dirs=dirs,
-                                    state_dir=state_dir, reporter=reporter)
+    if thawed is not None and reporter is not None:
+        reporter.message("the plan recorded when the run started is reused: no input file changed since")
+    return Recorded(target, text, PlanOptions(**opts), dirs, Prepared(thawed) if thawed is not None else None,
+                    row.kind if row is not None else None)
+
+
+def finish(recorded: Recorded, prepared: Prepared, settings: RunSettings, *, reporter: Reporter | None = None,
+           should_stop: Callable[[], bool] = never_stop) -> Outcome:
+    """Finish the run ``recorded``, planned as ``prepared`` (its stored plan, or its kind's plan of it again), with
+    ``settings`` (they do not change the output, so they may differ from the first run's).
+
+    Raises PlanChangedError when the inputs or resumerge changed, UsageError when the merge computes on a GPU that
+    this machine lacks (the device is part of the output's identity) or asks another thread count than recorded
+    where the bytes depend on it."""
     plan = prepared.plan
     settings = recorded_threads(plan.options.num_threads, {t.method for t in plan.tensors.values()}, settings,
                                 reporter, plan.units)
-    return run_plan(prepared, text, target, settings, resuming=True, reporter=reporter, should_stop=should_stop)
+    return run_plan(prepared, recorded.text, recorded.target, settings, resuming=True, reporter=reporter,
+                    should_stop=should_stop)
 
 
 def recorded_threads(recorded: int | None, methods: Iterable[str], settings: RunSettings,

@@ -35,12 +35,14 @@ class Beside(Protocol):
 class Prepared:
     """A planned run: its ``plan``; the ``inputs`` it was built from (their hub files are fetched by the session;
     None when they are present already, as for a recipe's stages); the ``resources`` its units share (handed to
-    them in their context); and the work ``beside`` the merge, if any."""
+    them in their context); the work ``beside`` the merge, if any; and the ``kind`` of run that planned it, which
+    the ledger records once with the plan (``resume`` and ``status`` ask that kind; a recipe's stages are merges)."""
 
     plan: Plan
     inputs: Inputs | None = None
     resources: Resources = NO_RESOURCES
     beside: Beside | None = None
+    kind: str = "merge"
 
     def opened(self) -> Inputs:
         """The inputs the plan was built from (a planner always opens them; only a recipe's stage runs without)."""

@@ -2,9 +2,9 @@
 directory. It builds on :class:`resumerge.store.journal.Journal` (connection, pragmas, checks, failure mapping,
 set-aside), which it shares with the recipe ledger.
 
-Tables: ``run`` (one row: config text, fingerprint and its parts, options, model directories, state, peak
-memory), ``files`` (every planned output file: shards, index, config, tokenizer files; status, bytes, sha256,
-seconds), ``tensors`` (every output tensor: shard, status, bytes), ``events`` (an append-only log),
+Tables: ``run`` (one row: config text, the kind of run, fingerprint and its parts, options, model directories,
+state, peak memory), ``files`` (every planned output file: shards, index, config, tokenizer files; status, bytes,
+sha256, seconds), ``tensors`` (every output tensor: shard, status, bytes), ``events`` (an append-only log),
 ``stream_reads`` and ``frozen_plan`` (the plan itself, stored once, for resumes). The first schema's
 ``tensors.crc32`` and ``tensors.seconds`` were never filled (a per-tensor checksum cost the writer thread as much
 time as the shard's sha256, and nothing read either); migration m003 drops them. Every state change is one
@@ -105,6 +105,14 @@ def m004_frozen_plan(db: Database) -> None:
     db.table("frozen_plan").create({"id": int, "key": str, "data": bytes}, pk="id")
 
 
+@migrations()
+def m005_run_kind(db: Database) -> None:
+    """The kind of run recorded (``merge``, ``moe``, ``extraction``: the API's kinds table names them), written
+    once with the run, so that ``resume`` and ``status`` ask that kind; a run recorded before has none (the API
+    derives it from the recorded text, in one place)."""
+    db.table("run").add_column("kind", str)
+
+
 class Ledger(Journal):
     """Write access to one output directory's ledger. Thread-safe: one lock guards the connection.
 
@@ -131,6 +139,7 @@ class Ledger(Journal):
         *,
         out_dir: str,
         config_text: str,
+        kind: str,
         fingerprint: str,
         parts: Mapping[str, str],
         inputs: Mapping[str, Any],
@@ -156,6 +165,7 @@ class Ledger(Journal):
                     "id": 1,
                     "out_dir": out_dir,
                     "config_text": config_text,
+                    "kind": kind,
                     "fingerprint": fingerprint,
                     "parts": json.dumps(dict(parts), sort_keys=True),
                     "inputs": json.dumps(dict(inputs), sort_keys=True),

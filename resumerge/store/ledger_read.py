@@ -40,6 +40,7 @@ class RunRow:
     config_text: str
     options: dict[str, Any]
     model_dirs: dict[str, str]
+    kind: str | None = None  # the kind of run recorded; None: recorded before runs recorded it (migration m005)
 
 
 @dataclass(frozen=True)
@@ -95,10 +96,6 @@ class MergeStatusRows:
     adaptations: tuple[EventRow, ...]  # the latest 3 ``adaptation`` events, oldest first
     stream: EventRow | None  # the latest ``stream`` event (hub inputs read by HTTP Range)
     plan_notes: tuple[str, ...]  # every distinct ``plan`` message, first seen first
-    config_text: str = ""  # the run's recorded config (an extraction's spec)
-    # every planned tensor when any is an adapter's factor or a router gate (their modules or layers are counted
-    # from them), else none
-    tensor_names: tuple[str, ...] = ()
     nodes: tuple[NodeTally, ...] = ()  # a cluster run's shards per node (:mod:`resumerge.store.nodestats`)
     formats: EventRow | None = None  # the latest FORMATS_EVENT: the plan's formats report (quantized runs only)
     inputs: EventRow | None = None  # the latest INPUTS_EVENT: what became of every input tensor
@@ -126,9 +123,12 @@ def run_row(conn: sqlite3.Connection) -> RunRow | None:
     if row is None:
         return None
     fingerprint, parts, inputs, state, error, peak, adaptations, created, updated, text, options, dirs = row
+    # A ledger read before the writer migrated it (status of a run of the previous version) has no kind column.
+    columns = {str(c[1]) for c in conn.execute("PRAGMA table_info(run)").fetchall()}
+    kind = conn.execute("SELECT kind FROM run WHERE id = 1").fetchone()[0] if "kind" in columns else None
     return RunRow(str(fingerprint), dict(json.loads(parts)), dict(json.loads(inputs)), str(state), error,
                   int(peak or 0), int(adaptations or 0), created, updated, str(text or ""), dict(json.loads(options)),
-                  dict(json.loads(dirs)))
+                  dict(json.loads(dirs)), str(kind) if kind else None)
 
 
 def file_rows(conn: sqlite3.Connection) -> tuple[FileRow, ...]:
@@ -163,11 +163,6 @@ def read_merge_status(path: Path) -> MergeStatusRows | None:
         stream = latest("stream", 1)
         formats, inputs = latest(FORMATS_EVENT, 1), latest(INPUTS_EVENT, 1)
         notes = conn.execute("SELECT message FROM events WHERE kind = 'plan' GROUP BY message ORDER BY MIN(id)")
-        # The names are read only for a plan that has an adapter's factors or router gates (status counts its
-        # modules or layers from them): reading 90k of them for a plain merge cost most of a status call.
-        wanted = conn.execute("SELECT 1 FROM tensors WHERE name LIKE 'base_model.model.%' "
-                              "OR name LIKE '%.gate.weight' LIMIT 1").fetchone()
-        names = tuple(r[0] for r in conn.execute("SELECT name FROM tensors").fetchall()) if wanted else ()
         return MergeStatusRows(
             record=MergeRecord(run, file_rows(conn)),
             tensors_total=int(total),
@@ -177,12 +172,18 @@ def read_merge_status(path: Path) -> MergeStatusRows | None:
             adaptations=latest("adaptation", 3),
             stream=stream[0] if stream else None,
             plan_notes=tuple(r[0] for r in notes.fetchall()),
-            config_text=run.config_text,
-            tensor_names=names,
             nodes=node_tallies(conn),
             formats=formats[0] if formats else None,
             inputs=inputs[0] if inputs else None,
         )
+
+
+def tensor_names(path: Path) -> tuple[str, ...]:
+    """Every planned tensor's name in the merge ledger at ``path`` (a kind whose status counts its modules or
+    layers from its own plan's tensors reads them; a plain merge's status never does: 90k names cost most of a
+    status call)."""
+    with reading(path, "ledger") as conn:
+        return tuple(str(r[0]) for r in conn.execute("SELECT name FROM tensors").fetchall())
 
 
 def read_formats(path: Path) -> dict[str, Any] | None:

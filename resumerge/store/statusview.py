@@ -12,16 +12,14 @@ import contextlib
 import html
 import json
 import os
-import re
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from resumerge.config.extraction_state import FACTORS_DIR, cached_modules, lora_modules
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import RunLocations, resume_command
-from resumerge.config.moe_state import passes_under_way
 from resumerge.errors import LedgerError, NothingRecordedError, OutputDirError
 from resumerge.store.ledger_read import LEDGER_NAME as LEDGER_NAME
 from resumerge.store.ledger_read import read_merge_status
@@ -29,8 +27,9 @@ from resumerge.store.manifest import MANIFEST_NAME
 from resumerge.store.nodestats import node_line
 from resumerge.store.planning import planning_since
 
-# A decoder layer's tensors: the layer count of a plan, from its tensors' names.
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+# The kind-specific keys of the JSON that the version before kinds' details printed for every run (null where they
+# did not apply): still printed so, that a script reading them keeps working. A new kind's keys are its own.
+_EARLIER_DETAIL_KEYS = ("modules_total", "modules_done", "module_current", "prepass_layers")
 
 
 @dataclass(frozen=True)
@@ -41,6 +40,17 @@ class FileStatus:
     kind: str
     status: str
     bytes: int | None
+
+
+@dataclass(frozen=True)
+class Details:
+    """What one kind of run adds to its status (a kind makes it; ``status`` shows it without knowing the kind):
+    ``counts`` (label, done, total, what) join the counts table, ``rows`` (label, text) are lines of their own,
+    and ``data`` is what ``status --json`` prints for them."""
+
+    counts: tuple[tuple[str, int, int, str], ...] = ()
+    rows: tuple[tuple[str, str], ...] = ()
+    data: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -81,15 +91,6 @@ class StatusReport:
     streamed: dict[str, float] | None = None
     # What the plan decided that the user must hear (vocabulary rows cut by --unsafe-truncate-embeddings, …).
     plan_notes: tuple[str, ...] = ()
-    # A LoRA extraction (from the ledger): its modules, how many are decomposed, and the one being decomposed
-    # (running) or next (interrupted); None for a merge. Its adapter is one file, so the tensor counts above only
-    # move when it is committed.
-    modules_total: int | None = None
-    modules_done: int | None = None
-    module_current: str | None = None
-    # An unfinished mergekit-moe run's prompt forward pass, while the routers the merge waits for are not all
-    # computed: (decoder layers done, layers); None when no pass is under way.
-    prepass_layers: tuple[int, int] | None = None
     # A run on a cluster (--executor ray): one line per node with its shards, bytes and rate.
     nodes: tuple[str, ...] = ()
     # A run with a quantized input or output: the plan's stored format and role counts (weight, companion, other)
@@ -98,6 +99,13 @@ class StatusReport:
     # What became of every input tensor of a merge (resumerge.plan.accounting's JSON, with its one-line
     # ``summary``), as the run's latest start recorded it; None when no run recorded it.
     inputs: dict[str, Any] | None = None
+    # The kind of run (as the run recorded it, or as the API derived it for a run recorded before runs recorded
+    # it), and what that kind adds (its modules, its forward pass, ...); None where it adds nothing.
+    kind: str | None = None
+    details: Details | None = None
+    # The run's recorded text, only for the API to derive the kind of a run that recorded none (a ledger of the
+    # version before kinds were recorded, or OUT's manifest alone, whose bytes stay as they were); never printed.
+    recorded_text: str | None = field(default=None, repr=False, compare=False)
 
     def __str__(self) -> str:
         """The rows of ``resumerge status``'s table as text (see :func:`status_rows`)."""
@@ -109,7 +117,9 @@ class StatusReport:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form printed by ``status --json``."""
-        doc = asdict(self)
+        doc = {k: v for k, v in asdict(self).items() if k not in ("details", "recorded_text")}
+        doc.update(dict.fromkeys(_EARLIER_DETAIL_KEYS))
+        doc.update(self.details.data if self.details is not None else {})
         doc["files"] = [asdict(f) for f in self.files]
         doc["events"] = list(self.events)
         doc["adaptation_events"] = list(self.adaptation_events)
@@ -223,36 +233,11 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusRe
         streamed=_json_object(rows.stream.data if rows.stream else None),
         plan_notes=rows.plan_notes,
         inputs=json.loads(rows.inputs.data or "{}") | {"summary": rows.inputs.message} if rows.inputs else None,
-        **_module_progress(rows.tensor_names, rows.tensors_done, rdir),
-        prepass_layers=_pass_progress(rdir.parent, rows.tensor_names) if state != "done" else None,
+        kind=run.kind,
+        recorded_text=run.config_text if run.kind is None else None,
         nodes=tuple(node_line(tally, _size) for tally in rows.nodes),
         formats=dict(json.loads(rows.formats.data)) if rows.formats is not None and rows.formats.data else None,
     )
-
-
-def _module_progress(tensor_names: tuple[str, ...], tensors_done: int, rdir: Path) -> dict[str, Any]:
-    """An adapter's module figures for :class:`StatusReport`, read from the plan's own tensors (nothing for a
-    plan without LoRA factors: a merge's): every module is done once the adapter is committed, before that those
-    whose factors are in the run's factor cache."""
-    modules = lora_modules(tensor_names)
-    if not modules:
-        return {}
-    if tensors_done and tensors_done == len(tensor_names):
-        return {"modules_total": len(modules), "modules_done": len(modules)}
-    cached = cached_modules(rdir / FACTORS_DIR)
-    pending = [m for m in modules if m not in cached]
-    return {"modules_total": len(modules), "modules_done": len(modules) - len(pending),
-            "module_current": pending[0] if pending else None}
-
-
-def _pass_progress(state_root: Path, tensor_names: tuple[str, ...]) -> tuple[int, int] | None:
-    """(layers done, layers) of the one prompt forward pass under way in ``state_root`` when the plan's tensors
-    (``tensor_names``) have router gates; None otherwise (or when several passes are under way there)."""
-    if not any(n.endswith(".gate.weight") for n in tensor_names):
-        return None
-    under_way = passes_under_way(state_root)
-    layers = {int(m.group(1)) for n in tensor_names if (m := _LAYER.match(n))}
-    return (under_way[0], max(layers) + 1) if len(under_way) == 1 and layers else None
 
 
 def _json_object(data: str | None) -> dict[str, Any] | None:
@@ -318,6 +303,7 @@ def _from_manifest(source: Path | bytes, where: str, out_dir: str, command: str)
         ),
         events=(f"ledger not found: figures from the manifest in {'OUT' if isinstance(source, Path) else 'the repo'}",),
         resume_command=None if state == "done" else command,
+        recorded_text=str(doc.get("config_text", "")),
     )
 
 
@@ -335,19 +321,17 @@ def _size(n: int | None) -> str:
 
 
 def status_rows(report: StatusReport) -> list[tuple[str, str]]:
-    """(label, value) rows in the CLI's order: counts, memory, elapsed time, pending files, the last error and
-    the command that finishes the run."""
+    """(label, value) rows in the CLI's order: counts (the kind's own among them), the kind's rows, memory,
+    elapsed time, pending files, the last error and the command that finishes the run."""
     pct = 100.0 * report.bytes_done / report.bytes_total if report.bytes_total else 100.0
+    details = report.details or Details()
     rows = [("shards", f"{report.shards_done} of {report.shards_total} ({pct:.0f} % of bytes)"),
             ("tensors", f"{report.tensors_done} of {report.tensors_total}")]
-    if report.modules_total is not None:
-        rows.append(("modules", f"{report.modules_done} of {report.modules_total} decomposed"))
+    rows += [(label, f"{done} of {total} {what}") for label, done, total, what in details.counts]
     rows.append(("bytes", f"{_size(report.bytes_done)} of {_size(report.bytes_total)}"))
     if report.inputs is not None:
         rows.append(("inputs", str(report.inputs["summary"])))
-    if report.prepass_layers is not None:
-        rows.append(("pass", f"prompt forward pass: {report.prepass_layers[0]} of {report.prepass_layers[1]} "
-                             "decoder layers"))
+    rows.extend(details.rows)
     if report.peak_rss or report.budget:
         memory = [f"budget {_size(report.budget)}"] if report.budget else []
         memory.append(f"peak {_size(report.peak_rss)}" if report.peak_rss else "peak not recorded")

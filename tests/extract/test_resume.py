@@ -75,12 +75,13 @@ def test_resume_decomposes_only_unfinished_modules(tmp_path: Path, pair: Callabl
     modules = 2 * 7  # two layers of seven linear modules (embeddings, head and norms are saved whole)
     report = api.status(out, state_dir=state)
     assert isinstance(report, StatusReport)
-    assert (report.state, report.tensors_done, report.modules_total, report.modules_done) == \
-        ("interrupted", 0, modules, cached)
+    said = report.to_json()  # the extraction kind's details, as status --json prints them
+    assert (report.kind, report.state, report.tensors_done, said["modules_total"], said["modules_done"]) == \
+        ("extraction", "interrupted", 0, modules, cached)
     # The adapter's data, and so the extraction, goes in name order: the first modules are the cached ones.
     order = [f"model.layers.{i}.{m}" for i in range(2) for m in ("mlp.down_proj", "mlp.gate_proj", "mlp.up_proj",
              "self_attn.k_proj", "self_attn.o_proj", "self_attn.q_proj", "self_attn.v_proj")]
-    assert report.module_current == order[cached]
+    assert said["module_current"] == order[cached]
     text = io.StringIO()
     show_status(report, text, width=200)
     assert re.search(rf"modules\s+{cached}\s+{modules}\s+decomposed", text.getvalue()), text.getvalue()
@@ -100,6 +101,7 @@ def test_resume_decomposes_only_unfinished_modules(tmp_path: Path, pair: Callabl
     assert not cache.exists()
     report = api.status(out, state_dir=state)
     assert isinstance(report, StatusReport)
-    assert (report.state, report.modules_total, report.modules_done, report.module_current) == \
+    said = report.to_json()
+    assert (report.state, said["modules_total"], said["modules_done"], said["module_current"]) == \
         ("done", modules, modules, None)
     assert f"rank 8 ({modules} modules;" in (out / "README.md").read_text()  # the card counts the same modules
