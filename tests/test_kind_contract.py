@@ -1,9 +1,155 @@
+"""One contract for every kind of run (:data:`resumerge.api.kinds.KINDS`): planned, run, killed by a real SIGKILL at
+a kill point, resumed to the uninterrupted run's bytes, and reported by ``status`` as that kind with its own
+details; the same for a run recorded by the version before runs recorded their kind (its ledger without the
+column). A new kind gets the whole contract by adding one row to :data:`CASES`."""
+
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import pytest
+import yaml
 from families import FAMILIES, make_family_model
-from support import cli, linear_config, write_config
+from support import cli, digests, linear_config, write_config
+
+from resumerge import api
+from resumerge.api.kinds import KINDS
+from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.config.locations import LEDGER_NAME
+
+SPEC = ModelSpec(layers=2, hidden=32, intermediate=48, vocab=64)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One kind of run: ``config`` writes its input under a folder and returns the CLI arguments that run it into
+    OUT (``{out}`` and ``{state}`` filled in); killed at ``kill_at``; ``said`` is what its status adds (a
+    substring of ``resumerge status``), ``details`` the keys its ``status --json`` fills."""
+
+    kind: str
+    config: Callable[[Path], list[str]]
+    kill_at: str
+    said: str = ""
+    details: tuple[str, ...] = ()
+
+
+def _models(root: Path, count: int) -> list[Path]:
+    return [make_model(root / f"m{i}", SPEC, seed=20 + i) if not (root / f"m{i}").exists() else root / f"m{i}"
+            for i in range(count)]
+
+
+def _merge(root: Path) -> list[str]:
+    a, b = _models(root, 2)
+    return ["run", str(write_config(root / "merge.yml", linear_config(a, b))), "{out}", "--out-shard-size", "10k"]
+
+
+def _recipe(root: Path) -> list[str]:
+    a, b, c = _models(root, 3)
+
+    def linear(*weighted: tuple[object, float]) -> dict[str, Any]:
+        models = [{"model": str(m), "parameters": {"weight": w}} for m, w in weighted]
+        return {"merge_method": "linear", "models": models}
+
+    docs = [{"name": "mid", **linear((a, 0.5), (b, 0.5))}, linear(("mid", 0.6), (c, 0.4))]
+    (root / "recipe.yml").write_text("---\n".join(yaml.safe_dump(d, sort_keys=False) for d in docs))
+    return ["run", str(root / "recipe.yml"), "{out}", "--out-shard-size", "10k"]
+
+
+def _moe(root: Path) -> list[str]:
+    a, b, c = _models(root, 3)
+    doc = {"base_model": str(a), "gate_mode": "uniform_random",
+           "experts": [{"source_model": str(b), "positive_prompts": ["a"]},
+                       {"source_model": str(c), "positive_prompts": ["b"]}]}
+    return ["run", str(write_config(root / "moe.yml", doc)), "{out}", "--out-shard-size", "10k"]
+
+
+def _extraction(root: Path) -> list[str]:
+    base, ft = _models(root, 2)
+    return ["extract-lora", "--model", str(ft), "--base-model", str(base), "--out-path", "{out}", "--max-rank", "4"]
+
+
+CASES = (
+    Case("merge", _merge, "after_manifest_write:2"),
+    Case("recipe", _recipe, "after_manifest_write:3", said="stage in progress"),
+    Case("moe", _moe, "after_manifest_write:2"),
+    Case("extraction", _extraction, "mid_shard_write", said="decomposed",
+         details=("modules_total", "modules_done", "module_current")),
+)
+
+
+def test_every_kind_has_its_row() -> None:
+    assert sorted(case.kind for case in CASES) == sorted(kind.name for kind in KINDS)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("kind-inputs")
+
+
+@pytest.fixture(scope="module")
+def references(inputs: Path) -> dict[str, dict[str, str]]:
+    """Each kind's uninterrupted run (planned first), made once for both ways of recording it."""
+    return {}
+
+
+def _reference(case: Case, inputs: Path, references: dict[str, dict[str, str]]) -> dict[str, str]:
+    if case.kind not in references:
+        out, state = inputs / f"{case.kind}-reference", inputs / f"{case.kind}-state"
+        args = _args(case, inputs, out, state)
+        plan = [*args[:-1], "--plan"] if case.kind == "extraction" else ["plan", *args[1:-1]]
+        planned = cli(*plan)
+        assert planned.returncode == 0 and not out.exists(), planned.stderr  # planning writes nothing
+        done = cli(*args)
+        assert done.returncode == 0, done.stderr
+        references[case.kind] = _output(out)
+    return references[case.kind]
+
+
+def _output(out: Path) -> dict[str, str]:
+    """The digests of the output's files; resumerge's own records are left out (a recipe's name the folder of its
+    intermediate stages, which is beside each OUT)."""
+    return {name: digest for name, digest in digests(out).items() if not name.startswith("resumerge-")}
+
+
+def _args(case: Case, root: Path, out: Path, state: Path) -> list[str]:
+    return [arg.format(out=out) for arg in case.config(root)] + ["--state-dir", str(state), "-q"]
+
+
+def _as_recorded_before(state: Path) -> None:
+    """Every ledger under ``state`` as the version before kinds were recorded left it: no ``kind`` column, its
+    migration not applied (the next writer applies it, and the kind stays unrecorded)."""
+    for path in state.rglob(LEDGER_NAME):
+        with sqlite3.connect(path) as db:
+            db.execute("ALTER TABLE run DROP COLUMN kind")
+            db.execute("DELETE FROM _sqlite_migrations WHERE name = 'm005_run_kind'")
+
+
+@pytest.mark.parametrize("recorded", ["kind", "before kinds"])
+@pytest.mark.parametrize("case", CASES, ids=[case.kind for case in CASES])
+def test_plan_run_kill_resume_status(case: Case, recorded: str, inputs: Path, tmp_path: Path,
+                                     references: dict[str, dict[str, str]]) -> None:
+    reference = _reference(case, inputs, references)
+    out, state = tmp_path / "out", tmp_path / "state"
+    killed = cli(*_args(case, inputs, out, state), env={"RESUMERGE_KILL_AT": case.kill_at})
+    assert killed.returncode == -9, killed.stderr
+    if recorded != "kind":
+        _as_recorded_before(state)
+    report = api.status(out, state_dir=state)
+    said = report.to_json()
+    assert said["state"] in ("interrupted", "stages interrupted") or report.state == "interrupted", said
+    if case.kind != "recipe":
+        assert said["kind"] == case.kind  # as recorded, or (before kinds) as its recorded text says
+        assert all(said[key] is not None for key in case.details), said
+    shown = cli("status", out, "--state-dir", state)
+    assert shown.returncode == 0 and case.said in shown.stdout, shown.stdout
+    assert "forward pass" not in shown.stdout
+    assert cli("resume", out, "--state-dir", state, "-q").returncode == 0
+    assert _output(out) == reference
+    assert api.status(out, state_dir=state).state == "done"
 
 
 def test_a_plain_mixtral_merge_shows_no_forward_pass(tmp_path: Path) -> None:
