@@ -40,6 +40,10 @@ _EDGE = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
 _PARTS = ("gate_proj", "up_proj", "down_proj")
 
 
+# What mergekit-moe names the output's copy of its config.
+CONFIG_COPY = "mergekit_moe_config.yml"
+
+
 def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options: PlanOptions, *,
                    encoded: tuple[tuple[Any, Any], ...] | None = None, routers_key: str | None = None,
                    gates_preview: torch.Tensor | None = None, kinds: tuple[OutputKind, ...] = OUTPUT_KINDS,
@@ -119,6 +123,7 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
         tokenizer_blobs=blobs,
         notes=tuple(notes),
         units=(*routers.UNITS, *expert_methods.UNITS),
+        config_copy=CONFIG_COPY,
     )
     return fingerprinted(plan)
 

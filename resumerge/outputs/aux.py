@@ -18,8 +18,7 @@ from resumerge.outputs.modelcard import CARD_NAME, render_model_card
 from resumerge.plan.merge_plan import Plan
 from resumerge.plan.outconfig import render_config
 
-CONFIG_YAML_NAME = "mergekit_config.yml"
-MOE_CONFIG_YAML_NAME = "mergekit_moe_config.yml"  # what mergekit-moe names its copy of the config
+
 @dataclass(frozen=True)
 class AuxFile:
     """A non-shard output file: its name, kind (index|config|card|tokenizer) and the kill point of its write."""
@@ -38,8 +37,7 @@ def aux_files(plan: Plan) -> list[AuxFile]:
         files.append(AuxFile(INDEX_NAME, "index", "during_index_write"))
     files.append(AuxFile(CONFIG_NAME, "config", "during_config_write"))
     if plan.options.write_model_card:  # mergekit's --no-write-model-card drops both
-        files.append(AuxFile(MOE_CONFIG_YAML_NAME if plan.method == "moe" else CONFIG_YAML_NAME, "config",
-                             "during_config_write"))
+        files.append(AuxFile(plan.config_copy, "config", "during_config_write"))  # named by the plan's kind
         files.append(AuxFile(CARD_NAME, "card", "during_config_write"))
     files.extend(AuxFile(name, "tokenizer", "during_tokenizer_write") for name, _ in plan.tokenizer_files)
     return files
@@ -55,7 +53,7 @@ def render_aux(plan: Plan, aux: AuxFile, config_text: str) -> bytes:
         return (json.dumps(doc, indent=2) + "\n").encode("utf-8")
     if aux.name == CONFIG_NAME:
         return render_config(plan.out_config)
-    if aux.name in (CONFIG_YAML_NAME, MOE_CONFIG_YAML_NAME):
+    if aux.name == plan.config_copy:
         return config_text.encode("utf-8")
     if aux.name == CARD_NAME:
         return render_model_card(plan, config_text)

@@ -274,6 +274,10 @@ class Plan:
     # config and the method's declaration. Derived from the recorded text: not fingerprinted.
     card_config: MergeConfig | None = field(default=None, compare=False, repr=False)
     card_method: tuple[str, str, str] | None = field(default=None, compare=False, repr=False)
+    # The name of the output's copy of the recorded text (with the model card; mergekit_config.yml as mergekit-yaml
+    # writes it, or what the kind of run that made the plan names it: mergekit-moe's mergekit_moe_config.yml), so
+    # the output's files never ask which kind made the plan. A file name, like the shards': not fingerprinted.
+    config_copy: str = field(default="mergekit_config.yml", compare=False)
     # Each ``filter:`` the planner consulted, with how many output tensors it matched, and what became of every
     # input tensor (merged, copied, renumbered, dropped and why; None for a plan that does not say: an extraction's).
     # Derived from the config and the inputs: not fingerprinted.
