@@ -5,6 +5,7 @@ column). A new kind gets the whole contract by adding one row to :data:`CASES`."
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from support import cli, digests, linear_config, write_config
 
 from resumerge import api
 from resumerge.api.kinds import KINDS
+from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.locations import LEDGER_NAME
 
@@ -90,33 +92,14 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("kind-inputs")
 
 
-@pytest.fixture(scope="module")
-def references(inputs: Path) -> dict[str, dict[str, str]]:
-    """Each kind's uninterrupted run (planned first), made once for both ways of recording it."""
-    return {}
-
-
-def _reference(case: Case, inputs: Path, references: dict[str, dict[str, str]]) -> dict[str, str]:
-    if case.kind not in references:
-        out, state = inputs / f"{case.kind}-reference", inputs / f"{case.kind}-state"
-        args = _args(case, inputs, out, state)
-        plan = [*args[:-1], "--plan"] if case.kind == "extraction" else ["plan", *args[1:-1]]
-        planned = cli(*plan)
-        assert planned.returncode == 0 and not out.exists(), planned.stderr  # planning writes nothing
-        done = cli(*args)
-        assert done.returncode == 0, done.stderr
-        references[case.kind] = _output(out)
-    return references[case.kind]
+def _args(case: Case, root: Path, out: Path, state: Path) -> list[str]:
+    return [arg.format(out=out) for arg in case.config(root)] + ["--state-dir", str(state), "-q"]
 
 
 def _output(out: Path) -> dict[str, str]:
     """The digests of the output's files; resumerge's own records are left out (a recipe's name the folder of its
     intermediate stages, which is beside each OUT)."""
     return {name: digest for name, digest in digests(out).items() if not name.startswith("resumerge-")}
-
-
-def _args(case: Case, root: Path, out: Path, state: Path) -> list[str]:
-    return [arg.format(out=out) for arg in case.config(root)] + ["--state-dir", str(state), "-q"]
 
 
 def _as_recorded_before(state: Path) -> None:
@@ -128,28 +111,37 @@ def _as_recorded_before(state: Path) -> None:
             db.execute("DELETE FROM _sqlite_migrations WHERE name = 'm005_run_kind'")
 
 
-@pytest.mark.parametrize("recorded", ["kind", "before kinds"])
 @pytest.mark.parametrize("case", CASES, ids=[case.kind for case in CASES])
-def test_plan_run_kill_resume_status(case: Case, recorded: str, inputs: Path, tmp_path: Path,
-                                     references: dict[str, dict[str, str]]) -> None:
-    reference = _reference(case, inputs, references)
-    out, state = tmp_path / "out", tmp_path / "state"
+def test_plan_run_kill_resume_status(case: Case, inputs: Path, tmp_path: Path) -> None:
+    """Planned (writing nothing), run, and killed; then, once with its kind recorded and once as the version
+    before kinds left the same killed run: status says its kind and details, and the resume finishes it with the
+    uninterrupted run's bytes."""
+    reference, run = tmp_path / "reference", tmp_path / "run"
+    args = _args(case, inputs, reference / "out", reference / "state")
+    assert main([*args[:-1], "--plan"] if case.kind == "extraction" else ["plan", *args[1:-1]]) == 0
+    assert not reference.exists()  # planning wrote nothing
+    assert cli(*args).returncode == 0
+    out, state = run / "out", run / "state"
     killed = cli(*_args(case, inputs, out, state), env={"RESUMERGE_KILL_AT": case.kill_at})
     assert killed.returncode == -9, killed.stderr
-    if recorded != "kind":
-        _as_recorded_before(state)
-    report = api.status(out, state_dir=state)
-    said = report.to_json()
-    assert said["state"] in ("interrupted", "stages interrupted") or report.state == "interrupted", said
-    if case.kind != "recipe":
-        assert said["kind"] == case.kind  # as recorded, or (before kinds) as its recorded text says
-        assert all(said[key] is not None for key in case.details), said
-    shown = cli("status", out, "--state-dir", state)
-    assert shown.returncode == 0 and case.said in shown.stdout, shown.stdout
-    assert "forward pass" not in shown.stdout
-    assert cli("resume", out, "--state-dir", state, "-q").returncode == 0
-    assert _output(out) == reference
-    assert api.status(out, state_dir=state).state == "done"
+    shutil.copytree(run, tmp_path / "killed")  # OUT, the state dir and a recipe's intermediates, as killed
+    for recorded in ("kind", "before kinds"):
+        if recorded != "kind":
+            shutil.rmtree(run)
+            shutil.copytree(tmp_path / "killed", run)
+            _as_recorded_before(state)
+        report = api.status(out, state_dir=state)
+        assert report.state == "interrupted", (recorded, report)
+        if case.kind != "recipe":  # a recipe's own record says what it is; each stage is a merge
+            said = report.to_json()
+            assert said["kind"] == case.kind, recorded  # as recorded, or (before kinds) as its recorded text says
+            assert all(said[key] is not None for key in case.details), (recorded, said)
+        shown = cli("status", out, "--state-dir", state)
+        assert shown.returncode == 0 and case.said in shown.stdout, (recorded, shown.stdout)
+        assert "forward pass" not in shown.stdout
+        assert cli("resume", out, "--state-dir", state, "-q").returncode == 0
+        assert _output(out) == _output(reference / "out"), recorded
+        assert api.status(out, state_dir=state).state == "done"
 
 
 def test_a_plain_mixtral_merge_shows_no_forward_pass(tmp_path: Path) -> None:
