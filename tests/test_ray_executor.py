@@ -322,7 +322,8 @@ def test_without_ray_the_ray_executor_is_a_usage_error(merge: Merge, tmp_path: P
     for command in (["run", str(merge.config), out], ["resume", out], ["plan", str(merge.config), out]):
         assert main([*command, "--executor", "ray"]) == EXIT_INVALID, command
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "pip install 'resumerge[ray]'" in err[0], err
+        assert len(err) == 1 and "pip install -c constraints.txt -e '.[ray]'" in err[0], err
+        assert "resumerge[ray]" not in err[0]  # no package index has resumerge: that command cannot work
     assert not (tmp_path / "out").exists()
 
 

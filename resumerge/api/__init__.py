@@ -25,6 +25,7 @@ from resumerge.api.options import (
     config_text,
     hub_output,
     named,
+    nothing_started,
     plan_options,
     recorded_device,
     run_settings,
@@ -151,8 +152,9 @@ def run(
         call = Call(config, text, out, options, settings, allow_same_experts=allow_same_experts)
         driving = Driving(stop_flag(should_stop), restart=restart, intermediate_dir=intermediate_dir,
                           cleanup=cleanup_intermediates)
-        kind.check(call, driving)
-        return kind.run(call, replace(driving, reporter=_reporter(progress)))
+        with nothing_started(out, state_dir):
+            kind.check(call, driving)
+            return kind.run(call, replace(driving, reporter=_reporter(progress)))
 
 
 def resume(
@@ -234,8 +236,9 @@ def extract_lora(
         return _estimate_extraction(call, fresh_process)
     named(out)
     driving = Driving(stop_flag(should_stop), restart=restart)
-    EXTRACTION.check(call, driving)
-    return EXTRACTION.run(call, replace(driving, reporter=_reporter(progress)))
+    with nothing_started(out, state_dir):
+        EXTRACTION.check(call, driving)
+        return EXTRACTION.run(call, replace(driving, reporter=_reporter(progress)))
 
 
 def estimate_extraction(

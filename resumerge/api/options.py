@@ -224,3 +224,24 @@ def source_name(config: PathLike, text_name: str) -> str:
 def stop_flag(should_stop: Callable[[], bool] | None) -> Callable[[], bool]:
     """``should_stop``, or a flag that never turns true."""
     return should_stop if should_stop is not None else (lambda: False)
+
+
+@contextlib.contextmanager
+def nothing_started(out: PathLike, state_dir: PathLike | None) -> Iterator[None]:
+    """A new run into ``out``: an :class:`~resumerge.errors.UnreachableError` met inside the block while this
+    state dir records no run into ``out`` (no ledger of a merge, nor of a recipe) is raised as
+    :class:`~resumerge.errors.UnreachableInputError` ("nothing was started: … run the same command again", exit
+    2), whether the hub was unreachable for an input or for OUT itself: exit 3's "resume" would find nothing to
+    finish. Once a run is recorded it stays exit 3 (resume finishes it)."""
+    from resumerge.config.locations import RunLocations
+    from resumerge.errors import UnreachableError, UnreachableInputError
+    from resumerge.recipes.ledger_read import RECIPE_LEDGER_NAME
+    from resumerge.recipes.manifest import recipe_dir
+
+    try:
+        yield
+    except UnreachableError as exc:
+        where = RunLocations.of(out, state_dir)
+        if where.ledger.exists() or (recipe_dir(where) / RECIPE_LEDGER_NAME).exists():
+            raise
+        raise UnreachableInputError.before_start(exc) from None

@@ -327,7 +327,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _executor_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="where the output shards are computed: this process, or a worker per node of a Ray cluster "
-                        "(pip install 'resumerge[ray]'; OUT and the inputs on paths every node sees); the bytes are "
+                        "(Ray on every node: pip install -c constraints.txt -e '.[ray]' in the clone; OUT and the "
+                        "inputs on paths every node sees); the bytes are "
                         "the same, and a run started with one resumes with the other [default: local]")
     p.add_argument("--ray-address", metavar="ADDRESS",
                    help="with --executor ray: the cluster to join [default: $RAY_ADDRESS, else a Ray started for "

@@ -158,7 +158,7 @@ class RunSession:
         try:
             ledger = _open_ledger(rdir / LEDGER_NAME, notes)
             if hub_out is None and manifest is None and not (restart or resuming):
-                ledger = _set_aside_stale(ledger, rdir / LEDGER_NAME, plan, notes)
+                ledger = _set_aside_stale(ledger, rdir / LEDGER_NAME, plan, notes, out)
         except BaseException:
             lock.release()
             _remove_if_empty(out, created)
@@ -282,16 +282,27 @@ def _open_ledger(path: Path, notes: list[str]) -> Ledger:
     return ledger
 
 
-def _set_aside_stale(ledger: Ledger, path: Path, plan: Plan, notes: list[str]) -> Ledger:
-    """A new run into an absent or empty OUT: a ledger recorded for another plan there describes a merge that is
-    no longer in OUT (it was deleted, or moved) and is set aside rather than refused as "a merge planned
-    differently"; returns the ledger to use."""
+def _set_aside_stale(ledger: Ledger, path: Path, plan: Plan, notes: list[str], out: Path) -> Ledger:
+    """A new run into an OUT without a manifest: a ledger that records files committed there, none of which OUT
+    holds any more (it was deleted, emptied or moved), or that records another plan with nothing of it in OUT,
+    describes a merge that is no longer there. It is set aside, in one note, rather than refused as "a merge
+    planned differently" or followed file by file ("missing: rebuilding it" for each), and the run starts afresh
+    (``status`` then shows this run's time and peak, not the earlier one's). A ledger whose committed files OUT
+    still holds is OUT's record (its manifest was deleted or damaged): kept. Returns the ledger to use."""
     row = ledger.run_row()
-    if row is None or row.fingerprint == plan.fingerprint:
+    if row is None:
+        return ledger
+    committed = [r.name for r in ledger.files() if r.status == "done"]
+    if any((out / name).is_file() for name in committed) or (row.fingerprint == plan.fingerprint and not committed):
         return ledger
     ledger.close()
     aside = set_aside(path, suffix=".stale")
-    notes.append(f"OUT holds no merge: the record of an earlier, different run into it was set aside as {aside.name}")
+    if row.fingerprint != plan.fingerprint:
+        notes.append(f"OUT holds no merge: the record of an earlier, different run into it was set aside as "
+                     f"{aside.name}")
+    else:
+        notes.append(f"OUT holds none of the {len(committed)} files an earlier run of this merge committed there: "
+                     f"merging from the start (its record set aside as {aside.name})")
     return Ledger(path)
 
 

@@ -22,6 +22,7 @@ from resumerge.store.diskprobe import free_bytes
 from resumerge.store.durable import is_temp_name
 from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import MANIFEST_NAME, Manifest, ManifestBook, read_manifest
+from resumerge.store.manifestcheck import ledger_vouches, manifest_or_ledger
 from resumerge.store.sink import OutputSink
 
 # Makes the stored form of the run's plan, (key, bytes), or None when it is not stored.
@@ -193,18 +194,22 @@ def check_out_path(out: Path) -> None:
                          hint="choose a new or empty directory for the output")
 
 
-def check_out_dir(out: Path, *, tolerate: frozenset[str] = frozenset()) -> Manifest | None:
-    """OUT's manifest, or None when OUT is absent or empty (bar ``tolerate``).
+def check_out_dir(out: Path, *, tolerate: frozenset[str] = frozenset(), ledger: Path | None = None) -> Manifest | None:
+    """OUT's manifest, or None when OUT is absent or empty (bar ``tolerate``) — or when its manifest is deleted or
+    damaged but the run's ``ledger`` vouches for OUT (:func:`~resumerge.store.manifestcheck.ledger_vouches`): the
+    run then writes it again from the ledger, as it rebuilds any damaged output file.
 
     Raises :class:`UsageError` (exit 2) for a link or a file, :class:`OutputDirError` (exit 4) for a non-empty
-    folder without resumerge's manifest."""
+    folder without resumerge's manifest, :class:`LedgerError` (exit 4) for a damaged manifest no ledger vouches
+    for."""
     check_out_path(out)
     if not out.exists():
         return None
-    manifest = read_manifest(out)
+    manifest = read_manifest(out) if ledger is None else manifest_or_ledger(out, ledger)
     # A process killed inside its first manifest write leaves only that temp file: still resumerge's OUT.
     ours = {MANIFEST_NAME, *tolerate}
-    if manifest is None and any(p.name not in tolerate and not is_temp_name(p.name, ours) for p in out.iterdir()):
+    if (manifest is None and any(p.name not in tolerate and not is_temp_name(p.name, ours) for p in out.iterdir())
+            and not (ledger is not None and ledger_vouches(out, ledger))):
         raise OutputDirError(
             f"{out} is not empty and was not written by resumerge (no {MANIFEST_NAME})",
             path=str(out),

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from resumerge.config.locations import resume_command
 from resumerge.config.merge_config import MergeConfig, load_config_text
 from resumerge.config.settings import RunSettings
 from resumerge.engine.drive import Outcome, RunSession, hub_progress
@@ -39,8 +38,8 @@ from resumerge.plan.planner import build_plan, threads_matter
 from resumerge.plan.prepared import Prepared
 from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import MANIFEST_NAME
+from resumerge.store.outgone import refuse_gone
 from resumerge.store.planning import planning_mark
-from resumerge.store.statusview import moved_error
 
 
 def prepare(
@@ -139,8 +138,8 @@ def _recorded(target: Target, settings: RunSettings, reporter: Reporter | None) 
             stored = ledger.frozen_plan() if row is not None else None
             committed = sum(1 for r in ledger.files() if r.status == "done")
             ledger.close()
-            if row is not None and committed and target.hub is None and not out.exists():
-                raise moved_error(out, committed, resume_command("NEW_PATH", state_dir))
+            if row is not None and target.hub is None:
+                refuse_gone(out, committed, state_dir)
     if row is not None:
         text, opts, dirs = row.config_text, row.options, row.model_dirs
     elif manifest is not None:

@@ -18,7 +18,8 @@ from resumerge.config.locations import RunLocations
 from resumerge.config.settings import RunSettings
 from resumerge.engine.hubout import HubOutput, open_hub_output
 from resumerge.engine.outdir import check_out_dir, check_out_path
-from resumerge.store.manifest import Manifest, read_manifest
+from resumerge.store.manifest import Manifest
+from resumerge.store.manifestcheck import manifest_or_ledger
 
 
 @dataclass(frozen=True)
@@ -70,12 +71,14 @@ class Target:
             return self.hub.manifest
         if self.recorded is not None:
             return self.recorded[0]
-        return check_out_dir(self.out, tolerate=self.tolerate)
+        return check_out_dir(self.out, tolerate=self.tolerate, ledger=self.locations.ledger)
 
     def read_recorded(self) -> Target:
         """This target with OUT's manifest read as a resume needs it: a folder must be one (not a link), and may
-        hold other files — the ledger decides what to do with them."""
+        hold other files — the ledger decides what to do with them (a damaged manifest too, where the ledger
+        vouches for OUT: :func:`~resumerge.store.manifestcheck.manifest_or_ledger`)."""
         if self.hub is not None or self.recorded is not None:
             return self
         check_out_path(self.out)
-        return replace(self, recorded=(read_manifest(self.out) if self.out.is_dir() else None,))
+        found = manifest_or_ledger(self.out, self.locations.ledger) if self.out.is_dir() else None
+        return replace(self, recorded=(found,))

@@ -101,11 +101,17 @@ def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = N
             hint="merge the adapter into its base first (PEFT merge_and_unload) and reference that folder",
         )
     directory = (directory or Path(ref.path)).absolute()
+    if directory.is_file():  # a model's weights file named instead of its folder
+        raise ModelInputError(
+            f"model {ref.path!r} is a file: a model is a folder (or a hub id such as org/name), not one of its files",
+            yaml_path=yaml_path,
+            hint=f"name its folder: {_folder_of(ref.path)}",
+        )
     if not directory.is_dir():
         raise ModelInputError(
             f"model {ref.path!r} not found: no such directory",
             yaml_path=yaml_path,
-            hint="check the path; Hugging Face Hub ids are not supported by this version",
+            hint="check the path (a model is a local folder, or a hub id such as org/name)",
         )
     for name in ("config.json", INDEX_NAME, BIN_INDEX_NAME, *TOKENIZER_FILES):
         contained(directory, name)
@@ -130,6 +136,13 @@ def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = N
             identities.append(hashing.submit(file_identity, path, header.raw))
         files = tuple(map(InputFile, names, sizes, (identity.result() for identity in identities)))
     return ModelInput(ref, directory, config, tensors, files)
+
+
+def _folder_of(path: str) -> str:
+    """The folder holding the file ``path``, written as the user wrote the path (``./x/model.safetensors`` →
+    ``./x``)."""
+    parent = os.path.dirname(path.rstrip("/"))
+    return parent or "."
 
 
 def _read_config(directory: Path, yaml_path: str) -> Mapping[str, Any]:

@@ -27,7 +27,10 @@ def check_formats(out: Path, shards: Iterable[str],
     said = recorded.get("output") if recorded else None
     expected = said if isinstance(said, Mapping) and said.get("format") not in (None, "plain") else None
     config_path = out / "config.json"
-    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    try:  # verify reads it only once its checksum matched; what another tool wrote is still one line, not a crash
+        config = json.loads(config_path.read_bytes()) if config_path.is_file() else {}
+    except ValueError as exc:
+        return None, [("config.json", f"is not valid JSON ({exc})")]
     settings = config.get("quantization_config") if isinstance(config, Mapping) else None
     if isinstance(settings, Mapping) and str(settings.get("quant_method", "")).lower() not in DECODED_METHODS:
         return None, []  # written by a codec a caller plugged in (a test's toy format): not judged here

@@ -1,6 +1,8 @@
-"""``verify``: re-hash every committed output file against its recorded sha256 and report, never repair; a
-finished output stored quantized is also read as a loader reads it (every weight with its companions, the role
-counts the run planned: :mod:`resumerge.store.formatcheck`).
+"""``verify``: re-hash every committed output file against its recorded sha256 and report, never repair; OUT's
+manifest is judged by the run's ledger (:mod:`resumerge.store.manifestcheck`); a finished output stored quantized
+whose every file matched is also read as a loader reads it (every weight with its companions, the role counts the
+run planned: :mod:`resumerge.store.formatcheck`). Checksums come first: a file that fails its own is reported
+damaged and never parsed.
 
 Like huggingface_hub's cache scan, problems are collected into a report rather than raised one by one, so a
 single damaged shard does not hide another. ``resume`` repairs what the report lists.
@@ -22,6 +24,8 @@ from resumerge.store.checksums import check_many
 from resumerge.store.formatcheck import check_formats
 from resumerge.store.ledger_read import LEDGER_NAME, read_formats, read_merge_record
 from resumerge.store.manifest import MANIFEST_NAME, read_manifest
+from resumerge.store.manifestcheck import manifest_problem, read_facts
+from resumerge.store.outgone import refuse_gone
 
 
 @dataclass(frozen=True)
@@ -68,13 +72,19 @@ def verify_output(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[
     else:
         out = Path(out_dir)
         records, pending = _records(out, state_dir)
+        refuse_gone(out, len(records), state_dir)  # what resume and status say of a missing OUT, not N "missing"
         problems = check_many(out, ((name, size, sha) for name, (size, sha) in records.items()))
     damaged = [Damage(name, problem) for name in sorted(records) if (problem := problems[name])]
     total = sum(size for size, _ in records.values())
     formats = None
+    if not is_hub_target(out_dir):
+        facts = read_facts(run_dir(out_dir, state_dir) / LEDGER_NAME)
+        if facts is not None and facts.record.files and (problem := manifest_problem(Path(out_dir), facts)):
+            damaged.append(Damage(MANIFEST_NAME, problem))
     shards = [n for n in records if n.endswith(".safetensors")]
-    if not is_hub_target(out_dir) and not pending and all((Path(out_dir) / n).is_file() for n in shards):
+    if not is_hub_target(out_dir) and not pending and not damaged:
         # Every weight with its companions, as a reader finds them (a hub OUT's headers would cost a download).
+        # Only files whose checksums matched are read: a damaged one is reported as damaged, never parsed.
         recorded = read_formats(run_dir(out_dir, state_dir) / LEDGER_NAME)
         held, wrong = check_formats(Path(out_dir), shards, recorded)
         damaged += [Damage(name, problem) for name, problem in wrong]

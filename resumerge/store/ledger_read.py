@@ -144,6 +144,31 @@ def read_merge_record(path: Path) -> MergeRecord | None:
         return MergeRecord(run, file_rows(conn)) if run is not None else None
 
 
+@dataclass(frozen=True)
+class ManifestFacts:
+    """What OUT's manifest holds of a run, as the run's ledger records it (:mod:`resumerge.store.manifestcheck`
+    rebuilds the manifest from these): the record, the version that planned it, each shard's tensor count and
+    the plan's tensor count."""
+
+    record: MergeRecord
+    version: str
+    shard_tensors: dict[str, int]
+    tensors_total: int
+
+
+def read_manifest_facts(path: Path) -> ManifestFacts | None:
+    """The :class:`ManifestFacts` of the merge ledger at ``path``; None when it holds no run."""
+    with reading(path, "ledger") as conn:
+        run = run_row(conn)
+        if run is None:
+            return None
+        version = conn.execute("SELECT version FROM run WHERE id = 1").fetchone()[0]
+        counts = conn.execute("SELECT name, tensors FROM files WHERE kind = 'shard'").fetchall()
+        total = conn.execute("SELECT COUNT(*) FROM tensors").fetchone()[0]
+        return ManifestFacts(MergeRecord(run, file_rows(conn)), str(version),
+                             {str(r[0]): int(r[1] or 0) for r in counts}, int(total))
+
+
 def read_merge_status(path: Path) -> MergeStatusRows | None:
     """What ``status`` shows of the merge ledger at ``path``; None when it holds no run."""
     with reading(path, "ledger") as conn:

@@ -2,8 +2,9 @@
 
 It holds the config text, options, model directories, fingerprint parts, input identities, the planned file
 names, and the size and sha256 of every committed file. It is rewritten atomically after each commit, carries
-no timestamps (so a finished OUT is byte-identical whatever the interruptions), and is the only file resumerge
-trusts in OUT without a checksum of its own — every file it lists is re-hashed before being trusted.
+no timestamps (so a finished OUT is byte-identical whatever the interruptions), and has no checksum of its own:
+where the run's ledger is at hand it is judged by it (:mod:`resumerge.store.manifestcheck`), and without it
+every file it lists is re-hashed before being trusted.
 """
 
 from __future__ import annotations
@@ -73,35 +74,48 @@ def read_manifest(out_dir: Path) -> Manifest | None:
     return parse_manifest(path.read_bytes(), str(path))
 
 
+# What decoding bytes that are not a manifest this resumerge wrote raises (:func:`decode_manifest`).
+DECODE_ERRORS = (ValueError, KeyError, TypeError, AttributeError)
+
+
+def decode_manifest(data: bytes) -> Manifest:
+    """The manifest in ``data``; raises one of :data:`DECODE_ERRORS` (a UnicodeDecodeError is a ValueError) when
+    they are not a manifest this resumerge can read."""
+    doc = json.loads(data.decode("utf-8"))
+    if doc.get("format") != FORMAT:
+        raise ValueError(f"unknown manifest format {doc.get('format')!r}")
+    return Manifest(
+        version=str(doc["resumerge_version"]),
+        fingerprint=str(doc["fingerprint"]),
+        parts=dict(doc["parts"]),
+        inputs=dict(doc["inputs"]),
+        options=dict(doc["options"]),
+        model_dirs=dict(doc["model_dirs"]),
+        config_text=str(doc["config_text"]),
+        planned=tuple(doc["planned"]),
+        shard_sizes={str(k): int(v) for k, v in doc["shard_sizes"].items()},
+        shard_tensors={str(k): int(v) for k, v in doc["shard_tensors"].items()},
+        tensors_total=int(doc["tensors_total"]),
+        committed={str(k): dict(v) for k, v in doc["committed"].items()},
+        state=str(doc.get("state", "running")),
+    )
+
+
 def parse_manifest(data: bytes, where: str) -> Manifest:
     """Parse manifest bytes read from ``where`` (a path or a hub URL, for the message).
 
     Raises :class:`LedgerError` if they are not a manifest this resumerge can read.
     """
     try:
-        doc = json.loads(data.decode("utf-8"))
-        if doc.get("format") != FORMAT:
-            raise ValueError(f"unknown manifest format {doc.get('format')!r}")
-        return Manifest(
-            version=str(doc["resumerge_version"]),
-            fingerprint=str(doc["fingerprint"]),
-            parts=dict(doc["parts"]),
-            inputs=dict(doc["inputs"]),
-            options=dict(doc["options"]),
-            model_dirs=dict(doc["model_dirs"]),
-            config_text=str(doc["config_text"]),
-            planned=tuple(doc["planned"]),
-            shard_sizes={str(k): int(v) for k, v in doc["shard_sizes"].items()},
-            shard_tensors={str(k): int(v) for k, v in doc["shard_tensors"].items()},
-            tensors_total=int(doc["tensors_total"]),
-            committed={str(k): dict(v) for k, v in doc["committed"].items()},
-            state=str(doc.get("state", "running")),
-        )
-    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        return decode_manifest(data)
+    except DECODE_ERRORS as exc:
+        # Damage or another tool's file: either way it is the only record of the run where no ledger is at hand
+        # (where one is, the run rewrites it: resumerge.store.manifestcheck), and nothing it lists can be trusted.
         raise LedgerError(
-            f"the manifest {where} is unreadable ({exc})",
+            f"the manifest {where} is damaged or was not written by this resumerge ({exc})",
             path=where,
-            hint="it was not written by this resumerge; use a new output directory",
+            hint="without the run's ledger nothing in OUT can be checked: pass the --state-dir the run used if it "
+                 "is elsewhere, else merge into a new output directory",
         ) from None
 
 

@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.config.locations import RunLocations, resume_command
-from resumerge.errors import LedgerError, NothingRecordedError, OutputDirError
+from resumerge.config.locations import RunLocations
+from resumerge.errors import LedgerError, NothingRecordedError
 from resumerge.store.ledger_read import LEDGER_NAME as LEDGER_NAME
 from resumerge.store.ledger_read import read_merge_status
 from resumerge.store.manifest import MANIFEST_NAME
 from resumerge.store.nodestats import node_line
+from resumerge.store.outgone import refuse_gone
 from resumerge.store.planning import planning_since
 
 # The kind-specific keys of the JSON that the version before kinds' details printed for every run (null where they
@@ -177,22 +178,10 @@ def _planning(out_dir: str | os.PathLike[str], ledger: Path, rdir: Path, command
                         shards_total=0, shards_done=0, bytes_total=0, bytes_done=0, elapsed_seconds=elapsed)
 
 
-def moved_error(out: str | os.PathLike[str], committed: int, where: str) -> OutputDirError:
-    """A local OUT gone though the ledger records ``committed`` files committed there: the output was moved or
-    deleted (re-creating it would redo the whole merge in the wrong place). ``where`` resumes it at its new place."""
-    return OutputDirError(
-        f"{out} does not exist, though {committed} file(s) were committed there: the output may have moved",
-        path=str(out),
-        hint=f"resume it where it is now with {where}, or start over with resumerge run CONFIG {out} --restart",
-    )
-
-
 def _check_still_there(report: StatusReport, state_dir: str | os.PathLike[str] | None) -> None:
-    """Raise :func:`moved_error` when the ledger's story is about an OUT that is no longer there (status reported
-    the old state of files that do not exist)."""
-    committed = sum(1 for f in report.files if f.status == "done")
-    if committed and not Path(report.out_dir).exists():
-        raise moved_error(report.out_dir, committed, resume_command("NEW_PATH", state_dir))
+    """Refuse a ledger's story about an OUT that is no longer there (status reported the old state of files that
+    do not exist): :func:`~resumerge.store.outgone.refuse_gone`."""
+    refuse_gone(report.out_dir, sum(1 for f in report.files if f.status == "done"), state_dir)
 
 
 def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusReport | None:

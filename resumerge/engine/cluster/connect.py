@@ -19,7 +19,8 @@ from types import ModuleType
 
 from resumerge.errors import UnreachableError, UsageError
 
-INSTALL_HINT = "pip install 'resumerge[ray]'"
+# No package index has resumerge: the clone's extra, as the README says (``resumerge[ray]`` cannot be found).
+INSTALL_HINT = "pip install -c constraints.txt -e '.[ray]' in the resumerge clone, on every node"
 
 
 def require_ray() -> ModuleType:
