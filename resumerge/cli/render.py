@@ -43,7 +43,6 @@ from resumerge.memory.sizes import format_duration, format_size
 if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
     from resumerge.engine.costs import Estimate
     from resumerge.engine.traffic import Traffic
-    from resumerge.plan.merge_plan import Plan
     from resumerge.recipes.estimate import RecipeEstimate
     from resumerge.recipes.view import RecipeStatus
     from resumerge.store.integrity import VerifyReport
@@ -430,110 +429,26 @@ def show_estimate(result: Estimate | RecipeEstimate, stream: TextIO | None = Non
         show_plan(result, stream)
         return
     for stage in result.stages:
-        print(f"{stage.label}{' (final)' if stage.final else ''} -> {stage.out_dir}", file=stream or sys.stdout)
+        print(stage.heading, file=stream or sys.stdout)
         show_plan(stage.estimate, stream)
         print(file=stream or sys.stdout)
 
 
-def _tokenizer_origin(plan: Plan) -> str:
-    """Where the output's tokenizer comes from: a donor's copy, built by the plan (``tokenizer_source: union``,
-    ``tokenizer:``), or none at all (--no-copy-tokenizer)."""
-    if plan.tokenizer_donor is not None:
-        return f"tokenizer from {plan.tokenizer_donor}"
-    if plan.tokenizer_files:
-        return "tokenizer built from the inputs' tokenizers"
-    return "no tokenizer (--no-copy-tokenizer)"
+_LINE_STYLES = {"field": "bold", "note": "dim"}
+_VERDICT_STYLES = {"head": "", "fits": "bold green", "unfit": "bold red", "reason": ""}
 
 
 def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | None = None) -> None:
-    """Print the plan summary, its costs here and the verdict with its reasons."""
+    """Print the plan summary, its costs here and the verdict with its reasons
+    (:func:`~resumerge.engine.costs_text.estimate_lines`, the text an estimate shows in a notebook too)."""
+    from resumerge.engine.costs_text import estimate_lines  # torch via .bin inputs: not for status's rendering
+
     out = console(stream or sys.stdout, width=width)
-    plan, output, memory = estimate.plan, estimate.output, estimate.memory
-    out.print(Text(f"{plan.method}: {len(plan.tensors)} tensors, {plan.num_layers} layers, {len(plan.shards)} "
-                   f"shard(s); config from {plan.donor}, {_tokenizer_origin(plan)}"))
-    committed = f"; {format_size(output.committed_bytes)} already committed" if output.committed_bytes else ""
-    _field(out, "output", f"{format_size(output.total_bytes)} ({len(plan.shards)} shard(s), the largest "
-           f"{format_size(output.largest_shard_bytes)}){committed}" + (f" in {output.dir}" if output.dir else ""))
-    from resumerge.plan.roles import formats_line, formats_report, quantized
-
-    formats = formats_report(plan)
-    if quantized(formats):  # a plain merge's summary is unchanged
-        _field(out, "formats", formats_line(formats))
-    if plan.accounting is not None:
-        _field(out, "inputs", plan.accounting.summary())
-    for f in plan.filters:
-        _field(out, "filter", f"{f.yaml_path} {f.pattern!r}: {f.tensors} tensor(s)")
-    if estimate.shard_choice:
-        _field(out, "shards", f"up to {format_size(plan.options.out_shard_size)} each ({estimate.shard_choice})")
-    if output.staging_dir:
-        _field(out, "staging", f"{format_size(output.staging_bytes)} at a time in {output.staging_dir}")
-    if estimate.downloads:
-        cached = sum(d.cached_bytes + d.verify_bytes for d in estimate.downloads.values())
-        _field(out, "download", f"{format_size(estimate.download_bytes)} from the hub "
-               f"({format_size(cached)} already cached)")
-    else:
-        _field(out, "download", "nothing (local models)")
-    from resumerge.plan.fetching import fetch_summary  # torch (via .bin inputs): not for status's rendering
-
-    summary = fetch_summary(estimate.fetch)
-    if summary:
-        _field(out, "fetch", summary)
-    for c in estimate.fetch:
-        _field(out, "input", f"{c.model}/{c.file}: {c.how} {format_size(c.fetch_bytes)} of "
-               f"{format_size(c.size)} ({c.reason})")
-    _field(out, "memory", f"peak about {format_size(memory.peak_bytes)} ({format_size(memory.baseline_bytes)} "
-           f"process + {format_size(memory.working_set_bytes)} working set) under a {format_size(memory.budget)} "
-           f"budget ({memory.budget_source})" + (
-               f", {format_size(memory.counted_peak_bytes)} of it counted against the budget (mapped library files "
-               "are not)" if memory.peak_bytes > memory.budget >= memory.counted_peak_bytes else ""))
-    if estimate.time.prepass_seconds or memory.prepass_bytes:
-        when = "beside the merge" if memory.prepass_beside else "first"
-        _field(out, "pass", f"the prompt forward pass {when}, in a process of its own: about "
-               f"{format_duration(estimate.time.prepass_seconds)}, {format_size(memory.prepass_bytes)} in that process")
-    for disk in estimate.disks:
-        mark = "" if disk.fits else " -- too small"
-        _field(out, "disk", f"{' + '.join(disk.roles)}: needs {format_size(disk.needed_bytes)}, "
-               f"{format_size(disk.free_bytes)} free on {disk.path}{mark}")
-    if estimate.hf_output is not None:
-        _field(out, "hf://", estimate.hf_output.line())
-    _field(out, "time", _time_text(estimate))
-    if estimate.network is not None:
-        _field(out, "network", estimate.network.line())
-    if estimate.hub_commits is not None:
-        _field(out, "commits", f"about {estimate.hub_commits} into the repo, one per shard as it is uploaded, paced "
-               "under the hub's 128 an hour")
-    if estimate.session is not None:
-        _field(out, "sessions", estimate.session.line())
-    for note in (*plan.notes, *estimate.notes, *estimate.time.notes):
-        _field(out, "note", note, style="dim")
-    if estimate.fits:
-        out.print(Text("fits", style="bold green"))
-        return
-    out.print(Text("will not fit", style="bold red"))
-    for reason in estimate.reasons:
-        out.print(Text(f"  - {reason}"))
-
-
-def _time_text(estimate: Estimate) -> str:
-    t = estimate.time
-    compute = f"{format_duration(t.compute_seconds)} of compute" if t.compute else ""
-    if t.seconds is None:
-        return "unknown (disk speed not measured)" + (f"; {compute}" if compute else "")
-    rates = []
-    if t.read_bytes_per_s:
-        rates.append(f"read {format_size(t.read_bytes + t.verify_bytes + t.rehash_bytes)} at "
-                     f"{format_size(int(t.read_bytes_per_s))}/s")
-    if t.write_bytes_per_s:
-        rates.append(f"write {format_size(t.write_bytes)} at {format_size(int(t.write_bytes_per_s))}/s")
-    if not compute:
-        return f"about {format_duration(t.seconds)} of disk work: {', '.join(rates)}"
-    # With cores to spare compute and disk work overlap, so the total is not their sum: say both, and what bounds
-    # it; on a machine whose cores the engine's threads fill, they add up (see TimeEstimate).
-    disk = t.disk_seconds or 0.0
-    bound = "compute-bound" if t.compute_seconds > disk else "disk-bound"
-    joined = "plus (they share this machine's cores)" if t.shared_cores else "overlapped with"
-    return (f"about {format_duration(t.seconds)} ({bound}): {compute} {joined} {format_duration(disk)} of disk work "
-            f"({', '.join(rates)})")
+    for line in estimate_lines(estimate):
+        if line.label:
+            _field(out, line.label, line.text, style=_LINE_STYLES[line.kind])
+        else:
+            out.print(Text(line.plain(), style=_VERDICT_STYLES[line.kind]))
 
 
 def show_verify(report: VerifyReport, stream: TextIO | None = None) -> None:

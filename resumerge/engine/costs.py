@@ -340,6 +340,13 @@ class Estimate:
     shard_choice: str | None = None  # why the output shards have their size, when no --out-shard-size was given
     session: SessionPlan | None = None  # the merge in notebook sessions of a given length (plan --session)
 
+    def __repr__(self) -> str:
+        """The text ``resumerge plan`` prints (:func:`~resumerge.engine.costs_text.estimate_text`), not the whole
+        plan: a notebook cell ending in ``api.estimate(...)`` shows this."""
+        from resumerge.engine.costs_text import estimate_text
+
+        return estimate_text(self)
+
     @property
     def fits(self) -> bool:
         """True when nothing stands in the way (no reasons)."""

@@ -284,6 +284,13 @@ class Plan:
     filters: tuple[FilterMatch, ...] = field(default=(), compare=False, repr=False)
     accounting: Accounting | None = field(default=None, compare=False, repr=False)
 
+    def __repr__(self) -> str:
+        """The plan's short text (:func:`~resumerge.plan.summary.plan_text`), not every tensor's plan: a notebook
+        cell ending in ``api.plan_merge(...)`` shows this."""
+        from resumerge.plan.summary import plan_text
+
+        return plan_text(self)
+
     @property
     def total_bytes(self) -> int:
         """Bytes of all output shards together."""

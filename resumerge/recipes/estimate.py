@@ -40,6 +40,11 @@ class StageEstimate:
     final: bool
     estimate: Estimate
 
+    @property
+    def heading(self) -> str:
+        """``LABEL (final) -> OUT``: the line ``plan`` prints above the stage's estimate."""
+        return f"{self.label}{' (final)' if self.final else ''} -> {self.out_dir}"
+
 
 @dataclass(frozen=True)
 class RecipeEstimate:
@@ -48,6 +53,11 @@ class RecipeEstimate:
     stages: tuple[StageEstimate, ...]
     reasons: tuple[str, ...]
     fingerprint: str
+
+    def __repr__(self) -> str:
+        """What ``resumerge plan`` prints, stage by stage (each stage's estimate as its own text), not every
+        stage's whole plan."""
+        return "\n\n".join(f"{stage.heading}\n{stage.estimate!r}" for stage in self.stages)
 
     @property
     def fits(self) -> bool:
