@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import cli, digests, linear_config, write_config
@@ -88,7 +89,7 @@ FILES = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
          "mergekit_config.yml", MANIFEST_NAME)
 
 
-def _verify(out: Path, state: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, object]]:
+def _verify(out: Path, state: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
     capsys.readouterr()
     code = main(["verify", str(out), "--state-dir", str(state), "--json"])
     printed = capsys.readouterr().out
@@ -109,7 +110,7 @@ def test_verify_names_each_damaged_file_and_resume_repairs_it(
     DAMAGE[damage](out / name)
     code, report = _verify(out, state, capsys)
     assert code == EXIT_INTERRUPTED, report
-    assert [d["name"] for d in report["damaged"]] == [name]  # type: ignore[union-attr]
+    assert [d["name"] for d in report["damaged"]] == [name]
     assert main(["resume", str(out), "--state-dir", str(state), "--quiet"]) == 0
     assert digests(out) == ref.digests
     assert _verify(out, state, capsys)[0] == 0
@@ -123,7 +124,7 @@ def test_without_the_ledger_verify_names_the_damaged_file_from_the_manifest(
     DAMAGE[damage](out / name)
     code, report = _verify(out, state, capsys)
     assert code == EXIT_INTERRUPTED, report
-    assert [d["name"] for d in report["damaged"]] == [name]  # type: ignore[union-attr]
+    assert [d["name"] for d in report["damaged"]] == [name]
 
 
 @pytest.mark.parametrize("damage", ["truncated", "non-utf8"])
