@@ -14,8 +14,7 @@ from support import cli, linear_config, write_config
 from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
-from resumerge.engine.costs import MemoryEstimate
-from resumerge.engine.costs_text import memory_line
+from resumerge.engine.costs import MemoryEstimate, memory_line
 from resumerge.errors import EXIT_INVALID
 from resumerge.memory.sizes import format_size
 

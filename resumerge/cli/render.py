@@ -440,8 +440,8 @@ _VERDICT_STYLES = {"head": "", "fits": "bold green", "unfit": "bold red", "reaso
 
 def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | None = None) -> None:
     """Print the plan summary, its costs here and the verdict with its reasons
-    (:func:`~resumerge.engine.costs_text.estimate_lines`, the text an estimate shows in a notebook too)."""
-    from resumerge.engine.costs_text import estimate_lines  # torch via .bin inputs: not for status's rendering
+    (:func:`~resumerge.engine.costs.estimate_lines`, the text an estimate shows in a notebook too)."""
+    from resumerge.engine.costs import estimate_lines  # imported here: status's rendering never needs it
 
     out = console(stream or sys.stdout, width=width)
     for line in estimate_lines(estimate):

@@ -58,12 +58,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from resumerge.engine.hubdisk import HubDiskNeed
 from resumerge.engine.netestimate import NetworkEstimate
 from resumerge.engine.sessions import SessionPlan, hub_commits
 from resumerge.memory import format_size, smallest_budget_for
-from resumerge.plan.fetching import FileFetch
+from resumerge.memory.sizes import format_duration
+from resumerge.plan.fetching import FileFetch, fetch_summary
 from resumerge.plan.merge_plan import Plan
-from resumerge.plan.roles import formats_report
+from resumerge.plan.roles import formats_line, formats_report, quantized
 
 SCHEMA = 1
 FITS = "fits"
@@ -341,10 +343,8 @@ class Estimate:
     session: SessionPlan | None = None  # the merge in notebook sessions of a given length (plan --session)
 
     def __repr__(self) -> str:
-        """The text ``resumerge plan`` prints (:func:`~resumerge.engine.costs_text.estimate_text`), not the whole
-        plan: a notebook cell ending in ``api.estimate(...)`` shows this."""
-        from resumerge.engine.costs_text import estimate_text
-
+        """The text ``resumerge plan`` prints (:func:`estimate_text`), not the whole plan: a notebook cell ending
+        in ``api.estimate(...)`` showed 257 KB."""
         return estimate_text(self)
 
     @property
@@ -428,56 +428,133 @@ class Estimate:
         }
 
 
-# What a free Hugging Face account may keep in private repos, all of them together (since December 2024).
-FREE_PRIVATE_STORAGE = 100 * 10**9
-
-
-@dataclass(frozen=True)
-class HubDiskNeed:
-    """Local disk an ``hf://`` OUT needs: staged files wait there until their commit, so at most ``staging``
-    bytes (``--max-disk`` when given, else in the worst case the whole output, when uploads fall behind)."""
-
-    output_bytes: int
-    largest_file: int
-    max_disk: int | None
-
-    @property
-    def staging(self) -> int:
-        return self.max_disk if self.max_disk is not None else self.output_bytes
-
-    @property
-    def problem(self) -> str | None:
-        """Why ``max_disk`` cannot work, or None."""
-        if self.max_disk is not None and self.max_disk < self.largest_file:
-            return (f"--max-disk {format_size(self.max_disk)} is below the largest output shard "
-                    f"({format_size(self.largest_file)})")
-        return None
-
-    def line(self) -> str:
-        bound = f"--max-disk {format_size(self.max_disk)}" if self.max_disk is not None else "no --max-disk"
-        line = (f"with hf:// OUT: local disk for staged output at most {format_size(self.staging)} ({bound}; "
-                f"the smallest that works is {format_size(self.largest_file)}, one shard); the "
-                f"{format_size(self.output_bytes)} output goes to the repo")
-        if self.output_bytes > FREE_PRIVATE_STORAGE:
-            # The hub refuses it at the commit, after the upload (403 "Private repository storage limit reached").
-            line += (f"; private (the default) it exceeds a free account's {format_size(FREE_PRIVATE_STORAGE)} of "
-                     "private storage: pass --public, or check the account's storage")
-        return line
-
-    def to_json(self) -> dict[str, int | None]:
-        return {"output_bytes": self.output_bytes, "largest_file": self.largest_file, "max_disk": self.max_disk,
-                "staging_bytes": self.staging}
-
-
-def hub_disk_need(plan: Plan, max_disk: int | None) -> HubDiskNeed:
-    """The local disk merging ``plan`` into a hub repo needs, under ``max_disk``."""
-    sizes = [s.file_size for s in plan.shards]
-    return HubDiskNeed(sum(sizes), max(sizes, default=0), max_disk)
-
-
 def _seconds_text(seconds: float) -> str:
     if seconds < 90:
         return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+# -- the text ``plan`` prints (the CLI draws it with its styles; an Estimate shows it as its repr) -------------
+
+# What a line is, for the CLI's styles: the headline, a labelled fact, a labelled note, the verdict, a reason.
+HEAD, FIELD, NOTE, FITS, UNFIT, REASON = "head", "field", "note", "fits", "unfit", "reason"
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of the estimate's text: ``label`` (empty for the headline, the verdict and its reasons), ``text``
+    and its ``kind``."""
+
+    kind: str
+    text: str
+    label: str = ""
+
+    def plain(self) -> str:
+        """The line as plain text."""
+        if self.kind == REASON:
+            return f"  - {self.text}"
+        return f"{self.label:<13}{self.text}" if self.label else self.text
+
+
+def estimate_lines(estimate: Estimate) -> list[Line]:
+    """Every line of ``plan``'s text for ``estimate``, in order."""
+    plan, output, memory = estimate.plan, estimate.output, estimate.memory
+    lines = [Line(HEAD, plan.headline())]
+
+    def fact(label: str, text: str) -> None:
+        lines.append(Line(FIELD, text, label))
+
+    committed = f"; {format_size(output.committed_bytes)} already committed" if output.committed_bytes else ""
+    fact("output", f"{format_size(output.total_bytes)} ({len(plan.shards)} shard(s), the largest "
+         f"{format_size(output.largest_shard_bytes)}){committed}" + (f" in {output.dir}" if output.dir else ""))
+    formats = formats_report(plan)
+    if quantized(formats):  # a plain merge's summary is unchanged
+        fact("formats", formats_line(formats))
+    if plan.accounting is not None:
+        fact("inputs", plan.accounting.summary())
+    for f in plan.filters:
+        fact("filter", f"{f.yaml_path} {f.pattern!r}: {f.tensors} tensor(s)")
+    if estimate.shard_choice:
+        fact("shards", f"up to {format_size(plan.options.out_shard_size)} each ({estimate.shard_choice})")
+    if output.staging_dir:
+        fact("staging", f"{format_size(output.staging_bytes)} at a time in {output.staging_dir}")
+    if estimate.downloads:
+        cached = sum(d.cached_bytes + d.verify_bytes for d in estimate.downloads.values())
+        fact("download", f"{format_size(estimate.download_bytes)} from the hub ({format_size(cached)} already cached)")
+    else:
+        fact("download", "nothing (local models)")
+    summary = fetch_summary(estimate.fetch)
+    if summary:
+        fact("fetch", summary)
+    for c in estimate.fetch:
+        fact("input", f"{c.model}/{c.file}: {c.how} {format_size(c.fetch_bytes)} of {format_size(c.size)} "
+             f"({c.reason})")
+    fact("memory", memory_line(memory))
+    if estimate.time.prepass_seconds or memory.prepass_bytes:
+        when = "beside the merge" if memory.prepass_beside else "first"
+        fact("pass", f"the prompt forward pass {when}, in a process of its own: about "
+             f"{format_duration(estimate.time.prepass_seconds)}, {format_size(memory.prepass_bytes)} in that process")
+    for disk in estimate.disks:
+        mark = "" if disk.fits else " -- too small"
+        fact("disk", f"{' + '.join(disk.roles)}: needs {format_size(disk.needed_bytes)}, "
+             f"{format_size(disk.free_bytes)} free on {disk.path}{mark}")
+    if estimate.hf_output is not None:
+        fact("hf://", estimate.hf_output.line())
+    fact("time", time_text(estimate))
+    if estimate.network is not None:
+        fact("network", estimate.network.line())
+    if estimate.hub_commits is not None:
+        fact("commits", f"about {estimate.hub_commits} into the repo, one per shard as it is uploaded, paced under "
+             "the hub's 128 an hour")
+    if estimate.session is not None:
+        fact("sessions", estimate.session.line())
+    lines += [Line(NOTE, note, "note") for note in (*plan.notes, *estimate.notes, *estimate.time.notes)]
+    if estimate.fits:
+        return [*lines, Line(FITS, "fits")]
+    return [*lines, Line(UNFIT, "will not fit"), *(Line(REASON, reason) for reason in estimate.reasons)]
+
+
+def estimate_text(estimate: Estimate) -> str:
+    """``plan``'s text for ``estimate``, plain."""
+    return "\n".join(line.plain() for line in estimate_lines(estimate))
+
+
+def memory_line(memory: MemoryEstimate) -> str:
+    """``plan``'s memory line, in words that agree with its verdict (which compares the peak *as the budget counts
+    it* with the budget): a peak above the budget is never said to be "under" it — the part the budget counts is
+    named, within the budget or over it."""
+    peak = (f"peak about {format_size(memory.peak_bytes)} ({format_size(memory.baseline_bytes)} process + "
+            f"{format_size(memory.working_set_bytes)} working set)")
+    budget = f"the {format_size(memory.budget)} budget ({memory.budget_source})"
+    if memory.peak_bytes <= memory.budget:
+        return f"{peak} under a {format_size(memory.budget)} budget ({memory.budget_source})"
+    counted = format_size(memory.counted_peak_bytes)
+    if memory.counted_peak_bytes <= memory.budget:
+        return f"{peak}, of which {counted} counts against {budget}; mapped library files do not"
+    as_counted = f", {counted} as the budget counts it" if memory.counted_peak_bytes != memory.peak_bytes else ""
+    return f"{peak}{as_counted}: over {budget}"
+
+
+def time_text(estimate: Estimate) -> str:
+    """``plan``'s time line: the total, what bounds it, and the disk's rates."""
+    t = estimate.time
+    compute = f"{format_duration(t.compute_seconds)} of compute" if t.compute else ""
+    if t.seconds is None:
+        return "unknown (disk speed not measured)" + (f"; {compute}" if compute else "")
+    rates = []
+    if t.read_bytes_per_s:
+        rates.append(f"read {format_size(t.read_bytes + t.verify_bytes + t.rehash_bytes)} at "
+                     f"{format_size(int(t.read_bytes_per_s))}/s")
+    if t.write_bytes_per_s:
+        rates.append(f"write {format_size(t.write_bytes)} at {format_size(int(t.write_bytes_per_s))}/s")
+    if not compute:
+        return f"about {format_duration(t.seconds)} of disk work: {', '.join(rates)}"
+    # With cores to spare compute and disk work overlap, so the total is not their sum: say both, and what bounds
+    # it; on a machine whose cores the engine's threads fill, they add up (see TimeEstimate).
+    disk = t.disk_seconds or 0.0
+    bound = "compute-bound" if t.compute_seconds > disk else "disk-bound"
+    joined = "plus (they share this machine's cores)" if t.shared_cores else "overlapped with"
+    return (f"about {format_duration(t.seconds)} ({bound}): {compute} {joined} {format_duration(disk)} of disk work "
+            f"({', '.join(rates)})")

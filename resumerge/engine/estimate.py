@@ -29,11 +29,11 @@ from resumerge.engine.costs import (
     ModelDownload,
     OutputSize,
     TimeEstimate,
-    hub_disk_need,
 )
 from resumerge.engine.cpuprobe import probe_transfer_cost
 from resumerge.engine.estimate_memory import memory_estimate
 from resumerge.engine.executor import CONCURRENCY
+from resumerge.engine.hubdisk import hub_disk_need
 from resumerge.engine.inputfetch import plan_fetch
 from resumerge.engine.netestimate import MEASURED, Bandwidth, NetworkEstimate, measure_download
 from resumerge.engine.torchside import TorchHere, TorchProcess, TorchSide
@@ -252,7 +252,8 @@ def _committed_here(plan: Plan, out: Path | None, notes: list[str]) -> dict[str,
     try:
         manifest = read_manifest(out)
     except LedgerError as exc:
-        notes.append(f"{out} holds an unreadable manifest ({exc.one_line()}); run will refuse it")
+        notes.append(f"{out} holds an unreadable manifest ({exc.one_line()}); run rewrites it from the run's "
+                     "ledger, and refuses OUT without one")
         return {}
     if manifest is None:
         if any(out.iterdir()):

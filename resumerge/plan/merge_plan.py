@@ -20,6 +20,7 @@ from resumerge.config.yamldiff import config_changes
 from resumerge.errors import ResumergeError
 from resumerge.inputs.codecs import PLAIN, OutPart, TensorCodec
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, ShardLayout, layout_shard, numel
+from resumerge.memory.sizes import format_size
 from resumerge.methods.registry import MethodSpec, get_method
 from resumerge.plan.defaults import DEFAULT_SEED as DEFAULT_SEED
 from resumerge.plan.defaults import DEFAULT_SHARD_SIZE as DEFAULT_SHARD_SIZE
@@ -284,12 +285,20 @@ class Plan:
     filters: tuple[FilterMatch, ...] = field(default=(), compare=False, repr=False)
     accounting: Accounting | None = field(default=None, compare=False, repr=False)
 
-    def __repr__(self) -> str:
-        """The plan's short text (:func:`~resumerge.plan.summary.plan_text`), not every tensor's plan: a notebook
-        cell ending in ``api.plan_merge(...)`` shows this."""
-        from resumerge.plan.summary import plan_text
+    def headline(self) -> str:
+        """``linear: 39 tensors, 4 layers, 1 shard(s); config from A, tokenizer from A``: ``plan``'s first line."""
+        tokenizer = (f"tokenizer from {self.tokenizer_donor}" if self.tokenizer_donor is not None
+                     else "tokenizer built from the inputs' tokenizers" if self.tokenizer_files
+                     else "no tokenizer (--no-copy-tokenizer)")
+        return (f"{self.method}: {len(self.tensors)} tensors, {self.num_layers} layers, {len(self.shards)} "
+                f"shard(s); config from {self.donor}, {tokenizer}")
 
-        return plan_text(self)
+    def __repr__(self) -> str:
+        """The plan's short text, not every tensor's plan (255 KB in a notebook cell ending in ``plan_merge``)."""
+        facts = [("output", f"{format_size(self.total_bytes)} in {len(self.shards)} shard(s)"),
+                 *([("inputs", self.accounting.summary())] if self.accounting is not None else []),
+                 *(("note", note) for note in self.notes), ("fingerprint", self.fingerprint)]
+        return "\n".join([self.headline(), *(f"{label:<13}{text}" for label, text in facts)])
 
     @property
     def total_bytes(self) -> int:

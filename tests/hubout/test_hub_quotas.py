@@ -126,7 +126,7 @@ def test_a_recreated_repo_gets_its_uploads_once_more_without_xet(
 
 
 def test_plan_warns_when_a_private_output_exceeds_a_free_accounts_storage() -> None:
-    from resumerge.engine.costs import FREE_PRIVATE_STORAGE, HubDiskNeed
+    from resumerge.engine.hubdisk import FREE_PRIVATE_STORAGE, HubDiskNeed
 
     assert "--public" not in HubDiskNeed(FREE_PRIVATE_STORAGE, 5 * 10**9, None).line()
     line = HubDiskNeed(FREE_PRIVATE_STORAGE + 1, 5 * 10**9, None).line()
