@@ -82,7 +82,8 @@ def verify_output(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[
         if facts is not None and facts.record.files and (problem := manifest_problem(Path(out_dir), facts)):
             damaged.append(Damage(MANIFEST_NAME, problem))
     shards = [n for n in records if n.endswith(".safetensors")]
-    if not is_hub_target(out_dir) and not pending and not damaged:
+    read = {"config.json", *shards}
+    if not is_hub_target(out_dir) and not pending and not any(d.name in read for d in damaged):
         # Every weight with its companions, as a reader finds them (a hub OUT's headers would cost a download).
         # Only files whose checksums matched are read: a damaged one is reported as damaged, never parsed.
         recorded = read_formats(run_dir(out_dir, state_dir) / LEDGER_NAME)
