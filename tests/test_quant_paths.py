@@ -6,7 +6,10 @@ decoded independently."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from support import linear_config, write_config
 from test_quant_codecs import assert_same_bytes, merge, pair, stored_tensors
 
 from resumerge import api
+from resumerge.config.locations import run_dir
 from resumerge.config.merge_config import load_config_text
 from resumerge.engine.compute import compute_tensor
 from resumerge.inputs.catalog import open_inputs
@@ -29,6 +33,7 @@ from resumerge.methods.resources import NO_RESOURCES
 from resumerge.plan.merge_plan import PlanOptions
 from resumerge.plan.planner import build_plan
 from resumerge.plan.workunits import chunk_plan
+from resumerge.store.manifest import MANIFEST_NAME, decode_manifest
 
 pytest.importorskip("compressed_tensors")
 
@@ -148,5 +153,22 @@ def test_status_and_verify_count_roles_and_verify_names_a_weight_without_its_com
     del tensors[f"{lost}_scale_inv"]
     save_file(tensors, shard)
     damaged = {d.name: d.problem for d in api.verify(out, state_dir=state).damaged}
-    assert shard.name in damaged
+    # A file that fails its checksum is reported, never parsed (issue 60: verify crashed on a damaged config.json).
+    assert list(damaged) == [shard.name]
+    # Committed as it is now (as if the run had written it so): its checksum holds, and the loader's look names
+    # the weight left without its scale.
+    _recommit(out, state, shard.name)
+    damaged = {d.name: d.problem for d in api.verify(out, state_dir=state).damaged}
+    assert shard.name not in damaged
     assert "an fp8 weight without its scale" in damaged[lost] and f"{lost}_scale_inv" in damaged[lost]
+
+
+def _recommit(out: Path, state: Path, name: str) -> None:
+    """Record the bytes of OUT's ``name`` as committed, in the ledger and the manifest alike."""
+    data = (out / name).read_bytes()
+    size, sha = len(data), hashlib.sha256(data).hexdigest()
+    with sqlite3.connect(run_dir(out, state) / "ledger.db") as db:
+        db.execute("UPDATE files SET bytes = ?, sha256 = ? WHERE name = ?", (size, sha, name))
+    manifest = decode_manifest((out / MANIFEST_NAME).read_bytes())
+    committed = {**manifest.committed, name: {"bytes": size, "sha256": sha}}
+    (out / MANIFEST_NAME).write_bytes(replace(manifest, committed=committed).to_bytes())
