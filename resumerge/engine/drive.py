@@ -36,6 +36,7 @@ from resumerge.inputs.model import InputWatch
 from resumerge.inputs.source import InputSources
 from resumerge.memory import CudaProbe, MemoryGovernor, format_size, os_peak_rss
 from resumerge.plan.merge_plan import Plan
+from resumerge.plan.outguard import read_paths, refuse_out_over_inputs
 from resumerge.plan.prepared import Prepared
 from resumerge.plan.roles import formats_line, formats_report, quantized
 from resumerge.store.durable import is_temp_name
@@ -111,6 +112,8 @@ class RunSession:
         from resumerge.engine.devices import set_torch_threads
 
         plan, inputs, beside, settings = self.prepared.plan, self.prepared.inputs, self.prepared.beside, self.settings
+        if self.target.hub is None:  # OUT over an input: refused before OUT is looked at (a --restart deletes)
+            refuse_out_over_inputs(self.target.out, plan)
         set_torch_threads(settings.num_threads)
         governors = (make_governor(plan, settings.max_memory),
                      gpu_governor(plan, plan.options.device, settings.max_gpu_memory))
@@ -257,7 +260,8 @@ def _make_sink(plan: Plan, out: Path, rdir: Path, staging: Staging, notes: list[
     if hub_out is not None:
         return hub_out.sink(plan, rdir, planned_files(plan), max_disk, should_stop, tell)
     stage_dir = _staging_dir(staging, plan, out, rdir, notes)
-    return LocalDirSink(out) if stage_dir is None else StagedDirSink(out, stage_dir)
+    reads = read_paths(plan)  # never deleted nor replaced, whatever the run decides
+    return LocalDirSink(out, reads=reads) if stage_dir is None else StagedDirSink(out, stage_dir, reads=reads)
 
 
 def _telling(reporter: Reporter, ledger: Ledger) -> Callable[[str], None]:

@@ -31,6 +31,7 @@ from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import TensorEntry
 from resumerge.plan.merge_plan import Plan, PlanOptions, fingerprinted
 from resumerge.plan.outconfig import render_config
+from resumerge.plan.outguard import model_places, refuse_out_over
 from resumerge.plan.planner import build_plan
 from resumerge.recipes.recipe import Recipe, Stage, near_stage_name, stage_errors
 
@@ -133,8 +134,8 @@ def plan_recipe(
 
     ``model_dirs`` are the input directories recorded by an earlier run (a resume pins the same hub commits).
     ``out_dir`` may be an ``hf://`` target: the final stage then writes there (see :attr:`RecipePlan.target`).
-    Raises :class:`UsageError` when an output dir overlaps OUT, and the planner's errors (exit 2) prefixed with
-    the stage (``[stage NAME] slices[0].sources[1].layer_range``).
+    Raises :class:`UsageError` when an output dir overlaps OUT or holds an input, and the planner's errors (exit 2)
+    prefixed with the stage (``[stage NAME] slices[0].sources[1].layer_range``).
     """
     target = parse_hub_target(str(out_dir)).url if is_hub_target(out_dir) else None
     out = Path(target) if target is not None else Path(out_dir).absolute()
@@ -167,6 +168,10 @@ def plan_recipe(
             virtual[stage.name] = stage_output_input(stage.name, plan, sp.out_dir)
     union.models.update(opened)
     stages = tuple(planned[s.key] for s in recipe.stages)
+    for sp in stages:  # no stage writes where the recipe reads (its own stages' outputs aside: planned, not read)
+        if not (sp.final and target is not None):
+            refuse_out_over(sp.out_dir, model_places(union.models),
+                            what="OUT" if sp.final else f"the output of {sp.stage.label} ({sp.out_dir})")
     body = [[sp.stage.key, sp.plan.fingerprint, sp.final] for sp in stages]
     fingerprint = hashlib.sha256(json.dumps(body, separators=(",", ":")).encode()).hexdigest()
     return RecipePlan(recipe, stages, union, out, intermediate_dir, options, fingerprint, target)

@@ -48,6 +48,7 @@ from resumerge.errors import (
 from resumerge.inputs.catalog import fetch_inputs
 from resumerge.outputs.aux import aux_files
 from resumerge.plan.merge_plan import PlanOptions, describe_changes, fingerprint_parts
+from resumerge.plan.outguard import model_places, overlap
 from resumerge.plan.prepared import Prepared
 from resumerge.recipes.hub import RecipeHub, open_recipe_hub
 from resumerge.recipes.ledger import open_recipe_ledger
@@ -350,6 +351,10 @@ class _Runner:
         current = {str(sp.out_dir) for sp in self.rplan.stages}
         for entry in self.previous.stages:
             if entry.out_dir not in current and not entry.final:
+                if overlap(entry.out_dir, model_places(self.rplan.inputs.models)) is not None:
+                    # The new recipe reads it by its path: an input now, never deleted.
+                    self.ledger.event("restart", f"kept the output of the dropped {entry.label}: the recipe reads it")
+                    continue
                 discard_stage_output(Path(entry.out_dir), (), self.settings.state_dir)
                 self.ledger.event("restart", f"deleted the output of the dropped {entry.label}")
 

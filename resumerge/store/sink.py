@@ -17,6 +17,7 @@ on local disk, copy to OUT, read back and compare, rename — for Drive and othe
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from concurrent import futures
@@ -24,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
+from resumerge.errors import UsageError
 from resumerge.store.checksums import check_many
 from resumerge.store.durable import fsync_dir, publish, publish_copy, temp_path, write_file_atomic
 
@@ -150,10 +152,16 @@ class OutputSink(ABC):
 
 
 class LocalDirSink(OutputSink):
-    """OUT is a directory on a local filesystem: temp file beside the final one, rename, fsync the directory."""
+    """OUT is a directory on a local filesystem: temp file beside the final one, rename, fsync the directory.
 
-    def __init__(self, out_dir: Path) -> None:
+    ``reads`` are the real paths of the files the run reads (its inputs): whatever decided it (``--restart``,
+    reconcile, a publish), the sink never deletes or replaces one of them; it raises :class:`UsageError` instead.
+    The planner refuses an OUT over an input first (:func:`resumerge.plan.outguard.refuse_out_over_inputs`): this is
+    the second line, at the only place OUT's files are removed or replaced."""
+
+    def __init__(self, out_dir: Path, *, reads: frozenset[str] = frozenset()) -> None:
         self.out_dir = out_dir
+        self.reads = reads
 
     def where(self, name: str) -> Path:
         return self.out_dir / name
@@ -162,10 +170,12 @@ class LocalDirSink(OutputSink):
         return temp_path(self.out_dir / name)
 
     def publish(self, temp: Path, name: str, sha256: str) -> Receipt:
+        self._spare_inputs([name])
         publish(temp, self.out_dir / name)
         return Receipt.committed(name)
 
     def replace_small(self, name: str, data: bytes) -> None:
+        self._spare_inputs([name])
         write_file_atomic(self.out_dir / name, data)
 
     def check(self, files: Iterable[tuple[str, int, str]]) -> Mapping[str, str | None]:
@@ -175,6 +185,8 @@ class LocalDirSink(OutputSink):
         return sorted(p.name for p in self.out_dir.iterdir() if p.is_file() and not p.is_symlink())
 
     def delete(self, names: Iterable[str]) -> None:
+        names = list(names)
+        self._spare_inputs(names)  # all checked before the first is deleted
         removed = False
         for name in names:
             path = self.out_dir / name
@@ -184,18 +196,30 @@ class LocalDirSink(OutputSink):
         if removed:
             fsync_dir(self.out_dir)
 
+    def _spare_inputs(self, names: Iterable[str]) -> None:
+        """Raise UsageError (exit 2) when one of ``names`` in OUT is a file the run reads."""
+        if not self.reads:
+            return
+        for name in names:
+            path = self.out_dir / name
+            if os.path.realpath(path) in self.reads:
+                raise UsageError(f"{path} is a file this run reads as an input: resumerge never deletes or "
+                                 "overwrites an input", path=str(path),
+                                 hint="write the output to a new folder outside the inputs' folders")
+
 
 class StagedDirSink(LocalDirSink):
     """OUT is on a remote filesystem (Drive, NFS, other FUSE mounts): files are written and fsynced on local disk
     under ``staging``, then copied to OUT, read back, compared with the hash of what was written, and renamed."""
 
-    def __init__(self, out_dir: Path, staging: Path) -> None:
-        super().__init__(out_dir)
+    def __init__(self, out_dir: Path, staging: Path, *, reads: frozenset[str] = frozenset()) -> None:
+        super().__init__(out_dir, reads=reads)
         self.staging = staging
 
     def temp_for(self, name: str) -> Path:
         return self.staging / temp_path(self.out_dir / name).name
 
     def publish(self, temp: Path, name: str, sha256: str) -> Receipt:
+        self._spare_inputs([name])
         publish_copy(temp, self.out_dir / name, sha256)
         return Receipt.committed(name)
