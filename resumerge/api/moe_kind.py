@@ -14,6 +14,8 @@ from resumerge.api.runkind import Call, Driving, PathLike, resume_journaled
 from resumerge.config.settings import RunSettings
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from resumerge.config.locations import RunLocations
     from resumerge.engine.costs import Estimate
     from resumerge.engine.drive import Outcome
@@ -57,7 +59,8 @@ class MoeKind:
         config = _config(call)
         with started_early(config.gate_mode, call.settings.state_dir) as early:
             target = Target.open(call.out, call.settings)
-            prepared = _prepare(config, call.options, call.settings, driving.reporter, early=early)
+            prepared = _prepare(config, call.options, call.settings, driving.reporter, early=early,
+                                out=target.out if target.hub is None else None)
             return run_plan(prepared, call.text, target, call.settings, restart=driving.restart,
                             reporter=driving.reporter, should_stop=driving.should_stop)
 
@@ -124,11 +127,13 @@ def _config(call: Call) -> MoeConfig:
 
 
 def _prepare(config: MoeConfig, options: PlanOptions, settings: RunSettings, reporter: Reporter | None,
-             model_dirs: Mapping[str, str] | None = None, *, early: PassProcess | None = None) -> Prepared:
+             model_dirs: Mapping[str, str] | None = None, *, early: PassProcess | None = None,
+             out: Path | None = None) -> Prepared:
     """The planner (:mod:`resumerge.moe`), which starts the hidden-state modes' prompt pass: beside the merge in
     ``early``, the process the caller started (and stops), where the budget allows; else it is done here."""
     from resumerge.engine.drive import hub_progress
     from resumerge.moe.prepare import prepare_moe
 
     return replace(prepare_moe(config, options, settings, model_dirs=model_dirs, early=early,
-                               on_progress=hub_progress(reporter), beside=early is not None), kind=MoeKind.name)
+                               on_progress=hub_progress(reporter), beside=early is not None, out=out),
+                   kind=MoeKind.name)

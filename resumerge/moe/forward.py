@@ -27,12 +27,13 @@ import json
 import mmap
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from resumerge.config.moe_state import LAYER_PREFIX, ROUTERS_NAME
+from resumerge.errors import InputError
 from resumerge.inputs.codecs import CODECS, StoredFormats
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, TensorEntry, numel
@@ -72,29 +73,73 @@ def base_formats(tensors: Mapping[str, Location], config: Mapping[str, Any], whe
     return CODECS.recognise(config, stored, where=str(where))
 
 
+@dataclass(frozen=True)
+class Ready:
+    """What the pass's checks built: transformers, the base's config as it reads it, the base's modules without
+    weights, and every gated expert's encoded prompt sets."""
+
+    transformers: Any
+    config: Any
+    model: Any
+    sets: ExpertSets
+
+
+def pass_checks(directory: Path, tokenizer_dir: Path, mode: str,
+                prompts: Sequence[tuple[Sequence[str], Sequence[str] | None]]) -> Ready:
+    """Every check of the pass before its first weight, which ``plan`` makes too: transformers imports, reads the
+    base's config.json and builds its modules (without weights), loads its tokenizer and encodes the prompts.
+    ``plan``'s probe of the pass and the run's pass both call this one function (:mod:`.passmain`), and the run
+    waits for it before the merge writes anything, so what ``plan`` refuses here ``run`` refuses before its first
+    weight (raises InputError subclasses)."""
+    from resumerge.moe.prompts import encode, load_tokenizer
+
+    transformers = require_transformers(mode)
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(directory))
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    except (OSError, ValueError, KeyError) as exc:  # an architecture this transformers does not know
+        raise InputError(f"transformers {transformers.__version__} cannot build the base model from {directory}: "
+                         f"{exc}", yaml_path="base_model",
+                         hint=f"the {mode} gate mode runs the base in transformers: pip install -U transformers, or "
+                              "use gate_mode cheap_embed or random") from None
+    tokenizer = load_tokenizer(tokenizer_dir, mode)
+    sets = [(encode(tokenizer, positive), encode(tokenizer, negative) if negative else None)
+            for positive, negative in prompts]
+    return Ready(transformers, config, model, sets)
+
+
 def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path, *, share: int | None = None,
-                   counted_elsewhere: int = 0, run_pid: int | None = None) -> Path:
+                   counted_elsewhere: int = 0, run_pid: int | None = None, ready: Ready | None = None,
+                   on_checked: Callable[[], None] | None = None) -> Path:
     """Compute (or find, when an earlier run finished it) the routers of every layer into ``workdir`` and return
     the file: tensor ``layers.<i>`` of shape (gated experts, hidden), bfloat16.
 
     ``share`` is the memory budget this process may hold (counted as the governor counts it): a pass whose
     largest layer cannot fit is refused before any weight is read (UsageError naming the smallest budget; the
     run's process holds ``counted_elsewhere`` more). ``run_pid`` is the run's process, the one a kill test kills.
+    ``ready`` is what :func:`pass_checks` built (None: built here); ``on_checked`` is called once every check is
+    made, before the first weight is read (the run's merge waits for it).
     """
     done = workdir / ROUTERS_NAME
     if done.is_file():
         return done
     workdir.mkdir(parents=True, exist_ok=True)
-    transformers = require_transformers(mode)
-    config = transformers.AutoConfig.from_pretrained(str(weights.directory))
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    if ready is None:
+        transformers = require_transformers(mode)
+        config = transformers.AutoConfig.from_pretrained(str(weights.directory))
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    else:
+        transformers, config, model = ready.transformers, ready.config, ready.model
     inner = model.base_model
     rotary = type(inner.rotary_emb)(config=config)  # its buffers are computed, not read: build them for real
     formats = base_formats(weights.tensors, json.loads((weights.directory / "config.json").read_text()),
                            weights.directory)
     if share is not None:
         _check_share(formats, int(config.num_hidden_layers), share, counted_elsewhere)
+    if on_checked is not None:
+        on_checked()
     reader = _CastReader(weights, formats)
     try:
         flat = [s for pair in sets for s in pair if s is not None]

@@ -11,10 +11,12 @@ before its own imports and planning, which then overlap these), then reads one j
 ``encode``
     tokenise every gated expert's prompt sets (``cheap_embed``); the answer carries them.
 ``probe``
-    load the pass's code and build the base's modules without weights; the answer is what that holds and took
-    (``plan``'s estimate of the pass).
+    make the pass's checks (:func:`resumerge.moe.forward.pass_checks`: its code loaded, the base's modules built
+    without weights, the tokenizer loaded, the prompts encoded); the answer is what that holds and took (``plan``'s
+    estimate of the pass).
 ``routers``
-    tokenise, then run the hidden-state forward pass one decoder layer at a time
+    make the same checks and the memory share's, say so (:data:`~resumerge.moe.passproc.CHECKED_LINE`: the run's
+    merge waits for it), then run the hidden-state forward pass one decoder layer at a time
     (:func:`resumerge.moe.forward.hidden_routers`) into ``WORKDIR``, under the memory share it was given.
 
 The answer is one JSON line on stdout: ``{"ok": ...}``, or ``{"error": ...}`` for a :class:`ResumergeError`,
@@ -34,10 +36,12 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from resumerge.errors import ResumergeError
+from resumerge.moe.passproc import CHECKED_LINE
 
 # Seconds between two looks at the parent, where the kernel cannot be asked to signal its death.
 _WATCH_SECONDS = 0.5
@@ -62,20 +66,24 @@ def follow_parent(parent: int) -> None:
     threading.Thread(target=watch, name="follow-parent", daemon=True).start()
 
 
-def answer(job: dict[str, Any], workdir: Path) -> dict[str, Any]:
-    """Do ``job`` and return what the parent needs back."""
+def answer(job: dict[str, Any], workdir: Path, checked: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """Do ``job`` and return what the parent needs back; ``checked`` is called once the pass (a ``routers`` job)
+    has made every check it makes before its first weight."""
     from resumerge.moe.prompts import encode, load_tokenizer
 
     mode = job["mode"]
-    if job["job"] == "probe":
-        return _probe(mode, Path(job["weights_dir"]))
-    tokenizer = load_tokenizer(Path(job["tokenizer_dir"]), mode)
-    sets = [(encode(tokenizer, positive), encode(tokenizer, negative) if negative else None)
-            for positive, negative in job["prompts"]]
     if job["job"] == "encode":
-        return {"encoded": sets}
+        tokenizer = load_tokenizer(Path(job["tokenizer_dir"]), mode)
+        return {"encoded": [(encode(tokenizer, positive), encode(tokenizer, negative) if negative else None)
+                            for positive, negative in job["prompts"]]}
+    from resumerge.moe.forward import Weights, hidden_routers, pass_checks
+
+    # plan's probe and the run's pass make the same checks, through the same function.
+    ready = pass_checks(Path(job["weights_dir"]), Path(job.get("tokenizer_dir", job["weights_dir"])), mode,
+                        job.get("prompts", ()))
+    if job["job"] == "probe":
+        return _probe()
     from resumerge.memory.allocator import tune_allocator
-    from resumerge.moe.forward import Weights, hidden_routers
 
     # As in the run's process: each layer's freed weights go back to the OS at once instead of staying in a heap
     # whose thresholds glibc raised, so this process holds what its share counts (one layer), not two. This
@@ -89,30 +97,30 @@ def answer(job: dict[str, Any], workdir: Path) -> dict[str, Any]:
     weights = Weights(directory=Path(job["weights_dir"]),
                       tensors={name: (f, s, e, d, tuple(shape)) for name, (f, s, e, d, shape)
                                in job["tensors"].items()})
-    hidden_routers(weights, mode, sets, workdir, share=job.get("share"), counted_elsewhere=job.get("parent_bytes", 0),
-                   run_pid=int(job["parent"]))
+    hidden_routers(weights, mode, ready.sets, workdir, share=job.get("share"),
+                   counted_elsewhere=job.get("parent_bytes", 0), run_pid=int(job["parent"]), ready=ready,
+                   on_checked=checked)
     return {"routers": str(workdir)}
 
 
-def _probe(mode: str, directory: Path) -> dict[str, Any]:
-    """What this process holds and how long it took to get there (wall and CPU seconds) once the pass's code is
-    loaded, the base's modules are built without weights and its tokenizer is loaded (``plan``'s estimate of the
-    pass)."""
+def _probe() -> dict[str, Any]:
+    """What this process holds and how long it took to get there (wall and CPU seconds) once the pass's checks
+    are made: its code loaded, the base's modules built without weights, its tokenizer loaded and the prompts
+    encoded (``plan``'s estimate of the pass)."""
     import psutil
-    import torch
 
     from resumerge.memory import SystemProbe
-    from resumerge.moe.prompts import load_tokenizer, require_transformers
 
-    transformers = require_transformers(mode)
-    config = transformers.AutoConfig.from_pretrained(str(directory))
-    with torch.device("meta"):
-        transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    load_tokenizer(directory, mode)  # the pass loads it too: 0.3 s of its CPU on the bench's Llama
     process = psutil.Process()
     cpu = process.cpu_times()
     return {"counted": SystemProbe().rss(), "rss": int(process.memory_info().rss),
             "seconds": time.time() - process.create_time(), "cpu_seconds": cpu.user + cpu.system}
+
+
+def _say_checked() -> None:
+    """Tell the run's process that the pass made its checks (:data:`~resumerge.moe.passproc.CHECKED_LINE`)."""
+    sys.stdout.write(CHECKED_LINE + "\n")
+    sys.stdout.flush()
 
 
 def _error_doc(error: ResumergeError) -> dict[str, Any]:
@@ -141,7 +149,7 @@ def main() -> int:
         return 0
     job = json.loads(text)
     try:
-        result: dict[str, Any] = {"ok": answer(job, Path(job["workdir"]))}
+        result: dict[str, Any] = {"ok": answer(job, Path(job["workdir"]), _say_checked)}
     except ResumergeError as exc:
         result = {"error": _error_doc(exc)}
     except KeyboardInterrupt:  # Ctrl-C reaches the run's process too, which says it was interrupted

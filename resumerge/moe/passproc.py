@@ -13,6 +13,7 @@ child before it imports torch itself.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -33,6 +34,9 @@ from resumerge.errors import InputError, ResumergeError
 from resumerge.inputs.files import TOKENIZER_FILES
 
 HIDDEN_MODES = frozenset({"hidden", "hidden_avg", "hidden_last"})
+# The line the pass's process writes once it has made every check it makes before its first weight (then the run's
+# merge starts: see PassProcess.checked).
+CHECKED_LINE = '{"checked": true}'
 # resumerge is on no package index: its extra installs only from a clone or a wheel, transformers from anywhere.
 INSTALL_HINT = "pip install transformers (the moe extra: pip install -e '.[moe]' in a clone)"
 
@@ -151,6 +155,8 @@ class PassProcess:
                                        stderr=subprocess.PIPE, text=True)
         self._streams: tuple[str, str] = ("", "")
         self._reader: threading.Thread | None = None
+        self._checked = threading.Event()  # set when the child says it made its checks, or when it ends
+        self._said_checked = False
 
     def send(self, job: dict[str, Any], workdir: Path) -> None:
         """Give the child its ``job``, working in ``workdir``."""
@@ -159,10 +165,55 @@ class PassProcess:
         self._reader.start()
 
     def _read(self, job: str) -> None:
+        """Hand the child ``job`` and read what it writes until it ends: its answer, and on the way the line saying
+        it made its checks. As ``communicate`` does, the job is written and stderr read on threads of their own, so
+        that no pipe fills while another waits."""
+        child, err = self._child, [""]
+        stdin, stdout, stderr = child.stdin, child.stdout, child.stderr
+        assert stdin is not None and stdout is not None and stderr is not None
+
+        def write() -> None:
+            with contextlib.suppress(OSError, ValueError):  # the child died before it read its job: its status tells
+                stdin.write(job)
+                stdin.close()
+
+        def drain() -> None:
+            with contextlib.suppress(OSError, ValueError):
+                err[0] = stderr.read()
+
+        helpers = [threading.Thread(target=work, name=f"resumerge-prompt-pass-{work.__name__}", daemon=True)
+                   for work in (write, drain)]
+        for helper in helpers:
+            helper.start()
+        lines: list[str] = []
         try:
-            self._streams = self._child.communicate(job)
+            for line in stdout:
+                if line.strip() == CHECKED_LINE:
+                    self._said_checked = True
+                    self._checked.set()
+                else:
+                    lines.append(line)
         except (OSError, ValueError):  # killed meanwhile: the answer is the exit status
-            self._child.wait()
+            pass
+        finally:
+            child.wait()
+            for helper in helpers:
+                helper.join()
+            for stream in (stdin, stdout, stderr):
+                with contextlib.suppress(OSError, ValueError):
+                    stream.close()
+            self._streams = ("".join(lines), err[0])
+            self._checked.set()
+
+    def checked(self) -> None:
+        """Wait until the child has made every check its job makes before its first weight
+        (:func:`resumerge.moe.forward.pass_checks` and its memory share); raises its error when one failed (it has
+        ended then). A run's merge starts only after this: ``run`` refuses before its first weight what ``plan``
+        refuses."""
+        assert self._reader is not None, "no job was sent"
+        self._checked.wait()
+        if not self._said_checked:
+            self.result()  # ended without passing them: its error (or its answer: nothing was left to do)
 
     def running(self) -> bool:
         """Whether the child has its job and has not answered yet."""

@@ -35,6 +35,7 @@ from resumerge.moe.planner import build_moe_plan
 from resumerge.moe.routers import Encoded, RouterSources
 from resumerge.plan.inputrefs import read_value, tensor_ref
 from resumerge.plan.merge_plan import PlanOptions
+from resumerge.plan.outguard import refuse_out_over_inputs
 from resumerge.plan.prepared import Prepared
 from resumerge.torch_import import torch
 
@@ -44,7 +45,8 @@ if TYPE_CHECKING:
 
 def prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings, *,
                 model_dirs: Mapping[str, str] | None = None, on_progress: ProgressCallback | None = None,
-                forward: bool = True, beside: bool = False, early: PassProcess | None = None) -> Prepared:
+                forward: bool = True, beside: bool = False, early: PassProcess | None = None,
+                out: Path | None = None) -> Prepared:
     """The plan of ``config`` with its opened inputs, the run's :class:`~resumerge.moe.routers.RouterSources` (in its
     resources) and the prompt forward pass of the hidden-state gate modes when it runs beside the merge. No weight is
     read, except by that pass, which starts (or is found finished in the state dir) only when ``forward`` and after
@@ -52,7 +54,8 @@ def prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings, 
     ``beside`` (the caller hands the pass to the engine and stops it when the run ends) the pass runs beside the merge
     where the budget holds both; otherwise this waits for it. It runs in ``early`` when the caller started its process
     already (:func:`~resumerge.moe.passproc.started_early`). A hub base model's weights are downloaded into the cache
-    for it, within ``settings.max_disk``. Raises ``InputError`` subclasses."""
+    for it, within ``settings.max_disk``. ``out`` (a local OUT) is refused before the pass when it is, or holds, an
+    input (:func:`~resumerge.plan.outguard.refuse_out_over_inputs`). Raises ``InputError`` subclasses."""
     inputs = open_inputs(config.as_merge_config(), model_dirs=model_dirs, state_dir=settings.state_dir,
                          cache_dir=settings.cache_dir, on_progress=on_progress)
     encoded = key = None
@@ -61,6 +64,8 @@ def prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings, 
     if config.gate_mode in HIDDEN_MODES:
         key = _key(config, inputs.models[config.base_model.key])
     plan = build_moe_plan(config, inputs.models, options, encoded=encoded, routers_key=key)  # every check
+    if out is not None:  # before the pass reads a weight (the session checks it again)
+        refuse_out_over_inputs(out, plan)
     card = config.as_merge_config()  # the model card lists the models as a models: merge lists them
     plan = replace(plan, card_config=card, card_method=CARD_METHOD)
     if config.gate_mode == "cheap_embed" and forward and config.base_model.key not in inputs.hub:
@@ -164,6 +169,8 @@ def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, provided: RouterSo
     running = HiddenPass(key, workdir, layers, provided, process, share)
     if share is None:
         running.routers()  # the merge waits for it
+    else:  # the merge starts once the pass has made plan's checks: what plan refuses, run refuses before a weight
+        process.checked()
     return running
 
 

@@ -35,6 +35,8 @@ class PassOnAThread:
         self._thread: threading.Thread | None = None
         self._answer: dict[str, Any] | None = None
         self._error: BaseException | None = None
+        self._checked = threading.Event()  # set when the job made its checks, or ended
+        self._said_checked = False
 
     def send(self, job: dict[str, Any], workdir: Path) -> None:
         """Start ``job`` as the process would read it: JSON, with its workdir and the run's process id. Its share
@@ -50,10 +52,22 @@ class PassOnAThread:
         self._thread.start()
 
     def _run(self, doc: dict[str, Any]) -> None:
+        def checked() -> None:
+            self._said_checked = True
+            self._checked.set()
+
         try:
-            self._answer = passmain.answer(doc, Path(doc["workdir"]))
+            self._answer = passmain.answer(doc, Path(doc["workdir"]), checked)
         except BaseException as exc:  # raised again by result(), as the process's would be
             self._error = exc
+        finally:
+            self._checked.set()
+
+    def checked(self) -> None:
+        """Wait until the job made its checks; raises its error when one failed."""
+        self._checked.wait()
+        if not self._said_checked:
+            self.result()
 
     def running(self) -> bool:
         """Whether the job was sent and has not ended."""

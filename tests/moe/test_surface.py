@@ -4,16 +4,19 @@ missing optional dependency of the prompt gate modes as one exit-2 line; mergeki
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from resumerge import api
 from resumerge.config.locations import state_root
-from resumerge.errors import UsageError, exit_code_for
+from resumerge.errors import InterruptedMerge, ModelInputError, UsageError, exit_code_for
 from resumerge.memory.sizes import parse_size
+from resumerge.moe import forward
 from tests.moe.models import llamas, write
 from tests.moe.passthread import passes_on_a_thread
 from tests.support import cli
@@ -149,21 +152,59 @@ def test_a_transformers_that_cannot_import_is_named_before_anything_is_written(t
     assert not (tmp_path / "out").exists()
 
 
-def test_an_input_error_after_the_first_commit_is_not_exit_2(tmp_path: Path) -> None:
-    # Exit 2 promises that nothing was written. The forward pass runs beside the merge and its routers are the last
-    # shard, so a transformers that fails to import (its requirements met, so not refused up front) stopped the
-    # run with exit 2 after the other shards were committed; now it is exit 3 with the resume command.
+def _broken_transformers(tmp_path: Path) -> dict[str, str]:
+    """An environment whose transformers fails to import with its requirements met (not refused up front)."""
     blocker = tmp_path / "broken-transformers" / "transformers"
     blocker.mkdir(parents=True)
     (blocker / "__init__.py").write_text("raise ImportError('partially initialized module')\n")
-    env = {"PYTHONPATH": os.pathsep.join([str(blocker.parent), os.environ.get("PYTHONPATH", "")])}
+    return {"PYTHONPATH": os.pathsep.join([str(blocker.parent), os.environ.get("PYTHONPATH", "")])}
+
+
+def _unreadable_tokenizer(config: Path) -> None:
+    """The base's tokenizer.json made one the tokenizers library cannot read (it raises a bare Exception)."""
+    base = Path(yaml.safe_load(config.read_text())["base_model"])
+    doc = json.loads((base / "tokenizer.json").read_text())
+    doc["model"]["type"] = "NoSuchModel"
+    (base / "tokenizer.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize(("fault", "line"), [
+    ("transformers", "error: gate_mode: gate_mode hidden needs transformers, and the installed one fails to import: "
+                     "ImportError: partially initialized module — pip install -U transformers"),
+    ("tokenizer", "error: base_model: cannot load the base model's tokenizer from "),
+])
+def test_run_refuses_before_its_first_weight_what_plan_refuses(tmp_path: Path, fault: str, line: str) -> None:
+    # plan's probe of the forward pass and the run's pass make their checks through one function (pass_checks), and
+    # the run's merge starts once its pass has made them. plan refused these (exit 2, or 1 for the tokenizer) while
+    # run failed from the pass beside the merge after the other shards were committed (exit 3, "finish it with
+    # resume", which failed the same way): a transformers that fails to import with its requirements met, and a
+    # base tokenizer that transformers cannot load (transformers 5's on transformers 4: tests/hub/
+    # test_transformers4_stack.py).
+    config, out, state = _config(tmp_path, "hidden"), tmp_path / "out", tmp_path / "state"
+    env = _broken_transformers(tmp_path) if fault == "transformers" else None
+    if fault == "tokenizer":
+        _unreadable_tokenizer(config)
+    planned = cli("plan", config, out, "--state-dir", state, "--probe-size", "0", env=env)
+    ran = cli("run", config, out, "--state-dir", state, "--out-shard-size", "30k", env=env)
+    assert (planned.returncode, ran.returncode) == (2, 2), (planned.stderr, ran.stderr)
+    assert line in planned.stderr and ran.stderr.startswith(line) and ran.stderr.count("\n") == 1, ran.stderr
+    assert not out.exists()
+
+
+def test_an_input_error_after_the_first_commit_is_not_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Exit 2 promises that nothing was written. The pass runs beside the merge once it has made its checks, and its
+    # routers are the last shard: an input error the pass meets after its checks (here, reading the base's first
+    # weight) comes once the other shards are committed, and is exit 3 with the resume command.
+    def unreadable(*args: object) -> None:
+        raise ModelInputError("the base's weights cannot be read", path="base")
+
+    monkeypatch.setattr(forward, "_CastReader", unreadable)
     out = tmp_path / "out"
-    done = cli("run", _config(tmp_path, "hidden"), out, "--state-dir", tmp_path / "state", "--out-shard-size", "30k",
-               env=env)
-    assert done.returncode == 3, done.stderr
-    assert "the merge stopped: gate_mode: gate_mode hidden needs transformers, and the installed one fails to " \
-           "import: ImportError: partially initialized module" in done.stderr
-    assert f"finish it with: resumerge resume {out}" in done.stderr
+    with passes_on_a_thread(), pytest.raises(InterruptedMerge) as stopped:
+        api.run(_config(tmp_path, "hidden"), out, state_dir=tmp_path / "state", out_shard_size="30k")
+    assert exit_code_for(stopped.value) == 3
+    assert stopped.value.message == "the merge stopped: base: the base's weights cannot be read"
+    assert stopped.value.resume_command.startswith(f"resumerge resume {out}")
     assert list(out.glob("model-*.safetensors"))
 
 
