@@ -44,7 +44,7 @@ from resumerge.methods.registry import MethodSpec
 from resumerge.outputs.aux import aux_files, render_aux
 from resumerge.plan.fetching import STREAM, FileFetch
 from resumerge.plan.merge_plan import Plan, PlanOptions, TensorPlan
-from resumerge.plan.outguard import refuse_out_over_inputs
+from resumerge.plan.outguard import refuse_out_over_inputs, refuse_state_in_out
 from resumerge.plan.prepared import Prepared
 from resumerge.plan.workorder import compute_order
 from resumerge.store.diskprobe import (
@@ -161,8 +161,9 @@ def estimate(
     state_dir, max_disk, workers = settings.state_dir, settings.max_disk, CONCURRENCY
     notes: list[str] = []
     out = Path(os.path.abspath(out_dir)) if out_dir is not None else None
-    if out is not None:  # run's own refusal (exit 2), before anything is measured
+    if out is not None:  # run's own refusals (exit 2), before anything is measured
         refuse_out_over_inputs(out, plan)
+        refuse_state_in_out(out, state_dir)
     committed = _committed_here(plan, out, notes)
     pending = [s for s in plan.shards if s.name not in committed]
     torch_side = torch_side or TorchHere()

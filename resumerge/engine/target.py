@@ -18,6 +18,7 @@ from resumerge.config.locations import RunLocations
 from resumerge.config.settings import RunSettings
 from resumerge.engine.hubout import HubOutput, open_hub_output
 from resumerge.engine.outdir import check_out_dir, check_out_path
+from resumerge.plan.outguard import refuse_state_in_out
 from resumerge.store.manifest import Manifest
 from resumerge.store.manifestcheck import manifest_or_ledger
 
@@ -50,6 +51,7 @@ class Target:
             hub = open_hub_output(str(out_dir), state_dir=settings.state_dir, options=settings.output,
                                   deferred=True)
             return cls(Path(hub.url), command or where.resume_command, where, hub)
+        refuse_state_in_out(out_dir, settings.state_dir)  # before the planning mark writes there
         return cls(Path(out_dir).absolute(), command or where.resume_command, where, tolerate=tolerate)
 
     @classmethod

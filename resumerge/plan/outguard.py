@@ -14,6 +14,10 @@ outside OUT, so neither reaches the input's files.
 
 :func:`read_paths` gives the real paths of the files a plan reads, for the deletions' own guard: a sink never
 deletes or replaces one of them, whatever decided it (:class:`~resumerge.store.sink.LocalDirSink`).
+
+:func:`refuse_state_in_out` refuses a state dir that is OUT or lies inside it (the ledger would be OUT's first
+file). A state dir inside an input's folder is left alone: what resumerge writes there (``<run>-<hash>/``, the hub
+records) is named unlike any model file, and nothing an input is read from is listed recursively.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
+from resumerge.config.locations import default_state_root, state_root
 from resumerge.errors import UsageError
 from resumerge.inputs.model import ModelInput
 from resumerge.plan.merge_plan import Plan
@@ -59,6 +64,20 @@ def overlap(out: str | os.PathLike[str], places: Iterable[Place], *, what: str =
                 return (f"{what} holds {name} of the input {key} ({folder}), which this run reads: writing there "
                         "would overwrite (and --restart delete) it")
     return None
+
+
+def refuse_state_in_out(out: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None, *,
+                        what: str = "OUT") -> None:
+    """Raise :class:`UsageError` (exit 2) when the state dir in force (``state_dir``, else the environment's or
+    the default) is ``out`` or lies inside it: the run's ledger would be the first thing in OUT, which then holds
+    files that are not the merge's (a new OUT was refused as "not written by resumerge", exit 4)."""
+    real_out, root = os.path.realpath(out), state_root(state_dir)
+    real = os.path.realpath(root)
+    if real == real_out or _inside(real, real_out):
+        where = "is" if real == real_out else "is inside"
+        raise UsageError(f"the state dir {root} {where} {what}: resumerge keeps each run's ledger there, and {what} "
+                         "holds only the output's files", path=str(out),
+                         hint=f"pass a --state-dir outside {what} (or none: the default is {default_state_root()})")
 
 
 def read_paths(plan: Plan) -> frozenset[str]:

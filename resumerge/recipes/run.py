@@ -48,7 +48,7 @@ from resumerge.errors import (
 from resumerge.inputs.catalog import fetch_inputs
 from resumerge.outputs.aux import aux_files
 from resumerge.plan.merge_plan import PlanOptions, describe_changes, fingerprint_parts
-from resumerge.plan.outguard import model_places, overlap
+from resumerge.plan.outguard import model_places, overlap, refuse_state_in_out
 from resumerge.plan.prepared import Prepared
 from resumerge.recipes.hub import RecipeHub, open_recipe_hub
 from resumerge.recipes.ledger import open_recipe_ledger
@@ -140,6 +140,8 @@ def run_recipe(
     state_dir = settings.state_dir
     hub = open_recipe_hub(str(out_dir), settings) if is_hub_target(out_dir) else None
     out: str | Path = hub.url if hub else Path(out_dir).absolute()
+    if isinstance(out, Path):
+        refuse_state_in_out(out, state_dir)
     previous = _recorded(out, state_dir, hub)
     if intermediate_dir is not None:
         inter = Path(intermediate_dir).absolute()
@@ -305,6 +307,8 @@ class _Runner:
         for sp in self.rplan.stages:
             where = self.rplan.out_of(sp)
             if isinstance(where, Path):  # a repo OUT was checked when it was opened
+                refuse_state_in_out(where, self.settings.state_dir,
+                                    what="OUT" if sp.final else f"the output of {sp.stage.label}")
                 check_out_dir(where, tolerate=_tolerated(sp))
             else:
                 check_max_disk(sp.plan, self.settings.max_disk)
