@@ -7,11 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import ModelFactory
-from support import linear_config, write_config
+from support import cli, linear_config, write_config
 
 from resumerge.cli.commands import main
-from resumerge.config.locations import resume_command, run_dir, state_root
+from resumerge.config.locations import default_state_root, resume_command, run_dir, state_root
 
 
 @pytest.fixture
@@ -86,3 +87,23 @@ def test_a_state_dir_that_cannot_be_written_is_refused_by_plan_and_run(
     assert main(["run", str(cfg), str(out), "--state-dir", str(state), "--quiet"]) == 2
     assert "use a writable local state dir (--state-dir DIR or RESUMERGE_STATE_DIR)" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_a_state_dir_in_out_is_refused_saying_so(tmp_path: Path, make: ModelFactory, inside: bool) -> None:
+    """A state dir inside a new OUT, or OUT itself: "OUT is not empty and was not written by resumerge" (exit 4),
+    for a folder that did not exist (the run's planning mark had just made it). Refused (exit 2) by run, plan and
+    a recipe before anything is written, saying what is wrong."""
+    a, b = make("a", seed=1), make("b", seed=2)
+    cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
+    recipe = tmp_path / "r.yml"
+    recipe.write_text(yaml.safe_dump_all([{"name": "first", **linear_config(a, b)}, linear_config(Path("first"), a)]))
+    out = tmp_path / "out"
+    state = out / "state" if inside else out
+    said = f"the state dir {state} {'is inside' if inside else 'is'} OUT: resumerge keeps each run's ledger there"
+    for args in (("run", cfg), ("plan", cfg, "--probe-size", "0"), ("run", recipe)):
+        done = cli(*args[:2], out, "--state-dir", state, *args[2:])
+        assert done.returncode == 2 and said in done.stderr, (args, done.stderr)
+        assert f"pass a --state-dir outside OUT (or none: the default is {default_state_root()})" in done.stderr
+        assert args[0] == "plan" or done.stderr.count("\n") == 1, done.stderr
+        assert not out.exists()
