@@ -11,6 +11,7 @@ when pip cannot reach a package index.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -100,3 +101,29 @@ def test_hidden_gates_on_transformers_4_give_the_same_bytes(tmp_path: Path, stac
     on_4_files, here_files = digests(tmp_path / "on-4"), digests(tmp_path / "here")
     assert on_4_files.pop("resumerge-manifest.json") != here_files.pop("resumerge-manifest.json")
     assert on_4_files == here_files and any(name.endswith(".safetensors") for name in here_files)
+
+
+@pytest.mark.slow
+def test_a_base_tokenizer_saved_by_transformers_5_is_refused_by_run_as_by_plan(tmp_path: Path,
+                                                                             stack_env: dict[str, str]) -> None:
+    # transformers 5 saves tokenizer_class TokenizersBackend, which 4.x lacks: plan refused the hidden gates (exit
+    # 2) while run failed at 88 % (exit 3, a shard committed, "finish it with resume", which failed the same way).
+    # Both now make the pass's checks through one function, run before its first weight, and the hint names the fix.
+    m = llamas(tmp_path / "models", layers=3)
+    settings = json.loads((m[0] / "tokenizer_config.json").read_text())
+    (m[0] / "tokenizer_config.json").write_text(json.dumps({**settings, "tokenizer_class": "TokenizersBackend"}))
+    config = tmp_path / "moe.yml"
+    config.write_text(yaml.safe_dump({
+        "base_model": str(m[0]), "gate_mode": "hidden",
+        "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab ab", "cd"]},
+                    {"source_model": str(m[2]), "positive_prompts": ["ef gh ij"]}]}))
+    out, state = tmp_path / "out", tmp_path / "state"
+    planned = cli("plan", config, out, "--state-dir", state, "--probe-size", "0", env=stack_env)
+    ran = cli("run", config, out, "--state-dir", state, "--out-shard-size", "30k", env=stack_env)
+    assert (planned.returncode, ran.returncode) == (2, 2), (planned.stderr, ran.stderr)
+    said = (f"error: base_model: cannot load the base model's tokenizer from {m[0]}: Tokenizer class "
+            "TokenizersBackend does not exist or is not currently imported. — its tokenizer_config.json names "
+            "tokenizer_class TokenizersBackend, which transformers 4.57.6 does not have (transformers 5 saved it: "
+            "pip install -U 'transformers>=5')")
+    assert said in planned.stderr and ran.stderr.startswith(said) and ran.stderr.count("\n") == 1, ran.stderr
+    assert not out.exists()
