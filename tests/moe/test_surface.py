@@ -175,11 +175,11 @@ def _unreadable_tokenizer(config: Path) -> None:
 ])
 def test_run_refuses_before_its_first_weight_what_plan_refuses(tmp_path: Path, fault: str, line: str) -> None:
     # plan's probe of the forward pass and the run's pass make their checks through one function (pass_checks), and
-    # the run's merge starts once its pass has made them. plan refused these (exit 2, or 1 for the tokenizer) while
-    # run failed from the pass beside the merge after the other shards were committed (exit 3, "finish it with
-    # resume", which failed the same way): a transformers that fails to import with its requirements met, and a
-    # base tokenizer that transformers cannot load (transformers 5's on transformers 4: tests/hub/
-    # test_transformers4_stack.py).
+    # the run's merge starts once its pass has made them. A transformers that fails to import with its requirements
+    # met: plan refused it (exit 2) while run failed from the pass beside the merge after the other shards were
+    # committed (exit 3, "finish it with resume", which failed the same way). A base tokenizer.json the tokenizers
+    # library cannot read: "the prompt forward pass failed (exit 1): Exception: ..." from both, run's after its
+    # shards. (transformers 5's tokenizer on transformers 4: tests/hub/test_transformers4_stack.py.)
     config, out, state = _config(tmp_path, "hidden"), tmp_path / "out", tmp_path / "state"
     env = _broken_transformers(tmp_path) if fault == "transformers" else None
     if fault == "tokenizer":
