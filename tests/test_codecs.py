@@ -19,7 +19,7 @@ import torch
 from conftest import ModelFactory
 from safetensors.torch import load_file
 from support import linear_config, write_config
-from toycodec import SCALES_FILE, TOY, RowScaledInt8, quantize
+from toycodec import SCALES_FILE, TOY, WITH_TOY, RowScaledInt8, assert_same_results, quantize, twins
 
 from resumerge.config.merge_config import load_config_text
 from resumerge.config.settings import RunSettings
@@ -28,7 +28,7 @@ from resumerge.engine.session import run_plan
 from resumerge.engine.target import Target
 from resumerge.errors import ModelInputError
 from resumerge.inputs.catalog import open_inputs
-from resumerge.inputs.codecs import MAIN, PLAIN, Claim, CodecTable, Role
+from resumerge.inputs.codecs import CODECS, MAIN, PLAIN, Claim, CodecTable, Role
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.safetensors_format import TensorEntry
 from resumerge.inputs.source import InputSources
@@ -108,6 +108,26 @@ def test_the_codec_is_part_of_the_plan_s_identity_and_plain_adds_nothing(tmp_pat
     (tmp_path / "p").mkdir()
     assert plan_for(tmp_path / "p", linear_config(c, d), TOY)[0].fingerprint == plan_for(
         tmp_path / "p", linear_config(c, d), CodecTable())[0].fingerprint
+
+
+def test_a_quant_method_is_decoded_by_the_format_that_claims_it_and_refused_where_none_does(
+        tmp_path: Path, make: ModelFactory) -> None:
+    # The default table refuses the toy method before any header is judged (no format claims it); the same table
+    # with the toy format beside block FP8, compressed-tensors and MXFP4 decodes it, those formats never asked
+    # about a method they do not claim (before, the first quantized format refused it as unknown).
+    twins(make("b", seed=2), tmp_path / "codes", tmp_path / "values")
+    a = make("a", seed=1)
+    with pytest.raises(ModelInputError, match=r"unknown quantization method 'toy-int8' in config.json, which "
+                                              r"resumerge cannot decode \(it decodes fp8, compressed-tensors and "
+                                              r"mxfp4\)"):
+        plan_for(tmp_path, linear_config(a, tmp_path / "codes"), CODECS)
+    assert WITH_TOY.methods == ("fp8", "compressed-tensors", "mxfp4", "toy-int8")
+    with pytest.raises(ModelInputError, match=r"\(it decodes toy-int8\)"):
+        TOY.recognise({"quantization_config": {"quant_method": "fp8"}}, _stored(w="F8_E4M3"))
+    codes, _ = plan_for(tmp_path, linear_config(a, tmp_path / "codes"), WITH_TOY)
+    values, _ = plan_for(tmp_path, linear_config(a, tmp_path / "values"), WITH_TOY)
+    assert {ref.codec for tp in codes.tensors.values() for ref in tp.inputs} == {PLAIN, RowScaledInt8()}
+    assert_same_results(codes, values)
 
 
 def test_a_format_s_claims_are_checked_against_the_headers(tmp_path: Path, make: ModelFactory) -> None:

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from resumerge.engine.compute import compute_tensor
-from resumerge.inputs.codecs import MAIN, Claim, CodecTable, OutPart, TensorCodec
+from resumerge.inputs.codecs import CODECS, MAIN, Claim, CodecTable, OutPart, TensorCodec
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.source import InputSources
 from resumerge.methods.resources import NO_RESOURCES
@@ -29,6 +29,7 @@ class RowScaledInt8(TensorCodec):
     """``quant_method: toy-int8``: every I8 tensor ``X`` has ``X_scale`` (F32, one per row); value = code * scale."""
 
     name: ClassVar[str] = "toy-int8"
+    claims: ClassVar[tuple[str, ...]] = ("toy-int8",)
 
     @classmethod
     def recognise(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource]) -> tuple[Claim, ...]:
@@ -52,6 +53,8 @@ class RowScaledInt8(TensorCodec):
 
 
 TOY = CodecTable((RowScaledInt8,))
+# Every format a run decodes by default, and the toy one beside them: what a notebook hands a run to add a format.
+WITH_TOY = CodecTable((*CODECS.formats, RowScaledInt8))
 
 
 def quantize(directory: Path) -> dict[str, torch.Tensor]:

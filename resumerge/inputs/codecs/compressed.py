@@ -38,6 +38,7 @@ class CompressedTensorsCodec(TensorCodec):
     """
 
     name: ClassVar[str] = "compressed-tensors"
+    claims: ClassVar[tuple[str, ...]] = ("compressed-tensors",)
     kind: str
     bits: int
     block: tuple[int, int]

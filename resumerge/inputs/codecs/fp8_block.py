@@ -25,6 +25,7 @@ class BlockFp8Codec(TensorCodec):
     ``[experts, rows, cols]`` weight with ``[experts, grid rows, grid cols]`` scales (its rows are experts)."""
 
     name: ClassVar[str] = "fp8-block"
+    claims: ClassVar[tuple[str, ...]] = ("fp8",)
     block: tuple[int, int]
     scale_fmt: str = "float"
     scale_dtype: str = "F32"

@@ -24,6 +24,7 @@ class Mxfp4Codec(TensorCodec):
     G]``, valued ``[experts, G · 32, out]`` in float32. Its rows are experts, whole in every part."""
 
     name: ClassVar[str] = "mxfp4"
+    claims: ClassVar[tuple[str, ...]] = ("mxfp4",)
 
     @classmethod
     def recognise(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource]) -> tuple[Claim, ...]:

@@ -77,6 +77,11 @@ class TensorCodec(ABC):
     fingerprints and reports."""
 
     name: ClassVar[str]
+    # The ``quant_method`` values (lowercase) of ``config.json``'s ``quantization_config`` this format decodes: a
+    # table asks a format about a model only when the model has no ``quant_method`` or one the format claims, and
+    # refuses a model whose ``quant_method`` no format of the table claims (see
+    # :meth:`~resumerge.inputs.codecs.table.CodecTable.recognise`).
+    claims: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     @abstractmethod

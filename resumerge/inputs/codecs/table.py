@@ -18,6 +18,7 @@ from resumerge.inputs.codecs.mxfp4 import Mxfp4Codec
 from resumerge.inputs.codecs.plain import PLAIN
 from resumerge.inputs.codecs.protocol import MAIN, Claim, Role, TensorCodec
 from resumerge.inputs.files import TensorSource
+from resumerge.inputs.quant.refusals import refuse_method
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class CodecTable:
         roles = dict.fromkeys(tensors, Role.OTHER)
         owner: dict[str, str] = {}
         shared: dict[object, Any] = {}
-        for fmt in self.formats:
+        for fmt in self.asked(config, tensors, where):
             try:
                 found = fmt.recognise_among(config, tensors, shared)
             except ModelInputError as exc:
@@ -96,6 +97,26 @@ class CodecTable:
                 raise ModelInputError(f"{name} is a stored tensor of its own, not one of its {claim.codec.name} parts",
                                       path=where, tensor=name)
         return StoredFormats(tensors, claims, roles)
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """Every ``quant_method`` a format of this table claims, in the table's order."""
+        return tuple(dict.fromkeys(method for fmt in self.formats for method in fmt.claims))
+
+    def asked(self, config: Mapping[str, Any], tensors: Mapping[str, TensorSource],
+              where: str = "") -> tuple[type[TensorCodec], ...]:
+        """The formats asked about a model whose ``config.json`` is ``config``: every one when it names no
+        ``quant_method`` (each may still find its own telltales, or refuse another format's), else those that
+        claim its method. Raises the one-line refusal (exit 2) for a ``quantization_config`` whose method no
+        format of this table claims, before any format reads a header."""
+        quantization = config.get("quantization_config")
+        if not quantization:
+            return self.formats
+        method = str(quantization.get("quant_method", "") if isinstance(quantization, Mapping) else "").lower()
+        asked = tuple(fmt for fmt in self.formats if method and method in fmt.claims)
+        if not asked:
+            raise refuse_method(method or "(none)", tensors, where, self.methods)
+        return asked
 
 
 # The formats every run recognises: block FP8, compressed-tensors and MXFP4 (each refuses, for all of them, a

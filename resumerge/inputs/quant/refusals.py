@@ -78,14 +78,16 @@ def telltale(names: Iterable[str], endings: tuple[str, ...]) -> str | None:
     return min((name for name in names if name.endswith(endings) or any(e in name for e in inner)), default=None)
 
 
-def refuse_method(method: str, headers: HeaderMap, source: str) -> ModelInputError:
-    """The refusal for ``quant_method`` ``method``: a known unsupported format, or an unknown method."""
+def refuse_method(method: str, headers: Iterable[str], source: str,
+                  decoded: tuple[str, ...] = DECODED_METHODS) -> ModelInputError:
+    """The refusal for ``quant_method`` ``method`` (of a model whose stored tensors are named ``headers``): a known
+    unsupported format, or an unknown method; ``decoded`` lists the methods the run decodes."""
     label, tool, fragments = KNOWN.get(method.lower(), (None, "", ()))
-    tensor = telltale(headers, fragments) or (min(headers) if headers else "(no tensors)")
+    tensor = telltale(headers, fragments) or min(headers, default="(no tensors)")
     if label is None:
+        listed = f"{', '.join(decoded[:-1])} and {decoded[-1]}" if len(decoded) > 1 else "".join(decoded) or "none"
         return refuse(source, f"unknown quantization method {method!r} in config.json, which resumerge cannot "
-                              f"decode (it decodes {', '.join(DECODED_METHODS[:-1])} and {DECODED_METHODS[-1]})",
-                      tensor)
+                              f"decode (it decodes {listed})", tensor)
     return refuse(source, f"quantized with {label}, which resumerge cannot decode", tensor,
                   f"{_DEQUANTIZE} ({tool})")
 
