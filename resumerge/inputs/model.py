@@ -52,6 +52,9 @@ class ModelInput:
     # The stored formats of its tensors once recognised (then ``tensors`` holds logical tensors: see
     # recognised); None: as opened, every tensor stored plainly under its own name.
     formats: StoredFormats | None = None
+    # The GGUF file (in ``directory``) the model was read from, or None: its config and tokenizer come from the
+    # file's metadata, not from files beside it.
+    gguf: str | None = None
 
     def recognised(self, codecs: CodecTable, *, seen: Iterable[ModelInput] = ()) -> ModelInput:
         """This model as the planner sees it: ``tensors`` its logical tensors under ``codecs``' formats, companions
@@ -100,6 +103,8 @@ def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = N
             yaml_path=yaml_path,
             hint="merge the adapter into its base first (PEFT merge_and_unload) and reference that folder",
         )
+    if Path(ref.path).suffix == ".gguf":  # a GGUF file: a resume records its folder
+        return _open_gguf(ref, (directory / Path(ref.path).name if directory else Path(ref.path)).absolute())
     directory = (directory or Path(ref.path)).absolute()
     if directory.is_file():  # a model's weights file named instead of its folder
         raise ModelInputError(
@@ -143,6 +148,19 @@ def _folder_of(path: str) -> str:
     ``./x``)."""
     parent = os.path.dirname(path.rstrip("/"))
     return parent or "."
+
+
+def _open_gguf(ref: ModelRef, path: Path) -> ModelInput:
+    """The GGUF file at ``path`` (or the split set it starts) as a model input: its folder is the model's
+    directory, its files the model's files, its config and tokenizer rebuilt from its metadata."""
+    from resumerge.inputs.gguf.model import open_gguf
+
+    if not path.is_file():
+        raise ModelInputError(f"model {str(path)!r} not found: no such GGUF file", hint="check the path")
+    found = open_gguf(path)
+    files = tuple(InputFile(name, header.file_size, file_identity(path.with_name(name), header.raw))
+                  for name, header in found.headers)
+    return ModelInput(ref, path.parent, found.config, found.tensors, files, gguf=path.name)
 
 
 def _read_config(directory: Path, yaml_path: str) -> Mapping[str, Any]:

@@ -437,7 +437,8 @@ def out_format(tp: TensorPlan, *, dequantize: bool) -> TensorPlan:
 
 def _stored_codec(inputs: Sequence[InputRef], base_index: int | None, *, dequantize: bool) -> TensorCodec:
     """The format an output tensor of ``inputs`` is stored in (see :func:`out_format`)."""
-    return PLAIN if dequantize else inputs[base_index if base_index is not None else 0].codec
+    codec = inputs[base_index if base_index is not None else 0].codec
+    return PLAIN if dequantize or not codec.writes else codec
 
 
 def _copied(tp: TensorPlan) -> TensorPlan:

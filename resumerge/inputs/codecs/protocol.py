@@ -133,6 +133,17 @@ class TensorCodec(ABC):
         (the block would get two scales, and the second chunk's would overwrite the first's). 1 by default."""
         return 1
 
+    @property
+    def read_block(self) -> int:
+        """Value rows a decode needs together (a GGUF q/k head, whose rows are interleaved): every row chunk of a
+        tensor read in this format, but its last, is a multiple of it. 1 by default."""
+        return 1
+
+    @property
+    def writes(self) -> bool:
+        """Whether an output tensor may be stored in this format (an input-only format's outputs are plain)."""
+        return True
+
     def carries(self, part: str) -> bool:
         """Whether companion ``part`` is carried beside the value rather than used to decode it or computed by
         :meth:`encode` (a static activation's ``input_scale``, calibrated on activations, not weights): an output

@@ -18,6 +18,7 @@ from resumerge.inputs.codecs.mxfp4 import Mxfp4Codec
 from resumerge.inputs.codecs.plain import PLAIN
 from resumerge.inputs.codecs.protocol import MAIN, Claim, Role, TensorCodec
 from resumerge.inputs.files import TensorSource
+from resumerge.inputs.gguf.codec import GgufCodec
 from resumerge.inputs.quant.refusals import refuse_method
 
 
@@ -120,5 +121,5 @@ class CodecTable:
 
 
 # The formats every run recognises: block FP8, compressed-tensors and MXFP4 (each refuses, for all of them, a
-# checkpoint quantized in a format resumerge cannot decode).
-CODECS = CodecTable((BlockFp8Codec, CompressedTensorsCodec, Mxfp4Codec))
+# checkpoint quantized in a format resumerge cannot decode), and GGUF files (inputs/gguf).
+CODECS = CodecTable((BlockFp8Codec, CompressedTensorsCodec, Mxfp4Codec, GgufCodec))

@@ -1,0 +1,107 @@
+"""The GGUF input codec: each tensor of a GGUF model decoded to float32 by gguf-py, in Hugging Face's values.
+
+It claims every tensor of a model :mod:`.model` opened (``quant_method: gguf`` in its synthesized config), decodes
+a row chunk with ``gguf.quants.dequantize`` (blocks never cross rows) and applies the family's transform: llama's
+q/k rows un-permuted per head (a chunk is whole heads: :attr:`GgufCodec.read_block`), gemma's norms −1. It is an
+input format only: an output tensor of a GGUF base is stored plainly (:attr:`GgufCodec.writes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from resumerge.errors import ModelInputError
+from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, TensorCodec
+from resumerge.inputs.gguf.model import METHOD, PLAIN_TYPES, gguf_module
+from resumerge.inputs.gguf.names import NORM_MINUS_ONE, UNPERMUTE_Q, transform
+
+if TYPE_CHECKING:
+    from resumerge.inputs.files import TensorSource
+    from resumerge.torch_import import torch
+
+
+@dataclass(frozen=True)
+class GgufCodec(TensorCodec):
+    """One GGUF tensor's decoding: its ggml type (by name), block (values, bytes), the transform into HF values,
+    and the rows of one head for an un-permuted q/k (1 otherwise)."""
+
+    name: ClassVar[str] = "gguf"
+    claims: ClassVar[tuple[str, ...]] = (METHOD,)
+
+    ggml_type: str
+    block: tuple[int, int]
+    transform: str = ""
+    head_rows: int = 1
+
+    @classmethod
+    def recognise(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource]) -> tuple[Claim, ...]:
+        quantization = config.get("quantization_config") or {}
+        if quantization.get("quant_method") != METHOD:
+            return ()
+        gguf = gguf_module()
+        arch, types = quantization["architecture"], quantization["tensor_types"]
+        interned: dict[GgufCodec, GgufCodec] = {}
+        claims = []
+        for name, found in tensors.items():
+            if name not in types:
+                raise ModelInputError(f"{name} is not a tensor of the GGUF", tensor=name)
+            type_name, gguf_name = types[name].split(":", 1)
+            kind = gguf.GGMLQuantizationType[type_name]
+            how = transform(arch, gguf_name)
+            heads = config["num_attention_heads"] if how == UNPERMUTE_Q else config.get("num_key_value_heads")
+            rows = found.entry.shape[0]
+            head_rows = rows // int(heads) if how and how != NORM_MINUS_ONE else 1
+            if how and how != NORM_MINUS_ONE and (head_rows * int(heads) != rows or head_rows % 2):
+                raise ModelInputError(f"{name} has {rows} rows, which {heads} heads cannot un-permute", tensor=name)
+            codec = cls(type_name, tuple(gguf.GGML_QUANT_SIZES[kind]), how, head_rows)  # type: ignore[arg-type]
+            claims.append(Claim(name, ((MAIN, name),), interned.setdefault(codec, codec)))
+        return tuple(claims)
+
+    @property
+    def stored_as(self) -> str:
+        return f"GGUF {self.ggml_type} blocks"
+
+    @property
+    def read_block(self) -> int:
+        return self.head_rows
+
+    @property
+    def writes(self) -> bool:
+        return False
+
+    def value_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
+        if self.ggml_type in PLAIN_TYPES.values():
+            return stored
+        values, size = self.block
+        return (*stored[:-1], stored[-1] // size * values)
+
+    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        from resumerge.torch_import import torch
+
+        stored = parts[MAIN]
+        if self.ggml_type in PLAIN_TYPES.values():
+            value = stored.to(torch.float32, copy=True)
+        else:
+            gguf = gguf_module()
+            rows = stored.cpu().contiguous().numpy()
+            decoded = gguf.quants.dequantize(rows, gguf.GGMLQuantizationType[self.ggml_type])
+            value = torch.from_numpy(decoded.reshape(self.value_shape(tuple(stored.shape)))).to(stored.device)
+        if self.transform == NORM_MINUS_ONE:
+            value -= 1
+        elif self.transform:
+            # GGUF row 2i of a head is HF row i, row 2i+1 is HF row i + head/2 (gguf.md §3): whole heads only.
+            n = value.shape[0] // self.head_rows
+            value = value.reshape(n, self.head_rows // 2, 2, *value.shape[1:]).transpose(1, 2).reshape(value.shape)
+        if out is not None:
+            out.copy_(value)
+            return out
+        return value.contiguous()
+
+    def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:
+        raise NotImplementedError("GGUF is an input format: an output tensor is stored plainly")
+
+    def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
+        raise NotImplementedError("GGUF is an input format: an output tensor is stored plainly")

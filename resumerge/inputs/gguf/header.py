@@ -1,0 +1,163 @@
+"""A GGUF file's header: its key-value metadata and tensor infos, parsed without gguf-py's reader.
+
+gguf-py's ``GGUFReader`` turns every array element into a Python object (seconds for a 262k-token vocabulary,
+``gguf.md`` §5); this parser walks strings by their length and reads numeric arrays as one numpy view. A GGUF is
+data from the internet: every count, length and offset is checked against the file before it is used, and a
+file that breaks the layout (``gguf.md`` §1: offsets in info order, no gaps, aligned) is refused in one line.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from resumerge.errors import HostileFileError, ModelInputError
+
+MAGIC = b"GGUF"
+_VERSIONS = (2, 3)
+_ALIGNMENT = 32
+_STRING, _ARRAY = 8, 9
+# value type -> (struct format, numpy dtype) of the fixed-size scalars (gguf.md §1).
+_SCALARS: dict[int, tuple[str, str]] = {
+    0: ("<B", "<u1"), 1: ("<b", "<i1"), 2: ("<H", "<u2"), 3: ("<h", "<i2"), 4: ("<I", "<u4"), 5: ("<i", "<i4"),
+    6: ("<f", "<f4"), 7: ("<?", "<u1"), 10: ("<Q", "<u8"), 11: ("<q", "<i8"), 12: ("<d", "<f8"),
+}
+
+
+@dataclass(frozen=True)
+class GgufTensor:
+    """One tensor info: its GGUF name, ``ne`` (innermost first, as stored), ggml type id and absolute byte range."""
+
+    name: str
+    ne: tuple[int, ...]
+    ggml_type: int
+    start: int
+    end: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The numpy (torch) shape: ``ne`` reversed."""
+        return tuple(reversed(self.ne))
+
+
+@dataclass(frozen=True)
+class GgufHeader:
+    """A parsed GGUF file: metadata (strings as ``str``, numeric arrays as numpy arrays, string arrays as lists),
+    tensors in info order, the raw header bytes (the file's identity hashes them) and the file size."""
+
+    metadata: dict[str, Any]
+    tensors: tuple[GgufTensor, ...]
+    raw: bytes
+    file_size: int
+
+
+def is_gguf(path: Path) -> bool:
+    """Whether the file at ``path`` starts with GGUF's magic."""
+    with path.open("rb") as file:
+        return file.read(len(MAGIC)) == MAGIC
+
+
+def read_gguf_header(path: Path, sizes: dict[int, tuple[int, int]]) -> GgufHeader:
+    """Parse the header of the GGUF at ``path``; ``sizes`` maps each ggml type id it may hold to (elements, bytes)
+    per block (gguf-py's ``GGML_QUANT_SIZES``). Raises :class:`HostileFileError` for a file that breaks the layout,
+    :class:`ModelInputError` for a version or byte order resumerge does not read."""
+    with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as view:
+        return _Parser(view, str(path)).header(sizes)
+
+
+class _Parser:
+    def __init__(self, view: mmap.mmap, where: str) -> None:
+        self.view, self.where, self.at = view, where, 0
+
+    def bad(self, what: str) -> HostileFileError:
+        return HostileFileError(f"not a readable GGUF file: {what}", path=self.where,
+                                hint="download it again; a GGUF must be whole and little-endian")
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or self.at + n > len(self.view):
+            raise self.bad(f"it ends inside its header (byte {self.at} + {n} of {len(self.view)})")
+        data = self.view[self.at:self.at + n]
+        self.at += n
+        return data
+
+    def scalar(self, kind: int) -> Any:
+        fmt = _SCALARS[kind][0]
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        raw = self.take(self.scalar(10))
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.bad(f"a string that is not UTF-8 at byte {self.at - len(raw)}") from None
+
+    def value(self, kind: int) -> Any:
+        if kind == _STRING:
+            return self.string()
+        if kind in _SCALARS:
+            return self.scalar(kind)
+        if kind != _ARRAY:
+            raise self.bad(f"unknown value type {kind}")
+        inner, count = self.scalar(4), self.scalar(10)
+        if inner == _STRING:
+            if count > len(self.view):  # each string takes 8 bytes at least: an absurd count is a lie
+                raise self.bad(f"an array of {count} strings")
+            return [self.string() for _ in range(count)]
+        if inner not in _SCALARS:
+            raise self.bad(f"an array of value type {inner}")
+        dtype = np.dtype(_SCALARS[inner][1])
+        data = np.frombuffer(self.take(count * dtype.itemsize), dtype=dtype)
+        return data.astype(bool) if inner == 7 else data
+
+    def header(self, sizes: dict[int, tuple[int, int]]) -> GgufHeader:
+        if self.take(4) != MAGIC:
+            raise self.bad("it does not start with GGUF's magic")
+        version = self.scalar(4)
+        if version & 0xFFFF == 0:
+            raise ModelInputError("a big-endian GGUF, which resumerge does not read", path=self.where,
+                                  hint="convert it to a little-endian GGUF (llama.cpp's gguf tools)")
+        if version not in _VERSIONS:
+            raise ModelInputError(f"GGUF version {version}, which resumerge does not read (it reads 2 and 3)",
+                                  path=self.where, hint="convert it with a current llama.cpp")
+        n_tensors, n_kv = self.scalar(10), self.scalar(10)
+        if n_tensors > len(self.view) or n_kv > len(self.view):
+            raise self.bad(f"{n_tensors} tensors and {n_kv} keys in a file of {len(self.view)} bytes")
+        metadata: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = self.string()
+            metadata[key] = self.value(self.scalar(4))
+        infos = []
+        for _ in range(n_tensors):
+            name = self.string()
+            n_dims = self.scalar(4)
+            if not 1 <= n_dims <= 4:
+                raise self.bad(f"tensor {name!r} has {n_dims} dimensions")
+            ne = tuple(self.scalar(10) for _ in range(n_dims))
+            infos.append((name, ne, self.scalar(4), self.scalar(10)))
+        alignment = metadata.get("general.alignment", _ALIGNMENT)
+        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+            raise self.bad(f"general.alignment {alignment!r} is not a power of two")
+        data_start = -(-self.at // alignment) * alignment
+        tensors, expected = [], 0
+        for name, ne, kind, offset in infos:
+            if kind not in sizes:
+                raise ModelInputError(f"tensor {name} is stored as ggml type {kind}, which this gguf package "
+                                      "cannot decode", path=self.where, tensor=name,
+                                      hint="re-quantize it to a common type (Q8_0, Q4_K...) with llama-quantize")
+            block, type_size = sizes[kind]
+            if ne[0] % block:
+                raise self.bad(f"tensor {name!r} has rows of {ne[0]} values, not whole blocks of {block}")
+            nbytes = int(np.prod(ne, dtype=object)) // block * type_size
+            if offset != expected:
+                raise self.bad(f"tensor {name!r} at offset {offset}, expected {expected}")
+            start = data_start + offset
+            if start + nbytes > len(self.view):
+                raise self.bad(f"tensor {name!r} ends past the end of the file")
+            tensors.append(GgufTensor(name, ne, kind, start, start + nbytes))
+            expected = offset + -(-nbytes // alignment) * alignment
+        return GgufHeader(metadata, tuple(tensors), bytes(self.view[:data_start]), len(self.view))

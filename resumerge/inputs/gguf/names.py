@@ -1,0 +1,142 @@
+"""GGUF names and metadata as Hugging Face names and ``config.json`` (``gguf.md`` §3, §4), per family.
+
+llama.cpp's converter renames every tensor and moves the config into ``{arch}.*`` keys; this is its inverse for the
+families resumerge reads: llama (Llama, Mistral, Mixtral; q/k rows permuted), qwen2, qwen3, gemma2, gemma3 (norms
+stored +1), qwen2moe and qwen3moe (experts stacked in one tensor per projection). A family or tensor it cannot map
+is refused in one line, before anything is read.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from resumerge.errors import ModelInputError
+
+# general.architecture -> (architectures[0], model_type)
+FAMILIES: Mapping[str, tuple[str, str]] = {
+    "llama": ("LlamaForCausalLM", "llama"),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+    "gemma2": ("Gemma2ForCausalLM", "gemma2"),
+    "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
+    "qwen2moe": ("Qwen2MoeForCausalLM", "qwen2_moe"),
+    "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
+}
+GEMMA = ("gemma2", "gemma3")
+
+# Transforms of a decoded GGUF tensor into Hugging Face's values.
+UNPERMUTE_Q = "unpermute_q"  # llama: q rows un-permuted over num_attention_heads
+UNPERMUTE_K = "unpermute_k"  # ... k rows over num_key_value_heads
+NORM_MINUS_ONE = "norm_minus_one"  # gemma: RMSNorm weights are stored as 1 + w
+
+_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_BLOCK = {
+    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "ffn_norm": "post_attention_layernorm", "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+}
+_GEMMA_BLOCK = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+                "post_ffw_norm": "post_feedforward_layernorm"}
+# Mixtral (llama arch with experts): the block-sparse names.
+_MIXTRAL_BLOCK = {"ffn_gate_inp": "block_sparse_moe.gate"}
+_EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
+_MIXTRAL_EXPERTS = {"ffn_gate_exps": "w1", "ffn_up_exps": "w3", "ffn_down_exps": "w2"}
+# Tensors the converter derives from the config (llama3's rope scaling): not weights of the HF model.
+_DERIVED = ("rope_freqs.weight",)
+_BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def family(metadata: Mapping[str, Any], where: str) -> str:
+    """The file's ``general.architecture``, refused in one line when resumerge does not map it."""
+    arch = metadata.get("general.architecture")
+    if arch not in FAMILIES:
+        raise ModelInputError(f"a GGUF of architecture {arch!r}, which resumerge cannot map to Hugging Face names "
+                              f"(it reads {', '.join(FAMILIES)})", path=where,
+                              hint="convert it to safetensors with transformers (gguf_file=...) and merge that")
+    return str(arch)
+
+
+def hf_names(arch: str, name: str, experts: int, where: str) -> list[tuple[str, int | None]]:
+    """The Hugging Face names GGUF tensor ``name`` holds, each with its expert index in a stacked experts tensor
+    (None for a tensor that is one HF tensor); empty for a tensor derived from the config."""
+    if name in _DERIVED:
+        return []
+    base, _, suffix = name.rpartition(".")
+    if base in _TOP and suffix == "weight":
+        return [(f"{_TOP[base]}.weight", None)]
+    match = _BLOCK_NAME.fullmatch(name)
+    if match is not None:
+        layer, part, suffix = match.groups()
+        prefix = f"model.layers.{layer}."
+        mixtral = arch == "llama" and experts > 0
+        if part in _EXPERTS and experts > 0:
+            if mixtral:
+                return [(f"{prefix}block_sparse_moe.experts.{e}.{_MIXTRAL_EXPERTS[part]}.{suffix}", e)
+                        for e in range(experts)]
+            return [(f"{prefix}mlp.experts.{e}.{_EXPERTS[part]}.{suffix}", e) for e in range(experts)]
+        table = {**_BLOCK, **(_GEMMA_BLOCK if arch in GEMMA else {}), **(_MIXTRAL_BLOCK if mixtral else {})}
+        if part in table:
+            return [(f"{prefix}{table[part]}.{suffix}", None)]
+    raise ModelInputError(f"GGUF tensor {name} of a {arch} model, which resumerge cannot map to a Hugging Face "
+                          "name", path=where, tensor=name,
+                          hint="convert it to safetensors with transformers (gguf_file=...) and merge that")
+
+
+def transform(arch: str, gguf_name: str) -> str:
+    """The transform from GGUF tensor ``gguf_name``'s decoded values to Hugging Face's ("" for none)."""
+    if arch == "llama" and gguf_name.endswith(("attn_q.weight", "attn_q.bias")):
+        return UNPERMUTE_Q
+    if arch == "llama" and gguf_name.endswith(("attn_k.weight", "attn_k.bias")):
+        return UNPERMUTE_K
+    if arch in GEMMA and gguf_name.endswith("norm.weight"):
+        return NORM_MINUS_ONE
+    return ""
+
+
+def hf_config(arch: str, metadata: Mapping[str, Any], embed_rows: int, tied: bool) -> dict[str, Any]:
+    """The ``config.json`` of the model a ``arch`` GGUF with ``metadata`` holds; ``embed_rows``: rows of its token
+    embedding; ``tied``: whether it has no ``output.weight``."""
+
+    def get(key: str, default: Any = None) -> Any:
+        found = metadata.get(f"{arch}.{key}", default)
+        return found.item() if hasattr(found, "item") else found
+
+    architecture, model_type = FAMILIES[arch]
+    heads = get("attention.head_count")
+    config: dict[str, Any] = {
+        "architectures": [architecture], "model_type": model_type,
+        "hidden_size": get("embedding_length"), "intermediate_size": get("feed_forward_length"),
+        "num_hidden_layers": get("block_count"), "num_attention_heads": heads,
+        "num_key_value_heads": get("attention.head_count_kv", heads),
+        "max_position_embeddings": get("context_length"), "rms_norm_eps": get("attention.layer_norm_rms_epsilon"),
+        "rope_theta": get("rope.freq_base", 1e6 if arch == "gemma3" else 10000.0),
+        "vocab_size": embed_rows, "tie_word_embeddings": tied, "torch_dtype": "float32",
+    }
+    if get("attention.key_length") is not None:
+        config["head_dim"] = get("attention.key_length")
+    for key, hf in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                    ("padding_token_id", "pad_token_id")):
+        found = metadata.get(f"tokenizer.ggml.{key}")
+        if found is not None:
+            config[hf] = int(found)
+    if get("expert_count"):
+        config.update(num_experts=get("expert_count"), num_experts_per_tok=get("expert_used_count"))
+        if arch == "llama":
+            config["architectures"], config["model_type"] = ["MixtralForCausalLM"], "mixtral"
+            config["num_local_experts"] = config.pop("num_experts")
+        else:
+            config["moe_intermediate_size"] = get("expert_feed_forward_length")
+        if get("expert_shared_feed_forward_length") is not None:
+            config["shared_expert_intermediate_size"] = get("expert_shared_feed_forward_length")
+    if arch in GEMMA:
+        for key, hf in (("attn_logit_softcapping", "attn_logit_softcapping"),
+                        ("final_logit_softcapping", "final_logit_softcapping"),
+                        ("attention.sliding_window", "sliding_window"), ("rope.freq_base_swa", "rope_local_base_freq")):
+            if get(key) is not None:
+                config[hf] = get(key)
+    return {k: v for k, v in config.items() if v is not None}
