@@ -63,6 +63,10 @@ def tokenizer_output(
     if tokenizer_donor is None:
         return None, {}
     model = models[tokenizer_donor]
+    if model.gguf is not None and model.adapter is None:  # rebuilt from the file's metadata, held by the plan
+        from resumerge.inputs.gguf.tokenizer import gguf_tokenizer_files
+
+        return tokenizer_donor, gguf_tokenizer_files(model.directory / model.gguf)
     directory = tokenizer_dir(model)
     template = None
     if spec.chat_template is not None:

@@ -50,10 +50,10 @@ class GgufCodec(TensorCodec):
             type_name, gguf_name = types[name].split(":", 1)
             kind = gguf.GGMLQuantizationType[type_name]
             how = transform(arch, gguf_name)
-            heads = config["num_attention_heads"] if how == UNPERMUTE_Q else config.get("num_key_value_heads")
+            heads = int(config["num_attention_heads"] if how == UNPERMUTE_Q else config["num_key_value_heads"])
             rows = found.entry.shape[0]
-            head_rows = rows // int(heads) if how and how != NORM_MINUS_ONE else 1
-            if how and how != NORM_MINUS_ONE and (head_rows * int(heads) != rows or head_rows % 2):
+            head_rows = rows // heads if how and how != NORM_MINUS_ONE else 1
+            if how and how != NORM_MINUS_ONE and (head_rows * heads != rows or head_rows % 2):
                 raise ModelInputError(f"{name} has {rows} rows, which {heads} heads cannot un-permute", tensor=name)
             codec = cls(type_name, tuple(gguf.GGML_QUANT_SIZES[kind]), how, head_rows)  # type: ignore[arg-type]
             claims.append(Claim(name, ((MAIN, name),), interned.setdefault(codec, codec)))

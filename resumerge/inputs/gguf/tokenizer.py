@@ -1,0 +1,34 @@
+"""The tokenizer files of a GGUF model (tokenizer.json, tokenizer_config.json with the chat template), rebuilt
+from its ``tokenizer.*`` metadata by transformers' GGUF tokenizer converter.
+
+transformers is optional (the ``[moe]`` extra): it is imported only when a GGUF model's tokenizer is copied to a
+safetensors output; without it that is refused in one line before anything is written (``--no-copy-tokenizer``
+merges without a tokenizer).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from resumerge.errors import ModelInputError
+
+
+def gguf_tokenizer_files(path: Path) -> dict[str, bytes]:
+    """The tokenizer files of the GGUF at ``path``, by name, as transformers writes them."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ModelInputError("rebuilding a GGUF model's tokenizer needs transformers, which is not installed",
+                              path=str(path), hint="pip install -c constraints.txt -e '.[moe,gguf]', or merge "
+                                                   "with --no-copy-tokenizer") from None
+    try:
+        # Never the network (the file is local), and the same bytes whatever HF_HUB_OFFLINE says: transformers
+        # records the flag in tokenizer_config.json, and the plan hashes that file.
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    except (ValueError, KeyError, NotImplementedError) as exc:
+        raise ModelInputError(f"transformers cannot rebuild this GGUF's tokenizer ({exc})", path=str(path),
+                              hint="merge with --no-copy-tokenizer and add the tokenizer files by hand") from None
+    with tempfile.TemporaryDirectory(prefix="resumerge-gguf-tokenizer-") as out:
+        tokenizer.save_pretrained(out)
+        return {p.name: p.read_bytes() for p in sorted(Path(out).iterdir()) if p.is_file()}

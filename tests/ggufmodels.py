@@ -1,0 +1,187 @@
+"""Tiny GGUF files for the tests, written with gguf-py's own writer in llama.cpp's layout (names, per-family
+transforms, hyperparameter keys: ``shared/reference/gguf.md`` §3-4), and an independent reference decoding: gguf-py's
+reader and dequantizer with the inverse transforms as transformers' GGUF loader applies them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+
+from resumerge.config.modelref import ModelRef
+from resumerge.inputs.codecs import CODECS
+from resumerge.inputs.model import ModelInput, open_model
+from resumerge.inputs.source import InputSources
+from resumerge.plan.inputrefs import read_value, tensor_ref
+
+Q = gguf.GGMLQuantizationType
+HIDDEN, FF, HEADS, KV, HEAD_DIM, VOCAB, LAYERS, EXPERTS = 256, 512, 4, 2, 64, 40, 2, 3
+# Tensor types the writer stores plainly; the others as random blocks (gguf-py quantizes only some of them).
+PLAIN = {Q.F32: np.float32, Q.F16: np.float16}
+
+
+def permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's converter's HF -> GGUF q/k row order."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    """transformers' GGUF loader's inverse of :func:`permute`."""
+    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+
+
+def hf_tensors(arch: str, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random float32 weights of a tiny ``arch`` model, by HF name."""
+    rng = np.random.default_rng(seed)
+
+    def w(*shape: int) -> np.ndarray:
+        value = rng.standard_normal(shape).astype(np.float32)
+        if len(shape) == 1:  # bf16 values of at least 2^-16, as trained norms are: w + 1 - 1 == w in float32
+            value = torch.from_numpy(np.where(np.abs(value) < 2**-16, 0.5, value)).bfloat16().float().numpy()
+        return value
+
+    out = {"model.embed_tokens.weight": w(VOCAB, HIDDEN), "model.norm.weight": w(HIDDEN)}
+    if arch != "gemma2":
+        out["lm_head.weight"] = w(VOCAB, HIDDEN)
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        out.update({p + "input_layernorm.weight": w(HIDDEN), p + "post_attention_layernorm.weight": w(HIDDEN),
+                    p + "self_attn.q_proj.weight": w(HEADS * HEAD_DIM, HIDDEN),
+                    p + "self_attn.k_proj.weight": w(KV * HEAD_DIM, HIDDEN),
+                    p + "self_attn.v_proj.weight": w(KV * HEAD_DIM, HIDDEN),
+                    p + "self_attn.o_proj.weight": w(HIDDEN, HEADS * HEAD_DIM)})
+        if arch == "qwen2":
+            out.update({p + f"self_attn.{x}_proj.bias": w(n * HEAD_DIM) for x, n in (("q", HEADS), ("k", KV),
+                                                                                       ("v", KV))})
+        if arch in ("qwen3", "gemma3", "qwen3moe"):
+            out.update({p + "self_attn.q_norm.weight": w(HEAD_DIM), p + "self_attn.k_norm.weight": w(HEAD_DIM)})
+        if arch in ("gemma2", "gemma3"):
+            out.update({p + "pre_feedforward_layernorm.weight": w(HIDDEN),
+                        p + "post_feedforward_layernorm.weight": w(HIDDEN)})
+        if arch == "qwen3moe":
+            out[p + "mlp.gate.weight"] = w(EXPERTS, HIDDEN)
+            for e in range(EXPERTS):
+                out.update({p + f"mlp.experts.{e}.gate_proj.weight": w(FF, HIDDEN),
+                            p + f"mlp.experts.{e}.up_proj.weight": w(FF, HIDDEN),
+                            p + f"mlp.experts.{e}.down_proj.weight": w(HIDDEN, FF)})
+        else:
+            out.update({p + "mlp.gate_proj.weight": w(FF, HIDDEN), p + "mlp.up_proj.weight": w(FF, HIDDEN),
+                        p + "mlp.down_proj.weight": w(HIDDEN, FF)})
+    return out
+
+
+def _gguf_name(arch: str, hf: str) -> str:
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+    if hf in top:
+        return top[hf]
+    layer, rest = hf.removeprefix("model.layers.").split(".", 1)
+    gemma = arch in ("gemma2", "gemma3")
+    names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+             "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp",
+             "post_attention_layernorm": "post_attention_norm" if gemma else "ffn_norm",
+             "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
+    base, _, suffix = rest.rpartition(".")
+    return f"blk.{layer}.{names[base]}.{suffix}"
+
+
+def to_gguf(arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``hf`` as llama.cpp's converter stores it: renamed, llama's q/k permuted, gemma's norms +1, experts stacked."""
+    out: dict[str, np.ndarray] = {}
+    for name, value in hf.items():
+        if ".experts." in name:
+            continue
+        if arch == "llama" and "q_proj" in name:
+            value = permute(value, HEADS)
+        elif arch == "llama" and "k_proj" in name:
+            value = permute(value, KV)
+        elif arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
+            value = value + 1
+        out[_gguf_name(arch, name)] = value
+    for i in range(LAYERS if arch == "qwen3moe" else 0):
+        for proj in ("gate", "up", "down"):
+            out[f"blk.{i}.ffn_{proj}_exps.weight"] = np.stack(
+                [hf[f"model.layers.{i}.mlp.experts.{e}.{proj}_proj.weight"] for e in range(EXPERTS)])
+    return out
+
+
+def write_gguf(path: Path, arch: str, tensors: dict[str, np.ndarray], qtype: Q, *, seed: int = 0) -> None:
+    """A GGUF of ``arch`` holding ``tensors`` (GGUF names, float32): matrices as ``qtype`` (F32/F16/BF16/Q8_0/Q4_0/
+    Q4_1 quantized by gguf-py; other types as random blocks), 1-D tensors F32 as llama.cpp stores them."""
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_block_count(LAYERS)
+    writer.add_context_length(512)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(FF)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_value_length(HEAD_DIM)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(10000.0)
+    if arch == "qwen3moe":
+        writer.add_expert_count(EXPERTS)
+        writer.add_expert_used_count(2)
+        writer.add_expert_feed_forward_length(FF)
+    for name, value in tensors.items():
+        if value.ndim == 1 or name.endswith("ffn_gate_inp.weight"):
+            writer.add_tensor(name, value)
+        elif qtype in PLAIN:
+            writer.add_tensor(name, value.astype(PLAIN[qtype]))
+        elif qtype in (Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1):
+            writer.add_tensor(name, gguf.quants.quantize(value, qtype), raw_dtype=qtype)
+        else:
+            block, size = gguf.GGML_QUANT_SIZES[qtype]
+            shape = (*value.shape[:-1], value.shape[-1] // block * size)
+            blocks = rng.integers(0, 256, shape, dtype=np.uint8)
+            # No byte with a float16's exponent bits all set: every scale the blocks hold is finite.
+            blocks[(blocks & 0x7C) == 0x7C] &= 0xFB
+            writer.add_tensor(name, blocks, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def reference(path: Path) -> dict[str, np.ndarray]:
+    """Every tensor of the GGUF at ``path`` as gguf-py dequantizes it, under its HF name with transformers' inverse
+    transforms (q/k un-permuted for llama, norms -1 for gemma, experts unstacked)."""
+    reader = gguf.GGUFReader(path)
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    heads = int(reader.fields[f"{arch}.attention.head_count"].parts[-1][0])
+    kv = int(reader.fields[f"{arch}.attention.head_count_kv"].parts[-1][0])
+    names = {_gguf_name(arch, hf): hf for hf in hf_tensors(arch) if ".experts." not in hf}
+    out = {}
+    for t in reader.tensors:
+        value = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if "_exps." in t.name:
+            layer, proj = t.name.split(".")[1], t.name.split(".")[2].split("_")[1]
+            out.update({f"model.layers.{layer}.mlp.experts.{e}.{proj}_proj.weight": value[e]
+                        for e in range(value.shape[0])})
+            continue
+        if arch == "llama" and ".attn_q." in t.name:
+            value = unpermute(value, heads)
+        elif arch == "llama" and ".attn_k." in t.name:
+            value = unpermute(value, kv)
+        elif arch in ("gemma2", "gemma3") and "norm.weight" in t.name:
+            value = value - 1
+        out[names[t.name]] = value
+    return out
+
+
+def decoded(path: Path) -> tuple[ModelInput, dict[str, torch.Tensor]]:
+    """The GGUF at ``path`` opened and every tensor decoded by resumerge, by HF name."""
+    model = open_model(ModelRef(str(path))).recognised(CODECS)
+    with InputSources.local({"m": str(model.directory)}) as sources:
+        return model, {name: read_value(tensor_ref("m", model, name), sources).clone() for name in model.tensors}
+
+
+def metadata_of(path: Path) -> dict[str, Any]:
+    """The GGUF's key-value metadata, as gguf-py reads it (the reader's own fields)."""
+    return {name: field for name, field in gguf.GGUFReader(path).fields.items()}

@@ -1,0 +1,269 @@
+"""GGUF inputs: each tensor decoded to float32 as gguf-py and transformers' GGUF loader decode it, under Hugging
+Face names with the family's transforms, for each family and quant type; a real model (SmolLM2-135M-Instruct,
+Q4_1) merged with its own Q8_0 re-encoding equals the merge of the decoded tensors; a GGUF-input merge killed
+resumes byte-identical."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from ggufmodels import HEAD_DIM, Q, decoded, hf_tensors, reference, to_gguf, write_gguf
+from realmodel import smollm2_folder, smollm2_gguf
+from safetensors.torch import load_file, save_file
+from support import cli, digests, write_config
+
+from resumerge.config.merge_config import load_config_text
+from resumerge.errors import HostileFileError, ModelInputError
+from resumerge.inputs.catalog import open_inputs
+from resumerge.inputs.codecs import MAIN
+from resumerge.inputs.gguf.codec import GgufCodec
+from resumerge.plan.merge_plan import PlanOptions
+from resumerge.plan.planner import build_plan
+from resumerge.plan.workunits import row_step
+
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3moe")
+TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q2_K, Q.IQ4_XS)
+
+
+def _same(got: torch.Tensor, want: np.ndarray, name: str) -> None:
+    assert tuple(got.shape) == want.shape, name
+    torch.testing.assert_close(got, torch.from_numpy(np.ascontiguousarray(want)), rtol=0, atol=0, equal_nan=True,
+                               msg=name)
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_a_float32_gguf_of_each_family_reads_back_as_the_hugging_face_weights_it_was_converted_from(
+        tmp_path: Path, arch: str) -> None:
+    # Names, llama's q/k permutation and gemma's +1 undone exactly: the HF tensors come back bit for bit.
+    hf = hf_tensors(arch)
+    write_gguf(tmp_path / "m.gguf", arch, to_gguf(arch, hf), Q.F32)
+    model, got = decoded(tmp_path / "m.gguf")
+    assert got.keys() == hf.keys()
+    for name, value in hf.items():
+        _same(got[name], value, name)
+    assert model.config["model_type"] == {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}.get(arch, arch)
+    assert model.config["tie_word_embeddings"] is (arch == "gemma2")
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_every_tensor_of_a_gguf_decodes_as_gguf_py_dequantizes_it_whole_or_by_row_chunks(
+        tmp_path: Path, arch: str, qtype: Q) -> None:
+    write_gguf(tmp_path / "m.gguf", arch, to_gguf(arch, hf_tensors(arch)), qtype)
+    want = reference(tmp_path / "m.gguf")
+    model, got = decoded(tmp_path / "m.gguf")
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        _same(got[name], value, name)
+    assert model.formats is not None
+    # Row chunks: decoding rows [a, b) of the stored blocks gives rows [a, b) of the value (whole heads for a
+    # permuted q/k), so a tensor read in chunks is the tensor read whole.
+    for name in ("model.layers.1.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight"):
+        codec = model.formats.codec(name)
+        assert isinstance(codec, GgufCodec)
+        assert codec.read_block == (HEAD_DIM if arch == "llama" else 1)
+        found = model.tensors[name]
+        with open(tmp_path / "m.gguf", "rb") as file:
+            file.seek(found.entry.start)
+            raw = torch.frombuffer(bytearray(file.read(found.entry.nbytes)), dtype=torch.uint8)
+        stored = raw.view({"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "U8": torch.uint8}[
+            found.entry.dtype]).reshape(found.entry.shape)
+        step = HEAD_DIM
+        chunks = [codec.decode({MAIN: stored[a:a + step]}, a) for a in range(0, stored.shape[0], step)]
+        _same(torch.cat(chunks), want[name], name)
+
+
+def test_the_planner_reads_a_permuted_q_in_whole_heads(tmp_path: Path) -> None:
+    write_gguf(tmp_path / "m.gguf", "llama", to_gguf("llama", hf_tensors("llama")), Q.Q8_0)
+    config = load_config_text(write_config(tmp_path / "c.yml", {
+        "merge_method": "linear", "dtype": "float32",
+        "models": [{"model": str(tmp_path / "m.gguf"), "parameters": {"weight": 1.0}}]}).read_text())
+    plan = build_plan(config, open_inputs(config).models, PlanOptions(copy_tokenizer=False))
+    assert row_step(plan.tensors["model.layers.0.self_attn.q_proj.weight"]) == HEAD_DIM
+    assert row_step(plan.tensors["model.layers.0.self_attn.v_proj.weight"]) == 1
+    assert all(tp.out_codec.plain for tp in plan.tensors.values())  # GGUF is read, never written, here
+    assert "quantization_config" not in plan.out_config
+
+
+def test_an_unmapped_family_an_undecodable_type_and_a_damaged_file_are_refused_in_one_line(tmp_path: Path) -> None:
+    writer = gguf.GGUFWriter(tmp_path / "phi.gguf", "phi3")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelInputError, match="a GGUF of architecture 'phi3', which resumerge cannot map"):
+        decoded(tmp_path / "phi.gguf")
+    write_gguf(tmp_path / "m.gguf", "qwen2", to_gguf("qwen2", hf_tensors("qwen2")), Q.Q8_0)
+    data = bytearray((tmp_path / "m.gguf").read_bytes())
+    (tmp_path / "cut.gguf").write_bytes(data[: len(data) // 2])
+    with pytest.raises(HostileFileError, match="ends past the end of the file"):
+        decoded(tmp_path / "cut.gguf")
+    write_gguf(tmp_path / "q81.gguf", "qwen2", {"token_embd.weight": np.zeros((4, 32), np.float32)}, Q.Q8_1)
+    with pytest.raises(ModelInputError, match="stored as ggml type 9, which this gguf package cannot decode"):
+        decoded(tmp_path / "q81.gguf")
+
+
+def test_without_gguf_py_a_gguf_input_exits_2_with_the_install_line(tmp_path: Path) -> None:
+    write_gguf(tmp_path / "m.gguf", "qwen2", to_gguf("qwen2", hf_tensors("qwen2")), Q.F16)
+    (tmp_path / "nogguf").mkdir()
+    (tmp_path / "nogguf" / "gguf.py").write_text("raise ImportError('no gguf here')\n")
+    write_config(tmp_path / "c.yml", {"merge_method": "linear", "dtype": "float32", "models": [
+        {"model": str(tmp_path / "m.gguf"), "parameters": {"weight": 1.0}}]})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "nogguf"), os.environ.get("PYTHONPATH", "")])}
+    done = cli("plan", tmp_path / "c.yml", env=env)
+    assert done.returncode == 2, done.stderr
+    assert "needs the gguf package" in done.stderr and "pip install -c constraints.txt -e '.[gguf]'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+# --- the real model --------------------------------------------------------------------------------------------
+
+
+def test_every_tensor_of_the_real_smollm2_gguf_equals_gguf_py_s_and_transformers_decoding() -> None:
+    path = smollm2_gguf()
+    want = reference_real(path)
+    folder = load_file(smollm2_folder() / "model.safetensors")
+    model, got = decoded(path)
+    assert got.keys() == want.keys() == folder.keys()
+    for name, value in got.items():
+        _same(value, want[name], name)
+        assert torch.equal(value, folder[name]), name
+    assert json.loads((smollm2_folder() / "config.json").read_text())["num_key_value_heads"] == \
+        model.config["num_key_value_heads"]
+
+
+def reference_real(path: Path) -> dict[str, np.ndarray]:
+    """gguf-py's dequantization of the SmolLM2 GGUF, mapped as transformers maps it (llama: q/k un-permuted)."""
+    reader = gguf.GGUFReader(path)
+    heads = int(reader.fields["llama.attention.head_count"].parts[-1][0])
+    kv = int(reader.fields["llama.attention.head_count_kv"].parts[-1][0])
+    names = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "attn_norm": "input_layernorm",
+             "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+             "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj",
+             "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+    out = {}
+    for t in reader.tensors:
+        value = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        parts = t.name.split(".")
+        if parts[0] == "blk":
+            hf = f"model.layers.{parts[1]}.{names[parts[2]]}.weight"
+            if parts[2] in ("attn_q", "attn_k"):
+                n = heads if parts[2] == "attn_q" else kv
+                value = value.reshape(n, value.shape[0] // n // 2, 2, -1).swapaxes(2, 1).reshape(value.shape)
+        else:
+            hf = f"{names[parts[0]]}.weight"
+        out[hf] = value
+    return out
+
+
+def _requantized_q8_0(source: Path, target: Path) -> None:
+    """``source`` re-encoded by gguf-py: every matrix Q8_0 from its float32 decoding, metadata copied."""
+    reader = gguf.GGUFReader(source)
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    writer = gguf.GGUFWriter(target, arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        kind = field.types[0]
+        if kind == gguf.GGUFValueType.ARRAY:
+            sub = field.types[-1]
+            items = [bytes(field.parts[i]).decode() if sub == gguf.GGUFValueType.STRING else field.parts[i][0]
+                     for i in field.data]
+            writer.add_key_value(name, items, kind, sub_type=sub)
+        elif kind == gguf.GGUFValueType.STRING:
+            writer.add_key_value(name, bytes(field.parts[-1]).decode(), kind)
+        else:
+            writer.add_key_value(name, field.parts[-1][0], kind)
+    for t in reader.tensors:
+        value = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if value.ndim == 1:
+            writer.add_tensor(t.name, value)
+        else:
+            writer.add_tensor(t.name, gguf.quants.quantize(value, Q.Q8_0), raw_dtype=Q.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _decoded_folder(path: Path, target: Path) -> Path:
+    """The GGUF at ``path`` decoded by gguf-py (mapped) into a safetensors folder with the same config."""
+    target.mkdir()
+    model, _ = decoded(path)
+    config = {k: v for k, v in model.config.items() if k != "quantization_config"}
+    (target / "config.json").write_text(json.dumps(config))
+    save_file({n: torch.from_numpy(v) for n, v in reference_real(path).items()}, target / "model.safetensors")
+    return target
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("smollm2")
+    _requantized_q8_0(smollm2_gguf(), root / "q8.gguf")
+    return smollm2_gguf(), root / "q8.gguf"
+
+
+def _linear(tmp_path: Path, a: Path, b: Path) -> Path:
+    return write_config(tmp_path / "c.yml", {"merge_method": "linear", "dtype": "float32", "models": [
+        {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
+
+
+def test_a_merge_of_the_real_gguf_with_its_q8_0_re_encoding_equals_the_merge_of_their_decodings(
+        tmp_path: Path, real: tuple[Path, Path]) -> None:
+    q41, q8 = real
+    from_gguf = tmp_path / "from_gguf"
+    done = cli("run", _linear(tmp_path / "g", q41, q8) if (tmp_path / "g").mkdir() is None else None, from_gguf,
+               "--state-dir", tmp_path / "s1", "--no-copy-tokenizer", timeout=600)
+    assert done.returncode == 0, done.stderr
+    a, b = _decoded_folder(q41, tmp_path / "a"), _decoded_folder(q8, tmp_path / "b")
+    from_values = tmp_path / "from_values"
+    (tmp_path / "v").mkdir()
+    done = cli("run", _linear(tmp_path / "v", a, b), from_values, "--state-dir", tmp_path / "s2",
+               "--no-copy-tokenizer", timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert (from_gguf / "model.safetensors").read_bytes() == (from_values / "model.safetensors").read_bytes()
+    assert json.loads((from_gguf / "config.json").read_text()) == json.loads(
+        (from_values / "config.json").read_text())
+
+
+def test_a_gguf_parent_s_tokenizer_is_rebuilt_from_its_metadata(tmp_path: Path, real: tuple[Path, Path]) -> None:
+    out = tmp_path / "out"
+    done = cli("run", _linear(tmp_path, real[0], real[1]), out, "--state-dir", tmp_path / "s", timeout=600)
+    assert done.returncode == 0, done.stderr
+    for name in ("tokenizer.json", "chat_template.jinja"):  # transformers' own rebuild
+        assert (out / name).read_bytes() == (smollm2_folder() / name).read_bytes(), name
+    made = json.loads((out / "tokenizer_config.json").read_text())
+    assert made.pop("local_files_only") is True  # resumerge never lets transformers reach the network
+    assert made == {k: v for k, v in json.loads((smollm2_folder() / "tokenizer_config.json").read_text()).items()
+                    if k != "local_files_only"}
+
+
+def test_a_gguf_input_merge_killed_resumes_byte_identical(tmp_path: Path, real: tuple[Path, Path]) -> None:
+    config = _linear(tmp_path, *real)
+    whole = tmp_path / "whole"
+    assert cli("run", config, whole, "--state-dir", tmp_path / "s0", "--out-shard-size", "100MB",
+               timeout=600).returncode == 0
+    out, state = tmp_path / "out", tmp_path / "s"
+    args = [sys.executable, "-m", "resumerge", "run", str(config), str(out), "--state-dir", str(state),
+            "--out-shard-size", "100MB"]
+    # Killed while writing its third shard, then its resume killed after its second commit: the GGUF is read
+    # again from the plan's recorded folder and file each time.
+    for point, argv in (("mid_shard_write:3", args), ("after_ledger_commit:2", [
+            sys.executable, "-m", "resumerge", "resume", str(out), "--state-dir", str(state)])):
+        killed = subprocess.run(argv, env={**os.environ, "RESUMERGE_KILL_AT": point}, capture_output=True,
+                                text=True, timeout=600)
+        assert killed.returncode == -signal.SIGKILL, f"{point} was never reached: {killed.stderr}"
+    done = cli("resume", out, "--state-dir", state, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert digests(out) == digests(whole)
+    assert cli("verify", out, "--state-dir", state, timeout=600).returncode == 0
