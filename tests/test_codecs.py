@@ -130,6 +130,23 @@ def test_a_quant_method_is_decoded_by_the_format_that_claims_it_and_refused_wher
     assert_same_results(codes, values)
 
 
+def test_the_api_takes_a_codec_table(tmp_path: Path, make: ModelFactory) -> None:
+    # The front door hands a notebook's table to the planner and the run: the toy format is decoded through it,
+    # and refused by the default table.
+    from resumerge import api
+
+    a, b = make("a", seed=1), make("b", seed=2)
+    twins(b, tmp_path / "codes", tmp_path / "values")
+    config = write_config(tmp_path / "c.yml", linear_config(a, tmp_path / "codes"))
+    with pytest.raises(ModelInputError, match="unknown quantization method 'toy-int8'"):
+        api.plan_merge(config)
+    plan = api.plan_merge(config, codecs=WITH_TOY)
+    assert RowScaledInt8() in {ref.codec for tp in plan.tensors.values() for ref in tp.inputs}
+    api.run(config, tmp_path / "out", state_dir=tmp_path / "s", codecs=WITH_TOY)
+    got = load_file(tmp_path / "out" / "model.safetensors")
+    assert got.keys() == plan.tensors.keys()
+
+
 def test_a_format_s_claims_are_checked_against_the_headers(tmp_path: Path, make: ModelFactory) -> None:
     b = make("b", seed=2)
     quantize(b)

@@ -31,8 +31,9 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
 # mergekit's -v. The mergekit flags resumerge accepts only to ignore them have dests named unneeded_*.
 CLI_ONLY = {"command", "quiet", "json", "v_flag"}
 # Parameters that are objects, not options: the caller's progress display and stop flag (the CLI passes its own),
-# the free-space reading tests replace, and whether this process was started for the estimate (the CLI's was).
-API_ONLY = {"progress", "should_stop", "disk_free", "fresh_process"}
+# the free-space reading tests replace, whether this process was started for the estimate (the CLI's was), and
+# the table of stored formats a notebook plugs its own format into.
+API_ONLY = {"progress", "should_stop", "disk_free", "fresh_process", "codecs"}
 
 
 def _subparser(command: str) -> argparse.ArgumentParser:

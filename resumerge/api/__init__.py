@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from resumerge.engine.costs import Estimate
     from resumerge.engine.drive import Outcome
     from resumerge.engine.executor import Reporter
+    from resumerge.inputs.codecs import CodecTable
     from resumerge.plan.merge_plan import Plan
     from resumerge.recipes.estimate import RecipeEstimate
     from resumerge.recipes.view import RecipeStatus
@@ -91,6 +92,7 @@ def run(
     keep_workers: float | str | None = None,
     progress: bool | Reporter = False,
     should_stop: Callable[[], bool] | None = None,
+    codecs: CodecTable | None = None,
 ) -> Outcome:
     """Merge ``config`` into ``out``, like ``resumerge run``. ``config`` is a YAML file (a ``Path``, or a ``str``
     naming one) or YAML text (a ``str`` holding a newline or a one-line YAML mapping); the same holds for every
@@ -133,6 +135,10 @@ def run(
     ``progress`` is a reporter the caller made (the CLI hands in its display,
     :class:`~resumerge.cli.render.ProgressReporter`), used as given (the caller closes it); ``True`` is deprecated.
     ``should_stop`` is polled at safe points: once true, the run stops and raises InterruptedMerge (exit 3).
+    ``codecs`` is the table of stored formats a merge config's models are recognised by (None: every format
+    resumerge decodes, :data:`~resumerge.inputs.codecs.CODECS`); a notebook adds its own format with
+    ``CodecTable((*CODECS.formats, MyCodec))``. A resume reuses the plan recorded with the run while no input
+    changed; planned again, it recognises the default formats.
     """
     named(out)
     settings = run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory,
@@ -149,7 +155,7 @@ def run(
                                copy_tokenizer=copy_tokenizer, device=device, allow_crimes=allow_crimes,
                                stream_inputs=stream_inputs, write_model_card=write_model_card, dequantize=dequantize,
                                unsafe_truncate_embeddings=unsafe_truncate_embeddings, num_threads=num_threads)
-        call = Call(config, text, out, options, settings, allow_same_experts=allow_same_experts)
+        call = Call(config, text, out, options, settings, allow_same_experts=allow_same_experts, codecs=codecs)
         driving = Driving(stop_flag(should_stop), restart=restart, intermediate_dir=intermediate_dir,
                           cleanup=cleanup_intermediates)
         with nothing_started(out, state_dir):
@@ -298,13 +304,13 @@ def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
 def plan_merge(config: PathLike, *, out_shard_size: int | str = DEFAULT_SHARD_SIZE,
                random_seed: int = DEFAULT_SEED, allow_crimes: bool = False,
                unsafe_truncate_embeddings: bool = False, allow_same_experts: bool = False,
-               dequantize: bool = False) -> Plan:
+               dequantize: bool = False, codecs: CodecTable | None = None) -> Plan:
     """Validate ``config`` against the models' headers and return the frozen plan; writes nothing (a
-    mergekit-moe config's hidden-state routers are not computed)."""
+    mergekit-moe config's hidden-state routers are not computed). ``codecs``: as for :func:`run`."""
     options = plan_options(out_shard_size=out_shard_size, random_seed=random_seed, allow_crimes=allow_crimes,
                            unsafe_truncate_embeddings=unsafe_truncate_embeddings, dequantize=dequantize)
     text = config_text(config)
-    call = Call(config, text, None, options, RunSettings(), allow_same_experts=allow_same_experts)
+    call = Call(config, text, None, options, RunSettings(), allow_same_experts=allow_same_experts, codecs=codecs)
     return planner_of(kind_of(text)).plan(call)
 
 

@@ -47,7 +47,7 @@ class MergeKind:
 
         assert call.out is not None
         return run_merge(call.text, call.out, call.options, call.settings, restart=driving.restart,
-                         reporter=driving.reporter, should_stop=driving.should_stop)
+                         reporter=driving.reporter, should_stop=driving.should_stop, codecs=call.codecs)
 
     def resume(self, recorded: Recorded, settings: RunSettings, driving: Driving) -> Outcome:
         """Finish the merge ``recorded``: its stored plan, else its config planned again, its models where the
@@ -60,7 +60,7 @@ class MergeKind:
         from resumerge.engine.session import plan_from_config
 
         refuse_same_experts(call)
-        return plan_from_config(load_config_text(call.text, source=_source(call)), call.options)
+        return plan_from_config(load_config_text(call.text, source=_source(call)), call.options, codecs=call.codecs)
 
     def estimate(self, call: Call, measuring: Measuring, *, fresh_process: bool,
                  intermediate_dir: PathLike | None) -> Estimate:

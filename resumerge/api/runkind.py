@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from resumerge.engine.estimate import Measuring
     from resumerge.engine.executor import Reporter
     from resumerge.engine.session import Recorded
+    from resumerge.inputs.codecs import CodecTable
     from resumerge.plan.merge_plan import Plan, PlanOptions
     from resumerge.plan.prepared import Prepared
     from resumerge.recipes.estimate import RecipeEstimate
@@ -48,6 +49,9 @@ class Call:
     options: PlanOptions
     settings: RunSettings
     allow_same_experts: bool = False
+    # The stored formats a merge recognises (None: every one resumerge decodes, CODECS); a notebook hands in a
+    # table that lists its own format beside them.
+    codecs: CodecTable | None = None
 
 
 @dataclass(frozen=True)

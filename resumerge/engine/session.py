@@ -31,6 +31,7 @@ from resumerge.errors import (
     UsageError,
 )
 from resumerge.inputs.catalog import open_inputs
+from resumerge.inputs.codecs import CODECS, CodecTable
 from resumerge.memory.collector import collector_paused
 from resumerge.methods.registry import MethodSpec
 from resumerge.plan.merge_plan import Plan, PlanOptions
@@ -50,18 +51,20 @@ def prepare(
     state_dir: str | os.PathLike[str] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     reporter: Reporter | None = None,
+    codecs: CodecTable | None = None,
 ) -> Prepared:
-    """Open every referenced model (config.json and headers only) and build the plan; no weight is fetched."""
+    """Open every referenced model (config.json and headers only) and build the plan; no weight is fetched.
+    ``codecs``: the stored formats recognised (None: :data:`~resumerge.inputs.codecs.CODECS`)."""
     with collector_paused():  # millions of long-lived objects, few cycles: see resumerge.memory.collector
         inputs = open_inputs(config, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
                              on_progress=hub_progress(reporter))
-        return Prepared(build_plan(config, inputs.models, options), inputs)
+        return Prepared(build_plan(config, inputs.models, options, codecs or CODECS), inputs)
 
 
 def plan_from_config(config: MergeConfig, options: PlanOptions,
-                     model_dirs: Mapping[str, str] | None = None) -> Plan:
+                     model_dirs: Mapping[str, str] | None = None, *, codecs: CodecTable | None = None) -> Plan:
     """The plan of ``config`` (headers only); raises InputError subclasses for anything that would fail later."""
-    return prepare(config, options, model_dirs=model_dirs).plan
+    return prepare(config, options, model_dirs=model_dirs, codecs=codecs).plan
 
 
 def run_merge(
@@ -73,6 +76,7 @@ def run_merge(
     restart: bool = False,
     reporter: Reporter | None = None,
     should_stop: Callable[[], bool] = never_stop,
+    codecs: CodecTable | None = None,
 ) -> Outcome:
     """Merge ``config_text`` into ``out_dir``; continue an unfinished run of the same plan there.
 
@@ -86,7 +90,7 @@ def run_merge(
     with planning_mark(target.locations.run_dir):  # status says "planning" until the plan is recorded
         try:
             prepared = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
-                               reporter=reporter)
+                               reporter=reporter, codecs=codecs)
         except UnreachableError as exc:
             raise UnreachableInputError.before_start(exc) from None
         return run_plan(prepared, config_text, target, settings, restart=restart, reporter=reporter,
