@@ -110,11 +110,14 @@ def to_gguf(arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def write_gguf(path: Path, arch: str, tensors: dict[str, np.ndarray], qtype: Q, *, seed: int = 0) -> None:
+def write_gguf(path: Path, arch: str, tensors: dict[str, np.ndarray], qtype: Q, *, seed: int = 0,
+               split_max_tensors: int = 0, name: str = "") -> None:
     """A GGUF of ``arch`` holding ``tensors`` (GGUF names, float32): matrices as ``qtype`` (F32/F16/BF16/Q8_0/Q4_0/
     Q4_1 quantized by gguf-py; other types as random blocks), 1-D tensors F32 as llama.cpp stores them."""
     rng = np.random.default_rng(seed)
-    writer = gguf.GGUFWriter(path, arch)
+    writer = gguf.GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
+    if name:
+        writer.add_basename(name)
     writer.add_block_count(LAYERS)
     writer.add_context_length(512)
     writer.add_embedding_length(HIDDEN)

@@ -94,6 +94,55 @@ def test_the_planner_reads_a_permuted_q_in_whole_heads(tmp_path: Path) -> None:
     assert "quantization_config" not in plan.out_config
 
 
+def test_a_split_gguf_reads_as_the_one_file_it_was_split_from(tmp_path: Path) -> None:
+    tensors = to_gguf("qwen3", hf_tensors("qwen3"))
+    write_gguf(tmp_path / "one.gguf", "qwen3", tensors, Q.Q8_0)
+    write_gguf(tmp_path / "split.gguf", "qwen3", tensors, Q.Q8_0, split_max_tensors=7)
+    parts = sorted(p.name for p in tmp_path.glob("split-*.gguf"))
+    assert len(parts) > 2 and parts[0] == f"split-00001-of-{len(parts):05d}.gguf"
+    one, whole = decoded(tmp_path / "one.gguf")
+    model, got = decoded(tmp_path / parts[0])
+    assert [f.name for f in model.files] == parts
+    assert {found.file for found in model.tensors.values()} == set(parts)
+    assert got.keys() == whole.keys()
+    assert all(torch.equal(got[name], whole[name]) for name in whole)
+    assert {k: v for k, v in model.config.items() if k != "quantization_config"} == {
+        k: v for k, v in one.config.items() if k != "quantization_config"}
+    with pytest.raises(ModelInputError, match="is part 2 of a split GGUF"):
+        decoded(tmp_path / parts[1])
+    (tmp_path / parts[-1]).unlink()
+    with pytest.raises(ModelInputError, match=f"split GGUF part {parts[-1]} is missing"):
+        decoded(tmp_path / parts[0])
+
+
+def test_gguf_and_safetensors_parents_of_one_family_mix(tmp_path: Path) -> None:
+    # A Mistral GGUF (llama architecture, named Mistral) merged with the same weights as a Mistral safetensors
+    # folder: the plan compares them as one architecture, and the merge is the weights themselves.
+    hf = hf_tensors("llama")
+    write_gguf(tmp_path / "m.gguf", "llama", to_gguf("llama", hf), Q.F32, name="Mistral-Tiny")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    model, _ = decoded(tmp_path / "m.gguf")
+    assert model.config["architectures"] == ["MistralForCausalLM"]
+    config = {k: v for k, v in model.config.items() if k != "quantization_config"}
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file({n: torch.from_numpy(v) for n, v in hf.items()}, folder / "model.safetensors")
+    out = tmp_path / "out"
+    doc = {"merge_method": "linear", "dtype": "float32", "models": [
+        {"model": str(tmp_path / "m.gguf"), "parameters": {"weight": 0.5}},
+        {"model": str(folder), "parameters": {"weight": 0.5}}]}
+    done = cli("run", write_config(tmp_path / "c.yml", doc), out, "--state-dir", tmp_path / "s",
+               "--no-copy-tokenizer")
+    assert done.returncode == 0, done.stderr
+    assert "GGUF F32 tensors, which mergekit 0.1.5 cannot read" in (out / "README.md").read_text()
+    got = load_file(out / "model.safetensors")
+    assert got.keys() == hf.keys()
+    for name, value in hf.items():
+        _same(got[name], value, name)
+    written = json.loads((out / "config.json").read_text())
+    assert written["architectures"] == ["MistralForCausalLM"] and "quantization_config" not in written
+
+
 def test_an_unmapped_family_an_undecodable_type_and_a_damaged_file_are_refused_in_one_line(tmp_path: Path) -> None:
     writer = gguf.GGUFWriter(tmp_path / "phi.gguf", "phi3")
     writer.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))

@@ -11,15 +11,23 @@ from resumerge.plan.merge_plan import TensorPlan
 
 def quantization_notes(tensors: Mapping[str, TensorPlan]) -> list[str]:
     """The notes of a plan whose output tensors are ``tensors``: none when no input is quantized."""
-    stored_as = sorted({ref.codec.stored_as for tp in tensors.values() for ref in tp.inputs if not ref.codec.plain})
-    if not stored_as:
-        return []
-    # mergekit 0.1.5 on two block-FP8 checkpoints (tests/test_quant_paths.py runs it): with a dtype it averages
-    # the codes as numbers and writes no scale, and config.json keeps claiming FP8; without one it stops on
-    # torch's FP8 type promotion.
-    notes = [f"the inputs are quantized: mergekit 0.1.5 merges their {', '.join(stored_as)} as numbers, "
-             "without their scales, under a quantization_config that no longer describes them; resumerge decoded "
-             "every quantized tensor to float32 before merging it"]
+    codecs = {ref.codec for tp in tensors.values() for ref in tp.inputs if not ref.codec.plain}
+    stored_as = sorted({codec.stored_as for codec in codecs if codec.mergekit_reads})
+    unread = sorted({codec.stored_as for codec in codecs if not codec.mergekit_reads})
+    notes = []
+    if stored_as:
+        # mergekit 0.1.5 on two block-FP8 checkpoints (tests/test_quant_paths.py runs it): with a dtype it averages
+        # the codes as numbers and writes no scale, and config.json keeps claiming FP8; without one it stops on
+        # torch's FP8 type promotion.
+        notes.append(f"the inputs are quantized: mergekit 0.1.5 merges their {', '.join(stored_as)} as numbers, "
+                     "without their scales, under a quantization_config that no longer describes them; resumerge "
+                     "decoded every quantized tensor to float32 before merging it")
+    if unread:
+        notes.append(f"the inputs hold {', '.join(unread)}, which mergekit 0.1.5 cannot read; resumerge decoded "
+                     "every tensor to float32 before merging it (a parent quantized to 5 bits or fewer brings its "
+                     "quantization error into the merge)")
+    if not notes:
+        return notes
     carried = sorted({part for tp in tensors.values() for part, _ in tp.carried})
     if carried:
         count = sum(len(tp.carried) for tp in tensors.values())

@@ -140,6 +140,12 @@ class TensorCodec(ABC):
         return 1
 
     @property
+    def mergekit_reads(self) -> bool:
+        """Whether mergekit 0.1.5 reads this format's stored tensors at all (it merges a safetensors format's codes
+        as numbers; it cannot open a GGUF): what the plan's note about quantized inputs says of it."""
+        return True
+
+    @property
     def writes(self) -> bool:
         """Whether an output tensor may be stored in this format (an input-only format's outputs are plain)."""
         return True

@@ -61,7 +61,11 @@ class GgufCodec(TensorCodec):
 
     @property
     def stored_as(self) -> str:
-        return f"GGUF {self.ggml_type} blocks"
+        return f"GGUF {self.ggml_type} tensors"
+
+    @property
+    def mergekit_reads(self) -> bool:
+        return False
 
     @property
     def read_block(self) -> int:

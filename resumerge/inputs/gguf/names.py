@@ -98,6 +98,12 @@ def transform(arch: str, gguf_name: str) -> str:
     return ""
 
 
+def _named_mistral(metadata: Mapping[str, Any]) -> bool:
+    """Whether the GGUF's ``general.basename`` (else ``general.name``) names a Mistral model."""
+    name = metadata.get("general.basename") or metadata.get("general.name") or ""
+    return isinstance(name, str) and "mistral" in name.lower()
+
+
 def hf_config(arch: str, metadata: Mapping[str, Any], embed_rows: int, tied: bool) -> dict[str, Any]:
     """The ``config.json`` of the model a ``arch`` GGUF with ``metadata`` holds; ``embed_rows``: rows of its token
     embedding; ``tied``: whether it has no ``output.weight``."""
@@ -124,6 +130,10 @@ def hf_config(arch: str, metadata: Mapping[str, Any], embed_rows: int, tied: boo
         found = metadata.get(f"tokenizer.ggml.{key}")
         if found is not None:
             config[hf] = int(found)
+    if arch == "llama" and not get("expert_count") and _named_mistral(metadata):
+        # llama.cpp converts MistralForCausalLM to the llama architecture (same tensors, same permutation); the
+        # file's name is all that tells it apart, and a Mistral safetensors parent is compared by its class.
+        config["architectures"], config["model_type"] = ["MistralForCausalLM"], "mistral"
     if get("expert_count"):
         config.update(num_experts=get("expert_count"), num_experts_per_tok=get("expert_used_count"))
         if arch == "llama":

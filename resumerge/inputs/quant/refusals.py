@@ -93,8 +93,8 @@ def refuse_method(method: str, headers: Iterable[str], source: str,
 
 
 def refuse_gguf(head: bytes, path: str) -> None:
-    """Raise the GGUF refusal if a weight file's first bytes are GGUF's magic (it is not safetensors)."""
+    """Raise the GGUF refusal if a weight file's first bytes are GGUF's magic in a model folder (it is not
+    safetensors): a GGUF is read when the config names the file itself."""
     if head[:4] == GGUF_MAGIC:
-        label, tool, _ = KNOWN["gguf"]
-        raise refuse(path, f"a {label} file, not safetensors, which resumerge cannot decode", None,
-                     f"{_DEQUANTIZE} ({tool})")
+        raise refuse(path, "a GGUF file, not safetensors, in a model folder", None,
+                     f"name the file itself as the model (model: {path})")
