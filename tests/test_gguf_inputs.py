@@ -297,6 +297,20 @@ def test_a_gguf_parent_s_tokenizer_is_rebuilt_from_its_metadata(tmp_path: Path, 
                     if k != "local_files_only"}
 
 
+def test_a_gguf_donor_s_tokenizer_takes_the_config_s_chat_template(tmp_path: Path,
+                                                                   real: tuple[Path, Path]) -> None:
+    from resumerge import api
+
+    doc = {"merge_method": "linear", "dtype": "float32", "chat_template": "chatml", "models": [
+        {"model": str(real[0]), "parameters": {"weight": 0.5}}, {"model": str(real[1]), "parameters": {"weight": 0.5}}]}
+    plan = api.plan_merge(write_config(tmp_path / "c.yml", doc))
+    template = plan.tokenizer_blobs["chat_template.jinja"].decode()
+    assert template != (smollm2_folder() / "chat_template.jinja").read_text() and "<|im_start|>" in template
+    assert plan.tokenizer_blobs["tokenizer.json"] == (smollm2_folder() / "tokenizer.json").read_bytes()
+    with pytest.raises(ModelInputError, match="tokenizer_source cannot yet build a tokenizer from a GGUF model"):
+        api.plan_merge(write_config(tmp_path / "u.yml", {**doc, "tokenizer_source": "union"}))
+
+
 def test_a_gguf_input_merge_killed_resumes_byte_identical(tmp_path: Path, real: tuple[Path, Path]) -> None:
     config = _linear(tmp_path, *real)
     whole = tmp_path / "whole"

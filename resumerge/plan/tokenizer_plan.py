@@ -31,6 +31,10 @@ def build_output_tokenizer(
     inputs = {}
     for ref in config.referenced_models():
         model = models[ref.key]
+        if model.gguf is not None:
+            raise ModelInputError(f"tokenizer_source cannot yet build a tokenizer from a GGUF model ({ref.key})",
+                                  path=str(model.directory / model.gguf),
+                                  hint="merge GGUF models whose vocabularies are the same, without tokenizer_source")
         inputs[ref.key] = VocabInput(ref.key, tokenizer_dir(model), _embed_rows(model))
     return build_tokenizer(spec, inputs, config.base_model.key if config.base_model else None)
 
@@ -63,15 +67,22 @@ def tokenizer_output(
     if tokenizer_donor is None:
         return None, {}
     model = models[tokenizer_donor]
-    if model.gguf is not None and model.adapter is None:  # rebuilt from the file's metadata, held by the plan
-        from resumerge.inputs.gguf.tokenizer import gguf_tokenizer_files
-
-        return tokenizer_donor, gguf_tokenizer_files(model.directory / model.gguf)
     directory = tokenizer_dir(model)
     template = None
     if spec.chat_template is not None:
         template = resolve_chat_template(spec.chat_template, [tokenizer_dir(models[r.key])
                                                               for r in config.referenced_models()])
+    if model.gguf is not None and model.adapter is None:  # rebuilt from the file's metadata, held by the plan
+        from resumerge.inputs.gguf.tokenizer import gguf_tokenizer_files
+
+        if cut_rows is not None:
+            raise ModelInputError("--unsafe-truncate-embeddings cannot cut a GGUF model's tokenizer",
+                                  path=str(model.directory / model.gguf),
+                                  hint="take the tokenizer from a safetensors model (base_model), or pass "
+                                       "--no-copy-tokenizer")
+        rebuilt = gguf_tokenizer_files(model.directory / model.gguf)
+        return tokenizer_donor, dict(apply_chat_template_files(list(rebuilt.items()), template)
+                                     if template else rebuilt)
     names = [name for name, _ in tokenizer_files(directory)]
     cut = cut_tokenizer_files(tokenizer_donor, directory, cut_rows, names) if cut_rows is not None else None
     if template is None and cut is None and directory == model.directory:
