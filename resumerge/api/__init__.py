@@ -85,6 +85,8 @@ def run(
     write_model_card: bool = True,
     unsafe_truncate_embeddings: bool = False,
     dequantize: bool = False,
+    out_type: str = "safetensors",
+    gguf_type: str = "f16",
     cache_dir: PathLike | None = None,
     num_threads: int | None = None,
     executor: str = "local",
@@ -131,6 +133,8 @@ def run(
     ``unsafe_truncate_embeddings`` (``--unsafe-truncate-embeddings``) merges models whose vocabularies differ in
     size by keeping the common leading rows (config.json and the tokenizer are cut to match). ``dequantize``
     (``--dequantize``) stores every output tensor plainly in its dtype, whatever format the base model is stored in.
+    ``out_type="gguf"`` (``--out-type gguf``) writes one GGUF file, ``model.gguf``, instead of safetensors shards,
+    its matrices as ``gguf_type`` (``--gguf-type``: ``f16``, ``bf16``, ``q8_0``) and its tokenizer from a GGUF parent.
 
     ``progress`` is a reporter the caller made (the CLI hands in its display,
     :class:`~resumerge.cli.render.ProgressReporter`), used as given (the caller closes it); ``True`` is deprecated.
@@ -154,6 +158,7 @@ def run(
         options = plan_options(out_shard_size=shard_size_choice(out_shard_size, out)[0], random_seed=random_seed,
                                copy_tokenizer=copy_tokenizer, device=device, allow_crimes=allow_crimes,
                                stream_inputs=stream_inputs, write_model_card=write_model_card, dequantize=dequantize,
+                               out_type=out_type, gguf_type=gguf_type,
                                unsafe_truncate_embeddings=unsafe_truncate_embeddings, num_threads=num_threads)
         call = Call(config, text, out, options, settings, allow_same_experts=allow_same_experts, codecs=codecs)
         driving = Driving(stop_flag(should_stop), restart=restart, intermediate_dir=intermediate_dir,
@@ -304,11 +309,13 @@ def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
 def plan_merge(config: PathLike, *, out_shard_size: int | str = DEFAULT_SHARD_SIZE,
                random_seed: int = DEFAULT_SEED, allow_crimes: bool = False,
                unsafe_truncate_embeddings: bool = False, allow_same_experts: bool = False,
-               dequantize: bool = False, codecs: CodecTable | None = None) -> Plan:
+               dequantize: bool = False, out_type: str = "safetensors", gguf_type: str = "f16",
+               codecs: CodecTable | None = None) -> Plan:
     """Validate ``config`` against the models' headers and return the frozen plan; writes nothing (a
     mergekit-moe config's hidden-state routers are not computed). ``codecs``: as for :func:`run`."""
     options = plan_options(out_shard_size=out_shard_size, random_seed=random_seed, allow_crimes=allow_crimes,
-                           unsafe_truncate_embeddings=unsafe_truncate_embeddings, dequantize=dequantize)
+                           unsafe_truncate_embeddings=unsafe_truncate_embeddings, dequantize=dequantize,
+                           out_type=out_type, gguf_type=gguf_type)
     text = config_text(config)
     call = Call(config, text, None, options, RunSettings(), allow_same_experts=allow_same_experts, codecs=codecs)
     return planner_of(kind_of(text)).plan(call)
@@ -326,6 +333,8 @@ def estimate(
     allow_same_experts: bool = False,
     unsafe_truncate_embeddings: bool = False,
     dequantize: bool = False,
+    out_type: str = "safetensors",
+    gguf_type: str = "f16",
     max_memory: int | str | None = None,
     cache_dir: PathLike | None = None,
     stream_inputs: bool = False,
@@ -374,7 +383,7 @@ def estimate(
     options = plan_options(out_shard_size=shard_size_choice(out_shard_size, out)[0], random_seed=random_seed,
                            copy_tokenizer=copy_tokenizer, device=device, allow_crimes=allow_crimes,
                            stream_inputs=stream_inputs, unsafe_truncate_embeddings=unsafe_truncate_embeddings,
-                           dequantize=dequantize)
+                           dequantize=dequantize, out_type=out_type, gguf_type=gguf_type)
     settings = run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory, staging=staging,
                             max_disk=max_disk, num_threads=num_threads, executor=executor, ray_address=ray_address)
     usable_device(options.device)

@@ -123,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dequantize", action="store_true",
                      help="store every output tensor unquantized in its dtype, with no quantization_config "
                           "[default: the output keeps the base model's quantized format]")
+    run.add_argument("--out-type", choices=("safetensors", "gguf"), default="safetensors",
+                     help="write the output as safetensors shards, or as one GGUF file llama.cpp loads (its "
+                          "tokenizer from a GGUF parent) [default: safetensors]")
+    run.add_argument("--gguf-type", choices=("f16", "bf16", "q8_0"), default="f16",
+                     help="--out-type gguf: how matrices are stored (norms and 1-D tensors are F32) [default: f16]")
     run.add_argument("--allow-crimes", action="store_true",
                      help="merge models of different architectures, tensor by tensor as names and shapes allow")
     run.add_argument("--i-understand-this-is-not-useful-without-training", action="store_true",
@@ -199,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                       dest="allow_same_experts", help="as for run")
     plan.add_argument("--unsafe-truncate-embeddings", action="store_true", help="as for run")
     plan.add_argument("--dequantize", action="store_true", help="as for run")
+    plan.add_argument("--out-type", choices=("safetensors", "gguf"), default="safetensors", help="as for run")
+    plan.add_argument("--gguf-type", choices=("f16", "bf16", "q8_0"), default="f16", help="as for run")
     plan.add_argument("--state-dir", metavar="DIR", help="state directory the run will use")
     plan.add_argument("--max-memory", metavar="SIZE", help="RAM budget the run will use [default: as for run]")
     plan.add_argument("--transformers-cache", metavar="DIR", dest="cache_dir",

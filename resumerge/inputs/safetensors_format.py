@@ -236,6 +236,9 @@ class ShardLayout:
 
     header: bytes
     order: tuple[PlannedTensor, ...]
+    # The finished file's size when its tensors are padded (a GGUF: zeros between and after them); 0: they are
+    # packed, as safetensors packs them.
+    size: int = 0
 
     @property
     def data_bytes(self) -> int:
@@ -245,7 +248,7 @@ class ShardLayout:
     @property
     def file_size(self) -> int:
         """Size of the finished file."""
-        return len(self.header) + self.data_bytes
+        return self.size or len(self.header) + self.data_bytes
 
 
 def layout_shard(

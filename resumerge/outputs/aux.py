@@ -33,9 +33,11 @@ def aux_files(plan: Plan) -> list[AuxFile]:
     if plan.side_files:  # a plan that makes its own side files (an extracted adapter) writes those alone
         return [AuxFile(name, "config", "during_config_write") for name in plan.side_files]
     files = []
-    if len(plan.shards) > 1:
+    gguf = bool(plan.gguf_headers)  # the GGUF file holds the config and the tokenizer itself
+    if len(plan.shards) > 1 and not gguf:
         files.append(AuxFile(INDEX_NAME, "index", "during_index_write"))
-    files.append(AuxFile(CONFIG_NAME, "config", "during_config_write"))
+    if not gguf:
+        files.append(AuxFile(CONFIG_NAME, "config", "during_config_write"))
     if plan.options.write_model_card:  # mergekit's --no-write-model-card drops both
         files.append(AuxFile(plan.config_copy, "config", "during_config_write"))  # named by the plan's kind
         files.append(AuxFile(CARD_NAME, "card", "during_config_write"))

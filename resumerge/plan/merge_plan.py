@@ -19,6 +19,7 @@ from resumerge.config.version import __version__
 from resumerge.config.yamldiff import config_changes
 from resumerge.errors import ResumergeError
 from resumerge.inputs.codecs import PLAIN, OutPart, TensorCodec
+from resumerge.inputs.gguf.layout import shard_layout
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, ShardLayout, layout_shard, numel
 from resumerge.memory.sizes import format_size
 from resumerge.methods.registry import MethodSpec, get_method
@@ -61,12 +62,17 @@ class PlanOptions:
     # transformers naming, is what a run recorded before this option existed resumes with; every new run asks for
     # it, and the planner drops it where the parent is named the default way (its names would not change).
     parent_shard_names: bool = False
+    # --out-type gguf: the output is one GGUF file (llama.cpp's layout) with --gguf-type's encoding of the matrices
+    # (f16, bf16, q8_0; norms and 1-D tensors F32); "safetensors" (the default) as always.
+    out_type: str = "safetensors"
+    gguf_type: str = "f16"
 
 
 # Options added after runs were first recorded: left out of the fingerprint at their default, so a run planned
 # before they existed resumes as the same plan.
 _LATER_OPTIONS: dict[str, object] = {"write_model_card": True, "unsafe_truncate_embeddings": False,
-                                     "num_threads": None, "dequantize": False, "parent_shard_names": False}
+                                     "num_threads": None, "dequantize": False, "parent_shard_names": False,
+                                     "out_type": "safetensors", "gguf_type": "f16"}
 
 
 @dataclass(frozen=True)
@@ -262,6 +268,9 @@ class Plan:
     # adapter_config.json and README.md), by name; empty for a merge, whose side files are config.json, the card
     # and the tokenizer (resumerge.outputs.aux). Fingerprinted by their hashes.
     side_files: Mapping[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+    # A GGUF output's planned header bytes (key-values, tensor infos, padding), by shard file name: its tensors sit
+    # at the offsets they fix (:meth:`shard_layout`). Empty for a safetensors output. Fingerprinted by their hashes.
+    gguf_headers: Mapping[str, bytes] = field(default_factory=dict, compare=False, repr=False)
     # How many stored tensors of each input model have each role (weight, companion, other: see
     # resumerge.inputs.codecs.Role), by model key, for plan, status and verify to report. Derived from the inputs.
     input_roles: Mapping[str, Mapping[str, int]] = field(default_factory=dict, compare=False)
@@ -307,6 +316,10 @@ class Plan:
 
     def shard_layout(self, shard: ShardPlan) -> ShardLayout:
         """The byte layout of ``shard`` (header and data order), as the writer must produce it."""
+        header = self.gguf_headers.get(shard.name)
+        if header is not None:
+            parts = [(p.name, p.dtype, p.shape) for n in shard.tensors for p in self.tensors[n].stored_parts()]
+            return shard_layout(header, parts, shard.file_size)
         return stored_layout(self.tensors, shard.tensors)
 
     def method_of(self, tp: TensorPlan) -> MethodSpec:
@@ -349,6 +362,8 @@ def fingerprint_parts(plan: Plan) -> dict[str, str]:
     }
     if plan.side_files:  # only when present, so a merge's fingerprint is unchanged
         body["side_files"] = {n: hashlib.sha256(b).hexdigest() for n, b in sorted(plan.side_files.items())}
+    if plan.gguf_headers:  # likewise
+        body["gguf_headers"] = {n: hashlib.sha256(b).hexdigest() for n, b in sorted(plan.gguf_headers.items())}
     return {
         "plan": _body_sha(body, plan.tensors),
         "options": _sha(_output_options(plan.options)),

@@ -175,10 +175,18 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     options, naming = output_naming(options, (f.name for f in models[donor].files))
     shards, tensors = assign_shards(tensors, options.out_shard_size, naming=naming)
     cut_rows = _embed_rows(tensors) if ctx.truncate and notes else None
-    tokenizer_donor, blobs = tokenizer_output(config, spec, built, donor, options, models, cut_rows)
+    gguf = options.out_type == "gguf"
+    tokenizer_donor, blobs = (None, {}) if gguf else tokenizer_output(config, spec, built, donor, options, models,
+                                                                       cut_rows)
     out_config = build_out_config(config, models, donor, tuple(origins), tensors, mtp=mtp)
     if vision_layers is not None:
         set_vision_layers(out_config, vision_layers)
+    headers: dict[str, bytes] = {}
+    if gguf:  # one GGUF file instead of safetensors shards, its header fixed here (its tokenizer keys inside)
+        from resumerge.plan.ggufout import gguf_output
+
+        order = [donor, *(r.key for r in config.referenced_models() if r.key != donor)]
+        shards, tensors, headers = gguf_output(tensors, out_config, models, order, options.gguf_type)
     notes.extend(quantization_notes(tensors))
     if options.num_threads is not None and not threads_matter({method.name, *(t.method for t in tensors.values())}):
         options = replace(options, num_threads=None)
@@ -196,6 +204,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
         out_config=out_config,
         tokenizer_files=tokenizer_hashes(models, tokenizer_donor, blobs),
         tokenizer_blobs=blobs,
+        gguf_headers=headers,
         vocab=built.alignment if built else None,
         vocab_digest=built.digest if built else "",
         notes=tuple(notes),

@@ -83,7 +83,8 @@ def verify_output(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[
             damaged.append(Damage(MANIFEST_NAME, problem))
     shards = [n for n in records if n.endswith(".safetensors")]
     read = {"config.json", *shards}
-    if not is_hub_target(out_dir) and not pending and not any(d.name in read for d in damaged):
+    gguf = any(n.endswith(".gguf") for n in records)  # its format is in its own header, re-hashed above
+    if not is_hub_target(out_dir) and not pending and not gguf and not any(d.name in read for d in damaged):
         # Every weight with its companions, as a reader finds them (a hub OUT's headers would cost a download).
         # Only files whose checksums matched are read: a damaged one is reported as damaged, never parsed.
         recorded = read_formats(run_dir(out_dir, state_dir) / LEDGER_NAME)

@@ -88,6 +88,8 @@ class ShardWriter:
         self._unsent = 0  # bytes written since the disk was last asked to start writing them
         try:
             self._fd = os.open(self.temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            if layout.file_size > len(layout.header) + layout.data_bytes:
+                os.ftruncate(self._fd, layout.file_size)  # a padded layout (GGUF): the gaps and the tail are zeros
             self._write(memoryview(layout.header), 0)
         except OSError as exc:
             self.abort()
@@ -171,21 +173,24 @@ class ShardWriter:
         while self._at < len(order):
             part = order[self._at]
             start = self._data_start + part.offset
-            written = start + self._done[part.name]
-            while self._frontier < written:
-                # Read back into the writer's one buffer: a fresh bytes object per read made the kernel zero new
-                # pages for every chunk (a quantized shard, written mostly ahead of its frontier, is read back whole).
-                if self._reread is None:
-                    self._reread = memoryview(bytearray(_REREAD_BYTES))
-                want = self._reread[:min(_REREAD_BYTES, written - self._frontier)]
-                got = os.preadv(self._fd, [want], self._frontier)
-                if not got:
-                    raise OSError(errno.EIO, f"{self.temp} is shorter than what was written to it")
-                self._sha.update(want[:got])
-                self._frontier += got
+            self._reread_to(start + self._done[part.name])
             if self._done[part.name] < part.nbytes:
                 return
             self._at += 1
+
+    def _reread_to(self, written: int) -> None:
+        """Hash the file's bytes from the frontier to ``written``, read back."""
+        while self._frontier < written:
+            # Read back into the writer's one buffer: a fresh bytes object per read made the kernel zero new
+            # pages for every chunk (a quantized shard, written mostly ahead of its frontier, is read back whole).
+            if self._reread is None:
+                self._reread = memoryview(bytearray(_REREAD_BYTES))
+            want = self._reread[:min(_REREAD_BYTES, written - self._frontier)]
+            got = os.preadv(self._fd, [want], self._frontier)
+            if not got:
+                raise OSError(errno.EIO, f"{self.temp} is shorter than what was written to it")
+            self._sha.update(want[:got])
+            self._frontier += got
 
     def finish(self) -> tuple[int, str, Receipt]:
         """fsync, verify the header and size, and publish through the sink (local: rename, fsync the directory;
@@ -198,6 +203,7 @@ class ShardWriter:
         if self._next != len(self._order):
             raise ResumergeError(f"internal: shard {self.final.name} finished with tensors missing")
         try:
+            self._reread_to(self.layout.file_size)  # a padded layout's tail of zeros (none for safetensors)
             killpoints.reach("after_temp_write")
             sync_file(self._fd)
             # What is on disk must be the planned header and size: the header's bytes are compared, not parsed

@@ -54,6 +54,9 @@ class GgufHeader:
     tensors: tuple[GgufTensor, ...]
     raw: bytes
     file_size: int
+    # Each key's value type and, for an array, its element type (None otherwise): a key copied to an output GGUF
+    # keeps its type.
+    kinds: dict[str, tuple[int, int | None]]
 
 
 def is_gguf(path: Path) -> bool:
@@ -73,6 +76,7 @@ def read_gguf_header(path: Path, sizes: dict[int, tuple[int, int]]) -> GgufHeade
 class _Parser:
     def __init__(self, view: mmap.mmap, where: str) -> None:
         self.view, self.where, self.at = view, where, 0
+        self.sub: int | None = None  # the element type of the array value() read last
 
     def bad(self, what: str) -> HostileFileError:
         return HostileFileError(f"not a readable GGUF file: {what}", path=self.where,
@@ -97,6 +101,7 @@ class _Parser:
             raise self.bad(f"a string that is not UTF-8 at byte {self.at - len(raw)}") from None
 
     def value(self, kind: int) -> Any:
+        self.sub = None
         if kind == _STRING:
             return self.string()
         if kind in _SCALARS:
@@ -104,6 +109,7 @@ class _Parser:
         if kind != _ARRAY:
             raise self.bad(f"unknown value type {kind}")
         inner, count = self.scalar(4), self.scalar(10)
+        self.sub = inner
         if inner == _STRING:
             if count > len(self.view):  # each string takes 8 bytes at least: an absurd count is a lie
                 raise self.bad(f"an array of {count} strings")
@@ -128,9 +134,12 @@ class _Parser:
         if n_tensors > len(self.view) or n_kv > len(self.view):
             raise self.bad(f"{n_tensors} tensors and {n_kv} keys in a file of {len(self.view)} bytes")
         metadata: dict[str, Any] = {}
+        kinds: dict[str, tuple[int, int | None]] = {}
         for _ in range(n_kv):
             key = self.string()
-            metadata[key] = self.value(self.scalar(4))
+            kind = self.scalar(4)
+            metadata[key] = self.value(kind)
+            kinds[key] = (kind, self.sub)
         infos = []
         for _ in range(n_tensors):
             name = self.string()
@@ -160,4 +169,4 @@ class _Parser:
                 raise self.bad(f"tensor {name!r} ends past the end of the file")
             tensors.append(GgufTensor(name, ne, kind, start, start + nbytes))
             expected = offset + -(-nbytes // alignment) * alignment
-        return GgufHeader(metadata, tuple(tensors), bytes(self.view[:data_start]), len(self.view))
+        return GgufHeader(metadata, tuple(tensors), bytes(self.view[:data_start]), len(self.view), kinds)

@@ -150,3 +150,61 @@ def hf_config(arch: str, metadata: Mapping[str, Any], embed_rows: int, tied: boo
             if get(key) is not None:
                 config[hf] = get(key)
     return {k: v for k, v in config.items() if v is not None}
+
+
+# HF model_type -> general.architecture of the GGUF llama.cpp's converter writes (Mistral's as llama).
+ARCH_OF: Mapping[str, str] = {**{model_type: arch for arch, (_, model_type) in FAMILIES.items()}, "mistral": "llama"}
+_TOP_BACK = {hf: gguf for gguf, hf in _TOP.items()}
+
+
+def gguf_name(arch: str, hf: str) -> str | None:
+    """The GGUF name of HF tensor ``hf`` of an ``arch`` model; None for one the family's GGUF does not hold
+    (gemma2's tied ``lm_head``)."""
+    base, _, suffix = hf.rpartition(".")
+    if base in _TOP_BACK and suffix == "weight":
+        return None if arch == "gemma2" and base == "lm_head" else f"{_TOP_BACK[base]}.weight"
+    match = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", hf)
+    if match is not None:
+        layer, part, suffix = match.groups()
+        table = {**_BLOCK, **(_GEMMA_BLOCK if arch in GEMMA else {})}
+        back = {v: k for k, v in table.items()}
+        if part in back and part != "mlp.gate" and not part.startswith("mlp.shared_expert"):
+            return f"blk.{layer}.{back[part]}.{suffix}"
+    raise ModelInputError(f"{hf} of a {arch} model has no GGUF name resumerge knows (experts and MoE routers are "
+                          "not written to GGUF yet)", tensor=hf, hint="write the merge as safetensors")
+
+
+def gguf_metadata(arch: str, config: Mapping[str, Any]) -> list[tuple[str, tuple[str, Any]]]:
+    """The ``{arch}.*`` hyperparameter keys llama.cpp's converter writes for HF ``config`` (``gguf.md`` §4), as
+    (key, (kind, value)) with kind ``u32`` or ``f32``, in the converter's order."""
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    keys: list[tuple[str, tuple[str, Any]]] = [
+        ("block_count", ("u32", config["num_hidden_layers"])),
+        ("context_length", ("u32", config.get("max_position_embeddings", 4096))),
+        ("embedding_length", ("u32", config["hidden_size"])),
+        ("feed_forward_length", ("u32", config["intermediate_size"])),
+        ("attention.head_count", ("u32", heads)),
+        ("attention.head_count_kv", ("u32", config.get("num_key_value_heads") or heads)),
+        ("rope.freq_base", ("f32", _rope_theta(arch, config))),
+        ("attention.layer_norm_rms_epsilon", ("f32", config.get("rms_norm_eps", 1e-6))),
+        ("attention.key_length", ("u32", head_dim)),
+        ("attention.value_length", ("u32", head_dim)),
+    ]
+    if arch == "llama":
+        keys += [("rope.dimension_count", ("u32", head_dim)), ("vocab_size", ("u32", config["vocab_size"]))]
+    if arch in GEMMA:
+        for key, hf, kind in (("attn_logit_softcapping", "attn_logit_softcapping", "f32"),
+                              ("final_logit_softcapping", "final_logit_softcapping", "f32"),
+                              ("attention.sliding_window", "sliding_window", "u32"),
+                              ("rope.freq_base_swa", "rope_local_base_freq", "f32")):
+            if config.get(hf) is not None:
+                keys.append((key, (kind, config[hf])))
+    return [(f"{arch}.{key}", value) for key, value in keys]
+
+
+def _rope_theta(arch: str, config: Mapping[str, Any]) -> float:
+    theta = config.get("rope_theta")
+    if theta is None and isinstance(config.get("rope_parameters"), Mapping):
+        theta = config["rope_parameters"].get("rope_theta")
+    return float(theta if theta is not None else 1e6 if arch == "gemma3" else 10000.0)

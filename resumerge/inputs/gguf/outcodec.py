@@ -1,0 +1,106 @@
+"""The GGUF output codec: an output tensor's value (Hugging Face layout) stored as llama.cpp stores it — under its
+GGUF name, with the family's transform applied (llama's q/k rows permuted per head, gemma's norms +1) and encoded
+by gguf-py's quantizer (F32, F16, BF16, Q8_0), a row chunk at a time (a chunk of a permuted q/k is whole heads)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, TensorCodec
+from resumerge.inputs.gguf.layout import encode
+from resumerge.inputs.gguf.model import gguf_module
+from resumerge.inputs.gguf.names import NORM_MINUS_ONE
+
+if TYPE_CHECKING:
+    from resumerge.inputs.files import TensorSource
+    from resumerge.torch_import import torch
+
+# --gguf-type -> ggml type id, and the stored dtype of each type written
+TYPES: Mapping[str, int] = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8}
+_STORED = {0: "F32", 1: "F16", 30: "BF16"}
+_Q8_0_BLOCK = (32, 34)
+
+
+@dataclass(frozen=True)
+class GgufOutCodec(TensorCodec):
+    """One output tensor written to a GGUF: its GGUF name, ggml type, transform and rows per head."""
+
+    name: ClassVar[str] = "gguf-out"
+
+    gguf_name: str
+    ggml_type: int
+    transform: str = ""
+    head_rows: int = 1
+
+    @classmethod
+    def recognise(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource]) -> tuple[Claim, ...]:
+        return ()  # an output format only
+
+    @property
+    def row_block(self) -> int:
+        return self.head_rows
+
+    @property
+    def mergekit_reads(self) -> bool:
+        return False
+
+    def quantization_config(self, base: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        return None
+
+    def stored_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The stored shape of a value of ``shape``: Q8_0 as rows of block bytes."""
+        if self.ggml_type in _STORED:
+            return shape
+        values, size = _Q8_0_BLOCK
+        return (*shape[:-1], shape[-1] // values * size)
+
+    def value_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
+        if self.ggml_type in _STORED:
+            return stored
+        values, size = _Q8_0_BLOCK
+        return (*stored[:-1], stored[-1] // size * values)
+
+    def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:
+        return (OutPart(MAIN, self.gguf_name, _STORED.get(self.ggml_type, "U8"), self.stored_shape(shape)),)
+
+    def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
+        from resumerge.torch_import import torch
+
+        rows = value.detach().to("cpu", torch.float32).numpy()
+        if self.transform == NORM_MINUS_ONE:
+            rows = rows + np.float32(1)
+        elif self.transform:  # HF -> GGUF: row i of a head goes to 2i, row i + head/2 to 2i + 1
+            n = rows.shape[0] // self.head_rows
+            rows = rows.reshape(n, 2, self.head_rows // 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+        data = encode(rows, self.ggml_type, gguf_module())
+        if self.ggml_type == 0:
+            stored = torch.from_numpy(data)
+        elif self.ggml_type in _STORED:
+            half = torch.from_numpy(np.ascontiguousarray(data).reshape(*rows.shape[:-1], -1))
+            stored = half.view(torch.float16 if self.ggml_type == 1 else torch.bfloat16)
+        else:
+            stored = torch.from_numpy(data)
+        return {MAIN: stored.to(value.device)}
+
+    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        from resumerge.torch_import import torch
+
+        gguf = gguf_module()
+        stored = parts[MAIN].cpu().contiguous()
+        raw = stored.view(torch.uint8).numpy() if self.ggml_type not in (0, 1) else stored.numpy()
+        value = np.array(gguf.quants.dequantize(raw, self.ggml_type), dtype=np.float32)
+        if self.transform == NORM_MINUS_ONE:
+            value -= 1
+        elif self.transform:
+            n = value.shape[0] // self.head_rows
+            value = value.reshape(n, self.head_rows // 2, 2, *value.shape[1:]).swapaxes(1, 2).reshape(value.shape)
+        result = torch.from_numpy(np.ascontiguousarray(value))
+        if out is not None:
+            out.copy_(result)
+            return out
+        return result

@@ -1,0 +1,106 @@
+"""A GGUF output in the plan (``--out-type gguf``): every output tensor's GGUF name, type and transform, and the
+file's header — key-values, tensor infos, every offset and the file's size — fixed before the first tensor is
+merged, so the shard writer writes each tensor at its offset and a resume finds the same bytes planned.
+
+llama.cpp's conventions (``gguf.md`` §2-4): matrices in ``--gguf-type`` (Q8_0 needs rows of whole 32-value blocks,
+else F16), norms, 1-D tensors and routers F32; the family's hyperparameter keys from the output's config.json; the
+``tokenizer.*`` keys (vocabulary, merges, chat template) copied with their types from a GGUF parent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from resumerge.errors import ModelInputError
+from resumerge.inputs.gguf.header import read_gguf_header
+from resumerge.inputs.gguf.layout import ARRAY, BOOL, F32, STRING, U32, TensorInfo, Value, plan_layout
+from resumerge.inputs.gguf.model import gguf_module
+from resumerge.inputs.gguf.names import ARCH_OF, NORM_MINUS_ONE, UNPERMUTE_Q, gguf_metadata, gguf_name, transform
+from resumerge.inputs.gguf.outcodec import TYPES, GgufOutCodec
+from resumerge.inputs.model import ModelInput
+from resumerge.plan.merge_plan import ShardPlan, TensorPlan
+
+GGUF_NAME = "model.gguf"
+# --gguf-type -> general.file_type (llama.cpp's LlamaFileType)
+_FILE_TYPES = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7}
+_KINDS = {"u32": U32, "f32": F32}
+
+
+def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any], models: Mapping[str, ModelInput],
+                order: list[str], gguf_type: str) -> tuple[tuple[ShardPlan, ...], dict[str, TensorPlan],
+                                                          dict[str, bytes]]:
+    """The one GGUF shard of an output of ``tensors`` whose config.json is ``out_config``, its tokenizer keys from
+    the first GGUF model of ``order`` (model keys, the donor first); the tensors with their GGUF codec and shard,
+    and the shard's header. Raises :class:`ModelInputError` (exit 2, before anything is written) for a family, a
+    tensor or a tokenizer it cannot write."""
+    model_type = out_config.get("model_type")
+    arch = ARCH_OF.get(str(model_type))
+    if arch is None or arch in ("qwen2moe", "qwen3moe"):
+        raise ModelInputError(f"a GGUF output of a {model_type} model, which resumerge cannot write yet (it writes "
+                              "llama, mistral, qwen2, qwen3, gemma2 and gemma3)", hint="write it as safetensors")
+    if gguf_type not in TYPES:
+        raise ModelInputError(f"--gguf-type {gguf_type}: one of {', '.join(TYPES)}")
+    source = next((models[k] for k in order if models[k].gguf is not None), None)
+    if source is None:
+        raise ModelInputError("a GGUF output needs its tokenizer from a GGUF parent, and no model of the config is "
+                              "a GGUF file", hint="merge with a GGUF parent, or write safetensors and convert them "
+                                                  "with llama.cpp's convert_hf_to_gguf.py")
+    placed: dict[str, TensorPlan] = {}
+    infos = []
+    for name in sorted(tensors):
+        tp = tensors[name]
+        target = gguf_name(arch, name)
+        if target is None:
+            continue
+        placed[name] = tp = _encoded(tp, arch, target, TYPES[gguf_type], out_config)
+        infos.append(TensorInfo(target, tp.shape, tp.out_codec.ggml_type,  # type: ignore[attr-defined]
+                                tp.nbytes))
+    layout = plan_layout(_metadata(arch, out_config, gguf_type, source), infos)
+    shard = ShardPlan(GGUF_NAME, tuple(placed), layout.file_size)
+    return (shard,), {n: tp.in_shard(GGUF_NAME) for n, tp in placed.items()}, {GGUF_NAME: layout.header}
+
+
+def _encoded(tp: TensorPlan, arch: str, target: str, qtype: int, config: Mapping[str, Any]) -> TensorPlan:
+    """``tp`` written as GGUF tensor ``target``: F32 for norms, 1-D tensors and routers, F16 for Q8_0 rows that
+    are not whole blocks, else ``qtype``; with the family's transform."""
+    how = transform(arch, target)
+    if len(tp.shape) < 2 or target.endswith(("norm.weight", "ffn_gate_inp.weight")):
+        ggml = 0
+    elif qtype == 8 and tp.shape[-1] % 32:
+        ggml = 1
+    else:
+        ggml = qtype
+    head_rows = 1
+    if how and how != NORM_MINUS_ONE:
+        heads = int(config["num_attention_heads"] if how == UNPERMUTE_Q else
+                    config.get("num_key_value_heads") or config["num_attention_heads"])
+        head_rows = tp.shape[0] // heads
+    codec = GgufOutCodec(target, ggml, how, head_rows)
+    return replace(tp, out_codec=codec, carried=()).sized()
+
+
+def _metadata(arch: str, config: Mapping[str, Any], gguf_type: str, source: ModelInput) -> list[tuple[str, Value]]:
+    """The output's key-values: general, the family's hyperparameters, the GGUF parent's tokenizer keys."""
+    assert source.gguf is not None
+    kv: list[tuple[str, Value]] = [("general.architecture", Value(STRING, arch)),
+                                   ("general.type", Value(STRING, "model")),
+                                   ("general.name", Value(STRING, "resumerge merge")),
+                                   ("general.file_type", Value(U32, _FILE_TYPES[gguf_type]))]
+    if gguf_type == "q8_0":
+        kv.append(("general.quantization_version", Value(U32, 2)))
+    kv += [(key, Value(_KINDS[kind], value)) for key, (kind, value) in gguf_metadata(arch, config)]
+    gguf = gguf_module()
+    sizes = {int(t): size for t, size in gguf.GGML_QUANT_SIZES.items()}
+    header = read_gguf_header(source.directory / source.gguf, sizes)
+    for key, value in header.metadata.items():
+        if not key.startswith("tokenizer."):
+            continue
+        kind, sub = header.kinds[key]
+        if kind == ARRAY:
+            items = value if isinstance(value, list) else value.tolist()
+            kv.append((key, Value(ARRAY, items, sub)))
+        else:
+            kv.append((key, Value(kind, bool(value) if kind == BOOL else value)))
+    return kv
