@@ -128,6 +128,15 @@ def write_gguf(path: Path, arch: str, tensors: dict[str, np.ndarray], qtype: Q, 
     writer.add_value_length(HEAD_DIM)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_rope_freq_base(10000.0)
+    # A tokenizer as llama.cpp's converter writes one (a GGUF output copies these keys with their types).
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list([f"t{i}" for i in range(VOCAB)])
+    writer.add_token_types([1] * (VOCAB - 1) + [3])
+    writer.add_token_merges(["t 1", "t1 2"])
+    writer.add_bos_token_id(VOCAB - 1)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template("{% for m in messages %}{{ m.content }}{% endfor %}")
     if arch == "qwen3moe":
         writer.add_expert_count(EXPERTS)
         writer.add_expert_used_count(2)

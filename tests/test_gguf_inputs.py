@@ -271,8 +271,9 @@ def test_a_merge_of_the_real_gguf_with_its_q8_0_re_encoding_equals_the_merge_of_
         tmp_path: Path, real: tuple[Path, Path]) -> None:
     q41, q8 = real
     from_gguf = tmp_path / "from_gguf"
-    done = cli("run", _linear(tmp_path / "g", q41, q8) if (tmp_path / "g").mkdir() is None else None, from_gguf,
-               "--state-dir", tmp_path / "s1", "--no-copy-tokenizer", timeout=600)
+    (tmp_path / "g").mkdir()
+    done = cli("run", _linear(tmp_path / "g", q41, q8), from_gguf, "--state-dir", tmp_path / "s1",
+               "--no-copy-tokenizer", timeout=600)
     assert done.returncode == 0, done.stderr
     a, b = _decoded_folder(q41, tmp_path / "a"), _decoded_folder(q8, tmp_path / "b")
     from_values = tmp_path / "from_values"

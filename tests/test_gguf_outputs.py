@@ -1,0 +1,179 @@
+"""GGUF outputs (``--out-type gguf``): one file whose header, offsets and size the plan fixes, every tensor byte-equal
+to gguf-py's quantizer applied to the merged float32 values in llama.cpp's layout (names, q/k permutation, gemma's
++1), norms F32, the GGUF parent's tokenizer keys copied with their types; read back by gguf-py and transformers; a
+run killed at any point resumes byte-identical and ``verify`` re-hashes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from ggufmodels import Q, decoded, hf_tensors, to_gguf, write_gguf
+from realmodel import smollm2_folder, smollm2_gguf
+from safetensors.torch import load_file, save_file
+from support import cli, digests, write_config
+
+from resumerge.inputs.gguf.layout import TensorInfo, Value, plan_layout
+from resumerge.store.killpoints import LOCAL_POINTS
+
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
+TYPES = {"f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}
+
+
+def _parents(root: Path, arch: str) -> tuple[Path, Path]:
+    a, b = root / "a.gguf", root / "b.gguf"
+    write_gguf(a, arch, to_gguf(arch, hf_tensors(arch, seed=1)), Q.F32)
+    write_gguf(b, arch, to_gguf(arch, hf_tensors(arch, seed=2)), Q.F32)
+    return a, b
+
+
+def _config(root: Path, a: Path, b: Path) -> Path:
+    return write_config(root / "c.yml", {"merge_method": "linear", "dtype": "float32", "models": [
+        {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
+
+
+def _field(reader: gguf.GGUFReader, key: str) -> list[bytes]:
+    field = reader.fields[key]
+    return [bytes(np.asarray(part).tobytes()) for part in field.parts]
+
+
+@pytest.mark.parametrize("gguf_type", sorted(TYPES))
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_every_tensor_of_a_gguf_output_is_gguf_py_s_encoding_of_the_merged_values(
+        tmp_path: Path, arch: str, gguf_type: str) -> None:
+    a, b = _parents(tmp_path, arch)
+    config = _config(tmp_path, a, b)
+    merged = tmp_path / "merged"  # the same merge as safetensors: the float32 values the GGUF encodes
+    assert cli("run", config, merged, "--state-dir", tmp_path / "s1", "--no-copy-tokenizer").returncode == 0
+    out = tmp_path / "out"
+    done = cli("run", config, out, "--state-dir", tmp_path / "s2", "--out-type", "gguf", "--gguf-type", gguf_type)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "mergekit_config.yml", "model.gguf",
+                                                     "resumerge-manifest.json"]
+    values = to_gguf(arch, {n: t.numpy() for n, t in load_file(merged / "model.safetensors").items()})
+    reader = gguf.GGUFReader(out / "model.gguf")
+    assert {t.name for t in reader.tensors} == set(values)
+    for t in reader.tensors:
+        want = values[t.name]
+        if want.ndim == 1 or t.name.endswith("norm.weight"):
+            assert t.tensor_type == Q.F32, t.name
+            expected = want.astype(np.float32)
+        else:
+            assert t.tensor_type == TYPES[gguf_type], t.name
+            expected = gguf.quants.quantize(want, TYPES[gguf_type])
+        assert np.asarray(t.data).tobytes() == np.ascontiguousarray(expected).tobytes(), t.name
+    parent = gguf.GGUFReader(a)
+    for key in parent.fields:  # the tokenizer keys, types and bytes, as the parent has them
+        if key.startswith("tokenizer."):
+            assert _field(reader, key) == _field(parent, key), key
+    assert bytes(reader.fields["general.architecture"].parts[-1]).decode() == arch
+    for key in ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv"):
+        assert _field(reader, f"{arch}.{key}") == _field(parent, f"{arch}.{key}"), key
+    # resumerge reads its own output back as the merged values, to the rounding of the type
+    _, got = decoded(out / "model.gguf")
+    wanted = load_file(merged / "model.safetensors")
+    assert got.keys() == wanted.keys() - ({"lm_head.weight"} if arch == "gemma2" else set())
+    for name, value in got.items():
+        torch.testing.assert_close(value, wanted[name], rtol=0.02, atol=0.02 * float(wanted[name].abs().max()))
+
+
+def test_a_planned_header_is_gguf_py_s_writer_s_prefix(tmp_path: Path) -> None:
+    tensors = {"token_embd.weight": np.ones((5, 64), np.float32), "output_norm.weight": np.ones(64, np.float32),
+               "blk.0.attn_q.weight": gguf.quants.quantize(np.ones((3, 64), np.float32), Q.Q8_0)}
+    writer = gguf.GGUFWriter(tmp_path / "w.gguf", "llama")
+    writer.add_uint32("llama.block_count", 1)
+    writer.add_float32("llama.rope.freq_base", 10000.0)
+    writer.add_token_list(["a", "bc"])
+    writer.add_token_scores([0.5, -1.0])
+    writer.add_add_bos_token(True)
+    for name, value in tensors.items():
+        writer.add_tensor(name, value, raw_dtype=Q.Q8_0 if value.dtype == np.uint8 else None)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    kv = [("general.architecture", Value(8, "llama")), ("llama.block_count", Value(4, 1)),
+          ("llama.rope.freq_base", Value(6, 10000.0)), ("tokenizer.ggml.tokens", Value(9, ["a", "bc"], 8)),
+          ("tokenizer.ggml.scores", Value(9, [0.5, -1.0], 6)), ("tokenizer.ggml.add_bos_token", Value(7, True))]
+    infos = [TensorInfo("token_embd.weight", (5, 64), 0, 5 * 64 * 4), TensorInfo("output_norm.weight", (64,), 0, 256),
+             TensorInfo("blk.0.attn_q.weight", (3, 64), 8, 3 * 2 * 34)]
+    layout = plan_layout(kv, infos)
+    data = (tmp_path / "w.gguf").read_bytes()
+    assert data[:len(layout.header)] == layout.header and len(data) == layout.file_size
+    reader = gguf.GGUFReader(tmp_path / "w.gguf")
+    assert [t.data_offset - reader.data_offset for t in reader.tensors] == list(layout.offsets)
+
+
+def test_a_gguf_output_run_killed_anywhere_resumes_byte_identical(tmp_path: Path) -> None:
+    a, b = _parents(tmp_path, "llama")
+    config = _config(tmp_path, a, b)
+    flags = ["--out-type", "gguf", "--gguf-type", "q8_0"]
+    whole = tmp_path / "whole"
+    assert cli("run", config, whole, "--state-dir", tmp_path / "s0", *flags).returncode == 0
+    reached = []
+    for point in LOCAL_POINTS:
+        out, state = tmp_path / point, tmp_path / f"{point}.state"
+        args = [sys.executable, "-m", "resumerge", "run", str(config), str(out), "--state-dir", str(state), *flags]
+        killed = subprocess.run(args, env={**os.environ, "RESUMERGE_KILL_AT": point}, capture_output=True,
+                                text=True, timeout=120)
+        if killed.returncode == 0:
+            continue  # a point a one-file output without config.json or tokenizer never reaches
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        reached.append(point)
+        done = cli("resume", out, "--state-dir", state)
+        assert done.returncode == 0, (point, done.stderr)
+        assert digests(out) == digests(whole), point
+        assert cli("verify", out, "--state-dir", state).returncode == 0, point
+    assert {"mid_shard_write", "after_temp_write", "after_rename", "after_ledger_commit"} <= set(reached)
+
+
+def test_a_damaged_gguf_output_is_found_by_verify(tmp_path: Path) -> None:
+    a, b = _parents(tmp_path, "qwen3")
+    out, state = tmp_path / "out", tmp_path / "s"
+    assert cli("run", _config(tmp_path, a, b), out, "--state-dir", state, "--out-type", "gguf").returncode == 0
+    data = bytearray((out / "model.gguf").read_bytes())
+    data[-40] ^= 1
+    (out / "model.gguf").write_bytes(bytes(data))
+    done = cli("verify", out, "--state-dir", state)
+    assert done.returncode != 0 and "model.gguf" in done.stdout + done.stderr
+
+
+def test_a_gguf_output_without_a_gguf_parent_or_of_an_unwritable_family_is_refused(tmp_path: Path) -> None:
+    a, b = _parents(tmp_path, "qwen3moe")
+    done = cli("plan", _config(tmp_path, a, b), "--out-type", "gguf")
+    assert done.returncode == 2 and "a GGUF output of a qwen3_moe model, which resumerge cannot write" in done.stderr
+    assert "Traceback" not in done.stderr
+    (tmp_path / "q").mkdir()
+    model, values = decoded(_parents(tmp_path / "q", "qwen3")[0])
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in model.config.items()
+                                                    if k != "quantization_config"}))
+    save_file(values, folder / "model.safetensors")
+    done = cli("plan", _config(tmp_path / "q", folder, folder), "--out-type", "gguf")
+    assert done.returncode == 2 and "a GGUF output needs its tokenizer from a GGUF parent" in done.stderr
+
+
+def test_the_real_model_merged_to_gguf_loads_in_transformers_as_resumerge_reads_it(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    source = smollm2_gguf()
+    out = tmp_path / "out"
+    done = cli("run", _config(tmp_path, source, source), out, "--state-dir", tmp_path / "s", "--out-type", "gguf",
+               "--gguf-type", "q8_0", timeout=600)
+    assert done.returncode == 0, done.stderr
+    _, got = decoded(out / "model.gguf")
+    model = AutoModelForCausalLM.from_pretrained(out, gguf_file="model.gguf", dtype=torch.float32)
+    state = model.state_dict()
+    assert all(torch.equal(state[name], value) for name, value in got.items())
+    original = load_file(smollm2_folder() / "model.safetensors")  # Q4_1 values re-encoded as Q8_0: close
+    for name, value in got.items():
+        torch.testing.assert_close(value, original[name], rtol=0, atol=0.01 * float(original[name].abs().max()))
