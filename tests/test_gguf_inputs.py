@@ -157,6 +157,11 @@ def test_an_unmapped_family_an_undecodable_type_and_a_damaged_file_are_refused_i
     (tmp_path / "cut.gguf").write_bytes(data[: len(data) // 2])
     with pytest.raises(HostileFileError, match="ends past the end of the file"):
         decoded(tmp_path / "cut.gguf")
+    scaled = to_gguf("llama", hf_tensors("llama"))
+    scaled["rope_freqs.weight"] = np.ones(HEAD_DIM // 2, np.float32)  # Llama 3.1's scaling, as the converter stores it
+    write_gguf(tmp_path / "rope.gguf", "llama", scaled, Q.Q8_0)
+    with pytest.raises(ModelInputError, match="a GGUF with scaled rope"):
+        decoded(tmp_path / "rope.gguf")
     write_gguf(tmp_path / "q81.gguf", "qwen2", {"token_embd.weight": np.zeros((4, 32), np.float32)}, Q.Q8_1)
     with pytest.raises(ModelInputError, match="stored as ggml type 9, which this gguf package cannot decode"):
         decoded(tmp_path / "q81.gguf")

@@ -42,6 +42,10 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
                               "llama, mistral, qwen2, qwen3, gemma2 and gemma3)", hint="write it as safetensors")
     if gguf_type not in TYPES:
         raise ModelInputError(f"--gguf-type {gguf_type}: one of {', '.join(TYPES)}")
+    rope = out_config.get("rope_scaling") or out_config.get("rope_parameters") or {}
+    if isinstance(rope, Mapping) and rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+        raise ModelInputError(f"a GGUF output of a model with {rope.get('rope_type', rope.get('type'))} rope "
+                              "scaling, which resumerge cannot write yet", hint="write it as safetensors")
     source = next((models[k] for k in order if models[k].gguf is not None), None)
     if source is None:
         raise ModelInputError("a GGUF output needs its tokenizer from a GGUF parent, and no model of the config is "

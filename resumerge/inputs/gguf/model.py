@@ -77,6 +77,13 @@ def open_gguf(path: Path) -> GgufModel:
     headers = tuple((file.name, read_gguf_header(file, sizes)) for file in split_files(path))
     metadata = headers[0][1].metadata
     arch = family(metadata, str(path))
+    scaling = metadata.get(f"{arch}.rope.scaling.type", "none")
+    if scaling != "none" or any(t.name == "rope_freqs.weight" for _, h in headers for t in h.tensors):
+        # Llama 3.1's scaling is stored as a rope_freqs tensor, not its parameters: a config.json rebuilt without
+        # them would run the model with the wrong positions.
+        raise ModelInputError("a GGUF with scaled rope (rope_freqs or rope.scaling keys), whose config.json "
+                              "resumerge cannot rebuild yet", path=str(path),
+                              hint="convert it to safetensors with transformers (gguf_file=...) and merge that")
     experts = int(metadata.get(f"{arch}.expert_count", 0) or 0)
     tensors: dict[str, TensorSource] = {}
     types: dict[str, str] = {}
