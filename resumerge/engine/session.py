@@ -31,7 +31,7 @@ from resumerge.errors import (
     UsageError,
 )
 from resumerge.inputs.catalog import open_inputs
-from resumerge.inputs.codecs import CODECS, CodecTable
+from resumerge.inputs.codecs import CodecTable
 from resumerge.memory.collector import collector_paused
 from resumerge.methods.registry import MethodSpec
 from resumerge.plan.merge_plan import Plan, PlanOptions
@@ -58,7 +58,9 @@ def prepare(
     with collector_paused():  # millions of long-lived objects, few cycles: see resumerge.memory.collector
         inputs = open_inputs(config, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
                              on_progress=hub_progress(reporter))
-        return Prepared(build_plan(config, inputs.models, options, codecs or CODECS), inputs)
+        if codecs is None:  # the planner's own default table
+            return Prepared(build_plan(config, inputs.models, options), inputs)
+        return Prepared(build_plan(config, inputs.models, options, codecs), inputs)
 
 
 def plan_from_config(config: MergeConfig, options: PlanOptions,
