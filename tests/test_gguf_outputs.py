@@ -135,6 +135,19 @@ def test_a_gguf_output_run_killed_anywhere_resumes_byte_identical(tmp_path: Path
     assert {"mid_shard_write", "after_temp_write", "after_rename", "after_ledger_commit"} <= set(reached)
 
 
+def test_a_gguf_output_takes_the_config_s_chat_template(tmp_path: Path) -> None:
+    from resumerge import api
+
+    a, b = _parents(tmp_path, "qwen2")
+    doc = {"merge_method": "linear", "dtype": "float32", "chat_template": "{% for m in messages %}mine{% endfor %}", "models": [
+        {"model": str(a), "parameters": {"weight": 0.5}}, {"model": str(b), "parameters": {"weight": 0.5}}]}
+    out = tmp_path / "out"
+    api.run(write_config(tmp_path / "c.yml", doc), out, state_dir=tmp_path / "s", out_type="gguf")
+    reader = gguf.GGUFReader(out / "model.gguf")
+    assert bytes(reader.fields["tokenizer.chat_template"].parts[-1]).decode() == "{% for m in messages %}mine{% endfor %}"
+    assert _field(reader, "tokenizer.ggml.tokens") == _field(gguf.GGUFReader(a), "tokenizer.ggml.tokens")
+
+
 def test_a_damaged_gguf_output_is_found_by_verify(tmp_path: Path) -> None:
     a, b = _parents(tmp_path, "qwen3")
     out, state = tmp_path / "out", tmp_path / "s"

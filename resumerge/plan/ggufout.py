@@ -29,10 +29,11 @@ _KINDS = {"u32": U32, "f32": F32}
 
 
 def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any], models: Mapping[str, ModelInput],
-                order: list[str], gguf_type: str) -> tuple[tuple[ShardPlan, ...], dict[str, TensorPlan],
-                                                          dict[str, bytes]]:
+                order: list[str], gguf_type: str, template: str | None = None
+                ) -> tuple[tuple[ShardPlan, ...], dict[str, TensorPlan], dict[str, bytes]]:
     """The one GGUF shard of an output of ``tensors`` whose config.json is ``out_config``, its tokenizer keys from
-    the first GGUF model of ``order`` (model keys, the donor first); the tensors with their GGUF codec and shard,
+    the first GGUF model of ``order`` (model keys, the donor first) with the config's chat ``template`` (None: the
+    parent's); the tensors with their GGUF codec and shard,
     and the shard's header. Raises :class:`ModelInputError` (exit 2, before anything is written) for a family, a
     tensor or a tokenizer it cannot write."""
     model_type = out_config.get("model_type")
@@ -61,7 +62,7 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
         placed[name] = tp = _encoded(tp, arch, target, TYPES[gguf_type], out_config)
         infos.append(TensorInfo(target, tp.shape, tp.out_codec.ggml_type,  # type: ignore[attr-defined]
                                 tp.nbytes))
-    layout = plan_layout(_metadata(arch, out_config, gguf_type, source), infos)
+    layout = plan_layout(_metadata(arch, out_config, gguf_type, source, template), infos)
     shard = ShardPlan(GGUF_NAME, tuple(placed), layout.file_size)
     return (shard,), {n: tp.in_shard(GGUF_NAME) for n, tp in placed.items()}, {GGUF_NAME: layout.header}
 
@@ -85,7 +86,8 @@ def _encoded(tp: TensorPlan, arch: str, target: str, qtype: int, config: Mapping
     return replace(tp, out_codec=codec, carried=()).sized()
 
 
-def _metadata(arch: str, config: Mapping[str, Any], gguf_type: str, source: ModelInput) -> list[tuple[str, Value]]:
+def _metadata(arch: str, config: Mapping[str, Any], gguf_type: str, source: ModelInput,
+              template: str | None) -> list[tuple[str, Value]]:
     """The output's key-values: general, the family's hyperparameters, the GGUF parent's tokenizer keys."""
     assert source.gguf is not None
     kv: list[tuple[str, Value]] = [("general.architecture", Value(STRING, arch)),
@@ -99,7 +101,7 @@ def _metadata(arch: str, config: Mapping[str, Any], gguf_type: str, source: Mode
     sizes = {int(t): size for t, size in gguf.GGML_QUANT_SIZES.items()}
     header = read_gguf_header(source.directory / source.gguf, sizes)
     for key, value in header.metadata.items():
-        if not key.startswith("tokenizer."):
+        if not key.startswith("tokenizer.") or (template is not None and key == "tokenizer.chat_template"):
             continue
         kind, sub = header.kinds[key]
         if kind == ARRAY:
@@ -107,4 +109,6 @@ def _metadata(arch: str, config: Mapping[str, Any], gguf_type: str, source: Mode
             kv.append((key, Value(ARRAY, items, sub)))
         else:
             kv.append((key, Value(kind, bool(value) if kind == BOOL else value)))
+    if template is not None:
+        kv.append(("tokenizer.chat_template", Value(STRING, template)))
     return kv

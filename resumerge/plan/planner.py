@@ -63,9 +63,9 @@ from resumerge.plan.quantnotes import quantization_notes
 from resumerge.plan.sharding import assign_shards, output_naming, resolve_shard_size
 from resumerge.plan.slices import Slice, check_slice, left_out, normalise
 from resumerge.plan.tensorkinds import TensorKinds, carried_companions, kind_key
-from resumerge.plan.tokenizer_plan import build_output_tokenizer, tokenizer_hashes, tokenizer_output
+from resumerge.plan.tokenizer_plan import build_output_tokenizer, tokenizer_dir, tokenizer_hashes, tokenizer_output
 from resumerge.plan.truncation import common_rows, leading_rows, truncation_notes
-from resumerge.vocab import BuiltTokenizer, parse_tokenizer_spec
+from resumerge.vocab import BuiltTokenizer, parse_tokenizer_spec, resolve_chat_template
 
 # Why a planner leaves input tensors out (resumerge.plan.accounting).
 NOT_IN_FIRST = "not in the layer of the slice's first model, whose names the output follows"
@@ -186,7 +186,9 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
         from resumerge.plan.ggufout import gguf_output
 
         order = [donor, *(r.key for r in config.referenced_models() if r.key != donor)]
-        shards, tensors, headers = gguf_output(tensors, out_config, models, order, options.gguf_type)
+        template = None if spec.chat_template is None else resolve_chat_template(
+            spec.chat_template, [tokenizer_dir(models[key]) for key in order])
+        shards, tensors, headers = gguf_output(tensors, out_config, models, order, options.gguf_type, template)
     notes.extend(quantization_notes(tensors))
     if options.num_threads is not None and not threads_matter({method.name, *(t.method for t in tensors.values())}):
         options = replace(options, num_threads=None)
