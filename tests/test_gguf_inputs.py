@@ -167,6 +167,16 @@ def test_an_unmapped_family_an_undecodable_type_and_a_damaged_file_are_refused_i
         decoded(tmp_path / "q81.gguf")
 
 
+def test_moe_upcycling_of_a_gguf_model_is_refused_in_one_line(tmp_path: Path) -> None:
+    write_gguf(tmp_path / "m.gguf", "llama", to_gguf("llama", hf_tensors("llama")), Q.F32)
+    doc = {"base_model": str(tmp_path / "m.gguf"), "gate_mode": "random", "dtype": "float32",
+           "experts": [{"source_model": str(tmp_path / "m.gguf")}, {"source_model": str(tmp_path / "m.gguf")}]}
+    done = cli("run", write_config(tmp_path / "moe.yml", doc), tmp_path / "out", "--state-dir", tmp_path / "s",
+               "--i-understand-this-is-not-useful-without-training")
+    assert done.returncode == 2 and "MoE upcycling cannot read a GGUF model yet" in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_without_gguf_py_a_gguf_input_exits_2_with_the_install_line(tmp_path: Path) -> None:
     write_gguf(tmp_path / "m.gguf", "qwen2", to_gguf("qwen2", hf_tensors("qwen2")), Q.F16)
     (tmp_path / "nogguf").mkdir()

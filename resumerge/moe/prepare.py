@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from resumerge.config.locations import state_root
 from resumerge.config.moe_state import ROUTERS_DIR
 from resumerge.config.settings import RunSettings
-from resumerge.errors import InputError
+from resumerge.errors import InputError, ModelInputError
 from resumerge.inputs.catalog import Inputs, open_inputs
 from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.model import ModelInput
@@ -58,6 +58,11 @@ def prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings, 
     input (:func:`~resumerge.plan.outguard.refuse_out_over_inputs`). Raises ``InputError`` subclasses."""
     inputs = open_inputs(config.as_merge_config(), model_dirs=model_dirs, state_dir=settings.state_dir,
                          cache_dir=settings.cache_dir, on_progress=on_progress)
+    gguf = next((m for m in inputs.models.values() if m.gguf is not None), None)
+    if gguf is not None:  # its tokenizer and the prompt pass read files beside the model, which a GGUF has none of
+        raise ModelInputError(f"MoE upcycling cannot read a GGUF model yet ({gguf.ref.key})",
+                              path=str(gguf.directory / str(gguf.gguf)),
+                              hint="convert it to safetensors with transformers (gguf_file=...) and upcycle that")
     encoded = key = None
     if config.gate_mode == "cheap_embed":
         encoded = encode_prompts(config, inputs)
