@@ -167,6 +167,27 @@ def test_an_unmapped_family_an_undecodable_type_and_a_damaged_file_are_refused_i
         decoded(tmp_path / "q81.gguf")
 
 
+def test_a_lora_is_extracted_from_two_gguf_models(tmp_path: Path) -> None:
+    # The same model reading path: the fine-tune and its base decoded as for a merge.
+    for name, seed in (("ft", 1), ("base", 2)):
+        write_gguf(tmp_path / f"{name}.gguf", "qwen2", to_gguf("qwen2", hf_tensors("qwen2", seed)), Q.Q8_0)
+    out = tmp_path / "lora"
+    done = cli("extract-lora", "--model", tmp_path / "ft.gguf", "--base-model", tmp_path / "base.gguf",
+               "--out-path", out, "--state-dir", tmp_path / "s", "--max-rank", "4")
+    assert done.returncode == 0, done.stderr
+    factors = load_file(out / "adapter_model.safetensors")
+    _, ft = decoded(tmp_path / "ft.gguf")
+    _, base = decoded(tmp_path / "base.gguf")
+    name = "model.layers.0.self_attn.q_proj"
+    a, b = (factors[f"base_model.model.{name}.lora_{x}.weight"] for x in "AB")
+    delta = ft[f"{name}.weight"] - base[f"{name}.weight"]
+    best = torch.linalg.svdvals(delta)[:4].square().sum() / delta.square().sum()
+    # The factors hold the delta of the decoded tensors: the energy a best rank-4 approximation of it holds, to
+    # the rounding of the stored factors (a wrong decoding captures next to none of it).
+    captured = 1 - float((delta - (b @ a).float()).square().sum() / delta.square().sum())
+    assert captured == pytest.approx(float(best), rel=0.05)
+
+
 def test_moe_upcycling_of_a_gguf_model_is_refused_in_one_line(tmp_path: Path) -> None:
     write_gguf(tmp_path / "m.gguf", "llama", to_gguf("llama", hf_tensors("llama")), Q.F32)
     doc = {"base_model": str(tmp_path / "m.gguf"), "gate_mode": "random", "dtype": "float32",
