@@ -11,9 +11,10 @@ from resumerge.plan.merge_plan import TensorPlan
 
 def quantization_notes(tensors: Mapping[str, TensorPlan]) -> list[str]:
     """The notes of a plan whose output tensors are ``tensors``: none when no input is quantized."""
-    codecs = {ref.codec for tp in tensors.values() for ref in tp.inputs if not ref.codec.plain}
-    stored_as = sorted({codec.stored_as for codec in codecs if codec.mergekit_reads})
-    unread = sorted({codec.stored_as for codec in codecs if not codec.mergekit_reads})
+    # By identity: the planner interns equal codecs, and a 92k-tensor plan's refs are not hashed field by field.
+    codecs = {id(ref.codec): ref.codec for tp in tensors.values() for ref in tp.inputs if not ref.codec.plain}
+    stored_as = sorted({codec.stored_as for codec in codecs.values() if codec.mergekit_reads})
+    unread = sorted({codec.stored_as for codec in codecs.values() if not codec.mergekit_reads})
     notes = []
     if stored_as:
         # mergekit 0.1.5 on two block-FP8 checkpoints (tests/test_quant_paths.py runs it): with a dtype it averages
