@@ -17,7 +17,8 @@ from resumerge.engine.reconcile import adopt_manifest
 from resumerge.errors import OutputDirError, PlanChangedError, UsageError
 from resumerge.memory import format_size
 from resumerge.outputs.aux import aux_files
-from resumerge.plan.merge_plan import Plan, describe_changes, fingerprint_parts
+from resumerge.plan.changes import describe_changes
+from resumerge.plan.merge_plan import Plan, fingerprint_parts
 from resumerge.store.diskprobe import free_bytes
 from resumerge.store.durable import is_temp_name
 from resumerge.store.ledger import Ledger

@@ -2,8 +2,8 @@
 
 A :class:`Plan` is pure data (but for :attr:`Plan.units`, the code of its kind's own units). The engine only
 executes it; its :attr:`Plan.fingerprint` (plan contents, resumerge version, input file identities) is stored with
-the run, and a resume whose freshly built plan has another fingerprint is refused with :func:`describe_changes`
-saying what differs.
+the run, and a resume whose freshly built plan has another fingerprint is refused saying what differs
+(:func:`resumerge.plan.changes.describe_changes`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from resumerge.config.version import __version__
-from resumerge.config.yamldiff import config_changes
 from resumerge.errors import ResumergeError
 from resumerge.inputs.codecs import PLAIN, OutPart, TensorCodec
 from resumerge.inputs.gguf.layout import shard_layout
@@ -70,7 +69,7 @@ class PlanOptions:
 
 # Options added after runs were first recorded: left out of the fingerprint at their default, so a run planned
 # before they existed resumes as the same plan.
-_LATER_OPTIONS: dict[str, object] = {"write_model_card": True, "unsafe_truncate_embeddings": False,
+LATER_OPTIONS: dict[str, object] = {"write_model_card": True, "unsafe_truncate_embeddings": False,
                                      "num_threads": None, "dequantize": False, "parent_shard_names": False,
                                      "out_type": "safetensors", "gguf_type": "f16"}
 
@@ -413,62 +412,7 @@ def _body_sha(body: Mapping[str, Any], tensors: Mapping[str, TensorPlan]) -> str
 def _output_options(options: PlanOptions) -> dict[str, Any]:
     """The options that change output bytes, as fingerprinted."""
     return {k: v for k, v in asdict(options).items()
-            if k not in ("allow_crimes", "stream_inputs") and (k not in _LATER_OPTIONS or v != _LATER_OPTIONS[k])}
-
-
-def describe_changes(
-    recorded_parts: Mapping[str, str],
-    recorded_inputs: Mapping[str, list[list[Any]]],
-    plan: Plan,
-    *,
-    recorded_options: Mapping[str, Any] | None = None,
-    configs: tuple[str, str] | None = None,
-) -> list[str]:
-    """Human sentences for each difference between a recorded run and ``plan`` (empty when none).
-
-    With ``recorded_options`` (the run's recorded PlanOptions) a changed option is named with both values; with
-    ``configs`` (the recorded config text and today's) a changed plan is told as the config's keys and values that
-    changed (``models[0].parameters.weight 0.5 → 0.6``); without them, or when the configs read alike (an input's
-    tensors changed), the sentence names what may have changed."""
-    now = fingerprint_parts(plan)
-    changes = []
-    if recorded_parts.get("version") != now["version"]:
-        changes.append(f"resumerge version changed ({recorded_parts.get('version')} -> {now['version']})")
-    if recorded_parts.get("options") != now["options"]:
-        changes.extend(_option_changes(recorded_options, plan.options) or [
-            "output options changed (--out-shard-size, --random-seed, --device, tokenizer copying, "
-            "--no-write-model-card, --unsafe-truncate-embeddings, --dequantize or, for slerp, karcher, "
-            "model_stock and nuslerp, -j/--num-threads)"])
-    if recorded_parts.get("inputs") != now["inputs"]:
-        for model, files in sorted(plan.inputs.items()):
-            before = {f[0]: f for f in recorded_inputs.get(model, [])}
-            for name, size, ident in files:
-                old = before.get(name)
-                if old is None:
-                    changes.append(f"input {model}/{name} is new")
-                elif list(old) != [name, size, ident]:
-                    changes.append(f"input file {model}/{name} changed (size {old[1]} -> {size})")
-            for name in sorted(set(before) - {f[0] for f in files}):
-                changes.append(f"input file {model}/{name} is gone")
-        missing = sorted(set(recorded_inputs) - set(plan.inputs))
-        changes.extend(f"input model {m} is no longer used" for m in missing)
-        if not changes:
-            changes.append("input files changed")
-    if recorded_parts.get("plan") != now["plan"]:
-        told = [f"config: {c}" for c in config_changes(*configs)] if configs is not None else []
-        # The options, inputs or version already said explain a plan whose config reads alike.
-        changes.extend(told or ([] if changes else [
-            "the merge plan changed (config, method parameters or input tensor layout)"]))
-    return changes
-
-
-def _option_changes(recorded: Mapping[str, Any] | None, options: PlanOptions) -> list[str]:
-    """``--option OLD → NEW`` for each output option that differs from the ``recorded`` PlanOptions."""
-    if recorded is None:
-        return []
-    now = {k: v for k, v in asdict(options).items() if k not in ("allow_crimes", "stream_inputs")}
-    return [f"--{k.replace('_', '-')} {recorded.get(k, _LATER_OPTIONS.get(k))} → {v}" for k, v in now.items()
-            if recorded.get(k, _LATER_OPTIONS.get(k)) != v]
+            if k not in ("allow_crimes", "stream_inputs") and (k not in LATER_OPTIONS or v != LATER_OPTIONS[k])}
 
 
 class _Records:

@@ -47,7 +47,8 @@ from resumerge.errors import (
 )
 from resumerge.inputs.catalog import fetch_inputs
 from resumerge.outputs.aux import aux_files
-from resumerge.plan.merge_plan import PlanOptions, describe_changes, fingerprint_parts
+from resumerge.plan.changes import describe_changes
+from resumerge.plan.merge_plan import PlanOptions, fingerprint_parts
 from resumerge.plan.outguard import model_places, overlap, refuse_state_in_out
 from resumerge.plan.prepared import Prepared
 from resumerge.recipes.hub import RecipeHub, open_recipe_hub
