@@ -26,6 +26,7 @@ from resumerge.moe.outkinds import OUTPUT_KINDS, OutputKind
 from resumerge.moe.tokenizer import tokenizer_blobs
 from resumerge.plan.inputrefs import tensor_ref
 from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, TensorPlan, fingerprinted
+from resumerge.plan.outconfig import set_quantization
 from resumerge.plan.sharding import assign_shards, output_naming, resolve_shard_size
 from resumerge.torch_import import torch
 
@@ -104,6 +105,9 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
     shards, tensors = assign_shards(tensors, options.out_shard_size, last=late, naming=naming)
     out_config = moe_config(kind, base.config, experts=len(config.experts), shared=len(config.shared_experts),
                             per_token=config.experts_per_token, dtype=out_name if out_code else None)
+    # Experts and copies are stored decoded (plainly): a quantized base's quantization_config would have
+    # transformers read them as its format.
+    set_quantization(out_config, base.config, tensors)
     blobs = tokenizer_blobs(base.directory) if options.copy_tokenizer else {}
     inputs = {key: tuple((f.name, f.size, f.identity) for f in m.files) for key, m in sorted(models.items())}
     dirs = {key: str(m.directory) for key, m in models.items()}

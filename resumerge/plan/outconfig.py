@@ -92,7 +92,7 @@ def build_out_config(
     _set_dense_layers(target, models, origins, config)
     set_mtp_count(target, mtp)
     _set_vocab(target, tensors)
-    _set_quantization(out, models[donor].config, tensors)
+    set_quantization(out, models[donor].config, tensors)
     set_skipped_layers(out, {k: m.config for k, m in models.items()}, donor,
                        origins + (mtp.origins if mtp is not None else ()))
     dtype = _tensor_dtype(tensors) or config.out_dtype or config.dtype
@@ -197,11 +197,12 @@ def _set_vocab(target: dict[str, Any], tensors: Mapping[str, TensorPlan]) -> Non
         target["vocab_size"] = rows
 
 
-def _set_quantization(out: dict[str, Any], base: Mapping[str, Any], tensors: Mapping[str, TensorPlan]) -> None:
+def set_quantization(out: dict[str, Any], base: Mapping[str, Any], tensors: Mapping[str, TensorPlan]) -> None:
     """The output's ``quantization_config``: what the output codec of its first quantized tensor (by name) says,
     from the config of the model whose format the output keeps (``base``); none when every output tensor is
     stored plainly and some input was not (``--dequantize``, or a base stored plainly). A merge of plain models
-    keeps the donor's config as it is."""
+    keeps the donor's config as it is. The one rule for every kind of run that writes a config.json from an
+    input's (a merge, a MoE upcycling)."""
     written = next((tensors[n].out_codec for n in sorted(tensors) if not tensors[n].out_codec.plain), None)
     if written is not None:
         found = written.quantization_config(base)

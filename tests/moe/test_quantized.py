@@ -4,6 +4,7 @@ gate modes' forward pass reads a quantized base decoded the same way."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -66,3 +67,29 @@ def test_a_hidden_gate_pass_reads_a_block_fp8_base_through_its_codec(tmp_path: P
     assert sorted(quantized) == sorted(decoded) == ["layers.0", "layers.1"]
     for name, t in decoded.items():
         assert torch.equal(quantized[name].view(torch.uint8), t.view(torch.uint8)), name
+
+
+def test_an_upcycled_block_fp8_base_loads_with_transformers_as_what_was_written(tmp_path: Path) -> None:
+    # Every MoE output tensor is stored plainly (decoded), so config.json must not keep the base's FP8
+    # quantization_config: transformers would read the plain tensors as FP8 (the plain merge path's rule).
+    from transformers import AutoModelForCausalLM
+
+    from resumerge import api
+
+    models = llamas(tmp_path / "src")
+    quantize_model(models[0], tmp_path / "decoded", fp8((16, 16)), fp8_config((16, 16)))
+    assert "quantization_config" in json.loads((models[0] / "config.json").read_text())
+    config = write(tmp_path / "moe.yml", {"base_model": str(models[0]), "gate_mode": "random",
+                                          "experts": [{"source_model": str(models[1])},
+                                                      {"source_model": str(models[2])}]})
+    out = tmp_path / "out"
+    api.run(config, out, random_seed=7, state_dir=tmp_path / "state")
+    written = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in written
+    stored = {n: t for f in sorted(out.glob("*.safetensors")) for n, t in load_file(f).items()}
+    assert all(t.dtype == torch.float32 for t in stored.values())
+    model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not any(info.values()), info
+    state = model.state_dict()
+    for name, t in stored.items():
+        assert torch.equal(state[name], t), name
