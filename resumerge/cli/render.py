@@ -460,7 +460,7 @@ def show_verify(report: VerifyReport, stream: TextIO | None = None) -> None:
         return
     for d in report.damaged:
         out.print(f"[red]damaged[/red]: {_escape(d.name)}: {_escape(d.problem)}")
-    out.print(f"repair with: resumerge resume {_escape(report.out_dir)}")
+    out.print(f"repair with: {_escape(report.resume_command)}")
 
 
 def show_error(line: str, stream: TextIO | None = None) -> None:

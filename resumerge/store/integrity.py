@@ -48,6 +48,8 @@ class VerifyReport:
     # A finished local output stored quantized: its format and role counts as its shards' headers hold them
     # (see resumerge.store.formatcheck), and as the run planned them; None otherwise.
     formats: dict[str, Any] | None = None
+    # The command that repairs it (resume_command's: with the run's --state-dir when not the default).
+    resume_command: str = ""
 
     @property
     def ok(self) -> bool:
@@ -92,7 +94,8 @@ def verify_output(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[
         damaged += [Damage(name, problem) for name, problem in wrong]
         if held is not None or recorded is not None:
             formats = {"found": held, "planned": recorded.get("output") if recorded else None}
-    return VerifyReport(str(out_dir), len(records), total, pending, tuple(damaged), formats)
+    return VerifyReport(str(out_dir), len(records), total, pending, tuple(damaged), formats,
+                        resume_command(out_dir, state_dir))
 
 
 def _ledger_records(ledger: Path, manifest: Path | None) -> tuple[dict[str, tuple[int, str]], int] | None:
