@@ -182,6 +182,15 @@ class StorageError(ResumergeError):
 class UnreachableError(ResumergeError):
     """A network source (the Hugging Face Hub) is unreachable right now; running again later continues."""
 
+    @classmethod
+    def after_start(cls, exc: UnreachableError, resume_command: str) -> UnreachableError:
+        """``exc``, met while a run is recorded: what it committed stays and ``resume_command`` finishes it once
+        the hub answers (an error that already says what to do, OUT's hub or a Ray cluster, is kept)."""
+        if exc.hint is not None:
+            return exc
+        return cls(exc.message, path=exc.path, yaml_path=exc.yaml_path, tensor=exc.tensor,
+                   hint=f"everything committed stays committed; run {resume_command} when the hub answers")
+
 
 # Most specific class first: the first isinstance match wins.
 EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (

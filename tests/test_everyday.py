@@ -18,7 +18,7 @@ from support import cli, linear_config, write_config
 
 from resumerge import api
 from resumerge.cli.commands import main
-from resumerge.config.locations import run_dir
+from resumerge.config.locations import LEDGER_NAME, run_dir
 from resumerge.errors import UsageError
 from resumerge.store.runlock import RunLock
 
@@ -227,3 +227,30 @@ def test_a_recipe_records_the_thread_count_of_its_stages_and_its_resume_reuses_i
     assert "started with -j 2" in capsys.readouterr().err
     assert main(["resume", str(out)]) == 0
     assert "using -j 2, as the run was started with" in capsys.readouterr().err
+
+
+def test_an_unreachable_hub_once_a_run_is_recorded_is_exit_3_with_resume(
+        tmp_path: Path, make: ModelFactory, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """session.run_merge made every unreachable hub input exit 2 ("nothing was started: run the same command
+    again") though the run had a ledger and committed shards: that is the front door's rule for a new run only."""
+    from resumerge.engine import session
+    from resumerge.errors import InterruptedMerge
+    from resumerge.inputs.hub.remote import HubUnavailableError
+
+    cfg = write_config(tmp_path / "c.yml", linear_config(make("a", seed=1), make("b", seed=2)))
+    out, state = tmp_path / "out", tmp_path / "state"
+    asked = iter(range(1_000_000))
+    with pytest.raises(InterruptedMerge):  # stopped after some shards were committed
+        api.run(cfg, out, out_shard_size="20KB", state_dir=state, should_stop=lambda: next(asked) > 3)
+    assert (run_dir(out, state) / LEDGER_NAME).exists() and any(out.glob("*.safetensors"))
+
+    def unreachable(*_: object, **__: object) -> None:
+        raise HubUnavailableError("cannot reach http://127.0.0.1:9, and someorg/one is not in the hub cache")
+
+    monkeypatch.setattr(session, "prepare", unreachable)
+    capsys.readouterr()
+    code = main(["run", str(cfg), str(out), "--out-shard-size", "20KB", "--state-dir", str(state), "--quiet"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 3, err
+    assert "nothing was started" not in err
+    assert f"run resumerge resume {out} --state-dir {state} when the hub answers" in err, err

@@ -243,5 +243,5 @@ def nothing_started(out: PathLike, state_dir: PathLike | None) -> Iterator[None]
     except UnreachableError as exc:
         where = RunLocations.of(out, state_dir)
         if where.ledger.exists() or (recipe_dir(where) / RECIPE_LEDGER_NAME).exists():
-            raise
+            raise UnreachableError.after_start(exc, where.resume_command) from None
         raise UnreachableInputError.before_start(exc) from None

@@ -26,8 +26,6 @@ from resumerge.engine.target import Target
 from resumerge.errors import (
     LedgerError,
     NothingRecordedError,
-    UnreachableError,
-    UnreachableInputError,
     UsageError,
 )
 from resumerge.inputs.catalog import open_inputs
@@ -90,11 +88,10 @@ def run_merge(
     config = load_config_text(config_text)
     target = Target.open(out_dir, settings)
     with planning_mark(target.locations.run_dir):  # status says "planning" until the plan is recorded
-        try:
-            prepared = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
-                               reporter=reporter, codecs=codecs)
-        except UnreachableError as exc:
-            raise UnreachableInputError.before_start(exc) from None
+        # An unreachable hub input: exit 2 or 3 by whether a run is recorded, decided at the front door
+        # (resumerge.api.options.nothing_started), the one rule for every kind of run.
+        prepared = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
+                           reporter=reporter, codecs=codecs)
         return run_plan(prepared, config_text, target, settings, restart=restart, reporter=reporter,
                         should_stop=should_stop)
 

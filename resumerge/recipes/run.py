@@ -43,7 +43,6 @@ from resumerge.errors import (
     ResumergeError,
     StorageError,
     UnreachableError,
-    UnreachableInputError,
 )
 from resumerge.inputs.catalog import fetch_inputs
 from resumerge.outputs.aux import aux_files
@@ -150,13 +149,10 @@ def run_recipe(
         previous, inter = _recorded_intermediates(previous, out, state_dir)
     else:
         inter = default_intermediate_dir(out, state_dir)
-    try:
-        rplan = plan_recipe(recipe, out, inter, options, state_dir=state_dir, cache_dir=settings.cache_dir,
-                            on_progress=hub_progress(reporter))
-    except UnreachableError as exc:
-        if previous is not None:  # a recorded recipe: resume finishes it once the hub answers (exit 3)
-            raise
-        raise UnreachableInputError.before_start(exc) from None
+    # An unreachable hub input: exit 2 or 3 by whether a run is recorded, decided at the front door
+    # (resumerge.api.options.nothing_started), the one rule for every kind of run.
+    rplan = plan_recipe(recipe, out, inter, options, state_dir=state_dir, cache_dir=settings.cache_dir,
+                        on_progress=hub_progress(reporter))
     runner = _Runner(rplan, previous, settings, hub, resume_command(out_dir, state_dir), restart=restart,
                      resuming=False, cleanup=cleanup)
     return runner.run(reporter, should_stop)
