@@ -95,14 +95,10 @@ def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = N
     safetensors headers parsed before, shared with the models opened with it (see
     :func:`~resumerge.inputs.safetensors_format.read_header`). Raises
     :class:`ModelInputError` for a missing directory, config or weights, and :class:`HostileFileError` for files
-    that try to escape the directory or whose headers are inconsistent.
+    that try to escape the directory or whose headers are inconsistent. A ``model+adapter`` reference's adapter
+    is not read here: :func:`~resumerge.inputs.catalog.open_inputs` opens its base by the reference without it
+    and the adapter beside it (MoE experts and recipe stage names refuse adapters in their configs).
     """
-    if ref.lora is not None:
-        raise ModelInputError(
-            f"LoRA adapter references ({ref.key}) are not supported by this version",
-            yaml_path=yaml_path,
-            hint="merge the adapter into its base first (PEFT merge_and_unload) and reference that folder",
-        )
     if Path(ref.path).suffix == ".gguf":  # a GGUF file: a resume records its folder
         return _open_gguf(ref, (directory / Path(ref.path).name if directory else Path(ref.path)).absolute())
     directory = (directory or Path(ref.path)).absolute()
