@@ -215,6 +215,31 @@ def test_unknown_keys_are_refused_saying_mergekit_would_ignore_them(
     assert "mergekit would ignore it, so removing it changes nothing" in err
 
 
+@pytest.mark.parametrize(("build", "fragment"), [
+    (lambda a: {"merge_methd": "linear", "models": [{"model": a, "parameters": {"weight": 1}}]},
+     "merge_methd: unknown key 'merge_methd': mergekit would ignore it — did you mean 'merge_method'?"),
+    (lambda a: {"merge_method": "passthrough", "slices": [
+        {"sources": [{"model": a, "layer_rnage": [0, 2]}]}]}, "did you mean 'layer_range'?"),
+    (lambda a: {"merge_method": "linear", "models": [{"model": a, "paramters": {"weight": 1}}]},
+     "did you mean 'parameters'?"),
+    (lambda a: {"base_model": a, "gate_mod": "random", "experts": [{"source_model": a}, {"source_model": a}]},
+     "gate_mod: unknown key 'gate_mod' — did you mean 'gate_mode'?"),
+    (lambda a: {"base_model": a, "gate_mode": "random", "experts": [{"source_model": a},
+                                                                 {"source_model": a, "noise_scal": 0.1}]},
+     "experts[1].noise_scal: unknown key 'noise_scal' — did you mean 'noise_scale'?"),
+    (lambda a: {"base_model": a, "gate_mode": "random", "expert": [{"source_model": a}]},
+     "expert: unknown key 'expert': mergekit would ignore it — did you mean 'experts'?"),
+], ids=["merge_method", "layer_range", "parameters", "moe gate_mode", "moe expert key", "moe experts"])
+def test_a_misspelt_key_the_config_lacks_is_named(
+        tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str], build: Any, fragment: str) -> None:
+    """merge_methd: was "unknown key: mergekit would ignore it, so removing it changes nothing" with the list of
+    every top-level key: the config then has no merge_method, so removing it does not give what was meant."""
+    code, err = _run(tmp_path, build(str(make("a"))), capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and fragment in lines[0], err
+    assert "removing it changes nothing" not in err
+
+
 ANCHORED = """\
 x-common: &common
   weight: 0.5

@@ -8,8 +8,9 @@ says where it is (``slices[1].sources[0].layer_range``). Checks that need the mo
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,17 +49,29 @@ MODEL_CONFIG_KEYS = ("architectures", "model_type", "hidden_size", "num_hidden_l
 class UnknownKeyError(ConfigError):
     """A key no mergekit config has: ``key`` at ``yaml_path``, ``where`` saying in what (" in a module")."""
 
-    def __init__(self, key: str, yaml_path: str, *, where: str = "", hint: str | None = None) -> None:
-        super().__init__(f"unknown key {key!r}{where}: mergekit would ignore it, so removing it changes nothing",
-                         yaml_path=yaml_path, hint=hint)
+    def __init__(self, key: str, yaml_path: str, *, where: str = "", hint: str | None = None,
+                 near: str | None = None) -> None:
+        # A misspelling of a key the mapping lacks (merge_methd for merge_method) is named: removing it would not
+        # give the config what it meant, so "removing it changes nothing" is said only of other keys.
+        what = "mergekit would ignore it" if near else "mergekit would ignore it, so removing it changes nothing"
+        super().__init__(f"unknown key {key!r}{where}: {what}", yaml_path=yaml_path,
+                         hint=f"did you mean {near!r}?" if near else hint)
         self.key, self.where = key, where
 
 
-def unknown_key_error(key: str, yaml_path: str, *, where: str = "", hint: str | None = None) -> ConfigError:
+def near_key(key: str, allowed: Collection[str], given: Collection[object] = ()) -> str | None:
+    """The allowed key ``key`` is most likely a misspelling of, among those the mapping (keys ``given``) lacks."""
+    found = difflib.get_close_matches(key, sorted(a for a in allowed if a not in given), n=1, cutoff=0.8)
+    return found[0] if found else None
+
+
+def unknown_key_error(key: str, yaml_path: str, *, where: str = "", hint: str | None = None,
+                      allowed: Collection[str] = (), given: Collection[object] = ()) -> ConfigError:
     """The error for an unknown key. mergekit ignores unknown keys silently; resumerge refuses them (a misspelt
     key would otherwise do nothing), and says that mergekit would ignore it, so that removing it changes nothing —
-    true unless the key holds a YAML anchor used elsewhere, which :func:`honest_unknown_key` says instead."""
-    return UnknownKeyError(key, yaml_path, where=where, hint=hint)
+    true unless the key holds a YAML anchor used elsewhere, which :func:`honest_unknown_key` says instead, or is
+    a misspelling of one of the ``allowed`` keys the mapping (keys ``given``) lacks, which is named."""
+    return UnknownKeyError(key, yaml_path, where=where, hint=hint, near=near_key(key, allowed, given))
 
 
 def honest_unknown_key(error: UnknownKeyError, text: str) -> ConfigError:
@@ -211,7 +224,10 @@ def _parse(doc: dict[str, Any], text: str) -> MergeConfig:
     refused = [k for k in unknown if k not in holders]
     if refused:
         raise unknown_key_error(refused[0], refused[0],
-                                hint=f"allowed top-level keys: {', '.join(sorted(TOP_LEVEL_KEYS))}")
+                                hint=f"allowed top-level keys: {', '.join(sorted(TOP_LEVEL_KEYS))}",
+                                # without merge_method, a mergekit-moe config whose experts: is misspelt
+                                allowed=TOP_LEVEL_KEYS | ({"experts"} if "merge_method" not in doc else set()),
+                                given=doc)
     # A top-level key holding YAML anchors the config uses (x-common: &defaults …) is ignored, as mergekit ignores
     # every unknown key: it cannot be a misspelt setting, and removing it would break the config.
     warnings = tuple(f"{k}: ignored, as mergekit ignores it (it holds YAML anchors the config uses)" for k in unknown)
@@ -269,7 +285,8 @@ def _model(value: Any, path: str) -> ModelRef:
         allowed = {"model", "lora", "override_architecture"}
         extra = sorted(set(value) - allowed)
         if extra:
-            raise unknown_key_error(extra[0], f"{path}.{extra[0]}", where=" in model reference")
+            raise unknown_key_error(extra[0], f"{path}.{extra[0]}", where=" in model reference", allowed=allowed,
+                                    given=value)
         inner = _model_path(value.get("model"), f"{path}.model")
         lora = _model_path(value["lora"], f"{path}.lora") if value.get("lora") is not None else None
         arch = _optional_str(value.get("override_architecture"), f"{path}.override_architecture")
@@ -300,7 +317,8 @@ def _modules(value: Any) -> tuple[ModuleConfig, ...]:
         if extra:
             raise unknown_key_error(extra[0], f"{path}.{extra[0]}", where=" in a module",
                                     hint="a module takes models or slices, and parameters; merge_method, base_model "
-                                         "and dtype are set at the top level")
+                                         "and dtype are set at the top level",
+                                    allowed=("models", "slices", "parameters"), given=item)
         if (item.get("models") is None) == (item.get("slices") is None):
             raise ConfigError("Must specify either output slices or models to merge", yaml_path=path,
                               hint="give the module exactly one of models: or slices:")
@@ -323,7 +341,7 @@ def _models(value: Any, where: str = "models") -> tuple[SourceConfig, ...]:
             raise ConfigError("each entry needs a 'model'", yaml_path=path)
         extra = sorted(set(item) - {"model", "parameters"})
         if extra:
-            raise unknown_key_error(extra[0], f"{path}.{extra[0]}")
+            raise unknown_key_error(extra[0], f"{path}.{extra[0]}", allowed=("model", "parameters"), given=item)
         out.append(
             SourceConfig(
                 model=_model(item["model"], f"{path}.model"),
@@ -343,9 +361,10 @@ def _slices(value: Any, where: str = "slices") -> tuple[SliceConfig, ...]:
         path = f"{where}[{i}]"
         if not isinstance(item, dict):
             raise ConfigError("each slice must be a mapping with 'sources'", yaml_path=path)
-        extra = sorted(set(item) - {"sources", "base_model", "parameters", "residual_weight"})
+        allowed = ("sources", "base_model", "parameters", "residual_weight")
+        extra = sorted(set(item) - set(allowed))
         if extra:
-            raise unknown_key_error(extra[0], f"{path}.{extra[0]}")
+            raise unknown_key_error(extra[0], f"{path}.{extra[0]}", allowed=allowed, given=item)
         sources = item.get("sources")
         if not isinstance(sources, list) or not sources:
             raise ConfigError("a slice needs a non-empty 'sources' list", yaml_path=f"{path}.sources")
@@ -360,7 +379,8 @@ def _source(item: Any, path: str) -> SourceConfig:
         raise ConfigError("each source needs 'model' and 'layer_range'", yaml_path=path)
     extra = sorted(set(item) - {"model", "layer_range", "parameters"})
     if extra:
-        raise unknown_key_error(extra[0], f"{path}.{extra[0]}")
+        raise unknown_key_error(extra[0], f"{path}.{extra[0]}", allowed=("model", "layer_range", "parameters"),
+                                given=item)
     lr = item.get("layer_range")
     if (
         not isinstance(lr, list)
@@ -441,7 +461,8 @@ def _tokenizer_section(value: Any) -> Mapping[str, Any] | None:
         raise ConfigError("tokenizer must be a mapping", yaml_path="tokenizer")
     extra = sorted(set(value) - {"source", "tokens", "pad_to_multiple_of"})
     if extra:
-        raise unknown_key_error(extra[0], f"tokenizer.{extra[0]}")
+        raise unknown_key_error(extra[0], f"tokenizer.{extra[0]}", allowed=("source", "tokens", "pad_to_multiple_of"),
+                                given=value)
     pad = value.get("pad_to_multiple_of")
     if pad is not None and (type(pad) is not int or pad <= 0):
         raise ConfigError("pad_to_multiple_of must be a positive integer", yaml_path="tokenizer.pad_to_multiple_of")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from resumerge.config.merge_config import MergeConfig, SourceConfig, check_dtype, parse_documents
+from resumerge.config.merge_config import MergeConfig, SourceConfig, check_dtype, near_key, parse_documents
 from resumerge.config.modelref import ModelRef, parse_model_ref
 from resumerge.config.yamltext import anchor_holders
 from resumerge.errors import ConfigError
@@ -107,8 +107,10 @@ def load_moe_text(text: str, *, allow_all_same: bool = False, source: str = "con
         holders = anchor_holders(text)
         unknown = [k for k in unknown if k not in holders]
     if unknown:
+        near = near_key(unknown[0], TOP_LEVEL_KEYS, doc)
         raise ConfigError(f"unknown key {unknown[0]!r}", yaml_path=unknown[0],
-                          hint=f"allowed top-level keys of a mergekit-moe config: {', '.join(sorted(TOP_LEVEL_KEYS))}")
+                          hint=f"did you mean {near!r}?" if near else
+                          f"allowed top-level keys of a mergekit-moe config: {', '.join(sorted(TOP_LEVEL_KEYS))}")
     if doc.get("base_model") is None:
         raise ConfigError("base_model is required", yaml_path="base_model")
     gate_mode = doc.get("gate_mode", "hidden")
@@ -189,8 +191,10 @@ def _expert(item: Any, path: str) -> ExpertConfig:
         raise ConfigError("an expert must be a mapping with source_model", yaml_path=path)
     unknown = sorted(str(k) for k in item if k not in EXPERT_KEYS)
     if unknown:
+        near = near_key(unknown[0], EXPERT_KEYS, item)
         raise ConfigError(f"unknown key {unknown[0]!r}", yaml_path=f"{path}.{unknown[0]}",
-                          hint=f"an expert's keys: {', '.join(sorted(EXPERT_KEYS))}")
+                          hint=f"did you mean {near!r}?" if near
+                          else f"an expert's keys: {', '.join(sorted(EXPERT_KEYS))}")
     if item.get("source_model") is None:
         raise ConfigError("source_model is required", yaml_path=f"{path}.source_model")
     return ExpertConfig(
