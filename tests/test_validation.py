@@ -346,3 +346,15 @@ def test_a_config_cannot_name_an_internal_unit_as_its_method(
     assert code == 2 and "merge_method" in err and f"Unimplemented merge method '{unit}'" in err, err
     known = err.split("known methods:")[1]
     assert "linear" in known and "moe_" not in known and "lora_extract" not in known, err
+
+
+def test_a_folder_given_as_config_is_said_to_be_one(tmp_path: Path, make: ModelFactory,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A model's folder given as CONFIG said "cannot read config file …: [Errno 21] Is a directory: '…'"."""
+    model = make("a")
+    code = main(["run", str(model), str(tmp_path / "out"), "--quiet"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert f"config file {model} is a directory, not a YAML file" in lines[0] and "Errno" not in err, err
+    assert not (tmp_path / "out").exists()

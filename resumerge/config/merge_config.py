@@ -478,6 +478,10 @@ def read_config_file(path: str | os.PathLike[str]) -> str:
         return decode_config(Path(path).read_bytes())
     except FileNotFoundError:
         raise UsageError(f"config file {path} not found") from None
+    except IsADirectoryError:  # most often a model's folder given as CONFIG
+        raise UsageError(f"config file {path} is a directory, not a YAML file",
+                         hint="CONFIG is a mergekit YAML file (merge_method, and models, slices or modules); a "
+                              "model's folder goes under models: in it") from None
     except UnicodeDecodeError as exc:
         raise UsageError(f"config file {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
                          f"{exc.start})", hint="save it as UTF-8 (or UTF-16 with its byte-order mark)") from None
