@@ -254,3 +254,13 @@ def test_an_unreachable_hub_once_a_run_is_recorded_is_exit_3_with_resume(
     assert code == 3, err
     assert "nothing was started" not in err
     assert f"run resumerge resume {out} --state-dir {state} when the hub answers" in err, err
+
+
+def test_resume_given_the_config_says_it_takes_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``resumerge resume merge.yml`` said "choose a new or empty directory for the output", a run's advice."""
+    cfg = write_config(tmp_path / "c.yml", {"merge_method": "linear", "models": []})
+    code = main(["resume", str(cfg), "--state-dir", str(tmp_path / "state")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "resume takes the output folder a run wrote into (its OUT), not the run's config" in err, err
+    assert "new or empty directory" not in err

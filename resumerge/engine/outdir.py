@@ -181,8 +181,9 @@ def _clean_previous(sink: OutputSink, ledger: Ledger, manifest: Manifest | None)
     sink.delete(name for name in sorted(names) if "/" not in name)
 
 
-def check_out_path(out: Path) -> None:
-    """Refuse (exit 2) an OUT that is a symbolic link or not a directory.
+def check_out_path(out: Path, *, resuming: bool = False) -> None:
+    """Refuse (exit 2) an OUT that is a symbolic link or not a directory (``resuming``: the OUT of a resume,
+    whose file is most often the config given instead).
 
     A link could point elsewhere on the next run, and the lock, the state dir and "never touch what resumerge did
     not write" all concern one directory: the user passes the real one instead.
@@ -192,7 +193,8 @@ def check_out_path(out: Path) -> None:
                          hint=f"pass the directory itself: {os.path.realpath(out)}")
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out} exists and is not a directory", path=str(out),
-                         hint="choose a new or empty directory for the output")
+                         hint="resume takes the output folder a run wrote into (its OUT), not the run's config"
+                         if resuming else "choose a new or empty directory for the output")
 
 
 def check_out_dir(out: Path, *, tolerate: frozenset[str] = frozenset(), ledger: Path | None = None) -> Manifest | None:

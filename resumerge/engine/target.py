@@ -81,6 +81,6 @@ class Target:
         vouches for OUT: :func:`~resumerge.store.manifestcheck.manifest_or_ledger`)."""
         if self.hub is not None or self.recorded is not None:
             return self
-        check_out_path(self.out)
+        check_out_path(self.out, resuming=True)
         found = manifest_or_ledger(self.out, self.locations.ledger) if self.out.is_dir() else None
         return replace(self, recorded=(found,))
