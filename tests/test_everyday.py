@@ -230,7 +230,8 @@ def test_a_recipe_records_the_thread_count_of_its_stages_and_its_resume_reuses_i
 
 
 def test_an_unreachable_hub_once_a_run_is_recorded_is_exit_3_with_resume(
-        tmp_path: Path, make: ModelFactory, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, make: ModelFactory, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """session.run_merge made every unreachable hub input exit 2 ("nothing was started: run the same command
     again") though the run had a ledger and committed shards: that is the front door's rule for a new run only."""
     from resumerge.engine import session

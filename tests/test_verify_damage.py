@@ -207,7 +207,8 @@ def test_a_rerun_into_a_deleted_out_starts_afresh_in_one_line(
     assert status["peak_rss"] < 10**15 and status["elapsed_seconds"] < 3600, status
 
 
-def test_verify_s_repair_hint_keeps_the_state_dir_the_run_used(ref: Reference, capsys: pytest.CaptureFixture[str]) -> None:
+def test_verify_s_repair_hint_keeps_the_state_dir_the_run_used(
+        ref: Reference, capsys: pytest.CaptureFixture[str]) -> None:
     """The hint said "repair with: resumerge resume OUT" without the run's --state-dir: that resume found no ledger
     in the default state dir. It is the same command resume_command gives every other message."""
     out, state = _copy(ref, "hint-state-dir")
