@@ -265,3 +265,27 @@ def test_resume_given_the_config_says_it_takes_out(tmp_path: Path, capsys: pytes
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "resume takes the output folder a run wrote into (its OUT), not the run's config" in err, err
     assert "new or empty directory" not in err
+
+
+@pytest.mark.parametrize("command", ["run", "plan"])
+def test_an_out_on_a_read_only_folder_is_one_line_exit_2(
+        tmp_path: Path, make: ModelFactory, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        command: str) -> None:
+    """OUT under a read-only folder (a read-only mount) was "internal error: OSError: [Errno 30] Read-only file
+    system" (exit 1) once the plan was made, and plan said "fits". The folder is read-only by access(2)'s answer
+    here, as tests may run as root, whom file modes do not stop."""
+    import os
+
+    cfg = write_config(tmp_path / "c.yml", linear_config(make("a", seed=1), make("b", seed=2)))
+    frozen = tmp_path / "ro"
+    frozen.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: Path(p) != frozen and real(p, mode, **kw))
+    capsys.readouterr()
+    quiet = ["--quiet"] if command == "run" else []
+    code = main([command, str(cfg), str(frozen / "out"), "--state-dir", str(tmp_path / "state"), *quiet])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"OUT {frozen / 'out'} is not writable ({frozen} is read-only here); choose an OUT on a writable " \
+           "filesystem" in err, err
+    assert "internal error" not in err and not (frozen / "out").exists()

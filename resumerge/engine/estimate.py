@@ -194,6 +194,8 @@ def estimate(
     memory_reasons = memory_reasons or [r for r in [memory.over_budget()] if r]  # never "fits" over the budget
     reasons = memory_reasons + [r for d in disks if not d.fits for r in [_disk_reason(d, output)]]
     reasons += [r for r in [unwritable(state_root(state_dir), "the state dir")] if r]  # run would stop at once
+    if out is not None and not to_hub and not out.exists():  # an existing OUT is judged by run
+        reasons += [r for r in [unwritable(out, "OUT", "choose an OUT on a writable filesystem")] if r]
     hub = hub_disk_need(plan, max_disk)
     if to_hub and hub.problem:
         reasons.append(hub.problem)

@@ -19,7 +19,7 @@ from resumerge.memory import format_size
 from resumerge.outputs.aux import aux_files
 from resumerge.plan.changes import describe_changes
 from resumerge.plan.merge_plan import Plan, fingerprint_parts
-from resumerge.store.diskprobe import free_bytes
+from resumerge.store.diskprobe import free_bytes, unwritable
 from resumerge.store.durable import is_temp_name
 from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import MANIFEST_NAME, Manifest, ManifestBook, read_manifest
@@ -191,6 +191,9 @@ def check_out_path(out: Path, *, resuming: bool = False) -> None:
     if out.is_symlink():
         raise UsageError(f"{out} is a symbolic link", path=str(out),
                          hint=f"pass the directory itself: {os.path.realpath(out)}")
+    if not out.exists() and (why := unwritable(out, "OUT", "choose an OUT on a writable filesystem")):
+        # Created once the plan is recorded, before any weight is written: said here, not as mkdir's OSError.
+        raise UsageError(why, path=str(out))
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out} exists and is not a directory", path=str(out),
                          hint="resume takes the output folder a run wrote into (its OUT), not the run's config"

@@ -56,14 +56,14 @@ def nearest_existing(path: str | os.PathLike[str]) -> Path:
     return current
 
 
-def unwritable(path: str | os.PathLike[str], what: str) -> str | None:
-    """Why a directory could not be created or written at ``path`` (``what`` names it in the sentence), or None
-    when its nearest existing ancestor is a directory this process may write in."""
+def unwritable(path: str | os.PathLike[str], what: str, fix: str = "use another --state-dir") -> str | None:
+    """Why a directory could not be created or written at ``path`` (``what`` names it in the sentence, ``fix``
+    says what to do), or None when its nearest existing ancestor is a directory this process may write in."""
     nearest = nearest_existing(path)
     if not nearest.is_dir():
-        return f"{what} {path} cannot be created: {nearest} is not a directory; use another --state-dir"
+        return f"{what} {path} cannot be created: {nearest} is not a directory; {fix}"
     if not os.access(nearest, os.W_OK | os.X_OK):
-        return f"{what} {path} is not writable ({nearest} is read-only here); use another --state-dir"
+        return f"{what} {path} is not writable ({nearest} is read-only here); {fix}"
     return None
 
 
