@@ -18,12 +18,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from resumerge.config.locations import state_root
 from resumerge.config.settings import RunSettings, Staging
 from resumerge.engine.devices import gpu_governor, make_governor
 from resumerge.engine.executor import Reporter, Stopped
 from resumerge.engine.executors import Executor, executor_for
 from resumerge.engine.frozenplan import freeze
 from resumerge.engine.hubout import HubOutput, create_recorded
+from resumerge.engine.inputcontents import InputContents
 from resumerge.engine.inputfetch import HubInputs
 from resumerge.engine.job import Job
 from resumerge.engine.outdir import done_line, open_run, planned_files, refuse_changed_plan
@@ -178,11 +180,14 @@ class RunSession:
                 hub_out = create_recorded(hub_out, plan, config_text, ledger, restart=restart, frozen=frozen,
                                           kind=self.prepared.kind)
             staged: list[str] = []
+            # A continued run's inputs are proved unchanged before anything is written for it (or it is refused).
+            contents = InputContents(plan, ledger, state_root(settings.state_dir))
             with _make_sink(plan, out, rdir, settings.staging, staged, hub_out, max_disk, should_stop,
                             _telling(reporter, ledger)) as sink:
                 book, verified = open_run(plan, config_text, hub_out.url if hub_out else out, sink, ledger, manifest,
                                           restart=restart, resuming=resuming, notes=notes, frozen=frozen,
                                           kind=self.prepared.kind)
+                contents.record(ledger, notes)  # before the first commit: what a later resume proves against
                 reconcile(sink, ledger, book, log=notes, verified=verified)
                 notes.extend(staged)
                 resumed = sum(1 for r in ledger.files() if r.status == "done")

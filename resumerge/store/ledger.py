@@ -5,7 +5,8 @@ set-aside), which it shares with the recipe ledger.
 Tables: ``run`` (one row: config text, the kind of run, fingerprint and its parts, options, model directories,
 state, peak memory), ``files`` (every planned output file: shards, index, config, tokenizer files; status, bytes,
 sha256, seconds), ``tensors`` (every output tensor: shard, status, bytes), ``events`` (an append-only log),
-``stream_reads`` and ``frozen_plan`` (the plan itself, stored once, for resumes). The first schema's
+``stream_reads``, ``frozen_plan`` (the plan itself, stored once, for resumes) and ``input_contents`` (the sha256
+of every local input file, for :mod:`resumerge.inputs.contents`). The first schema's
 ``tensors.crc32`` and ``tensors.seconds`` were never filled (a per-tensor checksum cost the writer thread as much
 time as the shard's sha256, and nothing read either); migration m003 drops them. Every state change is one
 transaction; WAL with ``synchronous=FULL`` so a committed row survives power loss. The read-only view for
@@ -113,6 +114,15 @@ def m005_run_kind(db: Database) -> None:
     db.table("run").add_column("kind", str)
 
 
+@migrations()
+def m006_input_contents(db: Database) -> None:
+    """The full sha256 of every local input weight file, with its size, mtime and ctime when hashed, recorded when
+    the run starts (issue 60): a resume proves a file that looks different holds the same bytes, or refuses."""
+    db.table("input_contents").create(
+        {"path": str, "size": int, "mtime_ns": int, "ctime_ns": int, "sha256": str}, pk="path"
+    )
+
+
 class Ledger(Journal):
     """Write access to one output directory's ledger. Thread-safe: one lock guards the connection.
 
@@ -158,7 +168,7 @@ class Ledger(Journal):
         """
         now = time.time()
         with self._transaction():
-            for table in ("run", "files", "tensors", "frozen_plan"):
+            for table in ("run", "files", "tensors", "frozen_plan", "input_contents"):
                 self.db.execute(f"DELETE FROM [{table}]")
             self.db.table("run").insert(
                 {
@@ -196,6 +206,19 @@ class Ledger(Journal):
         with self._transaction():
             row = self.db.execute("SELECT key, data FROM frozen_plan WHERE id = 1").fetchone()
         return (str(row[0]), bytes(row[1])) if row is not None else None
+
+    def input_contents(self) -> dict[str, tuple[int, int, int, str]]:
+        """(size, mtime_ns, ctime_ns, sha256) of each local input file by path, as :meth:`record_input_contents`
+        recorded them (empty for a run recorded before they were)."""
+        with self._transaction():
+            rows = self.db.execute("SELECT path, size, mtime_ns, ctime_ns, sha256 FROM input_contents").fetchall()
+        return {str(r[0]): (int(r[1]), int(r[2]), int(r[3]), str(r[4])) for r in rows}
+
+    def record_input_contents(self, contents: Mapping[str, tuple[int, int, int, str]]) -> None:
+        """Record (or update) the content of local input files by path, in one transaction."""
+        with self._transaction():
+            self.db.conn.executemany("INSERT OR REPLACE INTO input_contents VALUES (?, ?, ?, ?, ?)",
+                                     ((path, *content) for path, content in sorted(contents.items())))
 
     def record_peak(self, peak_rss: int, adaptations: int) -> None:
         """Keep the highest peak RSS seen across the run's processes, and count memory adaptations."""

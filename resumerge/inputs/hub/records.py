@@ -83,6 +83,24 @@ class VerifyRecords:
             and st.st_mtime_ns + RACY_WINDOW_NS < verified_at_ns
         )
 
+    def digest_of(self, path: Path, algorithm: str, *, newer_than: int) -> str | None:
+        """The digest recorded for ``path`` (its real path) in ``algorithm`` while its size and mtime are unchanged
+        and it was hashed clearly after ``newer_than`` (ns: the caller's last moment the file could have been
+        written, such as its ctime); else None. What a local input's content proof reuses instead of hashing."""
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        row = self._db.execute(
+            "SELECT size, mtime_ns, algorithm, digest, verified_at_ns FROM verified WHERE path = ?",
+            (os.fspath(path),),
+        ).fetchone()
+        if row is None:
+            return None
+        size, mtime_ns, algo, recorded, verified_at_ns = row
+        fresh = max(newer_than, st.st_mtime_ns) + RACY_WINDOW_NS < verified_at_ns
+        return str(recorded) if (size, mtime_ns, algo) == (st.st_size, st.st_mtime_ns, algorithm) and fresh else None
+
     def record(self, path: Path, algorithm: str, digest: str, verified_at_ns: int) -> None:
         """Record that ``path`` hashed to ``digest``.
 

@@ -1,0 +1,146 @@
+"""The content proof of local input files: a full sha256 of every weight file a run reads, recorded when the run
+starts and checked again whenever a file no longer looks as it did.
+
+A plan identifies a weight file by its size, header and sampled blocks (:func:`~resumerge.inputs.files.
+file_identity`): cheap, and enough to tell two models apart, but blind to a tensor re-drawn between two samples.
+A resume that trusted it merged the rest of a run from edited bytes into an output whose first shards came from
+the old ones. The rule, in one place:
+
+- when a run is recorded, each local weight file's sha256 is recorded with its size, mtime and ctime;
+- a resume (or ``run`` continuing a run) trusts a file whose size, mtime and ctime are all as recorded (writing,
+  replacing or ``touch``-ing a file moves its ctime, which user space cannot set back); any other file is hashed
+  again, and a different digest refuses the run (:class:`~resumerge.errors.PlanChangedError`, exit 4) naming the
+  file; the same digest (a ``touch``, a copy back) is proof, and the new look is recorded.
+
+Hashing costs one read of each file, so a digest is also kept in the state dir's verification records (beside the
+hub's, keyed by the file's real path) and reused while the file's size and mtime are unchanged and it was last
+written or replaced well before it was hashed: merging the same local models again hashes nothing. Hub files are
+not here: their identity is the hub's own checksum, verified against the cache on every run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
+from resumerge.errors import PlanChangedError
+from resumerge.inputs.hub.records import VerifyRecords, now_ns
+
+_BLOCK = 8 * 1024 * 1024
+_HUB_SNAPSHOT = re.compile(r"/snapshots/[0-9a-f]{40}$")  # a hub model's recorded folder (see inputs.catalog)
+_ALGORITHM = "sha256"
+
+
+class Content(NamedTuple):
+    """What a local input file looked like when its bytes hashed to ``sha256``."""
+
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    sha256: str
+
+
+def local_input_files(model_dirs: Mapping[str, str], inputs: Mapping[str, Iterable[tuple[str, int, str]]]
+                      ) -> list[Path]:
+    """Every weight file of a plan (``plan.model_dirs``, ``plan.inputs``) that is a local file, in a fixed order:
+    a hub model's files are left to the hub's checksums, and a file not on disk (a later stage's input, written by
+    an earlier stage of a recipe once that stage runs) to the plan's identity."""
+    found: list[Path] = []
+    for key, files in sorted(inputs.items()):
+        directory = model_dirs.get(key)
+        if directory is None or _HUB_SNAPSHOT.search(directory):
+            continue
+        found.extend(Path(directory) / f[0] for f in files)
+    return found
+
+
+def record_contents(paths: Iterable[Path], records_dir: str | os.PathLike[str] | None) -> dict[str, Content]:
+    """The :class:`Content` of each of ``paths`` present, hashed (in parallel, largest first) unless the state
+    dir's records hold its digest. Raises :class:`PlanChangedError` for a file written while it was hashed."""
+    present = [p for p in paths if p.is_file()]
+    with VerifyRecords(records_dir) as records:
+        found = _digests(present, records)
+    return {str(path): content for path, content in zip(present, found)}
+
+
+def prove_unchanged(recorded: Mapping[str, Content], records_dir: str | os.PathLike[str] | None
+                    ) -> dict[str, Content]:
+    """Check every file of ``recorded`` against what was recorded when the run started; returns the files that
+    look different but hold the same bytes, with how they look now (to record). Raises
+    :class:`PlanChangedError`, naming the first file whose bytes differ (or that is gone)."""
+    looked_again: list[Path] = []
+    for name, before in sorted(recorded.items()):
+        path = Path(name)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise _changed(path, "was deleted") from None
+        if st.st_size != before.size:
+            raise _changed(path, f"is {st.st_size} bytes, {before.size} when the run started")
+        if (st.st_mtime_ns, st.st_ctime_ns) != (before.mtime_ns, before.ctime_ns):
+            looked_again.append(path)
+    if not looked_again:
+        return {}
+    with VerifyRecords(records_dir) as records:
+        now = _digests(looked_again, records)
+    for path, content in zip(looked_again, now):
+        if content.sha256 != recorded[str(path)].sha256:
+            raise _changed(path, "holds other bytes than when the run started (same size, modified since)")
+    return {str(path): content for path, content in zip(looked_again, now)}
+
+
+def _digests(paths: list[Path], records: VerifyRecords) -> list[Content]:
+    """The content of each of ``paths`` (in their order): from ``records`` when trusted, else hashed."""
+    found: dict[Path, Content] = {}
+    hashing = []
+    for path in paths:
+        known = _known(path, records)
+        if known is not None:
+            found[path] = known
+        else:
+            hashing.append(path)
+    if hashing:
+        hashing.sort(key=lambda p: -p.stat().st_size)  # one large file started last would leave the others idle
+        workers = min(len(hashing), os.cpu_count() or 1, 8)
+        with ThreadPoolExecutor(workers, thread_name_prefix="resumerge-contents") as pool:
+            for path, (content, started) in zip(hashing, pool.map(_hash, hashing)):
+                found[path] = content
+                records.record(path.resolve(), _ALGORITHM, content.sha256, started)
+    return [found[path] for path in paths]
+
+
+def _known(path: Path, records: VerifyRecords) -> Content | None:
+    """The recorded digest of ``path`` when the records can vouch for it: same size and mtime as when hashed, and
+    neither written nor replaced (its ctime) since shortly before."""
+    st = os.stat(path)
+    digest = records.digest_of(path.resolve(), _ALGORITHM, newer_than=max(st.st_mtime_ns, st.st_ctime_ns))
+    return None if digest is None else Content(st.st_size, st.st_mtime_ns, st.st_ctime_ns, digest)
+
+
+def _hash(path: Path) -> tuple[Content, int]:
+    """Hash ``path`` whole: its content and when the hash started (for the records). Raises
+    :class:`PlanChangedError` when it changed while being read."""
+    before = os.stat(path)
+    started = now_ns()
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:  # unbuffered 8 MiB reads: hashlib drops the GIL on each
+        while block := f.read(_BLOCK):
+            digest.update(block)
+    after = os.stat(path)
+    key = (before.st_size, before.st_mtime_ns, before.st_ctime_ns)
+    if key != (after.st_size, after.st_mtime_ns, after.st_ctime_ns):
+        raise _changed(path, "changed while it was being read")
+    return Content(*key, digest.hexdigest()), started
+
+
+def _changed(path: Path, what: str) -> PlanChangedError:
+    return PlanChangedError(
+        f"input file {path} {what}; the merge's committed shards were made from the bytes it held then",
+        path=str(path),
+        hint="restore the file as it was and resume, or start over with resumerge run CONFIG OUT --restart",
+    )

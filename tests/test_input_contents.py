@@ -1,0 +1,169 @@
+"""An input re-saved between a kill and a resume (issue 60): a resume, and a `run` that continues the run, prove every
+local input file holds the bytes it held when the run started, or refuse (exit 4) naming the file.
+
+The plan's identity of a weight file samples 16 blocks of 64 KiB; these edits fall between the samples, where only
+the content proof (a full sha256 recorded when the run started, checked when a file looks different) sees them. A
+file that only looks different (``touch``) is proved unchanged and the resume ends byte-identical.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import os
+import random
+import shutil
+import sqlite3
+import struct
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from support import cli, digests, reference_merge
+
+from resumerge.cli.commands import main
+from resumerge.cli.modelgen import ModelSpec
+from resumerge.config.locations import run_dir
+from resumerge.inputs.files import file_identity
+
+# One 12 MB input file per model: its 16 sampled blocks leave gaps of about 700 KB, inside the layers' tensors.
+SPEC = ModelSpec(layers=4, hidden=256, intermediate=512, vocab=1000, shard_bytes=64 << 20)
+SHARD = "2M"
+
+
+@dataclass(frozen=True)
+class Setup:
+    root: Path
+    config: Path
+    a: Path
+    reference: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
+    root = tmp_path_factory.mktemp("contents")
+    config, a, reference = reference_merge(root, SPEC, SHARD)
+    assert sum(n.startswith("model-") for n in reference) >= 5, "the scenarios need several output shards"
+    return Setup(root, config, a, reference)
+
+
+def _weights(setup: Setup) -> Path:
+    (path,) = setup.a.glob("*.safetensors")
+    return path
+
+
+def _gap(path: Path) -> tuple[int, int]:
+    """A byte range of ``path``'s tensor data that none of file_identity's sampled blocks touches (mid-file)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        data_start = 8 + struct.unpack("<Q", f.read(8))[0]
+    block = 64 * 1024
+    starts = [(size - block) * k // 15 for k in range(16)]
+    gaps = [(a + block, b) for a, b in itertools.pairwise(starts) if a + block >= data_start and b - a > 2 * block]
+    start, end = gaps[len(gaps) // 2]
+    return start + 16, end - 16
+
+
+def _killed(setup: Setup, name: str) -> tuple[Path, Path]:
+    """OUT and state dir of a run SIGKILLed after its 3rd manifest write (shards committed, more to come)."""
+    out, state = setup.root / f"out-{name}", setup.root / f"state-{name}"
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(state, ignore_errors=True)
+    killed = cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
+                 env={"RESUMERGE_KILL_AT": "after_manifest_write:3"})
+    assert killed.returncode == -9, killed.stderr
+    assert any(n.startswith("model-") for n in _committed(out, state)), "the kill came before any shard"
+    return out, state
+
+
+def _committed(out: Path, state: Path) -> dict[str, str]:
+    conn = sqlite3.connect(f"file:{run_dir(out, state) / 'ledger.db'}?mode=ro", uri=True)
+    try:
+        return dict(conn.execute("SELECT name, sha256 FROM files WHERE status = 'done'").fetchall())
+    finally:
+        conn.close()
+
+
+def _continue(how: str, setup: Setup, out: Path, state: Path) -> subprocess.CompletedProcess[str]:
+    """``resume`` OUT, or ``run`` the same config into it again (which continues the run), in this process."""
+    args = ["resume", str(out)] if how == "resume" else ["run", str(setup.config), str(out), "--out-shard-size",
+                                                         SHARD]
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main([*args, "--state-dir", str(state), "--quiet"])
+    return subprocess.CompletedProcess(args, code, "", err.getvalue())
+
+
+def _refused(done: subprocess.CompletedProcess[str], victim: Path) -> None:
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 4, done.stderr
+    assert "Traceback" not in done.stderr and len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert str(victim) in lines[0] and "other bytes" in lines[0], lines[0]
+
+
+def _rewrite_gap(path: Path) -> None:
+    """Tensors redrawn and re-saved: every byte of a gap between samples replaced, the file's size unchanged."""
+    start, end = _gap(path)
+    noise = random.Random(60).randbytes(end - start)
+    with open(path, "r+b") as f:
+        f.seek(start)
+        f.write(noise)
+
+
+def _flip_one_byte(path: Path) -> None:
+    start, end = _gap(path)
+    with open(path, "r+b") as f:
+        f.seek((start + end) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+def _flip_keeping_mtime(path: Path) -> None:
+    st = path.stat()
+    _flip_one_byte(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime set back: only the ctime shows the write
+
+
+EDITS: dict[str, Callable[[Path], None]] = {
+    "tensors-rewritten": _rewrite_gap, "one-byte": _flip_one_byte, "one-byte-mtime-kept": _flip_keeping_mtime}
+
+
+@pytest.mark.parametrize("how", ["resume", "run"])
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_an_input_edited_between_kill_and_resume_is_refused(setup: Setup, edit: str, how: str) -> None:
+    """The edit is invisible to the plan's identity, so the fingerprint matches; the content proof refuses the run,
+    naming the file, and writes nothing; with the file restored the run finishes byte-identical."""
+    out, state = _killed(setup, f"{edit}-{how}")
+    victim = _weights(setup)
+    saved = victim.read_bytes()
+    header = saved[:8 + struct.unpack("<Q", saved[:8])[0]]
+    before = file_identity(victim, header)
+    committed, on_disk = _committed(out, state), digests(out)
+    try:
+        EDITS[edit](victim)
+        assert victim.read_bytes() != saved and victim.stat().st_size == len(saved)
+        assert file_identity(victim, header) == before, "the edit must fall between the sampled blocks"
+        _refused(_continue(how, setup, out, state), victim)
+        assert _committed(out, state) == committed and digests(out) == on_disk, "a refused run wrote something"
+    finally:
+        victim.write_bytes(saved)
+    done = _continue(how, setup, out, state)
+    assert done.returncode == 0, done.stderr
+    assert digests(out) == setup.reference
+
+
+@pytest.mark.parametrize("how", ["resume", "run"])
+def test_an_input_only_touched_is_proved_unchanged(setup: Setup, how: str) -> None:
+    """A new mtime (and ctime) with the same bytes is no reason to refuse: the file is hashed again, found equal,
+    and the run finishes byte-identical to an uninterrupted one."""
+    out, state = _killed(setup, f"touched-{how}")
+    victim = _weights(setup)
+    st = victim.stat()
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    done = _continue(how, setup, out, state)
+    assert done.returncode == 0, done.stderr
+    assert digests(out) == setup.reference
