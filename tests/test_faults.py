@@ -184,9 +184,9 @@ def test_storage_fault_exits_3_keeps_commits_and_resumes(setup: Setup, shim: Pat
 
 @pytest.mark.parametrize(("shard", "limit", "fragment"), [
     ("1M", 400_000, "File too large"),  # the single ~700 kB shard crosses the limit
-    (SHARD, 180_000, "file size limit of 180000 bytes"),  # the ledger's WAL outgrows it first (100 kB shards
-    # cannot): SQLite says "I/O error". Above the ledger's size when the first manifest is written (its migrations
-    # and plan leave a WAL of about 165 kB), so a manifest is written before it fails.
+    (SHARD, 260_000, "file size limit of 260000 bytes"),  # the ledger's WAL outgrows it first (100 kB shards
+    # cannot): SQLite says "I/O error". Above the ledger's size when the first manifest is written (its migrations,
+    # plan and input contents leave a WAL of about 240 kB), so a manifest is written before it fails.
 ])
 def test_file_size_limit_gives_efbig_not_sigxfsz(setup: Setup, shard: str, limit: int, fragment: str) -> None:
     """RLIMIT_FSIZE: SIGXFSZ would kill the process (exit -25, no message, state left "running"); resumerge

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.config.locations import state_root
 from resumerge.config.settings import RunSettings, Staging
 from resumerge.engine.devices import gpu_governor, make_governor
 from resumerge.engine.executor import Reporter, Stopped
@@ -181,7 +180,7 @@ class RunSession:
                                           kind=self.prepared.kind)
             staged: list[str] = []
             # A continued run's inputs are proved unchanged before anything is written for it (or it is refused).
-            contents = InputContents(plan, ledger, state_root(settings.state_dir))
+            contents = InputContents(plan, ledger, rdir.parent)  # digests kept in the state dir this run uses
             with _make_sink(plan, out, rdir, settings.staging, staged, hub_out, max_disk, should_stop,
                             _telling(reporter, ledger)) as sink:
                 book, verified = open_run(plan, config_text, hub_out.url if hub_out else out, sink, ledger, manifest,
