@@ -167,3 +167,29 @@ def test_an_input_only_touched_is_proved_unchanged(setup: Setup, how: str) -> No
     done = _continue(how, setup, out, state)
     assert done.returncode == 0, done.stderr
     assert digests(out) == setup.reference
+
+
+def test_an_input_rewritten_while_the_merge_is_planned_is_refused(setup: Setup, monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    """Tensors re-saved after the plan opened the file (its header and samples as before) and before the run
+    hashes it: the plan describes bytes that are gone, so the run is refused before a shard is written."""
+    from resumerge.engine import session
+    from resumerge.plan.planner import build_plan as planned
+
+    victim = _weights(setup)
+    saved = victim.read_bytes()
+
+    def planning_while_saved(*args: object, **kwargs: object) -> object:
+        _rewrite_gap(victim)
+        return planned(*args, **kwargs)  # type: ignore[arg-type]
+
+    out, state = setup.root / "out-while-planned", setup.root / "state-while-planned"
+    monkeypatch.setattr(session, "build_plan", planning_while_saved)
+    try:
+        done = _continue("run", setup, out, state)
+    finally:
+        victim.write_bytes(saved)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 4 and len(lines) == 1, done.stderr
+    assert str(victim) in lines[0] and "while the merge was being planned" in lines[0], lines[0]
+    assert not out.exists() or not any(out.glob("*.safetensors")), "a shard was written from a changed input"

@@ -33,6 +33,7 @@ from resumerge.engine.reconcile import reconcile
 from resumerge.engine.target import Target
 from resumerge.engine.traffic import TrafficMeter, watch_run
 from resumerge.errors import InputError, InterruptedMerge, ResumergeError, StorageError, UsageError
+from resumerge.inputs.contents import opened_looks
 from resumerge.inputs.model import InputWatch
 from resumerge.inputs.source import InputSources
 from resumerge.memory import CudaProbe, MemoryGovernor, format_size, os_peak_rss
@@ -168,7 +169,9 @@ class RunSession:
             _remove_if_empty(out, created)
             raise
         frozen = functools.partial(freeze, self.prepared)  # stored once, when the plan is first recorded
-        watch = InputWatch.of(plan.model_dirs, plan.inputs)
+        # How each local input looked when the plan opened it: a file re-saved since then stops the run.
+        seen = opened_looks(self.prepared.inputs.models.values()) if self.prepared.inputs is not None else {}
+        watch = InputWatch.of(plan.model_dirs, plan.inputs, seen)
         ledger.commit_guard = watch.check
         xfsz = _ignore_sigxfsz()
         restore_allocator = tune_allocator()  # process-wide: put back when the run ends (a notebook goes on)
@@ -180,7 +183,8 @@ class RunSession:
                                           kind=self.prepared.kind)
             staged: list[str] = []
             # A continued run's inputs are proved unchanged before anything is written for it (or it is refused).
-            contents = InputContents(plan, ledger, rdir.parent)  # digests kept in the state dir this run uses
+            contents = InputContents(plan, ledger, rdir.parent, seen=seen, restart=restart)  # rdir.parent: the state
+            # dir this run uses keeps the digests for the next run
             with _make_sink(plan, out, rdir, settings.staging, staged, hub_out, max_disk, should_stop,
                             _telling(reporter, ledger)) as sink:
                 book, verified = open_run(plan, config_text, hub_out.url if hub_out else out, sink, ledger, manifest,

@@ -9,39 +9,47 @@ unfinished run of the same plan, a recipe's stages, MoE upcycling and LoRA extra
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
-from resumerge.inputs.contents import Content, local_input_files, prove_unchanged, record_contents
+from resumerge.inputs.contents import Content, check_looks, local_input_files, prove_unchanged, record_contents
 from resumerge.plan.merge_plan import Plan
 from resumerge.store.ledger import Ledger
 
 
 class InputContents:
-    """Made when the session has opened the run's ledger, before OUT is touched: raises
-    :class:`~resumerge.errors.PlanChangedError` (exit 4, naming the file) when the ledger records this plan and a
-    local input file no longer holds the bytes recorded when the run started. :meth:`record` then keeps what the
-    ledger lacks once the run is recorded (``open_run``)."""
+    """Made when the session has opened the run's ledger, before OUT is touched; every check and hash happens here,
+    before anything is recorded for the run. Raises :class:`~resumerge.errors.PlanChangedError` (exit 4, naming
+    the file) when a local input file no longer looks as it did when the plan opened it (``seen``: written while
+    the merge was being planned), or when the ledger records this plan and a file no longer holds the bytes
+    recorded when the run started. :meth:`record` keeps what the ledger lacks once the run is recorded
+    (``open_run``), before its first commit."""
 
-    def __init__(self, plan: Plan, ledger: Ledger, records_dir: str | os.PathLike[str] | None) -> None:
-        self._records_dir = records_dir
+    def __init__(self, plan: Plan, ledger: Ledger, records_dir: str | os.PathLike[str] | None, *,
+                 seen: Mapping[str, tuple[int, int]], restart: bool) -> None:
         paths = local_input_files(plan.model_dirs, plan.inputs)
+        check_looks(paths, seen)
+        self._proved: dict[str, Content] = {}
+        self._found: dict[str, Content] = {}
         row = ledger.run_row()
-        # Only a continued run's record counts: another plan's (about to be refused, or discarded by --restart)
-        # says nothing about this one's inputs.
+        # Only a continued run's record counts: another plan's says nothing about this one's inputs.
         continuing = row is not None and row.fingerprint == plan.fingerprint
+        if row is not None and not continuing and not restart:
+            return  # open_run refuses the run (a merge planned differently): nothing to hash for it
         recorded = {p: Content(*c) for p, c in ledger.input_contents().items()} if continuing else {}
         ours = {str(p) for p in paths}
         self._proved = prove_unchanged({p: c for p, c in recorded.items() if p in ours}, records_dir)
         # A run recorded before contents were (or by a process killed before recording them: then with no file
         # committed) is trusted by the plan's identity, as it was then, and its files are recorded now.
-        self._unrecorded: list[Path] = [p for p in paths if str(p) not in recorded]
+        unrecorded = [p for p in paths if str(p) not in recorded]
+        self._found = {**record_contents(unrecorded, records_dir, seen), **self._proved}
 
     def record(self, ledger: Ledger, notes: list[str]) -> None:
-        """Record the content of every file without a record (hashing it unless the state dir's records vouch for
-        it), and the new look of those proved unchanged; ``notes`` says which were proved."""
+        """Record the content of every file the ledger had no record of, and the new look of those proved
+        unchanged (``notes`` says which were)."""
         if self._proved:
             names = ", ".join(Path(p).name for p in sorted(self._proved))
             notes.append(f"input files modified since the run started hold the same bytes: {names}")
-        found = {**record_contents(self._unrecorded, self._records_dir), **self._proved}
-        if found:
-            ledger.record_input_contents({p: (c.size, c.mtime_ns, c.ctime_ns, c.sha256) for p, c in found.items()})
+        if self._found:
+            ledger.record_input_contents({p: (c.size, c.mtime_ns, c.ctime_ns, c.sha256)
+                                          for p, c in self._found.items()})

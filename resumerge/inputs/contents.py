@@ -26,10 +26,14 @@ import re
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from resumerge.errors import PlanChangedError
+from resumerge.inputs.files import file_look
 from resumerge.inputs.hub.records import VerifyRecords, now_ns
+
+if TYPE_CHECKING:
+    from resumerge.inputs.model import ModelInput
 
 _BLOCK = 8 * 1024 * 1024
 _HUB_SNAPSHOT = re.compile(r"/snapshots/[0-9a-f]{40}$")  # a hub model's recorded folder (see inputs.catalog)
@@ -59,12 +63,44 @@ def local_input_files(model_dirs: Mapping[str, str], inputs: Mapping[str, Iterab
     return found
 
 
-def record_contents(paths: Iterable[Path], records_dir: str | os.PathLike[str] | None) -> dict[str, Content]:
+def opened_looks(models: Iterable[ModelInput]) -> dict[str, tuple[int, int]]:
+    """How each local weight file of ``models`` (and of their adapters) looked when it was opened for the plan,
+    by path: (size, mtime_ns)."""
+    found: dict[str, tuple[int, int]] = {}
+    for model in models:
+        for directory, files in ((model.directory, model.files),
+                                 *(((model.adapter.directory, model.adapter.files),) if model.adapter else ())):
+            found.update((str(Path(directory) / f.name), f.seen) for f in files if f.seen is not None)
+    return found
+
+
+def check_looks(paths: Iterable[Path], seen: Mapping[str, tuple[int, int]]) -> None:
+    """Raise :class:`PlanChangedError` for the first of ``paths`` that no longer looks as ``seen`` (by path) when
+    it was opened for the plan: it was written while the merge was being planned."""
+    for path in paths:
+        before = seen.get(str(path))
+        if before is None:
+            continue
+        try:
+            now = file_look(path)
+        except FileNotFoundError:
+            raise _changed(path, "was deleted while the merge was being planned", planning=True) from None
+        if now != before:
+            raise _changed(path, "changed while the merge was being planned", planning=True)
+
+
+def record_contents(paths: Iterable[Path], records_dir: str | os.PathLike[str] | None,
+                    seen: Mapping[str, tuple[int, int]] | None = None) -> dict[str, Content]:
     """The :class:`Content` of each of ``paths`` present, hashed (in parallel, largest first) unless the state
-    dir's records hold its digest. Raises :class:`PlanChangedError` for a file written while it was hashed."""
+    dir's records hold its digest. Raises :class:`PlanChangedError` for a file written while it was hashed, or
+    that does not look as ``seen`` when it was opened for the plan."""
     present = [p for p in paths if p.is_file()]
     with VerifyRecords(records_dir) as records:
         found = _digests(present, records)
+    for path, content in zip(present, found):
+        before = (seen or {}).get(str(path))
+        if before is not None and before != (content.size, content.mtime_ns):
+            raise _changed(path, "changed while the merge was being planned", planning=True)
     return {str(path): content for path, content in zip(present, found)}
 
 
@@ -138,7 +174,10 @@ def _hash(path: Path) -> tuple[Content, int]:
     return Content(*key, digest.hexdigest()), started
 
 
-def _changed(path: Path, what: str) -> PlanChangedError:
+def _changed(path: Path, what: str, *, planning: bool = False) -> PlanChangedError:
+    if planning:
+        return PlanChangedError(f"input file {path} {what}; nothing was merged from it", path=str(path),
+                                hint="run the same command again once the file is final")
     return PlanChangedError(
         f"input file {path} {what}; the merge's committed shards were made from the bytes it held then",
         path=str(path),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -49,6 +49,10 @@ class InputFile:
     name: str
     size: int
     identity: str
+    # (size, mtime_ns) of the local file when it was opened, before its header was read (None: not a local file):
+    # what the run checks it against, so a file re-saved while the merge was being planned is never merged from.
+    # Not part of the identity.
+    seen: tuple[int, int] | None = field(default=None, compare=False)
 
 
 class TensorSource(NamedTuple):
@@ -57,6 +61,12 @@ class TensorSource(NamedTuple):
 
     file: str
     entry: TensorEntry
+
+
+def file_look(path: Path) -> tuple[int, int]:
+    """(size, mtime_ns) of the file at ``path``: how it looks, without reading it."""
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
 
 
 def file_identity(path: Path, header_raw: bytes) -> str:

@@ -27,6 +27,7 @@ from resumerge.inputs.files import (
     TensorSource,
     contained,
     file_identity,
+    file_look,
 )
 from resumerge.inputs.quant.refusals import GGUF_MAGIC, refuse_gguf
 from resumerge.inputs.safetensors_format import Header, read_header
@@ -120,12 +121,14 @@ def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = N
     names = _weight_files(directory, yaml_path)
     tensors: dict[str, TensorSource] = {}
     sizes: list[int] = []
+    looks: list[tuple[int, int]] = []
     # Each file's identity (reading and hashing 1 MiB, both without the GIL) is taken on a thread while the next
     # headers are parsed (with it): 163 shards hash 163 MiB, 0.15 s of a core the planning thread need not spend.
     with ThreadPoolExecutor(1, thread_name_prefix="resumerge-identity") as hashing:
         identities = []
         for name in names:
             path = contained(directory, name)
+            looks.append(file_look(path))  # before its header: a write after this shows as another look
             header = read_bin_header(path) if is_pickle_checkpoint(name) else read_header(path, parsed=parsed)
             if not tensors.keys().isdisjoint(header.tensors):  # one set operation per file, not a test per tensor
                 tname = next(t for t in header.tensors if t in tensors)
@@ -135,7 +138,7 @@ def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = N
             tensors.update(zip(header.tensors, map(TensorSource, repeat(name), header.tensors.values())))
             sizes.append(header.file_size)
             identities.append(hashing.submit(file_identity, path, header.raw))
-        files = tuple(map(InputFile, names, sizes, (identity.result() for identity in identities)))
+        files = tuple(map(InputFile, names, sizes, (identity.result() for identity in identities), looks))
     return ModelInput(ref, directory, config, tensors, files)
 
 
@@ -255,13 +258,17 @@ class InputWatch:
     nor inode numbers, which some FUSE filesystems (Drive) do not keep stable.
     """
 
-    def __init__(self, files: Iterable[Path]) -> None:
-        self._seen = {path: _stat_key(path) for path in files}
+    def __init__(self, files: Iterable[Path], seen: Mapping[str, tuple[int, int]] | None = None) -> None:
+        known = seen or {}
+        self._seen = {path: known.get(str(path)) or _stat_key(path) for path in files}
 
     @classmethod
-    def of(cls, model_dirs: Mapping[str, str], inputs: Mapping[str, Iterable[tuple[str, int, str]]]) -> InputWatch:
-        """A watch over every weight file of a plan (``plan.model_dirs`` and ``plan.inputs``)."""
-        return cls(Path(model_dirs[key]) / f[0] for key, files in inputs.items() for f in files)
+    def of(cls, model_dirs: Mapping[str, str], inputs: Mapping[str, Iterable[tuple[str, int, str]]],
+           seen: Mapping[str, tuple[int, int]] | None = None) -> InputWatch:
+        """A watch over every weight file of a plan (``plan.model_dirs`` and ``plan.inputs``); ``seen``: how files
+        looked when they were opened for the plan, by path (:func:`~resumerge.inputs.contents.opened_looks`), so a
+        change while the merge was being planned stops it too."""
+        return cls((Path(model_dirs[key]) / f[0] for key, files in inputs.items() for f in files), seen)
 
     def changed(self) -> PlanChangedError | None:
         """The error describing the first changed input file, or None when all are as they were."""

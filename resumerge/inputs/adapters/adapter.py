@@ -17,7 +17,7 @@ from typing import Any
 from resumerge.errors import ModelInputError, ResumergeError
 from resumerge.inputs.adapters.names import Factor, FullTensor, classify
 from resumerge.inputs.adapters.settings import CONFIG_NAME, LoraSettings, read_settings
-from resumerge.inputs.files import TOKENIZER_FILES, InputFile, TensorSource, contained, file_identity
+from resumerge.inputs.files import TOKENIZER_FILES, InputFile, TensorSource, contained, file_identity, file_look
 from resumerge.inputs.safetensors_format import Header, read_header
 
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -148,6 +148,7 @@ def _open(directory: Path, yaml_path: str) -> Adapter:
             yaml_path=yaml_path, path=str(directory),
             hint="re-save it with PEFT's save_pretrained(..., safe_serialization=True)" if pickles else None,
         )
+    seen = file_look(weights)  # before its header: a write after this shows as another look
     header = read_header(weights)
     targets, replacements = _read_tensors(header, settings, weights, yaml_path)
     tokenizer = []
@@ -159,7 +160,7 @@ def _open(directory: Path, yaml_path: str) -> Adapter:
         directory=directory,
         config=config,
         config_sha256=hashlib.sha256(raw).hexdigest(),
-        files=(InputFile(WEIGHTS_NAME, header.file_size, file_identity(weights, header.raw)),),
+        files=(InputFile(WEIGHTS_NAME, header.file_size, file_identity(weights, header.raw), seen),),
         targets=targets,
         replacements=replacements,
         tokenizer=tuple(tokenizer),
