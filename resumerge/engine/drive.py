@@ -176,15 +176,16 @@ class RunSession:
         xfsz = _ignore_sigxfsz()
         restore_allocator = tune_allocator()  # process-wide: put back when the run ends (a notebook goes on)
         try:
+            # Every local input checked before anything is written or created for the run: as the plan saw it, and
+            # in a continued run holding the bytes recorded when the run started (else PlanChangedError). The
+            # digests are kept in the state dir this run uses, for the next run over the same files.
+            contents = InputContents(plan, ledger, rdir.parent, seen=seen, restart=restart, tell=reporter.message)
             if hub_out is not None and not hub_out.exists:  # the plan is recorded before the repo exists, never after
                 # A state dir holding another plan for this repo is refused before the repo is created, not after.
                 refuse_changed_plan(plan, hub_out.url, ledger, None, restart=restart, resuming=resuming)
                 hub_out = create_recorded(hub_out, plan, config_text, ledger, restart=restart, frozen=frozen,
                                           kind=self.prepared.kind)
             staged: list[str] = []
-            # A continued run's inputs are proved unchanged before anything is written for it (or it is refused).
-            contents = InputContents(plan, ledger, rdir.parent, seen=seen, restart=restart)  # rdir.parent: the state
-            # dir this run uses keeps the digests for the next run
             with _make_sink(plan, out, rdir, settings.staging, staged, hub_out, max_disk, should_stop,
                             _telling(reporter, ledger)) as sink:
                 book, verified = open_run(plan, config_text, hub_out.url if hub_out else out, sink, ledger, manifest,

@@ -9,12 +9,15 @@ unfinished run of the same plan, a recipe's stages, MoE upcycling and LoRA extra
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from resumerge.inputs.contents import Content, check_looks, local_input_files, prove_unchanged, record_contents
+from resumerge.inputs.contents import Content, Hashing, check_looks, local_input_files, prove_unchanged, record_contents
+from resumerge.memory import format_size
 from resumerge.plan.merge_plan import Plan
 from resumerge.store.ledger import Ledger
+
+_TELL_FROM = 1 << 30
 
 
 class InputContents:
@@ -26,7 +29,8 @@ class InputContents:
     (``open_run``), before its first commit."""
 
     def __init__(self, plan: Plan, ledger: Ledger, records_dir: str | os.PathLike[str] | None, *,
-                 seen: Mapping[str, tuple[int, int]], restart: bool) -> None:
+                 seen: Mapping[str, tuple[int, int]], restart: bool, tell: Callable[[str], None] | None = None
+                 ) -> None:
         paths = local_input_files(plan.model_dirs, plan.inputs)
         check_looks(paths, seen)
         self._proved: dict[str, Content] = {}
@@ -36,13 +40,14 @@ class InputContents:
         continuing = row is not None and row.fingerprint == plan.fingerprint
         if row is not None and not continuing and not restart:
             return  # open_run refuses the run (a merge planned differently): nothing to hash for it
+        hashing = _telling(tell) if tell is not None else None
         recorded = {p: Content(*c) for p, c in ledger.input_contents().items()} if continuing else {}
         ours = {str(p) for p in paths}
-        self._proved = prove_unchanged({p: c for p, c in recorded.items() if p in ours}, records_dir)
+        self._proved = prove_unchanged({p: c for p, c in recorded.items() if p in ours}, records_dir, hashing)
         # A run recorded before contents were (or by a process killed before recording them: then with no file
         # committed) is trusted by the plan's identity, as it was then, and its files are recorded now.
         unrecorded = [p for p in paths if str(p) not in recorded]
-        self._found = {**record_contents(unrecorded, records_dir, seen), **self._proved}
+        self._found = {**record_contents(unrecorded, records_dir, seen, hashing), **self._proved}
 
     def record(self, ledger: Ledger, notes: list[str]) -> None:
         """Record the content of every file the ledger had no record of, and the new look of those proved
@@ -53,3 +58,14 @@ class InputContents:
         if self._found:
             ledger.record_input_contents({p: (c.size, c.mtime_ns, c.ctime_ns, c.sha256)
                                           for p, c in self._found.items()})
+
+
+def _telling(tell: Callable[[str], None]) -> Hashing:
+    """What the user hears before input files are hashed, when that takes seconds (a GiB and more)."""
+
+    def hashing(files: int, size: int) -> None:
+        if size >= _TELL_FROM:
+            plural = "s" if files != 1 else ""
+            tell(f"hashing {files} input file{plural} ({format_size(size)}) so that a resume can prove them unchanged")
+
+    return hashing

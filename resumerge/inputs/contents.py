@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -38,6 +38,10 @@ if TYPE_CHECKING:
 _BLOCK = 8 * 1024 * 1024
 _HUB_SNAPSHOT = re.compile(r"/snapshots/[0-9a-f]{40}$")  # a hub model's recorded folder (see inputs.catalog)
 _ALGORITHM = "sha256"
+
+
+# Told (files, bytes) before files are hashed: a run says why it reads its inputs once before merging.
+Hashing = Callable[[int, int], None]
 
 
 class Content(NamedTuple):
@@ -90,13 +94,15 @@ def check_looks(paths: Iterable[Path], seen: Mapping[str, tuple[int, int]]) -> N
 
 
 def record_contents(paths: Iterable[Path], records_dir: str | os.PathLike[str] | None,
-                    seen: Mapping[str, tuple[int, int]] | None = None) -> dict[str, Content]:
+                    seen: Mapping[str, tuple[int, int]] | None = None, hashing: Hashing | None = None
+                    ) -> dict[str, Content]:
     """The :class:`Content` of each of ``paths`` present, hashed (in parallel, largest first) unless the state
-    dir's records hold its digest. Raises :class:`PlanChangedError` for a file written while it was hashed, or
-    that does not look as ``seen`` when it was opened for the plan."""
+    dir's records hold its digest (``hashing`` is told how many files and bytes are hashed first). Raises
+    :class:`PlanChangedError` for a file written while it was hashed, or that does not look as ``seen`` when it
+    was opened for the plan."""
     present = [p for p in paths if p.is_file()]
     with VerifyRecords(records_dir) as records:
-        found = _digests(present, records)
+        found = _digests(present, records, hashing)
     for path, content in zip(present, found):
         before = (seen or {}).get(str(path))
         if before is not None and before != (content.size, content.mtime_ns):
@@ -104,8 +110,8 @@ def record_contents(paths: Iterable[Path], records_dir: str | os.PathLike[str] |
     return {str(path): content for path, content in zip(present, found)}
 
 
-def prove_unchanged(recorded: Mapping[str, Content], records_dir: str | os.PathLike[str] | None
-                    ) -> dict[str, Content]:
+def prove_unchanged(recorded: Mapping[str, Content], records_dir: str | os.PathLike[str] | None,
+                    hashing: Hashing | None = None) -> dict[str, Content]:
     """Check every file of ``recorded`` against what was recorded when the run started; returns the files that
     look different but hold the same bytes, with how they look now (to record). Raises
     :class:`PlanChangedError`, naming the first file whose bytes differ (or that is gone)."""
@@ -123,14 +129,14 @@ def prove_unchanged(recorded: Mapping[str, Content], records_dir: str | os.PathL
     if not looked_again:
         return {}
     with VerifyRecords(records_dir) as records:
-        now = _digests(looked_again, records)
+        now = _digests(looked_again, records, hashing)
     for path, content in zip(looked_again, now):
         if content.sha256 != recorded[str(path)].sha256:
             raise _changed(path, "holds other bytes than when the run started (same size, modified since)")
     return {str(path): content for path, content in zip(looked_again, now)}
 
 
-def _digests(paths: list[Path], records: VerifyRecords) -> list[Content]:
+def _digests(paths: list[Path], records: VerifyRecords, told: Hashing | None) -> list[Content]:
     """The content of each of ``paths`` (in their order): from ``records`` when trusted, else hashed."""
     found: dict[Path, Content] = {}
     hashing = []
@@ -142,6 +148,8 @@ def _digests(paths: list[Path], records: VerifyRecords) -> list[Content]:
             hashing.append(path)
     if hashing:
         hashing.sort(key=lambda p: -p.stat().st_size)  # one large file started last would leave the others idle
+        if told is not None:
+            told(len(hashing), sum(p.stat().st_size for p in hashing))
         workers = min(len(hashing), os.cpu_count() or 1, 8)
         with ThreadPoolExecutor(workers, thread_name_prefix="resumerge-contents") as pool:
             for path, (content, started) in zip(hashing, pool.map(_hash, hashing)):

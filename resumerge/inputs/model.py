@@ -251,7 +251,9 @@ def _safe_name(value: object, index: Path, suffix: str) -> str:
 class InputWatch:
     """Notices an input weight file modified in place, replaced or deleted while a merge reads it.
 
-    Taken when the run starts (the plan has just checked every file's content identity). :meth:`check` costs
+    Seeded with how each file looked when the plan opened it (or when the run starts, for a file the plan did not
+    open: a thawed plan's, a recipe stage's); the run also proves each file's full content
+    (:mod:`resumerge.inputs.contents`) before its first commit. :meth:`check` costs
     one ``stat`` per file and runs before every commit: a file committed after a passing check was computed
     only from bytes read before it, so from unchanged inputs — a change is caught at the first commit after it,
     and the shards committed before it stay valid. Compares size and mtime: not ctime, which a mere chmod moves,
