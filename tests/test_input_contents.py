@@ -9,6 +9,7 @@ file that only looks different (``touch``) is proved unchanged and the resume en
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import itertools
 import os
@@ -193,3 +194,31 @@ def test_an_input_rewritten_while_the_merge_is_planned_is_refused(setup: Setup, 
     assert done.returncode == 4 and len(lines) == 1, done.stderr
     assert str(victim) in lines[0] and "while the merge was being planned" in lines[0], lines[0]
     assert not out.exists() or not any(out.glob("*.safetensors")), "a shard was written from a changed input"
+
+
+def test_a_digest_is_reused_while_the_file_is_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Merging the same local models again hashes nothing: the state dir's records vouch for a file whose size and
+    mtime are as hashed and that was not written or replaced since; a file written since is hashed again."""
+    from resumerge.inputs import contents
+    from resumerge.inputs.hub import records
+
+    monkeypatch.setattr(records, "RACY_WINDOW_NS", 0)  # a file written a moment ago counts as settled
+    monkeypatch.setattr(contents, "RACY_WINDOW_NS", 0)
+    weights, state = tmp_path / "model.safetensors", tmp_path / "state"
+    weights.write_bytes(random.Random(1).randbytes(1 << 20))
+    first = contents.record_contents([weights], state)
+    assert first[str(weights)].sha256 == hashlib.sha256(weights.read_bytes()).hexdigest()
+
+    def hashed(path: Path) -> tuple[contents.Content, int]:
+        raise AssertionError(f"{path} hashed again")
+
+    monkeypatch.setattr(contents, "_hash", hashed)
+    assert contents.record_contents([weights], state) == first
+    st = weights.stat()
+    with open(weights, "r+b") as f:  # one byte, the mtime set back: the ctime still shows the write
+        f.seek(1 << 19)
+        f.write(b"\x00")
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    monkeypatch.setattr(records, "RACY_WINDOW_NS", 2_000_000_000)  # as released: a write this recent is never vouched
+    with pytest.raises(AssertionError, match="hashed again"):
+        contents.record_contents([weights], state)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from resumerge.errors import PlanChangedError
 from resumerge.inputs.files import file_look
-from resumerge.inputs.hub.records import VerifyRecords, now_ns
+from resumerge.inputs.hub.records import RACY_WINDOW_NS, VerifyRecords, now_ns
 
 if TYPE_CHECKING:
     from resumerge.inputs.model import ModelInput
@@ -176,10 +176,13 @@ def _hash(path: Path) -> tuple[Content, int]:
         while block := f.read(_BLOCK):
             digest.update(block)
     after = os.stat(path)
-    key = (before.st_size, before.st_mtime_ns, before.st_ctime_ns)
-    if key != (after.st_size, after.st_mtime_ns, after.st_ctime_ns):
+    if (before.st_size, before.st_mtime_ns, before.st_ctime_ns) != (after.st_size, after.st_mtime_ns,
+                                                                     after.st_ctime_ns):
         raise _changed(path, "changed while it was being read")
-    return Content(*key, digest.hexdigest()), started
+    # Written within a timestamp tick of the hash (a coarse clock, a save still finishing): a later write could keep
+    # the same look, so the look recorded never matches and a resume hashes the file again (git's "racy clean").
+    racy = max(before.st_mtime_ns, before.st_ctime_ns) + RACY_WINDOW_NS >= started
+    return Content(before.st_size, before.st_mtime_ns, -1 if racy else before.st_ctime_ns, digest.hexdigest()), started
 
 
 def _changed(path: Path, what: str, *, planning: bool = False) -> PlanChangedError:
