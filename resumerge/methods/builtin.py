@@ -6,6 +6,7 @@ from types import MappingProxyType
 
 from resumerge.methods import (
     arcee_fusion,
+    core_space,
     iso_c,
     iso_cts,
     karcher,
@@ -40,6 +41,7 @@ BUILTIN: tuple[MethodSpec, ...] = declared(
     tsv.SPEC,
     iso_c.SPEC,
     iso_cts.SPEC,
+    core_space.SPEC,
 )
 # The same methods by name, read-only: get_method is asked for each of a plan's tensors (three times a tensor by
 # plan's estimate), and a 92k-tensor plan's lookups by scanning the list cost a second.

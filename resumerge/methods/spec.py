@@ -245,6 +245,10 @@ class MethodSpec:
     # writer, whatever the budget (LoRA extraction's tensors saved whole: none is ever whole in memory); None:
     # row chunks only when a tensor would take more than a quarter of the budget.
     row_chunk: int | None = None
+    # True when the method merges LoRA adapters through their factors (``core_space``): the planner then gives each
+    # adapted tensor the base followed by every adapter's A and B factor, not the dense adapted weights (see
+    # resumerge.plan.lorafactors), and refuses parents that are not adapters of the base.
+    factor_inputs: bool = False
 
     def param(self, name: str) -> ParamSpec | None:
         """Return the spec of parameter ``name``, or None if the method has no such parameter."""

@@ -34,6 +34,7 @@ from resumerge.plan.experts import mark_expert_stacks
 from resumerge.plan.filters import FilterTally
 from resumerge.plan.input_fates import account, stored_names_of
 from resumerge.plan.inputrefs import refs_of, stored_ref, tensor_ref
+from resumerge.plan.lorafactors import check_adapter_parents, factor_tensor
 from resumerge.plan.merge_plan import (
     InputRef,
     LoraRef,
@@ -139,6 +140,8 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     check_parameter_names(config, method)
     models = _recognised(models, codecs)
     check_architectures(config, models, allow_crimes=options.allow_crimes)
+    if method.factor_inputs:
+        check_adapter_parents(config, models, method.name)
     layouts = _layouts(models)
     if config.base_model is not None and method.base is BasePolicy.FORBIDDEN:
         raise ConfigError(f"merge method {method.name} does not accept a base model", yaml_path="base_model")
@@ -168,6 +171,8 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     ctx.filters.refuse_unmatched(chain(tensors, *(stored_names_of(m) for m in models.values())))
     tensors = mark_expert_stacks(tensors, models[_donor(config)].config)
     tensors = {name: out_format(tp, dequantize=options.dequantize) for name, tp in tensors.items()}
+    if method.factor_inputs:  # core_space: each adapted tensor from the base and the adapters' factor pairs
+        tensors = {name: factor_tensor(tp) for name, tp in tensors.items()}
     if ctx.truncate:
         notes.extend(truncation_notes(tensors, models))
     options = resolve_shard_size(options, tensors)  # an hf:// OUT's default: sized from the output
