@@ -478,6 +478,8 @@ def _synthetic(tp: TensorPlan, device: torch.device) -> list[torch.Tensor]:
     dtype = NAME_DTYPES[tp.compute_dtype] if tp.compute_dtype else getattr(torch, _stored_dtype_name(tp))
     generator = torch.Generator().manual_seed(0)
     base = torch.randn(tp.inputs[0].shape, generator=generator)
+    # An input of another shape than the first is no fine-tune of it (core_space's LoRA factors): random alone.
     made = [base if i == 0 else base + 0.01 * torch.randn(ref.shape, generator=generator)
+            if ref.shape == base.shape else torch.randn(ref.shape, generator=generator)
             for i, ref in enumerate(tp.inputs)]
     return [t.to(device=device, dtype=dtype) for t in made]
