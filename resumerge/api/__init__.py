@@ -87,6 +87,7 @@ def run(
     dequantize: bool = False,
     out_type: str = "safetensors",
     gguf_type: str = "f16",
+    out_adapter: bool = False,
     cache_dir: PathLike | None = None,
     num_threads: int | None = None,
     executor: str = "local",
@@ -135,6 +136,8 @@ def run(
     (``--dequantize``) stores every output tensor plainly in its dtype, whatever format the base model is stored in.
     ``out_type="gguf"`` (``--out-type gguf``) writes one GGUF file, ``model.gguf``, instead of safetensors shards,
     its matrices as ``gguf_type`` (``--gguf-type``: ``f16``, ``bf16``, ``q8_0``) and its tokenizer from a GGUF parent.
+    ``out_adapter`` (``--out-adapter``) writes a ``core_space`` merge of LoRA adapters as one merged PEFT adapter
+    (rank at most the adapters' summed ranks) instead of a merged model.
 
     ``progress`` is a reporter the caller made (the CLI hands in its display,
     :class:`~resumerge.cli.render.ProgressReporter`), used as given (the caller closes it); ``True`` is deprecated.
@@ -159,7 +162,8 @@ def run(
                                copy_tokenizer=copy_tokenizer, device=device, allow_crimes=allow_crimes,
                                stream_inputs=stream_inputs, write_model_card=write_model_card, dequantize=dequantize,
                                out_type=out_type, gguf_type=gguf_type,
-                               unsafe_truncate_embeddings=unsafe_truncate_embeddings, num_threads=num_threads)
+                               unsafe_truncate_embeddings=unsafe_truncate_embeddings, num_threads=num_threads,
+                               out_adapter=out_adapter)
         call = Call(config, text, out, options, settings, allow_same_experts=allow_same_experts, codecs=codecs)
         driving = Driving(stop_flag(should_stop), restart=restart, intermediate_dir=intermediate_dir,
                           cleanup=cleanup_intermediates)

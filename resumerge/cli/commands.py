@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "tokenizer from a GGUF parent) [default: safetensors]")
     run.add_argument("--gguf-type", choices=("f16", "bf16", "q8_0"), default="f16",
                      help="--out-type gguf: how matrices are stored (norms and 1-D tensors are F32) [default: f16]")
+    run.add_argument("--out-adapter", action="store_true",
+                     help="merge_method core_space: write the merged LoRA adapters as one PEFT adapter (rank at "
+                          "most their summed ranks) instead of a merged model")
     run.add_argument("--allow-crimes", action="store_true",
                      help="merge models of different architectures, tensor by tensor as names and shapes allow")
     run.add_argument("--i-understand-this-is-not-useful-without-training", action="store_true",

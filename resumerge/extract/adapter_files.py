@@ -8,7 +8,6 @@ card's ``base_model`` names the base (mergekit writes an empty list for local pa
 
 from __future__ import annotations
 
-import json
 from pathlib import PurePosixPath
 
 import yaml
@@ -16,6 +15,7 @@ import yaml
 from resumerge.config.modelref import parse_model_ref
 from resumerge.extract.modules import ModuleChoice, rank_pattern
 from resumerge.extract.spec import ExtractSpec
+from resumerge.inputs.adapters.settings import written_config
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -30,23 +30,8 @@ def base_name(spec: ExtractSpec) -> str:
 def adapter_config(spec: ExtractSpec, choice: ModuleChoice) -> bytes:
     """``adapter_config.json``: r is the largest rank, rank_pattern/alpha_pattern the modules below it (alpha
     equals rank everywhere, so every module's scale is 1)."""
-    r, pattern = rank_pattern(choice.lora)
-    doc = {
-        "base_model_name_or_path": base_name(spec),
-        "peft_type": "LORA",
-        "use_rslora": False,
-        "target_modules": list(choice.target_modules),
-        "modules_to_save": list(choice.modules_to_save),
-        "task_type": "CAUSAL_LM",
-        "r": r,
-        "lora_alpha": r,
-        "rank_pattern": dict(pattern),
-        "alpha_pattern": dict(pattern),
-        "lora_dropout": 0.0,
-        "fan_in_fan_out": False,
-        "inference_mode": True,
-    }
-    return (json.dumps(doc, indent=4) + "\n").encode("utf-8")
+    return written_config(base_model=base_name(spec), target_modules=choice.target_modules,
+                          modules_to_save=choice.modules_to_save, ranks={m.name: m.rank for m in choice.lora})
 
 
 def model_card(spec: ExtractSpec, choice: ModuleChoice) -> bytes:

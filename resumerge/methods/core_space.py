@@ -32,6 +32,9 @@ from resumerge.torch_import import torch
 FACTOR = "lora_factor"
 SCALE = "lora_scale"
 TRANSPOSED = "lora_fan_in_fan_out"
+# The global parameter the planner sets on the units of a merged adapter (``--out-adapter``): "A" or "B", the factor
+# the unit writes (A′ = Vᴴ_ref, B′ = α·U_ref·M); absent when the unit writes the merged weight.
+EMIT = "lora_emit"
 INNER_METHODS = ("task_arithmetic", "ties", "tsv")
 
 
@@ -100,9 +103,14 @@ def core_factors(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], scales: S
 def core_space(ctx: MergeContext) -> torch.Tensor:
     """Return W₀ + α·ΔW in float64, ΔW the core-space merge of the adapters' factors that follow the base in
     ``ctx.tensors`` (pairs A, B, the planner's order; ΔW transposed for ``fan_in_fan_out`` layers and
-    embeddings, as PEFT applies them). The base alone gives the base."""
-    base = ctx.base.to(torch.float64)
+    embeddings, as PEFT applies them). The base alone gives the base. A unit of a merged adapter (its ``EMIT``
+    parameter set, the factors alone as inputs) returns that factor of ΔW = B′·A′ instead."""
     a, b, scales, transposed = _factors(ctx.tensors, ctx.model_params)
+    emit = ctx.params.get(EMIT)
+    if emit is not None:  # one factor of a merged adapter (no base among the inputs), scale 1, α in B′
+        left, right = core_factors(a, b, scales, str(ctx.params["inner"]), float(ctx.params["density"]))
+        return right if emit == "A" else left * float(ctx.params["scaling"])
+    base = ctx.base.to(torch.float64)
     if not a:
         return base.clone()
     left, right = core_factors(a, b, scales, str(ctx.params["inner"]), float(ctx.params["density"]))

@@ -12,11 +12,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
+import yaml
+
 from resumerge.config.merge_config import MergeConfig
 from resumerge.errors import ConfigError
+from resumerge.inputs.adapters import CONFIG_NAME as ADAPTER_CONFIG
+from resumerge.inputs.adapters import WEIGHTS_NAME as ADAPTER_WEIGHTS
+from resumerge.inputs.adapters.settings import written_config
+from resumerge.inputs.codecs import PLAIN
 from resumerge.inputs.model import ModelInput
-from resumerge.methods.core_space import FACTOR, SCALE, TRANSPOSED
-from resumerge.plan.merge_plan import TensorPlan
+from resumerge.inputs.safetensors_format import layout_shard
+from resumerge.methods.core_space import EMIT, FACTOR, SCALE, TRANSPOSED
+from resumerge.plan.merge_plan import Plan, ShardPlan, TensorPlan
+
+CARD = "README.md"
 
 
 def check_adapter_parents(config: MergeConfig, models: Mapping[str, ModelInput], method: str) -> None:
@@ -71,3 +80,56 @@ def factor_tensor(tp: TensorPlan) -> TensorPlan:
         inputs += [lora.a, lora.b]
         params += [((FACTOR, "A"), *shared), ((FACTOR, "B"), *shared)]
     return replace(tp, inputs=tuple(inputs), base_index=0, model_params=tuple(params))
+
+
+def adapter_output(plan: Plan, config: MergeConfig) -> Plan:
+    """``plan`` (of a ``factor_inputs`` method) turned into a merged PEFT adapter (``--out-adapter``): per adapted
+    module two float32 units, B′ (m × R′) and A′ (R′ × n) with R′ ≤ Σ rᵢ, named as the first adapter names its
+    factors and read from the factors alone; ``adapter_config.json`` (scale 1 everywhere) and the card as the
+    plan's side files. Not fingerprinted here: the caller does it."""
+    tensors: dict[str, TensorPlan] = {}
+    ranks: dict[str, int] = {}
+    transposed = False
+    for name, tp in plan.tensors.items():
+        factors = [(ref, p) for ref, p in zip(tp.inputs, tp.model_params, strict=True) if FACTOR in dict(p)]
+        if not factors:
+            continue  # no adapter factors it: the merged adapter leaves it to the base
+        a_refs = [ref for ref, p in factors if dict(p)[FACTOR] == "A"]
+        b_refs = [ref for ref, p in factors if dict(p)[FACTOR] == "B"]
+        transposed = transposed or bool(dict(factors[0][1]).get(TRANSPOSED))
+        rank = min(sum(ref.shape[0] for ref in a_refs), a_refs[0].shape[1])
+        ranks[name.removesuffix(".weight")] = rank
+        unit = replace(tp, inputs=tuple(ref for ref, _ in factors), base_index=None,
+                       model_params=tuple(p for _, p in factors), out_dtype="F32", out_codec=PLAIN, carried=(),
+                       copy_of=None, experts=None, vocab_aligned=False, shard=ADAPTER_WEIGHTS)
+        a_shape, b_shape = (rank, a_refs[0].shape[1]), (b_refs[0].shape[0], rank)
+        for emit, ref, shape in (("A", a_refs[0], a_shape), ("B", b_refs[0], b_shape)):
+            tensors[ref.tensor] = replace(unit, name=ref.tensor, shape=shape, params=(*tp.params, (EMIT, emit))).sized()
+    if not tensors:
+        raise ConfigError("--out-adapter: no tensor of the base is changed by the adapters", yaml_path="models")
+    layout = layout_shard({n: (t.out_dtype, t.shape) for n, t in tensors.items()})
+    base = config.base_model
+    assert base is not None  # check_adapter_parents ran
+    side = {ADAPTER_CONFIG: written_config(
+        base_model=base.path, target_modules=sorted({m.rpartition(".")[2] for m in ranks}), modules_to_save=(),
+        ranks=ranks, fan_in_fan_out=transposed)}
+    if plan.options.write_model_card:
+        side[CARD] = _card(config, plan, max(ranks.values()))
+    return replace(plan, tensors={n: tensors[n] for n in sorted(tensors)},
+                   shards=(ShardPlan(ADAPTER_WEIGHTS, tuple(p.name for p in layout.order), layout.file_size),),
+                   tokenizer_donor=None, tokenizer_files=(), tokenizer_blobs={}, out_config={}, side_files=side,
+                   num_layers=0, layer_origins=(), vocab=None, vocab_digest="", accounting=None, filters=())
+
+
+def _card(config: MergeConfig, plan: Plan, rank: int) -> bytes:
+    """The merged adapter's ``README.md``: the base, the adapters and the method with its paper."""
+    base = config.base_model
+    assert base is not None
+    meta = yaml.safe_dump({"base_model": [base.path], "library_name": "peft",
+                           "tags": ["resumerge", "peft", "lora", "merge"]}, sort_keys=False)
+    adapters = [f"- `{s.model.lora.key}`" for s in config.all_models() if s.model.lora is not None]
+    lines = ["---", meta.rstrip("\n"), "---", "# Merged LoRA adapter", "",
+             f"This LoRA adapter of `{base.key}` was merged with resumerge from:", "", *adapters, "",
+             f"Method: Core Space merging ([arXiv 2509.17786](https://arxiv.org/abs/2509.17786)), rank {rank}.", "",
+             "### Configuration", "", "```yaml", config.text.rstrip("\n"), "```", ""]
+    return "\n".join(lines).encode("utf-8")

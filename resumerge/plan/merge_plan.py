@@ -65,13 +65,16 @@ class PlanOptions:
     # (f16, bf16, q8_0; norms and 1-D tensors F32); "safetensors" (the default) as always.
     out_type: str = "safetensors"
     gguf_type: str = "f16"
+    # --out-adapter: a factor merge (core_space) written as a merged PEFT adapter instead of a merged model.
+    out_adapter: bool = False
 
 
 # Options added after runs were first recorded: left out of the fingerprint at their default, so a run planned
 # before they existed resumes as the same plan.
 LATER_OPTIONS: dict[str, object] = {"write_model_card": True, "unsafe_truncate_embeddings": False,
                                      "num_threads": None, "dequantize": False, "parent_shard_names": False,
-                                     "out_type": "safetensors", "gguf_type": "f16"}
+                                     "out_type": "safetensors", "gguf_type": "f16",
+                                     "out_adapter": False}
 
 
 @dataclass(frozen=True)

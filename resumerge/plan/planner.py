@@ -34,7 +34,7 @@ from resumerge.plan.experts import mark_expert_stacks
 from resumerge.plan.filters import FilterTally
 from resumerge.plan.input_fates import account, stored_names_of
 from resumerge.plan.inputrefs import refs_of, stored_ref, tensor_ref
-from resumerge.plan.lorafactors import check_adapter_parents, factor_tensor
+from resumerge.plan.lorafactors import adapter_output, check_adapter_parents, factor_tensor
 from resumerge.plan.merge_plan import (
     InputRef,
     LoraRef,
@@ -142,6 +142,9 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     check_architectures(config, models, allow_crimes=options.allow_crimes)
     if method.factor_inputs:
         check_adapter_parents(config, models, method.name)
+    elif options.out_adapter:
+        raise ConfigError(f"--out-adapter writes a merge of LoRA adapters, which {method.name} is not",
+                          yaml_path="merge_method", hint="use merge_method: core_space")
     layouts = _layouts(models)
     if config.base_model is not None and method.base is BasePolicy.FORBIDDEN:
         raise ConfigError(f"merge method {method.name} does not accept a base model", yaml_path="base_model")
@@ -220,7 +223,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
         filters=ctx.filters.matches(),
         accounting=account(tensors, models, ctx.drops),
     )
-    return fingerprinted(plan)
+    return fingerprinted(adapter_output(plan, config) if options.out_adapter else plan)
 
 
 def _recognised(models: Mapping[str, ModelInput], codecs: CodecTable) -> dict[str, ModelInput]:

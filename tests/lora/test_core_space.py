@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lora.gen import make_adapter
+from lora.gen import make_adapter, peft_merged
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from tests.support import cli, digests, output_tensors
@@ -69,13 +69,13 @@ def test_task_arithmetic_adds_every_adapters_scaled_product(tmp_path: Path, fami
     assert "arxiv.org/abs/2509.17786" in (out / "README.md").read_text()
 
 
-@pytest.mark.parametrize("inner", ["ties", "tsv"])
-def test_killed_and_resumed_is_identical(tmp_path: Path, family: Path, inner: str) -> None:
+@pytest.mark.parametrize(("inner", "flags"), [("ties", ()), ("tsv", ()), ("tsv", ("--out-adapter",))])
+def test_killed_and_resumed_is_identical(tmp_path: Path, family: Path, inner: str, flags: tuple[str, ...]) -> None:
     config = _config(family, inner)
     ref = tmp_path / "ref"
-    assert main(["run", str(config), str(ref), "--out-shard-size", "200k", "--quiet"]) == 0
+    assert main(["run", str(config), str(ref), "--out-shard-size", "200k", *flags, "--quiet"]) == 0
     out, state = tmp_path / "out", tmp_path / "state"
-    killed = cli("run", config, out, "--out-shard-size", "200k", "--state-dir", state, "--quiet",
+    killed = cli("run", config, out, "--out-shard-size", "200k", *flags, "--state-dir", state, "--quiet",
                  env={"RESUMERGE_KILL_AT": "after_ledger_commit:2"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert main(["resume", str(out), "--state-dir", str(state), "--quiet"]) == 0
@@ -143,3 +143,28 @@ def test_plan_times_the_factor_merge(tmp_path: Path, family: Path, capsys: pytes
     said = capsys.readouterr().out
     assert "SVD-bound (2 SVDs of the stacked factors" in said
     assert "not measured" not in said
+
+
+@pytest.mark.parametrize("inner", ["task_arithmetic", "ties", "tsv"])
+def test_the_merged_adapter_applied_by_peft_is_the_merged_model(tmp_path: Path, family: Path, inner: str) -> None:
+    config = _config(family, inner)
+    model, adapter = tmp_path / "model", tmp_path / "adapter"
+    assert main(["run", str(config), str(model), "--quiet"]) == 0
+    assert main(["run", str(config), str(adapter), "--out-adapter", "--quiet"]) == 0
+    assert not (adapter / "config.json").exists()
+    settings = json.loads((adapter / "adapter_config.json").read_text())
+    assert settings["r"] == settings["lora_alpha"] == 4 + 2 + 3  # the summed ranks (each module's n is larger)
+    merged = output_tensors(model)
+    by_peft = peft_merged(family / "base", adapter)
+    assert set(merged) <= set(by_peft)
+    for key, tensor in merged.items():
+        torch.testing.assert_close(by_peft[key], tensor, rtol=0, atol=2e-6, msg=key)
+
+
+def test_out_adapter_needs_a_factor_merge(tmp_path: Path, family: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "c.yml"
+    config.write_text(f"merge_method: linear\nmodels:\n  - model: {family / 'base'}+{family / 'a1'}\n"
+                      "    parameters: {weight: 1.0}\n")
+    capsys.readouterr()
+    assert main(["run", str(config), str(tmp_path / "out"), "--out-adapter"]) == 2
+    assert "--out-adapter writes a merge of LoRA adapters, which linear is not" in capsys.readouterr().err

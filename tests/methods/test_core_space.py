@@ -77,7 +77,7 @@ def test_task_arithmetic_is_the_sum_of_the_scaled_products(shape: tuple[int, int
     ranks, scales = (2, 4, 3), (2.0, 0.5, 1 / 3**0.5)
     a = [torch.randn((r, shape[1]), generator=g, dtype=F64) for r in ranks]
     b = [torch.randn((shape[0], r), generator=g, dtype=F64) for r in ranks]
-    want = sum(s * (bi @ ai) for ai, bi, s in zip(a, b, scales, strict=True))
+    want = torch.stack([s * (bi @ ai) for ai, bi, s in zip(a, b, scales, strict=True)]).sum(dim=0)
     base = torch.randn(shape, generator=g, dtype=F64)
     assert_close(_run(base, a, b, scales, {}), base + want, rtol=0, atol=1e-12)
     # fan_in_fan_out layers (GPT-2 Conv1D, embeddings) store the weight transposed: ΔW = (B·A)ᵀ.

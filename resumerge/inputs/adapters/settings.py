@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,31 @@ class LoraSettings:
     def scale(self, rank: int, alpha: float) -> float:
         """PEFT's scaling: ``alpha / sqrt(rank)`` with rsLoRA, else ``alpha / rank`` (a Python float)."""
         return alpha / math.sqrt(rank) if self.use_rslora else alpha / rank
+
+
+def written_config(*, base_model: str, target_modules: Sequence[str], modules_to_save: Sequence[str],
+                   ranks: Mapping[str, int], fan_in_fan_out: bool = False) -> bytes:
+    """``adapter_config.json`` of an adapter resumerge writes (an extracted one, a merged one): ``r`` is the largest
+    of ``ranks`` (by module name), ``rank_pattern``/``alpha_pattern`` the modules below it, and alpha equals rank
+    everywhere, so every module's scale is 1 and the factors hold the whole delta."""
+    top = max(ranks.values(), default=0)
+    pattern = {name: rank for name, rank in ranks.items() if rank != top}
+    doc = {
+        "base_model_name_or_path": base_model,
+        "peft_type": "LORA",
+        "use_rslora": False,
+        "target_modules": list(target_modules),
+        "modules_to_save": list(modules_to_save),
+        "task_type": "CAUSAL_LM",
+        "r": top,
+        "lora_alpha": top,
+        "rank_pattern": pattern,
+        "alpha_pattern": pattern,
+        "lora_dropout": 0.0,
+        "fan_in_fan_out": fan_in_fan_out,
+        "inference_mode": True,
+    }
+    return (json.dumps(doc, indent=4) + "\n").encode("utf-8")
 
 
 def read_settings(path: Path, *, yaml_path: str) -> tuple[LoraSettings, Mapping[str, Any], bytes]:
