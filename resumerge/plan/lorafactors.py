@@ -63,6 +63,19 @@ def check_adapter_parents(config: MergeConfig, models: Mapping[str, ModelInput],
                 hint="train the adapters on the same target_modules")
 
 
+def kept_at_base(config: MergeConfig, models: Mapping[str, ModelInput], method: str) -> list[str]:
+    """The plan's notes on what the adapters hold besides factors (``modules_to_save`` copies, trained biases):
+    the factor merge keeps the base's tensor there, as the authors' code does, and the user should know."""
+    notes = []
+    for src in config.all_models():
+        adapter = models[src.model.key].adapter if src.model.key in models else None
+        if adapter is not None and adapter.replacements:
+            names = sorted(adapter.replacements)
+            notes.append(f"{method}: {src.model.key} also saves {len(names)} tensor(s) whole (e.g. {names[0]}); "
+                         "the merge keeps the base's there, as the authors' code merges LoRA factors only")
+    return notes
+
+
 def factor_tensor(tp: TensorPlan) -> TensorPlan:
     """``tp`` with its inputs the base and, for each adapter that factors it (config order), its A and B factors,
     each factor's per-input parameters naming it, its adapter's scale and orientation; the base alone where no

@@ -34,7 +34,7 @@ from resumerge.plan.experts import mark_expert_stacks
 from resumerge.plan.filters import FilterTally
 from resumerge.plan.input_fates import account, stored_names_of
 from resumerge.plan.inputrefs import refs_of, stored_ref, tensor_ref
-from resumerge.plan.lorafactors import adapter_output, check_adapter_parents, factor_tensor
+from resumerge.plan.lorafactors import adapter_output, check_adapter_parents, factor_tensor, kept_at_base
 from resumerge.plan.merge_plan import (
     InputRef,
     LoraRef,
@@ -176,6 +176,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     tensors = {name: out_format(tp, dequantize=options.dequantize) for name, tp in tensors.items()}
     if method.factor_inputs:  # core_space: each adapted tensor from the base and the adapters' factor pairs
         tensors = {name: factor_tensor(tp) for name, tp in tensors.items()}
+        notes.extend(kept_at_base(config, models, method.name))
     if ctx.truncate:
         notes.extend(truncation_notes(tensors, models))
     options = resolve_shard_size(options, tensors)  # an hf:// OUT's default: sized from the output

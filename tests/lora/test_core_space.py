@@ -168,3 +168,16 @@ def test_out_adapter_needs_a_factor_merge(tmp_path: Path, family: Path, capsys: 
     capsys.readouterr()
     assert main(["run", str(config), str(tmp_path / "out"), "--out-adapter"]) == 2
     assert "--out-adapter writes a merge of LoRA adapters, which linear is not" in capsys.readouterr().err
+
+
+def test_tensors_an_adapter_saves_whole_stay_the_base_and_plan_says_so(
+        tmp_path: Path, family: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    make_adapter(family / "base", tmp_path / "head", r=2, alpha=2, targets=TARGETS, seed=7,
+                 modules_to_save=["lm_head"])
+    config = _pair(tmp_path, family, f"{family / 'base'}+{tmp_path / 'head'}")
+    capsys.readouterr()
+    assert main(["plan", str(config), str(tmp_path / "out")]) == 0
+    assert "also saves 1 tensor(s) whole (e.g. lm_head.weight)" in capsys.readouterr().out
+    assert main(["run", str(config), str(tmp_path / "out"), "--quiet"]) == 0
+    merged, base = output_tensors(tmp_path / "out"), output_tensors(family / "base")
+    assert torch.equal(merged["lm_head.weight"], base["lm_head.weight"])
