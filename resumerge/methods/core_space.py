@@ -142,10 +142,11 @@ def _check(params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]])
     return None
 
 
-# Working memory: the base and the result in float64 (the delta's m × n product and W₀ + α·ΔW), like the SVD
-# methods' mean path; the factors and the R × R core matrices are small beside a weight (R = Σ rᵢ ≪ m, n).
-_WIDE = (32, 0, 17, 0, None, (27.5, 0))
-_FLOAT64 = (16, 0, 16.5, 0, None, (20, 0))
+# Working memory, measured by tests/methods/footprint_cases.py's replay (torch 2.x CPU): the base widened to float64
+# and the m × n delta B′·A′ in float64 that W₀ + α·ΔW is formed in (16 bytes per element; 8 for a float64 base,
+# which is used as it is); the factors and the R × R core matrices are small beside a weight (R = Σ rᵢ ≪ m, n).
+_WIDE = (16, 0)
+_FLOAT64 = (8, 0)
 
 SPEC = MethodSpec(
     name="core_space",

@@ -41,6 +41,7 @@ EXPECTED: dict[str, tuple[dict[str, Scope], BasePolicy, int, int | None, bool, b
     "arcee_fusion": ({}, REQ, 2, 2, False, True),
     # Beyond mergekit (issue 59's SVD methods).
     "tsv": ({"scaling": G, "svd": G}, REQ, 2, None, False, False),
+    "core_space": ({"scaling": G, "inner": G, "density": G}, REQ, 1, None, False, False),
     "iso_c": ({"scaling": G, "svd": G}, REQ, 2, None, False, False),
     "iso_cts": ({"scaling": G, "common_space_fraction": G, "svd": G}, REQ, 2, None, False, False),
 }
@@ -69,6 +70,7 @@ CALLS: dict[str, tuple[int, int | None, dict[str, Any], dict[str, list[Any]]]] =
     "nearswap": (2, 0, {"t": 0.05}, {}),
     "arcee_fusion": (2, 0, {}, {}),
     "tsv": (4, 0, {"scaling": 0.8}, {}),
+    "core_space": (4, 0, {"scaling": 0.8}, {}),
     "iso_c": (4, 0, {"scaling": 0.8}, {}),
     "iso_cts": (4, 0, {"common_space_fraction": 0.7}, {}),
 }
