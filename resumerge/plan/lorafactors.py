@@ -109,7 +109,9 @@ def adapter_output(plan: Plan, config: MergeConfig) -> Plan:
             continue  # no adapter factors it: the merged adapter leaves it to the base
         a_refs = [ref for ref, p in factors if dict(p)[FACTOR] == "A"]
         b_refs = [ref for ref, p in factors if dict(p)[FACTOR] == "B"]
-        transposed = transposed or bool(dict(factors[0][1]).get(TRANSPOSED))
+        # fan_in_fan_out is the linear layers' (Conv1D) setting; PEFT transposes every embedding's delta anyway.
+        embedding = "lora_embedding_" in a_refs[0].tensor
+        transposed = transposed or (not embedding and bool(dict(factors[0][1]).get(TRANSPOSED)))
         rank = min(sum(ref.shape[0] for ref in a_refs), a_refs[0].shape[1])
         ranks[name.removesuffix(".weight")] = rank
         unit = replace(tp, inputs=tuple(ref for ref, _ in factors), base_index=None,

@@ -181,3 +181,26 @@ def test_tensors_an_adapter_saves_whole_stay_the_base_and_plan_says_so(
     assert main(["run", str(config), str(tmp_path / "out"), "--quiet"]) == 0
     merged, base = output_tensors(tmp_path / "out"), output_tensors(family / "base")
     assert torch.equal(merged["lm_head.weight"], base["lm_head.weight"])
+
+
+def test_embedding_factors_merge_as_peft_applies_them(tmp_path: Path, family: Path) -> None:
+    # Embedding LoRA is stored (r × vocab, dim × r) and applied transposed; the adapter's linear layers are not.
+    targets = ["q_proj", "embed_tokens"]
+    for i in (1, 2):
+        make_adapter(family / "base", tmp_path / f"e{i}", r=2 * i, alpha=4, targets=targets, seed=10 + i)
+    config = tmp_path / "c.yml"
+    config.write_text(f"merge_method: core_space\nbase_model: {family / 'base'}\nmodels:\n"
+                      + "".join(f"  - model: {family / 'base'}+{tmp_path / f'e{i}'}\n" for i in (1, 2)))
+    model, adapter = tmp_path / "model", tmp_path / "adapter"
+    assert main(["run", str(config), str(model), "--quiet"]) == 0
+    assert main(["run", str(config), str(adapter), "--out-adapter", "--quiet"]) == 0
+    assert json.loads((adapter / "adapter_config.json").read_text())["fan_in_fan_out"] is False
+    base = output_tensors(family / "base")
+    each = [peft_merged(family / "base", tmp_path / f"e{i}") for i in (1, 2)]
+    by_peft = peft_merged(family / "base", adapter)
+    merged = output_tensors(model)
+    assert not torch.equal(merged["model.embed_tokens.weight"], base["model.embed_tokens.weight"])
+    for key, tensor in merged.items():
+        summed = base[key] + (each[0][key] - base[key]) + (each[1][key] - base[key])
+        torch.testing.assert_close(tensor, summed, rtol=0, atol=2e-6, msg=key)
+        torch.testing.assert_close(by_peft[key], tensor, rtol=0, atol=2e-6, msg=key)
