@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lora.gen import make_adapter, peft_merged
+from lora.gen import make_adapter, make_gpt2, peft_merged
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from tests.support import cli, digests, output_tensors
@@ -183,24 +183,40 @@ def test_tensors_an_adapter_saves_whole_stay_the_base_and_plan_says_so(
     assert torch.equal(merged["lm_head.weight"], base["lm_head.weight"])
 
 
-def test_embedding_factors_merge_as_peft_applies_them(tmp_path: Path, family: Path) -> None:
-    # Embedding LoRA is stored (r × vocab, dim × r) and applied transposed; the adapter's linear layers are not.
-    targets = ["q_proj", "embed_tokens"]
+@pytest.mark.parametrize("kind", ["llama-embedding", "gpt2-conv1d", "llama-bf16-rslora"])
+def test_every_layer_kind_merges_as_peft_applies_it(tmp_path: Path, family: Path, kind: str) -> None:
+    # Embedding LoRA is stored (r × vocab, dim × r) and applied transposed, GPT-2's Conv1D layers (fan_in_fan_out)
+    # too; a bf16 base meets float32 factors. Oracle: the sum of what PEFT applies for each adapter alone.
+    base_dir = family / "base"
+    targets, rslora = ["q_proj", "embed_tokens"], False
+    if kind == "gpt2-conv1d":
+        base_dir, targets = make_gpt2(tmp_path / "gpt2"), ["c_attn", "c_proj"]
+    elif kind == "llama-bf16-rslora":
+        base_dir, targets = make_model(tmp_path / "bf16", ModelSpec(dtype=torch.bfloat16), seed=3), TARGETS
+        rslora = True
     for i in (1, 2):
-        make_adapter(family / "base", tmp_path / f"e{i}", r=2 * i, alpha=4, targets=targets, seed=10 + i)
+        make_adapter(base_dir, tmp_path / f"e{i}", r=2 * i, alpha=4, targets=targets, seed=10 + i, rslora=rslora)
     config = tmp_path / "c.yml"
-    config.write_text(f"merge_method: core_space\nbase_model: {family / 'base'}\nmodels:\n"
-                      + "".join(f"  - model: {family / 'base'}+{tmp_path / f'e{i}'}\n" for i in (1, 2)))
+    config.write_text(f"merge_method: core_space\nbase_model: {base_dir}\nmodels:\n"
+                      + "".join(f"  - model: {base_dir}+{tmp_path / f'e{i}'}\n" for i in (1, 2)))
     model, adapter = tmp_path / "model", tmp_path / "adapter"
     assert main(["run", str(config), str(model), "--quiet"]) == 0
     assert main(["run", str(config), str(adapter), "--out-adapter", "--quiet"]) == 0
-    assert json.loads((adapter / "adapter_config.json").read_text())["fan_in_fan_out"] is False
-    base = output_tensors(family / "base")
-    each = [peft_merged(family / "base", tmp_path / f"e{i}") for i in (1, 2)]
-    by_peft = peft_merged(family / "base", adapter)
+    transposed = json.loads((adapter / "adapter_config.json").read_text())["fan_in_fan_out"]
+    assert transposed is (kind == "gpt2-conv1d")
+    base = {k: v.double() for k, v in output_tensors(base_dir).items()}
+    each = [{k: v.double() for k, v in peft_merged(base_dir, tmp_path / f"e{i}").items()} for i in (1, 2)]
+    by_peft = peft_merged(base_dir, adapter)
     merged = output_tensors(model)
-    assert not torch.equal(merged["model.embed_tokens.weight"], base["model.embed_tokens.weight"])
+    # bf16: every PEFT result is rounded to the weight's dtype, the summed oracle thrice (2⁻⁸ of the weight's size
+    # each); the merged adapter applied by PEFT and the merged model round once each.
+    half = kind == "llama-bf16-rslora"
+    changed = 0
     for key, tensor in merged.items():
         summed = base[key] + (each[0][key] - base[key]) + (each[1][key] - base[key])
-        torch.testing.assert_close(tensor, summed, rtol=0, atol=2e-6, msg=key)
-        torch.testing.assert_close(by_peft[key], tensor, rtol=0, atol=2e-6, msg=key)
+        atol = 3 * 2**-8 * float(summed.abs().max()) if half else 2e-6
+        torch.testing.assert_close(tensor.double(), summed, rtol=0, atol=atol, msg=key)
+        torch.testing.assert_close(by_peft[key].double(), tensor.double(), rtol=8e-3 if half else 0, atol=atol,
+                                   msg=key)
+        changed += not torch.equal(tensor.double(), base[key])
+    assert changed >= 4
