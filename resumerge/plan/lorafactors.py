@@ -44,7 +44,7 @@ def check_adapter_parents(config: MergeConfig, models: Mapping[str, ModelInput],
             raise ConfigError(
                 f"{method} merges LoRA adapters of the base, but {ref.key} is not a base+adapter reference",
                 yaml_path=src.yaml_path, hint=f"write it as {base.key}+<adapter folder>")
-        if ref.path != base.path or ref.revision != base.revision:
+        if (ref.path, ref.revision) != (base.path, base.revision) and not _same_files(models, ref.key, base.key):
             own = ref.path if ref.revision is None else f"{ref.path}@{ref.revision}"
             raise ConfigError(
                 f"{method} merges adapters of one base, but {ref.key} applies its adapter to {own}, not to the "
@@ -61,6 +61,15 @@ def check_adapter_parents(config: MergeConfig, models: Mapping[str, ModelInput],
                 f"{method} merges adapters of the same modules, but {ref.key} and {targets[0]} differ on "
                 f"{len(only)} tensor(s), e.g. {only[0]}", yaml_path=src.yaml_path,
                 hint="train the adapters on the same target_modules")
+
+
+def _same_files(models: Mapping[str, ModelInput], key: str, base_key: str) -> bool:
+    """Whether the model under ``key`` (its adapter aside) is the base by content, however its path was written
+    (``./base`` and ``/abs/base``): the same weight files, by name, size and identity."""
+    mine, base = models.get(key), models.get(base_key)
+    if mine is None or base is None:
+        return False
+    return [(f.name, f.size, f.identity) for f in mine.files] == [(f.name, f.size, f.identity) for f in base.files]
 
 
 def kept_at_base(config: MergeConfig, models: Mapping[str, ModelInput], method: str) -> list[str]:

@@ -220,3 +220,12 @@ def test_every_layer_kind_merges_as_peft_applies_it(tmp_path: Path, family: Path
                                    msg=key)
         changed += not torch.equal(tensor.double(), base[key])
     assert changed >= 4
+
+
+def test_the_base_may_be_written_another_way(tmp_path: Path, family: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(family)
+    config = tmp_path / "c.yml"
+    config.write_text(f"merge_method: core_space\nbase_model: {family / 'base'}\nmodels:\n"
+                      f"  - model: ./base+{family / 'a1'}\n  - model: base+{family / 'a2'}\n")
+    assert main(["run", str(config), str(tmp_path / "out"), "--quiet"]) == 0
+    assert any((tmp_path / "out").glob("*.safetensors"))
