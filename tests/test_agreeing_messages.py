@@ -14,8 +14,8 @@ from support import cli, linear_config, write_config
 from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
-from resumerge.engine.costs import MemoryEstimate, memory_line
 from resumerge.errors import EXIT_INVALID
+from resumerge.estimate.costs import MemoryEstimate, memory_line
 from resumerge.memory.sizes import format_size
 
 MB = 1_000_000

@@ -26,13 +26,13 @@ from support import cli, linear_config, peak_rss_run, write_config
 from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import make_model
-from resumerge.engine import compute_estimate
-from resumerge.engine.compute_estimate import measure_compute, start_compute
-from resumerge.engine.costs import FITS, WILL_NOT_FIT, ComputeGroup, TimeEstimate
-from resumerge.engine.estimate import _disk_reason
-from resumerge.engine.estimate_memory import pending_units, working_set
-from resumerge.engine.torchside import TorchHere
 from resumerge.engine.unitgroup import GROUP_UNITS, group_bytes
+from resumerge.estimate import compute as compute_estimate
+from resumerge.estimate.compute import measure_compute, start_compute
+from resumerge.estimate.costs import FITS, WILL_NOT_FIT, ComputeGroup, TimeEstimate
+from resumerge.estimate.estimate import _disk_reason
+from resumerge.estimate.memory import pending_units, working_set
+from resumerge.estimate.torchside import TorchHere
 from resumerge.inputs import kernels
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources, LocalFiles
@@ -218,7 +218,7 @@ def _served_sizes(model: object) -> dict[str, int]:
 
 def test_status_rendering_stays_off_torch_sqlite_utils_and_the_estimator() -> None:
     probe = "import sys; import resumerge.cli.render, resumerge.store.statusview; print(sorted(m for m in ('torch', " \
-            "'sqlite_utils', 'resumerge.engine.estimate') if m in sys.modules))"
+            "'sqlite_utils', 'resumerge.estimate.estimate') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                           env=dict(os.environ))
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
@@ -375,7 +375,7 @@ def test_compute_and_disk_work_overlap_in_the_total() -> None:
 
 
 def test_compute_and_disk_work_add_up_where_the_engine_fills_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    from resumerge.engine import estimate as est
+    from resumerge.estimate import estimate as est
 
     monkeypatch.setattr(est.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert est.cores_are_shared()

@@ -27,9 +27,9 @@ from safetensors.torch import load_file, save_file
 
 from resumerge import api
 from resumerge.engine import compute
-from resumerge.engine.compute_estimate import measure_compute
 from resumerge.engine.experts import merge_by_expert
 from resumerge.errors import ModelInputError
+from resumerge.estimate.compute import measure_compute
 from resumerge.inputs.safetensors_format import numel
 from resumerge.methods.registry import get_method, method_names
 from resumerge.methods.spec import MergeContext

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from resumerge.engine.method_timing import ComputeRate, measure_rate
+from resumerge.estimate.method_timing import ComputeRate, measure_rate
 from resumerge.methods import MergeContext, MethodSpec, get_method
 
 SLEEP = 0.02

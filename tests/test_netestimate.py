@@ -13,9 +13,11 @@ from support import drain_pty
 
 from resumerge.cli.render import ProgressReporter
 from resumerge.cli.trafficline import TrafficRates, traffic_line
-from resumerge.engine import cpuprobe
-from resumerge.engine.cpuprobe import TransferCost, probe_transfer_cost
-from resumerge.engine.netestimate import (
+from resumerge.engine.traffic import Traffic, TrafficMeter
+from resumerge.errors import UsageError
+from resumerge.estimate import cpuprobe
+from resumerge.estimate.cpuprobe import TransferCost, probe_transfer_cost
+from resumerge.estimate.network import (
     COMPUTE,
     DOWNLOAD,
     GIVEN,
@@ -26,8 +28,6 @@ from resumerge.engine.netestimate import (
     measure_download,
     parse_bandwidth,
 )
-from resumerge.engine.traffic import Traffic, TrafficMeter
-from resumerge.errors import UsageError
 
 GB, MB = 10**9, 10**6
 SHARE = 0.1 / 1.74  # the first of 100 MB shards of a 1.74 GB output

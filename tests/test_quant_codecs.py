@@ -253,7 +253,7 @@ def test_plans_compute_time_for_block_fp8_counts_the_decode_and_the_encode(tmp_p
     prices both with the method. It used to time the method alone on inputs decoded beforehand: a DeepSeek-V3 pair's
     FP8 group came out at minutes for hours of work. Here each decode costs a known 50 ms more: the group's time
     holds at least that per sampled input, and the encode runs inside the timed step."""
-    from resumerge.engine.compute_estimate import measure_compute
+    from resumerge.estimate.compute import measure_compute
 
     a, b = pair(tmp_path, make, fp8((16, 16)), fp8_config((16, 16)))
     text = write_config(tmp_path / "kept.yml", linear_config(a, b)).read_text()

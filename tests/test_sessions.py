@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from resumerge.config.settings import Batching
-from resumerge.engine.sessions import SessionPlan, hub_commits, parse_duration
 from resumerge.errors import UsageError
+from resumerge.estimate.sessions import SessionPlan, hub_commits, parse_duration
 
 HOUR = 3600.0
 

@@ -23,7 +23,7 @@ from support import cli, drain_pty, linear_config, write_config
 from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.cli.render import ProgressReporter, progress_mode, show_plan, show_status
-from resumerge.engine.costs import DiskNeed, Estimate, MemoryEstimate, ModelDownload, OutputSize, TimeEstimate
+from resumerge.estimate.costs import DiskNeed, Estimate, MemoryEstimate, ModelDownload, OutputSize, TimeEstimate
 from resumerge.store.statusview import FileStatus, StatusReport, read_status
 
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"

@@ -17,12 +17,12 @@ from support import linear_config, write_config
 import resumerge
 from resumerge import api, torch_import
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine.costs import Estimate
 from resumerge.engine.devices import set_torch_threads
-from resumerge.engine.estimate_memory import memory_estimate
 from resumerge.engine.session import plan_from_config
-from resumerge.engine.torchside import TorchHere, TorchProcess
 from resumerge.errors import InterruptedMerge
+from resumerge.estimate.costs import Estimate
+from resumerge.estimate.memory import memory_estimate
+from resumerge.estimate.torchside import TorchHere, TorchProcess
 from resumerge.memory.fake import FakeProbe
 from resumerge.plan.merge_plan import PlanOptions
 

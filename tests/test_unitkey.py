@@ -9,7 +9,7 @@ from conftest import ModelFactory
 from support import write_config
 
 from resumerge import api
-from resumerge.engine.estimate_memory import pending_units
+from resumerge.estimate.memory import pending_units
 from resumerge.inputs.codecs import PLAIN
 from resumerge.plan.merge_plan import ExpertStack, InputRef, TensorPlan
 from resumerge.plan.unitkey import TensorClasses, sizing_key

@@ -48,9 +48,9 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
-    from resumerge.engine.costs import Estimate
     from resumerge.engine.drive import Outcome
     from resumerge.engine.executor import Reporter
+    from resumerge.estimate.costs import Estimate
     from resumerge.inputs.codecs import CodecTable
     from resumerge.plan.merge_plan import Plan
     from resumerge.recipes.estimate import RecipeEstimate
@@ -267,7 +267,7 @@ def estimate_extraction(
     fresh_process: bool = False,
 ) -> Estimate:
     """Validate the LoRA extraction that :func:`extract_lora` would run with these options (they mean what they
-    mean there) and return its :class:`~resumerge.engine.costs.Estimate`, as :func:`estimate` does for a merge
+    mean there) and return its :class:`~resumerge.estimate.costs.Estimate`, as :func:`estimate` does for a merge
     (``fresh_process`` as there; ``resumerge extract-lora --plan``), writing nothing."""
     spec = ExtractSpec(model=model, base_model=base_model, max_rank=max_rank, sv_epsilon=sv_epsilon,
                        distribute_scale=distribute_scale, embed_lora=embed_lora, save_modules=tuple(save_modules),
@@ -374,9 +374,9 @@ def estimate(
     ``session`` (a length, ``"12h"``) asks how many notebook sessions of that length the merge takes
     (``.session``).
     """
-    from resumerge.engine.estimate import Measuring
-    from resumerge.engine.netestimate import parse_bandwidth
-    from resumerge.engine.sessions import parse_duration
+    from resumerge.estimate.estimate import Measuring
+    from resumerge.estimate.network import parse_bandwidth
+    from resumerge.estimate.sessions import parse_duration
     from resumerge.plan.sharding import shard_size_choice
     from resumerge.store.diskprobe import free_bytes
 
@@ -417,7 +417,7 @@ def _extraction_call(spec: ExtractSpec, out: PathLike, settings: RunSettings, *,
 
 
 def _estimate_extraction(call: Call, fresh_process: bool) -> Estimate:
-    from resumerge.engine.estimate import Measuring
+    from resumerge.estimate.estimate import Measuring
 
     return EXTRACTION.estimate(call, Measuring(), fresh_process=fresh_process, intermediate_dir=None)
 

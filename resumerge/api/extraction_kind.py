@@ -15,11 +15,11 @@ from resumerge.config.settings import RunSettings
 
 if TYPE_CHECKING:
     from resumerge.config.locations import RunLocations
-    from resumerge.engine.costs import Estimate
     from resumerge.engine.drive import Outcome
-    from resumerge.engine.estimate import Measuring
     from resumerge.engine.executor import Reporter
     from resumerge.engine.session import Recorded
+    from resumerge.estimate.costs import Estimate
+    from resumerge.estimate.estimate import Measuring
     from resumerge.plan.merge_plan import Plan, PlanOptions
     from resumerge.plan.prepared import Prepared
     from resumerge.store.statusview import Details, StatusReport
@@ -71,7 +71,7 @@ class ExtractionKind:
     def estimate(self, call: Call, measuring: Measuring, *, fresh_process: bool,
                  intermediate_dir: PathLike | None) -> Estimate:
         """The extraction's estimate, as a merge's (no factor is kept)."""
-        from resumerge.engine.estimate import estimate_config
+        from resumerge.estimate.estimate import estimate_config
 
         usable_device(call.options.device)
         return estimate_config(call.text, call.options, call.settings, source="extraction", out_dir=call.out,

@@ -13,11 +13,11 @@ from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
     from resumerge.config.locations import RunLocations
-    from resumerge.engine.costs import Estimate
     from resumerge.engine.drive import Outcome
-    from resumerge.engine.estimate import Measuring
     from resumerge.engine.executor import Reporter
     from resumerge.engine.session import Recorded
+    from resumerge.estimate.costs import Estimate
+    from resumerge.estimate.estimate import Measuring
     from resumerge.plan.merge_plan import Plan
     from resumerge.plan.prepared import Prepared
     from resumerge.store.statusview import StatusReport
@@ -64,8 +64,8 @@ class MergeKind:
 
     def estimate(self, call: Call, measuring: Measuring, *, fresh_process: bool,
                  intermediate_dir: PathLike | None) -> Estimate:
-        """The merge's estimate (:func:`~resumerge.engine.estimate.estimate_config`)."""
-        from resumerge.engine.estimate import estimate_config
+        """The merge's estimate (:func:`~resumerge.estimate.estimate.estimate_config`)."""
+        from resumerge.estimate.estimate import estimate_config
 
         refuse_same_experts(call)
         return estimate_config(call.text, call.options, call.settings, source=_source(call), out_dir=call.out,

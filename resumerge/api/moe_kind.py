@@ -17,11 +17,11 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from resumerge.config.locations import RunLocations
-    from resumerge.engine.costs import Estimate
     from resumerge.engine.drive import Outcome
-    from resumerge.engine.estimate import Measuring
     from resumerge.engine.executor import Reporter
     from resumerge.engine.session import Recorded
+    from resumerge.estimate.costs import Estimate
+    from resumerge.estimate.estimate import Measuring
     from resumerge.moe import MoeConfig
     from resumerge.moe.passproc import PassProcess
     from resumerge.plan.merge_plan import Plan, PlanOptions
@@ -78,7 +78,7 @@ class MoeKind:
     def estimate(self, call: Call, measuring: Measuring, *, fresh_process: bool,
                  intermediate_dir: PathLike | None) -> Estimate:
         """Planned without its prompt forward pass: the estimate counts the pass, it does not run it."""
-        from resumerge.engine.estimate import estimate_config
+        from resumerge.estimate.estimate import estimate_config
         from resumerge.moe.passcost import estimators
 
         source = source_name(call.config, "config")

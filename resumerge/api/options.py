@@ -77,7 +77,7 @@ def keep_option(keep: float | str | None) -> float:
             return 0.0
         if bare is not None:
             raise UsageError(f"--keep-workers {keep.strip()}: give its unit", hint="e.g. --keep-workers 10m or 600s")
-        from resumerge.engine.sessions import parse_duration
+        from resumerge.estimate.sessions import parse_duration
 
         return parse_duration(keep, option="--keep-workers")
     if keep < 0:

@@ -12,7 +12,7 @@ from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
     from resumerge.engine.drive import Outcome
-    from resumerge.engine.estimate import Measuring
+    from resumerge.estimate.estimate import Measuring
     from resumerge.recipes.estimate import RecipeEstimate
     from resumerge.recipes.view import RecipeStatus
 

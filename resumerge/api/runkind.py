@@ -21,11 +21,11 @@ from resumerge.config.settings import RunSettings
 
 if TYPE_CHECKING:
     from resumerge.config.locations import RunLocations
-    from resumerge.engine.costs import Estimate
     from resumerge.engine.drive import Outcome
-    from resumerge.engine.estimate import Measuring
     from resumerge.engine.executor import Reporter
     from resumerge.engine.session import Recorded
+    from resumerge.estimate.costs import Estimate
+    from resumerge.estimate.estimate import Measuring
     from resumerge.inputs.codecs import CodecTable
     from resumerge.plan.merge_plan import Plan, PlanOptions
     from resumerge.plan.prepared import Prepared

@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--probe-size", default="32MiB", metavar="SIZE",
                       help="bytes of the disk speed probe written (then deleted) beside OUT; 0 skips it")
     plan.add_argument("--json", action="store_true",
-                      help="print JSON (schema in resumerge/engine/costs.py; a recipe's in "
+                      help="print JSON (schema in resumerge/estimate/costs.py; a recipe's in "
                            "resumerge/recipes/estimate.py)")
     plan.add_argument("--intermediate-dir", metavar="DIR",
                       help="for a multi-document recipe (which needs OUT): where its named stages will go")
@@ -545,7 +545,7 @@ EXTRACTION_RUN_ONLY = frozenset({"plan", "restart", "max_gpu_memory", "public", 
 
 def _extract_lora(args: argparse.Namespace) -> int:
     from resumerge.api import estimate_extraction, extract_lora
-    from resumerge.engine.costs import Estimate
+    from resumerge.estimate.costs import Estimate
 
     _note_ignored(args)
     if not args.plan:

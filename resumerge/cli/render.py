@@ -41,8 +41,8 @@ from resumerge.cli.trafficline import TrafficRates, traffic_line
 from resumerge.memory.sizes import format_duration, format_size
 
 if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
-    from resumerge.engine.costs import Estimate
     from resumerge.engine.traffic import Traffic
+    from resumerge.estimate.costs import Estimate
     from resumerge.recipes.estimate import RecipeEstimate
     from resumerge.recipes.view import RecipeStatus
     from resumerge.store.integrity import VerifyReport
@@ -440,8 +440,8 @@ _VERDICT_STYLES = {"head": "", "fits": "bold green", "unfit": "bold red", "reaso
 
 def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | None = None) -> None:
     """Print the plan summary, its costs here and the verdict with its reasons
-    (:func:`~resumerge.engine.costs.estimate_lines`, the text an estimate shows in a notebook too)."""
-    from resumerge.engine.costs import estimate_lines  # imported here: status's rendering never needs it
+    (:func:`~resumerge.estimate.costs.estimate_lines`, the text an estimate shows in a notebook too)."""
+    from resumerge.estimate.costs import estimate_lines  # imported here: status's rendering never needs it
 
     out = console(stream or sys.stdout, width=width)
     for line in estimate_lines(estimate):

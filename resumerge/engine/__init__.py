@@ -1,6 +1,6 @@
 """Execute a plan: the one session path that starts, resumes and stops a merge (``target`` opens OUT, ``session``
-runs a frozen plan into it under one ``settings`` object), the pipeline that computes tensors and commits files,
-and estimates.
+runs a frozen plan into it under one ``settings`` object) and the pipeline that computes tensors and commits files.
+What a run will cost is :mod:`resumerge.estimate`, a package above this one.
 
 The only stage that reads weights and writes output files — through the input sources and the output sink,
 whichever they are. Every kind of run (a single merge, each stage of a recipe, the kinds later issues add) is a
@@ -12,7 +12,6 @@ May import: errors, config, memory, methods, vocab, inputs, store, plan, outputs
 
 __all__ = [
     "devices",
-    "estimate",
     "executor",
     "frozenplan",
     "hubout",

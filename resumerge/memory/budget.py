@@ -33,7 +33,7 @@ def default_budget(probe: MemoryProbe, fraction: float = DEFAULT_FRACTION, *, fr
     what other processes use — memory that is not ours. It is also capped at ``fraction`` of
     ``probe.limit()``. Example: a free Colab VM (12.7 GB, ~1.4 GB used by the VM) gives about 9 GB. ``freed``
     bytes held elsewhere now will be available by the time the budget is used (a helper process that ``plan``
-    started and ends before the run: see :mod:`resumerge.engine.torchside`).
+    started and ends before the run: see :mod:`resumerge.estimate.torchside`).
     """
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")

@@ -6,7 +6,7 @@ The pass's process is started once to learn what it holds and how long it takes 
 base's modules built without weights and its tokenizer: a process like the run's will, :mod:`.passmain`'s
 ``probe`` job); to that come its largest layer (:func:`~resumerge.moe.forward.pass_bytes`) and the CPU of the
 layers it runs. Meanwhile the CPU other processes take is measured: beside the merge the two processes share what
-is left of the cores (:class:`resumerge.engine.costs.TimeEstimate`), and on a shared machine that, not either
+is left of the cores (:class:`resumerge.estimate.costs.TimeEstimate`), and on a shared machine that, not either
 process alone, bounds the run. Nothing is computed and nothing is written.
 """
 
@@ -45,7 +45,7 @@ _SPAWN_SECONDS = 0.3
 
 # (seconds from the run's start on a core of its own, CPU seconds, peak of its process counted as the budget
 # counts it, beside the merge, the cores the run's two processes may expect, why it would not fit or None):
-# resumerge.engine.estimate's Prepass
+# resumerge.estimate.estimate's Prepass
 PrepassCost = tuple[float, float, int, bool, float | None, str | None]
 
 
@@ -116,7 +116,7 @@ def _own() -> float:
 def estimators(config: MoeConfig, options: PlanOptions, settings: RunSettings) -> tuple[Callable[[], Prepared],
                           Callable[[Plan, Inputs], Callable[[float | None], PrepassCost] | None]]:
     """``plan``'s planner of ``config`` (the pass is not run) and its estimate of the pass, for
-    :func:`resumerge.engine.estimate.estimate_config`."""
+    :func:`resumerge.estimate.estimate.estimate_config`."""
 
     def planner() -> Prepared:
         return prepare_moe(config, options, settings, forward=False)

@@ -7,7 +7,7 @@ so every filesystem must hold the sum of the stage outputs written to it, not ju
 
 Each stage's compute is timed on samples of its own inputs where they exist already; a stage that reads an
 earlier stage's output (not written yet) is timed on synthetic tensors of the same shapes and dtype, which its
-note says (see :mod:`resumerge.engine.compute_estimate`). The stages share the timing budget.
+note says (see :mod:`resumerge.estimate.compute`). The stages share the timing budget.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.settings import RunSettings
-from resumerge.engine.compute_estimate import SAMPLE_SECONDS
-from resumerge.engine.costs import Estimate
-from resumerge.engine.estimate import Measuring, estimate
+from resumerge.estimate.compute import SAMPLE_SECONDS
+from resumerge.estimate.costs import Estimate
+from resumerge.estimate.estimate import Measuring, estimate
 from resumerge.memory.sizes import format_size
 from resumerge.plan.merge_plan import PlanOptions
 from resumerge.plan.prepared import Prepared

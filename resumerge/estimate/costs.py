@@ -1,6 +1,6 @@
 """What a merge costs, as frozen values: the result of an estimate and its JSON form (``resumerge plan --json``).
 
-Computed by :mod:`resumerge.engine.estimate`; read by the CLI's rendering and by notebooks through
+Computed by :mod:`resumerge.estimate.estimate`; read by the CLI's rendering and by notebooks through
 :func:`resumerge.api.estimate`. The JSON document, schema 1::
 
     schema            1
@@ -39,7 +39,7 @@ Computed by :mod:`resumerge.engine.estimate`; read by the CLI's rendering and by
                        up_seconds, local_seconds, startup_seconds, import_seconds (torch's, after the first
                        bytes move), transfer_cpu_seconds (the transfers' CPU here), cores, seconds (pipelined
                        wall; null: a rate is unknown), bound ("download" | "upload" | "compute" | null), note}
-                       (resumerge/engine/netestimate.py)
+                       (resumerge/estimate/network.py)
     formats           {inputs: {MODEL: {format, roles}}, output: {format, roles}}: each stored format ("plain", or
                        the quantized formats' names) and its stored tensors per role {weight, companion, other}
                        (resumerge/plan/roles.py)
@@ -59,8 +59,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from resumerge.engine.hubdisk import HubDiskNeed
-from resumerge.engine.netestimate import NetworkEstimate
-from resumerge.engine.sessions import SessionPlan, hub_commits
+from resumerge.estimate.network import NetworkEstimate
+from resumerge.estimate.sessions import SessionPlan, hub_commits
 from resumerge.memory import format_size, smallest_budget_for
 from resumerge.memory.sizes import format_duration
 from resumerge.plan.fetching import FileFetch, fetch_summary
@@ -247,7 +247,7 @@ class ComputeGroup:
 @dataclass(frozen=True)
 class TimeEstimate:
     """Wall time: disk work (reads at the inputs' measured speed, writes at OUT's) overlapped with the methods'
-    compute (measured on samples, see :mod:`resumerge.engine.compute_estimate`); downloads excluded.
+    compute (measured on samples, see :mod:`resumerge.estimate.compute`); downloads excluded.
 
     The engine reads and computes in worker threads while a writer thread streams finished tensors to disk and
     commits shards, so with cores to spare compute and disk work overlap and the slower of the two sets the pace.

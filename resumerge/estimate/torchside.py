@@ -1,6 +1,6 @@
 """Where ``plan``'s work that needs torch runs: in this process, or in a helper process started before planning.
 
-``resumerge plan`` needs torch for one thing only, the speed sample (:mod:`resumerge.engine.compute_estimate`),
+``resumerge plan`` needs torch for one thing only, the speed sample (:mod:`resumerge.estimate.compute`),
 and reports how long a run's import of torch takes. Importing torch costs about 3 s of CPU; planning a large merge
 (headers, plan, fingerprint) is single-threaded Python that needs none of it. :class:`TorchProcess` starts a
 helper process before planning: it imports torch (timing that import: the figure ``plan`` reports) while this
@@ -8,7 +8,7 @@ process plans on another core. Where the run's workers fill torch's threads on t
 the sample times one thread by its CPU time, which work beside it does not change: it is then sent to the helper as
 soon as the plan is built (:meth:`TorchProcess.submit`) and measured there while this process estimates the rest
 (output, downloads, memory, disks). Elsewhere it is timed by the wall clock on torch's threads, so it is sent once
-this process has nothing left to do but wait for it (see :mod:`resumerge.engine.compute_estimate`): either way the
+this process has nothing left to do but wait for it (see :mod:`resumerge.estimate.compute`): either way the
 figures stay what a run's process alone would measure. The helper reads the sample's rows itself and hands back
 only the figures. :class:`TorchHere` does the same work in this
 process (a notebook's, where torch is usually loaded already), the sample when its result is asked for.
@@ -50,7 +50,7 @@ T = TypeVar("T")
 # The helper's command: the same import path as this process's (so it runs this very resumerge, whatever the
 # working directory holds), then serve(threads).
 _SERVE = ("import json, sys\nsys.path[:] = json.loads(sys.argv[1])\n"
-          "from resumerge.engine.torchside import serve\nserve(int(sys.argv[2]) or None)\n")
+          "from resumerge.estimate.torchside import serve\nserve(int(sys.argv[2]) or None)\n")
 # Modules torch imports that a planning process holds before its own import would (see serve).
 _SHARED = ("numpy", "asyncio", "email.message", "concurrent.futures")
 # How the helper answers a call: its result, the exception it raised, or "run it yourself".

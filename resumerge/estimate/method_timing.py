@@ -4,7 +4,7 @@ A plan knows every output tensor's method, parameters and size, but not how fast
 linear is a few passes over memory, TIES a selection per task vector, DELLA a sort per row, SCE a variance in
 double precision. :func:`measure_rate` times the registered method on a few row slices of the real inputs (a few
 MB in all, so seconds at most) and returns seconds per output element; :meth:`ComputeRate.seconds_for` scales it
-to a tensor, a shard or the whole plan. Slices keep whole rows (:mod:`resumerge.engine.compute_estimate` takes the
+to a tensor, a shard or the whole plan. Slices keep whole rows (:mod:`resumerge.estimate.compute` takes the
 leading rows), so methods that work per row (DELLA, row-wise nuslerp) are timed on rows of the real length.
 
 The figure is for the thread count torch uses when it is measured; it is the fastest call of each sample (see

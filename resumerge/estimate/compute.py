@@ -4,7 +4,7 @@ The pending tensors are grouped by what decides a method's cost per element: the
 in, the device, and its non-numeric parameters (a ``normalize`` flag changes the work; a density from a gradient
 does not change how much there is). In each group the tensor shapes that hold most of its elements (one tensor
 per row length: the 2-D projection and MLP matrices dominate) are sampled — their leading whole rows, with that
-tensor's own resolved parameters — and :func:`~resumerge.engine.method_timing.measure_rate` times the engine's own
+tensor's own resolved parameters — and :func:`~resumerge.estimate.method_timing.measure_rate` times the engine's own
 compute step on them as a run's worker computes a whole tensor, in a
 :class:`~resumerge.engine.workspace.Workspace` (:meth:`~resumerge.engine.compute.TensorCompute.merged`, the rows
 as one chunk: a fused expert stack merged expert by expert), with the two costs around it that the run pays per
@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resumerge.engine.compute import TensorCompute, load_context, make_context
-from resumerge.engine.costs import ComputeGroup
-from resumerge.engine.method_timing import DEFAULT_SAMPLE_ELEMENTS, measure_rate
 from resumerge.engine.workspace import UNBUDGETED, Workspace
+from resumerge.estimate.costs import ComputeGroup
+from resumerge.estimate.method_timing import DEFAULT_SAMPLE_ELEMENTS, measure_rate
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources
@@ -54,7 +54,7 @@ from resumerge.plan.workunits import chunk_plan
 from resumerge.torch_import import dtype_name, torch
 
 if TYPE_CHECKING:
-    from resumerge.engine.torchside import TorchSide
+    from resumerge.estimate.torchside import TorchSide
 
 # Input bytes read for all samples of a plan together: a few tens of MB reads in well under a second from any
 # disk the merge itself could use.
@@ -147,7 +147,7 @@ def measure_compute(plan: Plan, pending: Sequence[ShardPlan], *, sources: InputS
     report the failure itself.
 
     The pending tensors are grouped here; the groups are measured where ``side`` runs calls that need torch (None:
-    in this process). A :class:`~resumerge.engine.torchside.TorchProcess` gets only the sampled tensors' plans and
+    in this process). A :class:`~resumerge.estimate.torchside.TorchProcess` gets only the sampled tensors' plans and
     reads their rows itself (``sources`` must then be None).
     """
     return start_compute(plan, pending, sources=sources, max_bytes=max_bytes, max_seconds=max_seconds,
@@ -160,7 +160,7 @@ def start_compute(plan: Plan, pending: Sequence[ShardPlan], *, sources: InputSou
     """:func:`measure_compute`, started: the pending tensors are grouped now; what it returns gives the groups,
     waiting for them if need be. Where every sample is timed by its thread's CPU (:func:`_thread_timed`, and no
     whole-cost method: those are timed by the wall clock) they are sent to ``side`` now, which measures them while
-    this process goes on (a helper process; :class:`~resumerge.engine.torchside.TorchHere` and None measure when the
+    this process goes on (a helper process; :class:`~resumerge.estimate.torchside.TorchHere` and None measure when the
     result is asked for): work beside them does not change that figure. Elsewhere ``side`` measures them when the
     result is asked for, when nothing else runs here."""
     samples = [g.sample() for g in _groups(plan, pending, _promoted if side is None else partial(side.call, _promoted))]

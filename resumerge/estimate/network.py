@@ -7,7 +7,7 @@ uploaded while the next are merged. Its wall time is then set by the slowest of 
 overlap: start-up (imports, planning) before the first byte moves, the first shard fetched and merged before any
 upload starts, and the last shard's upload only after its last tensor. The local side is the merge's own work plus
 the CPU the transfers take on this machine's cores (receiving, writing the HF cache, hashing, reading back,
-sending; :mod:`resumerge.engine.cpuprobe`), which on a machine of few cores is what bounds a fast link.
+sending; :mod:`resumerge.estimate.cpuprobe`), which on a machine of few cores is what bounds a fast link.
 :class:`NetworkEstimate` holds the figures and that arithmetic; the link's rates come from ``--bandwidth
 DOWN[/UP]`` or, for the download only, a measurement (:func:`measure_download`: two range reads of a hub input, a
 small one for the latency and a larger one for the rate). An upload rate is never measured (``plan`` uploads

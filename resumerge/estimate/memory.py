@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from resumerge.engine.costs import MemoryEstimate
 from resumerge.engine.unitgroup import group_bytes, has_room, joins_others
+from resumerge.estimate.costs import MemoryEstimate
 from resumerge.memory import SAFETY_MARGIN, MemoryProbe, default_budget, format_size
 from resumerge.plan.merge_plan import Plan, TensorPlan
 from resumerge.plan.unitkey import TensorClasses
@@ -29,7 +29,7 @@ from resumerge.plan.workunits import (
 )
 
 if TYPE_CHECKING:
-    from resumerge.engine.torchside import TorchFacts
+    from resumerge.estimate.torchside import TorchFacts
 
 __all__ = ["memory_estimate", "working_set"]
 

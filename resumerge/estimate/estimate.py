@@ -3,7 +3,7 @@
 ``resumerge plan`` prints this; :func:`resumerge.api.estimate` returns it. Everything comes from the plan (headers
 only), the hub metadata already fetched to build it, the machine's memory and a short disk speed probe (see
 :mod:`resumerge.store.diskprobe`). Nothing is written except the probe's own temp file, which is always deleted.
-The result and its JSON schema are in :mod:`resumerge.engine.costs`.
+The result and its JSON schema are in :mod:`resumerge.estimate.costs`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,12 @@ import psutil
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import run_dir, state_root
 from resumerge.config.settings import RunSettings, Staging
-from resumerge.engine.compute_estimate import SAMPLE_SECONDS, start_compute
-from resumerge.engine.costs import (
+from resumerge.engine.executor import CONCURRENCY
+from resumerge.engine.hubdisk import hub_disk_need
+from resumerge.engine.inputfetch import plan_fetch
+from resumerge.errors import LedgerError
+from resumerge.estimate.compute import SAMPLE_SECONDS, start_compute
+from resumerge.estimate.costs import (
     ComputeGroup,
     DiskNeed,
     Estimate,
@@ -30,14 +34,10 @@ from resumerge.engine.costs import (
     OutputSize,
     TimeEstimate,
 )
-from resumerge.engine.cpuprobe import probe_transfer_cost
-from resumerge.engine.estimate_memory import memory_estimate
-from resumerge.engine.executor import CONCURRENCY
-from resumerge.engine.hubdisk import hub_disk_need
-from resumerge.engine.inputfetch import plan_fetch
-from resumerge.engine.netestimate import MEASURED, Bandwidth, NetworkEstimate, measure_download
-from resumerge.engine.torchside import TorchHere, TorchProcess, TorchSide
-from resumerge.errors import LedgerError
+from resumerge.estimate.cpuprobe import probe_transfer_cost
+from resumerge.estimate.memory import memory_estimate
+from resumerge.estimate.network import MEASURED, Bandwidth, NetworkEstimate, measure_download
+from resumerge.estimate.torchside import TorchHere, TorchProcess, TorchSide
 from resumerge.inputs.catalog import Inputs
 from resumerge.memory import MemoryProbe, SystemProbe, collector_paused, format_size, usable_cores
 from resumerge.methods.registry import MethodSpec
@@ -78,9 +78,9 @@ class Measuring:
     """How an estimate measures this machine: ``probe_bytes`` sizes the disk speed probe (0 skips it, and the
     transfer-CPU and download probes too); ``disk_free`` reads a filesystem's free bytes (injectable for tests);
     ``compute_budget`` bounds the seconds spent timing the methods on samples of the pending tensors (0 skips it;
-    see :mod:`resumerge.engine.compute_estimate`); ``bandwidth`` is the link (``--bandwidth``) the network estimate
+    see :mod:`resumerge.estimate.compute`); ``bandwidth`` is the link (``--bandwidth``) the network estimate
     uses (None: the download rate is measured on a hub input, the upload rate stays unknown; see
-    :mod:`resumerge.engine.netestimate`)."""
+    :mod:`resumerge.estimate.network`)."""
 
     probe_bytes: int = DEFAULT_PROBE_BYTES
     disk_free: DiskFree = free_bytes
@@ -152,7 +152,7 @@ def estimate(
     are streamed and what an ``hf://`` OUT may stage; ``to_hub`` says OUT is a hub repo, whose staging must then
     fit under it. ``prepass`` estimates a pass that runs in a process of its own, beside the merge or before it (a
     mergekit-moe config's prompt forward pass), given the inputs' read speed. ``torch_side`` runs the speed sample
-    (None: in this process; see :mod:`resumerge.engine.torchside`).
+    (None: in this process; see :mod:`resumerge.estimate.torchside`).
     """
     plan, inputs = prepared.plan, prepared.opened()
     measuring = measuring or Measuring()
@@ -496,7 +496,7 @@ def estimate_config(
     :attr:`Estimate.reasons`. ``out_dir`` may be an ``hf://`` target: the output's local disk is then its staging.
     The compute estimate times the methods with ``settings.num_threads`` torch threads, as the run will.
     A fresh process that plans a merge config on a CPU of several cores imports torch and times the sample in a
-    helper process started before planning (:class:`~resumerge.engine.torchside.TorchProcess`), so the import
+    helper process started before planning (:class:`~resumerge.estimate.torchside.TorchProcess`), so the import
     overlaps planning; it is killed on the way out, a refusal included. ``planner`` plans a config of another kind
     than a merge config (:mod:`resumerge.api` passes MoE upcycling's, which skips the prompt forward pass); None
     plans ``config_text`` as a merge config. ``measuring`` as for :func:`estimate`; ``prepass`` gives the estimate
