@@ -67,9 +67,6 @@ from resumerge.store.hubretry import pace_wait, to_stderr, with_retries
 from resumerge.store.manifest import MANIFEST_NAME
 from resumerge.store.sink import Receipt
 
-_WITHOUT_XET = threading.Lock()  # one upload at a time turns Xet off (a process-wide switch of huggingface_hub)
-
-
 
 @dataclass
 class _Entry:
@@ -497,7 +494,7 @@ class CommitQueue:
             e.op.upload_info.sha256 = bytes.fromhex(e.sha256)
             e.without_xet = True
             ops.append(e.op)
-        with _WITHOUT_XET, xet_disabled(True):
+        with xet_disabled(True):  # one such scope at a time in this process
             with_retries(self.repo, "uploading without Xet", lambda: api.preupload_lfs_files(
                 self.repo.target.repo_id, additions=ops, revision=self.repo.target.branch, free_memory=False),
                 resume=self.resume, sleep=self._backoff, tell=self.tell)

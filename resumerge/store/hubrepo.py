@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -37,16 +38,24 @@ _SHOWN = 300  # characters of a server message shown in an error line
 T = TypeVar("T")
 
 
+# Held for the whole of an xet_disabled scope. The switch is one process-wide value: two scopes open at once in
+# threads would each save what the other set, and the later to close would put the other's value back for good.
+_XET_SWITCH = threading.Lock()
+
+
 @contextlib.contextmanager
 def xet_disabled(disabled: bool) -> Iterator[None]:
     """huggingface_hub's ``HF_HUB_DISABLE_XET`` set to ``disabled`` for the uploads made inside (the client reads it
     at each upload), and put back after: the switch is process-wide, and the process goes on uploading (a kept
-    cluster worker serves the next run; the local sink's other uploads)."""
-    saved, constants.HF_HUB_DISABLE_XET = constants.HF_HUB_DISABLE_XET, disabled
-    try:
-        yield
-    finally:
-        constants.HF_HUB_DISABLE_XET = saved
+    cluster worker serves the next run; the local sink's other uploads). One scope at a time in a process: a
+    thread entering while another's is open waits for it to close (uploads outside any scope are not held up, and
+    meanwhile see the switch as the open scope set it)."""
+    with _XET_SWITCH:
+        saved, constants.HF_HUB_DISABLE_XET = constants.HF_HUB_DISABLE_XET, disabled
+        try:
+            yield
+        finally:
+            constants.HF_HUB_DISABLE_XET = saved
 
 
 @dataclass(frozen=True)

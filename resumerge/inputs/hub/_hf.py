@@ -10,6 +10,7 @@ huggingface_hub past what transformers accepts, so the code reads no name that o
 - ``TRANSPORT_ERRORS``: the exceptions of the HTTP client meaning "network trouble", not "the request is wrong".
 - :func:`stream_get` and :func:`get_bytes`: one GET, the session huggingface_hub itself uses (its proxies,
   its connection pool), whatever the client underneath.
+- which HTTP client is underneath (:func:`_client`), learnt from the type of ``get_session()``'s session.
 - :func:`http_get_kwargs`: the keyword arguments the installed ``http_get`` accepts (``tqdm_class`` came in 1.x;
   0.x takes a ready progress bar as ``_tqdm_bar``).
 
@@ -19,6 +20,7 @@ from the modules that define them; mypy checks against the installed (newest) li
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -45,10 +47,10 @@ else:
 
 
 def _client() -> Any:
-    """The HTTP client module huggingface_hub's session comes from (several may be installed side by side)."""
-    from huggingface_hub.utils import _http
-
-    return next(getattr(_http, name) for name in ("httpx2", "httpx", "requests") if hasattr(_http, name))
+    """The HTTP client module huggingface_hub's session comes from (several may be installed side by side): the
+    top-level module of the type of the session its public ``get_session()`` hands out (``requests`` on 0.x,
+    ``httpx`` on 1.x, ``httpx2`` on 2.x), so no private module of huggingface_hub is read to learn it."""
+    return importlib.import_module(type(get_session()).__module__.partition(".")[0])
 
 
 def _transport_errors(client: Any) -> tuple[type[Exception], ...]:
