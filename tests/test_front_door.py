@@ -44,8 +44,10 @@ def _subparser(command: str) -> argparse.ArgumentParser:
 
 
 def _dests(command: str) -> set[str]:
+    """The API parameters the command's options fill: each its own, but the executor's settings, which the command
+    folds into the executor object (``--ray-address`` into ``executor=RayExecutor(address=...)``)."""
     dests = {a.dest for a in _subparser(command)._actions if not isinstance(a, argparse._HelpAction)}
-    return {d for d in dests if not d.startswith("unneeded_")} - CLI_ONLY
+    return {commands.FOLDED.get(d, d) for d in dests if not d.startswith("unneeded_")} - CLI_ONLY
 
 
 def _parameters(function: Callable[..., Any]) -> set[str]:

@@ -25,7 +25,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from resumerge.api.options import keep_option, run_settings
+from resumerge.api.options import executor_option, keep_option
 from resumerge.cli.commands import main
 from resumerge.config.settings import KEEP_WORKERS
 from resumerge.engine.cluster import keeper, kept, launch
@@ -227,7 +227,7 @@ def test_keep_workers_is_a_length_and_0_keeps_none() -> None:
         with pytest.raises(UsageError, match=r"keep.workers"):  # (the API names its parameter)
             keep_option(bad)
     with pytest.raises(UsageError, match=r"keep.workers needs .*executor"):
-        run_settings(state_dir=None, keep_workers="10m")
+        executor_option("local", keep_workers="10m")
 
 
 def test_a_bare_number_of_keep_workers_is_refused_on_the_command_line(capsys: pytest.CaptureFixture[str],

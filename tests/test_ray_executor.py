@@ -50,6 +50,7 @@ from huggingface_hub import constants
 from support import cli, digests, ties_of_three, write_config
 
 from resumerge import api
+from resumerge.api.options import executor_option
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec
 from resumerge.cli.render import show_status
@@ -63,6 +64,7 @@ from resumerge.engine.cluster.kept import NAMESPACE, SPARE_SLOTS, kept_name
 from resumerge.engine.cluster.launch import NODE_LABEL
 from resumerge.engine.cluster.upload import HubPlace, task_cpus, upload_shard
 from resumerge.engine.executor import CONCURRENCY
+from resumerge.engine.executors import LocalExecutor, RayExecutor
 from resumerge.engine.quiet import NullReporter
 from resumerge.errors import EXIT_INVALID, ResumergeError, UsageError
 from resumerge.plan.merge_plan import ShardPlan
@@ -248,8 +250,8 @@ class _Refusing(NullReporter):
 
 def _a_run_refused_before_it_computes_leaves_no_worker(merge: Merge, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="refused at the start"):
-        api.run(merge.config, tmp_path / "out", state_dir=tmp_path / "state", out_shard_size=SHARD, executor="ray",
-                progress=_Refusing())
+        api.run(merge.config, tmp_path / "out", state_dir=tmp_path / "state", out_shard_size=SHARD,
+                executor=RayExecutor(), progress=_Refusing())
     _wait_for_idle_cluster()  # the API call ended its warm workers
 
 
@@ -271,7 +273,7 @@ def _a_killed_local_run_resumes_on_ray_losing_a_worker_node(cluster: tuple[Clust
     out, state = killed
     lost = cluster[0].workers[1]
     remover = _RemovingNode(cluster[1], lost)
-    outcome = api.resume(out, state_dir=state, executor="ray", progress=remover)
+    outcome = api.resume(out, state_dir=state, executor=RayExecutor(), progress=remover)
     assert remover.removed_after > 1  # removed mid-run
     assert digests(out) == merge.reference
     assert outcome.resumed_files == 3  # every recorded shard kept, only the rest made again
@@ -305,7 +307,7 @@ def _failing_run(merge: Merge, tmp_path: Path, executor: str) -> ResumergeError:
     victim = sorted((models / "a").glob("*.safetensors"))[0]
     with pytest.raises(ResumergeError) as caught:
         api.run(config, tmp_path / f"out-{executor}", state_dir=tmp_path / f"state-{executor}", out_shard_size=SHARD,
-                executor=executor, progress=_Damaging(victim))
+                executor=executor_option(executor), progress=_Damaging(victim))
     return caught.value
 
 
@@ -340,8 +342,8 @@ def _streamed_hub_inputs_are_read_by_each_node(cluster: tuple[Cluster, Any], mer
     config, out, state = tmp_path / "streamed.yml", tmp_path / "out", tmp_path / "state"
     config.write_text(text)
     writer.hub.requests.clear()
-    outcome = api.run(config, out, state_dir=state, out_shard_size=SHARD, executor="ray", stream_inputs=True,
-                      keep_workers=0)
+    outcome = api.run(config, out, state_dir=state, out_shard_size=SHARD, executor=RayExecutor(keep_workers=0),
+                      stream_inputs=True)
     _wait_for_idle_cluster()
     assert _kept() == {}  # --keep-workers 0: the run's workers ended with it
     assert not _alive_pids(out, state)
@@ -405,7 +407,7 @@ def _runs_on_kept_workers_compute_as_fresh_ones(cluster: tuple[Cluster, Any], me
     said = _Said()
     for threads in (2, 1):
         out, state = tmp_path / f"j{threads}", tmp_path / f"state-j{threads}"
-        outcome = api.run(merge.slerp, out, state_dir=state, out_shard_size=SHARD, executor="ray",
+        outcome = api.run(merge.slerp, out, state_dir=state, out_shard_size=SHARD, executor=RayExecutor(),
                           num_threads=threads, progress=said)
         assert digests(out) == merge.slerp_reference[threads] and outcome.resumed_files == 0
         events = _node_events(out, state)
@@ -505,7 +507,8 @@ def _a_killed_ray_driver_resumes_locally(cluster: tuple[Cluster, Any], merge: Me
     assert ran.returncode == -9, ran.stderr
     _wait_for_idle_cluster()  # Ray ends the dead driver's tasks: none may upload while it resumes
     assert not any(n.endswith(".safetensors") for n in repo_files(writer, "alice/ray"))
-    outcome = api.resume("hf://alice/ray", state_dir=state, executor="local", commit_every=4, commit_interval=3600)
+    outcome = api.resume("hf://alice/ray", state_dir=state, executor=LocalExecutor(), commit_every=4,
+                         commit_interval=3600)
     assert outcome.target == "hf://alice/ray"
     _hub_output_checked(merge, writer, "alice/ray", state, nodes=None)
 
@@ -521,7 +524,7 @@ def _a_killed_ray_driver_leaves_a_folder_out_that_resumes_locally(cluster: tuple
     assert ran.returncode == -9, ran.stderr
     assert _done_shards(out, state) == 3
     _wait_for_idle_cluster()  # Ray ends the dead driver's tasks: none may write into OUT while it resumes
-    outcome = api.resume(out, state_dir=state, executor="local")
+    outcome = api.resume(out, state_dir=state, executor=LocalExecutor())
     assert digests(out) == merge.reference
     assert outcome.resumed_files == 3  # every recorded shard kept, only the rest made again
     # The killed driver's last shard lost its node event (journaled after the ledger row the kill followed).
@@ -539,7 +542,7 @@ def _a_killed_ray_driver_resumes_on_its_kept_workers(cluster: tuple[Cluster, Any
     assert ran.returncode == -9, ran.stderr
     assert {e["pid"] for e in _node_events(out, state)} <= kept
     _wait_for_idle_cluster()  # the leases taken back: the dead run's pipelines stopped, without a new run
-    outcome = api.resume(out, state_dir=state, executor="ray")
+    outcome = api.resume(out, state_dir=state, executor=RayExecutor())
     assert digests(out) == merge.reference  # every file in OUT is the local run's: no temp file left
     assert outcome.resumed_files == 3
     assert {e["pid"] for e in _node_events(out, state)} == kept  # the killed run's workers served the resume
@@ -549,7 +552,7 @@ def _kept_workers_end_once_idle_for_their_time(merge: Merge, tmp_path: Path) -> 
     # A run that keeps its workers two seconds: once idle that long, each ends itself, its name freed and its
     # process gone.
     out, state = tmp_path / "out", tmp_path / "state"
-    api.run(merge.config, out, state_dir=state, out_shard_size=SHARD, executor="ray", keep_workers="2s")
+    api.run(merge.config, out, state_dir=state, out_shard_size=SHARD, executor=RayExecutor(keep_workers=2.0))
     assert _kept()
     deadline = time.monotonic() + 30
     while _kept():
@@ -563,7 +566,7 @@ def _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge: Merge, wr
                                                                  max_disk: int) -> None:
     state = tmp_path / "state"
     with _the_driver_uploads_no_shard(monkeypatch):
-        outcome = api.run(merge.config, "hf://alice/ray", state_dir=state, out_shard_size=SHARD, executor="ray",
+        outcome = api.run(merge.config, "hf://alice/ray", state_dir=state, out_shard_size=SHARD, executor=RayExecutor(),
                           commit_every=4, commit_interval=3600, max_disk=max_disk)
     assert outcome.target == "hf://alice/ray"
     _hub_output_checked(merge, writer, "alice/ray", state, nodes=1, max_disk=max_disk)
@@ -750,7 +753,7 @@ def _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster: tuple[Cluster, Any]
     # The resume: each node uploads the shards it makes (what the stopped run's nodes uploaded is on the hub
     # already: not sent again), the driver alone commits, in batches.
     with _warm_reservation_never_ready(cluster[0], monkeypatch) as adopted, _the_driver_uploads_no_shard(monkeypatch):
-        outcome = api.resume("hf://alice/stopped", state_dir=state, executor="ray", commit_every=4,
+        outcome = api.resume("hf://alice/stopped", state_dir=state, executor=RayExecutor(), commit_every=4,
                              commit_interval=3600)
     assert adopted == [False]
     assert outcome.resumed_files >= len(shards)

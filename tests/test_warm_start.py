@@ -20,9 +20,10 @@ import pytest
 
 from resumerge.api.options import recorded_device, started_early
 from resumerge.config.locations import RunLocations
-from resumerge.config.settings import RAY, RunSettings
+from resumerge.config.settings import RunSettings
 from resumerge.engine.cluster import connect, kept, launch
 from resumerge.engine.cluster.warm import WarmStart
+from resumerge.engine.executors import RayExecutor
 from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import MANIFEST_NAME, Manifest
 
@@ -133,7 +134,7 @@ def test_a_run_stopped_while_the_start_is_under_way_takes_nothing_at_once(
 
 def test_a_resume_reads_the_recorded_device_before_starting_warm_workers(tmp_path: Path) -> None:
     out, state = tmp_path / "out", tmp_path / "state"
-    ray = RunSettings(state_dir=state, executor=RAY)
+    ray = RunSettings(state_dir=state, executor=RayExecutor())
     assert recorded_device(out, ray) == "cpu"  # nothing recorded
     path = RunLocations.of(out, state).ledger
     path.parent.mkdir(parents=True)
@@ -145,7 +146,7 @@ def test_a_resume_reads_the_recorded_device_before_starting_warm_workers(tmp_pat
         assert recorded_device(out, ray) == device
     assert recorded_device(out, RunSettings(state_dir=state)) == "cpu"  # a local run starts none anyway
     with started_early(ray, out, recorded_device(out, ray)) as settings:
-        assert settings.early is None
+        assert isinstance(settings.executor, RayExecutor) and settings.executor.early is None
 
 
 _IMPORTS = """
@@ -203,7 +204,7 @@ def test_the_warm_start_places_workers_without_the_engine_and_a_worker_imports_n
 
 
 def test_a_resume_from_the_manifest_alone_starts_warm_workers_only_for_a_device_known_here(tmp_path: Path) -> None:
-    ray = RunSettings(state_dir=tmp_path / "state", executor=RAY)  # no ledger in it
+    ray = RunSettings(state_dir=tmp_path / "state", executor=RayExecutor())  # no ledger in it
     out = tmp_path / "out"
     out.mkdir()
     for device in ("cpu", "cuda:0"):  # OUT's manifest is read here: a folder
@@ -214,9 +215,9 @@ def test_a_resume_from_the_manifest_alone_starts_warm_workers_only_for_a_device_
     # An hf:// OUT's manifest is on the hub, which the resume itself reads: no device known before, no warm start
     # (a cluster is named: one would start for a CPU run).
     assert recorded_device("hf://alice/merged", ray) is None
-    with started_early(replace(ray, ray_address="127.0.0.1:9"), "hf://alice/merged",
+    with started_early(replace(ray, executor=RayExecutor(address="127.0.0.1:9")), "hf://alice/merged",
                        recorded_device("hf://alice/merged", ray)) as settings:
-        assert settings.early is None
+        assert isinstance(settings.executor, RayExecutor) and settings.executor.early is None
 
 
 class _Actors:

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
     from resumerge.engine.drive import Outcome
     from resumerge.engine.executor import Reporter
+    from resumerge.engine.executors import Executor
     from resumerge.estimate.costs import Estimate
     from resumerge.inputs.codecs import CodecTable
     from resumerge.plan.merge_plan import Plan
@@ -90,9 +91,7 @@ def run(
     out_adapter: bool = False,
     cache_dir: PathLike | None = None,
     num_threads: int | None = None,
-    executor: str = "local",
-    ray_address: str | None = None,
-    keep_workers: float | str | None = None,
+    executor: Executor | None = None,
     progress: bool | Reporter = False,
     should_stop: Callable[[], bool] | None = None,
     codecs: CodecTable | None = None,
@@ -106,12 +105,13 @@ def run(
     would break ``max_disk``. ``cache_dir`` (``--transformers-cache``) is the Hugging Face cache for hub models;
     ``num_threads`` (``-j``) torch's thread count.
 
-    ``executor="ray"`` (``--executor ray``) computes the output shards on a worker per node of the Ray cluster at
-    ``ray_address`` (default: ``RAY_ADDRESS``, else a Ray started for the run; OUT and the inputs must be paths every
-    node sees); the bytes are the same as ``"local"``'s, and a run started with one resumes with the other. On a
-    cluster that outlives the run (``ray_address``, ``RAY_ADDRESS``, or one this process is connected to) its
-    workers stay for the next run, idle for at most ``keep_workers`` (``--keep-workers``: seconds or a length such
-    as ``"10m"``, the default; ``0``: they end with the run), holding no CPU while idle.
+    ``executor`` computes the output shards: None or ``LocalExecutor()`` this process; ``RayExecutor(address,
+    keep_workers)`` (``--executor ray --ray-address --keep-workers``, from :mod:`resumerge.engine.executors`) a worker
+    per node of the Ray cluster at ``address`` (default: ``RAY_ADDRESS``, else a Ray started for the run; OUT and the
+    inputs must be paths every node sees); the bytes are the same whichever computes, and a run started with one
+    resumes with another. On a cluster that outlives the run (``address``, ``RAY_ADDRESS``, or one this process is
+    connected to) Ray's workers stay for the next run, idle for at most ``keep_workers`` seconds (600 by default;
+    ``0``: they end with the run), holding no CPU while idle.
 
     A multi-document ``config`` is a recipe (mergekit-multi): its named stages go to ``intermediate_dir``
     (default ``OUT.intermediates``, or under the state dir for an ``hf://`` OUT), deleted at the end with
@@ -151,7 +151,7 @@ def run(
     settings = run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory,
                             max_gpu_memory=max_gpu_memory, staging=staging, max_disk=max_disk,
                             output=hub_output(public, commit_every, commit_interval), num_threads=num_threads,
-                            executor=executor, ray_address=ray_address, keep_workers=keep_workers)
+                            executor=executor)
     # A Ray run's workers start first: they import while this process imports and plans.
     with started_early(settings, out, device) as settings:
         from resumerge.plan.sharding import shard_size_choice
@@ -184,9 +184,7 @@ def resume(
     commit_every: int | None = None,
     commit_interval: float | None = None,
     num_threads: int | None = None,
-    executor: str = "local",
-    ray_address: str | None = None,
-    keep_workers: float | str | None = None,
+    executor: Executor | None = None,
     progress: bool | Reporter = False,
     should_stop: Callable[[], bool] | None = None,
 ) -> Outcome:
@@ -199,8 +197,7 @@ def resume(
     settings = run_settings(state_dir=state_dir, max_memory=max_memory, max_gpu_memory=max_gpu_memory,
                             staging=staging, max_disk=max_disk, output=hub_output(False, commit_every,
                                                                                   commit_interval),
-                            num_threads=num_threads, executor=executor, ray_address=ray_address,
-                            keep_workers=keep_workers)
+                            num_threads=num_threads, executor=executor)
     driving = Driving(stop_flag(should_stop), _reporter(progress), cleanup=cleanup_intermediates)
     # A Ray run's workers, while this one reads its record: none for a GPU plan (they start without one), nor where
     # only the hub's manifest says the device.
@@ -352,8 +349,7 @@ def estimate(
     session: str | None = None,
     disk_free: Callable[[Path], int] | None = None,
     fresh_process: bool = False,
-    executor: str = "local",
-    ray_address: str | None = None,
+    executor: Executor | None = None,
 ) -> Estimate | RecipeEstimate:
     """Validate ``config`` and estimate disk, downloads, peak RAM and time of merging it into ``out``, like
     ``resumerge plan CONFIG OUT``; ``.fits`` and ``.reasons`` give the verdict, ``.to_json()`` the document
@@ -389,7 +385,7 @@ def estimate(
                            stream_inputs=stream_inputs, unsafe_truncate_embeddings=unsafe_truncate_embeddings,
                            dequantize=dequantize, out_type=out_type, gguf_type=gguf_type)
     settings = run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory, staging=staging,
-                            max_disk=max_disk, num_threads=num_threads, executor=executor, ray_address=ray_address)
+                            max_disk=max_disk, num_threads=num_threads, executor=executor)
     usable_device(options.device)
     measuring = Measuring(probe_bytes=parse_size(probe_size, option="--probe-size"),
                           disk_free=disk_free or free_bytes, bandwidth=link)

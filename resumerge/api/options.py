@@ -13,11 +13,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.config.settings import EXECUTORS, KEEP_WORKERS, LOCAL, RAY, HubOutputOptions, RunSettings
+from resumerge.config.settings import KEEP_WORKERS, HubOutputOptions, RunSettings
 from resumerge.errors import LedgerError, OutputDirError, UsageError
 from resumerge.memory.sizes import parse_size
 
 if TYPE_CHECKING:
+    from resumerge.engine.executors import Executor
     from resumerge.plan.merge_plan import PlanOptions
 
 PathLike = str | os.PathLike[str]
@@ -40,25 +41,35 @@ def plan_options(*, out_shard_size: int | str | None, device: str = "cpu", **fla
 def run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = None,
                  max_memory: int | str | None = None, max_gpu_memory: int | str | None = None,
                  staging: bool | PathLike | None = None, max_disk: int | str | None = None,
-                 output: HubOutputOptions | None = None, num_threads: int | None = None, executor: str = LOCAL,
-                 ray_address: str | None = None, keep_workers: float | str | None = None) -> RunSettings:
-    """What never changes the output's bytes; raises UsageError (exit 2) for a bad value, before any work (``ray``
-    as the executor without Ray installed is one)."""
+                 output: HubOutputOptions | None = None, num_threads: int | None = None,
+                 executor: Executor | None = None) -> RunSettings:
+    """What never changes the output's bytes; raises UsageError (exit 2) for a bad value, before any work (an
+    executor that cannot run here, as Ray's without Ray installed, is one)."""
+    from resumerge.engine.executors import executor_of
+
     if num_threads is not None and num_threads < 1:
         raise UsageError("--num-threads must be at least 1")
-    if executor not in EXECUTORS:
-        raise UsageError(f"--executor must be one of {', '.join(EXECUTORS)}, not {executor!r}")
-    if executor == RAY:
-        from resumerge.engine.cluster.connect import check_ray
-
-        check_ray()
-    elif ray_address is not None or keep_workers is not None:
-        raise UsageError(f"{'--ray-address' if ray_address is not None else '--keep-workers'} needs --executor ray")
     settings = RunSettings(state_dir=state_dir, cache_dir=cache_dir, max_memory=size_option(max_memory, "--max-memory"),
                            max_gpu_memory=size_option(max_gpu_memory, "--max-gpu-memory"), staging=staging,
-                           max_disk=size_option(max_disk, "--max-disk"), num_threads=num_threads, executor=executor,
-                           ray_address=ray_address, keep_workers=keep_option(keep_workers))
+                           max_disk=size_option(max_disk, "--max-disk"), num_threads=num_threads, executor=executor)
+    executor_of(settings).check()
     return settings if output is None else replace(settings, output=output)
+
+
+def executor_option(executor: str, ray_address: str | None = None,
+                    keep_workers: float | str | None = None) -> Executor | None:
+    """The executor object of the command line's ``--executor NAME`` and its settings (``--ray-address``,
+    ``--keep-workers``); None for ``local`` (the default). Raises UsageError for an unknown name and for a setting
+    given to an executor that takes none."""
+    from resumerge.engine.executors import RayExecutor
+
+    if executor == "ray":
+        return RayExecutor(address=ray_address, keep_workers=keep_option(keep_workers))
+    if executor != "local":
+        raise UsageError(f"--executor must be one of local, ray, not {executor!r}")
+    if ray_address is not None or keep_workers is not None:
+        raise UsageError(f"{'--ray-address' if ray_address is not None else '--keep-workers'} needs --executor ray")
+    return None
 
 
 def keep_option(keep: float | str | None) -> float:
@@ -87,35 +98,26 @@ def keep_option(keep: float | str | None) -> float:
 
 @contextlib.contextmanager
 def started_early(settings: RunSettings, out: PathLike, device: str | None = "cpu") -> Iterator[RunSettings]:
-    """``settings`` with a Ray run's workers starting while it plans (``early``: see
-    :mod:`resumerge.engine.cluster.warm`), those the run did not take ended as the call ends, however it ends.
-    ``settings`` as they are for a local run, and where warm workers could not serve: a GPU run (they start without
-    one), a run whose ``device`` is not known yet (None), a hub OUT under ``--max-disk`` (how many a node may run
-    depends on the plan's shard size)."""
+    """``settings`` with what their executor starts while the run plans (a Ray run's workers: see
+    :meth:`~resumerge.engine.executors.Executor.starting`), ended as the call ends, however it ends; ``device``
+    None where it is not known yet."""
     from resumerge.config.hubtarget import is_hub_target
+    from resumerge.engine.executors import executor_of
 
-    if settings.executor != RAY or device != "cpu" or (settings.max_disk is not None and is_hub_target(out)):
-        yield settings
-        return
-    from resumerge.engine.cluster.warm import WarmStart
-
-    warm = WarmStart.of(settings)
-    if warm is None:
-        yield settings
-        return
-    try:
-        yield replace(settings, early=warm)
-    finally:
-        warm.close()
+    bounded = settings.max_disk is not None and is_hub_target(out)
+    with executor_of(settings).starting(settings, device=device, bounded=bounded) as started:
+        yield replace(settings, executor=started)
 
 
 def recorded_device(out: PathLike, settings: RunSettings) -> str | None:
-    """The device the run recorded for ``out`` computes on, for a Ray resume's :func:`started_early` (its warm
+    """The device the run recorded for ``out`` computes on, for a resume's :func:`started_early` (a Ray run's warm
     workers start without a GPU, which a GPU plan's run can never take): as its ledger in the state dir says, else
     as OUT's manifest in a folder says. None where only the hub can say (an ``hf://`` OUT whose state dir holds no
     ledger of it: the resume reads the repo's manifest itself, and starts no warm worker before). "cpu" for a local
     run and where nothing here can say (nothing recorded, or unreadable: the resume itself says what is wrong)."""
-    if settings.executor != RAY:
+    from resumerge.engine.executors import executor_of
+
+    if not executor_of(settings).starts_early:
         return "cpu"
     from resumerge.config.hubtarget import is_hub_target
     from resumerge.config.locations import RunLocations

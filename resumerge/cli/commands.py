@@ -67,6 +67,9 @@ UNNEEDED_FLAGS: dict[str, str] = {
 # Options that shape what the terminal shows, not what the API does (the rest of each command's options are
 # keyword arguments of its API function): the command itself, progress and JSON output, and mergekit's -v.
 CLI_ONLY = frozenset({"command", "quiet", "json", "v_flag"})
+# Options that are settings of the executor object the API takes (``executor=RayExecutor(address, keep_workers)``):
+# the command folds them into it (:func:`resumerge.api.options.executor_option`).
+FOLDED = {"ray_address": "executor", "keep_workers": "executor"}
 UNNEEDED_WITH_VALUE: dict[str, str] = {
     "--write-threads": "one writer thread streams every shard",
     "--lora-merge-cache": "no merge cache is needed",
@@ -579,8 +582,15 @@ def _note_ignored(args: argparse.Namespace) -> None:
 
 def _api_options(args: argparse.Namespace) -> dict[str, Any]:
     """The parsed options that are the API call's keyword arguments (every dest but presentation and the
-    mergekit flags accepted only to be ignored; tests/test_front_door.py holds the two sets equal)."""
-    return {k: v for k, v in vars(args).items() if k not in CLI_ONLY and not k.startswith("unneeded_")}
+    mergekit flags accepted only to be ignored; tests/test_front_door.py holds the two sets equal), the executor's
+    own flags folded into the executor object (:data:`FOLDED`)."""
+    options = {k: v for k, v in vars(args).items() if k not in CLI_ONLY and not k.startswith("unneeded_")}
+    if "executor" in options:
+        from resumerge.api.options import executor_option
+
+        folded = {k: options.pop(k) for k in FOLDED if k in options}
+        options["executor"] = executor_option(options["executor"], **folded)
+    return options
 
 
 def _finished(outcome: Outcome, quiet: bool) -> None:

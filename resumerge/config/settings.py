@@ -27,9 +27,6 @@ HOURLY_COMMITS = 100
 # run on their cluster before they end.
 KEEP_WORKERS = 600.0
 
-# The executors (:mod:`resumerge.engine.executors`): this process, or tasks of a Ray cluster.
-LOCAL, RAY = "local", "ray"
-EXECUTORS = (LOCAL, RAY)
 
 
 @dataclass(frozen=True)
@@ -86,12 +83,13 @@ class HubOutputOptions:
                                                     interval=default.interval if interval is None else interval))
 
 
-class EarlyStart(Protocol):
-    """What an API call started for its run before the plan existed (a Ray run's warm workers:
-    :class:`resumerge.engine.cluster.warm.WarmStart`): the executor takes what it can use, the call closes the rest
-    as it ends."""
+class RunExecutor(Protocol):
+    """What computes a run's pending shards, as the caller handed it in, its own settings on it
+    (:mod:`resumerge.engine.executors`: ``LocalExecutor``, ``RayExecutor(address, keep_workers)``). The settings
+    only carry it to the engine, which holds the whole protocol; ``name`` is how messages name it."""
 
-    def close(self) -> None: ...
+    @property
+    def name(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -104,11 +102,8 @@ class RunSettings:
     on local disk only when OUT is remote (Drive), True always, False never, or a directory to stage in.
     ``max_disk`` bounds the bytes kept on the local disk for the output (an ``hf://`` OUT's uncommitted files);
     ``output`` says how an ``hf://`` OUT is created and its commits batched. ``num_threads`` is torch's thread count
-    (None: torch's choice). ``executor`` says where the shards are computed (:data:`EXECUTORS`; the bytes are the
-    same, so a run started with one resumes with the other) and ``ray_address`` which Ray cluster computes them;
-    ``keep_workers`` how many seconds its workers wait idle for the next run on a cluster that outlives the run
-    (0: they end with it); ``early`` is what the API call started for the run meanwhile (its own to close; not a
-    setting of the run's).
+    (None: torch's choice). ``executor`` computes the shards (None: this process; the bytes are the same whichever
+    does, so a run started with one resumes with another).
     """
 
     state_dir: str | os.PathLike[str] | None = None
@@ -119,7 +114,4 @@ class RunSettings:
     max_disk: int | None = None
     output: HubOutputOptions = field(default_factory=HubOutputOptions)
     num_threads: int | None = None
-    executor: str = LOCAL  # where the shards are computed: LOCAL (this process) or RAY (a Ray cluster's workers)
-    ray_address: str | None = None  # the cluster of RAY (None: RAY_ADDRESS if set, else a Ray started for the run)
-    keep_workers: float = KEEP_WORKERS  # seconds a kept worker waits idle for the next run (0: none kept)
-    early: EarlyStart | None = field(default=None, compare=False, repr=False)
+    executor: RunExecutor | None = None  # None: LocalExecutor (this process)

@@ -4,30 +4,72 @@ The session (:mod:`resumerge.engine.drive`) plans, opens OUT, reconciles and own
 :class:`Job` to an :class:`Executor` and does not know which one it has. Every executor computes the same bytes
 (the pipeline of :func:`~resumerge.engine.executor.compute_shards`, wherever it runs) and journals them through the
 same :class:`~resumerge.store.journal_commit.CommitJournal` in the calling process, so a run started with one
-executor resumes with the other. Implementations: :class:`LocalExecutor` (threads of this process) and
-:class:`~resumerge.engine.cluster.driver.RayExecutor` (a worker per node of a Ray cluster).
+executor resumes with the other. An executor is an object the caller hands in (``executor=`` of the API functions),
+its own settings on it: :class:`LocalExecutor` (threads of this process, the default) and :class:`RayExecutor`
+(a worker per node of a Ray cluster: :mod:`resumerge.engine.cluster`). A new executor is one more such class.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
-from resumerge.config.settings import LOCAL, RunSettings
+from resumerge.config.settings import KEEP_WORKERS, RunSettings
 from resumerge.engine.executor import CONCURRENCY, execute
 from resumerge.engine.job import Job
 from resumerge.errors import UsageError
 
+if TYPE_CHECKING:
+    from resumerge.engine.cluster.warm import WarmStart
 
+
+@runtime_checkable
 class Executor(Protocol):
-    """Brings every pending file of a :class:`Job` to committed; returns the late notes (as
-    :func:`~resumerge.engine.executor.execute`). Raises :class:`~resumerge.engine.executor.Stopped` when the job's
-    stop flag turns, and a failed shard's own error (the same one, whichever executor computed it)."""
+    """Computes a run's pending shards. ``name`` names it in messages; ``beside_ok`` whether it can run a plan with
+    work beside the merge (a mergekit-moe prompt pass whose routers live in this process); ``starts_early`` whether
+    :meth:`starting` can start anything while the run plans (then the API reads the recorded device first)."""
 
-    def run(self, job: Job) -> tuple[str, ...]: ...
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def beside_ok(self) -> bool: ...
+
+    @property
+    def starts_early(self) -> bool: ...
+
+    def check(self) -> None:
+        """Raise :class:`~resumerge.errors.UsageError` (exit 2), before any work, when this executor cannot run
+        here (what it needs is not installed, a setting is out of range)."""
+
+    def starting(self, settings: RunSettings, *, device: str | None,
+                 bounded: bool) -> contextlib.AbstractContextManager[Executor]:
+        """This executor, with what it starts while the run plans (its own to close as the context ends), for a run
+        computing on ``device`` (None: not known yet) whose output is ``bounded`` by ``--max-disk`` on the hub."""
+
+    def run(self, job: Job) -> tuple[str, ...]:
+        """Bring every pending file of ``job`` to committed; returns the late notes (as
+        :func:`~resumerge.engine.executor.execute`). Raises :class:`~resumerge.engine.executor.Stopped` when the
+        job's stop flag turns, and a failed shard's own error (the same one, whichever executor computed it)."""
 
 
+@dataclass(frozen=True)
 class LocalExecutor:
     """The shards computed by threads of this process (the default)."""
+
+    name: ClassVar[str] = "local"
+    beside_ok: ClassVar[bool] = True
+    starts_early: ClassVar[bool] = False
+
+    def check(self) -> None:
+        """Nothing to check: this process computes."""
+
+    @contextlib.contextmanager
+    def starting(self, settings: RunSettings, *, device: str | None, bounded: bool) -> Iterator[Executor]:
+        """Itself: nothing starts early."""
+        yield self
 
     def run(self, job: Job) -> tuple[str, ...]:
         """:func:`~resumerge.engine.executor.execute` of ``job``."""
@@ -37,18 +79,74 @@ class LocalExecutor:
                        resources=job.resources)
 
 
+@dataclass(frozen=True)
+class RayExecutor:
+    """The shards computed by a worker per node of the Ray cluster at ``address`` (None: ``RAY_ADDRESS``, else a
+    Ray started for the run; OUT and the inputs must be paths every node sees). On a cluster that outlives the run
+    its workers stay for the next one, idle for at most ``keep_workers`` seconds (0: they end with the run), holding
+    no CPU while idle. ``early`` is the warm start :meth:`starting` made for one call (not a setting)."""
+
+    address: str | None = None
+    keep_workers: float = KEEP_WORKERS
+    early: WarmStart | None = field(default=None, compare=False, repr=False)
+    name: ClassVar[str] = "ray"
+    # Results of the work beside a merge live in this process, where no task can see them.
+    beside_ok: ClassVar[bool] = False
+    starts_early: ClassVar[bool] = True
+
+    def check(self) -> None:
+        """Raises UsageError when Ray is not installed (saying how to install it) or ``keep_workers`` is negative."""
+        if self.keep_workers < 0:
+            raise UsageError("--keep-workers must be at least 0")
+        from resumerge.engine.cluster.connect import check_ray
+
+        check_ray()
+
+    @contextlib.contextmanager
+    def starting(self, settings: RunSettings, *, device: str | None, bounded: bool) -> Iterator[Executor]:
+        """With the run's workers starting while it plans (:mod:`resumerge.engine.cluster.warm`), those the run did
+        not take ended as the context ends, however it ends. Itself where warm workers could not serve: a GPU run
+        (they start without one), a ``device`` not known yet, a hub OUT under ``--max-disk`` (how many a node may
+        run depends on the plan's shard size), and where there is no cluster to join before the run."""
+        if device != "cpu" or bounded:
+            yield self
+            return
+        from resumerge.engine.cluster.warm import WarmStart
+
+        warm = WarmStart.of(self.address, settings.num_threads, self.keep_workers)
+        if warm is None:
+            yield self
+            return
+        try:
+            yield replace(self, early=warm)
+        finally:
+            warm.close()
+
+    def run(self, job: Job) -> tuple[str, ...]:
+        """The shards of ``job`` computed by the cluster's workers
+        (:class:`~resumerge.engine.cluster.driver.RayDriver`)."""
+        from resumerge.engine.cluster.driver import RayDriver
+
+        return RayDriver.connect(self.address, self.early).run(job)
+
+
+def executor_of(settings: RunSettings) -> Executor:
+    """The executor ``settings`` carry (:class:`LocalExecutor` where none); raises UsageError for an object that
+    is no :class:`Executor`."""
+    chosen = settings.executor
+    if chosen is None:
+        return LocalExecutor()
+    if not isinstance(chosen, Executor):
+        raise UsageError(f"--executor must be an executor object (LocalExecutor, RayExecutor), not {chosen!r}")
+    return chosen
+
+
 def executor_for(settings: RunSettings, *, work_beside: bool = False) -> Executor:
     """The executor ``settings`` name for a run that has work beside the merge (``work_beside``: a mergekit-moe
     prompt pass whose routers the last units wait for) or not. Raises :class:`~resumerge.errors.UsageError`
-    (exit 2) for ``ray`` when Ray is not installed, saying how to install it, and for a run with work beside it
-    (its results live in this process, where no task can see them)."""
-    if settings.executor == LOCAL:
-        return LocalExecutor()
-    if work_beside:
-        raise UsageError("--executor ray cannot run a mergekit-moe config whose gates read prompts yet",
+    (exit 2) for one that cannot run such work."""
+    executor = executor_of(settings)
+    if work_beside and not executor.beside_ok:
+        raise UsageError(f"--executor {executor.name} cannot run a mergekit-moe config whose gates read prompts yet",
                          hint="run it with the local executor (the default)")
-    from resumerge.engine.cluster.driver import RayExecutor
-    from resumerge.engine.cluster.warm import WarmStart
-
-    early = settings.early if isinstance(settings.early, WarmStart) else None
-    return RayExecutor.connect(settings.ray_address, early)
+    return executor

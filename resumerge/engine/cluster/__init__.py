@@ -1,7 +1,7 @@
 """A merge spread over a Ray cluster: the pending output shards fed to a long-lived worker per node, the driver
 alone journals.
 
-The driver (:class:`~resumerge.engine.cluster.driver.RayExecutor`, the executor of ``--executor ray``) plans as every
+The driver (:class:`~resumerge.engine.cluster.driver.RayDriver`, the executor of ``--executor ray``) plans as every
 run does, with a worker actor per node started meanwhile (:mod:`~resumerge.engine.cluster.warm`, adopted or ended by
 :mod:`~resumerge.engine.cluster.launch`), hands it the frozen plan (shared once through Ray's object store) and feeds it
 shards, a few ahead, by name and temp folder, never tensors. The worker

@@ -61,7 +61,7 @@ POLL_SECONDS = 0.25
 STOP_SECONDS = 10.0
 
 
-class RayExecutor:
+class RayDriver:
     """The executor of ``--executor ray``: the pending output shards fed to a worker per node, the ledger kept by
     this process."""
 
@@ -69,7 +69,7 @@ class RayExecutor:
         self.ray, self.warm = ray, warm
 
     @classmethod
-    def connect(cls, address: str | None, warm: WarmStart | None = None) -> RayExecutor:
+    def connect(cls, address: str | None, warm: WarmStart | None = None) -> RayDriver:
         """Join the cluster at ``address`` (see :func:`~resumerge.engine.cluster.connect.join`), once the ``warm``
         start of the run's workers, if any, has joined it (its workers are taken when the run starts)."""
         if warm is not None:

@@ -2,8 +2,8 @@
 from the API call's first step, so that the workers' imports (a fresh process importing the engine and torch,
 seconds) overlap the driver's own imports and planning instead of following them.
 
-The API call that runs or resumes a merge owns one :class:`WarmStart` for its run (in its settings:
-:attr:`~resumerge.config.settings.RunSettings.early`) and closes it when the call ends, which ends every worker
+The API call that runs or resumes a merge owns one :class:`WarmStart` for its run (on its executor:
+:attr:`~resumerge.engine.executors.RayExecutor.early`) and closes it when the call ends, which ends every worker
 the run did not take, whatever ended the call; the Ray executor takes the workers (:meth:`WarmStart.take`) once it
 knows the plan, and from then on ends them itself (:mod:`~resumerge.engine.cluster.launch` adopts or ends them).
 Nothing is started where the API call names no cluster and the process is not connected to one (a Ray started for
@@ -21,8 +21,6 @@ import threading
 from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING
-
-from resumerge.config.settings import RunSettings
 
 # The workers' launch (which brings nothing of the engine: the workers' processes import it) is imported here, by
 # the API call's thread, and Ray by the start's own thread: that thread imports no module of resumerge while the
@@ -58,15 +56,16 @@ class WarmStart:
         self.thread.start()
 
     @classmethod
-    def of(cls, settings: RunSettings) -> WarmStart | None:
-        """The warm start of a run with ``settings`` (None where there is nothing to join: no ``--ray-address``,
-        no ``RAY_ADDRESS`` and no connection of this process)."""
+    def of(cls, address: str | None, threads: int | None, keep: float) -> WarmStart | None:
+        """The warm start of a run on the cluster at ``address`` with torch's ``threads`` and workers kept ``keep``
+        seconds (None where there is nothing to join: no address, no ``RAY_ADDRESS`` and no connection of this
+        process)."""
         ray = sys.modules.get("ray")
         connected = ray is not None and ray.is_initialized()
-        where = settings.ray_address or os.environ.get("RAY_ADDRESS") or None
+        where = address or os.environ.get("RAY_ADDRESS") or None
         if not connected and where is None:
             return None
-        return cls(None if connected else where, settings.num_threads, settings.keep_workers)
+        return cls(None if connected else where, threads, keep)
 
     def joined(self) -> None:
         """Wait until the cluster is joined (or failed to be) and the workers' start is asked for."""
