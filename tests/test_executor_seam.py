@@ -1,0 +1,64 @@
+"""An executor is an object the caller hands in (issue 56): a class of the caller's, named nowhere in resumerge,
+computes a run through the API, with the local executor's bytes; the command line builds the same objects."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from conftest import ModelFactory
+from support import digests, linear_config, write_config
+
+from resumerge import api
+from resumerge.api.options import executor_option
+from resumerge.cli.commands import _api_options, build_parser
+from resumerge.config.settings import RunSettings
+from resumerge.engine.executors import Executor, LocalExecutor, RayExecutor
+from resumerge.engine.job import Job
+from resumerge.errors import UsageError
+
+
+@dataclass(frozen=True)
+class _Counting:
+    """A test's own executor: this process's threads, counting the jobs it ran and the early starts it made."""
+
+    jobs: list[int] = field(default_factory=list)
+    name = "counting"
+    beside_ok = True
+    starts_early = False
+
+    def check(self) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def starting(self, settings: RunSettings, *, device: str | None, bounded: bool) -> Iterator[Executor]:
+        yield self
+
+    def run(self, job: Job) -> tuple[str, ...]:
+        self.jobs.append(len(job.plan.shards))
+        return LocalExecutor().run(job)
+
+
+def test_a_callers_own_executor_runs_a_merge_with_the_local_bytes(tmp_path: Path, make: ModelFactory) -> None:
+    cfg = write_config(tmp_path / "c.yml", linear_config(make("a", seed=1), make("b", seed=2)))
+    api.run(cfg, tmp_path / "local", out_shard_size="30k")
+    mine = _Counting()
+    api.run(cfg, tmp_path / "mine", out_shard_size="30k", executor=mine)
+    assert len(mine.jobs) == 1 and mine.jobs[0] > 1
+    assert digests(tmp_path / "mine") == digests(tmp_path / "local")
+
+
+def test_the_command_line_builds_the_executor_object() -> None:
+    def executor(*argv: str) -> object:
+        return _api_options(build_parser().parse_args(["run", "c.yml", "out", *argv]))["executor"]
+
+    assert executor() is None
+    assert executor("--executor", "ray", "--ray-address", "10.0.0.1:6379", "--keep-workers", "5m") == RayExecutor(
+        address="10.0.0.1:6379", keep_workers=300.0)
+    with pytest.raises(UsageError, match="ray_address needs executor"):
+        executor_option("local", ray_address="10.0.0.1:6379")
+    with pytest.raises(UsageError, match="must be at least 0"):
+        RayExecutor(keep_workers=-1).check()
