@@ -9,13 +9,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from huggingface_hub import constants
 from support import digests, linear_config, write_config
 
 from hub.fakehub import FakeHub, files_of
 from resumerge import api
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.inputs.hub import HubUnavailableError
+from resumerge.inputs.hub import download as download_module
 from resumerge.inputs.hub import landing as landing_module
 from resumerge.inputs.hub.landing import Downloads, Landing
 
@@ -65,7 +65,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory, hub: FakeHub, monkeypatch: py
     for repo, directory in models.items():
         hub.push(repo, files_of(directory))
     # Downloads write what arrives chunk by chunk; the test's files are small, so make the chunks small too.
-    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 16 * 1024)
+    monkeypatch.setattr(download_module, "DOWNLOAD_CHUNK", 16 * 1024)
     return models
 
 

@@ -70,3 +70,14 @@ def test_unknown_hub_repo_is_exit_2_before_anything_is_written(tmp_path: Path, h
     err = capsys.readouterr().err
     assert "models[0].model" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_download_leaves_huggingface_hubs_chunk_size_as_it_was(tmp_path: Path, hub: FakeHub, state: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A download reads the body in its own pieces: huggingface_hub's chunk size, one value for the whole process
+    (a notebook's own downloads included), is what it was before (issue 56)."""
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 10 * 1024 * 1024)  # huggingface_hub's default
+    cfg = _config(tmp_path, make_model(tmp_path / "local", SPEC, seed=7))
+    assert main(["run", str(cfg), str(tmp_path / "out"), "--state-dir", str(state), "--quiet"]) == 0
+    assert _served(hub) > 0
+    assert constants.DOWNLOAD_CHUNK_SIZE == 10 * 1024 * 1024

@@ -11,8 +11,6 @@ huggingface_hub past what transformers accepts, so the code reads no name that o
 - :func:`stream_get` and :func:`get_bytes`: one GET, the session huggingface_hub itself uses (its proxies,
   its connection pool), whatever the client underneath.
 - which HTTP client is underneath (:func:`_client`), learnt from the type of ``get_session()``'s session.
-- :func:`http_get_kwargs`: the keyword arguments the installed ``http_get`` accepts (``tqdm_class`` came in 1.x;
-  0.x takes a ready progress bar as ``_tqdm_bar``).
 
 ``huggingface_hub.utils`` exports some helpers lazily, which mypy cannot follow, so type checking reads them
 from the modules that define them; mypy checks against the installed (newest) line.
@@ -21,14 +19,12 @@ from the modules that define them; mypy checks against the installed (newest) li
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from huggingface_hub.errors import LocalEntryNotFoundError
-from huggingface_hub.file_download import http_get
 
 if TYPE_CHECKING:
     from huggingface_hub import get_session, hf_raise_for_status
@@ -86,12 +82,14 @@ class Streamed:
         self.status_code: int = response.status_code
         self.headers: Mapping[str, str] = response.headers
 
-    def iter_bytes(self) -> Iterator[bytes]:
-        """The body as it arrives (empty keep-alive pieces left out)."""
+    def iter_bytes(self, chunk_size: int | None = None) -> Iterator[bytes]:
+        """The body as it arrives (empty keep-alive pieces left out), in pieces of ``chunk_size`` bytes (the last one
+        shorter) where given, else as the client reads them."""
         if _USES_REQUESTS:
-            yield from (chunk for chunk in self._response.iter_content(_REQUESTS_CHUNK) if chunk)
+            pieces = self._response.iter_content(chunk_size or _REQUESTS_CHUNK)
         else:
-            yield from self._response.iter_bytes()
+            pieces = self._response.iter_bytes(chunk_size)
+        yield from (chunk for chunk in pieces if chunk)
 
     def raise_for_hub_status(self) -> None:
         """Read the (error) body and raise huggingface_hub's error for this status, if it is one."""
@@ -128,18 +126,6 @@ def is_remote_entry_missing(error: BaseException) -> bool:
     return isinstance(error, RemoteEntryNotFoundError) and not isinstance(error, LocalEntryNotFoundError)
 
 
-def http_get_kwargs(**kwargs: Any) -> dict[str, Any]:
-    """``kwargs`` minus those the installed ``huggingface_hub.file_download.http_get`` does not take.
-
-    A ``tqdm_class`` that the installed ``http_get`` does not take is handed over as a bar made from it
-    (``_tqdm_bar``, which every line takes), so no line draws its own progress bar.
-    """
-    accepted = inspect.signature(http_get).parameters
-    if "tqdm_class" in kwargs and "tqdm_class" not in accepted and "_tqdm_bar" in accepted:
-        kwargs["_tqdm_bar"] = kwargs.pop("tqdm_class")()
-    return {name: value for name, value in kwargs.items() if name in accepted}
-
-
 __all__ = [
     "TRANSPORT_ERRORS",
     "Fetched",
@@ -149,8 +135,6 @@ __all__ = [
     "build_hf_headers",
     "get_bytes",
     "get_session",
-    "http_get",
-    "http_get_kwargs",
     "is_remote_entry_missing",
     "stream_get",
     "validate_repo_id",

@@ -1,24 +1,26 @@
 """Download one blob into the hub cache so that an interrupted transfer continues where it stopped.
 
 huggingface_hub >= 1.18 writes each download to a temp file unique to the process and deletes it on failure
-(PR #4306), so a killed or failed run starts that file from zero. resumerge therefore streams the blob itself,
-with huggingface_hub's ``http_get`` (same client, token, redirects, in-call retries with ``Range``), into
-``blobs/<etag>.resumerge.incomplete`` under the same lock huggingface_hub takes; the next run re-opens that
-file and asks only for the rest. The content is hashed while it arrives and must match the hub's checksum
-before the file is renamed to ``blobs/<etag>``; ``hf_hub_download`` then creates the snapshot entry.
+(PR #4306), so a killed or failed run starts that file from zero. resumerge therefore streams the blob itself
+(:func:`_fetch`: huggingface_hub's session and token, its error check, and what its ``http_get`` does beside:
+retries with ``Range`` after a dropped connection, the rewind when a server answers a ``Range`` with the whole
+file, the length check), into ``blobs/<etag>.resumerge.incomplete`` under the same lock huggingface_hub takes; the
+next run re-opens that file and asks only for the rest. The content is hashed while it arrives and must match the
+hub's checksum before the file is renamed to ``blobs/<etag>``; ``hf_hub_download`` then creates the snapshot entry.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol, cast
+from typing import BinaryIO, Protocol
 
 from huggingface_hub import constants, hf_hub_download
 
 from resumerge.errors import HostileFileError, StorageError
-from resumerge.inputs.hub._hf import WeakFileLock, build_hf_headers, http_get, http_get_kwargs
+from resumerge.inputs.hub._hf import TRANSPORT_ERRORS, WeakFileLock, build_hf_headers, stream_get
 from resumerge.inputs.hub.cache import HubSettings, RemoteFile, RepoCache
 from resumerge.inputs.hub.events import ByteMeter, HubEvent, ProgressCallback
 from resumerge.inputs.hub.records import RACY_WINDOW_NS, VerifyRecords, now_ns
@@ -26,12 +28,18 @@ from resumerge.inputs.hub.remote import LIBRARY, HubUnavailableError, hub_errors
 from resumerge.inputs.hub.verify import Hasher, check_cached, hash_file, new_hasher
 
 PARTIAL_SUFFIX = ".resumerge.incomplete"  # `hf cache prune` removes leftover *.incomplete files too
-# The pieces ``http_get`` hands to the file. huggingface_hub gathers 10 MiB ones through an in-memory buffer: fresh
+# The pieces written to the file. huggingface_hub gathers 10 MiB ones through an in-memory buffer: fresh
 # memory for every piece, which the kernel faults in and zeroes. Measured on the project's 2-core VM, the CPU of a
 # process downloading 400 MB: 3.8-4.1 s with 10 MiB pieces (a stream was paced near 50 MB/s by its own CPU, not by
 # the link), 2.2-2.5 s with 1 MiB, 1.9-2.1 s with 256 KiB, about the same with 64 KiB (bench/RESULTS.md, session
-# 12). ``http_get`` takes no chunk size, so ``_stream`` lowers huggingface_hub's constant (never raises it).
+# 12). ``http_get`` takes no chunk size and reads huggingface_hub's process-wide constant, which is why the body
+# is read here, in pieces of this size, and no library setting is changed.
 DOWNLOAD_CHUNK = 256 * 1024
+# As ``http_get``: a dropped connection is retried this many times in a row (a received byte resets the count),
+# a second apart; a throttled answer (408, 429) is asked again after its Retry-After or a doubling wait.
+_RETRIES = 5
+_BUSY = (408, 429)
+_BUSY_WAIT_MAX = 60.0
 
 
 class Landing(Protocol):
@@ -49,26 +57,10 @@ class Landing(Protocol):
     def finished(self, path: Path) -> None: ...
 
 
-class _SilentBar:
-    """A tqdm stand-in for ``http_get``: progress goes through :class:`ByteMeter` events instead."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __enter__(self) -> _SilentBar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-    def update(self, n: float | None = 1) -> None:
-        pass
-
-
 class _Sink:
-    """The file object handed to ``http_get``: writes through, hashes and meters what arrives.
+    """Where :func:`_fetch` writes: through to the file, hashing and metering what arrives.
 
-    ``http_get`` rewinds and truncates when a server answers a ``Range`` request with the whole file; the
+    :func:`_fetch` rewinds and truncates when a server answers a ``Range`` request with the whole file; the
     hash then starts over with the file.
     """
 
@@ -241,20 +233,9 @@ def _stream(
             landing.opened(f.fileno(), have)
         meter = ByteMeter(emit, "download", repo.repo_id, remote.path, done=have, total=size)
         sink = _Sink(f, remote, hasher, meter, landing)
-        constants.DOWNLOAD_CHUNK_SIZE = min(constants.DOWNLOAD_CHUNK_SIZE, DOWNLOAD_CHUNK)
         try:
             with hub_errors(settings, repo.repo_id, commit):
-                http_get(
-                    url,
-                    cast(BinaryIO, sink),
-                    **http_get_kwargs(
-                        resume_size=have,
-                        headers=build_hf_headers(library_name=LIBRARY),
-                        expected_size=size,
-                        displayed_filename=remote.path,
-                        tqdm_class=_SilentBar,
-                    ),
-                )
+                _fetch(url, sink, have=have, size=size, name=remote.path)
         except Exception as e:
             got = f.seek(0, os.SEEK_END)
             if is_network_error(e):
@@ -272,6 +253,50 @@ def _stream(
         if sink.hash_valid:
             return sink.hasher.hexdigest()
     return hash_file(partial, remote)
+
+
+def _fetch(url: str, sink: _Sink, *, have: int, size: int, name: str) -> None:
+    """Append bytes ``have`` to ``size`` of ``url`` to ``sink``, through huggingface_hub's session (its client,
+    proxies, redirects) with its headers and token. Raises huggingface_hub's error for an error status, the client's
+    transport error once :data:`_RETRIES` tries in a row received nothing, and ``OSError("Consistency check
+    failed…")`` when the body ends at another length than ``size``."""
+    headers = build_hf_headers(library_name=LIBRARY)
+    got, retries, busy = have, _RETRIES, 0
+    while got != size:
+        asked = {**headers, "Range": f"bytes={got}-"} if got else headers
+        try:
+            with stream_get(url, headers=asked, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
+                if response.status_code in _BUSY and busy < _RETRIES:
+                    busy += 1
+                    time.sleep(_busy_wait(response.headers.get("Retry-After"), busy))
+                    continue
+                if response.status_code >= 400:  # (the check reads the body: a 2xx's must stream)
+                    response.raise_for_hub_status()
+                if got and response.status_code == 200:
+                    # The server ignored the Range (a CDN compressing the body): the whole file comes again.
+                    sink.seek(0)
+                    got = sink.truncate()
+                for chunk in response.iter_bytes(DOWNLOAD_CHUNK):
+                    sink.write(chunk)
+                    got += len(chunk)
+                    retries = _RETRIES
+            break
+        except TRANSPORT_ERRORS:
+            if retries <= 0:
+                raise
+            retries -= 1
+            time.sleep(1)
+    if got != size:
+        raise OSError(f"Consistency check failed: file should be of size {size} but has size {got} ({name})")
+
+
+def _busy_wait(retry_after: str | None, attempt: int) -> float:
+    """Seconds to wait before asking a throttling server again: its ``Retry-After`` (seconds), else 1, 2, 4, …"""
+    try:
+        wait = float(retry_after) if retry_after is not None else float(2 ** (attempt - 1))
+    except ValueError:
+        wait = float(2 ** (attempt - 1))
+    return min(max(wait, 0.0), _BUSY_WAIT_MAX)
 
 
 def refetch_event(repo_id: str, remote: RemoteFile, reason: str) -> HubEvent:
