@@ -2,9 +2,9 @@
 
 Three stages overlap: worker threads read inputs and run the merge method (torch releases the GIL), the
 calling thread hands finished tensors over in order (shards as :func:`~resumerge.plan.workorder.compute_order`
-puts them: as their input bytes arrive; each shard's tensors in its data order), and one writer thread streams them
-to disk, hashes them, and publishes each finished file through the sink; the commit protocol's ledger rows and
-manifest are :class:`~resumerge.store.journal_commit.CommitJournal`'s — so the fsync of one shard overlaps the
+puts them: as their input bytes arrive; each shard's tensors in its data order), and one writer thread
+(:mod:`resumerge.engine.writer`) streams them to disk, hashes them, and publishes each finished file through the
+sink; the commit protocol's ledger rows and manifest are :class:`~resumerge.store.journal_commit.CommitJournal`'s — so the fsync of one shard overlaps the
 computation of the next. Inputs may still be arriving (hub downloads read as they land): a shard is committed only
 once every input file it read is checked — a folder OUT waits before publishing it, an hf:// OUT uploads it at once and
 commits it after (:meth:`~resumerge.store.sink.OutputSink.commit_when`). A stop request is honoured between
@@ -17,21 +17,22 @@ from __future__ import annotations
 
 import gc
 import queue
-import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from resumerge.engine import cpupriority
 from resumerge.engine.compute import Stored, TensorCompute
 from resumerge.engine.devices import is_gpu
 from resumerge.engine.inflight import HELD_PER_WORKER, InFlight
 from resumerge.engine.interrupts import commit_uploaded
+from resumerge.engine.reporting import Reporter as Reporter
+from resumerge.engine.reporting import Stopped as Stopped
 from resumerge.engine.unitgroup import UnitGroup, group_bytes, joins_others
 from resumerge.engine.workspace import Workspace, Workspaces, workspace_bytes
+from resumerge.engine.writer import Item, Journal, Writer
 from resumerge.errors import ResumergeError
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.source import InputSources
@@ -39,7 +40,7 @@ from resumerge.memory import MemoryGovernor, Reservation, released_on_error
 from resumerge.methods.registry import MethodSpec
 from resumerge.methods.resources import Resources
 from resumerge.outputs.aux import aux_files, render_aux
-from resumerge.plan.fetching import read_order, shard_input_files
+from resumerge.plan.fetching import read_order
 from resumerge.plan.merge_plan import Plan, ShardPlan, TensorPlan
 from resumerge.plan.workorder import compute_order
 from resumerge.plan.workunits import (
@@ -54,8 +55,8 @@ from resumerge.plan.workunits import (
     unit_bytes,
     unit_mode,
 )
-from resumerge.store.shardwriter import ShardWriter, start_hashing
-from resumerge.store.sink import OutputSink, Receipt
+from resumerge.store.shardwriter import start_hashing
+from resumerge.store.sink import OutputSink
 from resumerge.torch_import import torch
 
 # The journal (the ledger, sqlite-utils) is the journaling process's: a cluster node's worker runs this pipeline
@@ -67,160 +68,6 @@ if TYPE_CHECKING:  # and journals nothing, so its start (before its first shard)
 # Units (a tensor, or a group of small ones) computed at once by the merge threads: two keep the writer busy (see
 # _Pipeline).
 CONCURRENCY = 2
-
-
-class Reporter(Protocol):
-    """Receives progress; the CLI's implementation draws it with rich, a notebook may log it.
-
-    One more hook is optional (looked up, so reporters written before it keep working): ``traffic(read)``, given
-    once for a run on the network, where ``read()`` returns the run's :class:`~resumerge.engine.traffic.Traffic`
-    so far (bytes fetched and committed, both directions), to be read whenever progress is drawn.
-    """
-
-    def start(self, *, total_tensors: int, done_tensors: int, total_bytes: int, done_bytes: int) -> None: ...
-
-    def tensor_done(self, name: str, nbytes: int) -> None: ...
-
-    def file_done(self, name: str, kind: str) -> None: ...
-
-    def message(self, text: str) -> None: ...
-
-    def shard_started(self, name: str, nbytes: int, tensors: int) -> None: ...
-
-    def memory_budget(self, nbytes: int) -> None: ...
-
-
-class Stopped(Exception):
-    """Raised inside the engine when a stop was requested; the caller turns it into InterruptedMerge."""
-
-
-class Journal(Protocol):
-    """Where the writer records each finished shard: the run's :class:`~resumerge.store.journal_commit.
-    CommitJournal`, or what a cluster worker hands back to the driver that journals it
-    (:mod:`resumerge.engine.cluster`)."""
-
-    def record(self, receipt: Receipt, size: int, sha256: str, *, seconds: float = 0.0,
-               tensors: tuple[str, ...] = (), manifest_point: bool = True) -> None: ...
-
-    def settle(self, *, strict: bool = True) -> None: ...
-
-
-# (shard, names, their tensors or rows, the reservation that holds them all): one unit's, a group's or a chunk's.
-_Item = tuple[ShardPlan, tuple[str, ...], list[Stored], "Reservation | None"]
-
-
-class _Writer(threading.Thread):
-    """Consumes items of one shard's tensors in its order; commits each shard after its last tensor."""
-
-    def __init__(self, plan: Plan, sink: OutputSink, journal: Journal, reporter: Reporter,
-                 sources: InputSources | None = None, yield_cpu: bool = False) -> None:
-        super().__init__(name="resumerge-writer", daemon=True)
-        self.plan, self.sink, self.journal, self.reporter = plan, sink, journal, reporter
-        self.sources = sources
-        self.yield_cpu = yield_cpu  # lower this thread's priority: the run's transfers go first (cpupriority)
-        self.items: queue.Queue[_Item | None] = queue.Queue(maxsize=2)
-        self.error: BaseException | None = None
-        self.leaving = threading.Event()  # the run stops: a wait for input checks ends
-        self._current: ShardWriter | None = None
-        self._shard_tensors: list[str] = []  # the current shard's tensors written so far, and when it started
-        self._shard_since = 0.0
-
-    def run(self) -> None:
-        if self.yield_cpu:
-            cpupriority.yield_to_transfers()
-        try:
-            while True:
-                try:
-                    item = self.items.get(timeout=0.5)
-                except queue.Empty:
-                    self.journal.settle()  # commits that finished while computation ran
-                    continue
-                if item is None:
-                    return
-                shard, names, tensors, reservation = item
-                del item
-                try:
-                    if not self._write(shard, names, tensors):
-                        return
-                finally:
-                    tensors.clear()  # freed before their reservation is returned
-                    if reservation is not None:
-                        reservation.release()
-        except BaseException as exc:
-            self.error = exc
-            self.abort()
-            self.drain()
-
-    def _write(self, shard: ShardPlan, names: tuple[str, ...], tensors: list[Stored]) -> bool:
-        """Write the tensors (or rows) ``names`` of ``shard``, committing it after its last; False when the run
-        stopped first (the unfinished shard's temp file is deleted)."""
-        for name, tensor in zip(names, tensors, strict=True):
-            if self._current is None:
-                self._current = ShardWriter(self.sink, shard.name, self.plan.shard_layout(shard),
-                                            self.plan.shard_parts(shard))
-                self.reporter.shard_started(shard.name, shard.file_size, len(shard.tensors))
-                self._shard_tensors, self._shard_since = [], time.monotonic()
-            if not self._current.write(name, tensor):
-                continue
-            self._shard_tensors.append(name)
-            self.reporter.tensor_done(name, self.plan.tensors[name].nbytes)
-            if self._current.expected_name is None and not self._commit(shard):
-                return False
-        return True
-
-    def _commit(self, shard: ShardPlan) -> bool:
-        """Finish the shard just completed and record it; False when the run stopped first (its temp file is
-        deleted)."""
-        assert self._current is not None
-        if self.sink.commits_later and self.sources is not None:
-            self.sink.commit_when(shard.name, self._checked_now(shard))  # upload now, commit after
-        elif not self._inputs_checked(shard):
-            self.abort()
-            return False
-        size, sha, receipt = self._current.finish()
-        self._current = None
-        self.journal.record(receipt, size, sha, seconds=time.monotonic() - self._shard_since,
-                            tensors=tuple(self._shard_tensors))
-        self.reporter.file_done(shard.name, "shard")
-        return True
-
-    def _inputs_checked(self, shard: ShardPlan) -> bool:
-        """Wait until every input file ``shard`` read from is checked against its checksum (a hub download still
-        landing is checked at its end), so that nothing computed from unchecked bytes is ever committed; False
-        when the run stops first. Raises the error that failed a check."""
-        if self.sources is None:
-            return True
-        for model, file in shard_input_files(self.plan, shard):
-            while not self.sources.checked(model, file, 0.2):
-                if self.leaving.is_set():
-                    return False
-        return True
-
-    def _checked_now(self, shard: ShardPlan) -> Callable[[], bool]:
-        """Whether every input file ``shard`` read from is checked, without waiting (a sink that commits later asks
-        before committing it)."""
-        files, sources = shard_input_files(self.plan, shard), self.sources
-        assert sources is not None
-        return lambda: all(sources.checked(model, file, 0) for model, file in files)
-
-    def drain(self) -> None:
-        """Drop queued items (releasing their reservations) until the end marker or a quiet queue."""
-        while True:
-            try:
-                item = self.items.get(timeout=0.2)
-            except queue.Empty:
-                return
-            if item is None:
-                return
-            item[2].clear()
-            if item[3] is not None:
-                item[3].release()
-
-    def abort(self) -> None:
-        """Delete the unfinished shard's temp file."""
-        if self._current is not None:
-            self._current.abort()
-            self._current = None
 
 
 def _elementwise(plan: Plan, tp: TensorPlan) -> bool:
@@ -236,7 +83,7 @@ def _tensors_of(plan: Plan, shards: Iterable[ShardPlan]) -> Iterator[tuple[Shard
 class _Pipeline:
     """The calling thread's side: admit units, compute them on the pool, hand results to the writer in order."""
 
-    def __init__(self, plan: Plan, sources: InputSources, writer: _Writer, governor: MemoryGovernor | None,
+    def __init__(self, plan: Plan, sources: InputSources, writer: Writer, governor: MemoryGovernor | None,
                  workers: int, should_stop: Callable[[], bool], resources: Resources,
                  gpu: MemoryGovernor | None = None, yield_cpu: bool = False) -> None:
         self.plan, self.writer, self.governor, self.workers = plan, writer, governor, workers
@@ -377,7 +224,7 @@ class _Pipeline:
     def flush(self) -> bool:
         return self.inflight.flush() and not self.halted()
 
-    def _put(self, item: _Item) -> bool:
+    def _put(self, item: Item) -> bool:
         while not self.halted():
             try:
                 self.writer.items.put(item, timeout=0.2)
@@ -520,7 +367,7 @@ def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal:
     # The plan and everything made before the run (a 90k-tensor plan is a million objects) outlive it: kept out
     # of the collector's sight, they are not scanned again by every full collection the run's own garbage
     # triggers (a third of a 90k-tensor run's CPU). They are handed back to it when the shards are done.
-    writer = _Writer(plan, sink, journal, reporter, sources, yield_cpu)
+    writer = Writer(plan, sink, journal, reporter, sources, yield_cpu)
     writer.start()
     pipeline = _Pipeline(plan, sources, writer, governor, workers, should_stop, resources, gpu, yield_cpu)
     finished = False

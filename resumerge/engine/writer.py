@@ -1,0 +1,152 @@
+"""The writer thread of the executor's pipeline (:mod:`resumerge.engine.executor`): it takes a run's finished
+tensors in shard order, streams each shard to its temp file and hashes it (:class:`~resumerge.store.shardwriter.
+ShardWriter`), and once a shard's last tensor is in and every input file it read is checked, publishes it through
+the sink and records it in the :class:`Journal`; a stop deletes the unfinished shard's temp file.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from resumerge.engine import cpupriority
+from resumerge.engine.compute import Stored
+from resumerge.engine.reporting import Reporter
+from resumerge.inputs.source import InputSources
+from resumerge.memory import Reservation
+from resumerge.plan.fetching import shard_input_files
+from resumerge.plan.merge_plan import Plan, ShardPlan
+from resumerge.store.shardwriter import ShardWriter
+from resumerge.store.sink import OutputSink, Receipt
+
+
+class Journal(Protocol):
+    """Where the writer records each finished shard: the run's :class:`~resumerge.store.journal_commit.
+    CommitJournal`, or what a cluster worker hands back to the driver that journals it
+    (:mod:`resumerge.engine.cluster`)."""
+
+    def record(self, receipt: Receipt, size: int, sha256: str, *, seconds: float = 0.0,
+               tensors: tuple[str, ...] = (), manifest_point: bool = True) -> None: ...
+
+    def settle(self, *, strict: bool = True) -> None: ...
+
+
+# (shard, names, their tensors or rows, the reservation that holds them all): one unit's, a group's or a chunk's.
+Item = tuple[ShardPlan, tuple[str, ...], list[Stored], "Reservation | None"]
+
+
+class Writer(threading.Thread):
+    """Consumes items of one shard's tensors in its order; commits each shard after its last tensor."""
+
+    def __init__(self, plan: Plan, sink: OutputSink, journal: Journal, reporter: Reporter,
+                 sources: InputSources | None = None, yield_cpu: bool = False) -> None:
+        super().__init__(name="resumerge-writer", daemon=True)
+        self.plan, self.sink, self.journal, self.reporter = plan, sink, journal, reporter
+        self.sources = sources
+        self.yield_cpu = yield_cpu  # lower this thread's priority: the run's transfers go first (cpupriority)
+        self.items: queue.Queue[Item | None] = queue.Queue(maxsize=2)
+        self.error: BaseException | None = None
+        self.leaving = threading.Event()  # the run stops: a wait for input checks ends
+        self._current: ShardWriter | None = None
+        self._shard_tensors: list[str] = []  # the current shard's tensors written so far, and when it started
+        self._shard_since = 0.0
+
+    def run(self) -> None:
+        if self.yield_cpu:
+            cpupriority.yield_to_transfers()
+        try:
+            while True:
+                try:
+                    item = self.items.get(timeout=0.5)
+                except queue.Empty:
+                    self.journal.settle()  # commits that finished while computation ran
+                    continue
+                if item is None:
+                    return
+                shard, names, tensors, reservation = item
+                del item
+                try:
+                    if not self._write(shard, names, tensors):
+                        return
+                finally:
+                    tensors.clear()  # freed before their reservation is returned
+                    if reservation is not None:
+                        reservation.release()
+        except BaseException as exc:
+            self.error = exc
+            self.abort()
+            self.drain()
+
+    def _write(self, shard: ShardPlan, names: tuple[str, ...], tensors: list[Stored]) -> bool:
+        """Write the tensors (or rows) ``names`` of ``shard``, committing it after its last; False when the run
+        stopped first (the unfinished shard's temp file is deleted)."""
+        for name, tensor in zip(names, tensors, strict=True):
+            if self._current is None:
+                self._current = ShardWriter(self.sink, shard.name, self.plan.shard_layout(shard),
+                                            self.plan.shard_parts(shard))
+                self.reporter.shard_started(shard.name, shard.file_size, len(shard.tensors))
+                self._shard_tensors, self._shard_since = [], time.monotonic()
+            if not self._current.write(name, tensor):
+                continue
+            self._shard_tensors.append(name)
+            self.reporter.tensor_done(name, self.plan.tensors[name].nbytes)
+            if self._current.expected_name is None and not self._commit(shard):
+                return False
+        return True
+
+    def _commit(self, shard: ShardPlan) -> bool:
+        """Finish the shard just completed and record it; False when the run stopped first (its temp file is
+        deleted)."""
+        assert self._current is not None
+        if self.sink.commits_later and self.sources is not None:
+            self.sink.commit_when(shard.name, self._checked_now(shard))  # upload now, commit after
+        elif not self._inputs_checked(shard):
+            self.abort()
+            return False
+        size, sha, receipt = self._current.finish()
+        self._current = None
+        self.journal.record(receipt, size, sha, seconds=time.monotonic() - self._shard_since,
+                            tensors=tuple(self._shard_tensors))
+        self.reporter.file_done(shard.name, "shard")
+        return True
+
+    def _inputs_checked(self, shard: ShardPlan) -> bool:
+        """Wait until every input file ``shard`` read from is checked against its checksum (a hub download still
+        landing is checked at its end), so that nothing computed from unchecked bytes is ever committed; False
+        when the run stops first. Raises the error that failed a check."""
+        if self.sources is None:
+            return True
+        for model, file in shard_input_files(self.plan, shard):
+            while not self.sources.checked(model, file, 0.2):
+                if self.leaving.is_set():
+                    return False
+        return True
+
+    def _checked_now(self, shard: ShardPlan) -> Callable[[], bool]:
+        """Whether every input file ``shard`` read from is checked, without waiting (a sink that commits later asks
+        before committing it)."""
+        files, sources = shard_input_files(self.plan, shard), self.sources
+        assert sources is not None
+        return lambda: all(sources.checked(model, file, 0) for model, file in files)
+
+    def drain(self) -> None:
+        """Drop queued items (releasing their reservations) until the end marker or a quiet queue."""
+        while True:
+            try:
+                item = self.items.get(timeout=0.2)
+            except queue.Empty:
+                return
+            if item is None:
+                return
+            item[2].clear()
+            if item[3] is not None:
+                item[3].release()
+
+    def abort(self) -> None:
+        """Delete the unfinished shard's temp file."""
+        if self._current is not None:
+            self._current.abort()
+            self._current = None
