@@ -4,7 +4,8 @@ Three stages overlap: worker threads read inputs and run the merge method (torch
 calling thread hands finished tensors over in order (shards as :func:`~resumerge.plan.workorder.compute_order`
 puts them: as their input bytes arrive; each shard's tensors in its data order), and one writer thread
 (:mod:`resumerge.engine.writer`) streams them to disk, hashes them, and publishes each finished file through the
-sink; the commit protocol's ledger rows and manifest are :class:`~resumerge.store.journal_commit.CommitJournal`'s — so the fsync of one shard overlaps the
+sink; the commit protocol's ledger rows and manifest are
+:class:`~resumerge.store.journal_commit.CommitJournal`'s — so the fsync of one shard overlaps the
 computation of the next. Inputs may still be arriving (hub downloads read as they land): a shard is committed only
 once every input file it read is checked — a folder OUT waits before publishing it, an hf:// OUT uploads it at once and
 commits it after (:meth:`~resumerge.store.sink.OutputSink.commit_when`). A stop request is honoured between
