@@ -11,6 +11,7 @@ May import: api, errors, config, memory, store, plan, engine, estimate, recipes.
 __all__ = [
     "commands",
     "demo",
+    "ignoredflags",
     "knobs",
     "modelgen",
     "render",

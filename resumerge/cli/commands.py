@@ -19,6 +19,14 @@ import traceback
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from resumerge.cli.ignoredflags import (
+    EXTRACT_UNNEEDED,
+    EXTRACT_UNNEEDED_WITH_VALUE,
+    UNNEEDED_FLAGS,
+    UNNEEDED_WITH_VALUE,
+    accept_ignored,
+    note_ignored,
+)
 from resumerge.cli.knobs import (
     Progress,
     fits_exit_code,
@@ -34,58 +42,12 @@ if TYPE_CHECKING:
 
 # What a shell shows for a process that SIGPIPE ended (128 + 13): a closed pipe is no error of ours.
 EXIT_BROKEN_PIPE = 141
-# mergekit-yaml flags that resumerge accepts so existing command lines work, and why each is not needed.
-UNNEEDED_FLAGS: dict[str, str] = {
-    "--no-cuda": "merges run on the CPU unless --device cuda is given",
-    "--lazy-unpickle": ".bin checkpoints are always read tensor by tensor through PyTorch's weights-only loader",
-    "--no-lazy-unpickle": ".bin checkpoints are always read tensor by tensor through PyTorch's weights-only loader",
-    "--no-allow-crimes": "mixing architectures is refused by default",
-    "--no-unsafe-truncate-embeddings": "vocabulary mismatches are refused by default",
-    "--no-clone-tensors": "output tensors never share memory here",
-    "--no-low-cpu-memory": "memory is bounded by streaming shards to disk",
-    "--no-read-to-gpu": "inputs are read to the host by default",
-    "--no-multi-gpu": "one device is used",
-    "--no-async-write": "writes always overlap computation",
-    "--no-trust-remote-code": "resumerge never executes code from model repositories",
-    "--no-safe-serialization": "output is always safetensors (resumerge never writes pickles)",
-    "--no-quiet": "progress is shown by default",
-    "--clone-tensors": "output tensors never share memory here",
-    "--low-cpu-memory": "memory is bounded by streaming shards to disk",
-    "--read-to-gpu": "with --device cuda each unit's inputs are moved to the GPU as they are read",
-    "--multi-gpu": "one GPU is used (--device cuda:N picks which)",
-    "--gpu-rich": "GPU work in flight follows --max-gpu-memory",
-    "--async-write": "writes always overlap computation",
-    "--copy-tokenizer": "the tokenizer is copied by default",
-    "--safe-serialization": "output is always safetensors",
-    "--write-model-card": "README.md and mergekit_config.yml are written by default",
-    "--trust-remote-code": "resumerge never executes code from model repositories",
-    "--verbose": "progress is shown by default",
-    # mergekit-moe's: it quantises the whole base model to fit the hidden-state routers in memory.
-    "--load-in-4bit": "MoE routers are computed one decoder layer at a time within --max-memory",
-    "--load-in-8bit": "MoE routers are computed one decoder layer at a time within --max-memory",
-}
 # Options that shape what the terminal shows, not what the API does (the rest of each command's options are
 # keyword arguments of its API function): the command itself, progress and JSON output, and mergekit's -v.
 CLI_ONLY = frozenset({"command", "quiet", "json", "v_flag"})
 # Options that are settings of the executor object the API takes (``executor=RayExecutor(address, keep_workers)``):
 # the command folds them into it (:func:`resumerge.api.options.executor_option`).
 FOLDED = {"ray_address": "executor", "keep_workers": "executor"}
-UNNEEDED_WITH_VALUE: dict[str, str] = {
-    "--write-threads": "one writer thread streams every shard",
-    "--lora-merge-cache": "no merge cache is needed",
-    "--lora-merge-dtype": "no merge cache is needed",
-}
-# mergekit-extract-lora's flags that mean nothing for an adapter, beyond those above (its other options are real).
-EXTRACT_UNNEEDED: dict[str, str] = {
-    "--copy-tokenizer": "an adapter holds no tokenizer files",
-    "--no-copy-tokenizer": "an adapter holds no tokenizer files",
-    "--no-allow-crimes": "modules are matched by name and shape",
-    "--no-unsafe-truncate-embeddings": "vocabulary mismatches are refused by default",
-    "--write-model-card": "README.md is written by default",
-}
-EXTRACT_UNNEEDED_WITH_VALUE: dict[str, str] = {
-    "--out-shard-size": "the adapter is written as one file",
-}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "[default: OUT.intermediates beside OUT; for hf:// OUT, in the state dir]")
     run.add_argument("--cleanup-intermediates", action="store_true",
                      help="recipes: delete the named stages' outputs once the final output is verified")
-    _ignored_flags(run, UNNEEDED_FLAGS, UNNEEDED_WITH_VALUE)
+    accept_ignored(run, UNNEEDED_FLAGS, UNNEEDED_WITH_VALUE)
 
     resume = sub.add_parser("resume", help="finish the merge recorded for OUT",
                             description="Finish an interrupted merge. Works from OUT alone when the state dir "
@@ -291,19 +253,7 @@ def _extract_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                          "(exit 0 when it fits, 2 when not)")
     ex.add_argument("--json", action="store_true", help="with --plan: print JSON")
     _common(ex)
-    _ignored_flags(ex, {**UNNEEDED_FLAGS, **EXTRACT_UNNEEDED}, {**UNNEEDED_WITH_VALUE, **EXTRACT_UNNEEDED_WITH_VALUE})
-
-
-def _ignored_flags(p: argparse.ArgumentParser, flags: dict[str, str], with_value: dict[str, str]) -> None:
-    """Accept mergekit's flags that ``p`` has no use for (hidden from its help; :func:`_note_ignored` notes each
-    one given), skipping any that ``p`` already defines with a meaning."""
-    taken = {opt for action in p._actions for opt in action.option_strings}
-    for flag in flags.keys() - taken:
-        p.add_argument(flag, action="store_true", dest=_dest(flag), help=argparse.SUPPRESS)
-    for flag in with_value.keys() - taken:
-        p.add_argument(flag, dest=_dest(flag), default=None, help=argparse.SUPPRESS)
-    if "-v" not in taken:
-        p.add_argument("-v", action="count", default=0, dest="v_flag", help=argparse.SUPPRESS)
+    accept_ignored(ex, {**UNNEEDED_FLAGS, **EXTRACT_UNNEEDED}, {**UNNEEDED_WITH_VALUE, **EXTRACT_UNNEEDED_WITH_VALUE})
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -363,10 +313,6 @@ def _command_parser(parser: argparse.ArgumentParser, command: str | None) -> arg
             chosen: argparse.ArgumentParser = action.choices[command]
             return chosen
     return parser
-
-
-def _dest(flag: str) -> str:
-    return "unneeded_" + flag.lstrip("-").replace("-", "_")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -510,7 +456,7 @@ def _run(args: argparse.Namespace) -> int:
     with _marked(args):
         from resumerge.api import run
 
-        _note_ignored(args)
+        note_ignored(args)
         quiet_hub_uploads(args.out)
         with Progress(args.quiet) as progress:
             outcome = run(progress=progress, should_stop=installed_stop_flag(), **_api_options(args))
@@ -550,7 +496,7 @@ def _extract_lora(args: argparse.Namespace) -> int:
     from resumerge.api import estimate_extraction, extract_lora
     from resumerge.estimate.costs import Estimate
 
-    _note_ignored(args)
+    note_ignored(args)
     if not args.plan:
         quiet_hub_uploads(args.out)
         with Progress(args.quiet) as progress:
@@ -567,17 +513,6 @@ def _extract_lora(args: argparse.Namespace) -> int:
 
         show_estimate(result)
     return fits_exit_code(result.fits, result.reasons)
-
-
-def _note_ignored(args: argparse.Namespace) -> None:
-    """One note on stderr per mergekit flag given that this command accepts only to ignore it."""
-    every = {**UNNEEDED_FLAGS, **UNNEEDED_WITH_VALUE}
-    if args.command == "extract-lora":
-        every |= {**EXTRACT_UNNEEDED, **EXTRACT_UNNEEDED_WITH_VALUE}
-    for flag, why in every.items():
-        value = getattr(args, _dest(flag), None)
-        if value not in (None, False) and not args.quiet:
-            print(f"note: {flag} is not needed by resumerge ({why}); ignored", file=sys.stderr)
 
 
 def _api_options(args: argparse.Namespace) -> dict[str, Any]:
