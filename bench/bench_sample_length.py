@@ -28,9 +28,9 @@ sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests")]
 from sparse_checkpoints import DEEPSEEK_V3, write_sparse_checkpoint  # noqa: E402
 
 from resumerge.config.merge_config import load_config_text  # noqa: E402
-from resumerge.estimate.compute import measure_compute  # noqa: E402
 from resumerge.engine.executor import CONCURRENCY  # noqa: E402
 from resumerge.engine.session import prepare  # noqa: E402
+from resumerge.estimate.compute import measure_compute  # noqa: E402
 from resumerge.plan.merge_plan import PlanOptions  # noqa: E402
 
 TOLERANCE = 0.15
