@@ -160,7 +160,7 @@ def test_a_damaged_gguf_output_is_found_by_verify(tmp_path: Path) -> None:
     assert done.returncode != 0 and "model.gguf" in done.stdout + done.stderr
 
 
-def test_a_gguf_output_without_a_gguf_parent_or_of_an_unwritable_family_is_refused(tmp_path: Path) -> None:
+def test_a_gguf_output_without_a_tokenizer_or_of_an_unwritable_family_is_refused(tmp_path: Path) -> None:
     a, b = _parents(tmp_path, "qwen3moe")
     done = cli("plan", _config(tmp_path, a, b), "--out-type", "gguf")
     assert done.returncode == 2 and "a GGUF output of a qwen3_moe model, which resumerge cannot write" in done.stderr
@@ -173,7 +173,17 @@ def test_a_gguf_output_without_a_gguf_parent_or_of_an_unwritable_family_is_refus
                                                     if k != "quantization_config"}))
     save_file(values, folder / "model.safetensors")
     done = cli("plan", _config(tmp_path / "q", folder, folder), "--out-type", "gguf")
-    assert done.returncode == 2 and "a GGUF output needs its tokenizer from a GGUF parent" in done.stderr
+    # no GGUF parent: the tokenizer is built from the donor's files, and this folder has none
+    assert done.returncode == 2 and "a GGUF output needs the model's tokenizer.json" in done.stderr
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.BPE({"a": 0, "b": 1, "ab": 2}, [("a", "b")]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    done = cli("plan", _config(tmp_path / "q", folder, folder), "--out-type", "gguf")
+    # a byte-level BPE whose pre-tokenizer llama.cpp's table does not name: a GGUF of it would split text wrongly
+    assert done.returncode == 2 and "pre-tokenizer llama.cpp's table does not name" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_the_real_model_merged_to_gguf_loads_in_transformers_as_resumerge_reads_it(tmp_path: Path) -> None:
@@ -191,3 +201,53 @@ def test_the_real_model_merged_to_gguf_loads_in_transformers_as_resumerge_reads_
     original = load_file(smollm2_folder() / "model.safetensors")  # Q4_1 values re-encoded as Q8_0: close
     for name, value in got.items():
         torch.testing.assert_close(value, original[name], rtol=0, atol=0.01 * float(original[name].abs().max()))
+
+
+def test_a_gguf_output_of_safetensors_parents_carries_their_tokenizer_as_llama_cpp_writes_it(tmp_path: Path) -> None:
+    """The commonest path: Hugging Face parents in, a GGUF out. Its ``tokenizer.*`` keys are those llama.cpp's
+    converter wrote into the real SmolLM2 GGUF (model gpt2, pre smollm, tokens, types, merges, special ids, chat
+    template), and transformers reads the written GGUF as the same tokenizer and the same model as the folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = smollm2_folder()
+    out = tmp_path / "out"
+    done = cli("run", _config(tmp_path, folder, folder), out, "--state-dir", tmp_path / "s", "--out-type", "gguf",
+               "--gguf-type", "f16", timeout=600)
+    assert done.returncode == 0, done.stderr
+    ours = {k: v for k, v in _metadata(out / "model.gguf").items() if k.startswith("tokenizer.")}
+    theirs = {k: v for k, v in _metadata(smollm2_gguf()).items() if k.startswith("tokenizer.")}
+    # add_space_prefix: a SentencePiece key the converter does not write for a gpt2 vocabulary (llama.cpp's
+    # default for it is false, the value the original holds); add_eos_token: false, as the tokenizer does.
+    assert theirs.pop("tokenizer.ggml.add_space_prefix") == [False]
+    assert ours.pop("tokenizer.ggml.add_eos_token") == [False]
+    assert ours == theirs
+    assert ours["tokenizer.ggml.pre"] == ["smollm"] and len(ours["tokenizer.ggml.tokens"]) == 49152
+
+    gguf_tokenizer = AutoTokenizer.from_pretrained(out, gguf_file="model.gguf")
+    hf_tokenizer = AutoTokenizer.from_pretrained(folder)
+    texts = ["Hello, world! 12345 naïve café", "<|im_start|>user\nWhat is 2+2?<|im_end|>\n", " \t\n  x"]
+    for text in texts:
+        assert gguf_tokenizer(text)["input_ids"] == hf_tokenizer(text)["input_ids"], text
+    chat = [{"role": "user", "content": "Hi"}]
+    assert (gguf_tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+            == hf_tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
+
+    model = AutoModelForCausalLM.from_pretrained(out, gguf_file="model.gguf", dtype=torch.float32).eval()
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():  # the folder's weights as the GGUF holds them: matrices in F16, norms in F32
+        for param in reference.parameters():
+            if param.dim() == 2:
+                param.copy_(param.half().float())
+    state, expected = model.state_dict(), reference.state_dict()
+    assert all(torch.equal(state[name], expected[name]) for name in expected)
+    ids = torch.tensor([hf_tokenizer(texts[1])["input_ids"]])
+    with torch.no_grad():
+        got, want = model(ids).logits, reference(ids).logits
+    # the same float32 weights and the same code: only the order of float32 sums may differ
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+
+
+def _metadata(path: Path) -> dict[str, list[object]]:
+    reader = gguf.GGUFReader(path)
+    return {key: field.contents() if isinstance(field.contents(), list) else [field.contents()]
+            for key, field in reader.fields.items()}

@@ -4,7 +4,8 @@ merged, so the shard writer writes each tensor at its offset and a resume finds 
 
 llama.cpp's conventions (``gguf.md`` §2-4): matrices in ``--gguf-type`` (Q8_0 needs rows of whole 32-value blocks,
 else F16), norms, 1-D tensors and routers F32; the family's hyperparameter keys from the output's config.json; the
-``tokenizer.*`` keys (vocabulary, merges, chat template) copied with their types from a GGUF parent.
+``tokenizer.*`` keys (vocabulary, merges, chat template) copied with their types from a GGUF parent, or built from
+the donor's tokenizer files when no parent is a GGUF (``hfvocab``).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
                 order: list[str], gguf_type: str, template: str | None = None
                 ) -> tuple[tuple[ShardPlan, ...], dict[str, TensorPlan], dict[str, bytes]]:
     """The one GGUF shard of an output of ``tensors`` whose config.json is ``out_config``, its tokenizer keys from
-    the first GGUF model of ``order`` (model keys, the donor first) with the config's chat ``template`` (None: the
-    parent's); the tensors with their GGUF codec and shard,
+    the first GGUF model of ``order`` (model keys, the donor first; none: built from the donor's tokenizer files)
+    with the config's chat ``template`` (None: the parent's); the tensors with their GGUF codec and shard,
     and the shard's header. Raises :class:`ModelInputError` (exit 2, before anything is written) for a family, a
     tensor or a tokenizer it cannot write."""
     model_type = out_config.get("model_type")
@@ -47,11 +48,8 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
     if isinstance(rope, Mapping) and rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
         raise ModelInputError(f"a GGUF output of a model with {rope.get('rope_type', rope.get('type'))} rope "
                               "scaling, which resumerge cannot write yet", hint="write it as safetensors")
-    source = next((models[k] for k in order if models[k].gguf is not None), None)
-    if source is None:
-        raise ModelInputError("a GGUF output needs its tokenizer from a GGUF parent, and no model of the config is "
-                              "a GGUF file", hint="merge with a GGUF parent, or write safetensors and convert them "
-                                                  "with llama.cpp's convert_hf_to_gguf.py")
+    # The tokenizer keys: copied from the first GGUF parent, else built from the donor's tokenizer files.
+    source = next((models[k] for k in order if models[k].gguf is not None), models[order[0]])
     placed: dict[str, TensorPlan] = {}
     infos = []
     for name in sorted(tensors):
@@ -89,7 +87,6 @@ def _encoded(tp: TensorPlan, arch: str, target: str, qtype: int, config: Mapping
 def _metadata(arch: str, config: Mapping[str, Any], gguf_type: str, source: ModelInput,
               template: str | None) -> list[tuple[str, Value]]:
     """The output's key-values: general, the family's hyperparameters, the GGUF parent's tokenizer keys."""
-    assert source.gguf is not None
     kv: list[tuple[str, Value]] = [("general.architecture", Value(STRING, arch)),
                                    ("general.type", Value(STRING, "model")),
                                    ("general.name", Value(STRING, "resumerge merge")),
@@ -97,6 +94,11 @@ def _metadata(arch: str, config: Mapping[str, Any], gguf_type: str, source: Mode
     if gguf_type == "q8_0":
         kv.append(("general.quantization_version", Value(U32, 2)))
     kv += [(key, Value(_KINDS[kind], value)) for key, (kind, value) in gguf_metadata(arch, config)]
+    if source.gguf is None:
+        from resumerge.inputs.gguf.hfvocab import tokenizer_keys
+        from resumerge.plan.tokenizer_plan import tokenizer_dir
+
+        return kv + tokenizer_keys(tokenizer_dir(source), int(config["vocab_size"]), template)
     gguf = gguf_module()
     sizes = {int(t): size for t, size in gguf.GGML_QUANT_SIZES.items()}
     header = read_gguf_header(source.directory / source.gguf, sizes)

@@ -300,7 +300,7 @@ class Plan:
         """``linear: 39 tensors, 4 layers, 1 shard(s); config from A, tokenizer from A``: ``plan``'s first line."""
         tokenizer = (f"tokenizer from {self.tokenizer_donor}" if self.tokenizer_donor is not None
                      else "tokenizer built from the inputs' tokenizers" if self.tokenizer_files
-                     else "tokenizer in the GGUF, from its GGUF parent" if self.gguf_headers
+                     else "tokenizer in the GGUF" if self.gguf_headers
                      else "no tokenizer (--no-copy-tokenizer)")
         return (f"{self.method}: {len(self.tensors)} tensors, {self.num_layers} layers, {len(self.shards)} "
                 f"shard(s); config from {self.donor}, {tokenizer}")
