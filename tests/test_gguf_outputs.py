@@ -251,3 +251,22 @@ def _metadata(path: Path) -> dict[str, list[object]]:
     reader = gguf.GGUFReader(path)
     return {key: field.contents() if isinstance(field.contents(), list) else [field.contents()]
             for key, field in reader.fields.items()}
+
+
+def test_the_token_list_of_a_built_gguf_vocabulary_follows_llama_cpp_s_converter(tmp_path: Path) -> None:
+    """Ids past the tokenizer are ``[PAD{i}]`` (unused), added tokens control when special or ``<|…|>``-shaped and
+    user-defined otherwise, the rest normal: what llama.cpp's converter writes (the real model has none of the
+    first two)."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    from resumerge.inputs.gguf.hfvocab import _tokens
+
+    tokenizer = Tokenizer(models.BPE({"a": 0, "b": 1, "ab": 2}, [("a", "b")]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.add_special_tokens([AddedToken("<s>", special=True)])
+    tokenizer.add_tokens([AddedToken("<|tool|>", special=False), AddedToken("extra", special=False)])
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    data = json.loads((tmp_path / "tokenizer.json").read_text())
+    tokens, types = _tokens(Tokenizer.from_file(str(tmp_path / "tokenizer.json")), data, 8)
+    assert tokens == ["a", "b", "ab", "<s>", "<|tool|>", "extra", "[PAD6]", "[PAD7]"]
+    assert types == [1, 1, 1, 3, 3, 4, 5, 5]
