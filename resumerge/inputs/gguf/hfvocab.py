@@ -69,9 +69,15 @@ def tokenizer_keys(directory: Path, vocab_size: int, template: str | None) -> li
                               f"{probe[:16]}…), so a GGUF of it would split text wrongly", path=where, hint=_HINT)
     tokens, types = _tokens(tokenizer, data, vocab_size)
     gguf = gguf_module()
-    # SpecialVocab logs each key it finds at INFO and warns about what it skips: that is not ours to print.
-    logging.getLogger("gguf.vocab").setLevel(logging.ERROR)
-    special = gguf.SpecialVocab(directory, load_merges=True, n_vocab=len(tokens))
+    # SpecialVocab logs each key it finds at INFO and warns about what it skips: that is not ours to print. Its
+    # logger is the process's, so its level is put back after the call (a notebook may want those lines later).
+    log = logging.getLogger("gguf.vocab")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        special = gguf.SpecialVocab(directory, load_merges=True, n_vocab=len(tokens))
+    finally:
+        log.setLevel(level)
     if not special.merges:
         raise ModelInputError("tokenizer.json has no merges, which a byte-level BPE GGUF needs", path=where,
                               hint=_HINT)
