@@ -1,0 +1,19 @@
+"""The layer-streamed forward engine: transformers' own modules for a model's architecture, built without weights,
+each decoder layer given its weights (read through the codecs) only while it runs.
+
+One engine for every forward pass resumerge runs: the hidden-state gates of a mergekit-moe config
+(:mod:`resumerge.moe.forward`) and ``resumerge check`` (:mod:`resumerge.check`). :mod:`.reader` reads a model's
+logical tensors (plain or quantized) in the compute dtype, :mod:`.stream` builds the modules and runs the
+embeddings, one decoder layer, and the final norm with the head (logits), and :mod:`.journal` saves the hidden
+states after a layer durably (temp file, fsync, rename) and finds where a killed pass resumes. transformers is
+imported only inside the functions that need it, in the process that runs the pass.
+
+May import: errors, inputs, memory, plan (inputrefs only), store (killpoints only).
+"""
+
+from __future__ import annotations
+
+from resumerge.forward.journal import durable_save
+from resumerge.forward.reader import CastReader, Location, Weights, base_formats, pass_bytes
+
+__all__ = ["CastReader", "Location", "Weights", "base_formats", "durable_save", "pass_bytes"]

@@ -1,0 +1,127 @@
+"""A model's logical tensors read in the pass's compute dtype, one at a time, as the merge would read them.
+
+A quantized tensor (block FP8, compressed-tensors, MXFP4) is read through the run's codecs: decoded to float32,
+then cast (so a pass sees the values ``--dequantize`` would write); a plain one is cast straight from its stored
+bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from resumerge.inputs.codecs import CODECS, StoredFormats
+from resumerge.inputs.files import TensorSource
+from resumerge.inputs.safetensors_format import DTYPE_SIZES, TensorEntry, numel
+from resumerge.inputs.source import InputSources
+from resumerge.inputs.tensorio import TORCH_DTYPES
+from resumerge.inputs.torch_bin import is_pickle_checkpoint
+from resumerge.plan.inputrefs import format_ref, read_value
+from resumerge.torch_import import torch
+
+# where a tensor lies: (file, start, end, safetensors dtype, shape)
+Location = tuple[str, int, int, str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Weights:
+    """A model's folder (config.json and weight files, local or in the hub cache) and its stored tensors
+    (quantized ones as their codes and companions)."""
+
+    directory: Path
+    tensors: Mapping[str, Location]
+
+    @classmethod
+    def of(cls, directory: Path, stored: Mapping[str, TensorSource]) -> Weights:
+        """The weights of an opened model (:class:`~resumerge.inputs.model.ModelInput`'s ``directory`` and
+        ``tensors`` as opened)."""
+        return cls(directory, {name: (t.file, t.entry.start, t.entry.end, t.entry.dtype, tuple(t.entry.shape))
+                               for name, t in stored.items()})
+
+
+def base_formats(tensors: Mapping[str, Location], config: Mapping[str, Any], where: Path) -> StoredFormats:
+    """The stored ``tensors`` sorted into logical tensors by the formats every run reads (``config`` is the
+    model's config.json; headers only)."""
+    stored = {name: TensorSource(f, TensorEntry(name, d, tuple(shape), s, e))
+              for name, (f, s, e, d, shape) in tensors.items()}
+    return CODECS.recognise(config, stored, where=str(where))
+
+
+class CastReader:
+    """A model's tensors, cast to ``dtype``.
+
+    A safetensors tensor is cast straight from a read-only map of its bytes, unmapped once cast: a ``pread`` into
+    a fresh buffer first cost twice the CPU (the kernel zeroes and faults in the buffer, then copies the page
+    cache into it; 0.85-1.0 s against 0.4 s for the 1.47 GB the MoE bench's pass reads), on the pass's critical
+    path. Its mapped pages count in this process's RSS only while that one tensor is cast, as the read buffer did
+    (see :func:`pass_bytes`). Anything else (a pickle checkpoint, a misaligned tensor) is read as the merge reads
+    it, and a quantized tensor is decoded as the merge decodes it.
+    """
+
+    def __init__(self, weights: Weights, formats: StoredFormats, dtype: torch.dtype = torch.bfloat16, *,
+                 key: str = "model") -> None:
+        self._directory = weights.directory
+        self._formats = formats
+        self._dtype = dtype
+        self._key = key
+        self._sources = InputSources.local({key: str(weights.directory)})
+        self._files: dict[str, BinaryIO] = {}
+
+    def has(self, name: str) -> bool:
+        """Whether the model holds logical tensor ``name``."""
+        return name in self._formats.claims or name in self._formats.stored
+
+    def read(self, name: str) -> torch.Tensor:
+        """Logical tensor ``name``, in the reader's dtype (a fresh tensor: the caller owns it)."""
+        if name in self._formats.claims:
+            return read_value(format_ref(self._key, self._formats, name), self._sources).to(self._dtype)
+        found = self._formats.stored[name]
+        file, (start, end, dtype, shape) = found.file, (found.entry.start, found.entry.end, found.entry.dtype,
+                                                        found.entry.shape)
+        if is_pickle_checkpoint(file) or end == start or start % DTYPE_SIZES[dtype] or dtype not in TORCH_DTYPES:
+            return self._sources.read(self._key, file, start, end, dtype, shape).to(self._dtype, copy=True)
+        handle = self._files.get(file)
+        if handle is None:
+            handle = self._files[file] = open(self._directory / file, "rb")  # noqa: SIM115 (closed in close())
+        offset = start - start % mmap.ALLOCATIONGRANULARITY
+        mapped = mmap.mmap(handle.fileno(), end - offset, access=mmap.ACCESS_READ, offset=offset)
+        try:
+            with contextlib.suppress(AttributeError, OSError):  # a cold file: ask for it all at once
+                mapped.madvise(mmap.MADV_WILLNEED, start - offset)
+            with warnings.catch_warnings():  # "not writable": it is only read, by the cast
+                warnings.simplefilter("ignore", UserWarning)
+                raw = torch.frombuffer(mapped, dtype=torch.uint8)[start - offset:]
+            cast = raw.view(TORCH_DTYPES[dtype]).reshape(shape).to(self._dtype, copy=True)
+            del raw  # the map's last user: it can be closed now
+        finally:
+            with contextlib.suppress(BufferError):  # should a view outlive this, the collector closes the map
+                mapped.close()
+        return cast
+
+    def close(self) -> None:
+        for handle in self._files.values():
+            handle.close()
+        self._sources.close()
+
+
+def pass_bytes(formats: StoredFormats, layers: int, value_bytes: int = 2) -> int:
+    """The most a pass holds at once beyond its process's baseline (the model's stored tensors sorted by
+    ``formats``): the embeddings or one decoder layer, each its weights at ``value_bytes`` a value (2: bfloat16)
+    plus the largest one as read (a quantized one's parts and its float32 decode)."""
+    prefixes = ["model.embed_tokens.", *(f"model.layers.{i}." for i in range(layers))]
+    held, largest = dict.fromkeys(prefixes, 0), dict.fromkeys(prefixes, 0)
+    for name, found in formats.logical().items():
+        prefix = next((p for p in prefixes if name.startswith(p)), None)
+        if prefix is None:
+            continue
+        codec = formats.codec(name)
+        values = numel(codec.value_shape(tuple(found.entry.shape)))
+        read = found.entry.nbytes + sum(c.entry.nbytes for _, c in formats.companions(name))
+        held[prefix] += values * value_bytes
+        largest[prefix] = max(largest[prefix], read if codec.plain else read + values * 4)
+    return max(held[p] + largest[p] for p in prefixes)

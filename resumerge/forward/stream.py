@@ -1,0 +1,271 @@
+"""One model streamed through transformers' own modules: built on the meta device, its embeddings, each decoder
+layer and its head given their weights only while they run.
+
+What each decoder layer is called with (the causal or sliding-window mask, the rotary embeddings of its attention
+type, the positions, the cache argument under this transformers' name) is taken from the model's own forward, run
+once per token sequence with the decoder layers replaced by stubs that record their arguments: the family's mask
+and position code is transformers', never rewritten here. The head is the causal-LM class's own forward (its
+final-logit soft-capping included) over the final norm's output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from resumerge.errors import InputError, ModelInputError
+from resumerge.forward.reader import CastReader, Weights, base_formats
+from resumerge.torch_import import torch
+
+INSTALL_HINT = "pip install transformers (the moe extra: pip install -e '.[moe]' in a clone)"
+# The final norm's attribute in the families transformers ships (after the decoder layers, before the head).
+_FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "norm_f", "final_norm")
+
+# One decoder layer's call for one token sequence: (positional arguments after the hidden states, keywords).
+LayerCall = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def import_transformers(what: str) -> Any:
+    """The transformers module; :class:`InputError` (exit 2) naming the install command when it is missing, or
+    the ImportError of an installed one that fails to import."""
+    try:
+        import transformers
+    except ImportError as exc:
+        raise InputError(f"{what} needs transformers, and it cannot be imported: {type(exc).__name__}: {exc}",
+                         hint=INSTALL_HINT) from None
+    return transformers
+
+
+class _Captured(torch.nn.Module):
+    """A decoder layer's stand-in: records what it is called with and hands the hidden states on."""
+
+    def __init__(self, calls: list[LayerCall], as_tuple: bool) -> None:
+        super().__init__()
+        self.calls, self.as_tuple = calls, as_tuple
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append((args, kwargs))
+        self.seen.append(hidden_states)
+        return (hidden_states,) if self.as_tuple else hidden_states
+
+
+class _Output:
+    """The base model's output as the causal-LM class reads it: the last hidden state, and None for whatever
+    else a family asks of it (the cache, attentions)."""
+
+    def __init__(self, hidden: torch.Tensor) -> None:
+        self.last_hidden_state = hidden
+
+    def __getattr__(self, name: str) -> None:
+        return None
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index != 0:
+            raise IndexError(index)
+        return self.last_hidden_state
+
+
+class _Finished(torch.nn.Module):
+    """The base model's stand-in under the causal-LM head: returns the final norm's output it is given."""
+
+    def __init__(self, hidden: torch.Tensor) -> None:
+        super().__init__()
+        self.hidden = hidden
+
+    def forward(self, *args: Any, **kwargs: Any) -> _Output:
+        return _Output(self.hidden)
+
+
+@contextmanager
+def weights_on_meta() -> Iterator[None]:
+    """Modules built in the block get their parameters on the meta device (no memory) and their buffers for real:
+    buffers are computed from the config (rotary frequencies, an embedding's scale), which the files do not hold.
+    The way accelerate's ``init_empty_weights(include_buffers=False)`` builds a model, for this block only."""
+    original = torch.nn.Module.register_parameter
+
+    def register(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
+        original(module, name, param)
+        if param is not None:
+            kept = module._parameters[name]
+            assert kept is not None
+            module._parameters[name] = type(kept)(kept.to("meta"), requires_grad=kept.requires_grad)
+
+    torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+def build_modules(directory: Path, dtype: torch.dtype, *, what: str) -> tuple[Any, Any]:
+    """The config of the model in ``directory`` as transformers reads it, and its causal-LM modules in ``dtype``
+    built without weights (:func:`weights_on_meta`); ``what`` names the pass in the error of a missing
+    transformers. Raises what transformers raises for an architecture it does not know."""
+    transformers = import_transformers(what)
+    config = transformers.AutoConfig.from_pretrained(str(directory))
+    with weights_on_meta():
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return config, model
+
+
+class ModelStream:
+    """A model's modules without weights, read from ``weights`` in ``dtype`` as each part runs.
+
+    ``key`` names the model in the codecs' errors; ``built`` is what :func:`build_modules` returned for it, when
+    the caller built them already (the MoE pass's checks do, before it reads a weight).
+    Close it (or use it as a context manager) to close its files.
+    """
+
+    def __init__(self, weights: Weights, config_doc: Mapping[str, Any], dtype: torch.dtype, *, what: str,
+                 key: str = "model", built: tuple[Any, Any] | None = None) -> None:
+        self.dtype = dtype
+        self.config, self.model = built if built is not None else build_modules(weights.directory, dtype, what=what)
+        self.inner = self.model.base_model
+        names = {id(m): n for n, m in self.model.named_modules()}
+        self._names = names
+        self.layers_list = self._layer_list()
+        self.layers = len(self.layers_list)
+        self.final_norm = next((getattr(self.inner, n) for n in _FINAL_NORMS
+                                if isinstance(getattr(self.inner, n, None), torch.nn.Module)), None)
+        self.formats = base_formats(weights.tensors, config_doc, weights.directory)
+        self.reader = CastReader(weights, self.formats, dtype, key=key)
+
+    def _layer_list(self) -> torch.nn.ModuleList:
+        count = int(self.config.num_hidden_layers)
+        for child in self.inner.children():
+            if isinstance(child, torch.nn.ModuleList) and len(child) == count:
+                return child
+        raise ModelInputError(f"cannot find the {count} decoder layers of {type(self.inner).__name__}")
+
+    def prefix(self, module: torch.nn.Module) -> str:
+        """The checkpoint prefix of ``module``'s tensors (``model.layers.3.``)."""
+        name = self._names[id(module)]
+        return f"{name}." if name else ""
+
+    # -- weights in and out --------------------------------------------------------------------------------
+
+    def load(self, module: torch.nn.Module, *, tied_head: bool = False) -> torch.nn.Module:
+        """``module`` with its weights read (its buffers are kept: built for real, see :func:`weights_on_meta`);
+        ``tied_head``: the head, read from the embeddings where the checkpoint holds no head."""
+        prefix = self.prefix(module)
+        state = {}
+        for name, _ in module.named_parameters():
+            key = prefix + name
+            if tied_head and not self.reader.has(key):
+                key = self.prefix(self.model.get_input_embeddings()) + name
+            state[name] = self.reader.read(key)
+        module.load_state_dict(state, strict=False, assign=True)
+        return module
+
+    @staticmethod
+    def unload(module: torch.nn.Module) -> None:
+        """Drop ``module``'s weights (its buffers stay)."""
+        for child in module.modules():
+            for name, param in child.named_parameters(recurse=False):
+                child._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=False)
+
+    @contextmanager
+    def loaded(self, module: torch.nn.Module, *, tied_head: bool = False) -> Iterator[torch.nn.Module]:
+        """``module`` with its weights for the block, without them after."""
+        try:
+            yield self.load(module, tied_head=tied_head)
+        finally:
+            self.unload(module)
+
+    def _before_layers(self) -> list[torch.nn.Module]:
+        """The base model's parts that run before the decoder layers and hold weights (embeddings, positions)."""
+        return [child for child in self.inner.children()
+                if child is not self.layers_list and child is not self.final_norm
+                and any(True for _ in child.parameters())]
+
+    # -- running ------------------------------------------------------------------------------------------
+
+    def inputs(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, list[LayerCall]]]:
+        """For each batch of token sequences (ids and attention mask, both (batch, length)), the hidden states
+        entering the first decoder layer and every layer's call, as the model's own forward makes them (the
+        embeddings read for this, dropped after)."""
+        parts = self._before_layers()
+        for part in parts:
+            self.load(part)
+        try:
+            return [self._capture(ids, mask) for ids, mask in batches]
+        finally:
+            for part in parts:
+                self.unload(part)
+
+    def _capture(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, list[LayerCall]]:
+        real_layers = list(self.layers_list)
+        final = self.final_norm
+        for as_tuple in (False, True):
+            calls: list[list[LayerCall]] = [[] for _ in real_layers]
+            stubs = [_Captured(c, as_tuple) for c in calls]
+            try:
+                for i, stub in enumerate(stubs):
+                    self.layers_list[i] = stub
+                if final is not None:
+                    self._set_final(torch.nn.Identity())
+                with torch.no_grad():
+                    self.inner(input_ids=ids, attention_mask=mask,
+                               use_cache=False)
+            finally:
+                for i, layer in enumerate(real_layers):
+                    self.layers_list[i] = layer
+                if final is not None:
+                    self._set_final(final)
+            first = stubs[0].seen[0]
+            if all(len(s.seen) == 1 and s.seen[0].shape == first.shape for s in stubs):
+                return first, [c[0] for c in calls]
+        raise ModelInputError(f"cannot follow {type(self.inner).__name__}'s forward one layer at a time")
+
+    def _set_final(self, module: torch.nn.Module) -> None:
+        name = next(n for n in _FINAL_NORMS if isinstance(getattr(self.inner, n, None), torch.nn.Module))
+        setattr(self.inner, name, module)
+
+    @staticmethod
+    def run(layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall) -> torch.Tensor:
+        """``layer``'s output for ``hidden`` under ``call``."""
+        args, kwargs = call
+        out = layer(hidden, *args, **kwargs)
+        result: torch.Tensor = out[0] if isinstance(out, tuple) else out
+        return result
+
+    @contextmanager
+    def head(self) -> Iterator[Any]:
+        """A function from the last decoder layer's output to the logits (final norm, head and any soft-capping,
+        as the causal-LM class computes them), with the final norm's and head's weights for the block."""
+        head = self.model.get_output_embeddings()
+        tied = head is not None and not self.reader.has(self.prefix(head) + "weight")
+        parts = [p for p in (self.final_norm,) if p is not None]
+        for part in parts:
+            self.load(part)
+        self.load(head, tied_head=tied)
+        attribute = self.model.base_model_prefix
+        inner = self.inner
+
+        def logits(hidden: torch.Tensor) -> torch.Tensor:
+            normed = self.final_norm(hidden) if self.final_norm is not None else hidden
+            setattr(self.model, attribute, _Finished(normed))
+            try:
+                out = self.model(input_ids=torch.zeros(hidden.shape[:2], dtype=torch.long), use_cache=False)
+            finally:
+                setattr(self.model, attribute, inner)
+            result: torch.Tensor = out.logits
+            return result
+
+        try:
+            yield logits
+        finally:
+            for part in (*parts, head):
+                self.unload(part)
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def __enter__(self) -> ModelStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
