@@ -1,7 +1,7 @@
 """resumerge: crash-safe, resumable, memory-bounded merges of LLM weights from mergekit YAML configs.
 
-The public Python API mirrors the CLI (``run``, ``resume``, ``status``, ``verify``, ``plan_merge``, ``estimate``,
-``recipe_status``, ``extract_lora``, ``estimate_extraction``); it is
+The public Python API mirrors the CLI (``run``, ``resume``, ``status``, ``verify``, ``check``, ``plan_merge``,
+``estimate``, ``recipe_status``, ``extract_lora``, ``estimate_extraction``); it is
 imported lazily so that ``import resumerge`` (and ``resumerge status``) never pays for importing torch.
 """
 
@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.config.version import __version__
 
-__all__ = ["__version__", "estimate", "estimate_extraction", "extract_lora", "plan_merge", "recipe_status", "resume",
-           "run", "status", "verify"]
+__all__ = ["__version__", "check", "estimate", "estimate_extraction", "extract_lora", "plan_merge", "recipe_status",
+           "resume", "run", "status", "verify"]
 _API = frozenset(__all__) - {"__version__"}
 
 if TYPE_CHECKING:
     from resumerge.api import (
+        check,
         estimate,
         estimate_extraction,
         extract_lora,

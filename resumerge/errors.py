@@ -18,6 +18,10 @@
     ├── StorageError                    exit 3  disk full, EIO, read-only: nothing committed is lost
     └── UnreachableError                exit 3  the hub cannot be reached and the cache cannot stand in
 
+    resumerge check's verdicts, which are no errors: works exit 0, no effect exit 5 (the merge is
+    indistinguishable from its base or one parent), broken exit 6 (non-finite values, NLL far above its
+    parents', or a layer that departs from all of them).
+
 Every error carries the context a user needs (file, YAML path, tensor) and a message that says what to do.
 Only the CLI turns errors into exit codes, through :data:`EXIT_CODES`; each error's ``exit_code`` is its row.
 The CLI prints :meth:`ResumergeError.one_line`; ``str(error)`` is the same line in a notebook's words: every
@@ -33,6 +37,9 @@ EXIT_INTERNAL = 1
 EXIT_INVALID = 2
 EXIT_INTERRUPTED = 3
 EXIT_REFUSED = 4
+# resumerge check's verdicts (a finished check: no exception carries them).
+EXIT_NO_EFFECT = 5
+EXIT_BROKEN = 6
 
 # Flags whose keyword in resumerge.api is not the flag's own words (--max-memory is max_memory; --no-X is
 # X=False); tests/test_front_door.py holds this table to the parser's dests.
@@ -47,9 +54,10 @@ API_NAMES: dict[str, str] = {
     "--save-module": "save_modules",
     "--exclude-regex": "exclude_regexes",
     "--include-regex": "include_regexes",
+    "--parent": "parents",
 }
 # A flag (not part of a path or word), or a whole ``resumerge …`` command, whose flags stay as typed.
-_FLAG = re.compile(r"resumerge (?:run|resume|plan|status|verify|extract-lora)\b[^;)—]*"
+_FLAG = re.compile(r"resumerge (?:run|resume|plan|status|verify|extract-lora|check)\b[^;)—]*"
                    r"|(?<![\w/.-])(?:-j/)?--[a-z][a-z0-9-]*")
 
 

@@ -26,6 +26,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "verify": api.verify,
     "plan": api.estimate,
     "extract-lora": api.extract_lora,
+    "check": api.check,
 }
 # Options that change what the terminal shows, not what is done: the command's name, --quiet, --json and
 # mergekit's -v. The mergekit flags resumerge accepts only to ignore them have dests named unneeded_*.

@@ -1,5 +1,5 @@
-"""The front door: ``run``, ``resume``, ``status``, ``verify``, ``estimate`` (what ``resumerge plan`` prints),
-``plan_merge``, ``extract_lora`` and ``estimate_extraction``, for the CLI and for notebooks alike.
+"""The front door: ``run``, ``resume``, ``status``, ``verify``, ``check``, ``estimate`` (what ``resumerge plan``
+prints), ``plan_merge``, ``extract_lora`` and ``estimate_extraction``, for the CLI and for notebooks alike.
 
 Each CLI command parses its arguments and makes one call here, so a notebook gets the very tool the README
 describes. Every function takes flat keyword parameters and packs them (:mod:`.options`) into the
@@ -39,7 +39,7 @@ from resumerge.extract.spec import ExtractSpec
 from resumerge.memory.sizes import parse_size
 from resumerge.plan.defaults import DEFAULT_SEED, DEFAULT_SHARD_SIZE
 
-__all__ = ["estimate", "estimate_extraction", "extract_lora", "plan_merge", "recipe_status", "resume", "run",
+__all__ = ["check", "estimate", "estimate_extraction", "extract_lora", "plan_merge", "recipe_status", "resume", "run",
            "status", "verify"]
 
 # Only what ``status`` and ``verify`` need is imported here, so that they stay fast (no torch): the merging
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
+    from resumerge.check import CheckReport
     from resumerge.engine.drive import Outcome
     from resumerge.engine.executor import Reporter
     from resumerge.engine.executors import Executor
@@ -305,6 +306,21 @@ def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
 
     named(out)
     return verify_output(out, state_dir)
+
+
+def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[PathLike] = (),
+          prompts: PathLike | None = None, max_memory: int | str | None = None,
+          state_dir: PathLike | None = None) -> CheckReport:
+    """Does the merge in ``model`` work, like ``resumerge check``: a static pass over its tensors and a forward
+    pass, one decoder layer of one model at a time, of it, its ``base`` and its ``parents`` (a resumerge
+    output's come from its record when none is given) over built-in texts or ``prompts`` (a file, one text per
+    line); the report's ``verdict`` is works, no_effect or broken, its ``exit_code`` 0, 5 or 6. Journaled per
+    layer under ``state_dir``: a killed check resumes at the layer it reached, with the same report."""
+    from resumerge.check.run import run_check
+
+    return run_check(model, base=base, parents=tuple(parents), prompts=prompts,
+                     max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory,
+                     state_dir=state_dir)
 
 
 def plan_merge(config: PathLike, *, out_shard_size: int | str = DEFAULT_SHARD_SIZE,

@@ -4,7 +4,7 @@ The only module that knows about argv; what a run is, and every guard on its opt
 Heavy modules (sqlite-utils) are imported inside the commands that merge, and torch on its first use
 (:mod:`resumerge.torch_import`), so ``resumerge status`` stays fast and a run starts its downloads before torch.
 Exit codes: 0 done, 1 internal error, 2 invalid input, 3 interrupted and resumable, 4 refused (see
-:data:`resumerge.errors.EXIT_CODES`).
+:data:`resumerge.errors.EXIT_CODES`); ``check`` ends with its verdict's: 5 no effect, 6 broken.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import traceback
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from resumerge.cli.checkcmd import add_check_parser
 from resumerge.cli.ignoredflags import (
     EXTRACT_UNNEEDED,
     EXTRACT_UNNEEDED_WITH_VALUE,
@@ -198,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _extract_parser(sub)
 
+    add_check_parser(sub)
     demo = sub.add_parser("demo", help="generate small models, merge, interrupt, resume, show status",
                           description="A self-contained tour: generates tiny models, starts a merge that is "
                                       "killed part-way, resumes it, and checks the output is byte-identical.")
@@ -405,6 +407,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _plan(args)
     if args.command == "extract-lora":
         return _extract_lora(args)
+    if args.command == "check":
+        from resumerge.cli.checkcmd import run_check_command
+
+        return run_check_command(args)
     if args.command == "demo":
         from resumerge.cli.demo import run_demo
 

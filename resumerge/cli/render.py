@@ -41,6 +41,7 @@ from resumerge.cli.trafficline import TrafficRates, traffic_line
 from resumerge.memory.sizes import format_duration, format_size
 
 if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
+    from resumerge.check.report import CheckReport
     from resumerge.engine.traffic import Traffic
     from resumerge.estimate.costs import Estimate
     from resumerge.recipes.estimate import RecipeEstimate
@@ -461,6 +462,26 @@ def show_verify(report: VerifyReport, stream: TextIO | None = None) -> None:
     for d in report.damaged:
         out.print(f"[red]damaged[/red]: {_escape(d.name)}: {_escape(d.problem)}")
     out.print(f"repair with: {_escape(report.resume_command)}")
+
+
+def show_check(report: CheckReport, stream: TextIO | None = None) -> None:
+    """Print a check's report for a person: the models' figures, the verdict, its reasons and thresholds."""
+    out = console(stream or sys.stdout)
+    table = Table("role", "model", "NLL", "KL(this‖merge)", "KL p95", "top-1", "max drift", box=box.SIMPLE)
+    for m in report.models:
+        def num(x: float | None, f: str = ".4f") -> str:
+            return "-" if x is None else format(x, f)
+        table.add_row(m.role, _escape(m.path), num(m.nll), num(m.kl, ".4g"), num(m.kl_p95, ".4g"),
+                      num(m.top1, ".1%"), num(max(m.drift), ".3g") if m.drift else "-")
+    out.print(table)
+    out.print(f"{report.sequences} sequences, {report.tokens} predicted tokens; parameters: "
+              + ", ".join(f"{_escape(k)} {v:,}" for k, v in report.static.parameters.items()))
+    colour = {"works": "green", "no_effect": "yellow", "broken": "red"}[report.verdict]
+    layer = f" (layer {report.broken_layer})" if report.broken_layer is not None else ""
+    out.print(f"verdict: [{colour}]{report.verdict.replace('_', ' ')}[/{colour}]{layer}")
+    for reason in report.reasons:
+        out.print(f"  - {_escape(reason)}")
+    out.print("thresholds: " + ", ".join(f"{k} {v:g}" for k, v in report.thresholds.items()), style="dim")
 
 
 def show_error(line: str, stream: TextIO | None = None) -> None:

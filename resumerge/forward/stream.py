@@ -93,7 +93,7 @@ def weights_on_meta() -> Iterator[None]:
             assert kept is not None
             module._parameters[name] = type(kept)(kept.to("meta"), requires_grad=kept.requires_grad)
 
-    torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+    torch.nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:

@@ -32,8 +32,11 @@ HUB_POINTS = ("hub_after_upload", "hub_before_commit", "hub_after_commit")
 # layer's hidden states are saved (tests/moe/test_resume.py kills there). The pass runs in a process of its own,
 # which kills the run's process there and then dies with it, as when the run is killed from outside.
 MOE_POINTS = ("after_router_layer",)
+# Reached by ``resumerge check``'s forward pass after each decoder layer's hidden states are saved
+# (tests/check/test_realmodel.py kills there).
+CHECK_POINTS = ("after_check_layer",)
 # Every point the package reaches; a test derived from the code holds this equal to the points used.
-POINTS = LOCAL_POINTS + STAGED_POINTS + HUB_POINTS + MOE_POINTS
+POINTS = LOCAL_POINTS + STAGED_POINTS + HUB_POINTS + MOE_POINTS + CHECK_POINTS
 
 _counts: dict[str, int] = {}
 

@@ -1,0 +1,18 @@
+"""Does a merge work: ``resumerge check``'s static pass, its layer-streamed forward pass over the merge, its base
+and its parents, and the verdict with the figures it compared.
+
+:mod:`.models` finds the models (a resumerge output names its base and parents in its manifest), :mod:`.static`
+compares the tensors (how far the merge moved from the base against its parents; non-finite values; shapes and
+parameter counts), :mod:`.prompts` makes the token sequences, :mod:`.passes` runs every model one decoder layer at
+a time on the forward engine (:mod:`resumerge.forward`), journaled per layer in the state dir so a killed check
+resumes where it was, :mod:`.verdict` holds the thresholds and rules and :mod:`.report` the report's shape and
+JSON. :func:`~resumerge.check.run.run_check` does it all; :func:`resumerge.api.check` calls it.
+
+May import: errors, config, forward, inputs, memory, plan (inputrefs only), store (killpoints, manifest).
+"""
+
+from __future__ import annotations
+
+from resumerge.check.report import CheckReport
+
+__all__ = ["CheckReport"]

@@ -1,0 +1,62 @@
+"""The token sequences a check runs: built-in texts (a short chat, code, maths, several languages), in the
+model's chat template where its tokenizer has one, or the user's file (one text per line, tokenized as the
+tokenizer does by default, no template)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from resumerge.errors import UsageError
+
+# (user turn, assistant turn): short, so that a check of a large model stays a few thousand tokens.
+BUILT_IN: tuple[tuple[str, str], ...] = (
+    ("What is the capital of France?", "The capital of France is Paris, which is also its largest city."),
+    ("Write a Python function that returns the square of a number.",
+     "def square(x):\n    return x * x\n\nprint(square(4))  # 16"),
+    ("What is 12 times 7, and what is its square root?",
+     "12 times 7 is 84. The square root of 84 is about 9.17, because 9.17 * 9.17 is close to 84."),
+    ("Translate 'good morning, my friend' into French, Spanish and German.",
+     "French: bonjour, mon ami. Spanish: buenos días, mi amigo. German: guten Morgen, mein Freund."),
+)
+
+
+def load_tokenizer(directories: Sequence[Path]) -> Any:
+    """The first of ``directories`` (the merge's, then its base's and parents') that holds a tokenizer."""
+    import transformers
+
+    for directory in directories:
+        if (directory / "tokenizer_config.json").is_file() or (directory / "tokenizer.json").is_file():
+            try:
+                return transformers.AutoTokenizer.from_pretrained(str(directory))
+            except (OSError, ValueError):
+                continue
+    raise UsageError("none of the checked models has a tokenizer to read the prompts with",
+                     hint="copy the tokenizer files into MODEL's folder")
+
+
+def sequences(tokenizer: Any, prompts_file: Path | None) -> list[list[int]]:
+    """The token ids of each sequence, at least two tokens each."""
+    if prompts_file is not None:
+        try:
+            lines = [line for line in prompts_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read --prompts {prompts_file}: {exc}") from None
+        if not lines:
+            raise UsageError(f"--prompts {prompts_file} holds no text", hint="one text per line")
+        found = [list(tokenizer(line)["input_ids"]) for line in lines]
+    else:
+        found = [_chat(tokenizer, user, answer) for user, answer in BUILT_IN]
+    found = [ids for ids in found if len(ids) >= 2]
+    if not found:
+        raise UsageError("every prompt is shorter than two tokens: there is nothing to predict")
+    return found
+
+
+def _chat(tokenizer: Any, user: str, answer: str) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": user},
+                                              {"role": "assistant", "content": answer}], tokenize=False)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return list(tokenizer(f"{user}\n{answer}")["input_ids"])

@@ -1,0 +1,93 @@
+"""What a check found: each model's figures, the static pass's groups, the per-layer drift and localisation,
+the verdict and the thresholds it was judged by. Plain data: the CLI renders it, ``--json`` dumps it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+WORKS, NO_EFFECT, BROKEN = "works", "no_effect", "broken"
+
+
+@dataclass(frozen=True)
+class ModelFigures:
+    """One model of the check: ``role`` merge, base or parent; ``nll`` its mean next-token NLL (nats); ``kl`` the
+    merge's mean KL from it, KL(this ‖ merge), in nats per token, its 95th percentile and the top-1 agreement
+    (None for the merge itself); ``base_kl`` KL(base ‖ this) for a parent; ``drift`` per decoder layer,
+    ‖h_merge − h_this‖ / ‖h_this‖; ``depart`` per layer, the localising pass's departure of the merge from it."""
+
+    role: str
+    path: str
+    nll: float | None = None
+    kl: float | None = None
+    kl_p95: float | None = None
+    top1: float | None = None
+    base_kl: float | None = None
+    drift: tuple[float, ...] = ()
+    depart: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class GroupFigures:
+    """A group of tensors (``layer``: its decoder layer or None; ``kind``): ‖M−B‖ over the group against the
+    parents' weighted ‖Pᵢ−B‖, and their ``ratio``."""
+
+    layer: int | None
+    kind: str
+    tensors: int
+    merge_moved: float
+    parents_moved: float
+    ratio: float | None
+
+
+@dataclass(frozen=True)
+class StaticFigures:
+    """The static pass: parameter counts, tensors with non-finite values, shape differences, the groups, and the
+    groups the parents move but the merge does not."""
+
+    parameters: dict[str, int]
+    nonfinite: tuple[str, ...]
+    shape_problems: tuple[str, ...]
+    groups: tuple[GroupFigures, ...]
+    unmoved: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """The check of one merge: the ``verdict`` (works, no_effect, broken), the ``reasons`` it rests on (each
+    naming the figures compared), ``broken_layer`` (0-based, or None), the models' figures, the static pass,
+    the tokens it ran and the ``thresholds`` used."""
+
+    verdict: str
+    reasons: tuple[str, ...]
+    broken_layer: int | None
+    models: tuple[ModelFigures, ...]
+    static: StaticFigures
+    sequences: int
+    tokens: int
+    thresholds: dict[str, float]
+    spread: tuple[float, ...] = field(default=())
+
+    @property
+    def exit_code(self) -> int:
+        """0 works, 5 no effect, 6 broken (:data:`resumerge.errors.EXIT_CODES`' rows for a check)."""
+        from resumerge.errors import EXIT_BROKEN, EXIT_NO_EFFECT, EXIT_OK
+
+        codes: dict[str, int] = {WORKS: EXIT_OK, NO_EFFECT: EXIT_NO_EFFECT, BROKEN: EXIT_BROKEN}
+        return codes[self.verdict]
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as ``--json`` prints it."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> CheckReport:
+        """The report :meth:`to_json` made (a finished check's journal)."""
+        static = dict(doc["static"])
+        static["groups"] = tuple(GroupFigures(**g) for g in static["groups"])
+        static["nonfinite"], static["shape_problems"] = tuple(static["nonfinite"]), tuple(static["shape_problems"])
+        static["unmoved"] = tuple(static["unmoved"])
+        models = tuple(ModelFigures(**{**m, "drift": tuple(m["drift"]), "depart": tuple(m["depart"])})
+                       for m in doc["models"])
+        return cls(**{**doc, "reasons": tuple(doc["reasons"]), "models": models, "static": StaticFigures(**static),
+                      "spread": tuple(doc["spread"])})

@@ -1,0 +1,124 @@
+"""A check from start to end: find the models, the static pass, the token sequences, the forward pass under the
+memory budget (journaled under the state dir, ``checks/<key>``), the verdict; a finished check's report is kept
+there too, so asking again answers at once with the same report."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from resumerge.check.models import Checked, find_models
+from resumerge.check.passes import PassFigures, forward_pass, streams_of
+from resumerge.check.prompts import load_tokenizer, sequences
+from resumerge.check.report import CheckReport, ModelFigures, StaticFigures
+from resumerge.check.static import static_pass
+from resumerge.check.verdict import THRESHOLDS, judge
+from resumerge.config.locations import state_root
+from resumerge.errors import UsageError
+from resumerge.forward import pass_bytes
+from resumerge.forward.stream import ModelStream, import_transformers
+from resumerge.memory import SystemProbe, default_budget, format_size, smallest_budget_for
+from resumerge.store.durable import write_file_atomic
+
+# Under the state dir: one folder per check, named by its content key.
+CHECKS_DIR = "checks"
+REPORT_NAME = "report.json"
+
+
+def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None,
+              parents: Sequence[str | os.PathLike[str]] = (), prompts: str | os.PathLike[str] | None = None,
+              max_memory: int | None = None, state_dir: str | os.PathLike[str] | None = None) -> CheckReport:
+    """Check ``model`` against its base and parents (given, or from its record) and return the report."""
+    models = find_models(model, base, tuple(parents))
+    _comparable(models)
+    import_transformers("resumerge check")
+    tokenizer = load_tokenizer([m.opened.directory for m in models])
+    tokens = sequences(tokenizer, Path(prompts) if prompts is not None else None)
+    workdir = state_root(state_dir) / CHECKS_DIR / _key(models, tokens)
+    done = workdir / REPORT_NAME
+    if done.is_file():
+        return CheckReport.from_json(json.loads(done.read_text()))
+    static = static_pass(models)
+    figures = None
+    if not static.nonfinite:  # broken already: a forward over NaNs tells nothing more
+        streams = streams_of(models)
+        try:
+            _fits(streams, tokens, max_memory)
+            figures = forward_pass(models, streams, tokens, workdir)
+        finally:
+            for stream in streams:
+                stream.close()
+    report = _report(models, static, figures, tokens)
+    workdir.mkdir(parents=True, exist_ok=True)
+    write_file_atomic(done, (json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n").encode())
+    for journal in workdir.glob("layer-*.safetensors"):
+        journal.unlink(missing_ok=True)
+    return report
+
+
+def _comparable(models: list[Checked]) -> None:
+    """Every model must have the merge's layer count and width: the pass compares them layer by layer."""
+    def shape(m: Checked) -> tuple[object, object]:
+        c = m.opened.config
+        return (c.get("num_hidden_layers", c.get("n_layer")), c.get("hidden_size", c.get("n_embd")))
+
+    for other in models[1:]:
+        if shape(other) != shape(models[0]):
+            raise UsageError(f"{other.path} has {shape(other)[0]} layers of width {shape(other)[1]}, the merge "
+                             f"{models[0].path} {shape(models[0])[0]} of width {shape(models[0])[1]}: a check "
+                             "compares models of one shape", hint=f"check the merge against its own {other.role}")
+
+
+def _key(models: list[Checked], tokens: list[list[int]]) -> str:
+    """The content key of a check: each model's role, folder and weight files' identities, the tokens, and the
+    versions of the code that computes it."""
+    import torch
+
+    versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge")] + [torch.__version__]
+    doc = [[m.role, os.path.abspath(m.path), m.weight, [[f.name, f.size, f.identity] for f in m.opened.files]]
+           for m in models]
+    return hashlib.sha256(json.dumps([doc, tokens, versions, THRESHOLDS]).encode()).hexdigest()[:32]
+
+
+def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int | None) -> None:
+    """Refuse (exit 2, before a weight is read) a pass whose peak would not fit ``max_memory`` (None: the
+    default budget): the largest layer of one model in float32, every model's hidden states (twice: in and
+    out), the head with one other and the log-probabilities of the merge and one other model."""
+    probe = SystemProbe()
+    budget = max_memory if max_memory is not None else default_budget(probe)
+    config = streams[0].config
+    hidden = int(getattr(config, "hidden_size", 0) or 0)
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    positions = sum(len(t) for t in tokens)
+    states = 2 * len(streams) * positions * hidden * 4
+    heads = 2 * vocab * hidden * 4 + 3 * positions * vocab * 4
+    layer = max(pass_bytes(s.formats, s.layers, value_bytes=4) for s in streams)
+    peak = states + max(layer, heads)
+    held = probe.rss()
+    smallest = smallest_budget_for(peak, baseline_bytes=held)
+    if smallest > budget:
+        raise UsageError(f"the check needs {format_size(held + peak)} (this process holds {format_size(held)}, "
+                         f"its largest step {format_size(peak)}), more than the budget of {format_size(budget)}",
+                         hint=f"rerun with --max-memory {format_size(smallest, compact=True)} or more")
+
+
+def _report(models: list[Checked], static: StaticFigures, figures: PassFigures | None,
+            tokens: list[list[int]]) -> CheckReport:
+    roles, paths = [m.role for m in models], [m.path for m in models]
+    verdict, reasons, layer = judge(roles, paths, static, figures)
+    entries = []
+    for i, m in enumerate(models):
+        if figures is None:
+            entries.append(ModelFigures(role=m.role, path=m.path))
+            continue
+        entries.append(ModelFigures(role=m.role, path=m.path, nll=figures.nll[i], kl=figures.kl[i],
+                                    kl_p95=figures.kl_p95[i], top1=figures.top1[i], base_kl=figures.base_kl[i],
+                                    drift=tuple(figures.drift[i]) if i else (),
+                                    depart=tuple(figures.depart[i]) if i else ()))
+    return CheckReport(verdict=verdict, reasons=tuple(reasons), broken_layer=layer, models=tuple(entries),
+                       static=static, sequences=len(tokens), tokens=sum(len(t) - 1 for t in tokens),
+                       thresholds=dict(THRESHOLDS), spread=tuple(figures.spread) if figures else ())

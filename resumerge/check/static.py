@@ -1,0 +1,145 @@
+"""The static pass: one read of each model's tensors, no forward.
+
+Per logical tensor: non-finite values in the merge; its shape against the base's and the parents'; d_M = ‖M−B‖
+and dᵢ = ‖Pᵢ−B‖. Per group (decoder layer × kind of tensor, and per kind over the whole model): the merge's
+movement sqrt(Σ d_M²) against the parents' weighted mean of sqrt(Σ dᵢ²) (the merge's own weights where its
+record has them, else equal), and their ratio: about 0 for a whole kind the parents moved (every expert at the
+base's value, unsloth #5410) names that kind.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+
+from resumerge.check.models import Checked
+from resumerge.check.report import GroupFigures, StaticFigures
+from resumerge.forward import CastReader, Weights, base_formats
+from resumerge.inputs.safetensors_format import numel
+from resumerge.torch_import import torch
+
+# A kind the parents moved (their movement above this share of the base's norm over the kind) whose movement by
+# the merge is below UNMOVED_RATIO of the parents' is named.
+UNMOVED_RATIO = 0.01
+_PARENTS_MOVED = 1e-6
+
+_LAYER = re.compile(r"\.(?:layers|h|blocks|layer)\.(\d+)\.")
+_KINDS = (  # first match wins
+    ("shared experts", re.compile(r"shared_expert")),
+    ("routed experts", re.compile(r"\.experts\.")),
+    ("router", re.compile(r"(?:mlp\.gate\.|router|gate\.e_score)")),
+    ("norms", re.compile(r"(?:norm|ln_\w*|layernorm)\.(?:weight|bias)$")),
+    ("embeddings", re.compile(r"(?:embed_tokens|wte|wpe|word_embeddings|embed_in)\.")),
+    ("head", re.compile(r"(?:^lm_head|embed_out)\.")),
+    ("attention", re.compile(r"(?:attn|attention)")),
+    ("mlp", re.compile(r"(?:mlp|feed_forward|ffn)")),
+)
+
+
+def kind_of(name: str) -> str:
+    """The kind of tensor ``name`` (attention, mlp, routed experts, shared experts, router, norms, embeddings,
+    head, other)."""
+    return next((kind for kind, pattern in _KINDS if pattern.search(name)), "other")
+
+
+def layer_of(name: str) -> int | None:
+    found = _LAYER.search(name)
+    return int(found.group(1)) if found else None
+
+
+def static_pass(models: Sequence[Checked]) -> StaticFigures:
+    """Compare every tensor of the merge (``models[0]``) with the base's and the parents'."""
+    readers, logical = [], []
+    for model in models:
+        weights = Weights.of(model.opened.directory, model.opened.tensors)
+        formats = base_formats(weights.tensors, model.opened.config, weights.directory)
+        readers.append(CastReader(weights, formats, torch.float32, key=model.role))
+        logical.append({name: tuple(formats.codec(name).value_shape(tuple(found.entry.shape)))
+                        for name, found in formats.logical().items()})
+    try:
+        return _compare(models, readers, logical)
+    finally:
+        for reader in readers:
+            reader.close()
+
+
+def _compare(models: Sequence[Checked], readers: list[CastReader],
+             logical: list[dict[str, tuple[int, ...]]]) -> StaticFigures:
+    roles = [m.role for m in models]
+    base = roles.index("base") if "base" in roles else None
+    parents = [i for i, r in enumerate(roles) if r == "parent"]
+    weights = _weights([models[i].weight for i in parents])
+    parameters = {_label(models, i): sum(numel(s) for s in logical[i].values()) for i in range(len(models))}
+    nonfinite, shapes = [], []
+    # (layer, kind) -> [Σ d_M², Σ dᵢ² per parent, Σ ‖B‖², tensors]
+    sums: dict[tuple[int | None, str], list[float]] = defaultdict(lambda: [0.0] * (len(parents) + 3))
+    for name in sorted(logical[0]):
+        merged = readers[0].read(name)
+        if not bool(torch.isfinite(merged).all()):
+            nonfinite.append(name)
+        if base is None or name not in logical[base]:
+            continue
+        reference = readers[base].read(name)
+        if reference.shape != merged.shape:
+            shapes.append(f"{name}: merge {tuple(merged.shape)}, base {tuple(reference.shape)}")
+            continue
+        entry = sums[(layer_of(name), kind_of(name))]
+        entry[0] += float((merged - reference).double().norm()) ** 2
+        for k, index in enumerate(parents):
+            if name in logical[index]:
+                other = readers[index].read(name)
+                if other.shape == reference.shape:
+                    entry[1 + k] += float((other - reference).double().norm()) ** 2
+        entry[-2] += float(reference.double().norm()) ** 2
+        entry[-1] += 1
+    missing = [n for i in (base, *parents) if i is not None for n in logical[i] if n not in logical[0]]
+    shapes.extend(f"{n}: not in the merge" for n in sorted(set(missing)))
+    groups = [_group(layer, kind, v, weights) for (layer, kind), v in sorted(sums.items(), key=_order)]
+    return StaticFigures(parameters=parameters, nonfinite=tuple(nonfinite), shape_problems=tuple(shapes),
+                         groups=tuple(groups), unmoved=_unmoved(sums, weights))
+
+
+def _label(models: Sequence[Checked], index: int) -> str:
+    """``merge``, ``base``, ``parent 1`` …"""
+    role = models[index].role
+    return role if role != "parent" else f"parent {sum(m.role == 'parent' for m in models[:index + 1])}"
+
+
+def _order(item: tuple[tuple[int | None, str], list[float]]) -> tuple[int, str]:
+    (layer, kind), _ = item
+    return (-1 if layer is None else layer, kind)
+
+
+def _weights(given: list[float | None]) -> list[float]:
+    if not given or any(w is None or w <= 0 for w in given):
+        return [1.0] * len(given)
+    return [float(w) for w in given if w is not None]
+
+
+def _movement(values: list[float], weights: list[float]) -> tuple[float, float]:
+    """(the merge's movement, the parents' weighted mean movement) from a group's sums."""
+    parents = values[1:1 + len(weights)]
+    mean = sum(w * math.sqrt(v) for w, v in zip(weights, parents)) / sum(weights) if weights else 0.0
+    return math.sqrt(values[0]), mean
+
+
+def _group(layer: int | None, kind: str, values: list[float], weights: list[float]) -> GroupFigures:
+    merge, parents = _movement(values, weights)
+    return GroupFigures(layer=layer, kind=kind, tensors=int(values[-1]), merge_moved=merge, parents_moved=parents,
+                        ratio=merge / parents if parents > 0 else None)
+
+
+def _unmoved(sums: dict[tuple[int | None, str], list[float]], weights: list[float]) -> tuple[str, ...]:
+    """The kinds (over all layers) the parents moved and the merge did not."""
+    per_kind: dict[str, list[float]] = defaultdict(lambda: [0.0] * (len(weights) + 3))
+    for (_, kind), values in sums.items():
+        per_kind[kind] = [a + b for a, b in zip(per_kind[kind], values)]
+    named = []
+    for kind, values in sorted(per_kind.items()):
+        merge, parents = _movement(values, weights)
+        if parents > _PARENTS_MOVED * math.sqrt(values[-2]) and merge < UNMOVED_RATIO * parents:
+            named.append(f"{kind}: the merge moved {merge:.4g} from the base where the parents moved {parents:.4g} "
+                         f"(ratio {merge / parents:.3g} < {UNMOVED_RATIO})")
+    return tuple(named)

@@ -1,0 +1,44 @@
+"""``resumerge check MODEL``: its options, its one :func:`resumerge.api.check` call, and its output (the human
+table, or ``--json``); the exit code is the verdict's (0 works, 5 no effect, 6 broken)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``check`` command's parser."""
+    check = sub.add_parser(
+        "check", help="does the merge in MODEL work? compare it with its base and parents, layer by layer",
+        description="A static pass over MODEL's tensors and a forward pass, one decoder layer of one model at a "
+                    "time, of MODEL, its base and its parents over the same texts: NLL, KL, top-1 agreement, "
+                    "per-layer drift, and the first layer that departs from every parent. Exit 0 works, 5 no "
+                    "effect, 6 broken, 2 bad input, 3 interrupted (run it again: it resumes at the layer "
+                    "reached).")
+    check.add_argument("model", metavar="MODEL", help="the merged model's folder (a resumerge output names its "
+                       "base and parents in its record)")
+    check.add_argument("--base", metavar="BASE", help="the base model's folder")
+    check.add_argument("--parent", dest="parents", metavar="P", action="append", default=[],
+                       help="a parent model's folder (repeat for each)")
+    check.add_argument("--prompts", metavar="FILE", help="texts to run, one per line, no chat template "
+                       "(default: built-in short chat, code, maths and multilingual texts)")
+    check.add_argument("--max-memory", metavar="SIZE", help="memory budget (e.g. 4GB; default: most of what is "
+                       "free)")
+    check.add_argument("--state-dir", metavar="DIR", help="where the check's journal is kept")
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def run_check_command(args: argparse.Namespace) -> int:
+    """Parse nothing more: one API call, then the report."""
+    from resumerge.api import check
+
+    report = check(args.model, base=args.base, parents=tuple(args.parents), prompts=args.prompts,
+                   max_memory=args.max_memory, state_dir=args.state_dir)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2, sort_keys=True))
+    else:
+        from resumerge.cli.render import show_check
+
+        show_check(report)
+    return report.exit_code
