@@ -72,6 +72,10 @@ class CastReader:
         self._sources = InputSources.local({key: str(weights.directory)})
         self._files: dict[str, BinaryIO] = {}
 
+    @property
+    def directory(self) -> Path:
+        return self._directory
+
     def has(self, name: str) -> bool:
         """Whether the model holds logical tensor ``name``."""
         return name in self._formats.claims or name in self._formats.stored

@@ -123,6 +123,7 @@ class ModelStream:
                  key: str = "model", built: tuple[Any, Any] | None = None) -> None:
         self.dtype = dtype
         self.config, self.model = built if built is not None else build_modules(weights.directory, dtype, what=what)
+        self.model.eval()  # from_config leaves it training: dropout would draw at random
         self.inner = self.model.base_model
         names = {id(m): n for n, m in self.model.named_modules()}
         self._names = names
@@ -154,8 +155,13 @@ class ModelStream:
         state = {}
         for name, _ in module.named_parameters():
             key = prefix + name
-            if tied_head and not self.reader.has(key):
+            if tied_head:
                 key = self.prefix(self.model.get_input_embeddings()) + name
+            if not self.reader.has(key):
+                raise ModelInputError(f"{type(self.model).__name__} has {key}, which the checkpoint does not "
+                                      "hold under that name (transformers renames or fuses it as it loads: "
+                                      "experts stored one by one, a renamed head); a layer-by-layer pass cannot "
+                                      "read this family yet", path=str(self.reader.directory), tensor=key)
             state[name] = self.reader.read(key)
         module.load_state_dict(state, strict=False, assign=True)
         return module
@@ -237,7 +243,7 @@ class ModelStream:
         """A function from the last decoder layer's output to the logits (final norm, head and any soft-capping,
         as the causal-LM class computes them), with the final norm's and head's weights for the block."""
         head = self.model.get_output_embeddings()
-        tied = head is not None and not self.reader.has(self.prefix(head) + "weight")
+        tied = bool(getattr(self.config.get_text_config(), "tie_word_embeddings", False))
         parts = [p for p in (self.final_norm,) if p is not None]
         for part in parts:
             self.load(part)
