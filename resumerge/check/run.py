@@ -42,16 +42,16 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     done = workdir / REPORT_NAME
     if done.is_file():
         return CheckReport.from_json(json.loads(done.read_text()))
-    static = static_pass(models)
-    figures = None
-    if not static.nonfinite:  # broken already: a forward over NaNs tells nothing more
-        streams = streams_of(models)
-        try:
-            _fits(streams, tokens, max_memory)
+    streams = streams_of(models)
+    try:
+        _fits(streams, tokens, max_memory)  # before any weight is read
+        static = static_pass(models)
+        figures = None
+        if not static.nonfinite:  # broken already: a forward over NaNs tells nothing more
             figures = forward_pass(models, streams, tokens, workdir)
-        finally:
-            for stream in streams:
-                stream.close()
+    finally:
+        for stream in streams:
+            stream.close()
     report = _report(models, static, figures, tokens)
     workdir.mkdir(parents=True, exist_ok=True)
     write_file_atomic(done, (json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n").encode())

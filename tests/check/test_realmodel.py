@@ -1,0 +1,155 @@
+"""``resumerge check`` on real trained weights (SmolLM2-135M-Instruct, :mod:`realmodel`): a merge with itself
+works with KL 0; a copy of the base checked as a blend of the base and a changed parent has no effect; a copy
+with one layer scaled up is broken and that layer is named; NaNs are broken in the static pass; a check killed
+mid-pass (SIGKILL) resumes and gives the same report.
+
+The models are made once per module (hard links where a file is the base's own); the texts are two short lines,
+so that each check is a few seconds of CPU for each model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from realmodel import smollm2_folder
+from support import write_config
+
+from resumerge import api
+from resumerge.check.report import BROKEN, NO_EFFECT, WORKS, CheckReport
+from resumerge.errors import EXIT_BROKEN, EXIT_NO_EFFECT
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow
+
+SCALED_LAYER = 12
+NAN_TENSOR = "model.layers.3.mlp.down_proj.weight"
+TEXTS = "The quick brown fox jumps over the lazy dog.\nIn 1492, Columbus sailed across the Atlantic Ocean.\n"
+
+
+def _linked_copy(source: Path, target: Path, *, skip: tuple[str, ...] = ()) -> Path:
+    target.mkdir(parents=True)
+    for item in source.iterdir():
+        if item.name not in skip:
+            os.link(item, target / item.name)
+    return target
+
+
+def _edited(source: Path, target: Path, edit: Any) -> Path:
+    """A copy of ``source`` whose weights are ``edit(name, tensor)``."""
+    from safetensors.torch import load_file, save_file
+
+    _linked_copy(source, target, skip=("model.safetensors",))
+    tensors = load_file(str(source / "model.safetensors"))
+    save_file({name: edit(name, t).contiguous() for name, t in tensors.items()}, str(target / "model.safetensors"),
+              metadata={"format": "pt"})
+    return target
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    import torch
+
+    base = smollm2_folder()
+    root = tmp_path_factory.mktemp("real")
+    generator = torch.Generator().manual_seed(0)
+
+    def changed(name: str, t: torch.Tensor) -> torch.Tensor:  # a fine-tune-like nudge of every layer's weight
+        if ".layers." not in name or t.dim() != 2:
+            return t
+        return t + 0.05 * t.std() * torch.randn(t.shape, generator=generator)
+
+    def scaled(name: str, t: torch.Tensor) -> torch.Tensor:  # one layer's writes into the residual, 4x
+        return t * 4 if name.startswith(f"model.layers.{SCALED_LAYER}.") and name.endswith(
+            ("o_proj.weight", "down_proj.weight")) else t
+
+    def nan(name: str, t: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(t, float("nan")) if name == NAN_TENSOR else t
+
+    texts = root / "texts.txt"
+    texts.write_text(TEXTS)
+    return {"base": base, "copy": _linked_copy(base, root / "copy"),
+            "changed": _edited(base, root / "changed", changed), "scaled": _edited(base, root / "scaled", scaled),
+            "nan": _edited(base, root / "nan", nan), "texts": texts}
+
+
+def _figures(report: CheckReport) -> dict[str, Any]:
+    return {m.role: (m.nll, m.kl) for m in report.models}
+
+
+def test_a_merge_with_itself_works_with_kl_zero(models: dict[str, Path], tmp_path: Path) -> None:
+    config = write_config(tmp_path / "self.yml", {"merge_method": "linear", "models": [
+        {"model": str(models["base"]), "parameters": {"weight": 0.5}},
+        {"model": str(models["base"]), "parameters": {"weight": 0.5}}]})
+    out = tmp_path / "out"
+    api.run(config, out, state_dir=tmp_path / "state")
+    report = api.check(out, prompts=models["texts"], state_dir=tmp_path / "state")  # parents from its record
+    print("self-merge", report.verdict, _figures(report), report.reasons)
+    assert report.verdict == WORKS and report.exit_code == 0, report.reasons
+    assert [m.role for m in report.models] == ["merge", "parent"]
+    assert report.models[1].kl == 0.0 and report.models[1].top1 == 1.0
+    assert report.models[0].nll == report.models[1].nll
+    assert report.broken_layer is None and not report.static.nonfinite
+
+
+def test_a_copy_of_the_base_checked_as_a_blend_has_no_effect(models: dict[str, Path], tmp_path: Path) -> None:
+    report = api.check(models["copy"], base=models["base"], parents=[models["base"], models["changed"]],
+                       prompts=models["texts"], state_dir=tmp_path)
+    print("no-effect", report.verdict, _figures(report), report.reasons)
+    assert report.verdict == NO_EFFECT and report.exit_code == EXIT_NO_EFFECT, report.reasons
+    assert any("indistinguishable from the base" in r for r in report.reasons)
+    assert any(r.startswith("mlp:") for r in report.static.unmoved)  # the static pass names what did not move
+    assert report.models[1].kl == 0.0 and (report.models[3].kl or 0) > 0
+
+
+def test_a_copy_with_one_layer_scaled_up_is_broken_at_that_layer(models: dict[str, Path], tmp_path: Path) -> None:
+    report = api.check(models["scaled"], base=models["base"], parents=[models["changed"]],
+                       prompts=models["texts"], state_dir=tmp_path)
+    print("scaled", report.verdict, _figures(report), report.reasons)
+    assert report.verdict == BROKEN and report.exit_code == EXIT_BROKEN
+    assert report.broken_layer == SCALED_LAYER
+
+
+def test_nans_are_broken_in_the_static_pass(models: dict[str, Path], tmp_path: Path) -> None:
+    report = api.check(models["nan"], base=models["base"], prompts=models["texts"], state_dir=tmp_path)
+    assert report.verdict == BROKEN and report.static.nonfinite == (NAN_TENSOR,)
+    assert all(m.nll is None for m in report.models)  # no forward over NaNs
+    assert not list(tmp_path.rglob("layer-*.safetensors"))
+
+
+def test_a_killed_check_resumes_with_the_same_report(models: dict[str, Path], tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "resumerge", "check", str(models["copy"]), "--parent", str(models["changed"]),
+            "--prompts", str(models["texts"]), "--json", "--state-dir", str(tmp_path / "killed")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    killed = subprocess.run(argv, env={**env, "RESUMERGE_KILL_AT": "after_check_layer:9"}, capture_output=True,
+                            text=True, timeout=600)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    journal = list((tmp_path / "killed").rglob("layer-*.safetensors"))
+    assert [p.name for p in journal] == ["layer-00008.safetensors"]  # one file: the last layer done
+    # Resumed at layer 9, it passes the point 21 times (layers 9-29): a check started over would die at the 22nd.
+    resumed = subprocess.run(argv, env={**env, "RESUMERGE_KILL_AT": "after_check_layer:22"}, capture_output=True,
+                             text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    doc = json.loads(resumed.stdout)
+    assert doc["verdict"] == "works" and doc["broken_layer"] is None
+    assert [(m["role"], m["path"]) for m in doc["models"]] == [("merge", str(models["copy"])),
+                                                               ("parent", str(models["changed"]))]
+    assert doc["models"][0]["nll"] > 0 and doc["models"][1]["kl"] > 0
+    whole = api.check(models["copy"], parents=[models["changed"]], prompts=models["texts"],
+                      state_dir=tmp_path / "whole")
+    assert doc == json.loads(json.dumps(whole.to_json()))
+    assert not list((tmp_path / "killed").rglob("layer-*.safetensors"))  # a finished check keeps its report only
+
+
+def test_bad_input_is_one_line_and_exit_2(models: dict[str, Path], tmp_path: Path) -> None:
+    from resumerge.cli.commands import main
+
+    assert main(["check", str(tmp_path / "nowhere"), "--state-dir", str(tmp_path)]) == 2
+    # A budget that cannot hold one layer: refused before any weight is read, naming the budget that fits.
+    code = main(["check", str(models["copy"]), "--parent", str(models["base"]), "--prompts", str(models["texts"]),
+                 "--max-memory", "20MB", "--state-dir", str(tmp_path)])
+    assert code == 2 and not list(tmp_path.rglob("layer-*"))
