@@ -15,7 +15,7 @@ from resumerge.check.models import Checked, find_models
 from resumerge.check.passes import PassFigures, forward_pass, streams_of
 from resumerge.check.prompts import load_tokenizer, sequences
 from resumerge.check.report import CheckReport, ModelFigures, StaticFigures
-from resumerge.check.static import static_pass
+from resumerge.check.static import static_bytes, static_pass
 from resumerge.check.verdict import THRESHOLDS, judge
 from resumerge.config.locations import state_root
 from resumerge.errors import UsageError
@@ -85,9 +85,10 @@ def _key(models: list[Checked], tokens: list[list[int]]) -> str:
 
 
 def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int | None) -> None:
-    """Refuse (exit 2, before a weight is read) a pass whose peak would not fit ``max_memory`` (None: the
-    default budget): the largest layer of one model in float32, every model's hidden states (twice: in and
-    out), the head with one other and the log-probabilities of the merge and one other model."""
+    """Refuse (exit 2, before a weight is read) a check whose peak would not fit ``max_memory`` (None: the
+    default budget): the static pass's largest tensor of three models and a difference; or the largest layer of
+    one model in float32, or the merge's and one other model's heads and log-probabilities, beside every
+    model's hidden states (twice: in and out)."""
     probe = SystemProbe()
     budget = max_memory if max_memory is not None else default_budget(probe)
     config = streams[0].config
@@ -97,7 +98,7 @@ def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int |
     states = 2 * len(streams) * positions * hidden * 4
     heads = 2 * vocab * hidden * 4 + 3 * positions * vocab * 4
     layer = max(pass_bytes(s.formats, s.layers, value_bytes=4) for s in streams)
-    peak = states + max(layer, heads)
+    peak = max(states + max(layer, heads), static_bytes([s.formats for s in streams]))
     held = probe.rss()
     smallest = smallest_budget_for(peak, baseline_bytes=held)
     if smallest > budget:

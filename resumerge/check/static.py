@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from resumerge.check.models import Checked
 from resumerge.check.report import GroupFigures, StaticFigures
 from resumerge.forward import CastReader, Weights, base_formats
+from resumerge.inputs.codecs import StoredFormats
 from resumerge.inputs.safetensors_format import numel
 from resumerge.torch_import import torch
 
@@ -47,6 +48,14 @@ def kind_of(name: str) -> str:
 def layer_of(name: str) -> int | None:
     found = _LAYER.search(name)
     return int(found.group(1)) if found else None
+
+
+def static_bytes(streams_formats: Sequence[StoredFormats]) -> int:
+    """The most the static pass holds at once: the merge's, the base's and one parent's largest tensor in float32,
+    and one difference of two of them."""
+    largest = max((numel(f.codec(n).value_shape(tuple(found.entry.shape))) for f in streams_formats
+                   for n, found in f.logical().items()), default=0)
+    return 4 * largest * 4
 
 
 def static_pass(models: Sequence[Checked]) -> StaticFigures:
@@ -86,19 +95,26 @@ def _compare(models: Sequence[Checked], readers: list[CastReader],
             shapes.append(f"{name}: merge {tuple(merged.shape)}, base {tuple(reference.shape)}")
             continue
         entry = sums[(layer_of(name), kind_of(name))]
-        entry[0] += float((merged - reference).double().norm()) ** 2
+        entry[0] += _squared(merged - reference)
         for k, index in enumerate(parents):
             if name in logical[index]:
                 other = readers[index].read(name)
                 if other.shape == reference.shape:
-                    entry[1 + k] += float((other - reference).double().norm()) ** 2
-        entry[-2] += float(reference.double().norm()) ** 2
+                    entry[1 + k] += _squared(other - reference)
+                del other  # before the next parent's is read: two of them are never held at once
+        entry[-2] += _squared(reference)
         entry[-1] += 1
+        del merged, reference
     missing = [n for i in (base, *parents) if i is not None for n in logical[i] if n not in logical[0]]
     shapes.extend(f"{n}: not in the merge" for n in sorted(set(missing)))
     groups = [_group(layer, kind, v, weights) for (layer, kind), v in sorted(sums.items(), key=_order)]
     return StaticFigures(parameters=parameters, nonfinite=tuple(nonfinite), shape_problems=tuple(shapes),
                          groups=tuple(groups), unmoved=_unmoved(sums, weights))
+
+
+def _squared(values: torch.Tensor) -> float:
+    """‖values‖² (the norm in float32, as torch reduces it: no float64 copy of a whole embedding)."""
+    return float(torch.linalg.vector_norm(values)) ** 2
 
 
 def _label(models: Sequence[Checked], index: int) -> str:
