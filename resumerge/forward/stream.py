@@ -158,12 +158,39 @@ class ModelStream:
             if tied_head:
                 key = self.prefix(self.model.get_input_embeddings()) + name
             if not self.reader.has(key):
-                raise ModelInputError(f"{type(self.model).__name__} has {key}, which the checkpoint does not "
-                                      "hold under that name (transformers renames or fuses it as it loads: "
-                                      "experts stored one by one, a renamed head); a layer-by-layer pass cannot "
-                                      "read this family yet", path=str(self.reader.directory), tensor=key)
+                return self._converted(module, prefix)
             state[name] = self.reader.read(key)
         module.load_state_dict(state, strict=False, assign=True)
+        return module
+
+    def _converted(self, module: torch.nn.Module, prefix: str) -> torch.nn.Module:
+        """``module`` loaded through transformers' own checkpoint conversion, for a checkpoint that names or
+        shapes its tensors otherwise (experts stored one by one that the modules hold fused, a renamed head): the
+        checkpoint's tensors under ``prefix`` (none there: every tensor outside the decoder layers) converted as
+        ``from_pretrained`` converts them. Whatever else the conversion loaded is dropped again."""
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import convert_and_load_state_dict_in_model
+        from transformers.modeling_utils import LoadStateDictConfig
+
+        names = [n for n in self.formats.logical() if n.startswith(prefix)]
+        if not names:
+            layers = self.prefix(self.layers_list)
+            names = [n for n in self.formats.logical() if not n.startswith(layers)]
+        mine = {id(m) for m in module.modules()}  # the conversion sets new parameters: known by their module
+        others = [m for m in self.model.modules() if id(m) not in mine]
+        before = {(id(m), n) for m in others for n, p in m.named_parameters(recurse=False) if not p.is_meta}
+        config = LoadStateDictConfig(dtype=self.dtype, weight_mapping=get_model_conversion_mapping(self.model))
+        convert_and_load_state_dict_in_model(self.model, {n: self.reader.read(n) for n in names}, config)
+        for child in others:
+            for name, param in child.named_parameters(recurse=False):
+                if (id(child), name) not in before and not param.is_meta:
+                    child._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=False)
+        missing = [n for n, p in module.named_parameters() if p.is_meta]
+        if missing:
+            raise ModelInputError(f"{type(self.model).__name__} has {prefix}{missing[0]}, which neither the "
+                                  "checkpoint nor transformers' conversion of it gives; a layer-by-layer pass "
+                                  "cannot read this family yet", path=str(self.reader.directory),
+                                  tensor=prefix + missing[0])
         return module
 
     @staticmethod

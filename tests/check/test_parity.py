@@ -1,7 +1,7 @@
 """Parity of the layer-streamed forward engine with transformers' whole-model forward, per family the suite
 builds: the same weights, in float32, give the same logits (to 1e-4), and check's NLL is transformers' loss on the
-same tokens. Families whose checkpoints transformers renames or fuses as it loads (experts stored one by one, a
-renamed head) are refused with one line (exit 2), not misread."""
+same tokens: families whose checkpoints transformers renames or fuses as it loads (experts stored one by one, a
+renamed head) included. A model whose decoder layers the engine cannot find is refused in one line (exit 2)."""
 
 from __future__ import annotations
 
@@ -24,28 +24,27 @@ from families import FAMILIES, make_family_model
 from moe_families import make_moe_model
 
 STREAMED = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "gpt2", "falcon", "bloom",
-            "gptj")
-STREAMED_MOE = ("gpt_oss",)
-# transformers fuses these families' per-expert tensors (or renames the head) as it loads: not read yet.
-REFUSED = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_neox")
-REFUSED_MOE = ("qwen3_moe", "deepseek_v3", "glm4_moe", "qwen3_next")
+            "gptj",
+            # transformers fuses these families' per-expert tensors, or renames the head, as it loads
+            "mixtral", "qwen2_moe", "qwen3_moe", "gpt_neox")
+STREAMED_MOE = ("gpt_oss", "qwen3_moe", "deepseek_v3", "glm4_moe", "qwen3_next")
 TOKENS = [[1, 5, 9, 33, 70, 2, 11, 100, 4, 6, 7], [1, 44, 3, 90]]
 
 
-def _model(directory: Path, name: str) -> Path:
+def _model(directory: Path, name: str, moe: bool) -> Path:
     family = next((f for f in FAMILIES if f.name == name), None)
-    return make_family_model(directory, family, 3) if family else make_moe_model(directory, name, 3)
+    return make_moe_model(directory, name, 3) if moe or family is None else make_family_model(directory, family, 3)
 
 
 def _checked(directory: Path) -> Checked:
     return Checked("merge", str(directory), None, open_model(ModelRef(str(directory)), directory=directory))
 
 
-@pytest.mark.parametrize("name", STREAMED + STREAMED_MOE)
-def test_streamed_logits_and_nll_equal_transformers(tmp_path: Path, name: str) -> None:
+@pytest.mark.parametrize(("name", "moe"), [(n, False) for n in STREAMED] + [(n, True) for n in STREAMED_MOE])
+def test_streamed_logits_and_nll_equal_transformers(tmp_path: Path, name: str, moe: bool) -> None:
     from transformers import AutoModelForCausalLM
 
-    directory = _model(tmp_path / name, name)
+    directory = _model(tmp_path / name, name, moe)
     model = _checked(directory)
     reference = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
     with ModelStream(Weights.of(model.opened.directory, model.opened.tensors), model.opened.config, torch.float32,
@@ -70,18 +69,8 @@ def test_streamed_logits_and_nll_equal_transformers(tmp_path: Path, name: str) -
     assert figures.nll[0] == pytest.approx(sum(losses) / sum(len(t) - 1 for t in TOKENS), abs=1e-4)
 
 
-@pytest.mark.parametrize(("name", "moe"), [(n, False) for n in REFUSED] + [(n, True) for n in REFUSED_MOE])
-def test_families_read_under_other_names_are_refused_in_one_line(tmp_path: Path, name: str, moe: bool) -> None:
-    directory = make_moe_model(tmp_path / name, name, 3) if moe else _model(tmp_path / name, name)
-    model = _checked(directory)
-    with pytest.raises(ModelInputError, match="cannot read this family yet"):
-        figures_of(model, tmp_path)
-
-
-def figures_of(model: Checked, tmp_path: Path) -> object:
-    streams = streams_of([model])
-    try:
-        return forward_pass([model], streams, TOKENS, tmp_path / "journal")
-    finally:
-        for stream in streams:
-            stream.close()
+def test_a_model_whose_layers_cannot_be_found_is_refused_in_one_line(tmp_path: Path) -> None:
+    # Llama-4's causal-LM class holds its text model one level down: not followed yet.
+    model = _checked(make_moe_model(tmp_path / "llama4", "llama4_text", 3))
+    with pytest.raises(ModelInputError, match="cannot find the 2 decoder layers"):
+        streams_of([model])
