@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from resumerge.check.models import Checked
-from resumerge.check.passes import forward_pass, streams_of
+from resumerge.check.passes import PassFigures, forward_pass, streams_of
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import ModelInputError
 from resumerge.forward import Weights
@@ -74,3 +74,28 @@ def test_a_model_whose_layers_cannot_be_found_is_refused_in_one_line(tmp_path: P
     model = _checked(make_moe_model(tmp_path / "llama4", "llama4_text", 3))
     with pytest.raises(ModelInputError, match="cannot find the 2 decoder layers"):
         streams_of([model])
+
+
+def test_a_block_fp8_checkpoint_reads_as_its_decoded_values(tmp_path: Path) -> None:
+    """Stored block-FP8 (codes and scales), the pass sees what the codecs decode: its NLL is transformers' loss of
+    the same model stored plainly with DeepSeek's formula's values."""
+    from quantmodels import fp8, fp8_config, quantize_model
+    from transformers import AutoModelForCausalLM
+
+    directory = _model(tmp_path / "fp8", "llama", False)  # sharded, with an index
+    quantize_model(directory, tmp_path / "decoded", fp8((16, 16)), fp8_config((16, 16)))
+    figures = figures_of(_checked(directory), tmp_path)
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path / "decoded", dtype=torch.float32)
+    with torch.no_grad():
+        losses = [float(reference(input_ids=torch.tensor([ids]), labels=torch.tensor([ids])).loss) * (len(ids) - 1)
+                  for ids in TOKENS]
+    assert figures.nll[0] == pytest.approx(sum(losses) / sum(len(t) - 1 for t in TOKENS), abs=1e-4)
+
+
+def figures_of(model: Checked, tmp_path: Path) -> PassFigures:
+    streams = streams_of([model])
+    try:
+        return forward_pass([model], streams, TOKENS, tmp_path / "journal")
+    finally:
+        for stream in streams:
+            stream.close()
