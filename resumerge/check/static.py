@@ -25,6 +25,8 @@ from resumerge.torch_import import torch
 # the merge is below UNMOVED_RATIO of the parents' is named.
 UNMOVED_RATIO = 0.01
 _PARENTS_MOVED = 1e-6
+# Values per block of a difference (4 MB in float32).
+_BLOCK = 1 << 20
 
 _LAYER = re.compile(r"\.(?:layers|h|blocks|layer)\.(\d+)\.")
 _KINDS = (  # first match wins
@@ -51,11 +53,11 @@ def layer_of(name: str) -> int | None:
 
 
 def static_bytes(streams_formats: Sequence[StoredFormats]) -> int:
-    """The most the static pass holds at once: the merge's, the base's and one parent's largest tensor in float32,
-    and one difference of two of them."""
+    """The most the static pass holds at once: two models' largest tensor in float32 and the third's mapped
+    while it is cast (at most as large again)."""
     largest = max((numel(f.codec(n).value_shape(tuple(found.entry.shape))) for f in streams_formats
                    for n, found in f.logical().items()), default=0)
-    return 4 * largest * 4
+    return 3 * largest * 4
 
 
 def static_pass(models: Sequence[Checked]) -> StaticFigures:
@@ -95,16 +97,17 @@ def _compare(models: Sequence[Checked], readers: list[CastReader],
             shapes.append(f"{name}: merge {tuple(merged.shape)}, base {tuple(reference.shape)}")
             continue
         entry = sums[(layer_of(name), kind_of(name))]
-        entry[0] += _squared(merged - reference)
+        entry[0] += _squared(merged, reference)
+        del merged  # two tensors at most are held: the base's and one other
         for k, index in enumerate(parents):
             if name in logical[index]:
                 other = readers[index].read(name)
                 if other.shape == reference.shape:
-                    entry[1 + k] += _squared(other - reference)
-                del other  # before the next parent's is read: two of them are never held at once
+                    entry[1 + k] += _squared(other, reference)
+                del other
         entry[-2] += _squared(reference)
         entry[-1] += 1
-        del merged, reference
+        del reference
     missing = [n for i in (base, *parents) if i is not None for n in logical[i] if n not in logical[0]]
     shapes.extend(f"{n}: not in the merge" for n in sorted(set(missing)))
     groups = [_group(layer, kind, v, weights) for (layer, kind), v in sorted(sums.items(), key=_order)]
@@ -112,9 +115,17 @@ def _compare(models: Sequence[Checked], readers: list[CastReader],
                          groups=tuple(groups), unmoved=_unmoved(sums, weights))
 
 
-def _squared(values: torch.Tensor) -> float:
-    """‖values‖² (the norm in float32, as torch reduces it: no float64 copy of a whole embedding)."""
-    return float(torch.linalg.vector_norm(values)) ** 2
+def _squared(values: torch.Tensor, minus: torch.Tensor | None = None) -> float:
+    """‖values − minus‖² (‖values‖² without ``minus``), a block of rows at a time: no difference of a whole
+    embedding is held, and each block's norm is taken in float32 as torch reduces it."""
+    flat, other = values.reshape(-1), None if minus is None else minus.reshape(-1)
+    total = 0.0
+    for start in range(0, flat.numel(), _BLOCK):
+        block = flat[start:start + _BLOCK]
+        if other is not None:
+            block = block - other[start:start + _BLOCK]
+        total += float(torch.linalg.vector_norm(block)) ** 2
+    return total
 
 
 def _label(models: Sequence[Checked], index: int) -> str:
