@@ -8,7 +8,7 @@ embeddings, one decoder layer, and the final norm with the head (logits), and :m
 states after a layer durably (temp file, fsync, rename) and finds where a killed pass resumes. transformers is
 imported only inside the functions that need it, in the process that runs the pass.
 
-May import: errors, inputs, memory, plan (inputrefs only), store (killpoints only).
+May import: errors, inputs, plan (inputrefs only).
 """
 
 from __future__ import annotations
