@@ -15,8 +15,8 @@ import yaml
 from resumerge import api
 from resumerge.config.locations import state_root
 from resumerge.errors import InterruptedMerge, ModelInputError, UsageError, exit_code_for
+from resumerge.forward.reader import CastReader
 from resumerge.memory.sizes import parse_size
-from resumerge.moe import forward
 from tests.moe.models import llamas, write
 from tests.moe.passthread import passes_on_a_thread
 from tests.support import cli
@@ -198,7 +198,7 @@ def test_an_input_error_after_the_first_commit_is_not_exit_2(tmp_path: Path, mon
     def unreadable(*args: object) -> None:
         raise ModelInputError("the base's weights cannot be read", path="base")
 
-    monkeypatch.setattr(forward, "_CastReader", unreadable)
+    monkeypatch.setattr(CastReader, "read", unreadable)  # the forward engine's reader: the pass's first weight
     out = tmp_path / "out"
     with passes_on_a_thread(), pytest.raises(InterruptedMerge) as stopped:
         api.run(_config(tmp_path, "hidden"), out, state_dir=tmp_path / "state", out_shard_size="30k")
