@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from resumerge.api.checked import checked, refuse_check
 from resumerge.api.kinds import EXTRACTION, kind_of, own_record, planner_of, recorded_kind
 from resumerge.api.options import (
     PathLike,
@@ -96,6 +97,7 @@ def run(
     progress: bool | Reporter = False,
     should_stop: Callable[[], bool] | None = None,
     codecs: CodecTable | None = None,
+    check: bool = False,
 ) -> Outcome:
     """Merge ``config`` into ``out``, like ``resumerge run``. ``config`` is a YAML file (a ``Path``, or a ``str``
     naming one) or YAML text (a ``str`` holding a newline or a one-line YAML mapping); the same holds for every
@@ -147,6 +149,12 @@ def run(
     resumerge decodes, :data:`~resumerge.inputs.codecs.CODECS`); a notebook adds its own format with
     ``CodecTable((*CODECS.formats, MyCodec))``. A resume reuses the plan recorded with the run while no input
     changed; planned again, it recognises the default formats.
+
+    ``check`` (``--check``) checks the merged model against its base and parents once the merge is done, as
+    :func:`check` does (under the same ``state_dir`` and ``max_memory``): the outcome is then a
+    :class:`~resumerge.api.checked.CheckedOutcome` whose ``check`` is the report (``resumerge run --check`` exits
+    with its verdict's code). Only a merge or a recipe into a local OUT can be checked; anything else is refused
+    before the run starts.
     """
     named(out)
     settings = run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory,
@@ -168,9 +176,12 @@ def run(
         call = Call(config, text, out, options, settings, allow_same_experts=allow_same_experts, codecs=codecs)
         driving = Driving(stop_flag(should_stop), restart=restart, intermediate_dir=intermediate_dir,
                           cleanup=cleanup_intermediates)
+        if check:
+            refuse_check(kind.name, out)
         with nothing_started(out, state_dir):
             kind.check(call, driving)
-            return kind.run(call, replace(driving, reporter=_reporter(progress)))
+            outcome = kind.run(call, replace(driving, reporter=_reporter(progress)))
+    return checked(outcome, state_dir=state_dir, max_memory=settings.max_memory) if check else outcome
 
 
 def resume(
@@ -289,7 +300,25 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport 
     if own is not None:
         return own.status_own(out, state_dir)
     report = read_status(out, state_dir)
-    return recorded_kind(report.kind, report.recorded_text).status(report, RunLocations.of(out, state_dir))
+    report = recorded_kind(report.kind, report.recorded_text).status(report, RunLocations.of(out, state_dir))
+    return _with_check(report, out, state_dir)
+
+
+def _with_check(report: StatusReport, out: PathLike, state_dir: PathLike | None) -> StatusReport:
+    """``report`` with the newest ``resumerge check`` of ``out`` (running: its layer and model; done: its
+    verdict) added to what its kind of run said: a row, and ``check`` in the JSON."""
+    from resumerge.check.progress import CHECKS_DIR, describe, find_progress
+    from resumerge.config.locations import state_root
+    from resumerge.store.statusview import Details
+
+    if str(out).startswith("hf://"):
+        return report
+    found = find_progress(state_root(state_dir) / CHECKS_DIR, out)
+    if found is None:
+        return report
+    details = report.details or Details()
+    return replace(report, details=Details(counts=details.counts, rows=(*details.rows, ("check", describe(found))),
+                                           data={**details.data, "check": found}))
 
 
 def recipe_status(out: PathLike, *, state_dir: PathLike | None = None) -> RecipeStatus:

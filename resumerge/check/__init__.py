@@ -8,7 +8,7 @@ a time on the forward engine (:mod:`resumerge.forward`), journaled per layer in 
 resumes where it was, :mod:`.verdict` holds the thresholds and rules and :mod:`.report` the report's shape and
 JSON. :func:`~resumerge.check.run.run_check` does it all; :func:`resumerge.api.check` calls it.
 
-May import: errors, config, forward, inputs, memory, store (killpoints, manifest, durable).
+May import: errors, config, forward, inputs, memory, store (killpoints, manifest, durable, ledger).
 """
 
 from __future__ import annotations

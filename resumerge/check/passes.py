@@ -11,7 +11,7 @@ with the same figures. The head runs last: the merge's and one other model's at 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,8 +52,9 @@ def streams_of(models: Sequence[Checked]) -> list[ModelStream]:
 
 
 def forward_pass(models: Sequence[Checked], streams: Sequence[ModelStream], sequences: Sequence[Sequence[int]],
-                 workdir: Path) -> PassFigures:
-    """Run the pass (resuming the one journaled in ``workdir``) and return its figures."""
+                 workdir: Path, on_model: Callable[[int, int], None] | None = None) -> PassFigures:
+    """Run the pass (resuming the one journaled in ``workdir``) and return its figures; ``on_model(layer, m)``
+    is told before model ``m``'s layer is read (``status`` shows it)."""
     workdir.mkdir(parents=True, exist_ok=True)
     roles = [m.role for m in models]
     reference = roles.index("base") if "base" in roles else (1 if len(models) > 1 else None)
@@ -66,7 +67,7 @@ def forward_pass(models: Sequence[Checked], streams: Sequence[ModelStream], sequ
         if hidden is None:
             hidden = [[h for h, _ in model] for model in entering]
         for index in range(start, layers):
-            hidden, row = _layer(streams, index, hidden, calls, reference)
+            hidden, row = _layer(streams, index, hidden, calls, reference, on_model)
             stats.append(row)
             _save(workdir, index, hidden, stats)
             reach("after_check_layer")  # tests kill the check here: it resumes after this layer
@@ -74,12 +75,15 @@ def forward_pass(models: Sequence[Checked], streams: Sequence[ModelStream], sequ
 
 
 def _layer(streams: Sequence[ModelStream], index: int, hidden: list[list[torch.Tensor]],
-           calls: list[list[list[LayerCall]]], reference: int | None) -> tuple[list[list[torch.Tensor]], list[float]]:
+           calls: list[list[list[LayerCall]]], reference: int | None,
+           on_model: Callable[[int, int], None] | None = None) -> tuple[list[list[torch.Tensor]], list[float]]:
     """Every model's layer ``index`` on its own hidden states and on the reference's; the layer's figures: per
     model its drift and departure, then the spread."""
     same_input = hidden[reference] if reference is not None else None
     own, on_same = [], []
     for m, stream in enumerate(streams):
+        if on_model is not None:
+            on_model(index, m)
         with stream.loaded(stream.layers_list[index]) as layer:
             out = [stream.run(layer, h, calls[m][s][index]) for s, h in enumerate(hidden[m])]
             own.append(out)

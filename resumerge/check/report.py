@@ -56,7 +56,7 @@ class StaticFigures:
 class CheckReport:
     """The check of one merge: the ``verdict`` (works, no_effect, broken), the ``reasons`` it rests on (each
     naming the figures compared), ``broken_layer`` (0-based, or None), the models' figures, the static pass,
-    the tokens it ran and the ``thresholds`` used."""
+    the tokens it ran, the ``thresholds`` used and where its drift ``chart`` is."""
 
     verdict: str
     reasons: tuple[str, ...]
@@ -67,6 +67,7 @@ class CheckReport:
     tokens: int
     thresholds: dict[str, float]
     spread: tuple[float, ...] = field(default=())
+    chart: str | None = None  # the per-layer drift chart (PNG) beside the report, when the forward pass ran
 
     @property
     def exit_code(self) -> int:

@@ -9,10 +9,13 @@ import importlib.metadata
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
+from resumerge.check.chart import write_drift_chart
 from resumerge.check.models import Checked, find_models
 from resumerge.check.passes import PassFigures, forward_pass, streams_of
+from resumerge.check.progress import CHECKS_DIR, Progress
 from resumerge.check.prompts import load_tokenizer, sequences
 from resumerge.check.report import CheckReport, ModelFigures, StaticFigures
 from resumerge.check.static import static_bytes, static_pass
@@ -24,9 +27,8 @@ from resumerge.forward.stream import ModelStream, import_transformers
 from resumerge.memory import SystemProbe, default_budget, format_size, smallest_budget_for
 from resumerge.store.durable import write_file_atomic
 
-# Under the state dir: one folder per check, named by its content key.
-CHECKS_DIR = "checks"
 REPORT_NAME = "report.json"
+CHART_NAME = "drift.png"
 
 
 def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None,
@@ -43,21 +45,58 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     if done.is_file():
         return CheckReport.from_json(json.loads(done.read_text()))
     streams = streams_of(models)
+    progress = Progress(workdir, model, streams[0].layers, len(models))
     try:
         _fits(streams, tokens, max_memory)  # before any weight is read
+        progress.say(phase="static")
         static = static_pass(models)
         figures = None
         if not static.nonfinite:  # broken already: a forward over NaNs tells nothing more
-            figures = forward_pass(models, streams, tokens, workdir)
+
+            def on_model(layer: int, m: int) -> None:
+                progress.say(phase="forward", layer=layer, model_index=m, model_role=models[m].role,
+                             model_path=models[m].path)
+
+            figures = forward_pass(models, streams, tokens, workdir, on_model)
     finally:
         for stream in streams:
             stream.close()
     report = _report(models, static, figures, tokens)
     workdir.mkdir(parents=True, exist_ok=True)
+    if figures is not None and len(models) > 1:  # people would rather look than read
+        chart = write_drift_chart(workdir / CHART_NAME, [m.drift for m in report.models[1:]], report.broken_layer)
+        report = replace(report, chart=str(chart))
     write_file_atomic(done, (json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n").encode())
+    progress.say(phase="done", verdict=report.verdict, exit_code=report.exit_code, broken_layer=report.broken_layer)
+    _record(model, state_dir, report, done)
     for journal in workdir.glob("layer-*.safetensors"):
         journal.unlink(missing_ok=True)
     return report
+
+
+def _record(model: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None, report: CheckReport,
+            where: Path) -> None:
+    """A ``check`` event in the ledger of ``model`` when it is a resumerge output with a ledger in this state
+    dir (its verdict, exit code, the layer named, each model's NLL and KL, and where the report is): the merge's
+    own record then says how it was checked. A model without one (any other folder) has no record to add to."""
+    from resumerge.config.locations import RunLocations
+    from resumerge.errors import LedgerError, StorageError
+    from resumerge.store.ledger import Ledger
+
+    path = RunLocations.of(model, state_dir).ledger
+    if not path.is_file():
+        return
+    data = {"verdict": report.verdict, "exit_code": report.exit_code, "broken_layer": report.broken_layer,
+            "models": [{"role": m.role, "path": m.path, "nll": m.nll, "kl": m.kl} for m in report.models],
+            "report": str(where)}
+    try:
+        ledger = Ledger(path)
+        try:
+            ledger.event("check", f"check: {report.verdict.replace('_', ' ')}", data)
+        finally:
+            ledger.close()
+    except (LedgerError, StorageError):  # a damaged ledger is the next run's to set aside; the report stands
+        return
 
 
 def _comparable(models: list[Checked]) -> None:

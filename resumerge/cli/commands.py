@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="discard a different earlier run in OUT (only files it wrote) and start over")
     run.add_argument("--public", action="store_true",
                      help="hf:// OUT: create a missing repo public [default: private]")
+    run.add_argument("--check", action="store_true", help="then check the merge as resumerge check does; exit "
+                     "with the check's code (0 works, 5 no effect, 6 broken)")
     run.add_argument("--no-copy-tokenizer", action="store_false", dest="copy_tokenizer",
                      help="do not copy tokenizer files")
     run.add_argument("--no-write-model-card", action="store_false", dest="write_model_card",
@@ -467,7 +469,12 @@ def _run(args: argparse.Namespace) -> int:
         with Progress(args.quiet) as progress:
             outcome = run(progress=progress, should_stop=installed_stop_flag(), **_api_options(args))
     _finished(outcome, args.quiet)
-    return EXIT_OK
+    report = getattr(outcome, "check", None)  # run --check: the check's report, and its verdict's exit code
+    if report is not None:
+        from resumerge.cli.render import show_check
+
+        show_check(report)
+    return EXIT_OK if report is None else int(report.exit_code)
 
 
 def _resume(args: argparse.Namespace) -> int:

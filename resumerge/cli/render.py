@@ -482,6 +482,12 @@ def show_check(report: CheckReport, stream: TextIO | None = None) -> None:
     for reason in report.reasons:
         out.print(f"  - {_escape(reason)}")
     out.print("thresholds: " + ", ".join(f"{k} {v:g}" for k, v in report.thresholds.items()), style="dim")
+    if report.chart is not None:
+        from resumerge.check.chart import COLOUR_NAMES
+
+        legend = ", ".join(f"{COLOUR_NAMES[i % len(COLOUR_NAMES)]} {m.role} {m.path}"
+                           for i, m in enumerate(report.models[1:]))
+        out.print(f"drift per layer: {_escape(report.chart)} ({_escape(legend)})")
 
 
 def show_error(line: str, stream: TextIO | None = None) -> None:

@@ -153,3 +153,64 @@ def test_bad_input_is_one_line_and_exit_2(models: dict[str, Path], tmp_path: Pat
     code = main(["check", str(models["copy"]), "--parent", str(models["base"]), "--prompts", str(models["texts"]),
                  "--max-memory", "20MB", "--state-dir", str(tmp_path)])
     assert code == 2 and not list(tmp_path.rglob("layer-*"))
+
+
+@pytest.fixture(scope="module")
+def self_merged(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """A resumerge output (the base merged with itself), its state dir, and its config."""
+    root = tmp_path_factory.mktemp("self")
+    config = write_config(root / "self.yml", {"merge_method": "linear", "models": [
+        {"model": str(models["base"]), "parameters": {"weight": 0.5}},
+        {"model": str(models["base"]), "parameters": {"weight": 0.5}}]})
+    api.run(config, root / "out", state_dir=root / "state")
+    return root / "out", root / "state", config
+
+
+def _check_events(out: Path, state: Path) -> list[dict[str, Any]]:
+    import sqlite3
+
+    from resumerge.config.locations import RunLocations
+
+    with sqlite3.connect(RunLocations.of(out, state).ledger) as db:
+        return [json.loads(row[0]) for row in db.execute("SELECT data FROM events WHERE kind = 'check'")]
+
+
+def test_status_shows_a_checks_layer_and_model_and_the_ledger_records_its_verdict(
+        models: dict[str, Path], self_merged: tuple[Path, Path, Path]) -> None:
+    out, state, _ = self_merged
+    argv = [sys.executable, "-m", "resumerge", "check", str(out), "--prompts", str(models["texts"]), "--json",
+            "--state-dir", str(state)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "RESUMERGE_KILL_AT": "after_check_layer:5"}
+    killed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    status = api.status(out, state_dir=state)
+    found = status.to_json()["check"]
+    assert (found["state"], found["phase"], found["layer"], found["layers"]) == ("interrupted", "forward", 4, 30)
+    assert (found["model_index"], found["model_role"], found["models"]) == (1, "parent", 2)
+    assert status.details is not None and ("check", "interrupted: layer 5 of 30, model 2 of 2 (parent "
+                                           f"{models['base']})") in status.details.rows
+    assert _check_events(out, state) == []  # no verdict yet, no record
+    report = api.check(out, prompts=models["texts"], state_dir=state)  # resumes
+    assert report.chart is not None and Path(report.chart).read_bytes().startswith(b"\x89PNG")
+    found = api.status(out, state_dir=state).to_json()["check"]
+    assert (found["state"], found["verdict"], found["exit_code"]) == ("done", "works", 0)
+    events = _check_events(out, state)
+    assert [(e["verdict"], e["exit_code"], e["broken_layer"]) for e in events] == [("works", 0, None)]
+    assert [(m["role"], m["nll"], m["kl"]) for m in events[0]["models"]] == [
+        (m.role, m.nll, m.kl) for m in report.models]
+
+
+def test_run_check_checks_the_output_and_exits_with_the_verdicts_code(
+        models: dict[str, Path], self_merged: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    from resumerge.cli.commands import main
+
+    _, _, config = self_merged
+    out, state = tmp_path / "out", tmp_path / "state"
+    assert main(["run", str(config), str(out), "--check", "--state-dir", str(state), "--quiet"]) == 0
+    assert [e["verdict"] for e in _check_events(out, state)] == ["works"]
+    # A kind whose output is no merge of parents is refused before the run starts (exit 2).
+    moe = write_config(tmp_path / "moe.yml", {"base_model": str(models["base"]), "gate_mode": "random",
+                                              "experts": [{"source_model": str(models["base"])},
+                                                          {"source_model": str(models["changed"])}]})
+    assert main(["run", str(moe), str(tmp_path / "moe"), "--check", "--state-dir", str(state)]) == 2
+    assert not (tmp_path / "moe").exists()

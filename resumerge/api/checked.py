@@ -1,0 +1,43 @@
+"""``run --check``: the merge, then :func:`resumerge.api.check` of its output, in one call. The outcome carries the
+check's report, so the CLI prints it and exits with its verdict's code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+from resumerge.engine.drive import Outcome
+from resumerge.errors import UsageError
+
+if TYPE_CHECKING:
+    from resumerge.api.runkind import PathLike
+    from resumerge.check import CheckReport
+
+# The kinds whose output is a model made from a base and parents that its record names (an upcycled MoE and a
+# LoRA adapter are not compared layer by layer with their inputs).
+CHECKABLE = ("merge", "recipe")
+
+
+@dataclass(frozen=True, repr=False)
+class CheckedOutcome(Outcome):
+    """A finished run's outcome and the check of its output (``run --check``)."""
+
+    check: CheckReport | None = None
+
+
+def refuse_check(kind: str, out: PathLike) -> None:
+    """Refuse ``--check`` (exit 2, before the run starts) where the output cannot be checked."""
+    if kind not in CHECKABLE:
+        raise UsageError(f"--check compares a merge with its base and parents; a {kind} run's output is not one",
+                         hint="leave out --check")
+    if str(out).startswith("hf://"):
+        raise UsageError("--check reads the merged model from a local OUT, and this OUT is a hub repo",
+                         hint="leave out --check, and run resumerge check on a local copy")
+
+
+def checked(outcome: Outcome, *, state_dir: PathLike | None, max_memory: int | None) -> CheckedOutcome:
+    """``outcome`` with the check of its output (the base and parents from its record)."""
+    from resumerge.check.run import run_check
+
+    report = run_check(outcome.out_dir, state_dir=state_dir, max_memory=max_memory)
+    return CheckedOutcome(**{f.name: getattr(outcome, f.name) for f in fields(outcome)}, check=report)
