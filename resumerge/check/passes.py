@@ -12,6 +12,7 @@ with the same figures. The head runs last: the merge's and one other model's at 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from resumerge.store.killpoints import reach
 from resumerge.torch_import import torch
 
 LAYER_PREFIX = "layer-"
+# Holds the memory of one step of the pass while it runs: (what, step) -> a context manager.
+Reserve = Callable[[str, str], AbstractContextManager[object]]
 _TINY = 1e-12
 
 
@@ -45,6 +48,10 @@ class PassFigures:
     base_kl: list[float | None]
 
 
+def _unreserved(what: str, step: str) -> AbstractContextManager[object]:
+    return nullcontext()
+
+
 def streams_of(models: Sequence[Checked]) -> list[ModelStream]:
     """Each model's modules without weights (read as the pass runs)."""
     return [ModelStream(Weights.of(m.opened.directory, m.opened.tensors), m.opened.config, torch.float32,
@@ -52,9 +59,11 @@ def streams_of(models: Sequence[Checked]) -> list[ModelStream]:
 
 
 def forward_pass(models: Sequence[Checked], streams: Sequence[ModelStream], sequences: Sequence[Sequence[int]],
-                 workdir: Path, on_model: Callable[[int, int], None] | None = None) -> PassFigures:
+                 workdir: Path, on_model: Callable[[int, int], None] | None = None,
+                 reserve: Reserve = _unreserved) -> PassFigures:
     """Run the pass (resuming the one journaled in ``workdir``) and return its figures; ``on_model(layer, m)``
-    is told before model ``m``'s layer is read (``status`` shows it)."""
+    is told before model ``m``'s layer is read (``status`` shows it); ``reserve(what, step)`` holds the memory
+    of a step (``layer``: one model's layer; ``heads``: two models' heads and log-probabilities) while it runs."""
     workdir.mkdir(parents=True, exist_ok=True)
     roles = [m.role for m in models]
     reference = roles.index("base") if "base" in roles else (1 if len(models) > 1 else None)
@@ -67,16 +76,18 @@ def forward_pass(models: Sequence[Checked], streams: Sequence[ModelStream], sequ
         if hidden is None:
             hidden = [[h for h, _ in model] for model in entering]
         for index in range(start, layers):
-            hidden, row = _layer(streams, index, hidden, calls, reference, on_model)
+            hidden, row = _layer(streams, index, hidden, calls, reference, on_model, reserve)
             stats.append(row)
             _save(workdir, index, hidden, stats)
             reach("after_check_layer")  # tests kill the check here: it resumes after this layer
-        return _heads(streams, hidden, sequences, stats, roles.index("base") if "base" in roles else None)
+        with reserve("the heads", "heads"):
+            return _heads(streams, hidden, sequences, stats, roles.index("base") if "base" in roles else None)
 
 
 def _layer(streams: Sequence[ModelStream], index: int, hidden: list[list[torch.Tensor]],
            calls: list[list[list[LayerCall]]], reference: int | None,
-           on_model: Callable[[int, int], None] | None = None) -> tuple[list[list[torch.Tensor]], list[float]]:
+           on_model: Callable[[int, int], None] | None = None, reserve: Reserve = _unreserved,
+           ) -> tuple[list[list[torch.Tensor]], list[float]]:
     """Every model's layer ``index`` on its own hidden states and on the reference's; the layer's figures: per
     model its drift and departure, then the spread."""
     same_input = hidden[reference] if reference is not None else None
@@ -84,7 +95,7 @@ def _layer(streams: Sequence[ModelStream], index: int, hidden: list[list[torch.T
     for m, stream in enumerate(streams):
         if on_model is not None:
             on_model(index, m)
-        with stream.loaded(stream.layers_list[index]) as layer:
+        with reserve(f"layer {index} of model {m + 1}", "layer"), stream.loaded(stream.layers_list[index]) as layer:
             out = [stream.run(layer, h, calls[m][s][index]) for s, h in enumerate(hidden[m])]
             own.append(out)
             if same_input is None or m == reference:

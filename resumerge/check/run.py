@@ -9,6 +9,7 @@ import importlib.metadata
 import json
 import os
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +25,8 @@ from resumerge.config.locations import state_root
 from resumerge.errors import UsageError
 from resumerge.forward import pass_bytes
 from resumerge.forward.stream import ModelStream, import_transformers
-from resumerge.memory import SystemProbe, default_budget, format_size, smallest_budget_for
+from resumerge.memory import MemoryGovernor, SystemProbe, default_budget, format_size, smallest_budget_for
+from resumerge.memory.allocator import tune_allocator
 from resumerge.store.durable import write_file_atomic
 
 REPORT_NAME = "report.json"
@@ -46,8 +48,9 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
         return CheckReport.from_json(json.loads(done.read_text()))
     streams = streams_of(models)
     progress = Progress(workdir, model, streams[0].layers, len(models))
+    restore_allocator = tune_allocator()  # freed layers go back to the OS: RSS follows what is held
     try:
-        _fits(streams, tokens, max_memory)  # before any weight is read
+        budget, steps = _fits(streams, tokens, max_memory)  # before any weight is read
         progress.say(phase="static")
         static = static_pass(models)
         figures = None
@@ -57,10 +60,19 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
                 progress.say(phase="forward", layer=layer, model_index=m, model_role=models[m].role,
                              model_path=models[m].path)
 
-            figures = forward_pass(models, streams, tokens, workdir, on_model)
+            # Each layer and each pair of heads is admitted by the RAM governor, as the merge's tensors are: it
+            # sees the process's RSS, gives freed memory back when a step would not fit, and refuses (exit 2)
+            # rather than pass the budget.
+            with MemoryGovernor(budget, SystemProbe()) as governor:
+                def reserve(what: str, step: str) -> AbstractContextManager[object]:
+                    return governor.acquire(steps[step], what=what)
+
+                figures = forward_pass(models, streams, tokens, workdir, on_model, reserve)
     finally:
         for stream in streams:
             stream.close()
+        if restore_allocator is not None:
+            restore_allocator()
     report = _report(models, static, figures, tokens)
     workdir.mkdir(parents=True, exist_ok=True)
     if figures is not None and len(models) > 1:  # people would rather look than read
@@ -123,11 +135,13 @@ def _key(models: list[Checked], tokens: list[list[int]]) -> str:
     return hashlib.sha256(json.dumps([doc, tokens, versions, THRESHOLDS]).encode()).hexdigest()[:32]
 
 
-def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int | None) -> None:
+def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int | None
+          ) -> tuple[int, dict[str, int]]:
     """Refuse (exit 2, before a weight is read) a check whose peak would not fit ``max_memory`` (None: the
     default budget): the static pass's largest tensor of three models and a difference; or the largest layer of
     one model in float32, or the merge's and one other model's heads and log-probabilities, beside every
-    model's hidden states (twice: in and out)."""
+    model's hidden states (twice: in and out). Returns the budget and what the forward pass's steps reserve
+    (``layer``, ``heads``)."""
     probe = SystemProbe()
     budget = max_memory if max_memory is not None else default_budget(probe)
     config = streams[0].config
@@ -144,6 +158,7 @@ def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int |
         raise UsageError(f"the check needs {format_size(held + peak)} (this process holds {format_size(held)}, "
                          f"its largest step {format_size(peak)}), more than the budget of {format_size(budget)}",
                          hint=f"rerun with --max-memory {format_size(smallest, compact=True)} or more")
+    return budget, {"layer": layer, "heads": heads}
 
 
 def _report(models: list[Checked], static: StaticFigures, figures: PassFigures | None,

@@ -5,6 +5,7 @@ renamed head) included. A model whose decoder layers the engine cannot find is r
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,31 @@ def figures_of(model: Checked, tmp_path: Path) -> PassFigures:
     finally:
         for stream in streams:
             stream.close()
+
+
+def test_each_layer_of_each_model_and_the_heads_are_reserved_while_they_run(tmp_path: Path) -> None:
+    # run_check hands the RAM governor's acquire in: every step holding weights is admitted by it, as the merge's
+    # tensors are (before, the pass reserved nothing: the budget was only a refusal made up front).
+    import contextlib
+
+    held: list[tuple[str, str, bool]] = []
+
+    @contextlib.contextmanager
+    def reserve(what: str, step: str) -> Iterator[None]:
+        held.append((what, step, False))
+        yield
+        held.append((what, step, True))
+
+    models = [_checked(_model(tmp_path / n, "llama", False)) for n in ("m", "p")]
+    models[1] = Checked("parent", models[1].path, None, models[1].opened)
+    streams = streams_of(models)
+    try:
+        forward_pass(models, streams, TOKENS, tmp_path / "journal", reserve=reserve)
+    finally:
+        for stream in streams:
+            stream.close()
+    layers = streams[0].layers
+    expected = [(f"layer {i} of model {m + 1}", "layer") for i in range(layers) for m in range(2)] + [
+        ("the heads", "heads")]
+    assert [(w, s) for w, s, released in held if not released] == expected
+    assert [(w, s) for w, s, released in held if released] == expected  # each released after its step
