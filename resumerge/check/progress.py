@@ -27,7 +27,7 @@ class Progress:
     def __init__(self, workdir: Path, model: str | os.PathLike[str], layers: int, models: int) -> None:
         self.path = workdir / PROGRESS_NAME
         self.doc: dict[str, Any] = {"model": os.path.abspath(model), "pid": os.getpid(), "layers": layers,
-                                    "report": str(workdir / "report.json"),
+                                    "report": os.path.abspath(workdir / "report.json"),
                                     "models": models, "phase": "starting", "layer": None, "model_index": None,
                                     "model_role": None, "model_path": None, "verdict": None}
 

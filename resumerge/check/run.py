@@ -77,7 +77,7 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     workdir.mkdir(parents=True, exist_ok=True)
     if figures is not None and len(models) > 1:  # people would rather look than read
         chart = write_drift_chart(workdir / CHART_NAME, [m.drift for m in report.models[1:]], report.broken_layer)
-        report = replace(report, chart=str(chart))
+        report = replace(report, chart=os.path.abspath(chart))
     write_file_atomic(done, (json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n").encode())
     progress.say(phase="done", verdict=report.verdict, exit_code=report.exit_code, broken_layer=report.broken_layer)
     _record(model, state_dir, report, done)
@@ -100,7 +100,7 @@ def _record(model: str | os.PathLike[str], state_dir: str | os.PathLike[str] | N
         return
     data = {"verdict": report.verdict, "exit_code": report.exit_code, "broken_layer": report.broken_layer,
             "models": [{"role": m.role, "path": m.path, "nll": m.nll, "kl": m.kl} for m in report.models],
-            "report": str(where)}
+            "report": os.path.abspath(where)}
     try:
         ledger = Ledger(path)
         try:
