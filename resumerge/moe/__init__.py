@@ -21,8 +21,7 @@ in :mod:`resumerge.outputs`, reads a MoE plan's config through :func:`load_moe_t
 only for the prompt gate modes, only in the prompt work's own process (:mod:`.passmain`, :mod:`.prompts`,
 :mod:`.forward`): the run's process never holds it.
 
-May import: errors, config, forward, inputs, memory, methods, plan (types, sharding, fingerprints, outconfig),
-store (killpoints only).
+May import: errors, config, forward, inputs, memory, methods, plan (types, sharding, outconfig...), store (killpoints)
 """
 
 from __future__ import annotations
