@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from resumerge.api.checked import checked, refuse_check
 from resumerge.api.kinds import EXTRACTION, kind_of, own_record, planner_of, recorded_kind
 from resumerge.api.options import (
     PathLike,
@@ -176,12 +175,18 @@ def run(
         call = Call(config, text, out, options, settings, allow_same_experts=allow_same_experts, codecs=codecs)
         driving = Driving(stop_flag(should_stop), restart=restart, intermediate_dir=intermediate_dir,
                           cleanup=cleanup_intermediates)
-        if check:
+        if check:  # imported here: status must not import the engine (api.checked's Outcome)
+            from resumerge.api.checked import refuse_check
+
             refuse_check(kind.name, out)
         with nothing_started(out, state_dir):
             kind.check(call, driving)
             outcome = kind.run(call, replace(driving, reporter=_reporter(progress)))
-    return checked(outcome, state_dir=state_dir, max_memory=settings.max_memory) if check else outcome
+    if not check:
+        return outcome
+    from resumerge.api.checked import checked
+
+    return checked(outcome, state_dir=state_dir, max_memory=settings.max_memory)
 
 
 def resume(
