@@ -19,10 +19,11 @@ from support import cli, digests, linear_config, write_config
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine import devices, estimate
+from resumerge.engine import devices
 from resumerge.engine.compute import TensorCompute
 from resumerge.engine.session import plan_from_config
 from resumerge.engine.workspace import Workspace
+from resumerge.estimate import estimate
 from resumerge.inputs.hub.ranges import RangeClient
 from resumerge.inputs.hub.stream import HubStream
 from resumerge.inputs.source import InputSources, LocalFiles

@@ -45,11 +45,11 @@ def test_a_header_byte_for_byte_another_s_is_parsed_once(tmp_path: Path) -> None
 class _Asked(CodecTable):
     """A codec table that keeps which models it was asked to recognise (the planner's table, handed to it)."""
 
-    asked: list[str] = field(default_factory=list)
+    recognised_at: list[str] = field(default_factory=list)
 
     def recognise(self, config: Mapping[str, Any], tensors: Mapping[str, TensorSource],
                   *, where: str = "") -> StoredFormats:
-        self.asked.append(where)
+        self.recognised_at.append(where)
         return super().recognise(config, tensors, where=where)
 
 
@@ -68,7 +68,7 @@ def test_models_stored_alike_are_recognised_once(tmp_path: Path, make: ModelFact
         plans.append(build_plan(doc, open_inputs(doc).models, PlanOptions(), codecs))
         # "Judged once" is ModelInput.recognised's contract (what a 92k-tensor fine-tune pair saves), asked of the
         # table the planner is given.
-        assert codecs.asked == [str(a)] if b is twin else codecs.asked == [str(a), str(b)]
+        assert codecs.recognised_at == [str(a)] if b is twin else codecs.recognised_at == [str(a), str(b)]
     for plan, b in zip(plans, (twin, other)):
         assert plan.input_roles[str(a)] == plan.input_roles[str(b)]
         assert all(tp.inputs[0].codec == tp.inputs[1].codec for tp in plan.tensors.values())
@@ -99,7 +99,7 @@ def test_headers_that_differ_only_in_bytes_share_recognition_not_places(
         models = open_inputs(doc).models
         codecs = _Asked(TOY.formats)
         plan = build_plan(doc, models, PlanOptions(), codecs)
-        assert codecs.asked == ([str(a)] if b is alike else [str(a), str(b)])
+        assert codecs.recognised_at == ([str(a)] if b is alike else [str(a), str(b)])
         # Shared judgement, own places: every part b's plan reads is where b's own headers put it.
         stored = models[str(b)].tensors
         refs = [ref for tp in plan.tensors.values() for ref in (tp.inputs[1], *(c for _, c in tp.inputs[1].companions))]
@@ -110,4 +110,4 @@ def test_headers_that_differ_only_in_bytes_share_recognition_not_places(
             judged_anew.setattr(model_module, "stored_alike", lambda one, other: False)
             codecs = _Asked(TOY.formats)
             assert build_plan(doc, models, PlanOptions(), codecs).fingerprint == plan.fingerprint
-            assert codecs.asked == [str(a), str(b)]
+            assert codecs.recognised_at == [str(a), str(b)]

@@ -63,11 +63,12 @@ class CastReader:
     it, and a quantized tensor is decoded as the merge decodes it.
     """
 
-    def __init__(self, weights: Weights, formats: StoredFormats, dtype: torch.dtype = torch.bfloat16, *,
+    def __init__(self, weights: Weights, formats: StoredFormats, dtype: torch.dtype | None = None, *,
                  key: str = "model") -> None:
         self._directory = weights.directory
         self._formats = formats
-        self._dtype = dtype
+        # bfloat16 unless told: named here, not as the default, so importing this module does not import torch
+        self._dtype = torch.bfloat16 if dtype is None else dtype
         self._key = key
         self._sources = InputSources.local({key: str(weights.directory)})
         self._files: dict[str, BinaryIO] = {}

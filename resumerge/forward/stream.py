@@ -38,20 +38,6 @@ def import_transformers(what: str) -> Any:
     return transformers
 
 
-class _Captured(torch.nn.Module):
-    """A decoder layer's stand-in: records what it is called with and hands the hidden states on."""
-
-    def __init__(self, calls: list[LayerCall], as_tuple: bool) -> None:
-        super().__init__()
-        self.calls, self.as_tuple = calls, as_tuple
-        self.seen: list[torch.Tensor] = []
-
-    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        self.calls.append((args, kwargs))
-        self.seen.append(hidden_states)
-        return (hidden_states,) if self.as_tuple else hidden_states
-
-
 class _Output:
     """The base model's output as the causal-LM class reads it: the last hidden state, and None for whatever
     else a family asks of it (the cache, attentions)."""
@@ -68,15 +54,34 @@ class _Output:
         return self.last_hidden_state
 
 
-class _Finished(torch.nn.Module):
-    """The base model's stand-in under the causal-LM head: returns the final norm's output it is given."""
+def _stubs() -> tuple[Any, Any]:
+    """The stand-ins a pass puts in a model's place, as classes made here: they subclass ``torch.nn.Module``, and a
+    class statement at module level would import torch with this module (torch loads on first use)."""
 
-    def __init__(self, hidden: torch.Tensor) -> None:
-        super().__init__()
-        self.hidden = hidden
+    class _Captured(torch.nn.Module):
+        """A decoder layer's stand-in: records what it is called with and hands the hidden states on."""
 
-    def forward(self, *args: Any, **kwargs: Any) -> _Output:
-        return _Output(self.hidden)
+        def __init__(self, calls: list[LayerCall], as_tuple: bool) -> None:
+            super().__init__()
+            self.calls, self.as_tuple = calls, as_tuple
+            self.seen: list[torch.Tensor] = []
+
+        def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            self.calls.append((args, kwargs))
+            self.seen.append(hidden_states)
+            return (hidden_states,) if self.as_tuple else hidden_states
+
+    class _Finished(torch.nn.Module):
+        """The base model's stand-in under the causal-LM head: returns the final norm's output it is given."""
+
+        def __init__(self, hidden: torch.Tensor) -> None:
+            super().__init__()
+            self.hidden = hidden
+
+        def forward(self, *args: Any, **kwargs: Any) -> _Output:
+            return _Output(self.hidden)
+
+    return _Captured, _Finished
 
 
 @contextmanager
@@ -234,7 +239,8 @@ class ModelStream:
         final = self.final_norm
         for as_tuple in (False, True):
             calls: list[list[LayerCall]] = [[] for _ in real_layers]
-            stubs = [_Captured(c, as_tuple) for c in calls]
+            captured, _ = _stubs()
+            stubs = [captured(c, as_tuple) for c in calls]
             try:
                 for i, stub in enumerate(stubs):
                     self.layers_list[i] = stub
@@ -280,7 +286,7 @@ class ModelStream:
 
         def logits(hidden: torch.Tensor) -> torch.Tensor:
             normed = self.final_norm(hidden) if self.final_norm is not None else hidden
-            setattr(self.model, attribute, _Finished(normed))
+            setattr(self.model, attribute, _stubs()[1](normed))
             try:
                 out = self.model(input_ids=torch.zeros(hidden.shape[:2], dtype=torch.long), use_cache=False)
             finally:
