@@ -1,7 +1,8 @@
 """resumerge: crash-safe, resumable, memory-bounded merges of LLM weights from mergekit YAML configs.
 
 The public Python API mirrors the CLI (``run``, ``resume``, ``status``, ``verify``, ``check``, ``plan_merge``,
-``estimate``, ``recipe_status``, ``extract_lora``, ``estimate_extraction``); it is
+``estimate``, ``recipe_status``, ``extract_lora``, ``estimate_extraction``), with its option groups (``Output``,
+``Merging``, ``Resources``, ``Hub``, ``Stages``, ``Lora``); it is
 imported lazily so that ``import resumerge`` (and ``resumerge status``) never pays for importing torch.
 """
 
@@ -11,12 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.config.version import __version__
 
-__all__ = ["__version__", "check", "estimate", "estimate_extraction", "extract_lora", "plan_merge", "recipe_status",
-           "resume", "run", "status", "verify"]
+__all__ = ["Hub", "Lora", "Merging", "Output", "Resources", "Stages", "__version__", "check", "estimate",
+           "estimate_extraction", "extract_lora", "plan_merge", "recipe_status", "resume", "run", "status", "verify"]
 _API = frozenset(__all__) - {"__version__"}
 
 if TYPE_CHECKING:
     from resumerge.api import (
+        Hub,
+        Lora,
+        Merging,
+        Output,
+        Resources,
+        Stages,
         check,
         estimate,
         estimate_extraction,

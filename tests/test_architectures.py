@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 from support import write_config
 
 from resumerge import api
+from resumerge.api.options import grouped
 from resumerge.cli.commands import main
 from resumerge.config.merge_config import load_config_text
 from resumerge.config.modelref import ModelRef
@@ -54,7 +55,7 @@ def _family(name: str) -> Family:
 
 def _merge(tmp_path: Path, doc: dict[str, Any], **options: Any) -> Path:
     out = tmp_path / "out"
-    api.run(yaml.safe_dump(doc, sort_keys=False), out, state_dir=tmp_path / "state", **options)
+    api.run(yaml.safe_dump(doc, sort_keys=False), out, state_dir=tmp_path / "state", **grouped(api.run, options))
     return out
 
 
@@ -348,5 +349,5 @@ def test_allow_crimes_merges_tensor_by_tensor_and_resumes(
     assert main(["resume", str(out), "--quiet", "--state-dir", state]) == 0
     with pytest.raises(ConfigError, match="different architectures"):
         api.run(cfg.read_text(), tmp_path / "api-out", state_dir=tmp_path / "state")
-    api.run(cfg.read_text(), tmp_path / "api-out", state_dir=tmp_path / "state", allow_crimes=True)
+    api.run(cfg.read_text(), tmp_path / "api-out", state_dir=tmp_path / "state", merging=api.Merging(allow_crimes=True))
     assert _tensors(tmp_path / "api-out").keys() == got.keys()

@@ -96,7 +96,7 @@ def test_gpu_budget_governs_units_and_streams_rows(tmp_path: Path, make: ModelFa
         return gov
 
     monkeypatch.setattr("resumerge.engine.drive.gpu_governor", fake_gpu)
-    api.run(config, tmp_path / "gpu", state_dir=tmp_path / "s2", max_memory="4GB")
+    api.run(config, tmp_path / "gpu", state_dir=tmp_path / "s2", resources=api.Resources(max_memory="4GB"))
     gov = made[0]
     plan = plan_from_config(load_config_text(config.read_text()), PlanOptions())
     assert len(gov.grants) > len(plan.tensors)  # the two vocab tensors were streamed in chunks

@@ -62,9 +62,9 @@ def test_output_size_is_exact(tmp_path: Path, make: ModelFactory) -> None:
     a, b = make("a", seed=1), make("b", seed=2)
     cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
     out = tmp_path / "out"
-    est = api.estimate(cfg, out, out_shard_size="30k", probe_size=0)
+    est = api.estimate(cfg, out, probe_size=0, output=api.Output(out_shard_size="30k"))
     assert est.fits and est.verdict == FITS
-    api.run(cfg, out, out_shard_size="30k")
+    api.run(cfg, out, output=api.Output(out_shard_size="30k"))
     sizes = {p.name: p.stat().st_size for p in out.iterdir()}
     shards = {n: s for n, s in sizes.items() if n.endswith(".safetensors")}
     assert len(shards) > 1 and sum(shards.values()) == est.output.shard_bytes
@@ -72,7 +72,7 @@ def test_output_size_is_exact(tmp_path: Path, make: ModelFactory) -> None:
     assert sizes[MANIFEST_NAME] == est.output.manifest_bytes
     assert sum(sizes.values()) - sum(shards.values()) - sizes[MANIFEST_NAME] == est.output.aux_bytes
     assert sum(sizes.values()) == est.output.total_bytes
-    finished = api.estimate(cfg, out, out_shard_size="30k", probe_size=0)
+    finished = api.estimate(cfg, out, probe_size=0, output=api.Output(out_shard_size="30k"))
     assert finished.time.compute == () and finished.time.compute_seconds == 0  # nothing pending: nothing timed
 
 
@@ -85,13 +85,14 @@ def test_a_resumable_out_needs_only_what_is_left(tmp_path: Path, make: ModelFact
     assert killed.returncode == -signal.SIGKILL
     committed = json.loads((out / MANIFEST_NAME).read_text())["committed"]
     done_bytes = sum(int(f["bytes"]) for f in committed.values())
-    fresh = api.estimate(cfg, tmp_path / "elsewhere", out_shard_size="30k", probe_size=0)
-    est = api.estimate(cfg, out, out_shard_size="30k", probe_size=0)
+    fresh = api.estimate(cfg, tmp_path / "elsewhere", probe_size=0, output=api.Output(out_shard_size="30k"))
+    est = api.estimate(cfg, out, probe_size=0, output=api.Output(out_shard_size="30k"))
     assert len(committed) == 2 and est.output.committed_bytes == done_bytes
     assert est.output.needed_bytes == fresh.output.needed_bytes - done_bytes
     assert est.time.rehash_bytes == done_bytes  # resume re-hashes what is committed
     assert est.time.read_bytes < fresh.time.read_bytes
-    other = api.estimate(cfg, out, out_shard_size="40k", probe_size=0)  # another plan: refused by run
+    # Another plan: refused by run.
+    other = api.estimate(cfg, out, probe_size=0, output=api.Output(out_shard_size="40k"))
     assert other.output.committed_bytes == 0 and any("different merge" in n for n in other.notes)
 
 
@@ -99,15 +100,15 @@ def test_output_that_cannot_fit_is_refused(tmp_path: Path, make: ModelFactory) -
     a, b = make("a", seed=1), make("b", seed=2)
     cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
     out = tmp_path / "out"
-    roomy = api.estimate(cfg, out, out_shard_size="30k", probe_size=0)
+    roomy = api.estimate(cfg, out, probe_size=0, output=api.Output(out_shard_size="30k"))
     (disk,) = roomy.disks  # OUT and the state dir share tmp's filesystem
     assert set(disk.roles) == {"output", "state"} and disk.needed_bytes > roomy.output.total_bytes
 
-    exact = api.estimate(cfg, out, out_shard_size="30k", probe_size=0,
-                                   disk_free=lambda path: disk.needed_bytes)
+    exact = api.estimate(cfg, out, probe_size=0, disk_free=lambda path: disk.needed_bytes,
+                         output=api.Output(out_shard_size="30k"))
     assert exact.fits
-    short = api.estimate(cfg, out, out_shard_size="30k", probe_size=0,
-                                   disk_free=lambda path: disk.needed_bytes - 1)
+    short = api.estimate(cfg, out, probe_size=0, disk_free=lambda path: disk.needed_bytes - 1,
+                         output=api.Output(out_shard_size="30k"))
     assert not short.fits and short.verdict == WILL_NOT_FIT
     (reason,) = short.reasons
     assert reason.startswith("disk: output + state need") and "choose an OUT on a disk with more room" in reason
@@ -117,8 +118,8 @@ def test_output_that_cannot_fit_is_refused(tmp_path: Path, make: ModelFactory) -
     alone = _disk_reason(replace(disk, roles=("output",)), short.output)
     assert alone.startswith("disk: output needs "), alone  # one role: "needs", as the table's line says
 
-    staged = api.estimate(cfg, out, out_shard_size="30k", probe_size=0, staging=True,
-                                    disk_free=lambda path: disk.needed_bytes)
+    staged = api.estimate(cfg, out, probe_size=0, disk_free=lambda path: disk.needed_bytes,
+                          output=api.Output(out_shard_size="30k"), resources=api.Resources(staging=True))
     assert staged.output.staging_bytes == staged.output.largest_shard_bytes > 0
     assert not staged.fits and "--out-shard-size" in staged.reasons[0]  # one shard more than the disk holds
     assert not out.exists()
@@ -243,7 +244,7 @@ def _ties_plan(make: ModelFactory, tmp_path: Path) -> Plan:
         "merge_method": "ties", "base_model": str(base), "dtype": "float32",
         "models": [{"model": str(m), "parameters": {"weight": 0.5, "density": 0.5}} for m in (a, b)],
     })
-    return api.plan_merge(cfg, out_shard_size="60k")
+    return api.plan_merge(cfg, output=api.Output(out_shard_size="60k"))
 
 
 def test_ties_compute_is_measured_on_the_inputs_and_scales_with_pending_work(tmp_path: Path,
@@ -391,8 +392,9 @@ def test_run_refuses_before_writing_what_plan_says_will_not_fit(tmp_path: Path, 
 
     cfg = write_config(tmp_path / "c.yml", linear_config(make("a", seed=1), make("b", seed=2)))
     out = tmp_path / "out"
-    free = api.plan_merge(cfg, out_shard_size="30k").total_bytes - 1
-    assert not api.estimate(cfg, out, out_shard_size="30k", probe_size=0, disk_free=lambda path: free).fits
+    free = api.plan_merge(cfg, output=api.Output(out_shard_size="30k")).total_bytes - 1
+    assert not api.estimate(cfg, out, probe_size=0, disk_free=lambda path: free,
+                            output=api.Output(out_shard_size="30k")).fits
     monkeypatch.setattr(outdir, "free_bytes", lambda path: free)
     assert main(["run", str(cfg), str(out), "--out-shard-size", "30k", "--quiet"]) == 2
     assert "the output needs" in capsys.readouterr().err
@@ -402,7 +404,7 @@ def test_run_refuses_before_writing_what_plan_says_will_not_fit(tmp_path: Path, 
 def test_the_ram_estimate_counts_small_tensors_by_the_groups_the_engine_admits(tmp_path: Path) -> None:
     """Consecutive tiny tensors of one shard are admitted as one group (resumerge.engine.unitgroup): the working set
     counts what a group holds, not one tensor's estimate per worker."""
-    plan = api.plan_merge(many_layer_merge(tmp_path, 20), out_shard_size="20k")
+    plan = api.plan_merge(many_layer_merge(tmp_path, 20), output=api.Output(out_shard_size="20k"))
     budget, tensors = 1 << 30, [plan.tensors[n] for s in plan.shards for n in s.tensors]
     units = pending_units(plan, plan.shards, budget)
     each = [unit_bytes(tp, plan.method_of(tp), WHOLE) for tp in tensors]

@@ -1,10 +1,11 @@
 """One front door: every CLI command is one :mod:`resumerge.api` call, so each command's options are its API
-function's parameters (read from the parser and the signatures, never typed out here), and the API keeps every
-guard the CLI has."""
+function's options — its own parameters and the fields of its option groups it honours (read from the parser, the
+signatures and the groups, never typed out here) — and the API keeps every guard the CLI has."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 from collections.abc import Callable
@@ -15,6 +16,7 @@ import pytest
 from support import write_config
 
 from resumerge import api
+from resumerge.api.options import GROUPS, grouped, options_of
 from resumerge.cli import commands
 from resumerge.cli.commands import build_parser, main
 from resumerge.errors import EXIT_REFUSED, OutputDirError, UsageError
@@ -52,7 +54,7 @@ def _dests(command: str) -> set[str]:
 
 
 def _parameters(function: Callable[..., Any]) -> set[str]:
-    return set(inspect.signature(function).parameters) - API_ONLY
+    return options_of(function) - API_ONLY
 
 
 @pytest.mark.parametrize("command", sorted(FUNCTIONS))
@@ -87,9 +89,9 @@ def test_the_cli_leaves_out_exactly_the_presentation_options() -> None:
     # The command passes every other parsed option to the API by name: the two lists are one.
     assert commands.CLI_ONLY == CLI_ONLY
     args = build_parser().parse_args(["run", "c.yml", "out", "--quiet", "--no-cuda", "-j", "2", "--no-staging"])
-    passed = commands._api_options(args)
+    passed = commands._api_options(args, api.run)
     inspect.signature(api.run).bind(**passed)  # raises TypeError on any name api.run does not take
-    assert passed["num_threads"] == 2 and passed["staging"] is False and "quiet" not in passed
+    assert passed["resources"] == api.Resources(num_threads=2, staging=False) and "quiet" not in passed
 
 
 def _recipe_out(tmp_path: Path) -> tuple[Path, Path, str]:
@@ -124,5 +126,38 @@ def test_the_api_keeps_the_guards_the_cli_had(tmp_path: Path, options: dict[str,
     cfg = write_config(tmp_path / "c.yml", {"merge_method": "linear", "models": [
         {"model": str(tmp_path / "a"), "parameters": {"weight": 1.0}}]})
     with pytest.raises(UsageError, match=message):
-        api.run(cfg, tmp_path / "out", state_dir=tmp_path / "state", **options)
+        api.run(cfg, tmp_path / "out", state_dir=tmp_path / "state", **grouped(api.run, options))
     assert not (tmp_path / "out").exists()
+
+
+def test_each_option_is_one_field_of_one_group_and_a_flag() -> None:
+    # grouped() packs a flag into the group with a field of its name: a name in two groups would be ambiguous, and a
+    # field no command has a flag for would be an option the CLI lacks (a new option: its field and its flag).
+    names = [each.name for group in GROUPS for each in dataclasses.fields(group)]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    flags = set().union(*(_dests(command) for command in FUNCTIONS))
+    assert set(names) <= flags, sorted(set(names) - flags)
+
+
+@pytest.mark.parametrize(("call", "refused"), [
+    (lambda out: api.resume(out, resources=api.Resources(device="cuda")), "device does not apply to resume"),
+    (lambda out: api.resume(out, hub=api.Hub(public=True)), "public does not apply to resume"),
+    (lambda out: api.extract_lora("a", "b", out, output=api.Output(out_shard_size="1GB")),
+     "out_shard_size does not apply to extract_lora"),
+    (lambda out: api.estimate("c.yml", out, stages=api.Stages(cleanup_intermediates=True)),
+     "cleanup_intermediates does not apply to estimate"),
+])
+def test_a_group_field_a_function_cannot_honour_is_refused(tmp_path: Path, call: Callable[[Path], object],
+                                                           refused: str) -> None:
+    # Before anything is read: the models and the config named here do not exist.
+    with pytest.raises(UsageError, match=refused):
+        call(tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_groups_are_what_the_cli_passes() -> None:
+    args = build_parser().parse_args(["extract-lora", "--model", "ft", "--base-model", "base", "--out-path", "o",
+                                      "--max-rank", "8", "--max-memory", "2GB", "--public", "--plan"])
+    passed = commands._api_options(args, api.extract_lora)
+    assert passed["lora"] == api.Lora(max_rank=8) and passed["resources"].max_memory == "2GB"
+    assert passed["hub"].public and passed["plan"] and passed["model"] == "ft"

@@ -258,7 +258,8 @@ def test_mxfp4_stacks_are_merged_per_expert_as_their_decoded_values(tmp_path: Pa
         doc = {"merge_method": "ties", "base_model": str(models["base"]), "dtype": "float32",
                "models": [{"model": str(models[n]), "parameters": {"weight": 0.5, "density": 0.5}}
                           for n in ("base", "a", "b")]}
-        api.run(yaml.safe_dump(doc), tmp_path / key, state_dir=tmp_path / f"state-{key}", dequantize=True)
+        api.run(yaml.safe_dump(doc), tmp_path / key, state_dir=tmp_path / f"state-{key}",
+                output=api.Output(dequantize=True))
         merged[key] = load_file(str(tmp_path / key / "model.safetensors"))
     assert sorted(merged["got"]) == sorted(merged["want"]) == sorted(f"{OSS}.{n}" for n in (
         "gate_up_proj", "gate_up_proj_bias", "down_proj"))

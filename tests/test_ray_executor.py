@@ -125,14 +125,14 @@ def _cluster() -> Iterator[tuple[Cluster, Any]]:
 def merge(tmp_path_factory: pytest.TempPathFactory) -> Merge:
     root = tmp_path_factory.mktemp("ray")
     config = ties_of_three(root, SPEC)
-    api.run(config, root / "local", state_dir=root / "state", out_shard_size=SHARD)
+    api.run(config, root / "local", state_dir=root / "state", output=api.Output(out_shard_size=SHARD))
     a, b = str(root / "a"), str(root / "b")
     slerp = write_config(root / "slerp.yml", {"merge_method": "slerp", "base_model": a, "dtype": "float32",
                                               "models": [{"model": a}, {"model": b}], "parameters": {"t": 0.3}})
     references = {}
     for threads in (2, 1):
-        api.run(slerp, root / f"slerp-j{threads}", state_dir=root / "state", out_shard_size=SHARD,
-                num_threads=threads)
+        api.run(slerp, root / f"slerp-j{threads}", state_dir=root / "state", output=api.Output(out_shard_size=SHARD),
+                resources=api.Resources(num_threads=threads))
         references[threads] = digests(root / f"slerp-j{threads}")
     return Merge(config, digests(root / "local"), slerp, references)
 
@@ -250,8 +250,8 @@ class _Refusing(NullReporter):
 
 def _a_run_refused_before_it_computes_leaves_no_worker(merge: Merge, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="refused at the start"):
-        api.run(merge.config, tmp_path / "out", state_dir=tmp_path / "state", out_shard_size=SHARD,
-                executor=RayExecutor(), progress=_Refusing())
+        api.run(merge.config, tmp_path / "out", state_dir=tmp_path / "state", executor=RayExecutor(), progress=_Refusing(),
+                output=api.Output(out_shard_size=SHARD))
     _wait_for_idle_cluster()  # the API call ended its warm workers
 
 
@@ -306,8 +306,9 @@ def _failing_run(merge: Merge, tmp_path: Path, executor: str) -> ResumergeError:
     config.write_text(merge.config.read_text().replace(str(merge.config.parent), str(models)))
     victim = sorted((models / "a").glob("*.safetensors"))[0]
     with pytest.raises(ResumergeError) as caught:
-        api.run(config, tmp_path / f"out-{executor}", state_dir=tmp_path / f"state-{executor}", out_shard_size=SHARD,
-                executor=executor_option(executor), progress=_Damaging(victim))
+        api.run(config, tmp_path / f"out-{executor}", state_dir=tmp_path / f"state-{executor}",
+                executor=executor_option(executor),
+                progress=_Damaging(victim), output=api.Output(out_shard_size=SHARD))
     return caught.value
 
 
@@ -342,8 +343,8 @@ def _streamed_hub_inputs_are_read_by_each_node(cluster: tuple[Cluster, Any], mer
     config, out, state = tmp_path / "streamed.yml", tmp_path / "out", tmp_path / "state"
     config.write_text(text)
     writer.hub.requests.clear()
-    outcome = api.run(config, out, state_dir=state, out_shard_size=SHARD, executor=RayExecutor(keep_workers=0),
-                      stream_inputs=True)
+    outcome = api.run(config, out, state_dir=state, executor=RayExecutor(keep_workers=0),
+                      output=api.Output(out_shard_size=SHARD), resources=api.Resources(stream_inputs=True))
     _wait_for_idle_cluster()
     assert _kept() == {}  # --keep-workers 0: the run's workers ended with it
     assert not _alive_pids(out, state)
@@ -407,8 +408,8 @@ def _runs_on_kept_workers_compute_as_fresh_ones(cluster: tuple[Cluster, Any], me
     said = _Said()
     for threads in (2, 1):
         out, state = tmp_path / f"j{threads}", tmp_path / f"state-j{threads}"
-        outcome = api.run(merge.slerp, out, state_dir=state, out_shard_size=SHARD, executor=RayExecutor(),
-                          num_threads=threads, progress=said)
+        outcome = api.run(merge.slerp, out, state_dir=state, executor=RayExecutor(), progress=said,
+                          output=api.Output(out_shard_size=SHARD), resources=api.Resources(num_threads=threads))
         assert digests(out) == merge.slerp_reference[threads] and outcome.resumed_files == 0
         events = _node_events(out, state)
         assert {e["node"] for e in events} == cluster[0].node_ids() and {e["threads"] for e in events} == {threads}
@@ -507,8 +508,8 @@ def _a_killed_ray_driver_resumes_locally(cluster: tuple[Cluster, Any], merge: Me
     assert ran.returncode == -9, ran.stderr
     _wait_for_idle_cluster()  # Ray ends the dead driver's tasks: none may upload while it resumes
     assert not any(n.endswith(".safetensors") for n in repo_files(writer, "alice/ray"))
-    outcome = api.resume("hf://alice/ray", state_dir=state, executor=LocalExecutor(), commit_every=4,
-                         commit_interval=3600)
+    outcome = api.resume("hf://alice/ray", state_dir=state, executor=LocalExecutor(),
+                         hub=api.Hub(commit_every=4, commit_interval=3600))
     assert outcome.target == "hf://alice/ray"
     _hub_output_checked(merge, writer, "alice/ray", state, nodes=None)
 
@@ -552,7 +553,8 @@ def _kept_workers_end_once_idle_for_their_time(merge: Merge, tmp_path: Path) -> 
     # A run that keeps its workers two seconds: once idle that long, each ends itself, its name freed and its
     # process gone.
     out, state = tmp_path / "out", tmp_path / "state"
-    api.run(merge.config, out, state_dir=state, out_shard_size=SHARD, executor=RayExecutor(keep_workers=2.0))
+    api.run(merge.config, out, state_dir=state, executor=RayExecutor(keep_workers=2.0),
+            output=api.Output(out_shard_size=SHARD))
     assert _kept()
     deadline = time.monotonic() + 30
     while _kept():
@@ -566,8 +568,9 @@ def _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge: Merge, wr
                                                                  max_disk: int) -> None:
     state = tmp_path / "state"
     with _the_driver_uploads_no_shard(monkeypatch):
-        outcome = api.run(merge.config, "hf://alice/ray", state_dir=state, out_shard_size=SHARD, executor=RayExecutor(),
-                          commit_every=4, commit_interval=3600, max_disk=max_disk)
+        outcome = api.run(merge.config, "hf://alice/ray", state_dir=state, executor=RayExecutor(),
+                          output=api.Output(out_shard_size=SHARD), hub=api.Hub(commit_every=4, commit_interval=3600),
+                          resources=api.Resources(max_disk=max_disk))
     assert outcome.target == "hf://alice/ray"
     _hub_output_checked(merge, writer, "alice/ray", state, nodes=1, max_disk=max_disk)
 
@@ -753,8 +756,8 @@ def _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster: tuple[Cluster, Any]
     # The resume: each node uploads the shards it makes (what the stopped run's nodes uploaded is on the hub
     # already: not sent again), the driver alone commits, in batches.
     with _warm_reservation_never_ready(cluster[0], monkeypatch) as adopted, _the_driver_uploads_no_shard(monkeypatch):
-        outcome = api.resume("hf://alice/stopped", state_dir=state, executor=RayExecutor(), commit_every=4,
-                             commit_interval=3600)
+        outcome = api.resume("hf://alice/stopped", state_dir=state, executor=RayExecutor(),
+                             hub=api.Hub(commit_every=4, commit_interval=3600))
     assert adopted == [False]
     assert outcome.resumed_files >= len(shards)
     _hub_output_checked(merge, writer, "alice/stopped", state, nodes=2)

@@ -164,7 +164,7 @@ try:
 except InputError:
     pass
 left = len(psutil.Process().children())
-est = api.estimate(sys.argv[2], sys.argv[3], fresh_process=True, probe_size=0, num_threads=1)
+est = api.estimate(sys.argv[2], sys.argv[3], fresh_process=True, probe_size=0, resources=api.Resources(num_threads=1))
 groups = est.time.compute
 print(left, len(psutil.Process().children()), bool(groups) and all(g.seconds_per_element for g in groups),
       est.memory.counted_baseline_bytes - SystemProbe().rss() > 50 << 20, est.memory.working_set_bytes,
@@ -191,7 +191,7 @@ def test_plan_imports_torch_and_times_the_sample_in_a_helper_that_a_refusal_does
     assert printed[:4] == ["0", "0", "True", "True"]
     threads = torch.get_num_threads()
     try:
-        here = api.estimate(good, tmp_path / "out", probe_size=0, num_threads=1)
+        here = api.estimate(good, tmp_path / "out", probe_size=0, resources=api.Resources(num_threads=1))
     finally:
         set_torch_threads(threads)
     assert isinstance(here, Estimate)

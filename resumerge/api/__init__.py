@@ -2,7 +2,8 @@
 prints), ``plan_merge``, ``extract_lora`` and ``estimate_extraction``, for the CLI and for notebooks alike.
 
 Each CLI command parses its arguments and makes one call here, so a notebook gets the very tool the README
-describes. Every function takes flat keyword parameters and packs them (:mod:`.options`) into the
+describes. Every function takes its options as a few frozen groups (:mod:`.options`: :class:`Output`, :class:`Merging`,
+:class:`Resources`, :class:`Hub`, :class:`Stages`, :class:`Lora`) and turns them into the
 :class:`~resumerge.plan.merge_plan.PlanOptions` that change output bytes and the
 :class:`~resumerge.config.settings.RunSettings` that do not, then hands the call to its kind of run: a single
 merge, a recipe (several YAML documents), MoE upcycling (a mergekit-moe config) or a LoRA extraction, each one
@@ -16,14 +17,19 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import fields, replace
+from typing import TYPE_CHECKING, Any
 
 from resumerge.api.kinds import EXTRACTION, kind_of, own_record, planner_of, recorded_kind
 from resumerge.api.options import (
+    Hub,
+    Lora,
+    Merging,
+    Output,
     PathLike,
+    Resources,
+    Stages,
     config_text,
-    hub_output,
     named,
     nothing_started,
     plan_options,
@@ -31,16 +37,17 @@ from resumerge.api.options import (
     run_settings,
     started_early,
     stop_flag,
+    taken,
     usable_device,
 )
 from resumerge.api.runkind import Call, Driving
 from resumerge.config.settings import RunSettings
 from resumerge.extract.spec import ExtractSpec
 from resumerge.memory.sizes import parse_size
-from resumerge.plan.defaults import DEFAULT_SEED, DEFAULT_SHARD_SIZE
+from resumerge.plan.defaults import DEFAULT_SHARD_SIZE
 
-__all__ = ["check", "estimate", "estimate_extraction", "extract_lora", "plan_merge", "recipe_status", "resume", "run",
-           "status", "verify"]
+__all__ = ["Hub", "Lora", "Merging", "Output", "Resources", "Stages", "check", "estimate", "estimate_extraction",
+           "extract_lora", "plan_merge", "recipe_status", "resume", "run", "status", "verify"]
 
 # Only what ``status`` and ``verify`` need is imported here, so that they stay fast (no torch): the merging
 # commands import the engine inside the function.
@@ -67,31 +74,12 @@ def run(
     out: PathLike,
     *,
     state_dir: PathLike | None = None,
-    out_shard_size: int | str | None = None,
-    random_seed: int = DEFAULT_SEED,
+    output: Output = Output(),
+    merging: Merging = Merging(),
+    resources: Resources = Resources(),
+    hub: Hub = Hub(),
+    stages: Stages = Stages(),
     restart: bool = False,
-    copy_tokenizer: bool = True,
-    allow_crimes: bool = False,
-    allow_same_experts: bool = False,
-    max_memory: int | str | None = None,
-    device: str = "cpu",
-    max_gpu_memory: int | str | None = None,
-    staging: bool | PathLike | None = None,
-    intermediate_dir: PathLike | None = None,
-    cleanup_intermediates: bool = False,
-    max_disk: int | str | None = None,
-    public: bool = False,
-    commit_every: int | None = None,
-    commit_interval: float | None = None,
-    stream_inputs: bool = False,
-    write_model_card: bool = True,
-    unsafe_truncate_embeddings: bool = False,
-    dequantize: bool = False,
-    out_type: str = "safetensors",
-    gguf_type: str = "f16",
-    out_adapter: bool = False,
-    cache_dir: PathLike | None = None,
-    num_threads: int | None = None,
     executor: Executor | None = None,
     progress: bool | Reporter = False,
     should_stop: Callable[[], bool] | None = None,
@@ -100,12 +88,9 @@ def run(
 ) -> Outcome:
     """Merge ``config`` into ``out``, like ``resumerge run``. ``config`` is a YAML file (a ``Path``, or a ``str``
     naming one) or YAML text (a ``str`` holding a newline or a one-line YAML mapping); the same holds for every
-    ``config`` parameter here.
-
-    ``stream_inputs`` (``--stream-inputs``) reads every hub input's tensors by HTTP Range instead of downloading
-    its files; by default a file is streamed when the merge needs less than half of it, or when downloading it
-    would break ``max_disk``. ``cache_dir`` (``--transformers-cache``) is the Hugging Face cache for hub models;
-    ``num_threads`` (``-j``) torch's thread count.
+    ``config`` parameter here. The options come in groups (:mod:`.options`: what OUT holds, how models are merged,
+    what the run may use, how an ``hf://`` OUT is written, a recipe's stages), each a frozen object a notebook builds
+    once and passes to every call; ``restart`` starts over an earlier, different run into ``out``.
 
     ``executor`` computes the output shards: None or ``LocalExecutor()`` this process; ``RayExecutor(address,
     keep_workers)`` (``--executor ray --ray-address --keep-workers``, from :mod:`resumerge.engine.executors`) a worker
@@ -115,31 +100,16 @@ def run(
     connected to) Ray's workers stay for the next run, idle for at most ``keep_workers`` seconds (600 by default;
     ``0``: they end with the run), holding no CPU while idle.
 
-    A multi-document ``config`` is a recipe (mergekit-multi): its named stages go to ``intermediate_dir``
-    (default ``OUT.intermediates``, or under the state dir for an ``hf://`` OUT), deleted at the end with
-    ``cleanup_intermediates``; the final stage's outcome is returned. With an ``hf://`` OUT only the final stage
-    is committed to the repo, with the recipe's record. A single merge is refused (exit 4) into a recipe's OUT,
-    even with ``restart``: it would leave the recipe's record stale.
+    A multi-document ``config`` is a recipe (mergekit-multi): its named stages go where ``stages`` says; the final
+    stage's outcome is returned. With an ``hf://`` OUT only the final stage is committed to the repo, with the
+    recipe's record. A single merge is refused (exit 4) into a recipe's OUT, even with ``restart``: it would leave
+    the recipe's record stale.
 
-    ``staging``: None stages files on local disk only when ``out`` is on Drive or another remote filesystem,
-    True always, False never, or a local directory to stage in (``--staging-dir``).
-
-    ``out`` may be ``"hf://NAMESPACE/NAME[@BRANCH]"``: the merge goes to that hub repo (created private unless
-    ``public``) in shards of about 1/100 of the output by default (25 MB to 1 GB), each committed once uploaded
-    (``commit_every`` files or ``commit_interval`` seconds batch them), at most ``max_disk`` bytes uncommitted.
+    ``out`` may be ``"hf://NAMESPACE/NAME[@BRANCH]"``: the merge goes to that hub repo (as ``hub`` says) in shards
+    of about 1/100 of the output by default (25 MB to 1 GB), at most ``resources.max_disk`` bytes uncommitted.
 
     A mergekit-moe config (``base_model`` and ``experts``) is upcycled into a mixture of experts, as
-    ``mergekit-moe`` does; ``allow_same_experts`` (``--i-understand-this-is-not-useful-without-training``) lets
-    every expert be the same model, as there, and is refused for any other config.
-
-    ``write_model_card=False`` (``--no-write-model-card``) writes no README.md and no mergekit_config.yml;
-    ``unsafe_truncate_embeddings`` (``--unsafe-truncate-embeddings``) merges models whose vocabularies differ in
-    size by keeping the common leading rows (config.json and the tokenizer are cut to match). ``dequantize``
-    (``--dequantize``) stores every output tensor plainly in its dtype, whatever format the base model is stored in.
-    ``out_type="gguf"`` (``--out-type gguf``) writes one GGUF file, ``model.gguf``, instead of safetensors shards,
-    its matrices as ``gguf_type`` (``--gguf-type``: ``f16``, ``bf16``, ``q8_0``) and its tokenizer from a GGUF parent.
-    ``out_adapter`` (``--out-adapter``) writes a ``core_space`` merge of LoRA adapters as one merged PEFT adapter
-    (rank at most the adapters' summed ranks) instead of a merged model.
+    ``mergekit-moe`` does.
 
     ``progress`` is a reporter the caller made (the CLI hands in its display,
     :class:`~resumerge.cli.render.ProgressReporter`), used as given (the caller closes it); ``True`` is deprecated.
@@ -156,25 +126,18 @@ def run(
     before the run starts.
     """
     named(out)
-    settings = run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory,
-                            max_gpu_memory=max_gpu_memory, staging=staging, max_disk=max_disk,
-                            output=hub_output(public, commit_every, commit_interval), num_threads=num_threads,
-                            executor=executor)
+    settings = run_settings(state_dir, resources, hub, executor=executor)
     # A Ray run's workers start first: they import while this process imports and plans.
-    with started_early(settings, out, device) as settings:
+    with started_early(settings, out, resources.device) as settings:
         from resumerge.plan.sharding import shard_size_choice
 
         text = config_text(config)
         kind = kind_of(text)
-        options = plan_options(out_shard_size=shard_size_choice(out_shard_size, out)[0], random_seed=random_seed,
-                               copy_tokenizer=copy_tokenizer, device=device, allow_crimes=allow_crimes,
-                               stream_inputs=stream_inputs, write_model_card=write_model_card, dequantize=dequantize,
-                               out_type=out_type, gguf_type=gguf_type,
-                               unsafe_truncate_embeddings=unsafe_truncate_embeddings, num_threads=num_threads,
-                               out_adapter=out_adapter)
-        call = Call(config, text, out, options, settings, allow_same_experts=allow_same_experts, codecs=codecs)
-        driving = Driving(stop_flag(should_stop), restart=restart, intermediate_dir=intermediate_dir,
-                          cleanup=cleanup_intermediates)
+        options = plan_options(output, merging, resources,
+                               out_shard_size=shard_size_choice(output.out_shard_size, out)[0])
+        call = Call(config, text, out, options, settings, allow_same_experts=merging.allow_same_experts, codecs=codecs)
+        driving = Driving(stop_flag(should_stop), restart=restart, intermediate_dir=stages.intermediate_dir,
+                          cleanup=stages.cleanup_intermediates)
         if check:  # imported here: status must not import the engine (api.checked's Outcome)
             from resumerge.api.checked import refuse_check
 
@@ -193,29 +156,24 @@ def resume(
     out: PathLike,
     *,
     state_dir: PathLike | None = None,
-    max_memory: int | str | None = None,
-    max_gpu_memory: int | str | None = None,
-    staging: bool | PathLike | None = None,
-    cleanup_intermediates: bool = False,
-    max_disk: int | str | None = None,
-    commit_every: int | None = None,
-    commit_interval: float | None = None,
-    num_threads: int | None = None,
+    resources: Resources = Resources(),
+    hub: Hub = Hub(),
+    stages: Stages = Stages(),
     executor: Executor | None = None,
     progress: bool | Reporter = False,
     should_stop: Callable[[], bool] | None = None,
 ) -> Outcome:
     """Finish the merge recorded for ``out``, like ``resumerge resume`` (for a recipe: every stage still to do,
     returning the final stage's outcome); an ``hf://`` OUT resumes from the repo alone. The options mean what they
-    mean for :func:`run`; none of them changes the output, so they may differ from the first run's — but
-    ``num_threads``: a run whose methods' bytes depend on it (slerp, karcher, model_stock, nuslerp) reuses the
-    recorded count, and a different one is refused (UsageError)."""
+    mean for :func:`run` (those a run records, its device and how it reads its inputs, are refused here); none of
+    them changes the output, so they may differ from the first run's — but ``num_threads``: a run whose methods'
+    bytes depend on it (slerp, karcher, model_stock, nuslerp) reuses the recorded count, and a different one is
+    refused (UsageError)."""
     named(out)
-    settings = run_settings(state_dir=state_dir, max_memory=max_memory, max_gpu_memory=max_gpu_memory,
-                            staging=staging, max_disk=max_disk, output=hub_output(False, commit_every,
-                                                                                  commit_interval),
-                            num_threads=num_threads, executor=executor)
-    driving = Driving(stop_flag(should_stop), _reporter(progress), cleanup=cleanup_intermediates)
+    for group in (resources, hub, stages):
+        taken(group, "resume")
+    settings = run_settings(state_dir, resources, hub, executor=executor)
+    driving = Driving(stop_flag(should_stop), _reporter(progress), cleanup=stages.cleanup_intermediates)
     # A Ray run's workers, while this one reads its record: none for a GPU plan (they start without one), nor where
     # only the hub's manifest says the device.
     with started_early(settings, out, recorded_device(out, settings)) as settings:
@@ -231,36 +189,24 @@ def resume(
 
 
 def extract_lora(
-    model: str, base_model: str, out: PathLike, *, max_rank: int = 128, sv_epsilon: float = 0.0,
-    distribute_scale: bool = True, embed_lora: bool = False, save_modules: Sequence[str] = (),
-    exclude_regexes: Sequence[str] = (), include_regexes: Sequence[str] = (), skip_undecomposable: bool = False,
-    exact: bool = False, allow_crimes: bool = False, unsafe_truncate_embeddings: bool = False,
-    random_seed: int = DEFAULT_SEED, write_model_card: bool = True, state_dir: PathLike | None = None,
-    restart: bool = False, max_memory: int | str | None = None, device: str = "cpu",
-    max_gpu_memory: int | str | None = None, staging: bool | PathLike | None = None,
-    max_disk: int | str | None = None, public: bool = False, commit_every: int | None = None,
-    commit_interval: float | None = None,
-    cache_dir: PathLike | None = None, num_threads: int | None = None, plan: bool = False,
+    model: str, base_model: str, out: PathLike, *, lora: Lora = Lora(), output: Output = Output(),
+    merging: Merging = Merging(), resources: Resources = Resources(), hub: Hub = Hub(),
+    state_dir: PathLike | None = None, restart: bool = False, plan: bool = False,
     progress: bool | Reporter = False, should_stop: Callable[[], bool] | None = None, fresh_process: bool = False,
 ) -> Outcome | Estimate:
     """Extract a PEFT LoRA adapter of ``model`` (the fine-tune) against ``base_model`` into ``out``, like
-    ``resumerge extract-lora`` (mergekit-extract-lora's options and meanings; ``exact`` computes mergekit's full
-    SVD instead of the seeded randomized truncation). Journaled like a merge: :func:`resume` finishes it. The
-    other options mean what they mean for :func:`run`. Each module's factors are kept in the state dir until the
+    ``resumerge extract-lora`` (``lora``: mergekit-extract-lora's options and meanings). Journaled like a merge:
+    :func:`resume` finishes it. The other options mean what they mean for :func:`run` (of ``output`` only
+    ``write_model_card`` applies: an adapter is one file). Each module's factors are kept in the state dir until the
     adapter is committed, then deleted here.
 
     ``plan=True`` returns :func:`estimate_extraction`'s estimate instead (``fresh_process`` as there), writing
     nothing; call that function for it, which always returns an estimate.
     """
-    spec = ExtractSpec(model=model, base_model=base_model, max_rank=max_rank, sv_epsilon=sv_epsilon,
-                       distribute_scale=distribute_scale, embed_lora=embed_lora, save_modules=tuple(save_modules),
-                       exclude_regexes=tuple(exclude_regexes), include_regexes=tuple(include_regexes),
-                       skip_undecomposable=skip_undecomposable, exact=exact)
-    settings = run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory,
-                            max_gpu_memory=max_gpu_memory, staging=staging, max_disk=max_disk,
-                            output=hub_output(public, commit_every, commit_interval), num_threads=num_threads)
-    call = _extraction_call(spec, out, settings, random_seed=random_seed, device=device, allow_crimes=allow_crimes,
-                            write_model_card=write_model_card, unsafe_truncate_embeddings=unsafe_truncate_embeddings)
+    for group in (output, merging, resources, hub):
+        taken(group, "extract_lora")
+    settings = run_settings(state_dir, resources, hub)
+    call = _extraction_call(_spec(model, base_model, lora), out, settings, output, merging, resources)
     if plan:
         return _estimate_extraction(call, fresh_process)
     named(out)
@@ -271,26 +217,17 @@ def extract_lora(
 
 
 def estimate_extraction(
-    model: str, base_model: str, out: PathLike, *, max_rank: int = 128, sv_epsilon: float = 0.0,
-    distribute_scale: bool = True, embed_lora: bool = False, save_modules: Sequence[str] = (),
-    exclude_regexes: Sequence[str] = (), include_regexes: Sequence[str] = (), skip_undecomposable: bool = False,
-    exact: bool = False, allow_crimes: bool = False, unsafe_truncate_embeddings: bool = False,
-    random_seed: int = DEFAULT_SEED, write_model_card: bool = True, state_dir: PathLike | None = None,
-    max_memory: int | str | None = None, device: str = "cpu", staging: bool | PathLike | None = None,
-    max_disk: int | str | None = None, cache_dir: PathLike | None = None, num_threads: int | None = None,
+    model: str, base_model: str, out: PathLike, *, lora: Lora = Lora(), output: Output = Output(),
+    merging: Merging = Merging(), resources: Resources = Resources(), state_dir: PathLike | None = None,
     fresh_process: bool = False,
 ) -> Estimate:
     """Validate the LoRA extraction that :func:`extract_lora` would run with these options (they mean what they
     mean there) and return its :class:`~resumerge.estimate.costs.Estimate`, as :func:`estimate` does for a merge
     (``fresh_process`` as there; ``resumerge extract-lora --plan``), writing nothing."""
-    spec = ExtractSpec(model=model, base_model=base_model, max_rank=max_rank, sv_epsilon=sv_epsilon,
-                       distribute_scale=distribute_scale, embed_lora=embed_lora, save_modules=tuple(save_modules),
-                       exclude_regexes=tuple(exclude_regexes), include_regexes=tuple(include_regexes),
-                       skip_undecomposable=skip_undecomposable, exact=exact)
-    settings = run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory, staging=staging,
-                            max_disk=max_disk, num_threads=num_threads)
-    call = _extraction_call(spec, out, settings, random_seed=random_seed, device=device, allow_crimes=allow_crimes,
-                            write_model_card=write_model_card, unsafe_truncate_embeddings=unsafe_truncate_embeddings)
+    for group in (output, merging, resources):
+        taken(group, "estimate_extraction")
+    settings = run_settings(state_dir, resources)
+    call = _extraction_call(_spec(model, base_model, lora), out, settings, output, merging, resources)
     return _estimate_extraction(call, fresh_process)
 
 
@@ -357,18 +294,16 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
                      state_dir=state_dir)
 
 
-def plan_merge(config: PathLike, *, out_shard_size: int | str = DEFAULT_SHARD_SIZE,
-               random_seed: int = DEFAULT_SEED, allow_crimes: bool = False,
-               unsafe_truncate_embeddings: bool = False, allow_same_experts: bool = False,
-               dequantize: bool = False, out_type: str = "safetensors", gguf_type: str = "f16",
+def plan_merge(config: PathLike, *, output: Output = Output(), merging: Merging = Merging(),
                codecs: CodecTable | None = None) -> Plan:
-    """Validate ``config`` against the models' headers and return the frozen plan; writes nothing (a
-    mergekit-moe config's hidden-state routers are not computed). ``codecs``: as for :func:`run`."""
-    options = plan_options(out_shard_size=out_shard_size, random_seed=random_seed, allow_crimes=allow_crimes,
-                           unsafe_truncate_embeddings=unsafe_truncate_embeddings, dequantize=dequantize,
-                           out_type=out_type, gguf_type=gguf_type)
+    """Validate ``config`` against the models' headers and return the frozen plan (shards of ``out_shard_size``,
+    1 GB when not given); writes nothing (a mergekit-moe config's hidden-state routers are not computed).
+    ``codecs``: as for :func:`run`."""
+    shard_size = DEFAULT_SHARD_SIZE if output.out_shard_size is None else output.out_shard_size
+    options = plan_options(output, merging, out_shard_size=shard_size)
     text = config_text(config)
-    call = Call(config, text, None, options, RunSettings(), allow_same_experts=allow_same_experts, codecs=codecs)
+    call = Call(config, text, None, options, RunSettings(), allow_same_experts=merging.allow_same_experts,
+                codecs=codecs)
     return planner_of(kind_of(text)).plan(call)
 
 
@@ -377,24 +312,11 @@ def estimate(
     out: PathLike | None = None,
     *,
     state_dir: PathLike | None = None,
-    out_shard_size: int | str | None = None,
-    random_seed: int = DEFAULT_SEED,
-    copy_tokenizer: bool = True,
-    allow_crimes: bool = False,
-    allow_same_experts: bool = False,
-    unsafe_truncate_embeddings: bool = False,
-    dequantize: bool = False,
-    out_type: str = "safetensors",
-    gguf_type: str = "f16",
-    max_memory: int | str | None = None,
-    cache_dir: PathLike | None = None,
-    stream_inputs: bool = False,
-    device: str = "cpu",
-    num_threads: int | None = None,
-    staging: bool | PathLike | None = None,
+    output: Output = Output(),
+    merging: Merging = Merging(),
+    resources: Resources = Resources(),
+    stages: Stages = Stages(),
     probe_size: int | str = "32MiB",
-    intermediate_dir: PathLike | None = None,
-    max_disk: int | str | None = None,
     bandwidth: str | None = None,
     session: str | None = None,
     disk_free: Callable[[Path], int] | None = None,
@@ -406,13 +328,13 @@ def estimate(
     ``plan --json`` prints. Writes nothing but the disk probe's temp file (deleted; ``probe_size=0`` skips it).
 
     The options mean what they mean for :func:`run` (``executor`` is checked, not timed): compute is timed on
-    ``device`` with ``num_threads`` threads (a GPU this machine lacks is refused, exit 2). ``out`` may be an
-    ``hf://`` target and ``max_disk`` bounds the local disk. A multi-document ``config`` is a recipe: every stage
-    is estimated (a :class:`~resumerge.recipes.estimate.RecipeEstimate`), which needs ``out`` to place them
-    (``intermediate_dir`` as for :func:`run`). ``disk_free`` replaces the free-space reading (tests simulate small
-    disks with it); ``fresh_process`` says this process was started for this estimate, as the merge's will be (the
-    CLI), so its age counts as the merge's start-up. Raises the same errors as :func:`plan_merge` for an invalid
-    merge; a merge that does not fit is not an error.
+    ``resources.device`` with ``resources.num_threads`` threads (a GPU this machine lacks is refused, exit 2).
+    ``out`` may be an ``hf://`` target and ``resources.max_disk`` bounds the local disk. A multi-document ``config``
+    is a recipe: every stage is estimated (a :class:`~resumerge.recipes.estimate.RecipeEstimate`), which needs
+    ``out`` to place them (``stages.intermediate_dir`` as for :func:`run`). ``disk_free`` replaces the free-space
+    reading (tests simulate small disks with it); ``fresh_process`` says this process was started for this estimate,
+    as the merge's will be (the CLI), so its age counts as the merge's start-up. Raises the same errors as
+    :func:`plan_merge` for an invalid merge; a merge that does not fit is not an error.
 
     A merge with hub inputs or an ``hf://`` OUT gets a network estimate (``.network``, none for a recipe): bytes
     each way at ``bandwidth`` (``"DOWN[/UP]"`` per second, e.g. ``"150MB/75MB"``) or at a download rate measured by
@@ -428,36 +350,43 @@ def estimate(
 
     if out is not None:
         named(out)
+    for group in (output, merging, resources, stages):
+        taken(group, "estimate")
     link = parse_bandwidth(bandwidth) if bandwidth is not None else None
     length = parse_duration(session) if session is not None else None
-    options = plan_options(out_shard_size=shard_size_choice(out_shard_size, out)[0], random_seed=random_seed,
-                           copy_tokenizer=copy_tokenizer, device=device, allow_crimes=allow_crimes,
-                           stream_inputs=stream_inputs, unsafe_truncate_embeddings=unsafe_truncate_embeddings,
-                           dequantize=dequantize, out_type=out_type, gguf_type=gguf_type)
-    settings = run_settings(state_dir=state_dir, cache_dir=cache_dir, max_memory=max_memory, staging=staging,
-                            max_disk=max_disk, num_threads=num_threads, executor=executor)
+    # The estimate plans without the thread count (as it always has): its fingerprint is the config's own.
+    options = plan_options(output, merging, resources, num_threads=None,
+                           out_shard_size=shard_size_choice(output.out_shard_size, out)[0])
+    settings = run_settings(state_dir, resources, executor=executor)
     usable_device(options.device)
     measuring = Measuring(probe_bytes=parse_size(probe_size, option="--probe-size"),
                           disk_free=disk_free or free_bytes, bandwidth=link)
     text = config_text(config)
-    call = Call(config, text, out, options, settings, allow_same_experts=allow_same_experts)
-    result = kind_of(text).estimate(call, measuring, fresh_process=fresh_process, intermediate_dir=intermediate_dir)
+    call = Call(config, text, out, options, settings, allow_same_experts=merging.allow_same_experts)
+    result = kind_of(text).estimate(call, measuring, fresh_process=fresh_process,
+                                    intermediate_dir=stages.intermediate_dir)
     from resumerge.recipes import estimate as recipes
 
     if isinstance(result, recipes.RecipeEstimate):  # a plan per stage, each with its own shard size
         return result
-    return replace(result, shard_choice=shard_size_choice(out_shard_size, out)[1],  # plan says why, when it chose
+    # The plan says why, when it chose the shard size.
+    return replace(result, shard_choice=shard_size_choice(output.out_shard_size, out)[1],
                    session=result.sessions_of(length) if length is not None else None)
 
 
-def _extraction_call(spec: ExtractSpec, out: PathLike, settings: RunSettings, *, random_seed: int, device: str,
-                     allow_crimes: bool, write_model_card: bool, unsafe_truncate_embeddings: bool) -> Call:
-    """The call of the extraction ``spec`` into ``out`` (its recorded text is the spec's; one adapter file)."""
+def _spec(model: str, base_model: str, lora: Lora) -> ExtractSpec:
+    """The extraction asked: ``lora``'s options, each an :class:`ExtractSpec` field of the same name."""
+    given: dict[str, Any] = {each.name: getattr(lora, each.name) for each in fields(lora)}
+    return ExtractSpec(model=model, base_model=base_model, **given)
+
+
+def _extraction_call(spec: ExtractSpec, out: PathLike, settings: RunSettings, output: Output, merging: Merging,
+                     resources: Resources) -> Call:
+    """The call of the extraction ``spec`` into ``out`` (its recorded text is the spec's; one adapter file, no
+    tokenizer)."""
     from resumerge.extract.spec import spec_text
 
-    options = plan_options(out_shard_size=DEFAULT_SHARD_SIZE, random_seed=random_seed, copy_tokenizer=False,
-                           device=device, allow_crimes=allow_crimes, write_model_card=write_model_card,
-                           unsafe_truncate_embeddings=unsafe_truncate_embeddings, num_threads=settings.num_threads)
+    options = plan_options(output, merging, resources, out_shard_size=DEFAULT_SHARD_SIZE, copy_tokenizer=False)
     text = spec_text(spec)
     return Call(text, text, out, options, settings)
 

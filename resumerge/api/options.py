@@ -1,21 +1,30 @@
-"""The one place the API's flat keyword parameters become :class:`~resumerge.plan.merge_plan.PlanOptions` (what
-changes the output's bytes) and :class:`~resumerge.config.settings.RunSettings` (what does not), and the guards
-every kind of run shares: OUT named, a config given as a file or as YAML text, a recipe's OUT kept from a single
-merge. Each raises :class:`~resumerge.errors.UsageError` (exit 2) for a bad value, before any work.
+"""What a caller asks of a run, as a few frozen groups a notebook builds once and passes to every call
+(:class:`Output`, :class:`Merging`, :class:`Resources`, :class:`Hub`, :class:`Stages`, :class:`Lora`), and the one
+place they become :class:`~resumerge.plan.merge_plan.PlanOptions` (what changes the output's bytes) and
+:class:`~resumerge.config.settings.RunSettings` (what does not), with the guards every kind of run shares: OUT
+named, a config given as a file or as YAML text, a recipe's OUT kept from a single merge. Each raises
+:class:`~resumerge.errors.UsageError` (exit 2) for a bad value, before any work.
+
+A group's field is named as the CLI flag's dest (``max_memory`` is ``--max-memory``): the CLI hands its parsed
+flags to :func:`grouped`, which packs them into the groups the API function takes, so a new option is a field of
+its group and a flag, nothing else. A field that some function cannot honour says which (``not_for``): that
+function refuses it when set (UsageError), and the CLI has no such flag there (tests/test_front_door.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resumerge.config.settings import KEEP_WORKERS, HubOutputOptions, RunSettings
 from resumerge.errors import LedgerError, OutputDirError, UsageError
 from resumerge.memory.sizes import parse_size
+from resumerge.plan.defaults import DEFAULT_SEED
 
 if TYPE_CHECKING:
     from resumerge.engine.executors import Executor
@@ -23,35 +32,182 @@ if TYPE_CHECKING:
 
 PathLike = str | os.PathLike[str]
 
+# The API functions that extract a LoRA adapter (one adapter file: no shards, no tokenizer, no quantized format).
+_EXTRACTION = ("extract_lora", "estimate_extraction")
 
-def plan_options(*, out_shard_size: int | str | None, device: str = "cpu", **flags: Any) -> PlanOptions:
+
+def _not_for(*functions: str) -> dict[str, tuple[str, ...]]:
+    """A group field's metadata: the API functions that refuse it when set (a field without: every function taking
+    its group honours it)."""
+    return {"not_for": functions}
+
+
+@dataclass(frozen=True)
+class Output:
+    """What OUT holds besides the weights' values: ``out_shard_size`` (bytes or ``"1GB"``; None: the planner's
+    pick, about 1/100 of the output), the parent's tokenizer (``copy_tokenizer``), README.md and
+    mergekit_config.yml (``write_model_card``), and ``dequantize``: every tensor stored plainly in its dtype, whatever
+    format the base model is stored in. ``out_type="gguf"`` writes one GGUF file, ``model.gguf``, instead of
+    safetensors shards, its matrices as ``gguf_type`` (``f16``, ``bf16``, ``q8_0``) and its tokenizer from a GGUF
+    parent; ``out_adapter`` writes a ``core_space`` merge of LoRA adapters as one merged PEFT adapter (rank at most
+    the adapters' summed ranks) instead of a merged model."""
+
+    out_shard_size: int | str | None = field(default=None, metadata=_not_for(*_EXTRACTION))
+    copy_tokenizer: bool = field(default=True, metadata=_not_for(*_EXTRACTION))
+    write_model_card: bool = field(default=True, metadata=_not_for("estimate"))
+    dequantize: bool = field(default=False, metadata=_not_for(*_EXTRACTION))
+    out_type: str = field(default="safetensors", metadata=_not_for(*_EXTRACTION))
+    gguf_type: str = field(default="f16", metadata=_not_for(*_EXTRACTION))
+    out_adapter: bool = field(default=False, metadata=_not_for("estimate", *_EXTRACTION))
+
+
+@dataclass(frozen=True)
+class Merging:
+    """How models are merged, beyond the config: ``random_seed`` of the seeded methods, ``allow_crimes`` (mix
+    architectures), ``unsafe_truncate_embeddings`` (vocabularies of different sizes keep their common leading rows;
+    config.json and the tokenizer are cut to match) and ``allow_same_experts`` (a mergekit-moe config whose experts
+    are all one model, as mergekit-moe's ``--i-understand-this-is-not-useful-without-training``)."""
+
+    random_seed: int = DEFAULT_SEED
+    allow_crimes: bool = False
+    unsafe_truncate_embeddings: bool = False
+    allow_same_experts: bool = field(default=False, metadata=_not_for(*_EXTRACTION))
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What a run may use, none of it changing the output (``device`` aside: a GPU may round differently):
+    ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:N"``), the RAM and GPU budgets ``max_memory``/``max_gpu_memory``
+    (bytes or ``"6GB"``; None: a safe fraction of what the machine allows), ``max_disk`` (bytes kept on the local
+    disk for the output), ``staging`` (None stages files on local disk only when OUT is on Drive or another remote
+    filesystem, True always, False never, or a local directory), torch's ``num_threads``, the Hugging Face
+    ``cache_dir`` for hub models, and ``stream_inputs``: read every hub input by HTTP Range instead of downloading
+    its files (by default a file is streamed when the merge needs less than half of it, or when downloading it would
+    break ``max_disk``). A resume computes on the device and reads the inputs as its run recorded."""
+
+    device: str = field(default="cpu", metadata=_not_for("resume"))
+    max_memory: int | str | None = None
+    max_gpu_memory: int | str | None = field(default=None, metadata=_not_for("estimate", "estimate_extraction"))
+    max_disk: int | str | None = None
+    staging: bool | PathLike | None = None
+    num_threads: int | None = None
+    cache_dir: PathLike | None = field(default=None, metadata=_not_for("resume"))
+    stream_inputs: bool = field(default=False, metadata=_not_for("resume", *_EXTRACTION))
+
+
+@dataclass(frozen=True)
+class Hub:
+    """How an ``hf://`` OUT is written: created ``public`` (default: private), each file committed once uploaded,
+    or in batches of ``commit_every`` files or after ``commit_interval`` seconds."""
+
+    public: bool = field(default=False, metadata=_not_for("resume"))
+    commit_every: int | None = None
+    commit_interval: float | None = None
+
+
+@dataclass(frozen=True)
+class Stages:
+    """A recipe's (several YAML documents) named stages: written to ``intermediate_dir`` (default
+    ``OUT.intermediates``, or under the state dir for an ``hf://`` OUT), deleted at the end with
+    ``cleanup_intermediates``. Refused with a one-document config."""
+
+    intermediate_dir: PathLike | None = field(default=None, metadata=_not_for("resume"))
+    cleanup_intermediates: bool = field(default=False, metadata=_not_for("estimate"))
+
+
+@dataclass(frozen=True)
+class Lora:
+    """mergekit-extract-lora's options (same names and defaults; :class:`~resumerge.extract.spec.ExtractSpec`), plus
+    ``exact``: mergekit's full SVD instead of the seeded randomized truncation."""
+
+    max_rank: int = 128
+    sv_epsilon: float = 0.0
+    distribute_scale: bool = True
+    embed_lora: bool = False
+    save_modules: Sequence[str] = ()
+    exclude_regexes: Sequence[str] = ()
+    include_regexes: Sequence[str] = ()
+    skip_undecomposable: bool = False
+    exact: bool = False
+
+    def __post_init__(self) -> None:
+        # Kept as tuples (a list given is copied): the group stays a value, equal to the same options given again.
+        for name in ("save_modules", "exclude_regexes", "include_regexes"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+
+
+GROUPS = (Output, Merging, Resources, Hub, Stages, Lora)
+
+
+def taken(group: object, function: str) -> None:
+    """Refuse a field of ``group`` that ``function`` cannot honour, set to other than its default (UsageError)."""
+    for each in fields(group):  # type: ignore[arg-type]
+        if function in each.metadata.get("not_for", ()) and getattr(group, each.name) != each.default:
+            raise UsageError(f"{each.name} does not apply to {function}",
+                             hint=f"leave {type(group).__name__}.{each.name} at its default here")
+
+
+def group_parameters(function: Callable[..., Any]) -> dict[str, type]:
+    """The parameters of ``function`` that take a group, and the group each takes (read from its defaults)."""
+    return {name: type(p.default) for name, p in inspect.signature(function).parameters.items()
+            if type(p.default) in GROUPS}
+
+
+def options_of(function: Callable[..., Any]) -> set[str]:
+    """Every option ``function`` takes by name: its own parameters, and its groups' fields it honours, each named
+    as the CLI's flag dest (what tests/test_front_door.py compares with the CLI's flags)."""
+    groups = group_parameters(function)
+    own = set(inspect.signature(function).parameters) - set(groups)
+    return own | {each.name for group in groups.values() for each in fields(group)
+                  if function.__name__ not in each.metadata.get("not_for", ())}
+
+
+def grouped(function: Callable[..., Any], flat: Mapping[str, Any]) -> dict[str, Any]:
+    """``flat`` options (the CLI's parsed flags, by dest) as the keyword arguments of ``function``: each option
+    that is a field of one of its groups goes into that group, the others are passed as they are."""
+    groups = group_parameters(function)
+    owner = {each.name: name for name, group in groups.items() for each in fields(group)}
+    kwargs: dict[str, Any] = {k: v for k, v in flat.items() if k not in owner}
+    for name, group in groups.items():
+        given = {k: v for k, v in flat.items() if owner.get(k) == name}
+        if given:
+            kwargs[name] = group(**given)
+    return kwargs
+
+
+def plan_options(*groups: object, out_shard_size: int | str | None, **overrides: Any) -> PlanOptions:
     """What changes the output's bytes (the plan's fingerprint; ``num_threads`` only for the methods whose bytes
     depend on it, the planner drops it for the others; shard size None: the planner's pick; output shards named
-    like the parent's, as every new run's); ``flags`` are the other :class:`PlanOptions` fields, as given.
-    UsageError if bad."""
+    like the parent's, as every new run's): every field of ``groups`` that :class:`PlanOptions` has, by name, then
+    ``overrides``. UsageError if bad."""
     from resumerge.engine.devices import normalise_device
     from resumerge.plan.merge_plan import PlanOptions
     from resumerge.plan.sharding import AUTO_SHARD_SIZE  # the planner picks (an hf:// OUT's default)
 
+    names = {each.name for each in fields(PlanOptions)} - {"out_shard_size", "parent_shard_names"}
+    given = {each.name: getattr(group, each.name) for group in groups
+             for each in fields(group) if each.name in names}  # type: ignore[arg-type]
+    given.update(overrides)
     shard_size = size_option(out_shard_size, "--out-shard-size")
     return PlanOptions(out_shard_size=AUTO_SHARD_SIZE if shard_size is None else shard_size,
-                       device=normalise_device(device), parent_shard_names=True, **flags)
+                       parent_shard_names=True, **{**given, "device": normalise_device(given.get("device", "cpu"))})
 
 
-def run_settings(*, state_dir: PathLike | None, cache_dir: PathLike | None = None,
-                 max_memory: int | str | None = None, max_gpu_memory: int | str | None = None,
-                 staging: bool | PathLike | None = None, max_disk: int | str | None = None,
-                 output: HubOutputOptions | None = None, num_threads: int | None = None,
+def run_settings(state_dir: PathLike | None, resources: Resources, hub: Hub | None = None, *,
                  executor: Executor | None = None) -> RunSettings:
-    """What never changes the output's bytes; raises UsageError (exit 2) for a bad value, before any work (an
-    executor that cannot run here, as Ray's without Ray installed, is one)."""
+    """What never changes the output's bytes: ``resources``, how an ``hf://`` OUT is written (``hub``; None: the
+    default, for a call that writes none), the ``executor``; raises UsageError (exit 2) for a bad value, before any
+    work (an executor that cannot run here, as Ray's without Ray installed, is one)."""
     from resumerge.engine.executors import executor_of
 
-    if num_threads is not None and num_threads < 1:
+    output = None if hub is None else hub_output(hub.public, hub.commit_every, hub.commit_interval)
+    if resources.num_threads is not None and resources.num_threads < 1:
         raise UsageError("--num-threads must be at least 1")
-    settings = RunSettings(state_dir=state_dir, cache_dir=cache_dir, max_memory=size_option(max_memory, "--max-memory"),
-                           max_gpu_memory=size_option(max_gpu_memory, "--max-gpu-memory"), staging=staging,
-                           max_disk=size_option(max_disk, "--max-disk"), num_threads=num_threads, executor=executor)
+    settings = RunSettings(state_dir=state_dir, cache_dir=resources.cache_dir,
+                           max_memory=size_option(resources.max_memory, "--max-memory"),
+                           max_gpu_memory=size_option(resources.max_gpu_memory, "--max-gpu-memory"),
+                           staging=resources.staging, max_disk=size_option(resources.max_disk, "--max-disk"),
+                           num_threads=resources.num_threads, executor=executor)
     executor_of(settings).check()
     return settings if output is None else replace(settings, output=output)
 

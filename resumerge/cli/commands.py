@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from resumerge.cli.checkcmd import add_check_parser
@@ -467,7 +467,7 @@ def _run(args: argparse.Namespace) -> int:
         note_ignored(args)
         quiet_hub_uploads(args.out)
         with Progress(args.quiet) as progress:
-            outcome = run(progress=progress, should_stop=installed_stop_flag(), **_api_options(args))
+            outcome = run(progress=progress, should_stop=installed_stop_flag(), **_api_options(args, run))
     _finished(outcome, args.quiet)
     report = getattr(outcome, "check", None)  # run --check: the check's report, and its verdict's exit code
     if report is not None:
@@ -483,7 +483,7 @@ def _resume(args: argparse.Namespace) -> int:
 
         quiet_hub_uploads(args.out)
         with Progress(args.quiet) as progress:
-            outcome = resume(progress=progress, should_stop=installed_stop_flag(), **_api_options(args))
+            outcome = resume(progress=progress, should_stop=installed_stop_flag(), **_api_options(args, resume))
     _finished(outcome, args.quiet)
     return EXIT_OK
 
@@ -491,7 +491,7 @@ def _resume(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from resumerge.api import estimate
 
-    result = estimate(fresh_process=True, **_api_options(args))
+    result = estimate(fresh_process=True, **_api_options(args, estimate))
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
@@ -513,12 +513,12 @@ def _extract_lora(args: argparse.Namespace) -> int:
     if not args.plan:
         quiet_hub_uploads(args.out)
         with Progress(args.quiet) as progress:
-            outcome = extract_lora(progress=progress, should_stop=installed_stop_flag(), **_api_options(args))
+            outcome = extract_lora(progress=progress, should_stop=installed_stop_flag(),
+                                   **_api_options(args, extract_lora))
         assert not isinstance(outcome, Estimate)  # plan=False runs the extraction
         _finished(outcome, args.quiet)
         return EXIT_OK
-    options = {k: v for k, v in _api_options(args).items() if k not in EXTRACTION_RUN_ONLY}
-    result = estimate_extraction(fresh_process=True, **options)
+    result = estimate_extraction(fresh_process=True, **_api_options(args, estimate_extraction, EXTRACTION_RUN_ONLY))
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
@@ -528,17 +528,19 @@ def _extract_lora(args: argparse.Namespace) -> int:
     return fits_exit_code(result.fits, result.reasons)
 
 
-def _api_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The parsed options that are the API call's keyword arguments (every dest but presentation and the
-    mergekit flags accepted only to be ignored; tests/test_front_door.py holds the two sets equal), the executor's
-    own flags folded into the executor object (:data:`FOLDED`)."""
-    options = {k: v for k, v in vars(args).items() if k not in CLI_ONLY and not k.startswith("unneeded_")}
-    if "executor" in options:
-        from resumerge.api.options import executor_option
+def _api_options(args: argparse.Namespace, function: Callable[..., Any],
+                 leave: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The keyword arguments of ``function`` from the parsed options: every dest but presentation, the mergekit
+    flags accepted only to be ignored and ``leave``, the executor's own flags folded into the executor object
+    (:data:`FOLDED`), each other packed into the option group that has a field of its name
+    (:func:`resumerge.api.options.grouped`; tests/test_front_door.py holds the flags and the API's options equal)."""
+    from resumerge.api.options import executor_option, grouped
 
+    options = {k: v for k, v in vars(args).items() if k not in CLI_ONLY | leave and not k.startswith("unneeded_")}
+    if "executor" in options:
         folded = {k: options.pop(k) for k in FOLDED if k in options}
         options["executor"] = executor_option(options["executor"], **folded)
-    return options
+    return grouped(function, options)
 
 
 def _finished(outcome: Outcome, quiet: bool) -> None:

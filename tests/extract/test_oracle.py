@@ -18,6 +18,7 @@ import yaml
 from safetensors.torch import load_file
 
 from resumerge import api
+from resumerge.api.options import grouped
 
 # name -> (pair, mergekit-extract-lora options)
 CASES: dict[str, tuple[str, list[str]]] = {
@@ -82,7 +83,7 @@ def _ours(case: str, pair: Callable[[str], tuple[Path, Path]], out: Path, **extr
     if "--save-module" in args:
         kwargs["save_modules"] = [args[args.index("--save-module") + 1]]
     kwargs.update(extra)
-    api.extract_lora(str(ft), str(base), out, **kwargs)  # type: ignore[arg-type]
+    api.extract_lora(str(ft), str(base), out, **grouped(api.extract_lora, kwargs))
     return out
 
 

@@ -38,7 +38,7 @@ def _models(base: Path, ft: Path, adapter: Path) -> tuple[torch.Tensor, torch.Te
 def test_full_rank_gives_the_fine_tune(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]]) -> None:
     base, ft = pair("llama")
     out = tmp_path / "adapter"
-    api.extract_lora(str(ft), str(base), out, max_rank=48)  # every module's full rank
+    api.extract_lora(str(ft), str(base), out, lora=api.Lora(max_rank=48))  # every module's full rank
     fine, plain, adapted = _models(base, ft, out)
     assert (fine - plain).abs().max() > 0.1  # the fine-tune does differ
     assert torch.allclose(adapted, fine, atol=1e-4, rtol=0)
@@ -48,6 +48,6 @@ def test_truncated_embed_lora_is_close(tmp_path: Path, pair: Callable[[str], tup
     """Rank 6 keeps the planted deltas (ranks 2 to 6) and drops the noise; embeddings and head as LoRA too."""
     base, ft = pair("llama")
     out = tmp_path / "adapter"
-    api.extract_lora(str(ft), str(base), out, max_rank=6, embed_lora=True)
+    api.extract_lora(str(ft), str(base), out, lora=api.Lora(max_rank=6, embed_lora=True))
     fine, plain, adapted = _models(base, ft, out)
     assert float(torch.linalg.norm(adapted - fine)) < 0.05 * float(torch.linalg.norm(plain - fine))

@@ -24,20 +24,24 @@ def _refused(out: Path, call: Callable[[], object], words: str) -> None:
 def test_rank_below_one(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]]) -> None:
     base, ft = pair("llama")
     out = tmp_path / "out"
-    _refused(out, lambda: api.extract_lora(str(ft), str(base), out, max_rank=0), "--max-rank must be at least 1")
+    _refused(out, lambda: api.extract_lora(str(ft), str(base), out, lora=api.Lora(max_rank=0)),
+             "--max-rank must be at least 1")
 
 
 def test_regex_matching_nothing(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]]) -> None:
     base, ft = pair("llama")
     out = tmp_path / "out"
-    _refused(out, lambda: api.extract_lora(str(ft), str(base), out, include_regexes=["q_porj"]), "matches no module")
-    _refused(out, lambda: api.extract_lora(str(ft), str(base), out, exclude_regexes=["nope"]), "matches no module")
+    _refused(out, lambda: api.extract_lora(str(ft), str(base), out, lora=api.Lora(include_regexes=["q_porj"])),
+             "matches no module")
+    _refused(out, lambda: api.extract_lora(str(ft), str(base), out, lora=api.Lora(exclude_regexes=["nope"])),
+             "matches no module")
 
 
 def test_save_module_that_does_not_exist(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]]) -> None:
     base, ft = pair("llama")
     out = tmp_path / "out"
-    _refused(out, lambda: api.extract_lora(str(ft), str(base), out, save_modules=["lm_haed"]), "names no module")
+    _refused(out, lambda: api.extract_lora(str(ft), str(base), out, lora=api.Lora(save_modules=["lm_haed"])),
+             "names no module")
 
 
 def test_shapes_that_differ(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]]) -> None:
@@ -82,7 +86,7 @@ def test_plan_estimates_without_writing(tmp_path: Path, pair: Callable[[str], tu
     assert factors and all(g["whole"] and g["seconds_per_call"] > 0 for g in factors), factors
     weights = sum(f.stat().st_size for d in (base, ft) for f in d.glob("*.safetensors"))
     assert 0 < doc["time"]["read_bytes"] <= weights
-    api.extract_lora(str(ft), str(base), out, max_rank=4)
+    api.extract_lora(str(ft), str(base), out, lora=api.Lora(max_rank=4))
     assert doc["output_bytes"] == (out / "adapter_model.safetensors").stat().st_size
 
 
@@ -93,8 +97,8 @@ def test_estimate_extraction_is_extract_lora_plan(tmp_path: Path, pair: Callable
 
     base, ft = pair("llama")
     out = tmp_path / "out"
-    own = api.estimate_extraction(str(ft), str(base), out, max_rank=4)
-    planned = api.extract_lora(str(ft), str(base), out, max_rank=4, plan=True)
+    own = api.estimate_extraction(str(ft), str(base), out, lora=api.Lora(max_rank=4))
+    planned = api.extract_lora(str(ft), str(base), out, plan=True, lora=api.Lora(max_rank=4))
     assert isinstance(own, Estimate) and isinstance(planned, Estimate)
     assert own.plan.fingerprint == planned.plan.fingerprint
     assert own.output.total_bytes == planned.output.total_bytes

@@ -63,12 +63,12 @@ def test_resume_decomposes_only_unfinished_modules(tmp_path: Path, pair: Callabl
 
     base, ft = pair("llama-wide")
     reference = tmp_path / "reference"
-    api.extract_lora(str(ft), str(base), reference, max_rank=8, state_dir=tmp_path / "ref-state")
+    api.extract_lora(str(ft), str(base), reference, state_dir=tmp_path / "ref-state", lora=api.Lora(max_rank=8))
     out, state = tmp_path / "out", tmp_path / "state"
     cache = factor_cache(out, state).directory
     with pytest.raises(InterruptedMerge):
-        api.extract_lora(str(ft), str(base), out, max_rank=8, state_dir=state,
-                         should_stop=lambda: len(list(cache.glob("*.factors"))) >= 3)
+        api.extract_lora(str(ft), str(base), out, state_dir=state,
+                         should_stop=lambda: len(list(cache.glob("*.factors"))) >= 3, lora=api.Lora(max_rank=8))
     cached = len(list(cache.glob("*.factors")))
     assert cached >= 3
     # status counts modules, not the adapter's tensors (none of which is committed yet), and names the next one.

@@ -17,7 +17,7 @@ def test_bigger_vocabulary_is_saved_whole(tmp_path: Path, pair: Callable[[str], 
     base, _ = pair("llama")
     ft = make_model(tmp_path / "ft72", ModelSpec(layers=2, hidden=32, intermediate=48, vocab=72), seed=3)
     out = tmp_path / "out"
-    api.extract_lora(str(ft), str(base), out, max_rank=4, embed_lora=True)
+    api.extract_lora(str(ft), str(base), out, lora=api.Lora(max_rank=4, embed_lora=True))
     config = json.loads((out / "adapter_config.json").read_text())
     assert {"embed_tokens", "lm_head"} <= set(config["modules_to_save"])
     assert "embed_tokens" not in config["target_modules"]

@@ -32,7 +32,8 @@ def test_hidden_gates_with_a_hub_base_equal_a_local_base(tmp_path: Path, hub: Fa
             (local / name).write_bytes(data)
     experts = [make_model(tmp_path / f"e{i}", SPEC, seed=5 + i) for i in range(2)]
     with pytest.raises(InputError) as refused:
-        api.run(_config(tmp_path / "hub.yml", REPO, experts), tmp_path / "small", state_dir=state, max_disk="10KB")
+        api.run(_config(tmp_path / "hub.yml", REPO, experts), tmp_path / "small", state_dir=state,
+                resources=api.Resources(max_disk="10KB"))
     assert "--max-disk" in refused.value.one_line() and refused.value.yaml_path == "base_model"
     api.run(_config(tmp_path / "hub.yml", REPO, experts), tmp_path / "from-hub", state_dir=state)
     with passes_on_a_thread():  # the reference: its pass needs no process of its own (an interpreter start saved)

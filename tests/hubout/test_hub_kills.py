@@ -91,7 +91,8 @@ def test_random_sigkills_resume_from_the_repo_alone(hub: HubWriter, merge: Merge
             hub.cas.forget_clients()
             snapshot = hub.cas.snapshot()
         # The resume runs in this process (the kill above is what needs a real process): it saves a start-up.
-        outcome = api.resume(out, state_dir=tmp_path / f"fresh{trial}", commit_every=2, commit_interval=0.2)
+        outcome = api.resume(out, state_dir=tmp_path / f"fresh{trial}",
+                             hub=api.Hub(commit_every=2, commit_interval=0.2))
         assert outcome.target == out
         assert repo_files(hub, repo) == merge.reference, f"trial {trial} ({kind}:{nth})"
         sent = uploads(hub, repo)

@@ -22,7 +22,8 @@ def moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bytes
         "base_model": str(m[0]), "gate_mode": "random",
         "experts": [{"source_model": str(m[1]), "noise_scale": 0.01}, {"source_model": str(m[2])}]})
     out = root / "local-out"
-    api.run(config, out, state_dir=root / "local-state", out_shard_size=SHARD, random_seed=5)
+    api.run(config, out, state_dir=root / "local-state", output=api.Output(out_shard_size=SHARD),
+            merging=api.Merging(random_seed=5))
     return config, {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}
 
 

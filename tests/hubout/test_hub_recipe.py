@@ -52,7 +52,8 @@ def recipe(merge: Merge, tmp_path_factory: pytest.TempPathFactory) -> Recipe:
     path = root / "recipe.yml"
     path.write_text(_recipe_text(merge))
     out, inter = root / "local-out", root / "intermediates"
-    api.run(path, out, state_dir=root / "local-state", intermediate_dir=inter, out_shard_size=SHARD)
+    api.run(path, out, state_dir=root / "local-state", stages=api.Stages(intermediate_dir=inter),
+            output=api.Output(out_shard_size=SHARD))
     return Recipe(path, inter, {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()})
 
 
@@ -73,8 +74,9 @@ def _same_as_local(files: dict[str, bytes], recipe: Recipe, url: str) -> None:
 def test_a_recipe_to_the_hub_equals_a_local_recipe_run(hub: HubWriter, recipe: Recipe, merge: Merge, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     url = "hf://alice/recipe"
-    outcome = api.run(recipe.path, url, state_dir=tmp_path / "state", intermediate_dir=recipe.intermediates,
-                      out_shard_size=SHARD, commit_every=3, commit_interval=0.2)
+    outcome = api.run(recipe.path, url, state_dir=tmp_path / "state",
+                      stages=api.Stages(intermediate_dir=recipe.intermediates), output=api.Output(out_shard_size=SHARD),
+                      hub=api.Hub(commit_every=3, commit_interval=0.2))
     assert outcome.target == url
     _same_as_local(repo_files(hub, "alice/recipe"), recipe, url)
     assert hub.private["alice/recipe"] is True and all(n == 1 for n in uploads(hub, "alice/recipe").values())
@@ -112,7 +114,7 @@ def test_killed_in_the_final_stage_resumes_from_the_repo_alone(hub: HubWriter, r
     shutil.rmtree(state)
     shutil.rmtree(recipe.intermediates)
     shutil.rmtree(hf_env, ignore_errors=True)
-    outcome = api.resume(url, state_dir=state, commit_every=2, commit_interval=0.2)
+    outcome = api.resume(url, state_dir=state, hub=api.Hub(commit_every=2, commit_interval=0.2))
     assert outcome.target == url and (recipe.intermediates / "mid").is_dir()  # recomputed
     _same_as_local(repo_files(hub, "team/killed"), recipe, url)
     sent = {k: v for k, v in hub.puts.items() if k.startswith("team/killed/")}

@@ -43,7 +43,8 @@ def test_a_second_writer_is_refused_and_what_is_committed_stays(hub: HubWriter, 
 
     hub.on_commit = second_writer
     with pytest.raises(OutputDirError) as caught:
-        api.run(merge.config, "hf://alice/two", state_dir=tmp_path, out_shard_size=SHARD, commit_every=2)
+        api.run(merge.config, "hf://alice/two", state_dir=tmp_path, output=api.Output(out_shard_size=SHARD),
+                hub=api.Hub(commit_every=2))
     line = caught.value.one_line()
     assert f"another run is writing to hf://alice/two: its commit {other[0]} moved the branch" in line
     assert f"stop the other run, then resumerge resume hf://alice/two --state-dir {tmp_path}" in line
@@ -63,7 +64,8 @@ def test_a_commit_whose_answer_was_lost_is_ours_not_a_second_writer(hub: HubWrit
         return None
 
     hub.on_commit = lose_answer
-    api.run(merge.config, "hf://alice/lost", state_dir=tmp_path, out_shard_size=SHARD, commit_every=2)
+    api.run(merge.config, "hf://alice/lost", state_dir=tmp_path, output=api.Output(out_shard_size=SHARD),
+            hub=api.Hub(commit_every=2))
     assert dropped and repo_files(hub, "alice/lost") == merge.reference
     # The retry found its commit at the head (not sent again, so not refused as a stale parent).
     assert hub.refused == 0 and hub.commit_requests == hub.commits["alice/lost"]

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from resumerge import api
+from resumerge.api.options import grouped
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.errors import EXIT_INVALID, InputError, exit_code_for
@@ -32,7 +33,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 def _refused(tmp_path: Path, doc: dict[str, Any], **run: Any) -> InputError:
     out = tmp_path / "out"
     with pytest.raises(InputError) as caught:
-        api.run(write(tmp_path / "moe.yml", doc), out, **run)
+        api.run(write(tmp_path / "moe.yml", doc), out, **grouped(api.run, run))
     assert not out.exists()
     assert exit_code_for(caught.value) == EXIT_INVALID
     return caught.value
@@ -129,7 +130,7 @@ def test_the_same_experts_flag_is_an_api_keyword(models: list[Path], tmp_path: P
     same = {"base_model": m0, "gate_mode": "uniform_random", "experts": [_expert(m1, "a"), _expert(m1, "b")]}
     assert _refused(tmp_path, same).message.startswith("All of your expert models are the same.")
     config = write(tmp_path / "same.yml", same)
-    assert api.plan_merge(config, allow_same_experts=True).method == "moe"
+    assert api.plan_merge(config, merging=api.Merging(allow_same_experts=True)).method == "moe"
     state = str(tmp_path / "state")
     assert main(["run", str(config), str(tmp_path / "out"), "--i-understand-this-is-not-useful-without-training",
                  "--random-seed", "3", "--state-dir", state, "--quiet"]) == 0

@@ -31,7 +31,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str
                     {"source_model": str(m[2]), "positive_prompts": ["b"], "residual_scale": 2.0},
                     {"source_model": str(m[0]), "positive_prompts": ["c"]}]})
     reference = root / "reference"
-    api.run(config, reference, out_shard_size="20KB", random_seed=7, state_dir=root / "ref-state")
+    api.run(config, reference, state_dir=root / "ref-state", output=api.Output(out_shard_size="20KB"),
+            merging=api.Merging(random_seed=7))
     return config, digests(reference), reference
 
 

@@ -88,18 +88,19 @@ def test_plan_merge_plans_without_running_anything(tmp_path: Path) -> None:
         "base_model": str(m[0]), "gate_mode": "hidden",
         "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab"]},
                     {"source_model": str(m[2]), "positive_prompts": ["cd"]}]})
-    plan = api.plan_merge(config, random_seed=5)
+    plan = api.plan_merge(config, merging=api.Merging(random_seed=5))
     assert plan.method == "moe" and len(plan.tensors) == 21 and plan.out_config["num_local_experts"] == 2
     # the routers are named by their pass's content key, in a last shard of their own (merged beside the pass)
     key = dict(plan.tensors["model.layers.1.mlp.gate.weight"].params)["routers"]
     assert plan.shards[-1].tensors == ("model.layers.0.mlp.gate.weight", "model.layers.1.mlp.gate.weight")
-    assert api.plan_merge(config, random_seed=5).fingerprint == plan.fingerprint  # stable across runs
+    # Stable across runs.
+    assert api.plan_merge(config, merging=api.Merging(random_seed=5)).fingerprint == plan.fingerprint
     for changed in ({"positive_prompts": ["ab", "x"]}, {"negative_prompts": ["cd"]}):
         other = write(tmp_path / "other.yml", {
             "base_model": str(m[0]), "gate_mode": "hidden",
             "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab"], **changed},
                         {"source_model": str(m[2]), "positive_prompts": ["cd"]}]})
-        replanned = api.plan_merge(other, random_seed=5)
+        replanned = api.plan_merge(other, merging=api.Merging(random_seed=5))
         assert dict(replanned.tensors["model.layers.1.mlp.gate.weight"].params)["routers"] != key
         assert replanned.fingerprint != plan.fingerprint
     # plan's estimate counts the pass (its process started once to see what it holds), without running it
@@ -124,7 +125,7 @@ def test_the_passes_refusal_is_the_runs_one_line(tmp_path: Path) -> None:
         "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab"]},
                     {"source_model": str(m[2]), "positive_prompts": ["cd"]}]})
     with pytest.raises(UsageError) as refused:
-        api.run(config, tmp_path / "small", state_dir=tmp_path / "state", max_memory="200MB")
+        api.run(config, tmp_path / "small", state_dir=tmp_path / "state", resources=api.Resources(max_memory="200MB"))
     assert exit_code_for(refused.value) == 2 and "\n" not in refused.value.one_line()
     assert refused.value.message.startswith("the prompt forward pass needs")
     assert "--max-memory" in refused.value.one_line() and not (tmp_path / "small").exists()
@@ -265,16 +266,18 @@ def test_plan_refuses_the_pass_where_the_run_would_and_the_pass_stays_inside_the
         "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab"]},
                     {"source_model": str(m[2]), "positive_prompts": ["cd"]}]})
     state = tmp_path / "state"
-    estimate = api.estimate(config, tmp_path / "out", state_dir=state, max_memory="200MB", probe_size=0)
+    estimate = api.estimate(config, tmp_path / "out", state_dir=state, probe_size=0,
+                            resources=api.Resources(max_memory="200MB"))
     assert not estimate.fits
     (said,) = [r for r in estimate.reasons if "the prompt forward pass needs" in r]
     with pytest.raises(UsageError) as refused:
-        api.run(config, tmp_path / "out", state_dir=state, max_memory="200MB")
+        api.run(config, tmp_path / "out", state_dir=state, resources=api.Resources(max_memory="200MB"))
     # One rule: the same sentence, up to what each process holds (a few MB apart).
     budget = parse_size(said.rsplit("--max-memory ", 1)[1].split()[0])
     run_budget = parse_size(refused.value.one_line().rsplit("--max-memory ", 1)[1].split()[0])
     assert abs(budget - run_budget) <= 0.05 * budget, (said, refused.value.one_line())
-    assert api.estimate(config, tmp_path / "out", state_dir=state, max_memory=budget, probe_size=0).fits
+    assert api.estimate(config, tmp_path / "out", state_dir=state, probe_size=0,
+                        resources=api.Resources(max_memory=budget)).fits
     code, peak = _tree_peak_anon(["run", str(config), str(tmp_path / "out"), "--state-dir", str(state),
                                   "--max-memory", str(budget), "--quiet"])
     assert code == 0
