@@ -33,6 +33,7 @@ import resumerge
 import resumerge.api
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.config.locations import RunLocations
 from resumerge.config.settings import RunSettings
 from resumerge.plan.merge_plan import PlanOptions
 from resumerge.recipes.manifest import RECIPE_MANIFEST_NAME
@@ -298,7 +299,8 @@ def test_status_and_edited_recipe_refused_while_unfinished(tmp_path: Path, model
             return False
 
     with pytest.raises(InterruptedMerge) as stopped:
-        run_recipe(_local_recipe(models), out, PlanOptions(out_shard_size=100_000), RunSettings(state_dir=state),
+        run_recipe(_local_recipe(models), RunLocations.of(out, state), PlanOptions(out_shard_size=100_000),
+                   RunSettings(state_dir=state),
                    should_stop=b_has_three_shards)
     # The exact command that continues from the ledgers in the state dir (not one that rebuilds them).
     assert stopped.value.resume_command == f"resumerge resume {out} --state-dir {state}"
@@ -485,8 +487,8 @@ def test_a_live_display_restarts_for_every_stage(tmp_path: Path, models: Models)
 
     stream = io.StringIO()
     reporter = ProgressReporter(mode="live", stream=stream, width=100)
-    outcome = run_recipe(_local_recipe(models), tmp_path / "out", PlanOptions(),
-                         RunSettings(state_dir=tmp_path / "state"), reporter=reporter)
+    outcome = run_recipe(_local_recipe(models), RunLocations.of(tmp_path / "out", tmp_path / "state"),
+                         PlanOptions(), RunSettings(state_dir=tmp_path / "state"), reporter=reporter)
     reporter.close()
     assert [s.action for s in outcome.stages] == ["merged", "merged", "merged"]
     shown = stream.getvalue()
@@ -510,7 +512,8 @@ def test_plan_estimates_every_stage_and_their_shared_disk_writing_nothing(tmp_pa
     assert [s["final"] for s in doc["stages"]] == [False, False, True]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recipe.yml"]  # plan writes nothing
 
-    run_recipe(text, out, PlanOptions(), RunSettings(state_dir=tmp_path / "state"))
+    state = tmp_path / "state"
+    run_recipe(text, RunLocations.of(out, state), PlanOptions(), RunSettings(state_dir=state))
     for stage in doc["stages"]:
         # The recipe's own record in OUT belongs to no stage (a few KB).
         written = sum(f.stat().st_size for f in Path(stage["out_dir"]).iterdir()

@@ -41,6 +41,7 @@ from resumerge.api.options import (
     usable_device,
 )
 from resumerge.api.runkind import Call, Driving
+from resumerge.config.locations import RunLocations
 from resumerge.config.settings import RunSettings
 from resumerge.extract.spec import ExtractSpec
 from resumerge.memory.sizes import parse_size
@@ -135,14 +136,17 @@ def run(
         kind = kind_of(text)
         options = plan_options(output, merging, resources,
                                out_shard_size=shard_size_choice(output.out_shard_size, out)[0])
-        call = Call(config, text, out, options, settings, allow_same_experts=merging.allow_same_experts, codecs=codecs)
+        # OUT's locations (state dir, run dir, ledger), resolved once and handed down with the call.
+        where = RunLocations.of(out, settings.state_dir)
+        call = Call(config, text, out, options, settings, allow_same_experts=merging.allow_same_experts, where=where,
+                    codecs=codecs)
         driving = Driving(stop_flag(should_stop), restart=restart, intermediate_dir=stages.intermediate_dir,
                           cleanup=stages.cleanup_intermediates)
         if check:  # imported here: status must not import the engine (api.checked's Outcome)
             from resumerge.api.checked import refuse_check
 
             refuse_check(kind.name, out)
-        with nothing_started(out, state_dir):
+        with nothing_started(where):
             kind.check(call, driving)
             outcome = kind.run(call, replace(driving, reporter=_reporter(progress)))
     if not check:
@@ -177,14 +181,15 @@ def resume(
     # A Ray run's workers, while this one reads its record: none for a GPU plan (they start without one), nor where
     # only the hub's manifest says the device.
     with started_early(settings, out, recorded_device(out, settings)) as settings:
-        own = own_record(out, settings.state_dir)
+        where = RunLocations.of(out, state_dir)  # resolved once: the recorded kind and the engine take it as is
+        own = own_record(where)
         if own is not None:
-            return own.resume_own(out, settings, driving)
+            return own.resume_own(where, settings, driving)
         from resumerge.engine.session import resuming
 
         # What the run recorded, read once; the kind it names (or, for a run recorded before kinds were, the one
         # its text is) resumes it.
-        with resuming(out, settings, driving.reporter) as recorded:
+        with resuming(where, settings, driving.reporter) as recorded:
             return recorded_kind(recorded.kind, recorded.text).resume(recorded, settings, driving)
 
 
@@ -211,7 +216,8 @@ def extract_lora(
         return _estimate_extraction(call, fresh_process)
     named(out)
     driving = Driving(stop_flag(should_stop), restart=restart)
-    with nothing_started(out, state_dir):
+    call = replace(call, where=RunLocations.of(out, state_dir))  # resolved once, handed down with the call
+    with nothing_started(call.locations):
         EXTRACTION.check(call, driving)
         return EXTRACTION.run(call, replace(driving, reporter=_reporter(progress)))
 
@@ -234,15 +240,15 @@ def estimate_extraction(
 def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport | RecipeStatus:
     """Where the merge into ``out`` stands, like ``resumerge status --json``: a :class:`StatusReport`, or for a
     recipe's OUT a :class:`~resumerge.recipes.view.RecipeStatus` (every stage, and the one in progress)."""
-    from resumerge.config.locations import RunLocations
     from resumerge.store.statusview import read_status
 
     named(out)
-    own = own_record(out, state_dir)
+    where = RunLocations.of(out, state_dir)
+    own = own_record(where)
     if own is not None:
-        return own.status_own(out, state_dir)
+        return own.status_own(where)
     report = read_status(out, state_dir)
-    report = recorded_kind(report.kind, report.recorded_text).status(report, RunLocations.of(out, state_dir))
+    report = recorded_kind(report.kind, report.recorded_text).status(report, where)
     return _with_check(report, out, state_dir)
 
 

@@ -50,7 +50,7 @@ class ExtractionKind:
             from resumerge.extract.prepare import clear_factors
 
             clear_factors(call.out, call.settings.state_dir)
-        target = Target.open(call.out, call.settings)
+        target = Target.at(call.locations, call.settings)
         prepared = _prepare(call.text, call.options, call.settings, out=call.out, reporter=driving.reporter)
         outcome = run_plan(prepared, call.text, target, call.settings, restart=driving.restart,
                            reporter=driving.reporter, should_stop=driving.should_stop)

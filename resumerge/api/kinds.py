@@ -12,7 +12,7 @@ from resumerge.api.recipe_kind import RecipeKind
 from resumerge.api.runkind import Journaled, KeepsItsRecord, Plans, RunKind
 
 if TYPE_CHECKING:
-    from resumerge.api.runkind import PathLike
+    from resumerge.config.locations import RunLocations
 
 # The most specific first: a recipe, MoE upcycling, a LoRA extraction's recorded text, and a single merge (which
 # takes any other config).
@@ -32,9 +32,10 @@ def planner_of(kind: RunKind) -> Plans:
     return kind if isinstance(kind, Plans) else MERGE
 
 
-def own_record(out: PathLike, state_dir: PathLike | None) -> KeepsItsRecord | None:
-    """The kind whose own record ``out`` holds (a recipe's), or None: a single run's ledger, or nothing, says."""
-    return next((k for k in KINDS if isinstance(k, KeepsItsRecord) and k.holds(out, state_dir)), None)
+def own_record(where: RunLocations) -> KeepsItsRecord | None:
+    """The kind whose own record ``where.out`` holds (a recipe's), or None: a single run's ledger, or nothing,
+    says."""
+    return next((k for k in KINDS if isinstance(k, KeepsItsRecord) and k.holds(where)), None)
 
 
 def recorded_kind(name: str | None, text: str | None) -> Journaled:

@@ -45,9 +45,9 @@ class MergeKind:
         """The merge through :func:`~resumerge.engine.session.run_merge`."""
         from resumerge.engine.session import run_merge
 
-        assert call.out is not None
-        return run_merge(call.text, call.out, call.options, call.settings, restart=driving.restart,
-                         reporter=driving.reporter, should_stop=driving.should_stop, codecs=call.codecs)
+        return run_merge(call.text, call.locations, call.options, call.settings, restart=driving.restart,
+                         reporter=driving.reporter, should_stop=driving.should_stop,
+                         codecs=call.codecs)
 
     def resume(self, recorded: Recorded, settings: RunSettings, driving: Driving) -> Outcome:
         """Finish the merge ``recorded``: its stored plan, else its config planned again, its models where the

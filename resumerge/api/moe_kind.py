@@ -58,7 +58,7 @@ class MoeKind:
         assert call.out is not None
         config = _config(call)
         with started_early(config.gate_mode, call.settings.state_dir) as early:
-            target = Target.open(call.out, call.settings)
+            target = Target.at(call.locations, call.settings)
             prepared = _prepare(config, call.options, call.settings, driving.reporter, early=early,
                                 out=target.out if target.hub is None else None)
             return run_plan(prepared, call.text, target, call.settings, restart=driving.restart,

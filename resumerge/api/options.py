@@ -27,6 +27,7 @@ from resumerge.memory.sizes import parse_size
 from resumerge.plan.defaults import DEFAULT_SEED
 
 if TYPE_CHECKING:
+    from resumerge.config.locations import RunLocations
     from resumerge.engine.executors import Executor
     from resumerge.plan.merge_plan import PlanOptions
 
@@ -385,13 +386,12 @@ def stop_flag(should_stop: Callable[[], bool] | None) -> Callable[[], bool]:
 
 
 @contextlib.contextmanager
-def nothing_started(out: PathLike, state_dir: PathLike | None) -> Iterator[None]:
-    """A new run into ``out``: an :class:`~resumerge.errors.UnreachableError` met inside the block while this
+def nothing_started(where: RunLocations) -> Iterator[None]:
+    """A new run into ``where.out``: an :class:`~resumerge.errors.UnreachableError` met inside the block while this
     state dir records no run into ``out`` (no ledger of a merge, nor of a recipe) is raised as
     :class:`~resumerge.errors.UnreachableInputError` ("nothing was started: … run the same command again", exit
     2), whether the hub was unreachable for an input or for OUT itself: exit 3's "resume" would find nothing to
     finish. Once a run is recorded it stays exit 3 (resume finishes it)."""
-    from resumerge.config.locations import RunLocations
     from resumerge.errors import UnreachableError, UnreachableInputError
     from resumerge.recipes.ledger_read import RECIPE_LEDGER_NAME
     from resumerge.recipes.manifest import recipe_dir
@@ -399,7 +399,6 @@ def nothing_started(out: PathLike, state_dir: PathLike | None) -> Iterator[None]
     try:
         yield
     except UnreachableError as exc:
-        where = RunLocations.of(out, state_dir)
         if where.ledger.exists() or (recipe_dir(where) / RECIPE_LEDGER_NAME).exists():
             raise UnreachableError.after_start(exc, where.resume_command) from None
         raise UnreachableInputError.before_start(exc) from None

@@ -11,6 +11,7 @@ from resumerge.config.settings import RunSettings
 from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
+    from resumerge.config.locations import RunLocations
     from resumerge.engine.drive import Outcome
     from resumerge.estimate.estimate import Measuring
     from resumerge.recipes.estimate import RecipeEstimate
@@ -41,30 +42,30 @@ class RecipeKind:
         committed to the repo, with the recipe's record."""
         from resumerge.recipes.run import run_recipe
 
-        assert call.out is not None
-        return run_recipe(call.text, call.out, call.options, call.settings, intermediate_dir=driving.intermediate_dir,
-                          restart=driving.restart, cleanup=driving.cleanup, reporter=driving.reporter,
-                          should_stop=driving.should_stop, source=source_name(call.config, "recipe")).outcome()
+        return run_recipe(call.text, call.locations, call.options, call.settings,
+                          intermediate_dir=driving.intermediate_dir, restart=driving.restart, cleanup=driving.cleanup,
+                          reporter=driving.reporter, should_stop=driving.should_stop,
+                          source=source_name(call.config, "recipe")).outcome()
 
-    def holds(self, out: PathLike, state_dir: PathLike | None) -> bool:
-        """Whether ``out`` holds a recipe's record (in the state dir, or in OUT: for an ``hf://`` OUT without a
-        recipe ledger here, in the repo)."""
+    def holds(self, where: RunLocations) -> bool:
+        """Whether ``where.out`` holds a recipe's record (in the state dir, or in OUT: for an ``hf://`` OUT without
+        a recipe ledger here, in the repo)."""
         from resumerge.recipes.view import is_recipe_out
 
-        return is_recipe_out(out, state_dir)
+        return is_recipe_out(where.out, where.state_dir)
 
-    def resume_own(self, out: PathLike, settings: RunSettings, driving: Driving) -> Outcome:
-        """Every stage still to do of the recipe recorded in ``out``; the final stage's outcome."""
+    def resume_own(self, where: RunLocations, settings: RunSettings, driving: Driving) -> Outcome:
+        """Every stage still to do of the recipe recorded in ``where.out``; the final stage's outcome."""
         from resumerge.recipes.run import resume_recipe
 
-        return resume_recipe(out, settings, cleanup=driving.cleanup, reporter=driving.reporter,
+        return resume_recipe(where, settings, cleanup=driving.cleanup, reporter=driving.reporter,
                              should_stop=driving.should_stop).outcome()
 
-    def status_own(self, out: PathLike, state_dir: PathLike | None) -> RecipeStatus:
-        """Every stage of the recipe writing to ``out``, and the one in progress."""
+    def status_own(self, where: RunLocations) -> RecipeStatus:
+        """Every stage of the recipe writing to ``where.out``, and the one in progress."""
         from resumerge.recipes.view import read_recipe_status
 
-        return read_recipe_status(out, state_dir)
+        return read_recipe_status(where.out, where.state_dir)
 
     def estimate(self, call: Call, measuring: Measuring, *, fresh_process: bool,
                  intermediate_dir: PathLike | None) -> RecipeEstimate:

@@ -40,8 +40,9 @@ PathLike = str | os.PathLike[str]
 class Call:
     """What one call of the API asked, whatever the kind of run: the ``config`` as given (its file name starts
     errors), its ``text``, OUT (None: an estimate without one), the ``options`` that change the output's bytes and
-    the ``settings`` that do not, and the one kind-specific flag of the front door (``allow_same_experts``, which
-    only MoE upcycling accepts)."""
+    the ``settings`` that do not, the one kind-specific flag of the front door (``allow_same_experts``, which
+    only MoE upcycling accepts), and ``where`` OUT's run keeps its state, resolved once by the API (None without
+    OUT): every kind hands it down rather than deriving it again from the state dir."""
 
     config: PathLike
     text: str
@@ -52,6 +53,13 @@ class Call:
     # The stored formats a merge recognises (None: every one resumerge decodes, CODECS); a notebook hands in a
     # table that lists its own format beside them.
     codecs: CodecTable | None = None
+    where: RunLocations | None = None
+
+    @property
+    def locations(self) -> RunLocations:
+        """``where``, for a call that has OUT (a run)."""
+        assert self.where is not None, "a run's call has OUT"
+        return self.where
 
 
 @dataclass(frozen=True)
@@ -111,14 +119,14 @@ class KeepsItsRecord(Protocol):
     """A kind whose run keeps a record of its own (a recipe's: its stages), read instead of a single run's
     ledger."""
 
-    def holds(self, out: PathLike, state_dir: PathLike | None) -> bool:
-        """Whether ``out`` holds (or is being written by) a run of this kind."""
+    def holds(self, where: RunLocations) -> bool:
+        """Whether ``where.out`` holds (or is being written by) a run of this kind."""
 
-    def resume_own(self, out: PathLike, settings: RunSettings, driving: Driving) -> Outcome:
-        """Finish the run of this kind that ``out`` holds."""
+    def resume_own(self, where: RunLocations, settings: RunSettings, driving: Driving) -> Outcome:
+        """Finish the run of this kind that ``where.out`` holds."""
 
-    def status_own(self, out: PathLike, state_dir: PathLike | None) -> RecipeStatus:
-        """Where the run of this kind that ``out`` holds stands."""
+    def status_own(self, where: RunLocations) -> RecipeStatus:
+        """Where the run of this kind that ``where.out`` holds stands."""
 
 
 # Plans a single run's recorded text again (its kind's own planner), from the recorded options and model

@@ -94,6 +94,10 @@ class RunLocations:
         return cls(os.fspath(out), state_dir, state_root(state_dir), run_dir(out, state_dir),
                    resume_command(out, state_dir))
 
+    def beside(self, out: str | os.PathLike[str]) -> RunLocations:
+        """The locations of another OUT under the same state dir (a recipe's stages, and its repo by its URL)."""
+        return RunLocations.of(out, self.state_dir)
+
     @property
     def ledger(self) -> Path:
         """The run's ledger."""

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
+from resumerge.config.locations import RunLocations
 from resumerge.config.merge_config import MergeConfig, load_config_text
 from resumerge.config.settings import RunSettings
 from resumerge.engine.drive import Outcome, RunSession, hub_progress
@@ -69,7 +70,7 @@ def plan_from_config(config: MergeConfig, options: PlanOptions,
 
 def run_merge(
     config_text: str,
-    out_dir: str | os.PathLike[str],
+    where: RunLocations,
     options: PlanOptions,
     settings: RunSettings,
     *,
@@ -78,15 +79,16 @@ def run_merge(
     should_stop: Callable[[], bool] = never_stop,
     codecs: CodecTable | None = None,
 ) -> Outcome:
-    """Merge ``config_text`` into ``out_dir``; continue an unfinished run of the same plan there.
+    """Merge ``config_text`` into ``where.out`` (its locations resolved once, by the caller); continue an
+    unfinished run of the same plan there.
 
     Raises InputError (exit 2) before touching OUT; PlanChangedError when OUT holds another run and
     ``restart`` is false; InterruptedMerge when ``should_stop`` turned true; StorageError on write failures.
-    ``out_dir`` may be ``hf://NAMESPACE/NAME[@BRANCH]``: write access is checked (exit 2) before anything else is
+    OUT may be ``hf://NAMESPACE/NAME[@BRANCH]``: write access is checked (exit 2) before anything else is
     read. ``settings`` (budgets, staging, the hub's commits) are described on :class:`RunSettings`.
     """
     config = load_config_text(config_text)
-    target = Target.open(out_dir, settings)
+    target = Target.at(where, settings)
     with planning_mark(target.locations.run_dir):  # status says "planning" until the plan is recorded
         # An unreachable hub input: exit 2 or 3 by whether a run is recorded, decided at the front door
         # (resumerge.api.options.nothing_started), the one rule for every kind of run.
@@ -112,14 +114,14 @@ class Recorded:
 
 
 @contextmanager
-def resuming(out_dir: str | os.PathLike[str], settings: RunSettings,
+def resuming(where: RunLocations, settings: RunSettings,
              reporter: Reporter | None = None) -> Iterator[Recorded]:
-    """What the run recorded for ``out_dir`` (from the ledger, else from OUT's manifest; an ``hf://`` OUT from the
+    """What the run recorded for ``where.out`` (from the ledger, else from OUT's manifest; an ``hf://`` OUT from the
     repo alone when the state dir is gone), while ``status`` says "planning"; the kind of run the API found
     recorded plans it again when needed and finishes it with :func:`finish`.
 
     Raises LedgerError when neither exists, OutputDirError when OUT moved."""
-    target = Target.open(out_dir, settings).read_recorded()
+    target = Target.at(where, settings).read_recorded()
     with planning_mark(target.locations.run_dir):  # status says "planning" until the run goes on
         yield _recorded(target, settings, reporter)
 

@@ -46,19 +46,22 @@ class Target:
         by the session once the plan is recorded (:func:`~resumerge.engine.hubout.create_recorded`), so a resume
         creates it only from a recorded plan. A folder is only named (it is checked when
         the run has a plan)."""
-        where = RunLocations.of(out_dir, settings.state_dir)
-        if is_hub_target(out_dir):
-            hub = open_hub_output(str(out_dir), state_dir=settings.state_dir, options=settings.output,
-                                  deferred=True)
-            return cls(Path(hub.url), command or where.resume_command, where, hub)
-        refuse_state_in_out(out_dir, settings.state_dir)  # before the planning mark writes there
-        return cls(Path(out_dir).absolute(), command or where.resume_command, where, tolerate=tolerate)
+        return cls.at(RunLocations.of(out_dir, settings.state_dir), settings, tolerate=tolerate, command=command)
 
     @classmethod
-    def of_hub(cls, hub: HubOutput, state_dir: str | os.PathLike[str] | None, command: str | None = None) -> Target:
+    def at(cls, where: RunLocations, settings: RunSettings, *, tolerate: frozenset[str] = frozenset(),
+           command: str | None = None) -> Target:
+        """:meth:`open` of ``where.out``, its locations resolved already (by the API, once for the call)."""
+        if is_hub_target(where.out):
+            hub = open_hub_output(where.out, state_dir=where.state_dir, options=settings.output, deferred=True)
+            return cls(Path(hub.url), command or where.resume_command, where, hub)
+        refuse_state_in_out(where.out, where.state_dir)  # before the planning mark writes there
+        return cls(Path(where.out).absolute(), command or where.resume_command, where, tolerate=tolerate)
+
+    @classmethod
+    def of_hub(cls, hub: HubOutput, where: RunLocations, command: str | None = None) -> Target:
         """The target of a repo opened already (a recipe opens its repo before planning its stages), its state
-        under ``state_dir``."""
-        where = RunLocations.of(hub.url, state_dir)
+        where ``where`` (the repo's locations) says."""
         return cls(Path(hub.url), command or where.resume_command, where, hub)
 
     @property

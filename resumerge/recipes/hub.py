@@ -20,7 +20,8 @@ import json
 from huggingface_hub import CommitOperationAdd, get_token
 
 from resumerge.config.hubtarget import parse_hub_target
-from resumerge.config.settings import RunSettings
+from resumerge.config.locations import RunLocations
+from resumerge.config.settings import HubOutputOptions
 from resumerge.engine.hubout import HubOutput, open_hub_output
 from resumerge.errors import LedgerError
 from resumerge.inputs.hub.cache import hub_settings
@@ -56,10 +57,10 @@ class RecipeHub:
             self.committed = data
 
 
-def open_recipe_hub(out: str, settings: RunSettings, *, create: bool = True) -> RecipeHub:
-    """Open ``out`` (``hf://…``) as a recipe's OUT, as for one merge, tolerating the recipe's record (a recipe
-    killed before its final stage committed leaves only that); then read the record (one small request)."""
-    output = open_hub_output(out, state_dir=settings.state_dir, options=settings.output, create=create,
+def open_recipe_hub(where: RunLocations, options: HubOutputOptions, *, create: bool = True) -> RecipeHub:
+    """Open ``where.out`` (``hf://…``) as a recipe's OUT, as for one merge, tolerating the recipe's record (a
+    recipe killed before its final stage committed leaves only that); then read the record (one small request)."""
+    output = open_hub_output(where.out, state_dir=where.state_dir, options=options, create=create,
                              ours=frozenset({RECIPE_MANIFEST_NAME}))
     found = read_remote_recipe(output.repo, resume=output.resume)
     return RecipeHub(output, found[0] if found else None, found[1] if found else None)

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.config.locations import LEDGER_NAME, RunLocations, resume_command
+from resumerge.config.locations import LEDGER_NAME, RunLocations
 from resumerge.config.settings import RunSettings
 from resumerge.config.version import __version__
 from resumerge.engine.devices import make_governor
@@ -111,7 +111,7 @@ class RecipeOutcome:
 
 def run_recipe(
     text: str,
-    out_dir: str | os.PathLike[str],
+    where: RunLocations,
     options: PlanOptions,
     settings: RunSettings,
     *,
@@ -122,8 +122,9 @@ def run_recipe(
     should_stop: Callable[[], bool] = lambda: False,
     source: str = "recipe",
 ) -> RecipeOutcome:
-    """Run the recipe ``text`` (several YAML documents) into ``out_dir``; continue an unfinished run of the same
-    recipe there.
+    """Run the recipe ``text`` (several YAML documents) into ``where.out``, its state where ``where`` says (resolved
+    once by the caller: every stage's locations are taken beside it); continue an unfinished run of the same recipe
+    there.
 
     Named stages go to ``intermediate_dir/<name>`` (default: ``OUT.intermediates`` beside OUT, or the one the
     recorded run used). ``cleanup`` deletes them once the final output is verified. Raises ConfigError /
@@ -131,42 +132,40 @@ def run_recipe(
     differently and ``restart`` is false (naming the stage that changed); OutputDirError for foreign files or
     another process; InterruptedMerge / StorageError (exit 3) when stopped: ``resume_recipe`` continues.
 
-    ``out_dir`` may be ``hf://NAMESPACE/NAME[@BRANCH]`` (then the named stages default to the state dir);
+    OUT may be ``hf://NAMESPACE/NAME[@BRANCH]`` (then the named stages default to the state dir);
     ``settings`` mean what they mean for :func:`resumerge.engine.session.run_merge`, except that
     ``settings.max_disk`` bounds the final stage's staged files, not the intermediates.
     """
     refuse_streamed_recipe(options)
     recipe = load_recipe_text(text, source=source)
-    state_dir = settings.state_dir
-    hub = open_recipe_hub(str(out_dir), settings) if is_hub_target(out_dir) else None
-    out: str | Path = hub.url if hub else Path(out_dir).absolute()
+    hub = open_recipe_hub(where, settings.output) if is_hub_target(where.out) else None
+    out: str | Path = hub.url if hub else Path(where.out).absolute()
     if isinstance(out, Path):
-        refuse_state_in_out(out, state_dir)
-    previous = _recorded(out, state_dir, hub)
+        refuse_state_in_out(out, where.state_dir)
+    previous = _recorded(out, where, hub)
     if intermediate_dir is not None:
         inter = Path(intermediate_dir).absolute()
     elif previous is not None and not restart:
-        previous, inter = _recorded_intermediates(previous, out, state_dir)
+        previous, inter = _recorded_intermediates(previous, out, where)
     else:
-        inter = default_intermediate_dir(out, state_dir)
+        inter = default_intermediate_dir(out, where.state_dir)
     # An unreachable hub input: exit 2 or 3 by whether a run is recorded, decided at the front door
     # (resumerge.api.options.nothing_started), the one rule for every kind of run.
-    rplan = plan_recipe(recipe, out, inter, options, state_dir=state_dir, cache_dir=settings.cache_dir,
+    rplan = plan_recipe(recipe, out, inter, options, state_dir=where.state_dir, cache_dir=settings.cache_dir,
                         on_progress=hub_progress(reporter))
-    runner = _Runner(rplan, previous, settings, hub, resume_command(out_dir, state_dir), restart=restart,
-                     resuming=False, cleanup=cleanup)
+    runner = _Runner(rplan, previous, settings, hub, where, restart=restart, resuming=False, cleanup=cleanup)
     return runner.run(reporter, should_stop)
 
 
 def resume_recipe(
-    out_dir: str | os.PathLike[str],
+    where: RunLocations,
     settings: RunSettings,
     *,
     cleanup: bool = False,
     reporter: Reporter | None = None,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> RecipeOutcome:
-    """Finish the recipe recorded for ``out_dir`` (recipe ledger, else ``OUT/resumerge-recipe.json``), with the
+    """Finish the recipe recorded for ``where.out`` (recipe ledger, else ``OUT/resumerge-recipe.json``), with the
     recorded text, options, intermediate dir and pinned inputs. An ``hf://`` OUT resumes from the repo alone when
     the state dir is gone: the intermediates are recomputed (in the recorded intermediate dir, or under this state
     dir when that one is gone too) and the final stage continues without sending committed files again.
@@ -174,10 +173,9 @@ def resume_recipe(
     Raises LedgerError when no recipe is recorded, PlanChangedError (exit 4, naming the stage) when an input or
     resumerge itself changed since the recipe was planned.
     """
-    state_dir = settings.state_dir
-    hub = open_recipe_hub(str(out_dir), settings, create=False) if is_hub_target(out_dir) else None
-    out: str | Path = hub.url if hub else Path(out_dir).absolute()
-    previous = _recorded(out, state_dir, hub)
+    hub = open_recipe_hub(where, settings.output, create=False) if is_hub_target(where.out) else None
+    out: str | Path = hub.url if hub else Path(where.out).absolute()
+    previous = _recorded(out, where, hub)
     if previous is None:
         raise NothingRecordedError(
             f"nothing to resume in {out}: no recipe ledger in the state dir and no {RECIPE_MANIFEST_NAME}",
@@ -185,25 +183,25 @@ def resume_recipe(
             hint="start it with resumerge run RECIPE OUT (pass --state-dir if you used one)",
         )
     recipe = load_recipe_text(previous.recipe_text)
-    previous, inter = _recorded_intermediates(previous, out, state_dir)
+    previous, inter = _recorded_intermediates(previous, out, where)
     rplan = plan_recipe(recipe, out, inter, PlanOptions(**previous.options),
-                        model_dirs=previous.model_dirs, state_dir=state_dir, on_progress=hub_progress(reporter))
+                        model_dirs=previous.model_dirs, state_dir=where.state_dir, on_progress=hub_progress(reporter))
     # The stages compute with the -j the recipe was started with where their bytes depend on it, as a merge does.
     settings = recorded_threads(rplan.options.num_threads,
                                 {t.method for sp in rplan.stages for t in sp.plan.tensors.values()}, settings,
                                 reporter)
-    runner = _Runner(rplan, previous, settings, hub, resume_command(out_dir, state_dir), restart=False,
-                     resuming=True, cleanup=cleanup)
+    runner = _Runner(rplan, previous, settings, hub, where, restart=False, resuming=True, cleanup=cleanup)
     return runner.run(reporter, should_stop)
 
 
-def discard_stage_output(out_dir: Path, names: Iterable[str], state_dir: str | os.PathLike[str] | None) -> int:
+def discard_stage_output(out_dir: Path, names: Iterable[str], where: RunLocations) -> int:
     """Delete a stage's output: the files its plan names (and its manifest's), their temp files, the manifest,
     then its ledger in the state dir; the folder too when that leaves it empty. Never any other file.
 
-    Returns the number of files deleted. Raises :class:`OutputDirError` when a process is merging into it.
+    ``where`` is the locations of the stage's output. Returns the number of files deleted. Raises
+    :class:`OutputDirError` when a process is merging into it.
     """
-    rdir = RunLocations.of(out_dir, state_dir).run_dir
+    rdir = where.run_dir
     if is_locked(rdir):
         raise OutputDirError(f"another resumerge process is merging into {out_dir}", path=str(out_dir))
     removed = 0
@@ -228,12 +226,13 @@ def discard_stage_output(out_dir: Path, names: Iterable[str], state_dir: str | o
 
 
 class _Runner:
-    """One pass over a planned recipe: check, record, fetch, settle every stage, finish, clean up."""
+    """One pass over a planned recipe: check, record, fetch, settle every stage, finish, clean up. ``where`` is
+    the recipe's locations, resolved once: each stage's are taken beside them, and its command resumes them all."""
 
     def __init__(self, rplan: RecipePlan, previous: RecipeRecord | None, settings: RunSettings,
-                 hub: RecipeHub | None, command: str, *, restart: bool, resuming: bool, cleanup: bool) -> None:
+                 hub: RecipeHub | None, where: RunLocations, *, restart: bool, resuming: bool, cleanup: bool) -> None:
         self.rplan, self.previous, self.settings = rplan, previous, settings
-        self.hub, self.command = hub, command
+        self.hub, self.where, self.command = hub, where, where.resume_command
         self.reporter: Reporter | None = None
         self.should_stop: Callable[[], bool] = lambda: False
         self.restart, self.resuming = restart, resuming
@@ -247,13 +246,13 @@ class _Runner:
         self.reporter, self.should_stop = reporter, should_stop
         self._refuse_changes()
         self._check_outputs()
-        rdir = recipe_dir(RunLocations.of(self.rplan.out, self.settings.state_dir))
+        rdir = recipe_dir(self.where.beside(self.rplan.out))
         lock = RunLock(rdir, self.rplan.out, lock_out=False)
         lock.acquire()
         try:
             # Downloads first, as for one merge: an interruption there leaves nothing in OUT, and a process
             # killed after the record is written never reads a hub header a second time.
-            fetch_inputs(self.rplan.inputs, state_dir=self.settings.state_dir,
+            fetch_inputs(self.rplan.inputs, state_dir=self.where.state_dir,
                          on_progress=hub_progress(self.reporter))
             self.ledger = open_recipe_ledger(rdir / RECIPE_LEDGER_NAME)
             try:
@@ -356,7 +355,7 @@ class _Runner:
                     # The new recipe reads it by its path: an input now, never deleted.
                     self.ledger.event("restart", f"kept the output of the dropped {entry.label}: the recipe reads it")
                     continue
-                discard_stage_output(Path(entry.out_dir), (), self.settings.state_dir)
+                discard_stage_output(Path(entry.out_dir), (), self.where.beside(entry.out_dir))
                 self.ledger.event("restart", f"deleted the output of the dropped {entry.label}")
 
     # -- running -------------------------------------------------------------------------------------------
@@ -381,7 +380,7 @@ class _Runner:
         own = self._stage_record(sp)
         if own is None or own.fingerprint != sp.plan.fingerprint or not own.complete:
             return False
-        report = verify_output(where, self.settings.state_dir)
+        report = verify_output(where, self.where.state_dir)
         if not report.ok or report.pending:
             return False
         self.settled[sp.stage.key] = StageOutcome(sp.stage.label, sp.out_dir, "verified", report.checked)
@@ -396,7 +395,7 @@ class _Runner:
         # The repo's manifest was read when it was opened, and nothing has written the final stage since.
         hub = self.hub
         remote = hub.output.manifest if hub is not None and sp.final else None
-        return stage_record(self.rplan.out_of(sp), self.settings.state_dir, repo_manifest=remote)
+        return stage_record(self.rplan.out_of(sp), self.where.state_dir, repo_manifest=remote)
 
     def _drive(self, sp: StagePlan) -> None:
         key = sp.stage.key
@@ -406,10 +405,10 @@ class _Runner:
         self.ledger.stage_state(key, "running")
         # Every stage goes through the single-merge session path; the final one of a repo OUT writes to the repo.
         if self.hub is not None and sp.final:
-            target = Target.of_hub(self.hub.final_output(), self.settings.state_dir, self.command)
+            target = Target.of_hub(self.hub.final_output(), self.where.beside(self.hub.url), self.command)
         else:
             out = Path(sp.out_dir).absolute()
-            target = Target(out, self.command, RunLocations.of(out, self.settings.state_dir), tolerate=_tolerated(sp))
+            target = Target(out, self.command, self.where.beside(out), tolerate=_tolerated(sp))
         try:
             outcome = run_plan(Prepared(sp.plan), sp.stage.text, target, self.settings, restart=self.restart,
                                resuming=self.resuming, reporter=self.reporter, should_stop=self.should_stop)
@@ -436,7 +435,7 @@ class _Runner:
             if sp.final:
                 continue
             names = [s.name for s in sp.plan.shards] + [a.name for a in aux_files(sp.plan)]
-            removed = discard_stage_output(sp.out_dir, names, self.settings.state_dir)
+            removed = discard_stage_output(sp.out_dir, names, self.where.beside(sp.out_dir))
             self.settled[sp.stage.key] = StageOutcome(sp.stage.label, sp.out_dir, "deleted", removed)
             self.ledger.stage_state(sp.stage.key, "deleted")
         _rmdir_if_empty(self.rplan.intermediate_dir)
@@ -478,26 +477,25 @@ def recipe_changes(previous: RecipeRecord, rplan: RecipePlan) -> list[str]:
     return changes
 
 
-def _recorded(out: str | Path, state_dir: str | os.PathLike[str] | None,
-              hub: RecipeHub | None = None) -> RecipeRecord | None:
-    """The recipe recorded for ``out``: the recipe ledger in the state dir, else OUT's record (a repo's, read when
-    the repo was opened)."""
+def _recorded(out: str | Path, where: RunLocations, hub: RecipeHub | None = None) -> RecipeRecord | None:
+    """The recipe recorded for ``out`` (``where``'s): the recipe ledger in the state dir, else OUT's record (a
+    repo's, read when the repo was opened)."""
     if hub is not None:
-        found = read_recipe_ledger(recipe_dir(RunLocations.of(hub.url, state_dir)) / RECIPE_LEDGER_NAME)
+        found = read_recipe_ledger(recipe_dir(where.beside(hub.url)) / RECIPE_LEDGER_NAME)
         return found[0] if found is not None else hub.record
-    recorded = read_recipe_record(out, state_dir)
+    recorded = read_recipe_record(out, where.state_dir)
     return recorded[0] if recorded is not None else None
 
 
 def _recorded_intermediates(previous: RecipeRecord, out: str | Path,
-                            state_dir: str | os.PathLike[str] | None) -> tuple[RecipeRecord, Path]:
+                            where: RunLocations) -> tuple[RecipeRecord, Path]:
     """The record and the intermediate dir a continued run uses: the recorded one. A repo OUT resumed on a fresh
     machine whose recorded default dir (under the first machine's state dir) is gone uses this state dir's default
     instead: nothing there was kept, the stages are recomputed, and their place is not part of any plan."""
     recorded = Path(previous.intermediate_dir)
     if not isinstance(out, str) or recorded.exists():
         return previous, recorded
-    here = default_intermediate_dir(out, state_dir)
+    here = default_intermediate_dir(out, where.state_dir)
     if here == recorded or here.name != recorded.name:
         return previous, recorded
     return replace(previous, intermediate_dir=str(here)), here
