@@ -12,7 +12,7 @@ from conftest import ModelFactory
 from support import cli, linear_config, write_config
 
 from resumerge.cli.commands import main
-from resumerge.config.locations import default_state_root, resume_command, run_dir, state_root
+from resumerge.config.locations import RunLocations, default_state_root, resume_command, run_dir, state_root
 
 
 @pytest.fixture
@@ -107,3 +107,15 @@ def test_a_state_dir_in_out_is_refused_saying_so(tmp_path: Path, make: ModelFact
         assert f"pass a --state-dir outside OUT (or none: the default is {default_state_root()})" in done.stderr
         assert args[0] == "plan" or done.stderr.count("\n") == 1, done.stderr
         assert not out.exists()
+
+
+def test_a_recipes_stages_are_placed_beside_the_locations_resolved_once(tmp_path: Path) -> None:
+    # The API resolves OUT's locations once; a recipe takes each stage's beside them, under the same state dir,
+    # exactly where a run into that stage's folder would keep its state (the ledger a resume and status read).
+    for state_dir in (tmp_path / "state", None):
+        where = RunLocations.of(tmp_path / "out", state_dir)
+        stage = where.beside(tmp_path / "out.intermediates" / "mid")
+        assert stage == RunLocations.of(tmp_path / "out.intermediates" / "mid", state_dir)
+        assert stage.root == where.root and stage.run_dir.parent == where.run_dir.parent
+        assert stage.run_dir == run_dir(tmp_path / "out.intermediates" / "mid", state_dir)
+        assert stage.resume_command == resume_command(tmp_path / "out.intermediates" / "mid", state_dir)
