@@ -242,7 +242,8 @@ def test_an_unreachable_hub_once_a_run_is_recorded_is_exit_3_with_resume(
     out, state = tmp_path / "out", tmp_path / "state"
     asked = iter(range(1_000_000))
     with pytest.raises(InterruptedMerge):  # stopped after some shards were committed
-        api.run(cfg, out, out_shard_size="20KB", state_dir=state, should_stop=lambda: next(asked) > 3)
+        api.run(cfg, out, output=api.Output(out_shard_size="20KB"), state_dir=state,
+                should_stop=lambda: next(asked) > 3)
     assert (run_dir(out, state) / LEDGER_NAME).exists() and any(out.glob("*.safetensors"))
 
     def unreachable(*_: object, **__: object) -> None:

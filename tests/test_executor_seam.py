@@ -44,16 +44,16 @@ class _Counting:
 
 def test_a_callers_own_executor_runs_a_merge_with_the_local_bytes(tmp_path: Path, make: ModelFactory) -> None:
     cfg = write_config(tmp_path / "c.yml", linear_config(make("a", seed=1), make("b", seed=2)))
-    api.run(cfg, tmp_path / "local", out_shard_size="30k")
+    api.run(cfg, tmp_path / "local", output=api.Output(out_shard_size="30k"))
     mine = _Counting()
-    api.run(cfg, tmp_path / "mine", out_shard_size="30k", executor=mine)
+    api.run(cfg, tmp_path / "mine", output=api.Output(out_shard_size="30k"), executor=mine)
     assert len(mine.jobs) == 1 and mine.jobs[0] > 1
     assert digests(tmp_path / "mine") == digests(tmp_path / "local")
 
 
 def test_the_command_line_builds_the_executor_object() -> None:
     def executor(*argv: str) -> object:
-        return _api_options(build_parser().parse_args(["run", "c.yml", "out", *argv]))["executor"]
+        return _api_options(build_parser().parse_args(["run", "c.yml", "out", *argv]), api.run)["executor"]
 
     assert executor() is None
     assert executor("--executor", "ray", "--ray-address", "10.0.0.1:6379", "--keep-workers", "5m") == RayExecutor(

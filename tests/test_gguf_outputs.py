@@ -143,7 +143,8 @@ def test_a_gguf_output_takes_the_config_s_chat_template(tmp_path: Path) -> None:
     doc = {"merge_method": "linear", "dtype": "float32", "chat_template": template, "models": [
         {"model": str(a), "parameters": {"weight": 0.5}}, {"model": str(b), "parameters": {"weight": 0.5}}]}
     out = tmp_path / "out"
-    api.run(write_config(tmp_path / "c.yml", doc), out, state_dir=tmp_path / "s", out_type="gguf")
+    api.run(write_config(tmp_path / "c.yml", doc), out, state_dir=tmp_path / "s",
+            output=api.Output(out_type="gguf"))
     reader = gguf.GGUFReader(out / "model.gguf")
     assert bytes(reader.fields["tokenizer.chat_template"].parts[-1]).decode() == template
     assert _field(reader, "tokenizer.ggml.tokens") == _field(gguf.GGUFReader(a), "tokenizer.ggml.tokens")

@@ -250,8 +250,8 @@ class _Refusing(NullReporter):
 
 def _a_run_refused_before_it_computes_leaves_no_worker(merge: Merge, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="refused at the start"):
-        api.run(merge.config, tmp_path / "out", state_dir=tmp_path / "state", executor=RayExecutor(), progress=_Refusing(),
-                output=api.Output(out_shard_size=SHARD))
+        api.run(merge.config, tmp_path / "out", state_dir=tmp_path / "state", executor=RayExecutor(),
+                progress=_Refusing(), output=api.Output(out_shard_size=SHARD))
     _wait_for_idle_cluster()  # the API call ended its warm workers
 
 

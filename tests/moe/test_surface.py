@@ -202,7 +202,8 @@ def test_an_input_error_after_the_first_commit_is_not_exit_2(tmp_path: Path, mon
     monkeypatch.setattr(CastReader, "read", unreadable)  # the forward engine's reader: the pass's first weight
     out = tmp_path / "out"
     with passes_on_a_thread(), pytest.raises(InterruptedMerge) as stopped:
-        api.run(_config(tmp_path, "hidden"), out, state_dir=tmp_path / "state", out_shard_size="30k")
+        api.run(_config(tmp_path, "hidden"), out, state_dir=tmp_path / "state",
+                output=api.Output(out_shard_size="30k"))
     assert exit_code_for(stopped.value) == 3
     assert stopped.value.message == "the merge stopped: base: the base's weights cannot be read"
     assert stopped.value.resume_command.startswith(f"resumerge resume {out}")
