@@ -15,6 +15,7 @@ import torch
 
 from resumerge import api
 from resumerge.cli.commands import main
+from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import load_config_text
 from resumerge.engine.devices import gpu_governor, normalise_device
 from resumerge.engine.session import plan_from_config
@@ -104,7 +105,7 @@ def test_gpu_budget_governs_units_and_streams_rows(tmp_path: Path, make: ModelFa
     assert gov.outstanding == 0
     assert digests(tmp_path / "gpu") == digests(tmp_path / "plain")
     # status tells the host's budget and admissions, not the GPU's events recorded after them
-    report = read_status(tmp_path / "gpu", tmp_path / "s2")
+    report = read_status(tmp_path / "gpu", StateDir.resolve(tmp_path / "s2"))
     assert report.budget == parse_size("4GB") and report.admissions is not None and report.admissions > 0
 
 

@@ -36,7 +36,7 @@ from support import cli, digests, linear_config, reference_merge
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec
-from resumerge.config.locations import run_dir
+from resumerge.config.locations import StateDir, run_dir
 from resumerge.store.integrity import verify_output
 
 SHARD = "100k"
@@ -111,7 +111,7 @@ def _assert_committed_kept(setup: Setup, out: Path, state: Path, at_least: int) 
     now = digests(out)
     for name, sha in committed.items():
         assert setup.reference[name] == sha == now[name], name
-    assert verify_output(out, state).ok
+    assert verify_output(out, StateDir.resolve(state)).ok
 
 
 def _in_process(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -201,7 +201,7 @@ def test_file_size_limit_gives_efbig_not_sigxfsz(setup: Setup, shard: str, limit
         capture_output=True, text=True, timeout=120, check=False, env=dict(os.environ),
     )
     _one_error_line(done, 3, fragment, "ulimit -f")
-    assert verify_output(out, state).ok
+    assert verify_output(out, StateDir.resolve(state)).ok
     assert main(["resume", str(out), "--state-dir", str(state), "--quiet"]) == 0
     if shard == SHARD:
         assert digests(out) == setup.reference
@@ -341,7 +341,7 @@ def test_damaged_ledger_is_set_aside_and_rebuilt_from_out(setup: Setup, interrup
     if label not in ("deleted", "empty"):  # SQLite takes an empty file for a new database: nothing to distrust
         assert "set aside as ledger.db.damaged" in stderr
         assert ledger.with_name("ledger.db.damaged").exists()
-    assert verify_output(out, state).ok
+    assert verify_output(out, StateDir.resolve(state)).ok
 
 
 def test_damaged_ledger_without_manifest_is_refused_with_hint(setup: Setup, interrupted: tuple[Path, Path]) -> None:

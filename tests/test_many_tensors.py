@@ -19,7 +19,7 @@ import pytest
 from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import make_model
-from resumerge.config.locations import run_dir
+from resumerge.config.locations import StateDir, run_dir
 from resumerge.engine import session
 from resumerge.engine.unitgroup import GROUP_BYTES, GROUP_UNITS, group_bytes, has_room
 from resumerge.errors import LedgerError, NothingRecordedError, PlanChangedError
@@ -49,7 +49,7 @@ def merged(tmp_path_factory: pytest.TempPathFactory) -> Merged:
     config = many_layer_merge(root, LAYERS)
     ref, state = root / "reference", root / "ref-state"
     assert main(["run", str(config), str(ref), "--state-dir", str(state), "--out-shard-size", SHARD, "--quiet"]) == 0
-    shown = read_status(ref, state).to_json()  # what ``status --json`` prints
+    shown = read_status(ref, StateDir.resolve(state)).to_json()  # what ``status --json`` prints
     return Merged(config, digests(ref), shown["admissions"], shown["largest_admission"])
 
 
@@ -123,7 +123,7 @@ def test_kill_then_resume_is_identical_without_planning(merged: Merged, tmp_path
     assert main(["resume", str(out), "--state-dir", str(state), "--quiet"]) == 0
     assert len(calls) == 1  # the frozen plan was reloaded from the ledger
     assert digests(out) == reference
-    report = read_status(out, state)
+    report = read_status(out, StateDir.resolve(state))
     assert report.state == "done" and report.tensors_done == report.tensors_total == 9 * LAYERS + 3
     stamp = os.stat(weights)
     os.utime(weights, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 1_000_000_000))
@@ -136,9 +136,9 @@ def test_status_says_planning_while_a_run_plans(tmp_path: Path) -> None:
     out, state = tmp_path / "out", tmp_path / "state"
     where = run_dir(out, state)
     with pytest.raises(NothingRecordedError):
-        read_status(out, state)
+        read_status(out, StateDir.resolve(state))
     with planning_mark(where):
-        report = read_status(out, state)
+        report = read_status(out, StateDir.resolve(state))
         assert report.state == "planning" and report.resume_command is None
         assert report.elapsed_seconds is not None
     assert not where.exists()  # the mark's folder goes with it when nothing else was written
@@ -146,4 +146,4 @@ def test_status_says_planning_while_a_run_plans(tmp_path: Path) -> None:
     where.mkdir(parents=True)
     (where / PLANNING_NAME).write_text("1.0")
     with pytest.raises(NothingRecordedError):
-        read_status(out, state)
+        read_status(out, StateDir.resolve(state))

@@ -28,6 +28,7 @@ from quantmodels import (
 from safetensors.torch import load_file
 from support import linear_config, write_config
 
+from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import load_config_text
 from resumerge.config.settings import RunSettings
 from resumerge.engine.compute import compute_tensor
@@ -63,7 +64,7 @@ def merge(tmp_path: Path, a: Path, b: Path, out: str, *, max_memory: int | None 
           dequantize: bool = True, weights: tuple[float, float] = (0.5, 0.5)) -> dict[str, torch.Tensor]:
     text = write_config(tmp_path / f"{out}.yml", linear_config(a, b, weights=weights)).read_text()
     config = load_config_text(text)
-    settings = RunSettings(state_dir=tmp_path / "state", max_memory=max_memory)
+    settings = RunSettings(state=StateDir.resolve(tmp_path / "state"), max_memory=max_memory)
     plan = build_plan(config, open_inputs(config).models, PlanOptions(dequantize=dequantize), CODECS)
     run_plan(Prepared(plan), text, Target.open(tmp_path / out, settings), settings)
     tensors: dict[str, torch.Tensor] = {}

@@ -33,7 +33,7 @@ import resumerge
 import resumerge.api
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
-from resumerge.config.locations import RunLocations
+from resumerge.config.locations import RunLocations, StateDir
 from resumerge.config.settings import RunSettings
 from resumerge.plan.merge_plan import PlanOptions
 from resumerge.recipes.manifest import RECIPE_MANIFEST_NAME
@@ -185,7 +185,7 @@ def _committed(run: Run) -> int:
 
 
 def _first_unfinished(run: Run) -> str:
-    status = read_recipe_status(run.out, run.state)
+    status = read_recipe_status(run.out, StateDir.resolve(run.state))
     return next((s.label for s in status.stages if s.state != "done"), "none")
 
 
@@ -232,7 +232,7 @@ def test_kill_points_in_every_stage_then_resume(tmp_path: Path, models: Models, 
             assert sorted(p.name for p in run.out.iterdir()) == [RECIPE_MANIFEST_NAME]
             shutil.rmtree(run.state)
     assert hit == ["stage slerp-pq", "stage slerp-pq", "stage lin", "stage lin", "document 2"]
-    status = read_recipe_status(run.out, run.state)
+    status = read_recipe_status(run.out, StateDir.resolve(run.state))
     assert status.source == "ledger" and status.state == "interrupted"
     assert main([str(a) for a in run.args("resume")]) == 0
     _assert_reference(run, reference)
@@ -300,7 +300,7 @@ def test_status_and_edited_recipe_refused_while_unfinished(tmp_path: Path, model
 
     with pytest.raises(InterruptedMerge) as stopped:
         run_recipe(_local_recipe(models), RunLocations.of(out, state), PlanOptions(out_shard_size=100_000),
-                   RunSettings(state_dir=state),
+                   RunSettings(state=StateDir.resolve(state)),
                    should_stop=b_has_three_shards)
     # The exact command that continues from the ledgers in the state dir (not one that rebuilds them).
     assert stopped.value.resume_command == f"resumerge resume {out} --state-dir {state}"
@@ -322,7 +322,7 @@ def test_status_and_edited_recipe_refused_while_unfinished(tmp_path: Path, model
     err = capsys.readouterr().err
     assert "stage b changed" in err and "stage a" not in err.split("stage b changed")[0]
     assert main(["resume", str(out), "--state-dir", str(state), "--quiet"]) == 0
-    assert read_recipe_status(out, state).state == "done"
+    assert read_recipe_status(out, StateDir.resolve(state)).state == "done"
 
 
 def test_changed_input_refused_on_resume_naming_the_stage(tmp_path: Path, make: Any,
@@ -488,7 +488,7 @@ def test_a_live_display_restarts_for_every_stage(tmp_path: Path, models: Models)
     stream = io.StringIO()
     reporter = ProgressReporter(mode="live", stream=stream, width=100)
     outcome = run_recipe(_local_recipe(models), RunLocations.of(tmp_path / "out", tmp_path / "state"),
-                         PlanOptions(), RunSettings(state_dir=tmp_path / "state"), reporter=reporter)
+                         PlanOptions(), RunSettings(state=StateDir.resolve(tmp_path / "state")), reporter=reporter)
     reporter.close()
     assert [s.action for s in outcome.stages] == ["merged", "merged", "merged"]
     shown = stream.getvalue()
@@ -513,7 +513,7 @@ def test_plan_estimates_every_stage_and_their_shared_disk_writing_nothing(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recipe.yml"]  # plan writes nothing
 
     state = tmp_path / "state"
-    run_recipe(text, RunLocations.of(out, state), PlanOptions(), RunSettings(state_dir=state))
+    run_recipe(text, RunLocations.of(out, state), PlanOptions(), RunSettings(state=StateDir.resolve(state)))
     for stage in doc["stages"]:
         # The recipe's own record in OUT belongs to no stage (a few KB).
         written = sum(f.stat().st_size for f in Path(stage["out_dir"]).iterdir()
@@ -540,4 +540,4 @@ def test_a_stage_ledger_killed_while_being_created_reads_as_not_started(tmp_path
     ledger = run_dir(out, state) / "ledger.db"
     ledger.parent.mkdir(parents=True)
     sqlite3.connect(ledger).close()
-    assert ledger.exists() and stage_record(out, state) is None
+    assert ledger.exists() and stage_record(out, StateDir.resolve(state)) is None

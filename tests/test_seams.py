@@ -17,7 +17,7 @@ from conftest import ModelFactory
 from support import digests, linear_config, write_config
 
 from resumerge.cli.commands import EXIT_BROKEN_PIPE, main
-from resumerge.config.locations import RunLocations
+from resumerge.config.locations import RunLocations, StateDir
 from resumerge.config.merge_config import load_config_text
 from resumerge.config.settings import RunSettings
 from resumerge.engine.compute import compute_tensor
@@ -136,7 +136,7 @@ def test_the_interrupt_hint_is_the_exact_command_that_continues_from_the_ledger(
     out, state = tmp_path / "big out", tmp_path / "state-big"
     with pytest.raises(InterruptedMerge) as stopped:
         run_merge(cfg.read_text(), RunLocations.of(out, state), PlanOptions(out_shard_size=30_000),
-                  RunSettings(state_dir=state),
+                  RunSettings(state=StateDir.resolve(state)),
                   should_stop=lambda: True)
     command = stopped.value.resume_command
     assert command == f"resumerge resume {shlex.quote(str(out))} --state-dir {shlex.quote(str(state))}"

@@ -23,6 +23,7 @@ from support import cli, drain_pty, linear_config, write_config
 from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.cli.render import ProgressReporter, progress_mode, show_plan, show_status
+from resumerge.config.locations import StateDir
 from resumerge.estimate.costs import DiskNeed, Estimate, MemoryEstimate, ModelDownload, OutputSize, TimeEstimate
 from resumerge.store.statusview import FileStatus, StatusReport, read_status
 
@@ -90,7 +91,7 @@ def test_status_of_a_killed_real_merge(tmp_path: Path, make: ModelFactory, monke
     done = cli("run", cfg, out, "--out-shard-size", "30k", "--state-dir", state, "--max-memory", "2GB",
                env={"RESUMERGE_KILL_AT": "after_manifest_write:2"})
     assert done.returncode == -signal.SIGKILL
-    report = read_status(out, state)
+    report = read_status(out, StateDir.resolve(state))
     assert ESC not in done.stderr and done.stderr.startswith(f"merging {report.tensors_total} of ")
     assert report.state == "interrupted" and report.budget == 2_000_000_000
     assert report.resume_command == f"resumerge resume {out} --state-dir {state}"
@@ -113,7 +114,7 @@ def test_status_of_a_killed_real_merge(tmp_path: Path, make: ModelFactory, monke
     left = report.tensors_total - report.tensors_done
     assert f"merging {left} of {report.tensors_total} tensors" in resumed
     assert "progress: 100 %" in resumed
-    final = read_status(out, state)
+    final = read_status(out, StateDir.resolve(state))
     assert final.state == "done" and final.resume_command is None and final.peak_rss
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from resumerge.api.options import recorded_device, started_early
-from resumerge.config.locations import RunLocations
+from resumerge.config.locations import RunLocations, StateDir
 from resumerge.config.settings import RunSettings
 from resumerge.engine.cluster import connect, kept, launch
 from resumerge.engine.cluster.warm import WarmStart
@@ -134,7 +134,7 @@ def test_a_run_stopped_while_the_start_is_under_way_takes_nothing_at_once(
 
 def test_a_resume_reads_the_recorded_device_before_starting_warm_workers(tmp_path: Path) -> None:
     out, state = tmp_path / "out", tmp_path / "state"
-    ray = RunSettings(state_dir=state, executor=RayExecutor())
+    ray = RunSettings(state=StateDir.resolve(state), executor=RayExecutor())
     assert recorded_device(out, ray) == "cpu"  # nothing recorded
     path = RunLocations.of(out, state).ledger
     path.parent.mkdir(parents=True)
@@ -144,7 +144,7 @@ def test_a_resume_reads_the_recorded_device_before_starting_warm_workers(tmp_pat
                          options={"device": device}, model_dirs={}, version="0", files=(), tensors=())
         ledger.close()
         assert recorded_device(out, ray) == device
-    assert recorded_device(out, RunSettings(state_dir=state)) == "cpu"  # a local run starts none anyway
+    assert recorded_device(out, RunSettings(state=StateDir.resolve(state))) == "cpu"  # a local run starts none anyway
     with started_early(ray, out, recorded_device(out, ray)) as settings:
         assert isinstance(settings.executor, RayExecutor) and settings.executor.early is None
 
@@ -204,7 +204,7 @@ def test_the_warm_start_places_workers_without_the_engine_and_a_worker_imports_n
 
 
 def test_a_resume_from_the_manifest_alone_starts_warm_workers_only_for_a_device_known_here(tmp_path: Path) -> None:
-    ray = RunSettings(state_dir=tmp_path / "state", executor=RayExecutor())  # no ledger in it
+    ray = RunSettings(state=StateDir.resolve(tmp_path / "state"), executor=RayExecutor())  # no ledger in it
     out = tmp_path / "out"
     out.mkdir()
     for device in ("cpu", "cuda:0"):  # OUT's manifest is read here: a folder

@@ -41,7 +41,7 @@ from resumerge.api.options import (
     usable_device,
 )
 from resumerge.api.runkind import Call, Driving
-from resumerge.config.locations import RunLocations
+from resumerge.config.locations import StateDir
 from resumerge.config.settings import RunSettings
 from resumerge.extract.spec import ExtractSpec
 from resumerge.memory.sizes import parse_size
@@ -137,7 +137,7 @@ def run(
         options = plan_options(output, merging, resources,
                                out_shard_size=shard_size_choice(output.out_shard_size, out)[0])
         # OUT's locations (state dir, run dir, ledger), resolved once and handed down with the call.
-        where = RunLocations.of(out, settings.state_dir)
+        where = settings.state.run(out)
         call = Call(config, text, out, options, settings, allow_same_experts=merging.allow_same_experts, where=where,
                     codecs=codecs)
         driving = Driving(stop_flag(should_stop), restart=restart, intermediate_dir=stages.intermediate_dir,
@@ -153,7 +153,7 @@ def run(
         return outcome
     from resumerge.api.checked import checked
 
-    return checked(outcome, state_dir=state_dir, max_memory=settings.max_memory)
+    return checked(outcome, state=settings.state, max_memory=settings.max_memory)
 
 
 def resume(
@@ -181,7 +181,7 @@ def resume(
     # A Ray run's workers, while this one reads its record: none for a GPU plan (they start without one), nor where
     # only the hub's manifest says the device.
     with started_early(settings, out, recorded_device(out, settings)) as settings:
-        where = RunLocations.of(out, state_dir)  # resolved once: the recorded kind and the engine take it as is
+        where = settings.state.run(out)  # resolved once: the recorded kind and the engine take it as is
         own = own_record(where)
         if own is not None:
             return own.resume_own(where, settings, driving)
@@ -216,7 +216,7 @@ def extract_lora(
         return _estimate_extraction(call, fresh_process)
     named(out)
     driving = Driving(stop_flag(should_stop), restart=restart)
-    call = replace(call, where=RunLocations.of(out, state_dir))  # resolved once, handed down with the call
+    call = replace(call, where=settings.state.run(out))  # resolved once, handed down with the call
     with nothing_started(call.locations):
         EXTRACTION.check(call, driving)
         return EXTRACTION.run(call, replace(driving, reporter=_reporter(progress)))
@@ -243,25 +243,25 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport 
     from resumerge.store.statusview import read_status
 
     named(out)
-    where = RunLocations.of(out, state_dir)
+    state = StateDir.resolve(state_dir)  # resolved once, handed down
+    where = state.run(out)
     own = own_record(where)
     if own is not None:
         return own.status_own(where)
-    report = read_status(out, state_dir)
+    report = read_status(out, state)
     report = recorded_kind(report.kind, report.recorded_text).status(report, where)
-    return _with_check(report, out, state_dir)
+    return _with_check(report, out, state)
 
 
-def _with_check(report: StatusReport, out: PathLike, state_dir: PathLike | None) -> StatusReport:
+def _with_check(report: StatusReport, out: PathLike, state: StateDir) -> StatusReport:
     """``report`` with the newest ``resumerge check`` of ``out`` (running: its layer and model; done: its
     verdict) added to what its kind of run said: a row, and ``check`` in the JSON."""
-    from resumerge.check.progress import CHECKS_DIR, describe, find_progress
-    from resumerge.config.locations import state_root
+    from resumerge.check.progress import describe, find_progress
     from resumerge.store.statusview import Details
 
     if str(out).startswith("hf://"):
         return report
-    found = find_progress(state_root(state_dir) / CHECKS_DIR, out)
+    found = find_progress(state.checks_dir, out)
     if found is None:
         return report
     details = report.details or Details()
@@ -274,7 +274,7 @@ def recipe_status(out: PathLike, *, state_dir: PathLike | None = None) -> Recipe
     ``out`` holds no recipe. :func:`status` answers this for a recipe's OUT too."""
     from resumerge.recipes.view import read_recipe_status
 
-    return read_recipe_status(out, state_dir)
+    return read_recipe_status(out, StateDir.resolve(state_dir))
 
 
 def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
@@ -282,7 +282,7 @@ def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
     from resumerge.store.integrity import verify_output
 
     named(out)
-    return verify_output(out, state_dir)
+    return verify_output(out, StateDir.resolve(state_dir))
 
 
 def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[PathLike] = (),
@@ -297,7 +297,7 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
 
     return run_check(model, base=base, parents=tuple(parents), prompts=prompts,
                      max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory,
-                     state_dir=state_dir)
+                     state=StateDir.resolve(state_dir))
 
 
 def plan_merge(config: PathLike, *, output: Output = Output(), merging: Merging = Merging(),

@@ -12,6 +12,7 @@ from resumerge.errors import UsageError
 if TYPE_CHECKING:
     from resumerge.api.runkind import PathLike
     from resumerge.check import CheckReport
+    from resumerge.config.locations import StateDir
 
 # The kinds whose output is a model made from a base and parents that its record names (an upcycled MoE and a
 # LoRA adapter are not compared layer by layer with their inputs).
@@ -35,9 +36,9 @@ def refuse_check(kind: str, out: PathLike) -> None:
                          hint="leave out --check, and run resumerge check on a local copy")
 
 
-def checked(outcome: Outcome, *, state_dir: PathLike | None, max_memory: int | None) -> CheckedOutcome:
+def checked(outcome: Outcome, *, state: StateDir, max_memory: int | None) -> CheckedOutcome:
     """``outcome`` with the check of its output (the base and parents from its record)."""
     from resumerge.check.run import run_check
 
-    report = run_check(outcome.out_dir, state_dir=state_dir, max_memory=max_memory)
+    report = run_check(outcome.out_dir, state=state, max_memory=max_memory)
     return CheckedOutcome(**{f.name: getattr(outcome, f.name) for f in fields(outcome)}, check=report)

@@ -14,7 +14,7 @@ from resumerge.config.extraction_state import is_extraction_text
 from resumerge.config.settings import RunSettings
 
 if TYPE_CHECKING:
-    from resumerge.config.locations import RunLocations
+    from resumerge.config.locations import RunLocations, StateDir
     from resumerge.engine.drive import Outcome
     from resumerge.engine.executor import Reporter
     from resumerge.engine.session import Recorded
@@ -49,19 +49,19 @@ class ExtractionKind:
         if driving.restart:
             from resumerge.extract.prepare import clear_factors
 
-            clear_factors(call.out, call.settings.state_dir)
+            clear_factors(call.out, call.settings.state)
         target = Target.at(call.locations, call.settings)
         prepared = _prepare(call.text, call.options, call.settings, out=call.out, reporter=driving.reporter)
         outcome = run_plan(prepared, call.text, target, call.settings, restart=driving.restart,
                            reporter=driving.reporter, should_stop=driving.should_stop)
-        _forget_factors(outcome, call.out, call.settings.state_dir)
+        _forget_factors(outcome, call.out, call.settings.state)
         return outcome
 
     def resume(self, recorded: Recorded, settings: RunSettings, driving: Driving) -> Outcome:
         """Finish the extraction ``recorded`` (its finished modules' factors read from its run folder), then
         delete the factors, as :meth:`run` does."""
         outcome = resume_journaled(self.name, recorded, settings, driving, _replan)
-        _forget_factors(outcome, recorded.target.locations.out, settings.state_dir)
+        _forget_factors(outcome, recorded.target.locations.out, settings.state)
         return outcome
 
     def plan(self, call: Call) -> Plan:
@@ -110,11 +110,11 @@ def _module_progress(report: StatusReport, where: RunLocations) -> Details | Non
                    data={"modules_total": total, "modules_done": total - len(pending), "module_current": current})
 
 
-def _forget_factors(outcome: Outcome, out: PathLike, state_dir: PathLike | None) -> None:
+def _forget_factors(outcome: Outcome, out: PathLike, state: StateDir) -> None:
     """After an extraction's adapter is committed nobody needs its modules' cached factors: delete them."""
     from resumerge.extract.prepare import forget_factors
 
-    forget_factors(outcome.plan, out, state_dir)
+    forget_factors(outcome.plan, out, state)
 
 
 def _replan(recorded: Recorded, settings: RunSettings, reporter: Reporter | None) -> Prepared:

@@ -60,7 +60,8 @@ class MergeKind:
         from resumerge.engine.session import plan_from_config
 
         refuse_same_experts(call)
-        return plan_from_config(load_config_text(call.text, source=_source(call)), call.options, codecs=call.codecs)
+        return plan_from_config(load_config_text(call.text, source=_source(call)), call.options, codecs=call.codecs,
+                                state=call.settings.state)
 
     def estimate(self, call: Call, measuring: Measuring, *, fresh_process: bool,
                  intermediate_dir: PathLike | None) -> Estimate:
@@ -82,7 +83,7 @@ def _replan(recorded: Recorded, settings: RunSettings, reporter: Reporter | None
     from resumerge.engine.session import prepare
 
     return prepare(load_config_text(recorded.text), recorded.options, model_dirs=recorded.model_dirs,
-                   state_dir=settings.state_dir, reporter=reporter)
+                   state=settings.state, reporter=reporter)
 
 
 def single_output(call: Call, driving: Driving) -> None:

@@ -57,7 +57,7 @@ class MoeKind:
 
         assert call.out is not None
         config = _config(call)
-        with started_early(config.gate_mode, call.settings.state_dir) as early:
+        with started_early(config.gate_mode, call.settings.state) as early:
             target = Target.at(call.locations, call.settings)
             prepared = _prepare(config, call.options, call.settings, driving.reporter, early=early,
                                 out=target.out if target.hub is None else None)

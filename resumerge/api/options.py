@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from resumerge.config.locations import StateDir
 from resumerge.config.settings import KEEP_WORKERS, HubOutputOptions, RunSettings
 from resumerge.errors import LedgerError, OutputDirError, UsageError
 from resumerge.memory.sizes import parse_size
@@ -204,7 +205,7 @@ def run_settings(state_dir: PathLike | None, resources: Resources, hub: Hub | No
     output = None if hub is None else hub_output(hub.public, hub.commit_every, hub.commit_interval)
     if resources.num_threads is not None and resources.num_threads < 1:
         raise UsageError("--num-threads must be at least 1")
-    settings = RunSettings(state_dir=state_dir, cache_dir=resources.cache_dir,
+    settings = RunSettings(state=StateDir.resolve(state_dir), cache_dir=resources.cache_dir,
                            max_memory=size_option(resources.max_memory, "--max-memory"),
                            max_gpu_memory=size_option(resources.max_gpu_memory, "--max-gpu-memory"),
                            staging=resources.staging, max_disk=size_option(resources.max_disk, "--max-disk"),
@@ -277,11 +278,10 @@ def recorded_device(out: PathLike, settings: RunSettings) -> str | None:
     if not executor_of(settings).starts_early:
         return "cpu"
     from resumerge.config.hubtarget import is_hub_target
-    from resumerge.config.locations import RunLocations
     from resumerge.store.ledger_read import reading, run_row
     from resumerge.store.manifest import read_manifest
 
-    path, row = RunLocations.of(out, settings.state_dir).ledger, None
+    path, row = settings.state.run(out).ledger, None
     if path.is_file():
         try:
             with reading(path, "ledger") as conn:
@@ -328,7 +328,7 @@ def single_merge_only(config: PathLike, out: PathLike, settings: RunSettings, *,
             raise UsageError(f"--{flag} applies to recipes only, and {source_name(config, 'the config')} holds one "
                              "merge config", hint="separate a recipe's stages with --- lines")
     # A repo is asked (one small request): a single merge must not take over, or --restart away, a recipe's repo.
-    if is_recipe_out(out, settings.state_dir) if is_hub_target(out) else \
+    if is_recipe_out(out, settings.state) if is_hub_target(out) else \
             os.path.isfile(os.path.join(out, RECIPE_MANIFEST_NAME)):
         raise OutputDirError(f"{out} holds the output of a recipe ({RECIPE_MANIFEST_NAME})", path=str(out),
                              hint="use another OUT for a single merge")

@@ -52,7 +52,7 @@ class RecipeKind:
         a recipe ledger here, in the repo)."""
         from resumerge.recipes.view import is_recipe_out
 
-        return is_recipe_out(where.out, where.state_dir)
+        return is_recipe_out(where.out, where.state)
 
     def resume_own(self, where: RunLocations, settings: RunSettings, driving: Driving) -> Outcome:
         """Every stage still to do of the recipe recorded in ``where.out``; the final stage's outcome."""
@@ -65,7 +65,7 @@ class RecipeKind:
         """Every stage of the recipe writing to ``where.out``, and the one in progress."""
         from resumerge.recipes.view import read_recipe_status
 
-        return read_recipe_status(where.out, where.state_dir)
+        return read_recipe_status(where.out, where.state)
 
     def estimate(self, call: Call, measuring: Measuring, *, fresh_process: bool,
                  intermediate_dir: PathLike | None) -> RecipeEstimate:

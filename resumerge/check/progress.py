@@ -16,8 +16,7 @@ from typing import Any
 
 from resumerge.store.durable import write_file_atomic
 
-# Under the state dir: one folder per check, named by its content key.
-CHECKS_DIR = "checks"
+# In a check's folder (under :attr:`resumerge.config.locations.StateDir.checks_dir`).
 PROGRESS_NAME = "progress.json"
 
 

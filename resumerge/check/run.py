@@ -16,12 +16,12 @@ from pathlib import Path
 from resumerge.check.chart import write_drift_chart
 from resumerge.check.models import Checked, find_models
 from resumerge.check.passes import PassFigures, forward_pass, streams_of
-from resumerge.check.progress import CHECKS_DIR, Progress
+from resumerge.check.progress import Progress
 from resumerge.check.prompts import load_tokenizer, sequences
 from resumerge.check.report import CheckReport, ModelFigures, StaticFigures
 from resumerge.check.static import static_bytes, static_pass
 from resumerge.check.verdict import THRESHOLDS, judge
-from resumerge.config.locations import state_root
+from resumerge.config.locations import StateDir
 from resumerge.errors import UsageError
 from resumerge.forward import pass_bytes
 from resumerge.forward.stream import ModelStream, import_transformers
@@ -35,14 +35,15 @@ CHART_NAME = "drift.png"
 
 def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None,
               parents: Sequence[str | os.PathLike[str]] = (), prompts: str | os.PathLike[str] | None = None,
-              max_memory: int | None = None, state_dir: str | os.PathLike[str] | None = None) -> CheckReport:
-    """Check ``model`` against its base and parents (given, or from its record) and return the report."""
+              max_memory: int | None = None, state: StateDir) -> CheckReport:
+    """Check ``model`` against its base and parents (given, or from its record) and return the report; its
+    journal is kept under ``state``."""
     models = find_models(model, base, tuple(parents))
     _comparable(models)
     import_transformers("resumerge check")
     tokenizer = load_tokenizer([m.opened.directory for m in models])
     tokens = sequences(tokenizer, Path(prompts) if prompts is not None else None)
-    workdir = state_root(state_dir) / CHECKS_DIR / _key(models, tokens)
+    workdir = state.checks_dir / _key(models, tokens)
     done = workdir / REPORT_NAME
     if done.is_file():
         return CheckReport.from_json(json.loads(done.read_text()))
@@ -80,22 +81,21 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
         report = replace(report, chart=os.path.abspath(chart))
     write_file_atomic(done, (json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n").encode())
     progress.say(phase="done", verdict=report.verdict, exit_code=report.exit_code, broken_layer=report.broken_layer)
-    _record(model, state_dir, report, done)
+    _record(model, state, report, done)
     for journal in workdir.glob("layer-*.safetensors"):
         journal.unlink(missing_ok=True)
     return report
 
 
-def _record(model: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None, report: CheckReport,
+def _record(model: str | os.PathLike[str], state: StateDir, report: CheckReport,
             where: Path) -> None:
     """A ``check`` event in the ledger of ``model`` when it is a resumerge output with a ledger in this state
     dir (its verdict, exit code, the layer named, each model's NLL and KL, and where the report is): the merge's
     own record then says how it was checked. A model without one (any other folder) has no record to add to."""
-    from resumerge.config.locations import RunLocations
     from resumerge.errors import LedgerError, StorageError
     from resumerge.store.ledger import Ledger
 
-    path = RunLocations.of(model, state_dir).ledger
+    path = state.run(model).ledger
     if not path.is_file():
         return
     data = {"verdict": report.verdict, "exit_code": report.exit_code, "broken_layer": report.broken_layer,

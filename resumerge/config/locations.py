@@ -15,12 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resumerge.config.hubtarget import is_hub_target, parse_hub_target
+from resumerge.config.moe_state import ROUTERS_DIR
 
 ENV_STATE_DIR = "RESUMERGE_STATE_DIR"
 # A merge's ledger, in its run dir.
 LEDGER_NAME = "ledger.db"
 # Where output files are staged by default (Drive and other remote OUTs), in the run dir.
 STAGING_NAME = "staging"
+# Under the state dir: one folder per check, named by its content key.
+CHECKS_DIR = "checks"
 
 
 # The default state dir of earlier versions, relative to the working directory; still read for runs recorded there.
@@ -54,16 +57,15 @@ def run_dir(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] |
 
     With no state dir given or set in the environment, a run recorded under ``./state`` (the earlier default)
     is found there."""
+    return StateDir.resolve(state_dir).run_dir(out_dir)
+
+
+def _run_name(out_dir: str | os.PathLike[str]) -> str:
+    """The name of ``out_dir``'s run folder under the state dir."""
     if is_hub_target(out_dir):
-        name = parse_hub_target(str(out_dir)).state_key()
-    else:
-        real = os.path.realpath(out_dir)
-        name = f"{Path(real).name or 'root'}-{hashlib.sha256(real.encode()).hexdigest()[:12]}"
-    if state_dir is None and not os.environ.get(ENV_STATE_DIR):
-        legacy = Path.cwd() / LEGACY_STATE_DIR / name
-        if legacy.is_dir():
-            return legacy
-    return state_root(state_dir) / name
+        return parse_hub_target(str(out_dir)).state_key()
+    real = os.path.realpath(out_dir)
+    return f"{Path(real).name or 'root'}-{hashlib.sha256(real.encode()).hexdigest()[:12]}"
 
 
 def resume_command(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None) -> str:
@@ -76,27 +78,80 @@ def resume_command(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike
 
 
 @dataclass(frozen=True)
+class StateDir:
+    """The state dir of one call, resolved once at the front door (:meth:`resolve`) and handed down whole, so
+    that nothing below the API derives it again from the string it was given: ``given`` as given (None: the
+    default), ``root`` the state dir in force, ``legacy`` whether runs recorded under ``./state`` (the default of
+    earlier versions) are looked for (no state dir given nor set in the environment)."""
+
+    given: str | os.PathLike[str] | None
+    root: Path
+    legacy: bool
+
+    @classmethod
+    def resolve(cls, given: str | os.PathLike[str] | None = None) -> StateDir:
+        """The state dir in force for ``given`` (None: ``$RESUMERGE_STATE_DIR``, else the user's own one)."""
+        return cls(given, state_root(given), given is None and not os.environ.get(ENV_STATE_DIR))
+
+    def run(self, out: str | os.PathLike[str]) -> RunLocations:
+        """The locations of the run into ``out``."""
+        return RunLocations(os.fspath(out), self, self.run_dir(out), self.resume_command(out))
+
+    def run_dir(self, out: str | os.PathLike[str]) -> Path:
+        """The run folder of ``out`` (see :func:`run_dir`)."""
+        name = _run_name(out)
+        if self.legacy:
+            legacy = Path.cwd() / LEGACY_STATE_DIR / name
+            if legacy.is_dir():
+                return legacy
+        return self.root / name
+
+    def resume_command(self, out: str | os.PathLike[str]) -> str:
+        """The shell command that finishes the merge into ``out`` (see :func:`resume_command`)."""
+        return resume_command(out, self.given)
+
+    @property
+    def records_dir(self) -> Path:
+        """Where the verification records of downloaded files are kept."""
+        return self.root
+
+    @property
+    def checks_dir(self) -> Path:
+        """Where each ``check`` keeps its journal and progress, one folder per check."""
+        return self.root / CHECKS_DIR
+
+    @property
+    def routers_dir(self) -> Path:
+        """Where each mergekit-moe prompt forward pass keeps its layers and routers, one folder per pass."""
+        return self.root / ROUTERS_DIR
+
+
+@dataclass(frozen=True)
 class RunLocations:
-    """Where the run into one OUT keeps its state, resolved once (:meth:`of`) and read by every step of the run
-    instead of each deriving it again from the state dir: ``out`` as given (a folder or an ``hf://`` target),
-    ``state_dir`` as given (None: the default), the state dir in force (``root``), the run's folder (``run_dir``:
-    ledger, lock, staging, caches) and the command that resumes it."""
+    """Where the run into one OUT keeps its state, resolved once (:meth:`StateDir.run`) and read by every step of
+    the run instead of each deriving it again from the state dir: ``out`` as given (a folder or an ``hf://``
+    target), the state dir (``state``), the run's folder (``run_dir``: ledger, lock, staging, caches) and the
+    command that resumes it."""
 
     out: str
-    state_dir: str | os.PathLike[str] | None
-    root: Path
+    state: StateDir
     run_dir: Path
     resume_command: str
 
     @classmethod
     def of(cls, out: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None) -> RunLocations:
-        """The locations of the run into ``out`` under ``state_dir``."""
-        return cls(os.fspath(out), state_dir, state_root(state_dir), run_dir(out, state_dir),
-                   resume_command(out, state_dir))
+        """The locations of the run into ``out`` under ``state_dir`` (resolved here: a caller that holds a
+        :class:`StateDir` asks it instead)."""
+        return StateDir.resolve(state_dir).run(out)
 
     def beside(self, out: str | os.PathLike[str]) -> RunLocations:
         """The locations of another OUT under the same state dir (a recipe's stages, and its repo by its URL)."""
-        return RunLocations.of(out, self.state_dir)
+        return self.state.run(out)
+
+    @property
+    def root(self) -> Path:
+        """The state dir in force."""
+        return self.state.root
 
     @property
     def ledger(self) -> Path:

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
+from resumerge.config.locations import StateDir
 from resumerge.errors import UsageError
 
 # How to stage output: None = only when OUT is remote (Drive), True/False = always/never, or a directory.
@@ -96,7 +97,8 @@ class RunExecutor(Protocol):
 class RunSettings:
     """The settings of one run that never change its output bytes (a resume may pass others than the first run).
 
-    ``state_dir`` holds ledgers (default: :func:`resumerge.config.locations.state_root`'s); ``cache_dir`` is the
+    ``state`` holds ledgers (resolved once at the front door; default: the state dir in force when the settings
+    are made); ``cache_dir`` is the
     Hugging Face cache for hub models (``--transformers-cache``). ``max_memory`` and ``max_gpu_memory`` are budgets
     in bytes (None: a safe fraction of what the machine, container or GPU allows). ``staging``: None stages output
     on local disk only when OUT is remote (Drive), True always, False never, or a directory to stage in.
@@ -106,7 +108,7 @@ class RunSettings:
     does, so a run started with one resumes with another).
     """
 
-    state_dir: str | os.PathLike[str] | None = None
+    state: StateDir = field(default_factory=StateDir.resolve)
     cache_dir: str | os.PathLike[str] | None = None
     max_memory: int | None = None
     max_gpu_memory: int | None = None

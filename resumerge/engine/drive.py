@@ -127,7 +127,7 @@ class RunSession:
         hub = None
         meter = TrafficMeter()  # both directions of the network, for the progress display
         if inputs is not None:
-            hub = HubInputs.open(plan, inputs, state_dir=settings.state_dir,
+            hub = HubInputs.open(plan, inputs, state=settings.state,
                                  on_progress=hub_progress(self.reporter, meter), governor=governors[0],
                                  max_disk=settings.max_disk)
         return self._drive(manifest, governors, hub, meter, beside.notes if beside is not None else None, executor)

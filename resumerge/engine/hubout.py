@@ -12,13 +12,12 @@ the parent of the run's first commit: a commit another run makes from then on is
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from resumerge.config.hubtarget import parse_hub_target
-from resumerge.config.locations import resume_command
+from resumerge.config.locations import StateDir
 from resumerge.config.settings import HubOutputOptions
 from resumerge.engine.outdir import Frozen, record_plan
 from resumerge.errors import OutputDirError, ResumergeError, UsageError
@@ -98,7 +97,7 @@ def create_recorded(hub: HubOutput, plan: Plan, config_text: str, ledger: Ledger
     return replace(hub, head=head, exists=True)
 
 
-def open_hub_output(out: str, *, state_dir: str | os.PathLike[str] | None,
+def open_hub_output(out: str, *, state: StateDir,
                     options: HubOutputOptions | None = None, create: bool = True,
                     ours: frozenset[str] = frozenset(), deferred: bool = False) -> HubOutput:
     """Open ``out`` (``hf://…``) for writing; raises UsageError (exit 2) for a bad target or token,
@@ -108,7 +107,7 @@ def open_hub_output(out: str, *, state_dir: str | os.PathLike[str] | None,
     create once its plan is recorded (:func:`create_recorded`)."""
     target = parse_hub_target(out)
     repo = open_hub_repo(target, public=bool(options and options.public), create=create and not deferred)
-    resume = resume_command(target.url, state_dir)
+    resume = state.resume_command(target.url)
     # The head first: a commit another run makes after this read is then refused to us (412), never missed.
     head = existing_head(repo, resume=resume) if deferred else branch_head(repo, resume=resume)
     if head is None:

@@ -11,12 +11,11 @@ as they are.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from resumerge.config.locations import state_root
+from resumerge.config.locations import StateDir
 from resumerge.engine.executor import Reporter
 from resumerge.engine.streamdigest import FileDigest
 from resumerge.engine.streamhashes import StreamHashes
@@ -108,7 +107,7 @@ class HubInputs:
         plan: Plan,
         inputs: Inputs,
         *,
-        state_dir: str | os.PathLike[str] | None = None,
+        state: StateDir,
         on_progress: ProgressCallback | None = None,
         governor: MemoryGovernor | None = None,
         max_disk: int | None = None,
@@ -132,7 +131,7 @@ class HubInputs:
             mine = [c for c in choices if c.model == key]
             cached = [c.file for c in mine if c.how == CACHED]
             if meta is not None and cached:
-                fetch_weights(meta, cached, records_dir=state_root(state_dir), on_progress=on_progress)
+                fetch_weights(meta, cached, records_dir=state.records_dir, on_progress=on_progress)
             downloads = [c.file for c in mine if c.how == DOWNLOAD]
             if meta is not None and downloads:
                 check_downloads(meta.settings, RepoCache(meta.settings.cache_dir, meta.repo_id), meta.commit,
@@ -141,7 +140,7 @@ class HubInputs:
         # One download per input model at a time: the plan reads the models in step, so their files are needed
         # together, and more at once would only split the link between files needed later. The exception is a
         # file the merge already waits for (Downloads.wanted): it starts at once beside the one in progress.
-        landing = Downloads(jobs, records_dir=state_root(state_dir), on_progress=on_progress,
+        landing = Downloads(jobs, records_dir=state.records_dir, on_progress=on_progress,
                             workers=min(4, len({key for key, _, _ in jobs}))) if jobs else None
         for key, directory in plan.model_dirs.items():
             meta = inputs.hub.get(key)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from resumerge.config.locations import RunLocations
+from resumerge.config.locations import RunLocations, StateDir
 from resumerge.config.merge_config import MergeConfig, load_config_text
 from resumerge.config.settings import RunSettings
 from resumerge.engine.drive import Outcome, RunSession, hub_progress
@@ -47,15 +47,16 @@ def prepare(
     options: PlanOptions,
     *,
     model_dirs: Mapping[str, str] | None = None,
-    state_dir: str | os.PathLike[str] | None = None,
+    state: StateDir | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     reporter: Reporter | None = None,
     codecs: CodecTable | None = None,
 ) -> Prepared:
     """Open every referenced model (config.json and headers only) and build the plan; no weight is fetched.
+    ``state``: where hub files' verification is recorded (None: for this call only).
     ``codecs``: the stored formats recognised (None: :data:`~resumerge.inputs.codecs.CODECS`)."""
     with collector_paused():  # millions of long-lived objects, few cycles: see resumerge.memory.collector
-        inputs = open_inputs(config, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
+        inputs = open_inputs(config, model_dirs=model_dirs, state=state, cache_dir=cache_dir,
                              on_progress=hub_progress(reporter))
         if codecs is None:  # the planner's own default table
             return Prepared(build_plan(config, inputs.models, options), inputs)
@@ -63,9 +64,10 @@ def prepare(
 
 
 def plan_from_config(config: MergeConfig, options: PlanOptions,
-                     model_dirs: Mapping[str, str] | None = None, *, codecs: CodecTable | None = None) -> Plan:
+                     model_dirs: Mapping[str, str] | None = None, *, codecs: CodecTable | None = None,
+                     state: StateDir | None = None) -> Plan:
     """The plan of ``config`` (headers only); raises InputError subclasses for anything that would fail later."""
-    return prepare(config, options, model_dirs=model_dirs, codecs=codecs).plan
+    return prepare(config, options, model_dirs=model_dirs, codecs=codecs, state=state).plan
 
 
 def run_merge(
@@ -92,7 +94,7 @@ def run_merge(
     with planning_mark(target.locations.run_dir):  # status says "planning" until the plan is recorded
         # An unreachable hub input: exit 2 or 3 by whether a run is recorded, decided at the front door
         # (resumerge.api.options.nothing_started), the one rule for every kind of run.
-        prepared = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir,
+        prepared = prepare(config, options, state=settings.state, cache_dir=settings.cache_dir,
                            reporter=reporter, codecs=codecs)
         return run_plan(prepared, config_text, target, settings, restart=restart, reporter=reporter,
                         should_stop=should_stop)
@@ -127,7 +129,7 @@ def resuming(where: RunLocations, settings: RunSettings,
 
 
 def _recorded(target: Target, settings: RunSettings, reporter: Reporter | None) -> Recorded:
-    out, manifest, state_dir = target.out, target.manifest(), settings.state_dir
+    out, manifest, state = target.out, target.manifest(), settings.state
     ledger_path = target.locations.ledger
     row, stored = None, None
     if ledger_path.exists():
@@ -144,7 +146,7 @@ def _recorded(target: Target, settings: RunSettings, reporter: Reporter | None) 
             committed = sum(1 for r in ledger.files() if r.status == "done")
             ledger.close()
             if row is not None and target.hub is None:
-                refuse_gone(out, committed, state_dir)
+                refuse_gone(out, committed, state)
     if row is not None:
         text, opts, dirs = row.config_text, row.options, row.model_dirs
     elif manifest is not None:

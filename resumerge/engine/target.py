@@ -46,16 +46,16 @@ class Target:
         by the session once the plan is recorded (:func:`~resumerge.engine.hubout.create_recorded`), so a resume
         creates it only from a recorded plan. A folder is only named (it is checked when
         the run has a plan)."""
-        return cls.at(RunLocations.of(out_dir, settings.state_dir), settings, tolerate=tolerate, command=command)
+        return cls.at(settings.state.run(out_dir), settings, tolerate=tolerate, command=command)
 
     @classmethod
     def at(cls, where: RunLocations, settings: RunSettings, *, tolerate: frozenset[str] = frozenset(),
            command: str | None = None) -> Target:
         """:meth:`open` of ``where.out``, its locations resolved already (by the API, once for the call)."""
         if is_hub_target(where.out):
-            hub = open_hub_output(where.out, state_dir=where.state_dir, options=settings.output, deferred=True)
+            hub = open_hub_output(where.out, state=where.state, options=settings.output, deferred=True)
             return cls(Path(hub.url), command or where.resume_command, where, hub)
-        refuse_state_in_out(where.out, where.state_dir)  # before the planning mark writes there
+        refuse_state_in_out(where.out, where.state)  # before the planning mark writes there
         return cls(Path(where.out).absolute(), command or where.resume_command, where, tolerate=tolerate)
 
     @classmethod

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.config.locations import run_dir, state_root
+from resumerge.config.locations import StateDir
 from resumerge.config.settings import RunSettings, Staging
 from resumerge.engine.executor import CONCURRENCY
 from resumerge.engine.hubdisk import hub_disk_need
@@ -158,12 +158,12 @@ def estimate(
     measuring = measuring or Measuring()
     startup = startup or Startup()
     probe_bytes, disk_free, bandwidth = measuring.probe_bytes, measuring.disk_free, measuring.bandwidth
-    state_dir, max_disk, workers = settings.state_dir, settings.max_disk, CONCURRENCY
+    state, max_disk, workers = settings.state, settings.max_disk, CONCURRENCY
     notes: list[str] = []
     out = Path(os.path.abspath(out_dir)) if out_dir is not None else None
     if out is not None:  # run's own refusals (exit 2), before anything is measured
         refuse_out_over_inputs(out, plan)
-        refuse_state_in_out(out, state_dir)
+        refuse_state_in_out(out, state)
     committed = _committed_here(plan, out, notes)
     pending = [s for s in plan.shards if s.name not in committed]
     torch_side = torch_side or TorchHere()
@@ -173,14 +173,14 @@ def estimate(
     # start_compute; the memory is read before: the sample's buffers are not another process's for the run).
     compute_groups = (start_compute(plan, pending, max_seconds=measuring.compute_budget, workers=workers,
                                     side=torch_side) if pending else tuple)
-    staging_dir = _staging_dir(settings.staging, out, state_dir)
+    staging_dir = _staging_dir(settings.staging, out, state)
     output = _output_size(plan, config_text, out, committed, staging_dir, pending)
     fetch = plan_fetch(plan, inputs, max_disk=max_disk) if choose_inputs else ()
-    downloads = _downloads(inputs, state_dir, {(c.model, c.file) for c in fetch if c.how != STREAM}
+    downloads = _downloads(inputs, state, {(c.model, c.file) for c in fetch if c.how != STREAM}
                            if choose_inputs else None)
     remote = {(c.model, c.file) for c in fetch if c.how == STREAM}
     memory, memory_reasons = memory_estimate(plan, pending, memory_now, settings.max_memory, workers, remote, facts)
-    disks = _disks(plan, output, downloads, inputs, out, state_dir, disk_free)
+    disks = _disks(plan, output, downloads, inputs, out, state, disk_free)
     speed = probe_directory(_probe_dir(out), probe_bytes, disk_free=disk_free) if out is not None else None
     compute = compute_groups()
     timing = replace(_time(plan, pending, output, downloads, committed, speed, probe_bytes, compute, to_hub),
@@ -193,14 +193,14 @@ def estimate(
         memory = replace(memory, prepass_bytes=peak, prepass_beside=beside)
     memory_reasons = memory_reasons or [r for r in [memory.over_budget()] if r]  # never "fits" over the budget
     reasons = memory_reasons + [r for d in disks if not d.fits for r in [_disk_reason(d, output)]]
-    reasons += [r for r in [unwritable(state_root(state_dir), "the state dir")] if r]  # run would stop at once
+    reasons += [r for r in [unwritable(state.root, "the state dir")] if r]  # run would stop at once
     if out is not None and not to_hub and not out.exists():  # an existing OUT is judged by run
         reasons += [r for r in [unwritable(out, "OUT", "choose an OUT on a writable filesystem")] if r]
     hub = hub_disk_need(plan, max_disk)
     if to_hub and hub.problem:
         reasons.append(hub.problem)
     network = _network(plan, inputs, output, downloads, fetch, timing, to_hub, bandwidth, probe_bytes,
-                       nearest_existing(state_root(state_dir)), startup.import_seconds)
+                       nearest_existing(state.root), startup.import_seconds)
     return Estimate(plan, output, downloads, memory, tuple(disks), timing, tuple(reasons), tuple(notes), fetch,
                     hub, network)
 
@@ -271,9 +271,9 @@ def _committed_here(plan: Plan, out: Path | None, notes: list[str]) -> dict[str,
     return {name: int(doc["bytes"]) for name, doc in manifest.committed.items()}
 
 
-def _staging_dir(choice: Staging, out: Path | None, state_dir: str | os.PathLike[str] | None) -> Path | None:
+def _staging_dir(choice: Staging, out: Path | None, state: StateDir) -> Path | None:
     """Where shards are written before they reach OUT, as ``resumerge run`` decides (None: into OUT)."""
-    return staging_dir(choice, out, run_dir(out, state_dir)) if out is not None else None
+    return staging_dir(choice, out, state.run_dir(out)) if out is not None else None
 
 
 def _output_size(plan: Plan, config_text: str, out: Path | None, committed: Mapping[str, int],
@@ -301,7 +301,7 @@ def _output_size(plan: Plan, config_text: str, out: Path | None, committed: Mapp
 # -- downloads --------------------------------------------------------------------------------------------------
 
 
-def _downloads(inputs: Inputs, state_dir: str | os.PathLike[str] | None,
+def _downloads(inputs: Inputs, state: StateDir,
                wanted: set[tuple[str, str]] | None) -> dict[str, ModelDownload]:
     """Per hub input: bytes to fetch (less what partial downloads hold), to verify, and already verified, of the
     ``wanted`` (model, file) pairs, those the plan reads and does not stream (None: every weight file)."""
@@ -311,7 +311,7 @@ def _downloads(inputs: Inputs, state_dir: str | os.PathLike[str] | None,
     from resumerge.inputs.hub.download import partial_size
     from resumerge.inputs.hub.records import DB_NAME
 
-    records_db = state_root(state_dir) / DB_NAME
+    records_db = state.records_dir / DB_NAME
     found: dict[str, ModelDownload] = {}
     for key, meta in inputs.hub.items():
         repo = RepoCache(meta.settings.cache_dir, meta.repo_id)
@@ -349,14 +349,14 @@ def _trusted(db: Path, blob: Path, algorithm: str, digest: str) -> bool:
 
 
 def _disks(plan: Plan, output: OutputSize, downloads: Mapping[str, ModelDownload], inputs: Inputs, out: Path | None,
-           state_dir: str | os.PathLike[str] | None, disk_free: DiskFree) -> list[DiskNeed]:
+           state: StateDir, disk_free: DiskFree) -> list[DiskNeed]:
     """Group the needs by filesystem (paths on one filesystem share its free space)."""
     needs: list[tuple[str, Path, int]] = []
     if out is not None:
         needs.append(("output", out, output.needed_bytes))
-        needs.append(("state", run_dir(out, state_dir), _ledger_bytes(plan)))
+        needs.append(("state", state.run_dir(out), _ledger_bytes(plan)))
     else:
-        needs.append(("state", state_root(state_dir), _ledger_bytes(plan)))
+        needs.append(("state", state.root, _ledger_bytes(plan)))
     if output.staging_dir is not None:
         needs.append(("staging", Path(output.staging_dir), output.staging_bytes))
     for key, d in downloads.items():
@@ -518,7 +518,7 @@ def estimate_config(
             prepared = planner()
         else:
             config = load_config_text(config_text, source=source)
-            prepared = prepare(config, options, state_dir=settings.state_dir, cache_dir=settings.cache_dir)
+            prepared = prepare(config, options, state=settings.state, cache_dir=settings.cache_dir)
         plan, inputs = prepared.plan, prepared.opened()
         if fresh_process:
             started = psutil.Process().create_time()

@@ -18,6 +18,7 @@ from types import MappingProxyType
 import yaml
 
 import resumerge.extract.factors as registered  # the extraction's unit functions
+from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import load_config_text
 from resumerge.config.modelref import parse_model_ref
 from resumerge.errors import ResumergeError, UsageError
@@ -57,7 +58,7 @@ def check_spec(spec: ExtractSpec) -> None:
 
 
 def open_pair(spec: ExtractSpec, *, model_dirs: Mapping[str, str] | None = None,
-              state_dir: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None,
+              state: StateDir | None = None, cache_dir: str | os.PathLike[str] | None = None,
               on_progress: Callable[[HubEvent], None] | None = None) -> tuple[Inputs, str, str]:
     """Open BASE and FT (config.json and headers; hub ids resolved or streamed as for merges); returns the inputs
     and the keys of FT and BASE."""
@@ -66,7 +67,7 @@ def open_pair(spec: ExtractSpec, *, model_dirs: Mapping[str, str] | None = None,
            "models": [{"model": spec.model}, {"model": spec.base_model}]}
     try:
         config = load_config_text(yaml.safe_dump(doc, sort_keys=False), source="extraction")
-        inputs = open_inputs(config, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
+        inputs = open_inputs(config, model_dirs=model_dirs, state=state, cache_dir=cache_dir,
                              on_progress=on_progress)
     except ResumergeError as exc:
         exc.yaml_path = _FLAG_OF.get((exc.yaml_path or "").split(".")[0], exc.yaml_path)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from resumerge.config.extraction_state import FACTORS_DIR
-from resumerge.config.locations import run_dir
+from resumerge.config.locations import StateDir
 from resumerge.config.settings import RunSettings
 from resumerge.extract.decompose import kept_rank, truncate
 from resumerge.extract.factor_cache import FactorCache
@@ -41,8 +41,8 @@ def prepare_extraction(text: str, options: PlanOptions, settings: RunSettings, *
     :class:`~resumerge.extract.factors.FactorStore` in its resources. Finished modules' factors are kept in
     ``out``'s run folder (none kept without ``out``: a ``--plan`` estimate)."""
     spec = load_spec_text(text)
-    store = FactorStore(factor_cache(out, settings.state_dir) if out is not None else None)
-    inputs, ft_key, base_key = open_pair(spec, model_dirs=model_dirs, state_dir=settings.state_dir,
+    store = FactorStore(factor_cache(out, settings.state) if out is not None else None)
+    inputs, ft_key, base_key = open_pair(spec, model_dirs=model_dirs, state=settings.state,
                                          cache_dir=settings.cache_dir, on_progress=on_progress)
     if spec.sv_epsilon > 0 and not spec.ranks:
         choice = module_choice(spec, inputs, ft_key, base_key, options)
@@ -51,28 +51,28 @@ def prepare_extraction(text: str, options: PlanOptions, settings: RunSettings, *
     return Prepared(build_extraction_plan(spec, inputs, ft_key, base_key, options), inputs, Resources((store,)))
 
 
-def factor_cache(out: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None) -> FactorCache:
+def factor_cache(out: str | os.PathLike[str], state: StateDir) -> FactorCache:
     """Where the extraction into ``out`` keeps finished modules' factors: its run folder's ``extract-factors``
     (where ``status`` counts them)."""
-    return FactorCache(run_dir(out, state_dir) / FACTORS_DIR)
+    return FactorCache(state.run_dir(out) / FACTORS_DIR)
 
 
-def forget_factors(plan: Plan, out: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None) -> None:
+def forget_factors(plan: Plan, out: str | os.PathLike[str], state: StateDir) -> None:
     """Delete the cached factors of ``plan``'s modules (its adapter is committed: nobody needs them again); nothing
     for a plan that is not an extraction's."""
     if plan.method != METHOD:
         return
     keys = [cache_key(dict(tp.params)) for tp in plan.tensors.values() if tp.method in (FACTOR_A, FACTOR_A_FULL)]
-    cache = factor_cache(out, state_dir)
+    cache = factor_cache(out, state)
     cache.forget(keys)
     with contextlib.suppress(OSError):
         cache.directory.rmdir()  # empty now, unless another process's entries are there
 
 
-def clear_factors(out: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None) -> None:
+def clear_factors(out: str | os.PathLike[str], state: StateDir) -> None:
     """Delete every cached factor of the extraction into ``out`` (``--restart``: the run they came from is
     discarded, and ``status`` must not count them)."""
-    shutil.rmtree(factor_cache(out, state_dir).directory, ignore_errors=True)
+    shutil.rmtree(factor_cache(out, state).directory, ignore_errors=True)
 
 
 def _probe_ranks(spec: ExtractSpec, choice: ModuleChoice, inputs: Inputs, ft_key: str, base_key: str,

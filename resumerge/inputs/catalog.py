@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resumerge.config.locations import state_root
+from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import MergeConfig
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import ModelInputError, ResumergeError
@@ -46,7 +46,7 @@ def open_inputs(
     config: MergeConfig,
     *,
     model_dirs: Mapping[str, str] | None = None,
-    state_dir: str | os.PathLike[str] | None = None,
+    state: StateDir | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     on_progress: ProgressCallback | None = None,
     given: Mapping[str, ModelInput] | None = None,
@@ -55,7 +55,8 @@ def open_inputs(
 
     ``model_dirs`` are the directories recorded by an earlier plan (a resume). ``given`` maps reference keys to
     models that are already open (a recipe: earlier stages' planned outputs, and inputs another stage opened);
-    those are used as they are and not opened again. Raises ``InputError`` subclasses for missing or hostile
+    those are used as they are and not opened again. ``state`` keeps the verification records of hub files (None:
+    for this call only). Raises ``InputError`` subclasses for missing or hostile
     models, ``HubUnavailableError`` when a hub model cannot be reached or found in cache.
     """
     inputs = Inputs()
@@ -67,12 +68,12 @@ def open_inputs(
         where = yaml_path_of(config, ref)
         recorded = model_dirs or {}
         if ref.lora is None:
-            inputs.models[ref.key] = _open_one(ref, recorded.get(ref.key), where, inputs, state_dir, cache_dir,
+            inputs.models[ref.key] = _open_one(ref, recorded.get(ref.key), where, inputs, state, cache_dir,
                                                on_progress, parsed)
             continue
         base_ref = ModelRef(ref.path, ref.revision, override_architecture=ref.override_architecture)
-        base = _open_one(base_ref, recorded.get(ref.key), where, inputs, state_dir, cache_dir, on_progress, parsed)
-        adapter = _open_adapter(ref.lora, recorded.get(adapter_key(ref.key)), where, state_dir, cache_dir,
+        base = _open_one(base_ref, recorded.get(ref.key), where, inputs, state, cache_dir, on_progress, parsed)
+        adapter = _open_adapter(ref.lora, recorded.get(adapter_key(ref.key)), where, state, cache_dir,
                                 on_progress)
         check_adapter(adapter, {n: (t.entry.dtype, t.entry.shape) for n, t in base.tensors.items()}, yaml_path=where)
         if base_ref.key in inputs.hub:  # fetch_inputs downloads the base's weights under the merged model's key
@@ -91,7 +92,7 @@ def _open_one(
     recorded: str | None,
     where: str,
     inputs: Inputs,
-    state_dir: str | os.PathLike[str] | None,
+    state: StateDir | None,
     cache_dir: str | os.PathLike[str] | None,
     on_progress: ProgressCallback | None,
     parsed: dict[tuple[bytes, int], Header],
@@ -108,7 +109,7 @@ def _open_one(
     try:
         meta = resolve_metadata(ref, cache_dir=Path(cache_dir) if cache_dir else None,
                                 pinned_commit=pinned[1] if pinned else None,
-                                records_dir=state_root(state_dir), on_progress=on_progress)
+                                records_dir=_records_dir(state), on_progress=on_progress)
     except ResumergeError as exc:
         exc.yaml_path = exc.yaml_path or where  # the hub layer knows the repo, the config knows where
         raise
@@ -120,7 +121,7 @@ def _open_adapter(
     ref: ModelRef,
     recorded: str | None,
     where: str,
-    state_dir: str | os.PathLike[str] | None,
+    state: StateDir | None,
     cache_dir: str | os.PathLike[str] | None,
     on_progress: ProgressCallback | None,
 ) -> Adapter:
@@ -135,17 +136,21 @@ def _open_adapter(
     from resumerge.inputs.hub.adapters import open_hub_adapter
 
     return open_hub_adapter(ref, yaml_path=where, cache_dir=Path(cache_dir) if cache_dir else None,
-                            pinned_commit=pinned[1] if pinned else None, records_dir=state_root(state_dir),
+                            pinned_commit=pinned[1] if pinned else None, records_dir=_records_dir(state),
                             on_progress=on_progress)
 
 
-def fetch_inputs(inputs: Inputs, *, state_dir: str | os.PathLike[str] | None = None,
-                 on_progress: ProgressCallback | None = None) -> None:
+def fetch_inputs(inputs: Inputs, *, state: StateDir, on_progress: ProgressCallback | None = None) -> None:
     """Download (resuming partial files) and verify the weights of every hub input; local inputs need nothing."""
     from resumerge.inputs.hub import fetch_weights
 
     for meta in inputs.hub.values():
-        fetch_weights(meta, records_dir=state_root(state_dir), on_progress=on_progress)
+        fetch_weights(meta, records_dir=state.records_dir, on_progress=on_progress)
+
+
+def _records_dir(state: StateDir | None) -> Path | None:
+    """Where hub files' verification is recorded: the state dir's records (None: in memory, for one call)."""
+    return state.records_dir if state is not None else None
 
 
 def _from_metadata(ref: ModelRef, meta: RepoMetadata, where: str) -> ModelInput:

@@ -12,7 +12,6 @@ process alone, bounds the run. Nothing is computed and nothing is written.
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import psutil
 
+from resumerge.config.locations import StateDir
 from resumerge.config.moe_state import ROUTERS_NAME
 from resumerge.config.settings import RunSettings
 from resumerge.inputs.catalog import Inputs
@@ -49,7 +49,7 @@ _SPAWN_SECONDS = 0.3
 PrepassCost = tuple[float, float, int, bool, float | None, str | None]
 
 
-def pass_estimate(config: MoeConfig, inputs: Inputs, state_dir: str | os.PathLike[str] | None,
+def pass_estimate(config: MoeConfig, inputs: Inputs, state: StateDir,
                   max_memory: int | None) -> Callable[[float | None], PrepassCost] | None:
     """The estimate of ``config``'s prompt forward pass under ``max_memory`` (None: the default budget) as a
     function of the inputs' read speed, or None when its gate mode has none; nothing (all zero) when an earlier
@@ -60,7 +60,7 @@ def pass_estimate(config: MoeConfig, inputs: Inputs, state_dir: str | os.PathLik
 
     def estimate(read_bytes_per_s: float | None) -> PrepassCost:
         del read_bytes_per_s  # the pass's reads follow the merge's of the same files: counted as CPU, below
-        if (routers_dir(config, base, state_dir) / ROUTERS_NAME).is_file():
+        if (routers_dir(config, base, state) / ROUTERS_NAME).is_file():
             return 0.0, 0.0, 0, False, None, None
         with tempfile.TemporaryDirectory(prefix="resumerge-probe-") as scratch, _OthersCpu() as others:
             # The run's pass makes the same checks (resumerge.moe.forward.pass_checks), before the merge starts.
@@ -122,6 +122,6 @@ def estimators(config: MoeConfig, options: PlanOptions, settings: RunSettings) -
         return prepare_moe(config, options, settings, forward=False)
 
     def prepass(_: Plan, inputs: Inputs) -> Callable[[float | None], PrepassCost] | None:
-        return pass_estimate(config, inputs, settings.state_dir, settings.max_memory)
+        return pass_estimate(config, inputs, settings.state, settings.max_memory)
 
     return planner, prepass

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from resumerge import errors
-from resumerge.config.moe_state import ROUTERS_DIR
+from resumerge.config.locations import StateDir
 from resumerge.errors import InputError, ResumergeError
 from resumerge.inputs.files import TOKENIZER_FILES
 
@@ -113,16 +113,14 @@ def run_child(job: dict[str, Any], workdir: Path) -> dict[str, Any]:
 
 
 @contextmanager
-def started_early(gate_mode: str | None, state_dir: str | os.PathLike[str] | None) -> Iterator[PassProcess | None]:
+def started_early(gate_mode: str | None, state: StateDir) -> Iterator[PassProcess | None]:
     """A process for the hidden-state gate modes' forward pass, started now to load while the run plans (its job
     comes later), and stopped when the block ends (a run that ended without its routers, or needed no pass,
     leaves no process running); None for the other modes, or without transformers (refused later)."""
     if gate_mode not in HIDDEN_MODES or importlib.util.find_spec("transformers") is None:
         yield None
         return
-    from resumerge.config.locations import state_root
-
-    child = PassProcess(state_root(state_dir) / ROUTERS_DIR)
+    child = PassProcess(state.routers_dir)
     try:
         yield child
     finally:

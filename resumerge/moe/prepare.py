@@ -4,7 +4,6 @@ run the prompt forward pass when the gate mode needs it, and plan it: the MoE co
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -12,8 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.config.locations import state_root
-from resumerge.config.moe_state import ROUTERS_DIR
+from resumerge.config.locations import StateDir
 from resumerge.config.settings import RunSettings
 from resumerge.errors import InputError, ModelInputError
 from resumerge.inputs.catalog import Inputs, open_inputs
@@ -56,7 +54,7 @@ def prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings, 
     already (:func:`~resumerge.moe.passproc.started_early`). A hub base model's weights are downloaded into the cache
     for it, within ``settings.max_disk``. ``out`` (a local OUT) is refused before the pass when it is, or holds, an
     input (:func:`~resumerge.plan.outguard.refuse_out_over_inputs`). Raises ``InputError`` subclasses."""
-    inputs = open_inputs(config.as_merge_config(), model_dirs=model_dirs, state_dir=settings.state_dir,
+    inputs = open_inputs(config.as_merge_config(), model_dirs=model_dirs, state=settings.state,
                          cache_dir=settings.cache_dir, on_progress=on_progress)
     gguf = next((m for m in inputs.models.values() if m.gguf is not None), None)
     if gguf is not None:  # its tokenizer and the prompt pass read files beside the model, which a GGUF has none of
@@ -130,9 +128,9 @@ def _cheap_embed_gates(config: MoeConfig, inputs: Inputs, encoded: Any) -> torch
         sources.close()
 
 
-def routers_dir(config: MoeConfig, base: ModelInput, state_dir: str | os.PathLike[str] | None) -> Path:
+def routers_dir(config: MoeConfig, base: ModelInput, state: StateDir) -> Path:
     """Where the hidden-state routers of ``config`` are computed and kept, by content."""
-    return state_root(state_dir) / ROUTERS_DIR / _key(config, base)
+    return state.routers_dir / _key(config, base)
 
 
 def _key(config: MoeConfig, base: ModelInput) -> str:
@@ -152,14 +150,14 @@ def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, provided: RouterSo
 
     base = inputs.models[config.base_model.key]
     layers = int(base.config["num_hidden_layers"])
-    workdir = state_root(settings.state_dir) / ROUTERS_DIR / key
+    workdir = settings.state.routers_dir / key
     if (workdir / ROUTERS_NAME).is_file():
         if early is not None:
             early.stop()  # not needed: it must not take the merge's cores while it loads
         return HiddenPass(key, workdir, layers, provided)
     require_transformers(config.gate_mode)
     if config.base_model.key in inputs.hub:
-        _fetch_base(inputs.hub[config.base_model.key], settings.state_dir, settings.max_disk, on_progress)
+        _fetch_base(inputs.hub[config.base_model.key], settings.state, settings.max_disk, on_progress)
     probe = SystemProbe()
     probe.reclaim()
     held = probe.rss()
@@ -179,7 +177,7 @@ def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, provided: RouterSo
     return running
 
 
-def _fetch_base(meta: RepoMetadata, state_dir: str | os.PathLike[str] | None, max_disk: int | None,
+def _fetch_base(meta: RepoMetadata, state: StateDir, max_disk: int | None,
                 on_progress: ProgressCallback | None) -> None:
     """A hub base model's weights downloaded (and verified) into the cache for the forward pass, which reads them
     in its own process; refused (exit 2) when they alone exceed ``max_disk``."""
@@ -191,4 +189,4 @@ def _fetch_base(meta: RepoMetadata, state_dir: str | os.PathLike[str] | None, ma
                          f"and download them into the cache first: {format_size(size)}, more than --max-disk "
                          f"{format_size(max_disk)}", yaml_path="base_model",
                          hint="give --max-disk room for them, or use cheap_embed or random gates")
-    fetch_weights(meta, records_dir=state_root(state_dir), on_progress=on_progress)
+    fetch_weights(meta, records_dir=state.records_dir, on_progress=on_progress)

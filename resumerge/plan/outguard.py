@@ -26,7 +26,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-from resumerge.config.locations import default_state_root, state_root
+from resumerge.config.locations import StateDir, default_state_root
 from resumerge.errors import UsageError
 from resumerge.inputs.model import ModelInput
 from resumerge.plan.merge_plan import Plan
@@ -66,12 +66,12 @@ def overlap(out: str | os.PathLike[str], places: Iterable[Place], *, what: str =
     return None
 
 
-def refuse_state_in_out(out: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None, *,
+def refuse_state_in_out(out: str | os.PathLike[str], state: StateDir, *,
                         what: str = "OUT") -> None:
-    """Raise :class:`UsageError` (exit 2) when the state dir in force (``state_dir``, else the environment's or
-    the default) is ``out`` or lies inside it: the run's ledger would be the first thing in OUT, which then holds
-    files that are not the merge's (a new OUT was refused as "not written by resumerge", exit 4)."""
-    real_out, root = os.path.realpath(out), state_root(state_dir)
+    """Raise :class:`UsageError` (exit 2) when the state dir in force (``state``) is ``out`` or lies inside it:
+    the run's ledger would be the first thing in OUT, which then holds files that are not the merge's (a new OUT
+    was refused as "not written by resumerge", exit 4)."""
+    real_out, root = os.path.realpath(out), state.root
     real = os.path.realpath(root)
     if real == real_out or _inside(real, real_out):
         where = "is" if real == real_out else "is inside"

@@ -100,11 +100,10 @@ def estimate_recipe(
     """
     refuse_streamed_recipe(options)
     recipe = load_recipe_text(text, source=source)
-    to_hub, state_dir = is_hub_target(out_dir), settings.state_dir
+    to_hub, state = is_hub_target(out_dir), settings.state
     out = str(out_dir) if to_hub else Path(out_dir).absolute()
-    inter = Path(intermediate_dir).absolute() if intermediate_dir is not None else default_intermediate_dir(out,
-                                                                                                            state_dir)
-    rplan = plan_recipe(recipe, out, inter, options, state_dir=state_dir, cache_dir=settings.cache_dir)
+    inter = Path(intermediate_dir).absolute() if intermediate_dir is not None else default_intermediate_dir(out, state)
+    rplan = plan_recipe(recipe, out, inter, options, state=state, cache_dir=settings.cache_dir)
     stages = []
     reasons: list[str] = []
     # `plan` stays quick however many stages there are: they share the timing budget, a second each at least.

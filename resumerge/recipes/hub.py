@@ -60,7 +60,7 @@ class RecipeHub:
 def open_recipe_hub(where: RunLocations, options: HubOutputOptions, *, create: bool = True) -> RecipeHub:
     """Open ``where.out`` (``hf://…``) as a recipe's OUT, as for one merge, tolerating the recipe's record (a
     recipe killed before its final stage committed leaves only that); then read the record (one small request)."""
-    output = open_hub_output(where.out, state_dir=where.state_dir, options=options, create=create,
+    output = open_hub_output(where.out, state=where.state, options=options, create=create,
                              ours=frozenset({RECIPE_MANIFEST_NAME}))
     found = read_remote_recipe(output.repo, resume=output.resume)
     return RecipeHub(output, found[0] if found else None, found[1] if found else None)

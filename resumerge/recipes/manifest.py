@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resumerge.config.locations import RunLocations
+from resumerge.config.locations import RunLocations, StateDir
 from resumerge.errors import LedgerError
 from resumerge.recipes.ledger_read import RECIPE_LEDGER_NAME, RecipeRow, read_recipe_row
 from resumerge.store.durable import write_file_atomic
@@ -169,10 +169,9 @@ def read_recipe_ledger(path: Path) -> tuple[RecipeRecord, RecipeRow] | None:
         return None
 
 
-def read_recipe_record(out_dir: str | os.PathLike[str],
-                       state_dir: str | os.PathLike[str] | None = None) -> tuple[RecipeRecord, str] | None:
+def read_recipe_record(out_dir: str | os.PathLike[str], state: StateDir) -> tuple[RecipeRecord, str] | None:
     """The recorded recipe of ``out_dir`` and where it came from (``ledger`` or ``manifest``); None if none."""
-    found = read_recipe_ledger(recipe_dir(RunLocations.of(out_dir, state_dir)) / RECIPE_LEDGER_NAME)
+    found = read_recipe_ledger(recipe_dir(state.run(out_dir)) / RECIPE_LEDGER_NAME)
     if found is not None:
         return found[0], "ledger"
     record = read_recipe_manifest(Path(out_dir))

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from resumerge.config.hubtarget import is_hub_target, parse_hub_target
-from resumerge.config.locations import state_root
+from resumerge.config.locations import StateDir
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import ConfigError, ResumergeError, UsageError
 from resumerge.inputs.catalog import Inputs, open_inputs
@@ -100,13 +100,12 @@ def refuse_streamed_recipe(options: PlanOptions | None) -> None:
                          hint="drop --stream-inputs, or merge the stages one config at a time")
 
 
-def default_intermediate_dir(out_dir: str | os.PathLike[str],
-                             state_dir: str | os.PathLike[str] | None = None) -> Path:
+def default_intermediate_dir(out_dir: str | os.PathLike[str], state: StateDir) -> Path:
     """Where named stages go without ``--intermediate-dir``: ``OUT.intermediates`` beside OUT (same disk as OUT,
     so a runtime reset that keeps OUT keeps the stages too; never inside OUT). For an ``hf://`` OUT, which has no
     "beside", ``<state dir>/hf-<namespace>--<name>-<hash>.intermediates``: local disk, next to the run's state."""
     if is_hub_target(out_dir):
-        return state_root(state_dir).absolute() / f"{parse_hub_target(str(out_dir)).state_key()}{INTERMEDIATE_SUFFIX}"
+        return state.root.absolute() / f"{parse_hub_target(str(out_dir)).state_key()}{INTERMEDIATE_SUFFIX}"
     out = Path(out_dir).absolute()
     return out.parent / f"{out.name}{INTERMEDIATE_SUFFIX}"
 
@@ -126,7 +125,7 @@ def plan_recipe(
     options: PlanOptions,
     *,
     model_dirs: Mapping[str, str] | None = None,
-    state_dir: str | os.PathLike[str] | None = None,
+    state: StateDir | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     on_progress: ProgressCallback | None = None,
 ) -> RecipePlan:
@@ -151,7 +150,7 @@ def plan_recipe(
     for stage in recipe.stages:
         with stage_errors(stage.label):
             try:
-                inputs = open_inputs(stage.config, model_dirs=model_dirs, state_dir=state_dir, cache_dir=cache_dir,
+                inputs = open_inputs(stage.config, model_dirs=model_dirs, state=state, cache_dir=cache_dir,
                                      on_progress=on_progress, given={**opened, **virtual})
             except ResumergeError as exc:
                 _hint_stage_name(exc, recipe, stage)

@@ -141,17 +141,17 @@ def run_recipe(
     hub = open_recipe_hub(where, settings.output) if is_hub_target(where.out) else None
     out: str | Path = hub.url if hub else Path(where.out).absolute()
     if isinstance(out, Path):
-        refuse_state_in_out(out, where.state_dir)
+        refuse_state_in_out(out, where.state)
     previous = _recorded(out, where, hub)
     if intermediate_dir is not None:
         inter = Path(intermediate_dir).absolute()
     elif previous is not None and not restart:
         previous, inter = _recorded_intermediates(previous, out, where)
     else:
-        inter = default_intermediate_dir(out, where.state_dir)
+        inter = default_intermediate_dir(out, where.state)
     # An unreachable hub input: exit 2 or 3 by whether a run is recorded, decided at the front door
     # (resumerge.api.options.nothing_started), the one rule for every kind of run.
-    rplan = plan_recipe(recipe, out, inter, options, state_dir=where.state_dir, cache_dir=settings.cache_dir,
+    rplan = plan_recipe(recipe, out, inter, options, state=where.state, cache_dir=settings.cache_dir,
                         on_progress=hub_progress(reporter))
     runner = _Runner(rplan, previous, settings, hub, where, restart=restart, resuming=False, cleanup=cleanup)
     return runner.run(reporter, should_stop)
@@ -185,7 +185,7 @@ def resume_recipe(
     recipe = load_recipe_text(previous.recipe_text)
     previous, inter = _recorded_intermediates(previous, out, where)
     rplan = plan_recipe(recipe, out, inter, PlanOptions(**previous.options),
-                        model_dirs=previous.model_dirs, state_dir=where.state_dir, on_progress=hub_progress(reporter))
+                        model_dirs=previous.model_dirs, state=where.state, on_progress=hub_progress(reporter))
     # The stages compute with the -j the recipe was started with where their bytes depend on it, as a merge does.
     settings = recorded_threads(rplan.options.num_threads,
                                 {t.method for sp in rplan.stages for t in sp.plan.tensors.values()}, settings,
@@ -252,7 +252,7 @@ class _Runner:
         try:
             # Downloads first, as for one merge: an interruption there leaves nothing in OUT, and a process
             # killed after the record is written never reads a hub header a second time.
-            fetch_inputs(self.rplan.inputs, state_dir=self.where.state_dir,
+            fetch_inputs(self.rplan.inputs, state=self.where.state,
                          on_progress=hub_progress(self.reporter))
             self.ledger = open_recipe_ledger(rdir / RECIPE_LEDGER_NAME)
             try:
@@ -303,7 +303,7 @@ class _Runner:
         for sp in self.rplan.stages:
             where = self.rplan.out_of(sp)
             if isinstance(where, Path):  # a repo OUT was checked when it was opened
-                refuse_state_in_out(where, self.settings.state_dir,
+                refuse_state_in_out(where, self.settings.state,
                                     what="OUT" if sp.final else f"the output of {sp.stage.label}")
                 check_out_dir(where, tolerate=_tolerated(sp))
             else:
@@ -380,7 +380,7 @@ class _Runner:
         own = self._stage_record(sp)
         if own is None or own.fingerprint != sp.plan.fingerprint or not own.complete:
             return False
-        report = verify_output(where, self.where.state_dir)
+        report = verify_output(where, self.where.state)
         if not report.ok or report.pending:
             return False
         self.settled[sp.stage.key] = StageOutcome(sp.stage.label, sp.out_dir, "verified", report.checked)
@@ -395,7 +395,7 @@ class _Runner:
         # The repo's manifest was read when it was opened, and nothing has written the final stage since.
         hub = self.hub
         remote = hub.output.manifest if hub is not None and sp.final else None
-        return stage_record(self.rplan.out_of(sp), self.where.state_dir, repo_manifest=remote)
+        return stage_record(self.rplan.out_of(sp), self.where.state, repo_manifest=remote)
 
     def _drive(self, sp: StagePlan) -> None:
         key = sp.stage.key
@@ -483,7 +483,7 @@ def _recorded(out: str | Path, where: RunLocations, hub: RecipeHub | None = None
     if hub is not None:
         found = read_recipe_ledger(recipe_dir(where.beside(hub.url)) / RECIPE_LEDGER_NAME)
         return found[0] if found is not None else hub.record
-    recorded = read_recipe_record(out, where.state_dir)
+    recorded = read_recipe_record(out, where.state)
     return recorded[0] if recorded is not None else None
 
 
@@ -495,7 +495,7 @@ def _recorded_intermediates(previous: RecipeRecord, out: str | Path,
     recorded = Path(previous.intermediate_dir)
     if not isinstance(out, str) or recorded.exists():
         return previous, recorded
-    here = default_intermediate_dir(out, where.state_dir)
+    here = default_intermediate_dir(out, where.state)
     if here == recorded or here.name != recorded.name:
         return previous, recorded
     return replace(previous, intermediate_dir=str(here)), here

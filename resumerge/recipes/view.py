@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.config.locations import RunLocations
+from resumerge.config.locations import RunLocations, StateDir
 from resumerge.errors import LedgerError, StorageError
 from resumerge.recipes.ledger_read import RECIPE_LEDGER_NAME, StageRow, read_recipe_stages
 from resumerge.recipes.manifest import (
@@ -104,7 +104,7 @@ class RecipeStatus:
         return doc
 
 
-def stage_record(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None, *,
+def stage_record(out_dir: str | os.PathLike[str], state: StateDir, *,
                  repo_manifest: Manifest | None = None) -> StageRecord | None:
     """The record of the merge into ``out_dir`` (its ledger, else its manifest), or None when there is none.
 
@@ -112,7 +112,7 @@ def stage_record(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[s
     (one small request). A ledger that cannot be read (killed while being created, damaged) is passed over for the
     manifest. Raises :class:`LedgerError` when the manifest is unreadable.
     """
-    where = RunLocations.of(out_dir, state_dir)
+    where = state.run(out_dir)
     ledger = where.ledger
     if ledger.exists():
         try:
@@ -137,10 +137,10 @@ def stage_record(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[s
                        len(manifest.planned), committed, "manifest")
 
 
-def is_recipe_out(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None) -> bool:
+def is_recipe_out(out_dir: str | os.PathLike[str], state: StateDir) -> bool:
     """True when ``out_dir`` is (or is being) written by a recipe: its record is in the state dir or in OUT (for
     an ``hf://`` OUT without a recipe ledger here: in the repo, one small request)."""
-    where = RunLocations.of(out_dir, state_dir)
+    where = state.run(out_dir)
     if (recipe_dir(where) / RECIPE_LEDGER_NAME).exists():
         return True
     if is_hub_target(out_dir):
@@ -151,12 +151,12 @@ def is_recipe_out(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[
     return (Path(out_dir) / RECIPE_MANIFEST_NAME).is_file()
 
 
-def read_recipe_status(out_dir: str | os.PathLike[str],
-                       state_dir: str | os.PathLike[str] | None = None) -> RecipeStatus:
-    """Status of the recipe writing to ``out_dir``; raises :class:`LedgerError` when no recipe is recorded."""
+def read_recipe_status(out_dir: str | os.PathLike[str], at: StateDir) -> RecipeStatus:
+    """Status of the recipe writing to ``out_dir`` (its records under the state dir ``at``); raises
+    :class:`LedgerError` when no recipe is recorded."""
     from resumerge.store.runlock import is_locked
 
-    where = RunLocations.of(out_dir, state_dir)
+    where = at.run(out_dir)
     rdir = recipe_dir(where)
     rows: dict[str, StageRow] = {}
     events: tuple[str, ...] = ()
@@ -187,13 +187,13 @@ def read_recipe_status(out_dir: str | os.PathLike[str],
         whose = "the repo's" if is_hub_target(out_dir) else "OUT's"
         why = "recipe ledger not found" if damage is None else damage.message
         events = (f"{why}: figures from {whose} resumerge-recipe.json and the stages' records",)
-    stages = tuple(_stage_status(record, s.key, rows.get(s.key), state_dir, out_dir) for s in record.stages)
+    stages = tuple(_stage_status(record, s.key, rows.get(s.key), where.state, out_dir) for s in record.stages)
     command = None if state in ("done", "running") else where.resume_command
     current = None
     pending = next((s for s in stages if s.state not in ("done", "deleted")), None)
     if pending is not None and pending.state != "pending":
         # A stage of a recipe is finished through the recipe's OUT, never on its own.
-        current = replace(read_status(pending.out_dir, state_dir), resume_command=command)
+        current = replace(read_status(pending.out_dir, where.state), resume_command=command)
     return RecipeStatus(str(out_dir), state, source, record.intermediate_dir, record.intermediates, stages, current,
                         last_error, events, command)
 
@@ -219,7 +219,7 @@ def _repo_manifest(where: RunLocations) -> Manifest | None:
 
 
 def _stage_status(record: RecipeRecord, key: str, row: StageRow | None,
-                  state_dir: str | os.PathLike[str] | None, out_dir: str | os.PathLike[str]) -> StageStatus:
+                  state: StateDir, out_dir: str | os.PathLike[str]) -> StageStatus:
     entry = next(s for s in record.stages if s.key == key)
     if entry.final and not is_hub_target(out_dir):
         # The final stage writes to OUT, wherever OUT is now: a moved OUT's record still names the old path.
@@ -228,9 +228,9 @@ def _stage_status(record: RecipeRecord, key: str, row: StageRow | None,
                        started_at=row.started_at if row else None, finished_at=row.finished_at if row else None)
     if not entry.final and record.intermediates in (DELETING, DELETED):
         return replace(base, state="deleted")
-    own = stage_record(entry.out_dir, state_dir)
+    own = stage_record(entry.out_dir, state)
     if own is None or own.fingerprint != entry.fingerprint:
         return base
-    report = read_status(entry.out_dir, state_dir)
+    report = read_status(entry.out_dir, state)
     return replace(base, state="done" if own.complete else report.state, shards_done=report.shards_done,
                    shards_total=report.shards_total, bytes_done=report.bytes_done, bytes_total=report.bytes_total)

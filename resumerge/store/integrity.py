@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.config.locations import resume_command, run_dir
+from resumerge.config.locations import StateDir
 from resumerge.errors import LedgerError, NothingRecordedError
 from resumerge.store.checksums import check_many
 from resumerge.store.formatcheck import check_formats
@@ -57,8 +57,8 @@ class VerifyReport:
         return not self.damaged
 
 
-def verify_output(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None) -> VerifyReport:
-    """Check the committed files of ``out_dir`` (records from the ledger, else the manifest).
+def verify_output(out_dir: str | os.PathLike[str], state: StateDir) -> VerifyReport:
+    """Check the committed files of ``out_dir`` (records from its ledger under ``state``, else the manifest).
 
     For an ``hf://`` OUT the records come from this machine's ledger, else the repo's manifest, and each file is
     checked against the hub's checksums (the sha256 of the tree listing for LFS files; small files read back).
@@ -67,20 +67,20 @@ def verify_output(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[
     if is_hub_target(out_dir):
         from resumerge.store.hubstatus import check_committed, manifest_records
 
-        command = resume_command(out_dir, state_dir)
-        found = _ledger_records(run_dir(out_dir, state_dir) / LEDGER_NAME, None)
+        command = state.resume_command(out_dir)
+        found = _ledger_records(state.run_dir(out_dir) / LEDGER_NAME, None)
         records, pending = found if found is not None else manifest_records(str(out_dir), command)
         problems = check_committed(str(out_dir), records, command)
     else:
         out = Path(out_dir)
-        records, pending = _records(out, state_dir)
-        refuse_gone(out, len(records), state_dir)  # what resume and status say of a missing OUT, not N "missing"
+        records, pending = _records(out, state)
+        refuse_gone(out, len(records), state)  # what resume and status say of a missing OUT, not N "missing"
         problems = check_many(out, ((name, size, sha) for name, (size, sha) in records.items()))
     damaged = [Damage(name, problem) for name in sorted(records) if (problem := problems[name])]
     total = sum(size for size, _ in records.values())
     formats = None
     if not is_hub_target(out_dir):
-        facts = read_facts(run_dir(out_dir, state_dir) / LEDGER_NAME)
+        facts = read_facts(state.run_dir(out_dir) / LEDGER_NAME)
         if facts is not None and facts.record.files and (problem := manifest_problem(Path(out_dir), facts)):
             damaged.append(Damage(MANIFEST_NAME, problem))
     shards = [n for n in records if n.endswith(".safetensors")]
@@ -89,13 +89,13 @@ def verify_output(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[
     if not is_hub_target(out_dir) and not pending and not gguf and not any(d.name in read for d in damaged):
         # Every weight with its companions, as a reader finds them (a hub OUT's headers would cost a download).
         # Only files whose checksums matched are read: a damaged one is reported as damaged, never parsed.
-        recorded = read_formats(run_dir(out_dir, state_dir) / LEDGER_NAME)
+        recorded = read_formats(state.run_dir(out_dir) / LEDGER_NAME)
         held, wrong = check_formats(Path(out_dir), shards, recorded)
         damaged += [Damage(name, problem) for name, problem in wrong]
         if held is not None or recorded is not None:
             formats = {"found": held, "planned": recorded.get("output") if recorded else None}
     return VerifyReport(str(out_dir), len(records), total, pending, tuple(damaged), formats,
-                        resume_command(out_dir, state_dir))
+                        state.resume_command(out_dir))
 
 
 def _ledger_records(ledger: Path, manifest: Path | None) -> tuple[dict[str, tuple[int, str]], int] | None:
@@ -115,8 +115,8 @@ def _ledger_records(ledger: Path, manifest: Path | None) -> tuple[dict[str, tupl
     return done, len(record.files) - len(done)
 
 
-def _records(out: Path, state_dir: str | os.PathLike[str] | None) -> tuple[dict[str, tuple[int, str]], int]:
-    found = _ledger_records(run_dir(out, state_dir) / LEDGER_NAME, out / MANIFEST_NAME)
+def _records(out: Path, state: StateDir) -> tuple[dict[str, tuple[int, str]], int]:
+    found = _ledger_records(state.run_dir(out) / LEDGER_NAME, out / MANIFEST_NAME)
     if found is not None:
         return found
     manifest = read_manifest(out)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from resumerge.config.locations import resume_command
+from resumerge.config.locations import StateDir
 from resumerge.errors import OutputDirError
 
 
@@ -23,8 +23,8 @@ def moved_error(out: str | os.PathLike[str], committed: int, where: str) -> Outp
     )
 
 
-def refuse_gone(out: str | os.PathLike[str], committed: int, state_dir: str | os.PathLike[str] | None) -> None:
+def refuse_gone(out: str | os.PathLike[str], committed: int, state: StateDir) -> None:
     """Raise :func:`moved_error` when the local folder ``out`` does not exist though the ledger records
     ``committed`` files committed there (none committed: nothing was lost, the run simply has not written yet)."""
     if committed and not Path(out).exists():
-        raise moved_error(out, committed, resume_command("NEW_PATH", state_dir))
+        raise moved_error(out, committed, state.resume_command("NEW_PATH"))

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.config.locations import RunLocations
+from resumerge.config.locations import StateDir
 from resumerge.errors import LedgerError, NothingRecordedError
 from resumerge.store.ledger_read import LEDGER_NAME as LEDGER_NAME
 from resumerge.store.ledger_read import read_merge_status
@@ -130,12 +130,13 @@ class StatusReport:
         return doc
 
 
-def read_status(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None) -> StatusReport:
-    """Status of the merge into ``out_dir``; raises :class:`LedgerError` when there is no record of one.
+def read_status(out_dir: str | os.PathLike[str], state: StateDir) -> StatusReport:
+    """Status of the merge into ``out_dir`` (its ledger under ``state``); raises :class:`LedgerError` when there
+    is no record of one.
 
     For ``hf://`` OUT the ledger answers when this machine has it, else the repo's manifest (one small request).
     """
-    where = RunLocations.of(out_dir, state_dir)
+    where = state.run(out_dir)
     rdir, ledger, command = where.run_dir, where.ledger, where.resume_command
     since = planning_since(rdir)
     if since is not None:
@@ -151,7 +152,7 @@ def read_status(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike[st
                 raise
             report = None  # a damaged ledger is never trusted: OUT's manifest tells the same story
         if report is not None:
-            _check_still_there(report, state_dir)
+            _check_still_there(report, state)
             return report
     if manifest.is_file():
         return _from_manifest(manifest, str(manifest), str(out_dir), command)
@@ -178,10 +179,10 @@ def _planning(out_dir: str | os.PathLike[str], ledger: Path, rdir: Path, command
                         shards_total=0, shards_done=0, bytes_total=0, bytes_done=0, elapsed_seconds=elapsed)
 
 
-def _check_still_there(report: StatusReport, state_dir: str | os.PathLike[str] | None) -> None:
+def _check_still_there(report: StatusReport, state: StateDir) -> None:
     """Refuse a ledger's story about an OUT that is no longer there (status reported the old state of files that
     do not exist): :func:`~resumerge.store.outgone.refuse_gone`."""
-    refuse_gone(report.out_dir, sum(1 for f in report.files if f.status == "done"), state_dir)
+    refuse_gone(report.out_dir, sum(1 for f in report.files if f.status == "done"), state)
 
 
 def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusReport | None:

@@ -14,6 +14,7 @@ from support import cli, digests
 
 from resumerge import api
 from resumerge.cli.render import show_status
+from resumerge.config.locations import StateDir
 from resumerge.store.statusview import StatusReport
 
 ADAPTER = ("adapter_model.safetensors", "adapter_config.json", "README.md")
@@ -65,7 +66,7 @@ def test_resume_decomposes_only_unfinished_modules(tmp_path: Path, pair: Callabl
     reference = tmp_path / "reference"
     api.extract_lora(str(ft), str(base), reference, state_dir=tmp_path / "ref-state", lora=api.Lora(max_rank=8))
     out, state = tmp_path / "out", tmp_path / "state"
-    cache = factor_cache(out, state).directory
+    cache = factor_cache(out, StateDir.resolve(state)).directory
     with pytest.raises(InterruptedMerge):
         api.extract_lora(str(ft), str(base), out, state_dir=state,
                          should_stop=lambda: len(list(cache.glob("*.factors"))) >= 3, lora=api.Lora(max_rank=8))

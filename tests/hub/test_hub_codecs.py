@@ -12,6 +12,7 @@ from toycodec import SCALES_FILE, TOY, quantize
 
 from hub.fakehub import FakeHub, files_of
 from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import load_config_text
 from resumerge.config.settings import RunSettings
 from resumerge.engine.session import run_plan
@@ -29,8 +30,8 @@ FP8_REPO = "org/fp8"
 def _run(tmp_path: Path, doc: dict[str, object], out: Path, state: Path, codecs: CodecTable = TOY) -> None:
     text = write_config(tmp_path / f"{out.name}.yml", doc).read_text()
     config = load_config_text(text)
-    settings = RunSettings(state_dir=state)
-    inputs = open_inputs(config, state_dir=state)
+    settings = RunSettings(state=StateDir.resolve(state))
+    inputs = open_inputs(config, state=StateDir.resolve(state))
     plan = build_plan(config, inputs.models, PlanOptions(stream_inputs=True), codecs)
     run_plan(Prepared(plan, inputs), text, Target.open(out, settings), settings)
 

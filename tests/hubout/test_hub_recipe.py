@@ -18,7 +18,7 @@ from hub.fakehub_write import HubWriter
 from hubout.conftest import SHARD, TIERS, Merge, repo_files, uploads
 from resumerge import api
 from resumerge.cli.commands import main
-from resumerge.config.locations import RunLocations
+from resumerge.config.locations import RunLocations, StateDir
 from resumerge.config.settings import RunSettings
 from resumerge.errors import InterruptedMerge
 from resumerge.plan.merge_plan import PlanOptions
@@ -134,10 +134,10 @@ def test_killed_in_the_final_stage_resumes_from_the_repo_alone(hub: HubWriter, r
 def test_stopped_in_a_named_stage_resumes_on_another_machine_from_the_record(hub: HubWriter, recipe: Recipe,
                                                                             tmp_path: Path, hf_env: Path) -> None:
     url, first, second = "hf://alice/early", tmp_path / "first", tmp_path / "second"
-    mid = default_intermediate_dir(url, first) / "mid"
+    mid = default_intermediate_dir(url, StateDir.resolve(first)) / "mid"
     with pytest.raises(InterruptedMerge):  # stopped once stage mid has written a shard (no process start needed)
         run_recipe(recipe.path.read_text(), RunLocations.of(url, first), PlanOptions(out_shard_size=20_000),
-                   RunSettings(state_dir=first),
+                   RunSettings(state=StateDir.resolve(first)),
                    should_stop=lambda: any(mid.glob("model-*.safetensors")))
     assert set(repo_files(hub, "alice/early")) == {RECIPE_MANIFEST_NAME}
     # Another machine, another state dir: the default intermediate dir (under the first one) is gone with it.
