@@ -12,7 +12,7 @@ from conftest import ModelFactory
 from support import cli, linear_config, write_config
 
 from resumerge.cli.commands import main
-from resumerge.config.locations import RunLocations, default_state_root, resume_command, run_dir, state_root
+from resumerge.config.locations import RunLocations, StateDir, default_state_root, resume_command, run_dir, state_root
 
 
 @pytest.fixture
@@ -119,3 +119,26 @@ def test_a_recipes_stages_are_placed_beside_the_locations_resolved_once(tmp_path
         assert stage.root == where.root and stage.run_dir.parent == where.run_dir.parent
         assert stage.run_dir == run_dir(tmp_path / "out.intermediates" / "mid", state_dir)
         assert stage.resume_command == resume_command(tmp_path / "out.intermediates" / "mid", state_dir)
+
+
+def test_the_state_dir_is_resolved_once_and_answers_for_everything_below_the_api(
+        no_state_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The front door resolves the state dir once; what the call does after an environment change still goes there.
+    monkeypatch.setenv("RESUMERGE_STATE_DIR", str(tmp_path / "env"))
+    state = StateDir.resolve()
+    monkeypatch.setenv("RESUMERGE_STATE_DIR", str(tmp_path / "moved"))
+    assert state.root == tmp_path / "env" and not state.legacy
+    assert state.run(tmp_path / "out").run_dir.parent == tmp_path / "env"
+    assert (state.records_dir, state.checks_dir, state.routers_dir) == (
+        tmp_path / "env", tmp_path / "env" / "checks", tmp_path / "env" / "moe-routers")
+    flag = StateDir.resolve(tmp_path / "flag")
+    assert flag.run(tmp_path / "out") == RunLocations.of(tmp_path / "out", tmp_path / "flag")
+    assert flag.resume_command(tmp_path / "out") == resume_command(tmp_path / "out", tmp_path / "flag")
+    # Nothing given nor set: a run recorded under ./state is found there, as run_dir finds it.
+    monkeypatch.delenv("RESUMERGE_STATE_DIR")
+    monkeypatch.chdir(tmp_path)
+    legacy = tmp_path / "state" / run_dir(tmp_path / "out", tmp_path / "state").name
+    legacy.mkdir(parents=True)
+    assert StateDir.resolve().legacy and StateDir.resolve().run_dir(tmp_path / "out") == legacy
+    assert StateDir.resolve().run(tmp_path / "out").ledger == legacy / "ledger.db"
+    assert StateDir.resolve(tmp_path / "flag").run_dir(tmp_path / "out").parent == tmp_path / "flag"
