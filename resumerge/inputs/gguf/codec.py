@@ -1,9 +1,10 @@
-"""The GGUF input codec: each tensor of a GGUF model decoded to float32 by gguf-py, in Hugging Face's values.
+"""The GGUF input codec: each tensor of a GGUF model decoded to float32, in Hugging Face's values.
 
 It claims every tensor of a model :mod:`.model` opened (``quant_method: gguf`` in its synthesized config), decodes
-a row chunk with ``gguf.quants.dequantize`` (blocks never cross rows) and applies the family's transform: llama's
-q/k rows un-permuted per head (a chunk is whole heads: :attr:`GgufCodec.read_block`), gemma's norms −1. It is an
-input format only: an output tensor of a GGUF base is stored plainly (:attr:`GgufCodec.writes`).
+a row chunk (F16, BF16 and Q8_0 with torch, :mod:`.blocks`; the other types with ``gguf.quants.dequantize``; blocks
+never cross rows) and applies the family's transform: llama's q/k rows un-permuted per head (a chunk is whole
+heads: :attr:`GgufCodec.read_block`), gemma's norms −1. It is an input format only: an output tensor of a
+GGUF base is stored plainly (:attr:`GgufCodec.writes`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from resumerge.errors import ModelInputError
 from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, TensorCodec
+from resumerge.inputs.gguf import blocks
 from resumerge.inputs.gguf.model import METHOD, PLAIN_TYPES, gguf_module
 from resumerge.inputs.gguf.names import NORM_MINUS_ONE, UNPERMUTE_Q, transform
 
 if TYPE_CHECKING:
     from resumerge.inputs.files import TensorSource
     from resumerge.torch_import import torch
+
+# The types :mod:`.blocks` decodes with torch (the others: gguf-py's numpy dequantizer), by name
+_BLOCK_TYPES = {"F32": blocks.F32, "F16": blocks.F16, "BF16": blocks.BF16, "Q8_0": blocks.Q8_0}
 
 
 @dataclass(frozen=True)
@@ -86,8 +91,13 @@ class GgufCodec(TensorCodec):
         from resumerge.torch_import import torch
 
         stored = parts[MAIN]
-        if self.ggml_type in PLAIN_TYPES.values():
-            value = stored.to(torch.float32, copy=True)
+        kind = _BLOCK_TYPES.get(self.ggml_type)
+        if kind is not None:  # torch over the compute threads, into ``out`` when nothing follows
+            direct = out if out is not None and not self.transform and out.is_contiguous() \
+                and stored.device == out.device else None
+            value = blocks.decode(stored, kind, direct)
+            if direct is not None:
+                return direct
         else:
             gguf = gguf_module()
             rows = stored.cpu().contiguous().numpy()

@@ -1,6 +1,6 @@
 """A GGUF file's bytes planned before any tensor is written: the header (key-values, tensor infos, padding), every
 tensor's offset and the file's size (``gguf.md`` §1), byte-equal to gguf-py's writer given the same keys in the
-same order; and a tensor's float32 value encoded as gguf-py's quantizer encodes it.
+same order.
 
 Every offset follows from names, shapes, types and the key-value bytes alone, so a resumable writer lays the
 file out in the plan, writes each tensor at its offset, in any order, and checks the whole at the end.
@@ -111,12 +111,3 @@ def shard_layout(header: bytes, parts: Sequence[tuple[str, str, tuple[int, ...]]
         offset += pad(nbytes)
     return ShardLayout(header=header, order=tuple(order), size=file_size)
 
-
-def encode(value: np.ndarray, ggml_type: int, gguf: Any) -> np.ndarray:
-    """``value`` (float32, rows of whole blocks) as the bytes of ``ggml_type`` (uint8, one row of bytes per value
-    row), as gguf-py's quantizer writes them (llama.cpp's reference rounding); F32 stays float32."""
-    kind = gguf.GGMLQuantizationType(ggml_type)
-    if kind == gguf.GGMLQuantizationType.F32:
-        return np.ascontiguousarray(value, dtype=np.float32)
-    encoded = gguf.quants.quantize(np.ascontiguousarray(value, dtype=np.float32), kind)
-    return np.ascontiguousarray(encoded).view(np.uint8).reshape(*value.shape[:-1], -1)

@@ -1,6 +1,7 @@
 """The GGUF output codec: an output tensor's value (Hugging Face layout) stored as llama.cpp stores it — under its
 GGUF name, with the family's transform applied (llama's q/k rows permuted per head, gemma's norms +1) and encoded
-by gguf-py's quantizer (F32, F16, BF16, Q8_0), a row chunk at a time (a chunk of a permuted q/k is whole heads)."""
+as gguf-py's quantizer encodes it (F32, F16, BF16, Q8_0: :mod:`.blocks`, torch over the compute threads), a row
+chunk at a time (a chunk of a permuted q/k is whole heads)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-
 from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, TensorCodec
-from resumerge.inputs.gguf.layout import encode
-from resumerge.inputs.gguf.model import gguf_module
+from resumerge.inputs.gguf import blocks
 from resumerge.inputs.gguf.names import NORM_MINUS_ONE
 
 if TYPE_CHECKING:
@@ -70,37 +68,27 @@ class GgufOutCodec(TensorCodec):
     def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
         from resumerge.torch_import import torch
 
-        rows = value.detach().to("cpu", torch.float32).numpy()
+        rows = value.detach().to("cpu", torch.float32)
         if self.transform == NORM_MINUS_ONE:
-            rows = rows + np.float32(1)
+            rows = rows + 1
         elif self.transform:  # HF -> GGUF: row i of a head goes to 2i, row i + head/2 to 2i + 1
             n = rows.shape[0] // self.head_rows
-            rows = rows.reshape(n, 2, self.head_rows // 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
-        data = encode(rows, self.ggml_type, gguf_module())
-        if self.ggml_type == 0:
-            stored = torch.from_numpy(data)
-        elif self.ggml_type in _STORED:
-            half = torch.from_numpy(np.ascontiguousarray(data).reshape(*rows.shape[:-1], -1))
-            stored = half.view(torch.float16 if self.ggml_type == 1 else torch.bfloat16)
-        else:
-            stored = torch.from_numpy(data)
+            rows = rows.reshape(n, 2, self.head_rows // 2, *rows.shape[1:]).transpose(1, 2).reshape(rows.shape)
+        stored = blocks.encode(rows, self.ggml_type)
+        if self.ggml_type == blocks.BF16:
+            stored = stored.view(torch.bfloat16)
         return {MAIN: stored.to(value.device)}
 
     def decode(self, parts: Mapping[str, torch.Tensor], first_row: int,
                out: torch.Tensor | None = None) -> torch.Tensor:
-        from resumerge.torch_import import torch
-
-        gguf = gguf_module()
         stored = parts[MAIN].cpu().contiguous()
-        raw = stored.view(torch.uint8).numpy() if self.ggml_type not in (0, 1) else stored.numpy()
-        value = np.array(gguf.quants.dequantize(raw, self.ggml_type), dtype=np.float32)
+        value = blocks.decode(stored, self.ggml_type)
         if self.transform == NORM_MINUS_ONE:
-            value -= 1
+            value = value - 1
         elif self.transform:
             n = value.shape[0] // self.head_rows
-            value = value.reshape(n, self.head_rows // 2, 2, *value.shape[1:]).swapaxes(1, 2).reshape(value.shape)
-        result = torch.from_numpy(np.ascontiguousarray(value))
+            value = value.reshape(n, self.head_rows // 2, 2, *value.shape[1:]).transpose(1, 2).reshape(value.shape)
         if out is not None:
-            out.copy_(result)
+            out.copy_(value)
             return out
-        return result
+        return value.contiguous()
