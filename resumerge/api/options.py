@@ -51,8 +51,9 @@ class Output:
     mergekit_config.yml (``write_model_card``), and ``dequantize``: every tensor stored plainly in its dtype, whatever
     format the base model is stored in. ``out_type="gguf"`` writes one GGUF file, ``model.gguf``, instead of
     safetensors shards, its matrices as ``gguf_type`` (``f16``, ``bf16``, ``q8_0``) and its tokenizer from a GGUF
-    parent; ``out_adapter`` writes a ``core_space`` merge of LoRA adapters as one merged PEFT adapter (rank at most
-    the adapters' summed ranks) instead of a merged model."""
+    parent, or with ``gguf_split_max_size`` (bytes or ``"2GB"``) gguf-split's files ``model-00001-of-0000N.gguf``
+    of at most that many tensor bytes each; ``out_adapter`` writes a ``core_space`` merge of LoRA adapters as one
+    merged PEFT adapter (rank at most the adapters' summed ranks) instead of a merged model."""
 
     out_shard_size: int | str | None = field(default=None, metadata=_not_for(*_EXTRACTION))
     copy_tokenizer: bool = field(default=True, metadata=_not_for(*_EXTRACTION))
@@ -60,6 +61,7 @@ class Output:
     dequantize: bool = field(default=False, metadata=_not_for(*_EXTRACTION))
     out_type: str = field(default="safetensors", metadata=_not_for(*_EXTRACTION))
     gguf_type: str = field(default="f16", metadata=_not_for(*_EXTRACTION))
+    gguf_split_max_size: int | str | None = field(default=None, metadata=_not_for(*_EXTRACTION))
     out_adapter: bool = field(default=False, metadata=_not_for("estimate", *_EXTRACTION))
 
 
@@ -190,6 +192,10 @@ def plan_options(*groups: object, out_shard_size: int | str | None, **overrides:
     given = {each.name: getattr(group, each.name) for group in groups
              for each in fields(group) if each.name in names}  # type: ignore[arg-type]
     given.update(overrides)
+    if given.get("gguf_split_max_size") is not None:
+        if given.get("out_type") != "gguf":
+            raise UsageError("--gguf-split-max-size splits a GGUF output: give it with --out-type gguf")
+        given["gguf_split_max_size"] = size_option(given["gguf_split_max_size"], "--gguf-split-max-size")
     shard_size = size_option(out_shard_size, "--out-shard-size")
     return PlanOptions(out_shard_size=AUTO_SHARD_SIZE if shard_size is None else shard_size,
                        parent_shard_names=True, **{**given, "device": normalise_device(given.get("device", "cpu"))})

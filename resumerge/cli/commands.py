@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "tokenizer from a GGUF parent) [default: safetensors]")
     run.add_argument("--gguf-type", choices=("f16", "bf16", "q8_0"), default="f16",
                      help="--out-type gguf: how matrices are stored (norms and 1-D tensors are F32) [default: f16]")
+    run.add_argument("--gguf-split-max-size", metavar="SIZE",
+                     help="--out-type gguf: write gguf-split's files model-00001-of-0000N.gguf of at most SIZE "
+                          "tensor bytes each (e.g. 2GB; llama.cpp loads the first) [default: one model.gguf]")
     run.add_argument("--out-adapter", action="store_true",
                      help="merge_method core_space: write the merged LoRA adapters as one PEFT adapter (rank at "
                           "most their summed ranks) instead of a merged model")
@@ -177,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--dequantize", action="store_true", help="as for run")
     plan.add_argument("--out-type", choices=("safetensors", "gguf"), default="safetensors", help="as for run")
     plan.add_argument("--gguf-type", choices=("f16", "bf16", "q8_0"), default="f16", help="as for run")
+    plan.add_argument("--gguf-split-max-size", metavar="SIZE", help="as for run")
     plan.add_argument("--state-dir", metavar="DIR", help="state directory the run will use")
     plan.add_argument("--max-memory", metavar="SIZE", help="RAM budget the run will use [default: as for run]")
     plan.add_argument("--transformers-cache", metavar="DIR", dest="cache_dir",

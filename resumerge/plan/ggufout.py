@@ -1,6 +1,8 @@
 """A GGUF output in the plan (``--out-type gguf``): every output tensor's GGUF name, type and transform, and the
 file's header — key-values, tensor infos, every offset and the file's size — fixed before the first tensor is
-merged, so the shard writer writes each tensor at its offset and a resume finds the same bytes planned.
+merged, so the shard writer writes each tensor at its offset and a resume finds the same bytes planned. With
+``--gguf-split-max-size`` the output is gguf-split's files (``model-00001-of-0000N.gguf``, ``gguf.md`` §1), each a
+complete GGUF and its own shard: the first holds every key-value, the others only the ``split.*`` keys.
 
 llama.cpp's conventions (``gguf.md`` §2-4): matrices in ``--gguf-type`` (Q8_0 needs rows of whole 32-value blocks,
 else F16), norms, 1-D tensors and routers F32; the family's hyperparameter keys from the output's config.json; the
@@ -16,7 +18,7 @@ from typing import Any
 
 from resumerge.errors import ModelInputError
 from resumerge.inputs.gguf.header import read_gguf_header
-from resumerge.inputs.gguf.layout import ARRAY, BOOL, F32, STRING, U32, TensorInfo, Value, plan_layout
+from resumerge.inputs.gguf.layout import ARRAY, BOOL, F32, I32, STRING, U16, U32, TensorInfo, Value, plan_layout
 from resumerge.inputs.gguf.model import gguf_module
 from resumerge.inputs.gguf.names import ARCH_OF, NORM_MINUS_ONE, UNPERMUTE_Q, gguf_metadata, gguf_name, transform
 from resumerge.inputs.gguf.outcodec import TYPES, GgufOutCodec
@@ -24,19 +26,21 @@ from resumerge.inputs.model import ModelInput
 from resumerge.plan.merge_plan import ShardPlan, TensorPlan
 
 GGUF_NAME = "model.gguf"
+SPLIT_NAME = "model-{:05d}-of-{:05d}.gguf"  # gguf-split's (llama_split_path), numbered from 1
 # --gguf-type -> general.file_type (llama.cpp's LlamaFileType)
 _FILE_TYPES = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7}
 _KINDS = {"u32": U32, "f32": F32}
 
 
 def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any], models: Mapping[str, ModelInput],
-                order: list[str], gguf_type: str, template: str | None = None
+                order: list[str], gguf_type: str, template: str | None = None, split_max_size: int | None = None
                 ) -> tuple[tuple[ShardPlan, ...], dict[str, TensorPlan], dict[str, bytes]]:
-    """The one GGUF shard of an output of ``tensors`` whose config.json is ``out_config``, its tokenizer keys from
-    the first GGUF model of ``order`` (model keys, the donor first; none: built from the donor's tokenizer files)
-    with the config's chat ``template`` (None: the parent's); the tensors with their GGUF codec and shard,
-    and the shard's header. Raises :class:`ModelInputError` (exit 2, before anything is written) for a family, a
-    tensor or a tokenizer it cannot write."""
+    """The GGUF file of an output of ``tensors`` whose config.json is ``out_config`` (or its gguf-split files of at
+    most ``split_max_size`` tensor bytes each: :func:`split_files`), its tokenizer keys from the first GGUF model of
+    ``order`` (model keys, the donor first; none: built from the donor's tokenizer files) with the config's chat
+    ``template`` (None: the parent's); the tensors with their GGUF codec and shard, and each shard's header.
+    Raises :class:`ModelInputError` (exit 2, before anything is written) for a family, a tensor or a tokenizer it
+    cannot write."""
     model_type = out_config.get("model_type")
     arch = ARCH_OF.get(str(model_type))
     if arch is None or arch in ("qwen2moe", "qwen3moe"):
@@ -60,9 +64,39 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
         placed[name] = tp = _encoded(tp, arch, target, TYPES[gguf_type], out_config)
         infos.append(TensorInfo(target, tp.shape, tp.out_codec.ggml_type,  # type: ignore[attr-defined]
                                 tp.nbytes))
-    layout = plan_layout(_metadata(arch, out_config, gguf_type, source, template), infos)
-    shard = ShardPlan(GGUF_NAME, tuple(placed), layout.file_size)
-    return (shard,), {n: tp.in_shard(GGUF_NAME) for n, tp in placed.items()}, {GGUF_NAME: layout.header}
+    metadata = _metadata(arch, out_config, gguf_type, source, template)
+    groups = split_files(infos, split_max_size)
+    if len(groups) == 1:
+        layout = plan_layout(metadata, infos)
+        shard = ShardPlan(GGUF_NAME, tuple(placed), layout.file_size)
+        return (shard,), {n: tp.in_shard(GGUF_NAME) for n, tp in placed.items()}, {GGUF_NAME: layout.header}
+    by_gguf = {tp.out_codec.gguf_name: name for name, tp in placed.items()}  # type: ignore[attr-defined]
+    shards, headers, planned = [], {}, {}
+    for i, group in enumerate(groups):
+        name = SPLIT_NAME.format(i + 1, len(groups))
+        keys = [("split.no", Value(U16, i)), ("split.count", Value(U16, len(groups))),
+                ("split.tensors.count", Value(I32, len(infos)))]
+        layout = plan_layout([*(metadata if i == 0 else []), *keys], group)
+        members = tuple(by_gguf[t.name] for t in group)
+        shards.append(ShardPlan(name, members, layout.file_size))
+        headers[name] = layout.header
+        planned.update({n: placed[n].in_shard(name) for n in members})
+    return tuple(shards), planned, headers
+
+
+def split_files(infos: list[TensorInfo], max_size: int | None) -> list[list[TensorInfo]]:
+    """``infos`` (in data order) split as gguf-py's writer and gguf-split split them: a tensor starts a new file
+    when the current one holds a tensor already and its tensors' bytes (unpadded) and this one's would exceed
+    ``max_size``; a tensor larger than ``max_size`` gets a file of its own. None: one file."""
+    groups: list[list[TensorInfo]] = [[]]
+    held = 0
+    for info in infos:
+        if max_size is not None and groups[-1] and held + info.nbytes > max_size:
+            groups.append([])
+            held = 0
+        groups[-1].append(info)
+        held += info.nbytes
+    return groups
 
 
 def _encoded(tp: TensorPlan, arch: str, target: str, qtype: int, config: Mapping[str, Any]) -> TensorPlan:

@@ -65,6 +65,9 @@ class PlanOptions:
     # (f16, bf16, q8_0; norms and 1-D tensors F32); "safetensors" (the default) as always.
     out_type: str = "safetensors"
     gguf_type: str = "f16"
+    # --gguf-split-max-size: the GGUF output as gguf-split's files of at most this many tensor bytes each (None: one
+    # file, model.gguf).
+    gguf_split_max_size: int | None = None
     # --out-adapter: a factor merge (core_space) written as a merged PEFT adapter instead of a merged model.
     out_adapter: bool = False
 
@@ -74,6 +77,7 @@ class PlanOptions:
 LATER_OPTIONS: dict[str, object] = {"write_model_card": True, "unsafe_truncate_embeddings": False,
                                      "num_threads": None, "dequantize": False, "parent_shard_names": False,
                                      "out_type": "safetensors", "gguf_type": "f16",
+                                     "gguf_split_max_size": None,
                                      "out_adapter": False}
 
 

@@ -191,13 +191,14 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     if vision_layers is not None:
         set_vision_layers(out_config, vision_layers)
     headers: dict[str, bytes] = {}
-    if gguf:  # one GGUF file instead of safetensors shards, its header fixed here (its tokenizer keys inside)
+    if gguf:  # a GGUF file (or gguf-split's files) instead of safetensors shards, each header fixed here
         from resumerge.plan.ggufout import gguf_output
 
         order = [donor, *(r.key for r in config.referenced_models() if r.key != donor)]
         template = None if spec.chat_template is None else resolve_chat_template(
             spec.chat_template, [tokenizer_dir(models[key]) for key in order])
-        shards, tensors, headers = gguf_output(tensors, out_config, models, order, options.gguf_type, template)
+        shards, tensors, headers = gguf_output(tensors, out_config, models, order, options.gguf_type, template,
+                                               options.gguf_split_max_size)
     notes.extend(quantization_notes(tensors))
     if options.num_threads is not None and not threads_matter({method.name, *(t.method for t in tensors.values())}):
         options = replace(options, num_threads=None)
