@@ -1,7 +1,7 @@
 """resumerge's own GGUF encoders and decoders (torch, :mod:`resumerge.inputs.gguf.blocks`) give the bytes and values
 gguf-py's ``quants`` give: Q8_0 (llama.cpp's reference rounding, halves away from zero), F16, BF16 — on normal values,
 exact ties, zeros, all-zero blocks, huge and tiny values, random float bit patterns, and every row count a row chunk
-can have."""
+can have; and Q8_0, Q4_K and Q6_K bytes (every bit pattern) decode to gguf-py's values."""
 
 from __future__ import annotations
 
@@ -75,6 +75,24 @@ def test_a_nan_encodes_to_bf16_as_gguf_py_keeps_it() -> None:
     values = np.array([[np.nan, -np.nan, 1.0, np.inf]], np.float32)
     values[0, 0] = np.uint32(0x7FA00001).view(np.float32)  # a signalling NaN with payload
     assert np.array_equal(_ours(values, KINDS["bf16"]), _reference(values, KINDS["bf16"]))
+
+
+@pytest.mark.parametrize("rows", [9, 1])
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_K", "Q6_K"])
+def test_random_blocks_decode_as_gguf_py_dequantizes(kind: str, rows: int) -> None:
+    qtype = gguf.GGMLQuantizationType[kind]
+    values, size = gguf.GGML_QUANT_SIZES[qtype]
+    width = 3 if rows > 1 else 20_000 * 32 // values  # one row of more blocks than a decoded chunk holds
+    stored = np.random.default_rng(int(qtype)).integers(0, 256, (rows, width * size), dtype=np.uint8)  # all bits
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = gguf.quants.dequantize(stored, qtype)
+    ours = blocks.decode(torch.from_numpy(stored), int(qtype)).numpy()
+    assert ours.shape == expected.shape == (rows, width * values)
+    assert np.array_equal(ours, expected, equal_nan=True)
+    into = torch.full(expected.shape, 7.0)
+    assert blocks.decode(torch.from_numpy(stored), int(qtype), into) is into
+    assert np.array_equal(into.numpy(), expected, equal_nan=True)
 
 
 @pytest.mark.parametrize("case", ["normal", "zeros", "scales", "bits"])

@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from resumerge.torch_import import torch
 
-__all__ = ["BLOCKS", "decode", "encode"]
+__all__ = ["decode", "encode"]
 
 # ggml type ids this module encodes and decodes
-F32, F16, Q8_0, BF16 = 0, 1, 8, 30
-BLOCKS = frozenset({F32, F16, Q8_0, BF16})
+F32, F16, Q8_0, Q4_K, Q6_K, BF16 = 0, 1, 8, 12, 14, 30
 _Q8_VALUES, _Q8_BYTES = 32, 34
 
 
@@ -94,6 +93,65 @@ def encode(values: torch.Tensor, ggml_type: int) -> torch.Tensor:
     raise ValueError(f"ggml type {ggml_type} is not one this module encodes")
 
 
+def _q8_0_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
+    """Q8_0 blocks (uint8, (n, 34)) into float32 values (n, 32): the int8 widened in place, then scaled while in the
+    cache (an exact product: an f16 scale times an int8)."""
+    from resumerge.torch_import import torch
+
+    into.copy_(blocks[:, 2:].view(torch.int8))
+    into *= blocks[:, :2].contiguous().view(torch.float16).to(torch.float32)
+
+
+def _q4_k_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
+    """Q4_K blocks (``block_q4_K``: f16 d and dmin, 12 bytes of eight 6-bit scales and mins, 128 bytes of nibbles;
+    (n, 144)) into float32 values (n, 256): sub-block j (32 values) is ``d*scale_j * q - dmin*min_j``, the two
+    products exact and the difference rounded once, as gguf-py computes it. Nibble pair byte k of 32-byte group g
+    holds sub-block 2g's value k (low) and sub-block 2g+1's (high)."""
+    from resumerge.torch_import import torch
+
+    n = blocks.shape[0]
+    d = blocks[:, 0:2].contiguous().view(torch.float16).to(torch.float32)
+    dmin = blocks[:, 2:4].contiguous().view(torch.float16).to(torch.float32)
+    low, high, both = blocks[:, 4:8], blocks[:, 8:12], blocks[:, 12:16]
+    # sub-blocks 0-3 keep their 6 bits whole; 4-7 take 4 bits from ``both`` and their top 2 from the others' bytes
+    scales = torch.cat([low & 0x3F, (both & 0x0F) | ((low >> 2) & 0x30)], dim=1).to(torch.float32)
+    mins = torch.cat([high & 0x3F, (both >> 4) | ((high >> 2) & 0x30)], dim=1).to(torch.float32)
+    scale = (d * scales).unsqueeze(-1)
+    offset = (dmin * mins).unsqueeze(-1)
+    nibbles = blocks[:, 16:].reshape(n, 4, 1, 32)
+    q = into.view(n, 4, 2, 32)
+    q[:, :, 0:1].copy_(nibbles & 0x0F)
+    q[:, :, 1:2].copy_(nibbles >> 4)
+    values = into.view(n, 8, 32)
+    values *= scale
+    values -= offset
+
+
+def _q6_k_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
+    """Q6_K blocks (``block_q6_K``: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, f16 d;
+    (n, 210)) into float32 values (n, 256): value p of each half h (128 values) has its low 4 bits from byte
+    ``h*64 + p % 64`` (shifted by 4 for p >= 64) and its high 2 from byte ``h*32 + p % 32`` (shifted by 2 * (p // 32)),
+    minus 32, times ``d * scale`` of its 16 values (an exact product, rounded once)."""
+    from resumerge.torch_import import torch
+
+    n = blocks.shape[0]
+    low = blocks[:, :128].reshape(n, 2, 1, 64)
+    high = blocks[:, 128:192].reshape(n, 2, 1, 32)
+    nibble = torch.cat([low & 0x0F, low >> 4], dim=2).reshape(n, 256)
+    pair = torch.cat([(high >> shift) & 0x03 for shift in (0, 2, 4, 6)], dim=2).reshape(n, 256)
+    into.copy_(nibble | (pair << 4))
+    into -= 32
+    scales = blocks[:, 192:208].contiguous().view(torch.int8).to(torch.float32)
+    d = blocks[:, 208:210].contiguous().view(torch.float16).to(torch.float32)
+    values = into.view(n, 16, 16)
+    values *= (d * scales).unsqueeze(-1)
+
+
+# ggml type -> (values, bytes) of a block and the function that decodes a run of blocks
+_BLOCK_BYTES = {Q8_0: (_Q8_VALUES, _Q8_BYTES), Q4_K: (256, 144), Q6_K: (256, 210)}
+_DECODERS = {Q8_0: _q8_0_values, Q4_K: _q4_k_values, Q6_K: _q6_k_values}
+
+
 def decode(stored: torch.Tensor, ggml_type: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """The float32 values of ``stored`` (as :func:`encode` returns it, or Q8_0 as any uint8/int8 block bytes), in
     ``out`` when given (float32, contiguous, of the values' shape)."""
@@ -104,16 +162,15 @@ def decode(stored: torch.Tensor, ggml_type: int, out: torch.Tensor | None = None
         if out is None:
             return plain.to(torch.float32, copy=True)
         return out.copy_(plain)
-    if ggml_type == Q8_0:
+    if ggml_type in _BLOCK_BYTES:
+        values_per_block, size = _BLOCK_BYTES[ggml_type]
         raw = stored.contiguous().view(torch.uint8)
-        shape = (*raw.shape[:-1], raw.shape[-1] // _Q8_BYTES * _Q8_VALUES)
-        blocks = raw.reshape(-1, _Q8_BYTES)
+        shape = (*raw.shape[:-1], raw.shape[-1] // size * values_per_block)
+        blocks = raw.reshape(-1, size)
         result = torch.empty(shape, dtype=torch.float32, device=raw.device) if out is None else out
-        values = result.view(-1, _Q8_VALUES)
-        for start in range(0, blocks.shape[0], _CHUNK):  # int8 widened in place, then scaled while in the cache
-            chunk = blocks[start:start + _CHUNK]
-            into = values[start:start + _CHUNK]
-            into.copy_(chunk[:, 2:].view(torch.int8))
-            into *= chunk[:, :2].contiguous().view(torch.float16).to(torch.float32)
+        values = result.view(-1, values_per_block)
+        step = _CHUNK * _Q8_VALUES // values_per_block  # the same values per chunk, whatever the block
+        for start in range(0, blocks.shape[0], step):
+            _DECODERS[ggml_type](blocks[start:start + step], values[start:start + step])
         return result
     raise ValueError(f"ggml type {ggml_type} is not one this module decodes")
