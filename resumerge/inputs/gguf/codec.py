@@ -1,10 +1,10 @@
 """The GGUF input codec: each tensor of a GGUF model decoded to float32, in Hugging Face's values.
 
-It claims every tensor of a model :mod:`.model` opened (``quant_method: gguf`` in its synthesized config), decodes
-a row chunk (F16, BF16, Q8_0, Q4_K and Q6_K with torch, :mod:`.blocks`; the other types with
-``gguf.quants.dequantize``; blocks never cross rows) and applies the family's transform: llama's q/k rows un-permuted per head (a chunk is whole
-heads: :attr:`GgufCodec.read_block`), gemma's norms −1. It is an input format only: an output tensor of a
-GGUF base is stored plainly (:attr:`GgufCodec.writes`).
+It claims every tensor of a model :mod:`.model` opened (``quant_method: gguf`` in its synthesized config), decodes a
+row chunk (F16, BF16, Q8_0, Q4_K and Q6_K with torch, :mod:`.blocks`; the other types with
+``gguf.quants.dequantize``; blocks never cross rows) and applies the family's transform: llama's q/k rows un-permuted
+per head (a chunk is whole heads: :attr:`GgufCodec.read_block`), gemma's norms −1. It is an input format only: an
+output tensor of a GGUF base is stored plainly (:attr:`GgufCodec.writes`).
 """
 
 from __future__ import annotations
