@@ -1,8 +1,11 @@
 """A GGUF output (``--out-type gguf``, one file or gguf-split's files) to an ``hf://`` OUT: the repo holds the bytes
-a local run writes, each split file its own upload."""
+a local run writes, each split file its own upload; killed among the split files' uploads or between commits, it
+resumes on a fresh machine to the same repo."""
 
 from __future__ import annotations
 
+import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -11,22 +14,47 @@ from hub.fakehub_write import HubWriter
 from hubout.conftest import TIERS, repo_files
 from resumerge import api
 from tests.ggufmodels import Q, hf_tensors, to_gguf, write_gguf
-from tests.support import write_config
+from tests.support import cli, write_config
+
+
+def _gguf_merge(root: Path, split: int | None) -> tuple[Path, api.Output]:
+    a, b = root / "a.gguf", root / "b.gguf"
+    write_gguf(a, "llama", to_gguf("llama", hf_tensors("llama", seed=1)), Q.F32)
+    write_gguf(b, "llama", to_gguf("llama", hf_tensors("llama", seed=2)), Q.F32)
+    config = write_config(root / "c.yml", {"merge_method": "linear", "dtype": "float32", "models": [
+        {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
+    # the shard size as a local run's default (a GGUF output does not use it; the hub's default is sized otherwise)
+    return config, api.Output(out_shard_size="1GB", out_type="gguf", gguf_type="q8_0", gguf_split_max_size=split)
 
 
 @pytest.mark.parametrize("tier", TIERS, indirect=True)
 @pytest.mark.parametrize("split", [None, 40_000])
 def test_a_gguf_output_to_the_hub_equals_a_local_run(hub: HubWriter, tmp_path: Path, split: int | None) -> None:
-    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
-    write_gguf(a, "llama", to_gguf("llama", hf_tensors("llama", seed=1)), Q.F32)
-    write_gguf(b, "llama", to_gguf("llama", hf_tensors("llama", seed=2)), Q.F32)
-    config = write_config(tmp_path / "c.yml", {"merge_method": "linear", "dtype": "float32", "models": [
-        {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
-    # the shard size as a local run's default (a GGUF output does not use it; the hub's default is sized otherwise)
-    output = api.Output(out_shard_size="1GB", out_type="gguf", gguf_type="q8_0", gguf_split_max_size=split)
+    config, output = _gguf_merge(tmp_path, split)
     local = tmp_path / "local"
     api.run(config, local, state_dir=tmp_path / "s0", output=output)
     reference = {p.name: p.read_bytes() for p in sorted(local.iterdir()) if p.is_file()}
     assert sum(n.endswith(".gguf") for n in reference) == (1 if split is None else 15)
     api.run(config, "hf://alice/gguf", state_dir=tmp_path / "s1", output=output)
     assert repo_files(hub, "alice/gguf") == reference
+
+
+@pytest.mark.parametrize("tier", TIERS, indirect=True)
+def test_a_split_gguf_output_to_the_hub_killed_resumes_on_a_fresh_machine(hub: HubWriter, tmp_path: Path,
+                                                                          hf_env: Path) -> None:
+    config, output = _gguf_merge(tmp_path, 40_000)
+    local = tmp_path / "local"
+    api.run(config, local, state_dir=tmp_path / "s0", output=output)
+    reference = {p.name: p.read_bytes() for p in sorted(local.iterdir()) if p.is_file()}
+    flags = ["--out-shard-size", "1GB", "--out-type", "gguf", "--gguf-type", "q8_0", "--gguf-split-max-size", "40000",
+             "--quiet", "--commit-every", "2"]
+    for point in ("hub_after_upload:5", "hub_after_commit:2"):  # among the split files' uploads, and between commits
+        repo, state = f"alice/{point.replace(':', '-').replace('_', '-')}", tmp_path / point
+        killed = cli("run", config, f"hf://{repo}", "--state-dir", state, *flags, env={"RESUMERGE_KILL_AT": point})
+        assert killed.returncode == -signal.SIGKILL, (point, killed.stderr)
+        shutil.rmtree(state)  # a fresh machine: no state dir, no staging, no HF cache
+        shutil.rmtree(hf_env, ignore_errors=True)
+        if hub.cas is not None:
+            hub.cas.forget_clients()
+        api.resume(f"hf://{repo}", state_dir=tmp_path / f"fresh-{point}", hub=api.Hub(commit_every=2))
+        assert repo_files(hub, repo) == reference, point
