@@ -17,6 +17,7 @@ from resumerge.methods import (
     nuslerp,
     passthrough,
     ram,
+    regmean,
     sce,
     slerp,
     task_arithmetic,
@@ -42,6 +43,7 @@ BUILTIN: tuple[MethodSpec, ...] = declared(
     iso_c.SPEC,
     iso_cts.SPEC,
     core_space.SPEC,
+    regmean.SPEC,
 )
 # The same methods by name, read-only: get_method is asked for each of a plan's tensors (three times a tensor by
 # plan's estimate), and a 92k-tensor plan's lookups by scanning the list cost a second.

@@ -249,6 +249,10 @@ class MethodSpec:
     # adapted tensor the base followed by every adapter's A and B factor, not the dense adapted weights (see
     # resumerge.plan.lorafactors), and refuses parents that are not adapters of the base.
     factor_inputs: bool = False
+    # True when the method merges linear weights with their inputs' Gram matrices (``regmean``): the planner then
+    # gives each such weight, after the weights, every model's measured Gram from the folder its global ``grams``
+    # parameter names (see resumerge.plan.grams), each marked by a per-model parameter.
+    gram_inputs: bool = False
 
     def param(self, name: str) -> ParamSpec | None:
         """Return the spec of parameter ``name``, or None if the method has no such parameter."""

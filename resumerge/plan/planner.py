@@ -33,6 +33,7 @@ from resumerge.plan.copies import stored_copy
 from resumerge.plan.experts import mark_expert_stacks
 from resumerge.plan.filters import FilterTally
 from resumerge.plan.input_fates import account, stored_names_of
+from resumerge.plan.grams import attach_grams
 from resumerge.plan.inputrefs import refs_of, stored_ref, tensor_ref
 from resumerge.plan.lorafactors import adapter_output, check_adapter_parents, factor_tensor, kept_at_base
 from resumerge.plan.merge_plan import (
@@ -177,6 +178,10 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     if method.factor_inputs:  # core_space: each adapted tensor from the base and the adapters' factor pairs
         tensors = {name: factor_tensor(tp) for name, tp in tensors.items()}
         notes.extend(kept_at_base(config, models, method.name))
+    grams = None
+    if method.gram_inputs:  # regmean: each linear weight with every model's measured Gram (resumerge.plan.grams)
+        tensors, grams = attach_grams(tensors, models, method.name)
+        notes.extend(grams.notes)
     if ctx.truncate:
         notes.extend(truncation_notes(tensors, models))
     options = resolve_shard_size(options, tensors)  # an hf:// OUT's default: sized from the output
@@ -210,8 +215,8 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
         tokenizer_donor=tokenizer_donor,
         num_layers=len(origins),
         layer_origins=tuple(origins),
-        inputs=_input_files(models),
-        model_dirs=_model_dirs(models),
+        inputs=_input_files(models) | (grams.files if grams else {}),
+        model_dirs=_model_dirs(models) | (grams.dirs if grams else {}),
         options=options,
         out_config=out_config,
         tokenizer_files=tokenizer_hashes(models, tokenizer_donor, blobs),

@@ -44,6 +44,7 @@ EXPECTED: dict[str, tuple[dict[str, Scope], BasePolicy, int, int | None, bool, b
     "core_space": ({"scaling": G, "inner": G, "density": G}, REQ, 1, None, False, False),
     "iso_c": ({"scaling": G, "svd": G}, REQ, 2, None, False, False),
     "iso_cts": ({"scaling": G, "common_space_fraction": G, "svd": G}, REQ, 2, None, False, False),
+    "regmean": ({"grams": G, "reduce_non_diagonal_ratio": G}, IGN, 1, None, False, False),
 }
 
 W3 = {"weight": [None, 0.5, 0.3, 0.4]}
@@ -73,6 +74,8 @@ CALLS: dict[str, tuple[int, int | None, dict[str, Any], dict[str, list[Any]]]] =
     "core_space": (4, 0, {"scaling": 0.8}, {}),
     "iso_c": (4, 0, {"scaling": 0.8}, {}),
     "iso_cts": (4, 0, {"common_space_fraction": 0.7}, {}),
+    # Without Grams among its inputs (the planner adds them), regmean is the plain mean.
+    "regmean": (3, None, {"grams": "unused"}, {}),
 }
 
 

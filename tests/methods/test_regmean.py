@@ -1,0 +1,119 @@
+"""``regmean``: the closed form of ``methods-2025.md`` §7 against hand-computed float64, and its identities.
+
+Random symmetric positive-definite Grams Gᵢ = XᵢᵀXᵢ/Nᵢ in float64, as the reference doc prescribes: all Gᵢ equal
+give the mean; one model gives itself; a = 0 gives the column formula W[:, j] = Σ Gᵢ[j,j]·Wᵢ[:, j] / Σ Gᵢ[j,j]; and
+the normal equations Σ (W − Wᵢ)·G̃ᵢ = 0 hold. The expected values are computed here by ``torch.linalg.inv`` on the
+same inputs (the authors' ``regmean_mean_params`` is exactly that inverse product, in float32), never by the
+method's own Cholesky path.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from resumerge.methods import MergeContext, get_method
+from resumerge.methods.regmean import GRAM, RATIO, regmean_solve, regularised
+
+F64 = torch.float64
+
+
+def _case(models: int, m: int = 6, n: int = 5, tokens: int = 40, seed: int = 0
+          ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    weights = [torch.randn(m, n, generator=g, dtype=F64) for _ in range(models)]
+    grams = []
+    for _ in range(models):
+        x = torch.randn(tokens, n, generator=g, dtype=F64) * torch.rand(n, generator=g, dtype=F64).add(0.5)
+        grams.append(x.T @ x / tokens)
+    return weights, grams
+
+
+def _by_hand(weights: list[torch.Tensor], grams: list[torch.Tensor], a: float) -> torch.Tensor:
+    tilde = [a * g + (1 - a) * torch.diag(torch.diagonal(g)) for g in grams]
+    return sum(w @ t for w, t in zip(weights, tilde)) @ torch.linalg.inv(sum(tilde))  # type: ignore[return-value]
+
+
+def _method(weights: list[torch.Tensor], grams: list[torch.Tensor], a: float) -> torch.Tensor:
+    spec = get_method("regmean")
+    assert spec is not None
+    params = [{} for _ in weights] + [{GRAM: True} for _ in grams]
+    bound_models, bound = spec.bind(params, {"grams": "x", RATIO: a}, None)
+    return spec.fn(MergeContext([*weights, *grams], None, bound_models, bound))
+
+
+@pytest.mark.parametrize("a", [1.0, 0.5, 0.1, 0.0])
+def test_matches_the_closed_form(a: float) -> None:
+    weights, grams = _case(3)
+    assert_close(_method(weights, grams, a), _by_hand(weights, grams, a), rtol=1e-10, atol=1e-12)
+
+
+def test_equal_grams_give_the_mean() -> None:
+    weights, grams = _case(4)
+    same = [grams[0]] * 4
+    assert_close(_method(weights, same, 0.7), sum(weights) / 4, rtol=1e-10, atol=1e-12)  # type: ignore[arg-type]
+
+
+def test_one_model_gives_itself() -> None:
+    weights, grams = _case(1)
+    assert_close(_method(weights, grams, 0.5), weights[0], rtol=1e-10, atol=1e-12)
+
+
+def test_no_off_diagonals_give_the_column_formula() -> None:
+    weights, grams = _case(3)
+    d = [torch.diagonal(g) for g in grams]
+    expected = sum(w * dg for w, dg in zip(weights, d)) / sum(d)  # type: ignore[operator]
+    assert_close(_method(weights, grams, 0.0), expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("a", [1.0, 0.3])
+def test_normal_equations_hold(a: float) -> None:
+    weights, grams = _case(3, m=7, n=9, tokens=50, seed=3)
+    merged = _method(weights, grams, a)
+    residual = sum((merged - w) @ regularised(g, a) for w, g in zip(weights, grams))
+    assert float(residual.abs().max()) < 1e-10  # type: ignore[union-attr]
+
+
+def test_a_coordinate_no_token_reached_takes_the_mean() -> None:
+    """Column 2 of every Gram is zero (the input was always 0 there): that column is the mean, the rest is the
+    solve without it."""
+    weights, grams = _case(3)
+    for g in grams:
+        g[2, :] = 0
+        g[:, 2] = 0
+    merged, used_pinv = regmean_solve(weights, grams, 0.5)
+    assert not used_pinv
+    assert_close(merged[:, 2], sum(w[:, 2] for w in weights) / 3)  # type: ignore[arg-type]
+    keep = [0, 1, 3, 4]
+    expected = _by_hand([w[:, keep] for w in weights], [g[keep][:, keep] for g in grams], 0.5)
+    assert_close(merged[:, keep], expected, rtol=1e-10, atol=1e-12)
+
+
+def test_singular_grams_fall_back_to_the_pseudo_inverse() -> None:
+    """Fewer tokens than inputs and a = 1: Σ Gᵢ is singular; the pseudo-inverse gives the minimum-norm solution,
+    which still satisfies the normal equations."""
+    weights, grams = _case(2, n=8, tokens=3)
+    merged, used_pinv = regmean_solve(weights, grams, 1.0)
+    assert used_pinv
+    assert_close(merged, sum(w @ g for w, g in zip(weights, grams)) @ torch.linalg.pinv(sum(grams)),  # type: ignore
+                 rtol=1e-8, atol=1e-10)
+    residual = sum((merged - w) @ g for w, g in zip(weights, grams))
+    assert float(residual.abs().max()) < 1e-8  # type: ignore[union-attr]
+
+
+def test_tensors_without_grams_are_averaged() -> None:
+    weights, _ = _case(3)
+    bias = [w[0] for w in weights]
+    spec = get_method("regmean")
+    assert spec is not None
+    bound_models, bound = spec.bind([{}, {}, {}], {"grams": "x"}, None)
+    assert_close(spec.fn(MergeContext(bias, None, bound_models, bound)), sum(bias) / 3)  # type: ignore[arg-type]
+
+
+def test_float32_grams_and_half_weights_are_solved_in_float64() -> None:
+    weights, grams = _case(2)
+    merged = _method([w.to(torch.bfloat16) for w in weights], [g.float() for g in grams], 0.5)
+    assert merged.dtype == F64
+    expected = _by_hand([w.to(torch.bfloat16).to(F64) for w in weights], [g.float().to(F64) for g in grams], 0.5)
+    assert_close(merged, expected, rtol=1e-10, atol=1e-12)
