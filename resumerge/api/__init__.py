@@ -48,7 +48,7 @@ from resumerge.memory.sizes import parse_size
 from resumerge.plan.defaults import DEFAULT_SHARD_SIZE
 
 __all__ = ["Hub", "Lora", "Merging", "Output", "Resources", "Stages", "check", "estimate", "estimate_extraction",
-           "extract_lora", "plan_merge", "recipe_status", "resume", "run", "status", "verify"]
+           "extract_lora", "measure", "plan_merge", "recipe_status", "resume", "run", "status", "verify"]
 
 # Only what ``status`` and ``verify`` need is imported here, so that they stay fast (no torch): the merging
 # commands import the engine inside the function.
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
+    from resumerge.api.measuring import MeasureReport
     from resumerge.check import CheckReport
     from resumerge.engine.drive import Outcome
     from resumerge.engine.executor import Reporter
@@ -298,6 +299,19 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
     return run_check(model, base=base, parents=tuple(parents), prompts=prompts,
                      max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory,
                      state=StateDir.resolve(state_dir))
+
+
+def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
+            max_memory: int | str | None = None, progress: Callable[[str], None] | None = None) -> MeasureReport:
+    """Record, like ``resumerge measure``, the Gram matrix of every linear's input for every model of ``config``
+    over calibration ``texts`` (a file, one text per line; default: built-in texts) into the folder ``out``, for a
+    ``regmean`` merge (``parameters: {grams: out}``). One decoder layer at a time, journaled per layer in ``out``: a
+    killed measurement run again resumes at the layer it reached and writes the same bytes. ``progress`` is told
+    each layer as it starts."""
+    from resumerge.api.measuring import measure_grams
+
+    return measure_grams(config, out, texts=texts, on_progress=progress,
+                         max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory)
 
 
 def plan_merge(config: PathLike, *, output: Output = Output(), merging: Merging = Merging(),

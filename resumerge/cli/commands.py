@@ -34,6 +34,7 @@ from resumerge.cli.knobs import (
     installed_stop_flag,
     quiet_hub_uploads,
 )
+from resumerge.cli.measurecmd import add_measure_parser
 from resumerge.config.settings import KEEP_WORKERS
 from resumerge.config.version import __version__
 from resumerge.errors import EXIT_INTERRUPTED, EXIT_OK, ResumergeError, UsageError, exit_code_for
@@ -206,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     _extract_parser(sub)
 
     add_check_parser(sub)
+    add_measure_parser(sub)
     demo = sub.add_parser("demo", help="generate small models, merge, interrupt, resume, show status",
                           description="A self-contained tour: generates tiny models, starts a merge that is "
                                       "killed part-way, resumes it, and checks the output is byte-identical.")
@@ -417,6 +419,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from resumerge.cli.checkcmd import run_check_command
 
         return run_check_command(args)
+    if args.command == "measure":
+        from resumerge.cli.measurecmd import run_measure_command
+
+        return run_measure_command(args)
     if args.command == "demo":
         from resumerge.cli.demo import run_demo
 

@@ -425,6 +425,9 @@ def _engine_step(plan: Plan, tp: TensorPlan, sources: InputSources, inputs: Sequ
         if read:
             return load_context(plan, part, sources, spec, NO_RESOURCES, workspace)
         first = part.inputs[0].first_row - rows.inputs[0].first_row  # an expert's rows, or all of them
+        if first == 0 and part.shape[0] == tp.shape[0]:  # the whole tensor: inputs of other shapes (Grams) whole
+            return make_context(plan, part, spec, device, list(inputs), NO_RESOURCES,
+                                lend=partial(workspace.take, "result"))
         return make_context(plan, part, spec, device, [t[first : first + part.shape[0]] for t in inputs],
                             NO_RESOURCES, lend=partial(workspace.take, "result"))
 

@@ -72,17 +72,16 @@ def regmean_solve(weights: Sequence[torch.Tensor], grams: Sequence[torch.Tensor]
         products.addmm_(w.to(torch.float64), tilde)
         del tilde
     live = torch.diagonal(total) > 0
-    mean = None
+    averaged = None
     if not bool(live.all()):
-        mean = sum(w.to(torch.float64) for w in weights) / len(weights)
-        assert isinstance(mean, torch.Tensor)
+        averaged = mean(weights)
         index = live.nonzero().flatten()
         total, products = total[index][:, index], products[:, index]
     solved, used_pinv = _solve(total, products)
-    if mean is None:
+    if averaged is None:
         return solved, used_pinv
-    mean[:, live] = solved
-    return mean, used_pinv
+    averaged[:, live] = solved
+    return averaged, used_pinv
 
 
 def _solve(total: torch.Tensor, products: torch.Tensor) -> tuple[torch.Tensor, bool]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from resumerge.errors import ConfigError
 from resumerge.inputs.files import file_identity
-from resumerge.inputs.grams import Measurement, MeasuredModel, read_measurement, sha256_of
+from resumerge.inputs.grams import MANIFEST, MeasuredModel, Measurement, read_measurement, sha256_of
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import Header, read_header
 from resumerge.methods.regmean import GRAM, GRAMS
@@ -94,8 +94,10 @@ def attach_grams(tensors: Mapping[str, TensorPlan], models: Mapping[str, ModelIn
     for key, files in folders.used.items():
         added.files[key] = tuple((file, size, identity) for file, (size, identity) in sorted(files.items()))
     if solved:
+        manifests = ", ".join(f"{Path(f) / MANIFEST} sha256 {sha256_of(Path(f) / MANIFEST)}"
+                              for f in sorted(folders.measurements))
         added.notes.append(f"{method}: {solved} linear weight(s) solved from their Gram matrices "
-                           f"({folders.read / 1e6:.1f} MB of Grams, sha256 checked against the measurement); "
+                           f"({folders.read / 1e6:.1f} MB of Grams, each file's sha256 checked against {manifests}); "
                            "every other tensor averaged")
     return out, added
 

@@ -32,8 +32,8 @@ from resumerge.plan.architecture import (
 from resumerge.plan.copies import stored_copy
 from resumerge.plan.experts import mark_expert_stacks
 from resumerge.plan.filters import FilterTally
-from resumerge.plan.input_fates import account, stored_names_of
 from resumerge.plan.grams import attach_grams
+from resumerge.plan.input_fates import account, stored_names_of
 from resumerge.plan.inputrefs import refs_of, stored_ref, tensor_ref
 from resumerge.plan.lorafactors import adapter_output, check_adapter_parents, factor_tensor, kept_at_base
 from resumerge.plan.merge_plan import (

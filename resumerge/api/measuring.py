@@ -1,0 +1,229 @@
+"""``resumerge measure``: the Gram matrices of every linear's input, for every model of a merge config, over
+calibration texts, for a data-aware merge (``regmean``).
+
+Every check comes first (the config, each model a local folder of a dense family, OUT_DIR free or holding this very
+measurement, the memory budget); then each model runs on the forward engine one decoder layer at a time
+(:mod:`resumerge.forward.grams`), its Grams written per layer and its hidden states journaled under OUT_DIR, so a
+killed measurement run again resumes at the layer it reached and ends with the same bytes. ``measure.json`` (see
+:mod:`resumerge.inputs.grams`), with each file's sha256, is written last: a folder without it is unfinished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from resumerge.config.merge_config import load_config_text, read_config_file
+from resumerge.config.modelref import ModelRef
+from resumerge.errors import UsageError
+from resumerge.inputs.grams import (
+    INPUTS_KEY,
+    LAYER_PREFIX,
+    MANIFEST,
+    GramRef,
+    MeasuredModel,
+    Measurement,
+    layer_file,
+    model_folder,
+    read_measurement,
+    sha256_of,
+)
+from resumerge.inputs.model import ModelInput, open_model
+from resumerge.inputs.safetensors_format import read_header
+
+RUN_FILE = "measure-run.json"
+JOURNAL = ".journal"
+# Keys of config.json that make a model a mixture of experts: its expert linears are not measured yet.
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+@dataclass(frozen=True)
+class MeasureReport:
+    """A finished measurement: where it is, its ``models`` (their keys), the ``files`` written, the tokens run per
+    model and whether it was found finished already (``reused``)."""
+
+    out: str
+    models: tuple[str, ...]
+    files: int
+    tokens: int
+    reused: bool
+
+
+def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *,
+                  texts: str | os.PathLike[str] | None = None, max_memory: int | None = None,
+                  on_progress: Callable[[str], None] | None = None) -> MeasureReport:
+    """Measure the Grams of every model of ``config`` into ``out`` (see the module docstring); raises
+    :class:`~resumerge.errors.InputError` subclasses (exit 2) before anything is written."""
+    from resumerge.check.prompts import load_tokenizer, sequences
+    from resumerge.forward.stream import import_transformers
+
+    merge = load_config_text(read_config_file(config), source=os.fspath(config))
+    refs = merge.referenced_models()
+    if not refs:
+        raise UsageError(f"{os.fspath(config)} names no model to measure")
+    models = [_open(ref) for ref in refs]
+    keys = [ref.key for ref in refs]
+    import_transformers("resumerge measure")
+    tokenizer = load_tokenizer([m.directory for m in models])
+    tokens = sequences(tokenizer, Path(texts) if texts is not None else None)
+    folder = Path(out)
+    key = _key(models, keys, tokens)
+    if _claimed(folder, key) and (folder / MANIFEST).is_file():
+        found = read_measurement(folder, yaml_path="OUT_DIR")
+        return MeasureReport(str(folder), tuple(m.key for m in found.models), _count(found),
+                             sum(len(t) for t in tokens), reused=True)
+    _all_fit(models, keys, tokens, max_memory)
+    _claim(folder, key)
+    return _run(models, keys, tokens, folder, on_progress)
+
+
+def _run(models: list[ModelInput], keys: list[str], tokens: list[list[int]], folder: Path,
+         on_progress: Callable[[str], None] | None) -> MeasureReport:
+    from resumerge.forward import Weights
+    from resumerge.forward.grams import measure_model
+    from resumerge.forward.stream import ModelStream
+    from resumerge.memory.allocator import tune_allocator
+    from resumerge.store.durable import write_file_atomic
+    from resumerge.store.killpoints import reach
+    from resumerge.torch_import import torch
+
+    batches = [(torch.tensor([list(s)]), torch.ones(1, len(s), dtype=torch.long)) for s in tokens]
+    restore = tune_allocator()
+    measured = []
+    try:
+        for index, model in enumerate(models):
+            with ModelStream(Weights.of(model.directory, model.tensors), model.config, torch.float32,
+                             what="resumerge measure", key=keys[index]) as stream:
+
+                def on_layer(layer: int, index: int = index, layers: int = stream.layers) -> None:
+                    if on_progress is not None:
+                        on_progress(f"model {index + 1} of {len(models)}, layer {layer + 1} of {layers}")
+
+                measure_model(stream, batches, folder, index, folder / JOURNAL / model_folder(index),
+                              on_layer=on_layer, after_layer=lambda: reach("after_measure_layer"))
+                measured.append(_recorded(model, keys[index], folder, index, stream.layers))
+    finally:
+        if restore is not None:
+            restore()
+    texts = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()
+    result = Measurement(tuple(measured), len(tokens), texts)
+    write_file_atomic(folder / MANIFEST, (json.dumps(result.to_json(), indent=1, sort_keys=True) + "\n").encode())
+    shutil.rmtree(folder / JOURNAL, ignore_errors=True)
+    return MeasureReport(str(folder), tuple(m.key for m in measured), _count(result),
+                         sum(len(t) for t in tokens), reused=False)
+
+
+def _recorded(model: ModelInput, key: str, folder: Path, index: int, layers: int) -> MeasuredModel:
+    """The manifest's entry of the ``index``-th model: every layer file's linears and sha256."""
+    grams: dict[str, GramRef] = {}
+    digests: dict[str, str] = {}
+    tokens = 0
+    for layer in range(layers):
+        name = layer_file(index, layer)
+        header = read_header(folder / name)
+        shares = json.loads(header.metadata[INPUTS_KEY])
+        tokens = int(header.metadata["tokens"])
+        for linear, owner in shares.items():
+            grams[linear] = GramRef(name, owner, int(header.tensors[owner].shape[0]))
+        digests[name] = sha256_of(folder / name)
+    files = tuple((f.name, f.size, f.identity) for f in model.files)
+    return MeasuredModel(key, str(model.directory), files, tokens, grams, digests)
+
+
+def _count(measurement: Measurement) -> int:
+    return sum(len(m.sha256) for m in measurement.models)
+
+
+def _open(ref: ModelRef) -> ModelInput:
+    """The local model ``ref`` (headers only); refuses hub ids, adapters and mixtures of experts in one line."""
+    if ref.lora is not None:
+        raise UsageError(f"{ref.key}: measure runs whole models, not a base+adapter reference",
+                         hint="merge the adapter into its base first (resumerge run with passthrough)")
+    directory = Path(ref.path)
+    if not directory.is_dir():
+        raise UsageError(f"{ref.path}: measure reads local model folders, and this is not one",
+                         hint="download the model (huggingface-cli download) and name its folder")
+    model = open_model(ref, directory=directory)
+    moe = next((k for k in _MOE_KEYS if model.config.get(k)), None)
+    if moe is not None:
+        raise UsageError(f"{ref.key} is a mixture of experts ({moe}: {model.config[moe]}); measure records the "
+                         "Grams of dense linears only", hint="measure and merge dense models")
+    return model
+
+
+def _key(models: list[ModelInput], keys: list[str], tokens: list[list[int]]) -> str:
+    """What makes the measurement: each model's weight files, the tokens, the code's versions."""
+    import torch
+
+    versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge")] + [torch.__version__]
+    doc = [[[k, [[f.name, f.size, f.identity] for f in m.files]] for k, m in zip(keys, models)], tokens, versions]
+    return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
+
+
+def _claimed(folder: Path, key: str) -> bool:
+    """Whether ``folder`` holds this very measurement (finished or not); refuses one that holds anything else
+    (another measurement, other files), before anything is written."""
+    run = folder / RUN_FILE
+    if run.is_file():
+        if json.loads(run.read_text(encoding="utf-8")).get("key") != key:
+            raise UsageError(f"{folder} holds a measurement of other models, texts or versions",
+                             hint="measure into an empty folder, or delete this one")
+        return True
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise UsageError(f"{folder} is not an empty folder: measure writes its Grams into a folder of its own",
+                         hint="name a new folder")
+    return False
+
+
+def _claim(folder: Path, key: str) -> None:
+    """Record in ``folder`` that it holds the measurement ``key`` (once; a resumed one finds it there)."""
+    from resumerge.store.durable import write_file_atomic
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / RUN_FILE).is_file():
+        write_file_atomic(folder / RUN_FILE, (json.dumps({"key": key}) + "\n").encode())
+
+
+def _all_fit(models: list[ModelInput], keys: list[str], tokens: list[list[int]], max_memory: int | None) -> None:
+    """:func:`_fits` for every model, before any is read."""
+    from resumerge.forward import Weights
+    from resumerge.forward.stream import ModelStream
+    from resumerge.torch_import import torch
+
+    for key, model in zip(keys, models):
+        with ModelStream(Weights.of(model.directory, model.tensors), model.config, torch.float32,
+                         what="resumerge measure", key=key) as stream:
+            _fits(stream, tokens, max_memory)
+
+
+def _fits(stream: object, tokens: list[list[int]], max_memory: int | None) -> None:
+    """Refuse (exit 2, before the model's first layer is read) a pass whose peak would not fit ``max_memory`` (None:
+    the default budget): the hidden states in and out, the largest layer in float32 and a layer's float64 sums
+    (four distinct inputs, the widest squared)."""
+    from resumerge.forward.reader import pass_bytes
+    from resumerge.forward.stream import ModelStream
+    from resumerge.memory import SystemProbe, default_budget, format_size, smallest_budget_for
+
+    assert isinstance(stream, ModelStream)
+    probe = SystemProbe()
+    budget = max_memory if max_memory is not None else default_budget(probe)
+    config = stream.config
+    hidden = int(getattr(config, "hidden_size", 0) or 0)
+    wide = max(hidden, int(getattr(config, "intermediate_size", 0) or 0))
+    positions = sum(len(t) for t in tokens)
+    peak = 2 * positions * hidden * 4 + pass_bytes(stream.formats, stream.layers, value_bytes=4) + 4 * wide * wide * 8
+    held = probe.rss()
+    smallest = smallest_budget_for(peak, baseline_bytes=held)
+    if smallest > budget:
+        raise UsageError(f"measuring {stream.reader.directory} needs {format_size(held + peak)} (this process holds "
+                         f"{format_size(held)}), more than the budget of {format_size(budget)}",
+                         hint=f"rerun with --max-memory {format_size(smallest, compact=True)} or more")
+
+
+__all__ = ["LAYER_PREFIX", "MeasureReport", "measure_grams"]

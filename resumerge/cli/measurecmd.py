@@ -1,0 +1,41 @@
+"""``resumerge measure CONFIG OUT_DIR``: its options, its one :func:`resumerge.api.measure` call, and its summary."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``measure`` command's parser."""
+    measure = sub.add_parser(
+        "measure", help="record the Gram matrices of every linear's inputs, for a data-aware merge (regmean)",
+        description="Runs every model of CONFIG (its models: and base_model) one decoder layer at a time over "
+                    "calibration texts and writes, per model and layer, the Gram matrix (mean of x·xᵀ over the "
+                    "tokens) of each linear's input to OUT_DIR as safetensors, with measure.json recording every "
+                    "file's sha256. A regmean merge names OUT_DIR as its grams parameter. Exit 2 on bad input "
+                    "(before anything is written), 3 when interrupted: run it again and it resumes at the layer "
+                    "reached.")
+    measure.add_argument("config", metavar="CONFIG", help="the merge config whose models to measure")
+    measure.add_argument("out", metavar="OUT_DIR", help="an empty (or this measurement's) folder for the Grams")
+    measure.add_argument("--texts", metavar="FILE", help="calibration texts, one per line, no chat template "
+                         "(default: check's built-in short chat, code, maths and multilingual texts)")
+    measure.add_argument("--max-memory", metavar="SIZE", help="memory budget (e.g. 4GB; default: most of what is "
+                         "free)")
+    measure.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+
+
+def run_measure_command(args: argparse.Namespace) -> int:
+    """One API call, then a one-line summary."""
+    from resumerge.api import measure
+
+    def progress(line: str) -> None:
+        print(f"measuring: {line}", file=sys.stderr, flush=True)
+
+    report = measure(args.config, args.out, texts=args.texts, max_memory=args.max_memory,
+                     progress=None if args.quiet else progress)
+    if not args.quiet:
+        state = "already measured" if report.reused else "measured"
+        print(f"{state}: {len(report.models)} model(s), {report.tokens} tokens each, {report.files} Gram file(s) "
+              f"in {report.out}; name it in a regmean merge: parameters: {{grams: {report.out}}}")
+    return 0
