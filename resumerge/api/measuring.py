@@ -23,9 +23,9 @@ from resumerge.config.merge_config import load_config_text, read_config_file
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import UsageError
 from resumerge.inputs.grams import (
-    INPUTS_KEY,
     LAYER_PREFIX,
     MANIFEST,
+    METADATA_KEY,
     GramRef,
     MeasuredModel,
     Measurement,
@@ -127,9 +127,9 @@ def _recorded(model: ModelInput, key: str, folder: Path, index: int, layers: int
     for layer in range(layers):
         name = layer_file(index, layer)
         header = read_header(folder / name)
-        shares = json.loads(header.metadata[INPUTS_KEY])
-        tokens = int(header.metadata["tokens"])
-        for linear, owner in shares.items():
+        recorded = json.loads(header.metadata[METADATA_KEY])
+        tokens = int(recorded["tokens"])
+        for linear, owner in recorded["inputs"].items():
             grams[linear] = GramRef(name, owner, int(header.tensors[owner].shape[0]))
         digests[name] = sha256_of(folder / name)
     files = tuple((f.name, f.size, f.identity) for f in model.files)

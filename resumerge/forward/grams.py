@@ -19,7 +19,7 @@ from typing import Any
 
 from resumerge.forward.journal import durable_save, latest
 from resumerge.forward.stream import LayerCall, ModelStream
-from resumerge.inputs.grams import INPUTS_KEY, layer_file
+from resumerge.inputs.grams import METADATA_KEY, layer_file
 from resumerge.torch_import import torch
 
 HIDDEN_PREFIX = "hidden-"
@@ -115,8 +115,8 @@ def _layer(stream: ModelStream, index: int, hidden: list[torch.Tensor], calls: l
         finally:
             recorder.close()
     grams = {name: (total / tokens).to(torch.float32).contiguous() for name, total in recorder.sums.items()}
-    durable_save(grams, path, metadata={INPUTS_KEY: json.dumps(dict(sorted(recorder.shares.items()))),
-                                        "tokens": str(tokens)})
+    shares = dict(sorted(recorder.shares.items()))
+    durable_save(grams, path, metadata={METADATA_KEY: json.dumps({"inputs": shares, "tokens": tokens})})
     return out
 
 

@@ -23,8 +23,9 @@ MANIFEST = "measure.json"
 FORMAT = "resumerge-grams"
 VERSION = 1
 LAYER_PREFIX = "layer-"
-# Metadata key of a layer file: JSON {linear module name: tensor key holding its Gram}.
-INPUTS_KEY = "inputs"
+# The one metadata key of a layer file (one: safetensors writes several in an order that varies between processes):
+# JSON {"inputs": {linear module name: tensor key holding its Gram}, "tokens": the token count}.
+METADATA_KEY = "resumerge.grams"
 
 FileIdentity = tuple[str, int, str]
 
