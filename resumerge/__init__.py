@@ -1,9 +1,9 @@
 """resumerge: crash-safe, resumable, memory-bounded merges of LLM weights from mergekit YAML configs.
 
-The public Python API mirrors the CLI (``run``, ``resume``, ``status``, ``verify``, ``check``, ``plan_merge``,
-``estimate``, ``recipe_status``, ``extract_lora``, ``estimate_extraction``), with its option groups (``Output``,
-``Merging``, ``Resources``, ``Hub``, ``Stages``, ``Lora``); it is
-imported lazily so that ``import resumerge`` (and ``resumerge status``) never pays for importing torch.
+The public Python API mirrors the CLI (``run``, ``resume``, ``status``, ``verify``, ``check``, ``measure``,
+``plan_merge``, ``estimate``, ``recipe_status``, ``extract_lora``, ``estimate_extraction``), with its option groups
+(``Output``, ``Merging``, ``Resources``, ``Hub``, ``Stages``, ``Lora``); it is imported lazily so that
+``import resumerge`` (and ``resumerge status``) never pays for importing torch.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from resumerge.config.version import __version__
 
 __all__ = ["Hub", "Lora", "Merging", "Output", "Resources", "Stages", "__version__", "check", "estimate",
-           "estimate_extraction", "extract_lora", "plan_merge", "recipe_status", "resume", "run", "status", "verify"]
+           "estimate_extraction", "extract_lora", "measure", "plan_merge", "recipe_status", "resume", "run", "status",
+           "verify"]
 _API = frozenset(__all__) - {"__version__"}
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
         estimate,
         estimate_extraction,
         extract_lora,
+        measure,
         plan_merge,
         recipe_status,
         resume,
