@@ -119,18 +119,22 @@ def regmean(ctx: MergeContext) -> torch.Tensor:
 
 
 def _gram_scratch(dtype: str, shape: Sequence[int], inputs: int) -> tuple[int, int]:
-    """Elements of the n × n float64 buffers the solve holds beside the weights: the sum, one regularised Gram, the
-    Cholesky factor (or the pseudo-inverse's SVD, about three more), n being the weight's input width."""
+    """Elements of the n × n float64 buffers the solve holds beside the weights, n being the weight's input width:
+    the sum, one regularised Gram and the Cholesky factor, or the pseudo-inverse's SVD (its factors, its workspace
+    and the inverse: about five more)."""
     if len(shape) != 2:
         return 0, 0
     n = int(shape[1])
-    return 6 * n * n, 0
+    return 8 * n * n, 0
 
 
-# Not measured by the profiler replay yet: declared from the algorithm, every figure float64 — per element of the
-# weight: each input's float64 copy (8 per input), the product sum and the result (16); per element of an n × n
-# buffer 8 bytes (see _gram_scratch). The Grams themselves are inputs (n × n float32 each), which the engine counts
-# as it reads them.
+# Declared from the algorithm and checked by tests/methods/test_regmean.py with the profiler replay of
+# tests/methods/footprint_cases.py (the shared footprint table cannot measure it: its calls have no Grams). Per
+# element of the weight, every figure float64: the product sum, its transpose for the solve, the solution and the
+# result (32 in all, met by the fixed 16 and 8 per input of the 2·T inputs, weights and Grams); the mean path of
+# a tensor without Grams holds its float64 sum and one input's float64 copy (16). Per element of an n × n buffer
+# 8 bytes (see _gram_scratch). The Grams themselves are inputs (n × n float32 each), counted by the engine as it
+# reads them.
 _FLOAT64 = Footprint(16.0, 8.0, block=8.0)
 FOOTPRINT = MethodFootprint(MappingProxyType({d: _FLOAT64 for d in ("float32", "bfloat16", "float16", "float64")}),
                             scratch=_gram_scratch)

@@ -117,3 +117,29 @@ def test_float32_grams_and_half_weights_are_solved_in_float64() -> None:
     assert merged.dtype == F64
     expected = _by_hand([w.to(torch.bfloat16).to(F64) for w in weights], [g.float().to(F64) for g in grams], 0.5)
     assert_close(merged, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(("shape", "models", "a"), [((64, 256), 2, 0.5), ((256, 64), 3, 0.5), ((96, 128), 2, 1.0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_the_solve_stays_within_its_declared_footprint(shape: tuple[int, int], models: int, a: float,
+                                                       dtype: torch.dtype) -> None:
+    """The profiler replay of tests/methods/footprint_cases.py on the Gram path (a = 1 with fewer tokens than
+    inputs: the pseudo-inverse), against what the planner reserves for a tensor with its weights and Grams."""
+    from methods.footprint_cases import peaks
+
+    from resumerge.methods.footprint import working_bytes
+    from resumerge.methods.regmean import FOOTPRINT
+
+    m, n = shape
+    weights, grams = _case(models, m=m, n=n, tokens=n // 2 if a == 1.0 else 2 * n)
+    tensors = [w.to(dtype) for w in weights] + [g.float() for g in grams]
+    seen = "float64" if dtype == torch.float64 else "float32"
+    if seen == "float32":  # as the engine promotes inputs stored in different dtypes
+        tensors = [t.float() for t in tensors]
+    (peak,) = peaks([lambda: _method(tensors[:models], tensors[models:], a)])
+    reserved = working_bytes(FOOTPRINT, seen, shape, 2 * models, base=False)
+    assert peak <= reserved, (peak, reserved)
+    # The mean path of a vector (a norm): its float64 sum and one float64 copy.
+    vectors = [w[0].to(dtype) for w in weights]
+    (peak,) = peaks([lambda: _method(vectors, [], a)])
+    assert peak <= working_bytes(FOOTPRINT, seen, (n,), models, base=False), peak
