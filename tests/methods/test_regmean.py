@@ -126,7 +126,6 @@ def test_the_solve_stays_within_its_declared_footprint(shape: tuple[int, int], m
     """The profiler replay of tests/methods/footprint_cases.py on the Gram path (a = 1 with fewer tokens than
     inputs: the pseudo-inverse), against what the planner reserves for a tensor with its weights and Grams."""
     from methods.footprint_cases import peaks
-
     from resumerge.methods.footprint import working_bytes
     from resumerge.methods.regmean import FOOTPRINT
 
