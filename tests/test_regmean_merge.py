@@ -107,6 +107,30 @@ def test_regmean_merges_the_linears_by_the_closed_form_and_averages_the_rest(mea
             torch.testing.assert_close(tensor, (ws[0] + ws[1]) / 2)
     card = (out / "README.md").read_text()
     assert "https://arxiv.org/abs/2212.09849" in card and "sha256" in card
+    report = api.check(out, state_dir=tmp_path / "state")
+    assert report.verdict == "works", report.reasons
+
+
+@pytest.mark.slow
+def test_a_killed_regmean_merge_resumes_identical_and_refuses_a_gram_changed_meanwhile(
+        measured: dict[str, Path], tmp_path: Path) -> None:
+    reference, out = tmp_path / "reference", tmp_path / "out"
+    args = ("--state-dir", tmp_path / "state", "-q", "--out-shard-size", "20k")
+    assert cli("run", measured["config"], reference, *args).returncode == 0
+    killed = cli("run", measured["config"], out, *args, env={"RESUMERGE_KILL_AT": "after_manifest_write:2"})
+    assert killed.returncode == -9, killed.stderr
+    gram = measured["grams"] / "model-01" / "layer-00001.safetensors"
+    kept = gram.read_bytes()
+    changed = bytearray(kept)
+    changed[-1] ^= 1
+    try:
+        gram.write_bytes(bytes(changed))
+        refused = cli("resume", out, *args[:2])
+        assert refused.returncode != 0 and "holds other bytes" in refused.stderr, refused.stderr
+    finally:
+        gram.write_bytes(kept)
+    assert cli("resume", out, *args[:3]).returncode == 0
+    assert digests(out) == digests(reference) | {n: d for n, d in digests(out).items() if n.startswith("resumerge-")}
 
 
 def test_a_gram_file_changed_since_it_was_measured_is_refused(measured: dict[str, Path], tmp_path: Path) -> None:
