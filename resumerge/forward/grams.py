@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from resumerge.errors import ModelInputError
 from resumerge.forward.journal import durable_save, latest
 from resumerge.forward.stream import LayerCall, ModelStream
 from resumerge.inputs.grams import METADATA_KEY, layer_file
@@ -106,7 +107,12 @@ def _layer(stream: ModelStream, index: int, hidden: list[torch.Tensor], calls: l
     """Run layer ``index`` over every sequence, recording its linears' Grams into ``path``; the layer's outputs."""
     module = stream.layers_list[index]
     with stream.loaded(module) as layer:
-        recorder = _Recorder(linears_of(layer, stream.prefix(module)))
+        linears = linears_of(layer, stream.prefix(module))
+        if not linears:
+            raise ModelInputError(f"decoder layer {index} of {type(stream.model).__name__} has no torch.nn.Linear to "
+                                  "measure (GPT-2's Conv1D, for one, is not measured yet)",
+                                  path=str(stream.reader.directory))
+        recorder = _Recorder(linears)
         try:
             out = []
             for s, h in enumerate(hidden):
