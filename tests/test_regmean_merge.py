@@ -68,6 +68,10 @@ def _refused(config: Path, out: Path, *words: str) -> None:
 
 
 def test_the_measurement_records_every_linear_and_each_files_sha256(measured: dict[str, Path]) -> None:
+    from resumerge.api import measurestatus
+    from resumerge.inputs import grams
+
+    assert (measurestatus.MANIFEST, measurestatus.LAYER_PREFIX) == (grams.MANIFEST, grams.LAYER_PREFIX)
     found = read_measurement(measured["grams"])
     assert [m.path for m in found.models] == [str(measured["a"]), str(measured["b"])]
     for model in found.models:
@@ -211,9 +215,14 @@ def test_a_killed_measurement_resumes_at_the_layer_reached_byte_identical(measur
     assert killed.returncode == -9, killed.stderr
     assert not (out / MANIFEST).exists()
     assert [p.name for p in (out / ".journal" / "model-01").iterdir()] == ["hidden-00000.safetensors"]
+    shown = api.status(out)
+    assert (shown.state, shown.kind, shown.tensors_done, shown.tensors_total) == ("interrupted", "measure", 3, 4)
+    assert shown.resume_command is not None and shown.resume_command.startswith("resumerge measure")
+    assert "model 2 of 2" in str(shown)
     resumed = cli(*args)
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stderr.count("measuring:") == 1 and "model 2 of 2, layer 2 of 2" in resumed.stderr
     for folder in ("", "model-00", "model-01"):
         assert digests(out / folder) == digests(measured["grams"] / folder), folder
+    assert api.status(out).state == "done"
     assert not (out / ".journal").exists()

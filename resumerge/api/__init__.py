@@ -244,6 +244,11 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport 
     from resumerge.store.statusview import read_status
 
     named(out)
+    from resumerge.api.measurestatus import measure_status
+
+    measuring = measure_status(out)  # a ``resumerge measure`` folder: its own record
+    if measuring is not None:
+        return measuring
     state = StateDir.resolve(state_dir)  # resolved once, handed down
     where = state.run(out)
     own = own_record(where)

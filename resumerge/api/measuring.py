@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from resumerge.api.measurestatus import RUN_FILE
 from resumerge.config.merge_config import load_config_text, read_config_file
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import UsageError
@@ -37,7 +38,6 @@ from resumerge.inputs.grams import (
 from resumerge.inputs.model import ModelInput, open_model
 from resumerge.inputs.safetensors_format import read_header
 
-RUN_FILE = "measure-run.json"
 JOURNAL = ".journal"
 # Keys of config.json that make a model a mixture of experts: its expert linears are not measured yet.
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
@@ -78,8 +78,8 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
         found = read_measurement(folder, yaml_path="OUT_DIR")
         return MeasureReport(str(folder), tuple(m.key for m in found.models), _count(found),
                              sum(len(t) for t in tokens), reused=True)
-    _all_fit(models, keys, tokens, max_memory)
-    _claim(folder, key)
+    layers = _all_fit(models, keys, tokens, max_memory)
+    _claim(folder, key, {"config": os.path.abspath(config), "models": keys, "layers": layers})
     return _run(models, keys, tokens, folder, on_progress)
 
 
@@ -181,25 +181,30 @@ def _claimed(folder: Path, key: str) -> bool:
     return False
 
 
-def _claim(folder: Path, key: str) -> None:
-    """Record in ``folder`` that it holds the measurement ``key`` (once; a resumed one finds it there)."""
+def _claim(folder: Path, key: str, what: dict[str, object]) -> None:
+    """Record in ``folder`` that it holds the measurement ``key`` of ``what`` (the config, the models and their
+    layer counts, for ``status``); once: a resumed one finds it there."""
     from resumerge.store.durable import write_file_atomic
 
     folder.mkdir(parents=True, exist_ok=True)
     if not (folder / RUN_FILE).is_file():
-        write_file_atomic(folder / RUN_FILE, (json.dumps({"key": key}) + "\n").encode())
+        write_file_atomic(folder / RUN_FILE, (json.dumps({"key": key, **what}) + "\n").encode())
 
 
-def _all_fit(models: list[ModelInput], keys: list[str], tokens: list[list[int]], max_memory: int | None) -> None:
-    """:func:`_fits` for every model, before any is read."""
+def _all_fit(models: list[ModelInput], keys: list[str], tokens: list[list[int]], max_memory: int | None
+             ) -> list[int]:
+    """:func:`_fits` for every model, before any is read; each model's decoder layer count."""
     from resumerge.forward import Weights
     from resumerge.forward.stream import ModelStream
     from resumerge.torch_import import torch
 
+    layers: list[int] = []
     for key, model in zip(keys, models):
         with ModelStream(Weights.of(model.directory, model.tensors), model.config, torch.float32,
                          what="resumerge measure", key=key) as stream:
             _fits(stream, tokens, max_memory)
+            layers.append(stream.layers)
+    return layers
 
 
 def _fits(stream: object, tokens: list[list[int]], max_memory: int | None) -> None:
