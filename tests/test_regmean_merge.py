@@ -217,7 +217,7 @@ def test_a_killed_measurement_resumes_at_the_layer_reached_byte_identical(measur
     assert [p.name for p in (out / ".journal" / "model-01").iterdir()] == ["hidden-00000.safetensors"]
     shown = api.status(out)
     assert (shown.state, shown.kind, shown.tensors_done, shown.tensors_total) == ("interrupted", "measure", 3, 4)
-    assert shown.resume_command is not None and shown.resume_command.startswith("resumerge measure")
+    assert shown.resume_command == f"resumerge measure {measured['config']} {out} --texts {measured['texts']}"
     assert "model 2 of 2" in str(shown)
     resumed = cli(*args)
     assert resumed.returncode == 0, resumed.stderr

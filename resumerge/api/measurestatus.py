@@ -41,7 +41,8 @@ def measure_status(out: str | os.PathLike[str]) -> StatusReport | None:
     if current is not None:
         rows.append(("measure", f"model {current + 1} of {len(keys)} ({keys[current]}): {done[current]} of "
                                 f"{layers[current]} decoder layers measured"))
-    command = None if finished else f"resumerge measure {run.get('config', 'CONFIG')} {folder}"
+    texts = f" --texts {run['texts']}" if run.get("texts") else ""
+    command = None if finished else f"resumerge measure {run.get('config', 'CONFIG')} {folder}{texts}"
     models_done = sum(1 for d, n in zip(done, layers) if d >= n)
     details = Details(counts=(("models", models_done, len(keys), "measured"),), rows=tuple(rows),
                       data={"measure_layers": [written, total]})

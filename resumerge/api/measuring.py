@@ -79,7 +79,8 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
         return MeasureReport(str(folder), tuple(m.key for m in found.models), _count(found),
                              sum(len(t) for t in tokens), reused=True)
     layers = _all_fit(models, keys, tokens, max_memory)
-    _claim(folder, key, {"config": os.path.abspath(config), "models": keys, "layers": layers})
+    _claim(folder, key, {"config": os.path.abspath(config), "models": keys, "layers": layers,
+                         "texts": os.path.abspath(texts) if texts is not None else None})
     return _run(models, keys, tokens, folder, on_progress)
 
 

@@ -109,6 +109,10 @@ def _grams_of(tp: TensorPlan, models: Mapping[str, ModelInput], folder: str, fol
     entries: list[tuple[MeasuredModel, str] | None] = []
     for ref in tp.inputs:
         model = models[ref.model]
+        if model.adapter is not None:  # its files are the base's, whose Grams would be taken for the adapted model
+            raise ConfigError(f"{ref.model} is a base+adapter reference: its Grams are not its base's, and measure "
+                              "runs whole models", yaml_path=WHERE,
+                              hint="merge the adapter into its base first, then measure and merge that model")
         measured = measurement.find(tuple((f.name, f.size, f.identity) for f in model.files))
         if measured is None:
             raise ConfigError(f"{folder} holds no Grams of {ref.model} (it measured "
