@@ -226,3 +226,20 @@ def test_a_killed_measurement_resumes_at_the_layer_reached_byte_identical(measur
         assert digests(out / folder) == digests(measured["grams"] / folder), folder
     assert api.status(out).state == "done"
     assert not (out / ".journal").exists()
+
+
+def test_a_base_plus_adapter_parent_is_refused_by_measure_and_by_the_merge(measured: dict[str, Path],
+                                                                           tmp_path: Path) -> None:
+    """The adapted model's files are its base's: the base's Grams must never be taken for it."""
+    pytest.importorskip("peft")
+    from lora.gen import make_adapter
+
+    make_adapter(measured["a"], tmp_path / "lora", r=2, alpha=4, targets=["q_proj"], seed=5)
+    doc = {"merge_method": "regmean", "models": [{"model": f"{measured['a']}+{tmp_path / 'lora'}"},
+                                                 {"model": str(measured["b"])}],
+           "parameters": {"grams": str(measured["grams"])}}
+    config = write_config(tmp_path / "lora.yml", doc)
+    with pytest.raises(UsageError, match="not a base\\+adapter reference"):
+        api.measure(config, tmp_path / "g")
+    assert not (tmp_path / "g").exists()
+    _refused(config, tmp_path / "out", "base+adapter reference", "parameters.grams")
