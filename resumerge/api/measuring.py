@@ -18,11 +18,12 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from resumerge.api.measurestatus import RUN_FILE
-from resumerge.config.merge_config import load_config_text, read_config_file
+from resumerge.config.merge_config import MergeConfig, load_config_text, read_config_file
 from resumerge.config.modelref import ModelRef
-from resumerge.errors import UsageError
+from resumerge.errors import ConfigError, UsageError
 from resumerge.inputs.grams import (
     LAYER_PREFIX,
     MANIFEST,
@@ -38,7 +39,11 @@ from resumerge.inputs.grams import (
 from resumerge.inputs.model import ModelInput, open_model
 from resumerge.inputs.safetensors_format import read_header
 
+if TYPE_CHECKING:
+    from resumerge.torch_import import torch
+
 JOURNAL = ".journal"
+RATIO_KEY = "reduce_non_diagonal_ratio"
 # Keys of config.json that make a model a mixture of experts: its expert linears are not measured yet.
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
@@ -72,8 +77,9 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
     import_transformers("resumerge measure")
     tokenizer = load_tokenizer([m.directory for m in models])
     tokens = sequences(tokenizer, Path(texts) if texts is not None else None)
+    merged = _merged_pass(merge)
     folder = Path(out)
-    key = _key(models, keys, tokens)
+    key = _key(models, keys, tokens, merged)
     if _claimed(folder, key) and (folder / MANIFEST).is_file():
         found = read_measurement(folder, yaml_path="OUT_DIR")
         return MeasureReport(str(folder), tuple(m.key for m in found.models), _count(found),
@@ -81,11 +87,39 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
     layers = _all_fit(models, keys, tokens, max_memory)
     _claim(folder, key, {"config": os.path.abspath(config), "models": keys, "layers": layers,
                          "texts": os.path.abspath(texts) if texts is not None else None})
-    return _run(models, keys, tokens, folder, on_progress)
+    return _run(models, keys, tokens, folder, on_progress, merged)
+
+
+def _merged_pass(merge: MergeConfig) -> dict[str, object] | None:
+    """For a ``regmean_plus`` config, what its merged pass merges each layer with (its off-diagonal ratio): the
+    Grams of RegMean++ come from the merged model's earlier layers; None for any other config."""
+    from resumerge.methods.regmean import RATIO, SPEC_PLUS
+
+    if merge.merge_method != SPEC_PLUS.name:
+        return None
+    ratio = merge.parameters.get(RATIO, 0.5)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
+        raise ConfigError(f"{RATIO} must be one number from 0 to 1 for measure's merged pass, not {ratio!r}",
+                          yaml_path=f"parameters.{RATIO}")
+    return {"method": SPEC_PLUS.name, RATIO: float(ratio)}
+
+
+def _layer_merge(ratio: float) -> Callable[[str, list[torch.Tensor], list[torch.Tensor] | None], torch.Tensor]:
+    """How the merged pass merges a layer's weight: ``regmean``'s solve where it has Grams, else the mean; float32."""
+    from resumerge.methods.regmean import mean, regmean_solve
+    from resumerge.torch_import import torch
+
+    def merge(name: str, values: list[torch.Tensor], grams: list[torch.Tensor] | None) -> torch.Tensor:
+        if grams is None:
+            return mean(values).to(torch.float32)
+        solved, _ = regmean_solve(values, grams, ratio)
+        return solved.to(torch.float32)
+
+    return merge
 
 
 def _run(models: list[ModelInput], keys: list[str], tokens: list[list[int]], folder: Path,
-         on_progress: Callable[[str], None] | None) -> MeasureReport:
+         on_progress: Callable[[str], None] | None, merged: dict[str, object] | None) -> MeasureReport:
     from resumerge.forward import Weights
     from resumerge.forward.grams import measure_model
     from resumerge.forward.stream import ModelStream
@@ -98,7 +132,11 @@ def _run(models: list[ModelInput], keys: list[str], tokens: list[list[int]], fol
     restore = tune_allocator()
     measured = []
     try:
-        for index, model in enumerate(models):
+        if merged is not None:
+            ratio = merged[RATIO_KEY]
+            assert isinstance(ratio, float)
+            measured = _run_merged(models, keys, batches, folder, on_progress, ratio)
+        for index, model in enumerate(models if merged is None else ()):
             with ModelStream(Weights.of(model.directory, model.tensors), model.config, torch.float32,
                              what="resumerge measure", key=keys[index]) as stream:
 
@@ -113,11 +151,43 @@ def _run(models: list[ModelInput], keys: list[str], tokens: list[list[int]], fol
         if restore is not None:
             restore()
     texts = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()
-    result = Measurement(tuple(measured), len(tokens), texts)
+    result = Measurement(tuple(measured), len(tokens), texts, merged)
     write_file_atomic(folder / MANIFEST, (json.dumps(result.to_json(), indent=1, sort_keys=True) + "\n").encode())
     shutil.rmtree(folder / JOURNAL, ignore_errors=True)
     return MeasureReport(str(folder), tuple(m.key for m in measured), _count(result),
                          sum(len(t) for t in tokens), reused=False)
+
+
+def _run_merged(models: list[ModelInput], keys: list[str], batches: list[tuple[torch.Tensor, torch.Tensor]],
+                folder: Path, on_progress: Callable[[str], None] | None, ratio: float) -> list[MeasuredModel]:
+    """RegMean++'s pass: every model's layer l measured on the merged model's layers before l, every model's
+    stream open at once (one layer of each read at a time)."""
+    from resumerge.forward import Weights
+    from resumerge.forward.grams import measure_merged
+    from resumerge.forward.stream import ModelStream
+    from resumerge.store.killpoints import reach
+    from resumerge.torch_import import torch
+
+    streams = []
+    try:
+        for key, model in zip(keys, models):
+            streams.append(ModelStream(Weights.of(model.directory, model.tensors), model.config, torch.float32,
+                                       what="resumerge measure", key=key))
+        layers = streams[0].layers
+        if any(s.layers != layers for s in streams):
+            raise UsageError("RegMean++ merges models of one layer count, and these differ: "
+                             + ", ".join(f"{k} {s.layers}" for k, s in zip(keys, streams)))
+
+        def on_layer(layer: int) -> None:
+            if on_progress is not None:
+                on_progress(f"merged pass, layer {layer + 1} of {layers} ({len(models)} models)")
+
+        measure_merged(streams, batches, folder, folder / JOURNAL / "merged", _layer_merge(ratio),
+                       on_layer=on_layer, after_layer=lambda: reach("after_measure_layer"))
+    finally:
+        for stream in streams:
+            stream.close()
+    return [_recorded(model, keys[i], folder, i, layers) for i, model in enumerate(models)]
 
 
 def _recorded(model: ModelInput, key: str, folder: Path, index: int, layers: int) -> MeasuredModel:
@@ -158,12 +228,14 @@ def _open(ref: ModelRef) -> ModelInput:
     return model
 
 
-def _key(models: list[ModelInput], keys: list[str], tokens: list[list[int]]) -> str:
+def _key(models: list[ModelInput], keys: list[str], tokens: list[list[int]], merged: dict[str, object] | None
+         ) -> str:
     """What makes the measurement: each model's weight files, the tokens, the code's versions."""
     import torch
 
     versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge")] + [torch.__version__]
-    doc = [[[k, [[f.name, f.size, f.identity] for f in m.files]] for k, m in zip(keys, models)], tokens, versions]
+    files = [[k, [[f.name, f.size, f.identity] for f in m.files]] for k, m in zip(keys, models)]
+    doc = [merged, files, tokens, versions]
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
 
 

@@ -105,6 +105,15 @@ def measure_model(stream: ModelStream, batches: list[tuple[torch.Tensor, torch.T
 def _layer(stream: ModelStream, index: int, hidden: list[torch.Tensor], calls: list[list[LayerCall]], path: Path,
            tokens: int) -> list[torch.Tensor]:
     """Run layer ``index`` over every sequence, recording its linears' Grams into ``path``; the layer's outputs."""
+    out, grams, shares = _recorded_layer(stream, index, hidden, calls, tokens)
+    _save(grams, shares, tokens, path)
+    return out
+
+
+def _recorded_layer(stream: ModelStream, index: int, hidden: list[torch.Tensor], calls: list[list[LayerCall]],
+                    tokens: int) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], dict[str, str]]:
+    """Layer ``index`` of ``stream`` run over every sequence with its linears' inputs recorded: its outputs, the
+    float32 Grams by the linear holding each, and which linear holds each linear's Gram."""
     module = stream.layers_list[index]
     with stream.loaded(module) as layer:
         linears = linears_of(layer, stream.prefix(module))
@@ -121,9 +130,72 @@ def _layer(stream: ModelStream, index: int, hidden: list[torch.Tensor], calls: l
         finally:
             recorder.close()
     grams = {name: (total / tokens).to(torch.float32).contiguous() for name, total in recorder.sums.items()}
-    shares = dict(sorted(recorder.shares.items()))
+    return out, grams, dict(sorted(recorder.shares.items()))
+
+
+def _save(grams: dict[str, torch.Tensor], shares: dict[str, str], tokens: int, path: Path) -> None:
     durable_save(grams, path, metadata={METADATA_KEY: json.dumps({"inputs": shares, "tokens": tokens})})
-    return out
+
+
+# (checkpoint name, each model's value in float32, each model's Gram of that linear's input or None) -> the merged
+# value in float32: the merge a merged pass runs its layers with.
+MergeWeight = Callable[[str, list[torch.Tensor], "list[torch.Tensor] | None"], torch.Tensor]
+
+
+def measure_merged(streams: Sequence[ModelStream], batches: list[tuple[torch.Tensor, torch.Tensor]], out: Path,
+                   journal: Path, merge: MergeWeight, *, on_layer: Callable[[int], None] | None = None,
+                   after_layer: Callable[[], None] | None = None) -> None:
+    """RegMean++'s Grams: each model's layer l measured on the hidden states the **merged** model's layers before l
+    give (its embeddings merged too), written as :func:`measure_model` writes them (model i's files under
+    ``layer_file(i, l)``); after layer l's Grams, the layer is merged by ``merge`` from every model's weights and
+    those Grams, and run to give layer l + 1 its input. The hidden states are journaled in ``journal`` as
+    :func:`measure_model` journals them, so a killed pass resumes after the last layer journaled."""
+    layers = streams[0].layers
+    if all((out / layer_file(i, layers - 1)).is_file() for i in range(len(streams))):
+        return
+    for i in range(len(streams)):
+        (out / layer_file(i, 0)).parent.mkdir(parents=True, exist_ok=True)
+    journal.mkdir(parents=True, exist_ok=True)
+    tokens = sum(int(mask.sum()) for _, mask in batches)
+    first = streams[0]
+
+    def averaged(key: str) -> torch.Tensor:
+        return merge(key, [s.reader.read(key) for s in streams], None)
+
+    with torch.no_grad():
+        entering = first.inputs(batches, read=averaged)
+        calls = [c for _, c in entering]
+        start, hidden = _restart(journal, len(batches))
+        if hidden is None:
+            hidden = [h for h, _ in entering]
+        for index in range(start, layers):
+            if on_layer is not None:
+                on_layer(index)
+            measured = []
+            for i, stream in enumerate(streams):
+                _, grams, shares = _recorded_layer(stream, index, hidden, calls, tokens)
+                _save(grams, shares, tokens, out / layer_file(i, index))
+                measured.append((grams, shares))
+
+            def merged(key: str, measured: list[tuple[dict[str, torch.Tensor], dict[str, str]]] = measured
+                       ) -> torch.Tensor:
+                linear = key.removesuffix(".weight")
+                values = [s.reader.read(key) for s in streams]
+                if key.endswith(".weight") and all(linear in shares for _, shares in measured):
+                    return merge(key, values, [grams[shares[linear]] for grams, shares in measured])
+                return merge(key, values, None)
+
+            module = first.layers_list[index]
+            with first.loaded(module, read=merged) as layer:
+                hidden = [first.run(layer, h, calls[s][index]) for s, h in enumerate(hidden)]
+            durable_save({f"hidden.{s}": h.contiguous() for s, h in enumerate(hidden)},
+                         journal / f"{HIDDEN_PREFIX}{index:05d}.safetensors")
+            for older in journal.glob(f"{HIDDEN_PREFIX}*.safetensors"):
+                if older.name != f"{HIDDEN_PREFIX}{index:05d}.safetensors":
+                    older.unlink(missing_ok=True)
+            if after_layer is not None:
+                after_layer()
+    shutil.rmtree(journal, ignore_errors=True)
 
 
 def _restart(journal: Path, sequences: int) -> tuple[int, list[torch.Tensor] | None]:

@@ -10,7 +10,7 @@ final-logit soft-capping included) over the final norm's output.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -153,9 +153,11 @@ class ModelStream:
 
     # -- weights in and out --------------------------------------------------------------------------------
 
-    def load(self, module: torch.nn.Module, *, tied_head: bool = False) -> torch.nn.Module:
+    def load(self, module: torch.nn.Module, *, tied_head: bool = False,
+             read: Callable[[str], torch.Tensor] | None = None) -> torch.nn.Module:
         """``module`` with its weights read (its buffers are kept: built for real, see :func:`weights_on_meta`);
-        ``tied_head``: the head, read from the embeddings where the checkpoint holds no head."""
+        ``tied_head``: the head, read from the embeddings where the checkpoint holds no head; ``read``: where each
+        weight comes from by checkpoint name, instead of this model's files (a merge of several models' weights)."""
         prefix = self.prefix(module)
         state = {}
         for name, _ in module.named_parameters():
@@ -163,8 +165,11 @@ class ModelStream:
             if tied_head:
                 key = self.prefix(self.model.get_input_embeddings()) + name
             if not self.reader.has(key):
+                if read is not None:
+                    raise ModelInputError(f"{key} is stored under another name: a merged forward cannot read it",
+                                          path=str(self.reader.directory), tensor=key)
                 return self._converted(module, prefix)
-            state[name] = self.reader.read(key)
+            state[name] = self.reader.read(key) if read is None else read(key)
         module.load_state_dict(state, strict=False, assign=True)
         return module
 
@@ -206,10 +211,12 @@ class ModelStream:
                 child._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=False)
 
     @contextmanager
-    def loaded(self, module: torch.nn.Module, *, tied_head: bool = False) -> Iterator[torch.nn.Module]:
-        """``module`` with its weights for the block, without them after."""
+    def loaded(self, module: torch.nn.Module, *, tied_head: bool = False,
+               read: Callable[[str], torch.Tensor] | None = None) -> Iterator[torch.nn.Module]:
+        """``module`` with its weights (from ``read`` when given, see :meth:`load`) for the block, without them
+        after."""
         try:
-            yield self.load(module, tied_head=tied_head)
+            yield self.load(module, tied_head=tied_head, read=read)
         finally:
             self.unload(module)
 
@@ -221,13 +228,14 @@ class ModelStream:
 
     # -- running ------------------------------------------------------------------------------------------
 
-    def inputs(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, list[LayerCall]]]:
+    def inputs(self, batches: list[tuple[torch.Tensor, torch.Tensor]],
+               read: Callable[[str], torch.Tensor] | None = None) -> list[tuple[torch.Tensor, list[LayerCall]]]:
         """For each batch of token sequences (ids and attention mask, both (batch, length)), the hidden states
         entering the first decoder layer and every layer's call, as the model's own forward makes them (the
-        embeddings read for this, dropped after)."""
+        embeddings read for this, from ``read`` when given (see :meth:`load`), dropped after)."""
         parts = self._before_layers()
         for part in parts:
-            self.load(part)
+            self.load(part, read=read)
         try:
             return [self._capture(ids, mask) for ids, mask in batches]
         finally:

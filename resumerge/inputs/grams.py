@@ -70,10 +70,16 @@ class Measurement:
     models: tuple[MeasuredModel, ...]
     sequences: int
     texts_sha256: str
+    # RegMean++'s Grams (each layer's from the merged model's earlier layers): the method and the off-diagonal
+    # ratio the merge of those layers used (they hold only for that merge); None: each model's own forward.
+    merged: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": VERSION, "sequences": self.sequences,
-                "texts_sha256": self.texts_sha256, "models": [m.to_json() for m in self.models]}
+        doc = {"format": FORMAT, "version": VERSION, "sequences": self.sequences,
+               "texts_sha256": self.texts_sha256, "models": [m.to_json() for m in self.models]}
+        if self.merged is not None:
+            doc["merged"] = self.merged
+        return doc
 
     def find(self, files: tuple[FileIdentity, ...]) -> MeasuredModel | None:
         """The measured model whose weight files are ``files`` (by name, size and content identity)."""
@@ -114,7 +120,7 @@ def read_measurement(folder: Path, *, yaml_path: str = "parameters.grams") -> Me
         if doc.get("format") != FORMAT or doc.get("version") != VERSION:
             raise ValueError(f"not a {FORMAT} v{VERSION} manifest")
         return Measurement(tuple(MeasuredModel.from_json(m) for m in doc["models"]), int(doc["sequences"]),
-                           str(doc["texts_sha256"]))
+                           str(doc["texts_sha256"]), doc.get("merged"))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path} is not a Gram manifest resumerge can read: {exc}", yaml_path=yaml_path,
                           hint=hint) from None

@@ -44,6 +44,7 @@ BUILTIN: tuple[MethodSpec, ...] = declared(
     iso_cts.SPEC,
     core_space.SPEC,
     regmean.SPEC,
+    regmean.SPEC_PLUS,
 )
 # The same methods by name, read-only: get_method is asked for each of a plan's tensors (three times a tensor by
 # plan's estimate), and a 92k-tensor plan's lookups by scanning the list cost a second.

@@ -28,6 +28,7 @@ With a < 1 and every coordinate reached, Σ G̃ᵢ is positive definite whatever
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from types import MappingProxyType
 
 from resumerge.methods.footprint import Footprint, MethodFootprint
@@ -161,4 +162,18 @@ SPEC = MethodSpec(
     whole_cost=WholeCost(bound="solve-bound (one n × n Cholesky and T products per linear, float64)"),
     footprint=FOOTPRINT,
     gram_inputs=True,
+)
+
+# RegMean++: the same solve on Grams measured on the merged model's earlier layers (``resumerge measure`` of a config
+# with this method runs that pass, merging each layer as the solve above before running it); the planner checks
+# that the Grams were measured so, for these models and this ratio.
+SPEC_PLUS = replace(
+    SPEC,
+    name="regmean_plus",
+    title="RegMean++",
+    summary=(
+        "RegMean with each layer's Gram matrices measured on the inputs the merged model's earlier layers give "
+        "(off-diagonals scaled by reduce_non_diagonal_ratio); other tensors averaged."
+    ),
+    reference="https://arxiv.org/abs/2508.03121",
 )

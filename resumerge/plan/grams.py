@@ -20,10 +20,11 @@ from resumerge.inputs.files import file_identity
 from resumerge.inputs.grams import MANIFEST, MeasuredModel, Measurement, read_measurement, sha256_of
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import Header, read_header
-from resumerge.methods.regmean import GRAM, GRAMS
+from resumerge.methods.regmean import GRAM, GRAMS, RATIO, SPEC_PLUS
 from resumerge.plan.merge_plan import InputRef, TensorPlan
 
 WHERE = "parameters.grams"
+PLUS_NAME = SPEC_PLUS.name
 SUFFIX = "#grams"
 
 
@@ -106,6 +107,7 @@ def _grams_of(tp: TensorPlan, models: Mapping[str, ModelInput], folder: str, fol
               added: GramInputs) -> list[InputRef] | None:
     """The Gram inputs of ``tp`` (one per input, config order), or None when none of its inputs has one."""
     measurement = folders.measurement(folder)
+    _check_pass(tp, measurement, folder)
     entries: list[tuple[MeasuredModel, str] | None] = []
     for ref in tp.inputs:
         model = models[ref.model]
@@ -127,6 +129,10 @@ def _grams_of(tp: TensorPlan, models: Mapping[str, ModelInput], folder: str, fol
         raise ConfigError(f"the Gram of {tp.inputs[missing].tensor} of {tp.inputs[missing].model} is missing from "
                           f"{folder}, which has the other models' (output tensor {tp.name})", yaml_path=WHERE,
                           hint="measure every model of the merge with the same resumerge version")
+    if measurement.merged is not None and {id(e[0]) for e in entries if e} != {id(m) for m in measurement.models}:
+        raise ConfigError(f"the Grams in {folder} were measured on the merge of {len(measurement.models)} models, "
+                          f"but {tp.name} merges {len(tp.inputs)} of them", yaml_path=WHERE,
+                          hint="RegMean++'s Grams hold for the merge they were measured for: measure this config")
     found = []
     for ref, entry in zip(tp.inputs, entries):
         assert entry is not None
@@ -150,3 +156,19 @@ def _grams_of(tp: TensorPlan, models: Mapping[str, ModelInput], folder: str, fol
         found.append(InputRef(key, gram.file, gram.tensor, stored.dtype, tuple(stored.shape), stored.start,
                               stored.end))
     return found
+
+
+def _check_pass(tp: TensorPlan, measurement: Measurement, folder: str) -> None:
+    """Refuse Grams of the other pass: RegMean++ (``regmean_plus``) needs Grams measured on its own merged layers,
+    at its ratio; ``regmean`` needs each model's own."""
+    merged = measurement.merged
+    if tp.method == PLUS_NAME:
+        ratio = float(dict(tp.params)[RATIO])
+        if merged is None or merged.get("method") != PLUS_NAME or float(merged.get(RATIO, -1)) != ratio:
+            had = "each model's own forward" if merged is None else f"a merge at {RATIO} {merged.get(RATIO)}"
+            raise ConfigError(f"{PLUS_NAME} needs Grams measured on its merged layers at {RATIO} {ratio}, and "
+                              f"{folder} holds Grams of {had}", yaml_path=WHERE,
+                              hint="measure this config into a new folder: resumerge measure CONFIG DIR")
+    elif merged is not None:
+        raise ConfigError(f"{folder} holds RegMean++ Grams (measured on a merge's layers), which {tp.method} does "
+                          "not take", yaml_path=WHERE, hint="measure this config into a new folder")

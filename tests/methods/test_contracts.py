@@ -45,6 +45,7 @@ EXPECTED: dict[str, tuple[dict[str, Scope], BasePolicy, int, int | None, bool, b
     "iso_c": ({"scaling": G, "svd": G}, REQ, 2, None, False, False),
     "iso_cts": ({"scaling": G, "common_space_fraction": G, "svd": G}, REQ, 2, None, False, False),
     "regmean": ({"grams": G, "reduce_non_diagonal_ratio": G}, IGN, 1, None, False, False),
+    "regmean_plus": ({"grams": G, "reduce_non_diagonal_ratio": G}, IGN, 1, None, False, False),
 }
 
 W3 = {"weight": [None, 0.5, 0.3, 0.4]}
@@ -76,6 +77,7 @@ CALLS: dict[str, tuple[int, int | None, dict[str, Any], dict[str, list[Any]]]] =
     "iso_cts": (4, 0, {"common_space_fraction": 0.7}, {}),
     # Without Grams among its inputs (the planner adds them), regmean is the plain mean.
     "regmean": (3, None, {"grams": "unused"}, {}),
+    "regmean_plus": (3, None, {"grams": "unused"}, {}),
 }
 
 
