@@ -9,13 +9,14 @@ import sys
 def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``measure`` command's parser."""
     measure = sub.add_parser(
-        "measure", help="record the Gram matrices of every linear's inputs, for a data-aware merge (regmean)",
+        "measure", help="record the Gram matrices of every linear's inputs, for a data-aware merge (regmean, regmean_plus)",
         description="Runs every model of CONFIG (its models: and base_model) one decoder layer at a time over "
                     "calibration texts and writes, per model and layer, the Gram matrix (mean of x·xᵀ over the "
                     "tokens) of each linear's input to OUT_DIR as safetensors, with measure.json recording every "
-                    "file's sha256. A regmean merge names OUT_DIR as its grams parameter. Exit 2 on bad input "
-                    "(before anything is written), 3 when interrupted: run it again and it resumes at the layer "
-                    "reached.")
+                    "file's sha256. A regmean merge names OUT_DIR as its grams parameter; for a regmean_plus "
+                    "config each layer is measured on the merged model's earlier layers (RegMean++). Exit 2 on bad "
+                    "input (before anything is written), 3 when interrupted: run it again and it resumes at the "
+                    "layer reached.")
     measure.add_argument("config", metavar="CONFIG", help="the merge config whose models to measure")
     measure.add_argument("out", metavar="OUT_DIR", help="an empty (or this measurement's) folder for the Grams")
     measure.add_argument("--texts", metavar="FILE", help="calibration texts, one per line, no chat template "
