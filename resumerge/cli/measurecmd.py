@@ -9,7 +9,7 @@ import sys
 def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``measure`` command's parser."""
     measure = sub.add_parser(
-        "measure", help="record the Gram matrices of every linear's inputs, for a data-aware merge (regmean, regmean_plus)",
+        "measure", help="record the Gram matrices of every linear's inputs, for regmean and regmean_plus merges",
         description="Runs every model of CONFIG (its models: and base_model) one decoder layer at a time over "
                     "calibration texts and writes, per model and layer, the Gram matrix (mean of x·xᵀ over the "
                     "tokens) of each linear's input to OUT_DIR as safetensors, with measure.json recording every "
