@@ -8,9 +8,9 @@ Usage::
 Makes two synthetic fine-tunes of SmolLM2-135M-Instruct (float32; tests/realmodel.py's ``smollm2_folder``): each
 linear weight of every layer nudged by seeded noise of 1 % of its own spread, the two differently. Then, each in a
 fresh process measured by bench_vs_mergekit's launcher (wall time, the process's own peak RSS): ``measure`` of the
-two fine-tunes over the built-in texts, the ``regmean`` merge of them on those Grams, and the ``task_arithmetic``
-merge of them onto the base (weight 0.5 each, the same average of the task vectors a plain mean gives). Each merge is
-then checked (``resumerge.check``) against the base and the two fine-tunes. Prints markdown rows for
+two fine-tunes over the built-in texts (and RegMean++'s merged pass), the ``regmean`` and ``regmean_plus`` merges
+of them on those Grams, and the ``task_arithmetic`` merge of them onto the base (weight 0.5 each, the same average
+of the task vectors a plain mean gives). Each merge is then checked (``resumerge.check``) against the base and the two fine-tunes. Prints markdown rows for
 bench/RESULTS.md.
 """
 
@@ -64,8 +64,12 @@ def main() -> None:
     a, b = fine_tune(base, work / "ft-a", 1), fine_tune(base, work / "ft-b", 2)
     grams = work / "grams"
     shutil.rmtree(grams, ignore_errors=True)
+    plus = work / "grams-plus"
+    shutil.rmtree(plus, ignore_errors=True)
     configs = {
         "regmean": f"merge_method: regmean\nmodels:\n  - model: {a}\n  - model: {b}\nparameters: {{grams: {grams}}}\n",
+        "regmean_plus": (f"merge_method: regmean_plus\nmodels:\n  - model: {a}\n  - model: {b}\n"
+                         f"parameters: {{grams: {plus}}}\n"),
         "task_arithmetic": (f"merge_method: task_arithmetic\nbase_model: {base}\nmodels:\n"
                             f"  - model: {a}\n    parameters: {{weight: 0.5}}\n"
                             f"  - model: {b}\n    parameters: {{weight: 0.5}}\n"),
@@ -79,6 +83,8 @@ def main() -> None:
     size = sum(p.stat().st_size for p in grams.rglob("*.safetensors"))
     rows.append(f"| measure (2 models, {format_size(size)} of Grams) | {measured.wall:.1f} s | "
                 f"{format_size(measured.peak_rss)} | | |")
+    measured = run_measured([*resumerge, "measure", str(work / "regmean_plus.yml"), str(plus), "-q", *texts])
+    rows.append(f"| measure, RegMean++'s merged pass | {measured.wall:.1f} s | {format_size(measured.peak_rss)} | | |")
     for name in configs:
         out = work / f"out-{name}"
         shutil.rmtree(out, ignore_errors=True)
