@@ -10,8 +10,8 @@ linear weight of every layer nudged by seeded noise of 1 % of its own spread, th
 fresh process measured by bench_vs_mergekit's launcher (wall time, the process's own peak RSS): ``measure`` of the
 two fine-tunes over the built-in texts (and RegMean++'s merged pass), the ``regmean`` and ``regmean_plus`` merges
 of them on those Grams, and the ``task_arithmetic`` merge of them onto the base (weight 0.5 each, the same average
-of the task vectors a plain mean gives). Each merge is then checked (``resumerge.check``) against the base and the two fine-tunes. Prints markdown rows for
-bench/RESULTS.md.
+of the task vectors a plain mean gives). Each merge is then checked (``resumerge.check``) against the base and the
+two fine-tunes. Prints markdown rows for bench/RESULTS.md.
 """
 
 from __future__ import annotations
