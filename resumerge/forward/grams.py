@@ -139,7 +139,7 @@ def _save(grams: dict[str, torch.Tensor], shares: dict[str, str], tokens: int, p
 
 # (checkpoint name, each model's value in float32, each model's Gram of that linear's input or None) -> the merged
 # value in float32: the merge a merged pass runs its layers with.
-MergeWeight = Callable[[str, list[torch.Tensor], "list[torch.Tensor] | None"], torch.Tensor]
+MergeWeight = Callable[[str, "list[torch.Tensor]", "list[torch.Tensor] | None"], "torch.Tensor"]
 
 
 def measure_merged(streams: Sequence[ModelStream], batches: list[tuple[torch.Tensor, torch.Tensor]], out: Path,
