@@ -56,13 +56,13 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
-    from resumerge.api.measuring import MeasureReport
     from resumerge.check import CheckReport
     from resumerge.engine.drive import Outcome
     from resumerge.engine.executor import Reporter
     from resumerge.engine.executors import Executor
     from resumerge.estimate.costs import Estimate
     from resumerge.inputs.codecs import CodecTable
+    from resumerge.measure.run import MeasureReport
     from resumerge.plan.merge_plan import Plan
     from resumerge.recipes.estimate import RecipeEstimate
     from resumerge.recipes.view import RecipeStatus
@@ -244,7 +244,7 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport 
     from resumerge.store.statusview import read_status
 
     named(out)
-    from resumerge.api.measurestatus import measure_status
+    from resumerge.measure.status import measure_status
 
     measuring = measure_status(out)  # a ``resumerge measure`` folder: its own record
     if measuring is not None:
@@ -313,7 +313,7 @@ def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
     ``regmean`` merge (``parameters: {grams: out}``). One decoder layer at a time, journaled per layer in ``out``: a
     killed measurement run again resumes at the layer it reached and writes the same bytes. ``progress`` is told
     each layer as it starts."""
-    from resumerge.api.measuring import measure_grams
+    from resumerge.measure.run import measure_grams
 
     return measure_grams(config, out, texts=texts, on_progress=progress,
                          max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory)

@@ -3,7 +3,7 @@ calibration texts, for a data-aware merge (``regmean``).
 
 Every check comes first (the config, each model a local folder of a dense family, OUT_DIR free or holding this very
 measurement, the memory budget); then each model runs on the forward engine one decoder layer at a time
-(:mod:`resumerge.forward.grams`), its Grams written per layer and its hidden states journaled under OUT_DIR, so a
+(:mod:`resumerge.measure.grams`), its Grams written per layer and its hidden states journaled under OUT_DIR, so a
 killed measurement run again resumes at the layer it reached and ends with the same bytes. ``measure.json`` (see
 :mod:`resumerge.inputs.grams`), with each file's sha256, is written last: a folder without it is unfinished.
 """
@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resumerge.api.measurestatus import RUN_FILE
 from resumerge.config.merge_config import MergeConfig, load_config_text, read_config_file
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import ConfigError, UsageError
@@ -38,6 +37,7 @@ from resumerge.inputs.grams import (
 )
 from resumerge.inputs.model import ModelInput, open_model
 from resumerge.inputs.safetensors_format import read_header
+from resumerge.measure.status import RUN_FILE
 
 if TYPE_CHECKING:
     from resumerge.torch_import import torch
@@ -121,8 +121,8 @@ def _layer_merge(ratio: float) -> Callable[[str, list[torch.Tensor], list[torch.
 def _run(models: list[ModelInput], keys: list[str], tokens: list[list[int]], folder: Path,
          on_progress: Callable[[str], None] | None, merged: dict[str, object] | None) -> MeasureReport:
     from resumerge.forward import Weights
-    from resumerge.forward.grams import measure_model
     from resumerge.forward.stream import ModelStream
+    from resumerge.measure.grams import measure_model
     from resumerge.memory.allocator import tune_allocator
     from resumerge.store.durable import write_file_atomic
     from resumerge.store.killpoints import reach
@@ -163,8 +163,8 @@ def _run_merged(models: list[ModelInput], keys: list[str], batches: list[tuple[t
     """RegMean++'s pass: every model's layer l measured on the merged model's layers before l, every model's
     stream open at once (one layer of each read at a time)."""
     from resumerge.forward import Weights
-    from resumerge.forward.grams import measure_merged
     from resumerge.forward.stream import ModelStream
+    from resumerge.measure.grams import measure_merged
     from resumerge.store.killpoints import reach
     from resumerge.torch_import import torch
 
