@@ -54,6 +54,21 @@ def sequences(tokenizer: Any, prompts_file: Path | None) -> list[list[int]]:
     return found
 
 
+def describe(prompts_file: Path | None) -> str:
+    """The prompts a check ran, as its report and the model card name them: the built-in texts, or the file's
+    name and the sha256 of its bytes (the same texts give the same line wherever the file is)."""
+    if prompts_file is None:
+        return (f"built-in ({len(BUILT_IN)} texts: a short chat, code, maths and several languages, in the chat "
+                "template where the tokenizer has one)")
+    import hashlib
+
+    try:
+        digest = hashlib.sha256(prompts_file.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise UsageError(f"cannot read --prompts {prompts_file}: {exc}") from None
+    return f"{prompts_file.name} (sha256 {digest})"
+
+
 def _chat(tokenizer: Any, user: str, answer: str) -> list[int]:
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template([{"role": "user", "content": user},

@@ -56,7 +56,8 @@ class StaticFigures:
 class CheckReport:
     """The check of one merge: the ``verdict`` (works, no_effect, broken), the ``reasons`` it rests on (each
     naming the figures compared), ``broken_layer`` (0-based, or None), the models' figures, the static pass,
-    the tokens it ran, the ``thresholds`` used and where its drift ``chart`` is."""
+    the tokens it ran, the ``thresholds`` used, where its drift ``chart`` is, the ``prompts`` it ran and what
+    became of MODEL's model ``card``."""
 
     verdict: str
     reasons: tuple[str, ...]
@@ -68,6 +69,8 @@ class CheckReport:
     thresholds: dict[str, float]
     spread: tuple[float, ...] = field(default=())
     chart: str | None = None  # the per-layer drift chart (PNG) beside the report, when the forward pass ran
+    prompts: str | None = None  # the texts run: "built-in (...)" or the file's name and sha256
+    card: str | None = None  # what became of MODEL's model card (a resumerge output's), in one line
 
     @property
     def exit_code(self) -> int:

@@ -13,11 +13,12 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
 
+from resumerge.check.card import update_card
 from resumerge.check.chart import write_drift_chart
 from resumerge.check.models import Checked, find_models
 from resumerge.check.passes import PassFigures, forward_pass, streams_of
 from resumerge.check.progress import Progress
-from resumerge.check.prompts import load_tokenizer, sequences
+from resumerge.check.prompts import describe, load_tokenizer, sequences
 from resumerge.check.report import CheckReport, ModelFigures, StaticFigures
 from resumerge.check.static import static_bytes, static_pass
 from resumerge.check.verdict import THRESHOLDS, judge
@@ -42,11 +43,13 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     _comparable(models)
     import_transformers("resumerge check")
     tokenizer = load_tokenizer([m.opened.directory for m in models])
-    tokens = sequences(tokenizer, Path(prompts) if prompts is not None else None)
+    prompts_file = Path(prompts) if prompts is not None else None
+    tokens = sequences(tokenizer, prompts_file)
     workdir = state.checks_dir / _key(models, tokens)
     done = workdir / REPORT_NAME
-    if done.is_file():
-        return CheckReport.from_json(json.loads(done.read_text()))
+    if done.is_file():  # asked again: the same report, and the card brought up to date with it
+        report = replace(CheckReport.from_json(json.loads(done.read_text())), prompts=describe(prompts_file))
+        return replace(report, card=update_card(model, state, report))
     streams = streams_of(models)
     progress = Progress(workdir, model, streams[0].layers, len(models))
     restore_allocator = tune_allocator()  # freed layers go back to the OS: RSS follows what is held
@@ -74,7 +77,7 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
             stream.close()
         if restore_allocator is not None:
             restore_allocator()
-    report = _report(models, static, figures, tokens)
+    report = replace(_report(models, static, figures, tokens), prompts=describe(prompts_file))
     workdir.mkdir(parents=True, exist_ok=True)
     if figures is not None and len(models) > 1:  # people would rather look than read
         chart = write_drift_chart(workdir / CHART_NAME, [m.drift for m in report.models[1:]], report.broken_layer)
@@ -84,7 +87,7 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     _record(model, state, report, done)
     for journal in workdir.glob("layer-*.safetensors"):
         journal.unlink(missing_ok=True)
-    return report
+    return replace(report, card=update_card(model, state, report))
 
 
 def _record(model: str | os.PathLike[str], state: StateDir, report: CheckReport,

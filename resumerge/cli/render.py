@@ -488,6 +488,10 @@ def show_check(report: CheckReport, stream: TextIO | None = None) -> None:
         legend = ", ".join(f"{COLOUR_NAMES[i % len(COLOUR_NAMES)]} {m.role} {m.path}"
                            for i, m in enumerate(report.models[1:]))
         out.print(f"drift per layer: {_escape(report.chart)} ({_escape(legend)})")
+    if report.prompts:
+        out.print(f"prompts: {_escape(report.prompts)}", style="dim")
+    if report.card is not None:
+        out.print(f"model card: {_escape(report.card)}")
 
 
 def show_error(line: str, stream: TextIO | None = None) -> None:

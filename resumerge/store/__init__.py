@@ -30,6 +30,7 @@ __all__ = [
     "manifest",
     "memsink",
     "planning",
+    "recommit",
     "runlock",
     "shardwriter",
     "sqlitedb",

@@ -1,0 +1,98 @@
+"""A finished check's section in the model card of a resumerge output: the verdict, each model's NLL and the
+merge's KL from it, the layer named, the thresholds, the prompts and where the drift chart is.
+
+The section sits between two HTML comments (invisible on the hub), so checking again replaces it and never adds a
+second one. The card is changed only where resumerge wrote it: its record (ledger or manifest) holds README.md
+committed and the bytes on disk still match; the new card is committed as every output file is
+(:func:`~resumerge.store.recommit.recommit_small`), so ``verify`` passes after it. A hub OUT's card is left as
+committed: changing it is a commit to the repo, which the check does not make.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from resumerge.check.report import CheckReport
+from resumerge.config.hubtarget import is_hub_target
+from resumerge.config.locations import StateDir
+from resumerge.errors import LedgerError
+from resumerge.store.recommit import committed_file, recommit_small
+
+CARD_NAME = "README.md"
+BEGIN = "<!-- resumerge check: begin (replaced by each check) -->"
+END = "<!-- resumerge check: end -->"
+
+
+def update_card(model: str | os.PathLike[str], state: StateDir, report: CheckReport) -> str | None:
+    """Write ``report``'s section into ``model``'s card when it is a resumerge output; the one line that says what
+    became of the card (None: ``model`` is no resumerge output, so it has no card of resumerge's)."""
+    where = os.fspath(model)
+    if is_hub_target(where):
+        return (f"the model card of {where} is left as committed: a check makes no commit to the repo (the "
+                "report is in the state dir)")
+    out = Path(where)
+    try:
+        found = committed_file(out, CARD_NAME, state)
+    except LedgerError:
+        return None
+    if found is None:
+        if _is_output(out, state):
+            return f"{out / CARD_NAME} was not written by resumerge: left as it is, without the check's section"
+        return None
+    if found.data is None:
+        return (f"{out / CARD_NAME} no longer matches what resumerge wrote (edited or damaged): left as it is, "
+                "without the check's section")
+    text = found.data.decode("utf-8", errors="replace")
+    updated = with_section(text, render_section(report)).encode("utf-8")
+    if updated == found.data:
+        return f"{out / CARD_NAME}: the check's section is up to date"
+    if not recommit_small(out, found, updated, state):
+        return f"{out / CARD_NAME} is not updated: a merge into {out} is running"
+    return f"{out / CARD_NAME}: the check's section written (its checksum recorded: verify passes)"
+
+
+def _is_output(out: Path, state: StateDir) -> bool:
+    from resumerge.store.ledger_read import LEDGER_NAME
+    from resumerge.store.manifest import manifest_path
+
+    return manifest_path(out).is_file() or (state.run_dir(out) / LEDGER_NAME).is_file()
+
+
+def with_section(card: str, section: str) -> str:
+    """``card`` with its check section (between :data:`BEGIN` and :data:`END`) replaced by ``section``, or
+    ``section`` appended when it has none."""
+    start = card.find(BEGIN)
+    if start >= 0:
+        stop = card.find(END, start)
+        tail = card[stop + len(END):] if stop >= 0 else ""
+        return card[:start] + section + tail.lstrip("\n")
+    return card.rstrip("\n") + "\n\n" + section
+
+
+def render_section(report: CheckReport) -> str:
+    """The card's check section (Markdown, ending in a newline)."""
+    def num(x: float | None, f: str = ".4f") -> str:
+        return "-" if x is None else format(x, f)
+
+    verdict = report.verdict.replace("_", " ")
+    lines = [BEGIN, "## Check", "",
+             f"`resumerge check`: **{verdict}** (exit {report.exit_code}), over {report.sequences} sequences, "
+             f"{report.tokens} predicted tokens.", "",
+             "| role | model | NLL | KL(this ‖ merge) | top-1 agreement |", "|---|---|---|---|---|"]
+    for m in report.models:
+        lines.append(f"| {m.role} | {_cell(m.path)} | {num(m.nll)} | {num(m.kl, '.4g')} | {num(m.top1, '.1%')} |")
+    layer = "none" if report.broken_layer is None else f"decoder layer {report.broken_layer} (0-based)"
+    lines += ["", f"- Broken layer: {layer}."]
+    lines += [f"- {_cell(reason)}" for reason in report.reasons]
+    lines.append("- Thresholds: " + ", ".join(f"{k} {v:g}" for k, v in sorted(report.thresholds.items())) + ".")
+    lines.append(f"- Prompts: {report.prompts}." if report.prompts else "- Prompts: not recorded.")
+    if report.chart is not None:
+        lines.append(f"- Per-layer drift chart: `{Path(report.chart).name}` in the check's state folder "
+                     f"(`{report.chart}`, on the machine that ran it).")
+    lines += [END, ""]
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
