@@ -298,7 +298,9 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
     pass, one decoder layer of one model at a time, of it, its ``base`` and its ``parents`` (a resumerge
     output's come from its record when none is given) over built-in texts or ``prompts`` (a file, one text per
     line); the report's ``verdict`` is works, no_effect or broken, its ``exit_code`` 0, 5 or 6. Journaled per
-    layer under ``state_dir``: a killed check resumes at the layer it reached, with the same report."""
+    layer under ``state_dir``: a killed check resumes at the layer it reached, with the same report. Any model
+    may be a hub repo, the string ``"hf://NAMESPACE/NAME[@REVISION]"``, read by byte range. A resumerge output's
+    model card gets the check's section (recorded, so ``verify`` passes); ``report.card`` says what became of it."""
     from resumerge.check.run import run_check
 
     return run_check(model, base=base, parents=tuple(parents), prompts=prompts,

@@ -3,63 +3,104 @@
 A resumerge output's manifest holds the merge config and where each of its models was: the config's
 ``base_model`` is the base and its ``models`` the parents (their ``weight`` parameters, where plain numbers, are
 the merge's own weights). ``--base``/``--parent`` given win over the record.
+
+Any of them may be a hub repo, ``hf://NAMESPACE/NAME[@REVISION]``: its config, tokenizer and safetensors headers
+are fetched into the Hugging Face cache (as a merge's hub inputs are) and its weights read by HTTP Range at the
+commit pinned then, never downloaded whole. A recorded model that was a hub input is read the same way where its
+cache snapshot lacks its weights (a merge that streamed it).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from resumerge.config.hubtarget import SCHEME, is_hub_target, parse_hub_target
+from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import MergeConfig, SourceConfig, load_config_text
 from resumerge.config.modelref import ModelRef
-from resumerge.errors import UsageError
+from resumerge.errors import ModelInputError, UsageError
+from resumerge.inputs.hub.ranges import StreamedFile
 from resumerge.inputs.model import ModelInput, open_model
 from resumerge.store.manifest import read_manifest
+
+_SNAPSHOT = re.compile(r"models--(.+?)--([^/]+)/snapshots/([0-9a-f]{40})/?$")
 
 
 @dataclass(frozen=True)
 class Checked:
     """One model of the check: its ``role`` (merge, base, parent), where it is, its weight in the merge (None:
-    not known) and the model opened (headers only)."""
+    not known), the model opened (headers only) and its weight files read from the hub by range (``remote``)."""
 
     role: str
     path: str
     weight: float | None
     opened: ModelInput
+    remote: tuple[StreamedFile, ...] = ()
 
 
 def find_models(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
-                parents: tuple[str | os.PathLike[str], ...]) -> list[Checked]:
+                parents: tuple[str | os.PathLike[str], ...], state: StateDir
+                ) -> list[Checked]:
     """The merge first, then the base (if any), then each parent; raises :class:`UsageError` for a folder that
-    is not a model (exit 2, before anything is read)."""
+    is not a model (exit 2, before anything is read). A hub model's small files are fetched (verification
+    records under ``state``)."""
     if not os.fspath(model).strip():
         raise UsageError("MODEL is empty", hint="name the merged model's folder")
-    merge_dir = Path(model)
-    recorded_base, recorded = _recorded(merge_dir) if base is None and not parents else (None, [])
-    chosen_base = str(base) if base is not None else recorded_base
-    chosen = [(str(p), None) for p in parents] if parents else recorded
-    found = [Checked("merge", str(merge_dir), None, _open(merge_dir, "MODEL"))]
+    merge = _open(os.fspath(model), "MODEL", state)
+    recorded_base, recorded = _recorded(merge.opened.directory) if base is None and not parents else (None, [])
+    chosen_base = os.fspath(base) if base is not None else recorded_base
+    chosen = [(os.fspath(p), None) for p in parents] if parents else recorded
+    found = [replace(merge, role="merge")]
     if chosen_base is not None:
-        found.append(Checked("base", chosen_base, None, _open(Path(chosen_base), "--base")))
-    found.extend(Checked("parent", p, w, _open(Path(p), "--parent")) for p, w in chosen)
+        found.append(replace(_open(chosen_base, "--base", state), role="base"))
+    found.extend(replace(_open(p, "--parent", state), role="parent", weight=w) for p, w in chosen)
     return found
 
 
-def _open(directory: Path, what: str) -> ModelInput:
+def _open(where: str, what: str, state: StateDir) -> Checked:
+    if is_hub_target(where):
+        return _open_hub(where, what, state)
+    directory = Path(where)
     if not directory.is_dir():
         raise UsageError(f"{what} {directory}: no such model folder", hint="give a folder with config.json and "
-                         "its weight files")
-    return open_model(ModelRef(str(directory)), directory=directory)
+                         "its weight files, or a hub repo as hf://NAMESPACE/NAME")
+    snapshot = _SNAPSHOT.search(directory.as_posix())
+    try:
+        return Checked("", where, None, open_model(ModelRef(where), directory=directory))
+    except ModelInputError:
+        if snapshot is None:
+            raise
+    # A hub input's cache snapshot without its weights (the merge streamed them): read them by range, and named
+    # as the repo at that commit.
+    return _open_hub(f"{SCHEME}{snapshot[1]}/{snapshot[2]}@{snapshot[3]}", what, state)
+
+
+def _open_hub(where: str, what: str, state: StateDir) -> Checked:
+    """A hub repo: its config, tokenizer and headers fetched and checked, its weights to be read by range."""
+    from resumerge.inputs.catalog import from_metadata
+    from resumerge.inputs.hub import resolve_metadata
+
+    target = parse_hub_target(where)
+    ref = ModelRef(f"{target.namespace}/{target.name}", target.branch)
+    meta = resolve_metadata(ref, records_dir=state.records_dir)
+    opened = from_metadata(ref, meta, what)
+    remote = tuple(StreamedFile(ref.key, name, meta.repo_id, meta.commit, meta.headers[name].file_size,
+                                meta.settings.endpoint) for name in meta.weight_files)
+    return Checked("", where, None, opened, remote)
 
 
 def _recorded(out: Path) -> tuple[str | None, list[tuple[str, float | None]]]:
-    """The base and the parents (with their weights) a resumerge output's manifest records (none: not one)."""
+    """The base and the parents (with their weights) a resumerge output's manifest records (none: not one); a
+    hub OUT's manifest is in its cache snapshot. A model recorded at a folder this machine lacks (a hub input's
+    snapshot on the machine that merged) is named as ``hf://`` at the commit that was merged."""
     manifest = read_manifest(out) if out.is_dir() else None
     if manifest is None:
         return None, []
     config = load_config_text(manifest.config_text, source=str(out))
-    dirs = dict(manifest.model_dirs)
+    dirs = {key: _here(directory) for key, directory in manifest.model_dirs.items()}
     base = None if config.base_model is None else dirs.get(config.base_model.key, config.base_model.path)
     parents: list[tuple[str, float | None]] = []
     for source in _sources(config):
@@ -70,6 +111,13 @@ def _recorded(out: Path) -> tuple[str | None, list[tuple[str, float | None]]]:
             weight = source.parameters.get("weight")
             parents.append((path, float(weight) if isinstance(weight, (int, float)) else None))
     return base, parents
+
+
+def _here(directory: str) -> str:
+    snapshot = _SNAPSHOT.search(directory)
+    if snapshot is None or Path(directory).is_dir():
+        return directory
+    return f"{SCHEME}{snapshot[1]}/{snapshot[2]}@{snapshot[3]}"
 
 
 def _sources(config: MergeConfig) -> list[SourceConfig]:

@@ -54,7 +54,7 @@ def _unreserved(what: str, step: str) -> AbstractContextManager[object]:
 
 def streams_of(models: Sequence[Checked]) -> list[ModelStream]:
     """Each model's modules without weights (read as the pass runs)."""
-    return [ModelStream(Weights.of(m.opened.directory, m.opened.tensors), m.opened.config, torch.float32,
+    return [ModelStream(Weights.of(m.opened.directory, m.opened.tensors, m.remote), m.opened.config, torch.float32,
                         what="resumerge check", key=m.role) for m in models]
 
 

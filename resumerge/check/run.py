@@ -22,6 +22,7 @@ from resumerge.check.prompts import describe, load_tokenizer, sequences
 from resumerge.check.report import CheckReport, ModelFigures, StaticFigures
 from resumerge.check.static import static_bytes, static_pass
 from resumerge.check.verdict import THRESHOLDS, judge
+from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
 from resumerge.errors import UsageError
 from resumerge.forward import pass_bytes
@@ -39,7 +40,7 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
               max_memory: int | None = None, state: StateDir) -> CheckReport:
     """Check ``model`` against its base and parents (given, or from its record) and return the report; its
     journal is kept under ``state``."""
-    models = find_models(model, base, tuple(parents))
+    models = find_models(model, base, tuple(parents), state)
     _comparable(models)
     import_transformers("resumerge check")
     tokenizer = load_tokenizer([m.opened.directory for m in models])
@@ -133,8 +134,8 @@ def _key(models: list[Checked], tokens: list[list[int]]) -> str:
     import torch
 
     versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge")] + [torch.__version__]
-    doc = [[m.role, os.path.abspath(m.path), m.weight, [[f.name, f.size, f.identity] for f in m.opened.files]]
-           for m in models]
+    doc = [[m.role, m.path if is_hub_target(m.path) else os.path.abspath(m.path), m.weight,
+            [[f.name, f.size, f.identity] for f in m.opened.files]] for m in models]
     return hashlib.sha256(json.dumps([doc, tokens, versions, THRESHOLDS]).encode()).hexdigest()[:32]
 
 

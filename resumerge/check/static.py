@@ -64,7 +64,7 @@ def static_pass(models: Sequence[Checked]) -> StaticFigures:
     """Compare every tensor of the merge (``models[0]``) with the base's and the parents'."""
     readers, logical = [], []
     for model in models:
-        weights = Weights.of(model.opened.directory, model.opened.tensors)
+        weights = Weights.of(model.opened.directory, model.opened.tensors, model.remote)
         formats = base_formats(weights.tensors, model.opened.config, weights.directory)
         readers.append(CastReader(weights, formats, torch.float32, key=model.role))
         logical.append({name: tuple(formats.codec(name).value_shape(tuple(found.entry.shape)))

@@ -2,7 +2,8 @@
 
 A quantized tensor (block FP8, compressed-tensors, MXFP4) is read through the run's codecs: decoded to float32,
 then cast (so a pass sees the values ``--dequantize`` would write); a plain one is cast straight from its stored
-bytes.
+bytes. A hub model that is not downloaded is read by HTTP Range at its pinned commit, each tensor's bytes only, as
+a merge streams its inputs (:class:`~resumerge.inputs.hub.stream.HubStream`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from typing import Any, BinaryIO
 
 from resumerge.inputs.codecs import CODECS, StoredFormats
 from resumerge.inputs.files import TensorSource
+from resumerge.inputs.hub.ranges import StreamedFile
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, TensorEntry, numel
-from resumerge.inputs.source import InputSources
+from resumerge.inputs.source import InputSource, InputSources
 from resumerge.inputs.tensorio import TORCH_DTYPES
 from resumerge.inputs.torch_bin import is_pickle_checkpoint
 from resumerge.plan.inputrefs import format_ref, read_value
@@ -31,17 +33,20 @@ Location = tuple[str, int, int, str, tuple[int, ...]]
 @dataclass(frozen=True)
 class Weights:
     """A model's folder (config.json and weight files, local or in the hub cache) and its stored tensors
-    (quantized ones as their codes and companions)."""
+    (quantized ones as their codes and companions); ``remote``: its weight files read by HTTP Range from the hub
+    (a hub model whose folder is its cache snapshot of small files)."""
 
     directory: Path
     tensors: Mapping[str, Location]
+    remote: tuple[StreamedFile, ...] = ()
 
     @classmethod
-    def of(cls, directory: Path, stored: Mapping[str, TensorSource]) -> Weights:
+    def of(cls, directory: Path, stored: Mapping[str, TensorSource], remote: tuple[StreamedFile, ...] = ()
+           ) -> Weights:
         """The weights of an opened model (:class:`~resumerge.inputs.model.ModelInput`'s ``directory`` and
-        ``tensors`` as opened)."""
+        ``tensors`` as opened; ``remote`` its files read from the hub by range)."""
         return cls(directory, {name: (t.file, t.entry.start, t.entry.end, t.entry.dtype, tuple(t.entry.shape))
-                               for name, t in stored.items()})
+                               for name, t in stored.items()}, remote)
 
 
 def base_formats(tensors: Mapping[str, Location], config: Mapping[str, Any], where: Path) -> StoredFormats:
@@ -70,7 +75,14 @@ class CastReader:
         # bfloat16 unless told: named here, not as the default, so importing this module does not import torch
         self._dtype = torch.bfloat16 if dtype is None else dtype
         self._key = key
-        self._sources = InputSources.local({key: str(weights.directory)})
+        self._remote = frozenset(f.file for f in weights.remote)
+        if self._remote:
+            from resumerge.inputs.hub.stream import HubStream
+
+            stream: InputSource = HubStream(weights.directory, {f.file: f.client() for f in weights.remote})
+            self._sources = InputSources({key: stream})
+        else:
+            self._sources = InputSources.local({key: str(weights.directory)})
         self._files: dict[str, BinaryIO] = {}
 
     @property
@@ -88,7 +100,8 @@ class CastReader:
         found = self._formats.stored[name]
         file, (start, end, dtype, shape) = found.file, (found.entry.start, found.entry.end, found.entry.dtype,
                                                         found.entry.shape)
-        if is_pickle_checkpoint(file) or end == start or start % DTYPE_SIZES[dtype] or dtype not in TORCH_DTYPES:
+        if (file in self._remote or is_pickle_checkpoint(file) or end == start or start % DTYPE_SIZES[dtype]
+                or dtype not in TORCH_DTYPES):
             return self._sources.read(self._key, file, start, end, dtype, shape).to(self._dtype, copy=True)
         handle = self._files.get(file)
         if handle is None:

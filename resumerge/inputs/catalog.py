@@ -114,7 +114,7 @@ def _open_one(
         exc.yaml_path = exc.yaml_path or where  # the hub layer knows the repo, the config knows where
         raise
     inputs.hub[ref.key] = meta
-    return _from_metadata(ref, meta, where)
+    return from_metadata(ref, meta, where)
 
 
 def _open_adapter(
@@ -153,7 +153,9 @@ def _records_dir(state: StateDir | None) -> Path | None:
     return state.records_dir if state is not None else None
 
 
-def _from_metadata(ref: ModelRef, meta: RepoMetadata, where: str) -> ModelInput:
+def from_metadata(ref: ModelRef, meta: RepoMetadata, where: str) -> ModelInput:
+    """The hub model ``ref`` opened from what :func:`~resumerge.inputs.hub.resolve_metadata` learned (its config
+    and headers; its directory the cache snapshot); ``where`` names it in errors (a YAML path)."""
     if meta.config_path is None:
         raise ModelInputError(f"hub model {ref.key} has no config.json", yaml_path=where)
     config = json.loads(meta.config_path.read_text(encoding="utf-8"))
