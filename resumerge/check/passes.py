@@ -6,7 +6,11 @@ and on the reference's input to the layer (the base's, else the first parent's),
 model's outputs for the same input can be compared (the localising pass). Only one layer of one model is held,
 plus every model's hidden states. After each layer the hidden states and the figures so far are saved (temp file,
 fsync, rename) and the previous layer's file deleted: a killed check resumes at the layer it reached and ends
-with the same figures. The head runs last: the merge's and one other model's at a time, a sequence at a time.
+with the same figures. The head runs last: the merge's and one other model's at a time, a batch at a time.
+
+The sequences run in batches (:func:`batches_of`: padded on the right to the longest of the batch, with the
+attention mask), so a layer is one call over many sequences rather than one per sequence: a causal layer's output
+at a real position never sees the padding after it, and every figure is taken over real positions only.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from resumerge.check.models import Checked
 from resumerge.forward import Weights, durable_save
@@ -24,6 +29,9 @@ from resumerge.store.killpoints import reach
 from resumerge.torch_import import torch
 
 LAYER_PREFIX = "layer-"
+# The padded tokens (sequences x longest) a batch may hold: a layer's activations (an MLP's widest, 1024 x its
+# intermediate size in float32) stay about 100 MB on a 70B model.
+BATCH_TOKENS = 1024
 # Holds the memory of one step of the pass while it runs: (what, step) -> a context manager.
 Reserve = Callable[[str, str], AbstractContextManager[object]]
 _TINY = 1e-12
@@ -67,25 +75,76 @@ def forward_pass(models: Sequence[Checked], streams: Sequence[ModelStream], sequ
     workdir.mkdir(parents=True, exist_ok=True)
     roles = [m.role for m in models]
     reference = roles.index("base") if "base" in roles else (1 if len(models) > 1 else None)
-    batches = [(torch.tensor([list(s)]), torch.ones(1, len(s), dtype=torch.long)) for s in sequences]
+    groups = batches_of(sequences)
     layers = streams[0].layers
     with torch.no_grad():
+        batches = [_padded([sequences[i] for i in group]) for group in groups]
         entering = [stream.inputs(batches) for stream in streams]
+        if any(len(g) > 1 for g in groups) and not _runs_batched(streams[0], entering[0], reserve):
+            groups = [[i] for g in groups for i in g]  # this family's layers take one sequence at a time
+            batches = [_padded([sequences[i] for i in group]) for group in groups]
+            entering = [stream.inputs(batches) for stream in streams]
+        real = [mask.bool() for _, mask in batches]
         calls = [[c for _, c in model] for model in entering]
-        start, hidden, stats = _restart(workdir, len(models), len(sequences))
+        start, hidden, stats = _restart(workdir, len(models), len(batches))
         if hidden is None:
             hidden = [[h for h, _ in model] for model in entering]
         for index in range(start, layers):
-            hidden, row = _layer(streams, index, hidden, calls, reference, on_model, reserve)
+            hidden, row = _layer(streams, index, hidden, calls, reference, real, on_model, reserve)
             stats.append(row)
             _save(workdir, index, hidden, stats)
             reach("after_check_layer")  # tests kill the check here: it resumes after this layer
         with reserve("the heads", "heads"):
-            return _heads(streams, hidden, sequences, stats, roles.index("base") if "base" in roles else None)
+            return _heads(streams, hidden, [[sequences[i] for i in g] for g in groups], stats,
+                          roles.index("base") if "base" in roles else None)
+
+
+def _runs_batched(stream: ModelStream, entering: list[tuple[torch.Tensor, list[LayerCall]]],
+                  reserve: Reserve = _unreserved) -> bool:
+    """Whether the model's first decoder layer runs a padded batch (some families' attention, as transformers
+    ships it, cannot: DeepSeek-V3's with a padding mask); decided from the model alone, so a resumed check decides
+    the same."""
+    with reserve("layer 0 of model 1 (can it run batches?)", "layer"), stream.loaded(stream.layers_list[0]) as layer:
+        try:
+            for hidden, calls in entering:
+                stream.run(layer, hidden, calls[0])
+        except RuntimeError:
+            return False
+    return True
+
+
+def batches_of(sequences: Sequence[Sequence[int]], budget: int = BATCH_TOKENS) -> list[list[int]]:
+    """The sequences' indices in batches: longest first, each batch as many as fit ``budget`` padded tokens (one
+    at least), so that sequences of like length share a batch and little is padding."""
+    order = sorted(range(len(sequences)), key=lambda i: (-len(sequences[i]), i))
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * len(sequences[groups[-1][0]]) <= budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def padded_positions(sequences: Sequence[Sequence[int]]) -> int:
+    """The positions the pass's batches hold, padding included (what its hidden states and logits are sized by)."""
+    return sum(len(g) * len(sequences[g[0]]) for g in batches_of(sequences))
+
+
+def _padded(batch: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids padded on the right with id 0 (never attended to: it comes after every real token) and the
+    attention mask, both (batch, longest)."""
+    longest = max(len(s) for s in batch)
+    ids = torch.zeros(len(batch), longest, dtype=torch.long)
+    mask = torch.zeros(len(batch), longest, dtype=torch.long)
+    for row, s in enumerate(batch):
+        ids[row, :len(s)] = torch.tensor(list(s))
+        mask[row, :len(s)] = 1
+    return ids, mask
 
 
 def _layer(streams: Sequence[ModelStream], index: int, hidden: list[list[torch.Tensor]],
-           calls: list[list[list[LayerCall]]], reference: int | None,
+           calls: list[list[list[LayerCall]]], reference: int | None, real: list[torch.Tensor],
            on_model: Callable[[int, int], None] | None = None, reserve: Reserve = _unreserved,
            ) -> tuple[list[list[torch.Tensor]], list[float]]:
     """Every model's layer ``index`` on its own hidden states and on the reference's; the layer's figures: per
@@ -102,22 +161,23 @@ def _layer(streams: Sequence[ModelStream], index: int, hidden: list[list[torch.T
                 on_same.append(out)
             else:
                 on_same.append([stream.run(layer, h, calls[m][s][index]) for s, h in enumerate(same_input)])
-    drift = [0.0] + [_relative(own[0], own[m]) for m in range(1, len(streams))]
+    drift = [0.0] + [_relative(own[0], own[m], real) for m in range(1, len(streams))]
     depart, spread = [0.0] * len(streams), 0.0
     if same_input is not None:
-        depart = [0.0] + [_relative(on_same[0], on_same[m], same_input) for m in range(1, len(streams))]
+        depart = [0.0] + [_relative(on_same[0], on_same[m], real, same_input) for m in range(1, len(streams))]
         others = range(1, len(streams))
-        spread = max((_relative(on_same[a], on_same[b], same_input) for a in others for b in others if a != b),
-                     default=0.0)
+        spread = max((_relative(on_same[a], on_same[b], real, same_input) for a in others for b in others
+                      if a != b), default=0.0)
     return own, [*drift, *depart, spread]
 
 
-def _relative(merge: list[torch.Tensor], other: list[torch.Tensor], entering: list[torch.Tensor] | None = None
-              ) -> float:
-    """‖merge − other‖ / ‖other − entering‖ over all positions (``entering`` None: / ‖other‖)."""
-    gap = sum(float((a - b).double().pow(2).sum()) for a, b in zip(merge, other))
-    scale = sum(float((b if entering is None else b - x).double().pow(2).sum())
-                for b, x in zip(other, entering if entering is not None else other))
+def _relative(merge: list[torch.Tensor], other: list[torch.Tensor], real: list[torch.Tensor],
+              entering: list[torch.Tensor] | None = None) -> float:
+    """‖merge − other‖ / ‖other − entering‖ over the real positions of every batch (``entering`` None:
+    / ‖other‖)."""
+    gap = sum(float((a[r] - b[r]).double().pow(2).sum()) for a, b, r in zip(merge, other, real))
+    scale = sum(float((b[r] if entering is None else b[r] - x[r]).double().pow(2).sum())
+                for b, x, r in zip(other, entering if entering is not None else other, real))
     return float((gap / max(scale, _TINY)) ** 0.5)
 
 
@@ -143,10 +203,21 @@ def _restart(workdir: Path, models: int, sequences: int
     return layer + 1, hidden, [list(map(float, row)) for row in data["stats"].tolist()]
 
 
-def _heads(streams: Sequence[ModelStream], hidden: list[list[torch.Tensor]], sequences: Sequence[Sequence[int]],
-           stats: list[list[float]], base: int | None) -> PassFigures:
+def _heads(streams: Sequence[ModelStream], hidden: list[list[torch.Tensor]],
+           batches: Sequence[Sequence[Sequence[int]]], stats: list[list[float]], base: int | None) -> PassFigures:
+    """Each model's log-probabilities at every real position that has a next token (one tensor per sequence,
+    in batch order), and the figures from them."""
     n = len(streams)
+    sequences = [s for batch in batches for s in batch]
     targets = [torch.tensor(list(s[1:])) for s in sequences]
+
+    def logprobs(head: Any, states: list[torch.Tensor]) -> list[torch.Tensor]:
+        found: list[torch.Tensor] = []
+        for h, batch in zip(states, batches):
+            logits = head(h).float()
+            found.extend(torch.log_softmax(logits[row, :len(s) - 1], dim=-1) for row, s in enumerate(batch))
+        return found
+
     nll: list[float] = [0.0] * n
     kl: list[float | None] = [None] * n
     p95: list[float | None] = [None] * n
@@ -155,11 +226,11 @@ def _heads(streams: Sequence[ModelStream], hidden: list[list[torch.Tensor]], seq
     base_lp: list[torch.Tensor] = []
     tokens = sum(len(t) for t in targets)
     with streams[0].head() as merge_head:
-        merged = [torch.log_softmax(merge_head(h)[0, :-1].float(), dim=-1) for h in hidden[0]]
+        merged = logprobs(merge_head, hidden[0])
     nll[0] = _nll(merged, targets, tokens)
     for m in range(1, n):
         with streams[m].head() as head:
-            theirs = [torch.log_softmax(head(h)[0, :-1].float(), dim=-1) for h in hidden[m]]
+            theirs = logprobs(head, hidden[m])
         nll[m] = _nll(theirs, targets, tokens)
         if m == base:
             base_lp = theirs

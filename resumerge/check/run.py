@@ -16,7 +16,7 @@ from pathlib import Path
 from resumerge.check.card import update_card
 from resumerge.check.chart import write_drift_chart
 from resumerge.check.models import Checked, find_models
-from resumerge.check.passes import PassFigures, forward_pass, streams_of
+from resumerge.check.passes import BATCH_TOKENS, PassFigures, forward_pass, padded_positions, streams_of
 from resumerge.check.progress import Progress
 from resumerge.check.prompts import describe, load_tokenizer, sequences
 from resumerge.check.report import CheckReport, ModelFigures, StaticFigures
@@ -136,7 +136,8 @@ def _key(models: list[Checked], tokens: list[list[int]]) -> str:
     versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge")] + [torch.__version__]
     doc = [[m.role, m.path if is_hub_target(m.path) else os.path.abspath(m.path), m.weight,
             [[f.name, f.size, f.identity] for f in m.opened.files]] for m in models]
-    return hashlib.sha256(json.dumps([doc, tokens, versions, THRESHOLDS]).encode()).hexdigest()[:32]
+    layout = {"batch_tokens": BATCH_TOKENS}  # the journal's hidden states are per batch of this size
+    return hashlib.sha256(json.dumps([doc, tokens, versions, THRESHOLDS, layout]).encode()).hexdigest()[:32]
 
 
 def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int | None
@@ -151,7 +152,7 @@ def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int |
     config = streams[0].config
     hidden = int(getattr(config, "hidden_size", 0) or 0)
     vocab = int(getattr(config, "vocab_size", 0) or 0)
-    positions = sum(len(t) for t in tokens)
+    positions = padded_positions(tokens)
     states = 2 * len(streams) * positions * hidden * 4
     heads = 2 * vocab * hidden * 4 + 3 * positions * vocab * 4
     layer = max(pass_bytes(s.formats, s.layers, value_bytes=4) for s in streams)

@@ -124,7 +124,7 @@ def test_each_layer_of_each_model_and_the_heads_are_reserved_while_they_run(tmp_
         for stream in streams:
             stream.close()
     layers = streams[0].layers
-    expected = [(f"layer {i} of model {m + 1}", "layer") for i in range(layers) for m in range(2)] + [
-        ("the heads", "heads")]
+    expected = [("layer 0 of model 1 (can it run batches?)", "layer")] + [
+        (f"layer {i} of model {m + 1}", "layer") for i in range(layers) for m in range(2)] + [("the heads", "heads")]
     assert [(w, s) for w, s, released in held if not released] == expected
     assert [(w, s) for w, s, released in held if released] == expected  # each released after its step
