@@ -2,7 +2,9 @@
 
 Usage::
 
-    python bench/bench_check.py [--parents 2] [--max-memory SIZE] [--work DIR] [--runs N]
+    python bench/bench_check.py [--parents 2] [--max-memory SIZE] [--work DIR] [--runs N] [--no-peer]
+                                [--peer-passive]
+                                [--checkout TREE]
 
 Takes SmolLM2-135M-Instruct in float32 (tests/realmodel.py's fixture, 0.54 GB) as the base, makes ``--parents``
 parents (every decoder-layer weight nudged under a seed) and a merge (their mean) in ``--work``, then runs,
@@ -99,11 +101,15 @@ def main() -> None:
     parser.add_argument("--max-memory", default=None)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "resumerge-bench-check")
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--no-peer", action="store_true", help="time the check alone")
+    parser.add_argument("--peer-passive", action="store_true", help="run the peer a second time with "
+                        "OMP_WAIT_POLICY=PASSIVE, as the check sets it for itself")
+    parser.add_argument("--checkout", type=Path, default=ROOT, help="the resumerge tree whose check is timed")
     args = parser.parse_args()
     base, parents, merge = _make(args.work, args.parents)
     texts = args.work / "texts.txt"
     texts.write_text("\n".join(TEXTS) + "\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(args.checkout)}
     for run in range(args.runs):
         state = tempfile.mkdtemp(prefix="check-state-")
         argv = [sys.executable, "-m", "resumerge", "check", str(merge), "--base", str(base),
@@ -113,9 +119,14 @@ def main() -> None:
         doc = json.loads(out)
         print(f"run {run}: check {wall:.1f} s, peak RSS {peak / 1e6:.0f} MB, verdict {doc['verdict']}, "
               f"NLL {[round(m['nll'], 4) for m in doc['models']]}, KL {[m['kl'] for m in doc['models'][1:]]}")
+        if args.no_peer:
+            continue
         peer = [sys.executable, "-c", PEER, json.dumps([str(merge), str(base), *map(str, parents)]), str(texts)]
         wall, peak, out = _measured(peer, env)
         print(f"run {run}: peer  {wall:.1f} s, peak RSS {peak / 1e6:.0f} MB, {out}")
+        if args.peer_passive:
+            wall, peak, out = _measured(peer, {**env, "OMP_WAIT_POLICY": "PASSIVE"})
+            print(f"run {run}: peer, OMP_WAIT_POLICY=PASSIVE  {wall:.1f} s, peak RSS {peak / 1e6:.0f} MB, {out}")
 
 if __name__ == "__main__":
     main()

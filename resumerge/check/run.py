@@ -8,6 +8,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import sys
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
@@ -40,6 +41,7 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
               max_memory: int | None = None, state: StateDir) -> CheckReport:
     """Check ``model`` against its base and parents (given, or from its record) and return the report; its
     journal is kept under ``state``."""
+    _passive_threads()
     models = find_models(model, base, tuple(parents), state)
     _comparable(models)
     import_transformers("resumerge check")
@@ -89,6 +91,18 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     for journal in workdir.glob("layer-*.safetensors"):
         journal.unlink(missing_ok=True)
     return replace(report, card=update_card(model, state, report))
+
+
+def _passive_threads() -> None:
+    """Have torch's OpenMP threads sleep, not spin, between kernels (``OMP_WAIT_POLICY=PASSIVE``, unless set),
+    when torch is not imported yet (the CLI's process; read once, as OpenMP starts).
+
+    A check's kernels are small (one layer over a few hundred positions) and many; spinning threads that share
+    their cores with other work hold the CPU their peers need: on the shared 2-core bench machine (load 6-10) the
+    forward pass of three SmolLM2-135M models took 37.6 s with two spinning threads, 9.7 s with two sleeping ones
+    and 7.2 s with one (bench/RESULTS.md, session 28)."""
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _record(model: str | os.PathLike[str], state: StateDir, report: CheckReport,

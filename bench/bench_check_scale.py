@@ -1,0 +1,124 @@
+"""``resumerge check`` killed and resumed against one uninterrupted, and a model twice ``--max-memory`` checked
+under it.
+
+Usage::
+
+    python bench/bench_check_scale.py resume [--kill-at 15] [--work DIR]
+    python bench/bench_check_scale.py budget [--layers 120] [--max-memory 900MB] [--work DIR]
+
+``resume``: SmolLM2-135M-Instruct in float32 (tests/realmodel.py's fixture) checked against a parent with every
+decoder-layer weight nudged (bench_check.py's), four short texts; the check is run whole, then run with
+``RESUMERGE_KILL_AT=after_check_layer:N`` (SIGKILL after layer N-1 is journaled) and run again to finish; prints
+each wall time, and the killed + resumed total against the whole one, and that the two reports are the same.
+
+``budget``: a model made of SmolLM2's decoder layers repeated to ``--layers`` layers (its embeddings, norm and
+tokenizer; 120 layers: 1.8 GB in float32) checked against a hard-linked copy of itself under ``--max-memory``;
+prints the wall time and the child's peak RSS (``ru_maxrss``: file pages mapped while a tensor is cast included).
+Each command runs in a fresh state dir, in a process of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_check import TEXTS, _make, _measured  # noqa: E402
+
+
+def _check(model: Path, others: list[Path], texts: Path, state: str, extra: list[str]) -> list[str]:
+    return [sys.executable, "-m", "resumerge", "check", str(model), *(a for p in others for a in ("--parent", str(p))),
+            "--prompts", str(texts), "--json", "--state-dir", state, *extra]
+
+
+def resume(args: argparse.Namespace, env: dict[str, str]) -> None:
+    _, parents, _ = _make(args.work, 1)
+    from realmodel import smollm2_folder
+
+    base = smollm2_folder()
+    texts = args.work / "texts.txt"
+    texts.write_text("\n".join(TEXTS) + "\n")
+    whole_state = tempfile.mkdtemp(prefix="check-whole-")
+    wall, peak, out = _measured(_check(base, parents, texts, whole_state, []), env)
+    whole = json.loads(out)
+    print(f"uninterrupted: {wall:.1f} s, peak RSS {peak / 1e6:.0f} MB, verdict {whole['verdict']}")
+    state = tempfile.mkdtemp(prefix="check-killed-")
+    argv = _check(base, parents, texts, state, [])
+    start = time.perf_counter()
+    killed = subprocess.run(argv, env={**env, "RESUMERGE_KILL_AT": f"after_check_layer:{args.kill_at}"},
+                            capture_output=True, text=True)
+    killed_wall = time.perf_counter() - start
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    wall2, _, out2 = _measured(argv, env)
+    doc = json.loads(out2)
+    same = {k: v for k, v in doc.items() if k not in ("chart", "card")} == {
+        k: v for k, v in whole.items() if k not in ("chart", "card")}
+    print(f"killed after layer {args.kill_at - 1}: {killed_wall:.1f} s; resumed: {wall2:.1f} s; total "
+          f"{killed_wall + wall2:.1f} s = {(killed_wall + wall2) / wall:.2f}x the uninterrupted check; "
+          f"same report: {same}")
+
+
+def budget(args: argparse.Namespace, env: dict[str, str]) -> None:
+    import torch
+    from realmodel import smollm2_folder
+    from safetensors.torch import load_file, save_file
+
+    base = smollm2_folder()
+    target = args.work / f"tiled{args.layers}"
+    if not (target / "model.safetensors").is_file():
+        target.mkdir(parents=True, exist_ok=True)
+        tensors = load_file(str(base / "model.safetensors"))
+        config = json.loads((base / "config.json").read_text())
+        layers = int(config["num_hidden_layers"])
+        state: dict[str, torch.Tensor] = {}
+        for name, t in tensors.items():
+            if not name.startswith("model.layers."):
+                state[name] = t
+        for index in range(args.layers):
+            prefix = f"model.layers.{index % layers}."
+            for name, t in tensors.items():
+                if name.startswith(prefix):
+                    state[f"model.layers.{index}.{name[len(prefix):]}"] = t.clone()
+        for item in base.iterdir():
+            if item.name not in ("model.safetensors", "config.json"):
+                os.link(item, target / item.name)
+        config["num_hidden_layers"] = args.layers
+        (target / "config.json").write_text(json.dumps(config, indent=2))
+        save_file(state, str(target / "model.safetensors"), metadata={"format": "pt"})
+    copy = args.work / f"tiled{args.layers}-copy"
+    if not copy.is_dir():
+        copy.mkdir()
+        for item in target.iterdir():
+            os.link(item, copy / item.name)
+    size = (target / "model.safetensors").stat().st_size
+    texts = args.work / "texts.txt"
+    texts.write_text("\n".join(TEXTS[:2]) + "\n")
+    argv = _check(target, [copy], texts, tempfile.mkdtemp(prefix="check-budget-"), ["--max-memory", args.max_memory])
+    wall, peak, out = _measured(argv, env)
+    doc = json.loads(out)
+    print(f"{args.layers} layers, {size / 1e9:.2f} GB a model (2 read), --max-memory {args.max_memory}: {wall:.1f} s, "
+          f"peak RSS {peak / 1e6:.0f} MB, verdict {doc['verdict']}, NLL {[round(m['nll'], 4) for m in doc['models']]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", choices=("resume", "budget"))
+    parser.add_argument("--kill-at", type=int, default=15)
+    parser.add_argument("--layers", type=int, default=120)
+    parser.add_argument("--max-memory", default="900MB")
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "resumerge-bench-check")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "tests"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    (resume if args.mode == "resume" else budget)(args, env)
+
+
+if __name__ == "__main__":
+    main()
