@@ -61,9 +61,20 @@ def _unreserved(what: str, step: str) -> AbstractContextManager[object]:
 
 
 def streams_of(models: Sequence[Checked]) -> list[ModelStream]:
-    """Each model's modules without weights (read as the pass runs)."""
-    return [ModelStream(Weights.of(m.opened.directory, m.opened.tensors, m.remote), m.opened.config, torch.float32,
-                        what="resumerge check", key=m.role) for m in models]
+    """Each model's modules without weights (read as the pass runs). Models whose config.json says the same share
+    one set of modules (built once: 0.9 s each for SmolLM2-135M): the pass gives a module its weights only while
+    it runs, one model at a time, and takes them away after."""
+    import json
+
+    built: dict[str, tuple[Any, Any]] = {}
+    streams = []
+    for m in models:
+        same = json.dumps(m.opened.config, sort_keys=True)
+        stream = ModelStream(Weights.of(m.opened.directory, m.opened.tensors, m.remote), m.opened.config,
+                             torch.float32, what="resumerge check", key=m.role, built=built.get(same))
+        built.setdefault(same, (stream.config, stream.model))
+        streams.append(stream)
+    return streams
 
 
 def forward_pass(models: Sequence[Checked], streams: Sequence[ModelStream], sequences: Sequence[Sequence[int]],
