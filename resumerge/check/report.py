@@ -51,6 +51,21 @@ class StaticFigures:
     groups: tuple[GroupFigures, ...]
     unmoved: tuple[str, ...]
 
+    def to_json(self) -> dict[str, Any]:
+        """As JSON (the check's journal keeps it, so a resumed check does not read every model again)."""
+        return asdict(self)
+
+    @staticmethod
+    def from_json(doc: dict[str, Any]) -> StaticFigures:
+        """What :meth:`to_json` made."""
+        return _static_from_json(doc)
+
+
+def _static_from_json(doc: dict[str, Any]) -> StaticFigures:
+    return StaticFigures(parameters=dict(doc["parameters"]), nonfinite=tuple(doc["nonfinite"]),
+                         shape_problems=tuple(doc["shape_problems"]),
+                         groups=tuple(GroupFigures(**g) for g in doc["groups"]), unmoved=tuple(doc["unmoved"]))
+
 
 @dataclass(frozen=True)
 class CheckReport:
@@ -87,11 +102,8 @@ class CheckReport:
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> CheckReport:
         """The report :meth:`to_json` made (a finished check's journal)."""
-        static = dict(doc["static"])
-        static["groups"] = tuple(GroupFigures(**g) for g in static["groups"])
-        static["nonfinite"], static["shape_problems"] = tuple(static["nonfinite"]), tuple(static["shape_problems"])
-        static["unmoved"] = tuple(static["unmoved"])
         models = tuple(ModelFigures(**{**m, "drift": tuple(m["drift"]), "depart": tuple(m["depart"])})
                        for m in doc["models"])
-        return cls(**{**doc, "reasons": tuple(doc["reasons"]), "models": models, "static": StaticFigures(**static),
+        return cls(**{**doc, "reasons": tuple(doc["reasons"]), "models": models,
+                      "static": StaticFigures.from_json(doc["static"]),
                       "spread": tuple(doc["spread"])})

@@ -34,6 +34,7 @@ from resumerge.store.durable import write_file_atomic
 
 REPORT_NAME = "report.json"
 CHART_NAME = "drift.png"
+STATIC_NAME = "static.json"
 
 
 def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None,
@@ -58,8 +59,7 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     restore_allocator = tune_allocator()  # freed layers go back to the OS: RSS follows what is held
     try:
         budget, steps = _fits(streams, tokens, max_memory)  # before any weight is read
-        progress.say(phase="static")
-        static = static_pass(models)
+        static = _static(models, workdir, progress)
         figures = None
         if not static.nonfinite:  # broken already: a forward over NaNs tells nothing more
 
@@ -91,6 +91,19 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     for journal in workdir.glob("layer-*.safetensors"):
         journal.unlink(missing_ok=True)
     return replace(report, card=update_card(model, state, report))
+
+
+def _static(models: list[Checked], workdir: Path, progress: Progress) -> StaticFigures:
+    """The static pass's figures: journaled in ``workdir`` once found, so a resumed check reads no model whole
+    again (it was about a third of a killed and resumed check of SmolLM2-135M)."""
+    path = workdir / STATIC_NAME
+    if path.is_file():
+        return StaticFigures.from_json(json.loads(path.read_text()))
+    progress.say(phase="static")
+    static = static_pass(models)
+    workdir.mkdir(parents=True, exist_ok=True)
+    write_file_atomic(path, (json.dumps(static.to_json()) + "\n").encode())  # its order kept: the table's
+    return static
 
 
 def _passive_threads() -> None:
