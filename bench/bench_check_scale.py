@@ -3,13 +3,14 @@ under it.
 
 Usage::
 
-    python bench/bench_check_scale.py resume [--kill-at 15] [--work DIR]
+    python bench/bench_check_scale.py resume [--kill-at 15] [--tiled --layers 120] [--work DIR]
     python bench/bench_check_scale.py budget [--layers 120] [--max-memory 900MB] [--work DIR]
 
 ``resume``: SmolLM2-135M-Instruct in float32 (tests/realmodel.py's fixture) checked against a parent with every
 decoder-layer weight nudged (bench_check.py's), four short texts; the check is run whole, then run with
 ``RESUMERGE_KILL_AT=after_check_layer:N`` (SIGKILL after layer N-1 is journaled) and run again to finish; prints
 each wall time, and the killed + resumed total against the whole one, and that the two reports are the same.
+``--tiled``: the same with the ``budget`` mode's model (checked against its copy) instead.
 
 ``budget``: a model made of SmolLM2's decoder layers repeated to ``--layers`` layers (its embeddings, norm and
 tokenizer; 120 layers: 1.8 GB in float32) checked against a hard-linked copy of itself under ``--max-memory``;
@@ -39,10 +40,14 @@ def _check(model: Path, others: list[Path], texts: Path, state: str, extra: list
 
 
 def resume(args: argparse.Namespace, env: dict[str, str]) -> None:
-    _, parents, _ = _make(args.work, 1)
-    from realmodel import smollm2_folder
+    if args.tiled:
+        base, tiled_copy = _tiled(args)
+        parents = [tiled_copy]
+    else:
+        _, parents, _ = _make(args.work, 1)
+        from realmodel import smollm2_folder
 
-    base = smollm2_folder()
+        base = smollm2_folder()
     texts = args.work / "texts.txt"
     texts.write_text("\n".join(TEXTS) + "\n")
     whole_state = tempfile.mkdtemp(prefix="check-whole-")
@@ -65,7 +70,8 @@ def resume(args: argparse.Namespace, env: dict[str, str]) -> None:
           f"same report: {same}")
 
 
-def budget(args: argparse.Namespace, env: dict[str, str]) -> None:
+def _tiled(args: argparse.Namespace) -> tuple[Path, Path]:
+    """SmolLM2's decoder layers repeated to ``--layers`` layers, and a hard-linked copy of it."""
     import torch
     from realmodel import smollm2_folder
     from safetensors.torch import load_file, save_file
@@ -97,6 +103,11 @@ def budget(args: argparse.Namespace, env: dict[str, str]) -> None:
         copy.mkdir()
         for item in target.iterdir():
             os.link(item, copy / item.name)
+    return target, copy
+
+
+def budget(args: argparse.Namespace, env: dict[str, str]) -> None:
+    target, copy = _tiled(args)
     size = (target / "model.safetensors").stat().st_size
     texts = args.work / "texts.txt"
     texts.write_text("\n".join(TEXTS[:2]) + "\n")
@@ -112,6 +123,7 @@ def main() -> None:
     parser.add_argument("mode", choices=("resume", "budget"))
     parser.add_argument("--kill-at", type=int, default=15)
     parser.add_argument("--layers", type=int, default=120)
+    parser.add_argument("--tiled", action="store_true", help="resume: check the --layers model against its copy")
     parser.add_argument("--max-memory", default="900MB")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "resumerge-bench-check")
     args = parser.parse_args()
