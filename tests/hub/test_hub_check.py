@@ -1,7 +1,8 @@
 """``resumerge check hf://NAMESPACE/NAME`` (and ``--base``/``--parent hf://...``) on the stand-in hub: the models'
 small files come into the cache, their weights are read by HTTP Range, never downloaded whole, and the report is
 the one the same models give as local folders. A resumerge output whose hub input was streamed is checked against
-that input by range too, and a hub OUT's model card is left as committed, said in one line."""
+that input by range too; a resumerge output on the hub names its parents in its manifest, and its model card is
+left as committed, said in one line."""
 
 from __future__ import annotations
 
@@ -64,3 +65,19 @@ def test_an_output_whose_hub_input_was_streamed_is_checked_against_it_by_range(
     assert report.models[1].path.startswith(f"hf://{REPO}@") and report.models[2].path == str(other)
     assert report.verdict == "works" and all(m.nll is not None for m in report.models)
     assert api.verify(out, state_dir=state).ok  # the card's section recorded
+
+
+def test_a_resumerge_output_on_the_hub_names_its_parents_and_keeps_its_card(tmp_path: Path, hub: FakeHub,
+                                                                            state: Path) -> None:
+    parents = [make_model(tmp_path / f"p{i}", SPEC, seed=i) for i in range(2)]
+    config = tmp_path / "merge.yml"
+    config.write_text("merge_method: linear\nmodels:\n" + "".join(
+        f"  - model: {p}\n    parameters: {{weight: 0.5}}\n" for p in parents))
+    out = tmp_path / "out"
+    api.run(config, out, state_dir=tmp_path / "merge-state")
+    hub.push("org/merged-out", files_of(out))  # as published: the manifest (its record) beside the weights
+    report = api.check("hf://org/merged-out", state_dir=state)  # base and parents from the repo's manifest
+    assert [(m.role, m.path) for m in report.models] == [("merge", "hf://org/merged-out"),
+                                                         *(("parent", str(p)) for p in parents)]
+    assert report.verdict == "works"
+    assert report.card is not None and "left as committed" in report.card  # no commit to the repo
