@@ -19,7 +19,7 @@ from resumerge import api
 from resumerge.check.card import BEGIN, END, render_section, update_card
 from resumerge.check.report import CheckReport, ModelFigures, StaticFigures
 from resumerge.cli.modelgen import ModelSpec, make_model
-from resumerge.config.locations import RunLocations
+from resumerge.config.locations import RunLocations, StateDir
 from resumerge.store.manifest import read_manifest
 
 pytest.importorskip("transformers")
@@ -132,7 +132,7 @@ def test_a_hub_out_is_skipped_in_one_line_and_the_broken_layer_is_named(tmp_path
                          models=(ModelFigures("merge", "m", nll=9.0), ModelFigures("parent", "p", nll=2.0, kl=4.5)),
                          static=StaticFigures({}, (), (), (), ()), sequences=1, tokens=7, thresholds={"x": 1.0},
                          prompts="built-in (4 texts)")
-    line = update_card("hf://org/merged", tmp_path / "state", report)
+    line = update_card("hf://org/merged", StateDir.resolve(tmp_path / "state"), report)
     assert line is not None and "hf://org/merged" in line and "\n" not in line
     section = render_section(report)
     assert "**broken** (exit 6)" in section and "Broken layer: decoder layer 3 (0-based)." in section
