@@ -5,6 +5,7 @@ renamed head) included. A model whose decoder layers the engine cannot find is r
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -128,3 +129,45 @@ def test_each_layer_of_each_model_and_the_heads_are_reserved_while_they_run(tmp_
         (f"layer {i} of model {m + 1}", "layer") for i in range(layers) for m in range(2)] + [("the heads", "heads")]
     assert [(w, s) for w, s, released in held if not released] == expected
     assert [(w, s) for w, s, released in held if released] == expected  # each released after its step
+
+
+def test_an_mxfp4_gpt_oss_checkpoint_reads_as_its_decoded_values(tmp_path: Path) -> None:
+    """gpt-oss as it ships (its expert stacks stored in MXFP4 blocks and scales), the pass sees what the codecs
+    decode: its NLL is transformers' loss of the same model stored plainly with the decoded values."""
+    from quantmodels import MXFP4_CONFIG, mxfp4_experts
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(7)
+    config = AutoConfig.for_model(
+        "gpt_oss", vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0, head_dim=8,
+        intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+        layer_types=["sliding_attention", "full_attention"], sliding_window=16)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.05 * torch.randn(param.shape))
+    decoded, stored = tmp_path / "decoded", tmp_path / "mxfp4"
+    model.save_pretrained(decoded)
+    plain = load_file(decoded / "model.safetensors")
+    packed: dict[str, torch.Tensor] = {}
+    for name, tensor in plain.items():
+        parts = mxfp4_experts(name, tensor) if name.endswith(("gate_up_proj", "down_proj")) else None
+        if parts is None:
+            packed[name] = tensor
+            continue
+        plain[name] = parts.pop("value")  # what the stored codes decode to
+        packed |= parts
+    assert any(k.endswith("_blocks") for k in packed), "no expert stack was stored in MXFP4"
+    save_file(plain, decoded / "model.safetensors", metadata={"format": "pt"})
+    stored.mkdir()
+    save_file(packed, stored / "model.safetensors", metadata={"format": "pt"})
+    (stored / "config.json").write_text(json.dumps(
+        {**json.loads((decoded / "config.json").read_text()), "quantization_config": MXFP4_CONFIG}))
+    figures = figures_of(_checked(stored), tmp_path)
+    reference = AutoModelForCausalLM.from_pretrained(decoded, dtype=torch.float32)
+    with torch.no_grad():
+        losses = [float(reference(input_ids=torch.tensor([ids]), labels=torch.tensor([ids])).loss) * (len(ids) - 1)
+                  for ids in TOKENS]
+    assert figures.nll[0] == pytest.approx(sum(losses) / sum(len(t) - 1 for t in TOKENS), abs=1e-4)
