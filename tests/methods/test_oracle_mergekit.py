@@ -30,7 +30,7 @@ pytestmark = pytest.mark.oracle
 Merge = Callable[..., torch.Tensor]
 
 # Methods resumerge has and mergekit 0.1.5 has not (issue 59's SVD methods): no oracle to compare with.
-BEYOND_MERGEKIT = frozenset({"tsv", "iso_c", "iso_cts", "core_space"})
+BEYOND_MERGEKIT = frozenset({"tsv", "iso_c", "iso_cts", "core_space", "regmean", "regmean_plus"})
 SCOPES = {"shared": Scope.GLOBAL, "input": Scope.PER_MODEL, "non_base": Scope.NON_BASE}
 W = [None, 0.3, 0.5, 0.2]
 D = [None, 0.5, 0.6, 0.3]
