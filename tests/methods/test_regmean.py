@@ -4,19 +4,26 @@ Random symmetric positive-definite Grams Gᵢ = XᵢᵀXᵢ/Nᵢ in float64, as 
 give the mean; one model gives itself; a = 0 gives the column formula W[:, j] = Σ Gᵢ[j,j]·Wᵢ[:, j] / Σ Gᵢ[j,j]; and
 the normal equations Σ (W − Wᵢ)·G̃ᵢ = 0 hold. The expected values are computed here by ``torch.linalg.inv`` on the
 same inputs (the authors' ``regmean_mean_params`` is exactly that inverse product, in float32), never by the
-method's own Cholesky path.
+method's own Cholesky path. Parity with the authors' code: ``data/regmean_reference.safetensors`` holds what their
+``regmean_mean_params`` returned for seeded inputs (the file names the commit, the seeds and the inputs' sha256).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
+
 import pytest
 import torch
+from safetensors import safe_open
 from torch.testing import assert_close
 
 from resumerge.methods import MergeContext, get_method
 from resumerge.methods.regmean import GRAM, RATIO, regmean_solve, regularised
 
 F64 = torch.float64
+DATA = Path(__file__).parent / "data"
 
 
 def _case(models: int, m: int = 6, n: int = 5, tokens: int = 40, seed: int = 0
@@ -142,3 +149,39 @@ def test_the_solve_stays_within_its_declared_footprint(shape: tuple[int, int], m
     vectors = [w[0].to(dtype) for w in weights]
     (peak,) = peaks([lambda: _method(vectors, [], a)])
     assert peak <= working_bytes(FOOTPRINT, seen, (n,), models, base=False), peak
+
+
+def _reference_case(case: dict[str, object]) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """The inputs the reference file was made from, regenerated from its seed (the file names their sha256)."""
+    models, m, n, tokens, seed = (int(case[k]) for k in ("models", "m", "n", "tokens", "seed"))  # type: ignore[call-overload]
+    g = torch.Generator().manual_seed(seed)
+    weights = [torch.randn(m, n, generator=g, dtype=F64) for _ in range(models)]
+    grams = []
+    for _ in range(models):
+        x = torch.randn(tokens, n, generator=g, dtype=F64) * torch.rand(n, generator=g, dtype=F64).add(0.5)
+        grams.append(x.T @ x / tokens)
+    bias = [torch.randn(m, generator=g, dtype=F64) for _ in range(models)]
+    digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in [*weights, *grams, *bias])).hexdigest()
+    assert digest == case["inputs_sha256"], "torch's generator no longer gives the reference's inputs"
+    return weights, grams, bias
+
+
+def test_matches_the_authors_code() -> None:
+    """``data/regmean_reference.safetensors``: the authors' ``regmean_mean_params`` (bloomberg/dataless-model-
+    merging 92247ae, run once on these seeded float64 inputs: a linear's weight with each model's Gram, and its
+    bias, for five ratios of the off-diagonals, -1 being the authors' "no reduction")."""
+    with safe_open(DATA / "regmean_reference.safetensors", "pt") as f:
+        cases = json.loads(f.metadata()["cases"])
+        expected = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no iteration)
+    assert len(cases) == 5
+    for i, case in enumerate(cases):
+        weights, grams, bias = _reference_case(case)
+        # The authors scale the off-diagonals by a float32 tensor filled with the ratio: 0.1 is 0.100000001 there.
+        ratio = float(torch.tensor(float(case["reduce_non_diagonal_ratio"]), dtype=torch.float32))
+        got = _method(weights, grams, 1.0 if ratio < 0 else ratio)
+        assert_close(got, expected[f"case{i}.weight"], rtol=1e-10, atol=1e-12)
+        spec = get_method("regmean")
+        assert spec is not None
+        bound_models, bound = spec.bind([{} for _ in bias], {"grams": "x"}, None)
+        assert_close(spec.fn(MergeContext(bias, None, bound_models, bound)), expected[f"case{i}.bias"],
+                     rtol=1e-12, atol=1e-14)
