@@ -92,14 +92,20 @@ def measure_model(stream: ModelStream, batches: list[tuple[torch.Tensor, torch.T
             if on_layer is not None:
                 on_layer(layer_index)
             hidden = _layer(stream, layer_index, hidden, calls, out / layer_file(index, layer_index), tokens)
-            durable_save({f"hidden.{s}": h.contiguous() for s, h in enumerate(hidden)},
-                         journal / f"{HIDDEN_PREFIX}{layer_index:05d}.safetensors")
-            for older in journal.glob(f"{HIDDEN_PREFIX}*.safetensors"):
-                if older.name != f"{HIDDEN_PREFIX}{layer_index:05d}.safetensors":
-                    older.unlink(missing_ok=True)
+            _journal(hidden, journal, layer_index)
             if after_layer is not None:
                 after_layer()
     shutil.rmtree(journal, ignore_errors=True)
+
+
+def _journal(hidden: list[torch.Tensor], journal: Path, index: int) -> None:
+    """The hidden states leaving layer ``index``, durable in ``journal``; then the older layer's file deleted (a
+    kill between the two leaves both, and a resume takes the newest)."""
+    name = f"{HIDDEN_PREFIX}{index:05d}.safetensors"
+    durable_save({f"hidden.{s}": h.contiguous() for s, h in enumerate(hidden)}, journal / name)
+    for older in journal.glob(f"{HIDDEN_PREFIX}*.safetensors"):
+        if older.name != name:
+            older.unlink(missing_ok=True)
 
 
 def _layer(stream: ModelStream, index: int, hidden: list[torch.Tensor], calls: list[list[LayerCall]], path: Path,
@@ -188,11 +194,7 @@ def measure_merged(streams: Sequence[ModelStream], batches: list[tuple[torch.Ten
             module = first.layers_list[index]
             with first.loaded(module, read=merged) as layer:
                 hidden = [first.run(layer, h, calls[s][index]) for s, h in enumerate(hidden)]
-            durable_save({f"hidden.{s}": h.contiguous() for s, h in enumerate(hidden)},
-                         journal / f"{HIDDEN_PREFIX}{index:05d}.safetensors")
-            for older in journal.glob(f"{HIDDEN_PREFIX}*.safetensors"):
-                if older.name != f"{HIDDEN_PREFIX}{index:05d}.safetensors":
-                    older.unlink(missing_ok=True)
+            _journal(hidden, journal, index)
             if after_layer is not None:
                 after_layer()
     shutil.rmtree(journal, ignore_errors=True)

@@ -26,9 +26,9 @@ F64 = torch.float64
 DATA = Path(__file__).parent / "data"
 
 
-def _case(models: int, m: int = 6, n: int = 5, tokens: int = 40, seed: int = 0
+def _case(models: int, m: int = 6, n: int = 5, tokens: int = 40, seed: int = 0, g: torch.Generator | None = None
           ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed)
+    g = g if g is not None else torch.Generator().manual_seed(seed)
     weights = [torch.randn(m, n, generator=g, dtype=F64) for _ in range(models)]
     grams = []
     for _ in range(models):
@@ -155,11 +155,7 @@ def _reference_case(case: dict[str, object]) -> tuple[list[torch.Tensor], list[t
     """The inputs the reference file was made from, regenerated from its seed (the file names their sha256)."""
     models, m, n, tokens, seed = (int(case[k]) for k in ("models", "m", "n", "tokens", "seed"))  # type: ignore[call-overload]
     g = torch.Generator().manual_seed(seed)
-    weights = [torch.randn(m, n, generator=g, dtype=F64) for _ in range(models)]
-    grams = []
-    for _ in range(models):
-        x = torch.randn(tokens, n, generator=g, dtype=F64) * torch.rand(n, generator=g, dtype=F64).add(0.5)
-        grams.append(x.T @ x / tokens)
+    weights, grams = _case(models, m, n, tokens, g=g)
     bias = [torch.randn(m, generator=g, dtype=F64) for _ in range(models)]
     digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in [*weights, *grams, *bias])).hexdigest()
     assert digest == case["inputs_sha256"], "torch's generator no longer gives the reference's inputs"
