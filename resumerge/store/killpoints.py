@@ -1,8 +1,11 @@
 """Named points of the commit protocol where a test can make the process die at once (SIGKILL itself).
 
-``RESUMERGE_KILL_AT=point`` kills at the first time ``point`` is reached; ``point:N`` at the N-th time. The
-test suite walks every point (the local ones, the staged one, the hub ones and MoE's, each with the run it needs)
-and checks that ``resume`` still ends with identical output. Unset, this is a single dictionary lookup per call.
+``RESUMERGE_KILL_AT=point`` kills at the first time ``point`` is reached; ``point:N`` at the N-th time.
+``RESUMERGE_PAUSE_AT=point:SECONDS`` sleeps that long each time ``point`` is reached, before the kill is looked at:
+a test that kills one process from another (the MoE prompt pass kills its run) gives the other time to get where
+the test needs it, instead of racing it. The test suite walks every point (the local ones, the staged one, the hub
+ones and MoE's, each with the run it needs) and checks that ``resume`` still ends with identical output. Unset,
+this is two environment lookups per call.
 """
 
 from __future__ import annotations
@@ -56,11 +59,21 @@ def _target() -> tuple[str, int] | None:
 _FOLLOW_SECONDS = 30.0
 
 
+def _pause(point: str) -> None:
+    spec = os.environ.get("RESUMERGE_PAUSE_AT")
+    if spec:
+        name, _, seconds = spec.partition(":")
+        if name == point:
+            time.sleep(float(seconds))
+
+
 def reach(point: str, *, run_pid: int | None = None) -> None:
-    """Die with SIGKILL if ``RESUMERGE_KILL_AT`` names ``point`` and this is its chosen occurrence.
+    """Die with SIGKILL if ``RESUMERGE_KILL_AT`` names ``point`` and this is its chosen occurrence (after the pause
+    ``RESUMERGE_PAUSE_AT`` asks for there, if any).
 
     A helper process passes ``run_pid``, its run's process: that one is killed, and the helper waits to die with
     it (its parent watch) instead of going on."""
+    _pause(point)
     target = _target()
     if target is None or target[0] != point:
         return

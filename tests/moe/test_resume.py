@@ -92,8 +92,11 @@ def test_kill_during_the_forward_pass_resumes_there(tmp_path: Path, monkeypatch:
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False"]
     out, state = tmp_path / "out", tmp_path / "state"
-    # the pass runs in a child process, which kills the run's process there (as a kill from outside would)
-    killed = cli("run", config, out, "--state-dir", state, "--quiet", env={"RESUMERGE_KILL_AT": "after_router_layer:2"})
+    # the pass runs in a child process, which kills the run's process there (as a kill from outside would); it
+    # pauses a second after each layer, so that the run has recorded its plan by then (on an idle machine a pass
+    # of these tiny layers reaches layer 2 before the run's process has)
+    killed = cli("run", config, out, "--state-dir", state, "--quiet",
+                 env={"RESUMERGE_KILL_AT": "after_router_layer:2", "RESUMERGE_PAUSE_AT": "after_router_layer:1"})
     assert killed.returncode == -9, killed.stderr
     (work,) = (state / "moe-routers").iterdir()
     # the child died with its parent: it did not go on to the next layer (it would after a wait), and none is left
