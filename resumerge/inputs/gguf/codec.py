@@ -17,7 +17,7 @@ from resumerge.errors import ModelInputError
 from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, TensorCodec
 from resumerge.inputs.gguf import blocks
 from resumerge.inputs.gguf.model import METHOD, PLAIN_TYPES, gguf_module
-from resumerge.inputs.gguf.names import NORM_MINUS_ONE, UNPERMUTE_Q, transform
+from resumerge.inputs.gguf.names import NORM_MINUS_ONE, UNPERMUTE_Q, hf_rows, transform
 
 if TYPE_CHECKING:
     from resumerge.inputs.files import TensorSource
@@ -107,9 +107,7 @@ class GgufCodec(TensorCodec):
         if self.transform == NORM_MINUS_ONE:
             value -= 1
         elif self.transform:
-            # GGUF row 2i of a head is HF row i, row 2i+1 is HF row i + head/2 (gguf.md §3): whole heads only.
-            n = value.shape[0] // self.head_rows
-            value = value.reshape(n, self.head_rows // 2, 2, *value.shape[1:]).transpose(1, 2).reshape(value.shape)
+            value = hf_rows(value, self.head_rows)
         if out is not None:
             out.copy_(value)
             return out

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import ModelInputError
+
+if TYPE_CHECKING:
+    from resumerge.torch_import import torch
 
 # general.architecture -> (architectures[0], model_type)
 FAMILIES: Mapping[str, tuple[str, str]] = {
@@ -96,6 +99,19 @@ def transform(arch: str, gguf_name: str) -> str:
     if arch in GEMMA and gguf_name.endswith("norm.weight"):
         return NORM_MINUS_ONE
     return ""
+
+
+def hf_rows(value: torch.Tensor, head_rows: int) -> torch.Tensor:
+    """GGUF's q/k rows (or bias) in Hugging Face's order, whole heads of ``head_rows`` rows: GGUF row 2i of a head
+    is HF row i, row 2i + 1 is HF row i + head/2 (gguf.md §3)."""
+    n = value.shape[0] // head_rows
+    return value.reshape(n, head_rows // 2, 2, *value.shape[1:]).transpose(1, 2).reshape(value.shape)
+
+
+def gguf_rows(rows: torch.Tensor, head_rows: int) -> torch.Tensor:
+    """The inverse of :func:`hf_rows`: HF row i of a head goes to GGUF row 2i, row i + head/2 to 2i + 1."""
+    n = rows.shape[0] // head_rows
+    return rows.reshape(n, 2, head_rows // 2, *rows.shape[1:]).transpose(1, 2).reshape(rows.shape)
 
 
 def _named_mistral(metadata: Mapping[str, Any]) -> bool:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, TensorCodec
 from resumerge.inputs.gguf import blocks
-from resumerge.inputs.gguf.names import NORM_MINUS_ONE
+from resumerge.inputs.gguf.names import NORM_MINUS_ONE, gguf_rows, hf_rows
 
 if TYPE_CHECKING:
     from resumerge.inputs.files import TensorSource
@@ -71,9 +71,8 @@ class GgufOutCodec(TensorCodec):
         rows = value.detach().to("cpu", torch.float32)
         if self.transform == NORM_MINUS_ONE:
             rows = rows + 1
-        elif self.transform:  # HF -> GGUF: row i of a head goes to 2i, row i + head/2 to 2i + 1
-            n = rows.shape[0] // self.head_rows
-            rows = rows.reshape(n, 2, self.head_rows // 2, *rows.shape[1:]).transpose(1, 2).reshape(rows.shape)
+        elif self.transform:  # HF -> GGUF
+            rows = gguf_rows(rows, self.head_rows)
         stored = blocks.encode(rows, self.ggml_type)
         if self.ggml_type == blocks.BF16:
             stored = stored.view(torch.bfloat16)
@@ -86,8 +85,7 @@ class GgufOutCodec(TensorCodec):
         if self.transform == NORM_MINUS_ONE:
             value = value - 1
         elif self.transform:
-            n = value.shape[0] // self.head_rows
-            value = value.reshape(n, self.head_rows // 2, 2, *value.shape[1:]).transpose(1, 2).reshape(value.shape)
+            value = hf_rows(value, self.head_rows)
         if out is not None:
             out.copy_(value)
             return out
