@@ -7,6 +7,7 @@ import os
 import select
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -164,3 +165,27 @@ def peak_rss_and_held_run(argv: list[str], *, timeout: float = 600) -> tuple[int
                           timeout=timeout, check=False)
     code, peak, held = (int(x) for x in done.stdout.split()[-3:])
     return code, peak, held, done.stderr
+
+
+def flip_byte(path: Path) -> None:
+    """One bit of the middle byte flipped (same size)."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def truncate_half(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+
+
+def non_utf8(path: Path) -> None:
+    """Same size, one byte no UTF-8 text may hold (config.json so damaged crashed verify with UnicodeDecodeError)."""
+    data = bytearray(path.read_bytes())
+    data[min(5, len(data) - 1)] = 0xFF
+    path.write_bytes(bytes(data))
+
+
+# How verify's damage tests damage a committed file.
+DAMAGE: dict[str, Callable[[Path], None]] = {
+    "flipped": flip_byte, "truncated": truncate_half, "deleted": Path.unlink, "non-utf8": non_utf8}

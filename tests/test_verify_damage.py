@@ -14,13 +14,12 @@ import json
 import shutil
 import sqlite3
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import cli, digests, linear_config, write_config
+from support import DAMAGE, cli, digests, flip_byte, linear_config, write_config
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
@@ -63,26 +62,6 @@ def _copy(ref: Reference, name: str, *, ledger: bool = True) -> tuple[Path, Path
     return out, state
 
 
-def _flip(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
-
-
-def _truncate(path: Path) -> None:
-    with open(path, "r+b") as f:
-        f.truncate(path.stat().st_size // 2)
-
-
-def _non_utf8(path: Path) -> None:
-    """Same size, one byte no UTF-8 text may hold (config.json so damaged crashed verify with UnicodeDecodeError)."""
-    data = bytearray(path.read_bytes())
-    data[min(5, len(data) - 1)] = 0xFF
-    path.write_bytes(bytes(data))
-
-
-DAMAGE: dict[str, Callable[[Path], None]] = {
-    "flipped": _flip, "truncated": _truncate, "deleted": Path.unlink, "non-utf8": _non_utf8}
 # Every kind of file the merge writes (the test below checks that this is every file it wrote).
 FILES = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json",
          "config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "README.md",
@@ -212,7 +191,7 @@ def test_verify_s_repair_hint_keeps_the_state_dir_the_run_used(
     """The hint said "repair with: resumerge resume OUT" without the run's --state-dir: that resume found no ledger
     in the default state dir. It is the same command resume_command gives every other message."""
     out, state = _copy(ref, "hint-state-dir")
-    _flip(out / "config.json")
+    flip_byte(out / "config.json")
     capsys.readouterr()
     assert main(["verify", str(out), "--state-dir", str(state)]) == EXIT_INTERRUPTED
     printed = "".join(capsys.readouterr().out.split())  # rich may wrap a long line anywhere

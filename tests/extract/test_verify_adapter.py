@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import cli, digests
+from support import DAMAGE, cli, digests
 
 from resumerge.cli.commands import main
 from resumerge.config.locations import run_dir
@@ -19,27 +19,6 @@ from resumerge.errors import EXIT_INTERRUPTED
 from resumerge.store.manifest import MANIFEST_NAME
 
 FILES = ("adapter_model.safetensors", "adapter_config.json", "README.md", MANIFEST_NAME)
-
-
-def _flip(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
-
-
-def _truncate(path: Path) -> None:
-    with open(path, "r+b") as f:
-        f.truncate(path.stat().st_size // 2)
-
-
-def _non_utf8(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[5] = 0xFF
-    path.write_bytes(bytes(data))
-
-
-DAMAGE: dict[str, Callable[[Path], None]] = {
-    "flipped": _flip, "truncated": _truncate, "deleted": Path.unlink, "non-utf8": _non_utf8}
 
 
 @pytest.fixture(scope="module")
