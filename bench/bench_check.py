@@ -3,7 +3,7 @@
 Usage::
 
     python bench/bench_check.py [--parents 2] [--max-memory SIZE] [--work DIR] [--runs N] [--no-peer]
-                                [--peer-passive]
+                                [--peer-passive] [--layers N]
                                 [--checkout TREE]
 
 Takes SmolLM2-135M-Instruct in float32 (tests/realmodel.py's fixture, 0.54 GB) as the base, makes ``--parents``
@@ -11,7 +11,8 @@ parents (every decoder-layer weight nudged under a seed) and a merge (their mean
 alternating, ``--runs`` times each: ``resumerge check MERGE --base BASE --parent P... --prompts TEXTS --json`` in
 a fresh state dir, and a peer script that loads each model whole with ``AutoModelForCausalLM.from_pretrained`` and
 computes the same NLLs and KLs (all log-probabilities held). Prints each run's wall time and the peak RSS of its
-process (``ru_maxrss`` of the child), and the NLLs both found.
+process (``ru_maxrss`` of the child), and the NLLs both found. ``--layers 64``: the base is SmolLM2's decoder
+layers repeated to 64 (1.02 GB in float32; the issue's "~1 GB model"), its parents and merge made from it.
 """
 
 from __future__ import annotations
@@ -49,13 +50,45 @@ print(json.dumps({"nll": nll, "kl": kl}))
 """
 
 
-def _make(work: Path, parents: int) -> tuple[Path, list[Path], Path]:
+def tiled(work: Path, layers: int) -> Path:
+    """SmolLM2's decoder layers repeated to ``layers`` layers (its embeddings, norm and tokenizer): 64 layers
+    are 1.02 GB in float32, 120 layers 1.81 GB."""
     sys.path.insert(0, str(ROOT / "tests"))
     import torch
     from realmodel import smollm2_folder
     from safetensors.torch import load_file, save_file
 
     base = smollm2_folder()
+    target = work / f"tiled{layers}"
+    if not (target / "model.safetensors").is_file():
+        target.mkdir(parents=True, exist_ok=True)
+        tensors = load_file(str(base / "model.safetensors"))
+        config = json.loads((base / "config.json").read_text())
+        count = int(config["num_hidden_layers"])
+        state: dict[str, torch.Tensor] = {k: t for k, t in tensors.items() if not k.startswith("model.layers.")}
+        for index in range(layers):
+            prefix = f"model.layers.{index % count}."
+            for name, t in tensors.items():
+                if name.startswith(prefix):
+                    state[f"model.layers.{index}.{name[len(prefix):]}"] = t.clone()
+        for item in base.iterdir():
+            if item.name not in ("model.safetensors", "config.json") and not (target / item.name).exists():
+                os.link(item, target / item.name)
+        config["num_hidden_layers"] = layers
+        (target / "config.json").write_text(json.dumps(config, indent=2))
+        save_file(state, str(target / "model.safetensors"), metadata={"format": "pt"})
+    return target
+
+
+def _make(work: Path, parents: int, base: Path | None = None) -> tuple[Path, list[Path], Path]:
+    """``parents`` parents of ``base`` (SmolLM2-135M-Instruct in float32 when None) and the merge (their mean)
+    in ``work``."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import torch
+    from realmodel import smollm2_folder
+    from safetensors.torch import load_file, save_file
+
+    base = smollm2_folder() if base is None else base
     tensors = load_file(str(base / "model.safetensors"))
     made, states = [], []
     for seed in range(parents):
@@ -105,9 +138,12 @@ def main() -> None:
     parser.add_argument("--peer-passive", action="store_true", help="run the peer a second time with "
                         "OMP_WAIT_POLICY=PASSIVE, as the check sets it for itself")
     parser.add_argument("--checkout", type=Path, default=ROOT, help="the resumerge tree whose check is timed")
+    parser.add_argument("--layers", type=int, default=None, help="SmolLM2's layers repeated to this many "
+                        "(64: a 1.02 GB model) as the base, instead of SmolLM2 itself")
     args = parser.parse_args()
-    base, parents, merge = _make(args.work, args.parents)
-    texts = args.work / "texts.txt"
+    work = args.work if args.layers is None else args.work / f"set{args.layers}"
+    base, parents, merge = _make(work, args.parents, None if args.layers is None else tiled(args.work, args.layers))
+    texts = work / "texts.txt"
     texts.write_text("\n".join(TEXTS) + "\n")
     env = {**os.environ, "PYTHONPATH": str(args.checkout)}
     for run in range(args.runs):

@@ -31,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from bench_check import TEXTS, _make, _measured  # noqa: E402
+from bench_check import TEXTS, _make, _measured, tiled  # noqa: E402
 
 
 def _check(model: Path, others: list[Path], texts: Path, state: str, extra: list[str]) -> list[str]:
@@ -72,32 +72,7 @@ def resume(args: argparse.Namespace, env: dict[str, str]) -> None:
 
 def _tiled(args: argparse.Namespace) -> tuple[Path, Path]:
     """SmolLM2's decoder layers repeated to ``--layers`` layers, and a hard-linked copy of it."""
-    import torch
-    from realmodel import smollm2_folder
-    from safetensors.torch import load_file, save_file
-
-    base = smollm2_folder()
-    target = args.work / f"tiled{args.layers}"
-    if not (target / "model.safetensors").is_file():
-        target.mkdir(parents=True, exist_ok=True)
-        tensors = load_file(str(base / "model.safetensors"))
-        config = json.loads((base / "config.json").read_text())
-        layers = int(config["num_hidden_layers"])
-        state: dict[str, torch.Tensor] = {}
-        for name, t in tensors.items():
-            if not name.startswith("model.layers."):
-                state[name] = t
-        for index in range(args.layers):
-            prefix = f"model.layers.{index % layers}."
-            for name, t in tensors.items():
-                if name.startswith(prefix):
-                    state[f"model.layers.{index}.{name[len(prefix):]}"] = t.clone()
-        for item in base.iterdir():
-            if item.name not in ("model.safetensors", "config.json"):
-                os.link(item, target / item.name)
-        config["num_hidden_layers"] = args.layers
-        (target / "config.json").write_text(json.dumps(config, indent=2))
-        save_file(state, str(target / "model.safetensors"), metadata={"format": "pt"})
+    target = tiled(args.work, args.layers)
     copy = args.work / f"tiled{args.layers}-copy"
     if not copy.is_dir():
         copy.mkdir()

@@ -6,7 +6,7 @@ and on the reference's input to the layer (the base's, else the first parent's),
 model's outputs for the same input can be compared (the localising pass). Only one layer of one model is held,
 plus every model's hidden states. After each layer the hidden states and the figures so far are saved (temp file,
 fsync, rename) and the previous layer's file deleted: a killed check resumes at the layer it reached and ends
-with the same figures. The head runs last: the merge's and one other model's at a time, a batch at a time.
+with the same figures. The heads run last, one model and one batch at a time (:mod:`resumerge.check.heads`).
 
 The sequences run in batches (:func:`batches_of`: padded on the right to the longest of the batch, with the
 attention mask), so a layer is one call over many sequences rather than one per sequence: a causal layer's output
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from resumerge.check.heads import head_figures
 from resumerge.check.models import Checked
 from resumerge.forward import Weights, durable_save
 from resumerge.forward.journal import latest
@@ -90,11 +91,11 @@ def forward_pass(models: Sequence[Checked], streams: Sequence[ModelStream], sequ
     layers = streams[0].layers
     with torch.no_grad():
         batches = [_padded([sequences[i] for i in group]) for group in groups]
-        entering = [stream.inputs(batches) for stream in streams]
+        entering = [stream.inputs_of_rows(batches) for stream in streams]
         if any(len(g) > 1 for g in groups) and not _runs_batched(streams[0], entering[0], reserve):
             groups = [[i] for g in groups for i in g]  # this family's layers take one sequence at a time
             batches = [_padded([sequences[i] for i in group]) for group in groups]
-            entering = [stream.inputs(batches) for stream in streams]
+            entering = [stream.inputs_of_rows(batches) for stream in streams]
         real = [mask.bool() for _, mask in batches]
         calls = [[c for _, c in model] for model in entering]
         start, hidden, stats = _restart(workdir, len(models), len(batches))
@@ -107,7 +108,7 @@ def forward_pass(models: Sequence[Checked], streams: Sequence[ModelStream], sequ
             reach("after_check_layer")  # tests kill the check here: it resumes after this layer
         with reserve("the heads", "heads"):
             return _heads(streams, hidden, [[sequences[i] for i in g] for g in groups], stats,
-                          roles.index("base") if "base" in roles else None)
+                          roles.index("base") if "base" in roles else None, workdir)
 
 
 def _runs_batched(stream: ModelStream, entering: list[tuple[torch.Tensor, list[LayerCall]]],
@@ -140,6 +141,11 @@ def batches_of(sequences: Sequence[Sequence[int]], budget: int = BATCH_TOKENS) -
 def padded_positions(sequences: Sequence[Sequence[int]]) -> int:
     """The positions the pass's batches hold, padding included (what its hidden states and logits are sized by)."""
     return sum(len(g) * len(sequences[g[0]]) for g in batches_of(sequences))
+
+
+def largest_batch(sequences: Sequence[Sequence[int]]) -> int:
+    """The padded positions of the pass's largest batch (what one batch's logits are sized by)."""
+    return max((len(g) * len(sequences[g[0]]) for g in batches_of(sequences)), default=0)
 
 
 def _padded(batch: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,53 +221,13 @@ def _restart(workdir: Path, models: int, sequences: int
 
 
 def _heads(streams: Sequence[ModelStream], hidden: list[list[torch.Tensor]],
-           batches: Sequence[Sequence[Sequence[int]]], stats: list[list[float]], base: int | None) -> PassFigures:
-    """Each model's log-probabilities at every real position that has a next token (one tensor per sequence,
-    in batch order), and the figures from them."""
+           batches: Sequence[Sequence[Sequence[int]]], stats: list[list[float]], base: int | None,
+           workdir: Path) -> PassFigures:
+    """The pass's figures: the heads' (:func:`~resumerge.check.heads.head_figures`, streamed) and the layers'."""
     n = len(streams)
-    sequences = [s for batch in batches for s in batch]
-    targets = [torch.tensor(list(s[1:])) for s in sequences]
-
-    def logprobs(head: Any, states: list[torch.Tensor]) -> list[torch.Tensor]:
-        found: list[torch.Tensor] = []
-        for h, batch in zip(states, batches):
-            logits = head(h).float()
-            found.extend(torch.log_softmax(logits[row, :len(s) - 1], dim=-1) for row, s in enumerate(batch))
-        return found
-
-    nll: list[float] = [0.0] * n
-    kl: list[float | None] = [None] * n
-    p95: list[float | None] = [None] * n
-    top1: list[float | None] = [None] * n
-    base_kl: list[float | None] = [None] * n
-    base_lp: list[torch.Tensor] = []
-    tokens = sum(len(t) for t in targets)
-    with streams[0].head() as merge_head:
-        merged = logprobs(merge_head, hidden[0])
-    nll[0] = _nll(merged, targets, tokens)
-    for m in range(1, n):
-        with streams[m].head() as head:
-            theirs = logprobs(head, hidden[m])
-        nll[m] = _nll(theirs, targets, tokens)
-        if m == base:
-            base_lp = theirs
-        elif base is not None:
-            base_kl[m] = float(torch.cat([_kl(b, t) for b, t in zip(base_lp, theirs)]).double().mean())
-        per_position = torch.cat([_kl(t, o) for t, o in zip(theirs, merged)])
-        kl[m] = float(per_position.double().mean())
-        p95[m] = float(torch.quantile(per_position.double(), 0.95))
-        top1[m] = float(sum(int((t.argmax(-1) == o.argmax(-1)).sum()) for t, o in zip(theirs, merged)) / tokens)
+    found = head_figures(streams, hidden, batches, base, workdir)
     drift = [[row[m] for row in stats] for m in range(n)]
     depart = [[row[n + m] for row in stats] for m in range(n)]
-    return PassFigures(nll=nll, kl=kl, kl_p95=p95, top1=top1, drift=drift, depart=depart,
-                       spread=[row[2 * n] for row in stats], tokens=tokens, base_kl=base_kl)
-
-
-def _kl(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    """KL(reference ‖ other) at each position, from log-probabilities."""
-    return (reference.exp() * (reference - other)).sum(dim=-1)
-
-
-def _nll(logprobs: list[torch.Tensor], targets: list[torch.Tensor], tokens: int) -> float:
-    total = sum(float(-lp.gather(-1, t.unsqueeze(-1)).double().sum()) for lp, t in zip(logprobs, targets))
-    return total / tokens
+    return PassFigures(nll=found.nll, kl=found.kl, kl_p95=found.kl_p95, top1=found.top1, drift=drift,
+                       depart=depart, spread=[row[2 * n] for row in stats], tokens=found.tokens,
+                       base_kl=found.base_kl)

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from resumerge.check.card import update_card
 from resumerge.check.chart import write_drift_chart
+from resumerge.check.heads import head_step_bytes
 from resumerge.check.models import Checked, find_models
-from resumerge.check.passes import BATCH_TOKENS, PassFigures, forward_pass, padded_positions, streams_of
+from resumerge.check.passes import BATCH_TOKENS, PassFigures, forward_pass, largest_batch, padded_positions, streams_of
 from resumerge.check.progress import Progress
 from resumerge.check.prompts import describe, load_tokenizer, sequences
 from resumerge.check.report import CheckReport, ModelFigures, StaticFigures
@@ -29,7 +30,7 @@ from resumerge.errors import UsageError
 from resumerge.forward import pass_bytes
 from resumerge.forward.stream import ModelStream, import_transformers
 from resumerge.memory import MemoryGovernor, SystemProbe, default_budget, format_size, smallest_budget_for
-from resumerge.memory.allocator import tune_allocator
+from resumerge.memory.allocator import malloc_trim, tune_allocator
 from resumerge.store.durable import write_file_atomic
 
 REPORT_NAME = "report.json"
@@ -59,11 +60,14 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     restore_allocator = tune_allocator()  # freed layers go back to the OS: RSS follows what is held
     try:
         budget, steps = _fits(streams, tokens, max_memory)  # before any weight is read
+        _give_back()  # what the imports, the tokenizer and the modules' construction left free
         static = _static(models, workdir, progress)
         figures = None
         if not static.nonfinite:  # broken already: a forward over NaNs tells nothing more
 
             def on_model(layer: int, m: int) -> None:
+                if m == 0:
+                    _give_back()
                 progress.say(phase="forward", layer=layer, model_index=m, model_role=models[m].role,
                              model_path=models[m].path)
 
@@ -72,6 +76,8 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
             # rather than pass the budget.
             with MemoryGovernor(budget, SystemProbe()) as governor:
                 def reserve(what: str, step: str) -> AbstractContextManager[object]:
+                    if step == "heads":
+                        _give_back()
                     return governor.acquire(steps[step], what=what)
 
                 figures = forward_pass(models, streams, tokens, workdir, on_model, reserve)
@@ -104,6 +110,17 @@ def _static(models: list[Checked], workdir: Path, progress: Progress) -> StaticF
     workdir.mkdir(parents=True, exist_ok=True)
     write_file_atomic(path, (json.dumps(static.to_json()) + "\n").encode())  # its order kept: the table's
     return static
+
+
+def _give_back() -> None:
+    """Hand the heap's free pages back to the OS (``malloc_trim``) between the check's steps: before the static
+    pass, once per layer and before the heads. A run's allocator keeps up to 64 MB free at the top of each heap
+    for its next row chunk (:mod:`resumerge.memory.allocator`); the check's steps leave their small temporaries
+    there, and without this its peak RSS varied by 50-200 MB from one run of the same check to the next
+    (bench/RESULTS.md, issue 57)."""
+    trim = malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def _passive_threads() -> None:
@@ -170,18 +187,17 @@ def _key(models: list[Checked], tokens: list[list[int]]) -> str:
 def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int | None
           ) -> tuple[int, dict[str, int]]:
     """Refuse (exit 2, before a weight is read) a check whose peak would not fit ``max_memory`` (None: the
-    default budget): the static pass's largest tensor of three models and a difference; or the largest layer of
-    one model in float32, or the merge's and one other model's heads and log-probabilities, beside every
-    model's hidden states (twice: in and out). Returns the budget and what the forward pass's steps reserve
-    (``layer``, ``heads``)."""
+    default budget): the static pass's largest span of a tensor of three models; or the largest layer of one
+    model in float32, or one model's head (a block of its rows, see :mod:`resumerge.check.heads`) and one
+    batch's log-probabilities, beside every model's hidden states (twice: in and out). Returns the budget and
+    what the forward pass's steps reserve (``layer``, ``heads``)."""
     probe = SystemProbe()
     budget = max_memory if max_memory is not None else default_budget(probe)
     config = streams[0].config
     hidden = int(getattr(config, "hidden_size", 0) or 0)
-    vocab = int(getattr(config, "vocab_size", 0) or 0)
     positions = padded_positions(tokens)
     states = 2 * len(streams) * positions * hidden * 4
-    heads = 2 * vocab * hidden * 4 + 3 * positions * vocab * 4
+    heads = max(head_step_bytes(s, largest_batch(tokens), max(map(len, tokens), default=0)) for s in streams)
     layer = max(pass_bytes(s.formats, s.layers, value_bytes=4) for s in streams)
     peak = max(states + max(layer, heads), static_bytes([s.formats for s in streams]))
     held = probe.rss()

@@ -27,6 +27,8 @@ UNMOVED_RATIO = 0.01
 _PARENTS_MOVED = 1e-6
 # Values per block of a difference (4 MB in float32).
 _BLOCK = 1 << 20
+# Values per span a tensor is read in (a whole number of blocks: one, 4 MB in float32).
+_SPAN = _BLOCK
 
 _LAYER = re.compile(r"\.(?:layers|h|blocks|layer)\.(\d+)\.")
 _KINDS = (  # first match wins
@@ -53,9 +55,14 @@ def layer_of(name: str) -> int | None:
 
 
 def static_bytes(streams_formats: Sequence[StoredFormats]) -> int:
-    """The most the static pass holds at once: two models' largest tensor in float32 and the third's mapped
-    while it is cast (at most as large again)."""
-    largest = max((numel(f.codec(n).value_shape(tuple(found.entry.shape))) for f in streams_formats
+    """The most the static pass holds at once: three models' spans of a tensor in float32 (two held, the third
+    mapped while it is cast, at most as large again); a span is :data:`_SPAN` values of a plain tensor, the
+    whole of a quantized one (decoded whole)."""
+    def held(f: StoredFormats, name: str, shape: tuple[int, ...]) -> int:
+        values = numel(f.codec(name).value_shape(shape))
+        return values if name in f.claims else min(values, _SPAN)
+
+    largest = max((held(f, n, tuple(found.entry.shape)) for f in streams_formats
                    for n, found in f.logical().items()), default=0)
     return 3 * largest * 4
 
@@ -87,27 +94,25 @@ def _compare(models: Sequence[Checked], readers: list[CastReader],
     # (layer, kind) -> [Σ d_M², Σ dᵢ² per parent, Σ ‖B‖², tensors]
     sums: dict[tuple[int | None, str], list[float]] = defaultdict(lambda: [0.0] * (len(parents) + 3))
     for name in sorted(logical[0]):
-        merged = readers[0].read(name)
-        if not bool(torch.isfinite(merged).all()):
-            nonfinite.append(name)
         if base is None or name not in logical[base]:
+            if not _finite(readers[0], name, numel(logical[0][name])):
+                nonfinite.append(name)
             continue
-        reference = readers[base].read(name)
-        if reference.shape != merged.shape:
-            shapes.append(f"{name}: merge {tuple(merged.shape)}, base {tuple(reference.shape)}")
+        if logical[base][name] != logical[0][name]:
+            if not _finite(readers[0], name, numel(logical[0][name])):
+                nonfinite.append(name)
+            shapes.append(f"{name}: merge {logical[0][name]}, base {logical[base][name]}")
             continue
+        others = [k for k, i in enumerate(parents) if logical[i].get(name) == logical[base][name]]
+        found, finite = _tensor_sums(readers, name, numel(logical[0][name]), base, [parents[k] for k in others])
+        if not finite:
+            nonfinite.append(name)
         entry = sums[(layer_of(name), kind_of(name))]
-        entry[0] += _squared(merged, reference)
-        del merged  # two tensors at most are held: the base's and one other
-        for k, index in enumerate(parents):
-            if name in logical[index]:
-                other = readers[index].read(name)
-                if other.shape == reference.shape:
-                    entry[1 + k] += _squared(other, reference)
-                del other
-        entry[-2] += _squared(reference)
+        entry[0] += found[0]
+        for k, value in zip(others, found[1:-1]):
+            entry[1 + k] += value
+        entry[-2] += found[-1]
         entry[-1] += 1
-        del reference
     missing = [n for i in (base, *parents) if i is not None for n in logical[i] if n not in logical[0]]
     shapes.extend(f"{n}: not in the merge" for n in sorted(set(missing)))
     groups = [_group(layer, kind, v, weights) for (layer, kind), v in sorted(sums.items(), key=_order)]
@@ -115,11 +120,47 @@ def _compare(models: Sequence[Checked], readers: list[CastReader],
                          groups=tuple(groups), unmoved=_unmoved(sums, weights))
 
 
-def _squared(values: torch.Tensor, minus: torch.Tensor | None = None) -> float:
-    """‖values − minus‖² (‖values‖² without ``minus``), a block of rows at a time: no difference of a whole
-    embedding is held, and each block's norm is taken in float32 as torch reduces it."""
+def _spans(reader: CastReader, name: str, values: int) -> list[tuple[int, int]]:
+    """The spans a tensor of ``values`` values is read in: whole blocks of :data:`_SPAN` values where the reader
+    can read a span alone, else the whole tensor at once."""
+    if not reader.spannable(name) or values <= _SPAN:
+        return [(0, values)]
+    return [(start, min(start + _SPAN, values)) for start in range(0, values, _SPAN)]
+
+
+def _finite(reader: CastReader, name: str, values: int) -> bool:
+    return all(bool(torch.isfinite(reader.read_span(name, a, b)).all()) for a, b in _spans(reader, name, values))
+
+
+def _tensor_sums(readers: list[CastReader], name: str, values: int, base: int, parents: list[int]
+                 ) -> tuple[list[float], bool]:
+    """For one tensor of the merge, the base and ``parents`` (all of one shape): [‖M−B‖², ‖Pᵢ−B‖² each,
+    ‖B‖²] and whether the merge's values are all finite, read a span at a time (of every model the same span:
+    at most three spans are held, never a whole embedding). Each sum runs over the same blocks in the same
+    order whatever the spans, so the figures do not depend on them."""
+    totals = [0.0] * (len(parents) + 2)
+    finite = True
+    spans = _spans(readers[0], name, values) if all(readers[i].spannable(name) for i in (base, *parents)) \
+        else [(0, values)]
+    for a, b in spans:
+        merged = readers[0].read_span(name, a, b)
+        finite = finite and bool(torch.isfinite(merged).all())
+        reference = readers[base].read_span(name, a, b)
+        totals[0] = _squared(merged, reference, totals[0])
+        del merged  # two spans at most are held: the base's and one other
+        for k, index in enumerate(parents):
+            other = readers[index].read_span(name, a, b)
+            totals[1 + k] = _squared(other, reference, totals[1 + k])
+            del other
+        totals[-1] = _squared(reference, None, totals[-1])
+        del reference
+    return totals, finite
+
+
+def _squared(values: torch.Tensor, minus: torch.Tensor | None = None, total: float = 0.0) -> float:
+    """``total`` + ‖values − minus‖² (‖values‖² without ``minus``), a block of rows at a time: no difference of
+    a whole embedding is held, and each block's norm is taken in float32 as torch reduces it."""
     flat, other = values.reshape(-1), None if minus is None else minus.reshape(-1)
-    total = 0.0
     for start in range(0, flat.numel(), _BLOCK):
         block = flat[start:start + _BLOCK]
         if other is not None:

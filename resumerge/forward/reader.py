@@ -103,6 +103,33 @@ class CastReader:
         if (file in self._remote or is_pickle_checkpoint(file) or end == start or start % DTYPE_SIZES[dtype]
                 or dtype not in TORCH_DTYPES):
             return self._sources.read(self._key, file, start, end, dtype, shape).to(self._dtype, copy=True)
+        return self._mapped(file, start, end, dtype).reshape(shape)
+
+    def spannable(self, name: str) -> bool:
+        """Whether :meth:`read_span` reads only the span asked for (a plain tensor in a local safetensors file),
+        not the whole tensor."""
+        found = self._formats.stored.get(name)
+        if name in self._formats.claims or found is None:
+            return False
+        entry = found.entry
+        return not (found.file in self._remote or is_pickle_checkpoint(found.file) or entry.end == entry.start
+                    or entry.start % DTYPE_SIZES[entry.dtype] or entry.dtype not in TORCH_DTYPES)
+
+    def read_span(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Values ``start`` to ``stop`` of logical tensor ``name`` flattened (row-major), in the reader's dtype:
+        of a :meth:`spannable` tensor only those values' bytes are mapped and cast (a block of an embedding, not
+        the whole); of another, the whole tensor is read and the span copied out."""
+        if not self.spannable(name):
+            whole = self.read(name).reshape(-1)
+            return whole if (start, stop) == (0, whole.numel()) else whole[start:stop].clone()
+        found = self._formats.stored[name]
+        size = DTYPE_SIZES[found.entry.dtype]
+        return self._mapped(found.file, found.entry.start + start * size, found.entry.start + stop * size,
+                            found.entry.dtype)
+
+    def _mapped(self, file: str, start: int, end: int, dtype: str) -> torch.Tensor:
+        """Bytes ``start`` to ``end`` of ``file`` as a flat tensor of ``dtype`` cast to the reader's dtype, from
+        a map of those bytes only, unmapped once cast."""
         handle = self._files.get(file)
         if handle is None:
             handle = self._files[file] = open(self._directory / file, "rb")  # noqa: SIM115 (closed in close())
@@ -114,7 +141,7 @@ class CastReader:
             with warnings.catch_warnings():  # "not writable": it is only read, by the cast
                 warnings.simplefilter("ignore", UserWarning)
                 raw = torch.frombuffer(mapped, dtype=torch.uint8)[start - offset:]
-            cast = raw.view(TORCH_DTYPES[dtype]).reshape(shape).to(self._dtype, copy=True)
+            cast = raw.view(TORCH_DTYPES[dtype]).to(self._dtype, copy=True)
             del raw  # the map's last user: it can be closed now
         finally:
             with contextlib.suppress(BufferError):  # should a view outlive this, the collector closes the map

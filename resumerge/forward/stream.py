@@ -242,6 +242,35 @@ class ModelStream:
             for part in parts:
                 self.unload(part)
 
+    def inputs_of_rows(self, batches: list[tuple[torch.Tensor, torch.Tensor]], block_bytes: int = 16 << 20
+                       ) -> list[tuple[torch.Tensor, list[LayerCall]]]:
+        """:meth:`inputs`, holding of the input embeddings only the rows of the tokens the batches use: the
+        table read ``block_bytes`` at a time, the rows kept, the ids renumbered to them (the same hidden states:
+        each is a copy of its token's row). Only where the embeddings are all that runs before the layers and a
+        plain table a block of which can be read alone; else as :meth:`inputs`."""
+        embed = self.model.get_input_embeddings()
+        key = self.prefix(embed) + "weight" if isinstance(embed, torch.nn.Embedding) else ""
+        if (self._before_layers() != [embed] or [n for n, _ in embed.named_parameters()] != ["weight"]
+                or not self.reader.spannable(key) or len(self.formats.stored[key].entry.shape) != 2):
+            return self.inputs(batches)
+        vocab, width = self.formats.stored[key].entry.shape
+        used = torch.unique(torch.cat([ids.reshape(-1) for ids, _ in batches]))
+        rows = torch.empty(len(used), width, dtype=self.dtype)
+        step = max(1, block_bytes // (width * 4))
+        for start in range(0, vocab, step):
+            stop = min(start + step, vocab)
+            inside = (used >= start) & (used < stop)
+            if bool(inside.any()):
+                block = self.reader.read_span(key, start * width, stop * width).view(stop - start, width)
+                rows[inside] = block[used[inside] - start]
+                del block
+        before = dict(embed._parameters)
+        embed._parameters["weight"] = torch.nn.Parameter(rows, requires_grad=False)
+        try:
+            return [self._capture(torch.searchsorted(used, ids), mask) for ids, mask in batches]
+        finally:
+            embed._parameters.update(before)
+
     def _capture(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, list[LayerCall]]:
         real_layers = list(self.layers_list)
         final = self.final_norm
@@ -280,15 +309,22 @@ class ModelStream:
         return result
 
     @contextmanager
-    def head(self) -> Iterator[Any]:
+    def head(self, weights: Mapping[str, torch.Tensor] | None = None) -> Iterator[Any]:
         """A function from the last decoder layer's output to the logits (final norm, head and any soft-capping,
-        as the causal-LM class computes them), with the final norm's and head's weights for the block."""
+        as the causal-LM class computes them), with the final norm's and head's weights for the block;
+        ``weights``: the head's own parameters by name, used as given (a block of its rows gives the logits of
+        those tokens only), instead of read from the checkpoint."""
         head = self.model.get_output_embeddings()
-        tied = bool(getattr(self.config.get_text_config(), "tie_word_embeddings", False))
+        tied = self.tied_head()
         parts = [p for p in (self.final_norm,) if p is not None]
         for part in parts:
             self.load(part)
-        self.load(head, tied_head=tied)
+        before = dict(head._parameters)
+        if weights is None:
+            self.load(head, tied_head=tied)
+        else:
+            for name, value in weights.items():
+                head._parameters[name] = torch.nn.Parameter(value, requires_grad=False)
         attribute = self.model.base_model_prefix
         inner = self.inner
 
@@ -307,6 +343,11 @@ class ModelStream:
         finally:
             for part in (*parts, head):
                 self.unload(part)
+            head._parameters.update(before)  # the shapes the modules were built with (a block's were not)
+
+    def tied_head(self) -> bool:
+        """Whether the head is read from the input embeddings (tied)."""
+        return bool(getattr(self.config.get_text_config(), "tie_word_embeddings", False))
 
     def close(self) -> None:
         self.reader.close()

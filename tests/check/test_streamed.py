@@ -1,0 +1,82 @@
+"""What a check holds is bounded by blocks, not by whole tensors (issue 57): the static pass reads each tensor a span
+at a time, the heads read a block of the head's rows at a time, and the embeddings keep only the rows of the
+tokens used. Each gives the figures, to the bit, that whole reads give."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from resumerge.check import heads, static
+from resumerge.check.models import Checked
+from resumerge.check.passes import batches_of, forward_pass, streams_of
+from resumerge.check.static import static_pass
+from resumerge.config.modelref import ModelRef
+from resumerge.inputs.model import open_model
+from resumerge.torch_import import torch
+
+pytest.importorskip("transformers")
+
+from families import FAMILIES, make_family_model
+
+TOKENS = [[1, 5, 9, 33, 70, 2, 11, 100, 4, 6, 7], [1, 44, 3, 90], [7, 7, 120, 3, 2, 9]]
+
+
+def _models(tmp_path: Path, family: str) -> list[Checked]:
+    found = next(f for f in FAMILIES if f.name == family)
+    models = []
+    for role, seed in (("merge", 3), ("base", 4), ("parent", 5), ("parent", 6)):
+        directory = make_family_model(tmp_path / f"{family}-{seed}", found, seed)
+        models.append(Checked(role, str(directory), None, open_model(ModelRef(str(directory)), directory=directory)))
+    return models
+
+
+def _figures(models: list[Checked], workdir: Path) -> tuple[object, object]:
+    streams = streams_of(models)
+    try:
+        return static_pass(models), forward_pass(models, streams, TOKENS, workdir)
+    finally:
+        for stream in streams:
+            stream.close()
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])  # an untied head; a tied one with soft-capped logits
+def test_spans_blocks_of_the_head_and_rows_of_the_embeddings_give_the_figures_of_whole_reads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str) -> None:
+    models = _models(tmp_path, family)
+    monkeypatch.setattr(static, "_BLOCK", 64)
+    monkeypatch.setattr(static, "_SPAN", 1 << 40)  # every tensor whole
+    monkeypatch.setattr(heads, "HEAD_BLOCK_BYTES", 1 << 40)
+    whole = _figures(models, tmp_path / "whole")
+    monkeypatch.setattr(static, "_SPAN", 128)  # 1,536-value projections in 12 spans
+    monkeypatch.setattr(heads, "HEAD_BLOCK_BYTES", 50 * 32 * 4)  # 48 of the 128 vocabulary rows a block
+    streams = streams_of(models[:1])
+    blocks = heads.head_blocks(streams[0])
+    streams[0].close()
+    assert blocks == [(0, 48), (48, 96), (96, 128)]
+    assert _figures(models, tmp_path / "blocks") == whole
+    assert not (tmp_path / "blocks" / heads.SCRATCH).exists()  # the log-probabilities kept on disk are gone
+
+
+def test_the_embeddings_rows_of_the_tokens_used_give_the_hidden_states_of_the_whole_table(tmp_path: Path) -> None:
+    (model,) = _models(tmp_path, "llama")[:1]
+    (stream,) = streams_of([model])
+    try:
+        batches = []
+        for group in batches_of(TOKENS):
+            longest = max(len(TOKENS[i]) for i in group)
+            ids = torch.zeros(len(group), longest, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for row, i in enumerate(group):
+                ids[row, :len(TOKENS[i])] = torch.tensor(TOKENS[i])
+                mask[row, :len(TOKENS[i])] = 1
+            batches.append((ids, mask))
+        with torch.no_grad():
+            whole = stream.inputs(batches)
+            rows = stream.inputs_of_rows(batches, block_bytes=7 * 32 * 4)  # 7 rows of the table a block
+        for (a, _), (b, _) in zip(whole, rows):
+            assert torch.equal(a, b)
+        assert all(p.is_meta and p.shape == (128, 32) for p in stream.model.get_input_embeddings().parameters())
+    finally:
+        stream.close()
