@@ -20,9 +20,10 @@ from resumerge.check.heads import head_step_bytes
 from resumerge.check.models import Checked, find_models
 from resumerge.check.passes import BATCH_TOKENS, PassFigures, forward_pass, largest_batch, padded_positions, streams_of
 from resumerge.check.progress import Progress
-from resumerge.check.prompts import describe, load_tokenizer, sequences
+from resumerge.check.prompts import describe
 from resumerge.check.report import CheckReport, ModelFigures, StaticFigures
 from resumerge.check.static import static_bytes, static_pass
+from resumerge.check.tokens import cached_sequences
 from resumerge.check.verdict import THRESHOLDS, judge
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
@@ -47,9 +48,8 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     models = find_models(model, base, tuple(parents), state)
     _comparable(models)
     import_transformers("resumerge check")
-    tokenizer = load_tokenizer([m.opened.directory for m in models])
     prompts_file = Path(prompts) if prompts is not None else None
-    tokens = sequences(tokenizer, prompts_file)
+    tokens = cached_sequences([m.opened.directory for m in models], prompts_file, state.checks_dir)
     workdir = state.checks_dir / _key(models, tokens)
     done = workdir / REPORT_NAME
     if done.is_file():  # asked again: the same report, and the card brought up to date with it

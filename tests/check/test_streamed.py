@@ -80,3 +80,41 @@ def test_the_embeddings_rows_of_the_tokens_used_give_the_hidden_states_of_the_wh
         assert all(p.is_meta and p.shape == (128, 32) for p in stream.model.get_input_embeddings().parameters())
     finally:
         stream.close()
+
+
+def test_the_token_sequences_are_kept_until_the_tokenizer_or_the_prompts_change(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A resumed check finds its journal by its tokens: kept, it need not load the tokenizer again to find them.
+    from resumerge.check import tokens
+
+    loaded: list[Path] = []
+
+    class Tokenizer:
+        chat_template = None
+
+        def __call__(self, text: str) -> dict[str, list[int]]:
+            return {"input_ids": [ord(c) for c in text]}
+
+    def load(directories: list[Path]) -> Tokenizer:
+        loaded.append(directories[0])
+        return Tokenizer()
+
+    monkeypatch.setattr(tokens, "load_tokenizer", load)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"x")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("ab\ncde\n")
+    cache = tmp_path / "checks"
+    first = tokens.cached_sequences([model], prompts, cache)
+    assert first == [[97, 98], [99, 100, 101]] and len(loaded) == 1
+    (model / "model.safetensors").write_bytes(b"changed weights")  # not what tokens depend on
+    assert tokens.cached_sequences([model], prompts, cache) == first and len(loaded) == 1
+    prompts.write_text("xy\n")
+    assert tokens.cached_sequences([model], prompts, cache) == [[120, 121]] and len(loaded) == 2
+    (model / "tokenizer.json").write_text('{"changed": 1}')
+    assert tokens.cached_sequences([model], prompts, cache) == [[120, 121]] and len(loaded) == 3
+    for kept in (cache / tokens.TOKENS_DIR).iterdir():
+        kept.write_text("not json")  # damaged: computed again
+    assert tokens.cached_sequences([model], prompts, cache) == [[120, 121]] and len(loaded) == 4
