@@ -186,12 +186,14 @@ def resume(
         own = own_record(where)
         if own is not None:
             return own.resume_own(where, settings, driving)
+        from resumerge.api.checked import section_kept
         from resumerge.engine.session import resuming
 
         # What the run recorded, read once; the kind it names (or, for a run recorded before kinds were, the one
-        # its text is) resumes it.
+        # its text is) resumes it; a model card it rebuilt gets the last check's section back.
         with resuming(where, settings, driving.reporter) as recorded:
-            return recorded_kind(recorded.kind, recorded.text).resume(recorded, settings, driving)
+            outcome = recorded_kind(recorded.kind, recorded.text).resume(recorded, settings, driving)
+        return section_kept(outcome, settings.state)
 
 
 def extract_lora(

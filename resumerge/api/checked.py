@@ -42,3 +42,13 @@ def checked(outcome: Outcome, *, state: StateDir, max_memory: int | None) -> Che
 
     report = run_check(outcome.out_dir, state=state, max_memory=max_memory)
     return CheckedOutcome(**{f.name: getattr(outcome, f.name) for f in fields(outcome)}, check=report)
+
+
+def section_kept(outcome: Outcome, state: StateDir) -> Outcome:
+    """``outcome`` of a ``resume``, after the last check's section is written back into the model card where the
+    resume rebuilt the card without it (:func:`resumerge.check.card.restore_section`)."""
+    if outcome.target is None:  # a hub OUT's card is the repo's: a check makes no commit to it
+        from resumerge.check.card import restore_section
+
+        restore_section(outcome.out_dir, state)
+    return outcome

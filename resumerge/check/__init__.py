@@ -10,7 +10,8 @@ rules and :mod:`.report` the report's shape and JSON, and :mod:`.card` writes a 
 resumerge output's model card.
 :func:`~resumerge.check.run.run_check` does it all; :func:`resumerge.api.check` calls it.
 
-May import: errors, config, forward, inputs, memory, store (killpoints, manifest, durable, ledger, recommit).
+May import: errors, config, forward, inputs, memory, store (killpoints, manifest, durable, ledger, ledger_read,
+recommit).
 """
 
 from __future__ import annotations

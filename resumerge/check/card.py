@@ -4,8 +4,9 @@ merge's KL from it, the layer named, the thresholds, the prompts and where the d
 The section sits between two HTML comments (invisible on the hub), so checking again replaces it and never adds a
 second one. The card is changed only where resumerge wrote it: its record (ledger or manifest) holds README.md
 committed and the bytes on disk still match; the new card is committed as every output file is
-(:func:`~resumerge.store.recommit.recommit_small`), so ``verify`` passes after it. A hub OUT's card is left as
-committed: changing it is a commit to the repo, which the check does not make.
+(:func:`~resumerge.store.recommit.recommit_small`), so ``verify`` passes after it. A ``resume`` that rebuilds the
+card (deleted or damaged) writes the last check's section back (:func:`restore_section`). A hub OUT's card is left
+as committed: changing it is a commit to the repo, which the check does not make.
 """
 
 from __future__ import annotations
@@ -50,6 +51,35 @@ def update_card(model: str | os.PathLike[str], state: StateDir, report: CheckRep
     if not recommit_small(out, found, updated, state):
         return f"{out / CARD_NAME} is not updated: a merge into {out} is running"
     return f"{out / CARD_NAME}: the check's section written (its checksum recorded: verify passes)"
+
+
+def restore_section(model: str | os.PathLike[str], state: StateDir) -> str | None:
+    """Write the section of ``model``'s last check back into its card, where a later ``resume`` rebuilt the card
+    from the plan (the card was deleted or damaged) and so dropped it: the check's ``check`` event in the run's
+    ledger names its report, which the section is rendered from. None where there is nothing to restore (no
+    ledger, no check recorded, its report gone, or the card has the section already)."""
+    import json
+
+    from resumerge.check.report import CheckReport
+    from resumerge.store.ledger_read import reading
+
+    where = os.fspath(model)
+    if is_hub_target(where):
+        return None
+    ledger = state.run(where).ledger
+    if not ledger.is_file():
+        return None
+    try:
+        with reading(ledger, "ledger") as conn:
+            row = conn.execute("SELECT data FROM events WHERE kind = 'check' ORDER BY id DESC LIMIT 1").fetchone()
+        found = json.loads(row["data"] or "{}").get("report") if row is not None else None
+        card = Path(where) / CARD_NAME
+        if not isinstance(found, str) or not card.is_file() or BEGIN in card.read_text(errors="replace"):
+            return None
+        report = CheckReport.from_json(json.loads(Path(found).read_text()))
+    except (LedgerError, OSError, ValueError, KeyError, TypeError):  # an unreadable record: the card stays as built
+        return None
+    return update_card(where, state, report)
 
 
 def _is_output(out: Path, state: StateDir) -> bool:

@@ -76,6 +76,21 @@ def test_a_check_writes_its_section_into_the_card_and_verify_still_passes(tmp_pa
     assert (out / "README.md").read_bytes() == data
 
 
+def test_a_card_a_resume_rebuilds_gets_the_last_checks_section_back(tmp_path: Path) -> None:
+    out, state, _ = _merged(tmp_path)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat on the mat\nhello world again\n")
+    api.check(out, prompts=texts, state_dir=state)
+    checked = (out / "README.md").read_bytes()
+    (out / "README.md").unlink()  # the resume makes it again from the plan, which knows nothing of the check
+    api.resume(out, state_dir=state)
+    assert (out / "README.md").read_bytes() == checked  # the section written back from the check's record
+    ledger_row, manifest_entry = _card_record(out, state)
+    assert ledger_row == (len(checked), hashlib.sha256(checked).hexdigest())
+    assert manifest_entry == {"bytes": len(checked), "sha256": hashlib.sha256(checked).hexdigest()}
+    assert api.verify(out, state_dir=state).ok
+
+
 def test_checking_again_replaces_the_section_and_never_adds_a_second(tmp_path: Path) -> None:
     out, state, _ = _merged(tmp_path)
     api.check(out, state_dir=state)  # built-in texts
