@@ -10,8 +10,7 @@ rules and :mod:`.report` the report's shape and JSON, and :mod:`.card` writes a 
 resumerge output's model card.
 :func:`~resumerge.check.run.run_check` does it all; :func:`resumerge.api.check` calls it.
 
-May import: errors, config, forward, inputs, memory, store (killpoints, manifest, durable, ledger, ledger_read,
-recommit).
+May import: errors, config, forward, inputs, memory, store (killpoints, manifest, durable, ledger, recommit).
 """
 
 from __future__ import annotations
