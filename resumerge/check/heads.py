@@ -65,7 +65,8 @@ def head_figures(streams: Sequence[ModelStream], hidden: list[list[torch.Tensor]
         for b, rows in enumerate(logprobs(streams[0], hidden[0], batches)):
             for row, found in enumerate(rows):
                 total = _nll_sum(found, targets[b][row], total)
-                _keep(scratch, 0, b, row, found)
+                if n > 1:  # compared with every other model's
+                    _keep(scratch, 0, b, row, found)
         nll[0] = total / tokens
         for m in range(1, n):
             total, agree = 0.0, 0
@@ -78,7 +79,7 @@ def head_figures(streams: Sequence[ModelStream], hidden: list[list[torch.Tensor]
                     per_position.append(_kl(theirs, merged))
                     agree += int((theirs.argmax(-1) == merged.argmax(-1)).sum())
                     del merged
-                    if m == base:
+                    if m == base and m < n - 1:  # the parents after it are compared with it
                         _keep(scratch, m, b, row, theirs)
                     elif base is not None and base < m:
                         from_base.append(_kl(_kept(scratch, base, b, row), theirs))

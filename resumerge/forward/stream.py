@@ -242,7 +242,7 @@ class ModelStream:
             for part in parts:
                 self.unload(part)
 
-    def inputs_of_rows(self, batches: list[tuple[torch.Tensor, torch.Tensor]], block_bytes: int = 16 << 20
+    def inputs_of_rows(self, batches: list[tuple[torch.Tensor, torch.Tensor]], block_bytes: int = 4 << 20
                        ) -> list[tuple[torch.Tensor, list[LayerCall]]]:
         """:meth:`inputs`, holding of the input embeddings only the rows of the tokens the batches use: the
         table read ``block_bytes`` at a time, the rows kept, the ids renumbered to them (the same hidden states:
@@ -255,6 +255,8 @@ class ModelStream:
             return self.inputs(batches)
         vocab, width = self.formats.stored[key].entry.shape
         used = torch.unique(torch.cat([ids.reshape(-1) for ids, _ in batches]))
+        if int(used[0]) < 0 or int(used[-1]) >= vocab:  # the embedding's own error, as without this
+            return self.inputs(batches)
         rows = torch.empty(len(used), width, dtype=self.dtype)
         step = max(1, block_bytes // (width * 4))
         for start in range(0, vocab, step):
