@@ -49,18 +49,19 @@ def find_models(model: str | os.PathLike[str], base: str | os.PathLike[str] | No
     records under ``state``)."""
     if not os.fspath(model).strip():
         raise UsageError("MODEL is empty", hint="name the merged model's folder")
-    merge = _open(os.fspath(model), "MODEL", state)
+    merge = open_checked(os.fspath(model), "MODEL", state)
     recorded_base, recorded = _recorded(merge.opened.directory) if base is None and not parents else (None, [])
     chosen_base = os.fspath(base) if base is not None else recorded_base
     chosen = [(os.fspath(p), None) for p in parents] if parents else recorded
     found = [replace(merge, role="merge")]
     if chosen_base is not None:
-        found.append(replace(_open(chosen_base, "--base", state), role="base"))
-    found.extend(replace(_open(p, "--parent", state), role="parent", weight=w) for p, w in chosen)
+        found.append(replace(open_checked(chosen_base, "--base", state), role="base"))
+    found.extend(replace(open_checked(p, "--parent", state), role="parent", weight=w) for p, w in chosen)
     return found
 
 
-def _open(where: str, what: str, state: StateDir) -> Checked:
+def open_checked(where: str, what: str, state: StateDir) -> Checked:
+    """The model at ``where`` (a folder or ``hf://`` repo; ``what`` names it in errors), opened (headers only)."""
     if is_hub_target(where):
         return _open_hub(where, what, state)
     directory = Path(where)
