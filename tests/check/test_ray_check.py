@@ -70,7 +70,8 @@ def _same(doc: dict[str, Any], reference: CheckReport) -> None:
     assert doc == expected
 
 
-def _cli(out: Path, texts: Path, state: Path, *extra: str, kill_at: str | None = None) -> subprocess.CompletedProcess[str]:
+def _cli(out: Path, texts: Path, state: Path, *extra: str,
+         kill_at: str | None = None) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "resumerge", "check", str(out), "--prompts", str(texts), "--json",
             "--state-dir", str(state), *extra]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
