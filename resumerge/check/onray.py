@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.check.models import Checked
 from resumerge.check.passes import HeadFigures, compared, logprobs, model_layer, streams_of
-from resumerge.errors import UnreachableError
+from resumerge.errors import ResumergeError, UnreachableError
 from resumerge.forward.stream import LayerCall
 from resumerge.torch_import import torch
 
@@ -41,16 +41,23 @@ class ModelNode:
 
     def __init__(self, model: Checked, threads: int) -> None:
         torch.set_num_threads(max(1, threads))
-        self.stream = streams_of([_here(model)])[0]
+        self.failed: ResumergeError | None = None
+        try:
+            self.stream = streams_of([_here(model)])[0]
+        except ResumergeError as exc:  # said by :meth:`node` (an actor whose constructor raises says only "died")
+            self.failed = exc
         self.entering: list[tuple[torch.Tensor, list[LayerCall]]] = []
         self.calls: list[list[LayerCall]] = []
         self.hidden: Hidden = []
         self.lp: Hidden = []
 
     def node(self) -> str:
-        """The node this actor runs on (its short id, as ``status`` shows it)."""
+        """The node this actor runs on (its short id, as ``status`` shows it); raises the error that kept it from
+        opening its model."""
         from resumerge.engine.cluster.connect import this_node
 
+        if self.failed is not None:
+            raise self.failed
         return this_node()
 
     def enter(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> Hidden:
@@ -75,11 +82,15 @@ class ModelNode:
         self.hidden = out
         return out, theirs
 
-    def head(self, batches: Batches) -> Hidden:
-        """This model's log-probabilities from its last hidden states (kept for :meth:`compare`)."""
+    def head(self, batches: Batches, share: bool, own: Hidden | None = None) -> Hidden | None:
+        """This model's log-probabilities from its last hidden states (``own`` where given: a check resumed after
+        its last layer), kept for :meth:`compare`, and returned where ``share`` (the merge's and the base's, which
+        the others compare theirs with)."""
+        if own is not None:
+            self.hidden = own
         with torch.no_grad():
             self.lp = logprobs(self.stream, self.hidden, batches)
-        return self.lp
+        return self.lp if share else None
 
     def compare(self, merged: Hidden | None, base: Hidden | None, batches: Batches) -> HeadFigures:
         """See :func:`~resumerge.check.passes.compared` (of this model's log-probabilities)."""
@@ -115,6 +126,10 @@ class RayModels:
     def _get(self, refs: Any) -> Any:
         try:
             return self.ray.get(refs)
+        except self.ray.exceptions.RayTaskError as exc:  # the actor's own error, said as a local check says it
+            if isinstance(exc.cause, ResumergeError):
+                raise exc.cause from None
+            raise
         except (self.ray.exceptions.RayActorError, self.ray.exceptions.ObjectLostError) as exc:
             raise UnreachableError(f"a Ray node of the check was lost ({type(exc).__name__})",
                                    hint="run the check again: it resumes at the last layer journaled") from None
@@ -138,7 +153,8 @@ class RayModels:
         return [out for out, _ in done], [out if theirs is None else theirs for out, theirs in done]
 
     def heads(self, hidden: list[Hidden], batches: Batches, base: int | None) -> list[HeadFigures]:
-        lps = [actor.head.remote(batches) for actor in self.actors]
+        lps = [actor.head.remote(batches, m in (0, base), None if self.seeded else hidden[m])
+               for m, actor in enumerate(self.actors)]
         merged, base_lp = lps[0], lps[base] if base is not None else None
         refs = [self.actors[0].compare.remote(None, None, batches)]
         refs += [actor.compare.remote(merged, base_lp if base is not None and m > base else None, batches)

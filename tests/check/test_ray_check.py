@@ -4,8 +4,9 @@ head without CPUs and three one-CPU worker nodes: one per model of a merge, its 
 One test on one cluster (starting one costs 10-20 s): a check on Ray gives the local check's report, exactly (the
 actors compute on their node's one CPU: the local reference runs torch on one thread too, as float32 sums on more
 threads may round otherwise), each model ran on a different node and ``status`` names them; a check whose driver (the
-real CLI, joined to the cluster by ``--ray-address``) is SIGKILLed after a layer resumes on Ray, is killed again, and
-resumes locally, with the same report; the CLI without Ray installed exits 2 naming the install line.
+real CLI, joined to the cluster by ``--ray-address``) is SIGKILLed after a layer, resumed on Ray and killed again,
+resumed locally and killed again after the last layer, and resumed on Ray once more (the heads only), with the same
+report; the CLI without Ray installed exits 2 naming the install line.
 
 Tiny generated models (three layers, width 32, a byte-level tokenizer)."""
 
@@ -92,21 +93,19 @@ def test_a_check_on_ray_runs_each_model_on_its_own_node_and_resumes_either_way(t
         assert found is not None and found["roles"] == ["merge", "base", "parent"]
         assert sorted(found["nodes"]) == sorted(cluster.node_ids())  # a node of its own for each model
 
-        # The real CLI on Ray, SIGKILLed after layer 2 of 3: status says where it was and on which nodes.
+        # The real CLI on Ray, SIGKILLed after layer 1 of 3: status says where it was and on which nodes. Each run
+        # below passes the kill point once per layer it runs: one started over would die after layer 1 again.
         state = tmp_path / "killed"
         on_cluster = ("--executor", "ray", "--ray-address", cluster.address)
-        killed = _cli(out, texts, state, *on_cluster, kill_at="after_check_layer:2")
-        assert killed.returncode == -9, killed.stderr[-2000:]
-        assert [p.name for p in state.rglob("layer-*.safetensors")] == ["layer-00001.safetensors"]
-        row = dict(api.status(out, state_dir=state).details.rows)["check"]  # type: ignore[union-attr]
-        assert row.startswith("interrupted: layer 2 of 3, 3 models on Ray nodes ") and "(parent)" in row, row
-        # Resumed on Ray at layer 2 (it passes the kill point once per layer: a check started over would pass it
-        # after layer 1), killed again after it: the journal has the last layer.
-        again = _cli(out, texts, state, *on_cluster, kill_at="after_check_layer:1")
-        assert again.returncode == -9, again.stderr[-2000:]
-        assert [p.name for p in state.rglob("layer-*.safetensors")] == ["layer-00002.safetensors"]
-    # Resumed locally, the cluster gone: the heads only, and the same report.
-    resumed = _cli(out, texts, state, kill_at="after_check_layer:1")
+        for executor, journal in ((on_cluster, "layer-00000"), (on_cluster, "layer-00001"), ((), "layer-00002")):
+            killed = _cli(out, texts, state, *executor, kill_at="after_check_layer:1")
+            assert killed.returncode == -9, killed.stderr[-2000:]
+            assert [p.name for p in state.rglob("layer-*.safetensors")] == [f"{journal}.safetensors"]
+            if journal == "layer-00000":
+                row = dict(api.status(out, state_dir=state).details.rows)["check"]  # type: ignore[union-attr]
+                assert row.startswith("interrupted: layer 1 of 3, 3 models on Ray nodes ") and "(parent)" in row
+        # Killed on Ray, resumed on Ray, resumed locally: every layer journaled; on Ray again, the heads only.
+        resumed = _cli(out, texts, state, *on_cluster, kill_at="after_check_layer:1")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     _same(json.loads(resumed.stdout), local)
     assert not list(state.rglob("layer-*.safetensors"))
