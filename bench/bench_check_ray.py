@@ -34,14 +34,28 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_check import TEXTS, _make  # noqa: E402
 
 
-def _check(argv: list[str], env: dict[str, str]) -> tuple[float, dict[str, object]]:
+def _check(argv: list[str], env: dict[str, str], state: Path) -> tuple[float, float, dict[str, object]]:
+    """The check's wall seconds, the seconds from its first layer on (the progress file's ``forward`` phase, read
+    every 50 ms: the layers and the heads, without the start, the static pass and the actors' start), and its
+    report."""
     start = time.perf_counter()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    forward = None
+    while process.poll() is None:
+        if forward is None:
+            for path in state.glob("checks/*/progress.json"):
+                try:
+                    if json.loads(path.read_text()).get("phase") == "forward":
+                        forward = time.perf_counter()
+                except ValueError:
+                    pass
+        time.sleep(0.05)
+    out, err = process.communicate()
     wall = time.perf_counter() - start
-    if done.returncode not in (0, 5, 6):
-        raise SystemExit(f"check failed ({done.returncode}): {done.stderr[-2000:]}")
-    doc: dict[str, object] = json.loads(done.stdout)
-    return wall, doc
+    if process.returncode not in (0, 5, 6):
+        raise SystemExit(f"check failed ({process.returncode}): {err[-2000:]}")
+    doc: dict[str, object] = json.loads(out)
+    return wall, time.perf_counter() - (forward or start), doc
 
 
 def _close(a: object, b: object) -> bool:
@@ -75,16 +89,18 @@ def main() -> None:
             cluster.add_node(num_cpus=args.cpus_per_node)
         cluster.wait_for_nodes()
         for run in range(args.runs):
-            walls, docs = {}, {}
+            walls, passes, docs = {}, {}, {}
             for where, extra in (("local", []), ("ray", ["--executor", "ray", "--ray-address", cluster.address])):
+                state = Path(tempfile.mkdtemp(prefix="check-state-"))
                 argv = [sys.executable, "-m", "resumerge", "check", str(merge), "--base", str(base),
                         *(a for p in parents for a in ("--parent", str(p))), "--prompts", str(texts), "--json",
-                        "--state-dir", tempfile.mkdtemp(prefix="check-state-"), *extra]
-                walls[where], docs[where] = _check(argv, env)
+                        "--state-dir", str(state), *extra]
+                walls[where], passes[where], docs[where] = _check(argv, env, state)
             same = _close(docs["local"], docs["ray"])
-            print(f"run {run}: local {walls['local']:.1f} s, ray ({args.nodes} nodes x {args.cpus_per_node} CPU) "
-                  f"{walls['ray']:.1f} s, ratio {walls['ray'] / walls['local']:.2f}, figures agree to 1e-6: {same}, "
-                  f"verdict {docs['ray']['verdict']}")
+            print(f"run {run}: local {walls['local']:.1f} s (layers and heads {passes['local']:.1f} s), ray "
+                  f"({args.nodes} nodes x {args.cpus_per_node} CPU) {walls['ray']:.1f} s (layers and heads "
+                  f"{passes['ray']:.1f} s), wall ratio {walls['ray'] / walls['local']:.2f}, figures agree to 1e-6: "
+                  f"{same}, verdict {docs['ray']['verdict']}")
     finally:
         ray.shutdown()
         cluster.shutdown()

@@ -8,6 +8,11 @@ plus every model's hidden states. After each layer the hidden states and the fig
 fsync, rename) and the previous layer's file deleted: a killed check resumes at the layer it reached and ends
 with the same figures. The head runs last: the merge's and one other model's at a time, a batch at a time.
 
+:func:`run_pass` drives the pass and journals it; where the models run is a :class:`PassModels`: this process, one
+model after another (:class:`LocalModels`), or an actor per model on a Ray cluster (:mod:`resumerge.check.onray`).
+Both compute each model's layer with :func:`model_layer` and its head figures with :func:`compared`, and the figures
+of a layer come from :func:`layer_row` in the driver: the journal is the same file whichever ran it.
+
 The sequences run in batches (:func:`batches_of`: padded on the right to the longest of the batch, with the
 attention mask), so a layer is one call over many sequences rather than one per sequence: a causal layer's output
 at a real position never sees the padding after it, and every figure is taken over real positions only.
