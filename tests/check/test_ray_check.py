@@ -1,5 +1,6 @@
 """``check --executor ray``: each model's forward pass on a Ray node of its own, on a real cluster on this machine (a
-head without CPUs and three one-CPU worker nodes: one per model of a merge, its base and a parent).
+head without CPUs and three one-CPU worker nodes: one per model of a merge, its base and a parent); ``run --check``
+on Ray checks on Ray too.
 
 One test on one cluster (starting one costs 10-20 s): a check on Ray gives the local check's report, exactly (the
 actors compute on their node's one CPU: the local reference runs torch on one thread too, as float32 sums on more
@@ -92,6 +93,12 @@ def test_a_check_on_ray_runs_each_model_on_its_own_node_and_resumes_either_way(t
         found = find_progress(tmp_path / "ray" / "checks", out)
         assert found is not None and found["roles"] == ["merge", "base", "parent"]
         assert sorted(found["nodes"]) == sorted(cluster.node_ids())  # a node of its own for each model
+        # run --check on Ray: the merge's shards and then the check's models on the cluster.
+        ran = api.run(tmp_path / "merge.yml", tmp_path / "again", state_dir=tmp_path / "run", check=True,
+                      executor=RayExecutor(cluster.address, keep_workers=0))
+        assert ran.check is not None and ran.check.verdict == local.verdict  # type: ignore[attr-defined]
+        found = find_progress(tmp_path / "run" / "checks", tmp_path / "again")
+        assert found is not None and sorted(found["nodes"]) == sorted(cluster.node_ids())
 
         # The real CLI on Ray, SIGKILLed after layer 1 of 3: status says where it was and on which nodes. Each run
         # below passes the kill point once per layer it runs: one started over would die after layer 1 again.
