@@ -44,7 +44,7 @@ def checked(outcome: Outcome, *, state: StateDir, max_memory: int | None,
 
     on_ray, address = check_placement(executor)
     report = run_check(outcome.out_dir, state=state, max_memory=max_memory, on_ray=on_ray, ray_address=address)
-    return CheckedOutcome(**{f.name: getattr(outcome, f.name) for f in fields(outcome)}, check=report)
+    return CheckedOutcome(**{f.name: getattr(outcome, f.name) for f in fields(Outcome)}, check=report)
 
 
 def check_placement(executor: object) -> tuple[bool, str | None]:

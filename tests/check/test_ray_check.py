@@ -1,13 +1,13 @@
 """``check --executor ray``: each model's forward pass on a Ray node of its own, on a real cluster on this machine (a
 head without CPUs and three one-CPU worker nodes: one per model of a merge, its base and a parent); ``run --check``
-on Ray checks on Ray too.
+on Ray checks on Ray too (its executor handed on: tested without a cluster).
 
 One test on one cluster (starting one costs 10-20 s): a check on Ray gives the local check's report, exactly (the
 actors compute on their node's one CPU: the local reference runs torch on one thread too, as float32 sums on more
 threads may round otherwise), each model ran on a different node and ``status`` names them; a check whose driver (the
-real CLI, joined to the cluster by ``--ray-address``) is SIGKILLed after a layer, resumed on Ray and killed again,
-resumed locally and killed again after the last layer, and resumed on Ray once more (the heads only), with the same
-report; the CLI without Ray installed exits 2 naming the install line.
+real CLI, joined to the cluster by ``--ray-address``) is SIGKILLed after a layer, resumed locally and killed again
+after the last layer, and resumed on Ray (the heads only), with the same report; ``run --check`` hands the check its
+run's executor; the CLI without Ray installed exits 2 naming the install line.
 
 Tiny generated models (three layers, width 32, a byte-level tokenizer)."""
 
@@ -93,25 +93,20 @@ def test_a_check_on_ray_runs_each_model_on_its_own_node_and_resumes_either_way(t
         found = find_progress(tmp_path / "ray" / "checks", out)
         assert found is not None and found["roles"] == ["merge", "base", "parent"]
         assert sorted(found["nodes"]) == sorted(cluster.node_ids())  # a node of its own for each model
-        # run --check on Ray: the merge's shards and then the check's models on the cluster.
-        ran = api.run(tmp_path / "merge.yml", tmp_path / "again", state_dir=tmp_path / "run", check=True,
-                      executor=RayExecutor(cluster.address, keep_workers=0))
-        assert ran.check is not None and ran.check.verdict == local.verdict  # type: ignore[attr-defined]
-        found = find_progress(tmp_path / "run" / "checks", tmp_path / "again")
-        assert found is not None and sorted(found["nodes"]) == sorted(cluster.node_ids())
 
         # The real CLI on Ray, SIGKILLed after layer 1 of 3: status says where it was and on which nodes. Each run
         # below passes the kill point once per layer it runs: one started over would die after layer 1 again.
         state = tmp_path / "killed"
         on_cluster = ("--executor", "ray", "--ray-address", cluster.address)
-        for executor, journal in ((on_cluster, "layer-00000"), (on_cluster, "layer-00001"), ((), "layer-00002")):
-            killed = _cli(out, texts, state, *executor, kill_at="after_check_layer:1")
+        # Killed on Ray after layer 0, resumed locally and killed after the last layer (its second).
+        for executor, journal, nth in ((on_cluster, "layer-00000", 1), ((), "layer-00002", 2)):
+            killed = _cli(out, texts, state, *executor, kill_at=f"after_check_layer:{nth}")
             assert killed.returncode == -9, killed.stderr[-2000:]
             assert [p.name for p in state.rglob("layer-*.safetensors")] == [f"{journal}.safetensors"]
             if journal == "layer-00000":
                 row = dict(api.status(out, state_dir=state).details.rows)["check"]  # type: ignore[union-attr]
                 assert row.startswith("interrupted: layer 1 of 3, 3 models on Ray nodes ") and "(parent)" in row
-        # Killed on Ray, resumed on Ray, resumed locally: every layer journaled; on Ray again, the heads only.
+        # Every layer journaled: on Ray again, the heads only.
         resumed = _cli(out, texts, state, *on_cluster, kill_at="after_check_layer:1")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     _same(json.loads(resumed.stdout), local)
@@ -138,3 +133,24 @@ def test_a_check_runs_where_the_executor_object_says() -> None:
     assert check_placement(RayExecutor("head:6379", keep_workers=0)) == (True, "head:6379")
     with pytest.raises(UsageError, match="LocalExecutor or RayExecutor"):
         check_placement("ray")
+
+
+def test_run_check_hands_the_check_its_run_s_executor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run --check`` checks where the run ran: its executor reaches the check (a cluster's address included)."""
+    import resumerge.check.run
+    from resumerge.api.checked import checked
+    from resumerge.config.locations import StateDir
+    from resumerge.engine.executors import LocalExecutor
+
+    seen: list[tuple[bool, str | None]] = []
+
+    def placed(*_: object, on_ray: bool, ray_address: str | None, **__: object) -> None:
+        seen.append((on_ray, ray_address))
+
+    monkeypatch.setattr(resumerge.check.run, "run_check", placed)
+    _merged(tmp_path)
+    ran = api.run(tmp_path / "merge.yml", tmp_path / "again", state_dir=tmp_path / "state", check=True,
+                  executor=LocalExecutor())
+    checked(ran, state=StateDir.resolve(tmp_path / "state"), max_memory=None,
+            executor=RayExecutor("head:6379", keep_workers=0))
+    assert seen == [(False, None), (True, "head:6379")]
