@@ -168,9 +168,11 @@ def test_a_damaged_gguf_output_is_found_by_verify(tmp_path: Path) -> None:
 
 
 def test_a_gguf_output_without_a_tokenizer_or_of_an_unwritable_family_is_refused(tmp_path: Path) -> None:
-    a, b = _parents(tmp_path, "qwen3moe")
-    done = cli("plan", _config(tmp_path, a, b), "--out-type", "gguf")
-    assert done.returncode == 2 and "a GGUF output of a qwen3_moe model, which resumerge cannot write" in done.stderr
+    from moe_families import make_moe_model
+
+    deepseek = make_moe_model(tmp_path / "deepseek", "deepseek_v3", seed=0)
+    done = cli("plan", _config(tmp_path, deepseek, deepseek), "--out-type", "gguf")
+    assert done.returncode == 2 and "a GGUF output of a deepseek_v3 model, which resumerge cannot write" in done.stderr
     assert "Traceback" not in done.stderr
     (tmp_path / "q").mkdir()
     model, values = decoded(_parents(tmp_path / "q", "qwen3")[0])

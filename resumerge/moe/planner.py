@@ -108,7 +108,13 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
     # Experts and copies are stored decoded (plainly): a quantized base's quantization_config would have
     # transformers read them as its format.
     set_quantization(out_config, base.config, tensors)
-    blobs = tokenizer_blobs(base.directory) if options.copy_tokenizer else {}
+    headers: dict[str, bytes] = {}
+    if options.out_type == "gguf":  # one GGUF file (or gguf-split's files), the tokenizer built into it
+        from resumerge.plan.ggufout import gguf_output
+
+        shards, tensors, headers = gguf_output(tensors, out_config, models, [config.base_model.key],
+                                               options.gguf_type, None, options.gguf_split_max_size, last=late)
+    blobs = tokenizer_blobs(base.directory) if options.copy_tokenizer and not headers else {}
     inputs = {key: tuple((f.name, f.size, f.identity) for f in m.files) for key, m in sorted(models.items())}
     dirs = {key: str(m.directory) for key, m in models.items()}
     plan = Plan(
@@ -125,6 +131,7 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
         out_config=out_config,
         tokenizer_files=tuple((n, hashlib.sha256(d).hexdigest()) for n, d in sorted(blobs.items())),
         tokenizer_blobs=blobs,
+        gguf_headers=headers,
         notes=tuple(notes),
         units=(*routers.UNITS, *expert_methods.UNITS),
         config_copy=CONFIG_COPY,
