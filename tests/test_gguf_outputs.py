@@ -112,18 +112,21 @@ def test_a_planned_header_is_gguf_py_s_writer_s_prefix(tmp_path: Path) -> None:
     assert [t.data_offset - reader.data_offset for t in reader.tensors] == list(layout.offsets)
 
 
-@pytest.mark.parametrize("split", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_a_gguf_output_run_killed_anywhere_resumes_byte_identical(tmp_path: Path, split: bool) -> None:
-    a, b = _parents(tmp_path, "llama")
+@pytest.mark.parametrize("case", ["one", pytest.param("split", marks=pytest.mark.slow), "experts"])
+def test_a_gguf_output_run_killed_anywhere_resumes_byte_identical(tmp_path: Path, case: str) -> None:
+    split = case == "split"
+    a, b = _parents(tmp_path, "qwen3moe" if case == "experts" else "llama")
     config = _config(tmp_path, a, b)
     # split: gguf-split's files (tests/test_gguf_split.py), killed in a later file's write, rename and commit (the
-    # one-file run walks every local point; these are what a split adds)
+    # one-file run walks every local point; these are what a split adds). experts: a qwen3moe output, each expert
+    # written into its stacked tensor (tests/test_gguf_moe.py), killed with the stacks part written and after
     flags = ["--out-type", "gguf", "--gguf-type", "q8_0", *(["--gguf-split-max-size", "40000"] if split else [])]
     whole = tmp_path / "whole"
     assert cli("run", config, whole, "--state-dir", tmp_path / "s0", *flags).returncode == 0
     assert len(list(whole.glob("*.gguf"))) == (15 if split else 1)
     reached = []
-    points = ("mid_shard_write:3", "after_rename:4", "after_ledger_commit:2") if split else LOCAL_POINTS
+    points = (("mid_shard_write:3", "after_rename:4", "after_ledger_commit:2") if split else
+              ("mid_shard_write", "after_temp_write") if case == "experts" else LOCAL_POINTS)
     for point in points:
         out, state = tmp_path / point.replace(":", "_"), tmp_path / f"{point.replace(':', '_')}.state"
         args = [sys.executable, "-m", "resumerge", "run", str(config), str(out), "--state-dir", str(state), *flags]
@@ -137,8 +140,8 @@ def test_a_gguf_output_run_killed_anywhere_resumes_byte_identical(tmp_path: Path
         assert done.returncode == 0, (point, done.stderr)
         assert digests(out) == digests(whole), point
         assert cli("verify", out, "--state-dir", state).returncode == 0, point
-    assert set(points if split else ("mid_shard_write", "after_temp_write", "after_rename", "after_ledger_commit")
-               ) <= set(reached)
+    assert set(points if case != "one" else ("mid_shard_write", "after_temp_write", "after_rename",
+                                             "after_ledger_commit")) <= set(reached)
 
 
 def test_a_gguf_output_takes_the_config_s_chat_template(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from resumerge.plan.merge_plan import TensorPlan
 WRITTEN = ("llama, mistral, qwen2, qwen3, gemma2, gemma3, and the mixtures of experts qwen3_moe, qwen2_moe and "
            "mixtral")
 
+SQUEEZED = "ffn_gate_inp_shexp.weight"
 Encode = Callable[..., TensorPlan]  # (tp, GGUF name, *, expert=-1, up_name="") -> tp with its GGUF codec
 
 
@@ -72,8 +73,12 @@ def place_tensors(tensors: Mapping[str, TensorPlan], arch: str, config: Mapping[
     for slot in slots:
         if isinstance(slot, tuple):
             name, tp = slot
-            entries.append(Entry(((name, tp),), (TensorInfo(tp.out_codec.gguf_name, tp.shape,  # type: ignore[attr-defined]
-                                                            tp.out_codec.ggml_type, tp.nbytes),)))  # type: ignore[attr-defined]
+            target = tp.out_codec.gguf_name  # type: ignore[attr-defined]
+            # Qwen2-MoE's shared expert router [1, n_embd] is 1-D in the converter's GGUF (it squeezes it), as
+            # llama.cpp and transformers read it; the same bytes
+            shape = tp.shape[1:] if target.endswith(SQUEEZED) and tp.shape[0] == 1 else tp.shape
+            entries.append(Entry(((name, tp),), (TensorInfo(target, shape, tp.out_codec.ggml_type,  # type: ignore[attr-defined]
+                                                            tp.nbytes),)))
         elif slot in fused:
             entries.append(fused[slot])
         else:
