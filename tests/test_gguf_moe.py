@@ -195,3 +195,33 @@ def test_a_mergekit_moe_output_is_written_as_gguf(tmp_path: Path, kind: str) -> 
     assert _keys(reader, arch) == keys
     if arch != "llama":  # transformers reads a llama GGUF as a dense Llama, experts aside
         _same_logits(out, merged)
+
+
+def test_the_slices_of_a_stack_lie_end_to_end_whatever_their_size(tmp_path: Path) -> None:
+    """Three Q8_0 expert slices of 102 bytes each (not a multiple of the alignment) make one GGUF tensor of 306
+    bytes, padded after the last slice only: a file written part by part at the shard layout's offsets is read by
+    gguf-py as the stack and the tensor after it."""
+    from resumerge.inputs.gguf.layout import STRING, TensorInfo, Value, plan_layout, shard_layout
+
+    rng = np.random.default_rng(0)
+    experts = [rng.standard_normal((3, 32)).astype(np.float32) for _ in range(3)]
+    slices = [gguf.quants.quantize(e, Q.Q8_0) for e in experts]
+    norm = rng.standard_normal(32).astype(np.float32)
+    layout = plan_layout([("general.architecture", Value(STRING, "qwen3moe"))],
+                         [TensorInfo("blk.0.ffn_gate_exps.weight", (3, 3, 32), Q.Q8_0, 306),
+                          TensorInfo("output_norm.weight", (32,), Q.F32, 128)])
+    parts = [*((f"blk.0.ffn_gate_exps.weight#{e}", "U8", (3, 34)) for e in range(3)),
+             ("output_norm.weight", "F32", (32,))]
+    planned = shard_layout(layout.header, parts, layout.file_size)
+    assert [t.offset for t in planned.order] == [0, 102, 204, 320] == [0, 102, 204, layout.offsets[1]]
+    data = bytearray(layout.file_size)
+    data[:len(layout.header)] = layout.header
+    for t, value in zip(planned.order, [*slices, norm]):
+        at = len(layout.header) + t.offset
+        data[at:at + t.nbytes] = value.tobytes()
+    (tmp_path / "m.gguf").write_bytes(bytes(data))
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    stack, after = reader.tensors
+    assert np.array_equal(gguf.quants.dequantize(stack.data, stack.tensor_type),
+                          np.stack([gguf.quants.dequantize(s, Q.Q8_0) for s in slices]))
+    assert np.array_equal(after.data, norm)

@@ -7,7 +7,8 @@ complete GGUF and its own shard: the first holds every key-value, the others onl
 llama.cpp's conventions (``gguf.md`` §2-4): matrices in ``--gguf-type`` (Q8_0 needs rows of whole 32-value blocks,
 else F16), norms, 1-D tensors and routers F32; the family's hyperparameter keys from the output's config.json; the
 ``tokenizer.*`` keys (vocabulary, merges, chat template) copied with their types from a GGUF parent, or built from
-the donor's tokenizer files when no parent is a GGUF (``hfvocab``).
+the donor's tokenizer files when no parent is a GGUF (``hfvocab``). A mixture of experts' routed projections are
+stacked per layer as the converter stacks them (:mod:`.ggufstacks`).
 """
 
 from __future__ import annotations
