@@ -30,7 +30,9 @@ _BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"
           "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
           "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate": "ffn_gate_inp",
           "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
-          "mlp.shared_expert.down_proj": "ffn_down_shexp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp"}
+          "mlp.shared_expert.down_proj": "ffn_down_shexp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+          "block_sparse_moe.gate": "ffn_gate_inp"}
+_MIXTRAL = {"w1": "gate", "w3": "up", "w2": "down"}
 
 
 def _expected(arch: str, merged: dict[str, torch.Tensor], heads: int = HEADS, kv: int = KV) -> dict[str, np.ndarray]:
@@ -44,9 +46,11 @@ def _expected(arch: str, merged: dict[str, torch.Tensor], heads: int = HEADS, kv
             out[_TOP[name]] = value
             continue
         layer, rest = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", name).groups()  # type: ignore[union-attr]
-        expert = re.fullmatch(r"mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight", rest)
+        expert = re.fullmatch(r"(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)"
+                              r"\.weight", rest)
         if expert is not None:
-            stacks.setdefault(f"blk.{layer}.ffn_{expert.group(2)}_exps.weight", {})[int(expert.group(1))] = value
+            projection = _MIXTRAL.get(expert.group(2), expert.group(2).removesuffix("_proj"))
+            stacks.setdefault(f"blk.{layer}.ffn_{projection}_exps.weight", {})[int(expert.group(1))] = value
         elif rest == "mlp.experts.gate_up_proj":
             half = value.shape[1] // 2
             out[f"blk.{layer}.ffn_gate_exps.weight"], out[f"blk.{layer}.ffn_up_exps.weight"] = (value[:, :half],
@@ -195,6 +199,35 @@ def test_a_mergekit_moe_output_is_written_as_gguf(tmp_path: Path, kind: str) -> 
     assert _keys(reader, arch) == keys
     if arch != "llama":  # transformers reads a llama GGUF as a dense Llama, experts aside
         _same_logits(out, merged)
+
+
+@pytest.mark.slow
+def test_a_merge_of_mixtral_checkpoints_is_written_as_a_llama_gguf_with_experts(tmp_path: Path) -> None:
+    """transformers saves Mixtral's experts one by one (``block_sparse_moe.experts.e.w1``, ``w3``, ``w2``): each is
+    merged alone (slerp, not elementwise) and written as its slice of the gate, up and down stacks; q/k permuted."""
+    from realmodel import smollm2_folder
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("mixtral", hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=49152,
+                                  num_local_experts=3, num_experts_per_tok=2, max_position_embeddings=128)
+    paths = []
+    for i in range(2):
+        torch.manual_seed(i)
+        AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / f"x{i}")
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(smollm2_folder() / name, tmp_path / f"x{i}" / name)
+        paths.append(tmp_path / f"x{i}")
+    doc = {"merge_method": "slerp", "base_model": str(paths[0]), "dtype": "float32", "parameters": {"t": 0.4},
+           "models": [{"model": str(p)} for p in paths]}
+    merge = write_config(tmp_path / "c.yml", doc)
+    merged, out = tmp_path / "merged", tmp_path / "out"
+    assert cli("run", merge, merged, "--state-dir", tmp_path / "s1").returncode == 0
+    done = cli("run", merge, out, "--state-dir", tmp_path / "s2", "--out-type", "gguf", "--gguf-type", "q8_0")
+    assert done.returncode == 0, done.stderr
+    reader = _check_tensors(out / "model.gguf", _expected("llama", load_file(merged / "model.safetensors"), 4, 2),
+                            "q8_0")
+    assert _keys(reader, "llama") == {"expert_count": 3, "expert_used_count": 2}
 
 
 def test_the_slices_of_a_stack_lie_end_to_end_whatever_their_size(tmp_path: Path) -> None:

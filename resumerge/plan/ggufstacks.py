@@ -18,6 +18,7 @@ from typing import Any
 from resumerge.errors import ModelInputError
 from resumerge.inputs.gguf.layout import TensorInfo
 from resumerge.inputs.gguf.names import expert_target, gguf_name
+from resumerge.inputs.gguf.outcodec import GgufOutCodec
 from resumerge.plan.merge_plan import TensorPlan
 
 # What --out-type gguf writes: the families (model_type) and where their experts come from. Named in the refusal of
@@ -65,7 +66,7 @@ def place_tensors(tensors: Mapping[str, TensorPlan], arch: str, config: Mapping[
             continue
         _check_stack(name, tp.shape[0], count)
         placed = encode(tp, targets[0], up_name=targets[1] if len(targets) > 1 else "")
-        infos = tuple(TensorInfo(t, _value_shape(tp.shape, len(targets)), placed.out_codec.ggml_type,  # type: ignore[attr-defined]
+        infos = tuple(TensorInfo(t, _value_shape(tp.shape, len(targets)), _codec(placed).ggml_type,
                                  placed.nbytes // len(targets)) for t in targets)
         fused[name] = Entry(((name, placed),), infos)
         slots.append(name)
@@ -73,17 +74,24 @@ def place_tensors(tensors: Mapping[str, TensorPlan], arch: str, config: Mapping[
     for slot in slots:
         if isinstance(slot, tuple):
             name, tp = slot
-            target = tp.out_codec.gguf_name  # type: ignore[attr-defined]
+            codec = _codec(tp)
             # Qwen2-MoE's shared expert router [1, n_embd] is 1-D in the converter's GGUF (it squeezes it), as
             # llama.cpp and transformers read it; the same bytes
-            shape = tp.shape[1:] if target.endswith(SQUEEZED) and tp.shape[0] == 1 else tp.shape
-            entries.append(Entry(((name, tp),), (TensorInfo(target, shape, tp.out_codec.ggml_type,  # type: ignore[attr-defined]
-                                                            tp.nbytes),)))
+            shape = tp.shape[1:] if codec.gguf_name.endswith(SQUEEZED) and tp.shape[0] == 1 else tp.shape
+            entries.append(Entry(((name, tp),), (TensorInfo(codec.gguf_name, shape, codec.ggml_type, tp.nbytes),)))
         elif slot in fused:
             entries.append(fused[slot])
         else:
             entries.append(_stack(slot, stacks[slot], tensors, count, encode))
     return sorted(entries, key=lambda e: e.tensors[0][0] in last)  # stable: the rest keep their order
+
+
+def _codec(tp: TensorPlan) -> GgufOutCodec:
+    """The GGUF codec ``tp`` was placed with."""
+    codec = tp.out_codec
+    if not isinstance(codec, GgufOutCodec):
+        raise TypeError(f"internal: {tp.name} is not placed in a GGUF")
+    return codec
 
 
 def _value_shape(shape: tuple[int, ...], halves: int) -> tuple[int, ...]:
@@ -107,7 +115,6 @@ def _stack(target: str, members: list[tuple[int, str]], tensors: Mapping[str, Te
         raise ModelInputError(f"{target} would stack {listing}: a GGUF output stacks the {count} experts of a layer, "
                               "each of one shape", tensor=members[0][1], hint="write it as safetensors")
     placed = tuple((name, encode(tensors[name], target, expert=e)) for e, name in members)
-    codec = placed[0][1].out_codec
-    info = TensorInfo(target, (count, *first.shape), codec.ggml_type,  # type: ignore[attr-defined]
+    info = TensorInfo(target, (count, *first.shape), _codec(placed[0][1]).ggml_type,
                       sum(tp.nbytes for _, tp in placed))
     return Entry(placed, (info,))
