@@ -123,11 +123,9 @@ def test_a_qwen3moe_merge_of_a_gguf_and_a_safetensors_parent_is_written_with_its
     config = write_config(tmp_path / "c.yml", {"merge_method": "ties", "base_model": str(a), "dtype": "float32",
                                                 "models": [{"model": str(folder),
                                                             "parameters": {"weight": 0.7, "density": 0.5}}]})
-    merged = tmp_path / "merged"
-    assert cli("run", config, merged, "--state-dir", tmp_path / "s1", "--no-copy-tokenizer").returncode == 0
-    out = tmp_path / "out"
-    done = cli("run", config, out, "--state-dir", tmp_path / "s2", "--out-type", "gguf", "--gguf-type", gguf_type)
-    assert done.returncode == 0, done.stderr
+    merged, out = tmp_path / "merged", tmp_path / "out"  # in this process: the suite's time is short
+    api.run(config, merged, state_dir=tmp_path / "s1", output=api.Output(copy_tokenizer=False))
+    api.run(config, out, state_dir=tmp_path / "s2", output=api.Output(out_type="gguf", gguf_type=gguf_type))
     reader = _check_tensors(out / "model.gguf", _expected("qwen3moe", load_file(merged / "model.safetensors")),
                             gguf_type)
     exps = {t.name: [int(x) for x in t.shape] for t in reader.tensors if "_exps" in t.name}
@@ -187,11 +185,9 @@ def test_a_mergekit_moe_output_is_written_as_gguf(tmp_path: Path, kind: str) -> 
            "experts": [{"source_model": str(base)}, {"source_model": str(other)}],
            **({"shared_experts": shared} if shared else {})}
     config = write_config(tmp_path / "moe.yml", doc)
-    merged = tmp_path / "merged"
-    assert cli("run", config, merged, "--state-dir", tmp_path / "s1").returncode == 0
-    out = tmp_path / "out"
-    done = cli("run", config, out, "--state-dir", tmp_path / "s2", "--out-type", "gguf", "--gguf-type", "f16")
-    assert done.returncode == 0, done.stderr
+    merged, out = tmp_path / "merged", tmp_path / "out"
+    api.run(config, merged, state_dir=tmp_path / "s1")
+    api.run(config, out, state_dir=tmp_path / "s2", output=api.Output(out_type="gguf", gguf_type="f16"))
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "mergekit_moe_config.yml", "model.gguf",
                                                      "resumerge-manifest.json"]
     reader = _check_tensors(out / "model.gguf", _expected(arch, load_file(merged / "model.safetensors"), 4, 2), "f16")
