@@ -19,6 +19,10 @@ from resumerge.plan.inputrefs import read_value, tensor_ref
 
 Q = gguf.GGMLQuantizationType
 HIDDEN, FF, HEADS, KV, HEAD_DIM, VOCAB, LAYERS, EXPERTS = 256, 512, 4, 2, 64, 40, 2, 3
+# A byte-level BPE vocabulary transformers rebuilds (lower-case letters, digits, space, "th", ".", BOS last): texts
+# of those characters tokenize.
+TOKENS = (*"abcdefghijklmnopqrstuvwxyz0123456789", "\u0120", "th", ".", "<s>")
+assert len(TOKENS) == VOCAB
 # Tensor types the writer stores plainly; the others as random blocks (gguf-py quantizes only some of them).
 PLAIN = {Q.F32: np.float32, Q.F16: np.float16}
 
@@ -128,12 +132,13 @@ def write_gguf(path: Path, arch: str, tensors: dict[str, np.ndarray], qtype: Q, 
     writer.add_value_length(HEAD_DIM)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_rope_freq_base(10000.0)
-    # A tokenizer as llama.cpp's converter writes one (a GGUF output copies these keys with their types).
+    # A tokenizer as llama.cpp's converter writes one (a GGUF output copies these keys with their types), which
+    # transformers rebuilds (a check's prompts, a MoE output's tokenizer).
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
-    writer.add_token_list([f"t{i}" for i in range(VOCAB)])
+    writer.add_token_list(list(TOKENS))
     writer.add_token_types([1] * (VOCAB - 1) + [3])
-    writer.add_token_merges(["t 1", "t1 2"])
+    writer.add_token_merges(["t h"])
     writer.add_bos_token_id(VOCAB - 1)
     writer.add_add_bos_token(False)
     writer.add_chat_template("{% for m in messages %}{{ m.content }}{% endfor %}")
