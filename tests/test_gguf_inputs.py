@@ -207,7 +207,7 @@ def _weights_of(out: Path) -> dict[str, torch.Tensor]:
     return {name: value for file in sorted(out.glob("*.safetensors")) for name, value in load_file(file).items()}
 
 
-@pytest.mark.parametrize("gate_mode", ["random", "cheap_embed", "hidden"])
+@pytest.mark.parametrize("gate_mode", ["random", "cheap_embed", pytest.param("hidden", marks=pytest.mark.slow)])
 def test_moe_upcycling_of_gguf_models_equals_that_of_the_safetensors_they_were_converted_from(
         tmp_path: Path, gate_mode: str) -> None:
     from resumerge import api
