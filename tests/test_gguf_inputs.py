@@ -244,6 +244,25 @@ def test_moe_upcycling_of_gguf_models_equals_that_of_the_safetensors_they_were_c
         "m0", "m0.gguf", "m1", "m1.gguf", "m2", "m2.gguf"]  # nothing written beside the GGUFs
 
 
+def test_a_gguf_tokenizer_transformers_cannot_rebuild_is_one_line_where_the_prompts_need_it(tmp_path: Path) -> None:
+    from resumerge import api
+    from resumerge.check.models import find_models
+    from resumerge.check.prompts import load_tokenizer
+    from resumerge.config.locations import StateDir
+    from resumerge.errors import UsageError
+
+    write_gguf(tmp_path / "m.gguf", "llama", to_gguf("llama", hf_tensors("llama")), Q.F32, merges=("q z",))
+    doc = {"base_model": str(tmp_path / "m.gguf"), "gate_mode": "cheap_embed", "dtype": "float32", "experts": [
+        {"source_model": str(tmp_path / "m.gguf"), "positive_prompts": ["a"]},
+        {"source_model": str(tmp_path / "m.gguf"), "positive_prompts": ["b"]}]}
+    with pytest.raises(ModelInputError, match="gate_mode cheap_embed reads the prompts with the base's tokenizer: "
+                                              "transformers cannot rebuild this GGUF's tokenizer"):
+        api.plan_merge(write_config(tmp_path / "moe.yml", doc), merging=api.Merging(allow_same_experts=True))
+    models = find_models(tmp_path / "m.gguf", None, (), StateDir.resolve(tmp_path / "s"))
+    with pytest.raises(UsageError, match=r"none of the checked models has a tokenizer .*cannot rebuild"):
+        load_tokenizer([m.opened.directory for m in models])
+
+
 def test_without_gguf_py_a_gguf_input_exits_2_with_the_install_line(tmp_path: Path) -> None:
     write_gguf(tmp_path / "m.gguf", "qwen2", to_gguf("qwen2", hf_tensors("qwen2")), Q.F16)
     (tmp_path / "nogguf").mkdir()

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.config.locations import StateDir
 from resumerge.config.settings import RunSettings
-from resumerge.errors import InputError
+from resumerge.errors import InputError, ModelInputError
 from resumerge.inputs.catalog import Inputs, open_inputs
 from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.model import ModelInput
 from resumerge.memory.sizes import format_size
 from resumerge.methods.resources import Resources
-from resumerge.moe.config import CARD_METHOD, MoeConfig
+from resumerge.moe.config import CARD_METHOD, PROMPT_MODES, MoeConfig
 from resumerge.moe.hiddenpass import HiddenPass, beside_share, routers_job
 from resumerge.moe.passproc import (
     HIDDEN_MODES,
@@ -57,6 +57,7 @@ def prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings, 
     inputs = open_inputs(config.as_merge_config(), model_dirs=model_dirs, state=settings.state,
                          cache_dir=settings.cache_dir, on_progress=on_progress)
     folder = base_folder(inputs.models[config.base_model.key], settings.state)
+    _tokenizer_needed(config, folder)
     encoded = key = None
     if config.gate_mode == "cheap_embed":
         encoded = encode_prompts(config, folder)
@@ -99,6 +100,17 @@ def base_folder(base: ModelInput, state: StateDir) -> Path:
     from resumerge.inputs.gguf.folder import gguf_folder
 
     return gguf_folder(base, state.gguf_dir)
+
+
+def _tokenizer_needed(config: MoeConfig, folder: Path) -> None:
+    """Refuse (exit 2) a GGUF base whose tokenizer transformers could not rebuild when the gate mode reads the
+    prompts with it."""
+    from resumerge.inputs.gguf.folder import tokenizer_error
+
+    reason = tokenizer_error(folder)
+    if reason and config.gate_mode in PROMPT_MODES:
+        raise ModelInputError(f"gate_mode {config.gate_mode} reads the prompts with the base's tokenizer: {reason}",
+                              yaml_path="base_model", hint="use gate_mode random or uniform_random")
 
 
 def encode_prompts(config: MoeConfig, tokenizer_dir: Path) -> tuple[tuple[Any, Any], ...]:

@@ -25,7 +25,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resumerge.errors import ModelInputError
+from resumerge.errors import ModelInputError, StorageError
 
 if TYPE_CHECKING:
     from resumerge.inputs.model import ModelInput
@@ -46,28 +46,36 @@ def gguf_folder(model: ModelInput, root: Path) -> Path:
         return folder
     building = root / f".{folder.name}.{os.getpid()}"
     shutil.rmtree(building, ignore_errors=True)
-    building.mkdir(parents=True)
     try:
-        config = {k: v for k, v in model.config.items() if k != "quantization_config"}
-        files = {"config.json": (json.dumps(config, indent=2, sort_keys=True) + "\n").encode()}
-        try:
-            from resumerge.inputs.gguf.tokenizer import gguf_tokenizer_files
-
-            files.update(gguf_tokenizer_files(path))
-        except ModelInputError as exc:
-            files[TOKENIZER_ERROR] = (exc.message + "\n").encode()
-        for name, data in files.items():
-            (building / name).write_bytes(data)
-        for file in model.files:  # the weights, at the names the model's tensors give
-            (building / file.name).symlink_to(path.with_name(file.name))
-        try:
-            building.rename(folder)
-        except OSError:  # another process made it meanwhile
-            if not (folder / "config.json").is_file():
-                raise
+        _build(model, path, building, folder)
+    except OSError as exc:  # a full or read-only state dir, a filesystem without links
+        raise StorageError(f"cannot make the folder of GGUF model {path} in the state dir: {exc}",
+                           path=str(folder), hint="give a --state-dir on a writable local filesystem") from None
     finally:
         shutil.rmtree(building, ignore_errors=True)
     return folder
+
+
+def _build(model: ModelInput, path: Path, building: Path, folder: Path) -> None:
+    """Write the folder's files into ``building``, then rename it to ``folder``."""
+    building.mkdir(parents=True)
+    config = {k: v for k, v in model.config.items() if k != "quantization_config"}
+    files = {"config.json": (json.dumps(config, indent=2, sort_keys=True) + "\n").encode()}
+    try:
+        from resumerge.inputs.gguf.tokenizer import gguf_tokenizer_files
+
+        files.update(gguf_tokenizer_files(path))
+    except ModelInputError as exc:
+        files[TOKENIZER_ERROR] = (exc.message + "\n").encode()
+    for name, data in files.items():
+        (building / name).write_bytes(data)
+    for file in model.files:  # the weights, at the names the model's tensors give
+        (building / file.name).symlink_to(path.with_name(file.name))
+    try:
+        building.rename(folder)
+    except OSError:  # another process made it meanwhile
+        if not (folder / "config.json").is_file():
+            raise
 
 
 def tokenizer_error(folder: Path) -> str | None:
