@@ -51,7 +51,8 @@ def test_the_real_gguf_checked_against_its_decoded_tensors_works_with_transforme
     assert [(m.role, m.path) for m in report.models] == [("merge", str(gguf)), ("base", str(folder))]
     assert report.to_json()["models"][0]["path"] == str(gguf)
     merge, base = report.models
-    # The same weights (the folder is transformers' decoding of the file): the same logits, to float32 rounding.
+    # The same weights (the folder is transformers' decoding of the file): the same logits (KL 0, the same top
+    # token everywhere) and transformers' loss of those weights, to float32 rounding.
     assert merge.nll is not None and merge.nll == pytest.approx(_loss(folder, texts), abs=1e-4)
     assert base.nll == pytest.approx(merge.nll, abs=1e-4) and (base.kl or 0.0) < 1e-6 and base.top1 == 1.0
     # The static pass read every tensor of both through their codecs: the same shapes, no NaN, nothing moved.
