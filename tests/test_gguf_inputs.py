@@ -258,6 +258,9 @@ def test_a_gguf_tokenizer_transformers_cannot_rebuild_is_one_line_where_the_prom
     with pytest.raises(ModelInputError, match="gate_mode cheap_embed reads the prompts with the base's tokenizer: "
                                               "transformers cannot rebuild this GGUF's tokenizer"):
         api.plan_merge(write_config(tmp_path / "moe.yml", doc), merging=api.Merging(allow_same_experts=True))
+    with pytest.raises(ModelInputError, match="the output's tokenizer is the base's: transformers cannot rebuild"):
+        api.plan_merge(write_config(tmp_path / "random.yml", {**doc, "gate_mode": "random"}),
+                       merging=api.Merging(allow_same_experts=True))
     models = find_models(tmp_path / "m.gguf", None, (), StateDir.resolve(tmp_path / "s"))
     with pytest.raises(UsageError, match=r"none of the checked models has a tokenizer .*cannot rebuild"):
         load_tokenizer([m.opened.directory for m in models])

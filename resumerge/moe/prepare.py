@@ -57,7 +57,7 @@ def prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings, 
     inputs = open_inputs(config.as_merge_config(), model_dirs=model_dirs, state=settings.state,
                          cache_dir=settings.cache_dir, on_progress=on_progress)
     folder = base_folder(inputs.models[config.base_model.key], settings.state)
-    _tokenizer_needed(config, folder)
+    _tokenizer_needed(config, options, folder)
     encoded = key = None
     if config.gate_mode == "cheap_embed":
         encoded = encode_prompts(config, folder)
@@ -102,15 +102,21 @@ def base_folder(base: ModelInput, state: StateDir) -> Path:
     return gguf_folder(base, state.gguf_dir)
 
 
-def _tokenizer_needed(config: MoeConfig, folder: Path) -> None:
-    """Refuse (exit 2) a GGUF base whose tokenizer transformers could not rebuild when the gate mode reads the
-    prompts with it."""
+def _tokenizer_needed(config: MoeConfig, options: PlanOptions, folder: Path) -> None:
+    """Refuse (exit 2) a GGUF base whose tokenizer transformers could not rebuild where it is needed: to read the
+    prompts (the prompt gate modes), or as the output's tokenizer (unless ``--no-copy-tokenizer``)."""
     from resumerge.inputs.gguf.folder import tokenizer_error
 
     reason = tokenizer_error(folder)
-    if reason and config.gate_mode in PROMPT_MODES:
+    if reason is None:
+        return
+    if config.gate_mode in PROMPT_MODES:
         raise ModelInputError(f"gate_mode {config.gate_mode} reads the prompts with the base's tokenizer: {reason}",
-                              yaml_path="base_model", hint="use gate_mode random or uniform_random")
+                              yaml_path="base_model", hint="use gate_mode random or uniform_random, with "
+                                                           "--no-copy-tokenizer")
+    if options.copy_tokenizer:
+        raise ModelInputError(f"the output's tokenizer is the base's: {reason}", yaml_path="base_model",
+                              hint="pass --no-copy-tokenizer and add the tokenizer files by hand")
 
 
 def encode_prompts(config: MoeConfig, tokenizer_dir: Path) -> tuple[tuple[Any, Any], ...]:

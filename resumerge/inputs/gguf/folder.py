@@ -10,9 +10,9 @@ output's tokenizer is made), and a link to each of its files, so its tensors are
 as in the GGUF's own. Named by the files' path and identities and the transformers version (the tokenizer's bytes
 are its), it is made once (in a temporary folder renamed into place) and found again after.
 
-A GGUF whose tokenizer transformers cannot rebuild gets a folder without one (``tokenizer_error`` says why): a
-check then reads the prompts with another checked model's tokenizer, and a MoE output has no tokenizer files, as
-with a base that has none.
+A GGUF whose tokenizer transformers cannot rebuild gets a folder without one (:func:`tokenizer_error` says why): a
+check then reads the prompts with another checked model's tokenizer (or names the reason when none has one), and
+MoE upcycling refuses it where it needs the tokenizer (the prompt gate modes, the output's tokenizer files).
 """
 
 from __future__ import annotations
