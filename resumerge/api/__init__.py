@@ -299,11 +299,12 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
     output's come from its record when none is given) over built-in texts or ``prompts`` (a file, one text per
     line); the report's ``verdict`` is works, no_effect or broken, its ``exit_code`` 0, 5 or 6. Journaled per
     layer under ``state_dir``: a killed check resumes at the layer it reached, with the same report. Any model
-    may be a hub repo, the string ``"hf://NAMESPACE/NAME[@REVISION]"``, read by byte range. A resumerge output's
-    model card gets the check's section (recorded, so ``verify`` passes); ``report.card`` says what became of it.
-    ``executor``: None or ``LocalExecutor()`` runs the models one after another in this process;
-    ``RayExecutor(address)`` each model's pass on a node of its own of that Ray cluster (the same report; a check
-    started with one resumes with the other)."""
+    may be a hub repo, the string ``"hf://NAMESPACE/NAME[@REVISION]"``, read by byte range, or a GGUF file (its
+    config and tokenizer rebuilt from its metadata into the state dir). A resumerge output's model card gets the
+    check's section (recorded, so ``verify`` passes); ``report.card`` says what became of it. ``executor``: None or
+    ``LocalExecutor()`` runs the models one after another in this process; ``RayExecutor(address)`` each model's
+    pass on a node of its own of that Ray cluster (the same report; a check started with one resumes with the
+    other)."""
     from resumerge.api.checked import check_placement
     from resumerge.check.run import run_check
 

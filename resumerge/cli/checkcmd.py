@@ -16,12 +16,12 @@ def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                     "per-layer drift, and the first layer that departs from every parent. Exit 0 works, 5 no "
                     "effect, 6 broken, 2 bad input, 3 interrupted (run it again: it resumes at the layer "
                     "reached).")
-    check.add_argument("model", metavar="MODEL", help="the merged model's folder, or a hub repo as "
+    check.add_argument("model", metavar="MODEL", help="the merged model's folder, a GGUF file, or a hub repo as "
                        "hf://NAMESPACE/NAME[@REVISION], read by byte range (a resumerge output names its base and "
                        "parents in its record; its model card gets the check's section)")
-    check.add_argument("--base", metavar="BASE", help="the base model's folder or hf:// repo")
+    check.add_argument("--base", metavar="BASE", help="the base model's folder, GGUF file or hf:// repo")
     check.add_argument("--parent", dest="parents", metavar="P", action="append", default=[],
-                       help="a parent model's folder or hf:// repo (repeat for each)")
+                       help="a parent model's folder, GGUF file or hf:// repo (repeat for each)")
     check.add_argument("--prompts", metavar="FILE", help="texts to run, one per line, no chat template "
                        "(default: built-in short chat, code, maths and multilingual texts)")
     check.add_argument("--max-memory", metavar="SIZE", help="memory budget (e.g. 4GB; default: most of what is "
