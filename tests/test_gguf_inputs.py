@@ -261,6 +261,9 @@ def test_a_gguf_tokenizer_transformers_cannot_rebuild_is_one_line_where_the_prom
     with pytest.raises(ModelInputError, match="the output's tokenizer is the base's: transformers cannot rebuild"):
         api.plan_merge(write_config(tmp_path / "random.yml", {**doc, "gate_mode": "random"}),
                        merging=api.Merging(allow_same_experts=True))
+    plan = api.plan_merge(write_config(tmp_path / "random.yml", {**doc, "gate_mode": "random"}),
+                          output=api.Output(copy_tokenizer=False), merging=api.Merging(allow_same_experts=True))
+    assert not plan.tokenizer_blobs
     models = find_models(tmp_path / "m.gguf", None, (), StateDir.resolve(tmp_path / "s"))
     with pytest.raises(UsageError, match=r"none of the checked models has a tokenizer .*cannot rebuild"):
         load_tokenizer([m.opened.directory for m in models])
