@@ -17,6 +17,7 @@ from support import write_config
 
 from resumerge import api
 from resumerge.check.report import BROKEN, WORKS
+from resumerge.cli.commands import main
 
 pytest.importorskip("transformers")
 
@@ -73,7 +74,9 @@ def test_a_gguf_output_is_checked_against_the_gguf_parents_its_record_names(tmp_
     config = write_config(tmp_path / "c.yml", {"merge_method": "linear", "dtype": "float32", "models": [
         {"model": str(p), "parameters": {"weight": w}} for p, w in zip(parents, (0.3, 0.7))]})
     out, state = tmp_path / "out", tmp_path / "state"
-    api.run(config, out, state_dir=state, output=api.Output(out_type="gguf", gguf_type="f16"))
+    # run --check checks the GGUF output it wrote (built-in texts), and exits with the verdict's code
+    assert main(["run", str(config), str(out), "--out-type", "gguf", "--gguf-type", "f16", "--check",
+                 "--state-dir", str(state), "--quiet"]) == 0
     texts = tmp_path / "texts.txt"
     texts.write_text(TINY_TEXTS)
     report = api.check(out, prompts=texts, state_dir=state)  # the parents from its record
