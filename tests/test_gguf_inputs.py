@@ -31,7 +31,7 @@ from resumerge.plan.planner import build_plan
 from resumerge.plan.workunits import row_step
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3moe")
-TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q2_K, Q.IQ4_XS)
+TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q2_K, Q.IQ4_XS)
 
 
 def _same(got: torch.Tensor, want: np.ndarray, name: str) -> None:

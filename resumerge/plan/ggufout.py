@@ -4,11 +4,11 @@ merged, so the shard writer writes each tensor at its offset and a resume finds 
 ``--gguf-split-max-size`` the output is gguf-split's files (``model-00001-of-0000N.gguf``, ``gguf.md`` §1), each a
 complete GGUF and its own shard: the first holds every key-value, the others only the ``split.*`` keys.
 
-llama.cpp's conventions (``gguf.md`` §2-4): matrices in ``--gguf-type`` (Q8_0 needs rows of whole 32-value blocks,
-else F16), norms, 1-D tensors and routers F32; the family's hyperparameter keys from the output's config.json; the
-``tokenizer.*`` keys (vocabulary, merges, chat template) copied with their types from a GGUF parent, or built from
-the donor's tokenizer files when no parent is a GGUF (``hfvocab``). A mixture of experts' routed projections are
-stacked per layer as the converter stacks them (:mod:`.ggufstacks`).
+llama.cpp's conventions (``gguf.md`` §2-4): matrices in ``--gguf-type`` (Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 need rows
+of whole 32-value blocks, else F16), norms, 1-D tensors and routers F32; the family's hyperparameter keys from the
+output's config.json; the ``tokenizer.*`` keys (vocabulary, merges, chat template) copied with their types from a
+GGUF parent, or built from the donor's tokenizer files when no parent is a GGUF (``hfvocab``). A mixture of experts'
+routed projections are stacked per layer as the converter stacks them (:mod:`.ggufstacks`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from resumerge.errors import ModelInputError
+from resumerge.inputs.gguf.blocks import BLOCK_BYTES
 from resumerge.inputs.gguf.header import read_gguf_header
 from resumerge.inputs.gguf.layout import ARRAY, BOOL, F32, I32, STRING, U16, U32, TensorInfo, Value, plan_layout
 from resumerge.inputs.gguf.model import gguf_module
@@ -31,7 +32,7 @@ from resumerge.plan.merge_plan import ShardPlan, TensorPlan
 GGUF_NAME = "model.gguf"
 SPLIT_NAME = "model-{:05d}-of-{:05d}.gguf"  # gguf-split's (llama_split_path), numbered from 1
 # --gguf-type -> general.file_type (llama.cpp's LlamaFileType)
-_FILE_TYPES = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7}
+_FILE_TYPES = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7, "q5_1": 9, "q5_0": 8, "q4_1": 3, "q4_0": 2}
 _KINDS = {"u32": U32, "f32": F32}
 
 
@@ -106,12 +107,12 @@ def _encoded(tp: TensorPlan, arch: str, target: str, qtype: int, config: Mapping
              up_name: str = "") -> TensorPlan:
     """``tp`` written as GGUF tensor ``target`` (expert ``expert``'s slice of it, or with ``up_name`` a fused
     gate_up stack's gate half, its up half to ``up_name``: :mod:`resumerge.inputs.gguf.stackcodec`): F32 for
-    norms, 1-D tensors and routers, F16 for Q8_0 rows that are not whole blocks, else ``qtype``; with the family's
-    transform."""
+    norms, 1-D tensors and routers, F16 for rows that are not whole blocks of a block type, else ``qtype``; with
+    the family's transform."""
     how = transform(arch, target)
     if len(tp.shape) < 2 or target.endswith(("norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")):
         ggml = 0
-    elif qtype == 8 and tp.shape[-1] % 32:
+    elif qtype in BLOCK_BYTES and tp.shape[-1] % BLOCK_BYTES[qtype][0]:
         ggml = 1
     else:
         ggml = qtype
@@ -133,7 +134,7 @@ def _metadata(arch: str, config: Mapping[str, Any], gguf_type: str, source: Mode
                                    ("general.type", Value(STRING, "model")),
                                    ("general.name", Value(STRING, "resumerge merge")),
                                    ("general.file_type", Value(U32, _FILE_TYPES[gguf_type]))]
-    if gguf_type == "q8_0":
+    if TYPES[gguf_type] in BLOCK_BYTES:
         kv.append(("general.quantization_version", Value(U32, 2)))
     kv += [(key, Value(_KINDS[kind], value)) for key, (kind, value) in gguf_metadata(arch, config)]
     if source.gguf is None:

@@ -1,7 +1,7 @@
 """The GGUF input codec: each tensor of a GGUF model decoded to float32, in Hugging Face's values.
 
 It claims every tensor of a model :mod:`.model` opened (``quant_method: gguf`` in its synthesized config), decodes a
-row chunk (F16, BF16, Q8_0, Q4_K and Q6_K with torch, :mod:`.blocks`; the other types with
+row chunk (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K with torch, :mod:`.blocks`; the other types with
 ``gguf.quants.dequantize``; blocks never cross rows) and applies the family's transform: llama's q/k rows un-permuted
 per head (a chunk is whole heads: :attr:`GgufCodec.read_block`), gemma's norms −1. It is an input format only: an
 output tensor of a GGUF base is stored plainly (:attr:`GgufCodec.writes`).
@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from resumerge.torch_import import torch
 
 # The types :mod:`.blocks` decodes with torch (the others: gguf-py's numpy dequantizer), by name
-_BLOCK_TYPES = {"F32": blocks.F32, "F16": blocks.F16, "BF16": blocks.BF16, "Q8_0": blocks.Q8_0, "Q4_K": blocks.Q4_K,
-                "Q6_K": blocks.Q6_K}
+_BLOCK_TYPES = {"F32": blocks.F32, "F16": blocks.F16, "BF16": blocks.BF16, "Q8_0": blocks.Q8_0, "Q4_0": blocks.Q4_0,
+                "Q4_1": blocks.Q4_1, "Q5_0": blocks.Q5_0, "Q5_1": blocks.Q5_1, "Q4_K": blocks.Q4_K, "Q6_K": blocks.Q6_K}
 
 
 @dataclass(frozen=True)
