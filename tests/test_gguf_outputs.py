@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from support import cli, digests, write_config
 
 from resumerge.inputs.gguf.layout import TensorInfo, Value, plan_layout
+from resumerge.plan.quantnotes import GGUF_ROUND_TRIP
 from resumerge.store.killpoints import LOCAL_POINTS
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
@@ -73,6 +74,10 @@ def test_every_tensor_of_a_gguf_output_is_gguf_py_s_encoding_of_the_merged_value
             assert t.tensor_type == TYPES[gguf_type], t.name
             expected = gguf.quants.quantize(want, TYPES[gguf_type])
         assert np.asarray(t.data).tobytes() == np.ascontiguousarray(expected).tobytes(), t.name
+    card = (out / "README.md").read_text()  # the card's note gives a quantized output's round-trip error
+    assert ("round trip" in card) is gguf_type.startswith("q"), card
+    if gguf_type.startswith("q"):
+        assert f"{gguf_type.upper()} {GGUF_ROUND_TRIP[gguf_type.upper()]} % (the output)" in card
     parent = gguf.GGUFReader(a)
     for key in parent.fields:  # the tokenizer keys, types and bytes, as the parent has them
         if key.startswith("tokenizer."):
@@ -295,3 +300,13 @@ def test_every_gguf_type_the_cli_offers_has_an_encoder() -> None:
 
     assert set(GGUF_TYPES) == set(TYPES) and set(GGUF_TYPES) <= set(CODED)
     assert all(CODED[kind] in blocks.BLOCK_BYTES for kind in GGUF_TYPES if kind.startswith("q"))
+
+
+def test_quantized_gguf_parents_are_noted_with_their_round_trip_error() -> None:
+    from resumerge.inputs.gguf.codec import GgufCodec
+    from resumerge.plan.quantnotes import gguf_error_notes
+
+    (note,) = gguf_error_notes([GgufCodec("Q4_1", (32, 20)), GgufCodec("F32", (1, 4)), GgufCodec("Q6_K", (256, 210))],
+                               {})
+    assert "Q4_1 7.9 % (parents), Q6_K 1.8 % (parents)" in note
+    assert gguf_error_notes([GgufCodec("F16", (1, 2))], {}) == []
