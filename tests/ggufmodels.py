@@ -194,10 +194,20 @@ def reference(path: Path) -> dict[str, np.ndarray]:
 
 
 def decoded(path: Path) -> tuple[ModelInput, dict[str, torch.Tensor]]:
-    """The GGUF at ``path`` opened and every tensor decoded by resumerge, by HF name."""
+    """The GGUF at ``path`` opened and every tensor decoded by resumerge, by HF name; each also decoded as the
+    engine decodes it, its bytes read into a reused buffer and its value into another (in place there: llama's q/k
+    re-ordered, gemma's norms -1), bit for bit the same."""
     model = open_model(ModelRef(str(path))).recognised(CODECS)
+    values = {}
     with InputSources.local({"m": str(model.directory)}) as sources:
-        return model, {name: read_value(tensor_ref("m", model, name), sources).clone() for name in model.tensors}
+        for name in model.tensors:
+            ref = tensor_ref("m", model, name)
+            values[name] = value = read_value(ref, sources).clone()
+            into = torch.full(value.shape, 7.0, dtype=value.dtype)
+            raw = torch.full((ref.end - ref.start + 64,), 0xAB, dtype=torch.uint8)
+            assert read_value(ref, sources, into, raw) is into, name
+            assert torch.equal(into.view(torch.int32), value.view(torch.int32)), name
+    return model, values
 
 
 def metadata_of(path: Path) -> dict[str, Any]:

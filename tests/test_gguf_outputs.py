@@ -310,3 +310,27 @@ def test_quantized_gguf_parents_are_noted_with_their_round_trip_error() -> None:
                                {})
     assert "Q4_1 7.9 % (parents), Q6_K 1.8 % (parents)" in note
     assert gguf_error_notes([GgufCodec("F16", (1, 2))], {}) == []
+
+
+@pytest.mark.parametrize("gguf_type", ["q8_0", "q4_1"])
+def test_a_tensor_computed_in_workspace_row_chunks_is_byte_identical_to_it_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gguf_type: str) -> None:
+    # Quantized parents and output: a tensor over WORKSPACE_CHUNK_BYTES is computed in row chunks of about that
+    # much (whole heads for llama's permuted q/k, whole blocks), each in the worker's reused buffers.
+    from resumerge import api
+    from resumerge.engine import compute
+
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    write_gguf(a, "llama", to_gguf("llama", hf_tensors("llama", seed=1)), Q.Q4_1)
+    write_gguf(b, "llama", to_gguf("llama", hf_tensors("llama", seed=2)), Q.Q8_0)
+    config = _config(tmp_path, a, b)
+    output = api.Output(out_type="gguf", gguf_type=gguf_type)
+    api.run(config, tmp_path / "whole", state_dir=tmp_path / "s1", output=output)
+    chunks: list[int] = []
+    cut = compute.TensorCompute._workspace_chunks
+    monkeypatch.setattr(compute.TensorCompute, "_workspace_chunks",
+                        lambda self, first, stop: chunks.append(len(found := cut(self, first, stop))) or found)
+    monkeypatch.setattr(compute, "WORKSPACE_CHUNK_BYTES", 4096)
+    api.run(config, tmp_path / "chunked", state_dir=tmp_path / "s2", output=output)
+    assert max(chunks) > 4  # the test's tensors were cut
+    assert (tmp_path / "chunked" / "model.gguf").read_bytes() == (tmp_path / "whole" / "model.gguf").read_bytes()

@@ -93,11 +93,14 @@ class GgufCodec(TensorCodec):
 
         stored = parts[MAIN]
         kind = _BLOCK_TYPES.get(self.ggml_type)
-        if kind is not None:  # torch over the compute threads, into ``out`` when nothing follows
-            direct = out if out is not None and not self.transform and out.is_contiguous() \
-                and stored.device == out.device else None
+        if kind is not None:  # torch over the compute threads, into ``out`` and transformed there
+            direct = out if out is not None and out.is_contiguous() and stored.device == out.device else None
             value = blocks.decode(stored, kind, direct)
             if direct is not None:
+                if self.transform == NORM_MINUS_ONE:
+                    direct -= 1
+                elif self.transform:
+                    _hf_rows_in_place(direct, self.head_rows)
                 return direct
         else:
             gguf = gguf_module()
@@ -118,3 +121,17 @@ class GgufCodec(TensorCodec):
 
     def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
         raise NotImplementedError("GGUF is an input format: an output tensor is stored plainly")
+
+
+def _hf_rows_in_place(value: torch.Tensor, head_rows: int) -> None:
+    """:func:`~resumerge.inputs.gguf.names.hf_rows` of ``value`` (contiguous) in place, a head at a time through
+    one head's buffer: a decoded q/k is not copied whole into fresh memory (twice: decoded, then re-ordered), which
+    the kernel faults in and zeroes page by page."""
+    from resumerge.torch_import import torch
+
+    rest = value.shape[1:]
+    held = torch.empty((head_rows, *rest), dtype=value.dtype, device=value.device)
+    for start in range(0, value.shape[0], head_rows):
+        head = value[start:start + head_rows]
+        held.copy_(head)
+        head.view(2, head_rows // 2, *rest).copy_(held.view(head_rows // 2, 2, *rest).transpose(0, 1))
