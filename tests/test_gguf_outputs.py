@@ -312,7 +312,7 @@ def test_quantized_gguf_parents_are_noted_with_their_round_trip_error() -> None:
     assert gguf_error_notes([GgufCodec("F16", (1, 2))], {}) == []
 
 
-@pytest.mark.parametrize("gguf_type", ["q8_0", "q4_1"])
+@pytest.mark.parametrize("gguf_type", ["q8_0", "q4_1", "bf16"])
 def test_a_tensor_computed_in_workspace_row_chunks_is_byte_identical_to_it_whole(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gguf_type: str) -> None:
     # Quantized parents and output: a tensor over WORKSPACE_CHUNK_BYTES is computed in row chunks of about that

@@ -116,6 +116,9 @@ class TensorCompute:
                    self.tp.out_codec.out_parts(self.tp.name, self.tp.out_dtype, (stop - first, *self.tp.shape[1:]))}
             at = dict.fromkeys(out, 0)
             for start, end in chunks:
+                if lent is not None:  # encoded straight into the range's buffers
+                    self._encode_into(start, end, lent, out, at)
+                    continue
                 for name, rows in self._output(start, end, lent).items():
                     out[name][at[name] : at[name] + rows.shape[0]] = rows
                     at[name] += rows.shape[0]
@@ -130,6 +133,17 @@ class TensorCompute:
             self.observe(pass_index, 0, self.total)
             pass_index += 1
         return self.rows(0, self.total, workspace)
+
+    def _encode_into(self, first: int, stop: int, workspace: Workspace, out: dict[str, torch.Tensor],
+                     at: dict[str, int]) -> None:
+        """Rows ``[first, stop)`` computed in ``workspace`` and encoded into ``out``'s stored parts from ``at`` (each
+        part's next row, advanced): no chunk-sized encoded tensor between, which would be fresh pages each time."""
+        parts = self.tp.out_codec.out_parts(self.tp.name, self.tp.out_dtype, (stop - first, *self.tp.shape[1:]))
+        into = {p.part: out[p.name][at[p.name] : at[p.name] + p.shape[0]] for p in parts}
+        with self._failures():
+            self.tp.out_codec.encode_into(self.merged(first, stop, workspace), self.tp.out_dtype, into)
+        for p in parts:
+            at[p.name] += p.shape[0]
 
     def _workspace_chunks(self, first: int, stop: int) -> list[tuple[int, int]]:
         """Rows ``[first, stop)`` of a tensor computed in a workspace as chunks of about

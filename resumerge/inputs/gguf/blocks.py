@@ -60,11 +60,12 @@ def _q8_0_chunk(blocks: torch.Tensor, out: torch.Tensor, scratch: tuple[torch.Te
     out[:, 2:].view(torch.int8).copy_(whole)
 
 
-def _q8_0(rows: torch.Tensor) -> torch.Tensor:
+def _q8_0(rows: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
     from resumerge.torch_import import torch
 
     blocks = rows.reshape(-1, _Q8_VALUES)
-    out = torch.empty((blocks.shape[0], _Q8_BYTES), dtype=torch.uint8)
+    out = torch.empty((blocks.shape[0], _Q8_BYTES), dtype=torch.uint8) if into is None else \
+        into.view(torch.uint8).view(-1, _Q8_BYTES)
     size = (min(_CHUNK, blocks.shape[0]), _Q8_VALUES)
     scratch = tuple(torch.empty(size) for _ in range(3))
     for start in range(0, blocks.shape[0], _CHUNK):
@@ -72,12 +73,13 @@ def _q8_0(rows: torch.Tensor) -> torch.Tensor:
     return out.reshape(*rows.shape[:-1], rows.shape[-1] // _Q8_VALUES * _Q8_BYTES)
 
 
-def _legacy(rows: torch.Tensor, ggml_type: int) -> torch.Tensor:
+def _legacy(rows: torch.Tensor, ggml_type: int, into: torch.Tensor | None = None) -> torch.Tensor:
     from resumerge.torch_import import torch
 
     kind = legacy.KINDS[ggml_type]
     blocks = rows.reshape(-1, _Q8_VALUES)
-    out = torch.empty((blocks.shape[0], kind.size), dtype=torch.uint8)
+    out = torch.empty((blocks.shape[0], kind.size), dtype=torch.uint8) if into is None else \
+        into.view(torch.uint8).view(-1, kind.size)
     size = (min(_CHUNK, blocks.shape[0]), _Q8_VALUES)
     scratch = (torch.empty(size), torch.empty(size))
     for start in range(0, blocks.shape[0], _CHUNK):
@@ -96,23 +98,29 @@ def _bf16(rows: torch.Tensor) -> torch.Tensor:
     return bits
 
 
-def encode(values: torch.Tensor, ggml_type: int) -> torch.Tensor:
+def encode(values: torch.Tensor, ggml_type: int, into: torch.Tensor | None = None) -> torch.Tensor:
     """``values`` (float32 on the CPU) stored as ``ggml_type``: float32 (F32), float16 (F16), bfloat16 bits as int16
-    (BF16), or uint8 block bytes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: ``values.shape[-1]`` whole blocks)."""
+    (BF16), or uint8 block bytes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: ``values.shape[-1]`` whole blocks); a block type
+    written straight into ``into`` when given (contiguous, of the result's bytes), the others copied there."""
     from resumerge.torch_import import torch
 
     rows = values.to(torch.float32).contiguous()
-    if ggml_type == F32:
-        return rows
-    if ggml_type == F16:
-        return rows.to(torch.float16)
-    if ggml_type == BF16:
-        return _bf16(rows)
     if ggml_type == Q8_0:
-        return _q8_0(rows)
+        return _q8_0(rows, into)
     if ggml_type in legacy.KINDS:
-        return _legacy(rows, ggml_type)
-    raise ValueError(f"ggml type {ggml_type} is not one this module encodes")
+        return _legacy(rows, ggml_type, into)
+    if ggml_type == F32:
+        stored = rows
+    elif ggml_type == F16:
+        stored = rows.to(torch.float16)
+    elif ggml_type == BF16:
+        stored = _bf16(rows)
+    else:
+        raise ValueError(f"ggml type {ggml_type} is not one this module encodes")
+    if into is not None:
+        into.view(stored.dtype).copy_(stored.reshape(into.shape))
+        return into
+    return stored
 
 
 def _q8_0_values(blocks: torch.Tensor, into: torch.Tensor) -> None:

@@ -67,15 +67,24 @@ class GgufOutCodec(TensorCodec):
     def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
         from resumerge.torch_import import torch
 
-        rows = value.detach().to("cpu", torch.float32)
-        if self.transform == NORM_MINUS_ONE:
-            rows = rows + 1
-        elif self.transform:  # HF -> GGUF
-            rows = gguf_rows(rows, self.head_rows)
-        stored = blocks.encode(rows, self.ggml_type)
+        stored = blocks.encode(self._gguf_values(value), self.ggml_type)
         if self.ggml_type == blocks.BF16:
             stored = stored.view(torch.bfloat16)
         return {MAIN: stored.to(value.device)}
+
+    def encode_into(self, value: torch.Tensor, dtype: str, into: Mapping[str, torch.Tensor]) -> None:
+        blocks.encode(self._gguf_values(value), self.ggml_type, into[MAIN])  # the block bytes straight there
+
+    def _gguf_values(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` as float32 on the host in GGUF's layout: the family's transform applied."""
+        from resumerge.torch_import import torch
+
+        rows = value.detach().to("cpu", torch.float32)
+        if self.transform == NORM_MINUS_ONE:
+            return rows + 1
+        if self.transform:  # HF -> GGUF
+            return gguf_rows(rows, self.head_rows)
+        return rows
 
     def decode(self, parts: Mapping[str, torch.Tensor], first_row: int,
                out: torch.Tensor | None = None) -> torch.Tensor:
