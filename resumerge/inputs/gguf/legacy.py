@@ -58,22 +58,33 @@ def _codes(blocks: torch.Tensor, kind: Kind, y: torch.Tensor, a: torch.Tensor) -
     ``d`` for a symmetric kind); ``y`` and ``a`` are float32 scratch of the blocks' shape."""
     from resumerge.torch_import import torch
 
+    # amin and amax are fast; which of equal extremes (only zeros of both signs differ) or of equal magnitudes of
+    # both signs is taken matters, so blocks with such a tie (or a NaN) take the first, as llama.cpp does: argmin
+    # and argmax give the first index (10x slower, so only when some block needs it)
+    low, high = blocks.amin(1, keepdim=True), blocks.amax(1, keepdim=True)
     if kind.affine:
-        low = blocks.gather(1, blocks.argmin(1, keepdim=True))  # the first of equal minima, as llama.cpp
-        high = blocks.gather(1, blocks.argmax(1, keepdim=True))
+        tied = (low == 0) | (high == 0) | low.isnan()
+        if bool(tied.any()):
+            low = torch.where(tied, blocks.gather(1, blocks.argmin(1, keepdim=True)), low)
+            high = torch.where(tied, blocks.gather(1, blocks.argmax(1, keepdim=True)), high)
         d = (high - low) / torch.full_like(low, kind.levels)  # a true division, not a reciprocal multiply
         torch.sub(blocks, low, out=y)
         offset, m = 0.5, low
     else:
         half = (kind.levels + 1) // 2
-        torch.abs(blocks, out=a)
-        peak = blocks.gather(1, a.argmax(1, keepdim=True))  # the first of equal magnitudes, signed
+        peak = torch.where(high > -low, high, low)  # the extreme of the larger magnitude
+        tied = ~((high > -low) | (-low > high))  # equal magnitudes of both signs (zeros too), or a NaN
+        if bool(tied.any()):
+            torch.abs(blocks, out=a)
+            peak = torch.where(tied, blocks.gather(1, a.argmax(1, keepdim=True)), peak)
         d = peak / torch.full_like(peak, -half)
         y.copy_(blocks)
         offset, m = half + 0.5, d
     y *= torch.where(d == 0, torch.zeros_like(d), torch.ones_like(d) / d)
     y += offset
     y.trunc_()
+    if bool((y.amin() >= 0) & (y.amax() < 256)):  # every code a byte already (no NaN): clipped as numpy clips
+        return y.clamp_(max=kind.levels).to(torch.uint8), d, m
     # numpy's float32 -> uint8 cast on x86: through int32 (0 for NaN, ±inf, |v| >= 2**31), then the low byte
     torch.abs(y, out=a)
     codes = torch.where(a < 2.0**31, y, torch.zeros_like(y)).to(torch.int32)
