@@ -19,6 +19,10 @@ from resumerge.plan.inputrefs import read_value, tensor_ref
 
 Q = gguf.GGMLQuantizationType
 HIDDEN, FF, HEADS, KV, HEAD_DIM, VOCAB, LAYERS, EXPERTS = 256, 512, 4, 2, 64, 40, 2, 3
+# A byte-level BPE vocabulary transformers rebuilds (lower-case letters, digits, space, "th", ".", BOS last): texts
+# of those characters tokenize.
+TOKENS = (*"abcdefghijklmnopqrstuvwxyz0123456789", "\u0120", "th", ".", "<s>")
+assert len(TOKENS) == VOCAB
 # Tensor types the writer stores plainly; the others as random blocks (gguf-py quantizes only some of them).
 PLAIN = {Q.F32: np.float32, Q.F16: np.float16}
 
@@ -111,9 +115,10 @@ def to_gguf(arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def write_gguf(path: Path, arch: str, tensors: dict[str, np.ndarray], qtype: Q, *, seed: int = 0,
-               split_max_tensors: int = 0, name: str = "") -> None:
+               split_max_tensors: int = 0, name: str = "", merges: tuple[str, ...] = ("t h",)) -> None:
     """A GGUF of ``arch`` holding ``tensors`` (GGUF names, float32): matrices as ``qtype`` (F32/F16/BF16/Q8_0/Q4_0/
-    Q4_1 quantized by gguf-py; other types as random blocks), 1-D tensors F32 as llama.cpp stores them."""
+    Q4_1 quantized by gguf-py; other types as random blocks), 1-D tensors F32 as llama.cpp stores them; ``merges``:
+    the tokenizer's BPE merges (one of tokens outside the vocabulary: a tokenizer transformers cannot rebuild)."""
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
     if name:
@@ -128,12 +133,13 @@ def write_gguf(path: Path, arch: str, tensors: dict[str, np.ndarray], qtype: Q, 
     writer.add_value_length(HEAD_DIM)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_rope_freq_base(10000.0)
-    # A tokenizer as llama.cpp's converter writes one (a GGUF output copies these keys with their types).
+    # A tokenizer as llama.cpp's converter writes one (a GGUF output copies these keys with their types), which
+    # transformers rebuilds (a check's prompts, a MoE output's tokenizer).
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
-    writer.add_token_list([f"t{i}" for i in range(VOCAB)])
+    writer.add_token_list(list(TOKENS))
     writer.add_token_types([1] * (VOCAB - 1) + [3])
-    writer.add_token_merges(["t 1", "t1 2"])
+    writer.add_token_merges(list(merges))
     writer.add_bos_token_id(VOCAB - 1)
     writer.add_add_bos_token(False)
     writer.add_chat_template("{% for m in messages %}{{ m.content }}{% endfor %}")
@@ -188,10 +194,20 @@ def reference(path: Path) -> dict[str, np.ndarray]:
 
 
 def decoded(path: Path) -> tuple[ModelInput, dict[str, torch.Tensor]]:
-    """The GGUF at ``path`` opened and every tensor decoded by resumerge, by HF name."""
+    """The GGUF at ``path`` opened and every tensor decoded by resumerge, by HF name; each also decoded as the
+    engine decodes it, its bytes read into a reused buffer and its value into another (in place there: llama's q/k
+    re-ordered, gemma's norms -1), bit for bit the same."""
     model = open_model(ModelRef(str(path))).recognised(CODECS)
+    values = {}
     with InputSources.local({"m": str(model.directory)}) as sources:
-        return model, {name: read_value(tensor_ref("m", model, name), sources).clone() for name in model.tensors}
+        for name in model.tensors:
+            ref = tensor_ref("m", model, name)
+            values[name] = value = read_value(ref, sources).clone()
+            into = torch.full(value.shape, 7.0, dtype=value.dtype)
+            raw = torch.full((ref.end - ref.start + 64,), 0xAB, dtype=torch.uint8)
+            assert read_value(ref, sources, into, raw) is into, name
+            assert torch.equal(into.view(torch.int32), value.view(torch.int32)), name
+    return model, values
 
 
 def metadata_of(path: Path) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from resumerge.plan.planner import build_plan
 from resumerge.plan.workunits import row_step
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3moe")
-TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q2_K, Q.IQ4_XS)
+TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q2_K, Q.IQ4_XS)
 
 
 def _same(got: torch.Tensor, want: np.ndarray, name: str) -> None:
@@ -188,14 +188,85 @@ def test_a_lora_is_extracted_from_two_gguf_models(tmp_path: Path) -> None:
     assert captured == pytest.approx(float(best), rel=0.05)
 
 
-def test_moe_upcycling_of_a_gguf_model_is_refused_in_one_line(tmp_path: Path) -> None:
-    write_gguf(tmp_path / "m.gguf", "llama", to_gguf("llama", hf_tensors("llama")), Q.F32)
-    doc = {"base_model": str(tmp_path / "m.gguf"), "gate_mode": "random", "dtype": "float32",
-           "experts": [{"source_model": str(tmp_path / "m.gguf")}, {"source_model": str(tmp_path / "m.gguf")}]}
-    done = cli("run", write_config(tmp_path / "moe.yml", doc), tmp_path / "out", "--state-dir", tmp_path / "s",
-               "--i-understand-this-is-not-useful-without-training")
-    assert done.returncode == 2 and "MoE upcycling cannot read a GGUF model yet" in done.stderr, done.stderr
-    assert not (tmp_path / "out").exists()
+def _as_safetensors(path: Path, target: Path) -> Path:
+    """The GGUF at ``path`` (F32) as the safetensors folder it was converted from: its weights, the config.json
+    and tokenizer files rebuilt from its metadata."""
+    from resumerge.inputs.gguf.tokenizer import gguf_tokenizer_files
+
+    target.mkdir()
+    model, values = decoded(path)
+    (target / "config.json").write_text(json.dumps({k: v for k, v in model.config.items()
+                                                    if k != "quantization_config"}))
+    for name, data in gguf_tokenizer_files(path).items():
+        (target / name).write_bytes(data)
+    save_file(values, target / "model.safetensors")
+    return target
+
+
+def _weights_of(out: Path) -> dict[str, torch.Tensor]:
+    return {name: value for file in sorted(out.glob("*.safetensors")) for name, value in load_file(file).items()}
+
+
+@pytest.mark.parametrize("gate_mode", ["random", "cheap_embed", pytest.param("hidden", marks=pytest.mark.slow)])
+def test_moe_upcycling_of_gguf_models_equals_that_of_the_safetensors_they_were_converted_from(
+        tmp_path: Path, gate_mode: str) -> None:
+    from resumerge import api
+
+    def upcycle(models: list[Path], name: str) -> Path:
+        doc = {"base_model": str(models[0]), "gate_mode": gate_mode, "dtype": "float32", "experts": [
+            {"source_model": str(models[1]), "positive_prompts": ["the cat sat on the mat", "a dog"]},
+            {"source_model": str(models[2]), "positive_prompts": ["12 plus 30 is 42."]}]}
+        out = tmp_path / name
+        api.run(write_config(tmp_path / f"{name}.yml", doc), out, state_dir=tmp_path / f"s-{name}")
+        return out
+
+    ggufs = []
+    for seed in range(3):  # llama: the q/k rows un-permuted on the way in
+        ggufs.append(tmp_path / f"m{seed}.gguf")
+        write_gguf(ggufs[-1], "llama", to_gguf("llama", hf_tensors("llama", seed)), Q.F32)
+    folders = [_as_safetensors(g, tmp_path / g.stem) for g in ggufs]
+    from_gguf, from_folders = upcycle(ggufs, "from_gguf"), upcycle(folders, "from_folders")
+    got, want = _weights_of(from_gguf), _weights_of(from_folders)
+    assert got.keys() == want.keys() and any(".mlp.experts." in n for n in got)
+    for name, value in want.items():
+        if gate_mode == "hidden" and name.endswith("gate.weight"):  # the prompt pass's routers, run on each
+            assert torch.allclose(got[name], value, atol=1e-5, rtol=0), name
+        else:
+            assert torch.equal(got[name], value), name
+    assert json.loads((from_gguf / "config.json").read_text()) == json.loads(
+        (from_folders / "config.json").read_text())
+    tokenizer = sorted(p.name for p in from_folders.iterdir() if p.name.startswith(("tokenizer", "chat_template")))
+    assert tokenizer and tokenizer == sorted(p.name for p in from_gguf.iterdir()
+                                             if p.name.startswith(("tokenizer", "chat_template")))
+    for file in tokenizer:  # the base's tokenizer rebuilt from its metadata, with mergekit-moe's pad token
+        assert (from_gguf / file).read_bytes() == (from_folders / file).read_bytes(), file
+    assert not list(tmp_path.glob("m*.gguf.*")) and sorted(p.name for p in tmp_path.glob("m*")) == [
+        "m0", "m0.gguf", "m1", "m1.gguf", "m2", "m2.gguf"]  # nothing written beside the GGUFs
+
+
+def test_a_gguf_tokenizer_transformers_cannot_rebuild_is_one_line_where_the_prompts_need_it(tmp_path: Path) -> None:
+    from resumerge import api
+    from resumerge.check.models import find_models
+    from resumerge.check.prompts import load_tokenizer
+    from resumerge.config.locations import StateDir
+    from resumerge.errors import UsageError
+
+    write_gguf(tmp_path / "m.gguf", "llama", to_gguf("llama", hf_tensors("llama")), Q.F32, merges=("q z",))
+    doc = {"base_model": str(tmp_path / "m.gguf"), "gate_mode": "cheap_embed", "dtype": "float32", "experts": [
+        {"source_model": str(tmp_path / "m.gguf"), "positive_prompts": ["a"]},
+        {"source_model": str(tmp_path / "m.gguf"), "positive_prompts": ["b"]}]}
+    with pytest.raises(ModelInputError, match="gate_mode cheap_embed reads the prompts with the base's tokenizer: "
+                                              "transformers cannot rebuild this GGUF's tokenizer"):
+        api.plan_merge(write_config(tmp_path / "moe.yml", doc), merging=api.Merging(allow_same_experts=True))
+    with pytest.raises(ModelInputError, match="the output's tokenizer is the base's: transformers cannot rebuild"):
+        api.plan_merge(write_config(tmp_path / "random.yml", {**doc, "gate_mode": "random"}),
+                       merging=api.Merging(allow_same_experts=True))
+    plan = api.plan_merge(write_config(tmp_path / "random.yml", {**doc, "gate_mode": "random"}),
+                          output=api.Output(copy_tokenizer=False), merging=api.Merging(allow_same_experts=True))
+    assert not plan.tokenizer_blobs
+    models = find_models(tmp_path / "m.gguf", None, (), StateDir.resolve(tmp_path / "s"))
+    with pytest.raises(UsageError, match=r"none of the checked models has a tokenizer .*cannot rebuild"):
+        load_tokenizer([m.opened.directory for m in models])
 
 
 def test_without_gguf_py_a_gguf_input_exits_2_with_the_install_line(tmp_path: Path) -> None:

@@ -47,6 +47,7 @@ from hub.fakehub_write import HubWriter
 from hub.fakehub_xet import XetCas
 from hubout.conftest import TOKEN, hub, repo_files, tier, uploads  # noqa: F401  (the stand-in hub's fixtures)
 from huggingface_hub import constants
+from raycluster import Cluster, ray_cluster
 from support import cli, digests, ties_of_three, write_config
 
 from resumerge import api
@@ -79,18 +80,6 @@ NAMING = ("README.md", "mergekit_config.yml", "resumerge-manifest.json")  # the 
 
 
 @dataclass(frozen=True)
-class Cluster:
-    """The test's Ray cluster: its address and its two worker nodes."""
-
-    address: str
-    workers: tuple[Any, Any]
-
-    def node_ids(self) -> set[str]:
-        """The worker nodes' ids as the ledger's ``node`` events name them."""
-        return {node.node_id[:8] for node in self.workers}
-
-
-@dataclass(frozen=True)
 class Merge:
     """A TIES merge of three tiny local models (compute-bound, the kind a cluster is for) and its local bytes; a
     slerp of two of them (a method whose bytes may depend on the thread count: the plan records it) and its local
@@ -100,25 +89,6 @@ class Merge:
     reference: dict[str, str]
     slerp: Path
     slerp_reference: dict[int, dict[str, str]]
-
-
-@contextmanager
-def _cluster() -> Iterator[tuple[Cluster, Any]]:
-    """A head without CPUs and two one-CPU worker nodes, this process connected to it as the driver."""
-    import ray
-    from ray.cluster_utils import Cluster as RayCluster
-
-    # A node whose raylet died is declared dead within about 1.5 s (Ray's default is 15 s).
-    fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
-    ray_cluster = RayCluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": fast})
-    try:
-        workers = (ray_cluster.add_node(num_cpus=1), ray_cluster.add_node(num_cpus=1))
-        ray_cluster.wait_for_nodes()
-        ray.init(address=ray_cluster.address, log_to_driver=False)
-        yield Cluster(ray_cluster.address, workers), ray_cluster
-    finally:
-        ray.shutdown()
-        ray_cluster.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +138,7 @@ def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merg
     pool = ThreadPoolExecutor(1)
     failing = pool.submit(_failing_run, merge, tmp_path / "failing", "local")
     killing = pool.submit(_killed_locally, merge, tmp_path / "killed-local")
-    with pool, _cluster() as cluster:
+    with pool, ray_cluster() as cluster:
         local_error, killed_locally = failing.result(), killing.result()
         clock.lap("cluster up, and the local runs killed or failing beside it")
         with _no_worker_started_after_the_plan(monkeypatch):  # the warm ones serve

@@ -154,7 +154,7 @@ def run(
         return outcome
     from resumerge.api.checked import checked
 
-    return checked(outcome, state=settings.state, max_memory=settings.max_memory)
+    return checked(outcome, state=settings.state, max_memory=settings.max_memory, executor=settings.executor)
 
 
 def resume(
@@ -295,19 +295,25 @@ def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
 
 def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[PathLike] = (),
           prompts: PathLike | None = None, max_memory: int | str | None = None,
-          state_dir: PathLike | None = None) -> CheckReport:
+          state_dir: PathLike | None = None, executor: Executor | None = None) -> CheckReport:
     """Does the merge in ``model`` work, like ``resumerge check``: a static pass over its tensors and a forward
     pass, one decoder layer of one model at a time, of it, its ``base`` and its ``parents`` (a resumerge
     output's come from its record when none is given) over built-in texts or ``prompts`` (a file, one text per
     line); the report's ``verdict`` is works, no_effect or broken, its ``exit_code`` 0, 5 or 6. Journaled per
     layer under ``state_dir``: a killed check resumes at the layer it reached, with the same report. Any model
-    may be a hub repo, the string ``"hf://NAMESPACE/NAME[@REVISION]"``, read by byte range. A resumerge output's
-    model card gets the check's section (recorded, so ``verify`` passes); ``report.card`` says what became of it."""
+    may be a hub repo, the string ``"hf://NAMESPACE/NAME[@REVISION]"``, read by byte range, or a GGUF file (its
+    config and tokenizer rebuilt from its metadata into the state dir). A resumerge output's model card gets the
+    check's section (recorded, so ``verify`` passes); ``report.card`` says what became of it. ``executor``: None or
+    ``LocalExecutor()`` runs the models one after another in this process; ``RayExecutor(address)`` each model's
+    pass on a node of its own of that Ray cluster (the same report; a check started with one resumes with the
+    other)."""
+    from resumerge.api.checked import check_placement
     from resumerge.check.run import run_check
 
+    on_ray, address = check_placement(executor)
     return run_check(model, base=base, parents=tuple(parents), prompts=prompts,
                      max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory,
-                     state=StateDir.resolve(state_dir))
+                     state=StateDir.resolve(state_dir), on_ray=on_ray, ray_address=address)
 
 
 def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,

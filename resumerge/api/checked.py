@@ -36,12 +36,32 @@ def refuse_check(kind: str, out: PathLike) -> None:
                          hint="leave out --check, and run resumerge check on a local copy")
 
 
-def checked(outcome: Outcome, *, state: StateDir, max_memory: int | None) -> CheckedOutcome:
-    """``outcome`` with the check of its output (the base and parents from its record)."""
+def checked(outcome: Outcome, *, state: StateDir, max_memory: int | None,
+            executor: object = None) -> CheckedOutcome:
+    """``outcome`` with the check of its output (the base and parents from its record), on the run's
+    ``executor`` (see :func:`check_placement`)."""
     from resumerge.check.run import run_check
 
-    report = run_check(outcome.out_dir, state=state, max_memory=max_memory)
-    return CheckedOutcome(**{f.name: getattr(outcome, f.name) for f in fields(outcome)}, check=report)
+    on_ray, address = check_placement(executor)
+    report = run_check(outcome.out_dir, state=state, max_memory=max_memory, on_ray=on_ray, ray_address=address)
+    return CheckedOutcome(**{f.name: getattr(outcome, f.name) for f in fields(Outcome)}, check=report)
+
+
+def check_placement(executor: object) -> tuple[bool, str | None]:
+    """Where a check's forward pass runs for ``executor`` (the object ``run`` takes): (False, None) for None or a
+    :class:`~resumerge.engine.executors.LocalExecutor`, (True, its address) for a
+    :class:`~resumerge.engine.executors.RayExecutor` (its ``keep_workers`` does not apply: a check's actors end
+    with it). Raises :class:`~resumerge.errors.UsageError` (exit 2) for anything else, and for Ray not installed."""
+    if executor is None:
+        return False, None
+    from resumerge.engine.executors import LocalExecutor, RayExecutor
+
+    if isinstance(executor, LocalExecutor):
+        return False, None
+    if isinstance(executor, RayExecutor):
+        executor.check()
+        return True, executor.address
+    raise UsageError(f"a check runs on LocalExecutor or RayExecutor, not {executor!r}")
 
 
 def section_kept(outcome: Outcome, state: StateDir) -> Outcome:

@@ -50,10 +50,11 @@ class Output:
     pick, about 1/100 of the output), the parent's tokenizer (``copy_tokenizer``), README.md and
     mergekit_config.yml (``write_model_card``), and ``dequantize``: every tensor stored plainly in its dtype, whatever
     format the base model is stored in. ``out_type="gguf"`` writes one GGUF file, ``model.gguf``, instead of
-    safetensors shards, its matrices as ``gguf_type`` (``f16``, ``bf16``, ``q8_0``) and its tokenizer from a GGUF
-    parent, or with ``gguf_split_max_size`` (bytes or ``"2GB"``) gguf-split's files ``model-00001-of-0000N.gguf``
-    of at most that many tensor bytes each; ``out_adapter`` writes a ``core_space`` merge of LoRA adapters as one
-    merged PEFT adapter (rank at most the adapters' summed ranks) instead of a merged model."""
+    safetensors shards, its matrices as ``gguf_type`` (``f16``, ``bf16``, ``q8_0``, ``q5_1``, ``q5_0``, ``q4_1``,
+    ``q4_0``) and its tokenizer from a GGUF parent, or with ``gguf_split_max_size`` (bytes or ``"2GB"``)
+    gguf-split's files ``model-00001-of-0000N.gguf`` of at most that many tensor bytes each; ``out_adapter`` writes a
+    ``core_space`` merge of LoRA adapters as one merged PEFT adapter (rank at most the adapters' summed ranks)
+    instead of a merged model."""
 
     out_shard_size: int | str | None = field(default=None, metadata=_not_for(*_EXTRACTION))
     copy_tokenizer: bool = field(default=True, metadata=_not_for(*_EXTRACTION))

@@ -33,7 +33,7 @@ Batch = Sequence[Sequence[int]]
 
 
 @dataclass(frozen=True)
-class HeadFigures:
+class HeadTotals:
     """Per model (the merge first): ``nll``; ``kl``, ``kl_p95``, ``top1`` of the merge from it (None for the
     merge); ``base_kl`` KL(base ‖ it) for each parent where there is a base; ``tokens`` predicted."""
 
@@ -46,7 +46,7 @@ class HeadFigures:
 
 
 def head_figures(streams: Sequence[ModelStream], hidden: list[list[torch.Tensor]], batches: Sequence[Batch],
-                 base: int | None, workdir: Path) -> HeadFigures:
+                 base: int | None, workdir: Path) -> HeadTotals:
     """The figures of every model's log-probabilities at each real position that has a next token (``hidden``:
     each model's last hidden states per batch; ``batches``: the token sequences of each batch)."""
     n = len(streams)
@@ -93,7 +93,7 @@ def head_figures(streams: Sequence[ModelStream], hidden: list[list[torch.Tensor]
                 base_kl[m] = float(torch.cat(from_base).double().mean())
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return HeadFigures(nll=nll, kl=kl, kl_p95=p95, top1=top1, base_kl=base_kl, tokens=tokens)
+    return HeadTotals(nll=nll, kl=kl, kl_p95=p95, top1=top1, base_kl=base_kl, tokens=tokens)
 
 
 def logprobs(stream: ModelStream, states: Sequence[torch.Tensor], batches: Sequence[Batch]

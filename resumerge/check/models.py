@@ -8,6 +8,12 @@ Any of them may be a hub repo, ``hf://NAMESPACE/NAME[@REVISION]``: its config, t
 are fetched into the Hugging Face cache (as a merge's hub inputs are) and its weights read by HTTP Range at the
 commit pinned then, never downloaded whole. A recorded model that was a hub input is read the same way where its
 cache snapshot lacks its weights (a merge that streamed it).
+
+Any of them may be a GGUF file (or the first file of a split set), or a folder holding one GGUF model and no
+config.json (a resumerge output written with ``--out-type gguf``): its tensors are decoded by the GGUF codec, and
+its config.json and tokenizer are rebuilt from its metadata into a folder of its own under the state dir
+(:func:`~resumerge.inputs.gguf.folder.gguf_folder`), which is the model's folder for the forward pass and the
+prompts. The report names the path given.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from resumerge.inputs.model import ModelInput, open_model
 from resumerge.store.manifest import read_manifest
 
 _SNAPSHOT = re.compile(r"models--(.+?)--([^/]+)/snapshots/([0-9a-f]{40})/?$")
+_LATER_PART = re.compile(r"-(?!00001)\d{5}-of-\d{5}\.gguf$")  # a split GGUF's second file or later
 
 
 @dataclass(frozen=True)
@@ -49,24 +56,29 @@ def find_models(model: str | os.PathLike[str], base: str | os.PathLike[str] | No
     records under ``state``)."""
     if not os.fspath(model).strip():
         raise UsageError("MODEL is empty", hint="name the merged model's folder")
-    merge = _open(os.fspath(model), "MODEL", state)
-    recorded_base, recorded = _recorded(merge.opened.directory) if base is None and not parents else (None, [])
+    merge = open_checked(os.fspath(model), "MODEL", state)
+    record = merge.opened.directory if merge.opened.gguf is None else Path(merge.path)
+    recorded_base, recorded = _recorded(record) if base is None and not parents else (None, [])
     chosen_base = os.fspath(base) if base is not None else recorded_base
     chosen = [(os.fspath(p), None) for p in parents] if parents else recorded
     found = [replace(merge, role="merge")]
     if chosen_base is not None:
-        found.append(replace(_open(chosen_base, "--base", state), role="base"))
-    found.extend(replace(_open(p, "--parent", state), role="parent", weight=w) for p, w in chosen)
+        found.append(replace(open_checked(chosen_base, "--base", state), role="base"))
+    found.extend(replace(open_checked(p, "--parent", state), role="parent", weight=w) for p, w in chosen)
     return found
 
 
-def _open(where: str, what: str, state: StateDir) -> Checked:
+def open_checked(where: str, what: str, state: StateDir) -> Checked:
+    """The model at ``where`` (a folder or ``hf://`` repo; ``what`` names it in errors), opened (headers only)."""
     if is_hub_target(where):
         return _open_hub(where, what, state)
     directory = Path(where)
+    gguf = _gguf_file(directory)
+    if gguf is not None:
+        return _open_gguf(where, gguf, state)
     if not directory.is_dir():
         raise UsageError(f"{what} {directory}: no such model folder", hint="give a folder with config.json and "
-                         "its weight files, or a hub repo as hf://NAMESPACE/NAME")
+                         "its weight files, a GGUF file, or a hub repo as hf://NAMESPACE/NAME")
     snapshot = _SNAPSHOT.search(directory.as_posix())
     try:
         return Checked("", where, None, open_model(ModelRef(where), directory=directory))
@@ -76,6 +88,27 @@ def _open(where: str, what: str, state: StateDir) -> Checked:
     # A hub input's cache snapshot without its weights (the merge streamed them): read them by range, and named
     # as the repo at that commit.
     return _open_hub(f"{SCHEME}{snapshot[1]}/{snapshot[2]}@{snapshot[3]}", what, state)
+
+
+def _gguf_file(where: Path) -> Path | None:
+    """The GGUF model ``where`` is: the file itself, or the one GGUF model (a file, or a split set's first file)
+    of a folder without config.json; None otherwise (a folder of several GGUF models is left to the model
+    folder's own refusal)."""
+    if where.suffix == ".gguf" and where.is_file():
+        return where
+    if not where.is_dir() or (where / "config.json").is_file():
+        return None
+    found = [p for p in sorted(where.glob("*.gguf")) if p.is_file() and not _LATER_PART.search(p.name)]
+    return found[0] if len(found) == 1 else None
+
+
+def _open_gguf(where: str, file: Path, state: StateDir) -> Checked:
+    """A GGUF model: its headers read, its folder of rebuilt files (made under the state dir once) in place of
+    the file's own folder, so the forward pass and the prompts read it as any model folder."""
+    from resumerge.inputs.gguf.folder import gguf_folder
+
+    opened = open_model(ModelRef(str(file)))
+    return Checked("", where, None, replace(opened, directory=gguf_folder(opened, state.gguf_dir)))
 
 
 def _open_hub(where: str, what: str, state: StateDir) -> Checked:
@@ -101,16 +134,26 @@ def _recorded(out: Path) -> tuple[str | None, list[tuple[str, float | None]]]:
         return None, []
     config = load_config_text(manifest.config_text, source=str(out))
     dirs = {key: _here(directory) for key, directory in manifest.model_dirs.items()}
-    base = None if config.base_model is None else dirs.get(config.base_model.key, config.base_model.path)
+    base = None if config.base_model is None else _located(config.base_model, dirs)
     parents: list[tuple[str, float | None]] = []
     for source in _sources(config):
         if config.base_model is not None and source.model.key == config.base_model.key:
             continue
-        path = dirs.get(source.model.key, source.model.path)
+        path = _located(source.model, dirs)
         if path not in (p for p, _ in parents):
             weight = source.parameters.get("weight")
             parents.append((path, float(weight) if isinstance(weight, (int, float)) else None))
     return base, parents
+
+
+def _located(model: ModelRef, dirs: dict[str, str]) -> str:
+    """Where recorded ``model`` is: its recorded folder, or the GGUF file in it (a GGUF input's record names the
+    file's folder), else its path in the config."""
+    if model.key not in dirs:
+        return model.path
+    if Path(model.path).suffix == ".gguf":
+        return str(Path(dirs[model.key]) / Path(model.path).name)
+    return dirs[model.key]
 
 
 def _here(directory: str) -> str:

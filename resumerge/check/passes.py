@@ -8,6 +8,11 @@ plus every model's hidden states. After each layer the hidden states and the fig
 fsync, rename) and the previous layer's file deleted: a killed check resumes at the layer it reached and ends
 with the same figures. The heads run last, one model and one batch at a time (:mod:`resumerge.check.heads`).
 
+:func:`run_pass` drives the pass and journals it; where the models run is a :class:`PassModels`: this process, one
+model after another (:class:`LocalModels`), or an actor per model on a Ray cluster (:mod:`resumerge.check.onray`).
+Both compute each model's layer with :func:`model_layer` and its head figures with :func:`compared`, and the figures
+of a layer come from :func:`layer_row` in the driver: the journal is the same file whichever ran it.
+
 The sequences run in batches (:func:`batches_of`: padded on the right to the longest of the batch, with the
 attention mask), so a layer is one call over many sequences rather than one per sequence: a causal layer's output
 at a real position never sees the padding after it, and every figure is taken over real positions only.
@@ -19,9 +24,9 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from resumerge.check.heads import head_figures
+from resumerge.check.heads import HeadTotals, head_figures
 from resumerge.check.models import Checked
 from resumerge.forward import Weights, durable_save
 from resumerge.forward.journal import latest
@@ -81,34 +86,103 @@ def streams_of(models: Sequence[Checked]) -> list[ModelStream]:
 def forward_pass(models: Sequence[Checked], streams: Sequence[ModelStream], sequences: Sequence[Sequence[int]],
                  workdir: Path, on_model: Callable[[int, int], None] | None = None,
                  reserve: Reserve = _unreserved) -> PassFigures:
-    """Run the pass (resuming the one journaled in ``workdir``) and return its figures; ``on_model(layer, m)``
-    is told before model ``m``'s layer is read (``status`` shows it); ``reserve(what, step)`` holds the memory
-    of a step (``layer``: one model's layer; ``heads``: two models' heads and log-probabilities) while it runs."""
+    """Run the pass in this process (resuming the one journaled in ``workdir``) and return its figures;
+    ``on_model(layer, m)`` is told before model ``m``'s layer is read (``status`` shows it); ``reserve(what,
+    step)`` holds the memory of a step (``layer``: one model's layer; ``heads``: two models' heads and
+    log-probabilities) while it runs."""
+    return run_pass([m.role for m in models], LocalModels(streams, workdir, on_model, reserve), sequences,
+                    workdir)
+
+
+class PassModels(Protocol):
+    """Where the pass's models run, model by model (the merge first): this process (:class:`LocalModels`) or a Ray
+    actor each (:mod:`resumerge.check.onray`). :func:`run_pass` drives either the same way, and journals alike."""
+
+    @property
+    def layers(self) -> int: ...
+
+    def enter(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[list[torch.Tensor]]:
+        """Each model's hidden states entering its first decoder layer, per batch (their layers' calls kept)."""
+
+    def runs_batched(self) -> bool:
+        """Whether the merge's first layer runs the batches :meth:`enter` was given (see :func:`_runs_batched`)."""
+
+    def layer(self, index: int, hidden: list[list[torch.Tensor]], reference: int | None
+              ) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+        """Each model's layer ``index`` on its own ``hidden`` states and on the reference's (its own output where it
+        is the reference or there is none): both, per model."""
+
+    def heads(self, hidden: list[list[torch.Tensor]], batches: Sequence[Sequence[Sequence[int]]],
+              base: int | None) -> HeadTotals:
+        """The figures from every model's head over its last ``hidden`` states (see :func:`compared`)."""
+
+
+def run_pass(roles: Sequence[str], models: PassModels, sequences: Sequence[Sequence[int]],
+             workdir: Path) -> PassFigures:
+    """The pass over ``models`` (resuming the one journaled in ``workdir``, whichever ran it) and its figures."""
     workdir.mkdir(parents=True, exist_ok=True)
-    roles = [m.role for m in models]
-    reference = roles.index("base") if "base" in roles else (1 if len(models) > 1 else None)
+    reference = roles.index("base") if "base" in roles else (1 if len(roles) > 1 else None)
     groups = batches_of(sequences)
-    layers = streams[0].layers
     with torch.no_grad():
         batches = [_padded([sequences[i] for i in group]) for group in groups]
-        entering = [stream.inputs_of_rows(batches) for stream in streams]
-        if any(len(g) > 1 for g in groups) and not _runs_batched(streams[0], entering[0], reserve):
+        entering = models.enter(batches)
+        if any(len(g) > 1 for g in groups) and not models.runs_batched():
             groups = [[i] for g in groups for i in g]  # this family's layers take one sequence at a time
             batches = [_padded([sequences[i] for i in group]) for group in groups]
-            entering = [stream.inputs_of_rows(batches) for stream in streams]
+            entering = models.enter(batches)
         real = [mask.bool() for _, mask in batches]
-        calls = [[c for _, c in model] for model in entering]
-        start, hidden, stats = _restart(workdir, len(models), len(batches))
+        start, hidden, stats = _restart(workdir, len(roles), len(batches))
         if hidden is None:
-            hidden = [[h for h, _ in model] for model in entering]
-        for index in range(start, layers):
-            hidden, row = _layer(streams, index, hidden, calls, reference, real, on_model, reserve)
-            stats.append(row)
+            hidden = entering
+        for index in range(start, models.layers):
+            same_input = hidden[reference] if reference is not None else None
+            hidden, on_same = models.layer(index, hidden, reference)
+            stats.append(layer_row(hidden, on_same, same_input, real))
             _save(workdir, index, hidden, stats)
             reach("after_check_layer")  # tests kill the check here: it resumes after this layer
-        with reserve("the heads", "heads"):
-            return _heads(streams, hidden, [[sequences[i] for i in g] for g in groups], stats,
-                          roles.index("base") if "base" in roles else None, workdir)
+        found = models.heads(hidden, [[sequences[i] for i in g] for g in groups],
+                             roles.index("base") if "base" in roles else None)
+        return _figures(found, stats)
+
+
+class LocalModels:
+    """The pass's models run in this process, one layer of one model at a time (see :func:`forward_pass`)."""
+
+    def __init__(self, streams: Sequence[ModelStream], workdir: Path,
+                 on_model: Callable[[int, int], None] | None = None, reserve: Reserve = _unreserved) -> None:
+        self.streams, self.workdir, self.on_model, self.reserve = streams, workdir, on_model, reserve
+        self.layers = streams[0].layers
+        self.entering: list[tuple[torch.Tensor, list[LayerCall]]] = []
+        self.calls: list[list[list[LayerCall]]] = []
+
+    def enter(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[list[torch.Tensor]]:
+        entering = [stream.inputs_of_rows(batches) for stream in self.streams]
+        self.entering = entering[0]
+        self.calls = [[c for _, c in model] for model in entering]
+        return [[h for h, _ in model] for model in entering]
+
+    def runs_batched(self) -> bool:
+        return _runs_batched(self.streams[0], self.entering, self.reserve)
+
+    def layer(self, index: int, hidden: list[list[torch.Tensor]], reference: int | None
+              ) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+        same_input = hidden[reference] if reference is not None else None
+        own, on_same = [], []
+        for m, stream in enumerate(self.streams):
+            if self.on_model is not None:
+                self.on_model(index, m)
+            with self.reserve(f"layer {index} of model {m + 1}", "layer"):
+                out, theirs = model_layer(stream, index, hidden[m], self.calls[m],
+                                          None if m == reference else same_input)
+            own.append(out)
+            on_same.append(out if theirs is None else theirs)
+        return own, on_same
+
+    def heads(self, hidden: list[list[torch.Tensor]], batches: Sequence[Sequence[Sequence[int]]],
+              base: int | None) -> HeadTotals:
+        """Streamed: one model, one batch, one sequence's log-probabilities at a time (:mod:`.heads`)."""
+        with self.reserve("the heads", "heads"):
+            return head_figures(self.streams, hidden, batches, base, self.workdir)
 
 
 def _runs_batched(stream: ModelStream, entering: list[tuple[torch.Tensor, list[LayerCall]]],
@@ -160,32 +234,28 @@ def _padded(batch: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]
     return ids, mask
 
 
-def _layer(streams: Sequence[ModelStream], index: int, hidden: list[list[torch.Tensor]],
-           calls: list[list[list[LayerCall]]], reference: int | None, real: list[torch.Tensor],
-           on_model: Callable[[int, int], None] | None = None, reserve: Reserve = _unreserved,
-           ) -> tuple[list[list[torch.Tensor]], list[float]]:
-    """Every model's layer ``index`` on its own hidden states and on the reference's; the layer's figures: per
-    model its drift and departure, then the spread."""
-    same_input = hidden[reference] if reference is not None else None
-    own, on_same = [], []
-    for m, stream in enumerate(streams):
-        if on_model is not None:
-            on_model(index, m)
-        with reserve(f"layer {index} of model {m + 1}", "layer"), stream.loaded(stream.layers_list[index]) as layer:
-            out = [stream.run(layer, h, calls[m][s][index]) for s, h in enumerate(hidden[m])]
-            own.append(out)
-            if same_input is None or m == reference:
-                on_same.append(out)
-            else:
-                on_same.append([stream.run(layer, h, calls[m][s][index]) for s, h in enumerate(same_input)])
-    drift = [0.0] + [_relative(own[0], own[m], real) for m in range(1, len(streams))]
-    depart, spread = [0.0] * len(streams), 0.0
+def model_layer(stream: ModelStream, index: int, own: list[torch.Tensor], calls: list[list[LayerCall]],
+                same: list[torch.Tensor] | None) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """One model's layer ``index``, read once: its output on its ``own`` hidden states (per batch) and, unless
+    ``same`` is None, on ``same`` (the reference's input to the layer)."""
+    with stream.loaded(stream.layers_list[index]) as layer:
+        out = [stream.run(layer, h, calls[s][index]) for s, h in enumerate(own)]
+        theirs = None if same is None else [stream.run(layer, h, calls[s][index]) for s, h in enumerate(same)]
+    return out, theirs
+
+
+def layer_row(own: list[list[torch.Tensor]], on_same: list[list[torch.Tensor]],
+              same_input: list[torch.Tensor] | None, real: list[torch.Tensor]) -> list[float]:
+    """A layer's figures from every model's outputs: per model its drift and departure, then the spread."""
+    n = len(own)
+    drift = [0.0] + [_relative(own[0], own[m], real) for m in range(1, n)]
+    depart, spread = [0.0] * n, 0.0
     if same_input is not None:
-        depart = [0.0] + [_relative(on_same[0], on_same[m], real, same_input) for m in range(1, len(streams))]
-        others = range(1, len(streams))
+        depart = [0.0] + [_relative(on_same[0], on_same[m], real, same_input) for m in range(1, n)]
+        others = range(1, n)
         spread = max((_relative(on_same[a], on_same[b], real, same_input) for a in others for b in others
                       if a != b), default=0.0)
-    return own, [*drift, *depart, spread]
+    return [*drift, *depart, spread]
 
 
 def _relative(merge: list[torch.Tensor], other: list[torch.Tensor], real: list[torch.Tensor],
@@ -220,14 +290,78 @@ def _restart(workdir: Path, models: int, sequences: int
     return layer + 1, hidden, [list(map(float, row)) for row in data["stats"].tolist()]
 
 
-def _heads(streams: Sequence[ModelStream], hidden: list[list[torch.Tensor]],
-           batches: Sequence[Sequence[Sequence[int]]], stats: list[list[float]], base: int | None,
-           workdir: Path) -> PassFigures:
-    """The pass's figures: the heads' (:func:`~resumerge.check.heads.head_figures`, streamed) and the layers'."""
-    n = len(streams)
-    found = head_figures(streams, hidden, batches, base, workdir)
+@dataclass(frozen=True)
+class ModelHead:
+    """One model's figures from its head: its ``nll`` and, for a model other than the merge, per sequence the KL of
+    the merge from it at each position (``kl``), the positions where their top tokens agree (``top1``), and the
+    KL of it from the base at each position (``base_kl``; None for the base itself, or without a base)."""
+
+    nll: float
+    kl: list[torch.Tensor] | None = None
+    top1: int = 0
+    base_kl: list[torch.Tensor] | None = None
+
+
+def logprobs(stream: ModelStream, states: list[torch.Tensor], batches: Sequence[Sequence[Sequence[int]]]
+             ) -> list[torch.Tensor]:
+    """The model's log-probabilities at every real position that has a next token (one tensor per sequence, in
+    batch order), from its last decoder layer's outputs ``states``."""
+    found: list[torch.Tensor] = []
+    with stream.head() as head:
+        for h, batch in zip(states, batches):
+            logits = head(h).float()
+            found.extend(torch.log_softmax(logits[row, :len(s) - 1], dim=-1) for row, s in enumerate(batch))
+    return found
+
+
+def compared(theirs: list[torch.Tensor], merged: list[torch.Tensor] | None, base: list[torch.Tensor] | None,
+             batches: Sequence[Sequence[Sequence[int]]]) -> ModelHead:
+    """A model's figures from its log-probabilities ``theirs``, against the merge's (``merged``; None: it is the
+    merge) and the base's (``base``; None: none to compare with)."""
+    targets = [torch.tensor(list(s[1:])) for batch in batches for s in batch]
+    tokens = sum(len(t) for t in targets)
+    nll = _nll(theirs, targets, tokens)
+    if merged is None:
+        return ModelHead(nll)
+    return ModelHead(nll, [_kl(t, o) for t, o in zip(theirs, merged)],
+                       sum(int((t.argmax(-1) == o.argmax(-1)).sum()) for t, o in zip(theirs, merged)),
+                       None if base is None else [_kl(b, t) for b, t in zip(base, theirs)])
+
+
+def totals(heads: list[ModelHead], tokens: int) -> HeadTotals:
+    """The head figures of every model (the merge first) from each one's own (:func:`compared`), ``tokens`` the
+    positions predicted: what :func:`~resumerge.check.heads.head_figures` finds streamed, the same numbers."""
+    n = len(heads)
+    kl: list[float | None] = [None] * n
+    p95: list[float | None] = [None] * n
+    top1: list[float | None] = [None] * n
+    base_kl: list[float | None] = [None] * n
+    for m, found in enumerate(heads):
+        if found.kl is None:
+            continue
+        per_position = torch.cat(found.kl)
+        kl[m] = float(per_position.double().mean())
+        p95[m] = float(torch.quantile(per_position.double(), 0.95))
+        top1[m] = float(found.top1 / tokens)
+        if found.base_kl is not None:
+            base_kl[m] = float(torch.cat(found.base_kl).double().mean())
+    return HeadTotals(nll=[h.nll for h in heads], kl=kl, kl_p95=p95, top1=top1, base_kl=base_kl, tokens=tokens)
+
+
+def _figures(heads: HeadTotals, stats: list[list[float]]) -> PassFigures:
+    """The pass's figures from the heads' and the layers' rows."""
+    n = len(heads.nll)
     drift = [[row[m] for row in stats] for m in range(n)]
     depart = [[row[n + m] for row in stats] for m in range(n)]
-    return PassFigures(nll=found.nll, kl=found.kl, kl_p95=found.kl_p95, top1=found.top1, drift=drift,
-                       depart=depart, spread=[row[2 * n] for row in stats], tokens=found.tokens,
-                       base_kl=found.base_kl)
+    return PassFigures(nll=heads.nll, kl=heads.kl, kl_p95=heads.kl_p95, top1=heads.top1, drift=drift, depart=depart,
+                       spread=[row[2 * n] for row in stats], tokens=heads.tokens, base_kl=heads.base_kl)
+
+
+def _kl(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """KL(reference ‖ other) at each position, from log-probabilities."""
+    return (reference.exp() * (reference - other)).sum(dim=-1)
+
+
+def _nll(logprobs: list[torch.Tensor], targets: list[torch.Tensor], tokens: int) -> float:
+    total = sum(float(-lp.gather(-1, t.unsqueeze(-1)).double().sum()) for lp, t in zip(logprobs, targets))
+    return total / tokens

@@ -28,7 +28,7 @@ class Progress:
         self.doc: dict[str, Any] = {"model": os.path.abspath(model), "pid": os.getpid(), "layers": layers,
                                     "report": os.path.abspath(workdir / "report.json"),
                                     "models": models, "phase": "starting", "layer": None, "model_index": None,
-                                    "model_role": None, "model_path": None, "verdict": None}
+                                    "model_role": None, "model_path": None, "nodes": None, "verdict": None}
 
     def say(self, **changes: Any) -> None:
         """Record ``changes`` (atomically: a reader sees the old file or the new one). Not fsynced, but for the
@@ -85,6 +85,10 @@ def describe(doc: Mapping[str, Any]) -> str:
         return f"{str(doc['verdict']).replace('_', ' ')} (exit {doc.get('exit_code')}){named}"
     state = str(doc.get("state", "running"))
     phase = doc.get("phase")
+    nodes = doc.get("nodes")
+    if phase == "forward" and isinstance(doc.get("layer"), int) and isinstance(nodes, list):
+        return (f"{state}: layer {int(doc['layer']) + 1} of {doc.get('layers')}, {len(nodes)} models on Ray nodes "
+                + ", ".join(f"{node} ({role})" for node, role in zip(nodes, doc.get("roles") or ["?"] * len(nodes))))
     if phase == "forward" and isinstance(doc.get("layer"), int):
         return (f"{state}: layer {int(doc['layer']) + 1} of {doc.get('layers')}, model {int(doc['model_index']) + 1}"
                 f" of {doc.get('models')} ({doc.get('model_role')} {doc.get('model_path')})")

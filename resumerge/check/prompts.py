@@ -32,8 +32,16 @@ def load_tokenizer(directories: Sequence[Path]) -> Any:
                 return transformers.AutoTokenizer.from_pretrained(str(directory))
             except (OSError, ValueError):
                 continue
-    raise UsageError("none of the checked models has a tokenizer to read the prompts with",
+    raise UsageError("none of the checked models has a tokenizer to read the prompts with"
+                     + "".join(f" ({reason})" for reason in _gguf_reasons(directories)),
                      hint="copy the tokenizer files into MODEL's folder")
+
+
+def _gguf_reasons(directories: Sequence[Path]) -> list[str]:
+    """Why a GGUF model's folder (its files rebuilt from its metadata) has no tokenizer, for each that has none."""
+    from resumerge.inputs.gguf.folder import tokenizer_error
+
+    return [reason for reason in map(tokenizer_error, directories) if reason]
 
 
 def sequences(tokenizer: Any, prompts_file: Path | None) -> list[list[int]]:

@@ -18,7 +18,15 @@ from resumerge.check.card import update_card
 from resumerge.check.chart import write_drift_chart
 from resumerge.check.heads import head_step_bytes
 from resumerge.check.models import Checked, find_models
-from resumerge.check.passes import BATCH_TOKENS, PassFigures, forward_pass, largest_batch, padded_positions, streams_of
+from resumerge.check.passes import (
+    BATCH_TOKENS,
+    PassFigures,
+    forward_pass,
+    largest_batch,
+    padded_positions,
+    run_pass,
+    streams_of,
+)
 from resumerge.check.progress import Progress
 from resumerge.check.prompts import describe
 from resumerge.check.report import CheckReport, ModelFigures, StaticFigures
@@ -41,9 +49,15 @@ STATIC_NAME = "static.json"
 
 def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None,
               parents: Sequence[str | os.PathLike[str]] = (), prompts: str | os.PathLike[str] | None = None,
-              max_memory: int | None = None, state: StateDir) -> CheckReport:
+              max_memory: int | None = None, state: StateDir, on_ray: bool = False,
+              ray_address: str | None = None) -> CheckReport:
     """Check ``model`` against its base and parents (given, or from its record) and return the report; its
-    journal is kept under ``state``."""
+    journal is kept under ``state``. ``on_ray``: each model's forward pass on a node of the Ray cluster at
+    ``ray_address`` (:mod:`.onray`; None: ``RAY_ADDRESS``, else a Ray started here), with the same report."""
+    if on_ray:  # before anything is read: without Ray, one line and exit 2
+        from resumerge.engine.cluster.connect import check_ray
+
+        check_ray()
     _passive_threads()
     models = find_models(model, base, tuple(parents), state)
     _comparable(models)
@@ -71,16 +85,19 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
                 progress.say(phase="forward", layer=layer, model_index=m, model_role=models[m].role,
                              model_path=models[m].path)
 
-            # Each layer and each pair of heads is admitted by the RAM governor, as the merge's tensors are: it
-            # sees the process's RSS, gives freed memory back when a step would not fit, and refuses (exit 2)
-            # rather than pass the budget.
-            with MemoryGovernor(budget, SystemProbe()) as governor:
-                def reserve(what: str, step: str) -> AbstractContextManager[object]:
-                    if step == "heads":
-                        _give_back()
-                    return governor.acquire(steps[step], what=what)
+            if on_ray:
+                figures = _on_ray(models, streams[0].layers, tokens, workdir, progress, ray_address)
+            else:
+                # Each layer and each pair of heads is admitted by the RAM governor, as the merge's tensors are: it
+                # sees the process's RSS, gives freed memory back when a step would not fit, and refuses (exit 2)
+                # rather than pass the budget.
+                with MemoryGovernor(budget, SystemProbe()) as governor:
+                    def reserve(what: str, step: str) -> AbstractContextManager[object]:
+                        if step == "heads":
+                            _give_back()
+                        return governor.acquire(steps[step], what=what)
 
-                figures = forward_pass(models, streams, tokens, workdir, on_model, reserve)
+                    figures = forward_pass(models, streams, tokens, workdir, on_model, reserve)
     finally:
         for stream in streams:
             stream.close()
@@ -97,6 +114,20 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     for journal in workdir.glob("layer-*.safetensors"):
         journal.unlink(missing_ok=True)
     return replace(report, card=update_card(model, state, report))
+
+
+def _on_ray(models: list[Checked], layers: int, tokens: list[list[int]], workdir: Path, progress: Progress,
+            address: str | None) -> PassFigures:
+    """The forward pass with each model on a Ray node of its own (:mod:`.onray`), journaled here as locally;
+    ``status`` shows the node of each model."""
+    from resumerge.check.onray import ray_models
+
+    def on_layer(layer: int, nodes: list[str]) -> None:
+        progress.say(phase="forward", layer=layer, model_index=None, model_role=None, model_path=None, nodes=nodes,
+                     roles=[m.role for m in models])
+
+    with ray_models(models, address, layers, on_layer) as running:
+        return run_pass([m.role for m in models], running, tokens, workdir)
 
 
 def _static(models: list[Checked], workdir: Path, progress: Progress) -> StaticFigures:

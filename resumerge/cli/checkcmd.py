@@ -16,26 +16,36 @@ def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                     "per-layer drift, and the first layer that departs from every parent. Exit 0 works, 5 no "
                     "effect, 6 broken, 2 bad input, 3 interrupted (run it again: it resumes at the layer "
                     "reached).")
-    check.add_argument("model", metavar="MODEL", help="the merged model's folder, or a hub repo as "
+    check.add_argument("model", metavar="MODEL", help="the merged model's folder, a GGUF file, or a hub repo as "
                        "hf://NAMESPACE/NAME[@REVISION], read by byte range (a resumerge output names its base and "
                        "parents in its record; its model card gets the check's section)")
-    check.add_argument("--base", metavar="BASE", help="the base model's folder or hf:// repo")
+    check.add_argument("--base", metavar="BASE", help="the base model's folder, GGUF file or hf:// repo")
     check.add_argument("--parent", dest="parents", metavar="P", action="append", default=[],
-                       help="a parent model's folder or hf:// repo (repeat for each)")
+                       help="a parent model's folder, GGUF file or hf:// repo (repeat for each)")
     check.add_argument("--prompts", metavar="FILE", help="texts to run, one per line, no chat template "
                        "(default: built-in short chat, code, maths and multilingual texts)")
     check.add_argument("--max-memory", metavar="SIZE", help="memory budget (e.g. 4GB; default: most of what is "
                        "free)")
     check.add_argument("--state-dir", metavar="DIR", help="where the check's journal is kept")
+    check.add_argument("--executor", choices=("local", "ray"), default="local",
+                       help="where the forward pass runs: this process, one model after another, or each model on a "
+                            "node of its own of a Ray cluster (Ray on every node: pip install -c constraints.txt -e "
+                            "'.[ray]' in the clone; the models on paths every node sees, or hf://); the report is the "
+                            "same, and a check started with one resumes with the other [default: local]")
+    check.add_argument("--ray-address", metavar="ADDRESS",
+                       help="with --executor ray: the cluster to join [default: $RAY_ADDRESS, else a Ray started for "
+                            "the check on this machine]")
     check.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def run_check_command(args: argparse.Namespace) -> int:
     """Parse nothing more: one API call, then the report."""
     from resumerge.api import check
+    from resumerge.api.options import executor_option
 
     report = check(args.model, base=args.base, parents=tuple(args.parents), prompts=args.prompts,
-                   max_memory=args.max_memory, state_dir=args.state_dir)
+                   max_memory=args.max_memory, state_dir=args.state_dir,
+                   executor=executor_option(args.executor, ray_address=args.ray_address))
     if args.json:
         print(json.dumps(report.to_json(), indent=2, sort_keys=True))
     else:

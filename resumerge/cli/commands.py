@@ -38,6 +38,7 @@ from resumerge.cli.measurecmd import add_measure_parser
 from resumerge.config.settings import KEEP_WORKERS
 from resumerge.config.version import __version__
 from resumerge.errors import EXIT_INTERRUPTED, EXIT_OK, ResumergeError, UsageError, exit_code_for
+from resumerge.plan.defaults import GGUF_TYPES
 
 if TYPE_CHECKING:
     from resumerge.engine.drive import Outcome
@@ -95,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out-type", choices=("safetensors", "gguf"), default="safetensors",
                      help="write the output as safetensors shards, or as one GGUF file llama.cpp loads (its "
                           "tokenizer from a GGUF parent) [default: safetensors]")
-    run.add_argument("--gguf-type", choices=("f16", "bf16", "q8_0"), default="f16",
+    run.add_argument("--gguf-type", choices=GGUF_TYPES, default="f16",
                      help="--out-type gguf: how matrices are stored (norms and 1-D tensors are F32) [default: f16]")
     run.add_argument("--gguf-split-max-size", metavar="SIZE",
                      help="--out-type gguf: write gguf-split's files model-00001-of-0000N.gguf of at most SIZE "
@@ -180,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--unsafe-truncate-embeddings", action="store_true", help="as for run")
     plan.add_argument("--dequantize", action="store_true", help="as for run")
     plan.add_argument("--out-type", choices=("safetensors", "gguf"), default="safetensors", help="as for run")
-    plan.add_argument("--gguf-type", choices=("f16", "bf16", "q8_0"), default="f16", help="as for run")
+    plan.add_argument("--gguf-type", choices=GGUF_TYPES, default="f16", help="as for run")
     plan.add_argument("--gguf-split-max-size", metavar="SIZE", help="as for run")
     plan.add_argument("--state-dir", metavar="DIR", help="state directory the run will use")
     plan.add_argument("--max-memory", metavar="SIZE", help="RAM budget the run will use [default: as for run]")

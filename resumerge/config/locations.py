@@ -24,6 +24,8 @@ LEDGER_NAME = "ledger.db"
 STAGING_NAME = "staging"
 # Under the state dir: one folder per check, named by its content key.
 CHECKS_DIR = "checks"
+# Under the state dir: the folder of each GGUF model a check or a MoE prompt pass reads (config.json, tokenizer).
+GGUF_DIR = "gguf"
 
 
 # The default state dir of earlier versions, relative to the working directory; still read for runs recorded there.
@@ -124,6 +126,12 @@ class StateDir:
     def routers_dir(self) -> Path:
         """Where each mergekit-moe prompt forward pass keeps its layers and routers, one folder per pass."""
         return self.root / ROUTERS_DIR
+
+    @property
+    def gguf_dir(self) -> Path:
+        """Where each GGUF model read by a check or a MoE prompt pass gets its folder of rebuilt files
+        (:func:`resumerge.inputs.gguf.folder.gguf_folder`)."""
+        return self.root / GGUF_DIR
 
 
 @dataclass(frozen=True)

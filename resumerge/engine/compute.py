@@ -21,6 +21,7 @@ from resumerge.engine.workspace import Workspace
 from resumerge.errors import ResumergeError
 from resumerge.inputs.adapters import apply_lora_rows
 from resumerge.inputs.codecs import MAIN
+from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.registry import MergeContext, MethodSpec
@@ -28,9 +29,16 @@ from resumerge.methods.resources import Resources
 from resumerge.methods.spec import RowStream
 from resumerge.plan.inputrefs import read_value
 from resumerge.plan.merge_plan import InputRef, Plan, TensorPlan
-from resumerge.plan.workunits import chunk_plan, method_dtype, pass_rows
+from resumerge.plan.workunits import aligned_rows, can_chunk, chunk_plan, method_dtype, pass_rows
 from resumerge.torch_import import torch
 from resumerge.vocab import align_rows
+
+# The most float32 bytes of one input a tensor computed in a workspace is decoded into at once: a larger tensor of an
+# elementwise method with encoded (quantized) inputs or output is computed in row chunks of about this size, each in
+# the workspace's buffers, so that they stay this small. Whole, a GGUF model's 32000 x 2048 embedding grew every
+# worker's three buffers (two inputs, the result) to 250 MB each, whose first touch the kernel zero-fills page by
+# page: ~20 % of a 1 GB GGUF -> GGUF merge's CPU (bench/RESULTS.md, GGUF).
+WORKSPACE_CHUNK_BYTES = 32 << 20
 
 
 def tensor_seed(seed: int, name: str) -> int:
@@ -93,18 +101,25 @@ class TensorCompute:
     def rows(self, first: int, stop: int, workspace: Workspace | None = None) -> Stored:
         """Output rows ``[first, stop)`` on the host as stored (each part's rows of those rows), with the companions
         ``tp`` carries when they are its first rows; computed in ``workspace``'s buffers when given and the rows
-        are one chunk (nothing returned points into them)."""
+        are one chunk, or chunks cut to keep those buffers small (:meth:`_workspace_chunks`; nothing returned
+        points into them)."""
         if self.tp.copy_of is not None:
             return _copy(self._part(first, stop), self.sources)
         chunks = self._chunks(first, stop)
+        lent = None  # the stream's chunks are never computed in the workspace: a stream may keep what they hold
+        if len(chunks) == 1 and workspace is not None:
+            chunks, lent = self._workspace_chunks(first, stop), workspace
         if len(chunks) == 1:
             out = self._output(first, stop, workspace)
-        else:  # the stream's chunks, each encoded, land in the range's buffers
+        else:  # the chunks, each encoded, land in the range's buffers
             out = {p.name: torch.empty(p.shape, dtype=TORCH_DTYPES[p.dtype]) for p in
                    self.tp.out_codec.out_parts(self.tp.name, self.tp.out_dtype, (stop - first, *self.tp.shape[1:]))}
             at = dict.fromkeys(out, 0)
             for start, end in chunks:
-                for name, rows in self._output(start, end).items():
+                if lent is not None:  # encoded straight into the range's buffers
+                    self._encode_into(start, end, lent, out, at)
+                    continue
+                for name, rows in self._output(start, end, lent).items():
                     out[name][at[name] : at[name] + rows.shape[0]] = rows
                     at[name] += rows.shape[0]
         whole = first == 0 and all(r.first_row == 0 for r in self.tp.inputs)  # written once, with the first rows
@@ -118,6 +133,36 @@ class TensorCompute:
             self.observe(pass_index, 0, self.total)
             pass_index += 1
         return self.rows(0, self.total, workspace)
+
+    def _encode_into(self, first: int, stop: int, workspace: Workspace, out: dict[str, torch.Tensor],
+                     at: dict[str, int]) -> None:
+        """Rows ``[first, stop)`` computed in ``workspace`` and encoded into ``out``'s stored parts from ``at`` (each
+        part's next row, advanced): no chunk-sized encoded tensor between, which would be fresh pages each time."""
+        parts = self.tp.out_codec.out_parts(self.tp.name, self.tp.out_dtype, (stop - first, *self.tp.shape[1:]))
+        into = {p.part: out[p.name][at[p.name] : at[p.name] + p.shape[0]] for p in parts}
+        with self._failures():
+            self.tp.out_codec.encode_into(self.merged(first, stop, workspace), self.tp.out_dtype, into)
+        for p in parts:
+            at[p.name] += p.shape[0]
+
+    def _workspace_chunks(self, first: int, stop: int) -> list[tuple[int, int]]:
+        """Rows ``[first, stop)`` of a tensor computed in a workspace as chunks of about
+        :data:`WORKSPACE_CHUNK_BYTES` per input, for an elementwise method on the CPU whose inputs are decoded or
+        whose output is encoded (a plain one would be copied once more); else one chunk."""
+        tp, whole = self.tp, [(first, stop)]
+        if (self.stream is not None or tp.experts is not None or self.plan.options.device != "cpu"
+                or not can_chunk(tp, self.plan.method_of(tp))
+                or (tp.out_codec.plain and all(ref.codec.plain for ref in tp.inputs))):
+            return whole
+        row = 4 * max(1, numel(tp.shape[1:]))
+        if (stop - first) * row <= WORKSPACE_CHUNK_BYTES:
+            return whole
+        chunks, start = [], first
+        while start < stop:
+            end = start + aligned_rows(tp, max(1, WORKSPACE_CHUNK_BYTES // row), stop - start)
+            chunks.append((start, end))
+            start = end
+        return chunks
 
     def _chunks(self, first: int, stop: int) -> list[tuple[int, int]]:
         step = pass_rows(self.tp) if self.stream is not None else max(1, stop - first)
@@ -171,7 +216,7 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
         return make_context(plan, tp, method, device, lazy, resources, owned=True, read_rows=lazy.rows)
     tensors = []
     for i, ref in enumerate(tp.inputs):
-        t = _read_input(ref, sources, _decode_buffer(ref, i, workspace))
+        t = _read_input(ref, sources, _decode_buffer(ref, i, workspace), _raw_buffer(ref, i, workspace))
         if on_gpu:
             t = t.to(device)
         if tp.compute_dtype is not None:
@@ -297,12 +342,22 @@ def _decode_buffer(ref: InputRef, index: int, workspace: Workspace | None) -> to
     return workspace.take(f"input{index}", ref.value_shape, TORCH_DTYPES[ref.codec.value_dtype(ref.dtype)])
 
 
-def _read_input(ref: InputRef, sources: InputSources, out: torch.Tensor | None = None) -> torch.Tensor:
+def _raw_buffer(ref: InputRef, index: int, workspace: Workspace | None) -> torch.Tensor | None:
+    """Where input ``index``'s stored bytes are read before they are decoded: ``workspace``'s buffer for them (a
+    GGUF input's 2 GB read into fresh buffers faulted in and zeroed 2 GB of pages), or None (a plain input: its
+    buffer read is its value)."""
+    if workspace is None or ref.codec.plain:
+        return None
+    return workspace.take(f"raw{index}", (ref.end - ref.start,), torch.uint8)
+
+
+def _read_input(ref: InputRef, sources: InputSources, out: torch.Tensor | None = None,
+                raw: torch.Tensor | None = None) -> torch.Tensor:
     """One input tensor as the method sees it: read with its companions and decoded by ``ref.codec`` (a plain one
     returns the buffer read; a decoding one into ``out`` when given), cast to ``ref.cast``
     (:func:`~resumerge.plan.inputrefs.read_value`), with its LoRA delta merged (in the stored dtype, as PEFT's
     merge_and_unload does, before any ``dtype:`` of the config)."""
-    t = read_value(ref, sources, out)  # a quantized decode runs on this thread alone (see read_value)
+    t = read_value(ref, sources, out, raw)  # a quantized decode runs on this thread alone (see read_value)
     if ref.lora is not None:
         lora = ref.lora
         t = apply_lora_rows(t, read_value(lora.a, sources), read_value(lora.b, sources), lora.scale,

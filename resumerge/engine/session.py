@@ -39,7 +39,7 @@ from resumerge.plan.prepared import Prepared
 from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import MANIFEST_NAME
 from resumerge.store.outgone import refuse_gone
-from resumerge.store.planning import planning_mark
+from resumerge.store.planning import killed_while_planning, planning_mark
 
 
 def prepare(
@@ -124,11 +124,14 @@ def resuming(where: RunLocations, settings: RunSettings,
 
     Raises LedgerError when neither exists, OutputDirError when OUT moved."""
     target = Target.at(where, settings).read_recorded()
+    # Asked before this resume takes the mark: a run killed while planning left it, held by no process.
+    killed = killed_while_planning(str(target.out), target.locations.run_dir, target.locations.root)
     with planning_mark(target.locations.run_dir):  # status says "planning" until the run goes on
-        yield _recorded(target, settings, reporter)
+        yield _recorded(target, settings, reporter, killed)
 
 
-def _recorded(target: Target, settings: RunSettings, reporter: Reporter | None) -> Recorded:
+def _recorded(target: Target, settings: RunSettings, reporter: Reporter | None,
+              killed: NothingRecordedError | None = None) -> Recorded:
     out, manifest, state = target.out, target.manifest(), settings.state
     ledger_path = target.locations.ledger
     row, stored = None, None
@@ -158,6 +161,8 @@ def _recorded(target: Target, settings: RunSettings, reporter: Reporter | None) 
                                    path=url, hint=f"start it with: resumerge run CONFIG {url} (pass the killed "
                                                   "run's --state-dir if it used one)")
     else:
+        if killed is not None:  # the run died planning: say so, and that running it again continues
+            raise killed
         raise NothingRecordedError(
             f"nothing to resume in {out}: no ledger in the state dir and no {MANIFEST_NAME}",
             path=str(out),

@@ -43,6 +43,12 @@ class InputSource(ABC):
             return torch.empty(shape, dtype=TORCH_DTYPES[dtype])
         return self.read_range(file, start, end).view(TORCH_DTYPES[dtype]).reshape(shape)
 
+    def read_tensor_into(self, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
+                         into: torch.Tensor) -> torch.Tensor:
+        """:meth:`read_tensor` into ``into`` (uint8, contiguous, at least ``end - start`` bytes) where the source
+        can read into memory it is given (local files); others return a fresh tensor as :meth:`read_tensor` does."""
+        return self.read_tensor(file, start, end, dtype, shape)
+
     def rereads_cheaply(self, file: str) -> bool:
         """Whether reading bytes of ``file`` again costs a local read, not another network fetch."""
         return True
@@ -84,6 +90,12 @@ class LocalFiles(InputSource):
         # Straight to the reader: it views its buffer with the right dtype, one call instead of two.
         return self._reader.read(self.directory / file, start, end, dtype, shape)
 
+    def read_tensor_into(self, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
+                         into: torch.Tensor) -> torch.Tensor:
+        if is_pickle_checkpoint(file):
+            return super().read_tensor_into(file, start, end, dtype, shape, into)
+        return self._reader.read(self.directory / file, start, end, dtype, shape, into)
+
     def close(self) -> None:
         self._pickles.close()
         if self._owns_reader:
@@ -110,8 +122,12 @@ class InputSources:
         reader = TensorReader()
         return cls({key: LocalFiles(directory, reader) for key, directory in model_dirs.items()}, shared=reader)
 
-    def read(self, model: str, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
-        """The tensor at ``[start, end)`` of ``file`` of input ``model``."""
+    def read(self, model: str, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
+             into: torch.Tensor | None = None) -> torch.Tensor:
+        """The tensor at ``[start, end)`` of ``file`` of input ``model``: in ``into`` when given and the source
+        reads into memory it is given (:meth:`InputSource.read_tensor_into`)."""
+        if into is not None:
+            return self._sources[model].read_tensor_into(file, start, end, dtype, shape, into)
         return self._sources[model].read_tensor(file, start, end, dtype, shape)
 
     def rereads_cheaply(self, model: str, file: str) -> bool:

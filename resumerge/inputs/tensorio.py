@@ -79,13 +79,17 @@ class TensorReader:
                 self._fds[path] = fd
             return fd
 
-    def read(self, path: Path, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
-        """Return the tensor stored at ``[start, end)`` of ``path``; raises StorageError on a short read."""
+    def read(self, path: Path, start: int, end: int, dtype: str, shape: tuple[int, ...],
+             into: torch.Tensor | None = None) -> torch.Tensor:
+        """Return the tensor stored at ``[start, end)`` of ``path``, in the first bytes of ``into`` when given (a
+        contiguous uint8 CPU tensor: a buffer reused from one tensor to the next has its pages already, where a
+        fresh one over the mmap threshold is faulted in and zeroed by the kernel); raises StorageError on a short
+        read."""
         nbytes = end - start
         if nbytes == 0:
             return torch.empty(shape, dtype=TORCH_DTYPES[dtype])
         # torch.empty, not bytearray: a bytearray is zero-filled first, a whole extra pass over every input byte.
-        buf = torch.empty(nbytes, dtype=torch.uint8)
+        buf = torch.empty(nbytes, dtype=torch.uint8) if into is None else into.view(torch.uint8).view(-1)[:nbytes]
         view = buf.numpy().data
         fd = self._fd(path)
         done = 0

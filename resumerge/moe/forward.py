@@ -84,12 +84,15 @@ def pass_checks(directory: Path, tokenizer_dir: Path, mode: str,
     return Ready(config, model, sets)
 
 
-def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path, *, share: int | None = None,
+def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path, *,
+                   config_doc: Mapping[str, Any] | None = None, share: int | None = None,
                    counted_elsewhere: int = 0, run_pid: int | None = None, ready: Ready | None = None,
                    on_checked: Callable[[], None] | None = None) -> Path:
     """Compute (or find, when an earlier run finished it) the routers of every layer into ``workdir`` and return
     the file: tensor ``layers.<i>`` of shape (gated experts, hidden), bfloat16.
 
+    ``config_doc`` is the base's config as the run read it (None: its folder's config.json), which says how
+    the codecs read its tensors (a GGUF base's rebuilt config.json does not: its tensors are the GGUF's).
     ``share`` is the memory budget this process may hold (counted as the governor counts it): a pass whose
     largest layer cannot fit is refused before any weight is read (UsageError naming the smallest budget; the
     run's process holds ``counted_elsewhere`` more). ``run_pid`` is the run's process, the one a kill test kills.
@@ -101,7 +104,8 @@ def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path,
         return done
     workdir.mkdir(parents=True, exist_ok=True)
     require_transformers(mode)
-    config_doc: Mapping[str, Any] = json.loads((weights.directory / "config.json").read_text())
+    if config_doc is None:
+        config_doc = json.loads((weights.directory / "config.json").read_text())
     built = None if ready is None else (ready.config, ready.model)
     with ModelStream(weights, config_doc, torch.bfloat16, what=f"gate_mode {mode}", key=_BASE,
                      built=built) as stream:

@@ -100,9 +100,11 @@ class HiddenPass:
             self.process.stop()
 
 
-def routers_job(mode: str, directory: Path, prompts: Sequence[tuple[Sequence[str], Sequence[str] | None]],
-        tensors: Mapping[str, Any], *, share: int, held: int, threads: int | None) -> dict[str, Any]:
-    """The pass's job for :mod:`.passmain`."""
+def routers_job(mode: str, directory: Path, config: Mapping[str, Any],
+                prompts: Sequence[tuple[Sequence[str], Sequence[str] | None]], tensors: Mapping[str, Any], *,
+                share: int, held: int, threads: int | None) -> dict[str, Any]:
+    """The pass's job for :mod:`.passmain`: the base's folder (its config.json, tokenizer and the ``tensors``'
+    files) and its ``config`` as the run read it (a GGUF base's says how the codecs read its tensors)."""
     return {"job": "routers", "mode": mode, "tokenizer_dir": str(directory), "prompts": [list(p) for p in prompts],
-            "weights_dir": str(directory), "tensors": dict(tensors), "share": share, "parent_bytes": held,
-            "threads": threads}
+            "weights_dir": str(directory), "config": dict(config), "tensors": dict(tensors), "share": share,
+            "parent_bytes": held, "threads": threads}

@@ -30,7 +30,7 @@ from resumerge.moe.forward import pass_bytes
 from resumerge.moe.hiddenpass import beside_share
 from resumerge.moe.passproc import HIDDEN_MODES, run_child
 from resumerge.moe.passshare import share_problem
-from resumerge.moe.prepare import prepare_moe, prompt_texts, routers_dir
+from resumerge.moe.prepare import base_folder, prepare_moe, prompt_texts, routers_dir
 from resumerge.plan.merge_plan import Plan, PlanOptions
 from resumerge.plan.prepared import Prepared
 
@@ -64,7 +64,8 @@ def pass_estimate(config: MoeConfig, inputs: Inputs, state: StateDir,
             return 0.0, 0.0, 0, False, None, None
         with tempfile.TemporaryDirectory(prefix="resumerge-probe-") as scratch, _OthersCpu() as others:
             # The run's pass makes the same checks (resumerge.moe.forward.pass_checks), before the merge starts.
-            found = run_child({"job": "probe", "mode": config.gate_mode, "weights_dir": str(base.directory),
+            found = run_child({"job": "probe", "mode": config.gate_mode,
+                               "weights_dir": str(base_folder(base, state)),
                                "prompts": prompt_texts(config)}, Path(scratch))
         layers = int(base.config["num_hidden_layers"])
         tensors = {name: (t.file, t.entry.start, t.entry.end, t.entry.dtype, t.entry.shape)

@@ -97,7 +97,7 @@ def answer(job: dict[str, Any], workdir: Path, checked: Callable[[], None] = lam
     weights = Weights(directory=Path(job["weights_dir"]),
                       tensors={name: (f, s, e, d, tuple(shape)) for name, (f, s, e, d, shape)
                                in job["tensors"].items()})
-    hidden_routers(weights, mode, ready.sets, workdir, share=job.get("share"),
+    hidden_routers(weights, mode, ready.sets, workdir, config_doc=job.get("config"), share=job.get("share"),
                    counted_elsewhere=job.get("parent_bytes", 0), run_pid=int(job["parent"]), ready=ready,
                    on_checked=checked)
     return {"routers": str(workdir)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -48,7 +49,7 @@ CONFIG_COPY = "mergekit_moe_config.yml"
 def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options: PlanOptions, *,
                    encoded: tuple[tuple[Any, Any], ...] | None = None, routers_key: str | None = None,
                    gates_preview: torch.Tensor | None = None, kinds: tuple[OutputKind, ...] = OUTPUT_KINDS,
-                   codecs: CodecTable = CODECS) -> Plan:
+                   codecs: CodecTable = CODECS, tokenizer_dir: Path | None = None) -> Plan:
     """Plan ``config`` over the opened ``models`` (keyed by ``ModelRef.key``); raises ``InputError`` subclasses
     for anything that would fail later. ``encoded`` holds each gated expert's tokenised (positive, negative)
     prompt sets for ``cheap_embed``; ``routers_key`` names the hidden-state modes' prompt forward pass (its content
@@ -56,7 +57,8 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
     routers go to the last shard of their own (the merge runs beside the pass; see :mod:`.hiddenpass`);
     ``gates_preview`` the routers known now (``cheap_embed``'s, or a finished pass's), to warn about degenerate
     routing. ``kinds`` are the output architectures to choose from (:mod:`.outkinds`). Stored tensors are read in
-    the formats ``codecs`` recognises (decoded before the experts see them)."""
+    the formats ``codecs`` recognises (decoded before the experts see them). ``tokenizer_dir``: where the base's
+    tokenizer files are, when not in its folder (a GGUF base's rebuilt folder)."""
     models = {key: m.recognised(codecs) for key, m in models.items()}
     choice = choose_output(config, models, kinds)
     kind = choice.kind
@@ -108,7 +110,13 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
     # Experts and copies are stored decoded (plainly): a quantized base's quantization_config would have
     # transformers read them as its format.
     set_quantization(out_config, base.config, tensors)
-    blobs = tokenizer_blobs(base.directory) if options.copy_tokenizer else {}
+    headers: dict[str, bytes] = {}
+    if options.out_type == "gguf":  # one GGUF file (or gguf-split's files), the tokenizer built into it
+        from resumerge.plan.ggufout import gguf_output
+
+        shards, tensors, headers = gguf_output(tensors, out_config, models, [config.base_model.key],
+                                               options.gguf_type, None, options.gguf_split_max_size, last=late)
+    blobs = tokenizer_blobs(tokenizer_dir or base.directory) if options.copy_tokenizer and not headers else {}
     inputs = {key: tuple((f.name, f.size, f.identity) for f in m.files) for key, m in sorted(models.items())}
     dirs = {key: str(m.directory) for key, m in models.items()}
     plan = Plan(
@@ -125,6 +133,7 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
         out_config=out_config,
         tokenizer_files=tuple((n, hashlib.sha256(d).hexdigest()) for n, d in sorted(blobs.items())),
         tokenizer_blobs=blobs,
+        gguf_headers=headers,
         notes=tuple(notes),
         units=(*routers.UNITS, *expert_methods.UNITS),
         config_copy=CONFIG_COPY,

@@ -19,7 +19,7 @@ from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.model import ModelInput
 from resumerge.memory.sizes import format_size
 from resumerge.methods.resources import Resources
-from resumerge.moe.config import CARD_METHOD, MoeConfig
+from resumerge.moe.config import CARD_METHOD, PROMPT_MODES, MoeConfig
 from resumerge.moe.hiddenpass import HiddenPass, beside_share, routers_job
 from resumerge.moe.passproc import (
     HIDDEN_MODES,
@@ -56,29 +56,28 @@ def prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings, 
     input (:func:`~resumerge.plan.outguard.refuse_out_over_inputs`). Raises ``InputError`` subclasses."""
     inputs = open_inputs(config.as_merge_config(), model_dirs=model_dirs, state=settings.state,
                          cache_dir=settings.cache_dir, on_progress=on_progress)
-    gguf = next((m for m in inputs.models.values() if m.gguf is not None), None)
-    if gguf is not None:  # its tokenizer and the prompt pass read files beside the model, which a GGUF has none of
-        raise ModelInputError(f"MoE upcycling cannot read a GGUF model yet ({gguf.ref.key})",
-                              path=str(gguf.directory / str(gguf.gguf)),
-                              hint="convert it to safetensors with transformers (gguf_file=...) and upcycle that")
+    folder = base_folder(inputs.models[config.base_model.key], settings.state)
+    _tokenizer_needed(config, options, folder)
     encoded = key = None
     if config.gate_mode == "cheap_embed":
-        encoded = encode_prompts(config, inputs)
+        encoded = encode_prompts(config, folder)
     if config.gate_mode in HIDDEN_MODES:
-        key = _key(config, inputs.models[config.base_model.key])
-    plan = build_moe_plan(config, inputs.models, options, encoded=encoded, routers_key=key)  # every check
+        key = _key(config, inputs.models[config.base_model.key], folder)
+    plan = build_moe_plan(config, inputs.models, options, encoded=encoded, routers_key=key,  # every check
+                          tokenizer_dir=folder)
     if out is not None:  # before the pass reads a weight (the session checks it again)
         refuse_out_over_inputs(out, plan)
     card = config.as_merge_config()  # the model card lists the models as a models: merge lists them
     plan = replace(plan, card_config=card, card_method=CARD_METHOD)
     if config.gate_mode == "cheap_embed" and forward and config.base_model.key not in inputs.hub:
         preview = _cheap_embed_gates(config, inputs, encoded)
-        preview_plan = build_moe_plan(config, inputs.models, options, encoded=encoded, gates_preview=preview)
+        preview_plan = build_moe_plan(config, inputs.models, options, encoded=encoded, gates_preview=preview,
+                                      tokenizer_dir=folder)
         return Prepared(replace(preview_plan, card_config=card, card_method=CARD_METHOD), inputs)
     if key is None or not forward:
         return Prepared(plan, inputs)
     provided = RouterSources()
-    running = _hidden_pass(config, inputs, key, provided, settings, beside=beside, early=early,
+    running = _hidden_pass(config, inputs, key, provided, settings, folder, beside=beside, early=early,
                            on_progress=on_progress)
     resources = Resources((provided,))
     if running.share is not None:
@@ -92,16 +91,43 @@ def prompt_texts(config: MoeConfig) -> list[tuple[list[str], list[str] | None]]:
             for e in config.gated]
 
 
-def encode_prompts(config: MoeConfig, inputs: Inputs) -> tuple[tuple[Any, Any], ...]:
-    """Each gated expert's (positive, negative or None) prompt sets, tokenised with the base's tokenizer (in the
-    prompt work's process: this one does not import transformers)."""
-    base = inputs.models[config.base_model.key]
+def base_folder(base: ModelInput, state: StateDir) -> Path:
+    """Where the base model's config.json and tokenizer files are: its folder, or a GGUF base's folder of files
+    rebuilt from its metadata under the state dir (:func:`~resumerge.inputs.gguf.folder.gguf_folder`; its
+    tensors are there too, at the same names), made here once."""
+    if base.gguf is None:
+        return base.directory
+    from resumerge.inputs.gguf.folder import gguf_folder
+
+    return gguf_folder(base, state.gguf_dir)
+
+
+def _tokenizer_needed(config: MoeConfig, options: PlanOptions, folder: Path) -> None:
+    """Refuse (exit 2) a GGUF base whose tokenizer transformers could not rebuild where it is needed: to read the
+    prompts (the prompt gate modes), or as the output's tokenizer (unless ``--no-copy-tokenizer``)."""
+    from resumerge.inputs.gguf.folder import tokenizer_error
+
+    reason = tokenizer_error(folder)
+    if reason is None:
+        return
+    if config.gate_mode in PROMPT_MODES:
+        raise ModelInputError(f"gate_mode {config.gate_mode} reads the prompts with the base's tokenizer: {reason}",
+                              yaml_path="base_model", hint="use gate_mode random or uniform_random, with "
+                                                           "--no-copy-tokenizer")
+    if options.copy_tokenizer:
+        raise ModelInputError(f"the output's tokenizer is the base's: {reason}", yaml_path="base_model",
+                              hint="pass --no-copy-tokenizer and add the tokenizer files by hand")
+
+
+def encode_prompts(config: MoeConfig, tokenizer_dir: Path) -> tuple[tuple[Any, Any], ...]:
+    """Each gated expert's (positive, negative or None) prompt sets, tokenised with the base's tokenizer (in
+    ``tokenizer_dir``; in the prompt work's process: this one does not import transformers)."""
     if "transformers" in sys.modules:  # already imported (a notebook, a test): no memory to save, no process
         from resumerge.moe.prompts import encode, load_tokenizer
 
-        tokenizer = load_tokenizer(base.directory, config.gate_mode)
+        tokenizer = load_tokenizer(tokenizer_dir, config.gate_mode)
         return tuple((encode(tokenizer, p), encode(tokenizer, n) if n else None) for p, n in prompt_texts(config))
-    job = {"job": "encode", "mode": config.gate_mode, "tokenizer_dir": str(base.directory),
+    job = {"job": "encode", "mode": config.gate_mode, "tokenizer_dir": str(tokenizer_dir),
            "prompts": prompt_texts(config)}
     with tempfile.TemporaryDirectory(prefix="resumerge-prompts-") as scratch:
         answer = run_child(job, Path(scratch))
@@ -130,20 +156,23 @@ def _cheap_embed_gates(config: MoeConfig, inputs: Inputs, encoded: Any) -> torch
 
 def routers_dir(config: MoeConfig, base: ModelInput, state: StateDir) -> Path:
     """Where the hidden-state routers of ``config`` are computed and kept, by content."""
-    return state.routers_dir / _key(config, base)
+    return state.routers_dir / _key(config, base, base_folder(base, state))
 
 
-def _key(config: MoeConfig, base: ModelInput) -> str:
-    """The content key of ``config``'s forward pass (see :func:`~resumerge.moe.passproc.routers_key`)."""
+def _key(config: MoeConfig, base: ModelInput, folder: Path) -> str:
+    """The content key of ``config``'s forward pass (see :func:`~resumerge.moe.passproc.routers_key`; ``folder``:
+    :func:`base_folder`)."""
     return routers_key([(f.name, f.size, f.identity) for f in base.files], config.gate_mode, prompt_texts(config),
-                       base.directory)
+                       folder)
 
 
-def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, provided: RouterSources, settings: RunSettings, *,
-                 beside: bool, early: PassProcess | None, on_progress: ProgressCallback | None) -> HiddenPass:
+def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, provided: RouterSources, settings: RunSettings,
+                 folder: Path, *, beside: bool, early: PassProcess | None,
+                 on_progress: ProgressCallback | None) -> HiddenPass:
     """The forward pass ``key`` of the hidden-state modes, its routers provided in ``provided``: found finished in
     the state dir, or started now (beside the merge when ``beside`` and the budget holds both; else finished before
-    this returns)."""
+    this returns). ``folder``: the base's (:func:`base_folder`), where the pass reads its config, tokenizer and
+    tensors."""
     from resumerge.config.moe_state import ROUTERS_NAME
     from resumerge.memory import SystemProbe, default_budget
     from resumerge.moe.forward import pass_bytes
@@ -166,7 +195,7 @@ def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, provided: RouterSo
                for name, t in base.tensors.items()}
     formats = CODECS.recognise(base.config, base.tensors, where=str(base.directory))
     share = beside_share(budget, held, pass_bytes(formats, layers)) if beside else None
-    process = start_child(routers_job(config.gate_mode, base.directory, prompt_texts(config), tensors,
+    process = start_child(routers_job(config.gate_mode, folder, base.config, prompt_texts(config), tensors,
                               share=share if share is not None else max(0, budget - held), held=held,
                               threads=settings.num_threads), workdir, early)
     running = HiddenPass(key, workdir, layers, provided, process, share)

@@ -4,48 +4,54 @@ merged, so the shard writer writes each tensor at its offset and a resume finds 
 ``--gguf-split-max-size`` the output is gguf-split's files (``model-00001-of-0000N.gguf``, ``gguf.md`` §1), each a
 complete GGUF and its own shard: the first holds every key-value, the others only the ``split.*`` keys.
 
-llama.cpp's conventions (``gguf.md`` §2-4): matrices in ``--gguf-type`` (Q8_0 needs rows of whole 32-value blocks,
-else F16), norms, 1-D tensors and routers F32; the family's hyperparameter keys from the output's config.json; the
-``tokenizer.*`` keys (vocabulary, merges, chat template) copied with their types from a GGUF parent, or built from
-the donor's tokenizer files when no parent is a GGUF (``hfvocab``).
+llama.cpp's conventions (``gguf.md`` §2-4): matrices in ``--gguf-type`` (Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 need rows
+of whole 32-value blocks, else F16), norms, 1-D tensors and routers F32; the family's hyperparameter keys from the
+output's config.json; the ``tokenizer.*`` keys (vocabulary, merges, chat template) copied with their types from a
+GGUF parent, or built from the donor's tokenizer files when no parent is a GGUF (``hfvocab``). A mixture of experts'
+routed projections are stacked per layer as the converter stacks them (:mod:`.ggufstacks`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
 from resumerge.errors import ModelInputError
+from resumerge.inputs.gguf.blocks import BLOCK_BYTES
 from resumerge.inputs.gguf.header import read_gguf_header
 from resumerge.inputs.gguf.layout import ARRAY, BOOL, F32, I32, STRING, U16, U32, TensorInfo, Value, plan_layout
 from resumerge.inputs.gguf.model import gguf_module
-from resumerge.inputs.gguf.names import ARCH_OF, NORM_MINUS_ONE, UNPERMUTE_Q, gguf_metadata, gguf_name, transform
+from resumerge.inputs.gguf.names import ARCH_OF, NORM_MINUS_ONE, UNPERMUTE_Q, gguf_metadata, transform
 from resumerge.inputs.gguf.outcodec import TYPES, GgufOutCodec
+from resumerge.inputs.gguf.stackcodec import GgufStackCodec
 from resumerge.inputs.model import ModelInput
+from resumerge.plan.ggufstacks import WRITTEN, place_tensors
 from resumerge.plan.merge_plan import ShardPlan, TensorPlan
 
 GGUF_NAME = "model.gguf"
 SPLIT_NAME = "model-{:05d}-of-{:05d}.gguf"  # gguf-split's (llama_split_path), numbered from 1
 # --gguf-type -> general.file_type (llama.cpp's LlamaFileType)
-_FILE_TYPES = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7}
+_FILE_TYPES = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7, "q5_1": 9, "q5_0": 8, "q4_1": 3, "q4_0": 2}
 _KINDS = {"u32": U32, "f32": F32}
 
 
 def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any], models: Mapping[str, ModelInput],
-                order: list[str], gguf_type: str, template: str | None = None, split_max_size: int | None = None
-                ) -> tuple[tuple[ShardPlan, ...], dict[str, TensorPlan], dict[str, bytes]]:
-    """The GGUF file of an output of ``tensors`` whose config.json is ``out_config`` (or its gguf-split files of at
-    most ``split_max_size`` tensor bytes each: :func:`split_files`), its tokenizer keys from the first GGUF model of
-    ``order`` (model keys, the donor first; none: built from the donor's tokenizer files) with the config's chat
-    ``template`` (None: the parent's); the tensors with their GGUF codec and shard, and each shard's header.
+                order: list[str], gguf_type: str, template: str | None = None, split_max_size: int | None = None,
+                last: Collection[str] = ()) -> tuple[tuple[ShardPlan, ...], dict[str, TensorPlan], dict[str, bytes]]:
+    """The GGUF file of an output of ``tensors`` whose config.json is ``out_config`` (or its gguf-split's files of
+    at most ``split_max_size`` tensor bytes each: :func:`split_files`), its tokenizer keys from the first GGUF model
+    of ``order`` (model keys, the donor first; none: built from the donor's tokenizer files) with the config's chat
+    ``template`` (None: the parent's); the tensors with their GGUF codec and shard, and each shard's header. A
+    mixture of experts' routed projections are stacked as llama.cpp stores them (:mod:`.ggufstacks`); the tensors
+    named in ``last`` come last in the file (a prompt pass's routers).
     Raises :class:`ModelInputError` (exit 2, before anything is written) for a family, a tensor or a tokenizer it
     cannot write."""
     model_type = out_config.get("model_type")
     arch = ARCH_OF.get(str(model_type))
-    if arch is None or arch in ("qwen2moe", "qwen3moe"):
+    if arch is None:
         raise ModelInputError(f"a GGUF output of a {model_type} model, which resumerge cannot write yet (it writes "
-                              "llama, mistral, qwen2, qwen3, gemma2 and gemma3)", hint="write it as safetensors")
+                              f"{WRITTEN})", hint="write it as safetensors")
     if gguf_type not in TYPES:
         raise ModelInputError(f"--gguf-type {gguf_type}: one of {', '.join(TYPES)}")
     rope = out_config.get("rope_scaling") or out_config.get("rope_parameters") or {}
@@ -54,30 +60,28 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
                               "scaling, which resumerge cannot write yet", hint="write it as safetensors")
     # The tokenizer keys: copied from the first GGUF parent, else built from the donor's tokenizer files.
     source = next((models[k] for k in order if models[k].gguf is not None), models[order[0]])
-    placed: dict[str, TensorPlan] = {}
-    infos = []
-    for name in sorted(tensors):
-        tp = tensors[name]
-        target = gguf_name(arch, name)
-        if target is None:
-            continue
-        placed[name] = tp = _encoded(tp, arch, target, TYPES[gguf_type], out_config)
-        infos.append(TensorInfo(target, tp.shape, tp.out_codec.ggml_type,  # type: ignore[attr-defined]
-                                tp.nbytes))
+    entries = place_tensors(tensors, arch, out_config,
+                            lambda tp, target, **stack: _encoded(tp, arch, target, TYPES[gguf_type], out_config,
+                                                                 **stack), last)
+    placed = {name: tp for entry in entries for name, tp in entry.tensors}
     metadata = _metadata(arch, out_config, gguf_type, source, template)
-    groups = split_files(infos, split_max_size)
+    whole = [TensorInfo(e.infos[0].name, e.infos[0].shape, e.infos[0].ggml_type, sum(i.nbytes for i in e.infos))
+             for e in entries]  # an entry is split as one tensor
+    groups = split_files(whole, split_max_size)
     if len(groups) == 1:
-        layout = plan_layout(metadata, infos)
+        layout = plan_layout(metadata, [i for e in entries for i in e.infos])
         shard = ShardPlan(GGUF_NAME, tuple(placed), layout.file_size)
         return (shard,), {n: tp.in_shard(GGUF_NAME) for n, tp in placed.items()}, {GGUF_NAME: layout.header}
-    by_gguf = {tp.out_codec.gguf_name: name for name, tp in placed.items()}  # type: ignore[attr-defined]
     shards, headers, planned = [], {}, {}
+    at = 0
     for i, group in enumerate(groups):
         name = SPLIT_NAME.format(i + 1, len(groups))
+        mine = entries[at:at + len(group)]
+        at += len(group)
         keys = [("split.no", Value(U16, i)), ("split.count", Value(U16, len(groups))),
-                ("split.tensors.count", Value(I32, len(infos)))]
-        layout = plan_layout([*(metadata if i == 0 else []), *keys], group)
-        members = tuple(by_gguf[t.name] for t in group)
+                ("split.tensors.count", Value(I32, sum(len(e.infos) for e in entries)))]
+        layout = plan_layout([*(metadata if i == 0 else []), *keys], [info for e in mine for info in e.infos])
+        members = tuple(n for e in mine for n, _ in e.tensors)
         shards.append(ShardPlan(name, members, layout.file_size))
         headers[name] = layout.header
         planned.update({n: placed[n].in_shard(name) for n in members})
@@ -99,13 +103,16 @@ def split_files(infos: list[TensorInfo], max_size: int | None) -> list[list[Tens
     return groups
 
 
-def _encoded(tp: TensorPlan, arch: str, target: str, qtype: int, config: Mapping[str, Any]) -> TensorPlan:
-    """``tp`` written as GGUF tensor ``target``: F32 for norms, 1-D tensors and routers, F16 for Q8_0 rows that
-    are not whole blocks, else ``qtype``; with the family's transform."""
+def _encoded(tp: TensorPlan, arch: str, target: str, qtype: int, config: Mapping[str, Any], *, expert: int = -1,
+             up_name: str = "") -> TensorPlan:
+    """``tp`` written as GGUF tensor ``target`` (expert ``expert``'s slice of it, or with ``up_name`` a fused
+    gate_up stack's gate half, its up half to ``up_name``: :mod:`resumerge.inputs.gguf.stackcodec`): F32 for
+    norms, 1-D tensors and routers, F16 for rows that are not whole blocks of a block type, else ``qtype``; with
+    the family's transform."""
     how = transform(arch, target)
-    if len(tp.shape) < 2 or target.endswith(("norm.weight", "ffn_gate_inp.weight")):
+    if len(tp.shape) < 2 or target.endswith(("norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")):
         ggml = 0
-    elif qtype == 8 and tp.shape[-1] % 32:
+    elif qtype in BLOCK_BYTES and tp.shape[-1] % BLOCK_BYTES[qtype][0]:
         ggml = 1
     else:
         ggml = qtype
@@ -114,7 +121,9 @@ def _encoded(tp: TensorPlan, arch: str, target: str, qtype: int, config: Mapping
         heads = int(config["num_attention_heads"] if how == UNPERMUTE_Q else
                     config.get("num_key_value_heads") or config["num_attention_heads"])
         head_rows = tp.shape[0] // heads
-    codec = GgufOutCodec(target, ggml, how, head_rows)
+    codec: GgufOutCodec = GgufOutCodec(target, ggml, how, head_rows)
+    if expert >= 0 or up_name:
+        codec = GgufStackCodec(target, ggml, how, head_rows, expert=expert, up_name=up_name)
     return replace(tp, out_codec=codec, carried=()).sized()
 
 
@@ -125,7 +134,7 @@ def _metadata(arch: str, config: Mapping[str, Any], gguf_type: str, source: Mode
                                    ("general.type", Value(STRING, "model")),
                                    ("general.name", Value(STRING, "resumerge merge")),
                                    ("general.file_type", Value(U32, _FILE_TYPES[gguf_type]))]
-    if gguf_type == "q8_0":
+    if TYPES[gguf_type] in BLOCK_BYTES:
         kv.append(("general.quantization_version", Value(U32, 2)))
     kv += [(key, Value(_KINDS[kind], value)) for key, (kind, value) in gguf_metadata(arch, config)]
     if source.gguf is None:

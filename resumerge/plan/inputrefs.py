@@ -93,18 +93,22 @@ _new = object.__new__
 _set = object.__setattr__
 
 
-def read_value(ref: InputRef, sources: InputSources, out: torch.Tensor | None = None) -> torch.Tensor:
+def read_value(ref: InputRef, sources: InputSources, out: torch.Tensor | None = None,
+               raw: torch.Tensor | None = None) -> torch.Tensor:
     """The value of ``ref`` as a method sees it, before any LoRA delta: its parts read (the rows it names) and
     decoded by its codec (a plain one returns the buffer read; a decoding one fills ``out`` when given, a
-    contiguous buffer of the decoded value's shape and dtype), cast to ``ref.cast``. A quantized format's decode
+    contiguous buffer of the decoded value's shape and dtype; its stored bytes read into ``raw`` when given, a
+    uint8 buffer of at least their size), cast to ``ref.cast``. A quantized format's decode
     runs on the calling thread alone (:func:`~resumerge.inputs.kernels.serial_kernels`: many small kernels, 10x
     slower split over threads that other work keeps busy), whoever reads it (the engine, the MoE pass, LoRA
     extraction's ranks)."""
 
-    def read(r: InputRef) -> torch.Tensor:
-        return sources.read(r.model, r.file, r.start, r.end, r.dtype, r.shape)
+    def read(r: InputRef, into: torch.Tensor | None = None) -> torch.Tensor:
+        if into is None:
+            return sources.read(r.model, r.file, r.start, r.end, r.dtype, r.shape)
+        return sources.read(r.model, r.file, r.start, r.end, r.dtype, r.shape, into)
 
     with nullcontext() if ref.codec.plain else serial_kernels():
-        t = ref.codec.decode({MAIN: read(ref), **{part: read(c) for part, c in ref.companions}}, ref.first_row,
+        t = ref.codec.decode({MAIN: read(ref, raw), **{part: read(c) for part, c in ref.companions}}, ref.first_row,
                              out)
     return t.to(TORCH_DTYPES[ref.cast]) if ref.cast is not None else t

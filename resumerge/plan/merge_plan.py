@@ -62,7 +62,7 @@ class PlanOptions:
     # it, and the planner drops it where the parent is named the default way (its names would not change).
     parent_shard_names: bool = False
     # --out-type gguf: the output is one GGUF file (llama.cpp's layout) with --gguf-type's encoding of the matrices
-    # (f16, bf16, q8_0; norms and 1-D tensors F32); "safetensors" (the default) as always.
+    # (f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0; norms and 1-D tensors F32); "safetensors" (the default) as always.
     out_type: str = "safetensors"
     gguf_type: str = "f16"
     # --gguf-split-max-size: the GGUF output as gguf-split's files of at most this many tensor bytes each (None: one

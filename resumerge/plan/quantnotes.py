@@ -4,9 +4,18 @@ companions the output carries instead of computing them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
+from resumerge.inputs.codecs import TensorCodec
+from resumerge.inputs.gguf.codec import GgufCodec
+from resumerge.inputs.gguf.outcodec import TYPES, GgufOutCodec
 from resumerge.plan.merge_plan import TensorPlan
+
+# The relative RMS error of one encode-decode round trip of normal values (N(0, 1), 256 x 1024), in %, of the GGUF
+# types that lose more than BF16: the legacy ones and Q8_0 measured with resumerge's encoders (byte-equal to
+# gguf-py's), the K-quants as reference/gguf.md §5 gives them (libgguf's encoders; no encoder here).
+GGUF_ROUND_TRIP = {"Q8_0": 0.54, "Q6_K": 1.8, "Q5_K": 3.6, "Q5_1": 3.8, "Q5_0": 4.3, "Q4_K": 7.2, "Q4_1": 7.9,
+                   "Q4_0": 8.6}
 
 
 def quantization_notes(tensors: Mapping[str, TensorPlan]) -> list[str]:
@@ -27,7 +36,8 @@ def quantization_notes(tensors: Mapping[str, TensorPlan]) -> list[str]:
         notes.append(f"the inputs hold {', '.join(unread)}, which mergekit 0.1.5 cannot read; resumerge decoded "
                      "every tensor to float32 before merging it (a parent quantized to 5 bits or fewer brings its "
                      "quantization error into the merge)")
-    if not notes:
+    notes.extend(gguf_error_notes(codecs.values(), tensors))
+    if not stored_as and not unread:
         return notes
     carried = sorted({part for tp in tensors.values() for part, _ in tp.carried})
     if carried:
@@ -37,3 +47,18 @@ def quantization_notes(tensors: Mapping[str, TensorPlan]) -> list[str]:
                      "model, from that one): they were calibrated on activations, which no merge of weights can "
                      "recompute, so recalibrate them for the best accuracy")
     return notes
+
+
+def gguf_error_notes(codecs: Iterable[TensorCodec], tensors: Mapping[str, TensorPlan]) -> list[str]:
+    """The note of a plan that decodes quantized GGUF parents or encodes a quantized GGUF output: each type's
+    round-trip error (``GGUF_ROUND_TRIP``); none when neither."""
+    read = {codec.ggml_type for codec in codecs if isinstance(codec, GgufCodec)}
+    names = {code: name.upper() for name, code in TYPES.items()}
+    written = {names[tp.out_codec.ggml_type] for tp in tensors.values() if isinstance(tp.out_codec, GgufOutCodec)}
+    parts = [f"{kind} {GGUF_ROUND_TRIP[kind]} % ({where})" for kinds, where in
+             ((read, "parents"), (written, "the output")) for kind in sorted(kinds & GGUF_ROUND_TRIP.keys())]
+    if not parts:
+        return []
+    return [f"GGUF quantization loses precision each time values are encoded (relative RMS error of one round trip "
+            f"on normal weights: {', '.join(parts)}): a merge starts from its parents' decoded values, their error "
+            "included, and a quantized output adds its own (re-quantizing a quantized parent does not restore it)"]

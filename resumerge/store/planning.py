@@ -2,9 +2,14 @@
 while it plans and until its plan is recorded, so that ``status`` says "planning" from the first second instead of
 "no merge recorded" (planning a 90k-tensor merge takes seconds to tens of seconds).
 
-The lock vanishes with the process, so a killed run leaves no mark that ``status`` believes. The mark is advisory:
-a state dir that cannot be written, or a second process marking the same run, only means ``status`` cannot say
-"planning" (the run's own lock still refuses a second run). Standard library only (``status`` imports it).
+A run killed while it plans (a mergekit-moe config's prompt forward pass can run for long before the plan is
+recorded) leaves its mark behind, held by no process: ``status`` and ``resume`` then say that nothing was recorded
+because the run died planning, and that running it again continues (:func:`killed_planning`).
+
+The lock vanishes with the process, so a killed run leaves no mark that ``status`` takes for a live one. The mark
+is advisory: a state dir that cannot be written, or a second process marking the same run, only means ``status``
+cannot say "planning" (the run's own lock still refuses a second run). Standard library only (``status`` imports
+it), with the errors and the MoE pass's journal layout (both standard library only).
 """
 
 from __future__ import annotations
@@ -16,7 +21,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from resumerge.config.moe_state import passes_under_way
+from resumerge.errors import NothingRecordedError
+
 PLANNING_NAME = "planning"
+# A mark found held by no process when a run or resume takes its own: kept under this name (its start time), so
+# that the next ``status`` or ``resume`` can still say the run died planning.
+KILLED_NAME = "planning.killed"
 
 
 @contextlib.contextmanager
@@ -31,6 +42,9 @@ def planning_mark(run_dir: Path) -> Iterator[None]:
     fd = None
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
+        left = _mark(run_dir)
+        if left is not None and not left[1] and left[2]:  # written, then its process died: keep what it says
+            os.replace(run_dir / PLANNING_NAME, run_dir / KILLED_NAME)
         fd = os.open(run_dir / PLANNING_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.ftruncate(fd, 0)
@@ -41,6 +55,9 @@ def planning_mark(run_dir: Path) -> Iterator[None]:
         fd = None
     try:
         yield
+        if fd is not None:  # planned (or ended) this time: the story of a killed one is over
+            with contextlib.suppress(OSError):
+                (run_dir / KILLED_NAME).unlink()
     finally:
         if fd is not None:
             with contextlib.suppress(OSError):
@@ -56,20 +73,57 @@ def planning_mark(run_dir: Path) -> Iterator[None]:
 def planning_since(run_dir: Path) -> float | None:
     """When the live process planning the run of ``run_dir`` started (a time.time() value), or None when none is
     (no mark, or one whose process is gone)."""
+    found = _mark(run_dir)
+    return found[0] if found is not None and found[1] else None
+
+
+def killed_planning(run_dir: Path) -> float | None:
+    """When a run or resume of ``run_dir`` started planning, if its process died before it recorded its plan and
+    before it could take its mark away (a SIGKILL, the OOM killer, a runtime reset): its mark is left, held by no
+    process. None when there is no such mark (none, or a live one)."""
+    found = _mark(run_dir)
+    if found is not None and not found[1]:
+        return found[0]
+    kept = _mark(run_dir, KILLED_NAME)  # set aside by a run or resume since (one that died planning too)
+    return kept[0] if kept is not None else None
+
+
+def _mark(run_dir: Path, name: str = PLANNING_NAME) -> tuple[float, bool, bool] | None:
+    """The mark's start time, whether a process holds it, and whether its time was written; None without one."""
     try:
-        fd = os.open(run_dir / PLANNING_NAME, os.O_RDONLY)
+        fd = os.open(run_dir / name, os.O_RDONLY)
     except OSError:
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
         text = os.pread(fd, 64, 0).decode(errors="replace")
         try:
-            return float(text)
-        except ValueError:  # held but not yet written: it started just now
-            return time.time()
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held = True
+        else:
+            held = False
+        try:
+            return float(text), held, True
+        except ValueError:  # held but not yet written (it started just now), or died before it wrote
+            return (time.time() if held else os.fstat(fd).st_mtime), held, False
     except OSError:
         return None
     finally:
         os.close(fd)
-    return None
+
+
+def killed_while_planning(out: str, run_dir: Path, state_root: Path) -> NothingRecordedError | None:
+    """What ``status``, ``resume`` and ``verify`` say of an OUT with no record when the run into it was killed
+    while it planned (:func:`killed_planning`): nothing was written, and running it again continues (a
+    mergekit-moe config's prompt forward pass from the decoder layer it reached). None when that is not so."""
+    since = killed_planning(run_dir)
+    if since is None:
+        return None
+    started = time.strftime("%Y-%m-%d %H:%M", time.localtime(since))
+    under_way = passes_under_way(state_root)
+    passed = (f"; its prompt forward pass continues after the {under_way[0]} decoder layers it finished"
+              if len(under_way) == 1 and under_way[0] else "")
+    return NothingRecordedError(
+        f"no merge recorded for {out}: the run started {started} was killed while planning, before it recorded "
+        "its plan, and wrote nothing",
+        path=str(out), hint=f"run the same resumerge run CONFIG {out} again{passed}")

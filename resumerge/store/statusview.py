@@ -26,7 +26,7 @@ from resumerge.store.ledger_read import read_merge_status
 from resumerge.store.manifest import MANIFEST_NAME
 from resumerge.store.nodestats import node_line
 from resumerge.store.outgone import refuse_gone
-from resumerge.store.planning import planning_since
+from resumerge.store.planning import killed_while_planning, planning_since
 
 # The kind-specific keys of the JSON that the version before kinds' details printed for every run (null where they
 # did not apply): still printed so, that a script reading them keeps working. A new kind's keys are its own.
@@ -156,6 +156,9 @@ def read_status(out_dir: str | os.PathLike[str], state: StateDir) -> StatusRepor
             return report
     if manifest.is_file():
         return _from_manifest(manifest, str(manifest), str(out_dir), command)
+    killed = killed_while_planning(str(out_dir), rdir, where.root)
+    if killed is not None:
+        raise killed
     raise NothingRecordedError(
         f"no merge recorded for {out_dir}",
         path=str(out_dir),

@@ -190,3 +190,9 @@ class TensorCodec(ABC):
         :meth:`out_parts` announced, by part name, on ``value``'s device, with the bytes the same values give on
         the CPU; ``dtype`` is the planned value dtype. The engine moves the parts to the host and makes them
         contiguous."""
+
+    def encode_into(self, value: torch.Tensor, dtype: str, into: Mapping[str, torch.Tensor]) -> None:
+        """:meth:`encode`'s parts written into ``into`` (host tensors by part name, each of its part's shape and
+        dtype): a row chunk's bytes straight into the range's buffers. This default copies them there."""
+        for part, stored in self.encode(value, dtype).items():
+            into[part].copy_(stored)

@@ -1,6 +1,6 @@
-"""GGUF's F16, BF16 and Q8_0 tensors encoded and decoded with torch: vectorised over torch's compute threads, and
-byte-equal to gguf-py's ``quants`` (llama.cpp's reference rounding), which is single-threaded numpy and was the run's
-bound (bench/RESULTS.md, GGUF).
+"""GGUF's F16, BF16 and Q8_0 tensors (and the legacy Q4_0, Q4_1, Q5_0, Q5_1: :mod:`.legacy`) encoded and decoded
+with torch, Q4_K and Q6_K decoded: vectorised over torch's compute threads, and byte-equal to gguf-py's ``quants``
+(llama.cpp's reference rounding), which is single-threaded numpy and was the run's bound (bench/RESULTS.md, GGUF).
 
 Q8_0 (``ggml-common.h`` ``block_q8_0``): each 32 values of a row are a block of 34 bytes, the scale
 ``d = max|x| / 127`` as float16 then 32 int8 ``q = round(x * (1/d))`` (a multiplication by the float32 reciprocal,
@@ -12,7 +12,11 @@ it. Values are float32 rows whose last dimension is whole blocks; the result is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
+
+from resumerge.inputs.gguf import legacy
 
 if TYPE_CHECKING:
     from resumerge.torch_import import torch
@@ -20,8 +24,11 @@ if TYPE_CHECKING:
 __all__ = ["decode", "encode"]
 
 # ggml type ids this module encodes and decodes
-F32, F16, Q8_0, Q4_K, Q6_K, BF16 = 0, 1, 8, 12, 14, 30
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 14, 30
 _Q8_VALUES, _Q8_BYTES = 32, 34
+# ggml type -> (values, bytes) of a block, for every block type this module encodes or decodes
+BLOCK_BYTES = {Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_0: (_Q8_VALUES, _Q8_BYTES),
+               Q4_K: (256, 144), Q6_K: (256, 210)}
 
 
 # Q8_0 blocks coded together: 960 KiB of float32, in the cache, and under the allocator's 1 MiB mmap threshold
@@ -53,16 +60,31 @@ def _q8_0_chunk(blocks: torch.Tensor, out: torch.Tensor, scratch: tuple[torch.Te
     out[:, 2:].view(torch.int8).copy_(whole)
 
 
-def _q8_0(rows: torch.Tensor) -> torch.Tensor:
+def _q8_0(rows: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
     from resumerge.torch_import import torch
 
     blocks = rows.reshape(-1, _Q8_VALUES)
-    out = torch.empty((blocks.shape[0], _Q8_BYTES), dtype=torch.uint8)
+    out = torch.empty((blocks.shape[0], _Q8_BYTES), dtype=torch.uint8) if into is None else \
+        into.view(torch.uint8).view(-1, _Q8_BYTES)
     size = (min(_CHUNK, blocks.shape[0]), _Q8_VALUES)
     scratch = tuple(torch.empty(size) for _ in range(3))
     for start in range(0, blocks.shape[0], _CHUNK):
         _q8_0_chunk(blocks[start:start + _CHUNK], out[start:start + _CHUNK], scratch)
     return out.reshape(*rows.shape[:-1], rows.shape[-1] // _Q8_VALUES * _Q8_BYTES)
+
+
+def _legacy(rows: torch.Tensor, ggml_type: int, into: torch.Tensor | None = None) -> torch.Tensor:
+    from resumerge.torch_import import torch
+
+    kind = legacy.KINDS[ggml_type]
+    blocks = rows.reshape(-1, _Q8_VALUES)
+    out = torch.empty((blocks.shape[0], kind.size), dtype=torch.uint8) if into is None else \
+        into.view(torch.uint8).view(-1, kind.size)
+    size = (min(_CHUNK, blocks.shape[0]), _Q8_VALUES)
+    scratch = (torch.empty(size), torch.empty(size))
+    for start in range(0, blocks.shape[0], _CHUNK):
+        legacy.encode_blocks(blocks[start:start + _CHUNK], out[start:start + _CHUNK], kind, scratch)
+    return out.reshape(*rows.shape[:-1], rows.shape[-1] // _Q8_VALUES * kind.size)
 
 
 def _bf16(rows: torch.Tensor) -> torch.Tensor:
@@ -76,21 +98,29 @@ def _bf16(rows: torch.Tensor) -> torch.Tensor:
     return bits
 
 
-def encode(values: torch.Tensor, ggml_type: int) -> torch.Tensor:
+def encode(values: torch.Tensor, ggml_type: int, into: torch.Tensor | None = None) -> torch.Tensor:
     """``values`` (float32 on the CPU) stored as ``ggml_type``: float32 (F32), float16 (F16), bfloat16 bits as int16
-    (BF16), or uint8 block bytes (Q8_0, ``values.shape[-1]`` whole blocks)."""
+    (BF16), or uint8 block bytes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: ``values.shape[-1]`` whole blocks); a block type
+    written straight into ``into`` when given (contiguous, of the result's bytes), the others copied there."""
     from resumerge.torch_import import torch
 
     rows = values.to(torch.float32).contiguous()
-    if ggml_type == F32:
-        return rows
-    if ggml_type == F16:
-        return rows.to(torch.float16)
-    if ggml_type == BF16:
-        return _bf16(rows)
     if ggml_type == Q8_0:
-        return _q8_0(rows)
-    raise ValueError(f"ggml type {ggml_type} is not one this module encodes")
+        return _q8_0(rows, into)
+    if ggml_type in legacy.KINDS:
+        return _legacy(rows, ggml_type, into)
+    if ggml_type == F32:
+        stored = rows
+    elif ggml_type == F16:
+        stored = rows.to(torch.float16)
+    elif ggml_type == BF16:
+        stored = _bf16(rows)
+    else:
+        raise ValueError(f"ggml type {ggml_type} is not one this module encodes")
+    if into is not None:
+        into.view(stored.dtype).copy_(stored.reshape(into.shape))
+        return into
+    return stored
 
 
 def _q8_0_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
@@ -99,7 +129,7 @@ def _q8_0_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
     from resumerge.torch_import import torch
 
     into.copy_(blocks[:, 2:].view(torch.int8))
-    into *= blocks[:, :2].contiguous().view(torch.float16).to(torch.float32)
+    into *= legacy.scales(blocks[:, :2])
 
 
 def _q4_k_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
@@ -147,9 +177,10 @@ def _q6_k_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
     values *= (d * scales).unsqueeze(-1)
 
 
-# ggml type -> (values, bytes) of a block and the function that decodes a run of blocks
-_BLOCK_BYTES = {Q8_0: (_Q8_VALUES, _Q8_BYTES), Q4_K: (256, 144), Q6_K: (256, 210)}
-_DECODERS = {Q8_0: _q8_0_values, Q4_K: _q4_k_values, Q6_K: _q6_k_values}
+# ggml type -> the function that decodes a run of its blocks
+_DECODERS: dict[int, Callable[[torch.Tensor, torch.Tensor], None]] = {
+    Q8_0: _q8_0_values, Q4_K: _q4_k_values, Q6_K: _q6_k_values,
+    **{kind: partial(legacy.decode_blocks, kind=legacy.KINDS[kind]) for kind in legacy.KINDS}}
 
 
 def decode(stored: torch.Tensor, ggml_type: int, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -162,8 +193,8 @@ def decode(stored: torch.Tensor, ggml_type: int, out: torch.Tensor | None = None
         if out is None:
             return plain.to(torch.float32, copy=True)
         return out.copy_(plain)
-    if ggml_type in _BLOCK_BYTES:
-        values_per_block, size = _BLOCK_BYTES[ggml_type]
+    if ggml_type in BLOCK_BYTES:
+        values_per_block, size = BLOCK_BYTES[ggml_type]
         raw = stored.contiguous().view(torch.uint8)
         shape = (*raw.shape[:-1], raw.shape[-1] // size * values_per_block)
         blocks = raw.reshape(-1, size)

@@ -1,7 +1,7 @@
 """The GGUF input codec: each tensor of a GGUF model decoded to float32, in Hugging Face's values.
 
 It claims every tensor of a model :mod:`.model` opened (``quant_method: gguf`` in its synthesized config), decodes a
-row chunk (F16, BF16, Q8_0, Q4_K and Q6_K with torch, :mod:`.blocks`; the other types with
+row chunk (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K with torch, :mod:`.blocks`; the other types with
 ``gguf.quants.dequantize``; blocks never cross rows) and applies the family's transform: llama's q/k rows un-permuted
 per head (a chunk is whole heads: :attr:`GgufCodec.read_block`), gemma's norms −1. It is an input format only: an
 output tensor of a GGUF base is stored plainly (:attr:`GgufCodec.writes`).
@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from resumerge.torch_import import torch
 
 # The types :mod:`.blocks` decodes with torch (the others: gguf-py's numpy dequantizer), by name
-_BLOCK_TYPES = {"F32": blocks.F32, "F16": blocks.F16, "BF16": blocks.BF16, "Q8_0": blocks.Q8_0, "Q4_K": blocks.Q4_K,
-                "Q6_K": blocks.Q6_K}
+_BLOCK_TYPES = {"F32": blocks.F32, "F16": blocks.F16, "BF16": blocks.BF16, "Q8_0": blocks.Q8_0, "Q4_0": blocks.Q4_0,
+                "Q4_1": blocks.Q4_1, "Q5_0": blocks.Q5_0, "Q5_1": blocks.Q5_1, "Q4_K": blocks.Q4_K, "Q6_K": blocks.Q6_K}
 
 
 @dataclass(frozen=True)
@@ -93,11 +93,14 @@ class GgufCodec(TensorCodec):
 
         stored = parts[MAIN]
         kind = _BLOCK_TYPES.get(self.ggml_type)
-        if kind is not None:  # torch over the compute threads, into ``out`` when nothing follows
-            direct = out if out is not None and not self.transform and out.is_contiguous() \
-                and stored.device == out.device else None
+        if kind is not None:  # torch over the compute threads, into ``out`` and transformed there
+            direct = out if out is not None and out.is_contiguous() and stored.device == out.device else None
             value = blocks.decode(stored, kind, direct)
             if direct is not None:
+                if self.transform == NORM_MINUS_ONE:
+                    direct -= 1
+                elif self.transform:
+                    _hf_rows_in_place(direct, self.head_rows)
                 return direct
         else:
             gguf = gguf_module()
@@ -118,3 +121,17 @@ class GgufCodec(TensorCodec):
 
     def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
         raise NotImplementedError("GGUF is an input format: an output tensor is stored plainly")
+
+
+def _hf_rows_in_place(value: torch.Tensor, head_rows: int) -> None:
+    """:func:`~resumerge.inputs.gguf.names.hf_rows` of ``value`` (contiguous) in place, a head at a time through
+    one head's buffer: a decoded q/k is not copied whole into fresh memory (twice: decoded, then re-ordered), which
+    the kernel faults in and zeroes page by page."""
+    from resumerge.torch_import import torch
+
+    rest = value.shape[1:]
+    held = torch.empty((head_rows, *rest), dtype=value.dtype, device=value.device)
+    for start in range(0, value.shape[0], head_rows):
+        head = value[start:start + head_rows]
+        held.copy_(head)
+        head.view(2, head_rows // 2, *rest).copy_(held.view(head_rows // 2, 2, *rest).transpose(0, 1))

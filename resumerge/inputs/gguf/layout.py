@@ -103,11 +103,27 @@ def plan_layout(metadata: Sequence[tuple[str, Value]], tensors: Sequence[TensorI
 
 def shard_layout(header: bytes, parts: Sequence[tuple[str, str, tuple[int, ...]]], file_size: int) -> ShardLayout:
     """The shard writer's layout of a planned GGUF: its ``header``, then each stored part (name, stored dtype,
-    shape) in data order, each padded to the alignment (the gaps and the tail are zeros), ``file_size`` in all."""
+    shape) in data order, each padded to the alignment (the gaps and the tail are zeros), ``file_size`` in all; the
+    experts' slices of one stacked tensor (``STACK#e``: :mod:`.stackcodec`) end to end, padded after the last."""
     order, offset = [], 0
-    for name, dtype, shape in parts:
+    for i, (name, dtype, shape) in enumerate(parts):
         nbytes = numel(shape) * DTYPE_SIZES[dtype]
         order.append(PlannedTensor(name, dtype, shape, offset, nbytes))
-        offset += pad(nbytes)
+        stack = stack_of(name)
+        offset += nbytes
+        if stack is None or i + 1 == len(parts) or stack_of(parts[i + 1][0]) != stack:
+            offset = pad(offset)  # every tensor (a stack: its first slice) starts aligned
     return ShardLayout(header=header, order=tuple(order), size=file_size)
+
+
+def slice_name(stack: str, expert: int) -> str:
+    """The stored name of expert ``expert``'s slice of stacked GGUF tensor ``stack`` (``STACK#e``)."""
+    return f"{stack}#{expert}"
+
+
+def stack_of(stored: str) -> str | None:
+    """The stacked GGUF tensor whose expert slice stored part ``stored`` is (:func:`slice_name`); None for a whole
+    tensor."""
+    stack, found, _ = stored.partition("#")
+    return stack if found else None
 

@@ -168,14 +168,38 @@ def hf_config(arch: str, metadata: Mapping[str, Any], embed_rows: int, tied: boo
     return {k: v for k, v in config.items() if v is not None}
 
 
-# HF model_type -> general.architecture of the GGUF llama.cpp's converter writes (Mistral's as llama).
-ARCH_OF: Mapping[str, str] = {**{model_type: arch for arch, (_, model_type) in FAMILIES.items()}, "mistral": "llama"}
+# HF model_type -> general.architecture of the GGUF llama.cpp's converter writes (Mistral's and Mixtral's as llama).
+ARCH_OF: Mapping[str, str] = {**{model_type: arch for arch, (_, model_type) in FAMILIES.items()}, "mistral": "llama",
+                              "mixtral": "llama"}
+MOE_ARCHS = ("qwen2moe", "qwen3moe")
 _TOP_BACK = {hf: gguf for gguf, hf in _TOP.items()}
+# A routed expert's projection stored one tensor per expert (Qwen-MoE's names, Mixtral's w1/w3/w2), or transformers
+# 5's fused stack of a layer's experts (``mlp.experts.gate_up_proj`` [E, 2I, H], ``mlp.experts.down_proj`` [E, H, I]).
+_PER_EXPERT = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")
+_FUSED_STACK = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(?:\.weight)?")
+_EXPERT_BACK = {**{hf: gguf for gguf, hf in _EXPERTS.items()}, **{hf: gguf for gguf, hf in _MIXTRAL_EXPERTS.items()}}
 
 
-def gguf_name(arch: str, hf: str) -> str | None:
-    """The GGUF name of HF tensor ``hf`` of an ``arch`` model; None for one the family's GGUF does not hold
-    (gemma2's tied ``lm_head``)."""
+def expert_target(hf: str) -> tuple[tuple[str, ...], int | None] | None:
+    """The stacked GGUF tensors HF tensor ``hf`` is written into: a per-expert projection's stack and its expert
+    index (``blk.N.ffn_gate_exps.weight``, e), or a fused stack's GGUF tensors with None (``gate_up_proj``: gate's,
+    then up's; ``down_proj``: down's); None for a tensor that is not a routed expert's."""
+    match = _PER_EXPERT.fullmatch(hf)
+    if match is not None and match.group(3) in _EXPERT_BACK:
+        layer, expert, part = match.groups()
+        return (f"blk.{layer}.{_EXPERT_BACK[part]}.weight",), int(expert)
+    match = _FUSED_STACK.fullmatch(hf)
+    if match is not None:
+        layer, stack = match.groups()
+        parts = ("ffn_gate_exps", "ffn_up_exps") if stack == "gate_up_proj" else ("ffn_down_exps",)
+        return tuple(f"blk.{layer}.{part}.weight" for part in parts), None
+    return None
+
+
+def gguf_name(arch: str, hf: str, *, experts: bool = False) -> str | None:
+    """The GGUF name of HF tensor ``hf`` of an ``arch`` model (``experts``: a mixture of experts, whose routers it
+    names); None for one the family's GGUF does not hold (gemma2's tied ``lm_head``). A routed expert's projection
+    is :func:`expert_target`'s."""
     base, _, suffix = hf.rpartition(".")
     if base in _TOP_BACK and suffix == "weight":
         return None if arch == "gemma2" and base == "lm_head" else f"{_TOP_BACK[base]}.weight"
@@ -184,10 +208,13 @@ def gguf_name(arch: str, hf: str) -> str | None:
         layer, part, suffix = match.groups()
         table = {**_BLOCK, **(_GEMMA_BLOCK if arch in GEMMA else {})}
         back = {v: k for k, v in table.items()}
-        if part in back and part != "mlp.gate" and not part.startswith("mlp.shared_expert"):
+        if experts and part == "block_sparse_moe.gate":  # Mixtral's router, under transformers 4's name
+            part = "mlp.gate"
+        routing = part == "mlp.gate" or part.startswith("mlp.shared_expert")
+        if part in back and (not routing or (experts and (part == "mlp.gate" or arch == "qwen2moe"))):
             return f"blk.{layer}.{back[part]}.{suffix}"
-    raise ModelInputError(f"{hf} of a {arch} model has no GGUF name resumerge knows (experts and MoE routers are "
-                          "not written to GGUF yet)", tensor=hf, hint="write the merge as safetensors")
+    raise ModelInputError(f"{hf} of a {arch} model has no GGUF name resumerge knows", tensor=hf,
+                          hint="write the merge as safetensors")
 
 
 def gguf_metadata(arch: str, config: Mapping[str, Any]) -> list[tuple[str, tuple[str, Any]]]:
@@ -216,7 +243,24 @@ def gguf_metadata(arch: str, config: Mapping[str, Any]) -> list[tuple[str, tuple
                               ("rope.freq_base_swa", "rope_local_base_freq", "f32")):
             if config.get(hf) is not None:
                 keys.append((key, (kind, config[hf])))
+    keys += _expert_keys(arch, config)
     return [(f"{arch}.{key}", value) for key, value in keys]
+
+
+def _expert_keys(arch: str, config: Mapping[str, Any]) -> list[tuple[str, tuple[str, Any]]]:
+    """The mixture-of-experts keys llama.cpp's converter writes (``gguf.md`` §4): the routed expert count
+    (``num_experts``, Mixtral's ``num_local_experts``) and how many route each token; Qwen-MoE's expert width and
+    shared expert width. None for a dense model."""
+    count = config.get("num_experts") or config.get("num_local_experts")
+    if not count:
+        return []
+    keys: list[tuple[str, tuple[str, Any]]] = [("expert_count", ("u32", count)),
+                                               ("expert_used_count", ("u32", config["num_experts_per_tok"]))]
+    if arch in MOE_ARCHS and config.get("moe_intermediate_size") is not None:
+        keys.append(("expert_feed_forward_length", ("u32", config["moe_intermediate_size"])))
+    if arch == "qwen2moe" and config.get("shared_expert_intermediate_size") is not None:
+        keys.append(("expert_shared_feed_forward_length", ("u32", config["shared_expert_intermediate_size"])))
+    return keys
 
 
 def _rope_theta(arch: str, config: Mapping[str, Any]) -> float:

@@ -1,7 +1,7 @@
 """The GGUF output codec: an output tensor's value (Hugging Face layout) stored as llama.cpp stores it — under its
 GGUF name, with the family's transform applied (llama's q/k rows permuted per head, gemma's norms +1) and encoded
-as gguf-py's quantizer encodes it (F32, F16, BF16, Q8_0: :mod:`.blocks`, torch over the compute threads), a row
-chunk at a time (a chunk of a permuted q/k is whole heads)."""
+as gguf-py's quantizer encodes it (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: :mod:`.blocks`, torch over the
+compute threads), a row chunk at a time (a chunk of a permuted q/k is whole heads)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,8 @@ if TYPE_CHECKING:
     from resumerge.torch_import import torch
 
 # --gguf-type -> ggml type id, and the stored dtype of each type written
-TYPES: Mapping[str, int] = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8}
+TYPES: Mapping[str, int] = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q5_1": 7, "q5_0": 6, "q4_1": 3, "q4_0": 2}
 _STORED = {0: "F32", 1: "F16", 30: "BF16"}
-_Q8_0_BLOCK = (32, 34)
 
 
 @dataclass(frozen=True)
@@ -50,16 +49,16 @@ class GgufOutCodec(TensorCodec):
         return None
 
     def stored_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """The stored shape of a value of ``shape``: Q8_0 as rows of block bytes."""
+        """The stored shape of a value of ``shape``: a block type as rows of block bytes."""
         if self.ggml_type in _STORED:
             return shape
-        values, size = _Q8_0_BLOCK
+        values, size = blocks.BLOCK_BYTES[self.ggml_type]
         return (*shape[:-1], shape[-1] // values * size)
 
     def value_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
         if self.ggml_type in _STORED:
             return stored
-        values, size = _Q8_0_BLOCK
+        values, size = blocks.BLOCK_BYTES[self.ggml_type]
         return (*stored[:-1], stored[-1] // size * values)
 
     def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:
@@ -68,15 +67,24 @@ class GgufOutCodec(TensorCodec):
     def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
         from resumerge.torch_import import torch
 
-        rows = value.detach().to("cpu", torch.float32)
-        if self.transform == NORM_MINUS_ONE:
-            rows = rows + 1
-        elif self.transform:  # HF -> GGUF
-            rows = gguf_rows(rows, self.head_rows)
-        stored = blocks.encode(rows, self.ggml_type)
+        stored = blocks.encode(self._gguf_values(value), self.ggml_type)
         if self.ggml_type == blocks.BF16:
             stored = stored.view(torch.bfloat16)
         return {MAIN: stored.to(value.device)}
+
+    def encode_into(self, value: torch.Tensor, dtype: str, into: Mapping[str, torch.Tensor]) -> None:
+        blocks.encode(self._gguf_values(value), self.ggml_type, into[MAIN])  # the block bytes straight there
+
+    def _gguf_values(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` as float32 on the host in GGUF's layout: the family's transform applied."""
+        from resumerge.torch_import import torch
+
+        rows = value.detach().to("cpu", torch.float32)
+        if self.transform == NORM_MINUS_ONE:
+            return rows + 1
+        if self.transform:  # HF -> GGUF
+            return gguf_rows(rows, self.head_rows)
+        return rows
 
     def decode(self, parts: Mapping[str, torch.Tensor], first_row: int,
                out: torch.Tensor | None = None) -> torch.Tensor:

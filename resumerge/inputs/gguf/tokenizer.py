@@ -26,7 +26,8 @@ def gguf_tokenizer_files(path: Path) -> dict[str, bytes]:
         # Never the network (the file is local), and the same bytes whatever HF_HUB_OFFLINE says: transformers
         # records the flag in tokenizer_config.json, and the plan hashes that file.
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-    except (ValueError, KeyError, NotImplementedError) as exc:
+    # The tokenizers library raises a bare Exception for a vocabulary it cannot build (a merge of unknown tokens).
+    except Exception as exc:
         raise ModelInputError(f"transformers cannot rebuild this GGUF's tokenizer ({exc})", path=str(path),
                               hint="merge with --no-copy-tokenizer and add the tokenizer files by hand") from None
     with tempfile.TemporaryDirectory(prefix="resumerge-gguf-tokenizer-") as out:

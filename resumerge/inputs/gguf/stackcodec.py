@@ -1,0 +1,65 @@
+"""The GGUF output codec of a mixture of experts' routed projections, which llama.cpp stores stacked: one GGUF tensor
+``blk.N.ffn_{gate,up,down}_exps.weight`` of shape [E, rows, cols] per projection and layer (``gguf.md`` §3).
+
+Quant blocks never cross rows, so expert e of a stack is the contiguous bytes ``[e·size, (e+1)·size)`` of it,
+encoded alone. An output tensor stored one per expert (Qwen-MoE's ``mlp.experts.e.gate_proj.weight``, Mixtral's
+``w1``) is written as that slice of its stack: its stored part is named ``STACK#e``
+(:func:`~resumerge.inputs.gguf.layout.slice_name`), and the shard layout puts the slices of one stack end to end,
+padded after the last only. Each expert is merged, sized in memory and journaled with its file as any tensor is. A
+fused stack (transformers 5's ``experts.gate_up_proj`` [E, 2I, H]) is written as two GGUF tensors, each expert's
+gate rows to one and its up rows to the other; ``experts.down_proj`` is its stack as it is (:class:`.GgufOutCodec`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from resumerge.inputs.codecs.protocol import MAIN, OutPart
+from resumerge.inputs.gguf.layout import slice_name
+from resumerge.inputs.gguf.outcodec import GgufOutCodec
+
+if TYPE_CHECKING:
+    from resumerge.torch_import import torch
+
+# The part of a fused gate_up stack holding its up rows (MAIN holds the gate rows).
+UP = "up"
+
+
+@dataclass(frozen=True)
+class GgufStackCodec(GgufOutCodec):
+    """An output tensor written into stacked GGUF experts tensors: expert ``expert``'s slice of ``gguf_name`` (a
+    tensor stored per expert), or with ``up_name`` a fused gate_up stack whose gate rows go to ``gguf_name`` and up
+    rows to ``up_name``."""
+
+    name: ClassVar[str] = "gguf-out"
+
+    expert: int = -1
+    up_name: str = ""
+
+    def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:
+        if self.up_name:
+            half = (shape[0], shape[1] // 2, *shape[2:])
+            (gate,) = super().out_parts(name, dtype, half)
+            return gate, OutPart(UP, self.up_name, gate.dtype, gate.shape)
+        (whole,) = super().out_parts(name, dtype, shape)
+        return (OutPart(MAIN, slice_name(self.gguf_name, self.expert), whole.dtype, whole.shape),)
+
+    def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
+        if not self.up_name:
+            return super().encode(value, dtype)
+        half = value.shape[1] // 2
+        return {MAIN: super().encode(value[:, :half], dtype)[MAIN], UP: super().encode(value[:, half:], dtype)[MAIN]}
+
+    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.up_name:
+            return super().decode(parts, first_row, out)
+        from resumerge.torch_import import torch
+
+        value = torch.cat([super(GgufStackCodec, self).decode({MAIN: parts[p]}, first_row) for p in (MAIN, UP)],
+                          dim=1)
+        if out is not None:
+            return out.copy_(value)
+        return value

@@ -1,0 +1,156 @@
+"""``check --executor ray``: each model's forward pass on a Ray node of its own, on a real cluster on this machine (a
+head without CPUs and three one-CPU worker nodes: one per model of a merge, its base and a parent); ``run --check``
+on Ray checks on Ray too (its executor handed on: tested without a cluster).
+
+One test on one cluster (starting one costs 10-20 s): a check on Ray gives the local check's report, exactly (the
+actors compute on their node's one CPU: the local reference runs torch on one thread too, as float32 sums on more
+threads may round otherwise), each model ran on a different node and ``status`` names them; a check whose driver (the
+real CLI, joined to the cluster by ``--ray-address``) is SIGKILLed after a layer, resumed locally and killed again
+after the last layer, and resumed on Ray (the heads only), with the same report; ``run --check`` hands the check its
+run's executor; the CLI without Ray installed exits 2 naming the install line.
+
+Tiny generated models (three layers, width 32, a byte-level tokenizer)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from raycluster import ray_cluster
+
+from resumerge import api
+from resumerge.check.progress import find_progress
+from resumerge.check.report import CheckReport
+from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.engine.executors import RayExecutor
+
+pytest.importorskip("transformers")
+pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+SPEC = ModelSpec(layers=3, hidden=32, intermediate=48, vocab=64)
+TEXTS = "the cat sat on the mat\nhello world again\nx\n"
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Torch on one thread in this process (as each one-CPU node's actor computes)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _merged(root: Path) -> tuple[Path, Path]:
+    """A resumerge output (a linear merge of two tiny models, the first its base) and the texts to check it on."""
+    parents = [make_model(root / f"p{i}", SPEC, seed=i) for i in range(2)]
+    config = root / "merge.yml"
+    config.write_text(f"merge_method: linear\nbase_model: {parents[0]}\nmodels:\n" + "".join(
+        f"  - model: {p}\n    parameters: {{weight: 0.5}}\n" for p in parents))
+    api.run(config, root / "out", state_dir=root / "state")
+    texts = root / "texts.txt"
+    texts.write_text(TEXTS)
+    return root / "out", texts
+
+
+def _same(doc: dict[str, Any], reference: CheckReport) -> None:
+    """``doc`` (a report's JSON) is ``reference``'s, but for where each keeps its chart (the same bytes)."""
+    expected = json.loads(json.dumps(reference.to_json()))
+    assert reference.chart is not None
+    assert Path(doc.pop("chart")).read_bytes() == Path(expected.pop("chart")).read_bytes()
+    assert doc == expected
+
+
+def _cli(out: Path, texts: Path, state: Path, *extra: str,
+         kill_at: str | None = None) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "resumerge", "check", str(out), "--prompts", str(texts), "--json",
+            "--state-dir", str(state), *extra]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    if kill_at is not None:
+        env["RESUMERGE_KILL_AT"] = kill_at
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_a_check_on_ray_runs_each_model_on_its_own_node_and_resumes_either_way(tmp_path: Path) -> None:
+    out, texts = _merged(tmp_path)
+    with _one_thread():
+        local = api.check(out, prompts=texts, state_dir=tmp_path / "local")
+    assert [m.role for m in local.models] == ["merge", "base", "parent"] and local.models[2].kl
+    with ray_cluster(workers=3) as (cluster, _):
+        on_ray = api.check(out, prompts=texts, state_dir=tmp_path / "ray", executor=RayExecutor(cluster.address))
+        _same(json.loads(json.dumps(on_ray.to_json())), local)
+        found = find_progress(tmp_path / "ray" / "checks", out)
+        assert found is not None and found["roles"] == ["merge", "base", "parent"]
+        assert sorted(found["nodes"]) == sorted(cluster.node_ids())  # a node of its own for each model
+
+        # The real CLI on Ray, SIGKILLed after layer 1 of 3: status says where it was and on which nodes. Each run
+        # below passes the kill point once per layer it runs: one started over would die after layer 1 again.
+        state = tmp_path / "killed"
+        on_cluster = ("--executor", "ray", "--ray-address", cluster.address)
+        # Killed on Ray after layer 0, resumed locally and killed after the last layer (its second).
+        for executor, journal, nth in ((on_cluster, "layer-00000", 1), ((), "layer-00002", 2)):
+            killed = _cli(out, texts, state, *executor, kill_at=f"after_check_layer:{nth}")
+            assert killed.returncode == -9, killed.stderr[-2000:]
+            assert [p.name for p in state.rglob("layer-*.safetensors")] == [f"{journal}.safetensors"]
+            if journal == "layer-00000":
+                row = dict(api.status(out, state_dir=state).details.rows)["check"]  # type: ignore[union-attr]
+                assert row.startswith("interrupted: layer 1 of 3, 3 models on Ray nodes ") and "(parent)" in row
+        # Every layer journaled: on Ray again, the heads only.
+        resumed = _cli(out, texts, state, *on_cluster, kill_at="after_check_layer:1")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    _same(json.loads(resumed.stdout), local)
+    assert not list(state.rglob("layer-*.safetensors"))
+
+
+def test_without_ray_a_check_on_ray_is_one_line_and_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from resumerge.cli.commands import main
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as where it is not installed
+    assert main(["check", str(tmp_path / "nowhere"), "--executor", "ray", "--state-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "Ray, which is not installed" in err and "pip install" in err and "Traceback" not in err
+    assert main(["check", str(tmp_path), "--ray-address", "somewhere:6379", "--state-dir", str(tmp_path)]) == 2
+
+
+def test_a_check_runs_where_the_executor_object_says() -> None:
+    from resumerge.api.checked import check_placement
+    from resumerge.engine.executors import LocalExecutor
+    from resumerge.errors import UsageError
+
+    assert check_placement(None) == check_placement(LocalExecutor()) == (False, None)
+    assert check_placement(RayExecutor("head:6379", keep_workers=0)) == (True, "head:6379")
+    with pytest.raises(UsageError, match="LocalExecutor or RayExecutor"):
+        check_placement("ray")
+
+
+def test_run_check_hands_the_check_its_run_s_executor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run --check`` checks where the run ran: its executor reaches the check (a cluster's address included)."""
+    import resumerge.check.run
+    from resumerge.api.checked import checked
+    from resumerge.config.locations import StateDir
+    from resumerge.engine.executors import LocalExecutor
+
+    seen: list[tuple[bool, str | None]] = []
+
+    def placed(*_: object, on_ray: bool, ray_address: str | None, **__: object) -> None:
+        seen.append((on_ray, ray_address))
+
+    monkeypatch.setattr(resumerge.check.run, "run_check", placed)
+    _merged(tmp_path)
+    ran = api.run(tmp_path / "merge.yml", tmp_path / "again", state_dir=tmp_path / "state", check=True,
+                  executor=LocalExecutor())
+    checked(ran, state=StateDir.resolve(tmp_path / "state"), max_memory=None,
+            executor=RayExecutor("head:6379", keep_workers=0))
+    assert seen == [(False, None), (True, "head:6379")]

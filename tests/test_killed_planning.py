@@ -1,0 +1,84 @@
+"""A run killed while it plans (before its plan is recorded) leaves its planning mark held by no process:
+``status`` and ``resume`` say the run died planning and wrote nothing, and that running it again continues,
+instead of a bare "no merge recorded" (a mergekit-moe config's prompt forward pass can run for minutes first)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from resumerge import api
+from resumerge.config.locations import StateDir
+from resumerge.config.moe_state import ROUTERS_DIR
+from resumerge.errors import NothingRecordedError
+from resumerge.store.planning import killed_planning, planning_mark, planning_since
+from tests.support import cli
+
+_HOLD = """
+import sys, time
+from pathlib import Path
+from resumerge.store.planning import planning_mark
+with planning_mark(Path(sys.argv[1])):
+    print("planning", flush=True)
+    time.sleep(120)
+"""
+
+
+def _killed_while_planning(run_dir: Path) -> None:
+    """A real process takes the run's planning mark and is SIGKILLed while it holds it."""
+    child = subprocess.Popen([sys.executable, "-c", _HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "planning"
+        assert planning_since(run_dir) is not None and killed_planning(run_dir) is None  # alive: "planning"
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait(timeout=30)
+        if child.stdout is not None:
+            child.stdout.close()
+    assert child.returncode == -signal.SIGKILL
+
+
+def test_status_and_resume_say_the_run_died_planning_and_that_running_it_again_continues(tmp_path: Path) -> None:
+    out, state = tmp_path / "out", tmp_path / "state"
+    run_dir = StateDir.resolve(state).run(out).run_dir
+    _killed_while_planning(run_dir)
+    assert planning_since(run_dir) is None and killed_planning(run_dir) is not None
+    # the MoE prompt pass had journaled two decoder layers before the kill
+    work = state / ROUTERS_DIR / "0123abcd"
+    work.mkdir(parents=True)
+    for layer in range(2):
+        (work / f"layer-{layer:05d}.safetensors").write_bytes(b"")
+    said = cli("status", out, "--state-dir", state)
+    assert said.returncode == 4, said.stderr
+    assert "killed while planning" in said.stderr and "wrote nothing" in said.stderr
+    assert f"resumerge run CONFIG {out} again" in said.stderr and "after the 2 decoder layers" in said.stderr
+    assert "Traceback" not in said.stderr
+    # the CLI's resume takes the mark itself before it looks: what the dead run left is kept, and said again
+    for _ in range(2):
+        resumed = cli("resume", out, "--state-dir", state)
+        assert resumed.returncode == 4 and "killed while planning" in resumed.stderr, resumed.stderr
+    with pytest.raises(NothingRecordedError, match="killed while planning"):
+        api.resume(out, state_dir=state)
+    assert "killed while planning" in cli("status", out, "--state-dir", state).stderr
+
+
+def test_a_mark_a_live_or_finished_run_holds_is_not_a_killed_one(tmp_path: Path) -> None:
+    run_dir = tmp_path / "state" / "run"
+    with planning_mark(run_dir):
+        assert planning_since(run_dir) is not None and killed_planning(run_dir) is None
+    assert killed_planning(run_dir) is None and not run_dir.exists()  # taken away, with the folders it made
+    run_dir.mkdir(parents=True)
+    (run_dir / "planning").write_text("1700000000.0")  # what a killed run leaves: its time, no lock
+    assert killed_planning(run_dir) == 1700000000.0
+    with planning_mark(run_dir):  # a run that goes on and records its plan: that story is over
+        assert killed_planning(run_dir) == 1700000000.0 and planning_since(run_dir) is not None
+    assert killed_planning(run_dir) is None and not list(run_dir.iterdir())
+    out, state = tmp_path / "out", tmp_path / "state2"
+    said = cli("status", out, "--state-dir", state)
+    assert said.returncode == 4 and "killed while planning" not in said.stderr
