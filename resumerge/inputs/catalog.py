@@ -106,7 +106,14 @@ def _open_one(
 
     if pinned is None and is_local(ref):
         return open_model(ref, yaml_path=where, parsed=parsed)
+    from resumerge.inputs.hub.gguf import hub_gguf, resolve_gguf
+
     try:
+        if hub_gguf(ref) is not None:  # a GGUF file of a hub repo: downloaded, verified, opened from its snapshot
+            path = resolve_gguf(ref, cache_dir=Path(cache_dir) if cache_dir else None,
+                                pinned_commit=pinned[1] if pinned else None,
+                                records_dir=_records_dir(state), on_progress=on_progress)
+            return open_model(ref, yaml_path=where, directory=path.parent)
         meta = resolve_metadata(ref, cache_dir=Path(cache_dir) if cache_dir else None,
                                 pinned_commit=pinned[1] if pinned else None,
                                 records_dir=_records_dir(state), on_progress=on_progress)

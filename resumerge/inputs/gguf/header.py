@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import mmap
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -73,8 +74,43 @@ def read_gguf_header(path: Path, sizes: dict[int, tuple[int, int]]) -> GgufHeade
         return _Parser(view, str(path)).header(sizes)
 
 
+def parse_gguf_header(read: Callable[[int, int], bytes], file_size: int, where: str,
+                      sizes: dict[int, tuple[int, int]], first: int = 1 << 20) -> GgufHeader:
+    """Parse the header of a ``file_size``-byte GGUF whose bytes ``[start, end)`` ``read(start, end)`` returns (a
+    hub file read by HTTP Range): the header is variable-length, so a first ``first`` bytes are read, then more
+    (doubling) only while the parse runs past them; tensor data is never read. ``where`` names the file in errors.
+    Raises as :func:`read_gguf_header`."""
+    return _Parser(_Prefix(read, file_size, first), where).header(sizes)
+
+
+class _View(Protocol):
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, where: slice) -> bytes: ...
+
+
+class _Prefix:
+    """A file's bytes as the parser sees them (its length is the file's), fetched as a growing prefix."""
+
+    def __init__(self, read: Callable[[int, int], bytes], size: int, first: int) -> None:
+        self.read, self.size, self.first, self.data = read, size, first, b""
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, where: slice) -> bytes:
+        start, stop = where.start or 0, where.stop
+        if stop > len(self.data):
+            want = min(self.size, max(stop, 2 * len(self.data), self.first))
+            more = bytes(self.read(len(self.data), want))
+            if len(more) != want - len(self.data):
+                raise ModelInputError(f"asked bytes {len(self.data)}-{want} of a GGUF, got {len(more)}")
+            self.data += more
+        return self.data[start:stop]
+
+
 class _Parser:
-    def __init__(self, view: mmap.mmap, where: str) -> None:
+    def __init__(self, view: mmap.mmap | _View, where: str) -> None:
         self.view, self.where, self.at = view, where, 0
         self.sub: int | None = None  # the element type of the array value() read last
 

@@ -37,16 +37,24 @@ def gguf_module() -> Any:
     return gguf
 
 
-def split_files(path: Path) -> list[Path]:
-    """Every file of the GGUF at ``path``: itself, or each file of the split set it is the first of."""
-    found = _SPLIT.fullmatch(path.name)
+def split_names(name: str, where: str) -> list[str]:
+    """The file names of the GGUF named ``name``: itself, or each file of the split set it is the first of (a
+    later part is refused in one line: ``where`` names it)."""
+    found = _SPLIT.fullmatch(name)
     if found is None:
-        return [path]
+        return [name]
     count = int(found["count"])
     if int(found["no"]) != 1:
-        raise ModelInputError(f"{path.name} is part {int(found['no'])} of a split GGUF", path=str(path),
+        raise ModelInputError(f"{name} is part {int(found['no'])} of a split GGUF", path=where,
                               hint=f"name its first part, {found['prefix']}-00001-of-{found['count']}.gguf")
-    files = [path.with_name(f"{found['prefix']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    return [f"{found['prefix']}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+
+
+def split_files(path: Path) -> list[Path]:
+    """Every file of the GGUF at ``path``: itself, or each file of the split set it is the first of."""
+    files = [path.with_name(name) for name in split_names(path.name, str(path))]
+    if len(files) == 1:
+        return files
     for file in files:
         if not file.is_file():
             raise ModelInputError(f"split GGUF part {file.name} is missing", path=str(file),
@@ -73,7 +81,7 @@ def open_gguf(path: Path) -> GgufModel:
     :class:`ModelInputError` (exit 2) for a family, tensor or quant type resumerge cannot map or decode, or when
     gguf-py is not installed; :class:`~resumerge.errors.HostileFileError` for a damaged file."""
     gguf = gguf_module()
-    sizes = {int(t): size for t, size in gguf.GGML_QUANT_SIZES.items() if _decodable(gguf, t)}
+    sizes = decodable_sizes()
     headers = tuple((file.name, read_gguf_header(file, sizes)) for file in split_files(path))
     metadata = headers[0][1].metadata
     arch = family(metadata, str(path))
@@ -101,6 +109,12 @@ def open_gguf(path: Path) -> GgufModel:
     config = hf_config(arch, metadata, embed_rows, tied)
     config["quantization_config"] = {"quant_method": METHOD, "architecture": arch, "tensor_types": types}
     return GgufModel(config, tensors, headers)
+
+
+def decodable_sizes() -> dict[int, tuple[int, int]]:
+    """(values, bytes) per block of each ggml type id resumerge decodes (the header parser's ``sizes``)."""
+    gguf = gguf_module()
+    return {int(t): size for t, size in gguf.GGML_QUANT_SIZES.items() if _decodable(gguf, t)}
 
 
 def _decodable(gguf: Any, ggml_type: int) -> bool:

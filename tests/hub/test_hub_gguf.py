@@ -1,0 +1,98 @@
+"""A GGUF file in a hub repo as a model input (``model: org/repo/path/file.gguf[@revision]``), from the stand-in
+hub: the merge equals the merge of the same file read locally; a repo without the file, a file that is not a
+GGUF and a family resumerge does not map are refused in one line (exit 2) before the file is downloaded."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from ggufmodels import Q, decoded, hf_tensors, to_gguf, write_gguf
+from safetensors.torch import save_file
+from support import digests, write_config
+
+from hub.fakehub import FakeHub
+from resumerge.cli.commands import main
+
+REPO = "org/tiny-GGUF"
+FILE = "quant/tiny.Q8_0.gguf"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A llama GGUF (Q8_0), a safetensors parent of its family, and a GGUF of a family resumerge does not map."""
+    root = tmp_path_factory.mktemp("gguf")
+    write_gguf(root / "tiny.Q8_0.gguf", "llama", to_gguf("llama", hf_tensors("llama")), Q.Q8_0)
+    model, _ = decoded(root / "tiny.Q8_0.gguf")
+    folder = root / "folder"
+    folder.mkdir()
+    config = {k: v for k, v in model.config.items() if k != "quantization_config"}
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file({n: torch.from_numpy(v) for n, v in hf_tensors("llama", seed=1).items()}, folder / "model.safetensors")
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(root / "phi.gguf", "phi3")
+    writer.add_tensor("token_embd.weight", np.zeros((256, 4096), np.float32))  # 4 MiB: more than the first read
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return {"gguf": root / "tiny.Q8_0.gguf", "folder": folder, "phi": root / "phi.gguf"}
+
+
+@pytest.fixture
+def gguf_hub(files: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+    fake = FakeHub()
+    fake.push(REPO, {FILE: files["gguf"].read_bytes(), "README.md": b"# tiny\n",
+                     "not-a.gguf": b"PK\x03\x04" + bytes(4096), "phi.gguf": files["phi"].read_bytes()})
+    with fake:
+        monkeypatch.setenv("HF_ENDPOINT", fake.url)
+        yield fake
+
+
+def _merge(tmp_path: Path, gguf_ref: str, folder: Path, out: Path) -> int:
+    doc = {"merge_method": "linear", "dtype": "float32", "models": [
+        {"model": gguf_ref, "parameters": {"weight": 0.5}}, {"model": str(folder), "parameters": {"weight": 0.5}}]}
+    cfg = write_config(tmp_path / f"{out.name}.yml", doc)
+    return main(["run", str(cfg), str(out), "--state-dir", str(tmp_path / f"s-{out.name}"), "--quiet"])
+
+
+def test_a_merge_of_a_hub_gguf_equals_the_merge_of_the_local_file(tmp_path: Path, files: dict[str, Path],
+                                                                  gguf_hub: FakeHub) -> None:
+    assert _merge(tmp_path, str(files["gguf"]), files["folder"], tmp_path / "local") == 0
+    assert _merge(tmp_path, f"{REPO}/{FILE}@main", files["folder"], tmp_path / "hub") == 0
+    want, got = digests(tmp_path / "local"), digests(tmp_path / "hub")
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        assert got[name] == want[name], name
+    size = files["gguf"].stat().st_size
+    served = gguf_hub.file_bytes()
+    assert set(served) == {f"{REPO}/{FILE}"}, served
+    # The header read by range (its first MiB holds all of this file), then the file downloaded once, verified.
+    assert size < served[f"{REPO}/{FILE}"] <= 2 * size
+    gguf_hub.reset_counters()
+    assert _merge(tmp_path, f"{REPO}/{FILE}", files["folder"], tmp_path / "again") == 0
+    assert gguf_hub.file_bytes() == {}, "a second merge must read the verified cached copy"
+    assert digests(tmp_path / "again")["model.safetensors"] == want["model.safetensors"]
+
+
+@pytest.mark.parametrize(("ref", "message"), [
+    (f"{REPO}/missing.Q4_K_M.gguf", f"{REPO}@.* has no file missing.Q4_K_M.gguf"),
+    (f"{REPO}/not-a.gguf", "not-a.gguf is not a GGUF file"),
+    (f"{REPO}/phi.gguf", "a GGUF of architecture 'phi3', which resumerge cannot map"),
+])
+def test_a_missing_file_a_non_gguf_and_an_unmapped_family_are_one_line_before_any_download(
+        tmp_path: Path, files: dict[str, Path], gguf_hub: FakeHub, capsys: pytest.CaptureFixture[str],
+        ref: str, message: str) -> None:
+    import re
+
+    assert _merge(tmp_path, ref, files["folder"], tmp_path / "out") == 2
+    err = capsys.readouterr().err.strip()
+    assert re.search(message, err), err
+    assert "Traceback" not in err and len(err.splitlines()) <= 2, err  # the error, and its hint
+    phi = files["phi"].stat().st_size
+    assert gguf_hub.file_bytes().get(f"{REPO}/phi.gguf", 0) < phi // 2, "the file must not be downloaded"
+    assert not (tmp_path / "out" / "model.safetensors").exists()
