@@ -12,7 +12,7 @@ import pytest
 import torch
 from ggufmodels import Q, decoded, hf_tensors, to_gguf, write_gguf
 from safetensors.torch import save_file
-from support import digests, write_config
+from support import cli, digests, write_config
 
 from hub.fakehub import FakeHub
 from resumerge.cli.commands import main
@@ -55,7 +55,7 @@ def gguf_hub(files: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Iterato
 
 
 def _merge(tmp_path: Path, gguf_ref: str, folder: Path, out: Path) -> int:
-    doc = {"merge_method": "linear", "dtype": "float32", "models": [
+    doc: dict[str, object] = {"merge_method": "linear", "dtype": "float32", "models": [
         {"model": gguf_ref, "parameters": {"weight": 0.5}}, {"model": str(folder), "parameters": {"weight": 0.5}}]}
     cfg = write_config(tmp_path / f"{out.name}.yml", doc)
     return main(["run", str(cfg), str(out), "--state-dir", str(tmp_path / f"s-{out.name}"), "--quiet"])
@@ -96,3 +96,35 @@ def test_a_missing_file_a_non_gguf_and_an_unmapped_family_are_one_line_before_an
     phi = files["phi"].stat().st_size
     assert gguf_hub.file_bytes().get(f"{REPO}/phi.gguf", 0) < phi // 2, "the file must not be downloaded"
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_a_hub_split_set_merges_as_its_local_files_and_a_resume_keeps_the_pinned_commit(
+        tmp_path: Path, files: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "split"
+    root.mkdir()
+    write_gguf(root / "tiny.gguf", "llama", to_gguf("llama", hf_tensors("llama")), Q.Q8_0, split_max_tensors=7)
+    parts = sorted(p.name for p in root.glob("tiny-*.gguf"))
+    assert len(parts) > 2
+    fake = FakeHub()
+    fake.push(REPO, {name: (root / name).read_bytes() for name in parts})
+    with fake:
+        monkeypatch.setenv("HF_ENDPOINT", fake.url)
+        assert _merge(tmp_path, str(root / parts[0]), files["folder"], tmp_path / "local") == 0
+        doc: dict[str, object] = {"merge_method": "linear", "dtype": "float32", "models": [
+            {"model": f"{REPO}/{parts[0]}", "parameters": {"weight": 0.5}},
+            {"model": str(files["folder"]), "parameters": {"weight": 0.5}}]}
+        killed = cli("run", write_config(tmp_path / "hub.yml", doc), tmp_path / "hub", "--state-dir",
+                     tmp_path / "s-hub", "--quiet", env={"RESUMERGE_KILL_AT": "after_ledger_commit:1"})
+        assert killed.returncode == -9, killed.stderr
+        want = digests(tmp_path / "local")["model.safetensors"]
+        assert set(fake.file_bytes()) == {f"{REPO}/{name}" for name in parts}
+        manifest = json.loads((tmp_path / "hub" / "resumerge-manifest.json").read_text())
+        assert "/snapshots/" in manifest["model_dirs"][f"{REPO}/{parts[0]}"]
+        # main moves to a broken set: the resume reads the recorded snapshot of the pinned commit, nothing from the hub
+        fake.push(REPO, {name: (root / name).read_bytes()[:-1] for name in parts})
+        fake.reset_counters()
+        assert main(["resume", str(tmp_path / "hub"), "--state-dir", str(tmp_path / "s-hub"), "--quiet"]) == 0
+        assert digests(tmp_path / "hub")["model.safetensors"] == want
+        assert fake.file_bytes() == {}
+        missing = f"{REPO}/tiny-00002-of-{len(parts):05d}.gguf"
+        assert _merge(tmp_path, missing, files["folder"], tmp_path / "second") == 2
