@@ -83,6 +83,7 @@ def test_a_merge_of_a_hub_gguf_equals_the_merge_of_the_local_file(tmp_path: Path
     (f"{REPO}/missing.Q4_K_M.gguf", f"{REPO}@.* has no file missing.Q4_K_M.gguf"),
     (f"{REPO}/not-a.gguf", "not-a.gguf is not a GGUF file"),
     (f"{REPO}/phi.gguf", "a GGUF of architecture 'phi3', which resumerge cannot map"),
+    ("org/no-such-repo/x.Q4_K_M.gguf", "org/no-such-repo"),
 ])
 def test_a_missing_file_a_non_gguf_and_an_unmapped_family_are_one_line_before_any_download(
         tmp_path: Path, files: dict[str, Path], gguf_hub: FakeHub, capsys: pytest.CaptureFixture[str],
