@@ -21,6 +21,8 @@ from realmodel import smollm2_folder, smollm2_gguf
 from safetensors.torch import load_file, save_file
 from support import cli, digests, write_config
 
+from resumerge import api
+from resumerge.api import Output
 from resumerge.config.merge_config import load_config_text
 from resumerge.errors import HostileFileError, ModelInputError
 from resumerge.inputs.catalog import open_inputs
@@ -379,15 +381,12 @@ def test_a_merge_of_the_real_gguf_with_its_q8_0_re_encoding_equals_the_merge_of_
     q41, q8 = real
     from_gguf = tmp_path / "from_gguf"
     (tmp_path / "g").mkdir()
-    done = cli("run", _linear(tmp_path / "g", q41, q8), from_gguf, "--state-dir", tmp_path / "s1",
-               "--no-copy-tokenizer", timeout=600)
-    assert done.returncode == 0, done.stderr
+    api.run(_linear(tmp_path / "g", q41, q8), from_gguf, state_dir=tmp_path / "s1",
+            output=Output(copy_tokenizer=False))
     a, b = _decoded_folder(q41, tmp_path / "a"), _decoded_folder(q8, tmp_path / "b")
     from_values = tmp_path / "from_values"
     (tmp_path / "v").mkdir()
-    done = cli("run", _linear(tmp_path / "v", a, b), from_values, "--state-dir", tmp_path / "s2",
-               "--no-copy-tokenizer", timeout=600)
-    assert done.returncode == 0, done.stderr
+    api.run(_linear(tmp_path / "v", a, b), from_values, state_dir=tmp_path / "s2", output=Output(copy_tokenizer=False))
     assert (from_gguf / "model.safetensors").read_bytes() == (from_values / "model.safetensors").read_bytes()
     assert json.loads((from_gguf / "config.json").read_text()) == json.loads(
         (from_values / "config.json").read_text())
@@ -422,8 +421,7 @@ def test_a_gguf_donor_s_tokenizer_takes_the_config_s_chat_template(tmp_path: Pat
 def test_a_gguf_input_merge_killed_resumes_byte_identical(tmp_path: Path, real: tuple[Path, Path]) -> None:
     config = _linear(tmp_path, *real)
     whole = tmp_path / "whole"
-    assert cli("run", config, whole, "--state-dir", tmp_path / "s0", "--out-shard-size", "100MB",
-               timeout=600).returncode == 0
+    api.run(config, whole, state_dir=tmp_path / "s0", output=Output(out_shard_size="100MB"))  # never killed: here
     out, state = tmp_path / "out", tmp_path / "s"
     args = [sys.executable, "-m", "resumerge", "run", str(config), str(out), "--state-dir", str(state),
             "--out-shard-size", "100MB"]
@@ -434,7 +432,6 @@ def test_a_gguf_input_merge_killed_resumes_byte_identical(tmp_path: Path, real: 
         killed = subprocess.run(argv, env={**os.environ, "RESUMERGE_KILL_AT": point}, capture_output=True,
                                 text=True, timeout=600)
         assert killed.returncode == -signal.SIGKILL, f"{point} was never reached: {killed.stderr}"
-    done = cli("resume", out, "--state-dir", state, timeout=600)
-    assert done.returncode == 0, done.stderr
+    api.resume(out, state_dir=state)
     assert digests(out) == digests(whole)
-    assert cli("verify", out, "--state-dir", state, timeout=600).returncode == 0
+    assert api.verify(out, state_dir=state).ok

@@ -19,7 +19,7 @@ import pytest
 import torch
 from ggufmodels import HEADS, KV, Q, decoded, hf_tensors, permute, to_gguf, write_gguf
 from safetensors.torch import load_file, save_file
-from support import cli, write_config
+from support import write_config
 
 from resumerge import api
 
@@ -218,9 +218,8 @@ def test_a_merge_of_mixtral_checkpoints_is_written_as_a_llama_gguf_with_experts(
            "models": [{"model": str(p)} for p in paths]}
     merge = write_config(tmp_path / "c.yml", doc)
     merged, out = tmp_path / "merged", tmp_path / "out"
-    assert cli("run", merge, merged, "--state-dir", tmp_path / "s1").returncode == 0
-    done = cli("run", merge, out, "--state-dir", tmp_path / "s2", "--out-type", "gguf", "--gguf-type", "q8_0")
-    assert done.returncode == 0, done.stderr
+    api.run(merge, merged, state_dir=tmp_path / "s1")
+    api.run(merge, out, state_dir=tmp_path / "s2", output=api.Output(out_type="gguf", gguf_type="q8_0"))
     reader = _check_tensors(out / "model.gguf", _expected("llama", load_file(merged / "model.safetensors"), 4, 2),
                             "q8_0")
     assert _keys(reader, "llama") == {"expert_count": 3, "expert_used_count": 2}

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -28,7 +29,7 @@ from resumerge.store.killpoints import LOCAL_POINTS
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
 TYPES = {"f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q5_1": Q.Q5_1, "q5_0": Q.Q5_0, "q4_1": Q.Q4_1, "q4_0": Q.Q4_0}
 # every family with the exact types and Q8_0; the 4- and 5-bit types on two families (llama's q/k permuted, gemma's
-# norms +1)
+# norms +1). In this process, the merge of each family's parents made once (a CLI process each cost ~5 s a case).
 CASES = [*((arch, kind) for arch in FAMILIES for kind in ("f16", "bf16", "q8_0")),
          *((arch, kind) for arch in ("llama", "gemma3") for kind in ("q5_1", "q5_0", "q4_1", "q4_0"))]
 
@@ -50,16 +51,35 @@ def _field(reader: gguf.GGUFReader, key: str) -> list[bytes]:
     return [bytes(np.asarray(part).tobytes()) for part in field.parts]
 
 
+@pytest.fixture(scope="module")
+def merged_as_safetensors(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Path]]:
+    """Per family (made once for the module's cases): its two parents' merge config, and the same merge written as
+    safetensors: the float32 values a GGUF output encodes."""
+    from resumerge import api
+    from resumerge.api import Output
+
+    made: dict[str, tuple[Path, Path]] = {}
+
+    def of(arch: str) -> tuple[Path, Path]:
+        if arch not in made:
+            root = tmp_path_factory.mktemp(arch)
+            config = _config(root, *_parents(root, arch))
+            api.run(config, root / "merged", state_dir=root / "s", output=Output(copy_tokenizer=False))
+            made[arch] = config, root / "merged"
+        return made[arch]
+
+    return of
+
+
 @pytest.mark.parametrize(("arch", "gguf_type"), CASES)
 def test_every_tensor_of_a_gguf_output_is_gguf_py_s_encoding_of_the_merged_values(
-        tmp_path: Path, arch: str, gguf_type: str) -> None:
-    a, b = _parents(tmp_path, arch)
-    config = _config(tmp_path, a, b)
-    merged = tmp_path / "merged"  # the same merge as safetensors: the float32 values the GGUF encodes
-    assert cli("run", config, merged, "--state-dir", tmp_path / "s1", "--no-copy-tokenizer").returncode == 0
+        tmp_path: Path, arch: str, gguf_type: str, merged_as_safetensors: Callable[[str], tuple[Path, Path]]) -> None:
+    from resumerge import api
+    from resumerge.api import Output
+
+    config, merged = merged_as_safetensors(arch)
     out = tmp_path / "out"
-    done = cli("run", config, out, "--state-dir", tmp_path / "s2", "--out-type", "gguf", "--gguf-type", gguf_type)
-    assert done.returncode == 0, done.stderr
+    api.run(config, out, state_dir=tmp_path / "s", output=Output(out_type="gguf", gguf_type=gguf_type))
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "mergekit_config.yml", "model.gguf",
                                                      "resumerge-manifest.json"]
     values = to_gguf(arch, {n: t.numpy() for n, t in load_file(merged / "model.safetensors").items()})
@@ -78,7 +98,7 @@ def test_every_tensor_of_a_gguf_output_is_gguf_py_s_encoding_of_the_merged_value
     assert ("round trip" in card) is gguf_type.startswith("q"), card
     if gguf_type.startswith("q"):
         assert f"{gguf_type.upper()} {GGUF_ROUND_TRIP[gguf_type.upper()]} % (the output)" in card
-    parent = gguf.GGUFReader(a)
+    parent = gguf.GGUFReader(config.parent / "a.gguf")
     for key in parent.fields:  # the tokenizer keys, types and bytes, as the parent has them
         if key.startswith("tokenizer."):
             assert _field(reader, key) == _field(parent, key), key
@@ -123,6 +143,8 @@ def test_a_planned_header_is_gguf_py_s_writer_s_prefix(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("case", ["one", pytest.param("split", marks=pytest.mark.slow), "experts"])
 def test_a_gguf_output_run_killed_anywhere_resumes_byte_identical(tmp_path: Path, case: str) -> None:
+    from resumerge import api
+
     split = case == "split"
     a, b = _parents(tmp_path, "qwen3moe" if case == "experts" else "llama")
     config = _config(tmp_path, a, b)
@@ -145,10 +167,9 @@ def test_a_gguf_output_run_killed_anywhere_resumes_byte_identical(tmp_path: Path
             continue  # a point a one-file output without config.json or tokenizer never reaches
         assert killed.returncode == -signal.SIGKILL, killed.stderr
         reached.append(point)
-        done = cli("resume", out, "--state-dir", state)
-        assert done.returncode == 0, (point, done.stderr)
+        api.resume(out, state_dir=state)  # never killed: in this process (two process starts a point saved)
         assert digests(out) == digests(whole), point
-        assert cli("verify", out, "--state-dir", state).returncode == 0, point
+        assert api.verify(out, state_dir=state).ok, point
     assert set(points if case != "one" else ("mid_shard_write", "after_temp_write", "after_rename",
                                              "after_ledger_commit")) <= set(reached)
 
