@@ -38,7 +38,7 @@ from resumerge.config.locations import StateDir
 from resumerge.errors import UsageError
 from resumerge.forward import pass_bytes
 from resumerge.forward.stream import ModelStream, import_transformers
-from resumerge.memory import MemoryGovernor, SystemProbe, default_budget, format_size, smallest_budget_for
+from resumerge.memory import MemoryGovernor, SystemProbe, budget_fitting
 from resumerge.memory.allocator import malloc_trim, tune_allocator
 from resumerge.store.durable import write_file_atomic
 
@@ -222,8 +222,6 @@ def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int |
     model in float32, or one model's head (a block of its rows, see :mod:`resumerge.check.heads`) and one
     batch's log-probabilities, beside every model's hidden states (twice: in and out). Returns the budget and
     what the forward pass's steps reserve (``layer``, ``heads``)."""
-    probe = SystemProbe()
-    budget = max_memory if max_memory is not None else default_budget(probe)
     config = streams[0].config
     hidden = int(getattr(config, "hidden_size", 0) or 0)
     positions = padded_positions(tokens)
@@ -231,13 +229,7 @@ def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int |
     heads = max(head_step_bytes(s, largest_batch(tokens), max(map(len, tokens), default=0)) for s in streams)
     layer = max(pass_bytes(s.formats, s.layers, value_bytes=4) for s in streams)
     peak = max(states + max(layer, heads), static_bytes([s.formats for s in streams]))
-    held = probe.rss()
-    smallest = smallest_budget_for(peak, baseline_bytes=held)
-    if smallest > budget:
-        raise UsageError(f"the check needs {format_size(held + peak)} (this process holds {format_size(held)}, "
-                         f"its largest step {format_size(peak)}), more than the budget of {format_size(budget)}",
-                         hint=f"rerun with --max-memory {format_size(smallest, compact=True)} or more")
-    return budget, {"layer": layer, "heads": heads}
+    return budget_fitting("the check", peak, max_memory, SystemProbe()), {"layer": layer, "heads": heads}
 
 
 def _report(models: list[Checked], static: StaticFigures, figures: PassFigures | None,

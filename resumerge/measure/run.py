@@ -286,22 +286,15 @@ def _fits(stream: object, tokens: list[list[int]], max_memory: int | None) -> No
     (four distinct inputs, the widest squared)."""
     from resumerge.forward.reader import pass_bytes
     from resumerge.forward.stream import ModelStream
-    from resumerge.memory import SystemProbe, default_budget, format_size, smallest_budget_for
+    from resumerge.memory import SystemProbe, budget_fitting
 
     assert isinstance(stream, ModelStream)
-    probe = SystemProbe()
-    budget = max_memory if max_memory is not None else default_budget(probe)
     config = stream.config
     hidden = int(getattr(config, "hidden_size", 0) or 0)
     wide = max(hidden, int(getattr(config, "intermediate_size", 0) or 0))
     positions = sum(len(t) for t in tokens)
     peak = 2 * positions * hidden * 4 + pass_bytes(stream.formats, stream.layers, value_bytes=4) + 4 * wide * wide * 8
-    held = probe.rss()
-    smallest = smallest_budget_for(peak, baseline_bytes=held)
-    if smallest > budget:
-        raise UsageError(f"measuring {stream.reader.directory} needs {format_size(held + peak)} (this process holds "
-                         f"{format_size(held)}), more than the budget of {format_size(budget)}",
-                         hint=f"rerun with --max-memory {format_size(smallest, compact=True)} or more")
+    budget_fitting(f"measuring {stream.reader.directory}", peak, max_memory, SystemProbe())
 
 
 __all__ = ["LAYER_PREFIX", "MeasureReport", "measure_grams"]

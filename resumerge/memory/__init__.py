@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from resumerge.memory.budget import (
         DEFAULT_FRACTION,
         SAFETY_MARGIN,
+        budget_fitting,
         default_budget,
         smallest_budget_for,
     )
@@ -54,6 +55,7 @@ __all__ = [
     "Reservation",
     "SystemProbe",
     "Usage",
+    "budget_fitting",
     "collector_paused",
     "default_budget",
     "format_size",
@@ -81,6 +83,7 @@ _HOME = MappingProxyType({
     "SAFETY_MARGIN": "resumerge.memory.budget",
     "SystemProbe": "resumerge.memory.probe",
     "Usage": "resumerge.memory.accounting",
+    "budget_fitting": "resumerge.memory.budget",
     "default_budget": "resumerge.memory.budget",
     "format_size": "resumerge.memory.sizes",
     "os_peak_rss": "resumerge.memory.probe",

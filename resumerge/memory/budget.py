@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 
+from resumerge.errors import UsageError
 from resumerge.memory.probe import MemoryProbe
+from resumerge.memory.sizes import format_size
 
 __all__ = [
     "DEFAULT_FRACTION",
@@ -59,3 +61,17 @@ def smallest_budget_for(unit_bytes: int, *, baseline_bytes: int = 0, margin_frac
         return needed
     step = int(10 ** (len(str(needed)) - 3))
     return -(-needed // step) * step
+
+
+def budget_fitting(what: str, peak: int, max_memory: int | None, probe: MemoryProbe) -> int:
+    """The budget in force (``max_memory``, else the default) for work whose largest step holds ``peak`` bytes
+    beyond what this process holds now; raises :class:`~resumerge.errors.UsageError` (exit 2, before any weight is
+    read) naming the smallest budget that fits, when that one does not. ``what`` names the work ("the check")."""
+    budget = max_memory if max_memory is not None else default_budget(probe)
+    held = probe.rss()
+    smallest = smallest_budget_for(peak, baseline_bytes=held)
+    if smallest > budget:
+        raise UsageError(f"{what} needs {format_size(held + peak)} (this process holds {format_size(held)}, its "
+                         f"largest step {format_size(peak)}), more than the budget of {format_size(budget)}",
+                         hint=f"rerun with --max-memory {format_size(smallest, compact=True)} or more")
+    return budget
