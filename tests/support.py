@@ -7,7 +7,8 @@ import os
 import select
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -189,3 +190,16 @@ def non_utf8(path: Path) -> None:
 # How verify's damage tests damage a committed file.
 DAMAGE: dict[str, Callable[[Path], None]] = {
     "flipped": flip_byte, "truncated": truncate_half, "deleted": Path.unlink, "non-utf8": non_utf8}
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Torch on one thread in this process for the block (float32 sums on more threads may round otherwise)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -17,13 +17,12 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from raycluster import ray_cluster
+from support import one_thread
 
 from resumerge import api
 from resumerge.check.progress import find_progress
@@ -37,19 +36,6 @@ pytestmark = pytest.mark.slow
 
 SPEC = ModelSpec(layers=3, hidden=32, intermediate=48, vocab=64)
 TEXTS = "the cat sat on the mat\nhello world again\nx\n"
-
-
-@contextmanager
-def _one_thread() -> Iterator[None]:
-    """Torch on one thread in this process (as each one-CPU node's actor computes)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _merged(root: Path) -> tuple[Path, Path]:
@@ -84,7 +70,7 @@ def _cli(out: Path, texts: Path, state: Path, *extra: str,
 
 def test_a_check_on_ray_runs_each_model_on_its_own_node_and_resumes_either_way(tmp_path: Path) -> None:
     out, texts = _merged(tmp_path)
-    with _one_thread():
+    with one_thread():
         local = api.check(out, prompts=texts, state_dir=tmp_path / "local")
     assert [m.role for m in local.models] == ["merge", "base", "parent"] and local.models[2].kl
     with ray_cluster(workers=3) as (cluster, _):

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from support import one_thread as torch_on_one_thread
 
 from resumerge.methods.summation import OrderedSum, ordered_sum
 
@@ -19,12 +20,8 @@ SIZES = [0, 1, 3, 5, 7, 8, 12, 15, 16, 17, 31, 33, 64, 511, 513, 4095, 8193, 327
 
 @pytest.fixture
 def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_on_one_thread():
         yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def sample(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
