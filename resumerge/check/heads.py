@@ -64,7 +64,7 @@ def head_figures(streams: Sequence[ModelStream], hidden: list[list[torch.Tensor]
         total = 0.0
         for b, rows in enumerate(logprobs(streams[0], hidden[0], batches)):
             for row, found in enumerate(rows):
-                total = _nll_sum(found, targets[b][row], total)
+                total = nll_sum(found, targets[b][row], total)
                 if n > 1:  # compared with every other model's
                     _keep(scratch, 0, b, row, found)
         nll[0] = total / tokens
@@ -74,15 +74,15 @@ def head_figures(streams: Sequence[ModelStream], hidden: list[list[torch.Tensor]
             from_base: list[torch.Tensor] = []
             for b, rows in enumerate(logprobs(streams[m], hidden[m], batches)):
                 for row, theirs in enumerate(rows):
-                    total = _nll_sum(theirs, targets[b][row], total)
+                    total = nll_sum(theirs, targets[b][row], total)
                     merged = _kept(scratch, 0, b, row)
-                    per_position.append(_kl(theirs, merged))
+                    per_position.append(kl_at(theirs, merged))
                     agree += int((theirs.argmax(-1) == merged.argmax(-1)).sum())
                     del merged
                     if m == base and m < n - 1:  # the parents after it are compared with it
                         _keep(scratch, m, b, row, theirs)
                     elif base is not None and base < m:
-                        from_base.append(_kl(_kept(scratch, base, b, row), theirs))
+                        from_base.append(kl_at(_kept(scratch, base, b, row), theirs))
                     del theirs
             nll[m] = total / tokens
             values = torch.cat(per_position).double()
@@ -186,11 +186,11 @@ def _kept(scratch: Path, model: int, batch: int, row: int) -> torch.Tensor:
     return load_file(str(scratch / f"{model}-{batch}-{row}.safetensors"))["lp"]
 
 
-def _kl(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+def kl_at(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """KL(reference ‖ other) at each position, from log-probabilities."""
     return (reference.exp() * (reference - other)).sum(dim=-1)
 
 
-def _nll_sum(found: torch.Tensor, target: torch.Tensor, total: float) -> float:
+def nll_sum(found: torch.Tensor, target: torch.Tensor, total: float) -> float:
     """``total`` plus the negative log-likelihood of one sequence's next tokens."""
     return total + float(-found.gather(-1, target.unsqueeze(-1)).double().sum())

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from resumerge.check.heads import HeadTotals, head_figures
+from resumerge.check.heads import HeadTotals, head_figures, kl_at, nll_sum
+from resumerge.check.heads import logprobs as streamed_logprobs
 from resumerge.check.models import Checked
 from resumerge.forward import Weights, durable_save
 from resumerge.forward.journal import latest
@@ -305,13 +306,9 @@ class ModelHead:
 def logprobs(stream: ModelStream, states: list[torch.Tensor], batches: Sequence[Sequence[Sequence[int]]]
              ) -> list[torch.Tensor]:
     """The model's log-probabilities at every real position that has a next token (one tensor per sequence, in
-    batch order), from its last decoder layer's outputs ``states``."""
-    found: list[torch.Tensor] = []
-    with stream.head() as head:
-        for h, batch in zip(states, batches):
-            logits = head(h).float()
-            found.extend(torch.log_softmax(logits[row, :len(s) - 1], dim=-1) for row, s in enumerate(batch))
-    return found
+    batch order), from its last decoder layer's outputs ``states``: :func:`~resumerge.check.heads.logprobs`'s, all
+    held (a Ray actor's, which the other models' actors compare with)."""
+    return [lp for rows in streamed_logprobs(stream, states, batches) for lp in rows]
 
 
 def compared(theirs: list[torch.Tensor], merged: list[torch.Tensor] | None, base: list[torch.Tensor] | None,
@@ -323,9 +320,9 @@ def compared(theirs: list[torch.Tensor], merged: list[torch.Tensor] | None, base
     nll = _nll(theirs, targets, tokens)
     if merged is None:
         return ModelHead(nll)
-    return ModelHead(nll, [_kl(t, o) for t, o in zip(theirs, merged)],
+    return ModelHead(nll, [kl_at(t, o) for t, o in zip(theirs, merged)],
                        sum(int((t.argmax(-1) == o.argmax(-1)).sum()) for t, o in zip(theirs, merged)),
-                       None if base is None else [_kl(b, t) for b, t in zip(base, theirs)])
+                       None if base is None else [kl_at(b, t) for b, t in zip(base, theirs)])
 
 
 def totals(heads: list[ModelHead], tokens: int) -> HeadTotals:
@@ -357,11 +354,8 @@ def _figures(heads: HeadTotals, stats: list[list[float]]) -> PassFigures:
                        spread=[row[2 * n] for row in stats], tokens=heads.tokens, base_kl=heads.base_kl)
 
 
-def _kl(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    """KL(reference ‖ other) at each position, from log-probabilities."""
-    return (reference.exp() * (reference - other)).sum(dim=-1)
-
-
-def _nll(logprobs: list[torch.Tensor], targets: list[torch.Tensor], tokens: int) -> float:
-    total = sum(float(-lp.gather(-1, t.unsqueeze(-1)).double().sum()) for lp, t in zip(logprobs, targets))
+def _nll(found: list[torch.Tensor], targets: list[torch.Tensor], tokens: int) -> float:
+    total = 0.0
+    for lp, target in zip(found, targets):
+        total = nll_sum(lp, target, total)
     return total / tokens
