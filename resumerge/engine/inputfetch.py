@@ -21,6 +21,7 @@ from resumerge.engine.streamdigest import FileDigest
 from resumerge.engine.streamhashes import StreamHashes
 from resumerge.errors import ResumergeError, UsageError
 from resumerge.inputs.catalog import Inputs
+from resumerge.inputs.gguf.header import GgufHeader
 from resumerge.inputs.hub import ProgressCallback, fetch_weights
 from resumerge.inputs.hub.cache import RepoCache
 from resumerge.inputs.hub.fetch import check_downloads
@@ -98,7 +99,7 @@ class HubInputs:
         self._started = self._last = time.monotonic()
         self._lock = threading.Lock()
         self.disk_bytes = 0  # hub input bytes kept on local disk by this run (set by open)
-        self._headers: dict[tuple[str, str], tuple[str, Header]] = {}
+        self._headers: dict[tuple[str, str], tuple[str, Header | GgufHeader]] = {}
         self.remote: tuple[StreamedFile, ...] = ()  # the streamed files, as another machine finds them (set by open)
 
     @classmethod
@@ -197,8 +198,8 @@ class HubInputs:
         digests = {}
         for key in self._streamed:
             repo_id, header = self._headers[key]
-            whole = [(header.data_start, header.file_size)]
-            if needed.get(key) != whole or header.data_start != 8 + len(header.raw) or not identities.get(key):
+            known = _known_bytes(header)
+            if known is None or needed.get(key) != known[0] or not identities.get(key):
                 continue
             where = f"{repo_id}/{key[1]}"
 
@@ -207,7 +208,8 @@ class HubInputs:
                     ledger.event("verify", f"{where}: every byte streamed, checksum matches the hub's")
 
             digest = FileDigest(where, header.file_size, identities[key], verified)
-            digest.feed(0, len(header.raw).to_bytes(8, "little") + header.raw)
+            for start, data in known[1]:
+                digest.feed(start, data)
             digests[key] = digest
         return digests
 
@@ -250,6 +252,30 @@ class HubInputs:
         written now must not hide the error that ended the run."""
         with contextlib.suppress(ResumergeError):
             self.tick(force=True)
+
+
+def _known_bytes(header: Header | GgufHeader) -> tuple[list[tuple[int, int]], list[tuple[int, bytes]]] | None:
+    """(the tensor spans of a file, merged, and the bytes known without streaming them, each at its offset): the
+    file is checked whole against the hub's checksum when a run streams exactly those spans. A safetensors file:
+    its 8-byte length and header before one span (None for a file with bytes between the header and the data).
+    A GGUF: its header and padding (``data_start`` is aligned), then its tensors, each padded with zeros to the
+    alignment (``gguf.md`` §1): the zeros are assumed, and a file whose padding is not zero fails the check."""
+    if isinstance(header, Header):
+        if header.data_start != 8 + len(header.raw):
+            return None
+        return [(header.data_start, header.file_size)], [(0, len(header.raw).to_bytes(8, "little") + header.raw)]
+    spans: list[tuple[int, int]] = []
+    for tensor in sorted(header.tensors, key=lambda t: t.start):
+        if tensor.end == tensor.start:
+            continue
+        if spans and tensor.start <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], tensor.end))
+        else:
+            spans.append((tensor.start, tensor.end))
+    known: list[tuple[int, bytes]] = [(0, header.raw)]
+    edges = [len(header.raw), *(edge for span in spans for edge in span), header.file_size]
+    known += [(start, bytes(end - start)) for start, end in zip(edges[::2], edges[1::2]) if end > start]
+    return spans, known
 
 
 def _bind(hashes: StreamHashes, key: str) -> Check:

@@ -106,14 +106,14 @@ def _open_one(
 
     if pinned is None and is_local(ref):
         return open_model(ref, yaml_path=where, parsed=parsed)
-    from resumerge.inputs.hub.gguf import hub_gguf, resolve_gguf
+    from resumerge.inputs.hub.gguf import gguf_input, hub_gguf, resolve_gguf
 
     try:
-        if hub_gguf(ref) is not None:  # a GGUF file of a hub repo: downloaded, verified, opened from its snapshot
-            path = resolve_gguf(ref, cache_dir=Path(cache_dir) if cache_dir else None,
-                                pinned_commit=pinned[1] if pinned else None,
-                                records_dir=_records_dir(state), on_progress=on_progress)
-            return open_model(ref, yaml_path=where, directory=path.parent)
+        if hub_gguf(ref) is not None:  # a GGUF file of a hub repo: its headers read by range, its tensors later
+            meta = resolve_gguf(ref, cache_dir=Path(cache_dir) if cache_dir else None,
+                                pinned_commit=pinned[1] if pinned else None, on_progress=on_progress)
+            inputs.hub[ref.key] = meta
+            return gguf_input(ref, meta)
         meta = resolve_metadata(ref, cache_dir=Path(cache_dir) if cache_dir else None,
                                 pinned_commit=pinned[1] if pinned else None,
                                 records_dir=_records_dir(state), on_progress=on_progress)
@@ -172,6 +172,8 @@ def from_metadata(ref: ModelRef, meta: RepoMetadata, where: str) -> ModelInput:
     files = []
     for name in meta.weight_files:
         header = meta.headers[name]
+        if not isinstance(header, Header):
+            raise ValueError(f"{ref.key} is a GGUF: open it with resumerge.inputs.hub.gguf.gguf_input")
         for tname, entry in header.tensors.items():
             tensors[tname] = TensorSource(name, entry)
         remote = meta.files[name]

@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,7 @@ from resumerge.inputs.torch_bin import BIN_INDEX_NAME, BIN_SINGLE_NAME, is_pickl
 if TYPE_CHECKING:
     from resumerge.inputs.adapters import Adapter
     from resumerge.inputs.codecs import CodecTable, StoredFormats
+    from resumerge.inputs.gguf.header import GgufHeader
 
 
 
@@ -53,9 +54,12 @@ class ModelInput:
     # The stored formats of its tensors once recognised (then ``tensors`` holds logical tensors: see
     # recognised); None: as opened, every tensor stored plainly under its own name.
     formats: StoredFormats | None = None
-    # The GGUF file (in ``directory``) the model was read from, or None: its config and tokenizer come from the
-    # file's metadata, not from files beside it.
+    # The GGUF file (in ``directory``; a hub GGUF's path in its repo) the model was read from, or None: its config
+    # and tokenizer come from the file's metadata, not from files beside it.
     gguf: str | None = None
+    # That file's parsed header: what plan-time readers of its metadata read (a hub GGUF's file is not on disk
+    # until the run fetches it, if ever: a streamed one never is).
+    gguf_header: GgufHeader | None = field(default=None, compare=False, repr=False)
 
     def recognised(self, codecs: CodecTable, *, seen: Iterable[ModelInput] = ()) -> ModelInput:
         """This model as the planner sees it: ``tensors`` its logical tensors under ``codecs``' formats, companions
@@ -159,7 +163,8 @@ def _open_gguf(ref: ModelRef, path: Path) -> ModelInput:
     found = open_gguf(path)
     files = tuple(InputFile(name, header.file_size, file_identity(path.with_name(name), header.raw))
                   for name, header in found.headers)
-    return ModelInput(ref, path.parent, found.config, found.tensors, files, gguf=path.name)
+    return ModelInput(ref, path.parent, found.config, found.tensors, files, gguf=path.name,
+                      gguf_header=found.headers[0][1])
 
 
 def _read_config(directory: Path, yaml_path: str) -> Mapping[str, Any]:

@@ -142,9 +142,10 @@ def _metadata(arch: str, config: Mapping[str, Any], gguf_type: str, source: Mode
         from resumerge.plan.tokenizer_plan import tokenizer_dir
 
         return kv + tokenizer_keys(tokenizer_dir(source), int(config["vocab_size"]), template)
-    gguf = gguf_module()
-    sizes = {int(t): size for t, size in gguf.GGML_QUANT_SIZES.items()}
-    header = read_gguf_header(source.directory / source.gguf, sizes)
+    header = source.gguf_header
+    if header is None:  # opened without its header kept
+        gguf = gguf_module()
+        header = read_gguf_header(source.directory / source.gguf, {int(t): s for t, s in gguf.GGML_QUANT_SIZES.items()})
     for key, value in header.metadata.items():
         if not key.startswith("tokenizer.") or (template is not None and key == "tokenizer.chat_template"):
             continue

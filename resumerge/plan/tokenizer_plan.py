@@ -80,7 +80,7 @@ def tokenizer_output(
                                   path=str(model.directory / model.gguf),
                                   hint="take the tokenizer from a safetensors model (base_model), or pass "
                                        "--no-copy-tokenizer")
-        rebuilt = gguf_tokenizer_files(model.directory / model.gguf)
+        rebuilt = gguf_tokenizer_files(model.directory / model.gguf, model.gguf_header)
         return tokenizer_donor, dict(apply_chat_template_files(list(rebuilt.items()), template)
                                      if template else rebuilt)
     names = [name for name, _ in tokenizer_files(directory)]

@@ -129,3 +129,82 @@ def test_a_hub_split_set_merges_as_its_local_files_and_a_resume_keeps_the_pinned
         assert fake.file_bytes() == {}
         missing = f"{REPO}/tiny-00002-of-{len(parts):05d}.gguf"
         assert _merge(tmp_path, missing, files["folder"], tmp_path / "second") == 2
+
+
+def _xet_push(fake: FakeHub, data: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commit the GGUF through Xet with the unmodified huggingface_hub and hf_xet (the stand-in's ``local://``
+    CAS), and leave Xet on in this client, as a current install has it; the stand-in then answers every ``resolve``
+    with a redirect to a signed URL, as the Hub sends a Xet file's reads to its CAS bridge."""
+    import os
+    import sys
+
+    from huggingface_hub import HfApi, constants
+
+    from hub.fakehub_write import HubWriter
+    from hub.fakehub_xet import XetCas
+
+    writer = HubWriter.attach(fake)
+    writer.add_token("hf_write_alice", "alice", orgs=("org",))
+    writer.cas = XetCas(tmp_path / "cas")
+    monkeypatch.delenv("HF_HUB_DISABLE_XET")
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", False)
+    monkeypatch.setenv("HF_XET_CACHE", str(Path(os.environ["HF_HOME"]) / "xet"))
+    monkeypatch.setattr(sys.modules["huggingface_hub.utils.tqdm"], "HF_HUB_DISABLE_PROGRESS_BARS", True)
+    writer.create_repo(REPO)
+    HfApi(endpoint=fake.url, token="hf_write_alice").upload_file(path_or_fileobj=data, path_in_repo=FILE,
+                                                                  repo_id=REPO)
+    assert fake.xet_hashes, "the file must have gone through Xet"
+    fake.signed_uses = 1000
+
+
+@pytest.mark.parametrize("tier", ["lfs", "xet"])
+def test_a_streamed_hub_gguf_is_read_by_range_checked_against_the_hub_sha256_and_merges_as_the_local_file(
+        tmp_path: Path, files: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tier: str) -> None:
+    import sqlite3
+
+    from hub.fakehub import iter_requests
+    from resumerge import api
+    from resumerge.inputs.hub.gguf import FIRST_READ
+    from resumerge.plan.fetching import DOWNLOAD, STREAM
+
+    assert _merge(tmp_path, str(files["gguf"]), files["folder"], tmp_path / "local") == 0
+    data = files["gguf"].read_bytes()
+    doc: dict[str, object] = {"merge_method": "linear", "dtype": "float32", "models": [
+        {"model": f"{REPO}/{FILE}", "parameters": {"weight": 0.5}},
+        {"model": str(files["folder"]), "parameters": {"weight": 0.5}}]}
+    cfg = write_config(tmp_path / "hub.yml", doc)
+    fake = FakeHub()
+    if tier == "lfs":
+        fake.push(REPO, {FILE: data})
+    with fake:
+        monkeypatch.setenv("HF_ENDPOINT", fake.url)
+        if tier == "xet":
+            _xet_push(fake, data, tmp_path, monkeypatch)
+        fake.reset_counters()
+        # plan: the header read by range, nothing downloaded, and the disk the run will use counted
+        planned = api.estimate(cfg, tmp_path / "hub", state_dir=tmp_path / "s-plan", probe_size=0, bandwidth="1GB")
+        assert [(c.file, c.how, c.fetch_bytes) for c in planned.fetch] == [(FILE, DOWNLOAD, len(data))]
+        assert planned.downloads[f"{REPO}/{FILE}"].bytes == len(data)
+        streaming = api.estimate(cfg, tmp_path / "hub", state_dir=tmp_path / "s-plan", probe_size=0,
+                                 bandwidth="1GB", resources=api.Resources(stream_inputs=True))
+        assert [(c.how, c.needed < len(data)) for c in streaming.fetch] == [(STREAM, True)]
+        assert streaming.downloads[f"{REPO}/{FILE}"].bytes == 0  # nothing kept on disk
+        assert fake.file_bytes()[f"{REPO}/{FILE}"] <= 2 * FIRST_READ, "plan must read the headers only"
+        fake.reset_counters()
+        api.run(cfg, tmp_path / "hub", state_dir=tmp_path / "s-hub", resources=api.Resources(stream_inputs=True))
+        bodies = [r for r in iter_requests(fake, "GET") if r.sent]
+    want, got = digests(tmp_path / "local"), digests(tmp_path / "hub")
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        assert got[name] == want[name], name
+    # Every byte served by range (redirected to signed URLs in the Xet tier); never the whole file: the header read
+    # ahead of the first tensor (FIRST_READ) is the only part fetched twice.
+    assert bodies and all(r.range for r in bodies), [(r.path, r.range) for r in bodies]
+    assert all(r.path.startswith("/_signed/") for r in bodies) == (tier == "xet")
+    assert len(data) - FIRST_READ < fake.file_bytes()[f"{REPO}/{FILE}"] <= len(data) + FIRST_READ
+    assert not [p for p in (tmp_path / "hf_home" / "hub").rglob("blobs/*")], "nothing may land in the hub cache"
+    ledger = sqlite3.connect(next((tmp_path / "s-hub").glob("hub-*/ledger.db")))
+    events = [r[0] for r in ledger.execute("SELECT message FROM events WHERE kind = 'verify'")]
+    reads = ledger.execute("SELECT count(*) FROM stream_reads").fetchone()[0]
+    ledger.close()
+    assert events == [f"{REPO}/{FILE}: every byte streamed, checksum matches the hub's"]
+    assert reads > 10  # each tensor's sha256 recorded: a resume compares what it reads again

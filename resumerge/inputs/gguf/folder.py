@@ -64,13 +64,15 @@ def _build(model: ModelInput, path: Path, building: Path, folder: Path) -> None:
     try:
         from resumerge.inputs.gguf.tokenizer import gguf_tokenizer_files
 
-        files.update(gguf_tokenizer_files(path))
+        files.update(gguf_tokenizer_files(path, model.gguf_header))
     except ModelInputError as exc:
         files[TOKENIZER_ERROR] = (exc.message + "\n").encode()
     for name, data in files.items():
         (building / name).write_bytes(data)
-    for file in model.files:  # the weights, at the names the model's tensors give
-        (building / file.name).symlink_to(path.with_name(file.name))
+    for file in model.files:  # the weights, at the names the model's tensors give (a hub GGUF's: its repo paths)
+        link = building / file.name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(model.directory.resolve() / file.name)
     try:
         building.rename(folder)
     except OSError:  # another process made it meanwhile

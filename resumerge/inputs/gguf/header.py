@@ -23,6 +23,7 @@ MAGIC = b"GGUF"
 _VERSIONS = (2, 3)
 _ALIGNMENT = 32
 _STRING, _ARRAY = 8, 9
+MAX_STEP = 1 << 20  # the most bytes one request of a header read by range asks beyond what the parse needs
 # value type -> (struct format, numpy dtype) of the fixed-size scalars (gguf.md §1).
 _SCALARS: dict[int, tuple[str, str]] = {
     0: ("<B", "<u1"), 1: ("<b", "<i1"), 2: ("<H", "<u2"), 3: ("<h", "<i2"), 4: ("<I", "<u4"), 5: ("<i", "<i4"),
@@ -58,6 +59,7 @@ class GgufHeader:
     # Each key's value type and, for an array, its element type (None otherwise): a key copied to an output GGUF
     # keeps its type.
     kinds: dict[str, tuple[int, int | None]]
+    kv_end: int = 0  # where the key-values end (the tensor infos start): see :func:`metadata_only`
 
 
 def is_gguf(path: Path) -> bool:
@@ -75,12 +77,21 @@ def read_gguf_header(path: Path, sizes: dict[int, tuple[int, int]]) -> GgufHeade
 
 
 def parse_gguf_header(read: Callable[[int, int], bytes], file_size: int, where: str,
-                      sizes: dict[int, tuple[int, int]], first: int = 1 << 20) -> GgufHeader:
+                      sizes: dict[int, tuple[int, int]], first: int = 64 << 10) -> GgufHeader:
     """Parse the header of a ``file_size``-byte GGUF whose bytes ``[start, end)`` ``read(start, end)`` returns (a
     hub file read by HTTP Range): the header is variable-length, so a first ``first`` bytes are read, then more
-    (doubling) only while the parse runs past them; tensor data is never read. ``where`` names the file in errors.
-    Raises as :func:`read_gguf_header`."""
+    (doubling, at most :data:`MAX_STEP` a request) only while the parse runs past them. What is read past the
+    header's end (tensor bytes a streamed merge fetches again) is thus under ``first`` or :data:`MAX_STEP`.
+    ``where`` names the file in errors. Raises as :func:`read_gguf_header`."""
     return _Parser(_Prefix(read, file_size, first), where).header(sizes)
+
+
+def metadata_only(header: GgufHeader) -> bytes:
+    """A GGUF holding ``header``'s key-values byte for byte and no tensor: what a reader of the metadata alone
+    (transformers' GGUF tokenizer) needs of a file that is not on disk (a hub GGUF read by range)."""
+    alignment = header.metadata.get("general.alignment", _ALIGNMENT)
+    head = header.raw[:8] + struct.pack("<QQ", 0, len(header.metadata)) + header.raw[24:header.kv_end]
+    return head + bytes(-len(head) % alignment)
 
 
 class _View(Protocol):
@@ -101,7 +112,7 @@ class _Prefix:
     def __getitem__(self, where: slice) -> bytes:
         start, stop = where.start or 0, where.stop
         if stop > len(self.data):
-            want = min(self.size, max(stop, 2 * len(self.data), self.first))
+            want = min(self.size, max(stop, len(self.data) + min(MAX_STEP, max(len(self.data), self.first))))
             more = bytes(self.read(len(self.data), want))
             if len(more) != want - len(self.data):
                 raise ModelInputError(f"asked bytes {len(self.data)}-{want} of a GGUF, got {len(more)}")
@@ -176,6 +187,7 @@ class _Parser:
             kind = self.scalar(4)
             metadata[key] = self.value(kind)
             kinds[key] = (kind, self.sub)
+        kv_end = self.at
         infos = []
         for _ in range(n_tensors):
             name = self.string()
@@ -205,4 +217,4 @@ class _Parser:
                 raise self.bad(f"tensor {name!r} ends past the end of the file")
             tensors.append(GgufTensor(name, ne, kind, start, start + nbytes))
             expected = offset + -(-nbytes // alignment) * alignment
-        return GgufHeader(metadata, tuple(tensors), bytes(self.view[:data_start]), len(self.view), kinds)
+        return GgufHeader(metadata, tuple(tensors), bytes(self.view[:data_start]), len(self.view), kinds, kv_end)

@@ -80,17 +80,23 @@ def open_gguf(path: Path) -> GgufModel:
     """Read the headers of the GGUF at ``path`` (and of the rest of its split set). Raises
     :class:`ModelInputError` (exit 2) for a family, tensor or quant type resumerge cannot map or decode, or when
     gguf-py is not installed; :class:`~resumerge.errors.HostileFileError` for a damaged file."""
+    sizes = decodable_sizes()
+    return gguf_model(tuple((file.name, read_gguf_header(file, sizes)) for file in split_files(path)), str(path))
+
+
+def gguf_model(headers: tuple[tuple[str, GgufHeader], ...], where: str) -> GgufModel:
+    """The model of the GGUF whose files' parsed ``headers`` these are, by file name (a hub GGUF's read by range,
+    each named by its path in the repo); ``where`` names it in errors. Raises as :func:`open_gguf`."""
     gguf = gguf_module()
     sizes = decodable_sizes()
-    headers = tuple((file.name, read_gguf_header(file, sizes)) for file in split_files(path))
     metadata = headers[0][1].metadata
-    arch = family(metadata, str(path))
+    arch = family(metadata, where)
     scaling = metadata.get(f"{arch}.rope.scaling.type", "none")
     if scaling != "none" or any(t.name == "rope_freqs.weight" for _, h in headers for t in h.tensors):
         # Llama 3.1's scaling is stored as a rope_freqs tensor, not its parameters: a config.json rebuilt without
         # them would run the model with the wrong positions.
         raise ModelInputError("a GGUF with scaled rope (rope_freqs or rope.scaling keys), whose config.json "
-                              "resumerge cannot rebuild yet", path=str(path),
+                              "resumerge cannot rebuild yet", path=where,
                               hint="convert it to safetensors with transformers (gguf_file=...) and merge that")
     experts = int(metadata.get(f"{arch}.expert_count", 0) or 0)
     tensors: dict[str, TensorSource] = {}
@@ -101,9 +107,9 @@ def open_gguf(path: Path) -> GgufModel:
             if info.name == "token_embd.weight":
                 embed_rows = info.shape[0]
             tied = tied and info.name != "output.weight"
-            for hf, expert in hf_names(arch, info.name, experts, str(path)):
+            for hf, expert in hf_names(arch, info.name, experts, where):
                 if hf in tensors:
-                    raise ModelInputError(f"GGUF tensor {info.name} maps to {hf} twice", path=str(path), tensor=hf)
+                    raise ModelInputError(f"GGUF tensor {info.name} maps to {hf} twice", path=where, tensor=hf)
                 tensors[hf] = TensorSource(file, _entry(hf, info, sizes[info.ggml_type], expert, experts))
                 types[hf] = f"{gguf.GGMLQuantizationType(info.ggml_type).name}:{info.name}"
     config = hf_config(arch, metadata, embed_rows, tied)

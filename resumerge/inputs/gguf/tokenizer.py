@@ -12,24 +12,33 @@ import tempfile
 from pathlib import Path
 
 from resumerge.errors import ModelInputError
+from resumerge.inputs.gguf.header import GgufHeader, metadata_only
 
 
-def gguf_tokenizer_files(path: Path) -> dict[str, bytes]:
-    """The tokenizer files of the GGUF at ``path``, by name, as transformers writes them."""
+def gguf_tokenizer_files(path: Path, header: GgufHeader | None = None) -> dict[str, bytes]:
+    """The tokenizer files of the GGUF at ``path``, by name, as transformers writes them. A file not on disk (a hub
+    GGUF read by range) is read from its parsed ``header``: transformers is given a GGUF of its key-values alone
+    (:func:`~.header.metadata_only`, under the same name in a temporary folder), never its tensors."""
     try:
         from transformers import AutoTokenizer
     except ImportError:
         raise ModelInputError("rebuilding a GGUF model's tokenizer needs transformers, which is not installed",
                               path=str(path), hint="pip install -c constraints.txt -e '.[moe,gguf]', or merge "
                                                    "with --no-copy-tokenizer") from None
-    try:
-        # Never the network (the file is local), and the same bytes whatever HF_HUB_OFFLINE says: transformers
-        # records the flag in tokenizer_config.json, and the plan hashes that file.
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-    # The tokenizers library raises a bare Exception for a vocabulary it cannot build (a merge of unknown tokens).
-    except Exception as exc:
-        raise ModelInputError(f"transformers cannot rebuild this GGUF's tokenizer ({exc})", path=str(path),
-                              hint="merge with --no-copy-tokenizer and add the tokenizer files by hand") from None
-    with tempfile.TemporaryDirectory(prefix="resumerge-gguf-tokenizer-") as out:
+    with tempfile.TemporaryDirectory(prefix="resumerge-gguf-tokenizer-") as scratch:
+        if not path.is_file() and header is not None:
+            stub = Path(scratch) / "metadata" / path.name
+            stub.parent.mkdir()
+            stub.write_bytes(metadata_only(header))
+            path = stub
+        try:
+            # Never the network (the file is local), and the same bytes whatever HF_HUB_OFFLINE says: transformers
+            # records the flag in tokenizer_config.json, and the plan hashes that file.
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+        # The tokenizers library raises a bare Exception for a vocabulary it cannot build (a merge of unknown tokens).
+        except Exception as exc:
+            raise ModelInputError(f"transformers cannot rebuild this GGUF's tokenizer ({exc})", path=str(path),
+                                  hint="merge with --no-copy-tokenizer and add the tokenizer files by hand") from None
+        out = Path(scratch) / "out"
         tokenizer.save_pretrained(out)
-        return {p.name: p.read_bytes() for p in sorted(Path(out).iterdir()) if p.is_file()}
+        return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import ModelInputError, ResumergeError
+from resumerge.inputs.gguf.header import GgufHeader
 from resumerge.inputs.hub._hf import validate_repo_id
 from resumerge.inputs.hub.cache import COMMIT_RE, HubSettings, RemoteFile, RepoCache, hub_settings
 from resumerge.inputs.hub.events import HubEvent, ProgressCallback, callback_or_noop
@@ -36,7 +37,8 @@ class RepoMetadata:
     ``files`` lists the whole repo at ``commit`` (size and checksum per path); ``listing_complete`` is false
     when it had to be rebuilt offline from the snapshot folder. ``local_files`` maps each small file to its
     verified snapshot path; ``weight_files`` are the shards the merge needs (from the safetensors index, else
-    every top-level ``*.safetensors``), and ``headers`` their parsed safetensors headers.
+    every top-level ``*.safetensors``; a hub GGUF's split set, :mod:`.gguf`), and ``headers`` their parsed
+    safetensors (or GGUF) headers.
     """
 
     ref: ModelRef
@@ -48,7 +50,7 @@ class RepoMetadata:
     listing_complete: bool
     local_files: Mapping[str, Path]
     weight_files: tuple[str, ...]
-    headers: Mapping[str, Header]
+    headers: Mapping[str, Header | GgufHeader]
 
     @property
     def config_path(self) -> Path | None:
