@@ -9,11 +9,12 @@ are fetched into the Hugging Face cache (as a merge's hub inputs are) and its we
 commit pinned then, never downloaded whole. A recorded model that was a hub input is read the same way where its
 cache snapshot lacks its weights (a merge that streamed it).
 
-Any of them may be a GGUF file (or the first file of a split set), or a folder holding one GGUF model and no
-config.json (a resumerge output written with ``--out-type gguf``): its tensors are decoded by the GGUF codec, and
-its config.json and tokenizer are rebuilt from its metadata into a folder of its own under the state dir
-(:func:`~resumerge.inputs.gguf.folder.gguf_folder`), which is the model's folder for the forward pass and the
-prompts. The report names the path given.
+Any of them may be a GGUF file (or the first file of a split set; one in a hub repo written
+``hf://NAMESPACE/NAME/PATH/FILE.gguf[@REVISION]``, its headers and tensors read by range), or a folder holding one
+GGUF model and no config.json (a resumerge output written with ``--out-type gguf``): its tensors are decoded by the
+GGUF codec, and its config.json and tokenizer are rebuilt from its metadata into a folder of its own under the
+state dir (:func:`~resumerge.inputs.gguf.folder.gguf_folder`), which is the model's folder for the forward pass and
+the prompts. The report names the path given.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ def find_models(model: str | os.PathLike[str], base: str | os.PathLike[str] | No
 def open_checked(where: str, what: str, state: StateDir) -> Checked:
     """The model at ``where`` (a folder or ``hf://`` repo; ``what`` names it in errors), opened (headers only)."""
     if is_hub_target(where):
+        if ".gguf" in where:
+            return _open_hub_gguf(where, what, state)
         return _open_hub(where, what, state)
     directory = Path(where)
     gguf = _gguf_file(directory)
@@ -123,6 +126,27 @@ def _open_hub(where: str, what: str, state: StateDir) -> Checked:
     remote = tuple(StreamedFile(ref.key, name, meta.repo_id, meta.commit, meta.headers[name].file_size,
                                 meta.settings.endpoint) for name in meta.weight_files)
     return Checked("", where, None, opened, remote)
+
+
+def _open_hub_gguf(where: str, what: str, state: StateDir) -> Checked:
+    """A GGUF file of a hub repo (``hf://org/repo/path/x.gguf[@rev]``): its headers read by range, its folder of
+    rebuilt files made under the state dir (from the headers: no tensor byte), its tensors read by range."""
+    from resumerge.config.modelref import parse_model_ref
+    from resumerge.inputs.gguf.folder import gguf_folder
+    from resumerge.inputs.hub.gguf import gguf_input, hub_gguf, resolve_gguf
+
+    try:
+        ref = parse_model_ref(where[len(SCHEME):])
+    except ValueError as exc:
+        raise UsageError(f"{what} {where}: {exc}") from None
+    if hub_gguf(ref) is None:
+        raise UsageError(f"{what} {where} is not a GGUF file of a hub repo",
+                         hint="write it as hf://NAMESPACE/NAME/PATH/FILE.gguf[@REVISION]")
+    meta = resolve_gguf(ref)
+    opened = gguf_input(ref, meta)
+    remote = tuple(StreamedFile(ref.key, name, meta.repo_id, meta.commit, meta.headers[name].file_size,
+                                meta.settings.endpoint) for name in meta.weight_files)
+    return Checked("", where, None, replace(opened, directory=gguf_folder(opened, state.gguf_dir)), remote)
 
 
 def _recorded(out: Path) -> tuple[str | None, list[tuple[str, float | None]]]:

@@ -174,6 +174,8 @@ def _record(model: str | os.PathLike[str], state: StateDir, report: CheckReport,
     from resumerge.errors import LedgerError, StorageError
     from resumerge.store.ledger import Ledger
 
+    if is_hub_target(model) and ".gguf" in os.fspath(model):
+        return  # a GGUF file of a hub repo: never a resumerge output (an hf:// OUT is a repo)
     path = state.run(model).ledger
     if not path.is_file():
         return

@@ -1,4 +1,5 @@
-"""A GGUF file in a hub repo as a model input: ``model: org/repo/Model-Q4_K_M.gguf`` (``[@revision]`` after it).
+"""A GGUF file in a hub repo as a model input: ``model: org/repo/Model-Q4_K_M.gguf`` (``[@revision]`` after it, or
+after the repo id: ``org/repo@revision/Model-Q4_K_M.gguf``).
 
 A reference whose path ends in ``.gguf``, is not on disk, and starts with a valid repo id followed by a path in
 that repo names that file of that repo (or the split set it is the first part of). The repo is pinned at a commit
@@ -38,12 +39,17 @@ from resumerge.inputs.model import ModelInput
 FIRST_READ = 64 << 10  # the first range of a header read: the fixed part, and small headers whole
 
 
-def hub_gguf(ref: ModelRef) -> tuple[str, str] | None:
-    """(repo id, path in the repo) when ``ref`` names a GGUF file in a hub repo, else None (a local path, or not a
-    ``.gguf``)."""
-    if not ref.path.endswith(".gguf") or os.path.exists(os.path.expanduser(ref.path)):
+def hub_gguf(ref: ModelRef) -> tuple[str, str, str | None] | None:
+    """(repo id, path in the repo, revision or None) when ``ref`` names a GGUF file in a hub repo, else None (a
+    local path, or not a ``.gguf``). Both spellings: ``org/repo/path/x.gguf@rev`` and ``org/repo@rev/path/x.gguf``
+    (there the revision is the part before the first ``/``: a branch with a ``/`` in its name takes the first)."""
+    path, revision = ref.path, ref.revision
+    if revision is not None and "/" in revision and revision.endswith(".gguf") and path.count("/") == 1:
+        revision, _, rest = revision.partition("/")
+        path = f"{path}/{rest}"
+    if not path.endswith(".gguf") or os.path.exists(os.path.expanduser(ref.path)):
         return None
-    parts = ref.path.split("/")
+    parts = path.split("/")
     if len(parts) < 3 or any(not part for part in parts):
         return None
     repo_id = "/".join(parts[:2])
@@ -51,7 +57,7 @@ def hub_gguf(ref: ModelRef) -> tuple[str, str] | None:
         validate_repo_id(repo_id)
     except ValueError:
         return None
-    return repo_id, "/".join(parts[2:])
+    return repo_id, "/".join(parts[2:]), revision
 
 
 def resolve_gguf(
@@ -69,11 +75,10 @@ def resolve_gguf(
     found = hub_gguf(ref)
     if found is None:
         raise ValueError(f"{ref.path!r} does not name a GGUF file in a hub repo")
-    repo_id, path = found
+    repo_id, path, revision = found[0], found[1], found[2] or "main"
     settings = hub_settings(cache_dir, None, None)
     emit = callback_or_noop(on_progress)
     repo = RepoCache(settings.cache_dir, repo_id)
-    revision = ref.revision or "main"
     settings, commit = _pin_commit(settings, repo, revision, pinned_commit, emit)
     settings, files, complete = _list_files(settings, repo, commit, emit)
     where = f"{repo_id}@{commit[:12]}"
