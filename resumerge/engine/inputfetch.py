@@ -27,7 +27,7 @@ from resumerge.inputs.hub.cache import RepoCache
 from resumerge.inputs.hub.fetch import check_downloads
 from resumerge.inputs.hub.landing import Downloads, LandingFiles
 from resumerge.inputs.hub.ranges import FetchCounters, RangeClient, StreamedFile
-from resumerge.inputs.hub.stream import DEFAULT_COALESCE, Check, HubStream
+from resumerge.inputs.hub.stream import DEFAULT_COALESCE, Check, HubStream, Prefetched, Ranges
 from resumerge.inputs.safetensors_format import Header
 from resumerge.inputs.source import InputSource, InputSources, LocalFiles
 from resumerge.inputs.tensorio import TensorReader
@@ -146,8 +146,8 @@ class HubInputs:
         for key, directory in plan.model_dirs.items():
             meta = inputs.hub.get(key)
             mine = [c for c in choices if c.model == key]
-            streamed = {c.file: RangeClient(meta.settings, meta.repo_id, meta.commit, c.file, c.size,
-                                            counters=counters)
+            streamed = {c.file: _prefetched(RangeClient(meta.settings, meta.repo_id, meta.commit, c.file, c.size,
+                                                        counters=counters), meta.headers[c.file])
                         for c in mine if c.how == STREAM and meta is not None}
             inner: InputSource = LocalFiles(directory, reader) if not streamed else HubStream(
                 directory, streamed, reader=reader, reserve=read_ahead_grants(governor), check=_bind(hashes, key),
@@ -252,6 +252,13 @@ class HubInputs:
         written now must not hide the error that ended the run."""
         with contextlib.suppress(ResumergeError):
             self.tick(force=True)
+
+
+def _prefetched(client: RangeClient, header: Header | GgufHeader) -> Ranges:
+    """``client``, behind the bytes a GGUF header's read by range fetched past the header (never fetched again)."""
+    if isinstance(header, GgufHeader) and header.read_ahead:
+        return Prefetched(client, len(header.raw), header.read_ahead)
+    return client
 
 
 def _known_bytes(header: Header | GgufHeader) -> tuple[list[tuple[int, int]], list[tuple[int, bytes]]] | None:

@@ -165,6 +165,7 @@ def _xet_push(fake: FakeHub, data: bytes, tmp_path: Path, monkeypatch: pytest.Mo
 @pytest.mark.parametrize("tier", ["lfs", "xet"])
 def test_a_streamed_hub_gguf_is_read_by_range_checked_against_the_hub_sha256_and_merges_as_the_local_file(
         tmp_path: Path, files: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tier: str) -> None:
+    import itertools
     import sqlite3
 
     from hub.fakehub import iter_requests
@@ -200,11 +201,13 @@ def test_a_streamed_hub_gguf_is_read_by_range_checked_against_the_hub_sha256_and
     want, got = digests(tmp_path / "local"), digests(tmp_path / "hub")
     for name in ("model.safetensors", "config.json", "tokenizer.json"):
         assert got[name] == want[name], name
-    # Every byte served by range (redirected to signed URLs in the Xet tier); never the whole file: the header read
-    # ahead of the first tensor (FIRST_READ) is the only part fetched twice.
+    # Every byte served by range (redirected to signed URLs in the Xet tier), none twice: the tensors the header's
+    # first read brought along are not fetched again.
     assert bodies and all(r.range for r in bodies), [(r.path, r.range) for r in bodies]
     assert all(r.path.startswith("/_signed/") for r in bodies) == (tier == "xet")
-    assert len(data) - FIRST_READ < fake.file_bytes()[f"{REPO}/{FILE}"] <= len(data) + FIRST_READ
+    spans = sorted((int(a), int(b) + 1) for r in bodies for a, b in [str(r.range)[6:].split("-")])
+    assert spans[0][1] == FIRST_READ and all(end <= nxt for (_, end), (nxt, _) in itertools.pairwise(spans)), spans
+    assert len(data) - 4096 < fake.file_bytes()[f"{REPO}/{FILE}"] <= len(data)
     assert not [p for p in (tmp_path / "hf_home" / "hub").rglob("blobs/*")], "nothing may land in the hub cache"
     ledger = sqlite3.connect(next((tmp_path / "s-hub").glob("hub-*/ledger.db")))
     events = [r[0] for r in ledger.execute("SELECT message FROM events WHERE kind = 'verify'")]

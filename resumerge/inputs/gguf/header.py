@@ -11,7 +11,7 @@ from __future__ import annotations
 import mmap
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -60,6 +60,9 @@ class GgufHeader:
     # keeps its type.
     kinds: dict[str, tuple[int, int | None]]
     kv_end: int = 0  # where the key-values end (the tensor infos start): see :func:`metadata_only`
+    # Bytes past the header that a read by range fetched with it (from ``len(raw)`` on): a streamed run reads them
+    # here instead of fetching them again.
+    read_ahead: bytes = field(default=b"", repr=False)
 
 
 def is_gguf(path: Path) -> bool:
@@ -81,9 +84,11 @@ def parse_gguf_header(read: Callable[[int, int], bytes], file_size: int, where: 
     """Parse the header of a ``file_size``-byte GGUF whose bytes ``[start, end)`` ``read(start, end)`` returns (a
     hub file read by HTTP Range): the header is variable-length, so a first ``first`` bytes are read, then more
     (doubling, at most :data:`MAX_STEP` a request) only while the parse runs past them. What is read past the
-    header's end (tensor bytes a streamed merge fetches again) is thus under ``first`` or :data:`MAX_STEP`.
+    header's end is thus under ``first`` or :data:`MAX_STEP`, and kept (``read_ahead``) for the tensors it holds.
     ``where`` names the file in errors. Raises as :func:`read_gguf_header`."""
-    return _Parser(_Prefix(read, file_size, first), where).header(sizes)
+    prefix = _Prefix(read, file_size, first)
+    header = _Parser(prefix, where).header(sizes)
+    return replace(header, read_ahead=prefix.data[len(header.raw):])
 
 
 def metadata_only(header: GgufHeader) -> bytes:

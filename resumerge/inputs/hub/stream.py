@@ -37,6 +37,26 @@ class Ranges(Protocol):
         """Bytes ``[start, end)`` of the file, or a resumerge error."""
 
 
+class Prefetched:
+    """A streamed file's client that serves the bytes ``[start, start + len(data))`` fetched already (those past a
+    GGUF's header that its read by range brought along) from ``data``, and fetches only the rest: no byte is fetched
+    twice. What it serves is checked as every streamed range is."""
+
+    def __init__(self, client: Ranges, start: int, data: bytes) -> None:
+        self.client, self.start, self.data = client, start, data
+
+    def read(self, start: int, end: int) -> bytearray:
+        """Bytes ``[start, end)`` of the file, or a resumerge error."""
+        have = self.start + len(self.data)
+        if start >= have or end <= self.start:
+            return self.client.read(start, end)
+        out = self.client.read(start, self.start) if start < self.start else bytearray()
+        out += self.data[max(start, self.start) - self.start:min(end, have) - self.start]
+        if end > have:
+            out += self.client.read(have, end)
+        return out
+
+
 DEFAULT_COALESCE = 32 * 1024 * 1024
 DEFAULT_CONNECTIONS = 4
 _MIN_PART = 1024 * 1024
