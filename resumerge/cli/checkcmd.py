@@ -17,8 +17,9 @@ def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                     "effect, 6 broken, 2 bad input, 3 interrupted (run it again: it resumes at the layer "
                     "reached).")
     check.add_argument("model", metavar="MODEL", help="the merged model's folder, a GGUF file, or a hub repo as "
-                       "hf://NAMESPACE/NAME[@REVISION], read by byte range (a resumerge output names its base and "
-                       "parents in its record; its model card gets the check's section)")
+                       "hf://NAMESPACE/NAME[@REVISION] (a GGUF file in one as hf://NAMESPACE/NAME/PATH.gguf"
+                       "[@REVISION]), read by byte range (a resumerge output names its base and parents in its "
+                       "record; its model card gets the check's section)")
     check.add_argument("--base", metavar="BASE", help="the base model's folder, GGUF file or hf:// repo")
     check.add_argument("--parent", dest="parents", metavar="P", action="append", default=[],
                        help="a parent model's folder, GGUF file or hf:// repo (repeat for each)")
