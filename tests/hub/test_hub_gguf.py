@@ -194,7 +194,10 @@ def test_a_streamed_hub_gguf_is_read_by_range_checked_against_the_hub_sha256_and
                                  bandwidth="1GB", resources=api.Resources(stream_inputs=True))
         assert [(c.how, c.needed < len(data)) for c in streaming.fetch] == [(STREAM, True)]
         assert streaming.downloads[f"{REPO}/{FILE}"].bytes == 0  # nothing kept on disk
-        assert fake.file_bytes()[f"{REPO}/{FILE}"] <= 2 * FIRST_READ, "plan must read the headers only"
+        tight = api.estimate(cfg, tmp_path / "hub", state_dir=tmp_path / "s-plan", probe_size=0, bandwidth="1GB",
+                             resources=api.Resources(max_disk=len(data) // 2))
+        assert [(c.how, c.reason) for c in tight.fetch] == [(STREAM, "downloading it would exceed --max-disk")]
+        assert fake.file_bytes()[f"{REPO}/{FILE}"] == 3 * FIRST_READ, "plan must read the header only"
         fake.reset_counters()
         api.run(cfg, tmp_path / "hub", state_dir=tmp_path / "s-hub", resources=api.Resources(stream_inputs=True))
         bodies = [r for r in iter_requests(fake, "GET") if r.sent]
