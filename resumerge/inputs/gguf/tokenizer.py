@@ -26,15 +26,15 @@ def gguf_tokenizer_files(path: Path, header: GgufHeader | None = None) -> dict[s
                               path=str(path), hint="pip install -c constraints.txt -e '.[moe,gguf]', or merge "
                                                    "with --no-copy-tokenizer") from None
     with tempfile.TemporaryDirectory(prefix="resumerge-gguf-tokenizer-") as scratch:
+        read = path
         if not path.is_file() and header is not None:
-            stub = Path(scratch) / "metadata" / path.name
-            stub.parent.mkdir()
-            stub.write_bytes(metadata_only(header))
-            path = stub
+            read = Path(scratch) / "metadata" / path.name
+            read.parent.mkdir()
+            read.write_bytes(metadata_only(header))
         try:
             # Never the network (the file is local), and the same bytes whatever HF_HUB_OFFLINE says: transformers
             # records the flag in tokenizer_config.json, and the plan hashes that file.
-            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(str(read.parent), gguf_file=read.name, local_files_only=True)
         # The tokenizers library raises a bare Exception for a vocabulary it cannot build (a merge of unknown tokens).
         except Exception as exc:
             raise ModelInputError(f"transformers cannot rebuild this GGUF's tokenizer ({exc})", path=str(path),
