@@ -1,9 +1,10 @@
 """A GGUF file in a hub repo as a model input (``model: org/repo/path/file.gguf[@revision]``, or
 ``org/repo@revision/path/file.gguf``), from the stand-in hub: its headers are read by range, and its tensors
 fetched as a safetensors shard's are (downloaded while merging, or streamed by range and checked against the hub's
-sha256, in the LFS and the Xet tier); the merge, a GGUF output and ``check`` equal those of the same file read
-locally; ``plan`` reads headers only; a repo without the file, a file that is not a GGUF and a family resumerge
-does not map are refused in one line (exit 2) before the file is downloaded."""
+sha256, in the LFS and the Xet tier; an interrupted streamed run resumes by range at its pinned commit); the
+merge, a GGUF output and ``check`` equal those of the same file read locally; ``plan`` reads headers only; a repo
+without the file, a file that is not a GGUF and a family resumerge does not map are refused in one line (exit 2)
+before the file is downloaded."""
 
 from __future__ import annotations
 
@@ -252,3 +253,42 @@ def test_a_gguf_output_of_a_streamed_hub_gguf_equals_the_local_file_s(tmp_path: 
     # the tokenizer keys copied from the hub file's header, read by range: the file is never on disk
     assert (outs["hub"] / "model.gguf").read_bytes() == (outs["local"] / "model.gguf").read_bytes()
     assert not [p for p in (tmp_path / "hf_home" / "hub").rglob("blobs/*")]
+
+
+def test_an_interrupted_streamed_hub_gguf_resumes_by_range_at_its_pinned_commit(
+        tmp_path: Path, files: dict[str, Path], gguf_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hub.fakehub import iter_requests
+    from resumerge import api
+    from resumerge.store import killpoints
+
+    shards = api.Output(out_shard_size="1MB")
+    outs = {}
+    for name, ref in (("local", str(files["gguf"])), ("hub", f"{REPO}/{FILE}")):
+        doc: dict[str, object] = {"merge_method": "linear", "dtype": "float32", "models": [
+            {"model": ref, "parameters": {"weight": 0.5}},
+            {"model": str(files["folder"]), "parameters": {"weight": 0.5}}]}
+        outs[name] = write_config(tmp_path / f"{name}.yml", doc)
+    api.run(outs["local"], tmp_path / "local", state_dir=tmp_path / "s-local", output=shards)
+    commits = 0
+
+    def interrupt(point: str, **_: object) -> None:  # Ctrl-C once the first output shard is committed
+        nonlocal commits
+        commits += point == "after_ledger_commit"
+        if commits == 1 and point == "after_ledger_commit":
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(killpoints, "reach", interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            api.run(outs["hub"], tmp_path / "hub", state_dir=tmp_path / "s-hub", output=shards,
+                    resources=api.Resources(stream_inputs=True))
+    pinned = gguf_hub.commit_of(REPO, "main")
+    gguf_hub.push(REPO, {FILE: files["gguf"].read_bytes()[:-32]})  # main moves on to a damaged file
+    gguf_hub.reset_counters()
+    api.resume(tmp_path / "hub", state_dir=tmp_path / "s-hub")
+    want, got = digests(tmp_path / "local"), digests(tmp_path / "hub")
+    assert [n for n in want if n.endswith(".safetensors")] and all(
+        got[n] == want[n] for n in want if n.endswith((".safetensors", ".json")) and n != "resumerge-manifest.json")
+    bodies = [r for r in iter_requests(gguf_hub, "GET") if r.sent]
+    assert bodies and all(r.range and f"/resolve/{pinned}/" in r.path for r in bodies), bodies
+    assert 0 < gguf_hub.file_bytes()[f"{REPO}/{FILE}"] < files["gguf"].stat().st_size  # the shards left only
