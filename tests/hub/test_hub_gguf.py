@@ -171,6 +171,7 @@ def test_a_streamed_hub_gguf_is_read_by_range_checked_against_the_hub_sha256_and
 
     from hub.fakehub import iter_requests
     from resumerge import api
+    from resumerge.estimate.costs import Estimate
     from resumerge.plan.fetching import DOWNLOAD, STREAM
 
     assert _merge(tmp_path, str(files["gguf"]), files["folder"], tmp_path / "local") == 0
@@ -189,14 +190,17 @@ def test_a_streamed_hub_gguf_is_read_by_range_checked_against_the_hub_sha256_and
         fake.reset_counters()
         # plan: the header read by range, nothing downloaded, and the disk the run will use counted
         planned = api.estimate(cfg, tmp_path / "hub", state_dir=tmp_path / "s-plan", probe_size=0, bandwidth="1GB")
+        assert isinstance(planned, Estimate)
         assert [(c.file, c.how, c.fetch_bytes) for c in planned.fetch] == [(FILE, DOWNLOAD, len(data))]
         assert planned.downloads[f"{REPO}/{FILE}"].bytes == len(data)
         streaming = api.estimate(cfg, tmp_path / "hub", state_dir=tmp_path / "s-plan", probe_size=0,
                                  bandwidth="1GB", resources=api.Resources(stream_inputs=True))
+        assert isinstance(streaming, Estimate)
         assert [(c.how, c.needed < len(data)) for c in streaming.fetch] == [(STREAM, True)]
         assert streaming.downloads[f"{REPO}/{FILE}"].bytes == 0  # nothing kept on disk
         tight = api.estimate(cfg, tmp_path / "hub", state_dir=tmp_path / "s-plan", probe_size=0, bandwidth="1GB",
                              resources=api.Resources(max_disk=len(data) // 2))
+        assert isinstance(tight, Estimate)
         assert [(c.how, c.reason) for c in tight.fetch] == [(STREAM, "downloading it would exceed --max-disk")]
         assert fake.file_bytes()[f"{REPO}/{FILE}"] == 3 * FIRST_READ, "plan must read the header only"
         fake.reset_counters()
@@ -292,3 +296,26 @@ def test_an_interrupted_streamed_hub_gguf_resumes_by_range_at_its_pinned_commit(
     bodies = [r for r in iter_requests(gguf_hub, "GET") if r.sent]
     assert bodies and all(r.range and f"/resolve/{pinned}/" in r.path for r in bodies), bodies
     assert 0 < gguf_hub.file_bytes()[f"{REPO}/{FILE}"] < files["gguf"].stat().st_size  # the shards left only
+
+
+def test_a_streamed_hub_gguf_whose_bytes_are_not_the_listed_sha256_stops_the_merge(
+        tmp_path: Path, files: dict[str, Path], gguf_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    from resumerge import api
+    from resumerge.engine.streamdigest import StreamedInputChanged
+
+    listed = gguf_hub.file_entry
+
+    def lying(path: str, data: bytes) -> dict[str, object]:  # the hub lists another sha256 than it serves
+        entry = listed(path, data)
+        if path == FILE:
+            entry["lfs"] = {**entry["lfs"], "oid": "0" * 64}  # type: ignore[dict-item]
+        return entry
+
+    monkeypatch.setattr(gguf_hub, "file_entry", lying)
+    doc: dict[str, object] = {"merge_method": "linear", "dtype": "float32", "models": [
+        {"model": f"{REPO}/{FILE}", "parameters": {"weight": 0.5}},
+        {"model": str(files["folder"]), "parameters": {"weight": 0.5}}]}
+    with pytest.raises(StreamedInputChanged, match="does not match the hub's checksum 000000000000"):
+        api.run(write_config(tmp_path / "hub.yml", doc), tmp_path / "hub", state_dir=tmp_path / "s-hub",
+                resources=api.Resources(stream_inputs=True))
+    assert not (tmp_path / "hub" / "model.safetensors").exists()
