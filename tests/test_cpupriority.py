@@ -52,7 +52,8 @@ def test_a_download_a_yielding_reader_waits_for_starts_at_the_runs_priority(
     landed: dict[str, int] = {}
     release = threading.Event()
 
-    def land(settings: Any, repo: Any, commit: str, remote: Any, records: Any, emit: Any, ld: Any) -> Path:
+    def land(settings: Any, repo: Any, commit: str, remote: Any, records: Any, emit: Any, ld: Any,
+             header: Any = None) -> Path:
         landed[remote.path] = _nice()
         if remote.path == "first":
             release.wait(10)  # still downloading when the reader asks for the second file
@@ -63,7 +64,8 @@ def test_a_download_a_yielding_reader_waits_for_starts_at_the_runs_priority(
     (tmp_path / "first").write_bytes(b"1")
     (tmp_path / "second").write_bytes(b"2")
     files = {name: SimpleNamespace(path=name, size=1) for name in ("first", "second")}
-    meta = SimpleNamespace(repo_id="org/m", commit="c" * 40, files=files, settings=SimpleNamespace(cache_dir=tmp_path))
+    meta = SimpleNamespace(repo_id="org/m", commit="c" * 40, files=files, settings=SimpleNamespace(cache_dir=tmp_path),
+                           headers={})
     jobs: list[Any] = [("m", meta, "first"), ("m", meta, "second")]
     downloads = Downloads(jobs, records_dir=tmp_path, workers=1)
     mine = _nice()

@@ -6,7 +6,8 @@ hub's headers (``X-Repo-Commit``, ``ETag``, ``X-Linked-Etag``, ``X-Linked-Size``
 ``Range`` support. It counts the body bytes it serves per file and per request (``Request.sent``), notes when each
 file's last byte went out (``served_at``) and when each commit landed (``commit_times``), logs every request, paces
 every body through a simulated link (:mod:`hub.fakehub_link`; unlimited unless given a rate), and injects faults:
-cutting a file's body after N bytes, stalling after N bytes until released, ignoring ``Range``, redirecting to
+cutting a file's body after N bytes, stalling after N bytes until released, ignoring ``Range``, serving a file's
+ranges from other bytes than its listing and whole-file answers (a stale object behind a CDN), redirecting to
 signed URLs that expire after N bodies, answering 429 with ``Retry-After``.
 
 The upload routes and their faults are :mod:`hub.fakehub_write`'s (its docstring lists every route); files
@@ -186,6 +187,7 @@ class FakeHub:
         self.drop_after: dict[str, int] = {}  # "org/name/path" -> cut the next body after N bytes (one shot)
         self.hold_after: dict[str, tuple[int, threading.Event]] = {}  # stall after N bytes until the event
         self.ignore_range = False
+        self.ranges_from: dict[str, bytes] = {}  # "org/name/path" -> answer its Range GETs from these bytes
         # Issue-15 faults: resolve GETs redirect to a signed URL valid for this many bodies (then 403, like an
         # expired CDN signature); the next N ranged GETs answer 429 with Retry-After.
         self.signed_uses: int | None = None
@@ -451,6 +453,7 @@ class _Handler(BaseHTTPRequestHandler):
             end = min(len(data), int(last) + 1) if last else len(data)
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
+            data = self.hub.ranges_from.get(f"{repo_id}/{path}", data)  # listed and sized as the real file
         self._record.status = status
         self.send_response(status)
         for name, value in headers.items():

@@ -319,3 +319,32 @@ def test_a_streamed_hub_gguf_whose_bytes_are_not_the_listed_sha256_stops_the_mer
         api.run(write_config(tmp_path / "hub.yml", doc), tmp_path / "hub", state_dir=tmp_path / "s-hub",
                 resources=api.Resources(stream_inputs=True))
     assert not (tmp_path / "hub" / "model.safetensors").exists()
+
+
+def _names_swapped(data: bytes, a: str, b: str) -> bytes:
+    """The GGUF ``data`` with the names of tensors ``a`` and ``b`` (of one type and shape, and names of one length)
+    swapped in its tensor infos: of the same size and tensor bytes, a header that reads each of them from the
+    other's bytes."""
+    assert len(a) == len(b)
+    at = [data.index(name.encode()) for name in (a, b)]
+    out = bytearray(data)
+    out[at[0] : at[0] + len(a)], out[at[1] : at[1] + len(b)] = b.encode(), a.encode()
+    return bytes(out)
+
+
+def test_a_downloaded_hub_gguf_whose_header_is_not_the_one_read_by_range_stops_the_merge_before_a_shard(
+        tmp_path: Path, files: dict[str, Path], gguf_hub: FakeHub, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _merge(tmp_path, str(files["gguf"]), files["folder"], tmp_path / "local") == 0
+    data = files["gguf"].read_bytes()
+    # The header's range read is served from a stale object; the download is the file the hub lists.
+    gguf_hub.ranges_from[f"{REPO}/{FILE}"] = _names_swapped(data, "blk.0.attn_norm.weight", "blk.1.attn_norm.weight")
+    capsys.readouterr()
+    assert _merge(tmp_path, f"{REPO}/{FILE}", files["folder"], tmp_path / "hub") == 4
+    err = capsys.readouterr().err.strip()
+    assert f"{REPO}@" in err and f"/{FILE}: the file, verified against the hub's checksum, does not start with the " \
+           "header this run was planned from" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "hub" / "model.safetensors").exists(), "no shard may be committed"
+    assert gguf_hub.file_bytes()[f"{REPO}/{FILE}"] >= len(data), "the file was downloaded (and verified)"
+    # Running again plans from the verified file in the cache: the merge of the local file.
+    assert _merge(tmp_path, f"{REPO}/{FILE}", files["folder"], tmp_path / "hub") == 0
+    assert digests(tmp_path / "hub")["model.safetensors"] == digests(tmp_path / "local")["model.safetensors"]

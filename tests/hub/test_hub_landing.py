@@ -165,7 +165,7 @@ class _Transfers:
         self.began = {name: threading.Event() for name in sizes}
 
     def __call__(self, settings: object, repo: object, commit: str, remote: SimpleNamespace, records: object,
-                 emit: object, landing: Landing) -> Path:
+                 emit: object, landing: Landing, header: object = None) -> Path:
         self.started.append(remote.path)
         self.began[remote.path].set()
         path = self.root / remote.path
@@ -189,7 +189,8 @@ def _one_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     transfers = _Transfers(tmp_path, sizes)
     monkeypatch.setattr(landing_module, "land_file", transfers)
     meta = SimpleNamespace(repo_id="org/m", commit="c" * 40, settings=SimpleNamespace(cache_dir=tmp_path / "cache"),
-                           files={name: SimpleNamespace(path=name, size=size) for name, size in sizes.items()})
+                           files={name: SimpleNamespace(path=name, size=size) for name, size in sizes.items()},
+                           headers={})
     downloads = Downloads([("m", meta, name) for name in sizes], records_dir=tmp_path / "records",  # type: ignore[misc]
                           workers=1)
     return transfers, downloads

@@ -10,12 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from resumerge.errors import ModelInputError, ResumergeError
+from resumerge.inputs.gguf.header import GgufHeader
 from resumerge.inputs.hub.cache import HubSettings, RemoteFile, RepoCache, default_cache_dir
 from resumerge.inputs.hub.download import Landing, check_free_space, download_blob, link_snapshot, refetch_event
 from resumerge.inputs.hub.events import ProgressCallback
+from resumerge.inputs.hub.headercheck import check_header
 from resumerge.inputs.hub.records import VerifyRecords
 from resumerge.inputs.hub.remote import HubUnavailableError
 from resumerge.inputs.hub.verify import check_cached
+from resumerge.inputs.safetensors_format import Header
 
 
 def ensure_files(
@@ -61,11 +64,14 @@ def ensure_files(
 
 
 def land_file(settings: HubSettings, repo: RepoCache, commit: str, remote: RemoteFile, records: VerifyRecords,
-              emit: ProgressCallback, landing: Landing) -> Path:
+              emit: ProgressCallback, landing: Landing, header: Header | GgufHeader | None = None) -> Path:
     """Download ``remote`` into the cache while ``landing`` tells readers which bytes have arrived; returns its
     verified snapshot path (and tells ``landing``). A blob already cached for another commit is only linked.
 
-    The caller checked free space and offline mode for every file first (:func:`check_downloads`).
+    The caller checked free space and offline mode for every file first (:func:`check_downloads`). ``header`` is the
+    one the merge was planned from: the verified file must start with it, else
+    :class:`~resumerge.inputs.hub.headercheck.HubHeaderChanged` is raised and ``landing`` is never told the file is
+    checked.
     """
     pointer = repo.snapshot(commit, remote.path)
     reason = check_cached(pointer, remote, records, repo.repo_id, emit)
@@ -75,6 +81,8 @@ def land_file(settings: HubSettings, repo: RepoCache, commit: str, remote: Remot
             _discard(pointer)
         download_blob(settings, repo, commit, remote, records, emit, landing)
     path = link_snapshot(settings, repo, commit, remote) if reason is not None else pointer
+    if header is not None:
+        check_header(path, header, f"{repo.repo_id}@{commit[:12]}/{remote.path}")
     landing.finished(path)
     return path
 

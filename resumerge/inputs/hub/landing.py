@@ -7,11 +7,13 @@ file order) and :class:`LandingFiles` serves a range once the download has passe
 duplicate descriptor of that file, which stays valid when the finished file is renamed into ``blobs/``.
 
 Bytes read early are not yet checked: the download is hashed as it arrives and compared with the hub's checksum
-at its end, as every download is. :meth:`Landing.checked` says when that happened; the engine commits no output
-file before every input file it read from is checked (a folder OUT: it is not published before; an hf:// OUT: it
-is uploaded at once, committed after), so nothing computed from unchecked bytes is ever committed. A download
-whose bytes were read and that then fails its check, or restarts from zero (a server that ignored ``Range``),
-fails the run (exit 3, nothing of it committed): the resume fetches the file again.
+at its end, as every download is, and its header then compared with the one the merge was planned from
+(:mod:`~resumerge.inputs.hub.headercheck`). :meth:`Landing.checked` says when that happened; the engine commits no
+output file before every input file it read from is checked (a folder OUT: it is not published before; an hf://
+OUT: it is uploaded at once, committed after), so nothing computed from unchecked bytes is ever committed. A
+download whose bytes were read and that then fails its check, or restarts from zero (a server that ignored
+``Range``), fails the run (exit 3, nothing of it committed): the resume fetches the file again. A verified download
+whose header is not the planned one fails it with exit 4 (running the command again plans from the verified file).
 """
 
 from __future__ import annotations
@@ -326,7 +328,7 @@ class Downloads:
             return False
         try:
             land_file(meta.settings, RepoCache(meta.settings.cache_dir, meta.repo_id), meta.commit,
-                      meta.files[key[1]], records, self._emit, landing)
+                      meta.files[key[1]], records, self._emit, landing, meta.headers.get(key[1]))
         except DownloadCancelled:
             return False
         except BaseException as exc:  # the readers and the publication gate raise it

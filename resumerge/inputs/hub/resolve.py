@@ -22,6 +22,7 @@ from resumerge.inputs.hub._hf import validate_repo_id
 from resumerge.inputs.hub.cache import COMMIT_RE, HubSettings, RemoteFile, RepoCache, hub_settings
 from resumerge.inputs.hub.events import HubEvent, ProgressCallback, callback_or_noop
 from resumerge.inputs.hub.fetch import ensure_files
+from resumerge.inputs.hub.headercheck import check_header
 from resumerge.inputs.hub.headers import read_shard_headers
 from resumerge.inputs.hub.records import VerifyRecords
 from resumerge.inputs.hub.remote import HubUnavailableError, is_network_error, list_files, resolve_revision
@@ -121,7 +122,9 @@ def fetch_weights(
     all of it; continues partial downloads of an interrupted run. Returns ``{repo path: snapshot path}``.
     Raises :class:`~resumerge.errors.StorageError` (not enough space, with the numbers), :class:`ModelInputError`
     (unknown file; missing or damaged while offline, with the repair command), :class:`HubUnavailableError`
-    (transfer failed after retries; the next run continues it).
+    (transfer failed after retries; the next run continues it), and
+    :class:`~resumerge.inputs.hub.headercheck.HubHeaderChanged` for a verified file that does not start with the
+    header in ``meta.headers`` (the one the merge was planned from).
     """
     names = list(meta.weight_files if files is None else files)
     unknown = [name for name in names if name not in meta.files]
@@ -130,7 +133,11 @@ def fetch_weights(
     repo = RepoCache(meta.settings.cache_dir, meta.repo_id)
     with VerifyRecords(records_dir) as records:
         wanted = [meta.files[name] for name in names]
-        return ensure_files(meta.settings, repo, meta.commit, wanted, records, callback_or_noop(on_progress))
+        paths = ensure_files(meta.settings, repo, meta.commit, wanted, records, callback_or_noop(on_progress))
+    for name, path in paths.items():
+        if name in meta.headers:  # the header the plan was made from must be the verified file's
+            check_header(path, meta.headers[name], f"{meta.repo_id}@{meta.commit[:12]}/{name}")
+    return paths
 
 
 def is_local(ref: ModelRef) -> bool:

@@ -1,0 +1,53 @@
+"""The header a plan was made from, held to the verified file: nothing read from the hub is trusted unchecked.
+
+A hub input's header (a safetensors file's 8-byte length and JSON; a GGUF's header, key-values and tensor infos) is
+read at plan time by HTTP Range, or from a cached copy that is checked only later, and every tensor's offset, dtype
+and shape in the plan comes from it. The sha256 the hub lists covers the whole file, not that early read: a file
+streamed whole is checked with the plan's header bytes fed to its digest
+(:mod:`resumerge.engine.streamdigest`), but a file downloaded (or found in the cache) is checked as it is on disk, so
+its header is compared here, once the file is verified, with the bytes the plan parsed. Only the header's own bytes
+are read, at the start of the local file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from resumerge.errors import RefusedError
+from resumerge.inputs.gguf.header import GgufHeader
+from resumerge.inputs.safetensors_format import Header
+
+
+class HubHeaderChanged(RefusedError):
+    """A hub input file verified against the hub's checksum does not start with the header bytes its plan was made
+    from (exit 4): the hub served the header read by range (or a damaged cached copy held it) otherwise than the
+    file. Nothing computed from the file is committed."""
+
+
+def planned_bytes(header: Header | GgufHeader) -> bytes | None:
+    """The bytes a file of ``header`` starts with, as the plan parsed them: a GGUF's header, or a safetensors
+    file's 8-byte length and JSON header; None for a header that is not the file's first bytes (a pickle
+    checkpoint's index, built from the verified file itself)."""
+    if isinstance(header, GgufHeader):
+        return header.raw
+    if header.data_start != 8 + len(header.raw):
+        return None
+    return len(header.raw).to_bytes(8, "little") + header.raw
+
+
+def check_header(path: Path, header: Header | GgufHeader, where: str) -> None:
+    """Raise :class:`HubHeaderChanged`, naming ``where``, unless the verified file at ``path`` starts with the bytes
+    ``header`` was parsed from; reads those bytes only. Raises ``OSError`` for an unreadable file."""
+    expected = planned_bytes(header)
+    if expected is None:
+        return
+    with path.open("rb") as f:
+        found = f.read(len(expected))
+    if found == expected:
+        return
+    at = next((i for i, (a, b) in enumerate(zip(found, expected)) if a != b), min(len(found), len(expected)))
+    raise HubHeaderChanged(
+        "the file, verified against the hub's checksum, does not start with the header this run was planned from "
+        f"(read by range, or from a cached copy, before the file was verified): they differ at byte {at}; nothing "
+        "merged from it was committed",
+        path=where, hint="run the same command again: it plans from the verified file, now in the hub cache")
