@@ -50,4 +50,5 @@ def check_header(path: Path, header: Header | GgufHeader, where: str) -> None:
         "the file, verified against the hub's checksum, does not start with the header this run was planned from "
         f"(read by range, or from a cached copy, before the file was verified): they differ at byte {at}; nothing "
         "merged from it was committed",
-        path=where, hint="run the same command again: it plans from the verified file, now in the hub cache")
+        path=where, hint="run the same command again: it plans from the verified file, now in the hub cache (add "
+                         "--restart if it refuses OUT's earlier plan)")
