@@ -3,9 +3,10 @@ and its parents, and the verdict with the figures it compared.
 
 :mod:`.models` finds the models (a resumerge output names its base and parents in its manifest), :mod:`.static`
 compares the tensors (how far the merge moved from the base against its parents; non-finite values; shapes and
-parameter counts), :mod:`.prompts` makes the token sequences, :mod:`.passes` runs every model one decoder layer at
-a time on the forward engine (:mod:`resumerge.forward`), journaled per layer in the state dir so a killed check
-resumes where it was (:mod:`.onray` runs each model's pass on a Ray node of its own: ``--executor ray``), and
+parameter counts), :mod:`.folded` takes those figures of the decoder layers' tensors from the forward pass's own
+reads (each model read once), :mod:`.prompts` makes the token sequences, :mod:`.passes` runs every model one decoder
+layer at a time on the forward engine (:mod:`resumerge.forward`), journaled per layer in the state dir so a killed
+check resumes where it was (:mod:`.onray` runs each model's pass on a Ray node of its own: ``--executor ray``), and
 :mod:`.heads` the heads at its end, streamed, :mod:`.verdict` holds the thresholds and rules and :mod:`.report` the
 report's shape and JSON, and :mod:`.card` writes a finished check's section into a resumerge output's model card.
 :func:`~resumerge.check.run.run_check` does it all; :func:`resumerge.api.check` calls it.

@@ -1,12 +1,15 @@
 """The forward pass of a check: every model (the merge first) run one decoder layer at a time over the same token
 sequences, on the forward engine (:mod:`resumerge.forward`), in float32.
 
-At layer l each model's layer is read once and run twice: on that model's own hidden states (its real forward),
-and on the reference's input to the layer (the base's, else the first parent's), so the merge's and each other
-model's outputs for the same input can be compared (the localising pass). Only one layer of one model is held,
-plus every model's hidden states. After each layer the hidden states and the figures so far are saved (temp file,
-fsync, rename) and the previous layer's file deleted: a killed check resumes at the layer it reached and ends
-with the same figures. The heads run last, one model and one batch at a time (:mod:`resumerge.check.heads`).
+At layer l each model's layer is read once and run twice: on that model's own hidden states (its real forward), and
+on the reference's input to the layer (the base's, else the first parent's), so the merge's and each other model's
+outputs for the same input can be compared (the localising pass); where the two inputs are the same to the bit (the
+first layer, when the models' embeddings are) it runs once. Only one layer of one model is held, plus every model's
+hidden states; with the static pass folded in (:mod:`resumerge.check.folded`) the base runs first in each layer and
+its weights are kept until the layer's last model has run. After each layer the hidden states and the figures so far
+are saved (temp file, fsync, rename) and the previous layer's file deleted: a killed check resumes at the layer it
+reached and ends with the same figures. The heads run last, one model and one batch at a time
+(:mod:`resumerge.check.heads`).
 
 :func:`run_pass` drives the pass and journals it; where the models run is a :class:`PassModels`: this process, one
 model after another (:class:`LocalModels`), or an actor per model on a Ray cluster (:mod:`resumerge.check.onray`).
@@ -14,9 +17,8 @@ Both compute each model's layer with :func:`model_layer` and its head figures wi
 of a layer come from :func:`layer_row` in the driver: the journal is the same file whichever ran it.
 
 The sequences run in batches (:func:`batches_of`: padded on the right to the longest of the batch, with the
-attention mask), so a layer is one call over many sequences rather than one per sequence: a causal layer's output
-at a real position never sees the padding after it, and every figure is taken over real positions only.
-"""
+attention mask), so a layer is one call over many sequences rather than one per sequence: a causal layer's output at
+a real position never sees the padding after it, and every figure is taken over real positions only."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from resumerge.check.folded import FoldedStatic
 from resumerge.check.heads import HeadTotals, head_figures, kl_at, nll_sum
 from resumerge.check.heads import logprobs as streamed_logprobs
 from resumerge.check.models import Checked
@@ -36,6 +39,8 @@ from resumerge.store.killpoints import reach
 from resumerge.torch_import import torch
 
 LAYER_PREFIX = "layer-"
+# The layer file's metadata entry holding the static figures the layers' reads found (resumerge.check.folded).
+FOLDED = "static"
 # The padded tokens (sequences x longest) a batch may hold: a layer's activations (an MLP's widest, 1024 x its
 # intermediate size in float32) stay about 100 MB on a 70B model.
 BATCH_TOKENS = 1024
@@ -86,13 +91,14 @@ def streams_of(models: Sequence[Checked]) -> list[ModelStream]:
 
 def forward_pass(models: Sequence[Checked], streams: Sequence[ModelStream], sequences: Sequence[Sequence[int]],
                  workdir: Path, on_model: Callable[[int, int], None] | None = None,
-                 reserve: Reserve = _unreserved) -> PassFigures:
+                 reserve: Reserve = _unreserved, fold: FoldedStatic | None = None) -> PassFigures | None:
     """Run the pass in this process (resuming the one journaled in ``workdir``) and return its figures;
     ``on_model(layer, m)`` is told before model ``m``'s layer is read (``status`` shows it); ``reserve(what,
-    step)`` holds the memory of a step (``layer``: one model's layer; ``heads``: two models' heads and
-    log-probabilities) while it runs."""
-    return run_pass([m.role for m in models], LocalModels(streams, workdir, on_model, reserve), sequences,
-                    workdir)
+    step)`` holds the memory of a step (``layer``: one model's layer, two with ``fold``; ``heads``: two models'
+    heads and log-probabilities) while it runs. ``fold``: the decoder layers' static figures are taken as they
+    are read (:mod:`.folded`), and the pass stops (None) at the first layer whose merge holds a non-finite value."""
+    return run_pass([m.role for m in models], LocalModels(streams, workdir, on_model, reserve, fold), sequences,
+                    workdir, fold)
 
 
 class PassModels(Protocol):
@@ -119,8 +125,10 @@ class PassModels(Protocol):
 
 
 def run_pass(roles: Sequence[str], models: PassModels, sequences: Sequence[Sequence[int]],
-             workdir: Path) -> PassFigures:
-    """The pass over ``models`` (resuming the one journaled in ``workdir``, whichever ran it) and its figures."""
+             workdir: Path, fold: FoldedStatic | None = None) -> PassFigures | None:
+    """The pass over ``models`` (resuming the one journaled in ``workdir``, whichever ran it) and its figures;
+    ``fold``: the static figures the layers' reads found, journaled with each layer (None returned, the pass
+    stopped, once they hold a non-finite value)."""
     workdir.mkdir(parents=True, exist_ok=True)
     reference = roles.index("base") if "base" in roles else (1 if len(roles) > 1 else None)
     groups = batches_of(sequences)
@@ -132,15 +140,21 @@ def run_pass(roles: Sequence[str], models: PassModels, sequences: Sequence[Seque
             batches = [_padded([sequences[i] for i in group]) for group in groups]
             entering = models.enter(batches)
         real = [mask.bool() for _, mask in batches]
-        start, hidden, stats = _restart(workdir, len(roles), len(batches))
+        start, hidden, stats, metadata = _restart(workdir, len(roles), len(batches))
         if hidden is None:
             hidden = entering
+        if fold is not None and FOLDED in metadata:
+            fold.restore(metadata[FOLDED])
         for index in range(start, models.layers):
+            if fold is not None and fold.nonfinite():
+                return None
             same_input = hidden[reference] if reference is not None else None
             hidden, on_same = models.layer(index, hidden, reference)
             stats.append(layer_row(hidden, on_same, same_input, real))
-            _save(workdir, index, hidden, stats)
+            _save(workdir, index, hidden, stats, {FOLDED: fold.to_json()} if fold is not None else None)
             reach("after_check_layer")  # tests kill the check here: it resumes after this layer
+        if fold is not None and fold.nonfinite():
+            return None
         found = models.heads(hidden, [[sequences[i] for i in g] for g in groups],
                              roles.index("base") if "base" in roles else None)
         return _figures(found, stats)
@@ -150,8 +164,10 @@ class LocalModels:
     """The pass's models run in this process, one layer of one model at a time (see :func:`forward_pass`)."""
 
     def __init__(self, streams: Sequence[ModelStream], workdir: Path,
-                 on_model: Callable[[int, int], None] | None = None, reserve: Reserve = _unreserved) -> None:
+                 on_model: Callable[[int, int], None] | None = None, reserve: Reserve = _unreserved,
+                 fold: FoldedStatic | None = None) -> None:
         self.streams, self.workdir, self.on_model, self.reserve = streams, workdir, on_model, reserve
+        self.fold = fold
         self.layers = streams[0].layers
         self.entering: list[tuple[torch.Tensor, list[LayerCall]]] = []
         self.calls: list[list[list[LayerCall]]] = []
@@ -168,15 +184,21 @@ class LocalModels:
     def layer(self, index: int, hidden: list[list[torch.Tensor]], reference: int | None
               ) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
         same_input = hidden[reference] if reference is not None else None
-        own, on_same = [], []
-        for m, stream in enumerate(self.streams):
+        n = len(self.streams)
+        own: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        on_same: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        for m in self.fold.order() if self.fold is not None else range(n):
+            stream = self.streams[m]
             if self.on_model is not None:
                 self.on_model(index, m)
-            with self.reserve(f"layer {index} of model {m + 1}", "layer"):
+            watching = self.fold.watching(stream.reader, m) if self.fold is not None else nullcontext()
+            with self.reserve(f"layer {index} of model {m + 1}", "layer"), watching:
                 out, theirs = model_layer(stream, index, hidden[m], self.calls[m],
                                           None if m == reference else same_input)
-            own.append(out)
-            on_same.append(out if theirs is None else theirs)
+            own[m] = out
+            on_same[m] = out if theirs is None else theirs
+        if self.fold is not None:
+            self.fold.end_layer()
         return own, on_same
 
     def heads(self, hidden: list[list[torch.Tensor]], batches: Sequence[Sequence[Sequence[int]]],
@@ -238,11 +260,14 @@ def _padded(batch: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]
 def model_layer(stream: ModelStream, index: int, own: list[torch.Tensor], calls: list[list[LayerCall]],
                 same: list[torch.Tensor] | None) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """One model's layer ``index``, read once: its output on its ``own`` hidden states (per batch) and, unless
-    ``same`` is None, on ``same`` (the reference's input to the layer)."""
+    ``same`` is None, on ``same`` (the reference's input to the layer). Where ``same`` equals ``own`` to the bit
+    (the first layer of models with the same embeddings) its output is the same and is not computed twice."""
+    equal = same is not None and all(a is b or torch.equal(a, b) for a, b in zip(own, same))
     with stream.loaded(stream.layers_list[index]) as layer:
         out = [stream.run(layer, h, calls[s][index]) for s, h in enumerate(own)]
-        theirs = None if same is None else [stream.run(layer, h, calls[s][index]) for s, h in enumerate(same)]
-    return out, theirs
+        theirs = None if same is None or equal else [stream.run(layer, h, calls[s][index])
+                                                      for s, h in enumerate(same)]
+    return out, out if equal else theirs
 
 
 def layer_row(own: list[list[torch.Tensor]], on_same: list[list[torch.Tensor]],
@@ -269,26 +294,32 @@ def _relative(merge: list[torch.Tensor], other: list[torch.Tensor], real: list[t
     return float((gap / max(scale, _TINY)) ** 0.5)
 
 
-def _save(workdir: Path, index: int, hidden: list[list[torch.Tensor]], stats: list[list[float]]) -> None:
+def _save(workdir: Path, index: int, hidden: list[list[torch.Tensor]], stats: list[list[float]],
+          metadata: dict[str, str] | None = None) -> None:
     tensors = {f"hidden.{m}.{s}": h.contiguous() for m, model in enumerate(hidden) for s, h in enumerate(model)}
     tensors["stats"] = torch.tensor(stats, dtype=torch.float64)
-    durable_save(tensors, workdir / f"{LAYER_PREFIX}{index:05d}.safetensors")
+    durable_save(tensors, workdir / f"{LAYER_PREFIX}{index:05d}.safetensors", metadata)
     for older in workdir.glob(f"{LAYER_PREFIX}*.safetensors"):
         if older.name != f"{LAYER_PREFIX}{index:05d}.safetensors":
             older.unlink(missing_ok=True)
 
 
 def _restart(workdir: Path, models: int, sequences: int
-             ) -> tuple[int, list[list[torch.Tensor]] | None, list[list[float]]]:
+             ) -> tuple[int, list[list[torch.Tensor]] | None, list[list[float]], dict[str, str]]:
+    """Where a journaled pass resumes: the next layer, the hidden states, the rows so far and the last layer
+    file's metadata (the static figures found, :data:`FOLDED`)."""
     found = latest(workdir, LAYER_PREFIX)
     if found is None:
-        return 0, None, []
+        return 0, None, [], {}
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
     layer, path = found
     data = load_file(str(path))
+    with safe_open(str(path), "pt") as opened:
+        metadata = opened.metadata() or {}
     hidden = [[data[f"hidden.{m}.{s}"] for s in range(sequences)] for m in range(models)]
-    return layer + 1, hidden, [list(map(float, row)) for row in data["stats"].tolist()]
+    return layer + 1, hidden, [list(map(float, row)) for row in data["stats"].tolist()], dict(metadata)
 
 
 @dataclass(frozen=True)

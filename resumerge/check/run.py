@@ -16,6 +16,7 @@ from pathlib import Path
 
 from resumerge.check.card import update_card
 from resumerge.check.chart import write_drift_chart
+from resumerge.check.folded import FoldedStatic
 from resumerge.check.heads import head_step_bytes
 from resumerge.check.models import Checked, find_models
 from resumerge.check.passes import (
@@ -30,7 +31,7 @@ from resumerge.check.passes import (
 from resumerge.check.progress import Progress
 from resumerge.check.prompts import describe
 from resumerge.check.report import CheckReport, ModelFigures, StaticFigures
-from resumerge.check.static import static_bytes, static_pass
+from resumerge.check.static import TensorResult, layer_of, logical_shapes, static_bytes, static_pass, tensor_results
 from resumerge.check.tokens import cached_sequences
 from resumerge.check.verdict import THRESHOLDS, judge
 from resumerge.config.hubtarget import is_hub_target
@@ -45,6 +46,7 @@ from resumerge.store.durable import write_file_atomic
 REPORT_NAME = "report.json"
 CHART_NAME = "drift.png"
 STATIC_NAME = "static.json"
+OUTSIDE_NAME = "static-outside.json"  # the static figures of the tensors outside the decoder layers (folding)
 
 
 def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None,
@@ -73,14 +75,17 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     progress = Progress(workdir, model, streams[0].layers, len(models))
     restore_allocator = tune_allocator()  # freed layers go back to the OS: RSS follows what is held
     try:
-        budget, steps = _fits(streams, tokens, max_memory)  # before any weight is read
+        budget, steps, can_fold = _fits(streams, tokens, max_memory, not on_ray)  # before any weight is read
         _give_back()  # what the imports, the tokenizer and the modules' construction left free
-        static = _static(models, workdir, progress)
+        static, fold, outside = _static_before(models, workdir, progress, can_fold)
         figures = None
-        if not static.nonfinite:  # broken already: a forward over NaNs tells nothing more
+        if static is None or not static.nonfinite:  # broken already: a forward over NaNs tells nothing more
+
+            trimmed = [-1]  # the layer whose first model's step handed the heap's free pages back
 
             def on_model(layer: int, m: int) -> None:
-                if m == 0:
+                if trimmed[0] != layer:
+                    trimmed[0] = layer
                     _give_back()
                 progress.say(phase="forward", layer=layer, model_index=m, model_role=models[m].role,
                              model_path=models[m].path)
@@ -97,7 +102,12 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
                             _give_back()
                         return governor.acquire(steps[step], what=what)
 
-                    figures = forward_pass(models, streams, tokens, workdir, on_model, reserve)
+                    figures = forward_pass(models, streams, tokens, workdir, on_model, reserve, fold)
+        if static is None:  # the layers' figures found as they were read; what they did not read, read now
+            assert fold is not None
+            static = _static(models, workdir, progress, {**outside, **fold.found})
+            if static.nonfinite:  # as when the static pass finds it first: no forward figures
+                figures = None
     finally:
         for stream in streams:
             stream.close()
@@ -117,7 +127,7 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
 
 
 def _on_ray(models: list[Checked], layers: int, tokens: list[list[int]], workdir: Path, progress: Progress,
-            address: str | None) -> PassFigures:
+            address: str | None) -> PassFigures | None:
     """The forward pass with each model on a Ray node of its own (:mod:`.onray`), journaled here as locally;
     ``status`` shows the node of each model."""
     from resumerge.check.onray import ray_models
@@ -130,14 +140,37 @@ def _on_ray(models: list[Checked], layers: int, tokens: list[list[int]], workdir
         return run_pass([m.role for m in models], running, tokens, workdir)
 
 
-def _static(models: list[Checked], workdir: Path, progress: Progress) -> StaticFigures:
-    """The static pass's figures: journaled in ``workdir`` once found, so a resumed check reads no model whole
-    again (it was about a third of a killed and resumed check of SmolLM2-135M)."""
+def _static_before(models: list[Checked], workdir: Path, progress: Progress, can_fold: bool
+                   ) -> tuple[StaticFigures | None, FoldedStatic | None, dict[str, TensorResult]]:
+    """What the static pass finds before the forward pass: all of it (journaled, or where the layers' figures
+    cannot be taken from the forward pass's reads), or, folding, the figures of the tensors outside the decoder
+    layers (journaled too), and the :class:`FoldedStatic` that finds the layers' as the forward pass reads them
+    (:mod:`.folded`). Where a tensor outside the layers is not finite, all of it: the forward pass will not run."""
+    if (workdir / STATIC_NAME).is_file() or not can_fold:
+        return _static(models, workdir, progress), None, {}
+    path = workdir / OUTSIDE_NAME
+    try:
+        outside = {name: (bool(finite), sums) for name, (finite, sums) in json.loads(path.read_text()).items()}
+    except (OSError, ValueError):
+        progress.say(phase="static")
+        outside = tensor_results(models, only=lambda name: layer_of(name) is None)
+        workdir.mkdir(parents=True, exist_ok=True)
+        write_file_atomic(path, (json.dumps(outside) + "\n").encode())
+    if not all(finite for finite, _ in outside.values()):
+        return _static(models, workdir, progress, outside), None, outside
+    return None, FoldedStatic([m.role for m in models], logical_shapes(models)), outside
+
+
+def _static(models: list[Checked], workdir: Path, progress: Progress,
+            known: dict[str, TensorResult] | None = None) -> StaticFigures:
+    """The static pass's figures (of the tensors not ``known`` already): journaled in ``workdir`` once found,
+    so a resumed check reads no model whole again (it was about a third of a killed and resumed check of
+    SmolLM2-135M)."""
     path = workdir / STATIC_NAME
     if path.is_file():
         return StaticFigures.from_json(json.loads(path.read_text()))
     progress.say(phase="static")
-    static = static_pass(models)
+    static = static_pass(models, known)
     workdir.mkdir(parents=True, exist_ok=True)
     write_file_atomic(path, (json.dumps(static.to_json()) + "\n").encode())  # its order kept: the table's
     return static
@@ -217,21 +250,31 @@ def _key(models: list[Checked], tokens: list[list[int]]) -> str:
     return hashlib.sha256(json.dumps([doc, tokens, versions, THRESHOLDS, layout]).encode()).hexdigest()[:32]
 
 
-def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int | None
-          ) -> tuple[int, dict[str, int]]:
+def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int | None, can_fold: bool = True
+          ) -> tuple[int, dict[str, int], bool]:
     """Refuse (exit 2, before a weight is read) a check whose peak would not fit ``max_memory`` (None: the
     default budget): the static pass's largest span of a tensor of three models; or the largest layer of one
     model in float32, or one model's head (a block of its rows, see :mod:`resumerge.check.heads`) and one
-    batch's log-probabilities, beside every model's hidden states (twice: in and out). Returns the budget and
-    what the forward pass's steps reserve (``layer``, ``heads``)."""
+    batch's log-probabilities, beside every model's hidden states (twice: in and out). Returns the budget, what
+    the forward pass's steps reserve (``layer``, ``heads``), and whether the static pass is folded into the
+    layers' reads (where ``can_fold`` and the budget holds two layers at once: the base's, kept, and another's;
+    see :mod:`.folded`)."""
     config = streams[0].config
     hidden = int(getattr(config, "hidden_size", 0) or 0)
     positions = padded_positions(tokens)
     states = 2 * len(streams) * positions * hidden * 4
     heads = max(head_step_bytes(s, largest_batch(tokens), max(map(len, tokens), default=0)) for s in streams)
     layer = max(pass_bytes(s.formats, s.layers, value_bytes=4) for s in streams)
-    peak = max(states + max(layer, heads), static_bytes([s.formats for s in streams]))
-    return budget_fitting("the check", peak, max_memory, SystemProbe()), {"layer": layer, "heads": heads}
+    static = static_bytes([s.formats for s in streams])
+    if can_fold:
+        try:
+            folded = max(states + max(2 * layer, heads), static)
+            return budget_fitting("the check", folded, max_memory, SystemProbe()), {"layer": 2 * layer,
+                                                                                   "heads": heads}, True
+        except UsageError:  # one layer at a time fits: the static pass reads the layers again, as it did
+            pass
+    peak = max(states + max(layer, heads), static)
+    return budget_fitting("the check", peak, max_memory, SystemProbe()), {"layer": layer, "heads": heads}, False
 
 
 def _report(models: list[Checked], static: StaticFigures, figures: PassFigures | None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from resumerge.check.models import Checked
 from resumerge.check.report import GroupFigures, StaticFigures
@@ -67,56 +67,103 @@ def static_bytes(streams_formats: Sequence[StoredFormats]) -> int:
     return 3 * largest * 4
 
 
-def static_pass(models: Sequence[Checked]) -> StaticFigures:
-    """Compare every tensor of the merge (``models[0]``) with the base's and the parents'."""
-    readers, logical = [], []
+# One tensor's static figures: whether the merge's values are all finite, and where it is compared with the base,
+# [‖M−B‖², ‖Pᵢ−B‖² of each parent of the base's shape, ‖B‖²] (None where it is not: no base, or another shape).
+TensorResult = tuple[bool, list[float] | None]
+
+
+def static_pass(models: Sequence[Checked], known: Mapping[str, TensorResult] | None = None) -> StaticFigures:
+    """Compare every tensor of the merge (``models[0]``) with the base's and the parents'; ``known``: the figures
+    of tensors already found (by the forward pass's reads, :mod:`.folded`), not read again."""
+    return assemble(models, tensor_results(models, known))
+
+
+def tensor_results(models: Sequence[Checked], known: Mapping[str, TensorResult] | None = None,
+                   only: Callable[[str], bool] | None = None) -> dict[str, TensorResult]:
+    """Each tensor's :data:`TensorResult` (of those ``only`` accepts, when given): ``known`` ones as given, the
+    others read (a span at a time)."""
+    results = dict(known or {})
+    shapes = logical_shapes(models)
+    wanted = [n for n in sorted(shapes[0]) if n not in results and (only is None or only(n))]
+    if not wanted:
+        return results
+    readers = []
     for model in models:
         weights = Weights.of(model.opened.directory, model.opened.tensors, model.remote)
         formats = base_formats(weights.tensors, model.opened.config, weights.directory)
         readers.append(CastReader(weights, formats, torch.float32, key=model.role))
-        logical.append({name: tuple(formats.codec(name).value_shape(tuple(found.entry.shape)))
-                        for name, found in formats.logical().items()})
     try:
-        return _compare(models, readers, logical)
+        for name in wanted:
+            results[name] = _read_result(readers, shapes, [m.role for m in models], name)
     finally:
         for reader in readers:
             reader.close()
+    return results
 
 
-def _compare(models: Sequence[Checked], readers: list[CastReader],
-             logical: list[dict[str, tuple[int, ...]]]) -> StaticFigures:
+def logical_shapes(models: Sequence[Checked]) -> list[dict[str, tuple[int, ...]]]:
+    """Each model's logical tensors and their value shapes (headers only)."""
+    found = []
+    for model in models:
+        weights = Weights.of(model.opened.directory, model.opened.tensors, model.remote)
+        formats = base_formats(weights.tensors, model.opened.config, weights.directory)
+        found.append({name: tuple(formats.codec(name).value_shape(tuple(t.entry.shape)))
+                      for name, t in formats.logical().items()})
+    return found
+
+
+def compared_with(shapes: list[dict[str, tuple[int, ...]]], roles: Sequence[str], name: str) -> list[int] | None:
+    """The parents (model indices) the merge's tensor ``name`` is compared with the base's beside, or None where
+    it is not compared (no base, not in the base, or of another shape there)."""
+    base = roles.index("base") if "base" in roles else None
+    if base is None or name not in shapes[base] or shapes[base][name] != shapes[0][name]:
+        return None
+    return [i for i, r in enumerate(roles) if r == "parent" and shapes[i].get(name) == shapes[base][name]]
+
+
+def _read_result(readers: list[CastReader], shapes: list[dict[str, tuple[int, ...]]], roles: Sequence[str],
+                 name: str) -> TensorResult:
+    values = numel(shapes[0][name])
+    others = compared_with(shapes, roles, name)
+    if others is None:
+        return _finite(readers[0], name, values), None
+    found, finite = _tensor_sums(readers, name, values, roles.index("base"), others)
+    return finite, found
+
+
+def assemble(models: Sequence[Checked], results: Mapping[str, TensorResult]) -> StaticFigures:
+    """The static figures from every tensor's :data:`TensorResult`: summed per group in the merge's tensors' sorted
+    order, whoever found them (so the figures are the same to the bit)."""
+    shapes = logical_shapes(models)
     roles = [m.role for m in models]
     base = roles.index("base") if "base" in roles else None
     parents = [i for i, r in enumerate(roles) if r == "parent"]
     weights = _weights([models[i].weight for i in parents])
-    parameters = {_label(models, i): sum(numel(s) for s in logical[i].values()) for i in range(len(models))}
-    nonfinite, shapes = [], []
+    parameters = {_label(models, i): sum(numel(s) for s in shapes[i].values()) for i in range(len(models))}
+    nonfinite, problems = [], []
     # (layer, kind) -> [Σ d_M², Σ dᵢ² per parent, Σ ‖B‖², tensors]
     sums: dict[tuple[int | None, str], list[float]] = defaultdict(lambda: [0.0] * (len(parents) + 3))
-    for name in sorted(logical[0]):
-        if base is None or name not in logical[base]:
-            if not _finite(readers[0], name, numel(logical[0][name])):
-                nonfinite.append(name)
-            continue
-        if logical[base][name] != logical[0][name]:
-            if not _finite(readers[0], name, numel(logical[0][name])):
-                nonfinite.append(name)
-            shapes.append(f"{name}: merge {logical[0][name]}, base {logical[base][name]}")
-            continue
-        others = [k for k, i in enumerate(parents) if logical[i].get(name) == logical[base][name]]
-        found, finite = _tensor_sums(readers, name, numel(logical[0][name]), base, [parents[k] for k in others])
+    for name in sorted(shapes[0]):
+        finite, found = results[name]
         if not finite:
             nonfinite.append(name)
+        if base is None or name not in shapes[base]:
+            continue
+        if shapes[base][name] != shapes[0][name]:
+            problems.append(f"{name}: merge {shapes[0][name]}, base {shapes[base][name]}")
+            continue
+        assert found is not None
+        others = [k for k, i in enumerate(parents) if shapes[i].get(name) == shapes[base][name]]
         entry = sums[(layer_of(name), kind_of(name))]
         entry[0] += found[0]
         for k, value in zip(others, found[1:-1]):
             entry[1 + k] += value
         entry[-2] += found[-1]
         entry[-1] += 1
-    missing = [n for i in (base, *parents) if i is not None for n in logical[i] if n not in logical[0]]
-    shapes.extend(f"{n}: not in the merge" for n in sorted(set(missing)))
+    missing = [n for i in (base, *parents) if i is not None for n in shapes[i] if n not in shapes[0]]
+    problems.extend(f"{n}: not in the merge" for n in sorted(set(missing)))
     groups = [_group(layer, kind, v, weights) for (layer, kind), v in sorted(sums.items(), key=_order)]
-    return StaticFigures(parameters=parameters, nonfinite=tuple(nonfinite), shape_problems=tuple(shapes),
+    return StaticFigures(parameters=parameters, nonfinite=tuple(nonfinite), shape_problems=tuple(problems),
                          groups=tuple(groups), unmoved=_unmoved(sums, weights))
 
 
@@ -129,7 +176,14 @@ def _spans(reader: CastReader, name: str, values: int) -> list[tuple[int, int]]:
 
 
 def _finite(reader: CastReader, name: str, values: int) -> bool:
-    return all(bool(torch.isfinite(reader.read_span(name, a, b)).all()) for a, b in _spans(reader, name, values))
+    return all(all_finite(reader.read_span(name, a, b)) for a, b in _spans(reader, name, values))
+
+
+def all_finite(values: torch.Tensor) -> bool:
+    """Whether every value is finite: where their sum is (an inf or a NaN among them would make it inf or NaN),
+    else as :func:`torch.isfinite` finds (a sum of large finite values may overflow). The sum is a fifth of the
+    cost of ``isfinite`` (which writes a flag per value)."""
+    return math.isfinite(float(values.sum())) or bool(torch.isfinite(values).all())
 
 
 def _tensor_sums(readers: list[CastReader], name: str, values: int, base: int, parents: list[int]
@@ -144,20 +198,20 @@ def _tensor_sums(readers: list[CastReader], name: str, values: int, base: int, p
         else [(0, values)]
     for a, b in spans:
         merged = readers[0].read_span(name, a, b)
-        finite = finite and bool(torch.isfinite(merged).all())
+        finite = finite and all_finite(merged)
         reference = readers[base].read_span(name, a, b)
-        totals[0] = _squared(merged, reference, totals[0])
+        totals[0] = squared(merged, reference, totals[0])
         del merged  # two spans at most are held: the base's and one other
         for k, index in enumerate(parents):
             other = readers[index].read_span(name, a, b)
-            totals[1 + k] = _squared(other, reference, totals[1 + k])
+            totals[1 + k] = squared(other, reference, totals[1 + k])
             del other
-        totals[-1] = _squared(reference, None, totals[-1])
+        totals[-1] = squared(reference, None, totals[-1])
         del reference
     return totals, finite
 
 
-def _squared(values: torch.Tensor, minus: torch.Tensor | None = None, total: float = 0.0) -> float:
+def squared(values: torch.Tensor, minus: torch.Tensor | None = None, total: float = 0.0) -> float:
     """``total`` + ‖values − minus‖² (‖values‖² without ``minus``), a block of rows at a time: no difference of
     a whole embedding is held, and each block's norm is taken in float32 as torch reduces it."""
     flat, other = values.reshape(-1), None if minus is None else minus.reshape(-1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -84,6 +84,9 @@ class CastReader:
         else:
             self._sources = InputSources.local({key: str(weights.directory)})
         self._files: dict[str, BinaryIO] = {}
+        # Shown each tensor :meth:`read` returns, by name, before the caller has it (the check's static figures
+        # are taken from its forward pass's reads: resumerge.check.folded).
+        self.watch: Callable[[str, torch.Tensor], None] | None = None
 
     @property
     def directory(self) -> Path:
@@ -94,7 +97,14 @@ class CastReader:
         return name in self._formats.claims or name in self._formats.stored
 
     def read(self, name: str) -> torch.Tensor:
-        """Logical tensor ``name``, in the reader's dtype (a fresh tensor: the caller owns it)."""
+        """Logical tensor ``name``, in the reader's dtype (a fresh tensor: the caller owns it), shown to
+        :attr:`watch` when set."""
+        found = self._read(name)
+        if self.watch is not None:
+            self.watch(name, found)
+        return found
+
+    def _read(self, name: str) -> torch.Tensor:
         if name in self._formats.claims:
             return read_value(format_ref(self._key, self._formats, name), self._sources).to(self._dtype)
         found = self._formats.stored[name]

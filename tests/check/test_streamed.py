@@ -59,6 +59,49 @@ def test_spans_blocks_of_the_head_and_rows_of_the_embeddings_give_the_figures_of
     assert not (tmp_path / "blocks" / heads.SCRATCH).exists()  # the log-probabilities kept on disk are gone
 
 
+def test_static_figures_taken_from_the_layers_reads_are_the_static_pass_s_and_resume(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The check folds the static pass into the forward pass's reads of the layers (resumerge.check.folded): the
+    # same figures to the bit, the forward's too, and a pass stopped after layer 1 resumes with what it found.
+    from resumerge.check import passes
+    from resumerge.check.folded import FoldedStatic
+
+    models = _models(tmp_path, "llama")
+    monkeypatch.setattr(static, "_BLOCK", 64)  # many blocks a tensor
+    monkeypatch.setattr(static, "_SPAN", 128)
+    expected = static_pass(models)
+    roles, shapes = [m.role for m in models], static.logical_shapes(models)
+    outside = static.tensor_results(models, only=lambda name: static.layer_of(name) is None)
+    assert outside and all(static.layer_of(n) is None for n in outside)
+    streams = streams_of(models)
+
+    class Stopped(Exception):
+        pass
+
+    layers: list[str] = []
+
+    def stop_after_two(point: str) -> None:
+        layers.append(point)
+        if len(layers) == 2:
+            raise Stopped
+
+    try:
+        plain = forward_pass(models, streams, TOKENS, tmp_path / "plain")
+        monkeypatch.setattr(passes, "reach", stop_after_two)
+        with pytest.raises(Stopped):
+            forward_pass(models, streams, TOKENS, tmp_path / "folded", fold=FoldedStatic(roles, shapes))
+        fold = FoldedStatic(roles, shapes)  # a new process's: what layers 0 and 1 found is in the journal
+        assert forward_pass(models, streams, TOKENS, tmp_path / "folded", fold=fold) == plain
+    finally:
+        for stream in streams:
+            stream.close()
+    assert set(fold.found) == {n for n in shapes[0] if static.layer_of(n) is not None}  # every layer tensor, once
+    assert static_pass(models, {**outside, **fold.found}) == expected
+    # The merge's values are finite where their sum is, else as isfinite finds (test_realmodel: a NaN layer).
+    nan = static.all_finite(torch.tensor([1.0, float("nan")])), static.all_finite(torch.tensor([float("inf"), 1.0]))
+    assert nan == (False, False) and static.all_finite(torch.tensor([3e38, 3e38]))  # a sum overflowing is finite
+
+
 def test_the_embeddings_rows_of_the_tokens_used_give_the_hidden_states_of_the_whole_table(tmp_path: Path) -> None:
     (model,) = _models(tmp_path, "llama")[:1]
     (stream,) = streams_of([model])
