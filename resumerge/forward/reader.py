@@ -60,12 +60,13 @@ def base_formats(tensors: Mapping[str, Location], config: Mapping[str, Any], whe
 class CastReader:
     """A model's tensors, cast to ``dtype``.
 
-    A safetensors tensor is cast straight from a read-only map of its bytes, unmapped once cast: a ``pread`` into
-    a fresh buffer first cost twice the CPU (the kernel zeroes and faults in the buffer, then copies the page
-    cache into it; 0.85-1.0 s against 0.4 s for the 1.47 GB the MoE bench's pass reads), on the pass's critical
-    path. Its mapped pages count in this process's RSS only while that one tensor is cast, as the read buffer did
-    (see :func:`pass_bytes`). Anything else (a pickle checkpoint, a misaligned tensor) is read as the merge reads
-    it, and a quantized tensor is decoded as the merge decodes it.
+    A safetensors tensor is cast straight from a read-only map of its bytes, unmapped once cast (one stored in
+    ``dtype`` already is the map itself: see :meth:`_mapped`): a ``pread`` into a fresh buffer first cost twice the
+    CPU (the kernel zeroes and faults in the buffer, then copies the page cache into it; 0.85-1.0 s against 0.4 s
+    for the 1.47 GB the MoE bench's pass reads), on the pass's critical path. Its mapped pages count in this
+    process's RSS only while that one tensor is cast (or, not cast, held), as the read buffer did (see
+    :func:`pass_bytes`). Anything else (a pickle checkpoint, a misaligned tensor) is read as the merge reads it, and
+    a quantized tensor is decoded as the merge decodes it.
     """
 
     def __init__(self, weights: Weights, formats: StoredFormats, dtype: torch.dtype | None = None, *,
@@ -139,23 +140,32 @@ class CastReader:
 
     def _mapped(self, file: str, start: int, end: int, dtype: str) -> torch.Tensor:
         """Bytes ``start`` to ``end`` of ``file`` as a flat tensor of ``dtype`` cast to the reader's dtype, from
-        a map of those bytes only, unmapped once cast."""
+        a map of those bytes only, unmapped once cast; stored in the reader's dtype already, the map itself
+        (private: a write to it is the tensor's own, never the file's), unmapped when the tensor is freed. A
+        copy of a float32 model's layers cost 0.45 s per GB read, of which a check of a merge, its base and two
+        parents reads four (bench/RESULTS.md, issue 57); the map's pages are the page cache's, counted in the
+        process's RSS while they are mapped, as the copy's were."""
         handle = self._files.get(file)
         if handle is None:
             handle = self._files[file] = open(self._directory / file, "rb")  # noqa: SIM115 (closed in close())
         offset = start - start % mmap.ALLOCATIONGRANULARITY
-        mapped = mmap.mmap(handle.fileno(), end - offset, access=mmap.ACCESS_READ, offset=offset)
+        same = TORCH_DTYPES[dtype] == self._dtype
+        mapped = mmap.mmap(handle.fileno(), end - offset, access=mmap.ACCESS_COPY if same else mmap.ACCESS_READ,
+                           offset=offset)
         try:
             with contextlib.suppress(AttributeError, OSError):  # a cold file: ask for it all at once
                 mapped.madvise(mmap.MADV_WILLNEED, start - offset)
             with warnings.catch_warnings():  # "not writable": it is only read, by the cast
                 warnings.simplefilter("ignore", UserWarning)
                 raw = torch.frombuffer(mapped, dtype=torch.uint8)[start - offset:]
+            if same:  # the tensor holds the map (torch.frombuffer keeps its buffer alive)
+                return raw.view(self._dtype)
             cast = raw.view(TORCH_DTYPES[dtype]).to(self._dtype, copy=True)
             del raw  # the map's last user: it can be closed now
         finally:
-            with contextlib.suppress(BufferError):  # should a view outlive this, the collector closes the map
-                mapped.close()
+            if not same:
+                with contextlib.suppress(BufferError):  # should a view outlive this, the collector closes the map
+                    mapped.close()
         return cast
 
     def close(self) -> None:
