@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from resumerge.check.static import TensorResult, all_finite, compared_with, squared
+from resumerge.check.static import TensorResult, all_finite, compared_with, difference_buffer, squared
 from resumerge.forward import CastReader
 from resumerge.torch_import import torch
 
@@ -33,6 +33,7 @@ class FoldedStatic:
         self.found: dict[str, TensorResult] = {}
         self._kept: dict[str, torch.Tensor] = {}  # the base's tensors of the layer running
         self._partial: dict[str, dict[int | str, float | bool]] = {}
+        self._scratch = difference_buffer()
 
     def order(self) -> list[int]:
         """The order the models run in within a layer: the base first (its tensors are what the others are
@@ -58,7 +59,7 @@ class FoldedStatic:
             self._kept[name] = values
             part[model] = squared(values)
         elif others is not None and (model == 0 or model in others) and name in self._kept:
-            part[model] = squared(values, self._kept[name])
+            part[model] = squared(values, self._kept[name], scratch=self._scratch)
         if model == 0:  # ‖M−B‖² finite: every M−B is, so every value of M is (inf or NaN in M would not be)
             moved = part.get(0)
             part["finite"] = (moved is not None and math.isfinite(moved)) or all_finite(values)

@@ -194,33 +194,43 @@ def _tensor_sums(readers: list[CastReader], name: str, values: int, base: int, p
     order whatever the spans, so the figures do not depend on them."""
     totals = [0.0] * (len(parents) + 2)
     finite = True
+    differences = difference_buffer()
     spans = _spans(readers[0], name, values) if all(readers[i].spannable(name) for i in (base, *parents)) \
         else [(0, values)]
     for a, b in spans:
         merged = readers[0].read_span(name, a, b)
         finite = finite and all_finite(merged)
         reference = readers[base].read_span(name, a, b)
-        totals[0] = squared(merged, reference, totals[0])
+        totals[0] = squared(merged, reference, totals[0], differences)
         del merged  # two spans at most are held: the base's and one other
         for k, index in enumerate(parents):
             other = readers[index].read_span(name, a, b)
-            totals[1 + k] = squared(other, reference, totals[1 + k])
+            totals[1 + k] = squared(other, reference, totals[1 + k], differences)
             del other
         totals[-1] = squared(reference, None, totals[-1])
         del reference
     return totals, finite
 
 
-def squared(values: torch.Tensor, minus: torch.Tensor | None = None, total: float = 0.0) -> float:
+def squared(values: torch.Tensor, minus: torch.Tensor | None = None, total: float = 0.0,
+            scratch: torch.Tensor | None = None) -> float:
     """``total`` + ‖values − minus‖² (‖values‖² without ``minus``), a block of rows at a time: no difference of
-    a whole embedding is held, and each block's norm is taken in float32 as torch reduces it."""
+    a whole embedding is held, and each block's norm is taken in float32 as torch reduces it. ``scratch`` (a
+    :func:`difference_buffer`) takes each block's difference: the same values, without a fresh 4 MB allocation per
+    block (mapped and faulted in anew by the tuned allocator, :mod:`resumerge.memory.allocator`: 2-3x the cost)."""
     flat, other = values.reshape(-1), None if minus is None else minus.reshape(-1)
     for start in range(0, flat.numel(), _BLOCK):
         block = flat[start:start + _BLOCK]
         if other is not None:
-            block = block - other[start:start + _BLOCK]
+            part = other[start:start + _BLOCK]
+            block = block - part if scratch is None else torch.sub(block, part, out=scratch[:block.numel()])
         total += float(torch.linalg.vector_norm(block)) ** 2
     return total
+
+
+def difference_buffer() -> torch.Tensor:
+    """A buffer for :func:`squared`'s differences (one block, 4 MB)."""
+    return torch.empty(_BLOCK, dtype=torch.float32)
 
 
 def _label(models: Sequence[Checked], index: int) -> str:
