@@ -76,9 +76,10 @@ def test_a_merge_of_a_hub_gguf_equals_the_merge_of_the_local_file(tmp_path: Path
     size = files["gguf"].stat().st_size
     served = gguf_hub.file_bytes()
     assert set(served) == {f"{REPO}/{FILE}"}, served
-    # The header read by range (a first 64 KiB), then the file downloaded once while merging (the merge reads all
-    # of it), verified against the hub's sha256.
-    assert size < served[f"{REPO}/{FILE}"] <= size + FIRST_READ
+    # The header read by range (a first 64 KiB), then the rest of the file downloaded while merging (the merge reads
+    # all of it), starting from the bytes that read brought: every byte served once, all of them verified against
+    # the hub's sha256.
+    assert served[f"{REPO}/{FILE}"] == size
     gguf_hub.reset_counters()
     assert _merge(tmp_path, f"{REPO}@main/{FILE}", files["folder"], tmp_path / "again") == 0  # the other spelling
     assert gguf_hub.file_bytes() == {}, "a second merge must read the verified cached copy"
@@ -161,6 +162,26 @@ def _xet_push(fake: FakeHub, data: bytes, tmp_path: Path, monkeypatch: pytest.Mo
                                                                   repo_id=REPO)
     assert fake.xet_hashes, "the file must have gone through Xet"
     fake.signed_uses = 1000
+
+
+def test_a_hub_gguf_downloaded_in_the_xet_tier_starts_from_its_header_read(
+        tmp_path: Path, files: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Xet on, as a current install has it: the download goes to the signed URL the hub redirects to, as the
+    header's read did, and asks only for the bytes past that read."""
+    from hub.fakehub import iter_requests
+
+    data = files["gguf"].read_bytes()
+    fake = FakeHub()
+    with fake:
+        monkeypatch.setenv("HF_ENDPOINT", fake.url)
+        _xet_push(fake, data, tmp_path, monkeypatch)
+        fake.reset_counters()
+        assert _merge(tmp_path, f"{REPO}/{FILE}", files["folder"], tmp_path / "hub") == 0
+        bodies = [(r.path.startswith("/_signed/"), r.range) for r in iter_requests(fake, "GET") if r.sent]
+        assert fake.file_bytes() == {f"{REPO}/{FILE}": len(data)}
+    assert bodies == [(True, f"bytes=0-{FIRST_READ - 1}"), (True, f"bytes={FIRST_READ}-")], bodies
+    assert _merge(tmp_path, str(files["gguf"]), files["folder"], tmp_path / "local") == 0
+    assert digests(tmp_path / "hub")["model.safetensors"] == digests(tmp_path / "local")["model.safetensors"]
 
 
 @pytest.mark.parametrize("tier", ["lfs", "xet"])

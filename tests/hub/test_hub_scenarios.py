@@ -58,9 +58,10 @@ def test_first_run_fetches_only_needed_files(hub: FakeHub, models: tuple[Model, 
 
     paths = fetch_weights(meta, records_dir=state, on_progress=events.append)
 
-    # Phase two adds each shard once, in full; no decoy was requested at all, not even with HEAD.
+    # Phase two adds the rest of each shard: its download starts from the header bytes phase one read, so every
+    # byte of a shard is served exactly once. No decoy was requested at all, not even with HEAD.
     for s in model.shards:
-        expected[f"{REPO}/{s}"] += len(model.files[s])
+        expected[f"{REPO}/{s}"] = len(model.files[s])
     assert hub.file_bytes() == expected
     touched = {r.path for r in iter_requests(hub)}
     for decoy in ("pytorch_model.bin", "model.gguf", "onnx/model.onnx", "flax_model.msgpack", "tf_model.h5",
@@ -124,8 +125,11 @@ def test_damaged_blob_is_fetched_again_alone(
     _, paths = resolve_all(state, pinned_commit=meta.commit, events=events)
 
     served = len(model.files[name])
-    if which == "shard" and damage == "truncate":
-        served += model.header_bytes(name)  # a truncated shard's header is read from the hub meanwhile
+    if which == "shard" and damage == "flip":
+        # The header was read from the cached copy (of the right size): the download starts from those bytes (the
+        # whole file's checksum covers them). A truncated shard's header is read from the hub meanwhile, and its
+        # download starts from that read: each byte served once either way.
+        served -= model.header_bytes(name)
     assert hub.file_bytes() == {f"{REPO}/{name}": served}
     assert (paths.get(name) or meta.local_files[name]).read_bytes() == model.files[name]
     assert [e.filename for e in events if e.kind == "refetch"] == [name]
@@ -179,6 +183,7 @@ def test_unreachable_hub_falls_back_to_cache(hub: FakeHub, state: Path) -> None:
 
 def test_dropped_connection_mid_file_is_survived(hub: FakeHub, big_model: Model, state: Path) -> None:
     size = len(big_model.files["model.safetensors"])
+    head = big_model.header_bytes("model.safetensors")  # read by range in phase one: the download starts past it
     meta = resolve_metadata(BIG, records_dir=state)
     hub.reset_counters()
     hub.drop_after[f"{BIG_REPO}/model.safetensors"] = CHUNK + CHUNK // 5
@@ -188,9 +193,9 @@ def test_dropped_connection_mid_file_is_survived(hub: FakeHub, big_model: Model,
     assert paths["model.safetensors"].read_bytes() == big_model.files["model.safetensors"]
     # The first chunk reached the disk before the cut; the retry asks for the rest with Range. Only the bytes
     # of the unfinished second chunk are served twice.
-    assert hub.file_bytes() == {f"{BIG_REPO}/model.safetensors": size + CHUNK // 5}
+    assert hub.file_bytes() == {f"{BIG_REPO}/model.safetensors": size - head + CHUNK // 5}
     gets = [r.range for r in iter_requests(hub, "GET") if r.path.endswith("model.safetensors")]
-    assert gets == [None, f"bytes={CHUNK}-"]
+    assert gets == [f"bytes={head}-", f"bytes={head + CHUNK}-"]
 
 
 def test_dropped_connection_in_small_file_restarts_it(hub: FakeHub, models: tuple[Model, Model], state: Path) -> None:
@@ -202,12 +207,13 @@ def test_dropped_connection_in_small_file_restarts_it(hub: FakeHub, models: tupl
     paths = fetch_weights(meta, records_dir=state)
 
     assert paths[shard].read_bytes() == models[0].files[shard]
-    # Less than one download chunk had arrived, so nothing was on disk to resume from.
-    assert hub.file_bytes()[f"{REPO}/{shard}"] == 5_000 + len(models[0].files[shard])
+    # Less than one download chunk had arrived, so nothing was on disk to resume from but the header phase one read.
+    assert hub.file_bytes()[f"{REPO}/{shard}"] == 5_000 + len(models[0].files[shard]) - models[0].header_bytes(shard)
 
 
 def test_killed_download_resumes_in_the_next_process(hub: FakeHub, big_model: Model, state: Path) -> None:
     blob = big_model.files["model.safetensors"]
+    head = big_model.header_bytes("model.safetensors")  # the download starts from the header phase one read
     partial = Path(os.environ["HF_HUB_CACHE"]) / "models--org--big" / "blobs" / (
         hashlib.sha256(blob).hexdigest() + ".resumerge.incomplete"
     )
@@ -224,7 +230,7 @@ def test_killed_download_resumes_in_the_next_process(hub: FakeHub, big_model: Mo
     proc = subprocess.Popen([sys.executable, "-c", script, str(state)], env=env, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
-        while not (partial.exists() and partial.stat().st_size >= CHUNK):
+        while not (partial.exists() and partial.stat().st_size >= head + CHUNK):
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             assert time.monotonic() < deadline, "the download never started"
             time.sleep(0.05)
@@ -232,15 +238,17 @@ def test_killed_download_resumes_in_the_next_process(hub: FakeHub, big_model: Mo
         proc.kill()  # SIGKILL: no cleanup runs in the child
         proc.communicate()
         release.set()
-    assert partial.stat().st_size == CHUNK
+    assert partial.stat().st_size == head + CHUNK
 
     meta = resolve_metadata(BIG, records_dir=state)
     hub.reset_counters()
     paths = fetch_weights(meta, records_dir=state)
 
     assert paths["model.safetensors"].read_bytes() == blob
-    assert hub.file_bytes() == {f"{BIG_REPO}/model.safetensors": len(blob) - CHUNK}
-    assert [r.range for r in iter_requests(hub, "GET") if r.path.endswith("model.safetensors")] == [f"bytes={CHUNK}-"]
+    # The partial file is continued as it is (its header bytes are not written again).
+    assert hub.file_bytes() == {f"{BIG_REPO}/model.safetensors": len(blob) - head - CHUNK}
+    assert [r.range for r in iter_requests(hub, "GET") if r.path.endswith("model.safetensors")] == [
+        f"bytes={head + CHUNK}-"]
     assert not partial.exists()
 
 

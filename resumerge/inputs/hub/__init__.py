@@ -4,9 +4,10 @@ Call order for one hub model (``not is_local(ref)``):
 
 1. :func:`resolve_metadata` — pins the commit, fetches config/tokenizer/index files, reads safetensors headers
    (HTTP Range when the weights are not cached); validate the merge from these;
-2. :func:`fetch_weights` — checks free disk, downloads missing or damaged shards (resuming partial ones) and
-   verifies every file against the hub's checksum, once; then holds each verified file's header to the one phase
-   one read (:mod:`.headercheck`: the plan was made from it).
+2. :func:`fetch_weights` — checks free disk, downloads missing or damaged shards (resuming partial ones, and
+   starting new ones from the header bytes phase one read: no byte fetched twice) and verifies every file against
+   the hub's checksum, once; then holds each verified file's header to the one phase one read (:mod:`.headercheck`:
+   the plan was made from it).
 """
 
 from resumerge.inputs.hub.cache import HubSettings, RemoteFile, hub_settings

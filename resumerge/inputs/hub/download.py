@@ -7,6 +7,10 @@ retries with ``Range`` after a dropped connection, the rewind when a server answ
 file, the length check), into ``blobs/<etag>.resumerge.incomplete`` under the same lock huggingface_hub takes; the
 next run re-opens that file and asks only for the rest. The content is hashed while it arrives and must match the
 hub's checksum before the file is renamed to ``blobs/<etag>``; ``hf_hub_download`` then creates the snapshot entry.
+
+A file whose first bytes this process already holds (its header, read by range when the run was planned) starts the
+same way: those bytes are written to the empty partial file first and only the rest is asked for. They are hashed
+with the rest, so the hub's checksum covers them as it covers every downloaded byte.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ class Landing(Protocol):
 
     def rewound(self, size: int) -> None: ...
 
-    def before_retry(self) -> None: ...
+    def before_retry(self, seeded: bool) -> None: ...
 
     def finished(self, path: Path) -> None: ...
 
@@ -114,10 +118,7 @@ def free_bytes(path: Path) -> int:
 
 def partial_size(repo: RepoCache, remote: RemoteFile) -> int:
     """Bytes of ``remote`` already received by an earlier, interrupted run."""
-    try:
-        return repo.blob(remote.etag + PARTIAL_SUFFIX).stat().st_size
-    except OSError:
-        return 0
+    return _partial_bytes(repo.blob(remote.etag + PARTIAL_SUFFIX))
 
 
 def check_free_space(repo: RepoCache, todo: list[RemoteFile]) -> None:
@@ -141,8 +142,14 @@ def download_blob(
     records: VerifyRecords,
     emit: ProgressCallback,
     landing: Landing | None = None,
+    prefix: bytes = b"",
 ) -> None:
     """Make ``blobs/<etag>`` hold ``remote``'s verified content, continuing any partial download.
+
+    ``prefix`` is the file's first bytes as this process read them already (the header the run was planned from,
+    :func:`~resumerge.inputs.hub.headercheck.known_prefix`): a download with no partial file starts from them and
+    asks the hub only for the rest. If the file then fails its checksum it is fetched again from its first byte,
+    since the prefix may be what differs (the header check then names it).
 
     ``landing`` follows the bytes as they are written, for a merge that reads them before the end
     (:mod:`~resumerge.inputs.hub.landing`); then a download that fails its checksum after bytes were read is not
@@ -163,13 +170,15 @@ def download_blob(
                 return
             blob.unlink()
         for attempt in range(2):
+            seeded = attempt == 0 and _seed(partial, prefix, remote.size)
             digest = _stream(settings, repo, commit, remote, partial, emit, landing)
             if digest == remote.etag:
                 break
-            # A partial torn by a crash, or bad bytes in transit: drop it and fetch the whole file once more.
+            # A partial torn by a crash, bad bytes in transit, or a prefix that is not the file's: drop it and fetch
+            # the whole file once more.
             partial.unlink(missing_ok=True)
             if landing is not None:
-                landing.before_retry()  # raises when the merge read from the bad bytes
+                landing.before_retry(seeded)  # raises when the merge read from the bad bytes
             if attempt == 0:
                 emit(refetch_event(repo.repo_id, remote, f"downloaded content fails its {remote.algorithm} check"))
         else:
@@ -184,6 +193,24 @@ def download_blob(
         os.replace(partial, blob)
         _fsync_dir(blob.parent)
         records.record(blob, remote.algorithm, digest, now_ns())
+
+
+def _seed(partial: Path, prefix: bytes, size: int | None) -> bool:
+    """Start an absent or empty ``partial`` with ``prefix``; whether it did. A partial an earlier run left is kept
+    as it is: it is continued from its own bytes."""
+    if not prefix or size is None or len(prefix) > size or _partial_bytes(partial) > 0:
+        return False
+    with open(partial, "wb") as f:
+        f.write(prefix)
+    return True
+
+
+def _partial_bytes(partial: Path) -> int:
+    """The size of ``partial``, 0 when it is absent."""
+    try:
+        return partial.stat().st_size
+    except OSError:
+        return 0
 
 
 def link_snapshot(settings: HubSettings, repo: RepoCache, commit: str, remote: RemoteFile) -> Path:

@@ -7,6 +7,7 @@ command that repairs them. Nothing touches the network when every file is cached
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from resumerge.errors import ModelInputError, ResumergeError
@@ -14,7 +15,7 @@ from resumerge.inputs.gguf.header import GgufHeader
 from resumerge.inputs.hub.cache import HubSettings, RemoteFile, RepoCache, default_cache_dir
 from resumerge.inputs.hub.download import Landing, check_free_space, download_blob, link_snapshot, refetch_event
 from resumerge.inputs.hub.events import ProgressCallback
-from resumerge.inputs.hub.headercheck import check_header
+from resumerge.inputs.hub.headercheck import check_header, known_prefix
 from resumerge.inputs.hub.records import VerifyRecords
 from resumerge.inputs.hub.remote import HubUnavailableError
 from resumerge.inputs.hub.verify import check_cached
@@ -28,8 +29,12 @@ def ensure_files(
     wanted: list[RemoteFile],
     records: VerifyRecords,
     emit: ProgressCallback,
+    prefixes: Mapping[str, bytes] | None = None,
 ) -> dict[str, Path]:
     """Return ``{repo path: snapshot path}`` for ``wanted``, each verified against the hub's checksum.
+
+    ``prefixes`` maps a repo path to the first bytes of that file as this process read them already (the header a
+    plan was made from): its download starts from them (:func:`~resumerge.inputs.hub.download.download_blob`).
 
     Raises :class:`ModelInputError` offline when a file is missing or damaged (naming each file and the
     repair command), :class:`~resumerge.errors.StorageError` before any download if the disk is too small,
@@ -56,7 +61,7 @@ def ensure_files(
         if reason != "missing":
             emit(refetch_event(repo.repo_id, remote, f"cached copy is damaged ({reason})"))
             _discard(repo.snapshot(commit, remote.path))
-        download_blob(settings, repo, commit, remote, records, emit)
+        download_blob(settings, repo, commit, remote, records, emit, prefix=(prefixes or {}).get(remote.path, b""))
         ready[remote.path] = link_snapshot(settings, repo, commit, remote)
     for remote in link_only:
         ready[remote.path] = link_snapshot(settings, repo, commit, remote)
@@ -71,7 +76,8 @@ def land_file(settings: HubSettings, repo: RepoCache, commit: str, remote: Remot
     The caller checked free space and offline mode for every file first (:func:`check_downloads`). ``header`` is the
     one the merge was planned from: the verified file must start with it, else
     :class:`~resumerge.inputs.hub.headercheck.HubHeaderChanged` is raised and ``landing`` is never told the file is
-    checked.
+    checked. The download starts from the bytes of ``header`` this process holds already
+    (:func:`~resumerge.inputs.hub.headercheck.known_prefix`), and asks the hub only for the rest.
     """
     pointer = repo.snapshot(commit, remote.path)
     reason = check_cached(pointer, remote, records, repo.repo_id, emit)
@@ -79,7 +85,8 @@ def land_file(settings: HubSettings, repo: RepoCache, commit: str, remote: Remot
         if reason != "missing":
             emit(refetch_event(repo.repo_id, remote, f"cached copy is damaged ({reason})"))
             _discard(pointer)
-        download_blob(settings, repo, commit, remote, records, emit, landing)
+        download_blob(settings, repo, commit, remote, records, emit, landing,
+                      known_prefix(header) if header is not None else b"")
     path = link_snapshot(settings, repo, commit, remote) if reason is not None else pointer
     if header is not None:
         check_header(path, header, f"{repo.repo_id}@{commit[:12]}/{remote.path}")

@@ -35,6 +35,17 @@ def planned_bytes(header: Header | GgufHeader) -> bytes | None:
     return len(header.raw).to_bytes(8, "little") + header.raw
 
 
+def known_prefix(header: Header | GgufHeader) -> bytes:
+    """The file's first bytes as this process already holds them: :func:`planned_bytes`, and for a GGUF read by
+    range the bytes its read brought along past the header (``read_ahead``); empty when there are none. A download
+    starts from them instead of fetching them again (:func:`~resumerge.inputs.hub.download.download_blob`), and
+    hashes them with the rest: the whole file's checksum covers them."""
+    planned = planned_bytes(header)
+    if planned is None:
+        return b""
+    return planned + header.read_ahead if isinstance(header, GgufHeader) else planned
+
+
 def check_header(path: Path, header: Header | GgufHeader, where: str) -> None:
     """Raise :class:`HubHeaderChanged`, naming ``where``, unless the verified file at ``path`` starts with the bytes
     ``header`` was parsed from; reads those bytes only. Raises ``OSError`` for an unreadable file."""

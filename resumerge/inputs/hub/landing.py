@@ -58,6 +58,9 @@ class Landing:
         self.error: BaseException | None = None
         self.consumed = False  # bytes of the current attempt were handed to the merge
         self.cancelled = False
+        # The merge read from an attempt that began with bytes read at plan time and failed its checksum: the file
+        # is fetched again whole for the cache, unfollowed, and this landing then fails (see :meth:`before_retry`).
+        self.detached = False
         # Run once, without the lock, when a reader must wait for a file whose download has not started
         # (:meth:`Downloads.wanted`): the download then starts at once instead of in its turn.
         self.on_wait: Callable[[], None] | None = None
@@ -67,6 +70,8 @@ class Landing:
         """The partial file is open (``have`` bytes from an earlier run already in it): readers may use it."""
         with self._cond:
             self._check_cancelled()
+            if self.detached:
+                return
             self._close_fd()
             self._fd = os.dup(fileno)
             self.available = have
@@ -76,12 +81,16 @@ class Landing:
         """``size`` bytes are written and flushed; raises :class:`DownloadCancelled` when the run is leaving."""
         with self._cond:
             self._check_cancelled()
+            if self.detached:
+                return
             self.available = size
             self._cond.notify_all()
 
     def rewound(self, size: int) -> None:
         """The download starts over from ``size`` bytes: bytes already read may be rewritten, so the run fails."""
         with self._cond:
+            if self.detached:
+                return
             if self.consumed and size < self.available:
                 self.error = self.error or HubUnavailableError(
                     f"the download of {self.where} restarted after the merge read from it; nothing merged from it "
@@ -89,10 +98,19 @@ class Landing:
             self.available = min(self.available, size)
             self._cond.notify_all()
 
-    def before_retry(self) -> None:
+    def before_retry(self, seeded: bool = False) -> None:
         """The download failed its checksum and is to be fetched again: harmless when nothing was read from it;
-        otherwise the landing fails with the error raised here (the resume fetches the file again)."""
+        otherwise the landing fails with the error raised here (the resume fetches the file again).
+
+        ``seeded``: the attempt began with the bytes read when the run was planned (its header), which may be what
+        differs from the file. Then, if the merge read from it, nothing is raised yet: the file is fetched again
+        whole into the cache with this landing detached (readers get no byte of it), so that the header check can
+        name a header other than the file's (the next run plans from the verified copy), and :meth:`finished` fails
+        the landing if that check passes."""
         with self._cond:
+            if self.consumed and seeded:
+                self.detached = True
+                return
             if self.consumed:
                 self.error = self.error or HubUnavailableError(
                     f"{self.where}: the downloaded bytes fail the hub's checksum; nothing merged from them was "
@@ -104,6 +122,13 @@ class Landing:
     def finished(self, path: Path) -> None:
         """The file is complete and checked, at ``path`` (its cache snapshot entry)."""
         with self._cond:
+            if self.detached:
+                self.error = self.error or HubUnavailableError(
+                    f"{self.where}: the downloaded bytes the merge read fail the hub's checksum; nothing merged from "
+                    "them was committed", hint="run resumerge resume OUT: the file, since downloaded whole and "
+                                               "verified, is read from the hub cache")
+                self._cond.notify_all()
+                return
             if self._fd < 0 and not self.cancelled:  # another process had downloaded it: read the cached file
                 self._fd = os.open(path, os.O_RDONLY)
             self.available, self.verified = self.size, True

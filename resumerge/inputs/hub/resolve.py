@@ -22,7 +22,7 @@ from resumerge.inputs.hub._hf import validate_repo_id
 from resumerge.inputs.hub.cache import COMMIT_RE, HubSettings, RemoteFile, RepoCache, hub_settings
 from resumerge.inputs.hub.events import HubEvent, ProgressCallback, callback_or_noop
 from resumerge.inputs.hub.fetch import ensure_files
-from resumerge.inputs.hub.headercheck import check_header
+from resumerge.inputs.hub.headercheck import check_header, known_prefix
 from resumerge.inputs.hub.headers import read_shard_headers
 from resumerge.inputs.hub.records import VerifyRecords
 from resumerge.inputs.hub.remote import HubUnavailableError, is_network_error, list_files, resolve_revision
@@ -119,7 +119,8 @@ def fetch_weights(
     """Phase two: make ``files`` (default: ``meta.weight_files``) present and verified; return their paths.
 
     Downloads only what is missing or damaged, at ``meta.commit``, after checking that the disk has room for
-    all of it; continues partial downloads of an interrupted run. Returns ``{repo path: snapshot path}``.
+    all of it; continues partial downloads of an interrupted run, and starts a new one from the header bytes
+    ``meta.headers`` holds (read by range in phase one: not fetched twice). Returns ``{repo path: snapshot path}``.
     Raises :class:`~resumerge.errors.StorageError` (not enough space, with the numbers), :class:`ModelInputError`
     (unknown file; missing or damaged while offline, with the repair command), :class:`HubUnavailableError`
     (transfer failed after retries; the next run continues it), and
@@ -133,7 +134,9 @@ def fetch_weights(
     repo = RepoCache(meta.settings.cache_dir, meta.repo_id)
     with VerifyRecords(records_dir) as records:
         wanted = [meta.files[name] for name in names]
-        paths = ensure_files(meta.settings, repo, meta.commit, wanted, records, callback_or_noop(on_progress))
+        prefixes = {name: known_prefix(meta.headers[name]) for name in names if name in meta.headers}
+        paths = ensure_files(meta.settings, repo, meta.commit, wanted, records, callback_or_noop(on_progress),
+                             prefixes)
     for name, path in paths.items():
         if name in meta.headers:  # the header the plan was made from must be the verified file's
             check_header(path, meta.headers[name], f"{meta.repo_id}@{meta.commit[:12]}/{name}")
