@@ -4,11 +4,15 @@ reader and dequantizer with the inverse transforms as transformers' GGUF loader 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
+import pytest
 import torch
 
 from resumerge.config.modelref import ModelRef
@@ -213,3 +217,15 @@ def decoded(path: Path) -> tuple[ModelInput, dict[str, torch.Tensor]]:
 def metadata_of(path: Path) -> dict[str, Any]:
     """The GGUF's key-value metadata, as gguf-py reads it (the reader's own fields)."""
     return {name: field for name, field in gguf.GGUFReader(path).fields.items()}
+
+
+@contextmanager
+def name_maps_built_once() -> Iterator[None]:
+    """transformers' GGUF loader, for each module of the model it loads, builds gguf-py's ``TensorNameMap`` of the
+    architecture and block count again (a pure function of the two: ~7 ms each, ~400 modules, 3-5 s per load of
+    SmolLM2's 30 layers); within the block each is built once and handed back, and the loader does what it does
+    otherwise."""
+    cached = functools.cache(gguf.get_tensor_name_map)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "get_tensor_name_map", cached)  # transformers imports it from gguf at each call
+        yield

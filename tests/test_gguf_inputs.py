@@ -133,9 +133,7 @@ def test_gguf_and_safetensors_parents_of_one_family_mix(tmp_path: Path) -> None:
     doc = {"merge_method": "linear", "dtype": "float32", "models": [
         {"model": str(tmp_path / "m.gguf"), "parameters": {"weight": 0.5}},
         {"model": str(folder), "parameters": {"weight": 0.5}}]}
-    done = cli("run", write_config(tmp_path / "c.yml", doc), out, "--state-dir", tmp_path / "s",
-               "--no-copy-tokenizer")
-    assert done.returncode == 0, done.stderr
+    api.run(write_config(tmp_path / "c.yml", doc), out, state_dir=tmp_path / "s", output=Output(copy_tokenizer=False))
     assert "GGUF F32 tensors, which mergekit 0.1.5 cannot read" in (out / "README.md").read_text()
     got = load_file(out / "model.safetensors")
     assert got.keys() == hf.keys()
@@ -174,9 +172,8 @@ def test_a_lora_is_extracted_from_two_gguf_models(tmp_path: Path) -> None:
     for name, seed in (("ft", 1), ("base", 2)):
         write_gguf(tmp_path / f"{name}.gguf", "qwen2", to_gguf("qwen2", hf_tensors("qwen2", seed)), Q.Q8_0)
     out = tmp_path / "lora"
-    done = cli("extract-lora", "--model", tmp_path / "ft.gguf", "--base-model", tmp_path / "base.gguf",
-               "--out-path", out, "--state-dir", tmp_path / "s", "--max-rank", "4")
-    assert done.returncode == 0, done.stderr
+    api.extract_lora(str(tmp_path / "ft.gguf"), str(tmp_path / "base.gguf"), out, state_dir=tmp_path / "s",
+                     lora=api.Lora(max_rank=4))
     factors = load_file(out / "adapter_model.safetensors")
     _, ft = decoded(tmp_path / "ft.gguf")
     _, base = decoded(tmp_path / "base.gguf")
@@ -376,26 +373,40 @@ def _linear(tmp_path: Path, a: Path, b: Path) -> Path:
         {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
 
 
+_SHARD = "100MB"  # the real model's merge in six shards: the kill test kills inside the third
+
+
+@pytest.fixture(scope="module")
+def real_merge(tmp_path_factory: pytest.TempPathFactory, real: tuple[Path, Path]) -> tuple[Path, Path]:
+    """The real GGUF merged with its Q8_0 re-encoding (tokenizer rebuilt from its metadata), once for the module's
+    tests that read it (each had made it again: ~8 s a merge): its config and its OUT."""
+    root = tmp_path_factory.mktemp("real_merge")
+    config = _linear(root, *real)
+    api.run(config, root / "whole", state_dir=root / "s", output=Output(out_shard_size=_SHARD))
+    return config, root / "whole"
+
+
+def _shards(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.name.startswith("model")}
+
+
 def test_a_merge_of_the_real_gguf_with_its_q8_0_re_encoding_equals_the_merge_of_their_decodings(
-        tmp_path: Path, real: tuple[Path, Path]) -> None:
+        tmp_path: Path, real: tuple[Path, Path], real_merge: tuple[Path, Path]) -> None:
     q41, q8 = real
-    from_gguf = tmp_path / "from_gguf"
-    (tmp_path / "g").mkdir()
-    api.run(_linear(tmp_path / "g", q41, q8), from_gguf, state_dir=tmp_path / "s1",
-            output=Output(copy_tokenizer=False))
+    from_gguf = real_merge[1]
     a, b = _decoded_folder(q41, tmp_path / "a"), _decoded_folder(q8, tmp_path / "b")
     from_values = tmp_path / "from_values"
     (tmp_path / "v").mkdir()
-    api.run(_linear(tmp_path / "v", a, b), from_values, state_dir=tmp_path / "s2", output=Output(copy_tokenizer=False))
-    assert (from_gguf / "model.safetensors").read_bytes() == (from_values / "model.safetensors").read_bytes()
+    api.run(_linear(tmp_path / "v", a, b), from_values, state_dir=tmp_path / "s2",
+            output=Output(copy_tokenizer=False, out_shard_size=_SHARD))
+    shards = _shards(from_gguf)  # every shard and the index, byte for byte
+    assert len(shards) > 2 and shards == _shards(from_values)
     assert json.loads((from_gguf / "config.json").read_text()) == json.loads(
         (from_values / "config.json").read_text())
 
 
-def test_a_gguf_parent_s_tokenizer_is_rebuilt_from_its_metadata(tmp_path: Path, real: tuple[Path, Path]) -> None:
-    out = tmp_path / "out"
-    done = cli("run", _linear(tmp_path, real[0], real[1]), out, "--state-dir", tmp_path / "s", timeout=600)
-    assert done.returncode == 0, done.stderr
+def test_a_gguf_parent_s_tokenizer_is_rebuilt_from_its_metadata(real_merge: tuple[Path, Path]) -> None:
+    out = real_merge[1]
     for name in ("tokenizer.json", "chat_template.jinja"):  # transformers' own rebuild
         assert (out / name).read_bytes() == (smollm2_folder() / name).read_bytes(), name
     made = json.loads((out / "tokenizer_config.json").read_text())
@@ -418,13 +429,11 @@ def test_a_gguf_donor_s_tokenizer_takes_the_config_s_chat_template(tmp_path: Pat
         api.plan_merge(write_config(tmp_path / "u.yml", {**doc, "tokenizer_source": "union"}))
 
 
-def test_a_gguf_input_merge_killed_resumes_byte_identical(tmp_path: Path, real: tuple[Path, Path]) -> None:
-    config = _linear(tmp_path, *real)
-    whole = tmp_path / "whole"
-    api.run(config, whole, state_dir=tmp_path / "s0", output=Output(out_shard_size="100MB"))  # never killed: here
+def test_a_gguf_input_merge_killed_resumes_byte_identical(tmp_path: Path, real_merge: tuple[Path, Path]) -> None:
+    config, whole = real_merge
     out, state = tmp_path / "out", tmp_path / "s"
     args = [sys.executable, "-m", "resumerge", "run", str(config), str(out), "--state-dir", str(state),
-            "--out-shard-size", "100MB"]
+            "--out-shard-size", _SHARD]
     # Killed while writing its third shard, then its resume killed after its second commit: the GGUF is read
     # again from the plan's recorded folder and file each time.
     for point, argv in (("mid_shard_write:3", args), ("after_ledger_commit:2", [
