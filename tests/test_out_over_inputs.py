@@ -1,7 +1,8 @@
 """A run never writes where it reads (issue 60, item 2): an OUT that is, or holds, an input model's folder or one of
 its files is refused (exit 2, one line) when the plan is made, by every kind of run, ``plan`` and every recipe stage,
 before anything is deleted; ``--restart`` had deleted the input's weights, config and tokenizer. The sink never
-deletes a file the run reads, whatever decided it (the second line). Driven through the CLI as a user would."""
+deletes a file the run reads, whatever decided it (the second line). The refusals are driven through the CLI as a
+user would meet them; the runs that make the inputs, or that succeed, run in this process."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from support import cli, linear_config, write_config
 
 from resumerge import api
 from resumerge.engine import drive
-from resumerge.errors import UsageError
+from resumerge.errors import ResumergeError, UsageError, exit_code_for
 
 _IS = "is the folder of the input"
 
@@ -27,12 +28,18 @@ def _files(*folders: Path) -> dict[str, str]:
 
 
 def _merged(tmp_path: Path, make: ModelFactory, name: str) -> Path:
-    """A model folder that resumerge wrote (its manifest lets ``--restart`` clean it): the input to protect."""
+    """A model folder that resumerge wrote (its manifest lets ``--restart`` clean it): the input to protect. Made
+    in this process (the refusals are what goes through the CLI)."""
     out = tmp_path / name
-    done = cli("run", write_config(tmp_path / f"{name}.yml", linear_config(make("a", seed=1), make("b", seed=2))),
-               out, "--quiet")
-    assert done.returncode == 0, done.stderr
+    api.run(write_config(tmp_path / f"{name}.yml", linear_config(make("a", seed=1), make("b", seed=2))), out)
     return out
+
+
+def _refused_here(error: ResumergeError, words: str) -> None:
+    """What ``_refused`` checks of the CLI's line (``error: `` and this one line, exit 2), of the error raised."""
+    line = error.one_line()
+    assert exit_code_for(error) == 2 and "\n" not in line and words in line, line
+    assert "write the output to a new folder outside the inputs' folders" in line
 
 
 def _refused(done: object, words: str) -> None:
@@ -57,8 +64,7 @@ def test_an_out_that_is_an_input_is_refused_before_anything_is_deleted(tmp_path:
         if kind == "merge":
             doc = linear_config(a, link)
         elif kind == "adapter":  # model: BASE+ADAPTER, the adapter being the folder written to
-            assert cli("extract-lora", "--model", b, "--base-model", a, "--out-path", tmp_path / "lora",
-                       "--max-rank", "4", "--quiet").returncode == 0
+            api.extract_lora(str(b), str(a), tmp_path / "lora", lora=api.Lora(max_rank=4))
             model = tmp_path / "lora"
             link.unlink()
             link.symlink_to(model)
@@ -67,11 +73,18 @@ def test_an_out_that_is_an_input_is_refused_before_anything_is_deleted(tmp_path:
             doc = {"base_model": str(a), "gate_mode": "random",
                    "experts": [{"source_model": str(link)}, {"source_model": str(b)}]}
         config = write_config(tmp_path / "over.yml", doc)
-        assert cli("plan", config, model, "--probe-size", "0").returncode == 2
+        with pytest.raises(ResumergeError) as planned:  # plan's refusal: `resumerge plan` is this call
+            api.estimate(config, model, probe_size=0)
+        assert exit_code_for(planned.value) == 2
         args = ["run", str(config), str(model)]
     before = _files(model, a, b)
-    _refused(cli(*args, "--restart"), _IS)
-    _refused(cli(*args), _IS)
+    _refused(cli(*args, "--restart"), _IS)  # through the CLI once, as a user meets it
+    with pytest.raises(ResumergeError) as refused:  # without --restart: the same refusal, in this process
+        if kind == "extraction":
+            api.extract_lora(str(link), str(a), model)
+        else:
+            api.run(config, model)
+    _refused_here(refused.value, _IS)
     assert _files(model, a, b) == before
 
 
@@ -94,8 +107,7 @@ def test_an_out_inside_an_input_folder_is_allowed(tmp_path: Path, make: ModelFac
     before = {name: sha for name, sha in _files(m).items() if "/merged/" not in name}
     for weights in ((0.3, 0.7), (0.6, 0.4)):
         config = write_config(tmp_path / "m.yml", linear_config(a, m, weights=weights))
-        done = cli("run", config, m / "merged", "--restart", "--quiet")
-        assert done.returncode == 0, done.stderr
+        api.run(config, m / "merged", restart=True)  # what is tested is what it leaves: in this process
     assert {name: sha for name, sha in _files(m).items() if "/merged/" not in name} == before
     assert (m / "merged" / "model.safetensors").is_file()
 
@@ -106,21 +118,22 @@ def test_a_recipe_never_writes_or_cleans_where_it_reads(tmp_path: Path, make: Mo
     first = {"name": "first", **linear_config(a, b)}
     config = tmp_path / "r1.yml"
     config.write_text(yaml.safe_dump_all([first, linear_config(Path("first"), a, weights=(0.5, 0.5))]))
-    assert cli("run", config, out, "--quiet").returncode == 0
+    api.run(config, out)  # the runs that succeed in this process; the refusal below through the CLI
     stage = tmp_path / "out.intermediates" / "first"
     before = _files(stage)
     # Stage "first" dropped, its output read by path: --restart deleted the 9 files of the folder it reads.
     second = {"name": "second", **linear_config(stage, b, weights=(0.5, 0.5))}
     config.write_text(yaml.safe_dump_all([second, linear_config(Path("second"), a, weights=(0.5, 0.5))]))
-    done = cli("run", config, out, "--restart", "--quiet")
-    assert done.returncode == 0, done.stderr
+    api.run(config, out, restart=True)
     assert _files(stage) == before
     # A stage's output is an input's folder (here OUT, read by the first stage): refused before any stage runs.
     config.write_text(yaml.safe_dump_all([{"name": "third", **linear_config(out, b)},
                                           linear_config(Path("third"), a, weights=(0.5, 0.5))]))
     before = _files(out, stage)
     _refused(cli("run", config, out, "--restart"), "OUT is the folder of the input")
-    assert cli("plan", config, out, "--probe-size", "0").returncode == 2
+    with pytest.raises(ResumergeError) as planned:  # `resumerge plan`'s call
+        api.estimate(config, out, probe_size=0)
+    _refused_here(planned.value, "OUT is the folder of the input")
     assert _files(out, stage) == before
 
 
