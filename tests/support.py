@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import select
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,25 @@ def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 1
         timeout=timeout,
         check=False,
     )
+
+
+def cli_here(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """``resumerge ARGS`` through the CLI's ``main`` in this process, its stdout and stderr captured, as :func:`cli`
+    returns them: for a command that is not killed, an interpreter start (and torch's import) saved. The CLI's
+    parsing, its one-line errors and exit codes are the same code; a test of the process itself (a kill, the
+    environment it starts with, what it imports) uses :func:`cli`."""
+    out, err = io.StringIO(), io.StringIO()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}  # a run's stop flag takes them
+    environ = dict(os.environ)  # main may set a variable for torch's first import
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            code = main([str(arg) for arg in args])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        os.environ.clear()
+        os.environ.update(environ)
+    return subprocess.CompletedProcess([str(arg) for arg in args], code, out.getvalue(), err.getvalue())
 
 
 def drain_pty(master: int) -> str:
