@@ -112,15 +112,17 @@ def _as_recorded_before(state: Path) -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.kind for case in CASES])
-def test_plan_run_kill_resume_status(case: Case, inputs: Path, tmp_path: Path) -> None:
+def test_plan_run_kill_resume_status(case: Case, inputs: Path, tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
     """Planned (writing nothing), run, and killed; then, once with its kind recorded and once as the version
     before kinds left the same killed run: status says its kind and details, and the resume finishes it with the
-    uninterrupted run's bytes."""
+    uninterrupted run's bytes. Only the killed run is a process of its own: the CLI's other commands run through
+    its ``main`` in this process (an interpreter and torch start each saved)."""
     reference, run = tmp_path / "reference", tmp_path / "run"
     args = _args(case, inputs, reference / "out", reference / "state")
     assert main([*args[:-1], "--plan"] if case.kind == "extraction" else ["plan", *args[1:-1]]) == 0
     assert not reference.exists()  # planning wrote nothing
-    assert cli(*args).returncode == 0
+    assert main(args) == 0
     out, state = run / "out", run / "state"
     killed = cli(*_args(case, inputs, out, state), env={"RESUMERGE_KILL_AT": case.kill_at})
     assert killed.returncode == -9, killed.stderr
@@ -136,15 +138,17 @@ def test_plan_run_kill_resume_status(case: Case, inputs: Path, tmp_path: Path) -
             said = report.to_json()
             assert said["kind"] == case.kind, recorded  # as recorded, or (before kinds) as its recorded text says
             assert all(said[key] is not None for key in case.details), (recorded, said)
-        shown = cli("status", out, "--state-dir", state)
-        assert shown.returncode == 0 and case.said in shown.stdout, (recorded, shown.stdout)
-        assert "forward pass" not in shown.stdout
-        assert cli("resume", out, "--state-dir", state, "-q").returncode == 0
+        capsys.readouterr()
+        assert main(["status", str(out), "--state-dir", str(state)]) == 0
+        shown = capsys.readouterr().out
+        assert case.said in shown, (recorded, shown)
+        assert "forward pass" not in shown
+        assert main(["resume", str(out), "--state-dir", str(state), "-q"]) == 0
         assert _output(out) == _output(reference / "out"), recorded
         assert api.status(out, state_dir=state).state == "done"
 
 
-def test_a_plain_mixtral_merge_shows_no_forward_pass(tmp_path: Path) -> None:
+def test_a_plain_mixtral_merge_shows_no_forward_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 60 item 5: an MoE pass folder in the state dir (here an empty one) is another run's: the status of a
     plain merge of Mixtral models (whose routers end in ``.gate.weight``) says nothing of a forward pass."""
     mixtral = next(f for f in FAMILIES if f.name == "mixtral")
@@ -155,7 +159,9 @@ def test_a_plain_mixtral_merge_shows_no_forward_pass(tmp_path: Path) -> None:
                  env={"RESUMERGE_KILL_AT": "after_manifest_write:1"})
     assert killed.returncode == -9, killed.stderr
     (state / "moe-routers" / "0123abcd").mkdir(parents=True)
-    shown = cli("status", out, "--state-dir", state)
-    assert shown.returncode == 0 and "interrupted" in shown.stdout, shown.stdout
-    assert "forward pass" not in shown.stdout, shown.stdout
-    assert cli("status", out, "--state-dir", state, "--json").stdout.count('"prepass_layers": null') == 1
+    capsys.readouterr()
+    assert main(["status", str(out), "--state-dir", str(state)]) == 0  # the CLI's status, in this process
+    shown = capsys.readouterr().out
+    assert "interrupted" in shown and "forward pass" not in shown, shown
+    assert main(["status", str(out), "--state-dir", str(state), "--json"]) == 0
+    assert capsys.readouterr().out.count('"prepass_layers": null') == 1
