@@ -1,6 +1,7 @@
 """``resumerge measure`` then a ``regmean`` merge, end to end through the CLI on tiny Llama models: the merged linears
 are the closed form on the measured Grams, everything else the mean; every refusal is one line, exit 2, before a
-weight is written; a measurement killed by a real SIGKILL resumes at the layer reached and ends byte-identical."""
+weight is written; a measurement killed by a real SIGKILL resumes at the layer reached and ends byte-identical. The
+commands that are not killed run through the CLI's ``main`` in this process (``cli_here``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
-from support import cli, digests, output_tensors, write_config
+from support import cli, cli_here, digests, output_tensors, write_config
 
 from resumerge import api
 from resumerge.cli.modelgen import ModelSpec, make_model
@@ -36,7 +37,7 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     config = write_config(root / "rm.yml", {
         "merge_method": "regmean", "models": [{"model": str(a)}, {"model": str(b)}],
         "parameters": {"grams": str(grams), "reduce_non_diagonal_ratio": 0.7}, "dtype": "float32"})
-    done = cli("measure", config, grams, "--texts", root / "texts.txt")
+    done = cli_here("measure", config, grams, "--texts", root / "texts.txt")
     assert done.returncode == 0, done.stderr
     assert "measured: 2 model(s)" in done.stdout
     return {"root": root, "a": a, "b": b, "grams": grams, "config": config, "texts": root / "texts.txt"}
@@ -60,7 +61,7 @@ def _copy(measured: dict[str, Path], tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _refused(config: Path, out: Path, *words: str) -> None:
-    done = cli("run", config, out, "--state-dir", out.parent / "state")
+    done = cli_here("run", config, out, "--state-dir", out.parent / "state")
     assert done.returncode == 2, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
     assert all(w in done.stderr for w in words), done.stderr
@@ -85,14 +86,14 @@ def test_the_measurement_records_every_linear_and_each_files_sha256(measured: di
                                                               if "00000" in file else "model.layers.1.self_attn.q_proj"]
             assert torch.equal(gram, gram.T) and bool((torch.linalg.eigvalsh(gram.double()) > -1e-6).all())
     assert not (measured["grams"] / ".journal").exists()
-    again = cli("measure", measured["config"], measured["grams"], "--texts", measured["texts"])
+    again = cli_here("measure", measured["config"], measured["grams"], "--texts", measured["texts"])
     assert again.returncode == 0 and "already measured" in again.stdout, again.stderr
 
 
 def test_regmean_merges_the_linears_by_the_closed_form_and_averages_the_rest(measured: dict[str, Path],
                                                                             tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = cli("run", measured["config"], out, "--state-dir", tmp_path / "state", "-q")
+    done = cli_here("run", measured["config"], out, "--state-dir", tmp_path / "state", "-q")
     assert done.returncode == 0, done.stderr
     merged = output_tensors(out)
     found = read_measurement(measured["grams"])
@@ -120,7 +121,7 @@ def test_a_killed_regmean_merge_resumes_identical_and_refuses_a_gram_changed_mea
         measured: dict[str, Path], tmp_path: Path) -> None:
     reference, out = tmp_path / "reference", tmp_path / "out"
     args = ("--state-dir", tmp_path / "state", "-q", "--out-shard-size", "20k")
-    assert cli("run", measured["config"], reference, *args).returncode == 0
+    assert cli_here("run", measured["config"], reference, *args).returncode == 0
     killed = cli("run", measured["config"], out, *args, env={"RESUMERGE_KILL_AT": "after_manifest_write:2"})
     assert killed.returncode == -9, killed.stderr
     gram = measured["grams"] / "model-01" / "layer-00001.safetensors"
@@ -129,11 +130,11 @@ def test_a_killed_regmean_merge_resumes_identical_and_refuses_a_gram_changed_mea
     changed[-1] ^= 1
     try:
         gram.write_bytes(bytes(changed))
-        refused = cli("resume", out, *args[:2])
+        refused = cli_here("resume", out, *args[:2])
         assert refused.returncode != 0 and "holds other bytes" in refused.stderr, refused.stderr
     finally:
         gram.write_bytes(kept)
-    assert cli("resume", out, *args[:3]).returncode == 0
+    assert cli_here("resume", out, *args[:3]).returncode == 0
     assert digests(out) == digests(reference) | {n: d for n, d in digests(out).items() if n.startswith("resumerge-")}
 
 
@@ -182,7 +183,7 @@ def test_measure_refuses_a_folder_that_is_not_its_own_in_one_line(measured: dict
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "notes.txt").write_text("mine")
-    done = cli("measure", measured["config"], busy, "--texts", measured["texts"])
+    done = cli_here("measure", measured["config"], busy, "--texts", measured["texts"])
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "not an empty folder" in done.stderr and sorted(p.name for p in busy.iterdir()) == ["notes.txt"]
     other = tmp_path / "texts.txt"
@@ -199,7 +200,7 @@ def test_measure_refuses_a_mixture_of_experts_in_one_line(tmp_path: Path) -> Non
     moe = make_moe_model(tmp_path / "moe", "qwen3_moe", 1)
     config = write_config(tmp_path / "moe.yml", {"merge_method": "regmean", "models": [{"model": str(moe)}],
                                                  "parameters": {"grams": "g"}})
-    done = cli("measure", config, tmp_path / "g", "--texts", tmp_path / "none.txt")
+    done = cli_here("measure", config, tmp_path / "g", "--texts", tmp_path / "none.txt")
     assert done.returncode == 2 and "mixture of experts" in done.stderr, done.stderr
     assert not (tmp_path / "g").exists()
 
@@ -219,7 +220,7 @@ def test_a_killed_measurement_resumes_at_the_layer_reached_byte_identical(measur
     assert (shown.state, shown.kind, shown.tensors_done, shown.tensors_total) == ("interrupted", "measure", 3, 4)
     assert shown.resume_command == f"resumerge measure {measured['config']} {out} --texts {measured['texts']}"
     assert "model 2 of 2" in str(shown)
-    resumed = cli(*args)
+    resumed = cli_here(*args)
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stderr.count("measuring:") == 1 and "model 2 of 2, layer 2 of 2" in resumed.stderr
     for folder in ("", "model-00", "model-01"):

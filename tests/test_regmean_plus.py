@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from support import cli, digests, write_config
+from support import cli, cli_here, digests, write_config
 
 from resumerge import api
 from resumerge.cli.modelgen import ModelSpec, make_model
@@ -42,7 +42,7 @@ def two_layers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     a, b = make_model(root / "a", spec, seed=11), make_model(root / "b", spec, seed=12)
     (root / "texts.txt").write_text(TEXTS)
     config = _config(root, "plus", "regmean_plus", [a, b], root / "gplus")
-    done = cli("measure", config, root / "gplus", "--texts", root / "texts.txt")
+    done = cli_here("measure", config, root / "gplus", "--texts", root / "texts.txt")
     assert done.returncode == 0 and "merged pass" in done.stderr, done.stderr
     return {"root": root, "a": a, "b": b, "config": config, "grams": root / "gplus", "texts": root / "texts.txt"}
 
@@ -76,7 +76,7 @@ def test_layer_one_grams_are_those_of_the_merged_layer_zero_through_each_models_
     from resumerge.check.prompts import sequences
 
     out = tmp_path / "out"
-    done = cli("run", two_layers["config"], out, "--state-dir", tmp_path / "state", "-q")
+    done = cli_here("run", two_layers["config"], out, "--state-dir", tmp_path / "state", "-q")
     assert done.returncode == 0, done.stderr
     tokens = sequences(AutoTokenizer.from_pretrained(str(two_layers["a"])), two_layers["texts"])
     for index, model in enumerate((two_layers["a"], two_layers["b"])):
@@ -122,7 +122,7 @@ def test_a_killed_merged_pass_resumes_byte_identical(two_layers: dict[str, Path]
     killed = cli(*args, env={"RESUMERGE_KILL_AT": "after_measure_layer:1"})
     assert killed.returncode == -9, killed.stderr
     assert not (out / MANIFEST).exists() and api.status(out).tensors_done == 2  # layer 0 of both models
-    resumed = cli(*args)
+    resumed = cli_here(*args)
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stderr.count("measuring:") == 1 and "layer 2 of 2" in resumed.stderr
     for folder in ("", "model-00", "model-01"):
