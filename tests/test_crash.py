@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support import cli, digests, reference_merge
+from support import cli, cli_here, digests, reference_merge
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec
@@ -147,7 +147,7 @@ def test_sigterm_stops_at_safe_point_with_exit_3(setup: Setup) -> None:
     assert proc.returncode == 3, err
     assert f"resumerge resume {out}" in err
     assert not list(out.glob(".*.part"))
-    status = json.loads(cli("status", out, "--state-dir", state, "--json").stdout)
+    status = json.loads(cli_here("status", out, "--state-dir", state, "--json").stdout)
     assert status["state"] == "interrupted"
     assert main(["resume", str(out), "--state-dir", str(state), "--quiet"]) == 0
     ref = setup.root / "ref-100k"
@@ -168,7 +168,7 @@ def test_verify_detects_damage_and_resume_repairs(setup: Setup) -> None:
     flipped.write_bytes(bytes(data))
     with open(truncated, "r+b") as f:
         f.truncate(truncated.stat().st_size - 100)
-    report = cli("verify", out, "--state-dir", state, "--json")
+    report = cli_here("verify", out, "--state-dir", state, "--json")
     assert report.returncode == 3
     damaged = {d["name"] for d in json.loads(report.stdout)["damaged"]}
     assert damaged == {flipped.name, truncated.name}
@@ -181,6 +181,6 @@ def test_resume_from_out_alone_after_state_dir_loss(setup: Setup) -> None:
                  env={"RESUMERGE_KILL_AT": "after_manifest_write:4"})
     assert killed.returncode == -9
     shutil.rmtree(state)
-    status = json.loads(cli("status", out, "--state-dir", state, "--json").stdout)
+    status = json.loads(cli_here("status", out, "--state-dir", state, "--json").stdout)
     assert status["source"] == "manifest" and status["shards_done"] == 4
     _finish(setup, out, state)

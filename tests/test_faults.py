@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import yaml
 from faultshim import ShimUnavailable, build_shim, probe_shim, shim_env
-from support import cli, digests, linear_config, reference_merge
+from support import cli, cli_here, digests, linear_config, reference_merge
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec
@@ -323,10 +323,10 @@ def test_status_and_verify_fall_back_to_the_manifest_when_the_ledger_is_damaged(
         setup: Setup, interrupted: tuple[Path, Path]) -> None:
     out, state, ledger = _copy_interrupted(setup, interrupted, "ledger-status")
     _overwrite(ledger, 0, 100)
-    status = cli("status", out, "--state-dir", state, "--json")
+    status = cli_here("status", out, "--state-dir", state, "--json")
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["source"] == "manifest"
-    check = cli("verify", out, "--state-dir", state, "--json")
+    check = cli_here("verify", out, "--state-dir", state, "--json")
     assert check.returncode == 0, check.stderr
     assert json.loads(check.stdout)["ok"] and json.loads(check.stdout)["checked"] >= 3
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
-from support import cli, write_config
+from support import cli_here, write_config
 
 from resumerge.inputs.gguf.layout import TensorInfo
 from resumerge.plan.ggufout import split_files
@@ -27,8 +27,8 @@ def _merge(root: Path, *flags: str) -> Path:
     config = write_config(root / "c.yml", {"merge_method": "linear", "dtype": "float32", "models": [
         {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
     out = root / f"out{len(flags)}"
-    done = cli("run", config, out, "--state-dir", root / f"s{len(flags)}", "--out-type", "gguf",
-               "--gguf-type", "q8_0", *flags)
+    done = cli_here("run", config, out, "--state-dir", root / f"s{len(flags)}", "--out-type", "gguf",
+                    "--gguf-type", "q8_0", *flags)
     assert done.returncode == 0, done.stderr
     return out
 
@@ -96,7 +96,7 @@ def test_a_damaged_split_is_found_by_verify(tmp_path: Path) -> None:
     data = bytearray(second.read_bytes())
     data[-40] ^= 1
     second.write_bytes(bytes(data))
-    done = cli("verify", out, "--state-dir", tmp_path / "s2")
+    done = cli_here("verify", out, "--state-dir", tmp_path / "s2")
     assert done.returncode != 0 and second.name in done.stdout + done.stderr
 
 
@@ -104,6 +104,6 @@ def test_a_split_size_without_a_gguf_output_is_refused(tmp_path: Path) -> None:
     write_gguf(tmp_path / "a.gguf", "llama", to_gguf("llama", hf_tensors("llama", seed=1)), Q.F32)
     config = write_config(tmp_path / "c.yml", {"merge_method": "linear", "models": [
         {"model": str(tmp_path / "a.gguf"), "parameters": {"weight": 1.0}}]})
-    done = cli("run", config, tmp_path / "out", "--gguf-split-max-size", "1GB")
+    done = cli_here("run", config, tmp_path / "out", "--gguf-split-max-size", "1GB")
     assert done.returncode == 2 and "--out-type gguf" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "out").exists()

@@ -18,7 +18,7 @@ from resumerge import api
 from resumerge.moe import prepare
 from resumerge.store.manifest import read_manifest
 from tests.moe.models import llamas, tensors, write
-from tests.support import cli, digests
+from tests.support import cli, cli_here, digests
 
 
 @pytest.fixture(scope="module")
@@ -105,10 +105,10 @@ def test_kill_during_the_forward_pass_resumes_there(tmp_path: Path, monkeypatch:
     # the merge ran beside the pass: every tensor but the routers (their own last shard) may be committed already
     assert not (out / "model-00002-of-00002.safetensors").exists()
     # status says how far the pass got (it said "tensors 0 / N" and "elapsed 0.0 s" while it ran)
-    said = json.loads(cli("status", out, "--state-dir", state, "--json").stdout)
+    said = json.loads(cli_here("status", out, "--state-dir", state, "--json").stdout)
     layers = json.loads((m[0] / "config.json").read_text())["num_hidden_layers"]
     assert said["prepass_layers"] == [2, layers] and said["elapsed_seconds"] > 0
-    assert f"prompt forward pass: 2 of {layers} decoder layers" in cli("status", out, "--state-dir", state).stdout
+    assert f"prompt forward pass: 2 of {layers} decoder layers" in cli_here("status", out, "--state-dir", state).stdout
     # the kill point is reached once per layer: continued at layer 2 it is reached twice more (layers 2 and 3),
     # started again from layer 0 it would die at layer 2
     again = cli("run", config, out, "--state-dir", state, "--quiet", env={"RESUMERGE_KILL_AT": "after_router_layer:3"})

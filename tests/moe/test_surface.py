@@ -19,7 +19,7 @@ from resumerge.forward.reader import CastReader
 from resumerge.memory.sizes import parse_size
 from tests.moe.models import llamas, write
 from tests.moe.passthread import passes_on_a_thread
-from tests.support import cli
+from tests.support import cli, cli_here
 
 DEGENERATE = "layers 0 and 1 have degenerate routing parameters - your prompts may be too similar."
 POWER = "Your model has 3 experts, which is not a power of two. The model will not be usable in llama.cpp."
@@ -185,8 +185,11 @@ def test_run_refuses_before_its_first_weight_what_plan_refuses(tmp_path: Path, f
     env = _broken_transformers(tmp_path) if fault == "transformers" else None
     if fault == "tokenizer":
         _unreadable_tokenizer(config)
-    planned = cli("plan", config, out, "--state-dir", state, "--probe-size", "0", env=env)
-    ran = cli("run", config, out, "--state-dir", state, "--out-shard-size", "30k", env=env)
+    # the broken transformers is a process's environment; the unreadable tokenizer is met by the CLI's main here
+    planned = cli("plan", config, out, "--state-dir", state, "--probe-size", "0", env=env) if env else cli_here(
+        "plan", config, out, "--state-dir", state, "--probe-size", "0")
+    ran = cli("run", config, out, "--state-dir", state, "--out-shard-size", "30k", env=env) if env else cli_here(
+        "run", config, out, "--state-dir", state, "--out-shard-size", "30k")
     assert (planned.returncode, ran.returncode) == (2, 2), (planned.stderr, ran.stderr)
     assert line in planned.stderr and ran.stderr.startswith(line) and ran.stderr.count("\n") == 1, ran.stderr
     assert not out.exists()
