@@ -37,7 +37,8 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     config = write_config(root / "rm.yml", {
         "merge_method": "regmean", "models": [{"model": str(a)}, {"model": str(b)}],
         "parameters": {"grams": str(grams), "reduce_non_diagonal_ratio": 0.7}, "dtype": "float32"})
-    done = cli_here("measure", config, grams, "--texts", root / "texts.txt")
+    # a fresh process, as the killed and resumed measurement compared with it (bytes of matrix products)
+    done = cli("measure", config, grams, "--texts", root / "texts.txt")
     assert done.returncode == 0, done.stderr
     assert "measured: 2 model(s)" in done.stdout
     return {"root": root, "a": a, "b": b, "grams": grams, "config": config, "texts": root / "texts.txt"}
@@ -121,7 +122,7 @@ def test_a_killed_regmean_merge_resumes_identical_and_refuses_a_gram_changed_mea
         measured: dict[str, Path], tmp_path: Path) -> None:
     reference, out = tmp_path / "reference", tmp_path / "out"
     args = ("--state-dir", tmp_path / "state", "-q", "--out-shard-size", "20k")
-    assert cli_here("run", measured["config"], reference, *args).returncode == 0
+    assert cli("run", measured["config"], reference, *args).returncode == 0  # processes: bytes compared
     killed = cli("run", measured["config"], out, *args, env={"RESUMERGE_KILL_AT": "after_manifest_write:2"})
     assert killed.returncode == -9, killed.stderr
     gram = measured["grams"] / "model-01" / "layer-00001.safetensors"
@@ -134,7 +135,7 @@ def test_a_killed_regmean_merge_resumes_identical_and_refuses_a_gram_changed_mea
         assert refused.returncode != 0 and "holds other bytes" in refused.stderr, refused.stderr
     finally:
         gram.write_bytes(kept)
-    assert cli_here("resume", out, *args[:3]).returncode == 0
+    assert cli("resume", out, *args[:3]).returncode == 0
     assert digests(out) == digests(reference) | {n: d for n, d in digests(out).items() if n.startswith("resumerge-")}
 
 
@@ -220,7 +221,7 @@ def test_a_killed_measurement_resumes_at_the_layer_reached_byte_identical(measur
     assert (shown.state, shown.kind, shown.tensors_done, shown.tensors_total) == ("interrupted", "measure", 3, 4)
     assert shown.resume_command == f"resumerge measure {measured['config']} {out} --texts {measured['texts']}"
     assert "model 2 of 2" in str(shown)
-    resumed = cli_here(*args)
+    resumed = cli(*args)
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stderr.count("measuring:") == 1 and "model 2 of 2, layer 2 of 2" in resumed.stderr
     for folder in ("", "model-00", "model-01"):

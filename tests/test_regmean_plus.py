@@ -42,7 +42,8 @@ def two_layers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     a, b = make_model(root / "a", spec, seed=11), make_model(root / "b", spec, seed=12)
     (root / "texts.txt").write_text(TEXTS)
     config = _config(root, "plus", "regmean_plus", [a, b], root / "gplus")
-    done = cli_here("measure", config, root / "gplus", "--texts", root / "texts.txt")
+    # a fresh process, as the killed and resumed measurements compared with it (bytes of matrix products)
+    done = cli("measure", config, root / "gplus", "--texts", root / "texts.txt")
     assert done.returncode == 0 and "merged pass" in done.stderr, done.stderr
     return {"root": root, "a": a, "b": b, "config": config, "grams": root / "gplus", "texts": root / "texts.txt"}
 
@@ -122,7 +123,7 @@ def test_a_killed_merged_pass_resumes_byte_identical(two_layers: dict[str, Path]
     killed = cli(*args, env={"RESUMERGE_KILL_AT": "after_measure_layer:1"})
     assert killed.returncode == -9, killed.stderr
     assert not (out / MANIFEST).exists() and api.status(out).tensors_done == 2  # layer 0 of both models
-    resumed = cli_here(*args)
+    resumed = cli(*args)
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stderr.count("measuring:") == 1 and "layer 2 of 2" in resumed.stderr
     for folder in ("", "model-00", "model-01"):
