@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from resumerge.cli.modelgen import ModelSpec, make_model
-from tests.support import cli
+from tests.support import cli_here
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").iterdir())
@@ -45,6 +45,6 @@ def test_every_example_is_accepted(example: Path, models_dir: Path, monkeypatch:
         assert example.suffix == ".yml", f"{example.name}: add a way to check this kind of example"
         runs = [["plan", str(example), "out", "--probe-size", "0"]]
     for argv in runs:
-        done = cli(*argv, "--state-dir", models_dir / "state")
+        done = cli_here(*argv, "--state-dir", models_dir / "state")  # the CLI's main, in this process
         assert done.returncode == 0, f"{example.name}: {argv}\n{done.stdout}\n{done.stderr}"
     assert not (models_dir / "out").exists() and not (models_dir / "out-lora").exists()

@@ -13,7 +13,7 @@ import pytest
 from conftest import ModelFactory
 from hub.fakehub import FakeHub, files_of
 from huggingface_hub import close_session, constants
-from support import cli, digests
+from support import cli, cli_here, digests
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
@@ -167,10 +167,10 @@ def test_card_is_journaled_and_byte_identical_after_a_kill(tmp_path: Path, make:
     manifest = json.loads((out / "resumerge-manifest.json").read_text())
     assert "README.md" in manifest["planned"]
     assert manifest["committed"]["README.md"]["sha256"] == digests(out)["README.md"]
-    done = cli("verify", out, "--json")
+    done = cli_here("verify", out, "--json")
     assert done.returncode == 0 and json.loads(done.stdout)["ok"] is True
     (out / "README.md").write_text("edited\n")
-    damaged = cli("verify", out, "--json")
+    damaged = cli_here("verify", out, "--json")
     assert damaged.returncode == 3 and "README.md" in damaged.stdout
 
 

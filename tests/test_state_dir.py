@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import ModelFactory
-from support import cli, linear_config, write_config
+from support import cli, cli_here, linear_config, write_config
 
 from resumerge.cli.commands import main
 from resumerge.config.locations import RunLocations, StateDir, default_state_root, resume_command, run_dir, state_root
@@ -102,7 +102,8 @@ def test_a_state_dir_in_out_is_refused_saying_so(tmp_path: Path, make: ModelFact
     state = out / "state" if inside else out
     said = f"the state dir {state} {'is inside' if inside else 'is'} OUT: resumerge keeps each run's ledger there"
     for args in (("run", cfg), ("plan", cfg, "--probe-size", "0"), ("run", recipe)):
-        done = cli(*args[:2], out, "--state-dir", state, *args[2:])
+        runner = cli if args == ("run", cfg) else cli_here  # a process once; plan and the recipe through main here
+        done = runner(*args[:2], out, "--state-dir", state, *args[2:])
         assert done.returncode == 2 and said in done.stderr, (args, done.stderr)
         assert f"pass a --state-dir outside OUT (or none: the default is {default_state_root()})" in done.stderr
         assert args[0] == "plan" or done.stderr.count("\n") == 1, done.stderr

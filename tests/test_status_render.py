@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import ModelFactory
 from rich.console import Console
-from support import cli, drain_pty, linear_config, write_config
+from support import cli, cli_here, drain_pty, linear_config, write_config
 
 from resumerge import api
 from resumerge.cli.commands import main
@@ -95,10 +95,10 @@ def test_status_of_a_killed_real_merge(tmp_path: Path, make: ModelFactory, monke
     assert ESC not in done.stderr and done.stderr.startswith(f"merging {report.tensors_total} of ")
     assert report.state == "interrupted" and report.budget == 2_000_000_000
     assert report.resume_command == f"resumerge resume {out} --state-dir {state}"
-    shown = cli("status", out, "--state-dir", state)
+    shown = cli_here("status", out, "--state-dir", state)  # the killed run was a process; status here
     assert shown.returncode == 0 and ESC not in shown.stdout
     assert f"finish with  resumerge resume {out} --state-dir {state}\n" in shown.stdout
-    as_json = json.loads(cli("status", out, "--state-dir", state, "--json").stdout)
+    as_json = json.loads(cli_here("status", out, "--state-dir", state, "--json").stdout)
     assert as_json == json.loads(json.dumps(report.to_json()))  # the CLI prints exactly the report
     assert as_json["budget"] == 2_000_000_000 and as_json["resume_command"] == report.resume_command
 
