@@ -20,7 +20,7 @@ import torch
 from ggufmodels import Q, decoded, hf_tensors, name_maps_built_once, to_gguf, write_gguf
 from realmodel import smollm2_folder, smollm2_gguf
 from safetensors.torch import load_file, save_file
-from support import cli, digests, write_config
+from support import cli, cli_here, digests, write_config
 
 from resumerge.inputs.gguf.layout import TensorInfo, Value, plan_layout
 from resumerge.plan.quantnotes import GGUF_ROUND_TRIP
@@ -217,7 +217,7 @@ def test_a_gguf_output_without_a_tokenizer_or_of_an_unwritable_family_is_refused
     (folder / "config.json").write_text(json.dumps({k: v for k, v in model.config.items()
                                                     if k != "quantization_config"}))
     save_file(values, folder / "model.safetensors")
-    done = cli("plan", _config(tmp_path / "q", folder, folder), "--out-type", "gguf")
+    done = cli_here("plan", _config(tmp_path / "q", folder, folder), "--out-type", "gguf")  # the CLI's main, here
     # no GGUF parent: the tokenizer is built from the donor's files, and this folder has none
     assert done.returncode == 2 and "a GGUF output needs the model's tokenizer.json" in done.stderr
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -225,7 +225,7 @@ def test_a_gguf_output_without_a_tokenizer_or_of_an_unwritable_family_is_refused
     tokenizer = Tokenizer(models.BPE({"a": 0, "b": 1, "ab": 2}, [("a", "b")]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.save(str(folder / "tokenizer.json"))
-    done = cli("plan", _config(tmp_path / "q", folder, folder), "--out-type", "gguf")
+    done = cli_here("plan", _config(tmp_path / "q", folder, folder), "--out-type", "gguf")
     # a byte-level BPE whose pre-tokenizer llama.cpp's table does not name: a GGUF of it would split text wrongly
     assert done.returncode == 2 and "pre-tokenizer llama.cpp's table does not name" in done.stderr
     assert "Traceback" not in done.stderr
