@@ -259,12 +259,13 @@ def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int |
     the forward pass's steps reserve (``layer``, ``heads``), and whether the static pass is folded into the
     layers' reads (where ``can_fold`` and the budget holds two layers at once: the base's, kept, and another's;
     see :mod:`.folded`)."""
-    config = streams[0].config
+    config = streams[0].config.get_text_config()  # a multimodal model's language model's
     hidden = int(getattr(config, "hidden_size", 0) or 0)
     positions = padded_positions(tokens)
     states = 2 * len(streams) * positions * hidden * 4
     heads = max(head_step_bytes(s, largest_batch(tokens), max(map(len, tokens), default=0)) for s in streams)
-    layer = max(pass_bytes(s.formats, s.layers, value_bytes=4) for s in streams)
+    layer = max(pass_bytes(s.formats, s.layers, value_bytes=4, embeddings=s.prefix(s.model.get_input_embeddings()),
+                           stack=s.prefix(s.layers_list)) for s in streams)
     static = static_bytes([s.formats for s in streams])
     if can_fold:
         try:

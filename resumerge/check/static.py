@@ -4,7 +4,12 @@ Per logical tensor: non-finite values in the merge; its shape against the base's
 and dᵢ = ‖Pᵢ−B‖. Per group (decoder layer × kind of tensor, and per kind over the whole model): the merge's
 movement sqrt(Σ d_M²) against the parents' weighted mean of sqrt(Σ dᵢ²) (the merge's own weights where its
 record has them, else equal), and their ratio: about 0 for a whole kind the parents moved (every expert at the
-base's value, unsloth #5410) names that kind.
+base's value, unsloth #5410) names that kind. A multi-token-prediction module (Qwen3-Next's ``mtp.*``, the layers
+DeepSeek-V3 and GLM-4.5 store after their decoder layers, ``num_nextn_predict_layers`` of them) is one group of its
+own, kind ``mtp``, outside the decoder layers: the forward pass does not run it (transformers does not build it),
+its tensors are compared as any other.
+A multimodal model's vision tower and projector are one group too, kind ``vision`` (the forward pass runs the
+language model on text).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import math
 import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from resumerge.check.models import Checked
 from resumerge.check.report import GroupFigures, StaticFigures
@@ -30,6 +36,8 @@ _BLOCK = 1 << 20
 # Values per span a tensor is read in (a whole number of blocks: one, 4 MB in float32).
 _SPAN = _BLOCK
 
+# A multimodal model's vision tower and projector: one group, not counted in the decoder layers' groups.
+_VISION = re.compile(r"(?:^|\.)(?:vision_tower|vision_model|visual|multi_modal_projector|vision_embed_tokens)\.")
 _LAYER = re.compile(r"\.(?:layers|h|blocks|layer)\.(\d+)\.")
 _KINDS = (  # first match wins
     ("shared experts", re.compile(r"shared_expert")),
@@ -47,6 +55,27 @@ def kind_of(name: str) -> str:
     """The kind of tensor ``name`` (attention, mlp, routed experts, shared experts, router, norms, embeddings,
     head, other)."""
     return next((kind for kind, pattern in _KINDS if pattern.search(name)), "other")
+
+
+def group_of(name: str, mtp_from: int | None) -> tuple[int | None, str]:
+    """The group of tensor ``name``: (its decoder layer or None, its kind); an MTP module's tensor is (None,
+    ``mtp``): ``mtp.*``, or a layer numbered ``mtp_from`` or after (see :func:`mtp_from`)."""
+    if _VISION.search(name):
+        return None, "vision"
+    layer = layer_of(name)
+    if name.startswith("mtp.") or (mtp_from is not None and layer is not None and layer >= mtp_from
+                                   and name.startswith("model.layers.")):
+        return None, "mtp"
+    return layer, kind_of(name)
+
+
+def mtp_from(config: Mapping[str, Any]) -> int | None:
+    """The number of the first MTP layer a config.json declares stored after its decoder layers
+    (``num_nextn_predict_layers`` > 0: DeepSeek-V3, GLM-4.5), None where it declares none."""
+    try:
+        return int(config["num_hidden_layers"]) if int(config.get("num_nextn_predict_layers") or 0) > 0 else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def layer_of(name: str) -> int | None:
@@ -143,6 +172,7 @@ def assemble(models: Sequence[Checked], results: Mapping[str, TensorResult]) -> 
     nonfinite, problems = [], []
     # (layer, kind) -> [Σ d_M², Σ dᵢ² per parent, Σ ‖B‖², tensors]
     sums: dict[tuple[int | None, str], list[float]] = defaultdict(lambda: [0.0] * (len(parents) + 3))
+    first_mtp = mtp_from(models[0].opened.config)
     for name in sorted(shapes[0]):
         finite, found = results[name]
         if not finite:
@@ -154,7 +184,7 @@ def assemble(models: Sequence[Checked], results: Mapping[str, TensorResult]) -> 
             continue
         assert found is not None
         others = [k for k, i in enumerate(parents) if shapes[i].get(name) == shapes[base][name]]
-        entry = sums[(layer_of(name), kind_of(name))]
+        entry = sums[group_of(name, first_mtp)]
         entry[0] += found[0]
         for k, value in zip(others, found[1:-1]):
             entry[1 + k] += value

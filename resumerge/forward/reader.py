@@ -174,11 +174,14 @@ class CastReader:
         self._sources.close()
 
 
-def pass_bytes(formats: StoredFormats, layers: int, value_bytes: int = 2) -> int:
+def pass_bytes(formats: StoredFormats, layers: int, value_bytes: int = 2, *, embeddings: str = "model.embed_tokens.",
+               stack: str = "model.layers.") -> int:
     """The most a pass holds at once beyond its process's baseline (the model's stored tensors sorted by
     ``formats``): the embeddings or one decoder layer, each its weights at ``value_bytes`` a value (2: bfloat16)
-    plus the largest one as read (a quantized one's parts and its float32 decode)."""
-    prefixes = ["model.embed_tokens.", *(f"model.layers.{i}." for i in range(layers))]
+    plus the largest one as read (a quantized one's parts and its float32 decode). ``embeddings`` and ``stack``:
+    the checkpoint's prefixes of the input embeddings and the decoder layers (a multimodal model's language model,
+    GPT-2's ``transformer.h.``)."""
+    prefixes = [embeddings, *(f"{stack}{i}." for i in range(layers))]
     held, largest = dict.fromkeys(prefixes, 0), dict.fromkeys(prefixes, 0)
     for name, found in formats.logical().items():
         prefix = next((p for p in prefixes if name.startswith(p)), None)

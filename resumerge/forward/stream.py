@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.errors import InputError, ModelInputError
+from resumerge.forward.multimodal import causal_lm_class, renamed, stored_prefixes, text_model
 from resumerge.forward.reader import CastReader, Weights, base_formats
 from resumerge.torch_import import torch
 
@@ -108,11 +109,12 @@ def weights_on_meta() -> Iterator[None]:
 def build_modules(directory: Path, dtype: torch.dtype, *, what: str) -> tuple[Any, Any]:
     """The config of the model in ``directory`` as transformers reads it, and its causal-LM modules in ``dtype``
     built without weights (:func:`weights_on_meta`); ``what`` names the pass in the error of a missing
-    transformers. Raises what transformers raises for an architecture it does not know."""
+    transformers. Raises what transformers raises for an architecture it does not know, and
+    :class:`ModelInputError` for one it builds no causal LM of (a multimodal model: see :mod:`.multimodal`)."""
     transformers = import_transformers(what)
     config = transformers.AutoConfig.from_pretrained(str(directory))
     with weights_on_meta():
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = causal_lm_class(transformers, config).from_config(config, dtype=dtype)
     return config, model
 
 
@@ -129,7 +131,7 @@ class ModelStream:
         self.dtype = dtype
         self.config, self.model = built if built is not None else build_modules(weights.directory, dtype, what=what)
         self.model.eval()  # from_config leaves it training: dropout would draw at random
-        self.inner = self.model.base_model
+        self.inner = text_model(self.model.base_model)  # a multimodal model's language model
         names = {id(m): n for n, m in self.model.named_modules()}
         self._names = names
         self.layers_list = self._layer_list()
@@ -138,9 +140,10 @@ class ModelStream:
                                 if isinstance(getattr(self.inner, n, None), torch.nn.Module)), None)
         self.formats = base_formats(weights.tensors, config_doc, weights.directory)
         self.reader = CastReader(weights, self.formats, dtype, key=key)
+        self._stored = stored_prefixes(self.model, self.inner, self.formats.logical())
 
     def _layer_list(self) -> torch.nn.ModuleList:
-        count = int(self.config.num_hidden_layers)
+        count = int(self.config.get_text_config().num_hidden_layers)
         for child in self.inner.children():
             if isinstance(child, torch.nn.ModuleList) and len(child) == count:
                 return child
@@ -149,7 +152,7 @@ class ModelStream:
     def prefix(self, module: torch.nn.Module) -> str:
         """The checkpoint prefix of ``module``'s tensors (``model.layers.3.``)."""
         name = self._names[id(module)]
-        return f"{name}." if name else ""
+        return renamed(f"{name}.", self._stored) if name else ""
 
     # -- weights in and out --------------------------------------------------------------------------------
 
@@ -328,7 +331,7 @@ class ModelStream:
             for name, value in weights.items():
                 head._parameters[name] = torch.nn.Parameter(value, requires_grad=False)
         attribute = self.model.base_model_prefix
-        inner = self.inner
+        inner = getattr(self.model, attribute)
 
         def logits(hidden: torch.Tensor) -> torch.Tensor:
             normed = self.final_norm(hidden) if self.final_norm is not None else hidden
@@ -348,8 +351,9 @@ class ModelStream:
             head._parameters.update(before)  # the shapes the modules were built with (a block's were not)
 
     def tied_head(self) -> bool:
-        """Whether the head is read from the input embeddings (tied)."""
-        return bool(getattr(self.config.get_text_config(), "tie_word_embeddings", False))
+        """Whether the head is read from the input embeddings (tied): as transformers ties them, by the top-level
+        config (a multimodal model's, not its text config's: Mistral 3 ties where its text config says not)."""
+        return bool(getattr(self.config, "tie_word_embeddings", False))
 
     def close(self) -> None:
         self.reader.close()
