@@ -195,3 +195,27 @@ def test_a_model_transformers_builds_no_causal_lm_of_is_refused_in_one_line(tmp_
     with pytest.raises(ModelInputError, match=r"builds no causal language model for T5Config") as refused:
         streams_of([_checked(tmp_path / "t5")])
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("family", ["llava", "gpt2"])
+def test_the_memory_estimate_counts_layers_under_the_model_s_own_prefixes(tmp_path: Path, family: str) -> None:
+    """A layer step reserves at least a decoder layer's weights in float32, wherever the checkpoint puts the
+    layers (a VLM's ``language_model.model.layers.N``, GPT-2's ``transformer.h.N``: counted as 0 B before)."""
+    from families import FAMILIES, make_family_model
+    from vlm_families import make_vlm, vlm
+
+    from resumerge.check.run import _fits
+    from resumerge.inputs.safetensors_format import numel
+
+    directory = (make_vlm(tmp_path / family, vlm(family), 3) if family == "llava" else
+                 make_family_model(tmp_path / family, next(f for f in FAMILIES if f.name == family), 3))
+    model = _checked(directory)
+    streams = streams_of([model])
+    try:
+        stack = streams[0].prefix(streams[0].layers_list)
+        _, steps, _ = _fits(streams, TOKENS, None, can_fold=False)
+    finally:
+        for stream in streams:
+            stream.close()
+    layer0 = sum(4 * numel(tuple(t.entry.shape)) for n, t in model.opened.tensors.items() if n.startswith(f"{stack}0."))
+    assert layer0 > 0 and steps["layer"] >= layer0
