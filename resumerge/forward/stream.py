@@ -109,8 +109,9 @@ def weights_on_meta() -> Iterator[None]:
 def build_modules(directory: Path, dtype: torch.dtype, *, what: str) -> tuple[Any, Any]:
     """The config of the model in ``directory`` as transformers reads it, and its causal-LM modules in ``dtype``
     built without weights (:func:`weights_on_meta`); ``what`` names the pass in the error of a missing
-    transformers. Raises what transformers raises for an architecture it does not know, and
-    :class:`ModelInputError` for one it builds no causal LM of (a multimodal model: see :mod:`.multimodal`)."""
+    transformers. A multimodal model is built by its image-text-to-text class where no causal-LM class maps it
+    (:mod:`.multimodal`). Raises what transformers raises for an architecture it does not know, and
+    :class:`ModelInputError` for one it builds no causal LM of (T5, a vision-only model)."""
     transformers = import_transformers(what)
     config = transformers.AutoConfig.from_pretrained(str(directory))
     with weights_on_meta():
