@@ -161,3 +161,42 @@ def test_the_token_sequences_are_kept_until_the_tokenizer_or_the_prompts_change(
     for kept in (cache / tokens.TOKENS_DIR).iterdir():
         kept.write_text("not json")  # damaged: computed again
     assert tokens.cached_sequences([model], prompts, cache) == [[120, 121]] and len(loaded) == 4
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_modules_built_without_weights_skip_drawing_them_and_keep_their_buffers(tmp_path: Path, family: str) -> None:
+    """The weightless build marks its meta parameters initialised and leaves a meta tensor to torch.nn.init's
+    functions untouched (a resume pays the build again), while its buffers are the ones a real build computes, and
+    torch.nn.init is torch's own again after it."""
+    from transformers import AutoModelForCausalLM
+
+    from resumerge.forward.stream import build_modules, weights_on_meta
+
+    directory = make_family_model(tmp_path / family, next(f for f in FAMILIES if f.name == family), 3)
+    inits = dict(vars(torch.nn.init))
+    config, built = build_modules(directory, torch.float32, what="test")
+    assert dict(vars(torch.nn.init)) == inits
+    assert all(p.is_meta and getattr(p, "_is_hf_initialized", False) for p in built.parameters())
+    real = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    ours, theirs = dict(built.named_buffers()), dict(real.named_buffers())
+    assert ours.keys() == theirs.keys() and ours
+    assert all(torch.equal(ours[name], theirs[name]) for name in ours)
+    drawn = torch.zeros(4)
+    with weights_on_meta():
+        assert torch.nn.init.normal_(torch.empty(4, device="meta")).is_meta
+        torch.nn.init.normal_(drawn)
+    assert bool(drawn.ne(0).any())  # a real tensor is still drawn inside the block
+
+
+def test_a_local_check_imports_neither_the_merge_engine_nor_the_hubs_http_stack() -> None:
+    """Every check, a resumed one included, pays its imports again: the engine (via ``--executor``'s parsing and
+    ``run --check``'s outcome) and the hub's range reader are imported only for a Ray check or a hub model."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom resumerge.api import check\nfrom resumerge.api.options import executor_option\n"
+            "import resumerge.check.run, resumerge.cli.checkcmd\nassert executor_option('local') is None\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('resumerge.engine', 'resumerge.inputs.hub'))))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"
