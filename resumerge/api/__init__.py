@@ -307,10 +307,13 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
     ``LocalExecutor()`` runs the models one after another in this process; ``RayExecutor(address)`` each model's
     pass on a node of its own of that Ray cluster (the same report; a check started with one resumes with the
     other)."""
-    from resumerge.api.checked import check_placement
     from resumerge.check.run import run_check
 
-    on_ray, address = check_placement(executor)
+    on_ray, address = False, None
+    if executor is not None:  # imported only then: api.checked brings the merge engine, which a local check never runs
+        from resumerge.api.checked import check_placement
+
+        on_ray, address = check_placement(executor)
     return run_check(model, base=base, parents=tuple(parents), prompts=prompts,
                      max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory,
                      state=StateDir.resolve(state_dir), on_ray=on_ray, ray_address=address)

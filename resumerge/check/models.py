@@ -23,15 +23,18 @@ import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from resumerge.config.hubtarget import SCHEME, is_hub_target, parse_hub_target
 from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import MergeConfig, SourceConfig, load_config_text
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import ModelInputError, UsageError
-from resumerge.inputs.hub.ranges import StreamedFile
 from resumerge.inputs.model import ModelInput, open_model
 from resumerge.store.manifest import read_manifest
+
+if TYPE_CHECKING:  # the hub's range reader (its HTTP stack) is imported only for a hub model
+    from resumerge.inputs.hub.ranges import StreamedFile
 
 _SNAPSHOT = re.compile(r"models--(.+?)--([^/]+)/snapshots/([0-9a-f]{40})/?$")
 _LATER_PART = re.compile(r"-(?!00001)\d{5}-of-\d{5}\.gguf$")  # a split GGUF's second file or later
@@ -118,6 +121,7 @@ def _open_hub(where: str, what: str, state: StateDir) -> Checked:
     """A hub repo: its config, tokenizer and headers fetched and checked, its weights to be read by range."""
     from resumerge.inputs.catalog import from_metadata
     from resumerge.inputs.hub import resolve_metadata
+    from resumerge.inputs.hub.ranges import StreamedFile
 
     target = parse_hub_target(where)
     ref = ModelRef(f"{target.namespace}/{target.name}", target.branch)
@@ -134,6 +138,7 @@ def _open_hub_gguf(where: str, what: str, state: StateDir) -> Checked:
     from resumerge.config.modelref import parse_model_ref
     from resumerge.inputs.gguf.folder import gguf_folder
     from resumerge.inputs.hub.gguf import gguf_input, hub_gguf, resolve_gguf
+    from resumerge.inputs.hub.ranges import StreamedFile
 
     try:
         ref = parse_model_ref(where[len(SCHEME):])

@@ -14,17 +14,19 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from resumerge.inputs.codecs import CODECS, StoredFormats
 from resumerge.inputs.files import TensorSource
-from resumerge.inputs.hub.ranges import StreamedFile
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, TensorEntry, numel
 from resumerge.inputs.source import InputSource, InputSources
 from resumerge.inputs.tensorio import TORCH_DTYPES
 from resumerge.inputs.torch_bin import is_pickle_checkpoint
 from resumerge.plan.inputrefs import format_ref, read_value
 from resumerge.torch_import import torch
+
+if TYPE_CHECKING:  # the hub's range reader (its HTTP stack) is imported only where a model is read from the hub
+    from resumerge.inputs.hub.ranges import StreamedFile
 
 # where a tensor lies: (file, start, end, safetensors dtype, shape)
 Location = tuple[str, int, int, str, tuple[int, ...]]
