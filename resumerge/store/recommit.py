@@ -16,8 +16,6 @@ from pathlib import Path
 from resumerge.config.locations import StateDir
 from resumerge.errors import LedgerError, OutputDirError
 from resumerge.store.durable import write_file_atomic
-from resumerge.store.journal_commit import CommitJournal
-from resumerge.store.ledger import Ledger
 from resumerge.store.ledger_read import LEDGER_NAME, read_merge_record
 from resumerge.store.manifest import ManifestBook, read_manifest
 from resumerge.store.runlock import RunLock
@@ -85,6 +83,11 @@ def recommit_small(out: Path, found: Committed, data: bytes, state: StateDir) ->
             write_file_atomic(out / found.name, data)
             book.commit(found.name, len(data), hashlib.sha256(data).hexdigest())
             return True
+        # imported only here: the ledger's writer brings sqlite-utils, which a check of a model that is no
+        # resumerge output (or whose card is up to date) never needs, and every check imports this module
+        from resumerge.store.journal_commit import CommitJournal
+        from resumerge.store.ledger import Ledger
+
         ledger = Ledger(state.run_dir(out) / LEDGER_NAME)
         try:
             CommitJournal(sink, ledger, book).write_small(found.name, data)

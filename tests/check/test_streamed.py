@@ -188,15 +188,16 @@ def test_modules_built_without_weights_skip_drawing_them_and_keep_their_buffers(
     assert bool(drawn.ne(0).any())  # a real tensor is still drawn inside the block
 
 
-def test_a_local_check_imports_neither_the_merge_engine_nor_the_hubs_http_stack() -> None:
+def test_a_local_check_imports_neither_the_merge_engine_nor_the_hub_nor_the_ledgers_writer() -> None:
     """Every check, a resumed one included, pays its imports again: the engine (via ``--executor``'s parsing and
-    ``run --check``'s outcome) and the hub's range reader are imported only for a Ray check or a hub model."""
+    ``run --check``'s outcome), the hub's range reader and the ledger's writer (sqlite-utils) only where used."""
     import subprocess
     import sys
 
     code = ("import sys\nfrom resumerge.api import check\nfrom resumerge.api.options import executor_option\n"
             "import resumerge.check.run, resumerge.cli.checkcmd\nassert executor_option('local') is None\n"
-            "print(sorted(m for m in sys.modules if m.startswith(('resumerge.engine', 'resumerge.inputs.hub'))))")
+            "print(sorted(m for m in sys.modules\n"
+            "             if m.startswith(('resumerge.engine', 'resumerge.inputs.hub', 'sqlite_utils'))))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]"
