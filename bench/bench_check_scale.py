@@ -5,6 +5,7 @@ Usage::
 
     python bench/bench_check_scale.py resume [--kill-at 15] [--tiled --layers 120] [--work DIR]
     python bench/bench_check_scale.py budget [--layers 120] [--max-memory 900MB] [--work DIR]
+    python bench/bench_check_scale.py start [--layers 120] [--runs 7] [--tree DIR]
 
 ``resume``: SmolLM2-135M-Instruct in float32 (tests/realmodel.py's fixture) checked against a parent with every
 decoder-layer weight nudged (bench_check.py's), four short texts; the check is run whole, then run with
@@ -16,6 +17,11 @@ each wall time, and the killed + resumed total against the whole one, and that t
 tokenizer; 120 layers: 1.8 GB in float32) checked against a hard-linked copy of itself under ``--max-memory``;
 prints the wall time and the child's peak RSS (``ru_maxrss``: file pages mapped while a tensor is cast included).
 Each command runs in a fresh state dir, in a process of its own.
+
+``start``: what a check's process does before its first layer, that a resumed check does again, timed in a fresh
+interpreter ``--runs`` times: resumerge's imports as ``python -m resumerge check`` makes them, then torch and
+transformers, then the ``--layers`` model's modules built without weights; ``--tree``: the resumerge checkout
+whose code is timed (another worktree, to compare two trees on one machine).
 """
 
 from __future__ import annotations
@@ -93,18 +99,47 @@ def budget(args: argparse.Namespace, env: dict[str, str]) -> None:
           f"peak RSS {peak / 1e6:.0f} MB, verdict {doc['verdict']}, NLL {[round(m['nll'], 4) for m in doc['models']]}")
 
 
+_START = """
+import sys, time
+t0 = time.perf_counter()
+import resumerge.check.run, resumerge.cli.checkcmd
+from resumerge.api.options import executor_option
+executor_option("local")
+t1 = time.perf_counter()
+from pathlib import Path
+import torch
+from resumerge.forward.stream import build_modules, import_transformers
+import_transformers("bench")
+t2 = time.perf_counter()
+build_modules(Path(sys.argv[1]), torch.float32, what="bench")
+t3 = time.perf_counter()
+print(f"resumerge imports {t1 - t0:.2f} s, torch + transformers {t2 - t1:.2f} s, modeling module + build "
+      f"{t3 - t2:.2f} s, total {t3 - t0:.2f} s")
+"""
+
+
+def start(args: argparse.Namespace, env: dict[str, str]) -> None:
+    target, _ = _tiled(args)
+    for _ in range(args.runs):
+        done = subprocess.run([sys.executable, "-c", _START, str(target)], env={**env, "PYTHONPATH": str(args.tree)},
+                              cwd=args.tree, capture_output=True, text=True, check=True)
+        print(done.stdout.strip())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=("resume", "budget"))
+    parser.add_argument("mode", choices=("resume", "budget", "start"))
     parser.add_argument("--kill-at", type=int, default=15)
     parser.add_argument("--layers", type=int, default=120)
     parser.add_argument("--tiled", action="store_true", help="resume: check the --layers model against its copy")
     parser.add_argument("--max-memory", default="900MB")
+    parser.add_argument("--runs", type=int, default=7, help="start: how many fresh interpreters")
+    parser.add_argument("--tree", type=Path, default=ROOT, help="start: the resumerge checkout timed")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "resumerge-bench-check")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "tests"))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    (resume if args.mode == "resume" else budget)(args, env)
+    {"resume": resume, "budget": budget, "start": start}[args.mode](args, env)
 
 
 if __name__ == "__main__":
