@@ -16,7 +16,6 @@ Prints markdown rows for bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import shlex
 import shutil
 import sys
@@ -29,6 +28,7 @@ if str(HERE) not in sys.path:
 from bench_vs_mergekit import make_inputs, run_measured  # noqa: E402
 
 from resumerge.memory.sizes import parse_size  # noqa: E402
+from resumerge.store.checksums import hash_file  # noqa: E402
 
 METHODS = ("linear", "ties", "della", "karcher", "iso_c", "tsv")
 BASED = {"ties", "della", "tsv", "iso_c", "iso_cts", "task_arithmetic", "dare_ties"}
@@ -48,17 +48,9 @@ def config_text(method: str, models: list[Path]) -> str:
     return f"{head}dtype: float32\nmodels:{body}\n"
 
 
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(16 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def compare(cpu: Path, gpu: Path) -> str:
     files = sorted(p.name for p in cpu.iterdir() if p.suffix in (".safetensors", ".gguf"))
-    if all((gpu / f).exists() and _digest(cpu / f) == _digest(gpu / f) for f in files):
+    if all((gpu / f).exists() and hash_file(cpu / f) == hash_file(gpu / f) for f in files):
         return "bytes"
     import torch
 

@@ -104,23 +104,28 @@ TensorResult = tuple[bool, list[float] | None]
 def static_pass(models: Sequence[Checked], known: Mapping[str, TensorResult] | None = None) -> StaticFigures:
     """Compare every tensor of the merge (``models[0]``) with the base's and the parents'; ``known``: the figures
     of tensors already found (by the forward pass's reads, :mod:`.folded`), not read again."""
-    return assemble(models, tensor_results(models, known))
+    opened = [_opened(model) for model in models]
+    shapes = [_shapes(formats) for _, formats in opened]
+    return assemble(models, _results(models, opened, shapes, known), shapes)
 
 
 def tensor_results(models: Sequence[Checked], known: Mapping[str, TensorResult] | None = None,
                    only: Callable[[str], bool] | None = None) -> dict[str, TensorResult]:
     """Each tensor's :data:`TensorResult` (of those ``only`` accepts, when given): ``known`` ones as given, the
     others read (a span at a time)."""
+    opened = [_opened(model) for model in models]
+    return _results(models, opened, [_shapes(formats) for _, formats in opened], known, only)
+
+
+def _results(models: Sequence[Checked], opened: list[tuple[Weights, StoredFormats]],
+             shapes: list[dict[str, tuple[int, ...]]], known: Mapping[str, TensorResult] | None = None,
+             only: Callable[[str], bool] | None = None) -> dict[str, TensorResult]:
     results = dict(known or {})
-    shapes = logical_shapes(models)
     wanted = [n for n in sorted(shapes[0]) if n not in results and (only is None or only(n))]
     if not wanted:
         return results
-    readers = []
-    for model in models:
-        weights = Weights.of(model.opened.directory, model.opened.tensors, model.remote)
-        formats = base_formats(weights.tensors, model.opened.config, weights.directory)
-        readers.append(CastReader(weights, formats, torch.float32, key=model.role))
+    readers = [CastReader(weights, formats, torch.float32, key=model.role)
+               for model, (weights, formats) in zip(models, opened)]
     try:
         for name in wanted:
             results[name] = _read_result(readers, shapes, [m.role for m in models], name)
@@ -132,13 +137,17 @@ def tensor_results(models: Sequence[Checked], known: Mapping[str, TensorResult] 
 
 def logical_shapes(models: Sequence[Checked]) -> list[dict[str, tuple[int, ...]]]:
     """Each model's logical tensors and their value shapes (headers only)."""
-    found = []
-    for model in models:
-        weights = Weights.of(model.opened.directory, model.opened.tensors, model.remote)
-        formats = base_formats(weights.tensors, model.opened.config, weights.directory)
-        found.append({name: tuple(formats.codec(name).value_shape(tuple(t.entry.shape)))
-                      for name, t in formats.logical().items()})
-    return found
+    return [_shapes(formats) for _, formats in map(_opened, models)]
+
+
+def _opened(model: Checked) -> tuple[Weights, StoredFormats]:
+    """``model``'s weights and the formats its stored tensors are read in (headers only)."""
+    weights = Weights.of(model.opened.directory, model.opened.tensors, model.remote)
+    return weights, base_formats(weights.tensors, model.opened.config, weights.directory)
+
+
+def _shapes(formats: StoredFormats) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(formats.codec(name).value_shape(tuple(t.entry.shape))) for name, t in formats.logical().items()}
 
 
 def compared_with(shapes: list[dict[str, tuple[int, ...]]], roles: Sequence[str], name: str) -> list[int] | None:
@@ -160,10 +169,12 @@ def _read_result(readers: list[CastReader], shapes: list[dict[str, tuple[int, ..
     return finite, found
 
 
-def assemble(models: Sequence[Checked], results: Mapping[str, TensorResult]) -> StaticFigures:
+def assemble(models: Sequence[Checked], results: Mapping[str, TensorResult],
+             shapes: list[dict[str, tuple[int, ...]]] | None = None) -> StaticFigures:
     """The static figures from every tensor's :data:`TensorResult`: summed per group in the merge's tensors' sorted
-    order, whoever found them (so the figures are the same to the bit)."""
-    shapes = logical_shapes(models)
+    order, whoever found them (so the figures are the same to the bit); ``shapes``: :func:`logical_shapes`'s, when
+    already found."""
+    shapes = logical_shapes(models) if shapes is None else shapes
     roles = [m.role for m in models]
     base = roles.index("base") if "base" in roles else None
     parents = [i for i, r in enumerate(roles) if r == "parent"]

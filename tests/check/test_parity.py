@@ -6,7 +6,7 @@ renamed head) included. A model whose decoder layers the engine cannot find is r
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -38,20 +38,17 @@ def _model(directory: Path, name: str, moe: bool) -> Path:
     return make_moe_model(directory, name, 3) if moe or family is None else make_family_model(directory, family, 3)
 
 
-def _checked(directory: Path) -> Checked:
+def as_checked(directory: Path) -> Checked:
     return Checked("merge", str(directory), None, open_model(ModelRef(str(directory)), directory=directory))
 
 
-@pytest.mark.parametrize(("name", "moe"), [(n, False) for n in STREAMED] + [(n, True) for n in STREAMED_MOE])
-def test_streamed_logits_and_nll_equal_transformers(tmp_path: Path, name: str, moe: bool) -> None:
-    from transformers import AutoModelForCausalLM
-
-    directory = _model(tmp_path / name, name, moe)
-    model = _checked(directory)
-    reference = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+def assert_streamed_logits(model: Checked, reference: Callable[[torch.Tensor], torch.Tensor],
+                           tokens: list[list[int]]) -> None:
+    """``model``'s logits, run one decoder layer at a time by the forward engine, are ``reference``'s (a batch of
+    ids to float32 logits) to 1e-4 for each of ``tokens``."""
     with ModelStream(Weights.of(model.opened.directory, model.opened.tensors), model.opened.config, torch.float32,
                      what="test") as stream, torch.no_grad():
-        for ids in TOKENS:
+        for ids in tokens:
             batch = torch.tensor([ids])
             ((hidden, calls),) = stream.inputs([(batch, torch.ones_like(batch))])
             for index, layer in enumerate(stream.layers_list):
@@ -59,8 +56,18 @@ def test_streamed_logits_and_nll_equal_transformers(tmp_path: Path, name: str, m
                     hidden = stream.run(loaded, hidden, calls[index])
             with stream.head() as head:
                 logits = head(hidden)
-            expected = reference(input_ids=batch).logits
+            expected = reference(batch)
             assert torch.allclose(logits, expected, atol=1e-4, rtol=0), (logits - expected).abs().max()
+
+
+@pytest.mark.parametrize(("name", "moe"), [(n, False) for n in STREAMED] + [(n, True) for n in STREAMED_MOE])
+def test_streamed_logits_and_nll_equal_transformers(tmp_path: Path, name: str, moe: bool) -> None:
+    from transformers import AutoModelForCausalLM
+
+    directory = _model(tmp_path / name, name, moe)
+    model = as_checked(directory)
+    reference = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    assert_streamed_logits(model, lambda batch: reference(input_ids=batch).logits, TOKENS)
     streams = streams_of([model])
     figures = forward_pass([model], streams, TOKENS, tmp_path / "journal")
     for stream in streams:
@@ -73,7 +80,7 @@ def test_streamed_logits_and_nll_equal_transformers(tmp_path: Path, name: str, m
 
 def test_a_model_whose_layers_cannot_be_found_is_refused_in_one_line(tmp_path: Path) -> None:
     # Llama-4's causal-LM class holds its text model one level down: not followed yet.
-    model = _checked(make_moe_model(tmp_path / "llama4", "llama4_text", 3))
+    model = as_checked(make_moe_model(tmp_path / "llama4", "llama4_text", 3))
     with pytest.raises(ModelInputError, match="cannot find the 2 decoder layers"):
         streams_of([model])
 
@@ -86,7 +93,7 @@ def test_a_block_fp8_checkpoint_reads_as_its_decoded_values(tmp_path: Path) -> N
 
     directory = _model(tmp_path / "fp8", "llama", False)  # sharded, with an index
     quantize_model(directory, tmp_path / "decoded", fp8((16, 16)), fp8_config((16, 16)))
-    figures = figures_of(_checked(directory), tmp_path)
+    figures = figures_of(as_checked(directory), tmp_path)
     reference = AutoModelForCausalLM.from_pretrained(tmp_path / "decoded", dtype=torch.float32)
     with torch.no_grad():
         losses = [float(reference(input_ids=torch.tensor([ids]), labels=torch.tensor([ids])).loss) * (len(ids) - 1)
@@ -116,7 +123,7 @@ def test_each_layer_of_each_model_and_the_heads_are_reserved_while_they_run(tmp_
         yield
         held.append((what, step, True))
 
-    models = [_checked(_model(tmp_path / n, "llama", False)) for n in ("m", "p")]
+    models = [as_checked(_model(tmp_path / n, "llama", False)) for n in ("m", "p")]
     models[1] = Checked("parent", models[1].path, None, models[1].opened)
     streams = streams_of(models)
     try:
@@ -165,7 +172,7 @@ def test_an_mxfp4_gpt_oss_checkpoint_reads_as_its_decoded_values(tmp_path: Path)
     save_file(packed, stored / "model.safetensors", metadata={"format": "pt"})
     (stored / "config.json").write_text(json.dumps(
         {**json.loads((decoded / "config.json").read_text()), "quantization_config": MXFP4_CONFIG}))
-    figures = figures_of(_checked(stored), tmp_path)
+    figures = figures_of(as_checked(stored), tmp_path)
     reference = AutoModelForCausalLM.from_pretrained(decoded, dtype=torch.float32)
     with torch.no_grad():
         losses = [float(reference(input_ids=torch.tensor([ids]), labels=torch.tensor([ids])).loss) * (len(ids) - 1)

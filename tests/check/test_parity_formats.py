@@ -14,41 +14,23 @@ from typing import Any
 
 import pytest
 
-from resumerge.check.models import Checked
 from resumerge.check.passes import forward_pass, streams_of
 from resumerge.check.static import static_pass
-from resumerge.config.modelref import ModelRef
 from resumerge.errors import ModelInputError
-from resumerge.forward import Weights
-from resumerge.forward.stream import ModelStream
-from resumerge.inputs.model import open_model
 from resumerge.torch_import import torch
 
 pytest.importorskip("transformers")
 
+from tests.check.test_parity import as_checked, assert_streamed_logits
+
 TOKENS = [[1, 5, 9, 33, 40, 2, 11, 60, 4, 6, 7], [1, 44, 3, 50]]
-
-
-def _checked(directory: Path) -> Checked:
-    return Checked("merge", str(directory), None, open_model(ModelRef(str(directory)), directory=directory))
 
 
 def assert_parity(directory: Path, reference: Callable[[torch.Tensor], torch.Tensor], tmp_path: Path) -> None:
     """The streamed logits of the model at ``directory`` are ``reference``'s (ids to float32 logits) to 1e-4, and
     the pass's NLL is the mean next-token loss of those logits."""
-    model = _checked(directory)
-    with ModelStream(Weights.of(model.opened.directory, model.opened.tensors), model.opened.config, torch.float32,
-                     what="test") as stream, torch.no_grad():
-        for ids in TOKENS:
-            batch = torch.tensor([ids])
-            ((hidden, calls),) = stream.inputs([(batch, torch.ones_like(batch))])
-            for index, layer in enumerate(stream.layers_list):
-                with stream.loaded(layer) as loaded:
-                    hidden = stream.run(loaded, hidden, calls[index])
-            with stream.head() as head:
-                logits = head(hidden)
-            expected = reference(batch)
-            assert torch.allclose(logits, expected, atol=1e-4, rtol=0), (logits - expected).abs().max()
+    model = as_checked(directory)
+    assert_streamed_logits(model, reference, TOKENS)
     streams = streams_of([model])
     try:
         figures = forward_pass([model], streams, TOKENS, tmp_path / "journal")
@@ -137,7 +119,7 @@ def test_a_model_with_its_mtp_module_streams_the_layers_transformers_runs(tmp_pa
     if family == "deepseek_v3":
         config = json.loads((directory / "config.json").read_text())
         (directory / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
-    assert mtp_names(_checked(directory).opened.tensors, family)
+    assert mtp_names(as_checked(directory).opened.tensors, family)
     assert_parity(directory, _causal(directory), tmp_path)
 
 
@@ -160,7 +142,7 @@ def test_the_text_part_of_a_multimodal_model_streams_as_transformers_runs_it_on_
 def test_the_static_pass_groups_a_vision_tower_apart_from_the_decoder_layers(tmp_path: Path) -> None:
     from vlm_families import make_vlm, vlm
 
-    merge, base = (_checked(make_vlm(tmp_path / str(s), vlm("llava"), s)) for s in (3, 4))
+    merge, base = (as_checked(make_vlm(tmp_path / str(s), vlm("llava"), s)) for s in (3, 4))
     names = set(merge.opened.tensors)
     groups = {(g.layer, g.kind): g.tensors for g in static_pass([merge, replace(base, role="base")]).groups}
     assert groups[(None, "vision")] == sum(n.startswith(("vision_tower.", "multi_modal_projector.")) for n in names)
@@ -177,7 +159,7 @@ def test_the_static_pass_compares_an_mtp_module_as_a_group_of_its_own(tmp_path: 
     config = json.loads((base / "config.json").read_text())
     (base / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": int(family == "deepseek_v3")}))
     merge = make_variant(base, tmp_path / "merge", family, 5)
-    models = [_checked(merge), replace(_checked(base), role="base")]
+    models = [as_checked(merge), replace(as_checked(base), role="base")]
     figures = static_pass(models)
     groups = {(g.layer, g.kind): g for g in figures.groups}
     mtp = mtp_names(models[0].opened.tensors, family)
@@ -193,7 +175,7 @@ def test_a_model_transformers_builds_no_causal_lm_of_is_refused_in_one_line(tmp_
     T5ForConditionalGeneration(T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_heads=2)
                                ).save_pretrained(tmp_path / "t5")
     with pytest.raises(ModelInputError, match=r"builds no causal language model for T5Config") as refused:
-        streams_of([_checked(tmp_path / "t5")])
+        streams_of([as_checked(tmp_path / "t5")])
     assert "\n" not in str(refused.value)
 
 
@@ -209,7 +191,7 @@ def test_the_memory_estimate_counts_layers_under_the_model_s_own_prefixes(tmp_pa
 
     directory = (make_vlm(tmp_path / family, vlm(family), 3) if family == "llava" else
                  make_family_model(tmp_path / family, next(f for f in FAMILIES if f.name == family), 3))
-    model = _checked(directory)
+    model = as_checked(directory)
     streams = streams_of([model])
     try:
         stack = streams[0].prefix(streams[0].layers_list)
