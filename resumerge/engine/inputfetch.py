@@ -25,6 +25,7 @@ from resumerge.inputs.gguf.header import GgufHeader
 from resumerge.inputs.hub import ProgressCallback, fetch_weights
 from resumerge.inputs.hub.cache import RepoCache
 from resumerge.inputs.hub.fetch import check_downloads
+from resumerge.inputs.hub.headercheck import planned_bytes
 from resumerge.inputs.hub.landing import Downloads, LandingFiles
 from resumerge.inputs.hub.ranges import FetchCounters, RangeClient, StreamedFile
 from resumerge.inputs.hub.stream import DEFAULT_COALESCE, Check, HubStream, Prefetched, Ranges
@@ -267,10 +268,11 @@ def _known_bytes(header: Header | GgufHeader) -> tuple[list[tuple[int, int]], li
     its 8-byte length and header before one span (None for a file with bytes between the header and the data).
     A GGUF: its header and padding (``data_start`` is aligned), then its tensors, each padded with zeros to the
     alignment (``gguf.md`` §1): the zeros are assumed, and a file whose padding is not zero fails the check."""
+    planned = planned_bytes(header)
+    if planned is None:
+        return None
     if isinstance(header, Header):
-        if header.data_start != 8 + len(header.raw):
-            return None
-        return [(header.data_start, header.file_size)], [(0, len(header.raw).to_bytes(8, "little") + header.raw)]
+        return [(header.data_start, header.file_size)], [(0, planned)]
     spans: list[tuple[int, int]] = []
     for tensor in sorted(header.tensors, key=lambda t: t.start):
         if tensor.end == tensor.start:
@@ -279,7 +281,7 @@ def _known_bytes(header: Header | GgufHeader) -> tuple[list[tuple[int, int]], li
             spans[-1] = (spans[-1][0], max(spans[-1][1], tensor.end))
         else:
             spans.append((tensor.start, tensor.end))
-    known: list[tuple[int, bytes]] = [(0, header.raw)]
+    known: list[tuple[int, bytes]] = [(0, planned)]
     edges = [len(header.raw), *(edge for span in spans for edge in span), header.file_size]
     known += [(start, bytes(end - start)) for start, end in zip(edges[::2], edges[1::2]) if end > start]
     return spans, known
