@@ -24,7 +24,9 @@ BUILT_IN: tuple[tuple[str, str], ...] = (
 
 def load_tokenizer(directories: Sequence[Path]) -> Any:
     """The first of ``directories`` (the merge's, then its base's and parents') that holds a tokenizer."""
-    import transformers
+    from resumerge.forward.stream import import_transformers
+
+    transformers = import_transformers("resumerge check")
 
     for directory in directories:
         if (directory / "tokenizer_config.json").is_file() or (directory / "tokenizer.json").is_file():

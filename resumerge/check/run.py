@@ -38,7 +38,7 @@ from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
 from resumerge.errors import UsageError
 from resumerge.forward import pass_bytes
-from resumerge.forward.stream import ModelStream, import_transformers
+from resumerge.forward.stream import ModelStream, transformers_found
 from resumerge.memory import MemoryGovernor, SystemProbe, budget_fitting
 from resumerge.memory.allocator import malloc_trim, tune_allocator
 from resumerge.store.durable import write_file_atomic
@@ -63,7 +63,7 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     _passive_threads()
     models = find_models(model, base, tuple(parents), state)
     _comparable(models)
-    import_transformers("resumerge check")
+    transformers_found("resumerge check")  # imported only where needed: the tokenizer, a family .native does not build
     prompts_file = Path(prompts) if prompts is not None else None
     tokens = cached_sequences([m.opened.directory for m in models], prompts_file, state.checks_dir)
     workdir = state.checks_dir / _key(models, tokens)

@@ -1,5 +1,5 @@
-"""One model streamed through transformers' own modules: built on the meta device, its embeddings, each decoder
-layer and its head given their weights only while they run.
+"""One model streamed through its modules — transformers' own, or :mod:`.native`'s for the families they build —
+built on the meta device, its embeddings, each decoder layer and its head given their weights only while they run.
 
 What each decoder layer is called with (the causal or sliding-window mask, the rotary embeddings of its attention
 type, the positions, the cache argument under this transformers' name) is taken from the model's own forward, run
@@ -10,6 +10,7 @@ final-logit soft-capping included) over the final norm's output.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from importlib import import_module
@@ -18,6 +19,7 @@ from typing import Any
 
 from resumerge.errors import InputError, ModelInputError
 from resumerge.forward.multimodal import causal_lm_class, renamed, stored_prefixes, text_model
+from resumerge.forward.native import NativeConfig, native_modules
 from resumerge.forward.reader import CastReader, Weights, base_formats
 from resumerge.torch_import import torch
 
@@ -31,6 +33,15 @@ _INITS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_"
 
 # One decoder layer's call for one token sequence: (positional arguments after the hidden states, keywords).
 LayerCall = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def transformers_found(what: str) -> None:
+    """:class:`InputError` (exit 2) naming the install command where transformers is not installed; found, it is
+    not imported (a pass over a family :mod:`.native` builds, with its tokens known, never imports it)."""
+    from importlib.util import find_spec
+
+    if find_spec("transformers") is None:
+        raise InputError(f"{what} needs transformers, and it is not installed", hint=INSTALL_HINT)
 
 
 def import_transformers(what: str) -> Any:
@@ -131,12 +142,17 @@ def weights_on_meta() -> Iterator[None]:
             setattr(torch.nn.init, name, init)
 
 
-def build_modules(directory: Path, dtype: torch.dtype, *, what: str) -> tuple[Any, Any]:
-    """The config of the model in ``directory`` as transformers reads it, and its causal-LM modules in ``dtype``
-    built without weights (:func:`weights_on_meta`); ``what`` names the pass in the error of a missing
+def build_modules(directory: Path, dtype: torch.dtype, *, what: str, native: bool = True) -> tuple[Any, Any]:
+    """The config of the model in ``directory`` and its causal-LM modules in ``dtype`` built without weights: the
+    native modules where its family is one they build (:mod:`.native`; ``native=False``: never), else
+    transformers' config and modules (:func:`weights_on_meta`); ``what`` names the pass in the error of a missing
     transformers. A multimodal model is built by its image-text-to-text class where no causal-LM class maps it
     (:mod:`.multimodal`). Raises what transformers raises for an architecture it does not know, and
     :class:`ModelInputError` for one it builds no causal LM of (T5, a vision-only model)."""
+    if native:
+        built = native_modules(_config_doc(directory), dtype)
+        if built is not None:
+            return built
     transformers = import_transformers(what)
     config = transformers.AutoConfig.from_pretrained(str(directory))
     # imported before the block, as the modules' construction would import it: it keeps torch.nn.init's functions
@@ -145,6 +161,22 @@ def build_modules(directory: Path, dtype: torch.dtype, *, what: str) -> tuple[An
     with weights_on_meta():
         model = causal_lm_class(transformers, config).from_config(config, dtype=dtype)
     return config, model
+
+
+def _config_doc(directory: Path) -> dict[str, Any]:
+    """``directory``'s config.json, or {} where it cannot be read (transformers then says what is wrong)."""
+    try:
+        doc = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _native_reads_all(model: Any, logical: set[str], tied: bool) -> bool:
+    """Whether every parameter of native modules ``model`` is a tensor of the checkpoint (its names are the
+    checkpoint's own); the head may be missing where it is tied to the embeddings."""
+    return all(name in logical or (tied and name.startswith("lm_head."))
+               for name, _ in model.named_parameters())
 
 
 class ModelStream:
@@ -159,6 +191,11 @@ class ModelStream:
                  key: str = "model", built: tuple[Any, Any] | None = None) -> None:
         self.dtype = dtype
         self.config, self.model = built if built is not None else build_modules(weights.directory, dtype, what=what)
+        self.formats = base_formats(weights.tensors, config_doc, weights.directory)
+        if isinstance(self.config, NativeConfig) and not _native_reads_all(
+                self.model, set(self.formats.logical()), self.config.tie_word_embeddings):
+            # names the native modules do not find (a checkpoint laid out otherwise): transformers' conversion
+            self.config, self.model = build_modules(weights.directory, dtype, what=what, native=False)
         self.model.eval()  # from_config leaves it training: dropout would draw at random
         self.inner = text_model(self.model.base_model)  # a multimodal model's language model
         names = {id(m): n for n, m in self.model.named_modules()}
@@ -167,7 +204,6 @@ class ModelStream:
         self.layers = len(self.layers_list)
         self.final_norm = next((getattr(self.inner, n) for n in _FINAL_NORMS
                                 if isinstance(getattr(self.inner, n, None), torch.nn.Module)), None)
-        self.formats = base_formats(weights.tensors, config_doc, weights.directory)
         self.reader = CastReader(weights, self.formats, dtype, key=key)
         self._stored = stored_prefixes(self.model, self.inner, self.formats.logical())
 

@@ -167,14 +167,15 @@ def test_the_token_sequences_are_kept_until_the_tokenizer_or_the_prompts_change(
 def test_modules_built_without_weights_skip_drawing_them_and_keep_their_buffers(tmp_path: Path, family: str) -> None:
     """The weightless build marks its meta parameters initialised and leaves a meta tensor to torch.nn.init's
     functions untouched (a resume pays the build again), while its buffers are the ones a real build computes, and
-    torch.nn.init is torch's own again after it."""
+    torch.nn.init is torch's own again after it (transformers' modules: llama's native ones draw nothing either,
+    tests/check/test_native.py)."""
     from transformers import AutoModelForCausalLM
 
     from resumerge.forward.stream import build_modules, weights_on_meta
 
     directory = make_family_model(tmp_path / family, next(f for f in FAMILIES if f.name == family), 3)
     inits = dict(vars(torch.nn.init))
-    config, built = build_modules(directory, torch.float32, what="test")
+    config, built = build_modules(directory, torch.float32, what="test", native=False)
     assert dict(vars(torch.nn.init)) == inits
     assert all(p.is_meta and getattr(p, "_is_hf_initialized", False) for p in built.parameters())
     real = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -1,0 +1,39 @@
+"""The forward engine's own modules for the common dense families (Llama, Mistral, Qwen2, Qwen3), so that a pass over
+them starts without transformers.
+
+A layer-streamed pass builds its model's modules on the meta device (:mod:`resumerge.forward.stream`). transformers'
+own modules cost a fresh process 2.5 s before the first layer runs — importing transformers, its config classes and
+the family's modeling module — which every check, and again every resumed check, pays (bench/RESULTS.md, issue 57).
+For the families whose decoder layer is the same few operations (RMSNorm, rotary attention through torch's
+``scaled_dot_product_attention``, a gated SiLU MLP), :func:`native_modules` builds modules with the same parameter
+names and the same arithmetic, operation for operation, so their outputs equal transformers' to the bit
+(tests/check/test_native.py compares every layer, the logits and a whole check against transformers' modules in
+float32 and bfloat16, with and without padding and sliding windows). :mod:`.config` reads config.json with each
+family's defaults and decides; anything it does not know (another family, a RoPE scaling it does not implement,
+another activation) goes to transformers' modules, as before. :mod:`.rope` holds the rotary frequencies,
+:mod:`.modules` the modules (imported only when built: they subclass ``torch.nn.Module``).
+
+May import: errors, torch_import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from resumerge.forward.native.config import NativeConfig, read_config
+from resumerge.torch_import import torch
+
+
+def native_modules(doc: Mapping[str, Any], dtype: torch.dtype) -> tuple[NativeConfig, Any] | None:
+    """The config and the causal-LM modules (weights on the meta device, buffers computed) of the model whose
+    config.json is ``doc``, in ``dtype``; None where :func:`read_config` leaves it to transformers."""
+    config = read_config(doc)
+    if config is None:
+        return None
+    from resumerge.forward.native.modules import causal_lm
+
+    return config, causal_lm(config, dtype)
+
+
+__all__ = ["NativeConfig", "native_modules", "read_config"]

@@ -1,0 +1,225 @@
+"""The native modules: a decoder-only causal LM of the Llama kind, its parameters on the meta device.
+
+Names follow the checkpoints (``model.embed_tokens``, ``model.layers.N.self_attn.q_proj``, ``model.norm``,
+``lm_head``), so the forward engine reads and drops each module's weights exactly as it does transformers' modules.
+The arithmetic is transformers' (sdpa attention), operation for operation, so the outputs are the same to the bit:
+the RMS norm in float32 and its weight applied in the compute dtype; rotary cosines and sines in float32, cast; the
+causal mask left to ``scaled_dot_product_attention``'s ``is_causal`` where no position is padded and no window
+applies, else a boolean (batch, 1, query, key) mask; grouped key/value heads handed to the kernel as
+``enable_gqa`` where no mask is given, else repeated. The classes subclass ``torch.nn.Module``, so they are made
+by :func:`causal_lm` when it builds (as :mod:`resumerge.forward.stream`'s stand-ins are): importing this module does
+not import torch (tests/test_torch_import.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from resumerge.forward.native.config import NativeConfig
+from resumerge.forward.native.rope import inverse_frequencies
+from resumerge.torch_import import torch
+
+_GQA_WIDEST = 256  # the widest head the sdpa kernel takes grouped key/value heads for (transformers' rule)
+
+
+class Output:
+    """A forward's result under the names the engine reads (``last_hidden_state``, ``logits``)."""
+
+    def __init__(self, last_hidden_state: torch.Tensor | None = None, logits: torch.Tensor | None = None) -> None:
+        self.last_hidden_state, self.logits = last_hidden_state, logits
+
+
+def attention_mask_of(mask: torch.Tensor | None, length: int, window: int | None) -> torch.Tensor | None:
+    """The mask one layer is called with, for a batch whose 2-D ``mask`` (1: a real token) is ``length`` long: None
+    where the kernel's own causal mask is the whole of it (no padding, no window reached), else a boolean (batch,
+    1, query, key) mask, True where a query position may attend to a key position."""
+    padded = mask is not None and not bool(mask.all())
+    if not padded and (window is None or length < window):
+        return None
+    query = torch.arange(length)[None, None, :, None]
+    key = torch.arange(length)[None, None, None, :]
+    allowed = key <= query
+    if window is not None:
+        allowed = allowed & (key > query - window)
+    if mask is not None:
+        allowed = allowed & mask.bool()[:, None, None, :]
+    batch = mask.shape[0] if mask is not None else 1
+    return allowed.expand(batch, -1, length, length)
+
+
+def _meta(*shape: int, dtype: torch.dtype) -> torch.nn.Parameter:
+    return torch.nn.Parameter(torch.empty(shape, dtype=dtype, device="meta"), requires_grad=False)
+
+
+def _half_turned(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _repeated(heads: torch.Tensor, times: int) -> torch.Tensor:
+    batch, kv, length, dim = heads.shape
+    return heads[:, :, None, :, :].expand(batch, kv, times, length, dim).reshape(batch, kv * times, length, dim)
+
+
+def causal_lm(config: NativeConfig, dtype: torch.dtype) -> Any:
+    """The causal LM of ``config`` in ``dtype``, its parameters on the meta device and its rotary frequencies
+    computed; it answers the engine as transformers' causal-LM classes do (``base_model``, ``base_model_prefix``,
+    the input and output embeddings, a forward giving ``logits``)."""
+    nn, functional = torch.nn, torch.nn.functional
+
+    class RMSNorm(nn.Module):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.weight = _meta(width, dtype=dtype)
+            self.eps = config.rms_norm_eps
+
+        def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+            kept = hidden.dtype
+            wide = hidden.to(torch.float32)
+            wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+            return self.weight * wide.to(kept)
+
+    class Rotary(nn.Module):
+        """The cosines and sines of the positions (from the config: the files do not hold them)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.inv_freq: torch.Tensor
+            self.register_buffer("inv_freq", inverse_frequencies(config.rope, config.head_dim), persistent=False)
+
+        def forward(self, like: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            angles = positions[..., None].float() * self.inv_freq.to(device=like.device, dtype=torch.float)
+            both = torch.cat((angles, angles), dim=-1)
+            return both.cos().to(dtype=like.dtype), both.sin().to(dtype=like.dtype)
+
+    class Linear(nn.Linear):
+        """``torch.nn.Linear`` (its forward, and what the engine's passes look for) built without drawing initial
+        values: on the meta device they would be thrown away, and drawing them was most of building the modules
+        (1.0 of 1.1 s for 120 layers)."""
+
+        def __init__(self, into: int, out: int, bias: bool) -> None:
+            nn.Module.__init__(self)
+            self.in_features, self.out_features = into, out
+            self.weight = _meta(out, into, dtype=dtype)
+            if bias:
+                self.bias = _meta(out, dtype=dtype)
+            else:
+                self.register_parameter("bias", None)
+
+    class Embedding(nn.Embedding):
+        """``torch.nn.Embedding`` built without drawing initial values (see :class:`Linear`)."""
+
+        def __init__(self) -> None:
+            nn.Module.__init__(self)
+            rows, pad = config.vocab_size, config.pad_token_id
+            self.num_embeddings, self.embedding_dim = rows, config.hidden_size
+            self.padding_idx = pad if pad is None or pad >= 0 else rows + pad
+            self.max_norm, self.norm_type, self.scale_grad_by_freq, self.sparse = None, 2.0, False, False
+            self.weight = _meta(rows, config.hidden_size, dtype=dtype)
+
+    class Attention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            width, heads, kv, dim = (config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                                     config.head_dim)
+            self.head_dim, self.groups, self.scale = dim, heads // kv, dim ** -0.5
+            self.q_proj = Linear(width, heads * dim, config.qkv_bias)
+            self.k_proj = Linear(width, kv * dim, config.qkv_bias)
+            self.v_proj = Linear(width, kv * dim, config.qkv_bias)
+            self.o_proj = Linear(heads * dim, width, config.o_bias)
+            self.q_norm = RMSNorm(dim) if config.qk_norm else None
+            self.k_norm = RMSNorm(dim) if config.qk_norm else None
+
+        def forward(self, hidden: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                    mask: torch.Tensor | None) -> torch.Tensor:
+            shape = (*hidden.shape[:-1], -1, self.head_dim)
+            q = self.q_proj(hidden).view(shape)
+            k = self.k_proj(hidden).view(shape)
+            if self.q_norm is not None and self.k_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+            v = self.v_proj(hidden).view(shape).transpose(1, 2)
+            cos, sin = (t.unsqueeze(1) for t in cos_sin)
+            q = (q * cos) + (_half_turned(q) * sin)
+            k = (k * cos) + (_half_turned(k) * sin)
+            length = q.shape[2]
+            grouped: dict[str, Any] = {}
+            if self.groups > 1:
+                if mask is None and k.shape[-1] == v.shape[-1] <= _GQA_WIDEST:
+                    grouped["enable_gqa"] = True
+                elif length == 1:  # one query: each key/value head's group of query heads as its rows
+                    q = q.reshape(q.shape[0], q.shape[1] // self.groups, self.groups, q.shape[-1])
+                else:
+                    k, v = _repeated(k, self.groups), _repeated(v, self.groups)
+            out = functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=self.scale,
+                                                          is_causal=length > 1 and mask is None, **grouped)
+            out = out.reshape(out.shape[0], -1, length, v.shape[-1]).transpose(1, 2).contiguous()
+            return self.o_proj(out.reshape(*hidden.shape[:-1], -1).contiguous())  # type: ignore[no-any-return]
+
+    class MLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            width, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+            self.gate_proj = Linear(width, inner, bias)
+            self.up_proj = Linear(width, inner, bias)
+            self.down_proj = Linear(inner, width, bias)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.down_proj(functional.silu(self.gate_proj(x)) * self.up_proj(x))  # type: ignore[no-any-return]
+
+    class DecoderLayer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.self_attn = Attention()
+            self.mlp = MLP()
+            self.input_layernorm = RMSNorm(config.hidden_size)
+            self.post_attention_layernorm = RMSNorm(config.hidden_size)
+
+        def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None, **_: Any) -> torch.Tensor:
+            assert position_embeddings is not None
+            hidden = hidden + self.self_attn(self.input_layernorm(hidden), position_embeddings, attention_mask)
+            return hidden + self.mlp(self.post_attention_layernorm(hidden))  # type: ignore[no-any-return]
+
+    class DecoderModel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed_tokens = Embedding()
+            self.layers = nn.ModuleList(DecoderLayer() for _ in range(config.num_hidden_layers))
+            self.norm = RMSNorm(config.hidden_size)
+            self.rotary_emb = Rotary()
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **_: Any) -> Output:
+            hidden = self.embed_tokens(input_ids)
+            length = hidden.shape[1]
+            positions = torch.arange(length).unsqueeze(0)
+            masks = {w: attention_mask_of(attention_mask, length, w) for w in set(config.windows)}
+            cos_sin = self.rotary_emb(hidden, positions)
+            for layer, window in zip(self.layers, config.windows):
+                hidden = layer(hidden, attention_mask=masks[window], position_embeddings=cos_sin)
+            return Output(last_hidden_state=self.norm(hidden))
+
+    class CausalLM(nn.Module):
+        base_model_prefix = "model"
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = config
+            self.model = DecoderModel()
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, False)
+
+        @property
+        def base_model(self) -> torch.nn.Module:
+            return self.model
+
+        def get_input_embeddings(self) -> torch.nn.Module:
+            return self.model.embed_tokens
+
+        def get_output_embeddings(self) -> torch.nn.Module:
+            return self.lm_head
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **_: Any) -> Output:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask)
+            return Output(logits=self.lm_head(out.last_hidden_state))
+
+    return CausalLM()
