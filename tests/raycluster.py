@@ -22,8 +22,9 @@ class Cluster:
 
 
 @contextmanager
-def ray_cluster(workers: int = 2) -> Iterator[tuple[Cluster, Any]]:
-    """A head without CPUs and ``workers`` one-CPU worker nodes, this process connected to it as the driver."""
+def ray_cluster(workers: int = 2, memory: int | None = None) -> Iterator[tuple[Cluster, Any]]:
+    """A head without CPUs and ``workers`` one-CPU worker nodes (each declaring ``memory`` bytes to Ray where
+    given; Ray's default: 70% of the machine's available memory), this process connected to it as the driver."""
     import ray
     from ray.cluster_utils import Cluster as RayCluster
 
@@ -31,7 +32,8 @@ def ray_cluster(workers: int = 2) -> Iterator[tuple[Cluster, Any]]:
     fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
     started = RayCluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": fast})
     try:
-        nodes = tuple(started.add_node(num_cpus=1) for _ in range(workers))
+        sized = {} if memory is None else {"memory": memory}
+        nodes = tuple(started.add_node(num_cpus=1, **sized) for _ in range(workers))
         started.wait_for_nodes()
         ray.init(address=started.address, log_to_driver=False)
         yield Cluster(started.address, nodes), started

@@ -135,11 +135,12 @@ def head_blocks(stream: ModelStream) -> list[tuple[int, int]] | None:
     return [(start, min(start + rows, shape[0])) for start in range(0, shape[0], rows)]
 
 
-def head_step_bytes(stream: ModelStream, positions: int, longest: int) -> int:
+def head_step_bytes(stream: ModelStream, positions: int, longest: int, held: int = 0) -> int:
     """What the heads hold at most for batches of up to ``positions`` padded positions and sequences of up to
     ``longest`` tokens: the head's block (or the whole head), cast and mapped while read, one batch's logits, and
     five (sequence, vocabulary) float32 tensors (its log-probabilities, the merge's and the base's read back,
-    the KL's two temporaries)."""
+    the KL's two temporaries); and ``held`` more positions' log-probabilities (a Ray actor holds its own, the
+    merge's and the base's whole: :mod:`resumerge.check.onray`)."""
     head = stream.model.get_output_embeddings()
     weight = next((p for _, p in head.named_parameters()), None) if head is not None else None
     if weight is None or weight.dim() != 2:
@@ -147,7 +148,7 @@ def head_step_bytes(stream: ModelStream, positions: int, longest: int) -> int:
     vocab, width = int(weight.shape[0]), int(weight.shape[1])
     blocks = head_blocks(stream)
     rows = max(b - a for a, b in blocks) if blocks is not None else vocab
-    return 2 * rows * width * 4 + (positions + 5 * longest) * vocab * 4
+    return 2 * rows * width * 4 + (positions + 5 * longest + held) * vocab * 4
 
 
 def _head_keys(stream: ModelStream, head: torch.nn.Module) -> dict[str, str]:

@@ -13,27 +13,43 @@ started on Ray resumes locally, and the other way round. The heads too: the merg
 their log-probabilities as objects in Ray's store (never fetched by the driver), each other actor compares its own
 with them and returns its per-position figures.
 
-Each actor holds one layer of its model and its hidden states; nothing of the driver's memory budget is spent on
-layers. A node lost mid-pass ends the check as unreachable (exit 3): run it again, it resumes at the layer
-journaled last. Ray is joined through :mod:`resumerge.engine.cluster.connect` (the merge executor's own).
+Each actor holds one layer of its model and its hidden states, and declares that memory to Ray
+(:func:`actor_bytes`, from the figures the local check's budget is found from), so that Ray places no more on a node
+than it holds; a cluster none of whose nodes holds one (or that cannot hold them all at once) is refused before any
+weight is read (exit 2). A node lost mid-pass costs only its models' part of the step it was in: each gets a new
+actor on a node left with room for it, as a merge's Ray executor gives a lost worker's shards to the workers left
+(the pass journaled so far stays; :class:`RayModels`); where no node has room, the check ends as unreachable (exit
+3), and run again it resumes at the layer journaled last. Ray is joined through
+:mod:`resumerge.engine.cluster.connect` (the merge executor's own).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from resumerge.check.heads import HeadTotals
 from resumerge.check.models import Checked
+from resumerge.check.needs import StepBytes
 from resumerge.check.passes import ModelHead, compared, logprobs, model_layer, streams_of, totals
-from resumerge.errors import ResumergeError, UnreachableError
+from resumerge.errors import ResumergeError, UnreachableError, UsageError
 from resumerge.forward.stream import LayerCall
-from resumerge.torch_import import torch
+from resumerge.memory.sizes import format_size
+from resumerge.torch_import import IMPORT_RESERVE, torch
 
 if TYPE_CHECKING:  # torch loads on first use (the annotations are strings)
     Hidden = list[torch.Tensor]
 Batches = Sequence[Sequence[Sequence[int]]]
+
+# The times a check replaces the actors of lost nodes before it stops (exit 3): a merge's Ray executor re-issues a
+# lost worker's shard as often (resumerge.engine.cluster.driver.REISSUES).
+REPLACES = 3
+# How long a replacement actor may take to start (be scheduled, import torch, open its model) before the check stops.
+PLACE_SECONDS = 120.0
+_RESUME_HINT = "check the cluster's nodes, then run the check again: it resumes at the last layer journaled"
 
 
 class ModelNode:
@@ -115,14 +131,117 @@ def _here(model: Checked) -> Checked:
     return replace(open_checked(model.path, model.role, StateDir.resolve()), role=model.role, weight=model.weight)
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where a model's actor runs: its node (the full id), the CPUs and the memory (bytes) it declares."""
+
+    node_id: str
+    cpus: float
+    memory: int
+
+
+def actor_bytes(sizes: StepBytes) -> list[int]:
+    """The memory each model's actor declares (the merge's first), from the figures the local check's budget is
+    found from (:mod:`.needs`): torch's imports (:data:`~resumerge.torch_import.IMPORT_RESERVE`, as a merge's Ray
+    workers declare), its hidden states five times (entering the first layer, kept with the layers' calls; its own
+    and the reference's, each in and out) and the larger of one layer of its model in float32 and its heads step
+    (its log-probabilities and the merge's and the base's held whole)."""
+    return [IMPORT_RESERVE + 5 * sizes.states + max(layer, heads)
+            for layer, heads in zip(sizes.layers, sizes.held_heads)]
+
+
+def ray_places(address: str | None, needs: Sequence[int]) -> list[Place]:
+    """Join the Ray cluster at ``address`` (None: ``RAY_ADDRESS``, else a Ray started on this machine) and place
+    each model's actor (``needs``: the memory each declares, :func:`actor_bytes`), before any weight is read: see
+    :func:`places`. Raises :class:`~resumerge.errors.UsageError` without Ray or where the cluster cannot hold the
+    actors, :class:`~resumerge.errors.UnreachableError` where it cannot be joined."""
+    from resumerge.engine.cluster.connect import join
+
+    return places(join(address).nodes(), needs)
+
+
+def places(nodes: Sequence[dict[str, Any]], needs: Sequence[int]) -> list[Place]:
+    """For each model, the node its actor runs on, the CPUs and the memory it declares: the alive ``nodes``
+    (``ray.nodes()``) with CPUs, most CPUs first, one model each, round-robin where there are fewer nodes than
+    models, each node given only the actors its memory (as the node declares it to Ray) holds; each model takes its
+    share of its node's CPUs (whole CPUs where the node has them, at least a hundredth). Raises
+    :class:`~resumerge.errors.UsageError` (exit 2) where no node has a CPU, or the nodes cannot hold every model's
+    actor at once (the pass runs them side by side)."""
+    alive = sorted(((float(n["Resources"].get("CPU", 0)), int(n["Resources"].get("memory", 0)), n["NodeID"])
+                    for n in nodes if n.get("Alive") and n["Resources"].get("CPU", 0) > 0),
+                   key=lambda n: (-n[0], n[2]))
+    if not alive:
+        raise UsageError("the Ray cluster has no node with CPUs to run a check on",
+                         hint="add a node with CPUs, or run the check without --executor ray")
+    largest = max(memory for _, memory, _ in alive)
+    if min(needs) > largest:
+        raise UsageError(f"a model's actor of the check needs {format_size(min(needs))} of a Ray node's memory (torch, "
+                         f"a layer in float32, its hidden states, its heads), more than any node of the cluster has "
+                         f"(the most: {format_size(largest)})", hint=_SMALL_HINT)
+    free = {node: memory for _, memory, node in alive}
+    chosen: list[tuple[str, float, int]] = []
+    turn = 0
+    for m, need in enumerate(needs):
+        for k in range(len(alive)):
+            cpus, _, node = alive[(turn + k) % len(alive)]
+            if free[node] >= need:
+                free[node] -= need
+                chosen.append((node, cpus, need))
+                turn = (turn + k + 1) % len(alive)
+                break
+        else:
+            raise UsageError(f"the Ray cluster's nodes hold {m} of the check's {len(needs)} models' actors at once "
+                             f"(each needs {format_size(need)} of a node's memory; the pass runs them side by side)",
+                             hint=_SMALL_HINT)
+    shares = Counter(node for node, _, _ in chosen)
+    return [Place(node, _cpus(cpus / shares[node]), need) for node, cpus, need in chosen]
+
+
+_SMALL_HINT = "add nodes with more memory to the cluster (ray start --memory), or run the check without --executor ray"
+
+
+def _cpus(share: float) -> float:
+    """The CPUs an actor declares for a ``share`` of a node's: whole ones where the share has one, at least a
+    hundredth."""
+    return max(0.01, float(int(share)) or round(share, 2))
+
+
+class _Lost(Exception):
+    """An actor of a step was lost (its process or node died), or an object another actor returned for the step."""
+
+
 class RayModels:
     """The pass's models on a Ray cluster (see the module's docstring); ``on_layer(index, nodes)`` is told before
-    each layer, with the node each model runs on."""
+    each layer, with the node each model runs on.
 
-    def __init__(self, ray: Any, actors: list[Any], nodes: list[str], layers: int,
+    A model whose actor is lost (its process or node died) gets a new one on a node not lost that has the CPUs and
+    memory the lost one declared free (of the check's own actors' holdings), computing with as many threads (the
+    same figures); the step goes on there, from the hidden states the driver holds: only the lost models' part of a
+    layer is run again, the heads step whole. At most :data:`REPLACES` times a check; past that, or with no node
+    left to take a model, :class:`~resumerge.errors.UnreachableError` (exit 3): the check run again resumes at the
+    last layer journaled."""
+
+    def __init__(self, ray: Any, models: Sequence[Checked], placed: list[Place], layers: int,
                  on_layer: Callable[[int, list[str]], None] | None = None) -> None:
-        self.ray, self.actors, self.nodes, self.layers, self.on_layer = ray, actors, nodes, layers, on_layer
+        self.ray, self.models, self.places, self.layers, self.on_layer = ray, models, placed, layers, on_layer
+        self.threads = [max(1, int(place.cpus)) for place in placed]
+        self.actors: list[Any] = []
+        self.nodes: list[str] = []
+        self.lost: set[str] = set()  # nodes whose actor died: none is placed there again
+        self.fresh: set[int] = set()  # models whose actor is a replacement holding no hidden states yet
+        self.replaced = 0
+        self.batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.seeded = False
+
+    def start(self) -> None:
+        """Start every model's actor, and wait for each to open its model (raises the error that kept one from it)."""
+        self.actors = [_start(self.ray, model, place, threads)
+                       for model, place, threads in zip(self.models, self.places, self.threads)]
+        self.nodes = self._get([a.node.remote() for a in self.actors])
+
+    def end(self) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor, no_restart=True)
 
     def _get(self, refs: Any) -> Any:
         try:
@@ -131,77 +250,149 @@ class RayModels:
             if isinstance(exc.cause, ResumergeError):
                 raise exc.cause from None
             raise
-        except (self.ray.exceptions.RayActorError, self.ray.exceptions.ObjectLostError) as exc:
-            raise UnreachableError(f"a Ray node of the check was lost ({type(exc).__name__})",
-                                   hint="run the check again: it resumes at the last layer journaled") from None
+        except self.ray.exceptions.RayError as exc:  # an actor died, or an object it made was lost with its node
+            raise _Lost(type(exc).__name__) from None
+
+    def _each(self, call: Callable[[int], Any]) -> list[Any]:
+        """``call(m)`` (a remote call of model ``m``'s actor) for every model, its result; those of lost actors
+        made again on their replacements (:meth:`_replace`)."""
+        found: list[Any] = [None] * len(self.actors)
+        todo = list(range(len(self.actors)))
+        while todo:
+            refs = [call(m) for m in todo]
+            lost = []
+            for m, ref in zip(todo, refs):
+                try:
+                    found[m] = self._get(ref)
+                except _Lost as exc:
+                    lost.append((m, str(exc)))
+            todo = [m for m, _ in lost]
+            if todo:
+                self._replace(lost[0][1])
+        return found
+
+    def _whole(self, step: Callable[[], Any]) -> Any:
+        """``step()`` (remote calls, their results), made again whole after replacing the lost actors."""
+        while True:
+            try:
+                return step()
+            except _Lost as exc:
+                self._replace(str(exc))
+
+    def _replace(self, why: str) -> None:
+        """A new actor for each model whose actor died, on a node not lost (:meth:`_elsewhere`), its model opened
+        and given the pass's batches; raises :class:`UnreachableError` past :data:`REPLACES`, or where no node
+        can take one."""
+        self.replaced += 1
+        if self.replaced > REPLACES:
+            raise UnreachableError(f"the Ray cluster kept losing the check's nodes ({why})", hint=_RESUME_HINT)
+        dead = [m for m, actor in enumerate(self.actors) if not self._alive(actor)]
+        self.lost.update(self.places[m].node_id for m in dead)
+        for m in dead:
+            self.places[m] = self._elsewhere(m, why)
+            self.actors[m] = _start(self.ray, self.models[m], self.places[m], self.threads[m])
+            self.fresh.add(m)
+        for m in dead:
+            ready, _ = self.ray.wait([ref := self.actors[m].node.remote()], timeout=PLACE_SECONDS)
+            if not ready:
+                raise UnreachableError(f"a Ray node of the check was lost ({why}), and its model's new actor did not "
+                                       f"start within {PLACE_SECONDS:.0f} s", hint=_RESUME_HINT)
+            try:
+                self.nodes[m] = self._get(ref)
+                if self.batches is not None:
+                    self._get(self.actors[m].enter.remote(self.batches))
+            except _Lost:
+                raise UnreachableError(f"a Ray node of the check was lost ({why}), and so was its model's new "
+                                       "actor", hint=_RESUME_HINT) from None
+
+    def _alive(self, actor: Any) -> bool:
+        try:
+            self._get(actor.node.remote())
+        except _Lost:
+            return False
+        return True
+
+    def _elsewhere(self, m: int, why: str) -> Place:
+        """Where model ``m``'s new actor runs: the alive node not lost with the most CPUs that the check's other
+        actors leave free, where they leave the memory it declares free too; it declares the CPUs its lost actor
+        did (fewer where fewer are free)."""
+        cpus: dict[str, float] = {}
+        memory: dict[str, int] = {}
+        for other, place in enumerate(self.places):
+            if other != m and place.node_id not in self.lost:
+                cpus[place.node_id] = cpus.get(place.node_id, 0.0) + place.cpus
+                memory[place.node_id] = memory.get(place.node_id, 0) + place.memory
+        need = self.places[m]
+        free = sorted(((float(n["Resources"].get("CPU", 0)) - cpus.get(n["NodeID"], 0.0), n["NodeID"])
+                       for n in self.ray.nodes() if n.get("Alive") and n["NodeID"] not in self.lost
+                       and int(n["Resources"].get("memory", 0)) - memory.get(n["NodeID"], 0) >= need.memory),
+                      key=lambda n: (-n[0], n[1]))
+        if not free or free[0][0] < 0.01:
+            raise UnreachableError(f"a Ray node of the check was lost ({why}), and no node left has the CPUs and "
+                                   f"{format_size(need.memory)} of memory free for the {self.models[m].role}'s actor",
+                                   hint=_RESUME_HINT)
+        return Place(free[0][1], _cpus(min(need.cpus, free[0][0])), need.memory)
+
+    def _own(self, m: int, hidden: list[Hidden]) -> Hidden | None:
+        """Model ``m``'s hidden states to send its actor: none where it holds them (its last output)."""
+        return None if self.seeded and m not in self.fresh else hidden[m]
 
     def enter(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[Hidden]:
         self.seeded = False
-        found: list[Hidden] = self._get([a.enter.remote(batches) for a in self.actors])
+        self.batches = batches
+        found: list[Hidden] = self._each(lambda m: self.actors[m].enter.remote(batches))
         return found
 
     def runs_batched(self) -> bool:
-        return bool(self._get(self.actors[0].runs_batched.remote()))
+        return bool(self._whole(lambda: self._get(self.actors[0].runs_batched.remote())))
 
     def layer(self, index: int, hidden: list[Hidden], reference: int | None) -> tuple[list[Hidden], list[Hidden]]:
         if self.on_layer is not None:
             self.on_layer(index, self.nodes)
         same = self.ray.put(hidden[reference]) if reference is not None else None
-        refs = [actor.layer.remote(index, None if self.seeded else hidden[m], None if m == reference else same)
-                for m, actor in enumerate(self.actors)]
-        done: list[tuple[Hidden, Hidden | None]] = self._get(refs)
+        before = list(self.nodes)
+        done: list[tuple[Hidden, Hidden | None]] = self._each(lambda m: self.actors[m].layer.remote(
+            index, self._own(m, hidden), None if m == reference else same))
         self.seeded = True
+        self.fresh.clear()
+        if self.on_layer is not None and self.nodes != before:  # ``status`` names where the models run now
+            self.on_layer(index, self.nodes)
         return [out for out, _ in done], [out if theirs is None else theirs for out, theirs in done]
 
     def heads(self, hidden: list[Hidden], batches: Batches, base: int | None) -> HeadTotals:
-        lps = [actor.head.remote(batches, m in (0, base), None if self.seeded else hidden[m])
-               for m, actor in enumerate(self.actors)]
-        merged, base_lp = lps[0], lps[base] if base is not None else None
-        refs = [self.actors[0].compare.remote(None, None, batches)]
-        refs += [actor.compare.remote(merged, base_lp if base is not None and m > base else None, batches)
-                 for m, actor in enumerate(self.actors) if m > 0]
-        found: list[ModelHead] = self._get(refs)
+        def step() -> list[ModelHead]:
+            lps = [actor.head.remote(batches, m in (0, base), self._own(m, hidden))
+                   for m, actor in enumerate(self.actors)]
+            merged, base_lp = lps[0], lps[base] if base is not None else None
+            refs = [self.actors[0].compare.remote(None, None, batches)]
+            refs += [actor.compare.remote(merged, base_lp if base is not None and m > base else None, batches)
+                     for m, actor in enumerate(self.actors) if m > 0]
+            found: list[ModelHead] = self._get(refs)
+            return found
+
+        found: list[ModelHead] = self._whole(step)
         return totals(found, sum(len(s) - 1 for batch in batches for s in batch))
 
 
+def _start(ray: Any, model: Checked, place: Place, threads: int) -> Any:
+    """Model ``model``'s actor, pinned to its node, declaring its CPUs and memory (as a merge's Ray workers do:
+    :func:`~resumerge.engine.cluster.launch.pinned`), never restarted by Ray (the pass replaces it)."""
+    from resumerge.engine.cluster.launch import pinned
+
+    return ray.remote(ModelNode).options(num_cpus=place.cpus, memory=place.memory, max_restarts=0,
+                                         scheduling_strategy=pinned(place.node_id)).remote(model, threads)
+
+
 @contextmanager
-def ray_models(models: Sequence[Checked], address: str | None, layers: int,
-               on_layer: Callable[[int, list[str]], None] | None = None) -> Any:
-    """The check's models as actors of the Ray cluster at ``address`` (None: ``RAY_ADDRESS``, else a Ray started
-    on this machine), one per node where there are nodes enough; they end with the block. Raises
-    :class:`~resumerge.errors.UsageError` without Ray, :class:`~resumerge.errors.UnreachableError` where the
-    cluster cannot be joined."""
-    from resumerge.engine.cluster.connect import join
+def ray_models(models: Sequence[Checked], placed: list[Place], layers: int,
+               on_layer: Callable[[int, list[str]], None] | None = None) -> Iterator[RayModels]:
+    """The check's models as actors of the Ray cluster this process joined (:func:`ray_places`), where ``placed``
+    says; they end with the block."""
+    from resumerge.engine.cluster.connect import require_ray
 
-    ray = join(address)
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    places = _places(ray, len(models))
-    remote = ray.remote(ModelNode)
-    actors = [remote.options(num_cpus=cpus, max_restarts=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
-        node, soft=False)).remote(model, int(cpus)) for model, (node, cpus) in zip(models, places)]
+    running = RayModels(require_ray(), models, list(placed), layers, on_layer)
     try:
-        running = RayModels(ray, actors, [], layers, on_layer)
-        running.nodes = running._get([a.node.remote() for a in actors])
+        running.start()
         yield running
     finally:
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
-
-
-def _places(ray: Any, models: int) -> list[tuple[str, float]]:
-    """For each model, the node its actor runs on and the CPUs it declares: the alive nodes with CPUs, most CPUs
-    first, one model each, round-robin where there are fewer nodes than models; each model takes its share of its
-    node's CPUs (whole CPUs where the node has them, at least a hundredth)."""
-    nodes = sorted(((float(n["Resources"].get("CPU", 0)), n["NodeID"]) for n in ray.nodes()
-                    if n.get("Alive") and n["Resources"].get("CPU", 0) > 0), key=lambda n: (-n[0], n[1]))
-    if not nodes:
-        from resumerge.errors import UsageError
-
-        raise UsageError("the Ray cluster has no node with CPUs to run a check on",
-                         hint="add a node with CPUs, or run the check without --executor ray")
-    chosen = [nodes[m % len(nodes)] for m in range(models)]
-    shares = {node: sum(1 for _, n in chosen if n == node) for _, node in nodes}
-    return [(node, max(0.01, float(int(cpus // shares[node])) or round(cpus / shares[node], 2)))
-            for cpus, node in chosen]
-
+        running.end()

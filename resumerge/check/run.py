@@ -13,35 +13,36 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from resumerge.check.card import update_card
 from resumerge.check.chart import write_drift_chart
 from resumerge.check.folded import FoldedStatic
-from resumerge.check.heads import head_step_bytes
 from resumerge.check.models import Checked, find_models
+from resumerge.check.needs import StepBytes, step_bytes
 from resumerge.check.passes import (
     BATCH_TOKENS,
     PassFigures,
     forward_pass,
-    largest_batch,
-    padded_positions,
     run_pass,
     streams_of,
 )
 from resumerge.check.progress import Progress
 from resumerge.check.prompts import describe
 from resumerge.check.report import CheckReport, ModelFigures, StaticFigures
-from resumerge.check.static import TensorResult, layer_of, logical_shapes, static_bytes, static_pass, tensor_results
+from resumerge.check.static import TensorResult, layer_of, logical_shapes, static_pass, tensor_results
 from resumerge.check.tokens import cached_sequences
 from resumerge.check.verdict import THRESHOLDS, judge
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
 from resumerge.errors import UsageError
-from resumerge.forward import pass_bytes
 from resumerge.forward.stream import ModelStream, transformers_found
 from resumerge.memory import MemoryGovernor, SystemProbe, budget_fitting
 from resumerge.memory.allocator import malloc_trim, tune_allocator
 from resumerge.store.durable import write_file_atomic
+
+if TYPE_CHECKING:  # Ray's module: imported with --executor ray only
+    from resumerge.check.onray import Place
 
 REPORT_NAME = "report.json"
 CHART_NAME = "drift.png"
@@ -75,7 +76,9 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     progress = Progress(workdir, model, streams[0].layers, len(models))
     restore_allocator = tune_allocator()  # freed layers go back to the OS: RSS follows what is held
     try:
-        budget, steps, can_fold = _fits(streams, tokens, max_memory, not on_ray)  # before any weight is read
+        sizes = step_bytes(streams, tokens)
+        budget, steps, can_fold = _fits(streams, tokens, max_memory, not on_ray, sizes)  # before any weight is read
+        placed = _ray_places(ray_address, sizes) if on_ray else []  # the cluster joined: can it hold the actors?
         _give_back()  # what the imports, the tokenizer and the modules' construction left free
         static, fold, outside = _static_before(models, workdir, progress, can_fold)
         figures = None
@@ -91,7 +94,7 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
                              model_path=models[m].path)
 
             if on_ray:
-                figures = _on_ray(models, streams[0].layers, tokens, workdir, progress, ray_address)
+                figures = _on_ray(models, streams[0].layers, tokens, workdir, progress, placed)
             else:
                 # Each layer and each pair of heads is admitted by the RAM governor, as the merge's tensors are: it
                 # sees the process's RSS, gives freed memory back when a step would not fit, and refuses (exit 2)
@@ -126,17 +129,25 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     return replace(report, card=update_card(model, state, report))
 
 
+def _ray_places(address: str | None, sizes: StepBytes) -> list[Place]:
+    """Where each model's actor runs on the Ray cluster at ``address`` and what it declares (:mod:`.onray`);
+    refuses (exit 2) a cluster none of whose nodes holds an actor."""
+    from resumerge.check.onray import actor_bytes, ray_places
+
+    return ray_places(address, actor_bytes(sizes))
+
+
 def _on_ray(models: list[Checked], layers: int, tokens: list[list[int]], workdir: Path, progress: Progress,
-            address: str | None) -> PassFigures | None:
-    """The forward pass with each model on a Ray node of its own (:mod:`.onray`), journaled here as locally;
-    ``status`` shows the node of each model."""
+            placed: list[Place]) -> PassFigures | None:
+    """The forward pass with each model on a Ray node of its own (:mod:`.onray`), where ``placed`` says, journaled
+    here as locally; ``status`` shows the node of each model."""
     from resumerge.check.onray import ray_models
 
     def on_layer(layer: int, nodes: list[str]) -> None:
         progress.say(phase="forward", layer=layer, model_index=None, model_role=None, model_path=None, nodes=nodes,
                      roles=[m.role for m in models])
 
-    with ray_models(models, address, layers, on_layer) as running:
+    with ray_models(models, placed, layers, on_layer) as running:
         return run_pass([m.role for m in models], running, tokens, workdir)
 
 
@@ -250,23 +261,19 @@ def _key(models: list[Checked], tokens: list[list[int]]) -> str:
     return hashlib.sha256(json.dumps([doc, tokens, versions, THRESHOLDS, layout]).encode()).hexdigest()[:32]
 
 
-def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int | None, can_fold: bool = True
-          ) -> tuple[int, dict[str, int], bool]:
+def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int | None, can_fold: bool = True,
+          sizes: StepBytes | None = None) -> tuple[int, dict[str, int], bool]:
     """Refuse (exit 2, before a weight is read) a check whose peak would not fit ``max_memory`` (None: the
     default budget): the static pass's largest span of a tensor of three models; or the largest layer of one
     model in float32, or one model's head (a block of its rows, see :mod:`resumerge.check.heads`) and one
     batch's log-probabilities, beside every model's hidden states (twice: in and out). Returns the budget, what
     the forward pass's steps reserve (``layer``, ``heads``), and whether the static pass is folded into the
     layers' reads (where ``can_fold`` and the budget holds two layers at once: the base's, kept, and another's;
-    see :mod:`.folded`)."""
-    config = streams[0].config.get_text_config()  # a multimodal model's language model's
-    hidden = int(getattr(config, "hidden_size", 0) or 0)
-    positions = padded_positions(tokens)
-    states = 2 * len(streams) * positions * hidden * 4
-    heads = max(head_step_bytes(s, largest_batch(tokens), max(map(len, tokens), default=0)) for s in streams)
-    layer = max(pass_bytes(s.formats, s.layers, value_bytes=4, embeddings=s.prefix(s.model.get_input_embeddings()),
-                           stack=s.prefix(s.layers_list)) for s in streams)
-    static = static_bytes([s.formats for s in streams])
+    see :mod:`.folded`). The figures are :func:`~resumerge.check.needs.step_bytes`'s (``sizes``, found here where
+    not given)."""
+    sizes = sizes if sizes is not None else step_bytes(streams, tokens)
+    states = 2 * len(streams) * sizes.states
+    heads, layer, static = max(sizes.heads), max(sizes.layers), sizes.static
     if can_fold:
         try:
             folded = max(states + max(2 * layer, heads), static)
