@@ -6,7 +6,8 @@ compares the tensors (how far the merge moved from the base against its parents;
 parameter counts), :mod:`.folded` takes those figures of the decoder layers' tensors from the forward pass's own
 reads (each model read once), :mod:`.prompts` makes the token sequences, :mod:`.passes` runs every model one decoder
 layer at a time on the forward engine (:mod:`resumerge.forward`), journaled per layer in the state dir so a killed
-check resumes where it was (:mod:`.onray` runs each model's pass on a Ray node of its own: ``--executor ray``), and
+check resumes where it was (:mod:`.onray` runs each model's pass on a Ray node of its own: ``--executor ray``;
+:mod:`.needs` finds what each step holds, for the local budget and each Ray actor's declared memory), and
 :mod:`.heads` the heads at its end, streamed, :mod:`.verdict` holds the thresholds and rules and :mod:`.report` the
 report's shape and JSON, and :mod:`.card` writes a finished check's section into a resumerge output's model card.
 :func:`~resumerge.check.run.run_check` does it all; :func:`resumerge.api.check` calls it.

@@ -234,10 +234,15 @@ class RayModels:
         self.seeded = False
 
     def start(self) -> None:
-        """Start every model's actor, and wait for each to open its model (raises the error that kept one from it)."""
+        """Start every model's actor, and wait for each to open its model (raises the error that kept one from it,
+        and :class:`UnreachableError` where one's node was lost meanwhile)."""
         self.actors = [_start(self.ray, model, place, threads)
                        for model, place, threads in zip(self.models, self.places, self.threads)]
-        self.nodes = self._get([a.node.remote() for a in self.actors])
+        try:
+            self.nodes = self._get([a.node.remote() for a in self.actors])
+        except _Lost as exc:
+            raise UnreachableError(f"a Ray node of the check was lost as its actors started ({exc})",
+                                   hint=_RESUME_HINT) from None
 
     def end(self) -> None:
         for actor in self.actors:

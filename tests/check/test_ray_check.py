@@ -1,8 +1,10 @@
 """``check --executor ray``: each model's forward pass on a Ray node of its own, on a real cluster on this machine (a
 head without CPUs and three one-CPU worker nodes: one per model of a merge, its base and a parent); ``run --check``
-on Ray checks on Ray too (its executor handed on: tested without a cluster).
+on Ray checks on Ray too (its executor handed on: tested without a cluster); a cluster whose nodes cannot hold a
+model's actor (the memory each declares) is refused, exit 2; a node lost mid-pass moves its model to a node left, or
+with none free stops the check resumably (exit 3).
 
-One test on one cluster (starting one costs 10-20 s): a check whose driver (the real CLI, joined to the cluster by
+The first test on one cluster (starting one costs 10-20 s): a check whose driver (the real CLI, joined to the cluster by
 ``--ray-address``) is SIGKILLed after a layer on Ray (each model on a node of its own, ``status`` naming them),
 resumed locally and killed again after the last layer, and finished on Ray (the heads only) gives the local check's
 report, exactly (the actors compute on their node's one CPU: the local reference runs torch on one thread too, as
@@ -138,3 +140,77 @@ def test_run_check_hands_the_check_its_run_s_executor(tmp_path: Path, monkeypatc
     checked(ran, state=StateDir.resolve(tmp_path / "state"), max_memory=None,
             executor=RayExecutor("head:6379", keep_workers=0))
     assert seen == [(False, None), (True, "head:6379")]
+
+
+def test_a_cluster_whose_nodes_cannot_hold_a_model_s_actor_is_refused_before_any_weight_is_read(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each actor declares the memory its step holds (torch's imports, a layer in float32, hidden states, heads):
+    on nodes that declare less to Ray, the check says so in one line, exit 2, and reads no weight."""
+    from resumerge.cli.commands import main
+
+    out, texts = _merged(tmp_path)
+    state = tmp_path / "checked"
+    with ray_cluster(workers=1, memory=256 << 20) as (cluster, _):
+        code = main(["check", str(out), "--prompts", str(texts), "--executor", "ray", "--ray-address",
+                     cluster.address, "--state-dir", str(state)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "a model's actor of the check needs" in err[0] and "more than any node of the cluster has" in err[0], err
+    assert not list(state.rglob("static*.json")) and not list(state.rglob("layer-*"))  # nothing read
+
+
+def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stops_resumably(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker node running a model's actor dies (all its processes) after the pass journaled layer 0 (the merge's
+    node, the first time the merge's and the base's). With a spare node, the model gets a new actor there, which runs
+    its part of layer 1 from the hidden states the driver holds, and the check ends with the local check's report,
+    exactly. With none left free (every node left runs an actor on its one CPU), the check stops unreachable (exit
+    3), its journal kept; run again, it ends with that report too. While a check runs, Ray holds
+    the memory each actor declared."""
+    import ray
+
+    import resumerge.check.passes
+    from resumerge.errors import UnreachableError
+    from resumerge.torch_import import IMPORT_RESERVE
+
+    out, texts = _merged(tmp_path)
+    with one_thread():
+        local = api.check(out, prompts=texts, state_dir=tmp_path / "local")
+    nodes: list[list[str]] = []
+    held: list[float] = []
+    lost = tmp_path / "lost"
+    with ray_cluster(workers=4) as (cluster, started):
+        on_cluster = RayExecutor(cluster.address, keep_workers=0)
+        left = list(cluster.workers)
+
+        def lose(point: str, **_: object) -> None:  # after each layer journaled: where the models ran
+            if point != "after_check_layer":
+                return
+            found = find_progress(state / "checks", out)
+            assert found is not None
+            nodes.append(list(found["nodes"]))
+            if len(nodes) == 1:
+                held.append(ray.cluster_resources()["memory"] - ray.available_resources()["memory"])
+                victim = next(w for w in left if w.node_id[:8] == nodes[0][0])
+                started.remove_node(victim)
+                left.remove(victim)
+
+        monkeypatch.setattr(resumerge.check.passes, "reach", lose)
+        state = lost / "spare"
+        report = api.check(out, prompts=texts, state_dir=state, executor=on_cluster)
+        spare = cluster.node_ids() - set(nodes[0])
+        _same(json.loads(json.dumps(report.to_json())), local)
+        assert len(nodes) == 3 and len(set(nodes[0])) == 3
+        assert nodes[1][0] in spare and nodes[1][1:] == nodes[0][1:] == nodes[2][1:]  # only the merge's actor moved
+        assert 3 * IMPORT_RESERVE < held[0] < 3 * IMPORT_RESERVE + (64 << 20)  # three actors' imports and steps
+        # Three nodes left, one model each: no room for a lost one's actor.
+        nodes.clear()
+        state = lost / "none"
+        with pytest.raises(UnreachableError, match="no node left has the CPUs") as stopped:
+            api.check(out, prompts=texts, state_dir=state, executor=on_cluster)
+        assert stopped.value.exit_code == 3 and len(nodes) == 1
+        assert [p.name for p in state.rglob("layer-*.safetensors")] == ["layer-00000.safetensors"]
+    monkeypatch.undo()
+    with one_thread():  # run again here (a check started on Ray resumes locally: its journal is the same)
+        again = api.check(out, prompts=texts, state_dir=state)
+    _same(json.loads(json.dumps(again.to_json())), local)
