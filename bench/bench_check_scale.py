@@ -19,8 +19,9 @@ prints the wall time and the child's peak RSS (``ru_maxrss``: file pages mapped 
 Each command runs in a fresh state dir, in a process of its own.
 
 ``start``: what a check's process does before its first layer, that a resumed check does again, timed in a fresh
-interpreter ``--runs`` times: resumerge's imports as ``python -m resumerge check`` makes them, then torch and
-transformers, then the ``--layers`` model's modules built without weights; ``--tree``: the resumerge checkout
+interpreter ``--runs`` times: resumerge's imports as ``python -m resumerge check`` makes them, then torch, then the
+``--layers`` model's modules built without weights (the native modules, or transformers imported and its modules
+built: the line says which); ``--tree``: the resumerge checkout
 whose code is timed (another worktree, to compare two trees on one machine).
 """
 
@@ -108,13 +109,12 @@ executor_option("local")
 t1 = time.perf_counter()
 from pathlib import Path
 import torch
-from resumerge.forward.stream import build_modules, import_transformers
-import_transformers("bench")
+from resumerge.forward.stream import build_modules
 t2 = time.perf_counter()
 build_modules(Path(sys.argv[1]), torch.float32, what="bench")
 t3 = time.perf_counter()
-print(f"resumerge imports {t1 - t0:.2f} s, torch + transformers {t2 - t1:.2f} s, modeling module + build "
-      f"{t3 - t2:.2f} s, total {t3 - t0:.2f} s")
+print(f"resumerge imports {t1 - t0:.2f} s, torch {t2 - t1:.2f} s, modules built {t3 - t2:.2f} s (transformers "
+      f"imported: {'transformers' in sys.modules}), total {t3 - t0:.2f} s")
 """
 
 
