@@ -33,7 +33,7 @@ from resumerge.inputs.hub.cache import HubSettings, RemoteFile, RepoCache, hub_s
 from resumerge.inputs.hub.events import ProgressCallback, callback_or_noop
 from resumerge.inputs.hub.fetch import offline_error
 from resumerge.inputs.hub.ranges import RangeClient
-from resumerge.inputs.hub.resolve import RepoMetadata, _list_files, _pin_commit
+from resumerge.inputs.hub.resolve import RepoMetadata, commit_files, pin_commit
 from resumerge.inputs.model import ModelInput
 
 FIRST_READ = 64 << 10  # the first range of a header read: the fixed part, and small headers whole
@@ -79,8 +79,8 @@ def resolve_gguf(
     settings = hub_settings(cache_dir, None, None)
     emit = callback_or_noop(on_progress)
     repo = RepoCache(settings.cache_dir, repo_id)
-    settings, commit = _pin_commit(settings, repo, revision, pinned_commit, emit)
-    settings, files, complete = _list_files(settings, repo, commit, emit)
+    settings, commit = pin_commit(settings, repo, revision, pinned_commit, emit)
+    settings, files, complete = commit_files(settings, repo, commit, emit)
     where = f"{repo_id}@{commit[:12]}"
     folder, _, name = path.rpartition("/")
     names = [f"{folder}/{n}" if folder else n for n in split_names(name, f"{where}/{path}")]

@@ -94,8 +94,8 @@ def resolve_metadata(
     repo_id = _check_repo_id(ref)
     revision = ref.revision or "main"
     repo = RepoCache(settings.cache_dir, repo_id)
-    settings, commit = _pin_commit(settings, repo, revision, pinned_commit, emit)
-    settings, files, complete = _list_files(settings, repo, commit, emit)
+    settings, commit = pin_commit(settings, repo, revision, pinned_commit, emit)
+    settings, files, complete = commit_files(settings, repo, commit, emit)
     small = small_files(files)
     with VerifyRecords(records_dir) as records:
         local = ensure_files(settings, repo, commit, small, records, emit)
@@ -162,7 +162,7 @@ def _check_repo_id(ref: ModelRef) -> str:
     return ref.path
 
 
-def _pin_commit(
+def pin_commit(
     settings: HubSettings, repo: RepoCache, revision: str, pinned: str | None, emit: ProgressCallback
 ) -> tuple[HubSettings, str]:
     """Return the commit to use, and the settings (switched to offline if the hub proved unreachable)."""
@@ -194,7 +194,7 @@ def _pin_commit(
     return settings, cached
 
 
-def _list_files(
+def commit_files(
     settings: HubSettings, repo: RepoCache, commit: str, emit: ProgressCallback
 ) -> tuple[HubSettings, dict[str, RemoteFile], bool]:
     """Return the commit's file list (cache first, then the hub, then the snapshot folder) and completeness."""
