@@ -3,7 +3,7 @@ under it.
 
 Usage::
 
-    python bench/bench_check_scale.py resume [--kill-at 15] [--tiled --layers 120] [--work DIR]
+    python bench/bench_check_scale.py resume [--kill-at 15] [--tiled --layers 120 | --set --layers 64] [--work DIR]
     python bench/bench_check_scale.py budget [--layers 120] [--max-memory 900MB] [--work DIR]
     python bench/bench_check_scale.py start [--layers 120] [--runs 7] [--tree DIR]
 
@@ -11,7 +11,9 @@ Usage::
 decoder-layer weight nudged (bench_check.py's), four short texts; the check is run whole, then run with
 ``RESUMERGE_KILL_AT=after_check_layer:N`` (SIGKILL after layer N-1 is journaled) and run again to finish; prints
 each wall time, and the killed + resumed total against the whole one, and that the two reports are the same.
-``--tiled``: the same with the ``budget`` mode's model (checked against its copy) instead.
+``--tiled``: the same with the ``budget`` mode's model (checked against its copy) instead. ``--set``: bench_check.py's
+case, the merge of two parents of the ``--layers`` model checked against its base and both parents (four models;
+``--layers 64``: the issue's ~1 GB model).
 
 ``budget``: a model made of SmolLM2's decoder layers repeated to ``--layers`` layers (its embeddings, norm and
 tokenizer; 120 layers: 1.8 GB in float32) checked against a hard-linked copy of itself under ``--max-memory``;
@@ -47,7 +49,12 @@ def _check(model: Path, others: list[Path], texts: Path, state: str, extra: list
 
 
 def resume(args: argparse.Namespace, env: dict[str, str]) -> None:
-    if args.tiled:
+    extra: list[str] = []
+    if args.set:
+        base, parents, merge = _make(args.work / f"set{args.layers}", 2, tiled(args.work, args.layers))
+        extra = ["--base", str(base)]
+        base = merge
+    elif args.tiled:
         base, tiled_copy = _tiled(args)
         parents = [tiled_copy]
     else:
@@ -58,11 +65,11 @@ def resume(args: argparse.Namespace, env: dict[str, str]) -> None:
     texts = args.work / "texts.txt"
     texts.write_text("\n".join(TEXTS) + "\n")
     whole_state = tempfile.mkdtemp(prefix="check-whole-")
-    wall, peak, out = _measured(_check(base, parents, texts, whole_state, []), env)
+    wall, peak, out = _measured(_check(base, parents, texts, whole_state, extra), env)
     whole = json.loads(out)
     print(f"uninterrupted: {wall:.1f} s, peak RSS {peak / 1e6:.0f} MB, verdict {whole['verdict']}")
     state = tempfile.mkdtemp(prefix="check-killed-")
-    argv = _check(base, parents, texts, state, [])
+    argv = _check(base, parents, texts, state, extra)
     start = time.perf_counter()
     killed = subprocess.run(argv, env={**env, "RESUMERGE_KILL_AT": f"after_check_layer:{args.kill_at}"},
                             capture_output=True, text=True)
@@ -132,6 +139,8 @@ def main() -> None:
     parser.add_argument("--kill-at", type=int, default=15)
     parser.add_argument("--layers", type=int, default=120)
     parser.add_argument("--tiled", action="store_true", help="resume: check the --layers model against its copy")
+    parser.add_argument("--set", action="store_true", help="resume: bench_check.py's case, a merge of two parents "
+                        "of the --layers model checked against them and the base (--layers 64: the ~1 GB model)")
     parser.add_argument("--max-memory", default="900MB")
     parser.add_argument("--runs", type=int, default=7, help="start: how many fresh interpreters")
     parser.add_argument("--tree", type=Path, default=ROOT, help="start: the resumerge checkout timed")
