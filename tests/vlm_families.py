@@ -24,6 +24,11 @@ from support import perturb_vectors
 TEXT = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "head_dim": 8,
         "bos_token_id": 1, "eos_token_id": 2}
+# Llama 4's language model: 4 layers, MoE on layers 1 and 3 (a routed expert of 2 and the shared one), layer 3
+# without rotary embeddings (NoPE, full attention, temperature-tuned queries), the others chunked by 4 tokens.
+LLAMA4_TEXT = {**TEXT, "num_hidden_layers": 4, "intermediate_size": 12, "intermediate_size_mlp": 40,
+               "num_local_experts": 2, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
+               "no_rope_layer_interval": 4, "attention_chunk_size": 4, "floor_scale": 4, "attn_scale": 0.5}
 _IMAGE_TOKEN = 63
 _MROPE = {"rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]}}
 _VISION = {"hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 2}
@@ -38,6 +43,7 @@ class Vlm:
     config_class: str
     config: Mapping[str, Any]
     hub_prefixes: tuple[tuple[str, str], ...] = ()
+    hub_transposed: tuple[str, ...] = ()  # name endings of the tensors the hub stores with dims 1 and 2 swapped
 
 
 VLMS: tuple[Vlm, ...] = (
@@ -75,9 +81,29 @@ VLMS: tuple[Vlm, ...] = (
 )
 
 
+# Multimodal MoE families, run by check's parity tests (the text part) and not by the merge tests of VLMS.
+MOE_VLMS: tuple[Vlm, ...] = (
+    Vlm("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", "Qwen3VLMoeConfig", {
+        "text_config": {**TEXT, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                    "mrope_section": [1, 1, 2], "mrope_interleaved": True},
+                        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 12,
+                        "decoder_sparse_step": 2, "tie_word_embeddings": False},
+        "vision_config": {"depth": 2, "hidden_size": 16, "intermediate_size": 24, "out_hidden_size": 32,
+                          "num_heads": 2, "patch_size": 4, "temporal_patch_size": 2, "spatial_merge_size": 2,
+                          "num_position_embeddings": 16, "deepstack_visual_indexes": [0]},
+        "image_token_id": _IMAGE_TOKEN, "video_token_id": 62, "vision_start_token_id": 61,
+        "vision_end_token_id": 60}, hub_transposed=("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
+    Vlm("llama4", "Llama4ForConditionalGeneration", "Llama4Config", {
+        "text_config": {"model_type": "llama4_text", **LLAMA4_TEXT},
+        "vision_config": {**_VISION, "image_size": 16, "patch_size": 4, "vision_output_dim": 16,
+                          "projector_input_dim": 32, "projector_output_dim": 32, "pixel_shuffle_ratio": 0.5},
+        "image_token_index": _IMAGE_TOKEN, "boi_token_index": 61, "eoi_token_index": 62}),
+)
+
+
 def vlm(name: str) -> Vlm:
     """The family called ``name``."""
-    return next(v for v in VLMS if v.name == name)
+    return next(v for v in (*VLMS, *MOE_VLMS) if v.name == name)
 
 
 def model_class(family: Vlm) -> Any:
@@ -104,8 +130,9 @@ def make_vlm(directory: Path, family: Vlm, seed: int, layout: str = "saved") -> 
                   metadata={"format": "pt"})
     elif layout == "hub":
         tensors = load_file(str(weights))
-        save_file({_relabel(k, family.hub_prefixes): v for k, v in tensors.items()}, str(weights),
-                  metadata={"format": "pt"})
+        save_file({_relabel(k, family.hub_prefixes): v.transpose(1, 2).contiguous()
+                   if k.endswith(family.hub_transposed) and family.hub_transposed else v
+                   for k, v in tensors.items()}, str(weights), metadata={"format": "pt"})
     return directory
 
 

@@ -45,7 +45,7 @@ _KINDS = (  # first match wins
     ("router", re.compile(r"(?:mlp\.gate\.|router|gate\.e_score)")),
     ("norms", re.compile(r"(?:norm|ln_\w*|layernorm)\.(?:weight|bias)$")),
     ("embeddings", re.compile(r"(?:embed_tokens|wte|wpe|word_embeddings|embed_in)\.")),
-    ("head", re.compile(r"(?:^lm_head|embed_out)\.")),
+    ("head", re.compile(r"(?:^|\.)(?:lm_head|embed_out)\.")),  # a VLM's language_model.lm_head too
     ("attention", re.compile(r"(?:attn|attention)")),
     ("mlp", re.compile(r"(?:mlp|feed_forward|ffn)")),
 )

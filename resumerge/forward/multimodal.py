@@ -41,12 +41,40 @@ def causal_lm_class(transformers: Any, config: Any) -> Any:
 
 
 def text_model(base: torch.nn.Module) -> torch.nn.Module:
-    """The language model of a multimodal ``base`` model; ``base`` itself for a text model."""
+    """The language model of a multimodal ``base`` model; ``base`` itself for a text model. Either is taken one
+    level down where it is a causal LM itself, its text model its attribute ``model``: Llama 4's
+    ``Llama4ForCausalLM``, whose ``base_model_prefix`` names no attribute (so it is its own ``base_model``), alone
+    or as ``Llama4ForConditionalGeneration``'s ``language_model``."""
     for name in _TEXT_PARTS:
         part = getattr(base, name, None)
         if isinstance(part, torch.nn.Module) and part is not base:
-            return part
-    return base
+            return _below_head(part)
+    return _below_head(base)
+
+
+def _below_head(module: torch.nn.Module) -> torch.nn.Module:
+    inner = getattr(module, "model", None)
+    head = getattr(module, "get_output_embeddings", None)
+    return inner if isinstance(inner, torch.nn.Module) and callable(head) and head() is not None else module
+
+
+def head_site(model: Any, text: torch.nn.Module) -> tuple[Any, str]:
+    """Where a pass's head puts its stand-in for the part of ``model`` that runs before the head: (the module whose
+    forward computes the logits, the attribute of it to replace). ``model`` and its ``base_model_prefix``, unless
+    that names no attribute (Llama 4): then the attribute holding ``text`` (the language model), or the causal LM
+    inside ``model`` (a multimodal one) that holds it and the head."""
+    attribute = getattr(model, "base_model_prefix", "")
+    if attribute and isinstance(getattr(model, attribute, None), torch.nn.Module):
+        return model, attribute
+    for name, child in model.named_children():
+        if child is text:
+            return model, name
+    head = model.get_output_embeddings()
+    for child in model.children():
+        if (child is not model and callable(getattr(child, "get_output_embeddings", None))
+                and child.get_output_embeddings() is head and any(m is text for m in child.modules())):
+            return head_site(child, text)
+    raise ModelInputError(f"cannot find where {type(model).__name__} runs its language model before its head")
 
 
 def stored_prefixes(model: Any, text: torch.nn.Module, stored: Collection[str]) -> list[tuple[str, str]]:

@@ -99,6 +99,12 @@ class CastReader:
         """Whether the model holds logical tensor ``name``."""
         return name in self._formats.claims or name in self._formats.stored
 
+    def plain_shape(self, name: str) -> tuple[int, ...] | None:
+        """The stored shape of ``name`` where it is a plain tensor the model holds (what :meth:`read` gives it);
+        None for a tensor a format decodes, or one the model does not hold."""
+        found = self._formats.stored.get(name)
+        return None if found is None or name in self._formats.claims else tuple(found.entry.shape)
+
     def read(self, name: str) -> torch.Tensor:
         """Logical tensor ``name``, in the reader's dtype (a fresh tensor: the caller owns it), shown to
         :attr:`watch` when set."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.errors import InputError, ModelInputError
-from resumerge.forward.multimodal import causal_lm_class, renamed, stored_prefixes, text_model
+from resumerge.forward.multimodal import causal_lm_class, head_site, renamed, stored_prefixes, text_model
 from resumerge.forward.native import NativeConfig, native_modules
 from resumerge.forward.reader import CastReader, Weights, base_formats
 from resumerge.torch_import import torch
@@ -225,17 +225,19 @@ class ModelStream:
              read: Callable[[str], torch.Tensor] | None = None) -> torch.nn.Module:
         """``module`` with its weights read (its buffers are kept: built for real, see :func:`weights_on_meta`);
         ``tied_head``: the head, read from the embeddings where the checkpoint holds no head; ``read``: where each
-        weight comes from by checkpoint name, instead of this model's files (a merge of several models' weights)."""
+        weight comes from by checkpoint name, instead of this model's files (a merge of several models' weights).
+        A module some of whose weights the checkpoint lacks, or stores in another shape (Qwen3-VL-MoE's expert
+        stacks, transposed on the hub), is loaded through transformers' conversion (:meth:`_converted`)."""
         prefix = self.prefix(module)
         state = {}
-        for name, _ in module.named_parameters():
+        for name, param in module.named_parameters():
             key = prefix + name
             if tied_head:
                 key = self.prefix(self.model.get_input_embeddings()) + name
-            if not self.reader.has(key):
+            if not self.reader.has(key) or self.reader.plain_shape(key) not in (None, tuple(param.shape)):
                 if read is not None:
-                    raise ModelInputError(f"{key} is stored under another name: a merged forward cannot read it",
-                                          path=str(self.reader.directory), tensor=key)
+                    raise ModelInputError(f"{key} is stored under another name or shape: a merged forward "
+                                          "cannot read it", path=str(self.reader.directory), tensor=key)
                 return self._converted(module, prefix)
             state[name] = self.reader.read(key) if read is None else read(key)
         module.load_state_dict(state, strict=False, assign=True)
@@ -395,16 +397,16 @@ class ModelStream:
         else:
             for name, value in weights.items():
                 head._parameters[name] = torch.nn.Parameter(value, requires_grad=False)
-        attribute = self.model.base_model_prefix
-        inner = getattr(self.model, attribute)
+        site, attribute = head_site(self.model, self.inner)
+        inner = getattr(site, attribute)
 
         def logits(hidden: torch.Tensor) -> torch.Tensor:
             normed = self.final_norm(hidden) if self.final_norm is not None else hidden
-            setattr(self.model, attribute, _stubs()[1](normed))
+            setattr(site, attribute, _stubs()[1](normed))
             try:
-                out = self.model(input_ids=torch.zeros(hidden.shape[:2], dtype=torch.long), use_cache=False)
+                out = site(input_ids=torch.zeros(hidden.shape[:2], dtype=torch.long), use_cache=False)
             finally:
-                setattr(self.model, attribute, inner)
+                setattr(site, attribute, inner)
             result: torch.Tensor = out.logits
             return result
 

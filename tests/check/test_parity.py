@@ -79,10 +79,14 @@ def test_streamed_logits_and_nll_equal_transformers(tmp_path: Path, name: str, m
 
 
 def test_a_model_whose_layers_cannot_be_found_is_refused_in_one_line(tmp_path: Path) -> None:
-    # Llama-4's causal-LM class holds its text model one level down: not followed yet.
-    model = as_checked(make_moe_model(tmp_path / "llama4", "llama4_text", 3))
-    with pytest.raises(ModelInputError, match="cannot find the 2 decoder layers"):
-        streams_of([model])
+    # OPT's base model holds its layers one level down (OPTModel.decoder.layers): not followed.
+    from transformers import OPTConfig, OPTForCausalLM
+
+    OPTForCausalLM(OPTConfig(vocab_size=128, hidden_size=16, num_hidden_layers=2, ffn_dim=32, num_attention_heads=2,
+                             max_position_embeddings=32, word_embed_proj_dim=16)).save_pretrained(tmp_path / "opt")
+    with pytest.raises(ModelInputError, match="cannot find the 2 decoder layers of OPTModel") as refused:
+        streams_of([as_checked(tmp_path / "opt")])
+    assert "\n" not in str(refused.value)
 
 
 def test_a_block_fp8_checkpoint_reads_as_its_decoded_values(tmp_path: Path) -> None:

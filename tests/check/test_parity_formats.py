@@ -125,28 +125,66 @@ def test_a_model_with_its_mtp_module_streams_the_layers_transformers_runs(tmp_pa
 
 @pytest.mark.parametrize(("family", "layout"), [("llava", "saved"), ("llava", "memory"), ("gemma3", "saved"),
                                                 ("qwen2_vl", "saved"), ("qwen2_5_vl", "saved"),
-                                                ("mistral3", "saved"), ("idefics3", "saved")])
+                                                ("qwen3_vl_moe", "saved"), ("qwen3_vl_moe", "hub"),
+                                                ("mistral3", "saved"), ("idefics3", "saved"), ("llama4", "saved")])
 def test_the_text_part_of_a_multimodal_model_streams_as_transformers_runs_it_on_text(tmp_path: Path, family: str,
                                                                                       layout: str) -> None:
     """A VLM as transformers saves it (``language_model.model.layers.N``, Qwen2-VL's ``model.layers.N``,
     Idefics3's ``model.text_model.layers.N``; or transformers' in-memory names): the pass runs its language
     model's layers on text-only tokens (no image token among them), and its logits are the whole model's given
-    the same ids and no image (Mistral 3's head tied by its top-level config, Gemma 3's soft-capped)."""
+    the same ids and no image (Mistral 3's head tied by its top-level config, Gemma 3's soft-capped). Qwen3-VL-MoE's
+    experts (fused; transposed as the hub stores them, which transformers transposes back as it loads) run in its
+    MoE layers. Llama 4's text model is one level down (``language_model.model``): MoE layers 1 and 3, chunked
+    attention, layer 3 without rotary embeddings (its queries temperature-tuned)."""
     from vlm_families import make_vlm, model_class, vlm
 
     directory = make_vlm(tmp_path / family, vlm(family), 3, layout)
     reference = model_class(vlm(family)).from_pretrained(directory, dtype=torch.float32)
-    assert_parity(directory, lambda ids: reference(input_ids=ids).logits, tmp_path)
+    # transformers 5.24's Llama4ForConditionalGeneration.forward fails after its language model has run (it reads
+    # image_outputs from the causal LM's output): text-only, its logits are its language model's on the same ids
+    whole = reference.language_model if family == "llama4" else reference
+    assert_parity(directory, lambda ids: whole(input_ids=ids).logits, tmp_path)
 
 
-def test_the_static_pass_groups_a_vision_tower_apart_from_the_decoder_layers(tmp_path: Path) -> None:
+def test_llama4_text_streams_as_transformers_runs_it(tmp_path: Path) -> None:
+    """``llama4_text`` (Llama4ForCausalLM: its text model under ``model``, which its ``base_model_prefix`` does not
+    name): MoE layers 1 and 3 interleaved with dense ones, chunked attention (chunks of 4 tokens, shorter than
+    the sequences), layer 3 without rotary embeddings."""
+    from support import perturb_vectors
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+    from vlm_families import LLAMA4_TEXT
+
+    torch.manual_seed(3)
+    model = Llama4ForCausalLM(Llama4TextConfig(**LLAMA4_TEXT))
+    perturb_vectors(model, 3)
+    model.save_pretrained(tmp_path / "llama4_text")
+    assert model.config.moe_layers == [1, 3] and model.config.no_rope_layers == [1, 1, 1, 0]
+    assert model.config.layer_types == ["chunked_attention"] * 3 + ["full_attention"]
+    assert_parity(tmp_path / "llama4_text", _causal(tmp_path / "llama4_text"), tmp_path)
+
+
+@pytest.mark.parametrize(("family", "layout", "vision", "stack"), [
+    ("llava", "saved", ("vision_tower.", "multi_modal_projector."), "language_model.model.layers."),
+    ("qwen3_vl_moe", "hub", ("model.visual.",), "model.language_model.layers."),
+    ("llama4", "saved", ("vision_model.", "multi_modal_projector."), "language_model.model.layers.")])
+def test_the_static_pass_groups_a_vision_tower_apart_from_the_decoder_layers(
+        tmp_path: Path, family: str, layout: str, vision: tuple[str, ...], stack: str) -> None:
+    """The vision tower and projector are one ``vision`` group; a multimodal MoE's fused expert stacks are its
+    MoE layer's routed experts (Llama 4's shared expert and router apart); the head is ``head``."""
     from vlm_families import make_vlm, vlm
 
-    merge, base = (as_checked(make_vlm(tmp_path / str(s), vlm("llava"), s)) for s in (3, 4))
+    merge, base = (as_checked(make_vlm(tmp_path / str(s), vlm(family), s, layout)) for s in (3, 4))
     names = set(merge.opened.tensors)
-    groups = {(g.layer, g.kind): g.tensors for g in static_pass([merge, replace(base, role="base")]).groups}
-    assert groups[(None, "vision")] == sum(n.startswith(("vision_tower.", "multi_modal_projector.")) for n in names)
-    assert groups[(0, "attention")] == sum(n.startswith("language_model.model.layers.0.self_attn.") for n in names)
+    figures = static_pass([merge, replace(base, role="base")])
+    groups = {(g.layer, g.kind): g.tensors for g in figures.groups}
+    assert groups[(None, "vision")] == sum(n.startswith(vision) for n in names) > 0
+    assert groups[(0, "attention")] == sum(n.startswith(f"{stack}0.self_attn.") and "_norm." not in n for n in names)
+    assert groups[(None, "head")] == 1 and (None, "other") not in groups
+    assert sum(groups.values()) == len(names)
+    if family != "llava":  # layer 1 is a MoE layer: its two fused stacks, the router, Llama 4's shared expert
+        assert groups[(1, "routed experts")] == sum(n.startswith(f"{stack}1.") and ".experts." in n for n in names) == 2
+        assert groups[(1, "router")] == 1 and (0, "routed experts") not in groups
+        assert groups.get((1, "shared experts"), 0) == (3 if family == "llama4" else 0)
 
 
 @pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_next"])
