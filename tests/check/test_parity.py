@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,11 +44,12 @@ def as_checked(directory: Path) -> Checked:
 
 
 def assert_streamed_logits(model: Checked, reference: Callable[[torch.Tensor], torch.Tensor],
-                           tokens: list[list[int]]) -> None:
+                           tokens: list[list[int]], built: tuple[Any, Any] | None = None) -> None:
     """``model``'s logits, run one decoder layer at a time by the forward engine, are ``reference``'s (a batch of
-    ids to float32 logits) to 1e-4 for each of ``tokens``."""
+    ids to float32 logits) to 1e-4 for each of ``tokens``; ``built``: the config and modules to stream (default:
+    those the engine builds)."""
     with ModelStream(Weights.of(model.opened.directory, model.opened.tensors), model.opened.config, torch.float32,
-                     what="test") as stream, torch.no_grad():
+                     what="test", built=built) as stream, torch.no_grad():
         for ids in tokens:
             batch = torch.tensor([ids])
             ((hidden, calls),) = stream.inputs([(batch, torch.ones_like(batch))])

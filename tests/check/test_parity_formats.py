@@ -163,6 +163,25 @@ def test_llama4_text_streams_as_transformers_runs_it(tmp_path: Path) -> None:
     assert_parity(tmp_path / "llama4_text", _causal(tmp_path / "llama4_text"), tmp_path)
 
 
+def test_llama4_streams_through_its_conditional_generation_class_too(tmp_path: Path) -> None:
+    """The engine builds ``llama4`` as transformers' causal-LM class does (Llama4ForCausalLM of the text config);
+    given the whole Llama4ForConditionalGeneration, it finds the language model two levels down
+    (``language_model.model``) and runs the head inside ``language_model``, with the same logits."""
+    from transformers import AutoConfig, Llama4ForConditionalGeneration
+    from vlm_families import make_vlm, vlm
+
+    from resumerge.forward.stream import build_modules, weights_on_meta
+
+    directory = make_vlm(tmp_path / "llama4", vlm("llama4"), 3)
+    config = AutoConfig.from_pretrained(directory)
+    assert type(build_modules(directory, torch.float32, what="test")[1]).__name__ == "Llama4ForCausalLM"
+    with weights_on_meta():
+        whole = Llama4ForConditionalGeneration._from_config(config, dtype=torch.float32)
+    reference = Llama4ForConditionalGeneration.from_pretrained(directory, dtype=torch.float32).language_model
+    assert_streamed_logits(as_checked(directory), lambda ids: reference(input_ids=ids).logits, TOKENS,
+                           built=(config, whole))
+
+
 @pytest.mark.parametrize(("family", "layout", "vision", "stack"), [
     ("llava", "saved", ("vision_tower.", "multi_modal_projector."), "language_model.model.layers."),
     ("qwen3_vl_moe", "hub", ("model.visual.",), "model.language_model.layers."),
