@@ -229,17 +229,15 @@ class ModelStream:
         A module some of whose weights the checkpoint lacks, or stores in another shape (Qwen3-VL-MoE's expert
         stacks, transposed on the hub), is loaded through transformers' conversion (:meth:`_converted`)."""
         prefix = self.prefix(module)
-        state = {}
-        for name, param in module.named_parameters():
-            key = prefix + name
-            if tied_head:
-                key = self.prefix(self.model.get_input_embeddings()) + name
-            if not self.reader.has(key) or self.reader.plain_shape(key) not in (None, tuple(param.shape)):
+        stored = self.prefix(self.model.get_input_embeddings()) if tied_head else prefix
+        keys = {name: (stored + name, tuple(param.shape)) for name, param in module.named_parameters()}
+        for key, shape in keys.values():  # all checked before any is read: none is read twice
+            if not self.reader.has(key) or self.reader.plain_shape(key) not in (None, shape):
                 if read is not None:
                     raise ModelInputError(f"{key} is stored under another name or shape: a merged forward "
                                           "cannot read it", path=str(self.reader.directory), tensor=key)
                 return self._converted(module, prefix)
-            state[name] = self.reader.read(key) if read is None else read(key)
+        state = {name: self.reader.read(key) if read is None else read(key) for name, (key, _) in keys.items()}
         module.load_state_dict(state, strict=False, assign=True)
         return module
 
