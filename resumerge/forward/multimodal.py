@@ -1,4 +1,5 @@
-"""The text part of a multimodal model (Llava, Gemma 3, Qwen2-VL, Mistral 3, Idefics3 …) for a layer-streamed pass.
+"""The text part of a multimodal model (Llava, Gemma 3, Qwen2-VL, Qwen3-VL-MoE, Mistral 3, Idefics3, Llama 4 …) for a
+layer-streamed pass.
 
 transformers builds such a model as ``…ForConditionalGeneration``: no ``AutoModelForCausalLM`` class for some
 (:func:`causal_lm_class` falls back to ``AutoModelForImageTextToText``), its base model holding a vision tower and
