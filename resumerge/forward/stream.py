@@ -172,11 +172,12 @@ def _config_doc(directory: Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def _native_reads_all(model: Any, logical: set[str], tied: bool) -> bool:
-    """Whether every parameter of native modules ``model`` is a tensor of the checkpoint (its names are the
-    checkpoint's own); the head may be missing where it is tied to the embeddings."""
-    return all(name in logical or (tied and name.startswith("lm_head."))
-               for name, _ in model.named_parameters())
+def _native_reads_all(model: Any, reader: CastReader, tied: bool) -> bool:
+    """Whether every parameter of native modules ``model`` is a tensor of the checkpoint under its own name and, where
+    stored plainly, in its shape (what :meth:`ModelStream.load` reads without transformers' conversion); the head may
+    be missing where it is tied to the embeddings."""
+    return all((reader.has(name) and reader.plain_shape(name) in (None, tuple(param.shape)))
+               or (tied and name.startswith("lm_head.")) for name, param in model.named_parameters())
 
 
 class ModelStream:
@@ -192,9 +193,10 @@ class ModelStream:
         self.dtype = dtype
         self.config, self.model = built if built is not None else build_modules(weights.directory, dtype, what=what)
         self.formats = base_formats(weights.tensors, config_doc, weights.directory)
-        if isinstance(self.config, NativeConfig) and not _native_reads_all(
-                self.model, set(self.formats.logical()), self.config.tie_word_embeddings):
-            # names the native modules do not find (a checkpoint laid out otherwise): transformers' conversion
+        self.reader = CastReader(weights, self.formats, dtype, key=key)
+        if isinstance(self.config, NativeConfig) and not _native_reads_all(self.model, self.reader,
+                                                                           self.config.tie_word_embeddings):
+            # tensors the native modules do not find (a checkpoint laid out otherwise): transformers' conversion
             self.config, self.model = build_modules(weights.directory, dtype, what=what, native=False)
         self.model.eval()  # from_config leaves it training: dropout would draw at random
         self.inner = text_model(self.model.base_model)  # a multimodal model's language model
@@ -204,7 +206,6 @@ class ModelStream:
         self.layers = len(self.layers_list)
         self.final_norm = next((getattr(self.inner, n) for n in _FINAL_NORMS
                                 if isinstance(getattr(self.inner, n, None), torch.nn.Module)), None)
-        self.reader = CastReader(weights, self.formats, dtype, key=key)
         self._stored = stored_prefixes(self.model, self.inner, self.formats.logical())
 
     def _layer_list(self) -> torch.nn.ModuleList:

@@ -158,16 +158,23 @@ def test_what_the_native_modules_do_not_build_is_left_to_transformers(doc: dict[
     assert read_config(doc) is None
 
 
-def test_a_checkpoint_named_otherwise_is_read_through_transformers(tmp_path: Path) -> None:
-    """Untied, without a head of its own: the native modules would not find ``lm_head.weight``, so the stream is
-    built by transformers (whose conversion then says what is missing, as before)."""
+@pytest.mark.parametrize("change", ["no head", "transposed"])
+def test_a_checkpoint_laid_out_otherwise_is_read_through_transformers(tmp_path: Path, change: str) -> None:
+    """Untied without a head of its own, or a weight stored in another shape: the native modules would not find
+    what they read, so the stream is built by transformers (whose conversion then reads it, or says what is
+    missing, as before)."""
     from safetensors.torch import load_file, save_file
 
     directory = _saved(tmp_path / "m", "llama", {}, {})
     tensors = load_file(str(directory / "model.safetensors"))
-    del tensors["lm_head.weight"]
+    if change == "no head":
+        del tensors["lm_head.weight"]
+    else:
+        name = "model.layers.1.mlp.down_proj.weight"
+        tensors[name] = tensors[name].t().contiguous()
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     opened = open_model(ModelRef(str(directory)), directory=directory)
+    assert isinstance(build_modules(directory, torch.float32, what="test")[0], NativeConfig)
     with ModelStream(Weights.of(opened.directory, opened.tensors), opened.config, torch.float32, what="test") as s:
         assert not isinstance(s.config, NativeConfig)
 
