@@ -163,6 +163,21 @@ def build_modules(directory: Path, dtype: torch.dtype, *, what: str, native: boo
     return config, model
 
 
+@contextmanager
+def _quiet_loading() -> Iterator[None]:
+    """transformers' progress bars off for the block (as they were after it)."""
+    from transformers.utils import logging
+
+    shown = logging.is_progress_bar_enabled()
+    if shown:
+        logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            logging.enable_progress_bar()
+
+
 def _config_doc(directory: Path) -> dict[str, Any]:
     """``directory``'s config.json, or {} where it cannot be read (transformers then says what is wrong)."""
     try:
@@ -259,7 +274,8 @@ class ModelStream:
         others = [m for m in self.model.modules() if id(m) not in mine]
         before = {(id(m), n) for m in others for n, p in m.named_parameters(recurse=False) if not p.is_meta}
         config = LoadStateDictConfig(dtype=self.dtype, weight_mapping=get_model_conversion_mapping(self.model))
-        convert_and_load_state_dict_in_model(self.model, {n: self.reader.read(n) for n in names}, config)
+        with _quiet_loading():  # its "Loading weights" bar, once a layer of every model, is not the user's news
+            convert_and_load_state_dict_in_model(self.model, {n: self.reader.read(n) for n in names}, config)
         for child in others:
             for name, param in child.named_parameters(recurse=False):
                 if (id(child), name) not in before and not param.is_meta:

@@ -184,3 +184,20 @@ def test_an_mxfp4_gpt_oss_checkpoint_reads_as_its_decoded_values(tmp_path: Path)
         losses = [float(reference(input_ids=torch.tensor([ids]), labels=torch.tensor([ids])).loss) * (len(ids) - 1)
                   for ids in TOKENS]
     assert figures.nll[0] == pytest.approx(sum(losses) / sum(len(t) - 1 for t in TOKENS), abs=1e-4)
+
+
+def test_a_layer_read_through_transformers_conversion_prints_no_progress_bar(tmp_path: Path,
+                                                                               capfd: pytest.CaptureFixture[str]
+                                                                               ) -> None:
+    """Qwen3-MoE stored one expert at a time: each layer goes through transformers' conversion, whose "Loading
+    weights" bar was printed once a layer of every model; transformers' bars are as they were after it."""
+    from transformers.utils import logging
+
+    model = as_checked(_model(tmp_path / "m", "qwen3_moe", False))
+    with ModelStream(Weights.of(model.opened.directory, model.opened.tensors), model.opened.config, torch.float32,
+                     what="test") as stream:
+        for layer in stream.layers_list:
+            with stream.loaded(layer):
+                pass
+    assert "Loading weights" not in capfd.readouterr().err
+    assert logging.is_progress_bar_enabled()
