@@ -17,18 +17,16 @@ from collections.abc import Callable, Iterable, Sequence
 
 from resumerge.config.locations import StateDir
 from resumerge.engine.executor import Reporter
-from resumerge.engine.streamdigest import FileDigest
-from resumerge.engine.streamhashes import StreamHashes
 from resumerge.errors import ResumergeError, UsageError
 from resumerge.inputs.catalog import Inputs
 from resumerge.inputs.gguf.header import GgufHeader
 from resumerge.inputs.hub import ProgressCallback, fetch_weights
 from resumerge.inputs.hub.cache import RepoCache
 from resumerge.inputs.hub.fetch import check_downloads
-from resumerge.inputs.hub.headercheck import planned_bytes
+from resumerge.inputs.hub.integrity import FileDigest, StreamHashes, whole_file_digest
 from resumerge.inputs.hub.landing import Downloads, LandingFiles
 from resumerge.inputs.hub.ranges import FetchCounters, RangeClient, StreamedFile
-from resumerge.inputs.hub.stream import DEFAULT_COALESCE, Check, HubStream, Prefetched, Ranges
+from resumerge.inputs.hub.stream import DEFAULT_COALESCE, Check, HubStream, prefetched
 from resumerge.inputs.safetensors_format import Header
 from resumerge.inputs.source import InputSource, InputSources, LocalFiles
 from resumerge.inputs.tensorio import TensorReader
@@ -147,7 +145,7 @@ class HubInputs:
         for key, directory in plan.model_dirs.items():
             meta = inputs.hub.get(key)
             mine = [c for c in choices if c.model == key]
-            streamed = {c.file: _prefetched(RangeClient(meta.settings, meta.repo_id, meta.commit, c.file, c.size,
+            streamed = {c.file: prefetched(RangeClient(meta.settings, meta.repo_id, meta.commit, c.file, c.size,
                                                         counters=counters), meta.headers[c.file])
                         for c in mine if c.how == STREAM and meta is not None}
             inner: InputSource = LocalFiles(directory, reader) if not streamed else HubStream(
@@ -199,26 +197,22 @@ class HubInputs:
         digests = {}
         for key in self._streamed:
             repo_id, header = self._headers[key]
-            known = _known_bytes(header)
-            if known is None or needed.get(key) != known[0] or not identities.get(key):
-                continue
             where = f"{repo_id}/{key[1]}"
 
             def verified(ok: bool, where: str = where) -> None:
                 if ok:
                     ledger.event("verify", f"{where}: every byte streamed, checksum matches the hub's")
 
-            digest = FileDigest(where, header.file_size, identities[key], verified)
-            for start, data in known[1]:
-                digest.feed(start, data)
-            digests[key] = digest
+            found = whole_file_digest(where, header, identities.get(key) or "", verified)
+            if found is not None and needed.get(key) == found[0]:
+                digests[key] = found[1]
         return digests
 
     def read_elsewhere(self, reads: Sequence[tuple[str, str, int, int, str]], fetched: int) -> None:
         """Ranges of streamed files that another machine (a cluster node) read, as (model, file, start, end,
         sha256): checked against (and recorded in) the ledger as this process's own reads are, and the ``fetched``
         bytes that machine took from the hub counted in this run's figures. Raises
-        :class:`~resumerge.engine.streamdigest.StreamedInputChanged` on a mismatch."""
+        :class:`~resumerge.inputs.hub.integrity.StreamedInputChanged` on a mismatch."""
         for model, file, start, end, digest in reads:
             self._hashes.check_digest(model, file, start, end, digest)
         self.counters.add(body=fetched)
@@ -253,38 +247,6 @@ class HubInputs:
         written now must not hide the error that ended the run."""
         with contextlib.suppress(ResumergeError):
             self.tick(force=True)
-
-
-def _prefetched(client: RangeClient, header: Header | GgufHeader) -> Ranges:
-    """``client``, behind the bytes a GGUF header's read by range fetched past the header (never fetched again)."""
-    if isinstance(header, GgufHeader) and header.read_ahead:
-        return Prefetched(client, len(header.raw), header.read_ahead)
-    return client
-
-
-def _known_bytes(header: Header | GgufHeader) -> tuple[list[tuple[int, int]], list[tuple[int, bytes]]] | None:
-    """(the tensor spans of a file, merged, and the bytes known without streaming them, each at its offset): the
-    file is checked whole against the hub's checksum when a run streams exactly those spans. A safetensors file:
-    its 8-byte length and header before one span (None for a file with bytes between the header and the data).
-    A GGUF: its header and padding (``data_start`` is aligned), then its tensors, each padded with zeros to the
-    alignment (``gguf.md`` §1): the zeros are assumed, and a file whose padding is not zero fails the check."""
-    planned = planned_bytes(header)
-    if planned is None:
-        return None
-    if isinstance(header, Header):
-        return [(header.data_start, header.file_size)], [(0, planned)]
-    spans: list[tuple[int, int]] = []
-    for tensor in sorted(header.tensors, key=lambda t: t.start):
-        if tensor.end == tensor.start:
-            continue
-        if spans and tensor.start <= spans[-1][1]:
-            spans[-1] = (spans[-1][0], max(spans[-1][1], tensor.end))
-        else:
-            spans.append((tensor.start, tensor.end))
-    known: list[tuple[int, bytes]] = [(0, planned)]
-    edges = [len(header.raw), *(edge for span in spans for edge in span), header.file_size]
-    known += [(start, bytes(end - start)) for start, end in zip(edges[::2], edges[1::2]) if end > start]
-    return spans, known
 
 
 def _bind(hashes: StreamHashes, key: str) -> Check:

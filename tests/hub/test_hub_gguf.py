@@ -322,7 +322,7 @@ def test_an_interrupted_streamed_hub_gguf_resumes_by_range_at_its_pinned_commit(
 def test_a_streamed_hub_gguf_whose_bytes_are_not_the_listed_sha256_stops_the_merge(
         tmp_path: Path, files: dict[str, Path], gguf_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
     from resumerge import api
-    from resumerge.engine.streamdigest import StreamedInputChanged
+    from resumerge.inputs.hub.integrity import StreamedInputChanged
 
     listed = gguf_hub.file_entry
 

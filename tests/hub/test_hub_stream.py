@@ -261,7 +261,7 @@ def test_a_file_read_whole_is_checked_against_the_hub_checksum(tmp_path: Path, h
 def test_file_digest_takes_ranges_in_any_order() -> None:
     import hashlib
 
-    from resumerge.engine.streamdigest import FileDigest
+    from resumerge.inputs.hub.integrity import FileDigest
 
     data = bytes(range(256)) * 40
     results: list[bool] = []

@@ -4,7 +4,7 @@ A hub input's header (a safetensors file's 8-byte length and JSON; a GGUF's head
 read at plan time by HTTP Range, or from a cached copy that is checked only later, and every tensor's offset, dtype
 and shape in the plan comes from it. The sha256 the hub lists covers the whole file, not that early read: a file
 streamed whole is checked with the plan's header bytes fed to its digest
-(:mod:`resumerge.engine.streamdigest`), but a file downloaded (or found in the cache) is checked as it is on disk, so
+(:mod:`resumerge.inputs.hub.integrity`), but a file downloaded (or found in the cache) is checked as it is on disk, so
 its header is compared here, once the file is verified, with the bytes the plan parsed. Only the header's own bytes
 are read, at the start of the local file.
 """
@@ -63,3 +63,28 @@ def check_header(path: Path, header: Header | GgufHeader, where: str) -> None:
         "merged from it was committed",
         path=where, hint="run the same command again: it plans from the verified file, now in the hub cache (add "
                          "--restart if it refuses OUT's earlier plan)")
+
+
+def known_bytes(header: Header | GgufHeader) -> tuple[list[tuple[int, int]], list[tuple[int, bytes]]] | None:
+    """(the tensor spans of a file, merged, and the bytes known without streaming them, each at its offset): the
+    file is checked whole against the hub's checksum when a run streams exactly those spans. A safetensors file:
+    its 8-byte length and header before one span (None for a file with bytes between the header and the data).
+    A GGUF: its header and padding (``data_start`` is aligned), then its tensors, each padded with zeros to the
+    alignment (``gguf.md`` §1): the zeros are assumed, and a file whose padding is not zero fails the check."""
+    planned = planned_bytes(header)
+    if planned is None:
+        return None
+    if isinstance(header, Header):
+        return [(header.data_start, header.file_size)], [(0, planned)]
+    spans: list[tuple[int, int]] = []
+    for tensor in sorted(header.tensors, key=lambda t: t.start):
+        if tensor.end == tensor.start:
+            continue
+        if spans and tensor.start <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], tensor.end))
+        else:
+            spans.append((tensor.start, tensor.end))
+    known: list[tuple[int, bytes]] = [(0, planned)]
+    edges = [len(header.raw), *(edge for span in spans for edge in span), header.file_size]
+    known += [(start, bytes(end - start)) for start, end in zip(edges[::2], edges[1::2]) if end > start]
+    return spans, known

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from resumerge.inputs.gguf.header import GgufHeader
+from resumerge.inputs.safetensors_format import Header
 from resumerge.inputs.source import InputSource, LocalFiles
 from resumerge.inputs.tensorio import TensorReader
 from resumerge.torch_import import torch
@@ -55,6 +57,13 @@ class Prefetched:
         if end > have:
             out += self.client.read(have, end)
         return out
+
+
+def prefetched(client: Ranges, header: Header | GgufHeader) -> Ranges:
+    """``client``, behind the bytes a GGUF header's read by range fetched past the header (never fetched again)."""
+    if isinstance(header, GgufHeader) and header.read_ahead:
+        return Prefetched(client, len(header.raw), header.read_ahead)
+    return client
 
 
 DEFAULT_COALESCE = 32 * 1024 * 1024
