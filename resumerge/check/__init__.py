@@ -8,8 +8,10 @@ reads (each model read once), :mod:`.prompts` makes the token sequences, :mod:`.
 layer at a time on the forward engine (:mod:`resumerge.forward`), journaled per layer in the state dir so a killed
 check resumes where it was (:mod:`.onray` runs each model's pass on a Ray node of its own: ``--executor ray``;
 :mod:`.needs` finds what each step holds, for the local budget and each Ray actor's declared memory), and
-:mod:`.heads` the heads at its end, streamed, :mod:`.verdict` holds the thresholds and rules and :mod:`.report` the
-report's shape and JSON, and :mod:`.card` writes a finished check's section into a resumerge output's model card.
+:mod:`.heads` the heads at its end, streamed, :mod:`.hubreads` holds a hub model's weights to the hub's checksums
+(each range journaled, each file read whole verified before the report, no byte fetched twice), :mod:`.verdict`
+holds the thresholds and rules and :mod:`.report` the report's shape and JSON, and :mod:`.card` writes a finished
+check's section into a resumerge output's model card.
 :func:`~resumerge.check.run.run_check` does it all; :func:`resumerge.api.check` calls it.
 
 May import: errors, config, forward, inputs, memory, store (killpoints, manifest, durable...), engine (cluster.connect).

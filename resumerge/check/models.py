@@ -6,7 +6,8 @@ the merge's own weights). ``--base``/``--parent`` given win over the record.
 
 Any of them may be a hub repo, ``hf://NAMESPACE/NAME[@REVISION]``: its config, tokenizer and safetensors headers
 are fetched into the Hugging Face cache (as a merge's hub inputs are) and its weights read by HTTP Range at the
-commit pinned then, never downloaded whole. A recorded model that was a hub input is read the same way where its
+commit pinned then, never downloaded whole, and held to the hub's checksums as a merge's streamed inputs are
+(:mod:`.hubreads`). A recorded model that was a hub input is read the same way where its
 cache snapshot lacks its weights (a merge that streamed it).
 
 Any of them may be a GGUF file (or the first file of a split set; one in a hub repo written
@@ -21,7 +22,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,7 +36,10 @@ from resumerge.inputs.model import ModelInput, open_model
 from resumerge.store.manifest import read_manifest
 
 if TYPE_CHECKING:  # the hub's range reader (its HTTP stack) is imported only for a hub model
+    from resumerge.inputs.gguf.header import GgufHeader
     from resumerge.inputs.hub.ranges import StreamedFile
+    from resumerge.inputs.hub.stream import StreamedReads
+    from resumerge.inputs.safetensors_format import Header
 
 _SNAPSHOT = re.compile(r"models--(.+?)--([^/]+)/snapshots/([0-9a-f]{40})/?$")
 _LATER_PART = re.compile(r"-(?!00001)\d{5}-of-\d{5}\.gguf$")  # a split GGUF's second file or later
@@ -43,13 +48,17 @@ _LATER_PART = re.compile(r"-(?!00001)\d{5}-of-\d{5}\.gguf$")  # a split GGUF's s
 @dataclass(frozen=True)
 class Checked:
     """One model of the check: its ``role`` (merge, base, parent), where it is, its weight in the merge (None:
-    not known), the model opened (headers only) and its weight files read from the hub by range (``remote``)."""
+    not known), the model opened (headers only) and its weight files read from the hub by range (``remote``), with
+    the headers read of them (``headers``: what their checksums are checked with) and, once the check binds them
+    (:mod:`.hubreads`), what they are read through (``reads``)."""
 
     role: str
     path: str
     weight: float | None
     opened: ModelInput
     remote: tuple[StreamedFile, ...] = ()
+    headers: Mapping[str, Header | GgufHeader] = field(default_factory=dict, compare=False, repr=False)
+    reads: StreamedReads | None = field(default=None, compare=False, repr=False)
 
 
 def find_models(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
@@ -129,7 +138,7 @@ def _open_hub(where: str, what: str, state: StateDir) -> Checked:
     opened = from_metadata(ref, meta, what)
     remote = tuple(StreamedFile(ref.key, name, meta.repo_id, meta.commit, meta.headers[name].file_size,
                                 meta.settings.endpoint) for name in meta.weight_files)
-    return Checked("", where, None, opened, remote)
+    return Checked("", where, None, opened, remote, {name: meta.headers[name] for name in meta.weight_files})
 
 
 def _open_hub_gguf(where: str, what: str, state: StateDir) -> Checked:
@@ -151,7 +160,8 @@ def _open_hub_gguf(where: str, what: str, state: StateDir) -> Checked:
     opened = gguf_input(ref, meta)
     remote = tuple(StreamedFile(ref.key, name, meta.repo_id, meta.commit, meta.headers[name].file_size,
                                 meta.settings.endpoint) for name in meta.weight_files)
-    return Checked("", where, None, replace(opened, directory=gguf_folder(opened, state.gguf_dir)), remote)
+    return Checked("", where, None, replace(opened, directory=gguf_folder(opened, state.gguf_dir)), remote,
+                   {name: meta.headers[name] for name in meta.weight_files})
 
 
 def _recorded(out: Path) -> tuple[str | None, list[tuple[str, float | None]]]:

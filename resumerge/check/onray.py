@@ -385,7 +385,15 @@ def _start(ray: Any, model: Checked, place: Place, threads: int) -> Any:
     from resumerge.engine.cluster.launch import pinned
 
     return ray.remote(ModelNode).options(num_cpus=place.cpus, memory=place.memory, max_restarts=0,
-                                         scheduling_strategy=pinned(place.node_id)).remote(model, threads)
+                                         scheduling_strategy=pinned(place.node_id)).remote(_sent(model), threads)
+
+
+def _sent(model: Checked) -> Checked:
+    """``model`` as sent to its actor: without this process's readers of its hub files (their journal is the
+    driver's; the node reads by range with clients of its own) nor the headers they check with."""
+    from dataclasses import replace
+
+    return replace(model, reads=None, headers={})
 
 
 @contextmanager

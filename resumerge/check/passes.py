@@ -82,7 +82,7 @@ def streams_of(models: Sequence[Checked]) -> list[ModelStream]:
     streams = []
     for m in models:
         same = json.dumps(m.opened.config, sort_keys=True)
-        stream = ModelStream(Weights.of(m.opened.directory, m.opened.tensors, m.remote), m.opened.config,
+        stream = ModelStream(Weights.of(m.opened.directory, m.opened.tensors, m.remote, m.reads), m.opened.config,
                              torch.float32, what="resumerge check", key=m.role, built=built.get(same))
         built.setdefault(same, (stream.config, stream.model))
         streams.append(stream)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from resumerge.check.card import update_card
 from resumerge.check.chart import write_drift_chart
 from resumerge.check.folded import FoldedStatic
+from resumerge.check.hubreads import CheckReads
 from resumerge.check.models import Checked, find_models
 from resumerge.check.needs import StepBytes, step_bytes
 from resumerge.check.passes import (
@@ -72,9 +73,12 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     if done.is_file():  # asked again: the same report, and the card brought up to date with it
         report = replace(CheckReport.from_json(json.loads(done.read_text())), prompts=describe(prompts_file))
         return replace(report, card=update_card(model, state, report))
+    reads = CheckReads(workdir)  # a hub model's ranges checked (journaled in workdir), its files verified whole
+    models = reads.bind(models)
     streams = streams_of(models)
     progress = Progress(workdir, model, streams[0].layers, len(models))
     restore_allocator = tune_allocator()  # freed layers go back to the OS: RSS follows what is held
+    error: BaseException | None = None
     try:
         sizes = step_bytes(streams, tokens)
         budget, steps, can_fold = _fits(streams, tokens, max_memory, not on_ray, sizes)  # before any weight is read
@@ -111,17 +115,25 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
             static = _static(models, workdir, progress, {**outside, **fold.found})
             if static.nonfinite:  # as when the static pass finds it first: no forward figures
                 figures = None
+        reads.finish()  # each file read whole was verified as its last byte came: before the report is written
+    except BaseException as exc:
+        error = exc
+        raise
     finally:
         for stream in streams:
             stream.close()
         if restore_allocator is not None:
             restore_allocator()
+        # the kept ranges stay for a resume; where a file failed its check, the journal goes: checked again, the
+        # check starts over
+        reads.close(clear=False, error=error)
     report = replace(_report(models, static, figures, tokens), prompts=describe(prompts_file))
     workdir.mkdir(parents=True, exist_ok=True)
     if figures is not None and len(models) > 1:  # people would rather look than read
         chart = write_drift_chart(workdir / CHART_NAME, [m.drift for m in report.models[1:]], report.broken_layer)
         report = replace(report, chart=os.path.abspath(chart))
     write_file_atomic(done, (json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n").encode())
+    reads.close()  # the ranges kept for a second read go
     progress.say(phase="done", verdict=report.verdict, exit_code=report.exit_code, broken_layer=report.broken_layer)
     _record(model, state, report, done)
     for journal in workdir.glob("layer-*.safetensors"):

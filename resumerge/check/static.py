@@ -142,7 +142,7 @@ def logical_shapes(models: Sequence[Checked]) -> list[dict[str, tuple[int, ...]]
 
 def _opened(model: Checked) -> tuple[Weights, StoredFormats]:
     """``model``'s weights and the formats its stored tensors are read in (headers only)."""
-    weights = Weights.of(model.opened.directory, model.opened.tensors, model.remote)
+    weights = Weights.of(model.opened.directory, model.opened.tensors, model.remote, model.reads)
     return weights, base_formats(weights.tensors, model.opened.config, weights.directory)
 
 

@@ -27,6 +27,7 @@ from resumerge.torch_import import torch
 
 if TYPE_CHECKING:  # the hub's range reader (its HTTP stack) is imported only where a model is read from the hub
     from resumerge.inputs.hub.ranges import StreamedFile
+    from resumerge.inputs.hub.stream import StreamedReads
 
 # where a tensor lies: (file, start, end, safetensors dtype, shape)
 Location = tuple[str, int, int, str, tuple[int, ...]]
@@ -36,19 +37,21 @@ Location = tuple[str, int, int, str, tuple[int, ...]]
 class Weights:
     """A model's folder (config.json and weight files, local or in the hub cache) and its stored tensors
     (quantized ones as their codes and companions); ``remote``: its weight files read by HTTP Range from the hub
-    (a hub model whose folder is its cache snapshot of small files)."""
+    (a hub model whose folder is its cache snapshot of small files), each through a client of its own unless
+    ``reads`` gives the ones to read through, and the check of every range read."""
 
     directory: Path
     tensors: Mapping[str, Location]
     remote: tuple[StreamedFile, ...] = ()
+    reads: StreamedReads | None = None
 
     @classmethod
-    def of(cls, directory: Path, stored: Mapping[str, TensorSource], remote: tuple[StreamedFile, ...] = ()
-           ) -> Weights:
+    def of(cls, directory: Path, stored: Mapping[str, TensorSource], remote: tuple[StreamedFile, ...] = (),
+           reads: StreamedReads | None = None) -> Weights:
         """The weights of an opened model (:class:`~resumerge.inputs.model.ModelInput`'s ``directory`` and
-        ``tensors`` as opened; ``remote`` its files read from the hub by range)."""
+        ``tensors`` as opened; ``remote`` its files read from the hub by range, through ``reads`` where given)."""
         return cls(directory, {name: (t.file, t.entry.start, t.entry.end, t.entry.dtype, tuple(t.entry.shape))
-                               for name, t in stored.items()}, remote)
+                               for name, t in stored.items()}, remote, reads)
 
 
 def base_formats(tensors: Mapping[str, Location], config: Mapping[str, Any], where: Path) -> StoredFormats:
@@ -82,7 +85,9 @@ class CastReader:
         if self._remote:
             from resumerge.inputs.hub.stream import HubStream
 
-            stream: InputSource = HubStream(weights.directory, {f.file: f.client() for f in weights.remote})
+            reads = weights.reads
+            ranges = dict(reads.ranges) if reads is not None else {f.file: f.client() for f in weights.remote}
+            stream: InputSource = HubStream(weights.directory, ranges, check=reads.check if reads is not None else None)
             self._sources = InputSources({key: stream})
         else:
             self._sources = InputSources.local({key: str(weights.directory)})

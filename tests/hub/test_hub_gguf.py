@@ -16,7 +16,7 @@ import pytest
 import torch
 from ggufmodels import Q, decoded, hf_tensors, to_gguf, write_gguf
 from safetensors.torch import save_file
-from support import cli, digests, write_config
+from support import cli, cli_here, digests, write_config
 
 from hub.fakehub import FakeHub
 from resumerge.cli.commands import main
@@ -248,6 +248,8 @@ def test_a_streamed_hub_gguf_is_read_by_range_checked_against_the_hub_sha256_and
 
 def test_check_reads_a_hub_gguf_by_range_as_it_reads_the_local_file(tmp_path: Path, files: dict[str, Path],
                                                                      gguf_hub: FakeHub) -> None:
+    import sqlite3
+
     from hub.fakehub import iter_requests
     from resumerge import api
 
@@ -261,6 +263,22 @@ def test_check_reads_a_hub_gguf_by_range_as_it_reads_the_local_file(tmp_path: Pa
     bodies = [r for r in iter_requests(gguf_hub, "GET") if r.sent]
     assert bodies and all(r.range for r in bodies)
     assert not [p for p in (tmp_path / "hf_home" / "hub").rglob("blobs/*")], "nothing may land in the hub cache"
+    # Every byte served once (the tensors the header's first read brought along are not fetched again), and the
+    # file, read whole, checked against the hub's sha256 (its zero padding counted as known bytes).
+    assert gguf_hub.file_bytes()[f"{REPO}/{FILE}"] == files["gguf"].stat().st_size
+    journal = sqlite3.connect(next((tmp_path / "s-hub" / "checks").glob("*/hub-reads.db")))
+    events = [r[0] for r in journal.execute("SELECT message FROM events WHERE kind = 'verify'")]
+    journal.close()
+    assert events == [f"{REPO}/{FILE}: every byte read, checksum matches the hub's"]
+    # Served otherwise than its checksum (one bit of its last tensor): the check stops with exit 4 naming the file,
+    # and writes no report.
+    data = bytearray(files["gguf"].read_bytes())
+    data[-1] ^= 1
+    gguf_hub.ranges_from[f"{REPO}/{FILE}"] = bytes(data)
+    refused = cli_here("check", f"hf://{REPO}/{FILE}@main", "--prompts", prompts, "--state-dir", tmp_path / "s-bad")
+    assert refused.returncode == 4 and f"{REPO}/{FILE}" in refused.stderr and "checksum" in refused.stderr, \
+        refused.stderr
+    assert not list((tmp_path / "s-bad").rglob("report.json"))
 
 
 def test_a_gguf_output_of_a_streamed_hub_gguf_equals_the_local_file_s(tmp_path: Path, files: dict[str, Path],

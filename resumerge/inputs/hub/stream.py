@@ -66,6 +66,16 @@ def prefetched(client: Ranges, header: Header | GgufHeader) -> Ranges:
     return client
 
 
+@dataclass(frozen=True)
+class StreamedReads:
+    """How a model's streamed files are read outside a merge (``resumerge check``): through ``ranges``, one per
+    file, shared by every reader of the model in the process (so a range kept after its first fetch serves them
+    all), and with ``check`` told of every range read, whatever its origin (the run's integrity record)."""
+
+    ranges: Mapping[str, Ranges]
+    check: Check | None = None
+
+
 DEFAULT_COALESCE = 32 * 1024 * 1024
 DEFAULT_CONNECTIONS = 4
 _MIN_PART = 1024 * 1024
