@@ -8,8 +8,10 @@ same range — a killed check resumed — must give the same bytes. A check that
 pass reads every tensor of every model: each weight file whole but its header and padding) verifies the file
 against the hub's checksum (its LFS sha256) as the last byte arrives, the header it was planned from and a GGUF's
 zero padding counted as known bytes (:func:`~resumerge.inputs.hub.integrity.whole_file_digest`), so before its
-report is written. Either mismatch stops the check with exit 4 naming the file, and discards the check's journal:
-checked again, it starts over and reads (and verifies) every file whole.
+report is written. The static pass reads the tensors outside the decoder layers first, some at the end of their file
+(a GGUF's head): what comes before its file's digest reaches it is kept on disk in the workdir (:data:`SPILL_NAME`)
+past what a digest holds in memory, and deleted once hashed. Either mismatch stops the check with exit 4 naming
+the file, and discards the check's journal: checked again, it starts over and reads (and verifies) every file whole.
 
 Reading by range stays cheap: every reader of a model in the process (the static pass's, the forward pass's, the
 heads') reads through one client per file (:class:`~resumerge.inputs.hub.stream.StreamedReads`), and the tensors read
@@ -40,6 +42,7 @@ if TYPE_CHECKING:  # the hub's modules and the ledger's writer are imported only
 
 READS_NAME = "hub-reads.db"
 FETCHED_NAME = "fetched"
+SPILL_NAME = "early"  # ranges read before their file's digest reached them, past what it holds in memory
 # Files of the workdir that say an earlier run of the check read weights already: this run does not read every byte.
 _JOURNALS = ("static.json", "static-outside.json", "layer-*.safetensors")
 _STOPPED = "the check stopped before its report, and its journal was discarded"
@@ -91,7 +94,7 @@ class CheckReads:
             if fresh:
                 where = f"{remote.repo_id}/{remote.file}"
                 found = whole_file_digest(where, header, identities.get(remote.file, ""), self._verified(where),
-                                          stopped=_STOPPED, hint=_HINT)
+                                          stopped=_STOPPED, hint=_HINT, spill=self.workdir / SPILL_NAME)
                 if found is not None:
                     self.hashes.digests.setdefault((model.path, remote.file), found[1])
         return replace(model, reads=StreamedReads(ranges, _bind(self.hashes, model.path)))
@@ -104,15 +107,15 @@ class CheckReads:
         return done
 
     def finish(self) -> list[str]:
-        """Before the report: the files this run was to verify whole but did not (a tensor nobody reads, or more
-        read out of order than a digest holds), each noted in the journal; a mismatch raised as its last byte came."""
+        """Before the report: the files this run was to verify whole but did not (bytes no tensor covers), each
+        noted in the journal; a mismatch was raised as its last byte came."""
         if self.hashes is None:
             return []
         unchecked = [d.where for d in self.hashes.digests.values() if not d.complete]
         if self._ledger is not None:
             for where in unchecked:
-                self._ledger.event("unverified", f"{where}: not every byte was read in order; each range read is "
-                                                 "checked against the check's journal only")
+                self._ledger.event("unverified", f"{where}: not every byte was read; each range read is checked "
+                                                 "against the check's journal only")
         return unchecked
 
     def close(self, *, clear: bool = True, error: BaseException | None = None) -> None:
@@ -125,6 +128,9 @@ class CheckReads:
             if isinstance(error, StreamedInputChanged):
                 self.discard()
                 return
+        if self.hashes is not None:
+            for digest in self.hashes.digests.values():
+                digest.close()  # what a digest held of a check stopped before it was fed every byte
         if clear and self._cache is not None:
             self._cache.clear()
         if self._ledger is not None:

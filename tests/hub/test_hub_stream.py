@@ -274,6 +274,33 @@ def test_file_digest_takes_ranges_in_any_order() -> None:
     assert results == [True, True]
 
 
+def test_file_digest_spills_what_comes_early_past_its_memory_bound(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # A check reads a file's head (at its end) first, larger than what a digest may hold: kept on disk, not given up.
+    import hashlib
+
+    from resumerge.inputs.hub import integrity
+
+    monkeypatch.setattr(integrity, "MAX_HELD", 1000)
+    data = bytes(range(256)) * 40
+    results: list[bool] = []
+    spill = tmp_path / "early"
+    digest = integrity.FileDigest("f", len(data), hashlib.sha256(data).hexdigest(), results.append, spill=spill)
+    for start, end in [(8000, len(data)), (8000, len(data)), (7500, 7600), (4000, 7500), (0, 4000), (7600, 8000)]:
+        digest.feed(start, data[start:end])
+        if start == 4000:
+            assert len(list(spill.iterdir())) == 2  # the two larger early ranges (each held once), the small one kept
+    assert results == [True] and digest.complete and not list(spill.iterdir())
+    bound = integrity.FileDigest("g", len(data), hashlib.sha256(data).hexdigest(), results.append)
+    bound.feed(2000, data[2000:])
+    assert bound.abandoned  # without a folder to spill to, it gives up as before (the merge)
+    changed = integrity.FileDigest("h", len(data), hashlib.sha256(data).hexdigest(), results.append, spill=spill)
+    changed.feed(5000, data[5000:6000] + b"x" + data[6001:])
+    with pytest.raises(integrity.StreamedInputChanged, match="does not match the hub's checksum"):
+        changed.feed(0, data[:5000])
+    assert results == [True, False] and not list(spill.iterdir())
+
+
 def test_stream_inputs_on_a_recipe_is_refused(tmp_path: Path, deep: Path, capsys: pytest.CaptureFixture[str]) -> None:
     recipe = tmp_path / "r.yml"
     recipe.write_text(f"name: a\nmerge_method: passthrough\nmodels:\n  - model: {deep}\n---\n"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 from resumerge.errors import RefusedError
@@ -26,6 +27,7 @@ from resumerge.inputs.hub.headercheck import known_bytes
 from resumerge.inputs.safetensors_format import Header
 
 MAX_HELD = 64 * 1024 * 1024
+_SPILL_BLOCK = 16 * 1024 * 1024
 # What a merge says of a streamed file that failed its check: the check's own words are its.
 MERGE_STOPPED = "the merge stopped, and shards already committed from it are suspect"
 MERGE_HINT = ("start over with resumerge run CONFIG OUT --restart once the hub serves the file intact (or without "
@@ -39,20 +41,23 @@ class StreamedInputChanged(RefusedError):
 class FileDigest:
     """Hashes one file fed by ranges in any order; calls ``done(ok)`` once every byte has been fed.
 
-    ``expected`` is the hub's identity of the file: 64 hex digits for sha256, 40 for the git blob sha1.
+    ``expected`` is the hub's identity of the file: 64 hex digits for sha256, 40 for the git blob sha1. ``spill``: a
+    folder where ranges that came early are kept past :data:`MAX_HELD` bytes held in memory (each in a file of its
+    own, deleted once hashed), rather than giving up: a check reads the tensors outside the decoder layers first,
+    some at the end of their file (a GGUF's head), larger than any bound on memory.
     """
 
     def __init__(self, where: str, size: int, expected: str, done: Callable[[bool], None], *,
-                 stopped: str = MERGE_STOPPED, hint: str = MERGE_HINT) -> None:
+                 stopped: str = MERGE_STOPPED, hint: str = MERGE_HINT, spill: Path | None = None) -> None:
         self.where, self.size, self.expected = where, size, expected
-        self._stopped, self._hint = stopped, hint
+        self._stopped, self._hint, self._spill = stopped, hint, spill
         if len(expected) == 64:
             self._hash = hashlib.sha256()
         else:
             self._hash = hashlib.sha1()
             self._hash.update(b"blob %d\0" % size)
         self._next = 0
-        self._held: dict[int, bytes] = {}
+        self._held: dict[int, tuple[int, bytes | Path]] = {}  # start -> (length, the bytes or the file holding them)
         self._held_bytes = 0
         self._done = done
         self._lock = threading.Lock()
@@ -68,11 +73,18 @@ class FileDigest:
             if end <= self._next:
                 return
             if start > self._next:
-                if self._held_bytes + len(data) > MAX_HELD:
-                    self.abandoned, self._held = True, {}
-                    return
-                self._held[start] = bytes(data)
-                self._held_bytes += len(data)
+                if start in self._held:  # read twice before its turn (a check's kept span): held once
+                    if self._held[start][0] >= len(data):
+                        return
+                    self._release(self._held.pop(start))
+                if self._held_bytes + len(data) <= MAX_HELD:
+                    self._held[start] = (len(data), bytes(data))
+                    self._held_bytes += len(data)
+                elif self._spill is not None:
+                    self._held[start] = (len(data), self._spilled(start, data))
+                else:
+                    self.abandoned = True
+                    self._forget()
                 return
             self._hash.update(memoryview(data)[self._next - start:])
             self._next = end
@@ -97,15 +109,49 @@ class FileDigest:
             first = min(self._held)
             if first > self._next:
                 return
-            data = self._held.pop(first)
-            self._held_bytes -= len(data)
-            if first + len(data) > self._next:
-                self._hash.update(memoryview(data)[self._next - first:])
-                self._next = first + len(data)
+            length, data = entry = self._held.pop(first)
+            if first + length > self._next:
+                if isinstance(data, Path):
+                    self._hash_file(data, self._next - first)
+                else:
+                    self._hash.update(memoryview(data)[self._next - first:])
+                self._next = first + length
+            self._release(entry)
+
+    def _release(self, entry: tuple[int, bytes | Path]) -> None:
+        length, data = entry
+        if isinstance(data, Path):
+            data.unlink(missing_ok=True)
+        else:
+            self._held_bytes -= length
+
+    def _spilled(self, start: int, data: bytes | bytearray) -> Path:
+        assert self._spill is not None
+        self._spill.mkdir(parents=True, exist_ok=True)
+        path = self._spill / f"{hashlib.sha256(self.where.encode()).hexdigest()[:16]}-{start}"
+        path.write_bytes(data)
+        return path
+
+    def _hash_file(self, path: Path, skip: int) -> None:
+        """Hash a spilled range's bytes from ``skip`` on, a block at a time."""
+        with path.open("rb") as f:
+            f.seek(skip)
+            while block := f.read(_SPILL_BLOCK):
+                self._hash.update(block)
+
+    def _forget(self) -> None:
+        for entry in self._held.values():
+            self._release(entry)
+        self._held, self._held_bytes = {}, 0
+
+    def close(self) -> None:
+        """Delete what is held (a run that stops before every byte is fed)."""
+        with self._lock:
+            self._forget()
 
 
 def whole_file_digest(where: str, header: Header | GgufHeader, expected: str, done: Callable[[bool], None], *,
-                      stopped: str = MERGE_STOPPED, hint: str = MERGE_HINT
+                      stopped: str = MERGE_STOPPED, hint: str = MERGE_HINT, spill: Path | None = None
                       ) -> tuple[list[tuple[int, int]], FileDigest] | None:
     """The spans of a file of ``header`` a run must read for the file to be checked whole, and the
     :class:`FileDigest` to feed them to, the bytes known without reading them (``header``'s own, a GGUF's padding)
@@ -114,7 +160,7 @@ def whole_file_digest(where: str, header: Header | GgufHeader, expected: str, do
     known = known_bytes(header)
     if known is None or not expected:
         return None
-    digest = FileDigest(where, header.file_size, expected, done, stopped=stopped, hint=hint)
+    digest = FileDigest(where, header.file_size, expected, done, stopped=stopped, hint=hint, spill=spill)
     for start, data in known[1]:
         digest.feed(start, data)
     return known[0], digest
