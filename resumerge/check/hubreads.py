@@ -99,6 +99,15 @@ class CheckReads:
                     self.hashes.digests.setdefault((model.path, remote.file), found[1])
         return replace(model, reads=StreamedReads(ranges, _bind(self.hashes, model.path)))
 
+    def elsewhere(self, model: Checked, reads: Sequence[tuple[str, int, int, str]]) -> None:
+        """Ranges of ``model``'s hub files that another process read (a Ray node's, ``--executor ray``), as (file,
+        start, end, sha256): held to the journal as this process's own reads are. Raises
+        :class:`~resumerge.inputs.hub.integrity.StreamedInputChanged` on a mismatch."""
+        if self.hashes is None:
+            return
+        for file, start, end, digest in reads:
+            self.hashes.check_digest(model.path, file, start, end, digest)
+
     def _verified(self, where: str) -> Callable[[bool], None]:
         def done(ok: bool) -> None:
             if ok and self._ledger is not None:

@@ -3,15 +3,16 @@ of a giant merge against its parents takes about the time of one model's pass.
 
 The models are independent until the comparison: an actor per model (:class:`ModelNode`), placed one per node
 where the cluster has the nodes (models shared round-robin where it has fewer), opens its model from its path
-(which every node must see, as for a merge on Ray; a hub model is read by range from the node) and computes with
-the CPUs of its node's share. The driver (this process) holds every model's hidden states, as a local check does:
-per layer it sends the reference's input to the layer (the base's, else the first parent's) to every actor at once
-(one object in Ray's store), each actor runs its layer on its own hidden states (it keeps its last output) and on
-that input, and returns both; the driver computes the layer's figures with the local pass's own functions and
-journals it exactly as a local check does (:func:`~resumerge.check.passes.run_pass` drives both), so a check
-started on Ray resumes locally, and the other way round. The heads too: the merge's and the base's actors return
-their log-probabilities as objects in Ray's store (never fetched by the driver), each other actor compares its own
-with them and returns its per-position figures.
+(which every node must see, as for a merge on Ray; a hub model is read by range from the node, the sha256 of each
+range it read held to the driver's journal after each step, as a merge's nodes' reads are: :mod:`.hubreads`) and
+computes with the CPUs of its node's share. The driver (this process) holds every model's hidden states, as a
+local check does: per layer it sends the reference's input to the layer (the base's, else the first parent's) to
+every actor at once (one object in Ray's store), each actor runs its layer on its own hidden states (it keeps its
+last output) and on that input, and returns both; the driver computes the layer's figures with the local pass's
+own functions and journals it exactly as a local check does (:func:`~resumerge.check.passes.run_pass` drives
+both), so a check started on Ray resumes locally, and the other way round. The heads too: the merge's and the
+base's actors return their log-probabilities as objects in Ray's store (never fetched by the driver), each other
+actor compares its own with them and returns its per-position figures.
 
 Each actor holds one layer of its model and its hidden states, and declares that memory to Ray
 (:func:`actor_bytes`, from the figures the local check's budget is found from), so that Ray places no more on a node
@@ -43,6 +44,7 @@ from resumerge.torch_import import IMPORT_RESERVE, torch
 if TYPE_CHECKING:  # torch loads on first use (the annotations are strings)
     Hidden = list[torch.Tensor]
 Batches = Sequence[Sequence[Sequence[int]]]
+Read = tuple[str, int, int, str]  # a range of a hub file an actor read: (file, start, end, sha256)
 
 # The times a check replaces the actors of lost nodes before it stops (exit 3): a merge's Ray executor re-issues a
 # lost worker's shard as often (resumerge.engine.cluster.driver.REISSUES).
@@ -59,14 +61,21 @@ class ModelNode:
     def __init__(self, model: Checked, threads: int) -> None:
         torch.set_num_threads(max(1, threads))
         self.failed: ResumergeError | None = None
+        self.read_log: list[Read] = []  # the ranges of hub files read here since the driver last asked (reads())
         try:
-            self.stream = streams_of([_here(model)])[0]
+            self.stream = streams_of([_logged(_here(model), self.read_log)])[0]
         except ResumergeError as exc:  # said by :meth:`node` (an actor whose constructor raises says only "died")
             self.failed = exc
         self.entering: list[tuple[torch.Tensor, list[LayerCall]]] = []
         self.calls: list[list[LayerCall]] = []
         self.hidden: Hidden = []
         self.lp: Hidden = []
+
+    def reads(self) -> list[Read]:
+        """The ranges of the model's hub files this actor read since last asked, as (file, start, end, sha256): the
+        driver holds them to the check's journal, as it holds its own reads."""
+        found, self.read_log[:] = list(self.read_log), []
+        return found
 
     def node(self) -> str:
         """The node this actor runs on (its short id, as ``status`` shows it); raises the error that kept it from
@@ -116,6 +125,21 @@ class ModelNode:
 
     def close(self) -> None:
         self.stream.close()
+
+
+def _logged(model: Checked, log: list[Read]) -> Checked:
+    """``model`` with each range of its hub files read noted in ``log`` (with its sha256), for the driver."""
+    if not model.remote:
+        return model
+    import hashlib
+    from dataclasses import replace
+
+    from resumerge.inputs.hub.stream import StreamedReads
+
+    def note(file: str, start: int, end: int, data: bytearray) -> None:
+        log.append((file, start, end, hashlib.sha256(data).hexdigest()))
+
+    return replace(model, reads=StreamedReads({f.file: f.client() for f in model.remote}, note))
 
 
 def _here(model: Checked) -> Checked:
@@ -222,8 +246,10 @@ class RayModels:
     last layer journaled."""
 
     def __init__(self, ray: Any, models: Sequence[Checked], placed: list[Place], layers: int,
-                 on_layer: Callable[[int, list[str]], None] | None = None) -> None:
+                 on_layer: Callable[[int, list[str]], None] | None = None,
+                 on_reads: Callable[[int, list[Read]], None] | None = None) -> None:
         self.ray, self.models, self.places, self.layers, self.on_layer = ray, models, placed, layers, on_layer
+        self.on_reads = on_reads
         self.threads = [max(1, int(place.cpus)) for place in placed]
         self.actors: list[Any] = []
         self.nodes: list[str] = []
@@ -338,6 +364,16 @@ class RayModels:
                                    hint=_RESUME_HINT)
         return Place(free[0][1], _cpus(min(need.cpus, free[0][0])), need.memory)
 
+    def _checked(self) -> None:
+        """Hand what each actor read of its hub files since the last step to ``on_reads`` (which raises on bytes
+        other than the check's journal holds)."""
+        if self.on_reads is None:
+            return
+        found: list[list[Read]] = self._each(lambda m: self.actors[m].reads.remote())
+        for m, reads in enumerate(found):
+            if reads:
+                self.on_reads(m, reads)
+
     def _own(self, m: int, hidden: list[Hidden]) -> Hidden | None:
         """Model ``m``'s hidden states to send its actor: none where it holds them (its last output)."""
         return None if self.seeded and m not in self.fresh else hidden[m]
@@ -346,10 +382,13 @@ class RayModels:
         self.seeded = False
         self.batches = batches
         found: list[Hidden] = self._each(lambda m: self.actors[m].enter.remote(batches))
+        self._checked()
         return found
 
     def runs_batched(self) -> bool:
-        return bool(self._whole(lambda: self._get(self.actors[0].runs_batched.remote())))
+        batched = bool(self._whole(lambda: self._get(self.actors[0].runs_batched.remote())))
+        self._checked()
+        return batched
 
     def layer(self, index: int, hidden: list[Hidden], reference: int | None) -> tuple[list[Hidden], list[Hidden]]:
         if self.on_layer is not None:
@@ -358,6 +397,7 @@ class RayModels:
         before = list(self.nodes)
         done: list[tuple[Hidden, Hidden | None]] = self._each(lambda m: self.actors[m].layer.remote(
             index, self._own(m, hidden), None if m == reference else same))
+        self._checked()
         self.seeded = True
         self.fresh.clear()
         if self.on_layer is not None and self.nodes != before:  # ``status`` names where the models run now
@@ -376,6 +416,7 @@ class RayModels:
             return found
 
         found: list[ModelHead] = self._whole(step)
+        self._checked()
         return totals(found, sum(len(s) - 1 for batch in batches for s in batch))
 
 
@@ -398,12 +439,13 @@ def _sent(model: Checked) -> Checked:
 
 @contextmanager
 def ray_models(models: Sequence[Checked], placed: list[Place], layers: int,
-               on_layer: Callable[[int, list[str]], None] | None = None) -> Iterator[RayModels]:
+               on_layer: Callable[[int, list[str]], None] | None = None,
+               on_reads: Callable[[int, list[Read]], None] | None = None) -> Iterator[RayModels]:
     """The check's models as actors of the Ray cluster this process joined (:func:`ray_places`), where ``placed``
     says; they end with the block."""
     from resumerge.engine.cluster.connect import require_ray
 
-    running = RayModels(require_ray(), models, list(placed), layers, on_layer)
+    running = RayModels(require_ray(), models, list(placed), layers, on_layer, on_reads)
     try:
         running.start()
         yield running

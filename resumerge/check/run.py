@@ -98,7 +98,7 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
                              model_path=models[m].path)
 
             if on_ray:
-                figures = _on_ray(models, streams[0].layers, tokens, workdir, progress, placed)
+                figures = _on_ray(models, streams[0].layers, tokens, workdir, progress, placed, reads)
             else:
                 # Each layer and each pair of heads is admitted by the RAM governor, as the merge's tensors are: it
                 # sees the process's RSS, gives freed memory back when a step would not fit, and refuses (exit 2)
@@ -150,16 +150,20 @@ def _ray_places(address: str | None, sizes: StepBytes) -> list[Place]:
 
 
 def _on_ray(models: list[Checked], layers: int, tokens: list[list[int]], workdir: Path, progress: Progress,
-            placed: list[Place]) -> PassFigures | None:
+            placed: list[Place], reads: CheckReads) -> PassFigures | None:
     """The forward pass with each model on a Ray node of its own (:mod:`.onray`), where ``placed`` says, journaled
-    here as locally; ``status`` shows the node of each model."""
+    here as locally; ``status`` shows the node of each model. What the nodes read of hub files is held to
+    ``reads``' journal."""
     from resumerge.check.onray import ray_models
 
     def on_layer(layer: int, nodes: list[str]) -> None:
         progress.say(phase="forward", layer=layer, model_index=None, model_role=None, model_path=None, nodes=nodes,
                      roles=[m.role for m in models])
 
-    with ray_models(models, placed, layers, on_layer) as running:
+    def on_reads(m: int, found: list[tuple[str, int, int, str]]) -> None:
+        reads.elsewhere(models[m], found)
+
+    with ray_models(models, placed, layers, on_layer, on_reads) as running:
         return run_pass([m.role for m in models], running, tokens, workdir)
 
 

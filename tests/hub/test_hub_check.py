@@ -208,3 +208,82 @@ def test_a_resumed_check_reads_no_other_bytes_than_the_killed_one_read(
     assert refused.returncode == 4 and "gave other bytes" in refused.stderr, refused.stderr
     assert any(f"file {shard} " in refused.stderr for shard in _shards(files))
     assert not list(other.rglob("report.json"))
+
+
+class _Actor:
+    """A :class:`~resumerge.check.onray.ModelNode` as the driver calls a Ray actor (``actor.method.remote(...)``),
+    run in this process."""
+
+    def __init__(self, node: object) -> None:
+        self._node = node
+
+    def __getattr__(self, name: str) -> object:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(remote=getattr(self._node, name))
+
+
+class _Ray:
+    """What :class:`~resumerge.check.onray.RayModels` asks of Ray, each call's result its own reference."""
+
+    class exceptions:
+        class RayTaskError(Exception):
+            pass
+
+        class RayActorError(Exception):
+            pass
+
+        class ObjectLostError(Exception):
+            pass
+
+    def get(self, refs: object) -> object:
+        return refs
+
+    def put(self, value: object) -> object:
+        return value
+
+
+def test_a_ray_node_s_reads_of_a_hub_model_are_held_to_the_check_s_journal(tmp_path: Path, hub: FakeHub,
+                                                                            state: Path) -> None:
+    # --executor ray: each model's forward pass reads its hub files on its node; what it read comes back to the
+    # driver after each step, held to the journal as the driver's own reads (the static pass's, first) are.
+    from resumerge.check.hubreads import CheckReads
+    from resumerge.check.models import find_models
+    from resumerge.check.onray import ModelNode, RayModels, _sent
+    from resumerge.check.passes import _padded
+    from resumerge.check.static import static_pass
+    from resumerge.config.locations import StateDir
+    from resumerge.inputs.hub.integrity import StreamedInputChanged
+
+    merged = make_model(tmp_path / "merged", SPEC, seed=7)
+    files = files_of(merged)
+    hub.push("org/merged", files)
+    models = find_models("hf://org/merged", None, (), StateDir.resolve(state))
+    reads = CheckReads(tmp_path / "work")
+    bound = reads.bind(models)
+    static_pass(bound)  # every tensor read here, and every file verified whole
+    assert len(_verified_in(tmp_path / "work")) == len(_shards(files))
+    node = ModelNode(_sent(bound[0]), 1)
+    held: list[tuple[str, int, int, str]] = []
+
+    def on_reads(m: int, found: list[tuple[str, int, int, str]]) -> None:
+        held.extend(found)
+        reads.elsewhere(bound[m], found)
+
+    running = RayModels(_Ray(), [_Actor(node)], ["node"], 2, None, on_reads)
+    try:
+        entering = running.enter([_padded([[1, 5, 9, 3]])])
+        assert held and {f for f, *_ in held} <= set(_shards(files))  # the embeddings, read on the node
+        layer = json.loads(files["model.safetensors.index.json"])["weight_map"]["model.layers.1.mlp.up_proj.weight"]
+        hub.ranges_from[f"org/merged/{layer}"] = _flipped(files[layer], 0, len(files[layer]) - len(files[layer]) % 4)
+        hidden, _ = running.layer(0, entering, None)
+        with pytest.raises(StreamedInputChanged, match=f"file {layer} gave other bytes"):
+            running.layer(1, hidden, None)
+    finally:
+        node.close()
+        reads.close()
+
+
+def _verified_in(workdir: Path) -> list[str]:
+    with sqlite3.connect(workdir / READS_NAME) as db:
+        return [r[0] for r in db.execute("SELECT message FROM events WHERE kind = 'verify'")]
