@@ -43,8 +43,6 @@ if TYPE_CHECKING:  # the hub's modules and the ledger's writer are imported only
 READS_NAME = "hub-reads.db"
 FETCHED_NAME = "fetched"
 SPILL_NAME = "early"  # ranges read before their file's digest reached them, past what it holds in memory
-# Files of the workdir that say an earlier run of the check read weights already: this run does not read every byte.
-_JOURNALS = ("static.json", "static-outside.json", "layer-*.safetensors")
 _STOPPED = "the check stopped before its report, and its journal was discarded"
 _HINT = "check again once the hub serves the file intact: the check starts over and reads every file whole again"
 
@@ -59,17 +57,18 @@ class CheckReads:
         self._ledger: Ledger | None = None
         self._cache: FetchCache | None = None
 
-    def bind(self, models: Sequence[Checked]) -> list[Checked]:
+    def bind(self, models: Sequence[Checked], *, fresh: bool) -> list[Checked]:
         """``models``, each hub model's files to be read through one reader each, checked; the others as they
-        are. A check that read no weight before (no journal in the workdir) verifies every file whole."""
+        are. A ``fresh`` check (one that journaled none of its passes before: it reads every byte) verifies every
+        file whole."""
         if not any(m.remote for m in models):
             return list(models)
         from resumerge.inputs.hub.fetchcache import FetchCache
         from resumerge.inputs.hub.integrity import StreamHashes
         from resumerge.store.ledger import Ledger
 
-        fresh = not any(next(self.workdir.glob(name), None) for name in _JOURNALS)
         self.workdir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.workdir / SPILL_NAME, ignore_errors=True)  # a killed run's: its digests died with it
         self.hashes = StreamHashes(changed=_STOPPED, hint="the hub served changed content for a pinned commit; "
                                                           "check again later: the check starts over")
         self._ledger = self.hashes.ledger = Ledger(self.workdir / READS_NAME)

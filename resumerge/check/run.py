@@ -23,6 +23,7 @@ from resumerge.check.models import Checked, find_models
 from resumerge.check.needs import StepBytes, step_bytes
 from resumerge.check.passes import (
     BATCH_TOKENS,
+    LAYER_PREFIX,
     PassFigures,
     forward_pass,
     run_pass,
@@ -74,7 +75,7 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
         report = replace(CheckReport.from_json(json.loads(done.read_text())), prompts=describe(prompts_file))
         return replace(report, card=update_card(model, state, report))
     reads = CheckReads(workdir)  # a hub model's ranges checked (journaled in workdir), its files verified whole
-    models = reads.bind(models)
+    models = reads.bind(models, fresh=not _journaled(workdir))
     streams = streams_of(models)
     progress = Progress(workdir, model, streams[0].layers, len(models))
     restore_allocator = tune_allocator()  # freed layers go back to the OS: RSS follows what is held
@@ -201,6 +202,13 @@ def _static(models: list[Checked], workdir: Path, progress: Progress,
     workdir.mkdir(parents=True, exist_ok=True)
     write_file_atomic(path, (json.dumps(static.to_json()) + "\n").encode())  # its order kept: the table's
     return static
+
+
+def _journaled(workdir: Path) -> bool:
+    """Whether an earlier run of this check journaled some of its passes (so this one reads less than every
+    byte of its models)."""
+    return any((workdir / name).is_file() for name in (STATIC_NAME, OUTSIDE_NAME)) or \
+        next(workdir.glob(f"{LAYER_PREFIX}*.safetensors"), None) is not None
 
 
 def _give_back() -> None:

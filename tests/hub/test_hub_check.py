@@ -260,7 +260,7 @@ def test_a_ray_node_s_reads_of_a_hub_model_are_held_to_the_check_s_journal(tmp_p
     hub.push("org/merged", files)
     models = find_models("hf://org/merged", None, (), StateDir.resolve(state))
     reads = CheckReads(tmp_path / "work")
-    bound = reads.bind(models)
+    bound = reads.bind(models, fresh=True)
     static_pass(bound)  # every tensor read here, and every file verified whole
     assert len(_verified_in(tmp_path / "work")) == len(_shards(files))
     node = ModelNode(_sent(bound[0]), 1)
