@@ -227,13 +227,10 @@ class _Ray:
     """What :class:`~resumerge.check.onray.RayModels` asks of Ray, each call's result its own reference."""
 
     class exceptions:
-        class RayTaskError(Exception):
+        class RayError(Exception):
             pass
 
-        class RayActorError(Exception):
-            pass
-
-        class ObjectLostError(Exception):
+        class RayTaskError(RayError):
             pass
 
     def get(self, refs: object) -> object:
@@ -249,7 +246,7 @@ def test_a_ray_node_s_reads_of_a_hub_model_are_held_to_the_check_s_journal(tmp_p
     # driver after each step, held to the journal as the driver's own reads (the static pass's, first) are.
     from resumerge.check.hubreads import CheckReads
     from resumerge.check.models import find_models
-    from resumerge.check.onray import ModelNode, RayModels, _sent
+    from resumerge.check.onray import ModelNode, Place, RayModels, _sent
     from resumerge.check.passes import _padded
     from resumerge.check.static import static_pass
     from resumerge.config.locations import StateDir
@@ -270,7 +267,8 @@ def test_a_ray_node_s_reads_of_a_hub_model_are_held_to_the_check_s_journal(tmp_p
         held.extend(found)
         reads.elsewhere(bound[m], found)
 
-    running = RayModels(_Ray(), [_Actor(node)], ["node"], 2, None, on_reads)
+    running = RayModels(_Ray(), bound[:1], [Place("node", 1.0, 0)], 2, None, on_reads)
+    running.actors, running.nodes = [_Actor(node)], ["node"]  # as start() leaves them, the actor in this process
     try:
         entering = running.enter([_padded([[1, 5, 9, 3]])])
         assert held and {f for f, *_ in held} <= set(_shards(files))  # the embeddings, read on the node
