@@ -1,8 +1,10 @@
 """The forward engine's native modules (:mod:`resumerge.forward.native`) against transformers' modules of the same
 checkpoint: every decoder layer's output and the logits are the same to the bit, in float32 and bfloat16, for a
 padded batch and for sequences alone, with sliding windows reached, biases, tied and untied heads and each RoPE
-scaling they build; a config.json that leaves its keys out is read with transformers' defaults; whatever they do not
-build goes to transformers; and a resumed check of such a model does not import transformers at all."""
+scaling they build, and Gemma's ways (its norms, embedding scale, eager soft-capped attention, local and global
+rotary embeddings, soft-capped logits); a config.json that leaves its keys out is read with transformers'
+defaults; whatever they do not build goes to transformers; and a resumed check of such a model does not import
+transformers at all."""
 
 from __future__ import annotations
 
@@ -42,6 +44,26 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
                                "max_window_layers": 1}, {"layer_types": None}),
     "qwen3": ("qwen3", {"head_dim": 8, "num_key_value_heads": 4}, {}),
     "qwen3_grouped": ("qwen3", {"head_dim": 16, "tie_word_embeddings": True}, {}),
+    # Gemma: head_dim other than hidden / heads, the legacy hidden_act "gelu" (read as the tanh approximation)
+    "gemma": ("gemma", {"head_dim": 16}, {"hidden_act": "gelu"}),
+    # Gemma 2: eager attention, a window the 20-token sequence reaches, caps small enough to bite, the layers'
+    # types left to the default alternation
+    "gemma2_window": ("gemma2", {"head_dim": 8, "sliding_window": 5, "query_pre_attn_scalar": 12,
+                                 "attn_logit_softcapping": 0.5, "final_logit_softcapping": 2.0},
+                      {"layer_types": None}),
+    "gemma2_uncapped": ("gemma2", {"head_dim": 16, "num_key_value_heads": 4, "attn_logit_softcapping": None,
+                                   "final_logit_softcapping": None, "tie_word_embeddings": False}, {}),
+    # Gemma 3's text model as tests/families.py saves it: the legacy sliding_window_pattern, rope_theta,
+    # rope_local_base_freq and rope_scaling (the global layers' linear scaling) instead of layer_types and
+    # rope_parameters
+    "gemma3_pattern": ("gemma3_text", {"head_dim": 8, "sliding_window": 5},
+                       {"layer_types": None, "sliding_window_pattern": 2, "rope_parameters": None,
+                        "rope_theta": 50000.0, "rope_local_base_freq": 300.0,
+                        "rope_scaling": {"rope_type": "linear", "factor": 8.0}}),
+    "gemma3_layer_types": ("gemma3_text", {"head_dim": 16, "num_key_value_heads": 1, "sliding_window": 6,
+                                           "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+                                           "final_logit_softcapping": 3.0, "attn_logit_softcapping": 0.5,
+                                           "query_pre_attn_scalar": 20}, {}),
 }
 TOKENS = [[1, 5, 9, 33, 70, 2, 11, 100, 4, 6, 7, 8, 12, 13, 99, 98, 97, 3, 40, 41], [1, 44, 3, 90, 17, 18],
           [7, 8]]
@@ -126,6 +148,18 @@ def _transformers_windows(config: Any) -> list[int | None]:
      "rope_theta": 500000.0, "max_position_embeddings": 131072},
     {"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                              "high_freq_factor": 4.0}, "original_max_position_embeddings": 4096},
+    {"model_type": "gemma"},
+    {"model_type": "gemma", "hidden_act": "gelu", "rope_theta": 20000.0},
+    {"model_type": "gemma2"},
+    {"model_type": "gemma2", "num_hidden_layers": 5, "final_logit_softcapping": None, "sliding_window": 2},
+    {"model_type": "gemma3_text", "num_hidden_layers": 8},
+    {"model_type": "gemma3_text", "sliding_window_pattern": 3, "num_hidden_layers": 7, "rope_theta": 500000.0,
+     "rope_local_base_freq": 20000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+    {"model_type": "gemma3_text", "layer_types": ["full_attention", "sliding_attention"],
+     "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+    {"model_type": "gemma3_text", "layer_types": ["full_attention", "full_attention"],
+     "rope_parameters": {"full_attention": {"rope_type": "default"}}},
 ])
 def test_a_config_json_is_read_with_transformers_defaults(tmp_path: Path, doc: dict[str, Any]) -> None:
     """The modules built from a config.json leaving keys out have transformers' shapes, biases, norms, windows and
@@ -137,15 +171,39 @@ def test_a_config_json_is_read_with_transformers_defaults(tmp_path: Path, doc: d
     assert isinstance(config, NativeConfig)
     assert ({n: tuple(p.shape) for n, p in model.named_parameters()}
             == {n: tuple(p.shape) for n, p in theirs.named_parameters()})
-    assert torch.equal(model.model.rotary_emb.inv_freq, theirs.model.rotary_emb.inv_freq)
+    if config.local_rope is None:
+        assert torch.equal(model.model.rotary_emb.inv_freq, theirs.model.rotary_emb.inv_freq)
+    else:  # Gemma 3: the global (full attention) and local (sliding) frequencies, where a layer uses them
+        types = set(their_config.layer_types)
+        for kind, mine in (("full_attention", model.model.rotary_emb), ("sliding_attention",
+                                                                         model.model.local_rotary_emb)):
+            if kind in types:
+                assert torch.equal(mine.inv_freq, getattr(theirs.model.rotary_emb, f"{kind}_inv_freq")), kind
     assert list(config.windows) == _transformers_windows(their_config)
     assert config.rms_norm_eps == their_config.rms_norm_eps
+    if config.model_type.startswith("gemma"):
+        assert torch.equal(model.model.embed_tokens.embed_scale, theirs.model.embed_tokens.embed_scale)
+        assert config.final_logit_softcapping == getattr(their_config, "final_logit_softcapping", None)
+        assert config.query_pre_attn_scalar == getattr(their_config, "query_pre_attn_scalar", None)
+        assert getattr(their_config, "hidden_activation", None) in (None, config.hidden_act)
+        assert getattr(their_config, "hidden_act", config.hidden_act) == config.hidden_act
+        assert their_config._attn_implementation == ("eager" if config.eager_attention else "sdpa")
+        if config.eager_attention:
+            assert config.attn_logit_softcapping == their_config.attn_logit_softcapping
     assert config.tie_word_embeddings == bool(their_config.tie_word_embeddings)
     assert config.num_hidden_layers == their_config.num_hidden_layers
 
 
 @pytest.mark.parametrize("doc", [
-    {"model_type": "gemma"},
+    {"model_type": "gemma3"},  # the multimodal model
+    {"model_type": "gemma2", "hidden_activation": "gelu"},
+    {"model_type": "gemma", "hidden_act": "silu"},
+    {"model_type": "gemma", "head_dim": None},
+    {"model_type": "gemma2", "sliding_window": None},  # sliding layers, without a window
+    {"model_type": "gemma2", "rope_parameters": {"full_attention": {"rope_type": "default"}}},
+    {"model_type": "gemma3_text", "use_bidirectional_attention": True},
+    {"model_type": "gemma3_text", "rope_scaling": {"rope_type": "yarn", "factor": 8.0}},
+    {"model_type": "gemma3_text", "layer_types": ["sliding_attention"] * 3},  # 26 layers
     {"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
     {"model_type": "llama", "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
     {"model_type": "llama", "hidden_act": "gelu"},

@@ -1,4 +1,4 @@
-"""The native modules: a decoder-only causal LM of the Llama kind, its parameters on the meta device.
+"""The native modules: a decoder-only causal LM of the Llama or Gemma kind, its parameters on the meta device.
 
 Names follow the checkpoints (``model.embed_tokens``, ``model.layers.N.self_attn.q_proj``, ``model.norm``,
 ``lm_head``), so the forward engine reads and drops each module's weights exactly as it does transformers' modules.
@@ -6,7 +6,10 @@ The arithmetic is transformers' (sdpa attention), operation for operation, so th
 the RMS norm in float32 and its weight applied in the compute dtype; rotary cosines and sines in float32, cast; the
 causal mask left to ``scaled_dot_product_attention``'s ``is_causal`` where no position is padded and no window
 applies, else a boolean (batch, 1, query, key) mask; grouped key/value heads handed to the kernel as
-``enable_gqa`` where no mask is given, else repeated. The classes subclass ``torch.nn.Module``, so they are made
+``enable_gqa`` where no mask is given, else repeated. Gemma's ways (:class:`.config.NativeConfig`'s later fields)
+are its modules' operations likewise: the norm's 1 + weight applied in float32, the embeddings' scale a buffer in
+the model's dtype, and for Gemma 2 transformers' eager attention (scores soft-capped, an additive mask of the
+dtype's minimum, the softmax in float32) rather than sdpa. The classes subclass ``torch.nn.Module``, so they are made
 by :func:`causal_lm` when it builds (as :mod:`resumerge.forward.stream`'s stand-ins are): importing this module does
 not import torch (tests/test_torch_import.py).
 """
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from resumerge.forward.native.config import NativeConfig
+from resumerge.forward.native.config import NativeConfig, Rope
 from resumerge.forward.native.rope import inverse_frequencies
 from resumerge.torch_import import torch
 
@@ -45,6 +48,26 @@ def attention_mask_of(mask: torch.Tensor | None, length: int, window: int | None
         allowed = allowed & mask.bool()[:, None, None, :]
     batch = mask.shape[0] if mask is not None else 1
     return allowed.expand(batch, -1, length, length)
+
+
+def eager_mask_of(mask: torch.Tensor | None, batch: int, length: int, window: int | None,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """The additive (batch, 1, query, key) mask of eager attention: 0 where a query position may attend to a key
+    position (as :func:`attention_mask_of`'s boolean mask says, always made), the least value of ``dtype``
+    elsewhere."""
+    query = torch.arange(length)[None, None, :, None]
+    key = torch.arange(length)[None, None, None, :]
+    allowed = key <= query
+    if window is not None:
+        allowed = allowed & (key > query - window)
+    if mask is not None:
+        allowed = allowed & mask.bool()[:, None, None, :]
+    allowed = allowed.expand(batch, -1, length, length)
+    return torch.where(allowed, torch.zeros((), dtype=dtype), torch.finfo(dtype).min)
+
+
+def _capped(scores: torch.Tensor, cap: float) -> torch.Tensor:
+    return torch.tanh(scores / cap) * cap
 
 
 def _meta(*shape: int, dtype: torch.dtype) -> torch.nn.Parameter:
@@ -77,15 +100,17 @@ def causal_lm(config: NativeConfig, dtype: torch.dtype) -> Any:
             kept = hidden.dtype
             wide = hidden.to(torch.float32)
             wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+            if config.offset_norms:  # Gemma: 1 + weight, applied in float32
+                return (wide * (1.0 + self.weight.float())).to(kept)
             return self.weight * wide.to(kept)
 
     class Rotary(nn.Module):
         """The cosines and sines of the positions (from the config: the files do not hold them)."""
 
-        def __init__(self) -> None:
+        def __init__(self, rope: Rope) -> None:
             super().__init__()
             self.inv_freq: torch.Tensor
-            self.register_buffer("inv_freq", inverse_frequencies(config.rope, config.head_dim), persistent=False)
+            self.register_buffer("inv_freq", inverse_frequencies(rope, config.head_dim), persistent=False)
 
         def forward(self, like: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             angles = positions[..., None].float() * self.inv_freq.to(device=like.device, dtype=torch.float)
@@ -116,13 +141,23 @@ def causal_lm(config: NativeConfig, dtype: torch.dtype) -> Any:
             self.padding_idx = pad if pad is None or pad >= 0 else rows + pad
             self.max_norm, self.norm_type, self.scale_grad_by_freq, self.sparse = None, 2.0, False, False
             self.weight = _meta(rows, config.hidden_size, dtype=dtype)
+            self.embed_scale: torch.Tensor | None
+            # Gemma's sqrt(hidden_size), made in the model's dtype as transformers makes it
+            scale = torch.tensor(config.hidden_size ** 0.5, dtype=dtype) if config.embed_scale else None
+            self.register_buffer("embed_scale", scale, persistent=False)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            rows = super().forward(ids)
+            return rows if self.embed_scale is None else rows * self.embed_scale.to(self.weight.dtype)
 
     class Attention(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             width, heads, kv, dim = (config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
                                      config.head_dim)
-            self.head_dim, self.groups, self.scale = dim, heads // kv, dim ** -0.5
+            self.head_dim, self.groups = dim, heads // kv
+            scalar = config.query_pre_attn_scalar
+            self.scale = dim ** -0.5 if scalar is None else scalar ** -0.5
             self.q_proj = Linear(width, heads * dim, config.qkv_bias)
             self.k_proj = Linear(width, kv * dim, config.qkv_bias)
             self.v_proj = Linear(width, kv * dim, config.qkv_bias)
@@ -135,13 +170,19 @@ def causal_lm(config: NativeConfig, dtype: torch.dtype) -> Any:
             shape = (*hidden.shape[:-1], -1, self.head_dim)
             q = self.q_proj(hidden).view(shape)
             k = self.k_proj(hidden).view(shape)
-            if self.q_norm is not None and self.k_norm is not None:
-                q, k = self.q_norm(q), self.k_norm(k)
+            if self.q_norm is not None and self.k_norm is not None and not config.offset_norms:
+                q, k = self.q_norm(q), self.k_norm(k)  # Qwen3: before the heads are transposed
             q, k = q.transpose(1, 2), k.transpose(1, 2)
             v = self.v_proj(hidden).view(shape).transpose(1, 2)
+            if self.q_norm is not None and self.k_norm is not None and config.offset_norms:
+                q, k = self.q_norm(q), self.k_norm(k)  # Gemma 3: after
             cos, sin = (t.unsqueeze(1) for t in cos_sin)
             q = (q * cos) + (_half_turned(q) * sin)
             k = (k * cos) + (_half_turned(k) * sin)
+            if config.eager_attention:
+                assert mask is not None
+                attended = self._eager(q, k, v, mask)
+                return self.o_proj(attended.reshape(*hidden.shape[:-1], -1).contiguous())  # type: ignore[no-any-return]
             length = q.shape[2]
             grouped: dict[str, Any] = {}
             if self.groups > 1:
@@ -156,6 +197,17 @@ def causal_lm(config: NativeConfig, dtype: torch.dtype) -> Any:
             out = out.reshape(out.shape[0], -1, length, v.shape[-1]).transpose(1, 2).contiguous()
             return self.o_proj(out.reshape(*hidden.shape[:-1], -1).contiguous())  # type: ignore[no-any-return]
 
+        def _eager(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            """transformers' eager attention: scores scaled (and soft-capped), the additive mask, the softmax in
+            float32 cast back; (batch, query, heads, dim) out."""
+            if self.groups > 1:
+                k, v = _repeated(k, self.groups), _repeated(v, self.groups)
+            scores = torch.matmul(q, k.transpose(2, 3)) * self.scale
+            if config.attn_logit_softcapping is not None:
+                scores = _capped(scores, config.attn_logit_softcapping)
+            weights = functional.softmax(scores + mask, dim=-1, dtype=torch.float32).to(q.dtype)
+            return torch.matmul(weights, v).transpose(1, 2).contiguous()
+
     class MLP(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -165,7 +217,9 @@ def causal_lm(config: NativeConfig, dtype: torch.dtype) -> Any:
             self.down_proj = Linear(inner, width, bias)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.down_proj(functional.silu(self.gate_proj(x)) * self.up_proj(x))  # type: ignore[no-any-return]
+            gate = self.gate_proj(x)
+            gate = functional.silu(gate) if config.hidden_act == "silu" else functional.gelu(gate, approximate="tanh")
+            return self.down_proj(gate * self.up_proj(x))  # type: ignore[no-any-return]
 
     class DecoderLayer(nn.Module):
         def __init__(self) -> None:
@@ -174,10 +228,18 @@ def causal_lm(config: NativeConfig, dtype: torch.dtype) -> Any:
             self.mlp = MLP()
             self.input_layernorm = RMSNorm(config.hidden_size)
             self.post_attention_layernorm = RMSNorm(config.hidden_size)
+            if config.sandwich_norms:
+                self.pre_feedforward_layernorm = RMSNorm(config.hidden_size)
+                self.post_feedforward_layernorm = RMSNorm(config.hidden_size)
 
         def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None,
                     position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None, **_: Any) -> torch.Tensor:
             assert position_embeddings is not None
+            if config.sandwich_norms:  # Gemma 2 and 3: each branch's output normed before it is added
+                attended = self.self_attn(self.input_layernorm(hidden), position_embeddings, attention_mask)
+                hidden = hidden + self.post_attention_layernorm(attended)
+                fed = self.mlp(self.pre_feedforward_layernorm(hidden))
+                return hidden + self.post_feedforward_layernorm(fed)  # type: ignore[no-any-return]
             hidden = hidden + self.self_attn(self.input_layernorm(hidden), position_embeddings, attention_mask)
             return hidden + self.mlp(self.post_attention_layernorm(hidden))  # type: ignore[no-any-return]
 
@@ -187,16 +249,20 @@ def causal_lm(config: NativeConfig, dtype: torch.dtype) -> Any:
             self.embed_tokens = Embedding()
             self.layers = nn.ModuleList(DecoderLayer() for _ in range(config.num_hidden_layers))
             self.norm = RMSNorm(config.hidden_size)
-            self.rotary_emb = Rotary()
+            self.rotary_emb = Rotary(config.rope)
+            self.local_rotary_emb = Rotary(config.local_rope) if config.local_rope is not None else None
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **_: Any) -> Output:
             hidden = self.embed_tokens(input_ids)
-            length = hidden.shape[1]
+            batch, length = hidden.shape[:2]
             positions = torch.arange(length).unsqueeze(0)
-            masks = {w: attention_mask_of(attention_mask, length, w) for w in set(config.windows)}
+            masks = {w: (eager_mask_of(attention_mask, batch, length, w, hidden.dtype) if config.eager_attention
+                         else attention_mask_of(attention_mask, length, w)) for w in set(config.windows)}
             cos_sin = self.rotary_emb(hidden, positions)
+            local = cos_sin if self.local_rotary_emb is None else self.local_rotary_emb(hidden, positions)
             for layer, window in zip(self.layers, config.windows):
-                hidden = layer(hidden, attention_mask=masks[window], position_embeddings=cos_sin)
+                hidden = layer(hidden, attention_mask=masks[window],
+                               position_embeddings=cos_sin if window is None else local)
             return Output(last_hidden_state=self.norm(hidden))
 
     class CausalLM(nn.Module):
@@ -220,6 +286,9 @@ def causal_lm(config: NativeConfig, dtype: torch.dtype) -> Any:
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **_: Any) -> Output:
             out = self.model(input_ids=input_ids, attention_mask=attention_mask)
-            return Output(logits=self.lm_head(out.last_hidden_state))
+            logits = self.lm_head(out.last_hidden_state)
+            if config.final_logit_softcapping is not None:
+                logits = _capped(logits, config.final_logit_softcapping)
+            return Output(logits=logits)
 
     return CausalLM()
