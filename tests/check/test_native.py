@@ -105,6 +105,8 @@ def _run(stream: ModelStream, batch: list[list[int]]) -> list[torch.Tensor]:
     found = []
     with torch.no_grad():
         ((hidden, calls),) = stream.inputs([(ids, mask)])
+        ((rows_hidden, _),) = stream.inputs_of_rows([(ids, mask)])  # the check's way: the used rows only
+        assert torch.equal(rows_hidden, hidden)
         found.append(hidden)
         for index, layer in enumerate(stream.layers_list):
             with stream.loaded(layer) as loaded:
@@ -152,6 +154,12 @@ def _transformers_windows(config: Any) -> list[int | None]:
     {"model_type": "gemma", "hidden_act": "gelu", "rope_theta": 20000.0},
     {"model_type": "gemma2"},
     {"model_type": "gemma2", "num_hidden_layers": 5, "final_logit_softcapping": None, "sliding_window": 2},
+    # the keys of Gemma 2 9B's and Gemma 3 1B's config.json (transformers 4's)
+    {"model_type": "gemma2", "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+     "cache_implementation": "hybrid", "query_pre_attn_scalar": 144, "sliding_window_size": 4096},
+    {"model_type": "gemma3_text", "num_hidden_layers": 8, "rope_scaling": None, "rope_local_base_freq": 10000,
+     "rope_theta": 1000000, "sliding_window_pattern": 6, "sliding_window": 512, "final_logit_softcapping": None,
+     "attn_logit_softcapping": None, "query_pre_attn_scalar": 256},
     {"model_type": "gemma3_text", "num_hidden_layers": 8},
     {"model_type": "gemma3_text", "sliding_window_pattern": 3, "num_hidden_layers": 7, "rope_theta": 500000.0,
      "rope_local_base_freq": 20000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
