@@ -3,6 +3,7 @@
 Usage::
 
     python bench/bench_check_ray.py [--parents 1] [--nodes 3] [--cpus-per-node 1] [--runs 2] [--work DIR]
+                                    [--no-base] [--alone]
 
 The models are bench/bench_check.py's: SmolLM2-135M-Instruct in float32 as the base, ``--parents`` nudged
 copies and their mean as the merge (2 + parents models). A Ray cluster is started on this machine
@@ -11,6 +12,11 @@ alternating, ``--runs`` times each: ``resumerge check MERGE --base BASE --parent
 fresh state dir, locally and with ``--executor ray --ray-address`` (each a fresh CLI process; the Ray one starts
 its actors, one per model, each importing torch and transformers). Prints each run's wall time and whether the two
 reports' figures agree (to 1e-6: the local check's torch threads are the machine's, each actor's its node's CPUs).
+
+``--no-base``: the merge checked against its parents only (``--parents 1 --nodes 2``: two models, one a node).
+``--alone``: also the merge checked alone, its one model's pass on one thread (``OMP_NUM_THREADS=1``): what a Ray
+check whose every model has a node of ``--cpus-per-node`` 1 to itself should take, the issue's "a check takes about
+one model's pass" (on 2 cores, measurable for two models on two one-CPU nodes).
 
 On one machine the "nodes" share its cores: the figure says what the Ray path costs (actor start, hidden states
 through the object store), not what separate machines would give.
@@ -74,6 +80,8 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--cpus-per-node", type=int, default=1)
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--no-base", action="store_true", help="check the merge against its parents only")
+    parser.add_argument("--alone", action="store_true", help="also the merge alone on one thread")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "resumerge-bench-check")
     args = parser.parse_args()
     import ray
@@ -90,17 +98,24 @@ def main() -> None:
         cluster.wait_for_nodes()
         for run in range(args.runs):
             walls, passes, docs = {}, {}, {}
-            for where, extra in (("local", []), ("ray", ["--executor", "ray", "--ray-address", cluster.address])):
+            others = ([] if args.no_base else ["--base", str(base)]) + [
+                a for p in parents for a in ("--parent", str(p))]
+            ways = [("local", others, env), ("ray", [*others, "--executor", "ray", "--ray-address", cluster.address],
+                                             env)]
+            if args.alone:
+                ways.append(("alone", [], {**env, "OMP_NUM_THREADS": "1"}))
+            for where, extra, how in ways:
                 state = Path(tempfile.mkdtemp(prefix="check-state-"))
-                argv = [sys.executable, "-m", "resumerge", "check", str(merge), "--base", str(base),
-                        *(a for p in parents for a in ("--parent", str(p))), "--prompts", str(texts), "--json",
+                argv = [sys.executable, "-m", "resumerge", "check", str(merge), "--prompts", str(texts), "--json",
                         "--state-dir", str(state), *extra]
-                walls[where], passes[where], docs[where] = _check(argv, env, state)
+                walls[where], passes[where], docs[where] = _check(argv, how, state)
             same = _close(docs["local"], docs["ray"])
             print(f"run {run}: local {walls['local']:.1f} s (layers and heads {passes['local']:.1f} s), ray "
                   f"({args.nodes} nodes x {args.cpus_per_node} CPU) {walls['ray']:.1f} s (layers and heads "
                   f"{passes['ray']:.1f} s), wall ratio {walls['ray'] / walls['local']:.2f}, figures agree to 1e-6: "
-                  f"{same}, verdict {docs['ray']['verdict']}")
+                  f"{same}, verdict {docs['ray']['verdict']}"
+                  + (f"; the merge alone on one thread {walls['alone']:.1f} s (layers and heads "
+                     f"{passes['alone']:.1f} s)" if args.alone else ""))
     finally:
         ray.shutdown()
         cluster.shutdown()
