@@ -1,18 +1,22 @@
 """A check's forward pass on a Ray cluster (``--executor ray``): each model's pass on a node of its own, so a check
 of a giant merge against its parents takes about the time of one model's pass.
 
-The models are independent until the comparison: an actor per model (:class:`ModelNode`), placed one per node
-where the cluster has the nodes (models shared round-robin where it has fewer), opens its model from its path
-(which every node must see, as for a merge on Ray; a hub model is read by range from the node, the sha256 of each
-range it read held to the driver's journal after each step, as a merge's nodes' reads are: :mod:`.hubreads`) and
-computes with the CPUs of its node's share. The driver (this process) holds every model's hidden states, as a
-local check does: per layer it sends the reference's input to the layer (the base's, else the first parent's) to
-every actor at once (one object in Ray's store), each actor runs its layer on its own hidden states (it keeps its
-last output) and on that input, and returns both; the driver computes the layer's figures with the local pass's
-own functions and journals it exactly as a local check does (:func:`~resumerge.check.passes.run_pass` drives
-both), so a check started on Ray resumes locally, and the other way round. The heads too: the merge's and the
-base's actors return their log-probabilities as objects in Ray's store (never fetched by the driver), each other
-actor compares its own with them and returns its per-position figures.
+The models are independent until the comparison: an actor per model (:class:`ModelNode`), placed one per node where
+the cluster has the nodes (models shared round-robin where it has fewer), opens its model from its path (which every
+node must see, as for a merge on Ray; a hub model is read by range from the node, with the node's own token, under
+the node's name: :func:`_here`, the sha256 of each range it read held to the driver's journal after each step, as a
+merge's nodes' reads are: :mod:`.hubreads`) and computes with the CPUs of its node's share. The merge's actor keeps
+the first layer it reads to learn whether the family takes padded batches for the pass's first layer, so an actor
+reads each byte of its model once (a tied head's embeddings, and a family that runs one sequence at a time, aside);
+the driver reads every model once more, for the static figures (which compare the models' tensors with each other).
+The driver (this process) holds every model's hidden states, as a local check does: per layer it sends the
+reference's input to the layer (the base's, else the first parent's) to every actor at once (one object in Ray's
+store), each actor runs its layer on its own hidden states (it keeps its last output) and on that input, and returns
+both; the driver computes the layer's figures with the local pass's own functions and journals it exactly as a local
+check does (:func:`~resumerge.check.passes.run_pass` drives both), so a check started on Ray resumes locally, and
+the other way round. The heads too: the merge's and the base's actors return their log-probabilities as objects in
+Ray's store (never fetched by the driver), each other actor compares its own with them and returns its per-position
+figures.
 
 Each actor holds one layer of its model and its hidden states, and declares that memory to Ray
 (:func:`actor_bytes`, from the figures the local check's budget is found from), so that Ray places no more on a node
@@ -56,20 +60,23 @@ _RESUME_HINT = "check the cluster's nodes, then run the check again: it resumes 
 
 class ModelNode:
     """One model of a check as a Ray actor runs it: its :class:`~resumerge.forward.stream.ModelStream` (made in
-    the actor's process), torch on ``threads`` threads, its layers' calls and its last hidden states."""
+    the actor's process), torch on ``threads`` threads, its layers' calls and its last hidden states. ``token``:
+    the driver reads the hub with a token, so a hub model's node needs its own (a token never travels with the
+    work)."""
 
-    def __init__(self, model: Checked, threads: int) -> None:
+    def __init__(self, model: Checked, threads: int, token: bool = False) -> None:
         torch.set_num_threads(max(1, threads))
         self.failed: ResumergeError | None = None
         self.read_log: list[Read] = []  # the ranges of hub files read here since the driver last asked (reads())
         try:
-            self.stream = streams_of([_logged(_here(model), self.read_log)])[0]
+            self.stream = streams_of([_logged(_here(model, token), self.read_log)])[0]
         except ResumergeError as exc:  # said by :meth:`node` (an actor whose constructor raises says only "died")
             self.failed = exc
         self.entering: list[tuple[torch.Tensor, list[LayerCall]]] = []
         self.calls: list[list[LayerCall]] = []
         self.hidden: Hidden = []
         self.lp: Hidden = []
+        self.first = False  # the first layer holds the weights :meth:`runs_batched` read, for the pass's first layer
 
     def reads(self) -> list[Read]:
         """The ranges of the model's hub files this actor read since last asked, as (file, start, end, sha256): the
@@ -88,30 +95,54 @@ class ModelNode:
 
     def enter(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> Hidden:
         """The hidden states entering the first decoder layer, per batch (the layers' calls kept)."""
+        self._drop_first()
         with torch.no_grad():
             self.entering = self.stream.inputs(batches)
         self.calls = [c for _, c in self.entering]
         return [h for h, _ in self.entering]
 
     def runs_batched(self) -> bool:
-        """See :func:`~resumerge.check.passes._runs_batched`."""
-        from resumerge.check.passes import _runs_batched
+        """See :func:`~resumerge.check.passes._runs_batched`. Where the first layer runs the batches, it keeps the
+        weights read for this until the pass's first layer runs (it holds a layer, as that step does): read once,
+        which for a hub model is the bytes fetched once."""
+        from resumerge.check.passes import batched_on
 
+        self._drop_first()
+        first = self.stream.layers_list[0]
         with torch.no_grad():
-            return _runs_batched(self.stream, self.entering)
+            layer = self.stream.load(first)
+            try:
+                self.first = batched_on(self.stream, layer, self.entering)
+            finally:
+                if not self.first:
+                    self.stream.unload(first)
+        return self.first
 
     def layer(self, index: int, own: Hidden | None, same: Hidden | None) -> tuple[Hidden, Hidden | None]:
         """Layer ``index`` on this model's hidden states (``own`` where given, else its last output) and on
         ``same``; see :func:`~resumerge.check.passes.model_layer`."""
+        kept = self.first and index == 0
+        if not kept:
+            self._drop_first()
+        self.first = False
         with torch.no_grad():
-            out, theirs = model_layer(self.stream, index, own if own is not None else self.hidden, self.calls, same)
+            out, theirs = model_layer(self.stream, index, own if own is not None else self.hidden, self.calls, same,
+                                      loaded=kept)
         self.hidden = out
         return out, theirs
+
+    def _drop_first(self) -> None:
+        """The first layer's weights kept by :meth:`runs_batched`, dropped (a pass resumed past its first layer, or
+        one that enters its batches again)."""
+        if self.first:
+            self.stream.unload(self.stream.layers_list[0])
+            self.first = False
 
     def head(self, batches: Batches, share: bool, own: Hidden | None = None) -> Hidden | None:
         """This model's log-probabilities from its last hidden states (``own`` where given: a check resumed after
         its last layer), kept for :meth:`compare`, and returned where ``share`` (the merge's and the base's, which
         the others compare theirs with)."""
+        self._drop_first()
         if own is not None:
             self.hidden = own
         with torch.no_grad():
@@ -142,17 +173,33 @@ def _logged(model: Checked, log: list[Read]) -> Checked:
     return replace(model, reads=StreamedReads({f.file: f.client() for f in model.remote}, note))
 
 
-def _here(model: Checked) -> Checked:
+def _here(model: Checked, token: bool) -> Checked:
     """``model`` as this node opens it: as the driver opened it where its folder is here, else (a hub model whose
-    cache snapshot is the driver's) its small files fetched into this node's cache, its weights read by range."""
-    if model.opened.directory.is_dir():
-        return model
+    cache snapshot is the driver's) its small files fetched into this node's cache, its weights read by range; a hub
+    model's ranges asked under this node's name (``resumerge-node/NODE`` in the user agent, as a merge's nodes ask
+    theirs: the hub's logs tell the nodes apart) with this node's token (``HF_TOKEN``, or its user's saved login).
+    Raises :class:`UsageError` (exit 2) for a hub model where the driver read with a token (``token``) and this
+    node has none, as a merge's nodes refuse to read its hub inputs."""
     from dataclasses import replace
 
-    from resumerge.check.models import open_checked
-    from resumerge.config.locations import StateDir
+    from resumerge.engine.cluster.connect import this_node
 
-    return replace(open_checked(model.path, model.role, StateDir.resolve()), role=model.role, weight=model.weight)
+    node = this_node()
+    if token and model.remote:
+        from huggingface_hub import get_token
+
+        if not get_token():
+            raise UsageError(f"cluster node {node} has no Hugging Face token to read {model.path} with",
+                             hint="set HF_TOKEN (or run `hf auth login`) on every node, then run the check again: "
+                                  "it resumes at the last layer journaled")
+    if not model.opened.directory.is_dir():
+        from resumerge.check.models import open_checked
+        from resumerge.config.locations import StateDir
+
+        model = replace(open_checked(model.path, model.role, StateDir.resolve()), role=model.role,
+                        weight=model.weight)
+    agent = f"resumerge-node/{node}"
+    return replace(model, remote=tuple(replace(f, agent=agent) for f in model.remote))
 
 
 @dataclass(frozen=True)
@@ -258,11 +305,13 @@ class RayModels:
         self.replaced = 0
         self.batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.seeded = False
+        self.token = False  # whether the driver reads the hub models with a token (then their nodes need theirs)
 
     def start(self) -> None:
         """Start every model's actor, and wait for each to open its model (raises the error that kept one from it,
         and :class:`UnreachableError` where one's node was lost meanwhile)."""
-        self.actors = [_start(self.ray, model, place, threads)
+        self.token = any(model.remote for model in self.models) and _driver_token()
+        self.actors = [_start(self.ray, model, place, threads, self.token)
                        for model, place, threads in zip(self.models, self.places, self.threads)]
         try:
             self.nodes = self._get([a.node.remote() for a in self.actors])
@@ -321,7 +370,7 @@ class RayModels:
         self.lost.update(self.places[m].node_id for m in dead)
         for m in dead:
             self.places[m] = self._elsewhere(m, why)
-            self.actors[m] = _start(self.ray, self.models[m], self.places[m], self.threads[m])
+            self.actors[m] = _start(self.ray, self.models[m], self.places[m], self.threads[m], self.token)
             self.fresh.add(m)
         for m in dead:
             ready, _ = self.ray.wait([ref := self.actors[m].node.remote()], timeout=PLACE_SECONDS)
@@ -420,13 +469,14 @@ class RayModels:
         return totals(found, sum(len(s) - 1 for batch in batches for s in batch))
 
 
-def _start(ray: Any, model: Checked, place: Place, threads: int) -> Any:
+def _start(ray: Any, model: Checked, place: Place, threads: int, token: bool) -> Any:
     """Model ``model``'s actor, pinned to its node, declaring its CPUs and memory (as a merge's Ray workers do:
-    :func:`~resumerge.engine.cluster.launch.pinned`), never restarted by Ray (the pass replaces it)."""
+    :func:`~resumerge.engine.cluster.launch.pinned`), never restarted by Ray (the pass replaces it); ``token``:
+    whether its node needs a token of its own (:class:`ModelNode`)."""
     from resumerge.engine.cluster.launch import pinned
 
     return ray.remote(ModelNode).options(num_cpus=place.cpus, memory=place.memory, max_restarts=0,
-                                         scheduling_strategy=pinned(place.node_id)).remote(_sent(model), threads)
+                                         scheduling_strategy=pinned(place.node_id)).remote(_sent(model), threads, token)
 
 
 def _sent(model: Checked) -> Checked:
@@ -435,6 +485,13 @@ def _sent(model: Checked) -> Checked:
     from dataclasses import replace
 
     return replace(model, reads=None, headers={})
+
+
+def _driver_token() -> bool:
+    """Whether this process reads the hub with a token (only whether: the token itself never leaves it)."""
+    from huggingface_hub import get_token
+
+    return bool(get_token())
 
 
 @contextmanager

@@ -22,8 +22,8 @@ a real position never sees the padding after it, and every figure is taken over 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -214,11 +214,17 @@ def _runs_batched(stream: ModelStream, entering: list[tuple[torch.Tensor, list[L
     ships it, cannot: DeepSeek-V3's with a padding mask); decided from the model alone, so a resumed check decides
     the same."""
     with reserve("layer 0 of model 1 (can it run batches?)", "layer"), stream.loaded(stream.layers_list[0]) as layer:
-        try:
-            for hidden, calls in entering:
-                stream.run(layer, hidden, calls[0])
-        except RuntimeError:
-            return False
+        return batched_on(stream, layer, entering)
+
+
+def batched_on(stream: ModelStream, layer: torch.nn.Module,
+               entering: list[tuple[torch.Tensor, list[LayerCall]]]) -> bool:
+    """Whether the model's first decoder ``layer`` (its weights loaded) runs every padded batch of ``entering``."""
+    try:
+        for hidden, calls in entering:
+            stream.run(layer, hidden, calls[0])
+    except RuntimeError:
+        return False
     return True
 
 
@@ -258,16 +264,29 @@ def _padded(batch: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def model_layer(stream: ModelStream, index: int, own: list[torch.Tensor], calls: list[list[LayerCall]],
-                same: list[torch.Tensor] | None) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+                same: list[torch.Tensor] | None, loaded: bool = False
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """One model's layer ``index``, read once: its output on its ``own`` hidden states (per batch) and, unless
     ``same`` is None, on ``same`` (the reference's input to the layer). Where ``same`` equals ``own`` to the bit
-    (the first layer of models with the same embeddings) its output is the same and is not computed twice."""
+    (the first layer of models with the same embeddings) its output is the same and is not computed twice.
+    ``loaded``: the layer holds its weights already (read for another step, not read again); it is left without
+    them, as after a read."""
     equal = same is not None and all(a is b or torch.equal(a, b) for a, b in zip(own, same))
-    with stream.loaded(stream.layers_list[index]) as layer:
+    module = stream.layers_list[index]
+    with _held(stream, module) if loaded else stream.loaded(module) as layer:
         out = [stream.run(layer, h, calls[s][index]) for s, h in enumerate(own)]
         theirs = None if same is None or equal else [stream.run(layer, h, calls[s][index])
                                                       for s, h in enumerate(same)]
     return out, out if equal else theirs
+
+
+@contextmanager
+def _held(stream: ModelStream, module: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``module``, whose weights are loaded already, for the block; without them after."""
+    try:
+        yield module
+    finally:
+        stream.unload(module)
 
 
 def layer_row(own: list[list[torch.Tensor]], on_same: list[list[torch.Tensor]],

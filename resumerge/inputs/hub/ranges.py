@@ -65,7 +65,8 @@ class FetchCounters:
 class StreamedFile:
     """A hub weight file read by range, as another machine (a cluster node) needs to find it: input ``model``'s
     ``file`` of ``repo_id`` at the pinned ``commit``, its size, and the hub's ``endpoint``. No token: whoever reads
-    it uses its own."""
+    it uses its own. ``agent``: what its clients add to the user agent unless told otherwise (a check's actor names
+    its node, as a merge's node does: :mod:`resumerge.check.onray`)."""
 
     model: str
     file: str
@@ -73,12 +74,14 @@ class StreamedFile:
     commit: str
     size: int
     endpoint: str
+    agent: str | None = None
 
     def client(self, *, counters: FetchCounters | None = None, agent: str | None = None) -> RangeClient:
         """A client reading this file's ranges from its endpoint, with this machine's token (see
         :class:`RangeClient`)."""
         settings = hub_settings(offline=False, endpoint=self.endpoint)
-        return RangeClient(settings, self.repo_id, self.commit, self.file, self.size, counters=counters, agent=agent)
+        return RangeClient(settings, self.repo_id, self.commit, self.file, self.size, counters=counters,
+                           agent=agent if agent is not None else self.agent)
 
 
 class RangeClient:

@@ -1,0 +1,168 @@
+"""``check --executor ray`` of hub models (issue 57): a check whose merge, base and parent are ``hf://`` repos of the
+stand-in hub, each model's pass in an actor on a Ray node of its own (a real cluster on this machine: a head without
+CPUs and three one-CPU worker nodes), gives the local check's report, exactly (the local one on one thread, as the
+actors compute on their node's one CPU).
+
+Each actor reads its own model by range from the hub, under its node's name (``resumerge-node/NODE`` in the user
+agent), and no process is served a byte twice: the driver reads the headers when it opens the models and every tensor
+once in the static pass (which compares the models' tensors with each other, so it runs where they all are: the
+driver), each actor the tensors of its model's pass once (the merge's first layer too, which it runs once more to
+learn whether the family takes padded batches). So across the cluster each weight byte is fetched twice: once by the
+driver, once by the node whose actor runs its model (docs/guide.md says so).
+
+The token never travels with the work: every node reads with its own (here the one its processes inherit from this
+test, as ``ray start`` on a machine with ``HF_TOKEN`` set gives its node; a node without one, where the driver reads
+with one, is refused in one line as its actor starts), and it reaches no Ray log, no file of the state dir, no report
+and no error: a parent taken off the hub mid-pass fails its actor's read, said in the driver in one line."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from huggingface_hub import constants
+from raycluster import ray_cluster
+from support import one_thread
+
+from hub.conftest import REPO, SPEC, Model
+from hub.fakehub import FakeHub, files_of, iter_requests
+from resumerge import api
+from resumerge.cli.modelgen import make_model
+from resumerge.engine.executors import RayExecutor
+from resumerge.errors import ModelInputError
+
+pytest.importorskip("transformers")
+pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+SECRET = "hf_rayCheckNeverLogged0123456789"
+TEXTS = "the cat sat on the mat\nhello world again\nx\n"
+NODE = "resumerge-node/"
+
+
+def _reads(hub: FakeHub) -> dict[str, dict[str, list[tuple[int, int]]]]:
+    """The weight files' byte ranges each process was served: the driver's (no node named) and each node's."""
+    found: dict[str, dict[str, list[tuple[int, int]]]] = defaultdict(lambda: defaultdict(list))
+    for r in iter_requests(hub, "GET"):
+        if r.range is not None and r.path.endswith(".safetensors") and r.status == 206:
+            first, _, last = r.range.removeprefix("bytes=").partition("-")
+            who = r.agent.split(NODE)[1][:8] if NODE in r.agent else "driver"
+            repo, _, file = r.path.lstrip("/").partition("/resolve/")
+            found[who][f"{repo}/{file.partition('/')[2]}"].append((int(first), int(last) + 1))
+    return found
+
+
+def _once(ranges: list[tuple[int, int]]) -> int:
+    """The bytes of ``ranges``, asserting that none was served twice."""
+    ranges = sorted(ranges)
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(ranges)), f"a byte served twice: {ranges}"
+    return sum(end - start for start, end in ranges)
+
+
+def _tensor_bytes(files: dict[str, bytes], name: str) -> int:
+    """The bytes of shard ``name``'s tensors (all of it but its header)."""
+    data = files[name]
+    return len(data) - 8 - int.from_bytes(data[:8], "little")
+
+
+def _gone_after_layer_0(hub: FakeHub, repo: str, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """``repo`` taken off the hub once the check journaled its first layer (handed back in the list returned)."""
+    import resumerge.check.passes
+
+    gone: list[Any] = []
+
+    def take(point: str, **_: object) -> None:
+        if point == "after_check_layer" and not gone:
+            gone.append(hub.repos.pop(repo))
+
+    monkeypatch.setattr(resumerge.check.passes, "reach", take)
+    return gone
+
+
+def test_a_check_of_hub_models_on_ray_reads_each_byte_once_per_process_and_never_shows_the_token(
+        tmp_path: Path, hub: FakeHub, state: Path, models: tuple[Model, Model], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    merged, beta = (files_of(make_model(tmp_path / name, SPEC, seed=seed)) for name, seed in (("merged", 7),
+                                                                                               ("beta", 1)))
+    served = {"org/merged": merged, REPO: models[0].files, "org/beta": beta}
+    hub.push("org/merged", merged)
+    hub.push("org/beta", beta)
+    texts = tmp_path / "texts.txt"
+    texts.write_text(TEXTS)
+    paths = ("hf://org/merged", f"hf://{REPO}", "hf://org/beta")
+    # This machine's token: the cluster's nodes start with it, as this process has it (and send it: hf_env's
+    # HF_HUB_DISABLE_IMPLICIT_TOKEN would keep every request without one).
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    monkeypatch.delenv("HF_HUB_DISABLE_IMPLICIT_TOKEN")
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_IMPLICIT_TOKEN", False)
+    hub.reset_counters()
+    with ray_cluster(workers=3) as (cluster, started):
+        report = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts, state_dir=state,
+                           executor=RayExecutor(cluster.address, keep_workers=0))
+        reads = _reads(hub)
+        on_nodes = [r for r in iter_requests(hub) if NODE in r.agent]
+        # A parent gone from the hub after the first layer: its actor's read fails, said in the driver in one line.
+        with pytest.MonkeyPatch.context() as patch, pytest.raises(ModelInputError) as failed:
+            gone = _gone_after_layer_0(hub, "org/beta", patch)
+            api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts, state_dir=tmp_path / "gone",
+                      executor=RayExecutor(cluster.address, keep_workers=0))
+        hub.repos["org/beta"] = gone.pop()  # the hub as it was
+        assert "org/beta@" in failed.value.one_line() and "HTTP 404" in failed.value.one_line()
+        assert SECRET not in str(failed.value) + failed.value.one_line() + repr(failed.value)
+        logs = {Path(node.get_logs_dir_path()) for node in (started.head_node, *cluster.workers)}
+        logged = [p for folder in logs for p in folder.rglob("*") if p.is_file()]
+        assert logged and not [p for p in logged if SECRET.encode() in p.read_bytes()]
+    with one_thread():
+        local = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts, state_dir=tmp_path / "local")
+    # The local check's report, exactly (each keeps its chart where its journal is: the same bytes).
+    doc, expected = (json.loads(json.dumps(r.to_json())) for r in (report, local))
+    assert Path(doc.pop("chart")).read_bytes() == Path(expected.pop("chart")).read_bytes()
+    assert doc == expected and [m.path for m in report.models] == list(paths)
+    # Each node read by range its own model only, with its own token; no process was served a byte twice; the driver
+    # read every tensor once (its static pass), each model's node every tensor of its model once (its pass).
+    assert set(reads) == {"driver", *cluster.node_ids()}
+    assert on_nodes and all(r.authorization == f"Bearer {SECRET}" for r in on_nodes)
+    assert not [r for r in on_nodes if not r.path.endswith(".safetensors")]  # their folders are the driver's cache
+    shards = {f"{repo}/{name}": files[name] for repo, files in served.items()
+              for name in files if name.endswith(".safetensors") and "/" not in name}
+    for who, files in reads.items():
+        fetched = {path: _once(ranges) for path, ranges in files.items()}
+        repos = {path.rsplit("/", 1)[0] for path in fetched}
+        if who == "driver":  # every shard's header and tensors
+            assert fetched == {path: len(data) for path, data in shards.items()}
+        else:
+            assert len(repos) == 1, repos
+            repo = repos.pop()
+            assert fetched == {path: _tensor_bytes(served[repo], path.rsplit("/", 1)[1])
+                               for path in shards if path.startswith(f"{repo}/")}
+    for path in shards:
+        assert sum(path in files for who, files in reads.items() if who != "driver") == 1
+    # The token reached no report, no file of the state dir, no output.
+    out = capsys.readouterr()
+    assert SECRET not in json.dumps(report.to_json()) and SECRET not in out.out + out.err
+    assert not [p for p in state.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+
+
+def test_a_node_without_a_token_refuses_to_read_a_hub_model_in_one_line(hub: FakeHub, state: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the driver reads the hub with a token, a hub model's actor on a node without one says so in one line
+    (exit 2) as it starts, as a merge's node does, rather than fail on its first read (a private repo's 401)."""
+    import resumerge.engine.cluster.connect
+    from resumerge.check.models import open_checked
+    from resumerge.check.onray import ModelNode
+    from resumerge.config.locations import StateDir
+    from resumerge.errors import UsageError
+
+    monkeypatch.setattr(resumerge.engine.cluster.connect, "this_node", lambda: "0123abcd")
+    model = open_checked(f"hf://{REPO}", "--base", StateDir.resolve(state))
+    with one_thread():  # the actor's threads: this process's, for the test
+        refused, reads = ModelNode(model, 1, token=True), ModelNode(model, 1, token=False)
+    with pytest.raises(UsageError) as said:  # hf_env: no HF_TOKEN, no saved login
+        refused.node()
+    line = said.value.one_line()
+    assert said.value.exit_code == 2 and "0123abcd" in line and f"hf://{REPO}" in line and "HF_TOKEN" in line
+    assert reads.failed is None and reads.node() == "0123abcd"  # a driver without a token: none needed
