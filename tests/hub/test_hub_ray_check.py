@@ -166,3 +166,45 @@ def test_a_node_without_a_token_refuses_to_read_a_hub_model_in_one_line(hub: Fak
     line = said.value.one_line()
     assert said.value.exit_code == 2 and "0123abcd" in line and f"hf://{REPO}" in line and "HF_TOKEN" in line
     assert reads.failed is None and reads.node() == "0123abcd"  # a driver without a token: none needed
+
+
+def test_the_merge_s_actor_reads_its_first_layer_once_where_the_family_runs_batches(
+        hub: FakeHub, state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first layer read to learn whether the family runs padded batches keeps its weights for the pass's first
+    layer (a hub model's bytes fetched once); where it does not, or the pass resumes past that layer, they are
+    dropped (then it is read again, as one sequence at a time needs)."""
+    import resumerge.check.passes
+    import resumerge.engine.cluster.connect
+    from resumerge.check.models import open_checked
+    from resumerge.check.onray import ModelNode
+    from resumerge.config.locations import StateDir
+
+    monkeypatch.setattr(resumerge.engine.cluster.connect, "this_node", lambda: "0123abcd")
+    model = open_checked(f"hf://{REPO}", "MODEL", StateDir.resolve(state))
+    batches = [resumerge.check.passes._padded([[1, 2, 3], [4, 5]])]
+
+    spans = [(t.file, t.entry.start, t.entry.end) for n, t in model.opened.tensors.items() if ".layers.0." in n]
+
+    def first_layer_read() -> float:
+        """How many times the first layer's bytes were served since last asked."""
+        served = 0
+        for r in iter_requests(hub, "GET"):
+            first, _, last = (r.range or "bytes=0-0").removeprefix("bytes=").partition("-")
+            served += sum(max(0, min(end, int(last) + 1) - max(start, int(first)))
+                          for file, start, end in spans if r.path.endswith(f"/{file}"))
+        hub.reset_counters()
+        return served / sum(end - start for _, start, end in spans)
+
+    with one_thread():
+        node = ModelNode(model, 1)
+        layer = node.stream.layers_list[0]
+        for batched, then, reads in ((True, 0, 1), (True, 1, 1), (False, 0, 2)):
+            if not batched:
+                monkeypatch.setattr(resumerge.check.passes, "batched_on", lambda *_: False)
+            entering = node.enter(batches)
+            hub.reset_counters()
+            assert node.runs_batched() is batched
+            assert any(not p.is_meta for p in layer.parameters()) is batched  # kept only where it runs batches
+            node.layer(then, entering, None)
+            assert all(p.is_meta for p in layer.parameters())  # dropped by the pass's first layer (or one past it)
+            assert first_layer_read() == reads, (batched, then)
