@@ -194,10 +194,16 @@ def test_a_layer_read_through_transformers_conversion_prints_no_progress_bar(tmp
     from transformers.utils import logging
 
     model = as_checked(_model(tmp_path / "m", "qwen3_moe", False))
-    with ModelStream(Weights.of(model.opened.directory, model.opened.tensors), model.opened.config, torch.float32,
-                     what="test") as stream:
-        for layer in stream.layers_list:
-            with stream.loaded(layer):
-                pass
-    assert "Loading weights" not in capfd.readouterr().err
-    assert logging.is_progress_bar_enabled()
+    shown = logging.is_progress_bar_enabled()
+    logging.enable_progress_bar()  # as a user's process has them (another test may have turned them off)
+    try:
+        with ModelStream(Weights.of(model.opened.directory, model.opened.tensors), model.opened.config,
+                         torch.float32, what="test") as stream:
+            for layer in stream.layers_list:
+                with stream.loaded(layer):
+                    pass
+        assert "Loading weights" not in capfd.readouterr().err
+        assert logging.is_progress_bar_enabled()
+    finally:
+        if not shown:
+            logging.disable_progress_bar()
