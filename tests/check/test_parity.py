@@ -186,16 +186,19 @@ def test_an_mxfp4_gpt_oss_checkpoint_reads_as_its_decoded_values(tmp_path: Path)
     assert figures.nll[0] == pytest.approx(sum(losses) / sum(len(t) - 1 for t in TOKENS), abs=1e-4)
 
 
-def test_a_layer_read_through_transformers_conversion_prints_no_progress_bar(tmp_path: Path,
-                                                                               capfd: pytest.CaptureFixture[str]
-                                                                               ) -> None:
+def test_a_layer_read_through_transformers_conversion_prints_no_progress_bar(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Qwen3-MoE stored one expert at a time: each layer goes through transformers' conversion, whose "Loading
     weights" bar was printed once a layer of every model; transformers' bars are as they were after it."""
     from transformers.utils import logging
 
     model = as_checked(_model(tmp_path / "m", "qwen3_moe", False))
+    import sys
+
+    # as a user's process has them (another test, or HF_HUB_DISABLE_PROGRESS_BARS, may have turned them off)
+    monkeypatch.setattr(sys.modules["huggingface_hub.utils.tqdm"], "HF_HUB_DISABLE_PROGRESS_BARS", None)
     shown = logging.is_progress_bar_enabled()
-    logging.enable_progress_bar()  # as a user's process has them (another test may have turned them off)
+    logging.enable_progress_bar()
     try:
         with ModelStream(Weights.of(model.opened.directory, model.opened.tensors), model.opened.config,
                          torch.float32, what="test") as stream:
