@@ -3,7 +3,7 @@
 Usage::
 
     python bench/bench_check_ray.py [--parents 1] [--nodes 3] [--cpus-per-node 1] [--runs 2] [--work DIR]
-                                    [--no-base] [--alone]
+                                    [--no-base] [--alone] [--longer N]
 
 The models are bench/bench_check.py's: SmolLM2-135M-Instruct in float32 as the base, ``--parents`` nudged
 copies and their mean as the merge (2 + parents models). A Ray cluster is started on this machine
@@ -82,14 +82,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--no-base", action="store_true", help="check the merge against its parents only")
     parser.add_argument("--alone", action="store_true", help="also the merge alone on one thread")
+    parser.add_argument("--longer", type=int, default=1, help="each text repeated this many times (more tokens: "
+                        "more work a layer against the per-layer round trips)")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "resumerge-bench-check")
     args = parser.parse_args()
     import ray
     from ray.cluster_utils import Cluster
 
     base, parents, merge = _make(args.work, args.parents)
-    texts = args.work / "texts.txt"
-    texts.write_text("\n".join(TEXTS) + "\n")
+    texts = args.work / "texts-ray.txt"
+    texts.write_text("\n".join(" ".join([t.replace("\n", " ")] * args.longer) for t in TEXTS) + "\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     try:

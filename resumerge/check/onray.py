@@ -296,7 +296,8 @@ class RayModels:
                  on_layer: Callable[[int, list[str]], None] | None = None,
                  on_reads: Callable[[int, list[Read]], None] | None = None) -> None:
         self.ray, self.models, self.places, self.layers, self.on_layer = ray, models, placed, layers, on_layer
-        self.on_reads = on_reads
+        # asked of the actors after each step only where a model is read from the hub: a round trip per layer
+        self.on_reads = on_reads if any(m.remote for m in models) else None
         self.threads = [max(1, int(place.cpus)) for place in placed]
         self.actors: list[Any] = []
         self.nodes: list[str] = []
