@@ -14,9 +14,11 @@ its actors, one per model, each importing torch and transformers). Prints each r
 reports' figures agree (to 1e-6: the local check's torch threads are the machine's, each actor's its node's CPUs).
 
 ``--no-base``: the merge checked against its parents only (``--parents 1 --nodes 2``: two models, one a node).
-``--alone``: also the merge checked alone, its one model's pass on one thread (``OMP_NUM_THREADS=1``): what a Ray
-check whose every model has a node of ``--cpus-per-node`` 1 to itself should take, the issue's "a check takes about
-one model's pass" (on 2 cores, measurable for two models on two one-CPU nodes).
+``--alone``: also the merge checked alone (its layers run once each) and the same check in this process, both on one
+thread (``OMP_NUM_THREADS=1``): in a check the merge's layers run twice (on its own hidden states and on the
+reference's), the reference's once, so on one-CPU nodes the Ray pass should take the merge's share (two runs a layer)
+while the one-thread local check takes every model's, one after another: the issue's "a check takes about one
+model's pass" (on 2 cores, measurable for two models on two one-CPU nodes).
 
 On one machine the "nodes" share its cores: the figure says what the Ray path costs (actor start, hidden states
 through the object store), not what separate machines would give.
@@ -105,7 +107,8 @@ def main() -> None:
             ways = [("local", others, env), ("ray", [*others, "--executor", "ray", "--ray-address", cluster.address],
                                              env)]
             if args.alone:
-                ways.append(("alone", [], {**env, "OMP_NUM_THREADS": "1"}))
+                ways += [("alone", [], {**env, "OMP_NUM_THREADS": "1"}),
+                         ("local1", others, {**env, "OMP_NUM_THREADS": "1"})]
             for where, extra, how in ways:
                 state = Path(tempfile.mkdtemp(prefix="check-state-"))
                 argv = [sys.executable, "-m", "resumerge", "check", str(merge), "--prompts", str(texts), "--json",
@@ -117,7 +120,8 @@ def main() -> None:
                   f"{passes['ray']:.1f} s), wall ratio {walls['ray'] / walls['local']:.2f}, figures agree to 1e-6: "
                   f"{same}, verdict {docs['ray']['verdict']}"
                   + (f"; the merge alone on one thread {walls['alone']:.1f} s (layers and heads "
-                     f"{passes['alone']:.1f} s)" if args.alone else ""))
+                     f"{passes['alone']:.1f} s); the check on one thread here {walls['local1']:.1f} s (layers and "
+                     f"heads {passes['local1']:.1f} s)" if args.alone else ""))
     finally:
         ray.shutdown()
         cluster.shutdown()
