@@ -1,6 +1,6 @@
 """The layer-streamed forward engine: a model's modules built without weights, each decoder layer given its weights
 (read through the codecs) only while it runs. The modules are transformers' own for the model's architecture, or, for
-the common dense families (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3's text model), :mod:`.native`'s,
+the common dense families (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2, Gemma 3's text model), :mod:`.native`'s,
 which compute the same numbers to the bit without importing transformers (a fresh process's start, paid again by
 every resumed pass, 2.5 s shorter).
 

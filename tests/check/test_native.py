@@ -60,6 +60,11 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
                        {"layer_types": None, "sliding_window_pattern": 2, "rope_parameters": None,
                         "rope_theta": 50000.0, "rope_local_base_freq": 300.0,
                         "rope_scaling": {"rope_type": "linear", "factor": 8.0}}),
+    # Phi-3 (and Phi-4: model_type phi3): fused qkv_proj and gate_up_proj sliced as transformers slices them, a
+    # window the 20-token sequence reaches (Phi-3-mini's config has one), and without a window, untied
+    "phi3_window": ("phi3", {"sliding_window": 6, "pad_token_id": 0}, {}),
+    "phi3_grouped": ("phi3", {"num_key_value_heads": 1, "pad_token_id": 0, "tie_word_embeddings": True,
+                              "rope_parameters": {"rope_type": "default", "rope_theta": 250000.0}}, {}),
     "gemma3_layer_types": ("gemma3_text", {"head_dim": 16, "num_key_value_heads": 1, "sliding_window": 6,
                                            "layer_types": ["full_attention", "sliding_attention", "full_attention"],
                                            "final_logit_softcapping": 3.0, "attn_logit_softcapping": 0.5,
@@ -150,6 +155,10 @@ def _transformers_windows(config: Any) -> list[int | None]:
      "rope_theta": 500000.0, "max_position_embeddings": 131072},
     {"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                              "high_freq_factor": 4.0}, "original_max_position_embeddings": 4096},
+    # Phi-3's and Phi-4's (its default pad_token_id, 32000, is past these tests' small vocabulary)
+    {"model_type": "phi3", "pad_token_id": 0},
+    {"model_type": "phi3", "pad_token_id": 0, "num_key_value_heads": 4, "sliding_window": 2047, "rope_scaling": None,
+     "rope_theta": 250000, "partial_rotary_factor": 1.0},
     {"model_type": "gemma"},
     {"model_type": "gemma", "hidden_act": "gelu", "rope_theta": 20000.0},
     {"model_type": "gemma2"},
@@ -217,6 +226,9 @@ def test_a_config_json_is_read_with_transformers_defaults(tmp_path: Path, doc: d
     {"model_type": "llama", "hidden_act": "gelu"},
     {"model_type": "llama", "partial_rotary_factor": 0.5},
     {"model_type": "qwen2", "layer_types": ["sliding_attention"] * 32},  # sliding, without a window
+    {"model_type": "phi3", "rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}},
+    {"model_type": "phi3", "partial_rotary_factor": 0.75},  # Phi-4-mini
+    {"model_type": "phi3", "rope_scaling": {"rope_type": "linear", "factor": 2.0}},  # Phi-3 takes longrope only
     {"model_type": "mistral", "layer_types": ["full_attention"] * 32},
     {"model_type": "llama", "num_attention_heads": "32"},
 ])

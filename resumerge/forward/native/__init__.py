@@ -1,5 +1,5 @@
-"""The forward engine's own modules for the common dense families (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2 and
-Gemma 3's text model), so that a pass over them starts without transformers.
+"""The forward engine's own modules for the common dense families (Llama, Mistral, Qwen2, Qwen3, Phi-3 and Phi-4,
+Gemma, Gemma 2 and Gemma 3's text model), so that a pass over them starts without transformers.
 
 A layer-streamed pass builds its model's modules on the meta device (:mod:`resumerge.forward.stream`). transformers'
 own modules cost a fresh process 2.5 s before the first layer runs — importing transformers, its config classes and

@@ -5,7 +5,9 @@ tests build each family from a config.json missing every optional key and compar
 Whatever would make the forward differ from the few operations :mod:`.modules` implements — another family, a
 RoPE scaling other than none, ``linear`` or ``llama3``, a partial rotary factor, an activation other than the
 family's (SiLU; Gemma's tanh GELU), a sliding-window layer without a window, bidirectional attention, a key of an
-unexpected type — returns None: the model is built by transformers, as before.
+unexpected type — returns None: the model is built by transformers, as before. Phi-3 (and Phi-4, model_type
+``phi3``) is Mistral's layer with fused projections (``qkv_proj``, ``gate_up_proj``), plain RoPE only (its longrope
+is transformers').
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
               "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128, "rms_norm_eps": 1e-6,
               "max_position_embeddings": 32768, "attention_bias": False, "use_sliding_window": False,
               "sliding_window": 4096, "max_window_layers": 28},
+    # Phi-3 and Phi-4 (model_type phi3): fused qkv_proj and gate_up_proj
+    "phi3": {"vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+             "num_attention_heads": 32, "num_key_value_heads": None, "rms_norm_eps": 1e-5,
+             "max_position_embeddings": 4096, "original_max_position_embeddings": 4096, "pad_token_id": 32000,
+             "sliding_window": None},
 }
 # Gemma's families (gemma3_text: Gemma3ForCausalLM; the multimodal gemma3 is transformers'), read by _read_gemma.
 _GEMMA = {"vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
@@ -100,6 +107,7 @@ class NativeConfig:
     attn_logit_softcapping: float | None = None  # scores capped by cap * tanh(scores / cap) (eager only)
     final_logit_softcapping: float | None = None  # logits capped likewise
     local_rope: Rope | None = None  # the sliding-window layers' rotary embedding, where it differs
+    fused: bool = False  # Phi-3: one qkv_proj (queries, keys, values) and one gate_up_proj (gate, up)
 
     def get_text_config(self) -> NativeConfig:
         """Itself: a text model (transformers' configs answer with their language model's config)."""
@@ -127,7 +135,7 @@ def read_config(doc: Mapping[str, Any]) -> NativeConfig | None:
 def _read(family: str, doc: Mapping[str, Any]) -> NativeConfig:
     if str(doc.get("hidden_act", "silu")) not in _SILU:
         raise _Unknown
-    if "partial_rotary_factor" in doc or doc.get("pretraining_tp", 1) not in (1, None):
+    if not _whole_rotary(doc) or doc.get("pretraining_tp", 1) not in (1, None):
         raise _Unknown
     hidden, heads = _int(doc, "hidden_size"), _int(doc, "num_attention_heads")
     layers = _int(doc, "num_hidden_layers")
@@ -137,23 +145,34 @@ def _read(family: str, doc: Mapping[str, Any]) -> NativeConfig:
         raise _Unknown
     bias = bool(doc.get("attention_bias", False))
     qkv_bias, o_bias = {"llama": (bias, bias), "mistral": (False, False), "qwen2": (True, False),
-                        "qwen3": (bias, bias)}[family]
+                        "qwen3": (bias, bias), "phi3": (False, False)}[family]
+    rope = _rope(doc)
+    if family == "phi3" and rope.kind != "default":  # its config takes only longrope besides (not ours)
+        raise _Unknown
     return NativeConfig(
         model_type=family, vocab_size=_int(doc, "vocab_size"), hidden_size=hidden,
         intermediate_size=_int(doc, "intermediate_size"), num_hidden_layers=layers, num_attention_heads=heads,
         num_key_value_heads=kv, head_dim=head_dim, rms_norm_eps=_float(doc, "rms_norm_eps"),
         tie_word_embeddings=bool(doc.get("tie_word_embeddings", False)), qkv_bias=qkv_bias, o_bias=o_bias,
         mlp_bias=family == "llama" and bool(doc.get("mlp_bias", False)), qk_norm=family == "qwen3",
-        windows=_windows(family, doc, layers), rope=_rope(doc),
-        pad_token_id=doc.get("pad_token_id") if isinstance(doc.get("pad_token_id"), int) else None)
+        windows=_windows(family, doc, layers), rope=rope,
+        pad_token_id=doc.get("pad_token_id") if isinstance(doc.get("pad_token_id"), int) else None,
+        fused=family == "phi3")
+
+
+def _whole_rotary(doc: Mapping[str, Any]) -> bool:
+    """Whether every dimension of a head is rotated: no ``partial_rotary_factor``, or 1 (Phi-3's config writes it
+    into its RoPE parameters; the frequencies are the same)."""
+    return bool(doc.get("partial_rotary_factor", 1.0) == 1.0)
 
 
 def _windows(family: str, doc: Mapping[str, Any], layers: int) -> tuple[int | None, ...]:
-    """Each layer's sliding window: Mistral's on every layer (none where ``sliding_window`` is null); Qwen2's and
+    """Each layer's sliding window: Mistral's and Phi-3's on every layer (none where ``sliding_window`` is null,
+    Phi-3's default); Qwen2's and
     Qwen3's only with ``use_sliding_window``, on the layers ``layer_types`` (or ``max_window_layers``) names."""
     if family == "llama":
         return (None,) * layers
-    if family == "mistral":
+    if family in ("mistral", "phi3"):
         if "layer_types" in doc:  # transformers warns and builds Mistral's classes, which ignore it: not ours
             raise _Unknown
         window = doc.get("sliding_window")
@@ -194,7 +213,7 @@ def _rope_of(params: Mapping[str, Any], theta: object, original: object) -> Rope
     """One rotary embedding's parameters from its standardised dict, its base ``theta`` and the original maximum
     length ``original`` Llama 3's scaling falls back to."""
     kind = params.get("rope_type", params.get("type", "default"))
-    if kind not in _ROPE_TYPES or "partial_rotary_factor" in params or not isinstance(theta, (int, float)):
+    if kind not in _ROPE_TYPES or not _whole_rotary(params) or not isinstance(theta, (int, float)):
         raise _Unknown
     if kind == "default":
         return Rope("default", float(theta))

@@ -158,9 +158,13 @@ def causal_lm(config: NativeConfig, dtype: torch.dtype) -> Any:
             self.head_dim, self.groups = dim, heads // kv
             scalar = config.query_pre_attn_scalar
             self.scale = dim ** -0.5 if scalar is None else scalar ** -0.5
-            self.q_proj = Linear(width, heads * dim, config.qkv_bias)
-            self.k_proj = Linear(width, kv * dim, config.qkv_bias)
-            self.v_proj = Linear(width, kv * dim, config.qkv_bias)
+            self.widths = (heads * dim, kv * dim)
+            if config.fused:  # Phi-3: queries, keys and values from one matrix, sliced as transformers slices it
+                self.qkv_proj = Linear(width, (heads + 2 * kv) * dim, config.qkv_bias)
+            else:
+                self.q_proj = Linear(width, heads * dim, config.qkv_bias)
+                self.k_proj = Linear(width, kv * dim, config.qkv_bias)
+                self.v_proj = Linear(width, kv * dim, config.qkv_bias)
             self.o_proj = Linear(heads * dim, width, config.o_bias)
             self.q_norm = RMSNorm(dim) if config.qk_norm else None
             self.k_norm = RMSNorm(dim) if config.qk_norm else None
@@ -168,12 +172,10 @@ def causal_lm(config: NativeConfig, dtype: torch.dtype) -> Any:
         def forward(self, hidden: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
                     mask: torch.Tensor | None) -> torch.Tensor:
             shape = (*hidden.shape[:-1], -1, self.head_dim)
-            q = self.q_proj(hidden).view(shape)
-            k = self.k_proj(hidden).view(shape)
+            q, k, v = self._projected(hidden, shape)
             if self.q_norm is not None and self.k_norm is not None and not config.offset_norms:
                 q, k = self.q_norm(q), self.k_norm(k)  # Qwen3: before the heads are transposed
-            q, k = q.transpose(1, 2), k.transpose(1, 2)
-            v = self.v_proj(hidden).view(shape).transpose(1, 2)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             if self.q_norm is not None and self.k_norm is not None and config.offset_norms:
                 q, k = self.q_norm(q), self.k_norm(k)  # Gemma 3: after
             cos, sin = (t.unsqueeze(1) for t in cos_sin)
@@ -197,6 +199,17 @@ def causal_lm(config: NativeConfig, dtype: torch.dtype) -> Any:
             out = out.reshape(out.shape[0], -1, length, v.shape[-1]).transpose(1, 2).contiguous()
             return self.o_proj(out.reshape(*hidden.shape[:-1], -1).contiguous())  # type: ignore[no-any-return]
 
+        def _projected(self, hidden: torch.Tensor, shape: tuple[int, ...]
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            """Queries, keys and values, (batch, length, heads, dim) each: from the fused matrix as views of its
+            output (Phi-3), else one matrix each."""
+            if config.fused:
+                qkv = self.qkv_proj(hidden)
+                q_end, kv_width = self.widths
+                return (qkv[..., :q_end].view(shape), qkv[..., q_end:q_end + kv_width].view(shape),
+                        qkv[..., q_end + kv_width:].view(shape))
+            return self.q_proj(hidden).view(shape), self.k_proj(hidden).view(shape), self.v_proj(hidden).view(shape)
+
         def _eager(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
             """transformers' eager attention: scores scaled (and soft-capped), the additive mask, the softmax in
             float32 cast back; (batch, query, heads, dim) out."""
@@ -212,11 +225,17 @@ def causal_lm(config: NativeConfig, dtype: torch.dtype) -> Any:
         def __init__(self) -> None:
             super().__init__()
             width, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-            self.gate_proj = Linear(width, inner, bias)
-            self.up_proj = Linear(width, inner, bias)
+            if config.fused:  # Phi-3: gate and up from one matrix, its output chunked in two
+                self.gate_up_proj = Linear(width, 2 * inner, bias)
+            else:
+                self.gate_proj = Linear(width, inner, bias)
+                self.up_proj = Linear(width, inner, bias)
             self.down_proj = Linear(inner, width, bias)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if config.fused:
+                gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+                return self.down_proj(up * functional.silu(gate))  # type: ignore[no-any-return]
             gate = self.gate_proj(x)
             gate = functional.silu(gate) if config.hidden_act == "silu" else functional.gelu(gate, approximate="tanh")
             return self.down_proj(gate * self.up_proj(x))  # type: ignore[no-any-return]
