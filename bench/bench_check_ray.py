@@ -10,8 +10,9 @@ copies and their mean as the merge (2 + parents models). A Ray cluster is starte
 (``ray.cluster_utils.Cluster``: a head without CPUs and ``--nodes`` worker nodes of ``--cpus-per-node`` CPUs), then,
 alternating, ``--runs`` times each: ``resumerge check MERGE --base BASE --parent P... --prompts TEXTS --json`` in a
 fresh state dir, locally and with ``--executor ray --ray-address`` (each a fresh CLI process; the Ray one starts
-its actors, one per model, each importing torch and transformers). Prints each run's wall time and whether the two
-reports' figures agree (to 1e-6: the local check's torch threads are the machine's, each actor's its node's CPUs).
+its actors, one per model, each importing torch, and transformers only for a family the forward engine's native
+modules do not build). Prints each run's wall time and whether the two reports' figures agree (to 1e-6: the local
+check's torch threads are the machine's, each actor's its node's CPUs).
 
 ``--no-base``: the merge checked against its parents only (``--parents 1 --nodes 2``: two models, one a node).
 ``--alone``: also the merge checked alone (its layers run once each) and the same check in this process, both on one
