@@ -7,7 +7,8 @@ the family's modeling module — which every check, and again every resumed chec
 For the families whose decoder layer is the same few operations (RMSNorm, rotary attention through torch's
 ``scaled_dot_product_attention``, a gated SiLU MLP; Gemma's variants of them: norms scaling by 1 + weight, scaled
 embeddings, a tanh GELU, norms after attention and the MLP, Gemma 2's eager soft-capped attention as transformers
-runs it, Gemma 3's q/k norms and local and global rotary embeddings, soft-capped logits), :func:`native_modules`
+runs it, Gemma 3's q/k norms and local and global rotary embeddings, soft-capped logits; Phi-3's fused
+projections), :func:`native_modules`
 builds modules with the same parameter names and the same arithmetic, operation for operation, so their outputs
 equal transformers' to the bit (tests/check/test_native.py compares every layer, the logits and a whole check
 against transformers' modules in float32 and bfloat16, with and without padding and sliding windows).
