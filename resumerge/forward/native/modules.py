@@ -5,14 +5,14 @@ Names follow the checkpoints (``model.embed_tokens``, ``model.layers.N.self_attn
 The arithmetic is transformers' (sdpa attention), operation for operation, so the outputs are the same to the bit:
 the RMS norm in float32 and its weight applied in the compute dtype; rotary cosines and sines in float32, cast; the
 causal mask left to ``scaled_dot_product_attention``'s ``is_causal`` where no position is padded and no window
-applies, else a boolean (batch, 1, query, key) mask; grouped key/value heads handed to the kernel as
-``enable_gqa`` where no mask is given, else repeated. Gemma's ways (:class:`.config.NativeConfig`'s later fields)
-are its modules' operations likewise: the norm's 1 + weight applied in float32, the embeddings' scale a buffer in
-the model's dtype, and for Gemma 2 transformers' eager attention (scores soft-capped, an additive mask of the
-dtype's minimum, the softmax in float32) rather than sdpa; Phi-3's fused ``qkv_proj`` and ``gate_up_proj`` are
-one matrix each, their outputs sliced and chunked as transformers does. The classes subclass ``torch.nn.Module``, so they are made
-by :func:`causal_lm` when it builds (as :mod:`resumerge.forward.stream`'s stand-ins are): importing this module does
-not import torch (tests/test_torch_import.py).
+applies, else a boolean (batch, 1, query, key) mask; grouped key/value heads handed to the kernel as ``enable_gqa``
+where no mask is given, else repeated. Gemma's ways (:class:`.config.NativeConfig`'s later fields) are its modules'
+operations likewise: the norm's 1 + weight applied in float32, the embeddings' scale a buffer in the model's dtype,
+and for Gemma 2 transformers' eager attention (scores soft-capped, an additive mask of the dtype's minimum, the
+softmax in float32) rather than sdpa; Phi-3's fused ``qkv_proj`` and ``gate_up_proj`` are one matrix each, their
+outputs sliced and chunked as transformers does. The classes subclass ``torch.nn.Module``, so they are made by
+:func:`causal_lm` when it builds (as :mod:`resumerge.forward.stream`'s stand-ins are): importing this module does not
+import torch (tests/test_torch_import.py).
 """
 
 from __future__ import annotations
