@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from resumerge.check.models import Checked
 from resumerge.check.static import layer_of
+from resumerge.inputs.spans import merged_spans
 
 if TYPE_CHECKING:  # the hub's modules and the ledger's writer are imported only for a hub model (a local check's
     # start is paid again by every check)
@@ -187,16 +188,7 @@ def _kept(model: Checked, *, first: bool) -> dict[str, list[tuple[int, int]]]:
         layer = layer_of(name)
         if found.entry.end > found.entry.start and (layer is None or (first and layer == 0)):
             spans.setdefault(found.file, []).append((found.entry.start, found.entry.end))
-    merged: dict[str, list[tuple[int, int]]] = {}
-    for file, listed in spans.items():
-        out: list[tuple[int, int]] = []
-        for start, end in sorted(listed):
-            if out and start <= out[-1][1]:
-                out[-1] = (out[-1][0], max(out[-1][1], end))
-            else:
-                out.append((start, end))
-        merged[file] = out
-    return merged
+    return {file: merged_spans(listed) for file, listed in spans.items()}
 
 
 def _bind(hashes: StreamHashes, key: str) -> Check:

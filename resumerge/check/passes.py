@@ -357,14 +357,13 @@ def _restart(workdir: Path, models: int, sequences: int
     if found is None:
         return 0, None, [], {}
     from safetensors import safe_open
-    from safetensors.torch import load_file
 
     layer, path = found
-    data = load_file(str(path))
     with safe_open(str(path), "pt") as opened:
+        hidden = [[opened.get_tensor(f"hidden.{m}.{s}") for s in range(sequences)] for m in range(models)]
+        stats = [list(map(float, row)) for row in opened.get_tensor("stats").tolist()]
         metadata = opened.metadata() or {}
-    hidden = [[data[f"hidden.{m}.{s}"] for s in range(sequences)] for m in range(models)]
-    return layer + 1, hidden, [list(map(float, row)) for row in data["stats"].tolist()], dict(metadata)
+    return layer + 1, hidden, stats, dict(metadata)
 
 
 @dataclass(frozen=True)

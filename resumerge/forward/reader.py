@@ -104,11 +104,13 @@ class CastReader:
         """Whether the model holds logical tensor ``name``."""
         return name in self._formats.claims or name in self._formats.stored
 
-    def plain_shape(self, name: str) -> tuple[int, ...] | None:
-        """The stored shape of ``name`` where it is a plain tensor the model holds (what :meth:`read` gives it);
-        None for a tensor a format decodes, or one the model does not hold."""
+    def holds(self, name: str, shape: tuple[int, ...]) -> bool:
+        """Whether the model holds logical tensor ``name`` as a module of ``shape`` reads it: decoded by a format
+        (whose values take the logical shape), or stored plainly in that shape (what :meth:`read` gives)."""
+        if name in self._formats.claims:
+            return True
         found = self._formats.stored.get(name)
-        return None if found is None or name in self._formats.claims else tuple(found.entry.shape)
+        return found is not None and tuple(found.entry.shape) == shape
 
     def read(self, name: str) -> torch.Tensor:
         """Logical tensor ``name``, in the reader's dtype (a fresh tensor: the caller owns it), shown to

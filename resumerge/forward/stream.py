@@ -191,8 +191,8 @@ def _native_reads_all(model: Any, reader: CastReader, tied: bool) -> bool:
     """Whether every parameter of native modules ``model`` is a tensor of the checkpoint under its own name and, where
     stored plainly, in its shape (what :meth:`ModelStream.load` reads without transformers' conversion); the head may
     be missing where it is tied to the embeddings."""
-    return all((reader.has(name) and reader.plain_shape(name) in (None, tuple(param.shape)))
-               or (tied and name.startswith("lm_head.")) for name, param in model.named_parameters())
+    return all(reader.holds(name, tuple(param.shape)) or (tied and name.startswith("lm_head."))
+               for name, param in model.named_parameters())
 
 
 class ModelStream:
@@ -248,7 +248,7 @@ class ModelStream:
         stored = self.prefix(self.model.get_input_embeddings()) if tied_head else prefix
         keys = {name: (stored + name, tuple(param.shape)) for name, param in module.named_parameters()}
         for key, shape in keys.values():  # all checked before any is read: none is read twice
-            if not self.reader.has(key) or self.reader.plain_shape(key) not in (None, shape):
+            if not self.reader.holds(key, shape):
                 if read is not None:
                     raise ModelInputError(f"{key} is stored under another name or shape: a merged forward "
                                           "cannot read it", path=str(self.reader.directory), tensor=key)

@@ -19,6 +19,7 @@ __all__ = [
     "model",
     "quant",
     "safetensors_format",
+    "spans",
     "tensorio",
     "torch_bin",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from resumerge.inputs.spans import merged_spans
 from resumerge.inputs.torch_bin import is_pickle_checkpoint
 from resumerge.memory.sizes import format_size
 from resumerge.plan.merge_plan import InputRef, Plan, ShardPlan
@@ -71,16 +72,7 @@ def needed_ranges(plan: Plan, done: Iterable[str] = ()) -> dict[tuple[str, str],
     spans: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for model, file, start, end in read_order(plan, done):
         spans.setdefault((model, file), []).append((start, end))
-    merged: dict[tuple[str, str], list[tuple[int, int]]] = {}
-    for key, ranges in spans.items():
-        out: list[tuple[int, int]] = []
-        for start, end in sorted(ranges):
-            if out and start <= out[-1][1]:
-                out[-1] = (out[-1][0], max(out[-1][1], end))
-            else:
-                out.append((start, end))
-        merged[key] = out
-    return merged
+    return {key: merged_spans(ranges) for key, ranges in spans.items()}
 
 
 def choose_fetch(

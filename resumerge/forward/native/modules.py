@@ -40,15 +40,7 @@ def attention_mask_of(mask: torch.Tensor | None, length: int, window: int | None
     padded = mask is not None and not bool(mask.all())
     if not padded and (window is None or length < window):
         return None
-    query = torch.arange(length)[None, None, :, None]
-    key = torch.arange(length)[None, None, None, :]
-    allowed = key <= query
-    if window is not None:
-        allowed = allowed & (key > query - window)
-    if mask is not None:
-        allowed = allowed & mask.bool()[:, None, None, :]
-    batch = mask.shape[0] if mask is not None else 1
-    return allowed.expand(batch, -1, length, length)
+    return _allowed(mask, mask.shape[0] if mask is not None else 1, length, window)
 
 
 def eager_mask_of(mask: torch.Tensor | None, batch: int, length: int, window: int | None,
@@ -56,6 +48,13 @@ def eager_mask_of(mask: torch.Tensor | None, batch: int, length: int, window: in
     """The additive (batch, 1, query, key) mask of eager attention: 0 where a query position may attend to a key
     position (as :func:`attention_mask_of`'s boolean mask says, always made), the least value of ``dtype``
     elsewhere."""
+    allowed = _allowed(mask, batch, length, window)
+    return torch.where(allowed, torch.zeros((), dtype=dtype), torch.finfo(dtype).min)
+
+
+def _allowed(mask: torch.Tensor | None, batch: int, length: int, window: int | None) -> torch.Tensor:
+    """The boolean (batch, 1, query, key) mask: True where a query position may attend to a key position (causal,
+    within ``window``, a real token of the 2-D ``mask``)."""
     query = torch.arange(length)[None, None, :, None]
     key = torch.arange(length)[None, None, None, :]
     allowed = key <= query
@@ -63,8 +62,7 @@ def eager_mask_of(mask: torch.Tensor | None, batch: int, length: int, window: in
         allowed = allowed & (key > query - window)
     if mask is not None:
         allowed = allowed & mask.bool()[:, None, None, :]
-    allowed = allowed.expand(batch, -1, length, length)
-    return torch.where(allowed, torch.zeros((), dtype=dtype), torch.finfo(dtype).min)
+    return allowed.expand(batch, -1, length, length)
 
 
 def _capped(scores: torch.Tensor, cap: float) -> torch.Tensor:
