@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import gc
 import queue
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
@@ -33,7 +33,7 @@ from resumerge.engine.reporting import Reporter as Reporter
 from resumerge.engine.reporting import Stopped as Stopped
 from resumerge.engine.unitgroup import UnitGroup, group_bytes, joins_others
 from resumerge.engine.workspace import Workspace, Workspaces, workspace_bytes
-from resumerge.engine.writer import Item, Journal, Writer
+from resumerge.engine.writer import Item, Journal, UnitJournal, Writer
 from resumerge.errors import ResumergeError
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.source import InputSources
@@ -75,10 +75,25 @@ def _elementwise(plan: Plan, tp: TensorPlan) -> bool:
     return plan.method_of(tp).elementwise
 
 
-def _tensors_of(plan: Plan, shards: Iterable[ShardPlan]) -> Iterator[tuple[ShardPlan, TensorPlan]]:
+def _tensors_of(plan: Plan, shards: Iterable[ShardPlan],
+                skipped: frozenset[str] = frozenset()) -> Iterator[tuple[ShardPlan, TensorPlan]]:
+    """The tensors of ``shards`` to compute, in order: all but those ``skipped`` (in units a previous run kept)."""
     for shard in shards:
         for name in shard.tensors:
-            yield shard, plan.tensors[name]
+            if name not in skipped:
+                yield shard, plan.tensors[name]
+
+
+def kept_units(ledger: Ledger, done: Collection[str]) -> dict[str, frozenset[int]]:
+    """For each file written in place (whose units the ledger journals) and not ``done``: the units already
+    written, which :func:`~resumerge.engine.reconcile.reconcile` re-hashed and kept."""
+    kept: dict[str, set[int]] = {}
+    for row in ledger.units():
+        if row.file not in done:
+            kept.setdefault(row.file, set())
+            if row.status == "done":
+                kept[row.file].add(row.index)
+    return {name: frozenset(indices) for name, indices in kept.items()}
 
 
 class _Pipeline:
@@ -345,7 +360,8 @@ def execute(
     try:
         finished = compute_shards(plan, sources, sink, journal, reporter, done, should_stop=should_stop,
                                   workers=workers, governor=governor, gpu=gpu, transfers=transfers,
-                                  resources=resources)
+                                  resources=resources, units=ledger if sink.writes_in_place else None,
+                                  kept=kept_units(ledger, done) if sink.writes_in_place else None)
     except KeyboardInterrupt as exc:
         interrupt, finished = exc, False
     return finish_run(plan, journal, reporter, done, finished=finished, interrupt=interrupt, config_text=config_text,
@@ -355,12 +371,15 @@ def execute(
 def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal: Journal, reporter: Reporter,
                    done: set[str], *, should_stop: Callable[[], bool], workers: int, governor: MemoryGovernor | None,
                    gpu: MemoryGovernor | None, transfers: bool, resources: Resources,
-                   batches: Iterable[Sequence[ShardPlan]] | None = None) -> bool:
+                   batches: Iterable[Sequence[ShardPlan]] | None = None, units: UnitJournal | None = None,
+                   kept: Mapping[str, frozenset[int]] | None = None) -> bool:
     """Compute every shard of ``plan`` not in ``done`` and publish it through ``sink`` into ``journal`` (the
     pipeline of :func:`execute`); False when stopped first. Raises the writer's error, else a KeyboardInterrupt
     that stopped it. ``batches``: the shards to compute instead, as they come (a cluster node's actor is fed them
     by the driver); each batch's last units are handed to the writer before the next batch is awaited, and the
-    writer finishes one shard while the next one's units compute, as in a local run."""
+    writer finishes one shard while the next one's units compute, as in a local run. ``kept``: the files written in
+    place, unit by unit, journaled in ``units``, each with the units a previous run wrote (:func:`kept_units`):
+    their tensors are not computed again; a file whose every unit is kept is only committed."""
     sources.expect(read_order(plan, done))  # a streamed source coalesces the reads that come next
     yield_cpu = transfers and all(_elementwise(plan, t) for t in plan.tensors.values())
     if yield_cpu:
@@ -368,17 +387,25 @@ def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal:
     # The plan and everything made before the run (a 90k-tensor plan is a million objects) outlive it: kept out
     # of the collector's sight, they are not scanned again by every full collection the run's own garbage
     # triggers (a third of a 90k-tensor run's CPU). They are handed back to it when the shards are done.
-    writer = Writer(plan, sink, journal, reporter, sources, yield_cpu)
+    kept = dict(kept or {})
+    writer = Writer(plan, sink, journal, reporter, sources, yield_cpu, units=units, kept=kept)
     writer.start()
+    skipped = frozenset(n for shard in plan.shards if kept.get(shard.name)
+                        for i, (_, _, names) in enumerate(plan.file_units(shard)) if i in kept[shard.name]
+                        for n in names)
+    if batches is None:
+        for shard in compute_order(plan):  # every unit kept: the writer commits them before any other shard
+            if shard.name not in done and shard.tensors and all(n in skipped for n in shard.tensors):
+                writer.items.put((shard, (), [], None))
     pipeline = _Pipeline(plan, sources, writer, governor, workers, should_stop, resources, gpu, yield_cpu)
     finished = False
     interrupt: KeyboardInterrupt | None = None  # Ctrl-C where Python's own handler stands (library use)
     gc.freeze()
     try:
         if batches is None:
-            finished = pipeline.run(_tensors_of(plan, (s for s in compute_order(plan) if s.name not in done)))
+            finished = pipeline.run(_tensors_of(plan, (s for s in compute_order(plan) if s.name not in done), skipped))
         else:
-            finished = all(pipeline.run(_tensors_of(plan, batch)) for batch in batches)
+            finished = all(pipeline.run(_tensors_of(plan, batch, skipped)) for batch in batches)
     except KeyboardInterrupt as exc:
         interrupt = exc
     finally:

@@ -59,7 +59,7 @@ def open_run(
     if row is None and manifest is None and isinstance(out, Path):
         check_room(plan, out)
     if row is None:
-        record_plan(plan, config_text, out, ledger, frozen=frozen, kind=kind)
+        record_plan(plan, config_text, out, ledger, frozen=frozen, kind=kind, in_place=sink.writes_in_place)
         if manifest is not None:
             # The state dir was lost (a runtime reset) but OUT survived: trust only what re-hashes correctly.
             verified = adopt_manifest(sink, plan, ledger, manifest.committed, notes)
@@ -151,10 +151,11 @@ def planned_files(plan: Plan) -> list[str]:
 
 
 def record_plan(plan: Plan, config_text: str, out: Path | str, ledger: Ledger, *,
-                frozen: Frozen | None = None, kind: str) -> None:
+                frozen: Frozen | None = None, kind: str, in_place: bool = False) -> None:
     """Record ``plan`` in ``ledger`` as a new run of ``kind`` into OUT (every file pending), with the plan's stored
     form when ``frozen`` makes one (:func:`resumerge.engine.frozenplan.freeze`: a resume reloads it instead of
-    planning)."""
+    planning), and, ``in_place`` (the sink writes files in place: :mod:`resumerge.store.units`), the units of each
+    file the plan has written so (a GGUF output's)."""
     files: list[tuple[str, str, int, int, int | None]] = [
         (s.name, "shard", i, len(s.tensors), s.file_size) for i, s in enumerate(plan.shards)
     ]
@@ -172,6 +173,8 @@ def record_plan(plan: Plan, config_text: str, out: Path | str, ledger: Ledger, *
         files=files,
         tensors=[(t.name, t.shard, t.nbytes) for t in plan.tensors.values()],
         frozen=frozen() if frozen is not None else None,
+        units=[(s.name, i, start, end) for s in plan.shards for i, (start, end, _) in enumerate(plan.file_units(s))]
+        if in_place else (),
     )
 
 

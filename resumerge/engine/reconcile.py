@@ -4,6 +4,11 @@ Rules (crash-consistency.md §1): a committed file whose bytes still hash to the
 committed file that is missing, truncated or altered is reopened and rebuilt; a planned name with no committed
 record is garbage from an interrupted commit and is deleted, as are resumerge's own temp files. Nothing else
 in OUT is ever touched.
+
+A file written in place, unit by unit (:mod:`resumerge.store.units`), keeps each journaled unit whose bytes still
+hash to its record and has the others written again; its in-place file is deleted once no unit of it is kept. A
+process killed between renaming it to its final name and its ledger row left the complete file under that name:
+it is moved back and its units checked like the others, rather than deleted.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from resumerge.store.durable import is_temp_name
 from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import MANIFEST_NAME, ManifestBook
 from resumerge.store.sink import OutputSink
+from resumerge.store.units import check_units, is_partial_name, partial_name
 
 
 def reconcile(sink: OutputSink, ledger: Ledger, book: ManifestBook, *, log: list[str],
@@ -36,9 +42,38 @@ def reconcile(sink: OutputSink, ledger: Ledger, book: ManifestBook, *, log: list
             ledger.reopen_file(row.name, problem)
             sink.delete([row.name])
             book.drop(row.name)
+    if sink.writes_in_place:
+        _reconcile_units(sink, ledger, log)
     done = {r.name for r in ledger.files() if r.status == "done"}
+    # The in-place files that hold a unit kept; any other is garbage (a file not begun, or committed since).
+    writing = {partial_name(u.file) for u in ledger.units() if u.status == "done" and u.file not in done}
     sink.delete(name for name in sink.names()
-                if is_temp_name(name, planned | {MANIFEST_NAME}) or (name in planned and name not in done))
+                if is_temp_name(name, planned | {MANIFEST_NAME}) or (name in planned and name not in done)
+                or (is_partial_name(name, planned) and name not in writing))
+
+
+def _reconcile_units(sink: OutputSink, ledger: Ledger, log: list[str]) -> None:
+    """Re-hash the journaled units of every file written in place and not committed; reopen those whose bytes
+    differ (or are gone), and say what is kept."""
+    done = {r.name for r in ledger.files() if r.status == "done"}
+    units: dict[str, list[tuple[int, int, int, str]]] = {}
+    for row in ledger.units():
+        if row.status == "done" and row.file not in done:
+            units.setdefault(row.file, []).append((row.index, row.start, row.end, row.sha256 or ""))
+    for name, rows in sorted(units.items()):
+        path = sink.partial_for(name)
+        if not path.exists() and sink.where(name).is_file():  # renamed, not yet journaled as a whole
+            sink.reclaim(name)
+        problems = check_units(path, rows)
+        bad = sorted(i for i, problem in problems.items() if problem)
+        if bad:
+            first = problems[bad[0]]
+            log.append(f"{name}: {first}: writing {len(bad)} of its units again")
+            ledger.reopen_units(name, bad, str(first))
+        kept = len(rows) - len(bad)
+        if kept:
+            total = len(ledger.units(name))
+            log.append(f"{name}: {kept} of {total} units kept (each re-hashed against its checksum)")
 
 
 def adopt_manifest(sink: OutputSink, plan: Plan, ledger: Ledger, committed: Mapping[str, Mapping[str, object]],

@@ -1,7 +1,10 @@
 """The writer thread of the executor's pipeline (:mod:`resumerge.engine.executor`): it takes a run's finished
 tensors in shard order, streams each shard to its temp file and hashes it (:class:`~resumerge.store.shardwriter.
 ShardWriter`), and once a shard's last tensor is in and every input file it read is checked, publishes it through
-the sink and records it in the :class:`Journal`; a stop deletes the unfinished shard's temp file.
+the sink and records it in the :class:`Journal`; a stop deletes the unfinished shard's temp file. A file planned
+in units whose sink writes in place (a GGUF output in a local OUT) is written by a :class:`~resumerge.store.
+unitwriter.UnitFileWriter` instead, each unit journaled through the :class:`UnitJournal` once durable; a stop keeps
+it, with the units journaled.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from resumerge.engine import cpupriority
@@ -21,6 +24,8 @@ from resumerge.plan.fetching import shard_input_files
 from resumerge.plan.merge_plan import Plan, ShardPlan
 from resumerge.store.shardwriter import ShardWriter
 from resumerge.store.sink import OutputSink, Receipt
+from resumerge.store.units import Unit
+from resumerge.store.unitwriter import UnitFileWriter
 
 
 class Journal(Protocol):
@@ -34,6 +39,13 @@ class Journal(Protocol):
     def settle(self, *, strict: bool = True) -> None: ...
 
 
+class UnitJournal(Protocol):
+    """Where the writer journals each unit of a file written in place (the run's :class:`~resumerge.store.ledger.
+    Ledger`)."""
+
+    def commit_unit(self, name: str, index: int, sha256: str) -> None: ...
+
+
 # (shard, names, their tensors or rows, the reservation that holds them all): one unit's, a group's or a chunk's.
 Item = tuple[ShardPlan, tuple[str, ...], list[Stored], "Reservation | None"]
 
@@ -42,7 +54,10 @@ class Writer(threading.Thread):
     """Consumes items of one shard's tensors in its order; commits each shard after its last tensor."""
 
     def __init__(self, plan: Plan, sink: OutputSink, journal: Journal, reporter: Reporter,
-                 sources: InputSources | None = None, yield_cpu: bool = False) -> None:
+                 sources: InputSources | None = None, yield_cpu: bool = False, *,
+                 units: UnitJournal | None = None, kept: Mapping[str, frozenset[int]] | None = None) -> None:
+        """``kept``: for each file written in place (its units journaled in ``units``), the units a previous run
+        wrote and this one keeps; a file not there is written whole."""
         super().__init__(name="resumerge-writer", daemon=True)
         self.plan, self.sink, self.journal, self.reporter = plan, sink, journal, reporter
         self.sources = sources
@@ -50,9 +65,9 @@ class Writer(threading.Thread):
         self.items: queue.Queue[Item | None] = queue.Queue(maxsize=2)
         self.error: BaseException | None = None
         self.leaving = threading.Event()  # the run stops: a wait for input checks ends
-        self._current: ShardWriter | None = None
-        self._shard_tensors: list[str] = []  # the current shard's tensors written so far, and when it started
-        self._shard_since = 0.0
+        self.units, self.kept = units, dict(kept or {})
+        self._current: ShardWriter | UnitFileWriter | None = None
+        self._shard_since = 0.0  # when the current shard started
 
     def run(self) -> None:
         if self.yield_cpu:
@@ -83,19 +98,35 @@ class Writer(threading.Thread):
     def _write(self, shard: ShardPlan, names: tuple[str, ...], tensors: list[Stored]) -> bool:
         """Write the tensors (or rows) ``names`` of ``shard``, committing it after its last; False when the run
         stopped first (the unfinished shard's temp file is deleted)."""
+        if not names:  # a file written in place whose every unit is kept: only its commit is left
+            self._open(shard)
+            return self._commit(shard)
         for name, tensor in zip(names, tensors, strict=True):
-            if self._current is None:
-                self._current = ShardWriter(self.sink, shard.name, self.plan.shard_layout(shard),
-                                            self.plan.shard_parts(shard))
-                self.reporter.shard_started(shard.name, shard.file_size, len(shard.tensors))
-                self._shard_tensors, self._shard_since = [], time.monotonic()
-            if not self._current.write(name, tensor):
+            current = self._open(shard)
+            if not current.write(name, tensor):
                 continue
-            self._shard_tensors.append(name)
             self.reporter.tensor_done(name, self.plan.tensors[name].nbytes)
-            if self._current.expected_name is None and not self._commit(shard):
+            if current.expected_name is None and not self._commit(shard):
                 return False
         return True
+
+    def _open(self, shard: ShardPlan) -> ShardWriter | UnitFileWriter:
+        """The writer of ``shard``, made at its first tensor: in place, unit by unit, when its units are journaled
+        (:attr:`kept` names it), else streamed whole to a temp file."""
+        if self._current is None:
+            layout, parts = self.plan.shard_layout(shard), self.plan.shard_parts(shard)
+            kept = self.kept.get(shard.name)
+            if kept is not None and self.units is not None:
+                units = [Unit(i, start, end, tensors)
+                         for i, (start, end, tensors) in enumerate(self.plan.file_units(shard))]
+                journal, name = self.units, shard.name
+                self._current = UnitFileWriter(self.sink, name, layout, parts, units, kept,
+                                               lambda index, sha: journal.commit_unit(name, index, sha))
+            else:
+                self._current = ShardWriter(self.sink, shard.name, layout, parts)
+            self.reporter.shard_started(shard.name, shard.file_size, len(shard.tensors))
+            self._shard_since = time.monotonic()
+        return self._current
 
     def _commit(self, shard: ShardPlan) -> bool:
         """Finish the shard just completed and record it; False when the run stopped first (its temp file is
@@ -109,7 +140,7 @@ class Writer(threading.Thread):
         size, sha, receipt = self._current.finish()
         self._current = None
         self.journal.record(receipt, size, sha, seconds=time.monotonic() - self._shard_since,
-                            tensors=tuple(self._shard_tensors))
+                            tensors=shard.tensors)  # every one is in it (a file written in place: some kept)
         self.reporter.file_done(shard.name, "shard")
         return True
 
@@ -146,7 +177,7 @@ class Writer(threading.Thread):
                 item[3].release()
 
     def abort(self) -> None:
-        """Delete the unfinished shard's temp file."""
+        """Delete the unfinished shard's temp file (a file written in place is kept, with its units journaled)."""
         if self._current is not None:
             self._current.abort()
             self._current = None

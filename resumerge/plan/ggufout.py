@@ -4,6 +4,10 @@ merged, so the shard writer writes each tensor at its offset and a resume finds 
 ``--gguf-split-max-size`` the output is gguf-split's files (``model-00001-of-0000N.gguf``, ``gguf.md`` §1), each a
 complete GGUF and its own shard: the first holds every key-value, the others only the ``split.*`` keys.
 
+Each file is written in place, in units (:attr:`~resumerge.plan.merge_plan.ShardPlan.units`): its header, then
+groups of consecutive tensors of at most ``--out-shard-size`` bytes (a larger tensor alone), each journaled once it
+is durable, so that an interrupted run loses at most the unit being written (:func:`unit_counts`).
+
 llama.cpp's conventions (``gguf.md`` §2-4): matrices in ``--gguf-type`` (Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 need rows
 of whole 32-value blocks, else F16), norms, 1-D tensors and routers F32; the family's hyperparameter keys from the
 output's config.json; the ``tokenizer.*`` keys (vocabulary, merges, chat template) copied with their types from a
@@ -38,13 +42,15 @@ _KINDS = {"u32": U32, "f32": F32}
 
 def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any], models: Mapping[str, ModelInput],
                 order: list[str], gguf_type: str, template: str | None = None, split_max_size: int | None = None,
-                last: Collection[str] = ()) -> tuple[tuple[ShardPlan, ...], dict[str, TensorPlan], dict[str, bytes]]:
+                last: Collection[str] = (), unit_size: int | None = None
+                ) -> tuple[tuple[ShardPlan, ...], dict[str, TensorPlan], dict[str, bytes]]:
     """The GGUF file of an output of ``tensors`` whose config.json is ``out_config`` (or its gguf-split's files of
     at most ``split_max_size`` tensor bytes each: :func:`split_files`), its tokenizer keys from the first GGUF model
     of ``order`` (model keys, the donor first; none: built from the donor's tokenizer files) with the config's chat
     ``template`` (None: the parent's); the tensors with their GGUF codec and shard, and each shard's header. A
     mixture of experts' routed projections are stacked as llama.cpp stores them (:mod:`.ggufstacks`); the tensors
-    named in ``last`` come last in the file (a prompt pass's routers).
+    named in ``last`` come last in the file (a prompt pass's routers). Each file's tensors are written in units of
+    at most ``unit_size`` bytes (:func:`unit_counts`; None: one unit after the header).
     Raises :class:`ModelInputError` (exit 2, before anything is written) for a family, a tensor or a tokenizer it
     cannot write."""
     model_type = out_config.get("model_type")
@@ -70,7 +76,7 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
     groups = split_files(whole, split_max_size)
     if len(groups) == 1:
         layout = plan_layout(metadata, [i for e in entries for i in e.infos])
-        shard = ShardPlan(GGUF_NAME, tuple(placed), layout.file_size)
+        shard = ShardPlan(GGUF_NAME, tuple(placed), layout.file_size, unit_counts(tuple(placed), placed, unit_size))
         return (shard,), {n: tp.in_shard(GGUF_NAME) for n, tp in placed.items()}, {GGUF_NAME: layout.header}
     shards, headers, planned = [], {}, {}
     at = 0
@@ -82,7 +88,7 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
                 ("split.tensors.count", Value(I32, sum(len(e.infos) for e in entries)))]
         layout = plan_layout([*(metadata if i == 0 else []), *keys], [info for e in mine for info in e.infos])
         members = tuple(n for e in mine for n, _ in e.tensors)
-        shards.append(ShardPlan(name, members, layout.file_size))
+        shards.append(ShardPlan(name, members, layout.file_size, unit_counts(members, placed, unit_size)))
         headers[name] = layout.header
         planned.update({n: placed[n].in_shard(name) for n in members})
     return tuple(shards), planned, headers
@@ -101,6 +107,22 @@ def split_files(infos: list[TensorInfo], max_size: int | None) -> list[list[Tens
         groups[-1].append(info)
         held += info.nbytes
     return groups
+
+
+def unit_counts(names: tuple[str, ...], tensors: Mapping[str, TensorPlan], max_size: int | None) -> tuple[int, ...]:
+    """How many of the output tensors ``names`` (in data order) each unit of their file holds: grouped as
+    :func:`split_files` groups tensors into files, by stored bytes, at most ``max_size`` a unit (a larger tensor
+    alone; None: one unit)."""
+    counts: list[int] = []
+    held = 0
+    for name in names:
+        size = tensors[name].nbytes
+        if not counts or (max_size is not None and held + size > max_size):
+            counts.append(0)
+            held = 0
+        counts[-1] += 1
+        held += size
+    return tuple(counts)
 
 
 def _encoded(tp: TensorPlan, arch: str, target: str, qtype: int, config: Mapping[str, Any], *, expert: int = -1,

@@ -234,11 +234,14 @@ def parts_bytes(parts: Iterable[OutPart]) -> int:
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """One output shard: final file name, tensors in on-disk data order, exact file size."""
+    """One output shard: final file name, tensors in on-disk data order, exact file size; ``units``: for a file
+    written in place unit by unit (a GGUF output, whose layout the plan fixes), how many of ``tensors`` each unit
+    after the header holds, in order (:meth:`Plan.file_units`); empty: the file is one unit (a safetensors shard)."""
 
     name: str
     tensors: tuple[str, ...]
     file_size: int
+    units: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -329,6 +332,24 @@ class Plan:
             return shard_layout(header, parts, shard.file_size)
         return stored_layout(self.tensors, shard.tensors)
 
+    def file_units(self, shard: ShardPlan) -> tuple[tuple[int, int, tuple[str, ...]], ...]:
+        """The units ``shard`` is written and journaled in, as (first byte, end byte, output tensors): the header
+        (no tensor), then each group of :attr:`ShardPlan.units` with the padding after its tensors, so that the
+        units tile the file; empty for a shard written whole."""
+        if not shard.units:
+            return ()
+        layout = self.shard_layout(shard)
+        data = len(layout.header)
+        where = {p.name: p.offset for p in layout.order}
+        starts, groups, at = [], [], 0
+        for count in shard.units:
+            names = shard.tensors[at:at + count]
+            at += count
+            starts.append(data + min(where[p.name] for p in self.tensors[names[0]].stored_parts()))
+            groups.append(names)
+        ends = [*starts[1:], shard.file_size]
+        return ((0, data, ()), *((s, e, g) for s, e, g in zip(starts, ends, groups, strict=True)))
+
     def method_of(self, tp: TensorPlan) -> MethodSpec:
         """The method that computes ``tp``: a built-in merge method or one of :attr:`units`."""
         spec = get_method(tp.method, self.units)
@@ -359,7 +380,8 @@ def fingerprint_parts(plan: Plan) -> dict[str, str]:
         return dict(plan.parts)
     body: dict[str, Any] = {
         "method": plan.method,
-        "shards": [{"name": s.name, "tensors": s.tensors, "file_size": s.file_size} for s in plan.shards],
+        "shards": [{"name": s.name, "tensors": s.tensors, "file_size": s.file_size,
+                    **({"units": s.units} if s.units else {})} for s in plan.shards],  # a GGUF's units only
         "donor": plan.donor,
         "tokenizer_donor": plan.tokenizer_donor,
         "layer_origins": plan.layer_origins,

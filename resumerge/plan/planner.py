@@ -203,7 +203,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
         template = None if spec.chat_template is None else resolve_chat_template(
             spec.chat_template, [tokenizer_dir(models[key]) for key in order])
         shards, tensors, headers = gguf_output(tensors, out_config, models, order, options.gguf_type, template,
-                                               options.gguf_split_max_size)
+                                               options.gguf_split_max_size, unit_size=options.out_shard_size)
     notes.extend(quantization_notes(tensors))
     if options.num_threads is not None and not threads_matter({method.name, *(t.method for t in tensors.values())}):
         options = replace(options, num_threads=None)

@@ -27,6 +27,9 @@ LOCAL_POINTS = (
     "during_config_write",
     "during_tokenizer_write",
 )
+# Reached only by a file written in place, unit by unit (a GGUF output in a local OUT: resumerge.store.units), around
+# each unit: written, fsynced, journaled (tests/test_gguf_units.py kills at each occurrence of each).
+UNIT_POINTS = ("after_unit_write", "after_unit_fsync", "after_unit_commit")
 # Reached only when OUT is staged on local disk and copied (Drive and other mounts).
 STAGED_POINTS = ("after_publish_copy",)
 # Reached only when OUT is a hub repo (the hub kill trials walk each).
@@ -42,7 +45,7 @@ CHECK_POINTS = ("after_check_layer",)
 # RegMean++'s merged one; tests/test_regmean_merge.py and tests/test_regmean_plus.py kill there).
 MEASURE_POINTS = ("after_measure_layer",)
 # Every point the package reaches; a test derived from the code holds this equal to the points used.
-POINTS = LOCAL_POINTS + STAGED_POINTS + HUB_POINTS + MOE_POINTS + CHECK_POINTS + MEASURE_POINTS
+POINTS = LOCAL_POINTS + UNIT_POINTS + STAGED_POINTS + HUB_POINTS + MOE_POINTS + CHECK_POINTS + MEASURE_POINTS
 
 _counts: dict[str, int] = {}
 

@@ -5,8 +5,9 @@ set-aside), which it shares with the recipe ledger.
 Tables: ``run`` (one row: config text, the kind of run, fingerprint and its parts, options, model directories,
 state, peak memory), ``files`` (every planned output file: shards, index, config, tokenizer files; status, bytes,
 sha256, seconds), ``tensors`` (every output tensor: shard, status, bytes), ``events`` (an append-only log),
-``stream_reads``, ``frozen_plan`` (the plan itself, stored once, for resumes) and ``input_contents`` (the sha256
-of every local input file, for :mod:`resumerge.inputs.contents`). The first schema's
+``stream_reads``, ``frozen_plan`` (the plan itself, stored once, for resumes), ``input_contents`` (the sha256
+of every local input file, for :mod:`resumerge.inputs.contents`) and ``units`` (the units of a file written in
+place, each with the sha256 of its bytes once durable: :mod:`resumerge.store.units`). The first schema's
 ``tensors.crc32`` and ``tensors.seconds`` were never filled (a per-tensor checksum cost the writer thread as much
 time as the shard's sha256, and nothing read either); migration m003 drops them. Every state change is one
 transaction; WAL with ``synchronous=FULL`` so a committed row survives power loss. The read-only view for
@@ -25,7 +26,7 @@ from resumerge.store.journal import Journal
 from resumerge.store.journal import set_aside as set_aside
 from resumerge.store.journal import sqlite_failure as sqlite_failure
 from resumerge.store.ledger_read import LEDGER_NAME as LEDGER_NAME
-from resumerge.store.ledger_read import FileRow, RunRow, file_rows, run_row
+from resumerge.store.ledger_read import FileRow, RunRow, UnitRow, file_rows, run_row, unit_rows
 from resumerge.store.sqlitedb import Database, Migrations
 
 migrations = Migrations("resumerge")
@@ -123,6 +124,15 @@ def m006_input_contents(db: Database) -> None:
     )
 
 
+@migrations()
+def m007_units(db: Database) -> None:
+    """The units of files written in place (a GGUF output: its header, then groups of tensors; issue 71), each
+    ``done`` with the sha256 of its byte range once durable, so that an interrupted run keeps the units it wrote."""
+    db.table("units").create(
+        {"file": str, "idx": int, "start": int, "end": int, "status": str, "sha256": str}, pk=("file", "idx")
+    )
+
+
 class Ledger(Journal):
     """Write access to one output directory's ledger. Thread-safe: one lock guards the connection.
 
@@ -159,16 +169,17 @@ class Ledger(Journal):
         files: Iterable[tuple[str, str, int, int, int | None]],
         tensors: Iterable[tuple[str, str, int]],
         frozen: tuple[str, bytes] | None = None,
+        units: Iterable[tuple[str, int, int, int]] = (),
     ) -> None:
         """Record a new plan in one transaction, replacing any earlier run.
 
         ``files`` are (name, kind, position, tensor count, planned bytes or None); ``tensors`` are
         (name, shard, bytes); ``frozen`` the plan itself as (key, bytes) for :meth:`frozen_plan`, when it can be
-        stored.
+        stored; ``units`` (file, index, start, end) the units of the files written in place.
         """
         now = time.time()
         with self._transaction():
-            for table in ("run", "files", "tensors", "frozen_plan", "input_contents"):
+            for table in ("run", "files", "tensors", "frozen_plan", "input_contents", "units"):
                 self.db.execute(f"DELETE FROM [{table}]")
             self.db.table("run").insert(
                 {
@@ -197,6 +208,8 @@ class Ledger(Journal):
             )
             self.db.conn.executemany("INSERT INTO tensors (name, shard, status, bytes) VALUES (?, ?, 'pending', ?)",
                                 tensors)
+            self.db.conn.executemany("INSERT INTO units (file, idx, start, \"end\", status) VALUES (?, ?, ?, ?, "
+                                     "'pending')", units)
             if frozen is not None:
                 self.db.execute("INSERT INTO frozen_plan (id, key, data) VALUES (1, ?, ?)", frozen)
             self._event("planned", f"planned {self.db['files'].count} files")
@@ -271,7 +284,32 @@ class Ledger(Journal):
         with self._transaction():
             self.db.table("files").update(name, {"status": "pending", "bytes": None, "sha256": None})
             self.db.execute("UPDATE tensors SET status = 'pending' WHERE shard = ?", [name])
+            self.db.execute("UPDATE units SET status = 'pending', sha256 = NULL WHERE file = ?", [name])
             self._event("repair", f"{name}: {reason}; it will be rebuilt")
+
+    def units(self, name: str | None = None) -> tuple[UnitRow, ...]:
+        """The units of the files written in place (of file ``name`` only, when given), in file and index order."""
+        with self._transaction():
+            return unit_rows(self.db.conn, name)
+
+    def commit_unit(self, name: str, index: int, sha256: str) -> None:
+        """Mark unit ``index`` of file ``name`` written, its bytes hashing to ``sha256``. Call only after they are
+        durable. Raises whatever :attr:`commit_guard` raises, committing nothing."""
+        if self.commit_guard is not None:
+            self.commit_guard()
+        with self._transaction():
+            self.db.execute("UPDATE units SET status = 'done', sha256 = ? WHERE file = ? AND idx = ?",
+                            [sha256, name, index])
+            self.db.table("run").update(1, {"updated_at": time.time()})
+
+    def reopen_units(self, name: str, indices: Iterable[int], reason: str) -> None:
+        """Mark units ``indices`` of file ``name`` to be written again (their bytes are not what was recorded), and
+        log why."""
+        indices = sorted(indices)
+        with self._transaction():
+            self.db.conn.executemany("UPDATE units SET status = 'pending', sha256 = NULL WHERE file = ? AND idx = ?",
+                                     ((name, i) for i in indices))
+            self._event("repair", f"{name}: {reason}; {len(indices)} unit(s) will be written again")
 
     def remember_read(self, model: str, file: str, start: int, end: int, sha256: str) -> str:
         """Record the sha256 of a streamed input range unless one is recorded; return the recorded one."""

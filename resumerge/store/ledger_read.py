@@ -55,6 +55,19 @@ class FileRow:
     sha256: str | None
 
 
+@dataclass(frozen=True)
+class UnitRow:
+    """One unit of a file written in place (:mod:`resumerge.store.units`): status ``pending`` or ``done``, with
+    the sha256 of bytes ``start``..``end`` once done."""
+
+    file: str
+    index: int
+    start: int
+    end: int
+    status: str
+    sha256: str | None
+
+
 # The event a run with a quantized input or output records as it starts: its data is the plan's formats report
 # (resumerge.plan.roles.formats_report: per input model and for the output, the format and the role counts).
 FORMATS_EVENT = "formats"
@@ -99,6 +112,7 @@ class MergeStatusRows:
     nodes: tuple[NodeTally, ...] = ()  # a cluster run's shards per node (:mod:`resumerge.store.nodestats`)
     formats: EventRow | None = None  # the latest FORMATS_EVENT: the plan's formats report (quantized runs only)
     inputs: EventRow | None = None  # the latest INPUTS_EVENT: what became of every input tensor
+    units: tuple[UnitRow, ...] = ()  # the units of the files written in place (a GGUF output's)
 
 
 @contextmanager
@@ -135,6 +149,22 @@ def file_rows(conn: sqlite3.Connection) -> tuple[FileRow, ...]:
     """Every planned output file of the merge ledger open on ``conn`` (any row factory), in write order."""
     rows = conn.execute("SELECT name, kind, status, bytes, planned_bytes, sha256 FROM files ORDER BY position")
     return tuple(FileRow(*r) for r in rows)
+
+
+def unit_rows(conn: sqlite3.Connection, name: str | None = None) -> tuple[UnitRow, ...]:
+    """The units of the files written in place in the merge ledger open on ``conn`` (of file ``name`` only, when
+    given), in file and index order; none in a ledger made before units were journaled (migration m007)."""
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'units'").fetchone() is None:
+        return ()
+    where, args = ("WHERE file = ? ", (name,)) if name is not None else ("", ())
+    rows = conn.execute(f"SELECT file, idx, start, \"end\", status, sha256 FROM units {where}ORDER BY file, idx", args)
+    return tuple(UnitRow(str(r[0]), int(r[1]), int(r[2]), int(r[3]), str(r[4]), r[5]) for r in rows)
+
+
+def read_unit_rows(path: Path) -> tuple[UnitRow, ...]:
+    """The units of the files written in place in the merge ledger at ``path`` (``status`` and ``verify``)."""
+    with reading(path, "ledger") as conn:
+        return unit_rows(conn)
 
 
 def read_merge_record(path: Path) -> MergeRecord | None:
@@ -200,6 +230,7 @@ def read_merge_status(path: Path) -> MergeStatusRows | None:
             nodes=node_tallies(conn),
             formats=formats[0] if formats else None,
             inputs=inputs[0] if inputs else None,
+            units=unit_rows(conn),
         )
 
 

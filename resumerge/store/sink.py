@@ -28,6 +28,7 @@ from typing import TypeVar
 from resumerge.errors import UsageError
 from resumerge.store.checksums import check_many
 from resumerge.store.durable import fsync_dir, publish, publish_copy, temp_path, write_file_atomic
+from resumerge.store.units import partial_name
 
 _T = TypeVar("_T")
 
@@ -88,6 +89,10 @@ class OutputSink(ABC):
     # Whether published files are committed later (in batches), so that a file may be published (say, uploaded)
     # before it may be committed: see :meth:`commit_when`.
     commits_later = False
+    # Whether a file planned in units (a GGUF output) is written in place, unit by unit, at :meth:`partial_for`, so
+    # that an interrupted run keeps the units it wrote (:mod:`resumerge.store.units`); False: every file is
+    # committed whole (a hub repo commits files, a staged copy to Drive copies files).
+    writes_in_place = False
 
     def __enter__(self: _T) -> _T:
         return self
@@ -130,6 +135,17 @@ class OutputSink(ABC):
     def delete(self, names: Iterable[str]) -> None:
         """Delete the files ``names``, which the caller knows resumerge wrote; absent ones are skipped."""
 
+    def partial_for(self, name: str) -> Path:
+        """Where planned file ``name`` is written in place until it is complete (the same path on every run, on the
+        filesystem it is published to: :meth:`publish` renames it). Only for a sink that :attr:`writes_in_place`."""
+        raise NotImplementedError(f"{type(self).__name__} commits every file whole")
+
+    def reclaim(self, name: str) -> None:
+        """Move the file ``name``, complete but not journaled (a process killed between its rename and its ledger
+        row), back to :meth:`partial_for`, so that its journaled units are checked and kept. Only for a sink that
+        :attr:`writes_in_place`."""
+        raise NotImplementedError(f"{type(self).__name__} commits every file whole")
+
     def commit_when(self, name: str, ready: Callable[[], bool]) -> None:
         """Commit the file ``name``, about to be published, only once ``ready()`` is true (the input files it was
         computed from are checked); ``ready`` may raise the error that failed them. Only for a sink that
@@ -159,12 +175,22 @@ class LocalDirSink(OutputSink):
     The planner refuses an OUT over an input first (:func:`resumerge.plan.outguard.refuse_out_over_inputs`): this is
     the second line, at the only place OUT's files are removed or replaced."""
 
+    writes_in_place = True
+
     def __init__(self, out_dir: Path, *, reads: frozenset[str] = frozenset()) -> None:
         self.out_dir = out_dir
         self.reads = reads
 
     def where(self, name: str) -> Path:
         return self.out_dir / name
+
+    def partial_for(self, name: str) -> Path:
+        return self.out_dir / partial_name(name)
+
+    def reclaim(self, name: str) -> None:
+        self._spare_inputs([name])
+        os.replace(self.out_dir / name, self.partial_for(name))
+        fsync_dir(self.out_dir)
 
     def temp_for(self, name: str) -> Path:
         return temp_path(self.out_dir / name)
@@ -210,7 +236,10 @@ class LocalDirSink(OutputSink):
 
 class StagedDirSink(LocalDirSink):
     """OUT is on a remote filesystem (Drive, NFS, other FUSE mounts): files are written and fsynced on local disk
-    under ``staging``, then copied to OUT, read back, compared with the hash of what was written, and renamed."""
+    under ``staging``, then copied to OUT, read back, compared with the hash of what was written, and renamed.
+    Every file is committed whole: a file copied to OUT whole is the unit a copy can check."""
+
+    writes_in_place = False
 
     def __init__(self, out_dir: Path, staging: Path, *, reads: frozenset[str] = frozenset()) -> None:
         super().__init__(out_dir, reads=reads)
