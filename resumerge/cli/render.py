@@ -347,6 +347,8 @@ def show_status(report: StatusReport, stream: TextIO | None = None, *, width: in
     table.add_column("")
     pct = 100.0 * report.bytes_done / report.bytes_total if report.bytes_total else 100.0
     table.add_row("shards", str(report.shards_done), str(report.shards_total), f"{pct:.0f} % of bytes")
+    if report.units_total:  # a file written in place: what an interruption keeps
+        table.add_row("units", str(report.units_done), str(report.units_total), "written in place")
     table.add_row("tensors", str(report.tensors_done), str(report.tensors_total), "")
     details = report.details
     for label, done, total, what in details.counts if details is not None else ():  # the kind's own counts

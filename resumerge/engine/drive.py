@@ -196,21 +196,24 @@ class RunSession:
                 notes.extend(staged)
                 resumed = sum(1 for r in ledger.files() if r.status == "done")
                 # What the plan decided that the user must hear (status and the card show it too).
-                for note in plan.notes:
+                for note in (*plan.notes, *whole_files(plan, sink)):
                     ledger.event("plan", note)
                 report = formats_report(plan)
                 if quantized(report):  # verify and status read what was planned (a plain run's ledger as before)
                     ledger.event(FORMATS_EVENT, formats_line(report), report)
                 if plan.accounting is not None:  # what became of every input tensor (status --json shows it)
                     ledger.event(INPUTS_EVENT, plan.accounting.summary(), plan.accounting.to_json())
-                for note in [*notes, *plan.notes]:
+                for note in [*notes, *plan.notes, *whole_files(plan, sink)]:
                     reporter.message(note)
                 rows = ledger.files()
                 done_shards = {r.name for r in rows if r.status == "done" and r.kind == "shard"}
                 done_bytes = sum(s.file_size for s in plan.shards if s.name in done_shards)
+                kept = [u for u in ledger.units() if u.status == "done" and u.file not in done_shards]
+                done_bytes += sum(u.end - u.start for u in kept)  # units of a file written in place, kept
                 reporter.start(
                     total_tensors=len(plan.tensors),
-                    done_tensors=sum(len(s.tensors) for s in plan.shards if s.name in done_shards),
+                    done_tensors=sum(len(s.tensors) for s in plan.shards if s.name in done_shards)
+                    + sum(len(plan.file_units(s)[u.index][2]) for u in kept for s in plan.shards if s.name == u.file),
                     total_bytes=plan.total_bytes,
                     done_bytes=done_bytes,
                 )
@@ -271,6 +274,16 @@ def _make_sink(plan: Plan, out: Path, rdir: Path, staging: Staging, notes: list[
     stage_dir = _staging_dir(staging, plan, out, rdir, notes)
     reads = read_paths(plan)  # never deleted nor replaced, whatever the run decides
     return LocalDirSink(out, reads=reads) if stage_dir is None else StagedDirSink(out, stage_dir, reads=reads)
+
+
+def whole_files(plan: Plan, sink: OutputSink) -> tuple[str, ...]:
+    """What the user must hear when the plan writes a file in units (a GGUF output) but ``sink`` commits every file
+    whole (a hub repo, a copy staged for Drive): an interruption loses the file being written."""
+    if sink.writes_in_place or not any(s.units for s in plan.shards):
+        return ()
+    names = ", ".join(s.name for s in plan.shards if s.units)
+    return (f"{names} committed whole (this OUT commits files, not parts of one): an interruption loses the file "
+            "being written; a local OUT keeps each unit of --out-shard-size written",)
 
 
 def _telling(reporter: Reporter, ledger: Ledger) -> Callable[[str], None]:

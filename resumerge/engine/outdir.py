@@ -173,7 +173,8 @@ def record_plan(plan: Plan, config_text: str, out: Path | str, ledger: Ledger, *
         files=files,
         tensors=[(t.name, t.shard, t.nbytes) for t in plan.tensors.values()],
         frozen=frozen() if frozen is not None else None,
-        units=[(s.name, i, start, end) for s in plan.shards for i, (start, end, _) in enumerate(plan.file_units(s))]
+        units=[(s.name, i, start, end, names) for s in plan.shards
+               for i, (start, end, names) in enumerate(plan.file_units(s))]
         if in_place else (),
     )
 

@@ -1,5 +1,7 @@
 """``verify``: re-hash every committed output file against its recorded sha256 and report, never repair; OUT's
-manifest is judged by the run's ledger (:mod:`resumerge.store.manifestcheck`); a finished output stored quantized
+manifest is judged by the run's ledger (:mod:`resumerge.store.manifestcheck`); a file written in place, unit by
+unit (a GGUF output), is re-hashed per unit, so that a damaged one names the units that differ and the units of one
+not complete yet are checked too (:mod:`resumerge.store.units`); a finished output stored quantized
 whose every file matched is also read as a loader reads it (every weight with its companions, the role counts the
 run planned: :mod:`resumerge.store.formatcheck`). Checksums come first: a file that fails its own is reported
 damaged and never parsed.
@@ -22,10 +24,11 @@ from resumerge.config.locations import StateDir
 from resumerge.errors import LedgerError, NothingRecordedError
 from resumerge.store.checksums import check_many
 from resumerge.store.formatcheck import check_formats
-from resumerge.store.ledger_read import LEDGER_NAME, read_formats, read_merge_record
+from resumerge.store.ledger_read import LEDGER_NAME, read_formats, read_merge_record, read_unit_rows
 from resumerge.store.manifest import MANIFEST_NAME, read_manifest
 from resumerge.store.manifestcheck import manifest_problem, read_facts
 from resumerge.store.outgone import refuse_gone
+from resumerge.store.units import check_units, partial_name
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,8 @@ def verify_output(out_dir: str | os.PathLike[str], state: StateDir) -> VerifyRep
         problems = check_many(out, ((name, size, sha) for name, (size, sha) in records.items()))
     damaged = [Damage(name, problem) for name in sorted(records) if (problem := problems[name])]
     total = sum(size for size, _ in records.values())
+    if not is_hub_target(out_dir):
+        damaged, total = _by_unit(Path(out_dir), state.run_dir(out_dir) / LEDGER_NAME, damaged, total)
     formats = None
     if not is_hub_target(out_dir):
         facts = read_facts(state.run_dir(out_dir) / LEDGER_NAME)
@@ -96,6 +101,34 @@ def verify_output(out_dir: str | os.PathLike[str], state: StateDir) -> VerifyRep
             formats = {"found": held, "planned": recorded.get("output") if recorded else None}
     return VerifyReport(str(out_dir), len(records), total, pending, tuple(damaged), formats,
                         state.resume_command(out_dir))
+
+
+def _by_unit(out: Path, ledger: Path, damaged: list[Damage], total: int) -> tuple[list[Damage], int]:
+    """``damaged`` and ``total`` (committed bytes checked) with the units of the files written in place re-hashed
+    (:mod:`resumerge.store.units`): a damaged committed file names the units that differ, and the units written
+    of a file not complete yet are checked in its in-place file."""
+    try:
+        rows = read_unit_rows(ledger) if ledger.exists() else ()
+    except LedgerError:
+        return damaged, total  # the manifest's records were checked: no unit is known
+    units: dict[str, list[tuple[int, int, int, str]]] = {}
+    for row in rows:
+        if row.status == "done":
+            units.setdefault(row.file, []).append((row.index, row.start, row.end, row.sha256 or ""))
+    found = {d.name: d for d in damaged}
+    partial: list[Damage] = []
+    for name, written in sorted(units.items()):
+        if name in found:  # committed and damaged: which units
+            problems = check_units(out / name, written)
+            bad = [str(p) for _, p in sorted(problems.items()) if p]
+            if bad and (out / name).is_file():
+                found[name] = Damage(name, f"{found[name].problem}: {'; '.join(bad)}")
+        elif not (out / name).is_file():  # written in place, not complete yet: each unit written so far
+            problems = check_units(out / partial_name(name), written)
+            partial += [Damage(name, f"{p} (written in place, not complete yet)")
+                        for _, p in sorted(problems.items()) if p]
+            total += sum(end - start for _, start, end, _ in written)
+    return [found.get(d.name, d) for d in damaged] + partial, total
 
 
 def _ledger_records(ledger: Path, manifest: Path | None) -> tuple[dict[str, tuple[int, str]], int] | None:

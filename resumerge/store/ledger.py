@@ -127,9 +127,11 @@ def m006_input_contents(db: Database) -> None:
 @migrations()
 def m007_units(db: Database) -> None:
     """The units of files written in place (a GGUF output: its header, then groups of tensors; issue 71), each
-    ``done`` with the sha256 of its byte range once durable, so that an interrupted run keeps the units it wrote."""
+    ``done`` with the sha256 of its byte range once durable, so that an interrupted run keeps the units it wrote;
+    ``tensors`` the JSON list of its output tensors, done and pending with it."""
     db.table("units").create(
-        {"file": str, "idx": int, "start": int, "end": int, "status": str, "sha256": str}, pk=("file", "idx")
+        {"file": str, "idx": int, "start": int, "end": int, "status": str, "sha256": str, "tensors": str},
+        pk=("file", "idx"),
     )
 
 
@@ -169,13 +171,13 @@ class Ledger(Journal):
         files: Iterable[tuple[str, str, int, int, int | None]],
         tensors: Iterable[tuple[str, str, int]],
         frozen: tuple[str, bytes] | None = None,
-        units: Iterable[tuple[str, int, int, int]] = (),
+        units: Iterable[tuple[str, int, int, int, tuple[str, ...]]] = (),
     ) -> None:
         """Record a new plan in one transaction, replacing any earlier run.
 
         ``files`` are (name, kind, position, tensor count, planned bytes or None); ``tensors`` are
         (name, shard, bytes); ``frozen`` the plan itself as (key, bytes) for :meth:`frozen_plan`, when it can be
-        stored; ``units`` (file, index, start, end) the units of the files written in place.
+        stored; ``units`` (file, index, start, end, tensors) the units of the files written in place.
         """
         now = time.time()
         with self._transaction():
@@ -208,8 +210,9 @@ class Ledger(Journal):
             )
             self.db.conn.executemany("INSERT INTO tensors (name, shard, status, bytes) VALUES (?, ?, 'pending', ?)",
                                 tensors)
-            self.db.conn.executemany("INSERT INTO units (file, idx, start, \"end\", status) VALUES (?, ?, ?, ?, "
-                                     "'pending')", units)
+            self.db.conn.executemany("INSERT INTO units (file, idx, start, \"end\", status, tensors) VALUES "
+                                     "(?, ?, ?, ?, 'pending', ?)",
+                                     ((f, i, a, b, json.dumps(list(t))) for f, i, a, b, t in units))
             if frozen is not None:
                 self.db.execute("INSERT INTO frozen_plan (id, key, data) VALUES (1, ?, ?)", frozen)
             self._event("planned", f"planned {self.db['files'].count} files")
@@ -300,6 +303,7 @@ class Ledger(Journal):
         with self._transaction():
             self.db.execute("UPDATE units SET status = 'done', sha256 = ? WHERE file = ? AND idx = ?",
                             [sha256, name, index])
+            self._mark_unit_tensors(name, [index], "done")
             self.db.table("run").update(1, {"updated_at": time.time()})
 
     def reopen_units(self, name: str, indices: Iterable[int], reason: str) -> None:
@@ -309,7 +313,15 @@ class Ledger(Journal):
         with self._transaction():
             self.db.conn.executemany("UPDATE units SET status = 'pending', sha256 = NULL WHERE file = ? AND idx = ?",
                                      ((name, i) for i in indices))
+            self._mark_unit_tensors(name, indices, "pending")
             self._event("repair", f"{name}: {reason}; {len(indices)} unit(s) will be written again")
+
+    def _mark_unit_tensors(self, name: str, indices: Iterable[int], status: str) -> None:
+        """Set the output tensors of units ``indices`` of file ``name`` to ``status`` (inside a transaction)."""
+        for index in indices:
+            row = self.db.execute("SELECT tensors FROM units WHERE file = ? AND idx = ?", [name, index]).fetchone()
+            names = json.loads(row[0]) if row is not None and row[0] else []
+            self.db.conn.executemany("UPDATE tensors SET status = ? WHERE name = ?", ((status, t) for t in names))
 
     def remember_read(self, model: str, file: str, start: int, end: int, sha256: str) -> str:
         """Record the sha256 of a streamed input range unless one is recorded; return the recorded one."""

@@ -68,6 +68,10 @@ class StatusReport:
     bytes_total: int
     bytes_done: int
     files: tuple[FileStatus, ...] = ()
+    # The units of the files written in place (a GGUF output in a local OUT: its header, then groups of tensors up
+    # to --out-shard-size), those of committed files counted done; 0 of 0 where every file is committed whole.
+    units_total: int = 0
+    units_done: int = 0
     last_error: str | None = None
     peak_rss: int | None = None
     adaptations: int = 0
@@ -199,6 +203,9 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusRe
     if state == "running" and not is_locked(rdir):
         state = "interrupted"
     shards = [f for f in files if f.kind == "shard"]
+    committed = {f.name for f in shards if f.status == "done"}
+    # Units written of a file not committed yet count in its bytes: an interruption keeps them.
+    written = [u for u in rows.units if u.status == "done" and u.file not in committed]
     memory = _json_object(rows.memory.data if rows.memory else None)  # parsed once for its three figures
     return StatusReport(
         out_dir=out_dir,
@@ -209,8 +216,10 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusRe
         shards_total=len(shards),
         shards_done=sum(1 for f in shards if f.status == "done"),
         bytes_total=sum(f.planned_bytes or 0 for f in shards),
-        bytes_done=sum(f.bytes or 0 for f in shards if f.status == "done"),
+        bytes_done=sum(f.bytes or 0 for f in shards if f.status == "done") + sum(u.end - u.start for u in written),
         files=tuple(FileStatus(f.name, f.kind, f.status, f.bytes) for f in files),
+        units_total=len(rows.units),
+        units_done=len(written) + sum(1 for u in rows.units if u.file in committed),
         last_error=run.last_error,
         peak_rss=run.peak_rss or None,
         adaptations=run.adaptations,
@@ -319,6 +328,8 @@ def status_rows(report: StatusReport) -> list[tuple[str, str]]:
     pct = 100.0 * report.bytes_done / report.bytes_total if report.bytes_total else 100.0
     details = report.details or Details()
     rows = [("shards", f"{report.shards_done} of {report.shards_total} ({pct:.0f} % of bytes)"),
+            *([("units", f"{report.units_done} of {report.units_total} (written in place, each kept by a resume)")]
+              if report.units_total else []),
             ("tensors", f"{report.tensors_done} of {report.tensors_total}")]
     rows += [(label, f"{done} of {total} {what}") for label, done, total, what in details.counts]
     rows.append(("bytes", f"{_size(report.bytes_done)} of {_size(report.bytes_total)}"))
