@@ -1,6 +1,6 @@
 """A GGUF output (``--out-type gguf``, one file or gguf-split's files) to an ``hf://`` OUT: the repo holds the bytes
-a local run writes, each split file its own upload; killed among the split files' uploads or between commits, it
-resumes on a fresh machine to the same repo."""
+a local run writes, each split file its own upload, committed whole (no unit of it is journaled, and the run says
+so); killed among the split files' uploads or between commits, it resumes on a fresh machine to the same repo."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _gguf_merge(root: Path, split: int | None) -> tuple[Path, api.Output]:
     write_gguf(b, "llama", to_gguf("llama", hf_tensors("llama", seed=2)), Q.F32)
     config = write_config(root / "c.yml", {"merge_method": "linear", "dtype": "float32", "models": [
         {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
-    # the shard size as a local run's default (a GGUF output does not use it; the hub's default is sized otherwise)
+    # the shard size as a local run's default (a local GGUF output's units; a hub repo commits each file whole)
     return config, api.Output(out_shard_size="1GB", out_type="gguf", gguf_type="q8_0", gguf_split_max_size=split)
 
 
@@ -37,6 +37,8 @@ def test_a_gguf_output_to_the_hub_equals_a_local_run(hub: HubWriter, tmp_path: P
     assert sum(n.endswith(".gguf") for n in reference) == (1 if split is None else 15)
     api.run(config, "hf://alice/gguf", state_dir=tmp_path / "s1", output=output)
     assert repo_files(hub, "alice/gguf") == reference
+    status = api.status("hf://alice/gguf", state_dir=tmp_path / "s1")
+    assert status.units_total == 0 and any("committed whole" in note for note in status.plan_notes)
 
 
 @pytest.mark.parametrize("tier", TIERS, indirect=True)
