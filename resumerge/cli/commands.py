@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out-shard-size", default=None, metavar="SIZE",
                      help="bytes per output shard (k/M/B = 1e3/1e6/1e9, or KiB/MiB/GiB) [default: 1B; for an "
                           "hf:// OUT, whose shards upload while the next are merged, about 1/100 of the output, "
-                          "25M to 5B]; an interruption costs at most one shard of work")
+                          "25M to 5B]; an interruption costs at most one shard of work (--out-type gguf: "
+                          "the most bytes of one unit of the file, written in place in a local OUT)")
     run.add_argument("--random-seed", type=int, default=0, metavar="N",
                      help="seed of randomised methods (drawn per tensor, so resume is exact) [default: 0]")
     run.add_argument("--restart", action="store_true",
