@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.config.settings import RunSettings, Staging
 from resumerge.engine.devices import gpu_governor, make_governor
-from resumerge.engine.executor import Reporter, Stopped
+from resumerge.engine.executor import Reporter, Stopped, kept_units
 from resumerge.engine.executors import Executor, executor_for
 from resumerge.engine.frozenplan import freeze
 from resumerge.engine.hubout import HubOutput, create_recorded
@@ -208,12 +208,13 @@ class RunSession:
                 rows = ledger.files()
                 done_shards = {r.name for r in rows if r.status == "done" and r.kind == "shard"}
                 done_bytes = sum(s.file_size for s in plan.shards if s.name in done_shards)
-                kept = [u for u in ledger.units() if u.status == "done" and u.file not in done_shards]
-                done_bytes += sum(u.end - u.start for u in kept)  # units of a file written in place, kept
+                kept = kept_units(ledger, done_shards)  # units of a file written in place, kept
+                units = {s.name: plan.file_units(s) for s in plan.shards if kept.get(s.name)}
+                done_bytes += sum(units[f][i][1] - units[f][i][0] for f, indices in kept.items() for i in indices)
                 reporter.start(
                     total_tensors=len(plan.tensors),
                     done_tensors=sum(len(s.tensors) for s in plan.shards if s.name in done_shards)
-                    + sum(len(plan.file_units(s)[u.index][2]) for u in kept for s in plan.shards if s.name == u.file),
+                    + sum(len(units[f][i][2]) for f, indices in kept.items() for i in indices),
                     total_bytes=plan.total_bytes,
                     done_bytes=done_bytes,
                 )

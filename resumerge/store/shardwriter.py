@@ -34,7 +34,7 @@ _HASHER: ThreadPoolExecutor | None = None
 _HASHER_LOCK = threading.Lock()
 
 
-def _hasher() -> ThreadPoolExecutor:
+def hasher() -> ThreadPoolExecutor:
     """The process's one hashing thread (shards are written one at a time, by one writer thread)."""
     global _HASHER
     with _HASHER_LOCK:
@@ -51,7 +51,7 @@ def start_hashing() -> None:
     later run's shards at that lower priority too, the local runs of a notebook included. The engine calls this
     from the run's own thread before any of its threads lowers its priority.
     """
-    _hasher().submit(int).result()  # the pool's one thread starts at its first task
+    hasher().submit(int).result()  # the pool's one thread starts at its first task
 
 
 class ShardWriter:
@@ -152,7 +152,7 @@ class ShardWriter:
             return
         # Hash on a helper thread while this one writes: both release the GIL, and sha256 alone costs as much CPU
         # as the write. Waiting before returning keeps the hash in file order and ``data`` alive while it is read.
-        hashed = _hasher().submit(self._sha.update, data) if len(data) >= _PARALLEL_HASH_BYTES else None
+        hashed = hasher().submit(self._sha.update, data) if len(data) >= _PARALLEL_HASH_BYTES else None
         if hashed is None:
             self._sha.update(data)
         try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,9 +43,11 @@ def is_partial_name(name: str, planned: Iterable[str]) -> bool:
     return name.startswith(".") and name.endswith(UNITS_SUFFIX) and name[1:-len(UNITS_SUFFIX)] in set(planned)
 
 
-def hash_range(fd: int, start: int, end: int, feed: Callable[[memoryview], object] | None = None) -> str:
-    """The sha256 of bytes ``start``..``end`` of the open file ``fd`` (each block read also given to ``feed``);
-    raises ``EOFError`` when the file ends first."""
+def hash_range(fd: int, start: int, end: int, feed: Callable[[memoryview], object] | None = None,
+               pool: Executor | None = None) -> str:
+    """The sha256 of bytes ``start``..``end`` of the open file ``fd``, each block read also given to ``feed`` (on
+    ``pool``'s thread while this one hashes it: both release the GIL); raises ``EOFError`` when the file ends
+    first."""
     digest = hashlib.sha256()
     buffer = memoryview(bytearray(min(_BLOCK, max(1, end - start))))
     at = start
@@ -53,9 +56,13 @@ def hash_range(fd: int, start: int, end: int, feed: Callable[[memoryview], objec
         got = os.preadv(fd, [want], at)
         if not got:
             raise EOFError(f"the file ends at byte {at}, before {end}")
-        digest.update(want[:got])
-        if feed is not None:
-            feed(want[:got])
+        block = want[:got]
+        fed = pool.submit(feed, block) if feed is not None and pool is not None else None
+        digest.update(block)
+        if fed is not None:
+            fed.result()  # before the buffer is read into again
+        elif feed is not None:
+            feed(block)
         at += got
     return digest.hexdigest()
 

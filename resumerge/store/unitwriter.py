@@ -20,10 +20,14 @@ from resumerge.errors import ResumergeError
 from resumerge.inputs.safetensors_format import ShardLayout
 from resumerge.inputs.tensorio import TORCH_DTYPES, tensor_bytes
 from resumerge.store import killpoints
-from resumerge.store.durable import fsync_dir, storage_error, sync_file
+from resumerge.store.durable import fsync_dir, start_writeback, storage_error, sync_file
+from resumerge.store.shardwriter import hasher
 from resumerge.store.sink import OutputSink, Receipt
 from resumerge.store.units import Unit, hash_range
 from resumerge.torch_import import torch
+
+# Bytes written between two starts of their write-out to disk, as a shard writer does (durable.start_writeback).
+_WRITEBACK_BYTES = 32 << 20
 
 
 class UnitFileWriter:
@@ -47,6 +51,7 @@ class UnitFileWriter:
         self._done = dict.fromkeys(self._planned, 0)  # bytes written of each stored part, from its start
         self._sha = hashlib.sha256()  # the whole file's, fed in file order up to _frontier
         self._frontier = 0
+        self._unsent = 0  # bytes written since the disk was last asked to start writing them
         self._fd = -1
         try:
             self._open()
@@ -92,6 +97,10 @@ class UnitFileWriter:
                     raise ResumergeError(f"internal: {stored} got more bytes than planned")
                 self._pwrite(data, data_start + planned.offset + self._done[stored])
                 self._done[stored] += len(data)
+                self._unsent += len(data)
+            if self._unsent >= _WRITEBACK_BYTES:
+                start_writeback(self._fd)  # the disk writes while the next tensors merge, not all at the unit's fsync
+                self._unsent = 0
             if any(self._done[p] < self._planned[p].nbytes for p in self._parts[name]):
                 return False
             self._next += 1
@@ -124,8 +133,12 @@ class UnitFileWriter:
         killpoints.reach("after_unit_write")
         sync_file(self._fd)
         killpoints.reach("after_unit_fsync")
-        in_order = unit.start == self._frontier
-        sha = hash_range(self._fd, unit.start, unit.end, self._sha.update if in_order else None)
+        in_order = unit.start == self._frontier  # the whole file's hash, fed on the hashing thread meanwhile
+        try:
+            sha = hash_range(self._fd, unit.start, unit.end, self._sha.update if in_order else None, hasher())
+        except EOFError as exc:  # cut short by another process since it was made
+            raise ResumergeError(f"{self.path} was cut short while it was written ({exc})",
+                                 hint="resume: the units it lost are written again") from None
         if in_order:
             self._frontier = unit.end
         self._on_unit(unit.index, sha)
