@@ -188,22 +188,25 @@ class RunSession:
             staged: list[str] = []
             with _make_sink(plan, out, rdir, settings.staging, staged, hub_out, max_disk, should_stop,
                             _telling(reporter, ledger)) as sink:
+                # A file planned in units is written in place where both the sink and the executor can (a folder OUT,
+                # this process's threads): an optional attribute, as executors written before it keep working.
+                in_place = sink.writes_in_place and bool(getattr(executor, "journals_units", False))
                 book, verified = open_run(plan, config_text, hub_out.url if hub_out else out, sink, ledger, manifest,
                                           restart=restart, resuming=resuming, notes=notes, frozen=frozen,
-                                          kind=self.prepared.kind)
+                                          kind=self.prepared.kind, in_place=in_place)
                 contents.record(ledger, notes)  # before the first commit: what a later resume proves against
-                reconcile(sink, ledger, book, log=notes, verified=verified)
+                reconcile(sink, ledger, book, log=notes, verified=verified, in_place=in_place)
                 notes.extend(staged)
                 resumed = sum(1 for r in ledger.files() if r.status == "done")
                 # What the plan decided that the user must hear (status and the card show it too).
-                for note in (*plan.notes, *whole_files(plan, sink)):
+                for note in (*plan.notes, *whole_files(plan, in_place)):
                     ledger.event("plan", note)
                 report = formats_report(plan)
                 if quantized(report):  # verify and status read what was planned (a plain run's ledger as before)
                     ledger.event(FORMATS_EVENT, formats_line(report), report)
                 if plan.accounting is not None:  # what became of every input tensor (status --json shows it)
                     ledger.event(INPUTS_EVENT, plan.accounting.summary(), plan.accounting.to_json())
-                for note in [*notes, *plan.notes, *whole_files(plan, sink)]:
+                for note in [*notes, *plan.notes, *whole_files(plan, in_place)]:
                     reporter.message(note)
                 rows = ledger.files()
                 done_shards = {r.name for r in rows if r.status == "done" and r.kind == "shard"}
@@ -277,14 +280,16 @@ def _make_sink(plan: Plan, out: Path, rdir: Path, staging: Staging, notes: list[
     return LocalDirSink(out, reads=reads) if stage_dir is None else StagedDirSink(out, stage_dir, reads=reads)
 
 
-def whole_files(plan: Plan, sink: OutputSink) -> tuple[str, ...]:
-    """What the user must hear when the plan writes a file in units (a GGUF output) but ``sink`` commits every file
-    whole (a hub repo, a copy staged for Drive): an interruption loses the file being written."""
-    if sink.writes_in_place or not any(s.units for s in plan.shards):
+def whole_files(plan: Plan, in_place: bool) -> tuple[str, ...]:
+    """What the user must hear when the plan writes a file in units (a GGUF output) but the run commits every file
+    whole, not ``in_place`` (a hub repo, a copy staged for Drive, a cluster's workers): an interruption loses the
+    file being written."""
+    if in_place or not any(s.units for s in plan.shards):
         return ()
     names = ", ".join(s.name for s in plan.shards if s.units)
-    return (f"{names} committed whole (this OUT commits files, not parts of one): an interruption loses the file "
-            "being written; a local OUT keeps each unit of --out-shard-size written",)
+    return (f"{names} committed whole (this run commits files, not parts of one: an hf:// or staged OUT, or the "
+            "ray executor): an interruption loses the file being written; a local OUT keeps each unit of "
+            "--out-shard-size written",)
 
 
 def _telling(reporter: Reporter, ledger: Ledger) -> Callable[[str], None]:

@@ -62,6 +62,9 @@ class LocalExecutor:
     name: ClassVar[str] = "local"
     beside_ok: ClassVar[bool] = True
     starts_early: ClassVar[bool] = False
+    # An optional attribute (an executor without it commits files whole): whether it writes a file planned in units
+    # (a GGUF output) in place, journaling each unit (resumerge.store.units), where the sink can.
+    journals_units: ClassVar[bool] = True
 
     def check(self) -> None:
         """Nothing to check: this process computes."""

@@ -43,12 +43,13 @@ def open_run(
     notes: list[str],
     frozen: Frozen | None = None,
     kind: str,
+    in_place: bool = False,
 ) -> tuple[ManifestBook, frozenset[str]]:
     """Decide between continuing, rebuilding the ledger, refusing, or starting over.
 
     Returns the manifest book and the files this call already re-hashed (when the ledger was rebuilt). ``frozen``
     makes the plan's stored form when the plan is recorded now (see :func:`record_plan`), recorded as a run of
-    ``kind``.
+    ``kind``, with the units of the files it writes ``in_place``.
     """
     row = ledger.run_row()
     if refuse_changed_plan(plan, out, ledger, manifest, restart=restart, resuming=resuming, config_text=config_text):
@@ -59,7 +60,7 @@ def open_run(
     if row is None and manifest is None and isinstance(out, Path):
         check_room(plan, out)
     if row is None:
-        record_plan(plan, config_text, out, ledger, frozen=frozen, kind=kind, in_place=sink.writes_in_place)
+        record_plan(plan, config_text, out, ledger, frozen=frozen, kind=kind, in_place=in_place)
         if manifest is not None:
             # The state dir was lost (a runtime reset) but OUT survived: trust only what re-hashes correctly.
             verified = adopt_manifest(sink, plan, ledger, manifest.committed, notes)

@@ -24,11 +24,12 @@ from resumerge.store.units import check_units, is_partial_name, partial_name
 
 
 def reconcile(sink: OutputSink, ledger: Ledger, book: ManifestBook, *, log: list[str],
-              verified: frozenset[str] = frozenset()) -> None:
+              verified: frozenset[str] = frozenset(), in_place: bool = False) -> None:
     """Verify committed files, reopen damaged ones, delete uncommitted planned files and temp files.
 
     ``verified`` names files already re-hashed by this process (a ledger just rebuilt from the manifest), which
-    are not hashed a second time.
+    are not hashed a second time. ``in_place``: this run writes files planned in units in place (else their units
+    written by an earlier run are given up, and their in-place files deleted).
     """
     rows = ledger.files()
     planned = {r.name for r in rows}
@@ -42,14 +43,28 @@ def reconcile(sink: OutputSink, ledger: Ledger, book: ManifestBook, *, log: list
             ledger.reopen_file(row.name, problem)
             sink.delete([row.name])
             book.drop(row.name)
-    if sink.writes_in_place:
+    if in_place:
         _reconcile_units(sink, ledger, log)
+    else:
+        _give_up_units(ledger)
     done = {r.name for r in ledger.files() if r.status == "done"}
     # The in-place files that hold a unit kept; any other is garbage (a file not begun, or committed since).
     writing = {partial_name(u.file) for u in ledger.units() if u.status == "done" and u.file not in done}
     sink.delete(name for name in sink.names()
                 if is_temp_name(name, planned | {MANIFEST_NAME}) or (name in planned and name not in done)
                 or (is_partial_name(name, planned) and name not in writing))
+
+
+def _give_up_units(ledger: Ledger) -> None:
+    """Reopen the units written of every file not committed: this run writes each file whole."""
+    done = {r.name for r in ledger.files() if r.status == "done"}
+    written: dict[str, list[int]] = {}
+    for row in ledger.units():
+        if row.status == "done" and row.file not in done:
+            written.setdefault(row.file, []).append(row.index)
+    for name, indices in sorted(written.items()):
+        ledger.reopen_units(name, indices, "this run writes the file whole (an hf:// or staged OUT, or the ray "
+                                           "executor)")
 
 
 def _reconcile_units(sink: OutputSink, ledger: Ledger, log: list[str]) -> None:
