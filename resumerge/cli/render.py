@@ -458,7 +458,8 @@ def show_verify(report: VerifyReport, stream: TextIO | None = None) -> None:
     """Print a verify report for a person."""
     out = console(stream or sys.stdout)
     if report.ok:
-        out.print(f"[green]ok[/green]: {report.checked} committed files ({format_size(report.bytes_checked)}) "
+        units = f" and {report.units_checked} units written in place" if report.units_checked else ""
+        out.print(f"[green]ok[/green]: {report.checked} committed files{units} ({format_size(report.bytes_checked)}) "
                   f"match their checksums" + (f"; {report.pending} still pending" if report.pending else ""))
         return
     for d in report.damaged:

@@ -53,6 +53,8 @@ class VerifyReport:
     formats: dict[str, Any] | None = None
     # The command that repairs it (resume_command's: with the run's --state-dir when not the default).
     resume_command: str = ""
+    # Units written in place of files not complete yet, re-hashed too (their bytes are in ``bytes_checked``).
+    units_checked: int = 0
 
     @property
     def ok(self) -> bool:
@@ -67,6 +69,7 @@ def verify_output(out_dir: str | os.PathLike[str], state: StateDir) -> VerifyRep
     checked against the hub's checksums (the sha256 of the tree listing for LFS files; small files read back).
     """
     problems: Mapping[str, str | None]
+    units = 0
     if is_hub_target(out_dir):
         from resumerge.store.hubstatus import check_committed, manifest_records
 
@@ -82,7 +85,7 @@ def verify_output(out_dir: str | os.PathLike[str], state: StateDir) -> VerifyRep
     damaged = [Damage(name, problem) for name in sorted(records) if (problem := problems[name])]
     total = sum(size for size, _ in records.values())
     if not is_hub_target(out_dir):
-        damaged, total = _by_unit(Path(out_dir), state.run_dir(out_dir) / LEDGER_NAME, damaged, total)
+        damaged, total, units = _by_unit(Path(out_dir), state.run_dir(out_dir) / LEDGER_NAME, damaged, total)
     formats = None
     if not is_hub_target(out_dir):
         facts = read_facts(state.run_dir(out_dir) / LEDGER_NAME)
@@ -100,23 +103,24 @@ def verify_output(out_dir: str | os.PathLike[str], state: StateDir) -> VerifyRep
         if held is not None or recorded is not None:
             formats = {"found": held, "planned": recorded.get("output") if recorded else None}
     return VerifyReport(str(out_dir), len(records), total, pending, tuple(damaged), formats,
-                        state.resume_command(out_dir))
+                        state.resume_command(out_dir), units)
 
 
-def _by_unit(out: Path, ledger: Path, damaged: list[Damage], total: int) -> tuple[list[Damage], int]:
+def _by_unit(out: Path, ledger: Path, damaged: list[Damage], total: int) -> tuple[list[Damage], int, int]:
     """``damaged`` and ``total`` (committed bytes checked) with the units of the files written in place re-hashed
     (:mod:`resumerge.store.units`): a damaged committed file names the units that differ, and the units written
-    of a file not complete yet are checked in its in-place file."""
+    of a file not complete yet are checked in its in-place file (how many: the third value)."""
     try:
         rows = read_unit_rows(ledger) if ledger.exists() else ()
     except LedgerError:
-        return damaged, total  # the manifest's records were checked: no unit is known
+        return damaged, total, 0  # the manifest's records were checked: no unit is known
     units: dict[str, list[tuple[int, int, int, str]]] = {}
     for row in rows:
         if row.status == "done":
             units.setdefault(row.file, []).append((row.index, row.start, row.end, row.sha256 or ""))
     found = {d.name: d for d in damaged}
     partial: list[Damage] = []
+    checked = 0
     for name, written in sorted(units.items()):
         if name in found:  # committed and damaged: which units
             problems = check_units(out / name, written)
@@ -128,7 +132,8 @@ def _by_unit(out: Path, ledger: Path, damaged: list[Damage], total: int) -> tupl
             partial += [Damage(name, f"{p} (written in place, not complete yet)")
                         for _, p in sorted(problems.items()) if p]
             total += sum(end - start for _, start, end, _ in written)
-    return [found.get(d.name, d) for d in damaged] + partial, total
+            checked += len(written)
+    return [found.get(d.name, d) for d in damaged] + partial, total, checked
 
 
 def _ledger_records(ledger: Path, manifest: Path | None) -> tuple[dict[str, tuple[int, str]], int] | None:
@@ -168,6 +173,7 @@ def report_json(report: VerifyReport) -> str:
             "checked": report.checked,
             "bytes_checked": report.bytes_checked,
             "pending": report.pending,
+            "units_checked": report.units_checked,
             "damaged": [{"name": d.name, "problem": d.problem} for d in report.damaged],
             **({"formats": report.formats} if report.formats is not None else {}),
         },
