@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from resumerge.check.strict import finite, restore
+
 WORKS, NO_EFFECT, BROKEN = "works", "no_effect", "broken"
 
 
@@ -52,8 +54,9 @@ class StaticFigures:
     unmoved: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
-        """As JSON (the check's journal keeps it, so a resumed check does not read every model again)."""
-        return asdict(self)
+        """As strict JSON (:mod:`.strict`: a non-finite figure is null, what it was beside it); the check's journal
+        keeps it, so a resumed check does not read every model again."""
+        return dict(finite(asdict(self)))
 
     @staticmethod
     def from_json(doc: dict[str, Any]) -> StaticFigures:
@@ -62,6 +65,7 @@ class StaticFigures:
 
 
 def _static_from_json(doc: dict[str, Any]) -> StaticFigures:
+    doc = restore(doc)
     return StaticFigures(parameters=dict(doc["parameters"]), nonfinite=tuple(doc["nonfinite"]),
                          shape_problems=tuple(doc["shape_problems"]),
                          groups=tuple(GroupFigures(**g) for g in doc["groups"]), unmoved=tuple(doc["unmoved"]))
@@ -96,12 +100,14 @@ class CheckReport:
         return codes[self.verdict]
 
     def to_json(self) -> dict[str, Any]:
-        """The report as ``--json`` prints it."""
-        return asdict(self)
+        """The report as ``--json`` prints it and ``report.json`` keeps it: strict JSON, every number finite (a
+        non-finite figure is null, with ``<key>_nonfinite`` beside it saying what it was: :mod:`.strict`)."""
+        return dict(finite(asdict(self)))
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> CheckReport:
-        """The report :meth:`to_json` made (a finished check's journal)."""
+        """The report :meth:`to_json` made (a finished check's journal), its non-finite figures restored."""
+        doc = restore(doc)
         models = tuple(ModelFigures(**{**m, "drift": tuple(m["drift"]), "depart": tuple(m["depart"])})
                        for m in doc["models"])
         return cls(**{**doc, "reasons": tuple(doc["reasons"]), "models": models,

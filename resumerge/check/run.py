@@ -133,7 +133,8 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     if figures is not None and len(models) > 1:  # people would rather look than read
         chart = write_drift_chart(workdir / CHART_NAME, [m.drift for m in report.models[1:]], report.broken_layer)
         report = replace(report, chart=os.path.abspath(chart))
-    write_file_atomic(done, (json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n").encode())
+    write_file_atomic(done, (json.dumps(report.to_json(), indent=2, sort_keys=True, allow_nan=False)
+                             + "\n").encode())  # strict JSON: any language's parser reads it
     reads.close()  # the ranges kept for a second read go
     progress.say(phase="done", verdict=report.verdict, exit_code=report.exit_code, broken_layer=report.broken_layer)
     _record(model, state, report, done)
@@ -200,7 +201,7 @@ def _static(models: list[Checked], workdir: Path, progress: Progress,
     progress.say(phase="static")
     static = static_pass(models, known)
     workdir.mkdir(parents=True, exist_ok=True)
-    write_file_atomic(path, (json.dumps(static.to_json()) + "\n").encode())  # its order kept: the table's
+    write_file_atomic(path, (json.dumps(static.to_json(), allow_nan=False) + "\n").encode())  # the table's order
     return static
 
 

@@ -48,7 +48,7 @@ def run_check_command(args: argparse.Namespace) -> int:
                    max_memory=args.max_memory, state_dir=args.state_dir,
                    executor=executor_option(args.executor, ray_address=args.ray_address))
     if args.json:
-        print(json.dumps(report.to_json(), indent=2, sort_keys=True))
+        print(json.dumps(report.to_json(), indent=2, sort_keys=True, allow_nan=False))  # strict JSON
     else:
         from resumerge.cli.render import show_check
 
