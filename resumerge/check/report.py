@@ -75,8 +75,9 @@ def _static_from_json(doc: dict[str, Any]) -> StaticFigures:
 class CheckReport:
     """The check of one merge: the ``verdict`` (works, no_effect, broken), the ``reasons`` it rests on (each
     naming the figures compared), ``broken_layer`` (0-based, or None), the models' figures, the static pass,
-    the tokens it ran, the ``thresholds`` used, where its drift ``chart`` is, the ``prompts`` it ran and what
-    became of MODEL's model ``card``."""
+    the tokens it ran, the ``thresholds`` used, where its drift ``chart`` is, the ``prompts`` it ran, what
+    became of MODEL's model ``card``, and where the models' vocabularies differ the ``shared_tokens`` the
+    comparisons were over and the ``vocabulary`` line saying how."""
 
     verdict: str
     reasons: tuple[str, ...]
@@ -90,6 +91,9 @@ class CheckReport:
     chart: str | None = None  # the per-layer drift chart (PNG) beside the report, when the forward pass ran
     prompts: str | None = None  # the texts run: "built-in (...)" or the file's name and sha256
     card: str | None = None  # what became of MODEL's model card (a resumerge output's), in one line
+    # where the models' vocabularies differ: the tokens they share, and how they were compared (resumerge.check.vocabs)
+    shared_tokens: int | None = None
+    vocabulary: str | None = None
 
     @property
     def exit_code(self) -> int:
