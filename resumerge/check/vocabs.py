@@ -138,14 +138,15 @@ def shared_vocab(directories: Sequence[Path], rows: Sequence[int | None], load: 
     held = [set(v) for v in vocabs]
     reference = next((i for i, v in enumerate(held) if tokenizers[i] is not None
                       and all(v <= other for other in held)), tokenizers.index(first))
-    by_id = [""] * (max(vocabs[reference].values(), default=-1) + 1)
+    by_id: list[str | None] = [None] * (max(vocabs[reference].values(), default=-1) + 1)
     for token, i in vocabs[reference].items():
         by_id[i] = token
-    tokens = tuple(by_id)
+    gaps = [i for i, t in enumerate(by_id) if t is None]  # ids the texts' tokenizer gives no token: no one's
+    tokens = tuple(t if t is not None else "" for t in by_id)
     sources = []
     for v, r in zip(vocabs, rows):
         found = source_rows(tokens, v, r if r is not None else len(tokens))
-        found[[i for i, t in enumerate(tokens) if t == "" and "" not in v]] = -1  # ids the tokenizer skips
+        found[gaps] = -1
         sources.append(found)
     alignment = VocabAlignment.from_arrays(models=tuple(str(i) for i in range(len(vocabs))), base=None,
                                            vocab_size=len(tokens), embed_rows=tuple(r or len(tokens) for r in rows),

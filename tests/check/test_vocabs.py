@@ -112,3 +112,15 @@ def test_models_that_share_no_token_are_refused_before_any_layer(tmp_path: Path,
     assert not [p for p in journaled if "tokens" not in p.parts], journaled  # no layer, no static pass, no report
     with pytest.raises(UsageError, match="share no token"):
         api.check(merge, base=base, parents=[other], prompts=_texts(tmp_path), state_dir=state)
+
+
+def test_a_text_holding_a_token_one_model_lacks_is_refused_naming_its_line(tmp_path: Path) -> None:
+    # Neither vocabulary holds the other ("c" only the merge's, "k" only the base's): the merge's tokenizer cuts
+    # the texts, and the one with "c" in it cannot be compared.
+    merge = _renumbered(make_model(tmp_path / "merge", SPEC, seed=0), rename={"k": "κ"})
+    base = _renumbered(make_model(tmp_path / "base", SPEC, seed=1), rename={"c": "ç"})
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the dog sat\nthe cat sat\n")
+    with pytest.raises(UsageError, match=r"line 2 of (--)?prompts .* holds the token 'c', which .*base lacks"):
+        api.check(merge, base=base, prompts=texts, state_dir=tmp_path / "state")
+    assert not list((tmp_path / "state").rglob("*.safetensors"))
