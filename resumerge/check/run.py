@@ -33,6 +33,7 @@ from resumerge.check.progress import Progress
 from resumerge.check.prompts import describe
 from resumerge.check.report import CheckReport, ModelFigures, StaticFigures
 from resumerge.check.static import TensorResult, layer_of, logical_shapes, static_pass, tensor_results
+from resumerge.check.strict import finite
 from resumerge.check.tokens import cached_sequences
 from resumerge.check.verdict import THRESHOLDS, judge
 from resumerge.check.vocabs import SharedVocab
@@ -260,7 +261,8 @@ def _record(model: str | os.PathLike[str], state: StateDir, report: CheckReport,
     try:
         ledger = Ledger(path)
         try:
-            ledger.event("check", f"check: {report.verdict.replace('_', ' ')}", data)
+            # strict JSON, as the report's: ``status --json`` shows this row
+            ledger.event("check", f"check: {report.verdict.replace('_', ' ')}", finite(data))
         finally:
             ledger.close()
     except (LedgerError, StorageError):  # a damaged ledger is the next run's to set aside; the report stands
