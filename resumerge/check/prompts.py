@@ -107,14 +107,14 @@ def bounded(texts: list[Text], context: Context | None, option: str = "--prompts
     are cut (they are a few dozen tokens; only a toy model's context is shorter)."""
     if context is None:
         return texts
-    longest = max(texts, key=lambda t: len(t.ids))
-    if len(longest.ids) <= context.limit:
+    over = [t for t in texts if len(t.ids) > context.limit]
+    if not over:
         return texts
-    if context.cut or longest.where.startswith(BUILT_IN_TEXT):  # the built-in texts: no one to shorten them
+    if context.cut or over[0].where.startswith(BUILT_IN_TEXT):  # the built-in texts: no one to shorten them
         return [Text(t.ids[:context.limit], t.where) for t in texts]
-    over = sum(len(t.ids) > context.limit for t in texts)
-    raise UsageError(f"{longest.where} is {len(longest.ids):,} tokens, past the {context.limit:,} of {context.model}'s "
-                     f"context ({context.key})" + (f", as are {over - 1} more" if over > 1 else ""),
+    first = over[0]
+    raise UsageError(f"{first.where} is {len(first.ids):,} tokens, past the {context.limit:,} of {context.model}'s "
+                     f"context ({context.key})" + (f", as are {len(over) - 1} more" if len(over) > 1 else ""),
                      hint=f"shorten the texts in {option}, or rerun with --truncate-texts to cut each to its first "
                           f"{context.limit:,} tokens")
 
