@@ -15,9 +15,10 @@ them position by position as if they were one (a crash after the whole pass). Th
   parent's: then every text token is shared), else the merge's; a text that holds a token some model lacks is
   refused in one line (exit 2), as is a check whose models share no token.
 * Every model reads the texts as those tokens, each given as its own id of the same string (the hidden states
-  stay comparable position by position). Its NLL is over its whole vocabulary; KL and top-1 agreement are over the
-  shared tokens only: each model's log-probabilities taken at the shared tokens and renormalised over them
-  (``lp[S] - logsumexp(lp[S])``, the log-softmax of its logits restricted to S).
+  stay comparable position by position; a model whose own tokenizer would cut a text otherwise reads it as cut
+  for the others, and its NLL may be above what its own cut gives). Its NLL is over its whole vocabulary; KL
+  and top-1 agreement are over the shared tokens only: each model's log-probabilities taken at the shared tokens
+  and renormalised over them (``lp[S] - logsumexp(lp[S])``, the log-softmax of its logits restricted to S).
 
 The mapping is :class:`resumerge.vocab.VocabAlignment`, as a merge's tokenizer alignment is: over the texts'
 tokenizer's tokens by id, each model's row of the same token (-1: it lacks it).
