@@ -124,3 +124,17 @@ def test_a_text_holding_a_token_one_model_lacks_is_refused_naming_its_line(tmp_p
     with pytest.raises(UsageError, match=r"line 2 of (--)?prompts .* holds the token 'c', which .*base lacks"):
         api.check(merge, base=base, prompts=texts, state_dir=tmp_path / "state")
     assert not list((tmp_path / "state").rglob("*.safetensors"))
+
+
+def test_run_check_of_a_union_merge_ends_with_its_verdict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: the merge was written, then its check ran every layer and crashed in the heads (exit 1).
+    small = make_model(tmp_path / "small", SPEC, seed=0)
+    large = make_model(tmp_path / "large", ModelSpec(layers=2, hidden=32, intermediate=48, vocab=80), seed=1)
+    config = tmp_path / "union.yml"
+    config.write_text(f"merge_method: linear\ntokenizer_source: union\nmodels:\n  - model: {small}\n"
+                      f"    parameters: {{weight: 0.5}}\n  - model: {large}\n    parameters: {{weight: 0.5}}\n")
+    out, state = tmp_path / "out", tmp_path / "state"
+    code = main(["run", str(config), str(out), "--check", "--state-dir", str(state), "--quiet"])
+    assert code in (0, 5), capsys.readouterr().err
+    report = api.check(out, state_dir=state)  # the check run --check made, answered from its report
+    assert report.shared_tokens == 64 and report.vocabulary is not None and "the merge's 80" in report.vocabulary
