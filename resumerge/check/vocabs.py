@@ -85,7 +85,7 @@ class SharedVocab:
         """One line for the report: how many tokens were shared of each vocabulary, matched how."""
         rows = ", ".join(f"the {role}'s {n:,}" for role, n in zip(roles, self.alignment.embed_rows))
         how = "by id (one extends the other)" if self.by_id else "by token string (the tokenizers differ)"
-        return (f"the vocabularies differ: {len(self.shared):,} tokens shared (of {rows}), matched {how}; KL and "
+        return (f"{len(self.shared):,} tokens shared (of {rows}), matched {how}; KL and "
                 "top-1 over the shared tokens, each model's log-probabilities renormalised over them; NLL over "
                 "each model's own vocabulary")
 
