@@ -24,6 +24,7 @@ BUILT_IN: tuple[tuple[str, str], ...] = (
 
 
 BUILT_IN_TEXT = "built-in text"
+_NO_LIMIT = 1 << 62  # transformers' own "no limit" is about 1e30; any length a text has is below this
 
 
 def load_tokenizer(directories: Sequence[Path]) -> Any:
@@ -35,9 +36,13 @@ def load_tokenizer(directories: Sequence[Path]) -> Any:
     for directory in directories:
         if (directory / "tokenizer_config.json").is_file() or (directory / "tokenizer.json").is_file():
             try:
-                return transformers.AutoTokenizer.from_pretrained(str(directory))
+                tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
             except (OSError, ValueError):
                 continue
+            # The texts' length against the context is :func:`bounded`'s to judge, in one line naming the text:
+            # the tokenizer's own warning ("... will result in indexing errors") would only come before it.
+            tokenizer.model_max_length = _NO_LIMIT
+            return tokenizer
     raise UsageError("none of the checked models has a tokenizer to read the prompts with"
                      + "".join(f" ({reason})" for reason in _gguf_reasons(directories)),
                      hint="copy the tokenizer files into MODEL's folder")
