@@ -138,3 +138,26 @@ def test_run_check_of_a_union_merge_ends_with_its_verdict(tmp_path: Path, capsys
     assert code in (0, 5), capsys.readouterr().err
     report = api.check(out, state_dir=state)  # the check run --check made, answered from its report
     assert report.shared_tokens == 64 and report.vocabulary is not None and "the merge's 80" in report.vocabulary
+
+
+def test_a_killed_check_of_models_whose_vocabularies_differ_resumes_to_the_same_report(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    base = make_model(tmp_path / "base", SPEC, seed=0)
+    merge = make_model(tmp_path / "merge", ModelSpec(layers=2, hidden=32, intermediate=48, vocab=80), seed=2)
+    texts = _texts(tmp_path)
+    whole = api.check(merge, base=base, prompts=texts, state_dir=tmp_path / "whole")
+    state = tmp_path / "killed"
+    argv = [sys.executable, "-m", "resumerge", "check", str(merge), "--base", str(base), "--prompts", str(texts),
+            "--state-dir", str(state), "--json"]
+    killed = subprocess.run(argv, env={**os.environ, "RESUMERGE_KILL_AT": "after_check_layer:1"},
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert killed.returncode == -9, killed.stderr
+    assert [p.name for p in state.rglob("layer-*.safetensors")] == ["layer-00000.safetensors"]
+    resumed = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert resumed.returncode == whole.exit_code, resumed.stderr
+    doc, expected = json.loads(resumed.stdout), json.loads(json.dumps(whole.to_json()))
+    assert Path(doc.pop("chart")).read_bytes() == Path(expected.pop("chart")).read_bytes()
+    assert doc == expected and doc["shared_tokens"] == 64
