@@ -143,7 +143,8 @@ class ModelNode:
              m: int = 0) -> Hidden | None:
         """This model's log-probabilities from its last hidden states (``own`` where given: a check resumed after
         its last layer), kept for :meth:`compare`, and returned where ``share`` (the merge's and the base's, which
-        the others compare theirs with)."""
+        the others compare theirs with; over the shared tokens where the vocabularies differ: ``vocab``, this the
+        check's model ``m``)."""
         self._drop_first()
         if own is not None:
             self.hidden = own
