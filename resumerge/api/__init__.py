@@ -295,7 +295,8 @@ def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
 
 def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[PathLike] = (),
           prompts: PathLike | None = None, max_memory: int | str | None = None,
-          state_dir: PathLike | None = None, executor: Executor | None = None) -> CheckReport:
+          state_dir: PathLike | None = None, executor: Executor | None = None,
+          truncate_texts: bool = False) -> CheckReport:
     """Does the merge in ``model`` work, like ``resumerge check``: a static pass over its tensors and a forward
     pass, one decoder layer of one model at a time, of it, its ``base`` and its ``parents`` (a resumerge
     output's come from its record when none is given) over built-in texts or ``prompts`` (a file, one text per
@@ -306,7 +307,10 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
     check's section (recorded, so ``verify`` passes); ``report.card`` says what became of it. ``executor``: None or
     ``LocalExecutor()`` runs the models one after another in this process; ``RayExecutor(address)`` each model's
     pass on a node of its own of that Ray cluster (the same report; a check started with one resumes with the
-    other)."""
+    other). A text longer than the models' context (``max_position_embeddings``) is refused naming its line,
+    before any layer runs, or cut to the context with ``truncate_texts``. Models whose vocabularies differ are
+    compared over the tokens they share (``report.shared_tokens``, ``report.vocabulary``); models that share none,
+    or a text holding a token one lacks, are refused before any layer runs."""
     from resumerge.check.run import run_check
 
     on_ray, address = False, None
@@ -316,20 +320,23 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
         on_ray, address = check_placement(executor)
     return run_check(model, base=base, parents=tuple(parents), prompts=prompts,
                      max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory,
-                     state=StateDir.resolve(state_dir), on_ray=on_ray, ray_address=address)
+                     state=StateDir.resolve(state_dir), on_ray=on_ray, ray_address=address, cut_texts=truncate_texts)
 
 
 def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
-            max_memory: int | str | None = None, progress: Callable[[str], None] | None = None) -> MeasureReport:
+            max_memory: int | str | None = None, progress: Callable[[str], None] | None = None,
+            truncate_texts: bool = False) -> MeasureReport:
     """Record, like ``resumerge measure``, the Gram matrix of every linear's input for every model of ``config``
     over calibration ``texts`` (a file, one text per line; default: built-in texts) into the folder ``out``, for a
     ``regmean`` merge (``parameters: {grams: out}``). One decoder layer at a time, journaled per layer in ``out``: a
     killed measurement run again resumes at the layer it reached and writes the same bytes. ``progress`` is told
-    each layer as it starts."""
+    each layer as it starts. A text longer than the models' context is refused naming its line, before anything
+    is written, or cut to the context with ``truncate_texts`` (as ``check`` does)."""
     from resumerge.measure.run import measure_grams
 
     return measure_grams(config, out, texts=texts, on_progress=progress,
-                         max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory)
+                         max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory,
+                         cut_texts=truncate_texts)
 
 
 def plan_merge(config: PathLike, *, output: Output = Output(), merging: Merging = Merging(),

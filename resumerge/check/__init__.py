@@ -10,11 +10,12 @@ check resumes where it was (:mod:`.onray` runs each model's pass on a Ray node o
 :mod:`.needs` finds what each step holds, for the local budget and each Ray actor's declared memory), and
 :mod:`.heads` the heads at its end, streamed, :mod:`.hubreads` holds a hub model's weights to the hub's checksums
 (each range journaled, each file read whole verified before the report, no byte fetched twice), :mod:`.verdict`
-holds the thresholds and rules and :mod:`.report` the report's shape and JSON, and :mod:`.card` writes a finished
+holds the thresholds and rules and :mod:`.report` the report's shape and JSON (strict: :mod:`.strict`), :mod:`.vocabs`
+how models whose vocabularies differ are compared (over the tokens they share), and :mod:`.card` writes a finished
 check's section into a resumerge output's model card.
 :func:`~resumerge.check.run.run_check` does it all; :func:`resumerge.api.check` calls it.
 
-May import: errors, config, forward, inputs, memory, store (killpoints, manifest, durable...), engine (cluster.connect).
+May import: errors, config, forward, inputs, memory, store (killpoints, manifest, durable...), engine, vocab.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from resumerge.check.vocabs import SharedVocab
 from resumerge.forward.stream import ModelStream
 from resumerge.inputs.safetensors_format import numel
 from resumerge.torch_import import torch
@@ -46,11 +47,12 @@ class HeadTotals:
 
 
 def head_figures(streams: Sequence[ModelStream], hidden: list[list[torch.Tensor]], batches: Sequence[Batch],
-                 base: int | None, workdir: Path) -> HeadTotals:
+                 base: int | None, workdir: Path, vocab: SharedVocab | None = None) -> HeadTotals:
     """The figures of every model's log-probabilities at each real position that has a next token (``hidden``:
-    each model's last hidden states per batch; ``batches``: the token sequences of each batch)."""
+    each model's last hidden states per batch; ``batches``: the token sequences of each batch). Where the models'
+    vocabularies differ (``vocab``), each NLL is over its own and the comparisons over the shared tokens
+    (:mod:`.vocabs`)."""
     n = len(streams)
-    targets = [[torch.tensor(list(s[1:])) for s in batch] for batch in batches]
     tokens = sum(len(s) - 1 for batch in batches for s in batch)
     scratch = workdir / SCRATCH
     shutil.rmtree(scratch, ignore_errors=True)  # a killed check's: computed again
@@ -62,19 +64,23 @@ def head_figures(streams: Sequence[ModelStream], hidden: list[list[torch.Tensor]
     base_kl: list[float | None] = [None] * n
     try:
         total = 0.0
+        targets = targets_of(batches, vocab, 0)
         for b, rows in enumerate(logprobs(streams[0], hidden[0], batches)):
             for row, found in enumerate(rows):
                 total = nll_sum(found, targets[b][row], total)
                 if n > 1:  # compared with every other model's
-                    _keep(scratch, 0, b, row, found)
+                    _keep(scratch, 0, b, row, shared(vocab, 0, found))
         nll[0] = total / tokens
         for m in range(1, n):
             total, agree = 0.0, 0
             per_position: list[torch.Tensor] = []
             from_base: list[torch.Tensor] = []
+            targets = targets_of(batches, vocab, m)
             for b, rows in enumerate(logprobs(streams[m], hidden[m], batches)):
-                for row, theirs in enumerate(rows):
-                    total = nll_sum(theirs, targets[b][row], total)
+                for row, found in enumerate(rows):
+                    total = nll_sum(found, targets[b][row], total)
+                    theirs = shared(vocab, m, found)
+                    del found
                     merged = _kept(scratch, 0, b, row)
                     per_position.append(kl_at(theirs, merged))
                     agree += int((theirs.argmax(-1) == merged.argmax(-1)).sum())
@@ -185,6 +191,19 @@ def _kept(scratch: Path, model: int, batch: int, row: int) -> torch.Tensor:
     from safetensors.torch import load_file
 
     return load_file(str(scratch / f"{model}-{batch}-{row}.safetensors"))["lp"]
+
+
+def targets_of(batches: Sequence[Batch], vocab: SharedVocab | None, m: int) -> list[list[torch.Tensor]]:
+    """Each sequence's next tokens (per batch) as model ``m``'s ids (the texts' tokenizer's where ``vocab`` is
+    None: the vocabularies are one)."""
+    found = [[torch.tensor(list(s[1:])) for s in batch] for batch in batches]
+    return found if vocab is None else [[vocab.own(m, t) for t in batch] for batch in found]
+
+
+def shared(vocab: SharedVocab | None, m: int, found: torch.Tensor) -> torch.Tensor:
+    """Model ``m``'s log-probabilities as the comparisons take them: over the shared tokens, renormalised, where
+    the vocabularies differ (:meth:`SharedVocab.restrict`); as they are where they are one."""
+    return found if vocab is None else vocab.restrict(m, found)
 
 
 def kl_at(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:

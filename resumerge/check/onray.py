@@ -36,10 +36,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from resumerge.check.heads import HeadTotals
+from resumerge.check.heads import HeadTotals, shared
 from resumerge.check.models import Checked
 from resumerge.check.needs import StepBytes
 from resumerge.check.passes import ModelHead, compared, logprobs, model_layer, streams_of, totals
+from resumerge.check.vocabs import SharedVocab, own_batches
 from resumerge.errors import ResumergeError, UnreachableError, UsageError
 from resumerge.forward.stream import LayerCall
 from resumerge.memory.sizes import format_size
@@ -138,21 +139,25 @@ class ModelNode:
             self.stream.unload(self.stream.layers_list[0])
             self.first = False
 
-    def head(self, batches: Batches, share: bool, own: Hidden | None = None) -> Hidden | None:
+    def head(self, batches: Batches, share: bool, own: Hidden | None = None, vocab: SharedVocab | None = None,
+             m: int = 0) -> Hidden | None:
         """This model's log-probabilities from its last hidden states (``own`` where given: a check resumed after
         its last layer), kept for :meth:`compare`, and returned where ``share`` (the merge's and the base's, which
-        the others compare theirs with)."""
+        the others compare theirs with; over the shared tokens where the vocabularies differ: ``vocab``, this the
+        check's model ``m``)."""
         self._drop_first()
         if own is not None:
             self.hidden = own
         with torch.no_grad():
             self.lp = logprobs(self.stream, self.hidden, batches)
-        return self.lp if share else None
+            return [shared(vocab, m, lp) for lp in self.lp] if share else None
 
-    def compare(self, merged: Hidden | None, base: Hidden | None, batches: Batches) -> ModelHead:
-        """See :func:`~resumerge.check.passes.compared` (of this model's log-probabilities)."""
+    def compare(self, merged: Hidden | None, base: Hidden | None, batches: Batches, vocab: SharedVocab | None = None,
+                m: int = 0) -> ModelHead:
+        """See :func:`~resumerge.check.passes.compared` (of this model's log-probabilities; model ``m`` of the
+        check, ``vocab`` how its vocabularies meet)."""
         with torch.no_grad():
-            return compared(self.lp, merged, base, batches)
+            return compared(self.lp, merged, base, batches, vocab, m)
 
     def close(self) -> None:
         self.stream.close()
@@ -294,8 +299,9 @@ class RayModels:
 
     def __init__(self, ray: Any, models: Sequence[Checked], placed: list[Place], layers: int,
                  on_layer: Callable[[int, list[str]], None] | None = None,
-                 on_reads: Callable[[int, list[Read]], None] | None = None) -> None:
+                 on_reads: Callable[[int, list[Read]], None] | None = None, vocab: SharedVocab | None = None) -> None:
         self.ray, self.models, self.places, self.layers, self.on_layer = ray, models, placed, layers, on_layer
+        self.vocab = vocab  # where the models' vocabularies differ: each reads its own ids, compared over the shared
         # asked of the actors after each step only where a model is read from the hub: a round trip per layer
         self.on_reads = on_reads if any(m.remote for m in models) else None
         self.threads = [max(1, int(place.cpus)) for place in placed]
@@ -381,7 +387,7 @@ class RayModels:
             try:
                 self.nodes[m] = self._get(ref)
                 if self.batches is not None:
-                    self._get(self.actors[m].enter.remote(self.batches))
+                    self._get(self.actors[m].enter.remote(own_batches(self.vocab, m, self.batches)))
             except _Lost:
                 raise UnreachableError(f"a Ray node of the check was lost ({why}), and so was its model's new "
                                        "actor", hint=_RESUME_HINT) from None
@@ -431,7 +437,7 @@ class RayModels:
     def enter(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[Hidden]:
         self.seeded = False
         self.batches = batches
-        found: list[Hidden] = self._each(lambda m: self.actors[m].enter.remote(batches))
+        found: list[Hidden] = self._each(lambda m: self.actors[m].enter.remote(own_batches(self.vocab, m, batches)))
         self._checked()
         return found
 
@@ -456,11 +462,12 @@ class RayModels:
 
     def heads(self, hidden: list[Hidden], batches: Batches, base: int | None) -> HeadTotals:
         def step() -> list[ModelHead]:
-            lps = [actor.head.remote(batches, m in (0, base), self._own(m, hidden))
+            lps = [actor.head.remote(batches, m in (0, base), self._own(m, hidden), self.vocab, m)
                    for m, actor in enumerate(self.actors)]
             merged, base_lp = lps[0], lps[base] if base is not None else None
-            refs = [self.actors[0].compare.remote(None, None, batches)]
-            refs += [actor.compare.remote(merged, base_lp if base is not None and m > base else None, batches)
+            refs = [self.actors[0].compare.remote(None, None, batches, self.vocab, 0)]
+            refs += [actor.compare.remote(merged, base_lp if base is not None and m > base else None, batches,
+                                          self.vocab, m)
                      for m, actor in enumerate(self.actors) if m > 0]
             found: list[ModelHead] = self._get(refs)
             return found
@@ -498,12 +505,13 @@ def _driver_token() -> bool:
 @contextmanager
 def ray_models(models: Sequence[Checked], placed: list[Place], layers: int,
                on_layer: Callable[[int, list[str]], None] | None = None,
-               on_reads: Callable[[int, list[Read]], None] | None = None) -> Iterator[RayModels]:
+               on_reads: Callable[[int, list[Read]], None] | None = None, vocab: SharedVocab | None = None
+               ) -> Iterator[RayModels]:
     """The check's models as actors of the Ray cluster this process joined (:func:`ray_places`), where ``placed``
-    says; they end with the block."""
+    says (``vocab``: how their vocabularies meet, where they differ); they end with the block."""
     from resumerge.engine.cluster.connect import require_ray
 
-    running = RayModels(require_ray(), models, list(placed), layers, on_layer, on_reads)
+    running = RayModels(require_ray(), models, list(placed), layers, on_layer, on_reads, vocab)
     try:
         running.start()
         yield running

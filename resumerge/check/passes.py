@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from resumerge.check.folded import FoldedStatic
-from resumerge.check.heads import HeadTotals, head_figures, kl_at, nll_sum
+from resumerge.check.heads import HeadTotals, head_figures, kl_at, nll_sum, shared, targets_of
 from resumerge.check.heads import logprobs as streamed_logprobs
 from resumerge.check.models import Checked
+from resumerge.check.vocabs import SharedVocab, own_batches
 from resumerge.forward import Weights, durable_save
 from resumerge.forward.journal import latest
 from resumerge.forward.stream import LayerCall, ModelStream
@@ -91,14 +92,17 @@ def streams_of(models: Sequence[Checked]) -> list[ModelStream]:
 
 def forward_pass(models: Sequence[Checked], streams: Sequence[ModelStream], sequences: Sequence[Sequence[int]],
                  workdir: Path, on_model: Callable[[int, int], None] | None = None,
-                 reserve: Reserve = _unreserved, fold: FoldedStatic | None = None) -> PassFigures | None:
+                 reserve: Reserve = _unreserved, fold: FoldedStatic | None = None,
+                 vocab: SharedVocab | None = None) -> PassFigures | None:
     """Run the pass in this process (resuming the one journaled in ``workdir``) and return its figures;
     ``on_model(layer, m)`` is told before model ``m``'s layer is read (``status`` shows it); ``reserve(what,
     step)`` holds the memory of a step (``layer``: one model's layer, two with ``fold``; ``heads``: two models'
     heads and log-probabilities) while it runs. ``fold``: the decoder layers' static figures are taken as they
-    are read (:mod:`.folded`), and the pass stops (None) at the first layer whose merge holds a non-finite value."""
-    return run_pass([m.role for m in models], LocalModels(streams, workdir, on_model, reserve, fold), sequences,
-                    workdir, fold)
+    are read (:mod:`.folded`), and the pass stops (None) at the first layer whose merge holds a non-finite value.
+    ``vocab``: how the models' vocabularies meet where they differ (each reads ``sequences`` as its own ids; the
+    heads compare over the shared tokens: :mod:`.vocabs`)."""
+    return run_pass([m.role for m in models], LocalModels(streams, workdir, on_model, reserve, fold, vocab),
+                    sequences, workdir, fold)
 
 
 class PassModels(Protocol):
@@ -165,15 +169,16 @@ class LocalModels:
 
     def __init__(self, streams: Sequence[ModelStream], workdir: Path,
                  on_model: Callable[[int, int], None] | None = None, reserve: Reserve = _unreserved,
-                 fold: FoldedStatic | None = None) -> None:
+                 fold: FoldedStatic | None = None, vocab: SharedVocab | None = None) -> None:
         self.streams, self.workdir, self.on_model, self.reserve = streams, workdir, on_model, reserve
-        self.fold = fold
+        self.fold, self.vocab = fold, vocab
         self.layers = streams[0].layers
         self.entering: list[tuple[torch.Tensor, list[LayerCall]]] = []
         self.calls: list[list[list[LayerCall]]] = []
 
     def enter(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[list[torch.Tensor]]:
-        entering = [stream.inputs_of_rows(batches) for stream in self.streams]
+        entering = [stream.inputs_of_rows(own_batches(self.vocab, m, batches))
+                    for m, stream in enumerate(self.streams)]
         self.entering = entering[0]
         self.calls = [[c for _, c in model] for model in entering]
         return [[h for h, _ in model] for model in entering]
@@ -205,7 +210,7 @@ class LocalModels:
               base: int | None) -> HeadTotals:
         """Streamed: one model, one batch, one sequence's log-probabilities at a time (:mod:`.heads`)."""
         with self.reserve("the heads", "heads"):
-            return head_figures(self.streams, hidden, batches, base, self.workdir)
+            return head_figures(self.streams, hidden, batches, base, self.workdir, self.vocab)
 
 
 def _runs_batched(stream: ModelStream, entering: list[tuple[torch.Tensor, list[LayerCall]]],
@@ -386,15 +391,17 @@ def logprobs(stream: ModelStream, states: list[torch.Tensor], batches: Sequence[
     return [lp for rows in streamed_logprobs(stream, states, batches) for lp in rows]
 
 
-def compared(theirs: list[torch.Tensor], merged: list[torch.Tensor] | None, base: list[torch.Tensor] | None,
-             batches: Sequence[Sequence[Sequence[int]]]) -> ModelHead:
-    """A model's figures from its log-probabilities ``theirs``, against the merge's (``merged``; None: it is the
-    merge) and the base's (``base``; None: none to compare with)."""
-    targets = [torch.tensor(list(s[1:])) for batch in batches for s in batch]
+def compared(found: list[torch.Tensor], merged: list[torch.Tensor] | None, base: list[torch.Tensor] | None,
+             batches: Sequence[Sequence[Sequence[int]]], vocab: SharedVocab | None = None, m: int = 0) -> ModelHead:
+    """Model ``m``'s figures from its log-probabilities ``found``, against the merge's (``merged``; None: it is the
+    merge) and the base's (``base``; None: none to compare with), both as :func:`~.heads.shared` gives them (over
+    the shared tokens where the vocabularies differ: ``vocab``)."""
+    targets = [t for batch in targets_of(batches, vocab, m) for t in batch]
     tokens = sum(len(t) for t in targets)
-    nll = _nll(theirs, targets, tokens)
+    nll = _nll(found, targets, tokens)
     if merged is None:
         return ModelHead(nll)
+    theirs = [shared(vocab, m, lp) for lp in found]
     return ModelHead(nll, [kl_at(t, o) for t, o in zip(theirs, merged)],
                        sum(int((t.argmax(-1) == o.argmax(-1)).sum()) for t, o in zip(theirs, merged)),
                        None if base is None else [kl_at(b, t) for b, t in zip(base, theirs)])

@@ -4,7 +4,8 @@ tokenizer does by default, no template)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,10 @@ BUILT_IN: tuple[tuple[str, str], ...] = (
 )
 
 
+BUILT_IN_TEXT = "built-in text"
+_NO_LIMIT = 1 << 62  # transformers' own "no limit" is about 1e30; any length a text has is below this
+
+
 def load_tokenizer(directories: Sequence[Path]) -> Any:
     """The first of ``directories`` (the merge's, then its base's and parents') that holds a tokenizer."""
     from resumerge.forward.stream import import_transformers
@@ -31,9 +36,13 @@ def load_tokenizer(directories: Sequence[Path]) -> Any:
     for directory in directories:
         if (directory / "tokenizer_config.json").is_file() or (directory / "tokenizer.json").is_file():
             try:
-                return transformers.AutoTokenizer.from_pretrained(str(directory))
+                tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
             except (OSError, ValueError):
                 continue
+            # The texts' length against the context is :func:`bounded`'s to judge, in one line naming the text:
+            # the tokenizer's own warning ("... will result in indexing errors") would only come before it.
+            tokenizer.model_max_length = _NO_LIMIT
+            return tokenizer
     raise UsageError("none of the checked models has a tokenizer to read the prompts with"
                      + "".join(f" ({reason})" for reason in _gguf_reasons(directories)),
                      hint="copy the tokenizer files into MODEL's folder")
@@ -46,22 +55,91 @@ def _gguf_reasons(directories: Sequence[Path]) -> list[str]:
     return [reason for reason in map(tokenizer_error, directories) if reason]
 
 
-def sequences(tokenizer: Any, prompts_file: Path | None) -> list[list[int]]:
-    """The token ids of each sequence, at least two tokens each."""
+@dataclass(frozen=True)
+class Text:
+    """One token sequence and where its text is, as a refusal names it (``line 3 of --prompts FILE``)."""
+
+    ids: list[int]
+    where: str
+
+
+@dataclass(frozen=True)
+class Context:
+    """The longest sequence the models take (``limit`` tokens; the config key that says so, the model that
+    says least) and whether a longer text is cut to it (``cut``) rather than refused."""
+
+    limit: int
+    key: str
+    model: str
+    cut: bool = False
+
+
+def sequences(tokenizer: Any, prompts_file: Path | None, context: Context | None = None,
+              option: str = "--prompts") -> list[list[int]]:
+    """The token ids of each sequence, at least two tokens each, each within ``context`` (:func:`named`)."""
+    return [text.ids for text in named(tokenizer, prompts_file, context, option)]
+
+
+def named(tokenizer: Any, prompts_file: Path | None, context: Context | None = None,
+          option: str = "--prompts") -> list[Text]:
+    """The token ids of each sequence, at least two tokens each, and where each text is; each within the models'
+    ``context`` (:func:`bounded`). ``option``: how the command names the file (``--prompts``, ``--texts``)."""
     if prompts_file is not None:
         try:
-            lines = [line for line in prompts_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+            lines = [(n, line) for n, line in enumerate(prompts_file.read_text(encoding="utf-8").splitlines(), 1)
+                     if line.strip()]
         except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"cannot read --prompts {prompts_file}: {exc}") from None
+            raise UsageError(f"cannot read {option} {prompts_file}: {exc}") from None
         if not lines:
-            raise UsageError(f"--prompts {prompts_file} holds no text", hint="one text per line")
-        found = [list(tokenizer(line)["input_ids"]) for line in lines]
+            raise UsageError(f"{option} {prompts_file} holds no text", hint="one text per line")
+        found = [Text(list(tokenizer(line)["input_ids"]), f"line {n} of {option} {prompts_file}")
+                 for n, line in lines]
     else:
-        found = [_chat(tokenizer, user, answer) for user, answer in BUILT_IN]
-    found = [ids for ids in found if len(ids) >= 2]
+        found = [Text(_chat(tokenizer, user, answer), f"{BUILT_IN_TEXT} {n}")
+                 for n, (user, answer) in enumerate(BUILT_IN, 1)]
+    found = [text for text in found if len(text.ids) >= 2]
     if not found:
         raise UsageError("every prompt is shorter than two tokens: there is nothing to predict")
-    return found
+    return bounded(found, context, option)
+
+
+def bounded(texts: list[Text], context: Context | None, option: str = "--prompts") -> list[Text]:
+    """``texts`` within the models' ``context``: the one rule of ``check`` and ``measure`` (before any layer runs).
+    A text longer than the limit is refused (exit 2), naming its line and the limit, or cut to its first
+    ``limit`` tokens where ``context.cut``: a model given more positions than it was made for computes figures
+    that say nothing of it, and the time and memory of attention grow with the square of a text's length (a
+    1 MB line held one layer's attention for minutes, past Ctrl-C). The built-in texts, which no one can shorten,
+    are cut (they are a few dozen tokens; only a toy model's context is shorter)."""
+    if context is None:
+        return texts
+    over = [t for t in texts if len(t.ids) > context.limit]
+    if not over:
+        return texts
+    if context.cut or over[0].where.startswith(BUILT_IN_TEXT):  # the built-in texts: no one to shorten them
+        return [Text(t.ids[:context.limit], t.where) for t in texts]
+    first = over[0]
+    raise UsageError(f"{first.where} is {len(first.ids):,} tokens, past the {context.limit:,} of {context.model}'s "
+                     f"context ({context.key})" + (f", as are {len(over) - 1} more" if len(over) > 1 else ""),
+                     hint=f"shorten the texts in {option}, or rerun with --truncate-texts to cut each to its first "
+                          f"{context.limit:,} tokens")
+
+
+# The config keys that say how many positions a family's model takes, in the order they are looked for.
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+
+
+def context_of(configs: Sequence[tuple[str, Mapping[str, Any]]], cut: bool = False) -> Context | None:
+    """The context the models of ``configs`` ((name, config.json) each) all take: the least any says (of its own
+    or its text model's config), None where none says."""
+    found = []
+    for name, config in configs:
+        for doc in (config, config.get("text_config") or {}):
+            key = next((k for k in CONTEXT_KEYS if isinstance(doc, dict) and isinstance(doc.get(k), int)
+                        and doc[k] > 0), None)
+            if key is not None:
+                found.append(Context(int(doc[key]), key, name, cut))
+                break
+    return min(found, key=lambda c: c.limit) if found else None
 
 
 def describe(prompts_file: Path | None) -> str:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from resumerge.check.strict import finite, restore
+
 WORKS, NO_EFFECT, BROKEN = "works", "no_effect", "broken"
 
 
@@ -52,8 +54,9 @@ class StaticFigures:
     unmoved: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
-        """As JSON (the check's journal keeps it, so a resumed check does not read every model again)."""
-        return asdict(self)
+        """As strict JSON (:mod:`.strict`: a non-finite figure is null, what it was beside it); the check's journal
+        keeps it, so a resumed check does not read every model again."""
+        return dict(finite(asdict(self)))
 
     @staticmethod
     def from_json(doc: dict[str, Any]) -> StaticFigures:
@@ -62,6 +65,7 @@ class StaticFigures:
 
 
 def _static_from_json(doc: dict[str, Any]) -> StaticFigures:
+    doc = restore(doc)
     return StaticFigures(parameters=dict(doc["parameters"]), nonfinite=tuple(doc["nonfinite"]),
                          shape_problems=tuple(doc["shape_problems"]),
                          groups=tuple(GroupFigures(**g) for g in doc["groups"]), unmoved=tuple(doc["unmoved"]))
@@ -71,8 +75,9 @@ def _static_from_json(doc: dict[str, Any]) -> StaticFigures:
 class CheckReport:
     """The check of one merge: the ``verdict`` (works, no_effect, broken), the ``reasons`` it rests on (each
     naming the figures compared), ``broken_layer`` (0-based, or None), the models' figures, the static pass,
-    the tokens it ran, the ``thresholds`` used, where its drift ``chart`` is, the ``prompts`` it ran and what
-    became of MODEL's model ``card``."""
+    the tokens it ran, the ``thresholds`` used, where its drift ``chart`` is, the ``prompts`` it ran, what
+    became of MODEL's model ``card``, and where the models' vocabularies differ the ``shared_tokens`` the
+    comparisons were over and the ``vocabulary`` line saying how."""
 
     verdict: str
     reasons: tuple[str, ...]
@@ -86,6 +91,9 @@ class CheckReport:
     chart: str | None = None  # the per-layer drift chart (PNG) beside the report, when the forward pass ran
     prompts: str | None = None  # the texts run: "built-in (...)" or the file's name and sha256
     card: str | None = None  # what became of MODEL's model card (a resumerge output's), in one line
+    # where the models' vocabularies differ: the tokens they share, and how they were compared (resumerge.check.vocabs)
+    shared_tokens: int | None = None
+    vocabulary: str | None = None
 
     @property
     def exit_code(self) -> int:
@@ -96,12 +104,14 @@ class CheckReport:
         return codes[self.verdict]
 
     def to_json(self) -> dict[str, Any]:
-        """The report as ``--json`` prints it."""
-        return asdict(self)
+        """The report as ``--json`` prints it and ``report.json`` keeps it: strict JSON, every number finite (a
+        non-finite figure is null, with ``<key>_nonfinite`` beside it saying what it was: :mod:`.strict`)."""
+        return dict(finite(asdict(self)))
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> CheckReport:
-        """The report :meth:`to_json` made (a finished check's journal)."""
+        """The report :meth:`to_json` made (a finished check's journal), its non-finite figures restored."""
+        doc = restore(doc)
         models = tuple(ModelFigures(**{**m, "drift": tuple(m["drift"]), "depart": tuple(m["depart"])})
                        for m in doc["models"])
         return cls(**{**doc, "reasons": tuple(doc["reasons"]), "models": models,

@@ -33,8 +33,10 @@ from resumerge.check.progress import Progress
 from resumerge.check.prompts import describe
 from resumerge.check.report import CheckReport, ModelFigures, StaticFigures
 from resumerge.check.static import TensorResult, layer_of, logical_shapes, static_pass, tensor_results
+from resumerge.check.strict import finite
 from resumerge.check.tokens import cached_sequences
 from resumerge.check.verdict import THRESHOLDS, judge
+from resumerge.check.vocabs import SharedVocab
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
 from resumerge.errors import UsageError
@@ -55,10 +57,13 @@ OUTSIDE_NAME = "static-outside.json"  # the static figures of the tensors outsid
 def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None,
               parents: Sequence[str | os.PathLike[str]] = (), prompts: str | os.PathLike[str] | None = None,
               max_memory: int | None = None, state: StateDir, on_ray: bool = False,
-              ray_address: str | None = None) -> CheckReport:
+              ray_address: str | None = None, cut_texts: bool = False) -> CheckReport:
     """Check ``model`` against its base and parents (given, or from its record) and return the report; its
     journal is kept under ``state``. ``on_ray``: each model's forward pass on a node of the Ray cluster at
-    ``ray_address`` (:mod:`.onray`; None: ``RAY_ADDRESS``, else a Ray started here), with the same report."""
+    ``ray_address`` (:mod:`.onray`; None: ``RAY_ADDRESS``, else a Ray started here), with the same report.
+    ``cut_texts``: a text longer than the models' context is cut to it rather than refused (exit 2). Where the
+    models' vocabularies differ they are compared over the tokens they share, decided before any layer runs
+    (:mod:`.vocabs`)."""
     if on_ray:  # before anything is read: without Ray, one line and exit 2
         from resumerge.engine.cluster.connect import check_ray
 
@@ -68,8 +73,10 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     _comparable(models)
     transformers_found("resumerge check")  # imported only where needed: the tokenizer, a family .native does not build
     prompts_file = Path(prompts) if prompts is not None else None
-    tokens = cached_sequences([m.opened.directory for m in models], prompts_file, state.checks_dir)
-    workdir = state.checks_dir / _key(models, tokens)
+    texts = cached_sequences([m.opened.directory for m in models], prompts_file, state.checks_dir,
+                             configs=[m.opened.config for m in models], paths=[m.path for m in models], cut=cut_texts)
+    tokens, vocab = texts.tokens, texts.vocab
+    workdir = state.checks_dir / _key(models, tokens, vocab)
     done = workdir / REPORT_NAME
     if done.is_file():  # asked again: the same report, and the card brought up to date with it
         report = replace(CheckReport.from_json(json.loads(done.read_text())), prompts=describe(prompts_file))
@@ -99,7 +106,7 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
                              model_path=models[m].path)
 
             if on_ray:
-                figures = _on_ray(models, streams[0].layers, tokens, workdir, progress, placed, reads)
+                figures = _on_ray(models, streams[0].layers, tokens, workdir, progress, placed, reads, vocab)
             else:
                 # Each layer and each pair of heads is admitted by the RAM governor, as the merge's tensors are: it
                 # sees the process's RSS, gives freed memory back when a step would not fit, and refuses (exit 2)
@@ -110,7 +117,7 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
                             _give_back()
                         return governor.acquire(steps[step], what=what)
 
-                    figures = forward_pass(models, streams, tokens, workdir, on_model, reserve, fold)
+                    figures = forward_pass(models, streams, tokens, workdir, on_model, reserve, fold, vocab)
         if static is None:  # the layers' figures found as they were read; what they did not read, read now
             assert fold is not None
             static = _static(models, workdir, progress, {**outside, **fold.found})
@@ -128,12 +135,13 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
         # the kept ranges stay for a resume; where a file failed its check, the journal goes: checked again, the
         # check starts over
         reads.close(clear=False, error=error)
-    report = replace(_report(models, static, figures, tokens), prompts=describe(prompts_file))
+    report = replace(_report(models, static, figures, tokens, vocab), prompts=describe(prompts_file))
     workdir.mkdir(parents=True, exist_ok=True)
     if figures is not None and len(models) > 1:  # people would rather look than read
         chart = write_drift_chart(workdir / CHART_NAME, [m.drift for m in report.models[1:]], report.broken_layer)
         report = replace(report, chart=os.path.abspath(chart))
-    write_file_atomic(done, (json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n").encode())
+    write_file_atomic(done, (json.dumps(report.to_json(), indent=2, sort_keys=True, allow_nan=False)
+                             + "\n").encode())  # strict JSON: any language's parser reads it
     reads.close()  # the ranges kept for a second read go
     progress.say(phase="done", verdict=report.verdict, exit_code=report.exit_code, broken_layer=report.broken_layer)
     _record(model, state, report, done)
@@ -151,7 +159,7 @@ def _ray_places(address: str | None, sizes: StepBytes) -> list[Place]:
 
 
 def _on_ray(models: list[Checked], layers: int, tokens: list[list[int]], workdir: Path, progress: Progress,
-            placed: list[Place], reads: CheckReads) -> PassFigures | None:
+            placed: list[Place], reads: CheckReads, vocab: SharedVocab | None = None) -> PassFigures | None:
     """The forward pass with each model on a Ray node of its own (:mod:`.onray`), where ``placed`` says, journaled
     here as locally; ``status`` shows the node of each model. What the nodes read of hub files is held to
     ``reads``' journal."""
@@ -164,7 +172,7 @@ def _on_ray(models: list[Checked], layers: int, tokens: list[list[int]], workdir
     def on_reads(m: int, found: list[tuple[str, int, int, str]]) -> None:
         reads.elsewhere(models[m], found)
 
-    with ray_models(models, placed, layers, on_layer, on_reads) as running:
+    with ray_models(models, placed, layers, on_layer, on_reads, vocab) as running:
         return run_pass([m.role for m in models], running, tokens, workdir)
 
 
@@ -200,7 +208,7 @@ def _static(models: list[Checked], workdir: Path, progress: Progress,
     progress.say(phase="static")
     static = static_pass(models, known)
     workdir.mkdir(parents=True, exist_ok=True)
-    write_file_atomic(path, (json.dumps(static.to_json()) + "\n").encode())  # its order kept: the table's
+    write_file_atomic(path, (json.dumps(static.to_json(), allow_nan=False) + "\n").encode())  # the table's order
     return static
 
 
@@ -253,7 +261,8 @@ def _record(model: str | os.PathLike[str], state: StateDir, report: CheckReport,
     try:
         ledger = Ledger(path)
         try:
-            ledger.event("check", f"check: {report.verdict.replace('_', ' ')}", data)
+            # strict JSON, as the report's: ``status --json`` shows this row
+            ledger.event("check", f"check: {report.verdict.replace('_', ' ')}", finite(data))
         finally:
             ledger.close()
     except (LedgerError, StorageError):  # a damaged ledger is the next run's to set aside; the report stands
@@ -273,16 +282,20 @@ def _comparable(models: list[Checked]) -> None:
                              "compares models of one shape", hint=f"check the merge against its own {other.role}")
 
 
-def _key(models: list[Checked], tokens: list[list[int]]) -> str:
-    """The content key of a check: each model's role, folder and weight files' identities, the tokens, and the
-    versions of the code that computes it."""
+def _key(models: list[Checked], tokens: list[list[int]], vocab: SharedVocab | None = None) -> str:
+    """The content key of a check: each model's role, folder and weight files' identities, the tokens, how the
+    models' vocabularies meet (a resumed check compares as the one it resumes), and the versions of the code that
+    computes it."""
     import torch
 
     versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge")] + [torch.__version__]
     doc = [[m.role, m.path if is_hub_target(m.path) else os.path.abspath(m.path), m.weight,
             [[f.name, f.size, f.identity] for f in m.opened.files]] for m in models]
     layout = {"batch_tokens": BATCH_TOKENS}  # the journal's hidden states are per batch of this size
-    return hashlib.sha256(json.dumps([doc, tokens, versions, THRESHOLDS, layout]).encode()).hexdigest()[:32]
+    parts: list[object] = [doc, tokens, versions, THRESHOLDS, layout]
+    if vocab is not None:  # absent where the vocabularies are one: the keys of such checks are as they were
+        parts.append(vocab.digest())
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
 
 def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int | None, can_fold: bool = True,
@@ -310,7 +323,7 @@ def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int |
 
 
 def _report(models: list[Checked], static: StaticFigures, figures: PassFigures | None,
-            tokens: list[list[int]]) -> CheckReport:
+            tokens: list[list[int]], vocab: SharedVocab | None = None) -> CheckReport:
     roles, paths = [m.role for m in models], [m.path for m in models]
     verdict, reasons, layer = judge(roles, paths, static, figures)
     entries = []
@@ -324,4 +337,6 @@ def _report(models: list[Checked], static: StaticFigures, figures: PassFigures |
                                     depart=tuple(figures.depart[i]) if i else ()))
     return CheckReport(verdict=verdict, reasons=tuple(reasons), broken_layer=layer, models=tuple(entries),
                        static=static, sequences=len(tokens), tokens=sum(len(t) - 1 for t in tokens),
-                       thresholds=dict(THRESHOLDS), spread=tuple(figures.spread) if figures else ())
+                       thresholds=dict(THRESHOLDS), spread=tuple(figures.spread) if figures else (),
+                       shared_tokens=len(vocab.shared) if vocab is not None else None,
+                       vocabulary=vocab.describe([m.role for m in models]) if vocab is not None else None)

@@ -1,11 +1,12 @@
-"""A check's token sequences, remembered in the state dir: a resumed check (or the same check asked again) does not
-load the tokenizer again to find which check it is.
+"""A check's token sequences (and how its models' vocabularies meet, :mod:`.vocabs`), remembered in the state
+dir: a resumed check (or the same check asked again) does not load the tokenizer again to find which check it is.
 
 Loading the tokenizer (transformers' ``AutoTokenizer``) is one of the costs a killed and resumed check pays twice,
 1-2.4 s of a resume on the shared bench machine (bench/RESULTS.md, issue 57). The sequences are kept under a key of
 everything they depend on: each candidate folder's path and its files other than weights (name, size, modification
-time: a changed tokenizer or template is a new key), the prompts (the built-in texts, or the file's bytes), and the
-versions of transformers, tokenizers and resumerge. Anything unreadable is computed again.
+time: a changed tokenizer or template is a new key), the prompts (the built-in texts, or the file's bytes), whether
+long texts are cut, and the versions of transformers, tokenizers and resumerge. Anything unreadable is computed
+again.
 """
 
 from __future__ import annotations
@@ -14,37 +15,73 @@ import hashlib
 import importlib.metadata
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from resumerge.check.prompts import BUILT_IN, load_tokenizer, sequences
+from resumerge.check.prompts import BUILT_IN, context_of, load_tokenizer, named
+from resumerge.check.vocabs import SharedVocab, model_rows, refuse_unshared, same_vocabularies, shared_vocab
+from resumerge.errors import UsageError
 from resumerge.store.durable import write_file_atomic
 
 TOKENS_DIR = "tokens"
 _WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack", ".npz")
 
 
-def cached_sequences(directories: Sequence[Path], prompts_file: Path | None, cache: Path) -> list[list[int]]:
-    """:func:`~resumerge.check.prompts.sequences` of the tokenizer :func:`~resumerge.check.prompts.load_tokenizer`
-    finds in ``directories``, kept under ``cache`` (the state dir's checks folder) and read from there when
-    nothing they depend on changed."""
-    key = _key(directories, prompts_file)
+@dataclass(frozen=True)
+class Texts:
+    """A check's token sequences (the ids of the tokenizer that cut them) and how the models' vocabularies meet
+    (None: they are one; see :mod:`.vocabs`)."""
+
+    tokens: list[list[int]]
+    vocab: SharedVocab | None
+
+
+def cached_sequences(directories: Sequence[Path], prompts_file: Path | None, cache: Path, *,
+                     configs: Sequence[Mapping[str, Any]] = (), paths: Sequence[str] = (), cut: bool = False) -> Texts:
+    """:func:`~resumerge.check.prompts.sequences` of the tokenizer that cuts the texts (the first of
+    ``directories`` that holds one where the models' vocabularies are one, else :func:`~.vocabs.shared_vocab`'s),
+    each within the models' context (``configs``: their config.json; ``cut``: a longer text cut rather than
+    refused), kept under ``cache`` (the state dir's checks folder) and read from there when nothing they depend on
+    changed. Refuses (exit 2) texts the models cannot be compared on (:func:`~.vocabs.refuse_unshared`)."""
+    key = _key(directories, prompts_file, cut)
     path = cache / TOKENS_DIR / f"{key}.json" if key is not None else None
     if path is not None:
         found = _read(path)
         if found is not None:
             return found
-    tokens = sequences(load_tokenizer(directories), prompts_file)
+    names = list(paths) or [os.fspath(d) for d in directories]
+    rows = [model_rows(c) for c in configs] or [None] * len(directories)
+    if same_vocabularies(directories, rows):
+        tokenizer, vocab = load_tokenizer(directories), None
+    else:
+        tokenizer, vocab = shared_vocab(directories, rows, _tokenizer_of)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(directories)  # none has one: its one line
+    texts = named(tokenizer, prompts_file, context_of(list(zip(names, configs)), cut))
+    if vocab is not None:
+        refuse_unshared(vocab, [t.ids for t in texts], names, [t.where for t in texts])
+    found = Texts([t.ids for t in texts], vocab)
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_file_atomic(path, json.dumps(tokens).encode())
+            doc = {"tokens": found.tokens, "vocab": vocab.to_json() if vocab is not None else None}
+            write_file_atomic(path, json.dumps(doc).encode())
         except OSError:  # a read-only state dir: the check runs all the same
             pass
-    return tokens
+    return found
 
 
-def _key(directories: Sequence[Path], prompts_file: Path | None) -> str | None:
+def _tokenizer_of(directory: Path) -> Any:
+    """``directory``'s tokenizer, None where it has none that loads."""
+    try:
+        return load_tokenizer([directory])
+    except UsageError:
+        return None
+
+
+def _key(directories: Sequence[Path], prompts_file: Path | None, cut: bool) -> str | None:
     """What the sequences depend on, hashed; None when it cannot be known (then nothing is kept)."""
     try:
         folders = [[os.path.abspath(d), sorted([e.name, e.stat().st_size, e.stat().st_mtime_ns]
@@ -61,15 +98,17 @@ def _key(directories: Sequence[Path], prompts_file: Path | None) -> str | None:
             versions.append(importlib.metadata.version(dist))
         except importlib.metadata.PackageNotFoundError:
             versions.append(None)
-    return hashlib.sha256(json.dumps([folders, prompts, versions]).encode()).hexdigest()[:32]
+    return hashlib.sha256(json.dumps([folders, prompts, versions, cut]).encode()).hexdigest()[:32]
 
 
-def _read(path: Path) -> list[list[int]] | None:
+def _read(path: Path) -> Texts | None:
     try:
         doc = json.loads(path.read_text())
-    except (OSError, ValueError):
+        tokens, vocab = doc["tokens"], doc["vocab"]
+        found = Texts(tokens, SharedVocab.from_json(vocab) if vocab is not None else None)
+    except (OSError, ValueError, TypeError, KeyError):
         return None
-    if (not isinstance(doc, list) or not doc
-            or not all(isinstance(s, list) and len(s) >= 2 and all(type(i) is int for i in s) for s in doc)):
+    if (not isinstance(tokens, list) or not tokens
+            or not all(isinstance(s, list) and len(s) >= 2 and all(type(i) is int for i in s) for s in tokens)):
         return None
-    return doc
+    return found

@@ -25,6 +25,9 @@ def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                        help="a parent model's folder, GGUF file or hf:// repo (repeat for each)")
     check.add_argument("--prompts", metavar="FILE", help="texts to run, one per line, no chat template "
                        "(default: built-in short chat, code, maths and multilingual texts)")
+    check.add_argument("--truncate-texts", action="store_true",
+                       help="cut each text longer than the models' context (max_position_embeddings) to its first "
+                            "tokens, rather than refuse it (exit 2, naming its line)")
     check.add_argument("--max-memory", metavar="SIZE", help="memory budget (e.g. 4GB; default: most of what is "
                        "free)")
     check.add_argument("--state-dir", metavar="DIR", help="where the check's journal is kept")
@@ -46,9 +49,10 @@ def run_check_command(args: argparse.Namespace) -> int:
 
     report = check(args.model, base=args.base, parents=tuple(args.parents), prompts=args.prompts,
                    max_memory=args.max_memory, state_dir=args.state_dir,
-                   executor=executor_option(args.executor, ray_address=args.ray_address))
+                   executor=executor_option(args.executor, ray_address=args.ray_address),
+                   truncate_texts=args.truncate_texts)
     if args.json:
-        print(json.dumps(report.to_json(), indent=2, sort_keys=True))
+        print(json.dumps(report.to_json(), indent=2, sort_keys=True, allow_nan=False))  # strict JSON
     else:
         from resumerge.cli.render import show_check
 

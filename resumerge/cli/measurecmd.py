@@ -21,6 +21,9 @@ def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     measure.add_argument("out", metavar="OUT_DIR", help="an empty (or this measurement's) folder for the Grams")
     measure.add_argument("--texts", metavar="FILE", help="calibration texts, one per line, no chat template "
                          "(default: check's built-in short chat, code, maths and multilingual texts)")
+    measure.add_argument("--truncate-texts", action="store_true",
+                         help="cut each text longer than the models' context (max_position_embeddings) to its first "
+                              "tokens, rather than refuse it (exit 2, naming its line)")
     measure.add_argument("--max-memory", metavar="SIZE", help="memory budget (e.g. 4GB; default: most of what is "
                          "free)")
     measure.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
@@ -34,7 +37,7 @@ def run_measure_command(args: argparse.Namespace) -> int:
         print(f"measuring: {line}", file=sys.stderr, flush=True)
 
     report = measure(args.config, args.out, texts=args.texts, max_memory=args.max_memory,
-                     progress=None if args.quiet else progress)
+                     progress=None if args.quiet else progress, truncate_texts=args.truncate_texts)
     if not args.quiet:
         state = "already measured" if report.reused else "measured"
         print(f"{state}: {len(report.models)} model(s), {report.tokens} tokens each, {report.files} Gram file(s) "

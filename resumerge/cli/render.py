@@ -493,6 +493,8 @@ def show_check(report: CheckReport, stream: TextIO | None = None) -> None:
         out.print(f"drift per layer: {_escape(report.chart)} ({_escape(legend)})")
     if report.prompts:
         out.print(f"prompts: {_escape(report.prompts)}", style="dim")
+    if report.vocabulary is not None:  # models whose vocabularies differ: what the figures were compared over
+        out.print(f"the vocabularies differ: {_escape(report.vocabulary)}")
     if report.card is not None:
         out.print(f"model card: {_escape(report.card)}")
 

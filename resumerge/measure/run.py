@@ -62,10 +62,12 @@ class MeasureReport:
 
 def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *,
                   texts: str | os.PathLike[str] | None = None, max_memory: int | None = None,
-                  on_progress: Callable[[str], None] | None = None) -> MeasureReport:
+                  on_progress: Callable[[str], None] | None = None, cut_texts: bool = False) -> MeasureReport:
     """Measure the Grams of every model of ``config`` into ``out`` (see the module docstring); raises
-    :class:`~resumerge.errors.InputError` subclasses (exit 2) before anything is written."""
-    from resumerge.check.prompts import load_tokenizer, sequences
+    :class:`~resumerge.errors.InputError` subclasses (exit 2) before anything is written: a text longer than the
+    models' context among them, unless ``cut_texts`` cuts it (the rule of ``check``:
+    :func:`~resumerge.check.prompts.bounded`)."""
+    from resumerge.check.prompts import context_of, load_tokenizer, sequences
     from resumerge.forward.stream import import_transformers
 
     merge = load_config_text(read_config_file(config), source=os.fspath(config))
@@ -76,7 +78,8 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
     keys = [ref.key for ref in refs]
     import_transformers("resumerge measure")
     tokenizer = load_tokenizer([m.directory for m in models])
-    tokens = sequences(tokenizer, Path(texts) if texts is not None else None)
+    context = context_of([(key, m.config) for key, m in zip(keys, models)], cut_texts)
+    tokens = sequences(tokenizer, Path(texts) if texts is not None else None, context, "--texts")
     merged = _merged_pass(merge)
     folder = Path(out)
     key = _key(models, keys, tokens, merged)

@@ -10,7 +10,7 @@ May import: errors, config.
 """
 
 from resumerge.vocab.alignment import MissingToken, TokenOverride, VocabAlignment, check_keys, missing_rows_report
-from resumerge.vocab.build import BuiltTokenizer, VocabInput, build_tokenizer
+from resumerge.vocab.build import BuiltTokenizer, VocabInput, build_tokenizer, source_rows
 from resumerge.vocab.builtin_templates import BUILTIN_TEMPLATES
 from resumerge.vocab.chat import (
     apply_chat_template,
@@ -42,4 +42,5 @@ __all__ = [
     "parse_tokenizer_spec",
     "read_chat_template",
     "resolve_chat_template",
+    "source_rows",
 ]

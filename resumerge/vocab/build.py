@@ -127,7 +127,7 @@ def build_tokenizer(spec: TokenizerSpec, inputs: Mapping[str, VocabInput], base:
     vocab_size = _padded(len(tokens), spec.pad_to_multiple_of)
 
     # A model without a tokenizer is taken to share the base's vocabulary, as mergekit assumes.
-    sources = tuple(_source_rows(tokens, (readers[k] or fallback).vocab, v.embed_rows) for k, v in inputs.items())
+    sources = tuple(source_rows(tokens, (readers[k] or fallback).vocab, v.embed_rows) for k, v in inputs.items())
     keys = tuple(inputs)
     overrides = _overrides(spec, output.vocab, dict(zip(keys, sources)), readers, inputs)
     alignment = VocabAlignment.from_arrays(
@@ -236,7 +236,10 @@ def _padded(size: int, multiple: int | None) -> int:
     return size
 
 
-def _source_rows(tokens: tuple[str, ...], vocab: Mapping[str, int], rows: int) -> npt.NDArray[np.int64]:
+def source_rows(tokens: tuple[str, ...], vocab: Mapping[str, int], rows: int) -> npt.NDArray[np.int64]:
+    """The row of each of ``tokens`` in a model whose tokenizer's ``vocab`` it is and whose matrix has ``rows``
+    rows (-1: it lacks it): an alignment's source array (``check`` compares models of different vocabularies
+    with it too)."""
     array = np.fromiter((vocab.get(t, -1) for t in tokens), dtype=np.int64, count=len(tokens))
     # A model without its own tokenizer borrows the base vocabulary, whose ids may pass its own rows.
     array[array >= rows] = -1

@@ -150,17 +150,17 @@ def test_the_token_sequences_are_kept_until_the_tokenizer_or_the_prompts_change(
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("ab\ncde\n")
     cache = tmp_path / "checks"
-    first = tokens.cached_sequences([model], prompts, cache)
+    first = tokens.cached_sequences([model], prompts, cache).tokens
     assert first == [[97, 98], [99, 100, 101]] and len(loaded) == 1
     (model / "model.safetensors").write_bytes(b"changed weights")  # not what tokens depend on
-    assert tokens.cached_sequences([model], prompts, cache) == first and len(loaded) == 1
+    assert tokens.cached_sequences([model], prompts, cache).tokens == first and len(loaded) == 1
     prompts.write_text("xy\n")
-    assert tokens.cached_sequences([model], prompts, cache) == [[120, 121]] and len(loaded) == 2
+    assert tokens.cached_sequences([model], prompts, cache).tokens == [[120, 121]] and len(loaded) == 2
     (model / "tokenizer.json").write_text('{"changed": 1}')
-    assert tokens.cached_sequences([model], prompts, cache) == [[120, 121]] and len(loaded) == 3
+    assert tokens.cached_sequences([model], prompts, cache).tokens == [[120, 121]] and len(loaded) == 3
     for kept in (cache / tokens.TOKENS_DIR).iterdir():
         kept.write_text("not json")  # damaged: computed again
-    assert tokens.cached_sequences([model], prompts, cache) == [[120, 121]] and len(loaded) == 4
+    assert tokens.cached_sequences([model], prompts, cache).tokens == [[120, 121]] and len(loaded) == 4
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
