@@ -220,7 +220,7 @@ def _open(ref: ModelRef) -> ModelInput:
     if not directory.is_dir():
         raise UsageError(f"{ref.path}: measure reads local model folders, and this is not one",
                          hint="download the model (huggingface-cli download) and name its folder")
-    model = open_model(ref, directory=directory)
+    model = open_model(ref, directory=directory, copies=False)  # writes no file of the model into OUT
     moe = next((k for k in _MOE_KEYS if model.config.get(k)), None)
     if moe is not None:
         raise UsageError(f"{ref.key} is a mixture of experts ({moe}: {model.config[moe]}); measure records the "
