@@ -1,0 +1,41 @@
+"""What a new user meets in the first hour (issue 71, item 5): the install lines, the quickstart, the refusals that
+name what to install. Each test here failed on the code before its fix; the friction items that are behaviours of a
+command are tested beside that command (tests/test_killed_planning.py, tests/test_notebook.py, ...)."""
+
+from __future__ import annotations
+
+import re
+from importlib import util
+from pathlib import Path
+
+import pytest
+
+from resumerge.errors import InputError
+from resumerge.forward import stream
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_readme_shows_resume_and_status_in_its_first_60_lines() -> None:
+    """The quickstart a mergekit user looks for: run, and what to do after a kill."""
+    top = "\n".join((ROOT / "README.md").read_text().splitlines()[:60])
+    for command in ("resumerge run ", "resumerge resume ", "resumerge status "):
+        assert command in top, command
+
+
+def test_the_readme_says_check_and_measure_need_transformers() -> None:
+    install = (ROOT / "README.md").read_text().split("## Install", 1)[1].split("\n## ", 1)[0]
+    paragraph = next(p for p in install.split("\n\n") if "transformers" in p and "measure" in p)
+    assert "`check`" in paragraph and "`measure`" in paragraph and "GGUF model's tokenizer" in paragraph
+    assert "'.[check]'" in paragraph
+
+
+def test_the_refusal_of_a_check_without_transformers_names_the_check_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = util.find_spec
+    monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a))
+    with pytest.raises(InputError) as refused:
+        stream.transformers_found("resumerge check")
+    line = refused.value.one_line()
+    assert "pip install transformers" in line and "'.[check]'" in line and "moe" not in line, line
+    extras = (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]", 1)[1]
+    assert re.search(r'^check = \["transformers>=', extras, re.MULTILINE)
