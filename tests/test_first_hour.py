@@ -39,3 +39,12 @@ def test_the_refusal_of_a_check_without_transformers_names_the_check_extra(monke
     assert "pip install transformers" in line and "'.[check]'" in line and "moe" not in line, line
     extras = (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]", 1)[1]
     assert re.search(r'^check = \["transformers>=', extras, re.MULTILINE)
+
+
+def test_no_doc_installs_resumerge_from_a_package_index() -> None:
+    """No package index has resumerge: an extra is installed from the clone (``pip install -c constraints.txt -e
+    '.[moe]'``) or from a wheel (``'resumerge[moe] @ file://...'``); a doc showing ``pip install 'resumerge[moe]'``
+    gives a command that cannot work, whatever sentence is around it."""
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "colab").glob("*.md"))]:
+        for found in re.finditer(r"pip install '?resumerge\[[^\]]*\]'?", doc.read_text()):
+            assert found.string[found.end():].startswith(" @"), f"{doc.name}: {found[0]}"
