@@ -48,3 +48,10 @@ def test_no_doc_installs_resumerge_from_a_package_index() -> None:
     for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "colab").glob("*.md"))]:
         for found in re.finditer(r"pip install '?resumerge\[[^\]]*\]'?", doc.read_text()):
             assert found.string[found.end():].startswith(" @"), f"{doc.name}: {found[0]}"
+
+
+def test_the_venv_the_readme_makes_is_ignored_by_git() -> None:
+    """The README makes ``.venv`` in the clone; untracked, its 5 GB of torch fill ``git status``."""
+    assert "python3 -m venv .venv" in (ROOT / "README.md").read_text()
+    ignored = {line.strip() for line in (ROOT / ".gitignore").read_text().splitlines()}
+    assert ignored & {".venv", ".venv/", "/.venv", "/.venv/"}
