@@ -9,7 +9,9 @@ from importlib import util
 from pathlib import Path
 
 import pytest
+from support import cli, cli_here, linear_config, write_config
 
+from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.errors import InputError
 from resumerge.forward import stream
 
@@ -55,3 +57,27 @@ def test_the_venv_the_readme_makes_is_ignored_by_git() -> None:
     assert "python3 -m venv .venv" in (ROOT / "README.md").read_text()
     ignored = {line.strip() for line in (ROOT / ".gitignore").read_text().splitlines()}
     assert ignored & {".venv", ".venv/", "/.venv", "/.venv/"}
+
+
+def test_a_resume_over_touched_inputs_says_so_once_per_file_by_folder(tmp_path: Path) -> None:
+    """Two models' shards share their names: the line named each twice, without folders, right under one saying that
+    no input file had changed (the stored plan's key compares mtimes; the proof compares ctimes too)."""
+    spec = ModelSpec(layers=2, hidden=64, intermediate=128, vocab=128, shard_bytes=60_000)
+    a, b = make_model(tmp_path / "m" / "a", spec, seed=1), make_model(tmp_path / "m" / "b", spec, seed=2)
+    config = write_config(tmp_path / "c.yml", linear_config(a, b))
+    out, state = tmp_path / "out", tmp_path / "state"
+    killed = cli("run", config, out, "--state-dir", state, "--out-shard-size", "40k", "--quiet",
+                 env={"RESUMERGE_KILL_AT": "after_manifest_write:2"})
+    assert killed.returncode == -9, killed.stderr
+    touched = sorted(p for p in [*a.iterdir(), *b.iterdir()] if p.suffix == ".safetensors")
+    for path in touched:  # a new ctime, the same mtime and bytes
+        path.chmod(path.stat().st_mode ^ 0o040)
+    done = cli_here("resume", out, "--state-dir", state)
+    assert done.returncode == 0, done.stderr
+    said = done.stdout + done.stderr
+    assert "no input file changed" not in said
+    line = next(x for x in said.splitlines() if "touched since the run started" in x)
+    assert line.startswith(f"{len(touched)} input files touched") and "hold the bytes they held then" in line, line
+    assert f"{a}: " in line and f"{b}: " in line, line
+    per_folder = [sum(p.parent == m for p in touched) for m in (a, b)]
+    assert all(f"{n} files" in line for n in per_folder) or all(p.name in line for p in touched), line

@@ -53,11 +53,29 @@ class InputContents:
         """Record the content of every file the ledger had no record of, and the new look of those proved
         unchanged (``notes`` says which were)."""
         if self._proved:
-            names = ", ".join(Path(p).name for p in sorted(self._proved))
-            notes.append(f"input files modified since the run started hold the same bytes: {names}")
+            notes.append(touched_note(self._proved))
         if self._found:
             ledger.record_input_contents({p: (c.size, c.mtime_ns, c.ctime_ns, c.sha256)
                                           for p, c in self._found.items()})
+
+
+def touched_note(proved: Mapping[str, object]) -> str:
+    """The line saying that the files ``proved`` (paths) were touched but hold the bytes they held: by folder (two
+    models' shards share their names), each name once."""
+    folders: dict[str, list[str]] = {}
+    for path in sorted(proved):
+        folders.setdefault(str(Path(path).parent), []).append(Path(path).name)
+    listed = "; ".join(f"{folder}: {_names(names)}" for folder, names in folders.items())
+    plural = "s" if len(proved) != 1 else ""
+    return (f"{len(proved)} input file{plural} touched since the run started (a time or a mode changed) hold the "
+            f"bytes they held then, proved by hashing them again — {listed}")
+
+
+def _names(names: list[str]) -> str:
+    """``names`` of one folder, the first and last of a long list."""
+    if len(names) <= 3:
+        return ", ".join(names)
+    return f"{len(names)} files, {names[0]} … {names[-1]}"
 
 
 def _telling(tell: Callable[[str], None]) -> Hashing:
