@@ -32,6 +32,7 @@ from resumerge.api.options import (
     config_text,
     named,
     nothing_started,
+    nothing_written,
     plan_options,
     recorded_device,
     run_settings,
@@ -401,8 +402,9 @@ def estimate(
                           disk_free=disk_free or free_bytes, bandwidth=link)
     text = config_text(config)
     call = Call(config, text, out, options, settings, allow_same_experts=merging.allow_same_experts)
-    result = kind_of(text).estimate(call, measuring, fresh_process=fresh_process,
-                                    intermediate_dir=stages.intermediate_dir)
+    with nothing_written():
+        result = kind_of(text).estimate(call, measuring, fresh_process=fresh_process,
+                                        intermediate_dir=stages.intermediate_dir)
     from resumerge.recipes import estimate as recipes
 
     if isinstance(result, recipes.RecipeEstimate):  # a plan per stage, each with its own shard size
@@ -432,7 +434,8 @@ def _extraction_call(spec: ExtractSpec, out: PathLike, settings: RunSettings, ou
 def _estimate_extraction(call: Call, fresh_process: bool) -> Estimate:
     from resumerge.estimate.estimate import Measuring
 
-    return EXTRACTION.estimate(call, Measuring(), fresh_process=fresh_process, intermediate_dir=None)
+    with nothing_written():
+        return EXTRACTION.estimate(call, Measuring(), fresh_process=fresh_process, intermediate_dir=None)
 
 
 def _reporter(progress: bool | Reporter) -> Reporter | None:
