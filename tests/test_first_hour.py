@@ -81,3 +81,45 @@ def test_a_resume_over_touched_inputs_says_so_once_per_file_by_folder(tmp_path: 
     assert f"{a}: " in line and f"{b}: " in line, line
     per_folder = [sum(p.parent == m for p in touched) for m in (a, b)]
     assert all(f"{n} files" in line for n in per_folder) or all(p.name in line for p in touched), line
+
+
+def _measured_config(tmp_path: Path) -> Path:
+    spec = ModelSpec(layers=1, hidden=32, intermediate=48, vocab=64)
+    a, b = make_model(tmp_path / "a", spec, seed=1), make_model(tmp_path / "b", spec, seed=2)
+    return write_config(tmp_path / "rm.yml", {"merge_method": "regmean", "models": [{"model": str(a)},
+                                              {"model": str(b)}], "parameters": {"grams": str(tmp_path / "grams")}})
+
+
+def test_measure_names_its_own_texts_flag_in_its_errors(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    config = _measured_config(tmp_path)
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    for name, words in [("missing.txt", "cannot read --texts"), ("empty.txt", "--texts"),
+                        ("latin1.txt", "cannot read --texts")]:
+        done = cli_here("measure", config, tmp_path / "grams", "--texts", tmp_path / name)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert words in done.stderr and "--prompts" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be", "utf-8-sig"])
+def test_a_texts_file_saved_as_utf16_reads_as_its_utf8_copy(tmp_path: Path, encoding: str) -> None:
+    """Configs accept UTF-16 with its byte-order mark (Windows editors, PowerShell's ``>``); the texts of check
+    and measure were refused. The same texts measure to the same Grams (the measurement is reused)."""
+    pytest.importorskip("transformers")
+    from resumerge.check.prompts import load_tokenizer, sequences
+
+    config = _measured_config(tmp_path)
+    texts = "The capital of France is Paris.\nGuten Morgen, mein Freund — ça va?\n"
+    (tmp_path / "utf8.txt").write_text(texts, encoding="utf-8")
+    data = texts.encode(encoding)
+    if encoding == "utf-16-be":
+        data = b"\xfe\xff" + data
+    (tmp_path / "other.txt").write_bytes(data)
+    tokenizer = load_tokenizer([tmp_path / "a"])
+    assert sequences(tokenizer, tmp_path / "other.txt") == sequences(tokenizer, tmp_path / "utf8.txt")
+    first = cli_here("measure", config, tmp_path / "grams", "--texts", tmp_path / "utf8.txt")
+    assert first.returncode == 0, first.stderr
+    again = cli_here("measure", config, tmp_path / "grams", "--texts", tmp_path / "other.txt")
+    assert again.returncode == 0, again.stderr
+    assert "already measured" in again.stdout, again.stdout

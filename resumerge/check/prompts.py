@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from resumerge.config.yamltext import decode_config
 from resumerge.errors import UsageError
 
 # (user turn, assistant turn): short, so that a check of a large model stays a few thousand tokens.
@@ -22,11 +23,12 @@ BUILT_IN: tuple[tuple[str, str], ...] = (
 )
 
 
-def load_tokenizer(directories: Sequence[Path]) -> Any:
-    """The first of ``directories`` (the merge's, then its base's and parents') that holds a tokenizer."""
+def load_tokenizer(directories: Sequence[Path], *, what: str = "resumerge check") -> Any:
+    """The first of ``directories`` (the merge's, then its base's and parents') that holds a tokenizer; ``what``
+    names the command in the error of a missing transformers."""
     from resumerge.forward.stream import import_transformers
 
-    transformers = import_transformers("resumerge check")
+    transformers = import_transformers(what)
 
     for directory in directories:
         if (directory / "tokenizer_config.json").is_file() or (directory / "tokenizer.json").is_file():
@@ -46,15 +48,13 @@ def _gguf_reasons(directories: Sequence[Path]) -> list[str]:
     return [reason for reason in map(tokenizer_error, directories) if reason]
 
 
-def sequences(tokenizer: Any, prompts_file: Path | None) -> list[list[int]]:
-    """The token ids of each sequence, at least two tokens each."""
+def sequences(tokenizer: Any, prompts_file: Path | None, *, option: str = "--prompts") -> list[list[int]]:
+    """The token ids of each sequence, at least two tokens each; ``option`` names the file's flag in errors
+    (``measure`` calls it ``--texts``)."""
     if prompts_file is not None:
-        try:
-            lines = [line for line in prompts_file.read_text(encoding="utf-8").splitlines() if line.strip()]
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"cannot read --prompts {prompts_file}: {exc}") from None
+        lines = [line for line in read_texts(prompts_file, option).splitlines() if line.strip()]
         if not lines:
-            raise UsageError(f"--prompts {prompts_file} holds no text", hint="one text per line")
+            raise UsageError(f"{option} {prompts_file} holds no text", hint="one text per line")
         found = [list(tokenizer(line)["input_ids"]) for line in lines]
     else:
         found = [_chat(tokenizer, user, answer) for user, answer in BUILT_IN]
@@ -62,6 +62,18 @@ def sequences(tokenizer: Any, prompts_file: Path | None) -> list[list[int]]:
     if not found:
         raise UsageError("every prompt is shorter than two tokens: there is nothing to predict")
     return found
+
+
+def read_texts(path: Path, option: str) -> str:
+    """The text of the texts file ``path`` (the flag ``option`` gave it), decoded as a config is: UTF-16/32 by its
+    byte-order mark (what Windows editors and PowerShell's ``>`` write), else UTF-8, a UTF-8 byte-order mark
+    dropped (it would start the first text)."""
+    try:
+        return decode_config(path.read_bytes()).removeprefix("\ufeff")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {option} {path}: {exc}",
+                         hint="save it as UTF-8 (or UTF-16 with its byte-order mark)"
+                         if isinstance(exc, UnicodeDecodeError) else None) from None
 
 
 def describe(prompts_file: Path | None) -> str:

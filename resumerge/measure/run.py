@@ -75,8 +75,8 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
     models = [_open(ref) for ref in refs]
     keys = [ref.key for ref in refs]
     import_transformers("resumerge measure")
-    tokenizer = load_tokenizer([m.directory for m in models])
-    tokens = sequences(tokenizer, Path(texts) if texts is not None else None)
+    tokenizer = load_tokenizer([m.directory for m in models], what="resumerge measure")
+    tokens = sequences(tokenizer, Path(texts) if texts is not None else None, option="--texts")
     merged = _merged_pass(merge)
     folder = Path(out)
     key = _key(models, keys, tokens, merged)
