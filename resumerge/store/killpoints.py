@@ -26,6 +26,7 @@ LOCAL_POINTS = (
     "during_index_write",
     "during_config_write",
     "during_tokenizer_write",
+    "before_input_hashing",
 )
 # Reached only when OUT is staged on local disk and copied (Drive and other mounts).
 STAGED_POINTS = ("after_publish_copy",)
