@@ -16,8 +16,9 @@ The reference is ``src/llama-quant.cpp`` (``tensor_allows_quantization``, ``llam
 
 resumerge encodes F32, F16, BF16 and the legacy block types, not the K-quants: where llama.cpp picks Q6_K it writes
 Q8_0 (more bits, never fewer), and the plan's notes say so (:func:`type_notes`). Without these rules a ``q4_0``
-output's tied embedding was Q4_0, where llama.cpp's is Q8_0: a KL from the float32 merge of 0.485 against 0.401 on
-SmolLM2-135M.
+output's tied embedding was Q4_0, where llama.cpp's is Q8_0: SmolLM2-135M-Instruct merged with itself into q4_0 and
+checked against its float32 weights gave a KL of 0.608 against 0.595, an NLL of 3.220 against 3.126 (3.033 in
+float32), a top-1 agreement of 65.1 % against 67.8 %.
 """
 
 from __future__ import annotations
