@@ -123,3 +123,24 @@ def test_a_texts_file_saved_as_utf16_reads_as_its_utf8_copy(tmp_path: Path, enco
     again = cli_here("measure", config, tmp_path / "grams", "--texts", tmp_path / "other.txt")
     assert again.returncode == 0, again.stderr
     assert "already measured" in again.stdout, again.stdout
+
+
+def test_measure_plan_estimates_the_passes_writes_nothing_and_names_the_budget_measure_takes(tmp_path: Path) -> None:
+    """No command estimated ``measure`` (issue 71, item 5): ``--plan`` gives each model's layers and memory and the
+    smallest budget that fits, writes nothing, exits 2 below that budget; measure itself runs at it."""
+    pytest.importorskip("transformers")
+    config = _measured_config(tmp_path)
+    out = tmp_path / "grams"
+    planned = cli_here("measure", config, out, "--plan")
+    assert planned.returncode == 0, planned.stderr
+    lines = planned.stdout.splitlines()
+    assert sum("decoder layer(s)" in line for line in lines) == 2 and lines[-1] == "fits", planned.stdout
+    assert not out.exists()
+    smallest = re.search(r"the smallest budget that fits is ([\d.]+ [kMG]?B)", planned.stdout)
+    assert smallest, planned.stdout
+    short = cli_here("measure", config, out, "--plan", "--max-memory", "1MB")
+    assert short.returncode == 2 and "will not fit: rerun with --max-memory" in short.stdout, short.stdout
+    named = re.search(r"rerun with --max-memory (\S+) or more", short.stdout)
+    assert named and not out.exists()
+    done = cli_here("measure", config, out, "--max-memory", named[1])
+    assert done.returncode == 0, done.stderr

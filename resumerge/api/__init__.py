@@ -49,6 +49,7 @@ from resumerge.memory.sizes import parse_size
 from resumerge.plan.defaults import DEFAULT_SHARD_SIZE
 
 __all__ = ["Hub", "Lora", "Merging", "Output", "Resources", "Stages", "check", "estimate", "estimate_extraction",
+           "estimate_measure",
            "extract_lora", "measure", "plan_merge", "recipe_status", "resume", "run", "status", "verify"]
 
 # Only what ``status`` and ``verify`` need is imported here, so that they stay fast (no torch): the merging
@@ -63,7 +64,7 @@ if TYPE_CHECKING:
     from resumerge.engine.executors import Executor
     from resumerge.estimate.costs import Estimate
     from resumerge.inputs.codecs import CodecTable
-    from resumerge.measure.run import MeasureReport
+    from resumerge.measure.run import MeasureEstimate, MeasureReport
     from resumerge.plan.merge_plan import Plan
     from resumerge.recipes.estimate import RecipeEstimate
     from resumerge.recipes.view import RecipeStatus
@@ -331,6 +332,17 @@ def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
 
     return measure_grams(config, out, texts=texts, on_progress=progress,
                          max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory)
+
+
+def estimate_measure(config: PathLike, *, texts: PathLike | None = None,
+                     max_memory: int | str | None = None) -> MeasureEstimate:
+    """What :func:`measure` of ``config`` over ``texts`` needs under ``max_memory``, like ``resumerge measure
+    --plan``: each model's decoder layers and the memory of its pass, the smallest budget that fits and whether
+    the budget does (``.fits``, ``.lines()``); reads headers and the texts, writes nothing."""
+    from resumerge.measure.run import estimate_measure as estimated
+
+    return estimated(config, texts=texts,
+                     max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory)
 
 
 def plan_merge(config: PathLike, *, output: Output = Output(), merging: Merging = Merging(),
