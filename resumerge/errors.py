@@ -132,10 +132,11 @@ class UnreachableInputError(InputError):
     resume (an :class:`UnreachableError` met later, mid-run, stays exit 3)."""
 
     @classmethod
-    def before_start(cls, exc: UnreachableError) -> UnreachableInputError:
-        """``exc``, met before anything was recorded: exit 3's "resume finishes it" would be wrong there."""
+    def before_start(cls, exc: UnreachableError, *, done: str = "nothing was started") -> UnreachableInputError:
+        """``exc``, met before anything was recorded: exit 3's "resume finishes it" would be wrong there. ``done``
+        says what the command left (``plan``: it writes nothing)."""
         return cls(exc.message, path=exc.path, yaml_path=exc.yaml_path,
-                   hint="nothing was started: check the network (or HF_ENDPOINT), then run the same command again")
+                   hint=f"{done}: check the network (or HF_ENDPOINT), then run the same command again")
 
 
 class ConfigError(InputError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -175,6 +176,11 @@ def test_demo_without_dir_leaves_the_current_directory_alone_and_says_where_it_w
     where = state / "demo"
     assert done.stdout.splitlines()[0].startswith(f"resumerge demo in {where}")
     assert f"everything is in {where}" in done.stdout and "byte-identical to the uninterrupted run: yes" in done.stdout
+    # one count of OUT's files: verify's committed files are the demo's, OUT holding the manifest besides
+    verified = re.search(r"ok: (\d+) committed files", done.stdout)
+    compared = re.search(r"out/ holds (\d+) committed files and resumerge-manifest.json", done.stdout)
+    assert verified and compared and verified[1] == compared[1], done.stdout
+    assert "no input file changed" not in done.stdout
     assert (where / "merge.yml").is_file() and (where / "out" / "model.safetensors.index.json").is_file()
 
 

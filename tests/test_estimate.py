@@ -29,7 +29,7 @@ from resumerge.cli.modelgen import make_model
 from resumerge.engine.unitgroup import GROUP_UNITS, group_bytes
 from resumerge.estimate import compute as compute_estimate
 from resumerge.estimate.compute import measure_compute, start_compute
-from resumerge.estimate.costs import FITS, WILL_NOT_FIT, ComputeGroup, TimeEstimate
+from resumerge.estimate.costs import FITS, WILL_NOT_FIT, ComputeGroup, Estimate, TimeEstimate
 from resumerge.estimate.estimate import _disk_reason
 from resumerge.estimate.memory import pending_units, working_set
 from resumerge.estimate.torchside import TorchHere
@@ -413,3 +413,20 @@ def test_the_ram_estimate_counts_small_tensors_by_the_groups_the_engine_admits(t
     assert max(size for size, _ in units) <= group_bytes(budget)
     alone = working_set([(size, False) for size in each], budget, 2)
     assert working_set(units, budget, 2) == max(a + b for (a, _), (b, _) in itertools.pairwise(units)) > alone
+
+
+def test_a_decomposition_timed_per_shape_is_one_compute_line(tmp_path: Path, make: ModelFactory,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """tsv is timed by one whole call per shape class: six classes printed six near-identical ``note compute``
+    lines (issue 71, item 5); now one, its tensors the method's, and --json keeps each group."""
+    a, b = make("a", seed=1), make("b", seed=2)
+    config = write_config(tmp_path / "tsv.yml", {"merge_method": "tsv", "base_model": str(a),
+                                                 "models": [{"model": str(a)}, {"model": str(b)}]})
+    assert main(["plan", str(config), str(tmp_path / "out"), "--probe-size", "0"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "compute: tsv" in line]
+    assert len(lines) == 1, lines
+    assert "timed on one call per shape" in lines[0]
+    estimate = api.estimate(config, tmp_path / "out", probe_size=0)
+    assert isinstance(estimate, Estimate)
+    groups = [g for g in estimate.time.compute if g.method == "tsv"]
+    assert len(groups) > 1 and f"for {sum(g.tensors for g in groups)} tensor(s)" in lines[0], lines[0]

@@ -189,6 +189,12 @@ def test_an_unreachable_hub_before_anything_started_is_exit_2(tmp_path: Path, ki
     assert done.returncode == 2, done.stderr
     assert "cannot reach http://127.0.0.1:9" in done.stderr and "nothing was started" in done.stderr
     assert not out.exists()
+    # plan writes nothing whatever happens: exit 3's "resume finishes it" was wrong there too (issue 71, item 5)
+    planned = cli("plan", cfg, out, "--state-dir", tmp_path / "state", env=env)
+    assert planned.returncode == 2, planned.stderr
+    assert planned.stderr.startswith("error: ") and planned.stderr.count("\n") == 1, planned.stderr
+    assert "cannot reach http://127.0.0.1:9" in planned.stderr and "plan writes nothing" in planned.stderr
+    assert "resume" not in planned.stderr and not out.exists()
 
 
 def test_status_of_a_moved_recipe_out_finds_its_final_stage(tmp_path: Path, make: ModelFactory) -> None:

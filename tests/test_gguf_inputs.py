@@ -19,7 +19,7 @@ import torch
 from ggufmodels import HEAD_DIM, Q, decoded, hf_tensors, reference, to_gguf, write_gguf
 from realmodel import smollm2_folder, smollm2_gguf
 from safetensors.torch import load_file, save_file
-from support import cli, digests, write_config
+from support import cli, cli_here, digests, write_config
 
 from resumerge import api
 from resumerge.api import Output
@@ -444,3 +444,24 @@ def test_a_gguf_input_merge_killed_resumes_byte_identical(tmp_path: Path, real_m
     api.resume(out, state_dir=state)
     assert digests(out) == digests(whole)
     assert api.verify(out, state_dir=state).ok
+
+
+def test_a_damaged_type_field_is_a_damaged_file_not_a_type_to_re_quantize(tmp_path: Path) -> None:
+    """A type field holding no ggml type (a flipped high bit) was "a type this gguf package cannot decode —
+    re-quantize it with llama-quantize" (issue 71, item 5): it is a damaged file, exit 2 naming file and tensor."""
+    write_gguf(tmp_path / "m.gguf", "qwen2", to_gguf("qwen2", hf_tensors("qwen2")), Q.Q8_0)
+    data = bytearray((tmp_path / "m.gguf").read_bytes())
+    name = b"blk.0.attn_q.weight"
+    at = data.index(len(name).to_bytes(8, "little") + name) + 8 + len(name)
+    n_dims = int.from_bytes(data[at:at + 4], "little")
+    field = at + 4 + 8 * n_dims
+    assert int.from_bytes(data[field:field + 4], "little") == Q.Q8_0
+    data[field + 3] ^= 0x40  # one flipped bit of the type's high byte
+    (tmp_path / "m.gguf").write_bytes(data)
+    config = write_config(tmp_path / "c.yml", {"merge_method": "passthrough", "models": [str(tmp_path / "m.gguf")]})
+    done = cli_here("run", config, tmp_path / "out", "--state-dir", tmp_path / "state")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    line = done.stderr
+    assert "blk.0.attn_q.weight" in line and "no ggml type" in line and "m.gguf" in line, line
+    assert "download it again" in line and "re-quantize" not in line, line
+    assert not (tmp_path / "out").exists()

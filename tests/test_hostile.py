@@ -3,11 +3,12 @@
 Complements tests/test_validation.py (config mistakes, a ``../`` index entry, a fake pickle, one YAML tag) and
 tests/test_safetensors_format.py (header parsing unit tests): here every attack goes through the real command
 line, and each test snapshots the whole temp tree before and after, so a write anywhere (or a file copied from
-outside a model directory into OUT) fails the test. Symbolic links that leave a model directory are refused —
-except a Hugging Face cache snapshot's links into its own ``blobs`` folder — so a model folder cannot smuggle a
-private file (``tokenizer.json -> ~/.ssh/id_rsa``) into the output. A symlinked or non-directory OUT is refused
-(pass the real directory). Tensor names are never used as paths; control characters in them are refused so that
-a name cannot inject lines into logs and error messages.
+outside a model directory into OUT) fails the test. Symbolic links of the files a merge copies into OUT as they are
+(config.json, the tokenizer's) that leave a model directory are refused — except a Hugging Face cache snapshot's
+links into its own ``blobs`` folder — so a model folder cannot smuggle a private file (``tokenizer.json ->
+~/.ssh/id_rsa``) into the output (weights' links are followed: tests/test_linked_folders.py). A symlinked or
+non-directory OUT is refused (pass the real directory). Tensor names are never used as paths; control characters
+in them are refused so that a name cannot inject lines into logs and error messages.
 """
 
 from __future__ import annotations
@@ -162,11 +163,13 @@ def _move_out_and_link(path: Path, outside: Path) -> None:
     path.symlink_to(outside)
 
 
-@pytest.mark.parametrize("name", ["tokenizer.json", "config.json", "model-00002-of-00004.safetensors",
-                                  "model.safetensors.index.json"])
+@pytest.mark.parametrize("name", ["tokenizer.json", "config.json", "tokenizer_config.json",
+                                  "special_tokens_map.json"])
 def test_symlinks_leading_out_of_the_model_dir_are_refused(tmp_path: Path, make: ModelFactory,
                                                            capsys: pytest.CaptureFixture[str], name: str) -> None:
-    """e.g. ``tokenizer.json -> ~/.ssh/id_rsa``: refused before anything is read, so nothing reaches OUT."""
+    """e.g. ``tokenizer.json -> ~/.ssh/id_rsa``: a file a merge copies into OUT as it is, refused before anything
+    is read, so nothing reaches OUT. (Weights and their index are read as tensors, never copied: their links are
+    followed — tests/test_linked_folders.py.)"""
     model = make("a")
     _move_out_and_link(model / name, tmp_path / "outside" / name)
     _refused(tmp_path, capsys, _passthrough(model), "symbolic link", "outside the model directory", name)

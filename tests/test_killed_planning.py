@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from resumerge import api
+from resumerge.cli.modelgen import ModelSpec
 from resumerge.config.locations import StateDir
 from resumerge.config.moe_state import ROUTERS_DIR
 from resumerge.errors import NothingRecordedError
 from resumerge.store.planning import killed_planning, planning_mark, planning_since
-from tests.support import cli
+from tests.support import cli, digests, reference_merge
 
 _HOLD = """
 import sys, time
@@ -82,3 +83,20 @@ def test_a_mark_a_live_or_finished_run_holds_is_not_a_killed_one(tmp_path: Path)
     out, state = tmp_path / "out", tmp_path / "state2"
     said = cli("status", out, "--state-dir", state)
     assert said.returncode == 4 and "killed while planning" not in said.stderr
+
+
+def test_a_run_killed_while_hashing_its_inputs_is_recorded_and_resume_finishes_it(tmp_path: Path) -> None:
+    """Hashing a new run's inputs (seconds a GB) came before its plan was recorded: 8 of 24 early kills left a ledger
+    with no run in it and ``resume`` saying "run the same command again" (issue 71, item 5). The run is recorded
+    first: resume finishes it, byte-identical, its inputs hashed then."""
+    spec = ModelSpec(layers=2, hidden=64, intermediate=128, vocab=128, shard_bytes=60_000)
+    config, _, reference = reference_merge(tmp_path, spec, "40k")
+    out, state = tmp_path / "out", tmp_path / "state"
+    killed = cli("run", config, out, "--state-dir", state, "--out-shard-size", "40k", "--quiet",
+                 env={"RESUMERGE_KILL_AT": "before_input_hashing"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    said = cli("status", out, "--state-dir", state)
+    assert "killed while planning" not in said.stdout + said.stderr, said.stdout + said.stderr
+    resumed = cli("resume", out, "--state-dir", state, "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    assert digests(out) == reference

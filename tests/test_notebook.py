@@ -240,3 +240,37 @@ def test_resume_cell_starts_a_merge_whose_runtime_died_before_any_commit(
     assert [cell for cell, _ in ran] == list(AFTER_RESET), ran
     assert "holds no merge yet" in ran[-1][1] and ": done (from the ledger)" in ran[-1][1], ran[-1][1]
     assert digests(out) == digests(reference)
+
+
+@pytest.mark.slow
+def test_the_notebook_writes_a_gguf_and_its_check_cell_checks_it(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The notebook had no ``check`` cell and no GGUF output option (issue 71, item 5): OUT_TYPE "gguf" writes one
+    GGUF file of GGUF_TYPE through plan, run and the resume cell, and the check cell checks it against its parents
+    (from OUT's record) and says the verdict."""
+    from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
+
+    parents = []
+    for seed in (1, 2):
+        parents.append(tmp_path / f"p{seed}.gguf")
+        write_gguf(parents[-1], "qwen2", to_gguf("qwen2", hf_tensors("qwen2", seed=seed)), Q.F32)
+    config = (f"merge_method: linear\nmodels:\n  - model: {parents[0]}\n    parameters: {{weight: 0.3}}\n"
+              f"  - model: {parents[1]}\n    parameters: {{weight: 0.7}}\ndtype: float32\n")
+    out, state = tmp_path / "drive" / "merged", tmp_path / "state"
+    nb = _notebook({"OUT": str(out), "STATE_DIR": str(state), "CONFIG_PATH": str(tmp_path / "merge.yml"),
+                    "CONFIG": config, "USE_DRIVE": False, "INSTALL": False, "OUT_TYPE": "gguf",
+                    "GGUF_TYPE": "q8_0"}, {})
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    ran = _execute(nb, (*FIRST_RUN, "resume", "check"), tmp_path)
+    assert [cell for cell, _ in ran] == [*FIRST_RUN, "resume", "check"], ran
+    assert (out / "model.gguf").is_file() and not list(out.glob("*.safetensors"))
+    assert gguf_types(out / "model.gguf") & {"Q8_0"}
+    check = dict(ran)["check"]
+    assert re.search(r"check: (the merge works|no effect|broken)", check), check
+    assert "## Check" in (out / "README.md").read_text()
+
+
+def gguf_types(path: Path) -> set[str]:
+    import gguf
+
+    return {t.tensor_type.name for t in gguf.GGUFReader(path).tensors}

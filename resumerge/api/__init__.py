@@ -32,6 +32,7 @@ from resumerge.api.options import (
     config_text,
     named,
     nothing_started,
+    nothing_written,
     plan_options,
     recorded_device,
     run_settings,
@@ -48,6 +49,7 @@ from resumerge.memory.sizes import parse_size
 from resumerge.plan.defaults import DEFAULT_SHARD_SIZE
 
 __all__ = ["Hub", "Lora", "Merging", "Output", "Resources", "Stages", "check", "estimate", "estimate_extraction",
+           "estimate_measure",
            "extract_lora", "measure", "plan_merge", "recipe_status", "resume", "run", "status", "verify"]
 
 # Only what ``status`` and ``verify`` need is imported here, so that they stay fast (no torch): the merging
@@ -62,7 +64,7 @@ if TYPE_CHECKING:
     from resumerge.engine.executors import Executor
     from resumerge.estimate.costs import Estimate
     from resumerge.inputs.codecs import CodecTable
-    from resumerge.measure.run import MeasureReport
+    from resumerge.measure.run import MeasureEstimate, MeasureReport
     from resumerge.plan.merge_plan import Plan
     from resumerge.recipes.estimate import RecipeEstimate
     from resumerge.recipes.view import RecipeStatus
@@ -339,6 +341,17 @@ def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
                          cut_texts=truncate_texts)
 
 
+def estimate_measure(config: PathLike, *, texts: PathLike | None = None,
+                     max_memory: int | str | None = None) -> MeasureEstimate:
+    """What :func:`measure` of ``config`` over ``texts`` needs under ``max_memory``, like ``resumerge measure
+    --plan``: each model's decoder layers and the memory of its pass, the smallest budget that fits and whether
+    the budget does (``.fits``, ``.lines()``); reads headers and the texts, writes nothing."""
+    from resumerge.measure.run import estimate_measure as estimated
+
+    return estimated(config, texts=texts,
+                     max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory)
+
+
 def plan_merge(config: PathLike, *, output: Output = Output(), merging: Merging = Merging(),
                codecs: CodecTable | None = None) -> Plan:
     """Validate ``config`` against the models' headers and return the frozen plan (shards of ``out_shard_size``,
@@ -408,8 +421,9 @@ def estimate(
                           disk_free=disk_free or free_bytes, bandwidth=link)
     text = config_text(config)
     call = Call(config, text, out, options, settings, allow_same_experts=merging.allow_same_experts)
-    result = kind_of(text).estimate(call, measuring, fresh_process=fresh_process,
-                                    intermediate_dir=stages.intermediate_dir)
+    with nothing_written():
+        result = kind_of(text).estimate(call, measuring, fresh_process=fresh_process,
+                                        intermediate_dir=stages.intermediate_dir)
     from resumerge.recipes import estimate as recipes
 
     if isinstance(result, recipes.RecipeEstimate):  # a plan per stage, each with its own shard size
@@ -439,7 +453,8 @@ def _extraction_call(spec: ExtractSpec, out: PathLike, settings: RunSettings, ou
 def _estimate_extraction(call: Call, fresh_process: bool) -> Estimate:
     from resumerge.estimate.estimate import Measuring
 
-    return EXTRACTION.estimate(call, Measuring(), fresh_process=fresh_process, intermediate_dir=None)
+    with nothing_written():
+        return EXTRACTION.estimate(call, Measuring(), fresh_process=fresh_process, intermediate_dir=None)
 
 
 def _reporter(progress: bool | Reporter) -> Reporter | None:

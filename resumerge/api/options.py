@@ -395,6 +395,20 @@ def stop_flag(should_stop: Callable[[], bool] | None) -> Callable[[], bool]:
 
 
 @contextlib.contextmanager
+def nothing_written() -> Iterator[None]:
+    """An estimate (``plan``, ``extract-lora --plan``), which records and writes nothing: an
+    :class:`~resumerge.errors.UnreachableError` met inside the block is raised as
+    :class:`~resumerge.errors.UnreachableInputError` (exit 2, "plan writes nothing: … run the same command
+    again"), never exit 3's "resume finishes it"."""
+    from resumerge.errors import UnreachableError, UnreachableInputError
+
+    try:
+        yield
+    except UnreachableError as exc:
+        raise UnreachableInputError.before_start(exc, done="plan writes nothing") from None
+
+
+@contextlib.contextmanager
 def nothing_started(where: RunLocations) -> Iterator[None]:
     """A new run into ``where.out``: an :class:`~resumerge.errors.UnreachableError` met inside the block while this
     state dir records no run into ``out`` (no ledger of a merge, nor of a recipe) is raised as

@@ -96,7 +96,7 @@ def open_checked(where: str, what: str, state: StateDir) -> Checked:
                          "its weight files, a GGUF file, or a hub repo as hf://NAMESPACE/NAME")
     snapshot = _SNAPSHOT.search(directory.as_posix())
     try:
-        return Checked("", where, None, open_model(ModelRef(where), directory=directory))
+        return Checked("", where, None, open_model(ModelRef(where), directory=directory, copies=False))
     except ModelInputError:
         if snapshot is None:
             raise
@@ -122,7 +122,7 @@ def _open_gguf(where: str, file: Path, state: StateDir) -> Checked:
     the file's own folder, so the forward pass and the prompts read it as any model folder."""
     from resumerge.inputs.gguf.folder import gguf_folder
 
-    opened = open_model(ModelRef(str(file)))
+    opened = open_model(ModelRef(str(file)), copies=False)
     return Checked("", where, None, replace(opened, directory=gguf_folder(opened, state.gguf_dir)))
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from resumerge.config.yamltext import decode_config
 from resumerge.errors import UsageError
 
 # (user turn, assistant turn): short, so that a check of a large model stays a few thousand tokens.
@@ -27,11 +28,12 @@ BUILT_IN_TEXT = "built-in text"
 _NO_LIMIT = 1 << 62  # transformers' own "no limit" is about 1e30; any length a text has is below this
 
 
-def load_tokenizer(directories: Sequence[Path]) -> Any:
-    """The first of ``directories`` (the merge's, then its base's and parents') that holds a tokenizer."""
+def load_tokenizer(directories: Sequence[Path], *, what: str = "resumerge check") -> Any:
+    """The first of ``directories`` (the merge's, then its base's and parents') that holds a tokenizer; ``what``
+    names the command in the error of a missing transformers."""
     from resumerge.forward.stream import import_transformers
 
-    transformers = import_transformers("resumerge check")
+    transformers = import_transformers(what)
 
     for directory in directories:
         if (directory / "tokenizer_config.json").is_file() or (directory / "tokenizer.json").is_file():
@@ -74,22 +76,19 @@ class Context:
     cut: bool = False
 
 
-def sequences(tokenizer: Any, prompts_file: Path | None, context: Context | None = None,
+def sequences(tokenizer: Any, prompts_file: Path | None, context: Context | None = None, *,
               option: str = "--prompts") -> list[list[int]]:
     """The token ids of each sequence, at least two tokens each, each within ``context`` (:func:`named`)."""
-    return [text.ids for text in named(tokenizer, prompts_file, context, option)]
+    return [text.ids for text in named(tokenizer, prompts_file, context, option=option)]
 
 
-def named(tokenizer: Any, prompts_file: Path | None, context: Context | None = None,
+def named(tokenizer: Any, prompts_file: Path | None, context: Context | None = None, *,
           option: str = "--prompts") -> list[Text]:
     """The token ids of each sequence, at least two tokens each, and where each text is; each within the models'
     ``context`` (:func:`bounded`). ``option``: how the command names the file (``--prompts``, ``--texts``)."""
     if prompts_file is not None:
-        try:
-            lines = [(n, line) for n, line in enumerate(prompts_file.read_text(encoding="utf-8").splitlines(), 1)
-                     if line.strip()]
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"cannot read {option} {prompts_file}: {exc}") from None
+        lines = [(n, line) for n, line in enumerate(read_texts(prompts_file, option).splitlines(), 1)
+                 if line.strip()]
         if not lines:
             raise UsageError(f"{option} {prompts_file} holds no text", hint="one text per line")
         found = [Text(list(tokenizer(line)["input_ids"]), f"line {n} of {option} {prompts_file}")
@@ -140,6 +139,18 @@ def context_of(configs: Sequence[tuple[str, Mapping[str, Any]]], cut: bool = Fal
                 found.append(Context(int(doc[key]), key, name, cut))
                 break
     return min(found, key=lambda c: c.limit) if found else None
+
+
+def read_texts(path: Path, option: str) -> str:
+    """The text of the texts file ``path`` (the flag ``option`` gave it), decoded as a config is: UTF-16/32 by its
+    byte-order mark (what Windows editors and PowerShell's ``>`` write), else UTF-8, a UTF-8 byte-order mark
+    dropped (it would start the first text)."""
+    try:
+        return decode_config(path.read_bytes()).removeprefix("\ufeff")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {option} {path}: {exc}",
+                         hint="save it as UTF-8 (or UTF-16 with its byte-order mark)"
+                         if isinstance(exc, UnicodeDecodeError) else None) from None
 
 
 def describe(prompts_file: Path | None) -> str:

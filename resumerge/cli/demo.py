@@ -20,6 +20,7 @@ from pathlib import Path
 
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.locations import state_root
+from resumerge.store.manifest import MANIFEST_NAME
 
 CONFIG = """\
 # A layer-wise linear merge whose weights follow a gradient over the layers.
@@ -87,6 +88,9 @@ def run_demo(directory: str | os.PathLike[str] | None = None) -> int:
         return 1
     got, want = _digests(Path(out)), _digests(Path(ref))
     same = got == want
-    print(f"   {len(got)} output files; byte-identical to the uninterrupted run: {'yes' if same else 'NO'}")
+    # verify counted the committed files; OUT holds them and the manifest that lists them (which verify reads)
+    committed = sum(1 for name in got if name != MANIFEST_NAME)
+    print(f"   out/ holds {committed} committed files and {MANIFEST_NAME}; byte-identical to the uninterrupted "
+          f"run: {'yes' if same else 'NO'}")
     print(f"everything is in {root}: the config, the models, out/ and out-reference/")
     return 0 if same else 1

@@ -16,7 +16,7 @@ def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                     "file's sha256. A regmean merge names OUT_DIR as its grams parameter; for a regmean_plus "
                     "config each layer is measured on the merged model's earlier layers (RegMean++). Exit 2 on bad "
                     "input (before anything is written), 3 when interrupted: run it again and it resumes at the "
-                    "layer reached.")
+                    "layer reached. With --plan it says what the measurement needs here and writes nothing.")
     measure.add_argument("config", metavar="CONFIG", help="the merge config whose models to measure")
     measure.add_argument("out", metavar="OUT_DIR", help="an empty (or this measurement's) folder for the Grams")
     measure.add_argument("--texts", metavar="FILE", help="calibration texts, one per line, no chat template "
@@ -26,12 +26,21 @@ def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                               "tokens, rather than refuse it (exit 2, naming its line)")
     measure.add_argument("--max-memory", metavar="SIZE", help="memory budget (e.g. 4GB; default: most of what is "
                          "free)")
+    measure.add_argument("--plan", action="store_true", help="check the config, the models and the texts and "
+                         "estimate each model's pass (decoder layers, memory at its largest step, the smallest budget "
+                         "that fits); write nothing: exit 0 when it fits, 2 when it will not")
     measure.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
 
 
 def run_measure_command(args: argparse.Namespace) -> int:
-    """One API call, then a one-line summary."""
-    from resumerge.api import measure
+    """One API call, then a one-line summary (with --plan, the estimate)."""
+    from resumerge.api import estimate_measure, measure
+
+    if args.plan:
+        estimate = estimate_measure(args.config, texts=args.texts, max_memory=args.max_memory)
+        if not args.quiet:
+            print("\n".join(estimate.lines()))
+        return 0 if estimate.fits else 2
 
     def progress(line: str) -> None:
         print(f"measuring: {line}", file=sys.stderr, flush=True)

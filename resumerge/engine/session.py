@@ -172,7 +172,9 @@ def _recorded(target: Target, settings: RunSettings, reporter: Reporter | None,
     # input then gives another fingerprint, which the session refuses).
     thawed = thaw(stored, dirs, row.fingerprint) if row is not None else None
     if thawed is not None and reporter is not None:
-        reporter.message("the plan recorded when the run started is reused: no input file changed since")
+        # What the stored plan's key compares (frozenplan._folder): the proof of the files' bytes comes after.
+        reporter.message("the plan recorded when the run started is reused: the input folders list the files, sizes "
+                         "and modification times they listed then")
     return Recorded(target, text, PlanOptions(**opts), dirs, Prepared(thawed) if thawed is not None else None,
                     row.kind if row is not None else None)
 

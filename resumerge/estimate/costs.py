@@ -217,9 +217,7 @@ class ComputeGroup:
 
     def line(self) -> str:
         """One line for ``plan``: what was measured on what, and what it scales to."""
-        where = f"{self.dtype} on {self.device}, {self.threads} thread(s)"
-        if self.at_once > 1:
-            where += f" each, {self.at_once} tensors at once"
+        where = self._where()
         rate = self.seconds_per_element
         if rate is None:
             return f"compute: {self.method} ({where}) {self.note}"
@@ -242,6 +240,43 @@ class ComputeGroup:
         doc["seconds"] = None if self.seconds is None else round(self.seconds, 2)
         doc["measure_seconds"] = round(self.measure_seconds, 3)
         return doc
+
+    def _where(self) -> str:
+        where = f"{self.dtype} on {self.device}, {self.threads} thread(s)"
+        return where + (f" each, {self.at_once} tensors at once" if self.at_once > 1 else "")
+
+
+def compute_lines(groups: list[ComputeGroup]) -> list[str]:
+    """The lines ``plan`` prints for ``groups``: one per group, but one per method for the groups timed by whole
+    calls (a decomposition is timed once per shape class: a model's six classes said the same six times)."""
+    lines: list[str] = []
+    wholes: dict[tuple[Any, ...], list[ComputeGroup]] = {}
+    for group in groups:
+        if group.whole and group.seconds_per_element is not None:
+            key = (group.method, group._where(), group.note)
+            if key not in wholes:
+                lines.append("")  # its place, filled below
+                wholes[key] = []
+            wholes[key].append(group)
+        else:
+            lines.append(group.line())
+    merged = iter([alike[0].line() if len(alike) == 1 else _whole_line(alike) for alike in wholes.values()])
+    return [line or next(merged) for line in lines]
+
+
+def _whole_line(alike: list[ComputeGroup]) -> str:
+    """One line for the whole-call groups ``alike`` (one method, one place, shape classes apart)."""
+    first = alike[0]
+    bound = f" {first.note}," if first.note else ""
+    per_tensor = sorted(g.seconds_per_call for g in alike)
+    sizes = sorted(g.sample_elements for g in alike)
+    tensors = sum(g.tensors for g in alike)
+    total = sum(g.seconds_per_call * g.tensors for g in alike)
+    low, high = _seconds_text(per_tensor[0]), _seconds_text(per_tensor[-1])
+    return (f"compute: {first.method} ({first._where()}){bound} timed on one call per shape ({len(alike)} shapes, "
+            f"synthetic inputs of {sizes[0] / 1e6:.2f} to {sizes[-1] / 1e6:.2f} M elements): "
+            f"{low if low == high else f'{low} to {high}'} per tensor, so about {_seconds_text(total)} for "
+            f"{tensors} tensor(s)")
 
 
 @dataclass(frozen=True)

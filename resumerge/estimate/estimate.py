@@ -33,6 +33,7 @@ from resumerge.estimate.costs import (
     ModelDownload,
     OutputSize,
     TimeEstimate,
+    compute_lines,
 )
 from resumerge.estimate.cpuprobe import probe_transfer_cost
 from resumerge.estimate.memory import memory_estimate
@@ -405,7 +406,7 @@ def _disk_reason(disk: DiskNeed, output: OutputSize) -> str:
 def _time(plan: Plan, pending: Sequence[Any], output: OutputSize, downloads: Mapping[str, ModelDownload],
           committed: Mapping[str, int], speed: DiskSpeed | None, probe_bytes: int,
           compute: Sequence[ComputeGroup] = (), to_hub: bool = False) -> TimeEstimate:
-    notes = [g.line() for g in compute]
+    notes = compute_lines(list(compute))
     method_of = plan.method_of
     tensors = plan.tensors
     read_bytes = sum(_read_share(method_of(tp), tp) for s in pending for tp in map(tensors.__getitem__, s.tensors))

@@ -23,7 +23,9 @@ from resumerge.forward.native import NativeConfig, native_modules
 from resumerge.forward.reader import CastReader, Weights, base_formats
 from resumerge.torch_import import torch
 
-INSTALL_HINT = "pip install transformers (the moe extra: pip install -e '.[moe]' in a clone)"
+# check and measure read models (their tokenizers, the families the native modules do not build) with transformers:
+# the clone's ``check`` extra, not the ``moe`` one that MoE gates name.
+INSTALL_HINT = "pip install transformers (in the resumerge clone: pip install -c constraints.txt -e '.[check]')"
 # The final norm's attribute in the families transformers ships (after the decoder layers, before the head).
 _FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "norm_f", "final_norm")
 

@@ -96,20 +96,18 @@ def tokenizer_files(directory: Path) -> tuple[tuple[str, str], ...]:
 
 
 def contained(directory: Path, name: str) -> Path:
-    """``directory / name``; raises :class:`HostileFileError` when it is a symbolic link leading outside.
+    """``directory / name``, a file that may be copied into OUT as it is (config.json, a tokenizer or template
+    file); raises :class:`HostileFileError` when it is a symbolic link leading outside.
 
     A model folder is data from the internet: a link such as ``tokenizer.json -> ~/.ssh/id_rsa`` or
     ``config.json -> ~/.docker/config.json`` would copy a private file into OUT. Links that stay inside the
     folder are fine, and so are a Hugging Face cache snapshot's links (``snapshots/<commit>/x ->
-    ../../blobs/<sha>``) into that repository's ``blobs`` folder.
+    ../../blobs/<sha>``) into that repository's ``blobs`` folder. Weights are read with :func:`followed`.
     """
     path = directory / name
     if not path.is_symlink():
         return path
-    try:
-        target = path.resolve()
-    except (OSError, RuntimeError):  # a link loop (RuntimeError before Python 3.13)
-        raise HostileFileError(f"{name} is a symbolic link loop", path=str(path)) from None
+    target = _target(directory, name)
     roots = [directory.resolve()]
     if directory.parent.name == "snapshots":
         roots.append((directory.parent.parent / "blobs").resolve())
@@ -120,3 +118,25 @@ def contained(directory: Path, name: str) -> Path:
         path=str(path),
         hint="refusing to read it; copy the file into the model directory if it is really part of the model",
     )
+
+
+def followed(directory: Path, name: str) -> Path:
+    """``directory / name``, a file read but never copied into OUT (a weight file or its index, read as tensors
+    and names; any file of a model an analysis only reads): a symbolic link is followed wherever it leads — a
+    folder of links to weights kept elsewhere is how people avoid copying 15 GB, and what ``huggingface-cli
+    download --local-dir`` made before huggingface_hub 0.23. Its bytes reach OUT only as tensors a header
+    describes, so a link to a private file is refused as a damaged weight file, never copied. Raises
+    :class:`HostileFileError` for a link loop only."""
+    path = directory / name
+    if path.is_symlink():
+        _target(directory, name)
+    return path
+
+
+def _target(directory: Path, name: str) -> Path:
+    """Where the link ``directory / name`` leads; :class:`HostileFileError` for a link loop."""
+    path = directory / name
+    try:
+        return path.resolve(strict=False)
+    except (OSError, RuntimeError):  # a link loop (RuntimeError before Python 3.13)
+        raise HostileFileError(f"{name} is a symbolic link loop", path=str(path)) from None

@@ -28,6 +28,7 @@ from resumerge.inputs.files import (
     contained,
     file_identity,
     file_look,
+    followed,
 )
 from resumerge.inputs.quant.refusals import GGUF_MAGIC, refuse_gguf
 from resumerge.inputs.safetensors_format import Header, read_header
@@ -92,7 +93,7 @@ def stored_alike(one: Mapping[str, TensorSource], other: Mapping[str, TensorSour
 
 
 def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = None,
-               parsed: dict[tuple[bytes, int], Header] | None = None) -> ModelInput:
+               parsed: dict[tuple[bytes, int], Header] | None = None, copies: bool = True) -> ModelInput:
     """Open the local model ``ref`` (reading only config.json, the index and headers).
 
     ``directory`` overrides where the model is (a resume uses the directory recorded at planning); otherwise
@@ -100,7 +101,11 @@ def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = N
     safetensors headers parsed before, shared with the models opened with it (see
     :func:`~resumerge.inputs.safetensors_format.read_header`). Raises
     :class:`ModelInputError` for a missing directory, config or weights, and :class:`HostileFileError` for files
-    that try to escape the directory or whose headers are inconsistent. A ``model+adapter`` reference's adapter
+    that try to escape the directory or whose headers are inconsistent. ``copies``: whether its config.json and
+    tokenizer files may be copied into an output as they are (a merge), so a symbolic link of theirs leading out
+    of the folder is refused (see :func:`~resumerge.inputs.files.contained`); an analysis that writes none of
+    them anywhere (check, measure) passes False and follows every link. Weights and indexes are followed either
+    way (:func:`~resumerge.inputs.files.followed`). A ``model+adapter`` reference's adapter
     is not read here: :func:`~resumerge.inputs.catalog.open_inputs` opens its base by the reference without it
     and the adapter beside it (MoE experts and recipe stage names refuse adapters in their configs).
     """
@@ -119,8 +124,11 @@ def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = N
             yaml_path=yaml_path,
             hint="check the path (a model is a local folder, or a hub id such as org/name)",
         )
-    for name in ("config.json", INDEX_NAME, BIN_INDEX_NAME, *TOKENIZER_FILES):
-        contained(directory, name)
+    confine = contained if copies else followed
+    for name in ("config.json", *TOKENIZER_FILES):
+        confine(directory, name)
+    for name in (INDEX_NAME, BIN_INDEX_NAME):
+        followed(directory, name)
     config = _read_config(directory, yaml_path)
     names = _weight_files(directory, yaml_path)
     tensors: dict[str, TensorSource] = {}
@@ -131,7 +139,7 @@ def open_model(ref: ModelRef, *, yaml_path: str = "", directory: Path | None = N
     with ThreadPoolExecutor(1, thread_name_prefix="resumerge-identity") as hashing:
         identities = []
         for name in names:
-            path = contained(directory, name)
+            path = followed(directory, name)
             looks.append(file_look(path))  # before its header: a write after this shows as another look
             header = read_bin_header(path) if is_pickle_checkpoint(name) else read_header(path, parsed=parsed)
             if not tensors.keys().isdisjoint(header.tensors):  # one set operation per file, not a test per tensor
@@ -193,7 +201,7 @@ def _weight_files(directory: Path, yaml_path: str) -> list[str]:
     found = _indexed(directory / BIN_INDEX_NAME, ".bin")
     if found:
         return found
-    if (contained(directory, BIN_SINGLE_NAME)).is_file():
+    if followed(directory, BIN_SINGLE_NAME).is_file():
         return [BIN_SINGLE_NAME]
     if any(directory.glob("*.bin")) or any(directory.glob("*.pt")) or any(directory.glob("*.pth")):
         raise ModelInputError(
@@ -203,7 +211,7 @@ def _weight_files(directory: Path, yaml_path: str) -> list[str]:
             hint="convert the model to safetensors first",
         )
     for gguf in sorted(directory.glob("*.gguf")):
-        with contained(directory, gguf.name).open("rb") as file:
+        with followed(directory, gguf.name).open("rb") as file:
             refuse_gguf(file.read(len(GGUF_MAGIC)), str(gguf))
     raise ModelInputError(f"Unable to find model files at {directory}", yaml_path=yaml_path)
 

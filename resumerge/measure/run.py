@@ -67,19 +67,7 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
     :class:`~resumerge.errors.InputError` subclasses (exit 2) before anything is written: a text longer than the
     models' context among them, unless ``cut_texts`` cuts it (the rule of ``check``:
     :func:`~resumerge.check.prompts.bounded`)."""
-    from resumerge.check.prompts import context_of, load_tokenizer, sequences
-    from resumerge.forward.stream import import_transformers
-
-    merge = load_config_text(read_config_file(config), source=os.fspath(config))
-    refs = merge.referenced_models()
-    if not refs:
-        raise UsageError(f"{os.fspath(config)} names no model to measure")
-    models = [_open(ref) for ref in refs]
-    keys = [ref.key for ref in refs]
-    import_transformers("resumerge measure")
-    tokenizer = load_tokenizer([m.directory for m in models])
-    context = context_of([(key, m.config) for key, m in zip(keys, models)], cut_texts)
-    tokens = sequences(tokenizer, Path(texts) if texts is not None else None, context, "--texts")
+    merge, models, keys, tokens = _opened(config, texts, cut_texts)
     merged = _merged_pass(merge)
     folder = Path(out)
     key = _key(models, keys, tokens, merged)
@@ -91,6 +79,81 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
     _claim(folder, key, {"config": os.path.abspath(config), "models": keys, "layers": layers,
                          "texts": os.path.abspath(texts) if texts is not None else None})
     return _run(models, keys, tokens, folder, on_progress, merged)
+
+
+@dataclass(frozen=True)
+class MeasureEstimate:
+    """What a measurement of a config needs here (``resumerge measure --plan``), reading nothing but headers and
+    the texts: each model's (key, decoder layers, bytes its pass holds at its largest step), the tokens each runs,
+    what this process holds, the budget in force (``source``: --max-memory or the default) and the smallest budget
+    that fits."""
+
+    models: tuple[tuple[str, int, int], ...]
+    tokens: int
+    held: int
+    budget: int
+    source: str
+    smallest: int
+
+    @property
+    def fits(self) -> bool:
+        """Whether every model's pass fits the budget."""
+        return self.smallest <= self.budget
+
+    def lines(self) -> list[str]:
+        """The estimate as ``measure --plan`` prints it."""
+        from resumerge.memory import format_size
+
+        found = [f"model {key}: {layers} decoder layer(s), its pass at most {format_size(peak)} beyond this "
+                 f"process's {format_size(self.held)}" for key, layers, peak in self.models]
+        found.append(f"tokens: {self.tokens} per model; memory: the smallest budget that fits is "
+                     f"{format_size(self.smallest)}, the budget is {format_size(self.budget)} ({self.source})")
+        found.append("fits" if self.fits else f"will not fit: rerun with --max-memory "
+                     f"{format_size(self.smallest, compact=True)} or more")
+        return found
+
+
+def estimate_measure(config: str | os.PathLike[str], *, texts: str | os.PathLike[str] | None = None,
+                     max_memory: int | None = None) -> MeasureEstimate:
+    """What measuring ``config``'s models over ``texts`` needs under ``max_memory`` (None: the default budget):
+    the checks :func:`measure_grams` makes first, and each pass's peak as it refuses one by; writes nothing."""
+    from resumerge.forward import Weights
+    from resumerge.forward.stream import ModelStream
+    from resumerge.memory import SystemProbe, default_budget, smallest_budget_for
+    from resumerge.torch_import import torch
+
+    _, models, keys, tokens = _opened(config, texts)
+    found = []
+    for key, model in zip(keys, models):
+        with ModelStream(Weights.of(model.directory, model.tensors), model.config, torch.float32,
+                         what="resumerge measure", key=key) as stream:
+            found.append((key, stream.layers, _pass_peak(stream, tokens)))
+    probe = SystemProbe()
+    held = probe.rss()
+    budget = max_memory if max_memory is not None else default_budget(probe)
+    smallest = smallest_budget_for(max(peak for _, _, peak in found), baseline_bytes=held)
+    return MeasureEstimate(tuple(found), sum(len(t) for t in tokens), held, budget,
+                           "--max-memory" if max_memory is not None else "default", smallest)
+
+
+def _opened(config: str | os.PathLike[str], texts: str | os.PathLike[str] | None, cut_texts: bool = False
+            ) -> tuple[MergeConfig, list[ModelInput], list[str], list[list[int]]]:
+    """The config, its models opened (headers only), their keys and the texts' tokens, each within the models'
+    context (cut to it where ``cut_texts``): every check before a weight is read."""
+    from resumerge.check.prompts import context_of, load_tokenizer, sequences
+    from resumerge.forward.stream import import_transformers
+
+    merge = load_config_text(read_config_file(config), source=os.fspath(config))
+    refs = merge.referenced_models()
+    if not refs:
+        raise UsageError(f"{os.fspath(config)} names no model to measure")
+    models = [_open(ref) for ref in refs]
+    keys = [ref.key for ref in refs]
+    import_transformers("resumerge measure")
+    tokenizer = load_tokenizer([m.directory for m in models], what="resumerge measure")
+    context = context_of([(key, m.config) for key, m in zip(keys, models)], cut_texts)
+    tokens = sequences(tokenizer, Path(texts) if texts is not None else None, context, option="--texts")
+    return merge, models, keys, tokens
 
 
 def _merged_pass(merge: MergeConfig) -> dict[str, object] | None:
@@ -223,7 +286,7 @@ def _open(ref: ModelRef) -> ModelInput:
     if not directory.is_dir():
         raise UsageError(f"{ref.path}: measure reads local model folders, and this is not one",
                          hint="download the model (huggingface-cli download) and name its folder")
-    model = open_model(ref, directory=directory)
+    model = open_model(ref, directory=directory, copies=False)  # writes no file of the model into OUT
     moe = next((k for k in _MOE_KEYS if model.config.get(k)), None)
     if moe is not None:
         raise UsageError(f"{ref.key} is a mixture of experts ({moe}: {model.config[moe]}); measure records the "
@@ -284,20 +347,27 @@ def _all_fit(models: list[ModelInput], keys: list[str], tokens: list[list[int]],
 
 
 def _fits(stream: object, tokens: list[list[int]], max_memory: int | None) -> None:
-    """Refuse (exit 2, before the model's first layer is read) a pass whose peak would not fit ``max_memory`` (None:
-    the default budget): the hidden states in and out, the largest layer in float32 and a layer's float64 sums
-    (four distinct inputs, the widest squared)."""
-    from resumerge.forward.reader import pass_bytes
+    """Refuse (exit 2, before the model's first layer is read) a pass whose peak (:func:`_pass_peak`) would not fit
+    ``max_memory`` (None: the default budget)."""
     from resumerge.forward.stream import ModelStream
     from resumerge.memory import SystemProbe, budget_fitting
+
+    assert isinstance(stream, ModelStream)
+    budget_fitting(f"measuring {stream.reader.directory}", _pass_peak(stream, tokens), max_memory, SystemProbe())
+
+
+def _pass_peak(stream: object, tokens: list[list[int]]) -> int:
+    """The bytes a model's pass holds at its largest step: the hidden states in and out, the largest layer in
+    float32 and a layer's float64 sums (four distinct inputs, the widest squared)."""
+    from resumerge.forward.reader import pass_bytes
+    from resumerge.forward.stream import ModelStream
 
     assert isinstance(stream, ModelStream)
     config = stream.config
     hidden = int(getattr(config, "hidden_size", 0) or 0)
     wide = max(hidden, int(getattr(config, "intermediate_size", 0) or 0))
     positions = sum(len(t) for t in tokens)
-    peak = 2 * positions * hidden * 4 + pass_bytes(stream.formats, stream.layers, value_bytes=4) + 4 * wide * wide * 8
-    budget_fitting(f"measuring {stream.reader.directory}", peak, max_memory, SystemProbe())
+    return 2 * positions * hidden * 4 + pass_bytes(stream.formats, stream.layers, value_bytes=4) + 4 * wide * wide * 8
 
 
-__all__ = ["LAYER_PREFIX", "MeasureReport", "measure_grams"]
+__all__ = ["LAYER_PREFIX", "MeasureEstimate", "MeasureReport", "estimate_measure", "measure_grams"]

@@ -113,10 +113,12 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
     headers: dict[str, bytes] = {}
     if options.out_type == "gguf":  # one GGUF file (or gguf-split's files), the tokenizer built into it
         from resumerge.plan.ggufout import gguf_output
+        from resumerge.plan.gguftypes import type_notes
 
         shards, tensors, headers = gguf_output(tensors, out_config, models, [config.base_model.key],
                                                options.gguf_type, None, options.gguf_split_max_size, last=late,
                                                unit_size=options.out_shard_size)
+        notes.extend(type_notes(tensors))  # where it writes another type than llama.cpp's quantizer picks
     blobs = tokenizer_blobs(tokenizer_dir or base.directory) if options.copy_tokenizer and not headers else {}
     inputs = {key: tuple((f.name, f.size, f.identity) for f in m.files) for key, m in sorted(models.items())}
     dirs = {key: str(m.directory) for key, m in models.items()}

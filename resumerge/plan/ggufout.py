@@ -8,8 +8,8 @@ Each file is written in place, in units (:attr:`~resumerge.plan.merge_plan.Shard
 groups of consecutive tensors of at most ``--out-shard-size`` bytes (a larger tensor alone), each journaled once it
 is durable, so that an interrupted run loses at most the unit being written (:func:`unit_counts`).
 
-llama.cpp's conventions (``gguf.md`` §2-4): matrices in ``--gguf-type`` (Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 need rows
-of whole 32-value blocks, else F16), norms, 1-D tensors and routers F32; the family's hyperparameter keys from the
+llama.cpp's conventions (``gguf.md`` §2-4): each matrix in the type llama.cpp's quantizer picks for ``--gguf-type``
+(:mod:`.gguftypes`), norms, 1-D tensors and routers F32; the family's hyperparameter keys from the
 output's config.json; the ``tokenizer.*`` keys (vocabulary, merges, chat template) copied with their types from a
 GGUF parent, or built from the donor's tokenizer files when no parent is a GGUF (``hfvocab``). A mixture of experts'
 routed projections are stacked per layer as the converter stacks them (:mod:`.ggufstacks`).
@@ -26,11 +26,12 @@ from resumerge.inputs.gguf.blocks import BLOCK_BYTES
 from resumerge.inputs.gguf.header import read_gguf_header
 from resumerge.inputs.gguf.layout import ARRAY, BOOL, F32, I32, STRING, U16, U32, TensorInfo, Value, plan_layout
 from resumerge.inputs.gguf.model import gguf_module
-from resumerge.inputs.gguf.names import ARCH_OF, NORM_MINUS_ONE, UNPERMUTE_Q, gguf_metadata, transform
+from resumerge.inputs.gguf.names import ARCH_OF, NORM_MINUS_ONE, UNPERMUTE_Q, gguf_metadata, gguf_name, transform
 from resumerge.inputs.gguf.outcodec import TYPES, GgufOutCodec
 from resumerge.inputs.gguf.stackcodec import GgufStackCodec
 from resumerge.inputs.model import ModelInput
 from resumerge.plan.ggufstacks import WRITTEN, place_tensors
+from resumerge.plan.gguftypes import tensor_type
 from resumerge.plan.merge_plan import ShardPlan, TensorPlan
 
 GGUF_NAME = "model.gguf"
@@ -66,9 +67,12 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
                               "scaling, which resumerge cannot write yet", hint="write it as safetensors")
     # The tokenizer keys: copied from the first GGUF parent, else built from the donor's tokenizer files.
     source = next((models[k] for k in order if models[k].gguf is not None), models[order[0]])
+    # The file's types as llama.cpp's quantizer picks them (resumerge.plan.gguftypes): its head's is its own, and
+    # a tied embedding is the head.
+    tied = not any(gguf_name(arch, n) == "output.weight" for n in tensors if n.endswith("lm_head.weight"))
     entries = place_tensors(tensors, arch, out_config,
                             lambda tp, target, **stack: _encoded(tp, arch, target, TYPES[gguf_type], out_config,
-                                                                 **stack), last)
+                                                                 tied=tied, **stack), last)
     placed = {name: tp for entry in entries for name, tp in entry.tensors}
     metadata = _metadata(arch, out_config, gguf_type, source, template)
     whole = [TensorInfo(e.infos[0].name, e.infos[0].shape, e.infos[0].ggml_type, sum(i.nbytes for i in e.infos))
@@ -125,27 +129,24 @@ def unit_counts(names: tuple[str, ...], tensors: Mapping[str, TensorPlan], max_s
     return tuple(counts)
 
 
-def _encoded(tp: TensorPlan, arch: str, target: str, qtype: int, config: Mapping[str, Any], *, expert: int = -1,
-             up_name: str = "") -> TensorPlan:
+def _encoded(tp: TensorPlan, arch: str, target: str, qtype: int, config: Mapping[str, Any], *, tied: bool,
+             expert: int = -1, up_name: str = "") -> TensorPlan:
     """``tp`` written as GGUF tensor ``target`` (expert ``expert``'s slice of it, or with ``up_name`` a fused
-    gate_up stack's gate half, its up half to ``up_name``: :mod:`resumerge.inputs.gguf.stackcodec`): F32 for
-    norms, 1-D tensors and routers, F16 for rows that are not whole blocks of a block type, else ``qtype``; with
-    the family's transform."""
+    gate_up stack's gate half, its up half to ``up_name``: :mod:`resumerge.inputs.gguf.stackcodec`) in the type
+    llama.cpp's quantizer picks in a ``qtype`` file (:func:`~resumerge.plan.gguftypes.tensor_type`; ``tied``: the
+    output has no head of its own), with the family's transform."""
     how = transform(arch, target)
-    if len(tp.shape) < 2 or target.endswith(("norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")):
-        ggml = 0
-    elif qtype in BLOCK_BYTES and tp.shape[-1] % BLOCK_BYTES[qtype][0]:
-        ggml = 1
-    else:
-        ggml = qtype
+    experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    chosen = tensor_type(target, tp.shape, qtype, tied=tied, experts=experts)
+    ggml, llama = chosen.written, -1 if chosen.llama == chosen.written else chosen.llama
     head_rows = 1
     if how and how != NORM_MINUS_ONE:
         heads = int(config["num_attention_heads"] if how == UNPERMUTE_Q else
                     config.get("num_key_value_heads") or config["num_attention_heads"])
         head_rows = tp.shape[0] // heads
-    codec: GgufOutCodec = GgufOutCodec(target, ggml, how, head_rows)
+    codec: GgufOutCodec = GgufOutCodec(target, ggml, how, head_rows, llama)
     if expert >= 0 or up_name:
-        codec = GgufStackCodec(target, ggml, how, head_rows, expert=expert, up_name=up_name)
+        codec = GgufStackCodec(target, ggml, how, head_rows, llama, expert=expert, up_name=up_name)
     return replace(tp, out_codec=codec, carried=()).sized()
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from resumerge.inputs.codecs import TensorCodec
 from resumerge.inputs.gguf.codec import GgufCodec
 from resumerge.inputs.gguf.outcodec import TYPES, GgufOutCodec
+from resumerge.plan.gguftypes import type_notes
 from resumerge.plan.merge_plan import TensorPlan
 
 # The relative RMS error of one encode-decode round trip of normal values (N(0, 1), 256 x 1024), in %, of the GGUF
@@ -37,6 +38,7 @@ def quantization_notes(tensors: Mapping[str, TensorPlan]) -> list[str]:
                      "every tensor to float32 before merging it (a parent quantized to 5 bits or fewer brings its "
                      "quantization error into the merge)")
     notes.extend(gguf_error_notes(codecs.values(), tensors))
+    notes.extend(type_notes(tensors))
     if not stored_as and not unread:
         return notes
     carried = sorted({part for tp in tensors.values() for part, _ in tp.carried})

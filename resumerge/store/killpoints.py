@@ -26,6 +26,7 @@ LOCAL_POINTS = (
     "during_index_write",
     "during_config_write",
     "during_tokenizer_write",
+    "before_input_hashing",
 )
 # Reached only by a file written in place, unit by unit (a GGUF output in a local OUT: resumerge.store.units), around
 # each unit: written, fsynced, journaled (tests/test_gguf_units.py kills at each occurrence of each).

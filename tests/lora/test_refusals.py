@@ -193,16 +193,19 @@ def test_a_real_dora_adapter_is_refused(tmp_path: Path, llama_base: Path) -> Non
     refused(ModelInputError, lambda: open_adapter(tmp_path / "dora", yaml_path="m"), "DoRA (use_dora)")
 
 
-def test_links_leading_outside_the_folder_are_hostile(damaged: Path, tmp_path: Path) -> None:
+def test_a_tokenizer_link_leading_outside_is_hostile_and_a_weights_link_is_followed(damaged: Path,
+                                                                                     tmp_path: Path) -> None:
+    """A tokenizer file is copied into OUT as it is; the adapter's weights are read as tensors, never copied."""
     secret = tmp_path / "secret.json"
     secret.write_text('{"token": "hf_xxx"}')
     os.symlink(secret, damaged / "tokenizer_config.json")
     refused(HostileFileError, lambda: open_adapter(damaged, yaml_path="m"), "tokenizer_config.json", "outside")
     os.unlink(damaged / "tokenizer_config.json")
+    before = open_adapter(damaged, yaml_path="m")
     outside = tmp_path / "elsewhere.safetensors"
     shutil.move(damaged / "adapter_model.safetensors", outside)
     os.symlink(outside, damaged / "adapter_model.safetensors")
-    refused(HostileFileError, lambda: open_adapter(damaged, yaml_path="m"), "adapter_model.safetensors", "outside")
+    assert open_adapter(damaged, yaml_path="m").files == before.files
 
 
 # ---- check_adapter -----------------------------------------------------------------------------------------

@@ -17,7 +17,15 @@ from typing import Any
 from resumerge.errors import ModelInputError, ResumergeError
 from resumerge.inputs.adapters.names import Factor, FullTensor, classify
 from resumerge.inputs.adapters.settings import CONFIG_NAME, LoraSettings, read_settings
-from resumerge.inputs.files import TOKENIZER_FILES, InputFile, TensorSource, contained, file_identity, file_look
+from resumerge.inputs.files import (
+    TOKENIZER_FILES,
+    InputFile,
+    TensorSource,
+    contained,
+    file_identity,
+    file_look,
+    followed,
+)
 from resumerge.inputs.safetensors_format import Header, read_header
 
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -139,7 +147,7 @@ def _open(directory: Path, yaml_path: str) -> Adapter:
             hint="it looks like a full model: reference it without '+'" if looks_like_model else None,
         )
     settings, config, raw = read_settings(config_path, yaml_path=yaml_path)
-    weights = contained(directory, WEIGHTS_NAME)
+    weights = followed(directory, WEIGHTS_NAME)  # read as tensors, never copied: a link anywhere is followed
     if not weights.is_file():
         pickles = [name for name in _PICKLE_NAMES if (directory / name).exists()]
         raise ModelInputError(

@@ -23,6 +23,10 @@ MAGIC = b"GGUF"
 _VERSIONS = (2, 3)
 _ALIGNMENT = 32
 _STRING, _ARRAY = 8, 9
+# ggml numbers its tensor types from 0 and has about 40 (gguf.md §1): a type field past this holds no type any ggml
+# could have written (a flipped high bit, a shifted header), where a small unknown id may be a type newer than the
+# gguf package.
+_TYPE_IDS = 1 << 8
 MAX_STEP = 1 << 20  # the most bytes one request of a header read by range asks beyond what the parse needs
 # value type -> (struct format, numpy dtype) of the fixed-size scalars (gguf.md §1).
 _SCALARS: dict[int, tuple[str, str]] = {
@@ -207,6 +211,8 @@ class _Parser:
         data_start = -(-self.at // alignment) * alignment
         tensors, expected = [], 0
         for name, ne, kind, offset in infos:
+            if kind not in sizes and kind >= _TYPE_IDS:
+                raise self.bad(f"tensor {name!r} has the type field {kind}, which is no ggml type (it is damaged)")
             if kind not in sizes:
                 raise ModelInputError(f"tensor {name} is stored as ggml type {kind}, which this gguf package "
                                       "cannot decode", path=self.where, tensor=name,

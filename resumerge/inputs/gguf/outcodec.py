@@ -32,6 +32,9 @@ class GgufOutCodec(TensorCodec):
     ggml_type: int
     transform: str = ""
     head_rows: int = 1
+    # The type llama.cpp's quantizer picks for it, where resumerge writes another (-1: the same; see
+    # resumerge.plan.gguftypes): what the plan's notes name.
+    llama_type: int = -1
 
     @classmethod
     def recognise(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource]) -> tuple[Claim, ...]:

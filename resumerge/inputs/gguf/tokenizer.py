@@ -1,7 +1,7 @@
 """The tokenizer files of a GGUF model (tokenizer.json, tokenizer_config.json with the chat template), rebuilt
 from its ``tokenizer.*`` metadata by transformers' GGUF tokenizer converter.
 
-transformers is optional (the ``[moe]`` extra): it is imported only when a GGUF model's tokenizer is copied to a
+transformers is optional (the ``[check]`` extra): it is imported only when a GGUF model's tokenizer is copied to a
 safetensors output; without it that is refused in one line before anything is written (``--no-copy-tokenizer``
 merges without a tokenizer).
 """
@@ -23,8 +23,9 @@ def gguf_tokenizer_files(path: Path, header: GgufHeader | None = None) -> dict[s
         from transformers import AutoTokenizer
     except ImportError:
         raise ModelInputError("rebuilding a GGUF model's tokenizer needs transformers, which is not installed",
-                              path=str(path), hint="pip install -c constraints.txt -e '.[moe,gguf]', or merge "
-                                                   "with --no-copy-tokenizer") from None
+                              path=str(path), hint="pip install transformers (in the resumerge clone: pip install -c "
+                                                   "constraints.txt -e '.[check,gguf]'), or merge with "
+                                                   "--no-copy-tokenizer") from None
     with tempfile.TemporaryDirectory(prefix="resumerge-gguf-tokenizer-") as scratch:
         read = path
         if not path.is_file() and header is not None:
