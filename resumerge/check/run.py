@@ -8,6 +8,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -36,12 +37,13 @@ from resumerge.check.static import TensorResult, layer_of, logical_shapes, stati
 from resumerge.check.tokens import cached_sequences
 from resumerge.check.verdict import THRESHOLDS, judge
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.config.locations import StateDir
+from resumerge.config.locations import StateDir, is_default_state_root
 from resumerge.errors import UsageError
 from resumerge.forward.stream import ModelStream, transformers_found
 from resumerge.memory import MemoryGovernor, SystemProbe, budget_fitting
 from resumerge.memory.allocator import malloc_trim, tune_allocator
 from resumerge.store.durable import write_file_atomic
+from resumerge.store.runlock import JobLock
 
 if TYPE_CHECKING:  # Ray's module: imported with --executor ray only
     from resumerge.check.onray import Place
@@ -49,6 +51,7 @@ if TYPE_CHECKING:  # Ray's module: imported with --executor ray only
 REPORT_NAME = "report.json"
 CHART_NAME = "drift.png"
 STATIC_NAME = "static.json"
+LOCK_NAME = "lock"  # held by the one process running the check (its pid and command inside)
 OUTSIDE_NAME = "static-outside.json"  # the static figures of the tensors outside the decoder layers (folding)
 
 
@@ -70,6 +73,38 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     prompts_file = Path(prompts) if prompts is not None else None
     tokens = cached_sequences([m.opened.directory for m in models], prompts_file, state.checks_dir)
     workdir = state.checks_dir / _key(models, tokens)
+    command = check_command(model, base, tuple(parents), prompts, state)
+    # One process per check: two at once would delete each other's layer and head files (issue 70).
+    lock = JobLock(workdir / LOCK_NAME, f"this check of {model}", command,
+                   hint="wait for it to finish (asked again, the check then answers at once), or stop it (it resumes "
+                        "at the layer it reached)")
+    lock.acquire()
+    try:
+        return _locked(model, models, tokens, workdir, prompts_file, max_memory, state, on_ray, ray_address)
+    finally:
+        lock.release()
+
+
+def check_command(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
+                  parents: Sequence[str | os.PathLike[str]], prompts: str | os.PathLike[str] | None,
+                  state: StateDir) -> str:
+    """The shell command of this check (what a second one names, and what continues an interrupted one)."""
+    words = ["resumerge", "check", os.fspath(model)]
+    if base is not None:
+        words += ["--base", os.fspath(base)]
+    for parent in parents:
+        words += ["--parent", os.fspath(parent)]
+    if prompts is not None:
+        words += ["--prompts", os.fspath(prompts)]
+    if not is_default_state_root(state.given):
+        words += ["--state-dir", os.fspath(state.root)]
+    return shlex.join(words)
+
+
+def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[list[int]], workdir: Path,
+            prompts_file: Path | None, max_memory: int | None, state: StateDir, on_ray: bool,
+            ray_address: str | None) -> CheckReport:
+    """The check in ``workdir``, its lock held: answered from its report, or run (resuming its journal)."""
     done = workdir / REPORT_NAME
     if done.is_file():  # asked again: the same report, and the card brought up to date with it
         report = replace(CheckReport.from_json(json.loads(done.read_text())), prompts=describe(prompts_file))
