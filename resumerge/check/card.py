@@ -114,6 +114,8 @@ def render_section(report: CheckReport) -> str:
         lines.append(f"| {m.role} | {_cell(m.path)} | {num(m.nll)} | {num(m.kl, '.4g')} | {num(m.top1, '.1%')} |")
     layer = "none" if report.broken_layer is None else f"decoder layer {report.broken_layer} (0-based)"
     lines += ["", f"- Broken layer: {layer}."]
+    if report.compared is not None:
+        lines.append(f"- Compared: {_cell(report.compared)}.")
     lines += [f"- {_cell(reason)}" for reason in report.reasons]
     lines.append("- Thresholds: " + ", ".join(f"{k} {v:g}" for k, v in sorted(report.thresholds.items())) + ".")
     lines.append(f"- Prompts: {report.prompts}." if report.prompts else "- Prompts: not recorded.")

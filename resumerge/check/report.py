@@ -71,8 +71,9 @@ def _static_from_json(doc: dict[str, Any]) -> StaticFigures:
 class CheckReport:
     """The check of one merge: the ``verdict`` (works, no_effect, broken), the ``reasons`` it rests on (each
     naming the figures compared), ``broken_layer`` (0-based, or None), the models' figures, the static pass,
-    the tokens it ran, the ``thresholds`` used, where its drift ``chart`` is, the ``prompts`` it ran and what
-    became of MODEL's model ``card``."""
+    the tokens it ran, the ``thresholds`` used, where its drift ``chart`` is, the ``prompts`` it ran, what became
+    of MODEL's model ``card``, and what the merge was ``compared`` with (one line; with no base and no parent it
+    says that nothing was, and what was judged without them)."""
 
     verdict: str
     reasons: tuple[str, ...]
@@ -86,6 +87,7 @@ class CheckReport:
     chart: str | None = None  # the per-layer drift chart (PNG) beside the report, when the forward pass ran
     prompts: str | None = None  # the texts run: "built-in (...)" or the file's name and sha256
     card: str | None = None  # what became of MODEL's model card (a resumerge output's), in one line
+    compared: str | None = None  # what the merge was compared with, in one line
 
     @property
     def exit_code(self) -> int:

@@ -10,11 +10,11 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from resumerge.check.card import update_card
 from resumerge.check.chart import write_drift_chart
@@ -347,7 +347,8 @@ def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int |
 def _report(models: list[Checked], static: StaticFigures, figures: PassFigures | None,
             tokens: list[list[int]]) -> CheckReport:
     roles, paths = [m.role for m in models], [m.path for m in models]
-    verdict, reasons, layer = judge(roles, paths, static, figures)
+    vocab = _vocab(models[0].opened.config)
+    verdict, reasons, layer = judge(roles, paths, static, figures, vocab)
     entries = []
     for i, m in enumerate(models):
         if figures is None:
@@ -359,4 +360,27 @@ def _report(models: list[Checked], static: StaticFigures, figures: PassFigures |
                                     depart=tuple(figures.depart[i]) if i else ()))
     return CheckReport(verdict=verdict, reasons=tuple(reasons), broken_layer=layer, models=tuple(entries),
                        static=static, sequences=len(tokens), tokens=sum(len(t) - 1 for t in tokens),
-                       thresholds=dict(THRESHOLDS), spread=tuple(figures.spread) if figures else ())
+                       thresholds=dict(THRESHOLDS), spread=tuple(figures.spread) if figures else (),
+                       compared=compared_line(roles, vocab))
+
+
+def compared_line(roles: list[str], vocab: int | None) -> str:
+    """What the merge was compared with, in one line: with no base and no parent, that nothing was, and what
+    was judged without them."""
+    parents = roles.count("parent")
+    named = (["its base"] if "base" in roles else []) + ([f"{parents} parent(s)"] if parents else [])
+    if named:
+        return "the merge with " + " and ".join(named)
+    uniform = (f" and its NLL (against {THRESHOLDS['uniform_factor']} × ln {vocab:,}, the uniform guess's)"
+               if vocab else "")
+    return ("nothing: no base or parent was given or recorded, so only the merge's own tensors (NaN, Inf)"
+            f"{uniform} were judged; KL, drift, the layer that departs and `no effect` need --base or --parent")
+
+
+def _vocab(config: Mapping[str, Any]) -> int | None:
+    """The vocabulary size a model's config names (a multimodal model's in its text config)."""
+    found = config.get("vocab_size")
+    text = config.get("text_config")
+    if found is None and isinstance(text, dict):
+        found = text.get("vocab_size")
+    return found if isinstance(found, int) and not isinstance(found, bool) else None

@@ -478,6 +478,8 @@ def show_check(report: CheckReport, stream: TextIO | None = None) -> None:
               + ", ".join(f"{_escape(k)} {v:,}" for k, v in report.static.parameters.items()))
     colour = {"works": "green", "no_effect": "yellow", "broken": "red"}[report.verdict]
     layer = f" (layer {report.broken_layer})" if report.broken_layer is not None else ""
+    if report.compared is not None:
+        out.print(f"compared: {_escape(report.compared)}")
     out.print(f"verdict: [{colour}]{report.verdict.replace('_', ' ')}[/{colour}]{layer}")
     for reason in report.reasons:
         out.print(f"  - {_escape(reason)}")
