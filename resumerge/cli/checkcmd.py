@@ -15,8 +15,8 @@ def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                     "time, of MODEL, its base and its parents over the same texts: NLL, KL, top-1 agreement, "
                     "per-layer drift, and the first layer that departs from every parent. Exit 0 works, 5 no "
                     "effect, 6 broken, 2 bad input, 3 interrupted (run it again: it resumes at the layer "
-                    "reached), 4 a hub file whose bytes are not the hub's (its sha256), or the same check already under way in "
-                    "another process (named).")
+                    "reached), 4 a hub file whose bytes are not the hub's (its sha256), or the same check "
+                    "already under way in another process (named).")
     check.add_argument("model", metavar="MODEL", help="the merged model's folder, a GGUF file, or a hub repo as "
                        "hf://NAMESPACE/NAME[@REVISION] (a GGUF file in one as hf://NAMESPACE/NAME/PATH.gguf"
                        "[@REVISION]), read by byte range (a resumerge output names its base and parents in its "
