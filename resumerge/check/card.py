@@ -2,11 +2,15 @@
 merge's KL from it, the layer named, the thresholds, the prompts and where the drift chart is.
 
 The section sits between two HTML comments (invisible on the hub), so checking again replaces it and never adds a
-second one. The card is changed only where resumerge wrote it: its record (ledger or manifest) holds README.md
-committed and the bytes on disk still match; the new card is committed as every output file is
-(:func:`~resumerge.store.recommit.recommit_small`), so ``verify`` passes after it. A ``resume`` that rebuilds the
-card (deleted or damaged) writes the last check's section back (:func:`restore_section`). A hub OUT's card is left
-as committed: changing it is a commit to the repo, which the check does not make.
+second one. The card is changed only where resumerge wrote it and only through the run's own ledger
+(:func:`run_state`: in the check's state dir, else the one a command given no ``--state-dir`` finds): its ledger
+holds README.md committed and the bytes on disk still match; the new card is committed as every output file is
+(:func:`~resumerge.store.recommit.recommit_small`: ledger row, then manifest), so ``verify`` passes after it. Where
+the check finds no ledger of the run (a state dir of its own, or a machine without the run's), the card is left as
+it is and the line says so: a card changed through the manifest alone would disagree with a ledger kept elsewhere,
+which ``verify`` then calls damaged and a ``resume`` rebuilds without the section (issue 70). A ``resume`` that
+rebuilds the card (deleted or damaged) writes the last check's section back (:func:`restore_section`). A hub OUT's
+card is left as committed: changing it is a commit to the repo, which the check does not make.
 """
 
 from __future__ import annotations
@@ -33,14 +37,18 @@ def update_card(model: str | os.PathLike[str], state: StateDir, report: CheckRep
         return (f"the model card of {where} is left as committed: a check makes no commit to the repo (the "
                 "report is in the state dir)")
     out = Path(where)
+    run = run_state(out, state)
+    if run is None:
+        if _is_output(out, state):
+            return (f"{out / CARD_NAME} is left as it is, without the check's section: the run's ledger is not in "
+                    f"{_searched(out, state)} (check again with the merge's --state-dir to add it)")
+        return None
     try:
-        found = committed_file(out, CARD_NAME, state)
+        found = committed_file(out, CARD_NAME, run)
     except LedgerError:
         return None
-    if found is None:
-        if _is_output(out, state):
-            return f"{out / CARD_NAME} was not written by resumerge: left as it is, without the check's section"
-        return None
+    if found is None or not found.ledger:
+        return f"{out / CARD_NAME} was not written by resumerge: left as it is, without the check's section"
     if found.data is None:
         return (f"{out / CARD_NAME} no longer matches what resumerge wrote (edited or damaged): left as it is, "
                 "without the check's section")
@@ -48,7 +56,7 @@ def update_card(model: str | os.PathLike[str], state: StateDir, report: CheckRep
     updated = with_section(text, render_section(report)).encode("utf-8")
     if updated == found.data:
         return f"{out / CARD_NAME}: the check's section is up to date"
-    if not recommit_small(out, found, updated, state):
+    if not recommit_small(out, found, updated, run):
         return f"{out / CARD_NAME} is not updated: a merge into {out} is running"
     return f"{out / CARD_NAME}: the check's section written (its checksum recorded: verify passes)"
 
@@ -80,6 +88,24 @@ def restore_section(model: str | os.PathLike[str], state: StateDir) -> str | Non
     except (LedgerError, OSError, ValueError, KeyError, TypeError):  # an unreadable record: the card stays as built
         return None
     return update_card(where, state, report)
+
+
+def run_state(out: str | os.PathLike[str], state: StateDir) -> StateDir | None:
+    """The state dir that holds the ledger of the run into ``out``: ``state`` (the check's), else the one a
+    command given no ``--state-dir`` finds (``$RESUMERGE_STATE_DIR``, the user's own, or ``./state``); None where
+    neither does."""
+    from resumerge.store.ledger_read import LEDGER_NAME
+
+    for candidate in (state, StateDir.resolve(None)):
+        if (candidate.run_dir(out) / LEDGER_NAME).is_file():
+            return candidate
+    return None
+
+
+def _searched(out: Path, state: StateDir) -> str:
+    """The run folders :func:`run_state` looked in, in words."""
+    folders = dict.fromkeys(str(s.run_dir(out)) for s in (state, StateDir.resolve(None)))
+    return " nor ".join(folders)
 
 
 def _is_output(out: Path, state: StateDir) -> bool:

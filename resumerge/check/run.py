@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.check.card import update_card
+from resumerge.check.card import run_state, update_card
 from resumerge.check.chart import write_drift_chart
 from resumerge.check.folded import FoldedStatic
 from resumerge.check.hubreads import CheckReads
@@ -271,17 +271,19 @@ def _passive_threads() -> None:
 
 def _record(model: str | os.PathLike[str], state: StateDir, report: CheckReport,
             where: Path) -> None:
-    """A ``check`` event in the ledger of ``model`` when it is a resumerge output with a ledger in this state
-    dir (its verdict, exit code, the layer named, each model's NLL and KL, and where the report is): the merge's
-    own record then says how it was checked. A model without one (any other folder) has no record to add to."""
+    """A ``check`` event in the ledger of ``model`` when it is a resumerge output whose ledger the check finds
+    (:func:`~resumerge.check.card.run_state`): its verdict, exit code, the layer named, each model's NLL and KL,
+    and where the report is; the merge's own record then says how it was checked. A model without one (any other
+    folder) has no record to add to."""
     from resumerge.errors import LedgerError, StorageError
     from resumerge.store.ledger import Ledger
 
     if is_hub_target(model) and ".gguf" in os.fspath(model):
         return  # a GGUF file of a hub repo: never a resumerge output (an hf:// OUT is a repo)
-    path = state.run(model).ledger
-    if not path.is_file():
+    run = run_state(model, state)  # the run's own ledger: where the card's section is recorded too
+    if run is None:
         return
+    path = run.run(model).ledger
     data = {"verdict": report.verdict, "exit_code": report.exit_code, "broken_layer": report.broken_layer,
             "models": [{"role": m.role, "path": m.path, "nll": m.nll, "kl": m.kl} for m in report.models],
             "report": os.path.abspath(where)}
