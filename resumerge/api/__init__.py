@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from resumerge.check import CheckReport
+    from resumerge.check.progress import Step as CheckStep
     from resumerge.engine.drive import Outcome
     from resumerge.engine.executor import Reporter
     from resumerge.engine.executors import Executor
@@ -243,6 +244,7 @@ def estimate_extraction(
 def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport | RecipeStatus:
     """Where the merge into ``out`` stands, like ``resumerge status --json``: a :class:`StatusReport`, or for a
     recipe's OUT a :class:`~resumerge.recipes.view.RecipeStatus` (every stage, and the one in progress)."""
+    from resumerge.errors import NothingRecordedError
     from resumerge.store.statusview import read_status
 
     named(out)
@@ -256,7 +258,15 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport 
     own = own_record(where)
     if own is not None:
         return own.status_own(where)
-    report = read_status(out, state)
+    try:
+        report = read_status(out, state)
+    except NothingRecordedError:  # no merge into it: a model that was only checked is followed by its check
+        from resumerge.check.progress import check_status
+
+        checked = None if str(out).startswith("hf://") else check_status(state.checks_dir, out)
+        if checked is None:
+            raise
+        return checked
     report = recorded_kind(report.kind, report.recorded_text).status(report, where)
     return _with_check(report, out, state)
 
@@ -295,7 +305,8 @@ def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
 
 def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[PathLike] = (),
           prompts: PathLike | None = None, max_memory: int | str | None = None,
-          state_dir: PathLike | None = None, executor: Executor | None = None) -> CheckReport:
+          state_dir: PathLike | None = None, executor: Executor | None = None,
+          progress: Callable[[CheckStep], None] | None = None) -> CheckReport:
     """Does the merge in ``model`` work, like ``resumerge check``: a static pass over its tensors and a forward
     pass, one decoder layer of one model at a time, of it, its ``base`` and its ``parents`` (a resumerge
     output's come from its record when none is given) over built-in texts or ``prompts`` (a file, one text per
@@ -306,7 +317,9 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
     check's section (recorded, so ``verify`` passes); ``report.card`` says what became of it. ``executor``: None or
     ``LocalExecutor()`` runs the models one after another in this process; ``RayExecutor(address)`` each model's
     pass on a node of its own of that Ray cluster (the same report; a check started with one resumes with the
-    other)."""
+    other). ``progress`` is told each step (a :class:`~resumerge.check.progress.Step`: the phase, the layer, the
+    model running, the tokens). Interrupted (Ctrl-C), it raises :class:`~resumerge.errors.InterruptedMerge` naming
+    the layer reached, whose ``resume_command`` is the command that continues it."""
     from resumerge.check.run import run_check
 
     on_ray, address = False, None
@@ -316,7 +329,7 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
         on_ray, address = check_placement(executor)
     return run_check(model, base=base, parents=tuple(parents), prompts=prompts,
                      max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory,
-                     state=StateDir.resolve(state_dir), on_ray=on_ray, ray_address=address)
+                     state=StateDir.resolve(state_dir), on_ray=on_ray, ray_address=address, watcher=progress)
 
 
 def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,

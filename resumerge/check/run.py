@@ -30,7 +30,7 @@ from resumerge.check.passes import (
     run_pass,
     streams_of,
 )
-from resumerge.check.progress import Progress
+from resumerge.check.progress import PROGRESS_NAME, Progress, Watcher
 from resumerge.check.prompts import describe
 from resumerge.check.report import CheckReport, ModelFigures, StaticFigures
 from resumerge.check.static import TensorResult, layer_of, logical_shapes, static_pass, tensor_results
@@ -38,7 +38,7 @@ from resumerge.check.tokens import cached_sequences
 from resumerge.check.verdict import THRESHOLDS, judge
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir, is_default_state_root
-from resumerge.errors import UsageError
+from resumerge.errors import InterruptedMerge, UsageError
 from resumerge.forward.stream import ModelStream, transformers_found
 from resumerge.memory import MemoryGovernor, SystemProbe, budget_fitting
 from resumerge.memory.allocator import malloc_trim, tune_allocator
@@ -58,10 +58,12 @@ OUTSIDE_NAME = "static-outside.json"  # the static figures of the tensors outsid
 def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None,
               parents: Sequence[str | os.PathLike[str]] = (), prompts: str | os.PathLike[str] | None = None,
               max_memory: int | None = None, state: StateDir, on_ray: bool = False,
-              ray_address: str | None = None) -> CheckReport:
+              ray_address: str | None = None, watcher: Watcher | None = None) -> CheckReport:
     """Check ``model`` against its base and parents (given, or from its record) and return the report; its
     journal is kept under ``state``. ``on_ray``: each model's forward pass on a node of the Ray cluster at
-    ``ray_address`` (:mod:`.onray`; None: ``RAY_ADDRESS``, else a Ray started here), with the same report."""
+    ``ray_address`` (:mod:`.onray`; None: ``RAY_ADDRESS``, else a Ray started here), with the same report.
+    ``watcher`` is told each step (:class:`~resumerge.check.progress.Step`). Ctrl-C raises
+    :class:`~resumerge.errors.InterruptedMerge` naming the layer reached and the command that continues."""
     if on_ray:  # before anything is read: without Ray, one line and exit 2
         from resumerge.engine.cluster.connect import check_ray
 
@@ -80,9 +82,34 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
                         "at the layer it reached)")
     lock.acquire()
     try:
-        return _locked(model, models, tokens, workdir, prompts_file, max_memory, state, on_ray, ray_address)
+        return _locked(model, models, tokens, workdir, prompts_file, max_memory, state, on_ray, ray_address,
+                       watcher, command)
+    except KeyboardInterrupt:  # Ctrl-C: where it stopped, and the command that continues it
+        raise InterruptedMerge(stopped_at(model, workdir), resume_command=command) from None
     finally:
         lock.release()
+
+
+def stopped_at(model: str | os.PathLike[str], workdir: Path) -> str:
+    """Where the interrupted check of ``model`` in ``workdir`` stopped, in words: the layer it was running (from
+    its progress file) and the layers its journal holds."""
+    from resumerge.forward.journal import latest
+
+    try:
+        doc = json.loads((workdir / PROGRESS_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        doc = {}
+    found = latest(workdir, LAYER_PREFIX)
+    kept = "none of its layers journaled yet" if found is None else \
+        f"layers 1-{found[0] + 1} journaled" if found[0] else "layer 1 journaled"
+    layer, layers = doc.get("layer"), doc.get("layers")
+    where = f"in layer {layer + 1} of {layers}" if isinstance(layer, int) else \
+        "in the static pass" if doc.get("phase") == "static" else "before its first layer"
+    if found is not None and isinstance(layer, int) and found[0] >= layer:
+        where = f"after layer {found[0] + 1} of {layers}"
+    if doc.get("phase") == "heads":
+        where = "in the heads, after its last layer"
+    return f"the check of {model} was interrupted {where} ({kept})"
 
 
 def check_command(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
@@ -103,7 +130,7 @@ def check_command(model: str | os.PathLike[str], base: str | os.PathLike[str] | 
 
 def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[list[int]], workdir: Path,
             prompts_file: Path | None, max_memory: int | None, state: StateDir, on_ray: bool,
-            ray_address: str | None) -> CheckReport:
+            ray_address: str | None, watcher: Watcher | None, command: str) -> CheckReport:
     """The check in ``workdir``, its lock held: answered from its report, or run (resuming its journal)."""
     done = workdir / REPORT_NAME
     if done.is_file():  # asked again: the same report, and the card brought up to date with it
@@ -112,7 +139,8 @@ def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[l
     reads = CheckReads(workdir)  # a hub model's ranges checked (journaled in workdir), its files verified whole
     models = reads.bind(models, fresh=not _journaled(workdir))
     streams = streams_of(models)
-    progress = Progress(workdir, model, streams[0].layers, len(models))
+    progress = Progress(workdir, model, streams[0].layers, len(models), watcher, sum(len(t) - 1 for t in tokens),
+                        command)
     restore_allocator = tune_allocator()  # freed layers go back to the OS: RSS follows what is held
     error: BaseException | None = None
     try:
@@ -142,6 +170,8 @@ def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[l
                 with MemoryGovernor(budget, SystemProbe()) as governor:
                     def reserve(what: str, step: str) -> AbstractContextManager[object]:
                         if step == "heads":
+                            progress.say(phase="heads", layer=None, model_index=None, model_role=None,
+                                         model_path=None)
                             _give_back()
                         return governor.acquire(steps[step], what=what)
 

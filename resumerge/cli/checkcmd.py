@@ -38,16 +38,23 @@ def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                        help="with --executor ray: the cluster to join [default: $RAY_ADDRESS, else a Ray started for "
                             "the check on this machine]")
     check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (in a terminal a bar with "
+                       "the layer, the model and the time left; in a log one line per layer), only the report")
 
 
 def run_check_command(args: argparse.Namespace) -> int:
     """Parse nothing more: one API call, then the report."""
     from resumerge.api import check
     from resumerge.api.options import executor_option
+    from resumerge.cli.checkprogress import CheckProgress
 
-    report = check(args.model, base=args.base, parents=tuple(args.parents), prompts=args.prompts,
-                   max_memory=args.max_memory, state_dir=args.state_dir,
-                   executor=executor_option(args.executor, ray_address=args.ray_address))
+    progress = CheckProgress(quiet=args.quiet)
+    try:
+        report = check(args.model, base=args.base, parents=tuple(args.parents), prompts=args.prompts,
+                       max_memory=args.max_memory, state_dir=args.state_dir,
+                       executor=executor_option(args.executor, ray_address=args.ray_address), progress=progress)
+    finally:
+        progress.close()
     if args.json:
         print(json.dumps(report.to_json(), indent=2, sort_keys=True))
     else:

@@ -27,6 +27,7 @@ from rich.constrain import Constrain
 from rich.progress import (
     BarColumn,
     DownloadColumn,
+    MofNCompleteColumn,
     Progress,
     TaskID,
     TaskProgressColumn,
@@ -111,6 +112,26 @@ class _MergeProgress(Progress):
         yield Constrain(table, self._out.width - 1)
         for line in self._lines():
             yield Text(line, style="dim")
+
+
+class StepBar:
+    """A live bar of ``total`` steps labelled ``label`` on ``out``, with the steps done, the time left and a detail
+    (``resumerge check``'s forward pass: :mod:`resumerge.cli.checkprogress`)."""
+
+    def __init__(self, out: Console, label: str, total: int, done: int) -> None:
+        self._bar = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                             TextColumn("{task.fields[detail]}"), console=out, transient=False)
+        self._task = self._bar.add_task(label, total=total, completed=done, detail="")
+        self._bar.start()
+
+    def update(self, done: int, detail: str) -> None:
+        """Show ``done`` steps and ``detail``."""
+        self._bar.update(self._task, completed=done, detail=detail)
+
+    def stop(self) -> None:
+        """Show the bar full and stop redrawing it."""
+        self._bar.update(self._task, completed=self._bar.tasks[0].total)
+        self._bar.stop()
 
 
 class ProgressReporter:
