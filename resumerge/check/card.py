@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from resumerge.check.names import in_short, short_names
 from resumerge.check.report import CheckReport
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
@@ -127,27 +128,36 @@ def with_section(card: str, section: str) -> str:
 
 
 def render_section(report: CheckReport) -> str:
-    """The card's check section (Markdown, ending in a newline)."""
+    """The card's check section (Markdown, ending in a newline): the merge and its own base and parents in the
+    table (a model the check was also given is listed as "also compared with"), each by its short name
+    (:mod:`.names`): a card is published, and a local absolute path says nothing on the hub."""
     def num(x: float | None, f: str = ".4f") -> str:
         return "-" if x is None else format(x, f)
 
+    paths = [m.path for m in report.models]
+    names = short_names(paths)
     verdict = report.verdict.replace("_", " ")
     lines = [BEGIN, "## Check", "",
              f"`resumerge check`: **{verdict}** (exit {report.exit_code}), over {report.sequences} sequences, "
              f"{report.tokens} predicted tokens.", "",
              "| role | model | NLL | KL(this ‖ merge) | top-1 agreement |", "|---|---|---|---|---|"]
-    for m in report.models:
-        lines.append(f"| {m.role} | {_cell(m.path)} | {num(m.nll)} | {num(m.kl, '.4g')} | {num(m.top1, '.1%')} |")
+    for m, name in zip(report.models, names):
+        if m.own:
+            lines.append(f"| {m.role} | {_cell(name)} | {num(m.nll)} | {num(m.kl, '.4g')} | {num(m.top1, '.1%')} |")
+    others = [f"{_cell(name)} (NLL {num(m.nll)}, KL {num(m.kl, '.4g')})" for m, name in zip(report.models, names)
+              if not m.own]
     layer = "none" if report.broken_layer is None else f"decoder layer {report.broken_layer} (0-based)"
-    lines += ["", f"- Broken layer: {layer}."]
+    lines += [""] + ([f"- Also compared with: {', '.join(others)}."] if others else [])
+    lines.append(f"- Broken layer: {layer}.")
     if report.compared is not None:
         lines.append(f"- Compared: {_cell(report.compared)}.")
-    lines += [f"- {_cell(reason)}" for reason in report.reasons]
+    lines += [f"- {_cell(in_short(reason, paths, names))}" for reason in report.reasons]
     lines.append("- Thresholds: " + ", ".join(f"{k} {v:g}" for k, v in sorted(report.thresholds.items())) + ".")
     lines.append(f"- Prompts: {report.prompts}." if report.prompts else "- Prompts: not recorded.")
     if report.chart is not None:
-        lines.append(f"- Per-layer drift chart: `{Path(report.chart).name}` in the check's state folder "
-                     f"(`{report.chart}`, on the machine that ran it).")
+        chart = Path(report.chart)
+        lines.append(f"- Per-layer drift chart: `{chart.name}` in the check's folder of the state dir that ran it "
+                     f"(`checks/{chart.parent.name}/`).")
     lines += [END, ""]
     return "\n".join(lines)
 

@@ -31,7 +31,7 @@ from resumerge.config.hubtarget import SCHEME, is_hub_target, parse_hub_target
 from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import MergeConfig, SourceConfig, load_config_text
 from resumerge.config.modelref import ModelRef
-from resumerge.errors import ModelInputError, UsageError
+from resumerge.errors import ModelInputError, ResumergeError, UsageError
 from resumerge.inputs.model import ModelInput, open_model
 from resumerge.store.manifest import read_manifest
 
@@ -49,7 +49,8 @@ _LATER_PART = re.compile(r"-(?!00001)\d{5}-of-\d{5}\.gguf$")  # a split GGUF's s
 @dataclass(frozen=True)
 class Checked:
     """One model of the check: its ``role`` (merge, base, parent), where it is, its weight in the merge (None:
-    not known), the model opened (headers only) and its weight files read from the hub by range (``remote``), with
+    not known), whether it is the merge's own (``own``: its record names it), the model opened (headers only) and
+    its weight files read from the hub by range (``remote``), with
     the headers read of them (``headers``: what their checksums are checked with) and, once the check binds them
     (:mod:`.hubreads`), what they are read through (``reads``)."""
 
@@ -60,6 +61,7 @@ class Checked:
     remote: tuple[StreamedFile, ...] = ()
     headers: Mapping[str, Header | GgufHeader] = field(default_factory=dict, compare=False, repr=False)
     reads: StreamedReads | None = field(default=None, compare=False, repr=False)
+    own: bool = True  # the merge's own base or parent (its record names it; True where it has no record)
 
 
 def find_models(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
@@ -73,9 +75,14 @@ def find_models(model: str | os.PathLike[str], base: str | os.PathLike[str] | No
     _finished(os.fspath(model), state)
     merge = open_checked(os.fspath(model), "MODEL", state)
     record = merge.opened.directory if merge.opened.gguf is None else Path(merge.path)
-    recorded_base, recorded, source = _recorded(record) if base is None and not parents else (None, [], "")
-    chosen_base = os.fspath(base) if base is not None else recorded_base
-    chosen = [(os.fspath(p), None) for p in parents] if parents else recorded
+    try:
+        recorded_base, recorded, source = _recorded(record)
+    except ResumergeError:  # a record that cannot be read: where the models are given, they are all it needs
+        if base is None and not parents:
+            raise
+        recorded_base, recorded, source = None, [], ""
+    chosen_base = os.fspath(base) if base is not None else recorded_base if not parents else None
+    chosen = [(os.fspath(p), None) for p in parents] if parents else recorded if base is None else []
     found = [replace(merge, role="merge")]
     # A recorded model is named as recorded (no --base or --parent was typed), with what to do where it is gone.
     hint = f"give the models with --base and --parent (they win over {source})" if source else None
@@ -84,7 +91,16 @@ def find_models(model: str | os.PathLike[str], base: str | os.PathLike[str] | No
         found.append(replace(open_checked(chosen_base, what, state, hint if base is None else None), role="base"))
     found.extend(replace(open_checked(p, "--parent" if parents else f"{source} names the parent", state,
                                       None if parents else hint), role="parent", weight=w) for p, w in chosen)
+    if source:  # the merge's own base and parents are those its record names; any other was only compared with
+        own = {_same(recorded_base)} if recorded_base is not None else set()
+        own.update(_same(p) for p, _ in recorded)
+        found = [found[0]] + [replace(m, own=_same(m.path) in own) for m in found[1:]]
     return found
+
+
+def _same(path: str) -> str:
+    """``path`` as compared with a record's (a local folder by its absolute path)."""
+    return path if is_hub_target(path) else os.path.abspath(path)
 
 
 def _finished(model: str, state: StateDir) -> None:

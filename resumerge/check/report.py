@@ -14,7 +14,8 @@ class ModelFigures:
     """One model of the check: ``role`` merge, base or parent; ``nll`` its mean next-token NLL (nats); ``kl`` the
     merge's mean KL from it, KL(this ‖ merge), in nats per token, its 95th percentile and the top-1 agreement
     (None for the merge itself); ``base_kl`` KL(base ‖ this) for a parent; ``drift`` per decoder layer,
-    ‖h_merge − h_this‖ / ‖h_this‖; ``depart`` per layer, the localising pass's departure of the merge from it."""
+    ‖h_merge − h_this‖ / ‖h_this‖; ``depart`` per layer, the localising pass's departure of the merge from it;
+    ``own``: whether the merge's record names it (False: a model it was only compared with)."""
 
     role: str
     path: str
@@ -25,6 +26,7 @@ class ModelFigures:
     base_kl: float | None = None
     drift: tuple[float, ...] = ()
     depart: tuple[float, ...] = ()
+    own: bool = True  # the merge's own base or parent (its record names it), not a model it was only compared with
 
 
 @dataclass(frozen=True)

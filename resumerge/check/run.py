@@ -384,9 +384,9 @@ def _report(models: list[Checked], static: StaticFigures, figures: PassFigures |
     entries = []
     for i, m in enumerate(models):
         if figures is None:
-            entries.append(ModelFigures(role=m.role, path=m.path))
+            entries.append(ModelFigures(role=m.role, path=m.path, own=m.own))
             continue
-        entries.append(ModelFigures(role=m.role, path=m.path, nll=figures.nll[i], kl=figures.kl[i],
+        entries.append(ModelFigures(role=m.role, path=m.path, own=m.own, nll=figures.nll[i], kl=figures.kl[i],
                                     kl_p95=figures.kl_p95[i], top1=figures.top1[i], base_kl=figures.base_kl[i],
                                     drift=tuple(figures.drift[i]) if i else (),
                                     depart=tuple(figures.depart[i]) if i else ()))

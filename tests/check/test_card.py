@@ -55,13 +55,14 @@ def test_a_check_writes_its_section_into_the_card_and_verify_still_passes(tmp_pa
     assert card.startswith(before.rstrip("\n")) and card.count(BEGIN) == 1 and card.count(END) == 1
     section = card[card.index(BEGIN):]
     assert f"**{report.verdict.replace('_', ' ')}** (exit {report.exit_code})" in section
-    for m in report.models:  # each model's NLL, and the merge's KL from each parent
-        assert f"| {m.role} | {m.path} | {m.nll:.4f} |" in section
+    for m in report.models:  # each model's NLL, and the merge's KL from each parent, by its folder's name
+        assert f"| {m.role} | {Path(m.path).name} | {m.nll:.4f} |" in section
         if m.kl is not None:
             assert f"| {m.kl:.4g} |" in section
     assert "Broken layer: none." in section and "nll_factor 1.5" in section
     assert f"texts.txt (sha256 {hashlib.sha256(texts.read_bytes()).hexdigest()})" in section
-    assert report.chart is not None and report.chart in section
+    assert report.chart is not None and "`drift.png` in the check's folder" in section
+    assert f"(`checks/{Path(report.chart).parent.name}/`)" in section and str(tmp_path) not in section
     assert report.card is not None and "section written" in report.card
     # The new bytes are recorded the way every output file is: the ledger's row and the manifest agree with them.
     data = (out / "README.md").read_bytes()
