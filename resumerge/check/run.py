@@ -343,9 +343,9 @@ def _comparable(models: list[Checked]) -> None:
 def _key(models: list[Checked], tokens: list[list[int]]) -> str:
     """The content key of a check: each model's role, folder and weight files' identities, the tokens, and the
     versions of the code that computes it."""
-    import torch
-
-    versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge")] + [torch.__version__]
+    # The installed versions as their distributions record them: torch's own import (2.5 s) is not needed to
+    # answer a repeated check from its report (issue 70).
+    versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge", "torch")]
     doc = [[m.role, m.path if is_hub_target(m.path) else os.path.abspath(m.path), m.weight,
             [[f.name, f.size, f.identity] for f in m.opened.files]] for m in models]
     layout = {"batch_tokens": BATCH_TOKENS}  # the journal's hidden states are per batch of this size
