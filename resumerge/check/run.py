@@ -196,7 +196,7 @@ def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[l
     report = replace(_report(models, static, figures, tokens), prompts=describe(prompts_file))
     workdir.mkdir(parents=True, exist_ok=True)
     if figures is not None and len(models) > 1:  # people would rather look than read
-        chart = write_drift_chart(workdir / CHART_NAME, [m.drift for m in report.models[1:]], report.broken_layer)
+        chart = write_drift_chart(workdir / CHART_NAME, report)
         report = replace(report, chart=os.path.abspath(chart))
     write_file_atomic(done, (json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n").encode())
     reads.close()  # the ranges kept for a second read go
