@@ -41,8 +41,9 @@ def update_card(model: str | os.PathLike[str], state: StateDir, report: CheckRep
     run = run_state(out, state)
     if run is None:
         if _is_output(out, state):
-            return (f"{out / CARD_NAME} is left as it is, without the check's section: the run's ledger is not in "
-                    f"{_searched(out, state)} (check again with the merge's --state-dir to add it)")
+            return (f"{out / CARD_NAME} is left as it is, without the check's section: the run's ledger is neither "
+                    "in the check's state dir nor in the default one (check again with the merge's --state-dir to "
+                    "add it)")
         return None
     try:
         found = committed_file(out, CARD_NAME, run)
@@ -101,12 +102,6 @@ def run_state(out: str | os.PathLike[str], state: StateDir) -> StateDir | None:
         if (candidate.run_dir(out) / LEDGER_NAME).is_file():
             return candidate
     return None
-
-
-def _searched(out: Path, state: StateDir) -> str:
-    """The run folders :func:`run_state` looked in, in words."""
-    folders = dict.fromkeys(str(s.run_dir(out)) for s in (state, StateDir.resolve(None)))
-    return " nor ".join(folders)
 
 
 def _is_output(out: Path, state: StateDir) -> bool:

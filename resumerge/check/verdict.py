@@ -3,7 +3,8 @@
 - broken: a non-finite value in the merge (static) or its logits; the merge's NLL above ``uniform_factor`` ×
   ln(vocabulary), the NLL of guessing every token uniformly (an absolute bound, which holds with no base or parent
   to compare with: a random model's NLL is ln(vocabulary) within a fraction of a percent, a trained one's far
-  below it); its NLL above ``nll_factor`` × the highest NLL of the base and parents, or × the base's own; with two
+  below it; where every model compared with is as far above it, random weights, they are judged against each
+  other only); its NLL above ``nll_factor`` × the highest NLL of the base and parents, or × the base's own; with two
   parents or more, above ``nll_factor`` × the best parent's (a merge as bad as its worst parent: a good parent
   merged with a destroyed one); or a layer named by the localising pass: the first layer whose output, on the
   reference's input, departs from every other model's by more than ``depart_factor`` × the spread of those models
@@ -76,10 +77,14 @@ def _nll_bounds(roles: Sequence[str], paths: Sequence[str], nll: Sequence[float]
     """The merge's NLL (``nll[0]``) held to the uniform guess and to the other models' NLLs (see the module
     docstring): the reasons it is broken, none where it is not."""
     t, merge, found = THRESHOLDS, nll[0], []
-    if vocab is not None and vocab > 1 and merge > t["uniform_factor"] * math.log(vocab):
+    others = range(1, len(roles))
+    # Held to the uniform guess alone, or where a model it is compared with does better than a guess: models that
+    # are all worse than one (random weights) are judged against each other only.
+    best = min((nll[i] for i in others), default=None)
+    if vocab is not None and vocab > 1 and merge > t["uniform_factor"] * math.log(vocab) and \
+            (best is None or best <= t["uniform_factor"] * math.log(vocab)):
         found.append(f"NLL {merge:.4f} > {t['uniform_factor']} × {math.log(vocab):.4f}, the NLL of guessing "
                      f"uniformly among its {vocab:,} tokens (ln {vocab:,}): worse than a guess")
-    others = range(1, len(roles))
     worst = max(others, key=lambda i: nll[i], default=None)
     if worst is not None and merge > t["nll_factor"] * nll[worst]:
         found.append(f"NLL {merge:.4f} > {t['nll_factor']} × {nll[worst]:.4f}, the highest of the base and parents")
