@@ -130,10 +130,14 @@ class JobLock:
         self._fd = fd
 
     def release(self) -> None:
-        """Drop the lock (closing the descriptor releases it); the file stays, holding nothing."""
+        """Drop the lock (closing the descriptor releases it); the file stays, emptied first, so what the job
+        leaves behind is the same bytes whichever process ran it (a measurement's folder is compared whole)."""
         if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+            try:
+                os.ftruncate(self._fd, 0)
+            finally:
+                os.close(self._fd)
+                self._fd = None
 
     def __enter__(self) -> JobLock:
         self.acquire()
