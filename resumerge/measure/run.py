@@ -38,14 +38,13 @@ from resumerge.inputs.grams import (
 )
 from resumerge.inputs.model import ModelInput, open_model
 from resumerge.inputs.safetensors_format import read_header
-from resumerge.measure.status import RUN_FILE
+from resumerge.measure.status import LOCK_FILE, RUN_FILE
 from resumerge.store.runlock import JobLock
 
 if TYPE_CHECKING:
     from resumerge.torch_import import torch
 
 JOURNAL = ".journal"
-LOCK_FILE = ".lock"  # held by the one process measuring into the folder (its pid and command inside)
 RATIO_KEY = "reduce_non_diagonal_ratio"
 # Keys of config.json that make a model a mixture of experts: its expert linears are not measured yet.
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")

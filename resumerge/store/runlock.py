@@ -81,7 +81,11 @@ class RunLock:
 
 def is_locked(run_dir: Path) -> bool:
     """True when a live process holds the run's lock (used by ``status`` to tell running from interrupted)."""
-    path = run_dir / LOCK_NAME
+    return is_held(run_dir / LOCK_NAME)
+
+
+def is_held(path: Path) -> bool:
+    """True when a live process holds the lock file ``path`` (a run's, or a :class:`JobLock`'s)."""
     if not path.exists():
         return False
     fd = os.open(path, os.O_RDONLY)

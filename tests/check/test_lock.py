@@ -95,6 +95,9 @@ def test_a_second_measurement_into_the_same_folder_exits_4_naming_the_first(tmp_
         while not list(out.glob("model-*/layer-*.safetensors")) and time.monotonic() < deadline:
             assert first.poll() is None, first.communicate()
             time.sleep(0.05)
+        from resumerge import api
+
+        assert api.status(out).state == "running" and api.status(out).resume_command is None
         second = subprocess.run(_argv(*args), env=_env(), capture_output=True, text=True, timeout=300)
         _, err = first.communicate(timeout=300)
     finally:
