@@ -155,7 +155,8 @@ def run(
         return outcome
     from resumerge.api.checked import checked
 
-    return checked(outcome, state=settings.state, max_memory=settings.max_memory, executor=settings.executor)
+    return checked(outcome, state=settings.state, max_memory=settings.max_memory, executor=settings.executor,
+                   reporter=_reporter(progress))
 
 
 def resume(

@@ -79,6 +79,24 @@ class Progress:
                               int(d["models"]), d.get("model_role"), d.get("model_path"), self.tokens))
 
 
+def layer_lines(say: Callable[[str], None]) -> Watcher:
+    """A watcher that tells ``say`` one line as each phase and each decoder layer begins (``run --check``: the
+    run's reporter says them as it says the merge's notes)."""
+    said: set[tuple[str, int | None]] = set()
+
+    def watch(step: Step) -> None:
+        where = (step.phase, step.layer)
+        if where in said or step.phase in ("starting", "done"):
+            return
+        said.add(where)
+        if step.phase == "forward" and step.layer is not None:
+            say(f"check: layer {step.layer + 1} of {step.layers} ({step.models} models, {step.tokens:,} tokens each)")
+        elif step.phase != "forward":
+            say(f"check: the {'static pass' if step.phase == 'static' else step.phase}")
+
+    return watch
+
+
 def find_progress(root: Path, model: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The newest check of ``model`` under ``root`` (the state dir's ``checks`` folder), its ``state`` set to
     running, interrupted or done; None when there is none."""

@@ -110,3 +110,36 @@ def test_ctrl_c_names_the_layer_reached_and_the_command_that_continues(models: t
     doc, again = json.loads(resumed.stdout), json.loads(whole.stdout)
     assert Path(doc.pop("chart")).read_bytes() == Path(again.pop("chart")).read_bytes()
     assert doc == again
+
+
+class _Said:
+    """A run's reporter that keeps the lines it is told."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def start(self, **_: int) -> None: ...
+
+    def tensor_done(self, name: str, nbytes: int) -> None: ...
+
+    def file_done(self, name: str, kind: str) -> None: ...
+
+    def shard_started(self, name: str, nbytes: int, tensors: int) -> None: ...
+
+    def memory_budget(self, nbytes: int) -> None: ...
+
+    def message(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def test_run_check_tells_the_runs_reporter_a_line_per_layer(models: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    from resumerge import api
+
+    merge, parent, _ = models
+    config = tmp_path / "merge.yml"
+    config.write_text("merge_method: linear\nmodels:\n" + "".join(
+        f"  - model: {p}\n    parameters: {{weight: 0.5}}\n" for p in (merge, parent)))
+    said = _Said()
+    api.run(config, tmp_path / "out", state_dir=tmp_path / "state", check=True, progress=said)
+    layers = [line.split(" (")[0] for line in said.lines if line.startswith("check: layer")]
+    assert layers == [f"check: layer {n} of 3" for n in (1, 2, 3)], said.lines
