@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from resumerge.check import CheckReport
+    from resumerge.check.progress import Step as CheckStep
     from resumerge.engine.drive import Outcome
     from resumerge.engine.executor import Reporter
     from resumerge.engine.executors import Executor
@@ -156,7 +157,8 @@ def run(
         return outcome
     from resumerge.api.checked import checked
 
-    return checked(outcome, state=settings.state, max_memory=settings.max_memory, executor=settings.executor)
+    return checked(outcome, state=settings.state, max_memory=settings.max_memory, executor=settings.executor,
+                   reporter=_reporter(progress))
 
 
 def resume(
@@ -245,6 +247,7 @@ def estimate_extraction(
 def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport | RecipeStatus:
     """Where the merge into ``out`` stands, like ``resumerge status --json``: a :class:`StatusReport`, or for a
     recipe's OUT a :class:`~resumerge.recipes.view.RecipeStatus` (every stage, and the one in progress)."""
+    from resumerge.errors import NothingRecordedError
     from resumerge.store.statusview import read_status
 
     named(out)
@@ -258,7 +261,15 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport 
     own = own_record(where)
     if own is not None:
         return own.status_own(where)
-    report = read_status(out, state)
+    try:
+        report = read_status(out, state)
+    except NothingRecordedError:  # no merge into it: a model that was only checked is followed by its check
+        from resumerge.check.progress import check_status
+
+        checked = None if str(out).startswith("hf://") else check_status(state.checks_dir, out)
+        if checked is None:
+            raise
+        return checked
     report = recorded_kind(report.kind, report.recorded_text).status(report, where)
     return _with_check(report, out, state)
 
@@ -298,7 +309,8 @@ def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
 def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[PathLike] = (),
           prompts: PathLike | None = None, max_memory: int | str | None = None,
           state_dir: PathLike | None = None, executor: Executor | None = None,
-          truncate_texts: bool = False) -> CheckReport:
+          truncate_texts: bool = False,
+          progress: Callable[[CheckStep], None] | None = None) -> CheckReport:
     """Does the merge in ``model`` work, like ``resumerge check``: a static pass over its tensors and a forward
     pass, one decoder layer of one model at a time, of it, its ``base`` and its ``parents`` (a resumerge
     output's come from its record when none is given) over built-in texts or ``prompts`` (a file, one text per
@@ -312,7 +324,10 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
     other). A text longer than the models' context (``max_position_embeddings``) is refused naming its line,
     before any layer runs, or cut to the context with ``truncate_texts``. Models whose vocabularies differ are
     compared over the tokens they share (``report.shared_tokens``, ``report.vocabulary``); models that share none,
-    or a text holding a token one lacks, are refused before any layer runs."""
+    or a text holding a token one lacks, are refused before any layer runs.
+    ``progress`` is told each step (a :class:`~resumerge.check.progress.Step`: the phase, the layer, the
+    model running, the tokens). Interrupted (Ctrl-C), it raises :class:`~resumerge.errors.InterruptedMerge` naming
+    the layer reached, whose ``resume_command`` is the command that continues it."""
     from resumerge.check.run import run_check
 
     on_ray, address = False, None
@@ -322,7 +337,8 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
         on_ray, address = check_placement(executor)
     return run_check(model, base=base, parents=tuple(parents), prompts=prompts,
                      max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory,
-                     state=StateDir.resolve(state_dir), on_ray=on_ray, ray_address=address, cut_texts=truncate_texts)
+                     state=StateDir.resolve(state_dir), on_ray=on_ray, ray_address=address,
+                     cut_texts=truncate_texts, watcher=progress)
 
 
 def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,

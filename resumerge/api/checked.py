@@ -37,13 +37,17 @@ def refuse_check(kind: str, out: PathLike) -> None:
 
 
 def checked(outcome: Outcome, *, state: StateDir, max_memory: int | None,
-            executor: object = None) -> CheckedOutcome:
+            executor: object = None, reporter: object = None) -> CheckedOutcome:
     """``outcome`` with the check of its output (the base and parents from its record), on the run's
-    ``executor`` (see :func:`check_placement`)."""
+    ``executor`` (see :func:`check_placement`); the run's ``reporter`` is told a line per layer of the check (its
+    ``message``), as the merge's progress was."""
+    from resumerge.check.progress import layer_lines
     from resumerge.check.run import run_check
 
     on_ray, address = check_placement(executor)
-    report = run_check(outcome.out_dir, state=state, max_memory=max_memory, on_ray=on_ray, ray_address=address)
+    say = getattr(reporter, "message", None)
+    report = run_check(outcome.out_dir, state=state, max_memory=max_memory, on_ray=on_ray, ray_address=address,
+                       watcher=layer_lines(say) if callable(say) else None)
     return CheckedOutcome(**{f.name: getattr(outcome, f.name) for f in fields(Outcome)}, check=report)
 
 

@@ -2,11 +2,15 @@
 merge's KL from it, the layer named, the thresholds, the prompts and where the drift chart is.
 
 The section sits between two HTML comments (invisible on the hub), so checking again replaces it and never adds a
-second one. The card is changed only where resumerge wrote it: its record (ledger or manifest) holds README.md
-committed and the bytes on disk still match; the new card is committed as every output file is
-(:func:`~resumerge.store.recommit.recommit_small`), so ``verify`` passes after it. A ``resume`` that rebuilds the
-card (deleted or damaged) writes the last check's section back (:func:`restore_section`). A hub OUT's card is left
-as committed: changing it is a commit to the repo, which the check does not make.
+second one. The card is changed only where resumerge wrote it and only through the run's own ledger
+(:func:`run_state`: in the check's state dir, else the one a command given no ``--state-dir`` finds): its ledger
+holds README.md committed and the bytes on disk still match; the new card is committed as every output file is
+(:func:`~resumerge.store.recommit.recommit_small`: ledger row, then manifest), so ``verify`` passes after it. Where
+the check finds no ledger of the run (a state dir of its own, or a machine without the run's), the card is left as
+it is and the line says so: a card changed through the manifest alone would disagree with a ledger kept elsewhere,
+which ``verify`` then calls damaged and a ``resume`` rebuilds without the section (issue 70). A ``resume`` that
+rebuilds the card (deleted or damaged) writes the last check's section back (:func:`restore_section`). A hub OUT's
+card is left as committed: changing it is a commit to the repo, which the check does not make.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from resumerge.check.names import in_short, short_names
 from resumerge.check.report import CheckReport
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
@@ -33,14 +38,19 @@ def update_card(model: str | os.PathLike[str], state: StateDir, report: CheckRep
         return (f"the model card of {where} is left as committed: a check makes no commit to the repo (the "
                 "report is in the state dir)")
     out = Path(where)
+    run = run_state(out, state)
+    if run is None:
+        if _is_output(out, state):
+            return (f"{out / CARD_NAME} is left as it is, without the check's section: the run's ledger is neither "
+                    "in the check's state dir nor in the default one (check again with the merge's --state-dir to "
+                    "add it)")
+        return None
     try:
-        found = committed_file(out, CARD_NAME, state)
+        found = committed_file(out, CARD_NAME, run)
     except LedgerError:
         return None
-    if found is None:
-        if _is_output(out, state):
-            return f"{out / CARD_NAME} was not written by resumerge: left as it is, without the check's section"
-        return None
+    if found is None or not found.ledger:
+        return f"{out / CARD_NAME} was not written by resumerge: left as it is, without the check's section"
     if found.data is None:
         return (f"{out / CARD_NAME} no longer matches what resumerge wrote (edited or damaged): left as it is, "
                 "without the check's section")
@@ -48,7 +58,7 @@ def update_card(model: str | os.PathLike[str], state: StateDir, report: CheckRep
     updated = with_section(text, render_section(report)).encode("utf-8")
     if updated == found.data:
         return f"{out / CARD_NAME}: the check's section is up to date"
-    if not recommit_small(out, found, updated, state):
+    if not recommit_small(out, found, updated, run):
         return f"{out / CARD_NAME} is not updated: a merge into {out} is running"
     return f"{out / CARD_NAME}: the check's section written (its checksum recorded: verify passes)"
 
@@ -82,6 +92,18 @@ def restore_section(model: str | os.PathLike[str], state: StateDir) -> str | Non
     return update_card(where, state, report)
 
 
+def run_state(out: str | os.PathLike[str], state: StateDir) -> StateDir | None:
+    """The state dir that holds the ledger of the run into ``out``: ``state`` (the check's), else the one a
+    command given no ``--state-dir`` finds (``$RESUMERGE_STATE_DIR``, the user's own, or ``./state``); None where
+    neither does."""
+    from resumerge.store.ledger_read import LEDGER_NAME
+
+    for candidate in (state, StateDir.resolve(None)):
+        if (candidate.run_dir(out) / LEDGER_NAME).is_file():
+            return candidate
+    return None
+
+
 def _is_output(out: Path, state: StateDir) -> bool:
     from resumerge.store.ledger_read import LEDGER_NAME
     from resumerge.store.manifest import manifest_path
@@ -101,25 +123,36 @@ def with_section(card: str, section: str) -> str:
 
 
 def render_section(report: CheckReport) -> str:
-    """The card's check section (Markdown, ending in a newline)."""
+    """The card's check section (Markdown, ending in a newline): the merge and its own base and parents in the
+    table (a model the check was also given is listed as "also compared with"), each by its short name
+    (:mod:`.names`): a card is published, and a local absolute path says nothing on the hub."""
     def num(x: float | None, f: str = ".4f") -> str:
         return "-" if x is None else format(x, f)
 
+    paths = [m.path for m in report.models]
+    names = short_names(paths)
     verdict = report.verdict.replace("_", " ")
     lines = [BEGIN, "## Check", "",
              f"`resumerge check`: **{verdict}** (exit {report.exit_code}), over {report.sequences} sequences, "
              f"{report.tokens} predicted tokens.", "",
              "| role | model | NLL | KL(this ‖ merge) | top-1 agreement |", "|---|---|---|---|---|"]
-    for m in report.models:
-        lines.append(f"| {m.role} | {_cell(m.path)} | {num(m.nll)} | {num(m.kl, '.4g')} | {num(m.top1, '.1%')} |")
+    for m, name in zip(report.models, names):
+        if m.own:
+            lines.append(f"| {m.role} | {_cell(name)} | {num(m.nll)} | {num(m.kl, '.4g')} | {num(m.top1, '.1%')} |")
+    others = [f"{_cell(name)} (NLL {num(m.nll)}, KL {num(m.kl, '.4g')})" for m, name in zip(report.models, names)
+              if not m.own]
     layer = "none" if report.broken_layer is None else f"decoder layer {report.broken_layer} (0-based)"
-    lines += ["", f"- Broken layer: {layer}."]
-    lines += [f"- {_cell(reason)}" for reason in report.reasons]
+    lines += [""] + ([f"- Also compared with: {', '.join(others)}."] if others else [])
+    lines.append(f"- Broken layer: {layer}.")
+    if report.compared is not None:
+        lines.append(f"- Compared: {_cell(report.compared)}.")
+    lines += [f"- {_cell(in_short(reason, paths, names))}" for reason in report.reasons]
     lines.append("- Thresholds: " + ", ".join(f"{k} {v:g}" for k, v in sorted(report.thresholds.items())) + ".")
     lines.append(f"- Prompts: {report.prompts}." if report.prompts else "- Prompts: not recorded.")
     if report.chart is not None:
-        lines.append(f"- Per-layer drift chart: `{Path(report.chart).name}` in the check's state folder "
-                     f"(`{report.chart}`, on the machine that ran it).")
+        chart = Path(report.chart)
+        lines.append(f"- Per-layer drift chart: `{chart.name}` in the check's folder of the state dir that ran it "
+                     f"(`checks/{chart.parent.name}/`).")
     lines += [END, ""]
     return "\n".join(lines)
 

@@ -1,10 +1,12 @@
-"""The per-layer drift chart of a check, a PNG beside its report: one line per model the merge is compared with
-(x: decoder layer, y: the merge's hidden-state drift from that model, ‖h_M − h_P‖ / ‖h_P‖), on light grid lines at
-quarters of the largest drift; the layer a localisation names is a red bar.
+"""The per-layer drift chart of a check, a PNG beside its report: a title, one line per model the merge is
+compared with (x: decoder layer, y: the merge's hidden-state drift from that model, ‖h_M − h_P‖ / ‖h_P‖), both axes
+labelled with their values, light grid lines at quarters of the largest value; a second panel of the localising
+pass's departures (the values the verdict judges) with their threshold per layer, max(depart_factor × spread,
+depart_floor), dashed; the layer a localisation names is a red bar; a legend names each line by its model's role
+and short name.
 
-Written with the standard library only (zlib and a few chunks: PNG needs nothing more for an 8-bit RGB image),
-so that a chart costs no plotting dependency; the report's table says which colour is which model and what the
-top grid line is worth.
+Written with the standard library only (zlib and a few chunks: PNG needs nothing more for an 8-bit RGB image; the
+text in a 5×7 bitmap font, :mod:`.glyphs`), so that a chart costs no plotting dependency.
 """
 
 from __future__ import annotations
@@ -13,16 +15,26 @@ import itertools
 import struct
 import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from resumerge.check.glyphs import ADVANCE, GLYPH_HEIGHT, glyph, text_width
+from resumerge.check.names import short_names
 from resumerge.store.durable import write_file_atomic
 
-WIDTH, HEIGHT, MARGIN = 640, 320, 24
+if TYPE_CHECKING:
+    from resumerge.check.report import CheckReport
+
+WIDTH, HEIGHT, MARGIN = 720, 320, 24  # HEIGHT: the drift panel's figure without a legend (tests read it)
+PANEL = 220  # a panel's plot area's height
+_LEFT, _LINE = 64, 14  # the plot area's left edge (room for the values and the y label), a legend row's height
 # Line colours, in the order of the models after the merge (the report names them in this order).
 COLOURS: tuple[tuple[int, int, int], ...] = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (148, 103, 189),
                                              (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34))
 COLOUR_NAMES = ("blue", "orange", "green", "purple", "brown", "pink", "grey", "olive")
 _GRID, _AXIS, _MARK = (225, 225, 225), (90, 90, 90), (214, 39, 40)
+_TEXT, _LIMIT = (40, 40, 40), (120, 120, 120)
 
 
 class _Canvas:
@@ -53,6 +65,20 @@ class _Canvas:
             if doubled <= dx:
                 error, y0 = error + dx, y0 + sy
 
+    def text(self, x: int, y: int, text: str, colour: tuple[int, int, int], vertical: bool = False) -> None:
+        """``text`` in the 5×7 font (:mod:`.glyphs`), its top left at (x, y); ``vertical``: turned a quarter
+        left, read from the bottom up, its bottom left at (x, y)."""
+        for number, char in enumerate(text):
+            for column, bits in enumerate(glyph(char)):
+                for row in range(GLYPH_HEIGHT):
+                    if not bits >> row & 1:
+                        continue
+                    along = number * ADVANCE + column
+                    if vertical:
+                        self.dot(x + row, y - along, colour)
+                    else:
+                        self.dot(x + along, y + row, colour)
+
     def png(self) -> bytes:
         raw = b"".join(b"\x00" + bytes(row) for row in self.rows)  # filter type 0 on every row
 
@@ -64,12 +90,54 @@ class _Canvas:
                 + chunk(b"IEND", b""))
 
 
-def drift_png(series: Sequence[Sequence[float]], broken_layer: int | None = None) -> bytes:
-    """The chart of ``series`` (one per compared model, a value per decoder layer) as PNG bytes."""
-    canvas = _Canvas(WIDTH, HEIGHT)
-    left, right, top, bottom = MARGIN, WIDTH - MARGIN, MARGIN, HEIGHT - MARGIN
+@dataclass(frozen=True)
+class Panel:
+    """One chart of the figure: its ``title``, its y axis's label, a series per model (a value per decoder layer)
+    and, where the verdict holds those values to one, the ``threshold`` per layer (a dashed line)."""
+
+    title: str
+    y_label: str
+    series: Sequence[Sequence[float]]
+    threshold: Sequence[float] = ()
+
+
+def drift_png(series: Sequence[Sequence[float]], broken_layer: int | None = None, *,
+              labels: Sequence[str] = (), depart: Sequence[Sequence[float]] = (),
+              threshold: Sequence[float] = ()) -> bytes:
+    """The chart of ``series`` (one per compared model, a value per decoder layer) as PNG bytes: titled, its axes
+    labelled with their values, a legend naming each line (``labels``, in the order of ``series``); with
+    ``depart``, a second panel of the localising pass's departures and their ``threshold`` per layer (dashed)."""
+    panels = [Panel("Drift of the merge's hidden states from each model", "drift", series)]
+    if depart:
+        panels.append(Panel("Departure on the same input (the verdict's; dashed: its threshold)", "departure",
+                            depart, threshold))
+    legend = [(COLOURS[i % len(COLOURS)], labels[i] if i < len(labels) else f"model {i + 2}")
+              for i in range(len(series))]
+    if threshold and depart:
+        legend.append((_LIMIT, "threshold: max(depart_factor x spread, depart_floor)"))
+    if broken_layer is not None:
+        legend.append((_MARK, f"layer {broken_layer}: named by the localising pass"))
+    height = len(panels) * (PANEL + 2 * MARGIN + 24) + 16 + _LINE * len(legend) + MARGIN
+    canvas = _Canvas(WIDTH, height)
+    top = 8
+    for panel in panels:
+        _draw_panel(canvas, panel, top, broken_layer)
+        top += PANEL + 2 * MARGIN + 24
+    for number, (colour, label) in enumerate(legend):
+        y = top + number * _LINE
+        canvas.line(_LEFT, y + 3, _LEFT + 24, y + 3, colour, thick=2)
+        canvas.text(_LEFT + 32, y, label, _TEXT)
+    return canvas.png()
+
+
+def _draw_panel(canvas: _Canvas, panel: Panel, at: int, broken_layer: int | None) -> None:
+    """One panel, its title at ``at`` (pixels from the top)."""
+    canvas.text(_LEFT, at, panel.title, _TEXT)
+    left, right, top, bottom = _LEFT, WIDTH - MARGIN, at + MARGIN, at + MARGIN + PANEL
+    series = panel.series
     layers = max((len(s) for s in series), default=0)
-    top_value = max((v for s in series for v in s if v == v and v != float("inf")), default=0.0) or 1.0
+    finite = [v for s in (*series, panel.threshold) for v in s if v == v and v != float("inf")]
+    top_value = max(finite, default=0.0) or 1.0
 
     def x_of(layer: int) -> int:
         return left + (right - left) * layer // max(layers - 1, 1)
@@ -78,15 +146,32 @@ def drift_png(series: Sequence[Sequence[float]], broken_layer: int | None = None
         clipped = min(max(value, 0.0), top_value) if value == value else top_value  # NaN at the top
         return bottom - round((bottom - top) * clipped / top_value)
 
-    for quarter in range(1, 5):
+    for quarter in range(5):  # grid lines at quarters of the largest value, each labelled with its value
         y = bottom - (bottom - top) * quarter // 4
-        canvas.line(left, y, right, y, _GRID)
+        if quarter:
+            canvas.line(left, y, right, y, _GRID)
+        value = f"{top_value * quarter / 4:.3g}"
+        canvas.text(left - 6 - text_width(value), y - GLYPH_HEIGHT // 2, value, _TEXT)
     if broken_layer is not None and 0 <= broken_layer < layers:
         canvas.line(x_of(broken_layer), top, x_of(broken_layer), bottom, _MARK, thick=3)
     canvas.line(left, bottom, right, bottom, _AXIS)
     canvas.line(left, top, left, bottom, _AXIS)
-    for layer in range(layers):  # a tick per layer
+    step = max(1, -(-(text_width(str(layers)) + 8) * max(layers - 1, 1) // max(right - left, 1)))
+    for layer in range(layers):  # a tick per layer, a number as often as they fit
         canvas.line(x_of(layer), bottom, x_of(layer), bottom + 4, _AXIS)
+        if layer % step == 0 or layer == layers - 1:
+            label = str(layer)
+            canvas.text(x_of(layer) - text_width(label) // 2, bottom + 7, label, _TEXT)
+    x_label = "decoder layer (0-based)"
+    canvas.text((left + right - text_width(x_label)) // 2, bottom + 18, x_label, _TEXT)
+    canvas.text(8, (top + bottom + text_width(panel.y_label)) // 2, panel.y_label, _TEXT, vertical=True)
+    if panel.threshold:
+        limit = [(x_of(i), y_of(v)) for i, v in enumerate(panel.threshold)]
+        for (x0, y0), (x1, y1) in itertools.pairwise(limit):
+            for dash in range(0, max(x1 - x0, 1), 8):  # dashed: 4 pixels drawn, 4 left out
+                xa, xb = x0 + dash, min(x0 + dash + 4, x1)
+                canvas.line(xa, y0 + (y1 - y0) * (xa - x0) // max(x1 - x0, 1), xb,
+                            y0 + (y1 - y0) * (xb - x0) // max(x1 - x0, 1), _LIMIT, thick=2)
     for number, values in enumerate(series):
         colour = COLOURS[number % len(COLOURS)]
         points = [(x_of(i), y_of(v)) for i, v in enumerate(values)]
@@ -94,10 +179,17 @@ def drift_png(series: Sequence[Sequence[float]], broken_layer: int | None = None
             canvas.line(x0, y0, x1, y1, colour, thick=2)
         for x, y in points:
             canvas.line(x - 2, y, x + 2, y, colour, thick=2)
-    return canvas.png()
 
 
-def write_drift_chart(path: Path, series: Sequence[Sequence[float]], broken_layer: int | None) -> Path:
-    """Write the chart to ``path`` (atomically) and return it."""
-    write_file_atomic(path, drift_png(series, broken_layer))
+def write_drift_chart(path: Path, report: CheckReport) -> Path:
+    """Write the chart of ``report`` to ``path`` (atomically) and return it: each model after the merge by its
+    role and short name (:mod:`.names`), the departures and their threshold where there is a reference."""
+    others = report.models[1:]
+    names = short_names([m.path for m in report.models])[1:]
+    t = report.thresholds
+    factor, floor = t.get("depart_factor", 0.0), t.get("depart_floor", 0.0)
+    depart = [m.depart for m in others] if report.spread and any(any(m.depart) for m in others) else []
+    write_file_atomic(path, drift_png([m.drift for m in others], report.broken_layer,
+                                      labels=[f"{m.role} {name}" for m, name in zip(others, names)], depart=depart,
+                                      threshold=[max(factor * s, floor) for s in report.spread] if depart else []))
     return path

@@ -31,7 +31,7 @@ from resumerge.config.hubtarget import SCHEME, is_hub_target, parse_hub_target
 from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import MergeConfig, SourceConfig, load_config_text
 from resumerge.config.modelref import ModelRef
-from resumerge.errors import ModelInputError, UsageError
+from resumerge.errors import ModelInputError, ResumergeError, UsageError
 from resumerge.inputs.model import ModelInput, open_model
 from resumerge.store.manifest import read_manifest
 
@@ -42,13 +42,15 @@ if TYPE_CHECKING:  # the hub's range reader (its HTTP stack) is imported only fo
     from resumerge.inputs.safetensors_format import Header
 
 _SNAPSHOT = re.compile(r"models--(.+?)--([^/]+)/snapshots/([0-9a-f]{40})/?$")
+MERGEKIT_CONFIG = "mergekit_config.yml"  # what mergekit writes into its output: the config it merged
 _LATER_PART = re.compile(r"-(?!00001)\d{5}-of-\d{5}\.gguf$")  # a split GGUF's second file or later
 
 
 @dataclass(frozen=True)
 class Checked:
     """One model of the check: its ``role`` (merge, base, parent), where it is, its weight in the merge (None:
-    not known), the model opened (headers only) and its weight files read from the hub by range (``remote``), with
+    not known), whether it is the merge's own (``own``: its record names it), the model opened (headers only) and
+    its weight files read from the hub by range (``remote``), with
     the headers read of them (``headers``: what their checksums are checked with) and, once the check binds them
     (:mod:`.hubreads`), what they are read through (``reads``)."""
 
@@ -59,6 +61,7 @@ class Checked:
     remote: tuple[StreamedFile, ...] = ()
     headers: Mapping[str, Header | GgufHeader] = field(default_factory=dict, compare=False, repr=False)
     reads: StreamedReads | None = field(default=None, compare=False, repr=False)
+    own: bool = True  # the merge's own base or parent (its record names it; True where it has no record)
 
 
 def find_models(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
@@ -69,20 +72,57 @@ def find_models(model: str | os.PathLike[str], base: str | os.PathLike[str] | No
     records under ``state``)."""
     if not os.fspath(model).strip():
         raise UsageError("MODEL is empty", hint="name the merged model's folder")
+    _finished(os.fspath(model), state)
     merge = open_checked(os.fspath(model), "MODEL", state)
     record = merge.opened.directory if merge.opened.gguf is None else Path(merge.path)
-    recorded_base, recorded = _recorded(record) if base is None and not parents else (None, [])
-    chosen_base = os.fspath(base) if base is not None else recorded_base
-    chosen = [(os.fspath(p), None) for p in parents] if parents else recorded
+    try:
+        recorded_base, recorded, source = _recorded(record)
+    except ResumergeError:  # a record that cannot be read: where the models are given, they are all it needs
+        if base is None and not parents:
+            raise
+        recorded_base, recorded, source = None, [], ""
+    chosen_base = os.fspath(base) if base is not None else recorded_base if not parents else None
+    chosen = [(os.fspath(p), None) for p in parents] if parents else recorded if base is None else []
     found = [replace(merge, role="merge")]
+    # A recorded model is named as recorded (no --base or --parent was typed), with what to do where it is gone.
+    hint = f"give the models with --base and --parent (they win over {source})" if source else None
     if chosen_base is not None:
-        found.append(replace(open_checked(chosen_base, "--base", state), role="base"))
-    found.extend(replace(open_checked(p, "--parent", state), role="parent", weight=w) for p, w in chosen)
+        what = "--base" if base is not None else f"{source} names the base"
+        found.append(replace(open_checked(chosen_base, what, state, hint if base is None else None), role="base"))
+    found.extend(replace(open_checked(p, "--parent" if parents else f"{source} names the parent", state,
+                                      None if parents else hint), role="parent", weight=w) for p, w in chosen)
+    if source:  # the merge's own base and parents are those its record names; any other was only compared with
+        own = {_same(recorded_base)} if recorded_base is not None else set()
+        own.update(_same(p) for p, _ in recorded)
+        found = [found[0]] + [replace(m, own=_same(m.path) in own) for m in found[1:]]
     return found
 
 
-def open_checked(where: str, what: str, state: StateDir) -> Checked:
-    """The model at ``where`` (a folder or ``hf://`` repo; ``what`` names it in errors), opened (headers only)."""
+def _same(path: str) -> str:
+    """``path`` as compared with a record's (a local folder by its absolute path)."""
+    return path if is_hub_target(path) else os.path.abspath(path)
+
+
+def _finished(model: str, state: StateDir) -> None:
+    """Refuse (exit 2) a resumerge output whose merge is not finished (its ledger here, no config.json yet): a
+    merge still running, or one interrupted, is checked once it is done, and said so rather than "no config.json"."""
+    from resumerge.store.runlock import is_locked
+
+    if is_hub_target(model) or (Path(model) / "config.json").is_file() or _gguf_file(Path(model)) is not None:
+        return
+    run = state.run(model)
+    if not run.ledger.is_file():
+        return
+    if is_locked(run.run_dir):
+        raise UsageError(f"{model} is still being written: a merge into it is running",
+                         hint="check it once the merge is done (resumerge status shows where it is)")
+    raise UsageError(f"the merge into {model} is not finished", hint=f"finish it with {run.resume_command}, "
+                     "then check it")
+
+
+def open_checked(where: str, what: str, state: StateDir, hint: str | None = None) -> Checked:
+    """The model at ``where`` (a folder or ``hf://`` repo; ``what`` names it in errors, ``hint`` says what to do
+    where it is gone), opened (headers only)."""
     if is_hub_target(where):
         if ".gguf" in where:
             return _open_hub_gguf(where, what, state)
@@ -92,8 +132,8 @@ def open_checked(where: str, what: str, state: StateDir) -> Checked:
     if gguf is not None:
         return _open_gguf(where, gguf, state)
     if not directory.is_dir():
-        raise UsageError(f"{what} {directory}: no such model folder", hint="give a folder with config.json and "
-                         "its weight files, a GGUF file, or a hub repo as hf://NAMESPACE/NAME")
+        raise UsageError(f"{what} {directory}: no such model folder", hint=hint or "give a folder with config.json "
+                         "and its weight files, a GGUF file, or a hub repo as hf://NAMESPACE/NAME")
     snapshot = _SNAPSHOT.search(directory.as_posix())
     try:
         return Checked("", where, None, open_model(ModelRef(where), directory=directory, copies=False))
@@ -164,15 +204,45 @@ def _open_hub_gguf(where: str, what: str, state: StateDir) -> Checked:
                    {name: meta.headers[name] for name in meta.weight_files})
 
 
-def _recorded(out: Path) -> tuple[str | None, list[tuple[str, float | None]]]:
-    """The base and the parents (with their weights) a resumerge output's manifest records (none: not one); a
+def _recorded(out: Path) -> tuple[str | None, list[tuple[str, float | None]], str]:
+    """The base and the parents (with their weights) a resumerge output's manifest records, or a mergekit
+    output's ``mergekit_config.yml`` names (none: neither), and which record it was (its words, for messages); a
     hub OUT's manifest is in its cache snapshot. A model recorded at a folder this machine lacks (a hub input's
     snapshot on the machine that merged) is named as ``hf://`` at the commit that was merged."""
     manifest = read_manifest(out) if out.is_dir() else None
     if manifest is None:
-        return None, []
+        return _mergekit_recorded(out)
     config = load_config_text(manifest.config_text, source=str(out))
     dirs = {key: _here(directory) for key, directory in manifest.model_dirs.items()}
+    return *_named(config, dirs), f"{out}'s record"
+
+
+def _mergekit_recorded(out: Path) -> tuple[str | None, list[tuple[str, float | None]], str]:
+    """The base and parents the ``mergekit_config.yml`` mergekit writes into its output names: a local folder
+    where it is one here, else a hub id read from the hub (``hf://``, at the revision named)."""
+    from resumerge.errors import ConfigError
+
+    path = out / MERGEKIT_CONFIG
+    if not path.is_file():
+        return None, [], ""
+    try:
+        config = load_config_text(path.read_text(encoding="utf-8"), source=str(path))
+    except (ConfigError, OSError, UnicodeDecodeError):  # a config resumerge cannot read: compared with nothing
+        return None, [], ""
+    refs = ([config.base_model] if config.base_model is not None else []) + [s.model for s in _sources(config)]
+    dirs = {ref.key: _where(ref) for ref in refs if Path(ref.path).suffix != ".gguf"}
+    return *_named(config, dirs), str(path)
+
+
+def _where(ref: ModelRef) -> str:
+    """Where a model a mergekit config names is: its folder here, else the hub repo (``hf://ID[@REVISION]``)."""
+    if Path(ref.path).exists() or ref.path.startswith((".", "/", "~")) or ref.path.count("/") != 1:
+        return ref.path
+    return f"{SCHEME}{ref.key}" if ref.lora is None else ref.path
+
+
+def _named(config: MergeConfig, dirs: dict[str, str]) -> tuple[str | None, list[tuple[str, float | None]]]:
+    """The base and the parents (with their weights) of ``config``, each where ``dirs`` places it."""
     base = None if config.base_model is None else _located(config.base_model, dirs)
     parents: list[tuple[str, float | None]] = []
     for source in _sources(config):

@@ -10,25 +10,55 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resumerge.store.durable import write_file_atomic
+
+if TYPE_CHECKING:
+    from resumerge.store.statusview import StatusReport
 
 # In a check's folder (under :attr:`resumerge.config.locations.StateDir.checks_dir`).
 PROGRESS_NAME = "progress.json"
 
 
-class Progress:
-    """The progress file of the check of ``model`` in ``workdir``: each :meth:`say` rewrites it whole."""
+@dataclass(frozen=True)
+class Step:
+    """Where a check is, as its watcher is told (``resumerge.check(progress=...)``; the CLI draws it as ``run``
+    draws a merge): the ``phase`` (starting, static, forward, heads, done), the decoder ``layer`` (0-based, None
+    outside the forward pass) of ``layers``, the model running (``model_index`` of ``models``, its ``role`` and
+    ``path``; None where every model runs at once, on Ray nodes), and the ``tokens`` each model predicts."""
 
-    def __init__(self, workdir: Path, model: str | os.PathLike[str], layers: int, models: int) -> None:
+    model: str
+    phase: str
+    layer: int | None
+    layers: int
+    model_index: int | None
+    models: int
+    role: str | None
+    path: str | None
+    tokens: int
+
+
+# Told each step of a check (see :class:`Step`).
+Watcher = Callable[[Step], None]
+
+
+class Progress:
+    """The progress file of the check of ``model`` in ``workdir``: each :meth:`say` rewrites it whole, and tells
+    ``watcher`` (where given) the step."""
+
+    def __init__(self, workdir: Path, model: str | os.PathLike[str], layers: int, models: int,
+                 watcher: Watcher | None = None, tokens: int = 0, command: str | None = None) -> None:
+        self.watcher, self.tokens, self.given = watcher, tokens, os.fspath(model)
         self.path = workdir / PROGRESS_NAME
         self.doc: dict[str, Any] = {"model": os.path.abspath(model), "pid": os.getpid(), "layers": layers,
                                     "report": os.path.abspath(workdir / "report.json"),
                                     "models": models, "phase": "starting", "layer": None, "model_index": None,
-                                    "model_role": None, "model_path": None, "nodes": None, "verdict": None}
+                                    "model_role": None, "model_path": None, "nodes": None, "verdict": None,
+                                    "command": command}
 
     def say(self, **changes: Any) -> None:
         """Record ``changes`` (atomically: a reader sees the old file or the new one). Not fsynced, but for the
@@ -39,10 +69,32 @@ class Progress:
         data = (json.dumps(self.doc, sort_keys=True) + "\n").encode()
         if self.doc.get("verdict") is not None:
             write_file_atomic(self.path, data)
+        else:
+            temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            temp.write_bytes(data)
+            os.replace(temp, self.path)
+        if self.watcher is not None:
+            d = self.doc
+            self.watcher(Step(self.given, str(d["phase"]), d.get("layer"), int(d["layers"]), d.get("model_index"),
+                              int(d["models"]), d.get("model_role"), d.get("model_path"), self.tokens))
+
+
+def layer_lines(say: Callable[[str], None]) -> Watcher:
+    """A watcher that tells ``say`` one line as each phase and each decoder layer begins (``run --check``: the
+    run's reporter says them as it says the merge's notes)."""
+    said: set[tuple[str, int | None]] = set()
+
+    def watch(step: Step) -> None:
+        where = (step.phase, step.layer)
+        if where in said or step.phase in ("starting", "done"):
             return
-        temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        temp.write_bytes(data)
-        os.replace(temp, self.path)
+        said.add(where)
+        if step.phase == "forward" and step.layer is not None:
+            say(f"check: layer {step.layer + 1} of {step.layers} ({step.models} models, {step.tokens:,} tokens each)")
+        elif step.phase != "forward":
+            say(f"check: the {'static pass' if step.phase == 'static' else step.phase}")
+
+    return watch
 
 
 def find_progress(root: Path, model: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -63,6 +115,28 @@ def find_progress(root: Path, model: str | os.PathLike[str]) -> dict[str, Any] |
     doc = max(found, key=lambda pair: pair[0])[1]
     doc["state"] = "done" if doc.get("verdict") else "running" if _alive(doc.get("pid")) else "interrupted"
     return doc
+
+
+def check_status(root: Path, model: str | os.PathLike[str]) -> StatusReport | None:
+    """``resumerge status MODEL`` for a model that was checked and never merged into here (any folder): its newest
+    check under ``root`` as a status of its own (kind ``check``: its decoder layers of every model as the steps,
+    the command that continues it where it was interrupted); None when it has none."""
+    from resumerge.store.statusview import Details, StatusReport
+
+    doc = find_progress(root, model)
+    if doc is None:
+        return None
+    layers, models = int(doc.get("layers") or 0), int(doc.get("models") or 1)
+    layer = doc.get("layer")
+    finished = doc["state"] == "done" or doc.get("phase") == "heads"
+    passed = layers if finished else int(layer) if isinstance(layer, int) else 0  # the decoder layers run through
+    steps = layers * models if finished else passed * models + int(doc.get("model_index") or 0)
+    command = doc.get("command") if doc["state"] == "interrupted" else None
+    # The table's rows: the decoder layers as the shards, each model's layer as a tensor; a check writes no bytes.
+    return StatusReport(out_dir=os.fspath(model), state=str(doc["state"]), source="check",
+                        tensors_total=layers * models, tensors_done=steps, shards_total=layers, shards_done=passed,
+                        bytes_total=0, bytes_done=0, resume_command=command if isinstance(command, str) else None,
+                        kind="check", details=Details(rows=(("check", describe(doc)),), data={"check": doc}))
 
 
 def _alive(pid: object) -> bool:

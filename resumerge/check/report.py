@@ -16,7 +16,8 @@ class ModelFigures:
     """One model of the check: ``role`` merge, base or parent; ``nll`` its mean next-token NLL (nats); ``kl`` the
     merge's mean KL from it, KL(this ‖ merge), in nats per token, its 95th percentile and the top-1 agreement
     (None for the merge itself); ``base_kl`` KL(base ‖ this) for a parent; ``drift`` per decoder layer,
-    ‖h_merge − h_this‖ / ‖h_this‖; ``depart`` per layer, the localising pass's departure of the merge from it."""
+    ‖h_merge − h_this‖ / ‖h_this‖; ``depart`` per layer, the localising pass's departure of the merge from it;
+    ``own``: whether the merge's record names it (False: a model it was only compared with)."""
 
     role: str
     path: str
@@ -27,6 +28,7 @@ class ModelFigures:
     base_kl: float | None = None
     drift: tuple[float, ...] = ()
     depart: tuple[float, ...] = ()
+    own: bool = True  # the merge's own base or parent (its record names it), not a model it was only compared with
 
 
 @dataclass(frozen=True)
@@ -75,9 +77,10 @@ def _static_from_json(doc: dict[str, Any]) -> StaticFigures:
 class CheckReport:
     """The check of one merge: the ``verdict`` (works, no_effect, broken), the ``reasons`` it rests on (each
     naming the figures compared), ``broken_layer`` (0-based, or None), the models' figures, the static pass,
-    the tokens it ran, the ``thresholds`` used, where its drift ``chart`` is, the ``prompts`` it ran, what
-    became of MODEL's model ``card``, and where the models' vocabularies differ the ``shared_tokens`` the
-    comparisons were over and the ``vocabulary`` line saying how."""
+    the tokens it ran, the ``thresholds`` used, where its drift ``chart`` is, the ``prompts`` it ran, what became
+    of MODEL's model ``card``, what the merge was ``compared`` with (one line; with no base and no parent it says
+    that nothing was, and what was judged without them), and where the models' vocabularies differ the
+    ``shared_tokens`` the comparisons were over and the ``vocabulary`` line saying how."""
 
     verdict: str
     reasons: tuple[str, ...]
@@ -94,6 +97,7 @@ class CheckReport:
     # where the models' vocabularies differ: the tokens they share, and how they were compared (resumerge.check.vocabs)
     shared_tokens: int | None = None
     vocabulary: str | None = None
+    compared: str | None = None  # what the merge was compared with, in one line
 
     @property
     def exit_code(self) -> int:

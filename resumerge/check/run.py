@@ -8,14 +8,15 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from resumerge.check.card import update_card
+from resumerge.check.card import run_state, update_card
 from resumerge.check.chart import write_drift_chart
 from resumerge.check.folded import FoldedStatic
 from resumerge.check.hubreads import CheckReads
@@ -29,7 +30,7 @@ from resumerge.check.passes import (
     run_pass,
     streams_of,
 )
-from resumerge.check.progress import Progress
+from resumerge.check.progress import PROGRESS_NAME, Progress, Watcher
 from resumerge.check.prompts import describe
 from resumerge.check.report import CheckReport, ModelFigures, StaticFigures
 from resumerge.check.static import TensorResult, layer_of, logical_shapes, static_pass, tensor_results
@@ -38,12 +39,13 @@ from resumerge.check.tokens import cached_sequences
 from resumerge.check.verdict import THRESHOLDS, judge
 from resumerge.check.vocabs import SharedVocab
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.config.locations import StateDir
-from resumerge.errors import UsageError
+from resumerge.config.locations import StateDir, is_default_state_root
+from resumerge.errors import InterruptedMerge, UsageError
 from resumerge.forward.stream import ModelStream, transformers_found
 from resumerge.memory import MemoryGovernor, SystemProbe, budget_fitting
 from resumerge.memory.allocator import malloc_trim, tune_allocator
 from resumerge.store.durable import write_file_atomic
+from resumerge.store.runlock import JobLock
 
 if TYPE_CHECKING:  # Ray's module: imported with --executor ray only
     from resumerge.check.onray import Place
@@ -51,19 +53,22 @@ if TYPE_CHECKING:  # Ray's module: imported with --executor ray only
 REPORT_NAME = "report.json"
 CHART_NAME = "drift.png"
 STATIC_NAME = "static.json"
+LOCK_NAME = "lock"  # held by the one process running the check (its pid and command inside)
 OUTSIDE_NAME = "static-outside.json"  # the static figures of the tensors outside the decoder layers (folding)
 
 
 def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None,
               parents: Sequence[str | os.PathLike[str]] = (), prompts: str | os.PathLike[str] | None = None,
               max_memory: int | None = None, state: StateDir, on_ray: bool = False,
-              ray_address: str | None = None, cut_texts: bool = False) -> CheckReport:
+              ray_address: str | None = None, cut_texts: bool = False, watcher: Watcher | None = None
+              ) -> CheckReport:
     """Check ``model`` against its base and parents (given, or from its record) and return the report; its
     journal is kept under ``state``. ``on_ray``: each model's forward pass on a node of the Ray cluster at
     ``ray_address`` (:mod:`.onray`; None: ``RAY_ADDRESS``, else a Ray started here), with the same report.
     ``cut_texts``: a text longer than the models' context is cut to it rather than refused (exit 2). Where the
     models' vocabularies differ they are compared over the tokens they share, decided before any layer runs
-    (:mod:`.vocabs`)."""
+    (:mod:`.vocabs`). ``watcher`` is told each step (:class:`~resumerge.check.progress.Step`). Ctrl-C raises
+    :class:`~resumerge.errors.InterruptedMerge` naming the layer reached and the command that continues."""
     if on_ray:  # before anything is read: without Ray, one line and exit 2
         from resumerge.engine.cluster.connect import check_ray
 
@@ -77,6 +82,66 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
                              configs=[m.opened.config for m in models], paths=[m.path for m in models], cut=cut_texts)
     tokens, vocab = texts.tokens, texts.vocab
     workdir = state.checks_dir / _key(models, tokens, vocab)
+    command = check_command(model, base, tuple(parents), prompts, state, cut_texts)
+    # One process per check: two at once would delete each other's layer and head files (issue 70).
+    lock = JobLock(workdir / LOCK_NAME, f"this check of {model}", command,
+                   hint="wait for it to finish (asked again, the check then answers at once), or stop it (it resumes "
+                        "at the layer it reached)")
+    lock.acquire()
+    try:
+        return _locked(model, models, tokens, vocab, workdir, prompts_file, max_memory, state, on_ray, ray_address,
+                       watcher, command)
+    except KeyboardInterrupt:  # Ctrl-C: where it stopped, and the command that continues it
+        raise InterruptedMerge(stopped_at(model, workdir), resume_command=command) from None
+    finally:
+        lock.release()
+
+
+def stopped_at(model: str | os.PathLike[str], workdir: Path) -> str:
+    """Where the interrupted check of ``model`` in ``workdir`` stopped, in words: the layer it was running (from
+    its progress file) and the layers its journal holds."""
+    from resumerge.forward.journal import latest
+
+    try:
+        doc = json.loads((workdir / PROGRESS_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        doc = {}
+    found = latest(workdir, LAYER_PREFIX)
+    kept = "none of its layers journaled yet" if found is None else \
+        f"layers 1-{found[0] + 1} journaled" if found[0] else "layer 1 journaled"
+    layer, layers = doc.get("layer"), doc.get("layers")
+    where = f"in layer {layer + 1} of {layers}" if isinstance(layer, int) else \
+        "in the static pass" if doc.get("phase") == "static" else "before its first layer"
+    if found is not None and isinstance(layer, int) and found[0] >= layer:
+        where = f"after layer {found[0] + 1} of {layers}"
+    if doc.get("phase") == "heads":
+        where = "in the heads, after its last layer"
+    return f"the check of {model} was interrupted {where} ({kept})"
+
+
+def check_command(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
+                  parents: Sequence[str | os.PathLike[str]], prompts: str | os.PathLike[str] | None,
+                  state: StateDir, cut_texts: bool = False) -> str:
+    """The shell command of this check (what a second one names, and what continues an interrupted one)."""
+    words = ["resumerge", "check", os.fspath(model)]
+    if base is not None:
+        words += ["--base", os.fspath(base)]
+    for parent in parents:
+        words += ["--parent", os.fspath(parent)]
+    if prompts is not None:
+        words += ["--prompts", os.fspath(prompts)]
+    if cut_texts:
+        words.append("--truncate-texts")
+    if not is_default_state_root(state.given):
+        words += ["--state-dir", os.fspath(state.root)]
+    return shlex.join(words)
+
+
+def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[list[int]],
+            vocab: SharedVocab | None, workdir: Path,
+            prompts_file: Path | None, max_memory: int | None, state: StateDir, on_ray: bool,
+            ray_address: str | None, watcher: Watcher | None, command: str) -> CheckReport:
+    """The check in ``workdir``, its lock held: answered from its report, or run (resuming its journal)."""
     done = workdir / REPORT_NAME
     if done.is_file():  # asked again: the same report, and the card brought up to date with it
         report = replace(CheckReport.from_json(json.loads(done.read_text())), prompts=describe(prompts_file))
@@ -84,7 +149,8 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     reads = CheckReads(workdir)  # a hub model's ranges checked (journaled in workdir), its files verified whole
     models = reads.bind(models, fresh=not _journaled(workdir))
     streams = streams_of(models)
-    progress = Progress(workdir, model, streams[0].layers, len(models))
+    progress = Progress(workdir, model, streams[0].layers, len(models), watcher, sum(len(t) - 1 for t in tokens),
+                        command)
     restore_allocator = tune_allocator()  # freed layers go back to the OS: RSS follows what is held
     error: BaseException | None = None
     try:
@@ -114,6 +180,8 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
                 with MemoryGovernor(budget, SystemProbe()) as governor:
                     def reserve(what: str, step: str) -> AbstractContextManager[object]:
                         if step == "heads":
+                            progress.say(phase="heads", layer=None, model_index=None, model_role=None,
+                                         model_path=None)
                             _give_back()
                         return governor.acquire(steps[step], what=what)
 
@@ -138,7 +206,7 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     report = replace(_report(models, static, figures, tokens, vocab), prompts=describe(prompts_file))
     workdir.mkdir(parents=True, exist_ok=True)
     if figures is not None and len(models) > 1:  # people would rather look than read
-        chart = write_drift_chart(workdir / CHART_NAME, [m.drift for m in report.models[1:]], report.broken_layer)
+        chart = write_drift_chart(workdir / CHART_NAME, report)
         report = replace(report, chart=os.path.abspath(chart))
     write_file_atomic(done, (json.dumps(report.to_json(), indent=2, sort_keys=True, allow_nan=False)
                              + "\n").encode())  # strict JSON: any language's parser reads it
@@ -244,17 +312,19 @@ def _passive_threads() -> None:
 
 def _record(model: str | os.PathLike[str], state: StateDir, report: CheckReport,
             where: Path) -> None:
-    """A ``check`` event in the ledger of ``model`` when it is a resumerge output with a ledger in this state
-    dir (its verdict, exit code, the layer named, each model's NLL and KL, and where the report is): the merge's
-    own record then says how it was checked. A model without one (any other folder) has no record to add to."""
+    """A ``check`` event in the ledger of ``model`` when it is a resumerge output whose ledger the check finds
+    (:func:`~resumerge.check.card.run_state`): its verdict, exit code, the layer named, each model's NLL and KL,
+    and where the report is; the merge's own record then says how it was checked. A model without one (any other
+    folder) has no record to add to."""
     from resumerge.errors import LedgerError, StorageError
     from resumerge.store.ledger import Ledger
 
     if is_hub_target(model) and ".gguf" in os.fspath(model):
         return  # a GGUF file of a hub repo: never a resumerge output (an hf:// OUT is a repo)
-    path = state.run(model).ledger
-    if not path.is_file():
+    run = run_state(model, state)  # the run's own ledger: where the card's section is recorded too
+    if run is None:
         return
+    path = run.run(model).ledger
     data = {"verdict": report.verdict, "exit_code": report.exit_code, "broken_layer": report.broken_layer,
             "models": [{"role": m.role, "path": m.path, "nll": m.nll, "kl": m.kl} for m in report.models],
             "report": os.path.abspath(where)}
@@ -286,9 +356,9 @@ def _key(models: list[Checked], tokens: list[list[int]], vocab: SharedVocab | No
     """The content key of a check: each model's role, folder and weight files' identities, the tokens, how the
     models' vocabularies meet (a resumed check compares as the one it resumes), and the versions of the code that
     computes it."""
-    import torch
-
-    versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge")] + [torch.__version__]
+    # The installed versions as their distributions record them: torch's own import (2.5 s) is not needed to
+    # answer a repeated check from its report (issue 70).
+    versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge", "torch")]
     doc = [[m.role, m.path if is_hub_target(m.path) else os.path.abspath(m.path), m.weight,
             [[f.name, f.size, f.identity] for f in m.opened.files]] for m in models]
     layout = {"batch_tokens": BATCH_TOKENS}  # the journal's hidden states are per batch of this size
@@ -325,18 +395,42 @@ def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int |
 def _report(models: list[Checked], static: StaticFigures, figures: PassFigures | None,
             tokens: list[list[int]], vocab: SharedVocab | None = None) -> CheckReport:
     roles, paths = [m.role for m in models], [m.path for m in models]
-    verdict, reasons, layer = judge(roles, paths, static, figures)
+    vocab_size = _vocab(models[0].opened.config)
+    verdict, reasons, layer = judge(roles, paths, static, figures, vocab_size)
     entries = []
     for i, m in enumerate(models):
         if figures is None:
-            entries.append(ModelFigures(role=m.role, path=m.path))
+            entries.append(ModelFigures(role=m.role, path=m.path, own=m.own))
             continue
-        entries.append(ModelFigures(role=m.role, path=m.path, nll=figures.nll[i], kl=figures.kl[i],
+        entries.append(ModelFigures(role=m.role, path=m.path, own=m.own, nll=figures.nll[i], kl=figures.kl[i],
                                     kl_p95=figures.kl_p95[i], top1=figures.top1[i], base_kl=figures.base_kl[i],
                                     drift=tuple(figures.drift[i]) if i else (),
                                     depart=tuple(figures.depart[i]) if i else ()))
     return CheckReport(verdict=verdict, reasons=tuple(reasons), broken_layer=layer, models=tuple(entries),
                        static=static, sequences=len(tokens), tokens=sum(len(t) - 1 for t in tokens),
                        thresholds=dict(THRESHOLDS), spread=tuple(figures.spread) if figures else (),
+                       compared=compared_line(roles, vocab_size),
                        shared_tokens=len(vocab.shared) if vocab is not None else None,
                        vocabulary=vocab.describe([m.role for m in models]) if vocab is not None else None)
+
+
+def compared_line(roles: list[str], vocab: int | None) -> str:
+    """What the merge was compared with, in one line: with no base and no parent, that nothing was, and what
+    was judged without them."""
+    parents = roles.count("parent")
+    named = (["its base"] if "base" in roles else []) + ([f"{parents} parent(s)"] if parents else [])
+    if named:
+        return "the merge with " + " and ".join(named)
+    uniform = (f" and its NLL (against {THRESHOLDS['uniform_factor']} × ln {vocab:,}, the uniform guess's)"
+               if vocab else "")
+    return ("nothing: no base or parent was given or recorded, so only the merge's own tensors (NaN, Inf)"
+            f"{uniform} were judged; KL, drift, the layer that departs and `no effect` need --base or --parent")
+
+
+def _vocab(config: Mapping[str, Any]) -> int | None:
+    """The vocabulary size a model's config names (a multimodal model's in its text config)."""
+    found = config.get("vocab_size")
+    text = config.get("text_config")
+    if found is None and isinstance(text, dict):
+        found = text.get("vocab_size")
+    return found if isinstance(found, int) and not isinstance(found, bool) else None

@@ -15,7 +15,8 @@ def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                     "time, of MODEL, its base and its parents over the same texts: NLL, KL, top-1 agreement, "
                     "per-layer drift, and the first layer that departs from every parent. Exit 0 works, 5 no "
                     "effect, 6 broken, 2 bad input, 3 interrupted (run it again: it resumes at the layer "
-                    "reached), 4 a hub file whose bytes are not the hub's (its sha256).")
+                    "reached), 4 a hub file whose bytes are not the hub's (its sha256), or the same check "
+                    "already under way in another process (named).")
     check.add_argument("model", metavar="MODEL", help="the merged model's folder, a GGUF file, or a hub repo as "
                        "hf://NAMESPACE/NAME[@REVISION] (a GGUF file in one as hf://NAMESPACE/NAME/PATH.gguf"
                        "[@REVISION]), read by byte range (a resumerge output names its base and parents in its "
@@ -40,17 +41,24 @@ def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                        help="with --executor ray: the cluster to join [default: $RAY_ADDRESS, else a Ray started for "
                             "the check on this machine]")
     check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (in a terminal a bar with "
+                       "the layer, the model and the time left; in a log one line per layer), only the report")
 
 
 def run_check_command(args: argparse.Namespace) -> int:
     """Parse nothing more: one API call, then the report."""
     from resumerge.api import check
     from resumerge.api.options import executor_option
+    from resumerge.cli.checkprogress import CheckProgress
 
-    report = check(args.model, base=args.base, parents=tuple(args.parents), prompts=args.prompts,
-                   max_memory=args.max_memory, state_dir=args.state_dir,
-                   executor=executor_option(args.executor, ray_address=args.ray_address),
-                   truncate_texts=args.truncate_texts)
+    progress = CheckProgress(quiet=args.quiet)
+    try:
+        report = check(args.model, base=args.base, parents=tuple(args.parents), prompts=args.prompts,
+                       max_memory=args.max_memory, state_dir=args.state_dir,
+                       executor=executor_option(args.executor, ray_address=args.ray_address),
+                       truncate_texts=args.truncate_texts, progress=progress)
+    finally:
+        progress.close()
     if args.json:
         print(json.dumps(report.to_json(), indent=2, sort_keys=True, allow_nan=False))  # strict JSON
     else:

@@ -16,7 +16,8 @@ def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                     "file's sha256. A regmean merge names OUT_DIR as its grams parameter; for a regmean_plus "
                     "config each layer is measured on the merged model's earlier layers (RegMean++). Exit 2 on bad "
                     "input (before anything is written), 3 when interrupted: run it again and it resumes at the "
-                    "layer reached. With --plan it says what the measurement needs here and writes nothing.")
+                    "layer reached; 4 when another process is measuring into OUT_DIR (named). With --plan it says "
+                    "what the measurement needs here and writes nothing.")
     measure.add_argument("config", metavar="CONFIG", help="the merge config whose models to measure")
     measure.add_argument("out", metavar="OUT_DIR", help="an empty (or this measurement's) folder for the Grams")
     measure.add_argument("--texts", metavar="FILE", help="calibration texts, one per line, no chat template "

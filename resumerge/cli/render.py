@@ -27,6 +27,7 @@ from rich.constrain import Constrain
 from rich.progress import (
     BarColumn,
     DownloadColumn,
+    MofNCompleteColumn,
     Progress,
     TaskID,
     TaskProgressColumn,
@@ -111,6 +112,26 @@ class _MergeProgress(Progress):
         yield Constrain(table, self._out.width - 1)
         for line in self._lines():
             yield Text(line, style="dim")
+
+
+class StepBar:
+    """A live bar of ``total`` steps labelled ``label`` on ``out``, with the steps done, the time left and a detail
+    (``resumerge check``'s forward pass: :mod:`resumerge.cli.checkprogress`)."""
+
+    def __init__(self, out: Console, label: str, total: int, done: int) -> None:
+        self._bar = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                             TextColumn("{task.fields[detail]}"), console=out, transient=False)
+        self._task = self._bar.add_task(label, total=total, completed=done, detail="")
+        self._bar.start()
+
+    def update(self, done: int, detail: str) -> None:
+        """Show ``done`` steps and ``detail``."""
+        self._bar.update(self._task, completed=done, detail=detail)
+
+    def stop(self) -> None:
+        """Show the bar full and stop redrawing it."""
+        self._bar.update(self._task, completed=self._bar.tasks[0].total)
+        self._bar.stop()
 
 
 class ProgressReporter:
@@ -467,29 +488,43 @@ def show_verify(report: VerifyReport, stream: TextIO | None = None) -> None:
     out.print(f"repair with: {_escape(report.resume_command)}")
 
 
-def show_check(report: CheckReport, stream: TextIO | None = None) -> None:
-    """Print a check's report for a person: the models' figures, the verdict, its reasons and thresholds."""
-    out = console(stream or sys.stdout)
+def show_check(report: CheckReport, stream: TextIO | None = None, *, width: int | None = None) -> None:
+    """Print a check's report for a person: the models' figures (each model by a short name that tells it from
+    the others, its full path listed once below), the verdict, its reasons and thresholds; it reads at 80
+    columns."""
+    from resumerge.check.names import in_short, short_names
+
+    out = console(stream or sys.stdout, width=width)
+    paths = [m.path for m in report.models]
+    names = short_names(paths)
     table = Table("role", "model", "NLL", "KL(this‖merge)", "KL p95", "top-1", "max drift", box=box.SIMPLE)
-    for m in report.models:
+    for m, name in zip(report.models, names):
         def num(x: float | None, f: str = ".4f") -> str:
             return "-" if x is None else format(x, f)
-        table.add_row(m.role, _escape(m.path), num(m.nll), num(m.kl, ".4g"), num(m.kl_p95, ".4g"),
+        table.add_row(m.role, _escape(name), num(m.nll), num(m.kl, ".4g"), num(m.kl_p95, ".4g"),
                       num(m.top1, ".1%"), num(max(m.drift), ".3g") if m.drift else "-")
     out.print(table)
+    listed: set[str] = set()
+    for m, name in zip(report.models, names):
+        if m.path not in listed:
+            listed.add(m.path)
+            other = "" if m.own else " (not named by the merge's record: only compared with)"
+            out.print(f"  {_escape(name)}: {_escape(m.path)}{other}", style="dim")
     out.print(f"{report.sequences} sequences, {report.tokens} predicted tokens; parameters: "
               + ", ".join(f"{_escape(k)} {v:,}" for k, v in report.static.parameters.items()))
     colour = {"works": "green", "no_effect": "yellow", "broken": "red"}[report.verdict]
     layer = f" (layer {report.broken_layer})" if report.broken_layer is not None else ""
+    if report.compared is not None:
+        out.print(f"compared: {_escape(report.compared)}")
     out.print(f"verdict: [{colour}]{report.verdict.replace('_', ' ')}[/{colour}]{layer}")
     for reason in report.reasons:
-        out.print(f"  - {_escape(reason)}")
+        out.print(f"  - {_escape(in_short(reason, paths, names))}")
     out.print("thresholds: " + ", ".join(f"{k} {v:g}" for k, v in report.thresholds.items()), style="dim")
     if report.chart is not None:
         from resumerge.check.chart import COLOUR_NAMES
 
-        legend = ", ".join(f"{COLOUR_NAMES[i % len(COLOUR_NAMES)]} {m.role} {m.path}"
-                           for i, m in enumerate(report.models[1:]))
+        legend = ", ".join(f"{COLOUR_NAMES[i % len(COLOUR_NAMES)]} {m.role} {name}"
+                           for i, (m, name) in enumerate(zip(report.models[1:], names[1:])))
         out.print(f"drift per layer: {_escape(report.chart)} ({_escape(legend)})")
     if report.prompts:
         out.print(f"prompts: {_escape(report.prompts)}", style="dim")

@@ -14,6 +14,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import shlex
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,7 +38,8 @@ from resumerge.inputs.grams import (
 )
 from resumerge.inputs.model import ModelInput, open_model
 from resumerge.inputs.safetensors_format import read_header
-from resumerge.measure.status import RUN_FILE
+from resumerge.measure.status import LOCK_FILE, RUN_FILE
+from resumerge.store.runlock import JobLock
 
 if TYPE_CHECKING:
     from resumerge.torch_import import torch
@@ -76,9 +78,16 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
         return MeasureReport(str(folder), tuple(m.key for m in found.models), _count(found),
                              sum(len(t) for t in tokens), reused=True)
     layers = _all_fit(models, keys, tokens, max_memory)
-    _claim(folder, key, {"config": os.path.abspath(config), "models": keys, "layers": layers,
-                         "texts": os.path.abspath(texts) if texts is not None else None})
-    return _run(models, keys, tokens, folder, on_progress, merged)
+    # One process per measurement: two at once would write and delete each other's layer files (issue 70).
+    command = ["resumerge", "measure", os.fspath(config), os.fspath(folder)]
+    lock = JobLock(folder / LOCK_FILE, f"a measurement into {folder}",
+                   shlex.join(command + (["--texts", os.fspath(texts)] if texts is not None else [])),
+                   hint="wait for it to finish, or stop it (run again, it resumes at the layer it reached)")
+    with lock:
+        _claimed(folder, key)  # what another process claimed while this one was getting ready
+        _claim(folder, key, {"config": os.path.abspath(config), "models": keys, "layers": layers,
+                             "texts": os.path.abspath(texts) if texts is not None else None})
+        return _run(models, keys, tokens, folder, on_progress, merged)
 
 
 @dataclass(frozen=True)
@@ -314,7 +323,7 @@ def _claimed(folder: Path, key: str) -> bool:
             raise UsageError(f"{folder} holds a measurement of other models, texts or versions",
                              hint="measure into an empty folder, or delete this one")
         return True
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+    if folder.exists() and (not folder.is_dir() or any(p.name != LOCK_FILE for p in folder.iterdir())):
         raise UsageError(f"{folder} is not an empty folder: measure writes its Grams into a folder of its own",
                          hint="name a new folder")
     return False

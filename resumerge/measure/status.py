@@ -16,13 +16,14 @@ if TYPE_CHECKING:
 RUN_FILE = "measure-run.json"
 MANIFEST = "measure.json"
 LAYER_PREFIX = "layer-"
+LOCK_FILE = ".lock"  # held by the process measuring into the folder (resumerge.measure.run takes it)
 
 
 def measure_status(out: str | os.PathLike[str]) -> StatusReport | None:
     """Where the measurement in ``out`` stands, as ``resumerge status`` shows a run (None: ``out`` holds none):
     its Gram files as the shards, each model's decoder layers as its tensors, the model under way, and the command
-    that resumes it (one under way shows as interrupted too: a measurement keeps no lock). Reads the folder's
-    listing only."""
+    that resumes it (none while a process holds the folder's lock: running). Reads the folder's listing only."""
+    from resumerge.store.runlock import is_held
     from resumerge.store.statusview import Details, StatusReport
 
     folder = Path(out)
@@ -42,11 +43,13 @@ def measure_status(out: str | os.PathLike[str]) -> StatusReport | None:
         rows.append(("measure", f"model {current + 1} of {len(keys)} ({keys[current]}): {done[current]} of "
                                 f"{layers[current]} decoder layers measured"))
     texts = f" --texts {run['texts']}" if run.get("texts") else ""
-    command = None if finished else f"resumerge measure {run.get('config', 'CONFIG')} {folder}{texts}"
+    running = not finished and is_held(folder / LOCK_FILE)  # a process measuring into it holds its lock
+    command = None if finished or running else f"resumerge measure {run.get('config', 'CONFIG')} {folder}{texts}"
     models_done = sum(1 for d, n in zip(done, layers) if d >= n)
     details = Details(counts=(("models", models_done, len(keys), "measured"),), rows=tuple(rows),
                       data={"measure_layers": [written, total]})
-    return StatusReport(out_dir=str(folder), state="done" if finished else "interrupted", source="measurement",
+    return StatusReport(out_dir=str(folder), state="done" if finished else "running" if running else "interrupted",
+                        source="measurement",
                         tensors_total=total, tensors_done=written, shards_total=total, shards_done=written,
                         bytes_total=size if finished or not written else size * total // written, bytes_done=size,
                         resume_command=command, kind="measure", details=details)

@@ -81,7 +81,11 @@ class RunLock:
 
 def is_locked(run_dir: Path) -> bool:
     """True when a live process holds the run's lock (used by ``status`` to tell running from interrupted)."""
-    path = run_dir / LOCK_NAME
+    return is_held(run_dir / LOCK_NAME)
+
+
+def is_held(path: Path) -> bool:
+    """True when a live process holds the lock file ``path`` (a run's, or a :class:`JobLock`'s)."""
     if not path.exists():
         return False
     fd = os.open(path, os.O_RDONLY)
@@ -92,3 +96,56 @@ def is_locked(run_dir: Path) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+class JobLock:
+    """One process at a time for a job that is not a merge (a check's journal folder, a measurement's OUT_DIR):
+    an exclusive flock on the file ``path``, which then holds the holder's pid and ``holder`` (its command), so a
+    second process is refused (:class:`OutputDirError`, exit 4) naming the first: ``what`` (the job in words) "is
+    already under way (pid N: COMMAND)". Like :class:`RunLock`'s, it
+    vanishes with the process: a killed job leaves nothing to clear."""
+
+    def __init__(self, path: Path, what: str, holder: str, *, hint: str) -> None:
+        self.path, self.what, self.holder, self.hint = path, what, holder, hint
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock, or raise :class:`OutputDirError` naming the process that holds it; a state dir this
+        process may not write in is :class:`UsageError` (exit 2), a full or failing disk :class:`StorageError`."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            kind = StorageError if exc.errno in _STORAGE_FAULTS else UsageError
+            raise kind(f"cannot open {self.path}: {os.strerror(exc.errno) if exc.errno else exc}",
+                       path=str(self.path), hint="use a writable local folder") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                first = os.read(fd, 4096).decode("utf-8", errors="replace").strip()
+            finally:
+                os.close(fd)
+            raise OutputDirError(f"{self.what} is already under way ({first or 'another process'}; its lock "
+                                 f"{self.path})", hint=self.hint) from None
+        # Written only by the holder, after it holds the lock: the second process reads who is first.
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}: {self.holder}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        """Drop the lock (closing the descriptor releases it); the file stays, emptied first, so what the job
+        leaves behind is the same bytes whichever process ran it (a measurement's folder is compared whole)."""
+        if self._fd is not None:
+            try:
+                os.ftruncate(self._fd, 0)
+            finally:
+                os.close(self._fd)
+                self._fd = None
+
+    def __enter__(self) -> JobLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -20,7 +20,7 @@ from resumerge.check.card import BEGIN, END, render_section, update_card
 from resumerge.check.report import CheckReport, ModelFigures, StaticFigures
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.locations import RunLocations, StateDir
-from resumerge.store.manifest import read_manifest
+from resumerge.store.manifest import manifest_path, read_manifest
 
 pytest.importorskip("transformers")
 
@@ -55,13 +55,14 @@ def test_a_check_writes_its_section_into_the_card_and_verify_still_passes(tmp_pa
     assert card.startswith(before.rstrip("\n")) and card.count(BEGIN) == 1 and card.count(END) == 1
     section = card[card.index(BEGIN):]
     assert f"**{report.verdict.replace('_', ' ')}** (exit {report.exit_code})" in section
-    for m in report.models:  # each model's NLL, and the merge's KL from each parent
-        assert f"| {m.role} | {m.path} | {m.nll:.4f} |" in section
+    for m in report.models:  # each model's NLL, and the merge's KL from each parent, by its folder's name
+        assert f"| {m.role} | {Path(m.path).name} | {m.nll:.4f} |" in section
         if m.kl is not None:
             assert f"| {m.kl:.4g} |" in section
     assert "Broken layer: none." in section and "nll_factor 1.5" in section
     assert f"texts.txt (sha256 {hashlib.sha256(texts.read_bytes()).hexdigest()})" in section
-    assert report.chart is not None and report.chart in section
+    assert report.chart is not None and "`drift.png` in the check's folder" in section
+    assert f"(`checks/{Path(report.chart).parent.name}/`)" in section and str(tmp_path) not in section
     assert report.card is not None and "section written" in report.card
     # The new bytes are recorded the way every output file is: the ledger's row and the manifest agree with them.
     data = (out / "README.md").read_bytes()
@@ -121,16 +122,15 @@ def test_a_card_resumerge_did_not_write_or_one_edited_since_is_left_alone(tmp_pa
     assert report.card is not None and "no longer matches what resumerge wrote" in report.card
 
 
-def test_without_the_state_dir_the_manifest_is_the_record_that_is_updated(tmp_path: Path) -> None:
+def test_without_the_runs_ledger_the_card_is_left_alone_and_said_so(tmp_path: Path) -> None:
     out, state, parents = _merged(tmp_path)
     shutil.rmtree(state)  # a fresh machine: OUT's manifest is the only record of the run
     fresh = tmp_path / "fresh-state"
+    card, manifest = (out / "README.md").read_bytes(), manifest_path(out).read_bytes()
     report = api.check(out, parents=parents, state_dir=fresh)
-    data = (out / "README.md").read_bytes()
-    assert BEGIN.encode() in data and report.card is not None and "section written" in report.card
-    manifest = read_manifest(out)
-    assert manifest is not None
-    assert dict(manifest.committed["README.md"]) == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    # Changed through the manifest alone, the card would disagree with a ledger kept elsewhere (issue 70).
+    assert (out / "README.md").read_bytes() == card and manifest_path(out).read_bytes() == manifest
+    assert report.card is not None and "left as it is" in report.card and "the run's ledger is neither" in report.card
     assert api.verify(out, state_dir=fresh).ok
 
 
