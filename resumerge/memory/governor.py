@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from resumerge.errors import UsageError
 from resumerge.memory.accounting import Usage, next_baseline
-from resumerge.memory.budget import SAFETY_MARGIN, smallest_budget_for
+from resumerge.memory.budget import SAFETY_MARGIN, smallest_budget_for, working_room
 from resumerge.memory.pressure import PressurePolicy, PressureTracker
 from resumerge.memory.probe import MemoryProbe, SystemProbe
 from resumerge.memory.records import Adaptation, Reservation
@@ -41,12 +41,13 @@ class MemoryGovernor:
     The sampler thread (:meth:`start`) reads the probe every ``sample_interval`` seconds, tracks the peak and
     moves the knobs. Waiting admissions poll the probe themselves, so admission stays correct without it.
 
-    ``max_in_flight`` is the in-flight limit at level 0; ``margin_fraction`` the part of the budget admission never
-    hands out; ``pool`` names the pool in adaptations (``"host"``, ``"cuda:0"``); ``budget_option`` the command-line
-    option in error hints; ``clock`` exists for tests. ``reuse_reading`` (seconds, 0: never) lets admissions and
-    :meth:`chunk_rows` use the last reading while it is younger than that instead of reading the probe again: a
-    probe reads a few /proc and cgroup files (about 0.2 ms), more than a tiny tensor's whole merge, and the
-    reservations already account for what was admitted since.
+    ``baseline`` is what the process is expected to hold apart from its units (0: unknown), which sets
+    :attr:`work_budget`; ``max_in_flight`` is the in-flight limit at level 0; ``margin_fraction`` the part of the
+    budget admission never hands out; ``pool`` names the pool in adaptations (``"host"``, ``"cuda:0"``);
+    ``budget_option`` the command-line option in error hints; ``clock`` exists for tests. ``reuse_reading``
+    (seconds, 0: never) lets admissions and :meth:`chunk_rows` use the last reading while it is younger than that
+    instead of reading the probe again: a probe reads a few /proc and cgroup files (about 0.2 ms), more than a tiny
+    tensor's whole merge, and the reservations already account for what was admitted since.
 
     A thread must not acquire while it holds a reservation of the same governor without a ``timeout``: the
     second admission may wait for the first to be released.
@@ -65,12 +66,16 @@ class MemoryGovernor:
         budget_option: str = "--max-memory",
         clock: Callable[[], float] = time.monotonic,
         reuse_reading: float = 0.0,
+        baseline: int = 0,
     ) -> None:
         if budget_bytes <= 0:
             raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
         if max_in_flight < 1 or sample_interval <= 0 or not 0 <= margin_fraction < 1:
             raise ValueError("need max_in_flight >= 1, sample_interval > 0 and 0 <= margin_fraction < 1")
         self.budget = budget_bytes
+        # What the budget leaves for units beside the process's own expected baseline: the engine sizes its units,
+        # groups and buffers by it (resumerge.engine.footprint); the budget alone when no baseline is given.
+        self.work_budget = working_room(budget_bytes, baseline, margin_fraction) if baseline else budget_bytes
         self.probe: MemoryProbe = probe if probe is not None else SystemProbe()
         self.pool = pool
         self.budget_option = budget_option
@@ -317,7 +322,8 @@ class MemoryGovernor:
             self._cond.notify_all()
 
     def _refuse(self, estimate: int, what: str | None) -> NoReturn:
-        smallest = smallest_budget_for(estimate, margin_fraction=self._margin)
+        # The budget counts the whole process: what it holds beside its units is needed as well.
+        smallest = smallest_budget_for(estimate, baseline_bytes=self._baseline, margin_fraction=self._margin)
         raise UsageError(
             f"{what or 'one unit of work'} needs {format_size(estimate)} of {self.pool} memory, more than "
             f"the whole budget of {format_size(self.budget)}",
