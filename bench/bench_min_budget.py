@@ -3,7 +3,7 @@
 Usage: ``python bench/bench_min_budget.py [--sizes demo,1GB] [--runs N] [--work DIR]``
 
 For each size it generates two Llama-style fp32 models once (``demo``: the ``resumerge demo`` models, 0.9 MB each;
-``1GB``: hidden 2048, 12 layers, vocab 16000, about 1 GB each), asks ``resumerge plan --json`` for the smallest
+``1GB``: hidden 2048, 4 layers, vocab 16000, 0.98 GB each), asks ``resumerge plan --json`` for the smallest
 budget that works, then alternates a linear merge at that budget (``--max-memory`` the named figure) with one at the
 default budget. For each run it prints the wall time, the run's peak RSS from ``wait4`` (the OS's, the process's
 whole resident set: what ``--max-memory`` counts), that peak over the budget, and the governor's adaptations (from
@@ -43,7 +43,7 @@ _LAUNCHER = (
 
 SPECS = {
     "demo": {"layers": 6, "hidden": 64, "intermediate": 128, "vocab": 128, "shard_bytes": 150_000},
-    "1GB": {"layers": 12, "hidden": 2048, "intermediate": 5632, "vocab": 16000, "heads": 16, "kv_heads": 4,
+    "1GB": {"layers": 4, "hidden": 2048, "intermediate": 5632, "vocab": 16000, "heads": 16, "kv_heads": 4,
             "shard_bytes": 500_000_000},
 }
 

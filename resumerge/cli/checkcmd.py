@@ -25,8 +25,8 @@ def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                        help="a parent model's folder, GGUF file or hf:// repo (repeat for each)")
     check.add_argument("--prompts", metavar="FILE", help="texts to run, one per line, no chat template "
                        "(default: built-in short chat, code, maths and multilingual texts)")
-    check.add_argument("--max-memory", metavar="SIZE", help="memory budget (e.g. 4GB; default: most of what is "
-                       "free)")
+    check.add_argument("--max-memory", metavar="SIZE", help="memory budget for the whole process (e.g. 4GB; "
+                       "default: most of what is free)")
     check.add_argument("--state-dir", metavar="DIR", help="where the check's journal is kept")
     check.add_argument("--executor", choices=("local", "ray"), default="local",
                        help="where the forward pass runs: this process, one model after another, or each model on a "

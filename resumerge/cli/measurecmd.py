@@ -21,8 +21,8 @@ def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     measure.add_argument("out", metavar="OUT_DIR", help="an empty (or this measurement's) folder for the Grams")
     measure.add_argument("--texts", metavar="FILE", help="calibration texts, one per line, no chat template "
                          "(default: check's built-in short chat, code, maths and multilingual texts)")
-    measure.add_argument("--max-memory", metavar="SIZE", help="memory budget (e.g. 4GB; default: most of what is "
-                         "free)")
+    measure.add_argument("--max-memory", metavar="SIZE", help="memory budget for the whole process (e.g. "
+                         "4GB; default: most of what is free)")
     measure.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
 
 

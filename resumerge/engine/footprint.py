@@ -9,6 +9,7 @@ both name :func:`smallest_run_budget`, so they name the same figure for the same
 
 from __future__ import annotations
 
+from resumerge import torch_import
 from resumerge.config.locations import cache_root
 from resumerge.memory import SystemProbe, smallest_budget_for
 from resumerge.memory.baseline import fresh_baseline
@@ -37,10 +38,12 @@ def run_overhead(plan: Plan) -> int:
 
 def run_baseline(plan: Plan) -> int:
     """The resident bytes the run of ``plan`` holds apart from its units of work: a fresh run process's baseline
-    (cached per installation) plus :func:`run_overhead`. Where a fresh process cannot be measured, this process's
-    own reading stands in for it."""
+    (cached per installation) plus :func:`run_overhead`. Where a fresh process cannot be measured (no interpreter to
+    start, or a container with no room for a second process), this process's own reading, torch imported, stands
+    in for it."""
     fresh = fresh_baseline(RUN_MODULES, cache_root())
     if fresh is None:
+        torch_import.load()
         fresh = SystemProbe().rss()
     return fresh + run_overhead(plan)
 

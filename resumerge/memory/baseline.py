@@ -65,15 +65,16 @@ def fresh_baseline(modules: Sequence[str], cache_dir: Path) -> int | None:
 
 
 def _key(modules: Sequence[str]) -> str:
-    """What the baseline depends on: the interpreter, its import path's first entries, the modules and the versions
-    of the distributions they come from."""
+    """What the baseline depends on: the interpreter, where resumerge is imported from, the modules and the
+    versions of the distributions they come from (not the working directory: ``plan`` and ``run`` started from two
+    folders read one figure)."""
     versions: dict[str, str | None] = {}
     for top in sorted({m.split(".")[0] for m in modules}):
         try:
             versions[top] = importlib.metadata.version(top)
         except importlib.metadata.PackageNotFoundError:
             versions[top] = None
-    where = [str(Path(p).resolve()) if p else "" for p in sys.path[:3]]
+    where = str(Path(__file__).resolve().parents[1])
     text = json.dumps([sys.executable, sys.version, where, list(modules), versions])
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 

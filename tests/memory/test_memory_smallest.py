@@ -80,3 +80,21 @@ def test_a_check_or_measure_rerun_at_the_budget_it_was_told_is_not_refused_again
     named = parse_size(refused.value.one_line().rsplit("--max-memory ", 1)[1].split()[0])
     for moved in (-2_000_000, 0, 300_000, 2_000_000):  # the next start's reading
         assert budget_fitting("the check", step, named, FakeProbe(rss=held + moved, available=8 << 30)) == named
+
+
+def test_a_fresh_process_baseline_is_measured_once_and_read_from_any_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two readings of fresh processes differ by a few hundred KB: ``plan`` and ``run`` (started from any folder)
+    read one measurement, kept per installation; a torn cache file is measured again, never trusted."""
+    from resumerge.memory import baseline
+
+    first = baseline.fresh_baseline(("json",), tmp_path)
+    assert first is not None and first > 1_000_000  # an interpreter's own RSS
+    measured: list[object] = []
+    monkeypatch.setattr(baseline, "_measure", lambda modules: measured.append(modules) or 123)
+    monkeypatch.chdir(tmp_path)
+    assert baseline.fresh_baseline(("json",), tmp_path) == first and not measured
+    assert baseline.fresh_baseline(("json", "csv"), tmp_path) == 123 and measured == [("json", "csv")]
+    assert baseline.fresh_baseline(("json",), tmp_path) == first  # the other figure kept beside it
+    (tmp_path / "baseline.json").write_text('{"torn')
+    assert baseline.fresh_baseline(("json",), tmp_path) == 123
