@@ -535,9 +535,10 @@ def memory_line(memory: MemoryEstimate) -> str:
     budget = f"{format_size(memory.budget)} budget ({memory.budget_source})"
     if memory.smallest_budget > memory.budget:
         return f"{peak}: {smallest}, more than the {budget}"
+    named = f"; {smallest}" if memory.smallest_budget else ""  # 0: not found (an estimate made without it)
     if memory.peak_bytes > memory.budget:
-        return f"{peak}: over the {budget}; {smallest}"
-    return f"{peak} under a {budget}; {smallest}"
+        return f"{peak}: over the {budget}{named}"
+    return f"{peak} under a {budget}{named}"
 
 
 def time_text(estimate: Estimate) -> str:
