@@ -39,10 +39,19 @@ def bytecode_kept() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(scope="session")
+def installation_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One ``$XDG_CACHE_HOME`` for the session: resumerge keeps its measurement of a fresh process's memory there
+    (resumerge.memory.baseline), which costs an import of torch in a child process once, not once per test."""
+    return tmp_path_factory.mktemp("xdg-cache")
+
+
 @pytest.fixture(autouse=True)
-def hermetic(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def hermetic(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+             installation_cache: Path) -> Iterator[None]:
     """Point every cache and the state dir at temp dirs; never touch the user's files or the network."""
     home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(installation_cache))
     monkeypatch.setenv("RESUMERGE_STATE_DIR", str(home / "state"))
     monkeypatch.setenv("XDG_STATE_HOME", str(home / "xdg-state"))  # for tests that unset the one above
     monkeypatch.setenv("HF_HOME", str(home / "hf"))

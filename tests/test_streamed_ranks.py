@@ -19,7 +19,7 @@ from support import cli, digests, linear_config, write_config
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine import devices
+from resumerge.engine import devices, footprint
 from resumerge.engine.compute import TensorCompute
 from resumerge.engine.session import plan_from_config
 from resumerge.engine.workspace import Workspace
@@ -116,7 +116,10 @@ BASELINE = 10_000_000
 
 @pytest.fixture
 def scripted(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The run's and the plan's memory readings come from a fixed probe (and plan times no compute)."""
+    """The run's and the plan's memory readings come from a fixed probe, and the process's own baseline (what the
+    budget counts beside the work) is BASELINE, in both (and plan times no compute)."""
+    monkeypatch.setattr(footprint, "fresh_baseline", lambda *args: BASELINE)
+    monkeypatch.setattr(footprint, "run_overhead", lambda plan: 0)
     monkeypatch.setattr(devices, "SystemProbe", lambda: FakeProbe(rss=BASELINE))
     monkeypatch.setattr(estimate, "SystemProbe", lambda: FakeProbe(rss=BASELINE))
     monkeypatch.setattr(estimate, "start_compute", lambda *args, **kwargs: tuple)

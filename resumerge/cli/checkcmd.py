@@ -29,8 +29,8 @@ def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     check.add_argument("--truncate-texts", action="store_true",
                        help="cut each text longer than the models' context (max_position_embeddings) to its first "
                             "tokens, rather than refuse it (exit 2, naming its line)")
-    check.add_argument("--max-memory", metavar="SIZE", help="memory budget (e.g. 4GB; default: most of what is "
-                       "free)")
+    check.add_argument("--max-memory", metavar="SIZE", help="memory budget for the whole process (e.g. 4GB; "
+                       "default: most of what is free)")
     check.add_argument("--state-dir", metavar="DIR", help="where the check's journal is kept")
     check.add_argument("--executor", choices=("local", "ray"), default="local",
                        help="where the forward pass runs: this process, one model after another, or each model on a "

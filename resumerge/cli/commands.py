@@ -185,7 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--gguf-type", choices=GGUF_TYPES, default="f16", help="as for run")
     plan.add_argument("--gguf-split-max-size", metavar="SIZE", help="as for run")
     plan.add_argument("--state-dir", metavar="DIR", help="state directory the run will use")
-    plan.add_argument("--max-memory", metavar="SIZE", help="RAM budget the run will use [default: as for run]")
+    plan.add_argument("--max-memory", metavar="SIZE", help="RAM budget the run will use, for its whole process "
+                      "[default: as for run]; the smallest that works is printed")
     plan.add_argument("--transformers-cache", metavar="DIR", dest="cache_dir",
                       help="Hugging Face cache directory for hub models")
     plan.add_argument("--stream-inputs", action="store_true", help="as for run")
@@ -275,8 +276,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "still found there]")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
     p.add_argument("--max-memory", metavar="SIZE",
-                   help="RAM budget for the whole process, e.g. 6GB [default: 80 %% of what the machine or "
-                        "container allows]; work in flight shrinks before the budget is reached")
+                   help="RAM budget for the whole process (its resident memory, interpreter and torch included), "
+                        "e.g. 6GB [default: 80 %% of what the machine or container allows]; work in flight shrinks "
+                        "before the budget is reached; `plan` names the smallest that works")
     staging = p.add_mutually_exclusive_group()
     staging.add_argument("--staging-dir", metavar="DIR", dest="staging",
                          help="write each file on this local dir first, then publish it to OUT by copy + verify "

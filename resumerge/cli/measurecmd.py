@@ -25,8 +25,8 @@ def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     measure.add_argument("--truncate-texts", action="store_true",
                          help="cut each text longer than the models' context (max_position_embeddings) to its first "
                               "tokens, rather than refuse it (exit 2, naming its line)")
-    measure.add_argument("--max-memory", metavar="SIZE", help="memory budget (e.g. 4GB; default: most of what is "
-                         "free)")
+    measure.add_argument("--max-memory", metavar="SIZE", help="memory budget for the whole process (e.g. "
+                         "4GB; default: most of what is free)")
     measure.add_argument("--plan", action="store_true", help="check the config, the models and the texts and "
                          "estimate each model's pass (decoder layers, memory at its largest step, the smallest budget "
                          "that fits); write nothing: exit 0 when it fits, 2 when it will not")

@@ -32,6 +32,15 @@ GGUF_DIR = "gguf"
 LEGACY_STATE_DIR = "state"
 
 
+def cache_root() -> Path:
+    """Where resumerge keeps measurements of this installation (the memory a fresh process holds once it has imported
+    what a command needs): ``$XDG_CACHE_HOME/resumerge``, else ``~/.cache/resumerge``. Deleting it costs a new
+    measurement, nothing else."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "resumerge"
+
+
 def default_state_root() -> Path:
     """The user's own state dir: ``$XDG_STATE_HOME/resumerge``, else ``~/.local/state/resumerge``."""
     xdg = os.environ.get("XDG_STATE_HOME")

@@ -12,12 +12,12 @@ from __future__ import annotations
 import contextlib
 import functools
 
-from resumerge import torch_import
+from resumerge.engine.footprint import run_baseline, smallest_run_budget
 from resumerge.errors import UsageError
 from resumerge.memory import CudaProbe, MemoryGovernor, MemoryProbe, SystemProbe, default_budget
 from resumerge.memory.sizes import format_size
 from resumerge.plan.merge_plan import Plan
-from resumerge.plan.workunits import largest, oversized_units
+from resumerge.plan.workunits import Oversized, largest, oversized_units
 from resumerge.torch_import import when_loaded
 
 CPU = "cpu"
@@ -102,22 +102,23 @@ READING_REUSE = 0.02
 def make_governor(plan: Plan, max_memory: int | None) -> MemoryGovernor:
     """A governor for ``plan`` under ``max_memory`` (or the default budget).
 
-    Raises :class:`UsageError` (exit 2, before OUT is touched) when a tensor that must be held whole cannot fit,
-    naming the smallest budget that works.
+    Raises :class:`UsageError` (exit 2, before OUT is touched) when the budget is below the smallest the merge works
+    under (:func:`~resumerge.engine.footprint.smallest_run_budget`, the figure ``plan`` names), naming it.
     """
     probe = SystemProbe()
     budget = max_memory if max_memory is not None else default_budget(probe)
-    baseline = probe.rss()
-    # The merge will hold torch, which may not be imported yet (downloads start first): the tensors are checked
-    # once with its reserve counted. Only near the budget is it imported and measured rather than trusted, and
-    # the check made again; a tensor that fits beside the reserve fits beside less (one pass over 90k tensors).
-    reserve = 0 if torch_import.loaded() else torch_import.IMPORT_RESERVE
-    if reserve and oversized_units(plan, budget, baseline + reserve):
-        torch_import.load()
-        baseline, reserve = probe.rss(), 0
-    if not reserve:
-        _refuse_oversized(plan, budget, baseline, None, memory="memory", option="--max-memory", budget_name="budget")
-    return MemoryGovernor(budget, probe, reuse_reading=READING_REUSE)
+    baseline = run_baseline(plan)  # read from a cache but once per installation
+    worst = smallest_run_budget(plan, baseline)
+    if worst.needed > budget:
+        raise UsageError(_too_small(worst, budget), tensor=worst.tensor or None,
+                         hint=f"the smallest budget that works is {format_size(worst.needed)}; rerun with "
+                         f"--max-memory {format_size(worst.needed, compact=True)} or more")
+    return MemoryGovernor(budget, probe, reuse_reading=READING_REUSE, baseline=baseline)
+
+
+def _too_small(worst: Oversized, budget: int) -> str:
+    what = f"tensor {worst.tensor} ({worst.method})" if worst.tensor else "the merge"
+    return f"{what} needs more memory than the budget of {format_size(budget)}"
 
 
 def _refuse_oversized(plan: Plan, budget: int, baseline: int, device: str | None, *, memory: str, option: str,

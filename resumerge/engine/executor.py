@@ -51,6 +51,7 @@ from resumerge.plan.workunits import (
     aligned_rows,
     collects_sibling,
     estimate_bytes,
+    floor_rows,
     row_stream,
     stream_rows,
     unit_bytes,
@@ -200,7 +201,8 @@ class _Pipeline:
 
     def _budget(self) -> int:
         assert self.governor is not None
-        return min(self.governor.budget, self.gpu.budget) if self.gpu else self.governor.budget
+        # What the budget leaves for units: it counts the whole process, whose own baseline is no room for work.
+        return min(self.governor.work_budget, self.gpu.budget) if self.gpu else self.governor.work_budget
 
     def _admit_both(self, what: str, estimate: int) -> tuple[bool, Reservation | None, Reservation | None]:
         """(admitted, host reservation, GPU reservation) of ``estimate`` bytes; nothing is held when not admitted
@@ -300,9 +302,13 @@ class _Pipeline:
         total = tp.shape[0]
         row_estimate = max(1, estimate_bytes(tp, method, rows=1))
         most = stream_rows(tp, method)
+        # Never thinner than the floor the smallest budget leaves room for: a trickle of one-row chunks, each admitted
+        # alone over the headroom, was the slowest way to the same peak.
+        floor = min(most, floor_rows(tp, method))
         first = 0
         while first < total:
-            rows = max(1, min(total - first, most, self.governor.chunk_rows(row_estimate, total - first)))
+            room = max(floor, self.governor.chunk_rows(row_estimate, total - first))
+            rows = max(1, min(total - first, most, room))
             if self.gpu is not None:
                 rows = max(1, min(rows, self.gpu.chunk_rows(row_estimate, total - first)))
             rows = aligned_rows(tp, rows, total - first)

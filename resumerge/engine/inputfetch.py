@@ -259,7 +259,7 @@ def _bind(hashes: StreamHashes, key: str) -> Check:
 def coalesce_for(governor: MemoryGovernor | None) -> int:
     """The most bytes one coalesced range request may span under ``governor``."""
     # Read-ahead is at most an eighth of the budget, so it never crowds out the units the governor admits.
-    return DEFAULT_COALESCE if governor is None else max(1, min(DEFAULT_COALESCE, governor.budget // 8))
+    return DEFAULT_COALESCE if governor is None else max(1, min(DEFAULT_COALESCE, governor.work_budget // 8))
 
 
 def read_ahead_grants(governor: MemoryGovernor | None) -> Callable[[int], Callable[[], None] | None] | None:

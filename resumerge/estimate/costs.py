@@ -109,14 +109,14 @@ class ModelDownload:
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Peak RAM of the merge process: ``baseline`` (interpreter, torch, resumerge) plus the working set.
-
-    ``counted_baseline_bytes`` is the part of the baseline the budget counts (anonymous memory; mapped library
-    files are not counted, yet they are in the OS's peak RSS).
+    """Peak resident memory of the merge process: ``baseline`` (interpreter, torch, resumerge, what the run holds
+    beside its units: :func:`resumerge.engine.footprint.run_baseline`) plus the working set. The budget counts the
+    same: the process's whole resident set; ``counted_baseline_bytes`` (schema 1) equals ``baseline_bytes``.
 
     ``working_set_bytes`` is the largest sum of unit estimates (:func:`resumerge.plan.workunits.estimate_bytes`) in
     flight at once — :data:`CONCURRENCY` consecutive units, a row-chunked tensor alone — capped at the room the
-    budget leaves; ``smallest_budget`` is the least ``--max-memory`` under which every unit can run.
+    budget leaves; ``smallest_budget`` is the least ``--max-memory`` under which every unit can run, the figure the
+    run's own refusal names (:func:`resumerge.engine.footprint.smallest_run_budget`).
     """
 
     budget: int
@@ -135,23 +135,24 @@ class MemoryEstimate:
     @property
     def peak_bytes(self) -> int:
         """The expected peak RSS of the run's processes together: the merge's, with the pass's beside it or
-        before it (the run's process then holding its baseline)."""
+        before it (the run's process then holding its baseline). ``plan`` says "will not fit" when it is over the
+        budget: the verdict and the printed peak are one figure."""
         return self._peak(self.baseline_bytes)
 
     @property
     def counted_peak_bytes(self) -> int:
-        """:attr:`peak_bytes` as the budget counts it (mapped library files left out): ``plan`` says "will not
-        fit" when this is over the budget."""
-        return self._peak(self.counted_baseline_bytes)
+        """:attr:`peak_bytes` (the budget counts the whole process; kept for callers of the earlier split)."""
+        return self.peak_bytes
 
     def over_budget(self) -> str | None:
-        """Why the run will not fit when :attr:`counted_peak_bytes` is over the budget (with the ``--max-memory``
-        that holds it), else None."""
-        if self.counted_peak_bytes <= self.budget:
+        """Why the run will not fit when :attr:`peak_bytes` is over the budget (with the ``--max-memory`` that holds
+        it), else None."""
+        if self.peak_bytes <= self.budget:
             return None
-        return (f"memory: the run's peak, about {format_size(self.counted_peak_bytes)} as the budget counts it, is "
-                f"over the {format_size(self.budget)} budget — rerun with --max-memory "
-                f"{format_size(smallest_budget_for(self.counted_peak_bytes), compact=True)} or more")
+        needed = max(self.smallest_budget, smallest_budget_for(self.peak_bytes))
+        return (f"memory: the run's peak, about {format_size(self.peak_bytes)}, is over the "
+                f"{format_size(self.budget)} budget — rerun with --max-memory {format_size(needed, compact=True)} "
+                "or more")
 
     def _peak(self, baseline: int) -> int:
         if self.prepass_beside:
@@ -561,19 +562,18 @@ def estimate_text(estimate: Estimate) -> str:
 
 
 def memory_line(memory: MemoryEstimate) -> str:
-    """``plan``'s memory line, in words that agree with its verdict (which compares the peak *as the budget counts
-    it* with the budget): a peak above the budget is never said to be "under" it — the part the budget counts is
-    named, within the budget or over it."""
+    """``plan``'s memory line, in words that agree with its verdict (which compares this very peak with the budget),
+    with the smallest budget the merge works under (the figure ``run`` names when it refuses a smaller one)."""
     peak = (f"peak about {format_size(memory.peak_bytes)} ({format_size(memory.baseline_bytes)} process + "
             f"{format_size(memory.working_set_bytes)} working set)")
-    budget = f"the {format_size(memory.budget)} budget ({memory.budget_source})"
-    if memory.peak_bytes <= memory.budget:
-        return f"{peak} under a {format_size(memory.budget)} budget ({memory.budget_source})"
-    counted = format_size(memory.counted_peak_bytes)
-    if memory.counted_peak_bytes <= memory.budget:
-        return f"{peak}, of which {counted} counts against {budget}; mapped library files do not"
-    as_counted = f", {counted} as the budget counts it" if memory.counted_peak_bytes != memory.peak_bytes else ""
-    return f"{peak}{as_counted}: over {budget}"
+    smallest = f"the smallest budget that works is {format_size(memory.smallest_budget)}"
+    budget = f"{format_size(memory.budget)} budget ({memory.budget_source})"
+    if memory.smallest_budget > memory.budget:
+        return f"{peak}: {smallest}, more than the {budget}"
+    named = f"; {smallest}" if memory.smallest_budget else ""  # 0: not found (an estimate made without it)
+    if memory.peak_bytes > memory.budget:
+        return f"{peak}: over the {budget}{named}"
+    return f"{peak} under a {budget}{named}"
 
 
 def time_text(estimate: Estimate) -> str:

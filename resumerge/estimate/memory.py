@@ -11,18 +11,16 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
+from resumerge.engine.footprint import run_baseline, smallest_run_budget
 from resumerge.engine.unitgroup import group_bytes, has_room, joins_others
 from resumerge.estimate.costs import MemoryEstimate
-from resumerge.memory import SAFETY_MARGIN, MemoryProbe, default_budget, format_size
+from resumerge.memory import SAFETY_MARGIN, MemoryProbe, default_budget, format_size, working_room
 from resumerge.plan.merge_plan import Plan, TensorPlan
 from resumerge.plan.unitkey import TensorClasses
 from resumerge.plan.workunits import (
     ROWS,
     WHOLE,
     collects_sibling,
-    oversized_units,
     streamed_bytes,
     unit_bytes,
     unit_mode,
@@ -38,41 +36,41 @@ def memory_estimate(plan: Plan, pending: Sequence[Any], probe: MemoryProbe, max_
                     remote: AbstractSet[tuple[str, str]], held: TorchFacts) -> tuple[MemoryEstimate, list[str]]:
     """The memory the merge of ``pending`` shards of ``plan`` needs under ``max_memory`` (None: the default budget)
     on the machine ``probe`` reads, with ``workers`` compute workers, ``remote`` the (model, file) pairs streamed
-    from the hub; and why it cannot run (empty: it fits, as far as single units go). The merge process holds torch
-    (imported on first use): ``held`` says what it adds beyond ``probe``'s reading, what a helper holding torch
-    keeps from ``probe``'s available memory, and torch's thread count."""
+    from the hub; and why it cannot run (empty: it fits, as far as single units go). The budget counts the run's
+    whole process: its baseline is :func:`~resumerge.engine.footprint.run_baseline`'s, not this process's. ``held``
+    says what a helper holding torch keeps from ``probe``'s available memory, and torch's thread count."""
     # A helper's own memory (torch's included) is free again before the run: the run's process finds it available.
     budget = max_memory if max_memory is not None else default_budget(probe, freed=held.helper_bytes)
     source = "--max-memory" if max_memory is not None else "default"
-    anon = probe.rss() + held.anon_bytes  # torch counted, as the merge's budget will
     limit = probe.limit()
     machine = probe.rss() + probe.available() + held.helper_bytes
     machine = min(machine, limit) if limit is not None else machine
     effective = min(budget, machine)
-    # The budget counts anonymous memory; the OS's peak RSS also counts mapped files (torch's libraries).
-    baseline = int(psutil.Process().memory_info().rss) + held.rss_bytes
-    room = max(0, effective - int(effective * SAFETY_MARGIN) - anon)
+    # The run's process, not this one: a fresh run's baseline (measured once per installation) and what it adds,
+    # as the run's own guard counts it (resumerge.engine.devices.make_governor), so both name one smallest budget.
+    baseline = run_baseline(plan)
+    room = max(0, effective - int(effective * SAFETY_MARGIN) - baseline)
     classes = TensorClasses(plan.tensors.values())
-    units = pending_units(plan, pending, budget, remote, serial=held.threads <= workers, classes=classes,
-                          threads=held.threads)
+    # The engine sizes its units by what the budget leaves beside the baseline (MemoryGovernor.work_budget).
+    units = pending_units(plan, pending, working_room(budget, baseline), remote, serial=held.threads <= workers,
+                          classes=classes, threads=held.threads)
     working = working_set(units, room, workers)
     largest = max((u for u, _ in units), default=0)
     reasons = []
-    too_big = oversized_units(plan, effective, anon, classes=classes, threads=held.threads)
-    smallest = max((u.needed for u in too_big), default=0)
-    if too_big:
-        worst = max(too_big, key=lambda u: u.needed)
-        if smallest > machine:
+    worst = smallest_run_budget(plan, baseline, classes=classes, threads=held.threads)
+    if worst.needed > effective:
+        what = f"tensor {worst.tensor} ({worst.method})" if worst.tensor else "the merge's process"
+        if worst.needed > machine:
             reasons.append(
-                f"memory: tensor {worst.tensor} ({worst.method}) needs a budget of {format_size(smallest)}, but this "
-                f"machine can give the merge at most {format_size(machine)}: merge on a machine with more memory"
+                f"memory: {what} needs a budget of {format_size(worst.needed)}, but this machine can give the merge "
+                f"at most {format_size(machine)}: merge on a machine with more memory"
             )
         else:
             reasons.append(
-                f"memory: tensor {worst.tensor} ({worst.method}) needs a budget of {format_size(smallest)}, more "
-                f"than {format_size(effective)}: rerun with --max-memory {format_size(smallest, compact=True)} or more"
+                f"memory: {what} needs a budget of {format_size(worst.needed)}, more than {format_size(effective)}: "
+                f"rerun with --max-memory {format_size(worst.needed, compact=True)} or more"
             )
-    return MemoryEstimate(budget, source, machine, baseline, anon, working, largest, smallest), reasons
+    return (MemoryEstimate(budget, source, machine, baseline, baseline, working, largest, worst.needed), reasons)
 
 
 def pending_units(plan: Plan, pending: Sequence[Any], budget: int,

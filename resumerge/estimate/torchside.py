@@ -38,7 +38,6 @@ from typing import Any, Generic, Protocol, TypeVar
 import psutil
 
 from resumerge.engine.devices import set_torch_threads
-from resumerge.memory import SystemProbe
 from resumerge.torch_import import load as load_torch
 from resumerge.torch_import import loaded as torch_loaded
 from resumerge.torch_import import torch
@@ -249,12 +248,12 @@ def serve(threads: int | None) -> None:
     for name in _SHARED:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
-    probe, process = SystemProbe(), psutil.Process()
-    anon, rss = probe.rss(), int(process.memory_info().rss)
+    process = psutil.Process()
+    anon, rss = _anonymous(process), int(process.memory_info().rss)
     started = time.perf_counter()
     load_torch()
     seconds = time.perf_counter() - started
-    held = probe.rss()
+    held = _anonymous(process)
     facts = TorchFacts(seconds, max(0, held - anon), max(0, int(process.memory_info().rss) - rss), _threads(), held)
     try:
         pickle.dump(facts, reply)
@@ -278,6 +277,13 @@ def serve(threads: int | None) -> None:
             reply.flush()
     except BrokenPipeError:  # the caller is gone
         return
+
+
+def _anonymous(process: psutil.Process) -> int:
+    """``process``'s resident memory less its file-backed pages: what its end gives back to the machine (the
+    mapped libraries stay in the page cache)."""
+    info = process.memory_info()
+    return int(info.rss) - int(getattr(info, "shared", 0))
 
 
 def _threads() -> int:

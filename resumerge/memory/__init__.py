@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         budget_fitting,
         default_budget,
         smallest_budget_for,
+        working_room,
     )
     from resumerge.memory.cgroup import CgroupSnapshot, read_snapshot
     from resumerge.memory.collector import collector_paused
@@ -65,6 +66,7 @@ __all__ = [
     "released_on_error",
     "smallest_budget_for",
     "usable_cores",
+    "working_room",
 ]
 
 # Where each public name is defined, imported at its first use.
@@ -92,6 +94,7 @@ _HOME = MappingProxyType({
     "released_on_error": "resumerge.memory.records",
     "smallest_budget_for": "resumerge.memory.budget",
     "usable_cores": "resumerge.memory.probe",
+    "working_room": "resumerge.memory.budget",
 })
 
 

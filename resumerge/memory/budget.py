@@ -14,6 +14,7 @@ __all__ = [
     "SAFETY_MARGIN",
     "default_budget",
     "smallest_budget_for",
+    "working_room",
 ]
 
 # 80 % of what we could get: torchsnapshot budgets 60 % of available (it shares the box with training;
@@ -63,14 +64,25 @@ def smallest_budget_for(unit_bytes: int, *, baseline_bytes: int = 0, margin_frac
     return -(-needed // step) * step
 
 
+def working_room(budget: int, baseline: int, margin_fraction: float = SAFETY_MARGIN) -> int:
+    """What ``budget`` leaves for units of work beside ``baseline`` bytes the process holds apart from them, less the
+    governor's margin (at least 1): what a merge sizes its units, groups and buffers by (a budget counts the whole
+    process, so its quarter is not a quarter of the room its work has)."""
+    return max(1, budget - int(budget * margin_fraction) - baseline)
+
+
 def budget_fitting(what: str, peak: int, max_memory: int | None, probe: MemoryProbe) -> int:
     """The budget in force (``max_memory``, else the default) for work whose largest step holds ``peak`` bytes
-    beyond what this process holds now; raises :class:`~resumerge.errors.UsageError` (exit 2, before any weight is
-    read) naming the smallest budget that fits, when that one does not. ``what`` names the work ("the check")."""
+    beyond what this process holds now (its whole resident set: the budget counts the process); raises
+    :class:`~resumerge.errors.UsageError` (exit 2, before any weight is read) naming the smallest budget that fits,
+    when that one does not. ``what`` names the work ("the check").
+
+    The process's reading moves by a few hundred KB from one start to the next, so the figure named leaves 1 % of it
+    more: a rerun with the named budget is not refused again for a reading a little higher."""
     budget = max_memory if max_memory is not None else default_budget(probe)
     held = probe.rss()
-    smallest = smallest_budget_for(peak, baseline_bytes=held)
-    if smallest > budget:
+    if smallest_budget_for(peak, baseline_bytes=held) > budget:
+        smallest = smallest_budget_for(peak, baseline_bytes=held + held // 100)
         raise UsageError(f"{what} needs {format_size(held + peak)} (this process holds {format_size(held)}, its "
                          f"largest step {format_size(peak)}), more than the budget of {format_size(budget)}",
                          hint=f"rerun with --max-memory {format_size(smallest, compact=True)} or more")

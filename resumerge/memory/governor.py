@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from resumerge.errors import UsageError
 from resumerge.memory.accounting import Usage, next_baseline
-from resumerge.memory.budget import SAFETY_MARGIN, smallest_budget_for
+from resumerge.memory.budget import SAFETY_MARGIN, smallest_budget_for, working_room
 from resumerge.memory.pressure import PressurePolicy, PressureTracker
 from resumerge.memory.probe import MemoryProbe, SystemProbe
 from resumerge.memory.records import Adaptation, Reservation
@@ -25,6 +25,10 @@ from resumerge.memory.sizes import format_size
 __all__ = ["MemoryGovernor", "Reservation"]
 
 _MAX_ADAPTATIONS = 4096
+# After a reclaim that could not make room (the unit was admitted alone over the headroom anyway), admissions alone go
+# on without reclaiming, and without another adaptation, for this long: at most one garbage collection and one record
+# a second. One per unit was a run at a too-small budget taking 135 s instead of 4.4 s with 4,096 adaptations.
+_FRUITLESS_PAUSE = 1.0
 _WAIT = object()
 _RECLAIM = object()
 
@@ -41,12 +45,13 @@ class MemoryGovernor:
     The sampler thread (:meth:`start`) reads the probe every ``sample_interval`` seconds, tracks the peak and
     moves the knobs. Waiting admissions poll the probe themselves, so admission stays correct without it.
 
-    ``max_in_flight`` is the in-flight limit at level 0; ``margin_fraction`` the part of the budget admission never
-    hands out; ``pool`` names the pool in adaptations (``"host"``, ``"cuda:0"``); ``budget_option`` the command-line
-    option in error hints; ``clock`` exists for tests. ``reuse_reading`` (seconds, 0: never) lets admissions and
-    :meth:`chunk_rows` use the last reading while it is younger than that instead of reading the probe again: a
-    probe reads a few /proc and cgroup files (about 0.2 ms), more than a tiny tensor's whole merge, and the
-    reservations already account for what was admitted since.
+    ``baseline`` is what the process is expected to hold apart from its units (0: unknown), which sets
+    :attr:`work_budget`; ``max_in_flight`` is the in-flight limit at level 0; ``margin_fraction`` the part of the
+    budget admission never hands out; ``pool`` names the pool in adaptations (``"host"``, ``"cuda:0"``);
+    ``budget_option`` the command-line option in error hints; ``clock`` exists for tests. ``reuse_reading``
+    (seconds, 0: never) lets admissions and :meth:`chunk_rows` use the last reading while it is younger than that
+    instead of reading the probe again: a probe reads a few /proc and cgroup files (about 0.2 ms), more than a tiny
+    tensor's whole merge, and the reservations already account for what was admitted since.
 
     A thread must not acquire while it holds a reservation of the same governor without a ``timeout``: the
     second admission may wait for the first to be released.
@@ -65,12 +70,16 @@ class MemoryGovernor:
         budget_option: str = "--max-memory",
         clock: Callable[[], float] = time.monotonic,
         reuse_reading: float = 0.0,
+        baseline: int = 0,
     ) -> None:
         if budget_bytes <= 0:
             raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
         if max_in_flight < 1 or sample_interval <= 0 or not 0 <= margin_fraction < 1:
             raise ValueError("need max_in_flight >= 1, sample_interval > 0 and 0 <= margin_fraction < 1")
         self.budget = budget_bytes
+        # What the budget leaves for units beside the process's own expected baseline: the engine sizes its units,
+        # groups and buffers by it (resumerge.engine.footprint); the budget alone when no baseline is given.
+        self.work_budget = working_room(budget_bytes, baseline, margin_fraction) if baseline else budget_bytes
         self.probe: MemoryProbe = probe if probe is not None else SystemProbe()
         self.pool = pool
         self.budget_option = budget_option
@@ -86,6 +95,7 @@ class MemoryGovernor:
         self._knobs = self._policy.knobs_for(0, max_in_flight)
         self._rss = self._available = self._baseline = self._reserved = self._in_flight = self._peak = 0
         self._admitted = self._largest = 0
+        self._fruitless_at = -float("inf")  # self._clock() when a unit was last admitted alone over the headroom
         self._queue: deque[object] = deque()
         self._adaptations: deque[Adaptation] = deque(maxlen=_MAX_ADAPTATIONS)
         self._seq = 0
@@ -283,15 +293,18 @@ class MemoryGovernor:
         if self._queue[0] is not ticket:
             return _WAIT
         headroom = self._usage().headroom
-        if self._in_flight == 0:
-            if estimate > headroom and not reclaimed:
+        if self._in_flight == 0 and estimate > headroom:
+            now = self._clock()
+            recent = now - self._fruitless_at < _FRUITLESS_PAUSE
+            if not reclaimed and not recent:
                 return _RECLAIM
-            if estimate > headroom:
+            if not recent:
                 reason = (
                     f"admitted {what or 'a unit'} alone over the headroom: nothing else was in flight "
                     f"(rss {format_size(self._rss)}, available {format_size(self._available)})"
                 )
                 self._record("admit_alone", max(0, headroom), estimate, reason)
+                self._fruitless_at = now
         elif self._in_flight >= self._knobs.in_flight_limit or estimate > headroom:
             return _WAIT
         self._queue.popleft()
@@ -317,7 +330,8 @@ class MemoryGovernor:
             self._cond.notify_all()
 
     def _refuse(self, estimate: int, what: str | None) -> NoReturn:
-        smallest = smallest_budget_for(estimate, margin_fraction=self._margin)
+        # The budget counts the whole process: what it holds beside its units is needed as well.
+        smallest = smallest_budget_for(estimate, baseline_bytes=self._baseline, margin_fraction=self._margin)
         raise UsageError(
             f"{what or 'one unit of work'} needs {format_size(estimate)} of {self.pool} memory, more than "
             f"the whole budget of {format_size(self.budget)}",

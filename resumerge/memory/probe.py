@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 import psutil
 
 from resumerge.memory import allocator, cgroup
+from resumerge.memory.baseline import resident_bytes
 
 __all__ = ["MemoryProbe", "SystemProbe", "os_peak_rss"]
 
@@ -46,10 +47,11 @@ class MemoryProbe(Protocol):
 class SystemProbe:
     """Host memory as the kernel will enforce it: psutil for the machine, the cgroup for the container.
 
-    ``rss()`` is resident *anonymous and shared-memory* pages (``RssAnon + RssShmem`` from
-    ``/proc/self/status``), not the full RSS: clean file pages, such as memory-mapped safetensors and shared
-    libraries, are dropped by the kernel under pressure before anything is killed, so counting them would make
-    the governor throttle on memory it can always get back. Elsewhere (macOS, Windows) it is psutil's RSS.
+    ``rss()`` is the process's whole resident set (``VmRSS`` of ``/proc/self/status``; psutil's RSS elsewhere), the
+    one meaning of ``--max-memory`` in every command: what ``top``, ``/usr/bin/time`` and the OS's peak
+    (:func:`os_peak_rss`) report. Its mapped library files (torch's, about 80 MB) count as well: a budget that left them
+    out was exceeded by them. A merge reads its inputs with ``pread``, so no input file is mapped; a check's mapped
+    spans are the tensors it holds.
 
     ``available()`` is ``min(psutil available, cgroup limit − cgroup working set)`` because psutil reports the
     host's memory inside containers. ``limit()`` is ``min(physical RAM, cgroup limit)``.
@@ -68,8 +70,8 @@ class SystemProbe:
         return self._group
 
     def rss(self) -> int:
-        """See the class docstring: anonymous + shmem resident bytes on Linux, psutil RSS elsewhere."""
-        counted = _status_rss(self._status)
+        """See the class docstring: the resident set (``VmRSS``) on Linux, psutil's RSS elsewhere."""
+        counted = resident_bytes(self._status)
         return counted if counted is not None else int(self._process.memory_info().rss)
 
     def available(self) -> int:
@@ -104,8 +106,8 @@ class SystemProbe:
 def os_peak_rss() -> int | None:
     """Return this process's lifetime peak RSS in bytes as the OS measured it (``ru_maxrss``), if known.
 
-    Unlike the governor's sampled peak this misses no spike, but it includes file pages and import overhead. On
-    Linux it is ``VmHWM`` of ``/proc/self/status``: ``ru_maxrss`` survives exec, so a merge started by
+    Unlike the governor's sampled peak this misses no spike; it counts what the budget counts (the whole resident
+    set). On Linux it is ``VmHWM`` of ``/proc/self/status``: ``ru_maxrss`` survives exec, so a merge started by
     ``subprocess.run`` from a large process (a notebook kernel holding a model) would report that process's size.
     """
     try:
@@ -122,22 +124,6 @@ def os_peak_rss() -> int | None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # Linux reports KiB, macOS bytes.
     return int(peak) if sys.platform == "darwin" else int(peak) * 1024
-
-
-def _status_rss(path: Path) -> int | None:
-    try:
-        text = path.read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return None
-    total = 0
-    found = False
-    for line in text.splitlines():
-        if line.startswith(("RssAnon:", "RssShmem:")):
-            parts = line.split()
-            if len(parts) >= 2 and parts[1].isdigit():
-                total += int(parts[1]) * 1024
-                found = True
-    return total if found else None
 
 
 def usable_cores() -> int:

@@ -152,6 +152,10 @@ STACKED_ELEMENTS = 1 << 18
 # leaves: the chunks of DeepSeek-V3's 1.85 GB embedding once grew to the whole room (its whole estimate is 14.8 GB),
 # so a notebook's peak grew with the machine; chunks of this size cost no measurable speed.
 ROW_CHUNK_BYTES = 512 << 20
+# The least one row chunk holds (its estimate), however little room is left: a budget too tight for such a chunk
+# once cut a 37 MB embedding into 16,000 one-row chunks, each admitted alone over the headroom after a garbage
+# collection (4,096 adaptations, 135 s instead of 4.4 s). The smallest budget leaves room for one (issue 71).
+MIN_CHUNK_BYTES = 4 << 20
 
 
 def unit_mode(tp: TensorPlan, method: MethodSpec, budget: int | None, device: str, *, rereadable: bool = True,
@@ -276,22 +280,39 @@ class Oversized:
     needed: int
 
 
+def floor_rows(tp: TensorPlan, method: MethodSpec, *, threads: int | None = None) -> int:
+    """The fewest rows per chunk the engine cuts a tensor into, however little room the budget leaves: as many as
+    :data:`MIN_CHUNK_BYTES` of estimate holds (every row when the whole tensor holds less), aligned
+    (:func:`aligned_rows`). The smallest budget leaves room for such a chunk (:func:`smallest_budget`)."""
+    row = max(1, estimate_bytes(tp, method, rows=1, threads=threads))
+    return aligned_rows(tp, max(1, -(-MIN_CHUNK_BYTES // row)), tp.shape[0])
+
+
+def step_bytes(tp: TensorPlan, method: MethodSpec, device: str, *, threads: int | None = None) -> int:
+    """The most one step of ``tp`` holds under the smallest budget: its whole estimate, or for a tensor that can be
+    cut into rows a chunk of :func:`floor_rows` rows (with what its stream keeps across chunks)."""
+    stream = row_stream(tp, method, device)
+    chunkable = can_chunk(tp, method) or stream is not None
+    unit = estimate_bytes(tp, method, rows=floor_rows(tp, method, threads=threads) if chunkable else None,
+                          threads=threads)
+    if stream is not None and not can_chunk(tp, method):
+        unit += stream.held_bytes()
+    return unit
+
+
 def oversized_units(plan: Plan, budget: int, baseline: int, device: str | None = None,
                     classes: TensorClasses | None = None, *, threads: int | None = None) -> list[Oversized]:
     """Tensors that no amount of waiting can fit under ``budget`` (given ``baseline`` bytes already in use) on
-    ``device`` (default the plan's): a tensor that can be cut into rows needs room for one row. Each class of the
-    plan's tensors is sized once (``classes``, when the caller sorted them already: a 92k-tensor plan holds a few
-    dozen classes)."""
+    ``device`` (default the plan's): a tensor that can be cut into rows needs room for one chunk of
+    :func:`floor_rows` rows (:func:`step_bytes`). Each class of the plan's tensors is sized once (``classes``, when
+    the caller sorted them already: a 92k-tensor plan holds a few dozen classes)."""
     from resumerge.memory import smallest_budget_for
 
+    where = device or plan.options.device
+
     def needed(tp: TensorPlan) -> int:
-        method = plan.method_of(tp)
-        stream = row_stream(tp, method, device or plan.options.device)
-        chunkable = can_chunk(tp, method) or stream is not None
-        unit = estimate_bytes(tp, method, rows=1 if chunkable else None, threads=threads)
-        if stream is not None and not can_chunk(tp, method):
-            unit += stream.held_bytes()
-        return smallest_budget_for(unit, baseline_bytes=baseline)
+        return smallest_budget_for(step_bytes(tp, plan.method_of(tp), where, threads=threads),
+                                   baseline_bytes=baseline)
 
     classes = classes if classes is not None else TensorClasses(plan.tensors.values())
     need = [needed(tp) for tp in classes.members]
@@ -299,6 +320,23 @@ def oversized_units(plan: Plan, budget: int, baseline: int, device: str | None =
         return []
     return [Oversized(tp.name, tp.method, n) for tp in plan.tensors.values() for n in [need[classes.number(tp)]]
             if n > budget]
+
+
+def smallest_budget(plan: Plan, baseline: int, device: str | None = None, classes: TensorClasses | None = None,
+                    *, threads: int | None = None) -> Oversized | None:
+    """The smallest budget ``plan``'s merge works under beside ``baseline`` bytes (the process's own, see
+    :func:`resumerge.engine.footprint.run_baseline`), with the tensor whose step needs it; None for a plan without
+    tensors. The one figure ``plan``, ``run`` and their refusals name (:func:`oversized_units` with no budget)."""
+    from resumerge.memory import smallest_budget_for
+
+    where = device or plan.options.device
+    classes = classes if classes is not None else TensorClasses(plan.tensors.values())
+    sized = [(smallest_budget_for(step_bytes(tp, plan.method_of(tp), where, threads=threads), baseline_bytes=baseline),
+              tp) for tp in classes.members]
+    if not sized:
+        return None
+    needed, worst = max(sized, key=lambda pair: pair[0])
+    return Oversized(worst.name, worst.method, needed)
 
 
 def largest(units: Iterable[Oversized]) -> Oversized:

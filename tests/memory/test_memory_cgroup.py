@@ -253,11 +253,12 @@ def test_system_probe_caps_host_memory_at_the_container_headroom(tmp_path: Path)
             f"{group}/memory.max": f"{GiB}\n",
             f"{group}/memory.current": f"{600 * MiB}\n",
             f"{group}/memory.stat": f"inactive_file {100 * MiB}\n",
-            "proc/self/status": "Name:\tpython\nRssAnon:\t    1000 kB\nRssFile:\t 5000 kB\nRssShmem:\t 24 kB\n",
+            "proc/self/status": "Name:\tpython\nVmRSS:\t    6024 kB\nRssAnon:\t    1000 kB\nRssFile:\t 5000 kB\n"
+                                "RssShmem:\t 24 kB\n",
         },
     )
     probe = SystemProbe(tmp_path)
     host = psutil.virtual_memory()
     assert probe.available() == min(host.available, GiB - 500 * MiB)
     assert probe.limit() == min(host.total, GiB)
-    assert probe.rss() == 1024 * 1024  # RssAnon + RssShmem; file pages are not counted
+    assert probe.rss() == 6024 * 1024  # the whole resident set (VmRSS): mapped files count, as the OS counts them

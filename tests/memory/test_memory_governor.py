@@ -344,3 +344,19 @@ def test_admitted_counts_the_reservations_granted_and_nothing_refused_or_timed_o
             gov.acquire(2 * BUDGET)
     gov.acquire(1 * MB).release()
     assert gov.admitted == 2
+
+
+def test_units_admitted_alone_one_after_another_reclaim_and_are_recorded_once_a_second() -> None:
+    """A run whose every unit went over the headroom collected garbage before each (a full collection of a large
+    plan's objects) and recorded each: 4,096 adaptations, 135 s instead of 4.4 s (issue 71)."""
+    now = [0.0]
+    probe = FakeProbe(rss=800 * MB)
+    gov = governor(probe, clock=lambda: now[0])
+    for _ in range(50):
+        gov.acquire(500 * MB, timeout=1.0, what="lm_head.weight").release()
+    assert probe.reclaim_calls == 1
+    assert len([a for a in gov.adaptations if a.knob == "admit_alone"]) == 1
+    now[0] = 1.5  # a second later: worth one more try
+    gov.acquire(500 * MB, timeout=1.0).release()
+    assert probe.reclaim_calls == 2
+    assert len([a for a in gov.adaptations if a.knob == "admit_alone"]) == 2

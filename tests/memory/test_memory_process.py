@@ -36,7 +36,7 @@ def test_cuda_probe_refuses_without_a_gpu() -> None:
 
 
 @linux_only
-def test_system_probe_counts_anonymous_memory_but_not_mapped_file_pages(tmp_path: Path) -> None:
+def test_system_probe_counts_the_whole_resident_set_mapped_files_included(tmp_path: Path) -> None:
     probe = SystemProbe()
     assert probe.available() > 0
     assert probe.limit() >= probe.available()
@@ -48,13 +48,14 @@ def test_system_probe_counts_anonymous_memory_but_not_mapped_file_pages(tmp_path
             block[offset] = 1
         assert probe.rss() - before >= 60 * MB
 
+    # Mapped file pages are in the RSS the OS reports (and kills by): --max-memory counts them too (issue 71).
     path = tmp_path / "weights.bin"
     path.write_bytes(b"\x02" * (64 * MB))
     with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
         before = probe.rss()
         total = sum(view[offset] for offset in range(0, len(view), 4096))  # touch every page
         assert total == 2 * (64 * MB // 4096)
-        assert probe.rss() - before < 8 * MB  # clean file pages: reclaimable, not pressure
+        assert probe.rss() - before >= 60 * MB
     peak = os_peak_rss()
     assert peak is not None and peak >= 64 * MB
 

@@ -1,0 +1,116 @@
+"""The process's own baseline: the resident memory a fresh process of a command holds before it does any work.
+
+``--max-memory`` counts the whole process (:class:`~resumerge.memory.probe.SystemProbe`), so the smallest budget a
+command can work under is that baseline (the interpreter, torch, the modules the command imports) plus its largest
+step (:func:`~resumerge.memory.budget.smallest_budget_for`). ``plan`` names that budget before the run's process
+exists, and the run, ``check`` and ``measure`` name it again in theirs: for them to name the same figure, the
+baseline is not read in whichever process asks (each holds a different mix of modules and objects, and two readings
+of one process differ by a few hundred KB) but measured once in a fresh interpreter that imports exactly the
+command's modules, and kept in a cache keyed by the installation (the interpreter, the modules and their
+distributions' versions). A first measurement costs one import of torch (about 3 s of CPU); later ones read a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["fresh_baseline", "resident_bytes"]
+
+_CACHE_NAME = "baseline.json"
+# A fresh interpreter with this process's import path imports the modules, collects garbage and prints its RSS.
+_MEASURE = ("import gc, importlib, json, sys\nsys.path[:] = json.loads(sys.argv[1])\n"
+            "for name in json.loads(sys.argv[2]):\n    importlib.import_module(name)\ngc.collect()\n"
+            "from resumerge.memory.baseline import resident_bytes\nprint(resident_bytes())\n")
+
+
+def resident_bytes(status: Path = Path("/proc/self/status")) -> int | None:
+    """This process's resident set in bytes (``VmRSS``: anonymous, file-backed and shared pages, what the OS
+    reports as its RSS), None where ``status`` cannot be read (not Linux)."""
+    try:
+        text = status.read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("VmRSS:"):
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                return int(parts[1]) * 1024
+    return None
+
+
+def fresh_baseline(modules: Sequence[str], cache_dir: Path) -> int | None:
+    """The RSS of a fresh process of this interpreter once it has imported ``modules`` (in order), from the cache
+    in ``cache_dir`` or measured now in a child process (and cached); None when it cannot be measured (no
+    interpreter to start, a module that fails to import there): the caller then reads its own process."""
+    key = _key(modules)
+    path = cache_dir / _CACHE_NAME
+    cached = _read(path).get(key)
+    if isinstance(cached, int):
+        return cached
+    measured = _measure(modules)
+    if measured is not None:
+        # A cache: a lost or torn write costs a new measurement, never a wrong figure (a torn file is ignored).
+        with contextlib.suppress(OSError):
+            _write(path, {**_read(path), key: measured})
+    return measured
+
+
+def _key(modules: Sequence[str]) -> str:
+    """What the baseline depends on: the interpreter, where resumerge is imported from, the modules and the
+    versions of the distributions they come from (not the working directory: ``plan`` and ``run`` started from two
+    folders read one figure)."""
+    versions: dict[str, str | None] = {}
+    for top in sorted({m.split(".")[0] for m in modules}):
+        try:
+            versions[top] = importlib.metadata.version(top)
+        except importlib.metadata.PackageNotFoundError:
+            versions[top] = None
+    where = str(Path(__file__).resolve().parents[1])
+    text = json.dumps([sys.executable, sys.version, where, list(modules), versions])
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _measure(modules: Sequence[str]) -> int | None:
+    if not sys.executable:
+        return None
+    try:
+        done = subprocess.run([sys.executable, "-c", _MEASURE, json.dumps(sys.path), json.dumps(list(modules))],
+                              capture_output=True, text=True, timeout=300, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = done.stdout.split()
+    if done.returncode != 0 or not lines or not lines[-1].isdigit():
+        return None
+    return int(lines[-1])
+
+
+def _read(path: Path) -> dict[str, object]:
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _write(path: Path, figures: dict[str, object]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{_CACHE_NAME}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            json.dump(figures, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise

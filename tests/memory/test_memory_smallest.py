@@ -1,0 +1,100 @@
+"""One meaning of ``--max-memory`` (the process's resident memory, its own baseline included) and one smallest budget,
+named alike by ``plan`` and ``run``, under which a real run stays (issue 71)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from support import linear_config, peak_rss_run, write_config
+
+from resumerge.cli.commands import main
+from resumerge.memory import format_size, parse_size
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+
+
+def _plan(capsys: pytest.CaptureFixture[str], cfg: Path, out: Path, *options: str) -> tuple[int, dict[str, object]]:
+    code = main(["plan", str(cfg), str(out), "--json", "--probe-size", "0", *options])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@linux_only
+def test_plan_and_run_name_one_smallest_budget_and_a_run_there_stays_within_it(
+        tmp_path: Path, make: object, capsys: pytest.CaptureFixture[str]) -> None:
+    """``plan`` and ``run`` named 190 MB and 185 MB for one config, both below the 262 MB the process held; at 185 MB
+    the run peaked at 279 MB and made 4,096 governor adaptations. Now both name one figure, refuse a byte less in
+    one line (exit 2), and a run at it peaks within 5 % of it (the OS's peak RSS of the run's process)."""
+    a = make("a", seed=1, hidden=512, intermediate=1024, vocab=8000)  # type: ignore[operator]
+    b = make("b", seed=2, hidden=512, intermediate=1024, vocab=8000)  # type: ignore[operator]
+    cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
+    out, state = tmp_path / "out", tmp_path / "state"
+
+    code, doc = _plan(capsys, cfg, out)
+    assert code == 0
+    memory = doc["memory"]
+    assert isinstance(memory, dict)
+    smallest = int(memory["smallest_budget"])
+    # The budget counts the whole process: a fresh run's interpreter and torch (over 100 MB) are in it.
+    assert memory["baseline_bytes"] == memory["counted_baseline_bytes"] > 100_000_000
+    assert smallest > memory["baseline_bytes"]
+    # The named figure reads back as itself: what is printed is what works.
+    assert parse_size(format_size(smallest, compact=True)) == smallest
+
+    code, at = _plan(capsys, cfg, out, "--max-memory", str(smallest))
+    assert (code, at["fits"], at["memory"]["smallest_budget"]) == (0, True, smallest)  # type: ignore[index]
+    code, below = _plan(capsys, cfg, out, "--max-memory", str(smallest - 1))
+    assert (code, below["fits"], below["memory"]["smallest_budget"]) == (2, False, smallest)  # type: ignore[index]
+    assert any(f"--max-memory {format_size(smallest, compact=True)} " in r for r in below["reasons"])  # type: ignore[union-attr]
+
+    # run refuses a byte less, naming the same figure, before OUT exists.
+    assert main(["run", str(cfg), str(out), "--state-dir", str(state), "--quiet",
+                 "--max-memory", str(smallest - 1)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"rerun with --max-memory {format_size(smallest, compact=True)} or more" in err, err
+    assert not out.exists()
+
+    # A real run at that budget, in a process of its own: its peak RSS as the OS measured it.
+    code, peak, err = peak_rss_run([sys.executable, "-m", "resumerge", "run", str(cfg), str(out), "--state-dir",
+                                    str(state), "--quiet", "--max-memory", str(smallest)])
+    assert code == 0, err
+    assert peak <= 1.05 * smallest, (peak, smallest)
+    assert main(["status", str(out), "--state-dir", str(state), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    # A budget that leaves room for one step admits each alone at worst: never thousands of adaptations.
+    assert status["adaptations"] <= 20, status["adaptation_events"]
+
+
+def test_a_check_or_measure_rerun_at_the_budget_it_was_told_is_not_refused_again() -> None:
+    """``check`` and ``measure`` read their own process (its whole resident set): a second start reads a few hundred
+    KB more or less, and a rerun at the figure the first refusal named was refused again, naming one a little
+    higher."""
+    from resumerge.errors import UsageError
+    from resumerge.memory import FakeProbe, budget_fitting
+
+    held, step = 412_345_678, 37_000_000
+    with pytest.raises(UsageError) as refused:
+        budget_fitting("the check", step, 400_000_000, FakeProbe(rss=held, available=8 << 30))
+    named = parse_size(refused.value.one_line().rsplit("--max-memory ", 1)[1].split()[0])
+    for moved in (-2_000_000, 0, 300_000, 2_000_000):  # the next start's reading
+        assert budget_fitting("the check", step, named, FakeProbe(rss=held + moved, available=8 << 30)) == named
+
+
+def test_a_fresh_process_baseline_is_measured_once_and_read_from_any_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two readings of fresh processes differ by a few hundred KB: ``plan`` and ``run`` (started from any folder)
+    read one measurement, kept per installation; a torn cache file is measured again, never trusted."""
+    from resumerge.memory import baseline
+
+    first = baseline.fresh_baseline(("json",), tmp_path)
+    assert first is not None and first > 1_000_000  # an interpreter's own RSS
+    measured: list[object] = []
+    monkeypatch.setattr(baseline, "_measure", lambda modules: measured.append(modules) or 123)
+    monkeypatch.chdir(tmp_path)
+    assert baseline.fresh_baseline(("json",), tmp_path) == first and not measured
+    assert baseline.fresh_baseline(("json", "csv"), tmp_path) == 123 and measured == [("json", "csv")]
+    assert baseline.fresh_baseline(("json",), tmp_path) == first  # the other figure kept beside it
+    (tmp_path / "baseline.json").write_text('{"torn')
+    assert baseline.fresh_baseline(("json",), tmp_path) == 123
