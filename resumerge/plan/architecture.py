@@ -259,7 +259,7 @@ def layer_types_of(config: Mapping[str, Any], count: int | None = None) -> list[
 
 # ---- MoE models with dense layers ----------------------------------------------------------------------------
 QWEN_MOE_SCHEME = "mlp_only_layers"  # Qwen2-MoE, Qwen3-MoE, Qwen3-Next: a list plus decoder_sparse_step
-PREFIX_SCHEME = "first_k_dense_replace"  # DeepSeek-V2/V3, GLM-4-MoE: the first k layers are dense
+PREFIX_SCHEME = "first_k_dense_replace"  # DeepSeek-V2/V3, GLM-4-MoE, LFM2-MoE: the first k layers are dense
 MOE_LIST_SCHEME = "moe_layers"  # Llama-4: the list of MoE layers, else every interleave_moe_layer_step-th
 
 
@@ -283,10 +283,16 @@ def dense_mlp_layers(config: Mapping[str, Any]) -> tuple[str, frozenset[int]] | 
         step = int(cfg.get("interleave_moe_layer_step") or 1)
         moe = {int(i) for i in listed} if isinstance(listed, list) else set(range(step - 1, n, step))
         return MOE_LIST_SCHEME, frozenset(i for i in range(n) if i not in moe)
-    first = cfg.get("first_k_dense_replace")
+    first = cfg.get(prefix_key(cfg))
     if type(first) is int:
         return PREFIX_SCHEME, frozenset(range(min(first, n)))
     return None
+
+
+def prefix_key(config: Mapping[str, Any]) -> str:
+    """The key of a dense-prefix MoE config's count of leading dense layers: LFM2-MoE's ``num_dense_layers``,
+    else ``first_k_dense_replace`` (DeepSeek, GLM)."""
+    return "num_dense_layers" if type(config.get("num_dense_layers")) is int else "first_k_dense_replace"
 
 
 # ---- mixing architectures ------------------------------------------------------------------------------------

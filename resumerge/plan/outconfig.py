@@ -7,8 +7,10 @@ described by the source layer it was made from (``origins``):
 
 - the layer count under the family's key (``num_hidden_layers``; ``n_layer`` for GPT-2 style configs; inside
   ``text_config`` for wrapper configs);
-- per-layer lists (:data:`~resumerge.plan.architecture.PER_LAYER_KEYS`) rebuilt entry by entry from the source
-  layer's entry;
+- every per-layer fact (:mod:`resumerge.plan.layerfacts`: the lists transformers' config class makes per layer,
+  per-layer pattern strings, layer-index override maps) rebuilt entry by entry from the source layer's entry; the
+  layer count is written where the donor has a count key (Nemotron-H's is its ``layers_block_type``'s length); a
+  stack whose first layer reuses an earlier layer's computation (GLM-5's "shared" indexer) is refused;
 - ``layer_types`` written explicitly when the donor has none but its family derives one (Qwen2/3, Qwen2-MoE,
   Gemma 2, Gemma 3) and the derivation for the new layer count would give another list than the source layers
   had. ``max_window_layers`` and ``sliding_window_pattern`` are left as the donor's: transformers 5 consults them
@@ -16,8 +18,9 @@ described by the source layer it was made from (``origins``):
 - MoE dense layers: Qwen-MoE ``mlp_only_layers`` becomes the output indices whose source layer was dense
   (``decoder_sparse_step`` is reset to 1 when the donor's step would make other layers dense); Llama-4
   ``moe_layers`` the output indices whose source layer had experts (written even where the donor derived it from
-  ``interleave_moe_layer_step``); DeepSeek/GLM ``first_k_dense_replace`` becomes the number of leading dense
-  layers, and a dense layer after a sparse one is refused, naming its slice (that family cannot express it);
+  ``interleave_moe_layer_step``); DeepSeek/GLM ``first_k_dense_replace`` (LFM2-MoE ``num_dense_layers``) becomes
+  the number of leading dense layers, and a dense layer after a sparse one is refused, naming its slice (that
+  family cannot express it);
 - the MTP layer count (``num_nextn_predict_layers``) as :mod:`resumerge.plan.mtp` decided;
 - layer indices in ``quantization_config``'s skip lists (:mod:`resumerge.plan.skiplists`);
 - ``vocab_size`` from the output embedding's rows; a head whose rows differ is refused;
@@ -35,7 +38,6 @@ from typing import TYPE_CHECKING, Any
 from resumerge.errors import ConfigError, ModelInputError
 from resumerge.plan.architecture import (
     MOE_LIST_SCHEME,
-    PER_LAYER_KEYS,
     PREFIX_SCHEME,
     QWEN_MOE_SCHEME,
     dense_mlp_layers,
@@ -45,7 +47,9 @@ from resumerge.plan.architecture import (
     layer_config,
     layer_count_key,
     layer_types_of,
+    prefix_key,
 )
+from resumerge.plan.layerfacts import REUSES_EARLIER, entry_of, per_layer_keys, reindexed
 from resumerge.plan.mtp import MtpOutcome, set_mtp_count
 from resumerge.plan.skiplists import set_skipped_layers
 
@@ -79,10 +83,14 @@ def build_out_config(
         out["architectures"] = [arch]
     target = layer_config(out)
     assert isinstance(target, dict)
-    target[layer_count_key(target)] = len(origins)
-    for key in PER_LAYER_KEYS:
-        if key != "layer_types" and isinstance(target.get(key), list):
-            target[key] = [_per_layer(models, donor, key, model, layer) for model, layer in origins]
+    facts = per_layer_keys(target)
+    count_key = layer_count_key(target)
+    if count_key in target or not facts:  # Nemotron-H's count is its list's length: no count key is added
+        target[count_key] = len(origins)
+    for key in facts:
+        if key != "layer_types":
+            target[key] = reindexed(key, target[key], [_per_layer(models, donor, key, m, i) for m, i in origins])
+    _refuse_reuse_first(target, origins, config)
     if isinstance(target.get("layer_types"), list) or derives_layer_types(target):
         # A source without the list (a config older than transformers' layer_types) counts with the types
         # transformers derives for it; a derived output list is written only where derivation would go wrong.
@@ -116,11 +124,26 @@ def render_config(out_config: Mapping[str, Any]) -> bytes:
 def _per_layer(models: Mapping[str, ModelInput], donor: str, key: str, model: str, layer: int) -> Any:
     for source in (model, donor):
         values = layer_config(models[source].config).get(key)
-        if isinstance(values, list) and layer < len(values):
+        if isinstance(values, dict):  # a layer-index map: a layer it does not list has no overrides
+            return entry_of(values, layer)
+        if isinstance(values, (list, str)) and layer < len(values):
             return values[layer]
     # Neither the source model nor the donor describes this layer: repeat the donor's last entry.
     values = layer_config(models[donor].config).get(key)
-    return values[-1] if isinstance(values, list) and values else None
+    return values[-1] if isinstance(values, (list, str)) and values else None
+
+
+def _refuse_reuse_first(target: Mapping[str, Any], origins: tuple[tuple[str, int], ...], config: MergeConfig) -> None:
+    """A stack whose first layer reuses what an earlier layer computed (GLM-5's "shared" indexer) is refused."""
+    for key, marker in REUSES_EARLIER.items():
+        values = target.get(key)
+        if isinstance(values, list) and values and values[0] == marker:
+            raise ConfigError(
+                f"output layer 0 (layer {origins[0][1]} of {origins[0][0]}) has {key} {marker!r}: it reuses the "
+                f"previous layer's, and the first layer of a {target.get('model_type')} stack has none before it",
+                yaml_path=slice_path(config, 0),
+                hint=f"begin the first slice on a layer whose {key} entry is not {marker!r}",
+            )
 
 
 def _layer_type(models: Mapping[str, ModelInput], donor: str, model: str, layer: int) -> str:
@@ -152,18 +175,18 @@ def _set_dense_layers(
         late = next((i for i in dense if i > 0 and i - 1 not in dense), None)
         if late is not None:
             moe_at = max(i for i in range(late) if i not in dense)
-            path = _slice_path(config, late)
+            path = slice_path(config, late)
             raise ConfigError(
                 f"output layer {late} (layer {origins[late][1]} of {origins[late][0]}) is dense (no experts) but "
                 f"comes after MoE output layer {moe_at}, and {target.get('model_type')} configs can describe dense "
-                "layers only at the start (first_k_dense_replace)",
+                f"layers only at the start ({prefix_key(target)})",
                 yaml_path=path,
                 hint="order the slices so that every dense source layer comes before the first MoE layer",
             )
-        target["first_k_dense_replace"] = len(dense)
+        target[prefix_key(target)] = len(dense)
 
 
-def _slice_path(config: MergeConfig, layer: int) -> str:
+def slice_path(config: MergeConfig, layer: int) -> str:
     """The YAML path of the slice that makes output ``layer`` (``slices`` when the config has no slices)."""
     start = 0
     for sl in config.slices or ():
