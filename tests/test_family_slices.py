@@ -12,6 +12,7 @@ with exit 0 and a config.json that built another model (or none).
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,6 +49,12 @@ STACKS: dict[str, tuple[tuple[tuple[int, int], ...], dict[str, Any], tuple[str, 
               "mlp_layer_types": ["dense", "sparse", "sparse", "sparse", "sparse"], "index_topk_pattern": "FSSFS",
               "layer_types": ["indexed_attention"] * 5},
              ()),
+    # GLM-5 whose config.json has no indexer_types (transformers derives them from index_topk_freq: full, shared, full,
+    # shared), as hub configs may: the list is written, since the derivation for 5 layers gives other entries
+    "glm5-derived": (((0, 2), (1, 4)),
+                     {"num_hidden_layers": 5, "indexer_types": ["full", "shared", "shared", "full", "shared"],
+                      "mlp_layer_types": ["dense", "sparse", "sparse", "sparse", "sparse"],
+                      "layer_types": ["indexed_attention"] * 5}, ("index_topk_pattern",)),
     "lfm2_moe": (((0, 2), (1, 4)),
                  {"num_hidden_layers": 5, "num_dense_layers": 3, "layer_types": ["conv", F, F, "conv", F]}, ()),
 }
@@ -69,7 +76,13 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]
     logging.disable_progress_bar()
     logging.set_verbosity_error()
     root = tmp_path_factory.mktemp("newest")
-    yield {family: make_newest_model(root / family, family, 0) for family in NEWEST}
+    built = {family: make_newest_model(root / family, family, 0) for family in NEWEST}
+    built["glm5-derived"] = shutil.copytree(built["glm5"], root / "glm5-derived")
+    doc = json.loads((built["glm5-derived"] / "config.json").read_text())
+    del doc["indexer_types"], doc["index_topk_pattern"]
+    (built["glm5-derived"] / "config.json").write_text(json.dumps({**doc, "index_topk_freq": 2,
+                                                                    "index_skip_topk_offset": 1}))
+    yield built
 
 
 def _slices(model: Path, ranges: tuple[tuple[int, int], ...]) -> dict[str, Any]:
@@ -99,6 +112,7 @@ def test_a_stack_of_slices_carries_every_per_layer_fact(family: str, models: dic
     # byte-equal, renumbered
     layers = [i for start, end in ranges for i in range(start, end)]
     prefix = "backbone.layers." if family == "nemotron_h" else "model.layers."
+    assert written["model_type"] == NEWEST[family.split("-")[0]][0]
     expected = _renumbered(_tensors(source), layers, prefix)
     got = _tensors(out)
     assert got.keys() == expected.keys()

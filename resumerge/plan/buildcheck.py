@@ -63,9 +63,11 @@ def check_built(
         if not sources or len(sources) < len(built):
             return []  # a family transformers cannot build from the inputs' own configs: nothing to compare with
         out_cfg = _refusing(transformers, family, lambda: _config(transformers, out_config))
+        facts = sorted(class_per_layer_keys(out_cfg.get_text_config().model_type) or ())
         for i, (model, layer) in enumerate(origins):
             if model in sources:
-                _refuse(i, model, layer, _fact_difference(out_cfg, sources[model][0], i, layer, family), slice_path)
+                problem = _fact_difference(out_cfg, sources[model][0], i, layer, family, facts)
+                _refuse(i, model, layer, problem, slice_path)
         out = _refusing(transformers, family, lambda: _model(transformers, torch, out_cfg))
     for i, (model, layer) in enumerate(origins):
         if model in sources:
@@ -116,11 +118,11 @@ def _build(transformers: Any, torch: Any, doc: Mapping[str, Any]) -> tuple[Any, 
         return None
 
 
-def _fact_difference(out: Any, source: Any, i: int, layer: int, family: Any) -> str | None:
-    """How output layer ``i``'s per-layer facts as transformers reads them back differ from source layer
+def _fact_difference(out: Any, source: Any, i: int, layer: int, family: Any, facts: list[str]) -> str | None:
+    """How output layer ``i``'s per-layer ``facts`` as transformers reads them back differ from source layer
     ``layer``'s; None when they do not."""
     out_doc, src_doc = out.get_text_config().to_dict(), source.get_text_config().to_dict()
-    for key in sorted(class_per_layer_keys(out_doc.get("model_type")) or ()):
+    for key in facts:
         got, want = _at(out_doc.get(key), i), _at(src_doc.get(key), layer)
         if got != want:
             return f"has {key} {want!r}, but a {family} config makes it {got!r} in this place"

@@ -93,6 +93,23 @@ def source_layer_count(cfg: Mapping[str, Any]) -> int | None:
     return None
 
 
+def derived_lists(cfg: Mapping[str, Any]) -> dict[str, list[Any]] | None:
+    """The per-layer lists transformers' config class makes of ``cfg`` (the layers' part of a config.json), those it
+    derives from other keys included (GLM-5's ``indexer_types`` from ``index_topk_freq``); None when transformers
+    is not installed, does not know the family or refuses ``cfg``."""
+    keys = class_per_layer_keys(cfg.get("model_type"))
+    if not keys:
+        return None
+    from transformers import CONFIG_MAPPING
+
+    with quiet_transformers():
+        try:
+            doc = CONFIG_MAPPING[cfg["model_type"]].from_dict(dict(cfg)).to_dict()
+        except Exception:  # the build check says what transformers makes of a config it refuses
+            return None
+    return {k: list(doc[k]) for k in keys if isinstance(doc.get(k), list)}
+
+
 def grown(config: Mapping[str, Any]) -> dict[str, Any] | None:
     """A copy of config.json ``config`` with one more layer in its layers' part, a copy of its last: what tells the
     tensors that grow with the layer count; None when that part has no layer count."""

@@ -49,7 +49,7 @@ from resumerge.plan.architecture import (
     layer_types_of,
     prefix_key,
 )
-from resumerge.plan.layerfacts import REUSES_EARLIER, entry_of, per_layer_keys, reindexed
+from resumerge.plan.layerfacts import REUSES_EARLIER, derived_lists, entry_of, per_layer_keys, reindexed
 from resumerge.plan.mtp import MtpOutcome, set_mtp_count
 from resumerge.plan.skiplists import set_skipped_layers
 
@@ -97,6 +97,7 @@ def build_out_config(
         wanted = [_layer_type(models, donor, model, layer) for model, layer in origins]
         if isinstance(target.get("layer_types"), list) or wanted != layer_types_of(target, len(origins)):
             target["layer_types"] = wanted
+    _set_derived(target, models, origins)
     _set_dense_layers(target, models, origins, config)
     set_mtp_count(target, mtp)
     _set_vocab(target, tensors)
@@ -131,6 +132,25 @@ def _per_layer(models: Mapping[str, ModelInput], donor: str, key: str, model: st
     # Neither the source model nor the donor describes this layer: repeat the donor's last entry.
     values = layer_config(models[donor].config).get(key)
     return values[-1] if isinstance(values, (list, str)) and values else None
+
+
+def _set_derived(
+    target: dict[str, Any], models: Mapping[str, ModelInput], origins: tuple[tuple[str, int], ...]
+) -> None:
+    """Write the per-layer lists the donor's config.json leaves for transformers to derive (GLM-5's
+    ``indexer_types`` from ``index_topk_freq``) where the derivation for the output would give other entries than
+    its source layers had. Needs transformers; without it the build check says it did not run."""
+    derived = {key: derived_lists(layer_config(models[key].config)) for key in {m for m, _ in origins}}
+    out = derived_lists(target)
+    if out is None or any(d is None for d in derived.values()):
+        return
+    for key in sorted(out):
+        if key in target:
+            continue
+        lists = [derived[m].get(key) for m, _ in origins]  # type: ignore[union-attr]
+        wanted = [v[i] if v is not None and i < len(v) else None for v, (_, i) in zip(lists, origins)]
+        if None not in wanted and wanted != out[key]:
+            target[key] = wanted
 
 
 def _refuse_reuse_first(target: Mapping[str, Any], origins: tuple[tuple[str, int], ...], config: MergeConfig) -> None:
