@@ -1,5 +1,6 @@
 """Tiny models of the newest layer stacks from transformers 5.24 configs: Gemma 4 (per-layer embeddings, a
-per-layer override map, sliding/full layers), GLM-5 (``glm_moe_dsa``: ``indexer_types``, ``mlp_layer_types``),
+per-layer override map, sliding/full layers; and one without per-layer embeddings whose last layers share keys and
+values), GLM-5 (``glm_moe_dsa``: ``indexer_types``, ``mlp_layer_types``),
 Nemotron-H (``layers_block_type`` with no layer count) and LFM2-MoE (``num_dense_layers``, conv/attention
 ``layer_types``). Each has four layers whose per-layer facts differ, so that a stack of slices changes every
 pattern; built by transformers' own init and saved by ``save_pretrained``."""
@@ -20,6 +21,8 @@ GEMMA4: Mapping[str, Any] = {
     "hidden_size_per_layer_input": 8, "sliding_window": 16, "max_position_embeddings": 64,
     "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
 }
+# Gemma 4 without per-layer embeddings (as the 31B model) and with its last two layers sharing keys and values
+GEMMA4_SHARED: Mapping[str, Any] = {**GEMMA4, "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 2}
 GLM5: Mapping[str, Any] = {
     "vocab_size": V, "hidden_size": H, "intermediate_size": 48, "moe_intermediate_size": 16, "num_hidden_layers": 4,
     "num_attention_heads": 4, "num_key_value_heads": 4, "n_shared_experts": 1, "n_routed_experts": 4,
@@ -41,7 +44,8 @@ LFM2_MOE: Mapping[str, Any] = {
     "max_position_embeddings": 64,
 }
 NEWEST: Mapping[str, tuple[str, Mapping[str, Any]]] = {
-    "gemma4": ("gemma4_text", GEMMA4), "glm5": ("glm_moe_dsa", GLM5), "nemotron_h": ("nemotron_h", NEMOTRON_H),
+    "gemma4": ("gemma4_text", GEMMA4), "gemma4_shared": ("gemma4_text", GEMMA4_SHARED),
+    "glm5": ("glm_moe_dsa", GLM5), "nemotron_h": ("nemotron_h", NEMOTRON_H),
     "lfm2_moe": ("lfm2_moe", LFM2_MOE),
 }
 

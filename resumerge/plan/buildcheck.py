@@ -74,7 +74,7 @@ def check_built(
             _refuse(i, model, layer, _param_difference(out, sources[model][1], i, layer, family), slice_path)
     if donor in sources:
         _refuse_packed(_packed(transformers, torch, configs[donor], sources[donor][1]), tensors)
-    _check_loose(out, tensors)
+        _check_loose(out, sources[donor][1], tensors)
     return []
 
 
@@ -139,13 +139,15 @@ def _param_difference(out: Any, source: Any, i: int, layer: int, family: Any) ->
     return None
 
 
-def _check_loose(model: Any, tensors: Mapping[str, TensorPlan]) -> None:
-    """Refuse a planned tensor outside the layers whose shape the output model does not have."""
+def _check_loose(model: Any, donor: Any, tensors: Mapping[str, TensorPlan]) -> None:
+    """Refuse a planned tensor outside the layers that the output ``model`` holds with another shape than the
+    ``donor``'s model does (the donor's is the one planned: the new stack changed what the tensor must be)."""
+    before = {n: tuple(p.shape) for n, p in donor.named_parameters()}
     for name, param in model.named_parameters():
-        planned = tensors.get(name)
-        if _LAYER_PARAM.match(name) is None and planned is not None and tuple(planned.shape) != tuple(param.shape):
+        if _LAYER_PARAM.match(name) is None and name in tensors and before.get(name, tuple(param.shape)) != param.shape:
             raise ConfigError(
-                f"{name} is planned as {list(planned.shape)} but the output model holds it as {list(param.shape)}",
+                f"{name} is planned as {list(before[name])} (as in its model) but the output model holds it as "
+                f"{list(param.shape)}",
                 yaml_path="slices",
                 hint="choose slices whose layers the family's config can describe in that order",
             )

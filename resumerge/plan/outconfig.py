@@ -10,7 +10,9 @@ described by the source layer it was made from (``origins``):
 - every per-layer fact (:mod:`resumerge.plan.layerfacts`: the lists transformers' config class makes per layer,
   per-layer pattern strings, layer-index override maps) rebuilt entry by entry from the source layer's entry; the
   layer count is written where the donor has a count key (Nemotron-H's is its ``layers_block_type``'s length); a
-  stack whose first layer reuses an earlier layer's computation (GLM-5's "shared" indexer) is refused;
+  stack whose first layer reuses an earlier layer's computation (GLM-5's "shared" indexer) is refused; Gemma 4's
+  ``num_kv_shared_layers`` counts the trailing layers whose source layer shared keys and values (one sharing
+  before one that does not is refused);
 - ``layer_types`` written explicitly when the donor has none but its family derives one (Qwen2/3, Qwen2-MoE,
   Gemma 2, Gemma 3) and the derivation for the new layer count would give another list than the source layers
   had. ``max_window_layers`` and ``sliding_window_pattern`` are left as the donor's: transformers 5 consults them
@@ -45,6 +47,7 @@ from resumerge.plan.architecture import (
     is_head,
     is_input_embedding,
     layer_config,
+    layer_count,
     layer_count_key,
     layer_types_of,
     prefix_key,
@@ -98,6 +101,7 @@ def build_out_config(
         if isinstance(target.get("layer_types"), list) or wanted != layer_types_of(target, len(origins)):
             target["layer_types"] = wanted
     _set_derived(target, models, origins)
+    _set_shared_kv(target, models, origins, config)
     _set_dense_layers(target, models, origins, config)
     set_mtp_count(target, mtp)
     _set_vocab(target, tensors)
@@ -151,6 +155,34 @@ def _set_derived(
         wanted = [v[i] if v is not None and i < len(v) else None for v, (_, i) in zip(lists, origins)]
         if None not in wanted and wanted != out[key]:
             target[key] = wanted
+
+
+def _set_shared_kv(
+    target: dict[str, Any], models: Mapping[str, ModelInput], origins: tuple[tuple[str, int], ...],
+    config: MergeConfig,
+) -> None:
+    """Gemma 4's ``num_kv_shared_layers``: the last k layers reuse the keys and values of an earlier layer (and hold
+    no key or value projection). It becomes the number of trailing output layers whose source layer shared; a
+    sharing layer before one that computes its own is refused (the count cannot describe it)."""
+    if type(target.get("num_kv_shared_layers")) is not int:
+        return
+    shared = [_kv_shared(layer_config(models[m].config), i) for m, i in origins]
+    trailing = len(shared) - next((i + 1 for i in reversed(range(len(shared))) if not shared[i]), 0)
+    early = next((i for i in range(len(shared) - trailing) if shared[i]), None)
+    if early is not None:
+        raise ConfigError(
+            f"output layer {early} (layer {origins[early][1]} of {origins[early][0]}) reuses an earlier layer's keys "
+            f"and values but comes before output layer {len(shared) - trailing - 1}, which computes its own, and "
+            f"{target.get('model_type')} configs can share them only in the last layers (num_kv_shared_layers)",
+            yaml_path=slice_path(config, early),
+            hint="order the slices so that every layer sharing keys and values comes after the others",
+        )
+    target["num_kv_shared_layers"] = trailing
+
+
+def _kv_shared(cfg: Mapping[str, Any], layer: int) -> bool:
+    count, shared = layer_count(cfg), cfg.get("num_kv_shared_layers")
+    return type(shared) is int and count is not None and layer >= count - shared
 
 
 def _refuse_reuse_first(target: Mapping[str, Any], origins: tuple[tuple[str, int], ...], config: MergeConfig) -> None:
