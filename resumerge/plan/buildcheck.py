@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import ConfigError
 from resumerge.plan.architecture import layer_config
-from resumerge.plan.layerfacts import class_per_layer_keys, grown, quiet_transformers, source_layer_count
+from resumerge.plan.layerfacts import class_per_layer_keys, grown, quiet_transformers, same_stack
 
 if TYPE_CHECKING:
     from resumerge.plan.merge_plan import TensorPlan
@@ -47,8 +47,7 @@ def check_built(
     """Check that transformers builds the output ``out_config`` as the stack ``origins`` describes (module
     docstring); ``configs`` are the input models' config.json, ``slice_path(i)`` the YAML path of the slice making
     output layer ``i``. Returns the notes to show (none, or :data:`NOT_BUILT`); raises :class:`ConfigError`."""
-    donor_count = source_layer_count(layer_config(configs[donor]))
-    if origins == tuple((donor, i) for i in range(donor_count or 0)):
+    if same_stack(layer_config(configs[donor]), origins):
         return []  # the donor's own stack: its config describes it
     try:
         import torch

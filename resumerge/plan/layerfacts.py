@@ -81,6 +81,12 @@ def per_layer_keys(cfg: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+def same_stack(cfg: Mapping[str, Any], origins: tuple[tuple[str, int], ...]) -> bool:
+    """Whether ``origins`` is the stack ``cfg`` (the donor's layers' part of config.json) describes: as many layers,
+    each made from the layer of its own index (of whichever model)."""
+    return all(layer == i for i, (_, layer) in enumerate(origins)) and len(origins) == layer_count(cfg)
+
+
 def source_layer_count(cfg: Mapping[str, Any]) -> int | None:
     """The layer count of ``cfg``: its count key, else the length of a list the family's config class makes per
     layer (Nemotron-H, whose count is the length of ``layers_block_type``)."""

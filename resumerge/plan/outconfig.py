@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from resumerge.errors import ConfigError, ModelInputError
 from resumerge.plan.architecture import (
     MOE_LIST_SCHEME,
+    PER_LAYER_KEYS,
     PREFIX_SCHEME,
     QWEN_MOE_SCHEME,
     dense_mlp_layers,
@@ -52,7 +53,14 @@ from resumerge.plan.architecture import (
     layer_types_of,
     prefix_key,
 )
-from resumerge.plan.layerfacts import REUSES_EARLIER, derived_lists, entry_of, per_layer_keys, reindexed
+from resumerge.plan.layerfacts import (
+    REUSES_EARLIER,
+    derived_lists,
+    entry_of,
+    per_layer_keys,
+    reindexed,
+    same_stack,
+)
 from resumerge.plan.mtp import MtpOutcome, set_mtp_count
 from resumerge.plan.skiplists import set_skipped_layers
 
@@ -86,7 +94,10 @@ def build_out_config(
         out["architectures"] = [arch]
     target = layer_config(out)
     assert isinstance(target, dict)
-    facts = per_layer_keys(target)
+    # The donor's own stack (each output layer the layer of its index: every plain merge) keeps the lists resumerge
+    # names and asks nothing of transformers; a new stack carries every per-layer fact its family's config has.
+    same = same_stack(layer_config(models[donor].config), origins)
+    facts = tuple(k for k in PER_LAYER_KEYS if isinstance(target.get(k), list)) if same else per_layer_keys(target)
     count_key = layer_count_key(target)
     if count_key in target or not facts:  # Nemotron-H's count is its list's length: no count key is added
         target[count_key] = len(origins)
@@ -100,7 +111,8 @@ def build_out_config(
         wanted = [_layer_type(models, donor, model, layer) for model, layer in origins]
         if isinstance(target.get("layer_types"), list) or wanted != layer_types_of(target, len(origins)):
             target["layer_types"] = wanted
-    _set_derived(target, models, origins)
+    if not same:
+        _set_derived(target, models, origins)
     _set_shared_kv(target, models, origins, config)
     _set_dense_layers(target, models, origins, config)
     set_mtp_count(target, mtp)
