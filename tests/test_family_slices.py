@@ -206,10 +206,23 @@ def test_every_per_layer_list_of_every_causal_lm_config_is_found() -> None:
         left = lists - set(per_layer_keys(large))
         if left:
             missed[model_type] = sorted(left)
+        elif lists:  # and a stack of 4 made of layers 0, 0, 1, 2 carries each list's entries in that order
+            stack = (0, 0, 1, 2)  # (dense layers first, as dense-prefix families require)
+            written = _out_config(small, stack)
+            wrong = sorted(k for k in lists if written.get(k) != [small[k][i] for i in stack])
+            if wrong:
+                missed[model_type] = wrong
     assert missed == {}
     assert {"indexer_types", "mlp_layer_types", "layer_types"} <= set(per_layer_keys(
         {**NEWEST["glm5"][1], "model_type": "glm_moe_dsa", "indexer_types": ["full"] * 4,
          "mlp_layer_types": ["dense"] * 4, "layer_types": ["indexed_attention"] * 4}))
+
+
+def _out_config(doc: dict[str, Any], stack: tuple[int, ...]) -> dict[str, Any]:
+    """The output config.json of a passthrough stack of ``doc``'s layers ``stack`` (one model, "a")."""
+    models_in = {"a": ModelInput(ModelRef("a"), Path("a"), doc, {}, ())}
+    config = load_config_text(yaml.safe_dump(_slices(Path("a"), tuple((i, i + 1) for i in stack))))
+    return build_out_config(config, models_in, "a", tuple(("a", i) for i in stack), {})
 
 
 def test_without_transformers_the_lists_are_reindexed_and_the_build_check_says_it_did_not_run(
