@@ -234,3 +234,10 @@ def test_without_transformers_the_lists_are_reindexed_and_the_build_check_says_i
     assert check_built(cfg, {"a": cfg}, "a", (("a", 1), ("a", 0)), {}, lambda i: "slices") == [NOT_BUILT]
     assert check_built(cfg, {"a": cfg}, "a", (("a", 0), ("a", 1)), {}, lambda i: "slices") == []
     assert "no_rope_layers" in PER_LAYER_KEYS
+    # the lists resumerge names are re-indexed still: Nemotron-H's (whose length is its count) and GLM-5's
+    nemotron = {"model_type": "nemotron_h", "layers_block_type": ["mamba", "moe", "attention", "mlp"]}
+    written = _out_config(nemotron, (0, 1, 1, 2, 3))
+    assert written["layers_block_type"] == ["mamba", "moe", "moe", "attention", "mlp"]
+    assert "num_hidden_layers" not in written
+    glm = {"model_type": "glm_moe_dsa", "num_hidden_layers": 4, "indexer_types": ["full", "shared", "full", "shared"]}
+    assert _out_config(glm, (0, 1, 1, 2, 3))["indexer_types"] == ["full", "shared", "shared", "full", "shared"]

@@ -54,13 +54,17 @@ TIED_NAMES: Mapping[str, tuple[str, ...]] = {
 # Every name a head may be tied to: what is_input_embedding asks of each of a plan's 46k names.
 _TIED_ALTERNATIVES = frozenset(alt for alts in TIED_NAMES.values() for alt in alts)
 # Per-layer lists in config.json that must follow the output's layers (transformers 5 validates their length):
-# attention type, SmolLM3/Llama-4 NoPE flags, dense/sparse MLP type, per-layer head counts.
+# attention type, SmolLM3/Llama-4 NoPE flags, dense/sparse MLP type, per-layer head counts, GLM-5's indexer mode,
+# Nemotron-H's block type. What slices re-index when transformers is not installed; with it, every list its config
+# class makes per layer (resumerge.plan.layerfacts).
 PER_LAYER_KEYS = (
     "layer_types",
     "no_rope_layers",
     "mlp_layer_types",
     "num_attention_heads_per_layer",
     "num_key_value_heads_per_layer",
+    "indexer_types",
+    "layers_block_type",
 )
 
 

@@ -89,11 +89,11 @@ def same_stack(cfg: Mapping[str, Any], origins: tuple[tuple[str, int], ...]) -> 
 
 def source_layer_count(cfg: Mapping[str, Any]) -> int | None:
     """The layer count of ``cfg``: its count key, else the length of a list the family's config class makes per
-    layer (Nemotron-H, whose count is the length of ``layers_block_type``)."""
+    layer, or of one :data:`PER_LAYER_KEYS` names (Nemotron-H, whose count is the length of ``layers_block_type``)."""
     declared = layer_count(cfg)
     if declared is not None:
         return declared
-    for key in sorted(class_per_layer_keys(cfg.get("model_type")) or ()):
+    for key in (*sorted(class_per_layer_keys(cfg.get("model_type")) or ()), *PER_LAYER_KEYS):
         if isinstance(cfg.get(key), list):
             return len(cfg[key])
     return None
