@@ -68,12 +68,12 @@ def check_built(
                 problem = _fact_difference(out_cfg, sources[model][0], i, layer, family, facts)
                 _refuse(i, model, layer, problem, slice_path)
         out = _refusing(transformers, family, lambda: _model(transformers, torch, out_cfg))
-    for i, (model, layer) in enumerate(origins):
-        if model in sources:
-            _refuse(i, model, layer, _param_difference(out, sources[model][1], i, layer, family), slice_path)
-    if donor in sources:
-        _refuse_packed(_packed(transformers, torch, configs[donor], sources[donor][1]), tensors)
-        _check_loose(out, sources[donor][1], tensors)
+        for i, (model, layer) in enumerate(origins):
+            if model in sources:
+                _refuse(i, model, layer, _param_difference(out, sources[model][1], i, layer, family), slice_path)
+        if donor in sources:
+            _refuse_packed(_packed(transformers, torch, configs[donor], sources[donor][1]), tensors)
+            _check_loose(out, sources[donor][1], tensors)
     return []
 
 

@@ -23,12 +23,12 @@ from typing import Any
 
 from resumerge.plan.architecture import LAYER_COUNT_KEYS, PER_LAYER_KEYS, layer_config, layer_count
 
-# The layer counts a family's config class is built with to see which of its lists follow the count: two that no
-# family's default pattern divides evenly into (a list that is per layer has either length).
+# The layer counts a family's config class is built with to see which of its lists follow the count: two, so that a
+# list whose default length only happens to equal one of them is not taken for a per-layer one.
 _PROBE_COUNTS = (5, 7)
 # Per-layer values that reuse what an earlier layer of the stack computed: a stack cannot begin with one (nothing
 # before it computed it). GLM-5's "shared" indexer reuses the previous "full" layer's top-k selection.
-REUSES_EARLIER = {"indexer_types": "shared"}
+REUSES_EARLIER: tuple[tuple[str, str], ...] = (("indexer_types", "shared"),)
 
 
 def class_per_layer_keys(model_type: Any) -> frozenset[str] | None:

@@ -199,7 +199,7 @@ def _kv_shared(cfg: Mapping[str, Any], layer: int) -> bool:
 
 def _refuse_reuse_first(target: Mapping[str, Any], origins: tuple[tuple[str, int], ...], config: MergeConfig) -> None:
     """A stack whose first layer reuses what an earlier layer computed (GLM-5's "shared" indexer) is refused."""
-    for key, marker in REUSES_EARLIER.items():
+    for key, marker in REUSES_EARLIER:
         values = target.get(key)
         if isinstance(values, list) and values and values[0] == marker:
             raise ConfigError(
