@@ -48,6 +48,9 @@ STACKS: dict[str, tuple[tuple[tuple[int, int], ...], dict[str, Any], tuple[str, 
     "nemotron_h": (((0, 2), (1, 4)),
                    {"layers_block_type": ["linear_attention", "moe", "moe", "full_attention", "mlp"]},
                    ("num_hidden_layers",)),
+    # Nemotron-H as hub configs are written: hybrid_override_pattern (M Mamba, E MoE, * attention, - MLP) and a count
+    "nemotron_h-pattern": (((0, 2), (1, 4)), {"hybrid_override_pattern": "MEE*-", "num_hidden_layers": 5},
+                           ("layers_block_type",)),
     "glm5": (((0, 2), (1, 4)),
              {"num_hidden_layers": 5, "indexer_types": ["full", "shared", "shared", "full", "shared"],
               "mlp_layer_types": ["dense", "sparse", "sparse", "sparse", "sparse"], "index_topk_pattern": "FSSFS",
@@ -88,6 +91,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]
     del doc["indexer_types"], doc["index_topk_pattern"]
     (built["glm5-derived"] / "config.json").write_text(json.dumps({**doc, "index_topk_freq": 2,
                                                                     "index_skip_topk_offset": 1}))
+    built["nemotron_h-pattern"] = shutil.copytree(built["nemotron_h"], root / "nemotron_h-pattern")
+    doc = json.loads((built["nemotron_h-pattern"] / "config.json").read_text())
+    del doc["layers_block_type"]
+    (built["nemotron_h-pattern"] / "config.json").write_text(json.dumps({**doc, "hybrid_override_pattern": "ME*-",
+                                                                          "num_hidden_layers": 4}))
     yield built
 
 
@@ -117,7 +125,7 @@ def test_a_stack_of_slices_carries_every_per_layer_fact(family: str, models: dic
     assert not set(absent) & set(written)
     # byte-equal, renumbered
     layers = [i for start, end in ranges for i in range(start, end)]
-    prefix = "backbone.layers." if family == "nemotron_h" else "model.layers."
+    prefix = "backbone.layers." if family.startswith("nemotron_h") else "model.layers."
     assert written["model_type"] == NEWEST[family.split("-")[0]][0]
     expected = _renumbered(_tensors(source), layers, prefix)
     got = _tensors(out)
