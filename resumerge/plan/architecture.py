@@ -54,13 +54,17 @@ TIED_NAMES: Mapping[str, tuple[str, ...]] = {
 # Every name a head may be tied to: what is_input_embedding asks of each of a plan's 46k names.
 _TIED_ALTERNATIVES = frozenset(alt for alts in TIED_NAMES.values() for alt in alts)
 # Per-layer lists in config.json that must follow the output's layers (transformers 5 validates their length):
-# attention type, SmolLM3/Llama-4 NoPE flags, dense/sparse MLP type, per-layer head counts.
+# attention type, SmolLM3/Llama-4 NoPE flags, dense/sparse MLP type, per-layer head counts, GLM-5's indexer mode,
+# Nemotron-H's block type. What slices re-index when transformers is not installed; with it, every list its config
+# class makes per layer (resumerge.plan.layerfacts).
 PER_LAYER_KEYS = (
     "layer_types",
     "no_rope_layers",
     "mlp_layer_types",
     "num_attention_heads_per_layer",
     "num_key_value_heads_per_layer",
+    "indexer_types",
+    "layers_block_type",
 )
 
 
@@ -259,7 +263,7 @@ def layer_types_of(config: Mapping[str, Any], count: int | None = None) -> list[
 
 # ---- MoE models with dense layers ----------------------------------------------------------------------------
 QWEN_MOE_SCHEME = "mlp_only_layers"  # Qwen2-MoE, Qwen3-MoE, Qwen3-Next: a list plus decoder_sparse_step
-PREFIX_SCHEME = "first_k_dense_replace"  # DeepSeek-V2/V3, GLM-4-MoE: the first k layers are dense
+PREFIX_SCHEME = "first_k_dense_replace"  # DeepSeek-V2/V3, GLM-4-MoE, LFM2-MoE: the first k layers are dense
 MOE_LIST_SCHEME = "moe_layers"  # Llama-4: the list of MoE layers, else every interleave_moe_layer_step-th
 
 
@@ -283,10 +287,16 @@ def dense_mlp_layers(config: Mapping[str, Any]) -> tuple[str, frozenset[int]] | 
         step = int(cfg.get("interleave_moe_layer_step") or 1)
         moe = {int(i) for i in listed} if isinstance(listed, list) else set(range(step - 1, n, step))
         return MOE_LIST_SCHEME, frozenset(i for i in range(n) if i not in moe)
-    first = cfg.get("first_k_dense_replace")
+    first = cfg.get(prefix_key(cfg))
     if type(first) is int:
         return PREFIX_SCHEME, frozenset(range(min(first, n)))
     return None
+
+
+def prefix_key(config: Mapping[str, Any]) -> str:
+    """The key of a dense-prefix MoE config's count of leading dense layers: LFM2-MoE's ``num_dense_layers``,
+    else ``first_k_dense_replace`` (DeepSeek, GLM)."""
+    return "num_dense_layers" if type(config.get("num_dense_layers")) is int else "first_k_dense_replace"
 
 
 # ---- mixing architectures ------------------------------------------------------------------------------------

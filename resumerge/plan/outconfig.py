@@ -7,8 +7,12 @@ described by the source layer it was made from (``origins``):
 
 - the layer count under the family's key (``num_hidden_layers``; ``n_layer`` for GPT-2 style configs; inside
   ``text_config`` for wrapper configs);
-- per-layer lists (:data:`~resumerge.plan.architecture.PER_LAYER_KEYS`) rebuilt entry by entry from the source
-  layer's entry;
+- every per-layer fact (:mod:`resumerge.plan.layerfacts`: the lists transformers' config class makes per layer,
+  per-layer pattern strings, layer-index override maps) rebuilt entry by entry from the source layer's entry; the
+  layer count is written where the donor has a count key (Nemotron-H's is its ``layers_block_type``'s length); a
+  stack whose first layer reuses an earlier layer's computation (GLM-5's "shared" indexer) is refused; Gemma 4's
+  ``num_kv_shared_layers`` counts the trailing layers whose source layer shared keys and values (one sharing
+  before one that does not is refused);
 - ``layer_types`` written explicitly when the donor has none but its family derives one (Qwen2/3, Qwen2-MoE,
   Gemma 2, Gemma 3) and the derivation for the new layer count would give another list than the source layers
   had. ``max_window_layers`` and ``sliding_window_pattern`` are left as the donor's: transformers 5 consults them
@@ -16,8 +20,9 @@ described by the source layer it was made from (``origins``):
 - MoE dense layers: Qwen-MoE ``mlp_only_layers`` becomes the output indices whose source layer was dense
   (``decoder_sparse_step`` is reset to 1 when the donor's step would make other layers dense); Llama-4
   ``moe_layers`` the output indices whose source layer had experts (written even where the donor derived it from
-  ``interleave_moe_layer_step``); DeepSeek/GLM ``first_k_dense_replace`` becomes the number of leading dense
-  layers, and a dense layer after a sparse one is refused, naming its slice (that family cannot express it);
+  ``interleave_moe_layer_step``); DeepSeek/GLM ``first_k_dense_replace`` (LFM2-MoE ``num_dense_layers``) becomes
+  the number of leading dense layers, and a dense layer after a sparse one is refused, naming its slice (that
+  family cannot express it);
 - the MTP layer count (``num_nextn_predict_layers``) as :mod:`resumerge.plan.mtp` decided;
 - layer indices in ``quantization_config``'s skip lists (:mod:`resumerge.plan.skiplists`);
 - ``vocab_size`` from the output embedding's rows; a head whose rows differ is refused;
@@ -43,8 +48,18 @@ from resumerge.plan.architecture import (
     is_head,
     is_input_embedding,
     layer_config,
+    layer_count,
     layer_count_key,
     layer_types_of,
+    prefix_key,
+)
+from resumerge.plan.layerfacts import (
+    REUSES_EARLIER,
+    derived_lists,
+    entry_of,
+    per_layer_keys,
+    reindexed,
+    same_stack,
 )
 from resumerge.plan.mtp import MtpOutcome, set_mtp_count
 from resumerge.plan.skiplists import set_skipped_layers
@@ -79,16 +94,26 @@ def build_out_config(
         out["architectures"] = [arch]
     target = layer_config(out)
     assert isinstance(target, dict)
-    target[layer_count_key(target)] = len(origins)
-    for key in PER_LAYER_KEYS:
-        if key != "layer_types" and isinstance(target.get(key), list):
-            target[key] = [_per_layer(models, donor, key, model, layer) for model, layer in origins]
+    # The donor's own stack (each output layer the layer of its index: every plain merge) keeps the lists resumerge
+    # names and asks nothing of transformers; a new stack carries every per-layer fact its family's config has.
+    same = same_stack(layer_config(models[donor].config), origins)
+    facts = tuple(k for k in PER_LAYER_KEYS if isinstance(target.get(k), list)) if same else per_layer_keys(target)
+    count_key = layer_count_key(target)
+    if count_key in target or not facts:  # Nemotron-H's count is its list's length: no count key is added
+        target[count_key] = len(origins)
+    for key in facts:
+        if key != "layer_types":
+            target[key] = reindexed(key, target[key], [_per_layer(models, donor, key, m, i) for m, i in origins])
+    _refuse_reuse_first(target, origins, config)
     if isinstance(target.get("layer_types"), list) or derives_layer_types(target):
         # A source without the list (a config older than transformers' layer_types) counts with the types
         # transformers derives for it; a derived output list is written only where derivation would go wrong.
         wanted = [_layer_type(models, donor, model, layer) for model, layer in origins]
         if isinstance(target.get("layer_types"), list) or wanted != layer_types_of(target, len(origins)):
             target["layer_types"] = wanted
+    if not same:
+        _set_derived(target, models, origins)
+    _set_shared_kv(target, models, origins, config)
     _set_dense_layers(target, models, origins, config)
     set_mtp_count(target, mtp)
     _set_vocab(target, tensors)
@@ -116,11 +141,73 @@ def render_config(out_config: Mapping[str, Any]) -> bytes:
 def _per_layer(models: Mapping[str, ModelInput], donor: str, key: str, model: str, layer: int) -> Any:
     for source in (model, donor):
         values = layer_config(models[source].config).get(key)
-        if isinstance(values, list) and layer < len(values):
+        if isinstance(values, dict):  # a layer-index map: a layer it does not list has no overrides
+            return entry_of(values, layer)
+        if isinstance(values, (list, str)) and layer < len(values):
             return values[layer]
     # Neither the source model nor the donor describes this layer: repeat the donor's last entry.
     values = layer_config(models[donor].config).get(key)
-    return values[-1] if isinstance(values, list) and values else None
+    return values[-1] if isinstance(values, (list, str)) and values else None
+
+
+def _set_derived(
+    target: dict[str, Any], models: Mapping[str, ModelInput], origins: tuple[tuple[str, int], ...]
+) -> None:
+    """Write the per-layer lists the donor's config.json leaves for transformers to derive (GLM-5's
+    ``indexer_types`` from ``index_topk_freq``) where the derivation for the output would give other entries than
+    its source layers had. Needs transformers; without it the build check says it did not run."""
+    derived = {key: derived_lists(layer_config(models[key].config)) for key in {m for m, _ in origins}}
+    out = derived_lists(target)
+    if out is None or any(d is None for d in derived.values()):
+        return
+    for key in sorted(out):
+        if key in target:
+            continue
+        lists = [derived[m].get(key) for m, _ in origins]  # type: ignore[union-attr]
+        wanted = [v[i] if v is not None and i < len(v) else None for v, (_, i) in zip(lists, origins)]
+        if None not in wanted and wanted != out[key]:
+            target[key] = wanted
+
+
+def _set_shared_kv(
+    target: dict[str, Any], models: Mapping[str, ModelInput], origins: tuple[tuple[str, int], ...],
+    config: MergeConfig,
+) -> None:
+    """Gemma 4's ``num_kv_shared_layers``: the last k layers reuse the keys and values of an earlier layer (and hold
+    no key or value projection). It becomes the number of trailing output layers whose source layer shared; a
+    sharing layer before one that computes its own is refused (the count cannot describe it)."""
+    if type(target.get("num_kv_shared_layers")) is not int:
+        return
+    shared = [_kv_shared(layer_config(models[m].config), i) for m, i in origins]
+    trailing = len(shared) - next((i + 1 for i in reversed(range(len(shared))) if not shared[i]), 0)
+    early = next((i for i in range(len(shared) - trailing) if shared[i]), None)
+    if early is not None:
+        raise ConfigError(
+            f"output layer {early} (layer {origins[early][1]} of {origins[early][0]}) reuses an earlier layer's keys "
+            f"and values but comes before output layer {len(shared) - trailing - 1}, which computes its own, and "
+            f"{target.get('model_type')} configs can share them only in the last layers (num_kv_shared_layers)",
+            yaml_path=slice_path(config, early),
+            hint="order the slices so that every layer sharing keys and values comes after the others",
+        )
+    target["num_kv_shared_layers"] = trailing
+
+
+def _kv_shared(cfg: Mapping[str, Any], layer: int) -> bool:
+    count, shared = layer_count(cfg), cfg.get("num_kv_shared_layers")
+    return type(shared) is int and count is not None and layer >= count - shared
+
+
+def _refuse_reuse_first(target: Mapping[str, Any], origins: tuple[tuple[str, int], ...], config: MergeConfig) -> None:
+    """A stack whose first layer reuses what an earlier layer computed (GLM-5's "shared" indexer) is refused."""
+    for key, marker in REUSES_EARLIER:
+        values = target.get(key)
+        if isinstance(values, list) and values and values[0] == marker:
+            raise ConfigError(
+                f"output layer 0 (layer {origins[0][1]} of {origins[0][0]}) has {key} {marker!r}: it reuses the "
+                f"previous layer's, and the first layer of a {target.get('model_type')} stack has none before it",
+                yaml_path=slice_path(config, 0),
+                hint=f"begin the first slice on a layer whose {key} entry is not {marker!r}",
+            )
 
 
 def _layer_type(models: Mapping[str, ModelInput], donor: str, model: str, layer: int) -> str:
@@ -152,18 +239,18 @@ def _set_dense_layers(
         late = next((i for i in dense if i > 0 and i - 1 not in dense), None)
         if late is not None:
             moe_at = max(i for i in range(late) if i not in dense)
-            path = _slice_path(config, late)
+            path = slice_path(config, late)
             raise ConfigError(
                 f"output layer {late} (layer {origins[late][1]} of {origins[late][0]}) is dense (no experts) but "
                 f"comes after MoE output layer {moe_at}, and {target.get('model_type')} configs can describe dense "
-                "layers only at the start (first_k_dense_replace)",
+                f"layers only at the start ({prefix_key(target)})",
                 yaml_path=path,
                 hint="order the slices so that every dense source layer comes before the first MoE layer",
             )
-        target["first_k_dense_replace"] = len(dense)
+        target[prefix_key(target)] = len(dense)
 
 
-def _slice_path(config: MergeConfig, layer: int) -> str:
+def slice_path(config: MergeConfig, layer: int) -> str:
     """The YAML path of the slice that makes output ``layer`` (``slices`` when the config has no slices)."""
     start = 0
     for sl in config.slices or ():

@@ -29,6 +29,7 @@ from resumerge.plan.architecture import (
     is_head,
     is_input_embedding,
 )
+from resumerge.plan.buildcheck import check_built
 from resumerge.plan.copies import stored_copy
 from resumerge.plan.experts import mark_expert_stacks
 from resumerge.plan.filters import FilterTally
@@ -59,7 +60,7 @@ from resumerge.plan.modules import plan_modules
 from resumerge.plan.mtp import MtpOutcome, plan_mtp
 from resumerge.plan.nonfloat import UNITS as NONFLOAT_UNITS
 from resumerge.plan.nonfloat import is_float, nonfloat_tensor
-from resumerge.plan.outconfig import build_out_config
+from resumerge.plan.outconfig import build_out_config, slice_path
 from resumerge.plan.parameters import ParameterResolver, Resolved, check_parameter_names, parameter_places
 from resumerge.plan.quantnotes import quantization_notes
 from resumerge.plan.sharding import assign_shards, output_naming, resolve_shard_size
@@ -195,6 +196,8 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     out_config = build_out_config(config, models, donor, tuple(origins), tensors, mtp=mtp)
     if vision_layers is not None:
         set_vision_layers(out_config, vision_layers)
+    notes.extend(check_built(out_config, {k: m.config for k, m in models.items()}, donor, tuple(origins), tensors,
+                             lambda i: slice_path(config, i)))
     headers: dict[str, bytes] = {}
     if gguf:  # a GGUF file (or gguf-split's files) instead of safetensors shards, each header fixed here
         from resumerge.plan.ggufout import gguf_output
