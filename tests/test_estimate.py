@@ -167,7 +167,7 @@ def test_plan_exit_codes_and_json_schema(tmp_path: Path, make: ModelFactory,
 
 
 @pytest.mark.slow
-def test_peak_rss_estimate_is_within_25_percent_of_a_real_run(tmp_path: Path, make: ModelFactory) -> None:
+def test_peak_rss_estimate_is_never_under_a_real_run_and_within_35_percent_over(tmp_path: Path, make: ModelFactory) -> None:
     a, b = make("a", seed=1, **MID), make("b", seed=2, **MID)
     cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
     free = _plan_json(cfg, tmp_path / "free")
@@ -187,7 +187,9 @@ def test_peak_rss_estimate_is_within_25_percent_of_a_real_run(tmp_path: Path, ma
         estimated = memory["peak_bytes"]
         print(f"{name}: estimated {estimated / 1e6:.0f} MB ({memory['baseline_bytes'] / 1e6:.0f} + "
               f"{memory['working_set_bytes'] / 1e6:.0f}), measured {peak / 1e6:.0f} MB")
-        assert 0.75 <= estimated / peak <= 1.25, f"{name}: estimated {estimated}, measured {peak}"
+        # Under is the danger (an OOM after "fits"), so the floor is tight; over is the price of counting a fresh
+        # process's whole baseline (torch's mapped libraries included) as --max-memory now does: 1.16-1.26x here.
+        assert 0.9 <= estimated / peak <= 1.35, f"{name}: estimated {estimated}, measured {peak}"
 
 
 def test_hub_downloads_are_estimated_from_metadata_and_drop_once_verified(

@@ -262,7 +262,10 @@ def test_check_reads_a_hub_gguf_by_range_as_it_reads_the_local_file(tmp_path: Pa
     # model's head is), kept on disk until its turn rather than leaving the file unchecked.
     monkeypatch.setattr(integrity, "MAX_HELD", 4096)
     hub = api.check(f"hf://{REPO}/{FILE}@main", prompts=prompts, state_dir=tmp_path / "s-hub")
-    assert hub.verdict == local.verdict == "works"
+    # A tiny random model alone is judged against the uniform guess only (its NLL is above it: broken); what is
+    # tested here is that the hub check reads what the local one reads.
+    assert hub.verdict == local.verdict and hub.reasons == local.reasons
+    assert local.verdict == "works" or "worse than a guess" in " ".join(local.reasons), local.reasons
     assert hub.to_json()["models"][0]["nll"] == local.to_json()["models"][0]["nll"]
     assert hub.to_json()["static"] == local.to_json()["static"]
     bodies = [r for r in iter_requests(gguf_hub, "GET") if r.sent]
