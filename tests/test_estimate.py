@@ -167,7 +167,8 @@ def test_plan_exit_codes_and_json_schema(tmp_path: Path, make: ModelFactory,
 
 
 @pytest.mark.slow
-def test_peak_rss_estimate_is_never_under_a_real_run_and_within_35_percent_over(tmp_path: Path, make: ModelFactory) -> None:
+def test_peak_rss_estimate_is_never_under_a_real_run_and_within_35_percent_over(tmp_path: Path,
+                                                                                 make: ModelFactory) -> None:
     a, b = make("a", seed=1, **MID), make("b", seed=2, **MID)
     cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
     free = _plan_json(cfg, tmp_path / "free")
