@@ -10,11 +10,11 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from resumerge.check.card import run_state, update_card
 from resumerge.check.chart import write_drift_chart
@@ -37,7 +37,7 @@ from resumerge.check.static import TensorResult, layer_of, logical_shapes, stati
 from resumerge.check.strict import finite
 from resumerge.check.tokens import cached_sequences
 from resumerge.check.verdict import THRESHOLDS, judge
-from resumerge.check.vocabs import SharedVocab
+from resumerge.check.vocabs import SharedVocab, model_rows
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir, is_default_state_root
 from resumerge.errors import InterruptedMerge, UsageError
@@ -395,7 +395,7 @@ def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int |
 def _report(models: list[Checked], static: StaticFigures, figures: PassFigures | None,
             tokens: list[list[int]], vocab: SharedVocab | None = None) -> CheckReport:
     roles, paths = [m.role for m in models], [m.path for m in models]
-    vocab_size = _vocab(models[0].opened.config)
+    vocab_size = model_rows(models[0].opened.config)
     verdict, reasons, layer = judge(roles, paths, static, figures, vocab_size)
     entries = []
     for i, m in enumerate(models):
@@ -425,12 +425,3 @@ def compared_line(roles: list[str], vocab: int | None) -> str:
                if vocab else "")
     return ("nothing: no base or parent was given or recorded, so only the merge's own tensors (NaN, Inf)"
             f"{uniform} were judged; KL, drift, the layer that departs and `no effect` need --base or --parent")
-
-
-def _vocab(config: Mapping[str, Any]) -> int | None:
-    """The vocabulary size a model's config names (a multimodal model's in its text config)."""
-    found = config.get("vocab_size")
-    text = config.get("text_config")
-    if found is None and isinstance(text, dict):
-        found = text.get("vocab_size")
-    return found if isinstance(found, int) and not isinstance(found, bool) else None

@@ -16,6 +16,7 @@ import os
 import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from resumerge.errors import ResumergeError
 from resumerge.inputs.safetensors_format import ShardLayout
@@ -41,6 +42,30 @@ def hasher() -> ThreadPoolExecutor:
         if _HASHER is None:
             _HASHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="resumerge-hash")
         return _HASHER
+
+
+def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` of ``fd`` (pwrite may write less than it was given)."""
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:], offset + done)
+
+
+def close_as_planned(fd: int, layout: ShardLayout, final: Path) -> None:
+    """fsync and close ``fd`` (closed whatever happens), then hold what is on disk to the planned header and size:
+    the header's bytes are compared, not parsed again (the layout that made them is valid; parsing a header of
+    thousands of tensors per shard cost more than writing them). The check of every file a writer finishes."""
+    try:
+        sync_file(fd)
+        size = os.fstat(fd).st_size
+        header = os.pread(fd, len(layout.header), 0)
+    finally:
+        os.close(fd)
+    killpoints.reach("after_fsync")
+    if header != layout.header:
+        raise ResumergeError(f"internal: {final.name}'s header is not the planned one")
+    if size != layout.file_size:
+        raise ResumergeError(f"internal: {final.name} is {size} bytes, planned {layout.file_size}")
 
 
 def start_hashing() -> None:
@@ -148,7 +173,7 @@ class ShardWriter:
     def _write(self, data: memoryview, offset: int) -> None:
         """Write ``data`` at file offset ``offset``, hashing it on the way when it lies at the frontier."""
         if offset != self._frontier:
-            self._pwrite(data, offset)
+            pwrite_all(self._fd, data, offset)
             return
         # Hash on a helper thread while this one writes: both release the GIL, and sha256 alone costs as much CPU
         # as the write. Waiting before returning keeps the hash in file order and ``data`` alive while it is read.
@@ -156,16 +181,11 @@ class ShardWriter:
         if hashed is None:
             self._sha.update(data)
         try:
-            self._pwrite(data, offset)
+            pwrite_all(self._fd, data, offset)
         finally:
             if hashed is not None:
                 hashed.result()
         self._frontier += len(data)
-
-    def _pwrite(self, data: memoryview, offset: int) -> None:
-        done = 0
-        while done < len(data):
-            done += os.pwrite(self._fd, data[done:], offset + done)
 
     def _catch_up(self) -> None:
         """Move the frontier over every byte written ahead of it that it now reaches, hashing them as read back."""
@@ -205,19 +225,11 @@ class ShardWriter:
         try:
             self._reread_to(self.layout.file_size)  # a padded layout's tail of zeros (none for safetensors)
             killpoints.reach("after_temp_write")
-            sync_file(self._fd)
-            # What is on disk must be the planned header and size: the header's bytes are compared, not parsed
-            # again (the layout that made them is valid safetensors; parsing a header of thousands of tensors
-            # per shard cost more than writing them).
-            size = os.fstat(self._fd).st_size
-            header = os.pread(self._fd, len(self.layout.header), 0)
-            os.close(self._fd)
-            self._fd = -1
-            killpoints.reach("after_fsync")
-            if header != self.layout.header:
-                raise ResumergeError(f"internal: {self.final.name}'s header is not the planned one")
-            if size != self.layout.file_size or self._frontier != self.layout.file_size:
-                raise ResumergeError(f"internal: {self.final.name} is {size} bytes, planned {self.layout.file_size}")
+            if self._frontier != self.layout.file_size:
+                raise ResumergeError(f"internal: {self.final.name} is {self._frontier} bytes, planned "
+                                     f"{self.layout.file_size}")
+            fd, self._fd = self._fd, -1
+            close_as_planned(fd, self.layout, self.final)
             receipt = self.sink.publish(self.temp, self.name, self._sha.hexdigest())
         except OSError as exc:
             self.abort()

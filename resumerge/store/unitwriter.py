@@ -21,7 +21,7 @@ from resumerge.inputs.safetensors_format import ShardLayout
 from resumerge.inputs.tensorio import TORCH_DTYPES, tensor_bytes
 from resumerge.store import killpoints
 from resumerge.store.durable import fsync_dir, start_writeback, storage_error, sync_file
-from resumerge.store.shardwriter import hasher
+from resumerge.store.shardwriter import close_as_planned, hasher, pwrite_all
 from resumerge.store.sink import OutputSink, Receipt
 from resumerge.store.units import Unit, hash_range
 from resumerge.torch_import import torch
@@ -56,7 +56,7 @@ class UnitFileWriter:
         try:
             self._open()
             if self._pending and not self._pending[0].tensors:  # the header: fixed by the plan
-                self._pwrite(memoryview(layout.header), 0)
+                pwrite_all(self._fd, memoryview(layout.header), 0)
                 self._commit(self._pending.pop(0))
         except OSError as exc:
             self.abort()
@@ -95,7 +95,7 @@ class UnitFileWriter:
                 data = tensor_bytes(tensor.contiguous())
                 if self._done[stored] + len(data) > planned.nbytes:
                     raise ResumergeError(f"internal: {stored} got more bytes than planned")
-                self._pwrite(data, data_start + planned.offset + self._done[stored])
+                pwrite_all(self._fd, data, data_start + planned.offset + self._done[stored])
                 self._done[stored] += len(data)
                 self._unsent += len(data)
             if self._unsent >= _WRITEBACK_BYTES:
@@ -125,7 +125,7 @@ class UnitFileWriter:
         at = unit.start
         for start, size in [*spans, (unit.end, 0)]:
             if start > at:
-                self._pwrite(memoryview(bytes(start - at)), at)
+                pwrite_all(self._fd, memoryview(bytes(start - at)), at)
             at = max(at, start + size)
 
     def _commit(self, unit: Unit) -> None:
@@ -137,17 +137,11 @@ class UnitFileWriter:
         try:
             sha = hash_range(self._fd, unit.start, unit.end, self._sha.update if in_order else None, hasher())
         except EOFError as exc:  # cut short by another process since it was made
-            raise ResumergeError(f"{self.path} was cut short while it was written ({exc})",
-                                 hint="resume: the units it lost are written again") from None
+            raise self._cut_short(exc) from None
         if in_order:
             self._frontier = unit.end
         self._on_unit(unit.index, sha)
         killpoints.reach("after_unit_commit")
-
-    def _pwrite(self, data: memoryview, offset: int) -> None:
-        done = 0
-        while done < len(data):
-            done += os.pwrite(self._fd, data[done:], offset + done)
 
     def finish(self) -> tuple[int, str, Receipt]:
         """Hash the whole file, check its header and size, and publish it under its final name (a rename beside
@@ -157,24 +151,20 @@ class UnitFileWriter:
         try:
             killpoints.reach("after_temp_write")
             hash_range(self._fd, self._frontier, self.layout.file_size, self._sha.update)  # the units kept
-            sync_file(self._fd)
-            size = os.fstat(self._fd).st_size
-            header = os.pread(self._fd, len(self.layout.header), 0)
-            os.close(self._fd)
-            self._fd = -1
-            killpoints.reach("after_fsync")
-            if header != self.layout.header:
-                raise ResumergeError(f"internal: {self.final.name}'s header is not the planned one")
-            if size != self.layout.file_size:
-                raise ResumergeError(f"internal: {self.final.name} is {size} bytes, planned {self.layout.file_size}")
+            fd, self._fd = self._fd, -1
+            close_as_planned(fd, self.layout, self.final)
             receipt = self.sink.publish(self.path, self.name, self._sha.hexdigest())
         except (OSError, EOFError) as exc:
             self.abort()
             if isinstance(exc, EOFError):
-                raise ResumergeError(f"{self.path} was cut short while it was written ({exc})",
-                                     hint="resume: the units it lost are written again") from None
+                raise self._cut_short(exc) from None
             raise storage_error(exc, self.final) from exc
         return self.layout.file_size, self._sha.hexdigest(), receipt
+
+    def _cut_short(self, exc: EOFError) -> ResumergeError:
+        """The error of a file another process cut short while this one wrote it."""
+        return ResumergeError(f"{self.path} was cut short while it was written ({exc})",
+                              hint="resume: the units it lost are written again")
 
     def abort(self) -> None:
         """Close the file, keeping it: the units journaled in it are kept by the next run (never raises)."""
