@@ -18,43 +18,19 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-CONFIG = """merge_method: linear
-models:
-  - model: {a}
-    parameters: {{weight: 0.5}}
-  - model: {b}
-    parameters: {{weight: 0.5}}
-dtype: float32
-"""
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
 
-# Linux keeps a process's pre-exec RSS high-water mark in ru_maxrss: a tiny launcher forks the real command, so
-# wait4 reports the merge's peak alone.
-_LAUNCHER = (
-    "import os, sys\n"
-    "pid = os.fork()\n"
-    "if pid == 0:\n"
-    "    os.execv(sys.argv[1], sys.argv[1:])\n"
-    "_, status, usage = os.wait4(pid, 0)\n"
-    "print(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024)\n"
-)
+from bench_linear import CONFIG, run_measured  # noqa: E402  (the same linear config and launcher)
 
 SPECS = {
     "demo": {"layers": 6, "hidden": 64, "intermediate": 128, "vocab": 128, "shard_bytes": 150_000},
     "1GB": {"layers": 4, "hidden": 2048, "intermediate": 5632, "vocab": 16000, "heads": 16, "kv_heads": 4,
             "shard_bytes": 500_000_000},
 }
-
-
-def run_measured(argv: list[str]) -> tuple[float, int, int, str]:
-    """Run ``argv``; return (wall seconds, peak RSS bytes of that command alone, exit code, stderr)."""
-    start = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", _LAUNCHER, *argv], capture_output=True, text=True, check=False)
-    wall = time.monotonic() - start
-    code, peak = (int(x) for x in done.stdout.split()[-2:])
-    return wall, peak, code, done.stderr
 
 
 def make_inputs(work: Path, size: str) -> Path:
@@ -83,10 +59,10 @@ def one_run(config: Path, work: Path, budget: int | None) -> tuple[float, int, i
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(state, ignore_errors=True)
     options = [] if budget is None else ["--max-memory", str(budget)]
-    wall, peak, code, err = run_measured([sys.executable, "-m", "resumerge", "run", str(config), str(out), "--quiet",
-                                          "--state-dir", str(state), *options])
-    if code != 0:
-        sys.exit(f"run failed ({code}): {err[-2000:]}")
+    wall, peak, code = run_measured([sys.executable, "-m", "resumerge", "run", str(config), str(out), "--quiet",
+                                     "--state-dir", str(state), *options])
+    if code != 0:  # its stderr's end is printed by run_measured
+        sys.exit(f"run failed ({code})")
     status = subprocess.run([sys.executable, "-m", "resumerge", "status", str(out), "--state-dir", str(state),
                              "--json"], capture_output=True, text=True, check=True)
     return wall, peak, int(json.loads(status.stdout)["adaptations"])
