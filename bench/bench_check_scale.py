@@ -110,7 +110,7 @@ def budget(args: argparse.Namespace, env: dict[str, str]) -> None:
 _START = """
 import sys, time
 t0 = time.perf_counter()
-import resumerge.check.run, resumerge.cli.checkcmd
+import resumerge.analyses.check.run, resumerge.cli.checkcmd
 from resumerge.api.options import executor_option
 executor_option("local")
 t1 = time.perf_counter()

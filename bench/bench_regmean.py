@@ -10,8 +10,8 @@ linear weight of every layer nudged by seeded noise of 1 % of its own spread, th
 fresh process measured by bench_vs_mergekit's launcher (wall time, the process's own peak RSS): ``measure`` of the
 two fine-tunes over the built-in texts (and RegMean++'s merged pass), the ``regmean`` and ``regmean_plus`` merges
 of them on those Grams, and the ``task_arithmetic`` merge of them onto the base (weight 0.5 each, the same average
-of the task vectors a plain mean gives). Each merge is then checked (``resumerge.check``) against the base and the
-two fine-tunes. ``tsv``, ``iso_c`` and ``iso_cts`` merge the same two onto the base at ``scaling`` 0.5 (the
+of the task vectors a plain mean gives). Each merge is then checked (``resumerge.analyses.check``) against the base and
+the two fine-tunes. ``tsv``, ``iso_c`` and ``iso_cts`` merge the same two onto the base at ``scaling`` 0.5 (the
 task arithmetic row's weights: on the summed task vectors, 0.5 is their mean). ``--methods`` picks the merges
 (default: all; ``measure`` runs only for the regmean ones). ``--lora`` adds ``core_space`` rows: two rank-16 PEFT
 adapters of the base (q, v and down projections; factors seeded, scaled so each changes the model about as a

@@ -245,8 +245,8 @@ def test_moe_upcycling_of_gguf_models_equals_that_of_the_safetensors_they_were_c
 
 def test_a_gguf_tokenizer_transformers_cannot_rebuild_is_one_line_where_the_prompts_need_it(tmp_path: Path) -> None:
     from resumerge import api
-    from resumerge.check.models import find_models
-    from resumerge.check.prompts import load_tokenizer
+    from resumerge.analyses.check.models import find_models
+    from resumerge.analyses.check.prompts import load_tokenizer
     from resumerge.config.locations import StateDir
     from resumerge.errors import UsageError
 

@@ -18,7 +18,7 @@ import pytest
 from conftest import ModelFactory
 from support import cli_here, write_config
 
-from resumerge.check.models import open_checked
+from resumerge.analyses.check.models import open_checked
 from resumerge.config.locations import StateDir
 
 _COPIED = {"config.json", "generation_config.json"}  # and every tokenizer file: names starting "tokenizer"

@@ -70,8 +70,8 @@ def _refused(config: Path, out: Path, *words: str) -> None:
 
 
 def test_the_measurement_records_every_linear_and_each_files_sha256(measured: dict[str, Path]) -> None:
+    from resumerge.analyses.measure import status as measurestatus
     from resumerge.inputs import grams
-    from resumerge.measure import status as measurestatus
 
     assert (measurestatus.MANIFEST, measurestatus.LAYER_PREFIX) == (grams.MANIFEST, grams.LAYER_PREFIX)
     found = read_measurement(measured["grams"])

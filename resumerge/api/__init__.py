@@ -58,14 +58,14 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
-    from resumerge.check import CheckReport
-    from resumerge.check.progress import Step as CheckStep
+    from resumerge.analyses.check import CheckReport
+    from resumerge.analyses.check.progress import Step as CheckStep
+    from resumerge.analyses.measure.run import MeasureEstimate, MeasureReport
     from resumerge.engine.drive import Outcome
     from resumerge.engine.executor import Reporter
     from resumerge.engine.executors import Executor
     from resumerge.estimate.costs import Estimate
     from resumerge.inputs.codecs import CodecTable
-    from resumerge.measure.run import MeasureEstimate, MeasureReport
     from resumerge.plan.merge_plan import Plan
     from resumerge.recipes.estimate import RecipeEstimate
     from resumerge.recipes.view import RecipeStatus
@@ -251,7 +251,7 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport 
     from resumerge.store.statusview import read_status
 
     named(out)
-    from resumerge.measure.status import measure_status
+    from resumerge.analyses.measure.status import measure_status
 
     measuring = measure_status(out)  # a ``resumerge measure`` folder: its own record
     if measuring is not None:
@@ -264,7 +264,7 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport 
     try:
         report = read_status(out, state)
     except NothingRecordedError:  # no merge into it: a model that was only checked is followed by its check
-        from resumerge.check.progress import check_status
+        from resumerge.analyses.check.progress import check_status
 
         checked = None if str(out).startswith("hf://") else check_status(state.checks_dir, out)
         if checked is None:
@@ -277,7 +277,7 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport 
 def _with_check(report: StatusReport, out: PathLike, state: StateDir) -> StatusReport:
     """``report`` with the newest ``resumerge check`` of ``out`` (running: its layer and model; done: its
     verdict) added to what its kind of run said: a row, and ``check`` in the JSON."""
-    from resumerge.check.progress import describe, find_progress
+    from resumerge.analyses.check.progress import describe, find_progress
     from resumerge.store.statusview import Details
 
     if str(out).startswith("hf://"):
@@ -325,10 +325,10 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
     before any layer runs, or cut to the context with ``truncate_texts``. Models whose vocabularies differ are
     compared over the tokens they share (``report.shared_tokens``, ``report.vocabulary``); models that share none,
     or a text holding a token one lacks, are refused before any layer runs.
-    ``progress`` is told each step (a :class:`~resumerge.check.progress.Step`: the phase, the layer, the
+    ``progress`` is told each step (a :class:`~resumerge.analyses.check.progress.Step`: the phase, the layer, the
     model running, the tokens). Interrupted (Ctrl-C), it raises :class:`~resumerge.errors.InterruptedMerge` naming
     the layer reached, whose ``resume_command`` is the command that continues it."""
-    from resumerge.check.run import run_check
+    from resumerge.analyses.check.run import run_check
 
     on_ray, address = False, None
     if executor is not None:  # imported only then: api.checked brings the merge engine, which a local check never runs
@@ -350,7 +350,7 @@ def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
     killed measurement run again resumes at the layer it reached and writes the same bytes. ``progress`` is told
     each layer as it starts. A text longer than the models' context is refused naming its line, before anything
     is written, or cut to the context with ``truncate_texts`` (as ``check`` does)."""
-    from resumerge.measure.run import measure_grams
+    from resumerge.analyses.measure.run import measure_grams
 
     return measure_grams(config, out, texts=texts, on_progress=progress,
                          max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory,
@@ -362,7 +362,7 @@ def estimate_measure(config: PathLike, *, texts: PathLike | None = None,
     """What :func:`measure` of ``config`` over ``texts`` needs under ``max_memory``, like ``resumerge measure
     --plan``: each model's decoder layers and the memory of its pass, the smallest budget that fits and whether
     the budget does (``.fits``, ``.lines()``); reads headers and the texts, writes nothing."""
-    from resumerge.measure.run import estimate_measure as estimated
+    from resumerge.analyses.measure.run import estimate_measure as estimated
 
     return estimated(config, texts=texts,
                      max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory)

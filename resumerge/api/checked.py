@@ -10,8 +10,8 @@ from resumerge.engine.drive import Outcome
 from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
+    from resumerge.analyses.check import CheckReport
     from resumerge.api.runkind import PathLike
-    from resumerge.check import CheckReport
     from resumerge.config.locations import StateDir
 
 # The kinds whose output is a model made from a base and parents that its record names (an upcycled MoE and a
@@ -41,8 +41,8 @@ def checked(outcome: Outcome, *, state: StateDir, max_memory: int | None,
     """``outcome`` with the check of its output (the base and parents from its record), on the run's
     ``executor`` (see :func:`check_placement`); the run's ``reporter`` is told a line per layer of the check (its
     ``message``), as the merge's progress was."""
-    from resumerge.check.progress import layer_lines
-    from resumerge.check.run import run_check
+    from resumerge.analyses.check.progress import layer_lines
+    from resumerge.analyses.check.run import run_check
 
     on_ray, address = check_placement(executor)
     say = getattr(reporter, "message", None)
@@ -70,9 +70,9 @@ def check_placement(executor: object) -> tuple[bool, str | None]:
 
 def section_kept(outcome: Outcome, state: StateDir) -> Outcome:
     """``outcome`` of a ``resume``, after the last check's section is written back into the model card where the
-    resume rebuilt the card without it (:func:`resumerge.check.card.restore_section`)."""
+    resume rebuilt the card without it (:func:`resumerge.analyses.check.card.restore_section`)."""
     if outcome.target is None:  # a hub OUT's card is the repo's: a check makes no commit to it
-        from resumerge.check.card import restore_section
+        from resumerge.analyses.check.card import restore_section
 
         restore_section(outcome.out_dir, state)
     return outcome

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from resumerge.check.progress import Step
+from resumerge.analyses.check.progress import Step
 from resumerge.cli.render import StepBar, console, progress_mode
 from resumerge.memory.sizes import format_duration
 
@@ -18,7 +18,7 @@ _PHASES = {"static": "the static pass: every tensor of every model compared", "h
 
 
 class CheckProgress:
-    """Told each :class:`~resumerge.check.progress.Step` of a check; draws it (see the module docstring)."""
+    """Told each :class:`~resumerge.analyses.check.progress.Step` of a check; draws it (see the module docstring)."""
 
     def __init__(self, *, quiet: bool = False, stream: TextIO | None = None, mode: str | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:

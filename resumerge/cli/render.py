@@ -42,7 +42,7 @@ from resumerge.cli.trafficline import TrafficRates, traffic_line
 from resumerge.memory.sizes import format_duration, format_size
 
 if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
-    from resumerge.check.report import CheckReport
+    from resumerge.analyses.check.report import CheckReport
     from resumerge.engine.traffic import Traffic
     from resumerge.estimate.costs import Estimate
     from resumerge.recipes.estimate import RecipeEstimate
@@ -492,7 +492,7 @@ def show_check(report: CheckReport, stream: TextIO | None = None, *, width: int 
     """Print a check's report for a person: the models' figures (each model by a short name that tells it from
     the others, its full path listed once below), the verdict, its reasons and thresholds; it reads at 80
     columns."""
-    from resumerge.check.names import in_short, short_names
+    from resumerge.analyses.check.names import in_short, short_names
 
     out = console(stream or sys.stdout, width=width)
     paths = [m.path for m in report.models]
@@ -521,7 +521,7 @@ def show_check(report: CheckReport, stream: TextIO | None = None, *, width: int 
         out.print(f"  - {_escape(in_short(reason, paths, names))}")
     out.print("thresholds: " + ", ".join(f"{k} {v:g}" for k, v in report.thresholds.items()), style="dim")
     if report.chart is not None:
-        from resumerge.check.chart import COLOUR_NAMES
+        from resumerge.analyses.check.chart import COLOUR_NAMES
 
         legend = ", ".join(f"{COLOUR_NAMES[i % len(COLOUR_NAMES)]} {m.role} {name}"
                            for i, (m, name) in enumerate(zip(report.models[1:], names[1:])))

@@ -5,7 +5,7 @@ which compute the same numbers to the bit without importing transformers (a fres
 every resumed pass, 2.5 s shorter).
 
 One engine for every forward pass resumerge runs: the hidden-state gates of a mergekit-moe config
-(:mod:`resumerge.moe.forward`) and ``resumerge check`` (:mod:`resumerge.check`). :mod:`.reader` reads a model's
+(:mod:`resumerge.moe.forward`) and ``resumerge check`` (:mod:`resumerge.analyses.check`). :mod:`.reader` reads a model's
 logical tensors (plain or quantized) in the compute dtype, :mod:`.stream` builds the modules and runs the
 embeddings, one decoder layer, and the final norm with the head (logits), :mod:`.native` builds the common
 families' modules, and :mod:`.journal` saves the hidden states after a layer durably (temp file, fsync, rename) and

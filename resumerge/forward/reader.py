@@ -93,7 +93,7 @@ class CastReader:
             self._sources = InputSources.local({key: str(weights.directory)})
         self._files: dict[str, BinaryIO] = {}
         # Shown each tensor :meth:`read` returns, by name, before the caller has it (the check's static figures
-        # are taken from its forward pass's reads: resumerge.check.folded).
+        # are taken from its forward pass's reads: resumerge.analyses.check.folded).
         self.watch: Callable[[str, torch.Tensor], None] | None = None
 
     @property

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from resumerge import api
-from resumerge.check.card import BEGIN, END, render_section, update_card
-from resumerge.check.report import CheckReport, ModelFigures, StaticFigures
+from resumerge.analyses.check.card import BEGIN, END, render_section, update_card
+from resumerge.analyses.check.report import CheckReport, ModelFigures, StaticFigures
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.locations import RunLocations, StateDir
 from resumerge.store.manifest import manifest_path, read_manifest

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from resumerge import api
-from resumerge.check.card import BEGIN
+from resumerge.analyses.check.card import BEGIN
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.locations import RunLocations
 from resumerge.store.manifest import manifest_path

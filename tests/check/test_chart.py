@@ -7,8 +7,8 @@ from __future__ import annotations
 import struct
 import zlib
 
-from resumerge.check.chart import _LIMIT, _TEXT, COLOURS, WIDTH, _Canvas, drift_png
-from resumerge.check.glyphs import GLYPH_HEIGHT, text_width
+from resumerge.analyses.check.chart import _LIMIT, _TEXT, COLOURS, WIDTH, _Canvas, drift_png
+from resumerge.analyses.check.glyphs import GLYPH_HEIGHT, text_width
 
 
 def _pixels(png: bytes) -> list[bytes]:

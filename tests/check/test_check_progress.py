@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from resumerge.check.progress import Step
+from resumerge.analyses.check.progress import Step
 from resumerge.cli.checkprogress import CheckProgress
 from resumerge.cli.modelgen import ModelSpec, make_model
 

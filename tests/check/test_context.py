@@ -1,6 +1,6 @@
 """Texts longer than the models' context (issue 70): one rule for ``check`` and ``measure``
-(:func:`resumerge.check.prompts.bounded`): a text past the context is refused in one line naming its line and the
-limit (exit 2, before any layer runs or anything is written), or cut to the context with ``--truncate-texts``. A
+(:func:`resumerge.analyses.check.prompts.bounded`): a text past the context is refused in one line naming its line and
+the limit (exit 2, before any layer runs or anything is written), or cut to the context with ``--truncate-texts``. A
 1 MB line held ``measure`` in one layer's attention for minutes, past Ctrl-C; now a SIGINT finds it answered.
 
 Tiny generated models (two layers, width 32, a byte-level tokenizer, a context of 128 positions)."""

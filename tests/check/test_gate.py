@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from resumerge import api
-from resumerge.check.report import BROKEN, CheckReport
+from resumerge.analyses.check.report import BROKEN, CheckReport
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 

@@ -16,7 +16,7 @@ from realmodel import smollm2_folder, smollm2_gguf
 from support import write_config
 
 from resumerge import api
-from resumerge.check.report import BROKEN, WORKS
+from resumerge.analyses.check.report import BROKEN, WORKS
 from resumerge.cli.commands import main
 
 pytest.importorskip("transformers")

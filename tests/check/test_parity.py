@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from resumerge.check.models import Checked
-from resumerge.check.passes import PassFigures, forward_pass, streams_of
+from resumerge.analyses.check.models import Checked
+from resumerge.analyses.check.passes import PassFigures, forward_pass, streams_of
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import ModelInputError
 from resumerge.forward import Weights

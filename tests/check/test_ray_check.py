@@ -27,8 +27,8 @@ from raycluster import ray_cluster
 from support import one_thread
 
 from resumerge import api
-from resumerge.check.progress import find_progress
-from resumerge.check.report import CheckReport
+from resumerge.analyses.check.progress import find_progress
+from resumerge.analyses.check.report import CheckReport
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.engine.executors import RayExecutor
 
@@ -123,7 +123,7 @@ def test_a_check_runs_where_the_executor_object_says() -> None:
 
 def test_run_check_hands_the_check_its_run_s_executor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``run --check`` checks where the run ran: its executor reaches the check (a cluster's address included)."""
-    import resumerge.check.run
+    import resumerge.analyses.check.run
     from resumerge.api.checked import checked
     from resumerge.config.locations import StateDir
     from resumerge.engine.executors import LocalExecutor
@@ -133,7 +133,7 @@ def test_run_check_hands_the_check_its_run_s_executor(tmp_path: Path, monkeypatc
     def placed(*_: object, on_ray: bool, ray_address: str | None, **__: object) -> None:
         seen.append((on_ray, ray_address))
 
-    monkeypatch.setattr(resumerge.check.run, "run_check", placed)
+    monkeypatch.setattr(resumerge.analyses.check.run, "run_check", placed)
     _merged(tmp_path)
     ran = api.run(tmp_path / "merge.yml", tmp_path / "again", state_dir=tmp_path / "state", check=True,
                   executor=LocalExecutor())
@@ -169,7 +169,7 @@ def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stop
     the memory each actor declared."""
     import ray
 
-    import resumerge.check.passes
+    import resumerge.analyses.check.passes
     from resumerge.errors import UnreachableError
     from resumerge.torch_import import IMPORT_RESERVE
 
@@ -195,7 +195,7 @@ def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stop
                 started.remove_node(victim)
                 left.remove(victim)
 
-        monkeypatch.setattr(resumerge.check.passes, "reach", lose)
+        monkeypatch.setattr(resumerge.analyses.check.passes, "reach", lose)
         state = lost / "spare"
         report = api.check(out, prompts=texts, state_dir=state, executor=on_cluster)
         spare = cluster.node_ids() - set(nodes[0])

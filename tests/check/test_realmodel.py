@@ -20,7 +20,7 @@ from realmodel import smollm2_folder
 from support import write_config
 
 from resumerge import api
-from resumerge.check.report import BROKEN, NO_EFFECT, WORKS, CheckReport
+from resumerge.analyses.check.report import BROKEN, NO_EFFECT, WORKS, CheckReport
 from resumerge.errors import EXIT_BROKEN, EXIT_NO_EFFECT
 
 pytest.importorskip("transformers")

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from resumerge import api
-from resumerge.check.card import BEGIN, END, render_section
-from resumerge.check.names import short_names
-from resumerge.check.report import CheckReport, ModelFigures, StaticFigures
+from resumerge.analyses.check.card import BEGIN, END, render_section
+from resumerge.analyses.check.names import short_names
+from resumerge.analyses.check.report import CheckReport, ModelFigures, StaticFigures
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.cli.render import show_check
 

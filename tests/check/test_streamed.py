@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from resumerge.check import heads, static
-from resumerge.check.models import Checked
-from resumerge.check.passes import batches_of, forward_pass, streams_of
-from resumerge.check.static import static_pass
+from resumerge.analyses.check import heads, static
+from resumerge.analyses.check.models import Checked
+from resumerge.analyses.check.passes import batches_of, forward_pass, streams_of
+from resumerge.analyses.check.static import static_pass
 from resumerge.config.modelref import ModelRef
 from resumerge.inputs.model import open_model
 from resumerge.torch_import import torch
@@ -61,10 +61,10 @@ def test_spans_blocks_of_the_head_and_rows_of_the_embeddings_give_the_figures_of
 
 def test_static_figures_taken_from_the_layers_reads_are_the_static_pass_s_and_resume(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The check folds the static pass into the forward pass's reads of the layers (resumerge.check.folded): the
+    # The check folds the static pass into the forward pass's reads of the layers (resumerge.analyses.check.folded): the
     # same figures to the bit, the forward's too, and a pass stopped after layer 1 resumes with what it found.
-    from resumerge.check import passes
-    from resumerge.check.folded import FoldedStatic
+    from resumerge.analyses.check import passes
+    from resumerge.analyses.check.folded import FoldedStatic
 
     models = _models(tmp_path, "llama")
     monkeypatch.setattr(static, "_BLOCK", 64)  # many blocks a tensor
@@ -128,7 +128,7 @@ def test_the_embeddings_rows_of_the_tokens_used_give_the_hidden_states_of_the_wh
 def test_the_token_sequences_are_kept_until_the_tokenizer_or_the_prompts_change(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A resumed check finds its journal by its tokens: kept, it need not load the tokenizer again to find them.
-    from resumerge.check import tokens
+    from resumerge.analyses.check import tokens
 
     loaded: list[Path] = []
 
@@ -196,7 +196,7 @@ def test_a_local_check_imports_neither_the_merge_engine_nor_the_hub_nor_the_ledg
     import sys
 
     code = ("import sys\nfrom resumerge.api import check\nfrom resumerge.api.options import executor_option\n"
-            "import resumerge.check.run, resumerge.cli.checkcmd\nassert executor_option('local') is None\n"
+            "import resumerge.analyses.check.run, resumerge.cli.checkcmd\nassert executor_option('local') is None\n"
             "print(sorted(m for m in sys.modules\n"
             "             if m.startswith(('resumerge.engine', 'resumerge.inputs.hub', 'sqlite_utils'))))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -21,7 +21,7 @@ import pytest
 from support import write_config
 
 from resumerge import api
-from resumerge.check.report import BROKEN, WORKS
+from resumerge.analyses.check.report import BROKEN, WORKS
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.locations import StateDir
 from resumerge.errors import UsageError

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from resumerge import api
-from resumerge.check.report import CheckReport
+from resumerge.analyses.check.report import CheckReport
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.errors import UsageError

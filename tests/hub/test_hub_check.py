@@ -20,8 +20,8 @@ from support import cli_here
 from hub.conftest import REPO, SPEC, Model
 from hub.fakehub import FakeHub, files_of, iter_requests
 from resumerge import api
-from resumerge.check import CheckReport
-from resumerge.check.hubreads import FETCHED_NAME, READS_NAME
+from resumerge.analyses.check import CheckReport
+from resumerge.analyses.check.hubreads import FETCHED_NAME, READS_NAME
 from resumerge.cli.modelgen import make_model
 
 pytest.importorskip("transformers")
@@ -155,7 +155,7 @@ def test_a_hub_file_served_otherwise_than_its_checksum_stops_the_check_before_it
 
 def test_a_resumed_check_reads_no_other_bytes_than_the_killed_one_read(
         tmp_path: Path, hub: FakeHub, state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from resumerge.check import passes
+    from resumerge.analyses.check import passes
 
     merged = make_model(tmp_path / "merged", SPEC, seed=7)
     files = files_of(merged)
@@ -211,8 +211,8 @@ def test_a_resumed_check_reads_no_other_bytes_than_the_killed_one_read(
 
 
 class _Actor:
-    """A :class:`~resumerge.check.onray.ModelNode` as the driver calls a Ray actor (``actor.method.remote(...)``),
-    run in this process."""
+    """A :class:`~resumerge.analyses.check.onray.ModelNode` as the driver calls a Ray actor
+    (``actor.method.remote(...)``), run in this process."""
 
     def __init__(self, node: object) -> None:
         self._node = node
@@ -224,7 +224,7 @@ class _Actor:
 
 
 class _Ray:
-    """What :class:`~resumerge.check.onray.RayModels` asks of Ray, each call's result its own reference."""
+    """What :class:`~resumerge.analyses.check.onray.RayModels` asks of Ray, each call's result its own reference."""
 
     class exceptions:
         class RayError(Exception):
@@ -244,11 +244,11 @@ def test_a_ray_node_s_reads_of_a_hub_model_are_held_to_the_check_s_journal(tmp_p
                                                                             state: Path) -> None:
     # --executor ray: each model's forward pass reads its hub files on its node; what it read comes back to the
     # driver after each step, held to the journal as the driver's own reads (the static pass's, first) are.
-    from resumerge.check.hubreads import CheckReads
-    from resumerge.check.models import find_models
-    from resumerge.check.onray import ModelNode, Place, RayModels, _sent
-    from resumerge.check.passes import _padded
-    from resumerge.check.static import static_pass
+    from resumerge.analyses.check.hubreads import CheckReads
+    from resumerge.analyses.check.models import find_models
+    from resumerge.analyses.check.onray import ModelNode, Place, RayModels, _sent
+    from resumerge.analyses.check.passes import _padded
+    from resumerge.analyses.check.static import static_pass
     from resumerge.config.locations import StateDir
     from resumerge.inputs.hub.integrity import StreamedInputChanged
 

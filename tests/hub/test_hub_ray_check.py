@@ -71,7 +71,7 @@ def _tensor_bytes(files: dict[str, bytes], name: str) -> int:
 
 def _gone_after_layer_0(hub: FakeHub, repo: str, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """``repo`` taken off the hub once the check journaled its first layer (handed back in the list returned)."""
-    import resumerge.check.passes
+    import resumerge.analyses.check.passes
 
     gone: list[Any] = []
 
@@ -79,7 +79,7 @@ def _gone_after_layer_0(hub: FakeHub, repo: str, monkeypatch: pytest.MonkeyPatch
         if point == "after_check_layer" and not gone:
             gone.append(hub.repos.pop(repo))
 
-    monkeypatch.setattr(resumerge.check.passes, "reach", take)
+    monkeypatch.setattr(resumerge.analyses.check.passes, "reach", take)
     return gone
 
 
@@ -152,8 +152,8 @@ def test_a_node_without_a_token_refuses_to_read_a_hub_model_in_one_line(hub: Fak
     """Where the driver reads the hub with a token, a hub model's actor on a node without one says so in one line
     (exit 2) as it starts, as a merge's node does, rather than fail on its first read (a private repo's 401)."""
     import resumerge.engine.cluster.connect
-    from resumerge.check.models import open_checked
-    from resumerge.check.onray import ModelNode
+    from resumerge.analyses.check.models import open_checked
+    from resumerge.analyses.check.onray import ModelNode
     from resumerge.config.locations import StateDir
     from resumerge.errors import UsageError
 
@@ -173,15 +173,15 @@ def test_the_merge_s_actor_reads_its_first_layer_once_where_the_family_runs_batc
     """The first layer read to learn whether the family runs padded batches keeps its weights for the pass's first
     layer (a hub model's bytes fetched once); where it does not, or the pass resumes past that layer, they are
     dropped (then it is read again, as one sequence at a time needs)."""
-    import resumerge.check.passes
+    import resumerge.analyses.check.passes
     import resumerge.engine.cluster.connect
-    from resumerge.check.models import open_checked
-    from resumerge.check.onray import ModelNode
+    from resumerge.analyses.check.models import open_checked
+    from resumerge.analyses.check.onray import ModelNode
     from resumerge.config.locations import StateDir
 
     monkeypatch.setattr(resumerge.engine.cluster.connect, "this_node", lambda: "0123abcd")
     model = open_checked(f"hf://{REPO}", "MODEL", StateDir.resolve(state))
-    batches = [resumerge.check.passes._padded([[1, 2, 3], [4, 5]])]
+    batches = [resumerge.analyses.check.passes._padded([[1, 2, 3], [4, 5]])]
 
     spans = [(t.file, t.entry.start, t.entry.end) for n, t in model.opened.tensors.items() if ".layers.0." in n]
 
@@ -200,7 +200,7 @@ def test_the_merge_s_actor_reads_its_first_layer_once_where_the_family_runs_batc
         layer = node.stream.layers_list[0]
         for batched, then, reads in ((True, 0, 1), (True, 1, 1), (False, 0, 2)):
             if not batched:
-                monkeypatch.setattr(resumerge.check.passes, "batched_on", lambda *_: False)
+                monkeypatch.setattr(resumerge.analyses.check.passes, "batched_on", lambda *_: False)
             entering = node.enter(batches)
             hub.reset_counters()
             assert node.runs_batched() is batched

@@ -13,13 +13,13 @@ check resumes where it was (:mod:`.onray` runs each model's pass on a Ray node o
 holds the thresholds and rules and :mod:`.report` the report's shape and JSON (strict: :mod:`.strict`), :mod:`.vocabs`
 how models whose vocabularies differ are compared (over the tokens they share), and :mod:`.card` writes a finished
 check's section into a resumerge output's model card.
-:func:`~resumerge.check.run.run_check` does it all; :func:`resumerge.api.check` calls it.
+:func:`~resumerge.analyses.check.run.run_check` does it all; :func:`resumerge.api.check` calls it.
 
 May import: errors, config, forward, inputs, memory, store (killpoints, manifest, durable...), engine, vocab.
 """
 
 from __future__ import annotations
 
-from resumerge.check.report import CheckReport
+from resumerge.analyses.check.report import CheckReport
 
 __all__ = ["CheckReport"]

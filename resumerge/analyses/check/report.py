@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from resumerge.check.strict import finite, restore
+from resumerge.analyses.check.strict import finite, restore
 
 WORKS, NO_EFFECT, BROKEN = "works", "no_effect", "broken"
 
@@ -94,7 +94,8 @@ class CheckReport:
     chart: str | None = None  # the per-layer drift chart (PNG) beside the report, when the forward pass ran
     prompts: str | None = None  # the texts run: "built-in (...)" or the file's name and sha256
     card: str | None = None  # what became of MODEL's model card (a resumerge output's), in one line
-    # where the models' vocabularies differ: the tokens they share, and how they were compared (resumerge.check.vocabs)
+    # where the models' vocabularies differ: the tokens they share, and how they were compared
+    # (resumerge.analyses.check.vocabs)
     shared_tokens: int | None = None
     vocabulary: str | None = None
     compared: str | None = None  # what the merge was compared with, in one line

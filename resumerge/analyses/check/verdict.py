@@ -13,7 +13,7 @@
   most ``no_effect_share`` × the smallest such KL(B‖P): the merge is indistinguishable from the base; or, with
   two parents or more, the merge's KL from one parent at most ``no_effect_share`` × its KL from the farthest one
   (above ``differs_kl``): it is that parent; or a whole kind of tensors the parents moved and the merge did not
-  (static pass, :data:`~resumerge.check.static.UNMOVED_RATIO`).
+  (static pass, :data:`~resumerge.analyses.check.static.UNMOVED_RATIO`).
 - works: neither.
 """
 
@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from resumerge.check.passes import PassFigures
-from resumerge.check.report import BROKEN, NO_EFFECT, WORKS, StaticFigures
-from resumerge.check.static import UNMOVED_RATIO
+from resumerge.analyses.check.passes import PassFigures
+from resumerge.analyses.check.report import BROKEN, NO_EFFECT, WORKS, StaticFigures
+from resumerge.analyses.check.static import UNMOVED_RATIO
 
 THRESHOLDS: dict[str, float] = {
     "nll_factor": 1.5,

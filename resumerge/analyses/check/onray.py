@@ -13,8 +13,8 @@ The driver (this process) holds every model's hidden states, as a local check do
 reference's input to the layer (the base's, else the first parent's) to every actor at once (one object in Ray's
 store), each actor runs its layer on its own hidden states (it keeps its last output) and on that input, and returns
 both; the driver computes the layer's figures with the local pass's own functions and journals it exactly as a local
-check does (:func:`~resumerge.check.passes.run_pass` drives both), so a check started on Ray resumes locally, and
-the other way round. The heads too: the merge's and the base's actors return their log-probabilities as objects in
+check does (:func:`~resumerge.analyses.check.passes.run_pass` drives both), so a check started on Ray resumes locally,
+and the other way round. The heads too: the merge's and the base's actors return their log-probabilities as objects in
 Ray's store (never fetched by the driver), each other actor compares its own with them and returns its per-position
 figures.
 
@@ -36,11 +36,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from resumerge.check.heads import HeadTotals, shared
-from resumerge.check.models import Checked
-from resumerge.check.needs import StepBytes
-from resumerge.check.passes import ModelHead, compared, logprobs, model_layer, streams_of, totals
-from resumerge.check.vocabs import SharedVocab, own_batches
+from resumerge.analyses.check.heads import HeadTotals, shared
+from resumerge.analyses.check.models import Checked
+from resumerge.analyses.check.needs import StepBytes
+from resumerge.analyses.check.passes import ModelHead, compared, logprobs, model_layer, streams_of, totals
+from resumerge.analyses.check.vocabs import SharedVocab, own_batches
 from resumerge.errors import ResumergeError, UnreachableError, UsageError
 from resumerge.forward.stream import LayerCall
 from resumerge.memory.sizes import format_size
@@ -103,10 +103,10 @@ class ModelNode:
         return [h for h, _ in self.entering]
 
     def runs_batched(self) -> bool:
-        """See :func:`~resumerge.check.passes._runs_batched`. Where the first layer runs the batches, it keeps the
-        weights read for this until the pass's first layer runs (it holds a layer, as that step does): read once,
+        """See :func:`~resumerge.analyses.check.passes._runs_batched`. Where the first layer runs the batches, it keeps
+        the weights read for this until the pass's first layer runs (it holds a layer, as that step does): read once,
         which for a hub model is the bytes fetched once."""
-        from resumerge.check.passes import batched_on
+        from resumerge.analyses.check.passes import batched_on
 
         self._drop_first()
         first = self.stream.layers_list[0]
@@ -121,7 +121,7 @@ class ModelNode:
 
     def layer(self, index: int, own: Hidden | None, same: Hidden | None) -> tuple[Hidden, Hidden | None]:
         """Layer ``index`` on this model's hidden states (``own`` where given, else its last output) and on
-        ``same``; see :func:`~resumerge.check.passes.model_layer`."""
+        ``same``; see :func:`~resumerge.analyses.check.passes.model_layer`."""
         kept = self.first and index == 0
         if not kept:
             self._drop_first()
@@ -154,7 +154,7 @@ class ModelNode:
 
     def compare(self, merged: Hidden | None, base: Hidden | None, batches: Batches, vocab: SharedVocab | None = None,
                 m: int = 0) -> ModelHead:
-        """See :func:`~resumerge.check.passes.compared` (of this model's log-probabilities; model ``m`` of the
+        """See :func:`~resumerge.analyses.check.passes.compared` (of this model's log-probabilities; model ``m`` of the
         check, ``vocab`` how its vocabularies meet)."""
         with torch.no_grad():
             return compared(self.lp, merged, base, batches, vocab, m)
@@ -198,7 +198,7 @@ def _here(model: Checked, token: bool) -> Checked:
                              hint="set HF_TOKEN (or run `hf auth login`) on every node, then run the check again: "
                                   "it resumes at the last layer journaled")
     if not model.opened.directory.is_dir():
-        from resumerge.check.models import open_checked
+        from resumerge.analyses.check.models import open_checked
         from resumerge.config.locations import StateDir
 
         model = replace(open_checked(model.path, model.role, StateDir.resolve()), role=model.role,

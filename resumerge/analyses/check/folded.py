@@ -4,9 +4,9 @@ model (that second read was a fifth of a check of a 1 GB model and its parents: 
 
 In each layer the base runs first and its tensors are kept until the layer's last model has run (one layer more
 held: the layer step reserves two); the merge's and each parent's tensors are compared with the base's as they
-are read, by :func:`~resumerge.check.static.squared` over the same blocks in the same order as the static pass's
-spans, so every figure is the same to the bit. A tensor not seen whole in a layer (one some model's modules do not
-read) is left to the static pass, which reads it after the forward pass, as it reads the tensors outside the
+are read, by :func:`~resumerge.analyses.check.static.squared` over the same blocks in the same order as the static
+pass's spans, so every figure is the same to the bit. A tensor not seen whole in a layer (one some model's modules do
+not read) is left to the static pass, which reads it after the forward pass, as it reads the tensors outside the
 decoder layers (embeddings, final norm, head) before it. What was found is journaled with each layer's hidden
 states (:meth:`FoldedStatic.to_json`), so a resumed check has it.
 """
@@ -18,14 +18,14 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from resumerge.check.static import TensorResult, all_finite, compared_with, difference_buffer, squared
+from resumerge.analyses.check.static import TensorResult, all_finite, compared_with, difference_buffer, squared
 from resumerge.forward import CastReader
 from resumerge.torch_import import torch
 
 
 class FoldedStatic:
     """The static figures of the tensors the forward pass reads: ``roles`` the models' (the merge first),
-    ``shapes`` their logical tensors' shapes (:func:`~resumerge.check.static.logical_shapes`)."""
+    ``shapes`` their logical tensors' shapes (:func:`~resumerge.analyses.check.static.logical_shapes`)."""
 
     def __init__(self, roles: Sequence[str], shapes: list[dict[str, tuple[int, ...]]]) -> None:
         self.roles, self.shapes = list(roles), shapes

@@ -16,13 +16,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resumerge.check.card import run_state, update_card
-from resumerge.check.chart import write_drift_chart
-from resumerge.check.folded import FoldedStatic
-from resumerge.check.hubreads import CheckReads
-from resumerge.check.models import Checked, find_models
-from resumerge.check.needs import StepBytes, step_bytes
-from resumerge.check.passes import (
+from resumerge.analyses.check.card import run_state, update_card
+from resumerge.analyses.check.chart import write_drift_chart
+from resumerge.analyses.check.folded import FoldedStatic
+from resumerge.analyses.check.hubreads import CheckReads
+from resumerge.analyses.check.models import Checked, find_models
+from resumerge.analyses.check.needs import StepBytes, step_bytes
+from resumerge.analyses.check.passes import (
     BATCH_TOKENS,
     LAYER_PREFIX,
     PassFigures,
@@ -30,14 +30,14 @@ from resumerge.check.passes import (
     run_pass,
     streams_of,
 )
-from resumerge.check.progress import PROGRESS_NAME, Progress, Watcher
-from resumerge.check.prompts import describe
-from resumerge.check.report import CheckReport, ModelFigures, StaticFigures
-from resumerge.check.static import TensorResult, layer_of, logical_shapes, static_pass, tensor_results
-from resumerge.check.strict import finite
-from resumerge.check.tokens import cached_sequences
-from resumerge.check.verdict import THRESHOLDS, judge
-from resumerge.check.vocabs import SharedVocab, model_rows
+from resumerge.analyses.check.progress import PROGRESS_NAME, Progress, Watcher
+from resumerge.analyses.check.prompts import describe
+from resumerge.analyses.check.report import CheckReport, ModelFigures, StaticFigures
+from resumerge.analyses.check.static import TensorResult, layer_of, logical_shapes, static_pass, tensor_results
+from resumerge.analyses.check.strict import finite
+from resumerge.analyses.check.tokens import cached_sequences
+from resumerge.analyses.check.verdict import THRESHOLDS, judge
+from resumerge.analyses.check.vocabs import SharedVocab, model_rows
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir, is_default_state_root
 from resumerge.errors import InterruptedMerge, UsageError
@@ -48,7 +48,7 @@ from resumerge.store.durable import write_file_atomic
 from resumerge.store.runlock import JobLock
 
 if TYPE_CHECKING:  # Ray's module: imported with --executor ray only
-    from resumerge.check.onray import Place
+    from resumerge.analyses.check.onray import Place
 
 REPORT_NAME = "report.json"
 CHART_NAME = "drift.png"
@@ -67,7 +67,7 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     ``ray_address`` (:mod:`.onray`; None: ``RAY_ADDRESS``, else a Ray started here), with the same report.
     ``cut_texts``: a text longer than the models' context is cut to it rather than refused (exit 2). Where the
     models' vocabularies differ they are compared over the tokens they share, decided before any layer runs
-    (:mod:`.vocabs`). ``watcher`` is told each step (:class:`~resumerge.check.progress.Step`). Ctrl-C raises
+    (:mod:`.vocabs`). ``watcher`` is told each step (:class:`~resumerge.analyses.check.progress.Step`). Ctrl-C raises
     :class:`~resumerge.errors.InterruptedMerge` naming the layer reached and the command that continues."""
     if on_ray:  # before anything is read: without Ray, one line and exit 2
         from resumerge.engine.cluster.connect import check_ray
@@ -221,7 +221,7 @@ def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[l
 def _ray_places(address: str | None, sizes: StepBytes) -> list[Place]:
     """Where each model's actor runs on the Ray cluster at ``address`` and what it declares (:mod:`.onray`);
     refuses (exit 2) a cluster none of whose nodes holds an actor."""
-    from resumerge.check.onray import actor_bytes, ray_places
+    from resumerge.analyses.check.onray import actor_bytes, ray_places
 
     return ray_places(address, actor_bytes(sizes))
 
@@ -231,7 +231,7 @@ def _on_ray(models: list[Checked], layers: int, tokens: list[list[int]], workdir
     """The forward pass with each model on a Ray node of its own (:mod:`.onray`), where ``placed`` says, journaled
     here as locally; ``status`` shows the node of each model. What the nodes read of hub files is held to
     ``reads``' journal."""
-    from resumerge.check.onray import ray_models
+    from resumerge.analyses.check.onray import ray_models
 
     def on_layer(layer: int, nodes: list[str]) -> None:
         progress.say(phase="forward", layer=layer, model_index=None, model_role=None, model_path=None, nodes=nodes,
@@ -313,8 +313,8 @@ def _passive_threads() -> None:
 def _record(model: str | os.PathLike[str], state: StateDir, report: CheckReport,
             where: Path) -> None:
     """A ``check`` event in the ledger of ``model`` when it is a resumerge output whose ledger the check finds
-    (:func:`~resumerge.check.card.run_state`): its verdict, exit code, the layer named, each model's NLL and KL,
-    and where the report is; the merge's own record then says how it was checked. A model without one (any other
+    (:func:`~resumerge.analyses.check.card.run_state`): its verdict, exit code, the layer named, each model's NLL and
+    KL, and where the report is; the merge's own record then says how it was checked. A model without one (any other
     folder) has no record to add to."""
     from resumerge.errors import LedgerError, StorageError
     from resumerge.store.ledger import Ledger
@@ -372,12 +372,12 @@ def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int |
           sizes: StepBytes | None = None) -> tuple[int, dict[str, int], bool]:
     """Refuse (exit 2, before a weight is read) a check whose peak would not fit ``max_memory`` (None: the
     default budget): the static pass's largest span of a tensor of three models; or the largest layer of one
-    model in float32, or one model's head (a block of its rows, see :mod:`resumerge.check.heads`) and one
+    model in float32, or one model's head (a block of its rows, see :mod:`resumerge.analyses.check.heads`) and one
     batch's log-probabilities, beside every model's hidden states (twice: in and out). Returns the budget, what
     the forward pass's steps reserve (``layer``, ``heads``), and whether the static pass is folded into the
     layers' reads (where ``can_fold`` and the budget holds two layers at once: the base's, kept, and another's;
-    see :mod:`.folded`). The figures are :func:`~resumerge.check.needs.step_bytes`'s (``sizes``, found here where
-    not given)."""
+    see :mod:`.folded`). The figures are :func:`~resumerge.analyses.check.needs.step_bytes`'s (``sizes``, found here
+    where not given)."""
     sizes = sizes if sizes is not None else step_bytes(streams, tokens)
     states = 2 * len(streams) * sizes.states
     heads, layer, static = max(sizes.heads), max(sizes.layers), sizes.static

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from resumerge.check.vocabs import SharedVocab
+from resumerge.analyses.check.vocabs import SharedVocab
 from resumerge.forward.stream import ModelStream
 from resumerge.inputs.safetensors_format import numel
 from resumerge.torch_import import torch
@@ -146,7 +146,7 @@ def head_step_bytes(stream: ModelStream, positions: int, longest: int, held: int
     ``longest`` tokens: the head's block (or the whole head), cast and mapped while read, one batch's logits, and
     five (sequence, vocabulary) float32 tensors (its log-probabilities, the merge's and the base's read back,
     the KL's two temporaries); and ``held`` more positions' log-probabilities (a Ray actor holds its own, the
-    merge's and the base's whole: :mod:`resumerge.check.onray`)."""
+    merge's and the base's whole: :mod:`resumerge.analyses.check.onray`)."""
     head = stream.model.get_output_embeddings()
     weight = next((p for _, p in head.named_parameters()), None) if head is not None else None
     if weight is None or weight.dim() != 2:

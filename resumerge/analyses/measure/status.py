@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 RUN_FILE = "measure-run.json"
 MANIFEST = "measure.json"
 LAYER_PREFIX = "layer-"
-LOCK_FILE = ".lock"  # held by the process measuring into the folder (resumerge.measure.run takes it)
+LOCK_FILE = ".lock"  # held by the process measuring into the folder (resumerge.analyses.measure.run takes it)
 
 
 def measure_status(out: str | os.PathLike[str]) -> StatusReport | None:

@@ -1,15 +1,15 @@
 """What a check's steps hold, in bytes: the one place those figures are found, for the local check's budget
-(:func:`~resumerge.check.run._fits`, which refuses a check that would not fit) and for the memory each Ray actor
-of ``--executor ray`` declares (:func:`~resumerge.check.onray.actor_bytes`)."""
+(:func:`~resumerge.analyses.check.run._fits`, which refuses a check that would not fit) and for the memory each Ray
+actor of ``--executor ray`` declares (:func:`~resumerge.analyses.check.onray.actor_bytes`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from resumerge.check.heads import head_step_bytes
-from resumerge.check.passes import largest_batch, padded_positions
-from resumerge.check.static import static_bytes
+from resumerge.analyses.check.heads import head_step_bytes
+from resumerge.analyses.check.passes import largest_batch, padded_positions
+from resumerge.analyses.check.static import static_bytes
 from resumerge.forward import pass_bytes
 from resumerge.forward.stream import ModelStream
 

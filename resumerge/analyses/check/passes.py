@@ -5,16 +5,17 @@ At layer l each model's layer is read once and run twice: on that model's own hi
 on the reference's input to the layer (the base's, else the first parent's), so the merge's and each other model's
 outputs for the same input can be compared (the localising pass); where the two inputs are the same to the bit (the
 first layer, when the models' embeddings are) it runs once. Only one layer of one model is held, plus every model's
-hidden states; with the static pass folded in (:mod:`resumerge.check.folded`) the base runs first in each layer and
-its weights are kept until the layer's last model has run. After each layer the hidden states and the figures so far
+hidden states; with the static pass folded in (:mod:`resumerge.analyses.check.folded`) the base runs first in each layer
+and its weights are kept until the layer's last model has run. After each layer the hidden states and the figures so far
 are saved (temp file, fsync, rename) and the previous layer's file deleted: a killed check resumes at the layer it
 reached and ends with the same figures. The heads run last, one model and one batch at a time
-(:mod:`resumerge.check.heads`).
+(:mod:`resumerge.analyses.check.heads`).
 
 :func:`run_pass` drives the pass and journals it; where the models run is a :class:`PassModels`: this process, one
-model after another (:class:`LocalModels`), or an actor per model on a Ray cluster (:mod:`resumerge.check.onray`).
-Both compute each model's layer with :func:`model_layer` and its head figures with :func:`compared`, and the figures
-of a layer come from :func:`layer_row` in the driver: the journal is the same file whichever ran it.
+model after another (:class:`LocalModels`), or an actor per model on a Ray cluster
+(:mod:`resumerge.analyses.check.onray`). Both compute each model's layer with :func:`model_layer` and its head figures
+with :func:`compared`, and the figures of a layer come from :func:`layer_row` in the driver: the journal is the same
+file whichever ran it.
 
 The sequences run in batches (:func:`batches_of`: padded on the right to the longest of the batch, with the
 attention mask), so a layer is one call over many sequences rather than one per sequence: a causal layer's output at
@@ -28,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from resumerge.check.folded import FoldedStatic
-from resumerge.check.heads import HeadTotals, head_figures, kl_at, nll_sum, shared, targets_of
-from resumerge.check.heads import logprobs as streamed_logprobs
-from resumerge.check.models import Checked
-from resumerge.check.vocabs import SharedVocab, own_batches
+from resumerge.analyses.check.folded import FoldedStatic
+from resumerge.analyses.check.heads import HeadTotals, head_figures, kl_at, nll_sum, shared, targets_of
+from resumerge.analyses.check.heads import logprobs as streamed_logprobs
+from resumerge.analyses.check.models import Checked
+from resumerge.analyses.check.vocabs import SharedVocab, own_batches
 from resumerge.forward import Weights, durable_save
 from resumerge.forward.journal import latest
 from resumerge.forward.stream import LayerCall, ModelStream
@@ -40,7 +41,7 @@ from resumerge.store.killpoints import reach
 from resumerge.torch_import import torch
 
 LAYER_PREFIX = "layer-"
-# The layer file's metadata entry holding the static figures the layers' reads found (resumerge.check.folded).
+# The layer file's metadata entry holding the static figures the layers' reads found (resumerge.analyses.check.folded).
 FOLDED = "static"
 # The padded tokens (sequences x longest) a batch may hold: a layer's activations (an MLP's widest, 1024 x its
 # intermediate size in float32) stay about 100 MB on a 70B model.
@@ -107,7 +108,7 @@ def forward_pass(models: Sequence[Checked], streams: Sequence[ModelStream], sequ
 
 class PassModels(Protocol):
     """Where the pass's models run, model by model (the merge first): this process (:class:`LocalModels`) or a Ray
-    actor each (:mod:`resumerge.check.onray`). :func:`run_pass` drives either the same way, and journals alike."""
+    actor each (:mod:`.onray`). :func:`run_pass` drives either the same way, and journals alike."""
 
     @property
     def layers(self) -> int: ...
@@ -386,7 +387,7 @@ class ModelHead:
 def logprobs(stream: ModelStream, states: list[torch.Tensor], batches: Sequence[Sequence[Sequence[int]]]
              ) -> list[torch.Tensor]:
     """The model's log-probabilities at every real position that has a next token (one tensor per sequence, in
-    batch order), from its last decoder layer's outputs ``states``: :func:`~resumerge.check.heads.logprobs`'s, all
+    batch order), from its last decoder layer's outputs ``states``: :func:`.heads.logprobs`'s, all
     held (a Ray actor's, which the other models' actors compare with)."""
     return [lp for rows in streamed_logprobs(stream, states, batches) for lp in rows]
 
@@ -409,7 +410,7 @@ def compared(found: list[torch.Tensor], merged: list[torch.Tensor] | None, base:
 
 def totals(heads: list[ModelHead], tokens: int) -> HeadTotals:
     """The head figures of every model (the merge first) from each one's own (:func:`compared`), ``tokens`` the
-    positions predicted: what :func:`~resumerge.check.heads.head_figures` finds streamed, the same numbers."""
+    positions predicted: what :func:`~resumerge.analyses.check.heads.head_figures` finds streamed, the same numbers."""
     n = len(heads)
     kl: list[float | None] = [None] * n
     p95: list[float | None] = [None] * n

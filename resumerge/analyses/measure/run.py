@@ -3,8 +3,8 @@ calibration texts, for a data-aware merge (``regmean``).
 
 Every check comes first (the config, each model a local folder of a dense family, OUT_DIR free or holding this very
 measurement, the memory budget); then each model runs on the forward engine one decoder layer at a time
-(:mod:`resumerge.measure.grams`), its Grams written per layer and its hidden states journaled under OUT_DIR, so a
-killed measurement run again resumes at the layer it reached and ends with the same bytes. ``measure.json`` (see
+(:mod:`resumerge.analyses.measure.grams`), its Grams written per layer and its hidden states journaled under OUT_DIR, so
+a killed measurement run again resumes at the layer it reached and ends with the same bytes. ``measure.json`` (see
 :mod:`resumerge.inputs.grams`), with each file's sha256, is written last: a folder without it is unfinished.
 """
 
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from resumerge.analyses.measure.status import LOCK_FILE, RUN_FILE
 from resumerge.config.merge_config import MergeConfig, load_config_text, read_config_file
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import ConfigError, UsageError
@@ -38,7 +39,6 @@ from resumerge.inputs.grams import (
 )
 from resumerge.inputs.model import ModelInput, open_model
 from resumerge.inputs.safetensors_format import read_header
-from resumerge.measure.status import LOCK_FILE, RUN_FILE
 from resumerge.store.runlock import JobLock
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
     """Measure the Grams of every model of ``config`` into ``out`` (see the module docstring); raises
     :class:`~resumerge.errors.InputError` subclasses (exit 2) before anything is written: a text longer than the
     models' context among them, unless ``cut_texts`` cuts it (the rule of ``check``:
-    :func:`~resumerge.check.prompts.bounded`)."""
+    :func:`~resumerge.analyses.check.prompts.bounded`)."""
     merge, models, keys, tokens = _opened(config, texts, cut_texts)
     merged = _merged_pass(merge)
     folder = Path(out)
@@ -149,7 +149,7 @@ def _opened(config: str | os.PathLike[str], texts: str | os.PathLike[str] | None
             ) -> tuple[MergeConfig, list[ModelInput], list[str], list[list[int]]]:
     """The config, its models opened (headers only), their keys and the texts' tokens, each within the models'
     context (cut to it where ``cut_texts``): every check before a weight is read."""
-    from resumerge.check.prompts import context_of, load_tokenizer, sequences
+    from resumerge.analyses.check.prompts import context_of, load_tokenizer, sequences
     from resumerge.forward.stream import import_transformers
 
     merge = load_config_text(read_config_file(config), source=os.fspath(config))
@@ -195,9 +195,9 @@ def _layer_merge(ratio: float) -> Callable[[str, list[torch.Tensor], list[torch.
 
 def _run(models: list[ModelInput], keys: list[str], tokens: list[list[int]], folder: Path,
          on_progress: Callable[[str], None] | None, merged: dict[str, object] | None) -> MeasureReport:
+    from resumerge.analyses.measure.grams import measure_model
     from resumerge.forward import Weights
     from resumerge.forward.stream import ModelStream
-    from resumerge.measure.grams import measure_model
     from resumerge.memory.allocator import tune_allocator
     from resumerge.store.durable import write_file_atomic
     from resumerge.store.killpoints import reach
@@ -237,9 +237,9 @@ def _run_merged(models: list[ModelInput], keys: list[str], batches: list[tuple[t
                 folder: Path, on_progress: Callable[[str], None] | None, ratio: float) -> list[MeasuredModel]:
     """RegMean++'s pass: every model's layer l measured on the merged model's layers before l, every model's
     stream open at once (one layer of each read at a time)."""
+    from resumerge.analyses.measure.grams import measure_merged
     from resumerge.forward import Weights
     from resumerge.forward.stream import ModelStream
-    from resumerge.measure.grams import measure_merged
     from resumerge.store.killpoints import reach
     from resumerge.torch_import import torch
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from resumerge.check.names import in_short, short_names
-from resumerge.check.report import CheckReport
+from resumerge.analyses.check.names import in_short, short_names
+from resumerge.analyses.check.report import CheckReport
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
 from resumerge.errors import LedgerError
@@ -70,7 +70,7 @@ def restore_section(model: str | os.PathLike[str], state: StateDir) -> str | Non
     ledger, no check recorded, its report gone, or the card has the section already)."""
     import json
 
-    from resumerge.check.report import CheckReport
+    from resumerge.analyses.check.report import CheckReport
     from resumerge.store.ledger_read import reading
 
     where = os.fspath(model)

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resumerge.check.glyphs import ADVANCE, GLYPH_HEIGHT, glyph, text_width
-from resumerge.check.names import short_names
+from resumerge.analyses.check.glyphs import ADVANCE, GLYPH_HEIGHT, glyph, text_width
+from resumerge.analyses.check.names import short_names
 from resumerge.store.durable import write_file_atomic
 
 if TYPE_CHECKING:
-    from resumerge.check.report import CheckReport
+    from resumerge.analyses.check.report import CheckReport
 
 WIDTH, HEIGHT, MARGIN = 720, 320, 24  # HEIGHT: the drift panel's figure without a legend (tests read it)
 PANEL = 220  # a panel's plot area's height

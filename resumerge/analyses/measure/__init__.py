@@ -6,13 +6,13 @@ engine (:mod:`resumerge.forward`) one decoder layer at a time; :mod:`.grams` rec
 hooks before its linears and journals the hidden states, so a killed measurement resumes at the layer it reached
 with the same bytes; :mod:`.status` reads a measurement folder for ``resumerge status`` without importing torch.
 The files' format (names, ``measure.json``) is :mod:`resumerge.inputs.grams`, which the planner reads too.
-:func:`resumerge.api.measure` calls :func:`~resumerge.measure.run.measure_grams`.
+:func:`resumerge.api.measure` calls :func:`~resumerge.analyses.measure.run.measure_grams`.
 
 May import: errors, config, check (its built-in prompts), forward, inputs, memory, methods, store, torch_import.
 """
 
 from __future__ import annotations
 
-from resumerge.measure.status import measure_status
+from resumerge.analyses.measure.status import measure_status
 
 __all__ = ["measure_status"]

@@ -30,8 +30,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resumerge.check.models import Checked
-from resumerge.check.static import layer_of
+from resumerge.analyses.check.models import Checked
+from resumerge.analyses.check.static import layer_of
 from resumerge.inputs.spans import merged_spans
 
 if TYPE_CHECKING:  # the hub's modules and the ledger's writer are imported only for a hub model (a local check's

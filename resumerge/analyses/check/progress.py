@@ -26,7 +26,7 @@ PROGRESS_NAME = "progress.json"
 
 @dataclass(frozen=True)
 class Step:
-    """Where a check is, as its watcher is told (``resumerge.check(progress=...)``; the CLI draws it as ``run``
+    """Where a check is, as its watcher is told (``resumerge.analyses.check(progress=...)``; the CLI draws it as ``run``
     draws a merge): the ``phase`` (starting, static, forward, heads, done), the decoder ``layer`` (0-based, None
     outside the forward pass) of ``layers``, the model running (``model_index`` of ``models``, its ``role`` and
     ``path``; None where every model runs at once, on Ray nodes), and the ``tokens`` each model predicts."""

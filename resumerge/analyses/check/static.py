@@ -20,8 +20,8 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from resumerge.check.models import Checked
-from resumerge.check.report import GroupFigures, StaticFigures
+from resumerge.analyses.check.models import Checked
+from resumerge.analyses.check.report import GroupFigures, StaticFigures
 from resumerge.forward import CastReader, Weights, base_formats
 from resumerge.inputs.codecs import StoredFormats
 from resumerge.inputs.safetensors_format import numel
