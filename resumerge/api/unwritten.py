@@ -4,6 +4,7 @@ line (exit 2) before any weight is read, read through :mod:`resumerge.engine.unw
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,7 +14,7 @@ from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
     from resumerge.config.locations import StateDir
-    from resumerge.engine.unwritten import UnwrittenMerge
+    from resumerge.engine.unwritten import Population, UnwrittenMerge
     from resumerge.inputs.codecs import CodecTable
     from resumerge.memory import MemoryGovernor
     from resumerge.plan.merge_plan import Plan, PlanOptions
@@ -52,8 +53,38 @@ def open_unwritten(config: PathLike, *, state_dir: PathLike | None = None, outpu
                 codecs=codecs)
     plan = planner_of(kind).plan(call)
     _readable(plan)
-    return UnwrittenMerge(plan, text, settings.state.unwritten_dir, governor=governor,
+    return UnwrittenMerge(plan, settings.state.unwritten_dir, governor=governor,
                           on_close=governor.stop if owned and governor is not None else None)
+
+
+def open_population(configs: Sequence[PathLike], *, state_dir: PathLike | None = None, output: Output = Output(),
+                    merging: Merging = Merging(), resources: Resources = Resources(),
+                    codecs: CodecTable | None = None, governor: MemoryGovernor | None = None) -> Population:
+    """A generation of candidate merge ``configs`` over the same input models, each planned as
+    :func:`open_unwritten` plans it (the same refusals, exit 2, before any weight is read; a recipe, and configs
+    that read other models, are refused too), read together: see :class:`~resumerge.engine.unwritten.Population`
+    (what its pass holds: :meth:`~resumerge.engine.unwritten.Population.holds`). ``governor``: the caller's, which
+    admits each tensor's merge as the run admits it."""
+    from resumerge.api.kinds import MERGE, kind_of
+    from resumerge.config.settings import RunSettings
+    from resumerge.engine.unwritten import Population
+
+    if not configs:
+        raise UsageError("a generation needs at least one candidate config")
+    options = _options(output, merging, resources)
+    settings = run_settings(state_dir, resources)
+    plans = []
+    for config in configs:
+        text = config_text(config)
+        if kind_of(text) is not MERGE:
+            raise UsageError("a candidate of a generation is one merge config",
+                             hint="give each candidate as one YAML document of merge_method and its models")
+        call = Call(config, text, None, options, RunSettings(state=settings.state, cache_dir=settings.cache_dir),
+                    codecs=codecs)
+        plan = MERGE.plan(call)
+        _readable(plan)
+        plans.append(plan)
+    return Population(plans, settings.state.unwritten_dir, governor=governor)
 
 
 def _options(output: Output, merging: Merging, resources: Resources) -> PlanOptions:
@@ -121,7 +152,7 @@ def _recipe(text: str, options: PlanOptions, state: StateDir, governor: MemoryGo
                 if owned and governor is not None:
                     governor.stop()
 
-            return UnwrittenMerge(sp.plan, sp.stage.text, state.unwritten_dir, inputs=inputs, governor=governor,
+            return UnwrittenMerge(sp.plan, state.unwritten_dir, inputs=inputs, governor=governor,
                                   on_close=close)
         assert sp.stage.name is not None  # every stage but the final one is named
         # Admitted inside the final stage's admission of the tensor that reads it: a second reservation taken by
