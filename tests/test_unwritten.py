@@ -98,6 +98,11 @@ def test_linear_unwritten_is_the_written_merge_and_runs_the_same(tmp_path: Path,
     with _same_as_written(tmp_path, config) as merge:
         _same_figures(tmp_path, merge)
         assert merge.source.computed >= len(merge.plan.tensors)
+        # As an input source: any byte range inside a stored tensor is the written file's bytes there.
+        for t in list(merge.tensors.values())[:5]:
+            written = (tmp_path / "out" / t.file).read_bytes()
+            for start, end in ((t.entry.start, t.entry.end), (t.entry.start + 3, t.entry.end - 5)):
+                assert bytes(merge.source.read_range(t.file, start, end).numpy()) == written[start:end]
 
 
 def test_ties_and_slerp_unwritten_are_the_written_merges(tmp_path: Path, make: ModelFactory) -> None:
