@@ -2,7 +2,8 @@
 local input file holds the bytes it held when the run started, or refuse (exit 4) naming the file.
 
 The plan's identity of a weight file samples 16 blocks of 64 KiB; these edits fall between the samples, where only
-the content proof (a full sha256 recorded when the run started, checked when a file looks different) sees them. A
+the content proof (a digest of the ranges the plan reads, recorded when the run started, checked when a file looks
+different: here the whole model is merged, so every tensor is read) sees them. A
 file that only looks different (``touch``) is proved unchanged and the resume ends byte-identical.
 """
 
