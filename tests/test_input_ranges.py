@@ -10,8 +10,10 @@ only the content proof can tell them apart (the whole-file sha256 before this re
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
+import os
 import shutil
 import sqlite3
 import struct
@@ -177,3 +179,36 @@ def test_a_slice_hashes_only_the_ranges_it_reads(setup: Setup, monkeypatch: pyte
                  "--out-shard-size", SHARD).returncode == 0
     assert hashed == []
     assert digests(out) == digests(setup.root / "out-spans2") == setup.reference
+
+
+def test_the_proof_covers_its_spans_and_a_ledger_of_whole_file_sha256_still_proves(tmp_path: Path) -> None:
+    """Unit rules, without a run: a file read nowhere (no spans) is proved by nothing it holds; an edit inside a span
+    is refused, one outside it is not; a record made before the per-range rule (a whole-file sha256) is proved as it
+    was recorded, so an edit anywhere in that file is still refused."""
+    from resumerge.errors import PlanChangedError
+    from resumerge.inputs.contents import Content, prove_unchanged, record_contents
+
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(bytes(range(256)) * 4096)  # 1 MiB
+    spans = {str(path): [(1000, 2000), (500_000, 600_000)]}
+    unread = tmp_path / "unread.safetensors"
+    unread.write_bytes(b"x" * 4096)
+    recorded = record_contents([path, unread], None, spans={**spans, str(unread): []})
+    legacy = Content(*recorded[str(path)][:3], hashlib.sha256(path.read_bytes()).hexdigest())
+
+    def write(at: int, data: bytes, target: Path = path) -> None:
+        with open(target, "r+b") as f:
+            f.seek(at)
+            f.write(data)
+        st = target.stat()
+        os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # a look that differs, always
+
+    write(0, b"\xff" * 8, unread)
+    write(300_000, b"\xff" * 8)  # outside both spans
+    again = prove_unchanged(recorded, None, spans={**spans, str(unread): []})
+    assert set(again) == {str(path), str(unread)}  # both touched, both proved
+    with pytest.raises(PlanChangedError, match="other bytes"):
+        prove_unchanged({str(path): legacy}, None, spans=spans)  # the whole file was recorded: the edit counts
+    write(550_000, b"\x00" * 8)  # inside the second span
+    with pytest.raises(PlanChangedError, match="other bytes"):
+        prove_unchanged(recorded, None, spans=spans)
