@@ -1,6 +1,7 @@
 """The session's side of the content proof of local inputs (:mod:`resumerge.inputs.contents`): a run continued
-from its ledger proves every recorded input file unchanged before anything is written for it, and every run
-records the full sha256 of the files it has no record of before its first commit.
+from its ledger proves every recorded input file unchanged (in the ranges the plan reads of it) before anything is
+written for it, and every run records the digest of those ranges of the files it has no record of before its first
+commit.
 
 One rule for every kind of run, since each ends in the one session path: ``resume``, ``run`` continuing an
 unfinished run of the same plan, a recipe's stages, MoE upcycling and LoRA extraction alike.
@@ -12,7 +13,18 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from resumerge.inputs.contents import Content, Hashing, check_looks, local_input_files, prove_unchanged, record_contents
+from resumerge.inputs.contents import (
+    Content,
+    Hashing,
+    Spans,
+    check_looks,
+    local_input_files,
+    prove_unchanged,
+    record_contents,
+    spans_bytes,
+)
+from resumerge.inputs.spans import merged_spans
+from resumerge.inputs.torch_bin import is_pickle_checkpoint
 from resumerge.memory import format_size
 from resumerge.plan.merge_plan import Plan
 from resumerge.store import killpoints
@@ -23,14 +35,16 @@ _TELL_FROM = 1 << 30
 
 class InputContents:
     """Made when the session has opened the run's ledger, before OUT is touched; every check and proof happens here,
-    before anything is recorded for the run. Raises :class:`~resumerge.errors.PlanChangedError` (exit 4, naming
-    the file) when a local input file no longer looks as it did when the plan opened it (``seen``: written while
-    the merge was being planned), or when the ledger records this plan and a file no longer holds the bytes
-    recorded when the run started. :meth:`record` hashes and keeps what the ledger lacks once the run is recorded
-    (``open_run``), before its first commit: hashing a new run's inputs takes seconds a GB, and a run killed then
-    is a recorded run that ``resume`` finishes (its files trusted by the plan's identity and hashed then, as a run
-    recorded before contents were), where hashing them first left a ledger with no run in it, and ``resume``
-    saying the run died planning."""
+    before anything is recorded for the run. A file is proved by the ranges the plan's units read of it
+    (:func:`read_spans`), those of the units committed and of those left alike. Raises
+    :class:`~resumerge.errors.PlanChangedError` (exit 4, naming the file) when a local input file no longer looks
+    as it did when the plan opened it (``seen``: written while the merge was being planned), or when the ledger
+    records this plan and a file no longer holds, in those ranges, the bytes recorded when the run started.
+    :meth:`record` hashes and keeps what the ledger lacks once the run is recorded (``open_run``), before its first
+    commit: hashing reads what the merge will read (a large first run spends a moment on it, and the page cache it
+    fills serves the merge's own reads), and a run killed then is a recorded run that ``resume`` finishes (its
+    files trusted by the plan's identity and hashed then, as a run recorded before contents were), where hashing
+    them first left a ledger with no run in it, and ``resume`` saying the run died planning."""
 
     def __init__(self, plan: Plan, ledger: Ledger, records_dir: str | os.PathLike[str] | None, *,
                  seen: Mapping[str, tuple[int, int]], restart: bool, tell: Callable[[str], None] | None = None
@@ -38,6 +52,7 @@ class InputContents:
         paths = local_input_files(plan.model_dirs, plan.inputs)
         check_looks(paths, seen)
         self._proved: dict[str, Content] = {}
+        self._spans: dict[str, Spans] = {}
         self._unrecorded: list[Path] = []
         self._records_dir, self._seen = records_dir, seen
         self._hashing: Hashing | None = None
@@ -47,9 +62,11 @@ class InputContents:
         if row is not None and not continuing and not restart:
             return  # open_run refuses the run (a merge planned differently): nothing to hash for it
         hashing = self._hashing = _telling(tell) if tell is not None else None
+        self._spans = read_spans(plan, {str(p) for p in paths})
         recorded = {p: Content(*c) for p, c in ledger.input_contents().items()} if continuing else {}
         ours = {str(p) for p in paths}
-        self._proved = prove_unchanged({p: c for p, c in recorded.items() if p in ours}, records_dir, hashing)
+        self._proved = prove_unchanged({p: c for p, c in recorded.items() if p in ours}, records_dir, hashing,
+                                      self._spans)
         # A run recorded before contents were (or by a process killed before recording them: then with no file
         # committed) is trusted by the plan's identity, as it was then, and its files are recorded now.
         self._unrecorded = [p for p in paths if str(p) not in recorded]
@@ -59,23 +76,48 @@ class InputContents:
         :class:`~resumerge.errors.PlanChangedError` for one that no longer looks as the plan saw it), and record
         the new look of those proved unchanged (``notes`` says which were)."""
         if self._proved:
-            notes.append(touched_note(self._proved))
+            notes.append(touched_note(self._proved, self._spans))
         killpoints.reach("before_input_hashing")  # the run is recorded: a kill here is one resume finishes
-        found = {**record_contents(self._unrecorded, self._records_dir, self._seen, self._hashing), **self._proved}
+        found = {**record_contents(self._unrecorded, self._records_dir, self._seen, self._hashing, self._spans),
+                 **self._proved}
         if found:
-            ledger.record_input_contents({p: (c.size, c.mtime_ns, c.ctime_ns, c.sha256) for p, c in found.items()})
+            ledger.record_input_contents({p: (c.size, c.mtime_ns, c.ctime_ns, c.digest) for p, c in found.items()})
 
 
-def touched_note(proved: Mapping[str, object]) -> str:
-    """The line saying that the files ``proved`` (paths) were touched but hold the bytes they held: by folder (two
-    models' shards share their names), each name once."""
+def read_spans(plan: Plan, local: set[str]) -> dict[str, Spans]:
+    """The byte ranges the plan's units read of each ``local`` file (by path), sorted and merged where they touch:
+    what the content proof hashes. A file the plan never reads has none; a PyTorch ``.bin`` file, read by virtual
+    ranges of its pickled storages, is left out (hashed whole)."""
+    reads: dict[str, list[tuple[int, int]]] = {path: [] for path in local}
+    by_file: dict[tuple[str, str], list[tuple[int, int]] | None] = {}  # (model, file) -> its path's list
+    for tensor in plan.tensors.values():
+        for ref in tensor.reads():
+            key = (ref.model, ref.file)
+            if key not in by_file:
+                directory = plan.model_dirs.get(ref.model)
+                by_file[key] = None if directory is None else reads.get(str(Path(directory) / ref.file))
+            found = by_file[key]
+            if found is not None and ref.end > ref.start:
+                found.append((ref.start, ref.end))
+    return {path: merged_spans(ranges) for path, ranges in reads.items() if not is_pickle_checkpoint(path)}
+
+
+def touched_note(proved: Mapping[str, Content], spans: Mapping[str, Spans] | None = None) -> str:
+    """The line saying that the files ``proved`` (paths) were touched but hold the bytes they held in every range the
+    run reads of them (``spans``, by path; the whole file where absent): by folder (two models' shards share their
+    names), each name once."""
     folders: dict[str, list[str]] = {}
     for path in sorted(proved):
         folders.setdefault(str(Path(path).parent), []).append(Path(path).name)
     listed = "; ".join(f"{folder}: {_names(names)}" for folder, names in folders.items())
     plural = "s" if len(proved) != 1 else ""
-    return (f"{len(proved)} input file{plural} touched since the run started (a time or a mode changed) hold the "
-            f"bytes they held then, proved by hashing them again — {listed}")
+    covered = [(spans_bytes(spans[p]) if spans is not None and p in spans else c.size, c.size)
+               for p, c in proved.items()]
+    read, size = sum(r for r, _ in covered), sum(s for _, s in covered)
+    where = "" if read == size else (f" in every range this merge reads ({format_size(read)} of "
+                                     f"{format_size(size)}; an edit elsewhere changes nothing it writes)")
+    return (f"{len(proved)} input file{plural} touched since the run started (modified, or a time or a mode changed) "
+            f"hold the bytes they held then{where}, proved by hashing them again — {listed}")
 
 
 def _names(names: list[str]) -> str:
@@ -91,6 +133,7 @@ def _telling(tell: Callable[[str], None]) -> Hashing:
     def hashing(files: int, size: int) -> None:
         if size >= _TELL_FROM:
             plural = "s" if files != 1 else ""
-            tell(f"hashing {files} input file{plural} ({format_size(size)}) so that a resume can prove them unchanged")
+            tell(f"hashing what this merge reads of {files} input file{plural} ({format_size(size)}) so that a resume "
+                 "can prove it unchanged")
 
     return hashing

@@ -1,21 +1,30 @@
-"""The content proof of local input files: a full sha256 of every weight file a run reads, recorded when the run
-starts and checked again whenever a file no longer looks as it did.
+"""The content proof of local input files: a digest of the bytes a run reads of each weight file, recorded before
+the run's first commit and checked again whenever a file no longer looks as it did.
 
 A plan identifies a weight file by its size, header and sampled blocks (:func:`~resumerge.inputs.files.
 file_identity`): cheap, and enough to tell two models apart, but blind to a tensor re-drawn between two samples.
 A resume that trusted it merged the rest of a run from edited bytes into an output whose first shards came from
 the old ones. The rule, in one place:
 
-- when a run is recorded, each local weight file's sha256 is recorded with its size, mtime and ctime;
+- when a run is recorded, each local weight file's digest is recorded with its size, mtime and ctime: an xxh3-128
+  over the byte ranges the plan reads of it (its *spans*: every unit's reads, merged where they touch), so a file a
+  slice reads a third of costs a third, and a file it never reads costs nothing;
 - a resume (or ``run`` continuing a run) trusts a file whose size, mtime and ctime are all as recorded (writing,
-  replacing or ``touch``-ing a file moves its ctime, which user space cannot set back); any other file is hashed
-  again, and a different digest refuses the run (:class:`~resumerge.errors.PlanChangedError`, exit 4) naming the
-  file; the same digest (a ``touch``, a copy back) is proof, and the new look is recorded.
+  replacing or ``touch``-ing a file moves its ctime, which user space cannot set back); any other file has the same
+  spans hashed again (the ranges both the committed units and the remaining ones read), and a different digest
+  refuses the run (:class:`~resumerge.errors.PlanChangedError`, exit 4) naming the file; the same digest (a
+  ``touch``, a copy back, an edit outside every range the plan reads) is proof, said in one line, and the new look
+  is recorded.
 
-Hashing costs one read of each file, so a digest is also kept in the state dir's verification records (beside the
-hub's, keyed by the file's real path) and reused while the file's size and mtime are unchanged and it was last
-written or replaced well before it was hashed: merging the same local models again hashes nothing. Hub files are
-not here: their identity is the hub's own checksum, verified against the cache on every run.
+xxh3-128 is not cryptographic: it sees any accidental or ordinary edit (a re-saved tensor, a flipped bit, a
+truncated copy: two different contents share a digest with odds of 2^-128), not a collision built on purpose; the
+output's own files keep their sha256. A ledger recorded with whole-file sha256 digests (before this rule) is proved
+as it was recorded.
+
+Hashing costs one read of the spans, so a digest is also kept in the state dir's verification records (beside the
+hub's, keyed by the file's real path and the spans it covers) and reused while the file's size and mtime are
+unchanged and it was last written or replaced well before it was hashed: merging the same local models again hashes
+nothing. Hub files are not here: their identity is the hub's own checksum, verified against the cache on every run.
 """
 
 from __future__ import annotations
@@ -23,10 +32,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
+
+import xxhash
 
 from resumerge.errors import PlanChangedError
 from resumerge.inputs.files import file_look
@@ -37,20 +48,23 @@ if TYPE_CHECKING:
 
 _BLOCK = 8 * 1024 * 1024
 _HUB_SNAPSHOT = re.compile(r"/snapshots/[0-9a-f]{40}$")  # a hub model's recorded folder (see inputs.catalog)
-_ALGORITHM = "sha256"
-
+_ALGORITHM = "xxh3-128"
+_LEGACY = "sha256"  # a ledger recorded before the per-span rule holds whole-file sha256 digests (64 hex digits)
 
 # Told (files, bytes) before files are hashed: a run says why it reads its inputs once before merging.
 Hashing = Callable[[int, int], None]
+# The [start, end) byte ranges of a file a plan reads, sorted and merged; None for the whole file.
+Spans = Sequence[tuple[int, int]]
 
 
 class Content(NamedTuple):
-    """What a local input file looked like when its bytes hashed to ``sha256``."""
+    """What a local input file looked like when the bytes the run reads of it hashed to ``digest``
+    (``xxh3-128:SPANS:HEX``, SPANS naming the ranges covered; or a whole-file sha256 recorded before spans were)."""
 
     size: int
     mtime_ns: int
     ctime_ns: int
-    sha256: str
+    digest: str
 
 
 def local_input_files(model_dirs: Mapping[str, str], inputs: Mapping[str, Iterable[tuple[str, int, str]]]
@@ -93,16 +107,21 @@ def check_looks(paths: Iterable[Path], seen: Mapping[str, tuple[int, int]]) -> N
             raise _changed(path, "changed while the merge was being planned", planning=True)
 
 
+def spans_bytes(spans: Spans) -> int:
+    """The bytes ``spans`` cover."""
+    return sum(end - start for start, end in spans)
+
+
 def record_contents(paths: Iterable[Path], records_dir: str | os.PathLike[str] | None,
-                    seen: Mapping[str, tuple[int, int]] | None = None, hashing: Hashing | None = None
-                    ) -> dict[str, Content]:
-    """The :class:`Content` of each of ``paths`` present, hashed (in parallel, largest first) unless the state
-    dir's records hold its digest (``hashing`` is told how many files and bytes are hashed first). Raises
-    :class:`PlanChangedError` for a file written while it was hashed, or that does not look as ``seen`` when it
-    was opened for the plan."""
+                    seen: Mapping[str, tuple[int, int]] | None = None, hashing: Hashing | None = None,
+                    spans: Mapping[str, Spans] | None = None) -> dict[str, Content]:
+    """The :class:`Content` of each of ``paths`` present: the bytes of its ``spans`` (by path; the whole file where
+    absent) hashed (in parallel, most bytes first) unless the state dir's records hold their digest (``hashing`` is
+    told how many files and bytes are hashed first). Raises :class:`PlanChangedError` for a file written while it
+    was hashed, or that does not look as ``seen`` when it was opened for the plan."""
     present = [p for p in paths if p.is_file()]
     with VerifyRecords(records_dir) as records:
-        found = _digests(present, records, hashing)
+        found = _digests([(p, _spans_of(p, spans)) for p in present], records, hashing)
     for path, content in zip(present, found):
         before = (seen or {}).get(str(path))
         if before is not None and before != (content.size, content.mtime_ns):
@@ -111,9 +130,10 @@ def record_contents(paths: Iterable[Path], records_dir: str | os.PathLike[str] |
 
 
 def prove_unchanged(recorded: Mapping[str, Content], records_dir: str | os.PathLike[str] | None,
-                    hashing: Hashing | None = None) -> dict[str, Content]:
+                    hashing: Hashing | None = None, spans: Mapping[str, Spans] | None = None) -> dict[str, Content]:
     """Check every file of ``recorded`` against what was recorded when the run started; returns the files that
-    look different but hold the same bytes, with how they look now (to record). Raises
+    look different but hold the same bytes in every range recorded (``spans`` by path, the whole file where absent;
+    a whole-file sha256 where that is what was recorded), with how they look now (to record). Raises
     :class:`PlanChangedError`, naming the first file whose bytes differ (or that is gone)."""
     looked_again: list[Path] = []
     for name, before in sorted(recorded.items()):
@@ -128,57 +148,93 @@ def prove_unchanged(recorded: Mapping[str, Content], records_dir: str | os.PathL
             looked_again.append(path)
     if not looked_again:
         return {}
+    jobs = [(p, None if _is_legacy(recorded[str(p)].digest) else _spans_of(p, spans)) for p in looked_again]
     with VerifyRecords(records_dir) as records:
-        now = _digests(looked_again, records, hashing)
+        now = _digests(jobs, records, hashing)
     for path, content in zip(looked_again, now):
-        if content.sha256 != recorded[str(path)].sha256:
+        if content.digest != recorded[str(path)].digest:
             raise _changed(path, "holds other bytes than when the run started (same size, modified since)")
     return {str(path): content for path, content in zip(looked_again, now)}
 
 
-def _digests(paths: list[Path], records: VerifyRecords, told: Hashing | None) -> list[Content]:
-    """The content of each of ``paths`` (in their order): from ``records`` when trusted, else hashed."""
+def _spans_of(path: Path, spans: Mapping[str, Spans] | None) -> tuple[tuple[int, int], ...]:
+    """The spans of ``path`` to hash: as given, else the whole file."""
+    given = (spans or {}).get(str(path))
+    return tuple(given) if given is not None else ((0, os.stat(path).st_size),)
+
+
+def _is_legacy(digest: str) -> bool:
+    return len(digest) == 64 and ":" not in digest
+
+
+def _method(spans: tuple[tuple[int, int], ...] | None) -> str:
+    """The records' name for a digest of ``spans`` (None: a whole-file sha256): the algorithm and which spans."""
+    if spans is None:
+        return _LEGACY
+    return f"{_ALGORITHM}:{xxhash.xxh3_64_hexdigest(repr(spans).encode())}"
+
+
+def _digests(jobs: list[tuple[Path, tuple[tuple[int, int], ...] | None]], records: VerifyRecords,
+             told: Hashing | None) -> list[Content]:
+    """The content of each file of ``jobs`` (path, spans or None for a whole-file sha256), in their order: from
+    ``records`` when trusted, else hashed."""
     found: dict[Path, Content] = {}
     hashing = []
-    for path in paths:
-        known = _known(path, records)
+    for path, spans in jobs:
+        known = _known(path, _method(spans), records)
         if known is not None:
             found[path] = known
         else:
-            hashing.append(path)
+            hashing.append((path, spans))
     if hashing:
-        hashing.sort(key=lambda p: -p.stat().st_size)  # one large file started last would leave the others idle
+        def cost(job: tuple[Path, tuple[tuple[int, int], ...] | None]) -> int:
+            return job[0].stat().st_size if job[1] is None else spans_bytes(job[1])
+
+        hashing.sort(key=lambda job: -cost(job))  # one large file started last would leave the others idle
         if told is not None:
-            told(len(hashing), sum(p.stat().st_size for p in hashing))
+            told(len(hashing), sum(cost(job) for job in hashing))
         workers = min(len(hashing), os.cpu_count() or 1, 8)
         with ThreadPoolExecutor(workers, thread_name_prefix="resumerge-contents") as pool:
-            for path, (content, started) in zip(hashing, pool.map(_hash, hashing)):
+            for (path, _), (content, started) in zip(hashing, pool.map(_hash, hashing)):
                 found[path] = content
-                records.record(path.resolve(), _ALGORITHM, content.sha256, started)
-    return [found[path] for path in paths]
+                method, _, digest = content.digest.rpartition(":")
+                records.record(path.resolve(), method or _LEGACY, digest, started)
+    return [found[path] for path, _ in jobs]
 
 
-def _known(path: Path, records: VerifyRecords) -> Content | None:
+def _known(path: Path, method: str, records: VerifyRecords) -> Content | None:
     """The recorded digest of ``path`` when the records can vouch for it: same size and mtime as when hashed, and
     neither written nor replaced (its ctime) since shortly before."""
     st = os.stat(path)
-    digest = records.digest_of(path.resolve(), _ALGORITHM, newer_than=max(st.st_mtime_ns, st.st_ctime_ns))
-    return None if digest is None else Content(st.st_size, st.st_mtime_ns, st.st_ctime_ns, digest)
+    digest = records.digest_of(path.resolve(), method, newer_than=max(st.st_mtime_ns, st.st_ctime_ns))
+    if digest is None:
+        return None
+    return Content(st.st_size, st.st_mtime_ns, st.st_ctime_ns, digest if method == _LEGACY else f"{method}:{digest}")
 
 
-def _hash(path: Path) -> tuple[Content, int]:
-    """Hash ``path`` whole: its content and when the hash started (for the records). Raises
-    :class:`PlanChangedError` when it changed while being read."""
+def _hash(job: tuple[Path, tuple[tuple[int, int], ...] | None]) -> tuple[Content, int]:
+    """Hash the spans of ``path`` (the whole file in sha256 where None): its content and when the hash started (for
+    the records). Raises :class:`PlanChangedError` when it changed while being read."""
+    path, spans = job
     before = os.stat(path)
     started = now_ns()
-    digest = hashlib.sha256()
-    # unbuffered 8 MiB reads, hashlib drops the GIL on each; into one buffer, so that its pages are faulted in and
-    # zeroed once, not at every read (a fresh 8 MiB is mapped afresh: over the run's 1 MiB mmap threshold)
+    digest: xxhash.xxh3_128 | hashlib._Hash = hashlib.sha256() if spans is None else xxhash.xxh3_128()
+    # unbuffered reads of at most 8 MiB into one buffer, so that its pages are faulted in and zeroed once, not at
+    # every read (a fresh 8 MiB is mapped afresh: over the run's 1 MiB mmap threshold)
     block = bytearray(_BLOCK)
     view = memoryview(block)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(block):
-            digest.update(view[:n])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for start, end in ((0, before.st_size),) if spans is None else spans:
+            at = start
+            while at < end:
+                n = os.preadv(fd, [view[:min(_BLOCK, end - at)]], at)
+                if n <= 0:
+                    raise _changed(path, "changed while it was being read")
+                digest.update(view[:n])
+                at += n
+    finally:
+        os.close(fd)
     after = os.stat(path)
     if (before.st_size, before.st_mtime_ns, before.st_ctime_ns) != (after.st_size, after.st_mtime_ns,
                                                                      after.st_ctime_ns):
@@ -186,7 +242,8 @@ def _hash(path: Path) -> tuple[Content, int]:
     # Written within a timestamp tick of the hash (a coarse clock, a save still finishing): a later write could keep
     # the same look, so the look recorded never matches and a resume hashes the file again (git's "racy clean").
     racy = max(before.st_mtime_ns, before.st_ctime_ns) + RACY_WINDOW_NS >= started
-    return Content(before.st_size, before.st_mtime_ns, -1 if racy else before.st_ctime_ns, digest.hexdigest()), started
+    text = digest.hexdigest() if spans is None else f"{_method(spans)}:{digest.hexdigest()}"
+    return Content(before.st_size, before.st_mtime_ns, -1 if racy else before.st_ctime_ns, text), started
 
 
 def _changed(path: Path, what: str, *, planning: bool = False) -> PlanChangedError:

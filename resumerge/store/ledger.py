@@ -224,8 +224,9 @@ class Ledger(Journal):
         return (str(row[0]), bytes(row[1])) if row is not None else None
 
     def input_contents(self) -> dict[str, tuple[int, int, int, str]]:
-        """(size, mtime_ns, ctime_ns, sha256) of each local input file by path, as :meth:`record_input_contents`
-        recorded them (empty for a run recorded before they were)."""
+        """(size, mtime_ns, ctime_ns, digest) of each local input file by path, as :meth:`record_input_contents`
+        recorded them (empty for a run recorded before they were). The column keeps its first name, ``sha256``: the
+        digest is :mod:`resumerge.inputs.contents`' (the ranges the plan reads, or a whole-file sha256 before)."""
         with self._transaction():
             rows = self.db.execute("SELECT path, size, mtime_ns, ctime_ns, sha256 FROM input_contents").fetchall()
         return {str(r[0]): (int(r[1]), int(r[2]), int(r[3]), str(r[4])) for r in rows}
