@@ -1,5 +1,6 @@
 """The front door: ``run``, ``resume``, ``status``, ``verify``, ``check``, ``estimate`` (what ``resumerge plan``
-prints), ``plan_merge``, ``extract_lora`` and ``estimate_extraction``, for the CLI and for notebooks alike.
+prints), ``plan_merge``, ``extract_lora``, ``estimate_extraction`` and ``evolve`` (a search of a merge's parameters,
+:mod:`.evolution`), for the CLI and for notebooks alike.
 
 Each CLI command parses its arguments and makes one call here, so a notebook gets the very tool the README
 describes. Every function takes its options as a few frozen groups (:mod:`.options`: :class:`Output`, :class:`Merging`,
@@ -10,7 +11,8 @@ merge, a recipe (several YAML documents), MoE upcycling (a mergekit-moe config) 
 class (:mod:`.runkind`) in the one tuple :data:`~resumerge.api.kinds.KINDS` walked here. Errors are the
 :mod:`resumerge.errors` exceptions that the CLI maps to exit codes.
 
-May import: errors, config, memory, methods, vocab, inputs, store, plan, outputs, moe, extract, engine, recipes.
+May import: errors, config, memory, methods, vocab, inputs, store, plan, outputs, moe, extract, engine, recipes,
+evolve.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any
 
+from resumerge.api.evolution import EvolveOutcome
 from resumerge.api.kinds import EXTRACTION, kind_of, own_record, planner_of, recorded_kind
 from resumerge.api.options import (
     Hub,
@@ -48,8 +51,8 @@ from resumerge.extract.spec import ExtractSpec
 from resumerge.memory.sizes import parse_size
 from resumerge.plan.defaults import DEFAULT_SHARD_SIZE
 
-__all__ = ["Hub", "Lora", "Merging", "Output", "Resources", "Stages", "check", "estimate", "estimate_extraction",
-           "estimate_measure",
+__all__ = ["EvolveOutcome", "Hub", "Lora", "Merging", "Output", "Resources", "Stages", "check", "estimate",
+           "estimate_extraction", "estimate_measure", "evolve", "evolve_status",
            "extract_lora", "measure", "plan_merge", "recipe_status", "resume", "run", "status", "verify"]
 
 # Only what ``status`` and ``verify`` need is imported here, so that they stay fast (no torch): the merging
@@ -65,6 +68,7 @@ if TYPE_CHECKING:
     from resumerge.engine.executor import Reporter
     from resumerge.engine.executors import Executor
     from resumerge.estimate.costs import Estimate
+    from resumerge.evolve.status import SearchStatus
     from resumerge.inputs.codecs import CodecTable
     from resumerge.plan.merge_plan import Plan
     from resumerge.recipes.estimate import RecipeEstimate
@@ -481,3 +485,37 @@ def _reporter(progress: bool | Reporter) -> Reporter | None:
                       "progress=resumerge.cli.render.ProgressReporter() (close it after the call)",
                       DeprecationWarning, stacklevel=3)
     return None if isinstance(progress, bool) else progress
+
+
+def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsize: int | None = None,
+           sigma0: float = 1 / 6, random_seed: int = 0, resources: Resources = Resources(),
+           merge_best: PathLike | None = None, allow_benchmark_tasks: bool = False) -> EvolveOutcome:
+    """Search the merge parameters of the mergekit-evolve ``config`` with CMA-ES, like ``resumerge evolve``:
+    ``popsize`` candidates a generation (None: cma's 4 + 3 ln n), ``max_fevals`` evaluations, first step
+    ``sigma0``, draws seeded by ``random_seed``; everything kept in the folder ``storage`` (``evaluations.jsonl``
+    and ``.csv``, ``best.yml``, ``objective.png``). Killed anywhere, the same call resumes and ends with the same
+    files. Each candidate is merged as :func:`run` merges (under ``resources``) into a folder of its own under
+    ``storage``, scored on its tasks (``{kl: {parent, texts}}``: KL from that parent on its own texts; ``{nll:
+    {texts}}``), then removed. ``merge_best``: the best candidate is then written there as :func:`run` writes it.
+    Task names of common benchmarks are refused unless ``allow_benchmark_tasks``, as mergekit-evolve refuses them.
+
+    Raises :class:`~resumerge.errors.ConfigError` or :class:`~resumerge.errors.UsageError` (exit 2) before any
+    weight is read for a bad config or option, a genome of models of different shapes or a filter matching
+    nothing, an lm-eval task (they need ``resumerge eval``), or a STORAGE holding another search."""
+    from pathlib import Path
+
+    from resumerge.api.evolution import evolve_into
+    from resumerge.evolve.search import SearchOptions
+
+    return evolve_into(config, Path(storage), SearchOptions(max_fevals, popsize, sigma0, random_seed),
+                       resources=resources, merge_best=merge_best, allow_benchmark_tasks=allow_benchmark_tasks,
+                       run=run, plan_merge=plan_merge)
+
+
+def evolve_status(storage: PathLike) -> SearchStatus:
+    """Where the search in ``storage`` stands, like ``resumerge status STORAGE`` (its files read; no torch)."""
+    from pathlib import Path
+
+    from resumerge.evolve.status import search_status
+
+    return search_status(Path(storage))

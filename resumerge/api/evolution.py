@@ -1,0 +1,94 @@
+"""The work of ``resumerge evolve CONFIG STORAGE`` (:func:`resumerge.api.evolve`): every refusal made before any
+weight is read (the config, the options, the genome's headers, the first candidate planned as ``run`` plans it,
+STORAGE's owner), then the search (:mod:`resumerge.evolve.search`) with its candidates merged by :func:`run`'s own
+code, and ``merge_best`` written as ``run`` writes a merge."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from resumerge.api.options import Output, PathLike, Resources, config_text
+from resumerge.config.locations import StateDir
+from resumerge.errors import UsageError
+
+if TYPE_CHECKING:
+    from resumerge.engine.drive import Outcome
+    from resumerge.evolve.search import Planned, SearchOptions
+    from resumerge.evolve.spec import EvolveSpec
+    from resumerge.evolve.storage import Evaluated
+
+
+@dataclass(frozen=True)
+class EvolveOutcome:
+    """A finished search: its ``storage``, the ``best`` candidate (its generation, index, genotype, merge config,
+    objective and task figures), the generations run, and ``merged`` (the run that wrote it where ``merge_best``
+    was given)."""
+
+    storage: Path
+    best: Evaluated
+    generations: int
+    merged: Outcome | None = None
+
+
+def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resources: Resources,
+                merge_best: PathLike | None, allow_benchmark_tasks: bool, run: Callable[..., Outcome],
+                plan_merge: Callable[[str], object]) -> EvolveOutcome:
+    """:func:`resumerge.api.evolve`'s work, with the API's own ``run`` and ``plan_merge`` handed in (this module
+    sits under the front door's package)."""
+    from resumerge.evolve import storage as files
+    from resumerge.evolve.genome import tokenizer_model
+    from resumerge.evolve.search import run_search
+    from resumerge.evolve.written import WrittenCandidates
+
+    planned = plan_evolve(config, options, allow_benchmark_tasks, plan_merge)
+    if merge_best is not None and Path(merge_best).resolve().is_relative_to(store.resolve()):
+        raise UsageError(f"--merge-best {merge_best} is inside STORAGE", hint="write the best merge elsewhere")
+    files.claim(store, planned.identity())
+
+    def merge(text: str, out: Path, state: Path) -> None:
+        run(text, out, state_dir=state, resources=resources, output=Output(write_model_card=False))
+
+    source = tokenizer_model(planned.spec.genome)
+    scorer = WrittenCandidates(store, planned.spec.tasks, merge, Path(source) if source is not None else None)
+    best = run_search(planned, store, scorer)
+    merged = run(store / files.BEST, merge_best, resources=resources) if merge_best is not None else None
+    return EvolveOutcome(store, best, len(files.read_state(store)), merged)
+
+
+def plan_evolve(config: PathLike, options: SearchOptions, allow_benchmark_tasks: bool,
+                plan_merge: Callable[[str], object]) -> Planned:
+    """The search :func:`evolve_into` would run, every refusal made (reading headers only; nothing written)."""
+    from resumerge.evolve.models import genome_layers
+    from resumerge.evolve.search import plan_search
+    from resumerge.evolve.spec import read_spec
+
+    if options.popsize is not None and options.popsize < 2:
+        raise UsageError(f"--popsize {options.popsize}: CMA-ES needs two candidates a generation or more")
+    if options.max_fevals < 1:
+        raise UsageError(f"--max-fevals {options.max_fevals}: a search needs one evaluation or more")
+    if not (math.isfinite(options.sigma0) and options.sigma0 > 0):
+        raise UsageError(f"--sigma0 {options.sigma0}: the first step size must be a positive number")
+    spec = read_spec(config_text(config), allow_benchmarks=allow_benchmark_tasks)
+    _refuse_lm_eval(spec)
+    layers = genome_layers(spec, StateDir.resolve(None))
+    planned = plan_search(spec, layers, options)
+    import yaml
+
+    # The first candidate planned as run plans it: a method's own refusal (a parameter, a base) comes now.
+    plan_merge(yaml.safe_dump(planned.config_of(planned.settings.x0), sort_keys=False))
+    return planned
+
+
+def _refuse_lm_eval(spec: EvolveSpec) -> None:
+    """lm-eval objectives come with ``resumerge eval``, which this build does not hold yet."""
+    for i, task in enumerate(spec.tasks):
+        if task.kind == "lm-eval":
+            raise UsageError(f"tasks[{i}]: {task.name} is an lm-eval task, and lm-eval objectives need resumerge "
+                             "eval, which this build does not have yet",
+                             hint="score with kl: {parent: PATH, texts: FILE} or nll: {texts: FILE} entries")
+
+
