@@ -35,6 +35,8 @@ class Layout:
     per_model: tuple[str, ...]
     global_: tuple[str, ...] = ()
     global_start: tuple[float, ...] = ()
+    # The first value of each per-model number but the weight (None: mergekit's 1).
+    per_model_start: tuple[float, ...] | None = None
     bounds: tuple[tuple[str, float | None, float | None], ...] = ()
 
     @property
@@ -70,14 +72,21 @@ def layout_of(genome: Genome, layers: int) -> Layout:
         raise ConfigError(f"{genome.method} has no numeric parameter to search", yaml_path="genome.merge_method",
                           hint="pick a method with weights, densities or a scaling (ties, della, tsv, ...)")
     start = tuple(float(p.default) if p.default is not None else 0.5 for p in globals_)
+    defaults = {p.name: p.default for p in floats}
+    own_start = tuple(float(defaults[n]) if defaults[n] is not None else 1.0 for n in per_model)
     bounds = tuple((p.name, p.minimum, p.maximum) for p in floats)
-    return Layout(groups, len(genome.models), sets, tuple(per_model), tuple(p.name for p in globals_), start, bounds)
+    return Layout(groups, len(genome.models), sets, tuple(per_model), tuple(p.name for p in globals_), start,
+                  own_start, bounds)
 
 
 def initial_genotype(layout: Layout) -> list[float]:
-    """mergekit's first genotype: every weight 1/models, every other per-model number 1; the global numbers at the
-    method's defaults."""
-    first = [1.0 / layout.models] + [1.0] * (len(layout.per_model) - 1)
+    """mergekit's first genotype: every weight 1/models, every other per-model number 1 (resumerge's methods: its
+    default, della's epsilon 0.15); the global numbers at the method's defaults."""
+    if layout.per_model_start is None:  # mergekit's: the first number (weight, or slerp's t) 1/models, the rest 1
+        first = [1.0 / layout.models] + [1.0] * (len(layout.per_model) - 1)
+    else:
+        first = [1.0 / layout.models if name == "weight" else layout.per_model_start[i]
+                 for i, name in enumerate(layout.per_model)]
     values = [v for _ in range(layout.groups) for _ in range(layout.models) for _ in range(layout.sets)
               for v in first]
     return values + [v for _ in range(layout.groups) for _ in range(layout.sets) for v in layout.global_start]

@@ -1,0 +1,93 @@
+"""Bad input to ``resumerge evolve``: one line naming what and where, exit 2, before any weight is read and
+without a file written into STORAGE (a STORAGE holding another search is left as it was).
+
+Tiny generated models (two layers, width 32); nothing is merged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from resumerge.cli.commands import main
+from resumerge.cli.modelgen import ModelSpec, make_model
+
+SPEC = ModelSpec(layers=2, hidden=32, intermediate=48, vocab=64)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("evolve")
+    for i, name in enumerate(("base", "a", "b")):
+        make_model(root / name, SPEC, seed=i)
+    make_model(root / "wide", ModelSpec(layers=2, hidden=48, intermediate=48, vocab=64), seed=3)
+    (root / "texts.txt").write_text("the cat sat on the mat\n")
+    return root
+
+
+def _config(root: Path, **changes: Any) -> dict[str, Any]:
+    genome = {"models": [str(root / "a"), str(root / "b")], "merge_method": "ties", "base_model": str(root / "base"),
+              "layer_granularity": 1}
+    genome.update(changes.pop("genome", {}))
+    return {"genome": genome, "tasks": [{"kl": {"parent": str(root / "a"), "texts": str(root / "texts.txt")}}],
+            **changes}
+
+
+CASES = [
+    ("benchmark", {"tasks": ["hellaswag"]}, [], "hellaswag is a common benchmark", "tasks[0]"),
+    ("lm-eval", {"tasks": [{"name": "my_task", "metric": "acc,none"}]}, [], "need resumerge eval", "tasks[0]"),
+    ("popsize", {}, ["--popsize", "1"], "two candidates a generation", "--popsize 1"),
+    ("filter", {"genome": {"filters": ["no_such_tensor"]}}, [], "matches no tensor", "genome.filters[0]"),
+    ("shapes", {"genome": {"models": ["A", "WIDE"]}}, [], "is not the shape of", "genome.models[1]"),
+    ("unknown key", {"genome": {"layer_granularty": 1}}, [], "unknown key 'layer_granularty'", "genome."),
+    ("texts", {"tasks": [{"nll": {"texts": "/nonexistent/texts.txt"}}]}, [], "no such file", "tasks[0].nll.texts"),
+    ("granularity", {"genome": {"layer_granularity": 3}}, [], "not a multiple of 3", "genome.layer_granularity"),
+    ("no base", {"genome": {"base_model": None}}, [], "ties needs a base_model", "genome.base_model"),
+    ("sigma0", {}, ["--sigma0", "0"], "first step size", "--sigma0"),
+]
+
+
+@pytest.mark.parametrize(("case", "changes", "flags", "says", "where"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(
+        root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, changes: dict[str, Any],
+        flags: list[str], says: str, where: str) -> None:
+    doc = _config(root, **changes)
+    models = doc["genome"]["models"]
+    doc["genome"]["models"] = [str(root / m.lower()) if m in ("A", "WIDE") else m for m in models]
+    config = tmp_path / "evolve.yml"
+    config.write_text(yaml.safe_dump(doc))
+    store = tmp_path / "store"
+    assert main(["evolve", str(config), str(store), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and where in err and len(err.splitlines()) == 1, err
+    assert not store.exists()
+
+
+def test_a_benchmark_task_passes_the_opt_in_and_meets_the_next_refusal(
+        root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "evolve.yml"
+    config.write_text(yaml.safe_dump(_config(root, tasks=["hellaswag"])))
+    assert main(["evolve", str(config), str(tmp_path / "s"), "--i-understand-the-depths-of-the-evils-i-am-unleashing"]) == 2
+    assert "need resumerge eval" in capsys.readouterr().err
+
+
+def test_a_storage_holding_another_search_or_foreign_files_is_refused(
+        root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "evolve.yml"
+    config.write_text(yaml.safe_dump(_config(root)))
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "search.json").write_text('{"config": "another", "settings": {}, "size": 4, "layers": 2}')
+    before = sorted(p.name for p in store.iterdir())
+    assert main(["evolve", str(config), str(store)]) == 2
+    err = capsys.readouterr().err
+    assert "holds another search" in err and "config" in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(p.name for p in store.iterdir()) == before
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    assert main(["evolve", str(config), str(foreign)]) == 2
+    assert "did not write" in capsys.readouterr().err
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
