@@ -63,6 +63,7 @@ def run_search(planned: Planned, store: Path, scorer: ScoresGeneration) -> Evalu
     """Run (or resume) the search ``planned`` in ``store`` (claimed already) and return its best candidate."""
     tasks = planned.spec.tasks
     names = [t.name for t in tasks]
+    storage.sweep(store)
     generations = storage.read_state(store)
     search = Search.restore(planned.settings, [([e.genotype for e in g], [e.objective for e in g])
                                                for g in generations])

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.errors import UsageError
-from resumerge.store.durable import write_file_atomic
+from resumerge.store.durable import TEMP_SUFFIX, write_file_atomic
 from resumerge.store.killpoints import reach
 
 SEARCH = "search.json"
@@ -81,6 +81,15 @@ def claim(storage: Path, identity: dict[str, Any]) -> bool:
     storage.mkdir(parents=True, exist_ok=True)
     write_file_atomic(storage / SEARCH, _dumps(identity))
     return False
+
+
+def sweep(storage: Path) -> None:
+    """Remove the temp files a killed search left beside its own files (``.NAME.<random>.tmp``: ours alone)."""
+    for path in storage.iterdir():
+        name = path.name
+        if name.startswith(".") and name.endswith(TEMP_SUFFIX) and \
+                name[1:-len(TEMP_SUFFIX)].rsplit(".", 1)[0] in _OURS:
+            path.unlink(missing_ok=True)
 
 
 def read_state(storage: Path) -> list[list[Evaluated]]:
@@ -170,7 +179,7 @@ def say(storage: Path, **where: Any) -> None:
     except ValueError:
         doc = {}
     doc.update(where)
-    temp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    temp = path.with_name(f".{path.name}.{os.getpid()}{TEMP_SUFFIX}")
     temp.write_text(json.dumps(doc), encoding="utf-8")
     os.replace(temp, path)
 
