@@ -488,15 +488,15 @@ def _reporter(progress: bool | Reporter) -> Reporter | None:
 
 
 def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsize: int | None = None,
-           sigma0: float = 1 / 6, random_seed: int = 0, resources: Resources = Resources(),
+           sigma0: float = 1 / 6, random_seed: int = 0, max_memory: int | str | None = None, device: str = "cpu",
            merge_best: PathLike | None = None, allow_benchmark_tasks: bool = False) -> EvolveOutcome:
     """Search the merge parameters of the mergekit-evolve ``config`` with CMA-ES, like ``resumerge evolve``:
     ``popsize`` candidates a generation (None: cma's 4 + 3 ln n), ``max_fevals`` evaluations, first step
     ``sigma0``, draws seeded by ``random_seed``; everything kept in the folder ``storage`` (``evaluations.jsonl``
     and ``.csv``, ``best.yml``, ``objective.png``). Killed anywhere, the same call resumes and ends with the same
-    files. Each candidate is merged as :func:`run` merges (under ``resources``) into a folder of its own under
-    ``storage``, scored on its tasks (``{kl: {parent, texts}}``: KL from that parent on its own texts; ``{nll:
-    {texts}}``), then removed. ``merge_best``: the best candidate is then written there as :func:`run` writes it.
+    files. Each candidate is merged as :func:`run` merges (within ``max_memory``, on ``device``) into a folder of
+    its own under ``storage``, scored on its tasks (``{kl: {parent, texts}}``: KL from that parent on its own
+    texts; ``{nll: {texts}}``), then removed. ``merge_best``: the best candidate is then written there as :func:`run` writes it.
     Task names of common benchmarks are refused unless ``allow_benchmark_tasks``, as mergekit-evolve refuses them.
 
     Raises :class:`~resumerge.errors.ConfigError` or :class:`~resumerge.errors.UsageError` (exit 2) before any
@@ -508,7 +508,8 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
     from resumerge.evolve.search import SearchOptions
 
     return evolve_into(config, Path(storage), SearchOptions(max_fevals, popsize, sigma0, random_seed),
-                       resources=resources, merge_best=merge_best, allow_benchmark_tasks=allow_benchmark_tasks,
+                       resources=Resources(device=device, max_memory=max_memory), merge_best=merge_best,
+                       allow_benchmark_tasks=allow_benchmark_tasks,
                        run=run, plan_merge=plan_merge)
 
 

@@ -42,11 +42,11 @@ def add_evolve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run_evolve_command(args: argparse.Namespace) -> int:
     """One API call, then the best candidate."""
-    from resumerge.api import Resources, evolve
+    from resumerge.api import evolve
 
     outcome = evolve(args.config, args.storage, max_fevals=args.max_fevals, popsize=args.popsize,
                      sigma0=args.sigma0, random_seed=args.random_seed,
-                     resources=Resources(device=args.device, max_memory=args.max_memory),
+                     max_memory=args.max_memory, device=args.device,
                      merge_best=args.merge_best, allow_benchmark_tasks=args.allow_benchmark_tasks)
     if args.json:
         print(json.dumps(outcome.best.to_json(), indent=2))

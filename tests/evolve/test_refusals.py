@@ -69,7 +69,8 @@ def test_a_benchmark_task_passes_the_opt_in_and_meets_the_next_refusal(
         root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "evolve.yml"
     config.write_text(yaml.safe_dump(_config(root, tasks=["hellaswag"])))
-    assert main(["evolve", str(config), str(tmp_path / "s"), "--i-understand-the-depths-of-the-evils-i-am-unleashing"]) == 2
+    opt_in = "--i-understand-the-depths-of-the-evils-i-am-unleashing"
+    assert main(["evolve", str(config), str(tmp_path / "s"), opt_in]) == 2
     assert "need resumerge eval" in capsys.readouterr().err
 
 
