@@ -496,8 +496,9 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
     and ``.csv``, ``best.yml``, ``objective.png``). Killed anywhere, the same call resumes and ends with the same
     files. Each candidate is merged as :func:`run` merges (within ``max_memory``, on ``device``) into a folder of
     its own under ``storage``, scored on its tasks (``{kl: {parent, texts}}``: KL from that parent on its own
-    texts; ``{nll: {texts}}``), then removed. ``merge_best``: the best candidate is then written there as :func:`run` writes it.
-    Task names of common benchmarks are refused unless ``allow_benchmark_tasks``, as mergekit-evolve refuses them.
+    texts; ``{nll: {texts}}``), then removed. ``merge_best``: the best candidate is then written there as
+    :func:`run` writes it. Task names of common benchmarks are refused unless ``allow_benchmark_tasks``, as
+    mergekit-evolve refuses them.
 
     Raises :class:`~resumerge.errors.ConfigError` or :class:`~resumerge.errors.UsageError` (exit 2) before any
     weight is read for a bad config or option, a genome of models of different shapes or a filter matching
