@@ -50,7 +50,7 @@ def test_a_search_killed_at_every_kind_of_point_ends_with_the_same_files(tmp_pat
             status = api.evolve_status(killed)
             assert (status.generation, status.generations, status.candidate, status.evaluated) == (2, 2, 0, 2)
             assert status.best is not None and status.seconds_left is not None and not status.finished
-            assert status.lines()[1].startswith("candidate 1 of 2, score kl:")
+            assert status.lines()[1] == "candidate 1 of 2, score nll:b.txt, layer 2 of 2"  # its last task
     assert (killed / "evaluations.jsonl").read_text().count("\n") == 4
     assert any(p.name.startswith(".best.yml.") for p in killed.iterdir())  # its temp file, left by the kill
     done = _evolve(config, killed, None)
