@@ -513,7 +513,7 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
     return evolve_into(config, Path(storage), SearchOptions(max_fevals, popsize, sigma0, random_seed),
                        resources=Resources(device=device, max_memory=max_memory), merge_best=merge_best,
                        allow_benchmark_tasks=allow_benchmark_tasks,
-                       run=run, plan_merge=plan_merge)
+                       run=run, plan_merge=plan_merge, open_population=open_population)
 
 
 def evolve_status(storage: PathLike) -> SearchStatus:

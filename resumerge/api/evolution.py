@@ -6,7 +6,7 @@ code, and ``merge_best`` written as ``run`` writes a merge."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +17,8 @@ from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
     from resumerge.engine.drive import Outcome
+    from resumerge.engine.unwritten import Population
+    from resumerge.evolve.objective import ScoresGeneration
     from resumerge.evolve.search import Planned, SearchOptions
     from resumerge.evolve.spec import EvolveSpec
     from resumerge.evolve.storage import Evaluated
@@ -36,12 +38,17 @@ class EvolveOutcome:
 
 def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resources: Resources,
                 merge_best: PathLike | None, allow_benchmark_tasks: bool, run: Callable[..., Outcome],
-                plan_merge: Callable[[str], object]) -> EvolveOutcome:
-    """:func:`resumerge.api.evolve`'s work, with the API's own ``run`` and ``plan_merge`` handed in (this module
-    sits under the front door's package)."""
+                plan_merge: Callable[[str], object], open_population: Callable[..., Population],
+                written: bool = False) -> EvolveOutcome:
+    """:func:`resumerge.api.evolve`'s work, with the API's own ``run``, ``plan_merge`` and ``open_population``
+    handed in (this module sits under the front door's package). Each generation is scored in one streamed pass
+    per task (:class:`~resumerge.evolve.streamed.StreamedCandidates`), or, ``written``, each candidate merged to
+    disk and scored alone (:class:`~resumerge.evolve.written.WrittenCandidates`: the reference the streamed figures
+    are held to)."""
     from resumerge.evolve import storage as files
     from resumerge.evolve.genome import tokenizer_model
     from resumerge.evolve.search import run_search
+    from resumerge.evolve.streamed import StreamedCandidates
     from resumerge.evolve.written import WrittenCandidates
 
     planned = plan_evolve(config, options, allow_benchmark_tasks, plan_merge)
@@ -53,7 +60,13 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
         run(text, out, state_dir=state, resources=resources, output=Output(write_model_card=False))
 
     source = tokenizer_model(planned.spec.genome)
-    scorer = WrittenCandidates(store, planned.spec.tasks, merge, Path(source) if source is not None else None)
+    tokenizer = Path(source) if source is not None else None
+
+    def population(texts: Sequence[str]) -> Population:
+        return open_population(texts, state_dir=store / files.WORK / "state", resources=resources)
+
+    scorer: ScoresGeneration = WrittenCandidates(store, planned.spec.tasks, merge, tokenizer) if written else \
+        StreamedCandidates(store, planned.spec.tasks, population, tokenizer, StateDir.resolve(None))
     best = run_search(planned, store, scorer)
     merged = run(store / files.BEST, merge_best, resources=resources) if merge_best is not None else None
     return EvolveOutcome(store, best, len(files.read_state(store)), merged)

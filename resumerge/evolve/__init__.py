@@ -6,10 +6,24 @@ into the merge config mergekit-evolve would build from it (and the same for resu
 parameters are numbers). :mod:`.strategy` drives ``cma``'s CMA-ES and keeps its state as plain arrays;
 :mod:`.storage` owns STORAGE's files (the table, its CSV, ``best.yml``, the chart, the journal of every
 candidate); :mod:`.objective` is the protocol that scores a generation of candidates and the weighting of their
-tasks, :mod:`.written` its first implementation (each candidate merged by ``run``'s code into a journaled folder,
-then scored by :mod:`.scoring` on the forward engine); :mod:`.search` drives a search from start to end.
+tasks; :mod:`.streamed` scores a whole generation in one streamed pass per task (every candidate a merge never
+written, its layers merged in memory from one read of the parents' layer), and :mod:`.written` is the reference it
+is held to (each candidate merged by ``run``'s code into a journaled folder, then scored by :mod:`.scoring`);
+:mod:`.search` drives a search from start to end.
 
-May import: errors, config, analyses, forward, inputs, methods, store, torch_import.
+May import: errors, config, analyses, forward, inputs, methods, store, engine, torch_import.
 """
 
-__all__ = ["chart", "genome", "objective", "scoring", "search", "spec", "storage", "strategy", "written"]
+__all__ = [
+           "chart",
+           "genome",
+           "objective",
+           "scoring",
+           "search",
+           "spec",
+           "status",
+           "storage",
+           "strategy",
+           "streamed",
+           "written",
+]

@@ -4,6 +4,7 @@ generation's state made durable before the user's files are written from it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,7 +82,9 @@ def run_search(planned: Planned, store: Path, scorer: ScoresGeneration) -> Evalu
         def record(index: int, figures: dict[str, float], number: int = number) -> None:
             storage.journal(store, number, index, figures)
 
+        started = time.monotonic()
         figures = scorer.score(number, configs, done, record)
+        _timed(store, len(genotypes), time.monotonic() - started)
         told = [Evaluated(number, i, genotypes[i], configs[i], objective(tasks, figures[i]), figures[i])
                 for i in range(len(genotypes))]
         search.tell([e.objective for e in told])
@@ -92,3 +95,10 @@ def run_search(planned: Planned, store: Path, scorer: ScoresGeneration) -> Evalu
     best = storage.best_of(generations)
     assert best is not None  # cma asks at least one generation
     return best
+
+
+def _timed(store: Path, candidates: int, seconds: float) -> None:
+    """Add a generation's candidates and time to the progress file (``status`` estimates the time left from it)."""
+    seen = storage.progress(store)
+    storage.say(store, scored=int(seen.get("scored", 0)) + candidates,
+                seconds=float(seen.get("seconds", 0.0)) + seconds)

@@ -7,7 +7,6 @@ parents) replaces it behind the same protocol (:class:`~resumerge.evolve.objecti
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,6 @@ class WrittenCandidates:
             if earlier is not None:
                 found.append(earlier)
                 continue
-            started = time.monotonic()
             work = storage.work_dir(self.store, generation, index)
             out, state = work / "merge", work / "state"
             storage.say(self.store, generation=generation, candidate=index, phase="merge", layer=None, layers=None)
@@ -53,12 +51,6 @@ class WrittenCandidates:
                                                  self.store / storage.TOKENS, self.tokenizer, on_layer)
             record(index, figures)
             shutil.rmtree(work, ignore_errors=True)  # ours: the merge and its run's state, scored and journaled
-            _timed(self.store, time.monotonic() - started)
             found.append(figures)
         return found
 
-
-def _timed(store: Path, seconds: float) -> None:
-    """Add a candidate's time to the progress file (``status`` estimates the time left from it)."""
-    seen = storage.progress(store)
-    storage.say(store, scored=int(seen.get("scored", 0)) + 1, seconds=float(seen.get("seconds", 0.0)) + seconds)

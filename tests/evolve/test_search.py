@@ -125,3 +125,22 @@ def test_a_different_seed_in_the_same_storage_is_another_search(
     config, store, _ = searched
     assert main(["evolve", str(config), str(store), "--max-fevals", "3", "--popsize", "2"]) == 2
     assert "holds another search (its settings differ)" in capsys.readouterr().err
+
+
+def test_the_streamed_generation_gives_each_candidate_its_written_merges_figures(
+        searched: tuple[Path, Path, api.EvolveOutcome], tmp_path: Path) -> None:
+    from resumerge.api.evolution import evolve_into
+    from resumerge.evolve.search import SearchOptions
+
+    config, store, _ = searched
+    written = tmp_path / "written"
+    evolve_into(config, written, SearchOptions(OPTIONS["max_fevals"], OPTIONS["popsize"], 1 / 6,
+                                               OPTIONS["random_seed"]),
+                resources=api.Resources(), merge_best=None, allow_benchmark_tasks=False, run=api.run,
+                plan_merge=api.plan_merge, open_population=api.open_population, written=True)
+    streamed = [json.loads(line) for line in (store / "evaluations.jsonl").read_text().splitlines()]
+    merged = [json.loads(line) for line in (written / "evaluations.jsonl").read_text().splitlines()]
+    assert [(r["genotype"], r["config"]) for r in streamed] == [(r["genotype"], r["config"]) for r in merged]
+    for ours, theirs in zip(streamed, merged, strict=True):
+        for name, value in theirs["tasks"].items():
+            assert ours["tasks"][name] == pytest.approx(value, rel=1e-6, abs=1e-9), name
