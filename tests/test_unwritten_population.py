@@ -114,6 +114,9 @@ def test_a_pass_over_the_generation_gives_each_candidate_its_own_figures(tmp_pat
         distinct = {(r.model, r.file, r.start, r.end) for p in population.plans for tp in p.tensors.values()
                     for r in tp.reads()}
         assert population.shared.reads == len(distinct)  # the whole generation: one read of each range
+        # Held: one layer's inputs at a time, never the models.
+        assert population.shared.peak_kept < population.shared.bytes_read / 2
+        assert population.shared.peak_kept <= generation_bytes(population.plans, 1)
     for config, figure in zip(configs, figures, strict=True):
         with api.open_unwritten(config, state_dir=state) as single:
             own = _nll(Weights.of(single.directory, single.tensors, source=single.source), dict(single.config))
@@ -133,7 +136,7 @@ def test_what_a_generation_holds_is_said_before_it_runs(tmp_path: Path, make: Mo
                   if layer_of(tp.name) == 0 for r in tp.reads()}
         assert one > sum(layer0.values())
         budget = four + hidden // 2
-        assert largest_popsize(plans, budget, hidden) == 4
+        assert largest_popsize(plans, budget, hidden) == 4 == population.largest_popsize(budget, hidden)
         assert largest_popsize(plans, one - 1, hidden) == 0
         with pytest.raises(UsageError):
             generation_bytes(plans, 0, hidden)

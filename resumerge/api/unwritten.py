@@ -60,6 +60,7 @@ def open_unwritten(config: PathLike, *, state_dir: PathLike | None = None, outpu
             raise _not_a_merge(kind.name)
         prepared = _prepared(config, text, options, settings, codecs)
         fetch_inputs(prepared.opened(), state=settings.state)
+    _threads(settings)
     owned = _governor(settings) if governor is None else None
     return UnwrittenMerge(prepared.plan, settings.state.unwritten_dir, governor=governor or owned,
                           on_close=owned.stop if owned is not None else None)
@@ -93,6 +94,7 @@ def open_population(configs: Sequence[PathLike], *, state_dir: PathLike | None =
             prepared.append(_prepared(config, text, options, settings, codecs))
         same_inputs([p.plan for p in prepared])
         fetch_inputs(prepared[0].opened(), state=settings.state)
+    _threads(settings)
     return Population([p.plan for p in prepared], settings.state.unwritten_dir, governor=governor)
 
 
@@ -127,6 +129,14 @@ def _prepared(config: PathLike, text: str, options: PlanOptions, settings: RunSe
                    cache_dir=settings.cache_dir, codecs=codecs)
 
 
+def _threads(settings: RunSettings) -> None:
+    """torch's thread count set as ``run`` sets it (``-j``: the bytes of some methods depend on it), for the
+    process, as ``run`` sets it for its own."""
+    from resumerge.engine.devices import set_torch_threads
+
+    set_torch_threads(settings.num_threads)
+
+
 def _governor(settings: RunSettings) -> MemoryGovernor | None:
     """A governor of ``--max-memory`` when given, started (None without one)."""
     if settings.max_memory is None:
@@ -157,6 +167,7 @@ def _recipe(text: str, options: PlanOptions, settings: RunSettings,
     rplan = plan_recipe(recipe, out, out.with_name(f"{out.name}.intermediates"), options, state=state,
                         cache_dir=settings.cache_dir)
     fetch_inputs(rplan.inputs, state=state)
+    _threads(settings)
     owned = _governor(settings) if governor is None else None
     stages: dict[str, MergedFiles] = {}
     sources: dict[str, LocalFiles] = {}

@@ -17,8 +17,9 @@ Public API:
 - :class:`Population` ``(plans, root, *, inputs=None, resources=NO_RESOURCES, governor=None)``: a generation of
   candidate merges over the same inputs, read in one streamed pass: ``candidates`` (an :class:`UnwrittenMerge`
   each), ``layer()`` (the block in which one layer of every candidate is read: each input byte range read once),
-  ``shared`` (a :class:`SharedReads`: ``reads`` and ``bytes_read`` from the inputs), ``holds(popsize=None,
-  hidden_bytes=0, value_bytes=4) -> int``; a context manager.
+  ``shared`` (a :class:`SharedReads`: ``reads`` and ``bytes_read`` from the inputs, ``peak_kept``),
+  ``holds(popsize=None, hidden_bytes=0, value_bytes=4) -> int``, ``largest_popsize(budget, hidden_bytes,
+  value_bytes=4) -> int``; a context manager.
 - :func:`generation_bytes` ``(plans, popsize, hidden_bytes=0, value_bytes=4) -> int``: what a generation's pass
   holds at most; :func:`largest_popsize` ``(plans, budget, hidden_bytes, value_bytes=4) -> int``: the largest popsize
   that fits ``budget``.

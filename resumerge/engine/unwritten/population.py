@@ -40,7 +40,8 @@ ReadKey = tuple[str, str, int, int, str, tuple[int, ...]]
 class SharedReads(InputSources):
     """``inputs`` (the caller's to close) read through a store of what was read: inside :meth:`sharing`, a byte
     range read again is a copy of the first read of it, all of them dropped when the block ends; outside, every read
-    goes to ``inputs``. :attr:`reads` and :attr:`bytes_read` count what was read from ``inputs``."""
+    goes to ``inputs``. :attr:`reads` and :attr:`bytes_read` count what was read from ``inputs``, :attr:`peak_kept`
+    is the most bytes kept at once."""
 
     def __init__(self, inputs: InputSources) -> None:
         super().__init__({})
@@ -49,17 +50,19 @@ class SharedReads(InputSources):
         self._lock = threading.Lock()
         self.reads = 0
         self.bytes_read = 0
+        self._kept_bytes = 0
+        self.peak_kept = 0
 
     @contextmanager
     def sharing(self) -> Iterator[None]:
         """Reads inside the block are read once and kept until it ends."""
         with self._lock:
-            self._kept = {}
+            self._kept, self._kept_bytes = {}, 0
         try:
             yield
         finally:
             with self._lock:
-                self._kept = None
+                self._kept, self._kept_bytes = None, 0
 
     def read(self, model: str, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
              into: torch.Tensor | None = None) -> torch.Tensor:
@@ -71,10 +74,11 @@ class SharedReads(InputSources):
                 found = self._inputs.read(model, file, start, end, dtype, shape)
                 self.reads += 1
                 self.bytes_read += end - start
-                if kept is not None:
-                    kept[key] = found
-                else:
+                if kept is None:
                     return found
+                kept[key] = found
+                self._kept_bytes += end - start
+                self.peak_kept = max(self.peak_kept, self._kept_bytes)
         # A copy (never into ``into``: a fresh tensor is what a source that cannot read into memory returns): a
         # method that owns its inputs may change them in place (resumerge.methods.spec.MergeContext).
         return found.clone()
@@ -96,6 +100,7 @@ class SharedReads(InputSources):
         with self._lock:
             if self._kept is not None:
                 self._kept.clear()
+                self._kept_bytes = 0
 
 
 class Population:
@@ -131,6 +136,10 @@ class Population:
         there are)."""
         return generation_bytes(self.plans, len(self.plans) if popsize is None else popsize, hidden_bytes,
                                 value_bytes)
+
+    def largest_popsize(self, budget: int, hidden_bytes: int, value_bytes: int = 4) -> int:
+        """:func:`largest_popsize` of these candidates' plans under ``budget``."""
+        return largest_popsize(self.plans, budget, hidden_bytes, value_bytes)
 
     def close(self) -> None:
         for candidate in self.candidates:
