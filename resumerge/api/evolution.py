@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from resumerge.evolve.search import Planned, SearchOptions
     from resumerge.evolve.spec import EvolveSpec
     from resumerge.evolve.storage import Evaluated
+    from resumerge.plan.merge_plan import Plan
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class EvolveOutcome:
 
 def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resources: Resources,
                 merge_best: PathLike | None, allow_benchmark_tasks: bool, run: Callable[..., Outcome],
-                plan_merge: Callable[[str], object], open_population: Callable[..., Population],
+                plan_merge: Callable[[str], Plan], open_population: Callable[..., Population],
                 written: bool = False) -> EvolveOutcome:
     """:func:`resumerge.api.evolve`'s work, with the API's own ``run``, ``plan_merge`` and ``open_population``
     handed in (this module sits under the front door's package). Each generation is scored in one streamed pass
@@ -51,7 +52,9 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
     from resumerge.evolve.streamed import StreamedCandidates
     from resumerge.evolve.written import WrittenCandidates
 
-    planned = plan_evolve(config, options, allow_benchmark_tasks, plan_merge)
+    planned, plan = plan_evolve(config, options, allow_benchmark_tasks, plan_merge)
+    if resources.max_memory is not None:
+        _fits(planned, plan, resources.max_memory)
     if merge_best is not None and Path(merge_best).resolve().is_relative_to(store.resolve()):
         raise UsageError(f"--merge-best {merge_best} is inside STORAGE", hint="write the best merge elsewhere")
     files.claim(store, planned.identity())
@@ -73,8 +76,9 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
 
 
 def plan_evolve(config: PathLike, options: SearchOptions, allow_benchmark_tasks: bool,
-                plan_merge: Callable[[str], object]) -> Planned:
-    """The search :func:`evolve_into` would run, every refusal made (reading headers only; nothing written)."""
+                plan_merge: Callable[[str], Plan]) -> tuple[Planned, Plan]:
+    """The search :func:`evolve_into` would run and its first candidate's plan, every refusal made (reading headers
+    only; nothing written)."""
     from resumerge.evolve.models import genome_layers
     from resumerge.evolve.search import plan_search
     from resumerge.evolve.spec import read_spec
@@ -92,8 +96,29 @@ def plan_evolve(config: PathLike, options: SearchOptions, allow_benchmark_tasks:
     import yaml
 
     # The first candidate planned as run plans it: a method's own refusal (a parameter, a base) comes now.
-    plan_merge(yaml.safe_dump(planned.config_of(planned.settings.x0), sort_keys=False))
-    return planned
+    plan = plan_merge(yaml.safe_dump(planned.config_of(planned.settings.x0), sort_keys=False))
+    return planned, plan
+
+
+def _fits(planned: Planned, plan: Plan, max_memory: int | str) -> None:
+    """Refuse (exit 2) a generation whose streamed pass would not fit ``max_memory`` (judged from the first
+    candidate's plan and the tasks' texts; a genome whose tokenizer is a hub model's is judged when it runs)."""
+    import json
+
+    from resumerge.engine.unwritten import generation_bytes, largest_popsize
+    from resumerge.evolve.budget import hidden_bytes, refuse_past_budget
+    from resumerge.evolve.genome import tokenizer_model
+    from resumerge.memory.sizes import parse_size
+
+    source = tokenizer_model(planned.spec.genome)
+    if source is None:
+        return
+    budget = parse_size(max_memory) if isinstance(max_memory, str) else max_memory
+    config = json.loads((Path(source) / "config.json").read_text(encoding="utf-8"))
+    hidden = hidden_bytes(planned.spec, Path(source), config)
+    refuse_past_budget(planned.spec, planned.popsize, hidden, budget,
+                       lambda popsize, each: generation_bytes([plan], popsize, each),
+                       lambda room, each: largest_popsize([plan], room, each))
 
 
 def _refuse_lm_eval(spec: EvolveSpec) -> None:

@@ -9,9 +9,10 @@ candidate); :mod:`.objective` is the protocol that scores a generation of candid
 tasks; :mod:`.streamed` scores a whole generation in one streamed pass per task (every candidate a merge never
 written, its layers merged in memory from one read of the parents' layer), and :mod:`.written` is the reference it
 is held to (each candidate merged by ``run``'s code into a journaled folder, then scored by :mod:`.scoring`);
-:mod:`.search` drives a search from start to end.
+:mod:`.budget` refuses up front a generation past ``--max-memory``; :mod:`.search` drives a search from start
+to end.
 
-May import: errors, config, analyses, forward, inputs, methods, store, engine, torch_import.
+May import: errors, config, analyses, forward, inputs, memory, methods, store, engine, torch_import.
 """
 
 __all__ = [

@@ -13,6 +13,7 @@ import yaml
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.errors import UsageError
 
 SPEC = ModelSpec(layers=2, hidden=32, intermediate=48, vocab=64)
 
@@ -92,3 +93,31 @@ def test_a_storage_holding_another_search_or_foreign_files_is_refused(
     assert main(["evolve", str(config), str(foreign)]) == 2
     assert "did not write" in capsys.readouterr().err
     assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
+
+
+def test_a_generation_past_max_memory_is_refused_naming_the_largest_popsize_that_fits(
+        root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    from resumerge import api
+    from resumerge.api.evolution import _fits, plan_evolve
+    from resumerge.evolve.search import SearchOptions
+
+    config = tmp_path / "evolve.yml"
+    config.write_text(yaml.safe_dump(_config(root)))
+    store = tmp_path / "store"
+    assert main(["evolve", str(config), str(store), "--popsize", "1000", "--max-memory", "1MB"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "a generation of 1000 candidates holds about" in err and "past max-memory" not in err, err
+    assert "past --max-memory 1.00 MB" in err and len(err.splitlines()) == 1 and not store.exists(), err
+    found = re.search(r"give --popsize (\d+) \(the largest that fits\)", err)
+    assert found is not None, err
+    fits = int(found[1])
+    assert 2 <= fits < 1000
+    planned, plan = plan_evolve(config, SearchOptions(popsize=fits), False, api.plan_merge)
+    _fits(planned, plan, "1MB")
+    planned, plan = plan_evolve(config, SearchOptions(popsize=fits + 1), False, api.plan_merge)
+    with pytest.raises(UsageError, match=f"a generation of {fits + 1} candidates"):
+        _fits(planned, plan, "1MB")
+    assert main(["evolve", str(config), str(store), "--max-memory", "1kB"]) == 2
+    assert "give --max-memory" in capsys.readouterr().err
