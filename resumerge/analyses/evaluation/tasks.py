@@ -46,8 +46,6 @@ def loaded_tasks(settings: EvalSettings, manager: Any) -> dict[str, str]:
     """Each task the names in ``settings`` select (a group's, a tag's), by name, and its output type, each loaded
     as lm-eval will load it (its dataset included); raises :class:`UsageError` for a name lm-eval does not know
     and for a task whose dataset cannot be loaded, naming it and why."""
-    from lm_eval.tasks import get_task_dict
-
     known = set(manager.all_tasks)
     unknown = [n for n in settings.tasks if n not in known and not n.endswith((".yaml", ".yml"))]
     if unknown:
@@ -59,24 +57,13 @@ def loaded_tasks(settings: EvalSettings, manager: Any) -> dict[str, str]:
     for name in settings.tasks:
         try:
             with _quiet():
-                tasks = get_task_dict([name], manager)
+                loaded = manager.load([name])
         except Exception as exc:  # lm-eval and datasets raise what they meet: one line names the task and why
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise UsageError(f"task {name} cannot be loaded: {reason}",
                              hint="its dataset must be in the datasets cache or in local files when offline "
                                   "(HF_DATASETS_OFFLINE=1)") from None
-        found.update(_flat(tasks))
-    return found
-
-
-def _flat(tasks: Mapping[Any, Any]) -> dict[str, str]:
-    """The tasks of lm-eval's (nested, for groups) task dict, by name, with their output types."""
-    found: dict[str, str] = {}
-    for key, value in tasks.items():
-        if isinstance(value, Mapping):
-            found.update(_flat(value))
-        elif value is not None:
-            found[str(getattr(key, "group_name", key))] = str(value.OUTPUT_TYPE)
+        found.update({str(task): str(value.OUTPUT_TYPE) for task, value in loaded["tasks"].items()})
     return found
 
 
