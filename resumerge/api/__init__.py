@@ -269,6 +269,10 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport 
         from resumerge.analyses.check.progress import check_status
 
         checked = None if str(out).startswith("hf://") else check_status(state.checks_dir, out)
+        if checked is None:  # nor checked: a model that was evaluated is followed by its evaluation
+            from resumerge.analyses.evaluation.status import eval_status
+
+            checked = eval_status(state.evals_dir, out)
         if checked is None:
             raise
         return checked

@@ -29,6 +29,7 @@ from resumerge.analyses.evaluation.report import EvalReport
 from resumerge.analyses.evaluation.requests import Scoring
 from resumerge.analyses.evaluation.scorer import Answer, answered, score
 from resumerge.analyses.evaluation.settings import EvalSettings
+from resumerge.analyses.evaluation.status import PROGRESS_NAME
 from resumerge.analyses.evaluation.tasks import generation_tasks, loaded_tasks, task_manager
 from resumerge.config.locations import StateDir, is_default_state_root
 from resumerge.errors import InterruptedMerge, UsageError
@@ -39,7 +40,6 @@ from resumerge.memory.allocator import tune_allocator
 from resumerge.store.durable import write_file_atomic
 from resumerge.store.runlock import JobLock
 
-PROGRESS_NAME = "progress.json"
 LOCK_NAME = "lock"
 _CONFIG_SUFFIXES = (".yml", ".yaml")
 
@@ -148,16 +148,20 @@ class _Scorer:
                     self._say(workdir, EvalStep(self.model.path, self.settings.tasks, kind, len(work.run_of), layer,
                                                 self.stream.layers))
 
-                return score(self.stream, work, workdir, reserve=reserve, on_layer=on_layer)
+                answers = score(self.stream, work, workdir, reserve=reserve, on_layer=on_layer)
+            if self.step is not None:
+                self._say(workdir, self.step, done=True)
+            return answers
         finally:
             lock.release()
 
-    def _say(self, workdir: Path, step: EvalStep) -> None:
+    def _say(self, workdir: Path, step: EvalStep, done: bool = False) -> None:
         self.step = step
-        doc = {"target": step.target, "tasks": list(step.tasks), "pass": step.kind, "requests": step.requests,
-               "layer": step.layer, "layers": step.layers, "pid": os.getpid(), "command": self.command}
+        doc = {"target": step.target, "model": _where(self.model), "tasks": list(step.tasks), "pass": step.kind,
+               "requests": step.requests, "layer": step.layer, "layers": step.layers, "pid": os.getpid(),
+               "command": self.command, "done": done}
         write_file_atomic(workdir / PROGRESS_NAME, (json.dumps(doc) + "\n").encode())
-        if self.watcher is not None:
+        if self.watcher is not None and not done:
             self.watcher(step)
 
     def where(self) -> str:
@@ -210,11 +214,16 @@ def _max_length(model: Checked, tokenizer: Any) -> int:
     return int(resolve_max_length(found, tokenizer))  # type: ignore[arg-type]
 
 
+def _where(model: Checked) -> str:
+    """The model as ``status`` finds it: a hub repo as named, a local path absolute."""
+    return model.path if model.remote else os.path.abspath(model.path)
+
+
 def _key(model: Checked, work: Scoring, kind: str) -> str:
     """The content key of a pass: the model's files' identities, the pass's kind and tokens, the batch size and
     the versions of the code that computes it."""
     versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge", "torch")]
-    doc = [model.path if model.remote else os.path.abspath(model.path),
+    doc = [_where(model),
            [[f.name, f.size, f.identity] for f in model.opened.files], kind, work.digest(), BATCH_TOKENS, versions]
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:32]
 

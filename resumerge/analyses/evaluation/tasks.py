@@ -49,7 +49,7 @@ def loaded_tasks(settings: EvalSettings, manager: Any) -> dict[str, str]:
     known = set(manager.all_tasks)
     unknown = [n for n in settings.tasks if n not in known and not n.endswith((".yaml", ".yml"))]
     if unknown:
-        where = f" or in {settings.include_path}" if settings.include_path else ""
+        where = f", nor a task YAML in {settings.include_path}" if settings.include_path else ""
         raise UsageError(f"unknown task(s) {', '.join(unknown)}: not an lm-eval task, group or tag{where}",
                          hint="list them with lm-eval --tasks list, or name a folder of task YAMLs with "
                               "--include-path")
