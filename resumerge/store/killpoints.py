@@ -49,7 +49,8 @@ MEASURE_POINTS = ("after_measure_layer",)
 # (tests/evaluation/test_resume.py kills there).
 EVAL_POINTS = ("after_eval_layer",)
 # Every point the package reaches; a test derived from the code holds this equal to the points used.
-POINTS = LOCAL_POINTS + UNIT_POINTS + STAGED_POINTS + HUB_POINTS + MOE_POINTS + CHECK_POINTS + MEASURE_POINTS + EVAL_POINTS
+POINTS = (LOCAL_POINTS + UNIT_POINTS + STAGED_POINTS + HUB_POINTS + MOE_POINTS + CHECK_POINTS + MEASURE_POINTS
+          + EVAL_POINTS)
 
 _counts: dict[str, int] = {}
 

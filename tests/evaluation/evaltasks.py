@@ -13,8 +13,8 @@ SPEC = ModelSpec(layers=3, hidden=32, intermediate=48, vocab=64)
 # A template that marks each turn with its role (letters only: the tiny tokenizer knows no other characters).
 CHAT = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
         "{% if add_generation_prompt %}assistant {% endif %}")
-WORDS = ("alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega rho tau phi chi psi iota mu nu xi "
-         "omicron pi upsilon eta").split()
+WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma", "omega", "rho",
+         "tau", "phi", "chi", "psi", "iota", "mu", "nu", "xi", "omicron", "pi", "upsilon", "eta")
 
 MC = """task: tiny_mc
 dataset_path: json

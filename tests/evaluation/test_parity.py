@@ -13,9 +13,8 @@ import pytest
 
 pytest.importorskip("lm_eval")
 
-from tests.evaluation.evaltasks import hf_results, tiny_model, write_tasks
-
 from resumerge import api
+from tests.evaluation.evaltasks import hf_results, tiny_model, write_tasks
 
 TOLERANCE = 1e-4
 

@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("lm_eval")
 
 from support import cli_here
+
 from tests.evaluation.evaltasks import tiny_model, write_tasks
 
 

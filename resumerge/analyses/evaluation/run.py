@@ -27,13 +27,14 @@ from resumerge.analyses.check.needs import step_bytes
 from resumerge.analyses.check.passes import BATCH_TOKENS
 from resumerge.analyses.evaluation.report import EvalReport
 from resumerge.analyses.evaluation.requests import Scoring
-from resumerge.analyses.evaluation.scorer import Answer, answered, score
+from resumerge.analyses.evaluation.scorer import LAYER_PREFIX, Answer, answered, score
 from resumerge.analyses.evaluation.settings import EvalSettings
 from resumerge.analyses.evaluation.status import PROGRESS_NAME
 from resumerge.analyses.evaluation.tasks import generation_tasks, loaded_tasks, task_manager
 from resumerge.config.locations import StateDir, is_default_state_root
 from resumerge.errors import InterruptedMerge, UsageError
 from resumerge.forward import Weights
+from resumerge.forward.journal import latest
 from resumerge.forward.stream import ModelStream, import_transformers, transformers_found
 from resumerge.memory import MemoryGovernor, SystemProbe, budget_fitting
 from resumerge.memory.allocator import tune_allocator
@@ -124,9 +125,11 @@ class _Scorer:
         self.stream, self.model, self.settings, self.state = stream, model, settings, state
         self.command, self.watcher = command, watcher
         self.step: EvalStep | None = None
+        self.workdir: Path | None = None
 
     def __call__(self, work: Scoring, kind: str) -> list[Answer]:
         workdir = self.state.evals_dir / _key(self.model, work, kind)
+        self.workdir = workdir
         done = answered(workdir)
         if done is not None:
             return done
@@ -169,9 +172,14 @@ class _Scorer:
         step = self.step
         if step is None:
             return " before its first layer"
+        pass_ = f"of its {step.kind} pass"
         if step.layer is None:
-            return f" in the head of its {step.kind} pass"
-        return f" in layer {step.layer + 1} of {step.layers} of its {step.kind} pass (the layers before it journaled)"
+            return f" in the head {pass_} (every layer journaled)"
+        found = latest(self.workdir, LAYER_PREFIX) if self.workdir is not None else None
+        if found is not None and found[0] >= step.layer:
+            return f" after layer {found[0] + 1} of {step.layers} {pass_} (layers 1-{found[0] + 1} journaled)"
+        kept = f"layers 1-{step.layer} journaled" if step.layer else "no layer journaled yet"
+        return f" in layer {step.layer + 1} of {step.layers} {pass_} ({kept})"
 
 
 def eval_command(target: str, settings: EvalSettings, state: StateDir) -> str:

@@ -98,7 +98,7 @@ def _heads(stream: ModelStream, work: Scoring, groups: list[list[int]], hidden: 
         readers.setdefault(run, []).append(request)
     answers: list[Answer | None] = [None] * len(work.run_of)
     todo = []
-    for b, group in enumerate(groups):
+    for b in range(len(groups)):
         kept = _kept_heads(workdir, b)
         if kept is None:
             todo.append(b)
