@@ -42,6 +42,7 @@ from resumerge.api.options import (
     usable_device,
 )
 from resumerge.api.runkind import Call, Driving
+from resumerge.api.unwritten import open_unwritten
 from resumerge.config.locations import StateDir
 from resumerge.config.settings import RunSettings
 from resumerge.extract.spec import ExtractSpec
@@ -50,7 +51,8 @@ from resumerge.plan.defaults import DEFAULT_SHARD_SIZE
 
 __all__ = ["Hub", "Lora", "Merging", "Output", "Resources", "Stages", "check", "estimate", "estimate_extraction",
            "estimate_measure", "evaluate",
-           "extract_lora", "measure", "plan_merge", "recipe_status", "resume", "run", "status", "verify"]
+           "extract_lora", "measure", "open_unwritten", "plan_merge", "recipe_status", "resume", "run", "status",
+           "verify"]
 
 # Only what ``status`` and ``verify`` need is imported here, so that they stay fast (no torch): the merging
 # commands import the engine inside the function.

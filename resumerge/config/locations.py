@@ -27,6 +27,8 @@ CHECKS_DIR = "checks"
 EVALS_DIR = "evals"  # each eval pass's journal and answers, one folder per pass
 # Under the state dir: the folder of each GGUF model a check or a MoE prompt pass reads (config.json, tokenizer).
 GGUF_DIR = "gguf"
+# Under the state dir: the small files (config.json, tokenizer) of each merge read without being written.
+UNWRITTEN_DIR = "unwritten"
 
 
 # The default state dir of earlier versions, relative to the working directory; still read for runs recorded there.
@@ -147,6 +149,12 @@ class StateDir:
         """Where each GGUF model read by a check or a MoE prompt pass gets its folder of rebuilt files
         (:func:`resumerge.inputs.gguf.folder.gguf_folder`)."""
         return self.root / GGUF_DIR
+
+    @property
+    def unwritten_dir(self) -> Path:
+        """Where each merge read without being written gets its folder of small files (config.json, tokenizer),
+        one per plan (:mod:`resumerge.engine.unwritten`)."""
+        return self.root / UNWRITTEN_DIR
 
 
 @dataclass(frozen=True)

@@ -38,20 +38,25 @@ class Weights:
     """A model's folder (config.json and weight files, local or in the hub cache) and its stored tensors
     (quantized ones as their codes and companions); ``remote``: its weight files read by HTTP Range from the hub
     (a hub model whose folder is its cache snapshot of small files), each through a client of its own unless
-    ``reads`` gives the ones to read through, and the check of every range read."""
+    ``reads`` gives the ones to read through, and the check of every range read. ``source``: where every byte of
+    its weight files comes from instead of its folder (whose config.json and tokenizer it still is): a merge never
+    written (:mod:`resumerge.engine.unwritten`), each tensor computed as it is read; the input seam's own protocol,
+    so that a pass reads a model it computes exactly as one stored."""
 
     directory: Path
     tensors: Mapping[str, Location]
     remote: tuple[StreamedFile, ...] = ()
     reads: StreamedReads | None = None
+    source: InputSource | None = None
 
     @classmethod
     def of(cls, directory: Path, stored: Mapping[str, TensorSource], remote: tuple[StreamedFile, ...] = (),
-           reads: StreamedReads | None = None) -> Weights:
+           reads: StreamedReads | None = None, source: InputSource | None = None) -> Weights:
         """The weights of an opened model (:class:`~resumerge.inputs.model.ModelInput`'s ``directory`` and
-        ``tensors`` as opened; ``remote`` its files read from the hub by range, through ``reads`` where given)."""
+        ``tensors`` as opened; ``remote`` its files read from the hub by range, through ``reads`` where given;
+        ``source`` every file read through, see :class:`Weights`)."""
         return cls(directory, {name: (t.file, t.entry.start, t.entry.end, t.entry.dtype, tuple(t.entry.shape))
-                               for name, t in stored.items()}, remote, reads)
+                               for name, t in stored.items()}, remote, reads, source)
 
 
 def base_formats(tensors: Mapping[str, Location], config: Mapping[str, Any], where: Path) -> StoredFormats:
@@ -82,7 +87,10 @@ class CastReader:
         self._dtype = torch.bfloat16 if dtype is None else dtype
         self._key = key
         self._remote = frozenset(f.file for f in weights.remote)
-        if self._remote:
+        if weights.source is not None:  # no file to map: every tensor is what the source reads
+            self._remote = frozenset(file for file, *_ in weights.tensors.values())
+            self._sources = InputSources({key: weights.source})
+        elif self._remote:
             from resumerge.inputs.hub.stream import HubStream
 
             reads = weights.reads

@@ -23,15 +23,12 @@ from typing import TYPE_CHECKING
 
 from resumerge.config.hubtarget import is_hub_target, parse_hub_target
 from resumerge.config.locations import StateDir
-from resumerge.config.modelref import ModelRef
 from resumerge.errors import ConfigError, ResumergeError, UsageError
 from resumerge.inputs.catalog import Inputs, open_inputs
-from resumerge.inputs.files import InputFile, TensorSource
 from resumerge.inputs.model import ModelInput
-from resumerge.inputs.safetensors_format import TensorEntry
 from resumerge.plan.merge_plan import Plan, PlanOptions, fingerprinted
-from resumerge.plan.outconfig import render_config
 from resumerge.plan.outguard import model_places, refuse_out_over
+from resumerge.plan.outmodel import planned_model
 from resumerge.plan.planner import build_plan
 from resumerge.recipes.recipe import Recipe, Stage, near_stage_name, stage_errors
 
@@ -164,7 +161,7 @@ def plan_recipe(
         sp = StagePlan(stage, plan, dirs[stage.key], stage is recipe.final)
         planned[stage.key] = sp
         if stage.name is not None:
-            virtual[stage.name] = stage_output_input(stage.name, plan, sp.out_dir)
+            virtual[stage.name] = planned_model(stage.name, plan, sp.out_dir)
     union.models.update(opened)
     stages = tuple(planned[s.key] for s in recipe.stages)
     for sp in stages:  # no stage writes where the recipe reads (its own stages' outputs aside: planned, not read)
@@ -174,27 +171,6 @@ def plan_recipe(
     body = [[sp.stage.key, sp.plan.fingerprint, sp.final] for sp in stages]
     fingerprint = hashlib.sha256(json.dumps(body, separators=(",", ":")).encode()).hexdigest()
     return RecipePlan(recipe, stages, union, out, intermediate_dir, options, fingerprint, target)
-
-
-def stage_output_input(name: str, plan: Plan, directory: Path) -> ModelInput:
-    """The model a stage will have written to ``directory``, as its plan says, before a byte of it exists.
-
-    Tensors sit at the byte ranges of :meth:`Plan.shard_layout` (what the shard writer produces), config.json is
-    the plan's output config as it will read back from disk, and each file's identity is
-    ``sha256("resumerge-stage", plan fingerprint, file name)``.
-    """
-    tensors: dict[str, TensorSource] = {}
-    files = []
-    for shard in plan.shards:
-        layout = plan.shard_layout(shard)
-        base = len(layout.header)
-        for t in layout.order:
-            start = base + t.offset
-            tensors[t.name] = TensorSource(shard.name, TensorEntry(t.name, t.dtype, t.shape, start, start + t.nbytes))
-        identity = hashlib.sha256(f"resumerge-stage\x00{plan.fingerprint}\x00{shard.name}".encode()).hexdigest()
-        files.append(InputFile(shard.name, layout.file_size, identity))
-    config = json.loads(render_config(plan.out_config))
-    return ModelInput(ModelRef(name), directory, config, tensors, tuple(files))
 
 
 def _with_producer_tokenizer(plan: Plan, planned: Mapping[str, StagePlan]) -> Plan:

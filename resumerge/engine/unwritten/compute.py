@@ -1,0 +1,104 @@
+"""One output tensor computed in memory as ``run`` computes it for its shard: the same mode (whole, passes over
+row chunks, or row chunks), the same kernels' threads, the same method code (:class:`~resumerge.engine.compute.
+TensorCompute`), so its stored parts are the bytes ``run`` writes for it.
+
+What decides the bytes is decided as the run decides it, from the run's settings alone: a whole tensor's kernels run
+on the calling thread alone where the run's workers fill torch's threads (a whole-tensor sum's bits depend on the
+threads it is split over: :mod:`resumerge.engine.executor`), a stream's chunk kernels always do. How a tensor is
+cut into row chunks never changes its bytes (a resumed run cuts them by the moment's headroom), so the chunks here
+are cut by the budget without asking how the run cut them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+
+from resumerge.engine.compute import Stored, TensorCompute
+from resumerge.engine.devices import is_gpu
+from resumerge.engine.executor import CONCURRENCY
+from resumerge.inputs.kernels import serial_kernels
+from resumerge.inputs.source import InputSources
+from resumerge.memory import MemoryGovernor
+from resumerge.methods.registry import MethodSpec
+from resumerge.methods.resources import Resources
+from resumerge.plan.merge_plan import Plan, TensorPlan
+from resumerge.plan.workunits import (
+    PASSES,
+    ROWS,
+    aligned_rows,
+    estimate_bytes,
+    floor_rows,
+    row_stream,
+    stream_rows,
+    unit_bytes,
+    unit_mode,
+)
+from resumerge.torch_import import torch
+
+
+def merged_tensor(plan: Plan, tp: TensorPlan, sources: InputSources, resources: Resources, *,
+                  governor: MemoryGovernor | None = None) -> Stored:
+    """``tp``'s stored parts (each by its name in the shard, on the host, contiguous, its companions with it): the
+    bytes ``run`` writes for it, its inputs read from ``sources``. ``governor``: each step is admitted by it as the
+    run admits it (the whole tensor, or each row chunk), and the budget chooses the mode as the run's does; None:
+    no budget (computed as a run without one would)."""
+    method = plan.method_of(tp)
+    device = plan.options.device
+    budget = governor.work_budget if governor is not None else None
+    serial = torch.get_num_threads() <= CONCURRENCY  # as the run's pipeline decides it (executor._Pipeline.run)
+    local = method.streamed is None or all(sources.rereads_cheaply(r.model, r.file) for r in tp.reads())
+    mode = unit_mode(tp, method, budget, device, rereadable=local, serial=serial)
+    stream = row_stream(tp, method, device) if mode in (ROWS, PASSES) else None
+    work = TensorCompute(plan, tp, sources, resources, stream)
+    if mode != ROWS:
+        alone = serial and not is_gpu(device)
+        with _admitted(governor, unit_bytes(tp, method, mode), tp.name), \
+                serial_kernels() if alone else nullcontext():
+            return work.whole()
+    with serial_kernels() if stream is not None else nullcontext():
+        return _in_rows(tp, work, governor)
+
+
+def _in_rows(tp: TensorPlan, work: TensorCompute, governor: MemoryGovernor | None) -> Stored:
+    """``tp`` computed as the run streams it to its writer (its statistics passes, then its output rows, chunk by
+    chunk), the chunks' stored parts put together: the output rows of every part in order (a companion comes whole
+    with the first chunk, empty with the others)."""
+    method = work.plan.method_of(tp)
+    chunks = _chunks(tp, method, governor)
+    pass_index = 0
+    while work.wants(pass_index):
+        for first, stop in chunks:
+            with _admitted(governor, estimate_bytes(tp, method, stop - first), tp.name):
+                work.observe(pass_index, first, stop)
+        pass_index += 1
+    pieces: dict[str, list[torch.Tensor]] = {}
+    for first, stop in chunks:
+        with _admitted(governor, estimate_bytes(tp, method, stop - first), tp.name):
+            for name, rows in work.rows(first, stop).items():
+                pieces.setdefault(name, []).append(rows)
+    return {name: rows[0] if len(rows) == 1 else torch.cat(rows) for name, rows in pieces.items()}
+
+
+def _chunks(tp: TensorPlan, method: MethodSpec, governor: MemoryGovernor | None) -> list[tuple[int, int]]:
+    """The row chunks of a tensor streamed in rows: as many rows as the headroom gives (at most the run's most, at
+    least its floor), aligned as the run aligns them (:meth:`~resumerge.engine.executor._Pipeline._each_chunk`)."""
+    total, first, chunks = tp.shape[0], 0, []
+    most = stream_rows(tp, method)
+    floor = min(most, floor_rows(tp, method))
+    row = max(1, estimate_bytes(tp, method, rows=1))
+    while first < total:
+        room = governor.chunk_rows(row, total - first) if governor is not None else most
+        rows = aligned_rows(tp, max(1, min(total - first, most, max(floor, room))), total - first)
+        chunks.append((first, first + rows))
+        first += rows
+    return chunks
+
+
+@contextmanager
+def _admitted(governor: MemoryGovernor | None, estimate: int, what: str) -> Iterator[None]:
+    """The block run with ``estimate`` bytes reserved from ``governor`` (nothing without one)."""
+    reservation: AbstractContextManager[object] = (
+        governor.acquire(estimate, what=what) if governor is not None else nullcontext())
+    with reservation:
+        yield

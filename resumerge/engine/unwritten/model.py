@@ -1,0 +1,114 @@
+"""A planned merge opened as a model that is never written: its small files in a folder of their own under the state
+dir, its weights read through :class:`~resumerge.engine.unwritten.merged.MergedFiles`.
+
+What reads a stored model needs its folder (config.json, the tokenizer) and where its tensors lie; an
+:class:`UnwrittenMerge` has both as a stored model has them: :attr:`~UnwrittenMerge.opened` is the
+:class:`~resumerge.inputs.model.ModelInput` of the output the plan would write (:func:`~resumerge.plan.outmodel.
+planned_model`), whose folder holds the small files ``run`` writes into OUT (config.json, the tokenizer files, the
+config's copy) and no weight, and :attr:`~UnwrittenMerge.source` gives the bytes of its weight files. The folder is
+named by the plan's fingerprint and the config's text, made once (in a temporary folder renamed into place) and
+found again after; no weight is ever written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from resumerge.engine.unwritten.merged import MergedFiles
+from resumerge.errors import StorageError
+from resumerge.inputs.files import CONFIG_NAME, TensorSource
+from resumerge.inputs.model import ModelInput
+from resumerge.inputs.source import InputSources
+from resumerge.memory import MemoryGovernor
+from resumerge.methods.resources import NO_RESOURCES, Resources
+from resumerge.outputs.aux import aux_files, render_aux
+from resumerge.plan.merge_plan import Plan
+from resumerge.plan.outmodel import planned_model
+
+# The small files of the output a merge's folder holds (what reads a model's folder reads; the index and the card
+# say nothing a reader needs).
+_KINDS = ("config", "tokenizer")
+
+
+class UnwrittenMerge:
+    """The merge ``plan`` (of ``config_text``) as a model never written: :attr:`opened` as a stored model is opened
+    (its folder :attr:`directory`, its :attr:`config`, its stored :attr:`tensors`), :attr:`source` the bytes of its
+    weight files, each tensor merged when read from ``inputs`` (the plan's inputs by model key; default: their
+    folders, ``plan.model_dirs``), which it closes with itself. ``root``: where its folder is made (the state dir's
+    :attr:`~resumerge.config.locations.StateDir.unwritten_dir`); ``name`` names it in errors; ``resources`` and
+    ``governor`` as for :class:`MergedFiles`; ``on_close``: called once it is closed (what its maker opened for
+    it).
+
+    Close it (or use it as a context manager) to close its inputs."""
+
+    def __init__(self, plan: Plan, config_text: str, root: Path, *, inputs: InputSources | None = None,
+                 resources: Resources = NO_RESOURCES, governor: MemoryGovernor | None = None,
+                 name: str = "merge", on_close: Callable[[], None] | None = None) -> None:
+        self.plan = plan
+        self._on_close = on_close
+        self.inputs = inputs if inputs is not None else InputSources.local(plan.model_dirs)
+        self.source = MergedFiles(plan, self.inputs, resources, governor=governor)
+        self.opened: ModelInput = planned_model(name, plan, merge_folder(plan, config_text, root))
+
+    @property
+    def directory(self) -> Path:
+        """Its folder: the output's small files, no weight."""
+        return self.opened.directory
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        """Its config.json, as ``run`` writes it."""
+        return self.opened.config
+
+    @property
+    def tensors(self) -> Mapping[str, TensorSource]:
+        """Every stored tensor, where the plan puts it in its files."""
+        return self.opened.tensors
+
+    def close(self) -> None:
+        self.source.close()
+        self.inputs.close()
+        if self._on_close is not None:
+            self._on_close()
+            self._on_close = None
+
+    def __enter__(self) -> UnwrittenMerge:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
+
+
+def merge_folder(plan: Plan, config_text: str, root: Path) -> Path:
+    """The folder under ``root`` of the merge ``plan`` of ``config_text``: the small files ``run`` writes into OUT
+    that a reader of a model's folder reads (config.json, the tokenizer files, the config's copy), made when it is
+    not there yet. Raises StorageError where it cannot be made."""
+    key = hashlib.sha256(f"{plan.fingerprint}\x00{config_text}".encode()).hexdigest()[:16]
+    folder = root / f"merge-{key}"
+    if (folder / CONFIG_NAME).is_file():
+        return folder
+    building = root / f".{folder.name}.{os.getpid()}"
+    shutil.rmtree(building, ignore_errors=True)
+    try:
+        building.mkdir(parents=True)
+        for aux in aux_files(plan):
+            if aux.kind in _KINDS:
+                (building / aux.name).write_bytes(render_aux(plan, aux, config_text))
+        try:
+            building.rename(folder)
+        except OSError:  # another process made it meanwhile
+            if not (folder / CONFIG_NAME).is_file():
+                raise
+    except OSError as exc:  # a full or read-only state dir
+        raise StorageError(f"cannot make the folder of the unwritten merge in the state dir: {exc}",
+                           path=str(folder), hint="give a --state-dir on a writable local filesystem") from None
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return folder
