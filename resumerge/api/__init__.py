@@ -355,7 +355,9 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
              device: str = "cpu", state_dir: PathLike | None = None,
              progress: Callable[[EvalStep], None] | None = None) -> EvalReport:
     """lm-evaluation-harness ``tasks`` (names, or a comma-separated string; YAMLs from ``include_path`` too) on the
-    model ``target`` (a folder, a GGUF file, ``"hf://NAMESPACE/NAME[@REVISION]"``), like ``resumerge eval``: lm-eval
+    model ``target`` (a folder, a GGUF file, ``"hf://NAMESPACE/NAME[@REVISION]"``, or a merge config: the merge it
+    describes, each tensor merged in memory by ``run``'s method code as its layer runs, never written), like
+    ``resumerge eval``: lm-eval
     builds the requests and computes the metrics, resumerge scores every request of a pass one decoder layer at a
     time within ``max_memory``, journaled under ``state_dir`` (a killed evaluation run again resumes with the same
     results). ``report.results`` is lm-eval's results object as ``simple_evaluate`` returns it; ``output_path``:
@@ -365,7 +367,7 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
     :class:`~resumerge.errors.InterruptedMerge` naming the command that continues."""
     import os
 
-    from resumerge.analyses.evaluation.run import run_eval
+    from resumerge.analyses.evaluation.run import is_config, run_eval
     from resumerge.analyses.evaluation.settings import EvalSettings
 
     names = tuple(t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks))
@@ -373,8 +375,14 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
         tasks=names, include_path=os.fspath(include_path) if include_path is not None else None, limit=limit,
         num_fewshot=num_fewshot, apply_chat_template=apply_chat_template, log_samples=log_samples,
         output_path=os.fspath(output_path) if output_path is not None else None,
-        max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory, device=device)
-    return run_eval(os.fspath(target), settings, state=StateDir.resolve(state_dir), watcher=progress)
+        max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory, device=device).checked()
+    state = StateDir.resolve(state_dir)
+    if not is_config(os.fspath(target)):
+        return run_eval(os.fspath(target), settings, state=state, watcher=progress)
+    # A merge config: the merge it describes, each tensor merged by run's code as the pass reads it, never written
+    # (planned, and refused in one line, before any weight is read).
+    with open_unwritten(target, state_dir=state_dir) as merge:
+        return run_eval(os.fspath(target), settings, state=state, watcher=progress, unwritten=merge)
 
 
 def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,

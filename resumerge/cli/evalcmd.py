@@ -24,8 +24,10 @@ def add_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "task, a dataset not available offline, a generation task) before any weight is read, 3 when "
                     "interrupted (run it again: it resumes at the layer reached, with the same results), 4 when the "
                     "same evaluation is under way in another process (named).")
-    evaluate.add_argument("target", metavar="TARGET", help="the model's folder, a GGUF file, or a hub repo as "
-                          "hf://NAMESPACE/NAME[@REVISION], read by byte range")
+    evaluate.add_argument("target", metavar="TARGET", help="the model's folder, a GGUF file, a hub repo as "
+                          "hf://NAMESPACE/NAME[@REVISION] (read by byte range), or a merge config (.yml): the merge "
+                          "it describes, each layer's tensors merged in memory by run's own method code, never "
+                          "written")
     evaluate.add_argument("--tasks", required=True, metavar="NAMES",
                           help="lm-eval task, group or tag names, comma-separated (or task YAML paths)")
     evaluate.add_argument("--include-path", metavar="DIR", help="a folder of lm-eval task YAMLs, beside its own")

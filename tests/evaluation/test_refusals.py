@@ -60,13 +60,13 @@ def test_a_generation_task_is_refused_naming_it(setup: tuple[Path, Path, Path]) 
     assert not (state / "evals").exists()
 
 
-def test_a_merge_config_or_a_folder_that_is_no_model_is_refused(setup: tuple[Path, Path, Path],
-                                                                 tmp_path: Path) -> None:
+def test_a_config_that_does_not_plan_or_a_folder_that_is_no_model_is_refused(setup: tuple[Path, Path, Path],
+                                                                             tmp_path: Path) -> None:
     model, tasks, state = setup
     config = tmp_path / "merge.yml"
-    config.write_text(f"merge_method: linear\nmodels:\n  - model: {model}\n    parameters: {{weight: 1.0}}\n")
+    config.write_text(f"merge_method: no_such_method\nmodels:\n  - model: {model}\n")
     line = _refused(config, "--tasks", "tiny_mc", "--include-path", tasks, "--state-dir", state)
-    assert "is a merge config" in line and f"resumerge run {config} OUT" in line
+    assert "no_such_method" in line
     line = _refused(tmp_path / "nowhere", "--tasks", "tiny_mc", "--include-path", tasks, "--state-dir", state)
     assert "no such model folder" in line
     assert not (state / "evals").exists()

@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resumerge.analyses.check.models import Checked, open_checked
 from resumerge.analyses.check.needs import step_bytes
@@ -40,6 +40,9 @@ from resumerge.memory import MemoryGovernor, SystemProbe, budget_fitting
 from resumerge.memory.allocator import tune_allocator
 from resumerge.store.durable import write_file_atomic
 from resumerge.store.runlock import JobLock
+
+if TYPE_CHECKING:
+    from resumerge.engine.unwritten import UnwrittenMerge
 
 LOCK_NAME = "lock"
 _CONFIG_SUFFIXES = (".yml", ".yaml")
@@ -61,13 +64,20 @@ class EvalStep:
 Watcher = Callable[[EvalStep], None]
 
 
-def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: Watcher | None = None) -> EvalReport:
+def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: Watcher | None = None,
+             unwritten: UnwrittenMerge | None = None) -> EvalReport:
     """Evaluate the model at ``target`` (a folder, a GGUF file, ``hf://`` repo) on ``settings``' tasks and return
-    lm-eval's results; raises :class:`UsageError` (exit 2) for anything refused before a weight is read, and
-    :class:`InterruptedMerge` (exit 3) on Ctrl-C, naming the command that continues."""
+    lm-eval's results; ``unwritten``: ``target`` is a merge config, opened as the merge it describes (each tensor
+    merged when read, never written). Raises :class:`UsageError` (exit 2) for anything refused before a weight is
+    read, and :class:`InterruptedMerge` (exit 3) on Ctrl-C, naming the command that continues."""
     settings = settings.checked()
-    _not_a_config(target)
-    model = open_checked(target, "TARGET", state)
+    if unwritten is None:
+        _not_a_config(target)
+        model = open_checked(target, "TARGET", state)
+        weights = Weights.of(model.opened.directory, model.opened.tensors, model.remote)
+    else:
+        model = Checked("merge", target, None, unwritten.opened)
+        weights = Weights.of(unwritten.directory, unwritten.tensors, source=unwritten.source)
     transformers_found("resumerge eval")
     manager = task_manager(settings)
     tasks = loaded_tasks(settings, manager)
@@ -78,13 +88,12 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
                          hint="evaluate those tasks with lm_eval --model hf, and the others here")
     tokenizer = _tokenizer(model)
     command = eval_command(target, settings, state)
-    stream = ModelStream(Weights.of(model.opened.directory, model.opened.tensors, model.remote), model.opened.config,
-                         _float32(), what="resumerge eval", key="TARGET")
+    stream = ModelStream(weights, model.opened.config, _float32(), what="resumerge eval", key="TARGET")
     restore_allocator = tune_allocator()
     try:
         from resumerge.analyses.evaluation.lm import ResumergeLM
 
-        scorer = _Scorer(stream, model, settings, state, command, watcher)
+        scorer = _Scorer(stream, model, settings, state, command, watcher, _Merged.of(unwritten))
         lm = ResumergeLM(tokenizer, _max_length(model, tokenizer), scorer)
         results, tracker = _evaluate(lm, target, settings, manager)
     except KeyboardInterrupt:
@@ -116,19 +125,35 @@ def _evaluate(lm: Any, target: str, settings: EvalSettings, manager: Any) -> tup
     return dict(results), tracker
 
 
+@dataclass(frozen=True)
+class _Merged:
+    """What an unwritten merge adds to a pass: its plan's fingerprint (in the pass's key: the same config over
+    changed inputs is another model) and how many inputs each of its tensors is merged from (a layer's merge holds
+    each input's tensor beside the result)."""
+
+    fingerprint: str
+    inputs: int
+
+    @classmethod
+    def of(cls, unwritten: UnwrittenMerge | None) -> _Merged | None:
+        if unwritten is None:
+            return None
+        return cls(unwritten.plan.fingerprint, len(unwritten.plan.model_dirs))
+
+
 class _Scorer:
     """Scores each pass lm-eval asks of the model: the pass's journal folder (keyed by the model's files and the
     pass's tokens) locked, its steps admitted by the memory governor, its progress written for ``status``."""
 
     def __init__(self, stream: ModelStream, model: Checked, settings: EvalSettings, state: StateDir, command: str,
-                 watcher: Watcher | None) -> None:
+                 watcher: Watcher | None, merged: _Merged | None = None) -> None:
         self.stream, self.model, self.settings, self.state = stream, model, settings, state
-        self.command, self.watcher = command, watcher
+        self.command, self.watcher, self.merged = command, watcher, merged
         self.step: EvalStep | None = None
         self.workdir: Path | None = None
 
     def __call__(self, work: Scoring, kind: str) -> list[Answer]:
-        workdir = self.state.evals_dir / _key(self.model, work, kind)
+        workdir = self.state.evals_dir / _key(self.model, work, kind, self.merged)
         self.workdir = workdir
         done = answered(workdir)
         if done is not None:
@@ -140,7 +165,9 @@ class _Scorer:
         try:
             sizes = step_bytes([self.stream], list(work.runs))
             states = 2 * sizes.states
-            steps = {"layer": max(sizes.layers), "heads": max(sizes.heads)}
+            # an unwritten merge's layer holds, while a tensor is merged, each input's tensor beside it
+            steps = {"layer": max(sizes.layers) * (1 + (self.merged.inputs if self.merged else 0)),
+                     "heads": max(sizes.heads)}
             budget = budget_fitting("the evaluation", states + max(steps.values()), self.settings.max_memory,
                                     SystemProbe())
             with MemoryGovernor(budget, SystemProbe()) as governor:
@@ -192,11 +219,15 @@ def eval_command(target: str, settings: EvalSettings, state: StateDir) -> str:
     return shlex.join(words)
 
 
+def is_config(target: str) -> bool:
+    """Whether ``target`` is a merge config (a YAML file), evaluated as the merge it describes, unwritten."""
+    return Path(target).suffix in _CONFIG_SUFFIXES and Path(target).is_file()
+
+
 def _not_a_config(target: str) -> None:
-    """A merge config as TARGET (a merge never written) is refused in this version, in one line."""
-    if Path(target).suffix in _CONFIG_SUFFIXES and Path(target).is_file():
-        raise UsageError(f"TARGET {target} is a merge config: evaluating a merge without writing it is not built yet",
-                         hint=f"merge it first (resumerge run {target} OUT), then evaluate OUT")
+    """A merge config reaches :func:`run_eval` opened (``unwritten``), never by its path."""
+    if is_config(target):
+        raise UsageError(f"TARGET {target} is a merge config", hint="evaluate it through resumerge.api.evaluate")
 
 
 def _tokenizer(model: Checked) -> Any:
@@ -227,12 +258,14 @@ def _where(model: Checked) -> str:
     return model.path if model.remote else os.path.abspath(model.path)
 
 
-def _key(model: Checked, work: Scoring, kind: str) -> str:
-    """The content key of a pass: the model's files' identities, the pass's kind and tokens, the batch size and
-    the versions of the code that computes it."""
+def _key(model: Checked, work: Scoring, kind: str, merged: _Merged | None) -> str:
+    """The content key of a pass: the model's files' identities (an unwritten merge's: its plan's fingerprint),
+    the pass's kind and tokens, the batch size and the versions of the code that computes it."""
     versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge", "torch")]
     doc = [_where(model),
            [[f.name, f.size, f.identity] for f in model.opened.files], kind, work.digest(), BATCH_TOKENS, versions]
+    if merged is not None:
+        doc.append(merged.fingerprint)
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:32]
 
 
