@@ -13,9 +13,9 @@ import pytest
 pytest.importorskip("lm_eval")
 
 from support import write_config
-from tests.evaluation.evaltasks import tiny_model, write_tasks
 
 from resumerge import api
+from tests.evaluation.evaltasks import tiny_model, write_tasks
 
 
 def _losses(results: dict[str, Any], task: str) -> list[float]:
