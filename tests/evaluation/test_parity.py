@@ -19,11 +19,25 @@ from tests.evaluation.evaltasks import hf_results, tiny_model, write_tasks
 TOLERANCE = 1e-4
 
 
+# Metrics that count answers: identical. The others (perplexities, bits per byte) are functions of the summed
+# log-likelihoods, which agree to TOLERANCE, not to the bit, once the model is larger than a toy (transformers' whole
+# batch and the engine's own batches reach the same sums in a different order): equal to this relative error.
+COUNTED = ("acc,", "acc_norm,", "acc_stderr,", "acc_norm_stderr,", "exact_match,")
+RELATIVE = 1e-5
+
+
 def compare(ours: dict[str, Any], theirs: dict[str, Any], tasks: list[str]) -> float:
-    """Assert every request's answers agree and every metric is identical; return the largest |Δ loglik|."""
+    """Assert every request's answers agree and every metric is the same (those that count answers identical);
+    return the largest |Δ loglik|."""
     largest = 0.0
     for task in tasks:
-        assert ours["results"][task] == theirs["results"][task]
+        mine, oracle = ours["results"][task], theirs["results"][task]
+        assert sorted(mine) == sorted(oracle)
+        for key, value in oracle.items():
+            if key.startswith(COUNTED) or not isinstance(value, float):
+                assert mine[key] == value, (task, key)
+            else:
+                assert mine[key] == pytest.approx(value, rel=RELATIVE, abs=0), (task, key)
         assert ours["n-shot"][task] == theirs["n-shot"][task]
         mine, oracle = ours["samples"][task], theirs["samples"][task]
         assert [s["arguments"] for s in mine] == [s["arguments"] for s in oracle]
