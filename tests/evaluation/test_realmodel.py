@@ -2,7 +2,8 @@
 layer at a time, and by lm-eval's own ``hf`` model (transformers, float32): every request's log-likelihood to 1e-4,
 every greedy flag and every metric the same, on a multiple-choice task with a few-shot example through the model's
 chat template and on a perplexity task; and the GGUF file the folder was decoded from evaluates as the folder does.
-The slowest of eval's tests: 135M parameters run three times (about 2-3 minutes on the shared machine at load 13, most of it lm-eval's and transformers' start-up)."""
+The slowest of eval's tests: 135M parameters run five times (2-3 minutes on the shared machine at load 13, most of
+it lm-eval's and transformers' start-up)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import pytest
 pytest.importorskip("lm_eval")
 
 from realmodel import smollm2_folder, smollm2_gguf
-from tests.evaluation.evaltasks import hf_results, write_tasks
-from tests.evaluation.test_parity import compare
 
 from resumerge import api
+from tests.evaluation.evaltasks import hf_results, write_tasks
+from tests.evaluation.test_parity import compare
 
 
 def test_smollm2_equals_lm_evals_hf_model_and_its_gguf_the_folder(tmp_path: Path) -> None:
