@@ -29,6 +29,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "plan": api.estimate,
     "extract-lora": api.extract_lora,
     "check": api.check,
+    "eval": api.evaluate,
     "evolve": api.evolve,
 }
 # Options that change what the terminal shows, not what is done: the command's name, --quiet, --json and

@@ -53,7 +53,7 @@ from resumerge.memory.sizes import parse_size
 from resumerge.plan.defaults import DEFAULT_SHARD_SIZE
 
 __all__ = ["EvolveOutcome", "Hub", "Lora", "Merging", "Output", "Resources", "Stages", "check", "estimate",
-           "estimate_extraction", "estimate_measure", "evolve", "evolve_status",
+           "estimate_extraction", "estimate_measure", "evaluate", "evolve", "evolve_status",
            "extract_lora", "measure", "open_population", "open_unwritten", "plan_merge", "recipe_status", "resume",
            "run", "status", "verify"]
 
@@ -65,6 +65,8 @@ if TYPE_CHECKING:
 
     from resumerge.analyses.check import CheckReport
     from resumerge.analyses.check.progress import Step as CheckStep
+    from resumerge.analyses.evaluation import EvalReport
+    from resumerge.analyses.evaluation.run import EvalStep
     from resumerge.analyses.measure.run import MeasureEstimate, MeasureReport
     from resumerge.engine.drive import Outcome
     from resumerge.engine.executor import Reporter
@@ -273,6 +275,10 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport 
         from resumerge.analyses.check.progress import check_status
 
         checked = None if str(out).startswith("hf://") else check_status(state.checks_dir, out)
+        if checked is None:  # nor checked: a model that was evaluated is followed by its evaluation
+            from resumerge.analyses.evaluation.status import eval_status
+
+            checked = eval_status(state.evals_dir, out)
         if checked is None:
             raise
         return checked
@@ -345,6 +351,42 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
                      max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory,
                      state=StateDir.resolve(state_dir), on_ray=on_ray, ray_address=address,
                      cut_texts=truncate_texts, watcher=progress)
+
+
+def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: PathLike | None = None,
+             limit: float | None = None, num_fewshot: int | None = None, apply_chat_template: bool | str = False,
+             log_samples: bool = False, output_path: PathLike | None = None, max_memory: int | str | None = None,
+             device: str = "cpu", state_dir: PathLike | None = None,
+             progress: Callable[[EvalStep], None] | None = None) -> EvalReport:
+    """lm-evaluation-harness ``tasks`` (names, or a comma-separated string; YAMLs from ``include_path`` too) on the
+    model ``target`` (a folder, a GGUF file, ``"hf://NAMESPACE/NAME[@REVISION]"``, or a merge config: the merge it
+    describes, each tensor merged in memory by ``run``'s method code as its layer runs, never written), like
+    ``resumerge eval``: lm-eval
+    builds the requests and computes the metrics, resumerge scores every request of a pass one decoder layer at a
+    time within ``max_memory``, journaled under ``state_dir`` (a killed evaluation run again resumes with the same
+    results). ``report.results`` is lm-eval's results object as ``simple_evaluate`` returns it; ``output_path``:
+    written there as lm-eval's CLI writes it (with each task's samples where ``log_samples``). ``progress`` is told
+    each layer of each pass. Bad input (an unknown task, a dataset not available offline, ``limit`` 0, a
+    generation task) raises :class:`~resumerge.errors.UsageError` before any weight is read; Ctrl-C raises
+    :class:`~resumerge.errors.InterruptedMerge` naming the command that continues."""
+    import os
+
+    from resumerge.analyses.evaluation.run import is_config, run_eval
+    from resumerge.analyses.evaluation.settings import EvalSettings
+
+    names = tuple(t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks))
+    settings = EvalSettings(
+        tasks=names, include_path=os.fspath(include_path) if include_path is not None else None, limit=limit,
+        num_fewshot=num_fewshot, apply_chat_template=apply_chat_template, log_samples=log_samples,
+        output_path=os.fspath(output_path) if output_path is not None else None,
+        max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory, device=device).checked()
+    state = StateDir.resolve(state_dir)
+    if not is_config(os.fspath(target)):
+        return run_eval(os.fspath(target), settings, state=state, watcher=progress)
+    # A merge config: the merge it describes, each tensor merged by run's code as the pass reads it, never written
+    # (planned, and refused in one line, before any weight is read).
+    with open_unwritten(target, state_dir=state_dir) as merge:
+        return run_eval(os.fspath(target), settings, state=state, watcher=progress, unwritten=merge)
 
 
 def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from resumerge.cli.checkcmd import add_check_parser
+from resumerge.cli.evalcmd import add_eval_parser
 from resumerge.cli.evolvecmd import add_evolve_parser
 from resumerge.cli.ignoredflags import (
     EXTRACT_UNNEEDED,
@@ -211,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     _extract_parser(sub)
 
     add_check_parser(sub)
+    add_eval_parser(sub)
     add_measure_parser(sub)
     add_evolve_parser(sub)
     demo = sub.add_parser("demo", help="generate small models, merge, interrupt, resume, show status",
@@ -425,6 +427,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from resumerge.cli.checkcmd import run_check_command
 
         return run_check_command(args)
+    if args.command == "eval":
+        from resumerge.cli.evalcmd import run_eval_command
+
+        return run_eval_command(args)
     if args.command == "measure":
         from resumerge.cli.measurecmd import run_measure_command
 
