@@ -533,7 +533,8 @@ def _reporter(progress: bool | Reporter) -> Reporter | None:
 
 def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsize: int | None = None,
            sigma0: float = 1 / 6, random_seed: int = 0, max_memory: int | str | None = None, device: str = "cpu",
-           merge_best: PathLike | None = None, allow_benchmark_tasks: bool = False) -> EvolveOutcome:
+           merge_best: PathLike | None = None, allow_benchmark_tasks: bool = False,
+           task_search_path: PathLike | None = None) -> EvolveOutcome:
     """Search the merge parameters of the mergekit-evolve ``config`` with CMA-ES, like ``resumerge evolve``:
     ``popsize`` candidates a generation (None: cma's 4 + 3 ln n), ``max_fevals`` evaluations, first step
     ``sigma0``, draws seeded by ``random_seed``; everything kept in the folder ``storage`` (``evaluations.jsonl``
@@ -546,7 +547,7 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
 
     Raises :class:`~resumerge.errors.ConfigError` or :class:`~resumerge.errors.UsageError` (exit 2) before any
     weight is read for a bad config or option, a genome of models of different shapes or a filter matching
-    nothing, an lm-eval task (they need ``resumerge eval``), or a STORAGE holding another search."""
+    nothing, an lm-eval task unknown or not loadable offline, or a STORAGE holding another search."""
     from pathlib import Path
 
     from resumerge.api.evolution import evolve_into
@@ -555,7 +556,8 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
     return evolve_into(config, Path(storage), SearchOptions(max_fevals, popsize, sigma0, random_seed),
                        resources=Resources(device=device, max_memory=max_memory), merge_best=merge_best,
                        allow_benchmark_tasks=allow_benchmark_tasks,
-                       run=run, plan_merge=plan_merge, open_population=open_population)
+                       run=run, plan_merge=plan_merge, open_population=open_population, evaluate=evaluate,
+                       task_search_path=task_search_path)
 
 
 def evolve_status(storage: PathLike) -> SearchStatus:

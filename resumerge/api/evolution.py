@@ -6,21 +6,23 @@ code, and ``merge_best`` written as ``run`` writes a merge."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from resumerge.api.options import Output, PathLike, Resources, config_text
 from resumerge.config.locations import StateDir
 from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
+    from resumerge.analyses.evaluation.report import EvalReport
+    from resumerge.analyses.evaluation.settings import EvalSettings
     from resumerge.engine.drive import Outcome
     from resumerge.engine.unwritten import Population
     from resumerge.evolve.objective import ScoresGeneration
     from resumerge.evolve.search import Planned, SearchOptions
-    from resumerge.evolve.spec import EvolveSpec
     from resumerge.evolve.storage import Evaluated
     from resumerge.plan.merge_plan import Plan
 
@@ -40,6 +42,7 @@ class EvolveOutcome:
 def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resources: Resources,
                 merge_best: PathLike | None, allow_benchmark_tasks: bool, run: Callable[..., Outcome],
                 plan_merge: Callable[[str], Plan], open_population: Callable[..., Population],
+                evaluate: Callable[..., EvalReport], task_search_path: PathLike | None = None,
                 written: bool = False) -> EvolveOutcome:
     """:func:`resumerge.api.evolve`'s work, with the API's own ``run``, ``plan_merge`` and ``open_population``
     handed in (this module sits under the front door's package). Each generation is scored in one streamed pass
@@ -48,11 +51,14 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
     are held to)."""
     from resumerge.evolve import storage as files
     from resumerge.evolve.genome import tokenizer_model
+    from resumerge.evolve.lmeval import LmEvalCandidates, eval_settings
     from resumerge.evolve.search import run_search
     from resumerge.evolve.streamed import StreamedCandidates
+    from resumerge.evolve.together import Together
     from resumerge.evolve.written import WrittenCandidates
 
-    planned, plan = plan_evolve(config, options, allow_benchmark_tasks, plan_merge)
+    include = os.fspath(task_search_path) if task_search_path is not None else None
+    planned, plan = plan_evolve(config, options, allow_benchmark_tasks, plan_merge, include, resources.device)
     if resources.max_memory is not None:
         _fits(planned, plan, resources.max_memory)
     if merge_best is not None and Path(merge_best).resolve().is_relative_to(store.resolve()):
@@ -68,15 +74,27 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
     def population(texts: Sequence[str]) -> Population:
         return open_population(texts, state_dir=store / files.WORK / "state", resources=resources)
 
-    scorer: ScoresGeneration = WrittenCandidates(store, planned.spec.tasks, merge, tokenizer) if written else \
-        StreamedCandidates(store, planned.spec.tasks, population, tokenizer, StateDir.resolve(None))
-    best = run_search(planned, store, scorer)
+    tasks = planned.spec.tasks
+    own: ScoresGeneration = WrittenCandidates(store, tasks, merge, tokenizer) if written else \
+        StreamedCandidates(store, tasks, population, tokenizer, StateDir.resolve(None))
+    parts = [("own", own)] if any(t.kind != "lm-eval" for t in tasks) else []
+    if any(t.kind == "lm-eval" for t in tasks):
+        settings = eval_settings(planned.spec, include, resources.device)
+
+        def evaluated(target: Path, settings: EvalSettings, state: Path) -> dict[str, Any]:
+            return dict(evaluate(target, tasks=settings.tasks, include_path=settings.include_path, limit=settings.limit,
+                            num_fewshot=settings.num_fewshot, apply_chat_template=settings.apply_chat_template,
+                            max_memory=resources.max_memory, device=settings.device, state_dir=state).results)
+
+        parts.append(("lm-eval", LmEvalCandidates(store, tasks, settings, evaluated)))
+    best = run_search(planned, store, parts[0][1] if len(parts) == 1 else Together(store, parts))
     merged = run(store / files.BEST, merge_best, resources=resources) if merge_best is not None else None
     return EvolveOutcome(store, best, len(files.read_state(store)), merged)
 
 
 def plan_evolve(config: PathLike, options: SearchOptions, allow_benchmark_tasks: bool,
-                plan_merge: Callable[[str], Plan]) -> tuple[Planned, Plan]:
+                plan_merge: Callable[[str], Plan], include_path: str | None = None,
+                device: str = "cpu") -> tuple[Planned, Plan]:
     """The search :func:`evolve_into` would run and its first candidate's plan, every refusal made (reading headers
     only; nothing written)."""
     from resumerge.evolve.models import genome_layers
@@ -90,7 +108,10 @@ def plan_evolve(config: PathLike, options: SearchOptions, allow_benchmark_tasks:
     if not (math.isfinite(options.sigma0) and options.sigma0 > 0):
         raise UsageError(f"--sigma0 {options.sigma0}: the first step size must be a positive number")
     spec = read_spec(config_text(config), allow_benchmarks=allow_benchmark_tasks)
-    _refuse_lm_eval(spec)
+    if any(t.kind == "lm-eval" for t in spec.tasks):  # known, loadable, none generating: before any weight
+        from resumerge.evolve.lmeval import eval_settings, refuse_unscorable
+
+        refuse_unscorable(eval_settings(spec, include_path, device))
     layers = genome_layers(spec, StateDir.resolve(None))
     planned = plan_search(spec, layers, options)
     import yaml
@@ -119,14 +140,3 @@ def _fits(planned: Planned, plan: Plan, max_memory: int | str) -> None:
     refuse_past_budget(planned.spec, planned.popsize, hidden, budget,
                        lambda popsize, each: generation_bytes([plan], popsize, each),
                        lambda room, each: largest_popsize([plan], room, each))
-
-
-def _refuse_lm_eval(spec: EvolveSpec) -> None:
-    """lm-eval objectives come with ``resumerge eval``, which this build does not hold yet."""
-    for i, task in enumerate(spec.tasks):
-        if task.kind == "lm-eval":
-            raise UsageError(f"tasks[{i}]: {task.name} is an lm-eval task, and lm-eval objectives need resumerge "
-                             "eval, which this build does not have yet",
-                             hint="score with kl: {parent: PATH, texts: FILE} or nll: {texts: FILE} entries")
-
-

@@ -37,6 +37,8 @@ def add_evolve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     evolve.add_argument("--merge-best", metavar="OUT", help="write the best candidate's merge into OUT, as run does")
     evolve.add_argument(OPT_IN, dest="allow_benchmark_tasks", action="store_true",
                         help="allow tasks named after common benchmarks (mmlu, hellaswag, arc_, ...) as objectives")
+    evolve.add_argument("--task-search-path", metavar="DIR", help="a folder of lm-eval task YAMLs, for the config's "
+                        "lm-eval task entries (as mergekit-evolve's --task-search-path)")
     evolve.add_argument("--json", action="store_true", help="print the best candidate as JSON")
 
 
@@ -47,7 +49,8 @@ def run_evolve_command(args: argparse.Namespace) -> int:
     outcome = evolve(args.config, args.storage, max_fevals=args.max_fevals, popsize=args.popsize,
                      sigma0=args.sigma0, random_seed=args.random_seed,
                      max_memory=args.max_memory, device=args.device,
-                     merge_best=args.merge_best, allow_benchmark_tasks=args.allow_benchmark_tasks)
+                     merge_best=args.merge_best, allow_benchmark_tasks=args.allow_benchmark_tasks,
+                     task_search_path=args.task_search_path)
     if args.json:
         print(json.dumps(outcome.best.to_json(), indent=2))
         return EXIT_OK

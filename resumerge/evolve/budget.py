@@ -26,8 +26,8 @@ def hidden_bytes(spec: EvolveSpec, tokenizer: Path, config: dict[str, Any]) -> i
     width = (config.get("text_config") or config).get("hidden_size") or config.get("hidden_size") or 0
     context = context_of([(str(tokenizer), config)], cut=True)
     reader = load_tokenizer([tokenizer], what="resumerge evolve")
-    positions = max(padded_positions(sequences(reader, Path(t.texts), context, option=f"{t.name}'s texts"))
-                    for t in spec.tasks if t.texts is not None)
+    positions = max((padded_positions(sequences(reader, Path(t.texts), context, option=f"{t.name}'s texts"))
+                     for t in spec.tasks if t.texts is not None), default=0)
     return int(positions) * int(width) * 4
 
 

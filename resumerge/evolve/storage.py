@@ -112,22 +112,24 @@ def write_state(storage: Path, generations: Sequence[Sequence[Evaluated]], figur
     shutil.rmtree(storage / WORK, ignore_errors=True)
 
 
-def journaled(storage: Path, generation: int, index: int) -> dict[str, Any] | None:
-    """The figures recorded for candidate ``index`` of ``generation`` (None: not scored yet)."""
-    path = _journal_path(storage, generation, index)
+def journaled(storage: Path, generation: int, index: int, part: str = "") -> dict[str, Any] | None:
+    """The figures recorded for candidate ``index`` of ``generation`` (None: not scored yet); ``part``: those of
+    one scorer of several (:mod:`.together`)."""
+    path = _journal_path(storage, generation, index, part)
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
-def journal(storage: Path, generation: int, index: int, figures: dict[str, Any]) -> None:
-    """Record a candidate's figures durably, before the next candidate starts."""
-    path = _journal_path(storage, generation, index)
+def journal(storage: Path, generation: int, index: int, figures: dict[str, Any], part: str = "") -> None:
+    """Record a candidate's figures (``part``: one scorer's of several) durably, before the next candidate starts."""
+    path = _journal_path(storage, generation, index, part)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_file_atomic(path, _dumps(figures))
     reach("after_evolve_candidate")  # tests kill the search here: inside a generation
 
 
-def _journal_path(storage: Path, generation: int, index: int) -> Path:
-    return storage / JOURNAL / f"generation-{generation:04d}" / f"candidate-{index:03d}.json"
+def _journal_path(storage: Path, generation: int, index: int, part: str = "") -> Path:
+    suffix = f"-{part}" if part else ""
+    return storage / JOURNAL / f"generation-{generation:04d}" / f"candidate-{index:03d}{suffix}.json"
 
 
 def work_dir(storage: Path, generation: int, index: int) -> Path:

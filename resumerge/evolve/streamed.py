@@ -44,7 +44,8 @@ class StreamedCandidates:
 
     def __init__(self, store: Path, tasks: Sequence[Task], open_population: OpenPopulation,
                  tokenizer: Path | None, state: StateDir) -> None:
-        self.store, self.tasks, self.open_population = store, tuple(tasks), open_population
+        self.store, self.open_population = store, open_population
+        self.tasks = tuple(t for t in tasks if t.kind in ("kl", "nll"))
         self.tokenizer, self.state = tokenizer, state
 
     def score(self, generation: int, configs: Sequence[Mapping[str, Any]],

@@ -25,7 +25,8 @@ class WrittenCandidates:
     """Scores each candidate from its written merge (see the module's docstring)."""
 
     def __init__(self, store: Path, tasks: Sequence[Task], merge: Merge, tokenizer: Path | None) -> None:
-        self.store, self.tasks, self.merge, self.tokenizer = store, tuple(tasks), merge, tokenizer
+        self.store, self.merge, self.tokenizer = store, merge, tokenizer
+        self.tasks = tuple(t for t in tasks if t.kind in ("kl", "nll"))
 
     def score(self, generation: int, configs: Sequence[Mapping[str, Any]],
               done: Callable[[int], dict[str, float] | None],

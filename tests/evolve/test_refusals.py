@@ -38,7 +38,6 @@ def _config(root: Path, **changes: Any) -> dict[str, Any]:
 
 CASES = [
     ("benchmark", {"tasks": ["hellaswag"]}, [], "hellaswag is a common benchmark", "tasks[0]"),
-    ("lm-eval", {"tasks": [{"name": "my_task", "metric": "acc,none"}]}, [], "need resumerge eval", "tasks[0]"),
     ("popsize", {}, ["--popsize", "1"], "two candidates a generation", "--popsize 1"),
     ("filter", {"genome": {"filters": ["no_such_tensor"]}}, [], "matches no tensor", "genome.filters[0]"),
     ("shapes", {"genome": {"models": ["A", "WIDE"]}}, [], "is not the shape of", "genome.models[1]"),
@@ -68,11 +67,21 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(
 
 def test_a_benchmark_task_passes_the_opt_in_and_meets_the_next_refusal(
         root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "mmlu_gen.yaml").write_text(  # named as a benchmark; it generates, so the next refusal names it
+        f"task: mmlu_gen\ndataset_path: json\ndataset_kwargs: {{data_files: {{test: {root / 'rows.jsonl'}}}}}\n"
+        "test_split: test\noutput_type: generate_until\ndoc_to_text: '{{q}}'\ndoc_to_target: '{{a}}'\n"
+        "generation_kwargs: {until: ['x']}\nmetric_list: [{metric: exact_match}]\n")
+    (root / "rows.jsonl").write_text('{"q": "a b", "a": "c"}\n')
     config = tmp_path / "evolve.yml"
-    config.write_text(yaml.safe_dump(_config(root, tasks=["hellaswag"])))
-    opt_in = "--i-understand-the-depths-of-the-evils-i-am-unleashing"
-    assert main(["evolve", str(config), str(tmp_path / "s"), opt_in]) == 2
-    assert "need resumerge eval" in capsys.readouterr().err
+    config.write_text(yaml.safe_dump(_config(root, tasks=["mmlu_gen"])))
+    argv = ["evolve", str(config), str(tmp_path / "s"), "--task-search-path", str(tasks)]
+    assert main(argv) == 2
+    assert "mmlu_gen is a common benchmark" in capsys.readouterr().err
+    assert main([*argv, "--i-understand-the-depths-of-the-evils-i-am-unleashing"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert "task mmlu_gen generates text" in lines[-1] and not (tmp_path / "s").exists(), lines
 
 
 def test_a_storage_holding_another_search_or_foreign_files_is_refused(
