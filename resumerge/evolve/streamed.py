@@ -55,20 +55,25 @@ class StreamedCandidates:
 
         found = {i: done(i) for i in range(len(configs))}
         pending = [i for i, figures in found.items() if figures is None]
-        if pending:
-            texts = [yaml.safe_dump(dict(configs[i]), sort_keys=False) for i in pending]
-            storage.say(self.store, generation=generation, candidate=pending[0], phase="plan", layer=None,
+        # A population reads one set of models: slerp's candidates may each read two of three, so those that read
+        # the same models are a population of their own (one for every candidate of the other methods).
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for i in pending:
+            groups.setdefault(_models_read(configs[i]), []).append(i)
+        for group in groups.values():
+            texts = [yaml.safe_dump(dict(configs[i]), sort_keys=False) for i in group]
+            storage.say(self.store, generation=generation, candidate=group[0], phase="plan", layer=None,
                         layers=None)
-            figures: dict[int, dict[str, float]] = {i: {} for i in pending}
+            figures: dict[int, dict[str, float]] = {i: {} for i in group}
             with self.open_population(texts) as population:
                 for number, task in enumerate(self.tasks):
                     # Named by the candidates it runs: a pass journaled for others is never resumed as theirs.
                     work = (self.store / storage.WORK / f"generation-{generation:04d}"
-                            / f"task-{number}-candidates-{'-'.join(map(str, pending))}")
+                            / f"task-{number}-candidates-{'-'.join(map(str, group))}")
                     values = self._task(population, task, work)
-                    for i, value in zip(pending, values):
+                    for i, value in zip(group, values):
                         figures[i][task.name] = value
-            for i in pending:
+            for i in group:
                 record(i, figures[i])
                 found[i] = figures[i]
         return [f for _, f in sorted(found.items()) if f is not None]
@@ -171,3 +176,14 @@ class Generation:
         empty: list[float | None] = [None] * len(self.streams)
         return HeadTotals(nll=[n / tokens for n in nll], kl=means, kl_p95=empty, top1=empty, base_kl=empty,
                           tokens=tokens)
+
+
+def _models_read(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """Every model a merge config names (its base, its models, its slices' sources and bases), sorted."""
+    found = {config.get("base_model")}
+    for entry in config.get("models") or ():
+        found.add(entry.get("model"))
+    for piece in config.get("slices") or ():
+        found.add(piece.get("base_model"))
+        found.update(source.get("model") for source in piece.get("sources") or ())
+    return tuple(sorted(str(m) for m in found if m is not None))

@@ -137,10 +137,28 @@ def test_the_streamed_generation_gives_each_candidate_its_written_merges_figures
     evolve_into(config, written, SearchOptions(OPTIONS["max_fevals"], OPTIONS["popsize"], 1 / 6,
                                                OPTIONS["random_seed"]),
                 resources=api.Resources(), merge_best=None, allow_benchmark_tasks=False, run=api.run,
-                plan_merge=api.plan_merge, open_population=api.open_population, written=True)
+                plan_merge=api.plan_merge, open_population=api.open_population, evaluate=api.evaluate,
+                written=True)
     streamed = [json.loads(line) for line in (store / "evaluations.jsonl").read_text().splitlines()]
     merged = [json.loads(line) for line in (written / "evaluations.jsonl").read_text().splitlines()]
     assert [(r["genotype"], r["config"]) for r in streamed] == [(r["genotype"], r["config"]) for r in merged]
     for ours, theirs in zip(streamed, merged, strict=True):
         for name, value in theirs["tasks"].items():
             assert ours["tasks"][name] == pytest.approx(value, rel=1e-6, abs=1e-9), name
+
+
+def test_a_slerp_genome_of_three_models_scores_candidates_reading_different_pairs(tmp_path: Path) -> None:
+    from resumerge.evolve.streamed import _models_read
+
+    for i, name in enumerate(("a", "b", "c")):
+        make_model(tmp_path / name, SPEC, seed=i)
+    (tmp_path / "t.txt").write_text("the cat sat on the mat\n")
+    config = tmp_path / "evolve.yml"
+    config.write_text(yaml.safe_dump({
+        "genome": {"models": [str(tmp_path / m) for m in ("a", "b", "c")], "merge_method": "slerp",
+                   "layer_granularity": 1},
+        "tasks": [{"nll": {"texts": str(tmp_path / "t.txt")}}]}))
+    api.evolve(config, tmp_path / "store", max_fevals=5, popsize=6, sigma0=1.0, random_seed=3)
+    rows = [json.loads(line) for line in (tmp_path / "store" / "evaluations.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and all(r["tasks"]["nll:t.txt"] > 0 for r in rows)
+    assert len({_models_read(r["config"]) for r in rows}) > 1  # candidates over other pairs: populations of their own
