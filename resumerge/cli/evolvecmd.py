@@ -58,7 +58,7 @@ def run_evolve_command(args: argparse.Namespace) -> int:
     print(f"best of {outcome.generations} generations: generation {best.generation}, candidate {best.index + 1}, "
           f"objective {best.objective:.6g}")
     for name, value in best.tasks.items():
-        print(f"  {name}: {value:.6g}")
+        print(f"  {name}: " + (f"{value:.6g}" if value is not None else "not finite"))
     print(f"its merge config: {Path(args.storage) / 'best.yml'}")
     if args.merge_best:
         print(f"merged into {args.merge_best}")

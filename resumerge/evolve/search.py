@@ -4,6 +4,7 @@ generation's state made durable before the user's files are written from it."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,7 +86,8 @@ def run_search(planned: Planned, store: Path, scorer: ScoresGeneration) -> Evalu
         started = time.monotonic()
         figures = scorer.score(number, configs, done, record)
         _timed(store, len(genotypes), time.monotonic() - started)
-        told = [Evaluated(number, i, genotypes[i], configs[i], objective(tasks, figures[i]), figures[i])
+        told = [Evaluated(number, i, genotypes[i], configs[i], objective(tasks, figures[i]),
+                          {k: v if math.isfinite(v) else None for k, v in figures[i].items()})
                 for i in range(len(genotypes))]
         search.tell([e.objective for e in told])
         generations.append(told)

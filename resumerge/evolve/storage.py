@@ -52,7 +52,7 @@ class Evaluated:
     genotype: list[float]
     config: dict[str, Any]
     objective: float
-    tasks: dict[str, float]
+    tasks: dict[str, float | None]  # None: a figure that was not finite (the merge broke), kept strict JSON
 
     def to_json(self) -> dict[str, Any]:
         return {"generation": self.generation, "index": self.index, "genotype": self.genotype,
@@ -167,7 +167,8 @@ def _csv(rows: Sequence[Evaluated], task_names: Sequence[str]) -> str:
     width = len(rows[0].genotype) if rows else 0
     writer.writerow(["generation", "index", "objective", *task_names, *(f"x{i}" for i in range(width)), "config"])
     for e in rows:
-        writer.writerow([e.generation, e.index, repr(e.objective), *(repr(e.tasks[t]) for t in task_names),
+        figures = (repr(e.tasks[t]) if e.tasks[t] is not None else "" for t in task_names)
+        writer.writerow([e.generation, e.index, repr(e.objective), *figures,
                          *map(repr, e.genotype), json.dumps(e.config)])
     return out.getvalue()
 
