@@ -51,6 +51,7 @@ API_NAMES: dict[str, str] = {
     "--no-staging": "staging=False",
     "--cuda": "device='cuda'",
     "--i-understand-this-is-not-useful-without-training": "allow_same_experts",
+    "--i-understand-the-depths-of-the-evils-i-am-unleashing": "allow_benchmark_tasks",
     "--save-module": "save_modules",
     "--exclude-regex": "exclude_regexes",
     "--include-regex": "include_regexes",

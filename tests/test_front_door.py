@@ -29,6 +29,8 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "plan": api.estimate,
     "extract-lora": api.extract_lora,
     "check": api.check,
+    "eval": api.evaluate,
+    "evolve": api.evolve,
 }
 # Options that change what the terminal shows, not what is done: the command's name, --quiet, --json and
 # mergekit's -v. The mergekit flags resumerge accepts only to ignore them have dests named unneeded_*.

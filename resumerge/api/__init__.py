@@ -1,7 +1,8 @@
 """The front door: ``run``, ``resume``, ``status``, ``verify``, ``check``, ``estimate`` (what ``resumerge plan``
-prints), ``plan_merge``, ``extract_lora`` and ``estimate_extraction``, for the CLI and for notebooks alike;
-``open_unwritten`` and ``open_population`` (:mod:`.unwritten`): a merge config, or a generation of them, read as the
-model it describes without being written, for ``eval`` and ``evolve``.
+prints), ``plan_merge``, ``extract_lora``, ``estimate_extraction`` and ``evolve`` (a search of a merge's parameters,
+:mod:`.evolution`), for the CLI and for notebooks alike; ``open_unwritten`` and ``open_population``
+(:mod:`.unwritten`): a merge config, or a generation of them, read as the model it describes without being written,
+for ``eval`` and ``evolve``.
 
 Each CLI command parses its arguments and makes one call here, so a notebook gets the very tool the README
 describes. Every function takes its options as a few frozen groups (:mod:`.options`: :class:`Output`, :class:`Merging`,
@@ -12,7 +13,8 @@ merge, a recipe (several YAML documents), MoE upcycling (a mergekit-moe config) 
 class (:mod:`.runkind`) in the one tuple :data:`~resumerge.api.kinds.KINDS` walked here. Errors are the
 :mod:`resumerge.errors` exceptions that the CLI maps to exit codes.
 
-May import: errors, config, memory, methods, vocab, inputs, store, plan, outputs, moe, extract, engine, recipes.
+May import: errors, config, memory, methods, vocab, inputs, store, plan, outputs, moe, extract, engine, recipes,
+evolve.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any
 
+from resumerge.api.evolution import EvolveOutcome
 from resumerge.api.kinds import EXTRACTION, kind_of, own_record, planner_of, recorded_kind
 from resumerge.api.options import (
     Hub,
@@ -51,8 +54,8 @@ from resumerge.extract.spec import ExtractSpec
 from resumerge.memory.sizes import parse_size
 from resumerge.plan.defaults import DEFAULT_SHARD_SIZE
 
-__all__ = ["Hub", "Lora", "Merging", "Output", "Resources", "Stages", "check", "estimate", "estimate_extraction",
-           "estimate_measure",
+__all__ = ["EvolveOutcome", "Hub", "Lora", "Merging", "Output", "Resources", "Stages", "check", "estimate",
+           "estimate_extraction", "estimate_measure", "evaluate", "evolve", "evolve_status",
            "extract_lora", "measure", "open_population", "open_unwritten", "plan_merge", "recipe_status", "resume",
            "run", "status", "verify"]
 
@@ -64,11 +67,14 @@ if TYPE_CHECKING:
 
     from resumerge.analyses.check import CheckReport
     from resumerge.analyses.check.progress import Step as CheckStep
+    from resumerge.analyses.evaluation import EvalReport
+    from resumerge.analyses.evaluation.run import EvalStep
     from resumerge.analyses.measure.run import MeasureEstimate, MeasureReport
     from resumerge.engine.drive import Outcome
     from resumerge.engine.executor import Reporter
     from resumerge.engine.executors import Executor
     from resumerge.estimate.costs import Estimate
+    from resumerge.evolve.status import SearchStatus
     from resumerge.inputs.codecs import CodecTable
     from resumerge.plan.merge_plan import Plan
     from resumerge.recipes.estimate import RecipeEstimate
@@ -271,6 +277,10 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport 
         from resumerge.analyses.check.progress import check_status
 
         checked = None if str(out).startswith("hf://") else check_status(state.checks_dir, out)
+        if checked is None:  # nor checked: a model that was evaluated is followed by its evaluation
+            from resumerge.analyses.evaluation.status import eval_status
+
+            checked = eval_status(state.evals_dir, out)
         if checked is None:
             raise
         return checked
@@ -343,6 +353,42 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
                      max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory,
                      state=StateDir.resolve(state_dir), on_ray=on_ray, ray_address=address,
                      cut_texts=truncate_texts, watcher=progress)
+
+
+def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: PathLike | None = None,
+             limit: float | None = None, num_fewshot: int | None = None, apply_chat_template: bool | str = False,
+             log_samples: bool = False, output_path: PathLike | None = None, max_memory: int | str | None = None,
+             device: str = "cpu", state_dir: PathLike | None = None,
+             progress: Callable[[EvalStep], None] | None = None) -> EvalReport:
+    """lm-evaluation-harness ``tasks`` (names, or a comma-separated string; YAMLs from ``include_path`` too) on the
+    model ``target`` (a folder, a GGUF file, ``"hf://NAMESPACE/NAME[@REVISION]"``, or a merge config: the merge it
+    describes, each tensor merged in memory by ``run``'s method code as its layer runs, never written), like
+    ``resumerge eval``: lm-eval
+    builds the requests and computes the metrics, resumerge scores every request of a pass one decoder layer at a
+    time within ``max_memory``, journaled under ``state_dir`` (a killed evaluation run again resumes with the same
+    results). ``report.results`` is lm-eval's results object as ``simple_evaluate`` returns it; ``output_path``:
+    written there as lm-eval's CLI writes it (with each task's samples where ``log_samples``). ``progress`` is told
+    each layer of each pass. Bad input (an unknown task, a dataset not available offline, ``limit`` 0, a
+    generation task) raises :class:`~resumerge.errors.UsageError` before any weight is read; Ctrl-C raises
+    :class:`~resumerge.errors.InterruptedMerge` naming the command that continues."""
+    import os
+
+    from resumerge.analyses.evaluation.run import is_config, run_eval
+    from resumerge.analyses.evaluation.settings import EvalSettings
+
+    names = tuple(t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks))
+    settings = EvalSettings(
+        tasks=names, include_path=os.fspath(include_path) if include_path is not None else None, limit=limit,
+        num_fewshot=num_fewshot, apply_chat_template=apply_chat_template, log_samples=log_samples,
+        output_path=os.fspath(output_path) if output_path is not None else None,
+        max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory, device=device).checked()
+    state = StateDir.resolve(state_dir)
+    if not is_config(os.fspath(target)):
+        return run_eval(os.fspath(target), settings, state=state, watcher=progress)
+    # A merge config: the merge it describes, each tensor merged by run's code as the pass reads it, never written
+    # (planned, and refused in one line, before any weight is read).
+    with open_unwritten(target, state_dir=state_dir) as merge:
+        return run_eval(os.fspath(target), settings, state=state, watcher=progress, unwritten=merge)
 
 
 def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
@@ -485,3 +531,41 @@ def _reporter(progress: bool | Reporter) -> Reporter | None:
                       "progress=resumerge.cli.render.ProgressReporter() (close it after the call)",
                       DeprecationWarning, stacklevel=3)
     return None if isinstance(progress, bool) else progress
+
+
+def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsize: int | None = None,
+           sigma0: float = 1 / 6, random_seed: int = 0, max_memory: int | str | None = None, device: str = "cpu",
+           merge_best: PathLike | None = None, allow_benchmark_tasks: bool = False,
+           task_search_path: PathLike | None = None) -> EvolveOutcome:
+    """Search the merge parameters of the mergekit-evolve ``config`` with CMA-ES, like ``resumerge evolve``:
+    ``popsize`` candidates a generation (None: cma's 4 + 3 ln n), ``max_fevals`` evaluations, first step
+    ``sigma0``, draws seeded by ``random_seed``; everything kept in the folder ``storage`` (``evaluations.jsonl``
+    and ``.csv``, ``best.yml``, ``objective.png``). Killed anywhere, the same call resumes and ends with the same
+    files. Each candidate is merged as :func:`run` merges (within ``max_memory``, on ``device``) into a folder of
+    its own under ``storage``, scored on its tasks (``{kl: {parent, texts}}``: KL from that parent on its own
+    texts; ``{nll: {texts}}``), then removed. ``merge_best``: the best candidate is then written there as
+    :func:`run` writes it. Task names of common benchmarks are refused unless ``allow_benchmark_tasks``, as
+    mergekit-evolve refuses them.
+
+    Raises :class:`~resumerge.errors.ConfigError` or :class:`~resumerge.errors.UsageError` (exit 2) before any
+    weight is read for a bad config or option, a genome of models of different shapes or a filter matching
+    nothing, an lm-eval task unknown or not loadable offline, or a STORAGE holding another search."""
+    from pathlib import Path
+
+    from resumerge.api.evolution import evolve_into
+    from resumerge.evolve.search import SearchOptions
+
+    return evolve_into(config, Path(storage), SearchOptions(max_fevals, popsize, sigma0, random_seed),
+                       resources=Resources(device=device, max_memory=max_memory), merge_best=merge_best,
+                       allow_benchmark_tasks=allow_benchmark_tasks,
+                       run=run, plan_merge=plan_merge, open_population=open_population, evaluate=evaluate,
+                       task_search_path=task_search_path)
+
+
+def evolve_status(storage: PathLike) -> SearchStatus:
+    """Where the search in ``storage`` stands, like ``resumerge status STORAGE`` (its files read; no torch)."""
+    from pathlib import Path
+
+    from resumerge.evolve.status import search_status
+
+    return search_status(Path(storage))

@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from resumerge.cli.checkcmd import add_check_parser
+from resumerge.cli.evalcmd import add_eval_parser
+from resumerge.cli.evolvecmd import add_evolve_parser
 from resumerge.cli.ignoredflags import (
     EXTRACT_UNNEEDED,
     EXTRACT_UNNEEDED_WITH_VALUE,
@@ -140,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--cleanup-intermediates", action="store_true",
                         help="recipes: delete the named stages' outputs once the final output is verified")
 
-    status = sub.add_parser("status", help="show where the merge into OUT stands",
+    status = sub.add_parser("status", help="show where the merge into OUT (or the search in STORAGE) stands",
                             description="Show the state of a merge (fast: reads the ledger only).")
     status.add_argument("out", metavar="OUT", help="output directory of the merge (or recipe), or its hub repo "
                                                     "hf://NAMESPACE/NAME[@BRANCH]")
@@ -210,7 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     _extract_parser(sub)
 
     add_check_parser(sub)
+    add_eval_parser(sub)
     add_measure_parser(sub)
+    add_evolve_parser(sub)
     demo = sub.add_parser("demo", help="generate small models, merge, interrupt, resume, show status",
                           description="A self-contained tour: generates tiny models, starts a merge that is "
                                       "killed part-way, resumes it, and checks the output is byte-identical.")
@@ -423,10 +427,18 @@ def _dispatch(args: argparse.Namespace) -> int:
         from resumerge.cli.checkcmd import run_check_command
 
         return run_check_command(args)
+    if args.command == "eval":
+        from resumerge.cli.evalcmd import run_eval_command
+
+        return run_eval_command(args)
     if args.command == "measure":
         from resumerge.cli.measurecmd import run_measure_command
 
         return run_measure_command(args)
+    if args.command == "evolve":
+        from resumerge.cli.evolvecmd import run_evolve_command
+
+        return run_evolve_command(args)
     if args.command == "demo":
         from resumerge.cli.demo import run_demo
 
@@ -435,7 +447,15 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from resumerge.api import status
+    from resumerge.evolve.storage import is_storage
+
+    if is_storage(Path(args.out)):  # a search's STORAGE (resumerge evolve)
+        from resumerge.cli.evolvecmd import show_search_status
+
+        return show_search_status(args.out, args.json)
 
     report = status(args.out, state_dir=args.state_dir)
     if args.json:

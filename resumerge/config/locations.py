@@ -24,6 +24,7 @@ LEDGER_NAME = "ledger.db"
 STAGING_NAME = "staging"
 # Under the state dir: one folder per check, named by its content key.
 CHECKS_DIR = "checks"
+EVALS_DIR = "evals"  # each eval pass's journal and answers, one folder per pass
 # Under the state dir: the folder of each GGUF model a check or a MoE prompt pass reads (config.json, tokenizer).
 GGUF_DIR = "gguf"
 # Under the state dir: the small files (config.json, tokenizer) of each merge read without being written.
@@ -132,6 +133,11 @@ class StateDir:
     def checks_dir(self) -> Path:
         """Where each ``check`` keeps its journal and progress, one folder per check."""
         return self.root / CHECKS_DIR
+
+    @property
+    def evals_dir(self) -> Path:
+        """Where each ``eval`` keeps its passes' journals and answers and its progress."""
+        return self.root / EVALS_DIR
 
     @property
     def routers_dir(self) -> Path:

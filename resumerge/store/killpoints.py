@@ -45,8 +45,16 @@ CHECK_POINTS = ("after_check_layer",)
 # Reached by ``resumerge measure`` after each decoder layer's Grams and hidden states are durable (its own pass and
 # RegMean++'s merged one; tests/test_regmean_merge.py and tests/test_regmean_plus.py kill there).
 MEASURE_POINTS = ("after_measure_layer",)
+# Reached by ``resumerge eval``'s pass after each decoder layer's hidden states are saved
+# (tests/evaluation/test_resume.py kills there).
+EVAL_POINTS = ("after_eval_layer",)
+# Reached by ``resumerge evolve``: after a candidate's figures are journaled (inside a generation), after a
+# generation's state is durable (between generations), and while ``best.yml``'s temp file is written
+# (tests/evolve/test_kills.py kills at each).
+EVOLVE_POINTS = ("after_evolve_candidate", "after_evolve_generation", "during_best_write")
 # Every point the package reaches; a test derived from the code holds this equal to the points used.
-POINTS = LOCAL_POINTS + UNIT_POINTS + STAGED_POINTS + HUB_POINTS + MOE_POINTS + CHECK_POINTS + MEASURE_POINTS
+POINTS = (LOCAL_POINTS + UNIT_POINTS + STAGED_POINTS + HUB_POINTS + MOE_POINTS + CHECK_POINTS + MEASURE_POINTS
+          + EVAL_POINTS + EVOLVE_POINTS)
 
 _counts: dict[str, int] = {}
 

@@ -90,6 +90,10 @@ class _Canvas:
                 + chunk(b"IEND", b""))
 
 
+# The canvas, drawn on by other charts too (resumerge evolve's objective per generation).
+Canvas = _Canvas
+
+
 @dataclass(frozen=True)
 class Panel:
     """One chart of the figure: its ``title``, its y axis's label, a series per model (a value per decoder layer)

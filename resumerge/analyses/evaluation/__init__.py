@@ -1,0 +1,18 @@
+"""``resumerge eval``: lm-evaluation-harness tasks on any model resumerge reads, one decoder layer at a time within the
+memory budget, journaled so that a killed evaluation resumes with the same results.
+
+lm-eval is the task library (tasks by name or from ``--include-path`` YAMLs, its requests, few-shot sampling, chat
+templates, metrics, aggregation and results object); resumerge is the model: :mod:`.lm`'s ``lm_eval.api.model.LM``,
+whose log-likelihood requests are tokenised as lm-eval's ``hf`` model tokenises them (:mod:`.requests`) and scored, all
+requests of a pass together, by :mod:`.scorer` on the forward engine (:mod:`resumerge.forward`): each decoder layer is
+read once per pass. :mod:`.run` drives an evaluation from the command's options to lm-eval's results, and
+:mod:`.outputs` writes them as lm-eval's CLI does.
+
+May import: analyses.check, config, errors, forward, inputs, memory, store.
+"""
+
+from __future__ import annotations
+
+from resumerge.analyses.evaluation.report import EvalReport
+
+__all__ = ["EvalReport"]

@@ -1,0 +1,275 @@
+"""An evaluation from start to end: the settings and the tasks checked, the model opened (headers only), its
+tokenizer, then lm-eval's ``simple_evaluate`` with :class:`~.lm.ResumergeLM` as the model, each of whose passes is
+scored on the forward engine under the memory budget and journaled under the state dir (``evals/<key>``: a killed
+evaluation run again resumes each pass where it stopped and ends with the same results); then the outputs written
+as lm-eval's CLI writes them (:mod:`.outputs`).
+
+Everything that can be refused is refused before any weight is read: the settings, a merge config as TARGET, a
+TARGET that is not a model, an unknown task or one whose dataset cannot be loaded, a generation task (the whole
+model would be held), and a pass whose largest step does not fit the budget (before its first layer)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shlex
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+from resumerge.analyses.check.models import Checked, open_checked
+from resumerge.analyses.check.needs import step_bytes
+from resumerge.analyses.check.passes import BATCH_TOKENS
+from resumerge.analyses.evaluation.report import EvalReport
+from resumerge.analyses.evaluation.requests import Scoring
+from resumerge.analyses.evaluation.scorer import LAYER_PREFIX, Answer, answered, score
+from resumerge.analyses.evaluation.settings import EvalSettings
+from resumerge.analyses.evaluation.status import PROGRESS_NAME
+from resumerge.analyses.evaluation.tasks import generation_tasks, loaded_tasks, task_manager
+from resumerge.config.locations import StateDir, is_default_state_root
+from resumerge.errors import InterruptedMerge, UsageError
+from resumerge.forward import Weights
+from resumerge.forward.journal import latest
+from resumerge.forward.stream import ModelStream, import_transformers, transformers_found
+from resumerge.memory import MemoryGovernor, SystemProbe, budget_fitting
+from resumerge.memory.allocator import tune_allocator
+from resumerge.store.durable import write_file_atomic
+from resumerge.store.runlock import JobLock
+
+if TYPE_CHECKING:
+    from resumerge.engine.unwritten import UnwrittenMerge
+
+LOCK_NAME = "lock"
+_CONFIG_SUFFIXES = (".yml", ".yaml")
+
+
+@dataclass(frozen=True)
+class EvalStep:
+    """Where an evaluation is: its ``target``, the ``tasks``, the pass (``kind``: ``loglikelihood`` or
+    ``loglikelihood_rolling``; its ``requests``), the ``layer`` running (None: the head) of ``layers``."""
+
+    target: str
+    tasks: tuple[str, ...]
+    kind: str
+    requests: int
+    layer: int | None
+    layers: int
+
+
+Watcher = Callable[[EvalStep], None]
+
+
+def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: Watcher | None = None,
+             unwritten: UnwrittenMerge | None = None) -> EvalReport:
+    """Evaluate the model at ``target`` (a folder, a GGUF file, ``hf://`` repo) on ``settings``' tasks and return
+    lm-eval's results; ``unwritten``: ``target`` is a merge config, opened as the merge it describes (each tensor
+    merged when read, never written). Raises :class:`UsageError` (exit 2) for anything refused before a weight is
+    read, and :class:`InterruptedMerge` (exit 3) on Ctrl-C, naming the command that continues."""
+    settings = settings.checked()
+    if unwritten is None:
+        _not_a_config(target)
+        model = open_checked(target, "TARGET", state)
+        weights = Weights.of(model.opened.directory, model.opened.tensors, model.remote)
+    else:
+        model = Checked("merge", target, None, unwritten.opened)
+        weights = Weights.of(unwritten.directory, unwritten.tensors, source=unwritten.source)
+    transformers_found("resumerge eval")
+    manager = task_manager(settings)
+    tasks = loaded_tasks(settings, manager)
+    generating = generation_tasks(tasks)
+    if generating:
+        raise UsageError(f"{', '.join(generating)} generate text (generate_until), which needs the whole model held "
+                         "with a KV cache; eval runs one decoder layer at a time",
+                         hint="evaluate those tasks with lm_eval --model hf, and the others here")
+    tokenizer = _tokenizer(model)
+    command = eval_command(target, settings, state)
+    stream = ModelStream(weights, model.opened.config, _float32(), what="resumerge eval", key="TARGET")
+    restore_allocator = tune_allocator()
+    try:
+        from resumerge.analyses.evaluation.lm import ResumergeLM
+
+        scorer = _Scorer(stream, model, settings, state, command, watcher, _Merged.of(unwritten))
+        lm = ResumergeLM(tokenizer, _max_length(model, tokenizer), scorer)
+        results, tracker = _evaluate(lm, target, settings, manager)
+    except KeyboardInterrupt:
+        raise InterruptedMerge(f"the evaluation of {target} was interrupted{scorer.where()}",
+                               resume_command=command) from None
+    finally:
+        stream.close()
+        if restore_allocator is not None:
+            restore_allocator()
+    from resumerge.analyses.evaluation.outputs import write_outputs
+
+    written = write_outputs(results, tracker, settings) if tracker is not None else ()
+    return EvalReport(target=target, results=results, written=written)
+
+
+def _evaluate(lm: Any, target: str, settings: EvalSettings, manager: Any) -> tuple[dict[str, Any], Any]:
+    """lm-eval's ``simple_evaluate`` with ``lm`` as the model, as its CLI calls it for these options, and the
+    tracker that writes its files (None without ``output_path``)."""
+    import lm_eval
+    from lm_eval.loggers import EvaluationTracker
+
+    tracker = EvaluationTracker(output_path=settings.output_path) if settings.output_path is not None else None
+    results = lm_eval.simple_evaluate(
+        model=lm, model_args={"pretrained": target}, tasks=list(settings.tasks), num_fewshot=settings.num_fewshot,
+        limit=settings.whole_limit, log_samples=settings.log_samples,
+        apply_chat_template=settings.apply_chat_template, task_manager=manager, evaluation_tracker=tracker)
+    if results is None:  # lm-eval returns None on ranks other than 0 only; one process has rank 0
+        raise UsageError("lm-eval returned no results")
+    return dict(results), tracker
+
+
+@dataclass(frozen=True)
+class _Merged:
+    """What an unwritten merge adds to a pass: its plan's fingerprint (in the pass's key: the same config over
+    changed inputs is another model) and how many inputs each of its tensors is merged from (a layer's merge holds
+    each input's tensor beside the result)."""
+
+    fingerprint: str
+    inputs: int
+
+    @classmethod
+    def of(cls, unwritten: UnwrittenMerge | None) -> _Merged | None:
+        if unwritten is None:
+            return None
+        return cls(unwritten.plan.fingerprint, len(unwritten.plan.model_dirs))
+
+
+class _Scorer:
+    """Scores each pass lm-eval asks of the model: the pass's journal folder (keyed by the model's files and the
+    pass's tokens) locked, its steps admitted by the memory governor, its progress written for ``status``."""
+
+    def __init__(self, stream: ModelStream, model: Checked, settings: EvalSettings, state: StateDir, command: str,
+                 watcher: Watcher | None, merged: _Merged | None = None) -> None:
+        self.stream, self.model, self.settings, self.state = stream, model, settings, state
+        self.command, self.watcher, self.merged = command, watcher, merged
+        self.step: EvalStep | None = None
+        self.workdir: Path | None = None
+
+    def __call__(self, work: Scoring, kind: str) -> list[Answer]:
+        workdir = self.state.evals_dir / _key(self.model, work, kind, self.merged)
+        self.workdir = workdir
+        done = answered(workdir)
+        if done is not None:
+            return done
+        lock = JobLock(workdir / LOCK_NAME, f"this evaluation of {self.model.path}", self.command,
+                       hint="wait for it to finish (run again, it answers from its journal), or stop it (it resumes "
+                            "at the layer it reached)")
+        lock.acquire()
+        try:
+            sizes = step_bytes([self.stream], list(work.runs))
+            states = 2 * sizes.states
+            # an unwritten merge's layer holds, while a tensor is merged, each input's tensor beside it
+            steps = {"layer": max(sizes.layers) * (1 + (self.merged.inputs if self.merged else 0)),
+                     "heads": max(sizes.heads)}
+            budget = budget_fitting("the evaluation", states + max(steps.values()), self.settings.max_memory,
+                                    SystemProbe())
+            with MemoryGovernor(budget, SystemProbe()) as governor:
+                def reserve(what: str, step: str) -> AbstractContextManager[object]:
+                    return governor.acquire(steps[step], what=what)
+
+                def on_layer(layer: int | None) -> None:
+                    self._say(workdir, EvalStep(self.model.path, self.settings.tasks, kind, len(work.run_of), layer,
+                                                self.stream.layers))
+
+                answers = score(self.stream, work, workdir, reserve=reserve, on_layer=on_layer)
+            if self.step is not None:
+                self._say(workdir, self.step, done=True)
+            return answers
+        finally:
+            lock.release()
+
+    def _say(self, workdir: Path, step: EvalStep, done: bool = False) -> None:
+        self.step = step
+        doc = {"target": step.target, "model": _where(self.model), "tasks": list(step.tasks), "pass": step.kind,
+               "requests": step.requests, "layer": step.layer, "layers": step.layers, "pid": os.getpid(),
+               "command": self.command, "done": done}
+        write_file_atomic(workdir / PROGRESS_NAME, (json.dumps(doc) + "\n").encode())
+        if self.watcher is not None and not done:
+            self.watcher(step)
+
+    def where(self) -> str:
+        """Where the evaluation stopped, in words (empty before its first layer)."""
+        step = self.step
+        if step is None:
+            return " before its first layer"
+        pass_ = f"of its {step.kind} pass"
+        if step.layer is None:
+            return f" in the head {pass_} (every layer journaled)"
+        found = latest(self.workdir, LAYER_PREFIX) if self.workdir is not None else None
+        if found is not None and found[0] >= step.layer:
+            return f" after layer {found[0] + 1} of {step.layers} {pass_} (layers 1-{found[0] + 1} journaled)"
+        kept = f"layers 1-{step.layer} journaled" if step.layer else "no layer journaled yet"
+        return f" in layer {step.layer + 1} of {step.layers} {pass_} ({kept})"
+
+
+def eval_command(target: str, settings: EvalSettings, state: StateDir) -> str:
+    """The shell command of this evaluation (what continues an interrupted one)."""
+    words = ["resumerge", "eval", target, *settings.command_words()]
+    if settings.max_memory is not None:
+        words += ["--max-memory", str(settings.max_memory)]
+    if not is_default_state_root(state.given):
+        words += ["--state-dir", os.fspath(state.root)]
+    return shlex.join(words)
+
+
+def is_config(target: str) -> bool:
+    """Whether ``target`` is a merge config (a YAML file), evaluated as the merge it describes, unwritten."""
+    return Path(target).suffix in _CONFIG_SUFFIXES and Path(target).is_file()
+
+
+def _not_a_config(target: str) -> None:
+    """A merge config reaches :func:`run_eval` opened (``unwritten``), never by its path."""
+    if is_config(target):
+        raise UsageError(f"TARGET {target} is a merge config", hint="evaluate it through resumerge.api.evaluate")
+
+
+def _tokenizer(model: Checked) -> Any:
+    """The model's tokenizer, loaded as lm-eval's ``hf`` model loads it (transformers' ``AutoTokenizer``)."""
+    transformers = import_transformers("resumerge eval")
+    directory = model.opened.directory
+    if not ((directory / "tokenizer_config.json").is_file() or (directory / "tokenizer.json").is_file()):
+        raise UsageError(f"TARGET {model.path} has no tokenizer", hint="copy the tokenizer files into its folder")
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(directory))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"TARGET {model.path}: its tokenizer cannot be loaded: {exc}",
+                         hint="copy a working tokenizer into its folder") from None
+
+
+def _max_length(model: Checked, tokenizer: Any) -> int:
+    """The model's context as lm-eval's ``hf`` model resolves it (its config's, else its tokenizer's)."""
+    from lm_eval.models.utils import resolve_max_length
+
+    config = dict(model.opened.config)
+    text = config.get("text_config")
+    found = SimpleNamespace(**(text if isinstance(text, dict) else config))
+    return int(resolve_max_length(found, tokenizer))  # type: ignore[arg-type]
+
+
+def _where(model: Checked) -> str:
+    """The model as ``status`` finds it: a hub repo as named, a local path absolute."""
+    return model.path if model.remote else os.path.abspath(model.path)
+
+
+def _key(model: Checked, work: Scoring, kind: str, merged: _Merged | None) -> str:
+    """The content key of a pass: the model's files' identities (an unwritten merge's: its plan's fingerprint),
+    the pass's kind and tokens, the batch size and the versions of the code that computes it."""
+    versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge", "torch")]
+    doc = [_where(model),
+           [[f.name, f.size, f.identity] for f in model.opened.files], kind, work.digest(), BATCH_TOKENS, versions]
+    if merged is not None:
+        doc.append(merged.fingerprint)
+    return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:32]
+
+
+def _float32() -> Any:
+    from resumerge.torch_import import torch
+
+    return torch.float32

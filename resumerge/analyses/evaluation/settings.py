@@ -1,0 +1,75 @@
+"""An evaluation's settings as one frozen object (the command's options), checked before anything is read."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from resumerge.errors import UsageError
+
+DEVICES = ("cpu",)
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """``tasks``: lm-eval task, group or tag names (or YAML paths); ``include_path``: a folder of task YAMLs;
+    ``limit``: at most this many documents per task (a fraction below 1: that share); ``num_fewshot``: examples
+    in each prompt; ``apply_chat_template``: the model's chat template (a name picks one of several);
+    ``log_samples``: keep each task's samples; ``output_path``: where lm-eval's results file (and the samples) go;
+    ``max_memory``: the process's memory budget in bytes (None: the default); ``device``: where the layers run."""
+
+    tasks: tuple[str, ...]
+    include_path: str | None = None
+    limit: float | None = None
+    num_fewshot: int | None = None
+    apply_chat_template: bool | str = False
+    log_samples: bool = False
+    output_path: str | None = None
+    max_memory: int | None = None
+    device: str = "cpu"
+
+    def checked(self) -> EvalSettings:
+        """These settings, or :class:`UsageError` (exit 2) naming the first wrong one."""
+        if not self.tasks or any(not t.strip() for t in self.tasks):
+            raise UsageError("--tasks names no task", hint="name lm-eval tasks, e.g. --tasks hellaswag,arc_easy")
+        if self.limit is not None and not (self.limit > 0 and (self.limit < 1 or float(self.limit).is_integer())):
+            raise UsageError(f"--limit {self.limit:g} is not a number of documents",
+                             hint="give a whole number above 0, or a fraction between 0 and 1")
+        if self.num_fewshot is not None and self.num_fewshot < 0:
+            raise UsageError(f"--num-fewshot {self.num_fewshot} is below 0", hint="give 0 or more examples")
+        if self.include_path is not None and not Path(self.include_path).is_dir():
+            raise UsageError(f"--include-path {self.include_path}: no such folder",
+                             hint="name a folder of lm-eval task YAML files")
+        if self.device not in DEVICES:
+            raise UsageError(f"--device {self.device}: eval runs its layers on the CPU only in this version",
+                             hint="leave --device out")
+        if self.output_path is not None and Path(self.output_path).is_file():
+            raise UsageError(f"--output-path {self.output_path} is a file", hint="name a folder (created if absent)")
+        return self
+
+    @property
+    def whole_limit(self) -> int | float | None:
+        """``limit`` as lm-eval takes it: a count as an int, a fraction as a float."""
+        if self.limit is None:
+            return None
+        return int(self.limit) if self.limit >= 1 else float(self.limit)
+
+    def command_words(self) -> list[str]:
+        """The options as the command line writes them (what continues an interrupted evaluation)."""
+        words = ["--tasks", ",".join(self.tasks)]
+        if self.include_path is not None:
+            words += ["--include-path", os.fspath(self.include_path)]
+        if self.limit is not None:
+            words += ["--limit", f"{self.limit:g}"]
+        if self.num_fewshot is not None:
+            words += ["--num-fewshot", str(self.num_fewshot)]
+        if self.apply_chat_template is True:
+            words.append("--apply-chat-template")
+        elif self.apply_chat_template:
+            words += ["--apply-chat-template", str(self.apply_chat_template)]
+        if self.log_samples:
+            words.append("--log-samples")
+        if self.output_path is not None:
+            words += ["--output-path", os.fspath(self.output_path)]
+        return words

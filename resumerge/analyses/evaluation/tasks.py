@@ -1,0 +1,72 @@
+"""The tasks an evaluation runs, found and loaded by lm-eval's ``TaskManager`` before any weight is read: an unknown
+name, or a task whose dataset cannot be loaded (offline, a missing data file), is one line and exit 2; so is a
+generation task where the model cannot be held whole (:func:`generation_tasks` finds them)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from resumerge.analyses.evaluation.settings import EvalSettings
+from resumerge.errors import UsageError
+
+GENERATION = "generate_until"
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """lm-eval's and datasets' warnings while the tasks load (their defaults filled in) kept off the terminal."""
+    names = ("lm-eval", "lm_eval", "datasets")
+    levels = {n: logging.getLogger(n).level for n in names}
+    for name in names:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def task_manager(settings: EvalSettings) -> Any:
+    """lm-eval's ``TaskManager`` with ``settings.include_path``'s YAMLs beside its own tasks; only those where they
+    hold every task named (indexing lm-eval's own 14,000 task YAMLs takes most of a small evaluation's time)."""
+    from lm_eval.tasks import TaskManager
+
+    with _quiet():
+        if settings.include_path is not None:
+            own = TaskManager(include_path=settings.include_path, include_defaults=False)
+            if all(name in set(own.all_tasks) for name in settings.tasks):
+                return own
+        return TaskManager(include_path=settings.include_path)
+
+
+def loaded_tasks(settings: EvalSettings, manager: Any) -> dict[str, str]:
+    """Each task the names in ``settings`` select (a group's, a tag's), by name, and its output type, each loaded
+    as lm-eval will load it (its dataset included); raises :class:`UsageError` for a name lm-eval does not know
+    and for a task whose dataset cannot be loaded, naming it and why."""
+    known = set(manager.all_tasks)
+    unknown = [n for n in settings.tasks if n not in known and not n.endswith((".yaml", ".yml"))]
+    if unknown:
+        where = f", nor a task YAML in {settings.include_path}" if settings.include_path else ""
+        raise UsageError(f"unknown task(s) {', '.join(unknown)}: not an lm-eval task, group or tag{where}",
+                         hint="list them with lm-eval --tasks list, or name a folder of task YAMLs with "
+                              "--include-path")
+    found: dict[str, str] = {}
+    for name in settings.tasks:
+        try:
+            with _quiet():
+                loaded = manager.load([name])
+        except Exception as exc:  # lm-eval and datasets raise what they meet: one line names the task and why
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise UsageError(f"task {name} cannot be loaded: {reason}",
+                             hint="its dataset must be in the datasets cache or in local files when offline "
+                                  "(HF_DATASETS_OFFLINE=1)") from None
+        found.update({str(task): str(value.OUTPUT_TYPE) for task, value in loaded["tasks"].items()})
+    return found
+
+
+def generation_tasks(tasks: Mapping[str, str]) -> list[str]:
+    """The tasks of ``tasks`` (name → output type) that generate text."""
+    return sorted(name for name, kind in tasks.items() if kind == GENERATION)

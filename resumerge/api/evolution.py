@@ -1,0 +1,142 @@
+"""The work of ``resumerge evolve CONFIG STORAGE`` (:func:`resumerge.api.evolve`): every refusal made before any
+weight is read (the config, the options, the genome's headers, the first candidate planned as ``run`` plans it,
+STORAGE's owner), then the search (:mod:`resumerge.evolve.search`) with its candidates merged by :func:`run`'s own
+code, and ``merge_best`` written as ``run`` writes a merge."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from resumerge.api.options import Output, PathLike, Resources, config_text
+from resumerge.config.locations import StateDir
+from resumerge.errors import UsageError
+
+if TYPE_CHECKING:
+    from resumerge.analyses.evaluation.report import EvalReport
+    from resumerge.analyses.evaluation.settings import EvalSettings
+    from resumerge.engine.drive import Outcome
+    from resumerge.engine.unwritten import Population
+    from resumerge.evolve.objective import ScoresGeneration
+    from resumerge.evolve.search import Planned, SearchOptions
+    from resumerge.evolve.storage import Evaluated
+    from resumerge.plan.merge_plan import Plan
+
+
+@dataclass(frozen=True)
+class EvolveOutcome:
+    """A finished search: its ``storage``, the ``best`` candidate (its generation, index, genotype, merge config,
+    objective and task figures), the generations run, and ``merged`` (the run that wrote it where ``merge_best``
+    was given)."""
+
+    storage: Path
+    best: Evaluated
+    generations: int
+    merged: Outcome | None = None
+
+
+def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resources: Resources,
+                merge_best: PathLike | None, allow_benchmark_tasks: bool, run: Callable[..., Outcome],
+                plan_merge: Callable[[str], Plan], open_population: Callable[..., Population],
+                evaluate: Callable[..., EvalReport], task_search_path: PathLike | None = None,
+                written: bool = False) -> EvolveOutcome:
+    """:func:`resumerge.api.evolve`'s work, with the API's own ``run``, ``plan_merge`` and ``open_population``
+    handed in (this module sits under the front door's package). Each generation is scored in one streamed pass
+    per task (:class:`~resumerge.evolve.streamed.StreamedCandidates`), or, ``written``, each candidate merged to
+    disk and scored alone (:class:`~resumerge.evolve.written.WrittenCandidates`: the reference the streamed figures
+    are held to)."""
+    from resumerge.evolve import storage as files
+    from resumerge.evolve.genome import tokenizer_model
+    from resumerge.evolve.lmeval import LmEvalCandidates, eval_settings
+    from resumerge.evolve.search import run_search
+    from resumerge.evolve.streamed import StreamedCandidates
+    from resumerge.evolve.together import Together
+    from resumerge.evolve.written import WrittenCandidates
+
+    include = os.fspath(task_search_path) if task_search_path is not None else None
+    planned, plan = plan_evolve(config, options, allow_benchmark_tasks, plan_merge, include, resources.device)
+    if resources.max_memory is not None:
+        _fits(planned, plan, resources.max_memory)
+    if merge_best is not None and Path(merge_best).resolve().is_relative_to(store.resolve()):
+        raise UsageError(f"--merge-best {merge_best} is inside STORAGE", hint="write the best merge elsewhere")
+    files.claim(store, planned.identity())
+
+    def merge(text: str, out: Path, state: Path) -> None:
+        run(text, out, state_dir=state, resources=resources, output=Output(write_model_card=False))
+
+    source = tokenizer_model(planned.spec.genome)
+    tokenizer = Path(source) if source is not None else None
+
+    def population(texts: Sequence[str]) -> Population:
+        return open_population(texts, state_dir=store / files.WORK / "state", resources=resources)
+
+    tasks = planned.spec.tasks
+    own: ScoresGeneration = WrittenCandidates(store, tasks, merge, tokenizer) if written else \
+        StreamedCandidates(store, tasks, population, tokenizer, StateDir.resolve(None))
+    parts = [("own", own)] if any(t.kind != "lm-eval" for t in tasks) else []
+    if any(t.kind == "lm-eval" for t in tasks):
+        settings = eval_settings(planned.spec, include, resources.device)
+
+        def evaluated(target: Path, settings: EvalSettings, state: Path) -> dict[str, Any]:
+            return dict(evaluate(target, tasks=settings.tasks, include_path=settings.include_path, limit=settings.limit,
+                            num_fewshot=settings.num_fewshot, apply_chat_template=settings.apply_chat_template,
+                            max_memory=resources.max_memory, device=settings.device, state_dir=state).results)
+
+        parts.append(("lm-eval", LmEvalCandidates(store, tasks, settings, evaluated)))
+    best = run_search(planned, store, parts[0][1] if len(parts) == 1 else Together(store, parts))
+    merged = run(store / files.BEST, merge_best, resources=resources) if merge_best is not None else None
+    return EvolveOutcome(store, best, len(files.read_state(store)), merged)
+
+
+def plan_evolve(config: PathLike, options: SearchOptions, allow_benchmark_tasks: bool,
+                plan_merge: Callable[[str], Plan], include_path: str | None = None,
+                device: str = "cpu") -> tuple[Planned, Plan]:
+    """The search :func:`evolve_into` would run and its first candidate's plan, every refusal made (reading headers
+    only; nothing written)."""
+    from resumerge.evolve.models import genome_layers
+    from resumerge.evolve.search import plan_search
+    from resumerge.evolve.spec import read_spec
+
+    if options.popsize is not None and options.popsize < 2:
+        raise UsageError(f"--popsize {options.popsize}: CMA-ES needs two candidates a generation or more")
+    if options.max_fevals < 1:
+        raise UsageError(f"--max-fevals {options.max_fevals}: a search needs one evaluation or more")
+    if not (math.isfinite(options.sigma0) and options.sigma0 > 0):
+        raise UsageError(f"--sigma0 {options.sigma0}: the first step size must be a positive number")
+    spec = read_spec(config_text(config), allow_benchmarks=allow_benchmark_tasks)
+    if any(t.kind == "lm-eval" for t in spec.tasks):  # known, loadable, none generating: before any weight
+        from resumerge.evolve.lmeval import eval_settings, refuse_unscorable
+
+        refuse_unscorable(eval_settings(spec, include_path, device))
+    layers = genome_layers(spec, StateDir.resolve(None))
+    planned = plan_search(spec, layers, options)
+    import yaml
+
+    # The first candidate planned as run plans it: a method's own refusal (a parameter, a base) comes now.
+    plan = plan_merge(yaml.safe_dump(planned.config_of(planned.settings.x0), sort_keys=False))
+    return planned, plan
+
+
+def _fits(planned: Planned, plan: Plan, max_memory: int | str) -> None:
+    """Refuse (exit 2) a generation whose streamed pass would not fit ``max_memory`` (judged from the first
+    candidate's plan and the tasks' texts; a genome whose tokenizer is a hub model's is judged when it runs)."""
+    import json
+
+    from resumerge.engine.unwritten import generation_bytes, largest_popsize
+    from resumerge.evolve.budget import hidden_bytes, refuse_past_budget
+    from resumerge.evolve.genome import tokenizer_model
+    from resumerge.memory.sizes import parse_size
+
+    source = tokenizer_model(planned.spec.genome)
+    if source is None:
+        return
+    budget = parse_size(max_memory) if isinstance(max_memory, str) else max_memory
+    config = json.loads((Path(source) / "config.json").read_text(encoding="utf-8"))
+    hidden = hidden_bytes(planned.spec, Path(source), config)
+    refuse_past_budget(planned.spec, planned.popsize, hidden, budget,
+                       lambda popsize, each: generation_bytes([plan], popsize, each),
+                       lambda room, each: largest_popsize([plan], room, each))

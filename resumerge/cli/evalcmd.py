@@ -1,0 +1,72 @@
+"""``resumerge eval TARGET --tasks NAMES``: its options, its one :func:`resumerge.api.evaluate` call, and its output
+(lm-eval's results table, or with ``--json`` lm-eval's results object)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from resumerge.analyses.evaluation.run import EvalStep
+
+
+def add_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``eval`` command's parser."""
+    evaluate = sub.add_parser(
+        "eval", help="lm-evaluation-harness tasks on a model, one decoder layer at a time within the memory budget",
+        description="Runs lm-evaluation-harness (lm-eval) tasks on TARGET: lm-eval builds the requests, the few-shot "
+                    "prompts and chat templates and computes the metrics; resumerge scores every request of a task "
+                    "set in one pass, one decoder layer at a time (each layer read once), journaled under the state "
+                    "dir. Prints lm-eval's results table (--json: its results object). Needs the eval extra "
+                    "(pip install -c constraints.txt -e '.[eval]' in the clone). Exit 2 on bad input (an unknown "
+                    "task, a dataset not available offline, a generation task) before any weight is read, 3 when "
+                    "interrupted (run it again: it resumes at the layer reached, with the same results), 4 when the "
+                    "same evaluation is under way in another process (named).")
+    evaluate.add_argument("target", metavar="TARGET", help="the model's folder, a GGUF file, a hub repo as "
+                          "hf://NAMESPACE/NAME[@REVISION] (read by byte range), or a merge config (.yml): the merge "
+                          "it describes, each layer's tensors merged in memory by run's own method code, never "
+                          "written")
+    evaluate.add_argument("--tasks", required=True, metavar="NAMES",
+                          help="lm-eval task, group or tag names, comma-separated (or task YAML paths)")
+    evaluate.add_argument("--include-path", metavar="DIR", help="a folder of lm-eval task YAMLs, beside its own")
+    evaluate.add_argument("--limit", type=float, metavar="N",
+                          help="at most N documents per task (a number below 1: that share of each task)")
+    evaluate.add_argument("--num-fewshot", type=int, metavar="K", help="few-shot examples in each prompt "
+                          "[default: each task's own]")
+    evaluate.add_argument("--apply-chat-template", nargs="?", const=True, default=False, metavar="NAME",
+                          help="put each prompt through the model's chat template (NAME: one of several)")
+    evaluate.add_argument("--log-samples", action="store_true",
+                          help="with --output-path: write each task's samples (the per-request log-likelihoods) "
+                               "as lm-eval's --log_samples does")
+    evaluate.add_argument("--output-path", metavar="DIR", help="write lm-eval's results file (and the samples) "
+                          "under DIR as lm-eval's --output_path does")
+    evaluate.add_argument("--max-memory", metavar="SIZE", help="memory budget for the whole process (e.g. 4GB; "
+                          "default: most of what is free)")
+    evaluate.add_argument("--device", default="cpu", choices=("cpu",), help="where the layers run [default: cpu]")
+    evaluate.add_argument("--state-dir", metavar="DIR", help="where the evaluation's journal is kept")
+    evaluate.add_argument("--json", action="store_true", help="print lm-eval's results object as JSON")
+    evaluate.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (one line per layer)")
+
+
+def run_eval_command(args: argparse.Namespace) -> int:
+    """One API call, then the table (or the JSON)."""
+    from resumerge.api import evaluate
+
+    def progress(step: EvalStep) -> None:
+        where = "the head" if step.layer is None else f"layer {step.layer + 1}/{step.layers}"
+        print(f"eval: {step.target}: {','.join(step.tasks)}: {step.kind} pass of {step.requests} request(s): "
+              f"{where}", file=sys.stderr, flush=True)
+
+    report = evaluate(args.target, tasks=args.tasks, include_path=args.include_path, limit=args.limit,
+                      num_fewshot=args.num_fewshot, apply_chat_template=args.apply_chat_template,
+                      log_samples=args.log_samples, output_path=args.output_path, max_memory=args.max_memory,
+                      device=args.device, state_dir=args.state_dir, progress=None if args.quiet else progress)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
+    else:
+        print(report.table())
+        for path in report.written:
+            print(f"wrote {path}")
+    return 0

@@ -1,0 +1,74 @@
+"""``resumerge evolve CONFIG STORAGE``: its options, its one :func:`resumerge.api.evolve` call and what it prints;
+and ``resumerge status STORAGE`` for a search (:func:`resumerge.api.evolve_status`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from resumerge.errors import EXIT_OK
+
+OPT_IN = "--i-understand-the-depths-of-the-evils-i-am-unleashing"
+
+
+def add_evolve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``evolve`` command's parser."""
+    evolve = sub.add_parser(
+        "evolve", help="search a merge's parameters with CMA-ES (a mergekit-evolve config), resumable",
+        description="Search the parameters of the merge a mergekit-evolve CONFIG describes (its genome: models, "
+                    "merge_method, base_model, layer_granularity, filters, smooth, ...) with CMA-ES, scoring each "
+                    "candidate on the config's tasks: {kl: {parent: PATH, texts: FILE}} (KL from that parent on "
+                    "its own texts, one per line) and {nll: {texts: FILE}}, weighted. Everything is kept in "
+                    "STORAGE (evaluations.jsonl and .csv, best.yml, objective.png): killed anywhere, the same "
+                    "command resumes and ends with the same files; resumerge status STORAGE says where it is. "
+                    "Exit 0 done, 2 bad input (before any weight is read), 3 interrupted (run it again).")
+    evolve.add_argument("config", metavar="CONFIG", help="the mergekit-evolve YAML config")
+    evolve.add_argument("storage", metavar="STORAGE", help="the folder that keeps the search (new or this search's)")
+    evolve.add_argument("--max-fevals", type=int, default=100, metavar="N",
+                        help="evaluations after which the search ends [default: 100]")
+    evolve.add_argument("--popsize", type=int, metavar="P",
+                        help="candidates per generation, 2 or more [default: cma's 4 + 3 ln(dimensions)]")
+    evolve.add_argument("--sigma0", type=float, default=1 / 6, metavar="S",
+                        help="CMA-ES's first step size [default: 1/6]")
+    evolve.add_argument("--random-seed", type=int, default=0, metavar="N", help="seed of CMA-ES's draws [default: 0]")
+    evolve.add_argument("--max-memory", metavar="SIZE", help="memory budget of each candidate's merge (e.g. 4GB)")
+    evolve.add_argument("--device", default="cpu", help="where each candidate is merged (cpu, cuda, cuda:N)")
+    evolve.add_argument("--merge-best", metavar="OUT", help="write the best candidate's merge into OUT, as run does")
+    evolve.add_argument(OPT_IN, dest="allow_benchmark_tasks", action="store_true",
+                        help="allow tasks named after common benchmarks (mmlu, hellaswag, arc_, ...) as objectives")
+    evolve.add_argument("--task-search-path", metavar="DIR", help="a folder of lm-eval task YAMLs, for the config's "
+                        "lm-eval task entries (as mergekit-evolve's --task-search-path)")
+    evolve.add_argument("--json", action="store_true", help="print the best candidate as JSON")
+
+
+def run_evolve_command(args: argparse.Namespace) -> int:
+    """One API call, then the best candidate."""
+    from resumerge.api import evolve
+
+    outcome = evolve(args.config, args.storage, max_fevals=args.max_fevals, popsize=args.popsize,
+                     sigma0=args.sigma0, random_seed=args.random_seed,
+                     max_memory=args.max_memory, device=args.device,
+                     merge_best=args.merge_best, allow_benchmark_tasks=args.allow_benchmark_tasks,
+                     task_search_path=args.task_search_path)
+    if args.json:
+        print(json.dumps(outcome.best.to_json(), indent=2))
+        return EXIT_OK
+    best = outcome.best
+    print(f"best of {outcome.generations} generations: generation {best.generation}, candidate {best.index + 1}, "
+          f"objective {best.objective:.6g}")
+    for name, value in best.tasks.items():
+        print(f"  {name}: " + (f"{value:.6g}" if value is not None else "not finite"))
+    print(f"its merge config: {Path(args.storage) / 'best.yml'}")
+    if args.merge_best:
+        print(f"merged into {args.merge_best}")
+    return EXIT_OK
+
+
+def show_search_status(storage: str, as_json: bool) -> int:
+    """``resumerge status STORAGE`` for a search."""
+    from resumerge.api import evolve_status
+
+    found = evolve_status(storage)
+    print(json.dumps(found.to_json(), indent=2) if as_json else "\n".join(found.lines()))
+    return EXIT_OK

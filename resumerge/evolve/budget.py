@@ -1,0 +1,46 @@
+"""What a generation's streamed pass holds, judged before any weight is read: the inputs' layer that holds most
+(kept for every candidate), one candidate's layer, and every model's hidden states (the candidates' and a kl
+task's parent's) for the task whose texts are longest. Past ``--max-memory`` the search is refused in one line
+naming the largest popsize that fits, or the budget this popsize needs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from resumerge.analyses.check.passes import padded_positions
+from resumerge.analyses.check.prompts import context_of, load_tokenizer, sequences
+from resumerge.errors import UsageError
+from resumerge.evolve.spec import EvolveSpec
+from resumerge.memory.sizes import format_size
+
+# (popsize, hidden bytes per model) -> the bytes a generation's pass holds; and (budget, hidden bytes) -> the
+# largest popsize that fits (the engine's generation_bytes and largest_popsize over the first candidate's plan).
+Holds = Callable[[int, int], int]
+Largest = Callable[[int, int], int]
+
+
+def hidden_bytes(spec: EvolveSpec, tokenizer: Path, config: dict[str, Any]) -> int:
+    """The hidden states one model holds in the pass of the task with the most padded positions (float32)."""
+    width = (config.get("text_config") or config).get("hidden_size") or config.get("hidden_size") or 0
+    context = context_of([(str(tokenizer), config)], cut=True)
+    reader = load_tokenizer([tokenizer], what="resumerge evolve")
+    positions = max((padded_positions(sequences(reader, Path(t.texts), context, option=f"{t.name}'s texts"))
+                     for t in spec.tasks if t.texts is not None), default=0)
+    return int(positions) * int(width) * 4
+
+
+def refuse_past_budget(spec: EvolveSpec, popsize: int, hidden: int, budget: int, holds: Holds,
+                       largest: Largest) -> None:
+    """Raise :class:`UsageError` (exit 2) where a generation of ``popsize`` candidates (and a kl task's parent
+    beside them) holds more than ``budget`` bytes in its pass."""
+    beside = 1 if any(t.kind == "kl" for t in spec.tasks) else 0
+    need = holds(popsize + beside, hidden)
+    if need <= budget:
+        return
+    fits = largest(budget, hidden) - beside
+    hint = f"give --popsize {fits} (the largest that fits) or --max-memory {format_size(need, compact=True)}" \
+        if fits >= 2 else f"give --max-memory {format_size(need, compact=True)} or more"
+    raise UsageError(f"a generation of {popsize} candidates holds about {format_size(need)} in its streamed pass, "
+                     f"past --max-memory {format_size(budget)}", hint=hint)

@@ -1,0 +1,106 @@
+"""A search from start to end: its settings decided and STORAGE claimed, the optimiser restored from what STORAGE
+holds, then generation after generation asked, scored (a candidate journaled as it is scored) and told, each
+generation's state made durable before the user's files are written from it."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from resumerge.evolve import storage
+from resumerge.evolve.genome import Layout, initial_genotype, layout_of, merge_config
+from resumerge.evolve.objective import ScoresGeneration, objective
+from resumerge.evolve.spec import EvolveSpec
+from resumerge.evolve.storage import Evaluated
+from resumerge.evolve.strategy import Search, Settings, default_popsize
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How CMA-ES searches: ``max_fevals`` evaluations at most, ``popsize`` candidates a generation (None: cma's
+    4 + 3 ln n), the first step size ``sigma0`` and the ``seed`` of its draws (mergekit-evolve's defaults)."""
+
+    max_fevals: int = 100
+    popsize: int | None = None
+    sigma0: float = 1 / 6
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A search decided: the genotype's layout, the layers of the models and the strategy's settings."""
+
+    spec: EvolveSpec
+    layout: Layout
+    layers: int
+    settings: Settings
+
+    @property
+    def popsize(self) -> int:
+        return self.settings.popsize or default_popsize(self.layout.size)
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two searches the same one (STORAGE holds one): the config, the settings, the shape."""
+        return {"config": self.spec.fingerprint, "settings": self.settings.to_json(), "size": self.layout.size,
+                "layers": self.layers}
+
+    def config_of(self, genotype: Sequence[float]) -> dict[str, Any]:
+        """The merge config ``genotype`` becomes."""
+        return merge_config(self.spec.genome, self.layout, self.layers, genotype)
+
+
+def plan_search(spec: EvolveSpec, layers: int, options: SearchOptions) -> Planned:
+    """The search ``spec`` asks for, over models of ``layers`` decoder layers (see :func:`.genome.layout_of`)."""
+    layout = layout_of(spec.genome, layers)
+    settings = Settings(tuple(initial_genotype(layout)), options.sigma0, options.popsize, options.seed,
+                        options.max_fevals)
+    return Planned(spec, layout, layers, settings)
+
+
+def run_search(planned: Planned, store: Path, scorer: ScoresGeneration) -> Evaluated:
+    """Run (or resume) the search ``planned`` in ``store`` (claimed already) and return its best candidate."""
+    tasks = planned.spec.tasks
+    names = [t.name for t in tasks]
+    storage.sweep(store)
+    generations = storage.read_state(store)
+    search = Search.restore(planned.settings, [([e.genotype for e in g], [e.objective for e in g])
+                                               for g in generations])
+    storage.say(store, popsize=search.popsize, max_fevals=planned.settings.max_fevals, finished=False)
+    if generations:  # a kill while they were written leaves them stale: the same bytes again
+        storage.write_outputs(store, generations, names)
+    while not search.done():
+        number = len(generations) + 1
+        genotypes = search.ask()
+        configs = [planned.config_of(x) for x in genotypes]
+
+        def done(index: int, number: int = number) -> dict[str, float] | None:
+            return storage.journaled(store, number, index)
+
+        def record(index: int, figures: dict[str, float], number: int = number) -> None:
+            storage.journal(store, number, index, figures)
+
+        started = time.monotonic()
+        figures = scorer.score(number, configs, done, record)
+        _timed(store, len(genotypes), time.monotonic() - started)
+        told = [Evaluated(number, i, genotypes[i], configs[i], objective(tasks, figures[i]),
+                          {k: v if math.isfinite(v) else None for k, v in figures[i].items()})
+                for i in range(len(genotypes))]
+        search.tell([e.objective for e in told])
+        generations.append(told)
+        storage.write_state(store, generations, search.figures())
+        storage.write_outputs(store, generations, names)
+    storage.say(store, finished=True, phase=None, layer=None)
+    best = storage.best_of(generations)
+    assert best is not None  # cma asks at least one generation
+    return best
+
+
+def _timed(store: Path, candidates: int, seconds: float) -> None:
+    """Add a generation's candidates and time to the progress file (``status`` estimates the time left from it)."""
+    seen = storage.progress(store)
+    storage.say(store, scored=int(seen.get("scored", 0)) + candidates,
+                seconds=float(seen.get("seconds", 0.0)) + seconds)

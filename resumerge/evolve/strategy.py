@@ -1,0 +1,113 @@
+"""CMA-ES through the ``cma`` package (what mergekit-evolve runs), seeded, with its state kept as plain numbers.
+
+``cma`` keeps its state in objects it would pickle; a pickle is code, and a search's STORAGE must hold none. The
+state here is what decides every later step: the settings (first genotype, sigma0, popsize, seed, max_fevals) and,
+per generation told, the genotypes asked and their objectives — lists of floats in JSON, each written with
+``repr`` so it reads back to the bit. :meth:`Search.restore` builds a fresh ``CMAEvolutionStrategy`` from the settings
+and replays each generation (ask, then tell the recorded objectives): the normal draws come from a
+``RandomState`` of the seed that the strategy alone uses (never numpy's global one), so every ask returns the
+recorded genotypes again, which is checked to the bit, and the strategy ends in the state it had.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from resumerge.errors import RefusedError
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a search starts from: ``x0`` (the first mean), ``sigma0``, ``popsize`` (None: cma's 4 + 3 ln n),
+    ``seed`` and ``max_fevals`` (the evaluations after which the search ends)."""
+
+    x0: tuple[float, ...]
+    sigma0: float
+    popsize: int | None
+    seed: int
+    max_fevals: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"x0": list(self.x0), "sigma0": self.sigma0, "popsize": self.popsize, "seed": self.seed,
+                "max_fevals": self.max_fevals}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Settings:
+        return cls(tuple(float(v) for v in doc["x0"]), float(doc["sigma0"]), doc["popsize"], int(doc["seed"]),
+                   int(doc["max_fevals"]))
+
+
+def default_popsize(dimensions: int) -> int:
+    """cma's population for ``dimensions`` numbers: 4 + ⌊3 ln n⌋."""
+    import math
+
+    return 4 + int(3 * math.log(dimensions))
+
+
+class Search:
+    """A CMA-ES search: :meth:`ask` the next generation's genotypes, :meth:`tell` their objectives (lower is
+    better), :meth:`done` when cma says to stop (``max_fevals`` reached, or its own criteria)."""
+
+    def __init__(self, settings: Settings) -> None:
+        import numpy as np
+
+        with warnings.catch_warnings():  # cma warns at import that matplotlib is missing: it plots nothing here
+            warnings.simplefilter("ignore")
+            import cma
+        self.settings = settings
+        draws = np.random.RandomState(settings.seed)
+        options: dict[str, Any] = {"maxfevals": settings.max_fevals, "randn": draws.randn, "verbose": -9,
+                                   "verb_log": 0, "verb_disp": 0, "seed": float("nan")}
+        if settings.popsize is not None:
+            options["popsize"] = settings.popsize
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self._es = cma.CMAEvolutionStrategy(list(settings.x0), settings.sigma0, options)
+        self._asked: list[list[float]] | None = None
+
+    @property
+    def popsize(self) -> int:
+        return int(self._es.popsize)
+
+    def ask(self) -> list[list[float]]:
+        """The next generation's genotypes (asked once: asking again returns the same)."""
+        if self._asked is None:
+            self._asked = [[float(v) for v in x] for x in self._es.ask()]
+        return self._asked
+
+    def tell(self, objectives: Sequence[float]) -> None:
+        """The objectives of the genotypes :meth:`ask` returned, in their order."""
+        import numpy as np
+
+        if self._asked is None:
+            raise ValueError("tell before ask")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self._es.tell([np.array(x) for x in self._asked], [float(f) for f in objectives])
+        self._asked = None
+
+    def done(self) -> bool:
+        """Whether the search has ended (cma's stop criteria, ``max_fevals`` among them)."""
+        return bool(self._es.stop())
+
+    def figures(self) -> dict[str, Any]:
+        """The strategy's state now, for the user: its mean, step size and the diagonal of its covariance."""
+        return {"mean": [float(v) for v in self._es.mean], "sigma": float(self._es.sigma),
+                "evaluations": int(self._es.countevals)}
+
+    @classmethod
+    def restore(cls, settings: Settings, history: Sequence[tuple[Sequence[Sequence[float]], Sequence[float]]]
+                ) -> Search:
+        """The search after the generations of ``history`` (each its genotypes and objectives), replayed; raises
+        :class:`RefusedError` where a replayed ask differs from the recorded genotypes (another ``cma``)."""
+        search = cls(settings)
+        for number, (genotypes, objectives) in enumerate(history, 1):
+            asked = search.ask()
+            if [list(map(float, x)) for x in genotypes] != asked:
+                raise RefusedError(f"generation {number} recorded in STORAGE is not what this cma proposes again",
+                                   hint="resume with the cma version that started the search (cma 4.5)")
+            search.tell(objectives)
+        return search

@@ -1,0 +1,57 @@
+"""The first way to score a generation: each candidate merged whole by ``run``'s own code into a folder of its own
+under STORAGE (a journaled run: killed, it resumes), scored task by task on the forward engine (:mod:`.scoring`),
+its figures journaled, then its folder removed. Honest and slow: a candidate costs a merge written to disk and one
+pass of each task's models; the streamed population (every candidate's layer merged in memory in one pass over the
+parents) replaces it behind the same protocol (:class:`~resumerge.evolve.objective.ScoresGeneration`)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from resumerge.config.locations import StateDir
+from resumerge.evolve import storage
+from resumerge.evolve.scoring import task_figure
+from resumerge.evolve.spec import Task
+
+# Writes merge config ``text`` into ``out`` as ``resumerge run`` does, its run's state under ``state_dir``
+# (handed in by the API: this package sits below it).
+Merge = Callable[[str, Path, Path], None]
+
+
+class WrittenCandidates:
+    """Scores each candidate from its written merge (see the module's docstring)."""
+
+    def __init__(self, store: Path, tasks: Sequence[Task], merge: Merge, tokenizer: Path | None) -> None:
+        self.store, self.merge, self.tokenizer = store, merge, tokenizer
+        self.tasks = tuple(t for t in tasks if t.kind in ("kl", "nll"))
+
+    def score(self, generation: int, configs: Sequence[Mapping[str, Any]],
+              done: Callable[[int], dict[str, float] | None],
+              record: Callable[[int, dict[str, float]], None]) -> list[dict[str, float]]:
+        import yaml
+
+        found: list[dict[str, float]] = []
+        for index, config in enumerate(configs):
+            earlier = done(index)
+            if earlier is not None:
+                found.append(earlier)
+                continue
+            work = storage.work_dir(self.store, generation, index)
+            out, state = work / "merge", work / "state"
+            storage.say(self.store, generation=generation, candidate=index, phase="merge", layer=None, layers=None)
+            self.merge(yaml.safe_dump(dict(config), sort_keys=False), out, state)
+            figures: dict[str, float] = {}
+            for number, task in enumerate(self.tasks):
+                def on_layer(layer: int, layers: int, task: Task = task) -> None:
+                    storage.say(self.store, phase=f"score {task.name}", layer=layer, layers=layers)
+
+                figures[task.name] = task_figure(out, task, StateDir.resolve(state), work / f"task-{number}",
+                                                 self.store / storage.TOKENS, self.tokenizer, on_layer)
+            record(index, figures)
+            shutil.rmtree(work, ignore_errors=True)  # ours: the merge and its run's state, scored and journaled
+            found.append(figures)
+        return found
+

@@ -1,0 +1,80 @@
+"""Bad input to ``resumerge eval`` is one line and exit 2 before any weight is read (nothing journaled): an unknown
+task, a task whose data file is missing (offline), ``--limit 0``, a generation task, a merge config as TARGET, a
+folder that is not a model, and a budget the pass cannot fit. In this process (the CLI's main): a second or two
+each, lm-eval's task index built from the test's folder only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lm_eval")
+
+from support import cli_here
+
+from tests.evaluation.evaltasks import tiny_model, write_tasks
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Path, Path, Path]:
+    return tiny_model(tmp_path / "model"), write_tasks(tmp_path), tmp_path / "state"
+
+
+def _refused(*args: str | Path) -> str:
+    done = cli_here("eval", *args)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: "), done.stderr
+    return lines[-1]
+
+
+def test_an_unknown_task_is_named(setup: tuple[Path, Path, Path]) -> None:
+    model, tasks, state = setup
+    line = _refused(model, "--tasks", "tiny_mc,no_such_task", "--include-path", tasks, "--state-dir", state)
+    assert "unknown task(s) no_such_task" in line
+    assert not (state / "evals").exists()
+
+
+def test_a_task_whose_data_is_missing_is_named_with_why(setup: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    model, tasks, state = setup
+    (tmp_path / "data" / "ppl.jsonl").unlink()
+    line = _refused(model, "--tasks", "tiny_ppl", "--include-path", tasks, "--state-dir", state)
+    assert line.startswith("error: task tiny_ppl cannot be loaded: ") and "offline" in line
+    assert not (state / "evals").exists()
+
+
+@pytest.mark.parametrize(("flag", "value", "said"), [("--limit", "0", "--limit 0 is not a number of documents"),
+                                                     ("--limit", "2.5", "--limit 2.5 is not a number of documents"),
+                                                     ("--num-fewshot", "-1", "--num-fewshot -1 is below 0")])
+def test_a_wrong_option_is_named(setup: tuple[Path, Path, Path], flag: str, value: str, said: str) -> None:
+    model, tasks, state = setup
+    line = _refused(model, "--tasks", "tiny_mc", "--include-path", tasks, flag, value, "--state-dir", state)
+    assert said in line
+
+
+def test_a_generation_task_is_refused_naming_it(setup: tuple[Path, Path, Path]) -> None:
+    model, tasks, state = setup
+    line = _refused(model, "--tasks", "tiny_mc,tiny_gen", "--include-path", tasks, "--state-dir", state)
+    assert "tiny_gen generate text (generate_until)" in line and "tiny_mc" not in line.split("—")[0]
+    assert not (state / "evals").exists()
+
+
+def test_a_config_that_does_not_plan_or_a_folder_that_is_no_model_is_refused(setup: tuple[Path, Path, Path],
+                                                                             tmp_path: Path) -> None:
+    model, tasks, state = setup
+    config = tmp_path / "merge.yml"
+    config.write_text(f"merge_method: no_such_method\nmodels:\n  - model: {model}\n")
+    line = _refused(config, "--tasks", "tiny_mc", "--include-path", tasks, "--state-dir", state)
+    assert "no_such_method" in line
+    line = _refused(tmp_path / "nowhere", "--tasks", "tiny_mc", "--include-path", tasks, "--state-dir", state)
+    assert "no such model folder" in line
+    assert not (state / "evals").exists()
+
+
+def test_a_budget_the_pass_cannot_fit_is_refused_before_its_first_layer(setup: tuple[Path, Path, Path]) -> None:
+    model, tasks, state = setup
+    line = _refused(model, "--tasks", "tiny_mc", "--include-path", tasks, "--max-memory", "1MB", "--state-dir",
+                    state)
+    assert "the evaluation" in line and "--max-memory" in line
+    assert not list(state.glob("evals/*/layer-*.safetensors"))
