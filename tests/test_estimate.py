@@ -242,15 +242,17 @@ def test_a_regmean_solve_is_timed_on_grams_that_take_the_cholesky_path(tmp_path:
                                             {"model": str(b)}], "parameters": {"grams": str(tmp_path / "grams")}})
     assert cli_here("measure", cfg, tmp_path / "grams", "-q").returncode == 0
     plan = api.plan_merge(cfg)
-    tp = plan.tensors["model.layers.0.mlp.down_proj.weight"]
-    marked = [dict(p).get(GRAM, False) for p in tp.model_params]
-    assert marked == [False, False, True, True]
-    for grams, pinv in ((True, False), (False, True)):
-        made = _synthetic(tp, torch.device("cpu"), grams=grams)
-        weights, gram = [t for t, m in zip(made, marked) if not m], [t for t, m in zip(made, marked) if m]
-        assert regmean_solve(weights, gram, 0.5)[1] is pinv
-    for g in _synthetic(tp, torch.device("cpu"), grams=True)[2:]:
-        assert torch.equal(g, g.T) and float(torch.linalg.eigvalsh(g.double()).min()) >= 0.5
+    # down_proj's Grams are of another shape than its weight; q_proj's (32 x 32) of the same, no fine-tune of it
+    for name in ("model.layers.0.mlp.down_proj.weight", "model.layers.0.self_attn.q_proj.weight"):
+        tp = plan.tensors[name]
+        marked = [dict(p).get(GRAM, False) for p in tp.model_params]
+        assert marked == [False, False, True, True]
+        for grams, pinv in ((True, False), (False, True)):
+            made = _synthetic(tp, torch.device("cpu"), grams=grams)
+            weights, gram = [t for t, m in zip(made, marked) if not m], [t for t, m in zip(made, marked) if m]
+            assert regmean_solve(weights, gram, 0.5)[1] is pinv, (name, grams)
+        for g in _synthetic(tp, torch.device("cpu"), grams=True)[2:]:
+            assert torch.equal(g, g.T) and float(torch.linalg.eigvalsh(g.double()).min()) >= 0.5
 
 
 def test_hub_downloads_are_estimated_from_metadata_and_drop_once_verified(

@@ -48,6 +48,7 @@ from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import DTYPE_NAMES, NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.registry import MergeContext, MethodSpec, get_method
+from resumerge.methods.regmean import GRAM
 from resumerge.methods.resources import NO_RESOURCES
 from resumerge.plan.merge_plan import InputRef, Plan, ShardPlan, TensorPlan
 from resumerge.plan.workunits import chunk_plan
@@ -479,17 +480,18 @@ def _on_disk(plan: Plan, ref: InputRef) -> bool:
 def _synthetic(tp: TensorPlan, device: torch.device, *, grams: bool = False) -> list[torch.Tensor]:
     """Random inputs of ``tp``'s shapes and dtype: a base and small deltas from it, like fine-tunes of one model.
     With ``grams`` (a method given its weights' Gram matrices, :attr:`~resumerge.methods.spec.MethodSpec.gram_inputs`)
-    an n x n input is made symmetric positive definite, as a measured Gram is: a random matrix is not, and its
-    Cholesky factorisation fails and the solve takes the pseudo-inverse, which real Grams do not (regmean's
-    estimate timed that path, 0.3-1x the run's time)."""
+    each input the plan marks as a Gram is made symmetric positive definite, as a measured Gram is: a random matrix
+    (or, for a square weight, a delta of it) is not, its Cholesky factorisation fails and the solve takes the
+    pseudo-inverse, which real Grams do not."""
     dtype = NAME_DTYPES[tp.compute_dtype] if tp.compute_dtype else getattr(torch, _stored_dtype_name(tp))
     generator = torch.Generator().manual_seed(0)
+    marked = [grams and bool(dict(p).get(GRAM)) and _square(ref.shape) for p, ref in zip(tp.model_params, tp.inputs)]
     base = torch.randn(tp.inputs[0].shape, generator=generator)
     # An input of another shape than the first is no fine-tune of it (core_space's LoRA factors): random alone.
-    made = [base if i == 0 else base + 0.01 * torch.randn(ref.shape, generator=generator)
-            if ref.shape == base.shape else _gram(ref.shape[0], generator) if grams and _square(ref.shape)
+    made = [_gram(ref.shape[0], generator) if gram else base if i == 0 else
+            base + 0.01 * torch.randn(ref.shape, generator=generator) if ref.shape == base.shape
             else torch.randn(ref.shape, generator=generator)
-            for i, ref in enumerate(tp.inputs)]
+            for i, (ref, gram) in enumerate(zip(tp.inputs, marked))]
     return [t.to(device=device, dtype=dtype) for t in made]
 
 
