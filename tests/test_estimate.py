@@ -21,7 +21,7 @@ import torch
 from conftest import ModelFactory
 from hub.conftest import REPO, SPEC, big_model, hf_env, hub, models, state  # noqa: F401  (fixtures for the hub test)
 from hub.fakehub import FakeHub
-from support import cli, linear_config, peak_rss_run, write_config
+from support import cli, cli_here, linear_config, peak_rss_run, write_config
 
 from resumerge import api
 from resumerge.cli.commands import main
@@ -52,7 +52,9 @@ MID = {"layers": 2, "hidden": 512, "intermediate": 1024, "vocab": 8000, "heads":
 
 
 def _plan_json(*args: str | Path) -> dict[str, object]:
-    done = cli("plan", *args, "--json", "--probe-size", "1MiB")
+    # In this process (the CLI's main): the peak it prints counts a fresh run's baseline, measured once per
+    # installation (resumerge.engine.footprint.run_baseline), not the process that plans; no interpreter started.
+    done = cli_here("plan", *args, "--json", "--probe-size", "1MiB")
     assert done.returncode == 0, done.stderr
     doc: dict[str, object] = json.loads(done.stdout)
     return doc
@@ -206,8 +208,6 @@ def test_peak_rss_estimate_of_a_regmean_merge_is_within_the_same_band(tmp_path: 
     (regmean_plus is the same method declaration, on Grams measured otherwise: the same estimate.)"""
     method = "regmean"
     pytest.importorskip("transformers")
-    from support import cli_here
-
     a, b = make("a", seed=1, **WIDE), make("b", seed=2, **WIDE)
     cfg = write_config(tmp_path / "c.yml", {"merge_method": method, "dtype": "float32",
                                             "models": [{"model": str(a)}, {"model": str(b)}],
@@ -231,8 +231,6 @@ def test_a_regmean_solve_is_timed_on_grams_that_take_the_cholesky_path(tmp_path:
     definite), so the Cholesky factorisation failed and the pseudo-inverse was timed, a path real Grams do not take
     (the estimate 0.3-1x the run's compute). The synthetic Grams are positive definite, well conditioned."""
     pytest.importorskip("transformers")
-    from support import cli_here
-
     from resumerge.estimate.compute import _synthetic
     from resumerge.methods.regmean import GRAM, regmean_solve
 
