@@ -1,16 +1,18 @@
-"""The SVD merge methods (``tsv``, ``iso_c``, ``iso_cts``) beside ``task_arithmetic``: wall time, peak RSS and
-``plan``'s estimate of both.
+"""The SVD merge methods (``tsv``, ``iso_c``, ``iso_cts``) and ``regmean``/``regmean_plus`` beside
+``task_arithmetic``: wall time, peak RSS and ``plan``'s estimate of both.
 
 Usage::
 
-    python bench/bench_svd_methods.py [--size 300MB] [--work DIR] [--methods tsv,iso_c,iso_cts,task_arithmetic]
-        [-j N]
+    python bench/bench_svd_methods.py [--size 300MB] [--work DIR]
+        [--methods tsv,iso_c,iso_cts,task_arithmetic,regmean,regmean_plus] [-j N]
 
 Generates (once per size, kept in ``--work``) three Llama-style float32 models of about ``--size`` each with the
 generator of ``bench_vs_mergekit.py``, and merges the second and third onto the first with each method, each run in
 a fresh process measured by that bench's launcher (wall time, the process's own peak RSS). An SVD's cost follows
-the matrix's shape, not its values, so unrelated random models time like fine-tunes. Prints markdown rows for
-bench/RESULTS.md.
+the matrix's shape, not its values, so unrelated random models time like fine-tunes. ``regmean`` and
+``regmean_plus`` merge the second and third on their Grams, measured first (``resumerge measure`` over the built-in
+texts, kept in ``--work`` beside the models; not timed here): their cost is the n x n solves and the Grams read.
+Prints markdown rows for bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -30,12 +32,16 @@ from bench_vs_mergekit import make_inputs, run_measured  # noqa: E402
 
 from resumerge.memory.sizes import format_size, parse_size  # noqa: E402
 
-METHODS = ("task_arithmetic", "tsv", "iso_c", "iso_cts")
+METHODS = ("task_arithmetic", "tsv", "iso_c", "iso_cts", "regmean", "regmean_plus")
+GRAM_METHODS = ("regmean", "regmean_plus")
 
 
-def config_text(method: str, base: Path, others: list[Path]) -> str:
+def config_text(method: str, base: Path, others: list[Path], grams: Path | None = None) -> str:
     """The merge of ``others`` onto ``base`` with ``method`` (task arithmetic: weight 0.5 each; the SVD methods at
-    their defaults)."""
+    their defaults; regmean's of ``others`` alone on the Grams in ``grams``)."""
+    if method in GRAM_METHODS:
+        models = "".join(f"\n  - model: {p}" for p in others)
+        return f"merge_method: {method}\ndtype: float32\nparameters: {{grams: {grams}}}\nmodels:{models}\n"
     weight = "\n    parameters: {weight: 0.5}" if method == "task_arithmetic" else ""
     models = "".join(f"\n  - model: {p}{weight}" for p in others)
     return f"merge_method: {method}\nbase_model: {base}\ndtype: float32\nmodels:{models}\n"
@@ -64,7 +70,12 @@ def main() -> None:
     rows = []
     for method in args.methods.split(","):
         config = work / f"svd-{method}.yml"
-        config.write_text(config_text(method, base, others))
+        grams = work / f"grams-{exact}-{method}"
+        config.write_text(config_text(method, base, others, grams))
+        if method in GRAM_METHODS and not (grams / "measure.json").is_file():
+            print(f"measuring {grams} ...", flush=True)
+            shutil.rmtree(grams, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "resumerge", "measure", str(config), str(grams), "-q"], check=True)
         out, state = work / f"out-{method}", work / f"state-{method}"
         shutil.rmtree(out, ignore_errors=True)
         shutil.rmtree(state, ignore_errors=True)

@@ -216,7 +216,7 @@ def test_a_gguf_output_without_a_tokenizer_or_of_an_unwritable_family_is_refused
     from moe_families import make_moe_model
 
     deepseek = make_moe_model(tmp_path / "deepseek", "deepseek_v3", seed=0)
-    done = cli("plan", _config(tmp_path, deepseek, deepseek), "--out-type", "gguf")
+    done = cli_here("plan", _config(tmp_path, deepseek, deepseek), "--out-type", "gguf")  # no interpreter started
     assert done.returncode == 2 and "a GGUF output of a deepseek_v3 model, which resumerge cannot write" in done.stderr
     assert "Traceback" not in done.stderr
     (tmp_path / "q").mkdir()

@@ -88,3 +88,29 @@ def test_a_q4_0_output_writes_its_head_q8_0_and_says_llama_cpp_would_write_q6_k(
     types = {t.name: t.tensor_type for t in gguf.GGUFReader(out / "model.gguf").tensors}
     assert types["output.weight"] == Q.Q8_0 and types["token_embd.weight"] == Q.Q4_0
     assert note in (out / "README.md").read_text()
+
+
+def test_a_gguf_outputs_card_gives_its_file_types_kl_from_the_float_merge(tmp_path: Path) -> None:
+    """The card of a GGUF output said which types it holds, not what they cost (issue 71: "with the KL in the
+    card"): it quotes its file type's KL from the float32 merge, as resumerge's check measured it on a real merge
+    (bench/bench_gguf_kl.py), for every type ``--gguf-type`` takes but Q4_1 (the reference's weights are Q4_1's
+    own: no figure for it says anything); a safetensors output's card has no such line."""
+    from resumerge.outputs.modelcard import render_model_card
+    from resumerge.plan.defaults import GGUF_TYPES
+    from resumerge.plan.gguftypes import QUALITY
+
+    assert set(QUALITY) == set(GGUF_TYPES) - {"q4_1"}
+    for order in (("f16", "q8_0", "q5_0", "q4_0"), ("bf16", "q8_0", "q5_1", "q4_0")):  # fewer bits, more lost
+        assert [QUALITY[t].kl for t in order] == sorted(QUALITY[t].kl for t in order)
+    config = _parents(tmp_path)
+    text = config.read_text()
+    for kind in ("q4_0", "q8_0"):
+        plan = api.plan_merge(config, output=api.Output(out_type="gguf", gguf_type=kind))
+        card = render_model_card(plan, text).decode()
+        line = next(x for x in card.splitlines() if x.startswith("Quantization:"))
+        assert f"written as {kind.upper()} is KL {QUALITY[kind].kl:.4f} from its float32 merge" in line, line
+        assert f"{QUALITY[kind].top1:.1%}" in line and "SmolLM2-135M" in line
+    q4_1 = render_model_card(api.plan_merge(config, output=api.Output(out_type="gguf", gguf_type="q4_1")), text)
+    assert b"## GGUF" in q4_1 and b"Quantization:" not in q4_1
+    plain = render_model_card(api.plan_merge(config), text).decode()
+    assert "Quantization:" not in plain and "## GGUF" not in plain

@@ -48,6 +48,7 @@ from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import DTYPE_NAMES, NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.registry import MergeContext, MethodSpec, get_method
+from resumerge.methods.regmean import GRAM
 from resumerge.methods.resources import NO_RESOURCES
 from resumerge.plan.merge_plan import InputRef, Plan, ShardPlan, TensorPlan
 from resumerge.plan.workunits import chunk_plan
@@ -366,7 +367,7 @@ def _measure_whole(plan: Plan, group: _Sample, spec: MethodSpec, sources: InputS
     device = torch.device(plan.options.device)
     if seconds is None:
         try:
-            inputs = _synthetic(tp, device)
+            inputs = _synthetic(tp, device, grams=spec.gram_inputs)
             with serial_kernels() if alone else nullcontext():
                 _settle(device)
                 begun = time.perf_counter()
@@ -459,7 +460,7 @@ def _prepare(plan: Plan, tp: TensorPlan, sources: InputSources,
     applied, mixed dtypes promoted), so what is timed is what the run computes on.
     """
     if not all(_on_disk(plan, ref) for ref in tp.inputs):
-        return _synthetic(tp, torch.device(plan.options.device)), 0, True
+        return _synthetic(tp, torch.device(plan.options.device), grams=spec.gram_inputs), 0, True
     nbytes = sum(_ref_bytes(ref) for ref in tp.inputs)
     if not all(ref.codec.plain for ref in tp.inputs):
         return None, nbytes, False
@@ -476,13 +477,31 @@ def _on_disk(plan: Plan, ref: InputRef) -> bool:
     return all((Path(plan.model_dirs[r.model]) / r.file).is_file() for r in refs)
 
 
-def _synthetic(tp: TensorPlan, device: torch.device) -> list[torch.Tensor]:
-    """Random inputs of ``tp``'s shapes and dtype: a base and small deltas from it, like fine-tunes of one model."""
+def _synthetic(tp: TensorPlan, device: torch.device, *, grams: bool = False) -> list[torch.Tensor]:
+    """Random inputs of ``tp``'s shapes and dtype: a base and small deltas from it, like fine-tunes of one model.
+    With ``grams`` (a method given its weights' Gram matrices, :attr:`~resumerge.methods.spec.MethodSpec.gram_inputs`)
+    each input the plan marks as a Gram is made symmetric positive definite, as a measured Gram is: a random matrix
+    (or, for a square weight, a delta of it) is not, its Cholesky factorisation fails and the solve takes the
+    pseudo-inverse, which real Grams do not."""
     dtype = NAME_DTYPES[tp.compute_dtype] if tp.compute_dtype else getattr(torch, _stored_dtype_name(tp))
     generator = torch.Generator().manual_seed(0)
+    marked = [grams and bool(dict(p).get(GRAM)) and _square(ref.shape) for p, ref in zip(tp.model_params, tp.inputs)]
     base = torch.randn(tp.inputs[0].shape, generator=generator)
     # An input of another shape than the first is no fine-tune of it (core_space's LoRA factors): random alone.
-    made = [base if i == 0 else base + 0.01 * torch.randn(ref.shape, generator=generator)
-            if ref.shape == base.shape else torch.randn(ref.shape, generator=generator)
-            for i, ref in enumerate(tp.inputs)]
+    made = [_gram(ref.shape[0], generator) if gram else base if i == 0 else
+            base + 0.01 * torch.randn(ref.shape, generator=generator) if ref.shape == base.shape
+            else torch.randn(ref.shape, generator=generator)
+            for i, (ref, gram) in enumerate(zip(tp.inputs, marked))]
     return [t.to(device=device, dtype=dtype) for t in made]
+
+
+def _square(shape: tuple[int, ...]) -> bool:
+    return len(shape) == 2 and shape[0] == shape[1]
+
+
+def _gram(n: int, generator: torch.Generator) -> torch.Tensor:
+    """An n x n symmetric matrix with its eigenvalues within [0.5, 1.5] (a symmetric random matrix of entries of
+    spread s has its eigenvalues within 2·s·√n): well conditioned, made in O(n²)."""
+    noise = torch.randn(n, n, generator=generator)
+    symmetric = (noise + noise.T) / (2 * 2 ** 0.5)  # entries of spread 1/√2 off the diagonal
+    return torch.eye(n).add_(symmetric, alpha=1 / (4 * (2 * n) ** 0.5))

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         SAFETY_MARGIN,
         budget_fitting,
         default_budget,
+        pass_budget,
         smallest_budget_for,
         working_room,
     )
@@ -62,6 +63,7 @@ __all__ = [
     "format_size",
     "os_peak_rss",
     "parse_size",
+    "pass_budget",
     "read_snapshot",
     "released_on_error",
     "smallest_budget_for",
@@ -90,6 +92,7 @@ _HOME = MappingProxyType({
     "format_size": "resumerge.memory.sizes",
     "os_peak_rss": "resumerge.memory.probe",
     "parse_size": "resumerge.memory.sizes",
+    "pass_budget": "resumerge.memory.budget",
     "read_snapshot": "resumerge.memory.cgroup",
     "released_on_error": "resumerge.memory.records",
     "smallest_budget_for": "resumerge.memory.budget",

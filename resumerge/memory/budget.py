@@ -12,7 +12,9 @@ from resumerge.memory.sizes import format_size
 __all__ = [
     "DEFAULT_FRACTION",
     "SAFETY_MARGIN",
+    "budget_fitting",
     "default_budget",
+    "pass_budget",
     "smallest_budget_for",
     "working_room",
 ]
@@ -71,19 +73,29 @@ def working_room(budget: int, baseline: int, margin_fraction: float = SAFETY_MAR
     return max(1, budget - int(budget * margin_fraction) - baseline)
 
 
-def budget_fitting(what: str, peak: int, max_memory: int | None, probe: MemoryProbe) -> int:
+def budget_fitting(what: str, peak: int, max_memory: int | None, probe: MemoryProbe, *,
+                   held: int | None = None) -> int:
     """The budget in force (``max_memory``, else the default) for work whose largest step holds ``peak`` bytes
-    beyond what this process holds now (its whole resident set: the budget counts the process); raises
-    :class:`~resumerge.errors.UsageError` (exit 2, before any weight is read) naming the smallest budget that fits,
-    when that one does not. ``what`` names the work ("the check").
-
-    The process's reading moves by a few hundred KB from one start to the next, so the figure named leaves 1 % of it
-    more: a rerun with the named budget is not refused again for a reading a little higher."""
+    beyond what this process holds (its whole resident set: the budget counts the process); raises
+    :class:`~resumerge.errors.UsageError` (exit 2, before any weight is read) naming the smallest budget that fits
+    (:func:`pass_budget`, the figure ``measure --plan`` names too), when that one does not. ``what`` names the work
+    ("the check"). ``held``: the process's settled reading
+    (:func:`~resumerge.memory.baseline.settled_reading`: what every start of this work names), the one figure the
+    budget is judged by; None: ``probe``'s reading now, judged as it is and named with 1 % of it more (a rerun with
+    the named budget is not refused again for a reading a little higher)."""
     budget = max_memory if max_memory is not None else default_budget(probe)
-    held = probe.rss()
-    if smallest_budget_for(peak, baseline_bytes=held) > budget:
-        smallest = smallest_budget_for(peak, baseline_bytes=held + held // 100)
-        raise UsageError(f"{what} needs {format_size(held + peak)} (this process holds {format_size(held)}, its "
-                         f"largest step {format_size(peak)}), more than the budget of {format_size(budget)}",
+    reading = probe.rss()
+    judged = held if held is not None else reading
+    if smallest_budget_for(peak, baseline_bytes=judged) > budget:
+        smallest = pass_budget(peak, held if held is not None else reading + reading // 100)
+        raise UsageError(f"{what} needs {format_size(reading + peak)} (this process holds {format_size(reading)}, "
+                         f"its largest step {format_size(peak)}), more than the budget of {format_size(budget)}",
                          hint=f"rerun with --max-memory {format_size(smallest, compact=True)} or more")
     return budget
+
+
+def pass_budget(peak: int, held: int) -> int:
+    """The smallest ``--max-memory`` named for work whose largest step holds ``peak`` bytes beside ``held`` bytes its
+    process holds apart from it: the one figure ``check``'s and ``measure``'s refusals and ``measure --plan`` name
+    (``plan`` and ``run`` name :func:`~resumerge.engine.footprint.smallest_run_budget`'s, of the same rule)."""
+    return smallest_budget_for(peak, baseline_bytes=held)

@@ -120,25 +120,27 @@ def regmean(ctx: MergeContext) -> torch.Tensor:
 
 
 def _gram_scratch(dtype: str, shape: Sequence[int], inputs: int) -> tuple[int, int]:
-    """Elements of the n × n float64 buffers the solve holds beside the weights, n being the weight's input width:
-    the sum, one regularised Gram and the Cholesky factor, or the pseudo-inverse's SVD (its factors, its workspace
-    and the inverse: about five more)."""
+    """Elements of the n × n float64 buffers the solve holds, n being the weight's input width: 4 n² (see
+    :data:`FOOTPRINT`)."""
     if len(shape) != 2:
         return 0, 0
     n = int(shape[1])
-    return 8 * n * n, 0
+    return 4 * n * n, 0
 
 
-# Declared from the algorithm and checked by tests/methods/test_regmean.py with the profiler replay of
-# tests/methods/footprint_cases.py (the shared footprint table cannot measure it: its calls have no Grams). Per
-# element of the weight, every figure float64: the product sum, its transpose for the solve, the solution and the
-# result (32 in all, met by the fixed 16 and 8 per input of the 2·T inputs, weights and Grams); the mean path of
-# a tensor without Grams holds its float64 sum and one input's float64 copy (16). Per element of an n × n buffer
-# 8 bytes (see _gram_scratch). The Grams themselves are inputs (n × n float32 each), counted by the engine as it
-# reads them.
-_FLOAT64 = Footprint(16.0, 8.0, block=8.0)
+# Measured with the profiler replay of tests/methods/footprint_cases.py (the shared footprint table cannot measure
+# it: its calls have no Grams) and checked by tests/methods/test_regmean.py. The solve holds 3.5 n² + 2.8 m·n
+# float64 elements at its peak through the Cholesky path (the sum, a regularised Gram, the factor; the product sum,
+# its transpose and the solution), 4-4.8 n² through the pseudo-inverse, whatever the number of models (it takes
+# them one at a time); the mean path of a tensor without Grams holds its float64 sum and one input's float64 copy.
+# Declared: 16 bytes per element of the weight and 4 n² of float64 (_gram_scratch), which the footprint's margin
+# (1.25x) takes above every path measured. The Grams themselves are inputs (n × n float32 each), counted by the
+# engine as it reads them. (Declared as 16 + 8 per input, weights and Grams, and 8 n² until issue 71: `plan`'s peak
+# for a regmean merge was 1.9-2.2x the run's.)
+_FLOAT64 = Footprint(16.0, 0.0, block=8.0)
 FOOTPRINT = MethodFootprint(MappingProxyType({d: _FLOAT64 for d in ("float32", "bfloat16", "float16", "float64")}),
                             scratch=_gram_scratch)
+
 
 SPEC = MethodSpec(
     name="regmean",

@@ -101,6 +101,7 @@ def _gguf_lines(plan: Plan) -> list[str]:
     if not plan.gguf_headers:
         return []
     from resumerge.inputs.gguf.names import ARCH_OF
+    from resumerge.plan.gguftypes import quality_line
 
     files = (f"`{plan.shards[0].name}`" if len(plan.shards) == 1 else
              f"{len(plan.shards)} gguf-split files (`{plan.shards[0].name}` … ; llama.cpp loads the first)")
@@ -112,7 +113,7 @@ def _gguf_lines(plan: Plan) -> list[str]:
     return ["## GGUF", "",
             f"Written for llama.cpp as {files}: architecture `{ARCH_OF.get(model_type, model_type)}`, matrices "
             f"{kind} (`--gguf-type {plan.options.gguf_type}`{fallback}), norms, 1-D tensors and routers F32{stacked}.",
-            ""]
+            "", *([quality, ""] if (quality := quality_line(plan.options.gguf_type)) else [])]
 
 
 def _about(method: str) -> tuple[str, str, str]:

@@ -4,11 +4,12 @@ named alike by ``plan`` and ``run``, under which a real run stays (issue 71)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
-from support import linear_config, peak_rss_run, write_config
+from support import cli_here, linear_config, peak_rss_run, write_config
 
 from resumerge.cli.commands import main
 from resumerge.memory import format_size, parse_size
@@ -98,3 +99,44 @@ def test_a_fresh_process_baseline_is_measured_once_and_read_from_any_folder(
     assert baseline.fresh_baseline(("json",), tmp_path) == first  # the other figure kept beside it
     (tmp_path / "baseline.json").write_text('{"torn')
     assert baseline.fresh_baseline(("json",), tmp_path) == 123
+
+
+def _named(text: str) -> int:
+    found = re.search(r"rerun with --max-memory (\S+) or more", text)
+    assert found, text
+    return parse_size(found[1])
+
+
+@linux_only
+def test_measure_plan_and_measure_and_check_each_name_one_smallest_budget(tmp_path: Path) -> None:
+    """``measure --plan`` named the pass's peak beside this process's reading; ``measure`` refused by a reading 1 %
+    higher and by each model in turn, so at the figure ``--plan`` printed it was refused naming another; ``check``
+    named a figure of its own reading, a little different at each start. Now each command's work has one figure,
+    from one function (memory.budget.pass_budget beside check.needs.settled_held): a byte less is refused naming it,
+    it runs at it."""
+    pytest.importorskip("transformers")
+    from resumerge import api
+    from resumerge.cli.modelgen import ModelSpec, make_model
+
+    spec = ModelSpec(layers=1, hidden=32, intermediate=48, vocab=64)
+    a, b = make_model(tmp_path / "a", spec, seed=1), make_model(tmp_path / "b", spec, seed=2)
+    config = write_config(tmp_path / "rm.yml", {"merge_method": "regmean", "models": [{"model": str(a)},
+                                                {"model": str(b)}], "parameters": {"grams": str(tmp_path / "g")}})
+    out = tmp_path / "g"
+    planned = cli_here("measure", config, out, "--plan")
+    smallest = api.estimate_measure(config).smallest
+    assert planned.returncode == 0 and f"fits is {format_size(smallest)}," in planned.stdout, planned.stdout
+    short = cli_here("measure", config, out, "--max-memory", str(smallest - 1))
+    assert short.returncode == 2 and short.stderr.count("\n") == 1, short.stderr
+    assert _named(short.stderr) == smallest and not out.exists()
+    done = cli_here("measure", config, out, "--max-memory", str(smallest))
+    assert done.returncode == 0, done.stderr
+
+    state = tmp_path / "state"
+    first = cli_here("check", a, "--parent", b, "--state-dir", state, "--max-memory", "1MB", "--json")
+    assert first.returncode == 2, first.stderr
+    named = _named(first.stderr)
+    again = cli_here("check", a, "--parent", b, "--state-dir", state, "--max-memory", str(named - 1), "--json")
+    assert again.returncode == 2 and _named(again.stderr) == named, again.stderr
+    checked = cli_here("check", a, "--parent", b, "--state-dir", state, "--max-memory", str(named), "--json")
+    assert checked.returncode in (0, 5, 6), checked.stderr

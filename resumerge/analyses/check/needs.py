@@ -1,15 +1,19 @@
 """What a check's steps hold, in bytes: the one place those figures are found, for the local check's budget
 (:func:`~resumerge.analyses.check.run._fits`, which refuses a check that would not fit) and for the memory each Ray
-actor of ``--executor ray`` declares (:func:`~resumerge.analyses.check.onray.actor_bytes`)."""
+actor of ``--executor ray`` declares (:func:`~resumerge.analyses.check.onray.actor_bytes`); and what a pass's
+process holds beside them (:func:`settled_held`, ``measure``'s too), so that each start names one smallest budget."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from resumerge.analyses.check.heads import head_step_bytes
 from resumerge.analyses.check.passes import largest_batch, padded_positions
 from resumerge.analyses.check.static import static_bytes
+from resumerge.config.locations import cache_root
 from resumerge.forward import pass_bytes
 from resumerge.forward.stream import ModelStream
 
@@ -43,3 +47,15 @@ def step_bytes(streams: Sequence[ModelStream], tokens: Sequence[Sequence[int]]) 
         heads=tuple(head_step_bytes(s, batch, longest) for s in streams),
         held_heads=tuple(head_step_bytes(s, batch, longest, held=3 * predicted) for s in streams),
         static=static_bytes([s.formats for s in streams]))
+
+
+def settled_held(command: str, models: Sequence[str], tokens: Sequence[Sequence[int]]) -> int:
+    """What this process of ``command`` (``check``, ``measure``) holds before its pass over ``models`` and ``tokens``,
+    as every start of that work names it (:func:`~resumerge.memory.baseline.settled_reading`, from this process's
+    reading): the baseline its refusal and ``measure --plan`` name the smallest budget beside
+    (:func:`~resumerge.memory.budget.pass_budget`)."""
+    from resumerge.memory import SystemProbe
+    from resumerge.memory.baseline import settled_reading
+
+    texts = hashlib.sha256(json.dumps([list(t) for t in tokens]).encode()).hexdigest()
+    return settled_reading((command, *models, texts), SystemProbe().rss(), cache_root())

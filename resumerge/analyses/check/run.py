@@ -21,7 +21,7 @@ from resumerge.analyses.check.chart import write_drift_chart
 from resumerge.analyses.check.folded import FoldedStatic
 from resumerge.analyses.check.hubreads import CheckReads
 from resumerge.analyses.check.models import Checked, find_models
-from resumerge.analyses.check.needs import StepBytes, step_bytes
+from resumerge.analyses.check.needs import StepBytes, settled_held, step_bytes
 from resumerge.analyses.check.passes import (
     BATCH_TOKENS,
     LAYER_PREFIX,
@@ -379,17 +379,19 @@ def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int |
     see :mod:`.folded`). The figures are :func:`~resumerge.analyses.check.needs.step_bytes`'s (``sizes``, found here
     where not given)."""
     sizes = sizes if sizes is not None else step_bytes(streams, tokens)
+    held = settled_held("check", [str(s.reader.directory) for s in streams], tokens)  # what every start names
     states = 2 * len(streams) * sizes.states
     heads, layer, static = max(sizes.heads), max(sizes.layers), sizes.static
     if can_fold:
         try:
             folded = max(states + max(2 * layer, heads), static)
-            return budget_fitting("the check", folded, max_memory, SystemProbe()), {"layer": 2 * layer,
-                                                                                   "heads": heads}, True
+            return budget_fitting("the check", folded, max_memory, SystemProbe(), held=held), {
+                "layer": 2 * layer, "heads": heads}, True
         except UsageError:  # one layer at a time fits: the static pass reads the layers again, as it did
             pass
     peak = max(states + max(layer, heads), static)
-    return budget_fitting("the check", peak, max_memory, SystemProbe()), {"layer": layer, "heads": heads}, False
+    return (budget_fitting("the check", peak, max_memory, SystemProbe(), held=held),
+            {"layer": layer, "heads": heads}, False)
 
 
 def _report(models: list[Checked], static: StaticFigures, figures: PassFigures | None,

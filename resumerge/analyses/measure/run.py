@@ -126,21 +126,14 @@ def estimate_measure(config: str | os.PathLike[str], *, texts: str | os.PathLike
                      max_memory: int | None = None) -> MeasureEstimate:
     """What measuring ``config``'s models over ``texts`` needs under ``max_memory`` (None: the default budget):
     the checks :func:`measure_grams` makes first, and each pass's peak as it refuses one by; writes nothing."""
-    from resumerge.forward import Weights
-    from resumerge.forward.stream import ModelStream
-    from resumerge.memory import SystemProbe, default_budget, smallest_budget_for
-    from resumerge.torch_import import torch
+    from resumerge.memory import SystemProbe, default_budget, pass_budget
 
     _, models, keys, tokens = _opened(config, texts)
-    found = []
-    for key, model in zip(keys, models):
-        with ModelStream(Weights.of(model.directory, model.tensors), model.config, torch.float32,
-                         what="resumerge measure", key=key) as stream:
-            found.append((key, stream.layers, _pass_peak(stream, tokens)))
+    found = _passes(models, keys, tokens)
     probe = SystemProbe()
-    held = probe.rss()
+    held = _held(models, tokens)
     budget = max_memory if max_memory is not None else default_budget(probe)
-    smallest = smallest_budget_for(max(peak for _, _, peak in found), baseline_bytes=held)
+    smallest = pass_budget(max(peak for _, _, peak in found), held)  # the figure measure's refusal names
     return MeasureEstimate(tuple(found), sum(len(t) for t in tokens), held, budget,
                            "--max-memory" if max_memory is not None else "default", smallest)
 
@@ -341,28 +334,39 @@ def _claim(folder: Path, key: str, what: dict[str, object]) -> None:
 
 def _all_fit(models: list[ModelInput], keys: list[str], tokens: list[list[int]], max_memory: int | None
              ) -> list[int]:
-    """:func:`_fits` for every model, before any is read; each model's decoder layer count."""
+    """Refuse (exit 2, before any model is read) a measurement whose largest pass (:func:`_pass_peak`, of every
+    model) would not fit ``max_memory`` (None: the default budget), naming the figure ``measure --plan`` names;
+    each model's decoder layer count."""
+    from resumerge.memory import SystemProbe, budget_fitting
+
+    found = _passes(models, keys, tokens)
+    largest = max(range(len(found)), key=lambda i: found[i][2])
+    probe = SystemProbe()
+    budget_fitting(f"measuring {models[largest].directory}", found[largest][2], max_memory, probe,
+                   held=_held(models, tokens))
+    return [layers for _, layers, _ in found]
+
+
+def _passes(models: list[ModelInput], keys: list[str], tokens: list[list[int]]) -> list[tuple[str, int, int]]:
+    """Each model's (key, decoder layers, :func:`_pass_peak`), from its headers and config."""
     from resumerge.forward import Weights
     from resumerge.forward.stream import ModelStream
     from resumerge.torch_import import torch
 
-    layers: list[int] = []
+    found = []
     for key, model in zip(keys, models):
         with ModelStream(Weights.of(model.directory, model.tensors), model.config, torch.float32,
                          what="resumerge measure", key=key) as stream:
-            _fits(stream, tokens, max_memory)
-            layers.append(stream.layers)
-    return layers
+            found.append((key, stream.layers, _pass_peak(stream, tokens)))
+    return found
 
 
-def _fits(stream: object, tokens: list[list[int]], max_memory: int | None) -> None:
-    """Refuse (exit 2, before the model's first layer is read) a pass whose peak (:func:`_pass_peak`) would not fit
-    ``max_memory`` (None: the default budget)."""
-    from resumerge.forward.stream import ModelStream
-    from resumerge.memory import SystemProbe, budget_fitting
+def _held(models: list[ModelInput], tokens: list[list[int]]) -> int:
+    """What this process holds before the pass, as ``measure --plan`` and ``measure`` of these models over these
+    tokens both name it (check's :func:`~resumerge.analyses.check.needs.settled_held`)."""
+    from resumerge.analyses.check.needs import settled_held
 
-    assert isinstance(stream, ModelStream)
-    budget_fitting(f"measuring {stream.reader.directory}", _pass_peak(stream, tokens), max_memory, SystemProbe())
+    return settled_held("measure", [str(m.directory) for m in models], tokens)
 
 
 def _pass_peak(stream: object, tokens: list[list[int]]) -> int:
