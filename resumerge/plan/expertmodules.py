@@ -40,20 +40,20 @@ def module_stacks(config: Mapping[str, Any], count: int, names: Iterable[str]) -
     not installed, does not know the family, or builds no stack."""
     if count < 2:
         return {}
-    built = _meta_model(config)
+    built = meta_model(config)
     if built is None:
         return {}
     model, hidden, renames = built
     found = _stacks_in(model, hidden, count)
     out: dict[str, ExpertStack | None] = {}
     for name in names:
-        within = _within_layer(_renamed(name, renames))
+        within = _within_layer(renamed(name, renames))
         if within is not None and within in found:
             out[name] = found[within]
     return out
 
 
-def _meta_model(config: Mapping[str, Any]) -> tuple[Any, int, list[tuple[re.Pattern[str], str]]] | None:
+def meta_model(config: Mapping[str, Any]) -> tuple[Any, int, list[tuple[re.Pattern[str], str]]] | None:
     """(the model transformers builds from ``config`` on the meta device, its hidden size, the renamings its
     conversion mapping applies on load); None where it cannot build one."""
     try:
@@ -87,7 +87,8 @@ def _meta_model(config: Mapping[str, Any]) -> tuple[Any, int, list[tuple[re.Patt
     return model, hidden, renames
 
 
-def _renamed(name: str, renames: list[tuple[re.Pattern[str], str]]) -> str:
+def renamed(name: str, renames: list[tuple[re.Pattern[str], str]]) -> str:
+    """Checkpoint tensor ``name`` as transformers' conversion ``renames`` it on load (its module's name)."""
     for pattern, target in renames:
         name = pattern.sub(target, name)
     return name
