@@ -409,7 +409,11 @@ class ModelStream:
         finally:
             embed._parameters.update(before)
 
-    def _capture(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, list[LayerCall]]:
+    def _capture(self, ids: torch.Tensor, mask: torch.Tensor, embeds: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, list[LayerCall]]:
+        """The hidden states entering the first layer and every layer's call for ``ids`` (or, given, the input
+        embeddings ``embeds`` of those ids, with no embedding run: none needs its weights)."""
+        given = {"input_ids": ids} if embeds is None else {"inputs_embeds": embeds}
         real_layers = list(self.layers_list)
         final = self.final_norm
         failed = ""
@@ -426,7 +430,7 @@ class ModelStream:
                     # every hidden state asked for: Gemma 4 otherwise cuts its key-sharing layers' inputs to the
                     # last position (its logits_to_keep shortcut), which transformers 5.24 fails at without
                     # per-layer inputs, and which would leave those layers one position to run
-                    self.inner(input_ids=ids, attention_mask=mask, use_cache=False, output_hidden_states=True)
+                    self.inner(**given, attention_mask=mask, use_cache=False, output_hidden_states=True)
             except (ValueError, TypeError, IndexError) as exc:  # the forward unpacks the output otherwise
                 failed = f": {type(exc).__name__}: {exc}"
                 continue
@@ -452,24 +456,45 @@ class ModelStream:
         setattr(self.inner, self._final_name, module)
 
     def pads_alike(self, layer: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
-                   outputs: list[torch.Tensor]) -> bool:
+                   entering: list[tuple[torch.Tensor, list[LayerCall]]], outputs: list[torch.Tensor]) -> bool:
         """Whether decoder ``layer`` (its weights loaded), whose ``outputs`` for the padded ``batches`` (ids and
-        attention mask) are given, gives each sequence of a batch of several run alone what it gave at its real
-        positions in the batch, to float32's rounding (:data:`PAD_TOLERANCE`). A family whose attention, as
-        transformers ships it, sees the padding (DeepSeek-V3.2's and GLM-5's indexers pick their top-k keys
-        otherwise in a padded batch) does not, and is run one sequence at a time."""
+        attention mask; ``entering``: what :meth:`inputs` gave for them) are given, gives each sequence of a batch
+        of several run alone what it gave at its real positions in the batch, to float32's rounding
+        (:data:`PAD_TOLERANCE`). A family whose attention, as transformers ships it, sees the padding
+        (DeepSeek-V3.2's indexer picks its top-k keys otherwise in a padded batch) does not, and is run one
+        sequence at a time."""
         rows = [(b, r, int(mask[r].sum())) for b, (_, mask) in enumerate(batches) if len(mask) > 1
                 for r in range(len(mask))]
         if not rows:
             return True
-        alone = self.inputs_of_rows([(batches[b][0][r:r + 1, :n], torch.ones(1, n, dtype=batches[b][1].dtype))
-                                     for b, r, n in rows])
-        for (b, r, n), (hidden, calls) in zip(rows, alone):
+        for (b, r, n), (hidden, calls) in zip(rows, self._alone(batches, entering, rows)):
             own = self.run(layer, hidden, calls[0])[0]
             padded = outputs[b][r, :n]
             if float((own - padded).abs().max()) > PAD_TOLERANCE * max(1.0, float(own.abs().max())):
                 return False
         return True
+
+    def _alone(self, batches: list[tuple[torch.Tensor, torch.Tensor]],
+               entering: list[tuple[torch.Tensor, list[LayerCall]]], rows: list[tuple[int, int, int]]
+               ) -> list[tuple[torch.Tensor, list[LayerCall]]]:
+        """What :meth:`inputs` gives for each sequence ``(batch, row, length)`` alone: its embeddings are its real
+        positions' in the padded batch (right padding moves no position), handed to the forward as they are, so
+        no weight is read again (a hub model's bytes are fetched once); where the forward cannot take them so
+        (a family that needs the ids themselves) or changes them (Gemma 2 scales them), read again."""
+        alone = [(batches[b][0][r:r + 1, :n], torch.ones(1, n, dtype=batches[b][1].dtype)) for b, r, n in rows]
+        found = []
+        try:
+            for (ids, mask), (b, r, n) in zip(alone, rows):
+                embeds = entering[b][0][r:r + 1, :n]
+                hidden, calls = self._capture(ids, mask, embeds)
+                if not torch.equal(hidden, embeds):
+                    break
+                found.append((hidden, calls))
+            else:
+                return found
+        except Exception:  # whatever the forward raises without ids: read them as :meth:`inputs`
+            pass
+        return self.inputs_of_rows(alone)
 
     @staticmethod
     def run(layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall) -> torch.Tensor:

@@ -235,7 +235,7 @@ def batched_on(stream: ModelStream, layer: torch.nn.Module, entering: list[tuple
         outputs = [stream.run(layer, hidden, calls[0]) for hidden, calls in entering]
     except RuntimeError:
         return False
-    return batches is None or stream.pads_alike(layer, batches, outputs)
+    return batches is None or stream.pads_alike(layer, batches, entering, outputs)
 
 
 def batches_of(sequences: Sequence[Sequence[int]], budget: int = BATCH_TOKENS) -> list[list[int]]:
