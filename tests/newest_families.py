@@ -49,10 +49,14 @@ LFM2: Mapping[str, Any] = {key: value for key, value in LFM2_MOE.items()
                                            "num_dense_layers")}
 # DeepSeek-V3.2: GLM-5's sparse attention without the shared indexers (every layer picks its own top-k keys)
 DEEPSEEK_V32: Mapping[str, Any] = {key: value for key, value in GLM5.items() if key != "index_topk_pattern"}
+# Phi-2 (``phi``): not new, but its final norm is ``model.final_layernorm``, a name outside the list check once had
+PHI: Mapping[str, Any] = {"vocab_size": V, "hidden_size": H, "intermediate_size": 48, "num_hidden_layers": 4,
+                          "num_attention_heads": 4, "max_position_embeddings": 64}
 NEWEST: Mapping[str, tuple[str, Mapping[str, Any]]] = {
     "gemma4": ("gemma4_text", GEMMA4), "gemma4_shared": ("gemma4_text", GEMMA4_SHARED),
     "glm5": ("glm_moe_dsa", GLM5), "nemotron_h": ("nemotron_h", NEMOTRON_H),
     "lfm2_moe": ("lfm2_moe", LFM2_MOE), "lfm2": ("lfm2", LFM2), "deepseek_v32": ("deepseek_v32", DEEPSEEK_V32),
+    "phi": ("phi", PHI),
 }
 
 

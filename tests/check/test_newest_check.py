@@ -1,7 +1,7 @@
 """``check`` on the newest families (tests/newest_families.py): its NLL is transformers' unpadded whole-model NLL.
 
 Before this, LFM2 and LFM2-MoE were checked without their final norm (``model.embedding_norm``, missing from a list
-of names), Nemotron-H's forward failed on the layers' stand-ins (it reads each layer's ``block_type``) and a base
+of names, as Phi-2's ``model.final_layernorm`` was), Nemotron-H's forward failed on the layers' stand-ins (it reads each layer's ``block_type``) and a base
 saved with a layer count was refused beside a merge without one ("has None layers"), Gemma 4 sharing keys and
 values failed in its forward's shortcut, DeepSeek-V3.2's padded batches gave other figures (its indexer picks other
 keys in a padded batch) and GLM-5 ended in an internal error. Now the final norm is the module the base model's
@@ -34,7 +34,8 @@ _IDS = torch.Generator().manual_seed(0)
 TOKENS = [torch.randint(1, 128, (n,), generator=_IDS).tolist() for n in (30, 17, 9, 5)]
 # family -> (the final norm's attribute, whether a padded batch runs as it would alone)
 FAMILIES = {"lfm2": ("embedding_norm", True), "lfm2_moe": ("embedding_norm", True), "nemotron_h": ("norm_f", True),
-            "deepseek_v32": ("norm", False), "gemma4": ("norm", True), "gemma4_shared": ("norm", True)}
+            "deepseek_v32": ("norm", False), "gemma4": ("norm", True), "gemma4_shared": ("norm", True),
+            "phi": ("final_layernorm", True)}
 
 
 @pytest.fixture(scope="module")
