@@ -1,13 +1,13 @@
 """``check`` on the newest families (tests/newest_families.py): its NLL is transformers' unpadded whole-model NLL.
 
 Before this, LFM2 and LFM2-MoE were checked without their final norm (``model.embedding_norm``, missing from a list
-of names, as Phi-2's ``model.final_layernorm`` was), Nemotron-H's forward failed on the layers' stand-ins (it reads each layer's ``block_type``) and a base
-saved with a layer count was refused beside a merge without one ("has None layers"), Gemma 4 sharing keys and
-values failed in its forward's shortcut, DeepSeek-V3.2's padded batches gave other figures (its indexer picks other
-keys in a padded batch) and GLM-5 ended in an internal error. Now the final norm is the module the base model's
-forward calls after its layers, a family whose first layer gives a sequence in a padded batch other values than
-alone runs one sequence at a time, and GLM-5, whose layers hand their top-k indices to the next, is refused in one
-line (exit 2)."""
+of names, as Phi-2's ``model.final_layernorm`` was), Nemotron-H's forward failed on the layers' stand-ins (it reads
+each layer's ``block_type``) and a base saved with a layer count was refused beside a merge without one ("has None
+layers"), Gemma 4 sharing keys and values failed in its forward's shortcut, DeepSeek-V3.2's padded batches gave
+other figures (its indexer picks other keys in a padded batch) and GLM-5 ended in an internal error. Now the final
+norm is the module the base model's forward calls after its layers, a family whose first layer gives a sequence in
+a padded batch other values than alone runs one sequence at a time, and GLM-5, whose layers hand their top-k
+indices to the next, is refused in one line (exit 2)."""
 
 from __future__ import annotations
 
