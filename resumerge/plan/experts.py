@@ -111,8 +111,9 @@ def mark_expert_stacks(tensors: Mapping[str, TensorPlan], config: Mapping[str, A
         if method is None or method.elementwise:
             continue
         if family.layout is None and family.count > 1:  # a family the table does not hold: what its modules say
-            if found is None:
-                found = module_stacks(config, family.count, tensors)
+            if found is None:  # transformers asked only where a planned tensor may be a stack (3-D, an expert a row)
+                stacks = [n for n, t in tensors.items() if len(t.shape) == 3 and t.shape[0] == family.count]
+                found = module_stacks(config, family.count, tensors) if stacks else {}
             if name in found:
                 out[name] = replace(tp, experts=_found(name, tp, found[name], family))
                 continue
