@@ -1,9 +1,10 @@
 """Tiny models of the newest layer stacks from transformers 5.24 configs: Gemma 4 (per-layer embeddings, a
 per-layer override map, sliding/full layers; and one without per-layer embeddings whose last layers share keys and
 values), GLM-5 (``glm_moe_dsa``: ``indexer_types``, ``mlp_layer_types``),
-Nemotron-H (``layers_block_type`` with no layer count) and LFM2-MoE (``num_dense_layers``, conv/attention
-``layer_types``). Each has four layers whose per-layer facts differ, so that a stack of slices changes every
-pattern; built by transformers' own init and saved by ``save_pretrained``."""
+Nemotron-H (``layers_block_type`` with no layer count), LFM2 and LFM2-MoE (``num_dense_layers``, conv/attention
+``layer_types``, a final norm named ``embedding_norm``) and DeepSeek-V3.2 (an indexer that sees the padding). Each
+has four layers whose per-layer facts differ, so that a stack of slices changes every pattern; built by
+transformers' own init and saved by ``save_pretrained``."""
 
 from __future__ import annotations
 
@@ -43,10 +44,19 @@ LFM2_MOE: Mapping[str, Any] = {
     "num_dense_layers": 2, "layer_types": ["conv", "full_attention", "conv", "full_attention"],
     "max_position_embeddings": 64,
 }
+LFM2: Mapping[str, Any] = {key: value for key, value in LFM2_MOE.items()
+                            if key not in ("moe_intermediate_size", "num_experts", "num_experts_per_tok",
+                                           "num_dense_layers")}
+# DeepSeek-V3.2: GLM-5's sparse attention without the shared indexers (every layer picks its own top-k keys)
+DEEPSEEK_V32: Mapping[str, Any] = {key: value for key, value in GLM5.items() if key != "index_topk_pattern"}
+# Phi-2 (``phi``): not new, but its final norm is ``model.final_layernorm``, a name outside the list check once had
+PHI: Mapping[str, Any] = {"vocab_size": V, "hidden_size": H, "intermediate_size": 48, "num_hidden_layers": 4,
+                          "num_attention_heads": 4, "max_position_embeddings": 64}
 NEWEST: Mapping[str, tuple[str, Mapping[str, Any]]] = {
     "gemma4": ("gemma4_text", GEMMA4), "gemma4_shared": ("gemma4_text", GEMMA4_SHARED),
     "glm5": ("glm_moe_dsa", GLM5), "nemotron_h": ("nemotron_h", NEMOTRON_H),
-    "lfm2_moe": ("lfm2_moe", LFM2_MOE),
+    "lfm2_moe": ("lfm2_moe", LFM2_MOE), "lfm2": ("lfm2", LFM2), "deepseek_v32": ("deepseek_v32", DEEPSEEK_V32),
+    "phi": ("phi", PHI),
 }
 
 

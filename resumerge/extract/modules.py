@@ -5,7 +5,8 @@ decomposed (a token embedding transposed, as PEFT's ``lora_embedding_A/B``); a m
 (norms) is saved whole under ``modules_to_save`` unless ``--skip-undecomposable``; embeddings and the head are
 saved whole unless ``--embed-lora`` (or always, when the vocabularies differ); ``--save-module`` names modules (full
 name or last component) to save whole; ``-i``/``-e`` regexes choose, by ``re.search`` on the module name, which of
-the others are extracted. Every mistake is a :class:`UsageError` or :class:`ModelInputError` (exit 2) raised here,
+the others are extracted; a module PEFT could not wrap in the model transformers builds is refused
+(:mod:`.loadable`). Every mistake is a :class:`UsageError` or :class:`ModelInputError` (exit 2) raised here,
 before any weight is read.
 """
 
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from resumerge.errors import ModelInputError, UsageError
+from resumerge.extract.loadable import check_loadable
 from resumerge.extract.spec import ExtractSpec
 from resumerge.inputs.model import ModelInput
 from resumerge.plan.architecture import is_head, is_input_embedding
@@ -98,6 +100,7 @@ def choose_modules(spec: ExtractSpec, ft: ModelInput, base: ModelInput, *, trunc
         if dropped:
             notes.append(f"{len(dropped)} modules have no singular value above --sv-epsilon and get no LoRA: "
                          + ", ".join(dropped[:5]) + (", …" if len(dropped) > 5 else ""))
+    check_loadable(base.config, [m.name for m in lora])
     return ModuleChoice(tuple(lora), tuple(saved), tuple(save), tuple(notes))
 
 

@@ -10,7 +10,9 @@ final-logit soft-capping included) over the final norm's output.
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from importlib import import_module
@@ -26,8 +28,15 @@ from resumerge.torch_import import torch
 # check and measure read models (their tokenizers, the families the native modules do not build) with transformers:
 # the clone's ``check`` extra, not the ``moe`` one that MoE gates name.
 INSTALL_HINT = "pip install transformers (in the resumerge clone: pip install -c constraints.txt -e '.[check]')"
-# The final norm's attribute in the families transformers ships (after the decoder layers, before the head).
-_FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "norm_f", "final_norm")
+# How far a sequence's layer output in a padded batch may be from its output alone, relative to its largest value:
+# float32's rounding of batched matrix products is 1e-6 of it at most; a top-k choice changed by the padding
+# (DeepSeek-V3.2) moves it by 1e-2
+PAD_TOLERANCE = 1e-4
+# A module the base model's forward calls, as its code writes it (``self.norm(``)
+_CALLED = re.compile(r"self\.(\w+)\(")
+# The shapes of a decoder layer's output the capture tries: the hidden states alone, then a tuple of them and
+# ``n - 1`` more values (GLM-5's top-k indices), as the family's forward unpacks it
+_OUTPUT_ARITIES = (0, 1, 2, 3)
 
 # torch.nn.init's in-place initialisers, which :func:`weights_on_meta` makes leave a meta tensor alone.
 _INITS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_", "xavier_uniform_",
@@ -73,6 +82,36 @@ class _Output:
         return self.last_hidden_state
 
 
+class _Made:
+    """What a decoder layer's stand-in returns beside the hidden states, where the forward unpacks more: found again
+    in a later layer's call, it is an output one layer hands the next (GLM-5's top-k indices)."""
+
+
+def _holds(call: LayerCall, made: tuple[_Made, ...]) -> bool:
+    """Whether ``call`` passes on any of ``made`` (an earlier layer's extra outputs)."""
+    args, kwargs = call
+    values = [*args, *kwargs.values()]
+    return any(v is m for v in values for m in made)
+
+
+def final_norm_name(inner: torch.nn.Module, layers: torch.nn.Module) -> str | None:
+    """The attribute of the module ``inner``'s forward applies to the last decoder layer's output (its final norm:
+    ``norm``, LFM2's ``embedding_norm``, Nemotron-H's ``norm_f``), found in that forward's own code: the first of
+    ``inner``'s modules it calls after its last use of the decoder layers ``layers``. None where it calls none
+    (the head reads the last layer's output) or its code cannot be read."""
+    children = dict(inner.named_children())
+    layer_name = next((n for n, c in children.items() if c is layers), None)
+    try:
+        code = inspect.getsource(type(inner).forward)
+    except (OSError, TypeError):
+        return None
+    uses = [m.end() for m in re.finditer(rf"self\.{layer_name}\b", code)] if layer_name else []
+    if not uses:
+        return None
+    return next((m.group(1) for m in _CALLED.finditer(code, uses[-1])
+                 if m.group(1) != layer_name and isinstance(children.get(m.group(1)), torch.nn.Module)), None)
+
+
 def _stubs() -> tuple[Any, Any]:
     """The stand-ins a pass puts in a model's place, as classes made here: they subclass ``torch.nn.Module``, and a
     class statement at module level would import torch with this module (torch loads on first use)."""
@@ -80,15 +119,25 @@ def _stubs() -> tuple[Any, Any]:
     class _Captured(torch.nn.Module):
         """A decoder layer's stand-in: records what it is called with and hands the hidden states on."""
 
-        def __init__(self, calls: list[LayerCall], as_tuple: bool) -> None:
+        def __init__(self, calls: list[LayerCall], arity: int, real: torch.nn.Module) -> None:
             super().__init__()
-            self.calls, self.as_tuple = calls, as_tuple
+            self.calls, self.arity = calls, arity
             self.seen: list[torch.Tensor] = []
+            self.made = tuple(_Made() for _ in range(max(0, arity - 1)))
+            # the real layer, not registered as a child: the forward reads its attributes (Nemotron-H picks each
+            # layer's mask by its ``block_type``)
+            object.__setattr__(self, "real", real)
+
+        def __getattr__(self, name: str) -> Any:
+            try:
+                return super().__getattr__(name)
+            except AttributeError:
+                return getattr(self.__dict__["real"], name)
 
         def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             self.calls.append((args, kwargs))
             self.seen.append(hidden_states)
-            return (hidden_states,) if self.as_tuple else hidden_states
+            return (hidden_states, *self.made) if self.arity else hidden_states
 
     class _Finished(torch.nn.Module):
         """The base model's stand-in under the causal-LM head: returns the final norm's output it is given."""
@@ -221,8 +270,8 @@ class ModelStream:
         self._names = names
         self.layers_list = self._layer_list()
         self.layers = len(self.layers_list)
-        self.final_norm = next((getattr(self.inner, n) for n in _FINAL_NORMS
-                                if isinstance(getattr(self.inner, n, None), torch.nn.Module)), None)
+        self._final_name = final_norm_name(self.inner, self.layers_list)
+        self.final_norm = getattr(self.inner, self._final_name) if self._final_name is not None else None
         self._stored = stored_prefixes(self.model, self.inner, self.formats.logical())
 
     def _layer_list(self) -> torch.nn.ModuleList:
@@ -360,34 +409,92 @@ class ModelStream:
         finally:
             embed._parameters.update(before)
 
-    def _capture(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, list[LayerCall]]:
+    def _capture(self, ids: torch.Tensor, mask: torch.Tensor, embeds: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, list[LayerCall]]:
+        """The hidden states entering the first layer and every layer's call for ``ids`` (or, given, the input
+        embeddings ``embeds`` of those ids, with no embedding run: none needs its weights)."""
+        given = {"input_ids": ids} if embeds is None else {"inputs_embeds": embeds}
         real_layers = list(self.layers_list)
         final = self.final_norm
-        for as_tuple in (False, True):
+        failed = ""
+        for arity in _OUTPUT_ARITIES:
             calls: list[list[LayerCall]] = [[] for _ in real_layers]
             captured, _ = _stubs()
-            stubs = [captured(c, as_tuple) for c in calls]
+            stubs = [captured(c, arity, layer) for c, layer in zip(calls, real_layers)]
             try:
                 for i, stub in enumerate(stubs):
                     self.layers_list[i] = stub
                 if final is not None:
                     self._set_final(torch.nn.Identity())
                 with torch.no_grad():
-                    self.inner(input_ids=ids, attention_mask=mask,
-                               use_cache=False)
+                    # every hidden state asked for: Gemma 4 otherwise cuts its key-sharing layers' inputs to the
+                    # last position (its logits_to_keep shortcut), which transformers 5.24 fails at without
+                    # per-layer inputs, and which would leave those layers one position to run
+                    self.inner(**given, attention_mask=mask, use_cache=False, output_hidden_states=True)
+            except (ValueError, TypeError, IndexError) as exc:  # the forward unpacks the output otherwise
+                failed = f": {type(exc).__name__}: {exc}"
+                continue
             finally:
                 for i, layer in enumerate(real_layers):
                     self.layers_list[i] = layer
                 if final is not None:
                     self._set_final(final)
-            first = stubs[0].seen[0]
-            if all(len(s.seen) == 1 and s.seen[0].shape == first.shape for s in stubs):
-                return first, [c[0] for c in calls]
-        raise ModelInputError(f"cannot follow {type(self.inner).__name__}'s forward one layer at a time")
+            first = stubs[0].seen[0] if stubs[0].seen else None
+            if first is None or not all(len(s.seen) == 1 and s.seen[0].shape == first.shape for s in stubs):
+                continue
+            handed = next((i for i, c in enumerate(calls[1:], 1) if _holds(c[0], stubs[i - 1].made)), None)
+            if handed is not None:
+                raise ModelInputError(
+                    f"{type(self.inner).__name__}'s decoder layer {handed} is called with what layer {handed - 1} "
+                    "returns beside its hidden states (as GLM-5's layers hand on their top-k indices): a "
+                    "layer-by-layer pass cannot follow it yet")
+            return first, [c[0] for c in calls]
+        raise ModelInputError(f"cannot follow {type(self.inner).__name__}'s forward one layer at a time{failed}")
 
     def _set_final(self, module: torch.nn.Module) -> None:
-        name = next(n for n in _FINAL_NORMS if isinstance(getattr(self.inner, n, None), torch.nn.Module))
-        setattr(self.inner, name, module)
+        assert self._final_name is not None
+        setattr(self.inner, self._final_name, module)
+
+    def pads_alike(self, layer: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
+                   entering: list[tuple[torch.Tensor, list[LayerCall]]], outputs: list[torch.Tensor]) -> bool:
+        """Whether decoder ``layer`` (its weights loaded), whose ``outputs`` for the padded ``batches`` (ids and
+        attention mask; ``entering``: what :meth:`inputs` gave for them) are given, gives each sequence of a batch
+        of several run alone what it gave at its real positions in the batch, to float32's rounding
+        (:data:`PAD_TOLERANCE`). A family whose attention, as transformers ships it, sees the padding
+        (DeepSeek-V3.2's indexer picks its top-k keys otherwise in a padded batch) does not, and is run one
+        sequence at a time."""
+        rows = [(b, r, int(mask[r].sum())) for b, (_, mask) in enumerate(batches) if len(mask) > 1
+                for r in range(len(mask))]
+        if not rows:
+            return True
+        for (b, r, n), (hidden, calls) in zip(rows, self._alone(batches, entering, rows)):
+            own = self.run(layer, hidden, calls[0])[0]
+            padded = outputs[b][r, :n]
+            if float((own - padded).abs().max()) > PAD_TOLERANCE * max(1.0, float(own.abs().max())):
+                return False
+        return True
+
+    def _alone(self, batches: list[tuple[torch.Tensor, torch.Tensor]],
+               entering: list[tuple[torch.Tensor, list[LayerCall]]], rows: list[tuple[int, int, int]]
+               ) -> list[tuple[torch.Tensor, list[LayerCall]]]:
+        """What :meth:`inputs` gives for each sequence ``(batch, row, length)`` alone: its embeddings are its real
+        positions' in the padded batch (right padding moves no position), handed to the forward as they are, so
+        no weight is read again (a hub model's bytes are fetched once); where the forward cannot take them so
+        (a family that needs the ids themselves) or changes them (Gemma 2 scales them), read again."""
+        alone = [(batches[b][0][r:r + 1, :n], torch.ones(1, n, dtype=batches[b][1].dtype)) for b, r, n in rows]
+        found = []
+        try:
+            for (ids, mask), (b, r, n) in zip(alone, rows):
+                embeds = entering[b][0][r:r + 1, :n]
+                hidden, calls = self._capture(ids, mask, embeds)
+                if not torch.equal(hidden, embeds):
+                    break
+                found.append((hidden, calls))
+            else:
+                return found
+        except Exception:  # whatever the forward raises without ids: read them as :meth:`inputs`
+            pass
+        return self.inputs_of_rows(alone)
 
     @staticmethod
     def run(layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall) -> torch.Tensor:

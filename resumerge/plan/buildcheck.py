@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import ConfigError
 from resumerge.plan.architecture import layer_config
-from resumerge.plan.layerfacts import class_per_layer_keys, grown, quiet_transformers, same_stack
+from resumerge.plan.layerfacts import class_per_layer_keys, config_of, grown, quiet_transformers, same_stack
 
 if TYPE_CHECKING:
     from resumerge.plan.merge_plan import TensorPlan
@@ -98,7 +98,7 @@ def _refuse(i: int, model: str, layer: int, problem: str | None, slice_path: Cal
 
 
 def _config(transformers: Any, doc: Mapping[str, Any]) -> Any:
-    return transformers.CONFIG_MAPPING[doc["model_type"]].from_dict(dict(doc))
+    return config_of(transformers, doc)
 
 
 def _model(transformers: Any, torch: Any, config: Any) -> Any:

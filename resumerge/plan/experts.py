@@ -10,10 +10,11 @@ alone, as it does when a checkpoint stores them one by one: an expert's result n
 Where gate and up lie is a fact of the architecture, declared once in :data:`FUSED_LAYOUTS` (by the donor config's
 ``model_type``, its ``text_config``'s first), never guessed from shapes: when the hidden size is twice the expert
 width both axes of a Llama-4 expert are ``2·I`` long, and concatenated and interleaved halves have the same shape.
-The shapes only check the declaration (a stack the config contradicts is refused). A fused stack of a family the
-table does not hold is refused when a method that is not elementwise would merge it: any rule from its shapes could
-split it silently wrong, and an elementwise method (linear, task_arithmetic, …) merges it whole with the same
-result, needing no layout.
+The shapes only check the declaration (a stack the config contradicts is refused). For a family the table does not
+hold, the stacks and their layout are read from the modules transformers builds for it (:mod:`.expertmodules`:
+Granite 4's ``input_linear``, Mistral 4's ``experts.gate_up_proj``); a fused stack found neither way is refused
+when a method that is not elementwise would merge it: any rule from its shapes could split it silently wrong, and
+an elementwise method (linear, task_arithmetic, …) merges it whole with the same result, needing no layout.
 
 :func:`mark_expert_stacks` is the one place that decides it and records it on the plan as an
 :class:`~resumerge.plan.merge_plan.ExpertStack`; the engine merges such a tensor part by part.
@@ -29,6 +30,7 @@ from typing import Any
 
 from resumerge.errors import ModelInputError
 from resumerge.methods.registry import get_method
+from resumerge.plan.expertmodules import module_stacks
 from resumerge.plan.merge_plan import ExpertStack, TensorPlan
 
 
@@ -103,14 +105,36 @@ def mark_expert_stacks(tensors: Mapping[str, TensorPlan], config: Mapping[str, A
     shape the config contradicts."""
     family = stack_family(config)
     out = dict(tensors)
+    found: dict[str, ExpertStack | None] | None = None
     for name, tp in tensors.items():
         method = get_method(tp.method)  # asked first: an elementwise method's 46k tensors need no name matched
         if method is None or method.elementwise:
             continue
+        if family.layout is None and family.count > 1:  # a family the table does not hold: what its modules say
+            if found is None:  # transformers asked only where a planned tensor may be a stack (3-D, an expert a row)
+                stacks = [n for n, t in tensors.items() if len(t.shape) == 3 and t.shape[0] == family.count]
+                found = module_stacks(config, family.count, tensors) if stacks else {}
+            if name in found:
+                out[name] = replace(tp, experts=_found(name, tp, found[name], family))
+                continue
         stack = expert_stack(name, tp.shape, family, method=tp.method)
         if stack is not None:
             out[name] = replace(tp, experts=stack)
     return out
+
+
+def _found(name: str, tp: TensorPlan, stack: ExpertStack | None, family: StackFamily) -> ExpertStack:
+    """The stack transformers' modules found for planned tensor ``tp``; :class:`ModelInputError` where they do not
+    say how it is applied, or it has not the shape they describe."""
+    if stack is None or tp.shape[0] != stack.count or (stack.parts > 1 and tp.shape[1 + stack.axis] % stack.parts):
+        raise ModelInputError(
+            f"{name} is a fused stack of {family.count} experts of model_type {family.model_type!r}, whose layout "
+            f"resumerge cannot read from transformers' modules, so {tp.method} cannot merge each expert's "
+            "projections apart (it would mix the experts' values)",
+            tensor=name,
+            hint="merge with an elementwise method (linear, task_arithmetic, …), which merges it whole",
+        )
+    return stack
 
 
 def expert_stack(name: str, shape: tuple[int, ...], family: StackFamily, *, method: str) -> ExpertStack | None:

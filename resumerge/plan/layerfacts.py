@@ -158,6 +158,14 @@ def _layer_map(value: Any, count: int) -> bool:
             and all(str(k).isdigit() and int(k) < count and isinstance(v, dict) for k, v in value.items()))
 
 
+def config_of(transformers: Any, doc: Mapping[str, Any]) -> Any:
+    """transformers' config object of config.json ``doc``, read as ``from_pretrained`` reads the file: the floats
+    JSON cannot hold (Granite 4's ``time_step_limit`` Infinity, saved as ``{"__float__": "Infinity"}``) decoded."""
+    cls = transformers.CONFIG_MAPPING[doc["model_type"]]
+    decode = getattr(cls, "_decode_special_floats", None)
+    return cls.from_dict(decode(dict(doc)) if decode is not None else dict(doc))
+
+
 @contextmanager
 def quiet_transformers() -> Iterator[None]:
     """transformers' warnings off while a default config is built (a default that it corrects warns)."""

@@ -74,6 +74,7 @@ class ModelNode:
         except ResumergeError as exc:  # said by :meth:`node` (an actor whose constructor raises says only "died")
             self.failed = exc
         self.entering: list[tuple[torch.Tensor, list[LayerCall]]] = []
+        self.batches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.calls: list[list[LayerCall]] = []
         self.hidden: Hidden = []
         self.lp: Hidden = []
@@ -99,6 +100,7 @@ class ModelNode:
         self._drop_first()
         with torch.no_grad():
             self.entering = self.stream.inputs(batches)
+        self.batches = batches
         self.calls = [c for _, c in self.entering]
         return [h for h, _ in self.entering]
 
@@ -113,7 +115,7 @@ class ModelNode:
         with torch.no_grad():
             layer = self.stream.load(first)
             try:
-                self.first = batched_on(self.stream, layer, self.entering)
+                self.first = batched_on(self.stream, layer, self.entering, self.batches)
             finally:
                 if not self.first:
                     self.stream.unload(first)

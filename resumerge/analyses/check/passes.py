@@ -176,16 +176,18 @@ class LocalModels:
         self.layers = streams[0].layers
         self.entering: list[tuple[torch.Tensor, list[LayerCall]]] = []
         self.calls: list[list[list[LayerCall]]] = []
+        self.batches: list[tuple[torch.Tensor, torch.Tensor]] = []  # the merge's own ids, for runs_batched
 
     def enter(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[list[torch.Tensor]]:
-        entering = [stream.inputs_of_rows(own_batches(self.vocab, m, batches))
-                    for m, stream in enumerate(self.streams)]
+        own = [own_batches(self.vocab, m, batches) for m in range(len(self.streams))]
+        entering = [stream.inputs_of_rows(own[m]) for m, stream in enumerate(self.streams)]
+        self.batches = own[0]
         self.entering = entering[0]
         self.calls = [[c for _, c in model] for model in entering]
         return [[h for h, _ in model] for model in entering]
 
     def runs_batched(self) -> bool:
-        return _runs_batched(self.streams[0], self.entering, self.reserve)
+        return _runs_batched(self.streams[0], self.entering, self.reserve, self.batches)
 
     def layer(self, index: int, hidden: list[list[torch.Tensor]], reference: int | None
               ) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
@@ -215,23 +217,25 @@ class LocalModels:
 
 
 def _runs_batched(stream: ModelStream, entering: list[tuple[torch.Tensor, list[LayerCall]]],
-                  reserve: Reserve = _unreserved) -> bool:
+                  reserve: Reserve = _unreserved, batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+                  ) -> bool:
     """Whether the model's first decoder layer runs a padded batch (some families' attention, as transformers
     ships it, cannot: DeepSeek-V3's with a padding mask); decided from the model alone, so a resumed check decides
     the same."""
     with reserve("layer 0 of model 1 (can it run batches?)", "layer"), stream.loaded(stream.layers_list[0]) as layer:
-        return batched_on(stream, layer, entering)
+        return batched_on(stream, layer, entering, batches)
 
 
-def batched_on(stream: ModelStream, layer: torch.nn.Module,
-               entering: list[tuple[torch.Tensor, list[LayerCall]]]) -> bool:
-    """Whether the model's first decoder ``layer`` (its weights loaded) runs every padded batch of ``entering``."""
+def batched_on(stream: ModelStream, layer: torch.nn.Module, entering: list[tuple[torch.Tensor, list[LayerCall]]],
+               batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> bool:
+    """Whether the model's first decoder ``layer`` (its weights loaded) runs every padded batch of ``entering``
+    and, given the ``batches`` (ids, mask) they come from, gives each sequence what it gives it alone
+    (:meth:`~resumerge.forward.stream.ModelStream.pads_alike`)."""
     try:
-        for hidden, calls in entering:
-            stream.run(layer, hidden, calls[0])
+        outputs = [stream.run(layer, hidden, calls[0]) for hidden, calls in entering]
     except RuntimeError:
         return False
-    return True
+    return batches is None or stream.pads_alike(layer, batches, entering, outputs)
 
 
 def batches_of(sequences: Sequence[Sequence[int]], budget: int = BATCH_TOKENS) -> list[list[int]]:

@@ -343,7 +343,9 @@ def _comparable(models: list[Checked]) -> None:
     """Every model must have the merge's layer count and width: the pass compares them layer by layer."""
     def shape(m: Checked) -> tuple[object, object]:
         c = m.opened.config
-        return (c.get("num_hidden_layers", c.get("n_layer")), c.get("hidden_size", c.get("n_embd")))
+        # Nemotron-H as transformers 5.24 saves it states its layers as a list, with no count
+        stated = len(c["layers_block_type"]) if isinstance(c.get("layers_block_type"), list) else None
+        return (c.get("num_hidden_layers", c.get("n_layer", stated)), c.get("hidden_size", c.get("n_embd")))
 
     for other in models[1:]:
         if shape(other) != shape(models[0]):

@@ -270,8 +270,9 @@ def causal_lm(config: NativeConfig, dtype: torch.dtype) -> Any:
             self.rotary_emb = Rotary(config.rope)
             self.local_rotary_emb = Rotary(config.local_rope) if config.local_rope is not None else None
 
-        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **_: Any) -> Output:
-            hidden = self.embed_tokens(input_ids)
+        def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                    inputs_embeds: torch.Tensor | None = None, **_: Any) -> Output:
+            hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
             batch, length = hidden.shape[:2]
             positions = torch.arange(length).unsqueeze(0)
             masks = {w: (eager_mask_of(attention_mask, batch, length, w, hidden.dtype) if config.eager_attention

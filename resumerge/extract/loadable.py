@@ -1,0 +1,55 @@
+"""Whether PEFT can load a LoRA of each module the extraction decomposes, asked of the modules transformers builds.
+
+A LoRA factor pair is applied by PEFT to a module of the model transformers builds from the base's config.json: a
+``torch.nn`` linear, embedding or convolution. A checkpoint may store a weight no such module holds: experts stored
+one by one that transformers 5 fuses into one stack as it loads (GLM-5, DeepSeek-V3.2), a router that is a module of
+the family's own (LFM2-MoE's ``feed_forward.gate``). An adapter holding factors of those would load with them
+dropped, or not at all: the extraction is refused in one line naming the first, before a weight is read, with the
+flag that leaves such modules out. Without transformers, or for a family it cannot build, nothing is asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from resumerge.errors import UsageError
+from resumerge.plan.expertmodules import meta_model, renamed
+
+
+def check_loadable(config: Mapping[str, Any], modules: Iterable[str]) -> None:
+    """Raise :class:`UsageError` (exit 2) for the first of the checkpoint ``modules`` (names without ``.weight``)
+    PEFT cannot wrap in the model transformers builds from the base's ``config``."""
+    built = meta_model(config)
+    if built is None:
+        return
+    model, _, renames = built
+    import torch
+
+    lora_types = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+    for name in modules:
+        path = renamed(f"{name}.weight", renames).removesuffix(".weight")
+        try:
+            module = model.get_submodule(path)
+        except AttributeError:
+            problem = (f"transformers builds no module {path} in a {config.get('model_type')} model (it fuses or "
+                       "renames that weight as it loads)")
+        else:
+            if isinstance(module, lora_types):
+                continue
+            problem = f"its module is a {type(module).__name__}, not a linear, embedding or convolution layer"
+        raise UsageError(
+            f"{name} cannot be given LoRA factors PEFT loads: {problem}",
+            hint=f"leave such modules out with -e (for example -e '{_pattern(name)}')",
+        )
+
+
+def _pattern(name: str) -> str:
+    """A regex for ``name``'s kind of module in every layer (``\\.mlp\\.experts\\.``, ``\\.feed_forward\\.gate$``)."""
+    parts = name.split(".")
+    numbered = [i for i, p in enumerate(parts) if p.isdigit()]
+    tail = parts[numbered[0] + 1:] if numbered else parts[-1:]
+    if len(numbered) > 1:  # an expert's projection: every expert of the stack
+        tail = parts[numbered[0] + 1:numbered[1]]
+        return "\\." + "\\.".join(tail) + "\\."
+    return "\\." + "\\.".join(tail) + "$"
