@@ -24,6 +24,7 @@ LEDGER_NAME = "ledger.db"
 STAGING_NAME = "staging"
 # Under the state dir: one folder per check, named by its content key.
 CHECKS_DIR = "checks"
+MEASURES_DIR = "measures"
 # Under the state dir: the folder of each GGUF model a check or a MoE prompt pass reads (config.json, tokenizer).
 GGUF_DIR = "gguf"
 
@@ -130,6 +131,12 @@ class StateDir:
     def checks_dir(self) -> Path:
         """Where each ``check`` keeps its journal and progress, one folder per check."""
         return self.root / CHECKS_DIR
+
+    @property
+    def measures_dir(self) -> Path:
+        """Where each ``measure`` journals its passes (hidden states, a hub model's reads), one folder per
+        measurement; its Grams go to its OUT_DIR."""
+        return self.root / MEASURES_DIR
 
     @property
     def routers_dir(self) -> Path:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.errors import InputError
+from resumerge.forward.texts import tokenizer_at
 from resumerge.moe.passproc import INSTALL_HINT
 from resumerge.moe.routers import Encoded
 
@@ -35,7 +36,7 @@ def load_tokenizer(directory: Path, gate_mode: str) -> Any:
     """The base model's tokenizer, set up for the prompts as mergekit-moe sets it up."""
     transformers = require_transformers(gate_mode)
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
+        tokenizer = tokenizer_at(transformers, directory)
     except Exception as exc:  # the tokenizers library raises a bare Exception for a tokenizer.json it cannot read
         raise InputError(f"cannot load the base model's tokenizer from {directory}: {exc}", yaml_path="base_model",
                          hint=_tokenizer_fix(transformers, directory)) from None
