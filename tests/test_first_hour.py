@@ -13,7 +13,7 @@ from support import cli, cli_here, linear_config, write_config
 
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.errors import InputError
-from resumerge.forward import stream
+from resumerge.forward.requires import Needs, require_transformers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,7 +36,7 @@ def test_the_refusal_of_a_check_without_transformers_names_the_check_extra(monke
     real = util.find_spec
     monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a))
     with pytest.raises(InputError) as refused:
-        stream.transformers_found("resumerge check")
+        require_transformers(Needs("resumerge check"), load=False)
     line = refused.value.one_line()
     assert "pip install transformers" in line and "'.[check]'" in line and "moe" not in line, line
     extras = (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]", 1)[1]

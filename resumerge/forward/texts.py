@@ -38,9 +38,9 @@ def tokenizer_at(transformers: Any, directory: Path) -> Any:
 def load_tokenizer(directories: Sequence[Path], *, what: str = "resumerge check") -> Any:
     """The first of ``directories`` (the merge's, then its base's and parents') that holds a tokenizer; ``what``
     names the command in the error of a missing transformers."""
-    from resumerge.forward.stream import import_transformers
+    from resumerge.forward.requires import Needs, require_transformers
 
-    transformers = import_transformers(what)
+    transformers = require_transformers(Needs(what))
 
     for directory in directories:
         if (directory / "tokenizer_config.json").is_file() or (directory / "tokenizer.json").is_file():

@@ -36,11 +36,12 @@ from resumerge.forward import Weights, durable_save, pass_bytes
 from resumerge.forward.batches import Hidden
 from resumerge.forward.journal import Journal
 from resumerge.forward.layerpass import LayerPass, Step
+from resumerge.forward.requires import require_transformers
 from resumerge.forward.stream import LayerCall, ModelStream
 from resumerge.inputs.codecs import StoredFormats
 from resumerge.memory import SystemProbe
+from resumerge.moe.passproc import gate_needs
 from resumerge.moe.passshare import share_problem
-from resumerge.moe.prompts import require_transformers
 from resumerge.moe.routers import Encoded
 from resumerge.torch_import import torch
 
@@ -72,7 +73,7 @@ def pass_checks(directory: Path, tokenizer_dir: Path, mode: str,
     from resumerge.forward.stream import build_modules
     from resumerge.moe.prompts import encode, load_tokenizer
 
-    transformers = require_transformers(mode)
+    transformers = require_transformers(gate_needs(mode))
     try:
         config, model = build_modules(directory, torch.bfloat16, what=f"gate_mode {mode}")
     except (OSError, ValueError, KeyError) as exc:  # an architecture this transformers does not know
@@ -105,7 +106,7 @@ def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path,
     if done.is_file():
         return done
     workdir.mkdir(parents=True, exist_ok=True)
-    require_transformers(mode)
+    require_transformers(gate_needs(mode))
     if config_doc is None:
         config_doc = json.loads((weights.directory / "config.json").read_text())
     built = None if ready is None else (ready.config, ready.model)

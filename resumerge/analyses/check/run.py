@@ -44,7 +44,8 @@ from resumerge.forward.folder import pass_lock
 from resumerge.forward.hubreads import PassReads
 from resumerge.forward.journal import Journal
 from resumerge.forward.opened import layer_of
-from resumerge.forward.stream import ModelStream, transformers_found
+from resumerge.forward.requires import Needs, require_transformers
+from resumerge.forward.stream import ModelStream
 from resumerge.forward.texts import describe
 from resumerge.memory import SystemProbe, budget_fitting
 from resumerge.memory.allocator import malloc_trim, tune_allocator
@@ -86,7 +87,8 @@ def _checked(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
     """:func:`run_check`'s work, its OpenMP setting in force."""
     models = find_models(model, base, tuple(parents), state)
     _comparable(models)
-    transformers_found("resumerge check")  # imported only where needed: the tokenizer, a family .native does not build
+    # imported only where needed: the tokenizer, a family .native does not build
+    require_transformers(Needs("resumerge check"), load=False)
     prompts_file = Path(prompts) if prompts is not None else None
     texts = cached_sequences([m.opened.directory for m in models], prompts_file, state.checks_dir,
                              configs=[m.opened.config for m in models], paths=[m.path for m in models], cut=cut_texts)

@@ -148,7 +148,7 @@ def _opened(config: str | os.PathLike[str], texts: str | os.PathLike[str] | None
             state: StateDir | None = None) -> tuple[MergeConfig, list[PassModel], list[str], list[list[int]]]:
     """The config, its models opened (headers only), their keys and the texts' tokens, each within the models'
     context (cut to it where ``cut_texts``): every check before a weight is read."""
-    from resumerge.forward.stream import import_transformers
+    from resumerge.forward.requires import Needs, require_transformers
     from resumerge.forward.texts import context_of, load_tokenizer, sequences
 
     merge = load_config_text(read_config_file(config), source=os.fspath(config))
@@ -157,7 +157,7 @@ def _opened(config: str | os.PathLike[str], texts: str | os.PathLike[str] | None
         raise UsageError(f"{os.fspath(config)} names no model to measure")
     models = [_open(ref, state if state is not None else StateDir.resolve()) for ref in refs]
     keys = [ref.key for ref in refs]
-    import_transformers("resumerge measure")
+    require_transformers(Needs("resumerge measure"))
     tokenizer = load_tokenizer([m.opened.directory for m in models], what="resumerge measure")
     context = context_of([(key, m.opened.config) for key, m in zip(keys, models)], cut_texts)
     tokens = sequences(tokenizer, Path(texts) if texts is not None else None, context, option="--texts")
