@@ -69,22 +69,38 @@ def _timed(tree: Path, state: Path, *args: str | Path) -> tuple[float, subproces
     return time.perf_counter() - start, done
 
 
-def _one(tree: Path, name: str, work: Path, models: list[Path], regmean: Path, moe: Path, texts: Path
-         ) -> dict[str, tuple[float, object]]:
-    """Each command once with tree ``tree``; per command its wall seconds and what is compared."""
+def _one(tree: Path, name: str, work: Path, models: list[Path], regmean: Path, moe: Path, texts: Path,
+         only: str | None = None) -> dict[str, tuple[float, object]]:
+    """Each command (``only`` that one) once with tree ``tree``; per command its wall seconds and what is
+    compared."""
     found: dict[str, tuple[float, object]] = {}
     place = work / f"runs-{name}"
     shutil.rmtree(place, ignore_errors=True)
     place.mkdir()
+    if only not in (None, "check"):
+        return _rest(tree, place, regmean, moe, texts, only)
     took, done = _timed(tree, place / "check-state", "check", models[0], "--parent", models[1], "--prompts", texts,
                         "--json")
     assert done.returncode in (0, 5, 6), done.stderr[-2000:]
     report = json.loads(done.stdout)
     report.pop("chart", None)
     found["check"] = (took, report)
+    return found if only == "check" else {**found, **_rest(tree, place, regmean, moe, texts, only)}
+
+
+def _rest(tree: Path, place: Path, regmean: Path, moe: Path, texts: Path, only: str | None
+          ) -> dict[str, tuple[float, object]]:
+    """``measure`` and the MoE run (``only`` one of them)."""
+    found: dict[str, tuple[float, object]] = {}
+    if only == "moe hidden":
+        took, done = _timed(tree, place / "moe-state", "run", moe, place / "moe")
+        assert done.returncode == 0, done.stderr[-2000:]
+        return {"moe hidden": (took, _digests(place / "moe"))}
     took, done = _timed(tree, place / "measure-state", "measure", regmean, place / "grams", "--texts", texts)
     assert done.returncode == 0, done.stderr[-2000:]
     found["measure"] = (took, _digests(place / "grams"))
+    if only == "measure":
+        return found
     took, done = _timed(tree, place / "moe-state", "run", moe, place / "moe")
     assert done.returncode == 0, done.stderr[-2000:]
     found["moe hidden"] = (took, _digests(place / "moe"))
@@ -99,6 +115,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-forward-pass"))
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--only", choices=("check", "measure", "moe hidden"), help="time this command alone")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     models = _models(args.work, args.layers, args.hidden)
@@ -112,12 +129,13 @@ def main() -> None:
     for run in range(args.runs):
         order = (("A", args.a), ("B", args.b)) if run % 2 == 0 else (("B", args.b), ("A", args.a))
         for name, tree in order:
-            for command, (took, what) in _one(tree, name, args.work, models, regmean, moe, texts).items():
+            for command, (took, what) in _one(tree, name, args.work, models, regmean, moe, texts,
+                                              args.only).items():
                 times.setdefault((command, name), []).append(took)
                 results[name][command] = what
                 print(f"run {run + 1} {name} {command}: {took:.2f} s", flush=True)
     print(f"load average {os.getloadavg()}")
-    for command in ("check", "measure", "moe hidden"):
+    for command in ("check", "measure", "moe hidden") if args.only is None else (args.only,):
         a, b = times[(command, "A")], times[(command, "B")]
         same = results["A"][command] == results["B"][command]
         ratio = statistics.median(a) / statistics.median(b)

@@ -2,12 +2,12 @@
 
 The engine: a model's modules built without weights, each decoder layer given its weights (read through the codecs)
 only while it runs. The modules are transformers' own for the model's architecture, or, for the common dense
-families (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2, Gemma 3's text model), :mod:`.native`'s, which compute
-the same numbers to the bit without importing transformers (a fresh process's start, paid again by every resumed
-pass, 2.5 s shorter). :mod:`.reader` reads a model's logical tensors (plain or quantized) in the compute dtype,
-:mod:`.stream` builds the modules and runs the embeddings, one decoder layer, and the final norm with the head
-(logits). transformers is imported only inside the functions that need it, in the process that runs the pass, and
-only where :mod:`.native` does not build the modules.
+families (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2, Gemma 3's text model), :mod:`.native`'s, which
+compute the same numbers to the bit without importing transformers (a fresh process's start, paid again by every
+resumed pass, 2.5 s shorter). :mod:`.reader` reads a model's logical tensors (plain or quantized) in the compute
+dtype, :mod:`.stream` builds the modules and runs the embeddings, one decoder layer, and the final norm with the
+head (logits). transformers is imported only inside the functions that need it, in the process that runs the pass,
+and only where :mod:`.native` does not build the modules.
 
 The pass (one home for ``check``, ``measure``, the MoE hidden-state gates, and any new client such as ``eval``):
 
@@ -35,8 +35,14 @@ The pass (one home for ``check``, ``measure``, the MoE hidden-state gates, and a
   step's bytes from the RAM governor for as long as the step runs.
 - **The lock** (:func:`~.folder.pass_lock`): one process per pass folder (an exclusive flock, which vanishes with
   the process); a second is refused naming the first.
+- **The models and the texts**, each with one owner: :func:`~.opened.open_for_pass` opens a model for a pass (a
+  local folder, ``hf://`` repo, GGUF file or split set, a GGUF file of a hub repo; headers only),
+  :class:`~.hubreads.PassReads` holds a hub model's ranges to the hub's checksums, :mod:`.texts` makes the token
+  sequences (built-in texts, a prompts file, the context rule) and loads the tokenizer
+  (:func:`~.texts.tokenizer_at`), and :func:`~.requires.require_transformers` is the one "is transformers here"
+  check, in each client's words.
 
-May import: errors, config, inputs, memory, plan (inputrefs only), store (killpoints, runlock).
+May import: errors, config, inputs, memory, plan (inputrefs only), store (killpoints, runlock, ledger, durable).
 """
 
 from __future__ import annotations
