@@ -1,6 +1,6 @@
 """Two checks of the same models at once, each over its own texts (two pass folders under one state dir, sharing its
 token cache and the models' files): each ends with the report the same check run alone gives. Real subprocesses,
-started together, on tiny generated models (two layers, width 32)."""
+started together, on tiny generated models (two layers, width 32); each alone in this process."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from resumerge import api
 from resumerge.cli.modelgen import ModelSpec, make_model
 
 pytest.importorskip("transformers")
@@ -41,10 +42,9 @@ def test_two_checks_of_the_same_models_at_once_each_end_with_their_own_report(tm
                                  stderr=subprocess.PIPE, text=True) for i in range(2)]
     found = [p.communicate(timeout=300) for p in together]
     for i, (process, (out, err)) in enumerate(zip(together, found)):
-        alone = subprocess.run(args(i, tmp_path / f"alone{i}"), env=env, capture_output=True, text=True,
-                               timeout=300)
-        assert process.returncode == alone.returncode, err[-3000:]
-        doc, again = json.loads(out), json.loads(alone.stdout)
+        alone = api.check(merge, parents=[parent], prompts=texts[i], state_dir=tmp_path / f"alone{i}")  # here
+        assert process.returncode == alone.exit_code, err[-3000:]
+        doc, again = json.loads(out), json.loads(json.dumps(alone.to_json()))
         assert Path(doc.pop("chart")).read_bytes() == Path(again.pop("chart")).read_bytes()
         assert doc == again
     assert len(list((tmp_path / "shared" / "checks").glob("*/report.json"))) == 2
