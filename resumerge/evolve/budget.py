@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.analyses.check.passes import padded_positions
-from resumerge.analyses.check.prompts import context_of, load_tokenizer, sequences
+from resumerge.forward.texts import context_of, load_tokenizer, sequences
 from resumerge.errors import UsageError
 from resumerge.evolve.spec import EvolveSpec
 from resumerge.memory.sizes import format_size
