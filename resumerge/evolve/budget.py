@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.analyses.check.passes import padded_positions
-from resumerge.forward.texts import context_of, load_tokenizer, sequences
 from resumerge.errors import UsageError
 from resumerge.evolve.spec import EvolveSpec
+from resumerge.forward.texts import context_of, load_tokenizer, sequences
 from resumerge.memory.sizes import format_size
 
 # (popsize, hidden bytes per model) -> the bytes a generation's pass holds; and (budget, hidden bytes) -> the
