@@ -19,10 +19,12 @@ import pytest
 from newest_families import make_newest_model
 
 from resumerge.analyses.check.models import Checked
-from resumerge.analyses.check.passes import _padded, _runs_batched, forward_pass, streams_of
+from resumerge.analyses.check.passes import forward_pass, streams_of
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import write_tokenizer
 from resumerge.config.modelref import ModelRef
+from resumerge.forward.batches import padded
+from resumerge.forward.placement import runs_batched
 from resumerge.forward.stream import final_norm_name
 from resumerge.inputs.model import open_model
 from resumerge.torch_import import torch
@@ -70,8 +72,8 @@ def test_check_nll_is_transformers_unpadded_nll(family: str, models: dict[str, P
     try:
         assert final_norm_name(streams[0].inner, streams[0].layers_list) == norm
         with torch.no_grad():
-            batch = _padded(TOKENS)
-            assert _runs_batched(streams[0], streams[0].inputs([batch]), batches=[batch]) is batched
+            batch = padded(TOKENS)
+            assert runs_batched(streams[0], streams[0].inputs([batch]), batches=[batch]) is batched
         figures = forward_pass([model], streams, TOKENS, tmp_path / "journal")
     finally:
         for stream in streams:
