@@ -15,7 +15,7 @@ from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
 from support import write_config
 
 from resumerge import api
-from resumerge.inputs.gguf.outcodec import GgufOutCodec
+from resumerge.outputs.gguf.outcodec import GgufOutCodec
 from resumerge.plan.gguftypes import tensor_type
 
 F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q6_K, Q8_0 = 0, 1, 30, 2, 3, 6, 7, 14, 8

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from resumerge.inputs.gguf.blocks import BF16, BLOCK_BYTES, F16, F32, Q4_0, Q4_1, Q5_0, Q5_1, Q6_K, Q8_0
-from resumerge.inputs.gguf.outcodec import GgufOutCodec
+from resumerge.outputs.gguf.outcodec import GgufOutCodec
 from resumerge.plan.merge_plan import TensorPlan
 
 _NAMES = {F32: "F32", F16: "F16", BF16: "BF16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1",

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 from resumerge.config.version import __version__
 from resumerge.errors import ResumergeError
 from resumerge.inputs.codecs import PLAIN, OutPart, TensorCodec
-from resumerge.inputs.gguf.layout import shard_layout
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, ShardLayout, layout_shard, numel
 from resumerge.memory.sizes import format_size
 from resumerge.methods.registry import MethodSpec, get_method
+from resumerge.outputs.gguf.layout import shard_layout
 from resumerge.plan.defaults import DEFAULT_SEED as DEFAULT_SEED
 from resumerge.plan.defaults import DEFAULT_SHARD_SIZE as DEFAULT_SHARD_SIZE
 
@@ -275,7 +275,7 @@ class Plan:
     notes: tuple[str, ...] = field(default=(), compare=False)
     # The output's files besides the shards when the plan makes them itself (an extracted LoRA adapter's
     # adapter_config.json and README.md), by name; empty for a merge, whose side files are config.json, the card
-    # and the tokenizer (resumerge.outputs.aux). Fingerprinted by their hashes.
+    # and the tokenizer (resumerge.plan.sidefiles). Fingerprinted by their hashes.
     side_files: Mapping[str, bytes] = field(default_factory=dict, compare=False, repr=False)
     # A GGUF output's planned header bytes (key-values, tensor infos, padding), by shard file name: its tensors sit
     # at the offsets they fix (:meth:`shard_layout`). Empty for a safetensors output. Fingerprinted by their hashes.

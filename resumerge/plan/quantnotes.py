@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 
 from resumerge.inputs.codecs import TensorCodec
 from resumerge.inputs.gguf.codec import GgufCodec
-from resumerge.inputs.gguf.outcodec import TYPES, GgufOutCodec
+from resumerge.outputs.gguf.outcodec import TYPES, GgufOutCodec
 from resumerge.plan.gguftypes import type_notes
 from resumerge.plan.merge_plan import TensorPlan
 

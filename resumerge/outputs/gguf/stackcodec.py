@@ -4,7 +4,7 @@
 Quant blocks never cross rows, so expert e of a stack is the contiguous bytes ``[e·size, (e+1)·size)`` of it,
 encoded alone. An output tensor stored one per expert (Qwen-MoE's ``mlp.experts.e.gate_proj.weight``, Mixtral's
 ``w1``) is written as that slice of its stack: its stored part is named ``STACK#e``
-(:func:`~resumerge.inputs.gguf.layout.slice_name`), and the shard layout puts the slices of one stack end to end,
+(:func:`~resumerge.outputs.gguf.layout.slice_name`), and the shard layout puts the slices of one stack end to end,
 padded after the last only. Each expert is merged, sized in memory and journaled with its file as any tensor is. A
 fused stack (transformers 5's ``experts.gate_up_proj`` [E, 2I, H]) is written as two GGUF tensors, each expert's
 gate rows to one and its up rows to the other; ``experts.down_proj`` is its stack as it is (:class:`.GgufOutCodec`).
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from resumerge.inputs.codecs.protocol import MAIN, OutPart
-from resumerge.inputs.gguf.layout import slice_name
-from resumerge.inputs.gguf.outcodec import GgufOutCodec
+from resumerge.outputs.gguf.layout import slice_name
+from resumerge.outputs.gguf.outcodec import GgufOutCodec
 
 if TYPE_CHECKING:
     from resumerge.torch_import import torch

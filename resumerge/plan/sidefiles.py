@@ -14,8 +14,8 @@ from pathlib import Path
 
 from resumerge.errors import PlanChangedError
 from resumerge.inputs.files import CONFIG_NAME, INDEX_NAME
-from resumerge.outputs.modelcard import CARD_NAME, render_model_card
 from resumerge.plan.merge_plan import Plan
+from resumerge.plan.modelcard import CARD_NAME, render_model_card
 from resumerge.plan.outconfig import render_config
 
 
