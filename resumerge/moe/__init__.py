@@ -21,7 +21,7 @@ in :mod:`resumerge.plan.modelcard`, reads a MoE plan's config through :func:`loa
 only for the prompt gate modes, only in the prompt work's own process (:mod:`.passmain`, :mod:`.prompts`,
 :mod:`.forward`): the run's process never holds it.
 
-May import: errors, config, forward, inputs, memory, methods, plan (types, sharding, outconfig...), store (killpoints)
+May import: errors, config, forward, inputs, memory, methods, outputs, plan (types, sharding...), store (killpoints)
 """
 
 from __future__ import annotations

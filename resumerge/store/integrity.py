@@ -22,6 +22,7 @@ from typing import Any
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
 from resumerge.errors import LedgerError, NothingRecordedError
+from resumerge.outputs.containers import container_of
 from resumerge.store.checksums import check_many
 from resumerge.store.formatcheck import check_formats
 from resumerge.store.ledger_read import LEDGER_NAME, read_formats, read_merge_record, read_unit_rows
@@ -93,8 +94,10 @@ def verify_output(out_dir: str | os.PathLike[str], state: StateDir) -> VerifyRep
             damaged.append(Damage(MANIFEST_NAME, problem))
     shards = [n for n in records if n.endswith(".safetensors")]
     read = {"config.json", *shards}
-    gguf = any(n.endswith(".gguf") for n in records)  # its format is in its own header, re-hashed above
-    if not is_hub_target(out_dir) and not pending and not gguf and not any(d.name in read for d in damaged):
+    # The container's rule: a GGUF's format is in its own header, re-hashed above; safetensors are read as a
+    # loader reads them.
+    loader_readable = container_of(records).loader_readable
+    if not is_hub_target(out_dir) and not pending and loader_readable and not any(d.name in read for d in damaged):
         # Every weight with its companions, as a reader finds them (a hub OUT's headers would cost a download).
         # Only files whose checksums matched are read: a damaged one is reported as damaged, never parsed.
         recorded = read_formats(state.run_dir(out_dir) / LEDGER_NAME)

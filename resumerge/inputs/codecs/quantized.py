@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import ModelInputError
-from resumerge.inputs.codecs.protocol import MAIN, Claim, TensorCodec
+from resumerge.inputs.codecs.protocol import MAIN, Claim, TensorDecoder
 from resumerge.inputs.quant.recognise import recognise
 from resumerge.inputs.quant.verdict import Checkpoint, Kind, QuantizedTensor
 
@@ -27,11 +27,11 @@ SHAPE = "shape"
 
 
 def quantized_claims(config: Mapping[str, Any], tensors: Mapping[str, TensorSource], kinds: tuple[Kind, ...],
-                     codec: Callable[[QuantizedTensor], TensorCodec], shared: dict[object, Any] | None = None,
+                     codec: Callable[[QuantizedTensor], TensorDecoder], shared: dict[object, Any] | None = None,
                      ) -> tuple[Claim, ...]:
     """The claims of every quantized weight of one of ``kinds`` among ``tensors`` (a model's stored tensors), each
     decoded by ``codec(weight)``; the model's verdict is taken from ``shared`` when another format computed it
-    (see :meth:`~resumerge.inputs.codecs.protocol.TensorCodec.recognise_among`), and left there otherwise. Raises
+    (see :meth:`~resumerge.inputs.codecs.protocol.TensorDecoder.recognise_among`), and left there otherwise. Raises
     :class:`~resumerge.errors.ModelInputError` (one line) for a checkpoint resumerge cannot decode, whatever its
     format."""
     shared = {} if shared is None else shared
@@ -40,7 +40,7 @@ def quantized_claims(config: Mapping[str, Any], tensors: Mapping[str, TensorSour
         headers = {name: (found.entry.dtype, found.entry.shape) for name, found in tensors.items()}
         verdict = shared[recognise] = recognise(config.get("quantization_config"), headers)
     claims = []
-    interned: dict[TensorCodec, TensorCodec] = {}  # equal codecs as one instance: 45k weights have a handful
+    interned: dict[TensorDecoder, TensorDecoder] = {}  # equal codecs as one instance: 45k weights have a handful
     for weight in verdict.quantized.values():
         if weight.scheme.kind not in kinds:
             continue

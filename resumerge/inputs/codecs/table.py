@@ -16,7 +16,7 @@ from resumerge.inputs.codecs.compressed import CompressedTensorsCodec
 from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
 from resumerge.inputs.codecs.mxfp4 import Mxfp4Codec
 from resumerge.inputs.codecs.plain import PLAIN
-from resumerge.inputs.codecs.protocol import MAIN, Claim, Role, TensorCodec
+from resumerge.inputs.codecs.protocol import MAIN, Claim, Role, TensorDecoder
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.gguf.codec import GgufCodec
 from resumerge.inputs.quant.refusals import refuse_method
@@ -31,7 +31,7 @@ class StoredFormats:
     claims: Mapping[str, Claim]
     roles: Mapping[str, Role]
 
-    def codec(self, name: str) -> TensorCodec:
+    def codec(self, name: str) -> TensorDecoder:
         """The codec of logical tensor ``name`` (plain when no format claims it)."""
         claim = self.claims.get(name)
         return claim.codec if claim is not None else PLAIN
@@ -61,7 +61,7 @@ class StoredFormats:
 class CodecTable:
     """The stored formats of one run, tried in order; a tensor none of them claims is plain."""
 
-    formats: tuple[type[TensorCodec], ...] = ()
+    formats: tuple[type[TensorDecoder], ...] = ()
 
     def recognise(self, config: Mapping[str, Any], tensors: Mapping[str, TensorSource],
                   *, where: str = "") -> StoredFormats:
@@ -105,7 +105,7 @@ class CodecTable:
         return tuple(dict.fromkeys(method for fmt in self.formats for method in fmt.claims))
 
     def asked(self, config: Mapping[str, Any], tensors: Mapping[str, TensorSource],
-              where: str = "") -> tuple[type[TensorCodec], ...]:
+              where: str = "") -> tuple[type[TensorDecoder], ...]:
         """The formats asked about a model whose ``config.json`` is ``config``: every one when it names no
         ``quant_method`` (each may still find its own telltales, or refuse another format's), else those that
         claim its method. Raises the one-line refusal (exit 2) for a ``quantization_config`` whose method no

@@ -12,7 +12,6 @@ gate rows to one and its up rows to the other; ``experts.down_proj`` is its stac
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -51,15 +50,3 @@ class GgufStackCodec(GgufOutCodec):
             return super().encode(value, dtype)
         half = value.shape[1] // 2
         return {MAIN: super().encode(value[:, :half], dtype)[MAIN], UP: super().encode(value[:, half:], dtype)[MAIN]}
-
-    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int,
-               out: torch.Tensor | None = None) -> torch.Tensor:
-        if not self.up_name:
-            return super().decode(parts, first_row, out)
-        from resumerge.torch_import import torch
-
-        value = torch.cat([super(GgufStackCodec, self).decode({MAIN: parts[p]}, first_row) for p in (MAIN, UP)],
-                          dim=1)
-        if out is not None:
-            return out.copy_(value)
-        return value
