@@ -13,6 +13,7 @@ from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
 from resumerge.inputs.codecs.mxfp4 import Mxfp4Codec
 from resumerge.inputs.codecs.plain import PLAIN, PlainCodec
 from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, Role, TensorCodec, TensorDecoder, TensorEncoder
+from resumerge.inputs.codecs.quantized import QuantizedCodec
 from resumerge.inputs.codecs.table import CODECS, CodecTable, StoredFormats
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "Mxfp4Codec",
     "OutPart",
     "PlainCodec",
+    "QuantizedCodec",
     "Role",
     "StoredFormats",
     "TensorCodec",

@@ -17,9 +17,11 @@ from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
 from resumerge.inputs.codecs.mxfp4 import Mxfp4Codec
 from resumerge.inputs.codecs.plain import PLAIN
 from resumerge.inputs.codecs.protocol import MAIN, Claim, Role, TensorDecoder
+from resumerge.inputs.codecs.quantized import QuantizedCodec, recognise
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.gguf.codec import GgufCodec
-from resumerge.inputs.quant.refusals import refuse_method
+from resumerge.inputs.quant.refusals import HeaderMap, refuse_method, refuse_unconfigured
+from resumerge.inputs.quant.verdict import Checkpoint
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,33 @@ class CodecTable:
     def methods(self) -> tuple[str, ...]:
         """Every ``quant_method`` a format of this table claims, in the table's order."""
         return tuple(dict.fromkeys(method for fmt in self.formats for method in fmt.claims))
+
+    @property
+    def quantized(self) -> tuple[type[QuantizedCodec], ...]:
+        """The quantized safetensors formats of this table (each finds its own weights from the headers)."""
+        return tuple(fmt for fmt in self.formats if issubclass(fmt, QuantizedCodec))
+
+    def reader(self, name: str) -> type[QuantizedCodec] | None:
+        """The quantized format of this table named ``name`` (a codec's name, as a run records its output's format,
+        or a ``quant_method`` it claims), or None."""
+        name = name.lower()
+        return next((fmt for fmt in self.quantized if name == fmt.name or name in fmt.claims), None)
+
+    def verdict(self, quantization_config: Mapping[str, Any] | None, headers: HeaderMap, *,
+                source: str = "") -> Checkpoint:
+        """What the format claiming a checkpoint's ``quant_method`` finds in it (``quantization_config``: None or
+        empty when config.json has none; ``headers``: every shard's tensors): per stored tensor its role and per
+        quantized weight how it decodes. Raises the one-line refusal (exit 2) for a method no quantized format of
+        this table claims, and each format's own for what it cannot decode; ``source`` names the model."""
+        if not quantization_config:
+            refuse_unconfigured(headers, source)
+            return Checkpoint(None, {}, tuple(headers))
+        method = str(quantization_config.get("quant_method", "")).lower()
+        fmt = self.reader(method) if method else None
+        if fmt is None:
+            raise refuse_method(method or "(none)", headers, source,
+                                tuple(dict.fromkeys(m for f in self.quantized for m in f.claims)))
+        return recognise(fmt, quantization_config, headers, source)
 
     def asked(self, config: Mapping[str, Any], tensors: Mapping[str, TensorSource],
               where: str = "") -> tuple[type[TensorDecoder], ...]:

@@ -1,5 +1,5 @@
-"""What :func:`~resumerge.inputs.quant.recognise.recognise` says about a checkpoint: its format, and per stored
-tensor its role and, for each quantized weight, how it decodes."""
+"""What a quantized format's codec (:meth:`~resumerge.inputs.codecs.quantized.QuantizedCodec.weights`) says about a
+checkpoint: its format, and per stored tensor its role and, for each quantized weight, how it decodes."""
 
 from __future__ import annotations
 
