@@ -13,18 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.errors import ModelInputError
-from resumerge.inputs.codecs import CODECS
+from resumerge.inputs.codecs import CODECS, CodecTable
 from resumerge.inputs.codecs.quantized import recognise
 from resumerge.inputs.safetensors_format import read_header
 
 
-def check_formats(out: Path, shards: Iterable[str],
-                  recorded: Mapping[str, Any] | None) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
+def check_formats(out: Path, shards: Iterable[str], recorded: Mapping[str, Any] | None,
+                  codecs: CodecTable = CODECS) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
     """The output format found in the finished local output ``out`` (its ``shards``: ``{"format", "roles"}``,
     None when it is not quantized) and each problem found, as (tensor or file, one line). ``recorded`` is the
     plan's formats report from the ledger (None: not recorded, a plain run or a run planned before it was). The
-    run's recorded codec judges it (else the one its config.json names); an output in a format no quantized codec
-    of :data:`~resumerge.inputs.codecs.CODECS` reads is not judged."""
+    run's recorded codec judges it (else the one its config.json names), found in ``codecs`` (the run's table); an
+    output in a format no quantized codec of that table reads is not judged."""
     said = recorded.get("output") if recorded else None
     expected = said if isinstance(said, Mapping) and said.get("format") not in (None, "plain") else None
     config_path = out / "config.json"
@@ -34,7 +34,7 @@ def check_formats(out: Path, shards: Iterable[str],
         return None, [("config.json", f"is not valid JSON ({exc})")]
     settings = config.get("quantization_config") if isinstance(config, Mapping) else None
     method = str(settings.get("quant_method", "")) if isinstance(settings, Mapping) else ""
-    fmt = (CODECS.reader(str(expected["format"])) if expected is not None else None) or CODECS.reader(method)
+    fmt = (codecs.reader(str(expected["format"])) if expected is not None else None) or codecs.reader(method)
     if isinstance(settings, Mapping) and fmt is None:
         return None, []  # written by a codec a caller plugged in (a test's toy format): not judged here
     if not settings:

@@ -22,6 +22,7 @@ from typing import Any
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
 from resumerge.errors import LedgerError, NothingRecordedError
+from resumerge.inputs.codecs import CODECS, CodecTable
 from resumerge.outputs.containers import container_of
 from resumerge.store.checksums import check_many
 from resumerge.store.formatcheck import check_formats
@@ -63,8 +64,9 @@ class VerifyReport:
         return not self.damaged
 
 
-def verify_output(out_dir: str | os.PathLike[str], state: StateDir) -> VerifyReport:
-    """Check the committed files of ``out_dir`` (records from its ledger under ``state``, else the manifest).
+def verify_output(out_dir: str | os.PathLike[str], state: StateDir, codecs: CodecTable = CODECS) -> VerifyReport:
+    """Check the committed files of ``out_dir`` (records from its ledger under ``state``, else the manifest); a
+    quantized output is read back by its recorded format in ``codecs`` (the run's table of stored formats).
 
     For an ``hf://`` OUT the records come from this machine's ledger, else the repo's manifest, and each file is
     checked against the hub's checksums (the sha256 of the tree listing for LFS files; small files read back).
@@ -101,7 +103,7 @@ def verify_output(out_dir: str | os.PathLike[str], state: StateDir) -> VerifyRep
         # Every weight with its companions, as a reader finds them (a hub OUT's headers would cost a download).
         # Only files whose checksums matched are read: a damaged one is reported as damaged, never parsed.
         recorded = read_formats(state.run_dir(out_dir) / LEDGER_NAME)
-        held, wrong = check_formats(Path(out_dir), shards, recorded)
+        held, wrong = check_formats(Path(out_dir), shards, recorded, codecs)
         damaged += [Damage(name, problem) for name, problem in wrong]
         if held is not None or recorded is not None:
             formats = {"found": held, "planned": recorded.get("output") if recorded else None}

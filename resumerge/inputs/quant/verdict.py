@@ -14,7 +14,8 @@ __all__ = ["Checkpoint", "Kind", "QuantizedTensor", "Role", "Scheme", "TensorRol
 # weight: a quantized weight's stored codes; companion: a tensor that belongs to one (scale, zero point, packed
 # shape, static activation scale); other: a plain tensor, read as its dtype.
 Role = Literal["weight", "companion", "other"]
-Kind = Literal["fp8-block", "ct-packed", "ct-naive", "ct-float", "mxfp4"]
+# A scheme's kind, named by its format (the built-in ones: "fp8-block", "ct-packed", "ct-naive", "ct-float", "mxfp4").
+Kind = str
 
 
 @dataclass(frozen=True)
