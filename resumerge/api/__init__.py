@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any
 
-from resumerge.api.kinds import EXTRACTION, kind_of, own_record, planner_of, recorded_kind
+from resumerge.api.kinds import EXTRACTION, killed_account, kind_of, own_record, planner_of, recorded_kind
 from resumerge.api.options import (
     Hub,
     Lora,
@@ -192,11 +192,15 @@ def resume(
             return own.resume_own(where, settings, driving)
         from resumerge.api.checked import section_kept
         from resumerge.engine.session import resuming
+        from resumerge.errors import NothingRecordedError
 
         # What the run recorded, read once; the kind it names (or, for a run recorded before kinds were, the one
         # its text is) resumes it; a model card it rebuilt gets the last check's section back.
-        with resuming(where, settings, driving.reporter) as recorded:
-            outcome = recorded_kind(recorded.kind, recorded.text).resume(recorded, settings, driving)
+        try:
+            with resuming(where, settings, driving.reporter) as recorded:
+                outcome = recorded_kind(recorded.kind, recorded.text).resume(recorded, settings, driving)
+        except NothingRecordedError as exc:  # a run killed while planning: its kind says what it had done
+            raise killed_account(exc, where) from None
         return section_kept(outcome, settings.state)
 
 
@@ -263,12 +267,12 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport 
         return own.status_own(where)
     try:
         report = read_status(out, state)
-    except NothingRecordedError:  # no merge into it: a model that was only checked is followed by its check
+    except NothingRecordedError as exc:  # no merge into it: a model that was only checked is followed by its check
         from resumerge.analyses.check.progress import check_status
 
         checked = None if str(out).startswith("hf://") else check_status(state.checks_dir, out)
         if checked is None:
-            raise
+            raise killed_account(exc, where) from None
         return checked
     report = recorded_kind(report.kind, report.recorded_text).status(report, where)
     return _with_check(report, out, state)

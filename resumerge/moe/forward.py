@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resumerge.config.moe_state import LAYER_PREFIX, ROUTERS_NAME
 from resumerge.errors import InputError
 from resumerge.forward import Weights, durable_save, pass_bytes
 from resumerge.forward.stream import ModelStream
@@ -39,6 +38,7 @@ from resumerge.memory import SystemProbe
 from resumerge.moe.passshare import share_problem
 from resumerge.moe.prompts import require_transformers
 from resumerge.moe.routers import Encoded
+from resumerge.moe.state import LAYER_PREFIX, ROUTERS_NAME
 from resumerge.store.killpoints import reach
 from resumerge.torch_import import torch
 
