@@ -17,6 +17,7 @@ __all__ = [
     "modules",
     "outconfig",
     "parameters",
+    "placing",
     "planner",
     "sharding",
     "sidefiles",
