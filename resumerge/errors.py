@@ -15,6 +15,7 @@
     │   ├── OutputDirError                      OUT holds files resumerge did not write, or is locked
     │   └── LedgerError                         the ledger cannot be read and cannot be rebuilt
     │       └── NothingRecordedError            OUT (a folder or hf:// repo) holds no run: resume, status, verify
+    │           └── KilledPlanningError         none, because the run was killed while it planned
     ├── StorageError                    exit 3  disk full, EIO, read-only: nothing committed is lost
     └── UnreachableError                exit 3  the hub cannot be reached and the cache cannot stand in
 
@@ -183,6 +184,15 @@ class LedgerError(RefusedError):
 class NothingRecordedError(LedgerError):
     """No run is recorded for the OUT given (no ledger in the state dir, no manifest in OUT or the repo): one
     answer, exit 4, for ``resume``, ``status`` and ``verify``, local or ``hf://``."""
+
+
+class KilledPlanningError(NothingRecordedError):
+    """Nothing is recorded because the run was killed while it planned; ``kind`` names the kind of run its planning
+    mark named (empty: not named), whose own account of what it had done the API adds to the hint."""
+
+    def __init__(self, message: str, *, kind: str = "", hint: str | None = None, path: str | None = None) -> None:
+        super().__init__(message, hint=hint, path=path)
+        self.kind = kind
 
 
 class StorageError(ResumergeError):

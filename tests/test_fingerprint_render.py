@@ -17,6 +17,7 @@ from resumerge.config.merge_config import load_config_text
 from resumerge.engine.session import plan_from_config
 from resumerge.inputs.codecs import BlockFp8Codec
 from resumerge.memory import collector_paused
+from resumerge.outputs.containers import PeftAdapter
 from resumerge.plan import merge_plan
 from resumerge.plan.merge_plan import (
     ExpertStack,
@@ -40,8 +41,9 @@ def _one_shot_plan_part(plan: Plan) -> str:
         "shards": [{"name": s.name, "tensors": s.tensors, "file_size": s.file_size} for s in plan.shards],
         "donor": plan.donor, "tokenizer_donor": plan.tokenizer_donor, "layer_origins": plan.layer_origins,
         "out_config": plan.out_config, "tokenizer_files": plan.tokenizer_files, "vocab": plan.vocab_digest}
-    if plan.side_files:
-        body["side_files"] = {n: hashlib.sha256(b).hexdigest() for n, b in sorted(plan.side_files.items())}
+    side_files = plan.container.side_files()
+    if side_files:
+        body["side_files"] = {n: hashlib.sha256(b).hexdigest() for n, b in sorted(side_files.items())}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=_json_default)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -127,7 +129,7 @@ def _odd_plan() -> Plan:
     return Plan(method="linear", tensors={t.name: t for t in tensors},
                 shards=(ShardPlan("s-1", ("l.0.w",), 10), ShardPlan("s-2", ("l.2.w%d",), 20)), donor="a",
                 tokenizer_donor=None, num_layers=5, layer_origins=(("a", 0),), inputs={}, model_dirs={},
-                side_files={"adapter_config.json": b"{}"})
+                container=PeftAdapter({"adapter_config.json": b"{}"}))
 
 
 def test_the_plan_part_renders_every_kind_of_record_as_recorded_runs_did() -> None:

@@ -229,7 +229,7 @@ def test_the_slices_of_a_stack_lie_end_to_end_whatever_their_size(tmp_path: Path
     """Three Q8_0 expert slices of 102 bytes each (not a multiple of the alignment) make one GGUF tensor of 306
     bytes, padded after the last slice only: a file written part by part at the shard layout's offsets is read by
     gguf-py as the stack and the tensor after it."""
-    from resumerge.inputs.gguf.layout import STRING, TensorInfo, Value, plan_layout, shard_layout
+    from resumerge.outputs.gguf.layout import STRING, TensorInfo, Value, plan_layout, shard_layout
 
     rng = np.random.default_rng(0)
     experts = [rng.standard_normal((3, 32)).astype(np.float32) for _ in range(3)]

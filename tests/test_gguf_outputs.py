@@ -22,7 +22,7 @@ from realmodel import smollm2_folder, smollm2_gguf
 from safetensors.torch import load_file, save_file
 from support import cli, cli_here, digests, write_config
 
-from resumerge.inputs.gguf.layout import TensorInfo, Value, plan_layout
+from resumerge.outputs.gguf.layout import TensorInfo, Value, plan_layout
 from resumerge.plan.quantnotes import GGUF_ROUND_TRIP
 from resumerge.store.killpoints import LOCAL_POINTS
 
@@ -320,7 +320,7 @@ def test_the_token_list_of_a_built_gguf_vocabulary_follows_llama_cpp_s_converter
     first two)."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
-    from resumerge.inputs.gguf.hfvocab import _tokens
+    from resumerge.outputs.gguf.hfvocab import _tokens
 
     tokenizer = Tokenizer(models.BPE({"a": 0, "b": 1, "ab": 2}, [("a", "b")]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -335,7 +335,7 @@ def test_the_token_list_of_a_built_gguf_vocabulary_follows_llama_cpp_s_converter
 
 def test_every_gguf_type_the_cli_offers_has_an_encoder() -> None:
     from resumerge.inputs.gguf import blocks
-    from resumerge.inputs.gguf.outcodec import TYPES as CODED
+    from resumerge.outputs.gguf.outcodec import TYPES as CODED
     from resumerge.plan.defaults import GGUF_TYPES
 
     assert set(GGUF_TYPES) == set(TYPES) and set(GGUF_TYPES) <= set(CODED)

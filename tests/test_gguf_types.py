@@ -15,7 +15,7 @@ from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
 from support import write_config
 
 from resumerge import api
-from resumerge.inputs.gguf.outcodec import GgufOutCodec
+from resumerge.outputs.gguf.outcodec import GgufOutCodec
 from resumerge.plan.gguftypes import tensor_type
 
 F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q6_K, Q8_0 = 0, 1, 30, 2, 3, 6, 7, 14, 8
@@ -95,9 +95,9 @@ def test_a_gguf_outputs_card_gives_its_file_types_kl_from_the_float_merge(tmp_pa
     card"): it quotes its file type's KL from the float32 merge, as resumerge's check measured it on a real merge
     (bench/bench_gguf_kl.py), for every type ``--gguf-type`` takes but Q4_1 (the reference's weights are Q4_1's
     own: no figure for it says anything); a safetensors output's card has no such line."""
-    from resumerge.outputs.modelcard import render_model_card
+    from resumerge.outputs.gguf.quality import QUALITY
     from resumerge.plan.defaults import GGUF_TYPES
-    from resumerge.plan.gguftypes import QUALITY
+    from resumerge.plan.modelcard import render_model_card
 
     assert set(QUALITY) == set(GGUF_TYPES) - {"q4_1"}
     for order in (("f16", "q8_0", "q5_0", "q4_0"), ("bf16", "q8_0", "q5_1", "q4_0")):  # fewer bits, more lost

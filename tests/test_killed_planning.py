@@ -14,8 +14,7 @@ import pytest
 
 from resumerge import api
 from resumerge.cli.modelgen import ModelSpec
-from resumerge.config.locations import StateDir
-from resumerge.config.moe_state import ROUTERS_DIR
+from resumerge.config.locations import ROUTERS_DIR, StateDir
 from resumerge.errors import NothingRecordedError
 from resumerge.store.planning import killed_planning, planning_mark, planning_since
 from tests.support import cli, digests, reference_merge
@@ -24,15 +23,15 @@ _HOLD = """
 import sys, time
 from pathlib import Path
 from resumerge.store.planning import planning_mark
-with planning_mark(Path(sys.argv[1])):
+with planning_mark(Path(sys.argv[1]), kind=sys.argv[2]):
     print("planning", flush=True)
     time.sleep(120)
 """
 
 
-def _killed_while_planning(run_dir: Path) -> None:
-    """A real process takes the run's planning mark and is SIGKILLed while it holds it."""
-    child = subprocess.Popen([sys.executable, "-c", _HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True,
+def _killed_while_planning(run_dir: Path, kind: str = "") -> None:
+    """A real process takes the run's planning mark (naming ``kind``) and is SIGKILLed while it holds it."""
+    child = subprocess.Popen([sys.executable, "-c", _HOLD, str(run_dir), kind], stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "planning"
@@ -48,7 +47,7 @@ def _killed_while_planning(run_dir: Path) -> None:
 def test_status_and_resume_say_the_run_died_planning_and_that_running_it_again_continues(tmp_path: Path) -> None:
     out, state = tmp_path / "out", tmp_path / "state"
     run_dir = StateDir.resolve(state).run(out).run_dir
-    _killed_while_planning(run_dir)
+    _killed_while_planning(run_dir, "moe")  # a mergekit-moe run: its mark names its kind
     assert planning_since(run_dir) is None and killed_planning(run_dir) is not None
     # the MoE prompt pass had journaled two decoder layers before the kill
     work = state / ROUTERS_DIR / "0123abcd"
@@ -100,3 +99,19 @@ def test_a_run_killed_while_hashing_its_inputs_is_recorded_and_resume_finishes_i
     resumed = cli("resume", out, "--state-dir", state, "--quiet")
     assert resumed.returncode == 0, resumed.stderr
     assert digests(out) == reference
+
+
+def test_a_killed_run_s_kind_is_read_from_its_mark_never_guessed_from_the_state_dir(tmp_path: Path) -> None:
+    """A merge killed while planning, beside an unfinished MoE prompt pass of another run in the same state dir: its
+    mark names no MoE run, so status and resume say nothing of that pass."""
+    out, state = tmp_path / "out", tmp_path / "state"
+    run_dir = StateDir.resolve(state).run(out).run_dir
+    run_dir.mkdir(parents=True)
+    (run_dir / "planning").write_text("1700000000.0")  # a merge's mark: its time, no kind, no lock
+    work = state / ROUTERS_DIR / "0123abcd"
+    work.mkdir(parents=True)
+    (work / "layer-00000.safetensors").write_bytes(b"")
+    for call in (api.status, api.resume):
+        with pytest.raises(NothingRecordedError, match="killed while planning") as caught:
+            call(out, state_dir=state)
+        assert "decoder layers" not in (caught.value.hint or "")

@@ -40,7 +40,7 @@ from resumerge.inputs.codecs import CODECS, MAIN, quantized
 from resumerge.inputs.codecs.compressed import CompressedTensorsCodec
 from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
 from resumerge.inputs.codecs.mxfp4 import Mxfp4Codec
-from resumerge.inputs.quant.recognise import recognise
+from resumerge.inputs.codecs.quantized import recognise
 from resumerge.inputs.quant.verdict import Checkpoint
 from resumerge.inputs.source import InputSources
 from resumerge.methods.resources import NO_RESOURCES

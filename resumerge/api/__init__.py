@@ -25,7 +25,7 @@ from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any
 
 from resumerge.api.evolution import EvolveOutcome
-from resumerge.api.kinds import EXTRACTION, kind_of, own_record, planner_of, recorded_kind
+from resumerge.api.kinds import EXTRACTION, killed_account, kind_of, own_record, planner_of, recorded_kind
 from resumerge.api.options import (
     Hub,
     Lora,
@@ -202,11 +202,15 @@ def resume(
             return own.resume_own(where, settings, driving)
         from resumerge.analyses.table import kept
         from resumerge.engine.session import resuming
+        from resumerge.errors import NothingRecordedError
 
         # What the run recorded, read once; the kind it names (or, for a run recorded before kinds were, the one
         # its text is) resumes it; a model card it rebuilt gets the last check's section back.
-        with resuming(where, settings, driving.reporter) as recorded:
-            outcome = recorded_kind(recorded.kind, recorded.text).resume(recorded, settings, driving)
+        try:
+            with resuming(where, settings, driving.reporter) as recorded:
+                outcome = recorded_kind(recorded.kind, recorded.text).resume(recorded, settings, driving)
+        except NothingRecordedError as exc:  # a run killed while planning: its kind says what it had done
+            raise killed_account(exc, where) from None
         return kept(outcome, settings.state)  # what the analyses wrote into OUT (a check's card section)
 
 
@@ -270,10 +274,10 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport 
         return own.status_own(where)
     try:
         report = read_status(out, state)
-    except NothingRecordedError:  # no run into it: an analysis's own folder (a measurement, a model only checked)
-        analysis = analysis_of(out, state)
+    except NothingRecordedError as exc:  # no run into it: an analysis's own folder (a measurement, a model only
+        analysis = analysis_of(out, state)  # checked), else a run killed while planning (its kind says what it did)
         if analysis is None:
-            raise
+            raise killed_account(exc, where) from None
         return analysis.status(out, state)
     report = recorded_kind(report.kind, report.recorded_text).status(report, where)
     return annotated(report, out, state)  # what the analyses found of it (its newest check)

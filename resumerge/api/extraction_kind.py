@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from resumerge.api.merge_kind import refuse_same_experts, single_output
 from resumerge.api.options import usable_device
 from resumerge.api.runkind import Call, Driving, PathLike, resume_journaled
-from resumerge.config.extraction_state import is_extraction_text
 from resumerge.config.settings import RunSettings
+from resumerge.extract.state import is_extraction_text
 
 if TYPE_CHECKING:
     from resumerge.config.locations import RunLocations, StateDir
@@ -89,7 +89,7 @@ def _module_progress(report: StatusReport, where: RunLocations) -> Details | Non
     """The adapter's modules, from this kind's own plan (each module's factor A): every one done once the adapter
     is committed; before that, those whose factors are in the run's factor cache, and the one decomposed now
     (running) or next (interrupted)."""
-    from resumerge.config.extraction_state import FACTORS_DIR, cached_modules, lora_modules
+    from resumerge.extract.state import FACTORS_DIR, cached_modules, lora_modules
     from resumerge.store.ledger_read import tensor_names
     from resumerge.store.statusview import Details
 

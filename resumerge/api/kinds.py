@@ -9,10 +9,11 @@ from resumerge.api.extraction_kind import ExtractionKind
 from resumerge.api.merge_kind import MergeKind
 from resumerge.api.moe_kind import MoeKind
 from resumerge.api.recipe_kind import RecipeKind
-from resumerge.api.runkind import Journaled, KeepsItsRecord, Plans, RunKind
+from resumerge.api.runkind import Journaled, KeepsItsRecord, Plans, PlansLong, RunKind
 
 if TYPE_CHECKING:
     from resumerge.config.locations import RunLocations
+    from resumerge.errors import NothingRecordedError
 
 # The most specific first: a recipe, MoE upcycling, a LoRA extraction's recorded text, and a single merge (which
 # takes any other config).
@@ -36,6 +37,16 @@ def own_record(where: RunLocations) -> KeepsItsRecord | None:
     """The kind whose own record ``where.out`` holds (a recipe's), or None: a single run's ledger, or nothing,
     says."""
     return next((k for k in KINDS if isinstance(k, KeepsItsRecord) and k.holds(where)), None)
+
+
+def killed_account(error: NothingRecordedError, where: RunLocations) -> NothingRecordedError:
+    """``error`` (nothing recorded for ``where.out``) with the account the kind its planning mark named gives of what
+    a run killed while planning had done (:class:`~resumerge.api.runkind.PlansLong`); unchanged otherwise."""
+    named = getattr(error, "kind", "")  # a KilledPlanningError's
+    kind = next((k for k in KINDS if k.name == named), None) if named else None
+    if isinstance(kind, PlansLong):
+        error.hint = f"{error.hint or ''}{kind.planning_done(where)}"
+    return error
 
 
 def recorded_kind(name: str | None, text: str | None) -> Journaled:

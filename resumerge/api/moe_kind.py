@@ -54,10 +54,13 @@ class MoeKind:
         from resumerge.engine.session import run_plan
         from resumerge.engine.target import Target
         from resumerge.moe.passproc import started_early
+        from resumerge.store.planning import planning_mark
 
         assert call.out is not None
         config = _config(call)
-        with started_early(config.gate_mode, call.settings.state) as early:
+        # The mark names this kind: a run killed during its prompt pass is told as one (planning_done).
+        with started_early(config.gate_mode, call.settings.state) as early, \
+                planning_mark(call.locations.run_dir, kind=self.name):
             target = Target.at(call.locations, call.settings)
             prepared = _prepare(config, call.options, call.settings, driving.reporter, early=early,
                                 out=target.out if target.hub is None else None)
@@ -86,6 +89,15 @@ class MoeKind:
         return estimate_config(call.text, call.options, call.settings, source=source, out_dir=call.out,
                                measuring=measuring, fresh_process=fresh_process, planner=planner, prepass=prepass)
 
+    def planning_done(self, where: RunLocations) -> str:
+        """The decoder layers the prompt forward pass under way had finished, which running it again continues
+        after."""
+        from resumerge.moe.state import passes_under_way
+
+        under_way = passes_under_way(where.root)
+        return (f"; its prompt forward pass continues after the {under_way[0]} decoder layers it finished"
+                if len(under_way) == 1 and under_way[0] else "")
+
     def status(self, report: StatusReport, where: RunLocations) -> StatusReport:
         """The ledger's account, with the prompt forward pass while one is under way (the routers' shard waits
         for it)."""
@@ -96,7 +108,7 @@ class MoeKind:
 def _pass_progress(where: RunLocations) -> Details | None:
     """The decoder layers done by the one prompt forward pass under way in the state dir (None when none is, or
     several are: which one is this run's is not recorded)."""
-    from resumerge.config.moe_state import passes_under_way
+    from resumerge.moe.state import passes_under_way
     from resumerge.store.ledger_read import tensor_names
     from resumerge.store.statusview import Details
 

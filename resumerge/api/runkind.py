@@ -115,6 +115,17 @@ class Journaled(Protocol):
 
 
 @runtime_checkable
+class PlansLong(Protocol):
+    """A kind whose planning does work of its own before the plan is recorded (MoE upcycling's prompt forward pass),
+    kept for the next run when one is killed while planning; its planning mark names it (the kind is never guessed
+    from what the state dir holds)."""
+
+    def planning_done(self, where: RunLocations) -> str:
+        """What a run of this kind into ``where.out``, killed while planning, had done that running it again
+        continues from: a clause the hint of "killed while planning" ends with ("" when nothing)."""
+
+
+@runtime_checkable
 class KeepsItsRecord(Protocol):
     """A kind whose run keeps a record of its own (a recipe's: its stages), read instead of a single run's
     ledger."""

@@ -8,12 +8,10 @@ May import: errors.
 """
 
 __all__ = [
-    "extraction_state",
     "hubtarget",
     "locations",
     "merge_config",
     "modelref",
-    "moe_state",
     "params",
     "settings",
     "version",

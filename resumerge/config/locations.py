@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resumerge.config.hubtarget import is_hub_target, parse_hub_target
-from resumerge.config.moe_state import ROUTERS_DIR
 
 ENV_STATE_DIR = "RESUMERGE_STATE_DIR"
 # A merge's ledger, in its run dir.
 LEDGER_NAME = "ledger.db"
 # Where output files are staged by default (Drive and other remote OUTs), in the run dir.
 STAGING_NAME = "staging"
+# Under the state dir: the MoE prompt forward passes, each in a folder named by its content key.
+ROUTERS_DIR = "moe-routers"
 # Under the state dir: one folder per check, named by its content key.
 CHECKS_DIR = "checks"
 EVALS_DIR = "evals"  # each eval pass's journal and answers, one folder per pass

@@ -40,9 +40,9 @@ from resumerge.inputs.source import InputSources
 from resumerge.memory import MemoryGovernor, Reservation, released_on_error
 from resumerge.methods.registry import MethodSpec
 from resumerge.methods.resources import Resources
-from resumerge.outputs.aux import aux_files, render_aux
 from resumerge.plan.fetching import read_order
 from resumerge.plan.merge_plan import Plan, ShardPlan, TensorPlan
+from resumerge.plan.sidefiles import aux_files, render_aux
 from resumerge.plan.workorder import compute_order
 from resumerge.plan.workunits import (
     PASSES,

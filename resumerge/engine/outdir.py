@@ -16,9 +16,9 @@ from resumerge.config.version import __version__
 from resumerge.engine.reconcile import adopt_manifest
 from resumerge.errors import OutputDirError, PlanChangedError, UsageError
 from resumerge.memory import format_size
-from resumerge.outputs.aux import aux_files
 from resumerge.plan.changes import describe_changes
 from resumerge.plan.merge_plan import Plan, fingerprint_parts
+from resumerge.plan.sidefiles import aux_files
 from resumerge.store.diskprobe import free_bytes, unwritable
 from resumerge.store.durable import is_temp_name
 from resumerge.store.ledger import Ledger

@@ -25,6 +25,7 @@ from resumerge.engine.frozenplan import thaw
 from resumerge.engine.quiet import never_stop
 from resumerge.engine.target import Target
 from resumerge.errors import (
+    KilledPlanningError,
     LedgerError,
     NothingRecordedError,
     UsageError,
@@ -125,13 +126,13 @@ def resuming(where: RunLocations, settings: RunSettings,
     Raises LedgerError when neither exists, OutputDirError when OUT moved."""
     target = Target.at(where, settings).read_recorded()
     # Asked before this resume takes the mark: a run killed while planning left it, held by no process.
-    killed = killed_while_planning(str(target.out), target.locations.run_dir, target.locations.root)
+    killed = killed_while_planning(str(target.out), target.locations.run_dir)
     with planning_mark(target.locations.run_dir):  # status says "planning" until the run goes on
         yield _recorded(target, settings, reporter, killed)
 
 
 def _recorded(target: Target, settings: RunSettings, reporter: Reporter | None,
-              killed: NothingRecordedError | None = None) -> Recorded:
+              killed: KilledPlanningError | None = None) -> Recorded:
     out, manifest, state = target.out, target.manifest(), settings.state
     ledger_path = target.locations.ledger
     row, stored = None, None

@@ -50,6 +50,7 @@ from resumerge.inputs.tensorio import DTYPE_NAMES, NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.registry import MergeContext, MethodSpec, get_method
 from resumerge.methods.regmean import GRAM
 from resumerge.methods.resources import NO_RESOURCES
+from resumerge.outputs.containers import SAFETENSORS
 from resumerge.plan.merge_plan import InputRef, Plan, ShardPlan, TensorPlan
 from resumerge.plan.workunits import chunk_plan
 from resumerge.torch_import import dtype_name, torch
@@ -171,7 +172,7 @@ def start_compute(plan: Plan, pending: Sequence[ShardPlan], *, sources: InputSou
     kept = {tp.name: tp for s in samples for tp in (*s.chosen, s.first)}
     # Only what the sampled tensors' computations read: their plans, the inputs' folders, options and vocabulary.
     small = replace(plan, tensors=kept, shards=(), parts=(), notes=(), filters=(), accounting=None,
-                    tokenizer_blobs={}, side_files={})
+                    tokenizer_blobs={}, container=SAFETENSORS)
     args = (small, samples, None, max_bytes, max_seconds, serial, workers)
     specs = [get_method(s.method, plan.units) for s in samples]
     whole = any(spec is not None and spec.whole_cost is not None for spec in specs)

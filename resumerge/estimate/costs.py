@@ -512,10 +512,9 @@ def estimate_lines(estimate: Estimate) -> list[Line]:
         fact("inputs", plan.accounting.summary())
     for f in plan.filters:
         fact("filter", f"{f.yaml_path} {f.pattern!r}: {f.tensors} tensor(s)")
-    if plan.gguf_headers:  # a GGUF output is one file, or gguf-split's files: the shard size plays no part
-        split = plan.options.gguf_split_max_size
-        fact("shards", "one GGUF file" if split is None else
-             f"gguf-split's files of at most {format_size(split)} of tensors each (--gguf-split-max-size)")
+    files = plan.container.files_fact()  # a GGUF output is one file, or gguf-split's files: no shard size
+    if files is not None:
+        fact("shards", files)
     elif estimate.shard_choice:
         fact("shards", f"up to {format_size(plan.options.out_shard_size)} each ({estimate.shard_choice})")
     if output.staging_dir:

@@ -42,11 +42,11 @@ from resumerge.estimate.torchside import TorchHere, TorchProcess, TorchSide
 from resumerge.inputs.catalog import Inputs
 from resumerge.memory import MemoryProbe, SystemProbe, collector_paused, format_size, usable_cores
 from resumerge.methods.registry import MethodSpec
-from resumerge.outputs.aux import aux_files, render_aux
 from resumerge.plan.fetching import STREAM, FileFetch
 from resumerge.plan.merge_plan import Plan, PlanOptions, TensorPlan
 from resumerge.plan.outguard import refuse_out_over_inputs, refuse_state_in_out
 from resumerge.plan.prepared import Prepared
+from resumerge.plan.sidefiles import aux_files, render_aux
 from resumerge.plan.workorder import compute_order
 from resumerge.store.diskprobe import (
     DEFAULT_PROBE_BYTES,

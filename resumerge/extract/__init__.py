@@ -8,7 +8,7 @@ engine (and, for ``--sv-epsilon``, by the rank probe in :mod:`~resumerge.extract
 
 Its factor functions are registered with ``methods`` like merge methods; torch does the math.
 
-May import: errors, config, inputs, plan, methods.
+May import: errors, config, inputs, outputs, plan, methods.
 """
 
 __all__ = ["adapter_files", "decompose", "factors", "modules", "planner", "prepare", "spec"]

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from resumerge.config.extraction_state import FACTORS_SUFFIX, MODULE_KEY
+from resumerge.extract.state import FACTORS_SUFFIX, MODULE_KEY
 from resumerge.torch_import import torch
 
 _SUFFIX = FACTORS_SUFFIX

@@ -31,6 +31,7 @@ from resumerge.inputs.codecs import CODECS, CodecTable
 from resumerge.inputs.hub import HubEvent
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, layout_shard, numel
+from resumerge.outputs.containers import PeftAdapter
 from resumerge.plan.inputrefs import tensor_ref
 from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, ShardPlan, TensorPlan, fingerprinted
 from resumerge.plan.planner import threads_matter
@@ -110,7 +111,7 @@ def build_extraction_plan(spec: ExtractSpec, inputs: Inputs, ft_key: str, base_k
         inputs=_input_files(inputs),
         model_dirs=_model_dirs(inputs),
         options=options,
-        side_files=side,
+        container=PeftAdapter(side),
         notes=choice.notes,
         units=registered.UNITS,
     )

@@ -13,7 +13,6 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from resumerge.config.extraction_state import FACTORS_DIR
 from resumerge.config.locations import StateDir
 from resumerge.config.settings import RunSettings
 from resumerge.extract.decompose import kept_rank, truncate
@@ -22,6 +21,7 @@ from resumerge.extract.factors import FACTOR_A, FACTOR_A_FULL, FactorStore, cach
 from resumerge.extract.modules import LoraModule, ModuleChoice
 from resumerge.extract.planner import METHOD, build_extraction_plan, module_choice, module_seed, open_pair
 from resumerge.extract.spec import ExtractSpec, load_spec_text
+from resumerge.extract.state import FACTORS_DIR
 from resumerge.inputs.catalog import Inputs
 from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.hub import HubEvent

@@ -10,9 +10,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from resumerge.config.extraction_state import EXTRACTION_MARK
-from resumerge.config.extraction_state import is_extraction_text as is_extraction_text
 from resumerge.errors import UsageError
+from resumerge.extract.state import EXTRACTION_MARK
+from resumerge.extract.state import is_extraction_text as is_extraction_text
 
 _MARK = EXTRACTION_MARK
 # The method name an extraction's plan carries (resumerge.extract.planner.METHOD; here for callers that must not

@@ -67,7 +67,7 @@ class ModelInput:
         folded into the tensor they belong to, ``formats`` saying how each is stored. Raises
         :class:`ModelInputError` for a tensor a format cannot read. ``seen``: models recognised under ``codecs``
         before. Formats judge a model by its config.json and its stored tensors' names, dtypes and shapes alone
-        (:meth:`~resumerge.inputs.codecs.protocol.TensorCodec.recognise`), so this one takes the claims and roles
+        (:meth:`~resumerge.inputs.codecs.protocol.TensorDecoder.recognise`), so this one takes the claims and roles
         of one whose config.json and stored tensors' names, dtypes and shapes equal its own (two fine-tunes of one
         base are judged once, however their files are written); its logical tensors stay at its own files and
         offsets, and are the other's own mapping when those are equal too."""

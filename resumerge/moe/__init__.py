@@ -17,11 +17,11 @@ answer), :mod:`.passcost` (``plan``'s estimate of the pass), :mod:`.outconfig` (
 
 Chosen by :mod:`resumerge.api` (which tells a mergekit-moe config from a merge config) and run through the one
 session path, :func:`resumerge.engine.session.run_plan`; the engine never imports this package (the model card,
-in :mod:`resumerge.outputs`, reads a MoE plan's config through :func:`load_moe_text`). transformers is imported
+in :mod:`resumerge.plan.modelcard`, reads a MoE plan's config through :func:`load_moe_text`). transformers is imported
 only for the prompt gate modes, only in the prompt work's own process (:mod:`.passmain`, :mod:`.prompts`,
 :mod:`.forward`): the run's process never holds it.
 
-May import: errors, config, forward, inputs, memory, methods, plan (types, sharding, outconfig...), store (killpoints)
+May import: errors, config, forward, inputs, memory, methods, outputs, plan (types, sharding...), store (killpoints)
 """
 
 from __future__ import annotations

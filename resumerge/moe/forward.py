@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resumerge.config.moe_state import LAYER_PREFIX, ROUTERS_NAME
 from resumerge.errors import InputError
 from resumerge.forward import Weights, durable_save, pass_bytes
 from resumerge.forward.batches import Hidden
@@ -43,6 +42,7 @@ from resumerge.memory import SystemProbe
 from resumerge.moe.passproc import gate_needs
 from resumerge.moe.passshare import share_problem
 from resumerge.moe.routers import Encoded
+from resumerge.moe.state import LAYER_PREFIX, ROUTERS_NAME
 from resumerge.torch_import import torch
 
 __all__ = ["ExpertSets", "Ready", "Weights", "hidden_routers", "pass_bytes", "pass_checks"]

@@ -62,7 +62,7 @@ class HiddenPass:
                     self.process.result()
                 from safetensors.torch import load_file
 
-                from resumerge.config.moe_state import ROUTERS_NAME
+                from resumerge.moe.state import ROUTERS_NAME
 
                 data = load_file(str(self.workdir / ROUTERS_NAME))
                 self._routers = torch.stack([data[f"layers.{i}"] for i in range(self.layers)])

@@ -20,7 +20,6 @@ from pathlib import Path
 import psutil
 
 from resumerge.config.locations import StateDir
-from resumerge.config.moe_state import ROUTERS_NAME
 from resumerge.config.settings import RunSettings
 from resumerge.inputs.catalog import Inputs
 from resumerge.inputs.codecs import CODECS
@@ -31,6 +30,7 @@ from resumerge.moe.hiddenpass import beside_share
 from resumerge.moe.passproc import HIDDEN_MODES, run_child
 from resumerge.moe.passshare import share_problem
 from resumerge.moe.prepare import base_folder, prepare_moe, prompt_texts, routers_dir
+from resumerge.moe.state import ROUTERS_NAME
 from resumerge.plan.merge_plan import Plan, PlanOptions
 from resumerge.plan.prepared import Prepared
 

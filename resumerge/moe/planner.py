@@ -25,9 +25,12 @@ from resumerge.moe.config import PROMPT_MODES, ExpertConfig, MoeConfig
 from resumerge.moe.outconfig import moe_config, not_power_of_two
 from resumerge.moe.outkinds import OUTPUT_KINDS, OutputKind
 from resumerge.moe.tokenizer import tokenizer_blobs
+from resumerge.outputs.containers import container_for
+from resumerge.plan.gguftypes import type_notes
 from resumerge.plan.inputrefs import tensor_ref
 from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, TensorPlan, fingerprinted
 from resumerge.plan.outconfig import set_quantization
+from resumerge.plan.placing import Placing, place_files
 from resumerge.plan.sharding import assign_shards, output_naming, resolve_shard_size
 from resumerge.torch_import import torch
 
@@ -110,16 +113,15 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
     # Experts and copies are stored decoded (plainly): a quantized base's quantization_config would have
     # transformers read them as its format.
     set_quantization(out_config, base.config, tensors)
-    headers: dict[str, bytes] = {}
-    if options.out_type == "gguf":  # one GGUF file (or gguf-split's files), the tokenizer built into it
-        from resumerge.plan.ggufout import gguf_output
-        from resumerge.plan.gguftypes import type_notes
-
-        shards, tensors, headers = gguf_output(tensors, out_config, models, [config.base_model.key],
-                                               options.gguf_type, None, options.gguf_split_max_size, last=late,
-                                               unit_size=options.out_shard_size)
-        notes.extend(type_notes(tensors))  # where it writes another type than llama.cpp's quantizer picks
-    blobs = tokenizer_blobs(tokenizer_dir or base.directory) if options.copy_tokenizer and not headers else {}
+    # What the output's files are (one GGUF file, or gguf-split's files, holds its tokenizer), laid out.
+    container = container_for(options.out_type, gguf_type=options.gguf_type,
+                              split_max_size=options.gguf_split_max_size)
+    shards, tensors, container = place_files(container, shards, tensors,
+                                             Placing(out_config, models, [config.base_model.key], last=late,
+                                                     unit_size=options.out_shard_size))
+    notes.extend(type_notes(tensors))  # where a GGUF is written in another type than llama.cpp's quantizer picks
+    blobs = (tokenizer_blobs(tokenizer_dir or base.directory) if options.copy_tokenizer
+             and not container.self_contained else {})
     inputs = {key: tuple((f.name, f.size, f.identity) for f in m.files) for key, m in sorted(models.items())}
     dirs = {key: str(m.directory) for key, m in models.items()}
     plan = Plan(
@@ -136,7 +138,7 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
         out_config=out_config,
         tokenizer_files=tuple((n, hashlib.sha256(d).hexdigest()) for n, d in sorted(blobs.items())),
         tokenizer_blobs=blobs,
-        gguf_headers=headers,
+        container=container,
         notes=tuple(notes),
         units=(*routers.UNITS, *expert_methods.UNITS),
         config_copy=CONFIG_COPY,

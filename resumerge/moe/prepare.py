@@ -173,9 +173,9 @@ def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, provided: RouterSo
     the state dir, or started now (beside the merge when ``beside`` and the budget holds both; else finished before
     this returns). ``folder``: the base's (:func:`base_folder`), where the pass reads its config, tokenizer and
     tensors."""
-    from resumerge.config.moe_state import ROUTERS_NAME
     from resumerge.memory import SystemProbe, default_budget
     from resumerge.moe.forward import pass_bytes
+    from resumerge.moe.state import ROUTERS_NAME
 
     base = inputs.models[config.base_model.key]
     layers = int(base.config["num_hidden_layers"])

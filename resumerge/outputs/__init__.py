@@ -1,10 +1,14 @@
-"""The side files of an output: the shard index, config.json, the config as YAML, the model card and the tokenizer
-files, each a pure function of the plan.
+"""The output formats: the container a merge is written as (its file layout, side files, fingerprint extras, the
+estimate's facts, the card's tags and its integrity rule: :mod:`.containers`), and the encoders of the formats that
+only write (GGUF: ``gguf/``, its codec, stacked experts, file layout and tokenizer keys).
 
-May import: errors, config, vocab, inputs, methods (the card), plan.
+The planner picks one container per run and carries it on the plan; nothing outside this package and the format
+objects asks which one it has.
+
+May import: errors, config, memory (sizes), inputs.
 """
 
 __all__ = [
-    "aux",
-    "modelcard",
+    "containers",
+    "gguf",
 ]

@@ -2,21 +2,25 @@
 before a weight is read.
 
 Pure: the planner reads configs and headers, never weights, and writes nothing. Architecture families, the
-output config.json, shard layout and the memory cost of each unit are decided here.
+output config.json, shard layout and the memory cost of each unit are decided here; the side files of an output
+(``sidefiles``, ``modelcard``) are pure functions of the plan.
 
-May import: errors, config, memory, methods, vocab, inputs.
+May import: errors, config, memory, methods, vocab, inputs, outputs.
 """
 
 __all__ = [
     "architecture",
     "fetching",
     "merge_plan",
+    "modelcard",
     "module_views",
     "modules",
     "outconfig",
     "parameters",
+    "placing",
     "planner",
     "sharding",
+    "sidefiles",
     "tokenizer_plan",
     "truncation",
     "workunits",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from resumerge.inputs.codecs import MAIN
+from resumerge.inputs.codecs import MAIN, TensorEncoder
 from resumerge.plan.merge_plan import TensorPlan
 
 
@@ -41,7 +41,8 @@ def stored_copy(tp: TensorPlan) -> TensorPlan:
     if index is None:
         return tp
     ref = tp.inputs[index]
-    if ref.codec != tp.out_codec or ref.cast is not None or ref.lora is not None:
+    if not isinstance(ref.codec, TensorEncoder) or ref.codec != tp.out_codec or ref.cast is not None \
+            or ref.lora is not None:
         return tp
     stored = {MAIN: (ref.dtype, ref.shape), **{part: (c.dtype, c.shape) for part, c in ref.companions}}
     planned = {p.part: (p.dtype, p.shape) for p in tp.stored_parts()}

@@ -3,6 +3,6 @@
 
 DEFAULT_SHARD_SIZE = 1_000_000_000
 DEFAULT_SEED = 0
-# --gguf-type: how a GGUF output's matrices are stored (resumerge.inputs.gguf.outcodec.TYPES codes each), the
+# --gguf-type: how a GGUF output's matrices are stored (resumerge.outputs.gguf.outcodec.TYPES codes each), the
 # exact ones first
 GGUF_TYPES = ("f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")

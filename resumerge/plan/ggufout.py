@@ -24,12 +24,12 @@ from typing import Any
 from resumerge.errors import ModelInputError
 from resumerge.inputs.gguf.blocks import BLOCK_BYTES
 from resumerge.inputs.gguf.header import read_gguf_header
-from resumerge.inputs.gguf.layout import ARRAY, BOOL, F32, I32, STRING, U16, U32, TensorInfo, Value, plan_layout
 from resumerge.inputs.gguf.model import gguf_module
 from resumerge.inputs.gguf.names import ARCH_OF, NORM_MINUS_ONE, UNPERMUTE_Q, gguf_metadata, gguf_name, transform
-from resumerge.inputs.gguf.outcodec import TYPES, GgufOutCodec
-from resumerge.inputs.gguf.stackcodec import GgufStackCodec
 from resumerge.inputs.model import ModelInput
+from resumerge.outputs.gguf.layout import ARRAY, BOOL, F32, I32, STRING, U16, U32, TensorInfo, Value, plan_layout
+from resumerge.outputs.gguf.outcodec import TYPES, GgufOutCodec
+from resumerge.outputs.gguf.stackcodec import GgufStackCodec
 from resumerge.plan.ggufstacks import WRITTEN, place_tensors
 from resumerge.plan.gguftypes import tensor_type
 from resumerge.plan.merge_plan import ShardPlan, TensorPlan
@@ -132,7 +132,7 @@ def unit_counts(names: tuple[str, ...], tensors: Mapping[str, TensorPlan], max_s
 def _encoded(tp: TensorPlan, arch: str, target: str, qtype: int, config: Mapping[str, Any], *, tied: bool,
              expert: int = -1, up_name: str = "") -> TensorPlan:
     """``tp`` written as GGUF tensor ``target`` (expert ``expert``'s slice of it, or with ``up_name`` a fused
-    gate_up stack's gate half, its up half to ``up_name``: :mod:`resumerge.inputs.gguf.stackcodec`) in the type
+    gate_up stack's gate half, its up half to ``up_name``: :mod:`resumerge.outputs.gguf.stackcodec`) in the type
     llama.cpp's quantizer picks in a ``qtype`` file (:func:`~resumerge.plan.gguftypes.tensor_type`; ``tied``: the
     output has no head of its own), with the family's transform."""
     how = transform(arch, target)
@@ -161,7 +161,7 @@ def _metadata(arch: str, config: Mapping[str, Any], gguf_type: str, source: Mode
         kv.append(("general.quantization_version", Value(U32, 2)))
     kv += [(key, Value(_KINDS[kind], value)) for key, (kind, value) in gguf_metadata(arch, config)]
     if source.gguf is None:
-        from resumerge.inputs.gguf.hfvocab import tokenizer_keys
+        from resumerge.outputs.gguf.hfvocab import tokenizer_keys
         from resumerge.plan.tokenizer_plan import tokenizer_dir
 
         return kv + tokenizer_keys(tokenizer_dir(source), int(config["vocab_size"]), template)

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from resumerge.errors import ModelInputError
-from resumerge.inputs.gguf.layout import TensorInfo
 from resumerge.inputs.gguf.names import expert_target, gguf_name
-from resumerge.inputs.gguf.outcodec import GgufOutCodec
+from resumerge.outputs.gguf.layout import TensorInfo
+from resumerge.outputs.gguf.outcodec import GgufOutCodec
 from resumerge.plan.merge_plan import TensorPlan
 
 # What --out-type gguf writes: the families (model_type) and where their experts come from. Named in the refusal of

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import nullcontext
 
-from resumerge.inputs.codecs import MAIN, PLAIN, Claim, StoredFormats, TensorCodec
+from resumerge.inputs.codecs import MAIN, PLAIN, Claim, StoredFormats, TensorDecoder
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.model import ModelInput
@@ -68,7 +68,7 @@ def _claimed_ref(key: str, formats: StoredFormats, claim: Claim) -> InputRef:
 
 
 def _stored_input(model: str, file: str, tensor: str, dtype: str, shape: tuple[int, ...], start: int, end: int,
-                  codec: TensorCodec = PLAIN, companions: tuple[tuple[str, InputRef], ...] = ()) -> InputRef:
+                  codec: TensorDecoder = PLAIN, companions: tuple[tuple[str, InputRef], ...] = ()) -> InputRef:
     """``InputRef(model, file, tensor, dtype, shape, start, end, codec=codec, companions=companions)``: a stored
     tensor read whole, uncast, with no LoRA delta; the same object, made in a quarter of the time (a DeepSeek-V3
     plan makes 184k). The frozen ``__init__`` sets all twelve fields through ``object.__setattr__``; this sets only

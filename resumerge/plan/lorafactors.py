@@ -23,6 +23,7 @@ from resumerge.inputs.codecs import PLAIN
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import layout_shard
 from resumerge.methods.core_space import EMIT, FACTOR, SCALE, TRANSPOSED
+from resumerge.outputs.containers import PeftAdapter
 from resumerge.plan.merge_plan import Plan, ShardPlan, TensorPlan
 
 CARD = "README.md"
@@ -141,8 +142,9 @@ def adapter_output(plan: Plan, config: MergeConfig) -> Plan:
         side[CARD] = _card(config, plan, max(ranks.values()))
     return replace(plan, tensors={n: tensors[n] for n in sorted(tensors)},
                    shards=(ShardPlan(ADAPTER_WEIGHTS, tuple(p.name for p in layout.order), layout.file_size),),
-                   tokenizer_donor=None, tokenizer_files=(), tokenizer_blobs={}, out_config={}, side_files=side,
-                   num_layers=0, layer_origins=(), vocab=None, vocab_digest="", accounting=None, filters=())
+                   tokenizer_donor=None, tokenizer_files=(), tokenizer_blobs={}, out_config={},
+                   container=PeftAdapter(side), num_layers=0, layer_origins=(), vocab=None, vocab_digest="",
+                   accounting=None, filters=())
 
 
 def _card(config: MergeConfig, plan: Plan, rank: int) -> bytes:

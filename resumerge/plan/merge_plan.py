@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.config.version import __version__
 from resumerge.errors import ResumergeError
-from resumerge.inputs.codecs import PLAIN, OutPart, TensorCodec
-from resumerge.inputs.gguf.layout import shard_layout
+from resumerge.inputs.codecs import PLAIN, OutPart, TensorDecoder, TensorEncoder
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, ShardLayout, layout_shard, numel
 from resumerge.memory.sizes import format_size
 from resumerge.methods.registry import MethodSpec, get_method
+from resumerge.outputs.containers import SAFETENSORS, OutputContainer
 from resumerge.plan.defaults import DEFAULT_SEED as DEFAULT_SEED
 from resumerge.plan.defaults import DEFAULT_SHARD_SIZE as DEFAULT_SHARD_SIZE
 
@@ -113,7 +113,7 @@ class InputRef:
     cast: str | None = None
     lora: LoraRef | None = None
     first_row: int = 0
-    codec: TensorCodec = PLAIN
+    codec: TensorDecoder = PLAIN
     companions: tuple[tuple[str, InputRef], ...] = ()
 
     @property
@@ -142,7 +142,7 @@ class InputRef:
     def rows(self, first: int, stop: int) -> InputRef:
         """This reference limited to its rows ``[first, stop)``: a byte range of the main part (row-major storage
         keeps rows contiguous; its rows are the value's) and of each companion, the rows the codec says those
-        value rows need (:meth:`~resumerge.inputs.codecs.TensorCodec.part_rows`; a part without rows whole)."""
+        value rows need (:meth:`~resumerge.inputs.codecs.TensorDecoder.part_rows`; a part without rows whole)."""
         row_bytes = (self.end - self.start) // self.shape[0]
         whole = (self.first_row + first, self.first_row + stop)
         companions = tuple(
@@ -183,7 +183,7 @@ class TensorPlan:
     # (Plan.vocab) before the method runs; its inputs may then have different row counts.
     vocab_aligned: bool = False
     # How the result is stored: the parts the shard holds for it (see stored_parts), encoded from the result.
-    out_codec: TensorCodec = PLAIN
+    out_codec: TensorEncoder = PLAIN
     # The input whose stored parts are this tensor's, copied byte for byte (its value is exactly that input's and
     # both are stored in the same non-plain format: see resumerge.plan.copies); None: computed and encoded.
     copy_of: int | None = None
@@ -218,7 +218,7 @@ class TensorPlan:
         return placed
 
 
-def stored_parts_of(name: str, dtype: str, shape: tuple[int, ...], codec: TensorCodec,
+def stored_parts_of(name: str, dtype: str, shape: tuple[int, ...], codec: TensorEncoder,
                     carried: tuple[tuple[str, InputRef], ...]) -> tuple[OutPart, ...]:
     """:meth:`TensorPlan.stored_parts` of an output tensor ``name`` of value ``dtype`` and ``shape`` stored in
     ``codec`` with the ``carried`` companions, before its plan is made (a planner sizes it at once)."""
@@ -273,13 +273,10 @@ class Plan:
     # Facts the user must hear about (vocabulary rows cut by --unsafe-truncate-embeddings, …): logged when the
     # run starts, shown by status, written in the model card. Derived from the rest of the plan.
     notes: tuple[str, ...] = field(default=(), compare=False)
-    # The output's files besides the shards when the plan makes them itself (an extracted LoRA adapter's
-    # adapter_config.json and README.md), by name; empty for a merge, whose side files are config.json, the card
-    # and the tokenizer (resumerge.outputs.aux). Fingerprinted by their hashes.
-    side_files: Mapping[str, bytes] = field(default_factory=dict, compare=False, repr=False)
-    # A GGUF output's planned header bytes (key-values, tensor infos, padding), by shard file name: its tensors sit
-    # at the offsets they fix (:meth:`shard_layout`). Empty for a safetensors output. Fingerprinted by their hashes.
-    gguf_headers: Mapping[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+    # What the output's files are (safetensors shards, a GGUF file or split set, a PEFT adapter), chosen once by
+    # the planner: their layout, side files, fingerprint extras (an adapter's side files and a GGUF's headers, by
+    # their hashes), the estimate's fact, the card's tags and verify's rule (resumerge.outputs.containers).
+    container: OutputContainer = field(default=SAFETENSORS, compare=False, repr=False)
     # How many stored tensors of each input model have each role (weight, companion, other: see
     # resumerge.inputs.codecs.Role), by model key, for plan, status and verify to report. Derived from the inputs.
     input_roles: Mapping[str, Mapping[str, int]] = field(default_factory=dict, compare=False)
@@ -307,8 +304,7 @@ class Plan:
         """``linear: 39 tensors, 4 layers, 1 shard(s); config from A, tokenizer from A``: ``plan``'s first line."""
         tokenizer = (f"tokenizer from {self.tokenizer_donor}" if self.tokenizer_donor is not None
                      else "tokenizer built from the inputs' tokenizers" if self.tokenizer_files
-                     else "tokenizer in the GGUF" if self.gguf_headers
-                     else "no tokenizer (--no-copy-tokenizer)")
+                     else self.container.tokenizer_note() or "no tokenizer (--no-copy-tokenizer)")
         return (f"{self.method}: {len(self.tensors)} tensors, {self.num_layers} layers, {len(self.shards)} "
                 f"shard(s); config from {self.donor}, {tokenizer}")
 
@@ -326,11 +322,8 @@ class Plan:
 
     def shard_layout(self, shard: ShardPlan) -> ShardLayout:
         """The byte layout of ``shard`` (header and data order), as the writer must produce it."""
-        header = self.gguf_headers.get(shard.name)
-        if header is not None:
-            parts = [(p.name, p.dtype, p.shape) for n in shard.tensors for p in self.tensors[n].stored_parts()]
-            return shard_layout(header, parts, shard.file_size)
-        return stored_layout(self.tensors, shard.tensors)
+        parts = [(p.name, p.dtype, p.shape) for n in shard.tensors for p in self.tensors[n].stored_parts()]
+        return self.container.layout(shard.name, parts, shard.file_size)
 
     def file_units(self, shard: ShardPlan) -> tuple[tuple[int, int, tuple[str, ...]], ...]:
         """The units ``shard`` is written and journaled in, as (first byte, end byte, output tensors): the header
@@ -389,10 +382,7 @@ def fingerprint_parts(plan: Plan) -> dict[str, str]:
         "tokenizer_files": plan.tokenizer_files,
         "vocab": plan.vocab_digest,
     }
-    if plan.side_files:  # only when present, so a merge's fingerprint is unchanged
-        body["side_files"] = {n: hashlib.sha256(b).hexdigest() for n, b in sorted(plan.side_files.items())}
-    if plan.gguf_headers:  # likewise
-        body["gguf_headers"] = {n: hashlib.sha256(b).hexdigest() for n, b in sorted(plan.gguf_headers.items())}
+    body.update(plan.container.fingerprint_extras())  # none for safetensors shards: a merge's is unchanged
     return {
         "plan": _body_sha(body, plan.tensors),
         "options": _sha(_output_options(plan.options)),
@@ -461,7 +451,7 @@ class _Records:
         self._held: dict[int, tuple[object, str]] = {}
         self._shapes: dict[tuple[int, ...], str] = {}
         self._tensors: dict[tuple[int | bool, ...], tuple[object, str]] = {}
-        self._inputs: dict[tuple[object, ...], tuple[TensorCodec, str]] = {}  # its codec held
+        self._inputs: dict[tuple[object, ...], tuple[TensorDecoder, str]] = {}  # its codec held
 
     def tensor(self, t: TensorPlan) -> str:
         """The record of ``t``: its fields by name (as ``sort_keys`` orders them), those left out when unset skipped."""
@@ -548,8 +538,8 @@ class _Records:
     def _carried(self, carried: tuple[tuple[str, InputRef], ...]) -> str:
         return "[" + ",".join(["[" + _STR(part) + "," + self.input(ref) + "]" for part, ref in carried]) + "]"
 
-    def _identity(self, codec: TensorCodec) -> str:
-        """A codec's identity (:meth:`~resumerge.inputs.codecs.TensorCodec.identity`) as a list."""
+    def _identity(self, codec: TensorDecoder | TensorEncoder) -> str:
+        """A codec's identity (:meth:`~resumerge.inputs.codecs.TensorDecoder.identity`) as a list."""
         found = self._held.get(id(codec))
         if found is None:
             found = self._held[id(codec)] = (codec, _dumps(list(codec.identity())))

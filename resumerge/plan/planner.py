@@ -16,10 +16,11 @@ from itertools import chain
 from resumerge.config.merge_config import MergeConfig, SourceConfig, UnknownKeyError, honest_unknown_key
 from resumerge.errors import ConfigError, ModelInputError
 from resumerge.inputs.catalog import adapter_key
-from resumerge.inputs.codecs import CODECS, PLAIN, CodecTable, TensorCodec
+from resumerge.inputs.codecs import CODECS, PLAIN, CodecTable, TensorEncoder
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.model import ModelInput
 from resumerge.methods.registry import BasePolicy, MethodSpec, get_method, method_names
+from resumerge.outputs.containers import container_for
 from resumerge.plan.accounting import Drops
 from resumerge.plan.architecture import (
     TIED_NAMES,
@@ -62,6 +63,7 @@ from resumerge.plan.nonfloat import UNITS as NONFLOAT_UNITS
 from resumerge.plan.nonfloat import is_float, nonfloat_tensor
 from resumerge.plan.outconfig import build_out_config, slice_path
 from resumerge.plan.parameters import ParameterResolver, Resolved, check_parameter_names, parameter_places
+from resumerge.plan.placing import Placing, place_files
 from resumerge.plan.quantnotes import quantization_notes
 from resumerge.plan.sharding import assign_shards, output_naming, resolve_shard_size
 from resumerge.plan.slices import Slice, check_slice, left_out, normalise
@@ -190,23 +192,25 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     options, naming = output_naming(options, (f.name for f in models[donor].files))
     shards, tensors = assign_shards(tensors, options.out_shard_size, naming=naming)
     cut_rows = _embed_rows(tensors) if ctx.truncate and notes else None
-    gguf = options.out_type == "gguf"
-    tokenizer_donor, blobs = (None, {}) if gguf else tokenizer_output(config, spec, built, donor, options, models,
-                                                                       cut_rows)
+    # Chosen once: what the output's files are (a GGUF holds its tokenizer: no tokenizer files beside it).
+    container = container_for(options.out_type, gguf_type=options.gguf_type,
+                              split_max_size=options.gguf_split_max_size)
+    tokenizer_donor, blobs = (None, {}) if container.self_contained else tokenizer_output(
+        config, spec, built, donor, options, models, cut_rows)
     out_config = build_out_config(config, models, donor, tuple(origins), tensors, mtp=mtp)
     if vision_layers is not None:
         set_vision_layers(out_config, vision_layers)
     notes.extend(check_built(out_config, {k: m.config for k, m in models.items()}, donor, tuple(origins), tensors,
                              lambda i: slice_path(config, i)))
-    headers: dict[str, bytes] = {}
-    if gguf:  # a GGUF file (or gguf-split's files) instead of safetensors shards, each header fixed here
-        from resumerge.plan.ggufout import gguf_output
+    order = [donor, *(r.key for r in config.referenced_models() if r.key != donor)]
 
-        order = [donor, *(r.key for r in config.referenced_models() if r.key != donor)]
-        template = None if spec.chat_template is None else resolve_chat_template(
+    def template() -> str | None:  # asked only by a container holding the tokenizer: the config's chat template
+        return None if spec.chat_template is None else resolve_chat_template(
             spec.chat_template, [tokenizer_dir(models[key]) for key in order])
-        shards, tensors, headers = gguf_output(tensors, out_config, models, order, options.gguf_type, template,
-                                               options.gguf_split_max_size, unit_size=options.out_shard_size)
+
+    shards, tensors, container = place_files(container, shards, tensors,
+                                             Placing(out_config, models, order, template,
+                                                     unit_size=options.out_shard_size))
     notes.extend(quantization_notes(tensors))
     if options.num_threads is not None and not threads_matter({method.name, *(t.method for t in tensors.values())}):
         options = replace(options, num_threads=None)
@@ -224,7 +228,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
         out_config=out_config,
         tokenizer_files=tokenizer_hashes(models, tokenizer_donor, blobs),
         tokenizer_blobs=blobs,
-        gguf_headers=headers,
+        container=container,
         vocab=built.alignment if built else None,
         vocab_digest=built.digest if built else "",
         notes=tuple(notes),
@@ -464,10 +468,11 @@ def out_format(tp: TensorPlan, *, dequantize: bool) -> TensorPlan:
     return _copied(replace(tp, out_codec=codec, carried=carried).sized())
 
 
-def _stored_codec(inputs: Sequence[InputRef], base_index: int | None, *, dequantize: bool) -> TensorCodec:
+def _stored_codec(inputs: Sequence[InputRef], base_index: int | None, *, dequantize: bool) -> TensorEncoder:
     """The format an output tensor of ``inputs`` is stored in (see :func:`out_format`)."""
     codec = inputs[base_index if base_index is not None else 0].codec
-    return PLAIN if dequantize or not codec.writes else codec
+    # A format read and written alike keeps it (a decoder that is an encoder too); one read only is stored plainly.
+    return codec if isinstance(codec, TensorEncoder) and not dequantize else PLAIN
 
 
 def _copied(tp: TensorPlan) -> TensorPlan:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from resumerge.inputs.codecs import TensorCodec
+from resumerge.inputs.codecs import TensorDecoder
 from resumerge.inputs.gguf.codec import GgufCodec
-from resumerge.inputs.gguf.outcodec import TYPES, GgufOutCodec
+from resumerge.outputs.gguf.outcodec import TYPES, GgufOutCodec
 from resumerge.plan.gguftypes import type_notes
 from resumerge.plan.merge_plan import TensorPlan
 
@@ -51,7 +51,7 @@ def quantization_notes(tensors: Mapping[str, TensorPlan]) -> list[str]:
     return notes
 
 
-def gguf_error_notes(codecs: Iterable[TensorCodec], tensors: Mapping[str, TensorPlan]) -> list[str]:
+def gguf_error_notes(codecs: Iterable[TensorDecoder], tensors: Mapping[str, TensorPlan]) -> list[str]:
     """The note of a plan that decodes quantized GGUF parents or encodes a quantized GGUF output: each type's
     round-trip error (``GGUF_ROUND_TRIP``); none when neither."""
     read = {codec.ggml_type for codec in codecs if isinstance(codec, GgufCodec)}

@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from resumerge.inputs.codecs import MAIN, PLAIN, Role, TensorCodec
+from resumerge.inputs.codecs import MAIN, PLAIN, Role, TensorEncoder
 from resumerge.plan.merge_plan import Plan
 
 # The format of a model or output none of whose tensors a quantized format claims.
@@ -21,7 +21,7 @@ def output_roles(plan: Plan) -> dict[str, int]:
     counts: Counter[str] = Counter()
     # The parts a codec writes depend on the value's dtype and shape, never on its name (only their stored names
     # do): counted once per codec, dtype and shape, not for each of 46k tensors (the codec held: its id stays).
-    roles_of: dict[tuple[int, str, tuple[int, ...]], tuple[TensorCodec, Counter[str]]] = {}
+    roles_of: dict[tuple[int, str, tuple[int, ...]], tuple[TensorEncoder, Counter[str]]] = {}
     for tp in plan.tensors.values():
         codec = tp.out_codec
         if codec.plain:

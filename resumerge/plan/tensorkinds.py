@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from operator import attrgetter
 from typing import Any
 
-from resumerge.inputs.codecs import TensorCodec
+from resumerge.inputs.codecs import TensorEncoder
 from resumerge.plan.merge_plan import InputRef, TensorPlan
 
 __all__ = ["KeyKinds", "Kind", "TensorKinds", "carried_companions", "kind_key"]
@@ -43,7 +43,7 @@ def kind_key(method: str, base_index: int | None, vocab_rows: int | None,
     return tuple(key)
 
 
-def carried_companions(inputs: Sequence[InputRef], codec: TensorCodec, *, copy_of: int | None = None,
+def carried_companions(inputs: Sequence[InputRef], codec: TensorEncoder, *, copy_of: int | None = None,
                        base_index: int | None = None) -> tuple[tuple[str, InputRef], ...]:
     """The companions an output tensor over ``inputs`` stored in ``codec`` carries
     (:attr:`~resumerge.plan.merge_plan.TensorPlan.carried`): those ``codec`` carries of the input it is a copy of

@@ -236,12 +236,10 @@ def pass_rows(tp: TensorPlan) -> int:
 
 def row_step(tp: TensorPlan) -> int:
     """The rows every row chunk of ``tp`` but its last is a multiple of: the block height of the format it is
-    written in and, for a stored copy, of the format it is copied from (see
-    :attr:`~resumerge.inputs.codecs.TensorCodec.row_block`), and every input's
-    :attr:`~resumerge.inputs.codecs.TensorCodec.read_block`."""
+    written in (a stored copy's input is in that same format: see :mod:`resumerge.plan.copies`; see
+    :attr:`~resumerge.inputs.codecs.TensorEncoder.row_block`), and every input's
+    :attr:`~resumerge.inputs.codecs.TensorDecoder.read_block`."""
     step = tp.out_codec.row_block
-    if tp.copy_of is not None:
-        step = math.lcm(step, tp.inputs[tp.copy_of].codec.row_block)
     for ref in tp.inputs:  # an input decoded in groups of rows (interleaved heads) is read in whole groups
         step = math.lcm(step, ref.codec.read_block)
     return step

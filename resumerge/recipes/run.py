@@ -45,11 +45,11 @@ from resumerge.errors import (
     UnreachableError,
 )
 from resumerge.inputs.catalog import fetch_inputs
-from resumerge.outputs.aux import aux_files
 from resumerge.plan.changes import describe_changes
 from resumerge.plan.merge_plan import PlanOptions, fingerprint_parts
 from resumerge.plan.outguard import model_places, overlap, refuse_state_in_out
 from resumerge.plan.prepared import Prepared
+from resumerge.plan.sidefiles import aux_files
 from resumerge.recipes.hub import RecipeHub, open_recipe_hub
 from resumerge.recipes.ledger import open_recipe_ledger
 from resumerge.recipes.ledger_read import RECIPE_LEDGER_NAME

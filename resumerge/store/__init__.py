@@ -8,7 +8,7 @@ manifest, in ``journal_commit``, the protocol's one owner); the engine writes ev
 is a local directory, a staged remote mount, a hub repo (``hub*.py``: access checks, batched uploads and commits)
 or a dict (``memsink``, for tests and notebooks).
 
-May import: errors, config, inputs (the safetensors format, tensor bytes, the hub client helpers).
+May import: errors, config, inputs (the safetensors format, tensor bytes, the hub client helpers), outputs.
 """
 
 __all__ = [

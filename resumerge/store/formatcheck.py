@@ -1,8 +1,8 @@
 """``verify``'s look at a quantized output as a reader will load it: from its ``config.json`` and its shards'
 headers alone, every quantized weight has its companions, each of the shape its blocks need, and no companion is
-left without its weight (the same judgement :func:`~resumerge.inputs.quant.recognise.recognise` passes on an
-input, one line naming the tensor); and the role counts found match the ones the run recorded when it planned the
-output (the ledger's :data:`~resumerge.store.ledger_read.FORMATS_EVENT`).
+left without its weight (the judgement the run's recorded codec passes on an input, one line naming the tensor);
+and the role counts found match the ones the run recorded when it planned the output (the ledger's
+:data:`~resumerge.store.ledger_read.FORMATS_EVENT`).
 """
 
 from __future__ import annotations
@@ -13,17 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.errors import ModelInputError
-from resumerge.inputs.quant.recognise import recognise
-from resumerge.inputs.quant.refusals import DECODED_METHODS
+from resumerge.inputs.codecs import CODECS, CodecTable
+from resumerge.inputs.codecs.quantized import recognise
 from resumerge.inputs.safetensors_format import read_header
 
 
-def check_formats(out: Path, shards: Iterable[str],
-                  recorded: Mapping[str, Any] | None) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
+def check_formats(out: Path, shards: Iterable[str], recorded: Mapping[str, Any] | None,
+                  codecs: CodecTable = CODECS) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
     """The output format found in the finished local output ``out`` (its ``shards``: ``{"format", "roles"}``,
     None when it is not quantized) and each problem found, as (tensor or file, one line). ``recorded`` is the
-    plan's formats report from the ledger (None: not recorded, a plain run or a run planned before it was). An
-    output in a format :func:`~resumerge.inputs.quant.recognise.recognise` does not decode is not judged."""
+    plan's formats report from the ledger (None: not recorded, a plain run or a run planned before it was). The
+    run's recorded codec judges it (else the one its config.json names), found in ``codecs`` (the run's table); an
+    output in a format no quantized codec of that table reads is not judged."""
     said = recorded.get("output") if recorded else None
     expected = said if isinstance(said, Mapping) and said.get("format") not in (None, "plain") else None
     config_path = out / "config.json"
@@ -32,7 +33,9 @@ def check_formats(out: Path, shards: Iterable[str],
     except ValueError as exc:
         return None, [("config.json", f"is not valid JSON ({exc})")]
     settings = config.get("quantization_config") if isinstance(config, Mapping) else None
-    if isinstance(settings, Mapping) and str(settings.get("quant_method", "")).lower() not in DECODED_METHODS:
+    method = str(settings.get("quant_method", "")) if isinstance(settings, Mapping) else ""
+    fmt = (codecs.reader(str(expected["format"])) if expected is not None else None) or codecs.reader(method)
+    if isinstance(settings, Mapping) and fmt is None:
         return None, []  # written by a codec a caller plugged in (a test's toy format): not judged here
     if not settings:
         if expected is None:
@@ -43,7 +46,8 @@ def check_formats(out: Path, shards: Iterable[str],
     try:
         for shard in shards:
             headers.update((name, (e.dtype, tuple(e.shape))) for name, e in read_header(out / shard).tensors.items())
-        verdict = recognise(settings, headers, source=str(out))
+        assert fmt is not None
+        verdict = recognise(fmt, settings, headers, source=str(out))
     except ModelInputError as exc:  # a header too damaged to read is the same one line
         return None, [(exc.tensor or "config.json", exc.one_line())]
     found: dict[str, Any] = {"format": verdict.format or "plain", "roles": verdict.role_counts()}

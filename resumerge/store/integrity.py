@@ -22,6 +22,8 @@ from typing import Any
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
 from resumerge.errors import LedgerError, NothingRecordedError
+from resumerge.inputs.codecs import CODECS, CodecTable
+from resumerge.outputs.containers import container_of
 from resumerge.store.checksums import check_many
 from resumerge.store.formatcheck import check_formats
 from resumerge.store.ledger_read import LEDGER_NAME, read_formats, read_merge_record, read_unit_rows
@@ -62,8 +64,9 @@ class VerifyReport:
         return not self.damaged
 
 
-def verify_output(out_dir: str | os.PathLike[str], state: StateDir) -> VerifyReport:
-    """Check the committed files of ``out_dir`` (records from its ledger under ``state``, else the manifest).
+def verify_output(out_dir: str | os.PathLike[str], state: StateDir, codecs: CodecTable = CODECS) -> VerifyReport:
+    """Check the committed files of ``out_dir`` (records from its ledger under ``state``, else the manifest); a
+    quantized output is read back by its recorded format in ``codecs`` (the run's table of stored formats).
 
     For an ``hf://`` OUT the records come from this machine's ledger, else the repo's manifest, and each file is
     checked against the hub's checksums (the sha256 of the tree listing for LFS files; small files read back).
@@ -93,12 +96,14 @@ def verify_output(out_dir: str | os.PathLike[str], state: StateDir) -> VerifyRep
             damaged.append(Damage(MANIFEST_NAME, problem))
     shards = [n for n in records if n.endswith(".safetensors")]
     read = {"config.json", *shards}
-    gguf = any(n.endswith(".gguf") for n in records)  # its format is in its own header, re-hashed above
-    if not is_hub_target(out_dir) and not pending and not gguf and not any(d.name in read for d in damaged):
+    # The container's rule: a GGUF's format is in its own header, re-hashed above; safetensors are read as a
+    # loader reads them.
+    loader_readable = container_of(records).loader_readable
+    if not is_hub_target(out_dir) and not pending and loader_readable and not any(d.name in read for d in damaged):
         # Every weight with its companions, as a reader finds them (a hub OUT's headers would cost a download).
         # Only files whose checksums matched are read: a damaged one is reported as damaged, never parsed.
         recorded = read_formats(state.run_dir(out_dir) / LEDGER_NAME)
-        held, wrong = check_formats(Path(out_dir), shards, recorded)
+        held, wrong = check_formats(Path(out_dir), shards, recorded, codecs)
         damaged += [Damage(name, problem) for name, problem in wrong]
         if held is not None or recorded is not None:
             formats = {"found": held, "planned": recorded.get("output") if recorded else None}

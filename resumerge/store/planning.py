@@ -8,8 +8,9 @@ because the run died planning, and that running it again continues (:func:`kille
 
 The lock vanishes with the process, so a killed run leaves no mark that ``status`` takes for a live one. The mark
 is advisory: a state dir that cannot be written, or a second process marking the same run, only means ``status``
-cannot say "planning" (the run's own lock still refuses a second run). Standard library only (``status`` imports
-it), with the errors and the MoE pass's journal layout (both standard library only).
+cannot say "planning" (the run's own lock still refuses a second run). The mark names the kind of run that holds
+it, so that what a killed one had done is told by its own kind (at the API, which knows the kinds), never guessed
+here. Standard library only (``status`` imports it), with the errors.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from resumerge.config.moe_state import passes_under_way
-from resumerge.errors import NothingRecordedError
+from resumerge.errors import KilledPlanningError
 
 PLANNING_NAME = "planning"
 # A mark found held by no process when a run or resume takes its own: kept under this name (its start time), so
@@ -31,9 +31,10 @@ KILLED_NAME = "planning.killed"
 
 
 @contextlib.contextmanager
-def planning_mark(run_dir: Path) -> Iterator[None]:
+def planning_mark(run_dir: Path, kind: str = "") -> Iterator[None]:
     """Hold the planning mark of the run whose state folder is ``run_dir`` for the block (created if needed; the
-    folders this creates, the state dir's included, are removed again when the block leaves them empty)."""
+    folders this creates, the state dir's included, are removed again when the block leaves them empty); ``kind``:
+    the name of the kind of run planning (empty: a single merge, or a resume that does not know it yet)."""
     created = []  # the folders this makes, deepest first: removed again if left empty
     folder = run_dir
     while not folder.exists() and folder != folder.parent:
@@ -48,7 +49,7 @@ def planning_mark(run_dir: Path) -> Iterator[None]:
         fd = os.open(run_dir / PLANNING_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, repr(time.time()).encode(), 0)
+        os.pwrite(fd, f"{time.time()!r} {kind}".strip().encode(), 0)
     except OSError:  # unwritable state dir, or another process's mark: status just cannot say "planning"
         if fd is not None:
             os.close(fd)
@@ -81,15 +82,20 @@ def killed_planning(run_dir: Path) -> float | None:
     """When a run or resume of ``run_dir`` started planning, if its process died before it recorded its plan and
     before it could take its mark away (a SIGKILL, the OOM killer, a runtime reset): its mark is left, held by no
     process. None when there is no such mark (none, or a live one)."""
+    found = _killed_mark(run_dir)
+    return found[0] if found is not None else None
+
+
+def _killed_mark(run_dir: Path) -> tuple[float, bool, bool, str] | None:
     found = _mark(run_dir)
     if found is not None and not found[1]:
-        return found[0]
-    kept = _mark(run_dir, KILLED_NAME)  # set aside by a run or resume since (one that died planning too)
-    return kept[0] if kept is not None else None
+        return found
+    return _mark(run_dir, KILLED_NAME)  # set aside by a run or resume since (one that died planning too)
 
 
-def _mark(run_dir: Path, name: str = PLANNING_NAME) -> tuple[float, bool, bool] | None:
-    """The mark's start time, whether a process holds it, and whether its time was written; None without one."""
+def _mark(run_dir: Path, name: str = PLANNING_NAME) -> tuple[float, bool, bool, str] | None:
+    """The mark's start time, whether a process holds it, whether its time was written, and the kind that wrote it;
+    None without one."""
     try:
         fd = os.open(run_dir / name, os.O_RDONLY)
     except OSError:
@@ -102,28 +108,27 @@ def _mark(run_dir: Path, name: str = PLANNING_NAME) -> tuple[float, bool, bool] 
             held = True
         else:
             held = False
+        when, _, kind = text.partition(" ")
         try:
-            return float(text), held, True
+            return float(when), held, True, kind.strip()
         except ValueError:  # held but not yet written (it started just now), or died before it wrote
-            return (time.time() if held else os.fstat(fd).st_mtime), held, False
+            return (time.time() if held else os.fstat(fd).st_mtime), held, False, ""
     except OSError:
         return None
     finally:
         os.close(fd)
 
 
-def killed_while_planning(out: str, run_dir: Path, state_root: Path) -> NothingRecordedError | None:
+def killed_while_planning(out: str, run_dir: Path) -> KilledPlanningError | None:
     """What ``status``, ``resume`` and ``verify`` say of an OUT with no record when the run into it was killed
-    while it planned (:func:`killed_planning`): nothing was written, and running it again continues (a
-    mergekit-moe config's prompt forward pass from the decoder layer it reached). None when that is not so."""
-    since = killed_planning(run_dir)
-    if since is None:
+    while it planned (:func:`killed_planning`): nothing was written, and running it again continues; the error
+    names the kind the mark named, whose own account of what the run had done (a mergekit-moe config's prompt
+    forward pass, continued from the decoder layer it reached) the API adds. None when that is not so."""
+    found = _killed_mark(run_dir)
+    if found is None:
         return None
-    started = time.strftime("%Y-%m-%d %H:%M", time.localtime(since))
-    under_way = passes_under_way(state_root)
-    passed = (f"; its prompt forward pass continues after the {under_way[0]} decoder layers it finished"
-              if len(under_way) == 1 and under_way[0] else "")
-    return NothingRecordedError(
+    started = time.strftime("%Y-%m-%d %H:%M", time.localtime(found[0]))
+    return KilledPlanningError(
         f"no merge recorded for {out}: the run started {started} was killed while planning, before it recorded "
         "its plan, and wrote nothing",
-        path=str(out), hint=f"run the same resumerge run CONFIG {out} again{passed}")
+        path=str(out), hint=f"run the same resumerge run CONFIG {out} again", kind=found[3])

@@ -160,7 +160,7 @@ def read_status(out_dir: str | os.PathLike[str], state: StateDir) -> StatusRepor
             return report
     if manifest.is_file():
         return _from_manifest(manifest, str(manifest), str(out_dir), command)
-    killed = killed_while_planning(str(out_dir), rdir, where.root)
+    killed = killed_while_planning(str(out_dir), rdir)
     if killed is not None:
         raise killed
     raise NothingRecordedError(

@@ -7,10 +7,13 @@ from typing import Any
 import pytest
 
 from resumerge.errors import EXIT_INVALID, ModelInputError, exit_code_for
-from resumerge.inputs.quant.recognise import recognise
+from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.quant.recognise_ct import packed_shape
 from resumerge.inputs.quant.refusals import HeaderMap, refuse_gguf
 from resumerge.inputs.quant.verdict import TensorRole
+
+# The verdict of the format that claims a checkpoint's quant_method (each format's own recognition, one path).
+recognise = CODECS.verdict
 
 FP8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
 # DeepSeek-V3's shapes (simpx/model-inspect), split over two "shards" the way its index does: the scale of

@@ -27,10 +27,10 @@ from resumerge.inputs.model import ModelInput
 from resumerge.inputs.source import InputSources
 from resumerge.memory import MemoryGovernor
 from resumerge.methods.resources import NO_RESOURCES, Resources
-from resumerge.outputs.aux import aux_files, render_aux
 from resumerge.plan.merge_plan import Plan
 from resumerge.plan.outconfig import render_config
 from resumerge.plan.outmodel import planned_model
+from resumerge.plan.sidefiles import aux_files, render_aux
 
 # The small files of the output a merge's folder holds: what reads a model's folder reads (the index, the card and
 # the config's copy say nothing a reader needs, and without the copy the candidates of a generation, whose configs

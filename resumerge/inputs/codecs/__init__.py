@@ -1,7 +1,8 @@
 """Tensor codecs: how each stored input tensor (with its companion tensors) is decoded to the value a merge method
 sees, and how each output tensor is encoded into the tensors it is stored as.
 
-``protocol`` defines :class:`TensorCodec` (one class per stored format) and the roles of stored tensors; ``plain``
+``protocol`` defines :class:`TensorDecoder` and :class:`TensorEncoder` (a stored format's two directions;
+:class:`TensorCodec`: both) and the roles of stored tensors; ``plain``
 is the codec of a tensor stored in its own dtype; ``fp8_block``, ``compressed`` and ``mxfp4`` are the quantized
 formats' codecs over the kernels of :mod:`resumerge.inputs.quant` (``quantized``: what they share); ``table`` holds
 the per-run :class:`CodecTable` the planner recognises formats with, and :data:`CODECS`, the default one.
@@ -11,7 +12,8 @@ from resumerge.inputs.codecs.compressed import CompressedTensorsCodec
 from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
 from resumerge.inputs.codecs.mxfp4 import Mxfp4Codec
 from resumerge.inputs.codecs.plain import PLAIN, PlainCodec
-from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, Role, TensorCodec
+from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, Role, TensorCodec, TensorDecoder, TensorEncoder
+from resumerge.inputs.codecs.quantized import QuantizedCodec
 from resumerge.inputs.codecs.table import CODECS, CodecTable, StoredFormats
 
 __all__ = [
@@ -25,7 +27,10 @@ __all__ = [
     "Mxfp4Codec",
     "OutPart",
     "PlainCodec",
+    "QuantizedCodec",
     "Role",
     "StoredFormats",
     "TensorCodec",
+    "TensorDecoder",
+    "TensorEncoder",
 ]

@@ -5,17 +5,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from resumerge.errors import ModelInputError
-from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, TensorCodec
-from resumerge.inputs.codecs.quantized import SCALE, SHAPE, ZERO_POINT, is_extra, quantized_claims
+from resumerge.inputs.codecs.protocol import MAIN, OutPart
+from resumerge.inputs.codecs.quantized import SCALE, SHAPE, ZERO_POINT, QuantizedCodec, is_extra
 from resumerge.inputs.quant import compressed_tensors as ct
 from resumerge.inputs.quant.grid import grid_rows, grid_shape
 from resumerge.inputs.quant.int_pack import packed_cols
+from resumerge.inputs.quant.recognise_ct import compressed_tensors_weights
+from resumerge.inputs.quant.refusals import HeaderMap
 from resumerge.inputs.quant.verdict import Kind, QuantizedTensor
 from resumerge.inputs.tensorio import TORCH_DTYPES
 from resumerge.torch_import import torch
@@ -30,7 +32,7 @@ _CODE_DTYPES = MappingProxyType({"ct-packed": "I32", "ct-naive": "I8", "ct-float
 
 
 @dataclass(frozen=True)
-class CompressedTensorsCodec(TensorCodec):
+class CompressedTensorsCodec(QuantizedCodec):
     """``quant_method: compressed-tensors``: value = (code − zero point) · scale of its ``block``, in float32.
 
     ``kind``: ``ct-packed``, ``ct-naive`` or ``ct-float``; ``cols``: the value's width (a packed row holds up to a
@@ -48,14 +50,14 @@ class CompressedTensorsCodec(TensorCodec):
     zero_point_dtype: str | None = None
 
     @classmethod
-    def recognise(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource]) -> tuple[Claim, ...]:
-        """Every module ``M`` with ``M.weight_scale`` of a ``quant_method: compressed-tensors`` model."""
-        return quantized_claims(config, tensors, _KINDS, lambda w: cls.of(w, tensors))
+    def weights(cls, quantization: Mapping[str, Any], headers: HeaderMap, source: str) -> dict[str, QuantizedTensor]:
+        """Every module ``M`` with ``M.weight_scale`` of a ``quant_method: compressed-tensors`` model
+        (:mod:`resumerge.inputs.quant.recognise_ct`, this format's own reading of its config)."""
+        return compressed_tensors_weights(quantization, headers, source)
 
     @classmethod
-    def recognise_among(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource],
-                        shared: dict[object, Any]) -> tuple[Claim, ...]:
-        return quantized_claims(config, tensors, _KINDS, lambda w: cls.of(w, tensors), shared)
+    def codec_of(cls, tensors: Mapping[str, TensorSource]) -> Callable[[QuantizedTensor], CompressedTensorsCodec]:
+        return lambda weight: cls.of(weight, tensors)
 
     @classmethod
     def of(cls, weight: QuantizedTensor, tensors: Mapping[str, TensorSource]) -> CompressedTensorsCodec:

@@ -3,15 +3,17 @@ scale per block, over the kernels of :mod:`resumerge.inputs.quant.fp8_block`."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, TensorCodec
-from resumerge.inputs.codecs.quantized import SCALE, is_extra, quantized_claims
+from resumerge.inputs.codecs.protocol import MAIN, OutPart
+from resumerge.inputs.codecs.quantized import SCALE, QuantizedCodec, is_extra
 from resumerge.inputs.quant import fp8_block
 from resumerge.inputs.quant.grid import grid_rows, grid_shape
-from resumerge.inputs.quant.verdict import QuantizedTensor
+from resumerge.inputs.quant.refusals import HeaderMap, refuse
+from resumerge.inputs.quant.verdict import QuantizedTensor, Scheme
 from resumerge.inputs.tensorio import TORCH_DTYPES
 from resumerge.torch_import import torch
 
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class BlockFp8Codec(TensorCodec):
+class BlockFp8Codec(QuantizedCodec):
     """``quant_method: fp8``: value = code · scale of its ``block`` (edge blocks partial), in float32. ``fused``: a
     ``[experts, rows, cols]`` weight with ``[experts, grid rows, grid cols]`` scales (its rows are experts)."""
 
@@ -32,14 +34,13 @@ class BlockFp8Codec(TensorCodec):
     fused: bool = False
 
     @classmethod
-    def recognise(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource]) -> tuple[Claim, ...]:
+    def weights(cls, quantization: Mapping[str, Any], headers: HeaderMap, source: str) -> dict[str, QuantizedTensor]:
         """Every ``X`` with an ``X_scale_inv`` of a ``quant_method: fp8`` model."""
-        return quantized_claims(config, tensors, ("fp8-block",), cls._codecs())
+        return _fp8_weights(quantization, headers, source)
 
     @classmethod
-    def recognise_among(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource],
-                        shared: dict[object, Any]) -> tuple[Claim, ...]:
-        return quantized_claims(config, tensors, ("fp8-block",), cls._codecs(), shared)
+    def codec_of(cls, tensors: Mapping[str, TensorSource]) -> Callable[[QuantizedTensor], BlockFp8Codec]:
+        return cls._codecs()
 
     @classmethod
     def of(cls, weight: QuantizedTensor) -> BlockFp8Codec:
@@ -100,3 +101,75 @@ class BlockFp8Codec(TensorCodec):
         scales = torch.stack([fp8_block.encode(m, self.block, scale_fmt=self.scale_fmt, scale_dtype=scale_dtype,
                                                codes_out=codes[index])[1] for index, m in enumerate(flat)])
         return {MAIN: codes.reshape(values.shape), SCALE: scales.reshape(*values.shape[:-2], *scales.shape[-2:])}
+
+
+_SCALE_DTYPES = ("F32", "BF16", "F16")
+
+
+def _fp8_weights(config: Mapping[str, Any], headers: HeaderMap, source: str) -> dict[str, QuantizedTensor]:
+    fmt = str(config.get("fmt", "e4m3")).lower()
+    scale_fmt = str(config.get("scale_fmt") or "float").lower()
+    if fmt != "e4m3" or scale_fmt not in ("float", "ue8m0") or config.get("expert_dtype") not in (None, "fp8"):
+        detail = f"fmt {fmt}, scale_fmt {scale_fmt}, expert_dtype {config.get('expert_dtype')}"
+        raise refuse(source, f"an fp8 quantization resumerge cannot decode ({detail})", min(headers, default=None))
+    size = config.get("weight_block_size")
+    found: dict[str, QuantizedTensor] = {}
+    # (weight's header, scale's header) -> its scheme, checked once: 45k weights share a handful of shapes, and one
+    # scheme per block and scale dtype serves them all.
+    checked: dict[tuple[tuple[str, tuple[int, ...]], tuple[str, tuple[int, ...]]], Scheme] = {}
+    schemes: dict[tuple[tuple[int, int], str], Scheme] = {}
+    inputs = {n for n in headers if n.endswith(".input_scale")}
+    carried: set[str] = set()  # the activation scales the weights carry
+    scales = sorted(n for n in headers if n.endswith("_scale_inv"))
+    for scale_name in scales:
+        name = scale_name.removesuffix("_scale_inv")
+        weight = headers.get(name)
+        if weight is None:
+            raise refuse(source, "an fp8 scale without its weight (looked for "
+                                 f"{name})", scale_name, "the checkpoint is incomplete: download it again")
+        scale = headers[scale_name]
+        scheme = checked.get((weight, scale))
+        if scheme is None:
+            block = _fp8_block(weight, scale, size, scale_name, source)
+            scheme = schemes.get((block, scale[0])) or schemes.setdefault(
+                (block, scale[0]), Scheme("fp8-block", 8, block, "block", scale[0], scale_fmt=scale_fmt))
+            checked[(weight, scale)] = scheme
+        extra = f"{name.removesuffix('.weight')}.input_scale" if inputs and name.endswith(".weight") else None
+        extras = (extra,) if extra in inputs else ()
+        found[name] = QuantizedTensor(name, name, scale_name, scheme, tuple(weight[1]), extras=extras)
+        if extras:
+            carried.update(extras)
+    # What the weights claim: their codes (the keys of found), scales and carried activation scales.
+    unclaimed = {n for n, (dtype, _) in headers.items() if dtype == "F8_E4M3" and n not in found and n not in carried}
+    unclaimed |= inputs - carried - found.keys()
+    if unclaimed:
+        unclaimed -= set(scales)
+    # The first (sorted) of them is refused, as a weight without its scale when it is one.
+    stray = min((n for n in unclaimed if headers[n][0] == "F8_E4M3"), default=None)
+    stray_input = min((n for n in unclaimed if n in inputs), default=None)
+    if stray is not None and (stray_input is None or stray <= stray_input):
+        raise refuse(source, f"an fp8 weight without its scale (looked for {stray}_scale_inv)", stray,
+                     "the checkpoint is incomplete: download it again")
+    if stray_input is not None:
+        raise refuse(source, "an activation scale without a quantized weight", stray_input)
+    return found
+
+
+def _fp8_block(weight: tuple[str, tuple[int, ...]], scale: tuple[str, tuple[int, ...]],
+               size: Any, scale_name: str, source: str) -> tuple[int, int]:
+    """The block of the fp8 weight whose header is ``weight`` with the scale ``scale_name`` (header ``scale``):
+    ``size`` (the config's ``weight_block_size``), or the whole weight without one. Raises the refusal for a
+    weight that is not F8_E4M3 of two or more dimensions with a float scale, or whose scale's shape is not its
+    grid's."""
+    (dtype, shape), (scale_dtype, scale_shape) = weight, scale
+    name = scale_name.removesuffix("_scale_inv")
+    if dtype != "F8_E4M3" or scale_dtype not in (*_SCALE_DTYPES, "F8_E8M0") or len(shape) < 2:
+        raise refuse(source, f"an fp8 weight must be a 2-D or fused F8_E4M3 tensor with a float scale, not "
+                             f"{dtype} {list(shape)} with {scale_dtype}", name)
+    block = (int(size[0]), int(size[1])) if size else (shape[-2], shape[-1])
+    expected = (*shape[:-2], *grid_shape((shape[-2], shape[-1]), block))
+    if tuple(scale_shape) != expected and not (not size and math.prod(scale_shape) == 1):
+        raise refuse(source, f"the scale {scale_name} has shape {list(scale_shape)}, but a {list(shape)} weight "
+                             f"in {list(block)} blocks needs {list(expected)}", name,
+                     "the checkpoint or its weight_block_size is wrong: download it again")
+    return block

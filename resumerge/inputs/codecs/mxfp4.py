@@ -3,15 +3,16 @@ per 32 input values), decoded to transformers' ``[experts, in, out]`` layout by 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from resumerge.errors import ModelInputError
-from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, TensorCodec
-from resumerge.inputs.codecs.quantized import SCALE, quantized_claims
+from resumerge.inputs.codecs.protocol import MAIN, OutPart
+from resumerge.inputs.codecs.quantized import SCALE, QuantizedCodec
 from resumerge.inputs.quant import mxfp4
-from resumerge.inputs.quant.verdict import QuantizedTensor
+from resumerge.inputs.quant.refusals import HeaderMap, refuse
+from resumerge.inputs.quant.verdict import QuantizedTensor, Scheme
 from resumerge.torch_import import torch
 
 if TYPE_CHECKING:
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Mxfp4Codec(TensorCodec):
+class Mxfp4Codec(QuantizedCodec):
     """``quant_method: mxfp4``: ``X`` is ``X_blocks`` ``[experts, out, G, 16]`` with ``X_scales`` ``[experts, out,
     G]``, valued ``[experts, G · 32, out]`` in float32. Its rows are experts, whole in every part."""
 
@@ -27,14 +28,13 @@ class Mxfp4Codec(TensorCodec):
     claims: ClassVar[tuple[str, ...]] = ("mxfp4",)
 
     @classmethod
-    def recognise(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource]) -> tuple[Claim, ...]:
+    def weights(cls, quantization: Mapping[str, Any], headers: HeaderMap, source: str) -> dict[str, QuantizedTensor]:
         """Every ``X_blocks`` with its ``X_scales`` of a ``quant_method: mxfp4`` model."""
-        return quantized_claims(config, tensors, ("mxfp4",), cls.of)
+        return _mxfp4_weights(headers, source)
 
     @classmethod
-    def recognise_among(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource],
-                        shared: dict[object, Any]) -> tuple[Claim, ...]:
-        return quantized_claims(config, tensors, ("mxfp4",), cls.of, shared)
+    def codec_of(cls, tensors: Mapping[str, TensorSource]) -> Callable[[QuantizedTensor], Mxfp4Codec]:
+        return cls.of
 
     @classmethod
     def of(cls, weight: QuantizedTensor) -> Mxfp4Codec:
@@ -66,3 +66,30 @@ class Mxfp4Codec(TensorCodec):
         """Fresh power-of-two scales and E2M1 codes (the input width must be a multiple of 32)."""
         blocks, scales = mxfp4.encode(value.to(torch.float32))
         return {MAIN: blocks, SCALE: scales}
+
+
+def _mxfp4_weights(headers: HeaderMap, source: str) -> dict[str, QuantizedTensor]:
+    found: dict[str, QuantizedTensor] = {}
+    for blocks_name in sorted(n for n in headers if n.endswith("_blocks")):
+        name = blocks_name.removesuffix("_blocks")
+        scales_name = f"{name}_scales"
+        dtype, shape = headers[blocks_name]
+        if scales_name not in headers:
+            raise refuse(source, f"an mxfp4 weight without its scales (looked for {scales_name})", blocks_name,
+                         "the checkpoint is incomplete: download it again")
+        scale_dtype, scale_shape = headers[scales_name]
+        if dtype != "U8" or scale_dtype != "U8" or len(shape) < 3 or shape[-1] != 16:
+            raise refuse(source, f"mxfp4 blocks are U8 [..., out, groups, 16] with U8 scales, not {dtype} "
+                                 f"{list(shape)} with {scale_dtype}", blocks_name)
+        if tuple(scale_shape) != tuple(shape[:-1]):
+            raise refuse(source, f"the scales {scales_name} have shape {list(scale_shape)}, but {list(shape)} "
+                                 f"blocks need {list(shape[:-1])}", blocks_name,
+                         "the checkpoint is incomplete or damaged: download it again")
+        scheme = Scheme("mxfp4", 4, None, "group", "U8", group_size=mxfp4.GROUP)
+        found[name] = QuantizedTensor(name, blocks_name, scales_name, scheme, mxfp4.decoded_shape(tuple(shape)))
+    for name in sorted(headers):
+        if name.endswith("_scales") and name.removesuffix("_scales") not in found:
+            raise refuse(source, "mxfp4 scales without their blocks (looked for "
+                                 f"{name.removesuffix('_scales')}_blocks)", name,
+                         "the checkpoint is incomplete: download it again")
+    return found

@@ -1,17 +1,19 @@
 """The tensor codec seam: how a stored tensor and its companions become the value a merge method sees, and back.
 
-A *stored format* (plain dtypes; later block FP8, compressed-tensors, MXFP4) is one :class:`TensorCodec` subclass.
-The planner asks each format of the run's :class:`~resumerge.inputs.codecs.table.CodecTable` which stored tensors
-of a model it owns (:meth:`TensorCodec.recognise`, from ``config.json`` and the headers only); each owned tensor
+A *stored format* is a :class:`TensorDecoder` (how it is read), a :class:`TensorEncoder` (how it is written), or a
+:class:`TensorCodec`, both in one value (plain dtypes, block FP8, compressed-tensors, MXFP4); GGUF reads with one
+value per stored tensor and writes with another. No format implements a direction it does not have. The planner
+asks each format of the run's :class:`~resumerge.inputs.codecs.table.CodecTable` which stored tensors
+of a model it owns (:meth:`TensorDecoder.recognise`, from ``config.json`` and the headers only); each owned tensor
 becomes one logical tensor — a main part plus named companion parts (scales, zero points, packed shapes), which may
 sit in other files than the main part. Tensors no format claims are plain. The engine then reads the parts (a row
-range of them for a row chunk: :meth:`TensorCodec.part_rows`) and calls :meth:`TensorCodec.decode` just before the
-method sees the tensor; on output, :meth:`TensorCodec.encode` turns the result into the parts
-:meth:`TensorCodec.out_parts` announced when the shards were laid out.
+range of them for a row chunk: :meth:`TensorDecoder.part_rows`) and calls :meth:`TensorDecoder.decode` just before the
+method sees the tensor; on output, :meth:`TensorEncoder.encode` turns the result into the parts
+:meth:`TensorEncoder.out_parts` announced when the shards were laid out.
 
 A codec instance is an immutable value (a frozen dataclass: its fields are the format's parameters, say a block
 size); the plan carries the instance of each input and output tensor, and its fingerprint carries
-:meth:`TensorCodec.identity`. Codecs hold no state: several worker threads decode with one instance at once.
+:meth:`TensorDecoder.identity`. Codecs hold no state: several worker threads decode with one instance at once.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ class Claim(NamedTuple):
 
     name: str
     parts: tuple[tuple[str, str], ...]
-    codec: TensorCodec
+    codec: TensorDecoder
 
     @property
     def main(self) -> str:
@@ -72,11 +74,38 @@ class OutPart:
     shape: tuple[int, ...]
 
 
-class TensorCodec(ABC):
-    """One stored tensor format. Subclasses are frozen dataclasses; ``name`` names the format in plans,
-    fingerprints and reports."""
+class _Format:
+    """What a decoder and an encoder both are: a named, immutable format value whose identity the fingerprint
+    records (subclasses are frozen dataclasses)."""
 
     name: ClassVar[str]
+
+    def identity(self) -> tuple[Any, ...]:
+        """What the plan's fingerprint records of this codec: its name and parameters."""
+        # The fields read directly, not dataclasses.astuple (a deep copy: seconds over a 92k-tensor plan); a
+        # codec's parameters are scalars and tuples of them, which astuple returned equal.
+        return (self.name, *(getattr(self, f.name) for f in fields(self)))  # type: ignore[arg-type]
+
+    @property
+    def plain(self) -> bool:
+        """Whether reading is a view of the stored bytes (no decoding, no companions)."""
+        return False
+
+    @property
+    def mergekit_reads(self) -> bool:
+        """Whether mergekit 0.1.5 reads this format's stored tensors at all (it merges a safetensors format's codes
+        as numbers; it cannot open a GGUF): what the plan's note about quantized inputs says of it."""
+        return True
+
+    def value_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of the decoded value of a main part of shape ``stored`` (a packed format's differ)."""
+        return stored
+
+
+class TensorDecoder(_Format, ABC):
+    """The reading direction of one stored tensor format: which stored tensors of a model it owns, and their value.
+    Subclasses are frozen dataclasses; ``name`` names the format in plans, fingerprints and reports."""
+
     # The ``quant_method`` values (lowercase) of ``config.json``'s ``quantization_config`` this format decodes: a
     # table asks a format about a model only when the model has no ``quant_method`` or one the format claims, and
     # refuses a model whose ``quant_method`` no format of the table claims (see
@@ -101,17 +130,6 @@ class TensorCodec(ABC):
         one ``quantization_config`` verdict) judge it once. ``shared`` lives as long as that one question."""
         return cls.recognise(config, tensors)
 
-    def identity(self) -> tuple[Any, ...]:
-        """What the plan's fingerprint records of this codec: its name and parameters."""
-        # The fields read directly, not dataclasses.astuple (a deep copy: seconds over a 92k-tensor plan); a
-        # codec's parameters are scalars and tuples of them, which astuple returned equal.
-        return (self.name, *(getattr(self, f.name) for f in fields(self)))  # type: ignore[arg-type]
-
-    @property
-    def plain(self) -> bool:
-        """Whether reading is a view of the stored bytes (no decoding, no companions)."""
-        return False
-
     @property
     def stored_as(self) -> str:
         """What the main part stores, as the plan's notes name it ("FP8 codes"): what a tool that does not decode
@@ -122,52 +140,17 @@ class TensorCodec(ABC):
         """The safetensors dtype of the decoded value of a main part stored as ``stored``."""
         return "F32"
 
-    def value_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
-        """The shape of the decoded value of a main part of shape ``stored`` (a packed format's differ)."""
-        return stored
-
-    @property
-    def row_block(self) -> int:
-        """Value rows one stored row of a companion covers (a block scale's block height): every row chunk of a
-        tensor written in this format, but its last, is a multiple of it, so no chunk encodes part of a block
-        (the block would get two scales, and the second chunk's would overwrite the first's). 1 by default."""
-        return 1
-
     @property
     def read_block(self) -> int:
         """Value rows a decode needs together (a GGUF q/k head, whose rows are interleaved): every row chunk of a
         tensor read in this format, but its last, is a multiple of it. 1 by default."""
         return 1
 
-    @property
-    def mergekit_reads(self) -> bool:
-        """Whether mergekit 0.1.5 reads this format's stored tensors at all (it merges a safetensors format's codes
-        as numbers; it cannot open a GGUF): what the plan's note about quantized inputs says of it."""
-        return True
-
-    @property
-    def writes(self) -> bool:
-        """Whether an output tensor may be stored in this format (an input-only format's outputs are plain)."""
-        return True
-
-    def carries(self, part: str) -> bool:
-        """Whether companion ``part`` is carried beside the value rather than used to decode it or computed by
-        :meth:`encode` (a static activation's ``input_scale``, calibrated on activations, not weights): an output
-        in this format copies it from the input whose format it keeps. False by default."""
-        return False
-
     def part_rows(self, part: str, first: int, stop: int) -> tuple[int, int]:
         """The rows of companion part ``part`` that value rows ``[first, stop)`` need (a block scale's row holds
         many value rows); the engine reads those rows of each companion for a row chunk, and the same rows of
         the main part as of the value (row-major parts; a part without rows, a scalar, is read whole)."""
         return first, stop
-
-    def quantization_config(self, base: Mapping[str, Any]) -> Mapping[str, Any] | None:
-        """The ``quantization_config`` of the output's ``config.json`` when this codec writes its tensors (``base``
-        is the config.json of the model whose format the output keeps); None writes none. By default the base's
-        own entry, unchanged."""
-        found = base.get("quantization_config")
-        return found if isinstance(found, Mapping) else None
 
     @abstractmethod
     def decode(self, parts: Mapping[str, torch.Tensor], first_row: int,
@@ -178,6 +161,32 @@ class TensorCodec(ABC):
         contiguous buffer of the value's shape and dtype the codec may decode into and return instead of allocating
         one (a caller that reuses its buffers spares the kernel's zeroing of fresh pages); the returned tensor is
         the value either way, on the parts' device (``out``'s too)."""
+
+
+class TensorEncoder(_Format, ABC):
+    """The writing direction of one stored tensor format: the stored tensors an output tensor is written as, and
+    their bytes. Subclasses are frozen dataclasses; an output keeps its base input's format when that format's
+    decoder is an encoder too (a :class:`TensorCodec`), else it is stored plainly."""
+
+    @property
+    def row_block(self) -> int:
+        """Value rows one stored row of a companion covers (a block scale's block height): every row chunk of a
+        tensor written in this format, but its last, is a multiple of it, so no chunk encodes part of a block
+        (the block would get two scales, and the second chunk's would overwrite the first's). 1 by default."""
+        return 1
+
+    def carries(self, part: str) -> bool:
+        """Whether companion ``part`` is carried beside the value rather than used to decode it or computed by
+        :meth:`encode` (a static activation's ``input_scale``, calibrated on activations, not weights): an output
+        in this format copies it from the input whose format it keeps. False by default."""
+        return False
+
+    def quantization_config(self, base: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The ``quantization_config`` of the output's ``config.json`` when this codec writes its tensors (``base``
+        is the config.json of the model whose format the output keeps); None writes none. By default the base's
+        own entry, unchanged."""
+        found = base.get("quantization_config")
+        return found if isinstance(found, Mapping) else None
 
     @abstractmethod
     def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:
@@ -196,3 +205,8 @@ class TensorCodec(ABC):
         dtype): a row chunk's bytes straight into the range's buffers. This default copies them there."""
         for part, stored in self.encode(value, dtype).items():
             into[part].copy_(stored)
+
+
+class TensorCodec(TensorDecoder, TensorEncoder, ABC):
+    """A format read and written alike (plain dtypes, block FP8, compressed-tensors, MXFP4): its decoder and its
+    encoder in one value, so an output tensor keeps its base input's format."""

@@ -16,10 +16,12 @@ from resumerge.inputs.codecs.compressed import CompressedTensorsCodec
 from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
 from resumerge.inputs.codecs.mxfp4 import Mxfp4Codec
 from resumerge.inputs.codecs.plain import PLAIN
-from resumerge.inputs.codecs.protocol import MAIN, Claim, Role, TensorCodec
+from resumerge.inputs.codecs.protocol import MAIN, Claim, Role, TensorDecoder
+from resumerge.inputs.codecs.quantized import QuantizedCodec, recognise
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.gguf.codec import GgufCodec
-from resumerge.inputs.quant.refusals import refuse_method
+from resumerge.inputs.quant.refusals import HeaderMap, refuse_method, refuse_unconfigured
+from resumerge.inputs.quant.verdict import Checkpoint
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ class StoredFormats:
     claims: Mapping[str, Claim]
     roles: Mapping[str, Role]
 
-    def codec(self, name: str) -> TensorCodec:
+    def codec(self, name: str) -> TensorDecoder:
         """The codec of logical tensor ``name`` (plain when no format claims it)."""
         claim = self.claims.get(name)
         return claim.codec if claim is not None else PLAIN
@@ -61,7 +63,7 @@ class StoredFormats:
 class CodecTable:
     """The stored formats of one run, tried in order; a tensor none of them claims is plain."""
 
-    formats: tuple[type[TensorCodec], ...] = ()
+    formats: tuple[type[TensorDecoder], ...] = ()
 
     def recognise(self, config: Mapping[str, Any], tensors: Mapping[str, TensorSource],
                   *, where: str = "") -> StoredFormats:
@@ -104,8 +106,35 @@ class CodecTable:
         """Every ``quant_method`` a format of this table claims, in the table's order."""
         return tuple(dict.fromkeys(method for fmt in self.formats for method in fmt.claims))
 
+    @property
+    def quantized(self) -> tuple[type[QuantizedCodec], ...]:
+        """The quantized safetensors formats of this table (each finds its own weights from the headers)."""
+        return tuple(fmt for fmt in self.formats if issubclass(fmt, QuantizedCodec))
+
+    def reader(self, name: str) -> type[QuantizedCodec] | None:
+        """The quantized format of this table named ``name`` (a codec's name, as a run records its output's format,
+        or a ``quant_method`` it claims), or None."""
+        name = name.lower()
+        return next((fmt for fmt in self.quantized if name == fmt.name or name in fmt.claims), None)
+
+    def verdict(self, quantization_config: Mapping[str, Any] | None, headers: HeaderMap, *,
+                source: str = "") -> Checkpoint:
+        """What the format claiming a checkpoint's ``quant_method`` finds in it (``quantization_config``: None or
+        empty when config.json has none; ``headers``: every shard's tensors): per stored tensor its role and per
+        quantized weight how it decodes. Raises the one-line refusal (exit 2) for a method no quantized format of
+        this table claims, and each format's own for what it cannot decode; ``source`` names the model."""
+        if not quantization_config:
+            refuse_unconfigured(headers, source)
+            return Checkpoint(None, {}, tuple(headers))
+        method = str(quantization_config.get("quant_method", "")).lower()
+        fmt = self.reader(method) if method else None
+        if fmt is None:
+            raise refuse_method(method or "(none)", headers, source,
+                                tuple(dict.fromkeys(m for f in self.quantized for m in f.claims)))
+        return recognise(fmt, quantization_config, headers, source)
+
     def asked(self, config: Mapping[str, Any], tensors: Mapping[str, TensorSource],
-              where: str = "") -> tuple[type[TensorCodec], ...]:
+              where: str = "") -> tuple[type[TensorDecoder], ...]:
         """The formats asked about a model whose ``config.json`` is ``config``: every one when it names no
         ``quant_method`` (each may still find its own telltales, or refuse another format's), else those that
         claim its method. Raises the one-line refusal (exit 2) for a ``quantization_config`` whose method no

@@ -3,8 +3,8 @@
 It claims every tensor of a model :mod:`.model` opened (``quant_method: gguf`` in its synthesized config), decodes a
 row chunk (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K with torch, :mod:`.blocks`; the other types with
 ``gguf.quants.dequantize``; blocks never cross rows) and applies the family's transform: llama's q/k rows un-permuted
-per head (a chunk is whole heads: :attr:`GgufCodec.read_block`), gemma's norms −1. It is an input format only: an
-output tensor of a GGUF base is stored plainly (:attr:`GgufCodec.writes`).
+per head (a chunk is whole heads: :attr:`GgufCodec.read_block`), gemma's norms −1. A decoder only: an output tensor
+of a GGUF base is stored plainly, or written to a GGUF by :mod:`resumerge.outputs.gguf` (one encoder per tensor).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from resumerge.errors import ModelInputError
-from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, TensorCodec
+from resumerge.inputs.codecs.protocol import MAIN, Claim, TensorDecoder
 from resumerge.inputs.gguf import blocks
 from resumerge.inputs.gguf.model import METHOD, PLAIN_TYPES, gguf_module
 from resumerge.inputs.gguf.names import NORM_MINUS_ONE, UNPERMUTE_Q, hf_rows, transform
@@ -29,7 +29,7 @@ _BLOCK_TYPES = {"F32": blocks.F32, "F16": blocks.F16, "BF16": blocks.BF16, "Q8_0
 
 
 @dataclass(frozen=True)
-class GgufCodec(TensorCodec):
+class GgufCodec(TensorDecoder):
     """One GGUF tensor's decoding: its ggml type (by name), block (values, bytes), the transform into HF values,
     and the rows of one head for an un-permuted q/k (1 otherwise)."""
 
@@ -77,10 +77,6 @@ class GgufCodec(TensorCodec):
     def read_block(self) -> int:
         return self.head_rows
 
-    @property
-    def writes(self) -> bool:
-        return False
-
     def value_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
         if self.ggml_type in PLAIN_TYPES.values():
             return stored
@@ -115,12 +111,6 @@ class GgufCodec(TensorCodec):
             out.copy_(value)
             return out
         return value.contiguous()
-
-    def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:
-        raise NotImplementedError("GGUF is an input format: an output tensor is stored plainly")
-
-    def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
-        raise NotImplementedError("GGUF is an input format: an output tensor is stored plainly")
 
 
 def _hf_rows_in_place(value: torch.Tensor, head_rows: int) -> None:

@@ -6,10 +6,10 @@ Each decodes stored codes and their scales to float32 and encodes float32 back, 
 allows; :mod:`.grid`, :mod:`.byte_tables` and :mod:`.int_pack` are the pieces they share. A kernel runs on its
 inputs' device (``--device cuda`` encodes a merged tensor where it was computed): its scratch, tables and results
 are made there, and the bytes are the CPU's for the same values.
-:func:`.recognise.recognise` reads a checkpoint's ``quantization_config`` and safetensors headers (never a payload)
-and returns a :class:`.verdict.Checkpoint`: per stored tensor its role and, per quantized weight, how it decodes —
-or refuses a format resumerge cannot decode (:mod:`.refusals`), in one line naming a tensor and the fix.
-The codecs that read and write tensors through these kernels live with the codec seam, not here.
+Each format's codec (:mod:`resumerge.inputs.codecs`) recognises its own ``quant_method`` from the checkpoint's
+``quantization_config`` and safetensors headers (never a payload) into a :class:`.verdict.Checkpoint` (compressed-
+tensors through :mod:`.recognise_ct`); what they share, and every format resumerge refuses, is :mod:`.refusals`, one
+line naming a tensor and the fix.
 
 May import: errors, torch_import.
 """
@@ -21,7 +21,6 @@ __all__ = [
     "grid",
     "int_pack",
     "mxfp4",
-    "recognise",
     "recognise_ct",
     "refusals",
     "verdict",

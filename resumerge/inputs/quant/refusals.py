@@ -14,7 +14,7 @@ from types import MappingProxyType
 
 from resumerge.errors import ModelInputError
 
-__all__ = ["GGUF_MAGIC", "HeaderMap", "refuse", "refuse_gguf", "refuse_method", "telltale"]
+__all__ = ["GGUF_MAGIC", "HeaderMap", "refuse", "refuse_gguf", "refuse_method", "refuse_unconfigured", "telltale"]
 
 # name -> (safetensors dtype, shape): the whole checkpoint's headers, every shard together.
 HeaderMap = Mapping[str, tuple[str, tuple[int, ...]]]
@@ -57,9 +57,8 @@ KNOWN: Mapping[str, tuple[str, str, tuple[str, ...]]] = MappingProxyType({
     "gguf": ("GGUF", "llama.cpp's convert tools or transformers (gguf_file=...): save unquantized", ()),
 })
 
-
-# The quant_method values recognise() decodes.
-DECODED_METHODS = ("fp8", "compressed-tensors", "mxfp4")
+# Endings only the companions of the formats resumerge decodes have: found without a quantization_config, refused.
+_COMPANION_MARKS = ("_scale_inv", ".weight_scale", ".weight_packed")
 
 
 def refuse(source: str, what: str, tensor: str | None, hint: str = _DEQUANTIZE) -> ModelInputError:
@@ -78,8 +77,7 @@ def telltale(names: Iterable[str], endings: tuple[str, ...]) -> str | None:
     return min((name for name in names if name.endswith(endings) or any(e in name for e in inner)), default=None)
 
 
-def refuse_method(method: str, headers: Iterable[str], source: str,
-                  decoded: tuple[str, ...] = DECODED_METHODS) -> ModelInputError:
+def refuse_method(method: str, headers: Iterable[str], source: str, decoded: tuple[str, ...]) -> ModelInputError:
     """The refusal for ``quant_method`` ``method`` (of a model whose stored tensors are named ``headers``): a known
     unsupported format, or an unknown method; ``decoded`` lists the methods the run decodes."""
     label, tool, fragments = KNOWN.get(method.lower(), (None, "", ()))
@@ -98,3 +96,25 @@ def refuse_gguf(head: bytes, path: str) -> None:
     if head[:4] == GGUF_MAGIC:
         raise refuse(path, "a GGUF file, not safetensors, in a model folder", None,
                      f"name the file itself as the model (model: {path})")
+
+
+def refuse_unconfigured(headers: HeaderMap, source: str) -> None:
+    """The verdict every quantized format shares on a checkpoint whose config.json has no ``quantization_config``
+    (``headers``: every shard's tensors): refused in one line when its tensor names show a format resumerge
+    cannot decode, or a quantization companion it could decode but cannot tell how; else nothing to say."""
+    # One scan of every name for all the formats' telltales at once; each format's own only when one is there.
+    every = tuple(f for _, _, fragments in KNOWN.values() for f in fragments)
+    for _, tool, fragments in KNOWN.values() if telltale(headers, every) is not None else ():
+        name = telltale(headers, fragments)
+        if name is not None:
+            # GPTQ, AWQ and AutoRound store the same names: name every format that could have written it.
+            labels = " or ".join(dict.fromkeys(label for label, _, f in KNOWN.values() if telltale([name], f)))
+            raise refuse(source, f"looks quantized with {labels} (config.json has no quantization_config), which "
+                                 "resumerge cannot decode", name, f"dequantize it with its own tool first ({tool})")
+    name = telltale(headers, _COMPANION_MARKS)
+    name = name or min((n for n, (dtype, _) in headers.items() if n.endswith("_blocks") and dtype == "U8"),
+                       default=None)
+    if name is not None:
+        raise refuse(source, "a quantization companion but no quantization_config in config.json, so resumerge "
+                             "cannot tell how to decode it", name, "add the producer's quantization_config or "
+                             "dequantize the checkpoint first")

@@ -1,5 +1,5 @@
-"""What :func:`~resumerge.inputs.quant.recognise.recognise` says about a checkpoint: its format, and per stored
-tensor its role and, for each quantized weight, how it decodes."""
+"""What a quantized format's codec (:meth:`~resumerge.inputs.codecs.quantized.QuantizedCodec.weights`) says about a
+checkpoint: its format, and per stored tensor its role and, for each quantized weight, how it decodes."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ __all__ = ["Checkpoint", "Kind", "QuantizedTensor", "Role", "Scheme", "TensorRol
 # weight: a quantized weight's stored codes; companion: a tensor that belongs to one (scale, zero point, packed
 # shape, static activation scale); other: a plain tensor, read as its dtype.
 Role = Literal["weight", "companion", "other"]
-Kind = Literal["fp8-block", "ct-packed", "ct-naive", "ct-float", "mxfp4"]
+# A scheme's kind, named by its format (the built-in ones: "fp8-block", "ct-packed", "ct-naive", "ct-float", "mxfp4").
+Kind = str
 
 
 @dataclass(frozen=True)

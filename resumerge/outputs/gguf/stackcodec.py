@@ -4,7 +4,7 @@
 Quant blocks never cross rows, so expert e of a stack is the contiguous bytes ``[e·size, (e+1)·size)`` of it,
 encoded alone. An output tensor stored one per expert (Qwen-MoE's ``mlp.experts.e.gate_proj.weight``, Mixtral's
 ``w1``) is written as that slice of its stack: its stored part is named ``STACK#e``
-(:func:`~resumerge.inputs.gguf.layout.slice_name`), and the shard layout puts the slices of one stack end to end,
+(:func:`~resumerge.outputs.gguf.layout.slice_name`), and the shard layout puts the slices of one stack end to end,
 padded after the last only. Each expert is merged, sized in memory and journaled with its file as any tensor is. A
 fused stack (transformers 5's ``experts.gate_up_proj`` [E, 2I, H]) is written as two GGUF tensors, each expert's
 gate rows to one and its up rows to the other; ``experts.down_proj`` is its stack as it is (:class:`.GgufOutCodec`).
@@ -12,13 +12,12 @@ gate rows to one and its up rows to the other; ``experts.down_proj`` is its stac
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from resumerge.inputs.codecs.protocol import MAIN, OutPart
-from resumerge.inputs.gguf.layout import slice_name
-from resumerge.inputs.gguf.outcodec import GgufOutCodec
+from resumerge.outputs.gguf.layout import slice_name
+from resumerge.outputs.gguf.outcodec import GgufOutCodec
 
 if TYPE_CHECKING:
     from resumerge.torch_import import torch
@@ -51,15 +50,3 @@ class GgufStackCodec(GgufOutCodec):
             return super().encode(value, dtype)
         half = value.shape[1] // 2
         return {MAIN: super().encode(value[:, :half], dtype)[MAIN], UP: super().encode(value[:, half:], dtype)[MAIN]}
-
-    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int,
-               out: torch.Tensor | None = None) -> torch.Tensor:
-        if not self.up_name:
-            return super().decode(parts, first_row, out)
-        from resumerge.torch_import import torch
-
-        value = torch.cat([super(GgufStackCodec, self).decode({MAIN: parts[p]}, first_row) for p in (MAIN, UP)],
-                          dim=1)
-        if out is not None:
-            return out.copy_(value)
-        return value

@@ -1,9 +1,7 @@
 """What a LoRA extraction leaves for other commands to read, without torch (``resumerge status`` stays quick): the
 mark of its recorded text, and its factor cache's folder and entries — a module's entry is written the moment its
 truncation is done and stays until the adapter is committed, so the entries are the modules decomposed.
-:mod:`resumerge.extract` writes them; :mod:`resumerge.store.statusview` reads them.
-
-May import: the standard library only.
+:mod:`resumerge.extract` writes them; the extraction kind's ``status`` reads them. Standard library only.
 """
 
 from __future__ import annotations

@@ -1,17 +1,16 @@
 """What a mergekit-moe run's prompt forward pass leaves for other commands to read, without torch (``resumerge
 status`` stays quick): its folders under the state dir, one per pass (named by its content key), each holding a
-file per decoder layer done until the pass writes its routers and deletes them. :mod:`resumerge.moe.forward`
-writes them; :mod:`resumerge.store.statusview` reads them.
-
-May import: the standard library only.
+file per decoder layer done until the pass writes its routers and deletes them (the folder of them all is a
+location: :data:`~resumerge.config.locations.ROUTERS_DIR`). :mod:`resumerge.moe.forward` writes them; the MoE kind's
+``status`` reads them. Standard library only, with the locations.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-# Under the state dir: the forward passes, each in a folder named by its content key.
-ROUTERS_DIR = "moe-routers"
+from resumerge.config.locations import ROUTERS_DIR
+
 # A finished pass's routers, and the per-layer files of one under way.
 ROUTERS_NAME = "routers.safetensors"
 LAYER_PREFIX = "layer-"

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.errors import ModelInputError
-from resumerge.inputs.gguf.layout import ARRAY, BOOL, I32, STRING, U32, Value
 from resumerge.inputs.gguf.model import gguf_module
+from resumerge.outputs.gguf.layout import ARRAY, BOOL, I32, STRING, U32, Value
 
 # llama.cpp's probe text for the pre-tokenizer (convert_hf_to_gguf.py's ``chktxt``).
 _PROBE = ('\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) ✅ '

@@ -63,7 +63,7 @@ def render_model_card(plan: Plan, config_text: str) -> bytes:
     if hub_ids:
         meta["base_model"] = hub_ids
     meta["library_name"] = "transformers"
-    meta["tags"] = [*CARD_TAGS, *(["gguf"] if plan.gguf_headers else [])]
+    meta["tags"] = [*CARD_TAGS, *plan.container.card_tags]
     front = yaml.safe_dump(meta, sort_keys=False, default_flow_style=False, allow_unicode=True)
     lines = ["---", front.rstrip("\n"), "---", f"# {config.name or 'Merged model'}", ""]
     lines += [
@@ -80,7 +80,7 @@ def render_model_card(plan: Plan, config_text: str) -> bytes:
     bases = _base_keys(config)
     lines += [_model_line(ref, commits[ref.key], ref.key in bases) for ref in refs]
     lines += [""]
-    lines += _gguf_lines(plan)
+    lines += plan.container.card_lines([s.name for s in plan.shards], plan.out_config)
     if config.slices:
         lines += ["## Layers", "", f"The output has {plan.num_layers} layers:", ""]
         lines += _slice_lines(config)
@@ -93,27 +93,6 @@ def render_model_card(plan: Plan, config_text: str) -> bytes:
     lines += ["## Configuration", "", "The following YAML configuration was used to produce this model:", ""]
     lines += [f"{fence}yaml", config_text.rstrip("\n"), fence, ""]
     return "\n".join(lines).encode("utf-8")
-
-
-def _gguf_lines(plan: Plan) -> list[str]:
-    """A GGUF output's section: its file(s), llama.cpp architecture and how its tensors are stored (none for a
-    safetensors output)."""
-    if not plan.gguf_headers:
-        return []
-    from resumerge.inputs.gguf.names import ARCH_OF
-    from resumerge.plan.gguftypes import quality_line
-
-    files = (f"`{plan.shards[0].name}`" if len(plan.shards) == 1 else
-             f"{len(plan.shards)} gguf-split files (`{plan.shards[0].name}` … ; llama.cpp loads the first)")
-    kind = plan.options.gguf_type.upper()
-    model_type = str(plan.out_config.get("model_type"))
-    experts = plan.out_config.get("num_experts") or plan.out_config.get("num_local_experts")
-    stacked = f"; the {experts} experts of each layer stacked per projection (`blk.N.ffn_*_exps`)" if experts else ""
-    fallback = "; rows that are not whole 32-value blocks F16" if kind == "Q8_0" else ""
-    return ["## GGUF", "",
-            f"Written for llama.cpp as {files}: architecture `{ARCH_OF.get(model_type, model_type)}`, matrices "
-            f"{kind} (`--gguf-type {plan.options.gguf_type}`{fallback}), norms, 1-D tensors and routers F32{stacked}.",
-            "", *([quality, ""] if (quality := quality_line(plan.options.gguf_type)) else [])]
 
 
 def _about(method: str) -> tuple[str, str, str]:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from resumerge.errors import PlanChangedError
 from resumerge.inputs.files import CONFIG_NAME, INDEX_NAME
-from resumerge.outputs.modelcard import CARD_NAME, render_model_card
 from resumerge.plan.merge_plan import Plan
+from resumerge.plan.modelcard import CARD_NAME, render_model_card
 from resumerge.plan.outconfig import render_config
 
 
@@ -30,13 +30,14 @@ class AuxFile:
 
 def aux_files(plan: Plan) -> list[AuxFile]:
     """Every non-shard output file of ``plan``, in write order."""
-    if plan.side_files:  # a plan that makes its own side files (an extracted adapter) writes those alone
-        return [AuxFile(name, "config", "during_config_write") for name in plan.side_files]
+    own = plan.container.side_files()
+    if own:  # a plan that makes its own side files (an extracted adapter) writes those alone
+        return [AuxFile(name, "config", "during_config_write") for name in own]
     files = []
-    gguf = bool(plan.gguf_headers)  # the GGUF file holds the config and the tokenizer itself
-    if len(plan.shards) > 1 and not gguf:
+    container = plan.container  # a GGUF file holds the config and the tokenizer itself
+    if container.writes_index(len(plan.shards)):
         files.append(AuxFile(INDEX_NAME, "index", "during_index_write"))
-    if not gguf:
+    if not container.self_contained:
         files.append(AuxFile(CONFIG_NAME, "config", "during_config_write"))
     if plan.options.write_model_card:  # mergekit's --no-write-model-card drops both
         files.append(AuxFile(plan.config_copy, "config", "during_config_write"))  # named by the plan's kind
@@ -47,8 +48,9 @@ def aux_files(plan: Plan) -> list[AuxFile]:
 
 def render_aux(plan: Plan, aux: AuxFile, config_text: str) -> bytes:
     """The exact bytes of ``aux``. Raises :class:`PlanChangedError` if a tokenizer file changed since planning."""
-    if aux.name in plan.side_files:
-        return plan.side_files[aux.name]
+    own = plan.container.side_files()
+    if aux.name in own:
+        return own[aux.name]
     if aux.name == INDEX_NAME:
         total = sum(t.nbytes for t in plan.tensors.values())
         doc = {"metadata": {"total_size": total, "format": "pt"}, "weight_map": plan.weight_map}

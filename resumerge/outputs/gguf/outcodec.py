@@ -9,12 +9,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, TensorCodec
+from resumerge.inputs.codecs.protocol import MAIN, OutPart, TensorEncoder
 from resumerge.inputs.gguf import blocks
-from resumerge.inputs.gguf.names import NORM_MINUS_ONE, gguf_rows, hf_rows
+from resumerge.inputs.gguf.names import NORM_MINUS_ONE, gguf_rows
 
 if TYPE_CHECKING:
-    from resumerge.inputs.files import TensorSource
     from resumerge.torch_import import torch
 
 # --gguf-type -> ggml type id, and the stored dtype of each type written
@@ -23,7 +22,7 @@ _STORED = {0: "F32", 1: "F16", 30: "BF16"}
 
 
 @dataclass(frozen=True)
-class GgufOutCodec(TensorCodec):
+class GgufOutCodec(TensorEncoder):
     """One output tensor written to a GGUF: its GGUF name, ggml type, transform and rows per head."""
 
     name: ClassVar[str] = "gguf-out"
@@ -35,10 +34,6 @@ class GgufOutCodec(TensorCodec):
     # The type llama.cpp's quantizer picks for it, where resumerge writes another (-1: the same; see
     # resumerge.plan.gguftypes): what the plan's notes name.
     llama_type: int = -1
-
-    @classmethod
-    def recognise(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource]) -> tuple[Claim, ...]:
-        return ()  # an output format only
 
     @property
     def row_block(self) -> int:
@@ -88,16 +83,3 @@ class GgufOutCodec(TensorCodec):
         if self.transform:  # HF -> GGUF
             return gguf_rows(rows, self.head_rows)
         return rows
-
-    def decode(self, parts: Mapping[str, torch.Tensor], first_row: int,
-               out: torch.Tensor | None = None) -> torch.Tensor:
-        stored = parts[MAIN].cpu().contiguous()
-        value = blocks.decode(stored, self.ggml_type)
-        if self.transform == NORM_MINUS_ONE:
-            value = value - 1
-        elif self.transform:
-            value = hf_rows(value, self.head_rows)
-        if out is not None:
-            out.copy_(value)
-            return out
-        return value.contiguous()

@@ -1,0 +1,186 @@
+"""The output container: what a run's output files are — safetensors shards beside their index, config.json and
+tokenizer files (:class:`SafetensorsShards`), one GGUF file or gguf-split's files holding the config and the
+tokenizer themselves (:class:`GgufFile`), or a PEFT adapter whose side files the plan made
+(:class:`PeftAdapter`).
+
+The planner picks one by :func:`container_for` and carries it on the plan (``Plan.container``); it owns the files'
+byte layout, which side files are written (and the bytes of those it planned itself), what the fingerprint records
+beyond the tensors, the estimate's fact about the files, the model card's tags and section, and ``verify``'s
+integrity rule. Nothing outside this module asks which container it has.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from resumerge.inputs.safetensors_format import ShardLayout, layout_shard
+
+# A stored part of an output file as a layout places it: (stored name, safetensors dtype, shape).
+Part = tuple[str, str, tuple[int, ...]]
+
+
+def _hashes(files: Mapping[str, bytes]) -> dict[str, str]:
+    return {n: hashlib.sha256(b).hexdigest() for n, b in sorted(files.items())}
+
+
+@dataclass(frozen=True)
+class OutputContainer:
+    """What a container answers, each answer by default the safetensors shards' (:class:`SafetensorsShards`). A
+    value (a frozen dataclass: it travels on the plan, and a stored plan is unpickled field by field)."""
+
+    name: ClassVar[str] = "safetensors"
+    # The model card's tags beyond the ones every card has.
+    card_tags: ClassVar[tuple[str, ...]] = ()
+    # Whether the files hold the config and the tokenizer themselves (no config.json, index or tokenizer files).
+    self_contained: ClassVar[bool] = False
+    # Whether ``verify`` also reads a finished output as a loader does (its config.json and safetensors headers:
+    # every quantized weight with its companions); False where the format lives in the files' own headers,
+    # re-hashed with them.
+    loader_readable: ClassVar[bool] = True
+
+    def layout(self, file: str, parts: Sequence[Part], file_size: int) -> ShardLayout:
+        """The byte layout of output file ``file`` holding the stored ``parts`` (in data order) in ``file_size``
+        bytes, as the writer must produce it."""
+        return layout_shard({name: (dtype, shape) for name, dtype, shape in parts})
+
+    def fingerprint_extras(self) -> dict[str, Any]:
+        """What the plan's fingerprint records of the container beyond its tensors and shards (nothing for
+        safetensors shards, so a merge's fingerprint is what it always was)."""
+        return {}
+
+    def side_files(self) -> Mapping[str, bytes]:
+        """The side files the plan made itself, by name (written instead of the merge's config, card and
+        tokenizer); empty: the merge's own."""
+        return {}
+
+    def writes_index(self, files: int) -> bool:
+        """Whether an index of the tensors' files is written beside ``files`` of them (safetensors: when sharded)."""
+        return files > 1 and not self.self_contained
+
+    def tokenizer_note(self) -> str | None:
+        """Where the output's tokenizer is when the plan names no tokenizer files (None: nowhere)."""
+        return None
+
+    def files_fact(self) -> str | None:
+        """The estimate's fact about the output's files (None: the shard size's, as the estimate says it)."""
+        return None
+
+    def card_lines(self, files: Sequence[str], out_config: Mapping[str, Any]) -> list[str]:
+        """The model card's section about the files (``files``: their names; ``out_config``: the output's
+        config.json); none for safetensors."""
+        return []
+
+    @classmethod
+    def holds(cls, files: Iterable[str]) -> bool:
+        """Whether committed output files named ``files`` are this container's (what ``verify`` knows of a run)."""
+        return True
+
+    @classmethod
+    def chosen(cls, gguf_type: str, split_max_size: int | None) -> OutputContainer:
+        """The container ``--out-type`` names, given the GGUF options (which only a GGUF reads), its files not laid
+        out yet (the planner lays them out)."""
+        return cls()
+
+
+@dataclass(frozen=True)
+class SafetensorsShards(OutputContainer):
+    """Safetensors shards (``model-0000i-of-0000N.safetensors`` or the parent's names), their index when there are
+    several, config.json and the tokenizer files: every answer the default one."""
+
+
+SAFETENSORS = SafetensorsShards()
+
+
+@dataclass(frozen=True)
+class GgufFile(OutputContainer):
+    """``--out-type gguf``: one GGUF file, or gguf-split's files of at most ``split_max_size`` tensor bytes each
+    (None: one), matrices in ``gguf_type``; ``headers``: each file's planned header bytes (key-values, tensor infos,
+    padding), fixed by the planner (:mod:`resumerge.plan.ggufout`), its tensors at the offsets they fix."""
+
+    name: ClassVar[str] = "gguf"
+    card_tags: ClassVar[tuple[str, ...]] = ("gguf",)
+    self_contained: ClassVar[bool] = True
+    loader_readable: ClassVar[bool] = False
+
+    gguf_type: str = "f16"
+    split_max_size: int | None = None
+    headers: Mapping[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+
+    def layout(self, file: str, parts: Sequence[Part], file_size: int) -> ShardLayout:
+        from resumerge.outputs.gguf.layout import shard_layout
+
+        return shard_layout(self.headers[file], list(parts), file_size)
+
+    def fingerprint_extras(self) -> dict[str, Any]:
+        return {"gguf_headers": _hashes(self.headers)}
+
+    def tokenizer_note(self) -> str | None:
+        return "tokenizer in the GGUF"
+
+    def files_fact(self) -> str | None:
+        from resumerge.memory.sizes import format_size
+
+        return ("one GGUF file" if self.split_max_size is None else
+                f"gguf-split's files of at most {format_size(self.split_max_size)} of tensors each "
+                "(--gguf-split-max-size)")
+
+    @classmethod
+    def chosen(cls, gguf_type: str, split_max_size: int | None) -> OutputContainer:
+        return cls(gguf_type, split_max_size)
+
+    def card_lines(self, files: Sequence[str], out_config: Mapping[str, Any]) -> list[str]:
+        from resumerge.inputs.gguf.names import ARCH_OF
+        from resumerge.outputs.gguf.quality import quality_line
+
+        written = (f"`{files[0]}`" if len(files) == 1 else
+                   f"{len(files)} gguf-split files (`{files[0]}` … ; llama.cpp loads the first)")
+        kind = self.gguf_type.upper()
+        model_type = str(out_config.get("model_type"))
+        experts = out_config.get("num_experts") or out_config.get("num_local_experts")
+        stacked = (f"; the {experts} experts of each layer stacked per projection (`blk.N.ffn_*_exps`)" if experts
+                   else "")
+        fallback = "; rows that are not whole 32-value blocks F16" if kind == "Q8_0" else ""
+        return ["## GGUF", "",
+                f"Written for llama.cpp as {written}: architecture `{ARCH_OF.get(model_type, model_type)}`, matrices "
+                f"{kind} (`--gguf-type {self.gguf_type}`{fallback}), norms, 1-D tensors and routers F32{stacked}.",
+                "", *([quality, ""] if (quality := quality_line(self.gguf_type)) else [])]
+
+    @classmethod
+    def holds(cls, files: Iterable[str]) -> bool:
+        return any(name.endswith(".gguf") for name in files)
+
+
+@dataclass(frozen=True)
+class PeftAdapter(OutputContainer):
+    """A PEFT adapter (an extracted one, or ``--out-adapter``'s merged one): its weights file, and the side files the
+    plan made (``adapter_config.json``, the card), by name."""
+
+    name: ClassVar[str] = "peft-adapter"
+
+    files: Mapping[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+
+    def fingerprint_extras(self) -> dict[str, Any]:
+        return {"side_files": _hashes(self.files)} if self.files else {}
+
+    def side_files(self) -> Mapping[str, bytes]:
+        return self.files
+
+
+# The containers ``--out-type`` names (an adapter is its kind's own, or ``--out-adapter``'s).
+OUT_TYPES: Mapping[str, type[OutputContainer]] = {SafetensorsShards.name: SafetensorsShards, GgufFile.name: GgufFile}
+# Every container whose files ``verify`` may find, the most particular first.
+CONTAINERS: tuple[type[OutputContainer], ...] = (GgufFile, SafetensorsShards)
+
+
+def container_for(out_type: str, *, gguf_type: str = "f16", split_max_size: int | None = None) -> OutputContainer:
+    """The container ``--out-type out_type`` writes, its files not laid out yet (the planner lays them out)."""
+    return OUT_TYPES[out_type].chosen(gguf_type, split_max_size)
+
+
+def container_of(files: Iterable[str]) -> type[OutputContainer]:
+    """The container whose files ``files`` (a run's committed output files) are."""
+    names = list(files)
+    return next(c for c in CONTAINERS if c.holds(names))
