@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from resumerge.analyses.check.models import Checked, open_checked
 from resumerge.analyses.check.needs import step_bytes
 from resumerge.analyses.check.passes import BATCH_TOKENS
+from resumerge.analyses.evaluation.generate import generate, resident_bytes
 from resumerge.analyses.evaluation.report import EvalReport
 from resumerge.analyses.evaluation.requests import Scoring
 from resumerge.analyses.evaluation.scorer import LAYER_PREFIX, Answer, answered, score
@@ -80,12 +81,7 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
         weights = Weights.of(unwritten.directory, unwritten.tensors, source=unwritten.source)
     transformers_found("resumerge eval")
     manager = task_manager(settings)
-    tasks = loaded_tasks(settings, manager)
-    generating = generation_tasks(tasks)
-    if generating:
-        raise UsageError(f"{', '.join(generating)} generate text (generate_until), which needs the whole model held "
-                         "with a KV cache; eval runs one decoder layer at a time",
-                         hint="evaluate those tasks with lm_eval --model hf, and the others here")
+    generating = generation_tasks(loaded_tasks(settings, manager))
     tokenizer = _tokenizer(model)
     command = eval_command(target, settings, state)
     stream = ModelStream(weights, model.opened.config, _float32(), what="resumerge eval", key="TARGET")
@@ -93,8 +89,11 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
     try:
         from resumerge.analyses.evaluation.lm import ResumergeLM
 
+        if generating:
+            _fits_whole(stream, generating, settings)  # before any weight is read
         scorer = _Scorer(stream, model, settings, state, command, watcher, _Merged.of(unwritten))
-        lm = ResumergeLM(tokenizer, _max_length(model, tokenizer), scorer)
+        lm = ResumergeLM(tokenizer, _max_length(model, tokenizer), scorer,
+                         generator=(lambda requests: generate(stream, lm, requests)) if generating else None)
         results, tracker = _evaluate(lm, target, settings, manager)
     except KeyboardInterrupt:
         raise InterruptedMerge(f"the evaluation of {target} was interrupted{scorer.where()}",
@@ -207,6 +206,17 @@ class _Scorer:
             return f" after layer {found[0] + 1} of {step.layers} {pass_} (layers 1-{found[0] + 1} journaled)"
         kept = f"layers 1-{step.layer} journaled" if step.layer else "no layer journaled yet"
         return f" in layer {step.layer + 1} of {step.layers} {pass_} ({kept})"
+
+
+def _fits_whole(stream: ModelStream, generating: list[str], settings: EvalSettings) -> None:
+    """Refuse (exit 2, one line naming them) generation tasks where the whole model does not fit the budget: they
+    hold every layer for the whole generation."""
+    try:
+        budget_fitting("the generation tasks", resident_bytes(stream), settings.max_memory, SystemProbe())
+    except UsageError as exc:
+        raise UsageError(f"{', '.join(generating)} generate text (generate_until), which holds the whole model; "
+                         f"{exc.message}", hint="raise --max-memory, or leave those tasks out: the others run one "
+                         "decoder layer at a time") from None
 
 
 def eval_command(target: str, settings: EvalSettings, state: StateDir) -> str:
