@@ -27,7 +27,7 @@ def main() -> None:
 
     from resumerge.analyses.check.models import find_models
     from resumerge.analyses.check.passes import forward_pass, streams_of
-    from resumerge.analyses.check.prompts import load_tokenizer, sequences
+    from resumerge.forward.texts import load_tokenizer, sequences
 
     torch.set_num_threads(int(os.environ.get("THREADS", "1")))
     work = Path(tempfile.gettempdir()) / "resumerge-bench-check"

@@ -6,6 +6,7 @@ commands that are not killed run through the CLI's ``main`` in this process (``c
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -216,7 +217,10 @@ def test_a_killed_measurement_resumes_at_the_layer_reached_byte_identical(measur
     killed = cli(*args, env={"RESUMERGE_KILL_AT": "after_measure_layer:3"})
     assert killed.returncode == -9, killed.stderr
     assert not (out / MANIFEST).exists()
-    assert [p.name for p in (out / ".journal" / "model-01").iterdir()] == ["hidden-00000.safetensors"]
+    # the journal is kept under the state dir (measures/<key>/journal), never in OUT_DIR
+    journals = list(Path(os.environ["RESUMERGE_STATE_DIR"]).glob("measures/*/journal/model-01"))
+    assert [p.name for p in journals[0].iterdir()] == ["hidden-00000.safetensors"]
+    assert not (out / ".journal").exists()
     shown = api.status(out)
     assert (shown.state, shown.kind, shown.tensors_done, shown.tensors_total) == ("interrupted", "measure", 3, 4)
     assert shown.resume_command == f"resumerge measure {measured['config']} {out} --texts {measured['texts']}"

@@ -194,14 +194,14 @@ def resume(
         own = own_record(where)
         if own is not None:
             return own.resume_own(where, settings, driving)
-        from resumerge.api.checked import section_kept
+        from resumerge.analyses.table import kept
         from resumerge.engine.session import resuming
 
         # What the run recorded, read once; the kind it names (or, for a run recorded before kinds were, the one
         # its text is) resumes it; a model card it rebuilt gets the last check's section back.
         with resuming(where, settings, driving.reporter) as recorded:
             outcome = recorded_kind(recorded.kind, recorded.text).resume(recorded, settings, driving)
-        return section_kept(outcome, settings.state)
+        return kept(outcome, settings.state)  # what the analyses wrote into OUT (a check's card section)
 
 
 def extract_lora(
@@ -255,11 +255,8 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport 
     from resumerge.store.statusview import read_status
 
     named(out)
-    from resumerge.analyses.measure.status import measure_status
+    from resumerge.analyses.table import analysis_of, annotated
 
-    measuring = measure_status(out)  # a ``resumerge measure`` folder: its own record
-    if measuring is not None:
-        return measuring
     state = StateDir.resolve(state_dir)  # resolved once, handed down
     where = state.run(out)
     own = own_record(where)
@@ -267,35 +264,13 @@ def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport 
         return own.status_own(where)
     try:
         report = read_status(out, state)
-    except NothingRecordedError:  # no merge into it: a model that was only checked is followed by its check
-        from resumerge.analyses.check.progress import check_status
-
-        checked = None if str(out).startswith("hf://") else check_status(state.checks_dir, out)
-        if checked is None:  # nor checked: a model that was evaluated is followed by its evaluation
-            from resumerge.analyses.evaluation.status import eval_status
-
-            checked = eval_status(state.evals_dir, out)
-        if checked is None:
+    except NothingRecordedError:  # no run into it: an analysis's own folder (a measurement, a model only checked)
+        analysis = analysis_of(out, state)
+        if analysis is None:
             raise
-        return checked
+        return analysis.status(out, state)
     report = recorded_kind(report.kind, report.recorded_text).status(report, where)
-    return _with_check(report, out, state)
-
-
-def _with_check(report: StatusReport, out: PathLike, state: StateDir) -> StatusReport:
-    """``report`` with the newest ``resumerge check`` of ``out`` (running: its layer and model; done: its
-    verdict) added to what its kind of run said: a row, and ``check`` in the JSON."""
-    from resumerge.analyses.check.progress import describe, find_progress
-    from resumerge.store.statusview import Details
-
-    if str(out).startswith("hf://"):
-        return report
-    found = find_progress(state.checks_dir, out)
-    if found is None:
-        return report
-    details = report.details or Details()
-    return replace(report, details=Details(counts=details.counts, rows=(*details.rows, ("check", describe(found))),
-                                           data={**details.data, "check": found}))
+    return annotated(report, out, state)  # what the analyses found of it (its newest check)
 
 
 def recipe_status(out: PathLike, *, state_dir: PathLike | None = None) -> RecipeStatus:
@@ -387,18 +362,20 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
 
 def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
             max_memory: int | str | None = None, progress: Callable[[str], None] | None = None,
-            truncate_texts: bool = False) -> MeasureReport:
+            truncate_texts: bool = False, state_dir: PathLike | None = None) -> MeasureReport:
     """Record, like ``resumerge measure``, the Gram matrix of every linear's input for every model of ``config``
     over calibration ``texts`` (a file, one text per line; default: built-in texts) into the folder ``out``, for a
-    ``regmean`` merge (``parameters: {grams: out}``). One decoder layer at a time, journaled per layer in ``out``: a
-    killed measurement run again resumes at the layer it reached and writes the same bytes. ``progress`` is told
+    ``regmean`` merge (``parameters: {grams: out}``). Any model may be a local folder, a hub repo (read by byte
+    range) or a GGUF file. One decoder layer at a time, each admitted by the RAM governor under ``max_memory``,
+    journaled per layer under ``state_dir``: a killed measurement run again resumes at the layer it reached and
+    writes the same bytes. ``progress`` is told
     each layer as it starts. A text longer than the models' context is refused naming its line, before anything
     is written, or cut to the context with ``truncate_texts`` (as ``check`` does)."""
     from resumerge.analyses.measure.run import measure_grams
 
     return measure_grams(config, out, texts=texts, on_progress=progress,
                          max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory,
-                         cut_texts=truncate_texts)
+                         cut_texts=truncate_texts, state=StateDir.resolve(state_dir))
 
 
 def estimate_measure(config: PathLike, *, texts: PathLike | None = None,

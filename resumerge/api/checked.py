@@ -52,27 +52,15 @@ def checked(outcome: Outcome, *, state: StateDir, max_memory: int | None,
 
 
 def check_placement(executor: object) -> tuple[bool, str | None]:
-    """Where a check's forward pass runs for ``executor`` (the object ``run`` takes): (False, None) for None or a
-    :class:`~resumerge.engine.executors.LocalExecutor`, (True, its address) for a
-    :class:`~resumerge.engine.executors.RayExecutor` (its ``keep_workers`` does not apply: a check's actors end
-    with it). Raises :class:`~resumerge.errors.UsageError` (exit 2) for anything else, and for Ray not installed."""
+    """Where a check's forward pass runs for ``executor`` (the object ``run`` takes; None: this process): what the
+    executor's :meth:`~resumerge.engine.executors.PlacesPasses.places_pass` says. Raises
+    :class:`~resumerge.errors.UsageError` (exit 2) for an executor that places no forward pass, and for one that
+    cannot run here (Ray not installed)."""
     if executor is None:
         return False, None
-    from resumerge.engine.executors import LocalExecutor, RayExecutor
+    from resumerge.engine.executors import PlacesPasses
 
-    if isinstance(executor, LocalExecutor):
-        return False, None
-    if isinstance(executor, RayExecutor):
-        executor.check()
-        return True, executor.address
-    raise UsageError(f"a check runs on LocalExecutor or RayExecutor, not {executor!r}")
-
-
-def section_kept(outcome: Outcome, state: StateDir) -> Outcome:
-    """``outcome`` of a ``resume``, after the last check's section is written back into the model card where the
-    resume rebuilt the card without it (:func:`resumerge.analyses.check.card.restore_section`)."""
-    if outcome.target is None:  # a hub OUT's card is the repo's: a check makes no commit to it
-        from resumerge.analyses.check.card import restore_section
-
-        restore_section(outcome.out_dir, state)
-    return outcome
+    if not isinstance(executor, PlacesPasses):
+        raise UsageError(f"a check runs on an executor that places a forward pass (LocalExecutor, RayExecutor), "
+                         f"not {executor!r}")
+    return executor.places_pass()

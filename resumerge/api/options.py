@@ -221,22 +221,36 @@ def run_settings(state_dir: PathLike | None, resources: Resources, hub: Hub | No
     return settings if output is None else replace(settings, output=output)
 
 
-def executor_option(executor: str, ray_address: str | None = None,
-                    keep_workers: float | str | None = None) -> Executor | None:
-    """The executor object of the command line's ``--executor NAME`` and its settings (``--ray-address``,
-    ``--keep-workers``); None for ``local`` (the default). Raises UsageError for an unknown name and for a setting
-    given to an executor that takes none."""
-    if executor == "ray":
-        # imported only here: it brings the merge engine (its hub, ledger and memory probes), which a local
-        # check never uses (0.3-0.5 s of every check's start, a resumed one's included)
-        from resumerge.engine.executors import RayExecutor
-
-        return RayExecutor(address=ray_address, keep_workers=keep_option(keep_workers))
-    if executor != "local":
-        raise UsageError(f"--executor must be one of local, ray, not {executor!r}")
+def _local(ray_address: str | None, keep_workers: float | str | None) -> Executor | None:
+    """``--executor local`` (the default): None, the run's and the pass's own process; it takes no setting."""
     if ray_address is not None or keep_workers is not None:
         raise UsageError(f"{'--ray-address' if ray_address is not None else '--keep-workers'} needs --executor ray")
     return None
+
+
+def _ray(ray_address: str | None, keep_workers: float | str | None) -> Executor:
+    """``--executor ray``: a :class:`~resumerge.engine.executors.RayExecutor`."""
+    # imported only here: it brings the merge engine (its hub, ledger and memory probes), which a local check never
+    # uses (0.3-0.5 s of every check's start, a resumed one's included)
+    from resumerge.engine.executors import RayExecutor
+
+    return RayExecutor(address=ray_address, keep_workers=keep_option(keep_workers))
+
+
+# The one table of ``--executor NAME``: each name's maker from the command line's settings (a new executor is a
+# class and one line here).
+EXECUTORS: dict[str, Callable[[str | None, float | str | None], Executor | None]] = {"local": _local, "ray": _ray}
+
+
+def executor_option(executor: str, ray_address: str | None = None,
+                    keep_workers: float | str | None = None) -> Executor | None:
+    """The executor object of the command line's ``--executor NAME`` and its settings (``--ray-address``,
+    ``--keep-workers``), made by :data:`EXECUTORS`; None for ``local`` (the default). Raises UsageError for an
+    unknown name and for a setting given to an executor that takes none."""
+    make = EXECUTORS.get(executor)
+    if make is None:
+        raise UsageError(f"--executor must be one of {', '.join(EXECUTORS)}, not {executor!r}")
+    return make(ray_address, keep_workers)
 
 
 def keep_option(keep: float | str | None) -> float:

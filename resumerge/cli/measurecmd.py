@@ -27,6 +27,8 @@ def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                               "tokens, rather than refuse it (exit 2, naming its line)")
     measure.add_argument("--max-memory", metavar="SIZE", help="memory budget for the whole process (e.g. "
                          "4GB; default: most of what is free)")
+    measure.add_argument("--state-dir", metavar="DIR", help="where the measurement's journal is kept (the Grams go to "
+                         "OUT_DIR)")
     measure.add_argument("--plan", action="store_true", help="check the config, the models and the texts and "
                          "estimate each model's pass (decoder layers, memory at its largest step, the smallest budget "
                          "that fits); write nothing: exit 0 when it fits, 2 when it will not")
@@ -47,7 +49,8 @@ def run_measure_command(args: argparse.Namespace) -> int:
         print(f"measuring: {line}", file=sys.stderr, flush=True)
 
     report = measure(args.config, args.out, texts=args.texts, max_memory=args.max_memory,
-                     progress=None if args.quiet else progress, truncate_texts=args.truncate_texts)
+                     progress=None if args.quiet else progress, truncate_texts=args.truncate_texts,
+                     state_dir=args.state_dir)
     if not args.quiet:
         state = "already measured" if report.reused else "measured"
         print(f"{state}: {len(report.models)} model(s), {report.tokens} tokens each, {report.files} Gram file(s) "

@@ -25,6 +25,7 @@ STAGING_NAME = "staging"
 # Under the state dir: one folder per check, named by its content key.
 CHECKS_DIR = "checks"
 EVALS_DIR = "evals"  # each eval pass's journal and answers, one folder per pass
+MEASURES_DIR = "measures"
 # Under the state dir: the folder of each GGUF model a check or a MoE prompt pass reads (config.json, tokenizer).
 GGUF_DIR = "gguf"
 # Under the state dir: the small files (config.json, tokenizer) of each merge read without being written.
@@ -138,6 +139,10 @@ class StateDir:
     def evals_dir(self) -> Path:
         """Where each ``eval`` keeps its passes' journals and answers and its progress."""
         return self.root / EVALS_DIR
+    def measures_dir(self) -> Path:
+        """Where each ``measure`` journals its passes (hidden states, a hub model's reads), one folder per
+        measurement; its Grams go to its OUT_DIR."""
+        return self.root / MEASURES_DIR
 
     @property
     def routers_dir(self) -> Path:

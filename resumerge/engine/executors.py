@@ -55,6 +55,16 @@ class Executor(Protocol):
         job's stop flag turns, and a failed shard's own error (the same one, whichever executor computed it)."""
 
 
+@runtime_checkable
+class PlacesPasses(Protocol):
+    """An executor that places a forward pass (``check``'s, ``measure``'s) as well as a merge's shards."""
+
+    def places_pass(self) -> tuple[bool, str | None]:
+        """Where a forward pass runs on this executor: (False, None) in this process, one model after another;
+        (True, ADDRESS) an actor per model on the Ray cluster at ADDRESS (None: ``RAY_ADDRESS``, else a Ray started
+        here). Raises :class:`~resumerge.errors.UsageError` (exit 2), before any work, where it cannot run here."""
+
+
 @dataclass(frozen=True)
 class LocalExecutor:
     """The shards computed by threads of this process (the default)."""
@@ -73,6 +83,10 @@ class LocalExecutor:
     def starting(self, settings: RunSettings, *, device: str | None, bounded: bool) -> Iterator[Executor]:
         """Itself: nothing starts early."""
         yield self
+
+    def places_pass(self) -> tuple[bool, str | None]:
+        """A forward pass runs in this process."""
+        return False, None
 
     def run(self, job: Job) -> tuple[str, ...]:
         """:func:`~resumerge.engine.executor.execute` of ``job``."""
@@ -104,6 +118,12 @@ class RayExecutor:
         from resumerge.engine.cluster.connect import check_ray
 
         check_ray()
+
+    def places_pass(self) -> tuple[bool, str | None]:
+        """A forward pass runs an actor per model on the cluster (``keep_workers`` does not apply: a pass's
+        actors end with it); raises UsageError where Ray is not installed."""
+        self.check()
+        return True, self.address
 
     @contextlib.contextmanager
     def starting(self, settings: RunSettings, *, device: str | None, bounded: bool) -> Iterator[Executor]:

@@ -1,18 +1,42 @@
-"""The layer-streamed forward engine: a model's modules built without weights, each decoder layer given its weights
-(read through the codecs) only while it runs. The modules are transformers' own for the model's architecture, or, for
-the common dense families (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2, Gemma 3's text model), :mod:`.native`'s,
-which compute the same numbers to the bit without importing transformers (a fresh process's start, paid again by
-every resumed pass, 2.5 s shorter).
+"""The layer-streamed forward engine and the one journaled layer pass every analysis runs on.
 
-One engine for every forward pass resumerge runs: the hidden-state gates of a mergekit-moe config
-(:mod:`resumerge.moe.forward`) and ``resumerge check`` (:mod:`resumerge.analyses.check`). :mod:`.reader` reads a model's
-logical tensors (plain or quantized) in the compute dtype, :mod:`.stream` builds the modules and runs the
-embeddings, one decoder layer, and the final norm with the head (logits), :mod:`.native` builds the common
-families' modules, and :mod:`.journal` saves the hidden states after a layer durably (temp file, fsync, rename) and
-finds where a killed pass resumes. transformers is imported only inside the functions that need it, in the process
-that runs the pass, and only where :mod:`.native` does not build the modules.
+The engine: a model's modules built without weights, each decoder layer given its weights (read through the codecs)
+only while it runs. The modules are transformers' own for the model's architecture, or, for the common dense
+families (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2, Gemma 3's text model), :mod:`.native`'s, which compute
+the same numbers to the bit without importing transformers (a fresh process's start, paid again by every resumed
+pass, 2.5 s shorter). :mod:`.reader` reads a model's logical tensors (plain or quantized) in the compute dtype,
+:mod:`.stream` builds the modules and runs the embeddings, one decoder layer, and the final norm with the head
+(logits). transformers is imported only inside the functions that need it, in the process that runs the pass, and
+only where :mod:`.native` does not build the modules.
 
-May import: errors, inputs, plan (inputrefs only).
+The pass (one home for ``check``, ``measure``, the MoE hidden-state gates, and any new client such as ``eval``):
+
+- **Batches** (:mod:`.batches`): :func:`~.batches.enter` pads the token sequences into batches (longest first, up to
+  :data:`~.batches.BATCH_TOKENS` padded tokens each, right-padded with the attention mask) and gets each model's
+  hidden states entering its first layer from the placement, falling back to one sequence a batch where the
+  family's first layer cannot run a padded batch; :func:`~.batches.one_by_one` for a client whose sums run over
+  padding too. Hidden states travel as ``Hidden``: per model, per batch.
+- **Placement** (:mod:`.placement`): a :class:`~.placement.Placement` says where the models run (``enter``,
+  ``runs_batched``, ``layer``): :class:`~.placement.Streams` in this process, one layer of one model at a time,
+  each admitted by the pass's ``reserve`` and observed by an optional :class:`~.placement.Watch`; a Ray cluster
+  places an actor per model behind the same protocol (:mod:`resumerge.analyses.check.onray`).
+- **The step** (:mod:`.layerpass`): a client subclasses :class:`~.layerpass.Step`: ``layer(index, hidden)`` runs
+  (through its placement, or its stream) and observes decoder layer ``index`` and returns the hidden states leaving
+  it; ``kept(index)`` is what to journal beside them (tensors, metadata); ``restore(restart)`` puts that back on a
+  resume; ``stopped()`` ends the pass early; ``finish(hidden)`` is what to do after the last layer (a client's
+  heads: :func:`resumerge.analyses.check.heads.logprobs` streams each batch's log-probabilities from the final
+  hidden states).
+- **The journal and its loop** (:mod:`.journal`, :class:`~.layerpass.LayerPass`): ``LayerPass(Journal(folder,
+  prefix), layers, point).run(step, entering, batches)`` restarts from the journal's last file, loops over the
+  layers, saves each layer's file durably (temp file, fsync, rename, directory fsync), deletes the older one (or
+  keeps it: ``Journal.keeps_older``), reaches the kill point ``point`` (:mod:`resumerge.store.killpoints`), and
+  returns ``step.finish``. The one reader and the one writer of every pass's journal.
+- **Admission** (:mod:`.admission`): :class:`~.admission.Admission` is a ``reserve(what, step)`` holding each
+  step's bytes from the RAM governor for as long as the step runs.
+- **The lock** (:func:`~.folder.pass_lock`): one process per pass folder (an exclusive flock, which vanishes with
+  the process); a second is refused naming the first.
+
+May import: errors, config, inputs, memory, plan (inputrefs only), store (killpoints, runlock).
 """
 
 from __future__ import annotations

@@ -17,15 +17,15 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-from resumerge.errors import InputError, ModelInputError
+from resumerge.errors import ModelInputError
 from resumerge.forward.multimodal import causal_lm_class, head_site, renamed, stored_prefixes, text_model
 from resumerge.forward.native import NativeConfig, native_modules
 from resumerge.forward.reader import CastReader, Weights, base_formats
+from resumerge.forward.requires import Needs, require_transformers
 from resumerge.torch_import import torch
 
 # check and measure read models (their tokenizers, the families the native modules do not build) with transformers:
 # the clone's ``check`` extra, not the ``moe`` one that MoE gates name.
-INSTALL_HINT = "pip install transformers (in the resumerge clone: pip install -c constraints.txt -e '.[check]')"
 # The final norm's attribute in the families transformers ships (after the decoder layers, before the head).
 _FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "norm_f", "final_norm")
 
@@ -35,26 +35,6 @@ _INITS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_"
 
 # One decoder layer's call for one token sequence: (positional arguments after the hidden states, keywords).
 LayerCall = tuple[tuple[Any, ...], dict[str, Any]]
-
-
-def transformers_found(what: str) -> None:
-    """:class:`InputError` (exit 2) naming the install command where transformers is not installed; found, it is
-    not imported (a pass over a family :mod:`.native` builds, with its tokens known, never imports it)."""
-    from importlib.util import find_spec
-
-    if find_spec("transformers") is None:
-        raise InputError(f"{what} needs transformers, and it is not installed", hint=INSTALL_HINT)
-
-
-def import_transformers(what: str) -> Any:
-    """The transformers module; :class:`InputError` (exit 2) naming the install command when it is missing, or
-    the ImportError of an installed one that fails to import."""
-    try:
-        import transformers
-    except ImportError as exc:
-        raise InputError(f"{what} needs transformers, and it cannot be imported: {type(exc).__name__}: {exc}",
-                         hint=INSTALL_HINT) from None
-    return transformers
 
 
 class _Output:
@@ -155,7 +135,7 @@ def build_modules(directory: Path, dtype: torch.dtype, *, what: str, native: boo
         built = native_modules(_config_doc(directory), dtype)
         if built is not None:
             return built
-    transformers = import_transformers(what)
+    transformers = require_transformers(Needs(what))
     config = transformers.AutoConfig.from_pretrained(str(directory))
     # imported before the block, as the modules' construction would import it: it keeps torch.nn.init's functions
     # as it finds them on import, which must be torch's own, not the block's (see weights_on_meta)

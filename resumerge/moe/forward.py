@@ -33,13 +33,16 @@ from typing import Any
 from resumerge.config.moe_state import LAYER_PREFIX, ROUTERS_NAME
 from resumerge.errors import InputError
 from resumerge.forward import Weights, durable_save, pass_bytes
-from resumerge.forward.stream import ModelStream
+from resumerge.forward.batches import Hidden
+from resumerge.forward.journal import Journal
+from resumerge.forward.layerpass import LayerPass, Step
+from resumerge.forward.requires import require_transformers
+from resumerge.forward.stream import LayerCall, ModelStream
 from resumerge.inputs.codecs import StoredFormats
 from resumerge.memory import SystemProbe
+from resumerge.moe.passproc import gate_needs
 from resumerge.moe.passshare import share_problem
-from resumerge.moe.prompts import require_transformers
 from resumerge.moe.routers import Encoded
-from resumerge.store.killpoints import reach
 from resumerge.torch_import import torch
 
 __all__ = ["ExpertSets", "Ready", "Weights", "hidden_routers", "pass_bytes", "pass_checks"]
@@ -70,7 +73,7 @@ def pass_checks(directory: Path, tokenizer_dir: Path, mode: str,
     from resumerge.forward.stream import build_modules
     from resumerge.moe.prompts import encode, load_tokenizer
 
-    transformers = require_transformers(mode)
+    transformers = require_transformers(gate_needs(mode))
     try:
         config, model = build_modules(directory, torch.bfloat16, what=f"gate_mode {mode}")
     except (OSError, ValueError, KeyError) as exc:  # an architecture this transformers does not know
@@ -103,7 +106,7 @@ def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path,
     if done.is_file():
         return done
     workdir.mkdir(parents=True, exist_ok=True)
-    require_transformers(mode)
+    require_transformers(gate_needs(mode))
     if config_doc is None:
         config_doc = json.loads((weights.directory / "config.json").read_text())
     built = None if ready is None else (ready.config, ready.model)
@@ -115,20 +118,12 @@ def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path,
         if on_checked is not None:
             on_checked()
         flat = [s for pair in sets for s in pair if s is not None]
-        start, states = _restart_point(workdir, len(flat))
         with torch.no_grad():
             entering = stream.inputs([(torch.tensor(s[0]), torch.tensor(s[1])) for s in flat])
-            calls = [c for _, c in entering]
-            if states is None:
-                states = {"hidden": [h for h, _ in entering]}
-            for i in range(start, layers):
-                vectors = [_vector(h, mode) for h in states["hidden"]]
-                if i + 1 < layers:  # the last layer's output is no router's input
-                    with stream.loaded(stream.layers_list[i]) as layer:
-                        states["hidden"] = [stream.run(layer, h, c[i]) for h, c in zip(states["hidden"], calls)]
-                _save_layer(workdir, i, vectors, states["hidden"] if i + 1 < layers else [])
-                reach("after_router_layer", run_pid=run_pid)  # tests kill the run here: it resumes at this layer
-        _finish(workdir, sets, layers)
+        journal = Journal(workdir, LAYER_PREFIX, hidden="hidden.{s}", keeps_older=True)
+        step = _GateStep(stream, mode, [c for _, c in entering], journal, sets)
+        gates = LayerPass(journal, layers, point="after_router_layer", run_pid=run_pid)
+        gates.run(step, [[h for h, _ in entering]], len(flat))
     return done
 
 
@@ -146,35 +141,35 @@ def _check_share(formats: StoredFormats, layers: int, share: int, counted_elsewh
         raise problem
 
 
-def _restart_point(workdir: Path, sets: int) -> tuple[int, dict[str, Any] | None]:
-    """The layer to continue at and the saved state (None: start from the embeddings)."""
-    from safetensors.torch import load_file
+class _GateStep(Step[None]):
+    """The gates' part of the pass: at each layer every prompt set's vector of the layer's input (journaled beside
+    the hidden states, each layer's file kept), the layer run to give the next its input (not the last layer's:
+    its output is no router's input); after the last layer, the routers (:func:`_finish`)."""
 
-    saved = sorted(workdir.glob(f"{LAYER_PREFIX}*.safetensors"))
-    if not saved:
-        return 0, None
-    last = saved[-1]
-    layer = int(last.stem.removeprefix(LAYER_PREFIX))
-    data = load_file(str(last))
-    hidden = [data[f"hidden.{s}"] for s in range(sets)] if "hidden.0" in data else []
-    return layer + 1, {"hidden": hidden}
+    def __init__(self, stream: ModelStream, mode: str, calls: list[list[LayerCall]], journal: Journal,
+                 sets: ExpertSets) -> None:
+        self.stream, self.mode, self.calls, self.journal, self.sets = stream, mode, calls, journal, sets
+        self.vectors: list[torch.Tensor] = []
+
+    def layer(self, index: int, hidden: Hidden) -> Hidden:
+        self.vectors = [_vector(h, self.mode) for h in hidden[0]]
+        if index + 1 == self.stream.layers:
+            return [[]]
+        with self.stream.loaded(self.stream.layers_list[index]) as layer:
+            return [[self.stream.run(layer, h, c[index]) for h, c in zip(hidden[0], self.calls)]]
+
+    def kept(self, index: int) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]:
+        return {f"vector.{s}": v.contiguous() for s, v in enumerate(self.vectors)}, None
+
+    def finish(self, hidden: Hidden) -> None:
+        _finish(self.journal, self.sets, self.stream.layers)
 
 
-def _save_layer(workdir: Path, layer: int, vectors: list[torch.Tensor], hidden: list[torch.Tensor]) -> None:
-    """Layer ``layer``'s prompt vectors and the hidden states after it, written durably; earlier layers' files
-    then hold nothing needed but their vectors, which are kept."""
-    tensors = {f"vector.{s}": v.contiguous() for s, v in enumerate(vectors)}
-    tensors.update({f"hidden.{s}": h.contiguous() for s, h in enumerate(hidden)})
-    durable_save(tensors, workdir / f"{LAYER_PREFIX}{layer:05d}.safetensors")
-
-
-def _finish(workdir: Path, sets: ExpertSets, layers: int) -> None:
-    """Each layer's routers from its saved vectors into ``routers.safetensors``; the layer files deleted."""
-    from safetensors.torch import load_file
-
+def _finish(journal: Journal, sets: ExpertSets, layers: int) -> None:
+    """Each layer's routers from its journaled vectors into ``routers.safetensors``; the layer files deleted."""
     routers = {}
     for i in range(layers):
-        data = load_file(str(workdir / f"{LAYER_PREFIX}{i:05d}.safetensors"))
+        data = journal.read(i)
         index, rows = 0, []
         for _, negative in sets:
             vector = data[f"vector.{index}"].clone()
@@ -186,6 +181,5 @@ def _finish(workdir: Path, sets: ExpertSets, layers: int) -> None:
         gates = torch.cat(rows, dim=0)
         gates /= gates.norm(p=2, dim=-1, keepdim=True).clamp(min=1e-8)
         routers[f"layers.{i}"] = gates.contiguous()
-    durable_save(routers, workdir / ROUTERS_NAME)
-    for i in range(layers):
-        (workdir / f"{LAYER_PREFIX}{i:05d}.safetensors").unlink(missing_ok=True)
+    durable_save(routers, journal.folder / ROUTERS_NAME)
+    journal.clear()

@@ -26,12 +26,15 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resumerge import errors
 from resumerge.config.locations import StateDir
 from resumerge.errors import InputError, ResumergeError
 from resumerge.inputs.files import TOKENIZER_FILES
+
+if TYPE_CHECKING:  # the forward engine is the prompt pass's process's, never imported by the run's up front
+    from resumerge.forward.requires import Needs
 
 HIDDEN_MODES = frozenset({"hidden", "hidden_avg", "hidden_last"})
 # The line the pass's process writes once it has made every check it makes before its first weight (then the run's
@@ -44,14 +47,27 @@ INSTALL_HINT = "pip install transformers (the moe extra: pip install -e '.[moe]'
 PromptSets = Sequence[tuple[Sequence[str], Sequence[str] | None]]
 
 
-def require_transformers(gate_mode: str) -> None:
+def gate_needs(gate_mode: str) -> Needs:
+    """How the hidden-state gate modes' refusals read when transformers is missing or broken (the YAML path
+    ``gate_mode``, the modes that need no transformers named)."""
+    from resumerge.forward.requires import Needs
+
+    instead = ", or use gate_mode random or uniform_random"
+    return Needs(f"gate_mode {gate_mode}", missing=" to read the prompts", hint=f"{INSTALL_HINT}{instead}",
+                 broken="the installed one fails to import",
+                 broken_hint=f"pip install -U transformers (in a version that fits the installed packages){instead}",
+                 yaml_path="gate_mode")
+
+
+def transformers_usable(gate_mode: str) -> None:
     """Raise :class:`InputError` (exit 2), before anything is written, when transformers is not installed (naming
-    the install command) or is installed with a requirement of its own unmet (naming both versions: such a
-    transformers fails to import). Read from the installed metadata, without importing transformers; the child
-    checks its import again and reports any other ImportError as it is."""
-    if importlib.util.find_spec("transformers") is None:
-        raise InputError(f"gate_mode {gate_mode} needs transformers to read the prompts", yaml_path="gate_mode",
-                         hint=f"{INSTALL_HINT}, or use gate_mode random or uniform_random")
+    the install command: :func:`~resumerge.forward.requires.require_transformers`) or is installed with a
+    requirement of its own unmet (naming both versions: such a transformers fails to import). Read from the
+    installed metadata, without importing transformers; the child checks its import again and reports any other
+    ImportError as it is."""
+    from resumerge.forward.requires import require_transformers
+
+    require_transformers(gate_needs(gate_mode), load=False)
     unmet = unmet_requirement("transformers")
     if unmet is not None:
         raise InputError(f"gate_mode {gate_mode} needs transformers, and the installed one cannot be imported: "
@@ -130,7 +146,7 @@ def started_early(gate_mode: str | None, state: StateDir) -> Iterator[PassProces
 def start_child(job: dict[str, Any], workdir: Path, started: PassProcess | None = None) -> PassProcess:
     """Give ``job`` to the process ``started`` earlier (None: a new one) and return it at once (see
     :class:`PassProcess`)."""
-    require_transformers(job["mode"])
+    transformers_usable(job["mode"])
     child = started if started is not None else PassProcess()
     child.send(job, workdir)
     return child

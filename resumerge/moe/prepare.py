@@ -24,10 +24,10 @@ from resumerge.moe.hiddenpass import HiddenPass, beside_share, routers_job
 from resumerge.moe.passproc import (
     HIDDEN_MODES,
     PassProcess,
-    require_transformers,
     routers_key,
     run_child,
     start_child,
+    transformers_usable,
 )
 from resumerge.moe.planner import build_moe_plan
 from resumerge.moe.routers import Encoded, RouterSources
@@ -184,7 +184,7 @@ def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, provided: RouterSo
         if early is not None:
             early.stop()  # not needed: it must not take the merge's cores while it loads
         return HiddenPass(key, workdir, layers, provided)
-    require_transformers(config.gate_mode)
+    transformers_usable(config.gate_mode)
     if config.base_model.key in inputs.hub:
         _fetch_base(inputs.hub[config.base_model.key], settings.state, settings.max_disk, on_progress)
     probe = SystemProbe()

@@ -4,38 +4,23 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from resumerge.errors import InputError
-from resumerge.moe.passproc import INSTALL_HINT
+from resumerge.forward.requires import require_transformers
+from resumerge.forward.texts import tokenizer_at
+from resumerge.moe.passproc import gate_needs
 from resumerge.moe.routers import Encoded
-
-
-def require_transformers(gate_mode: str) -> Any:
-    """The transformers module; raises :class:`InputError` (exit 2) naming the install command when it is
-    missing, or the real ImportError when an installed transformers fails to import."""
-    try:
-        import transformers
-    except ImportError as exc:
-        if importlib.util.find_spec("transformers") is None:
-            raise InputError(f"gate_mode {gate_mode} needs transformers to read the prompts", yaml_path="gate_mode",
-                             hint=f"{INSTALL_HINT}, or use gate_mode random or uniform_random") from None
-        raise InputError(f"gate_mode {gate_mode} needs transformers, and the installed one fails to import: "
-                         f"{type(exc).__name__}: {exc}", yaml_path="gate_mode",
-                         hint="pip install -U transformers (in a version that fits the installed packages), or "
-                         "use gate_mode random or uniform_random") from None
-    return transformers
 
 
 def load_tokenizer(directory: Path, gate_mode: str) -> Any:
     """The base model's tokenizer, set up for the prompts as mergekit-moe sets it up."""
-    transformers = require_transformers(gate_mode)
+    transformers = require_transformers(gate_needs(gate_mode))
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
+        tokenizer = tokenizer_at(transformers, directory)
     except Exception as exc:  # the tokenizers library raises a bare Exception for a tokenizer.json it cannot read
         raise InputError(f"cannot load the base model's tokenizer from {directory}: {exc}", yaml_path="base_model",
                          hint=_tokenizer_fix(transformers, directory)) from None

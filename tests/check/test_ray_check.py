@@ -169,7 +169,7 @@ def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stop
     the memory each actor declared."""
     import ray
 
-    import resumerge.analyses.check.passes
+    import resumerge.forward.layerpass
     from resumerge.errors import UnreachableError
     from resumerge.torch_import import IMPORT_RESERVE
 
@@ -195,7 +195,7 @@ def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stop
                 started.remove_node(victim)
                 left.remove(victim)
 
-        monkeypatch.setattr(resumerge.analyses.check.passes, "reach", lose)
+        monkeypatch.setattr(resumerge.forward.layerpass, "reach", lose)
         state = lost / "spare"
         report = api.check(out, prompts=texts, state_dir=state, executor=on_cluster)
         spare = cluster.node_ids() - set(nodes[0])

@@ -63,8 +63,8 @@ def test_static_figures_taken_from_the_layers_reads_are_the_static_pass_s_and_re
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The check folds the static pass into the forward pass's reads of the layers (resumerge.analyses.check.folded): the
     # same figures to the bit, the forward's too, and a pass stopped after layer 1 resumes with what it found.
-    from resumerge.analyses.check import passes
     from resumerge.analyses.check.folded import FoldedStatic
+    from resumerge.forward import layerpass
 
     models = _models(tmp_path, "llama")
     monkeypatch.setattr(static, "_BLOCK", 64)  # many blocks a tensor
@@ -80,14 +80,14 @@ def test_static_figures_taken_from_the_layers_reads_are_the_static_pass_s_and_re
 
     layers: list[str] = []
 
-    def stop_after_two(point: str) -> None:
+    def stop_after_two(point: str, **_: object) -> None:
         layers.append(point)
         if len(layers) == 2:
             raise Stopped
 
     try:
         plain = forward_pass(models, streams, TOKENS, tmp_path / "plain")
-        monkeypatch.setattr(passes, "reach", stop_after_two)
+        monkeypatch.setattr(layerpass, "reach", stop_after_two)
         with pytest.raises(Stopped):
             forward_pass(models, streams, TOKENS, tmp_path / "folded", fold=FoldedStatic(roles, shapes))
         fold = FoldedStatic(roles, shapes)  # a new process's: what layers 0 and 1 found is in the journal

@@ -21,8 +21,8 @@ from hub.conftest import REPO, SPEC, Model
 from hub.fakehub import FakeHub, files_of, iter_requests
 from resumerge import api
 from resumerge.analyses.check import CheckReport
-from resumerge.analyses.check.hubreads import FETCHED_NAME, READS_NAME
 from resumerge.cli.modelgen import make_model
+from resumerge.forward.hubreads import FETCHED_NAME, READS_NAME
 
 pytest.importorskip("transformers")
 
@@ -155,7 +155,7 @@ def test_a_hub_file_served_otherwise_than_its_checksum_stops_the_check_before_it
 
 def test_a_resumed_check_reads_no_other_bytes_than_the_killed_one_read(
         tmp_path: Path, hub: FakeHub, state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from resumerge.analyses.check import passes
+    from resumerge.forward import layerpass
 
     merged = make_model(tmp_path / "merged", SPEC, seed=7)
     files = files_of(merged)
@@ -165,12 +165,12 @@ def test_a_resumed_check_reads_no_other_bytes_than_the_killed_one_read(
     class Killed(Exception):
         pass
 
-    def kill(point: str) -> None:
+    def kill(point: str, **_: object) -> None:
         if point == "after_check_layer":
             raise Killed
 
     with monkeypatch.context() as m:
-        m.setattr(passes, "reach", kill)
+        m.setattr(layerpass, "reach", kill)
         with pytest.raises(Killed):
             api.check("hf://org/merged", base=f"hf://{REPO}", state_dir=state)
     # The hub now serves other bytes for the embeddings and the head, which the killed check read (the static pass
@@ -195,7 +195,7 @@ def test_a_resumed_check_reads_no_other_bytes_than_the_killed_one_read(
     hub.ranges_from.clear()
     other = tmp_path / "other"
     with monkeypatch.context() as m:
-        m.setattr(passes, "reach", kill)
+        m.setattr(layerpass, "reach", kill)
         with pytest.raises(Killed):
             api.check("hf://org/merged", base=f"hf://{REPO}", state_dir=other)
     pieces = [p for p in (other / "checks").rglob(f"{FETCHED_NAME}/*/*") if p.is_file()]
@@ -244,19 +244,19 @@ def test_a_ray_node_s_reads_of_a_hub_model_are_held_to_the_check_s_journal(tmp_p
                                                                             state: Path) -> None:
     # --executor ray: each model's forward pass reads its hub files on its node; what it read comes back to the
     # driver after each step, held to the journal as the driver's own reads (the static pass's, first) are.
-    from resumerge.analyses.check.hubreads import CheckReads
     from resumerge.analyses.check.models import find_models
     from resumerge.analyses.check.onray import ModelNode, Place, RayModels, _sent
-    from resumerge.analyses.check.passes import _padded
     from resumerge.analyses.check.static import static_pass
     from resumerge.config.locations import StateDir
+    from resumerge.forward.batches import padded as _padded
+    from resumerge.forward.hubreads import PassReads
     from resumerge.inputs.hub.integrity import StreamedInputChanged
 
     merged = make_model(tmp_path / "merged", SPEC, seed=7)
     files = files_of(merged)
     hub.push("org/merged", files)
     models = find_models("hf://org/merged", None, (), StateDir.resolve(state))
-    reads = CheckReads(tmp_path / "work")
+    reads = PassReads(tmp_path / "work")
     bound = reads.bind(models, fresh=True)
     static_pass(bound)  # every tensor read here, and every file verified whole
     assert len(_verified_in(tmp_path / "work")) == len(_shards(files))

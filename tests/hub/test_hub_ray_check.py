@@ -71,7 +71,7 @@ def _tensor_bytes(files: dict[str, bytes], name: str) -> int:
 
 def _gone_after_layer_0(hub: FakeHub, repo: str, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """``repo`` taken off the hub once the check journaled its first layer (handed back in the list returned)."""
-    import resumerge.analyses.check.passes
+    import resumerge.forward.layerpass
 
     gone: list[Any] = []
 
@@ -79,7 +79,7 @@ def _gone_after_layer_0(hub: FakeHub, repo: str, monkeypatch: pytest.MonkeyPatch
         if point == "after_check_layer" and not gone:
             gone.append(hub.repos.pop(repo))
 
-    monkeypatch.setattr(resumerge.analyses.check.passes, "reach", take)
+    monkeypatch.setattr(resumerge.forward.layerpass, "reach", take)
     return gone
 
 
@@ -175,13 +175,14 @@ def test_the_merge_s_actor_reads_its_first_layer_once_where_the_family_runs_batc
     dropped (then it is read again, as one sequence at a time needs)."""
     import resumerge.analyses.check.passes
     import resumerge.engine.cluster.connect
+    import resumerge.forward.batches
     from resumerge.analyses.check.models import open_checked
     from resumerge.analyses.check.onray import ModelNode
     from resumerge.config.locations import StateDir
 
     monkeypatch.setattr(resumerge.engine.cluster.connect, "this_node", lambda: "0123abcd")
     model = open_checked(f"hf://{REPO}", "MODEL", StateDir.resolve(state))
-    batches = [resumerge.analyses.check.passes._padded([[1, 2, 3], [4, 5]])]
+    batches = [resumerge.forward.batches.padded([[1, 2, 3], [4, 5]])]
 
     spans = [(t.file, t.entry.start, t.entry.end) for n, t in model.opened.tensors.items() if ".layers.0." in n]
 

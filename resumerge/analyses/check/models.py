@@ -7,7 +7,7 @@ the merge's own weights). ``--base``/``--parent`` given win over the record.
 Any of them may be a hub repo, ``hf://NAMESPACE/NAME[@REVISION]``: its config, tokenizer and safetensors headers
 are fetched into the Hugging Face cache (as a merge's hub inputs are) and its weights read by HTTP Range at the
 commit pinned then, never downloaded whole, and held to the hub's checksums as a merge's streamed inputs are
-(:mod:`.hubreads`). A recorded model that was a hub input is read the same way where its
+(:mod:`resumerge.forward.hubreads`). A recorded model that was a hub input is read the same way where its
 cache snapshot lacks its weights (a merge that streamed it).
 
 Any of them may be a GGUF file (or the first file of a split set; one in a hub repo written
@@ -21,47 +21,22 @@ the prompts. The report names the path given.
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from resumerge.config.hubtarget import SCHEME, is_hub_target, parse_hub_target
+from resumerge.config.hubtarget import SCHEME, is_hub_target
 from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import MergeConfig, SourceConfig, load_config_text
 from resumerge.config.modelref import ModelRef
-from resumerge.errors import ModelInputError, ResumergeError, UsageError
-from resumerge.inputs.model import ModelInput, open_model
+from resumerge.errors import ResumergeError, UsageError
+from resumerge.forward.opened import SNAPSHOT, PassModel, gguf_file, open_for_pass
 from resumerge.store.manifest import read_manifest
 
-if TYPE_CHECKING:  # the hub's range reader (its HTTP stack) is imported only for a hub model
-    from resumerge.inputs.gguf.header import GgufHeader
-    from resumerge.inputs.hub.ranges import StreamedFile
-    from resumerge.inputs.hub.stream import StreamedReads
-    from resumerge.inputs.safetensors_format import Header
+# A model of the check, opened for its pass (the forward engine's one opener: :mod:`resumerge.forward.opened`).
+Checked = PassModel
+open_checked = open_for_pass
 
-_SNAPSHOT = re.compile(r"models--(.+?)--([^/]+)/snapshots/([0-9a-f]{40})/?$")
 MERGEKIT_CONFIG = "mergekit_config.yml"  # what mergekit writes into its output: the config it merged
-_LATER_PART = re.compile(r"-(?!00001)\d{5}-of-\d{5}\.gguf$")  # a split GGUF's second file or later
-
-
-@dataclass(frozen=True)
-class Checked:
-    """One model of the check: its ``role`` (merge, base, parent), where it is, its weight in the merge (None:
-    not known), whether it is the merge's own (``own``: its record names it), the model opened (headers only) and
-    its weight files read from the hub by range (``remote``), with
-    the headers read of them (``headers``: what their checksums are checked with) and, once the check binds them
-    (:mod:`.hubreads`), what they are read through (``reads``)."""
-
-    role: str
-    path: str
-    weight: float | None
-    opened: ModelInput
-    remote: tuple[StreamedFile, ...] = ()
-    headers: Mapping[str, Header | GgufHeader] = field(default_factory=dict, compare=False, repr=False)
-    reads: StreamedReads | None = field(default=None, compare=False, repr=False)
-    own: bool = True  # the merge's own base or parent (its record names it; True where it has no record)
 
 
 def find_models(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
@@ -108,7 +83,7 @@ def _finished(model: str, state: StateDir) -> None:
     merge still running, or one interrupted, is checked once it is done, and said so rather than "no config.json"."""
     from resumerge.store.runlock import is_locked
 
-    if is_hub_target(model) or (Path(model) / "config.json").is_file() or _gguf_file(Path(model)) is not None:
+    if is_hub_target(model) or (Path(model) / "config.json").is_file() or gguf_file(Path(model)) is not None:
         return
     run = state.run(model)
     if not run.ledger.is_file():
@@ -118,90 +93,6 @@ def _finished(model: str, state: StateDir) -> None:
                          hint="check it once the merge is done (resumerge status shows where it is)")
     raise UsageError(f"the merge into {model} is not finished", hint=f"finish it with {run.resume_command}, "
                      "then check it")
-
-
-def open_checked(where: str, what: str, state: StateDir, hint: str | None = None) -> Checked:
-    """The model at ``where`` (a folder or ``hf://`` repo; ``what`` names it in errors, ``hint`` says what to do
-    where it is gone), opened (headers only)."""
-    if is_hub_target(where):
-        if ".gguf" in where:
-            return _open_hub_gguf(where, what, state)
-        return _open_hub(where, what, state)
-    directory = Path(where)
-    gguf = _gguf_file(directory)
-    if gguf is not None:
-        return _open_gguf(where, gguf, state)
-    if not directory.is_dir():
-        raise UsageError(f"{what} {directory}: no such model folder", hint=hint or "give a folder with config.json "
-                         "and its weight files, a GGUF file, or a hub repo as hf://NAMESPACE/NAME")
-    snapshot = _SNAPSHOT.search(directory.as_posix())
-    try:
-        return Checked("", where, None, open_model(ModelRef(where), directory=directory, copies=False))
-    except ModelInputError:
-        if snapshot is None:
-            raise
-    # A hub input's cache snapshot without its weights (the merge streamed them): read them by range, and named
-    # as the repo at that commit.
-    return _open_hub(f"{SCHEME}{snapshot[1]}/{snapshot[2]}@{snapshot[3]}", what, state)
-
-
-def _gguf_file(where: Path) -> Path | None:
-    """The GGUF model ``where`` is: the file itself, or the one GGUF model (a file, or a split set's first file)
-    of a folder without config.json; None otherwise (a folder of several GGUF models is left to the model
-    folder's own refusal)."""
-    if where.suffix == ".gguf" and where.is_file():
-        return where
-    if not where.is_dir() or (where / "config.json").is_file():
-        return None
-    found = [p for p in sorted(where.glob("*.gguf")) if p.is_file() and not _LATER_PART.search(p.name)]
-    return found[0] if len(found) == 1 else None
-
-
-def _open_gguf(where: str, file: Path, state: StateDir) -> Checked:
-    """A GGUF model: its headers read, its folder of rebuilt files (made under the state dir once) in place of
-    the file's own folder, so the forward pass and the prompts read it as any model folder."""
-    from resumerge.inputs.gguf.folder import gguf_folder
-
-    opened = open_model(ModelRef(str(file)), copies=False)
-    return Checked("", where, None, replace(opened, directory=gguf_folder(opened, state.gguf_dir)))
-
-
-def _open_hub(where: str, what: str, state: StateDir) -> Checked:
-    """A hub repo: its config, tokenizer and headers fetched and checked, its weights to be read by range."""
-    from resumerge.inputs.catalog import from_metadata
-    from resumerge.inputs.hub import resolve_metadata
-    from resumerge.inputs.hub.ranges import StreamedFile
-
-    target = parse_hub_target(where)
-    ref = ModelRef(f"{target.namespace}/{target.name}", target.branch)
-    meta = resolve_metadata(ref, records_dir=state.records_dir)
-    opened = from_metadata(ref, meta, what)
-    remote = tuple(StreamedFile(ref.key, name, meta.repo_id, meta.commit, meta.headers[name].file_size,
-                                meta.settings.endpoint) for name in meta.weight_files)
-    return Checked("", where, None, opened, remote, {name: meta.headers[name] for name in meta.weight_files})
-
-
-def _open_hub_gguf(where: str, what: str, state: StateDir) -> Checked:
-    """A GGUF file of a hub repo (``hf://org/repo/path/x.gguf[@rev]``): its headers read by range, its folder of
-    rebuilt files made under the state dir (from the headers: no tensor byte), its tensors read by range."""
-    from resumerge.config.modelref import parse_model_ref
-    from resumerge.inputs.gguf.folder import gguf_folder
-    from resumerge.inputs.hub.gguf import gguf_input, hub_gguf, resolve_gguf
-    from resumerge.inputs.hub.ranges import StreamedFile
-
-    try:
-        ref = parse_model_ref(where[len(SCHEME):])
-    except ValueError as exc:
-        raise UsageError(f"{what} {where}: {exc}") from None
-    if hub_gguf(ref) is None:
-        raise UsageError(f"{what} {where} is not a GGUF file of a hub repo",
-                         hint="write it as hf://NAMESPACE/NAME/PATH/FILE.gguf[@REVISION]")
-    meta = resolve_gguf(ref)
-    opened = gguf_input(ref, meta)
-    remote = tuple(StreamedFile(ref.key, name, meta.repo_id, meta.commit, meta.headers[name].file_size,
-                                meta.settings.endpoint) for name in meta.weight_files)
-    return Checked("", where, None, replace(opened, directory=gguf_folder(opened, state.gguf_dir)), remote,
-                   {name: meta.headers[name] for name in meta.weight_files})
 
 
 def _recorded(out: Path) -> tuple[str | None, list[tuple[str, float | None]], str]:
@@ -266,7 +157,7 @@ def _located(model: ModelRef, dirs: dict[str, str]) -> str:
 
 
 def _here(directory: str) -> str:
-    snapshot = _SNAPSHOT.search(directory)
+    snapshot = SNAPSHOT.search(directory)
     if snapshot is None or Path(directory).is_dir():
         return directory
     return f"{SCHEME}{snapshot[1]}/{snapshot[2]}@{snapshot[3]}"

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from resumerge.analyses.check.heads import head_step_bytes
-from resumerge.analyses.check.passes import largest_batch, padded_positions
 from resumerge.analyses.check.static import static_bytes
 from resumerge.forward import pass_bytes
+from resumerge.forward.batches import largest_batch, padded_positions
 from resumerge.forward.stream import ModelStream
 
 

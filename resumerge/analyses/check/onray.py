@@ -1,31 +1,31 @@
-"""A check's forward pass on a Ray cluster (``--executor ray``): each model's pass on a node of its own, so a check
-of a giant merge against its parents takes about the time of one model's pass.
+"""A check's forward pass on a Ray cluster (``--executor ray``): each model's pass on a node of its own, so a check of
+a giant merge against its parents takes about the time of one model's pass.
 
 The models are independent until the comparison: an actor per model (:class:`ModelNode`), placed one per node where
 the cluster has the nodes (models shared round-robin where it has fewer), opens its model from its path (which every
 node must see, as for a merge on Ray; a hub model is read by range from the node, with the node's own token, under
 the node's name: :func:`_here`, the sha256 of each range it read held to the driver's journal after each step, as a
-merge's nodes' reads are: :mod:`.hubreads`) and computes with the CPUs of its node's share. The merge's actor keeps
-the first layer it reads to learn whether the family takes padded batches for the pass's first layer, so an actor
-reads each byte of its model once (a tied head's embeddings, and a family that runs one sequence at a time, aside);
-the driver reads every model once more, for the static figures (which compare the models' tensors with each other).
-The driver (this process) holds every model's hidden states, as a local check does: per layer it sends the
-reference's input to the layer (the base's, else the first parent's) to every actor at once (one object in Ray's
-store), each actor runs its layer on its own hidden states (it keeps its last output) and on that input, and returns
-both; the driver computes the layer's figures with the local pass's own functions and journals it exactly as a local
-check does (:func:`~resumerge.analyses.check.passes.run_pass` drives both), so a check started on Ray resumes locally,
-and the other way round. The heads too: the merge's and the base's actors return their log-probabilities as objects in
-Ray's store (never fetched by the driver), each other actor compares its own with them and returns its per-position
-figures.
+merge's nodes' reads are: :mod:`resumerge.forward.hubreads`) and computes with the CPUs of its node's share. The
+merge's actor keeps the first layer it reads to learn whether the family takes padded batches for the pass's first
+layer, so an actor reads each byte of its model once (a tied head's embeddings, and a family that runs one sequence
+at a time, aside); the driver reads every model once more, for the static figures (which compare the models' tensors
+with each other). The driver (this process) holds every model's hidden states, as a local check does: per layer it
+sends the reference's input to the layer (the base's, else the first parent's) to every actor at once (one object in
+Ray's store), each actor runs its layer on its own hidden states (it keeps its last output) and on that input, and
+returns both; the driver computes the layer's figures with the local pass's own functions and journals it exactly as
+a local check does (:func:`~resumerge.analyses.check.passes.run_pass` drives both), so a check started on Ray
+resumes locally, and the other way round. The heads too: the merge's and the base's actors return their
+log-probabilities as objects in Ray's store (never fetched by the driver), each other actor compares its own with
+them and returns its per-position figures.
 
-Each actor holds one layer of its model and its hidden states, and declares that memory to Ray
-(:func:`actor_bytes`, from the figures the local check's budget is found from), so that Ray places no more on a node
-than it holds; a cluster none of whose nodes holds one (or that cannot hold them all at once) is refused before any
-weight is read (exit 2). A node lost mid-pass costs only its models' part of the step it was in: each gets a new
-actor on a node left with room for it, as a merge's Ray executor gives a lost worker's shards to the workers left
-(the pass journaled so far stays; :class:`RayModels`); where no node has room, the check ends as unreachable (exit
-3), and run again it resumes at the layer journaled last. Ray is joined through
-:mod:`resumerge.engine.cluster.connect` (the merge executor's own).
+Each actor holds one layer of its model and its hidden states, and declares that memory to Ray (:func:`actor_bytes`,
+from the figures the local check's budget is found from), so that Ray places no more on a node than it holds; a
+cluster none of whose nodes holds one (or that cannot hold them all at once) is refused before any weight is read
+(exit 2). A node lost mid-pass costs only its models' part of the step it was in: each gets a new actor on a node
+left with room for it, as a merge's Ray executor gives a lost worker's shards to the workers left (the pass
+journaled so far stays; :class:`RayModels`); where no node has room, the check ends as unreachable (exit 3), and run
+again it resumes at the layer journaled last. Ray is joined through :mod:`resumerge.engine.cluster.connect` (the
+merge executor's own).
 """
 
 from __future__ import annotations
@@ -65,12 +65,12 @@ class ModelNode:
     the driver reads the hub with a token, so a hub model's node needs its own (a token never travels with the
     work)."""
 
-    def __init__(self, model: Checked, threads: int, token: bool = False) -> None:
+    def __init__(self, model: Checked, threads: int, token: bool = False, state: str | None = None) -> None:
         torch.set_num_threads(max(1, threads))
         self.failed: ResumergeError | None = None
         self.read_log: list[Read] = []  # the ranges of hub files read here since the driver last asked (reads())
         try:
-            self.stream = streams_of([_logged(_here(model, token), self.read_log)])[0]
+            self.stream = streams_of([_logged(_here(model, token, state), self.read_log)])[0]
         except ResumergeError as exc:  # said by :meth:`node` (an actor whose constructor raises says only "died")
             self.failed = exc
         self.entering: list[tuple[torch.Tensor, list[LayerCall]]] = []
@@ -103,7 +103,7 @@ class ModelNode:
         return [h for h, _ in self.entering]
 
     def runs_batched(self) -> bool:
-        """See :func:`~resumerge.analyses.check.passes._runs_batched`. Where the first layer runs the batches, it keeps
+        """See :func:`~resumerge.forward.placement.runs_batched`. Where the first layer runs the batches, it keeps
         the weights read for this until the pass's first layer runs (it holds a layer, as that step does): read once,
         which for a hub model is the bytes fetched once."""
         from resumerge.analyses.check.passes import batched_on
@@ -178,7 +178,7 @@ def _logged(model: Checked, log: list[Read]) -> Checked:
     return replace(model, reads=StreamedReads({f.file: f.client() for f in model.remote}, note))
 
 
-def _here(model: Checked, token: bool) -> Checked:
+def _here(model: Checked, token: bool, state: str | None = None) -> Checked:
     """``model`` as this node opens it: as the driver opened it where its folder is here, else (a hub model whose
     cache snapshot is the driver's) its small files fetched into this node's cache, its weights read by range; a hub
     model's ranges asked under this node's name (``resumerge-node/NODE`` in the user agent, as a merge's nodes ask
@@ -201,7 +201,7 @@ def _here(model: Checked, token: bool) -> Checked:
         from resumerge.analyses.check.models import open_checked
         from resumerge.config.locations import StateDir
 
-        model = replace(open_checked(model.path, model.role, StateDir.resolve()), role=model.role,
+        model = replace(open_checked(model.path, model.role, StateDir.resolve(state)), role=model.role,
                         weight=model.weight)
     agent = f"resumerge-node/{node}"
     return replace(model, remote=tuple(replace(f, agent=agent) for f in model.remote))
@@ -299,8 +299,10 @@ class RayModels:
 
     def __init__(self, ray: Any, models: Sequence[Checked], placed: list[Place], layers: int,
                  on_layer: Callable[[int, list[str]], None] | None = None,
-                 on_reads: Callable[[int, list[Read]], None] | None = None, vocab: SharedVocab | None = None) -> None:
+                 on_reads: Callable[[int, list[Read]], None] | None = None, vocab: SharedVocab | None = None,
+                 state: str | None = None) -> None:
         self.ray, self.models, self.places, self.layers, self.on_layer = ray, models, placed, layers, on_layer
+        self.state = state  # the state dir a node opens a model under (--state-dir; None: the default)
         self.vocab = vocab  # where the models' vocabularies differ: each reads its own ids, compared over the shared
         # asked of the actors after each step only where a model is read from the hub: a round trip per layer
         self.on_reads = on_reads if any(m.remote for m in models) else None
@@ -318,7 +320,7 @@ class RayModels:
         """Start every model's actor, and wait for each to open its model (raises the error that kept one from it,
         and :class:`UnreachableError` where one's node was lost meanwhile)."""
         self.token = any(model.remote for model in self.models) and _driver_token()
-        self.actors = [_start(self.ray, model, place, threads, self.token)
+        self.actors = [_start(self.ray, model, place, threads, self.token, self.state)
                        for model, place, threads in zip(self.models, self.places, self.threads)]
         try:
             self.nodes = self._get([a.node.remote() for a in self.actors])
@@ -377,7 +379,7 @@ class RayModels:
         self.lost.update(self.places[m].node_id for m in dead)
         for m in dead:
             self.places[m] = self._elsewhere(m, why)
-            self.actors[m] = _start(self.ray, self.models[m], self.places[m], self.threads[m], self.token)
+            self.actors[m] = _start(self.ray, self.models[m], self.places[m], self.threads[m], self.token, self.state)
             self.fresh.add(m)
         for m in dead:
             ready, _ = self.ray.wait([ref := self.actors[m].node.remote()], timeout=PLACE_SECONDS)
@@ -477,14 +479,15 @@ class RayModels:
         return totals(found, sum(len(s) - 1 for batch in batches for s in batch))
 
 
-def _start(ray: Any, model: Checked, place: Place, threads: int, token: bool) -> Any:
+def _start(ray: Any, model: Checked, place: Place, threads: int, token: bool, state: str | None = None) -> Any:
     """Model ``model``'s actor, pinned to its node, declaring its CPUs and memory (as a merge's Ray workers do:
     :func:`~resumerge.engine.cluster.launch.pinned`), never restarted by Ray (the pass replaces it); ``token``:
     whether its node needs a token of its own (:class:`ModelNode`)."""
     from resumerge.engine.cluster.launch import pinned
 
     return ray.remote(ModelNode).options(num_cpus=place.cpus, memory=place.memory, max_restarts=0,
-                                         scheduling_strategy=pinned(place.node_id)).remote(_sent(model), threads, token)
+                                         scheduling_strategy=pinned(place.node_id)).remote(_sent(model), threads, token,
+                                                                                           state)
 
 
 def _sent(model: Checked) -> Checked:
@@ -505,13 +508,14 @@ def _driver_token() -> bool:
 @contextmanager
 def ray_models(models: Sequence[Checked], placed: list[Place], layers: int,
                on_layer: Callable[[int, list[str]], None] | None = None,
-               on_reads: Callable[[int, list[Read]], None] | None = None, vocab: SharedVocab | None = None
-               ) -> Iterator[RayModels]:
+               on_reads: Callable[[int, list[Read]], None] | None = None, vocab: SharedVocab | None = None,
+               state: str | None = None) -> Iterator[RayModels]:
     """The check's models as actors of the Ray cluster this process joined (:func:`ray_places`), where ``placed``
-    says (``vocab``: how their vocabularies meet, where they differ); they end with the block."""
+    says (``vocab``: how their vocabularies meet, where they differ; ``state``: the state dir given with
+    ``--state-dir``, which a node opens a GGUF or hub model under; None: the default); they end with the block."""
     from resumerge.engine.cluster.connect import require_ray
 
-    running = RayModels(require_ray(), models, list(placed), layers, on_layer, on_reads, vocab)
+    running = RayModels(require_ray(), models, list(placed), layers, on_layer, on_reads, vocab, state)
     try:
         running.start()
         yield running

@@ -11,20 +11,21 @@ are saved (temp file, fsync, rename) and the previous layer's file deleted: a ki
 reached and ends with the same figures. The heads run last, one model and one batch at a time
 (:mod:`resumerge.analyses.check.heads`).
 
-:func:`run_pass` drives the pass and journals it; where the models run is a :class:`PassModels`: this process, one
-model after another (:class:`LocalModels`), or an actor per model on a Ray cluster
-(:mod:`resumerge.analyses.check.onray`). Both compute each model's layer with :func:`model_layer` and its head figures
-with :func:`compared`, and the figures of a layer come from :func:`layer_row` in the driver: the journal is the same
-file whichever ran it.
+:func:`run_pass` runs the check's :class:`~resumerge.forward.layerpass.Step` on the one journaled layer pass
+(:class:`~resumerge.forward.layerpass.LayerPass`: its restart, loop, journal and kill point); where the models run is
+a :class:`PassModels`, the forward engine's :class:`~resumerge.forward.placement.Placement` with the heads: this
+process, one model after another (:class:`LocalModels`), or an actor per model on a Ray cluster
+(:mod:`resumerge.analyses.check.onray`). Both compute each model's layer with
+:func:`~resumerge.forward.placement.model_layer` and its head figures with :func:`compared`, and the figures of a
+layer come from :func:`layer_row` in the driver: the journal is the same file whichever ran it.
 
-The sequences run in batches (:func:`batches_of`: padded on the right to the longest of the batch, with the
-attention mask), so a layer is one call over many sequences rather than one per sequence: a causal layer's output at
-a real position never sees the padding after it, and every figure is taken over real positions only."""
+The sequences run in batches (:mod:`resumerge.forward.batches`: padded on the right to the longest of the batch,
+with the attention mask), and every figure is taken over real positions only."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,20 +35,21 @@ from resumerge.analyses.check.heads import HeadTotals, head_figures, kl_at, nll_
 from resumerge.analyses.check.heads import logprobs as streamed_logprobs
 from resumerge.analyses.check.models import Checked
 from resumerge.analyses.check.vocabs import SharedVocab, own_batches
-from resumerge.forward import Weights, durable_save
-from resumerge.forward.journal import latest
-from resumerge.forward.stream import LayerCall, ModelStream
-from resumerge.store.killpoints import reach
+from resumerge.forward import Weights
+from resumerge.forward.batches import BATCH_TOKENS, Batch, Hidden, batches_of, enter, largest_batch, padded_positions
+from resumerge.forward.journal import Journal, Restart
+from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
+from resumerge.forward.placement import Placement, Streams, batched_on, model_layer
+from resumerge.forward.stream import ModelStream
 from resumerge.torch_import import torch
+
+__all__ = ["BATCH_TOKENS", "LAYER_PREFIX", "LocalModels", "PassFigures", "PassModels", "batched_on", "batches_of",
+           "compared", "forward_pass", "largest_batch", "logprobs", "model_layer", "padded_positions", "run_pass",
+           "streams_of", "totals"]
 
 LAYER_PREFIX = "layer-"
 # The layer file's metadata entry holding the static figures the layers' reads found (resumerge.analyses.check.folded).
 FOLDED = "static"
-# The padded tokens (sequences x longest) a batch may hold: a layer's activations (an MLP's widest, 1024 x its
-# intermediate size in float32) stay about 100 MB on a 70B model.
-BATCH_TOKENS = 1024
-# Holds the memory of one step of the pass while it runs: (what, step) -> a context manager.
-Reserve = Callable[[str, str], AbstractContextManager[object]]
 _TINY = 1e-12
 
 
@@ -70,10 +72,6 @@ class PassFigures:
     base_kl: list[float | None]
 
 
-def _unreserved(what: str, step: str) -> AbstractContextManager[object]:
-    return nullcontext()
-
-
 def streams_of(models: Sequence[Checked]) -> list[ModelStream]:
     """Each model's modules without weights (read as the pass runs). Models whose config.json says the same share
     one set of modules (built once: 0.9 s each for SmolLM2-135M): the pass gives a module its weights only while
@@ -93,7 +91,7 @@ def streams_of(models: Sequence[Checked]) -> list[ModelStream]:
 
 def forward_pass(models: Sequence[Checked], streams: Sequence[ModelStream], sequences: Sequence[Sequence[int]],
                  workdir: Path, on_model: Callable[[int, int], None] | None = None,
-                 reserve: Reserve = _unreserved, fold: FoldedStatic | None = None,
+                 reserve: Reserve = unreserved, fold: FoldedStatic | None = None,
                  vocab: SharedVocab | None = None) -> PassFigures | None:
     """Run the pass in this process (resuming the one journaled in ``workdir``) and return its figures;
     ``on_model(layer, m)`` is told before model ``m``'s layer is read (``status`` shows it); ``reserve(what,
@@ -106,26 +104,12 @@ def forward_pass(models: Sequence[Checked], streams: Sequence[ModelStream], sequ
                     sequences, workdir, fold)
 
 
-class PassModels(Protocol):
-    """Where the pass's models run, model by model (the merge first): this process (:class:`LocalModels`) or a Ray
-    actor each (:mod:`.onray`). :func:`run_pass` drives either the same way, and journals alike."""
+class PassModels(Placement, Protocol):
+    """Where the check's models run (:class:`~resumerge.forward.placement.Placement`), with their heads: this
+    process (:class:`LocalModels`) or a Ray actor each (:mod:`.onray`). :func:`run_pass` drives either the same
+    way, and journals alike."""
 
-    @property
-    def layers(self) -> int: ...
-
-    def enter(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[list[torch.Tensor]]:
-        """Each model's hidden states entering its first decoder layer, per batch (their layers' calls kept)."""
-
-    def runs_batched(self) -> bool:
-        """Whether the merge's first layer runs the batches :meth:`enter` was given (see :func:`_runs_batched`)."""
-
-    def layer(self, index: int, hidden: list[list[torch.Tensor]], reference: int | None
-              ) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
-        """Each model's layer ``index`` on its own ``hidden`` states and on the reference's (its own output where it
-        is the reference or there is none): both, per model."""
-
-    def heads(self, hidden: list[list[torch.Tensor]], batches: Sequence[Sequence[Sequence[int]]],
-              base: int | None) -> HeadTotals:
+    def heads(self, hidden: Hidden, batches: Sequence[Sequence[Sequence[int]]], base: int | None) -> HeadTotals:
         """The figures from every model's head over its last ``hidden`` states (see :func:`compared`)."""
 
 
@@ -135,164 +119,83 @@ def run_pass(roles: Sequence[str], models: PassModels, sequences: Sequence[Seque
     ``fold``: the static figures the layers' reads found, journaled with each layer (None returned, the pass
     stopped, once they hold a non-finite value)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    reference = roles.index("base") if "base" in roles else (1 if len(roles) > 1 else None)
-    groups = batches_of(sequences)
     with torch.no_grad():
-        batches = [_padded([sequences[i] for i in group]) for group in groups]
-        entering = models.enter(batches)
-        if any(len(g) > 1 for g in groups) and not models.runs_batched():
-            groups = [[i] for g in groups for i in g]  # this family's layers take one sequence at a time
-            batches = [_padded([sequences[i] for i in group]) for group in groups]
-            entering = models.enter(batches)
-        real = [mask.bool() for _, mask in batches]
-        start, hidden, stats, metadata = _restart(workdir, len(roles), len(batches))
-        if hidden is None:
-            hidden = entering
-        if fold is not None and FOLDED in metadata:
-            fold.restore(metadata[FOLDED])
-        for index in range(start, models.layers):
-            if fold is not None and fold.nonfinite():
-                return None
-            same_input = hidden[reference] if reference is not None else None
-            hidden, on_same = models.layer(index, hidden, reference)
-            stats.append(layer_row(hidden, on_same, same_input, real))
-            _save(workdir, index, hidden, stats, {FOLDED: fold.to_json()} if fold is not None else None)
-            reach("after_check_layer")  # tests kill the check here: it resumes after this layer
-        if fold is not None and fold.nonfinite():
-            return None
-        found = models.heads(hidden, [[sequences[i] for i in g] for g in groups],
-                             roles.index("base") if "base" in roles else None)
-        return _figures(found, stats)
+        entered = enter(sequences, models.enter, models.runs_batched)
+    step = _CheckStep(roles, models, entered.real, entered.sequences(sequences), fold)
+    layers = LayerPass(Journal(workdir, LAYER_PREFIX), models.layers, point="after_check_layer")
+    return layers.run(step, entered.hidden, len(entered.batches))
 
 
-class LocalModels:
+class _CheckStep(Step[PassFigures]):
+    """The check's part of the pass: each layer run by every model on its own hidden states and on the
+    reference's input (the base's, else the first parent's), the layer's figures (:func:`layer_row`) journaled
+    beside the hidden states with the static figures folded in so far; after the last layer, the heads."""
+
+    def __init__(self, roles: Sequence[str], models: PassModels, real: list[torch.Tensor],
+                 batches: Sequence[Sequence[Sequence[int]]], fold: FoldedStatic | None) -> None:
+        self.models, self.real, self.batches, self.fold = models, real, batches, fold
+        self.base = roles.index("base") if "base" in roles else None
+        self.reference = self.base if self.base is not None else (1 if len(roles) > 1 else None)
+        self.stats: list[list[float]] = []
+
+    def restore(self, restart: Restart) -> None:
+        if "stats" in restart.tensors:
+            self.stats = [list(map(float, row)) for row in restart.tensors["stats"].tolist()]
+        if self.fold is not None and FOLDED in restart.metadata:
+            self.fold.restore(restart.metadata[FOLDED])
+
+    def stopped(self) -> bool:
+        return self.fold is not None and self.fold.nonfinite()
+
+    def layer(self, index: int, hidden: Hidden) -> Hidden:
+        same_input = hidden[self.reference] if self.reference is not None else None
+        hidden, on_same = self.models.layer(index, hidden, self.reference)
+        self.stats.append(layer_row(hidden, on_same, same_input, self.real))
+        return hidden
+
+    def kept(self, index: int) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]:
+        return {"stats": torch.tensor(self.stats, dtype=torch.float64)}, \
+            {FOLDED: self.fold.to_json()} if self.fold is not None else None
+
+    def finish(self, hidden: Hidden) -> PassFigures:
+        return _figures(self.models.heads(hidden, self.batches, self.base), self.stats)
+
+
+class _Folding:
+    """:class:`~.folded.FoldedStatic` as the forward engine's :class:`~resumerge.forward.placement.Watch`."""
+
+    def __init__(self, fold: FoldedStatic) -> None:
+        self.fold = fold
+
+    def order(self, models: int) -> Iterable[int]:
+        return self.fold.order()
+
+    @contextmanager
+    def watching(self, stream: ModelStream, m: int, module: torch.nn.Module) -> Iterator[None]:
+        with self.fold.watching(stream.reader, m):
+            yield
+
+    def end_layer(self) -> None:
+        self.fold.end_layer()
+
+
+class LocalModels(Streams):
     """The pass's models run in this process, one layer of one model at a time (see :func:`forward_pass`)."""
 
     def __init__(self, streams: Sequence[ModelStream], workdir: Path,
-                 on_model: Callable[[int, int], None] | None = None, reserve: Reserve = _unreserved,
+                 on_model: Callable[[int, int], None] | None = None, reserve: Reserve = unreserved,
                  fold: FoldedStatic | None = None, vocab: SharedVocab | None = None) -> None:
-        self.streams, self.workdir, self.on_model, self.reserve = streams, workdir, on_model, reserve
-        self.fold, self.vocab = fold, vocab
-        self.layers = streams[0].layers
-        self.entering: list[tuple[torch.Tensor, list[LayerCall]]] = []
-        self.calls: list[list[list[LayerCall]]] = []
+        def own(m: int, batches: list[Batch]) -> list[Batch]:
+            return own_batches(vocab, m, batches)
 
-    def enter(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[list[torch.Tensor]]:
-        entering = [stream.inputs_of_rows(own_batches(self.vocab, m, batches))
-                    for m, stream in enumerate(self.streams)]
-        self.entering = entering[0]
-        self.calls = [[c for _, c in model] for model in entering]
-        return [[h for h, _ in model] for model in entering]
+        super().__init__(streams, on_model, reserve, _Folding(fold) if fold is not None else None,
+                         own if vocab is not None else None)
+        self.workdir, self.vocab = workdir, vocab
 
-    def runs_batched(self) -> bool:
-        return _runs_batched(self.streams[0], self.entering, self.reserve)
-
-    def layer(self, index: int, hidden: list[list[torch.Tensor]], reference: int | None
-              ) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
-        same_input = hidden[reference] if reference is not None else None
-        n = len(self.streams)
-        own: list[list[torch.Tensor]] = [[] for _ in range(n)]
-        on_same: list[list[torch.Tensor]] = [[] for _ in range(n)]
-        for m in self.fold.order() if self.fold is not None else range(n):
-            stream = self.streams[m]
-            if self.on_model is not None:
-                self.on_model(index, m)
-            watching = self.fold.watching(stream.reader, m) if self.fold is not None else nullcontext()
-            with self.reserve(f"layer {index} of model {m + 1}", "layer"), watching:
-                out, theirs = model_layer(stream, index, hidden[m], self.calls[m],
-                                          None if m == reference else same_input)
-            own[m] = out
-            on_same[m] = out if theirs is None else theirs
-        if self.fold is not None:
-            self.fold.end_layer()
-        return own, on_same
-
-    def heads(self, hidden: list[list[torch.Tensor]], batches: Sequence[Sequence[Sequence[int]]],
-              base: int | None) -> HeadTotals:
+    def heads(self, hidden: Hidden, batches: Sequence[Sequence[Sequence[int]]], base: int | None) -> HeadTotals:
         """Streamed: one model, one batch, one sequence's log-probabilities at a time (:mod:`.heads`)."""
         with self.reserve("the heads", "heads"):
             return head_figures(self.streams, hidden, batches, base, self.workdir, self.vocab)
-
-
-def _runs_batched(stream: ModelStream, entering: list[tuple[torch.Tensor, list[LayerCall]]],
-                  reserve: Reserve = _unreserved) -> bool:
-    """Whether the model's first decoder layer runs a padded batch (some families' attention, as transformers
-    ships it, cannot: DeepSeek-V3's with a padding mask); decided from the model alone, so a resumed check decides
-    the same."""
-    with reserve("layer 0 of model 1 (can it run batches?)", "layer"), stream.loaded(stream.layers_list[0]) as layer:
-        return batched_on(stream, layer, entering)
-
-
-def batched_on(stream: ModelStream, layer: torch.nn.Module,
-               entering: list[tuple[torch.Tensor, list[LayerCall]]]) -> bool:
-    """Whether the model's first decoder ``layer`` (its weights loaded) runs every padded batch of ``entering``."""
-    try:
-        for hidden, calls in entering:
-            stream.run(layer, hidden, calls[0])
-    except RuntimeError:
-        return False
-    return True
-
-
-def batches_of(sequences: Sequence[Sequence[int]], budget: int = BATCH_TOKENS) -> list[list[int]]:
-    """The sequences' indices in batches: longest first, each batch as many as fit ``budget`` padded tokens (one
-    at least), so that sequences of like length share a batch and little is padding."""
-    order = sorted(range(len(sequences)), key=lambda i: (-len(sequences[i]), i))
-    groups: list[list[int]] = []
-    for i in order:
-        if groups and (len(groups[-1]) + 1) * len(sequences[groups[-1][0]]) <= budget:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
-
-
-def padded_positions(sequences: Sequence[Sequence[int]]) -> int:
-    """The positions the pass's batches hold, padding included (what its hidden states and logits are sized by)."""
-    return sum(len(g) * len(sequences[g[0]]) for g in batches_of(sequences))
-
-
-def largest_batch(sequences: Sequence[Sequence[int]]) -> int:
-    """The padded positions of the pass's largest batch (what one batch's logits are sized by)."""
-    return max((len(g) * len(sequences[g[0]]) for g in batches_of(sequences)), default=0)
-
-
-def _padded(batch: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids padded on the right with id 0 (never attended to: it comes after every real token) and the
-    attention mask, both (batch, longest)."""
-    longest = max(len(s) for s in batch)
-    ids = torch.zeros(len(batch), longest, dtype=torch.long)
-    mask = torch.zeros(len(batch), longest, dtype=torch.long)
-    for row, s in enumerate(batch):
-        ids[row, :len(s)] = torch.tensor(list(s))
-        mask[row, :len(s)] = 1
-    return ids, mask
-
-
-def model_layer(stream: ModelStream, index: int, own: list[torch.Tensor], calls: list[list[LayerCall]],
-                same: list[torch.Tensor] | None, loaded: bool = False
-                ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-    """One model's layer ``index``, read once: its output on its ``own`` hidden states (per batch) and, unless
-    ``same`` is None, on ``same`` (the reference's input to the layer). Where ``same`` equals ``own`` to the bit
-    (the first layer of models with the same embeddings) its output is the same and is not computed twice.
-    ``loaded``: the layer holds its weights already (read for another step, not read again); it is left without
-    them, as after a read."""
-    equal = same is not None and all(a is b or torch.equal(a, b) for a, b in zip(own, same))
-    module = stream.layers_list[index]
-    with _held(stream, module) if loaded else stream.loaded(module) as layer:
-        out = [stream.run(layer, h, calls[s][index]) for s, h in enumerate(own)]
-        theirs = None if same is None or equal else [stream.run(layer, h, calls[s][index])
-                                                      for s, h in enumerate(same)]
-    return out, out if equal else theirs
-
-
-@contextmanager
-def _held(stream: ModelStream, module: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """``module``, whose weights are loaded already, for the block; without them after."""
-    try:
-        yield module
-    finally:
-        stream.unload(module)
 
 
 def layer_row(own: list[list[torch.Tensor]], on_same: list[list[torch.Tensor]],
@@ -343,33 +246,6 @@ class _Sums:
         / ‖other‖)."""
         gap, scale = self._squared(merge, other), self._squared(other, entering)
         return float((gap / max(scale, _TINY)) ** 0.5)
-
-
-def _save(workdir: Path, index: int, hidden: list[list[torch.Tensor]], stats: list[list[float]],
-          metadata: dict[str, str] | None = None) -> None:
-    tensors = {f"hidden.{m}.{s}": h.contiguous() for m, model in enumerate(hidden) for s, h in enumerate(model)}
-    tensors["stats"] = torch.tensor(stats, dtype=torch.float64)
-    durable_save(tensors, workdir / f"{LAYER_PREFIX}{index:05d}.safetensors", metadata)
-    for older in workdir.glob(f"{LAYER_PREFIX}*.safetensors"):
-        if older.name != f"{LAYER_PREFIX}{index:05d}.safetensors":
-            older.unlink(missing_ok=True)
-
-
-def _restart(workdir: Path, models: int, sequences: int
-             ) -> tuple[int, list[list[torch.Tensor]] | None, list[list[float]], dict[str, str]]:
-    """Where a journaled pass resumes: the next layer, the hidden states, the rows so far and the last layer
-    file's metadata (the static figures found, :data:`FOLDED`)."""
-    found = latest(workdir, LAYER_PREFIX)
-    if found is None:
-        return 0, None, [], {}
-    from safetensors import safe_open
-
-    layer, path = found
-    with safe_open(str(path), "pt") as opened:
-        hidden = [[opened.get_tensor(f"hidden.{m}.{s}") for s in range(sequences)] for m in range(models)]
-        stats = [list(map(float, row)) for row in opened.get_tensor("stats").tolist()]
-        metadata = opened.metadata() or {}
-    return layer + 1, hidden, stats, dict(metadata)
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 from resumerge.analyses.check.card import run_state, update_card
 from resumerge.analyses.check.chart import write_drift_chart
 from resumerge.analyses.check.folded import FoldedStatic
-from resumerge.analyses.check.hubreads import CheckReads
 from resumerge.analyses.check.models import Checked, find_models
 from resumerge.analyses.check.needs import StepBytes, step_bytes
 from resumerge.analyses.check.passes import (
@@ -31,9 +30,8 @@ from resumerge.analyses.check.passes import (
     streams_of,
 )
 from resumerge.analyses.check.progress import PROGRESS_NAME, Progress, Watcher
-from resumerge.analyses.check.prompts import describe
 from resumerge.analyses.check.report import CheckReport, ModelFigures, StaticFigures
-from resumerge.analyses.check.static import TensorResult, layer_of, logical_shapes, static_pass, tensor_results
+from resumerge.analyses.check.static import TensorResult, logical_shapes, static_pass, tensor_results
 from resumerge.analyses.check.strict import finite
 from resumerge.analyses.check.tokens import cached_sequences
 from resumerge.analyses.check.verdict import THRESHOLDS, judge
@@ -41,11 +39,17 @@ from resumerge.analyses.check.vocabs import SharedVocab, model_rows
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir, is_default_state_root
 from resumerge.errors import InterruptedMerge, UsageError
-from resumerge.forward.stream import ModelStream, transformers_found
-from resumerge.memory import MemoryGovernor, SystemProbe, budget_fitting
+from resumerge.forward.admission import Admission
+from resumerge.forward.folder import pass_lock
+from resumerge.forward.hubreads import PassReads
+from resumerge.forward.journal import Journal
+from resumerge.forward.opened import layer_of
+from resumerge.forward.requires import Needs, require_transformers
+from resumerge.forward.stream import ModelStream
+from resumerge.forward.texts import describe
+from resumerge.memory import SystemProbe, budget_fitting
 from resumerge.memory.allocator import malloc_trim, tune_allocator
 from resumerge.store.durable import write_file_atomic
-from resumerge.store.runlock import JobLock
 
 if TYPE_CHECKING:  # Ray's module: imported with --executor ray only
     from resumerge.analyses.check.onray import Place
@@ -53,7 +57,6 @@ if TYPE_CHECKING:  # Ray's module: imported with --executor ray only
 REPORT_NAME = "report.json"
 CHART_NAME = "drift.png"
 STATIC_NAME = "static.json"
-LOCK_NAME = "lock"  # held by the one process running the check (its pid and command inside)
 OUTSIDE_NAME = "static-outside.json"  # the static figures of the tensors outside the decoder layers (folding)
 
 
@@ -73,10 +76,19 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
         from resumerge.engine.cluster.connect import check_ray
 
         check_ray()
-    _passive_threads()
+    with _passive_threads():
+        return _checked(model, base, parents, prompts, max_memory, state, on_ray, ray_address, cut_texts, watcher)
+
+
+def _checked(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
+             parents: Sequence[str | os.PathLike[str]], prompts: str | os.PathLike[str] | None,
+             max_memory: int | None, state: StateDir, on_ray: bool, ray_address: str | None, cut_texts: bool,
+             watcher: Watcher | None) -> CheckReport:
+    """:func:`run_check`'s work, its OpenMP setting in force."""
     models = find_models(model, base, tuple(parents), state)
     _comparable(models)
-    transformers_found("resumerge check")  # imported only where needed: the tokenizer, a family .native does not build
+    # imported only where needed: the tokenizer, a family .native does not build
+    require_transformers(Needs("resumerge check"), load=False)
     prompts_file = Path(prompts) if prompts is not None else None
     texts = cached_sequences([m.opened.directory for m in models], prompts_file, state.checks_dir,
                              configs=[m.opened.config for m in models], paths=[m.path for m in models], cut=cut_texts)
@@ -84,9 +96,9 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     workdir = state.checks_dir / _key(models, tokens, vocab)
     command = check_command(model, base, tuple(parents), prompts, state, cut_texts)
     # One process per check: two at once would delete each other's layer and head files (issue 70).
-    lock = JobLock(workdir / LOCK_NAME, f"this check of {model}", command,
-                   hint="wait for it to finish (asked again, the check then answers at once), or stop it (it resumes "
-                        "at the layer it reached)")
+    lock = pass_lock(workdir, f"this check of {model}", command,
+                     hint="wait for it to finish (asked again, the check then answers at once), or stop it (it "
+                          "resumes at the layer it reached)")
     lock.acquire()
     try:
         return _locked(model, models, tokens, vocab, workdir, prompts_file, max_memory, state, on_ray, ray_address,
@@ -146,7 +158,7 @@ def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[l
     if done.is_file():  # asked again: the same report, and the card brought up to date with it
         report = replace(CheckReport.from_json(json.loads(done.read_text())), prompts=describe(prompts_file))
         return replace(report, card=update_card(model, state, report))
-    reads = CheckReads(workdir)  # a hub model's ranges checked (journaled in workdir), its files verified whole
+    reads = PassReads(workdir)  # a hub model's ranges checked (journaled in workdir), its files verified whole
     models = reads.bind(models, fresh=not _journaled(workdir))
     streams = streams_of(models)
     progress = Progress(workdir, model, streams[0].layers, len(models), watcher, sum(len(t) - 1 for t in tokens),
@@ -172,19 +184,18 @@ def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[l
                              model_path=models[m].path)
 
             if on_ray:
-                figures = _on_ray(models, streams[0].layers, tokens, workdir, progress, placed, reads, vocab)
+                figures = _on_ray(models, streams[0].layers, tokens, workdir, progress, placed, reads, state, vocab)
             else:
                 # Each layer and each pair of heads is admitted by the RAM governor, as the merge's tensors are: it
                 # sees the process's RSS, gives freed memory back when a step would not fit, and refuses (exit 2)
                 # rather than pass the budget.
-                with MemoryGovernor(budget, SystemProbe()) as governor:
-                    def reserve(what: str, step: str) -> AbstractContextManager[object]:
-                        if step == "heads":
-                            progress.say(phase="heads", layer=None, model_index=None, model_role=None,
-                                         model_path=None)
-                            _give_back()
-                        return governor.acquire(steps[step], what=what)
+                def before(what: str, step: str) -> None:
+                    if step == "heads":
+                        progress.say(phase="heads", layer=None, model_index=None, model_role=None,
+                                     model_path=None)
+                        _give_back()
 
+                with Admission(budget, steps, before) as reserve:
                     figures = forward_pass(models, streams, tokens, workdir, on_model, reserve, fold, vocab)
         if static is None:  # the layers' figures found as they were read; what they did not read, read now
             assert fold is not None
@@ -213,8 +224,7 @@ def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[l
     reads.close()  # the ranges kept for a second read go
     progress.say(phase="done", verdict=report.verdict, exit_code=report.exit_code, broken_layer=report.broken_layer)
     _record(model, state, report, done)
-    for journal in workdir.glob("layer-*.safetensors"):
-        journal.unlink(missing_ok=True)
+    Journal(workdir, LAYER_PREFIX).clear()
     return replace(report, card=update_card(model, state, report))
 
 
@@ -227,7 +237,8 @@ def _ray_places(address: str | None, sizes: StepBytes) -> list[Place]:
 
 
 def _on_ray(models: list[Checked], layers: int, tokens: list[list[int]], workdir: Path, progress: Progress,
-            placed: list[Place], reads: CheckReads, vocab: SharedVocab | None = None) -> PassFigures | None:
+            placed: list[Place], reads: PassReads, state: StateDir, vocab: SharedVocab | None = None
+            ) -> PassFigures | None:
     """The forward pass with each model on a Ray node of its own (:mod:`.onray`), where ``placed`` says, journaled
     here as locally; ``status`` shows the node of each model. What the nodes read of hub files is held to
     ``reads``' journal."""
@@ -240,7 +251,8 @@ def _on_ray(models: list[Checked], layers: int, tokens: list[list[int]], workdir
     def on_reads(m: int, found: list[tuple[str, int, int, str]]) -> None:
         reads.elsewhere(models[m], found)
 
-    with ray_models(models, placed, layers, on_layer, on_reads, vocab) as running:
+    given = None if state.given is None else str(state.root)  # what a node opens a model under: --state-dir
+    with ray_models(models, placed, layers, on_layer, on_reads, vocab, given) as running:
         return run_pass([m.role for m in models], running, tokens, workdir)
 
 
@@ -298,16 +310,24 @@ def _give_back() -> None:
         trim(0)
 
 
-def _passive_threads() -> None:
+@contextmanager
+def _passive_threads() -> Iterator[None]:
     """Have torch's OpenMP threads sleep, not spin, between kernels (``OMP_WAIT_POLICY=PASSIVE``, unless set),
-    when torch is not imported yet (the CLI's process; read once, as OpenMP starts).
+    when torch is not imported yet (the CLI's process; read once, as OpenMP starts); the variable is put back as
+    it was when the check returns, so the process's environment is left unchanged.
 
     A check's kernels are small (one layer over a few hundred positions) and many; spinning threads that share
     their cores with other work hold the CPU their peers need: on the shared 2-core bench machine (load 6-10) the
     forward pass of three SmolLM2-135M models took 37.6 s with two spinning threads, 9.7 s with two sleeping ones
     and 7.2 s with one (bench/RESULTS.md, session 28)."""
-    if "torch" not in sys.modules:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "torch" in sys.modules or "OMP_WAIT_POLICY" in os.environ:
+        yield
+        return
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        yield
+    finally:
+        os.environ.pop("OMP_WAIT_POLICY", None)
 
 
 def _record(model: str | os.PathLike[str], state: StateDir, report: CheckReport,

@@ -23,6 +23,7 @@ from typing import Any
 from resumerge.analyses.check.models import Checked
 from resumerge.analyses.check.report import GroupFigures, StaticFigures
 from resumerge.forward import CastReader, Weights, base_formats
+from resumerge.forward.opened import layer_of
 from resumerge.inputs.codecs import StoredFormats
 from resumerge.inputs.safetensors_format import numel
 from resumerge.torch_import import torch
@@ -38,7 +39,6 @@ _SPAN = _BLOCK
 
 # A multimodal model's vision tower and projector: one group, not counted in the decoder layers' groups.
 _VISION = re.compile(r"(?:^|\.)(?:vision_tower|vision_model|visual|multi_modal_projector|vision_embed_tokens)\.")
-_LAYER = re.compile(r"\.(?:layers|h|blocks|layer)\.(\d+)\.")
 _KINDS = (  # first match wins
     ("shared experts", re.compile(r"shared_expert")),
     ("routed experts", re.compile(r"\.experts\.")),
@@ -76,11 +76,6 @@ def mtp_from(config: Mapping[str, Any]) -> int | None:
         return int(config["num_hidden_layers"]) if int(config.get("num_nextn_predict_layers") or 0) > 0 else None
     except (KeyError, TypeError, ValueError):
         return None
-
-
-def layer_of(name: str) -> int | None:
-    found = _LAYER.search(name)
-    return int(found.group(1)) if found else None
 
 
 def static_bytes(streams_formats: Sequence[StoredFormats]) -> int:

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resumerge.analyses.check.prompts import BUILT_IN, context_of, load_tokenizer, named
 from resumerge.analyses.check.vocabs import SharedVocab, model_rows, refuse_unshared, same_vocabularies, shared_vocab
 from resumerge.errors import UsageError
+from resumerge.forward.texts import BUILT_IN, context_of, load_tokenizer, named
 from resumerge.store.durable import write_file_atomic
 
 TOKENS_DIR = "tokens"
@@ -40,7 +40,7 @@ class Texts:
 
 def cached_sequences(directories: Sequence[Path], prompts_file: Path | None, cache: Path, *,
                      configs: Sequence[Mapping[str, Any]] = (), paths: Sequence[str] = (), cut: bool = False) -> Texts:
-    """:func:`~resumerge.analyses.check.prompts.sequences` of the tokenizer that cuts the texts (the first of
+    """:func:`~resumerge.forward.texts.sequences` of the tokenizer that cuts the texts (the first of
     ``directories`` that holds one where the models' vocabularies are one, else :func:`~.vocabs.shared_vocab`'s),
     each within the models' context (``configs``: their config.json; ``cut``: a longer text cut rather than
     refused), kept under ``cache`` (the state dir's checks folder) and read from there when nothing they depend on

@@ -1,14 +1,15 @@
 """``resumerge measure``: the Gram matrices of every linear's input, for every model of a merge config, over
 calibration texts, for the data-aware merges (``regmean``, ``regmean_plus``).
 
-:mod:`.run` makes every check first, then runs each model (or, for RegMean++, the merged pass) on the forward
-engine (:mod:`resumerge.forward`) one decoder layer at a time; :mod:`.grams` records the Grams of a layer with
-hooks before its linears and journals the hidden states, so a killed measurement resumes at the layer it reached
-with the same bytes; :mod:`.status` reads a measurement folder for ``resumerge status`` without importing torch.
-The files' format (names, ``measure.json``) is :mod:`resumerge.inputs.grams`, which the planner reads too.
-:func:`resumerge.api.measure` calls :func:`~resumerge.analyses.measure.run.measure_grams`.
+:mod:`.run` makes every check first, then :mod:`.passes` runs each model (or, for RegMean++, the merged pass) on the
+forward engine's journaled layer pass (:mod:`resumerge.forward`) one decoder layer at a time; :mod:`.grams` records
+the Grams of a layer with hooks before its linears and journals the hidden states, so a killed measurement resumes
+at the layer it reached with the same bytes; :mod:`.status` reads a measurement folder for ``resumerge status``
+without importing torch. The files' format (names, ``measure.json``) is :mod:`resumerge.inputs.grams`, which the
+planner reads too. :func:`resumerge.api.measure` calls :func:`~resumerge.analyses.measure.run.measure_grams`.
 
-May import: errors, config, check (its built-in prompts), forward, inputs, memory, methods, store, torch_import.
+May import: errors, config, forward, inputs, memory, methods, store, torch_import.
+
 """
 
 from __future__ import annotations

@@ -12,13 +12,14 @@ hidden states in the same order (the file of a layer computed again is replaced 
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from resumerge.errors import ModelInputError
-from resumerge.forward.journal import durable_save, latest
+from resumerge.forward.batches import Batch, Hidden
+from resumerge.forward.journal import Journal, durable_save
+from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
 from resumerge.forward.stream import LayerCall, ModelStream
 from resumerge.inputs.grams import METADATA_KEY, layer_file
 from resumerge.torch_import import torch
@@ -69,43 +70,50 @@ def linears_of(layer: torch.nn.Module, prefix: str) -> list[tuple[str, torch.nn.
     return [(prefix + name, module) for name, module in layer.named_modules() if isinstance(module, torch.nn.Linear)]
 
 
-def measure_model(stream: ModelStream, batches: list[tuple[torch.Tensor, torch.Tensor]], out: Path, index: int,
-                  journal: Path, *, on_layer: Callable[[int], None] | None = None,
-                  after_layer: Callable[[], None] | None = None) -> None:
+def measure_model(stream: ModelStream, batches: list[Batch], out: Path, index: int, journal: Path, *,
+                  on_layer: Callable[[int], None] | None = None, reserve: Reserve = unreserved) -> None:
     """Write the Gram file of each decoder layer of the model ``stream`` runs (the ``index``-th measured model) under
-    ``out``, journaling the hidden states in ``journal`` and resuming after the last layer journaled there.
-    ``on_layer(l)`` is told before layer l is read, ``after_layer()`` after it is durable (a kill point). Nothing
-    is done for a model whose last layer's file is there already: its pass had finished."""
+    ``out``, journaling the hidden states in ``journal`` and resuming after the last layer journaled there, on the
+    one journaled layer pass (:class:`~resumerge.forward.layerpass.LayerPass`, kill point ``after_measure_layer``
+    once a layer is durable). ``on_layer(l)`` is told before layer l is read, ``reserve`` admits each layer's
+    step (``layer``). Nothing is done for a model whose
+    last layer's file is there already: its pass had finished."""
     layers = stream.layers
     if (out / layer_file(index, layers - 1)).is_file():
         return
     (out / layer_file(index, 0)).parent.mkdir(parents=True, exist_ok=True)
-    journal.mkdir(parents=True, exist_ok=True)
     tokens = sum(int(mask.sum()) for _, mask in batches)
     with torch.no_grad():
         entering = stream.inputs(batches)
-        calls = [c for _, c in entering]
-        start, hidden = _restart(journal, len(batches))
-        if hidden is None:
-            hidden = [h for h, _ in entering]
-        for layer_index in range(start, layers):
-            if on_layer is not None:
-                on_layer(layer_index)
-            hidden = _layer(stream, layer_index, hidden, calls, out / layer_file(index, layer_index), tokens)
-            _journal(hidden, journal, layer_index)
-            if after_layer is not None:
-                after_layer()
-    shutil.rmtree(journal, ignore_errors=True)
+    step = _ModelStep(stream, [c for _, c in entering], tokens, lambda layer: out / layer_file(index, layer), on_layer,
+                      reserve)
+    kept = _journal(journal)
+    LayerPass(kept, layers, point="after_measure_layer").run(step, [[h for h, _ in entering]], len(batches))
+    kept.remove()
 
 
-def _journal(hidden: list[torch.Tensor], journal: Path, index: int) -> None:
-    """The hidden states leaving layer ``index``, durable in ``journal``; then the older layer's file deleted (a
-    kill between the two leaves both, and a resume takes the newest)."""
-    name = f"{HIDDEN_PREFIX}{index:05d}.safetensors"
-    durable_save({f"hidden.{s}": h.contiguous() for s, h in enumerate(hidden)}, journal / name)
-    for older in journal.glob(f"{HIDDEN_PREFIX}*.safetensors"):
-        if older.name != name:
-            older.unlink(missing_ok=True)
+def _journal(folder: Path) -> Journal:
+    """A measurement's journal: the hidden states leaving each layer (one model's: ``hidden.<batch>``)."""
+    return Journal(folder, HIDDEN_PREFIX, hidden="hidden.{s}")
+
+
+class _ModelStep(Step[None]):
+    """One model's Grams: each layer run over every sequence with its linears' inputs recorded, its Gram file
+    written (``path(layer)``) before the hidden states leaving it are journaled."""
+
+    def __init__(self, stream: ModelStream, calls: list[list[LayerCall]], tokens: int, path: Callable[[int], Path],
+                 on_layer: Callable[[int], None] | None, reserve: Reserve) -> None:
+        self.stream, self.calls, self.tokens, self.path, self.on_layer = stream, calls, tokens, path, on_layer
+        self.reserve = reserve
+
+    def layer(self, index: int, hidden: Hidden) -> Hidden:
+        if self.on_layer is not None:
+            self.on_layer(index)
+        with self.reserve(f"layer {index} of {self.stream.reader.directory}", "layer"):
+            return [_layer(self.stream, index, hidden[0], self.calls, self.path(index), self.tokens)]
+
+    def finish(self, hidden: Hidden) -> None:
+        return None
 
 
 def _layer(stream: ModelStream, index: int, hidden: list[torch.Tensor], calls: list[list[LayerCall]], path: Path,
@@ -148,9 +156,9 @@ def _save(grams: dict[str, torch.Tensor], shares: dict[str, str], tokens: int, p
 MergeWeight = Callable[[str, "list[torch.Tensor]", "list[torch.Tensor] | None"], "torch.Tensor"]
 
 
-def measure_merged(streams: Sequence[ModelStream], batches: list[tuple[torch.Tensor, torch.Tensor]], out: Path,
-                   journal: Path, merge: MergeWeight, *, on_layer: Callable[[int], None] | None = None,
-                   after_layer: Callable[[], None] | None = None) -> None:
+def measure_merged(streams: Sequence[ModelStream], batches: list[Batch], out: Path, journal: Path,
+                   merge: MergeWeight, *, on_layer: Callable[[int], None] | None = None,
+                   reserve: Reserve = unreserved) -> None:
     """RegMean++'s Grams: each model's layer l measured on the hidden states the **merged** model's layers before l
     give (its embeddings merged too), written as :func:`measure_model` writes them (model i's files under
     ``layer_file(i, l)``); after layer l's Grams, the layer is merged by ``merge`` from every model's weights and
@@ -161,52 +169,50 @@ def measure_merged(streams: Sequence[ModelStream], batches: list[tuple[torch.Ten
         return
     for i in range(len(streams)):
         (out / layer_file(i, 0)).parent.mkdir(parents=True, exist_ok=True)
-    journal.mkdir(parents=True, exist_ok=True)
     tokens = sum(int(mask.sum()) for _, mask in batches)
-    first = streams[0]
 
     def averaged(key: str) -> torch.Tensor:
         return merge(key, [s.reader.read(key) for s in streams], None)
 
     with torch.no_grad():
-        entering = first.inputs(batches, read=averaged)
-        calls = [c for _, c in entering]
-        start, hidden = _restart(journal, len(batches))
-        if hidden is None:
-            hidden = [h for h, _ in entering]
-        for index in range(start, layers):
-            if on_layer is not None:
-                on_layer(index)
-            measured = []
-            for i, stream in enumerate(streams):
-                _, grams, shares = _recorded_layer(stream, index, hidden, calls, tokens)
-                _save(grams, shares, tokens, out / layer_file(i, index))
-                measured.append((grams, shares))
-
-            def merged(key: str, measured: list[tuple[dict[str, torch.Tensor], dict[str, str]]] = measured
-                       ) -> torch.Tensor:
-                linear = key.removesuffix(".weight")
-                values = [s.reader.read(key) for s in streams]
-                if key.endswith(".weight") and all(linear in shares for _, shares in measured):
-                    return merge(key, values, [grams[shares[linear]] for grams, shares in measured])
-                return merge(key, values, None)
-
-            module = first.layers_list[index]
-            with first.loaded(module, read=merged) as layer:
-                hidden = [first.run(layer, h, calls[s][index]) for s, h in enumerate(hidden)]
-            _journal(hidden, journal, index)
-            if after_layer is not None:
-                after_layer()
-    shutil.rmtree(journal, ignore_errors=True)
+        entering = streams[0].inputs(batches, read=averaged)
+    step = _MergedStep(streams, [c for _, c in entering], tokens, out, merge, on_layer, reserve)
+    kept = _journal(journal)
+    LayerPass(kept, layers, point="after_measure_layer").run(step, [[h for h, _ in entering]], len(batches))
+    kept.remove()
 
 
-def _restart(journal: Path, sequences: int) -> tuple[int, list[torch.Tensor] | None]:
-    """The layer to start at and the hidden states entering it, from the journal (0 and None: from the start)."""
-    found = latest(journal, HIDDEN_PREFIX)
-    if found is None:
-        return 0, None
-    from safetensors.torch import load_file
+class _MergedStep(Step[None]):
+    """RegMean++'s layer: every model's layer measured on the merged hidden states, then the layer merged from
+    their weights and Grams and run to give the next layer its input."""
 
-    layer, path = found
-    data = load_file(str(path))
-    return layer + 1, [data[f"hidden.{s}"] for s in range(sequences)]
+    def __init__(self, streams: Sequence[ModelStream], calls: list[list[LayerCall]], tokens: int, out: Path,
+                 merge: MergeWeight, on_layer: Callable[[int], None] | None, reserve: Reserve) -> None:
+        self.streams, self.calls, self.tokens, self.out = streams, calls, tokens, out
+        self.merge, self.on_layer, self.reserve = merge, on_layer, reserve
+
+    def layer(self, index: int, hidden: Hidden) -> Hidden:
+        if self.on_layer is not None:
+            self.on_layer(index)
+        states, streams, calls = hidden[0], self.streams, self.calls
+        measured = []
+        for i, stream in enumerate(streams):
+            with self.reserve(f"layer {index} of model {i + 1}", "layer"):
+                _, grams, shares = _recorded_layer(stream, index, states, calls, self.tokens)
+            _save(grams, shares, self.tokens, self.out / layer_file(i, index))
+            measured.append((grams, shares))
+
+        def merged(key: str) -> torch.Tensor:
+            linear = key.removesuffix(".weight")
+            values = [s.reader.read(key) for s in streams]
+            if key.endswith(".weight") and all(linear in shares for _, shares in measured):
+                return self.merge(key, values, [grams[shares[linear]] for grams, shares in measured])
+            return self.merge(key, values, None)
+
+        first = streams[0]
+        module = first.layers_list[index]
+        with self.reserve(f"merged layer {index}", "layer"), first.loaded(module, read=merged) as layer:
+            return [[first.run(layer, h, calls[s][index]) for s, h in enumerate(states)]]
+
+    def finish(self, hidden: Hidden) -> None:
+        return None

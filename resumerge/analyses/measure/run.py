@@ -1,10 +1,11 @@
 """``resumerge measure``: the Gram matrices of every linear's input, for every model of a merge config, over
 calibration texts, for a data-aware merge (``regmean``).
 
-Every check comes first (the config, each model a local folder of a dense family, OUT_DIR free or holding this very
-measurement, the memory budget); then each model runs on the forward engine one decoder layer at a time
-(:mod:`resumerge.analyses.measure.grams`), its Grams written per layer and its hidden states journaled under OUT_DIR, so
-a killed measurement run again resumes at the layer it reached and ends with the same bytes. ``measure.json`` (see
+Every check comes first (the config, each model of a dense family opened by the forward engine's one opener: a local
+folder, a hub repo, a GGUF file; OUT_DIR free or holding this very measurement, the memory budget); then each model
+runs on the forward engine's journaled layer pass (:mod:`.passes`, :mod:`.grams`), its Grams written per layer to
+OUT_DIR and its hidden states journaled under the state dir, so a killed measurement run again resumes at the layer
+it reached and ends with the same bytes. ``measure.json`` (see
 :mod:`resumerge.inputs.grams`), with each file's sha256, is written last: a folder without it is unfinished.
 """
 
@@ -15,37 +16,30 @@ import importlib.metadata
 import json
 import os
 import shlex
-import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from resumerge.analyses.measure.passes import run_measurement, stream_of, workdir_of
 from resumerge.analyses.measure.status import LOCK_FILE, RUN_FILE
+from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import MergeConfig, load_config_text, read_config_file
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import ConfigError, UsageError
+from resumerge.forward.admission import Admission
+from resumerge.forward.folder import pass_lock
+from resumerge.forward.opened import PassModel, open_for_pass, where_of
 from resumerge.inputs.grams import (
     LAYER_PREFIX,
     MANIFEST,
-    METADATA_KEY,
-    GramRef,
-    MeasuredModel,
     Measurement,
-    layer_file,
-    model_folder,
     read_measurement,
-    sha256_of,
 )
-from resumerge.inputs.model import ModelInput, open_model
-from resumerge.inputs.safetensors_format import read_header
-from resumerge.store.runlock import JobLock
 
 if TYPE_CHECKING:
-    from resumerge.torch_import import torch
+    pass
 
-JOURNAL = ".journal"
-RATIO_KEY = "reduce_non_diagonal_ratio"
 # Keys of config.json that make a model a mixture of experts: its expert linears are not measured yet.
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
@@ -64,12 +58,16 @@ class MeasureReport:
 
 def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *,
                   texts: str | os.PathLike[str] | None = None, max_memory: int | None = None,
-                  on_progress: Callable[[str], None] | None = None, cut_texts: bool = False) -> MeasureReport:
+                  on_progress: Callable[[str], None] | None = None, cut_texts: bool = False,
+                  state: StateDir | None = None) -> MeasureReport:
     """Measure the Grams of every model of ``config`` into ``out`` (see the module docstring); raises
     :class:`~resumerge.errors.InputError` subclasses (exit 2) before anything is written: a text longer than the
     models' context among them, unless ``cut_texts`` cuts it (the rule of ``check``:
-    :func:`~resumerge.analyses.check.prompts.bounded`)."""
-    merge, models, keys, tokens = _opened(config, texts, cut_texts)
+    :func:`~resumerge.forward.texts.bounded`). A model may be a local folder, a hub repo or a GGUF file (the pass's
+    one opener: :mod:`resumerge.forward.opened`); the journal is kept under ``state`` (None: the default state
+    dir), and each layer is admitted by the RAM governor."""
+    state = state if state is not None else StateDir.resolve()
+    merge, models, keys, tokens = _opened(config, texts, cut_texts, state)
     merged = _merged_pass(merge)
     folder = Path(out)
     key = _key(models, keys, tokens, merged)
@@ -77,17 +75,22 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
         found = read_measurement(folder, yaml_path="OUT_DIR")
         return MeasureReport(str(folder), tuple(m.key for m in found.models), _count(found),
                              sum(len(t) for t in tokens), reused=True)
-    layers = _all_fit(models, keys, tokens, max_memory)
+    layers, budget, step = _all_fit(models, keys, tokens, max_memory)
     # One process per measurement: two at once would write and delete each other's layer files (issue 70).
     command = ["resumerge", "measure", os.fspath(config), os.fspath(folder)]
-    lock = JobLock(folder / LOCK_FILE, f"a measurement into {folder}",
-                   shlex.join(command + (["--texts", os.fspath(texts)] if texts is not None else [])),
-                   hint="wait for it to finish, or stop it (run again, it resumes at the layer it reached)")
+    lock = pass_lock(folder, f"a measurement into {folder}",
+                     shlex.join(command + (["--texts", os.fspath(texts)] if texts is not None else [])),
+                     hint="wait for it to finish, or stop it (run again, it resumes at the layer it reached)",
+                     name=LOCK_FILE)
     with lock:
         _claimed(folder, key)  # what another process claimed while this one was getting ready
         _claim(folder, key, {"config": os.path.abspath(config), "models": keys, "layers": layers,
                              "texts": os.path.abspath(texts) if texts is not None else None})
-        return _run(models, keys, tokens, folder, on_progress, merged)
+        workdir = workdir_of(folder, state.measures_dir / key[:32])
+        with Admission(budget, {"layer": step}) as reserve:
+            _, measured = run_measurement(models, keys, tokens, folder, workdir, on_progress, merged, reserve)
+        return MeasureReport(str(folder), tuple(m.key for m in measured), sum(len(m.sha256) for m in measured),
+                             sum(len(t) for t in tokens), reused=False)
 
 
 @dataclass(frozen=True)
@@ -126,16 +129,12 @@ def estimate_measure(config: str | os.PathLike[str], *, texts: str | os.PathLike
                      max_memory: int | None = None) -> MeasureEstimate:
     """What measuring ``config``'s models over ``texts`` needs under ``max_memory`` (None: the default budget):
     the checks :func:`measure_grams` makes first, and each pass's peak as it refuses one by; writes nothing."""
-    from resumerge.forward import Weights
-    from resumerge.forward.stream import ModelStream
     from resumerge.memory import SystemProbe, default_budget, smallest_budget_for
-    from resumerge.torch_import import torch
 
-    _, models, keys, tokens = _opened(config, texts)
+    _, models, keys, tokens = _opened(config, texts, state=StateDir.resolve())
     found = []
     for key, model in zip(keys, models):
-        with ModelStream(Weights.of(model.directory, model.tensors), model.config, torch.float32,
-                         what="resumerge measure", key=key) as stream:
+        with stream_of(model, key) as stream:
             found.append((key, stream.layers, _pass_peak(stream, tokens)))
     probe = SystemProbe()
     held = probe.rss()
@@ -145,22 +144,22 @@ def estimate_measure(config: str | os.PathLike[str], *, texts: str | os.PathLike
                            "--max-memory" if max_memory is not None else "default", smallest)
 
 
-def _opened(config: str | os.PathLike[str], texts: str | os.PathLike[str] | None, cut_texts: bool = False
-            ) -> tuple[MergeConfig, list[ModelInput], list[str], list[list[int]]]:
+def _opened(config: str | os.PathLike[str], texts: str | os.PathLike[str] | None, cut_texts: bool = False,
+            state: StateDir | None = None) -> tuple[MergeConfig, list[PassModel], list[str], list[list[int]]]:
     """The config, its models opened (headers only), their keys and the texts' tokens, each within the models'
     context (cut to it where ``cut_texts``): every check before a weight is read."""
-    from resumerge.analyses.check.prompts import context_of, load_tokenizer, sequences
-    from resumerge.forward.stream import import_transformers
+    from resumerge.forward.requires import Needs, require_transformers
+    from resumerge.forward.texts import context_of, load_tokenizer, sequences
 
     merge = load_config_text(read_config_file(config), source=os.fspath(config))
     refs = merge.referenced_models()
     if not refs:
         raise UsageError(f"{os.fspath(config)} names no model to measure")
-    models = [_open(ref) for ref in refs]
+    models = [_open(ref, state if state is not None else StateDir.resolve()) for ref in refs]
     keys = [ref.key for ref in refs]
-    import_transformers("resumerge measure")
-    tokenizer = load_tokenizer([m.directory for m in models], what="resumerge measure")
-    context = context_of([(key, m.config) for key, m in zip(keys, models)], cut_texts)
+    require_transformers(Needs("resumerge measure"))
+    tokenizer = load_tokenizer([m.opened.directory for m in models], what="resumerge measure")
+    context = context_of([(key, m.opened.config) for key, m in zip(keys, models)], cut_texts)
     tokens = sequences(tokenizer, Path(texts) if texts is not None else None, context, option="--texts")
     return merge, models, keys, tokens
 
@@ -179,137 +178,32 @@ def _merged_pass(merge: MergeConfig) -> dict[str, object] | None:
     return {"method": SPEC_PLUS.name, RATIO: float(ratio)}
 
 
-def _layer_merge(ratio: float) -> Callable[[str, list[torch.Tensor], list[torch.Tensor] | None], torch.Tensor]:
-    """How the merged pass merges a layer's weight: ``regmean``'s solve where it has Grams, else the mean; float32."""
-    from resumerge.methods.regmean import mean, regmean_solve
-    from resumerge.torch_import import torch
-
-    def merge(name: str, values: list[torch.Tensor], grams: list[torch.Tensor] | None) -> torch.Tensor:
-        if grams is None:
-            return mean(values).to(torch.float32)
-        solved, _ = regmean_solve(values, grams, ratio)
-        return solved.to(torch.float32)
-
-    return merge
-
-
-def _run(models: list[ModelInput], keys: list[str], tokens: list[list[int]], folder: Path,
-         on_progress: Callable[[str], None] | None, merged: dict[str, object] | None) -> MeasureReport:
-    from resumerge.analyses.measure.grams import measure_model
-    from resumerge.forward import Weights
-    from resumerge.forward.stream import ModelStream
-    from resumerge.memory.allocator import tune_allocator
-    from resumerge.store.durable import write_file_atomic
-    from resumerge.store.killpoints import reach
-    from resumerge.torch_import import torch
-
-    batches = [(torch.tensor([list(s)]), torch.ones(1, len(s), dtype=torch.long)) for s in tokens]
-    restore = tune_allocator()
-    measured = []
-    try:
-        if merged is not None:
-            ratio = merged[RATIO_KEY]
-            assert isinstance(ratio, float)
-            measured = _run_merged(models, keys, batches, folder, on_progress, ratio)
-        for index, model in enumerate(models if merged is None else ()):
-            with ModelStream(Weights.of(model.directory, model.tensors), model.config, torch.float32,
-                             what="resumerge measure", key=keys[index]) as stream:
-
-                def on_layer(layer: int, index: int = index, layers: int = stream.layers) -> None:
-                    if on_progress is not None:
-                        on_progress(f"model {index + 1} of {len(models)}, layer {layer + 1} of {layers}")
-
-                measure_model(stream, batches, folder, index, folder / JOURNAL / model_folder(index),
-                              on_layer=on_layer, after_layer=lambda: reach("after_measure_layer"))
-                measured.append(_recorded(model, keys[index], folder, index, stream.layers))
-    finally:
-        if restore is not None:
-            restore()
-    texts = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()
-    result = Measurement(tuple(measured), len(tokens), texts, merged)
-    write_file_atomic(folder / MANIFEST, (json.dumps(result.to_json(), indent=1, sort_keys=True) + "\n").encode())
-    shutil.rmtree(folder / JOURNAL, ignore_errors=True)
-    return MeasureReport(str(folder), tuple(m.key for m in measured), _count(result),
-                         sum(len(t) for t in tokens), reused=False)
-
-
-def _run_merged(models: list[ModelInput], keys: list[str], batches: list[tuple[torch.Tensor, torch.Tensor]],
-                folder: Path, on_progress: Callable[[str], None] | None, ratio: float) -> list[MeasuredModel]:
-    """RegMean++'s pass: every model's layer l measured on the merged model's layers before l, every model's
-    stream open at once (one layer of each read at a time)."""
-    from resumerge.analyses.measure.grams import measure_merged
-    from resumerge.forward import Weights
-    from resumerge.forward.stream import ModelStream
-    from resumerge.store.killpoints import reach
-    from resumerge.torch_import import torch
-
-    streams = []
-    try:
-        for key, model in zip(keys, models):
-            streams.append(ModelStream(Weights.of(model.directory, model.tensors), model.config, torch.float32,
-                                       what="resumerge measure", key=key))
-        layers = streams[0].layers
-        if any(s.layers != layers for s in streams):
-            raise UsageError("RegMean++ merges models of one layer count, and these differ: "
-                             + ", ".join(f"{k} {s.layers}" for k, s in zip(keys, streams)))
-
-        def on_layer(layer: int) -> None:
-            if on_progress is not None:
-                on_progress(f"merged pass, layer {layer + 1} of {layers} ({len(models)} models)")
-
-        measure_merged(streams, batches, folder, folder / JOURNAL / "merged", _layer_merge(ratio),
-                       on_layer=on_layer, after_layer=lambda: reach("after_measure_layer"))
-    finally:
-        for stream in streams:
-            stream.close()
-    return [_recorded(model, keys[i], folder, i, layers) for i, model in enumerate(models)]
-
-
-def _recorded(model: ModelInput, key: str, folder: Path, index: int, layers: int) -> MeasuredModel:
-    """The manifest's entry of the ``index``-th model: every layer file's linears and sha256."""
-    grams: dict[str, GramRef] = {}
-    digests: dict[str, str] = {}
-    tokens = 0
-    for layer in range(layers):
-        name = layer_file(index, layer)
-        header = read_header(folder / name)
-        recorded = json.loads(header.metadata[METADATA_KEY])
-        tokens = int(recorded["tokens"])
-        for linear, owner in recorded["inputs"].items():
-            grams[linear] = GramRef(name, owner, int(header.tensors[owner].shape[0]))
-        digests[name] = sha256_of(folder / name)
-    files = tuple((f.name, f.size, f.identity) for f in model.files)
-    return MeasuredModel(key, str(model.directory), files, tokens, grams, digests)
-
-
 def _count(measurement: Measurement) -> int:
     return sum(len(m.sha256) for m in measurement.models)
 
 
-def _open(ref: ModelRef) -> ModelInput:
-    """The local model ``ref`` (headers only); refuses hub ids, adapters and mixtures of experts in one line."""
+def _open(ref: ModelRef, state: StateDir) -> PassModel:
+    """The model ``ref`` names, opened for its pass (headers only; a local folder, a hub repo, a GGUF file:
+    :func:`~resumerge.forward.opened.open_for_pass`); refuses adapters and mixtures of experts in one line."""
     if ref.lora is not None:
         raise UsageError(f"{ref.key}: measure runs whole models, not a base+adapter reference",
                          hint="merge the adapter into its base first (resumerge run with passthrough)")
-    directory = Path(ref.path)
-    if not directory.is_dir():
-        raise UsageError(f"{ref.path}: measure reads local model folders, and this is not one",
-                         hint="download the model (huggingface-cli download) and name its folder")
-    model = open_model(ref, directory=directory, copies=False)  # writes no file of the model into OUT
-    moe = next((k for k in _MOE_KEYS if model.config.get(k)), None)
+    model = replace(open_for_pass(where_of(ref), f"model {ref.key}", state), role="model")
+    config = model.opened.config
+    moe = next((k for k in _MOE_KEYS if config.get(k)), None)
     if moe is not None:
-        raise UsageError(f"{ref.key} is a mixture of experts ({moe}: {model.config[moe]}); measure records the "
+        raise UsageError(f"{ref.key} is a mixture of experts ({moe}: {config[moe]}); measure records the "
                          "Grams of dense linears only", hint="measure and merge dense models")
     return model
 
 
-def _key(models: list[ModelInput], keys: list[str], tokens: list[list[int]], merged: dict[str, object] | None
+def _key(models: list[PassModel], keys: list[str], tokens: list[list[int]], merged: dict[str, object] | None
          ) -> str:
     """What makes the measurement: each model's weight files, the tokens, the code's versions."""
     import torch
 
     versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge")] + [torch.__version__]
-    files = [[k, [[f.name, f.size, f.identity] for f in m.files]] for k, m in zip(keys, models)]
+    files = [[k, [[f.name, f.size, f.identity] for f in m.opened.files]] for k, m in zip(keys, models)]
     doc = [merged, files, tokens, versions]
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
 
@@ -339,35 +233,27 @@ def _claim(folder: Path, key: str, what: dict[str, object]) -> None:
         write_file_atomic(folder / RUN_FILE, (json.dumps({"key": key, **what}) + "\n").encode())
 
 
-def _all_fit(models: list[ModelInput], keys: list[str], tokens: list[list[int]], max_memory: int | None
-             ) -> list[int]:
-    """:func:`_fits` for every model, before any is read; each model's decoder layer count."""
-    from resumerge.forward import Weights
-    from resumerge.forward.stream import ModelStream
-    from resumerge.torch_import import torch
-
-    layers: list[int] = []
-    for key, model in zip(keys, models):
-        with ModelStream(Weights.of(model.directory, model.tensors), model.config, torch.float32,
-                         what="resumerge measure", key=key) as stream:
-            _fits(stream, tokens, max_memory)
-            layers.append(stream.layers)
-    return layers
-
-
-def _fits(stream: object, tokens: list[list[int]], max_memory: int | None) -> None:
-    """Refuse (exit 2, before the model's first layer is read) a pass whose peak (:func:`_pass_peak`) would not fit
-    ``max_memory`` (None: the default budget)."""
-    from resumerge.forward.stream import ModelStream
+def _all_fit(models: list[PassModel], keys: list[str], tokens: list[list[int]], max_memory: int | None
+             ) -> tuple[list[int], int, int]:
+    """:func:`_fits` for every model, before any is read: each model's decoder layer count, the budget, and what
+    one step of the pass (a layer, its sums) reserves from the RAM governor."""
     from resumerge.memory import SystemProbe, budget_fitting
 
-    assert isinstance(stream, ModelStream)
-    budget_fitting(f"measuring {stream.reader.directory}", _pass_peak(stream, tokens), max_memory, SystemProbe())
+    layers: list[int] = []
+    budget, step = 0, 0
+    for key, model in zip(keys, models):
+        with stream_of(model, key) as stream:
+            budget = budget_fitting(f"measuring {model.path}", _pass_peak(stream, tokens), max_memory,
+                                    SystemProbe())
+            step = max(step, _pass_peak(stream, tokens, states=False))
+            layers.append(stream.layers)
+    return layers, budget, step
 
 
-def _pass_peak(stream: object, tokens: list[list[int]]) -> int:
-    """The bytes a model's pass holds at its largest step: the hidden states in and out, the largest layer in
-    float32 and a layer's float64 sums (four distinct inputs, the widest squared)."""
+def _pass_peak(stream: object, tokens: list[list[int]], *, states: bool = True) -> int:
+    """The bytes a model's pass holds at its largest step: the hidden states in and out (not with ``states``
+    False: what a step of it reserves, the states being held already), the largest layer in float32 and a layer's
+    float64 sums (four distinct inputs, the widest squared)."""
     from resumerge.forward.reader import pass_bytes
     from resumerge.forward.stream import ModelStream
 
@@ -376,7 +262,8 @@ def _pass_peak(stream: object, tokens: list[list[int]]) -> int:
     hidden = int(getattr(config, "hidden_size", 0) or 0)
     wide = max(hidden, int(getattr(config, "intermediate_size", 0) or 0))
     positions = sum(len(t) for t in tokens)
-    return 2 * positions * hidden * 4 + pass_bytes(stream.formats, stream.layers, value_bytes=4) + 4 * wide * wide * 8
+    held = 2 * positions * hidden * 4 if states else 0
+    return held + pass_bytes(stream.formats, stream.layers, value_bytes=4) + 4 * wide * wide * 8
 
 
 __all__ = ["LAYER_PREFIX", "MeasureEstimate", "MeasureReport", "estimate_measure", "measure_grams"]

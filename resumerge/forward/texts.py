@@ -1,6 +1,7 @@
-"""The token sequences a check runs: built-in texts (a short chat, code, maths, several languages), in the
-model's chat template where its tokenizer has one, or the user's file (one text per line, tokenized as the
-tokenizer does by default, no template)."""
+"""The token sequences a pass runs (``check``'s prompts, ``measure``'s texts): built-in texts (a short chat, code,
+maths, several languages), in the model's chat template where its tokenizer has one, or the user's file (one text
+per line, tokenized as the tokenizer does by default, no template); the one tokenizer loader
+(:func:`tokenizer_at`) and the context rule (:func:`bounded`)."""
 
 from __future__ import annotations
 
@@ -28,17 +29,23 @@ BUILT_IN_TEXT = "built-in text"
 _NO_LIMIT = 1 << 62  # transformers' own "no limit" is about 1e30; any length a text has is below this
 
 
+def tokenizer_at(transformers: Any, directory: Path) -> Any:
+    """The tokenizer of the model folder ``directory``, as ``transformers`` (the module) loads it: the one loader
+    of every pass's tokenizer (``check``'s, ``measure``'s, the MoE gates'); raises what transformers raises."""
+    return transformers.AutoTokenizer.from_pretrained(str(directory))
+
+
 def load_tokenizer(directories: Sequence[Path], *, what: str = "resumerge check") -> Any:
     """The first of ``directories`` (the merge's, then its base's and parents') that holds a tokenizer; ``what``
     names the command in the error of a missing transformers."""
-    from resumerge.forward.stream import import_transformers
+    from resumerge.forward.requires import Needs, require_transformers
 
-    transformers = import_transformers(what)
+    transformers = require_transformers(Needs(what))
 
     for directory in directories:
         if (directory / "tokenizer_config.json").is_file() or (directory / "tokenizer.json").is_file():
             try:
-                tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
+                tokenizer = tokenizer_at(transformers, directory)
             except (OSError, ValueError):
                 continue
             # The texts' length against the context is :func:`bounded`'s to judge, in one line naming the text:

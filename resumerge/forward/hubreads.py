@@ -1,7 +1,7 @@
 """A check's reads of hub weight files, held to the standard of a merge's streamed inputs: nothing from the hub is
 trusted without a checksum.
 
-A hub model's weights are read by HTTP Range (:mod:`.models`). Every range read is checked as a merge checks its
+A hub model's weights are read by HTTP Range (:mod:`.opened`). Every range read is checked as a merge checks its
 streamed ranges (:class:`~resumerge.inputs.hub.integrity.StreamHashes`): its sha256 is recorded in the check's
 journal (:data:`READS_NAME` in its workdir, a ledger's ``stream_reads``) when first read, and a later read of the
 same range — a killed check resumed — must give the same bytes. A check that reads every byte of a file (its static
@@ -30,8 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resumerge.analyses.check.models import Checked
-from resumerge.analyses.check.static import layer_of
+from resumerge.forward.opened import PassModel, layer_of
 from resumerge.inputs.spans import merged_spans
 
 if TYPE_CHECKING:  # the hub's modules and the ledger's writer are imported only for a hub model (a local check's
@@ -48,7 +47,7 @@ _STOPPED = "the check stopped before its report, and its journal was discarded"
 _HINT = "check again once the hub serves the file intact: the check starts over and reads every file whole again"
 
 
-class CheckReads:
+class PassReads:
     """The hub files of one check's models, read through :meth:`bind`'s readers; :meth:`finish` before the report,
     :meth:`close` after it, :meth:`discard` when a file failed its check."""
 
@@ -58,7 +57,7 @@ class CheckReads:
         self._ledger: Ledger | None = None
         self._cache: FetchCache | None = None
 
-    def bind(self, models: Sequence[Checked], *, fresh: bool) -> list[Checked]:
+    def bind(self, models: Sequence[PassModel], *, fresh: bool) -> list[PassModel]:
         """``models``, each hub model's files to be read through one reader each, checked; the others as they
         are. A ``fresh`` check (one that journaled none of its passes before: it reads every byte) verifies every
         file whole."""
@@ -78,7 +77,7 @@ class CheckReads:
                                                                    for s, e in file))
         return [self._bound(m, spans, fresh) if m.remote else m for m, spans in zip(models, kept)]
 
-    def _bound(self, model: Checked, kept: dict[str, list[tuple[int, int]]], fresh: bool) -> Checked:
+    def _bound(self, model: PassModel, kept: dict[str, list[tuple[int, int]]], fresh: bool) -> PassModel:
         from resumerge.inputs.hub.integrity import whole_file_digest
         from resumerge.inputs.hub.stream import StreamedReads, prefetched
 
@@ -99,7 +98,7 @@ class CheckReads:
                     self.hashes.digests.setdefault((model.path, remote.file), found[1])
         return replace(model, reads=StreamedReads(ranges, _bind(self.hashes, model.path)))
 
-    def elsewhere(self, model: Checked, reads: Sequence[tuple[str, int, int, str]]) -> None:
+    def elsewhere(self, model: PassModel, reads: Sequence[tuple[str, int, int, str]]) -> None:
         """Ranges of ``model``'s hub files that another process read (a Ray node's, ``--executor ray``), as (file,
         start, end, sha256): held to the journal as this process's own reads are. Raises
         :class:`~resumerge.inputs.hub.integrity.StreamedInputChanged` on a mismatch."""
@@ -180,7 +179,7 @@ class KeptRanges:
         return data
 
 
-def _kept(model: Checked, *, first: bool) -> dict[str, list[tuple[int, int]]]:
+def _kept(model: PassModel, *, first: bool) -> dict[str, list[tuple[int, int]]]:
     """Per hub file of ``model``, the spans the check reads more than once (merged, by start): its tensors outside
     the decoder layers and, of the merge (``first``), its first layer's."""
     spans: dict[str, list[tuple[int, int]]] = {}

@@ -1,0 +1,179 @@
+"""A measurement's passes, once every check is made (:mod:`.run`): each model's (or RegMean++'s merged one) on the
+forward engine's one journaled layer pass (:mod:`.grams`), journaled under the state dir (``measures/<key>``), each
+layer admitted by the RAM governor, a hub model's ranges held to the hub's checksums
+(:class:`~resumerge.forward.hubreads.PassReads`); then ``measure.json`` with each file's sha256, written last."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from resumerge.errors import UsageError
+from resumerge.forward.opened import PassModel
+from resumerge.inputs.grams import (
+    MANIFEST,
+    METADATA_KEY,
+    GramRef,
+    MeasuredModel,
+    Measurement,
+    layer_file,
+    model_folder,
+)
+from resumerge.inputs.grams import sha256_of as sha256_of
+from resumerge.inputs.safetensors_format import read_header
+
+if TYPE_CHECKING:
+    from resumerge.forward.layerpass import Reserve
+    from resumerge.forward.stream import ModelStream
+    from resumerge.torch_import import torch
+
+JOURNAL = ".journal"  # where a measurement of an earlier version journaled, inside OUT_DIR (moved on resume)
+HIDDEN = "journal"  # the hidden states' journal, in the measurement's folder under the state dir
+RATIO_KEY = "reduce_non_diagonal_ratio"
+
+# (checkpoint name, each model's value in float32, each model's Gram of that linear's input or None) -> merged value
+LayerMerge = Callable[[str, "list[torch.Tensor]", "list[torch.Tensor] | None"], "torch.Tensor"]
+
+
+def workdir_of(folder: Path, workdir: Path) -> Path:
+    """The measurement's folder under the state dir, ``workdir``; a journal an earlier version kept inside OUT_DIR
+    (``.journal``) moved there first, so a measurement it was killed in resumes at the layer it reached (the same
+    files, the same names)."""
+    old = folder / JOURNAL
+    if old.is_dir():
+        if not (workdir / HIDDEN).exists():
+            workdir.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(old), str(workdir / HIDDEN))
+        else:
+            shutil.rmtree(old, ignore_errors=True)  # the state dir's journal is the newer one
+    return workdir
+
+
+def stream_of(model: PassModel, key: str) -> ModelStream:
+    """``model``'s modules without weights, read in float32 as the pass runs (a hub model's by range)."""
+    from resumerge.forward import Weights
+    from resumerge.forward.stream import ModelStream
+    from resumerge.torch_import import torch
+
+    return ModelStream(Weights.of(model.opened.directory, model.opened.tensors, model.remote, model.reads),
+                       model.opened.config, torch.float32, what="resumerge measure", key=key)
+
+
+def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[int]], folder: Path, workdir: Path,
+                    on_progress: Callable[[str], None] | None, merged: dict[str, object] | None,
+                    reserve: Reserve) -> tuple[Measurement, list[MeasuredModel]]:
+    """Every model's Grams into ``folder`` (journaled in ``workdir``), then ``measure.json``; the measurement."""
+    from resumerge.forward.batches import one_by_one
+    from resumerge.forward.hubreads import PassReads
+    from resumerge.memory.allocator import tune_allocator
+    from resumerge.store.durable import write_file_atomic
+
+    batches = one_by_one(tokens)  # one sequence a batch: a Gram sums over every position it is given
+    reads = PassReads(workdir)
+    models = reads.bind(models, fresh=not (workdir / HIDDEN).exists())
+    restore = tune_allocator()
+    measured: list[MeasuredModel] = []
+    error: BaseException | None = None
+    try:
+        if merged is not None:
+            ratio = merged[RATIO_KEY]
+            assert isinstance(ratio, float)
+            measured = _run_merged(models, keys, batches, folder, workdir, on_progress, ratio, reserve)
+        for index, model in enumerate(models if merged is None else ()):
+            measured.append(_run_model(model, keys[index], index, len(models), batches, folder, workdir,
+                                       on_progress, reserve))
+        reads.finish()
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        if restore is not None:
+            restore()
+        reads.close(clear=False, error=error)
+    texts = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()
+    result = Measurement(tuple(measured), len(tokens), texts, merged)
+    write_file_atomic(folder / MANIFEST, (json.dumps(result.to_json(), indent=1, sort_keys=True) + "\n").encode())
+    reads.close()
+    shutil.rmtree(workdir, ignore_errors=True)
+    return result, measured
+
+
+def _run_model(model: PassModel, key: str, index: int, count: int, batches: list[tuple[torch.Tensor, torch.Tensor]],
+               folder: Path, workdir: Path, on_progress: Callable[[str], None] | None,
+               reserve: Reserve) -> MeasuredModel:
+    from resumerge.analyses.measure.grams import measure_model
+
+    with stream_of(model, key) as stream:
+        layers = stream.layers
+
+        def on_layer(layer: int) -> None:
+            if on_progress is not None:
+                on_progress(f"model {index + 1} of {count}, layer {layer + 1} of {layers}")
+
+        measure_model(stream, batches, folder, index, workdir / HIDDEN / model_folder(index), on_layer=on_layer,
+                      reserve=reserve)
+    return recorded(model, key, folder, index, layers)
+
+
+def _run_merged(models: list[PassModel], keys: list[str], batches: list[tuple[torch.Tensor, torch.Tensor]],
+                folder: Path, workdir: Path, on_progress: Callable[[str], None] | None, ratio: float,
+                reserve: Reserve) -> list[MeasuredModel]:
+    """RegMean++'s pass: every model's layer l measured on the merged model's layers before l, every model's
+    stream open at once (one layer of each read at a time)."""
+    from resumerge.analyses.measure.grams import measure_merged
+
+    streams = []
+    try:
+        for key, model in zip(keys, models):
+            streams.append(stream_of(model, key))
+        layers = streams[0].layers
+        if any(s.layers != layers for s in streams):
+            raise UsageError("RegMean++ merges models of one layer count, and these differ: "
+                             + ", ".join(f"{k} {s.layers}" for k, s in zip(keys, streams)))
+
+        def on_layer(layer: int) -> None:
+            if on_progress is not None:
+                on_progress(f"merged pass, layer {layer + 1} of {layers} ({len(models)} models)")
+
+        measure_merged(streams, batches, folder, workdir / HIDDEN / "merged", layer_merge(ratio),
+                       on_layer=on_layer, reserve=reserve)
+    finally:
+        for stream in streams:
+            stream.close()
+    return [recorded(model, keys[i], folder, i, layers) for i, model in enumerate(models)]
+
+
+def layer_merge(ratio: float) -> LayerMerge:
+    """How the merged pass merges a layer's weight: ``regmean``'s solve where it has Grams, else the mean; float32."""
+    from resumerge.methods.regmean import mean, regmean_solve
+    from resumerge.torch_import import torch
+
+    def merge(name: str, values: list[torch.Tensor], grams: list[torch.Tensor] | None) -> torch.Tensor:
+        if grams is None:
+            return mean(values).to(torch.float32)
+        solved, _ = regmean_solve(values, grams, ratio)
+        return solved.to(torch.float32)
+
+    return merge
+
+
+def recorded(model: PassModel, key: str, folder: Path, index: int, layers: int) -> MeasuredModel:
+    """The manifest's entry of the ``index``-th model: every layer file's linears and sha256."""
+    grams: dict[str, GramRef] = {}
+    digests: dict[str, str] = {}
+    tokens = 0
+    for layer in range(layers):
+        name = layer_file(index, layer)
+        header = read_header(folder / name)
+        doc = json.loads(header.metadata[METADATA_KEY])
+        tokens = int(doc["tokens"])
+        for linear, owner in doc["inputs"].items():
+            grams[linear] = GramRef(name, owner, int(header.tensors[owner].shape[0]))
+        digests[name] = sha256_of(folder / name)
+    files = tuple((f.name, f.size, f.identity) for f in model.opened.files)
+    return MeasuredModel(key, os.fspath(model.opened.directory), files, tokens, grams, digests)

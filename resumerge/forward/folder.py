@@ -1,0 +1,16 @@
+"""A pass folder's lock: one process at a time journals in it (two at once would delete each other's layer
+files), the second refused naming the first (:class:`~resumerge.store.runlock.JobLock`, exit 4)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from resumerge.store.runlock import JobLock
+
+LOCK_NAME = "lock"  # held by the one process running the pass (its pid and command inside)
+
+
+def pass_lock(folder: Path, what: str, command: str, *, hint: str, name: str = LOCK_NAME) -> JobLock:
+    """The lock of the pass journaled in ``folder`` (``what``: the job in words; ``command``: what the holder
+    runs, named to a second process; ``name``: the lock file's, in ``folder``)."""
+    return JobLock(folder / name, what, command, hint=hint)

@@ -1,0 +1,140 @@
+"""Where a pass's models run: the :class:`Placement` protocol, and :class:`Streams`, every model in this process,
+one layer of one model at a time, each admitted by the pass's :data:`~resumerge.forward.layerpass.Reserve`. A Ray
+cluster is another placement, an actor per model (:mod:`resumerge.analyses.check.onray`); a client's
+:class:`~resumerge.forward.layerpass.Step` drives either the same way, so its journal is the same file whichever
+ran it.
+
+At layer l each model's layer is read once and run on that model's own hidden states and, where the pass asks, on
+a reference model's input to the layer too (``check``'s localising pass): :func:`model_layer`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Protocol
+
+from resumerge.forward.batches import Batch, Hidden
+from resumerge.forward.layerpass import Reserve, unreserved
+from resumerge.forward.stream import LayerCall, ModelStream
+from resumerge.torch_import import torch
+
+
+class Placement(Protocol):
+    """Where the pass's models run, model by model (the first one first)."""
+
+    @property
+    def layers(self) -> int: ...
+
+    def enter(self, batches: list[Batch]) -> Hidden:
+        """Each model's hidden states entering its first decoder layer, per batch (their layers' calls kept)."""
+
+    def runs_batched(self) -> bool:
+        """Whether the first model's first layer runs the batches :meth:`enter` was given (:func:`batched_on`)."""
+
+    def layer(self, index: int, hidden: Hidden, reference: int | None) -> tuple[Hidden, Hidden]:
+        """Each model's layer ``index`` on its own ``hidden`` states and on the reference's (its own output where it
+        is the reference or there is none): both, per model."""
+
+
+class Watch(Protocol):
+    """What a pass observes of each model's layer as it is read and run (``check``'s static figures taken from the
+    layers' reads, ``measure``'s Grams): the order the models run in, a context around one model's layer, and the
+    end of a layer."""
+
+    def order(self, models: int) -> Iterable[int]: ...
+
+    def watching(self, stream: ModelStream, m: int, module: torch.nn.Module) -> AbstractContextManager[object]: ...
+
+    def end_layer(self) -> None: ...
+
+
+class Streams:
+    """The pass's models run in this process, one layer of one model at a time: ``streams`` (each model's
+    modules), ``reserve`` admitting each model's layer (step ``layer``), ``on_model(layer, m)`` told before model
+    ``m``'s layer is read, ``watch`` observing the layers, ``own_batches(m, batches)`` the batches as model ``m``
+    reads them (its own token ids, where the models' vocabularies differ)."""
+
+    def __init__(self, streams: Sequence[ModelStream], on_model: Callable[[int, int], None] | None = None,
+                 reserve: Reserve = unreserved, watch: Watch | None = None,
+                 own_batches: Callable[[int, list[Batch]], list[Batch]] | None = None) -> None:
+        self.streams, self.on_model, self.reserve, self.watch = streams, on_model, reserve, watch
+        self.own_batches = own_batches
+        self.layers = streams[0].layers
+        self.entering: list[tuple[torch.Tensor, list[LayerCall]]] = []
+        self.calls: list[list[list[LayerCall]]] = []
+
+    def enter(self, batches: list[Batch]) -> Hidden:
+        entering = [stream.inputs_of_rows(batches if self.own_batches is None else self.own_batches(m, batches))
+                    for m, stream in enumerate(self.streams)]
+        self.entering = entering[0]
+        self.calls = [[c for _, c in model] for model in entering]
+        return [[h for h, _ in model] for model in entering]
+
+    def runs_batched(self) -> bool:
+        return runs_batched(self.streams[0], self.entering, self.reserve)
+
+    def layer(self, index: int, hidden: Hidden, reference: int | None) -> tuple[Hidden, Hidden]:
+        same_input = hidden[reference] if reference is not None else None
+        n = len(self.streams)
+        own: Hidden = [[] for _ in range(n)]
+        on_same: Hidden = [[] for _ in range(n)]
+        for m in self.watch.order(n) if self.watch is not None else range(n):
+            stream = self.streams[m]
+            if self.on_model is not None:
+                self.on_model(index, m)
+            module = stream.layers_list[index]
+            watching = self.watch.watching(stream, m, module) if self.watch is not None else nullcontext()
+            with self.reserve(f"layer {index} of model {m + 1}", "layer"), watching:
+                out, theirs = model_layer(stream, index, hidden[m], self.calls[m],
+                                          None if m == reference else same_input)
+            own[m] = out
+            on_same[m] = out if theirs is None else theirs
+        if self.watch is not None:
+            self.watch.end_layer()
+        return own, on_same
+
+
+def runs_batched(stream: ModelStream, entering: list[tuple[torch.Tensor, list[LayerCall]]],
+                 reserve: Reserve = unreserved) -> bool:
+    """Whether the model's first decoder layer runs a padded batch (some families' attention, as transformers
+    ships it, cannot: DeepSeek-V3's with a padding mask); decided from the model alone, so a resumed pass decides
+    the same."""
+    with reserve("layer 0 of model 1 (can it run batches?)", "layer"), stream.loaded(stream.layers_list[0]) as layer:
+        return batched_on(stream, layer, entering)
+
+
+def batched_on(stream: ModelStream, layer: torch.nn.Module,
+               entering: list[tuple[torch.Tensor, list[LayerCall]]]) -> bool:
+    """Whether the model's first decoder ``layer`` (its weights loaded) runs every padded batch of ``entering``."""
+    try:
+        for hidden, calls in entering:
+            stream.run(layer, hidden, calls[0])
+    except RuntimeError:
+        return False
+    return True
+
+
+def model_layer(stream: ModelStream, index: int, own: list[torch.Tensor], calls: list[list[LayerCall]],
+                same: list[torch.Tensor] | None, loaded: bool = False
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """One model's layer ``index``, read once: its output on its ``own`` hidden states (per batch) and, unless
+    ``same`` is None, on ``same`` (the reference's input to the layer). Where ``same`` equals ``own`` to the bit
+    (the first layer of models with the same embeddings) its output is the same and is not computed twice.
+    ``loaded``: the layer holds its weights already (read for another step, not read again); it is left without
+    them, as after a read."""
+    equal = same is not None and all(a is b or torch.equal(a, b) for a, b in zip(own, same))
+    module = stream.layers_list[index]
+    with held(stream, module) if loaded else stream.loaded(module) as layer:
+        out = [stream.run(layer, h, calls[s][index]) for s, h in enumerate(own)]
+        theirs = None if same is None or equal else [stream.run(layer, h, calls[s][index])
+                                                      for s, h in enumerate(same)]
+    return out, out if equal else theirs
+
+
+@contextmanager
+def held(stream: ModelStream, module: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``module``, whose weights are loaded already, for the block; without them after."""
+    try:
+        yield module
+    finally:
+        stream.unload(module)
