@@ -139,6 +139,8 @@ class StateDir:
     def evals_dir(self) -> Path:
         """Where each ``eval`` keeps its passes' journals and answers and its progress."""
         return self.root / EVALS_DIR
+
+    @property
     def measures_dir(self) -> Path:
         """Where each ``measure`` journals its passes (hidden states, a hub model's reads), one folder per
         measurement; its Grams go to its OUT_DIR."""

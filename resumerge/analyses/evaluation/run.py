@@ -36,7 +36,9 @@ from resumerge.config.locations import StateDir, is_default_state_root
 from resumerge.errors import InterruptedMerge, UsageError
 from resumerge.forward import Weights
 from resumerge.forward.journal import latest
-from resumerge.forward.stream import ModelStream, import_transformers, transformers_found
+from resumerge.forward.requires import Needs, require_transformers
+from resumerge.forward.stream import ModelStream
+from resumerge.forward.texts import tokenizer_at
 from resumerge.memory import MemoryGovernor, SystemProbe, budget_fitting
 from resumerge.memory.allocator import tune_allocator
 from resumerge.store.durable import write_file_atomic
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
 
 LOCK_NAME = "lock"
 _CONFIG_SUFFIXES = (".yml", ".yaml")
+_NEEDS = Needs("resumerge eval", hint="pip install transformers lm-eval (in the resumerge clone: pip install -c "
+               "constraints.txt -e '.[eval]')")
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,7 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
     else:
         model = Checked("merge", target, None, unwritten.opened)
         weights = Weights.of(unwritten.directory, unwritten.tensors, source=unwritten.source)
-    transformers_found("resumerge eval")
+    require_transformers(_NEEDS, load=False)
     manager = task_manager(settings)
     generating = generation_tasks(loaded_tasks(settings, manager))
     tokenizer = _tokenizer(model)
@@ -242,12 +246,12 @@ def _not_a_config(target: str) -> None:
 
 def _tokenizer(model: Checked) -> Any:
     """The model's tokenizer, loaded as lm-eval's ``hf`` model loads it (transformers' ``AutoTokenizer``)."""
-    transformers = import_transformers("resumerge eval")
+    transformers = require_transformers(_NEEDS)
     directory = model.opened.directory
     if not ((directory / "tokenizer_config.json").is_file() or (directory / "tokenizer.json").is_file()):
         raise UsageError(f"TARGET {model.path} has no tokenizer", hint="copy the tokenizer files into its folder")
     try:
-        return transformers.AutoTokenizer.from_pretrained(str(directory))
+        return tokenizer_at(transformers, directory)
     except (OSError, ValueError) as exc:
         raise UsageError(f"TARGET {model.path}: its tokenizer cannot be loaded: {exc}",
                          hint="copy a working tokenizer into its folder") from None
