@@ -49,13 +49,14 @@ def _unwritten_tensors(merge: UnwrittenMerge) -> dict[str, torch.Tensor]:
             for name, t in merge.tensors.items()}
 
 
-def _same_as_written(tmp_path: Path, config: Path) -> UnwrittenMerge:
-    """Run ``config`` into OUT, open it unwritten, and check every stored tensor byte for byte; the merge, open."""
+def _same_as_written(tmp_path: Path, config: Path, resources: api.Resources | None = None) -> UnwrittenMerge:
+    """Run ``config`` into OUT, open it unwritten (with ``resources``), and check every stored tensor byte for byte;
+    the merge, open."""
     state = tmp_path / "state"
     out = tmp_path / "out"
     api.run(config, out, state_dir=state)
     written = _stored(out)
-    merge = api.open_unwritten(config, state_dir=state)
+    merge = api.open_unwritten(config, state_dir=state, resources=resources or api.Resources())
     got = _unwritten_tensors(merge)
     assert sorted(got) == sorted(written)
     for name, want in written.items():
@@ -98,6 +99,11 @@ def test_linear_unwritten_is_the_written_merge_and_runs_the_same(tmp_path: Path,
     with _same_as_written(tmp_path, config) as merge:
         _same_figures(tmp_path, merge)
         assert merge.source.computed >= len(merge.plan.tensors)
+        # As an input source: any byte range inside a stored tensor is the written file's bytes there.
+        for t in list(merge.tensors.values())[:5]:
+            written = (tmp_path / "out" / t.file).read_bytes()
+            for start, end in ((t.entry.start, t.entry.end), (t.entry.start + 3, t.entry.end - 5)):
+                assert bytes(merge.source.read_range(t.file, start, end).numpy()) == written[start:end]
 
 
 def test_ties_and_slerp_unwritten_are_the_written_merges(tmp_path: Path, make: ModelFactory) -> None:
@@ -109,7 +115,7 @@ def test_ties_and_slerp_unwritten_are_the_written_merges(tmp_path: Path, make: M
         pass
     slerp = _config(tmp_path / "slerp.yml", {"merge_method": "slerp", "base_model": str(base), "models": [
         {"model": str(base)}, {"model": str(a)}], "parameters": {"t": [0.1, 0.6, 0.9]}})
-    with _same_as_written(tmp_path / "slerp", slerp) as merge:
+    with _same_as_written(tmp_path / "slerp", slerp, api.Resources(max_memory="4GB")) as merge:  # its own governor
         _same_figures(tmp_path / "slerp", merge)
 
 
@@ -169,3 +175,26 @@ def test_a_config_that_does_not_plan_is_refused_before_a_weight_is_read(tmp_path
         {"source_model": str(a), "positive_prompts": ["x"]}]})
     with pytest.raises(UsageError, match="mergekit-moe"):
         api.open_unwritten(moe, state_dir=tmp_path / "state")
+
+
+@pytest.mark.parametrize("method", ["linear", "ties"])
+def test_under_a_small_budget_tensors_are_merged_in_row_chunks_into_the_same_bytes(tmp_path: Path, make: ModelFactory,
+                                                                                  method: str) -> None:
+    from resumerge.memory import FakeProbe, MemoryGovernor
+
+    # Projections whose merge is larger than the least row chunk the engine cuts (plan.workunits.MIN_CHUNK_BYTES).
+    wide = {**SPEC, "layers": 1, "hidden": 512, "intermediate": 1536, "shard_bytes": 8 << 20}
+    base, a, b = (make(name, seed=seed, **wide) for seed, name in enumerate(("base", "a", "b"), start=1))
+    doc: dict[str, object] = {"merge_method": method, "models": [
+        {"model": str(a), "parameters": {"weight": 0.6, "density": 0.5}},
+        {"model": str(b), "parameters": {"weight": 0.4, "density": 0.7}}]}
+    config = _config(tmp_path / f"{method}.yml", {**doc, "base_model": str(base)} if method == "ties" else doc)
+    api.run(config, tmp_path / "out", state_dir=tmp_path / "state")
+    written = _stored(tmp_path / "out")
+    # A quarter of it is below a projection's merge: those are merged, as run merges them, a few rows at a time.
+    governor = MemoryGovernor(24 << 20, FakeProbe())
+    with api.open_unwritten(config, state_dir=tmp_path / "state", governor=governor) as merge:
+        got = _unwritten_tensors(merge)
+        assert governor.admitted > merge.source.computed  # more admissions than tensors: row chunks
+    for name, want in written.items():
+        assert torch.equal(got[name].contiguous().view(torch.uint8), want.view(torch.uint8)), name

@@ -1,5 +1,7 @@
 """The front door: ``run``, ``resume``, ``status``, ``verify``, ``check``, ``estimate`` (what ``resumerge plan``
-prints), ``plan_merge``, ``extract_lora`` and ``estimate_extraction``, for the CLI and for notebooks alike.
+prints), ``plan_merge``, ``extract_lora`` and ``estimate_extraction``, for the CLI and for notebooks alike;
+``open_unwritten`` and ``open_population`` (:mod:`.unwritten`): a merge config, or a generation of them, read as the
+model it describes without being written, for ``eval`` and ``evolve``.
 
 Each CLI command parses its arguments and makes one call here, so a notebook gets the very tool the README
 describes. Every function takes its options as a few frozen groups (:mod:`.options`: :class:`Output`, :class:`Merging`,
@@ -42,7 +44,7 @@ from resumerge.api.options import (
     usable_device,
 )
 from resumerge.api.runkind import Call, Driving
-from resumerge.api.unwritten import open_unwritten
+from resumerge.api.unwritten import open_population, open_unwritten
 from resumerge.config.locations import StateDir
 from resumerge.config.settings import RunSettings
 from resumerge.extract.spec import ExtractSpec
@@ -51,8 +53,8 @@ from resumerge.plan.defaults import DEFAULT_SHARD_SIZE
 
 __all__ = ["Hub", "Lora", "Merging", "Output", "Resources", "Stages", "check", "estimate", "estimate_extraction",
            "estimate_measure", "evaluate",
-           "extract_lora", "measure", "open_unwritten", "plan_merge", "recipe_status", "resume", "run", "status",
-           "verify"]
+           "extract_lora", "measure", "open_population", "open_unwritten", "plan_merge", "recipe_status", "resume",
+           "run", "status", "verify"]
 
 # Only what ``status`` and ``verify`` need is imported here, so that they stay fast (no torch): the merging
 # commands import the engine inside the function.

@@ -1,22 +1,35 @@
 """A merge config opened as the model it describes, never written (:func:`open_unwritten`), and a generation of
 candidate configs over the same inputs (:func:`open_population`): planned as ``run`` plans them, refused in one
-line (exit 2) before any weight is read, read through :mod:`resumerge.engine.unwritten`."""
+line (exit 2) before any weight is read or downloaded, read through :mod:`resumerge.engine.unwritten`."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from resumerge.api.options import Merging, Output, PathLike, Resources, config_text, plan_options, run_settings
-from resumerge.api.runkind import Call
+from resumerge.api.options import (
+    Merging,
+    Output,
+    PathLike,
+    Resources,
+    config_text,
+    nothing_written,
+    plan_options,
+    run_settings,
+    source_name,
+)
 from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
-    from resumerge.config.locations import StateDir
-    from resumerge.engine.unwritten import UnwrittenMerge
+    from resumerge.config.settings import RunSettings
+    from resumerge.engine.unwritten import Population, UnwrittenMerge
     from resumerge.inputs.codecs import CodecTable
     from resumerge.memory import MemoryGovernor
-    from resumerge.plan.merge_plan import Plan, PlanOptions
+    from resumerge.plan.merge_plan import PlanOptions
+    from resumerge.plan.prepared import Prepared
+
+# What a refused candidate is told to give instead.
+_ONE_MERGE = "give each candidate as one YAML document of merge_method and its models"
 
 
 def open_unwritten(config: PathLike, *, state_dir: PathLike | None = None, output: Output = Output(),
@@ -26,112 +39,158 @@ def open_unwritten(config: PathLike, *, state_dir: PathLike | None = None, outpu
     is never written: planned as ``run`` plans it with the same option groups, its small files (config.json,
     tokenizer) in a folder under the state dir, each weight tensor merged by the plan's method code when it is read
     and dropped after (see :class:`~resumerge.engine.unwritten.UnwrittenMerge`), equal to the bytes ``run`` writes.
+    Hub inputs are downloaded into the Hugging Face cache and verified, as ``run`` downloads them (never twice).
     ``governor``: the caller's memory governor, which admits each tensor's merge as the run admits it (None: one of
-    ``resources.max_memory`` when given, else none). Raises ConfigError, InputError or UsageError (exit 2) before
-    any weight is read: a config that does not plan, a mergekit-moe or extraction config, an output written as
-    GGUF or as an adapter, a hub input whose weights are not in the cache."""
-    from resumerge.api.kinds import kind_of, planner_of
-    from resumerge.api.moe_kind import MoeKind
+    ``resources.max_memory`` when given, stopped when the merge is closed, else none). Raises ConfigError,
+    InputError or UsageError (exit 2) before any weight is read or downloaded: a config that does not plan, a
+    mergekit-moe or extraction config, an output written as GGUF or as an adapter, ``stream_inputs``."""
+    from resumerge.api.kinds import MERGE, kind_of
     from resumerge.api.recipe_kind import RecipeKind
-    from resumerge.config.settings import RunSettings
     from resumerge.engine.unwritten import UnwrittenMerge
+    from resumerge.inputs.catalog import fetch_inputs
 
     text = config_text(config)
     options = _options(output, merging, resources)
     settings = run_settings(state_dir, resources)
     kind = kind_of(text)
-    if isinstance(kind, MoeKind):
-        raise UsageError("a mergekit-moe config cannot be read unwritten: its routers come from a forward pass of "
-                         "their own", hint="merge it with resumerge run, then read the output")
-    owned = governor is None and settings.max_memory is not None
-    if owned:
-        governor = _governor(settings.max_memory)
-    if isinstance(kind, RecipeKind):
-        return _recipe(text, options, settings.state, governor, owned=owned)
-    call = Call(config, text, None, options, RunSettings(state=settings.state, cache_dir=settings.cache_dir),
-                codecs=codecs)
-    plan = planner_of(kind).plan(call)
-    _readable(plan)
-    return UnwrittenMerge(plan, text, settings.state.unwritten_dir, governor=governor,
-                          on_close=governor.stop if owned and governor is not None else None)
+    with nothing_written():  # an unreachable hub: exit 2, nothing to resume
+        if isinstance(kind, RecipeKind):
+            return _recipe(text, options, settings, governor)
+        if kind is not MERGE:
+            raise _not_a_merge(kind.name)
+        prepared = _prepared(config, text, options, settings, codecs)
+        fetch_inputs(prepared.opened(), state=settings.state)
+    _threads(settings)
+    owned = _governor(settings) if governor is None else None
+    return UnwrittenMerge(prepared.plan, settings.state.unwritten_dir, governor=governor or owned,
+                          on_close=owned.stop if owned is not None else None)
+
+
+def open_population(configs: Sequence[PathLike], *, state_dir: PathLike | None = None, output: Output = Output(),
+                    merging: Merging = Merging(), resources: Resources = Resources(),
+                    codecs: CodecTable | None = None, governor: MemoryGovernor | None = None) -> Population:
+    """A generation of candidate merge ``configs`` over the same input models, each planned as
+    :func:`open_unwritten` plans it (the same refusals, exit 2, before any weight is read or downloaded; a recipe,
+    and configs that read other models, are refused too), read together: see
+    :class:`~resumerge.engine.unwritten.Population` (what its pass holds:
+    :meth:`~resumerge.engine.unwritten.Population.holds`). ``governor``: the caller's, which admits each tensor's
+    merge as the run admits it."""
+    from resumerge.api.kinds import MERGE, kind_of
+    from resumerge.engine.unwritten import Population, same_inputs
+    from resumerge.inputs.catalog import fetch_inputs
+
+    if not configs:
+        raise UsageError("a generation needs at least one candidate config", hint=_ONE_MERGE)
+    options = _options(output, merging, resources)
+    settings = run_settings(state_dir, resources)
+    with nothing_written():
+        prepared = []
+        for config in configs:
+            text = config_text(config)
+            kind = kind_of(text)
+            if kind is not MERGE:
+                raise UsageError(f"a candidate of a generation is one merge config, and "
+                                 f"{source_name(config, 'a candidate')} is a {kind.name} config", hint=_ONE_MERGE)
+            prepared.append(_prepared(config, text, options, settings, codecs))
+        same_inputs([p.plan for p in prepared])
+        fetch_inputs(prepared[0].opened(), state=settings.state)
+    _threads(settings)
+    return Population([p.plan for p in prepared], settings.state.unwritten_dir, governor=governor)
 
 
 def _options(output: Output, merging: Merging, resources: Resources) -> PlanOptions:
-    """The plan options ``run`` would plan with, the outputs an unwritten merge cannot be refused (exit 2)."""
+    """The plan options ``run`` would plan with; what an unwritten merge cannot honour is refused (exit 2)."""
     if output.out_type != "safetensors":
         raise UsageError(f"an unwritten merge is read as safetensors, not --out-type {output.out_type}",
                          hint="drop --out-type, or write the merge with resumerge run and read the output")
     if output.out_adapter:
         raise UsageError("an unwritten merge is a model, not an adapter", hint="drop --out-adapter")
+    if resources.stream_inputs:
+        raise UsageError("an unwritten merge reads its hub inputs downloaded, not streamed",
+                         hint="drop --stream-inputs (they are downloaded once into the Hugging Face cache)")
     return plan_options(output, merging, resources, out_shard_size=output.out_shard_size)
 
 
-def _readable(plan: Plan) -> None:
-    """Refuse a plan whose output is not a model (an extraction's adapter) or whose inputs' weights are not here
-    (a hub input not downloaded): UsageError, before any weight is read."""
-    if plan.side_files:
-        raise UsageError("a LoRA extraction cannot be read unwritten: its output is an adapter, not a model")
-    for model, reads in plan.inputs.items():
-        directory = Path(plan.model_dirs[model])
-        missing = sorted({file for file, _, _ in reads if not (directory / file).is_file()})
-        if missing:
-            raise UsageError(f"{model}'s weight file {missing[0]} is not in {directory}: an unwritten merge reads "
-                             "its inputs from local files", hint="download the model first (resumerge run "
-                             "downloads hub inputs), or give a local folder")
+def _not_a_merge(kind: str) -> UsageError:
+    if kind == "moe":
+        return UsageError("a mergekit-moe config cannot be read unwritten: its routers come from a forward pass of "
+                          "their own", hint="merge it with resumerge run, then read the output")
+    return UsageError(f"a {kind} config cannot be read unwritten: its output is not a merged model",
+                      hint="give a merge config (merge_method and its models), or a recipe of them")
 
 
-def _governor(max_memory: int | None) -> MemoryGovernor:
+def _prepared(config: PathLike, text: str, options: PlanOptions, settings: RunSettings,
+              codecs: CodecTable | None) -> Prepared:
+    """The merge config ``text`` planned as ``run`` plans it (its inputs opened: headers only)."""
+    from resumerge.config.merge_config import load_config_text
+    from resumerge.engine.session import prepare
+
+    return prepare(load_config_text(text, source=source_name(config, "config")), options, state=settings.state,
+                   cache_dir=settings.cache_dir, codecs=codecs)
+
+
+def _threads(settings: RunSettings) -> None:
+    """torch's thread count set as ``run`` sets it (``-j``: the bytes of some methods depend on it), for the
+    process, as ``run`` sets it for its own."""
+    from resumerge.engine.devices import set_torch_threads
+
+    set_torch_threads(settings.num_threads)
+
+
+def _governor(settings: RunSettings) -> MemoryGovernor | None:
+    """A governor of ``--max-memory`` when given, started (None without one)."""
+    if settings.max_memory is None:
+        return None
     from resumerge.memory import MemoryGovernor, SystemProbe
 
-    assert max_memory is not None
-    governor = MemoryGovernor(max_memory, SystemProbe())
+    governor = MemoryGovernor(settings.max_memory, SystemProbe())
     governor.start()
     return governor
 
 
-def _recipe(text: str, options: PlanOptions, state: StateDir, governor: MemoryGovernor | None, *,
-            owned: bool) -> UnwrittenMerge:
+def _recipe(text: str, options: PlanOptions, settings: RunSettings,
+            governor: MemoryGovernor | None) -> UnwrittenMerge:
     """A recipe's final stage, unwritten, every stage it reads unwritten too: each stage's tensors merged, when
     read, from its inputs, a stage's output among them (its own :class:`MergedFiles`)."""
     import hashlib
 
     from resumerge.engine.unwritten import MergedFiles, UnwrittenMerge
+    from resumerge.inputs.catalog import fetch_inputs
     from resumerge.inputs.source import InputSources, LocalFiles
     from resumerge.recipes.plan import plan_recipe
     from resumerge.recipes.recipe import load_recipe_text
 
+    state = settings.state
     recipe = load_recipe_text(text)
     # Where its outputs would go: never made (the stages' layout is checked against it as run checks OUT's).
     out = state.unwritten_dir / f"recipe-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
-    rplan = plan_recipe(recipe, out, out.with_name(f"{out.name}.intermediates"), options, state=state)
+    rplan = plan_recipe(recipe, out, out.with_name(f"{out.name}.intermediates"), options, state=state,
+                        cache_dir=settings.cache_dir)
+    fetch_inputs(rplan.inputs, state=state)
+    _threads(settings)
+    owned = _governor(settings) if governor is None else None
     stages: dict[str, MergedFiles] = {}
     sources: dict[str, LocalFiles] = {}
     for sp in rplan.stages:
-        _readable_stage(sp.plan, set(stages))
         for key, directory in sp.plan.model_dirs.items():
             if key not in stages and key not in sources:
                 sources[key] = LocalFiles(directory)
         inputs = InputSources({key: stages[key] if key in stages else sources[key] for key in sp.plan.model_dirs})
-        if sp.final:
-            def close() -> None:
-                for stage in stages.values():
-                    stage.close()
-                for source in sources.values():
-                    source.close()
-                if owned and governor is not None:
-                    governor.stop()
+        if not sp.final:
+            assert sp.stage.name is not None  # every stage but the final one is named
+            # Admitted inside the final stage's admission of the tensor that reads it: a second reservation taken
+            # by the thread holding the first could wait for it (resumerge.memory.governor).
+            stages[sp.stage.name] = MergedFiles(sp.plan, inputs)
+            continue
 
-            return UnwrittenMerge(sp.plan, sp.stage.text, state.unwritten_dir, inputs=inputs, governor=governor,
-                                  on_close=close)
-        assert sp.stage.name is not None  # every stage but the final one is named
-        # Admitted inside the final stage's admission of the tensor that reads it: a second reservation taken by
-        # the thread holding the first could wait for it (resumerge.memory.governor).
-        stages[sp.stage.name] = MergedFiles(sp.plan, inputs)
+        def close() -> None:
+            for stage in stages.values():
+                stage.close()
+            for source in sources.values():
+                source.close()
+            if owned is not None:
+                owned.stop()
+
+        return UnwrittenMerge(sp.plan, state.unwritten_dir, inputs=inputs, governor=governor or owned,
+                              on_close=close)
     raise AssertionError("a recipe has a final stage")
-
-
-def _readable_stage(plan: Plan, stages: set[str]) -> None:
-    """:func:`_readable` for a recipe's stage, whose inputs that are earlier stages are read unwritten."""
-    from dataclasses import replace
-
-    _readable(replace(plan, inputs={k: v for k, v in plan.inputs.items() if k not in stages}))

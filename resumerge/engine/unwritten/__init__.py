@@ -3,7 +3,7 @@ method code when a reader asks for its bytes, and dropped after.
 
 Public API:
 
-- :class:`UnwrittenMerge` ``(plan, config_text, root, *, inputs=None, resources=NO_RESOURCES, governor=None,
+- :class:`UnwrittenMerge` ``(plan, root, *, inputs=None, resources=NO_RESOURCES, governor=None,
   name="merge", on_close=None)``: the merge as a stored model is opened: ``opened`` (a
   :class:`~resumerge.inputs.model.ModelInput`: ``directory`` with config.json and the tokenizer, ``config``,
   ``tensors`` where the plan puts them), ``source`` (the bytes of its weight files); a context manager. The
@@ -13,9 +13,18 @@ Public API:
   bytes returns what ``run`` writes there.
 - :func:`merged_tensor` ``(plan, tp, sources, resources, *, governor=None) -> Stored``: one output tensor's stored
   parts, computed as the run computes it for its shard.
-- :func:`merge_folder` ``(plan, config_text, root) -> Path``: the folder of a merge's small files.
+- :func:`merge_folder` ``(plan, root) -> Path``: the folder of a merge's small files.
+- :class:`Population` ``(plans, root, *, inputs=None, resources=NO_RESOURCES, governor=None)``: a generation of
+  candidate merges over the same inputs, read in one streamed pass: ``candidates`` (an :class:`UnwrittenMerge`
+  each), ``layer()`` (the block in which one layer of every candidate is read: each input byte range read once),
+  ``shared`` (a :class:`SharedReads`: ``reads`` and ``bytes_read`` from the inputs, ``peak_kept``),
+  ``holds(popsize=None, hidden_bytes=0, value_bytes=4) -> int``, ``largest_popsize(budget, hidden_bytes,
+  value_bytes=4) -> int``; a context manager.
+- :func:`generation_bytes` ``(plans, popsize, hidden_bytes=0, value_bytes=4) -> int``: what a generation's pass
+  holds at most; :func:`largest_popsize` ``(plans, budget, hidden_bytes, value_bytes=4) -> int``: the largest popsize
+  that fits ``budget``.
 
-How a config becomes one: :func:`resumerge.api.open_unwritten`.
+How configs become one: :func:`resumerge.api.open_unwritten` and :func:`resumerge.api.open_population`.
 
 May import: errors, config, memory, methods, vocab, inputs, store, plan, outputs (the engine's own).
 """
@@ -23,5 +32,14 @@ May import: errors, config, memory, methods, vocab, inputs, store, plan, outputs
 from resumerge.engine.unwritten.compute import merged_tensor
 from resumerge.engine.unwritten.merged import MergedFiles, stored_places
 from resumerge.engine.unwritten.model import UnwrittenMerge, merge_folder
+from resumerge.engine.unwritten.population import (
+    Population,
+    SharedReads,
+    generation_bytes,
+    largest_popsize,
+    layer_of,
+    same_inputs,
+)
 
-__all__ = ["MergedFiles", "UnwrittenMerge", "merge_folder", "merged_tensor", "stored_places"]
+__all__ = ["MergedFiles", "Population", "SharedReads", "UnwrittenMerge", "generation_bytes", "largest_popsize",
+           "layer_of", "merge_folder", "merged_tensor", "same_inputs", "stored_places"]

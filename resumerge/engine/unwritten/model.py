@@ -4,10 +4,10 @@ dir, its weights read through :class:`~resumerge.engine.unwritten.merged.MergedF
 What reads a stored model needs its folder (config.json, the tokenizer) and where its tensors lie; an
 :class:`UnwrittenMerge` has both as a stored model has them: :attr:`~UnwrittenMerge.opened` is the
 :class:`~resumerge.inputs.model.ModelInput` of the output the plan would write (:func:`~resumerge.plan.outmodel.
-planned_model`), whose folder holds the small files ``run`` writes into OUT (config.json, the tokenizer files, the
-config's copy) and no weight, and :attr:`~UnwrittenMerge.source` gives the bytes of its weight files. The folder is
-named by the plan's fingerprint and the config's text, made once (in a temporary folder renamed into place) and
-found again after; no weight is ever written.
+planned_model`), whose folder holds the small files ``run`` writes into OUT that a reader reads (config.json, the
+tokenizer files) and no weight, and :attr:`~UnwrittenMerge.source` gives the bytes of its weight files. The folder is
+named by those files' bytes, made once (in a temporary folder renamed into place) and found again after; no weight is
+ever written.
 """
 
 from __future__ import annotations
@@ -29,32 +29,35 @@ from resumerge.memory import MemoryGovernor
 from resumerge.methods.resources import NO_RESOURCES, Resources
 from resumerge.outputs.aux import aux_files, render_aux
 from resumerge.plan.merge_plan import Plan
+from resumerge.plan.outconfig import render_config
 from resumerge.plan.outmodel import planned_model
 
-# The small files of the output a merge's folder holds (what reads a model's folder reads; the index and the card
-# say nothing a reader needs).
-_KINDS = ("config", "tokenizer")
+# The small files of the output a merge's folder holds: what reads a model's folder reads (the index, the card and
+# the config's copy say nothing a reader needs, and without the copy the candidates of a generation, whose configs
+# differ, share one folder).
+_KINDS = ("tokenizer",)
 
 
 class UnwrittenMerge:
-    """The merge ``plan`` (of ``config_text``) as a model never written: :attr:`opened` as a stored model is opened
+    """The merge ``plan`` as a model never written: :attr:`opened` as a stored model is opened
     (its folder :attr:`directory`, its :attr:`config`, its stored :attr:`tensors`), :attr:`source` the bytes of its
-    weight files, each tensor merged when read from ``inputs`` (the plan's inputs by model key; default: their
-    folders, ``plan.model_dirs``), which it closes with itself. ``root``: where its folder is made (the state dir's
-    :attr:`~resumerge.config.locations.StateDir.unwritten_dir`); ``name`` names it in errors; ``resources`` and
-    ``governor`` as for :class:`MergedFiles`; ``on_close``: called once it is closed (what its maker opened for
-    it).
+    weight files, each tensor merged when read from ``inputs`` (the plan's inputs by model key, the caller's to
+    close; default: their folders, ``plan.model_dirs``, closed with it). ``root``: where its folder is made (the
+    state dir's :attr:`~resumerge.config.locations.StateDir.unwritten_dir`); ``name`` names it in errors;
+    ``resources`` and ``governor`` as for :class:`MergedFiles`; ``on_close``: called once it is closed (what its
+    maker opened for it).
 
     Close it (or use it as a context manager) to close its inputs."""
 
-    def __init__(self, plan: Plan, config_text: str, root: Path, *, inputs: InputSources | None = None,
+    def __init__(self, plan: Plan, root: Path, *, inputs: InputSources | None = None,
                  resources: Resources = NO_RESOURCES, governor: MemoryGovernor | None = None,
                  name: str = "merge", on_close: Callable[[], None] | None = None) -> None:
         self.plan = plan
         self._on_close = on_close
+        self._owns_inputs = inputs is None
         self.inputs = inputs if inputs is not None else InputSources.local(plan.model_dirs)
         self.source = MergedFiles(plan, self.inputs, resources, governor=governor)
-        self.opened: ModelInput = planned_model(name, plan, merge_folder(plan, config_text, root))
+        self.opened: ModelInput = planned_model(name, plan, merge_folder(plan, root))
 
     @property
     def directory(self) -> Path:
@@ -73,7 +76,9 @@ class UnwrittenMerge:
 
     def close(self) -> None:
         self.source.close()
-        self.inputs.close()
+        if self._owns_inputs:
+            self.inputs.close()
+            self._owns_inputs = False
         if self._on_close is not None:
             self._on_close()
             self._on_close = None
@@ -86,21 +91,25 @@ class UnwrittenMerge:
         self.close()
 
 
-def merge_folder(plan: Plan, config_text: str, root: Path) -> Path:
-    """The folder under ``root`` of the merge ``plan`` of ``config_text``: the small files ``run`` writes into OUT
-    that a reader of a model's folder reads (config.json, the tokenizer files, the config's copy), made when it is
-    not there yet. Raises StorageError where it cannot be made."""
-    key = hashlib.sha256(f"{plan.fingerprint}\x00{config_text}".encode()).hexdigest()[:16]
-    folder = root / f"merge-{key}"
+def merge_folder(plan: Plan, root: Path) -> Path:
+    """The folder under ``root`` of the merge ``plan``: the small files ``run`` writes into OUT that a reader of a
+    model's folder reads (config.json and the tokenizer files), named by their bytes (merges whose files are the
+    same share it), made when it is not there yet. Raises StorageError where it cannot be made."""
+    files = {CONFIG_NAME: render_config(plan.out_config)}
+    files.update((aux.name, render_aux(plan, aux, "")) for aux in aux_files(plan) if aux.kind in _KINDS)
+    digest = hashlib.sha256()
+    for name, data in sorted(files.items()):
+        digest.update(f"{name}\x00{len(data)}\x00".encode())
+        digest.update(data)
+    folder = root / f"merge-{digest.hexdigest()[:16]}"
     if (folder / CONFIG_NAME).is_file():
         return folder
     building = root / f".{folder.name}.{os.getpid()}"
     shutil.rmtree(building, ignore_errors=True)
     try:
         building.mkdir(parents=True)
-        for aux in aux_files(plan):
-            if aux.kind in _KINDS:
-                (building / aux.name).write_bytes(render_aux(plan, aux, config_text))
+        for name, data in files.items():
+            (building / name).write_bytes(data)
         try:
             building.rename(folder)
         except OSError:  # another process made it meanwhile

@@ -1,0 +1,219 @@
+"""A generation of candidate merges over the same inputs, read in one streamed pass: per decoder layer each input's
+tensor is read once, and every candidate's tensors of that layer are merged from it in memory.
+
+A :class:`Population` is one :class:`~resumerge.engine.unwritten.model.UnwrittenMerge` per candidate plan, all
+reading their inputs through one :class:`SharedReads`: inside :meth:`Population.layer`, the first read of a byte
+range of an input is read from the input and kept, and every later read of it (another candidate's merge of the same
+tensor) is a copy of what was kept; leaving the block drops what was kept. A pass over the layers that runs every
+candidate's layer inside the block of that layer reads each input's layer once, whatever the number of candidates,
+and holds the inputs' layer plus the one candidate's layer that runs (its tensors merged, read by the forward engine
+and dropped as a stored model's are). Each candidate's tensor is merged by the same code as its single source's
+(:func:`~resumerge.engine.unwritten.compute.merged_tensor`), from the same bytes: the same bytes as ``run`` writes.
+
+:func:`generation_bytes` says what such a pass holds for ``popsize`` candidates, so that a search refuses up front a
+generation its budget cannot hold, and :func:`largest_popsize` names the largest that fits.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+
+from resumerge.engine.unwritten.model import UnwrittenMerge
+from resumerge.errors import UsageError
+from resumerge.inputs.safetensors_format import numel
+from resumerge.inputs.source import InputSources
+from resumerge.memory import MemoryGovernor
+from resumerge.methods.resources import NO_RESOURCES, Resources
+from resumerge.plan.architecture import split_layer_name
+from resumerge.plan.merge_plan import InputRef, Plan, TensorPlan
+from resumerge.plan.workunits import estimate_bytes
+from resumerge.torch_import import torch
+
+# A read as the engine asks for it: (model, file, start, end, dtype, shape).
+ReadKey = tuple[str, str, int, int, str, tuple[int, ...]]
+
+
+class SharedReads(InputSources):
+    """``inputs`` (the caller's to close) read through a store of what was read: inside :meth:`sharing`, a byte
+    range read again is a copy of the first read of it, all of them dropped when the block ends; outside, every read
+    goes to ``inputs``. :attr:`reads` and :attr:`bytes_read` count what was read from ``inputs``, :attr:`peak_kept`
+    is the most bytes kept at once."""
+
+    def __init__(self, inputs: InputSources) -> None:
+        super().__init__({})
+        self._inputs = inputs
+        self._kept: dict[ReadKey, torch.Tensor] | None = None
+        self._lock = threading.Lock()
+        self.reads = 0
+        self.bytes_read = 0
+        self._kept_bytes = 0
+        self.peak_kept = 0
+
+    @contextmanager
+    def sharing(self) -> Iterator[None]:
+        """Reads inside the block are read once and kept until it ends."""
+        with self._lock:
+            self._kept, self._kept_bytes = {}, 0
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._kept, self._kept_bytes = None, 0
+
+    def read(self, model: str, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
+             into: torch.Tensor | None = None) -> torch.Tensor:
+        key = (model, file, start, end, dtype, tuple(shape))
+        with self._lock:
+            kept = self._kept
+            found = kept.get(key) if kept is not None else None
+            if found is None:
+                found = self._inputs.read(model, file, start, end, dtype, shape)
+                self.reads += 1
+                self.bytes_read += end - start
+                if kept is None:
+                    return found
+                kept[key] = found
+                self._kept_bytes += end - start
+                self.peak_kept = max(self.peak_kept, self._kept_bytes)
+        # A copy (never into ``into``: a fresh tensor is what a source that cannot read into memory returns): a
+        # method that owns its inputs may change them in place (resumerge.methods.spec.MergeContext).
+        return found.clone()
+
+    def rereads_cheaply(self, model: str, file: str) -> bool:
+        return self._inputs.rereads_cheaply(model, file)
+
+    def expect(self, order: Sequence[tuple[str, str, int, int]]) -> None:
+        self._inputs.expect(order)
+
+    def checked(self, model: str, file: str, timeout: float) -> bool:
+        return self._inputs.checked(model, file, timeout)
+
+    def stop(self) -> None:
+        self._inputs.stop()
+
+    def close(self) -> None:
+        """Drop what is kept (``inputs`` stay open)."""
+        with self._lock:
+            if self._kept is not None:
+                self._kept.clear()
+                self._kept_bytes = 0
+
+
+class Population:
+    """The candidate merges ``plans`` (over the same input models, each in the same folder) as one generation: their
+    :attr:`candidates` (an :class:`UnwrittenMerge` each, in order, named ``candidate N``) read their inputs through
+    one :attr:`shared` store (see the module docstring). ``root``: where their folder of small files is made (one,
+    where their config.json and tokenizer are the same); ``inputs``: the models' sources by key (the caller's to
+    close; default: their folders, closed with the population); ``resources`` and ``governor`` as for
+    :class:`~resumerge.engine.unwritten.merged.MergedFiles`. Raises UsageError for plans over different inputs."""
+
+    def __init__(self, plans: Sequence[Plan], root: Path, *, inputs: InputSources | None = None,
+                 resources: Resources = NO_RESOURCES, governor: MemoryGovernor | None = None) -> None:
+        if not plans:
+            raise UsageError("a generation needs at least one candidate")
+        same_inputs(plans)
+        self.plans = tuple(plans)
+        self._owned = inputs is None
+        self._inputs = inputs if inputs is not None else InputSources.local(plans[0].model_dirs)
+        self.shared = SharedReads(self._inputs)
+        self.candidates = tuple(UnwrittenMerge(plan, root, inputs=self.shared, resources=resources,
+                                               governor=governor, name=f"candidate {i}")
+                                for i, plan in enumerate(plans))
+
+    @contextmanager
+    def layer(self) -> Iterator[None]:
+        """The block in which the candidates' tensors of one layer (or of the parts outside the decoder layers) are
+        read: each input byte range read once, dropped when it ends."""
+        with self.shared.sharing():
+            yield
+
+    def holds(self, popsize: int | None = None, hidden_bytes: int = 0, value_bytes: int = 4) -> int:
+        """:func:`generation_bytes` of these candidates' plans for ``popsize`` candidates (default: as many as
+        there are)."""
+        return generation_bytes(self.plans, len(self.plans) if popsize is None else popsize, hidden_bytes,
+                                value_bytes)
+
+    def largest_popsize(self, budget: int, hidden_bytes: int, value_bytes: int = 4) -> int:
+        """:func:`largest_popsize` of these candidates' plans under ``budget``."""
+        return largest_popsize(self.plans, budget, hidden_bytes, value_bytes)
+
+    def close(self) -> None:
+        for candidate in self.candidates:
+            candidate.close()
+        self.shared.close()
+        if self._owned:
+            self._inputs.close()
+            self._owned = False
+
+    def __enter__(self) -> Population:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
+
+
+def same_inputs(plans: Sequence[Plan]) -> None:
+    """Refuse (UsageError) candidate plans whose input models differ (by key, or by folder)."""
+    first = dict(plans[0].model_dirs)
+    for i, plan in enumerate(plans[1:], start=1):
+        if dict(plan.model_dirs) != first:
+            other = sorted(set(plan.model_dirs) ^ set(first)) or sorted(
+                k for k in first if plan.model_dirs[k] != first[k])
+            raise UsageError(f"candidate {i} reads other models than candidate 0 ({other[0]}): a generation merges "
+                             "the same models", hint="give every candidate the same models, with other parameters")
+
+
+def layer_of(name: str) -> int | None:
+    """The decoder layer output tensor ``name`` belongs to (None: outside the decoder layers)."""
+    found = split_layer_name(name)
+    return found[1] if found is not None else None
+
+
+def generation_bytes(plans: Sequence[Plan], popsize: int, hidden_bytes: int = 0, value_bytes: int = 4) -> int:
+    """What one streamed pass of a generation of ``popsize`` candidates like ``plans`` (candidates over the same
+    inputs: any of them, the largest figure taken) holds at most beyond the process's baseline: of the layer (or
+    the parts outside the layers) that holds most, every input byte range its tensors read (kept for every
+    candidate), one candidate's tensors of it at ``value_bytes`` a value (what the forward pass runs: 4 for
+    float32) and the largest merge of one of its tensors (its method's working set); plus ``hidden_bytes`` for each
+    candidate (its hidden states, held between layers)."""
+    if popsize < 1:
+        raise UsageError("a generation needs at least one candidate")
+    groups: dict[int | None, list[tuple[Plan, TensorPlan]]] = {}
+    for plan in plans:
+        for tp in plan.tensors.values():
+            groups.setdefault(layer_of(tp.name), []).append((plan, tp))
+    most = 0
+    for members in groups.values():
+        reads: dict[tuple[str, str, int, int], int] = {}
+        values: dict[int, int] = {}
+        working = 0
+        for plan, tp in members:
+            for ref in _reads(tp):
+                reads[(ref.model, ref.file, ref.start, ref.end)] = ref.end - ref.start
+            values[id(plan)] = values.get(id(plan), 0) + numel(tp.shape) * value_bytes
+            working = max(working, estimate_bytes(tp, plan.method_of(tp)))
+        most = max(most, sum(reads.values()) + max(values.values()) + working)
+    return most + popsize * hidden_bytes
+
+
+def largest_popsize(plans: Sequence[Plan], budget: int, hidden_bytes: int = 0, value_bytes: int = 4) -> int:
+    """The largest popsize whose :func:`generation_bytes` fits ``budget`` (0: not even one candidate's)."""
+    fixed = generation_bytes(plans, 1, 0, value_bytes)
+    if fixed + hidden_bytes > budget:
+        return 0
+    if hidden_bytes <= 0:
+        raise ValueError("hidden_bytes must be positive: with none held per candidate every popsize fits")
+    return (budget - fixed) // hidden_bytes
+
+
+def _reads(tp: TensorPlan) -> Iterator[InputRef]:
+    """Every input byte range ``tp``'s merge reads: its inputs with their companions and LoRA factors, and the
+    companions it carries."""
+    yield from tp.reads()
+    for _, ref in tp.carried:
+        yield ref

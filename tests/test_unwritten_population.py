@@ -1,0 +1,159 @@
+"""A generation of candidate merges read in one streamed pass (:func:`resumerge.api.open_population`): per layer
+each input byte range is read once for every candidate, each candidate's tensors are its single unwritten source's
+byte for byte, the forward figures of a pass over every candidate are each one's own, and what a generation holds
+is said before it runs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import ModelFactory
+from test_unwritten import SPEC, TEXTS, _config, _nll, _unwritten_tensors
+
+from resumerge import api
+from resumerge.engine.unwritten import Population, generation_bytes, largest_popsize, layer_of
+from resumerge.errors import UsageError
+from resumerge.forward import Weights
+from resumerge.forward.stream import ModelStream
+from resumerge.inputs.source import InputSources, LocalFiles
+
+
+class CountedFiles(LocalFiles):
+    """A model's local files, every read counted in ``counts`` by (model, file, start, end)."""
+
+    def __init__(self, key: str, directory: str, counts: Counter[tuple[str, str, int, int]]) -> None:
+        super().__init__(directory)
+        self.key, self.counts = key, counts
+
+    def read_tensor(self, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+        self.counts[(self.key, file, start, end)] += 1
+        return super().read_tensor(file, start, end, dtype, shape)
+
+
+def _candidates(tmp_path: Path, make: ModelFactory) -> list[Path]:
+    base, a, b = (make(name, seed=seed, **SPEC) for seed, name in enumerate(("base", "a", "b"), start=1))
+    models = [str(base), str(a), str(b)]
+    docs: list[dict[str, Any]] = [
+        {"merge_method": "ties", "base_model": models[0], "parameters": {"normalize": True}, "models": [
+            {"model": models[1], "parameters": {"weight": 0.6, "density": 0.5}},
+            {"model": models[2], "parameters": {"weight": 0.4, "density": 0.7}}]},
+        {"merge_method": "ties", "base_model": models[0], "models": [
+            {"model": models[1], "parameters": {"weight": 0.3, "density": 0.9}},
+            {"model": models[2], "parameters": {"weight": 0.9, "density": 0.3}}]},
+        {"merge_method": "task_arithmetic", "base_model": models[0], "models": [
+            {"model": models[1], "parameters": {"weight": 0.5}}, {"model": models[2], "parameters": {"weight": 0.7}}]},
+        {"merge_method": "linear", "dtype": "bfloat16", "models": [
+            {"model": m, "parameters": {"weight": w}} for m, w in zip(models, (0.2, 0.3, 0.5), strict=True)]},
+    ]
+    return [_config(tmp_path / f"candidate{i}.yml", doc) for i, doc in enumerate(docs)]
+
+
+def test_each_input_range_is_read_once_per_generation_and_every_candidate_is_its_own_merge(
+        tmp_path: Path, make: ModelFactory) -> None:
+    configs = _candidates(tmp_path, make)
+    state = tmp_path / "state"
+    with api.open_population(configs, state_dir=state) as opened:
+        plans = opened.plans
+    counts: Counter[tuple[str, str, int, int]] = Counter()
+    counted = InputSources({k: CountedFiles(k, d, counts) for k, d in plans[0].model_dirs.items()})
+    with Population(plans, state / "unwritten", inputs=counted) as population:
+        got: list[dict[str, torch.Tensor]] = [{} for _ in plans]
+        layers = sorted({layer_of(name) for name in plans[0].tensors}, key=lambda i: -1 if i is None else i)
+        for index in layers:
+            with population.layer():
+                for c, candidate in enumerate(population.candidates):
+                    for name, t in candidate.tensors.items():
+                        if layer_of(name) == index:
+                            got[c][name] = candidate.source.read_tensor(t.file, t.entry.start, t.entry.end,
+                                                                        t.entry.dtype, tuple(t.entry.shape))
+        assert population.candidates[0].directory == population.candidates[1].directory  # one folder for all
+    every = {(r.model, r.file, r.start, r.end) for plan in plans for tp in plan.tensors.values() for r in tp.reads()}
+    assert set(counts) == every and set(counts.values()) == {1}
+    counted.close()
+    for config, tensors in zip(configs, got, strict=True):
+        with api.open_unwritten(config, state_dir=state) as single:
+            want = _unwritten_tensors(single)
+        assert sorted(want) == sorted(tensors)
+        for name, t in want.items():
+            assert torch.equal(t.contiguous().view(torch.uint8), tensors[name].contiguous().view(torch.uint8)), name
+
+
+def test_a_pass_over_the_generation_gives_each_candidate_its_own_figures(tmp_path: Path,
+                                                                        make: ModelFactory) -> None:
+    configs = _candidates(tmp_path, make)[:3]
+    state = tmp_path / "state"
+    ids = [torch.tensor([t]) for t in TEXTS]
+    with api.open_population(configs, state_dir=state) as population:
+        streams: list[ModelStream] = []
+        for c in population.candidates:
+            built = (streams[0].config, streams[0].model) if streams else None
+            streams.append(ModelStream(Weights.of(c.directory, c.tensors, source=c.source), c.config,
+                                       torch.float32, what="test", built=built))
+        with torch.no_grad():
+            with population.layer():
+                entering = [s.inputs([(i, torch.ones_like(i)) for i in ids]) for s in streams]
+            hidden = [[h for h, _ in e] for e in entering]
+            for index in range(streams[0].layers):
+                with population.layer():
+                    for c, stream in enumerate(streams):
+                        layer = stream.layers_list[index]
+                        with stream.loaded(layer):
+                            hidden[c] = [stream.run(layer, h, calls[index])
+                                         for h, (_, calls) in zip(hidden[c], entering[c], strict=True)]
+            figures = []
+            with population.layer():
+                for c, stream in enumerate(streams):
+                    with stream.head() as logits:
+                        logps = [torch.log_softmax(logits(h).double(), dim=-1)[0, :-1] for h in hidden[c]]
+                    figures.append([-float(lp.gather(1, i[0, 1:, None]).sum()) for lp, i in zip(logps, ids,
+                                                                                                strict=True)])
+        distinct = {(r.model, r.file, r.start, r.end) for p in population.plans for tp in p.tensors.values()
+                    for r in tp.reads()}
+        assert population.shared.reads == len(distinct)  # the whole generation: one read of each range
+        # Held: one layer's inputs at a time, never the models.
+        assert population.shared.peak_kept < population.shared.bytes_read / 2
+        assert population.shared.peak_kept <= generation_bytes(population.plans, 1)
+    for config, figure in zip(configs, figures, strict=True):
+        with api.open_unwritten(config, state_dir=state) as single:
+            own = _nll(Weights.of(single.directory, single.tensors, source=single.source), dict(single.config))
+        assert figure == pytest.approx(own, abs=1e-6, rel=0)
+    assert figures[0] != figures[1]
+
+
+def test_what_a_generation_holds_is_said_before_it_runs(tmp_path: Path, make: ModelFactory) -> None:
+    configs = _candidates(tmp_path, make)
+    with api.open_population(configs, state_dir=tmp_path / "state") as population:
+        plans = population.plans
+        hidden = 3 * 8 * SPEC["hidden"] * 4  # three texts of eight tokens, float32
+        one, four = generation_bytes(plans, 1, hidden), generation_bytes(plans, 4, hidden)
+        assert four - one == 3 * hidden and population.holds(hidden_bytes=hidden) == four
+        # At least a layer's inputs: every range one decoder layer of the candidates reads.
+        layer0 = {(r.model, r.file, r.start, r.end): r.end - r.start for p in plans for tp in p.tensors.values()
+                  if layer_of(tp.name) == 0 for r in tp.reads()}
+        assert one > sum(layer0.values())
+        budget = four + hidden // 2
+        assert largest_popsize(plans, budget, hidden) == 4 == population.largest_popsize(budget, hidden)
+        assert largest_popsize(plans, one - 1, hidden) == 0
+        with pytest.raises(UsageError):
+            generation_bytes(plans, 0, hidden)
+
+
+def test_candidates_over_other_models_or_a_recipe_are_refused(tmp_path: Path, make: ModelFactory) -> None:
+    configs = _candidates(tmp_path, make)
+    other = make("other", seed=9, **SPEC)
+    odd = _config(tmp_path / "odd.yml", {"merge_method": "linear", "models": [
+        {"model": str(other), "parameters": {"weight": 0.5}}, {"model": str(tmp_path / "models" / "a"),
+                                                               "parameters": {"weight": 0.5}}]})
+    with pytest.raises(UsageError, match="other models"):
+        api.open_population([configs[0], odd], state_dir=tmp_path / "state")
+    recipe = _config(tmp_path / "recipe.yml", [{"name": "s", "merge_method": "linear", "models": [
+        {"model": str(other), "parameters": {"weight": 1.0}}]}, {"merge_method": "linear", "models": [
+            {"model": "s", "parameters": {"weight": 1.0}}]}])
+    with pytest.raises(UsageError, match="one merge config"):
+        api.open_population([recipe], state_dir=tmp_path / "state")
+    with pytest.raises(UsageError):
+        api.open_population([], state_dir=tmp_path / "state")
