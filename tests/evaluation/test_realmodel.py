@@ -20,6 +20,7 @@ from tests.evaluation.evaltasks import hf_results, write_tasks
 from tests.evaluation.test_parity import compare
 
 
+@pytest.mark.slow
 def test_smollm2_equals_lm_evals_hf_model_and_its_gguf_the_folder(tmp_path: Path) -> None:
     folder, tasks = smollm2_folder(), write_tasks(tmp_path)
     options = {"num_fewshot": 1, "apply_chat_template": True}
