@@ -17,7 +17,7 @@ import resumerge
 from resumerge.cli.commands import build_parser, entry, main
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = ("run", "resume", "status", "verify", "plan", "demo", "extract-lora", "check", "measure")
+COMMANDS = ("run", "resume", "status", "verify", "plan", "demo", "extract-lora", "check", "eval", "measure")
 
 
 def test_api_and_cli_give_identical_outputs(tmp_path: Path, make: ModelFactory) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from resumerge.analyses.check.analysis import CheckAnalysis
+from resumerge.analyses.evaluation.analysis import EvalAnalysis
 from resumerge.analyses.measure.analysis import MeasureAnalysis
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ class Annotates(Protocol):
         """``outcome`` of a resumed run, with what this analysis wrote into its OUT put back."""
 
 
-ANALYSES: tuple[Analysis, ...] = (MeasureAnalysis(), CheckAnalysis())
+ANALYSES: tuple[Analysis, ...] = (MeasureAnalysis(), CheckAnalysis(), EvalAnalysis())
 
 
 def analysis_of(out: PathLike, state: StateDir) -> Analysis | None:

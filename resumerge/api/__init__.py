@@ -2,7 +2,8 @@
 prints), ``plan_merge``, ``extract_lora``, ``estimate_extraction`` and ``evolve`` (a search of a merge's parameters,
 :mod:`.evolution`), for the CLI and for notebooks alike; ``open_unwritten`` and ``open_population``
 (:mod:`.unwritten`): a merge config, or a generation of them, read as the model it describes without being written,
-for ``eval`` and ``evolve``.
+for ``eval`` and ``evolve``; ``evaluate`` (``resumerge eval``): lm-evaluation-harness tasks on a model, or on a merge
+config unwritten.
 
 Each CLI command parses its arguments and makes one call here, so a notebook gets the very tool the README
 describes. Every function takes its options as a few frozen groups (:mod:`.options`: :class:`Output`, :class:`Merging`,

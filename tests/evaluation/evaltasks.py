@@ -43,7 +43,7 @@ test_split: test
 output_type: generate_until
 doc_to_text: "Question {{{{question}}}} Answer"
 doc_to_target: "{{{{choices[0]}}}}"
-generation_kwargs: {{until: ["\\n"]}}
+generation_kwargs: {{until: ["\\n"], max_gen_toks: 8}}
 metric_list: [{{metric: exact_match}}]
 """
 

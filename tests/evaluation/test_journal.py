@@ -30,6 +30,7 @@ def _argv(model: Path, tasks: Path, state: Path) -> list[str]:
             str(tasks), "--state-dir", str(state), "--json"]
 
 
+@pytest.mark.slow
 def test_a_killed_evaluation_resumes_at_its_layer_with_the_same_results(tmp_path: Path) -> None:
     model, tasks, state = tiny_model(tmp_path / "model"), write_tasks(tmp_path), tmp_path / "state"
     killed = subprocess.run(_argv(model, tasks, state), env=_env(RESUMERGE_KILL_AT="after_eval_layer:2"),

@@ -22,7 +22,7 @@ TOLERANCE = 1e-4
 # Metrics that count answers: identical. The others (perplexities, bits per byte) are functions of the summed
 # log-likelihoods, which agree to TOLERANCE, not to the bit, once the model is larger than a toy (transformers' whole
 # batch and the engine's own batches reach the same sums in a different order): equal to this relative error.
-COUNTED = ("acc,", "acc_norm,", "acc_stderr,", "acc_norm_stderr,", "exact_match,")
+COUNTED = ("acc,", "acc_norm,", "acc_stderr,", "acc_norm_stderr,", "exact_match,", "exact_match_stderr,")
 RELATIVE = 1e-5
 
 
@@ -74,3 +74,14 @@ def test_few_shot_with_a_chat_template_equals_lm_evals_hf_model(setup: tuple[Pat
     compare(ours.results, theirs, ["tiny_mc"])
     context = ours.results["samples"]["tiny_mc"][0]["arguments"][0][0]
     assert context.startswith("user ") and context.count("assistant") == 3  # two examples, the question
+
+
+def test_greedy_generation_where_the_model_fits_equals_lm_evals_hf_model(setup: tuple[Path, Path],
+                                                                         tmp_path: Path) -> None:
+    model, tasks = setup
+    ours = api.evaluate(model, tasks="tiny_gen", include_path=tasks, log_samples=True, state_dir=tmp_path / "state")
+    theirs = hf_results(model, tasks, ["tiny_gen"])
+    assert ours.results["results"]["tiny_gen"] == theirs["results"]["tiny_gen"]
+    said = [s["resps"] for s in ours.results["samples"]["tiny_gen"]]
+    assert said == [s["resps"] for s in theirs["samples"]["tiny_gen"]]
+    assert any(r[0][0] for r in said)  # something was generated

@@ -53,10 +53,12 @@ def test_a_wrong_option_is_named(setup: tuple[Path, Path, Path], flag: str, valu
     assert said in line
 
 
-def test_a_generation_task_is_refused_naming_it(setup: tuple[Path, Path, Path]) -> None:
+def test_a_generation_task_the_budget_cannot_hold_whole_is_refused_naming_it(setup: tuple[Path, Path, Path]) -> None:
     model, tasks, state = setup
-    line = _refused(model, "--tasks", "tiny_mc,tiny_gen", "--include-path", tasks, "--state-dir", state)
-    assert "tiny_gen generate text (generate_until)" in line and "tiny_mc" not in line.split("—")[0]
+    line = _refused(model, "--tasks", "tiny_mc,tiny_gen", "--include-path", tasks, "--max-memory", "1MB",
+                    "--state-dir", state)
+    assert "tiny_gen generate text (generate_until), which holds the whole model" in line
+    assert "tiny_mc" not in line.split("—")[0]
     assert not (state / "evals").exists()
 
 

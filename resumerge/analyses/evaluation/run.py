@@ -16,15 +16,13 @@ import json
 import os
 import shlex
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from resumerge.analyses.check.models import Checked, open_checked
 from resumerge.analyses.check.needs import step_bytes
-from resumerge.analyses.check.passes import BATCH_TOKENS
+from resumerge.analyses.evaluation.generate import generate, resident_bytes
 from resumerge.analyses.evaluation.report import EvalReport
 from resumerge.analyses.evaluation.requests import Scoring
 from resumerge.analyses.evaluation.scorer import LAYER_PREFIX, Answer, answered, score
@@ -34,18 +32,24 @@ from resumerge.analyses.evaluation.tasks import generation_tasks, loaded_tasks, 
 from resumerge.config.locations import StateDir, is_default_state_root
 from resumerge.errors import InterruptedMerge, UsageError
 from resumerge.forward import Weights
+from resumerge.forward.admission import Admission
+from resumerge.forward.batches import BATCH_TOKENS
+from resumerge.forward.folder import pass_lock
 from resumerge.forward.journal import latest
-from resumerge.forward.stream import ModelStream, import_transformers, transformers_found
-from resumerge.memory import MemoryGovernor, SystemProbe, budget_fitting
+from resumerge.forward.opened import PassModel, open_for_pass
+from resumerge.forward.requires import Needs, require_transformers
+from resumerge.forward.stream import ModelStream
+from resumerge.forward.texts import tokenizer_at
+from resumerge.memory import SystemProbe, budget_fitting
 from resumerge.memory.allocator import tune_allocator
 from resumerge.store.durable import write_file_atomic
-from resumerge.store.runlock import JobLock
 
 if TYPE_CHECKING:
     from resumerge.engine.unwritten import UnwrittenMerge
 
-LOCK_NAME = "lock"
 _CONFIG_SUFFIXES = (".yml", ".yaml")
+_NEEDS = Needs("resumerge eval", hint="pip install transformers lm-eval (in the resumerge clone: pip install -c "
+               "constraints.txt -e '.[eval]')")
 
 
 @dataclass(frozen=True)
@@ -73,19 +77,14 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
     settings = settings.checked()
     if unwritten is None:
         _not_a_config(target)
-        model = open_checked(target, "TARGET", state)
+        model = open_for_pass(target, "TARGET", state)
         weights = Weights.of(model.opened.directory, model.opened.tensors, model.remote)
     else:
-        model = Checked("merge", target, None, unwritten.opened)
+        model = PassModel("merge", target, None, unwritten.opened)
         weights = Weights.of(unwritten.directory, unwritten.tensors, source=unwritten.source)
-    transformers_found("resumerge eval")
+    require_transformers(_NEEDS, load=False)
     manager = task_manager(settings)
-    tasks = loaded_tasks(settings, manager)
-    generating = generation_tasks(tasks)
-    if generating:
-        raise UsageError(f"{', '.join(generating)} generate text (generate_until), which needs the whole model held "
-                         "with a KV cache; eval runs one decoder layer at a time",
-                         hint="evaluate those tasks with lm_eval --model hf, and the others here")
+    generating = generation_tasks(loaded_tasks(settings, manager))
     tokenizer = _tokenizer(model)
     command = eval_command(target, settings, state)
     stream = ModelStream(weights, model.opened.config, _float32(), what="resumerge eval", key="TARGET")
@@ -93,8 +92,11 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
     try:
         from resumerge.analyses.evaluation.lm import ResumergeLM
 
+        if generating:
+            _fits_whole(stream, generating, settings)  # before any weight is read
         scorer = _Scorer(stream, model, settings, state, command, watcher, _Merged.of(unwritten))
-        lm = ResumergeLM(tokenizer, _max_length(model, tokenizer), scorer)
+        lm = ResumergeLM(tokenizer, _max_length(model, tokenizer), scorer,
+                         generator=(lambda requests: generate(stream, lm, requests)) if generating else None)
         results, tracker = _evaluate(lm, target, settings, manager)
     except KeyboardInterrupt:
         raise InterruptedMerge(f"the evaluation of {target} was interrupted{scorer.where()}",
@@ -145,7 +147,7 @@ class _Scorer:
     """Scores each pass lm-eval asks of the model: the pass's journal folder (keyed by the model's files and the
     pass's tokens) locked, its steps admitted by the memory governor, its progress written for ``status``."""
 
-    def __init__(self, stream: ModelStream, model: Checked, settings: EvalSettings, state: StateDir, command: str,
+    def __init__(self, stream: ModelStream, model: PassModel, settings: EvalSettings, state: StateDir, command: str,
                  watcher: Watcher | None, merged: _Merged | None = None) -> None:
         self.stream, self.model, self.settings, self.state = stream, model, settings, state
         self.command, self.watcher, self.merged = command, watcher, merged
@@ -158,9 +160,9 @@ class _Scorer:
         done = answered(workdir)
         if done is not None:
             return done
-        lock = JobLock(workdir / LOCK_NAME, f"this evaluation of {self.model.path}", self.command,
-                       hint="wait for it to finish (run again, it answers from its journal), or stop it (it resumes "
-                            "at the layer it reached)")
+        lock = pass_lock(workdir, f"this evaluation of {self.model.path}", self.command,
+                         hint="wait for it to finish (run again, it answers from its journal), or stop it (it "
+                              "resumes at the layer it reached)")
         lock.acquire()
         try:
             sizes = step_bytes([self.stream], list(work.runs))
@@ -170,10 +172,7 @@ class _Scorer:
                      "heads": max(sizes.heads)}
             budget = budget_fitting("the evaluation", states + max(steps.values()), self.settings.max_memory,
                                     SystemProbe())
-            with MemoryGovernor(budget, SystemProbe()) as governor:
-                def reserve(what: str, step: str) -> AbstractContextManager[object]:
-                    return governor.acquire(steps[step], what=what)
-
+            with Admission(budget, steps) as reserve:
                 def on_layer(layer: int | None) -> None:
                     self._say(workdir, EvalStep(self.model.path, self.settings.tasks, kind, len(work.run_of), layer,
                                                 self.stream.layers))
@@ -209,6 +208,17 @@ class _Scorer:
         return f" in layer {step.layer + 1} of {step.layers} {pass_} ({kept})"
 
 
+def _fits_whole(stream: ModelStream, generating: list[str], settings: EvalSettings) -> None:
+    """Refuse (exit 2, one line naming them) generation tasks where the whole model does not fit the budget: they
+    hold every layer for the whole generation."""
+    try:
+        budget_fitting("the generation tasks", resident_bytes(stream), settings.max_memory, SystemProbe())
+    except UsageError as exc:
+        raise UsageError(f"{', '.join(generating)} generate text (generate_until), which holds the whole model; "
+                         f"{exc.message}", hint="raise --max-memory, or leave those tasks out: the others run one "
+                         "decoder layer at a time") from None
+
+
 def eval_command(target: str, settings: EvalSettings, state: StateDir) -> str:
     """The shell command of this evaluation (what continues an interrupted one)."""
     words = ["resumerge", "eval", target, *settings.command_words()]
@@ -230,20 +240,20 @@ def _not_a_config(target: str) -> None:
         raise UsageError(f"TARGET {target} is a merge config", hint="evaluate it through resumerge.api.evaluate")
 
 
-def _tokenizer(model: Checked) -> Any:
+def _tokenizer(model: PassModel) -> Any:
     """The model's tokenizer, loaded as lm-eval's ``hf`` model loads it (transformers' ``AutoTokenizer``)."""
-    transformers = import_transformers("resumerge eval")
+    transformers = require_transformers(_NEEDS)
     directory = model.opened.directory
     if not ((directory / "tokenizer_config.json").is_file() or (directory / "tokenizer.json").is_file()):
         raise UsageError(f"TARGET {model.path} has no tokenizer", hint="copy the tokenizer files into its folder")
     try:
-        return transformers.AutoTokenizer.from_pretrained(str(directory))
+        return tokenizer_at(transformers, directory)
     except (OSError, ValueError) as exc:
         raise UsageError(f"TARGET {model.path}: its tokenizer cannot be loaded: {exc}",
                          hint="copy a working tokenizer into its folder") from None
 
 
-def _max_length(model: Checked, tokenizer: Any) -> int:
+def _max_length(model: PassModel, tokenizer: Any) -> int:
     """The model's context as lm-eval's ``hf`` model resolves it (its config's, else its tokenizer's)."""
     from lm_eval.models.utils import resolve_max_length
 
@@ -253,12 +263,12 @@ def _max_length(model: Checked, tokenizer: Any) -> int:
     return int(resolve_max_length(found, tokenizer))  # type: ignore[arg-type]
 
 
-def _where(model: Checked) -> str:
+def _where(model: PassModel) -> str:
     """The model as ``status`` finds it: a hub repo as named, a local path absolute."""
     return model.path if model.remote else os.path.abspath(model.path)
 
 
-def _key(model: Checked, work: Scoring, kind: str, merged: _Merged | None) -> str:
+def _key(model: PassModel, work: Scoring, kind: str, merged: _Merged | None) -> str:
     """The content key of a pass: the model's files' identities (an unwritten merge's: its plan's fingerprint),
     the pass's kind and tokens, the batch size and the versions of the code that computes it."""
     versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge", "torch")]

@@ -1,0 +1,35 @@
+"""``eval`` as a row of the analyses table (:mod:`resumerge.analyses.table`): a model that was only evaluated is its
+own folder for ``status`` (its newest evaluation's tasks, pass and layer); its journal is the state dir's
+``evals``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from resumerge.analyses.evaluation.status import eval_status, find_eval
+
+if TYPE_CHECKING:
+    from resumerge.config.locations import StateDir
+    from resumerge.store.statusview import StatusReport
+
+
+class EvalAnalysis:
+    """``resumerge eval``'s journal of a model."""
+
+    name = "eval"
+
+    def holds(self, out: str | os.PathLike[str], state: StateDir) -> bool:
+        return find_eval(state.evals_dir, out) is not None
+
+    def status(self, out: str | os.PathLike[str], state: StateDir) -> StatusReport:
+        found = eval_status(state.evals_dir, out)
+        if found is None:
+            from resumerge.errors import NothingRecordedError
+
+            raise NothingRecordedError(f"{out} was never evaluated here")
+        return found
+
+    def journal(self, state: StateDir) -> Path:
+        return state.evals_dir
