@@ -61,6 +61,6 @@ def check_placement(executor: object) -> tuple[bool, str | None]:
     from resumerge.engine.executors import PlacesPasses
 
     if not isinstance(executor, PlacesPasses):
-        raise UsageError(f"a check runs on an executor that places a forward pass (LocalExecutor, RayExecutor), "
+        raise UsageError(f"a check runs on an executor that places a forward pass (LocalExecutor or RayExecutor), "
                          f"not {executor!r}")
     return executor.places_pass()
