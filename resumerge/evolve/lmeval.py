@@ -13,6 +13,7 @@ from typing import Any
 from resumerge.analyses.evaluation.settings import EvalSettings
 from resumerge.errors import UsageError
 from resumerge.evolve import storage
+from resumerge.evolve.objective import one_by_one
 from resumerge.evolve.spec import EvolveSpec, Task
 
 # Evaluates a merge config file's merge on the settings' tasks, its journal under a state dir: lm-eval's results.
@@ -46,26 +47,18 @@ class LmEvalCandidates:
     def score(self, generation: int, configs: Sequence[Mapping[str, Any]],
               done: Callable[[int], dict[str, float] | None],
               record: Callable[[int, dict[str, float]], None]) -> list[dict[str, float]]:
+        return one_by_one(configs, done, record, lambda index, config: self._scored(generation, index, config))
+
+    def _scored(self, generation: int, index: int, config: Mapping[str, Any]) -> dict[str, float]:
         import yaml
 
-        found: list[dict[str, float]] = []
-        for index, config in enumerate(configs):
-            earlier = done(index)
-            if earlier is not None:
-                found.append(earlier)
-                continue
-            work = storage.work_dir(self.store, generation, index)
-            work.mkdir(parents=True, exist_ok=True)
-            target = work / "candidate.yml"
-            target.write_text(yaml.safe_dump(dict(config), sort_keys=False), encoding="utf-8")
-            storage.say(self.store, generation=generation, candidate=index, phase="lm-eval", layer=None,
-                        layers=None)
-            results = self.evaluate(target, self.settings, work / "eval-state")
-            figures = {task.name: _metric(results, task) for task in self.tasks}
-            record(index, figures)
-            found.append(figures)
-        return found
-
+        work = storage.work_dir(self.store, generation, index)
+        work.mkdir(parents=True, exist_ok=True)
+        target = work / "candidate.yml"
+        target.write_text(yaml.safe_dump(dict(config), sort_keys=False), encoding="utf-8")
+        storage.say(self.store, generation=generation, candidate=index, phase="lm-eval", layer=None, layers=None)
+        results = self.evaluate(target, self.settings, work / "eval-state")
+        return {task.name: _metric(results, task) for task in self.tasks}
 
 def _metric(results: Mapping[str, Any], task: Task) -> float:
     """``task``'s metric in lm-eval's results; :class:`UsageError` naming the ones there where it is not."""

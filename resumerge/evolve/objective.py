@@ -31,6 +31,21 @@ class ScoresGeneration(Protocol):
               record: Callable[[int, dict[str, float]], None]) -> list[dict[str, float]]: ...
 
 
+def one_by_one(configs: Sequence[Mapping[str, Any]], done: Callable[[int], dict[str, float] | None],
+               record: Callable[[int, dict[str, float]], None],
+               scored: Callable[[int, Mapping[str, Any]], dict[str, float]]) -> list[dict[str, float]]:
+    """:meth:`ScoresGeneration.score` for a scorer that takes the candidates one at a time: each candidate's figures
+    ``scored(index, config)`` unless ``done`` has them already, recorded as each is scored."""
+    found: list[dict[str, float]] = []
+    for index, config in enumerate(configs):
+        figures = done(index)
+        if figures is None:
+            figures = scored(index, config)
+            record(index, figures)
+        found.append(figures)
+    return found
+
+
 def objective(tasks: Sequence[Task], figures: Mapping[str, float]) -> float:
     """The number the optimiser minimises: −Σ weight × figure over tasks a larger figure is better for, +Σ weight ×
     figure over those a smaller one is (KL, NLL); :data:`BROKEN` where a figure is not finite."""

@@ -13,6 +13,7 @@ from typing import Any
 
 from resumerge.config.locations import StateDir
 from resumerge.evolve import storage
+from resumerge.evolve.objective import one_by_one
 from resumerge.evolve.scoring import task_figure
 from resumerge.evolve.spec import Task
 
@@ -31,27 +32,25 @@ class WrittenCandidates:
     def score(self, generation: int, configs: Sequence[Mapping[str, Any]],
               done: Callable[[int], dict[str, float] | None],
               record: Callable[[int, dict[str, float]], None]) -> list[dict[str, float]]:
+        def recorded(index: int, figures: dict[str, float]) -> None:
+            record(index, figures)
+            # ours: the merge and its run's state, removed once its figures are journaled
+            shutil.rmtree(storage.work_dir(self.store, generation, index), ignore_errors=True)
+
+        return one_by_one(configs, done, recorded, lambda index, config: self._scored(generation, index, config))
+
+    def _scored(self, generation: int, index: int, config: Mapping[str, Any]) -> dict[str, float]:
         import yaml
 
-        found: list[dict[str, float]] = []
-        for index, config in enumerate(configs):
-            earlier = done(index)
-            if earlier is not None:
-                found.append(earlier)
-                continue
-            work = storage.work_dir(self.store, generation, index)
-            out, state = work / "merge", work / "state"
-            storage.say(self.store, generation=generation, candidate=index, phase="merge", layer=None, layers=None)
-            self.merge(yaml.safe_dump(dict(config), sort_keys=False), out, state)
-            figures: dict[str, float] = {}
-            for number, task in enumerate(self.tasks):
-                def on_layer(layer: int, layers: int, task: Task = task) -> None:
-                    storage.say(self.store, phase=f"score {task.name}", layer=layer, layers=layers)
+        work = storage.work_dir(self.store, generation, index)
+        out, state = work / "merge", work / "state"
+        storage.say(self.store, generation=generation, candidate=index, phase="merge", layer=None, layers=None)
+        self.merge(yaml.safe_dump(dict(config), sort_keys=False), out, state)
+        figures: dict[str, float] = {}
+        for number, task in enumerate(self.tasks):
+            def on_layer(layer: int, layers: int, task: Task = task) -> None:
+                storage.say(self.store, phase=f"score {task.name}", layer=layer, layers=layers)
 
-                figures[task.name] = task_figure(out, task, StateDir.resolve(state), work / f"task-{number}",
-                                                 self.store / storage.TOKENS, self.tokenizer, on_layer)
-            record(index, figures)
-            shutil.rmtree(work, ignore_errors=True)  # ours: the merge and its run's state, scored and journaled
-            found.append(figures)
-        return found
-
+            figures[task.name] = task_figure(out, task, StateDir.resolve(state), work / f"task-{number}",
+                                             self.store / storage.TOKENS, self.tokenizer, on_layer)
+        return figures
