@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from resumerge.analyses.check.models import open_checked
 from resumerge.config.locations import StateDir
 from resumerge.errors import ConfigError
 from resumerge.evolve.spec import EvolveSpec
+from resumerge.forward.opened import open_for_pass
 
 
 def genome_layers(spec: EvolveSpec, state: StateDir) -> int:
@@ -23,7 +23,7 @@ def genome_layers(spec: EvolveSpec, state: StateDir) -> int:
     shapes: list[tuple[str, str, Mapping[str, tuple[int, ...]]]] = []
     layers = None
     for where, path in named:
-        opened = open_checked(path, where, state).opened
+        opened = open_for_pass(path, where, state).opened
         shapes.append((where, path, {name: tuple(source.entry.shape) for name, source in opened.tensors.items()}))
         if layers is None:
             config = opened.config.get("text_config") or opened.config

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from resumerge.analyses.check.models import open_checked
 from resumerge.analyses.check.passes import forward_pass, streams_of
 from resumerge.analyses.check.tokens import cached_sequences
 from resumerge.config.locations import StateDir
 from resumerge.evolve.spec import Task
+from resumerge.forward.opened import open_for_pass
 
 
 def task_figure(candidate: Path, task: Task, state: StateDir, workdir: Path, tokens: Path, tokenizer: Path | None,
@@ -26,10 +26,10 @@ def task_figure(candidate: Path, task: Task, state: StateDir, workdir: Path, tok
     ``workdir``; ``on_layer(layer, layers)`` is told as each layer starts. The texts are tokenized once per search
     and kept in ``tokens``, by the tokenizer of the folder ``tokenizer`` (the model the candidates' tokenizer is
     copied from; None: the candidate's own)."""
-    models = [replace(open_checked(str(candidate), "the candidate", state), role="merge")]
+    models = [replace(open_for_pass(str(candidate), "the candidate", state), role="merge")]
     if task.kind == "kl":
         assert task.parent is not None
-        models.append(replace(open_checked(task.parent, "the kl task's parent", state), role="parent"))
+        models.append(replace(open_for_pass(task.parent, "the kl task's parent", state), role="parent"))
     assert task.texts is not None
     # As check reads its prompts: the candidate's tokenizer (the genome's tokenizer_source) where it has one.
     directories = [m.opened.directory for m in models]

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resumerge.analyses.check.heads import HeadTotals, kl_at, logprobs, nll_sum, targets_of
-from resumerge.analyses.check.models import Checked, open_checked
 from resumerge.analyses.check.passes import batched_on, model_layer, run_pass, streams_of
 from resumerge.analyses.check.tokens import cached_sequences
 from resumerge.config.locations import StateDir
@@ -27,6 +26,7 @@ from resumerge.errors import UsageError
 from resumerge.evolve import storage
 from resumerge.evolve.spec import Task
 from resumerge.forward import Weights
+from resumerge.forward.opened import PassModel, open_for_pass
 from resumerge.forward.stream import LayerCall, ModelStream
 from resumerge.torch_import import torch
 
@@ -80,12 +80,12 @@ class StreamedCandidates:
 
     def _task(self, population: Population, task: Task, work: Path) -> list[float]:
         """Each candidate's figure for ``task``, from one pass over the layers."""
-        candidates = [Checked("merge", f"candidate {i}", None, c.opened)
+        candidates = [PassModel("merge", f"candidate {i}", None, c.opened)
                       for i, c in enumerate(population.candidates)]
         parent = []
         if task.kind == "kl":
             assert task.parent is not None
-            parent = [replace(open_checked(task.parent, "the kl task's parent", self.state), role="parent")]
+            parent = [replace(open_for_pass(task.parent, "the kl task's parent", self.state), role="parent")]
         models = [*candidates, *parent]
         assert task.texts is not None
         directories = [self.tokenizer or models[0].opened.directory, *(m.opened.directory for m in models[1:])]
