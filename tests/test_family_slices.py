@@ -69,8 +69,6 @@ STACKS: dict[str, tuple[tuple[tuple[int, int], ...], dict[str, Any], tuple[str, 
 REFUSED = {
     "gemma4": (((0, 2), (0, 3)), ("slices[1]", "output layer 4 (layer 2 of", "layer_types 'sliding_attention'",
                                   "makes it 'full_attention'")),
-    "gemma4-packed": (((0, 2), (1, 4)), ("model.embed_tokens_per_layer.weight holds a part for each layer",)),
-    "gemma4-reordered": (((2, 4), (0, 2)), ("model.embed_tokens_per_layer.weight holds a part for each layer",)),
     "gemma4_shared": (((2, 4), (0, 2)), ("slices[0]", "output layer 0 (layer 2 of", "reuses an earlier layer's keys",
                                          "num_kv_shared_layers")),
     "glm5": (((1, 2), (1, 4)), ("slices[0]", "output layer 0 (layer 1 of", "indexer_types 'shared'")),

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from functools import partial
 from typing import overload
 
+from resumerge.engine.blocks import merge_by_block
 from resumerge.engine.experts import merge_by_expert
 from resumerge.engine.workspace import Workspace
 from resumerge.errors import ResumergeError
@@ -179,6 +180,8 @@ class TensorCompute:
         with self._failures():
             if self.stream is not None:
                 return self.stream.apply(self._load(part))
+            if part.blocks is not None:  # each output layer's block merged on its own
+                return merge_by_block(part, self._load(part), self.plan.method_of(part).fn, self._generator)
             if part.experts is not None:  # each expert's projections merged on their own
                 return merge_by_expert(part, partial(self._load, workspace=workspace), self.plan.method_of(part).fn)
             return self.plan.method_of(part).fn(self._load(part, workspace))
@@ -188,6 +191,11 @@ class TensorCompute:
         if self._given is not None:
             return self._given(part)
         return load_context(self.plan, part, self.sources, self.plan.method_of(part), self._resources, workspace)
+
+    def _generator(self, name: str) -> torch.Generator:
+        """A generator seeded from (the run's seed, ``name``), on the plan's device."""
+        device = torch.device(self.plan.options.device)
+        return torch.Generator(device=device).manual_seed(tensor_seed(self.plan.options.random_seed, name))
 
     def _output(self, first: int, stop: int, workspace: Workspace | None = None) -> Stored:
         """Output rows ``[first, stop)`` as one chunk, encoded as stored (without the companions)."""

@@ -10,9 +10,8 @@ donor's family) are built, their models on the meta device (no memory), and the 
   full attention: a stack ending on a sliding layer);
 - an output layer is built with other parameters than its source layer (LFM2-MoE's ``num_dense_layers`` cannot
   make a layer after an MoE one dense);
-- a tensor outside the layers holds a part for each layer (Gemma 4's ``embed_tokens_per_layer`` and
-  ``per_layer_model_projection``: the tensors whose shape grows in a model of the donor's family with one more
-  layer), which is not cut per layer yet, or has another shape in the output model than the one planned.
+- a tensor outside the layers has another shape in the output model than the one planned (a table packed per
+  layer, :mod:`resumerge.plan.packing`, is planned cut for the new stack).
 
 Without transformers nothing is built: :func:`check_built` says so in a note. A family transformers does not know,
 or whose source models it cannot build, is not checked.
@@ -26,14 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import ConfigError
 from resumerge.plan.architecture import layer_config
-from resumerge.plan.layerfacts import class_per_layer_keys, config_of, grown, quiet_transformers, same_stack
+from resumerge.plan.layerfacts import class_per_layer_keys, config_of, quiet_transformers, same_stack
 
 if TYPE_CHECKING:
     from resumerge.plan.merge_plan import TensorPlan
 
 NOT_BUILT = ("transformers is not installed: the output config.json of the new stack of layers was re-indexed but "
              "not built to check that its family can describe the stack")
-_LAYER_PARAM = re.compile(r"^(?P<prefix>.*?layers)\.(?P<index>\d+)\.(?P<suffix>.+)$")
+LAYER_PARAM = re.compile(r"^(?P<prefix>.*?layers)\.(?P<index>\d+)\.(?P<suffix>.+)$")
 
 
 def check_built(
@@ -57,7 +56,7 @@ def check_built(
     family = out_config.get("model_type")
     keys = sorted({m for m, _ in origins if configs[m].get("model_type") == family})
     with quiet_transformers():
-        built = {k: _build(transformers, torch, configs[k]) for k in keys}
+        built = {k: build_meta(transformers, torch, configs[k]) for k in keys}
         sources = {k: b for k, b in built.items() if b is not None}
         if not sources or len(sources) < len(built):
             return []  # a family transformers cannot build from the inputs' own configs: nothing to compare with
@@ -72,7 +71,6 @@ def check_built(
             if model in sources:
                 _refuse(i, model, layer, _param_difference(out, sources[model][1], i, layer, family), slice_path)
         if donor in sources:
-            _refuse_packed(_packed(transformers, torch, configs[donor], sources[donor][1]), tensors)
             _check_loose(out, sources[donor][1], tensors)
     return []
 
@@ -114,7 +112,7 @@ def _model(transformers: Any, torch: Any, config: Any) -> Any:
         return transformers.AutoModelForCausalLM.from_config(config)
 
 
-def _build(transformers: Any, torch: Any, doc: Mapping[str, Any]) -> tuple[Any, Any] | None:
+def build_meta(transformers: Any, torch: Any, doc: Mapping[str, Any]) -> tuple[Any, Any] | None:
     """(config, model on the meta device) of config.json ``doc``; None where transformers builds no causal LM of it."""
     try:
         config = _config(transformers, doc)
@@ -148,40 +146,18 @@ def _param_difference(out: Any, source: Any, i: int, layer: int, family: Any) ->
 
 def _check_loose(model: Any, donor: Any, tensors: Mapping[str, TensorPlan]) -> None:
     """Refuse a planned tensor outside the layers that the output ``model`` holds with another shape than the
-    ``donor``'s model does (the donor's is the one planned: the new stack changed what the tensor must be)."""
+    ``donor``'s model does (the donor's is the one planned: the new stack changed what the tensor must be), or a
+    table cut per layer with another shape than the one planned."""
     before = {n: tuple(p.shape) for n, p in donor.named_parameters()}
+    before.update({n: tp.shape for n, tp in tensors.items() if tp.blocks is not None})
     for name, param in model.named_parameters():
-        if _LAYER_PARAM.match(name) is None and name in tensors and before.get(name, tuple(param.shape)) != param.shape:
+        if LAYER_PARAM.match(name) is None and name in tensors and before.get(name, tuple(param.shape)) != param.shape:
             raise ConfigError(
                 f"{name} is planned as {list(before[name])} (as in its model) but the output model holds it as "
                 f"{list(param.shape)}",
                 yaml_path="slices",
                 hint="choose slices whose layers the family's config can describe in that order",
             )
-
-
-def _packed(transformers: Any, torch: Any, doc: Mapping[str, Any], model: Any) -> list[str]:
-    """The names of ``model``'s parameters outside its layers that grow with the layer count (a table packed per
-    layer): those another shape of in the model of ``doc`` with one more layer (:func:`grown`)."""
-    more = grown(doc)
-    built = _build(transformers, torch, more) if more is not None else None
-    if built is None:
-        return []
-    shapes = {n: tuple(p.shape) for n, p in built[1].named_parameters()}
-    return sorted(n for n, p in model.named_parameters()
-                  if _LAYER_PARAM.match(n) is None and n in shapes and shapes[n] != tuple(p.shape))
-
-
-def _refuse_packed(packed: list[str], tensors: Mapping[str, TensorPlan]) -> None:
-    """A stack of other layers than its model's own cannot take a table packed per layer whole."""
-    planned = [n for n in packed if n in tensors]
-    if planned:
-        raise ConfigError(
-            f"{planned[0]} holds a part for each layer of its model (packed along the layer axis), and resumerge does "
-            "not yet cut such a table per layer: a stack of other layers than its model's own cannot take it whole",
-            yaml_path="slices",
-            hint="slice this model only as its whole stack of layers, in order",
-        )
 
 
 def _layer_params(model: Any, index: int) -> dict[str, tuple[int, ...]]:
@@ -191,7 +167,7 @@ def _layer_params(model: Any, index: int) -> dict[str, tuple[int, ...]]:
     prefix = None
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
     for name, param in decoder.named_parameters():
-        match = _LAYER_PARAM.match(name)
+        match = LAYER_PARAM.match(name)
         if match is None or (prefix is not None and match["prefix"] != prefix):
             continue
         prefix = match["prefix"]

@@ -35,7 +35,7 @@ def stored_copy(tp: TensorPlan) -> TensorPlan:
     """``tp`` marked to be copied from its sole input's stored parts (:attr:`TensorPlan.copy_of`) when that input
     is stored in ``tp``'s own non-plain output format, part for part (same dtypes and shapes), with no cast or LoRA
     delta; else ``tp`` unchanged."""
-    if tp.out_codec.plain:  # asked first: it is cheaper
+    if tp.out_codec.plain or tp.blocks is not None:  # asked first: it is cheaper (a table cut per layer is no copy)
         return tp
     index = sole_input(tp)
     if index is None:

@@ -24,6 +24,7 @@ from resumerge.methods.registry import MethodSpec, get_method
 from resumerge.outputs.containers import SAFETENSORS, OutputContainer
 from resumerge.plan.defaults import DEFAULT_SEED as DEFAULT_SEED
 from resumerge.plan.defaults import DEFAULT_SHARD_SIZE as DEFAULT_SHARD_SIZE
+from resumerge.plan.layerblocks import LayerBlocks
 
 if TYPE_CHECKING:
     from resumerge.config.merge_config import MergeConfig
@@ -190,6 +191,8 @@ class TensorPlan:
     # A fused stack of experts its method merges one expert's projection at a time (see resumerge.plan.experts);
     # None: merged whole.
     experts: ExpertStack | None = None
+    # A table packed per layer cut for a new stack of layers, merged block by block (resumerge.plan.layerblocks).
+    blocks: LayerBlocks | None = None
     # Companions stored beside the result but not computed from it (a static activation's input_scale), by part
     # name: each written as the stored bytes of that input companion (the one of the input whose format the output
     # keeps), under the output tensor's module (see resumerge.plan.planner.out_format); recorded only when any.
@@ -557,7 +560,7 @@ _CONSTANTS: dict[bool | None, str] = {None: "null", True: "true", False: "false"
 # order: sorted too); those recorded only when set (None, or for out_codec and carried plain and empty).
 _FIELDS = tuple(sorted(f.name for f in fields(TensorPlan)))
 _OWN = ("carried", "inputs", "name", "nbytes", "shape", "shard")
-_LATER_FIELDS = frozenset({"copy_of", "experts"})
+_LATER_FIELDS = frozenset({"copy_of", "experts", "blocks"})
 _SHARED = attrgetter(*(name for name in _FIELDS if name not in _OWN))
 
 

@@ -62,6 +62,7 @@ from resumerge.plan.mtp import MtpOutcome, plan_mtp
 from resumerge.plan.nonfloat import UNITS as NONFLOAT_UNITS
 from resumerge.plan.nonfloat import is_float, nonfloat_tensor
 from resumerge.plan.outconfig import build_out_config, slice_path
+from resumerge.plan.packing import OutLayer, cut_table, packed_tables, whole_stack
 from resumerge.plan.parameters import ParameterResolver, Resolved, check_parameter_names, parameter_places
 from resumerge.plan.placing import Placing, place_files
 from resumerge.plan.quantnotes import quantization_notes
@@ -267,6 +268,7 @@ def _plan_stack(slices: list[Slice], layouts: Mapping[str, Layout], ctx: _Ctx, t
     (whose note goes to ``notes``). Loose tensors before the layers come from the first slice's models, the others
     and the MTP module (see :mod:`resumerge.plan.mtp`) from the last slice's."""
     origins: list[tuple[str, int]] = []
+    placed: list[OutLayer] = []
     left_out(slices, layouts, ctx.drops)
     for s_index, sl in enumerate(slices):
         check_slice(sl, ctx.method, layouts)
@@ -276,6 +278,7 @@ def _plan_stack(slices: list[Slice], layouts: Mapping[str, Layout], ctx: _Ctx, t
             t = 1.0 if length == 1 else k / (length - 1)
             out_layer = len(origins)
             origins.append((sl.sources[0].model.key, sl.ranges[0][0] + k))
+            placed.append(OutLayer(sl, tuple(start + k for start, _ in sl.ranges), t))
             for src, rng in zip(sl.sources[1:], sl.ranges[1:]):  # names follow the slice's first model
                 layout = layouts[src.model.key]
                 extra = set(layout.suffixes_of(rng[0] + k)) - set(first.suffixes_of(sl.ranges[0][0] + k))
@@ -295,6 +298,12 @@ def _plan_stack(slices: list[Slice], layouts: Mapping[str, Layout], ctx: _Ctx, t
         post_names.extend(n for n in layouts[src.model.key].post if n not in post_names)
     for name in post_names:
         tensors[name] = _edge_tensor(name, last, ctx)
+    counts = {key: layout.num_layers for key, layout in layouts.items()}
+    if not whole_stack(slices, counts):  # a table packed per layer takes each output layer's block (.packing)
+        loose = {n for layout in layouts.values() for n in (*layout.pre, *layout.post)}
+        for name, packing in packed_tables(ctx.models[_donor(ctx.config)].config).items():
+            if name in tensors and name in loose:
+                tensors[name] = cut_table(name, packing, placed, counts, partial(_layer_table, name, ctx))
     keys = [src.model.key for src in last.sources]
     planned, mtp = plan_mtp(keys, {k: layouts[k].mtp for k in layouts}, len(origins),
                             {k: layouts[k].num_layers for k in keys},
@@ -405,6 +414,11 @@ def _tensor(out_name: str, in_names: list[str], sl: Slice, t: float, ctx: _Ctx, 
     if kinds is not None:
         kinds.add(tp)
     return tp
+
+
+def _layer_table(name: str, ctx: _Ctx, out: OutLayer) -> TensorPlan:
+    """Table ``name`` of ``out``'s slice merged as that slice merges the output layer (its ``t``)."""
+    return _tensor(name, [name] * len(out.slice.sources), out.slice, out.t, ctx)
 
 
 def _check_shapes(out_name: str, inputs: list[InputRef], sl: Slice, vocab_rows: int | None) -> None:

@@ -104,8 +104,10 @@ def _common_dtype(names: set[str]) -> str:
 
 def can_chunk(tp: TensorPlan, method: MethodSpec) -> bool:
     """True when ``tp`` may be computed in row chunks (an elementwise method over a tensor with rows whose
-    input rows are output rows — not a vocabulary-aligned tensor, whose rows are gathered and averaged)."""
-    return method.elementwise and len(tp.shape) >= 1 and tp.shape[0] > 1 and not tp.vocab_aligned
+    input rows are output rows — not a vocabulary-aligned tensor, whose rows are gathered and averaged, nor a table
+    cut per layer along its rows, whose blocks are merged whole)."""
+    return (method.elementwise and len(tp.shape) >= 1 and tp.shape[0] > 1 and not tp.vocab_aligned
+            and (tp.blocks is None or tp.blocks.axis != 0))
 
 
 def row_stream(tp: TensorPlan, method: MethodSpec, device: str) -> RowStream | None:
@@ -113,7 +115,7 @@ def row_stream(tp: TensorPlan, method: MethodSpec, device: str) -> RowStream | N
     no streamed form or refuses these parameters (say ``rescale``), the tensor has no rows to cut, its rows are
     gathered (vocabulary-aligned), or the merge runs on a GPU (streams run on the CPU only)."""
     if (method.streamed is None or device != "cpu" or not tp.shape or tp.shape[0] < 2 or tp.vocab_aligned
-            or tp.experts is not None):  # a stream ranks or samples over all its rows, not one expert's
+            or tp.experts is not None or tp.blocks is not None):  # it ranks all its rows, not an expert's or block's
         return None
     # The dtype's name: sizing a run's streams must not import torch (resumerge.torch_import).
     return method.streamed(tuple(tp.shape), tp.base_index, [dict(p) for p in tp.model_params], dict(tp.params),
