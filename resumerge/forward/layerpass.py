@@ -7,10 +7,10 @@ for the whole protocol (batches, admission, placement, the lock)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from resumerge.forward.batches import Hidden
 from resumerge.forward.journal import Journal, Restart
@@ -54,15 +54,26 @@ class Step(Generic[Result]):
         raise NotImplementedError
 
 
+class Carries(Protocol):
+    """Where the pass's layers hand later layers what they return beside the hidden states
+    (:class:`~resumerge.forward.placement.Streams`): journaled with each layer, put back on a resume."""
+
+    def carried(self, index: int) -> dict[str, torch.Tensor]: ...
+
+    def restore(self, tensors: Mapping[str, torch.Tensor]) -> None: ...
+
+
 @dataclass(frozen=True)
 class LayerPass:
     """A pass of ``layers`` decoder layers journaled in ``journal``; ``point``: the kill point reached after each
-    layer's file is durable (:mod:`resumerge.store.killpoints`; ``run_pid`` where the process to kill is another)."""
+    layer's file is durable (:mod:`resumerge.store.killpoints`; ``run_pid`` where the process to kill is another);
+    ``carries``: what layers hand later ones beside the hidden states, journaled with them (GLM-5's top-k indices)."""
 
     journal: Journal
     layers: int
     point: str
     run_pid: int | None = None
+    carries: Carries | None = None
 
     def run(self, step: Step[Result], entering: Hidden, batches: int) -> Result | None:
         """Run ``step`` over the layers from where the journal left off (``entering``: each model's hidden states
@@ -72,12 +83,16 @@ class LayerPass:
         restart = self.journal.restart(len(entering), batches)
         hidden = entering if restart.hidden is None else restart.hidden
         step.restore(restart)
+        if self.carries is not None:
+            self.carries.restore(restart.tensors)
         with torch.no_grad():
             for index in range(restart.layer, self.layers):
                 if step.stopped():
                     return None
                 hidden = step.layer(index, hidden)
                 tensors, metadata = step.kept(index)
+                if self.carries is not None:
+                    tensors = {**tensors, **self.carries.carried(index)}
                 self.journal.save(index, hidden, tensors, metadata)
                 reach(point, run_pid=self.run_pid)  # tests kill the pass here: it resumes after this layer
             if step.stopped():

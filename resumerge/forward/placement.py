@@ -9,10 +9,11 @@ a reference model's input to the layer too (``check``'s localising pass): :func:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Protocol
 
+from resumerge.forward import handed
 from resumerge.forward.batches import Batch, Hidden
 from resumerge.forward.layerpass import Reserve, unreserved
 from resumerge.forward.stream import LayerCall, ModelStream
@@ -95,6 +96,15 @@ class Streams:
             self.watch.end_layer()
         return own, on_same
 
+    def carried(self, index: int) -> dict[str, torch.Tensor]:
+        """What a later layer takes of what the layers up to ``index`` returned beside their hidden states, for the
+        journal (:mod:`resumerge.forward.handed`; the rest dropped)."""
+        return handed.carried(self.calls, index)
+
+    def restore(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Put back what :meth:`carried` journaled (a resumed pass)."""
+        handed.restore(self.calls, tensors)
+
 
 def runs_batched(stream: ModelStream, entering: list[tuple[torch.Tensor, list[LayerCall]]],
                  reserve: Reserve = unreserved, batches: list[Batch] | None = None) -> bool:
@@ -129,7 +139,7 @@ def model_layer(stream: ModelStream, index: int, own: list[torch.Tensor], calls:
     module = stream.layers_list[index]
     with held(stream, module) if loaded else stream.loaded(module) as layer:
         out = [stream.run(layer, h, calls[s][index]) for s, h in enumerate(own)]
-        theirs = None if same is None or equal else [stream.run(layer, h, calls[s][index])
+        theirs = None if same is None or equal else [stream.run(layer, h, calls[s][index], hand_on=False)
                                                       for s, h in enumerate(same)]
     return out, out if equal else theirs
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.errors import ModelInputError
+from resumerge.forward.handed import HandingCall, Slot, given, slots_of
 from resumerge.forward.multimodal import causal_lm_class, head_site, renamed, stored_prefixes, text_model
 from resumerge.forward.native import NativeConfig, native_modules
 from resumerge.forward.reader import CastReader, Weights, base_formats
@@ -35,7 +36,7 @@ PAD_TOLERANCE = 1e-4
 # A module the base model's forward calls, as its code writes it (``self.norm(``)
 _CALLED = re.compile(r"self\.(\w+)\(")
 # The shapes of a decoder layer's output the capture tries: the hidden states alone, then a tuple of them and
-# ``n - 1`` more values (GLM-5's top-k indices), as the family's forward unpacks it
+# ``n - 1`` more values (GLM-5's top-k indices, handed to the next layer: .handed), as the family's forward unpacks it
 _OUTPUT_ARITIES = (0, 1, 2, 3)
 
 # torch.nn.init's in-place initialisers, which :func:`weights_on_meta` makes leave a meta tensor alone.
@@ -60,18 +61,6 @@ class _Output:
         if index != 0:
             raise IndexError(index)
         return self.last_hidden_state
-
-
-class _Made:
-    """What a decoder layer's stand-in returns beside the hidden states, where the forward unpacks more: found again
-    in a later layer's call, it is an output one layer hands the next (GLM-5's top-k indices)."""
-
-
-def _holds(call: LayerCall, made: tuple[_Made, ...]) -> bool:
-    """Whether ``call`` passes on any of ``made`` (an earlier layer's extra outputs)."""
-    args, kwargs = call
-    values = [*args, *kwargs.values()]
-    return any(v is m for v in values for m in made)
 
 
 def final_norm_name(inner: torch.nn.Module, layers: torch.nn.Module) -> str | None:
@@ -103,7 +92,7 @@ def _stubs() -> tuple[Any, Any]:
             super().__init__()
             self.calls, self.arity = calls, arity
             self.seen: list[torch.Tensor] = []
-            self.made = tuple(_Made() for _ in range(max(0, arity - 1)))
+            self.made = tuple(Slot() for _ in range(max(0, arity - 1)))
             # the real layer, not registered as a child: the forward reads its attributes (Nemotron-H picks each
             # layer's mask by its ``block_type``)
             object.__setattr__(self, "real", real)
@@ -422,13 +411,9 @@ class ModelStream:
             first = stubs[0].seen[0] if stubs[0].seen else None
             if first is None or not all(len(s.seen) == 1 and s.seen[0].shape == first.shape for s in stubs):
                 continue
-            handed = next((i for i, c in enumerate(calls[1:], 1) if _holds(c[0], stubs[i - 1].made)), None)
-            if handed is not None:
-                raise ModelInputError(
-                    f"{type(self.inner).__name__}'s decoder layer {handed} is called with what layer {handed - 1} "
-                    "returns beside its hidden states (as GLM-5's layers hand on their top-k indices): a "
-                    "layer-by-layer pass cannot follow it yet")
-            return first, [c[0] for c in calls]
+            # a layer returning more than its hidden states puts them in its slots, which a later call may take
+            # (GLM-5's top-k indices: resumerge.forward.handed)
+            return first, [HandingCall(c[0], stub.made) if stub.made else c[0] for c, stub in zip(calls, stubs)]
         raise ModelInputError(f"cannot follow {type(self.inner).__name__}'s forward one layer at a time{failed}")
 
     def _set_final(self, module: torch.nn.Module) -> None:
@@ -477,11 +462,19 @@ class ModelStream:
         return self.inputs_of_rows(alone)
 
     @staticmethod
-    def run(layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall) -> torch.Tensor:
-        """``layer``'s output for ``hidden`` under ``call``."""
-        args, kwargs = call
+    def run(layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall, *, hand_on: bool = True) -> torch.Tensor:
+        """``layer``'s output for ``hidden`` under ``call``: what earlier layers handed it given, and its own extra
+        outputs put in the call's slots for later layers unless ``hand_on`` is False (the layer run on another
+        input than the pass's own: :mod:`.handed`)."""
+        args, kwargs = given(call)
         out = layer(hidden, *args, **kwargs)
-        result: torch.Tensor = out[0] if isinstance(out, tuple) else out
+        if not isinstance(out, tuple):
+            alone: torch.Tensor = out
+            return alone
+        if hand_on:
+            for slot, value in zip(slots_of(call), out[1:]):
+                slot.value = value
+        result: torch.Tensor = out[0]
         return result
 
     @contextmanager

@@ -4,20 +4,27 @@ Before this, LFM2 and LFM2-MoE were checked without their final norm (``model.em
 of names, as Phi-2's ``model.final_layernorm`` was), Nemotron-H's forward failed on the layers' stand-ins (it reads
 each layer's ``block_type``) and a base saved with a layer count was refused beside a merge without one ("has None
 layers"), Gemma 4 sharing keys and values failed in its forward's shortcut, DeepSeek-V3.2's padded batches gave
-other figures (its indexer picks other keys in a padded batch) and GLM-5 ended in an internal error. Now the final
-norm is the module the base model's forward calls after its layers, a family whose first layer gives a sequence in
-a padded batch other values than alone runs one sequence at a time, and GLM-5, whose layers hand their top-k
-indices to the next, is refused in one line (exit 2)."""
+other figures (its indexer picks other keys in a padded batch) and GLM-5 ended in an internal error, then was
+refused in one line. Now the final norm is the module the base model's forward calls after its layers, a family
+whose first layer gives a sequence in a padded batch other values than alone runs one sequence at a time, and
+GLM-5's layers hand their top-k indices to the next (its "shared" indexers take them) as its forward does, journaled
+beside the hidden states: a check killed after a layer resumes with the same figures."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from newest_families import make_newest_model
+from safetensors import safe_open
 
+from resumerge import api
 from resumerge.analyses.check.models import Checked
 from resumerge.analyses.check.passes import forward_pass, streams_of
 from resumerge.cli.commands import main
@@ -37,7 +44,7 @@ TOKENS = [torch.randint(1, 128, (n,), generator=_IDS).tolist() for n in (30, 17,
 # family -> (the final norm's attribute, whether a padded batch runs as it would alone)
 FAMILIES = {"lfm2": ("embedding_norm", True), "lfm2_moe": ("embedding_norm", True), "nemotron_h": ("norm_f", True),
             "deepseek_v32": ("norm", False), "gemma4": ("norm", True), "gemma4_shared": ("norm", True),
-            "phi": ("final_layernorm", True)}
+            "phi": ("final_layernorm", True), "glm5": ("norm", False)}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +54,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]
     logging.disable_progress_bar()
     logging.set_verbosity_error()
     root = tmp_path_factory.mktemp("newest_check")
-    yield {family: make_newest_model(root / family, family, 3) for family in (*FAMILIES, "glm5")}
+    yield {family: make_newest_model(root / family, family, 3) for family in FAMILIES}
 
 
 def _checked(directory: Path) -> Checked:
@@ -86,15 +93,31 @@ def _with_tokenizer(source: Path, target: Path) -> Path:
     return target
 
 
-def test_glm5_whose_layers_hand_on_their_top_k_indices_is_refused_in_one_line(
-    models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_a_killed_check_of_glm5_resumes_with_the_top_k_indices_its_layers_handed_on(
+    models: dict[str, Path], tmp_path: Path
 ) -> None:
     merge = _with_tokenizer(models["glm5"], tmp_path / "glm5")
+    parent = _with_tokenizer(make_newest_model(tmp_path / "other", "glm5", 4), tmp_path / "parent")
     texts = tmp_path / "texts.txt"
-    texts.write_text("the cat sat on the mat\n")
-    assert main(["check", str(merge), "--prompts", str(texts), "--state-dir", str(tmp_path / "s"), "--quiet"]) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "decoder layer 1 is called with what layer 0 returns" in lines[0], lines
+    texts.write_text("the cat sat on the mat\nhello world, and a longer line of words than the others\n")
+    argv = [sys.executable, "-m", "resumerge", "check", str(merge), "--parent", str(parent), "--prompts", str(texts),
+            "--json", "--state-dir", str(tmp_path / "killed")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    # killed after layer 2, whose top-k indices layer 3 (a "shared" one) takes: resumed from the journal's file
+    killed = subprocess.run(argv, env={**env, "RESUMERGE_KILL_AT": "after_check_layer:3"}, capture_output=True,
+                            text=True, timeout=600)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    journal = list((tmp_path / "killed").rglob("layer-*.safetensors"))
+    assert [p.name for p in journal] == ["layer-00002.safetensors"]
+    with safe_open(str(journal[0]), "pt") as opened:  # layer 2's top-k indices, which layer 3 takes, per model
+        carried = [n.split(".") for n in opened.keys() if n.startswith("carried.")]  # noqa: SIM118
+    assert {m for _, m, _, _, _ in carried} == {"0", "1"} and {(i, q) for *_, i, q in carried} == {("2", "0")}
+    resumed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    whole = api.check(merge, parents=[parent], prompts=texts, state_dir=tmp_path / "whole")
+    assert resumed.returncode == whole.exit_code, resumed.stderr[-2000:]
+    doc, same = json.loads(resumed.stdout), json.loads(json.dumps(whole.to_json()))
+    doc.pop("chart"), same.pop("chart")
+    assert doc == same
 
 
 def test_nemotron_h_without_a_layer_count_is_checked_against_a_base_with_one(

@@ -1,0 +1,106 @@
+"""What a decoder layer hands a later layer beside the hidden states (GLM-5's layers return their top-k indices,
+and the next layer, where it shares the indexer, takes them as ``prev_topk_indices``).
+
+The model's own forward, run once with stand-ins for its layers (:meth:`~resumerge.forward.stream.ModelStream.
+inputs`), shows it: each stand-in returns, beside the hidden states, a :class:`Slot` for each extra output the
+forward unpacks, and a later layer's recorded call that holds one takes that output. A call of a layer with extra
+outputs is a :class:`HandingCall` holding its slots: when the layer runs, its extra outputs are put in them, and a
+later call's slots are replaced by their values (:func:`given`). What a later layer still takes after layer ``i``
+(:func:`live`) is journaled beside the hidden states (:func:`carried`, :func:`restore`), so that a resumed pass
+hands it on too; what none takes any more is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from resumerge.errors import ModelInputError
+
+# How a carried value is named in a pass's journal: model m's, batch s's, layer i's extra output q.
+CARRIED = "carried.{m}.{s}.{i}.{q}"
+
+
+class Slot:
+    """One extra output of one layer's call: its value once the layer ran (None before)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value: Any = None
+
+
+class HandingCall(tuple):  # type: ignore[type-arg]
+    """A layer's call (positional arguments after the hidden states, keywords) whose layer returns extra outputs:
+    ``slots`` receive them, in the order the layer returns them."""
+
+    slots: tuple[Slot, ...]
+
+    def __new__(cls, call: tuple[tuple[Any, ...], dict[str, Any]], slots: tuple[Slot, ...]) -> HandingCall:
+        made = super().__new__(cls, call)
+        made.slots = slots
+        return made
+
+    def __reduce__(self) -> Any:
+        return (HandingCall, (tuple(self), self.slots))
+
+
+def slots_of(call: Any) -> tuple[Slot, ...]:
+    """The slots a layer's ``call`` puts its extra outputs in (none for a layer that returns none)."""
+    return call.slots if isinstance(call, HandingCall) else ()
+
+
+def takes(call: Any) -> list[Slot]:
+    """The slots of earlier layers' outputs ``call`` takes."""
+    args, kwargs = call
+    return [v for v in (*args, *kwargs.values()) if isinstance(v, Slot)]
+
+
+def given(call: Any, layer: int | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``call`` with each slot it takes replaced by its value; raises :class:`ModelInputError` for one without a
+    value (an earlier layer that has not run in this process)."""
+    args, kwargs = call
+    if not takes(call):
+        return args, kwargs
+
+    def value(v: Any) -> Any:
+        if not isinstance(v, Slot):
+            return v
+        if v.value is None:
+            raise ModelInputError(f"decoder layer {layer if layer is not None else '?'} takes what an earlier layer "
+                                  "returned beside its hidden states, which this pass no longer holds",
+                                  hint="run the pass again from its first layer (remove its journal)")
+        return v.value
+
+    return tuple(value(a) for a in args), {k: value(v) for k, v in kwargs.items()}
+
+
+def live(calls: Sequence[Any], after: int) -> list[tuple[int, int, Slot]]:
+    """(layer, output, slot) of the extra outputs of layers up to ``after`` that a later layer of ``calls`` (one
+    sequence batch's calls, layer by layer) still takes; the values of the others are dropped."""
+    wanted = {id(s) for call in calls[after + 1:] for s in takes(call)}
+    found = []
+    for i, call in enumerate(calls[:after + 1]):
+        for q, slot in enumerate(slots_of(call)):
+            if id(slot) in wanted:
+                found.append((i, q, slot))
+            else:
+                slot.value = None
+    return found
+
+
+def carried(calls: Sequence[Sequence[Sequence[Any]]], after: int) -> dict[str, Any]:
+    """What a later layer still takes after layer ``after``, for each model's (``calls[m][s]``: batch ``s``'s
+    calls) batches, by journal name (:data:`CARRIED`)."""
+    return {CARRIED.format(m=m, s=s, i=i, q=q): slot.value.contiguous()
+            for m, model in enumerate(calls) for s, batch in enumerate(model)
+            for i, q, slot in live(batch, after) if slot.value is not None}
+
+
+def restore(calls: Sequence[Sequence[Sequence[Any]]], tensors: Mapping[str, Any]) -> None:
+    """Put the journaled values (:func:`carried`) back in the slots of ``calls``."""
+    for name, value in tensors.items():
+        parts = name.split(".")
+        if len(parts) == 5 and parts[0] == "carried":
+            m, s, i, q = map(int, parts[1:])
+            slots_of(calls[m][s][i])[q].value = value
