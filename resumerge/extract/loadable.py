@@ -5,7 +5,9 @@ A LoRA factor pair is applied by PEFT to a module of the model transformers buil
 one by one that transformers 5 fuses into one stack as it loads (GLM-5, DeepSeek-V3.2), a router that is a module of
 the family's own (LFM2-MoE's ``feed_forward.gate``). An adapter holding factors of those would load with them
 dropped, or not at all: the extraction is refused in one line naming the first, before a weight is read, with the
-flag that leaves such modules out. Without transformers, or for a family it cannot build, nothing is asked.
+flag that leaves such modules out. PEFT itself refuses some modules it could wrap (:data:`PEFT_REFUSES`: a Mamba
+model's ``out_proj`` and ``conv1d``, whose fused kernels read the weight directly): those are refused alike.
+Without transformers, or for a family it cannot build, nothing is asked.
 """
 
 from __future__ import annotations
@@ -16,10 +18,24 @@ from typing import Any
 from resumerge.errors import UsageError
 from resumerge.plan.expertmodules import meta_model, renamed
 
+# The modules PEFT refuses to give LoRA factors, by their last name, in models of these types (peft 0.17-0.21,
+# tuners_utils._check_lora_target_modules_mamba: "is incompatible with Mamba-based models").
+PEFT_REFUSES: Mapping[str, frozenset[str]] = {
+    model_type: frozenset({"out_proj", "conv1d"})
+    for model_type in ("falcon_h1", "mamba", "mamba2", "falcon_mamba", "nemotron_h")}
 
-def check_loadable(config: Mapping[str, Any], modules: Iterable[str]) -> None:
-    """Raise :class:`UsageError` (exit 2) for the first of the checkpoint ``modules`` (names without ``.weight``)
-    PEFT cannot wrap in the model transformers builds from the base's ``config``."""
+
+def check_loadable(config: Mapping[str, Any], modules: Iterable[tuple[str, str]]) -> None:
+    """Raise :class:`UsageError` (exit 2) for the first of ``modules`` (each the model's name and the checkpoint's,
+    without ``.weight``) PEFT cannot wrap in the model transformers builds from the base's ``config``, or refuses."""
+    refused = PEFT_REFUSES.get(str(config.get("model_type")), frozenset())
+    for path, name in modules:
+        if path.split(".")[-1] in refused:
+            raise UsageError(
+                f"{name} cannot be given LoRA factors: PEFT refuses LoRA on a {config.get('model_type')} model's "
+                f"{path.split('.')[-1]} (Mamba's fused kernels read its weight directly)",
+                hint=f"leave it out with -e (for example -e '{_pattern(name)}')",
+            )
     built = meta_model(config)
     if built is None:
         return
@@ -27,8 +43,8 @@ def check_loadable(config: Mapping[str, Any], modules: Iterable[str]) -> None:
     import torch
 
     lora_types = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
-    for name in modules:
-        path = renamed(f"{name}.weight", renames).removesuffix(".weight")
+    for path, name in modules:
+        path = renamed(f"{path}.weight", renames).removesuffix(".weight")
         try:
             module = model.get_submodule(path)
         except AttributeError:

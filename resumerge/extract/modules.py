@@ -6,7 +6,8 @@ decomposed (a token embedding transposed, as PEFT's ``lora_embedding_A/B``); a m
 saved whole unless ``--embed-lora`` (or always, when the vocabularies differ); ``--save-module`` names modules (full
 name or last component) to save whole; ``-i``/``-e`` regexes choose, by ``re.search`` on the module name, which of
 the others are extracted; a module PEFT could not wrap in the model transformers builds is refused
-(:mod:`.loadable`). Every mistake is a :class:`UsageError` or :class:`ModelInputError` (exit 2) raised here,
+(:mod:`.loadable`). Names, embeddings, ``modules_to_save`` entries and modules holding parameters of their own
+follow the model PEFT loads the adapter onto (:mod:`.peftview`). Every mistake is a :class:`UsageError` or :class:`ModelInputError` (exit 2) raised here,
 before any weight is read.
 """
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from resumerge.errors import ModelInputError, UsageError
 from resumerge.extract.loadable import check_loadable
+from resumerge.extract.peftview import PeftView, peft_view
 from resumerge.extract.spec import ExtractSpec
 from resumerge.inputs.model import ModelInput
 from resumerge.plan.architecture import is_head, is_input_embedding
@@ -58,41 +60,52 @@ class ModuleChoice:
 
 @dataclass(frozen=True)
 class _Module:
-    name: str
+    name: str  # the model's name of the module (PEFT's: .peftview)
     weight: str  # the tensor holding its weight (a tied head: the embedding)
     shape: tuple[int, ...]
     bias: str | None
     embedding: bool
     head: bool
+    module: str = ""  # the checkpoint's name, which -e/-i regexes match (the model's when empty)
+
+    @property
+    def stored(self) -> str:
+        return self.module or self.name
 
 
 def choose_modules(spec: ExtractSpec, ft: ModelInput, base: ModelInput, *, truncate: bool = False) -> ModuleChoice:
     """Plan every module of ``ft`` against ``base`` under ``spec`` (headers only)."""
-    modules = _modules(ft)
-    names = [m.name for m in modules]
+    view = peft_view(base.config)
+    modules = _modules(ft, view)
+    names = [m.stored for m in modules]
     _check_patterns(spec, names)
     embed_lora = spec.embed_lora
     notes: list[str] = []
-    if embed_lora and _vocab(ft, modules) != _vocab(base, _modules(base)):
+    if embed_lora and _vocab(ft, modules) != _vocab(base, _modules(base, view)):
         notes.append("the vocabularies differ: embeddings and head are saved whole (--embed-lora ignored)")
         embed_lora = False
     save = list(spec.save_modules)
+    whole: list[_Module] = []
     lora: list[LoraModule] = []
     saved: list[tuple[str, str]] = []
+    owned = _owned(spec, ft, view, names)
     for m in modules:
         key = m.name.split(".")[-1]
-        whole_embedding = not embed_lora and (m.embedding or m.head) and not _matches(spec.exclude_regexes, m.name)
-        if whole_embedding and key not in save:
-            save.append(key)
-        if m.name in save or key in save:
+        whole_embedding = not embed_lora and (m.embedding or m.head) and not _matches(spec.exclude_regexes, m.stored)
+        if view.owner(m.name) in owned:  # saved with the module holding it, under that module's entry
             saved.extend(_whole(m))
-        elif _extracted(spec, m.name):
+        elif m.name in save or m.stored in save or key in save or whole_embedding:
+            whole.append(m)
+        elif _extracted(spec, m.stored):
             if len(m.shape) == 2:
                 lora.append(_lora(spec, m, base, truncate))
             elif not spec.skip_undecomposable:
-                if key not in save:
-                    save.append(key)
-                saved.extend(_whole(m))
+                whole.append(m)
+    for m in whole:
+        saved.extend(_whole(m))
+    for owner in owned:
+        saved.extend((f"base_model.model.{owner}.{leaf}", f"{owned[owner]}.{leaf}") for leaf in view.owners[owner])
+    save = [*save, *(e for e in _entries(view, whole, owned) if e not in save)]
     recorded = dict(spec.ranks)
     if recorded:  # --sv-epsilon's ranks: a module with no singular value above epsilon gets no LoRA
         dropped = [m.name for m in lora if recorded.get(m.name, m.rank) == 0]
@@ -100,13 +113,37 @@ def choose_modules(spec: ExtractSpec, ft: ModelInput, base: ModelInput, *, trunc
         if dropped:
             notes.append(f"{len(dropped)} modules have no singular value above --sv-epsilon and get no LoRA: "
                          + ", ".join(dropped[:5]) + (", …" if len(dropped) > 5 else ""))
-    check_loadable(base.config, [m.name for m in lora])
+    check_loadable(base.config, [(m.name, m.weight.removesuffix(".weight")) for m in lora])
     return ModuleChoice(tuple(lora), tuple(saved), tuple(save), tuple(notes))
 
 
-def _modules(model: ModelInput) -> list[_Module]:
+def _owned(spec: ExtractSpec, ft: ModelInput, view: PeftView, names: list[str]) -> dict[str, str]:
+    """The modules saved whole because they hold parameters of their own (Mamba's ``A_log``), which PEFT can only
+    save with their module: model name -> checkpoint name; none with --skip-undecomposable or where -i/-e leave
+    them out."""
+    found = {}
+    for stored in {n.rpartition(".")[0] for n in ft.tensors if n.rpartition(".")[2] not in ("weight", "bias")}:
+        owner = view.name(stored)
+        if owner in view.owners and _extracted(spec, stored) and not spec.skip_undecomposable:
+            found[owner] = stored
+    return found
+
+
+def _entries(view: PeftView, whole: list[_Module], owned: Mapping[str, str]) -> list[str]:
+    """``modules_to_save``: for each kind of module saved whole (by its last component, in order), the shortest end
+    of their names no other module's name ends with (.peftview), or each one's own where they share none."""
+    inside = {m.name for m in whole} | set(owned)
+    kinds: dict[str, list[str]] = {}
+    for name in [*(m.name for m in whole), *owned]:
+        kinds.setdefault(name.split(".")[-1], []).append(name)
+    return [e for names in kinds.values() for e in view.suffixes(names, inside)]
+
+
+def _modules(model: ModelInput, view: PeftView | None = None) -> list[_Module]:
     """The model's modules with a weight, embeddings first and the head last (transformers' module order for the
-    families resumerge knows), a tied head standing in for a missing ``lm_head``."""
+    families resumerge knows), a tied head standing in for a missing ``lm_head``; named as ``view`` (PEFT's model)
+    names them, an ``nn.Embedding`` of it an embedding whatever its name."""
+    view = view or PeftView()
     tensors = model.tensors
     found = []
     for name in tensors:
@@ -114,9 +151,10 @@ def _modules(model: ModelInput) -> list[_Module]:
             continue
         module = name[: -len(".weight")]
         bias = module + ".bias"
-        embedding = is_input_embedding(name) or module.split(".")[-1] in _EMBEDDING_NAMES
-        found.append(_Module(module, name, tuple(tensors[name].entry.shape), bias if bias in tensors else None,
-                             embedding and not is_head(name), is_head(name)))
+        named = view.name(module)
+        embedding = is_input_embedding(name) or module.split(".")[-1] in _EMBEDDING_NAMES or named in view.embeddings
+        found.append(_Module(named, name, tuple(tensors[name].entry.shape), bias if bias in tensors else None,
+                             embedding and not is_head(name), is_head(name), module if named != module else ""))
     if not any(m.head for m in found) and model.config.get("tie_word_embeddings", False):
         embed = next((m for m in found if m.weight.endswith("embed_tokens.weight")), None)
         if embed is not None:
