@@ -13,6 +13,7 @@ Without transformers, or for a family it cannot build, nothing is asked.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from resumerge.errors import UsageError
@@ -20,9 +21,8 @@ from resumerge.plan.expertmodules import meta_model, renamed
 
 # The modules PEFT refuses to give LoRA factors, by their last name, in models of these types (peft 0.17-0.21,
 # tuners_utils._check_lora_target_modules_mamba: "is incompatible with Mamba-based models").
-PEFT_REFUSES: Mapping[str, frozenset[str]] = {
-    model_type: frozenset({"out_proj", "conv1d"})
-    for model_type in ("falcon_h1", "mamba", "mamba2", "falcon_mamba", "nemotron_h")}
+PEFT_REFUSES: Mapping[str, frozenset[str]] = MappingProxyType(dict.fromkeys(
+    ("falcon_h1", "mamba", "mamba2", "falcon_mamba", "nemotron_h"), frozenset({"out_proj", "conv1d"})))
 
 
 def check_loadable(config: Mapping[str, Any], modules: Iterable[tuple[str, str]]) -> None:

@@ -7,7 +7,8 @@ saved whole unless ``--embed-lora`` (or always, when the vocabularies differ); `
 name or last component) to save whole; ``-i``/``-e`` regexes choose, by ``re.search`` on the module name, which of
 the others are extracted; a module PEFT could not wrap in the model transformers builds is refused
 (:mod:`.loadable`). Names, embeddings, ``modules_to_save`` entries and modules holding parameters of their own
-follow the model PEFT loads the adapter onto (:mod:`.peftview`). Every mistake is a :class:`UsageError` or :class:`ModelInputError` (exit 2) raised here,
+follow the model PEFT loads the adapter onto (:mod:`.peftview`).
+Every mistake is a :class:`UsageError` or :class:`ModelInputError` (exit 2) raised here,
 before any weight is read.
 """
 
