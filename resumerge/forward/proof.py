@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,12 +70,31 @@ class Proved:
 
 class PassProof:
     """The proof of the local weight files of ``models`` that the pass reads (``reads``: every stored tensor where
-    None), recorded in ``records`` (a file beside the pass's journal)."""
+    None), recorded in ``records`` (a file beside the pass's journal; set once the pass's folder is known)."""
 
-    def __init__(self, records: Path, models: Sequence[PassModel], reads: Reads | None = None) -> None:
-        self.records = records
+    def __init__(self, models: Sequence[PassModel], reads: Reads | None = None, records: Path | None = None) -> None:
+        self.records = records if records is not None else Path(os.devnull)
         self._groups, self._model = pass_groups(models, reads)
         self._pending: dict[str, tuple[Look, dict[int, str]]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._started: dict[str, Future[tuple[Look, dict[int, str]]]] = {}
+
+    def start(self) -> None:
+        """Begin hashing every file on threads of their own (the hash runs outside the GIL): where the pass will
+        have to hash them anyway (a first check) while this process does something else first (loads its tokenizer,
+        imports torch: seconds of one core). A hash taken early is as good as one taken later: it holds the
+        file's look when hashed, checked before and after."""
+        if self._pool is not None or not self._groups:
+            return
+        self._pool = ThreadPoolExecutor(min(len(self._groups), os.cpu_count() or 1, 8),
+                                        thread_name_prefix="resumerge-proof")
+        self._started = {p: self._pool.submit(group_digests, Path(p), self._groups[p]) for p in self._groups}
+
+    def close(self) -> None:
+        """Stop what :meth:`start` began and nothing used."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool, self._started = None, {}
 
     @property
     def files(self) -> int:
@@ -99,6 +118,8 @@ class PassProof:
                 continue
             if tuple(entry["look"]) != now:
                 looked.append(path)
+        # hashed again only because it was written just before it was hashed (its look not trusted): not touched
+        racy = {p for p in looked if _racy(recorded[p]["look"], look_of(Path(p)))}
         same: list[str] = []
         changed: list[str] = []
         for path, (look, digests) in zip(looked, self._hashed(looked)):
@@ -109,7 +130,8 @@ class PassProof:
                 where = "outside the decoder layers" if late[0] == OUTSIDE else f"in decoder layer {late[0]}"
                 raise PlanChangedError(f"input file {path} holds other bytes {where} than when this pass read them; "
                                        f"{refuse}", path=path, hint=hint)
-            (changed if moved else same).append(path)
+            if moved or path not in racy:
+                (changed if moved else same).append(path)
             self._pending[path] = (look, digests)
         return Proved(tuple(changed), tuple(same))
 
@@ -147,9 +169,21 @@ class PassProof:
         the few files a pass reads)."""
         if not paths:
             return []
+        if self._started:
+            found = {p: self._started.pop(p).result() for p in paths if p in self._started}
+            rest = [p for p in paths if p not in found]
+            if rest:
+                found.update(zip(rest, self._hashed(rest)))
+            return [found[p] for p in paths]
         workers = min(len(paths), os.cpu_count() or 1, 8)
         with ThreadPoolExecutor(workers, thread_name_prefix="resumerge-proof") as pool:
             return list(pool.map(lambda p: group_digests(Path(p), self._groups[p]), paths))
+
+
+def _racy(recorded: Sequence[int], now: Look) -> bool:
+    """Whether a file's look differs from the one recorded only in the ctime no stat matches (-1: hashed within a
+    timestamp tick of its last write)."""
+    return recorded[2] == -1 and (recorded[0], recorded[1], recorded[3]) == (now[0], now[1], now[3])
 
 
 def pass_groups(models: Sequence[PassModel], reads: Reads | None = None

@@ -33,7 +33,7 @@ from resumerge.analyses.check.progress import PROGRESS_NAME, Progress, Watcher
 from resumerge.analyses.check.report import CheckReport, ModelFigures, StaticFigures
 from resumerge.analyses.check.static import TensorResult, logical_shapes, static_pass, tensor_results
 from resumerge.analyses.check.strict import finite
-from resumerge.analyses.check.tokens import cached_sequences
+from resumerge.analyses.check.tokens import Texts, cached_sequences
 from resumerge.analyses.check.verdict import THRESHOLDS, judge
 from resumerge.analyses.check.vocabs import SharedVocab, model_rows
 from resumerge.config.hubtarget import is_hub_target
@@ -91,8 +91,25 @@ def _checked(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
     # imported only where needed: the tokenizer, a family .native does not build
     require_transformers(Needs("resumerge check"), load=False)
     prompts_file = Path(prompts) if prompts is not None else None
-    texts = cached_sequences([m.opened.directory for m in models], prompts_file, state.checks_dir,
-                             configs=[m.opened.config for m in models], paths=[m.path for m in models], cut=cut_texts)
+    # A first check loads its tokenizer (torch and transformers imported: seconds of one core): its models' bytes
+    # are hashed meanwhile, on the other cores, outside the GIL. A repeated check has its tokens kept: nothing read.
+    proof = PassProof(models, compared_reads(models))
+    try:
+        texts = cached_sequences([m.opened.directory for m in models], prompts_file, state.checks_dir,
+                                 configs=[m.opened.config for m in models], paths=[m.path for m in models],
+                                 cut=cut_texts, on_miss=proof.start)
+        return _keyed(model, base, parents, prompts, max_memory, state, on_ray, ray_address, cut_texts, watcher,
+                      models, texts, prompts_file, proof)
+    finally:
+        proof.close()
+
+
+def _keyed(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
+           parents: Sequence[str | os.PathLike[str]], prompts: str | os.PathLike[str] | None,
+           max_memory: int | None, state: StateDir, on_ray: bool, ray_address: str | None, cut_texts: bool,
+           watcher: Watcher | None, models: list[Checked], texts: Texts, prompts_file: Path | None,
+           proof: PassProof) -> CheckReport:
+    """The check, its texts known: its folder found by its key and locked."""
     tokens, vocab = texts.tokens, texts.vocab
     workdir = state.checks_dir / _key(models, tokens, vocab)
     command = check_command(model, base, tuple(parents), prompts, state, cut_texts)
@@ -103,7 +120,7 @@ def _checked(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
     lock.acquire()
     try:
         return _locked(model, models, tokens, vocab, workdir, prompts_file, max_memory, state, on_ray, ray_address,
-                       watcher, command)
+                       watcher, command, proof)
     except KeyboardInterrupt:  # Ctrl-C: where it stopped, and the command that continues it
         raise InterruptedMerge(stopped_at(model, workdir), resume_command=command) from None
     finally:
@@ -153,10 +170,11 @@ def check_command(model: str | os.PathLike[str], base: str | os.PathLike[str] | 
 def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[list[int]],
             vocab: SharedVocab | None, workdir: Path,
             prompts_file: Path | None, max_memory: int | None, state: StateDir, on_ray: bool,
-            ray_address: str | None, watcher: Watcher | None, command: str) -> CheckReport:
-    """The check in ``workdir``, its lock held: answered from its report, or run (resuming its journal)."""
+            ray_address: str | None, watcher: Watcher | None, command: str, proof: PassProof) -> CheckReport:
+    """The check in ``workdir``, its lock held: answered from its report, or run (resuming its journal); ``proof``
+    proves its models' bytes (its records kept in ``workdir``)."""
     done = workdir / REPORT_NAME
-    proof = PassProof(workdir / RECORDS_NAME, models, compared_reads(models))
+    proof.records = workdir / RECORDS_NAME
     said: str | None = None
     if done.is_file():  # asked again: the same report, and the card brought up to date with it
         try:

@@ -75,7 +75,7 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
     folder = Path(out)
     key = _key(models, keys, tokens, merged)
     # the bytes each model's pass reads, recorded beside its journal (which goes once it is done: so not in it)
-    proof = PassProof(state.measures_dir / f"{key[:32]}.{RECORDS_NAME}", models)
+    proof = PassProof(models, records=state.measures_dir / f"{key[:32]}.{RECORDS_NAME}")
     if _claimed(folder, key) and (folder / MANIFEST).is_file():
         said = proof.prove(everything, refuse=f"{os.fspath(folder)} holds the Grams of the bytes it held then",
                            hint="measure into a new folder to measure the file as it is now").line()
