@@ -53,6 +53,6 @@ def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def trust_fresh_files(monkeypatch: pytest.MonkeyPatch) -> None:
     """Trust the look of a file written just before it was hashed: a test's models are made a moment before the
     pass, within the window in which a proof hashes a file again next time (git's "racy clean")."""
-    from resumerge.inputs import contents
+    from resumerge.inputs import looks
 
-    monkeypatch.setattr(contents, "RACY_WINDOW_NS", 0)
+    monkeypatch.setattr(looks, "RACY_WINDOW_NS", 0)

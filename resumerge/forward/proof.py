@@ -18,7 +18,7 @@ journal file. When the pass is asked again:
 
 Hub models are not here: their ranges are held to the hub's checksums (:mod:`.hubreads`).
 
-May import: errors, inputs (contents), store (durable).
+May import: errors, inputs (looks, spans), store (durable).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 
 from resumerge.errors import PlanChangedError
 from resumerge.forward.opened import PassModel, layer_of
-from resumerge.inputs.contents import Look, Spans, group_digests, look_of
+from resumerge.inputs.looks import Look, Spans, group_digests, look_of
 from resumerge.inputs.spans import merged_spans
 from resumerge.store.durable import write_file_atomic
 
