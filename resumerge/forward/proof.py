@@ -204,7 +204,9 @@ def pass_groups(models: Sequence[PassModel], reads: Reads | None = None
             groups.setdefault(path, {}).setdefault(OUTSIDE if layer is None else layer, []).append(
                 (found.entry.start, found.entry.end))
             owner.setdefault(path, index)
-    return ({path: {g: tuple(merged_spans(spans)) for g, spans in sorted(by.items())} for path, by in groups.items()},
+    # a file not there is the reader's to name, in its own words, when the pass reads it
+    present = {path: by for path, by in groups.items() if os.path.isfile(path)}
+    return ({path: {g: tuple(merged_spans(spans)) for g, spans in sorted(by.items())} for path, by in present.items()},
             owner)
 
 
