@@ -4,7 +4,10 @@ same files, the same names) and the measurement resumes at the layer it reached;
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from resumerge.analyses.measure.passes import HIDDEN, JOURNAL, workdir_of
 
@@ -25,3 +28,39 @@ def test_an_earlier_versions_journal_in_out_dir_is_moved_under_the_state_dir(tmp
     assert not (out / JOURNAL).exists() and moved.is_file() and not (workdir / HIDDEN / "model-00").exists()
     fresh = tmp_path / "state" / "measures" / "j"
     assert workdir_of(tmp_path / "fresh", fresh) == fresh and not fresh.exists()  # made by the pass, not here
+
+
+def test_a_finished_measurement_is_proved_by_the_bytes_it_read(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured again, a finished measurement is answered without reading a tensor while its models look as
+    recorded, proved by hashing again where one was touched, and refused (exit 4, the file named) where a model
+    holds other bytes than it was measured from, though its identity (sampled blocks) is the same."""
+    pytest.importorskip("transformers")
+    from check.test_proof import SPEC
+    from proofedits import count_reads, edit_unsampled, trust_fresh_files
+
+    from resumerge import api
+    from resumerge.cli.modelgen import make_model
+    from resumerge.errors import PlanChangedError
+
+    trust_fresh_files(monkeypatch)
+    a, b = make_model(tmp_path / "a", SPEC, seed=1), make_model(tmp_path / "b", SPEC, seed=2)
+    config = tmp_path / "rm.yml"
+    config.write_text(f"merge_method: regmean\nmodels:\n  - model: {a}\n  - model: {b}\n"
+                      f"parameters:\n  grams: {tmp_path / 'grams'}\ndtype: float32\n")
+    texts = tmp_path / "texts.txt"
+    texts.write_text("The capital of France is Paris.\n")
+    state = tmp_path / "state"
+    first = api.measure(config, tmp_path / "grams", texts=texts, state_dir=state)
+    assert not first.reused
+    read = count_reads(monkeypatch)
+    again = api.measure(config, tmp_path / "grams", texts=texts, state_dir=state)
+    assert again.reused and read == [] and again.proof is None
+    os.utime(b / "model.safetensors")
+    touched = api.measure(config, tmp_path / "grams", texts=texts, state_dir=state)
+    assert read == [str(b / "model.safetensors")] and touched.proof is not None and "same bytes" in touched.proof
+    file = edit_unsampled(b, "model.layers.1.mlp.down_proj.weight")
+    with pytest.raises(PlanChangedError) as refused:
+        api.measure(config, tmp_path / "grams", texts=texts, state_dir=state)
+    assert str(file) in str(refused.value) and "decoder layer 1" in str(refused.value)
+    assert refused.value.exit_code == 4

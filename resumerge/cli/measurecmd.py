@@ -55,4 +55,6 @@ def run_measure_command(args: argparse.Namespace) -> int:
         state = "already measured" if report.reused else "measured"
         print(f"{state}: {len(report.models)} model(s), {report.tokens} tokens each, {report.files} Gram file(s) "
               f"in {report.out}; name it in a regmean merge: parameters: {{grams: {report.out}}}")
+        if report.reused and report.proof is not None:
+            print(f"inputs: {report.proof}")
     return 0

@@ -516,6 +516,8 @@ def show_check(report: CheckReport, stream: TextIO | None = None, *, width: int 
     layer = f" (layer {report.broken_layer})" if report.broken_layer is not None else ""
     if report.compared is not None:
         out.print(f"compared: {_escape(report.compared)}")
+    if report.proof is not None:
+        out.print(f"inputs: {_escape(report.proof)}", style="dim")
     out.print(f"verdict: [{colour}]{report.verdict.replace('_', ' ')}[/{colour}]{layer}")
     for reason in report.reasons:
         out.print(f"  - {_escape(in_short(reason, paths, names))}")

@@ -33,6 +33,10 @@ The pass (one home for ``check``, ``measure``, the MoE hidden-state gates, and a
   returns ``step.finish``. The one reader and the one writer of every pass's journal.
 - **Admission** (:mod:`.admission`): :class:`~.admission.Admission` is a ``reserve(what, step)`` holding each
   step's bytes from the RAM governor for as long as the step runs.
+- **The proof** (:mod:`.proof`): :class:`~.proof.PassProof` records, beside a pass's journal, an xxh3-128 per decoder
+  layer of the bytes the pass reads of each local weight file and how the file looked; asked again, a file that
+  looks the same is trusted without a read (a repeated check answers from its report), one that does not is hashed
+  again, and a change in a layer the journal holds refuses the pass (exit 4, the file named).
 - **The lock** (:func:`~.folder.pass_lock`): one process per pass folder (an exclusive flock, which vanishes with
   the process); a second is refused naming the first.
 - **The models and the texts**, each with one owner: :func:`~.opened.open_for_pass` opens a model for a pass (a

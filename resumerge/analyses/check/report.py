@@ -99,6 +99,9 @@ class CheckReport:
     shared_tokens: int | None = None
     vocabulary: str | None = None
     compared: str | None = None  # what the merge was compared with, in one line
+    # what proving the models' bytes found, in one line (a file touched, its bytes the same; one changed in ranges
+    # not read yet; a report of bytes no longer held, checked again): resumerge.forward.proof
+    proof: str | None = None
 
     @property
     def exit_code(self) -> int:

@@ -33,17 +33,18 @@ from resumerge.analyses.check.progress import PROGRESS_NAME, Progress, Watcher
 from resumerge.analyses.check.report import CheckReport, ModelFigures, StaticFigures
 from resumerge.analyses.check.static import TensorResult, logical_shapes, static_pass, tensor_results
 from resumerge.analyses.check.strict import finite
-from resumerge.analyses.check.tokens import cached_sequences
+from resumerge.analyses.check.tokens import Texts, cached_sequences
 from resumerge.analyses.check.verdict import THRESHOLDS, judge
 from resumerge.analyses.check.vocabs import SharedVocab, model_rows
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir, is_default_state_root
-from resumerge.errors import InterruptedMerge, UsageError
+from resumerge.errors import InterruptedMerge, PlanChangedError, UsageError
 from resumerge.forward.admission import Admission
 from resumerge.forward.folder import pass_lock
 from resumerge.forward.hubreads import PassReads
 from resumerge.forward.journal import Journal
 from resumerge.forward.opened import layer_of
+from resumerge.forward.proof import RECORDS_NAME, Depends, PassProof, compared_reads, everything, layers_through
 from resumerge.forward.requires import Needs, require_transformers
 from resumerge.forward.stream import ModelStream
 from resumerge.forward.texts import describe
@@ -90,8 +91,25 @@ def _checked(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
     # imported only where needed: the tokenizer, a family .native does not build
     require_transformers(Needs("resumerge check"), load=False)
     prompts_file = Path(prompts) if prompts is not None else None
-    texts = cached_sequences([m.opened.directory for m in models], prompts_file, state.checks_dir,
-                             configs=[m.opened.config for m in models], paths=[m.path for m in models], cut=cut_texts)
+    # A first check loads its tokenizer (torch and transformers imported: seconds of one core): its models' bytes
+    # are hashed meanwhile, on the other cores, outside the GIL. A repeated check has its tokens kept: nothing read.
+    proof = PassProof(models, compared_reads(models))
+    try:
+        texts = cached_sequences([m.opened.directory for m in models], prompts_file, state.checks_dir,
+                                 configs=[m.opened.config for m in models], paths=[m.path for m in models],
+                                 cut=cut_texts, on_miss=proof.start)
+        return _keyed(model, base, parents, prompts, max_memory, state, on_ray, ray_address, cut_texts, watcher,
+                      models, texts, prompts_file, proof)
+    finally:
+        proof.close()
+
+
+def _keyed(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
+           parents: Sequence[str | os.PathLike[str]], prompts: str | os.PathLike[str] | None,
+           max_memory: int | None, state: StateDir, on_ray: bool, ray_address: str | None, cut_texts: bool,
+           watcher: Watcher | None, models: list[Checked], texts: Texts, prompts_file: Path | None,
+           proof: PassProof) -> CheckReport:
+    """The check, its texts known: its folder found by its key and locked."""
     tokens, vocab = texts.tokens, texts.vocab
     workdir = state.checks_dir / _key(models, tokens, vocab)
     command = check_command(model, base, tuple(parents), prompts, state, cut_texts)
@@ -102,7 +120,7 @@ def _checked(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
     lock.acquire()
     try:
         return _locked(model, models, tokens, vocab, workdir, prompts_file, max_memory, state, on_ray, ray_address,
-                       watcher, command)
+                       watcher, command, proof)
     except KeyboardInterrupt:  # Ctrl-C: where it stopped, and the command that continues it
         raise InterruptedMerge(stopped_at(model, workdir), resume_command=command) from None
     finally:
@@ -152,12 +170,29 @@ def check_command(model: str | os.PathLike[str], base: str | os.PathLike[str] | 
 def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[list[int]],
             vocab: SharedVocab | None, workdir: Path,
             prompts_file: Path | None, max_memory: int | None, state: StateDir, on_ray: bool,
-            ray_address: str | None, watcher: Watcher | None, command: str) -> CheckReport:
-    """The check in ``workdir``, its lock held: answered from its report, or run (resuming its journal)."""
+            ray_address: str | None, watcher: Watcher | None, command: str, proof: PassProof) -> CheckReport:
+    """The check in ``workdir``, its lock held: answered from its report, or run (resuming its journal); ``proof``
+    proves its models' bytes (its records kept in ``workdir``)."""
     done = workdir / REPORT_NAME
+    proof.records = workdir / RECORDS_NAME
+    said: str | None = None
     if done.is_file():  # asked again: the same report, and the card brought up to date with it
-        report = replace(CheckReport.from_json(json.loads(done.read_text())), prompts=describe(prompts_file))
-        return replace(report, card=update_card(model, state, report))
+        try:
+            proved = proof.prove(everything, refuse="its report is of those bytes", hint="")
+        except PlanChangedError as exc:  # a report of bytes a model no longer holds: checked again, from the start
+            _start_over(workdir, proof)
+            said = f"{exc.path} changed since its last check (in a range the check reads): checked again"
+        else:
+            proof.record()  # the new look of a file touched, its bytes the same
+            report = replace(CheckReport.from_json(json.loads(done.read_text())), prompts=describe(prompts_file),
+                             proof=proved.line())
+            return replace(report, card=update_card(model, state, report))
+    else:
+        # A resumed check: what its journal holds was computed from the bytes the models held then.
+        said = proof.prove(_journal_depends(workdir), refuse="the check's journal holds figures computed from the "
+                           "bytes it held then", hint=f"restore the file as it was and check again (it resumes), "
+                           f"or delete {workdir} to check the file as it is now from the start").line()
+    proof.record()  # before the first journal file: whatever the check journals, its bytes are recorded
     reads = PassReads(workdir)  # a hub model's ranges checked (journaled in workdir), its files verified whole
     models = reads.bind(models, fresh=not _journaled(workdir))
     streams = streams_of(models)
@@ -214,7 +249,7 @@ def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[l
         # the kept ranges stay for a resume; where a file failed its check, the journal goes: checked again, the
         # check starts over
         reads.close(clear=False, error=error)
-    report = replace(_report(models, static, figures, tokens, vocab), prompts=describe(prompts_file))
+    report = replace(_report(models, static, figures, tokens, vocab), prompts=describe(prompts_file), proof=said)
     workdir.mkdir(parents=True, exist_ok=True)
     if figures is not None and len(models) > 1:  # people would rather look than read
         chart = write_drift_chart(workdir / CHART_NAME, report)
@@ -290,6 +325,27 @@ def _static(models: list[Checked], workdir: Path, progress: Progress,
     workdir.mkdir(parents=True, exist_ok=True)
     write_file_atomic(path, (json.dumps(static.to_json(), allow_nan=False) + "\n").encode())  # the table's order
     return static
+
+
+def _journal_depends(workdir: Path) -> Depends:
+    """What of its models' bytes the journal of a check in ``workdir`` depends on: every tensor once its static pass
+    is journaled whole; the tensors outside the decoder layers once their static figures, or any layer, are; each
+    decoder layer journaled (of every model: the pass runs them all layer by layer)."""
+    from resumerge.forward.journal import latest
+
+    if (workdir / STATIC_NAME).is_file():
+        return everything
+    found = latest(workdir, LAYER_PREFIX)
+    return layers_through(None if found is None else found[0], outside=(workdir / OUTSIDE_NAME).is_file())
+
+
+def _start_over(workdir: Path, proof: PassProof) -> None:
+    """Everything a check in ``workdir`` found set aside (its report, its static figures, its journal, its chart and
+    the records of what it read): it runs again from the start."""
+    Journal(workdir, LAYER_PREFIX).clear()
+    for name in (REPORT_NAME, STATIC_NAME, OUTSIDE_NAME, CHART_NAME):
+        (workdir / name).unlink(missing_ok=True)
+    proof.forget()
 
 
 def _journaled(workdir: Path) -> bool:

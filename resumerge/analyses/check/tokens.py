@@ -15,7 +15,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,18 +39,22 @@ class Texts:
 
 
 def cached_sequences(directories: Sequence[Path], prompts_file: Path | None, cache: Path, *,
-                     configs: Sequence[Mapping[str, Any]] = (), paths: Sequence[str] = (), cut: bool = False) -> Texts:
+                     configs: Sequence[Mapping[str, Any]] = (), paths: Sequence[str] = (), cut: bool = False,
+                     on_miss: Callable[[], None] | None = None) -> Texts:
     """:func:`~resumerge.forward.texts.sequences` of the tokenizer that cuts the texts (the first of
     ``directories`` that holds one where the models' vocabularies are one, else :func:`~.vocabs.shared_vocab`'s),
     each within the models' context (``configs``: their config.json; ``cut``: a longer text cut rather than
     refused), kept under ``cache`` (the state dir's checks folder) and read from there when nothing they depend on
-    changed. Refuses (exit 2) texts the models cannot be compared on (:func:`~.vocabs.refuse_unshared`)."""
+    changed. Refuses (exit 2) texts the models cannot be compared on (:func:`~.vocabs.refuse_unshared`).
+    ``on_miss`` is called before a tokenizer is loaded (seconds: transformers and torch imported)."""
     key = _key(directories, prompts_file, cut)
     path = cache / TOKENS_DIR / f"{key}.json" if key is not None else None
     if path is not None:
         found = _read(path)
         if found is not None:
             return found
+    if on_miss is not None:
+        on_miss()
     names = list(paths) or [os.fspath(d) for d in directories]
     rows = [model_rows(c) for c in configs] or [None] * len(directories)
     if same_vocabularies(directories, rows):

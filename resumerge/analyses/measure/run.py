@@ -30,10 +30,12 @@ from resumerge.errors import ConfigError, UsageError
 from resumerge.forward.admission import Admission
 from resumerge.forward.folder import pass_lock
 from resumerge.forward.opened import PassModel, open_for_pass, where_of
+from resumerge.forward.proof import RECORDS_NAME, Depends, PassProof, everything
 from resumerge.inputs.grams import (
     LAYER_PREFIX,
     MANIFEST,
     Measurement,
+    layer_file,
     read_measurement,
 )
 
@@ -54,6 +56,7 @@ class MeasureReport:
     files: int
     tokens: int
     reused: bool
+    proof: str | None = None  # what proving the models' bytes found, in one line (resumerge.forward.proof)
 
 
 def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *,
@@ -71,10 +74,15 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
     merged = _merged_pass(merge)
     folder = Path(out)
     key = _key(models, keys, tokens, merged)
+    # the bytes each model's pass reads, recorded beside its journal (which goes once it is done: so not in it)
+    proof = PassProof(models, records=state.measures_dir / f"{key[:32]}.{RECORDS_NAME}")
     if _claimed(folder, key) and (folder / MANIFEST).is_file():
+        said = proof.prove(everything, refuse=f"{os.fspath(folder)} holds the Grams of the bytes it held then",
+                           hint="measure into a new folder to measure the file as it is now").line()
+        proof.record()  # the new look of a file touched, its bytes the same
         found = read_measurement(folder, yaml_path="OUT_DIR")
         return MeasureReport(str(folder), tuple(m.key for m in found.models), _count(found),
-                             sum(len(t) for t in tokens), reused=True)
+                             sum(len(t) for t in tokens), reused=True, proof=said)
     layers, budget, step = _all_fit(models, keys, tokens, max_memory)
     # One process per measurement: two at once would write and delete each other's layer files (issue 70).
     command = ["resumerge", "measure", os.fspath(config), os.fspath(folder)]
@@ -87,10 +95,16 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
         _claim(folder, key, {"config": os.path.abspath(config), "models": keys, "layers": layers,
                              "texts": os.path.abspath(texts) if texts is not None else None})
         workdir = workdir_of(folder, state.measures_dir / key[:32])
+        said = proof.prove(_grams_depend(folder, len(models)), refuse=f"the Grams in {os.fspath(folder)} were "
+                           "measured from the bytes it held then", hint="restore the file as it was and measure "
+                           "again (it resumes), or measure into a new folder").line()
+        if said is not None and on_progress is not None:
+            on_progress(said)
+        proof.record()  # before the first layer's Grams: whatever the pass writes, its bytes are recorded
         with Admission(budget, {"layer": step}) as reserve:
             _, measured = run_measurement(models, keys, tokens, folder, workdir, on_progress, merged, reserve)
         return MeasureReport(str(folder), tuple(m.key for m in measured), sum(len(m.sha256) for m in measured),
-                             sum(len(t) for t in tokens), reused=False)
+                             sum(len(t) for t in tokens), reused=False, proof=said)
 
 
 @dataclass(frozen=True)
@@ -173,6 +187,20 @@ def _merged_pass(merge: MergeConfig) -> dict[str, object] | None:
         raise ConfigError(f"{RATIO} must be one number from 0 to 1 for measure's merged pass, not {ratio!r}",
                           yaml_path=f"parameters.{RATIO}")
     return {"method": SPEC_PLUS.name, RATIO: float(ratio)}
+
+
+def _grams_depend(folder: Path, count: int) -> Depends:
+    """What of its models' bytes a measurement in ``folder`` (of ``count`` models) depends on: of each model, the
+    decoder layers whose Grams are written (and the tensors outside the layers, its embeddings, once one is)."""
+    from resumerge.forward.proof import layers_through
+
+    written = []
+    for index in range(count):
+        layer = 0
+        while (folder / layer_file(index, layer)).is_file():
+            layer += 1
+        written.append(layers_through(layer - 1 if layer else None, outside=False))
+    return lambda model, group: written[model](model, group)
 
 
 def _count(measurement: Measurement) -> int:

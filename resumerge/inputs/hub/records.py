@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from resumerge.inputs.looks import RACY_WINDOW_NS as RACY_WINDOW_NS  # one window for every record of a look
+
 DB_NAME = "hub-verified.sqlite"
-# Coarse file timestamps (ext4 ticks, NFS, FAT's 2 s) make a write within this window of a hash ambiguous.
-RACY_WINDOW_NS = 2_000_000_000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS verified (

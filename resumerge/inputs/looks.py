@@ -1,0 +1,74 @@
+"""How a file looks to the cheap gate of a content proof (size, mtime, ctime, inode), and the xxh3-128 of groups of
+its byte ranges (:mod:`resumerge.forward.proof`: a pass's models, a digest per decoder layer).
+
+Kept apart from :mod:`.contents` (a merge's proof, whose records share the hub's verification database): a check
+imports this, and its start is paid again by every check, so nothing of the hub's stack is imported here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import xxhash
+
+from resumerge.errors import PlanChangedError
+
+# Coarse file timestamps (ext4 ticks, NFS, FAT's 2 s) make a write within this window of a hash ambiguous (the
+# same window as the hub's verification records: resumerge.inputs.hub.records).
+RACY_WINDOW_NS = 2_000_000_000
+_BLOCK = 8 * 1024 * 1024
+# The [start, end) byte ranges of a file, sorted and merged.
+Spans = Sequence[tuple[int, int]]
+
+
+# How a file looks to the cheap gate that decides whether its digests must be taken again: size, mtime, ctime and
+# inode (a rewrite in place moves the first three, a replacement the inode; user space cannot set ctime back).
+Look = tuple[int, int, int, int]
+
+
+def look_of(path: Path) -> Look:
+    """``path``'s :data:`Look` now (raises ``OSError`` where it is gone)."""
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
+
+
+def group_digests(path: Path, groups: Mapping[int, Spans]) -> tuple[Look, dict[int, str]]:
+    """The xxh3-128 of each group of ranges of ``path`` (``groups``: a key, e.g. the decoder layer whose tensors
+    they are, to its spans), and how the file looked while hashed; a file written within a timestamp tick of the
+    hash gets a look no later stat matches (ctime -1: hashed again next time, git's "racy clean"). Read by
+    ``preadv`` into one 8 MiB buffer, not mapped: a map's pages would count in the process's RSS, which the RAM
+    governor watches. Raises :class:`PlanChangedError` for a file that changed while it was read."""
+    before = os.stat(path)
+    started = time.time_ns()
+    found: dict[int, str] = {}
+    block = bytearray(_BLOCK)
+    view = memoryview(block)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for key, spans in groups.items():
+            digest = xxhash.xxh3_128()
+            for start, end in spans:
+                at = start
+                while at < end:
+                    n = os.preadv(fd, [view[:min(_BLOCK, end - at)]], at)
+                    if n <= 0:
+                        raise _changed(path)
+                    digest.update(view[:n])
+                    at += n
+            found[key] = digest.hexdigest()
+    finally:
+        os.close(fd)
+    after = os.stat(path)
+    look = (before.st_size, before.st_mtime_ns, before.st_ctime_ns, before.st_ino)
+    if look != (after.st_size, after.st_mtime_ns, after.st_ctime_ns, after.st_ino):
+        raise _changed(path)
+    racy = max(before.st_mtime_ns, before.st_ctime_ns) + RACY_WINDOW_NS >= started
+    return (look[0], look[1], -1 if racy else look[2], look[3]), found
+
+
+def _changed(path: Path) -> PlanChangedError:
+    return PlanChangedError(f"input file {path} changed while it was being read; nothing was kept from it",
+                            path=str(path), hint="run the same command again once the file is final")
