@@ -18,12 +18,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.analyses.check.heads import HeadTotals, kl_at, logprobs, nll_sum, targets_of
+from resumerge.analyses.check.heads import HeadTotals
 from resumerge.analyses.check.passes import batched_on, model_layer, run_pass, streams_of
-from resumerge.analyses.check.tokens import cached_sequences
+from resumerge.analyses.evaluation.texttasks import text_heads, texts_of
 from resumerge.config.locations import StateDir
-from resumerge.errors import UsageError
 from resumerge.evolve import storage
+from resumerge.evolve.scoring import text_task
 from resumerge.evolve.spec import Task
 from resumerge.forward import Weights
 from resumerge.forward.opened import PassModel, open_for_pass
@@ -87,13 +87,9 @@ class StreamedCandidates:
             assert task.parent is not None
             parent = [replace(open_for_pass(task.parent, "the kl task's parent", self.state), role="parent")]
         models = [*candidates, *parent]
-        assert task.texts is not None
         directories = [self.tokenizer or models[0].opened.directory, *(m.opened.directory for m in models[1:])]
-        texts = cached_sequences(directories, Path(task.texts), self.store / storage.TOKENS,
-                                 configs=[m.opened.config for m in models], paths=[m.path for m in models], cut=True)
-        if texts.vocab is not None:
-            raise UsageError(f"{task.parent} and the candidates tokenize differently",
-                             hint="a kl task's parent is one of the genome's models or of their vocabulary")
+        tokens = texts_of(directories, [m.opened.config for m in models], [m.path for m in models], text_task(task),
+                          self.store / storage.TOKENS)
         streams: list[ModelStream] = []
         for i, c in enumerate(population.candidates):
             built = (streams[0].config, streams[0].model) if streams else None
@@ -106,7 +102,7 @@ class StreamedCandidates:
                             layers=streams[0].layers)
 
             figures = run_pass([m.role for m in models], Generation(population, streams, bool(parent), on_layer),
-                               texts.tokens, work)
+                               tokens, work)
         finally:
             for stream in streams:
                 stream.close()
@@ -153,29 +149,15 @@ class Generation:
 
     def heads(self, hidden: list[list[torch.Tensor]], batches: Sequence[Sequence[Sequence[int]]],
               base: int | None) -> HeadTotals:
-        """Per candidate its NLL and, with a parent (the last model), KL(parent ‖ candidate); batch by batch,
-        the parent's log-probabilities of a batch held while every candidate's are compared with them."""
-        count = len(self.streams) - (1 if self.parent else 0)
-        tokens = sum(len(s) - 1 for batch in batches for s in batch)
-        targets = targets_of(batches, None, 0)
-        nll = [0.0] * len(self.streams)
-        kl: list[list[torch.Tensor]] = [[] for _ in range(count)]
+        """Per candidate its NLL and, with a parent (the last model), KL(parent ‖ candidate): the one owner's
+        (:func:`~resumerge.analyses.evaluation.texttasks.text_heads`), every head read inside the population's
+        block."""
         with self.population.layer():
-            rows = [logprobs(s, hidden[m], batches) for m, s in enumerate(self.streams)]
-            for b in range(len(batches)):
-                theirs = list(next(rows[-1])) if self.parent else []
-                for m in range(count):
-                    for r, found in enumerate(next(rows[m])):
-                        nll[m] = nll_sum(found, targets[b][r], nll[m])
-                        if self.parent:
-                            kl[m].append(kl_at(theirs[r], found))
-            for each in rows:  # past its last batch: its head's weights are let go
-                next(each, None)
-        means: list[float | None] = [float(torch.cat(k).double().mean()) if k else None for k in kl]
-        means += [None] * (len(self.streams) - count)
+            found = text_heads(self.streams, hidden, batches, self.parent)
         empty: list[float | None] = [None] * len(self.streams)
-        return HeadTotals(nll=[n / tokens for n in nll], kl=means, kl_p95=empty, top1=empty, base_kl=empty,
-                          tokens=tokens)
+        beside: list[float | None] = [None] * (len(self.streams) - len(found.nll))
+        return HeadTotals(nll=[*found.nll, *(0.0 for _ in beside)], kl=[*found.kl, *beside], kl_p95=empty,
+                          top1=empty, base_kl=empty, tokens=found.tokens)
 
 
 def _models_read(config: Mapping[str, Any]) -> tuple[str, ...]:
