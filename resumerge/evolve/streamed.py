@@ -18,12 +18,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.analyses.check.tokens import cached_sequences
+from resumerge.analyses.evaluation.texttasks import texts_of
 from resumerge.config.locations import StateDir
-from resumerge.errors import UsageError
 from resumerge.evolve import storage
 from resumerge.evolve.budget import pass_steps
 from resumerge.evolve.generation import SCRATCH, GenerationPass, TaskTexts
+from resumerge.evolve.scoring import text_task
 from resumerge.evolve.spec import Task
 from resumerge.forward import Weights
 from resumerge.forward.admission import Admission
@@ -130,18 +130,16 @@ class StreamedCandidates:
 
     def _texts(self, task: Task, candidate: PassModel, parents: Mapping[str, PassModel],
                order: Sequence[str]) -> TaskTexts:
-        """``task``'s texts tokenized as ``check --prompts`` reads them (once per search, kept in STORAGE), cut to
-        the context of the candidates and the task's parent."""
-        assert task.texts is not None
-        models = [candidate] + ([parents[task.parent]] if task.kind == "kl" and task.parent is not None else [])
+        """``task``'s texts as the one owner of NLL and KL scoring tokenizes them
+        (:func:`~resumerge.analyses.evaluation.texttasks.texts_of`: as ``check --prompts`` reads them, once per
+        search, kept in STORAGE), cut to the context of the candidates and the task's parent."""
+        scored = text_task(task)
+        models = [candidate] + ([parents[scored.parent]] if scored.parent is not None else [])
         directories = [self.tokenizer or candidate.opened.directory, *(m.opened.directory for m in models[1:])]
-        found = cached_sequences(directories, Path(task.texts), self.store / storage.TOKENS,
-                                 configs=[m.opened.config for m in models], paths=[m.path for m in models], cut=True)
-        if found.vocab is not None:
-            raise UsageError(f"{task.parent} and the candidates tokenize differently",
-                             hint="a kl task's parent is one of the genome's models or of their vocabulary")
-        parent = order.index(task.parent) if task.kind == "kl" and task.parent is not None else None
-        return TaskTexts(task.name, [list(s) for s in found.tokens], parent)
+        tokens = texts_of(directories, [m.opened.config for m in models], [m.path for m in models], scored,
+                          self.store / storage.TOKENS)
+        return TaskTexts(task.name, [list(s) for s in tokens],
+                         order.index(scored.parent) if scored.parent is not None else None)
 
 
 def _models_read(config: Mapping[str, Any]) -> tuple[str, ...]:
