@@ -8,7 +8,8 @@ parameters are numbers). :mod:`.strategy` drives ``cma``'s CMA-ES and keeps its 
 candidate); :mod:`.objective` is the protocol that scores a generation of candidates and the weighting of their
 tasks; :mod:`.streamed` scores a whole generation in one streamed pass for all its kl/nll tasks (:mod:`.generation`:
 every candidate a merge never written, its layers merged in memory from one read of the parents' layer, each step
-admitted by the RAM governor), and :mod:`.written` is the reference it is held to (each candidate merged by ``run``'s code into a journaled folder, then scored by :mod:`.scoring`);
+admitted by the RAM governor), and :mod:`.written` is the reference it is held to (each candidate merged by
+``run``'s code into a journaled folder, then scored by :mod:`.scoring`);
 :mod:`.budget` refuses up front a generation past ``--max-memory``; :mod:`.search` drives a search from start
 to end.
 
