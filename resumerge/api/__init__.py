@@ -366,8 +366,13 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
     if not is_config(os.fspath(target)):
         return run_eval(os.fspath(target), settings, state=state, watcher=progress)
     # A merge config: the merge it describes, each tensor merged by run's code as the pass reads it, never written
-    # (planned, and refused in one line, before any weight is read).
-    with open_unwritten(target, state_dir=state_dir) as merge:
+    # (planned, and refused in one line, before any weight is read); each tensor's merge admitted by a governor of
+    # the budget as run admits its units.
+    from resumerge.memory import MemoryGovernor, SystemProbe, default_budget
+
+    budget = settings.max_memory if settings.max_memory is not None else default_budget(SystemProbe())
+    with MemoryGovernor(budget, SystemProbe()) as governor, \
+            open_unwritten(target, state_dir=state_dir, governor=governor) as merge:
         return run_eval(os.fspath(target), settings, state=state, watcher=progress, unwritten=merge)
 
 
