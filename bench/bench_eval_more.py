@@ -89,9 +89,11 @@ def budget(args: argparse.Namespace, tasks: Path, env: dict[str, str]) -> None:
 
 
 def resume(args: argparse.Namespace, tasks: Path, env: dict[str, str]) -> None:
-    """``--model`` on ``tiny_mc`` (``--docs`` documents) and ``nll``: uninterrupted, and killed after layer 15 of
-    its first pass then run again, alternated over ``--runs``."""
+    """``--model`` on ``tiny_mc`` (``--docs`` documents) and ``nll``: uninterrupted, and killed after the middle
+    layer of its first pass then run again, alternated over ``--runs``."""
     names = f"tiny_mc,nll:{_texts(args.work)}"
+    config = json.loads((args.model / "config.json").read_text())
+    half = int((config.get("text_config") or config)["num_hidden_layers"]) // 2
     ratios = []
     for run in range(args.runs):
         found: dict[str, float] = {}
@@ -102,9 +104,9 @@ def resume(args: argparse.Namespace, tasks: Path, env: dict[str, str]) -> None:
                 _say(f"resume run {run + 1}: uninterrupted", wall, peak, written)
                 found[name] = wall
             else:
-                kill = {**env, "RESUMERGE_KILL_AT": "after_eval_layer:15"}
+                kill = {**env, "RESUMERGE_KILL_AT": f"after_eval_layer:{half}"}
                 first, peak, written = measured(eval_argv(args.model, names, tasks, state), kill, killed=True)
-                _say(f"resume run {run + 1}: killed after layer 15", first, peak, written)
+                _say(f"resume run {run + 1}: killed after layer {half}", first, peak, written)
                 second, peak, written = measured(eval_argv(args.model, names, tasks, state), env)
                 _say(f"resume run {run + 1}: resumed", second, peak, written)
                 found[name] = first + second
@@ -175,5 +177,49 @@ def generate(args: argparse.Namespace, tasks: Path, env: dict[str, str]) -> None
                   f"{found['KV cache'] / found['no cache (base)']:.2f}x no cache", flush=True)
 
 
+def kvcache(args: argparse.Namespace, tasks: Path, env: dict[str, str]) -> None:
+    """In this process, the generation loop alone: 32 greedy tokens after a 128-token context with the KV cache
+    (:func:`~resumerge.analyses.evaluation.generate.resident`) against the whole sequence run again at each step
+    (what generation did before), on a generated tiny model (context 256) and on ``--model``, alternated over
+    ``--runs``; the tokens must be the same."""
+    import torch
+    from evaluation.evaltasks import tiny_model
+
+    from resumerge.analyses.evaluation.generate import cached_stream, resident
+    from resumerge.config.locations import StateDir
+    from resumerge.forward import Weights
+    from resumerge.forward.opened import open_for_pass
+
+    tiny = tiny_model(args.work / "tiny-kv", context=256)
+    for model in (tiny, args.model):
+        opened = open_for_pass(str(model), "the model", StateDir.resolve(args.work / "state-kv")).opened
+        stream = cached_stream(Weights.of(opened.directory, opened.tensors), opened.config, torch.float32)
+        vocab = int(opened.config.get("vocab_size", 64))
+        context = [(i * 7 + 3) % min(vocab, 60) + 3 for i in range(128)]
+        with torch.no_grad(), resident(stream) as greedy:
+            for run in range(args.runs):
+                found: dict[str, float] = {}
+                tokens: dict[str, list[int]] = {}
+                for name in (("cache", "none") if run % 2 == 0 else ("none", "cache")):
+                    start = time.perf_counter()
+                    if name == "cache":
+                        made = []
+                        for token in greedy(context):
+                            made.append(token)
+                            if len(made) == 32:
+                                break
+                    else:
+                        made = []
+                        while len(made) < 32:
+                            out = stream.model(input_ids=torch.tensor([context + made]), use_cache=False)
+                            made.append(int(out.logits[0, -1].argmax()))
+                    found[name], tokens[name] = time.perf_counter() - start, made
+                assert tokens["cache"] == tokens["none"], "the cache changed the greedy tokens"
+                print(f"kvcache {model.name} run {run + 1}: 32 tokens after 128: cache {found['cache']:.2f} s, "
+                      f"whole sequence each step {found['none']:.2f} s: {found['none'] / found['cache']:.1f}x "
+                      "faster, the same tokens", flush=True)
+        stream.close()
+
+
 BENCHES: dict[str, Callable[[argparse.Namespace, Path, dict[str, str]], None]] = {
-    "budget": budget, "resume": resume, "unwritten": unwritten, "generate": generate}
+    "budget": budget, "resume": resume, "unwritten": unwritten, "generate": generate, "kvcache": kvcache}
