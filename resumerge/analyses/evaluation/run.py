@@ -22,7 +22,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from resumerge.analyses.check.needs import StepBytes, step_bytes
-from resumerge.analyses.evaluation.generate import generate, resident_bytes
+from resumerge.analyses.evaluation.generate import cached_stream, generate, resident_bytes
 from resumerge.analyses.evaluation.report import EvalReport
 from resumerge.analyses.evaluation.requests import Scoring
 from resumerge.analyses.evaluation.scorer import LAYER_PREFIX, Answer, answered, score
@@ -109,8 +109,12 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
 
         if generating:
             _fits_whole(stream, generating, settings)  # before any weight is read
+        def generated(requests: list[tuple[str, dict[str, Any]]]) -> list[str]:
+            with cached_stream(weights, model.opened.config, _float32()) as whole:
+                return generate(whole, lm, requests)
+
         lm = ResumergeLM(tokenizer, _max_length(model, tokenizer), scorer,
-                         generator=(lambda requests: generate(stream, lm, requests)) if generating else None)
+                         generator=generated if generating else None)
         results, tracker = _evaluate(lm, target, settings, manager) if manager is not None else \
             no_lm_tasks(target, settings)
         for work in texts:
@@ -147,17 +151,17 @@ def _evaluate(lm: Any, target: str, settings: EvalSettings, manager: Any) -> tup
 @dataclass(frozen=True)
 class _Merged:
     """What an unwritten merge adds to a pass: its plan's fingerprint (in the pass's key: the same config over
-    changed inputs is another model) and how many inputs each of its tensors is merged from (a layer's merge holds
-    each input's tensor beside the result)."""
+    changed inputs is another model) and the largest working set of one tensor's merge (``merge_bytes``: each
+    merge is admitted by the merge's own governor as ``run`` admits its units, beside what the pass holds)."""
 
     fingerprint: str
-    inputs: int
+    merge_bytes: int
 
     @classmethod
     def of(cls, unwritten: UnwrittenMerge | None) -> _Merged | None:
         if unwritten is None:
             return None
-        return cls(unwritten.plan.fingerprint, len(unwritten.plan.model_dirs))
+        return cls(unwritten.plan.fingerprint, unwritten.merge_bytes)
 
 
 class _Scorer:
@@ -206,9 +210,10 @@ class _Scorer:
             for parent in streams[1:]:
                 parent.close()
 
-    def _layer_bytes(self, sizes: StepBytes) -> int:
-        # an unwritten merge's layer holds, while a tensor is merged, each input's tensor beside it
-        return max(sizes.layers) * (1 + (self.merged.inputs if self.merged else 0))
+    @staticmethod
+    def _layer_bytes(sizes: StepBytes) -> int:
+        # what a layer holds once read (an unwritten merge's tensors merged: each merge admitted on its own)
+        return max(sizes.layers)
 
     def _locked(self, workdir: Path, kind: str, requests: int, states: int, steps: dict[str, int],
                 scored: Callable[[Reserve, Callable[[int | None], None]], Found]) -> Found:
@@ -221,8 +226,10 @@ class _Scorer:
                               "resumes at the layer it reached)")
         lock.acquire()
         try:
-            budget = budget_fitting("the evaluation", states + max(steps.values()), self.settings.max_memory,
-                                    SystemProbe())
+            # beside a step, an unwritten merge's read merges one tensor at a time (admitted by its governor)
+            merging = self.merged.merge_bytes if self.merged is not None else 0
+            budget = budget_fitting("the evaluation", states + max(steps.values()) + merging,
+                                    self.settings.max_memory, SystemProbe())
             with Admission(budget, steps) as reserve:
                 def on_layer(layer: int | None) -> None:
                     self._say(workdir, EvalStep(self.model.path, self.settings.tasks, kind, requests, layer,
