@@ -1,9 +1,14 @@
 """``resumerge eval`` against lm-eval's own ``hf`` model (``lm_eval --model hf``, transformers, float32) on the same
-CPU, model and tasks: wall time and peak RSS of each command, alternated, and whether their metrics agree.
+CPU, model and tasks: wall time and peak RSS of each command, alternated, and whether their metrics agree; and
+(``--bench``) eval's own figures: ``budget`` a generated model twice ``--max-memory`` evaluated within it (peak
+RSS), ``resume`` an evaluation killed after a layer and resumed against one never interrupted, ``unwritten`` a merge
+config evaluated unwritten against its written merge's evaluation (and the weight bytes it wrote), ``generate`` a
+generation task with this tree's KV cache against ``--base``'s tree (``git archive`` of an older commit).
 
 Usage::
 
-    python bench/bench_eval.py [--model DIR] [--runs 2] [--work DIR] [--max-memory SIZE] [--docs 40]
+    python bench/bench_eval.py [--bench hf,budget,resume,unwritten,generate] [--model DIR] [--runs 2] [--work DIR]
+        [--max-memory SIZE] [--docs 40] [--base ROOT]
 
 The model defaults to SmolLM2-135M-Instruct in float32 (tests/realmodel.py's fixture, 0.54 GB). The tasks are a
 multiple-choice task (``--docs`` documents, four choices) and a perplexity task (``--docs`` / 4 documents of a few
@@ -66,11 +71,13 @@ def _measured(argv: list[str], env: dict[str, str]) -> tuple[float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bench", default="hf", help="comma-separated: hf, budget, resume, unwritten, generate")
     parser.add_argument("--model", type=Path)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-eval"))
     parser.add_argument("--max-memory", default=None)
     parser.add_argument("--docs", type=int, default=40)
+    parser.add_argument("--base", type=Path, help="the tree ``generate`` compares with (git archive of a commit)")
     args = parser.parse_args()
     if args.model is None:
         from realmodel import smollm2_folder
@@ -80,6 +87,17 @@ def main() -> None:
     tasks = _tasks(args.work, args.docs)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HOME": str(args.work / "hf"), "HF_DATASETS_OFFLINE": "1",
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    from bench_eval_more import BENCHES
+
+    for bench in args.bench.split(","):
+        if bench == "hf":
+            _against_hf(args, tasks, env)
+        else:
+            BENCHES[bench](args, tasks, env)
+    print("load:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+
+
+def _against_hf(args: argparse.Namespace, tasks: Path, env: dict[str, str]) -> None:
     names = "tiny_mc,tiny_ppl"
     figures: dict[str, list[tuple[float, int]]] = {"resumerge eval": [], "lm_eval --model hf": []}
     outputs: dict[str, Path] = {}
@@ -108,9 +126,7 @@ def main() -> None:
     for task in ours:
         print(task, {k: v for k, v in ours[task].items() if "," in k})
         print(" " * len(task), {k: v for k, v in theirs[task].items() if "," in k})
-    print("load:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     print(f"max RSS this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
-
 
 
 if __name__ == "__main__":

@@ -4,14 +4,21 @@ disk and scored alone (the loop mergekit-evolve runs on a CPU: per candidate a m
 Usage::
 
     PYTHONPATH=TREE python bench/bench_evolve.py [--layers 6 --hidden 768 --intermediate 2048 --vocab 16000]
-        [--popsize 8] [--runs 2]
+        [--popsize 8] [--runs 2] [--tasks 1] [--base OTHER_TREE] [--max-memory SIZE] [--streamed-only] [--mergekit]
 
-Makes three generated Llama-style float32 models (base, a, b) under the temp dir once and a ``kl`` task's texts,
-then alternates, each step a fresh process (its wall time from its start): ``streamed`` is
+Makes three generated Llama-style float32 models (base, a, b) under the temp dir once and ``--tasks`` tasks' texts
+(a ``kl`` task from a, then alternately an ``nll`` task and a ``kl`` task from b), then alternates, each step a
+fresh process (its wall time from its start, its own peak RSS, ``VmHWM``): ``streamed`` is
 ``resumerge evolve CONFIG STORAGE --popsize P --max-fevals P-1`` (one generation: each candidate a merge never
-written, every candidate's layer merged from one read of the parents' layer); ``written`` is the same search with
-each candidate merged by ``run`` into STORAGE and scored by check's pass over the written merge
-(``resumerge.api.evolution.evolve_into(..., written=True)``). Both tables must hold the same figures to 1e-6.
+written, every candidate's layer merged from one read of the parents' layer); ``base`` the same command on
+``--base``'s tree (main, for an A/B: its table must be byte-identical); ``written`` is the same search with each
+candidate merged by ``run`` into STORAGE and scored alone on the written merge
+(``resumerge.api.evolution.evolve_into(..., written=True)``). Every table must hold the same figures to 1e-6.
+``--mergekit``: the loop mergekit-evolve itself runs on a CPU, on the same candidates' configs
+(``bench/evolve_mergekit_loop.py``: mergekit 0.1.5 writes each merge, transformers loads it, its figures are taken
+from its logits; their largest relative difference from the streamed figures is printed, not asserted: another
+forward pass, another tokenization). ``--max-memory`` is given to the streamed searches (``--streamed-only``: the
+written loop is not run: a search over models larger than the budget).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,7 +35,17 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-WRITTEN = """
+PEAK = """
+from resumerge.memory import os_peak_rss
+import atexit
+atexit.register(lambda: print("peak", os_peak_rss(), flush=True))
+"""
+STREAMED = PEAK + """
+import sys
+from resumerge.cli.commands import main
+sys.exit(main(sys.argv[1:]))
+"""
+WRITTEN = PEAK + """
 import sys
 from pathlib import Path
 from resumerge import api
@@ -50,24 +68,33 @@ def _setup(work: Path, args: argparse.Namespace) -> Path:
     for seed, name in enumerate(("base", "a", "b"), start=1):
         if not (work / name / "config.json").is_file():
             make_model(work / name, spec, seed=seed)
-    texts = work / "texts.txt"
-    texts.write_text("".join(f"the {i} cat sat on the mat and looked at the {i + 1} dogs\n" for i in range(8)))
-    config = work / "evolve.yml"
+    tasks = []
+    for number in range(args.tasks):
+        texts = work / f"texts-{number}.txt" if number else work / "texts.txt"
+        texts.write_text("".join(f"the {i} cat sat on the mat and looked at the {i + number + 1} dogs\n"
+                                 for i in range(8)))
+        if number == 0:
+            tasks.append({"kl": {"parent": str(work / "a"), "texts": str(texts)}})
+        elif number % 2:
+            tasks.append({"nll": {"texts": str(texts)}})
+        else:
+            tasks.append({"kl": {"parent": str(work / "b"), "texts": str(texts)}})
+    config = work / f"evolve-{args.tasks}.yml"
     config.write_text(yaml.safe_dump({
         "genome": {"models": [str(work / "a"), str(work / "b")], "merge_method": "ties",
                    "base_model": str(work / "base"), "layer_granularity": 0},
-        "tasks": [{"kl": {"parent": str(work / "a"), "texts": str(texts)}}]}))
+        "tasks": tasks}))
     return config
 
 
-def _timed(argv: list[str]) -> float:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def _timed(argv: list[str], tree: Path) -> tuple[float, int, str]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
     started = time.monotonic()
     done = subprocess.run(argv, env=env, capture_output=True, text=True)
     wall = time.monotonic() - started
     if done.returncode != 0:
         raise SystemExit(done.stderr[-3000:])
-    return wall
+    return wall, int(re.findall(r"^peak (\d+)$", done.stdout, re.M)[-1]), done.stdout
 
 
 def main() -> None:
@@ -78,29 +105,71 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=16000)
     parser.add_argument("--popsize", type=int, default=8)
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--tasks", type=int, default=1)
+    parser.add_argument("--base", type=Path, default=None, help="another tree's streamed search, alternated (A/B)")
+    parser.add_argument("--max-memory", default=None)
+    parser.add_argument("--streamed-only", action="store_true")
+    parser.add_argument("--mergekit", action="store_true", help="also time mergekit-evolve's own loop")
     args = parser.parse_args()
-    work = Path(tempfile.gettempdir()) / f"bench-evolve-{args.layers}x{args.hidden}"
+    work = Path(tempfile.gettempdir()) / f"bench-evolve-{args.layers}x{args.hidden}x{args.vocab}"
     work.mkdir(exist_ok=True)
     config = _setup(work, args)
-    found: dict[str, list[float]] = {"streamed": [], "written": []}
-    tables = {}
+    models = sum(f.stat().st_size for name in ("base", "a", "b") for f in (work / name).glob("*.safetensors"))
+    steps = {"streamed": ROOT}
+    if args.base is not None:
+        steps["base"] = args.base.resolve()
+    if not args.streamed_only:
+        steps["written"] = ROOT
+    if args.mergekit:
+        steps["mergekit"] = ROOT
+    found: dict[str, list[tuple[float, int, tuple[float, ...]]]] = {name: [] for name in steps}
+    tables: dict[str, bytes] = {}
+    mergekit: list[dict[str, float]] = []
+    budget = ["--max-memory", args.max_memory] if args.max_memory else []
     for run in range(args.runs):
-        for name in ("streamed", "written"):
+        order = list(steps) if run % 2 == 0 else list(reversed(steps))
+        for name in order:
             store = work / f"store-{name}"
             shutil.rmtree(store, ignore_errors=True)
-            argv = [sys.executable, "-m", "resumerge", "evolve", str(config), str(store), "--popsize",
-                    str(args.popsize), "--max-fevals", str(args.popsize - 1)] if name == "streamed" else \
-                [sys.executable, "-c", WRITTEN, str(config), str(store), str(args.popsize)]
-            wall = _timed(argv)
-            found[name].append(wall)
-            tables[name] = [json.loads(line) for line in (store / "evaluations.jsonl").read_text().splitlines()]
-            print(f"run {run + 1} {name}: {wall:.1f} s", flush=True)
-    for ours, theirs in zip(tables["streamed"], tables["written"], strict=True):
-        for task, value in theirs["tasks"].items():
-            assert abs(ours["tasks"][task] - value) <= 1e-6 * max(abs(value), 1e-3), (task, ours, theirs)
-    best = {name: min(times) for name, times in found.items()}
-    print(json.dumps({"popsize": args.popsize, "best_s": best, "ratio": best["streamed"] / best["written"],
-                      "load": os.getloadavg()}, indent=1))
+            if name == "mergekit":
+                argv = [sys.executable, str(ROOT / "bench" / "evolve_mergekit_loop.py"), str(work / "configs.json"),
+                        str(config), str(work / "mergekit")]
+            elif name == "written":
+                argv = [sys.executable, "-c", WRITTEN, str(config), str(store), str(args.popsize)]
+            else:
+                argv = [sys.executable, "-c", STREAMED, "evolve", str(config), str(store), "--popsize",
+                        str(args.popsize), "--max-fevals", str(args.popsize - 1), *budget]
+            load = os.getloadavg()
+            wall, peak, out = _timed(argv, steps[name])
+            found[name].append((wall, peak, load))
+            if name == "mergekit":
+                mergekit = [json.loads(line)["tasks"] for line in out.splitlines() if line.startswith("{")]
+            else:
+                tables[name] = (store / "evaluations.jsonl").read_bytes()
+            if name == "streamed" and not (work / "configs.json").is_file():
+                configs = [json.loads(line)["config"] for line in tables[name].decode().splitlines()]
+                (work / "configs.json").write_text(json.dumps(configs))
+            print(f"run {run + 1} {name}: {wall:.1f} s, peak RSS {peak / 1e6:.0f} MB, load {load[0]:.1f}",
+                  flush=True)
+    rows = {name: [json.loads(line) for line in table.decode().splitlines()] for name, table in tables.items()}
+    for name, table in rows.items():
+        for ours, theirs in zip(rows["streamed"], table, strict=True):
+            for task, value in theirs["tasks"].items():
+                assert abs(ours["tasks"][task] - value) <= 1e-6 * max(abs(value), 1e-3), (name, task, ours, theirs)
+    best = {name: min(w for w, _, _ in runs) for name, runs in found.items()}
+    summary = {"popsize": args.popsize, "tasks": args.tasks, "models_bytes": models, "max_memory": args.max_memory,
+               "best_s": best, "peak_rss": {name: max(p for _, p, _ in runs) for name, runs in found.items()},
+               "runs": found}
+    if "base" in tables:
+        summary["identical_to_base"] = tables["base"] == tables["streamed"]
+    if "written" in best:
+        summary["ratio"] = best["streamed"] / best["written"]
+    if mergekit:
+        summary["ratio_mergekit"] = best["streamed"] / best["mergekit"]
+        summary["mergekit_largest_relative_difference"] = max(
+            abs(ours["tasks"][k] - v) / max(abs(v), 1e-9) for ours, each in zip(rows["streamed"], mergekit, strict=True)
+            for k, v in each.items())
+    print(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

@@ -346,8 +346,10 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
     ``resumerge eval``: lm-eval
     builds the requests and computes the metrics, resumerge scores every request of a pass one decoder layer at a
     time within ``max_memory``, journaled under ``state_dir`` (a killed evaluation run again resumes with the same
-    results). ``report.results`` is lm-eval's results object as ``simple_evaluate`` returns it; ``output_path``:
-    written there as lm-eval's CLI writes it (with each task's samples where ``log_samples``). ``progress`` is told
+    results). ``check``'s figures are tasks too: ``nll:FILE`` (NLL per token of FILE's texts) and
+    ``kl:PARENT:FILE`` (KL from the model PARENT on them), in the results as ``nll,none`` and ``kl,none``.
+    ``report.results`` is lm-eval's results object as ``simple_evaluate`` returns it; ``output_path``: written
+    there as lm-eval's CLI writes it (with each task's samples where ``log_samples``). ``progress`` is told
     each layer of each pass. Bad input (an unknown task, a dataset not available offline, ``limit`` 0, a
     generation task) raises :class:`~resumerge.errors.UsageError` before any weight is read; Ctrl-C raises
     :class:`~resumerge.errors.InterruptedMerge` naming the command that continues."""
@@ -366,8 +368,13 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
     if not is_config(os.fspath(target)):
         return run_eval(os.fspath(target), settings, state=state, watcher=progress)
     # A merge config: the merge it describes, each tensor merged by run's code as the pass reads it, never written
-    # (planned, and refused in one line, before any weight is read).
-    with open_unwritten(target, state_dir=state_dir) as merge:
+    # (planned, and refused in one line, before any weight is read); each tensor's merge admitted by a governor of
+    # the budget as run admits its units.
+    from resumerge.memory import MemoryGovernor, SystemProbe, default_budget
+
+    budget = settings.max_memory if settings.max_memory is not None else default_budget(SystemProbe())
+    with MemoryGovernor(budget, SystemProbe()) as governor, \
+            open_unwritten(target, state_dir=state_dir, governor=governor) as merge:
         return run_eval(os.fspath(target), settings, state=state, watcher=progress, unwritten=merge)
 
 

@@ -76,7 +76,7 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
 
     tasks = planned.spec.tasks
     own: ScoresGeneration = WrittenCandidates(store, tasks, merge, tokenizer) if written else \
-        StreamedCandidates(store, tasks, population, tokenizer, StateDir.resolve(None))
+        StreamedCandidates(store, tasks, population, tokenizer, StateDir.resolve(None), _bytes(resources.max_memory))
     parts = [("own", own)] if any(t.kind != "lm-eval" for t in tasks) else []
     if any(t.kind == "lm-eval" for t in tasks):
         settings = eval_settings(planned.spec, include, resources.device)
@@ -121,6 +121,13 @@ def plan_evolve(config: PathLike, options: SearchOptions, allow_benchmark_tasks:
     return planned, plan
 
 
+def _bytes(max_memory: int | str | None) -> int | None:
+    """``--max-memory`` in bytes (None: not given)."""
+    from resumerge.memory.sizes import parse_size
+
+    return parse_size(max_memory) if isinstance(max_memory, str) else max_memory
+
+
 def _fits(planned: Planned, plan: Plan, max_memory: int | str) -> None:
     """Refuse (exit 2) a generation whose streamed pass would not fit ``max_memory`` (judged from the first
     candidate's plan and the tasks' texts; a genome whose tokenizer is a hub model's is judged when it runs)."""
@@ -129,12 +136,11 @@ def _fits(planned: Planned, plan: Plan, max_memory: int | str) -> None:
     from resumerge.engine.unwritten import generation_bytes, largest_popsize
     from resumerge.evolve.budget import hidden_bytes, refuse_past_budget
     from resumerge.evolve.genome import tokenizer_model
-    from resumerge.memory.sizes import parse_size
-
     source = tokenizer_model(planned.spec.genome)
     if source is None:
         return
-    budget = parse_size(max_memory) if isinstance(max_memory, str) else max_memory
+    budget = _bytes(max_memory)
+    assert budget is not None
     config = json.loads((Path(source) / "config.json").read_text(encoding="utf-8"))
     hidden = hidden_bytes(planned.spec, Path(source), config)
     refuse_past_budget(planned.spec, planned.popsize, hidden, budget,

@@ -29,7 +29,9 @@ def add_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                           "it describes, each layer's tensors merged in memory by run's own method code, never "
                           "written")
     evaluate.add_argument("--tasks", required=True, metavar="NAMES",
-                          help="lm-eval task, group or tag names, comma-separated (or task YAML paths)")
+                          help="lm-eval task, group or tag names, comma-separated (or task YAML paths); and "
+                               "check's figures as tasks: nll:FILE (NLL per token of FILE's texts, one a line) and "
+                               "kl:PARENT:FILE (KL from the model PARENT on them), reported as nll,none and kl,none")
     evaluate.add_argument("--include-path", metavar="DIR", help="a folder of lm-eval task YAMLs, beside its own")
     evaluate.add_argument("--limit", type=float, metavar="N",
                           help="at most N documents per task (a number below 1: that share of each task)")

@@ -6,9 +6,10 @@ into the merge config mergekit-evolve would build from it (and the same for resu
 parameters are numbers). :mod:`.strategy` drives ``cma``'s CMA-ES and keeps its state as plain arrays;
 :mod:`.storage` owns STORAGE's files (the table, its CSV, ``best.yml``, the chart, the journal of every
 candidate); :mod:`.objective` is the protocol that scores a generation of candidates and the weighting of their
-tasks; :mod:`.streamed` scores a whole generation in one streamed pass per task (every candidate a merge never
-written, its layers merged in memory from one read of the parents' layer), and :mod:`.written` is the reference it
-is held to (each candidate merged by ``run``'s code into a journaled folder, then scored by :mod:`.scoring`);
+tasks; :mod:`.streamed` scores a whole generation in one streamed pass for all its kl/nll tasks (:mod:`.generation`:
+every candidate a merge never written, its layers merged in memory from one read of the parents' layer, each step
+admitted by the RAM governor), and :mod:`.written` is the reference it is held to (each candidate merged by
+``run``'s code into a journaled folder, then scored by :mod:`.scoring`);
 :mod:`.budget` refuses up front a generation past ``--max-memory``; :mod:`.search` drives a search from start
 to end.
 
@@ -17,6 +18,7 @@ May import: errors, config, analyses, forward, inputs, memory, methods, store, e
 
 __all__ = [
            "chart",
+           "generation",
            "genome",
            "objective",
            "scoring",

@@ -1,19 +1,27 @@
 """What a generation's streamed pass holds, judged before any weight is read: the inputs' layer that holds most
 (kept for every candidate), one candidate's layer, and every model's hidden states (the candidates' and a kl
 task's parent's) for the task whose texts are longest. Past ``--max-memory`` the search is refused in one line
-naming the largest popsize that fits, or the budget this popsize needs."""
+naming the largest popsize that fits, or the budget this popsize needs.
+
+:func:`pass_steps` gives what each step of the pass itself holds (its admission by the RAM governor, and the
+budget it is judged by once its models are opened)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resumerge.analyses.check.passes import padded_positions
 from resumerge.errors import UsageError
 from resumerge.evolve.spec import EvolveSpec
 from resumerge.forward.texts import context_of, load_tokenizer, sequences
 from resumerge.memory.sizes import format_size
+
+if TYPE_CHECKING:
+    from resumerge.engine.unwritten import Population
+    from resumerge.evolve.generation import TaskTexts
+    from resumerge.forward.stream import ModelStream
 
 # (popsize, hidden bytes per model) -> the bytes a generation's pass holds; and (budget, hidden bytes) -> the
 # largest popsize that fits (the engine's generation_bytes and largest_popsize over the first candidate's plan).
@@ -44,3 +52,24 @@ def refuse_past_budget(spec: EvolveSpec, popsize: int, hidden: int, budget: int,
         if fits >= 2 else f"give --max-memory {format_size(need, compact=True)} or more"
     raise UsageError(f"a generation of {popsize} candidates holds about {format_size(need)} in its streamed pass, "
                      f"past --max-memory {format_size(budget)}", hint=hint)
+
+
+def pass_steps(population: Population, candidates: Sequence[ModelStream], parents: Sequence[ModelStream],
+               texts: Sequence[TaskTexts]) -> tuple[dict[str, int], int]:
+    """What each step of a generation's pass (:mod:`.generation`) holds, by its name, and every model's hidden
+    states (in and out of a layer): ``candidate``, the inputs' largest layer read once for all, one candidate's
+    layer and its largest tensor's merge (:meth:`~resumerge.engine.unwritten.Population.holds`); ``heads``, that and
+    one candidate's head step (as check's); ``parent`` and ``parent heads``, a kl task's parent's largest layer and
+    head step. Reads no weight."""
+    from resumerge.analyses.check.needs import step_bytes
+
+    merge = population.holds(popsize=1, hidden_bytes=0)
+    own = step_bytes(candidates[:1], [s for t in texts for s in t.sequences])
+    steps = {"candidate": merge, "heads": merge + own.heads[0], "parent": 0, "parent heads": 0}
+    states = 2 * len(candidates) * own.states
+    for p, stream in enumerate(parents):
+        theirs = step_bytes([stream], [s for t in texts if t.parent == p for s in t.sequences])
+        steps["parent"] = max(steps["parent"], theirs.layers[0])
+        steps["parent heads"] = max(steps["parent heads"], theirs.heads[0])
+        states += 2 * theirs.states
+    return steps, states

@@ -1,6 +1,7 @@
-"""A written candidate's figure for one of resumerge's own tasks, on the forward engine that ``check`` runs
-(:func:`resumerge.analyses.check.passes.forward_pass`: one decoder layer of one model at a time, in float32, each
-layer's hidden states journaled so a killed pass resumes at the layer it reached).
+"""A written candidate's figure for one of resumerge's own tasks, scored by the one owner of NLL and KL scoring
+(:func:`resumerge.analyses.evaluation.textpass.score_texts`, ``eval``'s ``nll:FILE`` and ``kl:PARENT:FILE`` tasks:
+one decoder layer of one model at a time on the forward engine, in float32, each layer's hidden states journaled so
+a killed pass resumes at the layer it reached; the figures equal ``check``'s).
 
 ``kl``: KL(parent ‖ candidate) per predicted token, averaged over the parent's texts — how far the candidate moved
 from what that parent does where it is the expert. ``nll``: the candidate's negative log-likelihood per predicted
@@ -13,11 +14,19 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from resumerge.analyses.check.passes import forward_pass, streams_of
-from resumerge.analyses.check.tokens import cached_sequences
+from resumerge.analyses.check.passes import streams_of
+from resumerge.analyses.evaluation.textpass import score_texts
+from resumerge.analyses.evaluation.texttasks import TextTask, texts_of
 from resumerge.config.locations import StateDir
 from resumerge.evolve.spec import Task
 from resumerge.forward.opened import open_for_pass
+
+
+def text_task(task: Task) -> TextTask:
+    """An objective's ``kl`` or ``nll`` entry as the text task that scores it (:mod:`resumerge.analyses.evaluation.
+    texttasks`, the one owner of NLL and KL scoring: ``eval``'s ``nll:FILE`` and ``kl:PARENT:FILE``)."""
+    assert task.texts is not None
+    return TextTask(task.kind, task.texts, task.parent, task.name)
 
 
 def task_figure(candidate: Path, task: Task, state: StateDir, workdir: Path, tokens: Path, tokenizer: Path | None,
@@ -26,27 +35,20 @@ def task_figure(candidate: Path, task: Task, state: StateDir, workdir: Path, tok
     ``workdir``; ``on_layer(layer, layers)`` is told as each layer starts. The texts are tokenized once per search
     and kept in ``tokens``, by the tokenizer of the folder ``tokenizer`` (the model the candidates' tokenizer is
     copied from; None: the candidate's own)."""
+    scored = text_task(task)
     models = [replace(open_for_pass(str(candidate), "the candidate", state), role="merge")]
-    if task.kind == "kl":
-        assert task.parent is not None
-        models.append(replace(open_for_pass(task.parent, "the kl task's parent", state), role="parent"))
-    assert task.texts is not None
+    if scored.parent is not None:
+        models.append(replace(open_for_pass(scored.parent, "the kl task's parent", state), role="parent"))
     # As check reads its prompts: the candidate's tokenizer (the genome's tokenizer_source) where it has one.
-    directories = [m.opened.directory for m in models]
-    texts = cached_sequences([tokenizer or directories[0], *directories[1:]], Path(task.texts), tokens,
-                             configs=[m.opened.config for m in models], paths=[m.path for m in models], cut=True)
+    directories = [tokenizer or models[0].opened.directory, *(m.opened.directory for m in models[1:])]
+    texts = texts_of(directories, [m.opened.config for m in models], [m.path for m in models], scored, tokens)
     streams = streams_of(models)
     try:
         layers = streams[0].layers
-        figures = forward_pass(models, streams, texts.tokens, workdir / "pass", vocab=texts.vocab,
-                               on_model=None if on_layer is None else lambda layer, m: on_layer(layer, layers))
+        figures = score_texts(streams, texts, workdir / "pass", parent=len(models) > 1,
+                              on_model=None if on_layer is None else lambda layer, m: on_layer(layer, layers),
+                              point="after_check_layer")
     finally:
         for stream in streams:
             stream.close()
-    assert figures is not None  # no static pass folded in: the pass always ends
-    if task.kind == "kl":
-        found = figures.kl[1]
-        assert found is not None
-        return found
-    return figures.nll[0]
-
+    return figures.figure(scored)

@@ -1,9 +1,8 @@
 """A search killed anywhere resumes and ends with the same table and ``best.yml``, byte for byte: one search is
 killed (SIGKILL, real subprocesses) at one point after another — inside a generation's streamed pass (after a
-layer; twice in one pass), after one candidate's figures are journaled but not the other's, between generations,
-and while ``best.yml``'s temp file is written — each kill resumed by the next process, and the last one, unkilled,
-ends the search. Its files equal those of the same
-search run whole.
+layer; twice in one pass, the second time resumed), after one candidate's figures are journaled but not the
+other's, between generations, and while ``best.yml``'s temp file is written — each kill resumed by the next
+process, and the last one, unkilled, ends the search. Its files equal those of the same search run whole.
 
 Tiny generated models (two layers, width 32): seven processes of a few seconds each, about a minute in all."""
 
@@ -20,12 +19,12 @@ from resumerge import api
 from tests.evolve.test_search import FILES, OPTIONS, make_search
 
 # Each kill counts from its process's start: the process resumes where the last one died, then dies here.
-# 1: in the first task's pass over generation 1, after its first layer; 2: that pass resumed at its second layer,
-# then the second task's pass, killed after its first layer; 3: after candidate 0's figures are journaled (not
-# candidate 1's); 4: candidate 1 scored alone, killed once generation 1 is durable; 5: in generation 2's first
-# pass; 6: the files rewritten at its start (best.yml once), generation 2 scored, killed writing best.yml again,
-# the table already holding all four rows.
-KILLS = ("after_check_layer:1", "after_check_layer:3", "after_evolve_candidate:1", "after_evolve_generation:1",
+# A generation is one pass over the two layers for all three tasks. 1: in generation 1's pass, after its first
+# layer; 2: that pass resumed at its second layer and killed after it (every layer journaled, no head run); 3:
+# after candidate 0's figures are journaled (not candidate 1's); 4: candidate 1 scored alone, killed once
+# generation 1 is durable; 5: in generation 2's pass, after its second layer; 6: the files rewritten at its start
+# (best.yml once), generation 2 scored, killed writing best.yml again, the table already holding all four rows.
+KILLS = ("after_check_layer:1", "after_check_layer:1", "after_evolve_candidate:1", "after_evolve_generation:1",
          "after_check_layer:2", "during_best_write:2")
 
 
@@ -53,7 +52,8 @@ def test_a_search_killed_at_every_kind_of_point_ends_with_the_same_files(tmp_pat
             status = api.evolve_status(killed)
             assert (status.generation, status.generations, status.candidate, status.evaluated) == (2, 2, 0, 2)
             assert status.best is not None and status.seconds_left is not None and not status.finished
-            assert status.lines()[1] == "candidate 1 of 2, score kl:a:a.txt (all candidates), layer 2 of 2"
+            assert status.lines()[1] == ("candidate 1 of 2, score kl:a:a.txt, kl:b:b.txt, nll:b.txt (all "
+                                         "candidates), layer 2 of 2")
     assert (killed / "evaluations.jsonl").read_text().count("\n") == 4
     assert any(p.name.startswith(".best.yml.") for p in killed.iterdir())  # its temp file, left by the kill
     done = _evolve(config, killed, None)

@@ -6,7 +6,10 @@ templates, metrics, aggregation and results object); resumerge is the model: :mo
 whose log-likelihood requests are tokenised as lm-eval's ``hf`` model tokenises them (:mod:`.requests`) and scored, all
 requests of a pass together, by :mod:`.scorer` on the forward engine (:mod:`resumerge.forward`): each decoder layer is
 read once per pass. :mod:`.run` drives an evaluation from the command's options to lm-eval's results, and
-:mod:`.outputs` writes them as lm-eval's CLI does.
+:mod:`.outputs` writes them as lm-eval's CLI does. ``check``'s NLL and KL are tasks too (``nll:FILE``,
+``kl:PARENT:FILE``): :mod:`.texttasks` is the one owner of NLL and KL scoring on texts (``evolve``'s objectives call
+it), :mod:`.textpass` its journaled pass, :mod:`.textwork` what ``eval`` prepares of one and how its figure joins
+lm-eval's results. Generation (:mod:`.generate`) runs with transformers' KV cache where the whole model fits.
 
 May import: analyses.check, config, errors, forward, inputs, memory, store.
 """

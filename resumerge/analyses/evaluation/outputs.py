@@ -18,6 +18,7 @@ def write_outputs(results: dict[str, Any], tracker: Any, settings: EvalSettings)
     tracker.save_results_aggregated(results=results, samples=samples)
     if samples is not None:
         for task in results["configs"]:
-            tracker.save_results_samples(task_name=task, samples=samples[task])
+            if task in samples:  # a text task (nll:FILE, kl:PARENT:FILE) logs no samples
+                tracker.save_results_samples(task_name=task, samples=samples[task])
         results["samples"] = samples
     return tuple(sorted(str(p) for p in root.rglob("*") if p.is_file() and p not in before))

@@ -19,16 +19,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from resumerge.analyses.check.needs import step_bytes
-from resumerge.analyses.evaluation.generate import generate, resident_bytes
+from resumerge.analyses.check.needs import StepBytes, step_bytes
+from resumerge.analyses.evaluation.generate import cached_stream, generate, resident_bytes
 from resumerge.analyses.evaluation.report import EvalReport
 from resumerge.analyses.evaluation.requests import Scoring
 from resumerge.analyses.evaluation.scorer import LAYER_PREFIX, Answer, answered, score
 from resumerge.analyses.evaluation.settings import EvalSettings
 from resumerge.analyses.evaluation.status import PROGRESS_NAME
 from resumerge.analyses.evaluation.tasks import generation_tasks, loaded_tasks, task_manager
+from resumerge.analyses.evaluation.textpass import answered as answered_texts
+from resumerge.analyses.evaluation.textpass import score_texts
+from resumerge.analyses.evaluation.texttasks import TextFigures
+from resumerge.analyses.evaluation.textwork import (
+    TextWork,
+    add_text_task,
+    digest_of,
+    no_lm_tasks,
+    text_heads_bytes,
+    text_work,
+)
 from resumerge.config.locations import StateDir, is_default_state_root
 from resumerge.errors import InterruptedMerge, UsageError
 from resumerge.forward import Weights
@@ -36,6 +47,7 @@ from resumerge.forward.admission import Admission
 from resumerge.forward.batches import BATCH_TOKENS
 from resumerge.forward.folder import pass_lock
 from resumerge.forward.journal import latest
+from resumerge.forward.layerpass import Reserve
 from resumerge.forward.opened import PassModel, open_for_pass
 from resumerge.forward.requires import Needs, require_transformers
 from resumerge.forward.stream import ModelStream
@@ -66,6 +78,7 @@ class EvalStep:
 
 
 Watcher = Callable[[EvalStep], None]
+Found = TypeVar("Found")
 
 
 def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: Watcher | None = None,
@@ -83,21 +96,29 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
         model = PassModel("merge", target, None, unwritten.opened)
         weights = Weights.of(unwritten.directory, unwritten.tensors, source=unwritten.source)
     require_transformers(_NEEDS, load=False)
-    manager = task_manager(settings)
-    generating = generation_tasks(loaded_tasks(settings, manager))
+    manager = task_manager(settings) if settings.lm_tasks else None
+    generating = generation_tasks(loaded_tasks(settings, manager)) if manager is not None else []
     tokenizer = _tokenizer(model)
+    texts = [text_work(task, model, state) for task in settings.text_tasks]  # parents opened, texts tokenized
     command = eval_command(target, settings, state)
     stream = ModelStream(weights, model.opened.config, _float32(), what="resumerge eval", key="TARGET")
     restore_allocator = tune_allocator()
+    scorer = _Scorer(stream, model, settings, state, command, watcher, _Merged.of(unwritten))
     try:
         from resumerge.analyses.evaluation.lm import ResumergeLM
 
         if generating:
             _fits_whole(stream, generating, settings)  # before any weight is read
-        scorer = _Scorer(stream, model, settings, state, command, watcher, _Merged.of(unwritten))
+        def generated(requests: list[tuple[str, dict[str, Any]]]) -> list[str]:
+            with cached_stream(weights, model.opened.config, _float32()) as whole:
+                return generate(whole, lm, requests)
+
         lm = ResumergeLM(tokenizer, _max_length(model, tokenizer), scorer,
-                         generator=(lambda requests: generate(stream, lm, requests)) if generating else None)
-        results, tracker = _evaluate(lm, target, settings, manager)
+                         generator=generated if generating else None)
+        results, tracker = _evaluate(lm, target, settings, manager) if manager is not None else \
+            no_lm_tasks(target, settings)
+        for work in texts:
+            add_text_task(results, work, scorer.texts(work))
     except KeyboardInterrupt:
         raise InterruptedMerge(f"the evaluation of {target} was interrupted{scorer.where()}",
                                resume_command=command) from None
@@ -119,7 +140,7 @@ def _evaluate(lm: Any, target: str, settings: EvalSettings, manager: Any) -> tup
 
     tracker = EvaluationTracker(output_path=settings.output_path) if settings.output_path is not None else None
     results = lm_eval.simple_evaluate(
-        model=lm, model_args={"pretrained": target}, tasks=list(settings.tasks), num_fewshot=settings.num_fewshot,
+        model=lm, model_args={"pretrained": target}, tasks=list(settings.lm_tasks), num_fewshot=settings.num_fewshot,
         limit=settings.whole_limit, log_samples=settings.log_samples,
         apply_chat_template=settings.apply_chat_template, task_manager=manager, evaluation_tracker=tracker)
     if results is None:  # lm-eval returns None on ranks other than 0 only; one process has rank 0
@@ -130,17 +151,17 @@ def _evaluate(lm: Any, target: str, settings: EvalSettings, manager: Any) -> tup
 @dataclass(frozen=True)
 class _Merged:
     """What an unwritten merge adds to a pass: its plan's fingerprint (in the pass's key: the same config over
-    changed inputs is another model) and how many inputs each of its tensors is merged from (a layer's merge holds
-    each input's tensor beside the result)."""
+    changed inputs is another model) and the largest working set of one tensor's merge (``merge_bytes``: each
+    merge is admitted by the merge's own governor as ``run`` admits its units, beside what the pass holds)."""
 
     fingerprint: str
-    inputs: int
+    merge_bytes: int
 
     @classmethod
     def of(cls, unwritten: UnwrittenMerge | None) -> _Merged | None:
         if unwritten is None:
             return None
-        return cls(unwritten.plan.fingerprint, len(unwritten.plan.model_dirs))
+        return cls(unwritten.plan.fingerprint, unwritten.merge_bytes)
 
 
 class _Scorer:
@@ -155,32 +176,69 @@ class _Scorer:
         self.workdir: Path | None = None
 
     def __call__(self, work: Scoring, kind: str) -> list[Answer]:
-        workdir = self.state.evals_dir / _key(self.model, work, kind, self.merged)
-        self.workdir = workdir
+        """The answers of one of lm-eval's passes (``kind``: ``loglikelihood`` or ``loglikelihood_rolling``)."""
+        workdir = self.state.evals_dir / _key(self.model, kind, work.digest(), self.merged)
         done = answered(workdir)
         if done is not None:
             return done
+        sizes = step_bytes([self.stream], list(work.runs))
+        steps = {"layer": self._layer_bytes(sizes), "heads": max(sizes.heads)}
+
+        def scored(reserve: Reserve, on_layer: Callable[[int | None], None]) -> list[Answer]:
+            return score(self.stream, work, workdir, reserve=reserve, on_layer=on_layer)
+
+        return self._locked(workdir, kind, len(work.run_of), 2 * sizes.states, steps, scored)
+
+    def texts(self, work: TextWork) -> TextFigures:
+        """The figures of a text task (:mod:`.texttasks`): the model (and a KL task's parent) over its texts."""
+        workdir = self.state.evals_dir / _key(self.model, work.key(), digest_of(work.tokens), self.merged)
+        done = answered_texts(workdir)
+        if done is not None:
+            return done
+        streams = [self.stream, *work.streams(self.stream, self.model.opened.config)]
+        try:
+            sizes = step_bytes(streams, work.tokens)
+            steps = {"layer": self._layer_bytes(sizes), "heads": text_heads_bytes(streams, work.tokens)}
+
+            def scored(reserve: Reserve, on_layer: Callable[[int | None], None]) -> TextFigures:
+                return score_texts(streams, work.tokens, workdir, parent=len(streams) > 1, reserve=reserve,
+                                   on_model=lambda layer, m: on_layer(layer), on_heads=lambda: on_layer(None))
+
+            return self._locked(workdir, work.task.kind, len(work.tokens), 2 * len(streams) * sizes.states, steps,
+                                scored)
+        finally:
+            for parent in streams[1:]:
+                parent.close()
+
+    @staticmethod
+    def _layer_bytes(sizes: StepBytes) -> int:
+        # what a layer holds once read (an unwritten merge's tensors merged: each merge admitted on its own)
+        return max(sizes.layers)
+
+    def _locked(self, workdir: Path, kind: str, requests: int, states: int, steps: dict[str, int],
+                scored: Callable[[Reserve, Callable[[int | None], None]], Found]) -> Found:
+        """A pass in ``workdir``, its lock held, its steps admitted by the memory governor under the budget
+        (refused, exit 2, before its first layer where ``states`` and its largest step do not fit), its progress
+        written for ``status``."""
+        self.workdir = workdir
         lock = pass_lock(workdir, f"this evaluation of {self.model.path}", self.command,
                          hint="wait for it to finish (run again, it answers from its journal), or stop it (it "
                               "resumes at the layer it reached)")
         lock.acquire()
         try:
-            sizes = step_bytes([self.stream], list(work.runs))
-            states = 2 * sizes.states
-            # an unwritten merge's layer holds, while a tensor is merged, each input's tensor beside it
-            steps = {"layer": max(sizes.layers) * (1 + (self.merged.inputs if self.merged else 0)),
-                     "heads": max(sizes.heads)}
-            budget = budget_fitting("the evaluation", states + max(steps.values()), self.settings.max_memory,
-                                    SystemProbe())
+            # beside a step, an unwritten merge's read merges one tensor at a time (admitted by its governor)
+            merging = self.merged.merge_bytes if self.merged is not None else 0
+            budget = budget_fitting("the evaluation", states + max(steps.values()) + merging,
+                                    self.settings.max_memory, SystemProbe())
             with Admission(budget, steps) as reserve:
                 def on_layer(layer: int | None) -> None:
-                    self._say(workdir, EvalStep(self.model.path, self.settings.tasks, kind, len(work.run_of), layer,
+                    self._say(workdir, EvalStep(self.model.path, self.settings.tasks, kind, requests, layer,
                                                 self.stream.layers))
 
-                answers = score(self.stream, work, workdir, reserve=reserve, on_layer=on_layer)
+                found = scored(reserve, on_layer)
             if self.step is not None:
                 self._say(workdir, self.step, done=True)
-            return answers
+            return found
         finally:
             lock.release()
 
@@ -268,12 +326,13 @@ def _where(model: PassModel) -> str:
     return model.path if model.remote else os.path.abspath(model.path)
 
 
-def _key(model: PassModel, work: Scoring, kind: str, merged: _Merged | None) -> str:
+def _key(model: PassModel, kind: object, digest: str, merged: _Merged | None) -> str:
     """The content key of a pass: the model's files' identities (an unwritten merge's: its plan's fingerprint),
-    the pass's kind and tokens, the batch size and the versions of the code that computes it."""
+    the pass's kind (a text task's: with its parent's files) and tokens (``digest``), the batch size and the
+    versions of the code that computes it."""
     versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge", "torch")]
     doc = [_where(model),
-           [[f.name, f.size, f.identity] for f in model.opened.files], kind, work.digest(), BATCH_TOKENS, versions]
+           [[f.name, f.size, f.identity] for f in model.opened.files], kind, digest, BATCH_TOKENS, versions]
     if merged is not None:
         doc.append(merged.fingerprint)
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:32]

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from resumerge.analyses.evaluation.texttasks import TextTask, text_task
 from resumerge.errors import UsageError
 
 DEVICES = ("cpu",)
@@ -13,7 +14,8 @@ DEVICES = ("cpu",)
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """``tasks``: lm-eval task, group or tag names (or YAML paths); ``include_path``: a folder of task YAMLs;
+    """``tasks``: lm-eval task, group or tag names (or YAML paths), and ``check``'s figures as text tasks
+    (``nll:FILE``, ``kl:PARENT:FILE``: :mod:`.texttasks`); ``include_path``: a folder of task YAMLs;
     ``limit``: at most this many documents per task (a fraction below 1: that share); ``num_fewshot``: examples
     in each prompt; ``apply_chat_template``: the model's chat template (a name picks one of several);
     ``log_samples``: keep each task's samples; ``output_path``: where lm-eval's results file (and the samples) go;
@@ -46,7 +48,19 @@ class EvalSettings:
                              hint="leave --device out")
         if self.output_path is not None and Path(self.output_path).is_file():
             raise UsageError(f"--output-path {self.output_path} is a file", hint="name a folder (created if absent)")
+        for task in self.text_tasks:
+            task.checked()
         return self
+
+    @property
+    def lm_tasks(self) -> tuple[str, ...]:
+        """The names lm-eval runs (every task but the text tasks)."""
+        return tuple(name for name in self.tasks if text_task(name) is None)
+
+    @property
+    def text_tasks(self) -> tuple[TextTask, ...]:
+        """The text tasks (``check``'s NLL and KL on a file of texts), in the order named."""
+        return tuple(t for t in (text_task(name) for name in self.tasks) if t is not None)
 
     @property
     def whole_limit(self) -> int | float | None:

@@ -37,24 +37,24 @@ def task_manager(settings: EvalSettings) -> Any:
     with _quiet():
         if settings.include_path is not None:
             own = TaskManager(include_path=settings.include_path, include_defaults=False)
-            if all(name in set(own.all_tasks) for name in settings.tasks):
+            if all(name in set(own.all_tasks) for name in settings.lm_tasks):
                 return own
         return TaskManager(include_path=settings.include_path)
 
 
 def loaded_tasks(settings: EvalSettings, manager: Any) -> dict[str, str]:
-    """Each task the names in ``settings`` select (a group's, a tag's), by name, and its output type, each loaded
-    as lm-eval will load it (its dataset included); raises :class:`UsageError` for a name lm-eval does not know
+    """Each lm-eval task the names in ``settings`` select (a group's, a tag's), by name, and its output type, each
+    loaded as lm-eval will load it (its dataset included); raises :class:`UsageError` for a name lm-eval does not know
     and for a task whose dataset cannot be loaded, naming it and why."""
     known = set(manager.all_tasks)
-    unknown = [n for n in settings.tasks if n not in known and not n.endswith((".yaml", ".yml"))]
+    unknown = [n for n in settings.lm_tasks if n not in known and not n.endswith((".yaml", ".yml"))]
     if unknown:
         where = f", nor a task YAML in {settings.include_path}" if settings.include_path else ""
         raise UsageError(f"unknown task(s) {', '.join(unknown)}: not an lm-eval task, group or tag{where}",
                          hint="list them with lm-eval --tasks list, or name a folder of task YAMLs with "
                               "--include-path")
     found: dict[str, str] = {}
-    for name in settings.tasks:
+    for name in settings.lm_tasks:
         try:
             with _quiet():
                 loaded = manager.load([name])

@@ -31,6 +31,7 @@ from resumerge.plan.merge_plan import Plan
 from resumerge.plan.outconfig import render_config
 from resumerge.plan.outmodel import planned_model
 from resumerge.plan.sidefiles import aux_files, render_aux
+from resumerge.plan.workunits import estimate_bytes
 
 # The small files of the output a merge's folder holds: what reads a model's folder reads (the index, the card and
 # the config's copy say nothing a reader needs, and without the copy the candidates of a generation, whose configs
@@ -73,6 +74,12 @@ class UnwrittenMerge:
     def tensors(self) -> Mapping[str, TensorSource]:
         """Every stored tensor, where the plan puts it in its files."""
         return self.opened.tensors
+
+    @property
+    def merge_bytes(self) -> int:
+        """The largest working set of one tensor's merge (its inputs, its method's temporaries, its output): what a
+        read admits at most through the governor beside what the reader holds, as ``run`` admits its units."""
+        return max((estimate_bytes(tp, self.plan.method_of(tp)) for tp in self.plan.tensors.values()), default=0)
 
     def close(self) -> None:
         self.source.close()

@@ -1,0 +1,87 @@
+"""The pass of a text task (:mod:`.texttasks`): the scored models (and a KL task's parent, last) run one decoder layer
+of one model at a time over the texts on the forward engine's journaled pass (:class:`~resumerge.forward.layerpass.
+LayerPass`: each layer's hidden states saved durably, a killed pass resumed at the layer it reached), then
+:func:`~.texttasks.text_heads`. :func:`text_pass` runs it on any placement (this process, a population of
+unwritten candidates); :func:`score_texts` runs it in this process under the pass's admission and keeps the
+figures, so that a pass asked again is answered from its folder without reading a weight."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from resumerge.analyses.evaluation.texttasks import TextFigures, text_heads
+from resumerge.forward.batches import Hidden, enter
+from resumerge.forward.journal import Journal
+from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
+from resumerge.forward.placement import Placement, Streams
+from resumerge.forward.stream import ModelStream
+from resumerge.store.durable import write_file_atomic
+from resumerge.torch_import import torch
+
+LAYER_PREFIX = "layer-"
+FIGURES = "figures.json"
+# (hidden states leaving the last layer, the token sequences of each batch) -> the figures
+Heads = Callable[[Hidden, Sequence[Sequence[Sequence[int]]]], TextFigures]
+
+
+class _TextStep(Step[TextFigures]):
+    """Each layer run by every model on its own hidden states; after the last, the heads."""
+
+    def __init__(self, placement: Placement, heads: Callable[[Hidden], TextFigures]) -> None:
+        self.placement, self.heads = placement, heads
+
+    def layer(self, index: int, hidden: Hidden) -> Hidden:
+        own, _ = self.placement.layer(index, hidden, None)
+        return own
+
+    def finish(self, hidden: Hidden) -> TextFigures:
+        return self.heads(hidden)
+
+
+def text_pass(placement: Placement, sequences: Sequence[Sequence[int]], workdir: Path, heads: Heads,
+              point: str) -> TextFigures:
+    """The pass over ``placement``'s models and ``sequences``, resuming the one journaled in ``workdir``
+    (``point``: the kill point after each layer's file is durable), and the figures ``heads`` finds."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        entered = enter(sequences, placement.enter, placement.runs_batched)
+    batches = entered.sequences(sequences)
+    step = _TextStep(placement, lambda hidden: heads(hidden, batches))
+    found = LayerPass(Journal(workdir, LAYER_PREFIX), placement.layers, point).run(step, entered.hidden,
+                                                                                   len(entered.batches))
+    assert found is not None  # the step never stops the pass
+    return found
+
+
+def answered(workdir: Path) -> TextFigures | None:
+    """The figures of the pass finished in ``workdir`` (None: not finished)."""
+    try:
+        return TextFigures.from_json(json.loads((workdir / FIGURES).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def score_texts(streams: Sequence[ModelStream], sequences: Sequence[Sequence[int]], workdir: Path, *,
+                parent: bool, reserve: Reserve = unreserved, on_model: Callable[[int, int], None] | None = None,
+                on_heads: Callable[[], None] | None = None, point: str = "after_eval_layer") -> TextFigures:
+    """The figures of the models ``streams`` (with a ``parent``: the last one, every other measured from it) on
+    ``sequences``, the pass journaled in ``workdir`` (answered from it once finished); ``reserve`` admits each
+    model's layer (step ``layer``) and the heads (step ``heads``); ``on_model(layer, m)`` is told before model
+    ``m``'s layer is read, ``on_heads()`` before the heads."""
+    done = answered(workdir)
+    if done is not None:
+        return done
+    placement = Streams(streams, on_model, reserve)
+
+    def heads(hidden: Hidden, batches: Sequence[Sequence[Sequence[int]]]) -> TextFigures:
+        if on_heads is not None:
+            on_heads()
+        with reserve("the heads", "heads"):
+            return text_heads(streams, hidden, batches, parent)
+
+    figures = text_pass(placement, sequences, workdir, heads, point)
+    write_file_atomic(workdir / FIGURES, json.dumps(figures.to_json()).encode())
+    Journal(workdir, LAYER_PREFIX).clear()
+    return figures

@@ -1,0 +1,88 @@
+"""``check``'s NLL and KL as tasks of ``eval`` (``nll:FILE``, ``kl:PARENT:FILE``): the figures equal ``check``'s on
+the same model and texts, sit in lm-eval's results object beside its own tasks, are answered from the journal when
+asked again, and a malformed or missing one is one line before any weight is read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lm_eval")
+
+from resumerge import api
+from resumerge.analyses.evaluation.texttasks import KL, NLL, TextTask, text_task
+from resumerge.errors import UsageError
+from tests.evaluation.evaltasks import WORDS, tiny_model, write_tasks
+
+
+def _texts(path: Path) -> Path:
+    lines = [" ".join(WORDS[(i * 3 + k) % len(WORDS)] for k in range(3 + 2 * i)) for i in range(5)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_the_words_name_text_tasks_and_nothing_else() -> None:
+    assert text_task("nll:a.txt") == TextTask(NLL, "a.txt", None, "nll:a.txt")
+    assert text_task("kl:hf://org/name@main:t.txt") == TextTask(KL, "t.txt", "hf://org/name@main",
+                                                                "kl:hf://org/name@main:t.txt")
+    assert text_task("hellaswag") is None and text_task("arc:easy") is None
+    for bad in ("nll:", "kl:t.txt", "kl::t.txt", "kl:p:"):
+        with pytest.raises(UsageError):
+            text_task(bad)
+
+
+def test_nll_and_kl_tasks_equal_checks_figures_beside_lm_evals_tasks(tmp_path: Path) -> None:
+    model, parent = tiny_model(tmp_path / "model"), tiny_model(tmp_path / "parent", seed=1)
+    tasks, texts = write_tasks(tmp_path), _texts(tmp_path / "texts.txt")
+    names = [f"nll:{texts}", f"kl:{parent}:{texts}", "tiny_mc"]
+    state = tmp_path / "state"
+    report = api.evaluate(model, tasks=names, include_path=tasks, state_dir=state, limit=2)
+    checked = api.check(model, parents=[parent], prompts=texts, truncate_texts=True, state_dir=tmp_path / "check")
+    results = report.to_json()
+    assert set(results["results"]) == set(names)
+    assert results["results"][names[0]]["nll,none"] == pytest.approx(checked.models[0].nll, abs=1e-6)
+    assert results["results"][names[1]]["kl,none"] == pytest.approx(checked.models[1].kl, abs=1e-6)
+    assert results["results"][names[1]]["kl,none"] > 0
+    assert results["higher_is_better"][names[0]] == {"nll": False}
+    assert results["configs"][names[1]]["parent"] == str(parent) and names[0] in results["versions"]
+    assert "nll" in report.table() and "tiny_mc" in report.table()
+    again = api.evaluate(model, tasks=names[:2], state_dir=state,
+                         progress=lambda step: pytest.fail(f"a finished pass ran again: {step}"))
+    assert again.to_json()["results"] == {n: results["results"][n] for n in names[:2]}
+
+
+def test_text_tasks_alone_write_lm_evals_results_file(tmp_path: Path) -> None:
+    model, texts = tiny_model(tmp_path / "model"), _texts(tmp_path / "texts.txt")
+    report = api.evaluate(model, tasks=f"nll:{texts}", output_path=tmp_path / "out", state_dir=tmp_path / "state")
+    (written,) = report.written
+    assert json.loads(Path(written).read_text())["results"][f"nll:{texts}"]["nll,none"] == report.metric(
+        f"nll:{texts}", "nll")
+
+
+def test_a_missing_texts_file_is_refused_before_any_weight_is_read(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="no such texts file"):
+        api.evaluate(tmp_path / "nowhere", tasks=f"nll:{tmp_path / 'absent.txt'}", state_dir=tmp_path / "state")
+
+
+@pytest.mark.slow
+def test_a_killed_text_task_resumes_at_its_layer_with_the_same_figure(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    model, texts, state = tiny_model(tmp_path / "model"), _texts(tmp_path / "texts.txt"), tmp_path / "state"
+    argv = [sys.executable, "-m", "resumerge", "eval", str(model), "--tasks", f"nll:{texts}", "--state-dir",
+            str(state), "--json"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    killed = subprocess.run(argv, env={**env, "RESUMERGE_KILL_AT": "after_eval_layer:2"}, capture_output=True,
+                            text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert "layer 2/3" in killed.stderr and "layer 3/3" not in killed.stderr
+    resumed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "layer 3/3" in resumed.stderr and "layer 1/3" not in resumed.stderr
+    whole = api.evaluate(model, tasks=f"nll:{texts}", state_dir=tmp_path / "whole")
+    assert json.loads(resumed.stdout)["results"] == whole.to_json()["results"]

@@ -1,0 +1,75 @@
+"""An unwritten merge evaluated under a tight ``--max-memory`` stays under it: each tensor's merge is admitted by the
+RAM governor as ``run`` admits its units, beside the layer the pass holds, rather than every input's layer held
+whole. The peak is the child process's own (``os_peak_rss``), as tests/memory measures it: a budget 75 MB above
+what the process holds once its imports are in (the three inputs and the merge would be 250 MB) is enough. About
+40 s: a subprocess importing lm-eval, and 190 MB of inputs written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lm_eval")
+
+from support import write_config
+
+from resumerge.cli.modelgen import ModelSpec, make_model, write_tokenizer
+from tests.evaluation.evaltasks import tiny_model
+
+MB = 10**6
+# Four layers of about 16 MB in float32 each: a model of 63 MB, three inputs of it (250 MB with the merge).
+SPEC = ModelSpec(layers=4, hidden=512, intermediate=2048, vocab=64)
+ROOM = 75 * MB  # what the evaluation may hold beside the process once its imports are in
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import lm_eval, transformers, torch  # what the process holds before the evaluation: in the baseline
+    from resumerge import api
+    from resumerge.memory import MemoryGovernor, SystemProbe, os_peak_rss
+    admitted = []
+    acquire = MemoryGovernor.acquire
+    def counted(self, estimate, **kwargs):
+        admitted.append(kwargs.get("what"))
+        return acquire(self, estimate, **kwargs)
+    MemoryGovernor.acquire = counted
+    config, small, texts, state, room = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+    api.evaluate(small, tasks=f"nll:{texts}", state_dir=state)  # the code paths' imports and caches, on a tiny merge
+    budget = SystemProbe().rss() + room
+    admitted.clear()
+    report = api.evaluate(config, tasks=f"nll:{texts}", max_memory=budget, state_dir=state)
+    print(json.dumps({"budget": budget, "peak": os_peak_rss(), "nll": report.metric(f"nll:{texts}", "nll"),
+                      "admitted": admitted}))
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_an_unwritten_eval_under_a_tight_budget_stays_under_it(tmp_path: Path) -> None:
+    models = []
+    for seed in (0, 1, 2):
+        model = make_model(tmp_path / f"m{seed}", SPEC, seed=seed)
+        write_tokenizer(model, SPEC.vocab)
+        models.append(model)
+    config = write_config(tmp_path / "merge.yml", {"merge_method": "linear", "models": [
+        {"model": str(m), "parameters": {"weight": 0.3}} for m in models]})
+    small = [tiny_model(tmp_path / f"s{seed}", seed=seed) for seed in (0, 1)]
+    warm = write_config(tmp_path / "small.yml", {"merge_method": "linear", "models": [
+        {"model": str(small[0]), "parameters": {"weight": 0.5}},
+        {"model": str(small[1]), "parameters": {"weight": 0.5}}]})
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a b c d e f\nb c a d\n")
+    done = subprocess.run([sys.executable, "-c", CHILD, str(config), str(warm), str(texts), str(tmp_path / "state"),
+                           str(ROOM)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["peak"] <= found["budget"], f"peak {found['peak'] / MB:.0f} MB over {found['budget'] / MB:.0f} MB"
+    assert found["nll"] > 0
+    # each tensor's merge admitted as run admits its units (by the tensor's name), not only the pass's steps
+    assert "model.layers.3.mlp.down_proj.weight" in found["admitted"]
