@@ -303,7 +303,7 @@ def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
 def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[PathLike] = (),
           prompts: PathLike | None = None, max_memory: int | str | None = None,
           state_dir: PathLike | None = None, executor: Executor | None = None,
-          truncate_texts: bool = False,
+          truncate_texts: bool = False, device: str = "cpu", max_gpu_memory: int | str | None = None,
           progress: Callable[[CheckStep], None] | None = None) -> CheckReport:
     """Does the merge in ``model`` work, like ``resumerge check``: a static pass over its tensors and a forward
     pass, one decoder layer of one model at a time, of it, its ``base`` and its ``parents`` (a resumerge
@@ -321,8 +321,12 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
     or a text holding a token one lacks, are refused before any layer runs.
     ``progress`` is told each step (a :class:`~resumerge.analyses.check.progress.Step`: the phase, the layer, the
     model running, the tokens). Interrupted (Ctrl-C), it raises :class:`~resumerge.errors.InterruptedMerge` naming
-    the layer reached, whose ``resume_command`` is the command that continues it."""
+    the layer reached, whose ``resume_command`` is the command that continues it. ``device="cuda"``: each decoder
+    layer moved to the GPU while it runs, the hidden states kept there (a model larger than the GPU's memory runs
+    on it), each step admitted by ``max_gpu_memory`` too (None: most of what the GPU has free); the same figures to
+    float32's rounding, and a check started on one device resumes on the other."""
     from resumerge.analyses.check.run import run_check
+    from resumerge.forward.device import PassDevice
 
     on_ray, address = False, None
     if executor is not None:  # imported only then: api.checked brings the merge engine, which a local check never runs
@@ -332,13 +336,13 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
     return run_check(model, base=base, parents=tuple(parents), prompts=prompts,
                      max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory,
                      state=StateDir.resolve(state_dir), on_ray=on_ray, ray_address=address,
-                     cut_texts=truncate_texts, watcher=progress)
+                     cut_texts=truncate_texts, watcher=progress, device=PassDevice.of(device, max_gpu_memory))
 
 
 def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: PathLike | None = None,
              limit: float | None = None, num_fewshot: int | None = None, apply_chat_template: bool | str = False,
              log_samples: bool = False, output_path: PathLike | None = None, max_memory: int | str | None = None,
-             device: str = "cpu", state_dir: PathLike | None = None,
+             device: str = "cpu", max_gpu_memory: int | str | None = None, state_dir: PathLike | None = None,
              progress: Callable[[EvalStep], None] | None = None) -> EvalReport:
     """lm-evaluation-harness ``tasks`` (names, or a comma-separated string; YAMLs from ``include_path`` too) on the
     model ``target`` (a folder, a GGUF file, ``"hf://NAMESPACE/NAME[@REVISION]"``, or a merge config: the merge it
@@ -350,7 +354,8 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
     written there as lm-eval's CLI writes it (with each task's samples where ``log_samples``). ``progress`` is told
     each layer of each pass. Bad input (an unknown task, a dataset not available offline, ``limit`` 0, a
     generation task) raises :class:`~resumerge.errors.UsageError` before any weight is read; Ctrl-C raises
-    :class:`~resumerge.errors.InterruptedMerge` naming the command that continues."""
+    :class:`~resumerge.errors.InterruptedMerge` naming the command that continues. ``device``, ``max_gpu_memory``:
+    where the layers run, as for :func:`check`."""
     import os
 
     from resumerge.analyses.evaluation.run import is_config, run_eval
@@ -361,7 +366,9 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
         tasks=names, include_path=os.fspath(include_path) if include_path is not None else None, limit=limit,
         num_fewshot=num_fewshot, apply_chat_template=apply_chat_template, log_samples=log_samples,
         output_path=os.fspath(output_path) if output_path is not None else None,
-        max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory, device=device).checked()
+        max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory, device=device,
+        max_gpu_memory=parse_size(max_gpu_memory, option="--max-gpu-memory") if isinstance(max_gpu_memory, str)
+        else max_gpu_memory).checked()
     state = StateDir.resolve(state_dir)
     if not is_config(os.fspath(target)):
         return run_eval(os.fspath(target), settings, state=state, watcher=progress)
@@ -373,7 +380,8 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
 
 def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
             max_memory: int | str | None = None, progress: Callable[[str], None] | None = None,
-            truncate_texts: bool = False, state_dir: PathLike | None = None) -> MeasureReport:
+            truncate_texts: bool = False, state_dir: PathLike | None = None, device: str = "cpu",
+            max_gpu_memory: int | str | None = None) -> MeasureReport:
     """Record, like ``resumerge measure``, the Gram matrix of every linear's input for every model of ``config``
     over calibration ``texts`` (a file, one text per line; default: built-in texts) into the folder ``out``, for a
     ``regmean`` merge (``parameters: {grams: out}``). Any model may be a local folder, a hub repo (read by byte
@@ -381,12 +389,15 @@ def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
     journaled per layer under ``state_dir``: a killed measurement run again resumes at the layer it reached and
     writes the same bytes. ``progress`` is told
     each layer as it starts. A text longer than the models' context is refused naming its line, before anything
-    is written, or cut to the context with ``truncate_texts`` (as ``check`` does)."""
+    is written, or cut to the context with ``truncate_texts`` (as ``check`` does). ``device``, ``max_gpu_memory``:
+    where the layers run, as for :func:`check`."""
     from resumerge.analyses.measure.run import measure_grams
+    from resumerge.forward.device import PassDevice
 
     return measure_grams(config, out, texts=texts, on_progress=progress,
                          max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory,
-                         cut_texts=truncate_texts, state=StateDir.resolve(state_dir))
+                         cut_texts=truncate_texts, state=StateDir.resolve(state_dir),
+                         device=PassDevice.of(device, max_gpu_memory))
 
 
 def estimate_measure(config: PathLike, *, texts: PathLike | None = None,

@@ -56,6 +56,7 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
     from resumerge.evolve.streamed import StreamedCandidates
     from resumerge.evolve.together import Together
     from resumerge.evolve.written import WrittenCandidates
+    from resumerge.forward.device import PassDevice
 
     include = os.fspath(task_search_path) if task_search_path is not None else None
     planned, plan = plan_evolve(config, options, allow_benchmark_tasks, plan_merge, include, resources.device)
@@ -75,8 +76,9 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
         return open_population(texts, state_dir=store / files.WORK / "state", resources=resources)
 
     tasks = planned.spec.tasks
-    own: ScoresGeneration = WrittenCandidates(store, tasks, merge, tokenizer) if written else \
-        StreamedCandidates(store, tasks, population, tokenizer, StateDir.resolve(None))
+    on = PassDevice.of(resources.device).name  # the passes' layers where the candidates are merged
+    own: ScoresGeneration = WrittenCandidates(store, tasks, merge, tokenizer, on) if written else \
+        StreamedCandidates(store, tasks, population, tokenizer, StateDir.resolve(None), on)
     parts = [("own", own)] if any(t.kind != "lm-eval" for t in tasks) else []
     if any(t.kind == "lm-eval" for t in tasks):
         settings = eval_settings(planned.spec, include, resources.device)

@@ -32,6 +32,12 @@ def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     check.add_argument("--max-memory", metavar="SIZE", help="memory budget for the whole process (e.g. 4GB; "
                        "default: most of what is free)")
     check.add_argument("--state-dir", metavar="DIR", help="where the check's journal is kept")
+    check.add_argument("--device", default="cpu", metavar="DEVICE",
+                       help="where the layers run: cpu, or cuda[:N] (each layer moved to the GPU while it runs, the "
+                            "hidden states kept there: a model larger than the GPU's memory runs on it) "
+                            "[default: cpu]")
+    check.add_argument("--max-gpu-memory", metavar="SIZE", help="GPU memory budget with --device cuda [default: 85 "
+                       "%% of the GPU's free memory]")
     check.add_argument("--executor", choices=("local", "ray"), default="local",
                        help="where the forward pass runs: this process, one model after another, or each model on a "
                             "node of its own of a Ray cluster (Ray on every node: pip install -c constraints.txt -e "
@@ -56,7 +62,8 @@ def run_check_command(args: argparse.Namespace) -> int:
         report = check(args.model, base=args.base, parents=tuple(args.parents), prompts=args.prompts,
                        max_memory=args.max_memory, state_dir=args.state_dir,
                        executor=executor_option(args.executor, ray_address=args.ray_address),
-                       truncate_texts=args.truncate_texts, progress=progress)
+                       truncate_texts=args.truncate_texts, device=args.device,
+                       max_gpu_memory=args.max_gpu_memory, progress=progress)
     finally:
         progress.close()
     if args.json:

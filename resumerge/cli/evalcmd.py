@@ -44,7 +44,11 @@ def add_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                           "under DIR as lm-eval's --output_path does")
     evaluate.add_argument("--max-memory", metavar="SIZE", help="memory budget for the whole process (e.g. 4GB; "
                           "default: most of what is free)")
-    evaluate.add_argument("--device", default="cpu", choices=("cpu",), help="where the layers run [default: cpu]")
+    evaluate.add_argument("--device", default="cpu", metavar="DEVICE",
+                          help="where the layers run: cpu, or cuda[:N] (each layer moved to the GPU while it runs, "
+                               "the hidden states kept there) [default: cpu]")
+    evaluate.add_argument("--max-gpu-memory", metavar="SIZE", help="GPU memory budget with --device cuda "
+                          "[default: 85 %% of the GPU's free memory]")
     evaluate.add_argument("--state-dir", metavar="DIR", help="where the evaluation's journal is kept")
     evaluate.add_argument("--json", action="store_true", help="print lm-eval's results object as JSON")
     evaluate.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (one line per layer)")
@@ -62,7 +66,8 @@ def run_eval_command(args: argparse.Namespace) -> int:
     report = evaluate(args.target, tasks=args.tasks, include_path=args.include_path, limit=args.limit,
                       num_fewshot=args.num_fewshot, apply_chat_template=args.apply_chat_template,
                       log_samples=args.log_samples, output_path=args.output_path, max_memory=args.max_memory,
-                      device=args.device, state_dir=args.state_dir, progress=None if args.quiet else progress)
+                      device=args.device, max_gpu_memory=args.max_gpu_memory, state_dir=args.state_dir,
+                      progress=None if args.quiet else progress)
     if args.json:
         print(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
     else:

@@ -29,6 +29,11 @@ def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                          "4GB; default: most of what is free)")
     measure.add_argument("--state-dir", metavar="DIR", help="where the measurement's journal is kept (the Grams go to "
                          "OUT_DIR)")
+    measure.add_argument("--device", default="cpu", metavar="DEVICE",
+                         help="where the layers run: cpu, or cuda[:N] (each layer moved to the GPU while it runs, the "
+                              "hidden states kept there) [default: cpu]")
+    measure.add_argument("--max-gpu-memory", metavar="SIZE", help="GPU memory budget with --device cuda [default: "
+                         "85 %% of the GPU's free memory]")
     measure.add_argument("--plan", action="store_true", help="check the config, the models and the texts and "
                          "estimate each model's pass (decoder layers, memory at its largest step, the smallest budget "
                          "that fits); write nothing: exit 0 when it fits, 2 when it will not")
@@ -50,7 +55,7 @@ def run_measure_command(args: argparse.Namespace) -> int:
 
     report = measure(args.config, args.out, texts=args.texts, max_memory=args.max_memory,
                      progress=None if args.quiet else progress, truncate_texts=args.truncate_texts,
-                     state_dir=args.state_dir)
+                     state_dir=args.state_dir, device=args.device, max_gpu_memory=args.max_gpu_memory)
     if not args.quiet:
         state = "already measured" if report.reused else "measured"
         print(f"{state}: {len(report.models)} model(s), {report.tokens} tokens each, {report.files} Gram file(s) "

@@ -21,11 +21,11 @@ from resumerge.forward.opened import open_for_pass
 
 
 def task_figure(candidate: Path, task: Task, state: StateDir, workdir: Path, tokens: Path, tokenizer: Path | None,
-                on_layer: Callable[[int, int], None] | None = None) -> float:
+                on_layer: Callable[[int, int], None] | None = None, device: str = "cpu") -> float:
     """``task``'s figure for the model written in ``candidate`` (``kl`` or ``nll``), its pass journaled in
     ``workdir``; ``on_layer(layer, layers)`` is told as each layer starts. The texts are tokenized once per search
     and kept in ``tokens``, by the tokenizer of the folder ``tokenizer`` (the model the candidates' tokenizer is
-    copied from; None: the candidate's own)."""
+    copied from; None: the candidate's own); the pass's layers run on ``device``."""
     models = [replace(open_for_pass(str(candidate), "the candidate", state), role="merge")]
     if task.kind == "kl":
         assert task.parent is not None
@@ -35,7 +35,7 @@ def task_figure(candidate: Path, task: Task, state: StateDir, workdir: Path, tok
     directories = [m.opened.directory for m in models]
     texts = cached_sequences([tokenizer or directories[0], *directories[1:]], Path(task.texts), tokens,
                              configs=[m.opened.config for m in models], paths=[m.path for m in models], cut=True)
-    streams = streams_of(models)
+    streams = streams_of(models, device)
     try:
         layers = streams[0].layers
         figures = forward_pass(models, streams, texts.tokens, workdir / "pass", vocab=texts.vocab,

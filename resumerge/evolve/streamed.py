@@ -40,11 +40,11 @@ OpenPopulation = Callable[[Sequence[str]], AbstractContextManager["Population"]]
 class StreamedCandidates:
     """Scores a generation's candidates in one pass per task (see the module's docstring); ``tokenizer``: the
     folder whose tokenizer reads the texts (None: the candidates' own), ``state``: where the parents' small files
-    are found (a hub parent's)."""
+    are found (a hub parent's), ``device``: where the passes' layers run."""
 
     def __init__(self, store: Path, tasks: Sequence[Task], open_population: OpenPopulation,
-                 tokenizer: Path | None, state: StateDir) -> None:
-        self.store, self.open_population = store, open_population
+                 tokenizer: Path | None, state: StateDir, device: str = "cpu") -> None:
+        self.store, self.open_population, self.device = store, open_population, device
         self.tasks = tuple(t for t in tasks if t.kind in ("kl", "nll"))
         self.tokenizer, self.state = tokenizer, state
 
@@ -98,8 +98,9 @@ class StreamedCandidates:
         for i, c in enumerate(population.candidates):
             built = (streams[0].config, streams[0].model) if streams else None
             streams.append(ModelStream(Weights.of(c.directory, c.tensors, source=c.source), c.config, torch.float32,
-                                       what="resumerge evolve", key=f"candidate {i}", built=built))
-        streams += streams_of(parent)
+                                       what="resumerge evolve", key=f"candidate {i}", built=built,
+                                       device=self.device))
+        streams += streams_of(parent, self.device)
         try:
             def on_layer(layer: int) -> None:
                 storage.say(self.store, phase=f"score {task.name} (all candidates)", layer=layer,

@@ -40,6 +40,7 @@ from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir, is_default_state_root
 from resumerge.errors import InterruptedMerge, UsageError
 from resumerge.forward.admission import Admission
+from resumerge.forward.device import HOST, PassDevice
 from resumerge.forward.folder import pass_lock
 from resumerge.forward.hubreads import PassReads
 from resumerge.forward.journal import Journal
@@ -63,27 +64,33 @@ OUTSIDE_NAME = "static-outside.json"  # the static figures of the tensors outsid
 def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None,
               parents: Sequence[str | os.PathLike[str]] = (), prompts: str | os.PathLike[str] | None = None,
               max_memory: int | None = None, state: StateDir, on_ray: bool = False,
-              ray_address: str | None = None, cut_texts: bool = False, watcher: Watcher | None = None
-              ) -> CheckReport:
+              ray_address: str | None = None, cut_texts: bool = False, watcher: Watcher | None = None,
+              device: PassDevice = HOST) -> CheckReport:
     """Check ``model`` against its base and parents (given, or from its record) and return the report; its
     journal is kept under ``state``. ``on_ray``: each model's forward pass on a node of the Ray cluster at
     ``ray_address`` (:mod:`.onray`; None: ``RAY_ADDRESS``, else a Ray started here), with the same report.
     ``cut_texts``: a text longer than the models' context is cut to it rather than refused (exit 2). Where the
     models' vocabularies differ they are compared over the tokens they share, decided before any layer runs
     (:mod:`.vocabs`). ``watcher`` is told each step (:class:`~resumerge.analyses.check.progress.Step`). Ctrl-C raises
-    :class:`~resumerge.errors.InterruptedMerge` naming the layer reached and the command that continues."""
+    :class:`~resumerge.errors.InterruptedMerge` naming the layer reached and the command that continues.
+    ``device``: where the layers and heads run (a GPU: each layer moved there while it runs, each step admitted by
+    the GPU's budget too; :mod:`resumerge.forward.device`)."""
+    if on_ray and device.on_gpu:
+        raise UsageError(f"--device {device.name} runs the check's layers on this machine's GPU, and --executor ray "
+                         "runs each model on a node of the cluster", hint="leave out one of the two")
     if on_ray:  # before anything is read: without Ray, one line and exit 2
         from resumerge.engine.cluster.connect import check_ray
 
         check_ray()
     with _passive_threads():
-        return _checked(model, base, parents, prompts, max_memory, state, on_ray, ray_address, cut_texts, watcher)
+        return _checked(model, base, parents, prompts, max_memory, state, on_ray, ray_address, cut_texts, watcher,
+                        device)
 
 
 def _checked(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
              parents: Sequence[str | os.PathLike[str]], prompts: str | os.PathLike[str] | None,
              max_memory: int | None, state: StateDir, on_ray: bool, ray_address: str | None, cut_texts: bool,
-             watcher: Watcher | None) -> CheckReport:
+             watcher: Watcher | None, device: PassDevice) -> CheckReport:
     """:func:`run_check`'s work, its OpenMP setting in force."""
     models = find_models(model, base, tuple(parents), state)
     _comparable(models)
@@ -102,7 +109,7 @@ def _checked(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
     lock.acquire()
     try:
         return _locked(model, models, tokens, vocab, workdir, prompts_file, max_memory, state, on_ray, ray_address,
-                       watcher, command)
+                       watcher, command, device)
     except KeyboardInterrupt:  # Ctrl-C: where it stopped, and the command that continues it
         raise InterruptedMerge(stopped_at(model, workdir), resume_command=command) from None
     finally:
@@ -152,7 +159,7 @@ def check_command(model: str | os.PathLike[str], base: str | os.PathLike[str] | 
 def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[list[int]],
             vocab: SharedVocab | None, workdir: Path,
             prompts_file: Path | None, max_memory: int | None, state: StateDir, on_ray: bool,
-            ray_address: str | None, watcher: Watcher | None, command: str) -> CheckReport:
+            ray_address: str | None, watcher: Watcher | None, command: str, device: PassDevice) -> CheckReport:
     """The check in ``workdir``, its lock held: answered from its report, or run (resuming its journal)."""
     done = workdir / REPORT_NAME
     if done.is_file():  # asked again: the same report, and the card brought up to date with it
@@ -160,7 +167,7 @@ def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[l
         return replace(report, card=update_card(model, state, report))
     reads = PassReads(workdir)  # a hub model's ranges checked (journaled in workdir), its files verified whole
     models = reads.bind(models, fresh=not _journaled(workdir))
-    streams = streams_of(models)
+    streams = streams_of(models, device.name)
     progress = Progress(workdir, model, streams[0].layers, len(models), watcher, sum(len(t) - 1 for t in tokens),
                         command)
     restore_allocator = tune_allocator()  # freed layers go back to the OS: RSS follows what is held
@@ -168,6 +175,7 @@ def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[l
     try:
         sizes = step_bytes(streams, tokens)
         budget, steps, can_fold = _fits(streams, tokens, max_memory, not on_ray, sizes)  # before any weight is read
+        gpu = device.budget("the check", steps, 2 * len(streams) * sizes.states)  # and the GPU's, on one
         placed = _ray_places(ray_address, sizes) if on_ray else []  # the cluster joined: can it hold the actors?
         _give_back()  # what the imports, the tokenizer and the modules' construction left free
         static, fold, outside = _static_before(models, workdir, progress, can_fold)
@@ -195,7 +203,7 @@ def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[l
                                      model_path=None)
                         _give_back()
 
-                with Admission(budget, steps, before) as reserve:
+                with Admission(budget, steps, before, gpu) as reserve:
                     figures = forward_pass(models, streams, tokens, workdir, on_model, reserve, fold, vocab)
         if static is None:  # the layers' figures found as they were read; what they did not read, read now
             assert fold is not None

@@ -87,7 +87,9 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
     generating = generation_tasks(loaded_tasks(settings, manager))
     tokenizer = _tokenizer(model)
     command = eval_command(target, settings, state)
-    stream = ModelStream(weights, model.opened.config, _float32(), what="resumerge eval", key="TARGET")
+    device = settings.pass_device()
+    stream = ModelStream(weights, model.opened.config, _float32(), what="resumerge eval", key="TARGET",
+                         device=device.name)
     restore_allocator = tune_allocator()
     try:
         from resumerge.analyses.evaluation.lm import ResumergeLM
@@ -172,7 +174,8 @@ class _Scorer:
                      "heads": max(sizes.heads)}
             budget = budget_fitting("the evaluation", states + max(steps.values()), self.settings.max_memory,
                                     SystemProbe())
-            with Admission(budget, steps) as reserve:
+            gpu = self.settings.pass_device().budget("the evaluation", steps, states)
+            with Admission(budget, steps, gpu=gpu) as reserve:
                 def on_layer(layer: int | None) -> None:
                     self._say(workdir, EvalStep(self.model.path, self.settings.tasks, kind, len(work.run_of), layer,
                                                 self.stream.layers))
@@ -213,6 +216,7 @@ def _fits_whole(stream: ModelStream, generating: list[str], settings: EvalSettin
     hold every layer for the whole generation."""
     try:
         budget_fitting("the generation tasks", resident_bytes(stream), settings.max_memory, SystemProbe())
+        settings.pass_device().budget("the generation tasks", {"model": resident_bytes(stream)}, 0)
     except UsageError as exc:
         raise UsageError(f"{', '.join(generating)} generate text (generate_until), which holds the whole model; "
                          f"{exc.message}", hint="raise --max-memory, or leave those tasks out: the others run one "

@@ -143,7 +143,8 @@ def _recorded_layer(stream: ModelStream, index: int, hidden: list[torch.Tensor],
                 out.append(stream.run(layer, h, calls[s][index]))
         finally:
             recorder.close()
-    grams = {name: (total / tokens).to(torch.float32).contiguous() for name, total in recorder.sums.items()}
+    # on the host: the merged pass merges a layer's host weights with them (on the host they are these tensors)
+    grams = {name: (total / tokens).to(torch.float32).to("cpu").contiguous() for name, total in recorder.sums.items()}
     return out, grams, dict(sorted(recorder.shares.items()))
 
 

@@ -54,20 +54,22 @@ def workdir_of(folder: Path, workdir: Path) -> Path:
     return workdir
 
 
-def stream_of(model: PassModel, key: str) -> ModelStream:
-    """``model``'s modules without weights, read in float32 as the pass runs (a hub model's by range)."""
+def stream_of(model: PassModel, key: str, device: str = "cpu") -> ModelStream:
+    """``model``'s modules without weights, read in float32 as the pass runs (a hub model's by range), each layer
+    run on ``device``."""
     from resumerge.forward import Weights
     from resumerge.forward.stream import ModelStream
     from resumerge.torch_import import torch
 
     return ModelStream(Weights.of(model.opened.directory, model.opened.tensors, model.remote, model.reads),
-                       model.opened.config, torch.float32, what="resumerge measure", key=key)
+                       model.opened.config, torch.float32, what="resumerge measure", key=key, device=device)
 
 
 def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[int]], folder: Path, workdir: Path,
                     on_progress: Callable[[str], None] | None, merged: dict[str, object] | None,
-                    reserve: Reserve) -> tuple[Measurement, list[MeasuredModel]]:
-    """Every model's Grams into ``folder`` (journaled in ``workdir``), then ``measure.json``; the measurement."""
+                    reserve: Reserve, device: str = "cpu") -> tuple[Measurement, list[MeasuredModel]]:
+    """Every model's Grams into ``folder`` (journaled in ``workdir``; each layer run on ``device``), then
+    ``measure.json``; the measurement."""
     from resumerge.forward.batches import one_by_one
     from resumerge.forward.hubreads import PassReads
     from resumerge.memory.allocator import tune_allocator
@@ -83,10 +85,10 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
         if merged is not None:
             ratio = merged[RATIO_KEY]
             assert isinstance(ratio, float)
-            measured = _run_merged(models, keys, batches, folder, workdir, on_progress, ratio, reserve)
+            measured = _run_merged(models, keys, batches, folder, workdir, on_progress, ratio, reserve, device)
         for index, model in enumerate(models if merged is None else ()):
             measured.append(_run_model(model, keys[index], index, len(models), batches, folder, workdir,
-                                       on_progress, reserve))
+                                       on_progress, reserve, device))
         reads.finish()
     except BaseException as exc:
         error = exc
@@ -105,10 +107,10 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
 
 def _run_model(model: PassModel, key: str, index: int, count: int, batches: list[tuple[torch.Tensor, torch.Tensor]],
                folder: Path, workdir: Path, on_progress: Callable[[str], None] | None,
-               reserve: Reserve) -> MeasuredModel:
+               reserve: Reserve, device: str) -> MeasuredModel:
     from resumerge.analyses.measure.grams import measure_model
 
-    with stream_of(model, key) as stream:
+    with stream_of(model, key, device) as stream:
         layers = stream.layers
 
         def on_layer(layer: int) -> None:
@@ -122,7 +124,7 @@ def _run_model(model: PassModel, key: str, index: int, count: int, batches: list
 
 def _run_merged(models: list[PassModel], keys: list[str], batches: list[tuple[torch.Tensor, torch.Tensor]],
                 folder: Path, workdir: Path, on_progress: Callable[[str], None] | None, ratio: float,
-                reserve: Reserve) -> list[MeasuredModel]:
+                reserve: Reserve, device: str) -> list[MeasuredModel]:
     """RegMean++'s pass: every model's layer l measured on the merged model's layers before l, every model's
     stream open at once (one layer of each read at a time)."""
     from resumerge.analyses.measure.grams import measure_merged
@@ -130,7 +132,7 @@ def _run_merged(models: list[PassModel], keys: list[str], batches: list[tuple[to
     streams = []
     try:
         for key, model in zip(keys, models):
-            streams.append(stream_of(model, key))
+            streams.append(stream_of(model, key, device))
         layers = streams[0].layers
         if any(s.layers != layers for s in streams):
             raise UsageError("RegMean++ merges models of one layer count, and these differ: "

@@ -28,6 +28,7 @@ from resumerge.config.merge_config import MergeConfig, load_config_text, read_co
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import ConfigError, UsageError
 from resumerge.forward.admission import Admission
+from resumerge.forward.device import HOST, PassDevice
 from resumerge.forward.folder import pass_lock
 from resumerge.forward.opened import PassModel, open_for_pass, where_of
 from resumerge.inputs.grams import (
@@ -59,13 +60,14 @@ class MeasureReport:
 def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *,
                   texts: str | os.PathLike[str] | None = None, max_memory: int | None = None,
                   on_progress: Callable[[str], None] | None = None, cut_texts: bool = False,
-                  state: StateDir | None = None) -> MeasureReport:
+                  state: StateDir | None = None, device: PassDevice = HOST) -> MeasureReport:
     """Measure the Grams of every model of ``config`` into ``out`` (see the module docstring); raises
     :class:`~resumerge.errors.InputError` subclasses (exit 2) before anything is written: a text longer than the
     models' context among them, unless ``cut_texts`` cuts it (the rule of ``check``:
     :func:`~resumerge.forward.texts.bounded`). A model may be a local folder, a hub repo or a GGUF file (the pass's
     one opener: :mod:`resumerge.forward.opened`); the journal is kept under ``state`` (None: the default state
-    dir), and each layer is admitted by the RAM governor."""
+    dir), and each layer is admitted by the RAM governor (and, on a GPU, ``device``'s:
+    :mod:`resumerge.forward.device`)."""
     state = state if state is not None else StateDir.resolve()
     merge, models, keys, tokens = _opened(config, texts, cut_texts, state)
     merged = _merged_pass(merge)
@@ -75,7 +77,8 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
         found = read_measurement(folder, yaml_path="OUT_DIR")
         return MeasureReport(str(folder), tuple(m.key for m in found.models), _count(found),
                              sum(len(t) for t in tokens), reused=True)
-    layers, budget, step = _all_fit(models, keys, tokens, max_memory)
+    layers, budget, step, states = _all_fit(models, keys, tokens, max_memory)
+    gpu = device.budget("the measurement", {"layer": step}, states)  # on a GPU: its budget too, before any read
     # One process per measurement: two at once would write and delete each other's layer files (issue 70).
     command = ["resumerge", "measure", os.fspath(config), os.fspath(folder)]
     lock = pass_lock(folder, f"a measurement into {folder}",
@@ -87,8 +90,9 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
         _claim(folder, key, {"config": os.path.abspath(config), "models": keys, "layers": layers,
                              "texts": os.path.abspath(texts) if texts is not None else None})
         workdir = workdir_of(folder, state.measures_dir / key[:32])
-        with Admission(budget, {"layer": step}) as reserve:
-            _, measured = run_measurement(models, keys, tokens, folder, workdir, on_progress, merged, reserve)
+        with Admission(budget, {"layer": step}, gpu=gpu) as reserve:
+            _, measured = run_measurement(models, keys, tokens, folder, workdir, on_progress, merged, reserve,
+                                          device.name)
         return MeasureReport(str(folder), tuple(m.key for m in measured), sum(len(m.sha256) for m in measured),
                              sum(len(t) for t in tokens), reused=False)
 
@@ -231,18 +235,19 @@ def _claim(folder: Path, key: str, what: dict[str, object]) -> None:
 
 
 def _all_fit(models: list[PassModel], keys: list[str], tokens: list[list[int]], max_memory: int | None
-             ) -> tuple[list[int], int, int]:
+             ) -> tuple[list[int], int, int, int]:
     """Refuse (exit 2, before any model is read) a measurement whose largest pass (:func:`_pass_peak`, of every
     model) would not fit ``max_memory`` (None: the default budget), naming the figure ``measure --plan`` names;
-    each model's decoder layer count, the budget, and what one step of the pass (a layer, its sums) reserves from
-    the RAM governor."""
+    each model's decoder layer count, the budget, what one step of the pass (a layer, its sums) reserves from
+    the RAM governor, and what the widest model's hidden states in and out hold (kept on a GPU between layers)."""
     from resumerge.memory import SystemProbe, budget_fitting
 
     found = _passes(models, keys, tokens)
     largest = max(range(len(found)), key=lambda i: found[i][2])
     budget = budget_fitting(f"measuring {models[largest].path}", found[largest][2], max_memory, SystemProbe(),
                             held=_held(models, tokens))
-    return [layers for _, layers, _, _ in found], budget, max(step for *_, step in found)
+    return ([layers for _, layers, _, _ in found], budget, max(step for *_, step in found),
+            max(peak - step for _, _, peak, step in found))
 
 
 def _passes(models: list[PassModel], keys: list[str], tokens: list[list[int]]) -> list[tuple[str, int, int, int]]:
