@@ -273,7 +273,7 @@ def test_a_pass_on_a_gpu_is_refused_a_step_its_budget_cannot_hold_naming_the_sma
         with reserve("layer 0 of model 1", "layer"):
             assert reserve.on_gpu is not None and reserve.on_gpu.largest_admitted == 1_000
             assert reserve.governor.largest_admitted == 1_000
-        with pytest.raises(UsageError, match="of cuda:0 memory.*max_gpu_memory"), reserve("the heads", "heads"):
+        with pytest.raises(UsageError, match=r"of cuda:0 memory.*max_gpu_memory"), reserve("the heads", "heads"):
             pass
 
 
@@ -286,12 +286,14 @@ def test_check_measure_and_eval_refuse_cuda_without_a_gpu_before_reading_a_weigh
     config = write_config(tmp_path / "c.yml", linear_config(a, b))
     state = tmp_path / "state"
     for args in (("check", a, "--base", b, "--device", "cuda"), ("measure", config, tmp_path / "g", "--device", "cuda"),
-                 ("eval", a, "--tasks", "anything", "--device", "cuda:0"), ("check", a, "--max-gpu-memory", "1GB")):
-        done = cli_here(*args, "--state-dir", state)
+                 ("eval", a, "--tasks", "anything", "--device", "cuda:0"), ("check", a, "--max-gpu-memory", "1GB"),
+                 ("evolve", config, tmp_path / "store", "--device", "cuda")):
+        done = cli_here(*args, *(("--state-dir", state) if args[0] != "evolve" else ()))
         assert done.returncode == 2, (args, done.stderr)
         assert len(done.stderr.strip().splitlines()) <= 2 and "Traceback" not in done.stderr, done.stderr
         assert ("torch sees no CUDA GPU" if "--device" in args else "--max-gpu-memory") in done.stderr
-    assert not (tmp_path / "g").exists() and not list(state.rglob("*.safetensors"))  # nothing read, nothing written
+    assert not (tmp_path / "g").exists() and not (tmp_path / "store").exists()  # nothing written
+    assert not list(state.rglob("*.safetensors"))  # nothing read
 
 
 def test_a_pass_on_another_device_journals_the_hosts_bytes_and_resumes_on_the_host(

@@ -59,6 +59,7 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
     from resumerge.forward.device import PassDevice
 
     include = os.fspath(task_search_path) if task_search_path is not None else None
+    on = PassDevice.of(resources.device).name  # the scoring passes run where the merges do (refused first)
     planned, plan = plan_evolve(config, options, allow_benchmark_tasks, plan_merge, include, resources.device)
     if resources.max_memory is not None:
         _fits(planned, plan, resources.max_memory)
@@ -76,7 +77,6 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
         return open_population(texts, state_dir=store / files.WORK / "state", resources=resources)
 
     tasks = planned.spec.tasks
-    on = PassDevice.of(resources.device).name  # the passes' layers where the candidates are merged
     own: ScoresGeneration = WrittenCandidates(store, tasks, merge, tokenizer, on) if written else \
         StreamedCandidates(store, tasks, population, tokenizer, StateDir.resolve(None), on)
     parts = [("own", own)] if any(t.kind != "lm-eval" for t in tasks) else []
