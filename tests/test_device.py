@@ -209,13 +209,14 @@ PASS_SPEC_LAYERS = 3
 PASS_TOKENS = [[1, 5, 9, 13, 2], [3, 4, 5], [7, 8, 9, 10, 11, 12, 2]]
 
 
-def _pass_models(tmp_path: Path, layers: int = PASS_SPEC_LAYERS) -> list[object]:
+def _pass_models(tmp_path: Path, layers: int = PASS_SPEC_LAYERS, hidden: int = 32, intermediate: int = 48
+                 ) -> list[object]:
     from dataclasses import replace
 
     from resumerge.cli.modelgen import ModelSpec, make_model
     from resumerge.forward.opened import open_for_pass
 
-    spec = ModelSpec(layers=layers, hidden=32, intermediate=48, vocab=64)
+    spec = ModelSpec(layers=layers, hidden=hidden, intermediate=intermediate, vocab=64)
     state = StateDir.resolve(tmp_path / "state")
     return [replace(open_for_pass(str(make_model(tmp_path / role, spec, seed=seed)), role, state), role=role)
             for role, seed in (("merge", 3), ("base", 4), ("parent", 5))]
@@ -362,7 +363,8 @@ def test_check_on_the_gpu_gives_the_cpus_figures_and_a_check_killed_there_resume
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_model_larger_than_the_gpu_budget_runs_a_layer_at_a_time_and_a_layer_beyond_it_is_refused(
         tmp_path: Path) -> None:
-    models = _pass_models(tmp_path, layers=8)
+    # 16 layers of 1 MB (float32): the hidden states and the heads' step (vocabulary 64) are small beside them
+    models = _pass_models(tmp_path, layers=16, hidden=128, intermediate=512)
     merge, base = (str(m.path) for m in models[:2])  # type: ignore[attr-defined]
     state = tmp_path / "state"
     with pytest.raises(UsageError, match="of GPU memory on cuda:0") as caught:
