@@ -393,3 +393,14 @@ def test_measure_on_the_gpu_gives_the_cpus_grams(tmp_path: Path) -> None:
         assert want.keys() == got.keys()
         for key in want:
             torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-5)
+
+
+def test_the_command_that_continues_a_check_on_a_gpu_names_its_device(tmp_path: Path) -> None:
+    from resumerge.analyses.check.run import check_command
+    from resumerge.forward.device import PassDevice
+
+    state = StateDir.resolve(tmp_path / "state")
+    on_cpu = check_command("m", "b", (), None, state)
+    assert "--device" not in on_cpu  # as before: a check on the host names no device
+    on_gpu = check_command("m", "b", (), None, state, device=PassDevice("cuda:1", 2_000_000_000))
+    assert on_gpu == on_cpu.replace(" --state-dir", " --device cuda:1 --max-gpu-memory 2000000000 --state-dir")

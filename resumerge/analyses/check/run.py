@@ -101,7 +101,7 @@ def _checked(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
                              configs=[m.opened.config for m in models], paths=[m.path for m in models], cut=cut_texts)
     tokens, vocab = texts.tokens, texts.vocab
     workdir = state.checks_dir / _key(models, tokens, vocab)
-    command = check_command(model, base, tuple(parents), prompts, state, cut_texts)
+    command = check_command(model, base, tuple(parents), prompts, state, cut_texts, device)
     # One process per check: two at once would delete each other's layer and head files (issue 70).
     lock = pass_lock(workdir, f"this check of {model}", command,
                      hint="wait for it to finish (asked again, the check then answers at once), or stop it (it "
@@ -140,8 +140,9 @@ def stopped_at(model: str | os.PathLike[str], workdir: Path) -> str:
 
 def check_command(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
                   parents: Sequence[str | os.PathLike[str]], prompts: str | os.PathLike[str] | None,
-                  state: StateDir, cut_texts: bool = False) -> str:
-    """The shell command of this check (what a second one names, and what continues an interrupted one)."""
+                  state: StateDir, cut_texts: bool = False, device: PassDevice = HOST) -> str:
+    """The shell command of this check (what a second one names, and what continues an interrupted one: on the
+    device it ran on, though its journal resumes on any)."""
     words = ["resumerge", "check", os.fspath(model)]
     if base is not None:
         words += ["--base", os.fspath(base)]
@@ -151,6 +152,10 @@ def check_command(model: str | os.PathLike[str], base: str | os.PathLike[str] | 
         words += ["--prompts", os.fspath(prompts)]
     if cut_texts:
         words.append("--truncate-texts")
+    if device.on_gpu:
+        words += ["--device", device.name]
+    if device.max_gpu_memory is not None:
+        words += ["--max-gpu-memory", str(device.max_gpu_memory)]
     if not is_default_state_root(state.given):
         words += ["--state-dir", os.fspath(state.root)]
     return shlex.join(words)

@@ -80,7 +80,8 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
     layers, budget, step, states = _all_fit(models, keys, tokens, max_memory)
     gpu = device.budget("the measurement", {"layer": step}, states)  # on a GPU: its budget too, before any read
     # One process per measurement: two at once would write and delete each other's layer files (issue 70).
-    command = ["resumerge", "measure", os.fspath(config), os.fspath(folder)]
+    command = ["resumerge", "measure", os.fspath(config), os.fspath(folder),
+               *(["--device", device.name] if device.on_gpu else [])]
     lock = pass_lock(folder, f"a measurement into {folder}",
                      shlex.join(command + (["--texts", os.fspath(texts)] if texts is not None else [])),
                      hint="wait for it to finish, or stop it (run again, it resumes at the layer it reached)",
