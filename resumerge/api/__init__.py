@@ -301,7 +301,7 @@ def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
 
 
 def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[PathLike] = (),
-          prompts: PathLike | None = None, max_memory: int | str | None = None,
+          prompts: PathLike | None = None, resources: Resources = Resources(),
           state_dir: PathLike | None = None, executor: Executor | None = None,
           truncate_texts: bool = False,
           progress: Callable[[CheckStep], None] | None = None) -> CheckReport:
@@ -312,7 +312,8 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
     layer under ``state_dir``: a killed check resumes at the layer it reached, with the same report. Any model
     may be a hub repo, the string ``"hf://NAMESPACE/NAME[@REVISION]"``, read by byte range, or a GGUF file (its
     config and tokenizer rebuilt from its metadata into the state dir). A resumerge output's model card gets the
-    check's section (recorded, so ``verify`` passes); ``report.card`` says what became of it. ``executor``: None or
+    check's section (recorded, so ``verify`` passes); ``report.card`` says what became of it. Of ``resources`` (the
+    group :func:`run` takes) a check honours ``max_memory``, the whole process's budget. ``executor``: None or
     ``LocalExecutor()`` runs the models one after another in this process; ``RayExecutor(address)`` each model's
     pass on a node of its own of that Ray cluster (the same report; a check started with one resumes with the
     other). A text longer than the models' context (``max_position_embeddings``) is refused naming its line,
@@ -324,15 +325,29 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
     the layer reached, whose ``resume_command`` is the command that continues it."""
     from resumerge.analyses.check.run import run_check
 
-    on_ray, address = False, None
-    if executor is not None:  # imported only then: api.checked brings the merge engine, which a local check never runs
-        from resumerge.api.checked import check_placement
+    settings = _pass_settings("check", state_dir, resources, executor)
+    on_ray, address = _placement(settings)
+    return run_check(model, base=base, parents=tuple(parents), prompts=prompts, max_memory=settings.max_memory,
+                     state=settings.state, on_ray=on_ray, ray_address=address, cut_texts=truncate_texts,
+                     watcher=progress)
 
-        on_ray, address = check_placement(executor)
-    return run_check(model, base=base, parents=tuple(parents), prompts=prompts,
-                     max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory,
-                     state=StateDir.resolve(state_dir), on_ray=on_ray, ray_address=address,
-                     cut_texts=truncate_texts, watcher=progress)
+
+def _pass_settings(function: str, state_dir: PathLike | None, resources: Resources,
+                   executor: Executor | None) -> RunSettings:
+    """The settings of a forward pass's call ``function`` (``check``, ``measure``): its ``resources`` (those it
+    cannot honour refused), state dir and executor, as :func:`run` takes them (UsageError, exit 2, for a bad one)."""
+    taken(resources, function)
+    return run_settings(state_dir, resources, executor=executor)
+
+
+def _placement(settings: RunSettings) -> tuple[bool, str | None]:
+    """Where the settings' executor places a forward pass: (False, None) this process; (True, ADDRESS) an actor per
+    model on that Ray cluster (:class:`~resumerge.engine.executors.PlacesPasses`)."""
+    if settings.executor is None:  # the merge engine (api.checked's executors) is never imported for a local pass
+        return False, None
+    from resumerge.api.checked import check_placement
+
+    return check_placement(settings.executor)
 
 
 def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: PathLike | None = None,
@@ -372,32 +387,37 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
 
 
 def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
-            max_memory: int | str | None = None, progress: Callable[[str], None] | None = None,
-            truncate_texts: bool = False, state_dir: PathLike | None = None) -> MeasureReport:
+            resources: Resources = Resources(),
+            progress: Callable[[str], None] | None = None, truncate_texts: bool = False,
+            state_dir: PathLike | None = None) -> MeasureReport:
     """Record, like ``resumerge measure``, the Gram matrix of every linear's input for every model of ``config``
     over calibration ``texts`` (a file, one text per line; default: built-in texts) into the folder ``out``, for a
     ``regmean`` merge (``parameters: {grams: out}``). Any model may be a local folder, a hub repo (read by byte
-    range) or a GGUF file. One decoder layer at a time, each admitted by the RAM governor under ``max_memory``,
-    journaled per layer under ``state_dir``: a killed measurement run again resumes at the layer it reached and
-    writes the same bytes. ``progress`` is told
-    each layer as it starts. A text longer than the models' context is refused naming its line, before anything
-    is written, or cut to the context with ``truncate_texts`` (as ``check`` does)."""
+    range) or a GGUF file. One decoder layer at a time, each admitted by the RAM governor under
+    ``resources.max_memory`` (``resources`` is :func:`run`'s group; of it a measurement honours the memory
+    budget), journaled per layer under ``state_dir``: a killed measurement run again resumes at the layer it
+    reached and writes the same bytes. ``progress`` is told each layer as it starts. A text longer than the models'
+    context is refused naming its line, before anything is written, or cut to the context with ``truncate_texts``
+    (as ``check`` does)."""
     from resumerge.analyses.measure.run import measure_grams
 
-    return measure_grams(config, out, texts=texts, on_progress=progress,
-                         max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory,
-                         cut_texts=truncate_texts, state=StateDir.resolve(state_dir))
+    settings = _pass_settings("measure", state_dir, resources, None)
+    return measure_grams(config, out, texts=texts, on_progress=progress, max_memory=settings.max_memory,
+                         cut_texts=truncate_texts, state=settings.state)
 
 
-def estimate_measure(config: PathLike, *, texts: PathLike | None = None,
-                     max_memory: int | str | None = None) -> MeasureEstimate:
-    """What :func:`measure` of ``config`` over ``texts`` needs under ``max_memory``, like ``resumerge measure
-    --plan``: each model's decoder layers and the memory of its pass, the smallest budget that fits and whether
-    the budget does (``.fits``, ``.lines()``); reads headers and the texts, writes nothing."""
+def estimate_measure(config: PathLike, *, texts: PathLike | None = None, resources: Resources = Resources(),
+                     truncate_texts: bool = False,
+                     state_dir: PathLike | None = None) -> MeasureEstimate:
+    """What :func:`measure` of ``config`` over ``texts`` needs under ``resources.max_memory``, like ``resumerge
+    measure --plan``: each model's decoder layers and the memory of its pass, the smallest budget that fits and
+    whether the budget does (``.fits``, ``.lines()``); reads headers and the texts, writes nothing. The options mean
+    what they mean for :func:`measure`."""
     from resumerge.analyses.measure.run import estimate_measure as estimated
 
-    return estimated(config, texts=texts,
-                     max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory)
+    settings = _pass_settings("estimate_measure", state_dir, resources, None)
+    return estimated(config, texts=texts, max_memory=settings.max_memory, cut_texts=truncate_texts,
+                     state=settings.state)
 
 
 def plan_merge(config: PathLike, *, output: Output = Output(), merging: Merging = Merging(),

@@ -37,10 +37,12 @@ def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def run_measure_command(args: argparse.Namespace) -> int:
     """One API call, then a one-line summary (with --plan, the estimate)."""
-    from resumerge.api import estimate_measure, measure
+    from resumerge.api import Resources, estimate_measure, measure
 
+    resources = Resources(max_memory=args.max_memory)
     if args.plan:
-        estimate = estimate_measure(args.config, texts=args.texts, max_memory=args.max_memory)
+        estimate = estimate_measure(args.config, texts=args.texts, resources=resources,
+                                    truncate_texts=args.truncate_texts, state_dir=args.state_dir)
         if not args.quiet:
             print("\n".join(estimate.lines()))
         return 0 if estimate.fits else 2
@@ -48,7 +50,7 @@ def run_measure_command(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(f"measuring: {line}", file=sys.stderr, flush=True)
 
-    report = measure(args.config, args.out, texts=args.texts, max_memory=args.max_memory,
+    report = measure(args.config, args.out, texts=args.texts, resources=resources,
                      progress=None if args.quiet else progress, truncate_texts=args.truncate_texts,
                      state_dir=args.state_dir)
     if not args.quiet:

@@ -126,12 +126,14 @@ class MeasureEstimate:
 
 
 def estimate_measure(config: str | os.PathLike[str], *, texts: str | os.PathLike[str] | None = None,
-                     max_memory: int | None = None) -> MeasureEstimate:
-    """What measuring ``config``'s models over ``texts`` needs under ``max_memory`` (None: the default budget):
-    the checks :func:`measure_grams` makes first, and each pass's peak as it refuses one by; writes nothing."""
+                     max_memory: int | None = None, cut_texts: bool = False,
+                     state: StateDir | None = None) -> MeasureEstimate:
+    """What measuring ``config``'s models over ``texts`` (cut to the context where ``cut_texts``) needs under
+    ``max_memory`` (None: the default budget): the checks :func:`measure_grams` makes first, and each pass's peak
+    as it refuses one by; writes nothing (a hub or GGUF model's small files aside, under ``state``)."""
     from resumerge.memory import SystemProbe, default_budget, pass_budget
 
-    _, models, keys, tokens = _opened(config, texts, state=StateDir.resolve())
+    _, models, keys, tokens = _opened(config, texts, cut_texts, state if state is not None else StateDir.resolve())
     found = [(key, layers, peak) for key, layers, peak, _ in _passes(models, keys, tokens)]
     probe = SystemProbe()
     held = _held(models, tokens)
