@@ -387,7 +387,7 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
 
 
 def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
-            resources: Resources = Resources(),
+            resources: Resources = Resources(), executor: Executor | None = None,
             progress: Callable[[str], None] | None = None, truncate_texts: bool = False,
             state_dir: PathLike | None = None) -> MeasureReport:
     """Record, like ``resumerge measure``, the Gram matrix of every linear's input for every model of ``config``
@@ -396,26 +396,32 @@ def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
     range) or a GGUF file. One decoder layer at a time, each admitted by the RAM governor under
     ``resources.max_memory`` (``resources`` is :func:`run`'s group; of it a measurement honours the memory
     budget), journaled per layer under ``state_dir``: a killed measurement run again resumes at the layer it
-    reached and writes the same bytes. ``progress`` is told each layer as it starts. A text longer than the models'
-    context is refused naming its line, before anything is written, or cut to the context with ``truncate_texts``
-    (as ``check`` does)."""
+    reached and writes the same bytes. ``executor`` (:func:`run`'s object): None or ``LocalExecutor()`` measures
+    the models one after another in this process; ``RayExecutor(address)`` each model's pass in an actor on a node
+    of that Ray cluster, the models side by side (the same bytes; a measurement started with one resumes with the
+    other; a ``regmean_plus`` config's merged pass is refused there). ``progress`` is told each layer as it starts.
+    A text longer than the models' context is refused naming its line, before anything is written, or cut to the
+    context with ``truncate_texts`` (as ``check`` does)."""
     from resumerge.analyses.measure.run import measure_grams
 
-    settings = _pass_settings("measure", state_dir, resources, None)
+    settings = _pass_settings("measure", state_dir, resources, executor)
+    on_ray, address = _placement(settings)
     return measure_grams(config, out, texts=texts, on_progress=progress, max_memory=settings.max_memory,
-                         cut_texts=truncate_texts, state=settings.state)
+                         cut_texts=truncate_texts, state=settings.state, on_ray=on_ray, ray_address=address)
 
 
 def estimate_measure(config: PathLike, *, texts: PathLike | None = None, resources: Resources = Resources(),
-                     truncate_texts: bool = False,
+                     executor: Executor | None = None, truncate_texts: bool = False,
                      state_dir: PathLike | None = None) -> MeasureEstimate:
     """What :func:`measure` of ``config`` over ``texts`` needs under ``resources.max_memory``, like ``resumerge
     measure --plan``: each model's decoder layers and the memory of its pass, the smallest budget that fits and
     whether the budget does (``.fits``, ``.lines()``); reads headers and the texts, writes nothing. The options mean
-    what they mean for :func:`measure`."""
+    what they mean for :func:`measure` (``executor`` is checked, as :func:`estimate` checks it: Ray's without Ray
+    installed is refused; the budget is this process's, which holds every layer of a local measurement)."""
     from resumerge.analyses.measure.run import estimate_measure as estimated
 
-    settings = _pass_settings("estimate_measure", state_dir, resources, None)
+    settings = _pass_settings("estimate_measure", state_dir, resources, executor)
+    _placement(settings)
     return estimated(config, texts=texts, max_memory=settings.max_memory, cut_texts=truncate_texts,
                      state=settings.state)
 

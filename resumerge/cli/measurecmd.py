@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from resumerge.cli.executorflags import RAY_NEEDS, add_executor_flags
+
 
 def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``measure`` command's parser."""
@@ -29,6 +31,10 @@ def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                          "4GB; default: most of what is free)")
     measure.add_argument("--state-dir", metavar="DIR", help="where the measurement's journal is kept (the Grams go to "
                          "OUT_DIR)")
+    add_executor_flags(measure, where=f"where each model's pass runs: this process, one model after another, or "
+                                      f"each model on a node of a Ray cluster, side by side ({RAY_NEEDS}; the models "
+                                      "on paths every node sees, or hub repos); the Grams are the same bytes, and a "
+                                      "measurement started with one resumes with the other", address="the measurement")
     measure.add_argument("--plan", action="store_true", help="check the config, the models and the texts and "
                          "estimate each model's pass (decoder layers, memory at its largest step, the smallest budget "
                          "that fits); write nothing: exit 0 when it fits, 2 when it will not")
@@ -38,10 +44,12 @@ def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 def run_measure_command(args: argparse.Namespace) -> int:
     """One API call, then a one-line summary (with --plan, the estimate)."""
     from resumerge.api import Resources, estimate_measure, measure
+    from resumerge.api.options import executor_option
 
     resources = Resources(max_memory=args.max_memory)
+    executor = executor_option(args.executor, ray_address=args.ray_address)
     if args.plan:
-        estimate = estimate_measure(args.config, texts=args.texts, resources=resources,
+        estimate = estimate_measure(args.config, texts=args.texts, resources=resources, executor=executor,
                                     truncate_texts=args.truncate_texts, state_dir=args.state_dir)
         if not args.quiet:
             print("\n".join(estimate.lines()))
@@ -50,7 +58,7 @@ def run_measure_command(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(f"measuring: {line}", file=sys.stderr, flush=True)
 
-    report = measure(args.config, args.out, texts=args.texts, resources=resources,
+    report = measure(args.config, args.out, texts=args.texts, resources=resources, executor=executor,
                      progress=None if args.quiet else progress, truncate_texts=args.truncate_texts,
                      state_dir=args.state_dir)
     if not args.quiet:

@@ -1,0 +1,77 @@
+"""The forward passes placed on Ray by the executor object (``--executor ray``), as ``check``'s is: ``measure`` (an
+actor per model, the models side by side), ``eval`` (its pass's layers on an actor) and ``evolve`` (a generation's
+candidates spread over the nodes), each giving the bytes and figures of the local run; and what cannot be placed
+is refused in one line, exit 2, before any weight is read.
+
+One real Ray cluster on this machine for the whole module (a head without CPUs, two one-CPU worker nodes: starting
+one costs 10-20 s); the local references run torch on one thread, as each node's actor does (float32 sums on more
+threads may round otherwise). Tiny generated models."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from raycluster import Cluster, ray_cluster
+from support import cli, digests, one_thread, write_config
+
+from resumerge import api
+from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.engine.executors import RayExecutor
+from resumerge.errors import UsageError
+
+pytest.importorskip("transformers")
+pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+SPEC = ModelSpec(layers=3, hidden=32, intermediate=48, vocab=64)
+TEXTS = "the cat sat on the mat\nhello world again\nx\n"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with ray_cluster(workers=2) as (started, _):
+        yield started
+
+
+def _measured(root: Path, method: str = "regmean") -> tuple[Path, Path]:
+    """A regmean config of two tiny models, and the texts to measure them on."""
+    models = [make_model(root / f"m{i}", SPEC, seed=i) for i in range(2)]
+    config = write_config(root / f"{method}.yml", {"merge_method": method, "dtype": "float32",
+                                                   "models": [{"model": str(m)} for m in models],
+                                                   "parameters": {"grams": "grams"}})
+    texts = root / "texts.txt"
+    texts.write_text(TEXTS)
+    return config, texts
+
+
+def _files(folder: Path) -> dict[str, Any]:
+    return {name: digests(folder / name) for name in ("model-00", "model-01")} | {"": digests(folder)}
+
+
+def test_a_measure_on_ray_writes_the_local_bytes_and_resumes_a_local_one(tmp_path: Path, cluster: Cluster) -> None:
+    config, texts = _measured(tmp_path)
+    with one_thread():
+        api.measure(config, tmp_path / "local", texts=texts, state_dir=tmp_path / "s-local")
+    on_ray = RayExecutor(address=cluster.address)
+    report = api.measure(config, tmp_path / "ray", texts=texts, state_dir=tmp_path / "s-ray", executor=on_ray,
+                         resources=api.Resources(max_memory="8GB"))
+    assert not report.reused and report.files == 2 * SPEC.layers
+    assert _files(tmp_path / "ray") == _files(tmp_path / "local")
+    assert not list((tmp_path / "s-ray").glob("measures/*"))  # the journal goes once measure.json is written
+    # Killed locally after its second layer, the same measurement resumes on Ray with the same bytes.
+    killed = cli("measure", config, tmp_path / "both", "--texts", texts, "--state-dir", tmp_path / "s-both",
+                 env={"RESUMERGE_KILL_AT": "after_measure_layer:2", "OMP_NUM_THREADS": "1"})
+    assert killed.returncode == -9, killed.stderr
+    api.measure(config, tmp_path / "both", texts=texts, state_dir=tmp_path / "s-both", executor=on_ray)
+    assert _files(tmp_path / "both") == _files(tmp_path / "local")
+
+
+def test_what_a_pass_on_ray_cannot_do_is_refused_before_any_weight_is_read(tmp_path: Path, cluster: Cluster) -> None:
+    config, texts = _measured(tmp_path, "regmean_plus")
+    with pytest.raises(UsageError, match="regmean_plus config's merged pass"):
+        api.measure(config, tmp_path / "g", texts=texts, executor=RayExecutor(address=cluster.address),
+                    state_dir=tmp_path / "s")
+    assert not (tmp_path / "g").exists()
