@@ -18,9 +18,11 @@ from raycluster import Cluster, ray_cluster
 from support import cli, digests, one_thread, write_config
 
 from resumerge import api
+from resumerge.analyses.measure.grams import Streamed
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.engine.executors import RayExecutor
 from resumerge.errors import UsageError
+from resumerge.forward.placement import Streams
 
 pytest.importorskip("transformers")
 pytest.importorskip("ray")
@@ -47,6 +49,10 @@ def _measured(root: Path, method: str = "regmean") -> tuple[Path, Path]:
     return config, texts
 
 
+def _not_here(*args: object, **kwargs: object) -> Any:
+    pytest.fail("a decoder layer ran in the driver's process")
+
+
 def _files(folder: Path) -> dict[str, Any]:
     return {name: digests(folder / name) for name in ("model-00", "model-01")} | {"": digests(folder)}
 
@@ -56,8 +62,10 @@ def test_a_measure_on_ray_writes_the_local_bytes_and_resumes_a_local_one(tmp_pat
     with one_thread():
         api.measure(config, tmp_path / "local", texts=texts, state_dir=tmp_path / "s-local")
     on_ray = RayExecutor(address=cluster.address)
-    report = api.measure(config, tmp_path / "ray", texts=texts, state_dir=tmp_path / "s-ray", executor=on_ray,
-                         resources=api.Resources(max_memory="8GB"))
+    with pytest.MonkeyPatch.context() as here:  # no decoder layer runs in this process: each runs on its node
+        here.setattr(Streamed, "layer", _not_here)
+        report = api.measure(config, tmp_path / "ray", texts=texts, state_dir=tmp_path / "s-ray", executor=on_ray,
+                             resources=api.Resources(max_memory="8GB"))
     assert not report.reused and report.files == 2 * SPEC.layers
     assert _files(tmp_path / "ray") == _files(tmp_path / "local")
     assert not list((tmp_path / "s-ray").glob("measures/*"))  # the journal goes once measure.json is written
@@ -69,9 +77,38 @@ def test_a_measure_on_ray_writes_the_local_bytes_and_resumes_a_local_one(tmp_pat
     assert _files(tmp_path / "both") == _files(tmp_path / "local")
 
 
-def test_what_a_pass_on_ray_cannot_do_is_refused_before_any_weight_is_read(tmp_path: Path, cluster: Cluster) -> None:
+def test_an_evaluation_on_ray_gives_the_local_results_and_resumes_either_way(tmp_path: Path,
+                                                                             cluster: Cluster) -> None:
+    pytest.importorskip("lm_eval")
+    from tests.evaluation.evaltasks import tiny_model, write_tasks
+
+    model, tasks = tiny_model(tmp_path / "model"), write_tasks(tmp_path)
+    asked: dict[str, Any] = {"tasks": ["tiny_mc", "tiny_ppl"], "include_path": tasks, "limit": 4}
+    with one_thread():
+        local = api.evaluate(model, state_dir=tmp_path / "local", **asked)
+    on_ray = RayExecutor(address=cluster.address)
+    layers: list[int | None] = []
+    with pytest.MonkeyPatch.context() as here:  # no decoder layer runs in this process: each runs on the node
+        here.setattr(Streams, "layer", _not_here)
+        found = api.evaluate(model, state_dir=tmp_path / "ray", executor=on_ray,
+                             progress=lambda step: layers.append(step.layer), **asked)
+    assert found.to_json()["results"] == local.to_json()["results"]
+    assert layers == [0, 1, 2, None] * 2  # both passes, each layer on the node and the head here
+    # Asked again locally, the Ray evaluation's journal answers: its passes are the local passes' files.
+    again = api.evaluate(model, state_dir=tmp_path / "ray", progress=lambda step: pytest.fail(f"ran again: {step}"),
+                         **asked)
+    assert again.to_json()["results"] == local.to_json()["results"]
+    # A merge config (merged in this process) and generation tasks (the whole model held here) are refused on Ray.
+    config = write_config(tmp_path / "merge.yml", {"merge_method": "linear", "dtype": "float32", "models": [
+        {"model": str(model), "parameters": {"weight": 1.0}}]})
+    with pytest.raises(UsageError, match="a merge config is merged in this process"):
+        api.evaluate(config, state_dir=tmp_path / "s", executor=on_ray, **asked)
+    with pytest.raises(UsageError, match="generation task"):
+        api.evaluate(model, tasks=["tiny_gen"], include_path=tasks, state_dir=tmp_path / "s", executor=on_ray)
+
+
+def test_what_a_pass_on_ray_cannot_do_is_refused_before_any_weight_is_read(tmp_path: Path) -> None:
     config, texts = _measured(tmp_path, "regmean_plus")
     with pytest.raises(UsageError, match="regmean_plus config's merged pass"):
-        api.measure(config, tmp_path / "g", texts=texts, executor=RayExecutor(address=cluster.address),
-                    state_dir=tmp_path / "s")
+        api.measure(config, tmp_path / "g", texts=texts, executor=RayExecutor(), state_dir=tmp_path / "s")
     assert not (tmp_path / "g").exists()

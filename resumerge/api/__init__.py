@@ -353,7 +353,7 @@ def _placement(settings: RunSettings) -> tuple[bool, str | None]:
 def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: PathLike | None = None,
              limit: float | None = None, num_fewshot: int | None = None, apply_chat_template: bool | str = False,
              log_samples: bool = False, output_path: PathLike | None = None, max_memory: int | str | None = None,
-             device: str = "cpu", state_dir: PathLike | None = None,
+             device: str = "cpu", state_dir: PathLike | None = None, executor: Executor | None = None,
              progress: Callable[[EvalStep], None] | None = None) -> EvalReport:
     """lm-evaluation-harness ``tasks`` (names, or a comma-separated string; YAMLs from ``include_path`` too) on the
     model ``target`` (a folder, a GGUF file, ``"hf://NAMESPACE/NAME[@REVISION]"``, or a merge config: the merge it
@@ -362,10 +362,13 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
     builds the requests and computes the metrics, resumerge scores every request of a pass one decoder layer at a
     time within ``max_memory``, journaled under ``state_dir`` (a killed evaluation run again resumes with the same
     results). ``report.results`` is lm-eval's results object as ``simple_evaluate`` returns it; ``output_path``:
-    written there as lm-eval's CLI writes it (with each task's samples where ``log_samples``). ``progress`` is told
-    each layer of each pass. Bad input (an unknown task, a dataset not available offline, ``limit`` 0, a
-    generation task) raises :class:`~resumerge.errors.UsageError` before any weight is read; Ctrl-C raises
-    :class:`~resumerge.errors.InterruptedMerge` naming the command that continues."""
+    written there as lm-eval's CLI writes it (with each task's samples where ``log_samples``). ``executor`` (the
+    object :func:`run` takes): None or ``LocalExecutor()`` runs every layer in this process; ``RayExecutor(address)``
+    each pass's decoder layers on an actor of that Ray cluster, the head here (the same results; an evaluation
+    started with one resumes with the other; a merge config and generation tasks are refused there, exit 2).
+    ``progress`` is told each layer of each pass. Bad input (an unknown task, a dataset not available offline,
+    ``limit`` 0, a generation task) raises :class:`~resumerge.errors.UsageError` before any weight is read;
+    Ctrl-C raises :class:`~resumerge.errors.InterruptedMerge` naming the command that continues."""
     import os
 
     from resumerge.analyses.evaluation.run import is_config, run_eval
@@ -378,12 +381,14 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
         output_path=os.fspath(output_path) if output_path is not None else None,
         max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory, device=device).checked()
     state = StateDir.resolve(state_dir)
+    on_ray, address = _placement(run_settings(state_dir, Resources(), executor=executor))
     if not is_config(os.fspath(target)):
-        return run_eval(os.fspath(target), settings, state=state, watcher=progress)
+        return run_eval(os.fspath(target), settings, state=state, watcher=progress, on_ray=on_ray,
+                        ray_address=address)
     # A merge config: the merge it describes, each tensor merged by run's code as the pass reads it, never written
     # (planned, and refused in one line, before any weight is read).
     with open_unwritten(target, state_dir=state_dir) as merge:
-        return run_eval(os.fspath(target), settings, state=state, watcher=progress, unwritten=merge)
+        return run_eval(os.fspath(target), settings, state=state, watcher=progress, unwritten=merge, on_ray=on_ray)
 
 
 def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
