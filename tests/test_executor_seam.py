@@ -74,7 +74,7 @@ def test_every_command_taking_an_executor_offers_the_names_of_the_one_table(monk
     subs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     offered = {name: next(a.choices for a in parser._actions if a.dest == "executor")
                for name, parser in subs.choices.items() if any(a.dest == "executor" for a in parser._actions)}
-    assert {"run", "resume", "plan", "check"} <= set(offered), sorted(offered)
+    assert {"run", "resume", "plan", "check", "measure", "eval", "evolve"} <= set(offered), sorted(offered)
     assert all(tuple(choices) == ("local", "ray", "mine") for choices in offered.values()), offered
 
 

@@ -50,7 +50,7 @@ def _measured(root: Path, method: str = "regmean") -> tuple[Path, Path]:
 
 
 def _not_here(*args: object, **kwargs: object) -> Any:
-    pytest.fail("a decoder layer ran in the driver's process")
+    pytest.fail("the pass's work ran in the driver's process")
 
 
 def _files(folder: Path) -> dict[str, Any]:
@@ -105,6 +105,21 @@ def test_an_evaluation_on_ray_gives_the_local_results_and_resumes_either_way(tmp
         api.evaluate(config, state_dir=tmp_path / "s", executor=on_ray, **asked)
     with pytest.raises(UsageError, match="generation task"):
         api.evaluate(model, tasks=["tiny_gen"], include_path=tasks, state_dir=tmp_path / "s", executor=on_ray)
+
+
+def test_a_search_on_ray_spreads_each_generation_over_the_nodes_with_the_local_files(tmp_path: Path,
+                                                                                    cluster: Cluster) -> None:
+    from resumerge.evolve.streamed import StreamedCandidates
+    from tests.evolve.test_search import FILES, OPTIONS, make_search
+
+    config = make_search(tmp_path)
+    with one_thread():
+        api.evolve(config, tmp_path / "local", **OPTIONS)
+    with pytest.MonkeyPatch.context() as here:  # no candidate is scored in this process: each group on its node
+        here.setattr(StreamedCandidates, "score", _not_here)
+        api.evolve(config, tmp_path / "ray", executor=RayExecutor(address=cluster.address), **OPTIONS)
+    for name in FILES:
+        assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
 
 
 def test_what_a_pass_on_ray_cannot_do_is_refused_before_any_weight_is_read(tmp_path: Path) -> None:

@@ -549,7 +549,7 @@ def _reporter(progress: bool | Reporter) -> Reporter | None:
 def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsize: int | None = None,
            sigma0: float = 1 / 6, random_seed: int = 0, max_memory: int | str | None = None, device: str = "cpu",
            merge_best: PathLike | None = None, allow_benchmark_tasks: bool = False,
-           task_search_path: PathLike | None = None) -> EvolveOutcome:
+           task_search_path: PathLike | None = None, executor: Executor | None = None) -> EvolveOutcome:
     """Search the merge parameters of the mergekit-evolve ``config`` with CMA-ES, like ``resumerge evolve``:
     ``popsize`` candidates a generation (None: cma's 4 + 3 ln n), ``max_fevals`` evaluations, first step
     ``sigma0``, draws seeded by ``random_seed``; everything kept in the folder ``storage`` (``evaluations.jsonl``
@@ -558,7 +558,11 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
     its own under ``storage``, scored on its tasks (``{kl: {parent, texts}}``: KL from that parent on its own
     texts; ``{nll: {texts}}``), then removed. ``merge_best``: the best candidate is then written there as
     :func:`run` writes it. Task names of common benchmarks are refused unless ``allow_benchmark_tasks``, as
-    mergekit-evolve refuses them.
+    mergekit-evolve refuses them. ``executor`` (the object :func:`run` takes): None or ``LocalExecutor()`` scores
+    every candidate in this process; ``RayExecutor(address)`` spreads each generation's candidates over the nodes of
+    that Ray cluster, each node scoring a group of them (the streamed pass: its node reads the parents' layers once
+    for its group), ``storage`` on a path every node sees (the same files; a search started with one resumes with
+    the other), and writes ``merge_best`` on it as :func:`run` does.
 
     Raises :class:`~resumerge.errors.ConfigError` or :class:`~resumerge.errors.UsageError` (exit 2) before any
     weight is read for a bad config or option, a genome of models of different shapes or a filter matching
@@ -568,11 +572,12 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
     from resumerge.api.evolution import evolve_into
     from resumerge.evolve.search import SearchOptions
 
+    resources = Resources(device=device, max_memory=max_memory)
+    on_ray, address = _placement(run_settings(None, resources, executor=executor))
     return evolve_into(config, Path(storage), SearchOptions(max_fevals, popsize, sigma0, random_seed),
-                       resources=Resources(device=device, max_memory=max_memory), merge_best=merge_best,
-                       allow_benchmark_tasks=allow_benchmark_tasks,
+                       resources=resources, merge_best=merge_best, allow_benchmark_tasks=allow_benchmark_tasks,
                        run=run, plan_merge=plan_merge, open_population=open_population, evaluate=evaluate,
-                       task_search_path=task_search_path)
+                       task_search_path=task_search_path, on_ray=on_ray, ray_address=address, executor=executor)
 
 
 def evolve_status(storage: PathLike) -> SearchStatus:
