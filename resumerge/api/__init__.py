@@ -39,6 +39,8 @@ from resumerge.api.options import (
     named,
     nothing_started,
     nothing_written,
+    pass_placement,
+    pass_settings,
     plan_options,
     recorded_device,
     run_settings,
@@ -325,29 +327,11 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
     the layer reached, whose ``resume_command`` is the command that continues it."""
     from resumerge.analyses.check.run import run_check
 
-    settings = _pass_settings("check", state_dir, resources, executor)
-    on_ray, address = _placement(settings)
+    settings = pass_settings("check", state_dir, resources, executor)
+    on_ray, address = pass_placement(settings)
     return run_check(model, base=base, parents=tuple(parents), prompts=prompts, max_memory=settings.max_memory,
                      state=settings.state, on_ray=on_ray, ray_address=address, cut_texts=truncate_texts,
                      watcher=progress)
-
-
-def _pass_settings(function: str, state_dir: PathLike | None, resources: Resources,
-                   executor: Executor | None) -> RunSettings:
-    """The settings of a forward pass's call ``function`` (``check``, ``measure``): its ``resources`` (those it
-    cannot honour refused), state dir and executor, as :func:`run` takes them (UsageError, exit 2, for a bad one)."""
-    taken(resources, function)
-    return run_settings(state_dir, resources, executor=executor)
-
-
-def _placement(settings: RunSettings) -> tuple[bool, str | None]:
-    """Where the settings' executor places a forward pass: (False, None) this process; (True, ADDRESS) an actor per
-    model on that Ray cluster (:class:`~resumerge.engine.executors.PlacesPasses`)."""
-    if settings.executor is None:  # the merge engine (api.checked's executors) is never imported for a local pass
-        return False, None
-    from resumerge.api.checked import check_placement
-
-    return check_placement(settings.executor)
 
 
 def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: PathLike | None = None,
@@ -381,7 +365,7 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
         output_path=os.fspath(output_path) if output_path is not None else None,
         max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory, device=device).checked()
     state = StateDir.resolve(state_dir)
-    on_ray, address = _placement(run_settings(state_dir, Resources(), executor=executor))
+    on_ray, address = pass_placement(run_settings(state_dir, Resources(), executor=executor))
     if not is_config(os.fspath(target)):
         return run_eval(os.fspath(target), settings, state=state, watcher=progress, on_ray=on_ray,
                         ray_address=address)
@@ -409,8 +393,8 @@ def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
     context with ``truncate_texts`` (as ``check`` does)."""
     from resumerge.analyses.measure.run import measure_grams
 
-    settings = _pass_settings("measure", state_dir, resources, executor)
-    on_ray, address = _placement(settings)
+    settings = pass_settings("measure", state_dir, resources, executor)
+    on_ray, address = pass_placement(settings)
     return measure_grams(config, out, texts=texts, on_progress=progress, max_memory=settings.max_memory,
                          cut_texts=truncate_texts, state=settings.state, on_ray=on_ray, ray_address=address)
 
@@ -425,8 +409,8 @@ def estimate_measure(config: PathLike, *, texts: PathLike | None = None, resourc
     installed is refused; the budget is this process's, which holds every layer of a local measurement)."""
     from resumerge.analyses.measure.run import estimate_measure as estimated
 
-    settings = _pass_settings("estimate_measure", state_dir, resources, executor)
-    _placement(settings)
+    settings = pass_settings("estimate_measure", state_dir, resources, executor)
+    pass_placement(settings)
     return estimated(config, texts=texts, max_memory=settings.max_memory, cut_texts=truncate_texts,
                      state=settings.state)
 
@@ -573,7 +557,7 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
     from resumerge.evolve.search import SearchOptions
 
     resources = Resources(device=device, max_memory=max_memory)
-    on_ray, address = _placement(run_settings(None, resources, executor=executor))
+    on_ray, address = pass_placement(run_settings(None, resources, executor=executor))
     return evolve_into(config, Path(storage), SearchOptions(max_fevals, popsize, sigma0, random_seed),
                        resources=resources, merge_best=merge_best, allow_benchmark_tasks=allow_benchmark_tasks,
                        run=run, plan_merge=plan_merge, open_population=open_population, evaluate=evaluate,

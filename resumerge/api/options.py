@@ -228,6 +228,24 @@ def run_settings(state_dir: PathLike | None, resources: Resources, hub: Hub | No
     return settings if output is None else replace(settings, output=output)
 
 
+def pass_settings(function: str, state_dir: PathLike | None, resources: Resources,
+                  executor: Executor | None) -> RunSettings:
+    """The settings of a forward pass's call ``function`` (``check``, ``measure``): its ``resources`` (those it
+    cannot honour refused), state dir and executor, as ``run`` takes them (UsageError, exit 2, for a bad one)."""
+    taken(resources, function)
+    return run_settings(state_dir, resources, executor=executor)
+
+
+def pass_placement(settings: RunSettings) -> tuple[bool, str | None]:
+    """Where the settings' executor places a forward pass: (False, None) this process; (True, ADDRESS) an actor per
+    model on that Ray cluster (:class:`~resumerge.engine.executors.PlacesPasses`)."""
+    if settings.executor is None:  # the merge engine (api.checked's executors) is never imported for a local pass
+        return False, None
+    from resumerge.api.checked import check_placement
+
+    return check_placement(settings.executor)
+
+
 def _local(ray_address: str | None, keep_workers: float | str | None) -> Executor | None:
     """``--executor local`` (the default): None, the run's and the pass's own process; it takes no setting."""
     if ray_address is not None or keep_workers is not None:
