@@ -109,15 +109,27 @@ def test_an_evaluation_on_ray_gives_the_local_results_and_resumes_either_way(tmp
 
 def test_a_search_on_ray_spreads_each_generation_over_the_nodes_with_the_local_files(tmp_path: Path,
                                                                                     cluster: Cluster) -> None:
+    # Both scorers of a search on the nodes: the streamed kl pass and lm-eval's task, one candidate on each node.
+    pytest.importorskip("lm_eval")
+    from resumerge.evolve.lmeval import LmEvalCandidates
     from resumerge.evolve.streamed import StreamedCandidates
-    from tests.evolve.test_search import FILES, OPTIONS, make_search
+    from tests.evaluation.evaltasks import tiny_model, write_tasks
+    from tests.evolve.test_lmeval import _config
+    from tests.evolve.test_search import FILES, OPTIONS
 
-    config = make_search(tmp_path)
+    for seed, name in enumerate(("base", "a", "b")):
+        tiny_model(tmp_path / name, seed=seed, context=64)
+    write_tasks(tmp_path)
+    (tmp_path / "a.txt").write_text("alpha beta gamma delta\nsigma omega rho tau\n")
+    config = _config(tmp_path, [{"name": "tiny_mc", "metric": "acc,none", "weight": 2.0},
+                                {"kl": {"parent": str(tmp_path / "a"), "texts": str(tmp_path / "a.txt")}}])
+    asked = {**OPTIONS, "task_search_path": tmp_path / "tasks"}
     with one_thread():
-        api.evolve(config, tmp_path / "local", **OPTIONS)
+        api.evolve(config, tmp_path / "local", **asked)
     with pytest.MonkeyPatch.context() as here:  # no candidate is scored in this process: each group on its node
         here.setattr(StreamedCandidates, "score", _not_here)
-        api.evolve(config, tmp_path / "ray", executor=RayExecutor(address=cluster.address), **OPTIONS)
+        here.setattr(LmEvalCandidates, "score", _not_here)
+        api.evolve(config, tmp_path / "ray", executor=RayExecutor(address=cluster.address), **asked)
     for name in FILES:
         assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
 

@@ -105,6 +105,9 @@ class SpreadOverNodes:
             nodes = self.nodes()
             task = ray.remote(score_on_node)
             groups = groups_of(pending, len(nodes))
+            # status shows the generation spread (each node's pass keeps its own progress in its group's folder)
+            storage.say(self.store, generation=generation, candidate=pending[0], layer=None, layers=None,
+                        phase=f"scored on {len(groups)} Ray node(s), {len(pending)} candidate(s)")
             refs = [task.options(num_cpus=cpus, max_retries=0, scheduling_strategy=pinned(node))
                     .remote(self.make, self.store, generation, group, [configs[i] for i in group], int(cpus))
                     for group, (node, cpus) in zip(groups, nodes)]
