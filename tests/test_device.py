@@ -328,14 +328,14 @@ def test_a_pass_on_another_device_journals_the_hosts_bytes_and_resumes_on_the_ho
 
 def test_measure_s_grams_on_another_device_are_the_hosts_bytes(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    from resumerge.analyses.measure.grams import measure_model
+    from resumerge.analyses.measure.grams import Streamed, measure_model
     from resumerge.analyses.measure.passes import stream_of
     from resumerge.forward.batches import one_by_one
 
     model = _pass_models(tmp_path)[0]
     for device in ("cpu", "cpu:0"):
         with stream_of(model, "merge", device) as stream:  # type: ignore[arg-type]
-            measure_model(stream, one_by_one(PASS_TOKENS), tmp_path / device, 0, tmp_path / f"{device}-journal")
+            measure_model(Streamed(stream), one_by_one(PASS_TOKENS), tmp_path / device, 0, tmp_path / f"{device}-journal")
     grams = sorted(p.relative_to(tmp_path / "cpu") for p in (tmp_path / "cpu").rglob("*.safetensors"))
     assert len(grams) == PASS_SPEC_LAYERS
     assert all((tmp_path / "cpu" / p).read_bytes() == (tmp_path / "cpu:0" / p).read_bytes() for p in grams)

@@ -16,7 +16,8 @@ import json
 import os
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -42,10 +43,13 @@ from resumerge.forward.stream import ModelStream
 from resumerge.forward.texts import tokenizer_at
 from resumerge.memory import SystemProbe, budget_fitting
 from resumerge.memory.allocator import tune_allocator
+from resumerge.memory.cuda import is_gpu, normalise_device
 from resumerge.store.durable import write_file_atomic
 
 if TYPE_CHECKING:
+    from resumerge.analyses.check.needs import StepBytes
     from resumerge.engine.unwritten import UnwrittenMerge
+    from resumerge.forward.placement import Placement
 
 _CONFIG_SUFFIXES = (".yml", ".yaml")
 _NEEDS = Needs("resumerge eval", hint="pip install transformers lm-eval (in the resumerge clone: pip install -c "
@@ -69,12 +73,23 @@ Watcher = Callable[[EvalStep], None]
 
 
 def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: Watcher | None = None,
-             unwritten: UnwrittenMerge | None = None) -> EvalReport:
+             unwritten: UnwrittenMerge | None = None, on_ray: bool = False,
+             ray_address: str | None = None) -> EvalReport:
     """Evaluate the model at ``target`` (a folder, a GGUF file, ``hf://`` repo) on ``settings``' tasks and return
     lm-eval's results; ``unwritten``: ``target`` is a merge config, opened as the merge it describes (each tensor
-    merged when read, never written). Raises :class:`UsageError` (exit 2) for anything refused before a weight is
-    read, and :class:`InterruptedMerge` (exit 3) on Ctrl-C, naming the command that continues."""
+    merged when read, never written). ``on_ray``: each pass's decoder layers on an actor of the Ray cluster at
+    ``ray_address`` (check's :mod:`~resumerge.analyses.check.onray`; None: ``RAY_ADDRESS``, else a Ray started
+    here), its head here: the same results, journaled alike. Raises :class:`UsageError` (exit 2) for anything
+    refused before a weight is read, and :class:`InterruptedMerge` (exit 3) on Ctrl-C, naming the command that
+    continues."""
+    if on_ray and is_gpu(normalise_device(settings.device)):  # the layers run on a Ray node, not this machine's GPU
+        raise UsageError(f"--device {settings.device} runs the evaluation's layers on this machine's GPU, and "
+                         "--executor ray runs them on a node of the cluster", hint="leave out one of the two")
     settings = settings.checked()
+    if on_ray and unwritten is not None:
+        raise UsageError("eval --executor ray reads a written model on a Ray node; a merge config is merged in this "
+                         "process as its layers are read", hint="leave out --executor ray, or evaluate the written "
+                                                                  "merge")
     if unwritten is None:
         _not_a_config(target)
         model = open_for_pass(target, "TARGET", state)
@@ -94,9 +109,14 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
     try:
         from resumerge.analyses.evaluation.lm import ResumergeLM
 
+        if generating and on_ray:
+            raise UsageError(f"eval --executor ray places the log-likelihood passes; the generation task(s) "
+                             f"{', '.join(generating)} hold the whole model in this process",
+                             hint="leave out --executor ray for them")
         if generating:
             _fits_whole(stream, generating, settings)  # before any weight is read
-        scorer = _Scorer(stream, model, settings, state, command, watcher, _Merged.of(unwritten))
+        scorer = _Scorer(stream, model, settings, state, command, watcher, _Merged.of(unwritten),
+                         (ray_address,) if on_ray else None)
         lm = ResumergeLM(tokenizer, _max_length(model, tokenizer), scorer,
                          generator=(lambda requests: generate(stream, lm, requests)) if generating else None)
         results, tracker = _evaluate(lm, target, settings, manager)
@@ -150,9 +170,11 @@ class _Scorer:
     pass's tokens) locked, its steps admitted by the memory governor, its progress written for ``status``."""
 
     def __init__(self, stream: ModelStream, model: PassModel, settings: EvalSettings, state: StateDir, command: str,
-                 watcher: Watcher | None, merged: _Merged | None = None) -> None:
+                 watcher: Watcher | None, merged: _Merged | None = None,
+                 ray: tuple[str | None] | None = None) -> None:
         self.stream, self.model, self.settings, self.state = stream, model, settings, state
         self.command, self.watcher, self.merged = command, watcher, merged
+        self.ray = ray  # (the cluster's address,): the layers on a Ray actor; None: here
         self.step: EvalStep | None = None
         self.workdir: Path | None = None
 
@@ -172,20 +194,37 @@ class _Scorer:
             # an unwritten merge's layer holds, while a tensor is merged, each input's tensor beside it
             steps = {"layer": max(sizes.layers) * (1 + (self.merged.inputs if self.merged else 0)),
                      "heads": max(sizes.heads)}
-            budget = budget_fitting("the evaluation", states + max(steps.values()), self.settings.max_memory,
-                                    SystemProbe())
-            gpu = self.settings.pass_device().budget("the evaluation", steps, states)
+            placed = None if self.ray is None else self._on_ray(sizes)  # the layers held by a Ray node
+            budget = budget_fitting("the evaluation", states + (max(steps.values()) if placed is None else
+                                                                steps["heads"]),
+                                    self.settings.max_memory, SystemProbe())
+            gpu = self.settings.pass_device().budget("the evaluation", steps, states)  # None on the CPU, on Ray
             with Admission(budget, steps, gpu=gpu) as reserve:
                 def on_layer(layer: int | None) -> None:
                     self._say(workdir, EvalStep(self.model.path, self.settings.tasks, kind, len(work.run_of), layer,
                                                 self.stream.layers))
 
-                answers = score(self.stream, work, workdir, reserve=reserve, on_layer=on_layer)
+                answers = score(self.stream, work, workdir, reserve=reserve, on_layer=on_layer, placed=placed)
             if self.step is not None:
                 self._say(workdir, self.step, done=True)
             return answers
         finally:
             lock.release()
+
+    def _on_ray(self, sizes: StepBytes) -> Callable[[Callable[[int], None]], AbstractContextManager[Placement]]:
+        """The cluster joined and the pass's actor placed (refused, exit 2, where no node holds it), before any
+        weight is read: how :func:`~.scorer.score` starts it."""
+        from resumerge.analyses.check.onray import actor_bytes, ray_models, ray_places
+
+        assert self.ray is not None
+        where = ray_places(self.ray[0], actor_bytes(sizes)[:1], what="evaluation")
+        given = None if self.state.given is None else str(self.state.root)  # --state-dir, as a node opens it
+
+        def placed(told: Callable[[int], None]) -> AbstractContextManager[Placement]:
+            return ray_models([replace(self.model, role="model")], where, self.stream.layers,
+                              lambda layer, nodes: told(layer), state=given)
+
+        return placed
 
     def _say(self, workdir: Path, step: EvalStep, done: bool = False) -> None:
         self.step = step

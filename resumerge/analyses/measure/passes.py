@@ -9,7 +9,8 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,8 @@ from resumerge.inputs.grams import sha256_of as sha256_of
 from resumerge.inputs.safetensors_format import read_header
 
 if TYPE_CHECKING:
+    from resumerge.analyses.measure.grams import Runner
+    from resumerge.forward.batches import Batch
     from resumerge.forward.layerpass import Reserve
     from resumerge.forward.stream import ModelStream
     from resumerge.torch_import import torch
@@ -65,11 +68,19 @@ def stream_of(model: PassModel, key: str, device: str = "cpu") -> ModelStream:
                        model.opened.config, torch.float32, what="resumerge measure", key=key, device=device)
 
 
+# Where the models' passes run on a cluster: (the models as bound to the driver's hub journal, what to tell of
+# model m's node's hub reads) -> a context giving each model's runner (resumerge.analyses.measure.onray.on_nodes).
+Placed = Callable[[list[PassModel], Callable[[int, list[tuple[str, int, int, str]]], None]],
+                  AbstractContextManager[Sequence["Runner"]]]
+
+
 def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[int]], folder: Path, workdir: Path,
                     on_progress: Callable[[str], None] | None, merged: dict[str, object] | None,
-                    reserve: Reserve, device: str = "cpu") -> tuple[Measurement, list[MeasuredModel]]:
+                    reserve: Reserve, device: str = "cpu", placed: Placed | None = None
+                    ) -> tuple[Measurement, list[MeasuredModel]]:
     """Every model's Grams into ``folder`` (journaled in ``workdir``; each layer run on ``device``), then
-    ``measure.json``; the measurement."""
+    ``measure.json``; the measurement. ``placed``: each model's pass on a runner of its own (a Ray actor), the
+    models side by side, a thread of this process driving each."""
     from resumerge.forward.batches import one_by_one
     from resumerge.forward.hubreads import PassReads
     from resumerge.memory.allocator import tune_allocator
@@ -86,7 +97,10 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
             ratio = merged[RATIO_KEY]
             assert isinstance(ratio, float)
             measured = _run_merged(models, keys, batches, folder, workdir, on_progress, ratio, reserve, device)
-        for index, model in enumerate(models if merged is None else ()):
+        if placed is not None:
+            with placed(models, lambda m, found: reads.elsewhere(models[m], found)) as runners:
+                measured = _side_by_side(runners, models, keys, batches, folder, workdir, on_progress)
+        for index, model in enumerate(models if merged is None and placed is None else ()):
             measured.append(_run_model(model, keys[index], index, len(models), batches, folder, workdir,
                                        on_progress, reserve, device))
         reads.finish()
@@ -108,17 +122,42 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
 def _run_model(model: PassModel, key: str, index: int, count: int, batches: list[tuple[torch.Tensor, torch.Tensor]],
                folder: Path, workdir: Path, on_progress: Callable[[str], None] | None,
                reserve: Reserve, device: str) -> MeasuredModel:
-    from resumerge.analyses.measure.grams import measure_model
+    from resumerge.analyses.measure.grams import Streamed
 
     with stream_of(model, key, device) as stream:
-        layers = stream.layers
+        return measured_on(Streamed(stream), model, key, index, count, batches, folder, workdir, on_progress, reserve)
 
-        def on_layer(layer: int) -> None:
-            if on_progress is not None:
-                on_progress(f"model {index + 1} of {count}, layer {layer + 1} of {layers}")
 
-        measure_model(stream, batches, folder, index, workdir / HIDDEN / model_folder(index), on_layer=on_layer,
-                      reserve=reserve)
+def _side_by_side(runners: Sequence[Runner], models: list[PassModel], keys: list[str], batches: list[Batch],
+                  folder: Path, workdir: Path, on_progress: Callable[[str], None] | None) -> list[MeasuredModel]:
+    """Each model measured on its runner, a thread each (the runners compute elsewhere: this process writes and
+    journals); the first error raised once every thread ended."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from resumerge.forward.layerpass import unreserved
+
+    with ThreadPoolExecutor(max_workers=len(runners), thread_name_prefix="measure") as pool:
+        futures = [pool.submit(measured_on, runner, model, key, index, len(models), batches, folder, workdir,
+                               on_progress, unreserved)
+                   for index, (runner, model, key) in enumerate(zip(runners, models, keys))]
+        return [future.result() for future in futures]
+
+
+def measured_on(runner: Runner, model: PassModel, key: str, index: int, count: int, batches: list[Batch],
+                folder: Path, workdir: Path, on_progress: Callable[[str], None] | None,
+                reserve: Reserve) -> MeasuredModel:
+    """The ``index``-th of ``count`` models measured on ``runner`` (this process, or its Ray actor), journaled in
+    ``workdir``; its manifest entry."""
+    from resumerge.analyses.measure.grams import measure_model
+
+    layers = runner.layers
+
+    def on_layer(layer: int) -> None:
+        if on_progress is not None:
+            on_progress(f"model {index + 1} of {count}, layer {layer + 1} of {layers}")
+
+    measure_model(runner, batches, folder, index, workdir / HIDDEN / model_folder(index), on_layer=on_layer,
+                  reserve=reserve)
     return recorded(model, key, folder, index, layers)
 
 
