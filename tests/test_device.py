@@ -297,6 +297,62 @@ def test_check_measure_and_eval_refuse_cuda_without_a_gpu_before_reading_a_weigh
     assert not list(state.rglob("*.safetensors"))  # nothing read
 
 
+def test_check_and_measure_take_the_device_in_run_s_resources_and_measure_s_plan_refuses_it(
+        tmp_path: Path, make: ModelFactory) -> None:
+    # One settings object: a check's and a measurement's device and GPU budget are Resources' fields, read by the
+    # pass (PassDevice.of's own refusal, not "does not apply"); measure --plan reads headers on the host: refused.
+    a, b = make("a", seed=1), make("b", seed=2)
+    config = write_config(tmp_path / "c.yml", linear_config(a, b))
+    state = tmp_path / "state"
+    for call in (lambda: api.check(a, base=b, state_dir=state, resources=api.Resources(max_gpu_memory="1GB")),
+                 lambda: api.measure(config, tmp_path / "g", state_dir=state,
+                                     resources=api.Resources(max_gpu_memory="1GB"))):
+        with pytest.raises(UsageError, match="is the GPU's budget, and this pass runs on the CPU"):
+            call()
+    for resources, field in ((api.Resources(device="cuda"), "device"),
+                             (api.Resources(max_gpu_memory="1GB"), "max_gpu_memory")):
+        with pytest.raises(UsageError, match=f"^{field} does not apply to estimate_measure"):
+            api.estimate_measure(config, resources=resources, state_dir=state)
+    assert not (tmp_path / "g").exists() and not list(state.rglob("*.safetensors"))
+
+
+def test_a_pass_on_this_machine_s_gpu_and_on_ray_is_refused_in_one_line_before_anything_is_read(
+        tmp_path: Path) -> None:
+    # A GPU here and Ray's executor name two places for the same layers: check, measure and eval each refuse the
+    # pair, naming both, before the models are opened (the paths below do not exist).
+    from resumerge.analyses.check.run import run_check
+    from resumerge.analyses.evaluation.run import run_eval
+    from resumerge.analyses.evaluation.settings import EvalSettings
+    from resumerge.analyses.measure.run import measure_grams
+    from resumerge.forward.device import PassDevice
+
+    state = StateDir.resolve(tmp_path / "state")
+    gpu = PassDevice("cuda:0")
+    for call, what in ((lambda: run_check(tmp_path / "m", state=state, on_ray=True, device=gpu), "check"),
+                       (lambda: measure_grams(tmp_path / "c.yml", tmp_path / "g", state=state, on_ray=True,
+                                              device=gpu), "measurement"),
+                       (lambda: run_eval(str(tmp_path / "m"), EvalSettings(("x",), device="cuda"), state=state,
+                                         on_ray=True), "evaluation")):
+        with pytest.raises(UsageError, match=f"runs the {what}'s layers on this machine's GPU, and executor ray"
+                           ) as caught:
+            call()
+        assert "leave out one of the two" in caught.value.one_line()
+    assert not (tmp_path / "g").exists() and not (tmp_path / "state").exists()
+
+
+def test_the_cli_refuses_a_gpu_pass_on_ray_in_one_line(tmp_path: Path, make: ModelFactory) -> None:
+    # Whichever refusal comes first on this machine (no GPU, no Ray, or the pair), one line and exit 2.
+    from tests.support import cli_here
+
+    a, b = make("a", seed=1), make("b", seed=2)
+    config = write_config(tmp_path / "c.yml", linear_config(a, b))
+    for args in (("check", a, "--base", b), ("measure", config, tmp_path / "g"), ("eval", a, "--tasks", "x")):
+        done = cli_here(*args, "--device", "cuda", "--executor", "ray", "--state-dir", tmp_path / "state")
+        assert done.returncode == 2, (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) <= 2 and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "g").exists()
+
+
 def test_a_pass_on_another_device_journals_the_hosts_bytes_and_resumes_on_the_host(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # "cpu:0" is moved to as a GPU is (every weight, hidden state and call copied there, the journal written from
@@ -335,7 +391,8 @@ def test_measure_s_grams_on_another_device_are_the_hosts_bytes(tmp_path: Path) -
     model = _pass_models(tmp_path)[0]
     for device in ("cpu", "cpu:0"):
         with stream_of(model, "merge", device) as stream:  # type: ignore[arg-type]
-            measure_model(Streamed(stream), one_by_one(PASS_TOKENS), tmp_path / device, 0, tmp_path / f"{device}-journal")
+            measure_model(Streamed(stream), one_by_one(PASS_TOKENS), tmp_path / device, 0,
+                          tmp_path / f"{device}-journal")
     grams = sorted(p.relative_to(tmp_path / "cpu") for p in (tmp_path / "cpu").rglob("*.safetensors"))
     assert len(grams) == PASS_SPEC_LAYERS
     assert all((tmp_path / "cpu" / p).read_bytes() == (tmp_path / "cpu:0" / p).read_bytes() for p in grams)
@@ -346,7 +403,8 @@ def test_check_on_the_gpu_gives_the_cpus_figures_and_a_check_killed_there_resume
     models = _pass_models(tmp_path)
     merge, base, parent = (str(m.path) for m in models)  # type: ignore[attr-defined]
     cpu = api.check(merge, base=base, parents=[parent], state_dir=tmp_path / "s-cpu")
-    gpu = api.check(merge, base=base, parents=[parent], state_dir=tmp_path / "s-gpu", device="cuda")
+    gpu = api.check(merge, base=base, parents=[parent], state_dir=tmp_path / "s-gpu",
+                    resources=api.Resources(device="cuda"))
     done = cli("check", merge, "--base", base, "--parent", parent, "--device", "cuda", "--state-dir",
                tmp_path / "s-across", env={"RESUMERGE_KILL_AT": "after_check_layer:2"})
     assert done.returncode != 0 and "Traceback" not in done.stderr
@@ -368,12 +426,13 @@ def test_a_model_larger_than_the_gpu_budget_runs_a_layer_at_a_time_and_a_layer_b
     merge, base = (str(m.path) for m in models[:2])  # type: ignore[attr-defined]
     state = tmp_path / "state"
     with pytest.raises(UsageError, match="of GPU memory on cuda:0") as caught:
-        api.check(merge, base=base, state_dir=state, device="cuda", max_gpu_memory=1000)
+        api.check(merge, base=base, state_dir=state, resources=api.Resources(device="cuda", max_gpu_memory=1000))
     assert not list(state.rglob("layer-*.safetensors"))  # refused before its first layer
     named = parse_size(caught.value.one_line().split("rerun with --max-gpu-memory ")[1].split(" ")[0])
     whole = sum(f.stat().st_size for f in Path(merge).glob("*.safetensors"))
     assert named < whole  # the model does not fit the budget it runs under: one layer at a time does
-    found = api.check(merge, base=base, state_dir=state, device="cuda", max_gpu_memory=named)
+    found = api.check(merge, base=base, state_dir=state,
+                      resources=api.Resources(device="cuda", max_gpu_memory=named))
     want = api.check(merge, base=base, state_dir=tmp_path / "s-cpu")
     assert abs(found.models[0].nll - want.models[0].nll) <= 1e-5 * max(1.0, want.models[0].nll)  # type: ignore[operator]
 
@@ -385,7 +444,7 @@ def test_measure_on_the_gpu_gives_the_cpus_grams(tmp_path: Path) -> None:
     models = _pass_models(tmp_path)
     config = write_config(tmp_path / "c.yml", linear_config(Path(models[0].path), Path(models[1].path)))  # type: ignore[attr-defined]
     api.measure(config, tmp_path / "cpu", state_dir=tmp_path / "s1")
-    api.measure(config, tmp_path / "gpu", state_dir=tmp_path / "s2", device="cuda")
+    api.measure(config, tmp_path / "gpu", state_dir=tmp_path / "s2", resources=api.Resources(device="cuda"))
     files = sorted(p.relative_to(tmp_path / "cpu") for p in (tmp_path / "cpu").rglob("*.safetensors"))
     assert files
     for name in files:
