@@ -36,8 +36,8 @@ def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     check.add_argument("--state-dir", metavar="DIR", help="where the check's journal is kept")
     check.add_argument("--device", default="cpu", metavar="DEVICE",
                        help="where the layers run: cpu, or cuda[:N] (each layer moved to the GPU while it runs, the "
-                            "hidden states kept there: a model larger than the GPU's memory runs on it) "
-                            "[default: cpu]")
+                            "hidden states kept there: a model larger than the GPU's memory runs on it; not with "
+                            "--executor ray) [default: cpu]")
     check.add_argument("--max-gpu-memory", metavar="SIZE", help="GPU memory budget with --device cuda [default: 85 "
                        "%% of the GPU's free memory]")
     add_executor_flags(check, where=f"where the forward pass runs: this process, one model after another, or each "

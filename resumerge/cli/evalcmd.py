@@ -48,7 +48,7 @@ def add_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                           "default: most of what is free)")
     evaluate.add_argument("--device", default="cpu", metavar="DEVICE",
                           help="where the layers run: cpu, or cuda[:N] (each layer moved to the GPU while it runs, "
-                               "the hidden states kept there) [default: cpu]")
+                               "the hidden states kept there; not with --executor ray) [default: cpu]")
     evaluate.add_argument("--max-gpu-memory", metavar="SIZE", help="GPU memory budget with --device cuda "
                           "[default: 85 %% of the GPU's free memory]")
     evaluate.add_argument("--state-dir", metavar="DIR", help="where the evaluation's journal is kept")

@@ -33,7 +33,8 @@ def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                          "OUT_DIR)")
     measure.add_argument("--device", default="cpu", metavar="DEVICE",
                          help="where the layers run: cpu, or cuda[:N] (each layer moved to the GPU while it runs, the "
-                              "hidden states kept there) [default: cpu]")
+                              "hidden states kept there; not with --executor ray; --plan reads the RAM on the host, "
+                              "whatever the device) [default: cpu]")
     measure.add_argument("--max-gpu-memory", metavar="SIZE", help="GPU memory budget with --device cuda [default: "
                          "85 %% of the GPU's free memory]")
     add_executor_flags(measure, where=f"where each model's pass runs: this process, one model after another, or "
